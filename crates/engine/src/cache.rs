@@ -1,0 +1,164 @@
+//! A bounded cache of metadata pages: map nodes and reference-count pages.
+//!
+//! Clean pages are evicted by a second-chance clock when the cache is over
+//! its budget. Dirty pages stay until the next checkpoint writes them; when
+//! they alone exceed the budget the engine checkpoints (see `Meta::needs_checkpoint`).
+
+use std::collections::{HashMap, VecDeque};
+
+use strata_format::{MAP_FANOUT, REFS_PER_PAGE};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PageKey {
+    /// A map node, by its pool grain.
+    Map(u64),
+    /// A page of `refcount.data`, by page index (grain / 1024).
+    Ref(u64),
+}
+
+pub enum PageData {
+    Map(Box<[u64; MAP_FANOUT]>),
+    Ref(Box<[u32; REFS_PER_PAGE]>),
+}
+
+struct Slot {
+    data: PageData,
+    dirty: bool,
+    referenced: bool,
+}
+
+pub struct PageCache {
+    pages: HashMap<PageKey, Slot>,
+    clock: VecDeque<PageKey>,
+    budget_pages: usize,
+    dirty_pages: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl PageCache {
+    pub fn new(budget_bytes: u64) -> Self {
+        PageCache {
+            pages: HashMap::new(),
+            clock: VecDeque::new(),
+            budget_pages: (budget_bytes / 4096).max(64) as usize,
+            dirty_pages: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty_pages
+    }
+
+    pub fn budget_pages(&self) -> usize {
+        self.budget_pages
+    }
+
+    pub fn contains(&self, key: PageKey) -> bool {
+        self.pages.contains_key(&key)
+    }
+
+    /// Look a page up, marking it recently used.
+    pub fn get(&mut self, key: PageKey) -> Option<&PageData> {
+        match self.pages.get_mut(&key) {
+            Some(s) => {
+                self.hits += 1;
+                s.referenced = true;
+                Some(&s.data)
+            }
+            None => None,
+        }
+    }
+
+    /// Look a page up for modification and mark it dirty.
+    pub fn get_dirty(&mut self, key: PageKey) -> Option<&mut PageData> {
+        match self.pages.get_mut(&key) {
+            Some(s) => {
+                if !s.dirty {
+                    s.dirty = true;
+                    self.dirty_pages += 1;
+                }
+                s.referenced = true;
+                Some(&mut s.data)
+            }
+            None => None,
+        }
+    }
+
+    /// Insert a page (replacing any older copy), then evict clean pages over budget.
+    pub fn insert(&mut self, key: PageKey, data: PageData, dirty: bool) {
+        self.misses += 1;
+        if let Some(old) = self.pages.insert(
+            key,
+            Slot {
+                data,
+                dirty,
+                referenced: true,
+            },
+        ) {
+            if old.dirty {
+                self.dirty_pages -= 1;
+            }
+        } else {
+            self.clock.push_back(key);
+        }
+        if dirty {
+            self.dirty_pages += 1;
+        }
+        self.evict();
+    }
+
+    /// Forget a page without writing it (its grain was freed).
+    pub fn remove(&mut self, key: PageKey) {
+        if let Some(s) = self.pages.remove(&key) {
+            if s.dirty {
+                self.dirty_pages -= 1;
+            }
+        }
+    }
+
+    fn evict(&mut self) {
+        // Bounded: at most two sweeps of the clock per insertion.
+        let mut budget_steps = self.clock.len() * 2;
+        while self.pages.len() > self.budget_pages && budget_steps > 0 {
+            budget_steps -= 1;
+            let Some(key) = self.clock.pop_front() else { break };
+            let Some(slot) = self.pages.get_mut(&key) else {
+                continue; // removed earlier; drop the stale clock entry
+            };
+            if slot.dirty || slot.referenced {
+                slot.referenced = false;
+                self.clock.push_back(key);
+                continue;
+            }
+            self.pages.remove(&key);
+        }
+        // Stale clock entries of removed pages must not grow without bound.
+        if self.clock.len() > 2 * self.pages.len() + 1024 {
+            let pages = &self.pages;
+            self.clock.retain(|k| pages.contains_key(k));
+        }
+    }
+
+    /// Every dirty page, for a checkpoint. Call [`Self::mark_all_clean`] once written.
+    pub fn dirty(&self) -> impl Iterator<Item = (PageKey, &PageData)> {
+        self.pages
+            .iter()
+            .filter(|(_, s)| s.dirty)
+            .map(|(k, s)| (*k, &s.data))
+    }
+
+    pub fn mark_all_clean(&mut self) {
+        for s in self.pages.values_mut() {
+            s.dirty = false;
+        }
+        self.dirty_pages = 0;
+        self.evict();
+    }
+}

@@ -1,0 +1,192 @@
+//! The catalog: disks, snapshots and versions (docs/FORMAT.md §6).
+
+use serde::{Deserialize, Serialize};
+use strata_format::VersionState;
+
+use crate::error::{err, ErrorKind, Result};
+
+/// How a disk's space is provisioned (DESIGN.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provisioning {
+    /// Nothing reserved; grains allocated on first write.
+    Thin,
+    /// Full size reserved at create; grains written (zeroed) lazily.
+    Zeroedthick,
+    /// Full size allocated and zeroed at create.
+    Eagerzeroedthick,
+}
+
+impl Provisioning {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "thin" => Ok(Self::Thin),
+            "zeroedthick" => Ok(Self::Zeroedthick),
+            "eagerzeroedthick" => Ok(Self::Eagerzeroedthick),
+            other => err(
+                ErrorKind::InvalidArgument,
+                format!("unknown provisioning type '{other}' (use thin, zeroedthick or eagerzeroedthick)"),
+            ),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Thin => "thin",
+            Self::Zeroedthick => "zeroedthick",
+            Self::Eagerzeroedthick => "eagerzeroedthick",
+        }
+    }
+    pub fn is_thick(self) -> bool {
+        self != Self::Thin
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskRec {
+    pub id: u64,
+    pub name: String,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    /// The version holding the disk's live state.
+    pub head: u64,
+    /// The snapshot the live state descends from.
+    pub current_snapshot: Option<u64>,
+    pub created_unix: u64,
+    /// `DISK@SNAP` this disk was linked-cloned from (display only).
+    pub parent: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRec {
+    pub id: u64,
+    pub disk: u64,
+    pub name: String,
+    pub description: String,
+    pub created_unix: u64,
+    /// Parent in the disk's snapshot tree.
+    pub parent: Option<u64>,
+    pub version: u64,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRec {
+    pub id: u64,
+    pub root: u64,
+    pub levels: u8,
+    pub mapped_grains: u64,
+    pub nb: u64,
+}
+
+impl From<VersionState> for VersionRec {
+    fn from(v: VersionState) -> Self {
+        VersionRec {
+            id: v.version,
+            root: v.root,
+            levels: v.levels,
+            mapped_grains: v.mapped_grains,
+            nb: v.nb,
+        }
+    }
+}
+
+impl From<VersionRec> for VersionState {
+    fn from(v: VersionRec) -> Self {
+        VersionState {
+            version: v.id,
+            root: v.root,
+            levels: v.levels,
+            mapped_grains: v.mapped_grains,
+            nb: v.nb,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Catalog {
+    pub format: u32,
+    pub next_id: u64,
+    pub disks: Vec<DiskRec>,
+    pub snapshots: Vec<SnapshotRec>,
+    pub versions: Vec<VersionRec>,
+}
+
+impl Catalog {
+    pub fn new() -> Self {
+        Catalog {
+            format: 1,
+            next_id: 1,
+            ..Default::default()
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let c: Catalog = serde_json::from_slice(bytes)
+            .map_err(|e| crate::error::Error::new(ErrorKind::Corrupt, format!("catalog: {e}")))?;
+        if c.format != 1 {
+            return err(ErrorKind::Corrupt, format!("catalog format {} is not 1", c.format));
+        }
+        Ok(c)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("catalog serialises")
+    }
+
+    pub fn alloc_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    pub fn disk(&self, name: &str) -> Result<&DiskRec> {
+        self.disks
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'")))
+    }
+
+    pub fn disk_mut(&mut self, name: &str) -> Result<&mut DiskRec> {
+        self.disks
+            .iter_mut()
+            .find(|d| d.name == name)
+            .ok_or_else(|| crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'")))
+    }
+
+    pub fn disk_by_id(&self, id: u64) -> Option<&DiskRec> {
+        self.disks.iter().find(|d| d.id == id)
+    }
+
+    pub fn snapshot(&self, disk_id: u64, disk_name: &str, snap: &str) -> Result<&SnapshotRec> {
+        self.snapshots
+            .iter()
+            .find(|s| s.disk == disk_id && s.name == snap)
+            .ok_or_else(|| {
+                crate::error::Error::new(
+                    ErrorKind::NotFound,
+                    format!("disk '{disk_name}' has no snapshot named '{snap}'"),
+                )
+            })
+    }
+}
+
+/// Names of disks and snapshots: 1–128 of `[A-Za-z0-9._-]`, not starting with '.' or '-'.
+pub fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        err(
+            ErrorKind::InvalidArgument,
+            format!(
+                "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+            ),
+        )
+    }
+}

@@ -1,0 +1,190 @@
+//! `strata check`: recompute every reference count and counter from the
+//! trees and compare (DESIGN.md invariant 3).
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT};
+
+use crate::error::Result;
+use crate::meta::Meta;
+
+/// Problems reported before the list is cut short.
+const ERRORS_MAX: usize = 1000;
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CheckReport {
+    pub versions: usize,
+    pub map_nodes: u64,
+    pub data_grains: u64,
+    pub used_bytes: u64,
+    pub pool_grains: u64,
+    pub leaked_grains: u64,
+    pub overshared_grains: u64,
+    pub errors: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty()
+    }
+    fn error(&mut self, e: String) {
+        if self.errors.len() < ERRORS_MAX {
+            self.errors.push(e);
+        }
+    }
+}
+
+struct Walk {
+    expected: HashMap<u64, u32>,
+    nodes: HashSet<u64>,
+    data: HashSet<u64>,
+    /// (mapped grains, non-empty blocks) per node, memoised.
+    counts: HashMap<u64, (u64, u64)>,
+}
+
+fn visit(m: &mut Meta, w: &mut Walk, r: &mut CheckReport, node: u64, level: u8, hwm: u64) -> Result<(u64, u64)> {
+    if let Some(c) = w.counts.get(&node) {
+        return Ok(*c);
+    }
+    w.nodes.insert(node);
+    let entries: [u64; MAP_FANOUT] = match m.node(node) {
+        Ok(e) => *e,
+        Err(e) => {
+            r.error(format!("map node {node}: {e}"));
+            return Ok((0, 0));
+        }
+    };
+    let mut mapped = 0;
+    let mut blocks = 0;
+    for (i, e) in entries.iter().copied().enumerate() {
+        if e == 0 {
+            continue;
+        }
+        if e >= hwm {
+            r.error(format!("map node {node} entry {i} points at grain {e}, past the pool end {hwm}"));
+            continue;
+        }
+        *w.expected.entry(e).or_insert(0) += 1;
+        if level == 0 {
+            w.data.insert(e);
+            mapped += 1;
+        } else {
+            if w.data.contains(&e) {
+                r.error(format!("grain {e} is used both as data and as a map node"));
+                continue;
+            }
+            let (cm, cb) = visit(m, w, r, e, level - 1, hwm)?;
+            mapped += cm;
+            blocks += cb;
+        }
+    }
+    if level == 0 {
+        blocks = entries
+            .chunks(BLOCK_GRAINS as usize)
+            .filter(|c| c.iter().any(|&e| e != 0))
+            .count() as u64;
+    }
+    w.counts.insert(node, (mapped, blocks));
+    Ok((mapped, blocks))
+}
+
+pub fn run(m: &mut Meta) -> Result<CheckReport> {
+    let mut r = CheckReport::default();
+    let hwm = m.alloc.hwm;
+    r.pool_grains = hwm;
+    let mut w = Walk {
+        expected: HashMap::new(),
+        nodes: HashSet::new(),
+        data: HashSet::new(),
+        counts: HashMap::new(),
+    };
+    // Catalog: every version has exactly one owner, every owner a version.
+    let mut owners: HashMap<u64, u32> = HashMap::new();
+    for d in &m.catalog.disks {
+        *owners.entry(d.head).or_insert(0) += 1;
+    }
+    for s in &m.catalog.snapshots {
+        *owners.entry(s.version).or_insert(0) += 1;
+        if m.catalog.disk_by_id(s.disk).is_none() {
+            r.error(format!("snapshot '{}' belongs to a disk that does not exist", s.name));
+        }
+    }
+    for (v, n) in &owners {
+        if *n != 1 {
+            r.error(format!("version {v} is owned {n} times"));
+        }
+        if !m.versions.contains_key(v) {
+            r.error(format!("version {v} is named in the catalog but does not exist"));
+        }
+    }
+    let mut ids: Vec<u64> = m.versions.keys().copied().collect();
+    ids.sort_unstable();
+    r.versions = ids.len();
+    for id in ids {
+        if !owners.contains_key(&id) {
+            r.error(format!("version {id} belongs to no disk or snapshot (leaked)"));
+        }
+        let st = m.versions[&id];
+        let (mapped, nb) = if st.root == 0 {
+            (0, 0)
+        } else if st.root >= hwm {
+            r.error(format!("version {id} root {} is past the pool end", st.root));
+            (0, 0)
+        } else {
+            *w.expected.entry(st.root).or_insert(0) += 1;
+            visit(m, &mut w, &mut r, st.root, st.levels - 1, hwm)?
+        };
+        if mapped != st.mapped_grains {
+            r.error(format!(
+                "version {id} counts {} mapped grains, its map has {mapped}",
+                st.mapped_grains
+            ));
+        }
+        if nb != st.nb {
+            r.error(format!("version {id} counts nb={}, its map has {nb}", st.nb));
+        }
+    }
+    r.map_nodes = w.nodes.len() as u64;
+    r.data_grains = w.data.len() as u64;
+    for n in &w.nodes {
+        if w.data.contains(n) {
+            r.error(format!("grain {n} is used both as data and as a map node"));
+        }
+    }
+    // Compare every count in the pool.
+    let mut nonzero = 0u64;
+    for g in 0..hwm {
+        let actual = m.ref_get(g)?;
+        let expected = w.expected.get(&g).copied().unwrap_or(0);
+        if g == 0 && actual != 0 {
+            r.error("grain 0 has a reference count".into());
+        }
+        if actual != 0 {
+            nonzero += 1;
+        }
+        if actual > expected {
+            r.leaked_grains += 1;
+            r.error(format!("grain {g}: count {actual} but {expected} references (leaked)"));
+        } else if actual < expected {
+            r.overshared_grains += 1;
+            r.error(format!("grain {g}: count {actual} but {expected} references (owned more than counted)"));
+        }
+    }
+    if nonzero != m.used_grains {
+        r.error(format!(
+            "accounting: {} grains counted as used, {nonzero} have a count",
+            m.used_grains
+        ));
+    }
+    let free = m.alloc.free_grains();
+    let pending = m.pending_len() as u64;
+    let total = hwm.saturating_sub(1);
+    if free + pending + nonzero != total {
+        r.error(format!(
+            "free space: {free} free + {pending} pending + {nonzero} used != {total} grains in the pool"
+        ));
+    }
+    r.used_bytes = nonzero * GRAIN_BYTES;
+    Ok(r)
+}

@@ -1,0 +1,854 @@
+//! The datastore: opening, recovery, commit and checkpoint, and the
+//! catalog operations (disks, snapshots, clones).
+//!
+//! Locks, always taken in this order: `commit` → `gate` → stripes → `meta`.
+//! - `gate` (RwLock): every client I/O holds it shared for its whole
+//!   duration; operations that change sharing (snapshot, revert, clone,
+//!   delete) and the release of freed grains take it exclusively, so no I/O
+//!   decided on a stale view of sharing is still running.
+//! - stripes: per (version, 16-grain group) mutexes that serialise writes to
+//!   the same grains (read-modify-write of a sub-grain write, allocation).
+//! - `meta`: all metadata; held only for map lookups and updates, never
+//!   across data I/O.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use strata_format::{
+    catalog_file, Superblock, BLOCK_BYTES, FILE_JOURNAL, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
+    GRAIN_BYTES, SUPER_SLOT_BYTES,
+};
+use strata_storage::{Backend, Storage};
+
+use crate::catalog::{check_name, Catalog, DiskRec, Provisioning, SnapshotRec};
+use crate::check::{self, CheckReport};
+use crate::disk::DiskHandle;
+use crate::error::{err, Error, ErrorKind, Result};
+use crate::journal::Journal;
+use crate::meta::Meta;
+
+/// Checkpoint when the log passes this many bytes.
+pub const LOG_BYTES_MAX: u64 = 64 << 20;
+/// Default metadata cache budget.
+pub const CACHE_BYTES_DEFAULT: u64 = 128 << 20;
+/// Stripe locks serialising writes to nearby grains.
+pub(crate) const STRIPES: usize = 1024;
+/// Grains per stripe key.
+pub(crate) const STRIPE_GRAINS_SHIFT: u32 = 4;
+
+#[derive(Debug, Clone, Default)]
+pub struct InitOptions {
+    /// Capacity limit in bytes; 0 = the file system's.
+    pub capacity_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub cache_bytes: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            cache_bytes: CACHE_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// What `info` reports about a disk.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DiskInfo {
+    pub name: String,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    pub allocated_bytes: u64,
+    pub nb: u64,
+    pub tbz: u64,
+    pub snapshots: usize,
+    pub current_snapshot: Option<String>,
+    pub parent: Option<String>,
+    pub created_unix: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub description: String,
+    pub created_unix: u64,
+    pub parent: Option<String>,
+    pub size_bytes: u64,
+    /// Bytes mapped in the snapshot (shared or not).
+    pub mapped_bytes: u64,
+    /// Whether the disk's live state descends directly from this snapshot.
+    pub current: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DatastoreInfo {
+    pub location: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub reserved_bytes: u64,
+    pub free_bytes: u64,
+    pub provisioned_bytes: u64,
+    /// Provisioned bytes over capacity, in percent.
+    pub overcommit_percent: u64,
+    pub disks: usize,
+    pub snapshots: usize,
+    pub metadata_cache_bytes: u64,
+}
+
+pub(crate) struct CommitState {
+    journal: Journal,
+    sb: Superblock,
+    /// Value of `Inner::mutations` at the start of the last commit's data sync.
+    synced_mutations: u64,
+}
+
+pub(crate) struct Inner {
+    pub backend: Arc<dyn Backend>,
+    pub pool: Arc<dyn Storage>,
+    refs: Arc<dyn Storage>,
+    super_file: Arc<dyn Storage>,
+    pub meta: Mutex<Meta>,
+    pub gate: RwLock<()>,
+    commit: Mutex<CommitState>,
+    pub stripes: Vec<Mutex<()>>,
+    /// Bumped by every completed client write, so flush knows if it must sync.
+    pub mutations: AtomicU64,
+    /// Set after a storage error: writes are refused until reopened.
+    failed: AtomicBool,
+    capacity_cache: Mutex<(Option<Instant>, u64)>,
+    /// Configured capacity (0 = the file system's); fixed while open.
+    configured_capacity_bytes: u64,
+    _lock: Option<File>,
+}
+
+/// A datastore opened for reading and writing. Cheap to clone.
+#[derive(Clone)]
+pub struct Datastore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Split `DISK@SNAP` into its parts.
+pub fn split_target(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('@') {
+        Some((d, sn)) => (d, Some(sn)),
+        None => (s, None),
+    }
+}
+
+impl Inner {
+    pub fn check_writable(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return err(
+                ErrorKind::Io,
+                "an earlier storage error stopped writes to this datastore; reopen it",
+            );
+        }
+        Ok(())
+    }
+
+    fn fail<T>(&self, e: Error) -> Result<T> {
+        if e.kind == ErrorKind::Io {
+            self.failed.store(true, Ordering::Release);
+        }
+        Err(e)
+    }
+
+    /// Grains the datastore may hold in all.
+    pub fn capacity_grains(&self, m: &Meta) -> u64 {
+        if self.configured_capacity_bytes > 0 {
+            return self.configured_capacity_bytes / GRAIN_BYTES;
+        }
+        let mut c = self.capacity_cache.lock();
+        let fresh = c.0.map(|t| t.elapsed().as_millis() < 500).unwrap_or(false);
+        if !fresh {
+            let free = self.backend.free_bytes().unwrap_or(u64::MAX / 2);
+            c.1 = free / GRAIN_BYTES;
+            c.0 = Some(Instant::now());
+        }
+        m.alloc.hwm.saturating_add(c.1)
+    }
+
+    /// Grains thick disks have reserved but not yet written.
+    pub fn reserved_grains(m: &Meta) -> u64 {
+        m.catalog
+            .disks
+            .iter()
+            .filter(|d| d.provisioning.is_thick())
+            .map(|d| {
+                let size = d.size_bytes.div_ceil(GRAIN_BYTES);
+                let mapped = m.versions.get(&d.head).map(|v| v.mapped_grains).unwrap_or(0);
+                size.saturating_sub(mapped)
+            })
+            .sum()
+    }
+
+    /// Make everything written so far durable (group commit).
+    pub fn commit(&self, force_checkpoint: bool) -> Result<()> {
+        let mut cs = self.commit.lock();
+        self.check_writable()?;
+        let seen = self.mutations.load(Ordering::Acquire);
+        let batch = self.meta.lock().take_batch();
+        let r = (|| -> Result<()> {
+            if seen != cs.synced_mutations || !batch.payload.is_empty() {
+                self.pool.sync()?;
+            }
+            if !batch.payload.is_empty() {
+                cs.journal.append(&batch.payload)?;
+                cs.journal.sync()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            return self.fail(e);
+        }
+        cs.synced_mutations = seen;
+        let freed = if batch.has_pending_frees {
+            let _drain = self.gate.write();
+            self.meta.lock().release_committed()
+        } else {
+            self.meta.lock().release_committed()
+        };
+        self.punch(&freed);
+        let needs = force_checkpoint
+            || cs.journal.offset > LOG_BYTES_MAX
+            || self.meta.lock().needs_checkpoint();
+        if needs {
+            if let Err(e) = self.checkpoint_locked(&mut cs) {
+                return self.fail(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Give freed grains' space back to the file system, in runs.
+    fn punch(&self, sorted: &[u64]) {
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
+                j += 1;
+            }
+            let start = sorted[i] * GRAIN_BYTES;
+            let len = (j - i) as u64 * GRAIN_BYTES;
+            if let Err(e) = self.pool.punch_hole(start, len) {
+                tracing::warn!("could not punch freed space at {start}+{len}: {e}");
+            }
+            i = j;
+        }
+    }
+
+    fn checkpoint_locked(&self, cs: &mut CommitState) -> Result<()> {
+        let _drain = self.gate.write();
+        let mut m = self.meta.lock();
+        // Step 1: data written since the last commit is durable before any
+        // page that points at it.
+        self.pool.sync()?;
+        // Step 2: pages and catalog.
+        m.write_dirty_pages()?;
+        self.pool.sync()?;
+        self.refs.sync()?;
+        let next = cs.sb.generation + 1;
+        let catalog = m.catalog_full().encode();
+        let cat_file = self.backend.open(catalog_file(next), true)?;
+        cat_file.write_at(&catalog, 0)?;
+        cat_file.sync()?;
+        // Step 3: superblock.
+        let mut sb = cs.sb.clone();
+        sb.generation = next;
+        sb.pool_grains = m.alloc.hwm;
+        sb.catalog_bytes = catalog.len() as u64;
+        sb.catalog_checksum = crc32c::crc32c(&catalog);
+        self.super_file
+            .write_at(&sb.encode(), (next % 2) * SUPER_SLOT_BYTES as u64)?;
+        self.super_file.sync()?;
+        cs.sb = sb;
+        // Step 4: the log starts over.
+        cs.journal.reset(next);
+        cs.synced_mutations = self.mutations.load(Ordering::Acquire);
+        m.cache.mark_all_clean();
+        let freed = m.release_all();
+        drop(m);
+        self.punch(&freed);
+        Ok(())
+    }
+
+    /// Checkpoint now if dirty metadata far exceeds the cache budget (called
+    /// by writers before they take the gate).
+    pub fn maybe_checkpoint(&self) -> Result<()> {
+        let over = {
+            let m = self.meta.lock();
+            m.cache.dirty_pages() > m.cache.budget_pages()
+        };
+        if over {
+            self.commit(true)?;
+        }
+        Ok(())
+    }
+
+    /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
+    pub fn lock_stripes(&self, ver: u64, first: u64, last: u64) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let k0 = first >> STRIPE_GRAINS_SHIFT;
+        let k1 = last >> STRIPE_GRAINS_SHIFT;
+        let mut idx: Vec<usize> = if k1 - k0 >= STRIPES as u64 {
+            (0..STRIPES).collect()
+        } else {
+            (k0..=k1)
+                .map(|k| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) as usize % STRIPES)
+                .collect()
+        };
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
+    }
+}
+
+impl Datastore {
+    /// Create a new, empty datastore in `backend`.
+    pub fn init(backend: Arc<dyn Backend>, opts: &InitOptions) -> Result<()> {
+        if backend.exists(FILE_SUPER) {
+            return err(
+                ErrorKind::AlreadyExists,
+                format!("{} already holds a datastore", backend.describe()),
+            );
+        }
+        let catalog = Catalog::new().encode();
+        let mut uuid = [0u8; 16];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut uuid);
+        let sb = Superblock {
+            generation: 1,
+            capacity_bytes: opts.capacity_bytes,
+            pool_grains: 0,
+            catalog_bytes: catalog.len() as u64,
+            catalog_checksum: crc32c::crc32c(&catalog),
+            uuid,
+            created_unix_secs: now_unix(),
+            ro_compat: 0,
+            compat: 0,
+        };
+        for f in [FILE_POOL, FILE_REFCOUNT, FILE_JOURNAL] {
+            backend.open(f, true)?.sync()?;
+        }
+        let c = backend.open(catalog_file(1), true)?;
+        c.write_at(&catalog, 0)?;
+        c.sync()?;
+        // The superblock last: a datastore exists once it is durable.
+        let s = backend.open(FILE_SUPER, true)?;
+        s.write_at(&sb.encode(), SUPER_SLOT_BYTES as u64)?;
+        s.sync()?;
+        Ok(())
+    }
+
+    /// Open a datastore, recovering from its log. `lock` is held for the
+    /// lifetime of the datastore (the caller took it).
+    pub fn open(backend: Arc<dyn Backend>, opts: &OpenOptions, lock: Option<File>) -> Result<Self> {
+        if !backend.exists(FILE_SUPER) {
+            return err(
+                ErrorKind::NotFound,
+                format!("no datastore in {} (run 'strata init' first)", backend.describe()),
+            );
+        }
+        let super_file = backend.open(FILE_SUPER, false)?;
+        let mut slots = vec![0u8; 2 * SUPER_SLOT_BYTES];
+        super_file.read_at(&mut slots, 0)?;
+        let sb = Superblock::pick(&slots[..SUPER_SLOT_BYTES], &slots[SUPER_SLOT_BYTES..])
+            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{}: {e}", backend.describe())))?;
+        let cat_file = backend.open(catalog_file(sb.generation), false)?;
+        let mut cat = vec![0u8; sb.catalog_bytes as usize];
+        if sb.catalog_bytes > 1 << 30 {
+            return err(ErrorKind::Corrupt, "catalog length in the superblock is absurd");
+        }
+        cat_file.read_at(&mut cat, 0)?;
+        let crc = crc32c::crc32c(&cat);
+        if crc != sb.catalog_checksum {
+            return err(
+                ErrorKind::Corrupt,
+                format!(
+                    "{} of generation {} fails its checksum",
+                    catalog_file(sb.generation),
+                    sb.generation
+                ),
+            );
+        }
+        let catalog = Catalog::decode(&cat)?;
+        let pool = backend.open(FILE_POOL, false)?;
+        let refs = backend.open(FILE_REFCOUNT, false)?;
+        let mut meta = Meta::new(pool.clone(), refs.clone(), opts.cache_bytes, catalog, sb.pool_grains);
+        let mut journal = Journal::new(backend.open(FILE_JOURNAL, false)?, sb.generation);
+        let batches = journal.read_all()?;
+        let replayed = batches.len();
+        for recs in batches {
+            for r in recs {
+                meta.replay(r)?;
+            }
+        }
+        meta.finish_open()?;
+        let configured = sb.capacity_bytes;
+        let inner = Arc::new(Inner {
+            backend,
+            pool,
+            refs,
+            super_file,
+            meta: Mutex::new(meta),
+            gate: RwLock::new(()),
+            commit: Mutex::new(CommitState {
+                journal,
+                sb,
+                synced_mutations: 0,
+            }),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            mutations: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            capacity_cache: Mutex::new((None, 0)),
+            configured_capacity_bytes: configured,
+            _lock: lock,
+        });
+        if replayed > 0 {
+            tracing::info!("replayed {replayed} log batches");
+        }
+        let ds = Datastore { inner };
+        // Make the recovered state a checkpoint, so the log starts empty.
+        ds.inner.commit(true)?;
+        Ok(ds)
+    }
+
+    /// Flush everything and checkpoint (clean shutdown).
+    pub fn close(&self) -> Result<()> {
+        self.inner.commit(true)
+    }
+
+    /// Make every write so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.commit(false)
+    }
+
+    pub fn info(&self) -> DatastoreInfo {
+        let m = self.inner.meta.lock();
+        let capacity = self.inner.capacity_grains(&m) * GRAIN_BYTES;
+        let used = m.used_grains * GRAIN_BYTES;
+        let reserved = Inner::reserved_grains(&m) * GRAIN_BYTES;
+        let provisioned: u64 = m.catalog.disks.iter().map(|d| d.size_bytes).sum();
+        DatastoreInfo {
+            location: self.inner.backend.describe(),
+            capacity_bytes: capacity,
+            used_bytes: used,
+            reserved_bytes: reserved,
+            free_bytes: capacity.saturating_sub(used + reserved),
+            provisioned_bytes: provisioned,
+            overcommit_percent: if capacity == 0 { 0 } else { provisioned.saturating_mul(100) / capacity },
+            disks: m.catalog.disks.len(),
+            snapshots: m.catalog.snapshots.len(),
+            metadata_cache_bytes: m.cache.len() as u64 * 4096,
+        }
+    }
+
+    // ------------------------------------------------------------ disks
+
+    fn disk_info_locked(m: &Meta, d: &DiskRec) -> DiskInfo {
+        let v = m.versions.get(&d.head).copied().unwrap_or_default();
+        let blocks = d.size_bytes.div_ceil(BLOCK_BYTES);
+        let (nb, tbz) = match d.provisioning {
+            Provisioning::Thin => (v.nb, 0),
+            Provisioning::Zeroedthick => (blocks, blocks.saturating_sub(v.nb)),
+            Provisioning::Eagerzeroedthick => (blocks, 0),
+        };
+        DiskInfo {
+            name: d.name.clone(),
+            size_bytes: d.size_bytes,
+            provisioning: d.provisioning,
+            allocated_bytes: v.mapped_grains * GRAIN_BYTES,
+            nb,
+            tbz,
+            snapshots: m.catalog.snapshots.iter().filter(|s| s.disk == d.id).count(),
+            current_snapshot: d
+                .current_snapshot
+                .and_then(|id| m.catalog.snapshots.iter().find(|s| s.id == id))
+                .map(|s| s.name.clone()),
+            parent: d.parent.clone(),
+            created_unix: d.created_unix,
+        }
+    }
+
+    pub fn list_disks(&self) -> Vec<DiskInfo> {
+        let m = self.inner.meta.lock();
+        let mut v: Vec<DiskInfo> = m.catalog.disks.iter().map(|d| Self::disk_info_locked(&m, d)).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
+        let m = self.inner.meta.lock();
+        let d = m.catalog.disk(name)?;
+        Ok(Self::disk_info_locked(&m, d))
+    }
+
+    fn check_size(size_bytes: u64) -> Result<()> {
+        if size_bytes == 0 || size_bytes % 512 != 0 {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("disk size {size_bytes} must be a positive multiple of 512 bytes"),
+            );
+        }
+        if size_bytes > strata_format::disk_bytes_max() {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("disk size {size_bytes} exceeds the largest supported ({})", strata_format::disk_bytes_max()),
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuse a reservation the datastore cannot honour.
+    fn check_reservation(&self, m: &Meta, extra_grains: u64) -> Result<()> {
+        let cap = self.inner.capacity_grains(m);
+        let committed = m.used_grains + Inner::reserved_grains(m);
+        if committed + extra_grains > cap {
+            return err(
+                ErrorKind::NoSpace,
+                format!(
+                    "cannot reserve {} MiB: capacity {} MiB, used {} MiB, reserved {} MiB",
+                    extra_grains * GRAIN_BYTES >> 20,
+                    cap * GRAIN_BYTES >> 20,
+                    m.used_grains * GRAIN_BYTES >> 20,
+                    Inner::reserved_grains(m) * GRAIN_BYTES >> 20
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Create a disk. `progress(done, total)` reports zeroing of an
+    /// eager-zeroed thick disk.
+    pub fn create_disk(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        check_name("disk", name)?;
+        Self::check_size(size_bytes)?;
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            if m.catalog.disk(name).is_ok() {
+                return err(ErrorKind::AlreadyExists, format!("a disk named '{name}' already exists"));
+            }
+            if provisioning.is_thick() {
+                self.check_reservation(&m, size_bytes.div_ceil(GRAIN_BYTES))?;
+            }
+            let id = m.catalog.alloc_id();
+            let head = m.catalog.alloc_id();
+            m.new_empty_version(head, size_bytes.div_ceil(GRAIN_BYTES));
+            m.catalog.disks.push(DiskRec {
+                id,
+                name: name.to_string(),
+                size_bytes,
+                provisioning,
+                head,
+                current_snapshot: None,
+                created_unix: now_unix(),
+                parent: None,
+            });
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)?;
+        if provisioning == Provisioning::Eagerzeroedthick {
+            let h = self.open_disk(name)?;
+            h.zero_fill_allocate(0, size_bytes, progress)?;
+            self.inner.commit(false)?;
+        }
+        self.disk_info(name)
+    }
+
+    /// Remove a disk and all its snapshots. Linked clones keep what they share.
+    pub fn remove_disk(&self, name: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            let d = m.catalog.disk(name)?.clone();
+            let snaps: Vec<SnapshotRec> =
+                m.catalog.snapshots.iter().filter(|s| s.disk == d.id).cloned().collect();
+            for s in &snaps {
+                m.drop_version(s.version)?;
+            }
+            m.drop_version(d.head)?;
+            m.catalog.snapshots.retain(|s| s.disk != d.id);
+            m.catalog.disks.retain(|x| x.id != d.id);
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)
+    }
+
+    /// Grow a disk (also while it is served).
+    pub fn extend_disk(&self, name: &str, size_bytes: u64) -> Result<DiskInfo> {
+        Self::check_size(size_bytes)?;
+        self.inner.check_writable()?;
+        let old = {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            let d = m.catalog.disk(name)?.clone();
+            if size_bytes < d.size_bytes {
+                return err(
+                    ErrorKind::InvalidArgument,
+                    format!("'{name}' is {} bytes; extend only grows a disk", d.size_bytes),
+                );
+            }
+            if d.provisioning.is_thick() {
+                self.check_reservation(&m, (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES))?;
+            }
+            m.grow_version(d.head, size_bytes.div_ceil(GRAIN_BYTES))?;
+            m.catalog.disk_mut(name)?.size_bytes = size_bytes;
+            m.mark_catalog_dirty();
+            d
+        };
+        self.inner.commit(false)?;
+        if old.provisioning == Provisioning::Eagerzeroedthick {
+            let h = self.open_disk(name)?;
+            let from = old.size_bytes / GRAIN_BYTES * GRAIN_BYTES;
+            h.zero_fill_allocate(from, size_bytes - from, &mut |_, _| {})?;
+            self.inner.commit(false)?;
+        }
+        self.disk_info(name)
+    }
+
+    /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.
+    pub fn open_disk(&self, target: &str) -> Result<Arc<DiskHandle>> {
+        let (disk, snap) = split_target(target);
+        let m = self.inner.meta.lock();
+        let d = m.catalog.disk(disk)?;
+        let (version, read_only, snapshot_id) = match snap {
+            None => (d.head, false, None),
+            Some(s) => {
+                let s = m.catalog.snapshot(d.id, disk, s)?;
+                (s.version, true, Some(s.id))
+            }
+        };
+        Ok(Arc::new(DiskHandle::new(
+            self.inner.clone(),
+            d.id,
+            snapshot_id,
+            version,
+            read_only,
+            target.to_string(),
+        )))
+    }
+
+    /// Every exportable name: disks and their snapshots as `DISK@SNAP`.
+    pub fn export_names(&self) -> Vec<(String, String)> {
+        let m = self.inner.meta.lock();
+        let mut out = Vec::new();
+        let mut disks: Vec<&DiskRec> = m.catalog.disks.iter().collect();
+        disks.sort_by(|a, b| a.name.cmp(&b.name));
+        for d in disks {
+            out.push((d.name.clone(), format!("{} disk, {} bytes", d.provisioning.as_str(), d.size_bytes)));
+            for s in m.catalog.snapshots.iter().filter(|s| s.disk == d.id) {
+                out.push((format!("{}@{}", d.name, s.name), format!("snapshot of {} (read-only)", d.name)));
+            }
+        }
+        out
+    }
+
+    // ------------------------------------------------------------ snapshots
+
+    /// Take a snapshot: O(1), whatever the disk holds.
+    pub fn snapshot_create(&self, disk: &str, snap: &str, description: &str) -> Result<SnapshotInfo> {
+        check_name("snapshot", snap)?;
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            let d = m.catalog.disk(disk)?.clone();
+            if m.catalog.snapshot(d.id, disk, snap).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("disk '{disk}' already has a snapshot named '{snap}'"),
+                );
+            }
+            let id = m.catalog.alloc_id();
+            let version = m.catalog.alloc_id();
+            m.new_version_from(version, d.head)?;
+            m.catalog.snapshots.push(SnapshotRec {
+                id,
+                disk: d.id,
+                name: snap.to_string(),
+                description: description.to_string(),
+                created_unix: now_unix(),
+                parent: d.current_snapshot,
+                version,
+                size_bytes: d.size_bytes,
+            });
+            m.catalog.disk_mut(disk)?.current_snapshot = Some(id);
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)?;
+        self.snapshot_list(disk)?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| Error::new(ErrorKind::Gone, "snapshot vanished"))
+    }
+
+    /// Snapshots of a disk, parents before children (a tree by `parent`).
+    pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
+        let m = self.inner.meta.lock();
+        let d = m.catalog.disk(disk)?;
+        let snaps: Vec<&SnapshotRec> = m.catalog.snapshots.iter().filter(|s| s.disk == d.id).collect();
+        let name_of = |id: Option<u64>| id.and_then(|i| snaps.iter().find(|s| s.id == i)).map(|s| s.name.clone());
+        // Order: depth-first from the roots, children by creation.
+        let mut out = Vec::new();
+        let mut stack: Vec<Option<u64>> = vec![None];
+        let mut visited = std::collections::HashSet::new();
+        fn children<'a>(snaps: &[&'a SnapshotRec], parent: Option<u64>) -> Vec<&'a SnapshotRec> {
+            let mut c: Vec<&SnapshotRec> = snaps.iter().copied().filter(|s| s.parent == parent).collect();
+            c.sort_by_key(|s| std::cmp::Reverse(s.id));
+            c
+        }
+        while let Some(p) = stack.pop() {
+            if let Some(id) = p {
+                if !visited.insert(id) {
+                    continue;
+                }
+                let s = snaps.iter().find(|s| s.id == id).expect("child of a listed snapshot");
+                let v = m.versions.get(&s.version).copied().unwrap_or_default();
+                out.push(SnapshotInfo {
+                    name: s.name.clone(),
+                    description: s.description.clone(),
+                    created_unix: s.created_unix,
+                    parent: name_of(s.parent),
+                    size_bytes: s.size_bytes,
+                    mapped_bytes: v.mapped_grains * GRAIN_BYTES,
+                    current: d.current_snapshot == Some(s.id),
+                });
+            }
+            for c in children(&snaps, p) {
+                stack.push(Some(c.id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Make the disk's live state equal to the snapshot again. The live
+    /// state's changes since are discarded.
+    pub fn snapshot_revert(&self, disk: &str, snap: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            m.replace_version(d.head, s.version)?;
+            let dm = m.catalog.disk_mut(disk)?;
+            dm.current_snapshot = Some(s.id);
+            dm.size_bytes = s.size_bytes;
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)
+    }
+
+    /// Delete a snapshot. Moves no data: what others still share stays.
+    pub fn snapshot_delete(&self, disk: &str, snap: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            m.drop_version(s.version)?;
+            for c in m.catalog.snapshots.iter_mut().filter(|c| c.parent == Some(s.id)) {
+                c.parent = s.parent;
+            }
+            m.catalog.snapshots.retain(|x| x.id != s.id);
+            let dm = m.catalog.disk_mut(disk)?;
+            if dm.current_snapshot == Some(s.id) {
+                dm.current_snapshot = s.parent;
+            }
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)
+    }
+
+    // ------------------------------------------------------------ clones
+
+    /// Linked clone of `DISK@SNAP`: O(1); shares all data with the snapshot.
+    pub fn clone_linked(&self, src: &str, new: &str) -> Result<DiskInfo> {
+        check_name("disk", new)?;
+        let (disk, Some(snap)) = split_target(src) else {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT' (or --full)"),
+            );
+        };
+        self.inner.check_writable()?;
+        {
+            let _g = self.inner.gate.write();
+            let mut m = self.inner.meta.lock();
+            if m.catalog.disk(new).is_ok() {
+                return err(ErrorKind::AlreadyExists, format!("a disk named '{new}' already exists"));
+            }
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            let id = m.catalog.alloc_id();
+            let head = m.catalog.alloc_id();
+            m.new_version_from(head, s.version)?;
+            m.catalog.disks.push(DiskRec {
+                id,
+                name: new.to_string(),
+                size_bytes: s.size_bytes,
+                provisioning: Provisioning::Thin,
+                head,
+                current_snapshot: None,
+                created_unix: now_unix(),
+                parent: Some(src.to_string()),
+            });
+            m.mark_catalog_dirty();
+        }
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
+    /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
+    /// mapped grains; time depends on data size, not on snapshot count.
+    pub fn clone_full(
+        &self,
+        src: &str,
+        new: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        let source = self.open_disk(src)?;
+        let size = strata_block::BlockDevice::size_bytes(&*source);
+        self.create_disk(new, size, provisioning, &mut |_, _| {})?;
+        let target = self.open_disk(new)?;
+        let r = crate::disk::copy_mapped(&source, &target, progress);
+        if let Err(e) = r {
+            let _ = self.remove_disk(new);
+            return Err(e);
+        }
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
+    // ------------------------------------------------------------ check
+
+    /// Verify counts, ownership and accounting (DESIGN invariant 3).
+    pub fn check(&self) -> Result<CheckReport> {
+        let _g = self.inner.gate.write();
+        let mut m = self.inner.meta.lock();
+        check::run(&mut m)
+    }
+}

@@ -1,0 +1,554 @@
+//! The I/O path: a disk (or a snapshot of one) as a [`BlockDevice`].
+//!
+//! A write is done in three steps: (1) under the metadata lock, classify each
+//! grain as *in place* (private to this version, see
+//! `Meta::lookup_for_write`) or *new* and allocate the new ones; (2) without
+//! the lock, write data, reading the old grain first for a sub-grain write to
+//! a new grain; adjacent physical grains go out as one write; (3) under the
+//! lock, point the map at the new grains. Readers never see a new grain
+//! before its data is written, and a grain is only written in place when no
+//! other version can see it.
+
+use std::sync::Arc;
+
+use strata_block::{check_range, BlockDevice, BlockError, BlockResult, Extent, ZeroOptions};
+use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
+
+use crate::catalog::Provisioning;
+use crate::datastore::Inner;
+use crate::error::{err, Error, ErrorKind, Result};
+
+/// Most grains a block-status call looks at (bounds the work per request).
+const STATUS_GRAINS_MAX: u64 = 1 << 20;
+/// Largest single zero-fill write.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
+
+pub struct DiskHandle {
+    inner: Arc<Inner>,
+    disk_id: u64,
+    snapshot_id: Option<u64>,
+    version: u64,
+    read_only: bool,
+    name: String,
+}
+
+/// One grain's part of a write.
+struct Piece {
+    v: u64,
+    grain: u64,
+    /// Old grain to read for a sub-grain write to a new grain (0 = zeros).
+    old: u64,
+    new: bool,
+}
+
+impl DiskHandle {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        disk_id: u64,
+        snapshot_id: Option<u64>,
+        version: u64,
+        read_only: bool,
+        name: String,
+    ) -> Self {
+        DiskHandle {
+            inner,
+            disk_id,
+            snapshot_id,
+            version,
+            read_only,
+            name,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// (size, provisioning), or Gone if the disk or snapshot was deleted.
+    fn state(&self, m: &crate::meta::Meta) -> Result<(u64, Provisioning)> {
+        let d = m
+            .catalog
+            .disk_by_id(self.disk_id)
+            .ok_or_else(|| Error::new(ErrorKind::Gone, format!("disk '{}' was removed", self.name)))?;
+        match self.snapshot_id {
+            None => Ok((d.size_bytes, d.provisioning)),
+            Some(sid) => {
+                let s = m
+                    .catalog
+                    .snapshots
+                    .iter()
+                    .find(|s| s.id == sid)
+                    .ok_or_else(|| Error::new(ErrorKind::Gone, format!("snapshot '{}' was deleted", self.name)))?;
+                Ok((s.size_bytes, d.provisioning))
+            }
+        }
+    }
+
+    fn begin(&self, offset: u64, len: u64, write: bool) -> Result<Provisioning> {
+        if write {
+            if self.read_only {
+                return err(ErrorKind::Refused, format!("'{}' is read-only", self.name));
+            }
+            self.inner.check_writable()?;
+        }
+        let m = self.inner.meta.lock();
+        let (size, prov) = self.state(&m)?;
+        check_range(offset, len, size)?;
+        Ok(prov)
+    }
+
+    // ------------------------------------------------------------ read
+
+    fn read_impl(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.begin(offset, buf.len() as u64, false)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let _gate = self.inner.gate.read();
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
+        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        self.inner
+            .meta
+            .lock()
+            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        // Runs of physically adjacent grains become one read.
+        let end = offset + buf.len() as u64;
+        let mut i = 0usize;
+        while i < grains.len() {
+            let mut j = i + 1;
+            let g0 = grains[i];
+            while j < grains.len()
+                && ((g0 == 0 && grains[j] == 0) || (g0 != 0 && grains[j] == g0 + (j - i) as u64))
+            {
+                j += 1;
+            }
+            let v0 = first + i as u64;
+            let s = offset.max(v0 << GRAIN_SHIFT);
+            let t = end.min((first + j as u64) << GRAIN_SHIFT);
+            let dst = &mut buf[(s - offset) as usize..(t - offset) as usize];
+            if g0 == 0 {
+                dst.fill(0);
+            } else {
+                let phys = (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT));
+                self.inner.pool.read_at(dst, phys)?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ write
+
+    /// Write with the gate and stripes already held by the caller.
+    fn write_locked(&self, buf: &[u8], offset: u64, prov: Provisioning) -> Result<()> {
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
+        let mut pieces: Vec<Piece> = Vec::with_capacity((last - first + 1) as usize);
+        {
+            let mut m = self.inner.meta.lock();
+            for v in first..=last {
+                let (e, exclusive) = m.lookup_for_write(self.version, v)?;
+                pieces.push(Piece {
+                    v,
+                    grain: if exclusive { e } else { 0 },
+                    old: e,
+                    new: !exclusive,
+                });
+            }
+            let wanted = pieces.iter().filter(|p| p.new).count() as u64;
+            if wanted > 0 {
+                self.check_space(&m, wanted, prov)?;
+                let cap = self.inner.capacity_grains(&m);
+                let mut prev: Option<u64> = if first > 0 {
+                    let (g, _) = m.lookup_for_write(self.version, first - 1)?;
+                    (g != 0).then_some(g)
+                } else {
+                    None
+                };
+                for i in 0..pieces.len() {
+                    if pieces[i].new {
+                        match m.alloc_grain(self.version, prev, cap) {
+                            Ok(g) => pieces[i].grain = g,
+                            Err(e) => {
+                                for p in pieces[..i].iter().filter(|p| p.new) {
+                                    m.abort_alloc(p.grain)?;
+                                }
+                                return Err(e);
+                            }
+                        }
+                    }
+                    prev = Some(pieces[i].grain);
+                }
+            }
+        }
+        if let Err(e) = self.write_data(buf, offset, &pieces) {
+            let mut m = self.inner.meta.lock();
+            for p in pieces.iter().filter(|p| p.new) {
+                m.abort_alloc(p.grain)?;
+            }
+            return Err(e);
+        }
+        if pieces.iter().any(|p| p.new) {
+            let mut m = self.inner.meta.lock();
+            for p in pieces.iter().filter(|p| p.new) {
+                m.install(self.version, p.v, p.grain)?;
+            }
+        }
+        self.inner.mutations.fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    fn check_space(&self, m: &crate::meta::Meta, wanted: u64, prov: Provisioning) -> Result<()> {
+        let cap = self.inner.capacity_grains(m);
+        let reserved = Inner::reserved_grains(m);
+        // A thick disk filling its own reservation does not add to the total.
+        let own = if prov.is_thick() && self.snapshot_id.is_none() {
+            let d = m.catalog.disk_by_id(self.disk_id);
+            let size = d.map(|d| d.size_bytes.div_ceil(GRAIN_BYTES)).unwrap_or(0);
+            let mapped = m.versions.get(&self.version).map(|v| v.mapped_grains).unwrap_or(0);
+            size.saturating_sub(mapped).min(wanted)
+        } else {
+            0
+        };
+        if m.used_grains + reserved + wanted - own > cap {
+            return err(
+                ErrorKind::NoSpace,
+                format!(
+                    "datastore full: {} of {} MiB used, {} MiB reserved by thick disks",
+                    m.used_grains * GRAIN_BYTES >> 20,
+                    cap * GRAIN_BYTES >> 20,
+                    reserved * GRAIN_BYTES >> 20
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn write_data(&self, buf: &[u8], offset: u64, pieces: &[Piece]) -> Result<()> {
+        let end = offset + buf.len() as u64;
+        // Each piece: physical byte offset and the bytes to put there.
+        let mut segs: Vec<(u64, std::borrow::Cow<'_, [u8]>)> = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let gs = p.v << GRAIN_SHIFT;
+            let s = offset.max(gs);
+            let t = end.min(gs + GRAIN_BYTES);
+            let src = &buf[(s - offset) as usize..(t - offset) as usize];
+            let full = s == gs && t == gs + GRAIN_BYTES;
+            if !p.new || full {
+                segs.push(((p.grain << GRAIN_SHIFT) + (s - gs), std::borrow::Cow::Borrowed(src)));
+            } else {
+                let mut g = vec![0u8; GRAIN_BYTES as usize];
+                if p.old != 0 {
+                    self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
+                }
+                g[(s - gs) as usize..(t - gs) as usize].copy_from_slice(src);
+                segs.push((p.grain << GRAIN_SHIFT, std::borrow::Cow::Owned(g)));
+            }
+        }
+        let mut i = 0;
+        while i < segs.len() {
+            let mut j = i + 1;
+            let mut pos = segs[i].0 + segs[i].1.len() as u64;
+            while j < segs.len() && segs[j].0 == pos {
+                pos += segs[j].1.len() as u64;
+                j += 1;
+            }
+            if j == i + 1 {
+                self.inner.pool.write_at(&segs[i].1, segs[i].0)?;
+            } else if segs[i..j].iter().all(|s| matches!(s.1, std::borrow::Cow::Borrowed(_))) {
+                // Borrowed pieces are consecutive slices of `buf`: write it directly.
+                let from = segs[i].1.as_ptr() as usize - buf.as_ptr() as usize;
+                let len = (pos - segs[i].0) as usize;
+                self.inner.pool.write_at(&buf[from..from + len], segs[i].0)?;
+            } else {
+                let mut run = Vec::with_capacity((pos - segs[i].0) as usize);
+                for s in &segs[i..j] {
+                    run.extend_from_slice(&s.1);
+                }
+                self.inner.pool.write_at(&run, segs[i].0)?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn write_impl(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        let prov = self.begin(offset, buf.len() as u64, true)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.inner.maybe_checkpoint()?;
+        {
+            let _gate = self.inner.gate.read();
+            let first = offset >> GRAIN_SHIFT;
+            let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
+            let _stripes = self.inner.lock_stripes(self.version, first, last);
+            self.write_locked(buf, offset, prov)?;
+        }
+        if fua {
+            self.inner.commit(false)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ zero / unmap
+
+    fn zero_impl(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let prov = self.begin(offset, len, true)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.inner.maybe_checkpoint()?;
+        {
+            let _gate = self.inner.gate.read();
+            let end = offset + len;
+            let first = offset >> GRAIN_SHIFT;
+            let last = (end - 1) >> GRAIN_SHIFT;
+            let _stripes = self.inner.lock_stripes(self.version, first, last);
+            // Whole grains in [a, b); partial grains at the edges are written with zeros.
+            let a = offset.div_ceil(GRAIN_BYTES);
+            let b = end >> GRAIN_SHIFT;
+            if a >= b {
+                self.zero_partial(offset, end, prov)?;
+            } else {
+                if offset < a << GRAIN_SHIFT {
+                    self.zero_partial(offset, a << GRAIN_SHIFT, prov)?;
+                }
+                if end > b << GRAIN_SHIFT {
+                    self.zero_partial(b << GRAIN_SHIFT, end, prov)?;
+                }
+                self.zero_grains(a, b, prov)?;
+            }
+            self.inner.mutations.fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
+        if fua {
+            self.inner.commit(false)?;
+        }
+        Ok(())
+    }
+
+    /// Zero `[s, t)` inside one or two grains: only mapped grains need work.
+    fn zero_partial(&self, s: u64, t: u64, prov: Provisioning) -> Result<()> {
+        let mut pos = s;
+        while pos < t {
+            let v = pos >> GRAIN_SHIFT;
+            let stop = t.min((v + 1) << GRAIN_SHIFT);
+            let (e, _) = self.inner.meta.lock().lookup_for_write(self.version, v)?;
+            if e != 0 {
+                self.write_locked(&ZEROS[..(stop - pos) as usize], pos, prov)?;
+            }
+            pos = stop;
+        }
+        Ok(())
+    }
+
+    /// Zero whole grains `[a, b)`. Thin and lazily zeroed disks give the
+    /// grains back; an eager-zeroed disk keeps its private grains and writes
+    /// zeros into them, so it stays fully allocated.
+    fn zero_grains(&self, a: u64, b: u64, prov: Provisioning) -> Result<()> {
+        let leaf_span = MAP_FANOUT as u64;
+        let mut leaf = a >> MAP_FANOUT_SHIFT;
+        while leaf << MAP_FANOUT_SHIFT < b {
+            let ls = (leaf << MAP_FANOUT_SHIFT).max(a);
+            let lt = ((leaf + 1) << MAP_FANOUT_SHIFT).min(b);
+            if prov == Provisioning::Eagerzeroedthick {
+                self.zero_in_place(ls, lt)?;
+            } else if lt - ls == leaf_span {
+                self.inner.meta.lock().unmap_leaf(self.version, leaf)?;
+            } else {
+                let mut m = self.inner.meta.lock();
+                let mut mapped = Vec::new();
+                m.walk(self.version, ls, lt, &mut |v, _, g| {
+                    if g != 0 {
+                        mapped.push(v)
+                    }
+                })?;
+                for v in mapped {
+                    m.unmap_grain(self.version, v)?;
+                }
+            }
+            leaf += 1;
+        }
+        Ok(())
+    }
+
+    fn zero_in_place(&self, ls: u64, lt: u64) -> Result<()> {
+        let mut writes = Vec::new();
+        {
+            let mut m = self.inner.meta.lock();
+            let mut mapped = Vec::new();
+            m.walk(self.version, ls, lt, &mut |v, _, g| {
+                if g != 0 {
+                    mapped.push(v)
+                }
+            })?;
+            for v in mapped {
+                let (g, exclusive) = m.lookup_for_write(self.version, v)?;
+                if exclusive {
+                    writes.push(g);
+                } else {
+                    m.unmap_grain(self.version, v)?;
+                }
+            }
+        }
+        for g in writes {
+            self.inner.pool.write_at(&ZEROS[..GRAIN_BYTES as usize], g << GRAIN_SHIFT)?;
+        }
+        Ok(())
+    }
+
+    /// Allocate and zero every unmapped grain of `[offset, offset+len)`
+    /// (eager-zeroed thick create and extend).
+    pub(crate) fn zero_fill_allocate(
+        &self,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZERO_CHUNK_BYTES as u64);
+            let off = offset + done;
+            // Only unmapped grains: a grain already written keeps its data.
+            let mut holes = Vec::new();
+            {
+                let mut m = self.inner.meta.lock();
+                let first = off >> GRAIN_SHIFT;
+                let last = (off + n - 1) >> GRAIN_SHIFT;
+                m.walk(self.version, first, last + 1, &mut |v, c, g| {
+                    if g == 0 {
+                        holes.push((v, c))
+                    }
+                })?;
+            }
+            for (v, c) in holes {
+                let s = (v << GRAIN_SHIFT).max(off);
+                let t = ((v + c) << GRAIN_SHIFT).min(off + n);
+                self.write_impl(&ZEROS[..(t - s) as usize], s, false)?;
+            }
+            done += n;
+            progress(done, len);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ status
+
+    fn status_impl(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.begin(offset, len, false)?;
+        if len == 0 {
+            return Ok(vec![]);
+        }
+        let _gate = self.inner.gate.read();
+        let end = offset + len;
+        let first = offset >> GRAIN_SHIFT;
+        let last = ((end - 1) >> GRAIN_SHIFT).min(first + STATUS_GRAINS_MAX - 1);
+        let mut out: Vec<Extent> = Vec::new();
+        let stop = end.min((last + 1) << GRAIN_SHIFT);
+        self.inner.meta.lock().walk(self.version, first, last + 1, &mut |v, c, g| {
+            let s = (v << GRAIN_SHIFT).max(offset);
+            let t = ((v + c) << GRAIN_SHIFT).min(stop);
+            if t <= s {
+                return;
+            }
+            let hole = g == 0;
+            match out.last_mut() {
+                Some(x) if x.hole == hole => x.len_bytes += t - s,
+                _ => out.push(Extent {
+                    len_bytes: t - s,
+                    hole,
+                    zero: hole,
+                }),
+            }
+        })?;
+        Ok(out)
+    }
+}
+
+fn to_block<T>(r: Result<T>) -> BlockResult<T> {
+    r.map_err(BlockError::from)
+}
+
+impl BlockDevice for DiskHandle {
+    fn size_bytes(&self) -> u64 {
+        let m = self.inner.meta.lock();
+        self.state(&m).map(|s| s.0).unwrap_or(0)
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()> {
+        to_block(self.read_impl(buf, offset_bytes))
+    }
+
+    fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
+        to_block(self.write_impl(buf, offset_bytes, fua))
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        to_block(self.inner.commit(false))
+    }
+
+    fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
+        to_block(self.zero_impl(offset_bytes, len_bytes, false))
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, opts: ZeroOptions) -> BlockResult<()> {
+        // Zeroing is a metadata operation here (or in-place zeros for an
+        // eager-zeroed disk), so it is always "fast".
+        to_block(self.zero_impl(offset_bytes, len_bytes, opts.fua))
+    }
+
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {
+        to_block(self.status_impl(offset_bytes, len_bytes))
+    }
+}
+
+/// Copy every mapped range of `src` into `dst` (full clone).
+pub(crate) fn copy_mapped(
+    src: &DiskHandle,
+    dst: &DiskHandle,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    let size = src.size_bytes();
+    let total = {
+        let m = src.inner.meta.lock();
+        m.versions.get(&src.version).map(|v| v.mapped_grains).unwrap_or(0) * GRAIN_BYTES
+    };
+    let mut copied = 0u64;
+    let mut offset = 0u64;
+    let mut buf = vec![0u8; ZERO_CHUNK_BYTES];
+    while offset < size {
+        let len = (size - offset).min(64 << 20);
+        let extents = to_block_err(src.block_status(offset, len))?;
+        let mut pos = offset;
+        for x in extents {
+            if !x.hole {
+                let mut p = pos;
+                while p < pos + x.len_bytes {
+                    let n = (pos + x.len_bytes - p).min(buf.len() as u64) as usize;
+                    src.read_impl(&mut buf[..n], p)?;
+                    dst.write_impl(&buf[..n], p, false)?;
+                    p += n as u64;
+                    copied += n as u64;
+                    progress(copied.min(total), total);
+                }
+            }
+            pos += x.len_bytes;
+        }
+        if pos == offset {
+            return err(ErrorKind::Corrupt, "block status made no progress");
+        }
+        offset = pos;
+    }
+    progress(total, total);
+    Ok(())
+}
+
+fn to_block_err<T>(r: BlockResult<T>) -> Result<T> {
+    r.map_err(Error::from)
+}

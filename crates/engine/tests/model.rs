@@ -1,0 +1,242 @@
+//! Model-based test: random sequences of I/O, snapshot, clone, extend and
+//! reopen, compared byte for byte with an in-memory model of every disk and
+//! every snapshot, and `check` clean after each sequence.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use strata_block::{BlockDevice, ZeroOptions};
+use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
+use strata_storage::{Backend, SimBackend};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { disk: usize, sector: u64, sectors: u64, byte: u8 },
+    Trim { disk: usize, sector: u64, sectors: u64 },
+    Zero { disk: usize, sector: u64, sectors: u64 },
+    Snap { disk: usize },
+    Revert { disk: usize, snap: usize },
+    DeleteSnap { disk: usize, snap: usize },
+    LinkedClone { disk: usize, snap: usize },
+    FullClone { disk: usize, snap: Option<usize>, thick: bool },
+    Extend { disk: usize, add_sectors: u64 },
+    Remove { disk: usize },
+    Flush,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let d = 0usize..4;
+    prop_oneof![
+        10 => (d.clone(), 0u64..20000, 1u64..300, any::<u8>()).prop_map(|(disk, sector, sectors, byte)| Op::Write { disk, sector, sectors, byte }),
+        2 => (d.clone(), 0u64..20000, 1u64..3000).prop_map(|(disk, sector, sectors)| Op::Trim { disk, sector, sectors }),
+        2 => (d.clone(), 0u64..20000, 1u64..3000).prop_map(|(disk, sector, sectors)| Op::Zero { disk, sector, sectors }),
+        3 => d.clone().prop_map(|disk| Op::Snap { disk }),
+        2 => (d.clone(), 0usize..8).prop_map(|(disk, snap)| Op::Revert { disk, snap }),
+        2 => (d.clone(), 0usize..8).prop_map(|(disk, snap)| Op::DeleteSnap { disk, snap }),
+        1 => (d.clone(), 0usize..8).prop_map(|(disk, snap)| Op::LinkedClone { disk, snap }),
+        1 => (d.clone(), proptest::option::of(0usize..8), any::<bool>()).prop_map(|(disk, snap, thick)| Op::FullClone { disk, snap, thick }),
+        1 => (d.clone(), 1u64..5000).prop_map(|(disk, add_sectors)| Op::Extend { disk, add_sectors }),
+        1 => d.prop_map(|disk| Op::Remove { disk }),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+#[derive(Default)]
+struct Model {
+    /// disk name -> contents
+    disks: BTreeMap<String, Vec<u8>>,
+    /// disk name -> [(snapshot name, contents)], in creation order
+    snaps: BTreeMap<String, Vec<(String, Vec<u8>)>>,
+    next: u32,
+}
+
+fn open(b: &SimBackend) -> Datastore {
+    // A tiny cache (64 pages) so eviction and reloading are exercised.
+    Datastore::open(Arc::new(b.clone()) as Arc<dyn Backend>, &OpenOptions { cache_bytes: 64 * 4096 }, None)
+        .expect("open")
+}
+
+fn pattern(byte: u8, sector: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| byte ^ ((sector as usize * 512 + i) / 512) as u8 ^ (i as u8).rotate_left(3)).collect()
+}
+
+fn verify(ds: &Datastore, model: &Model) {
+    for (name, data) in &model.disks {
+        let h = ds.open_disk(name).unwrap();
+        assert_eq!(h.size_bytes(), data.len() as u64, "size of {name}");
+        let mut buf = vec![0u8; data.len()];
+        h.read_at(&mut buf, 0).unwrap();
+        assert!(buf == *data, "contents of disk {name} differ from the model");
+        for (sn, sdata) in model.snaps.get(name).into_iter().flatten() {
+            let t = format!("{name}@{sn}");
+            let h = ds.open_disk(&t).unwrap();
+            let mut buf = vec![0u8; sdata.len()];
+            h.read_at(&mut buf, 0).unwrap();
+            assert!(buf == *sdata, "contents of snapshot {t} differ from the model");
+        }
+    }
+    let listed: Vec<String> = ds.list_disks().into_iter().map(|d| d.name).collect();
+    let expected: Vec<String> = model.disks.keys().cloned().collect();
+    assert_eq!(listed, expected);
+}
+
+fn run(ops: Vec<Op>) {
+    let b = SimBackend::new();
+    Datastore::init(Arc::new(b.clone()), &InitOptions { capacity_bytes: 1 << 30 }).unwrap();
+    let mut ds = open(&b);
+    let mut model = Model::default();
+    for (i, size) in [(0, 1u64 << 20), (1, 3 << 20)] {
+        let name = format!("d{i}");
+        ds.create_disk(&name, size, Provisioning::Thin, &mut |_, _| {}).unwrap();
+        model.disks.insert(name.clone(), vec![0; size as usize]);
+        model.snaps.insert(name, vec![]);
+    }
+    for op in ops {
+        let names: Vec<String> = model.disks.keys().cloned().collect();
+        if names.is_empty() {
+            break;
+        }
+        let pick = |i: usize| names[i % names.len()].clone();
+        match op {
+            Op::Write { disk, sector, sectors, byte } => {
+                let name = pick(disk);
+                let data = model.disks.get_mut(&name).unwrap();
+                let total = data.len() as u64 / 512;
+                let sector = sector % total;
+                let sectors = sectors.min(total - sector);
+                let buf = pattern(byte, sector, (sectors * 512) as usize);
+                ds.open_disk(&name).unwrap().write_at(&buf, sector * 512, byte % 7 == 0).unwrap();
+                data[(sector * 512) as usize..((sector + sectors) * 512) as usize].copy_from_slice(&buf);
+            }
+            Op::Trim { disk, sector, sectors } | Op::Zero { disk, sector, sectors } => {
+                let name = pick(disk);
+                let data = model.disks.get_mut(&name).unwrap();
+                let total = data.len() as u64 / 512;
+                let sector = sector % total;
+                let sectors = sectors.min(total - sector);
+                let h = ds.open_disk(&name).unwrap();
+                if matches!(op, Op::Trim { .. }) {
+                    h.unmap(sector * 512, sectors * 512).unwrap();
+                } else {
+                    h.write_zeroes(sector * 512, sectors * 512, ZeroOptions::default()).unwrap();
+                }
+                data[(sector * 512) as usize..((sector + sectors) * 512) as usize].fill(0);
+            }
+            Op::Snap { disk } => {
+                let name = pick(disk);
+                model.next += 1;
+                let sn = format!("s{}", model.next);
+                ds.snapshot_create(&name, &sn, "model").unwrap();
+                let data = model.disks[&name].clone();
+                model.snaps.get_mut(&name).unwrap().push((sn, data));
+            }
+            Op::Revert { disk, snap } => {
+                let name = pick(disk);
+                let snaps = &model.snaps[&name];
+                if snaps.is_empty() {
+                    continue;
+                }
+                let (sn, data) = snaps[snap % snaps.len()].clone();
+                ds.snapshot_revert(&name, &sn).unwrap();
+                model.disks.insert(name, data);
+            }
+            Op::DeleteSnap { disk, snap } => {
+                let name = pick(disk);
+                let snaps = model.snaps.get_mut(&name).unwrap();
+                if snaps.is_empty() {
+                    continue;
+                }
+                let (sn, _) = snaps.remove(snap % snaps.len());
+                ds.snapshot_delete(&name, &sn).unwrap();
+            }
+            Op::LinkedClone { disk, snap } => {
+                let name = pick(disk);
+                let snaps = &model.snaps[&name];
+                if snaps.is_empty() || model.disks.len() >= 8 {
+                    continue;
+                }
+                let (sn, data) = snaps[snap % snaps.len()].clone();
+                model.next += 1;
+                let new = format!("c{}", model.next);
+                ds.clone_linked(&format!("{name}@{sn}"), &new).unwrap();
+                model.disks.insert(new.clone(), data);
+                model.snaps.insert(new, vec![]);
+            }
+            Op::FullClone { disk, snap, thick } => {
+                let name = pick(disk);
+                if model.disks.len() >= 8 {
+                    continue;
+                }
+                let snaps = &model.snaps[&name];
+                let (src, data) = match snap {
+                    Some(s) if !snaps.is_empty() => {
+                        let (sn, data) = snaps[s % snaps.len()].clone();
+                        (format!("{name}@{sn}"), data)
+                    }
+                    _ => (name.clone(), model.disks[&name].clone()),
+                };
+                model.next += 1;
+                let new = format!("f{}", model.next);
+                let prov = if thick { Provisioning::Eagerzeroedthick } else { Provisioning::Thin };
+                ds.clone_full(&src, &new, prov, &mut |_, _| {}).unwrap();
+                model.disks.insert(new.clone(), data);
+                model.snaps.insert(new, vec![]);
+            }
+            Op::Extend { disk, add_sectors } => {
+                let name = pick(disk);
+                let data = model.disks.get_mut(&name).unwrap();
+                let new = data.len() as u64 + add_sectors * 512;
+                ds.extend_disk(&name, new).unwrap();
+                data.resize(new as usize, 0);
+            }
+            Op::Remove { disk } => {
+                let name = pick(disk);
+                ds.remove_disk(&name).unwrap();
+                model.disks.remove(&name);
+                model.snaps.remove(&name);
+            }
+            Op::Flush => ds.flush().unwrap(),
+            Op::Reopen => {
+                ds.close().unwrap();
+                drop(ds);
+                ds = open(&b);
+            }
+        }
+    }
+    verify(&ds, &model);
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "check found problems: {:#?}", report.errors);
+    // Everything also survives a clean reopen.
+    ds.close().unwrap();
+    drop(ds);
+    let ds = open(&b);
+    verify(&ds, &model);
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "check after reopen: {:#?}", report.errors);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("STRATA_MODEL_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(200),
+        max_shrink_iters: 2000,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn engine_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run(ops);
+    }
+}
+
+#[test]
+fn deep_snapshot_chain_reads_every_level() {
+    let mut ops = Vec::new();
+    for i in 0..40u8 {
+        ops.push(Op::Write { disk: 1, sector: (i as u64) * 97, sectors: 9, byte: i });
+        ops.push(Op::Snap { disk: 1 });
+    }
+    run(ops);
+}
