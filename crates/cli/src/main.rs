@@ -1,1 +1,412 @@
-fn main() {}
+//! `strata`: the command-line tool and server of the strata disk engine.
+
+mod control;
+mod ops;
+mod serve;
+mod units;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use strata_engine::{Datastore, Error, ErrorKind, InitOptions, Provisioning};
+use strata_storage::FileBackend;
+
+use crate::ops::{LockOutcome, Request};
+use crate::units::{human, parse_size};
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "strata: thin/thick virtual disks with O(1) snapshots and clones, served over NBD",
+    long_about = "strata stores virtual disks in a datastore (a directory) and serves them over NBD.\n\
+Every disk and snapshot has its own map, so I/O costs the same at any snapshot depth;\n\
+snapshots and linked clones are O(1); deleting a snapshot moves no data.\n\n\
+While `strata serve` runs, the other commands talk to it through its control socket."
+)]
+struct Cli {
+    /// Datastore directory [default: $STRATA_DATASTORE, else ~/.local/share/strata/datastore]
+    #[arg(long, short = 'd', global = true, env = "STRATA_DATASTORE")]
+    datastore: Option<PathBuf>,
+
+    /// Metadata cache budget (e.g. 128M)
+    #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
+    cache: u64,
+
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args)]
+struct JsonFlag {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a datastore in the directory
+    Init {
+        /// Capacity limit (default: the file system's free space)
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+    },
+    /// Show the datastore's capacity, use and over-commit
+    Status(JsonFlag),
+    /// Create a disk
+    Create {
+        name: String,
+        /// Virtual size (e.g. 10G)
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Provisioning: thin, zeroedthick or eagerzeroedthick
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List disks
+    List(JsonFlag),
+    /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots
+    Info {
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Remove a disk and its snapshots (linked clones keep what they share)
+    Rm { name: String },
+    /// Grow a disk (also while it is served)
+    Extend {
+        name: String,
+        /// New virtual size
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Snapshots: create, list, revert, delete
+    #[command(subcommand)]
+    Snapshot(SnapCmd),
+    /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
+    Clone {
+        /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full
+        source: String,
+        /// Name of the new disk
+        name: String,
+        /// Copy the data into an independent disk
+        #[arg(long)]
+        full: bool,
+        /// Provisioning of a full clone
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Verify reference counts, ownership and accounting; non-zero exit on problems
+    Check(JsonFlag),
+    /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP)
+    Serve(serve::ServeArgs),
+}
+
+#[derive(Subcommand)]
+enum SnapCmd {
+    /// Take a snapshot (O(1), whatever the disk holds)
+    Create {
+        disk: String,
+        snapshot: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List a disk's snapshots as a tree
+    List {
+        disk: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Make the disk equal to a snapshot again (discards changes since)
+    Revert { disk: String, snapshot: String },
+    /// Delete a snapshot (moves no data)
+    Delete { disk: String, snapshot: String },
+}
+
+fn parse_prov(s: &str) -> Result<Provisioning, String> {
+    Provisioning::parse(s).map_err(|e| e.message)
+}
+
+fn default_datastore() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share/strata/datastore")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let dir = cli.datastore.clone().unwrap_or_else(default_datastore);
+    match run(&cli, &dir) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("strata: error: {}", e.message);
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
+    let (req, json) = match &cli.cmd {
+        Cmd::Init { capacity } => return init(dir, capacity.unwrap_or(0)),
+        Cmd::Serve(args) => return serve::run(dir, cli.cache, args),
+        Cmd::Status(j) => (Request::Status, j.json),
+        Cmd::Create { name, size, provisioning, json } => (
+            Request::Create { name: name.clone(), size_bytes: *size, provisioning: *provisioning },
+            json.json,
+        ),
+        Cmd::List(j) => (Request::List, j.json),
+        Cmd::Info { name, json } => (Request::Info { name: name.clone() }, json.json),
+        Cmd::Rm { name } => (Request::Remove { name: name.clone() }, false),
+        Cmd::Extend { name, size, json } => (Request::Extend { name: name.clone(), size_bytes: *size }, json.json),
+        Cmd::Snapshot(SnapCmd::Create { disk, snapshot, description, json }) => (
+            Request::SnapshotCreate {
+                disk: disk.clone(),
+                snapshot: snapshot.clone(),
+                description: description.clone(),
+            },
+            json.json,
+        ),
+        Cmd::Snapshot(SnapCmd::List { disk, json }) => (Request::SnapshotList { disk: disk.clone() }, json.json),
+        Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => (
+            Request::SnapshotRevert { disk: disk.clone(), snapshot: snapshot.clone() },
+            false,
+        ),
+        Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => (
+            Request::SnapshotDelete { disk: disk.clone(), snapshot: snapshot.clone() },
+            false,
+        ),
+        Cmd::Clone { source, name, full, provisioning, json } => {
+            if *full {
+                (
+                    Request::CloneFull { source: source.clone(), name: name.clone(), provisioning: *provisioning },
+                    json.json,
+                )
+            } else {
+                if *provisioning != Provisioning::Thin {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        "--type applies to full clones only (a linked clone is thin); add --full",
+                    ));
+                }
+                (Request::CloneLinked { source: source.clone(), name: name.clone() }, json.json)
+            }
+        }
+        Cmd::Check(j) => (Request::Check, j.json),
+    };
+    let value = dispatch(dir, cli.cache, &req)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+    } else {
+        print_human(&req, &value);
+    }
+    if matches!(req, Request::Check) && !value["errors"].as_array().map(|a| a.is_empty()).unwrap_or(false) {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init(dir: &Path, capacity: u64) -> Result<ExitCode, Error> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())))?;
+    let lock = match ops::try_lock(dir)? {
+        LockOutcome::Locked(f) => f,
+        LockOutcome::Held(pid) => return Err(held(dir, pid)),
+    };
+    Datastore::init(std::sync::Arc::new(FileBackend::new(dir)), &InitOptions { capacity_bytes: capacity })?;
+    drop(lock);
+    println!("initialised datastore {}", dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn held(dir: &Path, pid: Option<u32>) -> Error {
+    let who = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    Error::new(
+        ErrorKind::Locked,
+        format!("datastore {} is in use by another process{who}", dir.display()),
+    )
+}
+
+/// Run a request locally, or through the server that holds the datastore.
+fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Value, Error> {
+    if !dir.join(strata_format::FILE_SUPER).exists() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no datastore at {} (run 'strata init' or pass --datastore)", dir.display()),
+        ));
+    }
+    let bar = make_bar(req);
+    let mut progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let r = match ops::try_lock(dir)? {
+        LockOutcome::Locked(lock) => {
+            let ds = ops::open_local(dir, lock, cache)?;
+            let r = ops::execute(&ds, req, &mut progress);
+            ds.close()?;
+            r
+        }
+        LockOutcome::Held(pid) => {
+            let sock = dir.join(strata_format::FILE_CONTROL);
+            if !sock.exists() {
+                return Err(held(dir, pid));
+            }
+            control::request(&sock, req, &mut progress)
+        }
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    r
+}
+
+fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
+    if !req.shows_progress() || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(0);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    Some(b)
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn print_disk(d: &Value) {
+    println!("name:            {}", s(&d["name"]));
+    println!("size:            {} ({} bytes)", human(u(&d["size_bytes"])), u(&d["size_bytes"]));
+    println!("provisioning:    {}", s(&d["provisioning"]));
+    println!("allocated:       {} ({} bytes)", human(u(&d["allocated_bytes"])), u(&d["allocated_bytes"]));
+    println!("nb / tbz:        {} / {} (1 MiB blocks)", u(&d["nb"]), u(&d["tbz"]));
+    println!("snapshots:       {}", u(&d["snapshots"]));
+    println!("current snapshot:{}", format_args!(" {}", s(&d["current_snapshot"])));
+    println!("parent:          {}", s(&d["parent"]));
+}
+
+fn print_human(req: &Request, v: &Value) {
+    match req {
+        Request::Status => {
+            println!("datastore:    {}", s(&v["location"]));
+            println!("capacity:     {}", human(u(&v["capacity_bytes"])));
+            println!("used:         {}", human(u(&v["used_bytes"])));
+            println!("reserved:     {} (thick disks, not yet written)", human(u(&v["reserved_bytes"])));
+            println!("free:         {}", human(u(&v["free_bytes"])));
+            println!("provisioned:  {} ({}% of capacity)", human(u(&v["provisioned_bytes"])), u(&v["overcommit_percent"]));
+            println!("disks:        {} ({} snapshots)", u(&v["disks"]), u(&v["snapshots"]));
+        }
+        Request::List => {
+            println!("{:<24} {:>10} {:<17} {:>10} {:>5}  PARENT", "NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS");
+            for d in v.as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:>10} {:<17} {:>10} {:>5}  {}",
+                    s(&d["name"]),
+                    human(u(&d["size_bytes"])),
+                    s(&d["provisioning"]),
+                    human(u(&d["allocated_bytes"])),
+                    u(&d["snapshots"]),
+                    s(&d["parent"])
+                );
+            }
+        }
+        Request::Info { .. }
+        | Request::Create { .. }
+        | Request::Extend { .. }
+        | Request::CloneLinked { .. }
+        | Request::CloneFull { .. }
+        | Request::SnapshotRevert { .. } => print_disk(v),
+        Request::Remove { name } => println!("removed {name}"),
+        Request::SnapshotCreate { disk, snapshot, .. } => println!("created snapshot {disk}@{snapshot}"),
+        Request::SnapshotDelete { disk, snapshot } => println!("deleted snapshot {disk}@{snapshot}"),
+        Request::SnapshotList { .. } => print_tree(v),
+        Request::Check => {
+            let errors = v["errors"].as_array().cloned().unwrap_or_default();
+            println!(
+                "checked {} versions, {} map nodes, {} data grains; {} used",
+                u(&v["versions"]),
+                u(&v["map_nodes"]),
+                u(&v["data_grains"]),
+                human(u(&v["used_bytes"]))
+            );
+            if errors.is_empty() {
+                println!("clean: no leaked or doubly owned grain, accounting exact");
+            } else {
+                println!(
+                    "{} problems ({} leaked grains, {} counted too low):",
+                    errors.len(),
+                    u(&v["leaked_grains"]),
+                    u(&v["overshared_grains"])
+                );
+                for e in errors {
+                    println!("  {}", s(&e));
+                }
+            }
+        }
+    }
+}
+
+/// Snapshots as an indented tree; `*` marks where the live state is.
+fn print_tree(v: &Value) {
+    let snaps = v.as_array().cloned().unwrap_or_default();
+    if snaps.is_empty() {
+        println!("no snapshots");
+        return;
+    }
+    fn depth(snaps: &[Value], name: &Value) -> usize {
+        let mut d = 0;
+        let mut cur = name.clone();
+        while let Some(p) = snaps.iter().find(|s| s["name"] == cur).map(|s| s["parent"].clone()) {
+            if p.is_null() || d > snaps.len() {
+                break;
+            }
+            d += 1;
+            cur = p;
+        }
+        d
+    }
+    for sn in &snaps {
+        let d = depth(&snaps, &sn["name"]);
+        let mark = if sn["current"].as_bool().unwrap_or(false) { "  <- you are here" } else { "" };
+        let desc = sn["description"].as_str().unwrap_or("");
+        println!(
+            "{}{}  ({}{}){}",
+            "  ".repeat(d),
+            s(&sn["name"]),
+            human(u(&sn["mapped_bytes"])),
+            if desc.is_empty() { String::new() } else { format!(", {desc}") },
+            mark
+        );
+    }
+}

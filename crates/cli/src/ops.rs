@@ -1,0 +1,119 @@
+//! Every datastore command as a serialisable request, executed the same way
+//! whether the CLI opened the datastore itself or a running server does it
+//! for the CLI over the control socket.
+
+use std::fs::{File, OpenOptions as FsOpen};
+use std::io::{Read, Seek, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, Provisioning};
+use strata_storage::FileBackend;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    List,
+    Info { name: String },
+    Create { name: String, size_bytes: u64, provisioning: Provisioning },
+    Remove { name: String },
+    Extend { name: String, size_bytes: u64 },
+    SnapshotCreate { disk: String, snapshot: String, description: String },
+    SnapshotList { disk: String },
+    SnapshotRevert { disk: String, snapshot: String },
+    SnapshotDelete { disk: String, snapshot: String },
+    CloneLinked { source: String, name: String },
+    CloneFull { source: String, name: String, provisioning: Provisioning },
+    Check,
+}
+
+impl Request {
+    /// Whether the request may take long enough to deserve a progress bar.
+    pub fn shows_progress(&self) -> bool {
+        matches!(
+            self,
+            Request::CloneFull { .. }
+                | Request::Create { provisioning: Provisioning::Eagerzeroedthick, .. }
+        )
+    }
+}
+
+fn to_value<T: Serialize>(v: T) -> Value {
+    serde_json::to_value(v).expect("serialisable")
+}
+
+/// Run one request against an open datastore.
+pub fn execute(ds: &Datastore, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
+    Ok(match req {
+        Request::Status => to_value(ds.info()),
+        Request::List => to_value(ds.list_disks()),
+        Request::Info { name } => to_value(ds.disk_info(name)?),
+        Request::Create { name, size_bytes, provisioning } => {
+            to_value(ds.create_disk(name, *size_bytes, *provisioning, progress)?)
+        }
+        Request::Remove { name } => {
+            ds.remove_disk(name)?;
+            json!({ "removed": name })
+        }
+        Request::Extend { name, size_bytes } => to_value(ds.extend_disk(name, *size_bytes)?),
+        Request::SnapshotCreate { disk, snapshot, description } => {
+            to_value(ds.snapshot_create(disk, snapshot, description)?)
+        }
+        Request::SnapshotList { disk } => to_value(ds.snapshot_list(disk)?),
+        Request::SnapshotRevert { disk, snapshot } => {
+            ds.snapshot_revert(disk, snapshot)?;
+            to_value(ds.disk_info(disk)?)
+        }
+        Request::SnapshotDelete { disk, snapshot } => {
+            ds.snapshot_delete(disk, snapshot)?;
+            json!({ "deleted": format!("{disk}@{snapshot}") })
+        }
+        Request::CloneLinked { source, name } => to_value(ds.clone_linked(source, name)?),
+        Request::CloneFull { source, name, provisioning } => {
+            to_value(ds.clone_full(source, name, *provisioning, progress)?)
+        }
+        Request::Check => to_value(ds.check()?),
+    })
+}
+
+pub enum LockOutcome {
+    Locked(File),
+    /// Another process holds it; its pid if it wrote one.
+    Held(Option<u32>),
+}
+
+/// Take the datastore's lock without waiting.
+pub fn try_lock(dir: &Path) -> Result<LockOutcome, Error> {
+    let path = dir.join(strata_format::FILE_LOCK);
+    let mut f = FsOpen::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))?;
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        return Ok(LockOutcome::Held(s.trim().parse().ok()));
+    }
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = write!(f, "{}", std::process::id());
+    Ok(LockOutcome::Locked(f))
+}
+
+/// Open a datastore directory for exclusive use.
+pub fn open_local(dir: &Path, lock: File, cache_bytes: u64) -> Result<Datastore, Error> {
+    Datastore::open(
+        Arc::new(FileBackend::new(dir)),
+        &OpenOptions { cache_bytes },
+        Some(lock),
+    )
+}

@@ -1,0 +1,73 @@
+//! Sizes on the command line and in output.
+
+/// Parse `512`, `64K`, `256M`, `10G`, `1T`, `1.5G`, `4KiB`, `2GB` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)"));
+    }
+    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        "P" | "PB" | "PIB" => 1 << 50,
+        other => return Err(format!("unknown size unit '{other}' in '{s}' (use K, M, G, T or P)")),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| format!("size '{s}' is too large"));
+    }
+    let f: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)"))?;
+    let v = f * mult as f64;
+    if !(0.0..1.8e19).contains(&v) {
+        return Err(format!("size '{s}' is out of range"));
+    }
+    Ok(v.round() as u64)
+}
+
+/// `1.5 GiB`-style rendering.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else if (v - v.round()).abs() < 0.05 {
+        format!("{:.0} {}", v, UNITS[i])
+    } else {
+        format!("{:.1} {}", v, UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_refuse_garbage() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("10X").is_err());
+        assert!(parse_size("99999999999P").is_err());
+        assert_eq!(human(1 << 30), "1 GiB");
+        assert_eq!(human(1536 << 20), "1.5 GiB");
+    }
+}

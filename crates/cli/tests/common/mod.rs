@@ -1,0 +1,157 @@
+//! Helpers for tests that drive the real `strata` binary and real clients.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn strata() -> &'static str {
+    env!("CARGO_BIN_EXE_strata")
+}
+
+/// Whether an external tool is there. Under `make test`
+/// (STRATA_REQUIRE_TOOLS=1) a missing tool fails the test instead.
+pub fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("STRATA_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("{tool} is required (run scripts/install-deps.sh)");
+        }
+        eprintln!("skipping: {tool} not installed");
+    }
+    ok
+}
+
+pub struct Store {
+    pub dir: tempfile::TempDir,
+}
+
+impl Store {
+    pub fn new() -> Store {
+        let s = Store { dir: tempfile::tempdir().unwrap() };
+        s.ok(&["init"]);
+        s
+    }
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("ds")
+    }
+    pub fn cmd(&self, args: &[&str]) -> Output {
+        Command::new(strata())
+            .arg("--datastore")
+            .arg(self.path())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+    /// Run and require success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.cmd(args);
+        assert!(
+            o.status.success(),
+            "strata {args:?} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+    /// Run and require failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.cmd(args);
+        assert!(!o.status.success(), "strata {args:?} should have failed");
+        String::from_utf8(o.stderr).unwrap()
+    }
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).unwrap()
+    }
+    pub fn sock(&self) -> PathBuf {
+        self.dir.path().join("nbd.sock")
+    }
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.sock().display())
+    }
+    pub fn serve(&self) -> Server {
+        Server::start(self)
+    }
+}
+
+pub struct Server {
+    pub child: Option<Child>,
+}
+
+pub fn wait_for(path: &Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Server {
+    pub fn start(s: &Store) -> Server {
+        let _ = std::fs::remove_file(s.sock());
+        let child = Command::new(strata())
+            .arg("--datastore")
+            .arg(s.path())
+            .arg("serve")
+            .arg("--nbd-unix")
+            .arg(s.sock())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        wait_for(&s.sock());
+        wait_for(&s.path().join("control.sock"));
+        Server { child: Some(child) }
+    }
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+    /// SIGTERM and wait: the server flushes and exits 0.
+    pub fn stop(mut self) {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let st = c.wait().unwrap();
+        assert!(st.success(), "server exit status {st}");
+    }
+    /// kill -9.
+    pub fn kill9(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        let _ = c.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    let o = Command::new(cmd).args(args).output().unwrap();
+    o
+}
+
+pub fn run_ok(cmd: &str, args: &[&str]) -> String {
+    let o = run(cmd, args);
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?} failed ({}): {}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}

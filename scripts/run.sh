@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# `make run`: create the default datastore with one thin disk, then serve it.
+set -euo pipefail
+STRATA=${STRATA:-target/release/strata}
+DATASTORE=${DATASTORE:-run/datastore}
+NBD_SOCK=${NBD_SOCK:-run/nbd.sock}
+NBD_TCP=${NBD_TCP:-127.0.0.1:10809}
+export STRATA_DATASTORE="$DATASTORE"
+mkdir -p "$(dirname "$NBD_SOCK")"
+if [ ! -e "$DATASTORE/strata.super" ]; then
+  "$STRATA" init
+  "$STRATA" create disk0 --size 10G --type thin >/dev/null
+  echo "created disk0 (10 GiB, thin) in $DATASTORE"
+fi
+echo "In another terminal, with STRATA_DATASTORE=$DATASTORE:"
+echo "  strata list | strata snapshot create disk0 snap1 | strata clone disk0@snap1 vm2"
+exec "$STRATA" serve --nbd-unix "$NBD_SOCK" --nbd-tcp "$NBD_TCP"
