@@ -151,15 +151,15 @@ pub trait BlockDevice: Send + Sync {
 
 /// Check alignment and range of a request against a device size.
 pub fn check_range(offset_bytes: u64, len_bytes: u64, size_bytes: u64) -> BlockResult<()> {
-    if offset_bytes % SECTOR_BYTES != 0 || len_bytes % SECTOR_BYTES != 0 {
+    if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {
         return Err(BlockError::new(
             ErrorKind::InvalidArgument,
             format!("offset {offset_bytes} and length {len_bytes} must be multiples of 512"),
         ));
     }
-    let end = offset_bytes.checked_add(len_bytes).ok_or_else(|| {
-        BlockError::new(ErrorKind::OutOfRange, "offset + length overflows")
-    })?;
+    let end = offset_bytes
+        .checked_add(len_bytes)
+        .ok_or_else(|| BlockError::new(ErrorKind::OutOfRange, "offset + length overflows"))?;
     if end > size_bytes {
         return Err(BlockError::new(
             ErrorKind::OutOfRange,
@@ -176,11 +176,22 @@ mod tests {
     #[test]
     fn check_range_refuses_misaligned_and_past_end() {
         assert!(check_range(0, 512, 1024).is_ok());
-        assert_eq!(check_range(1, 512, 1024).unwrap_err().kind, ErrorKind::InvalidArgument);
-        assert_eq!(check_range(0, 100, 1024).unwrap_err().kind, ErrorKind::InvalidArgument);
-        assert_eq!(check_range(512, 1024, 1024).unwrap_err().kind, ErrorKind::OutOfRange);
         assert_eq!(
-            check_range(u64::MAX - 511, 1024, u64::MAX).unwrap_err().kind,
+            check_range(1, 512, 1024).unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            check_range(0, 100, 1024).unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            check_range(512, 1024, 1024).unwrap_err().kind,
+            ErrorKind::OutOfRange
+        );
+        assert_eq!(
+            check_range(u64::MAX - 511, 1024, u64::MAX)
+                .unwrap_err()
+                .kind,
             ErrorKind::OutOfRange
         );
     }

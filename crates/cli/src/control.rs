@@ -50,7 +50,11 @@ fn kind_from(s: &str) -> ErrorKind {
 }
 
 /// Serve control requests until `stop` is set (checked between connections).
-pub fn spawn_server(listener: UnixListener, ds: Datastore, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+pub fn spawn_server(
+    listener: UnixListener,
+    ds: Datastore,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
     thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -79,7 +83,9 @@ fn handle(conn: UnixStream, ds: &Datastore) {
         return;
     }
     let reply = match serde_json::from_str::<Request>(&line) {
-        Err(e) => json!({"error": {"kind": "invalid_argument", "message": format!("bad control request: {e}")}}),
+        Err(e) => {
+            json!({"error": {"kind": "invalid_argument", "message": format!("bad control request: {e}")}})
+        }
         Ok(req) => {
             let mut last = std::time::Instant::now();
             let mut progress = |done: u64, total: u64| {
@@ -98,11 +104,18 @@ fn handle(conn: UnixStream, ds: &Datastore) {
 }
 
 /// Send a request to a running server and wait for its answer.
-pub fn request(socket: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
+pub fn request(
+    socket: &Path,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
     let mut s = UnixStream::connect(socket).map_err(|e| {
         Error::new(
             ErrorKind::Locked,
-            format!("the datastore is in use and its server does not answer at {}: {e}", socket.display()),
+            format!(
+                "the datastore is in use and its server does not answer at {}: {e}",
+                socket.display()
+            ),
         )
     })?;
     let line = serde_json::to_string(req).expect("serialisable");
@@ -113,7 +126,10 @@ pub fn request(socket: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64))
         let v: Value = serde_json::from_str(&line)
             .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
         if let Some(p) = v.get("progress").and_then(|p| p.as_array()) {
-            if let (Some(d), Some(t)) = (p.first().and_then(|x| x.as_u64()), p.get(1).and_then(|x| x.as_u64())) {
+            if let (Some(d), Some(t)) = (
+                p.first().and_then(|x| x.as_u64()),
+                p.get(1).and_then(|x| x.as_u64()),
+            ) {
                 progress(d, t);
             }
             continue;
@@ -123,9 +139,15 @@ pub fn request(socket: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64))
         }
         if let Some(e) = v.get("error") {
             let kind = kind_from(e.get("kind").and_then(|k| k.as_str()).unwrap_or("io"));
-            let msg = e.get("message").and_then(|m| m.as_str()).unwrap_or("unknown error");
+            let msg = e
+                .get("message")
+                .and_then(|m| m.as_str())
+                .unwrap_or("unknown error");
             return Err(Error::new(kind, msg));
         }
     }
-    Err(Error::new(ErrorKind::Io, "the server closed the control connection without an answer"))
+    Err(Error::new(
+        ErrorKind::Io,
+        "the server closed the control connection without an answer",
+    ))
 }

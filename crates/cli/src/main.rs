@@ -140,7 +140,9 @@ fn parse_prov(s: &str) -> Result<Provisioning, String> {
 }
 
 fn default_datastore() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/share/strata/datastore")
 }
 
@@ -168,15 +170,35 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         Cmd::Init { capacity } => return init(dir, capacity.unwrap_or(0)),
         Cmd::Serve(args) => return serve::run(dir, cli.cache, args),
         Cmd::Status(j) => (Request::Status, j.json),
-        Cmd::Create { name, size, provisioning, json } => (
-            Request::Create { name: name.clone(), size_bytes: *size, provisioning: *provisioning },
+        Cmd::Create {
+            name,
+            size,
+            provisioning,
+            json,
+        } => (
+            Request::Create {
+                name: name.clone(),
+                size_bytes: *size,
+                provisioning: *provisioning,
+            },
             json.json,
         ),
         Cmd::List(j) => (Request::List, j.json),
         Cmd::Info { name, json } => (Request::Info { name: name.clone() }, json.json),
         Cmd::Rm { name } => (Request::Remove { name: name.clone() }, false),
-        Cmd::Extend { name, size, json } => (Request::Extend { name: name.clone(), size_bytes: *size }, json.json),
-        Cmd::Snapshot(SnapCmd::Create { disk, snapshot, description, json }) => (
+        Cmd::Extend { name, size, json } => (
+            Request::Extend {
+                name: name.clone(),
+                size_bytes: *size,
+            },
+            json.json,
+        ),
+        Cmd::Snapshot(SnapCmd::Create {
+            disk,
+            snapshot,
+            description,
+            json,
+        }) => (
             Request::SnapshotCreate {
                 disk: disk.clone(),
                 snapshot: snapshot.clone(),
@@ -184,19 +206,37 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             },
             json.json,
         ),
-        Cmd::Snapshot(SnapCmd::List { disk, json }) => (Request::SnapshotList { disk: disk.clone() }, json.json),
+        Cmd::Snapshot(SnapCmd::List { disk, json }) => {
+            (Request::SnapshotList { disk: disk.clone() }, json.json)
+        }
         Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => (
-            Request::SnapshotRevert { disk: disk.clone(), snapshot: snapshot.clone() },
+            Request::SnapshotRevert {
+                disk: disk.clone(),
+                snapshot: snapshot.clone(),
+            },
             false,
         ),
         Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => (
-            Request::SnapshotDelete { disk: disk.clone(), snapshot: snapshot.clone() },
+            Request::SnapshotDelete {
+                disk: disk.clone(),
+                snapshot: snapshot.clone(),
+            },
             false,
         ),
-        Cmd::Clone { source, name, full, provisioning, json } => {
+        Cmd::Clone {
+            source,
+            name,
+            full,
+            provisioning,
+            json,
+        } => {
             if *full {
                 (
-                    Request::CloneFull { source: source.clone(), name: name.clone(), provisioning: *provisioning },
+                    Request::CloneFull {
+                        source: source.clone(),
+                        name: name.clone(),
+                        provisioning: *provisioning,
+                    },
                     json.json,
                 )
             } else {
@@ -206,7 +246,13 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
                         "--type applies to full clones only (a linked clone is thin); add --full",
                     ));
                 }
-                (Request::CloneLinked { source: source.clone(), name: name.clone() }, json.json)
+                (
+                    Request::CloneLinked {
+                        source: source.clone(),
+                        name: name.clone(),
+                    },
+                    json.json,
+                )
             }
         }
         Cmd::Check(j) => (Request::Check, j.json),
@@ -217,20 +263,34 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     } else {
         print_human(&req, &value);
     }
-    if matches!(req, Request::Check) && !value["errors"].as_array().map(|a| a.is_empty()).unwrap_or(false) {
+    if matches!(req, Request::Check)
+        && !value["errors"]
+            .as_array()
+            .map(|a| a.is_empty())
+            .unwrap_or(false)
+    {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn init(dir: &Path, capacity: u64) -> Result<ExitCode, Error> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot create {}: {e}", dir.display()),
+        )
+    })?;
     let lock = match ops::try_lock(dir)? {
         LockOutcome::Locked(f) => f,
         LockOutcome::Held(pid) => return Err(held(dir, pid)),
     };
-    Datastore::init(std::sync::Arc::new(FileBackend::new(dir)), &InitOptions { capacity_bytes: capacity })?;
+    Datastore::init(
+        std::sync::Arc::new(FileBackend::new(dir)),
+        &InitOptions {
+            capacity_bytes: capacity,
+        },
+    )?;
     drop(lock);
     println!("initialised datastore {}", dir.display());
     Ok(ExitCode::SUCCESS)
@@ -240,7 +300,10 @@ fn held(dir: &Path, pid: Option<u32>) -> Error {
     let who = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
     Error::new(
         ErrorKind::Locked,
-        format!("datastore {} is in use by another process{who}", dir.display()),
+        format!(
+            "datastore {} is in use by another process{who}",
+            dir.display()
+        ),
     )
 }
 
@@ -249,7 +312,10 @@ fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Value, Error> {
     if !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,
-            format!("no datastore at {} (run 'strata init' or pass --datastore)", dir.display()),
+            format!(
+                "no datastore at {} (run 'strata init' or pass --datastore)",
+                dir.display()
+            ),
         ));
     }
     let bar = make_bar(req);
@@ -286,9 +352,11 @@ fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
     }
     let b = indicatif::ProgressBar::new(0);
     b.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("template")
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
     );
     Some(b)
 }
@@ -307,12 +375,27 @@ fn u(v: &Value) -> u64 {
 
 fn print_disk(d: &Value) {
     println!("name:            {}", s(&d["name"]));
-    println!("size:            {} ({} bytes)", human(u(&d["size_bytes"])), u(&d["size_bytes"]));
+    println!(
+        "size:            {} ({} bytes)",
+        human(u(&d["size_bytes"])),
+        u(&d["size_bytes"])
+    );
     println!("provisioning:    {}", s(&d["provisioning"]));
-    println!("allocated:       {} ({} bytes)", human(u(&d["allocated_bytes"])), u(&d["allocated_bytes"]));
-    println!("nb / tbz:        {} / {} (1 MiB blocks)", u(&d["nb"]), u(&d["tbz"]));
+    println!(
+        "allocated:       {} ({} bytes)",
+        human(u(&d["allocated_bytes"])),
+        u(&d["allocated_bytes"])
+    );
+    println!(
+        "nb / tbz:        {} / {} (1 MiB blocks)",
+        u(&d["nb"]),
+        u(&d["tbz"])
+    );
     println!("snapshots:       {}", u(&d["snapshots"]));
-    println!("current snapshot:{}", format_args!(" {}", s(&d["current_snapshot"])));
+    println!(
+        "current snapshot:{}",
+        format_args!(" {}", s(&d["current_snapshot"]))
+    );
     println!("parent:          {}", s(&d["parent"]));
 }
 
@@ -322,13 +405,27 @@ fn print_human(req: &Request, v: &Value) {
             println!("datastore:    {}", s(&v["location"]));
             println!("capacity:     {}", human(u(&v["capacity_bytes"])));
             println!("used:         {}", human(u(&v["used_bytes"])));
-            println!("reserved:     {} (thick disks, not yet written)", human(u(&v["reserved_bytes"])));
+            println!(
+                "reserved:     {} (thick disks, not yet written)",
+                human(u(&v["reserved_bytes"]))
+            );
             println!("free:         {}", human(u(&v["free_bytes"])));
-            println!("provisioned:  {} ({}% of capacity)", human(u(&v["provisioned_bytes"])), u(&v["overcommit_percent"]));
-            println!("disks:        {} ({} snapshots)", u(&v["disks"]), u(&v["snapshots"]));
+            println!(
+                "provisioned:  {} ({}% of capacity)",
+                human(u(&v["provisioned_bytes"])),
+                u(&v["overcommit_percent"])
+            );
+            println!(
+                "disks:        {} ({} snapshots)",
+                u(&v["disks"]),
+                u(&v["snapshots"])
+            );
         }
         Request::List => {
-            println!("{:<24} {:>10} {:<17} {:>10} {:>5}  PARENT", "NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS");
+            println!(
+                "{:<24} {:>10} {:<17} {:>10} {:>5}  PARENT",
+                "NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS"
+            );
             for d in v.as_array().into_iter().flatten() {
                 println!(
                     "{:<24} {:>10} {:<17} {:>10} {:>5}  {}",
@@ -348,8 +445,12 @@ fn print_human(req: &Request, v: &Value) {
         | Request::CloneFull { .. }
         | Request::SnapshotRevert { .. } => print_disk(v),
         Request::Remove { name } => println!("removed {name}"),
-        Request::SnapshotCreate { disk, snapshot, .. } => println!("created snapshot {disk}@{snapshot}"),
-        Request::SnapshotDelete { disk, snapshot } => println!("deleted snapshot {disk}@{snapshot}"),
+        Request::SnapshotCreate { disk, snapshot, .. } => {
+            println!("created snapshot {disk}@{snapshot}")
+        }
+        Request::SnapshotDelete { disk, snapshot } => {
+            println!("deleted snapshot {disk}@{snapshot}")
+        }
         Request::SnapshotList { .. } => print_tree(v),
         Request::Check => {
             let errors = v["errors"].as_array().cloned().unwrap_or_default();
@@ -387,7 +488,11 @@ fn print_tree(v: &Value) {
     fn depth(snaps: &[Value], name: &Value) -> usize {
         let mut d = 0;
         let mut cur = name.clone();
-        while let Some(p) = snaps.iter().find(|s| s["name"] == cur).map(|s| s["parent"].clone()) {
+        while let Some(p) = snaps
+            .iter()
+            .find(|s| s["name"] == cur)
+            .map(|s| s["parent"].clone())
+        {
             if p.is_null() || d > snaps.len() {
                 break;
             }
@@ -398,14 +503,22 @@ fn print_tree(v: &Value) {
     }
     for sn in &snaps {
         let d = depth(&snaps, &sn["name"]);
-        let mark = if sn["current"].as_bool().unwrap_or(false) { "  <- you are here" } else { "" };
+        let mark = if sn["current"].as_bool().unwrap_or(false) {
+            "  <- you are here"
+        } else {
+            ""
+        };
         let desc = sn["description"].as_str().unwrap_or("");
         println!(
             "{}{}  ({}{}){}",
             "  ".repeat(d),
             s(&sn["name"]),
             human(u(&sn["mapped_bytes"])),
-            if desc.is_empty() { String::new() } else { format!(", {desc}") },
+            if desc.is_empty() {
+                String::new()
+            } else {
+                format!(", {desc}")
+            },
             mark
         );
     }

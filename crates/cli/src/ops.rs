@@ -18,16 +18,46 @@ use strata_storage::FileBackend;
 pub enum Request {
     Status,
     List,
-    Info { name: String },
-    Create { name: String, size_bytes: u64, provisioning: Provisioning },
-    Remove { name: String },
-    Extend { name: String, size_bytes: u64 },
-    SnapshotCreate { disk: String, snapshot: String, description: String },
-    SnapshotList { disk: String },
-    SnapshotRevert { disk: String, snapshot: String },
-    SnapshotDelete { disk: String, snapshot: String },
-    CloneLinked { source: String, name: String },
-    CloneFull { source: String, name: String, provisioning: Provisioning },
+    Info {
+        name: String,
+    },
+    Create {
+        name: String,
+        size_bytes: u64,
+        provisioning: Provisioning,
+    },
+    Remove {
+        name: String,
+    },
+    Extend {
+        name: String,
+        size_bytes: u64,
+    },
+    SnapshotCreate {
+        disk: String,
+        snapshot: String,
+        description: String,
+    },
+    SnapshotList {
+        disk: String,
+    },
+    SnapshotRevert {
+        disk: String,
+        snapshot: String,
+    },
+    SnapshotDelete {
+        disk: String,
+        snapshot: String,
+    },
+    CloneLinked {
+        source: String,
+        name: String,
+    },
+    CloneFull {
+        source: String,
+        name: String,
+        provisioning: Provisioning,
+    },
     Check,
 }
 
@@ -37,7 +67,10 @@ impl Request {
         matches!(
             self,
             Request::CloneFull { .. }
-                | Request::Create { provisioning: Provisioning::Eagerzeroedthick, .. }
+                | Request::Create {
+                    provisioning: Provisioning::Eagerzeroedthick,
+                    ..
+                }
         )
     }
 }
@@ -47,22 +80,30 @@ fn to_value<T: Serialize>(v: T) -> Value {
 }
 
 /// Run one request against an open datastore.
-pub fn execute(ds: &Datastore, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
+pub fn execute(
+    ds: &Datastore,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
     Ok(match req {
         Request::Status => to_value(ds.info()),
         Request::List => to_value(ds.list_disks()),
         Request::Info { name } => to_value(ds.disk_info(name)?),
-        Request::Create { name, size_bytes, provisioning } => {
-            to_value(ds.create_disk(name, *size_bytes, *provisioning, progress)?)
-        }
+        Request::Create {
+            name,
+            size_bytes,
+            provisioning,
+        } => to_value(ds.create_disk(name, *size_bytes, *provisioning, progress)?),
         Request::Remove { name } => {
             ds.remove_disk(name)?;
             json!({ "removed": name })
         }
         Request::Extend { name, size_bytes } => to_value(ds.extend_disk(name, *size_bytes)?),
-        Request::SnapshotCreate { disk, snapshot, description } => {
-            to_value(ds.snapshot_create(disk, snapshot, description)?)
-        }
+        Request::SnapshotCreate {
+            disk,
+            snapshot,
+            description,
+        } => to_value(ds.snapshot_create(disk, snapshot, description)?),
         Request::SnapshotList { disk } => to_value(ds.snapshot_list(disk)?),
         Request::SnapshotRevert { disk, snapshot } => {
             ds.snapshot_revert(disk, snapshot)?;
@@ -73,9 +114,11 @@ pub fn execute(ds: &Datastore, req: &Request, progress: &mut dyn FnMut(u64, u64)
             json!({ "deleted": format!("{disk}@{snapshot}") })
         }
         Request::CloneLinked { source, name } => to_value(ds.clone_linked(source, name)?),
-        Request::CloneFull { source, name, provisioning } => {
-            to_value(ds.clone_full(source, name, *provisioning, progress)?)
-        }
+        Request::CloneFull {
+            source,
+            name,
+            provisioning,
+        } => to_value(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => to_value(ds.check()?),
     })
 }

@@ -64,12 +64,18 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     }
     if args.init && !dir.join(strata_format::FILE_SUPER).exists() {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create datastore directory", e))?;
-        Datastore::init(Arc::new(strata_storage::FileBackend::new(dir)), &Default::default())?;
+        Datastore::init(
+            Arc::new(strata_storage::FileBackend::new(dir)),
+            &Default::default(),
+        )?;
     }
     if !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,
-            format!("no datastore at {} (run 'strata init' or pass --init)", dir.display()),
+            format!(
+                "no datastore at {} (run 'strata init' or pass --init)",
+                dir.display()
+            ),
         ));
     }
     let lock = match ops::try_lock(dir)? {
@@ -95,10 +101,14 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     // The control socket: we hold the lock, so an existing file is stale.
     let ctl_path = dir.join(strata_format::FILE_CONTROL);
     let _ = std::fs::remove_file(&ctl_path);
-    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
+    let ctl = UnixListener::bind(&ctl_path)
+        .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let ctl_thread = control::spawn_server(ctl, ds.clone(), stop.clone());
 
-    let server = NbdServer::new(Arc::new(Exports { ds: ds.clone() }), ServerOptions::default());
+    let server = NbdServer::new(
+        Arc::new(Exports { ds: ds.clone() }),
+        ServerOptions::default(),
+    );
     let names: Vec<String> = ds.export_names().into_iter().map(|(n, _)| n).collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
@@ -107,8 +117,14 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         println!("  NBD on unix socket {}", p.display());
-        println!("    e.g. nbdinfo 'nbd+unix:///{example}?socket={}'", p.display());
-        println!("         qemu-img info 'nbd+unix:///{example}?socket={}'", p.display());
+        println!(
+            "    e.g. nbdinfo 'nbd+unix:///{example}?socket={}'",
+            p.display()
+        );
+        println!(
+            "         qemu-img info 'nbd+unix:///{example}?socket={}'",
+            p.display()
+        );
     }
     if let Some(a) = &args.nbd_tcp {
         let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
@@ -118,11 +134,16 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         println!("    e.g. nbdinfo nbd://{addr}/{example}");
     }
     if names.is_empty() {
-        println!("  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)");
+        println!(
+            "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
+        );
     } else {
         println!("  exports: {}", names.join(", "));
     }
-    println!("  control socket {} (strata commands use it automatically)", ctl_path.display());
+    println!(
+        "  control socket {} (strata commands use it automatically)",
+        ctl_path.display()
+    );
     println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
 
     while !stop.load(Ordering::Acquire) {

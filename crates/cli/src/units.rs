@@ -17,7 +17,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "G" | "GB" | "GIB" => 1 << 30,
         "T" | "TB" | "TIB" => 1 << 40,
         "P" | "PB" | "PIB" => 1 << 50,
-        other => return Err(format!("unknown size unit '{other}' in '{s}' (use K, M, G, T or P)")),
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' in '{s}' (use K, M, G, T or P)"
+            ))
+        }
     };
     if let Ok(n) = num.parse::<u64>() {
         return n

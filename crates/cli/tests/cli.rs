@@ -9,10 +9,19 @@ fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
     let s = Store::new();
     for (args, needle) in [
         (vec!["create", "a", "--size", "10X"], "unknown size unit"),
-        (vec!["create", "a", "--size", "1G", "--type", "fat"], "unknown provisioning type"),
-        (vec!["create", "bad/name", "--size", "1G"], "invalid disk name"),
+        (
+            vec!["create", "a", "--size", "1G", "--type", "fat"],
+            "unknown provisioning type",
+        ),
+        (
+            vec!["create", "bad/name", "--size", "1G"],
+            "invalid disk name",
+        ),
         (vec!["info", "nope"], "no disk named 'nope'"),
-        (vec!["snapshot", "create", "nope", "s"], "no disk named 'nope'"),
+        (
+            vec!["snapshot", "create", "nope", "s"],
+            "no disk named 'nope'",
+        ),
         (vec!["clone", "nope", "x"], "needs a snapshot"),
         (vec!["create", "a", "--size", "1000"], "multiple of 512"),
     ] {
@@ -21,8 +30,12 @@ fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
         assert!(err.lines().count() <= 3, "{args:?}: too chatty: {err}");
     }
     s.ok(&["create", "a", "--size", "1M"]);
-    assert!(s.fails(&["create", "a", "--size", "1M"]).contains("already exists"));
-    assert!(s.fails(&["extend", "a", "--size", "512K"]).contains("only grows"));
+    assert!(s
+        .fails(&["create", "a", "--size", "1M"])
+        .contains("already exists"));
+    assert!(s
+        .fails(&["extend", "a", "--size", "512K"])
+        .contains("only grows"));
     // No datastore at all.
     let o = std::process::Command::new(strata())
         .args(["--datastore", "/nonexistent/strata", "list"])
@@ -39,7 +52,14 @@ fn disks_snapshots_and_clones_offline() {
     let s = Store::new();
     s.ok(&["create", "vm", "--size", "64M"]);
     let info = s.json(&["info", "vm"]);
-    for k in ["size_bytes", "provisioning", "allocated_bytes", "nb", "tbz", "snapshots"] {
+    for k in [
+        "size_bytes",
+        "provisioning",
+        "allocated_bytes",
+        "nb",
+        "tbz",
+        "snapshots",
+    ] {
         assert!(info.get(k).is_some(), "info --json lacks {k}: {info}");
     }
     assert_eq!(info["size_bytes"], 64 << 20);
@@ -54,15 +74,30 @@ fn disks_snapshots_and_clones_offline() {
     assert!(tree.contains("base") && tree.contains("  two"), "{tree}");
     s.ok(&["snapshot", "revert", "vm", "base"]);
     s.ok(&["clone", "vm@base", "linked"]);
-    s.ok(&["clone", "--full", "vm@two", "copy", "--type", "eagerzeroedthick"]);
+    s.ok(&[
+        "clone",
+        "--full",
+        "vm@two",
+        "copy",
+        "--type",
+        "eagerzeroedthick",
+    ]);
     assert_eq!(s.json(&["info", "linked"])["parent"], "vm@base");
-    assert_eq!(s.json(&["info", "copy"])["provisioning"], "eagerzeroedthick");
+    assert_eq!(
+        s.json(&["info", "copy"])["provisioning"],
+        "eagerzeroedthick"
+    );
     s.ok(&["snapshot", "delete", "vm", "base"]);
     // The linked clone outlives the snapshot it came from.
     s.ok(&["info", "linked"]);
     s.ok(&["rm", "vm"]);
     let disks = s.json(&["list"]);
-    let names: Vec<&str> = disks.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = disks
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["copy", "linked"]);
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
@@ -81,7 +116,9 @@ fn provisioning_accounting() {
     assert_eq!(st["reserved_bytes"], 0);
     assert_eq!(st["provisioned_bytes"], 1u64 << 40);
     let pool = s.path().join("pool.data");
-    let du = std::fs::metadata(&pool).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap_or(0);
+    let du = std::fs::metadata(&pool)
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+        .unwrap_or(0);
     assert!(du < 1 << 20, "pool uses {du} bytes for an empty thin disk");
 
     // zeroedthick: reserves its size, nb = all blocks, tbz = all blocks until written.
@@ -93,29 +130,49 @@ fn provisioning_accounting() {
     assert_eq!(i["tbz"], 32);
 
     // eagerzeroedthick: allocated and zeroed at create.
-    s.ok(&["create", "ezt", "--size", "16M", "--type", "eagerzeroedthick"]);
+    s.ok(&[
+        "create",
+        "ezt",
+        "--size",
+        "16M",
+        "--type",
+        "eagerzeroedthick",
+    ]);
     let i = s.json(&["info", "ezt"]);
     assert_eq!(i["allocated_bytes"], 16u64 << 20);
     assert_eq!(i["nb"], 16);
     assert_eq!(i["tbz"], 0);
-    let du = std::fs::metadata(&pool).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
-    assert!(du >= 16 << 20, "eager-zeroed disk must occupy its space, pool holds {du}");
+    let du = std::fs::metadata(&pool)
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+        .unwrap();
+    assert!(
+        du >= 16 << 20,
+        "eager-zeroed disk must occupy its space, pool holds {du}"
+    );
 
     // A reservation the datastore cannot honour is refused.
     let small = tempfile::tempdir().unwrap();
     let d = small.path().join("ds");
     let run = |args: &[&str]| {
-        std::process::Command::new(strata()).arg("--datastore").arg(&d).args(args).output().unwrap()
+        std::process::Command::new(strata())
+            .arg("--datastore")
+            .arg(&d)
+            .args(args)
+            .output()
+            .unwrap()
     };
     assert!(run(&["init", "--capacity", "64M"]).status.success());
-    assert!(run(&["create", "a", "--size", "48M", "--type", "zeroedthick"]).status.success());
+    assert!(
+        run(&["create", "a", "--size", "48M", "--type", "zeroedthick"])
+            .status
+            .success()
+    );
     let o = run(&["create", "b", "--size", "48M", "--type", "zeroedthick"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot reserve"));
     // Thin over-commit is allowed.
     assert!(run(&["create", "c", "--size", "1G"]).status.success());
-    let st: serde_json::Value =
-        serde_json::from_slice(&run(&["status", "--json"]).stdout).unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&run(&["status", "--json"]).stdout).unwrap();
     assert!(st["overcommit_percent"].as_u64().unwrap() > 100);
 }
 
@@ -125,7 +182,11 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
     s.ok(&["create", "vm", "--size", "8M"]);
     let srv = s.serve();
     // Another server on the same datastore is refused.
-    let e = s.fails(&["serve", "--nbd-unix", s.dir.path().join("x.sock").to_str().unwrap()]);
+    let e = s.fails(&[
+        "serve",
+        "--nbd-unix",
+        s.dir.path().join("x.sock").to_str().unwrap(),
+    ]);
     assert!(e.contains("already served") || e.contains("in use"), "{e}");
     // Commands go through the control socket.
     s.ok(&["snapshot", "create", "vm", "s1"]);
@@ -133,11 +194,19 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
     s.ok(&["create", "new", "--size", "1M"]);
     s.ok(&["extend", "vm", "--size", "16M"]);
     assert_eq!(s.json(&["info", "vm"])["size_bytes"], 16 << 20);
-    assert!(s.fails(&["info", "ghost"]).contains("no disk named 'ghost'"));
+    assert!(s
+        .fails(&["info", "ghost"])
+        .contains("no disk named 'ghost'"));
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0);
     srv.stop();
     // After a clean stop the datastore opens directly again.
-    let names: Vec<String> = s.json(&["list"]).as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_string()).collect();
+    let names: Vec<String> = s
+        .json(&["list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(names, ["c1", "new", "vm"]);
 }

@@ -36,7 +36,11 @@ fn map(uri: &str) -> Vec<(u64, u64, bool)> {
         .iter()
         .map(|e| {
             let ty = e["type"].as_u64().unwrap();
-            (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap(), ty & 1 == 0)
+            (
+                e["offset"].as_u64().unwrap(),
+                e["length"].as_u64().unwrap(),
+                ty & 1 == 0,
+            )
         })
         .collect()
 }
@@ -66,8 +70,31 @@ fn qemu_img_round_trip_and_block_status_map() {
     let regions = make_source(&src);
     let srv = s.serve();
     let uri = s.uri("disk");
-    run_ok("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &uri]);
-    let cmp = run_ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", src.to_str().unwrap(), &uri]);
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &uri,
+        ],
+    );
+    let cmp = run_ok(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            src.to_str().unwrap(),
+            &uri,
+        ],
+    );
     assert!(cmp.contains("identical"), "{cmp}");
     // The map shows data exactly where the image has data.
     let merged: Vec<(u64, u64)> = {
@@ -82,11 +109,39 @@ fn qemu_img_round_trip_and_block_status_map() {
     };
     assert_eq!(data_ranges(&map(&uri)), merged);
     // Trim 1 MiB of data and zero another 1 MiB: both become holes and read as zeros.
-    run_ok("qemu-io", &["-f", "raw", "-c", "discard 0 1M", "-c", "write -z 3M 1M", &uri]);
+    run_ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "discard 0 1M",
+            "-c",
+            "write -z 3M 1M",
+            &uri,
+        ],
+    );
     let after = data_ranges(&map(&uri));
-    assert!(!after.iter().any(|&(o, l)| o < 1 << 20 && o + l > 0), "trimmed range still mapped: {after:?}");
-    assert!(!after.iter().any(|&(o, l)| o < 4 << 20 && o + l > 3 << 20), "zeroed range still mapped: {after:?}");
-    let r = run_ok("qemu-io", &["-f", "raw", "-c", "read -P 0 0 1M", "-c", "read -P 0 3M 1M", &uri]);
+    assert!(
+        !after.iter().any(|&(o, l)| o < 1 << 20 && o + l > 0),
+        "trimmed range still mapped: {after:?}"
+    );
+    assert!(
+        !after.iter().any(|&(o, l)| o < 4 << 20 && o + l > 3 << 20),
+        "zeroed range still mapped: {after:?}"
+    );
+    let r = run_ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0 0 1M",
+            "-c",
+            "read -P 0 3M 1M",
+            &uri,
+        ],
+    );
     assert!(!r.contains("Pattern verification failed"), "{r}");
     // qemu-img info over NBD sees the size.
     let info = run_ok("qemu-img", &["info", "--output=json", &uri]);
@@ -96,12 +151,31 @@ fn qemu_img_round_trip_and_block_status_map() {
     s.ok(&["snapshot", "create", "disk", "s"]);
     run_ok("qemu-io", &["-f", "raw", "-c", "write -P 0x5a 0 64k", &uri]);
     let snap_uri = s.uri("disk@s");
-    let r = run_ok("qemu-io", &["-f", "raw", "-r", "-c", "read -P 0 0 64k", &snap_uri]);
+    let r = run_ok(
+        "qemu-io",
+        &["-f", "raw", "-r", "-c", "read -P 0 0 64k", &snap_uri],
+    );
     assert!(!r.contains("verification failed"), "{r}");
     let o = run("qemu-io", &["-f", "raw", "-c", "write 0 4k", &snap_uri]);
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(!o.status.success() || text.contains("failed") || text.contains("read-only") || text.contains("Operation not permitted"), "write to snapshot export must fail: {text}");
-    let list = run_ok("nbdinfo", &["--list", &format!("nbd+unix://?socket={}", s.sock().display())]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !o.status.success()
+            || text.contains("failed")
+            || text.contains("read-only")
+            || text.contains("Operation not permitted"),
+        "write to snapshot export must fail: {text}"
+    );
+    let list = run_ok(
+        "nbdinfo",
+        &[
+            "--list",
+            &format!("nbd+unix://?socket={}", s.sock().display()),
+        ],
+    );
     assert!(list.contains("disk@s"), "{list}");
     srv.stop();
     let c = s.json(&["check"]);
@@ -140,12 +214,52 @@ fn fio_verify_survives_restart() {
     let s = Store::new();
     s.ok(&["create", "disk", "--size", "128M"]);
     let srv = s.serve();
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=4k", "--size=48M", "--offset=0", "--do_verify=1"]);
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=64k", "--size=64M", "--offset=64M", "--do_verify=1"]);
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=48M",
+            "--offset=0",
+            "--do_verify=1",
+        ],
+    );
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=64M",
+            "--offset=64M",
+            "--do_verify=1",
+        ],
+    );
     srv.stop();
     let srv = s.serve();
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=4k", "--size=48M", "--offset=0", "--verify_only"]);
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=64k", "--size=64M", "--offset=64M", "--verify_only"]);
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=48M",
+            "--offset=0",
+            "--verify_only",
+        ],
+    );
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=64M",
+            "--offset=64M",
+            "--verify_only",
+        ],
+    );
     srv.stop();
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
@@ -161,11 +275,34 @@ fn kill_9_during_fio_keeps_flushed_data() {
     s.ok(&["create", "other", "--size", "64M"]);
     let srv = s.serve();
     // Phase 1: written and flushed (fio flushes at the end with end_fsync).
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=4k", "--size=32M", "--offset=0", "--end_fsync=1", "--do_verify=0"]);
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--offset=0",
+            "--end_fsync=1",
+            "--do_verify=0",
+        ],
+    );
     // Phase 2: heavy I/O elsewhere on the disk and on another disk, then kill -9.
     let uri = format!("--uri=nbd+unix:///disk?socket={}", s.sock().display());
     let mut busy = std::process::Command::new("fio")
-        .args(["--name=busy", "--ioengine=nbd", &uri, "--rw=randwrite", "--bs=16k", "--size=64M", "--offset=64M", "--iodepth=32", "--time_based", "--runtime=30", "--fsync=64"])
+        .args([
+            "--name=busy",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randwrite",
+            "--bs=16k",
+            "--size=64M",
+            "--offset=64M",
+            "--iodepth=32",
+            "--time_based",
+            "--runtime=30",
+            "--fsync=64",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -175,7 +312,17 @@ fn kill_9_during_fio_keeps_flushed_data() {
     let _ = busy.wait();
     // Restart: recovery replays the log; phase 1 verifies; check is clean.
     let srv = s.serve();
-    fio_ok("disk", &s.sock(), &["--rw=randwrite", "--bs=4k", "--size=32M", "--offset=0", "--verify_only"]);
+    fio_ok(
+        "disk",
+        &s.sock(),
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--offset=0",
+            "--verify_only",
+        ],
+    );
     srv.stop();
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
@@ -192,7 +339,8 @@ fn hostile_client_does_not_hurt_others() {
     let srv = s.serve();
     for garbage in [&b"hello"[..], &[0xffu8; 4096][..], b""] {
         let mut c = std::os::unix::net::UnixStream::connect(s.sock()).unwrap();
-        c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
         let _ = c.write_all(garbage);
         let _ = c.shutdown(std::net::Shutdown::Write);
         let mut sink = Vec::new();

@@ -128,7 +128,9 @@ impl PageCache {
         let mut budget_steps = self.clock.len() * 2;
         while self.pages.len() > self.budget_pages && budget_steps > 0 {
             budget_steps -= 1;
-            let Some(key) = self.clock.pop_front() else { break };
+            let Some(key) = self.clock.pop_front() else {
+                break;
+            };
             let Some(slot) = self.pages.get_mut(&key) else {
                 continue; // removed earlier; drop the stale clock entry
             };

@@ -124,7 +124,10 @@ impl Catalog {
         let c: Catalog = serde_json::from_slice(bytes)
             .map_err(|e| crate::error::Error::new(ErrorKind::Corrupt, format!("catalog: {e}")))?;
         if c.format != 1 {
-            return err(ErrorKind::Corrupt, format!("catalog format {} is not 1", c.format));
+            return err(
+                ErrorKind::Corrupt,
+                format!("catalog format {} is not 1", c.format),
+            );
         }
         Ok(c)
     }
@@ -140,17 +143,18 @@ impl Catalog {
     }
 
     pub fn disk(&self, name: &str) -> Result<&DiskRec> {
-        self.disks
-            .iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'")))
+        self.disks.iter().find(|d| d.name == name).ok_or_else(|| {
+            crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'"))
+        })
     }
 
     pub fn disk_mut(&mut self, name: &str) -> Result<&mut DiskRec> {
         self.disks
             .iter_mut()
             .find(|d| d.name == name)
-            .ok_or_else(|| crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'")))
+            .ok_or_else(|| {
+                crate::error::Error::new(ErrorKind::NotFound, format!("no disk named '{name}'"))
+            })
     }
 
     pub fn disk_by_id(&self, id: u64) -> Option<&DiskRec> {

@@ -43,7 +43,14 @@ struct Walk {
     counts: HashMap<u64, (u64, u64)>,
 }
 
-fn visit(m: &mut Meta, w: &mut Walk, r: &mut CheckReport, node: u64, level: u8, hwm: u64) -> Result<(u64, u64)> {
+fn visit(
+    m: &mut Meta,
+    w: &mut Walk,
+    r: &mut CheckReport,
+    node: u64,
+    level: u8,
+    hwm: u64,
+) -> Result<(u64, u64)> {
     if let Some(c) = w.counts.get(&node) {
         return Ok(*c);
     }
@@ -62,7 +69,9 @@ fn visit(m: &mut Meta, w: &mut Walk, r: &mut CheckReport, node: u64, level: u8, 
             continue;
         }
         if e >= hwm {
-            r.error(format!("map node {node} entry {i} points at grain {e}, past the pool end {hwm}"));
+            r.error(format!(
+                "map node {node} entry {i} points at grain {e}, past the pool end {hwm}"
+            ));
             continue;
         }
         *w.expected.entry(e).or_insert(0) += 1;
@@ -107,7 +116,10 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
     for s in &m.catalog.snapshots {
         *owners.entry(s.version).or_insert(0) += 1;
         if m.catalog.disk_by_id(s.disk).is_none() {
-            r.error(format!("snapshot '{}' belongs to a disk that does not exist", s.name));
+            r.error(format!(
+                "snapshot '{}' belongs to a disk that does not exist",
+                s.name
+            ));
         }
     }
     for (v, n) in &owners {
@@ -115,7 +127,9 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             r.error(format!("version {v} is owned {n} times"));
         }
         if !m.versions.contains_key(v) {
-            r.error(format!("version {v} is named in the catalog but does not exist"));
+            r.error(format!(
+                "version {v} is named in the catalog but does not exist"
+            ));
         }
     }
     let mut ids: Vec<u64> = m.versions.keys().copied().collect();
@@ -123,13 +137,18 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
     r.versions = ids.len();
     for id in ids {
         if !owners.contains_key(&id) {
-            r.error(format!("version {id} belongs to no disk or snapshot (leaked)"));
+            r.error(format!(
+                "version {id} belongs to no disk or snapshot (leaked)"
+            ));
         }
         let st = m.versions[&id];
         let (mapped, nb) = if st.root == 0 {
             (0, 0)
         } else if st.root >= hwm {
-            r.error(format!("version {id} root {} is past the pool end", st.root));
+            r.error(format!(
+                "version {id} root {} is past the pool end",
+                st.root
+            ));
             (0, 0)
         } else {
             *w.expected.entry(st.root).or_insert(0) += 1;
@@ -142,7 +161,10 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             ));
         }
         if nb != st.nb {
-            r.error(format!("version {id} counts nb={}, its map has {nb}", st.nb));
+            r.error(format!(
+                "version {id} counts nb={}, its map has {nb}",
+                st.nb
+            ));
         }
     }
     r.map_nodes = w.nodes.len() as u64;
@@ -165,10 +187,14 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         }
         if actual > expected {
             r.leaked_grains += 1;
-            r.error(format!("grain {g}: count {actual} but {expected} references (leaked)"));
+            r.error(format!(
+                "grain {g}: count {actual} but {expected} references (leaked)"
+            ));
         } else if actual < expected {
             r.overshared_grains += 1;
-            r.error(format!("grain {g}: count {actual} but {expected} references (owned more than counted)"));
+            r.error(format!(
+                "grain {g}: count {actual} but {expected} references (owned more than counted)"
+            ));
         }
     }
     if nonzero != m.used_grains {

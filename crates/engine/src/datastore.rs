@@ -190,7 +190,11 @@ impl Inner {
             .filter(|d| d.provisioning.is_thick())
             .map(|d| {
                 let size = d.size_bytes.div_ceil(GRAIN_BYTES);
-                let mapped = m.versions.get(&d.head).map(|v| v.mapped_grains).unwrap_or(0);
+                let mapped = m
+                    .versions
+                    .get(&d.head)
+                    .map(|v| v.mapped_grains)
+                    .unwrap_or(0);
                 size.saturating_sub(mapped)
             })
             .sum()
@@ -300,14 +304,23 @@ impl Inner {
     }
 
     /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
-    pub fn lock_stripes(&self, ver: u64, first: u64, last: u64) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+    pub fn lock_stripes(
+        &self,
+        ver: u64,
+        first: u64,
+        last: u64,
+    ) -> Vec<parking_lot::MutexGuard<'_, ()>> {
         let k0 = first >> STRIPE_GRAINS_SHIFT;
         let k1 = last >> STRIPE_GRAINS_SHIFT;
         let mut idx: Vec<usize> = if k1 - k0 >= STRIPES as u64 {
             (0..STRIPES).collect()
         } else {
             (k0..=k1)
-                .map(|k| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) as usize % STRIPES)
+                .map(|k| {
+                    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) as usize
+                        % STRIPES
+                })
                 .collect()
         };
         idx.sort_unstable();
@@ -358,7 +371,10 @@ impl Datastore {
         if !backend.exists(FILE_SUPER) {
             return err(
                 ErrorKind::NotFound,
-                format!("no datastore in {} (run 'strata init' first)", backend.describe()),
+                format!(
+                    "no datastore in {} (run 'strata init' first)",
+                    backend.describe()
+                ),
             );
         }
         let super_file = backend.open(FILE_SUPER, false)?;
@@ -369,7 +385,10 @@ impl Datastore {
         let cat_file = backend.open(catalog_file(sb.generation), false)?;
         let mut cat = vec![0u8; sb.catalog_bytes as usize];
         if sb.catalog_bytes > 1 << 30 {
-            return err(ErrorKind::Corrupt, "catalog length in the superblock is absurd");
+            return err(
+                ErrorKind::Corrupt,
+                "catalog length in the superblock is absurd",
+            );
         }
         cat_file.read_at(&mut cat, 0)?;
         let crc = crc32c::crc32c(&cat);
@@ -386,7 +405,13 @@ impl Datastore {
         let catalog = Catalog::decode(&cat)?;
         let pool = backend.open(FILE_POOL, false)?;
         let refs = backend.open(FILE_REFCOUNT, false)?;
-        let mut meta = Meta::new(pool.clone(), refs.clone(), opts.cache_bytes, catalog, sb.pool_grains);
+        let mut meta = Meta::new(
+            pool.clone(),
+            refs.clone(),
+            opts.cache_bytes,
+            catalog,
+            sb.pool_grains,
+        );
         let mut journal = Journal::new(backend.open(FILE_JOURNAL, false)?, sb.generation);
         let batches = journal.read_all()?;
         let replayed = batches.len();
@@ -448,7 +473,10 @@ impl Datastore {
             reserved_bytes: reserved,
             free_bytes: capacity.saturating_sub(used + reserved),
             provisioned_bytes: provisioned,
-            overcommit_percent: if capacity == 0 { 0 } else { provisioned.saturating_mul(100) / capacity },
+            overcommit_percent: provisioned
+                .saturating_mul(100)
+                .checked_div(capacity)
+                .unwrap_or(0),
             disks: m.catalog.disks.len(),
             snapshots: m.catalog.snapshots.len(),
             metadata_cache_bytes: m.cache.len() as u64 * 4096,
@@ -472,7 +500,12 @@ impl Datastore {
             allocated_bytes: v.mapped_grains * GRAIN_BYTES,
             nb,
             tbz,
-            snapshots: m.catalog.snapshots.iter().filter(|s| s.disk == d.id).count(),
+            snapshots: m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id)
+                .count(),
             current_snapshot: d
                 .current_snapshot
                 .and_then(|id| m.catalog.snapshots.iter().find(|s| s.id == id))
@@ -484,7 +517,12 @@ impl Datastore {
 
     pub fn list_disks(&self) -> Vec<DiskInfo> {
         let m = self.inner.meta.lock();
-        let mut v: Vec<DiskInfo> = m.catalog.disks.iter().map(|d| Self::disk_info_locked(&m, d)).collect();
+        let mut v: Vec<DiskInfo> = m
+            .catalog
+            .disks
+            .iter()
+            .map(|d| Self::disk_info_locked(&m, d))
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
@@ -496,7 +534,7 @@ impl Datastore {
     }
 
     fn check_size(size_bytes: u64) -> Result<()> {
-        if size_bytes == 0 || size_bytes % 512 != 0 {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
             return err(
                 ErrorKind::InvalidArgument,
                 format!("disk size {size_bytes} must be a positive multiple of 512 bytes"),
@@ -505,7 +543,10 @@ impl Datastore {
         if size_bytes > strata_format::disk_bytes_max() {
             return err(
                 ErrorKind::InvalidArgument,
-                format!("disk size {size_bytes} exceeds the largest supported ({})", strata_format::disk_bytes_max()),
+                format!(
+                    "disk size {size_bytes} exceeds the largest supported ({})",
+                    strata_format::disk_bytes_max()
+                ),
             );
         }
         Ok(())
@@ -520,10 +561,10 @@ impl Datastore {
                 ErrorKind::NoSpace,
                 format!(
                     "cannot reserve {} MiB: capacity {} MiB, used {} MiB, reserved {} MiB",
-                    extra_grains * GRAIN_BYTES >> 20,
-                    cap * GRAIN_BYTES >> 20,
-                    m.used_grains * GRAIN_BYTES >> 20,
-                    Inner::reserved_grains(m) * GRAIN_BYTES >> 20
+                    (extra_grains * GRAIN_BYTES) >> 20,
+                    (cap * GRAIN_BYTES) >> 20,
+                    (m.used_grains * GRAIN_BYTES) >> 20,
+                    (Inner::reserved_grains(m) * GRAIN_BYTES) >> 20
                 ),
             );
         }
@@ -546,7 +587,10 @@ impl Datastore {
             let _g = self.inner.gate.write();
             let mut m = self.inner.meta.lock();
             if m.catalog.disk(name).is_ok() {
-                return err(ErrorKind::AlreadyExists, format!("a disk named '{name}' already exists"));
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{name}' already exists"),
+                );
             }
             if provisioning.is_thick() {
                 self.check_reservation(&m, size_bytes.div_ceil(GRAIN_BYTES))?;
@@ -582,8 +626,13 @@ impl Datastore {
             let _g = self.inner.gate.write();
             let mut m = self.inner.meta.lock();
             let d = m.catalog.disk(name)?.clone();
-            let snaps: Vec<SnapshotRec> =
-                m.catalog.snapshots.iter().filter(|s| s.disk == d.id).cloned().collect();
+            let snaps: Vec<SnapshotRec> = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id)
+                .cloned()
+                .collect();
             for s in &snaps {
                 m.drop_version(s.version)?;
             }
@@ -606,7 +655,10 @@ impl Datastore {
             if size_bytes < d.size_bytes {
                 return err(
                     ErrorKind::InvalidArgument,
-                    format!("'{name}' is {} bytes; extend only grows a disk", d.size_bytes),
+                    format!(
+                        "'{name}' is {} bytes; extend only grows a disk",
+                        d.size_bytes
+                    ),
                 );
             }
             if d.provisioning.is_thick() {
@@ -656,9 +708,15 @@ impl Datastore {
         let mut disks: Vec<&DiskRec> = m.catalog.disks.iter().collect();
         disks.sort_by(|a, b| a.name.cmp(&b.name));
         for d in disks {
-            out.push((d.name.clone(), format!("{} disk, {} bytes", d.provisioning.as_str(), d.size_bytes)));
+            out.push((
+                d.name.clone(),
+                format!("{} disk, {} bytes", d.provisioning.as_str(), d.size_bytes),
+            ));
             for s in m.catalog.snapshots.iter().filter(|s| s.disk == d.id) {
-                out.push((format!("{}@{}", d.name, s.name), format!("snapshot of {} (read-only)", d.name)));
+                out.push((
+                    format!("{}@{}", d.name, s.name),
+                    format!("snapshot of {} (read-only)", d.name),
+                ));
             }
         }
         out
@@ -667,7 +725,12 @@ impl Datastore {
     // ------------------------------------------------------------ snapshots
 
     /// Take a snapshot: O(1), whatever the disk holds.
-    pub fn snapshot_create(&self, disk: &str, snap: &str, description: &str) -> Result<SnapshotInfo> {
+    pub fn snapshot_create(
+        &self,
+        disk: &str,
+        snap: &str,
+        description: &str,
+    ) -> Result<SnapshotInfo> {
         check_name("snapshot", snap)?;
         self.inner.check_writable()?;
         {
@@ -707,14 +770,26 @@ impl Datastore {
     pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
         let m = self.inner.meta.lock();
         let d = m.catalog.disk(disk)?;
-        let snaps: Vec<&SnapshotRec> = m.catalog.snapshots.iter().filter(|s| s.disk == d.id).collect();
-        let name_of = |id: Option<u64>| id.and_then(|i| snaps.iter().find(|s| s.id == i)).map(|s| s.name.clone());
+        let snaps: Vec<&SnapshotRec> = m
+            .catalog
+            .snapshots
+            .iter()
+            .filter(|s| s.disk == d.id)
+            .collect();
+        let name_of = |id: Option<u64>| {
+            id.and_then(|i| snaps.iter().find(|s| s.id == i))
+                .map(|s| s.name.clone())
+        };
         // Order: depth-first from the roots, children by creation.
         let mut out = Vec::new();
         let mut stack: Vec<Option<u64>> = vec![None];
         let mut visited = std::collections::HashSet::new();
         fn children<'a>(snaps: &[&'a SnapshotRec], parent: Option<u64>) -> Vec<&'a SnapshotRec> {
-            let mut c: Vec<&SnapshotRec> = snaps.iter().copied().filter(|s| s.parent == parent).collect();
+            let mut c: Vec<&SnapshotRec> = snaps
+                .iter()
+                .copied()
+                .filter(|s| s.parent == parent)
+                .collect();
             c.sort_by_key(|s| std::cmp::Reverse(s.id));
             c
         }
@@ -723,7 +798,10 @@ impl Datastore {
                 if !visited.insert(id) {
                     continue;
                 }
-                let s = snaps.iter().find(|s| s.id == id).expect("child of a listed snapshot");
+                let s = snaps
+                    .iter()
+                    .find(|s| s.id == id)
+                    .expect("child of a listed snapshot");
                 let v = m.versions.get(&s.version).copied().unwrap_or_default();
                 out.push(SnapshotInfo {
                     name: s.name.clone(),
@@ -769,7 +847,12 @@ impl Datastore {
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
             m.drop_version(s.version)?;
-            for c in m.catalog.snapshots.iter_mut().filter(|c| c.parent == Some(s.id)) {
+            for c in m
+                .catalog
+                .snapshots
+                .iter_mut()
+                .filter(|c| c.parent == Some(s.id))
+            {
                 c.parent = s.parent;
             }
             m.catalog.snapshots.retain(|x| x.id != s.id);
@@ -798,7 +881,10 @@ impl Datastore {
             let _g = self.inner.gate.write();
             let mut m = self.inner.meta.lock();
             if m.catalog.disk(new).is_ok() {
-                return err(ErrorKind::AlreadyExists, format!("a disk named '{new}' already exists"));
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{new}' already exists"),
+                );
             }
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();

@@ -67,10 +67,9 @@ impl DiskHandle {
 
     /// (size, provisioning), or Gone if the disk or snapshot was deleted.
     fn state(&self, m: &crate::meta::Meta) -> Result<(u64, Provisioning)> {
-        let d = m
-            .catalog
-            .disk_by_id(self.disk_id)
-            .ok_or_else(|| Error::new(ErrorKind::Gone, format!("disk '{}' was removed", self.name)))?;
+        let d = m.catalog.disk_by_id(self.disk_id).ok_or_else(|| {
+            Error::new(ErrorKind::Gone, format!("disk '{}' was removed", self.name))
+        })?;
         match self.snapshot_id {
             None => Ok((d.size_bytes, d.provisioning)),
             Some(sid) => {
@@ -79,7 +78,12 @@ impl DiskHandle {
                     .snapshots
                     .iter()
                     .find(|s| s.id == sid)
-                    .ok_or_else(|| Error::new(ErrorKind::Gone, format!("snapshot '{}' was deleted", self.name)))?;
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Gone,
+                            format!("snapshot '{}' was deleted", self.name),
+                        )
+                    })?;
                 Ok((s.size_bytes, d.provisioning))
             }
         }
@@ -196,7 +200,9 @@ impl DiskHandle {
                 m.install(self.version, p.v, p.grain)?;
             }
         }
-        self.inner.mutations.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.inner
+            .mutations
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -207,7 +213,11 @@ impl DiskHandle {
         let own = if prov.is_thick() && self.snapshot_id.is_none() {
             let d = m.catalog.disk_by_id(self.disk_id);
             let size = d.map(|d| d.size_bytes.div_ceil(GRAIN_BYTES)).unwrap_or(0);
-            let mapped = m.versions.get(&self.version).map(|v| v.mapped_grains).unwrap_or(0);
+            let mapped = m
+                .versions
+                .get(&self.version)
+                .map(|v| v.mapped_grains)
+                .unwrap_or(0);
             size.saturating_sub(mapped).min(wanted)
         } else {
             0
@@ -217,9 +227,9 @@ impl DiskHandle {
                 ErrorKind::NoSpace,
                 format!(
                     "datastore full: {} of {} MiB used, {} MiB reserved by thick disks",
-                    m.used_grains * GRAIN_BYTES >> 20,
-                    cap * GRAIN_BYTES >> 20,
-                    reserved * GRAIN_BYTES >> 20
+                    (m.used_grains * GRAIN_BYTES) >> 20,
+                    (cap * GRAIN_BYTES) >> 20,
+                    (reserved * GRAIN_BYTES) >> 20
                 ),
             );
         }
@@ -237,7 +247,10 @@ impl DiskHandle {
             let src = &buf[(s - offset) as usize..(t - offset) as usize];
             let full = s == gs && t == gs + GRAIN_BYTES;
             if !p.new || full {
-                segs.push(((p.grain << GRAIN_SHIFT) + (s - gs), std::borrow::Cow::Borrowed(src)));
+                segs.push((
+                    (p.grain << GRAIN_SHIFT) + (s - gs),
+                    std::borrow::Cow::Borrowed(src),
+                ));
             } else {
                 let mut g = vec![0u8; GRAIN_BYTES as usize];
                 if p.old != 0 {
@@ -257,11 +270,16 @@ impl DiskHandle {
             }
             if j == i + 1 {
                 self.inner.pool.write_at(&segs[i].1, segs[i].0)?;
-            } else if segs[i..j].iter().all(|s| matches!(s.1, std::borrow::Cow::Borrowed(_))) {
+            } else if segs[i..j]
+                .iter()
+                .all(|s| matches!(s.1, std::borrow::Cow::Borrowed(_)))
+            {
                 // Borrowed pieces are consecutive slices of `buf`: write it directly.
                 let from = segs[i].1.as_ptr() as usize - buf.as_ptr() as usize;
                 let len = (pos - segs[i].0) as usize;
-                self.inner.pool.write_at(&buf[from..from + len], segs[i].0)?;
+                self.inner
+                    .pool
+                    .write_at(&buf[from..from + len], segs[i].0)?;
             } else {
                 let mut run = Vec::with_capacity((pos - segs[i].0) as usize);
                 for s in &segs[i..j] {
@@ -321,7 +339,9 @@ impl DiskHandle {
                 }
                 self.zero_grains(a, b, prov)?;
             }
-            self.inner.mutations.fetch_add(1, std::sync::atomic::Ordering::Release);
+            self.inner
+                .mutations
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
         }
         if fua {
             self.inner.commit(false)?;
@@ -394,7 +414,9 @@ impl DiskHandle {
             }
         }
         for g in writes {
-            self.inner.pool.write_at(&ZEROS[..GRAIN_BYTES as usize], g << GRAIN_SHIFT)?;
+            self.inner
+                .pool
+                .write_at(&ZEROS[..GRAIN_BYTES as usize], g << GRAIN_SHIFT)?;
         }
         Ok(())
     }
@@ -447,22 +469,25 @@ impl DiskHandle {
         let last = ((end - 1) >> GRAIN_SHIFT).min(first + STATUS_GRAINS_MAX - 1);
         let mut out: Vec<Extent> = Vec::new();
         let stop = end.min((last + 1) << GRAIN_SHIFT);
-        self.inner.meta.lock().walk(self.version, first, last + 1, &mut |v, c, g| {
-            let s = (v << GRAIN_SHIFT).max(offset);
-            let t = ((v + c) << GRAIN_SHIFT).min(stop);
-            if t <= s {
-                return;
-            }
-            let hole = g == 0;
-            match out.last_mut() {
-                Some(x) if x.hole == hole => x.len_bytes += t - s,
-                _ => out.push(Extent {
-                    len_bytes: t - s,
-                    hole,
-                    zero: hole,
-                }),
-            }
-        })?;
+        self.inner
+            .meta
+            .lock()
+            .walk(self.version, first, last + 1, &mut |v, c, g| {
+                let s = (v << GRAIN_SHIFT).max(offset);
+                let t = ((v + c) << GRAIN_SHIFT).min(stop);
+                if t <= s {
+                    return;
+                }
+                let hole = g == 0;
+                match out.last_mut() {
+                    Some(x) if x.hole == hole => x.len_bytes += t - s,
+                    _ => out.push(Extent {
+                        len_bytes: t - s,
+                        hole,
+                        zero: hole,
+                    }),
+                }
+            })?;
         Ok(out)
     }
 }
@@ -497,7 +522,12 @@ impl BlockDevice for DiskHandle {
         to_block(self.zero_impl(offset_bytes, len_bytes, false))
     }
 
-    fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, opts: ZeroOptions) -> BlockResult<()> {
+    fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        opts: ZeroOptions,
+    ) -> BlockResult<()> {
         // Zeroing is a metadata operation here (or in-place zeros for an
         // eager-zeroed disk), so it is always "fast".
         to_block(self.zero_impl(offset_bytes, len_bytes, opts.fua))
@@ -517,7 +547,11 @@ pub(crate) fn copy_mapped(
     let size = src.size_bytes();
     let total = {
         let m = src.inner.meta.lock();
-        m.versions.get(&src.version).map(|v| v.mapped_grains).unwrap_or(0) * GRAIN_BYTES
+        m.versions
+            .get(&src.version)
+            .map(|v| v.mapped_grains)
+            .unwrap_or(0)
+            * GRAIN_BYTES
     };
     let mut copied = 0u64;
     let mut offset = 0u64;

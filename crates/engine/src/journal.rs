@@ -58,7 +58,9 @@ impl Journal {
                 break;
             }
             self.file.read_at(&mut header, offset)?;
-            let Some(h) = decode_batch_header(&header) else { break };
+            let Some(h) = decode_batch_header(&header) else {
+                break;
+            };
             if h.generation != self.generation || h.sequence != out.len() as u64 {
                 break;
             }
@@ -74,7 +76,10 @@ impl Journal {
             let recs = Record::decode_all(&b[BATCH_HEADER_BYTES..]).map_err(|e| {
                 Error::new(
                     ErrorKind::Corrupt,
-                    format!("log batch {} at byte {offset} has a valid checksum but bad records: {e}", h.sequence),
+                    format!(
+                        "log batch {} at byte {offset} has a valid checksum but bad records: {e}",
+                        h.sequence
+                    ),
                 )
             })?;
             out.push(recs);

@@ -139,7 +139,11 @@ impl Meta {
     /// The catalog with versions included, as stored.
     pub fn catalog_full(&self) -> Catalog {
         let mut c = self.catalog.clone();
-        let mut v: Vec<VersionRec> = self.versions.values().map(|s| VersionRec::from(*s)).collect();
+        let mut v: Vec<VersionRec> = self
+            .versions
+            .values()
+            .map(|s| VersionRec::from(*s))
+            .collect();
         v.sort_by_key(|r| r.id);
         c.versions = v;
         c
@@ -262,9 +266,10 @@ impl Meta {
         self.check_grain(g, "map")?;
         let mut buf = vec![0u8; GRAIN_BYTES as usize];
         self.pool.read_at(&mut buf, g * GRAIN_BYTES)?;
-        let entries = decode_map_node(&buf)
-            .map_err(|e| corrupt(format!("map node at grain {g}: {e}")))?;
-        self.cache.insert(PageKey::Map(g), PageData::Map(entries), false);
+        let entries =
+            decode_map_node(&buf).map_err(|e| corrupt(format!("map node at grain {g}: {e}")))?;
+        self.cache
+            .insert(PageKey::Map(g), PageData::Map(entries), false);
         Ok(())
     }
 
@@ -297,7 +302,8 @@ impl Meta {
         for (i, c) in counts.iter_mut().enumerate() {
             *c = u32::from_le_bytes(buf[i * 4..i * 4 + 4].try_into().expect("4"));
         }
-        self.cache.insert(PageKey::Ref(page), PageData::Ref(counts), false);
+        self.cache
+            .insert(PageKey::Ref(page), PageData::Ref(counts), false);
         Ok(())
     }
 
@@ -330,7 +336,9 @@ impl Meta {
     fn incref(&mut self, g: u64) -> Result<()> {
         let c = self.ref_get(g)?;
         if c == 0 {
-            return Err(corrupt(format!("grain {g} is referenced but its count is 0")));
+            return Err(corrupt(format!(
+                "grain {g} is referenced but its count is 0"
+            )));
         }
         let n = c
             .checked_add(1)
@@ -343,7 +351,9 @@ impl Meta {
     pub fn decref(&mut self, g: u64, level: Option<u8>) -> Result<()> {
         let c = self.ref_get(g)?;
         if c == 0 {
-            return Err(corrupt(format!("grain {g} is released more often than referenced")));
+            return Err(corrupt(format!(
+                "grain {g} is released more often than referenced"
+            )));
         }
         self.ref_set(g, c - 1)?;
         self.decreased_current.insert(g);
@@ -391,7 +401,11 @@ impl Meta {
             let b = self.alloc.hwm / BLOCK_GRAINS;
             self.alloc.hwm += BLOCK_GRAINS;
             self.alloc.block_free.push(0);
-            let free = if b == 0 { BLOCK_GRAINS - 1 } else { BLOCK_GRAINS };
+            let free = if b == 0 {
+                BLOCK_GRAINS - 1
+            } else {
+                BLOCK_GRAINS
+            };
             self.alloc.set_block_free(b, free as u16);
             return Some(b);
         }
@@ -400,7 +414,12 @@ impl Meta {
 
     /// Allocate one grain for `owner`, next to `hint` when possible. The grain
     /// has count 1 in memory and nothing in the log until it is installed.
-    pub fn alloc_grain(&mut self, owner: u64, hint: Option<u64>, capacity_grains: u64) -> Result<u64> {
+    pub fn alloc_grain(
+        &mut self,
+        owner: u64,
+        hint: Option<u64>,
+        capacity_grains: u64,
+    ) -> Result<u64> {
         if let Some(h) = hint {
             let g = h + 1;
             if g % BLOCK_GRAINS != 0 && self.allocatable(g)? {
@@ -410,7 +429,9 @@ impl Meta {
         }
         for _ in 0..4 {
             if let Some(&(b, next)) = self.alloc.cursors.get(&owner) {
-                if (b as usize) < self.alloc.block_free.len() && self.alloc.block_free[b as usize] > 0 {
+                if (b as usize) < self.alloc.block_free.len()
+                    && self.alloc.block_free[b as usize] > 0
+                {
                     for i in next..BLOCK_GRAINS {
                         let g = b * BLOCK_GRAINS + i;
                         if self.allocatable(g)? {
@@ -421,7 +442,9 @@ impl Meta {
                     }
                 }
             }
-            let Some(b) = self.new_block(capacity_grains) else { break };
+            let Some(b) = self.new_block(capacity_grains) else {
+                break;
+            };
             self.alloc.cursors.insert(owner, (b, 0));
         }
         // Last resort: any partially free block, scanned whole.
@@ -455,7 +478,8 @@ impl Meta {
         } else {
             self.log_page_image(g, entries);
         }
-        self.cache.insert(PageKey::Map(g), PageData::Map(Box::new(*entries)), true);
+        self.cache
+            .insert(PageKey::Map(g), PageData::Map(Box::new(*entries)), true);
         Ok(g)
     }
 
@@ -650,7 +674,9 @@ impl Meta {
         let lo = ((start - base) / span) as usize;
         let hi = ((end - 1 - base) / span) as usize;
         if hi >= MAP_FANOUT {
-            return Err(corrupt(format!("range past the map's reach at grain {end}")));
+            return Err(corrupt(format!(
+                "range past the map's reach at grain {end}"
+            )));
         }
         let entries: Vec<u64> = self.node(node)?[lo..=hi].to_vec();
         for (i, e) in entries.into_iter().enumerate() {
@@ -669,7 +695,13 @@ impl Meta {
     }
 
     /// Grains for `count` virtual grains from `start` (0 = unmapped).
-    pub fn lookup_range(&mut self, ver: u64, start: u64, count: u64, out: &mut Vec<u64>) -> Result<()> {
+    pub fn lookup_range(
+        &mut self,
+        ver: u64,
+        start: u64,
+        count: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
         out.clear();
         self.walk(ver, start, start + count, &mut |_, n, g| {
             if g == 0 {
@@ -821,7 +853,11 @@ impl Meta {
                 bump(&mut self.alloc.hwm, grain);
                 self.replay_pages.insert(grain, Box::new([0; MAP_FANOUT]));
             }
-            Record::MapSet { grain, index, value } => {
+            Record::MapSet {
+                grain,
+                index,
+                value,
+            } => {
                 if !self.replay_pages.contains_key(&grain) {
                     self.check_grain(grain, "log record")?;
                     let mut buf = vec![0u8; GRAIN_BYTES as usize];
@@ -881,7 +917,11 @@ impl Meta {
                 let count = if self.cache.contains(PageKey::Ref(page)) {
                     self.ref_get(g)?
                 } else {
-                    u32::from_le_bytes(buf[(i * 4) as usize..(i * 4 + 4) as usize].try_into().expect("4"))
+                    u32::from_le_bytes(
+                        buf[(i * 4) as usize..(i * 4 + 4) as usize]
+                            .try_into()
+                            .expect("4"),
+                    )
                 };
                 if g != 0 {
                     if count == 0 {

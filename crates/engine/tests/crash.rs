@@ -46,8 +46,14 @@ impl Model {
 }
 
 fn open(b: &SimBackend) -> Datastore {
-    Datastore::open(Arc::new(b.clone()) as Arc<dyn Backend>, &OpenOptions { cache_bytes: 64 * 4096 }, None)
-        .expect("open after crash")
+    Datastore::open(
+        Arc::new(b.clone()) as Arc<dyn Backend>,
+        &OpenOptions {
+            cache_bytes: 64 * 4096,
+        },
+        None,
+    )
+    .expect("open after crash")
 }
 
 fn verify(ds: &Datastore, m: &Model, seed: u64) {
@@ -74,7 +80,11 @@ fn verify(ds: &Datastore, m: &Model, seed: u64) {
         assert!(buf == *data, "seed {seed}: snapshot {name} changed");
     }
     let r = ds.check().unwrap();
-    assert!(r.is_clean(), "seed {seed}: check after recovery: {:#?}", r.errors);
+    assert!(
+        r.is_clean(),
+        "seed {seed}: check after recovery: {:#?}",
+        r.errors
+    );
 }
 
 fn one_run(seed: u64) {
@@ -82,9 +92,11 @@ fn one_run(seed: u64) {
     let b = SimBackend::new();
     Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
     let mut ds = open(&b);
-    ds.create_disk("d", DISK_BYTES, Provisioning::Thin, &mut |_, _| {}).unwrap();
+    ds.create_disk("d", DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
     // A second disk written at the same time: its data must never show up in "d".
-    ds.create_disk("other", DISK_BYTES, Provisioning::Thin, &mut |_, _| {}).unwrap();
+    ds.create_disk("other", DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
     let mut m = Model {
         durable: vec![0; DISK_BYTES as usize],
         candidates: HashMap::new(),
@@ -161,7 +173,10 @@ fn one_run(seed: u64) {
 
 #[test]
 fn flushed_writes_survive_simulated_power_cuts() {
-    let runs: u64 = std::env::var("STRATA_CRASH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+    let runs: u64 = std::env::var("STRATA_CRASH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(150);
     for seed in 0..runs {
         one_run(seed);
     }

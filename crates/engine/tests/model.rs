@@ -12,16 +12,49 @@ use strata_storage::{Backend, SimBackend};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { disk: usize, sector: u64, sectors: u64, byte: u8 },
-    Trim { disk: usize, sector: u64, sectors: u64 },
-    Zero { disk: usize, sector: u64, sectors: u64 },
-    Snap { disk: usize },
-    Revert { disk: usize, snap: usize },
-    DeleteSnap { disk: usize, snap: usize },
-    LinkedClone { disk: usize, snap: usize },
-    FullClone { disk: usize, snap: Option<usize>, thick: bool },
-    Extend { disk: usize, add_sectors: u64 },
-    Remove { disk: usize },
+    Write {
+        disk: usize,
+        sector: u64,
+        sectors: u64,
+        byte: u8,
+    },
+    Trim {
+        disk: usize,
+        sector: u64,
+        sectors: u64,
+    },
+    Zero {
+        disk: usize,
+        sector: u64,
+        sectors: u64,
+    },
+    Snap {
+        disk: usize,
+    },
+    Revert {
+        disk: usize,
+        snap: usize,
+    },
+    DeleteSnap {
+        disk: usize,
+        snap: usize,
+    },
+    LinkedClone {
+        disk: usize,
+        snap: usize,
+    },
+    FullClone {
+        disk: usize,
+        snap: Option<usize>,
+        thick: bool,
+    },
+    Extend {
+        disk: usize,
+        add_sectors: u64,
+    },
+    Remove {
+        disk: usize,
+    },
     Flush,
     Reopen,
 }
@@ -55,12 +88,20 @@ struct Model {
 
 fn open(b: &SimBackend) -> Datastore {
     // A tiny cache (64 pages) so eviction and reloading are exercised.
-    Datastore::open(Arc::new(b.clone()) as Arc<dyn Backend>, &OpenOptions { cache_bytes: 64 * 4096 }, None)
-        .expect("open")
+    Datastore::open(
+        Arc::new(b.clone()) as Arc<dyn Backend>,
+        &OpenOptions {
+            cache_bytes: 64 * 4096,
+        },
+        None,
+    )
+    .expect("open")
 }
 
 fn pattern(byte: u8, sector: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| byte ^ ((sector as usize * 512 + i) / 512) as u8 ^ (i as u8).rotate_left(3)).collect()
+    (0..len)
+        .map(|i| byte ^ ((sector as usize * 512 + i) / 512) as u8 ^ (i as u8).rotate_left(3))
+        .collect()
 }
 
 fn verify(ds: &Datastore, model: &Model) {
@@ -69,13 +110,19 @@ fn verify(ds: &Datastore, model: &Model) {
         assert_eq!(h.size_bytes(), data.len() as u64, "size of {name}");
         let mut buf = vec![0u8; data.len()];
         h.read_at(&mut buf, 0).unwrap();
-        assert!(buf == *data, "contents of disk {name} differ from the model");
+        assert!(
+            buf == *data,
+            "contents of disk {name} differ from the model"
+        );
         for (sn, sdata) in model.snaps.get(name).into_iter().flatten() {
             let t = format!("{name}@{sn}");
             let h = ds.open_disk(&t).unwrap();
             let mut buf = vec![0u8; sdata.len()];
             h.read_at(&mut buf, 0).unwrap();
-            assert!(buf == *sdata, "contents of snapshot {t} differ from the model");
+            assert!(
+                buf == *sdata,
+                "contents of snapshot {t} differ from the model"
+            );
         }
     }
     let listed: Vec<String> = ds.list_disks().into_iter().map(|d| d.name).collect();
@@ -85,12 +132,19 @@ fn verify(ds: &Datastore, model: &Model) {
 
 fn run(ops: Vec<Op>) {
     let b = SimBackend::new();
-    Datastore::init(Arc::new(b.clone()), &InitOptions { capacity_bytes: 1 << 30 }).unwrap();
+    Datastore::init(
+        Arc::new(b.clone()),
+        &InitOptions {
+            capacity_bytes: 1 << 30,
+        },
+    )
+    .unwrap();
     let mut ds = open(&b);
     let mut model = Model::default();
     for (i, size) in [(0, 1u64 << 20), (1, 3 << 20)] {
         let name = format!("d{i}");
-        ds.create_disk(&name, size, Provisioning::Thin, &mut |_, _| {}).unwrap();
+        ds.create_disk(&name, size, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
         model.disks.insert(name.clone(), vec![0; size as usize]);
         model.snaps.insert(name, vec![]);
     }
@@ -101,17 +155,35 @@ fn run(ops: Vec<Op>) {
         }
         let pick = |i: usize| names[i % names.len()].clone();
         match op {
-            Op::Write { disk, sector, sectors, byte } => {
+            Op::Write {
+                disk,
+                sector,
+                sectors,
+                byte,
+            } => {
                 let name = pick(disk);
                 let data = model.disks.get_mut(&name).unwrap();
                 let total = data.len() as u64 / 512;
                 let sector = sector % total;
                 let sectors = sectors.min(total - sector);
                 let buf = pattern(byte, sector, (sectors * 512) as usize);
-                ds.open_disk(&name).unwrap().write_at(&buf, sector * 512, byte % 7 == 0).unwrap();
-                data[(sector * 512) as usize..((sector + sectors) * 512) as usize].copy_from_slice(&buf);
+                ds.open_disk(&name)
+                    .unwrap()
+                    .write_at(&buf, sector * 512, byte % 7 == 0)
+                    .unwrap();
+                data[(sector * 512) as usize..((sector + sectors) * 512) as usize]
+                    .copy_from_slice(&buf);
             }
-            Op::Trim { disk, sector, sectors } | Op::Zero { disk, sector, sectors } => {
+            Op::Trim {
+                disk,
+                sector,
+                sectors,
+            }
+            | Op::Zero {
+                disk,
+                sector,
+                sectors,
+            } => {
                 let name = pick(disk);
                 let data = model.disks.get_mut(&name).unwrap();
                 let total = data.len() as u64 / 512;
@@ -121,7 +193,8 @@ fn run(ops: Vec<Op>) {
                 if matches!(op, Op::Trim { .. }) {
                     h.unmap(sector * 512, sectors * 512).unwrap();
                 } else {
-                    h.write_zeroes(sector * 512, sectors * 512, ZeroOptions::default()).unwrap();
+                    h.write_zeroes(sector * 512, sectors * 512, ZeroOptions::default())
+                        .unwrap();
                 }
                 data[(sector * 512) as usize..((sector + sectors) * 512) as usize].fill(0);
             }
@@ -180,7 +253,11 @@ fn run(ops: Vec<Op>) {
                 };
                 model.next += 1;
                 let new = format!("f{}", model.next);
-                let prov = if thick { Provisioning::Eagerzeroedthick } else { Provisioning::Thin };
+                let prov = if thick {
+                    Provisioning::Eagerzeroedthick
+                } else {
+                    Provisioning::Thin
+                };
                 ds.clone_full(&src, &new, prov, &mut |_, _| {}).unwrap();
                 model.disks.insert(new.clone(), data);
                 model.snaps.insert(new, vec![]);
@@ -208,14 +285,22 @@ fn run(ops: Vec<Op>) {
     }
     verify(&ds, &model);
     let report = ds.check().unwrap();
-    assert!(report.is_clean(), "check found problems: {:#?}", report.errors);
+    assert!(
+        report.is_clean(),
+        "check found problems: {:#?}",
+        report.errors
+    );
     // Everything also survives a clean reopen.
     ds.close().unwrap();
     drop(ds);
     let ds = open(&b);
     verify(&ds, &model);
     let report = ds.check().unwrap();
-    assert!(report.is_clean(), "check after reopen: {:#?}", report.errors);
+    assert!(
+        report.is_clean(),
+        "check after reopen: {:#?}",
+        report.errors
+    );
 }
 
 proptest! {
@@ -235,7 +320,12 @@ proptest! {
 fn deep_snapshot_chain_reads_every_level() {
     let mut ops = Vec::new();
     for i in 0..40u8 {
-        ops.push(Op::Write { disk: 1, sector: (i as u64) * 97, sectors: 9, byte: i });
+        ops.push(Op::Write {
+            disk: 1,
+            sector: (i as u64) * 97,
+            sectors: 9,
+            byte: i,
+        });
         ops.push(Op::Snap { disk: 1 });
     }
     run(ops);

@@ -51,7 +51,7 @@ pub const FILE_JOURNAL: &str = "journal.log";
 pub const FILE_LOCK: &str = "lock";
 pub const FILE_CONTROL: &str = "control.sock";
 pub fn catalog_file(generation: u64) -> &'static str {
-    if generation % 2 == 0 {
+    if generation.is_multiple_of(2) {
         "catalog.0"
     } else {
         "catalog.1"
@@ -164,8 +164,13 @@ impl Superblock {
             return Err(FormatError::BadMagic { what: WHAT });
         }
         let header_bytes = u32_at(b, HEADER_BYTES);
-        if header_bytes < SUPER_HEADER_BYTES || header_bytes as usize > b.len().min(SUPER_SLOT_BYTES) {
-            return Err(invalid(WHAT, format!("header length {header_bytes} out of range")));
+        if header_bytes < SUPER_HEADER_BYTES
+            || header_bytes as usize > b.len().min(SUPER_SLOT_BYTES)
+        {
+            return Err(invalid(
+                WHAT,
+                format!("header length {header_bytes} out of range"),
+            ));
         }
         let mut copy = b[..header_bytes as usize].to_vec();
         copy[CHECKSUM..CHECKSUM + 4].fill(0);
@@ -232,10 +237,22 @@ impl Superblock {
 /// absolute value, so replaying it twice is harmless.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
-    PageImage { grain: u64, data: Box<[u8; GRAIN_BYTES as usize]> },
-    PageZero { grain: u64 },
-    MapSet { grain: u64, index: u16, value: u64 },
-    RefSet { grain: u64, count: u32 },
+    PageImage {
+        grain: u64,
+        data: Box<[u8; GRAIN_BYTES as usize]>,
+    },
+    PageZero {
+        grain: u64,
+    },
+    MapSet {
+        grain: u64,
+        index: u16,
+        value: u64,
+    },
+    RefSet {
+        grain: u64,
+        count: u32,
+    },
     Version(VersionState),
     Catalog(Vec<u8>),
 }
@@ -272,7 +289,11 @@ impl Record {
                 out.push(tag::PAGE_ZERO);
                 out.extend_from_slice(&grain.to_le_bytes());
             }
-            Record::MapSet { grain, index, value } => {
+            Record::MapSet {
+                grain,
+                index,
+                value,
+            } => {
                 out.push(tag::MAP_SET);
                 out.extend_from_slice(&grain.to_le_bytes());
                 out.extend_from_slice(&index.to_le_bytes());
@@ -326,7 +347,9 @@ impl Record {
                     data.copy_from_slice(take(&mut p, GRAIN_BYTES as usize)?);
                     Record::PageImage { grain, data }
                 }
-                tag::PAGE_ZERO => Record::PageZero { grain: u64_(&mut p)? },
+                tag::PAGE_ZERO => Record::PageZero {
+                    grain: u64_(&mut p)?,
+                },
                 tag::MAP_SET => {
                     let grain = u64_(&mut p)?;
                     let index = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
@@ -334,7 +357,11 @@ impl Record {
                         return Err(invalid(WHAT, format!("map index {index} out of range")));
                     }
                     let value = u64_(&mut p)?;
-                    Record::MapSet { grain, index, value }
+                    Record::MapSet {
+                        grain,
+                        index,
+                        value,
+                    }
                 }
                 tag::REF_SET => Record::RefSet {
                     grain: u64_(&mut p)?,
@@ -439,7 +466,10 @@ pub fn decode_map_node(b: &[u8]) -> Result<Box<[u64; MAP_FANOUT]>, FormatError> 
     for (i, slot) in e.iter_mut().enumerate() {
         let v = u64_at(b, i * 8);
         if v & !ENTRY_GRAIN_MASK != 0 {
-            return Err(invalid("map node", format!("entry {i} has reserved bits set: {v:#x}")));
+            return Err(invalid(
+                "map node",
+                format!("entry {i} has reserved bits set: {v:#x}"),
+            ));
         }
         *slot = v;
     }
@@ -502,13 +532,19 @@ mod tests {
     fn superblock_refuses_flipped_bits_unknown_features_and_versions() {
         let mut b = sb().encode();
         b[60] ^= 1;
-        assert!(matches!(Superblock::decode(&b), Err(FormatError::BadChecksum { .. })));
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(FormatError::BadChecksum { .. })
+        ));
         let mut b = sb().encode();
         b[12] = 4; // unknown incompat bit; fix checksum
         b[28..32].fill(0);
         let crc = crc32c::crc32c(&b[..128]);
         b[28..32].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(Superblock::decode(&b), Err(FormatError::IncompatFeatures(4)));
+        assert_eq!(
+            Superblock::decode(&b),
+            Err(FormatError::IncompatFeatures(4))
+        );
     }
 
     #[test]
@@ -542,18 +578,30 @@ mod tests {
                 data: Box::new([b; 4096])
             }),
             any::<u64>().prop_map(|g| Record::PageZero { grain: g }),
-            (any::<u64>(), 0u16..512, any::<u64>())
-                .prop_map(|(grain, index, value)| Record::MapSet { grain, index, value }),
+            (any::<u64>(), 0u16..512, any::<u64>()).prop_map(|(grain, index, value)| {
+                Record::MapSet {
+                    grain,
+                    index,
+                    value,
+                }
+            }),
             (any::<u64>(), any::<u32>()).prop_map(|(grain, count)| Record::RefSet { grain, count }),
-            (any::<u64>(), any::<u64>(), 1u8..=5, any::<u64>(), any::<u64>()).prop_map(
-                |(version, root, levels, mapped_grains, nb)| Record::Version(VersionState {
-                    version,
-                    root,
-                    levels,
-                    mapped_grains,
-                    nb
-                })
-            ),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                1u8..=5,
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(
+                    |(version, root, levels, mapped_grains, nb)| Record::Version(VersionState {
+                        version,
+                        root,
+                        levels,
+                        mapped_grains,
+                        nb
+                    })
+                ),
             proptest::collection::vec(any::<u8>(), 0..100).prop_map(Record::Catalog),
         ]
     }

@@ -143,17 +143,19 @@ impl NbdServer {
     pub fn serve_unix(&self, listener: UnixListener) -> io::Result<()> {
         let fd = listener.as_raw_fd();
         let shared = self.shared.clone();
-        let h = thread::Builder::new().name("nbd-accept-unix".into()).spawn(move || {
-            for s in listener.incoming() {
-                if shared.stopping.load(Ordering::Acquire) {
-                    break;
+        let h = thread::Builder::new()
+            .name("nbd-accept-unix".into())
+            .spawn(move || {
+                for s in listener.incoming() {
+                    if shared.stopping.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match s {
+                        Ok(s) => accept(&shared, Conn::Unix(s)),
+                        Err(e) => tracing::warn!("accept: {e}"),
+                    }
                 }
-                match s {
-                    Ok(s) => accept(&shared, Conn::Unix(s)),
-                    Err(e) => tracing::warn!("accept: {e}"),
-                }
-            }
-        })?;
+            })?;
         self.shared.listeners.lock().push((fd, h));
         Ok(())
     }
@@ -162,20 +164,22 @@ impl NbdServer {
     pub fn serve_tcp(&self, listener: TcpListener) -> io::Result<()> {
         let fd = listener.as_raw_fd();
         let shared = self.shared.clone();
-        let h = thread::Builder::new().name("nbd-accept-tcp".into()).spawn(move || {
-            for s in listener.incoming() {
-                if shared.stopping.load(Ordering::Acquire) {
-                    break;
-                }
-                match s {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        accept(&shared, Conn::Tcp(s))
+        let h = thread::Builder::new()
+            .name("nbd-accept-tcp".into())
+            .spawn(move || {
+                for s in listener.incoming() {
+                    if shared.stopping.load(Ordering::Acquire) {
+                        break;
                     }
-                    Err(e) => tracing::warn!("accept: {e}"),
+                    match s {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            accept(&shared, Conn::Tcp(s))
+                        }
+                        Err(e) => tracing::warn!("accept: {e}"),
+                    }
                 }
-            }
-        })?;
+            })?;
         self.shared.listeners.lock().push((fd, h));
         Ok(())
     }
@@ -189,7 +193,8 @@ impl NbdServer {
     /// close every connection, and wait for all threads.
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);
-        let listeners: Vec<(i32, JoinHandle<()>)> = std::mem::take(&mut *self.shared.listeners.lock());
+        let listeners: Vec<(i32, JoinHandle<()>)> =
+            std::mem::take(&mut *self.shared.listeners.lock());
         for (fd, h) in listeners {
             // SAFETY: shutting down a listening socket we still own makes
             // its blocked accept() return; the fd stays open until the thread ends.
@@ -208,18 +213,23 @@ impl NbdServer {
 
 fn accept(shared: &Arc<Shared>, conn: Conn) {
     if shared.active.load(Ordering::Acquire) >= shared.opts.max_connections {
-        tracing::warn!("refusing connection: {} already open", shared.opts.max_connections);
+        tracing::warn!(
+            "refusing connection: {} already open",
+            shared.opts.max_connections
+        );
         return;
     }
     let Ok(handle) = conn.try_clone() else { return };
     shared.active.fetch_add(1, Ordering::AcqRel);
     let s = shared.clone();
-    let h = thread::Builder::new().name("nbd-conn".into()).spawn(move || {
-        if let Err(e) = serve_conn(&s, conn) {
-            tracing::debug!("connection closed: {e}");
-        }
-        s.active.fetch_sub(1, Ordering::AcqRel);
-    });
+    let h = thread::Builder::new()
+        .name("nbd-conn".into())
+        .spawn(move || {
+            if let Err(e) = serve_conn(&s, conn) {
+                tracing::debug!("connection closed: {e}");
+            }
+            s.active.fetch_sub(1, Ordering::AcqRel);
+        });
     match h {
         Ok(h) => {
             let mut conns = shared.conns.lock();
@@ -306,7 +316,13 @@ fn take_name(data: &[u8]) -> Option<(String, &[u8])> {
 
 fn default_name(shared: &Shared, name: String) -> String {
     if name.is_empty() {
-        shared.provider.list().into_iter().next().map(|e| e.name).unwrap_or_default()
+        shared
+            .provider
+            .list()
+            .into_iter()
+            .next()
+            .map(|e| e.name)
+            .unwrap_or_default()
     } else {
         name
     }
@@ -357,7 +373,11 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Session>> {
                     b.extend_from_slice(&[0u8; 124]);
                 }
                 conn.write_all(&b)?;
-                return Ok(Some(Session { device: dev, structured: false, base_allocation: false }));
+                return Ok(Some(Session {
+                    device: dev,
+                    structured: false,
+                    base_allocation: false,
+                }));
             }
             OPT_ABORT => {
                 let _ = opt_reply(conn, opt, REP_ACK, &[]);
@@ -388,15 +408,28 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Session>> {
                 }
                 let n = u16::from_be_bytes([rest[0], rest[1]]) as usize;
                 if rest.len() != 2 + 2 * n {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"malformed INFO/GO request list")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"malformed INFO/GO request list",
+                    )?;
                     continue;
                 }
-                let reqs: Vec<u16> = rest[2..].chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+                let reqs: Vec<u16> = rest[2..]
+                    .chunks(2)
+                    .map(|c| u16::from_be_bytes([c[0], c[1]]))
+                    .collect();
                 let name = default_name(shared, name);
                 let dev = match shared.provider.open(&name) {
                     Ok(d) => d,
                     Err(e) => {
-                        opt_reply(conn, opt, REP_ERR_UNKNOWN, format!("unknown export '{name}': {e}").as_bytes())?;
+                        opt_reply(
+                            conn,
+                            opt,
+                            REP_ERR_UNKNOWN,
+                            format!("unknown export '{name}': {e}").as_bytes(),
+                        )?;
                         continue;
                     }
                 };
@@ -429,12 +462,21 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Session>> {
                 opt_reply(conn, opt, REP_INFO, &p)?;
                 opt_reply(conn, opt, REP_ACK, &[])?;
                 if opt == OPT_GO {
-                    return Ok(Some(Session { device: dev, structured, base_allocation }));
+                    return Ok(Some(Session {
+                        device: dev,
+                        structured,
+                        base_allocation,
+                    }));
                 }
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"STRUCTURED_REPLY takes no data",
+                    )?;
                     continue;
                 }
                 structured = true;
@@ -443,15 +485,30 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Session>> {
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 let set = opt == OPT_SET_META_CONTEXT;
                 if set && !structured {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"negotiate structured replies first")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"negotiate structured replies first",
+                    )?;
                     continue;
                 }
                 let Some((name, rest)) = take_name(&data) else {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"malformed meta context request")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"malformed meta context request",
+                    )?;
                     continue;
                 };
                 if rest.len() < 4 {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"malformed meta context request")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"malformed meta context request",
+                    )?;
                     continue;
                 }
                 let count = u32::from_be_bytes(rest[..4].try_into().expect("4"));
@@ -471,18 +528,30 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Session>> {
                     }
                 }
                 if !ok || !q.is_empty() {
-                    opt_reply(conn, opt, REP_ERR_INVALID, b"malformed meta context queries")?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"malformed meta context queries",
+                    )?;
                     continue;
                 }
                 let name = default_name(shared, name);
                 if let Err(e) = shared.provider.open(&name) {
-                    opt_reply(conn, opt, REP_ERR_UNKNOWN, format!("unknown export '{name}': {e}").as_bytes())?;
+                    opt_reply(
+                        conn,
+                        opt,
+                        REP_ERR_UNKNOWN,
+                        format!("unknown export '{name}': {e}").as_bytes(),
+                    )?;
                     continue;
                 }
                 let matches = if queries.is_empty() {
                     !set
                 } else {
-                    queries.iter().any(|s| s == META_CONTEXT_BASE_ALLOCATION || (!set && s == "base:"))
+                    queries
+                        .iter()
+                        .any(|s| s == META_CONTEXT_BASE_ALLOCATION || (!set && s == "base:"))
                 };
                 if set {
                     base_allocation = matches;
@@ -540,7 +609,13 @@ impl Replies {
         if self.structured && (job.ty == CMD_READ || job.ty == CMD_BLOCK_STATUS) {
             let msg = &msg.as_bytes()[..msg.len().min(4096)];
             let mut b = Vec::with_capacity(26 + msg.len());
-            Self::chunk_header(&mut b, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, job.cookie, 6 + msg.len() as u32);
+            Self::chunk_header(
+                &mut b,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                job.cookie,
+                6 + msg.len() as u32,
+            );
             b.extend_from_slice(&errno.to_be_bytes());
             b.extend_from_slice(&(msg.len() as u16).to_be_bytes());
             b.extend_from_slice(msg);
@@ -555,7 +630,12 @@ fn errno_of(e: &BlockError) -> u32 {
     e.errno() as u32
 }
 
-fn execute(dev: &dyn BlockDevice, replies: &Replies, job: Job, base_allocation: bool) -> io::Result<()> {
+fn execute(
+    dev: &dyn BlockDevice,
+    replies: &Replies,
+    job: Job,
+    base_allocation: bool,
+) -> io::Result<()> {
     let fua = job.flags & CMD_FLAG_FUA != 0;
     let ro_refused = dev.read_only() && matches!(job.ty, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     if ro_refused {
@@ -570,7 +650,13 @@ fn execute(dev: &dyn BlockDevice, replies: &Replies, job: Job, base_allocation: 
                 Ok(()) => {
                     let mut h = Vec::with_capacity(hdr);
                     if replies.structured {
-                        Replies::chunk_header(&mut h, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, job.cookie, 8 + job.len);
+                        Replies::chunk_header(
+                            &mut h,
+                            REPLY_FLAG_DONE,
+                            REPLY_TYPE_OFFSET_DATA,
+                            job.cookie,
+                            8 + job.len,
+                        );
                         h.extend_from_slice(&job.offset.to_be_bytes());
                     } else {
                         h.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -585,7 +671,10 @@ fn execute(dev: &dyn BlockDevice, replies: &Replies, job: Job, base_allocation: 
         }
         CMD_WRITE => dev.write_at(&job.payload, job.offset, fua),
         CMD_FLUSH => dev.flush(),
-        CMD_TRIM => dev.unmap(job.offset, job.len as u64).and_then(|_| if fua { dev.flush() } else { Ok(()) }),
+        CMD_TRIM => {
+            dev.unmap(job.offset, job.len as u64)
+                .and_then(|_| if fua { dev.flush() } else { Ok(()) })
+        }
         CMD_WRITE_ZEROES => dev.write_zeroes(
             job.offset,
             job.len as u64,
@@ -607,7 +696,8 @@ fn execute(dev: &dyn BlockDevice, replies: &Replies, job: Job, base_allocation: 
                 Ok(extents) => {
                     let mut descs: Vec<(u32, u32)> = Vec::new();
                     for x in extents {
-                        let flags = (if x.hole { STATE_HOLE } else { 0 }) | (if x.zero { STATE_ZERO } else { 0 });
+                        let flags = (if x.hole { STATE_HOLE } else { 0 })
+                            | (if x.zero { STATE_ZERO } else { 0 });
                         let len = x.len_bytes.min(u32::MAX as u64) as u32;
                         if len == 0 {
                             continue;
@@ -662,7 +752,10 @@ fn serve_conn(shared: &Arc<Shared>, mut conn: Conn) -> io::Result<()> {
     let Some(session) = handshake(shared, &mut conn)? else {
         return Ok(());
     };
-    let replies = Arc::new(Replies { out: Mutex::new(conn.try_clone()?), structured: session.structured });
+    let replies = Arc::new(Replies {
+        out: Mutex::new(conn.try_clone()?),
+        structured: session.structured,
+    });
     let (tx, rx) = sync_channel::<Job>(shared.opts.inflight_max);
     let rx = Arc::new(std::sync::Mutex::new(rx));
     let mut workers = Vec::new();
@@ -671,16 +764,20 @@ fn serve_conn(shared: &Arc<Shared>, mut conn: Conn) -> io::Result<()> {
         let dev = session.device.clone();
         let replies = replies.clone();
         let base = session.base_allocation;
-        workers.push(thread::Builder::new().name("nbd-worker".into()).spawn(move || loop {
-            let job = {
-                let r = rx.lock().unwrap_or_else(|p| p.into_inner());
-                r.recv()
-            };
-            let Ok(job) = job else { break };
-            if execute(&*dev, &replies, job, base).is_err() {
-                break; // the socket is gone; the reader will notice too
-            }
-        })?);
+        workers.push(
+            thread::Builder::new()
+                .name("nbd-worker".into())
+                .spawn(move || loop {
+                    let job = {
+                        let r = rx.lock().unwrap_or_else(|p| p.into_inner());
+                        r.recv()
+                    };
+                    let Ok(job) = job else { break };
+                    if execute(&*dev, &replies, job, base).is_err() {
+                        break; // the socket is gone; the reader will notice too
+                    }
+                })?,
+        );
     }
     let result = read_requests(shared, &mut conn, &replies, &tx);
     drop(tx);
@@ -713,7 +810,14 @@ fn read_requests(
         let cookie = u64::from_be_bytes(hdr[8..16].try_into().expect("8"));
         let offset = u64::from_be_bytes(hdr[16..24].try_into().expect("8"));
         let len = u32::from_be_bytes(hdr[24..28].try_into().expect("4"));
-        let mut job = Job { flags, ty, cookie, offset, len, payload: Vec::new() };
+        let mut job = Job {
+            flags,
+            ty,
+            cookie,
+            offset,
+            len,
+            payload: Vec::new(),
+        };
         match ty {
             CMD_DISC => return Ok(()),
             CMD_WRITE => {

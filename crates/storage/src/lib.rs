@@ -282,7 +282,11 @@ impl SimBackend {
                             let next = ((abs / SECTOR_BYTES) + 1) * SECTOR_BYTES;
                             let end = (next - offset as usize).min(data.len());
                             if rng.gen_bool(0.5) {
-                                apply(&mut obj.durable, (offset as usize + pos) as u64, &data[pos..end]);
+                                apply(
+                                    &mut obj.durable,
+                                    (offset as usize + pos) as u64,
+                                    &data[pos..end],
+                                );
                             }
                             pos = end;
                         }
@@ -377,7 +381,10 @@ impl SimStorage {
 impl Storage for SimStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.with(|st| {
-            let obj = st.objects.get(&self.name).ok_or_else(|| io::Error::other("removed"))?;
+            let obj = st
+                .objects
+                .get(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
             let start = (offset as usize).min(obj.live.len());
             let end = (offset as usize + buf.len()).min(obj.live.len());
             let n = end - start;
@@ -395,7 +402,10 @@ impl Storage for SimStorage {
                 }
                 *n -= 1;
             }
-            let obj = st.objects.get_mut(&self.name).ok_or_else(|| io::Error::other("removed"))?;
+            let obj = st
+                .objects
+                .get_mut(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
             apply(&mut obj.live, offset, buf);
             obj.pending.push((offset, buf.to_vec()));
             Ok(())
@@ -404,7 +414,10 @@ impl Storage for SimStorage {
 
     fn sync(&self) -> io::Result<()> {
         self.with(|st| {
-            let obj = st.objects.get_mut(&self.name).ok_or_else(|| io::Error::other("removed"))?;
+            let obj = st
+                .objects
+                .get_mut(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
             for (offset, data) in std::mem::take(&mut obj.pending) {
                 apply(&mut obj.durable, offset, &data);
             }
@@ -414,7 +427,10 @@ impl Storage for SimStorage {
 
     fn len(&self) -> io::Result<u64> {
         self.with(|st| {
-            let obj = st.objects.get(&self.name).ok_or_else(|| io::Error::other("removed"))?;
+            let obj = st
+                .objects
+                .get(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
             Ok(obj.live.len() as u64)
         })
     }
@@ -444,7 +460,10 @@ mod tests {
         s.write_at(&[2u8; 512], 512).unwrap();
         b.crash(7);
         let mut buf = [0u8; 512];
-        assert!(s.read_at(&mut buf, 0).is_err(), "pre-crash handle must fail");
+        assert!(
+            s.read_at(&mut buf, 0).is_err(),
+            "pre-crash handle must fail"
+        );
         let s2 = b.open("f", false).unwrap();
         s2.read_at(&mut buf, 0).unwrap();
         assert_eq!(buf, [1u8; 512]);
@@ -462,7 +481,10 @@ mod tests {
             let mut buf = vec![0u8; 4096];
             s2.read_at(&mut buf, 0).unwrap();
             for sector in buf.chunks(512) {
-                assert!(sector.iter().all(|&x| x == sector[0]), "sector must be whole");
+                assert!(
+                    sector.iter().all(|&x| x == sector[0]),
+                    "sector must be whole"
+                );
             }
             let nines = buf.chunks(512).filter(|c| c[0] == 9).count();
             if nines > 0 && nines < 8 {

@@ -34,7 +34,9 @@ pub struct Store {
 
 impl Store {
     pub fn new() -> Store {
-        let s = Store { dir: tempfile::tempdir().unwrap() };
+        let s = Store {
+            dir: tempfile::tempdir().unwrap(),
+        };
         s.ok(&["init"]);
         s
     }
@@ -89,7 +91,11 @@ pub struct Server {
 pub fn wait_for(path: &Path) {
     let t = Instant::now();
     while !path.exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "{} never appeared", path.display());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
