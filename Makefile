@@ -30,7 +30,7 @@ lint:
 
 ## Benchmarks against qemu-nbd (raw, qcow2 chains) with fio; prints ratios.
 bench: deps build
-	bench/run.sh
+	python3 bench/bench.py $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean
