@@ -51,6 +51,24 @@ impl ExportProvider for Exports {
     }
 }
 
+/// Remove a leftover socket file; refuse to touch anything that is not a socket.
+fn remove_stale_socket(p: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(p).map_err(|e| io_err("remove stale socket", e))
+        }
+        Ok(_) => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} exists and is not a socket; refusing to replace it",
+                p.display()
+            ),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
 fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
@@ -113,7 +131,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
     if let Some(p) = &args.nbd_unix {
-        let _ = std::fs::remove_file(p);
+        remove_stale_socket(p)?;
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         println!("  NBD on unix socket {}", p.display());

@@ -350,3 +350,46 @@ fn hostile_client_does_not_hurt_others() {
     assert_eq!(out.trim(), "1048576");
     srv.stop();
 }
+
+#[test]
+fn nb_and_tbz_move_with_writes() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "thin", "--size", "32M"]);
+    s.ok(&["create", "zt", "--size", "32M", "--type", "zeroedthick"]);
+    let srv = s.serve();
+    // 3 MiB into blocks 0..3 of each disk, plus one 4 KiB write into block 10.
+    for d in ["thin", "zt"] {
+        run_ok(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                "write -P 7 0 3M",
+                "-c",
+                "write -P 8 10M 4k",
+                &s.uri(d),
+            ],
+        );
+    }
+    let thin = s.json(&["info", "thin"]);
+    assert_eq!(thin["nb"], 4, "{thin}");
+    assert_eq!(thin["tbz"], 0);
+    assert_eq!(thin["allocated_bytes"], (3u64 << 20) + 4096);
+    let zt = s.json(&["info", "zt"]);
+    assert_eq!(zt["nb"], 32, "{zt}");
+    assert_eq!(zt["tbz"], 28, "{zt}");
+    // The reservation shrinks by what the thick disk has written.
+    let st = s.json(&["status"]);
+    assert_eq!(st["reserved_bytes"], (32u64 << 20) - (3 << 20) - 4096);
+    // Trimming a whole block of the thin disk gives it back.
+    run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "discard 0 1M", &s.uri("thin")],
+    );
+    assert_eq!(s.json(&["info", "thin"])["nb"], 3);
+    srv.stop();
+}

@@ -76,6 +76,11 @@ impl PageCache {
         }
     }
 
+    /// Look a page up without counting it as a use (checkpoint writer).
+    pub fn peek(&self, key: PageKey) -> Option<&PageData> {
+        self.pages.get(&key).map(|s| &s.data)
+    }
+
     /// Look a page up for modification and mark it dirty.
     pub fn get_dirty(&mut self, key: PageKey) -> Option<&mut PageData> {
         match self.pages.get_mut(&key) {

@@ -33,6 +33,8 @@ use crate::meta::Meta;
 
 /// Checkpoint when the log passes this many bytes.
 pub const LOG_BYTES_MAX: u64 = 64 << 20;
+/// Commit once the in-memory log buffer holds this much, flush or not.
+pub const LOG_BUFFER_BYTES_MAX: usize = 8 << 20;
 /// Default metadata cache budget.
 pub const CACHE_BYTES_DEFAULT: u64 = 128 << 20;
 /// Stripe locks serialising writes to nearby grains.
@@ -293,12 +295,19 @@ impl Inner {
     /// Checkpoint now if dirty metadata far exceeds the cache budget (called
     /// by writers before they take the gate).
     pub fn maybe_checkpoint(&self) -> Result<()> {
-        let over = {
+        let (over, log_full) = {
             let m = self.meta.lock();
-            m.cache.dirty_pages() > m.cache.budget_pages()
+            (
+                m.cache.dirty_pages() > m.cache.budget_pages(),
+                m.log_len() > LOG_BUFFER_BYTES_MAX,
+            )
         };
         if over {
             self.commit(true)?;
+        } else if log_full {
+            // Bound the memory of the log buffer: commit early (harmless;
+            // a commit only makes more durable than the client asked for).
+            self.commit(false)?;
         }
         Ok(())
     }

@@ -785,46 +785,41 @@ impl Meta {
         self.cache.dirty_pages() * 2 > self.cache.budget_pages()
     }
 
-    /// Write every dirty page to its place (checkpoint step 2).
+    /// Write every dirty page to its place (checkpoint step 2). Adjacent
+    /// pages go out as one write of at most 1 MiB; memory use stays at one
+    /// such run, not a copy of every dirty page.
     pub fn write_dirty_pages(&mut self) -> Result<()> {
-        let mut keys: Vec<(PageKey, Vec<u8>)> = Vec::with_capacity(self.cache.dirty_pages());
-        for (k, d) in self.cache.dirty() {
-            let mut buf = vec![0u8; 4096];
-            match d {
-                PageData::Map(e) => encode_map_node(e, &mut buf),
-                PageData::Ref(c) => {
-                    for (i, v) in c.iter().enumerate() {
-                        buf[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-            }
-            keys.push((k, buf));
-        }
-        keys.sort_by_key(|(k, _)| match k {
-            PageKey::Map(g) => (0, *g),
-            PageKey::Ref(p) => (1, *p),
-        });
-        // Coalesce runs of adjacent pages into one write.
+        const RUN_PAGES_MAX: usize = 256;
+        let order = |k: &PageKey| match k {
+            PageKey::Map(g) => (0u8, *g),
+            PageKey::Ref(p) => (1u8, *p),
+        };
+        let mut keys: Vec<PageKey> = self.cache.dirty().map(|(k, _)| k).collect();
+        keys.sort_by_key(order);
+        let mut run: Vec<u8> = Vec::with_capacity(RUN_PAGES_MAX * 4096);
         let mut i = 0;
         while i < keys.len() {
-            let (kind, first) = match keys[i].0 {
-                PageKey::Map(g) => (0, g),
-                PageKey::Ref(p) => (1, p),
-            };
+            let (kind, first) = order(&keys[i]);
             let mut j = i + 1;
-            while j < keys.len() && j - i < 256 {
-                let (k2, n) = match keys[j].0 {
-                    PageKey::Map(g) => (0, g),
-                    PageKey::Ref(p) => (1, p),
-                };
-                if k2 != kind || n != first + (j - i) as u64 {
-                    break;
-                }
+            while j < keys.len()
+                && j - i < RUN_PAGES_MAX
+                && order(&keys[j]) == (kind, first + (j - i) as u64)
+            {
                 j += 1;
             }
-            let mut run = Vec::with_capacity((j - i) * 4096);
-            for (_, b) in &keys[i..j] {
-                run.extend_from_slice(b);
+            run.clear();
+            run.resize((j - i) * 4096, 0);
+            for (n, k) in keys[i..j].iter().enumerate() {
+                let buf = &mut run[n * 4096..(n + 1) * 4096];
+                match self.cache.peek(*k) {
+                    Some(PageData::Map(e)) => encode_map_node(e, buf),
+                    Some(PageData::Ref(c)) => {
+                        for (x, v) in c.iter().enumerate() {
+                            buf[x * 4..x * 4 + 4].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    None => unreachable!("dirty pages stay cached until the checkpoint"),
+                }
             }
             let target = if kind == 0 { &self.pool } else { &self.refs };
             target.write_at(&run, first * 4096)?;

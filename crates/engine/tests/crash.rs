@@ -140,11 +140,31 @@ fn one_run(seed: u64) {
                     m.flush();
                     m.snaps.push((name, m.live.clone()));
                 }
-                _ => {
+                95..=96 => {
                     if !m.snaps.is_empty() {
                         let i = rng.gen_range(0..m.snaps.len());
                         let (name, _) = m.snaps.remove(i);
                         ds.snapshot_delete("d", &name).unwrap();
+                        m.flush();
+                    }
+                }
+                97 => {
+                    if !m.snaps.is_empty() {
+                        let i = rng.gen_range(0..m.snaps.len());
+                        let (name, data) = m.snaps[i].clone();
+                        ds.snapshot_revert("d", &name).unwrap();
+                        m.live = data;
+                        m.flush();
+                    }
+                }
+                _ => {
+                    // A linked clone of a snapshot, written to and removed again:
+                    // its writes must never show up in "d" or its snapshots.
+                    if let Some((name, _)) = m.snaps.first().cloned() {
+                        ds.clone_linked(&format!("d@{name}"), "tmpclone").unwrap();
+                        let c = ds.open_disk("tmpclone").unwrap();
+                        c.write_at(&[0xC1u8; 8192], 0, false).unwrap();
+                        ds.remove_disk("tmpclone").unwrap();
                         m.flush();
                     }
                 }
