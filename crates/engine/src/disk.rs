@@ -379,13 +379,7 @@ impl DiskHandle {
                 self.inner.meta.lock().unmap_leaf(self.version, leaf)?;
             } else {
                 let mut m = self.inner.meta.lock();
-                let mut mapped = Vec::new();
-                m.walk(self.version, ls, lt, &mut |v, _, g| {
-                    if g != 0 {
-                        mapped.push(v)
-                    }
-                })?;
-                for v in mapped {
+                for v in m.mapped_in(self.version, ls, lt)? {
                     m.unmap_grain(self.version, v)?;
                 }
             }
@@ -398,13 +392,7 @@ impl DiskHandle {
         let mut writes = Vec::new();
         {
             let mut m = self.inner.meta.lock();
-            let mut mapped = Vec::new();
-            m.walk(self.version, ls, lt, &mut |v, _, g| {
-                if g != 0 {
-                    mapped.push(v)
-                }
-            })?;
-            for v in mapped {
+            for v in m.mapped_in(self.version, ls, lt)? {
                 let (g, exclusive) = m.lookup_for_write(self.version, v)?;
                 if exclusive {
                     writes.push(g);

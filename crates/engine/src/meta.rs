@@ -694,6 +694,17 @@ impl Meta {
         Ok(())
     }
 
+    /// Virtual grains of `[start, end)` that are mapped in `ver`.
+    pub fn mapped_in(&mut self, ver: u64, start: u64, end: u64) -> Result<Vec<u64>> {
+        let mut mapped = Vec::new();
+        self.walk(ver, start, end, &mut |v, _, g| {
+            if g != 0 {
+                mapped.push(v)
+            }
+        })?;
+        Ok(mapped)
+    }
+
     /// Grains for `count` virtual grains from `start` (0 = unmapped).
     pub fn lookup_range(
         &mut self,
