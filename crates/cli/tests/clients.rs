@@ -190,6 +190,7 @@ fn fio(uri_export: &str, sock: &std::path::Path, extra: &[&str]) -> std::process
         uri.as_str(),
         "--iodepth=16",
         "--verify=crc32c",
+        "--verify_state_save=0",
         "--output-format=normal",
     ];
     args.extend_from_slice(extra);
