@@ -298,12 +298,21 @@ impl DiskHandle {
             return Ok(());
         }
         self.inner.maybe_checkpoint()?;
-        {
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
+        let attempt = || {
             let _gate = self.inner.gate.read();
-            let first = offset >> GRAIN_SHIFT;
-            let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
             let _stripes = self.inner.lock_stripes(self.version, first, last);
-            self.write_locked(buf, offset, prov)?;
+            self.write_locked(buf, offset, prov)
+        };
+        match attempt() {
+            // Space freed by trims is reusable once their batch is durable:
+            // commit (outside the gate) and try once more before saying ENOSPC.
+            Err(e) if e.kind == ErrorKind::NoSpace && self.inner.meta.lock().pending_len() > 0 => {
+                self.inner.commit(false)?;
+                attempt()?;
+            }
+            r => r?,
         }
         if fua {
             self.inner.commit(false)?;

@@ -15,7 +15,9 @@ fn golden_dir() -> PathBuf {
 }
 
 fn pattern(tag: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| tag.wrapping_add((i / 4096) as u8)).collect()
+    (0..len)
+        .map(|i| tag.wrapping_add((i / 4096) as u8))
+        .collect()
 }
 
 /// What the golden datastore holds: (export, offset, bytes).
@@ -31,7 +33,12 @@ fn expected() -> Vec<(&'static str, u64, Vec<u8>)> {
 }
 
 fn open(dir: &Path) -> Datastore {
-    Datastore::open(Arc::new(FileBackend::new(dir)), &OpenOptions::default(), None).unwrap()
+    Datastore::open(
+        Arc::new(FileBackend::new(dir)),
+        &OpenOptions::default(),
+        None,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -61,15 +68,26 @@ fn write_golden_v1() {
     let dir = golden_dir();
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    Datastore::init(Arc::new(FileBackend::new(&dir)), &InitOptions { capacity_bytes: 1 << 30 }).unwrap();
+    Datastore::init(
+        Arc::new(FileBackend::new(&dir)),
+        &InitOptions {
+            capacity_bytes: 1 << 30,
+        },
+    )
+    .unwrap();
     let ds = open(&dir);
-    ds.create_disk("g", 4 << 20, Provisioning::Thin, &mut |_, _| {}).unwrap();
+    ds.create_disk("g", 4 << 20, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
     let g = ds.open_disk("g").unwrap();
     g.write_at(&pattern(0x10, 1 << 20), 0, false).unwrap();
     ds.snapshot_create("g", "s", "golden").unwrap();
-    g.write_at(&pattern(0x40, 1 << 20), 512 << 10, false).unwrap();
+    g.write_at(&pattern(0x40, 1 << 20), 512 << 10, false)
+        .unwrap();
     ds.clone_linked("g@s", "c").unwrap();
-    ds.open_disk("c").unwrap().write_at(&pattern(0x90, 4096), 0, false).unwrap();
+    ds.open_disk("c")
+        .unwrap()
+        .write_at(&pattern(0x90, 4096), 0, false)
+        .unwrap();
     ds.close().unwrap();
     drop((g, ds));
     // Reopen and leave one flushed batch in the log, without a checkpoint.
