@@ -69,7 +69,7 @@ fn record_tags_match_constants() {
 #[test]
 fn batch_header_table_matches_encoder() {
     let doc = spec();
-    let rows = table(&doc, "the buffer as one **batch**");
+    let rows = table(&doc, "as one **batch**");
     let offsets: Vec<(usize, usize)> = rows.iter().filter_map(|r| Some((r[0].parse().ok()?, r[1].parse().ok()?))).collect();
     assert_eq!(offsets, [(0, 4), (4, 4), (8, 8), (16, 8), (24, 4), (28, 4)]);
     let b = strata_format::encode_batch(0x1122, 0x33, b"xy");

@@ -1,0 +1,427 @@
+//! Fixed-newstyle negotiation: greeting, client flags, option haggling.
+
+use std::io::{self, BufReader, Read};
+use std::sync::Arc;
+
+use strata_block::BlockDevice;
+
+use crate::proto::*;
+use crate::{NbdStream, Shared, OPTION_BYTES_MAX};
+
+/// Option payloads up to this size are read and discarded when too large;
+/// beyond it the connection is closed.
+const OPTION_DISCARD_MAX: u32 = 16 << 20;
+/// Options one connection may send before it has to pick an export.
+const OPTIONS_MAX: usize = 65_536;
+
+/// What the client chose.
+pub(crate) struct Negotiated {
+    pub device: Arc<dyn BlockDevice>,
+    pub structured: bool,
+    /// `base:allocation` was selected for this export.
+    pub base_allocation: bool,
+}
+
+pub(crate) fn io_invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Transmission flags of `dev` for a session with or without structured
+/// replies (DF is only meaningful, and only allowed, with them).
+pub(crate) fn transmission_flags(dev: &dyn BlockDevice, structured: bool) -> u16 {
+    let mut f = TF_HAS_FLAGS
+        | TF_SEND_FLUSH
+        | TF_SEND_FUA
+        | TF_SEND_TRIM
+        | TF_SEND_WRITE_ZEROES
+        | TF_CAN_MULTI_CONN
+        | TF_SEND_CACHE
+        | TF_SEND_FAST_ZERO;
+    if structured {
+        f |= TF_SEND_DF;
+    }
+    if dev.read_only() {
+        f |= TF_READ_ONLY;
+    }
+    f
+}
+
+/// Big-endian cursor over an option payload; every read is checked.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    /// A `u32 length, bytes` string of at most [`STRING_BYTES_MAX`] bytes.
+    fn string(&mut self) -> Option<&'a str> {
+        let n = self.u32()? as usize;
+        if n > STRING_BYTES_MAX {
+            return None;
+        }
+        std::str::from_utf8(self.take(n)?).ok()
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One connection's negotiation.
+struct Haggle<'a, S: NbdStream> {
+    shared: &'a Shared,
+    conn: &'a mut BufReader<S>,
+    /// Reused for every option reply.
+    out: Vec<u8>,
+    structured: bool,
+    /// The export `base:allocation` was selected for, if any.
+    meta_export: Option<String>,
+}
+
+impl<S: NbdStream> Haggle<'_, S> {
+    fn reply(&mut self, opt: u32, ty: u32, data: &[&[u8]]) -> io::Result<()> {
+        let len: usize = data.iter().map(|d| d.len()).sum();
+        self.out.clear();
+        self.out.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+        self.out.extend_from_slice(&opt.to_be_bytes());
+        self.out.extend_from_slice(&ty.to_be_bytes());
+        self.out.extend_from_slice(&(len as u32).to_be_bytes());
+        for d in data {
+            self.out.extend_from_slice(d);
+        }
+        self.conn.get_mut().write_all(&self.out)
+    }
+
+    fn error(&mut self, opt: u32, ty: u32, msg: &str) -> io::Result<()> {
+        let msg = truncate_utf8(msg, STRING_BYTES_MAX);
+        self.reply(opt, ty, &[msg.as_bytes()])
+    }
+
+    /// The export a client means: the empty name is the first listed.
+    fn resolve(&self, name: &str) -> Option<String> {
+        if !name.is_empty() {
+            return Some(name.to_string());
+        }
+        self.shared
+            .provider
+            .list()
+            .into_iter()
+            .next()
+            .map(|e| e.name)
+    }
+
+    /// Resolve and open an export, or explain why not.
+    fn open(&self, name: &str) -> Result<(String, Arc<dyn BlockDevice>), String> {
+        let Some(name) = self.resolve(name) else {
+            return Err("there is no default export".into());
+        };
+        match self.shared.provider.open(&name) {
+            Ok(dev) => Ok((name, dev)),
+            Err(e) => Err(format!("cannot open export '{name}': {e}")),
+        }
+    }
+
+    fn negotiated(&self, name: &str, device: Arc<dyn BlockDevice>) -> Negotiated {
+        Negotiated {
+            device,
+            structured: self.structured,
+            base_allocation: self.structured && self.meta_export.as_deref() == Some(name),
+        }
+    }
+
+    fn list(&mut self, data: &[u8]) -> io::Result<()> {
+        if !data.is_empty() {
+            return self.error(OPT_LIST, REP_ERR_INVALID, "LIST takes no data");
+        }
+        for e in self.shared.provider.list() {
+            let len = (e.name.len() as u32).to_be_bytes();
+            let desc = truncate_utf8(&e.description, STRING_BYTES_MAX);
+            self.reply(
+                OPT_LIST,
+                REP_SERVER,
+                &[&len, e.name.as_bytes(), desc.as_bytes()],
+            )?;
+        }
+        self.reply(OPT_LIST, REP_ACK, &[])
+    }
+
+    /// INFO or GO. Returns the session for a successful GO.
+    fn info(&mut self, opt: u32, data: &[u8]) -> io::Result<Option<Negotiated>> {
+        let mut c = Cursor(data);
+        let parsed = (|| {
+            let name = c.string()?;
+            let n = c.u16()? as usize;
+            let mut items = Vec::with_capacity(n.min(16));
+            for _ in 0..n {
+                items.push(c.u16()?);
+            }
+            c.is_empty().then_some((name, items))
+        })();
+        let Some((name, items)) = parsed else {
+            self.error(opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
+            return Ok(None);
+        };
+        let (name, dev) = match self.open(name) {
+            Ok(x) => x,
+            Err(msg) => {
+                self.error(opt, REP_ERR_UNKNOWN, &msg)?;
+                return Ok(None);
+            }
+        };
+        let flags = transmission_flags(&*dev, self.structured);
+        self.reply(
+            opt,
+            REP_INFO,
+            &[
+                &INFO_EXPORT.to_be_bytes(),
+                &dev.size_bytes().to_be_bytes(),
+                &flags.to_be_bytes(),
+            ],
+        )?;
+        if items.contains(&INFO_NAME) {
+            self.reply(opt, REP_INFO, &[&INFO_NAME.to_be_bytes(), name.as_bytes()])?;
+        }
+        if items.contains(&INFO_DESCRIPTION) {
+            let desc = self
+                .shared
+                .provider
+                .list()
+                .into_iter()
+                .find(|e| e.name == name)
+                .map(|e| e.description)
+                .unwrap_or_default();
+            let desc = truncate_utf8(&desc, STRING_BYTES_MAX);
+            self.reply(
+                opt,
+                REP_INFO,
+                &[&INFO_DESCRIPTION.to_be_bytes(), desc.as_bytes()],
+            )?;
+        }
+        // Always sent: clients that did not ask still learn our limits.
+        let max = self.shared.opts.max_request_bytes;
+        let preferred = dev
+            .preferred_block_bytes()
+            .clamp(512, 1 << 30)
+            .next_power_of_two()
+            .min(prev_power_of_two(max));
+        self.reply(
+            opt,
+            REP_INFO,
+            &[
+                &INFO_BLOCK_SIZE.to_be_bytes(),
+                &512u32.to_be_bytes(),
+                &preferred.to_be_bytes(),
+                &max.to_be_bytes(),
+            ],
+        )?;
+        self.reply(opt, REP_ACK, &[])?;
+        Ok((opt == OPT_GO).then(|| self.negotiated(&name, dev)))
+    }
+
+    fn meta_context(&mut self, opt: u32, data: &[u8]) -> io::Result<()> {
+        let set = opt == OPT_SET_META_CONTEXT;
+        if set {
+            // Whatever happens next, earlier selections are replaced.
+            self.meta_export = None;
+            if !self.structured {
+                return self.error(
+                    opt,
+                    REP_ERR_INVALID,
+                    "SET_META_CONTEXT needs structured replies first",
+                );
+            }
+        }
+        let mut c = Cursor(data);
+        let parsed = (|| {
+            let name = c.string()?;
+            let n = c.u32()?;
+            let mut queries = Vec::new();
+            for _ in 0..n {
+                queries.push(c.string()?);
+            }
+            c.is_empty().then_some((name, queries))
+        })();
+        let Some((name, queries)) = parsed else {
+            return self.error(opt, REP_ERR_INVALID, "malformed meta context request");
+        };
+        let name = match self.open(name) {
+            Ok((name, _)) => name,
+            Err(msg) => return self.error(opt, REP_ERR_UNKNOWN, &msg),
+        };
+        let matched = if set {
+            queries.contains(&BASE_ALLOCATION)
+        } else {
+            queries.is_empty()
+                || queries
+                    .iter()
+                    .any(|q| *q == BASE_ALLOCATION || *q == "base:")
+        };
+        if matched {
+            // LIST replies carry id 0 (reserved); SET gives the real id.
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            self.reply(
+                opt,
+                REP_META_CONTEXT,
+                &[&id.to_be_bytes(), BASE_ALLOCATION.as_bytes()],
+            )?;
+            if set {
+                self.meta_export = Some(name);
+            }
+        }
+        self.reply(opt, REP_ACK, &[])
+    }
+
+    /// NBD_OPT_EXPORT_NAME: no way to report an error but hanging up.
+    fn export_name(&mut self, data: &[u8], no_zeroes: bool) -> io::Result<Negotiated> {
+        let name = std::str::from_utf8(data).map_err(|_| io_invalid("export name is not UTF-8"))?;
+        let (name, dev) = self.open(name).map_err(io_invalid)?;
+        let mut b = [0u8; 8 + 2 + 124];
+        b[..8].copy_from_slice(&dev.size_bytes().to_be_bytes());
+        b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());
+        let n = if no_zeroes { 10 } else { b.len() };
+        self.conn.get_mut().write_all(&b[..n])?;
+        Ok(self.negotiated(&name, dev))
+    }
+}
+
+fn prev_power_of_two(x: u32) -> u32 {
+    if x == 0 {
+        0
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Read and drop `n` bytes.
+pub(crate) fn discard(r: &mut impl Read, n: u64) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(n), &mut io::sink())?;
+    if copied < n {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+/// Run the handshake. `Ok(None)` when the client ended it without picking
+/// an export (ABORT, or the server is shutting down).
+pub(crate) fn negotiate<S: NbdStream>(
+    shared: &Shared,
+    conn: &mut BufReader<S>,
+) -> io::Result<Option<Negotiated>> {
+    let mut hello = [0u8; 18];
+    hello[..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+    hello[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+    hello[16..].copy_from_slice(&(HS_FIXED_NEWSTYLE | HS_NO_ZEROES).to_be_bytes());
+    conn.get_mut().write_all(&hello)?;
+
+    let client = read_u32(conn)?;
+    if client & CLIENT_FIXED_NEWSTYLE == 0 || client & !CLIENT_FLAGS_KNOWN != 0 {
+        return Err(io_invalid(format!("refused client flags {client:#x}")));
+    }
+    let no_zeroes = client & CLIENT_NO_ZEROES != 0;
+
+    let mut h = Haggle {
+        shared,
+        conn,
+        out: Vec::with_capacity(256),
+        structured: false,
+        meta_export: None,
+    };
+    let mut data = Vec::new();
+    for _ in 0..OPTIONS_MAX {
+        let mut head = [0u8; 16];
+        h.conn.read_exact(&mut head)?;
+        let magic = u64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
+        let opt = u32::from_be_bytes(head[8..12].try_into().expect("4 bytes"));
+        let len = u32::from_be_bytes(head[12..16].try_into().expect("4 bytes"));
+        if magic != IHAVEOPT {
+            return Err(io_invalid(format!("bad option magic {magic:#x}")));
+        }
+        if len > OPTION_BYTES_MAX {
+            if opt == OPT_EXPORT_NAME || len > OPTION_DISCARD_MAX {
+                return Err(io_invalid(format!("option {opt} of {len} bytes")));
+            }
+            discard(h.conn, len as u64)?;
+            h.error(opt, REP_ERR_TOO_BIG, "option payload too large")?;
+            continue;
+        }
+        data.clear();
+        data.resize(len as usize, 0);
+        h.conn.read_exact(&mut data)?;
+        if shared.stopping() {
+            if opt != OPT_EXPORT_NAME {
+                h.error(opt, REP_ERR_SHUTDOWN, "the server is shutting down")?;
+            }
+            return Ok(None);
+        }
+        match opt {
+            OPT_EXPORT_NAME => return h.export_name(&data, no_zeroes).map(Some),
+            OPT_ABORT => {
+                // The client may already be gone; that is fine.
+                let _ = h.reply(opt, REP_ACK, &[]);
+                return Ok(None);
+            }
+            OPT_LIST => h.list(&data)?,
+            OPT_INFO | OPT_GO => {
+                if let Some(n) = h.info(opt, &data)? {
+                    return Ok(Some(n));
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    h.structured = true;
+                    h.reply(opt, REP_ACK, &[])?;
+                } else {
+                    h.error(opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")?;
+                }
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => h.meta_context(opt, &data)?,
+            OPT_STARTTLS => h.error(opt, REP_ERR_UNSUP, "TLS is not supported")?,
+            _ => h.error(opt, REP_ERR_UNSUP, "option not supported")?,
+        }
+    }
+    Err(io_invalid("too many options"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_rejects_short_and_long_strings() {
+        let mut b = 3u32.to_be_bytes().to_vec();
+        b.extend_from_slice(b"ab");
+        assert!(Cursor(&b).string().is_none());
+        let mut b = 5000u32.to_be_bytes().to_vec();
+        b.resize(4 + 5000, b'a');
+        assert!(Cursor(&b).string().is_none());
+        let mut b = 2u32.to_be_bytes().to_vec();
+        b.extend_from_slice(b"ok!");
+        let mut c = Cursor(&b);
+        assert_eq!(c.string(), Some("ok"));
+        assert!(!c.is_empty());
+    }
+
+    #[test]
+    fn powers_of_two() {
+        assert_eq!(prev_power_of_two(32 << 20), 32 << 20);
+        assert_eq!(prev_power_of_two((32 << 20) - 512), 16 << 20);
+        assert_eq!(prev_power_of_two(4096), 4096);
+    }
+}

@@ -1,0 +1,546 @@
+//! The transmission phase: one reader per connection, a few workers, and
+//! replies written under a mutex.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, Read};
+use std::net::Shutdown;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use parking_lot::{Condvar, Mutex};
+use strata_block::{check_range, BlockDevice, BlockError, Extent, ZeroOptions};
+
+use crate::handshake::{discard, io_invalid, negotiate};
+use crate::proto::*;
+use crate::{NbdStream, Shared};
+
+/// Receive buffer of the reader: batches small pipelined requests.
+const READ_BUFFER_BYTES: usize = 128 * 1024;
+/// A refused WRITE payload up to this size is read and dropped so the
+/// connection can go on; a larger one closes the connection.
+const WRITE_DISCARD_MAX: u64 = 256 << 20;
+/// Idle buffers a connection keeps for reuse, in bytes.
+const POOL_KEEP_BYTES: usize = 16 << 20;
+/// Longest error message sent in an ERROR chunk.
+const ERROR_MESSAGE_MAX: usize = 1024;
+/// Structured READs at least this long are checked for being all zeros
+/// first, and then answered with one OFFSET_HOLE chunk instead of data.
+const HOLE_CHECK_MIN: u32 = 64 * 1024;
+/// Most descriptors in one BLOCK_STATUS reply; the rest of the range is
+/// left for the client to ask again.
+const DESCRIPTORS_MAX: usize = 128 * 1024;
+
+/// Negotiate, then serve requests until the client leaves, sends DISC,
+/// breaks the protocol, or the server shuts down.
+pub(crate) fn serve<S: NbdStream>(shared: &Shared, stream: S) -> io::Result<()> {
+    let writer = stream.clone_stream()?;
+    let closer = stream.clone_stream()?;
+    let result = serve_inner(shared, stream, writer);
+    let _ = closer.shutdown_stream(Shutdown::Both);
+    result
+}
+
+fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Result<()> {
+    let timeout = shared.opts.handshake_timeout;
+    stream.set_timeouts(timeout, timeout)?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let Some(session) = negotiate(shared, &mut reader)? else {
+        return Ok(());
+    };
+    reader.get_ref().set_timeouts(None, None)?;
+    // A shutdown that raced with the handshake may have set a write
+    // timeout that was just cleared; it has set `stopping` first.
+    if shared.stopping() {
+        return Ok(());
+    }
+    let conn = Arc::new(Conn {
+        out: Mutex::new(writer),
+        broken: AtomicBool::new(false),
+        dev: session.device,
+        structured: session.structured,
+        base_allocation: session.base_allocation,
+        max_request: shared.opts.max_request_bytes,
+        queue: Mutex::new(Queue::default()),
+        work: Condvar::new(),
+        room: Condvar::new(),
+        pool: Mutex::new(Pool::default()),
+    });
+    let mut workers = Workers {
+        conn: conn.clone(),
+        threads: Vec::new(),
+        max: shared.opts.workers_per_connection,
+    };
+    let result = read_requests(shared, &conn, &mut reader, &mut workers);
+    // Dropping `workers` closes the queue and waits for every queued
+    // request to be executed and answered.
+    drop(workers);
+    result
+}
+
+/// One request handed to a worker.
+struct Job {
+    req: Request,
+    /// The payload of a WRITE; empty otherwise.
+    payload: Vec<u8>,
+    /// Bytes charged against the in-flight budget.
+    cost: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Admitted and not yet answered (queued, being read, or executing).
+    inflight: usize,
+    inflight_bytes: u64,
+    /// Workers waiting for a job.
+    idle: usize,
+    closed: bool,
+}
+
+/// Idle buffers for payloads and READ replies.
+#[derive(Default)]
+struct Pool {
+    free: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+/// State shared by the reader and the workers of one connection.
+struct Conn<S> {
+    out: Mutex<S>,
+    /// A reply could not be written: the client is gone.
+    broken: AtomicBool,
+    dev: Arc<dyn BlockDevice>,
+    structured: bool,
+    base_allocation: bool,
+    max_request: u32,
+    queue: Mutex<Queue>,
+    /// Signalled when a job is queued or the queue closes.
+    work: Condvar,
+    /// Signalled when an admitted request is answered.
+    room: Condvar,
+    pool: Mutex<Pool>,
+}
+
+/// The worker threads of a connection; dropping this drains the queue.
+struct Workers<S: NbdStream> {
+    conn: Arc<Conn<S>>,
+    threads: Vec<JoinHandle<()>>,
+    max: usize,
+}
+
+impl<S: NbdStream> Workers<S> {
+    /// Start one more worker if allowed. Fails only if none can run.
+    fn grow(&mut self) -> io::Result<()> {
+        if self.threads.len() >= self.max {
+            return Ok(());
+        }
+        let conn = self.conn.clone();
+        let spawned = thread::Builder::new()
+            .name("nbd-worker".into())
+            .spawn(move || conn.work_loop());
+        match spawned {
+            Ok(h) => {
+                self.threads.push(h);
+                Ok(())
+            }
+            Err(e) if self.threads.is_empty() => Err(e),
+            Err(e) => {
+                tracing::warn!("NBD: cannot start another worker: {e}");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<S: NbdStream> Drop for Workers<S> {
+    fn drop(&mut self) {
+        self.conn.queue.lock().closed = true;
+        self.conn.work.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Jobs left behind only if no worker ever ran; forget them.
+        self.conn.queue.lock().jobs.clear();
+    }
+}
+
+fn read_requests<S: NbdStream>(
+    shared: &Shared,
+    conn: &Conn<S>,
+    reader: &mut BufReader<S>,
+    workers: &mut Workers<S>,
+) -> io::Result<()> {
+    let mut head = [0u8; REQUEST_BYTES];
+    loop {
+        if shared.stopping() || conn.broken.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if let Err(e) = reader.read_exact(&mut head) {
+            // A client that hangs up between requests ends normally.
+            return match e.kind() {
+                io::ErrorKind::UnexpectedEof => Ok(()),
+                _ => Err(e),
+            };
+        }
+        let Some(req) = Request::parse(&head) else {
+            return Err(io_invalid("bad request magic"));
+        };
+        if req.ty == CMD_DISC {
+            return Ok(());
+        }
+        if let Err((errno, msg)) = conn.validate(&req) {
+            if req.ty == CMD_WRITE {
+                if req.len as u64 > WRITE_DISCARD_MAX {
+                    return Err(io_invalid(format!(
+                        "refused WRITE with a {}-byte payload",
+                        req.len
+                    )));
+                }
+                discard(reader, req.len as u64)?;
+            }
+            conn.reply_error(&req, errno, &msg)?;
+            continue;
+        }
+        let cost = match req.ty {
+            CMD_READ | CMD_WRITE => req.len as u64,
+            _ => 0,
+        };
+        conn.admit(cost, shared);
+        let mut payload = Vec::new();
+        if req.ty == CMD_WRITE {
+            payload = conn.take_buffer(req.len as usize);
+            if let Err(e) = reader.read_exact(&mut payload[..req.len as usize]) {
+                conn.finished(cost);
+                return Err(e);
+            }
+        }
+        if conn.push(Job { req, payload, cost }) {
+            workers.grow()?;
+        }
+    }
+}
+
+fn errno_of(e: &BlockError) -> u32 {
+    wire_errno(e.errno())
+}
+
+impl<S: NbdStream> Conn<S> {
+    /// Check a request before it is queued: `Err((errno, message))`.
+    fn validate(&self, r: &Request) -> Result<(), (u32, String)> {
+        fn fail(errno: u32, msg: &str) -> Result<(), (u32, String)> {
+            Err((errno, msg.to_string()))
+        }
+        if r.flags & !FLAGS_KNOWN != 0 {
+            return fail(EINVAL, "unknown command flags");
+        }
+        let writes = matches!(r.ty, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+        match r.ty {
+            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {}
+            CMD_FLUSH => return Ok(()),
+            _ => return fail(EINVAL, "unknown command"),
+        }
+        if writes && self.dev.read_only() {
+            return fail(EPERM, "the export is read-only");
+        }
+        if r.ty == CMD_BLOCK_STATUS && !self.base_allocation {
+            return fail(EINVAL, "no metadata context was negotiated");
+        }
+        if r.len == 0 {
+            return fail(EINVAL, "zero-length request");
+        }
+        if matches!(r.ty, CMD_READ | CMD_WRITE) && r.len > self.max_request {
+            return fail(EOVERFLOW, "request longer than the maximum block size");
+        }
+        check_range(r.offset, r.len as u64, self.dev.size_bytes())
+            .map_err(|e| (EINVAL, e.to_string()))
+    }
+
+    /// Wait until the in-flight budget has room for a request of `cost`
+    /// bytes, then charge it. A lone request is always admitted.
+    fn admit(&self, cost: u64, shared: &Shared) {
+        let max_requests = shared.opts.max_inflight_requests;
+        let max_bytes = shared.opts.max_inflight_bytes;
+        let mut q = self.queue.lock();
+        while q.inflight > 0 && (q.inflight >= max_requests || q.inflight_bytes + cost > max_bytes)
+        {
+            self.room.wait(&mut q);
+        }
+        q.inflight += 1;
+        q.inflight_bytes += cost;
+    }
+
+    /// Release what [`admit`](Self::admit) charged.
+    fn finished(&self, cost: u64) {
+        let mut q = self.queue.lock();
+        q.inflight -= 1;
+        q.inflight_bytes -= cost;
+        drop(q);
+        self.room.notify_one();
+    }
+
+    /// Queue a job; true if no idle worker will pick it up.
+    fn push(&self, job: Job) -> bool {
+        let mut q = self.queue.lock();
+        q.jobs.push_back(job);
+        let short = q.jobs.len() > q.idle;
+        drop(q);
+        self.work.notify_one();
+        short
+    }
+
+    fn pop(&self) -> Option<Job> {
+        let mut q = self.queue.lock();
+        loop {
+            if let Some(job) = q.jobs.pop_front() {
+                return Some(job);
+            }
+            if q.closed {
+                return None;
+            }
+            q.idle += 1;
+            self.work.wait(&mut q);
+            q.idle -= 1;
+        }
+    }
+
+    fn work_loop(&self) {
+        while let Some(job) = self.pop() {
+            let Job { req, payload, cost } = job;
+            if !self.broken.load(Ordering::Relaxed) {
+                let run = catch_unwind(AssertUnwindSafe(|| self.execute(&req, payload)));
+                match run {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => self.mark_broken(&e),
+                    Err(_) => {
+                        tracing::error!("NBD: the device panicked serving a request");
+                        if let Err(e) = self.reply_error(&req, EIO, "internal error") {
+                            self.mark_broken(&e);
+                        }
+                    }
+                }
+            }
+            self.finished(cost);
+        }
+    }
+
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        let mut b = {
+            let mut p = self.pool.lock();
+            let b = p.free.pop().unwrap_or_default();
+            p.bytes -= b.len();
+            b
+        };
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        b
+    }
+
+    fn recycle(&self, b: Vec<u8>) {
+        if b.is_empty() {
+            return;
+        }
+        let mut p = self.pool.lock();
+        if p.bytes + b.len() <= POOL_KEEP_BYTES {
+            p.bytes += b.len();
+            p.free.push(b);
+        }
+    }
+
+    /// Write one whole reply.
+    fn send(&self, buf: &[u8]) -> io::Result<()> {
+        self.out.lock().write_all(buf)
+    }
+
+    fn mark_broken(&self, e: &io::Error) {
+        if !self.broken.swap(true, Ordering::Relaxed) {
+            tracing::debug!("NBD: cannot write a reply, dropping the connection: {e}");
+            // Wake the reader, which may be blocked on the socket.
+            let _ = self.out.lock().shutdown_stream(Shutdown::Both);
+        }
+    }
+
+    fn reply_ok(&self, req: &Request) -> io::Result<()> {
+        let mut b = [0u8; SIMPLE_REPLY_BYTES];
+        simple_reply(&mut b, 0, req.cookie);
+        self.send(&b)
+    }
+
+    /// An error reply: an ERROR chunk with a message once structured
+    /// replies are on (required for READ, preferred for the rest).
+    fn reply_error(&self, req: &Request, errno: u32, msg: &str) -> io::Result<()> {
+        if !self.structured {
+            let mut b = [0u8; SIMPLE_REPLY_BYTES];
+            simple_reply(&mut b, errno, req.cookie);
+            return self.send(&b);
+        }
+        let msg = truncate_utf8(msg, ERROR_MESSAGE_MAX).as_bytes();
+        let mut b = vec![0u8; CHUNK_HEADER_BYTES + 6 + msg.len()];
+        chunk_header(
+            &mut b,
+            CHUNK_DONE,
+            CHUNK_ERROR,
+            req.cookie,
+            6 + msg.len() as u32,
+        );
+        b[20..24].copy_from_slice(&errno.to_be_bytes());
+        b[24..26].copy_from_slice(&(msg.len() as u16).to_be_bytes());
+        b[26..].copy_from_slice(msg);
+        self.send(&b)
+    }
+
+    fn reply_result(&self, req: &Request, r: Result<(), BlockError>) -> io::Result<()> {
+        match r {
+            Ok(()) => self.reply_ok(req),
+            Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
+        }
+    }
+
+    /// Run a validated request and send its reply. `Err` only when the
+    /// reply could not be written.
+    fn execute(&self, req: &Request, payload: Vec<u8>) -> io::Result<()> {
+        let dev = &*self.dev;
+        let fua = req.flags & FLAG_FUA != 0;
+        let len = req.len as usize;
+        match req.ty {
+            CMD_READ => self.read(req),
+            CMD_WRITE => {
+                let r = dev.write_at(&payload[..len], req.offset, fua);
+                self.recycle(payload);
+                self.reply_result(req, r)
+            }
+            CMD_FLUSH => self.reply_result(req, dev.flush()),
+            CMD_TRIM => {
+                let r = dev.unmap(req.offset, req.len as u64).and_then(|()| {
+                    if fua {
+                        dev.flush()
+                    } else {
+                        Ok(())
+                    }
+                });
+                self.reply_result(req, r)
+            }
+            CMD_WRITE_ZEROES => {
+                let opts = ZeroOptions {
+                    may_unmap: req.flags & FLAG_NO_HOLE == 0,
+                    fast_only: req.flags & FLAG_FAST_ZERO != 0,
+                    fua,
+                };
+                self.reply_result(req, dev.write_zeroes(req.offset, req.len as u64, opts))
+            }
+            CMD_CACHE => self.reply_ok(req),
+            CMD_BLOCK_STATUS => match dev.block_status(req.offset, req.len as u64) {
+                Ok(extents) => self.block_status(req, &extents),
+                Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
+            },
+            // validate() let nothing else through.
+            _ => self.reply_error(req, EINVAL, "unknown command"),
+        }
+    }
+
+    /// READ: the device fills the reply buffer right after the header, and
+    /// the whole reply goes out in one write.
+    fn read(&self, req: &Request) -> io::Result<()> {
+        if self.structured
+            && req.flags & FLAG_DF == 0
+            && req.len >= HOLE_CHECK_MIN
+            && self.reads_as_zeros(req.offset, req.len)
+        {
+            let mut b = [0u8; CHUNK_HEADER_BYTES + 12];
+            chunk_header(&mut b, CHUNK_DONE, CHUNK_OFFSET_HOLE, req.cookie, 12);
+            b[20..28].copy_from_slice(&req.offset.to_be_bytes());
+            b[28..32].copy_from_slice(&req.len.to_be_bytes());
+            return self.send(&b);
+        }
+        let head = if self.structured {
+            DATA_CHUNK_HEADER_BYTES
+        } else {
+            SIMPLE_REPLY_BYTES
+        };
+        let total = head + req.len as usize;
+        let mut b = self.take_buffer(total);
+        let result = match self.dev.read_at(&mut b[head..total], req.offset) {
+            Ok(()) => {
+                if self.structured {
+                    chunk_header(
+                        &mut b,
+                        CHUNK_DONE,
+                        CHUNK_OFFSET_DATA,
+                        req.cookie,
+                        8 + req.len,
+                    );
+                    b[CHUNK_HEADER_BYTES..head].copy_from_slice(&req.offset.to_be_bytes());
+                } else {
+                    simple_reply(&mut b, 0, req.cookie);
+                }
+                self.send(&b[..total])
+            }
+            Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
+        };
+        self.recycle(b);
+        result
+    }
+
+    /// Whether block status says the whole range reads as zeros.
+    fn reads_as_zeros(&self, offset: u64, len: u32) -> bool {
+        let Ok(extents) = self.dev.block_status(offset, len as u64) else {
+            return false;
+        };
+        let mut zeros = 0u64;
+        for x in extents.iter().take_while(|x| x.zero) {
+            zeros += x.len_bytes;
+        }
+        zeros >= len as u64
+    }
+
+    /// One BLOCK_STATUS chunk for `base:allocation`: neighbouring extents
+    /// with equal flags merged, nothing past the requested range, one
+    /// descriptor only with REQ_ONE.
+    fn block_status(&self, req: &Request, extents: &[Extent]) -> io::Result<()> {
+        let mut descs: Vec<(u32, u32)> = Vec::with_capacity(extents.len().min(1024));
+        let mut left = req.len as u64;
+        for x in extents {
+            if left == 0 {
+                break;
+            }
+            let len = x.len_bytes.min(left);
+            if len == 0 {
+                continue;
+            }
+            left -= len;
+            let flags = if x.hole { STATE_HOLE } else { 0 } | if x.zero { STATE_ZERO } else { 0 };
+            // `len` fits: the total never exceeds the u32 request length.
+            match descs.last_mut() {
+                Some(last) if last.1 == flags => last.0 += len as u32,
+                _ => {
+                    let one = req.flags & FLAG_REQ_ONE != 0;
+                    if (one && !descs.is_empty()) || descs.len() >= DESCRIPTORS_MAX {
+                        break;
+                    }
+                    descs.push((len as u32, flags));
+                }
+            }
+        }
+        if descs.is_empty() {
+            return self.reply_error(req, EIO, "the device reported no extent");
+        }
+        let payload = 4 + 8 * descs.len();
+        let mut b = Vec::with_capacity(CHUNK_HEADER_BYTES + payload);
+        b.resize(CHUNK_HEADER_BYTES, 0);
+        chunk_header(
+            &mut b,
+            CHUNK_DONE,
+            CHUNK_BLOCK_STATUS,
+            req.cookie,
+            payload as u32,
+        );
+        b.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        for (len, flags) in descs {
+            b.extend_from_slice(&len.to_be_bytes());
+            b.extend_from_slice(&flags.to_be_bytes());
+        }
+        self.send(&b)
+    }
+}
