@@ -218,21 +218,43 @@ fn check_reports_damage_and_corrupt_metadata_gets_a_clear_error() {
     s.ok(&["create", "vm", "--size", "4M"]);
     // Allocate data through a full clone of a disk with data: zero-filled
     // eager disk gives mapped grains without needing a client.
-    s.ok(&["create", "ezt", "--size", "1M", "--type", "eagerzeroedthick"]);
+    s.ok(&[
+        "create",
+        "ezt",
+        "--size",
+        "1M",
+        "--type",
+        "eagerzeroedthick",
+    ]);
     assert_eq!(s.json(&["check"])["errors"].as_array().unwrap().len(), 0);
     // Raise one grain's reference count behind strata's back: a leak.
-    let refs = std::fs::OpenOptions::new().read(true).write(true).open(s.path().join("refcount.data")).unwrap();
+    let refs = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(s.path().join("refcount.data"))
+        .unwrap();
     let mut b = [0u8; 4096];
     refs.read_at(&mut b, 0).unwrap();
-    let g = (1..1024).find(|&g| u32::from_le_bytes(b[g * 4..g * 4 + 4].try_into().unwrap()) == 1).unwrap();
+    let g = (1..1024)
+        .find(|&g| u32::from_le_bytes(b[g * 4..g * 4 + 4].try_into().unwrap()) == 1)
+        .unwrap();
     refs.write_at(&7u32.to_le_bytes(), (g * 4) as u64).unwrap();
     drop(refs);
     let o = s.cmd(&["check"]);
-    assert!(!o.status.success(), "check must fail on a damaged datastore");
+    assert!(
+        !o.status.success(),
+        "check must fail on a damaged datastore"
+    );
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains(&format!("grain {g}: count 7 but 1 references (leaked)")), "{out}");
+    assert!(
+        out.contains(&format!("grain {g}: count 7 but 1 references (leaked)")),
+        "{out}"
+    );
     // Both superblock slots damaged: a clear error, nothing panics.
-    let sb = std::fs::OpenOptions::new().write(true).open(s.path().join("strata.super")).unwrap();
+    let sb = std::fs::OpenOptions::new()
+        .write(true)
+        .open(s.path().join("strata.super"))
+        .unwrap();
     sb.write_at(&[0xffu8; 64], 32).unwrap();
     sb.write_at(&[0xffu8; 64], 4096 + 32).unwrap();
     drop(sb);

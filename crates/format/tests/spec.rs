@@ -3,18 +3,26 @@
 use strata_format::{super_off, tag, SUPER_HEADER_BYTES};
 
 fn spec() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/FORMAT.md")).expect("docs/FORMAT.md")
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/FORMAT.md"))
+        .expect("docs/FORMAT.md")
 }
 
 /// Rows `| a | b | c | ... |` of the table that follows `heading`.
 fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
-    let start = doc.find(heading).unwrap_or_else(|| panic!("FORMAT.md lacks '{heading}'"));
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("FORMAT.md lacks '{heading}'"));
     doc[start..]
         .lines()
         .skip_while(|l| !l.starts_with('|'))
         .take_while(|l| l.starts_with('|'))
         .skip(2)
-        .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
         .collect()
 }
 
@@ -23,7 +31,10 @@ fn superblock_table_matches_constants() {
     let doc = spec();
     let rows = table(&doc, "## 2. Superblock");
     let find = |field: &str| -> (usize, usize) {
-        let r = rows.iter().find(|r| r[2] == field).unwrap_or_else(|| panic!("no row for {field}"));
+        let r = rows
+            .iter()
+            .find(|r| r[2] == field)
+            .unwrap_or_else(|| panic!("no row for {field}"));
         (r[0].parse().unwrap(), r[1].parse().unwrap())
     };
     for (field, off, size) in [
@@ -47,7 +58,11 @@ fn superblock_table_matches_constants() {
         assert_eq!(find(field), (off, size), "superblock field {field}");
     }
     // The table covers exactly the header: the last row ends at header_bytes.
-    let end = rows.iter().map(|r| r[0].parse::<u32>().unwrap() + r[1].parse::<u32>().unwrap()).max().unwrap();
+    let end = rows
+        .iter()
+        .map(|r| r[0].parse::<u32>().unwrap() + r[1].parse::<u32>().unwrap())
+        .max()
+        .unwrap();
     assert_eq!(end, SUPER_HEADER_BYTES);
 }
 
@@ -56,7 +71,11 @@ fn record_tags_match_constants() {
     let doc = spec();
     let rows = table(&doc, "Records: a one-byte tag");
     let tag_of = |name: &str| -> u8 {
-        rows.iter().find(|r| r[1] == name).unwrap_or_else(|| panic!("no record {name}"))[0].parse().unwrap()
+        rows.iter()
+            .find(|r| r[1] == name)
+            .unwrap_or_else(|| panic!("no record {name}"))[0]
+            .parse()
+            .unwrap()
     };
     assert_eq!(tag_of("PAGE_IMAGE"), tag::PAGE_IMAGE);
     assert_eq!(tag_of("PAGE_ZERO"), tag::PAGE_ZERO);
@@ -70,10 +89,16 @@ fn record_tags_match_constants() {
 fn batch_header_table_matches_encoder() {
     let doc = spec();
     let rows = table(&doc, "as one **batch**");
-    let offsets: Vec<(usize, usize)> = rows.iter().filter_map(|r| Some((r[0].parse().ok()?, r[1].parse().ok()?))).collect();
+    let offsets: Vec<(usize, usize)> = rows
+        .iter()
+        .filter_map(|r| Some((r[0].parse().ok()?, r[1].parse().ok()?)))
+        .collect();
     assert_eq!(offsets, [(0, 4), (4, 4), (8, 8), (16, 8), (24, 4), (28, 4)]);
     let b = strata_format::encode_batch(0x1122, 0x33, b"xy");
-    assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()), strata_format::BATCH_MAGIC);
+    assert_eq!(
+        u32::from_le_bytes(b[0..4].try_into().unwrap()),
+        strata_format::BATCH_MAGIC
+    );
     assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 0x1122);
     assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), 0x33);
     assert_eq!(u32::from_le_bytes(b[24..28].try_into().unwrap()), 2);
