@@ -300,7 +300,14 @@ def main():
     try:
         for c in cases:
             print(f"== {c}", flush=True)
-            results["cases"][c] = CASES[c](work, a.quick)
+            case_dir = os.path.join(work, c)
+            os.makedirs(case_dir, exist_ok=True)
+            try:
+                results["cases"][c] = CASES[c](case_dir, a.quick)
+            finally:
+                # Each case's images go before the next: the full run needs
+                # 64 GiB for the RSS case alone.
+                shutil.rmtree(case_dir, ignore_errors=True)
             print(json.dumps(results["cases"][c], indent=2), flush=True)
     finally:
         if not a.workdir:
