@@ -1,0 +1,111 @@
+//! The recording [`BlockDevice`] wrapper.
+
+use std::sync::Arc;
+
+use strata_block::{BlockDevice, BlockResult, Extent, ZeroOptions};
+
+use crate::disk::{DiskStats, Op};
+
+/// A [`BlockDevice`] that forwards every call to `inner` and records it in
+/// `stats`.
+///
+/// Give each client connection its own `StatsDevice` over the same inner
+/// device and the same `Arc<DiskStats>`: the statistics are per disk.
+/// `size_bytes`, `read_only` and `preferred_block_bytes` are forwarded
+/// without being recorded.
+pub struct StatsDevice {
+    inner: Arc<dyn BlockDevice>,
+    stats: Arc<DiskStats>,
+}
+
+impl StatsDevice {
+    pub fn new(inner: Arc<dyn BlockDevice>, stats: Arc<DiskStats>) -> Self {
+        Self { inner, stats }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
+        &self.inner
+    }
+
+    /// Where the calls are recorded.
+    pub fn stats(&self) -> &Arc<DiskStats> {
+        &self.stats
+    }
+
+    #[inline]
+    fn record<T>(
+        &self,
+        op: Op,
+        offset_bytes: u64,
+        len_bytes: u64,
+        call: impl FnOnce(&dyn BlockDevice) -> BlockResult<T>,
+    ) -> BlockResult<T> {
+        let command = self.stats.begin(op, offset_bytes, len_bytes);
+        let result = call(&*self.inner);
+        command.finish(result.is_ok());
+        result
+    }
+}
+
+impl std::fmt::Debug for StatsDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsDevice")
+            .field("size_bytes", &self.inner.size_bytes())
+            .field("in_flight", &self.stats.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockDevice for StatsDevice {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()> {
+        self.record(Op::Read, offset_bytes, buf.len() as u64, |d| {
+            d.read_at(buf, offset_bytes)
+        })
+    }
+
+    fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
+        self.record(Op::Write, offset_bytes, buf.len() as u64, |d| {
+            d.write_at(buf, offset_bytes, fua)
+        })
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        self.record(Op::Flush, 0, 0, |d| d.flush())
+    }
+
+    fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
+        self.record(Op::Unmap, offset_bytes, len_bytes, |d| {
+            d.unmap(offset_bytes, len_bytes)
+        })
+    }
+
+    fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        opts: ZeroOptions,
+    ) -> BlockResult<()> {
+        self.record(Op::WriteZeroes, offset_bytes, len_bytes, |d| {
+            d.write_zeroes(offset_bytes, len_bytes, opts)
+        })
+    }
+
+    fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {
+        self.record(Op::BlockStatus, offset_bytes, len_bytes, |d| {
+            d.block_status(offset_bytes, len_bytes)
+        })
+    }
+
+    fn preferred_block_bytes(&self) -> u32 {
+        self.inner.preferred_block_bytes()
+    }
+}

@@ -1,0 +1,90 @@
+//! Name → statistics map for every disk a process serves.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::disk::DiskStats;
+use crate::snapshot::StatsSnapshot;
+
+/// Maps a disk or export name to its [`DiskStats`].
+///
+/// The lock is taken only when a connection looks its disk up and when
+/// statistics are listed, reset or removed; never per I/O.
+#[derive(Debug, Default)]
+pub struct StatsRegistry {
+    disks: RwLock<BTreeMap<String, Arc<DiskStats>>>,
+}
+
+impl StatsRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The statistics of `name`, created empty on first use.
+    pub fn get_or_create(&self, name: &str) -> Arc<DiskStats> {
+        if let Some(stats) = self.disks.read().get(name) {
+            return Arc::clone(stats);
+        }
+        Arc::clone(
+            self.disks
+                .write()
+                .entry(name.to_string())
+                .or_insert_with(|| Arc::new(DiskStats::new())),
+        )
+    }
+
+    /// The statistics of `name`, if it has any.
+    pub fn get(&self, name: &str) -> Option<Arc<DiskStats>> {
+        self.disks.read().get(name).cloned()
+    }
+
+    /// Every name, sorted.
+    pub fn list(&self) -> Vec<String> {
+        self.disks.read().keys().cloned().collect()
+    }
+
+    /// A snapshot of `name`, if it has statistics.
+    pub fn snapshot(&self, name: &str) -> Option<StatsSnapshot> {
+        self.get(name).map(|s| s.snapshot())
+    }
+
+    /// A snapshot of every disk, sorted by name.
+    pub fn snapshot_all(&self) -> Vec<(String, StatsSnapshot)> {
+        let disks: Vec<(String, Arc<DiskStats>)> = self
+            .disks
+            .read()
+            .iter()
+            .map(|(name, stats)| (name.clone(), Arc::clone(stats)))
+            .collect();
+        disks
+            .into_iter()
+            .map(|(name, stats)| (name, stats.snapshot()))
+            .collect()
+    }
+
+    /// Zero the statistics of `name`; false if it has none.
+    pub fn reset(&self, name: &str) -> bool {
+        match self.get(name) {
+            Some(stats) => {
+                stats.reset();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Zero the statistics of every disk.
+    pub fn reset_all(&self) {
+        for stats in self.disks.read().values() {
+            stats.reset();
+        }
+    }
+
+    /// Forget `name`. Devices still holding its `Arc<DiskStats>` keep
+    /// recording into it, unseen; a later `get_or_create` starts afresh.
+    pub fn remove(&self, name: &str) -> Option<Arc<DiskStats>> {
+        self.disks.write().remove(name)
+    }
+}

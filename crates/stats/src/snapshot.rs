@@ -1,0 +1,138 @@
+//! Serializable point-in-time copies of a disk's statistics.
+
+use serde::{Deserialize, Serialize};
+
+use crate::disk::Op;
+use crate::histogram::HistogramSnapshot;
+
+/// Totals for one kind of command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpCounters {
+    /// Commands completed (failed ones included).
+    pub commands: u64,
+    /// Bytes requested by the commands begun (failed ones included); 0 for
+    /// flush and block_status.
+    pub bytes: u64,
+    /// Commands that returned an error.
+    pub errors: u64,
+}
+
+/// A histogram kept for reads and for writes, and their combination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadWriteHistograms {
+    pub read: HistogramSnapshot,
+    pub write: HistogramSnapshot,
+    /// `read` + `write`.
+    pub all: HistogramSnapshot,
+}
+
+impl ReadWriteHistograms {
+    pub(crate) fn new(read: HistogramSnapshot, write: HistogramSnapshot) -> Self {
+        let mut all = read.clone();
+        all.absorb(&write);
+        Self { read, write, all }
+    }
+
+    /// The histogram of `op`, for read and write.
+    pub fn get(&self, op: Op) -> Option<&HistogramSnapshot> {
+        match op {
+            Op::Read => Some(&self.read),
+            Op::Write => Some(&self.write),
+            _ => None,
+        }
+    }
+}
+
+/// Latency histograms, one per [`Op`] and their combination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyHistograms {
+    pub read: HistogramSnapshot,
+    pub write: HistogramSnapshot,
+    pub flush: HistogramSnapshot,
+    pub unmap: HistogramSnapshot,
+    pub write_zeroes: HistogramSnapshot,
+    pub block_status: HistogramSnapshot,
+    /// Every command of every op.
+    pub all: HistogramSnapshot,
+}
+
+impl LatencyHistograms {
+    /// From one snapshot per op, in [`Op::ALL`] order.
+    pub(crate) fn from_ops(per_op: Vec<HistogramSnapshot>) -> Self {
+        let mut all = per_op[0].clone();
+        for h in &per_op[1..] {
+            all.absorb(h);
+        }
+        let mut it = per_op.into_iter();
+        let mut next = || it.next().expect("one latency histogram per op");
+        Self {
+            read: next(),
+            write: next(),
+            flush: next(),
+            unmap: next(),
+            write_zeroes: next(),
+            block_status: next(),
+            all,
+        }
+    }
+
+    /// The latency histogram of `op`.
+    pub fn get(&self, op: Op) -> &HistogramSnapshot {
+        match op {
+            Op::Read => &self.read,
+            Op::Write => &self.write,
+            Op::Flush => &self.flush,
+            Op::Unmap => &self.unmap,
+            Op::WriteZeroes => &self.write_zeroes,
+            Op::BlockStatus => &self.block_status,
+        }
+    }
+}
+
+/// Everything a [`crate::DiskStats`] holds, as plain data. Serializes to the
+/// JSON shape used by `--json` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// Nanoseconds since the statistics were created or last reset.
+    pub elapsed_ns: u64,
+    /// Commands in progress when the snapshot was taken.
+    pub in_flight: u64,
+    pub read: OpCounters,
+    pub write: OpCounters,
+    pub flush: OpCounters,
+    pub unmap: OpCounters,
+    pub write_zeroes: OpCounters,
+    pub block_status: OpCounters,
+    /// Errors over every op.
+    pub errors: u64,
+    /// Request length in bytes.
+    pub io_length: ReadWriteHistograms,
+    /// Signed distance in sectors from the end of the previous read or
+    /// write to the start of this one.
+    pub seek_distance: ReadWriteHistograms,
+    /// Time from arrival to completion.
+    pub latency: LatencyHistograms,
+    /// Commands outstanding at arrival, the arriving one included.
+    pub outstanding: HistogramSnapshot,
+    /// Time between consecutive command arrivals.
+    pub interarrival: HistogramSnapshot,
+}
+
+impl StatsSnapshot {
+    /// The counters of `op`.
+    pub fn counters(&self, op: Op) -> &OpCounters {
+        match op {
+            Op::Read => &self.read,
+            Op::Write => &self.write,
+            Op::Flush => &self.flush,
+            Op::Unmap => &self.unmap,
+            Op::WriteZeroes => &self.write_zeroes,
+            Op::BlockStatus => &self.block_status,
+        }
+    }
+
+    /// Commands completed over every op.
+    pub fn total_commands(&self) -> u64 {
+        Op::ALL.iter().map(|&op| self.counters(op).commands).sum()
+    }
+}

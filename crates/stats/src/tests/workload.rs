@@ -1,0 +1,321 @@
+//! Known workloads through a StatsDevice give known statistics.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::thread;
+
+use strata_block::{BlockDevice, ErrorKind, ZeroOptions};
+
+use super::{sequential_writes, stats_over_mem, MemDisk};
+use crate::{DiskStats, HistogramSnapshot, Op, StatsDevice};
+
+fn nonzero_buckets(h: &HistogramSnapshot) -> BTreeMap<String, u64> {
+    h.buckets
+        .iter()
+        .filter(|b| b.count > 0)
+        .map(|b| (b.label.clone(), b.count))
+        .collect()
+}
+
+#[test]
+fn sequential_4k_writes_fill_the_4096_bucket_and_seek_0_after_the_first() {
+    let (stats, dev) = stats_over_mem(8 << 20);
+    sequential_writes(&dev);
+    let s = stats.snapshot();
+
+    assert_eq!(s.write.commands, 1000);
+    assert_eq!(s.write.bytes, 4_096_000);
+    assert_eq!(s.write.errors, 0);
+    assert_eq!(s.read.commands, 0);
+    assert_eq!(s.errors, 0);
+    assert_eq!(s.in_flight, 0);
+
+    let len = &s.io_length.write;
+    assert_eq!(
+        nonzero_buckets(len),
+        BTreeMap::from([("<=4096".into(), 1000)])
+    );
+    assert_eq!(len.bucket_count(Some(4096)), Some(1000));
+    assert_eq!(len.count, 1000);
+    assert_eq!(len.sum, 4_096_000);
+    assert_eq!(s.io_length.all, s.io_length.write);
+    assert_eq!(s.io_length.read.count, 0);
+
+    // The first write has no predecessor and records no seek.
+    let seek = &s.seek_distance.write;
+    assert_eq!(nonzero_buckets(seek), BTreeMap::from([("<=0".into(), 999)]));
+    assert_eq!(seek.sum, 0);
+    assert_eq!(s.seek_distance.all, s.seek_distance.write);
+
+    assert_eq!(s.latency.write.count, 1000);
+    assert_eq!(s.latency.all.count, 1000);
+    assert_eq!(s.latency.read.count, 0);
+    assert!(s.latency.write.sum > 0, "latency sum is kept in ns");
+
+    // One connection, one command at a time.
+    assert_eq!(
+        nonzero_buckets(&s.outstanding),
+        BTreeMap::from([("<=1".into(), 1000)])
+    );
+    assert_eq!(s.outstanding.sum, 1000);
+    assert_eq!(s.interarrival.count, 999);
+}
+
+#[test]
+fn descending_512b_reads_give_negative_seeks_in_the_right_buckets() {
+    let (stats, dev) = stats_over_mem(16 << 20);
+    // Each read is one sector and starts `step` sectors below the previous
+    // one, so its seek distance is -(step + 1).
+    let steps_and_buckets: [(u64, &str); 6] = [
+        (0, "<=-1"),
+        (1, "<=-2"),
+        (5, "<=-6"),
+        (7, "<=-8"),
+        (200, "<=-128"),
+        (1000, "<=-1000"),
+    ];
+    let mut sector = 32_000u64;
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut expected_sum = 0i128;
+    let mut buf = [0u8; 512];
+    dev.read_at(&mut buf, sector * 512).unwrap();
+    for i in 0..99 {
+        let (step, bucket) = steps_and_buckets[i % steps_and_buckets.len()];
+        sector -= step;
+        dev.read_at(&mut buf, sector * 512).unwrap();
+        *expected.entry(bucket.to_string()).or_default() += 1;
+        expected_sum -= step as i128 + 1;
+    }
+    let s = stats.snapshot();
+
+    assert_eq!(s.read.commands, 100);
+    assert_eq!(s.read.bytes, 100 * 512);
+    assert_eq!(
+        nonzero_buckets(&s.io_length.read),
+        BTreeMap::from([("<=512".into(), 100)])
+    );
+    assert_eq!(expected["<=-1"], 17);
+    assert_eq!(expected["<=-1000"], 16);
+    assert_eq!(nonzero_buckets(&s.seek_distance.read), expected);
+    assert_eq!(s.seek_distance.read.count, 99);
+    assert_eq!(s.seek_distance.read.sum, expected_sum);
+    assert_eq!(s.seek_distance.write.count, 0);
+    assert_eq!(s.seek_distance.all, s.seek_distance.read);
+}
+
+#[test]
+fn connections_sharing_one_disk_continue_one_seek_chain() {
+    let stats = Arc::new(DiskStats::new());
+    let disk: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
+    let a = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+    let b = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+
+    a.write_at(&[1; 4096], 0, false).unwrap(); // sectors 0..8, no seek
+    b.write_at(&[2; 4096], 4096, false).unwrap(); // starts at 8: seek 0
+    let mut buf = [0u8; 1024];
+    a.read_at(&mut buf, 4096 + 4096 + 512).unwrap(); // starts at 17: seek +1
+    b.read_at(&mut buf, 0).unwrap(); // previous ended at 19: seek -19
+
+    let s = stats.snapshot();
+    assert_eq!(s.write.commands, 2);
+    assert_eq!(s.read.commands, 2);
+    assert_eq!(
+        nonzero_buckets(&s.seek_distance.write),
+        BTreeMap::from([("<=0".into(), 1)])
+    );
+    assert_eq!(
+        nonzero_buckets(&s.seek_distance.read),
+        BTreeMap::from([("<=1".into(), 1), ("<=-16".into(), 1)])
+    );
+    assert_eq!(s.seek_distance.all.count, 3);
+    assert_eq!(s.seek_distance.all.sum, -18);
+    assert_eq!(s.interarrival.count, 3);
+    // The data went through to the shared disk.
+    let mut check = [0u8; 4096];
+    disk.read_at(&mut check, 4096).unwrap();
+    assert_eq!(check, [2; 4096]);
+}
+
+#[test]
+fn other_commands_are_counted_and_do_not_move_the_seek_position() {
+    let (stats, dev) = stats_over_mem(1 << 20);
+    dev.write_at(&[7; 4096], 0, true).unwrap(); // ends at sector 8
+    dev.unmap(65536, 8192).unwrap();
+    dev.write_zeroes(131072, 4096, ZeroOptions::default())
+        .unwrap();
+    dev.flush().unwrap();
+    let extents = dev.block_status(0, 4096).unwrap();
+    assert_eq!(extents.len(), 1);
+    dev.write_at(&[7; 4096], 4096, false).unwrap(); // starts at 8: seek 0
+
+    let s = stats.snapshot();
+    assert_eq!(s.write.commands, 2);
+    assert_eq!(s.write.bytes, 8192);
+    assert_eq!(s.unmap.commands, 1);
+    assert_eq!(s.unmap.bytes, 8192);
+    assert_eq!(s.write_zeroes.commands, 1);
+    assert_eq!(s.write_zeroes.bytes, 4096);
+    assert_eq!(s.flush.commands, 1);
+    assert_eq!(s.flush.bytes, 0);
+    assert_eq!(s.block_status.commands, 1);
+    assert_eq!(s.block_status.bytes, 0);
+    assert_eq!(s.total_commands(), 6);
+    assert_eq!(
+        nonzero_buckets(&s.seek_distance.write),
+        BTreeMap::from([("<=0".into(), 1)])
+    );
+    // Lengths are kept for reads and writes only.
+    assert_eq!(s.io_length.all.count, 2);
+    // Latency, outstanding and interarrival see every command.
+    for op in Op::ALL {
+        let expected = if op == Op::Write {
+            2
+        } else {
+            u64::from(op != Op::Read)
+        };
+        assert_eq!(s.latency.get(op).count, expected, "{}", op.name());
+        assert_eq!(s.counters(op).commands, expected, "{}", op.name());
+    }
+    assert_eq!(s.latency.all.count, 6);
+    assert_eq!(s.outstanding.count, 6);
+    assert_eq!(s.interarrival.count, 5);
+}
+
+#[test]
+fn errors_are_counted_per_op_and_the_command_still_recorded() {
+    let (stats, dev) = stats_over_mem(1 << 20);
+    let mut buf = [0u8; 4096];
+    let err = dev.read_at(&mut buf, 1 << 20).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutOfRange);
+    let fast = ZeroOptions {
+        fast_only: true,
+        ..ZeroOptions::default()
+    };
+    let err = dev.write_zeroes(0, 4096, fast).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::NotSupported);
+    dev.read_at(&mut buf, 0).unwrap();
+
+    let s = stats.snapshot();
+    assert_eq!(s.read.commands, 2);
+    assert_eq!(s.read.errors, 1);
+    assert_eq!(s.read.bytes, 8192);
+    assert_eq!(s.write_zeroes.commands, 1);
+    assert_eq!(s.write_zeroes.errors, 1);
+    assert_eq!(s.errors, 2);
+    assert_eq!(s.io_length.read.count, 2);
+}
+
+#[test]
+fn a_panicking_device_leaves_an_error_and_no_command_in_flight() {
+    let stats = Arc::new(DiskStats::new());
+    let dev = StatsDevice::new(
+        Arc::new(MemDisk::new(4096).panicking_on_read()),
+        Arc::clone(&stats),
+    );
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut buf = [0u8; 512];
+        dev.read_at(&mut buf, 0)
+    }));
+    assert!(result.is_err());
+    let s = stats.snapshot();
+    assert_eq!(s.read.commands, 1);
+    assert_eq!(s.read.errors, 1);
+    assert_eq!(s.in_flight, 0);
+    assert_eq!(stats.in_flight(), 0);
+}
+
+#[test]
+fn concurrent_commands_show_up_as_outstanding() {
+    let stats = Arc::new(DiskStats::new());
+    // Each read waits inside the device until both are in flight.
+    let disk: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20).with_read_barrier(2));
+    let handles: Vec<_> = (0..2u64)
+        .map(|i| {
+            let dev = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+            thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                dev.read_at(&mut buf, i * 65536).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = stats.snapshot();
+    assert_eq!(
+        nonzero_buckets(&s.outstanding),
+        BTreeMap::from([("<=1".into(), 1), ("<=2".into(), 1)])
+    );
+    assert_eq!(s.outstanding.sum, 3);
+    assert_eq!(s.read.commands, 2);
+    assert_eq!(s.in_flight, 0);
+    assert_eq!(s.seek_distance.read.count, 1);
+}
+
+#[test]
+fn reset_zeroes_everything_and_forgets_the_previous_command() {
+    let (stats, dev) = stats_over_mem(8 << 20);
+    sequential_writes(&dev);
+    let mut buf = [0u8; 4096];
+    dev.read_at(&mut buf, 1 << 20).unwrap();
+    dev.read_at(&mut buf, 8 << 20).unwrap_err();
+    dev.unmap(0, 4096).unwrap();
+    dev.write_zeroes(0, 4096, ZeroOptions::default()).unwrap();
+    dev.flush().unwrap();
+    dev.block_status(0, 4096).unwrap();
+    assert!(stats.snapshot().total_commands() > 1000);
+
+    stats.reset();
+    let mut after = stats.snapshot();
+    let mut fresh = DiskStats::new().snapshot();
+    after.elapsed_ns = 0;
+    fresh.elapsed_ns = 0;
+    assert_eq!(after, fresh);
+    assert_eq!(after.total_commands(), 0);
+    assert_eq!(after.errors, 0);
+    for h in [
+        &after.latency.all,
+        &after.io_length.all,
+        &after.seek_distance.all,
+    ] {
+        assert_eq!(h.count, 0);
+        assert_eq!(h.sum, 0);
+        assert!(h.buckets.iter().all(|b| b.count == 0));
+    }
+
+    // The first command after a reset has no predecessor.
+    dev.write_at(&buf, 4096, false).unwrap();
+    let s = stats.snapshot();
+    assert_eq!(s.write.commands, 1);
+    assert_eq!(s.seek_distance.all.count, 0);
+    assert_eq!(s.interarrival.count, 0);
+}
+
+#[test]
+fn a_command_running_across_a_reset_still_balances_in_flight() {
+    let stats = DiskStats::new();
+    let command = stats.begin(Op::Read, 0, 4096);
+    assert_eq!(stats.in_flight(), 1);
+    stats.reset();
+    assert_eq!(stats.in_flight(), 1);
+    command.finish(true);
+    assert_eq!(stats.in_flight(), 0);
+    assert_eq!(stats.snapshot().read.commands, 1);
+}
+
+#[test]
+fn the_wrapper_forwards_data_and_device_properties() {
+    let (_stats, dev) = stats_over_mem(1 << 20);
+    assert_eq!(dev.size_bytes(), 1 << 20);
+    assert!(!dev.read_only());
+    assert_eq!(dev.preferred_block_bytes(), 512);
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    dev.write_at(&data, 512 * 3, false).unwrap();
+    let mut back = vec![0u8; 8192];
+    dev.read_at(&mut back, 512 * 3).unwrap();
+    assert_eq!(back, data);
+    dev.unmap(512 * 3, 512).unwrap();
+    dev.read_at(&mut back, 512 * 3).unwrap();
+    assert!(back[..512].iter().all(|&b| b == 0));
+    assert_eq!(back[512..], data[512..]);
+}
