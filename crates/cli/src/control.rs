@@ -16,7 +16,7 @@ use std::thread;
 use serde_json::{json, Value};
 use strata_engine::{Datastore, Error, ErrorKind};
 
-use crate::ops::{execute, Request};
+use crate::ops::{execute, Ctx, Request};
 
 /// Longest request line accepted.
 const REQUEST_BYTES_MAX: u64 = 1 << 20;
@@ -53,6 +53,7 @@ fn kind_from(s: &str) -> ErrorKind {
 pub fn spawn_server(
     listener: UnixListener,
     ds: Datastore,
+    stats: Arc<strata_stats::StatsRegistry>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
@@ -64,15 +65,24 @@ pub fn spawn_server(
                 }
                 let Ok(conn) = conn else { continue };
                 let ds = ds.clone();
+                let stats = stats.clone();
                 let _ = thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(conn, &ds));
+                    .spawn(move || {
+                        handle(
+                            conn,
+                            &Ctx {
+                                ds: &ds,
+                                stats: Some(&stats),
+                            },
+                        )
+                    });
             }
         })
         .expect("spawn control thread")
 }
 
-fn handle(conn: UnixStream, ds: &Datastore) {
+fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
     let mut out = match conn.try_clone() {
         Ok(c) => c,
         Err(_) => return,
@@ -94,7 +104,7 @@ fn handle(conn: UnixStream, ds: &Datastore) {
                     let _ = writeln!(out, "{}", json!({"progress": [done, total]}));
                 }
             };
-            match execute(ds, &req, &mut progress) {
+            match execute(ctx, &req, &mut progress) {
                 Ok(v) => json!({ "ok": v }),
                 Err(e) => json!({"error": {"kind": kind_name(e.kind), "message": e.message}}),
             }

@@ -108,6 +108,19 @@ enum Cmd {
     },
     /// Verify reference counts, ownership and accounting; non-zero exit on problems
     Check(JsonFlag),
+    /// I/O statistics of a served disk (vscsiStats histograms), from the running server
+    Stats {
+        /// Disk or DISK@SNAP export (default: every export with statistics)
+        disk: Option<String>,
+        /// Zero the statistics after reading them
+        #[arg(long)]
+        reset: bool,
+        /// Redraw every second until interrupted
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP)
     Serve(serve::ServeArgs),
 }
@@ -256,6 +269,30 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             }
         }
         Cmd::Check(j) => (Request::Check, j.json),
+        Cmd::Stats {
+            disk,
+            reset,
+            watch,
+            json,
+        } => {
+            let req = Request::Stats {
+                disk: disk.clone(),
+                reset: *reset,
+            };
+            if *watch {
+                loop {
+                    let v = dispatch(dir, cli.cache, &req)?;
+                    print!("\x1b[2J\x1b[H");
+                    if json.json {
+                        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                    } else {
+                        print_human(&req, &v);
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+            (req, json.json)
+        }
     };
     let value = dispatch(dir, cli.cache, &req)?;
     if json {
@@ -328,7 +365,14 @@ fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Value, Error> {
     let r = match ops::try_lock(dir)? {
         LockOutcome::Locked(lock) => {
             let ds = ops::open_local(dir, lock, cache)?;
-            let r = ops::execute(&ds, req, &mut progress);
+            let r = ops::execute(
+                &ops::Ctx {
+                    ds: &ds,
+                    stats: None,
+                },
+                req,
+                &mut progress,
+            );
             ds.close()?;
             r
         }
@@ -452,6 +496,7 @@ fn print_human(req: &Request, v: &Value) {
             println!("deleted snapshot {disk}@{snapshot}")
         }
         Request::SnapshotList { .. } => print_tree(v),
+        Request::Stats { .. } => print_stats(v),
         Request::Check => {
             let errors = v["errors"].as_array().cloned().unwrap_or_default();
             println!(
@@ -474,6 +519,20 @@ fn print_human(req: &Request, v: &Value) {
                     println!("  {}", s(&e));
                 }
             }
+        }
+    }
+}
+
+fn print_stats(v: &Value) {
+    let Some(map) = v.as_object() else { return };
+    if map.is_empty() {
+        println!("no statistics yet: no client has used a disk since the server started");
+    }
+    for (disk, snap) in map {
+        println!("=== {disk}");
+        match serde_json::from_value::<strata_stats::StatsSnapshot>(snap.clone()) {
+            Ok(s) => print!("{}", strata_stats::render_text(&s)),
+            Err(e) => println!("(unreadable statistics: {e})"),
         }
     }
 }

@@ -59,6 +59,11 @@ pub enum Request {
         provisioning: Provisioning,
     },
     Check,
+    /// I/O statistics of one export (or all), optionally reset after reading.
+    Stats {
+        disk: Option<String>,
+        reset: bool,
+    },
 }
 
 impl Request {
@@ -80,11 +85,20 @@ fn to_value<T: Serialize>(v: T) -> Value {
 }
 
 /// Run one request against an open datastore.
+/// What a request runs against: the datastore and, inside a server, the
+/// I/O statistics of its exports.
+pub struct Ctx<'a> {
+    pub ds: &'a Datastore,
+    pub stats: Option<&'a strata_stats::StatsRegistry>,
+}
+
+/// Run one request.
 pub fn execute(
-    ds: &Datastore,
+    ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Value, Error> {
+    let ds = ctx.ds;
     Ok(match req {
         Request::Status => to_value(ds.info()),
         Request::List => to_value(ds.list_disks()),
@@ -120,6 +134,32 @@ pub fn execute(
             provisioning,
         } => to_value(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => to_value(ds.check()?),
+        Request::Stats { disk, reset } => {
+            let Some(reg) = ctx.stats else {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
+                ));
+            };
+            let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
+                Some(d) => {
+                    ds.open_disk(d)?; // a clear error for a name that does not exist
+                    let snap = reg.get_or_create(d).snapshot();
+                    if *reset {
+                        reg.reset(d);
+                    }
+                    vec![(d.clone(), snap)]
+                }
+                None => {
+                    let all = reg.snapshot_all();
+                    if *reset {
+                        reg.reset_all();
+                    }
+                    all
+                }
+            };
+            serde_json::from_str(&strata_stats::render_json(&snaps)).expect("stats JSON")
+        }
     })
 }
 

@@ -13,6 +13,7 @@ use clap::Args;
 use strata_block::BlockDevice;
 use strata_engine::{Datastore, Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
+use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 
 use crate::control;
 use crate::ops::{self, LockOutcome};
@@ -25,6 +26,12 @@ pub struct ServeArgs {
     /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
     #[arg(long)]
     nbd_tcp: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
+    #[arg(long)]
+    http: Option<String>,
+    /// Do not collect per-disk I/O statistics
+    #[arg(long)]
+    no_stats: bool,
     /// Create the datastore first if the directory has none
     #[arg(long)]
     init: bool,
@@ -32,6 +39,7 @@ pub struct ServeArgs {
 
 struct Exports {
     ds: Datastore,
+    stats: Option<Arc<StatsRegistry>>,
 }
 
 impl ExportProvider for Exports {
@@ -44,11 +52,100 @@ impl ExportProvider for Exports {
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        self.ds
+        let dev = self
+            .ds
             .open_disk(name)
             .map(|h| h as Arc<dyn BlockDevice>)
-            .map_err(|e| e.message)
+            .map_err(|e| e.message)?;
+        Ok(match &self.stats {
+            // Every connection to the same export shares one set of statistics.
+            Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),
+            None => dev,
+        })
     }
+}
+
+/// Answer `GET /metrics` with Prometheus text until the server is unblocked.
+fn serve_http(server: &tiny_http::Server, ds: &Datastore, reg: &StatsRegistry) {
+    for req in server.incoming_requests() {
+        let resp = if req.url() == "/metrics" && *req.method() == tiny_http::Method::Get {
+            let body = strata_stats::render_prometheus(&reg.snapshot_all(), &gauges(ds));
+            let ct = tiny_http::Header::from_bytes(
+                &b"Content-Type"[..],
+                &b"text/plain; version=0.0.4"[..],
+            )
+            .expect("static header");
+            tiny_http::Response::from_string(body).with_header(ct)
+        } else {
+            tiny_http::Response::from_string("not found: try /metrics\n").with_status_code(404)
+        };
+        let _ = req.respond(resp);
+    }
+}
+
+/// Datastore and per-disk space figures as Prometheus gauges.
+fn gauges(ds: &Datastore) -> Vec<Gauge> {
+    let i = ds.info();
+    let mut g = vec![
+        Gauge::new(
+            "strata_datastore_capacity_bytes",
+            "Bytes the datastore may hold",
+            i.capacity_bytes as f64,
+        ),
+        Gauge::new(
+            "strata_datastore_used_bytes",
+            "Bytes held by data and map nodes",
+            i.used_bytes as f64,
+        ),
+        Gauge::new(
+            "strata_datastore_reserved_bytes",
+            "Bytes reserved by thick disks and not yet written",
+            i.reserved_bytes as f64,
+        ),
+        Gauge::new(
+            "strata_datastore_provisioned_bytes",
+            "Sum of the virtual sizes of all disks",
+            i.provisioned_bytes as f64,
+        ),
+        Gauge::new(
+            "strata_datastore_overcommit_ratio",
+            "Provisioned bytes over capacity",
+            if i.capacity_bytes == 0 {
+                0.0
+            } else {
+                i.provisioned_bytes as f64 / i.capacity_bytes as f64
+            },
+        ),
+    ];
+    for d in ds.list_disks() {
+        let p = d.provisioning.as_str();
+        g.push(
+            Gauge::new(
+                "strata_disk_size_bytes",
+                "Virtual size of the disk",
+                d.size_bytes as f64,
+            )
+            .label("disk", d.name.clone())
+            .label("provisioning", p),
+        );
+        g.push(
+            Gauge::new(
+                "strata_disk_allocated_bytes",
+                "Bytes mapped in the disk's live state",
+                d.allocated_bytes as f64,
+            )
+            .label("disk", d.name.clone()),
+        );
+        g.push(
+            Gauge::new(
+                "strata_disk_snapshots",
+                "Snapshots of the disk",
+                d.snapshots as f64,
+            )
+            .label("disk", d.name.clone()),
+        );
+    }
+    g
 }
 
 /// Remove a leftover socket file; refuse to touch anything that is not a socket.
@@ -121,10 +218,15 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let _ = std::fs::remove_file(&ctl_path);
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
-    let ctl_thread = control::spawn_server(ctl, ds.clone(), stop.clone());
+    let registry = Arc::new(StatsRegistry::new());
+    let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), stop.clone());
 
+    let stats = (!args.no_stats).then(|| registry.clone());
     let server = NbdServer::new(
-        Arc::new(Exports { ds: ds.clone() }),
+        Arc::new(Exports {
+            ds: ds.clone(),
+            stats,
+        }),
         ServerOptions::default(),
     );
     let names: Vec<String> = ds.export_names().into_iter().map(|(n, _)| n).collect();
@@ -151,6 +253,23 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         println!("  NBD on tcp {addr}");
         println!("    e.g. nbdinfo nbd://{addr}/{example}");
     }
+    let http = match &args.http {
+        Some(a) => {
+            let h = tiny_http::Server::http(a.as_str())
+                .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?;
+            let h = Arc::new(h);
+            if let Some(addr) = h.server_addr().to_ip() {
+                println!("  metrics on http://{addr}/metrics");
+            }
+            let (hh, ds2, reg2) = (h.clone(), ds.clone(), registry.clone());
+            let t = std::thread::Builder::new()
+                .name("http".into())
+                .spawn(move || serve_http(&hh, &ds2, &reg2))
+                .map_err(|e| io_err("spawn http thread", e))?;
+            Some((h, t))
+        }
+        None => None,
+    };
     if names.is_empty() {
         println!(
             "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
@@ -169,6 +288,10 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     }
     eprintln!("strata: shutting down");
     server.shutdown();
+    if let Some((h, t)) = http {
+        h.unblock();
+        let _ = t.join();
+    }
     // Wake the control thread so it sees the stop flag.
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();

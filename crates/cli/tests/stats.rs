@@ -1,0 +1,185 @@
+//! Per-disk I/O statistics through the real server: a known fio workload
+//! gives the expected vscsiStats histograms, and /metrics parses as
+//! Prometheus text with a real parser.
+
+mod common;
+use common::*;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+fn bucket(h: &serde_json::Value, le: i64) -> u64 {
+    h["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["le"] == le)
+        .unwrap_or_else(|| panic!("no bucket <= {le} in {h}"))["count"]
+        .as_u64()
+        .unwrap()
+}
+
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
+    if !have("fio") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "disk", "--size", "64M"]);
+    s.ok(&["create", "idle", "--size", "1M", "--type", "zeroedthick"]);
+    // Without a server there are no statistics, and the CLI says why.
+    assert!(s.fails(&["stats", "disk"]).contains("running server"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _ = std::fs::remove_file(s.sock());
+    let child = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args(["serve", "--nbd-unix"])
+        .arg(s.sock())
+        .args(["--http", &addr])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let srv = Server { child: Some(child) };
+    wait_for(&s.sock());
+    wait_for(&s.path().join("control.sock"));
+
+    // 1000 sequential 4 KiB writes, one at a time so their order is exact.
+    let uri = format!("--uri={}", s.uri("disk"));
+    run_ok(
+        "fio",
+        &[
+            "--name=seq",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=write",
+            "--bs=4k",
+            "--size=4000k",
+            "--iodepth=1",
+        ],
+    );
+    let v = s.json(&["stats", "disk"]);
+    let d = &v["disk"];
+    assert_eq!(d["write"]["commands"], 1000, "{d}");
+    assert_eq!(d["write"]["bytes"], 4096000);
+    assert_eq!(bucket(&d["io_length"]["write"], 4096), 1000);
+    assert_eq!(bucket(&d["io_length"]["write"], 4095), 0);
+    assert_eq!(d["io_length"]["read"]["count"], 0);
+    // Every write after the first starts where the previous one ended.
+    assert_eq!(bucket(&d["seek_distance"]["write"], 0), 999);
+    assert_eq!(d["seek_distance"]["write"]["count"], 999);
+    assert_eq!(d["latency"]["write"]["count"], 1000);
+
+    // Random 4 KiB reads land in the read histograms, with seeks both ways.
+    run_ok(
+        "fio",
+        &[
+            "--name=rr",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randread",
+            "--bs=4k",
+            "--size=4000k",
+            "--iodepth=1",
+            "--number_ios=200",
+        ],
+    );
+    let d = s.json(&["stats", "disk", "--reset"])["disk"].clone();
+    assert_eq!(bucket(&d["io_length"]["read"], 4096), 200);
+    let seeks = d["seek_distance"]["read"]["buckets"].as_array().unwrap();
+    let neg: u64 = seeks
+        .iter()
+        .filter(|b| b["le"].as_i64().is_some_and(|le| le < 0))
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    let pos: u64 = seeks
+        .iter()
+        .filter(|b| b["le"].as_i64().is_none_or(|le| le > 0))
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert!(
+        neg > 20 && pos > 20,
+        "random reads seek both ways: {neg} back, {pos} forward"
+    );
+    // --reset zeroed them.
+    assert_eq!(s.json(&["stats", "disk"])["disk"]["read"]["commands"], 0);
+    assert!(s
+        .fails(&["stats", "ghost"])
+        .contains("no disk named 'ghost'"));
+    let text = s.ok(&["stats"]);
+    assert!(
+        text.contains("=== disk") && text.contains("Seek distance"),
+        "{text}"
+    );
+
+    // Prometheus text, read by a real parser.
+    let (head, body) = http_get(&addr, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
+    let sample = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no sample {name} {label:?}"));
+        match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{name} is not a plain value"),
+        }
+    };
+    assert_eq!(
+        sample("strata_disk_commands_total", Some(("disk", "disk"))) as u64,
+        0,
+        "read counter after reset"
+    );
+    assert_eq!(
+        sample("strata_datastore_provisioned_bytes", None) as u64,
+        (64 << 20) + (1 << 20)
+    );
+    assert_eq!(
+        sample("strata_datastore_reserved_bytes", None) as u64,
+        1 << 20
+    );
+    assert_eq!(
+        sample("strata_disk_size_bytes", Some(("disk", "idle"))) as u64,
+        1 << 20
+    );
+    assert!(sample("strata_datastore_capacity_bytes", None) > 0.0);
+    let hist = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "strata_disk_latency_seconds");
+    assert!(hist.is_some(), "latency histogram family missing");
+    let (head, _) = http_get(&addr, "/nope");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    srv.stop();
+}
