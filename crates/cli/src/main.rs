@@ -464,6 +464,12 @@ fn print_human(req: &Request, v: &Value) {
                 u(&v["disks"]),
                 u(&v["snapshots"])
             );
+            if u(&v["reclaiming"]) > 0 {
+                println!(
+                    "reclaiming:   space of {} deleted snapshots or disks",
+                    u(&v["reclaiming"])
+                );
+            }
         }
         Request::List => {
             println!(

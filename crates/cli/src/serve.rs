@@ -207,6 +207,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         }
     };
     let ds = ops::open_local(dir, lock, cache)?;
+    ds.start_reclaimer();
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

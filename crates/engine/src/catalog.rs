@@ -109,6 +109,10 @@ pub struct Catalog {
     pub disks: Vec<DiskRec>,
     pub snapshots: Vec<SnapshotRec>,
     pub versions: Vec<VersionRec>,
+    /// Versions dropped (deleted snapshots, removed disks, reverted-away
+    /// states) whose grains are still being given back, oldest first.
+    #[serde(default)]
+    pub orphans: Vec<u64>,
 }
 
 impl Catalog {

@@ -33,6 +33,8 @@ use crate::meta::Meta;
 
 /// Checkpoint when the log passes this many bytes.
 pub const LOG_BYTES_MAX: u64 = 64 << 20;
+/// Work per reclaim step (grains; a whole leaf counts 512).
+pub const RECLAIM_STEP_GRAINS: u64 = 4096;
 /// Commit once the in-memory log buffer holds this much, flush or not.
 pub const LOG_BUFFER_BYTES_MAX: usize = 8 << 20;
 /// Default metadata cache budget.
@@ -102,6 +104,8 @@ pub struct DatastoreInfo {
     pub disks: usize,
     pub snapshots: usize,
     pub metadata_cache_bytes: u64,
+    /// Deleted snapshots and disks whose space is still being given back.
+    pub reclaiming: usize,
 }
 
 pub(crate) struct CommitState {
@@ -125,6 +129,9 @@ pub(crate) struct Inner {
     /// Set after a storage error: writes are refused until reopened.
     failed: AtomicBool,
     capacity_cache: Mutex<(Option<Instant>, u64)>,
+    /// Background reclaimer of orphaned maps, when started.
+    reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    reclaim_stop: AtomicBool,
     /// Configured capacity (0 = the file system's); fixed while open.
     configured_capacity_bytes: u64,
     _lock: Option<File>,
@@ -312,6 +319,18 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether freeing in progress could make room (pending frees, orphans).
+    pub fn space_to_come(&self) -> bool {
+        let m = self.meta.lock();
+        m.pending_len() > 0 || m.orphans() > 0
+    }
+
+    /// Reclaim a bounded amount and commit, so freed grains are allocatable.
+    pub fn make_space(&self) -> Result<()> {
+        self.meta.lock().reclaim(64 * RECLAIM_STEP_GRAINS)?;
+        self.commit(false)
+    }
+
     /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
     pub fn lock_stripes(
         &self,
@@ -448,6 +467,8 @@ impl Datastore {
             failed: AtomicBool::new(false),
             capacity_cache: Mutex::new((None, 0)),
             configured_capacity_bytes: configured,
+            reclaimer: Mutex::new(None),
+            reclaim_stop: AtomicBool::new(false),
             _lock: lock,
         });
         if replayed > 0 {
@@ -459,9 +480,69 @@ impl Datastore {
         Ok(ds)
     }
 
-    /// Flush everything and checkpoint (clean shutdown).
+    /// Finish reclaiming, flush everything and checkpoint (clean shutdown).
     pub fn close(&self) -> Result<()> {
+        self.stop_reclaimer();
+        while self.reclaim(RECLAIM_STEP_GRAINS)? {
+            self.inner.commit(false)?;
+        }
         self.inner.commit(true)
+    }
+
+    /// Give back up to about `budget` grains of deleted snapshots and disks
+    /// (see `Meta::reclaim`). Returns whether work remains. Freed grains
+    /// become allocatable at the next commit.
+    pub fn reclaim(&self, budget: u64) -> Result<bool> {
+        self.inner.check_writable()?;
+        self.inner.meta.lock().reclaim(budget)
+    }
+
+    /// Reclaim in the background, a bounded step at a time, so deleting a
+    /// snapshot returns at once and I/O never waits long behind the freeing.
+    pub fn start_reclaimer(&self) {
+        let mut slot = self.inner.reclaimer.lock();
+        if slot.is_some() {
+            return;
+        }
+        self.inner.reclaim_stop.store(false, Ordering::Release);
+        let ds = self.clone();
+        *slot = Some(
+            std::thread::Builder::new()
+                .name("reclaim".into())
+                .spawn(move || {
+                    let mut steps = 0u32;
+                    while !ds.inner.reclaim_stop.load(Ordering::Acquire) {
+                        match ds.reclaim(RECLAIM_STEP_GRAINS) {
+                            Ok(true) => {
+                                steps += 1;
+                                if steps.is_multiple_of(64) {
+                                    let _ = ds.inner.commit(false);
+                                }
+                                std::thread::yield_now();
+                            }
+                            Ok(false) => {
+                                if steps > 0 {
+                                    let _ = ds.inner.commit(false);
+                                    steps = 0;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(50));
+                            }
+                            Err(e) => {
+                                tracing::error!("reclaiming stopped: {e}");
+                                break;
+                            }
+                        }
+                    }
+                })
+                .expect("spawn reclaimer"),
+        );
+    }
+
+    fn stop_reclaimer(&self) {
+        self.inner.reclaim_stop.store(true, Ordering::Release);
+        if let Some(h) = self.inner.reclaimer.lock().take() {
+            let _ = h.join();
+        }
     }
 
     /// Make every write so far durable.
@@ -489,6 +570,7 @@ impl Datastore {
             disks: m.catalog.disks.len(),
             snapshots: m.catalog.snapshots.len(),
             metadata_cache_bytes: m.cache.len() as u64 * 4096,
+            reclaiming: m.orphans(),
         }
     }
 

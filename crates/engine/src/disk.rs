@@ -306,10 +306,11 @@ impl DiskHandle {
             self.write_locked(buf, offset, prov)
         };
         match attempt() {
-            // Space freed by trims is reusable once their batch is durable:
-            // commit (outside the gate) and try once more before saying ENOSPC.
-            Err(e) if e.kind == ErrorKind::NoSpace && self.inner.meta.lock().pending_len() > 0 => {
-                self.inner.commit(false)?;
+            // Space freed by trims is reusable once their batch is durable,
+            // and deleted snapshots may still hold some: reclaim and commit
+            // (outside the gate), then try once more before saying ENOSPC.
+            Err(e) if e.kind == ErrorKind::NoSpace && self.inner.space_to_come() => {
+                self.inner.make_space()?;
                 attempt()?;
             }
             r => r?,

@@ -747,26 +747,110 @@ impl Meta {
         });
     }
 
-    /// Drop a version and every grain only it held.
+    /// Drop a version: O(1). Its map becomes an *orphan* whose grains are
+    /// given back in bounded steps by [`Self::reclaim`], so deleting a
+    /// snapshot never stalls I/O for a time that grows with its data.
     pub fn drop_version(&mut self, id: u64) -> Result<()> {
         let st = self.version(id)?;
-        self.versions.remove(&id);
-        self.dirty_versions.remove(&id);
         self.catalog_dirty = true;
-        if st.root != 0 {
-            self.decref(st.root, Some(st.levels - 1))?;
+        if st.root == 0 {
+            self.versions.remove(&id);
+            self.dirty_versions.remove(&id);
+        } else {
+            self.catalog.orphans.push(id);
         }
         Ok(())
     }
 
-    /// Make `dst` share `src`'s state (revert).
+    /// Make `dst` share `src`'s state (revert); dst's old map is orphaned.
     pub fn replace_version(&mut self, dst: u64, src: u64) -> Result<()> {
         let old = self.version(dst)?;
-        self.new_version_from(dst, src)?;
         if old.root != 0 {
-            self.decref(old.root, Some(old.levels - 1))?;
+            let orphan = self.catalog.alloc_id();
+            self.put_version(VersionState {
+                version: orphan,
+                ..old
+            });
+            self.catalog.orphans.push(orphan);
+            self.catalog_dirty = true;
         }
-        Ok(())
+        self.new_version_from(dst, src)
+    }
+
+    /// Versions still being reclaimed.
+    pub fn orphans(&self) -> usize {
+        self.catalog.orphans.len()
+    }
+
+    /// Give back grains of orphaned maps: at most about `budget` grains of
+    /// work (a whole leaf counts as 512). Returns whether work remains.
+    ///
+    /// Each step unlinks one child from an orphan node that only the orphan
+    /// holds (count 1), writing the unlink to the log, and drops the child's
+    /// reference: a shared child costs O(1), an exclusive leaf frees at most
+    /// 512 grains, an exclusive interior node is descended into. Crash-safe:
+    /// the orphan shrinks in place through ordinary log records, and the
+    /// orphan list is in the catalog, so reclaiming resumes after a restart.
+    pub fn reclaim(&mut self, mut budget: u64) -> Result<bool> {
+        while budget > 0 {
+            let Some(&id) = self.catalog.orphans.first() else {
+                return Ok(false);
+            };
+            let mut st = self.version(id)?;
+            if st.root == 0 {
+                self.versions.remove(&id);
+                self.dirty_versions.remove(&id);
+                self.catalog.orphans.remove(0);
+                self.catalog_dirty = true;
+                continue;
+            }
+            if self.ref_get(st.root)? > 1 {
+                self.decref(st.root, Some(st.levels - 1))?;
+                st.root = 0;
+                self.put_version(st);
+                budget = budget.saturating_sub(1);
+                continue;
+            }
+            // Descend through nodes only this orphan holds.
+            let mut parent: Option<(u64, usize)> = None;
+            let mut node = st.root;
+            let mut level = st.levels - 1;
+            loop {
+                let first = self.node(node)?.iter().position(|&e| e != 0);
+                let Some(i) = first else {
+                    // An empty node: unlink and free it.
+                    match parent {
+                        None => {
+                            st.root = 0;
+                            self.put_version(st);
+                        }
+                        Some((p, pi)) => {
+                            self.node_set(p, pi, 0)?;
+                        }
+                    }
+                    self.decref(node, Some(level))?;
+                    budget = budget.saturating_sub(1);
+                    break;
+                };
+                let child = self.node(node)?[i];
+                if level == 0 {
+                    self.node_set(node, i, 0)?;
+                    self.decref(child, None)?;
+                    budget = budget.saturating_sub(1);
+                    break;
+                }
+                if level == 1 || self.ref_get(child)? > 1 {
+                    self.node_set(node, i, 0)?;
+                    self.decref(child, Some(level - 1))?;
+                    budget = budget.saturating_sub(if level == 1 { MAP_FANOUT as u64 } else { 1 });
+                    break;
+                }
+                parent = Some((node, i));
+                node = child;
+                level -= 1;
+            }
+        }
+        Ok(!self.catalog.orphans.is_empty())
     }
 
     /// Deepen `ver`'s map so it addresses `grains` virtual grains.
@@ -868,7 +952,13 @@ impl Meta {
                     self.check_grain(grain, "log record")?;
                     let mut buf = vec![0u8; GRAIN_BYTES as usize];
                     self.pool.read_at(&mut buf, grain * GRAIN_BYTES)?;
-                    let e = decode_map_node(&buf)?;
+                    // No validation here: the grain may have been freed and
+                    // reused as data later in the log, in which case a later
+                    // REF_SET to 0 drops this page before it is ever used.
+                    let mut e = Box::new([0u64; MAP_FANOUT]);
+                    for (i, slot) in e.iter_mut().enumerate() {
+                        *slot = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8"));
+                    }
                     self.replay_pages.insert(grain, e);
                 }
                 self.replay_pages.get_mut(&grain).expect("inserted")[index as usize] = value;
@@ -902,6 +992,15 @@ impl Meta {
     /// After replay: cache the rebuilt nodes (dirty) and rebuild free space.
     pub fn finish_open(&mut self) -> Result<()> {
         for (g, e) in std::mem::take(&mut self.replay_pages) {
+            if let Some((i, v)) = e
+                .iter()
+                .enumerate()
+                .find(|(_, v)| **v & !strata_format::ENTRY_GRAIN_MASK != 0)
+            {
+                return Err(corrupt(format!(
+                    "map node at grain {g} after log replay: entry {i} has reserved bits set: {v:#x}"
+                )));
+            }
             self.cache.insert(PageKey::Map(g), PageData::Map(e), true);
         }
         let blocks = self.alloc.hwm / BLOCK_GRAINS;

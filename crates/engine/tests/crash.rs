@@ -128,9 +128,14 @@ fn one_run(seed: u64) {
                     o.write_at(&[0xEEu8; 4096], sector * 512, false).unwrap();
                     o.unmap(sector * 512, 4096).unwrap();
                 }
-                80..=89 => {
+                80..=86 => {
                     h.flush().unwrap();
                     m.flush();
+                }
+                87..=89 => {
+                    // Give back part of what deleted snapshots held: a crash
+                    // may land in the middle of reclaiming.
+                    ds.reclaim(rng.gen_range(1..3000)).unwrap();
                 }
                 90..=94 => {
                     // Snapshot commands commit: the snapshot holds the live state.

@@ -57,6 +57,9 @@ enum Op {
     },
     Flush,
     Reopen,
+    Reclaim {
+        budget: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -74,6 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => d.prop_map(|disk| Op::Remove { disk }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        2 => (1u64..2000).prop_map(|budget| Op::Reclaim { budget }),
     ]
 }
 
@@ -276,6 +280,9 @@ fn run(ops: Vec<Op>) {
                 model.snaps.remove(&name);
             }
             Op::Flush => ds.flush().unwrap(),
+            Op::Reclaim { budget } => {
+                ds.reclaim(budget).unwrap();
+            }
             Op::Reopen => {
                 ds.close().unwrap();
                 drop(ds);
