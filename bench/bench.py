@@ -261,6 +261,14 @@ def case_snaptime(work, q):
                 "linked_clone_ms": timed(lambda: s.cli("clone", f"{name}@s", f"{name}c")),
                 "snapshot_delete_ms": timed(lambda: s.cli("snapshot", "delete", name, "s")),
             }
+            # Consolidation: a snapshot whose every grain was overwritten since.
+            s.cli("snapshot", "create", name, "u")
+            fill(s.uri(name), f"{g}G")
+            out[f"{g}GiB"]["delete_unique_snapshot_ms"] = timed(lambda: s.cli("snapshot", "delete", name, "u"))
+            t = time.perf_counter()
+            while json.loads(s.cli("status", "--json"))["reclaiming"]:
+                time.sleep(0.05)
+            out[f"{g}GiB"]["background_reclaim_s"] = round(time.perf_counter() - t, 2)
     finally:
         s.stop()
     return out
