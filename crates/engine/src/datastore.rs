@@ -782,14 +782,14 @@ impl Datastore {
                 (s.version, true, Some(s.id))
             }
         };
-        Ok(Arc::new(DiskHandle::new(
-            self.inner.clone(),
-            d.id,
+        Ok(Arc::new(DiskHandle {
+            inner: self.inner.clone(),
+            disk_id: d.id,
             snapshot_id,
             version,
             read_only,
-            target.to_string(),
-        )))
+            name: target.to_string(),
+        }))
     }
 
     /// Every exportable name: disks and their snapshots as `DISK@SNAP`.

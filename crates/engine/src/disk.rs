@@ -24,13 +24,17 @@ const STATUS_GRAINS_MAX: u64 = 1 << 20;
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
 
+/// Built by `Datastore::open_disk` with named fields (three ids of the same
+/// type must not be swappable by position).
 pub struct DiskHandle {
-    inner: Arc<Inner>,
-    disk_id: u64,
-    snapshot_id: Option<u64>,
-    version: u64,
-    read_only: bool,
-    name: String,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) disk_id: u64,
+    /// The snapshot exported read-only, or None for the live disk.
+    pub(crate) snapshot_id: Option<u64>,
+    /// The version whose map this handle reads and writes.
+    pub(crate) version: u64,
+    pub(crate) read_only: bool,
+    pub(crate) name: String,
 }
 
 /// One grain's part of a write.
@@ -43,24 +47,6 @@ struct Piece {
 }
 
 impl DiskHandle {
-    pub(crate) fn new(
-        inner: Arc<Inner>,
-        disk_id: u64,
-        snapshot_id: Option<u64>,
-        version: u64,
-        read_only: bool,
-        name: String,
-    ) -> Self {
-        DiskHandle {
-            inner,
-            disk_id,
-            snapshot_id,
-            version,
-            read_only,
-            name,
-        }
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
