@@ -12,6 +12,10 @@ if [ ! -e "$DATASTORE/strata.super" ]; then
   "$STRATA" create disk0 --size 10G --type thin >/dev/null
   echo "created disk0 (10 GiB, thin) in $DATASTORE"
 fi
-echo "In another terminal, with STRATA_DATASTORE=$DATASTORE:"
-echo "  strata list | strata snapshot create disk0 snap1 | strata clone disk0@snap1 vm2"
+echo "In another terminal (commands reach the running server):"
+echo "  export STRATA_DATASTORE=$DATASTORE"
+echo "  $STRATA list"
+echo "  $STRATA snapshot create disk0 snap1"
+echo "  $STRATA clone disk0@snap1 vm2"
+echo "  $STRATA stats disk0 --watch"
 exec "$STRATA" serve --nbd-unix "$NBD_SOCK" --nbd-tcp "$NBD_TCP"
