@@ -72,7 +72,7 @@ fn concurrent_subgrain_writes_and_snapshots_lose_nothing() {
                     ds.snapshot_delete("d", &format!("s{}", n - 2)).unwrap();
                 }
                 ds.reclaim(500).unwrap();
-                if n % 5 == 0 {
+                if n.is_multiple_of(5) {
                     ds.flush().unwrap();
                 }
             }
