@@ -19,7 +19,7 @@ run: build
 
 ## Install what the tests need (qemu-img, qemu-nbd, fio, nbdinfo), then run every test.
 test: deps
-	STRATA_REQUIRE_TOOLS=1 STRATA_MODEL_CASES=2000 $(CARGO) test --workspace --all-targets --no-fail-fast
+	STRATA_REQUIRE_TOOLS=1 STRATA_MODEL_CASES=2000 STRATA_BENCH_QUICK=1 $(CARGO) test --workspace --all-targets --no-fail-fast
 
 deps:
 	@scripts/install-deps.sh

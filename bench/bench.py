@@ -15,6 +15,18 @@ Cases (issue #2 targets in brackets):
   snaptime    snapshot create / linked clone / snapshot delete time at two data sizes
   rss         server RSS after writing and reading a large disk         [<= 256 MiB at 64 GiB]
   stats       4k randread with per-disk statistics on vs --no-stats     [>= 0.98]
+
+Paper suites (figures, no targets; each cell also measured on the peer):
+  matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
+              thin, zeroedthick, eagerzeroedthick and delta disks, empty and
+              full, vs qemu-nbd raw (and qcow2 in full mode)
+  chain       4k randread/randwrite vs snapshot depth 0..N (quick 4, full 32),
+              then after deleting snapshots oldest first; vs a qcow2 backing chain
+  clone       strata clone --full time vs the source's snapshot count, vs
+              qemu-img convert -O qcow2 of a chain of the same depth
+
+Besides --out (JSON), every run writes results.md and SVG plots (chain.svg,
+clone.svg, matrix.svg) next to it; --render JSON redraws them from a file.
 """
 import argparse
 import json
@@ -25,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATA = os.environ.get("STRATA", os.path.join(ROOT, "target/release/strata"))
@@ -315,6 +329,284 @@ def case_stats(work, q):
             "ratio": ratio(a, b), "target": ">= 0.98"}
 
 
+# ---------------------------------------------------------------------------
+# Paper suites: the SEsparse Iometer matrix, snapshot-chain depth, full clones.
+# ---------------------------------------------------------------------------
+
+MATRIX_TYPES = ["thin", "zeroedthick", "eagerzeroedthick", "delta"]
+FIO_RW = {("seq", "read"): "read", ("seq", "write"): "write",
+          ("rand", "read"): "randread", ("rand", "write"): "randwrite"}
+
+
+def matrix_cells(q):
+    """Cell names, e.g. '4k_rand_read', in table order."""
+    bss = ["4k", "512k"] if q else ["4k", "64k", "512k"]
+    return [f"{bs}_{pat}_{op}" for bs in bss for pat in ("seq", "rand") for op in ("read", "write")]
+
+
+def run_cell(uri, cell, rt):
+    bs, pat, op = cell.split("_")
+    r = fio(uri, FIO_RW[(pat, op)], bs, iodepth=8 if bs == "512k" else 16, runtime=rt)
+    return {"iops": round(r["iops"], 1), "mib_s": round(r["bw_mib"], 1)}
+
+
+def _mkdisk(s, name, typ, size):
+    """A strata disk of one of MATRIX_TYPES; 'delta' is a filled thin disk after a snapshot."""
+    if typ == "delta":
+        s.cli("create", name, "--size", size, "--type", "thin")
+        fill(s.uri(name), size)
+        s.cli("snapshot", "create", name, "base")
+    else:
+        s.cli("create", name, "--size", size, "--type", typ)
+
+
+def matrix_strata(work, q, size, rt, cells):
+    out = {}
+    reads = [c for c in cells if c.endswith("_read")]
+    writes = [c for c in cells if c.endswith("_write")]
+    s = Strata(os.path.join(work, "strata")).start()
+    try:
+        n = 0
+        for typ in MATRIX_TYPES:
+            out[typ] = {"empty": {}, "full": {}}
+            # Empty: reads on one fresh disk, each write cell on its own fresh disk.
+            n += 1
+            _mkdisk(s, f"m{n}", typ, size)
+            for c in reads:
+                out[typ]["empty"][c] = run_cell(s.uri(f"m{n}"), c, rt)
+            s.cli("rm", f"m{n}")
+            for c in writes:
+                n += 1
+                _mkdisk(s, f"m{n}", typ, size)
+                out[typ]["empty"][c] = run_cell(s.uri(f"m{n}"), c, rt)
+                s.cli("rm", f"m{n}")
+            # Full: filled first (for delta: the delta itself filled too).
+            n += 1
+            _mkdisk(s, f"m{n}", typ, size)
+            fill(s.uri(f"m{n}"), size)
+            for c in cells:
+                out[typ]["full"][c] = run_cell(s.uri(f"m{n}"), c, rt)
+            s.cli("rm", f"m{n}")
+            print(f"   strata {typ} done", flush=True)
+    finally:
+        s.stop()
+    return out
+
+
+def matrix_peer(work, fmt, size, rt, cells):
+    d = os.path.join(work, fmt)
+    os.makedirs(d, exist_ok=True)
+    img = os.path.join(d, "disk." + fmt)
+    sock = os.path.join(d, "q.sock")
+
+    def fresh():
+        if os.path.exists(img):
+            os.unlink(img)
+        if fmt == "raw":
+            with open(img, "wb") as fh:
+                fh.truncate(_bytes(size))
+        else:
+            sh("qemu-img", "create", "-f", fmt, img, size)
+        return QemuNbd(img, fmt, sock).start()
+
+    out = {"empty": {}, "full": {}}
+    for c in cells:
+        qn = fresh()
+        try:
+            out["empty"][c] = run_cell(qn.uri(), c, rt)
+        finally:
+            qn.stop()
+    qn = fresh()
+    try:
+        fill(qn.uri(), size)
+        for c in cells:
+            out["full"][c] = run_cell(qn.uri(), c, rt)
+    finally:
+        qn.stop()
+        os.unlink(img)
+    print(f"   qemu-nbd {fmt} done", flush=True)
+    return out
+
+
+def case_matrix(work, q):
+    size = "256M" if q else "2G"
+    rt = 2 if q else 10
+    cells = matrix_cells(q)
+    peers = ["raw"] if q else ["raw", "qcow2"]
+    res = {"params": {"size": size, "runtime_s": rt, "cells": cells, "types": MATRIX_TYPES,
+                      "peers": peers, "iodepth": "16 (512k: 8)"}}
+    res["strata"] = matrix_strata(work, q, size, rt, cells)
+    res["peers"] = {p: matrix_peer(work, p, size, rt, cells) for p in peers}
+    # Ratio of each strata cell to the same cell/state on each peer (IOPS).
+    res["ratios"] = {p: {typ: {st: {c: ratio(res["strata"][typ][st][c]["iops"],
+                                           res["peers"][p][st][c]["iops"]) for c in cells}
+                               for st in ("empty", "full")} for typ in MATRIX_TYPES}
+                     for p in peers}
+    return res
+
+
+def _measure_rw(uri, rt):
+    r = fio(uri, "randread", "4k", runtime=rt)["iops"]
+    w = fio(uri, "randwrite", "4k", runtime=rt)["iops"]
+    return {"randread_iops": round(r, 1), "randwrite_iops": round(w, 1)}
+
+
+def _fio_write_slice(uri, off_mib, len_mib):
+    fio(uri, "write", "1M", iodepth=8, size=f"{len_mib}M", extra=[f"--offset={off_mib}M"])
+
+
+def _qcow_chain_step(d, prev, i, size):
+    """Create overlay c{i} on prev (or a fresh base if prev is None); returns its path."""
+    nxt = os.path.join(d, f"c{i}.qcow2")
+    if prev is None:
+        sh("qemu-img", "create", "-f", "qcow2", nxt, size)
+    else:
+        sh("qemu-img", "create", "-f", "qcow2", "-b", prev, "-F", "qcow2", nxt)
+    return nxt
+
+
+CHAIN_MAX = None  # --chain-max
+
+
+def chain_depths(q):
+    d = list(range(5)) if q else list(range(13)) + [16, 20, 24, 28, 32]
+    if CHAIN_MAX is not None:
+        d = [x for x in d if x <= CHAIN_MAX]
+    return d
+
+
+def case_chain(work, q):
+    size = "256M" if q else "2G"
+    rt = 2 if q else 5
+    depths = chain_depths(q)
+    maxd = depths[-1]
+    size_mib = _bytes(size) >> 20
+    sl = max(1, size_mib // max(maxd, 1))
+
+    def slice_off(n):
+        return ((n - 1) * sl) % size_mib
+
+    res = {"params": {"size": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
+                      "workload": "fio 4k randread then randwrite, iodepth 16, time-based"}}
+    # strata: one disk, snapshots on top of it.
+    grow, shrink = {}, {}
+    s = Strata(os.path.join(work, "strata")).start()
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), size)
+        grow[0] = _measure_rw(s.uri("d"), rt)
+        for n in range(1, maxd + 1):
+            s.cli("snapshot", "create", "d", f"s{n}")
+            _fio_write_slice(s.uri("d"), slice_off(n), sl)
+            if n in depths:
+                grow[n] = _measure_rw(s.uri("d"), rt)
+        print("   strata growing done", flush=True)
+        for n in range(1, maxd + 1):
+            ms = timed(lambda: s.cli("snapshot", "delete", "d", f"s{n}"))
+            left = maxd - n
+            if left in depths:
+                shrink[left] = dict(_measure_rw(s.uri("d"), rt), delete_ms=ms)
+        print("   strata deleting done", flush=True)
+    finally:
+        s.stop()
+    res["strata"] = {"growing": grow, "after_delete": shrink}
+    # qcow2: a backing chain of the same depth, the same slices overwritten.
+    d = os.path.join(work, "qcow2")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "q.sock")
+    qgrow, qshrink = {}, {}
+    chain = [_qcow_chain_step(d, None, 0, size)]
+    qn = QemuNbd(chain[-1], "qcow2", sock).start()
+    try:
+        fill(qn.uri(), size)
+        qgrow[0] = _measure_rw(qn.uri(), rt)
+    finally:
+        qn.stop()
+    for n in range(1, maxd + 1):
+        chain.append(_qcow_chain_step(d, chain[-1], n, size))
+        qn = QemuNbd(chain[-1], "qcow2", sock).start()
+        try:
+            _fio_write_slice(qn.uri(), slice_off(n), sl)
+            if n in depths:
+                qgrow[n] = _measure_rw(qn.uri(), rt)
+        finally:
+            qn.stop()
+    print("   qcow2 growing done", flush=True)
+    # Deleting the oldest snapshot of a qcow2 chain = committing the first
+    # overlay into the base and rebasing the next overlay onto the base
+    # (what blockcommit does offline); its time is recorded as delete_ms.
+    for n in range(1, maxd + 1):
+        base, victim = chain[0], chain[1]
+        nxt = chain[2] if len(chain) > 2 else None
+
+        def delete():
+            sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
+            if nxt:
+                sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
+        ms = timed(delete)
+        os.unlink(victim)
+        chain.pop(1)
+        left = maxd - n
+        if left in depths:
+            qn = QemuNbd(chain[-1], "qcow2", sock).start()
+            try:
+                qshrink[left] = dict(_measure_rw(qn.uri(), rt), delete_ms=ms)
+            finally:
+                qn.stop()
+    print("   qcow2 deleting done", flush=True)
+    res["qcow2"] = {"growing": qgrow, "after_delete": qshrink}
+    return res
+
+
+def case_clone(work, q):
+    size = "256M" if q else "1G"
+    counts = [0, 2, 4] if q else list(range(13))
+    maxk = counts[-1]
+    size_mib = _bytes(size) >> 20
+    sl = max(1, size_mib // max(maxk, 1))
+    res = {"params": {"size": size, "snapshot_counts": counts, "slice_mib": sl,
+                      "strata": "strata clone --full SRC NEW (thin), wall time of the CLI",
+                      "qcow2": "qemu-img convert -O qcow2 TOP new.qcow2"}}
+    st = {}
+    s = Strata(os.path.join(work, "strata")).start()
+    try:
+        s.cli("create", "src", "--size", size)
+        fill(s.uri("src"), size)
+        for k in range(maxk + 1):
+            if k > 0:
+                s.cli("snapshot", "create", "src", f"s{k}")
+                _fio_write_slice(s.uri("src"), ((k - 1) * sl) % size_mib, sl)
+            if k in counts:
+                st[k] = round(timed(lambda: s.cli("clone", "--full", "src", f"c{k}")) / 1000, 3)
+                s.cli("rm", f"c{k}")
+    finally:
+        s.stop()
+    d = os.path.join(work, "qcow2")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "q.sock")
+    qc = {}
+    chain = [_qcow_chain_step(d, None, 0, size)]
+    for k in range(maxk + 1):
+        if k > 0:
+            chain.append(_qcow_chain_step(d, chain[-1], k, size))
+        qn = QemuNbd(chain[-1], "qcow2", sock).start()
+        try:
+            if k == 0:
+                fill(qn.uri(), size)
+            else:
+                _fio_write_slice(qn.uri(), ((k - 1) * sl) % size_mib, sl)
+        finally:
+            qn.stop()
+        if k in counts:
+            out = os.path.join(d, "out.qcow2")
+            qc[k] = round(timed(lambda: sh("qemu-img", "convert", "-O", "qcow2", chain[-1], out)) / 1000, 3)
+            os.unlink(out)
+    res["strata_s"] = st
+    res["qcow2_s"] = qc
+    res["ratio_qcow2_over_strata"] = {k: ratio(qc[k], st[k]) for k in counts}
+    return res
+
+
 CASES = {
     "depth": lambda w, q: case_depth(w, q),
     "randwrite": lambda w, q: case_simple(w, q, "randwrite", "4k", False, ">= 1.0"),
@@ -323,7 +615,165 @@ CASES = {
     "snaptime": lambda w, q: case_snaptime(w, q),
     "rss": lambda w, q: case_rss(w, q),
     "stats": lambda w, q: case_stats(w, q),
+    "matrix": lambda w, q: case_matrix(w, q),
+    "chain": lambda w, q: case_chain(w, q),
+    "clone": lambda w, q: case_clone(w, q),
 }
+
+
+# ---------------------------------------------------------------------------
+# Reports: results.md (one table per case) and SVG plots next to results.json.
+# ---------------------------------------------------------------------------
+
+def _n(v, nd=0):
+    if v is None:
+        return "—"
+    if isinstance(v, (int, float)):
+        return f"{v:,.{nd}f}"
+    return str(v)
+
+
+def _flat(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _md_generic(name, data):
+    rows = ["| key | value |", "|---|---|"]
+    rows += [f"| {k} | {v} |" for k, v in _flat(data)]
+    return rows
+
+
+def _md_matrix(m):
+    cells, peers = m["params"]["cells"], m["params"]["peers"]
+    p = m["params"]
+    out = [f"Disk {p['size']}, {p['runtime_s']} s per cell, iodepth {p['iodepth']}. "
+           f"IOPS (MiB/s); ratio = strata IOPS / qemu-nbd {peers[0]} IOPS for the same cell and state."]
+    types = m["params"]["types"]
+    for st in ("empty", "full"):
+        out += ["", f"**{st}** disks — cells: IOPS (MiB/s) ×ratio", "",
+                "| cell | " + " | ".join(f"strata {t}" for t in types)
+                + " | " + " | ".join(f"qemu-nbd {p}" for p in peers) + " |",
+                "|---|" + "---|" * (len(types) + len(peers))]
+        for c in cells:
+            row = []
+            for typ in types:
+                v = m["strata"][typ][st][c]
+                row.append(f"{_n(v['iops'])} ({_n(v['mib_s'], 1)}) ×{_n(m['ratios'][peers[0]][typ][st][c], 2)}")
+            for peer in peers:
+                v = m["peers"][peer][st][c]
+                row.append(f"{_n(v['iops'])} ({_n(v['mib_s'], 1)})")
+            out.append(f"| {c.replace('_', ' ')} | " + " | ".join(row) + " |")
+    return out
+
+
+def _md_chain(c):
+    p = c["params"]
+    out = [f"Disk {p['size']}, {p['slice_mib']} MiB overwritten after each snapshot, "
+           f"{p['workload']}, {p['runtime_s']} s each.", "",
+           "Growing: N snapshots (strata) / N overlays above the base (qcow2).", "",
+           "| N | strata randread | qcow2 randread | ratio | strata randwrite | qcow2 randwrite | ratio |",
+           "|---|---|---|---|---|---|---|"]
+    for k in sorted(c["strata"]["growing"], key=int):
+        a, b = c["strata"]["growing"][k], c["qcow2"]["growing"].get(k, {})
+        out.append(f"| {k} | {_n(a['randread_iops'])} | {_n(b.get('randread_iops'))} | "
+                   f"{_n(ratio(a['randread_iops'], b.get('randread_iops') or 0), 2)} | "
+                   f"{_n(a['randwrite_iops'])} | {_n(b.get('randwrite_iops'))} | "
+                   f"{_n(ratio(a['randwrite_iops'], b.get('randwrite_iops') or 0), 2)} |")
+    out += ["", "After deleting the oldest snapshots one by one (N left). qcow2 delete = "
+            "`qemu-img commit` of the first overlay into the base + `qemu-img rebase -u` of the next.", "",
+            "| N left | strata delete ms | strata randread | strata randwrite | qcow2 delete ms | qcow2 randread | qcow2 randwrite |",
+            "|---|---|---|---|---|---|---|"]
+    for k in sorted(c["strata"]["after_delete"], key=int, reverse=True):
+        a, b = c["strata"]["after_delete"][k], c["qcow2"]["after_delete"].get(k, {})
+        out.append(f"| {k} | {_n(a['delete_ms'], 1)} | {_n(a['randread_iops'])} | {_n(a['randwrite_iops'])} | "
+                   f"{_n(b.get('delete_ms'), 1)} | {_n(b.get('randread_iops'))} | {_n(b.get('randwrite_iops'))} |")
+    return out
+
+
+def _md_clone(c):
+    p = c["params"]
+    out = [f"Source {p['size']}, filled; {p['slice_mib']} MiB overwritten after each snapshot. "
+           f"strata: `{p['strata']}`; qcow2: `{p['qcow2']}`.", "",
+           "| snapshots | strata s | qcow2 s | qcow2 / strata |", "|---|---|---|---|"]
+    for k in sorted(c["strata_s"], key=int):
+        out.append(f"| {k} | {_n(c['strata_s'][k], 3)} | {_n(c['qcow2_s'].get(k), 3)} | "
+                   f"{_n(c['ratio_qcow2_over_strata'].get(k), 2)} |")
+    return out
+
+
+def write_markdown(results, path):
+    lines = [f"# strata bench results ({'quick' if results.get('quick') else 'full'} mode)", "",
+             f"Machine: {results['machine']['cpus']} CPUs, `{results['machine']['uname']}`", ""]
+    special = {"matrix": _md_matrix, "chain": _md_chain, "clone": _md_clone}
+    for name, data in results["cases"].items():
+        lines += [f"## {name}", ""]
+        lines += special.get(name, lambda d: _md_generic(name, d))(data)
+        lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def write_plots(results, outdir):
+    import plot
+    cases, made = results["cases"], []
+    mode = "quick" if results.get("quick") else "full"
+    if "chain" in cases:
+        c = cases["chain"]
+
+        def pts(side, phase, key):
+            d = c[side][phase]
+            return [(int(k), d[k][key]) for k in sorted(d, key=int)]
+        panels = []
+        for phase, xl in (("growing", "snapshots / backing-chain depth N"),
+                          ("after_delete", "snapshots left after deleting oldest first")):
+            for key, lab in (("randread_iops", "4k random read"), ("randwrite_iops", "4k random write")):
+                panels.append({"title": f"{lab} — {phase.replace('_', ' ')}", "xlabel": xl,
+                               "ylabel": "IOPS", "series": [
+                                   {"name": "strata", "points": pts("strata", phase, key), "color": plot.PALETTE[0]},
+                                   {"name": "qemu-nbd qcow2 chain", "points": pts("qcow2", phase, key),
+                                    "color": plot.PALETTE[1], "dash": "6,3"}]})
+        plot.line_chart(os.path.join(outdir, "chain.svg"),
+                        f"IOPS vs snapshot depth ({c['params']['size']} disk, {mode} mode)", panels)
+        made.append("chain.svg")
+    if "clone" in cases:
+        c = cases["clone"]
+        series = [{"name": "strata clone --full", "points": [(int(k), v) for k, v in sorted(c["strata_s"].items(), key=lambda x: int(x[0]))]},
+                  {"name": "qemu-img convert -O qcow2 (chain top)", "dash": "6,3",
+                   "points": [(int(k), v) for k, v in sorted(c["qcow2_s"].items(), key=lambda x: int(x[0]))]}]
+        plot.line_chart(os.path.join(outdir, "clone.svg"),
+                        f"Full-clone time vs snapshot count ({c['params']['size']} source, {mode} mode)",
+                        [{"title": "wall time of the copy", "xlabel": "snapshots / chain depth of the source",
+                          "ylabel": "seconds", "series": series, "xticks": sorted(int(k) for k in c["strata_s"])}],
+                        cols=1, pw=640, ph=380)
+        made.append("clone.svg")
+    if "matrix" in cases:
+        m = cases["matrix"]
+        cells, peer = m["params"]["cells"], m["params"]["peers"][0]
+        rows, grid = [], []
+        for typ in m["params"]["types"]:
+            for st in ("empty", "full"):
+                rows.append(f"{typ} {st}")
+                grid.append([m["ratios"][peer][typ][st][c] for c in cells])
+        cols = [f"{c.split('_')[0]} {c.split('_')[1]}\n{c.split('_')[2]}" for c in cells]
+        plot.heat_table(os.path.join(outdir, "matrix.svg"),
+                        f"strata IOPS / qemu-nbd {peer} IOPS, per cell ({m['params']['size']}, {mode} mode)",
+                        rows, cols, grid,
+                        note="green: strata faster; red: slower. Rows: strata disk type and state; "
+                             f"the peer is a {peer} image in the same state.")
+        made.append("matrix.svg")
+    return made
+
+
+def render(results, out_json):
+    outdir = os.path.dirname(os.path.abspath(out_json))
+    results = json.loads(json.dumps(results))  # integer keys become strings, as on disk
+    write_markdown(results, os.path.join(outdir, "results.md"))
+    made = write_plots(results, outdir)
+    print(f"report: {os.path.join(outdir, 'results.md')} " + " ".join(made))
 
 
 def main():
@@ -332,7 +782,16 @@ def main():
     ap.add_argument("--only", help="comma-separated cases: " + ",".join(CASES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("--workdir", help="where to put datastores and images (default: a temp dir)")
+    ap.add_argument("--render", metavar="JSON",
+                    help="only rewrite results.md and the SVGs next to JSON from its contents")
+    ap.add_argument("--chain-max", type=int, help="chain: stop at this depth (default quick 4, full 32)")
     a = ap.parse_args()
+    global CHAIN_MAX
+    CHAIN_MAX = a.chain_max
+    if a.render:
+        with open(a.render) as f:
+            render(json.load(f), a.render)
+        return
     for tool in ("fio", "qemu-nbd", "qemu-img"):
         if not shutil.which(tool):
             sys.exit(f"bench: {tool} is missing (run scripts/install-deps.sh)")
@@ -360,6 +819,7 @@ def main():
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results in {a.out}")
+    render(results, a.out)
 
 
 if __name__ == "__main__":

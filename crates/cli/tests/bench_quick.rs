@@ -1,0 +1,121 @@
+//! The paper benchmark suites (`bench/bench.py --quick --only matrix,chain,clone`)
+//! run end to end against the test-built `strata`, and their JSON has every
+//! case and every cell. Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
+//! minutes and needs fio, qemu-img and qemu-nbd). No timing thresholds: only
+//! that each figure was measured.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn get<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    let mut cur = v;
+    for (i, k) in path.iter().enumerate() {
+        cur = cur
+            .get(*k)
+            .unwrap_or_else(|| panic!("results.json: missing {}", path[..=i].join(".")));
+    }
+    cur
+}
+
+fn positive(v: &Value, path: &[&str]) {
+    let x = get(v, path);
+    let n = x
+        .as_f64()
+        .unwrap_or_else(|| panic!("results.json: {} is {x}, not a number", path.join(".")));
+    assert!(n > 0.0, "results.json: {} is {n}", path.join("."));
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| match x {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn bench_quick_paper_suites() {
+    if std::env::var("STRATA_BENCH_QUICK").as_deref() != Ok("1") {
+        println!("skipped (set STRATA_BENCH_QUICK=1 to run bench.py --quick)");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("results.json");
+    let status = Command::new("python3")
+        .arg(root.join("bench/bench.py"))
+        .args(["--quick", "--only", "matrix,chain,clone", "--out"])
+        .arg(&out)
+        .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+        .env("TMPDIR", tmp.path())
+        .current_dir(&root)
+        .status()
+        .expect("run python3 bench/bench.py");
+    assert!(status.success(), "bench.py exited with {status}");
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(j["quick"], Value::Bool(true));
+
+    // matrix: every type x state x cell on strata and on every peer, plus ratios.
+    let m = get(&j, &["cases", "matrix"]);
+    let cells = strings(get(m, &["params", "cells"]));
+    let peers = strings(get(m, &["params", "peers"]));
+    assert_eq!(cells.len(), 8, "quick matrix: 2 block sizes x seq/rand x read/write");
+    assert!(peers.contains(&"raw".to_string()));
+    for typ in ["thin", "zeroedthick", "eagerzeroedthick", "delta"] {
+        for st in ["empty", "full"] {
+            for c in &cells {
+                positive(m, &["strata", typ, st, c, "iops"]);
+                positive(m, &["strata", typ, st, c, "mib_s"]);
+                for p in &peers {
+                    positive(m, &["ratios", p, typ, st, c]);
+                }
+            }
+        }
+    }
+    for p in &peers {
+        for st in ["empty", "full"] {
+            for c in &cells {
+                positive(m, &["peers", p, st, c, "iops"]);
+            }
+        }
+    }
+
+    // chain: depths 0..=4 growing on both; every depth after each delete.
+    let c = get(&j, &["cases", "chain"]);
+    let depths = strings(get(c, &["params", "depths"]));
+    assert_eq!(depths, ["0", "1", "2", "3", "4"]);
+    for side in ["strata", "qcow2"] {
+        for d in &depths {
+            for k in ["randread_iops", "randwrite_iops"] {
+                positive(c, &[side, "growing", d, k]);
+            }
+        }
+        for d in &depths[..depths.len() - 1] {
+            for k in ["randread_iops", "randwrite_iops", "delete_ms"] {
+                positive(c, &[side, "after_delete", d, k]);
+            }
+        }
+    }
+
+    // clone: 0, 2, 4 snapshots on both.
+    let cl = get(&j, &["cases", "clone"]);
+    for k in ["0", "2", "4"] {
+        positive(cl, &["strata_s", k]);
+        positive(cl, &["qcow2_s", k]);
+        positive(cl, &["ratio_qcow2_over_strata", k]);
+    }
+
+    // The report files next to the JSON.
+    for f in ["results.md", "chain.svg", "clone.svg", "matrix.svg"] {
+        let p = tmp.path().join(f);
+        let len = std::fs::metadata(&p)
+            .unwrap_or_else(|_| panic!("{f} not written"))
+            .len();
+        assert!(len > 0, "{f} is empty");
+    }
+}
