@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
 # Install the external programs strata's tests and benchmarks drive:
-# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin).
+# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin), and for
+# the real-guest test (crates/cli/tests/guest.rs, scripts/guest/): QEMU's x86
+# system emulator, a Debian kernel (installed in /boot only; nothing reboots),
+# a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim (util-linux) and cpio.
 set -euo pipefail
+export PATH=$PATH:/usr/sbin:/sbin
 need=()
 command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio      >/dev/null 2>&1 || need+=(fio)
 command -v nbdinfo  >/dev/null 2>&1 || need+=(libnbd-bin)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
+# The initramfs needs busybox-static's /bin/busybox (the dynamic one won't do).
+if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybox-static); fi
+command -v mke2fs   >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v e2fsck   >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v fstrim   >/dev/null 2>&1 || need+=(util-linux)
+command -v cpio     >/dev/null 2>&1 || need+=(cpio)
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1
@@ -26,6 +38,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # fio's nbd engine ships in fio itself on Debian 12; qemu-nbd in qemu-utils.
-for t in qemu-img qemu-nbd fio nbdinfo; do
+for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 busybox mke2fs e2fsck fstrim cpio; do
   command -v "$t" >/dev/null 2>&1 || { echo "install-deps: $t still missing" >&2; exit 1; }
 done
+ls /boot/vmlinuz-* >/dev/null 2>&1 || { echo "install-deps: no kernel in /boot" >&2; exit 1; }

@@ -64,7 +64,11 @@ fn bench_quick_paper_suites() {
     let m = get(&j, &["cases", "matrix"]);
     let cells = strings(get(m, &["params", "cells"]));
     let peers = strings(get(m, &["params", "peers"]));
-    assert_eq!(cells.len(), 8, "quick matrix: 2 block sizes x seq/rand x read/write");
+    assert_eq!(
+        cells.len(),
+        8,
+        "quick matrix: 2 block sizes x seq/rand x read/write"
+    );
     assert!(peers.contains(&"raw".to_string()));
     for typ in ["thin", "zeroedthick", "eagerzeroedthick", "delta"] {
         for st in ["empty", "full"] {
