@@ -40,6 +40,9 @@ pub trait Storage: Send + Sync {
     /// Deallocate a range; it reads as zeros afterwards. May be a no-op that
     /// writes zeros instead.
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Truncate or extend (with zeros) to exactly `len` bytes; durable at
+    /// the next `sync`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
     /// Whether the object is empty.
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -50,6 +53,11 @@ pub trait Storage: Send + Sync {
 pub trait Backend: Send + Sync {
     /// Open `name`, creating it empty when `create` is set.
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn Storage>>;
+    /// Open an existing `name` for reading only; writes through the handle
+    /// fail. Backends without permissions open it normally.
+    fn open_read_only(&self, name: &str) -> io::Result<Arc<dyn Storage>> {
+        self.open(name, false)
+    }
     /// Whether `name` exists.
     fn exists(&self, name: &str) -> bool;
     /// Remove `name` if it exists.
@@ -85,6 +93,15 @@ impl Backend for FileBackend {
             .write(true)
             .create(create)
             .truncate(false)
+            .open(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(Arc::new(FileStorage { file, path }))
+    }
+
+    fn open_read_only(&self, name: &str) -> io::Result<Arc<dyn Storage>> {
+        let path = self.dir.join(name);
+        let file = OpenOptions::new()
+            .read(true)
             .open(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         Ok(Arc::new(FileStorage { file, path }))
@@ -176,6 +193,12 @@ impl Storage for FileStorage {
         Ok(self.file.metadata()?.len())
     }
 
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file
+            .set_len(len)
+            .map_err(|e| self.ctx(e, "truncate", len))
+    }
+
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         // SAFETY: plain syscall on an owned descriptor.
         let rc = unsafe {
@@ -203,12 +226,18 @@ impl Storage for FileStorage {
 
 // ---------------------------------------------------------------- simulator
 
+#[derive(Clone)]
+enum Pending {
+    Write(u64, Vec<u8>),
+    SetLen(u64),
+}
+
 #[derive(Default, Clone)]
 struct SimObject {
     durable: Vec<u8>,
     live: Vec<u8>,
-    /// Writes since the last sync, in issue order.
-    pending: Vec<(u64, Vec<u8>)>,
+    /// Writes and truncations since the last sync, in issue order.
+    pending: Vec<Pending>,
 }
 
 struct SimState {
@@ -264,7 +293,20 @@ impl SimBackend {
         for name in names {
             let obj = st.objects.get_mut(&name).expect("listed");
             let pending = std::mem::take(&mut obj.pending);
-            for (offset, data) in pending {
+            for p in pending {
+                let (offset, data) = match p {
+                    Pending::SetLen(len) => {
+                        // A truncation either reached the disk or did not.
+                        if rng.gen_bool(0.5) {
+                            report.kept += 1;
+                            obj.durable.resize(len as usize, 0);
+                        } else {
+                            report.dropped += 1;
+                        }
+                        continue;
+                    }
+                    Pending::Write(offset, data) => (offset, data),
+                };
                 match rng.gen_range(0..3) {
                     0 => {
                         report.dropped += 1;
@@ -407,7 +449,7 @@ impl Storage for SimStorage {
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
             apply(&mut obj.live, offset, buf);
-            obj.pending.push((offset, buf.to_vec()));
+            obj.pending.push(Pending::Write(offset, buf.to_vec()));
             Ok(())
         })
     }
@@ -418,8 +460,11 @@ impl Storage for SimStorage {
                 .objects
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            for (offset, data) in std::mem::take(&mut obj.pending) {
-                apply(&mut obj.durable, offset, &data);
+            for p in std::mem::take(&mut obj.pending) {
+                match p {
+                    Pending::Write(offset, data) => apply(&mut obj.durable, offset, &data),
+                    Pending::SetLen(len) => obj.durable.resize(len as usize, 0),
+                }
             }
             Ok(())
         })
@@ -432,6 +477,18 @@ impl Storage for SimStorage {
                 .get(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
             Ok(obj.live.len() as u64)
+        })
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.with(|st| {
+            let obj = st
+                .objects
+                .get_mut(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
+            obj.live.resize(len as usize, 0);
+            obj.pending.push(Pending::SetLen(len));
+            Ok(())
         })
     }
 

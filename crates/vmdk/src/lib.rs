@@ -1,0 +1,18 @@
+//! strata's VMDK drivers: open VMware virtual disks (descriptor + flat,
+//! hosted sparse, streamOptimized, VMFSsparse/COWD and SEsparse extents,
+//! and chains of them) as a [`strata_block::BlockDevice`], create them for
+//! export, check and repair them, and shrink SEsparse deltas.
+//!
+//! The layouts are in docs/FORMAT.md ("VMDK") and
+//! ../shared/reference/vmdk-formats.md.
+
+pub mod chain;
+pub mod create;
+pub mod descriptor;
+pub mod error;
+pub mod sparse;
+
+pub use chain::{OpenOptions, RangeState, VmdkImage};
+pub use create::{create_image, ImageSpec, StreamWriter, Subformat};
+pub use descriptor::Descriptor;
+pub use error::{Result, VmdkError, VmdkErrorKind};
