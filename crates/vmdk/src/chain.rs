@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use strata_block::{BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions, SECTOR_BYTES};
+use strata_block::{
+    BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions, SECTOR_BYTES,
+};
 use strata_storage::{Backend, Storage};
 
 use crate::descriptor::{Access, Descriptor, ExtentType, NO_PARENT_CID};
@@ -98,14 +100,18 @@ impl Link {
     }
 
     fn extent_at(&self, sector: u64) -> Option<&LinkExtent> {
-        let i = self.extents.partition_point(|e| e.start + e.sectors <= sector);
+        let i = self
+            .extents
+            .partition_point(|e| e.start + e.sectors <= sector);
         self.extents.get(i).filter(|e| e.start <= sector)
     }
 
     fn sync(&self) -> Result<()> {
         for e in &self.extents {
             match &e.imp {
-                ExtentImpl::Flat { file, name, .. } => file.sync().map_err(|x| VmdkError::io(name, x))?,
+                ExtentImpl::Flat { file, name, .. } => {
+                    file.sync().map_err(|x| VmdkError::io(name, x))?
+                }
                 ExtentImpl::Sparse(s) => s.sync()?,
                 ExtentImpl::Zero => {}
             }
@@ -193,10 +199,19 @@ fn new_cid(old: u32) -> u32 {
 impl VmdkImage {
     /// Open `path` (a descriptor or a bare sparse file) and its parents.
     pub fn open(path: &std::path::Path, opts: &OpenOptions) -> Result<Self> {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
         let name = path
             .file_name()
-            .ok_or_else(|| VmdkError::new(VmdkErrorKind::InvalidArgument, path.display().to_string(), "not a file name"))?
+            .ok_or_else(|| {
+                VmdkError::new(
+                    VmdkErrorKind::InvalidArgument,
+                    path.display().to_string(),
+                    "not a file name",
+                )
+            })?
             .to_string_lossy()
             .to_string();
         let backend: Arc<dyn Backend> = Arc::new(strata_storage::FileBackend::new(dir));
@@ -210,12 +225,18 @@ impl VmdkImage {
         let mut next = Some((normalize(name), None::<(String, u32)>));
         while let Some((n, child)) = next.take() {
             if !seen.insert(n.clone()) {
-                return Err(VmdkError::chain(&n, "the chain loops back to this file (a cycle of parentFileNameHint)"));
+                return Err(VmdkError::chain(
+                    &n,
+                    "the chain loops back to this file (a cycle of parentFileNameHint)",
+                ));
             }
             if links.len() >= opts.max_depth {
                 return Err(VmdkError::chain(
                     &n,
-                    format!("chain is deeper than {} links; refusing to follow it further", opts.max_depth),
+                    format!(
+                        "chain is deeper than {} links; refusing to follow it further",
+                        opts.max_depth
+                    ),
                 ));
             }
             let writable = opts.writable && links.is_empty();
@@ -238,9 +259,15 @@ impl VmdkImage {
             }
             if link.descriptor.parent_cid != NO_PARENT_CID {
                 let hint = link.descriptor.parent_hint.clone().ok_or_else(|| {
-                    VmdkError::chain(&n, "has a parentCID but no parentFileNameHint to find the parent by")
+                    VmdkError::chain(
+                        &n,
+                        "has a parentCID but no parentFileNameHint to find the parent by",
+                    )
                 })?;
-                next = Some((sibling(&n, &hint), Some((n.clone(), link.descriptor.parent_cid))));
+                next = Some((
+                    sibling(&n, &hint),
+                    Some((n.clone(), link.descriptor.parent_cid)),
+                ));
             }
             links.push(link);
         }
@@ -266,27 +293,42 @@ impl VmdkImage {
         let f = Self::open_file(backend, name, writable)?;
         let len = f.len().map_err(|e| VmdkError::io(name, e))?;
         let mut head = [0u8; 512];
-        f.read_at(&mut head, 0).map_err(|e| VmdkError::io(name, e))?;
+        f.read_at(&mut head, 0)
+            .map_err(|e| VmdkError::io(name, e))?;
         let m32 = u32::from_le_bytes(head[0..4].try_into().expect("4"));
         let m64 = u64::from_le_bytes(head[0..8].try_into().expect("8"));
         if m32 == KDMV_MAGIC || m32 == COWD_MAGIC || m64 == SESPARSE_MAGIC {
             let sp = Arc::new(SparseExtent::open(f.clone(), name, writable)?);
             let (descriptor, text, home) = match sp.kdmv_header() {
-                Some(KdmvHeader { desc_offset, desc_size, .. }) if desc_offset != 0 && desc_size != 0 => {
-                    let bytes = desc_size.saturating_mul(SECTOR).min(MAX_EMBEDDED_DESCRIPTOR);
+                Some(KdmvHeader {
+                    desc_offset,
+                    desc_size,
+                    ..
+                }) if desc_offset != 0 && desc_size != 0 => {
+                    let bytes = desc_size
+                        .saturating_mul(SECTOR)
+                        .min(MAX_EMBEDDED_DESCRIPTOR);
                     let off = desc_offset.saturating_mul(SECTOR);
                     if off >= len {
-                        return Err(VmdkError::malformed(name, "embedded descriptor lies past the end of the file"));
+                        return Err(VmdkError::malformed(
+                            name,
+                            "embedded descriptor lies past the end of the file",
+                        ));
                     }
                     let mut b = vec![0u8; bytes as usize];
                     f.read_at(&mut b, off).map_err(|e| VmdkError::io(name, e))?;
-                    let d = Descriptor::parse(&b)
-                        .map_err(|e| VmdkError::malformed(name, format!("embedded descriptor: {e}")))?;
+                    let d = Descriptor::parse(&b).map_err(|e| {
+                        VmdkError::malformed(name, format!("embedded descriptor: {e}"))
+                    })?;
                     let end = b.iter().position(|&x| x == 0).unwrap_or(b.len());
                     let text = String::from_utf8_lossy(&b[..end]).to_string();
                     (d, text, DescriptorHome::Embedded(f.clone(), off, bytes))
                 }
-                _ => (Self::synthetic(name, &sp), String::new(), DescriptorHome::None),
+                _ => (
+                    Self::synthetic(name, &sp),
+                    String::new(),
+                    DescriptorHome::None,
+                ),
             };
             let sectors = sp.capacity;
             return Ok(Link {
@@ -312,20 +354,28 @@ impl VmdkImage {
         }
         let mut b = vec![0u8; len as usize];
         f.read_at(&mut b, 0).map_err(|e| VmdkError::io(name, e))?;
-        let descriptor = Descriptor::parse(&b).map_err(|e| VmdkError::malformed(name, format!("not a VMDK descriptor: {e}")))?;
+        let descriptor = Descriptor::parse(&b)
+            .map_err(|e| VmdkError::malformed(name, format!("not a VMDK descriptor: {e}")))?;
         let text = String::from_utf8_lossy(&b).to_string();
         let mut extents = Vec::new();
         let mut start = 0u64;
         let mut link_writable = writable;
         for line in &descriptor.extents {
             if line.access == Access::NoAccess {
-                return Err(VmdkError::unsupported(name, format!("extent {:?} is NOACCESS", line.file)));
+                return Err(VmdkError::unsupported(
+                    name,
+                    format!("extent {:?} is NOACCESS", line.file),
+                ));
             }
             if line.access == Access::RdOnly && writable {
                 link_writable = false;
             }
             let ew = writable && line.access == Access::Rw;
-            let file_name = if line.file.is_empty() { String::new() } else { sibling(name, &line.file) };
+            let file_name = if line.file.is_empty() {
+                String::new()
+            } else {
+                sibling(name, &line.file)
+            };
             let imp = match line.kind {
                 ExtentType::Zero => ExtentImpl::Zero,
                 ExtentType::Flat | ExtentType::Vmfs => {
@@ -334,7 +384,10 @@ impl VmdkImage {
                         file: ef,
                         name: file_name.clone(),
                         offset: line.offset.checked_mul(SECTOR).ok_or_else(|| {
-                            VmdkError::malformed(name, format!("extent {:?}: offset overflows", line.file))
+                            VmdkError::malformed(
+                                name,
+                                format!("extent {:?}: offset overflows", line.file),
+                            )
                         })?,
                     }
                 }
@@ -362,7 +415,11 @@ impl VmdkImage {
                 ExtentType::VmfsRdm | ExtentType::VmfsRaw => {
                     return Err(VmdkError::unsupported(
                         name,
-                        format!("extent {:?} is a raw device mapping ({}), which strata does not open", line.file, line.kind.name()),
+                        format!(
+                            "extent {:?} is a raw device mapping ({}), which strata does not open",
+                            line.file,
+                            line.kind.name()
+                        ),
                     ))
                 }
             };
@@ -375,7 +432,9 @@ impl VmdkImage {
             start = start
                 .checked_add(line.sectors)
                 .filter(|&s| s <= 1u64 << 48)
-                .ok_or_else(|| VmdkError::malformed(name, "extents add up to an impossible size"))?;
+                .ok_or_else(|| {
+                    VmdkError::malformed(name, "extents add up to an impossible size")
+                })?;
         }
         Ok(Link {
             name: name.to_string(),
@@ -444,15 +503,18 @@ impl VmdkImage {
                 buf[pos..].fill(0);
                 break;
             }
-            let ext = link.extent_at(cur / SECTOR).ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
+            let ext = link
+                .extent_at(cur / SECTOR)
+                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
             let ext_off = cur - ext.start * SECTOR;
-            let n = ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
+            let n =
+                ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
             let piece = &mut buf[pos..pos + n];
             match &ext.imp {
                 ExtentImpl::Zero => piece.fill(0),
-                ExtentImpl::Flat { file, name, offset } => {
-                    file.read_at(piece, offset + ext_off).map_err(|e| VmdkError::io(name, e))?
-                }
+                ExtentImpl::Flat { file, name, offset } => file
+                    .read_at(piece, offset + ext_off)
+                    .map_err(|e| VmdkError::io(name, e))?,
                 ExtentImpl::Sparse(s) => self.read_sparse(level, s, piece, ext_off, cur)?,
             }
             pos += n;
@@ -462,18 +524,33 @@ impl VmdkImage {
 
     /// Read from a sparse extent, merging runs of grains that fall through
     /// or sit next to each other in the file into single reads.
-    fn read_sparse(&self, level: usize, s: &SparseExtent, buf: &mut [u8], ext_off: u64, virt: u64) -> Result<()> {
+    fn read_sparse(
+        &self,
+        level: usize,
+        s: &SparseExtent,
+        buf: &mut [u8],
+        ext_off: u64,
+        virt: u64,
+    ) -> Result<()> {
         let gb = s.grain_bytes();
         let cap = s.capacity * SECTOR;
         let mut pos = 0usize;
         while pos < buf.len() {
             let o = ext_off + pos as u64;
-            let first = if o >= cap { Gte::Unalloc } else { s.lookup(o / gb)? };
+            let first = if o >= cap {
+                Gte::Unalloc
+            } else {
+                s.lookup(o / gb)?
+            };
             // Extend the run while the next grain continues it.
             let mut n = (gb - o % gb).min((buf.len() - pos) as u64) as usize;
             while pos + n < buf.len() {
                 let o2 = ext_off + (pos + n) as u64;
-                let next = if o2 >= cap { Gte::Unalloc } else { s.lookup(o2 / gb)? };
+                let next = if o2 >= cap {
+                    Gte::Unalloc
+                } else {
+                    s.lookup(o2 / gb)?
+                };
                 let continues = match (first, next) {
                     (Gte::Unalloc, Gte::Unalloc) => true,
                     (a, b) if a.reads_zero() && b.reads_zero() => true,
@@ -499,8 +576,28 @@ impl VmdkImage {
     /// How `[off, off+len)` resolves, as runs; stops after `max_runs`.
     pub fn status(&self, off: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, RangeState)>> {
         let mut out: Vec<(u64, RangeState)> = Vec::new();
-        self.status_level(0, off, len, &mut out, max_runs)?;
+        self.status_level(0, off, len, &mut out, max_runs, true)?;
         Ok(out)
+    }
+
+    /// What link `level` alone holds for `[off, off+len)`, as runs:
+    /// `Unallocated` where it defers to its parent. Stops after `max_runs`.
+    pub fn link_status(
+        &self,
+        level: usize,
+        off: u64,
+        len: u64,
+        max_runs: usize,
+    ) -> Result<Vec<(u64, RangeState)>> {
+        let mut out: Vec<(u64, RangeState)> = Vec::new();
+        self.status_level(level, off, len, &mut out, max_runs, false)?;
+        Ok(out)
+    }
+
+    /// Read what link `level` shows at `off` (falling through to its parents).
+    pub fn read_link(&self, level: usize, buf: &mut [u8], off: u64) -> Result<()> {
+        let _g = self.io.read();
+        self.read_level(level, buf, off)
     }
 
     fn push(out: &mut Vec<(u64, RangeState)>, n: u64, st: RangeState) {
@@ -510,7 +607,15 @@ impl VmdkImage {
         }
     }
 
-    fn status_level(&self, level: usize, off: u64, len: u64, out: &mut Vec<(u64, RangeState)>, max_runs: usize) -> Result<u64> {
+    fn status_level(
+        &self,
+        level: usize,
+        off: u64,
+        len: u64,
+        out: &mut Vec<(u64, RangeState)>,
+        max_runs: usize,
+        recurse: bool,
+    ) -> Result<u64> {
         let Some(link) = self.links.get(level) else {
             Self::push(out, len, RangeState::Unallocated);
             return Ok(len);
@@ -523,7 +628,9 @@ impl VmdkImage {
                 Self::push(out, len - pos, RangeState::Unallocated);
                 return Ok(len);
             }
-            let ext = link.extent_at(cur / SECTOR).ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
+            let ext = link
+                .extent_at(cur / SECTOR)
+                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
             let ext_off = cur - ext.start * SECTOR;
             let n = ((ext.start + ext.sectors) * SECTOR - cur).min(len - pos);
             match &ext.imp {
@@ -536,10 +643,16 @@ impl VmdkImage {
                     while p < n && out.len() < max_runs {
                         let o = ext_off + p;
                         let m = (gb - o % gb).min(n - p);
-                        let g = if o >= cap { Gte::Unalloc } else { s.lookup(o / gb)? };
+                        let g = if o >= cap {
+                            Gte::Unalloc
+                        } else {
+                            s.lookup(o / gb)?
+                        };
                         match g {
+                            Gte::Unalloc if !recurse => Self::push(out, m, RangeState::Unallocated),
                             Gte::Unalloc => {
-                                let done = self.status_level(level + 1, cur + p, m, out, max_runs)?;
+                                let done =
+                                    self.status_level(level + 1, cur + p, m, out, max_runs, true)?;
                                 if done < m {
                                     return Ok(pos + p + done);
                                 }
@@ -594,9 +707,11 @@ impl VmdkImage {
         if let DescriptorHome::Embedded(..) = top.home {
             bytes.resize(room as usize, 0);
         }
-        file.write_at(&bytes, off).map_err(|e| VmdkError::io(&top.name, e))?;
+        file.write_at(&bytes, off)
+            .map_err(|e| VmdkError::io(&top.name, e))?;
         if let DescriptorHome::File(_) = top.home {
-            file.set_len(bytes.len() as u64).map_err(|e| VmdkError::io(&top.name, e))?;
+            file.set_len(bytes.len() as u64)
+                .map_err(|e| VmdkError::io(&top.name, e))?;
         }
         std::mem::swap(&mut *text, &mut new_text);
         Ok(())
@@ -605,7 +720,9 @@ impl VmdkImage {
     /// The CID the top link has now (after a first write it is a new one).
     pub fn current_cid(&self) -> u32 {
         let text = self.links[0].text.lock();
-        Descriptor::parse(text.as_bytes()).map(|d| d.cid).unwrap_or(self.links[0].descriptor.cid)
+        Descriptor::parse(text.as_bytes())
+            .map(|d| d.cid)
+            .unwrap_or(self.links[0].descriptor.cid)
     }
 
     fn write_top(&self, buf: &[u8], off: u64) -> Result<()> {
@@ -613,21 +730,27 @@ impl VmdkImage {
         let mut pos = 0usize;
         while pos < buf.len() {
             let cur = off + pos as u64;
-            let ext = link.extent_at(cur / SECTOR).ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
+            let ext = link
+                .extent_at(cur / SECTOR)
+                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
             let ext_off = cur - ext.start * SECTOR;
-            let n = ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
+            let n =
+                ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
             let piece = &buf[pos..pos + n];
             match &ext.imp {
                 ExtentImpl::Zero => {
                     return Err(VmdkError::new(
                         VmdkErrorKind::ReadOnly,
                         &link.name,
-                        format!("sectors {}.. are a ZERO extent, which cannot hold data", ext.start),
+                        format!(
+                            "sectors {}.. are a ZERO extent, which cannot hold data",
+                            ext.start
+                        ),
                     ))
                 }
-                ExtentImpl::Flat { file, name, offset } => {
-                    file.write_at(piece, offset + ext_off).map_err(|e| VmdkError::io(name, e))?
-                }
+                ExtentImpl::Flat { file, name, offset } => file
+                    .write_at(piece, offset + ext_off)
+                    .map_err(|e| VmdkError::io(name, e))?,
                 ExtentImpl::Sparse(s) => self.write_sparse(s, piece, ext_off, cur, None)?,
             }
             pos += n;
@@ -637,10 +760,20 @@ impl VmdkImage {
 
     /// Write `buf` (or zeros of its length when `zeros` says so) into a
     /// sparse extent of the top link.
-    fn write_sparse(&self, s: &SparseExtent, buf: &[u8], ext_off: u64, virt: u64, zero_len: Option<u64>) -> Result<()> {
+    fn write_sparse(
+        &self,
+        s: &SparseExtent,
+        buf: &[u8],
+        ext_off: u64,
+        virt: u64,
+        zero_len: Option<u64>,
+    ) -> Result<()> {
         let gb = s.grain_bytes();
         if gb > crate::sparse::MAX_BUFFERED_GRAIN {
-            return Err(VmdkError::unsupported(s.name(), format!("writes to grains of {gb} bytes")));
+            return Err(VmdkError::unsupported(
+                s.name(),
+                format!("writes to grains of {gb} bytes"),
+            ));
         }
         let total = zero_len.unwrap_or(buf.len() as u64);
         let cap = s.capacity * SECTOR;
@@ -699,14 +832,16 @@ impl VmdkImage {
         let mut pos = 0u64;
         while pos < len {
             let cur = off + pos;
-            let ext = link.extent_at(cur / SECTOR).ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
+            let ext = link
+                .extent_at(cur / SECTOR)
+                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
             let ext_off = cur - ext.start * SECTOR;
             let n = ((ext.start + ext.sectors) * SECTOR - cur).min(len - pos);
             match &ext.imp {
                 ExtentImpl::Zero => {}
-                ExtentImpl::Flat { file, name, offset } => {
-                    file.punch_hole(offset + ext_off, n).map_err(|e| VmdkError::io(name, e))?
-                }
+                ExtentImpl::Flat { file, name, offset } => file
+                    .punch_hole(offset + ext_off, n)
+                    .map_err(|e| VmdkError::io(name, e))?,
                 ExtentImpl::Sparse(s) => {
                     let gb = s.grain_bytes();
                     let mut p = 0u64;
@@ -721,7 +856,11 @@ impl VmdkImage {
                         if already && !(unmap && whole && cur_g == Gte::Unalloc && has_parent) {
                             // reads zero already; nothing to do
                         } else if whole && s.has_zero_entries() {
-                            let target = if unmap && s.format == SparseFormat::SeSparse { Gte::Unmapped } else { Gte::Zero };
+                            let target = if unmap && s.format == SparseFormat::SeSparse {
+                                Gte::Unmapped
+                            } else {
+                                Gte::Zero
+                            };
                             s.with_grain(grain, |tx| {
                                 if tx.current == Gte::Zero && target == Gte::Unmapped {
                                     return Ok(()); // unmap leaves zero grains as they are
@@ -729,7 +868,10 @@ impl VmdkImage {
                                 tx.set(target)
                             })?;
                         } else if fast_only {
-                            return Err(VmdkError::unsupported(s.name(), "zeroing these grains needs data writes"));
+                            return Err(VmdkError::unsupported(
+                                s.name(),
+                                "zeroing these grains needs data writes",
+                            ));
                         } else {
                             self.write_sparse(s, &[], o, cur + p, Some(m))?;
                         }
@@ -750,7 +892,11 @@ impl VmdkImage {
     /// Shrink every SEsparse extent of the top link (see [`SparseExtent::shrink`]).
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<ShrinkReport>> {
         if !self.writable {
-            return Err(VmdkError::new(VmdkErrorKind::ReadOnly, &self.links[0].name, "open read-only"));
+            return Err(VmdkError::new(
+                VmdkErrorKind::ReadOnly,
+                &self.links[0].name,
+                "open read-only",
+            ));
         }
         let _g = self.io.write();
         let mut out = Vec::new();
@@ -762,7 +908,10 @@ impl VmdkImage {
         if out.is_empty() {
             return Err(VmdkError::unsupported(
                 &self.links[0].name,
-                format!("shrink needs an SEsparse link; this one is {}", self.links[0].create_type()),
+                format!(
+                    "shrink needs an SEsparse link; this one is {}",
+                    self.links[0].create_type()
+                ),
             ));
         }
         Ok(out)
@@ -852,13 +1001,14 @@ impl BlockDevice for VmdkImage {
         self.top_writable()?;
         let _g = self.io.read();
         self.bump_cid().map_err(to_block)?;
-        self.zero_top(offset, len, false, opts.fast_only).map_err(|e| {
-            if e.kind == VmdkErrorKind::Unsupported && opts.fast_only {
-                BlockError::new(ErrorKind::NotSupported, e.to_string())
-            } else {
-                to_block(e)
-            }
-        })?;
+        self.zero_top(offset, len, false, opts.fast_only)
+            .map_err(|e| {
+                if e.kind == VmdkErrorKind::Unsupported && opts.fast_only {
+                    BlockError::new(ErrorKind::NotSupported, e.to_string())
+                } else {
+                    to_block(e)
+                }
+            })?;
         if opts.fua {
             self.sync().map_err(to_block)?;
         }

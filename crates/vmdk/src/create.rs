@@ -15,8 +15,8 @@ use crate::chain::{OpenOptions, VmdkImage};
 use crate::descriptor::{Access, Descriptor, ExtentLine, ExtentType, NO_PARENT_CID};
 use crate::error::{Result, VmdkError, VmdkErrorKind};
 use crate::sparse::{
-    create_cowd, create_kdmv, create_sesparse, KdmvHeader, FLAG_COMPRESS, FLAG_MARKER, FLAG_NL_DETECT, GD_AT_END,
-    MARKER_EOS, MARKER_FOOTER, MARKER_GD, MARKER_GT, SECTOR,
+    create_cowd, create_kdmv, create_sesparse, KdmvHeader, FLAG_COMPRESS, FLAG_MARKER,
+    FLAG_NL_DETECT, GD_AT_END, MARKER_EOS, MARKER_FOOTER, MARKER_GD, MARKER_GT, SECTOR,
 };
 
 /// What `export --subformat` can write.
@@ -62,7 +62,10 @@ impl Subformat {
 
     /// Whether an image of this subformat can have a parent.
     pub fn can_be_delta(self) -> bool {
-        matches!(self, Subformat::MonolithicSparse | Subformat::VmfsSparse | Subformat::SeSparse)
+        matches!(
+            self,
+            Subformat::MonolithicSparse | Subformat::VmfsSparse | Subformat::SeSparse
+        )
     }
 }
 
@@ -140,7 +143,9 @@ fn open_new(backend: &dyn Backend, name: &str) -> Result<Arc<dyn Storage>> {
             "already exists; refusing to overwrite it",
         ));
     }
-    let f = backend.open(name, true).map_err(|e| VmdkError::io(name, e))?;
+    let f = backend
+        .open(name, true)
+        .map_err(|e| VmdkError::io(name, e))?;
     Ok(f)
 }
 
@@ -169,11 +174,18 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
     if spec.parent.is_some() && !spec.subformat.can_be_delta() {
         return Err(VmdkError::unsupported(
             name,
-            format!("{} images cannot be deltas on a parent", spec.subformat.name()),
+            format!(
+                "{} images cannot be deltas on a parent",
+                spec.subformat.name()
+            ),
         ));
     }
     if spec.sectors == 0 {
-        return Err(VmdkError::new(VmdkErrorKind::InvalidArgument, name, "size must be at least one sector"));
+        return Err(VmdkError::new(
+            VmdkErrorKind::InvalidArgument,
+            name,
+            "size must be at least one sector",
+        ));
     }
     let files = image_files(name, spec.subformat);
     let ext_name = |i: usize| files[i].rsplit('/').next().unwrap_or(&files[i]).to_string();
@@ -187,7 +199,8 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
         Subformat::MonolithicFlat => {
             let d = descriptor(spec, "monolithicFlat", ExtentType::Flat, ext_name(1));
             let flat = open_new(&*backend, &files[1])?;
-            flat.set_len(spec.sectors * SECTOR).map_err(|e| VmdkError::io(&files[1], e))?;
+            flat.set_len(spec.sectors * SECTOR)
+                .map_err(|e| VmdkError::io(&files[1], e))?;
             flat.sync().map_err(|e| VmdkError::io(&files[1], e))?;
             let f = open_new(&*backend, name)?;
             put(&*f, name, d.render().as_bytes(), 0)?;
@@ -212,7 +225,10 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
             f.sync().map_err(|e| VmdkError::io(name, e))?;
         }
         Subformat::StreamOptimized => {
-            return Err(VmdkError::unsupported(name, "streamOptimized images are written with StreamWriter"))
+            return Err(VmdkError::unsupported(
+                name,
+                "streamOptimized images are written with StreamWriter",
+            ))
         }
     }
     VmdkImage::open_in(
@@ -253,7 +269,12 @@ impl StreamWriter {
     pub fn create(backend: &dyn Backend, name: &str, sectors: u64, adapter: &str) -> Result<Self> {
         let mut spec = ImageSpec::new(Subformat::StreamOptimized, sectors);
         spec.adapter = adapter.into();
-        let d = descriptor(&spec, "streamOptimized", ExtentType::Sparse, stem(name).to_string() + ".vmdk");
+        let d = descriptor(
+            &spec,
+            "streamOptimized",
+            ExtentType::Sparse,
+            stem(name).to_string() + ".vmdk",
+        );
         let text = d.render();
         let desc_sectors = 20u64.max((text.len() as u64).div_ceil(512));
         let overhead = (1 + desc_sectors).div_ceil(STREAM_GRAIN) * STREAM_GRAIN;
@@ -310,7 +331,8 @@ impl StreamWriter {
             return Ok(());
         }
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-        z.write_all(data).map_err(|e| VmdkError::io(&self.name, e))?;
+        z.write_all(data)
+            .map_err(|e| VmdkError::io(&self.name, e))?;
         let z = z.finish().map_err(|e| VmdkError::io(&self.name, e))?;
         let mut rec = Vec::with_capacity(12 + z.len() + 512);
         rec.extend_from_slice(&(index * STREAM_GRAIN).to_le_bytes());
@@ -318,8 +340,9 @@ impl StreamWriter {
         rec.extend_from_slice(&z);
         rec.resize(rec.len().div_ceil(512) * 512, 0);
         put(&*self.file, &self.name, &rec, self.pos)?;
-        self.gtes[index as usize] = u32::try_from(self.pos / SECTOR)
-            .map_err(|_| VmdkError::unsupported(&self.name, "stream grows past 2 TiB of compressed data"))?;
+        self.gtes[index as usize] = u32::try_from(self.pos / SECTOR).map_err(|_| {
+            VmdkError::unsupported(&self.name, "stream grows past 2 TiB of compressed data")
+        })?;
         self.pos += rec.len() as u64;
         Ok(())
     }
@@ -345,14 +368,24 @@ impl StreamWriter {
             self.pos += 2048;
         }
         let gd_sectors = ((gts * 4) as u64).div_ceil(512);
-        put(&*self.file, &self.name, &marker(gd_sectors, 0, MARKER_GD), self.pos)?;
+        put(
+            &*self.file,
+            &self.name,
+            &marker(gd_sectors, 0, MARKER_GD),
+            self.pos,
+        )?;
         self.pos += SECTOR;
         let gd_sector = self.pos / SECTOR;
         let mut b: Vec<u8> = gd.iter().flat_map(|e| e.to_le_bytes()).collect();
         b.resize((gd_sectors * SECTOR) as usize, 0);
         put(&*self.file, &self.name, &b, self.pos)?;
         self.pos += gd_sectors * SECTOR;
-        put(&*self.file, &self.name, &marker(1, 0, MARKER_FOOTER), self.pos)?;
+        put(
+            &*self.file,
+            &self.name,
+            &marker(1, 0, MARKER_FOOTER),
+            self.pos,
+        )?;
         self.pos += SECTOR;
         let mut footer = self.header;
         footer.gd_offset = gd_sector;
@@ -360,7 +393,9 @@ impl StreamWriter {
         self.pos += SECTOR;
         put(&*self.file, &self.name, &marker(0, 0, MARKER_EOS), self.pos)?;
         self.pos += SECTOR;
-        self.file.set_len(self.pos).map_err(|e| VmdkError::io(&self.name, e))?;
+        self.file
+            .set_len(self.pos)
+            .map_err(|e| VmdkError::io(&self.name, e))?;
         self.file.sync().map_err(|e| VmdkError::io(&self.name, e))
     }
 }

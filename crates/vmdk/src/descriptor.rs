@@ -148,7 +148,10 @@ fn parse_extent(line: &str) -> Result<Option<ExtentLine>, String> {
             .parse()
             .map_err(|_| format!("extent line {line:?}: offset {o:?} is not a number"))?;
         if !tail.trim().is_empty() {
-            return Err(format!("extent line {line:?}: unexpected {:?}", tail.trim()));
+            return Err(format!(
+                "extent line {line:?}: unexpected {:?}",
+                tail.trim()
+            ));
         }
     }
     Ok(Some(ExtentLine {
@@ -218,7 +221,8 @@ impl Descriptor {
                     saw_version = true;
                 }
                 "CID" => {
-                    d.cid = parse_hex_u32(value).ok_or_else(|| format!("CID {value:?} is not hex"))?;
+                    d.cid =
+                        parse_hex_u32(value).ok_or_else(|| format!("CID {value:?} is not hex"))?;
                     saw_cid = true;
                 }
                 "parentCID" => {
@@ -235,7 +239,10 @@ impl Descriptor {
             return Err("no version= line".into());
         }
         if !(1..=3).contains(&d.version) {
-            return Err(format!("descriptor version {} (1, 2 or 3 expected)", d.version));
+            return Err(format!(
+                "descriptor version {} (1, 2 or 3 expected)",
+                d.version
+            ));
         }
         if !saw_cid {
             return Err("no CID= line".into());
@@ -350,19 +357,36 @@ mod tests {
     fn bad_descriptors_say_what_is_wrong() {
         for (text, want) in [
             ("CID=1\ncreateType=\"x\"\nRW 1 FLAT \"a\" 0\n", "version"),
-            ("version=9\nCID=1\ncreateType=\"x\"\nRW 1 FLAT \"a\" 0\n", "version 9"),
+            (
+                "version=9\nCID=1\ncreateType=\"x\"\nRW 1 FLAT \"a\" 0\n",
+                "version 9",
+            ),
             ("version=1\nCID=zz\n", "CID"),
             ("version=1\nCID=1\ncreateType=\"x\"\n", "no extent"),
-            ("version=1\nCID=1\ncreateType=\"x\"\nRW x FLAT \"a\" 0\n", "not a number"),
-            ("version=1\nCID=1\ncreateType=\"x\"\nRW 1 WEIRD \"a\"\n", "unknown extent type"),
-            ("version=1\nCID=1\ncreateType=\"x\"\nRW 1 FLAT a 0\n", "quoted"),
-            ("version=1\nCID=1\ncreateType=\"x\"\nRW 1 FLAT \"a\n", "unterminated"),
+            (
+                "version=1\nCID=1\ncreateType=\"x\"\nRW x FLAT \"a\" 0\n",
+                "not a number",
+            ),
+            (
+                "version=1\nCID=1\ncreateType=\"x\"\nRW 1 WEIRD \"a\"\n",
+                "unknown extent type",
+            ),
+            (
+                "version=1\nCID=1\ncreateType=\"x\"\nRW 1 FLAT a 0\n",
+                "quoted",
+            ),
+            (
+                "version=1\nCID=1\ncreateType=\"x\"\nRW 1 FLAT \"a\n",
+                "unterminated",
+            ),
             ("version=1\nhello\n", "neither"),
             ("\u{ff}", "neither"),
         ] {
             let e = Descriptor::parse(text.as_bytes()).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
         }
-        assert!(Descriptor::parse(&[0xff, 0xfe]).unwrap_err().contains("UTF-8"));
+        assert!(Descriptor::parse(&[0xff, 0xfe])
+            .unwrap_err()
+            .contains("UTF-8"));
     }
 }

@@ -162,7 +162,10 @@ impl SeHeader {
             return Err(format!("unsupported SEsparse version 0x{:016x}", g(8)));
         }
         if g(24) != 8 {
-            return Err(format!("unsupported SEsparse grain size {} (8 sectors expected)", g(24)));
+            return Err(format!(
+                "unsupported SEsparse grain size {} (8 sectors expected)",
+                g(24)
+            ));
         }
         if g(32) != 64 {
             return Err(format!(
@@ -204,11 +207,16 @@ impl SeHeader {
             ("grains", h.grains),
         ] {
             if o == 0 || s == 0 || o.checked_add(s).map_or(true, |e| e > (1u64 << 54)) {
-                return Err(format!("SEsparse {name} at sector {o} size {s} is impossible"));
+                return Err(format!(
+                    "SEsparse {name} at sector {o} size {s} is impossible"
+                ));
             }
         }
         if h.capacity == 0 || h.capacity > (1u64 << 48) {
-            return Err(format!("SEsparse capacity {} sectors is impossible", h.capacity));
+            return Err(format!(
+                "SEsparse capacity {} sectors is impossible",
+                h.capacity
+            ));
         }
         Ok(h)
     }
@@ -235,7 +243,10 @@ impl SeVolatile {
     pub fn decode(b: &[u8; 512]) -> std::result::Result<Self, String> {
         let g = |off: usize| u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"));
         if g(0) != SESPARSE_VOLATILE_MAGIC {
-            return Err(format!("bad SEsparse volatile header magic 0x{:016x}", g(0)));
+            return Err(format!(
+                "bad SEsparse volatile header magic 0x{:016x}",
+                g(0)
+            ));
         }
         if b[32..].iter().any(|&x| x != 0) {
             return Err("non-zero SEsparse volatile header padding".into());
@@ -319,10 +330,15 @@ impl KdmvHeader {
         }
         let incompatible = h.flags & 0xffff_0000 & !(FLAG_COMPRESS | FLAG_MARKER);
         if incompatible != 0 {
-            return Err(format!("KDMV has unknown incompatible flags 0x{incompatible:08x}"));
+            return Err(format!(
+                "KDMV has unknown incompatible flags 0x{incompatible:08x}"
+            ));
         }
         if h.grain_size == 0 || h.grain_size > MAX_GRAIN_SECTORS {
-            return Err(format!("KDMV grain size {} sectors is invalid", h.grain_size));
+            return Err(format!(
+                "KDMV grain size {} sectors is invalid",
+                h.grain_size
+            ));
         }
         if h.gtes_per_gt == 0 || h.gtes_per_gt > 512 {
             return Err(format!(
@@ -337,7 +353,10 @@ impl KdmvHeader {
             ));
         }
         if h.capacity > (1u64 << 48) {
-            return Err(format!("KDMV capacity {} sectors is impossible", h.capacity));
+            return Err(format!(
+                "KDMV capacity {} sectors is impossible",
+                h.capacity
+            ));
         }
         Ok(h)
     }
@@ -394,7 +413,10 @@ impl CowdHeader {
             free_sector: g(28),
         };
         if h.grain_size == 0 || h.grain_size as u64 > MAX_GRAIN_SECTORS {
-            return Err(format!("COWD grain size {} sectors is invalid", h.grain_size));
+            return Err(format!(
+                "COWD grain size {} sectors is invalid",
+                h.grain_size
+            ));
         }
         let need = (h.num_sectors as u64).div_ceil(h.grain_size as u64 * Self::GT_ENTRIES);
         if (h.num_gd_entries as u64) < need {
@@ -498,7 +520,10 @@ impl SparseExtent {
     pub fn open(file: Arc<dyn Storage>, name: &str, writable: bool) -> Result<Self> {
         let len = file.len().map_err(|e| VmdkError::io(name, e))?;
         if len < 512 {
-            return Err(VmdkError::malformed(name, format!("only {len} bytes, too short for a sparse header")));
+            return Err(VmdkError::malformed(
+                name,
+                format!("only {len} bytes, too short for a sparse header"),
+            ));
         }
         let mut s0 = [0u8; 512];
         rd(&*file, name, &mut s0, 0)?;
@@ -541,7 +566,10 @@ impl SparseExtent {
         if need > MAX_GD_ENTRIES || gd_entries > MAX_GD_ENTRIES {
             return Err(VmdkError::malformed(
                 name,
-                format!("grain directory of {} entries is larger than {MAX_GD_ENTRIES}", need.max(gd_entries)),
+                format!(
+                    "grain directory of {} entries is larger than {MAX_GD_ENTRIES}",
+                    need.max(gd_entries)
+                ),
             ));
         }
         if gd_entries < need {
@@ -560,18 +588,22 @@ impl SparseExtent {
             ));
         }
         let gd = read_table(&*file, name, gd_offset, gd_entries, entry_bytes)?;
-        let rgd = match rgd_offset {
-            Some(o) if o.checked_add(gd_entries * entry_bytes).is_some_and(|e| e <= len) => {
-                read_table(&*file, name, o, gd_entries, entry_bytes)?
-            }
-            Some(o) => {
-                return Err(VmdkError::malformed(
+        let rgd =
+            match rgd_offset {
+                Some(o)
+                    if o.checked_add(gd_entries * entry_bytes)
+                        .is_some_and(|e| e <= len) =>
+                {
+                    read_table(&*file, name, o, gd_entries, entry_bytes)?
+                }
+                Some(o) => return Err(VmdkError::malformed(
                     name,
-                    format!("redundant grain directory at byte {o} reaches past the end of the file"),
-                ))
-            }
-            None => Vec::new(),
-        };
+                    format!(
+                        "redundant grain directory at byte {o} reaches past the end of the file"
+                    ),
+                )),
+                None => Vec::new(),
+            };
         let next = len.div_ceil(grain_sectors * SECTOR) * grain_sectors * SECTOR;
         Ok(SparseExtent {
             format,
@@ -599,7 +631,13 @@ impl SparseExtent {
         })
     }
 
-    fn open_kdmv(file: Arc<dyn Storage>, name: &str, writable: bool, len: u64, s0: &[u8; 512]) -> Result<Self> {
+    fn open_kdmv(
+        file: Arc<dyn Storage>,
+        name: &str,
+        writable: bool,
+        len: u64,
+        s0: &[u8; 512],
+    ) -> Result<Self> {
         let mut h = KdmvHeader::decode(s0).map_err(Self::bad(name))?;
         if h.gd_offset == GD_AT_END {
             // streamOptimized written as a stream: the footer near the end
@@ -617,15 +655,20 @@ impl SparseExtent {
                 ));
             }
             let footer: [u8; 512] = tail[512..1024].try_into().expect("512");
-            h = KdmvHeader::decode(&footer).map_err(|e| VmdkError::malformed(name, format!("footer: {e}")))?;
+            h = KdmvHeader::decode(&footer)
+                .map_err(|e| VmdkError::malformed(name, format!("footer: {e}")))?;
             if h.gd_offset == GD_AT_END {
-                return Err(VmdkError::malformed(name, "footer has no grain directory offset either"));
+                return Err(VmdkError::malformed(
+                    name,
+                    "footer has no grain directory offset either",
+                ));
             }
         }
         let gt_entries = h.gtes_per_gt as u64;
         let gd_entries = h.capacity.div_ceil(h.grain_size * gt_entries);
         let compressed = h.flags & FLAG_COMPRESS != 0;
-        let rgd = (h.flags & FLAG_RGD != 0 && h.rgd_offset != 0 && !compressed).then_some(h.rgd_offset * SECTOR);
+        let rgd = (h.flags & FLAG_RGD != 0 && h.rgd_offset != 0 && !compressed)
+            .then_some(h.rgd_offset * SECTOR);
         let gd_off = h
             .gd_offset
             .checked_mul(SECTOR)
@@ -671,11 +714,19 @@ impl SparseExtent {
         x.cowd = Some(h);
         let free = h.free_sector as u64 * SECTOR;
         let a = x.alloc.get_mut();
-        a.next = a.next.max(free.div_ceil(x.grain_sectors * SECTOR) * x.grain_sectors * SECTOR);
+        a.next = a
+            .next
+            .max(free.div_ceil(x.grain_sectors * SECTOR) * x.grain_sectors * SECTOR);
         Ok(x)
     }
 
-    fn open_se(file: Arc<dyn Storage>, name: &str, writable: bool, len: u64, s0: &[u8; 512]) -> Result<Self> {
+    fn open_se(
+        file: Arc<dyn Storage>,
+        name: &str,
+        writable: bool,
+        len: u64,
+        s0: &[u8; 512],
+    ) -> Result<Self> {
         let h = SeHeader::decode(s0).map_err(Self::bad(name))?;
         let mut vb = [0u8; 512];
         rd(&*file, name, &mut vb, h.volatile.0 * SECTOR)?;
@@ -709,14 +760,13 @@ impl SparseExtent {
         a.se_volatile = v;
         x.se = Some(h);
         // free_gt_number must name a table past every one in use.
-        let max_used = x
-            .gd
-            .read()
-            .iter()
-            .filter(|&&e| e != 0)
-            .map(|&e| (e & 0xffff_ffff) + 1)
-            .max()
-            .unwrap_or(0);
+        let max_used =
+            x.gd.read()
+                .iter()
+                .filter(|&&e| e != 0)
+                .map(|&e| (e & 0xffff_ffff) + 1)
+                .max()
+                .unwrap_or(0);
         let a = x.alloc.get_mut();
         a.se_volatile.free_gt_number = a.se_volatile.free_gt_number.max(max_used);
         Ok(x)
@@ -764,7 +814,9 @@ impl SparseExtent {
             SparseFormat::SeSparse => {
                 let se = self.se.as_ref().expect("se header");
                 if raw >> 60 != 1 || raw & 0x0fff_ffff_0000_0000 != 0 {
-                    return Err(self.err(format!("grain directory entry {l1} is 0x{raw:016x}, not a table reference")));
+                    return Err(self.err(format!(
+                        "grain directory entry {l1} is 0x{raw:016x}, not a table reference"
+                    )));
                 }
                 let idx = raw & 0xffff_ffff;
                 if (idx + 1) * 64 > se.grain_tables.1 {
@@ -791,7 +843,13 @@ impl SparseExtent {
         if let Some(t) = self.gt_cache.lock().get(&l1) {
             return Ok(Some((off, t.clone())));
         }
-        let t = Arc::new(read_table(&*self.file, &self.name, off, self.gt_entries, self.entry_bytes)?);
+        let t = Arc::new(read_table(
+            &*self.file,
+            &self.name,
+            off,
+            self.gt_entries,
+            self.entry_bytes,
+        )?);
         let mut c = self.gt_cache.lock();
         if c.len() >= GT_CACHE_LIMIT {
             if let Some(k) = c.keys().next().copied() {
@@ -817,7 +875,11 @@ impl SparseExtent {
             },
             SparseFormat::SeSparse => match raw >> 60 {
                 0 if raw == 0 => Gte::Unalloc,
-                0 => return Err(self.err(format!("grain table entry 0x{raw:016x}: type 0 with non-zero bits"))),
+                0 => {
+                    return Err(self.err(format!(
+                        "grain table entry 0x{raw:016x}: type 0 with non-zero bits"
+                    )))
+                }
                 1 => Gte::Unmapped,
                 2 => Gte::Zero,
                 3 => {
@@ -825,7 +887,11 @@ impl SparseExtent {
                     let idx = se_decode_index(raw);
                     Gte::Data((se.grains.0 + idx * 8) * SECTOR)
                 }
-                t => return Err(self.err(format!("grain table entry 0x{raw:016x} has unknown type 0x{t:x}"))),
+                t => {
+                    return Err(self.err(format!(
+                        "grain table entry 0x{raw:016x} has unknown type 0x{t:x}"
+                    )))
+                }
             },
         })
     }
@@ -893,23 +959,33 @@ impl SparseExtent {
     fn inflate_grain(&self, off: u64) -> Result<Vec<u8>> {
         let gb = self.grain_bytes();
         if gb > MAX_BUFFERED_GRAIN {
-            return Err(VmdkError::unsupported(&self.name, format!("compressed grains of {gb} bytes are too large")));
+            return Err(VmdkError::unsupported(
+                &self.name,
+                format!("compressed grains of {gb} bytes are too large"),
+            ));
         }
         let mut hdr = [0u8; 12];
         rd(&*self.file, &self.name, &mut hdr, off)?;
         let size = u32::from_le_bytes(hdr[8..12].try_into().expect("4")) as u64;
         // zlib never expands a grain by more than a small margin.
         if size == 0 || size > gb + gb / 8 + 1024 {
-            return Err(self.err(format!("compressed grain at byte {off} claims {size} bytes")));
+            return Err(self.err(format!(
+                "compressed grain at byte {off} claims {size} bytes"
+            )));
         }
         let mut z = vec![0u8; size as usize];
         rd(&*self.file, &self.name, &mut z, off + 12)?;
         let mut out = Vec::with_capacity(gb as usize);
         let mut dec = flate2::read::ZlibDecoder::new(&z[..]).take(gb + 1);
-        dec.read_to_end(&mut out)
-            .map_err(|e| self.err(format!("compressed grain at byte {off} does not inflate: {e}")))?;
+        dec.read_to_end(&mut out).map_err(|e| {
+            self.err(format!(
+                "compressed grain at byte {off} does not inflate: {e}"
+            ))
+        })?;
         if out.len() as u64 > gb {
-            return Err(self.err(format!("compressed grain at byte {off} inflates past the grain size")));
+            return Err(self.err(format!(
+                "compressed grain at byte {off} inflates past the grain size"
+            )));
         }
         out.resize(gb as usize, 0); // the last grain of a stream may be short
         Ok(out)
@@ -928,15 +1004,26 @@ impl SparseExtent {
                     return Ok(()); // already unallocated
                 }
                 self.alloc_gt(st, l1)?;
-                self.gt(l1)?.ok_or_else(|| self.err("new grain table vanished"))?
+                self.gt(l1)?
+                    .ok_or_else(|| self.err("new grain table vanished"))?
             }
         };
         let eb = self.entry_bytes;
-        wr(&*self.file, &self.name, &encode_entry(raw, eb), off + l2 * eb)?;
+        wr(
+            &*self.file,
+            &self.name,
+            &encode_entry(raw, eb),
+            off + l2 * eb,
+        )?;
         if self.rgd_offset.is_some() {
             let rraw = self.rgd.read().get(l1 as usize).copied().unwrap_or(0);
             if rraw != 0 {
-                wr(&*self.file, &self.name, &encode_entry(raw, eb), rraw * SECTOR + l2 * eb)?;
+                wr(
+                    &*self.file,
+                    &self.name,
+                    &encode_entry(raw, eb),
+                    rraw * SECTOR + l2 * eb,
+                )?;
             }
         }
         let mut t = (*table).clone();
@@ -960,9 +1047,19 @@ impl SparseExtent {
                 let off = (se.grain_tables.0 + idx * 64) * SECTOR;
                 wr(&*self.file, &self.name, &zeros, off)?;
                 st.se_volatile.free_gt_number = idx + 1;
-                wr(&*self.file, &self.name, &st.se_volatile.encode(), se.volatile.0 * SECTOR)?;
+                wr(
+                    &*self.file,
+                    &self.name,
+                    &st.se_volatile.encode(),
+                    se.volatile.0 * SECTOR,
+                )?;
                 let raw = (1u64 << 60) | idx;
-                wr(&*self.file, &self.name, &encode_entry(raw, eb), self.gd_offset + l1 * eb)?;
+                wr(
+                    &*self.file,
+                    &self.name,
+                    &encode_entry(raw, eb),
+                    self.gd_offset + l1 * eb,
+                )?;
                 self.gd.write()[l1 as usize] = raw;
             }
             _ => {
@@ -981,7 +1078,12 @@ impl SparseExtent {
                     self.rgd.write()[l1 as usize] = roff / SECTOR;
                 }
                 for (dir, t) in tables {
-                    wr(&*self.file, &self.name, &encode_entry(t / SECTOR, eb), dir + l1 * eb)?;
+                    wr(
+                        &*self.file,
+                        &self.name,
+                        &encode_entry(t / SECTOR, eb),
+                        dir + l1 * eb,
+                    )?;
                 }
                 self.gd.write()[l1 as usize] = off / SECTOR;
                 self.update_cowd_free(st)?;
@@ -993,7 +1095,8 @@ impl SparseExtent {
 
     fn update_cowd_free(&self, st: &AllocState) -> Result<()> {
         if let Some(mut h) = self.cowd {
-            h.free_sector = u32::try_from(st.next / SECTOR).map_err(|_| self.err("COWD file past 2 TiB"))?;
+            h.free_sector =
+                u32::try_from(st.next / SECTOR).map_err(|_| self.err("COWD file past 2 TiB"))?;
             wr(&*self.file, &self.name, &h.encode()[..32], 0)?;
         }
         Ok(())
@@ -1010,7 +1113,11 @@ impl SparseExtent {
 
     /// Run `f` with the allocation lock: the current entry of `grain` is
     /// passed in, re-read under the lock so racing writers see each other.
-    pub fn with_grain<T>(&self, grain: u64, f: impl FnOnce(&mut GrainTx<'_>) -> Result<T>) -> Result<T> {
+    pub fn with_grain<T>(
+        &self,
+        grain: u64,
+        f: impl FnOnce(&mut GrainTx<'_>) -> Result<T>,
+    ) -> Result<T> {
         if !self.writable {
             return Err(self.readonly());
         }
@@ -1088,22 +1195,30 @@ impl SparseExtent {
             };
             let tb = self.gt_entries * self.entry_bytes;
             if off + tb > len {
-                r.errors.push(format!("grain table {l1} at byte {off} lies past the end of the file"));
+                r.errors.push(format!(
+                    "grain table {l1} at byte {off} lies past the end of the file"
+                ));
                 continue;
             }
             if off < 512 {
-                r.errors.push(format!("grain table {l1} at byte {off} overlaps the header"));
+                r.errors.push(format!(
+                    "grain table {l1} at byte {off} overlaps the header"
+                ));
                 continue;
             }
             if let Some(other) = table_offsets.insert(off, l1) {
-                r.errors.push(format!("grain tables {other} and {l1} are the same table at byte {off}"));
+                r.errors.push(format!(
+                    "grain tables {other} and {l1} are the same table at byte {off}"
+                ));
             }
             let Some((_, t)) = self.gt(l1)? else { continue };
             for (l2, &e) in t.iter().enumerate() {
                 let grain = l1 * self.gt_entries + l2 as u64;
                 if grain >= self.grains() {
                     if e != 0 {
-                        r.warnings.push(format!("grain table entry for grain {grain}, past the capacity, is set"));
+                        r.warnings.push(format!(
+                            "grain table entry for grain {grain}, past the capacity, is set"
+                        ));
                     }
                     continue;
                 }
@@ -1120,7 +1235,11 @@ impl SparseExtent {
                     Gte::Unmapped => r.unmapped_grains += 1,
                     Gte::Data(o) | Gte::Compressed(o) => {
                         r.allocated_grains += 1;
-                        let end = if matches!(g, Gte::Data(_)) { o + gb } else { o + 12 };
+                        let end = if matches!(g, Gte::Data(_)) {
+                            o + gb
+                        } else {
+                            o + 12
+                        };
                         if o < data_start {
                             r.errors.push(format!("grain {grain} at byte {o} overlaps the metadata (grains start at {data_start})"));
                             continue;
@@ -1128,25 +1247,41 @@ impl SparseExtent {
                         if o >= len {
                             r.errors.push(format!("grain {grain} at byte {o} lies past the end of the {len}-byte file"));
                             if repair && self.writable {
-                                let replacement = if self.has_zero_entries() { Gte::Zero } else { Gte::Unalloc };
+                                let replacement = if self.has_zero_entries() {
+                                    Gte::Zero
+                                } else {
+                                    Gte::Unalloc
+                                };
                                 let mut st = self.alloc.lock();
                                 self.set_entry(&mut st, grain, replacement)?;
                                 r.repaired.push(format!(
                                     "grain {grain}: its data was never written; now {}",
-                                    if replacement == Gte::Zero { "a zero grain" } else { "unallocated" }
+                                    if replacement == Gte::Zero {
+                                        "a zero grain"
+                                    } else {
+                                        "unallocated"
+                                    }
                                 ));
                             }
                             continue;
                         }
                         if end > len {
-                            r.errors.push(format!("grain {grain} at byte {o} is cut short by the end of the file"));
+                            r.errors.push(format!(
+                                "grain {grain} at byte {o} is cut short by the end of the file"
+                            ));
                             if repair && self.writable {
-                                self.file.set_len(end).map_err(|e| VmdkError::io(&self.name, e))?;
-                                r.repaired.push(format!("grain {grain}: extended the file with zeros to hold it"));
+                                self.file
+                                    .set_len(end)
+                                    .map_err(|e| VmdkError::io(&self.name, e))?;
+                                r.repaired.push(format!(
+                                    "grain {grain}: extended the file with zeros to hold it"
+                                ));
                             }
                         }
                         if let Some(first) = owners.insert(o, grain) {
-                            r.errors.push(format!("grains {first} and {grain} both use the data at byte {o}"));
+                            r.errors.push(format!(
+                                "grains {first} and {grain} both use the data at byte {o}"
+                            ));
                             doubles.push((grain, o));
                         }
                     }
@@ -1159,7 +1294,9 @@ impl SparseExtent {
                 let mut buf = vec![0u8; gb as usize];
                 rd(&*self.file, &self.name, &mut buf, o)?;
                 self.with_grain(grain, |tx| tx.allocate(&buf))?;
-                r.repaired.push(format!("grain {grain}: copied the shared data to a grain of its own"));
+                r.repaired.push(format!(
+                    "grain {grain}: copied the shared data to a grain of its own"
+                ));
             }
         }
         if repair && !r.repaired.is_empty() {
@@ -1173,7 +1310,10 @@ impl SparseExtent {
     /// copies are synced before entries change, entries before truncation.
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<ShrinkReport> {
         let Some(se) = self.se else {
-            return Err(VmdkError::unsupported(&self.name, "shrink is for SEsparse extents"));
+            return Err(VmdkError::unsupported(
+                &self.name,
+                "shrink is for SEsparse extents",
+            ));
         };
         if !self.writable {
             return Err(self.readonly());
@@ -1222,7 +1362,10 @@ impl SparseExtent {
         used.sort_unstable();
         let mut holes = {
             let taken: std::collections::HashSet<u64> = used.iter().map(|u| u.0).collect();
-            (0..n).filter(|i| !taken.contains(i)).collect::<Vec<_>>().into_iter()
+            (0..n)
+                .filter(|i| !taken.contains(i))
+                .collect::<Vec<_>>()
+                .into_iter()
         };
         let moving: Vec<(u64, u64)> = used.iter().copied().filter(|&(i, _)| i >= n).collect();
         let mut moves = Vec::with_capacity(moving.len());
@@ -1230,7 +1373,9 @@ impl SparseExtent {
             if k % 256 == 0 {
                 progress(total + k as u64, total * 2);
             }
-            let to = holes.next().ok_or_else(|| self.err("shrink: ran out of holes"))?;
+            let to = holes
+                .next()
+                .ok_or_else(|| self.err("shrink: ran out of holes"))?;
             rd(&*self.file, &self.name, &mut buf, gstart + idx * gb)?;
             wr(&*self.file, &self.name, &buf, gstart + to * gb)?;
             moves.push((grain, to));
@@ -1241,7 +1386,9 @@ impl SparseExtent {
         }
         self.sync()?;
         let new_len = gstart + n * gb;
-        self.file.set_len(new_len).map_err(|e| VmdkError::io(&self.name, e))?;
+        self.file
+            .set_len(new_len)
+            .map_err(|e| VmdkError::io(&self.name, e))?;
         self.sync()?;
         st.next = new_len;
         rep.moved = moves.len() as u64;
@@ -1288,7 +1435,13 @@ impl GrainTx<'_> {
 /// Create an empty hosted sparse extent laid out as qemu-img does (grain
 /// 128 sectors, 512 entries per table, descriptor at sector 1, redundant
 /// directory, all tables preallocated). Returns the header written.
-pub fn create_kdmv(file: &dyn Storage, name: &str, capacity: u64, zero_grain: bool, descriptor: &str) -> Result<KdmvHeader> {
+pub fn create_kdmv(
+    file: &dyn Storage,
+    name: &str,
+    capacity: u64,
+    zero_grain: bool,
+    descriptor: &str,
+) -> Result<KdmvHeader> {
     let grain = 128u64;
     let grains = capacity.div_ceil(grain);
     let gt_count = grains.div_ceil(512);
@@ -1323,7 +1476,8 @@ pub fn create_kdmv(file: &dyn Storage, name: &str, capacity: u64, zero_grain: bo
         d.resize((gd_sectors * SECTOR) as usize, 0);
         wr(file, name, &d, dir * SECTOR)?;
     }
-    file.set_len(overhead * SECTOR).map_err(|e| VmdkError::io(name, e))?;
+    file.set_len(overhead * SECTOR)
+        .map_err(|e| VmdkError::io(name, e))?;
     Ok(h)
 }
 
@@ -1344,7 +1498,8 @@ pub fn create_cowd(file: &dyn Storage, name: &str, capacity: u64) -> Result<()> 
         grain_size: 1,
         gd_offset: 4,
         num_gd_entries: n_gd as u32,
-        free_sector: u32::try_from(end).map_err(|_| VmdkError::unsupported(name, "COWD metadata past 2 TiB"))?,
+        free_sector: u32::try_from(end)
+            .map_err(|_| VmdkError::unsupported(name, "COWD metadata past 2 TiB"))?,
     };
     wr(file, name, &h.encode(), 0)?;
     let mut d = Vec::with_capacity((gd_sectors * SECTOR) as usize);
@@ -1353,7 +1508,8 @@ pub fn create_cowd(file: &dyn Storage, name: &str, capacity: u64) -> Result<()> 
     }
     d.resize((gd_sectors * SECTOR) as usize, 0);
     wr(file, name, &d, 4 * SECTOR)?;
-    file.set_len(end * SECTOR).map_err(|e| VmdkError::io(name, e))?;
+    file.set_len(end * SECTOR)
+        .map_err(|e| VmdkError::io(name, e))?;
     Ok(())
 }
 
@@ -1361,8 +1517,14 @@ pub fn create_cowd(file: &dyn Storage, name: &str, capacity: u64) -> Result<()> 
 pub fn create_sesparse(file: &dyn Storage, name: &str, capacity: u64) -> Result<SeHeader> {
     let h = SeHeader::layout(capacity);
     wr(file, name, &h.encode(), 0)?;
-    wr(file, name, &SeVolatile::default().encode(), h.volatile.0 * SECTOR)?;
-    file.set_len(h.grains.0 * SECTOR).map_err(|e| VmdkError::io(name, e))?;
+    wr(
+        file,
+        name,
+        &SeVolatile::default().encode(),
+        h.volatile.0 * SECTOR,
+    )?;
+    file.set_len(h.grains.0 * SECTOR)
+        .map_err(|e| VmdkError::io(name, e))?;
     Ok(h)
 }
 
