@@ -25,7 +25,8 @@ mod meta;
 pub use catalog::Provisioning;
 pub use check::CheckReport;
 pub use datastore::{
-    split_target, Datastore, DatastoreInfo, DiskInfo, InitOptions, OpenOptions, SnapshotInfo,
+    split_target, ChangedRange, Datastore, DatastoreInfo, DiskInfo, InitOptions, OpenOptions,
+    SnapshotInfo,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

@@ -694,6 +694,92 @@ impl Meta {
         Ok(())
     }
 
+    /// Visit the virtual grains below `end` where version `b` maps a
+    /// different grain than version `a` (`None`: an empty disk): `f(v,
+    /// mapped_in_b)`. Subtrees both versions share are skipped whole, so the
+    /// cost follows what changed, not the disk size. Versions of different
+    /// heights (one was extended) are compared as if the shorter one had
+    /// been grown the same way.
+    pub fn diff(
+        &mut self,
+        a: Option<u64>,
+        b: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, bool),
+    ) -> Result<()> {
+        let sb = self.version(b)?;
+        let (ra, la) = match a {
+            Some(a) => {
+                let sa = self.version(a)?;
+                (sa.root, sa.levels)
+            }
+            None => (0, 1),
+        };
+        let levels = sb.levels.max(la);
+        self.diff_node(
+            (ra, la.saturating_sub(1)),
+            (sb.root, sb.levels - 1),
+            levels - 1,
+            0,
+            end,
+            f,
+        )
+    }
+
+    /// Entries of `node` (real height `real`) seen at height `level`: above
+    /// its real height a node is the first child of implicit parents.
+    fn entries_at(&mut self, node: u64, real: u8, level: u8) -> Result<Vec<u64>> {
+        let mut v = vec![0u64; MAP_FANOUT];
+        if node == 0 {
+            return Ok(v);
+        }
+        if level > real {
+            v[0] = node;
+            return Ok(v);
+        }
+        v.copy_from_slice(self.node(node)?);
+        Ok(v)
+    }
+
+    fn diff_node(
+        &mut self,
+        a: (u64, u8),
+        b: (u64, u8),
+        level: u8,
+        base: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, bool),
+    ) -> Result<()> {
+        if a == b || base >= end {
+            return Ok(());
+        }
+        let ea = self.entries_at(a.0, a.1, level)?;
+        let eb = self.entries_at(b.0, b.1, level)?;
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let child = |n: (u64, u8)| {
+            if level > n.1 {
+                n.1
+            } else {
+                level.saturating_sub(1)
+            }
+        };
+        for i in 0..MAP_FANOUT {
+            let cb = base + i as u64 * span;
+            if cb >= end {
+                break;
+            }
+            if ea[i] == eb[i] && child(a) == child(b) {
+                continue;
+            }
+            if level == 0 {
+                f(cb, eb[i] != 0);
+            } else {
+                self.diff_node((ea[i], child(a)), (eb[i], child(b)), level - 1, cb, end, f)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Virtual grains of `[start, end)` that are mapped in `ver`.
     pub fn mapped_in(&mut self, ver: u64, start: u64, end: u64) -> Result<Vec<u64>> {
         let mut mapped = Vec::new();

@@ -588,22 +588,23 @@ impl SparseExtent {
             ));
         }
         let gd = read_table(&*file, name, gd_offset, gd_entries, entry_bytes)?;
-        let rgd =
-            match rgd_offset {
-                Some(o)
-                    if o.checked_add(gd_entries * entry_bytes)
-                        .is_some_and(|e| e <= len) =>
-                {
-                    read_table(&*file, name, o, gd_entries, entry_bytes)?
-                }
-                Some(o) => return Err(VmdkError::malformed(
+        let rgd = match rgd_offset {
+            Some(o)
+                if o.checked_add(gd_entries * entry_bytes)
+                    .is_some_and(|e| e <= len) =>
+            {
+                read_table(&*file, name, o, gd_entries, entry_bytes)?
+            }
+            Some(o) => {
+                return Err(VmdkError::malformed(
                     name,
                     format!(
                         "redundant grain directory at byte {o} reaches past the end of the file"
                     ),
-                )),
-                None => Vec::new(),
-            };
+                ))
+            }
+            None => Vec::new(),
+        };
         let next = len.div_ceil(grain_sectors * SECTOR) * grain_sectors * SECTOR;
         Ok(SparseExtent {
             format,
