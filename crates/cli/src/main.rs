@@ -4,6 +4,7 @@ mod control;
 mod ops;
 mod serve;
 mod units;
+mod vmdk_cmd;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -121,8 +122,72 @@ enum Cmd {
         #[command(flatten)]
         json: JsonFlag,
     },
-    /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP)
+    /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
     Serve(serve::ServeArgs),
+    /// Import a VMDK chain (snapshots = its links), a raw image or a qcow2 image as a new disk
+    Import {
+        /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2
+        path: PathBuf,
+        /// Name of the new disk
+        name: String,
+        /// Provisioning of the new disk
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        /// Image format [default: detected from the content]: vmdk, raw or qcow2 (needs qemu-img)
+        #[arg(long)]
+        format: Option<String>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Export DISK or DISK@SNAP as a VMDK
+    Export {
+        /// DISK or DISK@SNAP
+        target: String,
+        /// Output file, ending in .vmdk (never overwritten)
+        out: PathBuf,
+        /// monolithicSparse, monolithicFlat, streamOptimized, vmfsSparse or seSparse
+        #[arg(long, default_value = "monolithicSparse")]
+        subformat: String,
+        /// Write the snapshot path as a chain: OUT.vmdk is the base, OUT-000001.vmdk... the
+        /// deltas (vmfsSparse/seSparse chains get a monolithicFlat base); the last file is TARGET
+        #[arg(long)]
+        chain: bool,
+        /// ddb.adapterType of the descriptor: ide, buslogic, lsilogic or legacyESX
+        #[arg(long, default_value = "lsilogic")]
+        adapter: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Work on VMDK files directly (no datastore needed): info, check [--repair], shrink
+    #[command(subcommand)]
+    Vmdk(VmdkCmd),
+}
+
+#[derive(Subcommand)]
+enum VmdkCmd {
+    /// Show a VMDK chain link by link: create type, CIDs, extents
+    Info {
+        path: PathBuf,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Check grain directories and tables of every link: out-of-file, doubly used and bad
+    /// entries; exits 1 when errors remain
+    Check {
+        path: PathBuf,
+        /// Fix what needs no guessing (in the top link): clear never-written grains, give doubly
+        /// used grains their own copies, extend cut-short files, clear the unclean flag
+        #[arg(long)]
+        repair: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system
+    Shrink {
+        path: PathBuf,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
 }
 
 #[derive(Subcommand)]
@@ -182,6 +247,43 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     let (req, json) = match &cli.cmd {
         Cmd::Init { capacity } => return init(dir, capacity.unwrap_or(0)),
         Cmd::Serve(args) => return serve::run(dir, cli.cache, args),
+        Cmd::Vmdk(v) => return vmdk(v),
+        Cmd::Import {
+            path,
+            name,
+            provisioning,
+            format,
+            json,
+        } => (
+            Request::Import {
+                path: vmdk_cmd::absolute(path)?,
+                name: name.clone(),
+                provisioning: *provisioning,
+                format: format.clone(),
+            },
+            json.json,
+        ),
+        Cmd::Export {
+            target,
+            out,
+            subformat,
+            chain,
+            adapter,
+            json,
+        } => {
+            strata_vmdk::Subformat::parse(subformat)
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?;
+            (
+                Request::Export {
+                    target: target.clone(),
+                    out: vmdk_cmd::absolute(out)?,
+                    subformat: subformat.clone(),
+                    chain: *chain,
+                    adapter: adapter.clone(),
+                },
+                json.json,
+            )
+        }
         Cmd::Status(j) => (Request::Status, j.json),
         Cmd::Create {
             name,
@@ -309,6 +411,112 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn vmdk(cmd: &VmdkCmd) -> Result<ExitCode, Error> {
+    let (v, json) = match cmd {
+        VmdkCmd::Info { path, json } => (vmdk_cmd::info(path)?, json.json),
+        VmdkCmd::Check { path, repair, json } => (vmdk_cmd::check(path, *repair)?, json.json),
+        VmdkCmd::Shrink { path, json } => {
+            let bar = progress_bar(!json.json);
+            let v = vmdk_cmd::shrink(path, &mut |d, t| {
+                if let Some(b) = &bar {
+                    b.set_length(t);
+                    b.set_position(d);
+                }
+            })?;
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            (v, json.json)
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+    } else {
+        match cmd {
+            VmdkCmd::Info { .. } => {
+                println!(
+                    "size: {} ({} links)",
+                    human(u(&v["size_bytes"])),
+                    u(&v["depth"])
+                );
+                for (i, l) in v["links"].as_array().into_iter().flatten().enumerate() {
+                    println!(
+                        "{}{}  {}  CID {} parentCID {}",
+                        "  ".repeat(i),
+                        s(&l["file"]),
+                        s(&l["create_type"]),
+                        s(&l["cid"]),
+                        s(&l["parent_cid"])
+                    );
+                    for e in l["extents"].as_array().into_iter().flatten() {
+                        println!(
+                            "{}  extent {} {} sectors: {} {}",
+                            "  ".repeat(i),
+                            s(&e["type"]),
+                            u(&e["sectors"]),
+                            s(&e["format"]),
+                            s(&e["file"])
+                        );
+                    }
+                }
+            }
+            VmdkCmd::Check { .. } => {
+                for f in v["files"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}: {} allocated, {} zero, {} unmapped grains",
+                        s(&f["file"]),
+                        u(&f["allocated_grains"]),
+                        u(&f["zero_grains"]),
+                        u(&f["unmapped_grains"])
+                    );
+                    for (label, key) in [
+                        ("error", "errors"),
+                        ("warning", "warnings"),
+                        ("repaired", "repaired"),
+                    ] {
+                        for m in f[key].as_array().into_iter().flatten() {
+                            println!("  {label}: {}", s(m));
+                        }
+                    }
+                }
+                if u(&v["remaining_errors"]) == 0 {
+                    println!("no errors remain");
+                } else {
+                    println!("{} errors remain", u(&v["remaining_errors"]));
+                }
+            }
+            VmdkCmd::Shrink { .. } => {
+                for r in v.as_array().into_iter().flatten() {
+                    println!(
+                        "shrunk from {} to {} ({} grains moved, {} all-zero grains turned into zero entries)",
+                        human(u(&r["bytes_before"])),
+                        human(u(&r["bytes_after"])),
+                        u(&r["moved"]),
+                        u(&r["zero_grains_found"])
+                    );
+                }
+            }
+        }
+    }
+    if matches!(cmd, VmdkCmd::Check { .. }) && u(&v["remaining_errors"]) > 0 {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn progress_bar(show: bool) -> Option<indicatif::ProgressBar> {
+    if !show || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(0);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:40}] {percent}% eta {eta}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    Some(b)
 }
 
 fn init(dir: &Path, capacity: u64) -> Result<ExitCode, Error> {
@@ -503,6 +711,28 @@ fn print_human(req: &Request, v: &Value) {
         }
         Request::SnapshotList { .. } => print_tree(v),
         Request::Stats { .. } => print_stats(v),
+        Request::Import { .. } => {
+            print_disk(&v["disk"]);
+            let snaps = v["snapshots"].as_array().cloned().unwrap_or_default();
+            if !snaps.is_empty() {
+                println!(
+                    "imported {} links; snapshots (base first): {}",
+                    snaps.len() + 1,
+                    snaps.iter().map(s).collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+        Request::Export { .. } => {
+            for l in v["links"].as_array().into_iter().flatten() {
+                println!(
+                    "wrote {} ({}) from {}",
+                    s(&l["file"]),
+                    s(&l["subformat"]),
+                    s(&l["version"])
+                );
+            }
+            println!("open {}", s(&v["open"]));
+        }
         Request::Check => {
             let errors = v["errors"].as_array().cloned().unwrap_or_default();
             println!(

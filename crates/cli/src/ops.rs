@@ -64,6 +64,21 @@ pub enum Request {
         disk: Option<String>,
         reset: bool,
     },
+    /// Import a VMDK chain, raw or qcow2 image as a new disk.
+    Import {
+        path: std::path::PathBuf,
+        name: String,
+        provisioning: Provisioning,
+        format: Option<String>,
+    },
+    /// Export a disk or snapshot as VMDK (optionally its snapshot path as a chain).
+    Export {
+        target: String,
+        out: std::path::PathBuf,
+        subformat: String,
+        chain: bool,
+        adapter: String,
+    },
 }
 
 impl Request {
@@ -72,6 +87,8 @@ impl Request {
         matches!(
             self,
             Request::CloneFull { .. }
+                | Request::Import { .. }
+                | Request::Export { .. }
                 | Request::Create {
                     provisioning: Provisioning::Eagerzeroedthick,
                     ..
@@ -134,6 +151,23 @@ pub fn execute(
             provisioning,
         } => to_value(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => to_value(ds.check()?),
+        Request::Import {
+            path,
+            name,
+            provisioning,
+            format,
+        } => crate::vmdk_cmd::import(ds, path, name, *provisioning, format.as_deref(), progress)?,
+        Request::Export {
+            target,
+            out,
+            subformat,
+            chain,
+            adapter,
+        } => {
+            let sub = strata_vmdk::Subformat::parse(subformat)
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?;
+            crate::vmdk_cmd::export(ds, target, out, sub, *chain, adapter, progress)?
+        }
         Request::Stats { disk, reset } => {
             let Some(reg) = ctx.stats else {
                 return Err(Error::new(

@@ -14,6 +14,7 @@ use strata_block::BlockDevice;
 use strata_engine::{Datastore, Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
+use strata_vmdk::VmdkImage;
 
 use crate::control;
 use crate::ops::{self, LockOutcome};
@@ -35,28 +36,57 @@ pub struct ServeArgs {
     /// Create the datastore first if the directory has none
     #[arg(long)]
     init: bool,
+    /// Also serve a VMDK (a descriptor or sparse file; its parent chain is followed) as it is,
+    /// read-write where the format allows, as export NAME (default: the file's stem).
+    /// Repeatable. Without a datastore in the directory, only the VMDKs are served.
+    #[arg(long, value_name = "[NAME=]PATH")]
+    vmdk: Vec<String>,
+    /// Serve the --vmdk images read-only
+    #[arg(long)]
+    vmdk_read_only: bool,
 }
 
 struct Exports {
-    ds: Datastore,
+    ds: Option<Datastore>,
+    vmdks: Vec<(String, Arc<VmdkImage>)>,
     stats: Option<Arc<StatsRegistry>>,
 }
 
 impl ExportProvider for Exports {
     fn list(&self) -> Vec<ExportInfo> {
-        self.ds
-            .export_names()
-            .into_iter()
-            .map(|(name, description)| ExportInfo { name, description })
-            .collect()
+        let mut out: Vec<ExportInfo> = self
+            .vmdks
+            .iter()
+            .map(|(name, img)| ExportInfo {
+                name: name.clone(),
+                description: format!(
+                    "VMDK {} ({}, {} links{})",
+                    img.links[0].name,
+                    img.links[0].create_type(),
+                    img.links.len(),
+                    if img.read_only() { ", read-only" } else { "" }
+                ),
+            })
+            .collect();
+        if let Some(ds) = &self.ds {
+            out.extend(
+                ds.export_names()
+                    .into_iter()
+                    .map(|(name, description)| ExportInfo { name, description }),
+            );
+        }
+        out
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        let dev = self
-            .ds
-            .open_disk(name)
-            .map(|h| h as Arc<dyn BlockDevice>)
-            .map_err(|e| e.message)?;
+        let dev = match (self.vmdks.iter().find(|(n, _)| n == name), &self.ds) {
+            (Some((_, img)), _) => img.clone() as Arc<dyn BlockDevice>,
+            (None, Some(ds)) => ds
+                .open_disk(name)
+                .map(|h| h as Arc<dyn BlockDevice>)
+                .map_err(|e| e.message)?,
+            (None, None) => return Err(format!("no export named '{name}'")),
+        };
         Ok(match &self.stats {
             // Every connection to the same export shares one set of statistics.
             Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),
@@ -66,10 +96,11 @@ impl ExportProvider for Exports {
 }
 
 /// Answer `GET /metrics` with Prometheus text until the server is unblocked.
-fn serve_http(server: &tiny_http::Server, ds: &Datastore, reg: &StatsRegistry) {
+fn serve_http(server: &tiny_http::Server, ds: Option<&Datastore>, reg: &StatsRegistry) {
     for req in server.incoming_requests() {
         let resp = if req.url() == "/metrics" && *req.method() == tiny_http::Method::Get {
-            let body = strata_stats::render_prometheus(&reg.snapshot_all(), &gauges(ds));
+            let g = ds.map(gauges).unwrap_or_default();
+            let body = strata_stats::render_prometheus(&reg.snapshot_all(), &g);
             let ct = tiny_http::Header::from_bytes(
                 &b"Content-Type"[..],
                 &b"text/plain; version=0.0.4"[..],
@@ -170,12 +201,43 @@ fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
+/// Open every `--vmdk [NAME=]PATH`.
+fn open_vmdks(args: &ServeArgs) -> Result<Vec<(String, Arc<VmdkImage>)>, Error> {
+    let mut out: Vec<(String, Arc<VmdkImage>)> = Vec::new();
+    for spec in &args.vmdk {
+        let (name, path) = match spec.split_once('=') {
+            Some((n, p)) if !n.contains('/') => (n.to_string(), PathBuf::from(p)),
+            _ => {
+                let p = PathBuf::from(spec);
+                let stem = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().to_string())
+                    .unwrap_or_else(|| spec.clone());
+                (stem, p)
+            }
+        };
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("two --vmdk exports are named '{name}'; name them with NAME=PATH"),
+            ));
+        }
+        let img = crate::vmdk_cmd::open_vmdk(&path, !args.vmdk_read_only)?;
+        out.push((name, Arc::new(img)));
+    }
+    Ok(out)
+}
+
 pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> {
     if args.nbd_unix.is_none() && args.nbd_tcp.is_none() {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             "nothing to serve on: give --nbd-unix PATH and/or --nbd-tcp HOST:PORT",
         ));
+    }
+    let vmdks = open_vmdks(args)?;
+    if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !vmdks.is_empty() {
+        return serve_only_vmdks(args, vmdks);
     }
     if args.init && !dir.join(strata_format::FILE_SUPER).exists() {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create datastore directory", e))?;
@@ -223,14 +285,28 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), stop.clone());
 
     let stats = (!args.no_stats).then(|| registry.clone());
+    for (n, _) in &vmdks {
+        if ds.open_disk(n).is_ok() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("--vmdk export '{n}' has the name of a disk; name it with NAME=PATH"),
+            ));
+        }
+    }
+    let vmdk_list = vmdks.clone();
     let server = NbdServer::new(
         Arc::new(Exports {
-            ds: ds.clone(),
+            ds: Some(ds.clone()),
+            vmdks,
             stats,
         }),
         ServerOptions::default(),
     );
-    let names: Vec<String> = ds.export_names().into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = vmdk_list
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain(ds.export_names().into_iter().map(|(n, _)| n))
+        .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
     if let Some(p) = &args.nbd_unix {
@@ -265,7 +341,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
             let (hh, ds2, reg2) = (h.clone(), ds.clone(), registry.clone());
             let t = std::thread::Builder::new()
                 .name("http".into())
-                .spawn(move || serve_http(&hh, &ds2, &reg2))
+                .spawn(move || serve_http(&hh, Some(&ds2), &reg2))
                 .map_err(|e| io_err("spawn http thread", e))?;
             Some((h, t))
         }
@@ -300,7 +376,92 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     if let Some(p) = &args.nbd_unix {
         let _ = std::fs::remove_file(p);
     }
+    flush_vmdks(&vmdk_list);
     ds.close()?;
     eprintln!("strata: datastore flushed and closed");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
+    for (n, img) in vmdks {
+        if let Err(e) = img.flush() {
+            eprintln!("strata: flushing VMDK export {n} failed: {e}");
+        }
+    }
+}
+
+/// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
+fn serve_only_vmdks(
+    args: &ServeArgs,
+    vmdks: Vec<(String, Arc<VmdkImage>)>,
+) -> Result<ExitCode, Error> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err("signal handler", e))?;
+    }
+    let registry = Arc::new(StatsRegistry::new());
+    let list = vmdks.clone();
+    let server = NbdServer::new(
+        Arc::new(Exports {
+            ds: None,
+            vmdks,
+            stats: (!args.no_stats).then(|| registry.clone()),
+        }),
+        ServerOptions::default(),
+    );
+    println!("strata: serving VMDK files (no datastore)");
+    for (n, img) in &list {
+        println!(
+            "  export {n}: {} ({}, {} links{})",
+            img.links[0].name,
+            img.links[0].create_type(),
+            img.links.len(),
+            if img.read_only() { ", read-only" } else { "" }
+        );
+    }
+    let example = &list[0].0;
+    if let Some(p) = &args.nbd_unix {
+        remove_stale_socket(p)?;
+        let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+        server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
+        println!("  NBD on unix socket {}", p.display());
+        println!(
+            "    e.g. nbdinfo 'nbd+unix:///{example}?socket={}'",
+            p.display()
+        );
+    }
+    if let Some(a) = &args.nbd_tcp {
+        let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
+        let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
+        server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
+        println!("  NBD on tcp {addr}");
+    }
+    let http = match &args.http {
+        Some(a) => {
+            let h = Arc::new(
+                tiny_http::Server::http(a.as_str())
+                    .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?,
+            );
+            let (hh, reg2) = (h.clone(), registry.clone());
+            let t = std::thread::spawn(move || serve_http(&hh, None, &reg2));
+            Some((h, t))
+        }
+        None => None,
+    };
+    println!("  stop with Ctrl-C or SIGTERM (flushes)");
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("strata: shutting down");
+    server.shutdown();
+    if let Some((h, t)) = http {
+        h.unblock();
+        let _ = t.join();
+    }
+    if let Some(p) = &args.nbd_unix {
+        let _ = std::fs::remove_file(p);
+    }
+    flush_vmdks(&list);
+    eprintln!("strata: VMDK files flushed");
     Ok(ExitCode::SUCCESS)
 }

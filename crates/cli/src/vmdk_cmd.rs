@@ -1,0 +1,604 @@
+//! VMware disks in and out: `import` (VMDK chains, raw, qcow2), `export`
+//! (every subformat, optionally as a chain of deltas), and the offline
+//! `vmdk info|check|shrink` commands.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use strata_block::{BlockDevice, ZeroOptions};
+use strata_engine::{Datastore, DiskHandle, Error, ErrorKind, Provisioning};
+use strata_storage::{Backend, FileBackend};
+use strata_vmdk::chain::ExtentImpl;
+use strata_vmdk::create::image_files;
+use strata_vmdk::{
+    create_image, ImageSpec, OpenOptions, RangeState, StreamWriter, Subformat, VmdkImage,
+};
+
+const GRAIN: u64 = 4096;
+const CHUNK: u64 = 1 << 20;
+
+fn verr(e: strata_vmdk::VmdkError) -> Error {
+    let kind = match e.kind {
+        strata_vmdk::VmdkErrorKind::Io => ErrorKind::Io,
+        strata_vmdk::VmdkErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+        strata_vmdk::VmdkErrorKind::ReadOnly => ErrorKind::Refused,
+        strata_vmdk::VmdkErrorKind::Unsupported => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Corrupt,
+    };
+    Error::new(kind, e.to_string())
+}
+
+fn berr(e: strata_block::BlockError) -> Error {
+    Error::new(ErrorKind::Io, e.to_string())
+}
+
+fn io(what: &str, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("{what}: {e}"))
+}
+
+/// Open a VMDK chain read-only (or writable) from a path.
+pub fn open_vmdk(path: &Path, writable: bool) -> Result<VmdkImage, Error> {
+    VmdkImage::open(
+        path,
+        &OpenOptions {
+            writable,
+            ..Default::default()
+        },
+    )
+    .map_err(verr)
+}
+
+/// What kind of image a file is, by content.
+fn sniff(path: &Path) -> Result<&'static str, Error> {
+    let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
+    let mut head = [0u8; 4096];
+    let n = f.read_at(&mut head, 0).map_err(|e| io("read", e))?;
+    let h = &head[..n];
+    if h.starts_with(b"QFI\xfb") {
+        return Ok("qcow2");
+    }
+    if h.starts_with(b"KDMV")
+        || h.starts_with(b"COWD")
+        || h.starts_with(&0xcafe_babeu64.to_le_bytes())
+    {
+        return Ok("vmdk");
+    }
+    let text = String::from_utf8_lossy(h);
+    let named_vmdk = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("vmdk"));
+    if named_vmdk || (text.contains("createType") && text.contains("version")) {
+        return Ok("vmdk");
+    }
+    Ok("raw")
+}
+
+fn snapshot_name(file: &str, taken: &mut Vec<String>) -> String {
+    let base = file.rsplit('/').next().unwrap_or(file);
+    let stem = base.strip_suffix(".vmdk").unwrap_or(base);
+    let mut n: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if n.is_empty() {
+        n = "link".into();
+    }
+    let mut cand = n.clone();
+    let mut i = 2;
+    while taken.contains(&cand) {
+        cand = format!("{n}-{i}");
+        i += 1;
+    }
+    taken.push(cand.clone());
+    cand
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+/// Write `buf` (at disk offset `off`) grain by grain, skipping zero grains
+/// (`zero_mask`: zero grains must mask what is below, so zero them).
+fn put_grains(h: &DiskHandle, buf: &[u8], off: u64, zero_mask: bool) -> Result<(), Error> {
+    let mut p = 0usize;
+    while p < buf.len() {
+        let n = (GRAIN as usize).min(buf.len() - p);
+        let piece = &buf[p..p + n];
+        if !is_zero(piece) {
+            h.write_at(piece, off + p as u64, false).map_err(berr)?;
+        } else if zero_mask {
+            h.write_zeroes(
+                off + p as u64,
+                n as u64,
+                ZeroOptions {
+                    may_unmap: true,
+                    ..Default::default()
+                },
+            )
+            .map_err(berr)?;
+        }
+        p += n;
+    }
+    Ok(())
+}
+
+/// Import `path` as disk `name`. A VMDK chain becomes a disk whose
+/// snapshots are the chain's links below the top (base first, named after
+/// the files); the top link is the disk's live state.
+pub fn import(
+    ds: &Datastore,
+    path: &Path,
+    name: &str,
+    prov: Provisioning,
+    format: Option<&str>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
+    let format = match format {
+        Some(f) => f.to_string(),
+        None => sniff(path)?.to_string(),
+    };
+    match format.as_str() {
+        "vmdk" => import_vmdk(ds, path, name, prov, progress),
+        "raw" => {
+            let size = std::fs::metadata(path)
+                .map_err(|e| io(&path.display().to_string(), e))?
+                .len();
+            import_raw(ds, path, name, size, prov, progress)?;
+            Ok(json!({"disk": ds.disk_info(name)?, "format": "raw", "snapshots": []}))
+        }
+        "qcow2" => import_qcow2(ds, path, name, prov, progress),
+        other => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("unknown import format {other:?}: vmdk, raw or qcow2"),
+        )),
+    }
+}
+
+fn import_raw(
+    ds: &Datastore,
+    path: &Path,
+    name: &str,
+    size: u64,
+    prov: Provisioning,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), Error> {
+    if !size.is_multiple_of(512) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} is {size} bytes, not a whole number of 512-byte sectors",
+                path.display()
+            ),
+        ));
+    }
+    let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
+    ds.create_disk(name, size, prov, &mut |_, _| {})?;
+    let h = ds.open_disk(name)?;
+    let r = (|| {
+        let mut buf = vec![0u8; CHUNK as usize];
+        let mut off = 0u64;
+        while off < size {
+            // Skip holes of sparse files without reading them.
+            let data = seek_data(&f, off).unwrap_or(off);
+            if data >= size {
+                break;
+            }
+            off = data - data % GRAIN;
+            let n = CHUNK.min(size - off) as usize;
+            f.read_exact_at(&mut buf[..n], off)
+                .map_err(|e| io("read", e))?;
+            put_grains(&h, &buf[..n], off, false)?;
+            off += n as u64;
+            progress(off, size);
+        }
+        h.flush().map_err(berr)
+    })();
+    if r.is_err() {
+        let _ = ds.remove_disk(name);
+    }
+    r
+}
+
+fn seek_data(f: &std::fs::File, off: u64) -> Option<u64> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: lseek on a descriptor we own; SEEK_DATA only reports.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, libc::SEEK_DATA) };
+    (r >= 0).then_some(r as u64)
+}
+
+fn import_qcow2(
+    ds: &Datastore,
+    path: &Path,
+    name: &str,
+    prov: Provisioning,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
+    let tmp = std::env::temp_dir().join(format!("strata-import-{}-{name}.raw", std::process::id()));
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-q", "-f", "qcow2", "-O", "raw"])
+        .arg(path)
+        .arg(&tmp)
+        .output()
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "importing qcow2 needs qemu-img, which could not be run ({e}); install qemu-utils, or convert to raw first"
+                ),
+            )
+        })?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "qemu-img could not read {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    let size = std::fs::metadata(&tmp)
+        .map_err(|e| io("converted image", e))?
+        .len();
+    let r = import_raw(ds, &tmp, name, size, prov, progress);
+    let _ = std::fs::remove_file(&tmp);
+    r?;
+    Ok(json!({"disk": ds.disk_info(name)?, "format": "qcow2", "snapshots": []}))
+}
+
+fn import_vmdk(
+    ds: &Datastore,
+    path: &Path,
+    name: &str,
+    prov: Provisioning,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
+    let img = open_vmdk(path, false)?;
+    let size = img.size_bytes();
+    let levels = img.links.len();
+    ds.create_disk(name, size, prov, &mut |_, _| {})?;
+    let mut taken = Vec::new();
+    let mut snaps = Vec::new();
+    let r = (|| -> Result<(), Error> {
+        let h = ds.open_disk(name)?;
+        let total = size * levels as u64;
+        let mut done = 0u64;
+        let mut buf = vec![0u8; CHUNK as usize];
+        for level in (0..levels).rev() {
+            let base = level == levels - 1;
+            let link_size = (img.links[level].sectors * 512).min(size);
+            let mut off = 0u64;
+            while off < link_size {
+                let runs = img
+                    .link_status(level, off, link_size - off, 1024)
+                    .map_err(verr)?;
+                for (len, st) in runs {
+                    match st {
+                        RangeState::Unallocated => {}
+                        RangeState::Zero => {
+                            if !base {
+                                h.write_zeroes(
+                                    off,
+                                    len,
+                                    ZeroOptions {
+                                        may_unmap: true,
+                                        ..Default::default()
+                                    },
+                                )
+                                .map_err(berr)?;
+                            }
+                        }
+                        RangeState::Data => {
+                            let mut p = 0u64;
+                            while p < len {
+                                let n = CHUNK.min(len - p) as usize;
+                                img.read_link(level, &mut buf[..n], off + p).map_err(verr)?;
+                                put_grains(&h, &buf[..n], off + p, !base)?;
+                                p += n as u64;
+                                progress(done + off + p, total);
+                            }
+                        }
+                    }
+                    off += len;
+                }
+            }
+            done += size;
+            progress(done, total);
+            if level > 0 {
+                let sn = snapshot_name(&img.links[level].name, &mut taken);
+                ds.snapshot_create(
+                    name,
+                    &sn,
+                    &format!(
+                        "imported from {} ({})",
+                        img.links[level].name,
+                        img.links[level].create_type()
+                    ),
+                )?;
+                snaps.push(sn);
+            }
+        }
+        h.flush().map_err(berr)
+    })();
+    if let Err(e) = r {
+        let _ = ds.remove_disk(name);
+        return Err(e);
+    }
+    Ok(json!({
+        "disk": ds.disk_info(name)?,
+        "format": "vmdk",
+        "links": img.links.iter().map(|l| json!({"file": l.name, "create_type": l.create_type()})).collect::<Vec<_>>(),
+        "snapshots": snaps,
+    }))
+}
+
+/// Export `target` (DISK or DISK@SNAP) to `out`. With `chain`, write the
+/// snapshot path as a base and deltas named like VMware's (`NAME.vmdk`,
+/// `NAME-000001.vmdk`, ...); the last file is `target`.
+pub fn export(
+    ds: &Datastore,
+    target: &str,
+    out: &Path,
+    sub: Subformat,
+    chain: bool,
+    adapter: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, Error> {
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file = out
+        .file_name()
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{} is not a file name", out.display()),
+            )
+        })?
+        .to_string_lossy()
+        .to_string();
+    if !file.ends_with(".vmdk") {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "the output name must end in .vmdk",
+        ));
+    }
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::new(dir));
+    let (disk, _) = strata_engine::split_target(target);
+    let mut versions: Vec<String> = Vec::new();
+    if chain {
+        if !sub.can_be_delta() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "--chain needs a subformat that can be a delta (monolithicSparse, vmfsSparse or seSparse), not {}",
+                    sub.name()
+                ),
+            ));
+        }
+        versions = ds
+            .snapshot_path(target)?
+            .into_iter()
+            .map(|s| format!("{disk}@{s}"))
+            .collect();
+    }
+    versions.push(target.to_string());
+    let stem = file.strip_suffix(".vmdk").unwrap_or(&file).to_string();
+    let names: Vec<String> = (0..versions.len())
+        .map(|i| {
+            if i == 0 {
+                file.clone()
+            } else {
+                format!("{stem}-{i:06}.vmdk")
+            }
+        })
+        .collect();
+    for (i, n) in names.iter().enumerate() {
+        let s = if i == 0 && chain && sub != Subformat::MonolithicSparse {
+            Subformat::MonolithicFlat
+        } else {
+            sub
+        };
+        for f in image_files(n, s) {
+            if dir.join(&f).exists() {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} already exists; refusing to overwrite it",
+                        dir.join(&f).display()
+                    ),
+                ));
+            }
+        }
+    }
+    let total: u64 = versions.len() as u64;
+    let mut written = Vec::new();
+    let mut parent: Option<(String, u32)> = None;
+    for (i, v) in versions.iter().enumerate() {
+        let h = ds.open_disk(v)?;
+        let size = h.size_bytes();
+        let from = if i == 0 {
+            None
+        } else {
+            Some(versions[i - 1].as_str())
+        };
+        let ranges = ds.changed_ranges(from, v)?;
+        let mapped_total: u64 = ranges.iter().map(|r| r.len).sum::<u64>().max(1);
+        let mut done = 0u64;
+        let mut step = |n: u64| {
+            done += n;
+            progress(i as u64 * 1000 + done * 1000 / mapped_total, total * 1000);
+        };
+        let this_sub = if i == 0 && chain && sub != Subformat::MonolithicSparse {
+            Subformat::MonolithicFlat
+        } else {
+            sub
+        };
+        let name = &names[i];
+        if this_sub == Subformat::StreamOptimized {
+            let mut w = StreamWriter::create(&*backend, name, size / 512, adapter).map_err(verr)?;
+            let gb = w.grain_bytes();
+            let mut buf = vec![0u8; gb as usize];
+            let mut last: Option<u64> = None;
+            for r in ranges.iter().filter(|r| r.mapped) {
+                let first = r.offset / gb;
+                let end = (r.offset + r.len).div_ceil(gb);
+                for g in first..end {
+                    if last.is_some_and(|l| g <= l) {
+                        continue;
+                    }
+                    let n = gb.min(size - g * gb) as usize;
+                    h.read_at(&mut buf[..n], g * gb).map_err(berr)?;
+                    w.write_grain(g, &buf[..n]).map_err(verr)?;
+                    last = Some(g);
+                }
+                step(r.len);
+            }
+            w.finish().map_err(verr)?;
+        } else {
+            let mut spec = ImageSpec::new(this_sub, size / 512);
+            spec.parent = parent.clone();
+            spec.adapter = adapter.to_string();
+            let img = create_image(backend.clone(), name, &spec).map_err(verr)?;
+            let mut buf = vec![0u8; CHUNK as usize];
+            for r in &ranges {
+                if !r.mapped {
+                    if i > 0 {
+                        img.write_zeroes(
+                            r.offset,
+                            r.len,
+                            ZeroOptions {
+                                may_unmap: true,
+                                ..Default::default()
+                            },
+                        )
+                        .map_err(berr)?;
+                    }
+                    step(r.len);
+                    continue;
+                }
+                let mut p = 0u64;
+                while p < r.len {
+                    let n = CHUNK.min(r.len - p) as usize;
+                    h.read_at(&mut buf[..n], r.offset + p).map_err(berr)?;
+                    let mut q = 0usize;
+                    while q < n {
+                        let m = (GRAIN as usize).min(n - q);
+                        let piece = &buf[q..q + m];
+                        let at = r.offset + p + q as u64;
+                        if !is_zero(piece) {
+                            img.write_at(piece, at, false).map_err(berr)?;
+                        } else if i > 0 {
+                            img.write_zeroes(at, m as u64, ZeroOptions::default())
+                                .map_err(berr)?;
+                        }
+                        q += m;
+                    }
+                    p += n as u64;
+                    step(n as u64);
+                }
+            }
+            img.flush().map_err(berr)?;
+            let cid = img.current_cid();
+            drop(img);
+            parent = Some((name.clone(), cid));
+        }
+        written.push(json!({"file": dir.join(name).display().to_string(), "version": v, "subformat": this_sub.name()}));
+    }
+    progress(total * 1000, total * 1000);
+    Ok(json!({
+        "target": target,
+        "open": dir.join(names.last().expect("one link")).display().to_string(),
+        "links": written,
+    }))
+}
+
+/// `strata vmdk info`: the chain, link by link.
+pub fn info(path: &Path) -> Result<Value, Error> {
+    let img = open_vmdk(path, false)?;
+    let mut links = Vec::new();
+    for l in &img.links {
+        let mut extents = Vec::new();
+        for e in &l.extents {
+            let (kind, file, grain) = match &e.imp {
+                ExtentImpl::Flat { name, .. } => ("flat", name.clone(), None),
+                ExtentImpl::Zero => ("zero", String::new(), None),
+                ExtentImpl::Sparse(s) => {
+                    (s.format.name(), s.name().to_string(), Some(s.grain_bytes()))
+                }
+            };
+            extents.push(json!({
+                "type": e.line_type.name(), "format": kind, "file": file,
+                "start_sector": e.start, "sectors": e.sectors, "grain_bytes": grain,
+            }));
+        }
+        links.push(json!({
+            "file": l.name,
+            "create_type": l.create_type(),
+            "cid": format!("{:08x}", l.descriptor.cid),
+            "parent_cid": format!("{:08x}", l.descriptor.parent_cid),
+            "parent_hint": l.descriptor.parent_hint,
+            "size_bytes": l.sectors * 512,
+            "extents": extents,
+        }));
+    }
+    Ok(json!({"size_bytes": img.size_bytes(), "depth": img.links.len(), "links": links}))
+}
+
+/// `strata vmdk check [--repair]`: errors, warnings and repairs per file.
+pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
+    let img = open_vmdk(path, repair)?;
+    let res = img.check(repair).map_err(verr)?;
+    let mut files = Vec::new();
+    let mut errors = 0usize;
+    for (file, c) in &res {
+        errors += c.errors.len();
+        files.push(json!({
+            "file": file, "errors": c.errors, "warnings": c.warnings, "repaired": c.repaired,
+            "allocated_grains": c.allocated_grains, "zero_grains": c.zero_grains, "unmapped_grains": c.unmapped_grains,
+        }));
+    }
+    // After a repair, say what is still wrong.
+    let remaining = if repair {
+        drop(img);
+        let again = open_vmdk(path, false)?.check(false).map_err(verr)?;
+        again.iter().map(|(_, c)| c.errors.len()).sum()
+    } else {
+        errors
+    };
+    Ok(json!({"files": files, "errors": errors, "remaining_errors": remaining}))
+}
+
+/// `strata vmdk shrink`: compact an SEsparse top link.
+pub fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
+    let img = open_vmdk(path, true)?;
+    let reps = img.shrink(progress).map_err(verr)?;
+    Ok(json!(reps
+        .iter()
+        .map(|r| json!({
+            "grains_before": r.grains_before, "grains_after": r.grains_after,
+            "zero_grains_found": r.zero_grains_found, "moved": r.moved,
+            "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
+        }))
+        .collect::<Vec<_>>()))
+}
+
+/// Make a path absolute so a server in another directory finds it.
+pub fn absolute(p: &Path) -> Result<PathBuf, Error> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .map_err(|e| io("current directory", e))?
+        .join(p))
+}
