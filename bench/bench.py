@@ -607,6 +607,123 @@ def case_clone(work, q):
     return res
 
 
+class VmdkServe:
+    """`strata serve --vmdk` of one VMDK chain, without a datastore."""
+
+    def __init__(self, work, path):
+        self.work, self.path = work, path
+        self.sock = os.path.join(work, "vmdk.sock")
+        self.proc = None
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen(
+            [STRATA, "--datastore", os.path.join(self.work, "no-datastore"), "serve",
+             "--nbd-unix", self.sock, "--vmdk", f"disk={self.path}", "--no-stats"],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_path(self.sock)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait()
+            self.proc = None
+
+    def uri(self, _name="disk"):
+        return f"nbd+unix:///disk?socket={self.sock}"
+
+
+def case_formats(work, q):
+    """The seeds' format comparison on one machine and one client: the same
+    disk history (fill, then N snapshots each overwriting a slice) as a
+    native strata disk, as VMDK chains strata exports and serves as they are
+    (vmfsSparse 512 B grains, seSparse 4 KiB grains), and as a qcow2 backing
+    chain under qemu-nbd. 4k random read/write IOPS at each depth."""
+    size = "256M" if q else "1G"
+    rt = 2 if q else 5
+    depths = [0, 2] if q else [0, 1, 2, 4, 8, 12]
+    maxd = depths[-1]
+    size_mib = _bytes(size) >> 20
+    sl = max(1, size_mib // max(maxd, 1))
+    res = {"params": {"size": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
+                      "workload": "fio 4k randread then randwrite, iodepth 16, time-based"},
+           "native": {}, "vmfsSparse": {}, "seSparse": {}, "qcow2": {}}
+    s = Strata(os.path.join(work, "strata")).start()
+    exports = os.path.join(work, "exports")
+    os.makedirs(exports, exist_ok=True)
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), size)
+        for n in range(0, maxd + 1):
+            if n > 0:
+                s.cli("snapshot", "create", "d", f"s{n}")
+                _fio_write_slice(s.uri("d"), ((n - 1) * sl) % size_mib, sl)
+            if n not in depths:
+                continue
+            # Export before measuring: the measurement writes to the disk.
+            s.cli("snapshot", "create", "d", f"x{n}")
+            for sub in ("vmfsSparse", "seSparse"):
+                s.cli("export", f"d@x{n}", os.path.join(exports, f"{sub}-{n}.vmdk"),
+                      "--chain", "--subformat", sub)
+            res["native"][n] = _measure_rw(s.uri("d"), rt)
+            s.cli("snapshot", "revert", "d", f"x{n}")
+            s.cli("snapshot", "delete", "d", f"x{n}")
+    finally:
+        s.stop()
+    print("   native + exports done", flush=True)
+    for sub in ("vmfsSparse", "seSparse"):
+        for n in depths:
+            first = os.path.join(exports, f"{sub}-{n}.vmdk")
+            # export --chain names the links N.vmdk, N-000001.vmdk, ...; the
+            # chain through d@xN has n+? links: serve the last one.
+            stem = first[:-5]
+            links = sorted(f for f in os.listdir(exports) if f.startswith(os.path.basename(stem) + "-0"))
+            links = [f for f in links if not f.endswith(("-delta.vmdk", "-sesparse.vmdk", "-flat.vmdk"))]
+            top = os.path.join(exports, links[-1]) if links else first
+            v = VmdkServe(os.path.join(work, sub), top)
+            os.makedirs(v.work, exist_ok=True)
+            v.start()
+            try:
+                res[sub][n] = dict(_measure_rw(v.uri(), rt), links=len(links) + 1)
+            finally:
+                v.stop()
+        print(f"   {sub} done", flush=True)
+    d = os.path.join(work, "qcow2")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "q.sock")
+    chain = [_qcow_chain_step(d, None, 0, size)]
+    for n in range(0, maxd + 1):
+        if n > 0:
+            chain.append(_qcow_chain_step(d, chain[-1], n, size))
+        qn = QemuNbd(chain[-1], "qcow2", sock).start()
+        try:
+            if n == 0:
+                fill(qn.uri(), size)
+            else:
+                _fio_write_slice(qn.uri(), ((n - 1) * sl) % size_mib, sl)
+            if n in depths:
+                # Measure on a throwaway overlay so the chain stays as built.
+                qn.stop()
+                m = os.path.join(d, "measure.qcow2")
+                sh("qemu-img", "create", "-f", "qcow2", "-b", chain[-1], "-F", "qcow2", m)
+                qm = QemuNbd(m, "qcow2", sock).start()
+                try:
+                    res["qcow2"][n] = _measure_rw(qm.uri(), rt)
+                finally:
+                    qm.stop()
+                    os.unlink(m)
+        finally:
+            qn.stop()
+    print("   qcow2 done", flush=True)
+    res["relative_to_depth0"] = {
+        k: {n: ratio(res[k][n]["randread_iops"], res[k][depths[0]]["randread_iops"]) for n in depths}
+        for k in ("native", "vmfsSparse", "seSparse", "qcow2")}
+    return res
+
+
 CASES = {
     "depth": lambda w, q: case_depth(w, q),
     "randwrite": lambda w, q: case_simple(w, q, "randwrite", "4k", False, ">= 1.0"),
@@ -618,6 +735,7 @@ CASES = {
     "matrix": lambda w, q: case_matrix(w, q),
     "chain": lambda w, q: case_chain(w, q),
     "clone": lambda w, q: case_clone(w, q),
+    "formats": lambda w, q: case_formats(w, q),
 }
 
 
@@ -705,10 +823,31 @@ def _md_clone(c):
     return out
 
 
+def _md_formats(c):
+    p = c["params"]
+    kinds = ("native", "vmfsSparse", "seSparse", "qcow2")
+    out = [f"Disk {p['size']}, filled, then N snapshots each overwriting {p['slice_mib']} MiB; "
+           f"{p['workload']}, {p['runtime_s']} s each. native = strata disk with N snapshots; "
+           "vmfsSparse/seSparse = `strata export --chain` of that history served by `strata serve --vmdk` "
+           "(flat base + N+1 deltas); qcow2 = backing chain of N overlays under qemu-nbd (+1 throwaway overlay).", "",
+           "| N | " + " | ".join(f"{k} randread" for k in kinds) + " | " + " | ".join(f"{k} randwrite" for k in kinds) + " |",
+           "|---|" + "---|" * (2 * len(kinds))]
+    for n in sorted(c["native"], key=int):
+        row = [_n(c[k].get(n, c[k].get(str(n), {})).get("randread_iops")) for k in kinds]
+        row += [_n(c[k].get(n, c[k].get(str(n), {})).get("randwrite_iops")) for k in kinds]
+        out.append(f"| {n} | " + " | ".join(row) + " |")
+    out += ["", "randread relative to the same kind at N = 0:", "",
+            "| N | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    rel = c["relative_to_depth0"]
+    for n in sorted(c["native"], key=int):
+        out.append(f"| {n} | " + " | ".join(_n(rel[k].get(n, rel[k].get(str(n))), 2) for k in kinds) + " |")
+    return out
+
+
 def write_markdown(results, path):
     lines = [f"# strata bench results ({'quick' if results.get('quick') else 'full'} mode)", "",
              f"Machine: {results['machine']['cpus']} CPUs, `{results['machine']['uname']}`", ""]
-    special = {"matrix": _md_matrix, "chain": _md_chain, "clone": _md_clone}
+    special = {"matrix": _md_matrix, "chain": _md_chain, "clone": _md_clone, "formats": _md_formats}
     for name, data in results["cases"].items():
         lines += [f"## {name}", ""]
         lines += special.get(name, lambda d: _md_generic(name, d))(data)

@@ -49,7 +49,7 @@ fn bench_quick_paper_suites() {
     let out = tmp.path().join("results.json");
     let status = Command::new("python3")
         .arg(root.join("bench/bench.py"))
-        .args(["--quick", "--only", "matrix,chain,clone", "--out"])
+        .args(["--quick", "--only", "matrix,chain,clone,formats", "--out"])
         .arg(&out)
         .env("STRATA", env!("CARGO_BIN_EXE_strata"))
         .env("TMPDIR", tmp.path())
@@ -113,6 +113,18 @@ fn bench_quick_paper_suites() {
         positive(cl, &["qcow2_s", k]);
         positive(cl, &["ratio_qcow2_over_strata", k]);
     }
+
+    // formats: depths 0 and 2 for the native disk, both VMDK delta kinds
+    // served as they are, and qcow2.
+    let fm = get(&j, &["cases", "formats"]);
+    for k in ["native", "vmfsSparse", "seSparse", "qcow2"] {
+        for d in ["0", "2"] {
+            positive(fm, &[k, d, "randread_iops"]);
+            positive(fm, &[k, d, "randwrite_iops"]);
+            positive(fm, &["relative_to_depth0", k, d]);
+        }
+    }
+    assert_eq!(fm["vmfsSparse"]["2"]["links"], 3, "flat base + 2 deltas");
 
     // The report files next to the JSON.
     for f in ["results.md", "chain.svg", "clone.svg", "matrix.svg"] {
