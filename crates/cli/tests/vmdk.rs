@@ -301,6 +301,14 @@ fn raw_and_qcow2_import_keep_data_and_thinness() {
         s.ok(&["export", name, p(&out)]);
         assert_eq!(to_raw("vmdk", p(&out), &dir.join("b.raw")), want);
     }
+    // Without qemu-img on the PATH, qcow2 import says what is missing.
+    let o = Command::new(strata())
+        .args(["--datastore", p(&s.path()), "import", p(&q), "noq"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("needs qemu-img"), "{e}");
     let junk = dir.join("junk.vmdk");
     std::fs::write(&junk, b"version=1\nCID=zz\n").unwrap();
     let e = s.fails(&["import", p(&junk), "j"]);
