@@ -271,10 +271,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let ds = ops::open_local(dir, lock, cache)?;
     ds.start_reclaimer();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err("signal handler", e))?;
-    }
+    let stop = stop_flag()?;
 
     // The control socket: we hold the lock, so an existing file is stale.
     let ctl_path = dir.join(strata_format::FILE_CONTROL);
@@ -309,6 +306,44 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
+    listen(&server, args, &example)?;
+    let http = start_http(args, Some(ds.clone()), registry)?;
+    if names.is_empty() {
+        println!(
+            "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
+        );
+    } else {
+        println!("  exports: {}", names.join(", "));
+    }
+    println!(
+        "  control socket {} (strata commands use it automatically)",
+        ctl_path.display()
+    );
+    println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
+    wait_and_shut_down(&stop, &server, http, args);
+    // Wake the control thread so it sees the stop flag.
+    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
+    let _ = ctl_thread.join();
+    let _ = std::fs::remove_file(&ctl_path);
+    flush_vmdks(&vmdk_list);
+    ds.close()?;
+    eprintln!("strata: datastore flushed and closed");
+    Ok(ExitCode::SUCCESS)
+}
+
+type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;
+
+/// A flag SIGTERM and SIGINT set.
+fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err("signal handler", e))?;
+    }
+    Ok(stop)
+}
+
+/// Bind the NBD listeners the arguments ask for and say how to connect.
+fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
@@ -330,36 +365,32 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         println!("  NBD on tcp {addr}");
         println!("    e.g. nbdinfo nbd://{addr}/{example}");
     }
-    let http = match &args.http {
-        Some(a) => {
-            let h = tiny_http::Server::http(a.as_str())
-                .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?;
-            let h = Arc::new(h);
-            if let Some(addr) = h.server_addr().to_ip() {
-                println!("  metrics on http://{addr}/metrics");
-            }
-            let (hh, ds2, reg2) = (h.clone(), ds.clone(), registry.clone());
-            let t = std::thread::Builder::new()
-                .name("http".into())
-                .spawn(move || serve_http(&hh, Some(&ds2), &reg2))
-                .map_err(|e| io_err("spawn http thread", e))?;
-            Some((h, t))
-        }
-        None => None,
-    };
-    if names.is_empty() {
-        println!(
-            "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
-        );
-    } else {
-        println!("  exports: {}", names.join(", "));
-    }
-    println!(
-        "  control socket {} (strata commands use it automatically)",
-        ctl_path.display()
-    );
-    println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
+    Ok(())
+}
 
+/// Serve `/metrics` when `--http` is given.
+fn start_http(
+    args: &ServeArgs,
+    ds: Option<Datastore>,
+    registry: Arc<StatsRegistry>,
+) -> Result<HttpThread, Error> {
+    let Some(a) = &args.http else { return Ok(None) };
+    let h = tiny_http::Server::http(a.as_str())
+        .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?;
+    let h = Arc::new(h);
+    if let Some(addr) = h.server_addr().to_ip() {
+        println!("  metrics on http://{addr}/metrics");
+    }
+    let hh = h.clone();
+    let t = std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || serve_http(&hh, ds.as_ref(), &registry))
+        .map_err(|e| io_err("spawn http thread", e))?;
+    Ok(Some((h, t)))
+}
+
+/// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
+fn wait_and_shut_down(stop: &AtomicBool, server: &NbdServer, http: HttpThread, args: &ServeArgs) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -369,17 +400,9 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         h.unblock();
         let _ = t.join();
     }
-    // Wake the control thread so it sees the stop flag.
-    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
-    let _ = ctl_thread.join();
-    let _ = std::fs::remove_file(&ctl_path);
     if let Some(p) = &args.nbd_unix {
         let _ = std::fs::remove_file(p);
     }
-    flush_vmdks(&vmdk_list);
-    ds.close()?;
-    eprintln!("strata: datastore flushed and closed");
-    Ok(ExitCode::SUCCESS)
 }
 
 fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
@@ -395,10 +418,7 @@ fn serve_only_vmdks(
     args: &ServeArgs,
     vmdks: Vec<(String, Arc<VmdkImage>)>,
 ) -> Result<ExitCode, Error> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err("signal handler", e))?;
-    }
+    let stop = stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
     let list = vmdks.clone();
     let server = NbdServer::new(
@@ -419,48 +439,10 @@ fn serve_only_vmdks(
             if img.read_only() { ", read-only" } else { "" }
         );
     }
-    let example = &list[0].0;
-    if let Some(p) = &args.nbd_unix {
-        remove_stale_socket(p)?;
-        let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
-        server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
-        println!("  NBD on unix socket {}", p.display());
-        println!(
-            "    e.g. nbdinfo 'nbd+unix:///{example}?socket={}'",
-            p.display()
-        );
-    }
-    if let Some(a) = &args.nbd_tcp {
-        let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
-        let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
-        server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
-        println!("  NBD on tcp {addr}");
-    }
-    let http = match &args.http {
-        Some(a) => {
-            let h = Arc::new(
-                tiny_http::Server::http(a.as_str())
-                    .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?,
-            );
-            let (hh, reg2) = (h.clone(), registry.clone());
-            let t = std::thread::spawn(move || serve_http(&hh, None, &reg2));
-            Some((h, t))
-        }
-        None => None,
-    };
+    listen(&server, args, &list[0].0)?;
+    let http = start_http(args, None, registry)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("strata: shutting down");
-    server.shutdown();
-    if let Some((h, t)) = http {
-        h.unblock();
-        let _ = t.join();
-    }
-    if let Some(p) = &args.nbd_unix {
-        let _ = std::fs::remove_file(p);
-    }
+    wait_and_shut_down(&stop, &server, http, args);
     flush_vmdks(&list);
     eprintln!("strata: VMDK files flushed");
     Ok(ExitCode::SUCCESS)
