@@ -383,12 +383,19 @@ impl VmdkImage {
                     ExtentImpl::Flat {
                         file: ef,
                         name: file_name.clone(),
-                        offset: line.offset.checked_mul(SECTOR).ok_or_else(|| {
-                            VmdkError::malformed(
-                                name,
-                                format!("extent {:?}: offset overflows", line.file),
-                            )
-                        })?,
+                        // Bounded like disk sizes, so offset + position never overflows.
+                        offset: Some(line.offset)
+                            .filter(|&o| o <= 1u64 << 48)
+                            .map(|o| o * SECTOR)
+                            .ok_or_else(|| {
+                                VmdkError::malformed(
+                                    name,
+                                    format!(
+                                        "extent {:?}: offset of {} sectors is impossible",
+                                        line.file, line.offset
+                                    ),
+                                )
+                            })?,
                     }
                 }
                 ExtentType::Sparse | ExtentType::VmfsSparse | ExtentType::SeSparse => {
@@ -642,12 +649,14 @@ impl VmdkImage {
                     let mut p = 0u64;
                     while p < n && out.len() < max_runs {
                         let o = ext_off + p;
-                        let m = (gb - o % gb).min(n - p);
-                        let g = if o >= cap {
-                            Gte::Unalloc
+                        // Past the extent's capacity, or in a missing
+                        // table: one step for the whole span.
+                        let (g, span) = if o >= cap {
+                            (Gte::Unalloc, u64::MAX)
                         } else {
-                            s.lookup(o / gb)?
+                            s.lookup_span(o / gb)?
                         };
+                        let m = span.saturating_mul(gb).saturating_sub(o % gb).min(n - p);
                         match g {
                             Gte::Unalloc if !recurse => Self::push(out, m, RangeState::Unallocated),
                             Gte::Unalloc => {

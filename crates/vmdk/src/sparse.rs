@@ -5,11 +5,13 @@
 //! exist. One type handles all three so the read/write/zero paths are shared.
 //!
 //! Grain-table entries are decoded into [`Gte`]. Writes append new grains at
-//! the end of the file (QEMU does the same) and write the entry after the
-//! data, so a crash before a flush leaves either the old entry or a new one
-//! naming a grain whose bytes are the write's or zeros past the old end.
+//! the end of the file (QEMU does the same). Table, directory and header
+//! updates are held in memory and written at the next flush, after the data
+//! they point to has been synced: a crash before a flush leaves the old
+//! entries, never one naming a grain whose data was lost (which reads as
+//! zeros, or as another grain's data once the space is allocated again).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read as _;
 use std::sync::Arc;
 
@@ -45,9 +47,16 @@ pub const MAX_GRAIN_SECTORS: u64 = 0x20_0000;
 /// Grains larger than this are read in pieces but never buffered whole
 /// (writes and compressed reads need the whole grain).
 pub const MAX_BUFFERED_GRAIN: u64 = 16 << 20;
-/// Grain tables kept in memory at most; beyond, arbitrary ones are dropped
-/// (they are write-through, so dropping loses nothing).
+/// Grain data never lies past this byte offset (an SEsparse entry can name
+/// grain index 2^60, byte 2^72); keeps offset arithmetic clear of overflow.
+const MAX_DATA_OFFSET: u64 = 1 << 60;
+/// Grain tables kept in memory at most; beyond, arbitrary clean ones are
+/// dropped (tables with unwritten updates stay until the next flush).
 const GT_CACHE_LIMIT: usize = 4096;
+/// Past this many unwritten metadata updates, or tables holding them, a
+/// write flushes by itself, bounding the memory they take.
+const MAX_PENDING_META: usize = 1 << 16;
+const MAX_DIRTY_TABLES: usize = 512;
 
 /// Which grain-table format an extent uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -475,6 +484,8 @@ pub struct SparseExtent {
     cowd: Option<CowdHeader>,
     se: Option<SeHeader>,
     gt_cache: Mutex<HashMap<u64, Arc<Vec<u64>>>>,
+    /// Tables with updates still in `AllocState::meta`: never evicted.
+    dirty_gts: Mutex<HashSet<u64>>,
     /// Serialises allocation and table updates; holds the next free byte.
     alloc: Mutex<AllocState>,
 }
@@ -482,6 +493,9 @@ pub struct SparseExtent {
 struct AllocState {
     next: u64,
     se_volatile: SeVolatile,
+    /// Table, directory and header bytes not yet written, by file offset.
+    /// `flush_meta` writes them once the data they point to is durable.
+    meta: BTreeMap<u64, Vec<u8>>,
 }
 
 fn rd(file: &dyn Storage, name: &str, buf: &mut [u8], off: u64) -> Result<()> {
@@ -625,9 +639,11 @@ impl SparseExtent {
             cowd: None,
             se: None,
             gt_cache: Mutex::new(HashMap::new()),
+            dirty_gts: Mutex::new(HashSet::new()),
             alloc: Mutex::new(AllocState {
                 next,
                 se_volatile: SeVolatile::default(),
+                meta: BTreeMap::new(),
             }),
         })
     }
@@ -668,8 +684,17 @@ impl SparseExtent {
         let gt_entries = h.gtes_per_gt as u64;
         let gd_entries = h.capacity.div_ceil(h.grain_size * gt_entries);
         let compressed = h.flags & FLAG_COMPRESS != 0;
-        let rgd = (h.flags & FLAG_RGD != 0 && h.rgd_offset != 0 && !compressed)
-            .then_some(h.rgd_offset * SECTOR);
+        let rgd = match (h.flags & FLAG_RGD != 0 && h.rgd_offset != 0 && !compressed)
+            .then(|| h.rgd_offset.checked_mul(SECTOR))
+        {
+            Some(None) => {
+                return Err(VmdkError::malformed(
+                    name,
+                    "redundant grain directory offset overflows",
+                ))
+            }
+            r => r.flatten(),
+        };
         let gd_off = h
             .gd_offset
             .checked_mul(SECTOR)
@@ -853,11 +878,13 @@ impl SparseExtent {
         )?);
         let mut c = self.gt_cache.lock();
         if c.len() >= GT_CACHE_LIMIT {
-            if let Some(k) = c.keys().next().copied() {
+            let dirty = self.dirty_gts.lock();
+            if let Some(k) = c.keys().find(|k| !dirty.contains(k)).copied() {
                 c.remove(&k);
             }
         }
-        c.insert(l1, t.clone());
+        // A writer may have cached a newer copy meanwhile: keep that one.
+        let t = c.entry(l1).or_insert(t).clone();
         Ok(Some((off, t)))
     }
 
@@ -886,7 +913,18 @@ impl SparseExtent {
                 3 => {
                     let se = self.se.as_ref().expect("se header");
                     let idx = se_decode_index(raw);
-                    Gte::Data((se.grains.0 + idx * 8) * SECTOR)
+                    // Indexes go up to 2^60; keep offsets far from overflowing.
+                    let off = idx
+                        .checked_mul(8)
+                        .and_then(|s| s.checked_add(se.grains.0))
+                        .and_then(|s| s.checked_mul(SECTOR))
+                        .filter(|&o| o <= MAX_DATA_OFFSET)
+                        .ok_or_else(|| {
+                            self.err(format!(
+                                "grain table entry 0x{raw:016x} names grain index {idx}, past any possible file"
+                            ))
+                        })?;
+                    Gte::Data(off)
                 }
                 t => {
                     return Err(self.err(format!(
@@ -927,6 +965,19 @@ impl SparseExtent {
         match self.gt(l1)? {
             None => Ok(Gte::Unalloc),
             Some((_, t)) => self.decode(t[l2 as usize]),
+        }
+    }
+
+    /// The entry of `grain` and for how many grains from it on the entry
+    /// is known to be the same without more lookups: the rest of the grain
+    /// table when the table does not exist, else 1. Lets status queries
+    /// skip empty tables instead of walking them grain by grain.
+    pub fn lookup_span(&self, grain: u64) -> Result<(Gte, u64)> {
+        let l1 = grain / self.gt_entries;
+        let l2 = grain % self.gt_entries;
+        match self.gt(l1)? {
+            None => Ok((Gte::Unalloc, self.gt_entries - l2)),
+            Some((_, t)) => Ok((self.decode(t[l2 as usize])?, 1)),
         }
     }
 
@@ -1010,27 +1061,53 @@ impl SparseExtent {
             }
         };
         let eb = self.entry_bytes;
-        wr(
-            &*self.file,
-            &self.name,
-            &encode_entry(raw, eb),
-            off + l2 * eb,
-        )?;
+        st.meta.insert(off + l2 * eb, encode_entry(raw, eb));
         if self.rgd_offset.is_some() {
             let rraw = self.rgd.read().get(l1 as usize).copied().unwrap_or(0);
             if rraw != 0 {
-                wr(
-                    &*self.file,
-                    &self.name,
-                    &encode_entry(raw, eb),
-                    rraw * SECTOR + l2 * eb,
-                )?;
+                st.meta
+                    .insert(rraw * SECTOR + l2 * eb, encode_entry(raw, eb));
             }
         }
         let mut t = (*table).clone();
         t[l2 as usize] = raw;
+        // Dirty before cached, so a reader's eviction cannot drop it.
+        let dirty_tables = {
+            let mut d = self.dirty_gts.lock();
+            d.insert(l1);
+            d.len()
+        };
         self.gt_cache.lock().insert(l1, Arc::new(t));
+        if st.meta.len() >= MAX_PENDING_META || dirty_tables >= MAX_DIRTY_TABLES {
+            self.flush_meta(st)?;
+        }
         Ok(())
+    }
+
+    /// Make everything durable in the only order that is crash-safe
+    /// without a journal: sync the data (and new, zeroed tables), then
+    /// write the entries, directory and header updates that point at it,
+    /// then sync again.
+    fn flush_meta(&self, st: &mut AllocState) -> Result<()> {
+        let sync = || self.file.sync().map_err(|e| VmdkError::io(&self.name, e));
+        if st.meta.is_empty() {
+            return sync();
+        }
+        sync()?;
+        // Coalesce neighbouring updates into single writes.
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (&off, b) in &st.meta {
+            match runs.last_mut() {
+                Some((o, buf)) if *o + buf.len() as u64 == off => buf.extend_from_slice(b),
+                _ => runs.push((off, b.clone())),
+            }
+        }
+        for (off, b) in &runs {
+            wr(&*self.file, &self.name, b, *off)?;
+        }
+        st.meta.clear();
+        self.dirty_gts.lock().clear();
+        sync()
     }
 
     /// Give directory entry `l1` a zeroed grain table.
@@ -1048,19 +1125,11 @@ impl SparseExtent {
                 let off = (se.grain_tables.0 + idx * 64) * SECTOR;
                 wr(&*self.file, &self.name, &zeros, off)?;
                 st.se_volatile.free_gt_number = idx + 1;
-                wr(
-                    &*self.file,
-                    &self.name,
-                    &st.se_volatile.encode(),
-                    se.volatile.0 * SECTOR,
-                )?;
+                let v = st.se_volatile.encode().to_vec();
+                st.meta.insert(se.volatile.0 * SECTOR, v);
                 let raw = (1u64 << 60) | idx;
-                wr(
-                    &*self.file,
-                    &self.name,
-                    &encode_entry(raw, eb),
-                    self.gd_offset + l1 * eb,
-                )?;
+                st.meta
+                    .insert(self.gd_offset + l1 * eb, encode_entry(raw, eb));
                 self.gd.write()[l1 as usize] = raw;
             }
             _ => {
@@ -1079,12 +1148,7 @@ impl SparseExtent {
                     self.rgd.write()[l1 as usize] = roff / SECTOR;
                 }
                 for (dir, t) in tables {
-                    wr(
-                        &*self.file,
-                        &self.name,
-                        &encode_entry(t / SECTOR, eb),
-                        dir + l1 * eb,
-                    )?;
+                    st.meta.insert(dir + l1 * eb, encode_entry(t / SECTOR, eb));
                 }
                 self.gd.write()[l1 as usize] = off / SECTOR;
                 self.update_cowd_free(st)?;
@@ -1094,11 +1158,11 @@ impl SparseExtent {
         Ok(())
     }
 
-    fn update_cowd_free(&self, st: &AllocState) -> Result<()> {
+    fn update_cowd_free(&self, st: &mut AllocState) -> Result<()> {
         if let Some(mut h) = self.cowd {
             h.free_sector =
                 u32::try_from(st.next / SECTOR).map_err(|_| self.err("COWD file past 2 TiB"))?;
-            wr(&*self.file, &self.name, &h.encode()[..32], 0)?;
+            st.meta.insert(0, h.encode()[..32].to_vec());
         }
         Ok(())
     }
@@ -1141,8 +1205,10 @@ impl SparseExtent {
         wr(&*self.file, &self.name, buf, off)
     }
 
+    /// Write the held metadata in crash-safe order and make it all durable.
     pub fn sync(&self) -> Result<()> {
-        self.file.sync().map_err(|e| VmdkError::io(&self.name, e))
+        let mut st = self.alloc.lock();
+        self.flush_meta(&mut st)
     }
 
     /// Number of grains the extent addresses.
@@ -1156,7 +1222,10 @@ impl SparseExtent {
         let len = self.file.len().map_err(|e| VmdkError::io(&self.name, e))?;
         let gb = self.grain_bytes();
         let data_start = match self.format {
-            SparseFormat::Kdmv => self.kdmv.map(|h| h.overhead * SECTOR).unwrap_or(0),
+            SparseFormat::Kdmv => self
+                .kdmv
+                .map(|h| h.overhead.saturating_mul(SECTOR))
+                .unwrap_or(0),
             SparseFormat::Cowd => self.gd_offset,
             SparseFormat::SeSparse => self.se.map(|s| s.grains.0 * SECTOR).unwrap_or(0),
         };
@@ -1357,7 +1426,7 @@ impl SparseExtent {
             }
         }
         rep.grains_before = st.next.saturating_sub(gstart) / gb;
-        self.sync()?;
+        self.flush_meta(&mut st)?;
         // 2. Move the highest grains into the lowest holes.
         let n = used.len() as u64;
         used.sort_unstable();
@@ -1381,22 +1450,34 @@ impl SparseExtent {
             wr(&*self.file, &self.name, &buf, gstart + to * gb)?;
             moves.push((grain, to));
         }
-        self.sync()?;
+        self.flush_meta(&mut st)?;
         for &(grain, to) in &moves {
             self.set_entry(&mut st, grain, Gte::Data(gstart + to * gb))?;
         }
-        self.sync()?;
+        self.flush_meta(&mut st)?;
         let new_len = gstart + n * gb;
         self.file
             .set_len(new_len)
             .map_err(|e| VmdkError::io(&self.name, e))?;
-        self.sync()?;
+        self.flush_meta(&mut st)?;
         st.next = new_len;
         rep.moved = moves.len() as u64;
         rep.grains_after = n;
         rep.bytes_after = new_len;
         progress(total * 2, total * 2);
         Ok(rep)
+    }
+}
+
+impl Drop for SparseExtent {
+    /// Closing without a flush still writes the held metadata (best
+    /// effort: errors have nowhere to go), as a write-through driver's
+    /// updates would have reached the file.
+    fn drop(&mut self) {
+        let mut st = self.alloc.lock();
+        if !st.meta.is_empty() {
+            let _ = self.flush_meta(&mut st);
+        }
     }
 }
 
