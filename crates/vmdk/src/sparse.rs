@@ -496,6 +496,9 @@ struct AllocState {
     /// Table, directory and header bytes not yet written, by file offset.
     /// `flush_meta` writes them once the data they point to is durable.
     meta: BTreeMap<u64, Vec<u8>>,
+    /// SEsparse: free grain slots below the declared grains region's end,
+    /// found by a scan once appending would pass that end (lowest last).
+    se_free: Vec<u64>,
 }
 
 fn rd(file: &dyn Storage, name: &str, buf: &mut [u8], off: u64) -> Result<()> {
@@ -644,6 +647,7 @@ impl SparseExtent {
                 next,
                 se_volatile: SeVolatile::default(),
                 meta: BTreeMap::new(),
+                se_free: Vec::new(),
             }),
         })
     }
@@ -1088,6 +1092,54 @@ impl SparseExtent {
     /// without a journal: sync the data (and new, zeroed tables), then
     /// write the entries, directory and header updates that point at it,
     /// then sync again.
+    /// Where a new grain goes: appended at the end, except that an SEsparse
+    /// extent whose grains region is used up reuses slots that unmaps and
+    /// zeroes freed (after making those entry changes durable, so no durable
+    /// entry still names a reused slot).
+    fn new_grain_offset(&self, st: &mut AllocState) -> Result<u64> {
+        let gb = self.grain_bytes();
+        if let Some(se) = self.se {
+            let gstart = se.grains.0 * SECTOR;
+            let limit = se.grains.1 / 8;
+            if (st.next - gstart) / gb >= limit {
+                if st.se_free.is_empty() {
+                    self.flush_meta(st)?;
+                    st.se_free = self.scan_free_slots(limit)?;
+                }
+                if let Some(i) = st.se_free.pop() {
+                    return Ok(gstart + i * gb);
+                }
+            }
+        }
+        let off = st.next;
+        st.next += gb;
+        Ok(off)
+    }
+
+    /// SEsparse grain slots below `limit` that no entry names, lowest last.
+    fn scan_free_slots(&self, limit: u64) -> Result<Vec<u64>> {
+        let se = self.se.expect("se header");
+        let gb = self.grain_bytes();
+        let mut used = vec![0u64; limit.div_ceil(64) as usize];
+        let mut grain = 0;
+        while grain < self.grains() {
+            let (g, span) = self.lookup_span(grain)?;
+            grain += span;
+            if let Gte::Data(o) = g {
+                let i = (o - se.grains.0 * SECTOR) / gb;
+                if i < limit {
+                    used[(i / 64) as usize] |= 1 << (i % 64);
+                }
+            }
+        }
+        let mut free: Vec<u64> = (0..limit)
+            .filter(|i| used[(i / 64) as usize] & (1 << (i % 64)) == 0)
+            .take(1 << 16)
+            .collect();
+        free.reverse();
+        Ok(free)
+    }
+
     fn flush_meta(&self, st: &mut AllocState) -> Result<()> {
         let sync = || self.file.sync().map_err(|e| VmdkError::io(&self.name, e));
         if st.meta.is_empty() {
@@ -1461,6 +1513,7 @@ impl SparseExtent {
             .map_err(|e| VmdkError::io(&self.name, e))?;
         self.flush_meta(&mut st)?;
         st.next = new_len;
+        st.se_free.clear();
         rep.moved = moves.len() as u64;
         rep.grains_after = n;
         rep.bytes_after = new_len;
@@ -1495,8 +1548,7 @@ impl GrainTx<'_> {
     pub fn allocate(&mut self, data: &[u8]) -> Result<()> {
         let e = self.ext;
         debug_assert_eq!(data.len() as u64, e.grain_bytes());
-        let off = self.st.next;
-        self.st.next += e.grain_bytes();
+        let off = e.new_grain_offset(self.st)?;
         wr(&*e.file, &e.name, data, off)?;
         if e.format == SparseFormat::Cowd {
             e.update_cowd_free(self.st)?;
