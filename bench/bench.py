@@ -904,6 +904,23 @@ def write_plots(results, outdir):
                         note="green: strata faster; red: slower. Rows: strata disk type and state; "
                              f"the peer is a {peer} image in the same state.")
         made.append("matrix.svg")
+    if "formats" in cases:
+        f = cases["formats"]
+        kinds = [("native", "strata native"), ("vmfsSparse", "VMFSsparse chain"),
+                 ("seSparse", "SEsparse chain"), ("qcow2", "qcow2 chain (qemu-nbd)")]
+        panels = []
+        for key, lab in (("randread_iops", "4k random read"), ("randwrite_iops", "4k random write")):
+            series = []
+            for i, (k, name) in enumerate(kinds):
+                d = f[k]
+                series.append({"name": name, "color": plot.PALETTE[i], "dash": plot.DASHES[i % len(plot.DASHES)],
+                               "points": [(int(n), d[n][key]) for n in sorted(d, key=int)]})
+            panels.append({"title": lab, "xlabel": "snapshots / delta links above the base",
+                           "ylabel": "IOPS", "series": series})
+        plot.line_chart(os.path.join(outdir, "formats.svg"),
+                        f"Same history, four formats ({f['params']['size']} disk, {mode} mode)", panels,
+                        cols=1, pw=900, ph=320)
+        made.append("formats.svg")
     return made
 
 
