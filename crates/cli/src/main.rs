@@ -152,8 +152,8 @@ enum Cmd {
         /// deltas (vmfsSparse/seSparse chains get a monolithicFlat base); the last file is TARGET
         #[arg(long)]
         chain: bool,
-        /// ddb.adapterType of the descriptor: ide, buslogic, lsilogic or legacyESX
-        #[arg(long, default_value = "lsilogic")]
+        /// ddb.adapterType of the descriptor
+        #[arg(long, default_value = "lsilogic", value_parser = ["ide", "buslogic", "lsilogic", "legacyESX"])]
         adapter: String,
         #[command(flatten)]
         json: JsonFlag,
