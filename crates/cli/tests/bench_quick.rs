@@ -127,7 +127,13 @@ fn bench_quick_paper_suites() {
     assert_eq!(fm["vmfsSparse"]["2"]["links"], 3, "flat base + 2 deltas");
 
     // The report files next to the JSON.
-    for f in ["results.md", "chain.svg", "clone.svg", "matrix.svg", "formats.svg"] {
+    for f in [
+        "results.md",
+        "chain.svg",
+        "clone.svg",
+        "matrix.svg",
+        "formats.svg",
+    ] {
         let p = tmp.path().join(f);
         let len = std::fs::metadata(&p)
             .unwrap_or_else(|_| panic!("{f} not written"))
