@@ -106,6 +106,16 @@ impl Link {
         self.extents.get(i).filter(|e| e.start <= sector)
     }
 
+    /// The extent holding byte `cur`, the offset of `cur` in it, and how
+    /// many of the `remaining` bytes from `cur` it holds.
+    fn piece(&self, cur: u64, remaining: u64) -> Result<(&LinkExtent, u64, u64)> {
+        let ext = self
+            .extent_at(cur / SECTOR)
+            .ok_or_else(|| VmdkError::malformed(&self.name, "extent map has a gap"))?;
+        let n = ((ext.start + ext.sectors) * SECTOR - cur).min(remaining);
+        Ok((ext, cur - ext.start * SECTOR, n))
+    }
+
     fn sync(&self) -> Result<()> {
         for e in &self.extents {
             match &e.imp {
@@ -510,12 +520,8 @@ impl VmdkImage {
                 buf[pos..].fill(0);
                 break;
             }
-            let ext = link
-                .extent_at(cur / SECTOR)
-                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
-            let ext_off = cur - ext.start * SECTOR;
-            let n =
-                ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
+            let (ext, ext_off, n) = link.piece(cur, (buf.len() - pos) as u64)?;
+            let n = n as usize;
             let piece = &mut buf[pos..pos + n];
             match &ext.imp {
                 ExtentImpl::Zero => piece.fill(0),
@@ -635,11 +641,7 @@ impl VmdkImage {
                 Self::push(out, len - pos, RangeState::Unallocated);
                 return Ok(len);
             }
-            let ext = link
-                .extent_at(cur / SECTOR)
-                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
-            let ext_off = cur - ext.start * SECTOR;
-            let n = ((ext.start + ext.sectors) * SECTOR - cur).min(len - pos);
+            let (ext, ext_off, n) = link.piece(cur, len - pos)?;
             match &ext.imp {
                 ExtentImpl::Zero => Self::push(out, n, RangeState::Zero),
                 ExtentImpl::Flat { .. } => Self::push(out, n, RangeState::Data),
@@ -739,12 +741,8 @@ impl VmdkImage {
         let mut pos = 0usize;
         while pos < buf.len() {
             let cur = off + pos as u64;
-            let ext = link
-                .extent_at(cur / SECTOR)
-                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
-            let ext_off = cur - ext.start * SECTOR;
-            let n =
-                ((ext.start + ext.sectors) * SECTOR - cur).min((buf.len() - pos) as u64) as usize;
+            let (ext, ext_off, n) = link.piece(cur, (buf.len() - pos) as u64)?;
+            let n = n as usize;
             let piece = &buf[pos..pos + n];
             match &ext.imp {
                 ExtentImpl::Zero => {
@@ -841,11 +839,7 @@ impl VmdkImage {
         let mut pos = 0u64;
         while pos < len {
             let cur = off + pos;
-            let ext = link
-                .extent_at(cur / SECTOR)
-                .ok_or_else(|| VmdkError::malformed(&link.name, "extent map has a gap"))?;
-            let ext_off = cur - ext.start * SECTOR;
-            let n = ((ext.start + ext.sectors) * SECTOR - cur).min(len - pos);
+            let (ext, ext_off, n) = link.piece(cur, len - pos)?;
             match &ext.imp {
                 ExtentImpl::Zero => {}
                 ExtentImpl::Flat { file, name, offset } => file
