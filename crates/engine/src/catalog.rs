@@ -165,6 +165,17 @@ impl Catalog {
         self.disks.iter().find(|d| d.id == id)
     }
 
+    /// Resolve `DISK` or `DISK@SNAP` to the disk and, for the second, the snapshot.
+    pub fn target(&self, target: &str) -> Result<(&DiskRec, Option<&SnapshotRec>)> {
+        let (disk, snap) = crate::datastore::split_target(target);
+        let d = self.disk(disk)?;
+        let s = match snap {
+            Some(s) => Some(self.snapshot(d.id, disk, s)?),
+            None => None,
+        };
+        Ok((d, s))
+    }
+
     pub fn snapshot(&self, disk_id: u64, disk_name: &str, snap: &str) -> Result<&SnapshotRec> {
         self.snapshots
             .iter()

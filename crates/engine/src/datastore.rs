@@ -781,15 +781,11 @@ impl Datastore {
 
     /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.
     pub fn open_disk(&self, target: &str) -> Result<Arc<DiskHandle>> {
-        let (disk, snap) = split_target(target);
         let m = self.inner.meta.lock();
-        let d = m.catalog.disk(disk)?;
+        let (d, snap) = m.catalog.target(target)?;
         let (version, read_only, snapshot_id) = match snap {
             None => (d.head, false, None),
-            Some(s) => {
-                let s = m.catalog.snapshot(d.id, disk, s)?;
-                (s.version, true, Some(s.id))
-            }
+            Some(s) => (s.version, true, Some(s.id)),
         };
         Ok(Arc::new(DiskHandle {
             inner: self.inner.clone(),
@@ -810,14 +806,9 @@ impl Datastore {
         let _g = self.inner.gate.read();
         let mut m = self.inner.meta.lock();
         let resolve = |m: &Meta, t: &str| -> Result<(u64, u64)> {
-            let (disk, snap) = split_target(t);
-            let d = m.catalog.disk(disk)?;
-            Ok(match snap {
-                None => (d.head, d.size_bytes),
-                Some(s) => {
-                    let s = m.catalog.snapshot(d.id, disk, s)?;
-                    (s.version, s.size_bytes)
-                }
+            Ok(match m.catalog.target(t)? {
+                (d, None) => (d.head, d.size_bytes),
+                (_, Some(s)) => (s.version, s.size_bytes),
             })
         };
         let (vb, size_b) = resolve(&m, to)?;
@@ -848,12 +839,10 @@ impl Datastore {
     /// version: for `DISK`, the path to its current snapshot; for
     /// `DISK@SNAP`, the path to SNAP's parent. Oldest first.
     pub fn snapshot_path(&self, target: &str) -> Result<Vec<String>> {
-        let (disk, snap) = split_target(target);
         let m = self.inner.meta.lock();
-        let d = m.catalog.disk(disk)?;
-        let mut cur = match snap {
-            None => d.current_snapshot,
-            Some(s) => m.catalog.snapshot(d.id, disk, s)?.parent,
+        let mut cur = match m.catalog.target(target)? {
+            (d, None) => d.current_snapshot,
+            (_, Some(s)) => s.parent,
         };
         let mut path = Vec::new();
         while let Some(id) = cur {
