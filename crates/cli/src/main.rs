@@ -418,7 +418,7 @@ fn vmdk(cmd: &VmdkCmd) -> Result<ExitCode, Error> {
         VmdkCmd::Info { path, json } => (vmdk_cmd::info(path)?, json.json),
         VmdkCmd::Check { path, repair, json } => (vmdk_cmd::check(path, *repair)?, json.json),
         VmdkCmd::Shrink { path, json } => {
-            let bar = progress_bar(!json.json);
+            let bar = progress_bar(!json.json, "{spinner} [{bar:40}] {percent}% eta {eta}");
             let v = vmdk_cmd::shrink(path, &mut |d, t| {
                 if let Some(b) = &bar {
                     b.set_length(t);
@@ -506,13 +506,14 @@ fn vmdk(cmd: &VmdkCmd) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn progress_bar(show: bool) -> Option<indicatif::ProgressBar> {
+/// A progress bar on stderr when `show` and stderr is a terminal.
+fn progress_bar(show: bool, template: &str) -> Option<indicatif::ProgressBar> {
     if !show || !std::io::stderr().is_terminal() {
         return None;
     }
     let b = indicatif::ProgressBar::new(0);
     b.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{bar:40}] {percent}% eta {eta}")
+        indicatif::ProgressStyle::with_template(template)
             .expect("template")
             .progress_chars("=> "),
     );
@@ -599,18 +600,10 @@ fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Value, Error> {
 }
 
 fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
-    if !req.shows_progress() || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let b = indicatif::ProgressBar::new(0);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("template")
-        .progress_chars("=> "),
-    );
-    Some(b)
+    progress_bar(
+        req.shows_progress(),
+        "{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
 }
 
 fn s(v: &Value) -> String {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_engine::{Datastore, DiskHandle, Error, ErrorKind, Provisioning};
+use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
 use strata_storage::{Backend, FileBackend};
 use strata_vmdk::chain::ExtentImpl;
 use strata_vmdk::create::image_files;
@@ -18,6 +18,12 @@ use strata_vmdk::{
 
 const GRAIN: u64 = 4096;
 const CHUNK: u64 = 1 << 20;
+/// Zero a range, deallocating it where the target can.
+const UNMAP_OK: ZeroOptions = ZeroOptions {
+    may_unmap: true,
+    fast_only: false,
+    fua: false,
+};
 
 fn verr(e: strata_vmdk::VmdkError) -> Error {
     let kind = match e.kind {
@@ -107,7 +113,7 @@ fn is_zero(b: &[u8]) -> bool {
 
 /// Write `buf` (at disk offset `off`) grain by grain, skipping zero grains
 /// (`zero_mask`: zero grains must mask what is below, so zero them).
-fn put_grains(h: &DiskHandle, buf: &[u8], off: u64, zero_mask: bool) -> Result<(), Error> {
+fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Result<(), Error> {
     let mut p = 0usize;
     while p < buf.len() {
         let n = (GRAIN as usize).min(buf.len() - p);
@@ -115,15 +121,8 @@ fn put_grains(h: &DiskHandle, buf: &[u8], off: u64, zero_mask: bool) -> Result<(
         if !is_zero(piece) {
             h.write_at(piece, off + p as u64, false).map_err(berr)?;
         } else if zero_mask {
-            h.write_zeroes(
-                off + p as u64,
-                n as u64,
-                ZeroOptions {
-                    may_unmap: true,
-                    ..Default::default()
-                },
-            )
-            .map_err(berr)?;
+            h.write_zeroes(off + p as u64, n as u64, UNMAP_OK)
+                .map_err(berr)?;
         }
         p += n;
     }
@@ -195,7 +194,7 @@ fn import_raw(
             let n = CHUNK.min(size - off) as usize;
             f.read_exact_at(&mut buf[..n], off)
                 .map_err(|e| io("read", e))?;
-            put_grains(&h, &buf[..n], off, false)?;
+            put_grains(&*h, &buf[..n], off, false)?;
             off += n as u64;
             progress(off, size);
         }
@@ -286,15 +285,7 @@ fn import_vmdk(
                         RangeState::Unallocated => {}
                         RangeState::Zero => {
                             if !base {
-                                h.write_zeroes(
-                                    off,
-                                    len,
-                                    ZeroOptions {
-                                        may_unmap: true,
-                                        ..Default::default()
-                                    },
-                                )
-                                .map_err(berr)?;
+                                h.write_zeroes(off, len, UNMAP_OK).map_err(berr)?;
                             }
                         }
                         RangeState::Data => {
@@ -302,7 +293,7 @@ fn import_vmdk(
                             while p < len {
                                 let n = CHUNK.min(len - p) as usize;
                                 img.read_link(level, &mut buf[..n], off + p).map_err(verr)?;
-                                put_grains(&h, &buf[..n], off + p, !base)?;
+                                put_grains(&*h, &buf[..n], off + p, !base)?;
                                 p += n as u64;
                                 progress(done + off + p, total);
                             }
@@ -403,12 +394,17 @@ pub fn export(
             }
         })
         .collect();
-    for (i, n) in names.iter().enumerate() {
-        let s = if i == 0 && chain && sub != Subformat::MonolithicSparse {
-            Subformat::MonolithicFlat
-        } else {
-            sub
-        };
+    // A chain of vmfsSparse/seSparse deltas sits on a flat base, as on ESX.
+    let subs: Vec<Subformat> = (0..versions.len())
+        .map(|i| {
+            if i == 0 && chain && sub != Subformat::MonolithicSparse {
+                Subformat::MonolithicFlat
+            } else {
+                sub
+            }
+        })
+        .collect();
+    for (n, &s) in names.iter().zip(&subs) {
         for f in image_files(n, s) {
             if dir.join(&f).exists() {
                 return Err(Error::new(
@@ -421,29 +417,25 @@ pub fn export(
             }
         }
     }
-    let total: u64 = versions.len() as u64;
+    // What each link holds: the changes from the version below it.
+    let deltas = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| ds.changed_ranges(i.checked_sub(1).map(|p| versions[p].as_str()), v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let total: u64 = deltas.iter().flatten().map(|r| r.len).sum();
+    let mut done = 0u64;
+    let mut step = |n: u64| {
+        done += n;
+        progress(done, total);
+    };
     let mut written = Vec::new();
     let mut parent: Option<(String, u32)> = None;
     for (i, v) in versions.iter().enumerate() {
         let h = ds.open_disk(v)?;
         let size = h.size_bytes();
-        let from = if i == 0 {
-            None
-        } else {
-            Some(versions[i - 1].as_str())
-        };
-        let ranges = ds.changed_ranges(from, v)?;
-        let mapped_total: u64 = ranges.iter().map(|r| r.len).sum::<u64>().max(1);
-        let mut done = 0u64;
-        let mut step = |n: u64| {
-            done += n;
-            progress(i as u64 * 1000 + done * 1000 / mapped_total, total * 1000);
-        };
-        let this_sub = if i == 0 && chain && sub != Subformat::MonolithicSparse {
-            Subformat::MonolithicFlat
-        } else {
-            sub
-        };
+        let ranges = &deltas[i];
+        let this_sub = subs[i];
         let name = &names[i];
         if this_sub == Subformat::StreamOptimized {
             let mut w = StreamWriter::create(&*backend, name, size / 512, adapter).map_err(verr)?;
@@ -471,18 +463,12 @@ pub fn export(
             spec.adapter = adapter.to_string();
             let img = create_image(backend.clone(), name, &spec).map_err(verr)?;
             let mut buf = vec![0u8; CHUNK as usize];
-            for r in &ranges {
+            // Zero grains of a delta must hide the parent's data there.
+            let delta = i > 0;
+            for r in ranges {
                 if !r.mapped {
-                    if i > 0 {
-                        img.write_zeroes(
-                            r.offset,
-                            r.len,
-                            ZeroOptions {
-                                may_unmap: true,
-                                ..Default::default()
-                            },
-                        )
-                        .map_err(berr)?;
+                    if delta {
+                        img.write_zeroes(r.offset, r.len, UNMAP_OK).map_err(berr)?;
                     }
                     step(r.len);
                     continue;
@@ -491,19 +477,7 @@ pub fn export(
                 while p < r.len {
                     let n = CHUNK.min(r.len - p) as usize;
                     h.read_at(&mut buf[..n], r.offset + p).map_err(berr)?;
-                    let mut q = 0usize;
-                    while q < n {
-                        let m = (GRAIN as usize).min(n - q);
-                        let piece = &buf[q..q + m];
-                        let at = r.offset + p + q as u64;
-                        if !is_zero(piece) {
-                            img.write_at(piece, at, false).map_err(berr)?;
-                        } else if i > 0 {
-                            img.write_zeroes(at, m as u64, ZeroOptions::default())
-                                .map_err(berr)?;
-                        }
-                        q += m;
-                    }
+                    put_grains(&img, &buf[..n], r.offset + p, delta)?;
                     p += n as u64;
                     step(n as u64);
                 }
@@ -515,7 +489,7 @@ pub fn export(
         }
         written.push(json!({"file": dir.join(name).display().to_string(), "version": v, "subformat": this_sub.name()}));
     }
-    progress(total * 1000, total * 1000);
+    progress(total, total);
     Ok(json!({
         "target": target,
         "open": dir.join(names.last().expect("one link")).display().to_string(),
