@@ -116,6 +116,15 @@ enum Cmd {
         /// Zero the statistics after reading them
         #[arg(long)]
         reset: bool,
+        /// Stop recording after reading (vscsiStats -x); commands are then
+        /// only forwarded, and the figures so far stay readable. Without
+        /// DISK: every disk, and disks first used later
+        #[arg(long, conflicts_with = "resume")]
+        pause: bool,
+        /// Start recording again after a --pause (vscsiStats -s); combine
+        /// with --reset to start afresh
+        #[arg(long)]
+        resume: bool,
         /// Redraw every second until interrupted
         #[arg(long)]
         watch: bool,
@@ -374,12 +383,19 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         Cmd::Stats {
             disk,
             reset,
+            pause,
+            resume,
             watch,
             json,
         } => {
             let req = Request::Stats {
                 disk: disk.clone(),
                 reset: *reset,
+                recording: match (pause, resume) {
+                    (true, _) => Some(false),
+                    (_, true) => Some(true),
+                    _ => None,
+                },
             };
             if *watch {
                 loop {

@@ -59,10 +59,13 @@ pub enum Request {
         provisioning: Provisioning,
     },
     Check,
-    /// I/O statistics of one export (or all), optionally reset after reading.
+    /// I/O statistics of one export (or all), optionally reset after
+    /// reading, and recording paused (false) or resumed (true) after that.
     Stats {
         disk: Option<String>,
         reset: bool,
+        #[serde(default)]
+        recording: Option<bool>,
     },
     /// Import a VMDK chain, raw or qcow2 image as a new disk.
     Import {
@@ -168,7 +171,11 @@ pub fn execute(
                 .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?;
             crate::vmdk_cmd::export(ds, target, out, sub, *chain, adapter, progress)?
         }
-        Request::Stats { disk, reset } => {
+        Request::Stats {
+            disk,
+            reset,
+            recording,
+        } => {
             let Some(reg) = ctx.stats else {
                 return Err(Error::new(
                     ErrorKind::Refused,
@@ -178,16 +185,27 @@ pub fn execute(
             let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
                 Some(d) => {
                     ds.open_disk(d)?; // a clear error for a name that does not exist
-                    let snap = reg.get_or_create(d).snapshot();
+                    let stats = reg.get_or_create(d);
+                    let mut snap = stats.snapshot();
                     if *reset {
-                        reg.reset(d);
+                        stats.reset();
+                    }
+                    if let Some(on) = *recording {
+                        stats.set_recording(on);
+                        snap.recording = on;
                     }
                     vec![(d.clone(), snap)]
                 }
                 None => {
-                    let all = reg.snapshot_all();
+                    let mut all = reg.snapshot_all();
                     if *reset {
                         reg.reset_all();
+                    }
+                    if let Some(on) = *recording {
+                        reg.set_recording_all(on);
+                        for (_, snap) in &mut all {
+                            snap.recording = on;
+                        }
                     }
                     all
                 }

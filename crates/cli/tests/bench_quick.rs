@@ -1,5 +1,5 @@
-//! The paper benchmark suites (`bench/bench.py --quick --only matrix,chain,clone`)
-//! run end to end against the test-built `strata`, and their JSON has every
+//! The paper benchmark suites and the statistics-overhead case
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats`) run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
 //! minutes and needs fio, qemu-img and qemu-nbd). No timing thresholds: only
 //! that each figure was measured.
@@ -49,7 +49,12 @@ fn bench_quick_paper_suites() {
     let out = tmp.path().join("results.json");
     let status = Command::new("python3")
         .arg(root.join("bench/bench.py"))
-        .args(["--quick", "--only", "matrix,chain,clone,formats", "--out"])
+        .args([
+            "--quick",
+            "--only",
+            "matrix,chain,clone,formats,stats",
+            "--out",
+        ])
         .arg(&out)
         .env("STRATA", env!("CARGO_BIN_EXE_strata"))
         .env("TMPDIR", tmp.path())
@@ -125,6 +130,24 @@ fn bench_quick_paper_suites() {
         }
     }
     assert_eq!(fm["vmfsSparse"]["2"]["links"], 3, "flat base + 2 deltas");
+
+    // stats: recording vs paused blocks, the A/A control, the in-process
+    // cost. (The case itself fails unless recording phases were counted and
+    // paused ones were not.)
+    let st = get(&j, &["cases", "stats"]);
+    for k in [
+        "ratio",
+        "control_ratio_aa",
+        "blocks",
+        "control_blocks",
+        "iops_recording_median_window",
+        "iops_paused_median_window",
+        "record_ns_per_command",
+        "server_cpu_ns_per_io",
+        "record_cpu_share",
+    ] {
+        positive(st, &[k]);
+    }
 
     // The report files next to the JSON.
     for f in [

@@ -179,7 +179,50 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
         .iter()
         .find(|s| s.metric == "strata_disk_latency_seconds");
     assert!(hist.is_some(), "latency histogram family missing");
+    assert_eq!(
+        sample("strata_disk_stats_recording", Some(("disk", "disk"))),
+        1.0
+    );
     let (head, _) = http_get(&addr, "/nope");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+
+    // --pause: fio's reads are served and not counted; --resume counts again.
+    let reads = |n: &str| {
+        run_ok(
+            "fio",
+            &[
+                "--name=rr",
+                "--ioengine=nbd",
+                &uri,
+                "--rw=randread",
+                "--bs=4k",
+                "--size=4000k",
+                "--iodepth=4",
+                &format!("--number_ios={n}"),
+            ],
+        )
+    };
+    let paused = s.json(&["stats", "disk", "--pause"]);
+    assert_eq!(paused["disk"]["recording"], false, "{paused}");
+    reads("300");
+    let d = s.json(&["stats", "disk"])["disk"].clone();
+    assert_eq!(d["recording"], false);
+    assert_eq!(d["read"]["commands"], 0, "{d}");
+    assert!(s.ok(&["stats", "disk"]).contains("Recording is paused"));
+    let (_, body) = http_get(&addr, "/metrics");
+    assert!(
+        body.lines()
+            .any(|l| l == "strata_disk_stats_recording{disk=\"disk\"} 0"),
+        "{body}"
+    );
+    assert!(s
+        .fails(&["stats", "disk", "--pause", "--resume"])
+        .contains("cannot be used with"));
+    s.ok(&["stats", "--resume"]);
+    reads("300");
+    let d = s.json(&["stats", "disk"])["disk"].clone();
+    assert_eq!(d["recording"], true);
+    assert_eq!(d["read"]["commands"], 300, "{d}");
+    assert_eq!(bucket(&d["io_length"]["read"], 4096), 300);
     srv.stop();
 }

@@ -12,7 +12,8 @@ use crate::disk::{DiskStats, Op};
 /// Give each client connection its own `StatsDevice` over the same inner
 /// device and the same `Arc<DiskStats>`: the statistics are per disk.
 /// `size_bytes`, `read_only` and `preferred_block_bytes` are forwarded
-/// without being recorded.
+/// without being recorded, and so is everything while recording is paused
+/// ([`DiskStats::set_recording`]).
 pub struct StatsDevice {
     inner: Arc<dyn BlockDevice>,
     stats: Arc<DiskStats>,
@@ -41,6 +42,9 @@ impl StatsDevice {
         len_bytes: u64,
         call: impl FnOnce(&dyn BlockDevice) -> BlockResult<T>,
     ) -> BlockResult<T> {
+        if !self.stats.recording() {
+            return call(&*self.inner);
+        }
         let command = self.stats.begin(op, offset_bytes, len_bytes);
         let result = call(&*self.inner);
         command.finish(result.is_ok());

@@ -1,13 +1,16 @@
 //! Per-disk counters and histograms, and the hot-path recording API.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use quanta::Clock;
 
 use serde::{Deserialize, Serialize};
 use strata_block::SECTOR_BYTES;
 
 use crate::histogram::{
-    Histogram, HistogramSnapshot, INTERARRIVAL, IO_LENGTH, LATENCY, OUTSTANDING, SEEK_DISTANCE,
+    shard, Histogram, HistogramSnapshot, INTERARRIVAL, IO_LENGTH, LATENCY, OUTSTANDING,
+    SEEK_DISTANCE,
 };
 use crate::snapshot::{LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot};
 
@@ -58,21 +61,45 @@ impl Op {
 /// "No previous command" marker for the seek and interarrival trackers.
 const NONE: u64 = u64::MAX;
 
+/// The state every command of a disk updates, whichever thread runs it.
+///
+/// It sits alone on its own 128-byte block (two cache lines, the unit the
+/// adjacent-line prefetcher moves): next to it, the read-mostly fields of
+/// [`DiskStats`] (the histograms' pointers, the recording switch) would be
+/// invalidated in every other core's cache by each command.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Arrivals {
+    in_flight: AtomicU64,
+    /// End LBN (exclusive, in sectors) of the previous read or write.
+    last_end_lbn: AtomicU64,
+    /// Arrival of the previous command, in nanoseconds after `base`.
+    last_arrival_ns: AtomicU64,
+}
+
+/// The process's clock for statistics: the CPU's time-stamp counter where
+/// it is invariant (a read costs a third of `Instant::now` here), else the
+/// monotonic clock. Calibrated once per process.
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(Clock::new)
+}
+
 /// Statistics of one disk (export), shared by every connection serving it.
 ///
 /// Recording touches only relaxed atomics. See the crate docs for what each
 /// histogram holds.
 #[derive(Debug)]
 pub struct DiskStats {
-    /// Origin of the nanosecond clock used for interarrival times.
-    base: Instant,
+    clock: &'static Clock,
+    /// Origin of the statistics' nanosecond timeline, in raw clock ticks.
+    base: u64,
     /// Nanoseconds after `base` of the last reset (0: never reset).
     reset_at_ns: AtomicU64,
-    in_flight: AtomicU64,
-    /// End LBN (exclusive, in sectors) of the previous read or write.
-    last_end_lbn: AtomicU64,
-    /// Arrival of the previous command, in nanoseconds after `base`.
-    last_arrival_ns: AtomicU64,
+    /// Whether [`StatsDevice`](crate::StatsDevice)s record (see
+    /// [`DiskStats::set_recording`]).
+    recording: AtomicBool,
+    arrivals: Arrivals,
     errors: [AtomicU64; OP_COUNT],
     /// Bytes for the ops without a length histogram (unmap, write_zeroes).
     range_bytes: [AtomicU64; OP_COUNT],
@@ -92,12 +119,17 @@ impl Default for DiskStats {
 
 impl DiskStats {
     pub fn new() -> Self {
+        let clock = clock();
         Self {
-            base: Instant::now(),
+            clock,
+            base: clock.raw(),
             reset_at_ns: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
-            last_end_lbn: AtomicU64::new(NONE),
-            last_arrival_ns: AtomicU64::new(NONE),
+            recording: AtomicBool::new(true),
+            arrivals: Arrivals {
+                in_flight: AtomicU64::new(0),
+                last_end_lbn: AtomicU64::new(NONE),
+                last_arrival_ns: AtomicU64::new(NONE),
+            },
             errors: Default::default(),
             range_bytes: Default::default(),
             io_length: [Histogram::new(&IO_LENGTH), Histogram::new(&IO_LENGTH)],
@@ -119,31 +151,40 @@ impl DiskStats {
     /// it (a panic in the device) records the command as failed.
     #[inline]
     pub fn begin(&self, op: Op, offset_bytes: u64, len_bytes: u64) -> Command<'_> {
-        let start = Instant::now();
+        let start = self.clock.raw();
+        let row = shard();
+        let shared = &self.arrivals;
 
-        let outstanding = self.in_flight.fetch_add(1, Relaxed) + 1;
-        self.outstanding.record(clamp(outstanding));
+        // The three updates of the shared block come first and back to
+        // back, so the cache line is fetched once per arrival.
+        let outstanding = shared.in_flight.fetch_add(1, Relaxed) + 1;
+        let arrival = self.since_base(start);
+        let previous = shared.last_arrival_ns.swap(arrival, Relaxed);
+        let seek = match op {
+            Op::Read | Op::Write => {
+                let lbn = offset_bytes / SECTOR_BYTES;
+                let end = lbn + len_bytes.div_ceil(SECTOR_BYTES);
+                let previous_end = shared.last_end_lbn.swap(end, Relaxed);
+                // Both are below 2^55, so the wrapping difference read as
+                // i64 is the exact signed distance.
+                (previous_end != NONE).then(|| lbn.wrapping_sub(previous_end) as i64)
+            }
+            _ => None,
+        };
 
-        let arrival = clamp_ns(start.saturating_duration_since(self.base).as_nanos());
-        let previous = self.last_arrival_ns.swap(arrival, Relaxed);
+        self.outstanding.record_in(row, clamp(outstanding));
         if previous != NONE {
             // Another thread may have swapped in a later arrival first; the
             // difference is then taken as 0 rather than negative.
             self.interarrival
-                .record(clamp(arrival.saturating_sub(previous)));
+                .record_in(row, clamp(arrival.saturating_sub(previous)));
         }
-
         match op {
             Op::Read | Op::Write => {
                 let i = op.index();
-                self.io_length[i].record(clamp(len_bytes));
-                let lbn = offset_bytes / SECTOR_BYTES;
-                let end = lbn + len_bytes.div_ceil(SECTOR_BYTES);
-                let previous_end = self.last_end_lbn.swap(end, Relaxed);
-                if previous_end != NONE {
-                    // Both are below 2^55, so the wrapping difference read as
-                    // i64 is the exact signed distance.
-                    self.seek[i].record(lbn.wrapping_sub(previous_end) as i64);
+                self.io_length[i].record_in(row, clamp(len_bytes));
+                if let Some(distance) = seek {
+                    self.seek[i].record_in(row, distance);
                 }
             }
             Op::Unmap | Op::WriteZeroes => {
@@ -155,14 +196,38 @@ impl DiskStats {
         Command {
             stats: self,
             op,
+            row,
             start,
             finished: false,
         }
     }
 
+    /// Nanoseconds from `base` to the raw reading `at`, below `NONE`.
+    #[inline]
+    fn since_base(&self, at: u64) -> u64 {
+        self.clock.delta_as_nanos(self.base, at).min(NONE - 1)
+    }
+
     /// Commands begun and not yet finished, over every connection.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Relaxed)
+        self.arrivals.in_flight.load(Relaxed)
+    }
+
+    /// Whether commands are being recorded (the default).
+    #[inline]
+    pub fn recording(&self) -> bool {
+        self.recording.load(Relaxed)
+    }
+
+    /// Pause (`false`) or resume (`true`) recording, like vscsiStats' stop
+    /// and start. While paused, a [`StatsDevice`](crate::StatsDevice) only
+    /// forwards: commands arriving then are not counted at all, not even as
+    /// in flight, and what was recorded before stays readable. Commands in
+    /// progress when the switch flips finish the way they began. Resuming
+    /// does not reset; the first command after it measures its seek and
+    /// interarrival time against the last one recorded before the pause.
+    pub fn set_recording(&self, on: bool) {
+        self.recording.store(on, Relaxed);
     }
 
     /// Zero every counter and histogram and forget the previous command (so
@@ -184,17 +249,17 @@ impl DiskStats {
         for c in self.errors.iter().chain(&self.range_bytes) {
             c.store(0, Relaxed);
         }
-        self.last_end_lbn.store(NONE, Relaxed);
-        self.last_arrival_ns.store(NONE, Relaxed);
+        self.arrivals.last_end_lbn.store(NONE, Relaxed);
+        self.arrivals.last_arrival_ns.store(NONE, Relaxed);
         self.reset_at_ns
-            .store(clamp_ns(self.base.elapsed().as_nanos()), Relaxed);
+            .store(self.since_base(self.clock.raw()), Relaxed);
     }
 
     /// Copy every counter and histogram. Each value is read atomically, the
     /// whole is not: a snapshot taken under load may be off by the commands
     /// in progress (e.g. a bucket count one ahead of the sum).
     pub fn snapshot(&self) -> StatsSnapshot {
-        let now = clamp_ns(self.base.elapsed().as_nanos());
+        let now = self.since_base(self.clock.raw());
         let latency: Vec<HistogramSnapshot> = self.latency.iter().map(|h| h.snapshot()).collect();
         let io_length =
             ReadWriteHistograms::new(self.io_length[0].snapshot(), self.io_length[1].snapshot());
@@ -215,6 +280,7 @@ impl DiskStats {
 
         StatsSnapshot {
             elapsed_ns: now.saturating_sub(self.reset_at_ns.load(Relaxed)),
+            recording: self.recording(),
             in_flight: self.in_flight(),
             read: counters(Op::Read),
             write: counters(Op::Write),
@@ -238,7 +304,10 @@ impl DiskStats {
 pub struct Command<'a> {
     stats: &'a DiskStats,
     op: Op,
-    start: Instant,
+    /// The histogram row of the thread that began the command.
+    row: usize,
+    /// Raw clock reading at arrival.
+    start: u64,
     finished: bool,
 }
 
@@ -253,8 +322,9 @@ impl Command<'_> {
     fn complete(&mut self, ok: bool) {
         self.finished = true;
         let i = self.op.index();
-        let ns = clamp_ns(self.start.elapsed().as_nanos());
-        self.stats.latency[i].record(clamp(ns));
+        let stats = self.stats;
+        let ns = stats.clock.delta_as_nanos(self.start, stats.clock.raw());
+        stats.latency[i].record_in(self.row, clamp(ns));
         if !ok {
             self.stats.errors[i].fetch_add(1, Relaxed);
         }
@@ -267,17 +337,11 @@ impl Drop for Command<'_> {
         if !self.finished {
             self.complete(false);
         }
-        self.stats.in_flight.fetch_sub(1, Relaxed);
+        self.stats.arrivals.in_flight.fetch_sub(1, Relaxed);
     }
 }
 
 #[inline]
 fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
-}
-
-/// Nanoseconds as u64, saturating below the `NONE` marker.
-#[inline]
-fn clamp_ns(ns: u128) -> u64 {
-    ns.min((NONE - 1) as u128) as u64
 }

@@ -1,6 +1,11 @@
 //! Fixed-edge histograms with atomic counters.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -117,35 +122,88 @@ impl HistogramSpec {
     }
 }
 
-/// A histogram with fixed edges: one relaxed atomic add for the bucket and
-/// one for the sum per recorded value; no locks, no allocation after
-/// construction.
+/// A histogram with fixed edges; recording a value is two counter updates
+/// in the recording thread's own row, with no lock, no allocation and, for
+/// threads that own their row, no atomic read-modify-write.
 ///
 /// The total count is not stored: it is the sum of the buckets, computed
 /// when a snapshot is taken.
 #[derive(Debug)]
 pub struct Histogram {
     spec: &'static HistogramSpec,
-    /// `SHARDS` rows of `stride` counters: the buckets, then the sum (two's
-    /// complement, wrapping). Each thread records into its own row, so the
-    /// I/O threads of a busy disk do not fight over the same cache lines;
-    /// readers add the rows up.
+    /// [`ROWS`] rows of `stride` counters: the buckets, then the sum (two's
+    /// complement, wrapping). Each thread records into its row (see
+    /// [`shard`]); readers add the rows up. Counters only ever grow
+    /// (wrapping): a reset moves the baseline instead.
     cells: Box<[AtomicU64]>,
     stride: usize,
+    /// The spec's edges in raw units, so placing a value needs no scaling.
+    raw_edges: Box<[i64]>,
+    /// Per-bucket totals (and the sum) at the last reset, subtracted from
+    /// every snapshot.
+    baseline: Mutex<Vec<u64>>,
 }
 
-/// Rows per histogram; threads beyond share rows round-robin.
-const SHARDS: usize = 8;
+/// Rows per histogram. Rows `0..SHARED_ROW` are each owned by one thread at
+/// a time, which updates them with a plain load and store; threads that
+/// find no free row share the last one, with atomic adds.
+const ROWS: usize = 16;
+const SHARED_ROW: usize = ROWS - 1;
 
-/// This thread's row.
-#[inline]
-fn shard() -> usize {
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static ROW: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+/// Which rows a live thread owns.
+static ROW_OWNED: [AtomicBool; SHARED_ROW] = [const { AtomicBool::new(false) }; SHARED_ROW];
+
+/// A thread's claim on a row, given back when the thread exits.
+struct RowClaim(usize);
+
+impl RowClaim {
+    fn take() -> Self {
+        let row = ROW_OWNED
+            .iter()
+            .position(|owned| {
+                // Acquire: the previous owner's updates (released when it
+                // exited) happen before this thread's first one.
+                owned
+                    .compare_exchange(false, true, Acquire, Relaxed)
+                    .is_ok()
+            })
+            .unwrap_or(SHARED_ROW);
+        Self(row)
     }
-    ROW.with(|r| *r)
+}
+
+impl Drop for RowClaim {
+    fn drop(&mut self) {
+        if let Some(owned) = ROW_OWNED.get(self.0) {
+            owned.store(false, Release);
+        }
+    }
+}
+
+/// This thread's row of every histogram; [`DiskStats::begin`] looks it up
+/// once per command.
+///
+/// [`DiskStats::begin`]: crate::DiskStats::begin
+#[inline]
+pub(crate) fn shard() -> usize {
+    thread_local! {
+        static ROW: RowClaim = RowClaim::take();
+    }
+    // A thread being torn down after its claim is gone records into the
+    // shared row.
+    ROW.try_with(|r| r.0).unwrap_or(SHARED_ROW)
+}
+
+/// Add `n` to a counter of row `row`.
+#[inline]
+fn bump(cell: &AtomicU64, row: usize, n: u64) {
+    if row == SHARED_ROW {
+        cell.fetch_add(n, Relaxed);
+    } else {
+        // Only this thread writes the row: no update can be lost, and
+        // readers see either value, each whole.
+        cell.store(cell.load(Relaxed).wrapping_add(n), Relaxed);
+    }
 }
 
 impl Histogram {
@@ -155,13 +213,21 @@ impl Histogram {
         let stride = (spec.buckets() + 1).div_ceil(16) * 16;
         Self {
             spec,
-            cells: (0..stride * SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            cells: (0..stride * ROWS).map(|_| AtomicU64::new(0)).collect(),
             stride,
+            raw_edges: spec
+                .edges
+                .iter()
+                .map(|e| e.saturating_mul(spec.scale))
+                .collect(),
+            baseline: Mutex::new(vec![0; spec.buckets() + 1]),
         }
     }
 
-    fn bucket_total(&self, i: usize) -> u64 {
-        (0..SHARDS)
+    /// Bucket `i` (or the sum, `i == buckets`) added over the rows, since
+    /// the histogram was created.
+    fn total(&self, i: usize) -> u64 {
+        (0..ROWS)
             .map(|r| self.cells[r * self.stride + i].load(Relaxed))
             .fold(0u64, u64::wrapping_add)
     }
@@ -173,30 +239,61 @@ impl Histogram {
     /// Record one value, in the spec's raw unit.
     #[inline]
     pub fn record(&self, raw: i64) {
-        let i = self.spec.bucket_index(raw);
-        let row = shard() * self.stride;
-        self.cells[row + i].fetch_add(1, Relaxed);
-        self.cells[row + self.spec.buckets()].fetch_add(raw as u64, Relaxed);
+        self.record_in(shard(), raw);
     }
 
-    /// Zero every bucket and the sum (bucket by bucket, not atomically as a
-    /// whole).
+    /// Record one value into row `row`, which must be the calling thread's
+    /// ([`shard`]).
+    #[inline]
+    pub(crate) fn record_in(&self, row: usize, raw: i64) {
+        let i = self.bucket(raw);
+        let base = row * self.stride;
+        bump(&self.cells[base + i], row, 1);
+        bump(&self.cells[base + self.spec.buckets()], row, raw as u64);
+    }
+
+    /// [`HistogramSpec::bucket_index`] without branches on the value: a
+    /// lower-bound search whose steps compile to conditional moves, so
+    /// random values (seek distances) cost no mispredictions.
+    #[inline]
+    fn bucket(&self, raw: i64) -> usize {
+        let edges = &self.raw_edges[..];
+        let mut base = 0;
+        let mut size = edges.len();
+        while size > 1 {
+            let half = size / 2;
+            if edges[base + half] < raw {
+                base += half;
+            }
+            size -= half;
+        }
+        // edges[base] is the last edge below `raw`, or the first edge.
+        base + usize::from(edges[base] < raw)
+    }
+
+    /// Zero every bucket and the sum, as snapshots see them. The counters
+    /// are not written (their owners update them without atomics); the
+    /// current totals become the baseline that snapshots subtract. A value
+    /// recorded while the reset runs may land on either side of it.
     pub fn reset(&self) {
-        for c in self.cells.iter() {
-            c.store(0, Relaxed);
+        let mut baseline = self.baseline.lock();
+        for (i, b) in baseline.iter_mut().enumerate() {
+            *b = self.total(i);
         }
     }
 
     pub fn snapshot(&self) -> HistogramSnapshot {
         let spec = self.spec;
+        let baseline = self.baseline.lock();
+        let since_reset = |i: usize| self.total(i).wrapping_sub(baseline[i]);
         let buckets: Vec<BucketSnapshot> = (0..spec.buckets())
             .map(|i| BucketSnapshot {
                 le: spec.edges.get(i).copied(),
                 label: spec.label(i),
-                count: self.bucket_total(i),
+                count: since_reset(i),
             })
             .collect();
-        let raw_sum = self.bucket_total(spec.buckets());
+        let raw_sum = since_reset(spec.buckets());
         let sum = if spec.signed {
             raw_sum as i64 as i128
         } else {

@@ -1,6 +1,7 @@
 //! Name → statistics map for every disk a process serves.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -12,9 +13,21 @@ use crate::snapshot::StatsSnapshot;
 ///
 /// The lock is taken only when a connection looks its disk up and when
 /// statistics are listed, reset or removed; never per I/O.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StatsRegistry {
     disks: RwLock<BTreeMap<String, Arc<DiskStats>>>,
+    /// Whether statistics created from now on record (see
+    /// [`StatsRegistry::set_recording_all`]).
+    recording: AtomicBool,
+}
+
+impl Default for StatsRegistry {
+    fn default() -> Self {
+        Self {
+            disks: RwLock::default(),
+            recording: AtomicBool::new(true),
+        }
+    }
 }
 
 impl StatsRegistry {
@@ -31,7 +44,11 @@ impl StatsRegistry {
             self.disks
                 .write()
                 .entry(name.to_string())
-                .or_insert_with(|| Arc::new(DiskStats::new())),
+                .or_insert_with(|| {
+                    let stats = DiskStats::new();
+                    stats.set_recording(self.recording.load(Relaxed));
+                    Arc::new(stats)
+                }),
         )
     }
 
@@ -79,6 +96,16 @@ impl StatsRegistry {
     pub fn reset_all(&self) {
         for stats in self.disks.read().values() {
             stats.reset();
+        }
+    }
+
+    /// Pause or resume every disk's recording, and that of disks first used
+    /// from now on ([`DiskStats::set_recording`]).
+    pub fn set_recording_all(&self, on: bool) {
+        let disks = self.disks.read();
+        self.recording.store(on, Relaxed);
+        for stats in disks.values() {
+            stats.set_recording(on);
         }
     }
 

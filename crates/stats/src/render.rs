@@ -25,6 +25,12 @@ pub fn render_text(s: &StatsSnapshot) -> String {
         "Statistics over {secs:.3} s; {} command(s) in flight now",
         s.in_flight
     );
+    if !s.recording {
+        let _ = writeln!(
+            out,
+            "Recording is paused (strata stats --resume): new commands are not counted"
+        );
+    }
     out.push('\n');
     let _ = writeln!(
         out,
@@ -161,7 +167,8 @@ const NS_DECIMALS: u32 = 9;
 ///
 /// Families: `strata_disk_commands_total`, `strata_disk_bytes_total`,
 /// `strata_disk_errors_total` (counters, labels `disk` and `op`),
-/// `strata_disk_in_flight` (gauge), and histograms
+/// `strata_disk_in_flight` and `strata_disk_stats_recording` (gauges), and
+/// histograms
 /// `strata_disk_io_size_bytes` and `strata_disk_seek_distance_sectors`
 /// (`op` = read / write), `strata_disk_latency_seconds` (every op),
 /// `strata_disk_outstanding_ios` and `strata_disk_interarrival_seconds`
@@ -243,6 +250,21 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
             "strata_disk_in_flight",
             &[("disk", disk)],
             &s.in_flight.to_string(),
+        );
+    }
+
+    family(
+        out,
+        "strata_disk_stats_recording",
+        "1 while statistics are recorded, 0 while paused.",
+        "gauge",
+    );
+    for (disk, s) in disks {
+        sample(
+            out,
+            "strata_disk_stats_recording",
+            &[("disk", disk)],
+            if s.recording { "1" } else { "0" },
         );
     }
 

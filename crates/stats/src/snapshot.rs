@@ -95,6 +95,10 @@ impl LatencyHistograms {
 pub struct StatsSnapshot {
     /// Nanoseconds since the statistics were created or last reset.
     pub elapsed_ns: u64,
+    /// Whether commands were being recorded (false: paused with
+    /// `strata stats --pause`; the figures are those from before).
+    #[serde(default = "recording_default")]
+    pub recording: bool,
     /// Commands in progress when the snapshot was taken.
     pub in_flight: u64,
     pub read: OpCounters,
@@ -135,4 +139,8 @@ impl StatsSnapshot {
     pub fn total_commands(&self) -> u64 {
         Op::ALL.iter().map(|&op| self.counters(op).commands).sum()
     }
+}
+
+fn recording_default() -> bool {
+    true
 }

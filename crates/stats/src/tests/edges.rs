@@ -162,3 +162,33 @@ fn negative_seek_sums_are_kept_signed() {
     assert_eq!(s.count, 3);
     assert_eq!(s.mean(), Some(-4.0));
 }
+
+#[test]
+fn threads_beyond_the_owned_rows_share_one_without_losing_updates() {
+    // Far more threads than rows, all recording at once: most of them share
+    // the last row, where only atomic adds keep every update.
+    let h = std::sync::Arc::new(Histogram::new(&IO_LENGTH));
+    let threads = 48u64;
+    let each = 50_000u64;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(threads as usize));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (h, start) = (h.clone(), start.clone());
+            std::thread::spawn(move || {
+                // Claim a row (or the shared one) before anyone finishes
+                // and gives one back.
+                h.record(4096);
+                start.wait();
+                for _ in 1..each {
+                    h.record(4096);
+                }
+            })
+        })
+        .collect();
+    for t in handles {
+        t.join().unwrap();
+    }
+    let s = h.snapshot();
+    assert_eq!(s.bucket_count(Some(4096)), Some(threads * each));
+    assert_eq!(s.sum, (threads * each * 4096) as i128);
+}

@@ -319,3 +319,106 @@ fn the_wrapper_forwards_data_and_device_properties() {
     assert!(back[..512].iter().all(|&b| b == 0));
     assert_eq!(back[512..], data[512..]);
 }
+
+#[test]
+fn paused_statistics_forward_without_recording_and_resume_where_they_left_off() {
+    let (stats, dev) = stats_over_mem(1 << 20);
+    let buf = [7u8; 4096];
+    dev.write_at(&buf, 0, false).unwrap();
+    stats.set_recording(false);
+    assert!(!stats.recording());
+    // Paused: the commands still reach the device, and nothing is counted.
+    dev.write_at(&buf, 65536, false).unwrap();
+    let mut back = [0u8; 4096];
+    dev.read_at(&mut back, 65536).unwrap();
+    assert_eq!(back, buf);
+    dev.flush().unwrap();
+    let s = stats.snapshot();
+    assert!(!s.recording);
+    assert_eq!(s.total_commands(), 1);
+    assert_eq!(s.in_flight, 0);
+
+    stats.set_recording(true);
+    dev.write_at(&buf, 4096, false).unwrap();
+    let s = stats.snapshot();
+    assert!(s.recording);
+    assert_eq!(s.write.commands, 2);
+    assert_eq!(s.read.commands, 0);
+    assert_eq!(s.flush.commands, 0);
+    // Measured against the last recorded write, which ended at sector 8.
+    assert_eq!(
+        nonzero_buckets(&s.seek_distance.write),
+        BTreeMap::from([("<=0".into(), 1)])
+    );
+    assert!(crate::render_text(&s).contains("in flight"));
+}
+
+#[test]
+fn a_command_begun_before_a_pause_still_balances_in_flight() {
+    let stats = DiskStats::new();
+    let command = stats.begin(Op::Write, 0, 4096);
+    stats.set_recording(false);
+    command.finish(true);
+    let s = stats.snapshot();
+    assert_eq!(s.in_flight, 0);
+    assert_eq!(s.write.commands, 1);
+    assert!(crate::render_text(&s).contains("Recording is paused"));
+}
+
+#[test]
+fn more_threads_than_rows_and_threads_that_come_and_go_lose_no_count() {
+    // 40 live threads: 15 own a row each, the rest share the last one.
+    let stats = Arc::new(DiskStats::new());
+    let disk: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
+    let per_thread = 2000u64;
+    let live: Vec<_> = (0..40u64)
+        .map(|t| {
+            let dev = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+            thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                for i in 0..per_thread {
+                    dev.read_at(&mut buf, ((t * per_thread + i) % 2048) * 512)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in live {
+        h.join().unwrap();
+    }
+    // Then 30 threads one after another: each takes a row a previous
+    // thread gave back and goes on from its counts.
+    for _ in 0..30 {
+        let dev = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+        thread::spawn(move || {
+            let buf = [1u8; 1024];
+            for i in 0..100u64 {
+                dev.write_at(&buf, i * 1024, false).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    let s = stats.snapshot();
+    assert_eq!(s.read.commands, 40 * per_thread);
+    assert_eq!(s.read.bytes, 40 * per_thread * 512);
+    assert_eq!(
+        s.io_length.read.bucket_count(Some(512)),
+        Some(40 * per_thread)
+    );
+    assert_eq!(s.write.commands, 3000);
+    assert_eq!(s.io_length.write.bucket_count(Some(1024)), Some(3000));
+    assert_eq!(s.io_length.write.sum, 3000 * 1024);
+    assert_eq!(s.outstanding.count, 40 * per_thread + 3000);
+    assert_eq!(s.in_flight, 0);
+
+    // A reset is a new baseline; counting goes on from zero.
+    stats.reset();
+    let dev = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
+    dev.write_at(&[0u8; 4096], 0, false).unwrap();
+    let s = stats.snapshot();
+    assert_eq!(s.write.commands, 1);
+    assert_eq!(s.io_length.write.sum, 4096);
+    assert_eq!(s.read.commands, 0);
+    assert_eq!(s.outstanding.count, 1);
+}
