@@ -37,6 +37,11 @@ pub const LOG_BYTES_MAX: u64 = 64 << 20;
 pub const RECLAIM_STEP_GRAINS: u64 = 4096;
 /// Commit once the in-memory log buffer holds this much, flush or not.
 pub const LOG_BUFFER_BYTES_MAX: usize = 8 << 20;
+/// Longest run of freed grains given back to the file system in one call
+/// (8 MiB): a punch holds the file's lock, and writers queue behind it.
+const PUNCH_CHUNK_GRAINS: usize = 2048;
+/// Shortest run of adjacent freed grains worth a punch (64 KiB).
+pub const PUNCH_MIN_GRAINS: usize = 16;
 /// Default metadata cache budget.
 pub const CACHE_BYTES_DEFAULT: u64 = 128 << 20;
 /// Stripe locks serialising writes to nearby grains.
@@ -239,41 +244,73 @@ impl Inner {
         }
         cs.synced_mutations = seen;
         let freed = if batch.has_pending_frees {
+            // No command still in flight may be reading a grain about to
+            // be freed.
             let _drain = self.gate.write();
-            self.meta.lock().release_committed()
+            self.meta.lock().take_committed()
         } else {
-            self.meta.lock().release_committed()
+            self.meta.lock().take_committed()
         };
-        self.punch(&freed);
+        let mut freed = freed;
         let needs = force_checkpoint
             || cs.journal.offset > LOG_BYTES_MAX
             || self.meta.lock().needs_checkpoint();
         if needs {
-            if let Err(e) = self.checkpoint_locked(&mut cs) {
-                return self.fail(e);
+            match self.checkpoint_locked(&mut cs) {
+                Ok(more) if !more.is_empty() => {
+                    freed.extend(more);
+                    freed.sort_unstable();
+                }
+                Ok(_) => {}
+                Err(e) => return self.fail(e),
             }
         }
+        // Punching can take a while (hundreds of MiB after a snapshot
+        // delete): other commits, client flushes among them, go ahead.
+        drop(cs);
+        self.punch_and_release(&freed);
         Ok(())
     }
 
-    /// Give freed grains' space back to the file system, in runs.
-    fn punch(&self, sorted: &[u64]) {
+    /// Give freed grains' space back to the file system, then make them
+    /// allocatable. In that order: a grain allocatable before its punch
+    /// could be taken and written by a writer, and the punch would then
+    /// zero the new data.
+    ///
+    /// Only runs of at least `PUNCH_MIN_GRAINS` adjacent grains are
+    /// punched, at most `PUNCH_CHUNK_GRAINS` per call so that writers
+    /// waiting on the file's lock get in between. Scattered grains (the old
+    /// versions of random overwrites, freed when a snapshot goes) stay
+    /// allocated in the file for the allocator to reuse: punching them one
+    /// by one cost half the server's CPU and cut random writes from ~40k to
+    /// ~3k IOPS while a snapshot delete was being reclaimed.
+    fn punch_and_release(&self, sorted: &[u64]) {
+        if sorted.is_empty() {
+            return;
+        }
         let mut i = 0;
         while i < sorted.len() {
-            let mut j = i + 1;
-            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
-                j += 1;
+            let mut end = i + 1;
+            while end < sorted.len() && sorted[end] == sorted[end - 1] + 1 {
+                end += 1;
             }
-            let start = sorted[i] * GRAIN_BYTES;
-            let len = (j - i) as u64 * GRAIN_BYTES;
-            if let Err(e) = self.pool.punch_hole(start, len) {
-                tracing::warn!("could not punch freed space at {start}+{len}: {e}");
+            if end - i >= PUNCH_MIN_GRAINS {
+                for chunk in sorted[i..end].chunks(PUNCH_CHUNK_GRAINS) {
+                    let start = chunk[0] * GRAIN_BYTES;
+                    let len = chunk.len() as u64 * GRAIN_BYTES;
+                    if let Err(e) = self.pool.punch_hole(start, len) {
+                        tracing::warn!("could not punch freed space at {start}+{len}: {e}");
+                    }
+                }
             }
-            i = j;
+            i = end;
         }
+        self.meta.lock().release(sorted);
     }
 
-    fn checkpoint_locked(&self, cs: &mut CommitState) -> Result<()> {
+    /// Checkpoint; returns the frees it made durable, for
+    /// [`Datastore::punch_and_release`] once the gate is open again.
+    fn checkpoint_locked(&self, cs: &mut CommitState) -> Result<Vec<u64>> {
         let _drain = self.gate.write();
         let mut m = self.meta.lock();
         // Step 1: data written since the last commit is durable before any
@@ -302,10 +339,7 @@ impl Inner {
         cs.journal.reset(next);
         cs.synced_mutations = self.mutations.load(Ordering::Acquire);
         m.cache.mark_all_clean();
-        let freed = m.release_all();
-        drop(m);
-        self.punch(&freed);
-        Ok(())
+        Ok(m.take_all())
     }
 
     /// Checkpoint now if dirty metadata far exceeds the cache budget (called

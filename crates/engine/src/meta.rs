@@ -216,21 +216,22 @@ impl Meta {
         }
     }
 
-    /// The batch taken last is durable: its frees become allocatable.
-    /// Returns the freed grains, sorted, so the caller can punch them.
-    pub fn release_committed(&mut self) -> Vec<u64> {
+    /// The batch taken last is durable: its frees may be reused. Returns
+    /// them, sorted; they stay unallocatable until [`Meta::release`], so
+    /// the caller can punch them first without racing a writer that
+    /// reuses one.
+    pub fn take_committed(&mut self) -> Vec<u64> {
         let mut freed = std::mem::take(&mut self.pending_committing);
-        self.release(&freed);
         self.decreased_committing.clear();
         freed.sort_unstable();
         freed
     }
 
     /// Everything in memory was checkpointed: all pending frees are durable.
-    pub fn release_all(&mut self) -> Vec<u64> {
+    /// Returns them, sorted and still unallocatable, as [`Meta::take_committed`].
+    pub fn take_all(&mut self) -> Vec<u64> {
         let mut freed = std::mem::take(&mut self.pending_committing);
         freed.append(&mut self.pending_current);
-        self.release(&freed);
         self.decreased_committing.clear();
         self.decreased_current.clear();
         self.log.clear();
@@ -240,7 +241,9 @@ impl Meta {
         freed
     }
 
-    fn release(&mut self, grains: &[u64]) {
+    /// Make grains returned by [`Meta::take_committed`] or
+    /// [`Meta::take_all`] allocatable.
+    pub fn release(&mut self, grains: &[u64]) {
         for &g in grains {
             self.pending_set.remove(&g);
             self.alloc.adjust(g, 1);
