@@ -144,5 +144,8 @@ fn a_write_during_the_punch_of_freed_grains_keeps_its_data() {
     assert_eq!(lost, 0, "{lost} grains of the concurrent write were lost");
     let mut head = vec![1u8; 4 << 20];
     disk.read_at(&mut head, 0).unwrap();
-    assert!(head.iter().all(|&b| b == 0), "the unmapped range reads zeros");
+    assert!(
+        head.iter().all(|&b| b == 0),
+        "the unmapped range reads zeros"
+    );
 }
