@@ -47,7 +47,12 @@ STRATA = os.environ.get("STRATA", os.path.join(ROOT, "target/release/strata"))
 
 
 def sh(*args, **kw):
-    return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout
+    r = subprocess.run(args, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        # Say what the tool said: a bare exit status hides ENOSPC and friends.
+        raise RuntimeError(f"{' '.join(map(str, args))} exited {r.returncode}:\n"
+                           f"{(r.stderr or r.stdout)[-2000:]}")
+    return r.stdout
 
 
 def wait_path(p, timeout=30):
@@ -1062,6 +1067,8 @@ def main():
     if not os.path.exists(STRATA):
         sys.exit(f"bench: {STRATA} not built (make build)")
     cases = a.only.split(",") if a.only else list(CASES)
+    # Fail now, not after an hour of measuring, if the results cannot be written.
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     work = a.workdir or tempfile.mkdtemp(prefix="strata-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     results = {"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
                "quick": a.quick, "cases": {}}
