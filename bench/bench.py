@@ -33,12 +33,14 @@ clone.svg, matrix.svg) next to it; --render JSON redraws them from a file.
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from statistics import median
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -334,7 +336,6 @@ def case_stats(work, q):
     record_cost example), and that cost as a share of the server's CPU
     time per I/O over the same run.
     """
-    import random
     size = "1G" if q else "4G"
     total = 30 if q else 300
     phase = 2.0
@@ -414,11 +415,6 @@ def case_stats(work, q):
             control.append(ph[0][0] / ph[1][0])
     if not ratios or not control:
         raise RuntimeError("no complete blocks in fio's log")
-
-    def median(xs):
-        xs = sorted(xs)
-        n = len(xs)
-        return (xs[n // 2] + xs[(n - 1) // 2]) / 2
 
     on_w = [x for w, f in zip(phases, flips) if f[1] and f[3] == "ab" for x in w]
     off_w = [x for w, f in zip(phases, flips) if not f[1] for x in w]

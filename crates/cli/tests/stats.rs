@@ -91,20 +91,25 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     assert_eq!(d["seek_distance"]["write"]["count"], 999);
     assert_eq!(d["latency"]["write"]["count"], 1000);
 
+    // `n` random 4 KiB reads over the first 4000 KiB.
+    let reads = |n: u32, iodepth: u32| {
+        run_ok(
+            "fio",
+            &[
+                "--name=rr",
+                "--ioengine=nbd",
+                &uri,
+                "--rw=randread",
+                "--bs=4k",
+                "--size=4000k",
+                &format!("--iodepth={iodepth}"),
+                &format!("--number_ios={n}"),
+            ],
+        )
+    };
+
     // Random 4 KiB reads land in the read histograms, with seeks both ways.
-    run_ok(
-        "fio",
-        &[
-            "--name=rr",
-            "--ioengine=nbd",
-            &uri,
-            "--rw=randread",
-            "--bs=4k",
-            "--size=4000k",
-            "--iodepth=1",
-            "--number_ios=200",
-        ],
-    );
+    reads(200, 1);
     let d = s.json(&["stats", "disk", "--reset"])["disk"].clone();
     assert_eq!(bucket(&d["io_length"]["read"], 4096), 200);
     let seeks = d["seek_distance"]["read"]["buckets"].as_array().unwrap();
@@ -187,24 +192,9 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 
     // --pause: fio's reads are served and not counted; --resume counts again.
-    let reads = |n: &str| {
-        run_ok(
-            "fio",
-            &[
-                "--name=rr",
-                "--ioengine=nbd",
-                &uri,
-                "--rw=randread",
-                "--bs=4k",
-                "--size=4000k",
-                "--iodepth=4",
-                &format!("--number_ios={n}"),
-            ],
-        )
-    };
     let paused = s.json(&["stats", "disk", "--pause"]);
     assert_eq!(paused["disk"]["recording"], false, "{paused}");
-    reads("300");
+    reads(300, 4);
     let d = s.json(&["stats", "disk"])["disk"].clone();
     assert_eq!(d["recording"], false);
     assert_eq!(d["read"]["commands"], 0, "{d}");
@@ -219,7 +209,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
         .fails(&["stats", "disk", "--pause", "--resume"])
         .contains("cannot be used with"));
     s.ok(&["stats", "--resume"]);
-    reads("300");
+    reads(300, 4);
     let d = s.json(&["stats", "disk"])["disk"].clone();
     assert_eq!(d["recording"], true);
     assert_eq!(d["read"]["commands"], 300, "{d}");

@@ -243,7 +243,7 @@ impl Inner {
             return self.fail(e);
         }
         cs.synced_mutations = seen;
-        let freed = if batch.has_pending_frees {
+        let mut freed = if batch.has_pending_frees {
             // No command still in flight may be reading a grain about to
             // be freed.
             let _drain = self.gate.write();
@@ -251,7 +251,6 @@ impl Inner {
         } else {
             self.meta.lock().take_committed()
         };
-        let mut freed = freed;
         let needs = force_checkpoint
             || cs.journal.offset > LOG_BYTES_MAX
             || self.meta.lock().needs_checkpoint();

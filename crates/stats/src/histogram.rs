@@ -106,11 +106,13 @@ impl HistogramSpec {
 
     /// The bucket a raw value lands in: the first whose edge (in raw units)
     /// is ≥ the value, or the overflow bucket `edges.len()`.
+    /// ([`Histogram`] does the same search over edges scaled once.)
     #[inline]
     pub fn bucket_index(&self, raw: i64) -> usize {
         let scale = self.scale;
-        self.edges
-            .partition_point(|&edge| edge.saturating_mul(scale) < raw)
+        edges_below(self.edges.len(), raw, |i| {
+            self.edges[i].saturating_mul(scale)
+        })
     }
 
     /// The label of bucket `i`: `"<=EDGE"`, or `">LAST"` for the overflow.
@@ -120,6 +122,25 @@ impl HistogramSpec {
             None => format!(">{}", self.edges[self.edges.len() - 1]),
         }
     }
+}
+
+/// How many of `len` strictly increasing edges (`edge(i)`, in raw units)
+/// are below `raw`: the index of its bucket. A lower-bound search whose
+/// steps compile to conditional moves, so random values (seek distances)
+/// cost no branch mispredictions. `len` is at least 1.
+#[inline]
+fn edges_below(len: usize, raw: i64, edge: impl Fn(usize) -> i64) -> usize {
+    let mut base = 0;
+    let mut size = len;
+    while size > 1 {
+        let half = size / 2;
+        if edge(base + half) < raw {
+            base += half;
+        }
+        size -= half;
+    }
+    // edge(base) is the last edge below `raw`, or the first edge.
+    base + usize::from(edge(base) < raw)
 }
 
 /// A histogram with fixed edges; recording a value is two counter updates
@@ -252,23 +273,10 @@ impl Histogram {
         bump(&self.cells[base + self.spec.buckets()], row, raw as u64);
     }
 
-    /// [`HistogramSpec::bucket_index`] without branches on the value: a
-    /// lower-bound search whose steps compile to conditional moves, so
-    /// random values (seek distances) cost no mispredictions.
+    /// [`HistogramSpec::bucket_index`] over the pre-scaled edges.
     #[inline]
     fn bucket(&self, raw: i64) -> usize {
-        let edges = &self.raw_edges[..];
-        let mut base = 0;
-        let mut size = edges.len();
-        while size > 1 {
-            let half = size / 2;
-            if edges[base + half] < raw {
-                base += half;
-            }
-            size -= half;
-        }
-        // edges[base] is the last edge below `raw`, or the first edge.
-        base + usize::from(edges[base] < raw)
+        edges_below(self.raw_edges.len(), raw, |i| self.raw_edges[i])
     }
 
     /// Zero every bucket and the sum, as snapshots see them. The counters

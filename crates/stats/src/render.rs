@@ -238,35 +238,20 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
         }
     }
 
-    family(
+    disk_gauge(
         out,
+        disks,
         "strata_disk_in_flight",
         "Commands in progress.",
-        "gauge",
+        |s| s.in_flight,
     );
-    for (disk, s) in disks {
-        sample(
-            out,
-            "strata_disk_in_flight",
-            &[("disk", disk)],
-            &s.in_flight.to_string(),
-        );
-    }
-
-    family(
+    disk_gauge(
         out,
+        disks,
         "strata_disk_stats_recording",
         "1 while statistics are recorded, 0 while paused.",
-        "gauge",
+        |s| u64::from(s.recording),
     );
-    for (disk, s) in disks {
-        sample(
-            out,
-            "strata_disk_stats_recording",
-            &[("disk", disk)],
-            if s.recording { "1" } else { "0" },
-        );
-    }
 
     let name = "strata_disk_io_size_bytes";
     family(out, name, "Request length in bytes.", "histogram");
@@ -370,6 +355,20 @@ fn render_gauges(out: &mut String, gauges: &[Gauge]) {
 }
 
 /// `# HELP` and `# TYPE` lines.
+/// A gauge family with one sample per disk, labelled `disk`.
+fn disk_gauge(
+    out: &mut String,
+    disks: &[(String, StatsSnapshot)],
+    name: &str,
+    help: &str,
+    value: impl Fn(&StatsSnapshot) -> u64,
+) {
+    family(out, name, help, "gauge");
+    for (disk, s) in disks {
+        sample(out, name, &[("disk", disk)], &value(s).to_string());
+    }
+}
+
 fn family(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
     let _ = writeln!(out, "# TYPE {name} {kind}");
