@@ -78,7 +78,9 @@ fn record_tags_match_constants() {
             .unwrap()
     };
     assert_eq!(tag_of("PAGE_IMAGE"), tag::PAGE_IMAGE);
-    assert_eq!(tag_of("PAGE_ZERO"), tag::PAGE_ZERO);
+    assert_eq!(tag_of("PAGE_NEW"), tag::PAGE_NEW);
+    assert_eq!(tag_of("REF_PAGE_IMAGE"), tag::REF_PAGE_IMAGE);
+    assert_eq!(tag_of("GENERATION_END"), tag::GENERATION_END);
     assert_eq!(tag_of("MAP_SET"), tag::MAP_SET);
     assert_eq!(tag_of("REF_SET"), tag::REF_SET);
     assert_eq!(tag_of("VERSION"), tag::VERSION);
@@ -103,4 +105,63 @@ fn batch_header_table_matches_encoder() {
     assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), 0x33);
     assert_eq!(u32::from_le_bytes(b[24..28].try_into().unwrap()), 2);
     assert_eq!(&b[32..34], b"xy");
+}
+
+#[test]
+fn map_node_lanes_match_the_table() {
+    use strata_format::lane;
+    let doc = spec();
+    let rows = table(&doc, "### Map node layout");
+    let lane_of = |field: &str| -> String {
+        rows.iter()
+            .find(|r| r[1] == field)
+            .unwrap_or_else(|| panic!("no lane {field}"))[0]
+            .clone()
+    };
+    for (field, at) in [
+        ("crc_lo", lane::CRC_LO),
+        ("crc_hi", lane::CRC_HI),
+        ("magic", lane::MAGIC),
+        ("level", lane::LEVEL),
+        ("grain_lo", lane::GRAIN_LO),
+        ("grain_mid", lane::GRAIN_MID),
+        ("grain_hi", lane::GRAIN_HI),
+    ] {
+        assert_eq!(lane_of(field), at.to_string(), "lane {field}");
+    }
+    assert_eq!(
+        lane_of("reserved"),
+        format!("{}..511", lane::RESERVED_FROM)
+    );
+    let magic = rows.iter().find(|r| r[1] == "magic").unwrap()[2].clone();
+    assert_eq!(magic, format!("{:#06x}", strata_format::NODE_MAGIC));
+}
+
+#[test]
+fn count_page_table_matches_constants() {
+    use strata_format::{ref_page_off, REFS_PER_PAGE, REF_PAGE_MAGIC};
+    let doc = spec();
+    let rows = table(&doc, "## 4. Reference counts");
+    let offsets: Vec<(usize, usize)> = rows
+        .iter()
+        .map(|r| (r[0].parse().unwrap(), r[1].parse().unwrap()))
+        .collect();
+    assert_eq!(
+        offsets,
+        [
+            (0, REFS_PER_PAGE * 4),
+            (ref_page_off::INDEX, 8),
+            (ref_page_off::MAGIC, 4),
+            (ref_page_off::CRC, 4)
+        ]
+    );
+    assert!(doc.contains(&format!("({REF_PAGE_MAGIC:#x})")));
+    // The page encoder puts things where the table says.
+    let mut b = vec![0u8; 4096];
+    let mut c = Box::new([0u32; REFS_PER_PAGE]);
+    c[1] = 0xabcd;
+    strata_format::encode_ref_page(9, &c, &mut b);
+    assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), 0xabcd);
+    assert_eq!(u64::from_le_bytes(b[4080..4088].try_into().unwrap()), 9);
+    assert_eq!(&b[4088..4092], b"SREF");
 }
