@@ -6,18 +6,19 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use strata_format::{MAP_FANOUT, REFS_PER_PAGE};
+use strata_format::{MapNode, REFS_PER_PAGE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PageKey {
     /// A map node, by its pool grain.
     Map(u64),
-    /// A page of `refcount.data`, by page index (grain / 1024).
+    /// A count page of `refcount.data`, by page index (grain / REFS_PER_PAGE).
     Ref(u64),
 }
 
 pub enum PageData {
-    Map(Box<[u64; MAP_FANOUT]>),
+    /// Entries without lanes, and the node's level.
+    Map(MapNode),
     Ref(Box<[u32; REFS_PER_PAGE]>),
 }
 

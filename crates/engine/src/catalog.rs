@@ -167,7 +167,7 @@ impl Catalog {
 
     /// Resolve `DISK` or `DISK@SNAP` to the disk and, for the second, the snapshot.
     pub fn target(&self, target: &str) -> Result<(&DiskRec, Option<&SnapshotRec>)> {
-        let (disk, snap) = crate::datastore::split_target(target);
+        let (disk, snap) = split_target(target);
         let d = self.disk(disk)?;
         let s = match snap {
             Some(s) => Some(self.snapshot(d.id, disk, s)?),
@@ -186,6 +186,14 @@ impl Catalog {
                     format!("disk '{disk_name}' has no snapshot named '{snap}'"),
                 )
             })
+    }
+}
+
+/// Split `DISK@SNAP` into its parts.
+pub fn split_target(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('@') {
+        Some((d, sn)) => (d, Some(sn)),
+        None => (s, None),
     }
 }
 

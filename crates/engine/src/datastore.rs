@@ -1,53 +1,32 @@
-//! The datastore: opening, recovery, commit and checkpoint, and the
-//! catalog operations (disks, snapshots, clones).
-//!
-//! Locks, always taken in this order: `commit` → `gate` → stripes → `meta`.
-//! - `gate` (RwLock): every client I/O holds it shared for its whole
-//!   duration; operations that change sharing (snapshot, revert, clone,
-//!   delete) and the release of freed grains take it exclusively, so no I/O
-//!   decided on a stale view of sharing is still running.
-//! - stripes: per (version, 16-grain group) mutexes that serialise writes to
-//!   the same grains (read-modify-write of a sub-grain write, allocation).
-//! - `meta`: all metadata; held only for map lookups and updates, never
-//!   across data I/O.
+//! The datastore: init, open (recovery, upgrade from format version 1), and
+//! the catalog operations (disks, snapshots, clones). The commit machinery
+//! is in `store`, the I/O path in `disk`.
 
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use strata_format::{
-    catalog_file, Superblock, BLOCK_BYTES, FILE_JOURNAL, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
-    GRAIN_BYTES, SUPER_SLOT_BYTES,
+    catalog_file, journal_file, Superblock, BLOCK_BYTES, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
+    FORMAT_VERSION_V1, GRAIN_BYTES, SUPER_SLOT_BYTES,
 };
-use strata_storage::{Backend, Storage};
+use strata_storage::Backend;
 
-use crate::catalog::{check_name, Catalog, DiskRec, Provisioning, SnapshotRec};
+use crate::catalog::{check_name, split_target, Catalog, DiskRec, Provisioning, SnapshotRec};
 use crate::check::{self, CheckReport};
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::Journal;
 use crate::meta::Meta;
+use crate::store::{now_unix, CommitState, SpaceRequest, Store, StoreParts};
 
-/// Checkpoint when the log passes this many bytes.
-pub const LOG_BYTES_MAX: u64 = 64 << 20;
-/// Work per reclaim step (grains; a whole leaf counts 512).
-pub const RECLAIM_STEP_GRAINS: u64 = 4096;
-/// Commit once the in-memory log buffer holds this much, flush or not.
-pub const LOG_BUFFER_BYTES_MAX: usize = 8 << 20;
-/// Longest run of freed grains given back to the file system in one call
-/// (8 MiB): a punch holds the file's lock, and writers queue behind it.
-const PUNCH_CHUNK_GRAINS: usize = 2048;
-/// Shortest run of adjacent freed grains worth a punch (64 KiB).
-pub const PUNCH_MIN_GRAINS: usize = 16;
+pub use crate::store::{
+    FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
+};
+
 /// Default metadata cache budget.
 pub const CACHE_BYTES_DEFAULT: u64 = 128 << 20;
-/// Stripe locks serialising writes to nearby grains.
-pub(crate) const STRIPES: usize = 1024;
-/// Grains per stripe key.
-pub(crate) const STRIPE_GRAINS_SHIFT: u32 = 4;
 
 #[derive(Debug, Clone, Default)]
 pub struct InitOptions {
@@ -120,283 +99,40 @@ pub struct DatastoreInfo {
     pub metadata_cache_bytes: u64,
     /// Deleted snapshots and disks whose space is still being given back.
     pub reclaiming: usize,
-}
-
-pub(crate) struct CommitState {
-    journal: Journal,
-    sb: Superblock,
-    /// Value of `Inner::mutations` at the start of the last commit's data sync.
-    synced_mutations: u64,
-}
-
-pub(crate) struct Inner {
-    pub backend: Arc<dyn Backend>,
-    pub pool: Arc<dyn Storage>,
-    refs: Arc<dyn Storage>,
-    super_file: Arc<dyn Storage>,
-    pub meta: Mutex<Meta>,
-    pub gate: RwLock<()>,
-    commit: Mutex<CommitState>,
-    pub stripes: Vec<Mutex<()>>,
-    /// Bumped by every completed client write, so flush knows if it must sync.
-    pub mutations: AtomicU64,
-    /// Set after a storage error: writes are refused until reopened.
-    failed: AtomicBool,
-    capacity_cache: Mutex<(Option<Instant>, u64)>,
-    /// Background reclaimer of orphaned maps, when started.
-    reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    reclaim_stop: AtomicBool,
-    /// Configured capacity (0 = the file system's); fixed while open.
-    configured_capacity_bytes: u64,
-    _lock: Option<File>,
+    /// Set when the datastore stopped accepting writes after an error
+    /// (reads go on); reopening it recovers from its log.
+    pub fail_stop: Option<FailStop>,
 }
 
 /// A datastore opened for reading and writing. Cheap to clone.
 #[derive(Clone)]
 pub struct Datastore {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Store>,
 }
 
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// Split `DISK@SNAP` into its parts.
-pub fn split_target(s: &str) -> (&str, Option<&str>) {
-    match s.split_once('@') {
-        Some((d, sn)) => (d, Some(sn)),
-        None => (s, None),
+/// Read the catalog a superblock names, checking its checksum.
+fn read_catalog(backend: &dyn Backend, sb: &Superblock) -> Result<Catalog> {
+    if sb.catalog_bytes > 1 << 30 {
+        return err(
+            ErrorKind::Corrupt,
+            "catalog length in the superblock is absurd",
+        );
     }
-}
-
-impl Inner {
-    pub fn check_writable(&self) -> Result<()> {
-        if self.failed.load(Ordering::Acquire) {
-            return err(
-                ErrorKind::Io,
-                "an earlier storage error stopped writes to this datastore; reopen it",
-            );
-        }
-        Ok(())
+    let name = catalog_file(sb.generation);
+    let cat_file = backend.open(name, false)?;
+    let mut cat = vec![0u8; sb.catalog_bytes as usize];
+    cat_file.read_at(&mut cat, 0)?;
+    let crc = crc32c::crc32c(&cat);
+    if crc != sb.catalog_checksum {
+        return err(
+            ErrorKind::Corrupt,
+            format!(
+                "{name} of generation {} fails its checksum (stored {:#010x}, computed {crc:#010x})",
+                sb.generation, sb.catalog_checksum
+            ),
+        );
     }
-
-    fn fail<T>(&self, e: Error) -> Result<T> {
-        if e.kind == ErrorKind::Io {
-            self.failed.store(true, Ordering::Release);
-        }
-        Err(e)
-    }
-
-    /// Grains the datastore may hold in all.
-    pub fn capacity_grains(&self, m: &Meta) -> u64 {
-        if self.configured_capacity_bytes > 0 {
-            return self.configured_capacity_bytes / GRAIN_BYTES;
-        }
-        let mut c = self.capacity_cache.lock();
-        let fresh = c.0.map(|t| t.elapsed().as_millis() < 500).unwrap_or(false);
-        if !fresh {
-            let free = self.backend.free_bytes().unwrap_or(u64::MAX / 2);
-            c.1 = free / GRAIN_BYTES;
-            c.0 = Some(Instant::now());
-        }
-        m.alloc.hwm.saturating_add(c.1)
-    }
-
-    /// Grains thick disks have reserved but not yet written.
-    pub fn reserved_grains(m: &Meta) -> u64 {
-        m.catalog
-            .disks
-            .iter()
-            .filter(|d| d.provisioning.is_thick())
-            .map(|d| {
-                let size = d.size_bytes.div_ceil(GRAIN_BYTES);
-                let mapped = m
-                    .versions
-                    .get(&d.head)
-                    .map(|v| v.mapped_grains)
-                    .unwrap_or(0);
-                size.saturating_sub(mapped)
-            })
-            .sum()
-    }
-
-    /// Make everything written so far durable (group commit).
-    pub fn commit(&self, force_checkpoint: bool) -> Result<()> {
-        let mut cs = self.commit.lock();
-        self.check_writable()?;
-        let seen = self.mutations.load(Ordering::Acquire);
-        let batch = self.meta.lock().take_batch();
-        let r = (|| -> Result<()> {
-            if seen != cs.synced_mutations || !batch.payload.is_empty() {
-                self.pool.sync()?;
-            }
-            if !batch.payload.is_empty() {
-                cs.journal.append(&batch.payload)?;
-                cs.journal.sync()?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
-            return self.fail(e);
-        }
-        cs.synced_mutations = seen;
-        let mut freed = if batch.has_pending_frees {
-            // No command still in flight may be reading a grain about to
-            // be freed.
-            let _drain = self.gate.write();
-            self.meta.lock().take_committed()
-        } else {
-            self.meta.lock().take_committed()
-        };
-        let needs = force_checkpoint
-            || cs.journal.offset > LOG_BYTES_MAX
-            || self.meta.lock().needs_checkpoint();
-        if needs {
-            match self.checkpoint_locked(&mut cs) {
-                Ok(more) if !more.is_empty() => {
-                    freed.extend(more);
-                    freed.sort_unstable();
-                }
-                Ok(_) => {}
-                Err(e) => return self.fail(e),
-            }
-        }
-        // Punching can take a while (hundreds of MiB after a snapshot
-        // delete): other commits, client flushes among them, go ahead.
-        drop(cs);
-        self.punch_and_release(&freed);
-        Ok(())
-    }
-
-    /// Give freed grains' space back to the file system, then make them
-    /// allocatable. In that order: a grain allocatable before its punch
-    /// could be taken and written by a writer, and the punch would then
-    /// zero the new data.
-    ///
-    /// Only runs of at least `PUNCH_MIN_GRAINS` adjacent grains are
-    /// punched, at most `PUNCH_CHUNK_GRAINS` per call so that writers
-    /// waiting on the file's lock get in between. Scattered grains (the old
-    /// versions of random overwrites, freed when a snapshot goes) stay
-    /// allocated in the file for the allocator to reuse: punching them one
-    /// by one cost half the server's CPU and cut random writes from ~40k to
-    /// ~3k IOPS while a snapshot delete was being reclaimed.
-    fn punch_and_release(&self, sorted: &[u64]) {
-        if sorted.is_empty() {
-            return;
-        }
-        let mut i = 0;
-        while i < sorted.len() {
-            let mut end = i + 1;
-            while end < sorted.len() && sorted[end] == sorted[end - 1] + 1 {
-                end += 1;
-            }
-            if end - i >= PUNCH_MIN_GRAINS {
-                for chunk in sorted[i..end].chunks(PUNCH_CHUNK_GRAINS) {
-                    let start = chunk[0] * GRAIN_BYTES;
-                    let len = chunk.len() as u64 * GRAIN_BYTES;
-                    if let Err(e) = self.pool.punch_hole(start, len) {
-                        tracing::warn!("could not punch freed space at {start}+{len}: {e}");
-                    }
-                }
-            }
-            i = end;
-        }
-        self.meta.lock().release(sorted);
-    }
-
-    /// Checkpoint; returns the frees it made durable, for
-    /// [`Datastore::punch_and_release`] once the gate is open again.
-    fn checkpoint_locked(&self, cs: &mut CommitState) -> Result<Vec<u64>> {
-        let _drain = self.gate.write();
-        let mut m = self.meta.lock();
-        // Step 1: data written since the last commit is durable before any
-        // page that points at it.
-        self.pool.sync()?;
-        // Step 2: pages and catalog.
-        m.write_dirty_pages()?;
-        self.pool.sync()?;
-        self.refs.sync()?;
-        let next = cs.sb.generation + 1;
-        let catalog = m.catalog_full().encode();
-        let cat_file = self.backend.open(catalog_file(next), true)?;
-        cat_file.write_at(&catalog, 0)?;
-        cat_file.sync()?;
-        // Step 3: superblock.
-        let mut sb = cs.sb.clone();
-        sb.generation = next;
-        sb.pool_grains = m.alloc.hwm;
-        sb.catalog_bytes = catalog.len() as u64;
-        sb.catalog_checksum = crc32c::crc32c(&catalog);
-        self.super_file
-            .write_at(&sb.encode(), (next % 2) * SUPER_SLOT_BYTES as u64)?;
-        self.super_file.sync()?;
-        cs.sb = sb;
-        // Step 4: the log starts over.
-        cs.journal.reset(next);
-        cs.synced_mutations = self.mutations.load(Ordering::Acquire);
-        m.cache.mark_all_clean();
-        Ok(m.take_all())
-    }
-
-    /// Checkpoint now if dirty metadata far exceeds the cache budget (called
-    /// by writers before they take the gate).
-    pub fn maybe_checkpoint(&self) -> Result<()> {
-        let (over, log_full) = {
-            let m = self.meta.lock();
-            (
-                m.cache.dirty_pages() > m.cache.budget_pages(),
-                m.log_len() > LOG_BUFFER_BYTES_MAX,
-            )
-        };
-        if over {
-            self.commit(true)?;
-        } else if log_full {
-            // Bound the memory of the log buffer: commit early (harmless;
-            // a commit only makes more durable than the client asked for).
-            self.commit(false)?;
-        }
-        Ok(())
-    }
-
-    /// Whether freeing in progress could make room (pending frees, orphans).
-    pub fn space_to_come(&self) -> bool {
-        let m = self.meta.lock();
-        m.pending_len() > 0 || m.orphans() > 0
-    }
-
-    /// Reclaim a bounded amount and commit, so freed grains are allocatable.
-    pub fn make_space(&self) -> Result<()> {
-        self.meta.lock().reclaim(64 * RECLAIM_STEP_GRAINS)?;
-        self.commit(false)
-    }
-
-    /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
-    pub fn lock_stripes(
-        &self,
-        ver: u64,
-        first: u64,
-        last: u64,
-    ) -> Vec<parking_lot::MutexGuard<'_, ()>> {
-        let k0 = first >> STRIPE_GRAINS_SHIFT;
-        let k1 = last >> STRIPE_GRAINS_SHIFT;
-        let mut idx: Vec<usize> = if k1 - k0 >= STRIPES as u64 {
-            (0..STRIPES).collect()
-        } else {
-            (k0..=k1)
-                .map(|k| {
-                    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                        ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) as usize
-                        % STRIPES
-                })
-                .collect()
-        };
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
-    }
+    Catalog::decode(&cat)
 }
 
 impl Datastore {
@@ -412,6 +148,7 @@ impl Datastore {
         let mut uuid = [0u8; 16];
         rand::Rng::fill(&mut rand::thread_rng(), &mut uuid);
         let sb = Superblock {
+            version: strata_format::FORMAT_VERSION,
             generation: 1,
             capacity_bytes: opts.capacity_bytes,
             pool_grains: 0,
@@ -422,7 +159,7 @@ impl Datastore {
             ro_compat: 0,
             compat: 0,
         };
-        for f in [FILE_POOL, FILE_REFCOUNT, FILE_JOURNAL] {
+        for f in [FILE_POOL, FILE_REFCOUNT, journal_file(0), journal_file(1)] {
             backend.open(f, true)?.sync()?;
         }
         let c = backend.open(catalog_file(1), true)?;
@@ -435,8 +172,9 @@ impl Datastore {
         Ok(())
     }
 
-    /// Open a datastore, recovering from its log. `lock` is held for the
-    /// lifetime of the datastore (the caller took it).
+    /// Open a datastore, recovering from its log (docs/FORMAT.md §5,
+    /// "Recovery"), and upgrading a version-1 datastore first (§8). `lock`
+    /// is held for the lifetime of the datastore (the caller took it).
     pub fn open(backend: Arc<dyn Backend>, opts: &OpenOptions, lock: Option<File>) -> Result<Self> {
         if !backend.exists(FILE_SUPER) {
             return err(
@@ -447,32 +185,44 @@ impl Datastore {
                 ),
             );
         }
+        let where_ = backend.describe();
         let super_file = backend.open(FILE_SUPER, false)?;
         let mut slots = vec![0u8; 2 * SUPER_SLOT_BYTES];
         super_file.read_at(&mut slots, 0)?;
-        let sb = Superblock::pick(&slots[..SUPER_SLOT_BYTES], &slots[SUPER_SLOT_BYTES..])
-            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{}: {e}", backend.describe())))?;
-        let cat_file = backend.open(catalog_file(sb.generation), false)?;
-        let mut cat = vec![0u8; sb.catalog_bytes as usize];
-        if sb.catalog_bytes > 1 << 30 {
-            return err(
-                ErrorKind::Corrupt,
-                "catalog length in the superblock is absurd",
-            );
+        let pick = Superblock::pick_slots(&slots[..SUPER_SLOT_BYTES], &slots[SUPER_SLOT_BYTES..])
+            .map_err(|e| {
+            Error::new(ErrorKind::Corrupt, format!("{where_}: {FILE_SUPER}: {e}"))
+        })?;
+        let sb = pick.current;
+        if sb.version == FORMAT_VERSION_V1 {
+            let catalog = read_catalog(backend.as_ref(), &sb)?;
+            crate::upgrade::upgrade_v1(backend.as_ref(), &sb, catalog)?;
+            return Self::open(backend, opts, lock);
         }
-        cat_file.read_at(&mut cat, 0)?;
-        let crc = crc32c::crc32c(&cat);
-        if crc != sb.catalog_checksum {
-            return err(
-                ErrorKind::Corrupt,
-                format!(
-                    "{} of generation {} fails its checksum",
-                    catalog_file(sb.generation),
+        // A crash between steps 5 and 6 of an upgrade.
+        crate::upgrade::finish(backend.as_ref())?;
+        let mut open_warnings = Vec::new();
+        let mut slot_valid = [false, false];
+        slot_valid[(sb.generation % 2) as usize] = true;
+        match &pick.damaged {
+            Some((slot, e)) => {
+                let w = format!(
+                    "{FILE_SUPER} slot {slot} (byte {}) is damaged: {e}; opened from slot {} \
+                     (generation {})",
+                    slot * SUPER_SLOT_BYTES,
+                    sb.generation % 2,
                     sb.generation
-                ),
-            );
+                );
+                tracing::error!("{where_}: {w}");
+                open_warnings.push(w);
+            }
+            None => slot_valid[1 - (sb.generation % 2) as usize] = true,
         }
-        let catalog = Catalog::decode(&cat)?;
+        if pick.damaged.is_none() && slots[..SUPER_SLOT_BYTES].iter().all(|&b| b == 0) {
+            // Slot 0 was never written (a new datastore): not a valid slot.
+            slot_valid[0] = false;
+        }
+        let catalog = read_catalog(backend.as_ref(), &sb)?;
         let pool = backend.open(FILE_POOL, false)?;
         let refs = backend.open(FILE_REFCOUNT, false)?;
         let mut meta = Meta::new(
@@ -482,37 +232,68 @@ impl Datastore {
             catalog,
             sb.pool_grains,
         );
-        let mut journal = Journal::new(backend.open(FILE_JOURNAL, false)?, sb.generation);
-        let batches = journal.read_all()?;
-        let replayed = batches.len();
-        for recs in batches {
-            for r in recs {
-                meta.replay(r)?;
+        let journal_files = [
+            backend.open(journal_file(0), true)?,
+            backend.open(journal_file(1), true)?,
+        ];
+        let mut journal = Journal::new(journal_files, sb.generation);
+        // The log of the superblock's generation, then the next ones while
+        // each log ends by naming the next (a checkpoint that did not finish
+        // writing its superblock, or a damaged newer slot).
+        let mut gen = sb.generation;
+        let mut replayed = 0;
+        let mut log = journal.read_generation(gen)?;
+        loop {
+            replayed += log.batches.len();
+            for recs in std::mem::take(&mut log.batches) {
+                for r in recs {
+                    meta.replay(r)?;
+                }
+            }
+            let Some(next) = log.ended_for else { break };
+            if next <= gen || next % 2 == gen % 2 {
+                break;
+            }
+            let following = journal.read_generation(next)?;
+            if following.batches.is_empty() {
+                break;
+            }
+            gen = next;
+            log = following;
+        }
+        journal.resume(gen, &log);
+        for (file, first) in journal.first_generations()?.into_iter().enumerate() {
+            if let Some(g) = first {
+                if g > gen {
+                    return err(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{where_}: {} begins with a valid log of generation {g}, newer than \
+                             what the superblock leads to ({gen}): a newer superblock was lost; \
+                             refusing to open without it",
+                            journal_file(file as u64)
+                        ),
+                    );
+                }
             }
         }
-        meta.finish_open()?;
-        let configured = sb.capacity_bytes;
-        let inner = Arc::new(Inner {
+        meta.finish_open()
+            .map_err(|e| Error::new(e.kind, format!("{where_}: {}", e.message)))?;
+        let inner = Arc::new(Store::new(StoreParts {
             backend,
             pool,
             refs,
             super_file,
-            meta: Mutex::new(meta),
-            gate: RwLock::new(()),
-            commit: Mutex::new(CommitState {
+            meta,
+            commit: CommitState {
                 journal,
                 sb,
+                slot_valid,
                 synced_mutations: 0,
-            }),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            mutations: AtomicU64::new(0),
-            failed: AtomicBool::new(false),
-            capacity_cache: Mutex::new((None, 0)),
-            configured_capacity_bytes: configured,
-            reclaimer: Mutex::new(None),
-            reclaim_stop: AtomicBool::new(false),
-            _lock: lock,
-        });
+            },
+            open_warnings,
+            lock,
+        }));
         if replayed > 0 {
             tracing::info!("replayed {replayed} log batches");
         }
@@ -535,8 +316,7 @@ impl Datastore {
     /// (see `Meta::reclaim`). Returns whether work remains. Freed grains
     /// become allocatable at the next commit.
     pub fn reclaim(&self, budget: u64) -> Result<bool> {
-        self.inner.check_writable()?;
-        self.inner.meta.lock().reclaim(budget)
+        self.inner.reclaim(budget)
     }
 
     /// Reclaim in the background, a bounded step at a time, so deleting a
@@ -595,8 +375,8 @@ impl Datastore {
     pub fn info(&self) -> DatastoreInfo {
         let m = self.inner.meta.lock();
         let capacity = self.inner.capacity_grains(&m) * GRAIN_BYTES;
-        let used = m.used_grains * GRAIN_BYTES;
-        let reserved = Inner::reserved_grains(&m) * GRAIN_BYTES;
+        let used = m.used_grains() * GRAIN_BYTES;
+        let reserved = Store::reserved_grains(&m) * GRAIN_BYTES;
         let provisioned: u64 = m.catalog.disks.iter().map(|d| d.size_bytes).sum();
         DatastoreInfo {
             location: self.inner.backend.describe(),
@@ -611,15 +391,26 @@ impl Datastore {
                 .unwrap_or(0),
             disks: m.catalog.disks.len(),
             snapshots: m.catalog.snapshots.len(),
-            metadata_cache_bytes: m.cache.len() as u64 * 4096,
+            metadata_cache_bytes: m.cache_bytes(),
             reclaiming: m.orphans(),
+            fail_stop: self.inner.failed(),
         }
+    }
+
+    /// Run a catalog operation under the gate (exclusive, so no I/O acts
+    /// on a stale view of sharing) and the metadata lock. An error after
+    /// its first change fail-stops the datastore.
+    fn change<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        self.inner.check_writable()?;
+        let _g = self.inner.gate.write();
+        let mut m = self.inner.meta.lock();
+        self.inner.guarded(&mut m, f)
     }
 
     // ------------------------------------------------------------ disks
 
     fn disk_info_locked(m: &Meta, d: &DiskRec) -> DiskInfo {
-        let v = m.versions.get(&d.head).copied().unwrap_or_default();
+        let v = m.version_state(d.head).unwrap_or_default();
         let blocks = d.size_bytes.div_ceil(BLOCK_BYTES);
         let (nb, tbz) = match d.provisioning {
             Provisioning::Thin => (v.nb, 0),
@@ -685,25 +476,6 @@ impl Datastore {
         Ok(())
     }
 
-    /// Refuse a reservation the datastore cannot honour.
-    fn check_reservation(&self, m: &Meta, extra_grains: u64) -> Result<()> {
-        let cap = self.inner.capacity_grains(m);
-        let committed = m.used_grains + Inner::reserved_grains(m);
-        if committed + extra_grains > cap {
-            return err(
-                ErrorKind::NoSpace,
-                format!(
-                    "cannot reserve {} MiB: capacity {} MiB, used {} MiB, reserved {} MiB",
-                    (extra_grains * GRAIN_BYTES) >> 20,
-                    (cap * GRAIN_BYTES) >> 20,
-                    (m.used_grains * GRAIN_BYTES) >> 20,
-                    (Inner::reserved_grains(m) * GRAIN_BYTES) >> 20
-                ),
-            );
-        }
-        Ok(())
-    }
-
     /// Create a disk. `progress(done, total)` reports zeroing of an
     /// eager-zeroed thick disk.
     pub fn create_disk(
@@ -716,9 +488,7 @@ impl Datastore {
         check_name("disk", name)?;
         Self::check_size(size_bytes)?;
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             if m.catalog.disk(name).is_ok() {
                 return err(
                     ErrorKind::AlreadyExists,
@@ -726,7 +496,13 @@ impl Datastore {
                 );
             }
             if provisioning.is_thick() {
-                self.check_reservation(&m, size_bytes.div_ceil(GRAIN_BYTES))?;
+                self.inner.check_space(
+                    m,
+                    SpaceRequest {
+                        grains: size_bytes.div_ceil(GRAIN_BYTES),
+                        own_reserved: 0,
+                    },
+                )?;
             }
             let id = m.catalog.alloc_id();
             let head = m.catalog.alloc_id();
@@ -742,7 +518,8 @@ impl Datastore {
                 parent: None,
             });
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)?;
         if provisioning == Provisioning::Eagerzeroedthick {
             let h = self.open_disk(name)?;
@@ -755,9 +532,7 @@ impl Datastore {
     /// Remove a disk and all its snapshots. Linked clones keep what they share.
     pub fn remove_disk(&self, name: &str) -> Result<()> {
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             let d = m.catalog.disk(name)?.clone();
             let snaps: Vec<SnapshotRec> = m
                 .catalog
@@ -773,7 +548,8 @@ impl Datastore {
             m.catalog.snapshots.retain(|s| s.disk != d.id);
             m.catalog.disks.retain(|x| x.id != d.id);
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)
     }
 
@@ -781,9 +557,7 @@ impl Datastore {
     pub fn extend_disk(&self, name: &str, size_bytes: u64) -> Result<DiskInfo> {
         Self::check_size(size_bytes)?;
         self.inner.check_writable()?;
-        let old = {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        let old = self.change(|m| {
             let d = m.catalog.disk(name)?.clone();
             if size_bytes < d.size_bytes {
                 return err(
@@ -795,13 +569,19 @@ impl Datastore {
                 );
             }
             if d.provisioning.is_thick() {
-                self.check_reservation(&m, (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES))?;
+                self.inner.check_space(
+                    m,
+                    SpaceRequest {
+                        grains: (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES),
+                        own_reserved: 0,
+                    },
+                )?;
             }
             m.grow_version(d.head, size_bytes.div_ceil(GRAIN_BYTES))?;
             m.catalog.disk_mut(name)?.size_bytes = size_bytes;
             m.mark_catalog_dirty();
-            d
-        };
+            Ok(d)
+        })?;
         self.inner.commit(false)?;
         if old.provisioning == Provisioning::Eagerzeroedthick {
             let h = self.open_disk(name)?;
@@ -932,9 +712,7 @@ impl Datastore {
     ) -> Result<SnapshotInfo> {
         check_name("snapshot", snap)?;
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             let d = m.catalog.disk(disk)?.clone();
             if m.catalog.snapshot(d.id, disk, snap).is_ok() {
                 return err(
@@ -957,7 +735,8 @@ impl Datastore {
             });
             m.catalog.disk_mut(disk)?.current_snapshot = Some(id);
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)?;
         self.snapshot_list(disk)?
             .into_iter()
@@ -1001,7 +780,7 @@ impl Datastore {
                     .iter()
                     .find(|s| s.id == id)
                     .expect("child of a listed snapshot");
-                let v = m.versions.get(&s.version).copied().unwrap_or_default();
+                let v = m.version_state(s.version).unwrap_or_default();
                 out.push(SnapshotInfo {
                     name: s.name.clone(),
                     description: s.description.clone(),
@@ -1023,9 +802,7 @@ impl Datastore {
     /// state's changes since are discarded.
     pub fn snapshot_revert(&self, disk: &str, snap: &str) -> Result<()> {
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
             m.replace_version(d.head, s.version)?;
@@ -1033,16 +810,15 @@ impl Datastore {
             dm.current_snapshot = Some(s.id);
             dm.size_bytes = s.size_bytes;
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)
     }
 
     /// Delete a snapshot. Moves no data: what others still share stays.
     pub fn snapshot_delete(&self, disk: &str, snap: &str) -> Result<()> {
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
             m.drop_version(s.version)?;
@@ -1060,7 +836,8 @@ impl Datastore {
                 dm.current_snapshot = s.parent;
             }
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)
     }
 
@@ -1076,9 +853,7 @@ impl Datastore {
             );
         };
         self.inner.check_writable()?;
-        {
-            let _g = self.inner.gate.write();
-            let mut m = self.inner.meta.lock();
+        self.change(|m| {
             if m.catalog.disk(new).is_ok() {
                 return err(
                     ErrorKind::AlreadyExists,
@@ -1101,7 +876,8 @@ impl Datastore {
                 parent: Some(src.to_string()),
             });
             m.mark_catalog_dirty();
-        }
+            Ok(())
+        })?;
         self.inner.commit(false)?;
         self.disk_info(new)
     }
@@ -1134,6 +910,20 @@ impl Datastore {
     pub fn check(&self) -> Result<CheckReport> {
         let _g = self.inner.gate.write();
         let mut m = self.inner.meta.lock();
-        check::run(&mut m)
+        let mut r = check::run(&mut m)?;
+        for w in &self.inner.open_warnings {
+            r.damaged_pages += 1;
+            r.errors.insert(0, w.clone());
+        }
+        if let Some(f) = self.inner.failed() {
+            r.errors.insert(
+                0,
+                format!(
+                    "the datastore fail-stopped: {} (reopen to recover)",
+                    f.cause
+                ),
+            );
+        }
+        Ok(r)
     }
 }

@@ -15,8 +15,9 @@ use strata_block::{check_range, BlockDevice, BlockError, BlockResult, Extent, Ze
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use crate::catalog::Provisioning;
-use crate::datastore::Inner;
 use crate::error::{err, Error, ErrorKind, Result};
+use crate::meta::Meta;
+use crate::store::{SpaceRequest, Store};
 
 /// Most grains a block-status call looks at (bounds the work per request).
 const STATUS_GRAINS_MAX: u64 = 1 << 20;
@@ -27,7 +28,7 @@ static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
 /// Built by `Datastore::open_disk` with named fields (three ids of the same
 /// type must not be swappable by position).
 pub struct DiskHandle {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Store>,
     pub(crate) disk_id: u64,
     /// The snapshot exported read-only, or None for the live disk.
     pub(crate) snapshot_id: Option<u64>,
@@ -52,7 +53,7 @@ impl DiskHandle {
     }
 
     /// (size, provisioning), or Gone if the disk or snapshot was deleted.
-    fn state(&self, m: &crate::meta::Meta) -> Result<(u64, Provisioning)> {
+    fn state(&self, m: &Meta) -> Result<(u64, Provisioning)> {
         let d = m.catalog.disk_by_id(self.disk_id).ok_or_else(|| {
             Error::new(ErrorKind::Gone, format!("disk '{}' was removed", self.name))
         })?;
@@ -163,7 +164,8 @@ impl DiskHandle {
                             Ok(g) => pieces[i].grain = g,
                             Err(e) => {
                                 for p in pieces[..i].iter().filter(|p| p.new) {
-                                    m.abort_alloc(p.grain)?;
+                                    m.abort_alloc(p.grain)
+                                        .map_err(|e| self.inner.fail_stop(e))?;
                                 }
                                 return Err(e);
                             }
@@ -176,14 +178,18 @@ impl DiskHandle {
         if let Err(e) = self.write_data(buf, offset, &pieces) {
             let mut m = self.inner.meta.lock();
             for p in pieces.iter().filter(|p| p.new) {
-                m.abort_alloc(p.grain)?;
+                m.abort_alloc(p.grain)
+                    .map_err(|e| self.inner.fail_stop(e))?;
             }
             return Err(e);
         }
         if pieces.iter().any(|p| p.new) {
+            // From the first install on, an error leaves part of the write
+            // in the map: fail-stop rather than log half a write.
             let mut m = self.inner.meta.lock();
             for p in pieces.iter().filter(|p| p.new) {
-                m.install(self.version, p.v, p.grain)?;
+                m.install(self.version, p.v, p.grain)
+                    .map_err(|e| self.inner.fail_stop(e))?;
             }
         }
         self.inner
@@ -192,34 +198,27 @@ impl DiskHandle {
         Ok(())
     }
 
-    fn check_space(&self, m: &crate::meta::Meta, wanted: u64, prov: Provisioning) -> Result<()> {
-        let cap = self.inner.capacity_grains(m);
-        let reserved = Inner::reserved_grains(m);
-        // A thick disk filling its own reservation does not add to the total.
-        let own = if prov.is_thick() && self.snapshot_id.is_none() {
+    /// Apply the datastore's space rule to `wanted` new grains: a thick
+    /// disk filling its own reservation adds nothing.
+    fn check_space(&self, m: &Meta, wanted: u64, prov: Provisioning) -> Result<()> {
+        let own_reserved = if prov.is_thick() && self.snapshot_id.is_none() {
             let d = m.catalog.disk_by_id(self.disk_id);
             let size = d.map(|d| d.size_bytes.div_ceil(GRAIN_BYTES)).unwrap_or(0);
             let mapped = m
-                .versions
-                .get(&self.version)
+                .version_state(self.version)
                 .map(|v| v.mapped_grains)
                 .unwrap_or(0);
-            size.saturating_sub(mapped).min(wanted)
+            size.saturating_sub(mapped)
         } else {
             0
         };
-        if m.used_grains + reserved + wanted - own > cap {
-            return err(
-                ErrorKind::NoSpace,
-                format!(
-                    "datastore full: {} of {} MiB used, {} MiB reserved by thick disks",
-                    (m.used_grains * GRAIN_BYTES) >> 20,
-                    (cap * GRAIN_BYTES) >> 20,
-                    (reserved * GRAIN_BYTES) >> 20
-                ),
-            );
-        }
-        Ok(())
+        self.inner.check_space(
+            m,
+            SpaceRequest {
+                grains: wanted,
+                own_reserved,
+            },
+        )
     }
 
     fn write_data(&self, buf: &[u8], offset: u64, pieces: &[Piece]) -> Result<()> {
@@ -372,12 +371,17 @@ impl DiskHandle {
             if prov == Provisioning::Eagerzeroedthick {
                 self.zero_in_place(ls, lt)?;
             } else if lt - ls == leaf_span {
-                self.inner.meta.lock().unmap_leaf(self.version, leaf)?;
+                let mut m = self.inner.meta.lock();
+                self.inner
+                    .guarded(&mut m, |m| m.unmap_leaf(self.version, leaf))?;
             } else {
                 let mut m = self.inner.meta.lock();
-                for v in m.mapped_in(self.version, ls, lt)? {
-                    m.unmap_grain(self.version, v)?;
-                }
+                self.inner.guarded(&mut m, |m| {
+                    for v in m.mapped_in(self.version, ls, lt)? {
+                        m.unmap_grain(self.version, v)?;
+                    }
+                    Ok(())
+                })?;
             }
             leaf += 1;
         }
@@ -388,14 +392,17 @@ impl DiskHandle {
         let mut writes = Vec::new();
         {
             let mut m = self.inner.meta.lock();
-            for v in m.mapped_in(self.version, ls, lt)? {
-                let (g, exclusive) = m.lookup_for_write(self.version, v)?;
-                if exclusive {
-                    writes.push(g);
-                } else {
-                    m.unmap_grain(self.version, v)?;
+            self.inner.guarded(&mut m, |m| {
+                for v in m.mapped_in(self.version, ls, lt)? {
+                    let (g, exclusive) = m.lookup_for_write(self.version, v)?;
+                    if exclusive {
+                        writes.push(g);
+                    } else {
+                        m.unmap_grain(self.version, v)?;
+                    }
                 }
-            }
+                Ok(())
+            })?;
         }
         for g in writes {
             self.inner
@@ -531,8 +538,7 @@ pub(crate) fn copy_mapped(
     let size = src.size_bytes();
     let total = {
         let m = src.inner.meta.lock();
-        m.versions
-            .get(&src.version)
+        m.version_state(src.version)
             .map(|v| v.mapped_grains)
             .unwrap_or(0)
             * GRAIN_BYTES

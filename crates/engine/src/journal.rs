@@ -1,92 +1,184 @@
-//! The metadata log file: appending batches and reading them back for replay.
+//! The metadata log files (docs/FORMAT.md §5): appending batches, and
+//! reading a generation's batches back for replay.
+//!
+//! Generation `g`'s log lives in `journal.{g%2}` from byte 0. Reading stops
+//! at the first batch that is not the expected one (the torn tail of a
+//! commit that never returned), then scans on for a valid batch of the same
+//! generation further in: finding one means a batch that had been durable
+//! was damaged, which is an error, not a shorter log.
 
 use std::sync::Arc;
 
 use strata_format::{
-    batch_checksum_ok, batch_span, decode_batch_header, encode_batch, Record, BATCH_HEADER_BYTES,
+    batch_checksum_ok, batch_span, decode_batch_header, encode_batch, Record, BATCH_ALIGN,
+    BATCH_HEADER_BYTES,
 };
 use strata_storage::Storage;
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// Bytes read at a time while scanning past a log's end for later batches.
+const SCAN_CHUNK_BYTES: u64 = 1 << 20;
+
+/// What one generation's log holds.
+pub struct GenerationLog {
+    pub batches: Vec<Vec<Record>>,
+    /// Where the next batch of this generation would go.
+    pub end_offset: u64,
+    /// The generation named by the last GENERATION_END record, if the log's
+    /// last batch carries one.
+    pub ended_for: Option<u64>,
+}
+
+/// The two log files and where the current generation's next batch goes.
 pub struct Journal {
-    file: Arc<dyn Storage>,
+    files: [Arc<dyn Storage>; 2],
     pub generation: u64,
     sequence: u64,
     /// Where the next batch goes; also the log's length in this generation.
     pub offset: u64,
 }
 
+fn corrupt(msg: String) -> Error {
+    Error::new(ErrorKind::Corrupt, msg)
+}
+
 impl Journal {
-    pub fn new(file: Arc<dyn Storage>, generation: u64) -> Self {
+    pub fn new(files: [Arc<dyn Storage>; 2], generation: u64) -> Self {
         Journal {
-            file,
+            files,
             generation,
             sequence: 0,
             offset: 0,
         }
     }
 
+    fn file(&self, generation: u64) -> &Arc<dyn Storage> {
+        &self.files[(generation % 2) as usize]
+    }
+
+    /// Append one batch to the current generation's log (not synced).
     pub fn append(&mut self, payload: &[u8]) -> Result<()> {
         let b = encode_batch(self.generation, self.sequence, payload);
-        self.file.write_at(&b, self.offset)?;
+        self.file(self.generation).write_at(&b, self.offset)?;
         self.offset += b.len() as u64;
         self.sequence += 1;
         Ok(())
     }
 
+    /// Make the current generation's log durable.
     pub fn sync(&self) -> Result<()> {
-        Ok(self.file.sync()?)
+        Ok(self.file(self.generation).sync()?)
     }
 
-    /// Start the log over for a new generation (after a checkpoint).
+    /// Start generation `generation`'s log at byte 0 of its file (after the
+    /// checkpoint that starts it is durable).
     pub fn reset(&mut self, generation: u64) {
         self.generation = generation;
         self.sequence = 0;
         self.offset = 0;
     }
 
-    /// Read every valid batch of `generation` from the start of the log, in
-    /// order, and position the journal after the last one.
-    pub fn read_all(&mut self) -> Result<Vec<Vec<Record>>> {
-        let mut out = Vec::new();
-        let len = self.file.len()?;
+    /// Continue appending to `generation`'s log after what replay read.
+    pub fn resume(&mut self, generation: u64, log: &GenerationLog) {
+        self.generation = generation;
+        self.sequence = log.batches.len() as u64;
+        self.offset = log.end_offset;
+    }
+
+    /// The generation of a valid batch at byte 0 of each file, if any.
+    pub fn first_generations(&self) -> Result<[Option<u64>; 2]> {
+        let mut out = [None, None];
+        for (i, f) in self.files.iter().enumerate() {
+            if let Some((h, _)) = read_batch(f.as_ref(), 0)? {
+                out[i] = Some(h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Read every valid batch of `generation` from the start of its file,
+    /// in order. Fails if a valid batch of the generation lies beyond the
+    /// point where reading stopped (a damaged batch in the middle).
+    pub fn read_generation(&self, generation: u64) -> Result<GenerationLog> {
+        let file = self.file(generation).as_ref();
+        let name = strata_format::journal_file(generation);
+        let len = file.len()?;
+        let mut batches = Vec::new();
+        let mut ended_for = None;
         let mut offset = 0u64;
-        let mut header = vec![0u8; BATCH_HEADER_BYTES];
-        loop {
-            if offset + BATCH_HEADER_BYTES as u64 > len {
-                break;
-            }
-            self.file.read_at(&mut header, offset)?;
-            let Some(h) = decode_batch_header(&header) else {
-                break;
-            };
-            if h.generation != self.generation || h.sequence != out.len() as u64 {
-                break;
-            }
-            let used = BATCH_HEADER_BYTES as u64 + h.payload_bytes as u64;
-            if offset + used > len {
-                break; // torn at the end
-            }
-            let mut b = vec![0u8; used as usize];
-            self.file.read_at(&mut b, offset)?;
-            if !batch_checksum_ok(&b) {
+        while let Some((gen, b)) = read_batch(file, offset)? {
+            let h = decode_batch_header(&b).expect("read_batch checked the header");
+            if gen != generation || h.sequence != batches.len() as u64 {
                 break;
             }
             let recs = Record::decode_all(&b[BATCH_HEADER_BYTES..]).map_err(|e| {
-                Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "log batch {} at byte {offset} has a valid checksum but bad records: {e}",
-                        h.sequence
-                    ),
-                )
+                corrupt(format!(
+                    "{name}: batch {} at byte {offset} has a valid checksum but bad records: {e}",
+                    h.sequence
+                ))
             })?;
-            out.push(recs);
+            ended_for = match recs.last() {
+                Some(Record::GenerationEnd { next }) => Some(*next),
+                _ => None,
+            };
+            batches.push(recs);
             offset += batch_span(h.payload_bytes);
         }
-        self.sequence = out.len() as u64;
-        self.offset = offset;
-        Ok(out)
+        // Anything valid of this generation further in?
+        let expected = batches.len() as u64;
+        let mut pos = offset + BATCH_ALIGN;
+        let mut chunk = vec![0u8; SCAN_CHUNK_BYTES as usize];
+        while pos < len {
+            let n = SCAN_CHUNK_BYTES.min(len - pos);
+            file.read_at(&mut chunk[..n as usize], pos)?;
+            let mut at = 0u64;
+            while at + BATCH_HEADER_BYTES as u64 <= n {
+                if let Some(h) = decode_batch_header(&chunk[at as usize..]) {
+                    if h.generation == generation && h.sequence > expected {
+                        if let Some((_, _)) = read_batch(file, pos + at)? {
+                            return Err(corrupt(format!(
+                                "{name}: log batch {expected} of generation {generation} at byte \
+                                 {offset} is damaged, but batch {} at byte {} is valid: flushed \
+                                 writes would be lost",
+                                h.sequence,
+                                pos + at
+                            )));
+                        }
+                    }
+                }
+                at += BATCH_ALIGN;
+            }
+            pos += n;
+        }
+        Ok(GenerationLog {
+            batches,
+            end_offset: offset,
+            ended_for,
+        })
     }
+}
+
+/// The valid batch at `offset` (header and payload, checksum verified), with
+/// its generation; `None` if there is none.
+fn read_batch(file: &dyn Storage, offset: u64) -> Result<Option<(u64, Vec<u8>)>> {
+    let len = file.len()?;
+    if offset + BATCH_HEADER_BYTES as u64 > len {
+        return Ok(None);
+    }
+    let mut header = vec![0u8; BATCH_HEADER_BYTES];
+    file.read_at(&mut header, offset)?;
+    let Some(h) = decode_batch_header(&header) else {
+        return Ok(None);
+    };
+    let used = BATCH_HEADER_BYTES as u64 + h.payload_bytes as u64;
+    if offset + used > len {
+        return Ok(None);
+    }
+    let mut b = vec![0u8; used as usize];
+    file.read_at(&mut b, offset)?;
+    if !batch_checksum_ok(&b) {
+        return Ok(None);
+    }
+    Ok(Some((h.generation, b)))
 }

@@ -8,10 +8,13 @@
 //! no data. Metadata changes go to an absolute-value redo log, committed at
 //! client flush; checkpoints write pages in place (docs/FORMAT.md §5).
 //!
-//! Module map: `datastore` (open, recovery, commit, catalog operations),
-//! `disk` (the I/O path, a [`strata_block::BlockDevice`]), `meta` (trees,
-//! counts, allocation, log records), `cache` (bounded page cache),
-//! `journal` (log file), `catalog` (disks and snapshots), `check`.
+//! Modules, each depending only on those listed before it (ARCHITECTURE.md
+//! draws them): `error`, `catalog` (disks, snapshots, versions as stored),
+//! `cache` (bounded page cache), `journal` (the log files), `meta` (pages,
+//! counts, allocation, trees, versions, replay), `check`, `upgrade` (format
+//! version 1 → 2), `store` (commit, checkpoint, space rule, fail-stop),
+//! `disk` (the I/O path, a [`strata_block::BlockDevice`]), `datastore`
+//! (open, recovery, catalog operations).
 
 mod cache;
 pub mod catalog;
@@ -21,11 +24,13 @@ pub mod disk;
 pub mod error;
 mod journal;
 mod meta;
+mod store;
+mod upgrade;
 
-pub use catalog::Provisioning;
+pub use catalog::{split_target, Provisioning};
 pub use check::CheckReport;
 pub use datastore::{
-    split_target, ChangedRange, Datastore, DatastoreInfo, DiskInfo, InitOptions, OpenOptions,
+    ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, InitOptions, OpenOptions,
     SnapshotInfo,
 };
 pub use disk::DiskHandle;

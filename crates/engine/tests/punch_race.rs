@@ -71,6 +71,9 @@ impl Backend for HookBackend {
     fn remove(&self, name: &str) -> io::Result<()> {
         self.inner.remove(name)
     }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

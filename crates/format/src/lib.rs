@@ -694,12 +694,17 @@ pub fn decode_map_node_v1(b: &[u8]) -> Result<Box<[u64; MAP_FANOUT]>, FormatErro
 
 /// Encode count page `page` (§4).
 pub fn encode_ref_page(page: u64, counts: &[u32; REFS_PER_PAGE], out: &mut [u8]) {
-    assert_eq!(out.len(), GRAIN_BYTES as usize, "a count page is 4096 bytes");
+    assert_eq!(
+        out.len(),
+        GRAIN_BYTES as usize,
+        "a count page is 4096 bytes"
+    );
     for (i, c) in counts.iter().enumerate() {
         out[i * 4..i * 4 + 4].copy_from_slice(&c.to_le_bytes());
     }
     out[ref_page_off::INDEX..ref_page_off::INDEX + 8].copy_from_slice(&page.to_le_bytes());
-    out[ref_page_off::MAGIC..ref_page_off::MAGIC + 4].copy_from_slice(&REF_PAGE_MAGIC.to_le_bytes());
+    out[ref_page_off::MAGIC..ref_page_off::MAGIC + 4]
+        .copy_from_slice(&REF_PAGE_MAGIC.to_le_bytes());
     let crc = crc32c::crc32c(&out[..ref_page_off::CRC]);
     out[ref_page_off::CRC..].copy_from_slice(&crc.to_le_bytes());
 }

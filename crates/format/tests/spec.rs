@@ -129,10 +129,7 @@ fn map_node_lanes_match_the_table() {
     ] {
         assert_eq!(lane_of(field), at.to_string(), "lane {field}");
     }
-    assert_eq!(
-        lane_of("reserved"),
-        format!("{}..511", lane::RESERVED_FROM)
-    );
+    assert_eq!(lane_of("reserved"), format!("{}..511", lane::RESERVED_FROM));
     let magic = rows.iter().find(|r| r[1] == "magic").unwrap()[2].clone();
     assert_eq!(magic, format!("{:#06x}", strata_format::NODE_MAGIC));
 }

@@ -62,6 +62,9 @@ pub trait Backend: Send + Sync {
     fn exists(&self, name: &str) -> bool;
     /// Remove `name` if it exists.
     fn remove(&self, name: &str) -> io::Result<()>;
+    /// Replace `to` with `from` atomically; the change is durable when this
+    /// returns. Handles opened on either name before it are not valid after.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     /// Where the objects live, for messages and for the lock and sockets.
     fn describe(&self) -> String;
     /// Bytes the underlying file system could still give (None if unknown).
@@ -116,6 +119,17 @@ impl Backend for FileBackend {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             r => r,
         }
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.dir.join(from), self.dir.join(to)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("rename {from} to {to} in {}: {e}", self.dir.display()),
+            )
+        })?;
+        // The rename is durable once the directory is.
+        File::open(&self.dir)?.sync_all()
     }
 
     fn describe(&self) -> String {
@@ -389,6 +403,15 @@ impl Backend for SimBackend {
 
     fn remove(&self, name: &str) -> io::Result<()> {
         self.state.lock().objects.remove(name);
+        Ok(())
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let obj = st.objects.remove(from).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("sim:{from}: not found"))
+        })?;
+        st.objects.insert(to.to_string(), obj);
         Ok(())
     }
 

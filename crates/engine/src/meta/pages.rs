@@ -1,0 +1,302 @@
+//! Metadata pages: map nodes in `pool.data`, count pages in `refcount.data`
+//! (docs/FORMAT.md §3–4). A page read from disk is checked (checksum,
+//! magic, the place it names, level, entries within the pool) before it is
+//! cached; a page about to be written is asserted to satisfy the same
+//! conditions. A failed check is an error naming the page and its byte
+//! offset, never a guess.
+
+use strata_format::{
+    decode_map_node, decode_ref_page, encode_map_node, encode_ref_page, MapNode, Record,
+    GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
+};
+
+use super::{corrupt, Meta};
+use crate::cache::{PageData, PageKey};
+use crate::error::Result;
+
+/// Largest run of adjacent pages written with one call at a checkpoint.
+const RUN_PAGES_MAX: usize = 256;
+/// Largest payload of one page-image batch (bounds the checkpoint's memory).
+const IMAGE_BATCH_BYTES_MAX: usize = 8 << 20;
+
+/// A dirty page encoded for a checkpoint.
+pub struct EncodedPage {
+    pub key: PageKey,
+    pub bytes: Box<[u8; GRAIN_BYTES as usize]>,
+}
+
+/// Where a map node lives, for messages.
+pub(crate) fn node_place(g: u64) -> String {
+    format!("map node at grain {g} (pool.data byte {})", g * GRAIN_BYTES)
+}
+
+/// Where a count page lives, for messages.
+pub(crate) fn ref_page_place(p: u64) -> String {
+    format!("count page {p} (refcount.data byte {})", p * GRAIN_BYTES)
+}
+
+/// Check a node's entries against the pool (after a read, before a write).
+pub(super) fn check_entries(g: u64, entries: &[u64; MAP_FANOUT], hwm: u64) -> Result<()> {
+    if let Some((i, e)) = entries
+        .iter()
+        .enumerate()
+        .find(|(_, &e)| e != 0 && e >= hwm)
+    {
+        return Err(corrupt(format!(
+            "{}: entry {i} points at grain {e}, outside the pool (1..{hwm})",
+            node_place(g)
+        )));
+    }
+    Ok(())
+}
+
+impl Meta {
+    pub(super) fn check_grain(&self, g: u64, what: &str) -> Result<()> {
+        if g == 0 || g >= self.alloc.hwm {
+            return Err(corrupt(format!(
+                "{what} points at grain {g}, outside the pool (1..{})",
+                self.alloc.hwm
+            )));
+        }
+        Ok(())
+    }
+
+    /// Read and check map node `g`, expected at `level`, from the pool.
+    pub(super) fn read_node(&self, g: u64, level: u8) -> Result<MapNode> {
+        self.check_grain(g, "a map entry")?;
+        let mut buf = vec![0u8; GRAIN_BYTES as usize];
+        self.pool.read_at(&mut buf, g * GRAIN_BYTES)?;
+        let n = decode_map_node(&buf, g).map_err(|e| corrupt(format!("{}: {e}", node_place(g))))?;
+        if n.level != level {
+            return Err(corrupt(format!(
+                "{}: level {} where level {level} is expected",
+                node_place(g),
+                n.level
+            )));
+        }
+        check_entries(g, &n.entries, self.alloc.hwm)?;
+        Ok(n)
+    }
+
+    fn load_node(&mut self, g: u64, level: u8) -> Result<()> {
+        if let Some(PageData::Map(n)) = self.cache.peek(PageKey::Map(g)) {
+            if n.level != level {
+                return Err(corrupt(format!(
+                    "{}: level {} where level {level} is expected",
+                    node_place(g),
+                    n.level
+                )));
+            }
+            return Ok(());
+        }
+        let n = self.read_node(g, level)?;
+        self.cache.insert(PageKey::Map(g), PageData::Map(n), false);
+        Ok(())
+    }
+
+    /// The entries of map node `g`, which the walk expects at `level`.
+    pub fn node(&mut self, g: u64, level: u8) -> Result<&[u64; MAP_FANOUT]> {
+        self.load_node(g, level)?;
+        match self.cache.get(PageKey::Map(g)) {
+            Some(PageData::Map(n)) => Ok(&n.entries),
+            _ => unreachable!("map page just loaded"),
+        }
+    }
+
+    /// Set entry `index` of node `g` (at `level`); returns the old entry.
+    pub(super) fn node_set(&mut self, g: u64, level: u8, index: usize, value: u64) -> Result<u64> {
+        assert!(index < MAP_FANOUT, "node {g}: index {index}");
+        assert!(
+            value == 0 || value < self.alloc.hwm,
+            "node {g} entry {index}: grain {value} outside the pool ({})",
+            self.alloc.hwm
+        );
+        self.load_node(g, level)?;
+        let old = match self.cache.get_dirty(PageKey::Map(g)) {
+            Some(PageData::Map(n)) => std::mem::replace(&mut n.entries[index], value),
+            _ => unreachable!("map page just loaded"),
+        };
+        self.log_record(&Record::MapSet {
+            grain: g,
+            index: index as u16,
+            value,
+        });
+        Ok(old)
+    }
+
+    /// Cache a node created in memory (dirty) and log its creation.
+    pub(super) fn create_node(&mut self, g: u64, level: u8, entries: &[u64; MAP_FANOUT]) {
+        if entries.iter().all(|&e| e == 0) {
+            self.log_record(&Record::PageNew { grain: g, level });
+        } else {
+            let mut data = Box::new([0u8; GRAIN_BYTES as usize]);
+            encode_map_node(entries, g, level, &mut data[..]);
+            self.log_record(&Record::PageImage { grain: g, data });
+        }
+        self.cache.insert(
+            PageKey::Map(g),
+            PageData::Map(MapNode {
+                level,
+                entries: Box::new(*entries),
+            }),
+            true,
+        );
+    }
+
+    // ------------------------------------------------------------ counts
+
+    /// Whether count page `p` may read as zeros (wholly past the durable pool).
+    pub(super) fn ref_page_may_be_blank(&self, p: u64) -> bool {
+        p * REFS_PER_PAGE as u64 >= self.durable_hwm
+    }
+
+    /// Read and check count page `p`.
+    pub(super) fn read_ref_page(&self, p: u64) -> Result<Box<[u32; REFS_PER_PAGE]>> {
+        let mut buf = vec![0u8; GRAIN_BYTES as usize];
+        self.refs.read_at(&mut buf, p * GRAIN_BYTES)?;
+        decode_ref_page(&buf, p, self.ref_page_may_be_blank(p))
+            .map_err(|e| corrupt(format!("{}: {e}", ref_page_place(p))))
+    }
+
+    fn load_ref_page(&mut self, p: u64) -> Result<()> {
+        if self.cache.contains(PageKey::Ref(p)) {
+            return Ok(());
+        }
+        let counts = self.read_ref_page(p)?;
+        self.cache
+            .insert(PageKey::Ref(p), PageData::Ref(counts), false);
+        Ok(())
+    }
+
+    pub fn ref_get(&mut self, g: u64) -> Result<u32> {
+        let page = g / REFS_PER_PAGE as u64;
+        self.load_ref_page(page)?;
+        match self.cache.get(PageKey::Ref(page)) {
+            Some(PageData::Ref(c)) => Ok(c[(g % REFS_PER_PAGE as u64) as usize]),
+            _ => unreachable!("ref page just loaded"),
+        }
+    }
+
+    /// Set a count in memory only (allocation before install).
+    pub(super) fn ref_put(&mut self, g: u64, count: u32) -> Result<()> {
+        let page = g / REFS_PER_PAGE as u64;
+        self.load_ref_page(page)?;
+        match self.cache.get_dirty(PageKey::Ref(page)) {
+            Some(PageData::Ref(c)) => c[(g % REFS_PER_PAGE as u64) as usize] = count,
+            _ => unreachable!("ref page just loaded"),
+        }
+        Ok(())
+    }
+
+    pub(super) fn ref_set(&mut self, g: u64, count: u32) -> Result<()> {
+        self.ref_put(g, count)?;
+        self.log_record(&Record::RefSet { grain: g, count });
+        Ok(())
+    }
+
+    /// Make the count pages covering grains `[from, to)` dirty, so the next
+    /// checkpoint writes them even if none of their counts changes.
+    pub(super) fn materialize_ref_pages(&mut self, from: u64, to: u64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let per = REFS_PER_PAGE as u64;
+        for p in from / per..to.div_ceil(per) {
+            self.load_ref_page(p)?;
+            self.cache.get_dirty(PageKey::Ref(p));
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ checkpoint
+
+    /// Encode every dirty page (checkpoint steps 2–3), sorted by file and
+    /// place. Each node is asserted against the pool before it is encoded.
+    pub fn encode_dirty_pages(&self) -> Vec<EncodedPage> {
+        let order = |k: &PageKey| match k {
+            PageKey::Map(g) => (0u8, *g),
+            PageKey::Ref(p) => (1u8, *p),
+        };
+        let mut keys: Vec<PageKey> = self.cache.dirty().map(|(k, _)| k).collect();
+        keys.sort_by_key(order);
+        keys.into_iter()
+            .map(|key| {
+                let mut bytes = Box::new([0u8; GRAIN_BYTES as usize]);
+                match (key, self.cache.peek(key)) {
+                    (PageKey::Map(g), Some(PageData::Map(n))) => {
+                        if let Err(e) = check_entries(g, &n.entries, self.alloc.hwm) {
+                            panic!("refusing to write a bad map node: {e}");
+                        }
+                        encode_map_node(&n.entries, g, n.level, &mut bytes[..]);
+                    }
+                    (PageKey::Ref(p), Some(PageData::Ref(c))) => {
+                        encode_ref_page(p, c, &mut bytes[..]);
+                    }
+                    _ => unreachable!("dirty pages stay cached until the checkpoint"),
+                }
+                EncodedPage { key, bytes }
+            })
+            .collect()
+    }
+
+    /// The page images of checkpoint step 2 as batch payloads of at most
+    /// 8 MiB; the last ends with GENERATION_END(`next`).
+    pub fn image_payloads(pages: &[EncodedPage], next: u64) -> Vec<Vec<u8>> {
+        let mut out = vec![Vec::new()];
+        for p in pages {
+            let rec = match p.key {
+                PageKey::Map(g) => Record::PageImage {
+                    grain: g,
+                    data: p.bytes.clone(),
+                },
+                PageKey::Ref(q) => Record::RefPageImage {
+                    page: q,
+                    data: p.bytes.clone(),
+                },
+            };
+            let cur = out.last_mut().expect("one payload");
+            if cur.len() + GRAIN_BYTES as usize + 16 > IMAGE_BATCH_BYTES_MAX {
+                out.push(Vec::new());
+            }
+            rec.encode_into(out.last_mut().expect("one payload"));
+        }
+        Record::GenerationEnd { next }.encode_into(out.last_mut().expect("one payload"));
+        out
+    }
+
+    /// Write encoded pages in place (checkpoint step 3); adjacent pages go
+    /// out as one write of at most 1 MiB.
+    pub fn write_pages(&self, pages: &[EncodedPage]) -> Result<()> {
+        let place = |k: &PageKey| match k {
+            PageKey::Map(g) => (0u8, *g),
+            PageKey::Ref(p) => (1u8, *p),
+        };
+        let mut run: Vec<u8> = Vec::with_capacity(RUN_PAGES_MAX * GRAIN_BYTES as usize);
+        let mut i = 0;
+        while i < pages.len() {
+            let (kind, first) = place(&pages[i].key);
+            let mut j = i + 1;
+            while j < pages.len()
+                && j - i < RUN_PAGES_MAX
+                && place(&pages[j].key) == (kind, first + (j - i) as u64)
+            {
+                j += 1;
+            }
+            run.clear();
+            for p in &pages[i..j] {
+                run.extend_from_slice(&p.bytes[..]);
+            }
+            let target = if kind == 0 { &self.pool } else { &self.refs };
+            target.write_at(&run, first * GRAIN_BYTES)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint is durable: every page is clean, and count pages below
+    /// `hwm` now exist on disk.
+    pub fn checkpointed(&mut self) {
+        self.cache.mark_all_clean();
+        self.durable_hwm = self.alloc.hwm;
+    }
+}

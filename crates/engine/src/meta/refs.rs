@@ -1,0 +1,59 @@
+//! Reference counts and frees (docs/FORMAT.md §4). A count never falls
+//! below zero and a grain is freed only when its count reaches zero: both
+//! are checked where counts change; a violation is an error the caller
+//! turns into a fail-stop.
+
+use super::{corrupt, Meta};
+use crate::cache::PageKey;
+use crate::error::Result;
+
+impl Meta {
+    pub(super) fn incref(&mut self, g: u64) -> Result<()> {
+        let c = self.ref_get(g)?;
+        if c == 0 {
+            return Err(corrupt(format!(
+                "grain {g} is referenced but its count is 0"
+            )));
+        }
+        let n = c
+            .checked_add(1)
+            .ok_or_else(|| corrupt(format!("reference count of grain {g} overflows")))?;
+        self.ref_set(g, n)
+    }
+
+    /// Drop one reference; free the grain (and, for a node, its subtree) at 0.
+    /// `level` is Some(level) for a map node, None for a data grain.
+    pub fn decref(&mut self, g: u64, level: Option<u8>) -> Result<()> {
+        let c = self.ref_get(g)?;
+        if c == 0 {
+            return Err(corrupt(format!(
+                "grain {g} is released more often than referenced"
+            )));
+        }
+        self.ref_set(g, c - 1)?;
+        self.decreased_current.insert(g);
+        if c > 1 {
+            return Ok(());
+        }
+        if let Some(l) = level {
+            let entries = *self.node(g, l)?;
+            for e in entries.into_iter().filter(|&e| e != 0) {
+                self.decref(e, if l == 0 { None } else { Some(l - 1) })?;
+            }
+            self.cache.remove(PageKey::Map(g));
+        }
+        assert!(self.used_grains > 0, "grain {g} freed with no grain in use");
+        self.used_grains -= 1;
+        let fresh = self.pending_set.insert(g);
+        assert!(fresh, "grain {g} freed twice in one batch");
+        self.pending_current.push(g);
+        Ok(())
+    }
+
+    /// Whether a write may go to grain `g` in place, as far as `g` itself goes.
+    pub(super) fn sole_owner(&mut self, g: u64) -> Result<bool> {
+        Ok(self.ref_get(g)? == 1
+            && !self.decreased_current.contains(&g)
+            && !self.decreased_committing.contains(&g))
+    }
+}

@@ -1,0 +1,346 @@
+//! Map trees (docs/FORMAT.md §3): lookups, copy-on-write of shared paths,
+//! unmap, walks and diffs. Every node is read through `Meta::node` with the
+//! level the walk expects, so a pointer to the wrong kind of page is caught.
+
+use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
+
+use super::alloc::META_OWNER;
+use super::{corrupt, Meta};
+use crate::error::Result;
+
+impl Meta {
+    /// Allocate a node of `level` holding `entries` (their references are the
+    /// caller's); it is dirty in the cache and logged whole.
+    pub(super) fn alloc_node(&mut self, level: u8, entries: &[u64; MAP_FANOUT]) -> Result<u64> {
+        let g = self.alloc_grain(META_OWNER, None, u64::MAX)?;
+        self.log_record(&strata_format::Record::RefSet { grain: g, count: 1 });
+        self.create_node(g, level, entries);
+        Ok(g)
+    }
+
+    /// Copy a shared node so one referrer can change it.
+    fn cow_node(&mut self, p: u64, level: u8) -> Result<u64> {
+        let entries = *self.node(p, level)?;
+        for e in entries.iter().copied().filter(|&e| e != 0) {
+            self.incref(e)?;
+        }
+        let q = self.alloc_node(level, &entries)?;
+        self.decref(p, Some(level))?;
+        Ok(q)
+    }
+
+    // ------------------------------------------------------------ trees
+
+    /// Entry for virtual grain `v` of version `ver`, and whether a write may
+    /// overwrite that grain in place.
+    pub fn lookup_for_write(&mut self, ver: u64, v: u64) -> Result<(u64, bool)> {
+        let st = self.version(ver)?;
+        let mut node = st.root;
+        let mut exclusive = true;
+        for level in (0..st.levels).rev() {
+            if node == 0 {
+                return Ok((0, false));
+            }
+            exclusive = exclusive && self.sole_owner(node)?;
+            let idx = ((v >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1);
+            node = self.node(node, level)?[idx];
+        }
+        if node == 0 {
+            return Ok((0, false));
+        }
+        let exclusive = exclusive && self.sole_owner(node)?;
+        Ok((node, exclusive))
+    }
+
+    /// Make the path from `ver`'s root down to the node at `stop_level` that
+    /// covers `v` private to `ver` (copying shared nodes, creating missing
+    /// ones) and return that node.
+    fn writable_node(&mut self, ver: u64, v: u64, stop_level: u8) -> Result<u64> {
+        let mut st = self.version(ver)?;
+        if st.root == 0 {
+            st.root = self.alloc_node(st.levels - 1, &[0; MAP_FANOUT])?;
+            self.put_version(st);
+        } else if self.ref_get(st.root)? > 1 {
+            st.root = self.cow_node(st.root, st.levels - 1)?;
+            self.put_version(st);
+        }
+        let mut node = st.root;
+        for level in (stop_level + 1..st.levels).rev() {
+            let idx = ((v >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1);
+            let child = self.node(node, level)?[idx];
+            let new_child = if child == 0 {
+                self.alloc_node(level - 1, &[0; MAP_FANOUT])?
+            } else if self.ref_get(child)? > 1 {
+                self.cow_node(child, level - 1)?
+            } else {
+                child
+            };
+            if new_child != child {
+                self.node_set(node, level, idx, new_child)?;
+            }
+            node = new_child;
+        }
+        Ok(node)
+    }
+
+    /// Set leaf entry for `v`, keeping the version's counters; returns the old entry.
+    fn leaf_set(&mut self, ver: u64, v: u64, value: u64) -> Result<u64> {
+        let leaf = self.writable_node(ver, v, 0)?;
+        let idx = (v as usize) & (MAP_FANOUT - 1);
+        let old = self.node_set(leaf, 0, idx, value)?;
+        if (old == 0) != (value == 0) {
+            let half = idx / BLOCK_GRAINS as usize * BLOCK_GRAINS as usize;
+            let entries = self.node(leaf, 0)?;
+            let others = entries[half..half + BLOCK_GRAINS as usize]
+                .iter()
+                .enumerate()
+                .any(|(i, &e)| half + i != idx && e != 0);
+            let mut st = self.version(ver)?;
+            if value != 0 {
+                st.mapped_grains += 1;
+                if !others {
+                    st.nb += 1;
+                }
+            } else {
+                st.mapped_grains -= 1;
+                if !others {
+                    st.nb -= 1;
+                }
+            }
+            self.put_version(st);
+        }
+        Ok(old)
+    }
+
+    /// Point `v` at freshly written grain `g` (allocated by `alloc_grain`).
+    pub fn install(&mut self, ver: u64, v: u64, g: u64) -> Result<()> {
+        self.log_record(&strata_format::Record::RefSet { grain: g, count: 1 });
+        let old = self.leaf_set(ver, v, g)?;
+        if old != 0 {
+            self.decref(old, None)?;
+        }
+        Ok(())
+    }
+
+    /// Unmap one virtual grain.
+    pub fn unmap_grain(&mut self, ver: u64, v: u64) -> Result<()> {
+        if self.lookup_for_write(ver, v)?.0 == 0 {
+            return Ok(());
+        }
+        let old = self.leaf_set(ver, v, 0)?;
+        if old != 0 {
+            self.decref(old, None)?;
+        }
+        Ok(())
+    }
+
+    /// Unmap the whole leaf `leaf_no` (virtual grains leaf_no*512 ..+512) by
+    /// dropping the leaf: O(1) in the leaf's contents when it is shared.
+    pub fn unmap_leaf(&mut self, ver: u64, leaf_no: u64) -> Result<()> {
+        let v = leaf_no << MAP_FANOUT_SHIFT;
+        let st = self.version(ver)?;
+        // Find the leaf without changing anything; nothing to do if absent.
+        let mut node = st.root;
+        for level in (1..st.levels).rev() {
+            if node == 0 {
+                break;
+            }
+            let idx = ((v >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1);
+            node = self.node(node, level)?[idx];
+        }
+        if node == 0 {
+            return Ok(());
+        }
+        let leaf = node;
+        let entries = *self.node(leaf, 0)?;
+        let mapped = entries.iter().filter(|&&e| e != 0).count() as u64;
+        let blocks = entries
+            .chunks(BLOCK_GRAINS as usize)
+            .filter(|c| c.iter().any(|&e| e != 0))
+            .count() as u64;
+        let mut st = if st.levels == 1 {
+            let mut st = st;
+            st.root = 0;
+            st
+        } else {
+            let parent = self.writable_node(ver, v, 1)?;
+            let idx = ((v >> MAP_FANOUT_SHIFT) as usize) & (MAP_FANOUT - 1);
+            let old = self.node_set(parent, 1, idx, 0)?;
+            assert_eq!(old, leaf, "a private path leads to the same leaf");
+            self.version(ver)?
+        };
+        st.mapped_grains -= mapped;
+        st.nb -= blocks;
+        self.put_version(st);
+        self.decref(leaf, Some(0))
+    }
+
+    /// Visit `[start, end)` of version `ver` as runs: `f(v, count, grain)`,
+    /// where grain 0 means `count` unmapped grains and a mapped grain comes
+    /// with count 1. Empty subtrees are skipped whole.
+    pub fn walk(
+        &mut self,
+        ver: u64,
+        start: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, u64, u64),
+    ) -> Result<()> {
+        let st = self.version(ver)?;
+        if start >= end {
+            return Ok(());
+        }
+        if st.root == 0 {
+            f(start, end - start, 0);
+            return Ok(());
+        }
+        self.walk_node(st.root, st.levels - 1, 0, start, end, f)
+    }
+
+    fn walk_node(
+        &mut self,
+        node: u64,
+        level: u8,
+        base: u64,
+        start: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, u64, u64),
+    ) -> Result<()> {
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let lo = ((start - base) / span) as usize;
+        let hi = ((end - 1 - base) / span) as usize;
+        if hi >= MAP_FANOUT {
+            return Err(corrupt(format!(
+                "range past the map's reach at grain {end}"
+            )));
+        }
+        let entries: Vec<u64> = self.node(node, level)?[lo..=hi].to_vec();
+        for (i, e) in entries.into_iter().enumerate() {
+            let child_base = base + (lo + i) as u64 * span;
+            let s = start.max(child_base);
+            let t = end.min(child_base + span);
+            if e == 0 {
+                f(s, t - s, 0);
+            } else if level == 0 {
+                f(s, 1, e);
+            } else {
+                self.walk_node(e, level - 1, child_base, s, t, f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Visit the virtual grains below `end` where version `b` maps a
+    /// different grain than version `a` (`None`: an empty disk): `f(v,
+    /// mapped_in_b)`. Subtrees both versions share are skipped whole, so the
+    /// cost follows what changed, not the disk size. Versions of different
+    /// heights (one was extended) are compared as if the shorter one had
+    /// been grown the same way.
+    pub fn diff(
+        &mut self,
+        a: Option<u64>,
+        b: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, bool),
+    ) -> Result<()> {
+        let sb = self.version(b)?;
+        let (ra, la) = match a {
+            Some(a) => {
+                let sa = self.version(a)?;
+                (sa.root, sa.levels)
+            }
+            None => (0, 1),
+        };
+        let levels = sb.levels.max(la);
+        self.diff_node(
+            (ra, la.saturating_sub(1)),
+            (sb.root, sb.levels - 1),
+            levels - 1,
+            0,
+            end,
+            f,
+        )
+    }
+
+    /// Entries of `node` (real height `real`) seen at height `level`: above
+    /// its real height a node is the first child of implicit parents.
+    fn entries_at(&mut self, node: u64, real: u8, level: u8) -> Result<Vec<u64>> {
+        let mut v = vec![0u64; MAP_FANOUT];
+        if node == 0 {
+            return Ok(v);
+        }
+        if level > real {
+            v[0] = node;
+            return Ok(v);
+        }
+        v.copy_from_slice(self.node(node, real)?);
+        Ok(v)
+    }
+
+    fn diff_node(
+        &mut self,
+        a: (u64, u8),
+        b: (u64, u8),
+        level: u8,
+        base: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, bool),
+    ) -> Result<()> {
+        if a == b || base >= end {
+            return Ok(());
+        }
+        let ea = self.entries_at(a.0, a.1, level)?;
+        let eb = self.entries_at(b.0, b.1, level)?;
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let child = |n: (u64, u8)| {
+            if level > n.1 {
+                n.1
+            } else {
+                level.saturating_sub(1)
+            }
+        };
+        for i in 0..MAP_FANOUT {
+            let cb = base + i as u64 * span;
+            if cb >= end {
+                break;
+            }
+            if ea[i] == eb[i] && child(a) == child(b) {
+                continue;
+            }
+            if level == 0 {
+                f(cb, eb[i] != 0);
+            } else {
+                self.diff_node((ea[i], child(a)), (eb[i], child(b)), level - 1, cb, end, f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Virtual grains of `[start, end)` that are mapped in `ver`.
+    pub fn mapped_in(&mut self, ver: u64, start: u64, end: u64) -> Result<Vec<u64>> {
+        let mut mapped = Vec::new();
+        self.walk(ver, start, end, &mut |v, _, g| {
+            if g != 0 {
+                mapped.push(v)
+            }
+        })?;
+        Ok(mapped)
+    }
+
+    /// Grains for `count` virtual grains from `start` (0 = unmapped).
+    pub fn lookup_range(
+        &mut self,
+        ver: u64,
+        start: u64,
+        count: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
+        out.clear();
+        self.walk(ver, start, start + count, &mut |_, n, g| {
+            if g == 0 {
+                out.extend(std::iter::repeat_n(0, n as usize));
+            } else {
+                out.push(g);
+            }
+        })
+    }
+}
