@@ -175,12 +175,22 @@ fn one_run(seed: u64) {
                 }
             }
         }
-        // Sometimes the power goes in the middle of a flush.
-        if rng.gen_bool(0.3) {
-            b.fail_writes_after(rng.gen_range(0..6));
-            if ds.flush().is_ok() {
-                m.flush();
+        // Sometimes the power goes in the middle of a flush, or of a
+        // checkpoint (page images, in-place pages, catalog, superblock).
+        match rng.gen_range(0..10) {
+            0..=2 => {
+                b.fail_writes_after(rng.gen_range(0..6));
+                if ds.flush().is_ok() {
+                    m.flush();
+                }
             }
+            3..=4 => {
+                b.fail_writes_after(rng.gen_range(0..40));
+                if ds.close().is_ok() {
+                    m.flush();
+                }
+            }
+            _ => {}
         }
         let report = b.crash(seed * 31 + round);
         let _ = report;

@@ -1,6 +1,8 @@
-//! Format stability: a datastore written by format version 1 (committed under
-//! tests/golden/v1, with a non-empty log to replay) must open and read back
-//! exactly. Regenerate only on a deliberate format change:
+//! Format stability: datastores written by format versions 1 and 2
+//! (committed under tests/golden/v1 and v2, each with a non-empty log to
+//! replay) must open and read back exactly; opening v1 upgrades it to v2
+//! (docs/FORMAT.md §8). Regenerate only on a deliberate format change, and
+//! only the current version's directory:
 //! `STRATA_WRITE_GOLDEN=1 cargo test -p strata-engine --test golden -- --ignored`.
 
 use std::path::{Path, PathBuf};
@@ -10,8 +12,8 @@ use strata_block::BlockDevice;
 use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
 use strata_storage::FileBackend;
 
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1")
+fn golden_dir(version: u32) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/v{version}"))
 }
 
 fn pattern(tag: u8, len: usize) -> Vec<u8> {
@@ -41,10 +43,11 @@ fn open(dir: &Path) -> Datastore {
     .unwrap()
 }
 
-#[test]
-fn golden_v1_datastore_opens_and_reads_back() {
+/// Copy golden version `version` to a scratch directory, open it, read
+/// everything back and check it.
+fn open_golden(version: u32) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(golden_dir()).unwrap() {
+    for e in std::fs::read_dir(golden_dir(version)).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), tmp.path().join(e.file_name())).unwrap();
     }
@@ -53,19 +56,86 @@ fn golden_v1_datastore_opens_and_reads_back() {
         let h = ds.open_disk(export).unwrap();
         let mut buf = vec![0u8; data.len()];
         h.read_at(&mut buf, off).unwrap();
-        assert!(buf == data, "golden export {export} differs");
+        assert!(buf == data, "golden v{version}: export {export} differs");
     }
     let r = ds.check().unwrap();
-    assert!(r.is_clean(), "{:#?}", r.errors);
+    assert!(r.is_clean(), "golden v{version}: {:#?}", r.errors);
+    tmp
+}
+
+fn superblock_version(dir: &Path) -> u32 {
+    let b = std::fs::read(dir.join(strata_format::FILE_SUPER)).unwrap();
+    strata_format::Superblock::pick(&b[..4096], &b[4096..])
+        .unwrap()
+        .version
+}
+
+#[test]
+fn golden_v1_datastore_is_upgraded_on_open_and_reads_back() {
+    assert_eq!(superblock_version(&golden_dir(1)), 1);
+    let tmp = open_golden(1);
+    // The upgrade finished: version 2, the v1 log and the new count file gone.
+    assert_eq!(superblock_version(tmp.path()), 2);
+    assert!(!tmp.path().join(strata_format::FILE_JOURNAL_V1).exists());
+    assert!(!tmp
+        .path()
+        .join(strata_format::FILE_REFCOUNT_UPGRADE)
+        .exists());
+    // And it opens again as a plain version-2 datastore.
+    let ds = open(tmp.path());
+    for (export, off, data) in expected() {
+        let h = ds.open_disk(export).unwrap();
+        let mut buf = vec![0u8; data.len()];
+        h.read_at(&mut buf, off).unwrap();
+        assert!(buf == data, "upgraded golden: export {export} differs");
+    }
+}
+
+#[test]
+fn golden_v2_datastore_opens_and_reads_back() {
+    assert_eq!(superblock_version(&golden_dir(2)), 2);
+    open_golden(2);
+}
+
+#[test]
+fn an_upgrade_cut_short_after_its_superblock_finishes_on_the_next_open() {
+    // Steps 1-5 done, step 6 not: refcount.v2 beside the old file, the v1
+    // log still there (docs/FORMAT.md §8).
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(golden_dir(1)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.path().join(e.file_name())).unwrap();
+    }
+    // Run the upgrade once, then put the pre-step-6 state back.
+    let v1_refs = std::fs::read(tmp.path().join("refcount.data")).unwrap();
+    let v1_log = std::fs::read(tmp.path().join("journal.log")).unwrap();
+    drop(open(tmp.path()));
+    // After the first open the log was checkpointed; emulate the cut by
+    // restoring the old files under their old names and the new count file
+    // under its upgrade name.
+    let v2_refs = std::fs::read(tmp.path().join("refcount.data")).unwrap();
+    std::fs::write(tmp.path().join("refcount.v2"), &v2_refs).unwrap();
+    std::fs::write(tmp.path().join("refcount.data"), &v1_refs).unwrap();
+    std::fs::write(tmp.path().join("journal.log"), &v1_log).unwrap();
+    let ds = open(tmp.path());
+    assert!(!tmp.path().join("refcount.v2").exists());
+    assert!(!tmp.path().join("journal.log").exists());
+    for (export, off, data) in expected() {
+        let h = ds.open_disk(export).unwrap();
+        let mut buf = vec![0u8; data.len()];
+        h.read_at(&mut buf, off).unwrap();
+        assert!(buf == data, "export {export} differs");
+    }
+    assert!(ds.check().unwrap().is_clean());
 }
 
 #[test]
 #[ignore = "writes the golden datastore; run on a deliberate format change only"]
-fn write_golden_v1() {
+fn write_golden_current_version() {
     if std::env::var("STRATA_WRITE_GOLDEN").as_deref() != Ok("1") {
         return;
     }
-    let dir = golden_dir();
+    let dir = golden_dir(strata_format::FORMAT_VERSION);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     Datastore::init(
