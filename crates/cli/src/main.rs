@@ -687,6 +687,13 @@ fn print_human(req: &Request, v: &Value) {
                     u(&v["reclaiming"])
                 );
             }
+            if !v["fail_stop"].is_null() {
+                println!(
+                    "FAIL-STOPPED: {} (writes are refused; restart the server to recover \
+                     from the log)",
+                    s(&v["fail_stop"]["cause"])
+                );
+            }
         }
         Request::List => {
             println!(

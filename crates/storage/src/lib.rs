@@ -260,6 +260,9 @@ struct SimState {
     epoch: u64,
     /// Fail every write once this many more have been issued (fault injection).
     fail_writes_after: Option<u64>,
+    /// Fail reads (of one object, or of all when the name is None) once this
+    /// many more have been issued (fault injection; cleared by a crash).
+    fail_reads: Option<(Option<String>, u64)>,
 }
 
 /// An in-memory backend that can simulate a power cut. Cheap to clone (shared).
@@ -289,6 +292,7 @@ impl SimBackend {
                 objects: HashMap::new(),
                 epoch: 0,
                 fail_writes_after: None,
+                fail_reads: None,
             })),
         }
     }
@@ -301,6 +305,7 @@ impl SimBackend {
         let mut st = self.state.lock();
         st.epoch += 1;
         st.fail_writes_after = None;
+        st.fail_reads = None;
         let mut report = CrashReport::default();
         let mut names: Vec<String> = st.objects.keys().cloned().collect();
         names.sort();
@@ -357,6 +362,18 @@ impl SimBackend {
     /// After `n` more writes, every write fails with an I/O error (until the next crash).
     pub fn fail_writes_after(&self, n: u64) {
         self.state.lock().fail_writes_after = Some(n);
+    }
+
+    /// After `n` more reads of `object` (of any object when None), every such
+    /// read fails with an I/O error, until [`SimBackend::heal_reads`] or the
+    /// next crash: a disk that returns EIO.
+    pub fn fail_reads_after(&self, object: Option<&str>, n: u64) {
+        self.state.lock().fail_reads = Some((object.map(str::to_string), n));
+    }
+
+    /// Reads work again.
+    pub fn heal_reads(&self) {
+        self.state.lock().fail_reads = None;
     }
 
     /// Total bytes held durably, for tests of space use.
@@ -446,6 +463,17 @@ impl SimStorage {
 impl Storage for SimStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.with(|st| {
+            if let Some((name, n)) = st.fail_reads.as_mut() {
+                if name.as_deref().is_none_or(|x| x == self.name) {
+                    if *n == 0 {
+                        return Err(io::Error::other(format!(
+                            "sim:{}: injected read failure at {offset}",
+                            self.name
+                        )));
+                    }
+                    *n -= 1;
+                }
+            }
             let obj = st
                 .objects
                 .get(&self.name)
