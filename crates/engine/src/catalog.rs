@@ -56,6 +56,11 @@ pub struct DiskRec {
     pub parent: Option<String>,
 }
 
+/// Names of implicit snapshots that hold a served disk still while a full
+/// clone copies it. User names cannot start with '.', so they never clash;
+/// such snapshots are hidden from lists and exports and dropped on open.
+pub const HIDDEN_SNAPSHOT_PREFIX: &str = ".clone-";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRec {
     pub id: u64,
@@ -67,6 +72,13 @@ pub struct SnapshotRec {
     pub parent: Option<u64>,
     pub version: u64,
     pub size_bytes: u64,
+}
+
+impl SnapshotRec {
+    /// An implicit snapshot (see [`HIDDEN_SNAPSHOT_PREFIX`]).
+    pub fn is_hidden(&self) -> bool {
+        self.name.starts_with('.')
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

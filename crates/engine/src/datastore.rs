@@ -13,7 +13,9 @@ use strata_format::{
 };
 use strata_storage::Backend;
 
-use crate::catalog::{check_name, split_target, Catalog, DiskRec, Provisioning, SnapshotRec};
+use crate::catalog::{
+    check_name, split_target, Catalog, DiskRec, Provisioning, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX,
+};
 use crate::check::{self, CheckReport};
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
@@ -298,6 +300,7 @@ impl Datastore {
             tracing::info!("replayed {replayed} log batches");
         }
         let ds = Datastore { inner };
+        ds.drop_held()?;
         // Make the recovered state a checkpoint, so the log starts empty.
         ds.inner.commit(true)?;
         Ok(ds)
@@ -390,7 +393,12 @@ impl Datastore {
                 .checked_div(capacity)
                 .unwrap_or(0),
             disks: m.catalog.disks.len(),
-            snapshots: m.catalog.snapshots.len(),
+            snapshots: m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| !s.is_hidden())
+                .count(),
             metadata_cache_bytes: m.cache_bytes(),
             reclaiming: m.orphans(),
             fail_stop: self.inner.failed(),
@@ -428,7 +436,7 @@ impl Datastore {
                 .catalog
                 .snapshots
                 .iter()
-                .filter(|s| s.disk == d.id)
+                .filter(|s| s.disk == d.id && !s.is_hidden())
                 .count(),
             current_snapshot: d
                 .current_snapshot
@@ -691,7 +699,12 @@ impl Datastore {
                 d.name.clone(),
                 format!("{} disk, {} bytes", d.provisioning.as_str(), d.size_bytes),
             ));
-            for s in m.catalog.snapshots.iter().filter(|s| s.disk == d.id) {
+            for s in m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && !s.is_hidden())
+            {
                 out.push((
                     format!("{}@{}", d.name, s.name),
                     format!("snapshot of {} (read-only)", d.name),
@@ -752,7 +765,7 @@ impl Datastore {
             .catalog
             .snapshots
             .iter()
-            .filter(|s| s.disk == d.id)
+            .filter(|s| s.disk == d.id && !s.is_hidden())
             .collect();
         let name_of = |id: Option<u64>| {
             id.and_then(|i| snaps.iter().find(|s| s.id == i))
@@ -883,8 +896,35 @@ impl Datastore {
     }
 
     /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
-    /// mapped grains; time depends on data size, not on snapshot count.
+    /// mapped grains; time depends on data size, not on snapshot count. A
+    /// live disk is copied as it was when the clone began (point in time),
+    /// through an implicit snapshot held for the copy's duration.
     pub fn clone_full(
+        &self,
+        src: &str,
+        new: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        let held = match split_target(src) {
+            (disk, None) => Some((disk.to_string(), self.hold(disk)?)),
+            (_, Some(_)) => None,
+        };
+        let from = match &held {
+            Some((disk, snap)) => format!("{disk}@{snap}"),
+            None => src.to_string(),
+        };
+        let r = self.copy_into_new(&from, new, provisioning, progress);
+        if let Some((disk, snap)) = held {
+            let dropped = self.snapshot_delete(&disk, &snap);
+            if r.is_ok() {
+                dropped?;
+            }
+        }
+        r
+    }
+
+    fn copy_into_new(
         &self,
         src: &str,
         new: &str,
@@ -902,6 +942,53 @@ impl Datastore {
         }
         self.inner.commit(false)?;
         self.disk_info(new)
+    }
+
+    /// Hold `disk`'s live state still in an implicit snapshot (O(1)), hidden
+    /// from lists, exports and the snapshot tree; returns its name.
+    fn hold(&self, disk: &str) -> Result<String> {
+        let name = self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            let id = m.catalog.alloc_id();
+            let version = m.catalog.alloc_id();
+            m.new_version_from(version, d.head)?;
+            let name = format!("{HIDDEN_SNAPSHOT_PREFIX}{id}");
+            m.catalog.snapshots.push(SnapshotRec {
+                id,
+                disk: d.id,
+                name: name.clone(),
+                description: "held while a full clone copies the disk".into(),
+                created_unix: now_unix(),
+                parent: None,
+                version,
+                size_bytes: d.size_bytes,
+            });
+            m.mark_catalog_dirty();
+            Ok(name)
+        })?;
+        self.inner.commit(false)?;
+        Ok(name)
+    }
+
+    /// Drop implicit snapshots left by full clones a crash interrupted.
+    fn drop_held(&self) -> Result<()> {
+        let held: Vec<(String, String)> = {
+            let m = self.inner.meta.lock();
+            m.catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.is_hidden())
+                .filter_map(|s| {
+                    let d = m.catalog.disk_by_id(s.disk)?;
+                    Some((d.name.clone(), s.name.clone()))
+                })
+                .collect()
+        };
+        for (disk, snap) in held {
+            tracing::info!("dropping {disk}@{snap}, left by an interrupted full clone");
+            self.snapshot_delete(&disk, &snap)?;
+        }
+        Ok(())
     }
 
     // ------------------------------------------------------------ check
@@ -925,5 +1012,34 @@ impl Datastore {
             );
         }
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_storage::SimBackend;
+
+    #[test]
+    fn an_implicit_clone_snapshot_left_by_a_crash_is_dropped_on_open() {
+        let b = SimBackend::new();
+        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
+        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        ds.create_disk("d", 4 << 20, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let held = ds.hold("d").unwrap();
+        assert!(
+            ds.snapshot_list("d").unwrap().is_empty(),
+            "hidden from lists"
+        );
+        assert!(ds.open_disk(&format!("d@{held}")).is_ok());
+        drop(ds);
+        b.crash(1);
+        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        assert!(
+            ds.open_disk(&format!("d@{held}")).is_err(),
+            "dropped on open"
+        );
+        assert!(ds.check().unwrap().is_clean());
     }
 }
