@@ -25,6 +25,8 @@ pub enum PageData {
 struct Slot {
     data: PageData,
     dirty: bool,
+    /// When the page was last made dirty (see [`PageCache::cut`]).
+    dirty_seq: u64,
     referenced: bool,
 }
 
@@ -33,6 +35,9 @@ pub struct PageCache {
     clock: VecDeque<PageKey>,
     budget_pages: usize,
     dirty_pages: usize,
+    /// Counts changes to pages, so a checkpoint can tell the pages it
+    /// wrote from pages changed again while it ran.
+    seq: u64,
     pub hits: u64,
     pub misses: u64,
 }
@@ -44,6 +49,7 @@ impl PageCache {
             clock: VecDeque::new(),
             budget_pages: (budget_bytes / 4096).max(64) as usize,
             dirty_pages: 0,
+            seq: 0,
             hits: 0,
             misses: 0,
         }
@@ -90,6 +96,8 @@ impl PageCache {
                     s.dirty = true;
                     self.dirty_pages += 1;
                 }
+                self.seq += 1;
+                s.dirty_seq = self.seq;
                 s.referenced = true;
                 Some(&mut s.data)
             }
@@ -100,11 +108,13 @@ impl PageCache {
     /// Insert a page (replacing any older copy), then evict clean pages over budget.
     pub fn insert(&mut self, key: PageKey, data: PageData, dirty: bool) {
         self.misses += 1;
+        self.seq += 1;
         if let Some(old) = self.pages.insert(
             key,
             Slot {
                 data,
                 dirty,
+                dirty_seq: self.seq,
                 referenced: true,
             },
         ) {
@@ -162,11 +172,22 @@ impl PageCache {
             .map(|(k, s)| (*k, &s.data))
     }
 
-    pub fn mark_all_clean(&mut self) {
+    /// The point a checkpoint cuts at: pages dirty now are the ones it writes.
+    pub fn cut(&self) -> u64 {
+        self.seq
+    }
+
+    /// A checkpoint that cut at `cut` is durable: pages not changed since
+    /// are clean (and may be evicted); pages changed while it ran stay dirty.
+    pub fn mark_clean_upto(&mut self, cut: u64) {
+        let mut cleaned = 0;
         for s in self.pages.values_mut() {
-            s.dirty = false;
+            if s.dirty && s.dirty_seq <= cut {
+                s.dirty = false;
+                cleaned += 1;
+            }
         }
-        self.dirty_pages = 0;
+        self.dirty_pages -= cleaned;
         self.evict();
     }
 }

@@ -19,9 +19,9 @@ use crate::catalog::{
 use crate::check::{self, CheckReport};
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::journal::Journal;
+use crate::journal::LogFiles;
 use crate::meta::Meta;
-use crate::store::{now_unix, CommitState, SpaceRequest, Store, StoreParts};
+use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
 
 pub use crate::store::{
     FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
@@ -238,13 +238,13 @@ impl Datastore {
             backend.open(journal_file(0), true)?,
             backend.open(journal_file(1), true)?,
         ];
-        let mut journal = Journal::new(journal_files, sb.generation);
+        let logs = LogFiles::new(journal_files);
         // The log of the superblock's generation, then the next ones while
         // each log ends by naming the next (a checkpoint that did not finish
         // writing its superblock, or a damaged newer slot).
         let mut gen = sb.generation;
         let mut replayed = 0;
-        let mut log = journal.read_generation(gen)?;
+        let mut log = logs.read_generation(gen)?;
         loop {
             replayed += log.batches.len();
             for recs in std::mem::take(&mut log.batches) {
@@ -256,15 +256,15 @@ impl Datastore {
             if next <= gen || next % 2 == gen % 2 {
                 break;
             }
-            let following = journal.read_generation(next)?;
+            let following = logs.read_generation(next)?;
             if following.batches.is_empty() {
                 break;
             }
             gen = next;
             log = following;
         }
-        journal.resume(gen, &log);
-        for (file, first) in journal.first_generations()?.into_iter().enumerate() {
+        let writer = logs.resume(gen, &log);
+        for (file, first) in logs.first_generations()?.into_iter().enumerate() {
             if let Some(g) = first {
                 if g > gen {
                     return err(
@@ -288,10 +288,13 @@ impl Datastore {
             super_file,
             meta,
             commit: CommitState {
-                journal,
+                log: writer,
+                synced_mutations: 0,
+            },
+            checkpoint: CheckpointState {
+                logs,
                 sb,
                 slot_valid,
-                synced_mutations: 0,
             },
             open_warnings,
             lock,

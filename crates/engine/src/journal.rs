@@ -30,9 +30,14 @@ pub struct GenerationLog {
     pub ended_for: Option<u64>,
 }
 
-/// The two log files and where the current generation's next batch goes.
-pub struct Journal {
+/// The two log files, for reading at open and for starting a generation.
+pub struct LogFiles {
     files: [Arc<dyn Storage>; 2],
+}
+
+/// Appends batches to one generation's log.
+pub struct LogWriter {
+    file: Arc<dyn Storage>,
     pub generation: u64,
     sequence: u64,
     /// Where the next batch goes; also the log's length in this generation.
@@ -43,47 +48,49 @@ fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
 
-impl Journal {
-    pub fn new(files: [Arc<dyn Storage>; 2], generation: u64) -> Self {
-        Journal {
-            files,
-            generation,
-            sequence: 0,
-            offset: 0,
-        }
+impl LogWriter {
+    /// Append one batch (not synced).
+    pub fn append(&mut self, payload: &[u8]) -> Result<()> {
+        let b = encode_batch(self.generation, self.sequence, payload);
+        self.file.write_at(&b, self.offset)?;
+        self.offset += b.len() as u64;
+        self.sequence += 1;
+        Ok(())
+    }
+
+    /// Make the log durable.
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.file.sync()?)
+    }
+}
+
+impl LogFiles {
+    pub fn new(files: [Arc<dyn Storage>; 2]) -> Self {
+        LogFiles { files }
     }
 
     fn file(&self, generation: u64) -> &Arc<dyn Storage> {
         &self.files[(generation % 2) as usize]
     }
 
-    /// Append one batch to the current generation's log (not synced).
-    pub fn append(&mut self, payload: &[u8]) -> Result<()> {
-        let b = encode_batch(self.generation, self.sequence, payload);
-        self.file(self.generation).write_at(&b, self.offset)?;
-        self.offset += b.len() as u64;
-        self.sequence += 1;
-        Ok(())
+    /// A writer starting `generation`'s log at byte 0 of its file.
+    pub fn start(&self, generation: u64) -> LogWriter {
+        LogWriter {
+            file: self.file(generation).clone(),
+            generation,
+            sequence: 0,
+            offset: 0,
+        }
     }
 
-    /// Make the current generation's log durable.
-    pub fn sync(&self) -> Result<()> {
-        Ok(self.file(self.generation).sync()?)
-    }
-
-    /// Start generation `generation`'s log at byte 0 of its file (after the
-    /// checkpoint that starts it is durable).
-    pub fn reset(&mut self, generation: u64) {
-        self.generation = generation;
-        self.sequence = 0;
-        self.offset = 0;
-    }
-
-    /// Continue appending to `generation`'s log after what replay read.
-    pub fn resume(&mut self, generation: u64, log: &GenerationLog) {
-        self.generation = generation;
-        self.sequence = log.batches.len() as u64;
-        self.offset = log.end_offset;
+    /// A writer continuing `generation`'s log after what replay read.
+    pub fn resume(&self, generation: u64, log: &GenerationLog) -> LogWriter {
+        LogWriter {
+            file: self.file(generation).clone(),
+            generation,
+            sequence: log.batches.len() as u64,
+            offset: log.end_offset,
+        }
     }
 
     /// The generation of a valid batch at byte 0 of each file, if any.

@@ -23,8 +23,8 @@ use strata_format::{catalog_file, Superblock, GRAIN_BYTES, SUPER_SLOT_BYTES};
 use strata_storage::{Backend, Storage};
 
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::journal::Journal;
-use crate::meta::Meta;
+use crate::journal::{LogFiles, LogWriter};
+use crate::meta::{EncodedPage, Meta};
 
 /// Checkpoint when the log passes this many bytes.
 pub const LOG_BYTES_MAX: u64 = 64 << 20;
@@ -66,13 +66,45 @@ pub(crate) struct SpaceRequest {
     pub own_reserved: u64,
 }
 
+/// What commits need: the log being appended to.
 pub(crate) struct CommitState {
-    pub journal: Journal,
+    pub log: LogWriter,
+    /// Value of `Store::mutations` at the start of the last commit's data sync.
+    pub synced_mutations: u64,
+}
+
+/// What checkpoints need (one at a time).
+pub(crate) struct CheckpointState {
+    pub logs: LogFiles,
     pub sb: Superblock,
     /// Which superblock slots hold a valid superblock.
     pub slot_valid: [bool; 2],
-    /// Value of `Store::mutations` at the start of the last commit's data sync.
-    pub synced_mutations: u64,
+}
+
+/// The closing generation's log during a checkpoint: handed over by the
+/// commit path (commits go on in the next log), or still under the commit
+/// lock when both logs share a file.
+enum Closing<'a> {
+    Owned(LogWriter),
+    Held(MutexGuard<'a, CommitState>),
+}
+
+impl Closing<'_> {
+    fn log(&mut self) -> &mut LogWriter {
+        match self {
+            Closing::Owned(l) => l,
+            Closing::Held(cs) => &mut cs.log,
+        }
+    }
+}
+
+/// A checkpoint's cut: the state it writes (FORMAT.md §5, "Checkpoint").
+struct Cut {
+    next: u64,
+    pages: Vec<EncodedPage>,
+    catalog: Vec<u8>,
+    /// (page-change sequence, pool end) at the cut.
+    at: (u64, u64),
 }
 
 pub(crate) struct Store {
@@ -83,6 +115,12 @@ pub(crate) struct Store {
     pub meta: Mutex<Meta>,
     pub gate: RwLock<()>,
     pub commit: Mutex<CommitState>,
+    checkpoint: Mutex<CheckpointState>,
+    /// While a checkpoint runs, freed grains are not made allocatable (one
+    /// could be a node the checkpoint is about to write in place); they
+    /// wait here.
+    checkpoint_running: AtomicBool,
+    deferred_frees: Mutex<Vec<u64>>,
     pub stripes: Vec<Mutex<()>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
@@ -107,6 +145,7 @@ pub(crate) struct StoreParts {
     pub super_file: Arc<dyn Storage>,
     pub meta: Meta,
     pub commit: CommitState,
+    pub checkpoint: CheckpointState,
     pub open_warnings: Vec<String>,
     pub lock: Option<File>,
 }
@@ -120,7 +159,7 @@ pub(crate) fn now_unix() -> u64 {
 
 impl Store {
     pub fn new(p: StoreParts) -> Self {
-        let configured = p.commit.sb.capacity_bytes;
+        let configured = p.checkpoint.sb.capacity_bytes;
         Store {
             backend: p.backend,
             pool: p.pool,
@@ -129,6 +168,9 @@ impl Store {
             meta: Mutex::new(p.meta),
             gate: RwLock::new(()),
             commit: Mutex::new(p.commit),
+            checkpoint: Mutex::new(p.checkpoint),
+            checkpoint_running: AtomicBool::new(false),
+            deferred_frees: Mutex::new(Vec::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mutations: AtomicU64::new(0),
             fail: FailState::default(),
@@ -255,7 +297,9 @@ impl Store {
 
     // ------------------------------------------------------------ commit
 
-    /// Make everything written so far durable (group commit).
+    /// Make everything written so far durable (group commit); checkpoint
+    /// when forced or when the log or dirty metadata has grown past its
+    /// bound (then without waiting if one already runs).
     pub fn commit(&self, force_checkpoint: bool) -> Result<()> {
         let mut cs = self.commit.lock();
         self.check_writable()?;
@@ -266,8 +310,8 @@ impl Store {
                 self.pool.sync()?;
             }
             if !batch.payload.is_empty() {
-                cs.journal.append(&batch.payload)?;
-                cs.journal.sync()?;
+                cs.log.append(&batch.payload)?;
+                cs.log.sync()?;
             }
             Ok(())
         })();
@@ -276,38 +320,36 @@ impl Store {
             return Err(self.fail_stop(e));
         }
         cs.synced_mutations = seen;
-        let mut freed = if batch.has_pending_frees {
-            // No command still in flight may be reading a grain about to
-            // be freed.
-            let _drain = self.gate.write();
-            self.meta.lock().take_committed()
-        } else {
-            self.meta.lock().take_committed()
-        };
+        let freed = self.take_committed(batch.has_pending_frees);
         let needs = force_checkpoint
-            || cs.journal.offset > LOG_BYTES_MAX
+            || cs.log.offset > LOG_BYTES_MAX
             || self.meta.lock().needs_checkpoint();
-        if needs {
-            match self.checkpoint_locked(&mut cs) {
-                Ok(more) if !more.is_empty() => {
-                    freed.extend(more);
-                    freed.sort_unstable();
-                }
-                Ok(_) => {}
-                Err(e) => return Err(self.fail_stop(e)),
-            }
-        }
         // Punching can take a while (hundreds of MiB after a snapshot
         // delete): other commits, client flushes among them, go ahead.
         drop(cs);
         self.punch_and_release(&freed);
+        if needs {
+            self.checkpoint(force_checkpoint)?;
+        }
         Ok(())
+    }
+
+    /// The frees of the batch just made durable, once no command still in
+    /// flight may be reading one of them.
+    fn take_committed(&self, has_frees: bool) -> Vec<u64> {
+        if has_frees {
+            let _drain = self.gate.write();
+            self.meta.lock().take_committed()
+        } else {
+            self.meta.lock().take_committed()
+        }
     }
 
     /// Give freed grains' space back to the file system, then make them
     /// allocatable. In that order: a grain allocatable before its punch
     /// could be taken and written by a writer, and the punch would then
-    /// zero the new data.
+    /// zero the new data. While a checkpoint runs, making them allocatable
+    /// waits for its end.
     ///
     /// Only runs of at least `PUNCH_MIN_GRAINS` adjacent grains are
     /// punched, at most `PUNCH_CHUNK_GRAINS` per call so that writers
@@ -337,66 +379,135 @@ impl Store {
             }
             i = end;
         }
-        self.meta.lock().release(sorted);
+        let mut deferred = self.deferred_frees.lock();
+        if self.checkpoint_running.load(Ordering::Acquire) {
+            deferred.extend_from_slice(sorted);
+        } else {
+            self.meta.lock().release(sorted);
+        }
     }
 
-    /// The generation the next checkpoint starts: the next one, unless its
-    /// slot holds the only valid superblock (the other was found damaged),
-    /// then the one after, whose slot is the damaged one.
-    fn next_generation(cs: &CommitState) -> u64 {
-        let next = cs.journal.generation + 1;
+    /// The generation a checkpoint starts after `current`: the next one,
+    /// unless its slot holds the only valid superblock (the other was found
+    /// damaged), then the one after, whose slot is the damaged one.
+    fn next_generation(current: u64, slot_valid: &[bool; 2]) -> u64 {
+        let next = current + 1;
         let slot = (next % 2) as usize;
-        if cs.slot_valid[slot] && !cs.slot_valid[1 - slot] {
+        if slot_valid[slot] && !slot_valid[1 - slot] {
             next + 1
         } else {
             next
         }
     }
 
-    /// Checkpoint (FORMAT.md §5); returns the frees it made durable, for
-    /// [`Store::punch_and_release`] once the gate is open again.
-    fn checkpoint_locked(&self, cs: &mut CommitState) -> Result<Vec<u64>> {
-        let _drain = self.gate.write();
-        let mut m = self.meta.lock();
-        let next = Self::next_generation(cs);
-        // Step 1: data written since the last commit is durable before any
-        // page that points at it.
-        self.pool.sync()?;
-        // Step 2: images of every page about to be written in place, in the
-        // closing generation's log.
-        let pages = m.encode_dirty_pages();
-        for payload in Meta::image_payloads(&pages, next) {
-            cs.journal.append(&payload)?;
+    /// Checkpoint (FORMAT.md §5). `wait`: wait for a running one to end and
+    /// run anyway; otherwise return at once if one runs.
+    pub fn checkpoint(&self, wait: bool) -> Result<()> {
+        let mut ck = if wait {
+            self.checkpoint.lock()
+        } else {
+            match self.checkpoint.try_lock() {
+                Some(ck) => ck,
+                None => return Ok(()),
+            }
+        };
+        self.check_writable()?;
+        {
+            let _d = self.deferred_frees.lock();
+            self.checkpoint_running.store(true, Ordering::Release);
         }
-        cs.journal.sync()?;
-        // Step 3: pages and catalog.
-        m.write_pages(&pages)?;
-        drop(pages);
+        let r = self.checkpoint_locked(&mut ck);
+        let deferred = {
+            let mut d = self.deferred_frees.lock();
+            self.checkpoint_running.store(false, Ordering::Release);
+            std::mem::take(&mut *d)
+        };
+        drop(ck);
+        if !deferred.is_empty() {
+            self.meta.lock().release(&deferred);
+        }
+        r.map_err(|e| self.fail_stop(e))
+    }
+
+    /// The cut, under the commit lock: drain I/O for a moment, take the
+    /// last records of the closing generation and an encoded copy of every
+    /// dirty page, then make those records durable with GENERATION_END.
+    fn cut(&self, cs: &mut CommitState, ck: &CheckpointState) -> Result<(Cut, Vec<u64>)> {
+        let next = Self::next_generation(cs.log.generation, &ck.slot_valid);
+        let seen = self.mutations.load(Ordering::Acquire);
+        let (batch, cut) = {
+            let _drain = self.gate.write();
+            let mut m = self.meta.lock();
+            let batch = m.take_batch();
+            let cut = Cut {
+                next,
+                pages: m.encode_dirty_pages(),
+                catalog: m.catalog_full().encode(),
+                at: m.cut(),
+            };
+            (batch, cut)
+        };
+        self.pool.sync()?;
+        let mut payload = batch.payload;
+        strata_format::Record::GenerationEnd { next }.encode_into(&mut payload);
+        cs.log.append(&payload)?;
+        cs.log.sync()?;
+        cs.synced_mutations = seen;
+        Ok((cut, self.take_committed(batch.has_pending_frees)))
+    }
+
+    /// Steps of a checkpoint from generation `g` to `next`:
+    /// the cut (above); page images appended to log `g`; pages, count pages
+    /// and catalog in place; the superblock; then log `next` is the one
+    /// commits append to. Commits switch to log `next` at the cut and go on
+    /// while pages are written and synced, unless both logs share a file
+    /// (after a damaged slot, `next` skips a generation), when the commit
+    /// lock is held to the end.
+    fn checkpoint_locked(&self, ck: &mut CheckpointState) -> Result<()> {
+        let mut cs = self.commit.lock();
+        self.check_writable()?;
+        let closing_gen = cs.log.generation;
+        let (cut, freed) = self.cut(&mut cs, ck)?;
+        self.punch_and_release(&freed);
+        let same_file = cut.next % 2 == closing_gen % 2;
+        let mut closing = if same_file {
+            Closing::Held(cs)
+        } else {
+            let c = std::mem::replace(&mut cs.log, ck.logs.start(cut.next));
+            drop(cs);
+            Closing::Owned(c)
+        };
+        // Page images, so a page torn in place is rewritten whole by replay.
+        for payload in Meta::image_payloads(&cut.pages, cut.next) {
+            closing.log().append(&payload)?;
+        }
+        closing.log().sync()?;
+        // Pages and catalog in place.
+        Meta::write_pages_to(&self.pool, &self.refs, &cut.pages)?;
         self.pool.sync()?;
         self.refs.sync()?;
-        let catalog = m.catalog_full().encode();
-        let cat_file = self.backend.open(catalog_file(next), true)?;
-        cat_file.write_at(&catalog, 0)?;
-        cat_file.set_len(catalog.len() as u64)?;
+        let cat_file = self.backend.open(catalog_file(cut.next), true)?;
+        cat_file.write_at(&cut.catalog, 0)?;
+        cat_file.set_len(cut.catalog.len() as u64)?;
         cat_file.sync()?;
-        // Step 4: superblock.
-        let mut sb = cs.sb.clone();
+        // The superblock.
+        let mut sb = ck.sb.clone();
         sb.version = strata_format::FORMAT_VERSION;
-        sb.generation = next;
-        sb.pool_grains = m.hwm();
-        sb.catalog_bytes = catalog.len() as u64;
-        sb.catalog_checksum = crc32c::crc32c(&catalog);
-        let slot = (next % 2) as usize;
+        sb.generation = cut.next;
+        sb.pool_grains = cut.at.1;
+        sb.catalog_bytes = cut.catalog.len() as u64;
+        sb.catalog_checksum = crc32c::crc32c(&cut.catalog);
+        let slot = (cut.next % 2) as usize;
         self.super_file
             .write_at(&sb.encode(), slot as u64 * SUPER_SLOT_BYTES as u64)?;
         self.super_file.sync()?;
-        cs.slot_valid[slot] = true;
-        cs.sb = sb;
-        // Step 5: the next generation's log starts over.
-        cs.journal.reset(next);
-        cs.synced_mutations = self.mutations.load(Ordering::Acquire);
-        m.checkpointed();
-        Ok(m.take_all())
+        ck.slot_valid[slot] = true;
+        ck.sb = sb;
+        if let Closing::Held(mut cs) = closing {
+            cs.log = ck.logs.start(cut.next);
+        }
+        self.meta.lock().checkpointed(cut.at);
+        Ok(())
     }
 
     /// Checkpoint now if dirty metadata far exceeds the cache budget (called
@@ -407,7 +518,12 @@ impl Store {
             (m.cache_over_budget(), m.log_len() > LOG_BUFFER_BYTES_MAX)
         };
         if over {
-            self.commit(true)?;
+            // Memory is bounded: wait for a checkpoint (the commit may have
+            // run one already).
+            self.commit(false)?;
+            if self.meta.lock().cache_over_budget() {
+                self.checkpoint(true)?;
+            }
         } else if log_full {
             // Bound the memory of the log buffer: commit early (harmless;
             // a commit only makes more durable than the client asked for).

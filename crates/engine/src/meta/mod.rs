@@ -41,6 +41,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::Allocator;
+pub use pages::EncodedPage;
 
 /// What a commit takes out of the metadata state.
 pub struct Batch {
@@ -245,22 +246,7 @@ impl Meta {
         freed
     }
 
-    /// Everything in memory was checkpointed: all pending frees are durable.
-    /// Returns them, sorted and still unallocatable, as [`Meta::take_committed`].
-    pub fn take_all(&mut self) -> Vec<u64> {
-        let mut freed = std::mem::take(&mut self.pending_committing);
-        freed.append(&mut self.pending_current);
-        self.decreased_committing.clear();
-        self.decreased_current.clear();
-        self.log.clear();
-        self.dirty_versions.clear();
-        self.catalog_dirty = false;
-        freed.sort_unstable();
-        freed
-    }
-
-    /// Make grains returned by [`Meta::take_committed`] or
-    /// [`Meta::take_all`] allocatable.
+    /// Make grains returned by [`Meta::take_committed`] allocatable.
     pub fn release(&mut self, grains: &[u64]) {
         for &g in grains {
             self.pending_set.remove(&g);

@@ -10,6 +10,10 @@ use strata_format::{
     GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
 };
 
+use std::sync::Arc;
+
+use strata_storage::Storage;
+
 use super::{corrupt, Meta};
 use crate::cache::{PageData, PageKey};
 use crate::error::Result;
@@ -266,7 +270,11 @@ impl Meta {
 
     /// Write encoded pages in place (checkpoint step 3); adjacent pages go
     /// out as one write of at most 1 MiB.
-    pub fn write_pages(&self, pages: &[EncodedPage]) -> Result<()> {
+    pub fn write_pages_to(
+        pool: &Arc<dyn Storage>,
+        refs: &Arc<dyn Storage>,
+        pages: &[EncodedPage],
+    ) -> Result<()> {
         let place = |k: &PageKey| match k {
             PageKey::Map(g) => (0u8, *g),
             PageKey::Ref(p) => (1u8, *p),
@@ -286,17 +294,23 @@ impl Meta {
             for p in &pages[i..j] {
                 run.extend_from_slice(&p.bytes[..]);
             }
-            let target = if kind == 0 { &self.pool } else { &self.refs };
+            let target = if kind == 0 { pool } else { refs };
             target.write_at(&run, first * GRAIN_BYTES)?;
             i = j;
         }
         Ok(())
     }
 
-    /// The checkpoint is durable: every page is clean, and count pages below
-    /// `hwm` now exist on disk.
-    pub fn checkpointed(&mut self) {
-        self.cache.mark_all_clean();
-        self.durable_hwm = self.alloc.hwm;
+    /// Where a checkpoint cuts: (page-change sequence, pool end). The pages
+    /// dirty at the cut are what `encode_dirty_pages` returns now.
+    pub fn cut(&self) -> (u64, u64) {
+        (self.cache.cut(), self.alloc.hwm)
+    }
+
+    /// The checkpoint that cut at `cut` is durable: the pages it wrote are
+    /// clean, and count pages below the cut's pool end exist on disk.
+    pub fn checkpointed(&mut self, cut: (u64, u64)) {
+        self.cache.mark_clean_upto(cut.0);
+        self.durable_hwm = cut.1;
     }
 }
