@@ -85,7 +85,7 @@ fn one_run(run: u64) {
     let admin = {
         let (ds, stop) = (ds.clone(), stop.clone());
         std::thread::spawn(move || {
-            let mut i = 0;
+            let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let r = if i.is_multiple_of(3) {
