@@ -139,6 +139,11 @@ fn gauges(ds: &Datastore) -> Vec<Gauge> {
             i.provisioned_bytes as f64,
         ),
         Gauge::new(
+            "strata_datastore_checkpoints",
+            "Checkpoints completed since the datastore was opened",
+            i.checkpoints as f64,
+        ),
+        Gauge::new(
             "strata_datastore_fail_stopped",
             "1 when the datastore stopped accepting writes after an error (see strata status)",
             if i.fail_stop.is_some() { 1.0 } else { 0.0 },

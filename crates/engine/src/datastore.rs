@@ -104,6 +104,8 @@ pub struct DatastoreInfo {
     /// Set when the datastore stopped accepting writes after an error
     /// (reads go on); reopening it recovers from its log.
     pub fail_stop: Option<FailStop>,
+    /// Checkpoints completed since the datastore was opened.
+    pub checkpoints: u64,
 }
 
 /// A datastore opened for reading and writing. Cheap to clone.
@@ -405,6 +407,7 @@ impl Datastore {
             metadata_cache_bytes: m.cache_bytes(),
             reclaiming: m.orphans(),
             fail_stop: self.inner.failed(),
+            checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
         }
     }
 

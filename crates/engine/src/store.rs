@@ -121,6 +121,8 @@ pub(crate) struct Store {
     /// wait here.
     checkpoint_running: AtomicBool,
     deferred_frees: Mutex<Vec<u64>>,
+    /// Checkpoints completed since open.
+    pub checkpoints: AtomicU64,
     pub stripes: Vec<Mutex<()>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
@@ -171,6 +173,7 @@ impl Store {
             checkpoint: Mutex::new(p.checkpoint),
             checkpoint_running: AtomicBool::new(false),
             deferred_frees: Mutex::new(Vec::new()),
+            checkpoints: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mutations: AtomicU64::new(0),
             fail: FailState::default(),
@@ -507,6 +510,7 @@ impl Store {
             cs.log = ck.logs.start(cut.next);
         }
         self.meta.lock().checkpointed(cut.at);
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
