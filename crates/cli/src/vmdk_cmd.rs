@@ -507,9 +507,11 @@ pub fn info(path: &Path) -> Result<Value, Error> {
             let (kind, file, grain) = match &e.imp {
                 ExtentImpl::Flat { name, .. } => ("flat", name.clone(), None),
                 ExtentImpl::Zero => ("zero", String::new(), None),
-                ExtentImpl::Sparse(s) => {
-                    (s.format.name(), s.name().to_string(), Some(s.grain_bytes()))
-                }
+                ExtentImpl::Sparse(s) => (
+                    s.format().name(),
+                    s.name().to_string(),
+                    Some(s.grain_bytes()),
+                ),
             };
             extents.push(json!({
                 "type": e.line_type.name(), "format": kind, "file": file,

@@ -340,7 +340,7 @@ impl VmdkImage {
                     DescriptorHome::None,
                 ),
             };
-            let sectors = sp.capacity;
+            let sectors = sp.capacity_sectors();
             return Ok(Link {
                 name: name.to_string(),
                 descriptor,
@@ -413,8 +413,8 @@ impl VmdkImage {
                     let sp = SparseExtent::open(ef, &file_name, ew)?;
                     // QEMU accepts KDMV or COWD for both SPARSE and VMFSSPARSE.
                     let ok = match line.kind {
-                        ExtentType::SeSparse => sp.format == SparseFormat::SeSparse,
-                        _ => sp.format != SparseFormat::SeSparse,
+                        ExtentType::SeSparse => sp.format() == SparseFormat::SeSparse,
+                        _ => sp.format() != SparseFormat::SeSparse,
                     };
                     if !ok {
                         return Err(VmdkError::malformed(
@@ -423,7 +423,7 @@ impl VmdkImage {
                                 "extent {:?} is declared {} but the file is {}",
                                 line.file,
                                 line.kind.name(),
-                                sp.format.name()
+                                sp.format().name()
                             ),
                         ));
                     }
@@ -465,7 +465,7 @@ impl VmdkImage {
     }
 
     fn synthetic(name: &str, sp: &SparseExtent) -> Descriptor {
-        let create_type = match sp.format {
+        let create_type = match sp.format() {
             SparseFormat::Kdmv if sp.compressed() => "streamOptimized",
             SparseFormat::Kdmv => "monolithicSparse",
             SparseFormat::Cowd => "vmfsSparse",
@@ -479,7 +479,7 @@ impl VmdkImage {
             parent_hint: None,
             extents: vec![crate::descriptor::ExtentLine {
                 access: Access::Rw,
-                sectors: sp.capacity,
+                sectors: sp.capacity_sectors(),
                 kind: ExtentType::Sparse,
                 file: name.to_string(),
                 offset: 0,
@@ -546,7 +546,7 @@ impl VmdkImage {
         virt: u64,
     ) -> Result<()> {
         let gb = s.grain_bytes();
-        let cap = s.capacity * SECTOR;
+        let cap = s.capacity_sectors() * SECTOR;
         let mut pos = 0usize;
         while pos < buf.len() {
             let o = ext_off + pos as u64;
@@ -647,7 +647,7 @@ impl VmdkImage {
                 ExtentImpl::Flat { .. } => Self::push(out, n, RangeState::Data),
                 ExtentImpl::Sparse(s) => {
                     let gb = s.grain_bytes();
-                    let cap = s.capacity * SECTOR;
+                    let cap = s.capacity_sectors() * SECTOR;
                     let mut p = 0u64;
                     while p < n && out.len() < max_runs {
                         let o = ext_off + p;
@@ -783,7 +783,7 @@ impl VmdkImage {
             ));
         }
         let total = zero_len.unwrap_or(buf.len() as u64);
-        let cap = s.capacity * SECTOR;
+        let cap = s.capacity_sectors() * SECTOR;
         let mut pos = 0u64;
         while pos < total {
             let o = ext_off + pos;
@@ -859,7 +859,7 @@ impl VmdkImage {
                         if already && !(unmap && whole && cur_g == Gte::Unalloc && has_parent) {
                             // reads zero already; nothing to do
                         } else if whole && s.has_zero_entries() {
-                            let target = if unmap && s.format == SparseFormat::SeSparse {
+                            let target = if unmap && s.format() == SparseFormat::SeSparse {
                                 Gte::Unmapped
                             } else {
                                 Gte::Zero
@@ -904,7 +904,7 @@ impl VmdkImage {
         let _g = self.io.write();
         let mut out = Vec::new();
         for s in self.links[0].sparse() {
-            if s.format == SparseFormat::SeSparse {
+            if s.format() == SparseFormat::SeSparse {
                 out.push(s.shrink(progress)?);
             }
         }
