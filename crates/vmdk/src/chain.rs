@@ -19,6 +19,7 @@ use strata_storage::{Backend, Storage};
 
 use crate::descriptor::{Access, Descriptor, ExtentType, NO_PARENT_CID};
 use crate::error::{Result, VmdkError, VmdkErrorKind};
+use crate::lock::LockingBackend;
 use crate::sparse::{
     ExtentCheck, Gte, KdmvHeader, ShrinkReport, SparseExtent, SparseFormat, COWD_MAGIC, KDMV_MAGIC,
     SECTOR, SESPARSE_MAGIC,
@@ -34,6 +35,10 @@ pub struct OpenOptions {
     /// Open the top link for writing (parents are always read-only).
     pub writable: bool,
     pub max_depth: usize,
+    /// Lock the files (see `crate::lock`): exclusive on a writable top
+    /// link's, shared on the rest. Off only for inspection that must work
+    /// while a server writes the files (`vmdk info`, `vmdk check`).
+    pub lock: bool,
 }
 
 impl Default for OpenOptions {
@@ -41,6 +46,7 @@ impl Default for OpenOptions {
         Self {
             writable: false,
             max_depth: DEFAULT_MAX_DEPTH,
+            lock: true,
         }
     }
 }
@@ -230,6 +236,11 @@ impl VmdkImage {
 
     /// Open `name` in `backend` (parents are looked up in the same backend).
     pub fn open_in(backend: Arc<dyn Backend>, name: &str, opts: &OpenOptions) -> Result<Self> {
+        let files: Arc<dyn Backend> = if opts.lock {
+            Arc::new(LockingBackend::new(backend.clone()))
+        } else {
+            backend.clone()
+        };
         let mut links = Vec::new();
         let mut seen = HashSet::new();
         let mut next = Some((normalize(name), None::<(String, u32)>));
@@ -250,7 +261,7 @@ impl VmdkImage {
                 ));
             }
             let writable = opts.writable && links.is_empty();
-            let link = Self::open_link(&*backend, &n, writable).map_err(|e| match &child {
+            let link = Self::open_link(&*files, &n, writable).map_err(|e| match &child {
                 Some((c, _)) if e.kind == VmdkErrorKind::Io => {
                     VmdkError::chain(c, format!("cannot open its parent {n}: {}", e.what))
                 }
@@ -296,7 +307,10 @@ impl VmdkImage {
         } else {
             backend.open_read_only(name)
         }
-        .map_err(|e| VmdkError::io(name, e))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => VmdkError::in_use(name, writable),
+            _ => VmdkError::io(name, e),
+        })
     }
 
     fn open_link(backend: &dyn Backend, name: &str, writable: bool) -> Result<Link> {
