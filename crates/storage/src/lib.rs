@@ -50,9 +50,9 @@ pub trait Storage: Send + Sync {
     /// Take an advisory lock on the object, held until this handle
     /// (its last clone) is dropped. Fails with [`io::ErrorKind::WouldBlock`]
     /// when another holder's lock conflicts (shared locks coexist; an
-    /// exclusive one excludes every other). Files take an OFD lock (see
-    /// [`FileBackend`]); stores without locks, like the simulator, succeed
-    /// without doing anything.
+    /// exclusive one excludes every other). Files take OFD locks (see
+    /// [`FileBackend`]); stores without locks, like the simulator, and file
+    /// systems without OFD locks succeed without doing anything.
     fn try_lock(&self, mode: LockMode) -> io::Result<()> {
         let _ = mode;
         Ok(())
@@ -321,6 +321,12 @@ impl Storage for FileStorage {
             let _ = self.ofd_lock(libc::F_OFD_SETLK, libc::F_UNLCK, b);
         }
         match e.raw_os_error() {
+            // No OFD locks here (old kernel, some network file systems):
+            // open unlocked, as QEMU does with locking=auto.
+            Some(libc::ENOLCK)
+            | Some(libc::EOPNOTSUPP)
+            | Some(libc::EINVAL)
+            | Some(libc::ENOSYS) => Ok(()),
             Some(libc::EAGAIN) | Some(libc::EACCES) => Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
