@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeHeader, SeVolatile};
+use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeSparseHeader, SeSparseVolatile};
 
 fuzz_target!(|data: &[u8]| {
     let mut b = [0u8; 512];
@@ -12,11 +12,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(h) = KdmvHeader::decode(&b) {
         assert_eq!(KdmvHeader::decode(&h.encode()), Ok(h));
     }
-    if let Ok(h) = SeHeader::decode(&b) {
-        assert_eq!(SeHeader::decode(&h.encode()), Ok(h));
+    if let Ok(h) = SeSparseHeader::decode(&b) {
+        assert_eq!(SeSparseHeader::decode(&h.encode()), Ok(h));
     }
-    if let Ok(v) = SeVolatile::decode(&b) {
-        assert_eq!(SeVolatile::decode(&v.encode()), Ok(v));
+    if let Ok(v) = SeSparseVolatile::decode(&b) {
+        assert_eq!(SeSparseVolatile::decode(&v.encode()), Ok(v));
     }
     if let Ok(h) = CowdHeader::decode(data) {
         assert_eq!(CowdHeader::decode(&h.encode()), Ok(h));

@@ -82,6 +82,41 @@ pub fn spawn_server(
         .expect("spawn control thread")
 }
 
+/// The control socket of a VMDK-only server (no datastore): answers
+/// `status` with `status`, refuses every other request, until `stop` is set.
+pub fn spawn_vmdk_server(
+    listener: UnixListener,
+    status: Value,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    thread::Builder::new()
+        .name("control-vmdk".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let Ok(mut out) = conn.try_clone() else {
+                    continue;
+                };
+                let mut reader = BufReader::new(std::io::Read::take(conn, REQUEST_BYTES_MAX));
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let reply = match serde_json::from_str::<Request>(&line) {
+                    Ok(Request::Status) => json!({ "ok": status }),
+                    _ => json!({"error": {"kind": "refused", "message":
+                        "this server serves VMDK files only (no datastore); it answers status only"}}),
+                };
+                let _ = writeln!(out, "{reply}");
+            }
+        })
+        .expect("spawn control thread")
+}
+
 fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
     let mut out = match conn.try_clone() {
         Ok(c) => c,

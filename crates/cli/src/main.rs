@@ -1,6 +1,7 @@
 //! `strata`: the command-line tool and server of the strata disk engine.
 
 mod control;
+mod holders;
 mod ops;
 mod serve;
 mod units;
@@ -174,14 +175,16 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum VmdkCmd {
-    /// Show a VMDK chain link by link: create type, CIDs, extents
+    /// Show a VMDK chain link by link: create type, CIDs, extents (takes no lock: works on served
+    /// files)
     Info {
         path: PathBuf,
         #[command(flatten)]
         json: JsonFlag,
     },
     /// Check grain directories and tables of every link: out-of-file, doubly used and bad
-    /// entries; exits 1 when errors remain
+    /// entries; exits 1 when errors remain. Without --repair it takes no lock (works on served
+    /// files, which may be mid-update); with --repair a file in use is refused
     Check {
         path: PathBuf,
         /// Fix what needs no guessing (in the top link): clear never-written grains, give doubly
@@ -192,6 +195,7 @@ enum VmdkCmd {
         json: JsonFlag,
     },
     /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system
+    /// (refused while the file is served or otherwise in use)
     Shrink {
         path: PathBuf,
         #[command(flatten)]

@@ -16,8 +16,9 @@ use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vmdk::VmdkImage;
 
-use crate::control;
 use crate::ops::{self, LockOutcome};
+use crate::vmdk_cmd::Access;
+use crate::{control, holders};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -38,10 +39,12 @@ pub struct ServeArgs {
     init: bool,
     /// Also serve a VMDK (a descriptor or sparse file; its parent chain is followed) as it is,
     /// read-write where the format allows, as export NAME (default: the file's stem).
-    /// Repeatable. Without a datastore in the directory, only the VMDKs are served.
+    /// Repeatable. Without a datastore in the directory, only the VMDKs are served, each with a
+    /// control socket PATH.strata.sock. The files are locked while served: the top link's
+    /// exclusively, its parents' shared (other servers may share a base)
     #[arg(long, value_name = "[NAME=]PATH")]
     vmdk: Vec<String>,
-    /// Serve the --vmdk images read-only
+    /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     vmdk_read_only: bool,
 }
@@ -211,9 +214,35 @@ fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
-/// Open every `--vmdk [NAME=]PATH`.
-fn open_vmdks(args: &ServeArgs) -> Result<Vec<(String, Arc<VmdkImage>)>, Error> {
-    let mut out: Vec<(String, Arc<VmdkImage>)> = Vec::new();
+/// One `--vmdk` export as opened.
+struct OpenedVmdk {
+    name: String,
+    path: PathBuf,
+    img: Arc<VmdkImage>,
+}
+
+fn export_list(v: &[OpenedVmdk]) -> Vec<(String, Arc<VmdkImage>)> {
+    v.iter().map(|o| (o.name.clone(), o.img.clone())).collect()
+}
+
+/// Record this server as the holder of every file it locked (see holders.rs).
+fn record_holders(v: &[OpenedVmdk], sockets: &[Option<PathBuf>]) -> Vec<holders::Records> {
+    v.iter()
+        .zip(sockets)
+        .map(|(o, sock)| {
+            holders::record(
+                &o.img,
+                crate::vmdk_cmd::folder(&o.path),
+                "strata serve --vmdk",
+                sock.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// Open every `--vmdk [NAME=]PATH`, locked (docs/FORMAT.md §9.5).
+fn open_vmdks(args: &ServeArgs) -> Result<Vec<OpenedVmdk>, Error> {
+    let mut out: Vec<OpenedVmdk> = Vec::new();
     for spec in &args.vmdk {
         let (name, path) = match spec.split_once('=') {
             Some((n, p)) if !n.contains('/') => (n.to_string(), PathBuf::from(p)),
@@ -226,16 +255,41 @@ fn open_vmdks(args: &ServeArgs) -> Result<Vec<(String, Arc<VmdkImage>)>, Error> 
                 (stem, p)
             }
         };
-        if out.iter().any(|(n, _)| *n == name) {
+        if out.iter().any(|o| o.name == name) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!("two --vmdk exports are named '{name}'; name them with NAME=PATH"),
             ));
         }
-        let img = crate::vmdk_cmd::open_vmdk(&path, !args.vmdk_read_only)?;
-        out.push((name, Arc::new(img)));
+        let access = if args.vmdk_read_only {
+            Access::Read
+        } else {
+            Access::Write
+        };
+        let img = crate::vmdk_cmd::open_vmdk(&path, access)?;
+        out.push(OpenedVmdk {
+            name,
+            path,
+            img: Arc::new(img),
+        });
     }
     Ok(out)
+}
+
+/// The control socket of a VMDK-only server for the export opened from
+/// `top`: `<top>.strata.sock`, or `<top>.strata-<pid>.sock` when another
+/// live server (a read-only one of the same file) answers there already.
+fn vmdk_socket_path(top: &Path) -> PathBuf {
+    let plain = PathBuf::from(format!("{}.strata.sock", top.display()));
+    if std::os::unix::net::UnixStream::connect(&plain).is_ok() {
+        return PathBuf::from(format!(
+            "{}.strata-{}.sock",
+            top.display(),
+            std::process::id()
+        ));
+    }
+    let _ = std::fs::remove_file(&plain); // left by a killed server
+    plain
 }
 
 pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> {
@@ -245,10 +299,11 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
             "nothing to serve on: give --nbd-unix PATH and/or --nbd-tcp HOST:PORT",
         ));
     }
-    let vmdks = open_vmdks(args)?;
-    if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !vmdks.is_empty() {
-        return serve_only_vmdks(args, vmdks);
+    let opened = open_vmdks(args)?;
+    if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
+        return serve_only_vmdks(args, opened);
     }
+    let vmdks = export_list(&opened);
     if args.init && !dir.join(strata_format::FILE_SUPER).exists() {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create datastore directory", e))?;
         Datastore::init(
@@ -290,6 +345,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let registry = Arc::new(StatsRegistry::new());
     let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), stop.clone());
+    let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
     let stats = (!args.no_stats).then(|| registry.clone());
     for (n, _) in &vmdks {
@@ -424,23 +480,49 @@ fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
 }
 
 /// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
-fn serve_only_vmdks(
-    args: &ServeArgs,
-    vmdks: Vec<(String, Arc<VmdkImage>)>,
-) -> Result<ExitCode, Error> {
+/// Each export gets a control socket next to its top file, which answers
+/// `status`, so that a refused `vmdk shrink` can name this server.
+fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
     let stop = stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
-    let list = vmdks.clone();
+    let list = export_list(&opened);
+    let mut sockets: Vec<Option<PathBuf>> = Vec::new();
+    let mut ctl_threads = Vec::new();
+    for o in &opened {
+        let p = vmdk_socket_path(&o.path);
+        match UnixListener::bind(&p) {
+            Ok(l) => {
+                let status = serde_json::json!({
+                    "server": "strata serve --vmdk",
+                    "pid": std::process::id(),
+                    "export": o.name,
+                    "file": o.path.display().to_string(),
+                    "read_only": o.img.read_only(),
+                });
+                ctl_threads.push(control::spawn_vmdk_server(l, status, stop.clone()));
+                sockets.push(Some(p));
+            }
+            Err(e) => {
+                eprintln!(
+                    "strata: no control socket for export {} ({}: {e}); refusals will name only the pid",
+                    o.name,
+                    p.display()
+                );
+                sockets.push(None);
+            }
+        }
+    }
+    let held = record_holders(&opened, &sockets);
     let server = NbdServer::new(
         Arc::new(Exports {
             ds: None,
-            vmdks,
+            vmdks: list.clone(),
             stats: (!args.no_stats).then(|| registry.clone()),
         }),
         ServerOptions::default(),
     );
     println!("strata: serving VMDK files (no datastore)");
-    for (n, img) in &list {
+    for ((n, img), sock) in list.iter().zip(&sockets) {
         println!(
             "  export {n}: {} ({}, {} links{})",
             img.links[0].name,
@@ -448,12 +530,26 @@ fn serve_only_vmdks(
             img.links.len(),
             if img.read_only() { ", read-only" } else { "" }
         );
+        if let Some(s) = sock {
+            println!("    control socket {}", s.display());
+        }
     }
     listen(&server, args, &list[0].0)?;
     let http = start_http(args, None, registry)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
+    for s in sockets.iter().flatten() {
+        // Wake the control thread so it sees the stop flag.
+        let _ = std::os::unix::net::UnixStream::connect(s);
+    }
+    for t in ctl_threads {
+        let _ = t.join();
+    }
+    for s in sockets.iter().flatten() {
+        let _ = std::fs::remove_file(s);
+    }
     flush_vmdks(&list);
+    drop(held);
     eprintln!("strata: VMDK files flushed");
     Ok(ExitCode::SUCCESS)
 }

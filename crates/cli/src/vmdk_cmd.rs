@@ -27,6 +27,7 @@ const UNMAP_OK: ZeroOptions = ZeroOptions {
 
 fn verr(e: strata_vmdk::VmdkError) -> Error {
     let kind = match e.kind {
+        strata_vmdk::VmdkErrorKind::InUse => ErrorKind::Locked,
         strata_vmdk::VmdkErrorKind::Io => ErrorKind::Io,
         strata_vmdk::VmdkErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
         strata_vmdk::VmdkErrorKind::ReadOnly => ErrorKind::Refused,
@@ -44,16 +45,66 @@ fn io(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
-/// Open a VMDK chain read-only (or writable) from a path.
-pub fn open_vmdk(path: &Path, writable: bool) -> Result<VmdkImage, Error> {
+/// How a command opens a VMDK chain, and so which locks it takes
+/// (docs/FORMAT.md §9.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read-only, no locks: works while a server writes the files, and may
+    /// then see them mid-update (`vmdk info`, `vmdk check` without repair).
+    Inspect,
+    /// Read-only, shared locks on every file: refused while a writer holds
+    /// the top (import, `serve --vmdk-read-only`).
+    Read,
+    /// The top link writable and locked exclusively, parents shared.
+    Write,
+}
+
+/// Open a VMDK chain from a path. A file locked by another process is
+/// refused with the holder named, as far as strata recorded it.
+pub fn open_vmdk(path: &Path, access: Access) -> Result<VmdkImage, Error> {
     VmdkImage::open(
         path,
         &OpenOptions {
-            writable,
+            writable: access == Access::Write,
+            lock: access != Access::Inspect,
             ..Default::default()
         },
     )
-    .map_err(verr)
+    .map_err(|e| {
+        if e.kind != strata_vmdk::VmdkErrorKind::InUse {
+            return verr(e);
+        }
+        in_use(&folder(path).join(&e.file), access)
+    })
+}
+
+/// The refusal of a locked file, naming its holders.
+fn in_use(file: &Path, access: Access) -> Error {
+    let holders = crate::holders::describe(file);
+    let who = if holders.is_empty() {
+        "another process (no strata process recorded holding it: QEMU, VMware or another tool may have it open)".to_string()
+    } else {
+        holders.join(" and ")
+    };
+    let what = if access == Access::Write {
+        "cannot open it for writing"
+    } else {
+        "cannot read it consistently while it is written"
+    };
+    Error::new(
+        ErrorKind::Locked,
+        format!(
+            "{} is in use by {who}; {what} (stop that first)",
+            file.display()
+        ),
+    )
+}
+
+/// The folder a chain opened from `path` resolves its names in.
+pub fn folder(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// What kind of image a file is, by content.
@@ -261,7 +312,7 @@ fn import_vmdk(
     prov: Provisioning,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Value, Error> {
-    let img = open_vmdk(path, false)?;
+    let img = open_vmdk(path, Access::Read)?;
     let size = img.size_bytes();
     let levels = img.links.len();
     ds.create_disk(name, size, prov, &mut |_, _| {})?;
@@ -499,7 +550,7 @@ pub fn export(
 
 /// `strata vmdk info`: the chain, link by link.
 pub fn info(path: &Path) -> Result<Value, Error> {
-    let img = open_vmdk(path, false)?;
+    let img = open_vmdk(path, Access::Inspect)?;
     let mut links = Vec::new();
     for l in &img.links {
         let mut extents = Vec::new();
@@ -507,9 +558,11 @@ pub fn info(path: &Path) -> Result<Value, Error> {
             let (kind, file, grain) = match &e.imp {
                 ExtentImpl::Flat { name, .. } => ("flat", name.clone(), None),
                 ExtentImpl::Zero => ("zero", String::new(), None),
-                ExtentImpl::Sparse(s) => {
-                    (s.format.name(), s.name().to_string(), Some(s.grain_bytes()))
-                }
+                ExtentImpl::Sparse(s) => (
+                    s.format().name(),
+                    s.name().to_string(),
+                    Some(s.grain_bytes()),
+                ),
             };
             extents.push(json!({
                 "type": e.line_type.name(), "format": kind, "file": file,
@@ -531,7 +584,16 @@ pub fn info(path: &Path) -> Result<Value, Error> {
 
 /// `strata vmdk check [--repair]`: errors, warnings and repairs per file.
 pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
-    let img = open_vmdk(path, repair)?;
+    let img = open_vmdk(
+        path,
+        if repair {
+            Access::Write
+        } else {
+            Access::Inspect
+        },
+    )?;
+    let held = repair
+        .then(|| crate::holders::record(&img, folder(path), "strata vmdk check --repair", None));
     let res = img.check(repair).map_err(verr)?;
     let mut files = Vec::new();
     let mut errors = 0usize;
@@ -545,7 +607,10 @@ pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
     // After a repair, say what is still wrong.
     let remaining = if repair {
         drop(img);
-        let again = open_vmdk(path, false)?.check(false).map_err(verr)?;
+        drop(held);
+        let again = open_vmdk(path, Access::Inspect)?
+            .check(false)
+            .map_err(verr)?;
         again.iter().map(|(_, c)| c.errors.len()).sum()
     } else {
         errors
@@ -555,7 +620,8 @@ pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
 
 /// `strata vmdk shrink`: compact an SEsparse top link.
 pub fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
-    let img = open_vmdk(path, true)?;
+    let img = open_vmdk(path, Access::Write)?;
+    let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
     let reps = img.shrink(progress).map_err(verr)?;
     Ok(json!(reps
         .iter()

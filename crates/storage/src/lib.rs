@@ -47,6 +47,25 @@ pub trait Storage: Send + Sync {
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
     }
+    /// Take an advisory lock on the object, held until this handle
+    /// (its last clone) is dropped. Fails with [`io::ErrorKind::WouldBlock`]
+    /// when another holder's lock conflicts (shared locks coexist; an
+    /// exclusive one excludes every other). Files take OFD locks (see
+    /// [`FileBackend`]); stores without locks, like the simulator, and file
+    /// systems without OFD locks succeed without doing anything.
+    fn try_lock(&self, mode: LockMode) -> io::Result<()> {
+        let _ = mode;
+        Ok(())
+    }
+}
+
+/// The kind of advisory lock [`Storage::try_lock`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// A read lock: any number of holders, no exclusive one.
+    Shared,
+    /// A write lock: the only holder. The object must be open for writing.
+    Exclusive,
 }
 
 /// A namespace of storage objects (a directory).
@@ -74,6 +93,14 @@ pub trait Backend: Send + Sync {
 // ---------------------------------------------------------------- files
 
 /// Objects are files in one directory.
+///
+/// [`Storage::try_lock`] takes open-file-description locks
+/// (`fcntl(F_OFD_SETLK)`) on the lock bytes of QEMU's image locking
+/// protocol, so QEMU and strata refuse each other as they refuse
+/// themselves. The locks belong to the open file, not the process: two
+/// opens in one process conflict like two processes do, closing another
+/// descriptor of the same file does not drop them, and the kernel releases
+/// them when the file is closed, also when the process is killed.
 pub struct FileBackend {
     dir: PathBuf,
 }
@@ -167,7 +194,61 @@ struct FileStorage {
     path: PathBuf,
 }
 
+/// QEMU's image locking protocol, which [`FileStorage::try_lock`] follows
+/// so that strata and QEMU see each other's locks. Each permission `p` has
+/// two lock bytes: an opener that uses `p` holds a read lock on
+/// `PERM_BASE + p`; one that does not let others use `p` holds a read lock
+/// on `SHARED_BASE + p`. An opener is refused when another open file holds
+/// `SHARED_BASE + p` for a `p` it uses, or `PERM_BASE + p` for a `p` it
+/// does not share.
+mod qemu_lock {
+    pub const PERM_BASE: i64 = 100;
+    pub const SHARED_BASE: i64 = 200;
+    pub const CONSISTENT_READ: i64 = 0;
+    pub const WRITE: i64 = 1;
+    pub const WRITE_UNCHANGED: i64 = 2;
+    pub const RESIZE: i64 = 3;
+
+    /// (permissions used, permissions not shared) of a lock mode: a reader
+    /// reads and wants no writer; a writer reads, writes and grows the
+    /// file and wants no other writer, nor readers that want no writer.
+    pub fn permissions(mode: super::LockMode) -> (&'static [i64], &'static [i64]) {
+        match mode {
+            super::LockMode::Shared => (&[CONSISTENT_READ], &[WRITE, RESIZE]),
+            super::LockMode::Exclusive => (
+                &[CONSISTENT_READ, WRITE, WRITE_UNCHANGED, RESIZE],
+                &[WRITE, RESIZE],
+            ),
+        }
+    }
+}
+
 impl FileStorage {
+    /// One OFD lock call on the single byte `byte`: `F_OFD_SETLK` with
+    /// `l_type`, or `F_OFD_GETLK`, which answers the type of a conflicting
+    /// lock of another open file (`F_UNLCK` if none).
+    fn ofd_lock(
+        &self,
+        cmd: libc::c_int,
+        l_type: libc::c_int,
+        byte: i64,
+    ) -> io::Result<libc::c_int> {
+        // SAFETY: flock is plain old data; all-zero is a valid value
+        // (and l_pid must be 0 for OFD locks).
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = l_type as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = byte as libc::off_t;
+        fl.l_len = 1;
+        // SAFETY: fcntl reads (GETLK: and writes) the flock we own for the
+        // duration of the call, on a descriptor this FileStorage owns.
+        let rc = unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fl.l_type as libc::c_int)
+    }
+
     fn ctx(&self, e: io::Error, what: &str, offset: u64) -> io::Error {
         io::Error::new(
             e.kind(),
@@ -211,6 +292,64 @@ impl Storage for FileStorage {
         self.file
             .set_len(len)
             .map_err(|e| self.ctx(e, "truncate", len))
+    }
+
+    fn try_lock(&self, mode: LockMode) -> io::Result<()> {
+        let (used, unshared) = qemu_lock::permissions(mode);
+        let bytes: Vec<i64> = used
+            .iter()
+            .map(|p| qemu_lock::PERM_BASE + p)
+            .chain(unshared.iter().map(|p| qemu_lock::SHARED_BASE + p))
+            .collect();
+        // Take our bytes first, then look for others: two openers racing
+        // both see each other (and both fail), never neither.
+        let mut conflict = None;
+        for &b in &bytes {
+            if let Err(e) = self.ofd_lock(libc::F_OFD_SETLK, libc::F_RDLCK, b) {
+                conflict = Some(e);
+                break;
+            }
+        }
+        if conflict.is_none() {
+            // Someone refusing to share what we use, or using what we refuse to share.
+            let probes = used
+                .iter()
+                .map(|p| qemu_lock::SHARED_BASE + p)
+                .chain(unshared.iter().map(|p| qemu_lock::PERM_BASE + p));
+            for b in probes {
+                match self.ofd_lock(libc::F_OFD_GETLK, libc::F_WRLCK, b) {
+                    Ok(t) if t == libc::F_UNLCK => {}
+                    Ok(_) => {
+                        conflict = Some(io::Error::from_raw_os_error(libc::EAGAIN));
+                        break;
+                    }
+                    Err(e) => {
+                        conflict = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(e) = conflict else { return Ok(()) };
+        for &b in &bytes {
+            let _ = self.ofd_lock(libc::F_OFD_SETLK, libc::F_UNLCK, b);
+        }
+        match e.raw_os_error() {
+            // No OFD locks here (old kernel, some network file systems):
+            // open unlocked, as QEMU does with locking=auto.
+            Some(libc::ENOLCK)
+            | Some(libc::EOPNOTSUPP)
+            | Some(libc::EINVAL)
+            | Some(libc::ENOSYS) => Ok(()),
+            Some(libc::EAGAIN) | Some(libc::EACCES) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{}: another open file holds a conflicting lock",
+                    self.path.display()
+                ),
+            )),
+            _ => Err(self.ctx(e, "lock", 0)),
+        }
     }
 
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -600,6 +739,32 @@ mod tests {
             }
         }
         assert!(saw_torn_mix, "some seed must tear a write");
+    }
+
+    #[test]
+    fn ofd_locks_share_reads_and_exclude_writers() {
+        let d = tempfile::tempdir().unwrap();
+        let b = FileBackend::new(d.path());
+        b.open("f", true).unwrap();
+        let r1 = b.open_read_only("f").unwrap();
+        let r2 = b.open_read_only("f").unwrap();
+        r1.try_lock(LockMode::Shared).unwrap();
+        r2.try_lock(LockMode::Shared).unwrap();
+        let w = b.open("f", false).unwrap();
+        let e = w.try_lock(LockMode::Exclusive).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        drop((r1, r2));
+        w.try_lock(LockMode::Exclusive).unwrap();
+        let r3 = b.open_read_only("f").unwrap();
+        let e = r3.try_lock(LockMode::Shared).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        let w2 = b.open("f", false).unwrap();
+        let e = w2.try_lock(LockMode::Exclusive).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        // A refused opener leaves no bytes behind: once the writer is gone,
+        // another can lock.
+        drop(w);
+        w2.try_lock(LockMode::Exclusive).unwrap();
     }
 
     #[test]

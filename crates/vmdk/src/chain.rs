@@ -19,6 +19,7 @@ use strata_storage::{Backend, Storage};
 
 use crate::descriptor::{Access, Descriptor, ExtentType, NO_PARENT_CID};
 use crate::error::{Result, VmdkError, VmdkErrorKind};
+use crate::lock::LockingBackend;
 use crate::sparse::{
     ExtentCheck, Gte, KdmvHeader, ShrinkReport, SparseExtent, SparseFormat, COWD_MAGIC, KDMV_MAGIC,
     SECTOR, SESPARSE_MAGIC,
@@ -34,6 +35,10 @@ pub struct OpenOptions {
     /// Open the top link for writing (parents are always read-only).
     pub writable: bool,
     pub max_depth: usize,
+    /// Lock the files (see `crate::lock`): exclusive on a writable top
+    /// link's, shared on the rest. Off only for inspection that must work
+    /// while a server writes the files (`vmdk info`, `vmdk check`).
+    pub lock: bool,
 }
 
 impl Default for OpenOptions {
@@ -41,6 +46,7 @@ impl Default for OpenOptions {
         Self {
             writable: false,
             max_depth: DEFAULT_MAX_DEPTH,
+            lock: true,
         }
     }
 }
@@ -230,6 +236,11 @@ impl VmdkImage {
 
     /// Open `name` in `backend` (parents are looked up in the same backend).
     pub fn open_in(backend: Arc<dyn Backend>, name: &str, opts: &OpenOptions) -> Result<Self> {
+        let files: Arc<dyn Backend> = if opts.lock {
+            Arc::new(LockingBackend::new(backend.clone()))
+        } else {
+            backend.clone()
+        };
         let mut links = Vec::new();
         let mut seen = HashSet::new();
         let mut next = Some((normalize(name), None::<(String, u32)>));
@@ -250,7 +261,7 @@ impl VmdkImage {
                 ));
             }
             let writable = opts.writable && links.is_empty();
-            let link = Self::open_link(&*backend, &n, writable).map_err(|e| match &child {
+            let link = Self::open_link(&*files, &n, writable).map_err(|e| match &child {
                 Some((c, _)) if e.kind == VmdkErrorKind::Io => {
                     VmdkError::chain(c, format!("cannot open its parent {n}: {}", e.what))
                 }
@@ -296,7 +307,10 @@ impl VmdkImage {
         } else {
             backend.open_read_only(name)
         }
-        .map_err(|e| VmdkError::io(name, e))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => VmdkError::in_use(name, writable),
+            _ => VmdkError::io(name, e),
+        })
     }
 
     fn open_link(backend: &dyn Backend, name: &str, writable: bool) -> Result<Link> {
@@ -340,7 +354,7 @@ impl VmdkImage {
                     DescriptorHome::None,
                 ),
             };
-            let sectors = sp.capacity;
+            let sectors = sp.capacity_sectors();
             return Ok(Link {
                 name: name.to_string(),
                 descriptor,
@@ -413,8 +427,8 @@ impl VmdkImage {
                     let sp = SparseExtent::open(ef, &file_name, ew)?;
                     // QEMU accepts KDMV or COWD for both SPARSE and VMFSSPARSE.
                     let ok = match line.kind {
-                        ExtentType::SeSparse => sp.format == SparseFormat::SeSparse,
-                        _ => sp.format != SparseFormat::SeSparse,
+                        ExtentType::SeSparse => sp.format() == SparseFormat::SeSparse,
+                        _ => sp.format() != SparseFormat::SeSparse,
                     };
                     if !ok {
                         return Err(VmdkError::malformed(
@@ -423,7 +437,7 @@ impl VmdkImage {
                                 "extent {:?} is declared {} but the file is {}",
                                 line.file,
                                 line.kind.name(),
-                                sp.format.name()
+                                sp.format().name()
                             ),
                         ));
                     }
@@ -465,7 +479,7 @@ impl VmdkImage {
     }
 
     fn synthetic(name: &str, sp: &SparseExtent) -> Descriptor {
-        let create_type = match sp.format {
+        let create_type = match sp.format() {
             SparseFormat::Kdmv if sp.compressed() => "streamOptimized",
             SparseFormat::Kdmv => "monolithicSparse",
             SparseFormat::Cowd => "vmfsSparse",
@@ -479,7 +493,7 @@ impl VmdkImage {
             parent_hint: None,
             extents: vec![crate::descriptor::ExtentLine {
                 access: Access::Rw,
-                sectors: sp.capacity,
+                sectors: sp.capacity_sectors(),
                 kind: ExtentType::Sparse,
                 file: name.to_string(),
                 offset: 0,
@@ -546,7 +560,7 @@ impl VmdkImage {
         virt: u64,
     ) -> Result<()> {
         let gb = s.grain_bytes();
-        let cap = s.capacity * SECTOR;
+        let cap = s.capacity_sectors() * SECTOR;
         let mut pos = 0usize;
         while pos < buf.len() {
             let o = ext_off + pos as u64;
@@ -647,7 +661,7 @@ impl VmdkImage {
                 ExtentImpl::Flat { .. } => Self::push(out, n, RangeState::Data),
                 ExtentImpl::Sparse(s) => {
                     let gb = s.grain_bytes();
-                    let cap = s.capacity * SECTOR;
+                    let cap = s.capacity_sectors() * SECTOR;
                     let mut p = 0u64;
                     while p < n && out.len() < max_runs {
                         let o = ext_off + p;
@@ -783,7 +797,7 @@ impl VmdkImage {
             ));
         }
         let total = zero_len.unwrap_or(buf.len() as u64);
-        let cap = s.capacity * SECTOR;
+        let cap = s.capacity_sectors() * SECTOR;
         let mut pos = 0u64;
         while pos < total {
             let o = ext_off + pos;
@@ -859,7 +873,7 @@ impl VmdkImage {
                         if already && !(unmap && whole && cur_g == Gte::Unalloc && has_parent) {
                             // reads zero already; nothing to do
                         } else if whole && s.has_zero_entries() {
-                            let target = if unmap && s.format == SparseFormat::SeSparse {
+                            let target = if unmap && s.format() == SparseFormat::SeSparse {
                                 Gte::Unmapped
                             } else {
                                 Gte::Zero
@@ -904,7 +918,7 @@ impl VmdkImage {
         let _g = self.io.write();
         let mut out = Vec::new();
         for s in self.links[0].sparse() {
-            if s.format == SparseFormat::SeSparse {
+            if s.format() == SparseFormat::SeSparse {
                 out.push(s.shrink(progress)?);
             }
         }

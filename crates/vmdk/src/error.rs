@@ -20,6 +20,9 @@ pub enum VmdkErrorKind {
     ReadOnly,
     /// An argument out of range (offset past the end, misaligned).
     InvalidArgument,
+    /// Another open of the file holds a lock that conflicts with ours
+    /// (a server is writing it, or reading it while we want to write).
+    InUse,
 }
 
 /// An error with the file it concerns and a sentence for people.
@@ -53,6 +56,16 @@ impl VmdkError {
         Self::new(VmdkErrorKind::Chain, file, what)
     }
 
+    /// `file` is locked by another open (see `crate::lock`).
+    pub fn in_use(file: &str, for_writing: bool) -> Self {
+        let why = if for_writing {
+            "in use: another process has it open (locked), so it cannot be opened for writing"
+        } else {
+            "in use: another process is writing it (locked), so it cannot be opened for reading"
+        };
+        Self::new(VmdkErrorKind::InUse, file, why)
+    }
+
     pub fn io(file: &str, e: io::Error) -> Self {
         Self::new(VmdkErrorKind::Io, file, e.to_string())
     }
@@ -78,6 +91,7 @@ impl From<VmdkError> for BlockError {
             VmdkErrorKind::Unsupported => ErrorKind::NotSupported,
             VmdkErrorKind::ReadOnly => ErrorKind::ReadOnly,
             VmdkErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+            VmdkErrorKind::InUse => ErrorKind::Io,
         };
         BlockError::new(kind, e.to_string())
     }

@@ -10,6 +10,7 @@ pub mod chain;
 pub mod create;
 pub mod descriptor;
 pub mod error;
+pub mod lock;
 pub mod sparse;
 
 pub use chain::{OpenOptions, RangeState, VmdkImage};

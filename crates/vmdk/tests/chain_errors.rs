@@ -27,6 +27,7 @@ fn open(b: &SimBackend, name: &str, max_depth: usize) -> Result<VmdkImage, Strin
         &OpenOptions {
             writable: false,
             max_depth,
+            ..Default::default()
         },
     )
     .map_err(|e| e.to_string())

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_storage::{Backend, SimBackend};
 use strata_vmdk::create::image_files;
-use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeHeader, SeVolatile};
+use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeSparseHeader, SeSparseVolatile};
 use strata_vmdk::{
     create_image, Descriptor, ImageSpec, OpenOptions, StreamWriter, Subformat, VmdkImage,
 };
@@ -170,7 +170,7 @@ fn hot_ranges(b: &[u8]) -> Vec<Range<usize>> {
         let gt = u32_at(b, gd as usize) * 512;
         v.push(clip(gt..gt + 16384));
     } else if len >= 1024 && u64_at(b, 0) == 0xcafe_babe {
-        let h = SeHeader::decode(&b[..512].try_into().unwrap()).unwrap();
+        let h = SeSparseHeader::decode(&b[..512].try_into().unwrap()).unwrap();
         v.push(0..512);
         v.push(clip(h.volatile.0 * 512..h.volatile.0 * 512 + 64));
         let gd = h.grain_dir.0 * 512;
@@ -645,11 +645,11 @@ proptest! {
         if let Ok(h) = KdmvHeader::decode(&b) {
             prop_assert_eq!(KdmvHeader::decode(&h.encode()), Ok(h));
         }
-        if let Ok(h) = SeHeader::decode(&b) {
-            prop_assert_eq!(SeHeader::decode(&h.encode()), Ok(h));
+        if let Ok(h) = SeSparseHeader::decode(&b) {
+            prop_assert_eq!(SeSparseHeader::decode(&h.encode()), Ok(h));
         }
-        if let Ok(v) = SeVolatile::decode(&b) {
-            prop_assert_eq!(SeVolatile::decode(&v.encode()), Ok(v));
+        if let Ok(v) = SeSparseVolatile::decode(&b) {
+            prop_assert_eq!(SeSparseVolatile::decode(&v.encode()), Ok(v));
         }
         let mut c = b.to_vec();
         c.resize(cowd_len, 0xa5);
@@ -752,7 +752,7 @@ fn regressions_found_by_fuzzing() {
     let base = find("seSparse");
     let mut files = base.files.clone();
     let ext = &mut files[1].1;
-    let h = SeHeader::decode(&ext[..512].try_into().unwrap()).unwrap();
+    let h = SeSparseHeader::decode(&ext[..512].try_into().unwrap()).unwrap();
     let gde = u64_at(ext, (h.grain_dir.0 * 512) as usize);
     let gt = ((h.grain_tables.0 + (gde & 0xffff_ffff) * 64) * 512) as usize;
     ext[gt..gt + 8].copy_from_slice(&0x3fff_ffff_ffff_ffffu64.to_le_bytes());

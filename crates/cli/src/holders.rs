@@ -1,0 +1,153 @@
+//! Who holds a VMDK file. The locks themselves (`strata_vmdk::lock`) are
+//! OFD locks, which do not say who holds them; so every strata process that
+//! locks a chain leaves one small record per locked file in the holder
+//! directory, and a refused open reads the records of its file to name the
+//! holder (a server with its control socket, or a `vmdk shrink`).
+//!
+//! Records: `<runtime>/holders/<dev>-<inode>.<pid>` (one JSON object), where
+//! `<runtime>` is `$STRATA_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/strata`,
+//! else `/tmp/strata-<uid>`. Keyed by device and inode, so any path to the
+//! file finds them. A clean exit removes them; a killed process leaves
+//! them, and readers skip (and delete) records whose process is gone. The
+//! records only name the holder: the locks alone decide who may open.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use strata_vmdk::chain::ExtentImpl;
+use strata_vmdk::VmdkImage;
+
+/// The folder holding the records of this user's strata processes.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("STRATA_RUNTIME_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("strata");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/strata-{uid}"))
+}
+
+fn holders_dir() -> PathBuf {
+    runtime_dir().join("holders")
+}
+
+fn key(file: &Path) -> Option<String> {
+    let m = std::fs::metadata(file).ok()?;
+    Some(format!("{}-{}", m.dev(), m.ino()))
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The records this process wrote; dropping it removes them.
+#[derive(Default)]
+pub struct Records {
+    paths: Vec<PathBuf>,
+}
+
+impl Drop for Records {
+    fn drop(&mut self) {
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Every file a chain opened, as paths, with whether it is the writable
+/// top link's (locked exclusively) or not (locked shared).
+pub fn chain_files(img: &VmdkImage, dir: &Path) -> Vec<(PathBuf, bool)> {
+    let mut out = Vec::new();
+    for l in &img.links {
+        out.push((dir.join(&l.name), l.writable));
+        for e in &l.extents {
+            let name = match &e.imp {
+                ExtentImpl::Flat { name, .. } => name.clone(),
+                ExtentImpl::Sparse(s) => s.name().to_string(),
+                ExtentImpl::Zero => continue,
+            };
+            out.push((dir.join(name), l.writable));
+        }
+    }
+    out
+}
+
+/// Record this process as the holder of every file of `img` (opened from
+/// `dir`): `what` names the program, `socket` is its control socket.
+/// Best effort: a record that cannot be written only makes a later refusal
+/// less specific.
+pub fn record(img: &VmdkImage, dir: &Path, what: &str, socket: Option<&Path>) -> Records {
+    let mut recs = Records::default();
+    let hd = holders_dir();
+    if std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&hd)
+        .is_err()
+    {
+        return recs;
+    }
+    let pid = std::process::id();
+    for (file, exclusive) in chain_files(img, dir) {
+        let Some(k) = key(&file) else { continue };
+        let body = json!({
+            "pid": pid,
+            "what": what,
+            "socket": socket.map(|s| s.display().to_string()),
+            "file": file.display().to_string(),
+            "lock": if exclusive { "exclusive" } else { "shared" },
+        });
+        let p = hd.join(format!("{k}.{pid}"));
+        if std::fs::write(&p, body.to_string()).is_ok() {
+            recs.paths.push(p);
+        }
+    }
+    recs
+}
+
+/// The live holders recorded for `file`, as phrases for people, e.g.
+/// "strata serve --vmdk (pid 42, control socket /v/a.vmdk.strata.sock)".
+pub fn describe(file: &Path) -> Vec<String> {
+    let (Some(k), Ok(rd)) = (key(file), std::fs::read_dir(holders_dir())) else {
+        return Vec::new();
+    };
+    let prefix = format!("{k}.");
+    let mut out = Vec::new();
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().to_string();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let Ok(v) = std::fs::read_to_string(ent.path())
+            .map_err(|_| ())
+            .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
+        else {
+            continue;
+        };
+        let pid = v["pid"].as_u64().unwrap_or(0) as u32;
+        if pid == std::process::id() {
+            continue;
+        }
+        if !alive(pid) {
+            let _ = std::fs::remove_file(ent.path()); // left by a killed process
+            continue;
+        }
+        let what = v["what"].as_str().unwrap_or("strata");
+        let lock = v["lock"].as_str().unwrap_or("a");
+        out.push(match v["socket"].as_str() {
+            Some(s) => format!("{what} (pid {pid}, control socket {s}, {lock} lock)"),
+            None => format!("{what} (pid {pid}, {lock} lock)"),
+        });
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,248 @@
+//! Served VMDK files are locked as QEMU locks images: `serve --vmdk` holds
+//! an exclusive lock on the files of the top link it writes and shared
+//! locks on the parents', so `vmdk shrink`, `vmdk check --repair` and a
+//! second writer are refused with the server named, readers can share a
+//! base, and everything works again once the server stops or is killed.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A store with a 2-link seSparse chain exported from it: (store, base, top).
+fn chain() -> (Store, PathBuf, PathBuf) {
+    let s = Store::new();
+    let dir = s.dir.path().to_path_buf();
+    s.ok(&["create", "d", "--size", "8M"]);
+    s.ok(&["snapshot", "create", "d", "s1"]);
+    s.ok(&[
+        "export",
+        "d",
+        p(&dir.join("vm.vmdk")),
+        "--chain",
+        "--subformat",
+        "seSparse",
+    ]);
+    let (base, top) = (dir.join("vm.vmdk"), dir.join("vm-000001.vmdk"));
+    assert!(base.exists() && top.exists());
+    (s, base, top)
+}
+
+/// Holder records of each test in a folder of its own.
+fn runtime(s: &Store) -> PathBuf {
+    s.dir.path().join("run")
+}
+
+fn strata_cmd(s: &Store, args: &[&str]) -> Output {
+    Command::new(strata())
+        .env("STRATA_RUNTIME_DIR", runtime(s))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(s: &Store, args: &[&str]) -> String {
+    let o = strata_cmd(s, args);
+    assert!(
+        o.status.success(),
+        "strata {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fails(s: &Store, args: &[&str]) -> String {
+    let o = strata_cmd(s, args);
+    assert!(!o.status.success(), "strata {args:?} should have failed");
+    String::from_utf8(o.stderr).unwrap()
+}
+
+/// `strata serve --vmdk FILE` without a datastore, NBD on `tag`.sock.
+fn serve_vmdk(s: &Store, file: &Path, tag: &str, read_only: bool) -> Server {
+    let sock = s.dir.path().join(format!("{tag}.sock"));
+    let mut c = Command::new(strata());
+    c.env("STRATA_RUNTIME_DIR", runtime(s))
+        .args(["--datastore", p(&s.dir.path().join("none")), "serve"])
+        .args(["--nbd-unix", p(&sock), "--vmdk"])
+        .arg(format!("{tag}={}", p(file)));
+    if read_only {
+        c.arg("--vmdk-read-only");
+    }
+    let child = c.stdout(Stdio::null()).spawn().unwrap();
+    wait_for(&sock);
+    Server { child: Some(child) }
+}
+
+/// The refusal names the lock conflict and the server holding the file.
+fn assert_in_use_by(err: &str, srv: &Server, socket: &Path) {
+    assert!(err.contains("in use"), "{err}");
+    assert!(err.contains("strata serve --vmdk"), "{err}");
+    assert!(err.contains(&format!("pid {}", srv.pid())), "{err}");
+    assert!(err.contains(p(socket)), "{err}");
+}
+
+#[test]
+fn a_served_file_refuses_shrink_repair_and_a_second_writer_until_the_server_stops() {
+    let (s, base, top) = chain();
+    let srv = serve_vmdk(&s, &top, "a", false);
+    let ctl = PathBuf::from(format!("{}.strata.sock", p(&top)));
+    wait_for(&ctl);
+
+    let e = fails(&s, &["vmdk", "shrink", p(&top)]);
+    assert_in_use_by(&e, &srv, &ctl);
+    let e = fails(&s, &["vmdk", "check", "--repair", p(&top)]);
+    assert_in_use_by(&e, &srv, &ctl);
+    // The base is shared with the server: no writer either.
+    let e = fails(&s, &["vmdk", "check", "--repair", p(&base)]);
+    assert_in_use_by(&e, &srv, &ctl);
+    let sock_b = s.dir.path().join("b.sock");
+    let e = fails(
+        &s,
+        &[
+            "--datastore",
+            p(&s.dir.path().join("none")),
+            "serve",
+            "--nbd-unix",
+            p(&sock_b),
+            "--vmdk",
+            p(&top),
+        ],
+    );
+    assert_in_use_by(&e, &srv, &ctl);
+    assert!(!sock_b.exists(), "the refused server must not listen");
+
+    // Inspection takes no lock and still works.
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(&s, &["vmdk", "info", p(&top), "--json"])).unwrap();
+    assert_eq!(info["depth"], 2);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&s, &["vmdk", "check", p(&top), "--json"])).unwrap();
+    assert_eq!(v["remaining_errors"], 0, "{v}");
+
+    srv.stop();
+    assert!(!ctl.exists(), "a clean stop removes the control socket");
+    let left: Vec<_> = std::fs::read_dir(runtime(&s).join("holders"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "a clean stop removes its holder records");
+    ok(&s, &["vmdk", "shrink", p(&top)]);
+    ok(&s, &["vmdk", "check", "--repair", p(&top)]);
+    ok(&s, &["vmdk", "check", "--repair", p(&base)]);
+}
+
+#[test]
+fn readers_and_a_writable_child_share_a_base_but_not_with_a_writer() {
+    let (s, base, top) = chain();
+    let r1 = serve_vmdk(&s, &base, "r1", true);
+    let ctl1 = PathBuf::from(format!("{}.strata.sock", p(&base)));
+    wait_for(&ctl1);
+    // A second reader of the same file gets a control socket of its own.
+    let r2 = serve_vmdk(&s, &base, "r2", true);
+    let ctl2 = PathBuf::from(format!("{}.strata-{}.sock", p(&base), r2.pid()));
+    wait_for(&ctl2);
+    // A writable child: exclusive on its own files, shared on the base.
+    let w = serve_vmdk(&s, &top, "w", false);
+    let ctl_w = PathBuf::from(format!("{}.strata.sock", p(&top)));
+    wait_for(&ctl_w);
+    if have("nbdinfo") {
+        for tag in ["r1", "r2", "w"] {
+            let uri = format!(
+                "nbd+unix:///{tag}?socket={}",
+                p(&s.dir.path().join(format!("{tag}.sock")))
+            );
+            run_ok("nbdinfo", &["--size", &uri]);
+        }
+    }
+    // Nobody may write the shared base; the refusal names both readers.
+    let e = fails(&s, &["vmdk", "check", "--repair", p(&base)]);
+    assert_in_use_by(&e, &r1, &ctl1);
+    assert_in_use_by(&e, &r2, &ctl2);
+    // A reader of the top the writer holds is refused too (it would read
+    // tables mid-update).
+    let sock_x = s.dir.path().join("x.sock");
+    let e = fails(
+        &s,
+        &[
+            "--datastore",
+            p(&s.dir.path().join("none")),
+            "serve",
+            "--nbd-unix",
+            p(&sock_x),
+            "--vmdk-read-only",
+            "--vmdk",
+            p(&top),
+        ],
+    );
+    assert_in_use_by(&e, &w, &ctl_w);
+    w.stop();
+    r1.stop();
+    r2.stop();
+    ok(&s, &["vmdk", "check", "--repair", p(&base)]);
+}
+
+#[test]
+fn a_killed_server_leaves_no_lock_behind() {
+    let (s, _base, top) = chain();
+    let srv = serve_vmdk(&s, &top, "a", false);
+    let ctl = PathBuf::from(format!("{}.strata.sock", p(&top)));
+    wait_for(&ctl);
+    let e = fails(&s, &["vmdk", "shrink", p(&top)]);
+    assert_in_use_by(&e, &srv, &ctl);
+    let killed = srv.pid();
+    srv.kill9();
+    // The kernel dropped the OFD locks; the stale record and socket are
+    // skipped and replaced.
+    ok(&s, &["vmdk", "shrink", p(&top)]);
+    let again = serve_vmdk(&s, &top, "b", false);
+    wait_for(&ctl);
+    let e = fails(&s, &["vmdk", "shrink", p(&top)]);
+    assert_in_use_by(&e, &again, &ctl);
+    assert!(
+        !e.contains(&format!("pid {killed},")),
+        "names the killed server: {e}"
+    );
+    again.stop();
+    ok(&s, &["vmdk", "check", "--repair", p(&top)]);
+}
+
+#[test]
+fn qemu_and_strata_see_each_others_locks() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let (s, base, top) = chain();
+    let srv = serve_vmdk(&s, &top, "a", false);
+    wait_for(&PathBuf::from(format!("{}.strata.sock", p(&top))));
+    // qemu-img refuses the file strata writes, and reads the shared base.
+    let o = run("qemu-img", &["info", p(&top)]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("lock"), "{e}");
+    run_ok("qemu-img", &["info", p(&base)]);
+    srv.stop();
+    // A qemu-io session holding the base writable (QEMU cannot write
+    // seSparse) keeps strata from writing it.
+    let mut q = Command::new("qemu-io")
+        .args(["-f", "vmdk", p(&base)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut refused = String::new();
+    for _ in 0..100 {
+        let o = strata_cmd(&s, &["vmdk", "check", "--repair", p(&base)]);
+        if !o.status.success() {
+            refused = String::from_utf8_lossy(&o.stderr).into_owned();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = q.kill();
+    let _ = q.wait();
+    assert!(refused.contains("in use by another process"), "{refused}");
+    ok(&s, &["vmdk", "shrink", p(&top)]);
+}

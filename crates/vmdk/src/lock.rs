@@ -1,0 +1,61 @@
+//! Locks on the files of an open chain, QEMU's behaviour: a chain opened
+//! for writing takes an exclusive lock on every file of its top link (the
+//! descriptor and the extents it writes); every other file it opens, and
+//! every file of a chain opened read-only, takes a shared lock. So one
+//! writer excludes every other opener of its top, and any number of
+//! readers, or children, can share a base. The locks are advisory
+//! ([`strata_storage::Storage::try_lock`]: OFD locks on QEMU's lock bytes,
+//! so QEMU and strata refuse each other too); the kernel drops them when
+//! the files close, also on SIGKILL.
+//!
+//! [`LockingBackend`] wraps the backend a chain opens its files through, so
+//! the chain code needs no lock calls of its own.
+
+use std::io;
+use std::sync::Arc;
+
+use strata_storage::{Backend, LockMode, Storage};
+
+/// Opens through `inner`, then locks: exclusive for a writable open
+/// ([`Backend::open`]), shared for a read-only one. A conflict is an
+/// [`io::ErrorKind::WouldBlock`] error.
+pub struct LockingBackend {
+    inner: Arc<dyn Backend>,
+}
+
+impl LockingBackend {
+    pub fn new(inner: Arc<dyn Backend>) -> Self {
+        Self { inner }
+    }
+}
+
+fn locked(f: Arc<dyn Storage>, mode: LockMode) -> io::Result<Arc<dyn Storage>> {
+    f.try_lock(mode)?;
+    Ok(f)
+}
+
+impl Backend for LockingBackend {
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn Storage>> {
+        locked(self.inner.open(name, create)?, LockMode::Exclusive)
+    }
+
+    fn open_read_only(&self, name: &str) -> io::Result<Arc<dyn Storage>> {
+        locked(self.inner.open_read_only(name)?, LockMode::Shared)
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        self.inner.exists(name)
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.inner.remove(name)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        self.inner.free_bytes()
+    }
+}
