@@ -51,6 +51,10 @@ impl Backend for LockingBackend {
         self.inner.remove(name)
     }
 
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
