@@ -227,7 +227,7 @@ fn check_reports_damage_and_corrupt_metadata_gets_a_clear_error() {
         "eagerzeroedthick",
     ]);
     assert_eq!(s.json(&["check"])["errors"].as_array().unwrap().len(), 0);
-    // Raise one grain's reference count behind strata's back: a leak.
+    // A flipped bit in a count page: check fails and names the page.
     let refs = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -235,10 +235,25 @@ fn check_reports_damage_and_corrupt_metadata_gets_a_clear_error() {
         .unwrap();
     let mut b = [0u8; 4096];
     refs.read_at(&mut b, 0).unwrap();
-    let g = (1..1024)
-        .find(|&g| u32::from_le_bytes(b[g * 4..g * 4 + 4].try_into().unwrap()) == 1)
+    let good = b;
+    b[4 * 9] ^= 0x10;
+    refs.write_at(&b, 0).unwrap();
+    let o = s.cmd(&["check"]);
+    assert!(!o.status.success(), "check must fail on a damaged page");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("count page 0 (refcount.data byte 0)") && err.contains("checksum"),
+        "{err}"
+    );
+    // Raise one grain's reference count behind strata's back, with a valid
+    // checksum: a leak that only recounting finds.
+    let mut counts = strata_format::decode_ref_page(&good, 0, false).unwrap();
+    let g = (1..strata_format::REFS_PER_PAGE)
+        .find(|&g| counts[g] == 1)
         .unwrap();
-    refs.write_at(&7u32.to_le_bytes(), (g * 4) as u64).unwrap();
+    counts[g] = 7;
+    strata_format::encode_ref_page(0, &counts, &mut b);
+    refs.write_at(&b, 0).unwrap();
     drop(refs);
     let o = s.cmd(&["check"]);
     assert!(

@@ -513,6 +513,7 @@ impl Datastore {
                 self.inner.check_space(
                     m,
                     SpaceRequest {
+                        reserve: true,
                         grains: size_bytes.div_ceil(GRAIN_BYTES),
                         own_reserved: 0,
                     },
@@ -586,6 +587,7 @@ impl Datastore {
                 self.inner.check_space(
                     m,
                     SpaceRequest {
+                        reserve: true,
                         grains: (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES),
                         own_reserved: 0,
                     },

@@ -215,6 +215,7 @@ impl DiskHandle {
         self.inner.check_space(
             m,
             SpaceRequest {
+                reserve: false,
                 grains: wanted,
                 own_reserved,
             },

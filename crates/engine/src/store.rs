@@ -59,6 +59,8 @@ pub(crate) struct FailState {
 
 /// A space request against the one rule (FORMAT.md §7).
 pub(crate) struct SpaceRequest {
+    /// A reservation (thick create or extend) rather than a write.
+    pub reserve: bool,
     /// Grains the operation will take or reserve.
     pub grains: u64,
     /// Of those, grains that fill the caller's own existing reservation (a
@@ -283,12 +285,15 @@ impl Store {
         let wanted = req.grains - req.own_reserved.min(req.grains);
         if used + reserved + wanted > cap {
             let mib = |g: u64| (g * GRAIN_BYTES) >> 20;
+            let what = if req.reserve {
+                format!("cannot reserve {} MiB", mib(req.grains))
+            } else {
+                format!("datastore full: {} MiB asked", mib(req.grains))
+            };
             return err(
                 ErrorKind::NoSpace,
                 format!(
-                    "datastore full: {} MiB asked, capacity {} MiB, {} MiB used, {} MiB reserved \
-                     by thick disks",
-                    mib(req.grains),
+                    "{what}: capacity {} MiB, {} MiB used, {} MiB reserved by thick disks",
                     mib(cap),
                     mib(used),
                     mib(reserved)
