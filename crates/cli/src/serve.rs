@@ -335,6 +335,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     };
     let ds = ops::open_local(dir, lock, cache)?;
     ds.start_reclaimer();
+    ds.start_background_commits();
 
     let stop = stop_flag()?;
 

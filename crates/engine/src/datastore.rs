@@ -368,6 +368,32 @@ impl Datastore {
         );
     }
 
+    /// Commit and checkpoint in the background when the log buffer or the
+    /// dirty metadata passes its bound, so a client write does not wait for
+    /// a data sync nobody asked for (a server calls this; without it, the
+    /// writer that crosses the bound commits). Writers still wait past
+    /// twice the bounds. The thread ends when the datastore is dropped.
+    pub fn start_background_commits(&self) {
+        if self.inner.background.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let kick = self.inner.background.clone();
+        let store = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name("commit".into())
+            .spawn(move || loop {
+                let kicked = kick.wait(std::time::Duration::from_millis(200));
+                let Some(store) = store.upgrade() else { break };
+                if !kicked || store.check_writable().is_err() {
+                    continue;
+                }
+                if let Err(e) = store.commit(false) {
+                    tracing::error!("background commit: {e}");
+                }
+            })
+            .expect("spawn committer");
+    }
+
     fn stop_reclaimer(&self) {
         self.inner.reclaim_stop.store(true, Ordering::Release);
         if let Some(h) = self.inner.reclaimer.lock().take() {

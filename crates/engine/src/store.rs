@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use strata_format::{catalog_file, Superblock, GRAIN_BYTES, SUPER_SLOT_BYTES};
 use strata_storage::{Backend, Storage};
 
@@ -41,6 +41,32 @@ pub const PUNCH_MIN_GRAINS: usize = 16;
 pub(crate) const STRIPES: usize = 1024;
 /// Grains per stripe key.
 pub(crate) const STRIPE_GRAINS_SHIFT: u32 = 4;
+
+/// A wake-up for the background committer.
+#[derive(Default)]
+pub(crate) struct Kick {
+    /// A background committer runs.
+    pub running: AtomicBool,
+    wanted: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Kick {
+    /// Ask for a commit (and the checkpoint it may lead to), without waiting.
+    pub fn kick(&self) {
+        *self.wanted.lock() = true;
+        self.cv.notify_one();
+    }
+
+    /// Wait up to `timeout` for a kick; true if there was one.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut w = self.wanted.lock();
+        if !*w {
+            self.cv.wait_for(&mut w, timeout);
+        }
+        std::mem::take(&mut *w)
+    }
+}
 
 /// Why a datastore stopped accepting writes (see [`Store::fail_stop`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -125,6 +151,9 @@ pub(crate) struct Store {
     deferred_frees: Mutex<Vec<u64>>,
     /// Checkpoints completed since open.
     pub checkpoints: AtomicU64,
+    /// Wakes the background committer, when one runs (see
+    /// `Datastore::start_background_commits`).
+    pub background: Arc<Kick>,
     pub stripes: Vec<Mutex<()>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
@@ -176,6 +205,7 @@ impl Store {
             checkpoint_running: AtomicBool::new(false),
             deferred_frees: Mutex::new(Vec::new()),
             checkpoints: AtomicU64::new(0),
+            background: Arc::new(Kick::default()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mutations: AtomicU64::new(0),
             fail: FailState::default(),
@@ -309,7 +339,9 @@ impl Store {
     /// when forced or when the log or dirty metadata has grown past its
     /// bound (then without waiting if one already runs).
     pub fn commit(&self, force_checkpoint: bool) -> Result<()> {
+        let t0 = Instant::now();
         let mut cs = self.commit.lock();
+        let t_lock = t0.elapsed();
         self.check_writable()?;
         let seen = self.mutations.load(Ordering::Acquire);
         let batch = self.meta.lock().take_batch();
@@ -328,6 +360,13 @@ impl Store {
             return Err(self.fail_stop(e));
         }
         cs.synced_mutations = seen;
+        if t0.elapsed().as_millis() > 20 {
+            tracing::debug!(
+                "slow commit: {} bytes, lock after {t_lock:?}, durable after {:?}",
+                batch.payload.len(),
+                t0.elapsed()
+            );
+        }
         let freed = self.take_committed(batch.has_pending_frees);
         let needs = force_checkpoint
             || cs.log.offset > LOG_BYTES_MAX
@@ -443,8 +482,10 @@ impl Store {
     fn cut(&self, cs: &mut CommitState, ck: &CheckpointState) -> Result<(Cut, Vec<u64>)> {
         let next = Self::next_generation(cs.log.generation, &ck.slot_valid);
         let seen = self.mutations.load(Ordering::Acquire);
+        let t0 = Instant::now();
         let (batch, cut) = {
             let _drain = self.gate.write();
+            let t_gate = t0.elapsed();
             let mut m = self.meta.lock();
             let batch = m.take_batch();
             let cut = Cut {
@@ -453,13 +494,25 @@ impl Store {
                 catalog: m.catalog_full().encode(),
                 at: m.cut(),
             };
+            tracing::debug!(
+                "cut: gate drained in {t_gate:?}, {} pages encoded by {:?}",
+                cut.pages.len(),
+                t0.elapsed()
+            );
             (batch, cut)
         };
+        let t1 = Instant::now();
         self.pool.sync()?;
+        let t_pool = t1.elapsed();
         let mut payload = batch.payload;
         strata_format::Record::GenerationEnd { next }.encode_into(&mut payload);
         cs.log.append(&payload)?;
         cs.log.sync()?;
+        tracing::debug!(
+            "cut: data sync {t_pool:?}, log batch of {} bytes durable after {:?}",
+            payload.len(),
+            t1.elapsed()
+        );
         cs.synced_mutations = seen;
         Ok((cut, self.take_committed(batch.has_pending_frees)))
     }
@@ -472,10 +525,13 @@ impl Store {
     /// (after a damaged slot, `next` skips a generation), when the commit
     /// lock is held to the end.
     fn checkpoint_locked(&self, ck: &mut CheckpointState) -> Result<()> {
+        let t0 = Instant::now();
         let mut cs = self.commit.lock();
+        let t_lock = t0.elapsed();
         self.check_writable()?;
         let closing_gen = cs.log.generation;
         let (cut, freed) = self.cut(&mut cs, ck)?;
+        let t_cut = t0.elapsed();
         self.punch_and_release(&freed);
         let same_file = cut.next % 2 == closing_gen % 2;
         let mut closing = if same_file {
@@ -516,16 +572,37 @@ impl Store {
         }
         self.meta.lock().checkpointed(cut.at);
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "checkpoint to generation {}: {} pages; commit lock after {:?}, cut done after {:?}, \
+             all done after {:?}",
+            cut.next,
+            cut.pages.len(),
+            t_lock,
+            t_cut,
+            t0.elapsed()
+        );
         Ok(())
     }
 
-    /// Checkpoint now if dirty metadata far exceeds the cache budget (called
-    /// by writers before they take the gate).
+    /// Keep the log buffer and dirty metadata bounded (called by writers
+    /// before they take the gate). With a background committer, a writer
+    /// only wakes it, and waits itself only past twice the bounds (memory
+    /// stays bounded); without one, the writer commits or checkpoints.
     pub fn maybe_checkpoint(&self) -> Result<()> {
-        let (over, log_full) = {
+        let (over, half, log_len) = {
             let m = self.meta.lock();
-            (m.cache_over_budget(), m.log_len() > LOG_BUFFER_BYTES_MAX)
+            (m.cache_over_budget(), m.needs_checkpoint(), m.log_len())
         };
+        let log_full = log_len > LOG_BUFFER_BYTES_MAX;
+        if self.background.running.load(Ordering::Acquire)
+            && !over
+            && log_len <= 2 * LOG_BUFFER_BYTES_MAX
+        {
+            if half || log_full {
+                self.background.kick();
+            }
+            return Ok(());
+        }
         if over {
             // Memory is bounded: wait for a checkpoint (the commit may have
             // run one already).
