@@ -11,7 +11,27 @@
 //! - methods take `&self` and may be called from many threads at once;
 //! - a write that returned `Ok` is visible to every later read on every
 //!   handle of the same device; it is durable after a later `flush` returns
-//!   `Ok`, or at once when `fua` was set.
+//!   `Ok`, or at once when `fua` was set;
+//! - a read says how it filled the buffer ([`ReadFill`]): which runs are
+//!   data and which are known to read as zeros because nothing is stored
+//!   there. A transport builds its reply from that answer (NBD sends hole
+//!   chunks) instead of asking [`BlockDevice::block_status`] again, so one
+//!   client request is one pass over the device's map and one recorded
+//!   command. `Data` is always a correct answer; `Zeros` is a promise.
+//!
+//! Requests come as one buffer ([`BlockDevice::read_at`],
+//! [`BlockDevice::write_at`]) or as a list of segments in order
+//! ([`BlockDevice::readv_at`], [`BlockDevice::writev_at`]: a virtio request
+//! is a list of guest-memory segments). A device that can do better than
+//! the default (one bounce buffer per multi-segment request) overrides the
+//! vectored calls. [`AlignedBuf`] is a page-aligned buffer for transports
+//! that own their I/O buffers, so a device may hand them to direct I/O.
+
+mod aligned;
+mod fill;
+
+pub use aligned::AlignedBuf;
+pub use fill::{Fill, FillRuns, ReadFill};
 
 use std::fmt;
 
@@ -122,11 +142,55 @@ pub trait BlockDevice: Send + Sync {
     /// Whether writes are refused.
     fn read_only(&self) -> bool;
 
-    /// Read `buf.len()` bytes at `offset_bytes`.
-    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()>;
+    /// Read `buf.len()` bytes at `offset_bytes` and say how the buffer was
+    /// filled: runs in order covering all of `buf`
+    /// (`fill.len_bytes() == buf.len()`). The buffer is filled either way;
+    /// a [`Fill::Zeros`] run holds zeros and is unallocated on the device.
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill>;
 
     /// Write `buf` at `offset_bytes`; durable before returning when `fua`.
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()>;
+
+    /// Read into `bufs`, one after the other, from `offset_bytes`: the same
+    /// as one [`read_at`](Self::read_at) of their concatenation (one
+    /// command, one [`ReadFill`] over the whole length). Segments may have
+    /// any length; their total follows the sector rule.
+    ///
+    /// The default reads a single segment in place and gathers several
+    /// through one bounce buffer.
+    fn readv_at(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> BlockResult<ReadFill> {
+        if let [buf] = bufs {
+            return self.read_at(buf, offset_bytes);
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut bounce = AlignedBuf::zeroed(total);
+        let fill = self.read_at(&mut bounce, offset_bytes)?;
+        let mut at = 0;
+        for b in bufs.iter_mut() {
+            b.copy_from_slice(&bounce[at..at + b.len()]);
+            at += b.len();
+        }
+        Ok(fill)
+    }
+
+    /// Write `bufs`, one after the other, from `offset_bytes`: the same as
+    /// one [`write_at`](Self::write_at) of their concatenation.
+    ///
+    /// The default writes a single segment in place and gathers several
+    /// into one bounce buffer.
+    fn writev_at(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> BlockResult<()> {
+        if let [buf] = bufs {
+            return self.write_at(buf, offset_bytes, fua);
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut bounce = AlignedBuf::zeroed(total);
+        let mut at = 0;
+        for b in bufs {
+            bounce[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        self.write_at(&bounce, offset_bytes, fua)
+    }
 
     /// Make every write that returned before this call durable.
     fn flush(&self) -> BlockResult<()>;
@@ -172,6 +236,80 @@ pub fn check_range(offset_bytes: u64, len_bytes: u64, size_bytes: u64) -> BlockR
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes `i` hold `i % 251`; the second half is a hole.
+    struct Pattern;
+
+    impl BlockDevice for Pattern {
+        fn size_bytes(&self) -> u64 {
+            8192
+        }
+        fn read_only(&self) -> bool {
+            false
+        }
+        fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill> {
+            check_range(offset_bytes, buf.len() as u64, 8192)?;
+            let mut fill = ReadFill::new();
+            for (i, b) in buf.iter_mut().enumerate() {
+                let at = offset_bytes + i as u64;
+                let data = at < 4096;
+                *b = if data { (at % 251) as u8 } else { 0 };
+                fill.push(1, if data { Fill::Data } else { Fill::Zeros });
+            }
+            Ok(fill)
+        }
+        fn write_at(&self, buf: &[u8], offset_bytes: u64, _fua: bool) -> BlockResult<()> {
+            check_range(offset_bytes, buf.len() as u64, 8192)?;
+            for (i, b) in buf.iter().enumerate() {
+                assert_eq!(*b, ((offset_bytes + i as u64) % 251) as u8, "byte {i}");
+            }
+            Ok(())
+        }
+        fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        fn unmap(&self, _: u64, _: u64) -> BlockResult<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: ZeroOptions) -> BlockResult<()> {
+            Ok(())
+        }
+        fn block_status(&self, _: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {
+            Ok(vec![Extent {
+                len_bytes,
+                hole: false,
+                zero: false,
+            }])
+        }
+    }
+
+    #[test]
+    fn vectored_defaults_equal_one_request_over_the_concatenation() {
+        // Odd segment lengths: only the total follows the sector rule.
+        let mut a = vec![0xffu8; 100];
+        let mut b = vec![0xffu8; 3996];
+        let mut c = vec![0xffu8; 1024];
+        let fill = Pattern
+            .readv_at(&mut [&mut a, &mut b, &mut c], 3072)
+            .unwrap();
+        let mut whole = vec![0u8; 5120];
+        assert_eq!(fill, Pattern.read_at(&mut whole, 3072).unwrap());
+        assert_eq!(
+            fill.runs().collect::<Vec<_>>(),
+            vec![(0..1024, Fill::Data), (1024..5120, Fill::Zeros)]
+        );
+        assert_eq!([a, b, c].concat(), whole);
+        let data: Vec<u8> = (0..1536u64).map(|i| ((512 + i) % 251) as u8).collect();
+        let (x, y) = data.split_at(7);
+        Pattern.writev_at(&[x, y], 512, false).unwrap();
+        assert_eq!(
+            Pattern
+                .readv_at(&mut [&mut [0u8; 100][..]], 0)
+                .unwrap_err()
+                .kind,
+            ErrorKind::InvalidArgument
+        );
+    }
 
     #[test]
     fn check_range_refuses_misaligned_and_past_end() {

@@ -984,6 +984,56 @@ fn structured_replies_carry_data_errors_and_block_status() {
     srv.stop();
 }
 
+/// One client READ is one read command to the disk, whatever it finds:
+/// the server answers holes from the read itself (OFFSET_HOLE chunks), not
+/// from a block-status walk of its own, so `strata stats` counts exactly
+/// what the client sent.
+#[test]
+fn structured_1mib_reads_over_data_and_holes_count_as_reads_and_no_block_status() {
+    let s = Store::new();
+    s.ok(&["create", "disk", "--size", "16M"]);
+    let srv = s.serve();
+    let (mut c, _) = Nbd::open_with(&s.sock(), "disk", true, true);
+    // The first half is data; the second half was never written.
+    let data = pattern(9, MIB as usize);
+    for i in 0..8 {
+        let ck = c.request(0, CMD_WRITE, i * MIB, MIB as u32, &data);
+        c.expect_ok(ck);
+    }
+    s.json(&["stats", "disk", "--reset"]);
+
+    for i in 0..16u64 {
+        let ck = c.request(0, CMD_READ, i * MIB, MIB as u32, &[]);
+        let chunks = c.chunks_until_done(ck);
+        assert_eq!(chunks.len(), 1, "read {i}: one chunk");
+        let (ty, payload) = &chunks[0];
+        assert_eq!(payload[..8], (i * MIB).to_be_bytes(), "read {i}: offset");
+        if i < 8 {
+            assert_eq!(*ty, REPLY_TYPE_OFFSET_DATA, "read {i}");
+            assert!(payload[8..] == data[..], "read {i}: data");
+        } else {
+            assert_eq!(*ty, REPLY_TYPE_OFFSET_HOLE, "read {i}");
+            assert_eq!(payload[8..], (MIB as u32).to_be_bytes(), "read {i}: length");
+        }
+    }
+    let d = s.json(&["stats", "disk"])["disk"].clone();
+    assert_eq!(d["read"]["commands"], 16, "{d}");
+    assert_eq!(d["read"]["bytes"], 16 * MIB);
+    assert_eq!(d["block_status"]["commands"], 0, "{d}");
+    assert_eq!(d["io_length"]["read"]["count"], 16);
+
+    // A read that straddles data and hole: data chunk, then hole chunk,
+    // and still one read.
+    let ck = c.request(0, CMD_READ, 7 * MIB + 512 * KIB, MIB as u32, &[]);
+    let types: Vec<u16> = c.chunks_until_done(ck).iter().map(|x| x.0).collect();
+    assert_eq!(types, [REPLY_TYPE_OFFSET_DATA, REPLY_TYPE_OFFSET_HOLE]);
+    let d = s.json(&["stats", "disk"])["disk"].clone();
+    assert_eq!(d["read"]["commands"], 17, "{d}");
+    assert_eq!(d["block_status"]["commands"], 0, "{d}");
+    drop(c);
+    srv.stop();
+}
+
 #[test]
 fn concurrent_connections_each_read_back_their_own_writes() {
     const THREADS: u64 = 8;

@@ -86,10 +86,21 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     assert_eq!(bucket(&d["io_length"]["write"], 4096), 1000);
     assert_eq!(bucket(&d["io_length"]["write"], 4095), 0);
     assert_eq!(d["io_length"]["read"]["count"], 0);
-    // Every write after the first starts where the previous one ended.
-    assert_eq!(bucket(&d["seek_distance"]["write"], 0), 999);
+    // Every write after the first starts one LBN after the last LBN of the
+    // one before: the vscsiStats "<=1" bucket, not "<=0".
+    assert_eq!(bucket(&d["seek_distance"]["write"], 1), 999, "{d}");
+    assert_eq!(bucket(&d["seek_distance"]["write"], 0), 0);
     assert_eq!(d["seek_distance"]["write"]["count"], 999);
+    assert_eq!(bucket(&d["seek_distance_closest"]["write"], 1), 999);
+    assert_eq!(d["seek_distance_closest"]["all"]["count"], 999);
     assert_eq!(d["latency"]["write"]["count"], 1000);
+    // Outstanding and interarrival, split as vscsiStats splits them.
+    for (op, n) in [("write", 1000), ("all", 1000), ("read", 0)] {
+        assert_eq!(d["outstanding"][op]["count"], n, "outstanding {op}");
+        assert_eq!(bucket(&d["outstanding"][op], 1), n, "outstanding {op}");
+    }
+    assert_eq!(d["interarrival"]["write"]["count"], 999);
+    assert_eq!(d["interarrival"]["read"]["count"], 0);
 
     // `n` random 4 KiB reads over the first 4000 KiB.
     let reads = |n: u32, iodepth: u32| {
@@ -179,11 +190,27 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
         1 << 20
     );
     assert!(sample("strata_datastore_capacity_bytes", None) > 0.0);
-    let hist = scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == "strata_disk_latency_seconds");
-    assert!(hist.is_some(), "latency histogram family missing");
+    for family in [
+        "strata_disk_latency_seconds",
+        "strata_disk_seek_distance_closest_sectors",
+    ] {
+        let hist = scrape.samples.iter().find(|s| s.metric == family);
+        assert!(hist.is_some(), "{family} histogram family missing");
+    }
+    for op in ["read", "write", "all"] {
+        for family in [
+            "strata_disk_outstanding_ios",
+            "strata_disk_interarrival_seconds",
+        ] {
+            assert!(
+                scrape
+                    .samples
+                    .iter()
+                    .any(|s| s.metric == family && s.labels.get("op") == Some(op)),
+                "{family} op={op} missing"
+            );
+        }
+    }
     assert_eq!(
         sample("strata_disk_stats_recording", Some(("disk", "disk"))),
         1.0
@@ -214,5 +241,39 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     assert_eq!(d["recording"], true);
     assert_eq!(d["read"]["commands"], 300, "{d}");
     assert_eq!(bucket(&d["io_length"]["read"], 4096), 300);
+
+    // Plain 1 MiB reads of a half-written disk (libnbd negotiates
+    // structured replies): each is one read, and the server asks no block
+    // status of its own, whether the read finds data or a hole.
+    s.ok(&["create", "half", "--size", "16M"]);
+    let half = format!("--uri={}", s.uri("half"));
+    let fio_1m = |rw: &str| {
+        run_ok(
+            "fio",
+            &[
+                "--name=half",
+                "--ioengine=nbd",
+                &half,
+                &format!("--rw={rw}"),
+                "--bs=1M",
+                "--iodepth=1",
+                if rw == "write" {
+                    "--size=8M"
+                } else {
+                    "--size=16M"
+                },
+            ],
+        )
+    };
+    fio_1m("write");
+    s.ok(&["stats", "half", "--reset"]);
+    fio_1m("read");
+    let h = s.json(&["stats", "half"])["half"].clone();
+    assert_eq!(h["read"]["commands"], 16, "{h}");
+    assert_eq!(h["read"]["bytes"], 16 << 20);
+    assert_eq!(h["block_status"]["commands"], 0, "{h}");
+    assert_eq!(h["io_length"]["read"]["count"], 16);
+    assert_eq!(bucket(&h["seek_distance"]["read"], 1), 15);
+
     srv.stop();
 }

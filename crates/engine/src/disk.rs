@@ -91,10 +91,14 @@ impl DiskHandle {
 
     // ------------------------------------------------------------ read
 
-    fn read_impl(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    /// Read `buf` at `offset`; unmapped grains read as zeros and are
+    /// reported as [`Fill::Zeros`], from the same lookup that finds the data.
+    fn read_impl(&self, buf: &mut [u8], offset: u64) -> Result<strata_block::ReadFill> {
+        use strata_block::{Fill, ReadFill};
         self.begin(offset, buf.len() as u64, false)?;
+        let mut fill = ReadFill::new();
         if buf.is_empty() {
-            return Ok(());
+            return Ok(fill);
         }
         let _gate = self.inner.gate.read();
         let first = offset >> GRAIN_SHIFT;
@@ -121,13 +125,15 @@ impl DiskHandle {
             let dst = &mut buf[(s - offset) as usize..(t - offset) as usize];
             if g0 == 0 {
                 dst.fill(0);
+                fill.push(t - s, Fill::Zeros);
             } else {
                 let phys = (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT));
                 self.inner.pool.read_at(dst, phys)?;
+                fill.push(t - s, Fill::Data);
             }
             i = j;
         }
-        Ok(())
+        Ok(fill)
     }
 
     // ------------------------------------------------------------ write
@@ -498,7 +504,7 @@ impl BlockDevice for DiskHandle {
         self.read_only
     }
 
-    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<strata_block::ReadFill> {
         to_block(self.read_impl(buf, offset_bytes))
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use strata_block::{BlockDevice, ZeroOptions};
+use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
 use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
 use strata_storage::{Backend, SimBackend};
 
@@ -108,12 +108,28 @@ fn pattern(byte: u8, sector: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A whole-disk read reports as zeros exactly the holes block status
+/// reports (from its own lookup, not by asking again).
+fn assert_fill_matches_status(h: &dyn BlockDevice, fill: &ReadFill, what: &str) {
+    let mut want = ReadFill::new();
+    let size = h.size_bytes();
+    let mut at = 0;
+    while at < size {
+        for x in h.block_status(at, size - at).unwrap() {
+            want.push(x.len_bytes, if x.hole { Fill::Zeros } else { Fill::Data });
+            at += x.len_bytes;
+        }
+    }
+    assert_eq!(*fill, want, "read fill of {what}");
+}
+
 fn verify(ds: &Datastore, model: &Model) {
     for (name, data) in &model.disks {
         let h = ds.open_disk(name).unwrap();
         assert_eq!(h.size_bytes(), data.len() as u64, "size of {name}");
         let mut buf = vec![0u8; data.len()];
-        h.read_at(&mut buf, 0).unwrap();
+        let fill = h.read_at(&mut buf, 0).unwrap();
+        assert_fill_matches_status(&*h, &fill, name);
         assert!(
             buf == *data,
             "contents of disk {name} differ from the model"

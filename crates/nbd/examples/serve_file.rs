@@ -8,7 +8,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
 use strata_block::{
-    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions,
+    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ReadFill, ZeroOptions,
 };
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 
@@ -29,15 +29,15 @@ impl BlockDevice for RawFile {
     fn read_only(&self) -> bool {
         false
     }
-    fn read_at(&self, buf: &mut [u8], off: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> BlockResult<ReadFill> {
         check_range(off, buf.len() as u64, self.size)?;
         match &self.f {
-            Some(f) => f.read_exact_at(buf, off).map_err(io),
-            None => {
-                buf.fill(0);
-                Ok(())
-            }
+            Some(f) => f.read_exact_at(buf, off).map_err(io)?,
+            None => buf.fill(0),
         }
+        // Whether the file has holes there is not asked: data is always
+        // a correct answer.
+        Ok(ReadFill::all_data(buf.len() as u64))
     }
     fn write_at(&self, buf: &[u8], off: u64, fua: bool) -> BlockResult<()> {
         check_range(off, buf.len() as u64, self.size)?;

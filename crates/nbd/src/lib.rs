@@ -11,9 +11,14 @@
 //! then a no-op), WRITE_ZEROES (NO_HOLE, FAST_ZERO) and BLOCK_STATUS
 //! (REQ_ONE). Exports advertise `CAN_MULTI_CONN`: a device's flush covers
 //! writes made through every handle, so clients may spread I/O over many
-//! connections. A structured READ reply is a single chunk: `OFFSET_DATA`,
-//! or, for reads of 64 KiB or more without `DF` that block status reports
-//! as all zeros, one `OFFSET_HOLE` chunk without data. Simple replies are
+//! connections. A READ is one call to the device's `read_at`, whose
+//! [`ReadFill`] says which runs are holes; the server never asks
+//! `block_status` to answer a READ (so a statistics wrapper sees exactly
+//! the client's commands). A structured READ reply is one `OFFSET_DATA`
+//! chunk, except for reads of 64 KiB or more without `DF`: there every hole
+//! of at least 4 KiB the read reported goes out as an `OFFSET_HOLE` chunk
+//! without data, and the data between as `OFFSET_DATA` chunks, in order
+//! (a read that is all hole is one `OFFSET_HOLE` chunk). Simple replies are
 //! used for successful commands that return no data; errors go out as
 //! `ERROR` chunks (with a message) once structured replies are negotiated.
 //! `DF` is advertised only with structured replies, as the spec requires.
@@ -30,10 +35,10 @@
 //! - Up to [`ServerOptions::workers_per_connection`] worker threads per
 //!   connection, started on demand, execute queued requests against the
 //!   device and write the replies. Replies go out under a mutex on the
-//!   socket, each as a single `write` of one buffer (header and data are
-//!   laid out together; READ data is read from the device straight into the
-//!   reply buffer). Payload and reply buffers are recycled through a small
-//!   per-connection pool.
+//!   socket, each as one vectored write of its header(s) and data (READ
+//!   data is read from the device straight into the buffer that is sent).
+//!   WRITE payloads and READ data live in page-aligned buffers
+//!   ([`AlignedBuf`]), recycled through a small per-connection pool.
 //!
 //! # Bounds
 //!
@@ -68,6 +73,8 @@
 //! and close the devices.
 //!
 //! [`BlockError::errno`]: strata_block::BlockError::errno
+//! [`ReadFill`]: strata_block::ReadFill
+//! [`AlignedBuf`]: strata_block::AlignedBuf
 
 mod handshake;
 mod proto;

@@ -109,6 +109,8 @@ pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const CHUNK_HEADER_BYTES: usize = 20;
 /// Chunk header plus the 64-bit offset of an OFFSET_DATA chunk.
 pub const DATA_CHUNK_HEADER_BYTES: usize = CHUNK_HEADER_BYTES + 8;
+/// A whole OFFSET_HOLE chunk: header, offset and length.
+pub const HOLE_CHUNK_BYTES: usize = CHUNK_HEADER_BYTES + 12;
 
 /// Longest string (export name, query) the protocol allows.
 pub const STRING_BYTES_MAX: usize = 4096;

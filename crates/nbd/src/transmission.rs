@@ -2,15 +2,18 @@
 //! replies written under a mutex.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, IoSlice, Read};
 use std::net::Shutdown;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
-use strata_block::{check_range, BlockDevice, BlockError, Extent, ZeroOptions};
+use strata_block::{
+    check_range, AlignedBuf, BlockDevice, BlockError, Extent, Fill, ReadFill, ZeroOptions,
+};
 
 use crate::handshake::{discard, io_invalid, negotiate};
 use crate::proto::*;
@@ -25,9 +28,14 @@ const WRITE_DISCARD_MAX: u64 = 256 << 20;
 const POOL_KEEP_BYTES: usize = 16 << 20;
 /// Longest error message sent in an ERROR chunk.
 const ERROR_MESSAGE_MAX: usize = 1024;
-/// Structured READs at least this long are checked for being all zeros
-/// first, and then answered with one OFFSET_HOLE chunk instead of data.
-const HOLE_CHECK_MIN: u32 = 64 * 1024;
+/// Structured READs at least this long (and without DF) send the holes the
+/// device reported as OFFSET_HOLE chunks instead of zeros; shorter ones
+/// are one OFFSET_DATA chunk, as small reads gain nothing from splitting.
+const HOLE_READ_MIN: u32 = 64 * 1024;
+/// Shortest hole sent as its own chunk; shorter runs of zeros go out as
+/// part of the data around them (a chunk header costs a client more than
+/// a few hundred bytes of zeros).
+const HOLE_CHUNK_MIN: u64 = 4096;
 /// Most descriptors in one BLOCK_STATUS reply; the rest of the range is
 /// left for the client to ask again.
 const DESCRIPTORS_MAX: usize = 128 * 1024;
@@ -83,7 +91,7 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Resul
 struct Job {
     req: Request,
     /// The payload of a WRITE; empty otherwise.
-    payload: Vec<u8>,
+    payload: AlignedBuf,
     /// Bytes charged against the in-flight budget.
     cost: u64,
 }
@@ -99,10 +107,11 @@ struct Queue {
     closed: bool,
 }
 
-/// Idle buffers for payloads and READ replies.
+/// Idle buffers for WRITE payloads and READ data.
 #[derive(Default)]
 struct Pool {
-    free: Vec<Vec<u8>>,
+    free: Vec<AlignedBuf>,
+    /// Capacity of the buffers in `free`.
     bytes: usize,
 }
 
@@ -208,10 +217,10 @@ fn read_requests<S: NbdStream>(
             _ => 0,
         };
         conn.admit(cost, shared);
-        let mut payload = Vec::new();
+        let mut payload = AlignedBuf::zeroed(0);
         if req.ty == CMD_WRITE {
             payload = conn.take_buffer(req.len as usize);
-            if let Err(e) = reader.read_exact(&mut payload[..req.len as usize]) {
+            if let Err(e) = reader.read_exact(&mut payload) {
                 conn.finished(cost);
                 return Err(e);
             }
@@ -224,6 +233,36 @@ fn read_requests<S: NbdStream>(
 
 fn errno_of(e: &BlockError) -> u32 {
     wire_errno(e.errno())
+}
+
+/// Header of an OFFSET_DATA chunk carrying `len` bytes read at `offset`.
+fn data_chunk_header(out: &mut [u8], flags: u16, cookie: u64, offset: u64, len: u32) {
+    chunk_header(out, flags, CHUNK_OFFSET_DATA, cookie, 8 + len);
+    out[CHUNK_HEADER_BYTES..DATA_CHUNK_HEADER_BYTES].copy_from_slice(&offset.to_be_bytes());
+}
+
+/// The chunks of a structured READ reply of `len` bytes, in order, as
+/// `(range in the buffer, is a hole)`: each `Zeros` run of at least
+/// [`HOLE_CHUNK_MIN`] becomes a hole, everything between is data. A fill
+/// that does not cover exactly the buffer (a device breaking its contract)
+/// is not trusted: the reply is then all data, which is always correct.
+fn read_chunks(fill: &ReadFill, len: u64) -> Vec<(Range<u64>, bool)> {
+    if fill.len_bytes() != len {
+        tracing::warn!(
+            "NBD: the device described {} bytes of a {len}-byte read; sending it all as data",
+            fill.len_bytes()
+        );
+        return vec![(0..len, false)];
+    }
+    let mut chunks: Vec<(Range<u64>, bool)> = Vec::new();
+    for (range, f) in fill.runs() {
+        let hole = f == Fill::Zeros && range.end - range.start >= HOLE_CHUNK_MIN;
+        match chunks.last_mut() {
+            Some((last, false)) if !hole => last.end = range.end,
+            _ => chunks.push((range, hole)),
+        }
+    }
+    chunks
 }
 
 impl<S: NbdStream> Conn<S> {
@@ -325,26 +364,25 @@ impl<S: NbdStream> Conn<S> {
         }
     }
 
-    fn take_buffer(&self, len: usize) -> Vec<u8> {
+    /// A buffer of exactly `len` bytes (contents unspecified).
+    fn take_buffer(&self, len: usize) -> AlignedBuf {
         let mut b = {
             let mut p = self.pool.lock();
-            let b = p.free.pop().unwrap_or_default();
-            p.bytes -= b.len();
+            let b = p.free.pop().unwrap_or_else(|| AlignedBuf::zeroed(0));
+            p.bytes -= b.capacity();
             b
         };
-        if b.len() < len {
-            b.resize(len, 0);
-        }
+        b.set_len(len);
         b
     }
 
-    fn recycle(&self, b: Vec<u8>) {
-        if b.is_empty() {
+    fn recycle(&self, b: AlignedBuf) {
+        if b.capacity() == 0 {
             return;
         }
         let mut p = self.pool.lock();
-        if p.bytes + b.len() <= POOL_KEEP_BYTES {
-            p.bytes += b.len();
+        if p.bytes + b.capacity() <= POOL_KEEP_BYTES {
+            p.bytes += b.capacity();
             p.free.push(b);
         }
     }
@@ -352,6 +390,22 @@ impl<S: NbdStream> Conn<S> {
     /// Write one whole reply.
     fn send(&self, buf: &[u8]) -> io::Result<()> {
         self.out.lock().write_all(buf)
+    }
+
+    /// Write one whole reply made of `parts` (headers and data buffers),
+    /// with as few `writev` calls as the socket allows.
+    fn send_parts(&self, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let mut out = self.out.lock();
+        IoSlice::advance_slices(&mut parts, 0);
+        while !parts.is_empty() {
+            match out.write_vectored(parts) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut parts, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn mark_broken(&self, e: &io::Error) {
@@ -400,7 +454,7 @@ impl<S: NbdStream> Conn<S> {
 
     /// Run a validated request and send its reply. `Err` only when the
     /// reply could not be written.
-    fn execute(&self, req: &Request, payload: Vec<u8>) -> io::Result<()> {
+    fn execute(&self, req: &Request, payload: AlignedBuf) -> io::Result<()> {
         let dev = &*self.dev;
         let fua = req.flags & FLAG_FUA != 0;
         let len = req.len as usize;
@@ -440,59 +494,72 @@ impl<S: NbdStream> Conn<S> {
         }
     }
 
-    /// READ: the device fills the reply buffer right after the header, and
-    /// the whole reply goes out in one write.
+    /// READ: one pass over the device, which fills a page-aligned buffer
+    /// and says where the holes are; the reply (header(s) and data) goes
+    /// out in one vectored write.
     fn read(&self, req: &Request) -> io::Result<()> {
-        if self.structured
-            && req.flags & FLAG_DF == 0
-            && req.len >= HOLE_CHECK_MIN
-            && self.reads_as_zeros(req.offset, req.len)
-        {
-            let mut b = [0u8; CHUNK_HEADER_BYTES + 12];
-            chunk_header(&mut b, CHUNK_DONE, CHUNK_OFFSET_HOLE, req.cookie, 12);
-            b[20..28].copy_from_slice(&req.offset.to_be_bytes());
-            b[28..32].copy_from_slice(&req.len.to_be_bytes());
-            return self.send(&b);
-        }
-        let head = if self.structured {
-            DATA_CHUNK_HEADER_BYTES
-        } else {
-            SIMPLE_REPLY_BYTES
-        };
-        let total = head + req.len as usize;
-        let mut b = self.take_buffer(total);
-        let result = match self.dev.read_at(&mut b[head..total], req.offset) {
-            Ok(()) => {
-                if self.structured {
-                    chunk_header(
-                        &mut b,
-                        CHUNK_DONE,
-                        CHUNK_OFFSET_DATA,
-                        req.cookie,
-                        8 + req.len,
-                    );
-                    b[CHUNK_HEADER_BYTES..head].copy_from_slice(&req.offset.to_be_bytes());
-                } else {
-                    simple_reply(&mut b, 0, req.cookie);
-                }
-                self.send(&b[..total])
-            }
+        let mut data = self.take_buffer(req.len as usize);
+        let result = match self.dev.read_at(&mut data, req.offset) {
+            Ok(fill) => self.send_read(req, &data, &fill),
             Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
         };
-        self.recycle(b);
+        self.recycle(data);
         result
     }
 
-    /// Whether block status says the whole range reads as zeros.
-    fn reads_as_zeros(&self, offset: u64, len: u32) -> bool {
-        let Ok(extents) = self.dev.block_status(offset, len as u64) else {
-            return false;
-        };
-        let mut zeros = 0u64;
-        for x in extents.iter().take_while(|x| x.zero) {
-            zeros += x.len_bytes;
+    fn send_read(&self, req: &Request, data: &[u8], fill: &ReadFill) -> io::Result<()> {
+        if !self.structured {
+            let mut head = [0u8; SIMPLE_REPLY_BYTES];
+            simple_reply(&mut head, 0, req.cookie);
+            return self.send_parts(&mut [IoSlice::new(&head), IoSlice::new(data)]);
         }
-        zeros >= len as u64
+        let holes = req.flags & FLAG_DF == 0 && req.len >= HOLE_READ_MIN;
+        if !holes || fill.is_all(Fill::Data) {
+            let mut head = [0u8; DATA_CHUNK_HEADER_BYTES];
+            data_chunk_header(&mut head, CHUNK_DONE, req.cookie, req.offset, req.len);
+            return self.send_parts(&mut [IoSlice::new(&head), IoSlice::new(data)]);
+        }
+        let chunks = read_chunks(fill, data.len() as u64);
+        // Every header first (a hole chunk's is its whole chunk), then the
+        // slices that interleave them with the data.
+        let mut heads = vec![0u8; chunks.len() * HOLE_CHUNK_BYTES];
+        let mut at = 0;
+        for (i, (range, hole)) in chunks.iter().enumerate() {
+            let flags = if i + 1 == chunks.len() { CHUNK_DONE } else { 0 };
+            let offset = req.offset + range.start;
+            // Chunks lie inside the u32 request length.
+            let len = (range.end - range.start) as u32;
+            if *hole {
+                let b = &mut heads[at..at + HOLE_CHUNK_BYTES];
+                chunk_header(b, flags, CHUNK_OFFSET_HOLE, req.cookie, 12);
+                b[CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + 8]
+                    .copy_from_slice(&offset.to_be_bytes());
+                b[CHUNK_HEADER_BYTES + 8..].copy_from_slice(&len.to_be_bytes());
+                at += HOLE_CHUNK_BYTES;
+            } else {
+                let b = &mut heads[at..at + DATA_CHUNK_HEADER_BYTES];
+                data_chunk_header(b, flags, req.cookie, offset, len);
+                at += DATA_CHUNK_HEADER_BYTES;
+            }
+        }
+        let mut parts = Vec::with_capacity(chunks.len() * 2);
+        let mut rest = &heads[..];
+        for (range, hole) in &chunks {
+            let n = if *hole {
+                HOLE_CHUNK_BYTES
+            } else {
+                DATA_CHUNK_HEADER_BYTES
+            };
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            parts.push(IoSlice::new(head));
+            if !hole {
+                parts.push(IoSlice::new(
+                    &data[range.start as usize..range.end as usize],
+                ));
+            }
+        }
+        self.send_parts(&mut parts)
     }
 
     /// One BLOCK_STATUS chunk for `base:allocation`: neighbouring extents

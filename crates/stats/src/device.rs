@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use strata_block::{BlockDevice, BlockResult, Extent, ZeroOptions};
+use strata_block::{BlockDevice, BlockResult, Extent, ReadFill, ZeroOptions};
 
 use crate::disk::{DiskStats, Op};
 
@@ -70,7 +70,7 @@ impl BlockDevice for StatsDevice {
         self.inner.read_only()
     }
 
-    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill> {
         self.record(Op::Read, offset_bytes, buf.len() as u64, |d| {
             d.read_at(buf, offset_bytes)
         })
@@ -79,6 +79,23 @@ impl BlockDevice for StatsDevice {
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
         self.record(Op::Write, offset_bytes, buf.len() as u64, |d| {
             d.write_at(buf, offset_bytes, fua)
+        })
+    }
+
+    /// One read command, forwarded whole (the inner device may do better
+    /// than the default bounce buffer).
+    fn readv_at(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> BlockResult<ReadFill> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.record(Op::Read, offset_bytes, len as u64, |d| {
+            d.readv_at(bufs, offset_bytes)
+        })
+    }
+
+    /// One write command, forwarded whole.
+    fn writev_at(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> BlockResult<()> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.record(Op::Write, offset_bytes, len as u64, |d| {
+            d.writev_at(bufs, offset_bytes, fua)
         })
     }
 

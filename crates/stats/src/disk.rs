@@ -12,7 +12,9 @@ use crate::histogram::{
     shard, Histogram, HistogramSnapshot, INTERARRIVAL, IO_LENGTH, LATENCY, OUTSTANDING,
     SEEK_DISTANCE,
 };
-use crate::snapshot::{LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot};
+use crate::snapshot::{
+    ArrivalHistograms, LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot,
+};
 
 /// The kinds of command a [`DiskStats`] tells apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -61,20 +63,120 @@ impl Op {
 /// "No previous command" marker for the seek and interarrival trackers.
 const NONE: u64 = u64::MAX;
 
+/// Index of the "every command" histogram in the `[read, write, all]`
+/// triples (outstanding, interarrival); reads and writes use
+/// `Op::index()`, 0 and 1.
+const ALL: usize = 2;
+
+/// How many recent reads and writes the closest-seek histogram looks back
+/// over (vscsiStats' `seekDistanceClosest`: the closest of the last 16).
+pub const CLOSEST_OF: usize = 16;
+
+// `Arrivals::in_flight` packs four fields into one word, so that a command
+// learns every level it needs from a single `fetch_add`: commands in
+// flight (bits 0..20), reads in flight (20..40), writes in flight (40..60),
+// and in the top 4 bits the arrival number of reads and writes modulo 16
+// (their slot in the ring of recent ends; it only ever grows, wrapping).
+// Each level stays far below its 2^20 limit: the NBD server admits at most
+// 64 requests per connection and 128 connections.
+const LEVEL_BITS: u32 = 20;
+const LEVEL_MASK: u64 = (1 << LEVEL_BITS) - 1;
+const SEQ_SHIFT: u32 = 3 * LEVEL_BITS;
+// The arrival number's bits are exactly one lap of the ring.
+const _: () = assert!(1 << (64 - SEQ_SHIFT) == CLOSEST_OF);
+
+/// What a command of `op` adds to `in_flight` at arrival; it takes back
+/// the same less the arrival number when it completes.
+#[inline]
+fn in_flight_unit(op: Op) -> u64 {
+    match op {
+        Op::Read => 1 | 1 << LEVEL_BITS,
+        Op::Write => 1 | 1 << (2 * LEVEL_BITS),
+        _ => 1,
+    }
+}
+
+#[inline]
+fn seq_unit(op: Op) -> u64 {
+    match op {
+        Op::Read | Op::Write => 1 << SEQ_SHIFT,
+        _ => 0,
+    }
+}
+
 /// The state every command of a disk updates, whichever thread runs it.
 ///
-/// It sits alone on its own 128-byte block (two cache lines, the unit the
+/// It sits alone on its own 128-byte blocks (two cache lines, the unit the
 /// adjacent-line prefetcher moves): next to it, the read-mostly fields of
 /// [`DiskStats`] (the histograms' pointers, the recording switch) would be
 /// invalidated in every other core's cache by each command.
 #[derive(Debug)]
 #[repr(align(128))]
 struct Arrivals {
+    /// Levels in flight and the ring position, packed (see `LEVEL_BITS`).
     in_flight: AtomicU64,
-    /// End LBN (exclusive, in sectors) of the previous read or write.
-    last_end_lbn: AtomicU64,
+    /// Last LBN (inclusive, in sectors) of the previous read or write.
+    last_lbn: AtomicU64,
     /// Arrival of the previous command, in nanoseconds after `base`.
     last_arrival_ns: AtomicU64,
+    /// Arrival of the previous read and of the previous write.
+    last_arrival_rw_ns: [AtomicU64; 2],
+    /// Last LBNs of the last [`CLOSEST_OF`] reads and writes.
+    recent: RecentEnds,
+}
+
+/// A ring of last LBNs, on its own 128 bytes; slot `seq % 16` is written
+/// by the read or write with arrival number `seq`. An empty slot holds
+/// [`FAR`].
+#[derive(Debug)]
+#[repr(align(128))]
+struct RecentEnds([AtomicU64; CLOSEST_OF]);
+
+/// The empty-slot marker of [`RecentEnds`]: farther from every LBN (all
+/// below 2^55) than any two LBNs are from each other, so an empty slot
+/// never wins and needs no test of its own.
+const FAR: u64 = 1 << 62;
+
+impl RecentEnds {
+    /// The distance from `lbn` to the nearest of the ends (`lbn - end`
+    /// with the smallest magnitude; of `+d` and `-d`, `+d`), if any slot
+    /// is set.
+    ///
+    /// Branch-free and shallow: each slot becomes a key
+    /// `|d| << 1 | (d < 0)`, and the smallest key is found by a pairwise
+    /// tree (depth 4) instead of a chain of 16 dependent minimums.
+    #[inline]
+    fn closest(&self, lbn: u64) -> Option<i64> {
+        let mut keys = [0u64; CLOSEST_OF];
+        for (key, slot) in keys.iter_mut().zip(&self.0) {
+            // Both are below 2^63: the wrapping difference read as i64 is
+            // exact and its magnitude shifted left by one still fits.
+            let d = lbn.wrapping_sub(slot.load(Relaxed)) as i64;
+            *key = (d.unsigned_abs() << 1) | u64::from(d < 0);
+        }
+        let mut width = CLOSEST_OF / 2;
+        while width > 0 {
+            for i in 0..width {
+                keys[i] = keys[i].min(keys[i + width]);
+            }
+            width /= 2;
+        }
+        let best = keys[0];
+        (best < FAR).then(|| {
+            let magnitude = (best >> 1) as i64;
+            if best & 1 == 1 {
+                -magnitude
+            } else {
+                magnitude
+            }
+        })
+    }
+
+    fn clear(&self) {
+        for slot in &self.0 {
+            slot.store(FAR, Relaxed);
+        }
+    }
 }
 
 /// The process's clock for statistics: the CPU's time-stamp counter where
@@ -106,9 +208,11 @@ pub struct DiskStats {
     /// Indexed by `Op::Read` / `Op::Write`.
     io_length: [Histogram; 2],
     seek: [Histogram; 2],
+    seek_closest: [Histogram; 2],
     latency: [Histogram; OP_COUNT],
-    outstanding: Histogram,
-    interarrival: Histogram,
+    /// Read, write, and every command ([`ALL`]).
+    outstanding: [Histogram; 3],
+    interarrival: [Histogram; 3],
 }
 
 impl Default for DiskStats {
@@ -127,19 +231,19 @@ impl DiskStats {
             recording: AtomicBool::new(true),
             arrivals: Arrivals {
                 in_flight: AtomicU64::new(0),
-                last_end_lbn: AtomicU64::new(NONE),
+                last_lbn: AtomicU64::new(NONE),
                 last_arrival_ns: AtomicU64::new(NONE),
+                last_arrival_rw_ns: [AtomicU64::new(NONE), AtomicU64::new(NONE)],
+                recent: RecentEnds(std::array::from_fn(|_| AtomicU64::new(FAR))),
             },
             errors: Default::default(),
             range_bytes: Default::default(),
-            io_length: [Histogram::new(&IO_LENGTH), Histogram::new(&IO_LENGTH)],
-            seek: [
-                Histogram::new(&SEEK_DISTANCE),
-                Histogram::new(&SEEK_DISTANCE),
-            ],
+            io_length: std::array::from_fn(|_| Histogram::new(&IO_LENGTH)),
+            seek: std::array::from_fn(|_| Histogram::new(&SEEK_DISTANCE)),
+            seek_closest: std::array::from_fn(|_| Histogram::new(&SEEK_DISTANCE)),
             latency: std::array::from_fn(|_| Histogram::new(&LATENCY)),
-            outstanding: Histogram::new(&OUTSTANDING),
-            interarrival: Histogram::new(&INTERARRIVAL),
+            outstanding: std::array::from_fn(|_| Histogram::new(&OUTSTANDING)),
+            interarrival: std::array::from_fn(|_| Histogram::new(&INTERARRIVAL)),
         }
     }
 
@@ -154,37 +258,55 @@ impl DiskStats {
         let start = self.clock.raw();
         let row = shard();
         let shared = &self.arrivals;
+        let rw = matches!(op, Op::Read | Op::Write);
 
-        // The three updates of the shared block come first and back to
-        // back, so the cache line is fetched once per arrival.
-        let outstanding = shared.in_flight.fetch_add(1, Relaxed) + 1;
+        // The updates of the shared block come first and back to back, so
+        // its cache line is fetched once per arrival.
+        let before = shared
+            .in_flight
+            .fetch_add(in_flight_unit(op) + seq_unit(op), Relaxed);
         let arrival = self.since_base(start);
-        let previous = shared.last_arrival_ns.swap(arrival, Relaxed);
-        let seek = match op {
-            Op::Read | Op::Write => {
-                let lbn = offset_bytes / SECTOR_BYTES;
-                let end = lbn + len_bytes.div_ceil(SECTOR_BYTES);
-                let previous_end = shared.last_end_lbn.swap(end, Relaxed);
-                // Both are below 2^55, so the wrapping difference read as
-                // i64 is the exact signed distance.
-                (previous_end != NONE).then(|| lbn.wrapping_sub(previous_end) as i64)
-            }
-            _ => None,
-        };
+        let previous = replace(&shared.last_arrival_ns, arrival);
+        let mut previous_same = NONE;
+        let mut seek = None;
+        let mut closest = None;
+        if rw {
+            let i = op.index();
+            previous_same = replace(&shared.last_arrival_rw_ns[i], arrival);
+            let lbn = offset_bytes / SECTOR_BYTES;
+            // The last sector the command touches (its first, if empty).
+            let last = lbn + len_bytes.div_ceil(SECTOR_BYTES).max(1) - 1;
+            let previous_last = replace(&shared.last_lbn, last);
+            // Both are below 2^55, so the wrapping difference read as i64
+            // is the exact signed distance.
+            seek = (previous_last != NONE).then(|| lbn.wrapping_sub(previous_last) as i64);
+            closest = shared.recent.closest(lbn);
+            let slot = (before >> SEQ_SHIFT) as usize;
+            shared.recent.0[slot].store(last, Relaxed);
+        }
 
-        self.outstanding.record_in(row, clamp(outstanding));
+        let all = (before & LEVEL_MASK) + 1;
+        self.outstanding[ALL].record_in(row, clamp(all));
         if previous != NONE {
             // Another thread may have swapped in a later arrival first; the
             // difference is then taken as 0 rather than negative.
-            self.interarrival
-                .record_in(row, clamp(arrival.saturating_sub(previous)));
+            self.interarrival[ALL].record_in(row, clamp(arrival.saturating_sub(previous)));
         }
         match op {
             Op::Read | Op::Write => {
                 let i = op.index();
+                let level = ((before >> ((i as u32 + 1) * LEVEL_BITS)) & LEVEL_MASK) + 1;
+                self.outstanding[i].record_in(row, clamp(level));
+                if previous_same != NONE {
+                    let gap = arrival.saturating_sub(previous_same);
+                    self.interarrival[i].record_in(row, clamp(gap));
+                }
                 self.io_length[i].record_in(row, clamp(len_bytes));
                 if let Some(distance) = seek {
                     self.seek[i].record_in(row, distance);
+                }
+                if let Some(distance) = closest {
+                    self.seek_closest[i].record_in(row, distance);
                 }
             }
             Op::Unmap | Op::WriteZeroes => {
@@ -210,7 +332,7 @@ impl DiskStats {
 
     /// Commands begun and not yet finished, over every connection.
     pub fn in_flight(&self) -> u64 {
-        self.arrivals.in_flight.load(Relaxed)
+        self.arrivals.in_flight.load(Relaxed) & LEVEL_MASK
     }
 
     /// Whether commands are being recorded (the default).
@@ -241,16 +363,24 @@ impl DiskStats {
             .io_length
             .iter()
             .chain(&self.seek)
+            .chain(&self.seek_closest)
             .chain(&self.latency)
-            .chain([&self.outstanding, &self.interarrival])
+            .chain(&self.outstanding)
+            .chain(&self.interarrival)
         {
             h.reset();
         }
         for c in self.errors.iter().chain(&self.range_bytes) {
             c.store(0, Relaxed);
         }
-        self.arrivals.last_end_lbn.store(NONE, Relaxed);
-        self.arrivals.last_arrival_ns.store(NONE, Relaxed);
+        let a = &self.arrivals;
+        for t in [&a.last_lbn, &a.last_arrival_ns]
+            .into_iter()
+            .chain(&a.last_arrival_rw_ns)
+        {
+            t.store(NONE, Relaxed);
+        }
+        a.recent.clear();
         self.reset_at_ns
             .store(self.since_base(self.clock.raw()), Relaxed);
     }
@@ -263,7 +393,13 @@ impl DiskStats {
         let latency: Vec<HistogramSnapshot> = self.latency.iter().map(|h| h.snapshot()).collect();
         let io_length =
             ReadWriteHistograms::new(self.io_length[0].snapshot(), self.io_length[1].snapshot());
-        let seek = ReadWriteHistograms::new(self.seek[0].snapshot(), self.seek[1].snapshot());
+        let pair = |h: &[Histogram; 2]| ReadWriteHistograms::new(h[0].snapshot(), h[1].snapshot());
+        let seek = pair(&self.seek);
+        let triple = |h: &[Histogram; 3]| ArrivalHistograms {
+            read: h[0].snapshot(),
+            write: h[1].snapshot(),
+            all: h[ALL].snapshot(),
+        };
 
         let counters = |op: Op| {
             let i = op.index();
@@ -291,9 +427,10 @@ impl DiskStats {
             errors: self.errors.iter().map(|e| e.load(Relaxed)).sum(),
             io_length,
             seek_distance: seek,
+            seek_distance_closest: pair(&self.seek_closest),
             latency: LatencyHistograms::from_ops(latency),
-            outstanding: self.outstanding.snapshot(),
-            interarrival: self.interarrival.snapshot(),
+            outstanding: triple(&self.outstanding),
+            interarrival: triple(&self.interarrival),
         }
     }
 }
@@ -337,8 +474,22 @@ impl Drop for Command<'_> {
         if !self.finished {
             self.complete(false);
         }
-        self.stats.arrivals.in_flight.fetch_sub(1, Relaxed);
+        self.stats
+            .arrivals
+            .in_flight
+            .fetch_sub(in_flight_unit(self.op), Relaxed);
     }
+}
+
+/// Store `v` and return what was there, as a plain load and store rather
+/// than a swap: a locked instruction per tracker cost about 5 ns a command.
+/// Two commands arriving at the same instant may then both be measured
+/// against the same predecessor (the race the crate docs accept).
+#[inline]
+fn replace(a: &AtomicU64, v: u64) -> u64 {
+    let old = a.load(Relaxed);
+    a.store(v, Relaxed);
+    old
 }
 
 #[inline]

@@ -18,17 +18,23 @@ pub const IO_LENGTH_EDGES: &[i64] = &[
 /// Latency edges, in microseconds.
 pub const LATENCY_EDGES_US: &[i64] = &[1, 10, 100, 500, 1000, 5000, 15000, 30000, 50000, 100000];
 
-/// Seek-distance edges, in 512-byte sectors (signed).
+/// Seek-distance edges, in 512-byte sectors (signed), for the distance
+/// vscsiStats measures: the first LBN of a command minus the last LBN of
+/// the previous read or write (or, for the closest-seek histogram, of the
+/// nearest of the last 16). Sequential I/O of any request size lands in
+/// `<=1`; `<=0` holds a repeat of a one-sector command and small overlaps.
 pub const SEEK_DISTANCE_EDGES: &[i64] = &[
     -500000, -100000, -50000, -10000, -5000, -1000, -500, -128, -64, -32, -16, -8, -6, -4, -2, -1,
     0, 1, 2, 4, 6, 8, 16, 32, 64, 128, 500, 1000, 5000, 10000, 50000, 100000, 500000,
 ];
 
 /// Edges for the number of commands outstanding when a command arrives
-/// (the arriving command included).
+/// (the arriving command included; reads among reads, writes among writes,
+/// or every command).
 pub const OUTSTANDING_EDGES: &[i64] = &[1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64];
 
-/// Interarrival-time edges, in microseconds.
+/// Interarrival-time edges, in microseconds (time since the previous read,
+/// write, or command of any kind).
 pub const INTERARRIVAL_EDGES_US: &[i64] =
     &[1, 10, 100, 500, 1000, 5000, 15000, 30000, 50000, 100000];
 
@@ -160,10 +166,17 @@ pub struct Histogram {
     stride: usize,
     /// The spec's edges in raw units, so placing a value needs no scaling.
     raw_edges: Box<[i64]>,
+    /// For a histogram of small counts (the last edge at most
+    /// [`TABLE_MAX`], e.g. outstanding I/Os): the bucket of every value
+    /// `0..=TABLE_MAX`, so placing one is a single load. Empty otherwise.
+    table: Box<[u8]>,
     /// Per-bucket totals (and the sum) at the last reset, subtracted from
     /// every snapshot.
     baseline: Mutex<Vec<u64>>,
 }
+
+/// Largest value a bucket table holds (see `Histogram::table`).
+const TABLE_MAX: i64 = 128;
 
 /// Rows per histogram. Rows `0..SHARED_ROW` are each owned by one thread at
 /// a time, which updates them with a plain load and store; threads that
@@ -236,6 +249,7 @@ impl Histogram {
             spec,
             cells: (0..stride * ROWS).map(|_| AtomicU64::new(0)).collect(),
             stride,
+            table: Self::table(spec),
             raw_edges: spec
                 .edges
                 .iter()
@@ -265,7 +279,7 @@ impl Histogram {
 
     /// Record one value into row `row`, which must be the calling thread's
     /// ([`shard`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record_in(&self, row: usize, raw: i64) {
         let i = self.bucket(raw);
         let base = row * self.stride;
@@ -273,10 +287,28 @@ impl Histogram {
         bump(&self.cells[base + self.spec.buckets()], row, raw as u64);
     }
 
-    /// [`HistogramSpec::bucket_index`] over the pre-scaled edges.
+    /// [`HistogramSpec::bucket_index`] through the table or over the
+    /// pre-scaled edges.
     #[inline]
     fn bucket(&self, raw: i64) -> usize {
+        if !self.table.is_empty() {
+            // Values past the table are past the last edge too.
+            let i = raw.clamp(0, TABLE_MAX) as usize;
+            return self.table[i] as usize;
+        }
         edges_below(self.raw_edges.len(), raw, |i| self.raw_edges[i])
+    }
+
+    fn table(spec: &HistogramSpec) -> Box<[u8]> {
+        let small = spec.scale == 1
+            && spec.edges.first().is_some_and(|&e| e >= 0)
+            && spec.edges.last().is_some_and(|&e| e < TABLE_MAX);
+        if !small {
+            return Box::new([]);
+        }
+        (0..=TABLE_MAX)
+            .map(|v| spec.bucket_index(v) as u8)
+            .collect()
     }
 
     /// Zero every bucket and the sum, as snapshots see them. The counters

@@ -20,13 +20,17 @@
 //!   adds). Readers add the rows up; a reset records the totals as a
 //!   baseline that snapshots subtract, so it never writes a counter an
 //!   owner is updating. The bucket is found by a branch-free lower-bound
-//!   search over at most 33 edges. Time comes from the CPU's time-stamp
-//!   counter through `quanta` (the monotonic clock where the TSC is not
-//!   invariant). The only state every thread writes (in-flight count, last
-//!   arrival, last end LBN) sits alone on a 128-byte block, updated back to
-//!   back at arrival. A read or write costs about 60 ns on this project's
-//!   machine (`cargo run --release -p strata-stats --example
-//!   record_cost`). Derived figures cost nothing per I/O:
+//!   search over at most 33 edges (a table lookup for outstanding I/Os).
+//!   Time comes from the CPU's time-stamp counter through `quanta` (the
+//!   monotonic clock where the TSC is not invariant). The only state every
+//!   thread writes sits alone on two 128-byte blocks: one word packing the
+//!   in-flight levels (all, reads, writes) and the position in the ring of
+//!   recent ends, taken with one `fetch_add` at arrival; the last arrival
+//!   (all, read, write) and last LBN; and the ring of the last 16 reads' and
+//!   writes' last LBNs. A read or write costs about 60-110 ns on this
+//!   project's (shared, busy) machine (`cargo run --release -p strata-stats
+//!   --example record_cost`; docs/PERFORMANCE.md). Derived figures cost
+//!   nothing per I/O:
 //!   a histogram's total count is the sum of its buckets, an op's command
 //!   count is the count of its latency histogram, read and write bytes are
 //!   the sums of their length histograms, and the combined ("all")
@@ -52,25 +56,44 @@
 //! | histogram | kept for | value |
 //! |---|---|---|
 //! | I/O length | read, write, all (= read + write) | request length in bytes |
-//! | seek distance | read, write, all (= read + write) | see below |
+//! | seek distance | read, write, all (= read + write) | to the previous read or write, see below |
+//! | closest seek distance | read, write, all (= read + write) | to the closest of the last 16 reads and writes |
 //! | latency | every op, all (= every command) | arrival to completion |
-//! | outstanding I/Os | all commands | commands in progress at arrival, the arriving one included |
-//! | interarrival time | all commands | time since the previous command arrived |
+//! | outstanding I/Os | read, write, all | in progress at arrival, the arriving one included: reads at a read, writes at a write, every command at any |
+//! | interarrival time | read, write, all | since the previous arrival: of a read at a read, of a write at a write, of any command at any |
 //!
-//! Seek distance is `LBN(this) − (LBN(previous) + sectors(previous))` in
-//! 512-byte sectors, so purely sequential I/O gives 0, re-reading the same
-//! sector gives −1 and skipping one sector gives +1. "Previous" is the
-//! previous read or write on the disk, over every connection; unmap,
-//! write_zeroes, flush and block_status neither record a seek nor move the
-//! position. The very first read or write after creation or a reset has no
-//! previous command and records **no** seek: 1000 sequential writes give
-//! 999 seeks of 0. The previous end is kept in one `AtomicU64` swapped by
-//! each command, so every command is measured against exactly one
-//! predecessor; with concurrent commands that predecessor is whichever
-//! swapped just before, which may differ from the order the device serves
-//! them. That race is accepted. Interarrival time has the same rules (first
-//! command after a reset records none; a racing arrival with an earlier
-//! timestamp counts as 0).
+//! For outstanding I/Os and interarrival time, `all` is a histogram of its
+//! own (it counts flush, unmap, write_zeroes and block_status too), not the
+//! sum of `read` and `write`, as in vscsiStats.
+//!
+//! Seek distance, as vscsiStats defines it: the first LBN of this command
+//! minus the **last** LBN of the previous one, in 512-byte sectors
+//! (`LBN(this) − (LBN(previous) + sectors(previous) − 1)`). Sequential
+//! commands of any length give +1 (the `<=1` bucket: "one LBN between
+//! successive commands"), re-reading the same 8-sector block gives −7, a
+//! one-sector command repeated gives 0, and skipping one sector gives +2.
+//! "Previous" is the previous read or write on the disk, over every
+//! connection; unmap, write_zeroes, flush and block_status neither record a
+//! seek nor move the position. The very first read or write after creation
+//! or a reset has no previous command and records **no** seek: 1000
+//! sequential writes give 999 seeks of +1.
+//!
+//! The closest seek distance (vscsiStats' `seekDistanceClosest`) is the same
+//! difference taken to each of the last [`CLOSEST_OF`] (16) reads and
+//! writes, keeping the one of smallest magnitude (of `+d` and `−d`, `+d`).
+//! It shows locality that interleaved streams hide from the plain seek
+//! distance: two sequential streams served alternately seek far each time,
+//! yet each command is +1 from the closest.
+//!
+//! Races: the previous end and arrival times are plain load-then-store
+//! trackers, and the ring of recent ends is read and then written, so two
+//! commands arriving at the same instant may be measured against the same
+//! predecessor, or miss each other in the ring. With concurrent commands
+//! the order is whichever arrived first at the trackers, which may differ
+//! from the order the device serves them. That is accepted. The first
+//! command after a reset records no interarrival time (and the first read,
+//! the first write, none among their kind); a racing arrival with an
+//! earlier timestamp counts as 0.
 //!
 //! # Bucket edges
 //!
@@ -83,7 +106,7 @@
 //!   ≤81920, ≤131072, ≤262144, ≤524288, >524288.
 //! - Latency, µs ([`LATENCY_EDGES_US`]): ≤1, ≤10, ≤100, ≤500, ≤1000,
 //!   ≤5000, ≤15000, ≤30000, ≤50000, ≤100000, >100000.
-//! - Seek distance, sectors ([`SEEK_DISTANCE_EDGES`]): ≤−500000, ≤−100000,
+//! - Seek distance (both), sectors ([`SEEK_DISTANCE_EDGES`]): ≤−500000, ≤−100000,
 //!   ≤−50000, ≤−10000, ≤−5000, ≤−1000, ≤−500, ≤−128, ≤−64, ≤−32, ≤−16, ≤−8,
 //!   ≤−6, ≤−4, ≤−2, ≤−1, ≤0, ≤1, ≤2, ≤4, ≤6, ≤8, ≤16, ≤32, ≤64, ≤128, ≤500,
 //!   ≤1000, ≤5000, ≤10000, ≤50000, ≤100000, ≤500000, >500000.
@@ -116,7 +139,7 @@ mod snapshot;
 mod tests;
 
 pub use device::StatsDevice;
-pub use disk::{Command, DiskStats, Op, OP_COUNT};
+pub use disk::{Command, DiskStats, Op, CLOSEST_OF, OP_COUNT};
 pub use histogram::{
     BucketSnapshot, Histogram, HistogramSnapshot, HistogramSpec, INTERARRIVAL,
     INTERARRIVAL_EDGES_US, IO_LENGTH, IO_LENGTH_EDGES, LATENCY, LATENCY_EDGES_US, OUTSTANDING,
@@ -126,4 +149,6 @@ pub use registry::StatsRegistry;
 pub use render::{
     escape_label_value, render_json, render_prometheus, render_text, Gauge, BAR_WIDTH,
 };
-pub use snapshot::{LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot};
+pub use snapshot::{
+    ArrivalHistograms, LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot,
+};

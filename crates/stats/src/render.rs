@@ -6,7 +6,7 @@ use serde::{Serialize, Serializer};
 
 use crate::disk::Op;
 use crate::histogram::HistogramSnapshot;
-use crate::snapshot::StatsSnapshot;
+use crate::snapshot::{ArrivalHistograms, StatsSnapshot};
 
 /// Width of the longest bar in [`render_text`].
 pub const BAR_WIDTH: u64 = 40;
@@ -61,6 +61,10 @@ pub fn render_text(s: &StatsSnapshot) -> String {
     for (family, hs) in [
         ("I/O length", &s.io_length),
         ("Seek distance", &s.seek_distance),
+        (
+            "Seek distance to the closest of the last 16",
+            &s.seek_distance_closest,
+        ),
     ] {
         for (what, h) in [
             ("all reads and writes", &hs.all),
@@ -78,8 +82,18 @@ pub fn render_text(s: &StatsSnapshot) -> String {
             s.latency.get(op),
         );
     }
-    text_histogram(&mut out, "Outstanding I/Os at arrival", &s.outstanding);
-    text_histogram(&mut out, "Interarrival time", &s.interarrival);
+    for (family, hs) in [
+        ("Outstanding I/Os at arrival", &s.outstanding),
+        ("Interarrival time", &s.interarrival),
+    ] {
+        for (what, h) in [
+            ("all commands", &hs.all),
+            ("reads", &hs.read),
+            ("writes", &hs.write),
+        ] {
+            text_histogram(&mut out, &format!("{family}, {what}"), h);
+        }
+    }
     out
 }
 
@@ -169,11 +183,14 @@ const NS_DECIMALS: u32 = 9;
 /// `strata_disk_errors_total` (counters, labels `disk` and `op`),
 /// `strata_disk_in_flight` and `strata_disk_stats_recording` (gauges), and
 /// histograms
-/// `strata_disk_io_size_bytes` and `strata_disk_seek_distance_sectors`
-/// (`op` = read / write), `strata_disk_latency_seconds` (every op),
+/// `strata_disk_io_size_bytes`, `strata_disk_seek_distance_sectors` and
+/// `strata_disk_seek_distance_closest_sectors` (`op` = read / write),
+/// `strata_disk_latency_seconds` (every op), and
 /// `strata_disk_outstanding_ios` and `strata_disk_interarrival_seconds`
-/// (all commands). The combined ("all") histograms are left out: they are
-/// sums of the per-op series.
+/// (`op` = read / write / all). The combined histograms of the first
+/// three are left out (they are sums of the per-op series); those of the
+/// last two are not sums, so `op="all"` is a series of its own, counting
+/// every command (do not add it to the read and write series).
 pub fn render_prometheus(disks: &[(String, StatsSnapshot)], extra_gauges: &[Gauge]) -> String {
     let mut out = String::new();
     if !disks.is_empty() {
@@ -297,34 +314,51 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
         }
     }
 
+    let name = "strata_disk_seek_distance_closest_sectors";
+    family(
+        out,
+        name,
+        "Signed distance in 512-byte sectors from the closest of the last 16 reads and writes (their last sector) to the first sector of this one.",
+        "histogram",
+    );
+    for (disk, s) in disks {
+        for op in RW {
+            let h = s.seek_distance_closest.get(op).expect("read or write");
+            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, 0, 0);
+        }
+    }
+
     let name = "strata_disk_outstanding_ios";
     family(
         out,
         name,
-        "Commands outstanding when a command arrives, the arriving one included.",
+        "Commands outstanding when a command arrives, the arriving one included: reads at a read, writes at a write, every command at any (op=\"all\", not the sum of the others).",
         "histogram",
     );
     for (disk, s) in disks {
-        prom_histogram(out, name, &[("disk", disk)], &s.outstanding, 0, 0);
+        for (op, h) in arrival_series(&s.outstanding) {
+            prom_histogram(out, name, &[("disk", disk), ("op", op)], h, 0, 0);
+        }
     }
 
     let name = "strata_disk_interarrival_seconds";
     family(
         out,
         name,
-        "Time between the arrivals of consecutive commands.",
+        "Time since the previous arrival: of a read at a read, of a write at a write, of any command at any (op=\"all\", not the sum of the others).",
         "histogram",
     );
     for (disk, s) in disks {
-        prom_histogram(
-            out,
-            name,
-            &[("disk", disk)],
-            &s.interarrival,
-            US_DECIMALS,
-            NS_DECIMALS,
-        );
+        for (op, h) in arrival_series(&s.interarrival) {
+            let labels = [("disk", disk.as_str()), ("op", op)];
+            prom_histogram(out, name, &labels, h, US_DECIMALS, NS_DECIMALS);
+        }
     }
+}
+
+/// The `op` label and histogram of each series of an arrival family.
+fn arrival_series(h: &ArrivalHistograms) -> [(&'static str, &HistogramSnapshot); 3] {
+    [("read", &h.read), ("write", &h.write), ("all", &h.all)]
 }
 
 fn render_gauges(out: &mut String, gauges: &[Gauge]) {

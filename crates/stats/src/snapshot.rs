@@ -18,6 +18,7 @@ pub struct OpCounters {
 }
 
 /// A histogram kept for reads and for writes, and their combination.
+/// (Compare [`ArrivalHistograms`], whose `all` counts every command.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadWriteHistograms {
     pub read: HistogramSnapshot,
@@ -33,6 +34,32 @@ impl ReadWriteHistograms {
         Self { read, write, all }
     }
 
+    /// The histogram of `op`, for read and write.
+    pub fn get(&self, op: Op) -> Option<&HistogramSnapshot> {
+        match op {
+            Op::Read => Some(&self.read),
+            Op::Write => Some(&self.write),
+            _ => None,
+        }
+    }
+}
+
+/// A histogram of something measured at each command's arrival, kept as
+/// vscsiStats keeps it: among reads only, among writes only, and among
+/// every command. `all` is its own histogram, not `read + write`: it counts
+/// flush, unmap, write_zeroes and block_status too, and an interarrival
+/// time in `all` is measured to the previous command of any kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrivalHistograms {
+    /// Measured at each read, among reads.
+    pub read: HistogramSnapshot,
+    /// Measured at each write, among writes.
+    pub write: HistogramSnapshot,
+    /// Measured at every command, among every command.
+    pub all: HistogramSnapshot,
+}
+
+impl ArrivalHistograms {
     /// The histogram of `op`, for read and write.
     pub fn get(&self, op: Op) -> Option<&HistogramSnapshot> {
         match op {
@@ -111,15 +138,20 @@ pub struct StatsSnapshot {
     pub errors: u64,
     /// Request length in bytes.
     pub io_length: ReadWriteHistograms,
-    /// Signed distance in sectors from the end of the previous read or
-    /// write to the start of this one.
+    /// Signed distance in sectors from the last sector of the previous
+    /// read or write to the first sector of this one (sequential: +1).
     pub seek_distance: ReadWriteHistograms,
+    /// The same distance to whichever of the last 16 reads and writes ends
+    /// closest (smallest magnitude).
+    pub seek_distance_closest: ReadWriteHistograms,
     /// Time from arrival to completion.
     pub latency: LatencyHistograms,
-    /// Commands outstanding at arrival, the arriving one included.
-    pub outstanding: HistogramSnapshot,
-    /// Time between consecutive command arrivals.
-    pub interarrival: HistogramSnapshot,
+    /// Commands outstanding at arrival, the arriving one included: reads
+    /// among reads, writes among writes, and every command.
+    pub outstanding: ArrivalHistograms,
+    /// Time since the previous arrival: of a read (for reads), of a write
+    /// (for writes), of any command (all).
+    pub interarrival: ArrivalHistograms,
 }
 
 impl StatsSnapshot {

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use strata_block::{
-    BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions, SECTOR_BYTES,
+    BlockDevice, BlockError, BlockResult, ErrorKind, Extent, Fill, ReadFill, ZeroOptions,
+    SECTOR_BYTES,
 };
 use strata_storage::{Backend, Storage};
 
@@ -520,10 +521,20 @@ impl VmdkImage {
         Ok(())
     }
 
-    /// Read `buf` at byte `off` as link `level` sees it.
-    fn read_level(&self, level: usize, buf: &mut [u8], off: u64) -> Result<()> {
+    /// Read `buf` at byte `off` as link `level` sees it, appending to
+    /// `fill` how each run was filled: what no link stores (below the
+    /// bottom link, past a link's end, ZERO extents, zero and unmapped
+    /// grains) is `Zeros`.
+    fn read_level(
+        &self,
+        level: usize,
+        buf: &mut [u8],
+        off: u64,
+        fill: &mut ReadFill,
+    ) -> Result<()> {
         let Some(link) = self.links.get(level) else {
             buf.fill(0);
+            fill.push(buf.len() as u64, Fill::Zeros);
             return Ok(());
         };
         let end_link = link.sectors * SECTOR;
@@ -532,17 +543,23 @@ impl VmdkImage {
             let cur = off + pos as u64;
             if cur >= end_link {
                 buf[pos..].fill(0);
+                fill.push((buf.len() - pos) as u64, Fill::Zeros);
                 break;
             }
             let (ext, ext_off, n) = link.piece(cur, (buf.len() - pos) as u64)?;
             let n = n as usize;
             let piece = &mut buf[pos..pos + n];
             match &ext.imp {
-                ExtentImpl::Zero => piece.fill(0),
-                ExtentImpl::Flat { file, name, offset } => file
-                    .read_at(piece, offset + ext_off)
-                    .map_err(|e| VmdkError::io(name, e))?,
-                ExtentImpl::Sparse(s) => self.read_sparse(level, s, piece, ext_off, cur)?,
+                ExtentImpl::Zero => {
+                    piece.fill(0);
+                    fill.push(n as u64, Fill::Zeros);
+                }
+                ExtentImpl::Flat { file, name, offset } => {
+                    file.read_at(piece, offset + ext_off)
+                        .map_err(|e| VmdkError::io(name, e))?;
+                    fill.push(n as u64, Fill::Data);
+                }
+                ExtentImpl::Sparse(s) => self.read_sparse(level, s, piece, ext_off, cur, fill)?,
             }
             pos += n;
         }
@@ -558,6 +575,7 @@ impl VmdkImage {
         buf: &mut [u8],
         ext_off: u64,
         virt: u64,
+        fill: &mut ReadFill,
     ) -> Result<()> {
         let gb = s.grain_bytes();
         let cap = s.capacity_sectors() * SECTOR;
@@ -591,9 +609,15 @@ impl VmdkImage {
             }
             let piece = &mut buf[pos..pos + n];
             match first {
-                Gte::Unalloc => self.read_level(level + 1, piece, virt + pos as u64)?,
-                Gte::Zero | Gte::Unmapped => piece.fill(0),
-                g => s.read_grain(g, o % gb, piece)?,
+                Gte::Unalloc => self.read_level(level + 1, piece, virt + pos as u64, fill)?,
+                Gte::Zero | Gte::Unmapped => {
+                    piece.fill(0);
+                    fill.push(n as u64, Fill::Zeros);
+                }
+                g => {
+                    s.read_grain(g, o % gb, piece)?;
+                    fill.push(n as u64, Fill::Data);
+                }
             }
             pos += n;
         }
@@ -624,7 +648,7 @@ impl VmdkImage {
     /// Read what link `level` shows at `off` (falling through to its parents).
     pub fn read_link(&self, level: usize, buf: &mut [u8], off: u64) -> Result<()> {
         let _g = self.io.read();
-        self.read_level(level, buf, off)
+        self.read_level(level, buf, off, &mut ReadFill::new())
     }
 
     fn push(out: &mut Vec<(u64, RangeState)>, n: u64, st: RangeState) {
@@ -829,7 +853,12 @@ impl VmdkImage {
                             let mut full = vec![0u8; gb as usize];
                             if m < gb {
                                 match cur {
-                                    Gte::Unalloc => self.read_level(1, &mut full, grain_virt)?,
+                                    Gte::Unalloc => self.read_level(
+                                        1,
+                                        &mut full,
+                                        grain_virt,
+                                        &mut ReadFill::new(),
+                                    )?,
                                     Gte::Compressed(_) => s.read_grain(cur, 0, &mut full)?,
                                     _ => {}
                                 }
@@ -980,10 +1009,13 @@ impl BlockDevice for VmdkImage {
         !self.writable || !self.links[0].writable
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<ReadFill> {
         strata_block::check_range(offset, buf.len() as u64, self.size_bytes())?;
         let _g = self.io.read();
-        self.read_level(0, buf, offset).map_err(to_block)
+        let mut fill = ReadFill::new();
+        self.read_level(0, buf, offset, &mut fill)
+            .map_err(to_block)?;
+        Ok(fill)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BlockResult<()> {

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
-use strata_block::{BlockDevice, ZeroOptions};
+use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
 use strata_storage::{Backend, SimBackend};
 use strata_vmdk::create::image_files;
 use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeSparseHeader, SeSparseVolatile};
@@ -721,6 +721,62 @@ fn every_base_image_is_valid_and_reads() {
         assert!(buf.iter().any(|&x| x != 0), "{}: has data", base.what);
         for (name, c) in img.check(false).unwrap() {
             assert!(c.errors.is_empty(), "{}: {name}: {:?}", base.what, c.errors);
+        }
+    }
+}
+
+/// The runs of `[off, off+len)` as block status reports them, with every
+/// extent that is a hole or reads as zeros as `Zeros` (what a read may call
+/// a hole).
+fn status_fill(img: &VmdkImage, off: u64, len: u64) -> ReadFill {
+    let mut want = ReadFill::new();
+    let mut at = off;
+    while at < off + len {
+        for x in img.block_status(at, off + len - at).unwrap() {
+            let f = if x.hole || x.zero {
+                Fill::Zeros
+            } else {
+                Fill::Data
+            };
+            want.push(x.len_bytes, f);
+            at += x.len_bytes;
+        }
+    }
+    want
+}
+
+/// A read reports as zeros exactly what block status calls a hole or zero
+/// (unallocated grains down the whole chain, zero and unmapped grains, ZERO
+/// extents), from its own lookups, and those runs hold zeros.
+#[test]
+fn reads_report_the_holes_block_status_reports() {
+    for base in bases() {
+        let b = install(&base.files);
+        let img = VmdkImage::open_in(Arc::new(b.clone()), &base.open, &OpenOptions::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", base.what));
+        let size = img.size_bytes();
+        let mut buf = vec![0xa5u8; size as usize];
+        let fill = img.read_at(&mut buf, 0).unwrap();
+        assert_eq!(fill, status_fill(&img, 0, size), "{}", base.what);
+        // Every base but the flat one has holes.
+        assert_eq!(
+            fill.runs().any(|(_, f)| f == Fill::Zeros),
+            base.what != "monolithicFlat",
+            "{}: holes",
+            base.what
+        );
+        for (r, f) in fill.runs() {
+            if f == Fill::Zeros {
+                let run = &buf[r.start as usize..r.end as usize];
+                assert!(run.iter().all(|&x| x == 0), "{}: {r:?}", base.what);
+            }
+        }
+        // Short reads across grain and extent edges say the same.
+        for k in 0..64u64 {
+            let off = (k * 4096 * 17 + 1536) % size / 512 * 512;
+            let len = (3 * 512).min(size - off);
+            let fill = img.read_at(&mut buf[..len as usize], off).unwrap();
+            assert_eq!(fill, status_fill(&img, off, len), "{} at {off}", base.what);
         }
     }
 }

@@ -206,7 +206,7 @@ fn open_rw(path: &Path) -> VmdkImage {
 fn strata_reader(img: &VmdkImage) -> impl FnMut(&mut [u8], u64) + '_ {
     move |buf, off| {
         img.read_at(buf, off)
-            .unwrap_or_else(|e| panic!("strata read at {off}: {e}"))
+            .unwrap_or_else(|e| panic!("strata read at {off}: {e}"));
     }
 }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use strata_block::{
-    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions,
+    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, Fill, ReadFill,
+    ZeroOptions,
 };
 
 pub const BLOCK: u64 = 4096;
@@ -95,6 +96,10 @@ pub struct MemDisk {
     /// block_status ignores the requested length (a sloppy device).
     sloppy_status: bool,
     pub calls: Mutex<Vec<Call>>,
+    /// read_at and block_status calls received (whatever their outcome
+    /// after the range check).
+    pub reads: Mutex<u64>,
+    pub statuses: Mutex<u64>,
     pub gate: Gate,
 }
 
@@ -111,6 +116,8 @@ impl MemDisk {
             panic_at: None,
             sloppy_status: false,
             calls: Mutex::new(Vec::new()),
+            reads: Mutex::new(0),
+            statuses: Mutex::new(0),
             gate: Gate::default(),
         }
     }
@@ -193,15 +200,27 @@ impl BlockDevice for MemDisk {
         self.read_only
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<ReadFill> {
         self.check(offset, buf.len() as u64, false)?;
         if self.panic_at == Some(offset) {
             panic!("memdisk told to panic at {offset}");
         }
         self.gate.pass(offset);
+        *self.reads.lock() += 1;
         let s = self.store.lock();
         buf.copy_from_slice(&s.bytes[offset as usize..offset as usize + buf.len()]);
-        Ok(())
+        // Unallocated blocks are holes (what block_status reports).
+        let mut fill = ReadFill::new();
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        while at < end {
+            let block = at / BLOCK;
+            let next = ((block + 1) * BLOCK).min(end);
+            let hole = !s.allocated[block as usize];
+            fill.push(next - at, if hole { Fill::Zeros } else { Fill::Data });
+            at = next;
+        }
+        Ok(fill)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BlockResult<()> {
@@ -248,6 +267,7 @@ impl BlockDevice for MemDisk {
 
     fn block_status(&self, offset: u64, len: u64) -> BlockResult<Vec<Extent>> {
         self.check(offset, len, false)?;
+        *self.statuses.lock() += 1;
         let s = self.store.lock();
         if self.sloppy_status {
             // Wrong on purpose: one extent far longer than asked.

@@ -535,42 +535,105 @@ fn structured_read_is_one_offset_data_chunk() {
     assert_eq!(c.read(0, 512).unwrap(), vec![9u8; 512]);
 }
 
+/// Every chunk of the structured reply to `cookie`, until DONE:
+/// `(type, offset, length)` with the data of OFFSET_DATA chunks checked
+/// against `expect` (the bytes at `base`).
+fn read_chunks(c: &mut Client, cookie: u64, base: u64, expect: &[u8]) -> Vec<(u16, u64, u64)> {
+    let mut out = Vec::new();
+    loop {
+        let Reply::Chunk {
+            flags,
+            ty,
+            cookie: ck,
+            payload,
+        } = c.reply()
+        else {
+            panic!("simple reply to a structured READ");
+        };
+        assert_eq!(ck, cookie);
+        let at = u64::from_be_bytes(payload[..8].try_into().unwrap());
+        let len = match ty {
+            CHUNK_OFFSET_DATA => {
+                let i = (at - base) as usize;
+                assert_eq!(
+                    payload[8..],
+                    expect[i..i + payload.len() - 8],
+                    "data at {at}"
+                );
+                payload.len() as u64 - 8
+            }
+            CHUNK_OFFSET_HOLE => u32::from_be_bytes(payload[8..12].try_into().unwrap()) as u64,
+            t => panic!("unexpected chunk type {t}"),
+        };
+        out.push((ty, at, len));
+        if flags & CHUNK_DONE != 0 {
+            return out;
+        }
+    }
+}
+
 #[test]
-fn long_structured_reads_of_zeros_are_one_hole_chunk() {
+fn long_structured_reads_send_the_holes_the_read_reported_as_hole_chunks() {
     let h = Harness::new();
     let (mut c, _) = h.open("disk", true, false);
     let len = 128 * KIB as u32;
-    let expect = |c: &mut Client, flags: u16, ty: u16| {
-        let ck = c.request(flags, CMD_READ, 256 * KIB, len, &[]);
-        match c.reply() {
-            Reply::Chunk {
-                flags: CHUNK_DONE,
-                ty: t,
-                cookie,
-                payload,
-            } if cookie == ck => {
-                assert_eq!(t, ty, "chunk type");
-                payload
-            }
-            r => panic!("expected one chunk, got {r:?}"),
-        }
-    };
-    let p = expect(&mut c, 0, CHUNK_OFFSET_HOLE);
-    assert_eq!(p[..8], (256 * KIB).to_be_bytes());
-    assert_eq!(p[8..], len.to_be_bytes());
-    // DF asks for the data itself.
-    let p = expect(&mut c, FLAG_DF, CHUNK_OFFSET_DATA);
-    assert_eq!(p[8..], vec![0u8; len as usize]);
-    // One allocated block in the range: data again.
-    assert_eq!(c.write(300 * KIB, &[5u8; 512]), 0);
-    let p = expect(&mut c, 0, CHUNK_OFFSET_DATA);
-    assert_eq!(p[8 + 44 * 1024..8 + 44 * 1024 + 512], [5u8; 512]);
-    // Short reads are not checked.
-    let ck = c.request(0, CMD_READ, 0, 4096, &[]);
-    assert!(
-        matches!(c.reply(), Reply::Chunk { ty: CHUNK_OFFSET_DATA, cookie, .. } if cookie == ck)
+    let zeros = vec![0u8; len as usize];
+    let (d, hl) = (CHUNK_OFFSET_DATA, CHUNK_OFFSET_HOLE);
+    // All holes: one OFFSET_HOLE chunk.
+    let ck = c.request(0, CMD_READ, 256 * KIB, len, &[]);
+    assert_eq!(
+        read_chunks(&mut c, ck, 256 * KIB, &zeros),
+        vec![(hl, 256 * KIB, len as u64)]
     );
-    assert_eq!(c.read(512 * KIB, len).unwrap(), vec![0u8; len as usize]);
+    // DF asks for the data itself.
+    let ck = c.request(FLAG_DF, CMD_READ, 256 * KIB, len, &[]);
+    assert_eq!(
+        read_chunks(&mut c, ck, 256 * KIB, &zeros),
+        vec![(d, 256 * KIB, len as u64)]
+    );
+    // One allocated block in the range: hole, data, hole, in order.
+    assert_eq!(c.write(300 * KIB, &[5u8; 512]), 0);
+    let mut expect = zeros.clone();
+    expect[44 * 1024..44 * 1024 + 512].fill(5);
+    let ck = c.request(0, CMD_READ, 256 * KIB, len, &[]);
+    assert_eq!(
+        read_chunks(&mut c, ck, 256 * KIB, &expect),
+        vec![
+            (hl, 256 * KIB, 44 * KIB),
+            (d, 300 * KIB, 4 * KIB),
+            (hl, 304 * KIB, 80 * KIB)
+        ]
+    );
+    // Short reads are one data chunk, holes or not.
+    let ck = c.request(0, CMD_READ, 0, 4096, &[]);
+    assert_eq!(read_chunks(&mut c, ck, 0, &zeros), vec![(d, 0, 4096)]);
+    assert_eq!(c.read(512 * KIB, len).unwrap(), zeros);
+    assert_eq!(c.read(256 * KIB, len).unwrap(), expect);
+}
+
+#[test]
+fn reads_make_one_pass_over_the_device_and_never_ask_block_status() {
+    let h = Harness::new();
+    let disk = h.disks[0].clone();
+    disk.fill(0, &[3u8; 256 * 1024]);
+    for (structured, df) in [(true, 0), (true, FLAG_DF), (false, 0)] {
+        let (mut c, _) = h.open("disk", structured, structured);
+        let reads = *disk.reads.lock();
+        // 1 MiB: the first quarter data, the rest a hole.
+        for mib_part in 0..4u64 {
+            let off = mib_part * 256 * KIB;
+            let ck = c.request(df, CMD_READ, off, 256 * KIB as u32, &[]);
+            let want = vec![if mib_part == 0 { 3u8 } else { 0 }; 256 * 1024];
+            assert_eq!(c.read_reply(ck, off, 256 * KIB as u32).unwrap(), want);
+        }
+        assert_eq!(*disk.reads.lock() - reads, 4, "one device read per READ");
+        assert_eq!(*disk.statuses.lock(), 0, "no block status on the read path");
+        c.disc();
+    }
+    // A BLOCK_STATUS command is the one thing that asks.
+    let (mut c, _) = h.open("disk", true, true);
+    assert!(c.block_status(0, 0, 4096).is_ok());
+    assert_eq!(*disk.statuses.lock(), 1);
 }
 
 #[test]

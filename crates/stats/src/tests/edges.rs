@@ -115,6 +115,19 @@ fn outstanding_edges_hold_the_edge_and_pass_edge_plus_one_on() {
 }
 
 #[test]
+fn small_count_histograms_place_every_value_as_the_edge_search_does() {
+    // Outstanding I/Os go through a lookup table up to 128; the rest,
+    // negatives and huge values included, must land as the search says.
+    let values = (-3..=300).chain([i64::MIN, -1 << 40, 1 << 40, i64::MAX]);
+    for v in values {
+        let h = Histogram::new(&OUTSTANDING);
+        h.record(v);
+        let at = h.snapshot().buckets.iter().position(|b| b.count == 1);
+        assert_eq!(at, Some(OUTSTANDING.bucket_index(v)), "value {v}");
+    }
+}
+
+#[test]
 fn seek_edges_hold_the_edge_and_pass_edge_plus_one_on_negative_ones_too() {
     assert_edges_land(&SEEK_DISTANCE);
     let bucket_of = |v: i64| SEEK_DISTANCE.label(SEEK_DISTANCE.bucket_index(v));
@@ -132,6 +145,23 @@ fn seek_edges_hold_the_edge_and_pass_edge_plus_one_on_negative_ones_too() {
     assert_eq!(bucket_of(500_000), "<=500000");
     assert_eq!(bucket_of(500_001), ">500000");
     assert_eq!(bucket_of(i64::MAX), ">500000");
+}
+
+/// The definition the seek edges are read with (vscsiStats): the first LBN
+/// of a command minus the last LBN of the previous one. Sequential
+/// commands of any length are one LBN apart.
+#[test]
+fn sequential_commands_of_any_length_land_in_the_plus_1_bucket() {
+    for sectors in [1u64, 8, 16, 128, 2048] {
+        let stats = crate::DiskStats::new();
+        for i in 0..100u64 {
+            let c = stats.begin(crate::Op::Read, i * sectors * 512, sectors * 512);
+            c.finish(true);
+        }
+        let seek = stats.snapshot().seek_distance.read;
+        assert_eq!(seek.bucket_count(Some(1)), Some(99), "{sectors} sectors");
+        assert_eq!(SEEK_DISTANCE.label(SEEK_DISTANCE.bucket_index(1)), "<=1");
+    }
 }
 
 #[test]

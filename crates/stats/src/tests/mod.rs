@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 
 use parking_lot::Mutex;
 use strata_block::{
-    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ZeroOptions,
+    check_range, BlockDevice, BlockError, BlockResult, ErrorKind, Extent, ReadFill, ZeroOptions,
 };
 
 use crate::{DiskStats, StatsDevice};
@@ -55,7 +55,7 @@ impl BlockDevice for MemDisk {
         false
     }
 
-    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<()> {
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill> {
         if self.panic_on_read {
             panic!("MemDisk told to panic");
         }
@@ -64,7 +64,7 @@ impl BlockDevice for MemDisk {
         }
         let r = self.range(offset_bytes, buf.len() as u64)?;
         buf.copy_from_slice(&self.data.lock()[r]);
-        Ok(())
+        Ok(ReadFill::all_data(buf.len() as u64))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, _fua: bool) -> BlockResult<()> {

@@ -13,7 +13,7 @@ use crate::{
     BAR_WIDTH,
 };
 
-const FAMILIES: [(&str, &str); 9] = [
+const FAMILIES: [(&str, &str); 10] = [
     ("strata_disk_commands_total", "counter"),
     ("strata_disk_bytes_total", "counter"),
     ("strata_disk_errors_total", "counter"),
@@ -21,6 +21,7 @@ const FAMILIES: [(&str, &str); 9] = [
     ("strata_disk_io_size_bytes", "histogram"),
     ("strata_disk_latency_seconds", "histogram"),
     ("strata_disk_seek_distance_sectors", "histogram"),
+    ("strata_disk_seek_distance_closest_sectors", "histogram"),
     ("strata_disk_outstanding_ios", "histogram"),
     ("strata_disk_interarrival_seconds", "histogram"),
 ];
@@ -141,8 +142,9 @@ fn prometheus_output_parses_with_the_families_labels_and_counts_expected() {
         assert_eq!(last.count, count, "{} {labels:?}", sample.metric);
         scalar(&s, &format!("{}_sum", sample.metric), &labels);
     }
-    // Per disk: io size 2, latency 6, seek 2, outstanding 1, interarrival 1.
-    assert_eq!(histograms, 2 * 12);
+    // Per disk: io size 2, latency 6, seek 2, closest seek 2, outstanding
+    // 3, interarrival 3.
+    assert_eq!(histograms, 2 * 18);
 
     // Specific histograms.
     let size = buckets(&s, "strata_disk_io_size_bytes", &[d0, ("op", "write")]);
@@ -161,10 +163,10 @@ fn prometheus_output_parses_with_the_families_labels_and_counts_expected() {
         &[d0, ("op", "write")],
     );
     assert_eq!(seek[0], (-500000.0, 0.0));
-    assert_eq!(seek[15], (-1.0, 0.0));
-    assert_eq!(seek[16], (0.0, 999.0));
+    assert_eq!(seek[16], (0.0, 0.0));
+    assert_eq!(seek[17], (1.0, 999.0));
     assert_eq!(seek[33], (f64::INFINITY, 999.0));
-    // disk1 reads go down by 8 sectors each, reading 1: seek -9 each.
+    // disk1 reads go down by 8 sectors each, reading 1: seek -8 each.
     let seek = buckets(
         &s,
         "strata_disk_seek_distance_sectors",
@@ -172,14 +174,20 @@ fn prometheus_output_parses_with_the_families_labels_and_counts_expected() {
     );
     assert_eq!(seek[10], (-16.0, 0.0));
     assert_eq!(seek[11], (-8.0, 99.0));
+    let closest = buckets(
+        &s,
+        "strata_disk_seek_distance_closest_sectors",
+        &[d1, ("op", "read")],
+    );
+    assert_eq!(closest, seek, "the closest is the previous read");
     assert_eq!(
         scalar(
             &s,
             "strata_disk_seek_distance_sectors_sum",
             &[d1, ("op", "read")]
         ),
-        // 99 steps of -9, then the failed read far ahead: 32768 - 1.
-        -891.0 + 32767.0
+        // 99 steps of -8, then the failed read far ahead of sector 0.
+        -792.0 + 32768.0
     );
 
     let latency = buckets(&s, "strata_disk_latency_seconds", &[d0, ("op", "write")]);
@@ -201,10 +209,17 @@ fn prometheus_output_parses_with_the_families_labels_and_counts_expected() {
         ]
     );
     assert_eq!(latency[10].1, 1000.0);
-    let outstanding = buckets(&s, "strata_disk_outstanding_ios", &[d0]);
-    assert_eq!(outstanding[0], (1.0, 1001.0));
-    let interarrival = buckets(&s, "strata_disk_interarrival_seconds", &[d1]);
-    assert_eq!(interarrival.last().unwrap().1, 102.0);
+    let outstanding = |disk, op| buckets(&s, "strata_disk_outstanding_ios", &[disk, ("op", op)]);
+    assert_eq!(outstanding(d0, "all")[0], (1.0, 1001.0));
+    assert_eq!(outstanding(d0, "write")[0], (1.0, 1000.0));
+    assert_eq!(outstanding(d0, "read")[0], (1.0, 0.0));
+    let interarrival =
+        |disk, op| buckets(&s, "strata_disk_interarrival_seconds", &[disk, ("op", op)]);
+    // 101 reads, an unmap and a write_zeroes: 102 intervals among all
+    // commands, 100 among reads.
+    assert_eq!(interarrival(d1, "all").last().unwrap().1, 102.0);
+    assert_eq!(interarrival(d1, "read").last().unwrap().1, 100.0);
+    assert_eq!(interarrival(d1, "write").last().unwrap().1, 0.0);
 }
 
 #[test]

@@ -18,7 +18,7 @@ fn nonzero_buckets(h: &HistogramSnapshot) -> BTreeMap<String, u64> {
 }
 
 #[test]
-fn sequential_4k_writes_fill_the_4096_bucket_and_seek_0_after_the_first() {
+fn sequential_4k_writes_fill_the_4096_bucket_and_seek_plus_1_after_the_first() {
     let (stats, dev) = stats_over_mem(8 << 20);
     sequential_writes(&dev);
     let s = stats.snapshot();
@@ -41,11 +41,15 @@ fn sequential_4k_writes_fill_the_4096_bucket_and_seek_0_after_the_first() {
     assert_eq!(s.io_length.all, s.io_length.write);
     assert_eq!(s.io_length.read.count, 0);
 
-    // The first write has no predecessor and records no seek.
+    // The first write has no predecessor and records no seek; each later
+    // one starts one LBN after the last LBN of the one before (vscsiStats:
+    // "one LBN between successive commands").
     let seek = &s.seek_distance.write;
-    assert_eq!(nonzero_buckets(seek), BTreeMap::from([("<=0".into(), 999)]));
-    assert_eq!(seek.sum, 0);
+    assert_eq!(nonzero_buckets(seek), BTreeMap::from([("<=1".into(), 999)]));
+    assert_eq!(seek.sum, 999);
     assert_eq!(s.seek_distance.all, s.seek_distance.write);
+    // The closest of the last 16 is the previous write.
+    assert_eq!(s.seek_distance_closest, s.seek_distance);
 
     assert_eq!(s.latency.write.count, 1000);
     assert_eq!(s.latency.all.count, 1000);
@@ -54,23 +58,28 @@ fn sequential_4k_writes_fill_the_4096_bucket_and_seek_0_after_the_first() {
 
     // One connection, one command at a time.
     assert_eq!(
-        nonzero_buckets(&s.outstanding),
+        nonzero_buckets(&s.outstanding.all),
         BTreeMap::from([("<=1".into(), 1000)])
     );
-    assert_eq!(s.outstanding.sum, 1000);
-    assert_eq!(s.interarrival.count, 999);
+    assert_eq!(s.outstanding.all.sum, 1000);
+    assert_eq!(s.outstanding.write, s.outstanding.all);
+    assert_eq!(s.outstanding.read.count, 0);
+    assert_eq!(s.interarrival.all.count, 999);
+    assert_eq!(s.interarrival.write.count, 999);
+    assert_eq!(s.interarrival.read.count, 0);
 }
 
 #[test]
 fn descending_512b_reads_give_negative_seeks_in_the_right_buckets() {
     let (stats, dev) = stats_over_mem(16 << 20);
-    // Each read is one sector and starts `step` sectors below the previous
-    // one, so its seek distance is -(step + 1).
+    // Each read is one sector (first LBN = last LBN) and starts `step`
+    // sectors below the previous one, so its seek distance is -step; a
+    // step of 0 reads the same sector again, distance 0.
     let steps_and_buckets: [(u64, &str); 6] = [
-        (0, "<=-1"),
-        (1, "<=-2"),
-        (5, "<=-6"),
-        (7, "<=-8"),
+        (0, "<=0"),
+        (1, "<=-1"),
+        (6, "<=-6"),
+        (8, "<=-8"),
         (200, "<=-128"),
         (1000, "<=-1000"),
     ];
@@ -84,7 +93,7 @@ fn descending_512b_reads_give_negative_seeks_in_the_right_buckets() {
         sector -= step;
         dev.read_at(&mut buf, sector * 512).unwrap();
         *expected.entry(bucket.to_string()).or_default() += 1;
-        expected_sum -= step as i128 + 1;
+        expected_sum -= step as i128;
     }
     let s = stats.snapshot();
 
@@ -94,7 +103,7 @@ fn descending_512b_reads_give_negative_seeks_in_the_right_buckets() {
         nonzero_buckets(&s.io_length.read),
         BTreeMap::from([("<=512".into(), 100)])
     );
-    assert_eq!(expected["<=-1"], 17);
+    assert_eq!(expected["<=0"], 17);
     assert_eq!(expected["<=-1000"], 16);
     assert_eq!(nonzero_buckets(&s.seek_distance.read), expected);
     assert_eq!(s.seek_distance.read.count, 99);
@@ -110,26 +119,35 @@ fn connections_sharing_one_disk_continue_one_seek_chain() {
     let a = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
     let b = StatsDevice::new(Arc::clone(&disk), Arc::clone(&stats));
 
-    a.write_at(&[1; 4096], 0, false).unwrap(); // sectors 0..8, no seek
-    b.write_at(&[2; 4096], 4096, false).unwrap(); // starts at 8: seek 0
+    a.write_at(&[1; 4096], 0, false).unwrap(); // sectors 0..=7, no seek
+    b.write_at(&[2; 4096], 4096, false).unwrap(); // 8..=15: seek +1
     let mut buf = [0u8; 1024];
-    a.read_at(&mut buf, 4096 + 4096 + 512).unwrap(); // starts at 17: seek +1
-    b.read_at(&mut buf, 0).unwrap(); // previous ended at 19: seek -19
+    a.read_at(&mut buf, 4096 + 4096 + 512).unwrap(); // 17..=18: seek +2
+    b.read_at(&mut buf, 0).unwrap(); // 0..=1 after 18: seek -18
 
     let s = stats.snapshot();
     assert_eq!(s.write.commands, 2);
     assert_eq!(s.read.commands, 2);
     assert_eq!(
         nonzero_buckets(&s.seek_distance.write),
-        BTreeMap::from([("<=0".into(), 1)])
+        BTreeMap::from([("<=1".into(), 1)])
     );
     assert_eq!(
         nonzero_buckets(&s.seek_distance.read),
-        BTreeMap::from([("<=1".into(), 1), ("<=-16".into(), 1)])
+        BTreeMap::from([("<=2".into(), 1), ("<=-16".into(), 1)])
     );
     assert_eq!(s.seek_distance.all.count, 3);
-    assert_eq!(s.seek_distance.all.sum, -18);
-    assert_eq!(s.interarrival.count, 3);
+    assert_eq!(s.seek_distance.all.sum, -15);
+    // The last read is closest to the first write's last LBN, 7: -7.
+    assert_eq!(
+        nonzero_buckets(&s.seek_distance_closest.read),
+        BTreeMap::from([("<=2".into(), 1), ("<=-6".into(), 1)])
+    );
+    assert_eq!(s.interarrival.all.count, 3);
+    // Per kind: the second write after the first, the second read after
+    // the first.
+    assert_eq!(s.interarrival.write.count, 1);
+    assert_eq!(s.interarrival.read.count, 1);
     // The data went through to the shared disk.
     let mut check = [0u8; 4096];
     disk.read_at(&mut check, 4096).unwrap();
@@ -146,7 +164,7 @@ fn other_commands_are_counted_and_do_not_move_the_seek_position() {
     dev.flush().unwrap();
     let extents = dev.block_status(0, 4096).unwrap();
     assert_eq!(extents.len(), 1);
-    dev.write_at(&[7; 4096], 4096, false).unwrap(); // starts at 8: seek 0
+    dev.write_at(&[7; 4096], 4096, false).unwrap(); // starts at 8: seek +1
 
     let s = stats.snapshot();
     assert_eq!(s.write.commands, 2);
@@ -162,7 +180,7 @@ fn other_commands_are_counted_and_do_not_move_the_seek_position() {
     assert_eq!(s.total_commands(), 6);
     assert_eq!(
         nonzero_buckets(&s.seek_distance.write),
-        BTreeMap::from([("<=0".into(), 1)])
+        BTreeMap::from([("<=1".into(), 1)])
     );
     // Lengths are kept for reads and writes only.
     assert_eq!(s.io_length.all.count, 2);
@@ -177,8 +195,11 @@ fn other_commands_are_counted_and_do_not_move_the_seek_position() {
         assert_eq!(s.counters(op).commands, expected, "{}", op.name());
     }
     assert_eq!(s.latency.all.count, 6);
-    assert_eq!(s.outstanding.count, 6);
-    assert_eq!(s.interarrival.count, 5);
+    assert_eq!(s.outstanding.all.count, 6);
+    assert_eq!(s.interarrival.all.count, 5);
+    // Among writes: two arrivals, one interval.
+    assert_eq!(s.outstanding.write.count, 2);
+    assert_eq!(s.interarrival.write.count, 1);
 }
 
 #[test]
@@ -243,10 +264,11 @@ fn concurrent_commands_show_up_as_outstanding() {
     }
     let s = stats.snapshot();
     assert_eq!(
-        nonzero_buckets(&s.outstanding),
+        nonzero_buckets(&s.outstanding.all),
         BTreeMap::from([("<=1".into(), 1), ("<=2".into(), 1)])
     );
-    assert_eq!(s.outstanding.sum, 3);
+    assert_eq!(s.outstanding.all.sum, 3);
+    assert_eq!(s.outstanding.read, s.outstanding.all);
     assert_eq!(s.read.commands, 2);
     assert_eq!(s.in_flight, 0);
     assert_eq!(s.seek_distance.read.count, 1);
@@ -277,6 +299,9 @@ fn reset_zeroes_everything_and_forgets_the_previous_command() {
         &after.latency.all,
         &after.io_length.all,
         &after.seek_distance.all,
+        &after.seek_distance_closest.all,
+        &after.outstanding.all,
+        &after.interarrival.all,
     ] {
         assert_eq!(h.count, 0);
         assert_eq!(h.sum, 0);
@@ -288,7 +313,9 @@ fn reset_zeroes_everything_and_forgets_the_previous_command() {
     let s = stats.snapshot();
     assert_eq!(s.write.commands, 1);
     assert_eq!(s.seek_distance.all.count, 0);
-    assert_eq!(s.interarrival.count, 0);
+    assert_eq!(s.seek_distance_closest.all.count, 0);
+    assert_eq!(s.interarrival.all.count, 0);
+    assert_eq!(s.interarrival.write.count, 0);
 }
 
 #[test]
@@ -345,10 +372,10 @@ fn paused_statistics_forward_without_recording_and_resume_where_they_left_off() 
     assert_eq!(s.write.commands, 2);
     assert_eq!(s.read.commands, 0);
     assert_eq!(s.flush.commands, 0);
-    // Measured against the last recorded write, which ended at sector 8.
+    // Measured against the last recorded write, whose last LBN was 7.
     assert_eq!(
         nonzero_buckets(&s.seek_distance.write),
-        BTreeMap::from([("<=0".into(), 1)])
+        BTreeMap::from([("<=1".into(), 1)])
     );
     assert!(crate::render_text(&s).contains("in flight"));
 }
@@ -409,7 +436,13 @@ fn more_threads_than_rows_and_threads_that_come_and_go_lose_no_count() {
     assert_eq!(s.write.commands, 3000);
     assert_eq!(s.io_length.write.bucket_count(Some(1024)), Some(3000));
     assert_eq!(s.io_length.write.sum, 3000 * 1024);
-    assert_eq!(s.outstanding.count, 40 * per_thread + 3000);
+    assert_eq!(s.outstanding.all.count, 40 * per_thread + 3000);
+    assert_eq!(s.outstanding.read.count, 40 * per_thread);
+    assert_eq!(s.outstanding.write.count, 3000);
+    assert_eq!(
+        s.seek_distance_closest.all.count,
+        40 * per_thread + 3000 - 1
+    );
     assert_eq!(s.in_flight, 0);
 
     // A reset is a new baseline; counting goes on from zero.
@@ -420,5 +453,85 @@ fn more_threads_than_rows_and_threads_that_come_and_go_lose_no_count() {
     assert_eq!(s.write.commands, 1);
     assert_eq!(s.io_length.write.sum, 4096);
     assert_eq!(s.read.commands, 0);
-    assert_eq!(s.outstanding.count, 1);
+    assert_eq!(s.outstanding.all.count, 1);
+}
+
+#[test]
+fn outstanding_reads_and_writes_are_counted_among_their_own_kind() {
+    let stats = DiskStats::new();
+    let r1 = stats.begin(Op::Read, 0, 4096);
+    let w1 = stats.begin(Op::Write, 4096, 4096);
+    let f = stats.begin(Op::Flush, 0, 0);
+    let r2 = stats.begin(Op::Read, 8192, 4096);
+    assert_eq!(stats.in_flight(), 4);
+    let w2 = stats.begin(Op::Write, 0, 512);
+    for c in [r1, w1, f, r2, w2] {
+        c.finish(true);
+    }
+    assert_eq!(stats.in_flight(), 0);
+    let s = stats.snapshot();
+    // At arrival, the arriving one included: all 1, 2, 3, 4, 5; reads 1,
+    // 2; writes 1, 2.
+    assert_eq!(s.outstanding.all.sum, 15);
+    assert_eq!(
+        nonzero_buckets(&s.outstanding.read),
+        BTreeMap::from([("<=1".into(), 1), ("<=2".into(), 1)])
+    );
+    assert_eq!(s.outstanding.write, s.outstanding.read);
+    // Levels are balanced after completion: the next read is alone again.
+    stats.begin(Op::Read, 0, 512).finish(true);
+    let s = stats.snapshot();
+    assert_eq!(s.outstanding.read.bucket_count(Some(1)), Some(2));
+    assert_eq!(s.outstanding.all.bucket_count(Some(1)), Some(2));
+}
+
+#[test]
+fn closest_seek_looks_back_over_the_last_16_reads_and_writes_only() {
+    let stats = DiskStats::new();
+    let one = |op, sector: u64, sectors: u64| {
+        stats.begin(op, sector * 512, sectors * 512).finish(true);
+    };
+    // Two interleaved sequential streams of 8-sector commands, far apart:
+    // each command is far from the previous one, but one LBN after the
+    // end of the one before the previous.
+    for i in 0..10u64 {
+        one(Op::Read, i * 8, 8);
+        one(Op::Write, 1_000_000 + i * 8, 8);
+    }
+    let s = stats.snapshot();
+    // Successive seeks alternate between about -10^6 and +10^6.
+    assert_eq!(s.seek_distance.all.count, 19);
+    assert_eq!(s.seek_distance.all.bucket_count(Some(1)), Some(0));
+    // The closest: the first write has only the first read behind it;
+    // every later command finds its own stream's previous command.
+    assert_eq!(s.seek_distance_closest.read.bucket_count(Some(1)), Some(9));
+    assert_eq!(s.seek_distance_closest.write.bucket_count(Some(1)), Some(9));
+    assert_eq!(s.seek_distance_closest.write.bucket_count(None), Some(1));
+    // Flushes, unmaps and block status neither enter the ring nor push a
+    // read or write out of it.
+    for _ in 0..40 {
+        stats.begin(Op::Flush, 0, 0).finish(true);
+        stats.begin(Op::Unmap, 5_000_000 * 512, 512).finish(true);
+    }
+    one(Op::Read, 80, 8);
+    let s = stats.snapshot();
+    assert_eq!(s.seek_distance_closest.read.bucket_count(Some(1)), Some(10));
+    // 16 commands later, the sector 87 stream is out of reach.
+    for i in 0..16u64 {
+        one(Op::Write, 3_000_000 + i * 8, 8);
+    }
+    one(Op::Read, 88, 8);
+    let s = stats.snapshot();
+    assert_eq!(s.seek_distance_closest.read.bucket_count(Some(1)), Some(10));
+    assert_eq!(
+        s.seek_distance_closest.read.bucket_count(Some(-500000)),
+        Some(1)
+    );
+    // Equal distances both ways: the forward one counts.
+    let stats = DiskStats::new();
+    stats.begin(Op::Read, 0, 512).finish(true); // last LBN 0
+    stats.begin(Op::Read, 20 * 512, 512).finish(true); // last LBN 20
+    stats.begin(Op::Read, 10 * 512, 512).finish(true); // +10 or -10
+    let closest = stats.snapshot().seek_distance_closest.read;
+    assert_eq!(closest.sum, 20 + 10);
 }

@@ -1,0 +1,145 @@
+//! A heap buffer aligned for direct I/O.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// A byte buffer whose storage starts on a [`AlignedBuf::ALIGN`] boundary
+/// and spans whole multiples of it, so a device may pass it to `O_DIRECT`
+/// I/O. It dereferences to `[u8]`; every byte is initialised (zeros when
+/// allocated).
+///
+/// Transports keep a few and reuse them ([`AlignedBuf::set_len`]) instead
+/// of allocating one per request.
+pub struct AlignedBuf {
+    /// Start of `capacity` allocated bytes; dangling when `capacity == 0`.
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Bytes allocated: 0, or a multiple of `ALIGN` at least `len`.
+    capacity: usize,
+}
+
+// SAFETY: the buffer owns its allocation outright, like a `Box<[u8]>`;
+// shared references only read it.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above; `&AlignedBuf` gives out only `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Alignment of the storage, and the unit it is allocated in.
+    pub const ALIGN: usize = 4096;
+
+    /// A buffer of `len` zero bytes.
+    ///
+    /// # Panics
+    /// If `len` rounded up to [`ALIGN`](Self::ALIGN) overflows `isize`.
+    pub fn zeroed(len: usize) -> Self {
+        if len == 0 {
+            return Self {
+                ptr: NonNull::dangling(),
+                len: 0,
+                capacity: 0,
+            };
+        }
+        let layout = Self::layout(len);
+        // SAFETY: the layout's size is at least `len`, so not zero.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Self {
+            ptr,
+            len,
+            capacity: layout.size(),
+        }
+    }
+
+    fn layout(len: usize) -> Layout {
+        let size = len
+            .checked_next_multiple_of(Self::ALIGN)
+            .expect("aligned buffer size overflows");
+        Layout::from_size_align(size, Self::ALIGN).expect("aligned buffer size overflows")
+    }
+
+    /// Bytes the buffer can hold without reallocating.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Make the buffer `len` bytes long, keeping the storage when it is
+    /// large enough. The contents are whatever the storage held (earlier
+    /// data or zeros), not cleared: callers overwrite them.
+    pub fn set_len(&mut self, len: usize) {
+        if len <= self.capacity {
+            self.len = len;
+        } else {
+            *self = Self::zeroed(len);
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `capacity >= len` initialised bytes
+        // (zeroed at allocation, only written through `&mut [u8]` since),
+        // or dangling but non-null with `len == 0`. `&self` keeps it alive.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.capacity > 0 {
+            // SAFETY: allocated in `zeroed` with this very layout (same
+            // size and alignment) and not freed before.
+            unsafe {
+                alloc::dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.capacity, Self::ALIGN),
+                )
+            };
+        }
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_is_aligned_zeroed_and_reused_when_large_enough() {
+        let mut b = AlignedBuf::zeroed(5000);
+        assert_eq!(b.len(), 5000);
+        assert_eq!(b.capacity(), 8192);
+        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
+        assert!(b.iter().all(|&x| x == 0));
+        b.fill(7);
+        let at = b.as_ptr();
+        b.set_len(8192);
+        assert_eq!(b.as_ptr(), at, "kept the storage");
+        assert_eq!(b[4999], 7);
+        b.set_len(1 << 20);
+        assert_eq!(b.len(), 1 << 20);
+        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
+        let empty = AlignedBuf::zeroed(0);
+        assert!(empty.is_empty());
+        assert_eq!(empty.capacity(), 0);
+    }
+}
