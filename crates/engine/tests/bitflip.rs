@@ -113,7 +113,7 @@ fn reads_are_right_or_fail(ds: &Datastore, d: &[u8], s: &[u8], case: &str) -> us
         for (i, chunk) in want.chunks(1 << 20).enumerate() {
             let mut buf = vec![0u8; chunk.len()];
             match h.read_at(&mut buf, (i << 20) as u64) {
-                Ok(()) => assert!(
+                Ok(_) => assert!(
                     buf == chunk,
                     "{case}: {name} MiB {i} read back other bytes than were written"
                 ),
