@@ -131,6 +131,7 @@
 mod device;
 mod disk;
 mod histogram;
+mod op;
 mod registry;
 mod render;
 mod snapshot;

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::disk::Op;
 use crate::histogram::HistogramSnapshot;
+use crate::op::Op;
 
 /// Totals for one kind of command.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
