@@ -542,8 +542,14 @@ impl Store {
             Closing::Owned(c)
         };
         // Page images, so a page torn in place is rewritten whole by replay.
-        for payload in Meta::image_payloads(&cut.pages, cut.next) {
-            closing.log().append(&payload)?;
+        let chunks: Vec<&[EncodedPage]> = if cut.pages.is_empty() {
+            vec![&[]]
+        } else {
+            cut.pages.chunks(Meta::IMAGES_PER_BATCH).collect()
+        };
+        for (i, chunk) in chunks.iter().enumerate() {
+            let end = (i + 1 == chunks.len()).then_some(cut.next);
+            closing.log().append(&Meta::image_payload(chunk, end))?;
         }
         closing.log().sync()?;
         // Pages and catalog in place.

@@ -243,28 +243,31 @@ impl Meta {
             .collect()
     }
 
-    /// The page images of checkpoint step 2 as batch payloads of at most
-    /// 8 MiB; the last ends with GENERATION_END(`next`).
-    pub fn image_payloads(pages: &[EncodedPage], next: u64) -> Vec<Vec<u8>> {
-        let mut out = vec![Vec::new()];
+    /// Pages per page-image batch (checkpoint step 2).
+    pub const IMAGES_PER_BATCH: usize = IMAGE_BATCH_BYTES_MAX / (GRAIN_BYTES as usize + 16);
+
+    /// One page-image batch payload (checkpoint step 2) for `pages`, at most
+    /// [`Meta::IMAGES_PER_BATCH`] of them; `end` adds GENERATION_END(next).
+    pub fn image_payload(pages: &[EncodedPage], end: Option<u64>) -> Vec<u8> {
+        assert!(
+            pages.len() <= Self::IMAGES_PER_BATCH,
+            "too many images for one batch"
+        );
+        let mut out = Vec::with_capacity(pages.len() * (GRAIN_BYTES as usize + 9) + 9);
         for p in pages {
-            let rec = match p.key {
-                PageKey::Map(g) => Record::PageImage {
-                    grain: g,
-                    data: p.bytes.clone(),
-                },
-                PageKey::Ref(q) => Record::RefPageImage {
-                    page: q,
-                    data: p.bytes.clone(),
-                },
+            let (tag, place) = match p.key {
+                PageKey::Map(g) => (strata_format::tag::PAGE_IMAGE, g),
+                PageKey::Ref(q) => (strata_format::tag::REF_PAGE_IMAGE, q),
             };
-            let cur = out.last_mut().expect("one payload");
-            if cur.len() + GRAIN_BYTES as usize + 16 > IMAGE_BATCH_BYTES_MAX {
-                out.push(Vec::new());
-            }
-            rec.encode_into(out.last_mut().expect("one payload"));
+            // The records' encoding, written without copying each page
+            // into a record first.
+            out.push(tag);
+            out.extend_from_slice(&place.to_le_bytes());
+            out.extend_from_slice(&p.bytes[..]);
         }
-        Record::GenerationEnd { next }.encode_into(out.last_mut().expect("one payload"));
+        if let Some(next) = end {
+            Record::GenerationEnd { next }.encode_into(&mut out);
+        }
         out
     }
 
@@ -312,5 +315,39 @@ impl Meta {
     pub fn checkpointed(&mut self, cut: (u64, u64)) {
         self.cache.mark_clean_upto(cut.0);
         self.durable_hwm = cut.1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_payloads_decode_as_the_records_they_stand_for() {
+        let node = EncodedPage {
+            key: PageKey::Map(9),
+            bytes: Box::new([3u8; GRAIN_BYTES as usize]),
+        };
+        let count = EncodedPage {
+            key: PageKey::Ref(2),
+            bytes: Box::new([4u8; GRAIN_BYTES as usize]),
+        };
+        let p = Meta::image_payload(&[node, count], Some(12));
+        let recs = Record::decode_all(&p).unwrap();
+        assert_eq!(
+            recs,
+            vec![
+                Record::PageImage {
+                    grain: 9,
+                    data: Box::new([3u8; GRAIN_BYTES as usize])
+                },
+                Record::RefPageImage {
+                    page: 2,
+                    data: Box::new([4u8; GRAIN_BYTES as usize])
+                },
+                Record::GenerationEnd { next: 12 },
+            ]
+        );
+        assert!(Meta::IMAGES_PER_BATCH * (GRAIN_BYTES as usize + 9) <= IMAGE_BATCH_BYTES_MAX);
     }
 }
