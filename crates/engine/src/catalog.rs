@@ -152,6 +152,15 @@ impl Catalog {
         serde_json::to_vec(self).expect("catalog serialises")
     }
 
+    /// Move the versions out into a map by id (the engine keeps them apart
+    /// from the catalog while open; `catalog.versions` stays empty).
+    pub fn take_versions(&mut self) -> std::collections::HashMap<u64, VersionState> {
+        self.versions
+            .drain(..)
+            .map(|v| (v.id, VersionState::from(v)))
+            .collect()
+    }
+
     pub fn alloc_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;

@@ -88,11 +88,7 @@ impl V1 {
             }
             Record::Catalog(bytes) => {
                 let mut c = Catalog::decode(&bytes)?;
-                self.versions = c
-                    .versions
-                    .drain(..)
-                    .map(|v| (v.id, VersionState::from(v)))
-                    .collect();
+                self.versions = c.take_versions();
                 self.catalog = c;
             }
             other => {

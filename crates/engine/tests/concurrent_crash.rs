@@ -9,25 +9,20 @@
 //! The threads are real, so interleavings vary from run to run; the
 //! deterministic single-thread crash test (crash.rs) replays from seeds.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
-use strata_storage::{Backend, SimBackend};
+use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_storage::SimBackend;
 
 const WRITERS: u64 = 3;
 const GRAINS_PER_WRITER: u64 = 96;
 
 fn open(b: &SimBackend) -> Datastore {
-    Datastore::open(
-        Arc::new(b.clone()) as Arc<dyn Backend>,
-        &OpenOptions {
-            cache_bytes: 64 * 4096,
-        },
-        None,
-    )
-    .expect("open after crash")
+    common::open_sim(b)
 }
 
 fn stamp(gen: u64) -> Vec<u8> {

@@ -15,6 +15,8 @@
 //! or `STRATA_CRASH_SECONDS` (soak: run seeds until the time is up; bench/
 //! soak.sh) set the amount; the count covered is printed.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,8 +24,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
-use strata_storage::{Backend, SimBackend};
+use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_storage::SimBackend;
 
 const DISK_BYTES: u64 = 3 << 20;
 const SECTORS: u64 = DISK_BYTES / 512;
@@ -96,14 +98,7 @@ impl World {
 }
 
 fn open(b: &SimBackend) -> Datastore {
-    Datastore::open(
-        Arc::new(b.clone()) as Arc<dyn Backend>,
-        &OpenOptions {
-            cache_bytes: 64 * 4096,
-        },
-        None,
-    )
-    .expect("open after crash")
+    common::open_sim(b)
 }
 
 fn try_read_all(ds: &Datastore, name: &str) -> strata_engine::Result<Vec<u8>> {

@@ -3,24 +3,19 @@
 //! further write, flush and metadata command with an error that gives the
 //! cause, `info()` shows it, and reopening recovers everything flushed.
 
+mod common;
+
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
-use strata_storage::{Backend, SimBackend};
+use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_storage::SimBackend;
 
 const DISK_BYTES: u64 = 64 << 20;
 const WRITTEN: usize = 8 << 20;
 
 fn open(b: &SimBackend) -> Datastore {
-    Datastore::open(
-        Arc::new(b.clone()) as Arc<dyn Backend>,
-        &OpenOptions {
-            cache_bytes: 64 * 4096,
-        },
-        None,
-    )
-    .expect("open")
+    common::open_sim(b)
 }
 
 #[test]

@@ -2,13 +2,15 @@
 //! reopen, compared byte for byte with an in-memory model of every disk and
 //! every snapshot, and `check` clean after each sequence.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
-use strata_storage::{Backend, SimBackend};
+use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_storage::SimBackend;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -91,15 +93,7 @@ struct Model {
 }
 
 fn open(b: &SimBackend) -> Datastore {
-    // A tiny cache (64 pages) so eviction and reloading are exercised.
-    Datastore::open(
-        Arc::new(b.clone()) as Arc<dyn Backend>,
-        &OpenOptions {
-            cache_bytes: 64 * 4096,
-        },
-        None,
-    )
-    .expect("open")
+    common::open_sim(b)
 }
 
 fn pattern(byte: u8, sector: u64, len: usize) -> Vec<u8> {

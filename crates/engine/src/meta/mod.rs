@@ -87,11 +87,7 @@ impl Meta {
         mut catalog: Catalog,
         hwm: u64,
     ) -> Self {
-        let versions = catalog
-            .versions
-            .drain(..)
-            .map(|v| (v.id, VersionState::from(v)))
-            .collect();
+        let versions = catalog.take_versions();
         Meta {
             pool,
             refs,

@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 
 use strata_format::{
-    decode_map_node, decode_map_node_v1, decode_ref_page, MapNode, Record, VersionState,
-    BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
+    decode_map_node, decode_map_node_v1, decode_ref_page, MapNode, Record, BLOCK_GRAINS,
+    GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
 };
 
 use super::pages::{check_entries, node_place, ref_page_place};
@@ -163,11 +163,7 @@ impl Meta {
             }
             Record::Catalog(bytes) => {
                 let mut c = Catalog::decode(&bytes)?;
-                self.versions = c
-                    .versions
-                    .drain(..)
-                    .map(|v| (v.id, VersionState::from(v)))
-                    .collect();
+                self.versions = c.take_versions();
                 self.catalog = c;
             }
             Record::GenerationEnd { .. } => {}

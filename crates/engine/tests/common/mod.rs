@@ -1,0 +1,23 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use strata_engine::{Datastore, OpenOptions};
+use strata_storage::{Backend, SimBackend};
+
+/// Metadata cache of the simulated tests: 64 pages, so eviction, reloading
+/// and checkpoints happen all the time.
+pub const SIM_CACHE_BYTES: u64 = 64 * 4096;
+
+/// Open the datastore in a simulated backend with the small cache.
+pub fn open_sim(b: &SimBackend) -> Datastore {
+    Datastore::open(
+        Arc::new(b.clone()) as Arc<dyn Backend>,
+        &OpenOptions {
+            cache_bytes: SIM_CACHE_BYTES,
+        },
+        None,
+    )
+    .expect("open the simulated datastore")
+}
