@@ -14,6 +14,7 @@ Cases (issue #2 targets in brackets):
   seqwrite    512k sequential write, empty thin vs qemu-nbd raw         [>= 0.9]
   snaptime    snapshot create / linked clone / snapshot delete time at two data sizes
   rss         server RSS after writing and reading a large disk         [<= 256 MiB at 64 GiB]
+  bigread     64k and 1M sequential reads of a half-written disk vs qemu-nbd raw
   ckpt        4k randwrite latency percentiles while checkpoints run (small
               metadata cache), with the number of checkpoints, vs qemu-nbd raw
   stats       4k randread with per-disk statistics recording vs paused  [>= 0.98]
@@ -332,6 +333,35 @@ def fio_lat(uri, rw, bs, iodepth, runtime, size):
     return {"iops": round(side["iops"]), "p50_us": us("50.000000"), "p99_us": us("99.000000"),
             "p99_9_us": us("99.900000"), "p99_99_us": us("99.990000"),
             "max_us": round(side["clat_ns"]["max"] / 1000, 1)}
+
+
+def case_bigread(work, q):
+    """Large reads (issue 8 item 2: a read is one pass over the map): 64 KiB
+    and 1 MiB sequential reads of a disk whose first half is written and
+    second half is a hole, vs qemu-nbd raw with the same layout. Compare
+    builds with STRATA=/path/to/strata."""
+    size = "1G" if q else "4G"
+    half = f"{_bytes(size) // 2 >> 20}M"
+    rt = 8 if q else 20
+    out = {"disk": size, "written": half}
+    s = Strata(os.path.join(work, "bigread")).start()
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), half)
+        for bs in ("64k", "1M"):
+            out[f"strata_{bs}"] = fio(s.uri("d"), "read", bs, iodepth=8, runtime=rt)
+    finally:
+        s.stop()
+    qn = peer_raw(work, "q_bigread", size).start()
+    try:
+        fill(qn.uri(), half)
+        for bs in ("64k", "1M"):
+            out[f"qemu_{bs}"] = fio(qn.uri(), "read", bs, iodepth=8, runtime=rt)
+    finally:
+        qn.stop()
+    for bs in ("64k", "1M"):
+        out[f"ratio_{bs}"] = ratio(out[f"strata_{bs}"]["iops"], out[f"qemu_{bs}"]["iops"])
+    return out
 
 
 def case_ckpt(work, q):
@@ -891,6 +921,7 @@ CASES = {
     "rss": lambda w, q: case_rss(w, q),
     "stats": lambda w, q: case_stats(w, q),
     "ckpt": lambda w, q: case_ckpt(w, q),
+    "bigread": lambda w, q: case_bigread(w, q),
     "matrix": lambda w, q: case_matrix(w, q),
     "chain": lambda w, q: case_chain(w, q),
     "clone": lambda w, q: case_clone(w, q),
