@@ -222,6 +222,7 @@ impl Meta {
         let pages = self.alloc.hwm.div_ceil(per);
         let mut buf = vec![0u8; (SCAN_PAGES * GRAIN_BYTES) as usize];
         let mut block_free = 0u16;
+        let mut damaged: Vec<String> = Vec::new();
         let mut p0 = 0;
         while p0 < pages {
             let n = SCAN_PAGES.min(pages - p0);
@@ -233,8 +234,14 @@ impl Meta {
                     Some(PageData::Ref(c)) => c.clone(),
                     _ => {
                         let b = &buf[(i * GRAIN_BYTES) as usize..((i + 1) * GRAIN_BYTES) as usize];
-                        decode_ref_page(b, p, self.ref_page_may_be_blank(p))
-                            .map_err(|e| corrupt(format!("{}: {e}", ref_page_place(p))))?
+                        match decode_ref_page(b, p, self.ref_page_may_be_blank(p)) {
+                            Ok(c) => c,
+                            Err(e) => {
+                                // Name every damaged page, not only the first.
+                                damaged.push(format!("{}: {e}", ref_page_place(p)));
+                                Box::new([0; REFS_PER_PAGE])
+                            }
+                        }
                     }
                 };
                 for (k, &count) in counts.iter().enumerate() {
@@ -262,6 +269,15 @@ impl Meta {
                 }
             }
             p0 += n;
+        }
+        if !damaged.is_empty() {
+            const LISTED_MAX: usize = 16;
+            let more = damaged.len().saturating_sub(LISTED_MAX);
+            damaged.truncate(LISTED_MAX);
+            if more > 0 {
+                damaged.push(format!("and {more} more damaged count pages"));
+            }
+            return Err(corrupt(damaged.join("; ")));
         }
         Ok(())
     }
