@@ -2,9 +2,11 @@
 //! datastore the server holds open, so snapshots and clones work while
 //! disks are served.
 //!
-//! Protocol: one JSON request line from the client; the server answers with
-//! zero or more `{"progress":[done,total]}` lines, then one line that is
-//! `{"ok":VALUE}` or `{"error":{"kind":K,"message":M}}`, and closes.
+//! Protocol: one JSON request line from the client (a [`Request`]); the
+//! server answers with zero or more `{"progress":[done,total]}` lines, then
+//! one line that is `{"ok":RESPONSE}` (a [`Response`], tagged by its kind)
+//! or `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
+//! [`Reply`], so both ends read and write the same types.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,13 +15,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use strata_engine::{Datastore, Error, ErrorKind};
 
-use crate::ops::{execute, Ctx, Request};
+use crate::api::{Request, Response, VmdkServerStatus};
+use crate::ops::{execute, Ctx};
 
 /// Longest request line accepted.
 const REQUEST_BYTES_MAX: u64 = 1 << 20;
+
+/// One line from the server.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reply {
+    /// Work done so far, out of a total (bytes, or whatever the request counts).
+    Progress([u64; 2]),
+    Ok(Response),
+    Error(ReplyError),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ReplyError {
+    /// The [`ErrorKind`] by name (see [`kind_name`]).
+    kind: String,
+    message: String,
+}
+
+impl Reply {
+    fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
+        Reply::Error(ReplyError {
+            kind: kind_name(kind).to_string(),
+            message: message.into(),
+        })
+    }
+
+    fn line(&self) -> String {
+        serde_json::to_string(self).expect("serialisable")
+    }
+}
 
 fn kind_name(k: ErrorKind) -> &'static str {
     match k {
@@ -86,7 +119,7 @@ pub fn spawn_server(
 /// `status` with `status`, refuses every other request, until `stop` is set.
 pub fn spawn_vmdk_server(
     listener: UnixListener,
-    status: Value,
+    status: VmdkServerStatus,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
@@ -107,11 +140,13 @@ pub fn spawn_vmdk_server(
                     continue;
                 }
                 let reply = match serde_json::from_str::<Request>(&line) {
-                    Ok(Request::Status) => json!({ "ok": status }),
-                    _ => json!({"error": {"kind": "refused", "message":
-                        "this server serves VMDK files only (no datastore); it answers status only"}}),
+                    Ok(Request::Status) => Reply::Ok(Response::VmdkServer(status.clone())),
+                    _ => Reply::error(
+                        ErrorKind::Refused,
+                        "this server serves VMDK files only (no datastore); it answers status only",
+                    ),
                 };
-                let _ = writeln!(out, "{reply}");
+                let _ = writeln!(out, "{}", reply.line());
             }
         })
         .expect("spawn control thread")
@@ -128,24 +163,25 @@ fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
         return;
     }
     let reply = match serde_json::from_str::<Request>(&line) {
-        Err(e) => {
-            json!({"error": {"kind": "invalid_argument", "message": format!("bad control request: {e}")}})
-        }
+        Err(e) => Reply::error(
+            ErrorKind::InvalidArgument,
+            format!("bad control request: {e}"),
+        ),
         Ok(req) => {
             let mut last = std::time::Instant::now();
             let mut progress = |done: u64, total: u64| {
                 if last.elapsed().as_millis() >= 100 || done == total {
                     last = std::time::Instant::now();
-                    let _ = writeln!(out, "{}", json!({"progress": [done, total]}));
+                    let _ = writeln!(out, "{}", Reply::Progress([done, total]).line());
                 }
             };
             match execute(ctx, &req, &mut progress) {
-                Ok(v) => json!({ "ok": v }),
-                Err(e) => json!({"error": {"kind": kind_name(e.kind), "message": e.message}}),
+                Ok(r) => Reply::Ok(r),
+                Err(e) => Reply::error(e.kind, e.message),
             }
         }
     };
-    let _ = writeln!(out, "{reply}");
+    let _ = writeln!(out, "{}", reply.line());
 }
 
 /// Send a request to a running server and wait for its answer.
@@ -153,7 +189,7 @@ pub fn request(
     socket: &Path,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<Response, Error> {
     let mut s = UnixStream::connect(socket).map_err(|e| {
         Error::new(
             ErrorKind::Locked,
@@ -168,31 +204,54 @@ pub fn request(
     let reader = BufReader::new(s);
     for line in reader.lines() {
         let line = line.map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
-        let v: Value = serde_json::from_str(&line)
+        let reply: Reply = serde_json::from_str(&line)
             .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
-        if let Some(p) = v.get("progress").and_then(|p| p.as_array()) {
-            if let (Some(d), Some(t)) = (
-                p.first().and_then(|x| x.as_u64()),
-                p.get(1).and_then(|x| x.as_u64()),
-            ) {
-                progress(d, t);
-            }
-            continue;
-        }
-        if let Some(ok) = v.get("ok") {
-            return Ok(ok.clone());
-        }
-        if let Some(e) = v.get("error") {
-            let kind = kind_from(e.get("kind").and_then(|k| k.as_str()).unwrap_or("io"));
-            let msg = e
-                .get("message")
-                .and_then(|m| m.as_str())
-                .unwrap_or("unknown error");
-            return Err(Error::new(kind, msg));
+        match reply {
+            Reply::Progress([done, total]) => progress(done, total),
+            Reply::Ok(r) => return Ok(r),
+            Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),
         }
     }
     Err(Error::new(
         ErrorKind::Io,
         "the server closed the control connection without an answer",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_lines_keep_their_shapes() {
+        assert_eq!(Reply::Progress([1, 2]).line(), r#"{"progress":[1,2]}"#);
+        assert_eq!(
+            Reply::error(ErrorKind::NotFound, "no disk named 'x'").line(),
+            r#"{"error":{"kind":"not_found","message":"no disk named 'x'"}}"#
+        );
+        let ok = Reply::Ok(Response::Removed { name: "vm".into() }).line();
+        assert_eq!(ok, r#"{"ok":{"removed":{"name":"vm"}}}"#);
+        match serde_json::from_str::<Reply>(&ok).unwrap() {
+            Reply::Ok(Response::Removed { name }) => assert_eq!(name, "vm"),
+            other => panic!("decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_error_kind_survives_the_socket() {
+        use ErrorKind::*;
+        for k in [
+            NotFound,
+            AlreadyExists,
+            InvalidArgument,
+            NoSpace,
+            Locked,
+            Refused,
+            Corrupt,
+            Io,
+            Gone,
+        ] {
+            assert_eq!(kind_from(kind_name(k)), k);
+        }
+    }
 }

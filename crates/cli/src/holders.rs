@@ -14,9 +14,37 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use strata_vmdk::chain::ExtentImpl;
 use strata_vmdk::VmdkImage;
+
+/// One record: who holds one file, and how.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    pid: u32,
+    /// The program, e.g. "strata serve --vmdk".
+    what: String,
+    /// Its control socket, if it has one.
+    socket: Option<String>,
+    file: String,
+    lock: LockMode,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum LockMode {
+    Exclusive,
+    Shared,
+}
+
+impl LockMode {
+    fn name(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Shared => "shared",
+        }
+    }
+}
 
 /// The folder holding the records of this user's strata processes.
 pub fn runtime_dir() -> PathBuf {
@@ -99,15 +127,20 @@ pub fn record(img: &VmdkImage, dir: &Path, what: &str, socket: Option<&Path>) ->
     let pid = std::process::id();
     for (file, exclusive) in chain_files(img, dir) {
         let Some(k) = key(&file) else { continue };
-        let body = json!({
-            "pid": pid,
-            "what": what,
-            "socket": socket.map(|s| s.display().to_string()),
-            "file": file.display().to_string(),
-            "lock": if exclusive { "exclusive" } else { "shared" },
-        });
+        let body = Record {
+            pid,
+            what: what.to_string(),
+            socket: socket.map(|s| s.display().to_string()),
+            file: file.display().to_string(),
+            lock: if exclusive {
+                LockMode::Exclusive
+            } else {
+                LockMode::Shared
+            },
+        };
+        let body = serde_json::to_string(&body).expect("serialisable");
         let p = hd.join(format!("{k}.{pid}"));
-        if std::fs::write(&p, body.to_string()).is_ok() {
+        if std::fs::write(&p, body).is_ok() {
             recs.paths.push(p);
         }
     }
@@ -127,13 +160,13 @@ pub fn describe(file: &Path) -> Vec<String> {
         if !name.starts_with(&prefix) {
             continue;
         }
-        let Ok(v) = std::fs::read_to_string(ent.path())
+        let Ok(r) = std::fs::read_to_string(ent.path())
             .map_err(|_| ())
-            .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
+            .and_then(|t| serde_json::from_str::<Record>(&t).map_err(|_| ()))
         else {
             continue;
         };
-        let pid = v["pid"].as_u64().unwrap_or(0) as u32;
+        let pid = r.pid;
         if pid == std::process::id() {
             continue;
         }
@@ -141,9 +174,8 @@ pub fn describe(file: &Path) -> Vec<String> {
             let _ = std::fs::remove_file(ent.path()); // left by a killed process
             continue;
         }
-        let what = v["what"].as_str().unwrap_or("strata");
-        let lock = v["lock"].as_str().unwrap_or("a");
-        out.push(match v["socket"].as_str() {
+        let (what, lock) = (&r.what, r.lock.name());
+        out.push(match &r.socket {
             Some(s) => format!("{what} (pid {pid}, control socket {s}, {lock} lock)"),
             None => format!("{what} (pid {pid}, {lock} lock)"),
         });

@@ -1,6 +1,7 @@
-//! Every datastore command as a serialisable request, executed the same way
-//! whether the CLI opened the datastore itself or a running server does it
-//! for the CLI over the control socket.
+//! Runs a datastore [`Request`] the same way whether the CLI opened the
+//! datastore itself or a running server does it for the CLI over the
+//! control socket, answering the typed [`Response`]; and takes the
+//! datastore's lock.
 
 use std::fs::{File, OpenOptions as FsOpen};
 use std::io::{Read, Seek, Write};
@@ -8,103 +9,11 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
-use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, Provisioning};
+use strata_engine::{Datastore, Error, ErrorKind, OpenOptions};
 use strata_storage::FileBackend;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
-    Status,
-    List,
-    Info {
-        name: String,
-    },
-    Create {
-        name: String,
-        size_bytes: u64,
-        provisioning: Provisioning,
-    },
-    Remove {
-        name: String,
-    },
-    Extend {
-        name: String,
-        size_bytes: u64,
-    },
-    SnapshotCreate {
-        disk: String,
-        snapshot: String,
-        description: String,
-    },
-    SnapshotList {
-        disk: String,
-    },
-    SnapshotRevert {
-        disk: String,
-        snapshot: String,
-    },
-    SnapshotDelete {
-        disk: String,
-        snapshot: String,
-    },
-    CloneLinked {
-        source: String,
-        name: String,
-    },
-    CloneFull {
-        source: String,
-        name: String,
-        provisioning: Provisioning,
-    },
-    Check,
-    /// I/O statistics of one export (or all), optionally reset after
-    /// reading, and recording paused (false) or resumed (true) after that.
-    Stats {
-        disk: Option<String>,
-        reset: bool,
-        #[serde(default)]
-        recording: Option<bool>,
-    },
-    /// Import a VMDK chain, raw or qcow2 image as a new disk.
-    Import {
-        path: std::path::PathBuf,
-        name: String,
-        provisioning: Provisioning,
-        format: Option<String>,
-    },
-    /// Export a disk or snapshot as VMDK (optionally its snapshot path as a chain).
-    Export {
-        target: String,
-        out: std::path::PathBuf,
-        subformat: String,
-        chain: bool,
-        adapter: String,
-    },
-}
+use crate::api::{ExportStats, Request, Response};
 
-impl Request {
-    /// Whether the request may take long enough to deserve a progress bar.
-    pub fn shows_progress(&self) -> bool {
-        matches!(
-            self,
-            Request::CloneFull { .. }
-                | Request::Import { .. }
-                | Request::Export { .. }
-                | Request::Create {
-                    provisioning: Provisioning::Eagerzeroedthick,
-                    ..
-                }
-        )
-    }
-}
-
-fn to_value<T: Serialize>(v: T) -> Value {
-    serde_json::to_value(v).expect("serialisable")
-}
-
-/// Run one request against an open datastore.
 /// What a request runs against: the datastore and, inside a server, the
 /// I/O statistics of its exports.
 pub struct Ctx<'a> {
@@ -117,60 +26,71 @@ pub fn execute(
     ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<Response, Error> {
     let ds = ctx.ds;
     Ok(match req {
-        Request::Status => to_value(ds.info()),
-        Request::List => to_value(ds.list_disks()),
-        Request::Info { name } => to_value(ds.disk_info(name)?),
+        Request::Status => Response::Datastore(ds.info()),
+        Request::List => Response::Disks(ds.list_disks()),
+        Request::Info { name } => Response::Disk(ds.disk_info(name)?),
         Request::Create {
             name,
             size_bytes,
             provisioning,
-        } => to_value(ds.create_disk(name, *size_bytes, *provisioning, progress)?),
+        } => Response::Disk(ds.create_disk(name, *size_bytes, *provisioning, progress)?),
         Request::Remove { name } => {
             ds.remove_disk(name)?;
-            json!({ "removed": name })
+            Response::Removed { name: name.clone() }
         }
-        Request::Extend { name, size_bytes } => to_value(ds.extend_disk(name, *size_bytes)?),
+        Request::Extend { name, size_bytes } => Response::Disk(ds.extend_disk(name, *size_bytes)?),
         Request::SnapshotCreate {
             disk,
             snapshot,
             description,
-        } => to_value(ds.snapshot_create(disk, snapshot, description)?),
-        Request::SnapshotList { disk } => to_value(ds.snapshot_list(disk)?),
+        } => Response::SnapshotCreated {
+            disk: disk.clone(),
+            snapshot: ds.snapshot_create(disk, snapshot, description)?,
+        },
+        Request::SnapshotList { disk } => Response::Snapshots(ds.snapshot_list(disk)?),
         Request::SnapshotRevert { disk, snapshot } => {
             ds.snapshot_revert(disk, snapshot)?;
-            to_value(ds.disk_info(disk)?)
+            Response::Disk(ds.disk_info(disk)?)
         }
         Request::SnapshotDelete { disk, snapshot } => {
             ds.snapshot_delete(disk, snapshot)?;
-            json!({ "deleted": format!("{disk}@{snapshot}") })
+            Response::SnapshotDeleted {
+                disk: disk.clone(),
+                snapshot: snapshot.clone(),
+            }
         }
-        Request::CloneLinked { source, name } => to_value(ds.clone_linked(source, name)?),
+        Request::CloneLinked { source, name } => Response::Disk(ds.clone_linked(source, name)?),
         Request::CloneFull {
             source,
             name,
             provisioning,
-        } => to_value(ds.clone_full(source, name, *provisioning, progress)?),
-        Request::Check => to_value(ds.check()?),
+        } => Response::Disk(ds.clone_full(source, name, *provisioning, progress)?),
+        Request::Check => Response::Check(ds.check()?),
         Request::Import {
             path,
             name,
             provisioning,
             format,
-        } => crate::vmdk_cmd::import(ds, path, name, *provisioning, format.as_deref(), progress)?,
+        } => Response::Import(crate::vmdk_cmd::import(
+            ds,
+            path,
+            name,
+            *provisioning,
+            *format,
+            progress,
+        )?),
         Request::Export {
             target,
             out,
             subformat,
             chain,
             adapter,
-        } => {
-            let sub = strata_vmdk::Subformat::parse(subformat)
-                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?;
-            crate::vmdk_cmd::export(ds, target, out, sub, *chain, adapter, progress)?
-        }
+        } => Response::Export(crate::vmdk_cmd::export(
+            ds, target, out, *subformat, *chain, adapter, progress,
+        )?),
         Request::Stats {
             disk,
             reset,
@@ -182,6 +102,7 @@ pub fn execute(
                     "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
                 ));
             };
+            // In name order: the registry's order for all of them.
             let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
                 Some(d) => {
                     ds.open_disk(d)?; // a clear error for a name that does not exist
@@ -210,7 +131,12 @@ pub fn execute(
                     all
                 }
             };
-            serde_json::from_str(&strata_stats::render_json(&snaps)).expect("stats JSON")
+            Response::Stats(
+                snaps
+                    .into_iter()
+                    .map(|(export, stats)| ExportStats { export, stats })
+                    .collect(),
+            )
         }
     })
 }

@@ -16,6 +16,7 @@ use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vmdk::VmdkImage;
 
+use crate::api::VmdkServerStatus;
 use crate::ops::{self, LockOutcome};
 use crate::vmdk_cmd::Access;
 use crate::{control, holders};
@@ -493,13 +494,13 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
         let p = vmdk_socket_path(&o.path);
         match UnixListener::bind(&p) {
             Ok(l) => {
-                let status = serde_json::json!({
-                    "server": "strata serve --vmdk",
-                    "pid": std::process::id(),
-                    "export": o.name,
-                    "file": o.path.display().to_string(),
-                    "read_only": o.img.read_only(),
-                });
+                let status = VmdkServerStatus {
+                    server: "strata serve --vmdk".into(),
+                    pid: std::process::id(),
+                    export: o.name.clone(),
+                    file: o.path.display().to_string(),
+                    read_only: o.img.read_only(),
+                };
                 ctl_threads.push(control::spawn_vmdk_server(l, status, stop.clone()));
                 sockets.push(Some(p));
             }

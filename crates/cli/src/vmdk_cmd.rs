@@ -6,7 +6,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
 use strata_storage::{Backend, FileBackend};
@@ -14,6 +13,12 @@ use strata_vmdk::chain::ExtentImpl;
 use strata_vmdk::create::image_files;
 use strata_vmdk::{
     create_image, ImageSpec, OpenOptions, RangeState, StreamWriter, Subformat, VmdkImage,
+};
+
+use crate::api::{
+    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, ShrinkResult,
+    VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo, VmdkRequest,
+    VmdkResponse,
 };
 
 const GRAIN: u64 = 4096;
@@ -108,28 +113,28 @@ pub fn folder(path: &Path) -> &Path {
 }
 
 /// What kind of image a file is, by content.
-fn sniff(path: &Path) -> Result<&'static str, Error> {
+fn sniff(path: &Path) -> Result<ImageFormat, Error> {
     let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
     let mut head = [0u8; 4096];
     let n = f.read_at(&mut head, 0).map_err(|e| io("read", e))?;
     let h = &head[..n];
     if h.starts_with(b"QFI\xfb") {
-        return Ok("qcow2");
+        return Ok(ImageFormat::Qcow2);
     }
     if h.starts_with(b"KDMV")
         || h.starts_with(b"COWD")
         || h.starts_with(&0xcafe_babeu64.to_le_bytes())
     {
-        return Ok("vmdk");
+        return Ok(ImageFormat::Vmdk);
     }
     let text = String::from_utf8_lossy(h);
     let named_vmdk = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("vmdk"));
     if named_vmdk || (text.contains("createType") && text.contains("version")) {
-        return Ok("vmdk");
+        return Ok(ImageFormat::Vmdk);
     }
-    Ok("raw")
+    Ok(ImageFormat::Raw)
 }
 
 fn snapshot_name(file: &str, taken: &mut Vec<String>) -> String {
@@ -188,27 +193,28 @@ pub fn import(
     path: &Path,
     name: &str,
     prov: Provisioning,
-    format: Option<&str>,
+    format: Option<ImageFormat>,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<ImportReport, Error> {
     let format = match format {
-        Some(f) => f.to_string(),
-        None => sniff(path)?.to_string(),
+        Some(f) => f,
+        None => sniff(path)?,
     };
-    match format.as_str() {
-        "vmdk" => import_vmdk(ds, path, name, prov, progress),
-        "raw" => {
+    match format {
+        ImageFormat::Vmdk => import_vmdk(ds, path, name, prov, progress),
+        ImageFormat::Raw => {
             let size = std::fs::metadata(path)
                 .map_err(|e| io(&path.display().to_string(), e))?
                 .len();
             import_raw(ds, path, name, size, prov, progress)?;
-            Ok(json!({"disk": ds.disk_info(name)?, "format": "raw", "snapshots": []}))
+            Ok(ImportReport {
+                disk: ds.disk_info(name)?,
+                format,
+                links: None,
+                snapshots: Vec::new(),
+            })
         }
-        "qcow2" => import_qcow2(ds, path, name, prov, progress),
-        other => Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("unknown import format {other:?}: vmdk, raw or qcow2"),
-        )),
+        ImageFormat::Qcow2 => import_qcow2(ds, path, name, prov, progress),
     }
 }
 
@@ -270,7 +276,7 @@ fn import_qcow2(
     name: &str,
     prov: Provisioning,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<ImportReport, Error> {
     let tmp = std::env::temp_dir().join(format!("strata-import-{}-{name}.raw", std::process::id()));
     let out = std::process::Command::new("qemu-img")
         .args(["convert", "-q", "-f", "qcow2", "-O", "raw"])
@@ -302,7 +308,12 @@ fn import_qcow2(
     let r = import_raw(ds, &tmp, name, size, prov, progress);
     let _ = std::fs::remove_file(&tmp);
     r?;
-    Ok(json!({"disk": ds.disk_info(name)?, "format": "qcow2", "snapshots": []}))
+    Ok(ImportReport {
+        disk: ds.disk_info(name)?,
+        format: ImageFormat::Qcow2,
+        links: None,
+        snapshots: Vec::new(),
+    })
 }
 
 fn import_vmdk(
@@ -311,7 +322,7 @@ fn import_vmdk(
     name: &str,
     prov: Provisioning,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<ImportReport, Error> {
     let img = open_vmdk(path, Access::Read)?;
     let size = img.size_bytes();
     let levels = img.links.len();
@@ -375,12 +386,20 @@ fn import_vmdk(
         let _ = ds.remove_disk(name);
         return Err(e);
     }
-    Ok(json!({
-        "disk": ds.disk_info(name)?,
-        "format": "vmdk",
-        "links": img.links.iter().map(|l| json!({"file": l.name, "create_type": l.create_type()})).collect::<Vec<_>>(),
-        "snapshots": snaps,
-    }))
+    Ok(ImportReport {
+        disk: ds.disk_info(name)?,
+        format: ImageFormat::Vmdk,
+        links: Some(
+            img.links
+                .iter()
+                .map(|l| ImportedLink {
+                    file: l.name.clone(),
+                    create_type: l.create_type().to_string(),
+                })
+                .collect(),
+        ),
+        snapshots: snaps,
+    })
 }
 
 /// Export `target` (DISK or DISK@SNAP) to `out`. With `chain`, write the
@@ -394,7 +413,7 @@ pub fn export(
     chain: bool,
     adapter: &str,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Value, Error> {
+) -> Result<ExportReport, Error> {
     let dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -538,52 +557,82 @@ pub fn export(
             drop(img);
             parent = Some((name.clone(), cid));
         }
-        written.push(json!({"file": dir.join(name).display().to_string(), "version": v, "subformat": this_sub.name()}));
+        written.push(ExportedLink {
+            file: dir.join(name).display().to_string(),
+            version: v.clone(),
+            subformat: this_sub.name().to_string(),
+        });
     }
     progress(total, total);
-    Ok(json!({
-        "target": target,
-        "open": dir.join(names.last().expect("one link")).display().to_string(),
-        "links": written,
-    }))
+    Ok(ExportReport {
+        target: target.to_string(),
+        open: dir
+            .join(names.last().expect("one link"))
+            .display()
+            .to_string(),
+        links: written,
+    })
+}
+
+/// Run a `vmdk` command.
+pub fn execute(
+    req: &VmdkRequest,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<VmdkResponse, Error> {
+    Ok(match req {
+        VmdkRequest::Info { path } => VmdkResponse::Info(info(path)?),
+        VmdkRequest::Check { path, repair } => VmdkResponse::Check(check(path, *repair)?),
+        VmdkRequest::Shrink { path } => VmdkResponse::Shrink(shrink(path, progress)?),
+    })
 }
 
 /// `strata vmdk info`: the chain, link by link.
-pub fn info(path: &Path) -> Result<Value, Error> {
+fn info(path: &Path) -> Result<VmdkInfo, Error> {
     let img = open_vmdk(path, Access::Inspect)?;
-    let mut links = Vec::new();
-    for l in &img.links {
-        let mut extents = Vec::new();
-        for e in &l.extents {
-            let (kind, file, grain) = match &e.imp {
-                ExtentImpl::Flat { name, .. } => ("flat", name.clone(), None),
-                ExtentImpl::Zero => ("zero", String::new(), None),
-                ExtentImpl::Sparse(s) => (
-                    s.format().name(),
-                    s.name().to_string(),
-                    Some(s.grain_bytes()),
-                ),
-            };
-            extents.push(json!({
-                "type": e.line_type.name(), "format": kind, "file": file,
-                "start_sector": e.start, "sectors": e.sectors, "grain_bytes": grain,
-            }));
-        }
-        links.push(json!({
-            "file": l.name,
-            "create_type": l.create_type(),
-            "cid": format!("{:08x}", l.descriptor.cid),
-            "parent_cid": format!("{:08x}", l.descriptor.parent_cid),
-            "parent_hint": l.descriptor.parent_hint,
-            "size_bytes": l.sectors * 512,
-            "extents": extents,
-        }));
-    }
-    Ok(json!({"size_bytes": img.size_bytes(), "depth": img.links.len(), "links": links}))
+    let links = img
+        .links
+        .iter()
+        .map(|l| VmdkLinkInfo {
+            file: l.name.clone(),
+            create_type: l.create_type().to_string(),
+            cid: l.descriptor.cid,
+            parent_cid: l.descriptor.parent_cid,
+            parent_hint: l.descriptor.parent_hint.clone(),
+            size_bytes: l.sectors * 512,
+            extents: l
+                .extents
+                .iter()
+                .map(|e| {
+                    let (format, file, grain_bytes) = match &e.imp {
+                        ExtentImpl::Flat { name, .. } => ("flat", name.clone(), None),
+                        ExtentImpl::Zero => ("zero", String::new(), None),
+                        ExtentImpl::Sparse(s) => (
+                            s.format().name(),
+                            s.name().to_string(),
+                            Some(s.grain_bytes()),
+                        ),
+                    };
+                    VmdkExtentInfo {
+                        line_type: e.line_type.name().to_string(),
+                        format: format.to_string(),
+                        file,
+                        start_sector: e.start,
+                        sectors: e.sectors,
+                        grain_bytes,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(VmdkInfo {
+        size_bytes: img.size_bytes(),
+        depth: img.links.len(),
+        links,
+    })
 }
 
 /// `strata vmdk check [--repair]`: errors, warnings and repairs per file.
-pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
+fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
     let img = open_vmdk(
         path,
         if repair {
@@ -595,17 +644,21 @@ pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
     let held = repair
         .then(|| crate::holders::record(&img, folder(path), "strata vmdk check --repair", None));
     let res = img.check(repair).map_err(verr)?;
-    let mut files = Vec::new();
-    let mut errors = 0usize;
-    for (file, c) in &res {
-        errors += c.errors.len();
-        files.push(json!({
-            "file": file, "errors": c.errors, "warnings": c.warnings, "repaired": c.repaired,
-            "allocated_grains": c.allocated_grains, "zero_grains": c.zero_grains, "unmapped_grains": c.unmapped_grains,
-        }));
-    }
+    let errors = res.iter().map(|(_, c)| c.errors.len()).sum();
+    let files = res
+        .into_iter()
+        .map(|(file, c)| VmdkFileCheck {
+            file,
+            errors: c.errors,
+            warnings: c.warnings,
+            repaired: c.repaired,
+            allocated_grains: c.allocated_grains,
+            zero_grains: c.zero_grains,
+            unmapped_grains: c.unmapped_grains,
+        })
+        .collect();
     // After a repair, say what is still wrong.
-    let remaining = if repair {
+    let remaining_errors = if repair {
         drop(img);
         drop(held);
         let again = open_vmdk(path, Access::Inspect)?
@@ -615,22 +668,29 @@ pub fn check(path: &Path, repair: bool) -> Result<Value, Error> {
     } else {
         errors
     };
-    Ok(json!({"files": files, "errors": errors, "remaining_errors": remaining}))
+    Ok(VmdkCheckReport {
+        files,
+        errors,
+        remaining_errors,
+    })
 }
 
 /// `strata vmdk shrink`: compact an SEsparse top link.
-pub fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, Error> {
+fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<ShrinkResult>, Error> {
     let img = open_vmdk(path, Access::Write)?;
     let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
     let reps = img.shrink(progress).map_err(verr)?;
-    Ok(json!(reps
+    Ok(reps
         .iter()
-        .map(|r| json!({
-            "grains_before": r.grains_before, "grains_after": r.grains_after,
-            "zero_grains_found": r.zero_grains_found, "moved": r.moved,
-            "bytes_before": r.bytes_before, "bytes_after": r.bytes_after,
-        }))
-        .collect::<Vec<_>>()))
+        .map(|r| ShrinkResult {
+            grains_before: r.grains_before,
+            grains_after: r.grains_after,
+            zero_grains_found: r.zero_grains_found,
+            moved: r.moved,
+            bytes_before: r.bytes_before,
+            bytes_after: r.bytes_after,
+        })
+        .collect())
 }
 
 /// Make a path absolute so a server in another directory finds it.

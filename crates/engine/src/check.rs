@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE};
 
 use crate::error::Result;
@@ -12,7 +12,7 @@ use crate::meta::Meta;
 /// Problems reported before the list is cut short.
 const ERRORS_MAX: usize = 1000;
 
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct CheckReport {
     pub versions: usize,
     pub map_nodes: u64,

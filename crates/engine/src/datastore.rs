@@ -6,7 +6,7 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use strata_format::{
     catalog_file, journal_file, Superblock, BLOCK_BYTES, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
     FORMAT_VERSION_V1, GRAIN_BYTES, SUPER_SLOT_BYTES,
@@ -50,7 +50,7 @@ impl Default for OpenOptions {
 }
 
 /// What `info` reports about a disk.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DiskInfo {
     pub name: String,
     pub size_bytes: u64,
@@ -73,7 +73,7 @@ pub struct ChangedRange {
     pub mapped: bool,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SnapshotInfo {
     pub name: String,
     pub description: String,
@@ -86,7 +86,7 @@ pub struct SnapshotInfo {
     pub current: bool,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DatastoreInfo {
     pub location: String,
     pub capacity_bytes: u64,

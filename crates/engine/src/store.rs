@@ -69,7 +69,7 @@ impl Kick {
 }
 
 /// Why a datastore stopped accepting writes (see [`Store::fail_stop`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FailStop {
     pub cause: String,
     pub since_unix: u64,

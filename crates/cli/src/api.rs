@@ -1,0 +1,346 @@
+//! What every command asks and answers, as types: a [`Request`] (built
+//! from the command line in one place, `args`), run by `ops` locally or by
+//! a server over the control socket, answers a [`Response`]; offline VMDK
+//! commands are a [`VmdkRequest`] answering a [`VmdkResponse`]. `output`
+//! renders the answers for people or as `--json`.
+//!
+//! Both enums serialise externally tagged (`{"disk":{...}}`): that is how a
+//! response crosses the control socket, and the client decodes it back into
+//! the same typed value a local run produces. The `--json` shapes are
+//! `output`'s business (the payload without the tag).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use strata_engine::{CheckReport, DatastoreInfo, DiskInfo, Provisioning, SnapshotInfo};
+use strata_stats::StatsSnapshot;
+use strata_vmdk::Subformat;
+
+/// A datastore command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    List,
+    Info {
+        name: String,
+    },
+    Create {
+        name: String,
+        size_bytes: u64,
+        provisioning: Provisioning,
+    },
+    Remove {
+        name: String,
+    },
+    Extend {
+        name: String,
+        size_bytes: u64,
+    },
+    SnapshotCreate {
+        disk: String,
+        snapshot: String,
+        description: String,
+    },
+    SnapshotList {
+        disk: String,
+    },
+    SnapshotRevert {
+        disk: String,
+        snapshot: String,
+    },
+    SnapshotDelete {
+        disk: String,
+        snapshot: String,
+    },
+    CloneLinked {
+        source: String,
+        name: String,
+    },
+    CloneFull {
+        source: String,
+        name: String,
+        provisioning: Provisioning,
+    },
+    Check,
+    /// I/O statistics of one export (or all), optionally reset after
+    /// reading, and recording paused (false) or resumed (true) after that.
+    Stats {
+        disk: Option<String>,
+        reset: bool,
+        #[serde(default)]
+        recording: Option<bool>,
+    },
+    /// Import a VMDK chain, raw or qcow2 image as a new disk.
+    Import {
+        /// Absolute, so that a server in another directory finds it.
+        path: PathBuf,
+        name: String,
+        provisioning: Provisioning,
+        /// None: detected from the content.
+        format: Option<ImageFormat>,
+    },
+    /// Export a disk or snapshot as VMDK (optionally its snapshot path as a chain).
+    Export {
+        target: String,
+        /// Absolute, so that a server in another directory writes it there.
+        out: PathBuf,
+        #[serde(with = "subformat_name")]
+        subformat: Subformat,
+        chain: bool,
+        adapter: String,
+    },
+}
+
+impl Request {
+    /// Whether the request may take long enough to deserve a progress bar.
+    pub fn shows_progress(&self) -> bool {
+        matches!(
+            self,
+            Request::CloneFull { .. }
+                | Request::Import { .. }
+                | Request::Export { .. }
+                | Request::Create {
+                    provisioning: Provisioning::Eagerzeroedthick,
+                    ..
+                }
+        )
+    }
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    /// `status`
+    Datastore(DatastoreInfo),
+    /// `list`
+    Disks(Vec<DiskInfo>),
+    /// `info`, `create`, `extend`, `clone`, `snapshot revert`: the disk as
+    /// it is now.
+    Disk(DiskInfo),
+    /// `rm`
+    Removed { name: String },
+    /// `snapshot create`
+    SnapshotCreated {
+        disk: String,
+        snapshot: SnapshotInfo,
+    },
+    /// `snapshot list`
+    Snapshots(Vec<SnapshotInfo>),
+    /// `snapshot delete`
+    SnapshotDeleted { disk: String, snapshot: String },
+    /// `check`
+    Check(CheckReport),
+    /// `stats`: one entry per export, in name order.
+    Stats(Vec<ExportStats>),
+    /// `import`
+    Import(ImportReport),
+    /// `export`
+    Export(ExportReport),
+    /// `status` asked of the control socket of a VMDK-only server.
+    VmdkServer(VmdkServerStatus),
+}
+
+impl Response {
+    /// Whether the command should exit non-zero although it ran: `check`
+    /// found problems.
+    pub fn found_problems(&self) -> bool {
+        matches!(self, Response::Check(r) if !r.is_clean())
+    }
+}
+
+/// The statistics of one export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExportStats {
+    pub export: String,
+    pub stats: StatsSnapshot,
+}
+
+/// An image format `import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    Vmdk,
+    Raw,
+    /// Read through `qemu-img convert`.
+    Qcow2,
+}
+
+impl ImageFormat {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "vmdk" => Ok(ImageFormat::Vmdk),
+            "raw" => Ok(ImageFormat::Raw),
+            "qcow2" => Ok(ImageFormat::Qcow2),
+            other => Err(format!(
+                "unknown import format {other:?}: vmdk, raw or qcow2"
+            )),
+        }
+    }
+}
+
+/// What `import` made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImportReport {
+    /// The new disk.
+    pub disk: DiskInfo,
+    pub format: ImageFormat,
+    /// The chain's files, top first (VMDK only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<Vec<ImportedLink>>,
+    /// The disk's snapshots made from the links below the top, base first.
+    pub snapshots: Vec<String>,
+}
+
+/// One file of an imported VMDK chain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImportedLink {
+    pub file: String,
+    pub create_type: String,
+}
+
+/// What `export` wrote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExportReport {
+    /// DISK or DISK@SNAP as asked.
+    pub target: String,
+    /// The file to open: the last link.
+    pub open: String,
+    /// Base first.
+    pub links: Vec<ExportedLink>,
+}
+
+/// One file `export` wrote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExportedLink {
+    pub file: String,
+    /// The disk version it holds (DISK or DISK@SNAP).
+    pub version: String,
+    pub subformat: String,
+}
+
+/// Who a VMDK-only server is, for a refusal that names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmdkServerStatus {
+    pub server: String,
+    pub pid: u32,
+    pub export: String,
+    pub file: String,
+    pub read_only: bool,
+}
+
+/// A command on VMDK files, run in this process (no datastore).
+#[derive(Debug, Clone)]
+pub enum VmdkRequest {
+    Info { path: PathBuf },
+    Check { path: PathBuf, repair: bool },
+    Shrink { path: PathBuf },
+}
+
+/// The answer to a [`VmdkRequest`].
+#[derive(Debug, Clone)]
+pub enum VmdkResponse {
+    Info(VmdkInfo),
+    Check(VmdkCheckReport),
+    /// One entry per SEsparse extent of the top link.
+    Shrink(Vec<ShrinkResult>),
+}
+
+impl VmdkResponse {
+    /// Whether the command should exit non-zero although it ran: errors
+    /// remain after `check`.
+    pub fn found_problems(&self) -> bool {
+        matches!(self, VmdkResponse::Check(r) if r.remaining_errors > 0)
+    }
+}
+
+/// `vmdk info`: a chain, top link first.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmdkInfo {
+    pub size_bytes: u64,
+    /// Number of links.
+    pub depth: usize,
+    pub links: Vec<VmdkLinkInfo>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VmdkLinkInfo {
+    pub file: String,
+    pub create_type: String,
+    /// Content ID, shown as 8 hex digits as in the descriptor.
+    #[serde(serialize_with = "hex8")]
+    pub cid: u32,
+    #[serde(serialize_with = "hex8")]
+    pub parent_cid: u32,
+    pub parent_hint: Option<String>,
+    pub size_bytes: u64,
+    pub extents: Vec<VmdkExtentInfo>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VmdkExtentInfo {
+    /// The descriptor's extent line type (SPARSE, FLAT, ZERO, VMFS...).
+    #[serde(rename = "type")]
+    pub line_type: String,
+    /// What the extent is: flat, zero, or the sparse format's name.
+    pub format: String,
+    /// Empty for a zero extent.
+    pub file: String,
+    pub start_sector: u64,
+    pub sectors: u64,
+    /// Sparse extents only.
+    pub grain_bytes: Option<u64>,
+}
+
+/// `vmdk check [--repair]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmdkCheckReport {
+    pub files: Vec<VmdkFileCheck>,
+    /// Errors found (before any repair).
+    pub errors: usize,
+    /// Errors a check after the repair still finds (without repair: `errors`).
+    pub remaining_errors: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VmdkFileCheck {
+    pub file: String,
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+    pub repaired: Vec<String>,
+    pub allocated_grains: u64,
+    pub zero_grains: u64,
+    pub unmapped_grains: u64,
+}
+
+/// What `vmdk shrink` did to one extent.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShrinkResult {
+    pub grains_before: u64,
+    pub grains_after: u64,
+    pub zero_grains_found: u64,
+    /// Grains moved into holes.
+    pub moved: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+fn hex8<S: serde::Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:08x}"))
+}
+
+/// A [`Subformat`] by its VMware name on the control socket.
+mod subformat_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use strata_vmdk::Subformat;
+
+    pub fn serialize<S: Serializer>(v: &Subformat, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Subformat, D::Error> {
+        let name = String::deserialize(d)?;
+        Subformat::parse(&name).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,451 @@
+//! The command line: clap's commands and flags, and the one place they
+//! become typed requests ([`Action`]). Checks that need no datastore (a
+//! subformat's name, `--type` on a linked clone) happen here, so a remote
+//! server sees only requests that make sense.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use strata_engine::{Error, ErrorKind, Provisioning};
+
+use crate::api::{ImageFormat, Request, VmdkRequest};
+use crate::output::Format;
+use crate::serve::ServeArgs;
+use crate::units::parse_size;
+use crate::vmdk_cmd::absolute;
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "strata: thin/thick virtual disks with O(1) snapshots and clones, served over NBD",
+    long_about = "strata stores virtual disks in a datastore (a directory) and serves them over NBD.\n\
+Every disk and snapshot has its own map, so I/O costs the same at any snapshot depth;\n\
+snapshots and linked clones are O(1); deleting a snapshot moves no data.\n\n\
+While `strata serve` runs, the other commands talk to it through its control socket."
+)]
+pub struct Cli {
+    /// Datastore directory [default: $STRATA_DATASTORE, else ~/.local/share/strata/datastore]
+    #[arg(long, short = 'd', global = true, env = "STRATA_DATASTORE")]
+    pub datastore: Option<PathBuf>,
+
+    /// Metadata cache budget (e.g. 128M)
+    #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
+    pub cache: u64,
+
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Args)]
+pub struct JsonFlag {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Create a datastore in the directory
+    Init {
+        /// Capacity limit (default: the file system's free space)
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+    },
+    /// Show the datastore's capacity, use and over-commit
+    Status(JsonFlag),
+    /// Create a disk
+    Create {
+        name: String,
+        /// Virtual size (e.g. 10G)
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Provisioning: thin, zeroedthick or eagerzeroedthick
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List disks
+    List(JsonFlag),
+    /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots
+    Info {
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Remove a disk and its snapshots (linked clones keep what they share)
+    Rm { name: String },
+    /// Grow a disk (also while it is served)
+    Extend {
+        name: String,
+        /// New virtual size
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Snapshots: create, list, revert, delete
+    #[command(subcommand)]
+    Snapshot(SnapCmd),
+    /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
+    Clone {
+        /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full
+        source: String,
+        /// Name of the new disk
+        name: String,
+        /// Copy the data into an independent disk
+        #[arg(long)]
+        full: bool,
+        /// Provisioning of a full clone
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Verify reference counts, ownership and accounting; non-zero exit on problems
+    Check(JsonFlag),
+    /// I/O statistics of a served disk (vscsiStats histograms), from the running server
+    Stats {
+        /// Disk or DISK@SNAP export (default: every export with statistics)
+        disk: Option<String>,
+        /// Zero the statistics after reading them
+        #[arg(long)]
+        reset: bool,
+        /// Stop recording after reading (vscsiStats -x); commands are then
+        /// only forwarded, and the figures so far stay readable. Without
+        /// DISK: every disk, and disks first used later
+        #[arg(long, conflicts_with = "resume")]
+        pause: bool,
+        /// Start recording again after a --pause (vscsiStats -s); combine
+        /// with --reset to start afresh
+        #[arg(long)]
+        resume: bool,
+        /// Redraw every second until interrupted
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
+    Serve(ServeArgs),
+    /// Import a VMDK chain (snapshots = its links), a raw image or a qcow2 image as a new disk
+    Import {
+        /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2
+        path: PathBuf,
+        /// Name of the new disk
+        name: String,
+        /// Provisioning of the new disk
+        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        /// Image format [default: detected from the content]: vmdk, raw or qcow2 (needs qemu-img)
+        #[arg(long)]
+        format: Option<String>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Export DISK or DISK@SNAP as a VMDK
+    Export {
+        /// DISK or DISK@SNAP
+        target: String,
+        /// Output file, ending in .vmdk (never overwritten)
+        out: PathBuf,
+        /// monolithicSparse, monolithicFlat, streamOptimized, vmfsSparse or seSparse
+        #[arg(long, default_value = "monolithicSparse")]
+        subformat: String,
+        /// Write the snapshot path as a chain: OUT.vmdk is the base, OUT-000001.vmdk... the
+        /// deltas (vmfsSparse/seSparse chains get a monolithicFlat base); the last file is TARGET
+        #[arg(long)]
+        chain: bool,
+        /// ddb.adapterType of the descriptor
+        #[arg(long, default_value = "lsilogic", value_parser = ["ide", "buslogic", "lsilogic", "legacyESX"])]
+        adapter: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Work on VMDK files directly (no datastore needed): info, check [--repair], shrink
+    #[command(subcommand)]
+    Vmdk(VmdkCmd),
+}
+
+#[derive(Subcommand)]
+pub enum VmdkCmd {
+    /// Show a VMDK chain link by link: create type, CIDs, extents (takes no lock: works on served
+    /// files)
+    Info {
+        path: PathBuf,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Check grain directories and tables of every link: out-of-file, doubly used and bad
+    /// entries; exits 1 when errors remain. Without --repair it takes no lock (works on served
+    /// files, which may be mid-update); with --repair a file in use is refused
+    Check {
+        path: PathBuf,
+        /// Fix what needs no guessing (in the top link): clear never-written grains, give doubly
+        /// used grains their own copies, extend cut-short files, clear the unclean flag
+        #[arg(long)]
+        repair: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system
+    /// (refused while the file is served or otherwise in use)
+    Shrink {
+        path: PathBuf,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapCmd {
+    /// Take a snapshot (O(1), whatever the disk holds)
+    Create {
+        disk: String,
+        snapshot: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List a disk's snapshots as a tree
+    List {
+        disk: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Make the disk equal to a snapshot again (discards changes since)
+    Revert { disk: String, snapshot: String },
+    /// Delete a snapshot (moves no data)
+    Delete { disk: String, snapshot: String },
+}
+
+fn parse_prov(s: &str) -> Result<Provisioning, String> {
+    Provisioning::parse(s).map_err(|e| e.message)
+}
+
+pub fn default_datastore() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share/strata/datastore")
+}
+
+impl From<&JsonFlag> for Format {
+    fn from(j: &JsonFlag) -> Format {
+        if j.json {
+            Format::Json
+        } else {
+            Format::Human
+        }
+    }
+}
+
+/// What a command line asks for, typed.
+pub enum Action<'a> {
+    /// `init`: make a datastore (0: the file system's free space).
+    Init { capacity_bytes: u64 },
+    /// `serve`
+    Serve(&'a ServeArgs),
+    /// A datastore request, run here or by the server holding the datastore.
+    Datastore {
+        request: Request,
+        format: Format,
+        /// Run again every second until interrupted (`stats --watch`).
+        watch: bool,
+    },
+    /// A command on VMDK files, run here.
+    Vmdk {
+        request: VmdkRequest,
+        format: Format,
+    },
+}
+
+impl<'a> TryFrom<&'a Cmd> for Action<'a> {
+    type Error = Error;
+
+    fn try_from(cmd: &'a Cmd) -> Result<Action<'a>, Error> {
+        let datastore = |request: Request, format: Format| Action::Datastore {
+            request,
+            format,
+            watch: false,
+        };
+        Ok(match cmd {
+            Cmd::Init { capacity } => Action::Init {
+                capacity_bytes: capacity.unwrap_or(0),
+            },
+            Cmd::Serve(args) => Action::Serve(args),
+            Cmd::Vmdk(v) => {
+                let (request, json) = match v {
+                    VmdkCmd::Info { path, json } => {
+                        (VmdkRequest::Info { path: path.clone() }, json)
+                    }
+                    VmdkCmd::Check { path, repair, json } => (
+                        VmdkRequest::Check {
+                            path: path.clone(),
+                            repair: *repair,
+                        },
+                        json,
+                    ),
+                    VmdkCmd::Shrink { path, json } => {
+                        (VmdkRequest::Shrink { path: path.clone() }, json)
+                    }
+                };
+                Action::Vmdk {
+                    request,
+                    format: json.into(),
+                }
+            }
+            Cmd::Status(json) => datastore(Request::Status, json.into()),
+            Cmd::List(json) => datastore(Request::List, json.into()),
+            Cmd::Info { name, json } => {
+                datastore(Request::Info { name: name.clone() }, json.into())
+            }
+            Cmd::Create {
+                name,
+                size,
+                provisioning,
+                json,
+            } => datastore(
+                Request::Create {
+                    name: name.clone(),
+                    size_bytes: *size,
+                    provisioning: *provisioning,
+                },
+                json.into(),
+            ),
+            Cmd::Rm { name } => datastore(Request::Remove { name: name.clone() }, Format::Human),
+            Cmd::Extend { name, size, json } => datastore(
+                Request::Extend {
+                    name: name.clone(),
+                    size_bytes: *size,
+                },
+                json.into(),
+            ),
+            Cmd::Snapshot(SnapCmd::Create {
+                disk,
+                snapshot,
+                description,
+                json,
+            }) => datastore(
+                Request::SnapshotCreate {
+                    disk: disk.clone(),
+                    snapshot: snapshot.clone(),
+                    description: description.clone(),
+                },
+                json.into(),
+            ),
+            Cmd::Snapshot(SnapCmd::List { disk, json }) => {
+                datastore(Request::SnapshotList { disk: disk.clone() }, json.into())
+            }
+            Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => datastore(
+                Request::SnapshotRevert {
+                    disk: disk.clone(),
+                    snapshot: snapshot.clone(),
+                },
+                Format::Human,
+            ),
+            Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => datastore(
+                Request::SnapshotDelete {
+                    disk: disk.clone(),
+                    snapshot: snapshot.clone(),
+                },
+                Format::Human,
+            ),
+            Cmd::Clone {
+                source,
+                name,
+                full: true,
+                provisioning,
+                json,
+            } => datastore(
+                Request::CloneFull {
+                    source: source.clone(),
+                    name: name.clone(),
+                    provisioning: *provisioning,
+                },
+                json.into(),
+            ),
+            Cmd::Clone {
+                source,
+                name,
+                full: false,
+                provisioning,
+                json,
+            } => {
+                if *provisioning != Provisioning::Thin {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        "--type applies to full clones only (a linked clone is thin); add --full",
+                    ));
+                }
+                datastore(
+                    Request::CloneLinked {
+                        source: source.clone(),
+                        name: name.clone(),
+                    },
+                    json.into(),
+                )
+            }
+            Cmd::Check(json) => datastore(Request::Check, json.into()),
+            Cmd::Stats {
+                disk,
+                reset,
+                pause,
+                resume,
+                watch,
+                json,
+            } => Action::Datastore {
+                request: Request::Stats {
+                    disk: disk.clone(),
+                    reset: *reset,
+                    recording: match (pause, resume) {
+                        (true, _) => Some(false),
+                        (_, true) => Some(true),
+                        _ => None,
+                    },
+                },
+                format: json.into(),
+                watch: *watch,
+            },
+            Cmd::Import {
+                path,
+                name,
+                provisioning,
+                format,
+                json,
+            } => datastore(
+                Request::Import {
+                    path: absolute(path)?,
+                    name: name.clone(),
+                    provisioning: *provisioning,
+                    format: format
+                        .as_deref()
+                        .map(ImageFormat::parse)
+                        .transpose()
+                        .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?,
+                },
+                json.into(),
+            ),
+            Cmd::Export {
+                target,
+                out,
+                subformat,
+                chain,
+                adapter,
+                json,
+            } => datastore(
+                Request::Export {
+                    target: target.clone(),
+                    out: absolute(out)?,
+                    subformat: strata_vmdk::Subformat::parse(subformat)
+                        .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?,
+                    chain: *chain,
+                    adapter: adapter.clone(),
+                },
+                json.into(),
+            ),
+        })
+    }
+}

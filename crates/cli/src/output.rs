@@ -1,0 +1,573 @@
+//! Everything the CLI prints on stdout: a typed answer ([`Response`],
+//! [`VmdkResponse`]) rendered for people or as `--json`, and the progress
+//! bars on stderr.
+//!
+//! The `--json` shapes are the payloads of the answers (no enum tag), with
+//! object keys in sorted order as they have always been printed; scripts
+//! and tests parse them, so a field keeps its name.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use strata_engine::{CheckReport, DatastoreInfo, DiskInfo, SnapshotInfo};
+
+use crate::api::{
+    ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport, VmdkInfo,
+    VmdkResponse, VmdkServerStatus,
+};
+use crate::units::human;
+
+/// How to print an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Lines and tables for people.
+    Human,
+    /// The answer as pretty-printed JSON (`--json`).
+    Json,
+}
+
+/// An answer the CLI can print.
+pub trait Render {
+    /// Append the lines for people to `out`.
+    fn human(&self, out: &mut String);
+    /// The `--json` document.
+    fn json(&self) -> Value;
+}
+
+/// The answer as it is printed in `format`, ending in a newline.
+pub fn render(r: &dyn Render, format: Format) -> String {
+    match format {
+        Format::Human => {
+            let mut out = String::new();
+            r.human(&mut out);
+            out
+        }
+        // Through a `Value`, so keys come out sorted as they always have.
+        Format::Json => serde_json::to_string_pretty(&r.json()).expect("json") + "\n",
+    }
+}
+
+/// Print the answer on stdout.
+pub fn print(r: &dyn Render, format: Format) {
+    print!("{}", render(r, format));
+}
+
+fn value<T: Serialize + ?Sized>(v: &T) -> Value {
+    serde_json::to_value(v).expect("serialisable")
+}
+
+/// An optional name, `-` when there is none.
+fn or_dash(s: &Option<String>) -> &str {
+    s.as_deref().unwrap_or("-")
+}
+
+impl Render for Response {
+    fn human(&self, out: &mut String) {
+        match self {
+            Response::Datastore(i) => datastore(out, i),
+            Response::Disks(disks) => disk_table(out, disks),
+            Response::Disk(d) => disk(out, d),
+            Response::Removed { name } => line(out, format_args!("removed {name}")),
+            Response::SnapshotCreated { disk, snapshot } => line(
+                out,
+                format_args!("created snapshot {disk}@{}", snapshot.name),
+            ),
+            Response::Snapshots(snaps) => snapshot_tree(out, snaps),
+            Response::SnapshotDeleted { disk, snapshot } => {
+                line(out, format_args!("deleted snapshot {disk}@{snapshot}"))
+            }
+            Response::Check(r) => check(out, r),
+            Response::Stats(exports) => stats(out, exports),
+            Response::Import(r) => import(out, r),
+            Response::Export(r) => export(out, r),
+            Response::VmdkServer(s) => vmdk_server(out, s),
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            Response::Datastore(i) => value(i),
+            Response::Disks(disks) => value(disks),
+            Response::Disk(d) => value(d),
+            Response::Removed { name } => json!({ "removed": name }),
+            Response::SnapshotCreated { snapshot, .. } => value(snapshot),
+            Response::Snapshots(snaps) => value(snaps),
+            Response::SnapshotDeleted { disk, snapshot } => {
+                json!({ "deleted": format!("{disk}@{snapshot}") })
+            }
+            Response::Check(r) => value(r),
+            // One object keyed by export name.
+            Response::Stats(exports) => Value::Object(
+                exports
+                    .iter()
+                    .map(|e| (e.export.clone(), value(&e.stats)))
+                    .collect(),
+            ),
+            Response::Import(r) => value(r),
+            Response::Export(r) => value(r),
+            Response::VmdkServer(s) => value(s),
+        }
+    }
+}
+
+impl Render for VmdkResponse {
+    fn human(&self, out: &mut String) {
+        match self {
+            VmdkResponse::Info(i) => vmdk_info(out, i),
+            VmdkResponse::Check(r) => vmdk_check(out, r),
+            VmdkResponse::Shrink(rs) => vmdk_shrink(out, rs),
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            VmdkResponse::Info(i) => value(i),
+            VmdkResponse::Check(r) => value(r),
+            VmdkResponse::Shrink(rs) => value(rs),
+        }
+    }
+}
+
+fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(out, "{args}");
+}
+
+fn datastore(out: &mut String, i: &DatastoreInfo) {
+    let _ = writeln!(out, "datastore:    {}", i.location);
+    let _ = writeln!(out, "capacity:     {}", human(i.capacity_bytes));
+    let _ = writeln!(out, "used:         {}", human(i.used_bytes));
+    let _ = writeln!(
+        out,
+        "reserved:     {} (thick disks, not yet written)",
+        human(i.reserved_bytes)
+    );
+    let _ = writeln!(out, "free:         {}", human(i.free_bytes));
+    let _ = writeln!(
+        out,
+        "provisioned:  {} ({}% of capacity)",
+        human(i.provisioned_bytes),
+        i.overcommit_percent
+    );
+    let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    if i.reclaiming > 0 {
+        let _ = writeln!(
+            out,
+            "reclaiming:   space of {} deleted snapshots or disks",
+            i.reclaiming
+        );
+    }
+    if let Some(f) = &i.fail_stop {
+        let _ = writeln!(
+            out,
+            "FAIL-STOPPED: {} (writes are refused; restart the server to recover \
+             from the log)",
+            f.cause
+        );
+    }
+}
+
+fn disk_table(out: &mut String, disks: &[DiskInfo]) {
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:<17} {:>10} {:>5}  PARENT",
+        "NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS"
+    );
+    for d in disks {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:<17} {:>10} {:>5}  {}",
+            d.name,
+            human(d.size_bytes),
+            d.provisioning.as_str(),
+            human(d.allocated_bytes),
+            d.snapshots,
+            or_dash(&d.parent)
+        );
+    }
+}
+
+fn disk(out: &mut String, d: &DiskInfo) {
+    let _ = writeln!(out, "name:            {}", d.name);
+    let _ = writeln!(
+        out,
+        "size:            {} ({} bytes)",
+        human(d.size_bytes),
+        d.size_bytes
+    );
+    let _ = writeln!(out, "provisioning:    {}", d.provisioning.as_str());
+    let _ = writeln!(
+        out,
+        "allocated:       {} ({} bytes)",
+        human(d.allocated_bytes),
+        d.allocated_bytes
+    );
+    let _ = writeln!(out, "nb / tbz:        {} / {} (1 MiB blocks)", d.nb, d.tbz);
+    let _ = writeln!(out, "snapshots:       {}", d.snapshots);
+    let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
+    let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
+}
+
+/// Snapshots as an indented tree; a mark says where the live state is.
+fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
+    if snaps.is_empty() {
+        let _ = writeln!(out, "no snapshots");
+        return;
+    }
+    // Parents above the snapshot; bounded in case the list has a loop.
+    let depth = |name: &str| {
+        let mut d = 0;
+        let mut cur = name;
+        while let Some(parent) = snaps.iter().find(|s| s.name == cur).map(|s| &s.parent) {
+            let Some(p) = parent else { break };
+            if d > snaps.len() {
+                break;
+            }
+            d += 1;
+            cur = p;
+        }
+        d
+    };
+    for sn in snaps {
+        let _ = writeln!(
+            out,
+            "{}{}  ({}{}){}",
+            "  ".repeat(depth(&sn.name)),
+            sn.name,
+            human(sn.mapped_bytes),
+            if sn.description.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", sn.description)
+            },
+            if sn.current { "  <- you are here" } else { "" }
+        );
+    }
+}
+
+fn check(out: &mut String, r: &CheckReport) {
+    let _ = writeln!(
+        out,
+        "checked {} versions, {} map nodes, {} data grains; {} used",
+        r.versions,
+        r.map_nodes,
+        r.data_grains,
+        human(r.used_bytes)
+    );
+    if r.is_clean() {
+        let _ = writeln!(
+            out,
+            "clean: no leaked or doubly owned grain, accounting exact"
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{} problems ({} leaked grains, {} counted too low):",
+        r.errors.len(),
+        r.leaked_grains,
+        r.overshared_grains
+    );
+    for e in &r.errors {
+        let _ = writeln!(out, "  {e}");
+    }
+}
+
+fn stats(out: &mut String, exports: &[ExportStats]) {
+    if exports.is_empty() {
+        let _ = writeln!(
+            out,
+            "no statistics yet: no client has used a disk since the server started"
+        );
+    }
+    for e in exports {
+        let _ = writeln!(out, "=== {}", e.export);
+        out.push_str(&strata_stats::render_text(&e.stats));
+    }
+}
+
+fn import(out: &mut String, r: &ImportReport) {
+    disk(out, &r.disk);
+    if !r.snapshots.is_empty() {
+        let _ = writeln!(
+            out,
+            "imported {} links; snapshots (base first): {}",
+            r.snapshots.len() + 1,
+            r.snapshots.join(", ")
+        );
+    }
+}
+
+fn export(out: &mut String, r: &ExportReport) {
+    for l in &r.links {
+        let _ = writeln!(out, "wrote {} ({}) from {}", l.file, l.subformat, l.version);
+    }
+    let _ = writeln!(out, "open {}", r.open);
+}
+
+fn vmdk_server(out: &mut String, s: &VmdkServerStatus) {
+    let _ = writeln!(out, "server:       {} (pid {})", s.server, s.pid);
+    let _ = writeln!(
+        out,
+        "export:       {} ({}{})",
+        s.export,
+        s.file,
+        if s.read_only { ", read-only" } else { "" }
+    );
+}
+
+fn vmdk_info(out: &mut String, i: &VmdkInfo) {
+    let _ = writeln!(out, "size: {} ({} links)", human(i.size_bytes), i.depth);
+    for (depth, l) in i.links.iter().enumerate() {
+        let indent = "  ".repeat(depth);
+        let _ = writeln!(
+            out,
+            "{indent}{}  {}  CID {:08x} parentCID {:08x}",
+            l.file, l.create_type, l.cid, l.parent_cid
+        );
+        for e in &l.extents {
+            let _ = writeln!(
+                out,
+                "{indent}  extent {} {} sectors: {} {}",
+                e.line_type, e.sectors, e.format, e.file
+            );
+        }
+    }
+}
+
+fn vmdk_check(out: &mut String, r: &VmdkCheckReport) {
+    for f in &r.files {
+        let _ = writeln!(
+            out,
+            "{}: {} allocated, {} zero, {} unmapped grains",
+            f.file, f.allocated_grains, f.zero_grains, f.unmapped_grains
+        );
+        for (label, messages) in [
+            ("error", &f.errors),
+            ("warning", &f.warnings),
+            ("repaired", &f.repaired),
+        ] {
+            for m in messages {
+                let _ = writeln!(out, "  {label}: {m}");
+            }
+        }
+    }
+    if r.remaining_errors == 0 {
+        let _ = writeln!(out, "no errors remain");
+    } else {
+        let _ = writeln!(out, "{} errors remain", r.remaining_errors);
+    }
+}
+
+fn vmdk_shrink(out: &mut String, rs: &[ShrinkResult]) {
+    for r in rs {
+        let _ = writeln!(
+            out,
+            "shrunk from {} to {} ({} grains moved, {} all-zero grains turned into zero entries)",
+            human(r.bytes_before),
+            human(r.bytes_after),
+            r.moved,
+            r.zero_grains_found
+        );
+    }
+}
+
+/// A progress bar on stderr when `show` and stderr is a terminal.
+pub fn progress_bar(show: bool, template: &str) -> Option<indicatif::ProgressBar> {
+    if !show || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(0);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_engine::{FailStop, Provisioning};
+
+    use super::*;
+    use crate::api::{ExportedLink, ImageFormat};
+
+    fn disk_info() -> DiskInfo {
+        DiskInfo {
+            name: "vm".into(),
+            size_bytes: 64 << 20,
+            provisioning: Provisioning::Zeroedthick,
+            allocated_bytes: 1 << 20,
+            nb: 64,
+            tbz: 63,
+            snapshots: 2,
+            current_snapshot: Some("base".into()),
+            parent: None,
+            created_unix: 1_700_000_000,
+        }
+    }
+
+    fn snapshot(name: &str, parent: Option<&str>, current: bool) -> SnapshotInfo {
+        SnapshotInfo {
+            name: name.into(),
+            description: if parent.is_none() {
+                "first".into()
+            } else {
+                String::new()
+            },
+            created_unix: 1_700_000_000,
+            parent: parent.map(Into::into),
+            size_bytes: 64 << 20,
+            mapped_bytes: 2 << 20,
+            current,
+        }
+    }
+
+    /// Every kind of answer, as a server would send it.
+    fn every_response() -> Vec<Response> {
+        let registry = strata_stats::StatsRegistry::new();
+        registry.get_or_create("vm");
+        vec![
+            Response::Datastore(DatastoreInfo {
+                location: "/ds".into(),
+                capacity_bytes: 1 << 30,
+                used_bytes: 1 << 20,
+                reserved_bytes: 0,
+                free_bytes: (1 << 30) - (1 << 20),
+                provisioned_bytes: 64 << 20,
+                overcommit_percent: 6,
+                disks: 1,
+                snapshots: 2,
+                metadata_cache_bytes: 128 << 20,
+                reclaiming: 1,
+                fail_stop: Some(FailStop {
+                    cause: "write error".into(),
+                    since_unix: 1_700_000_000,
+                }),
+                checkpoints: 3,
+            }),
+            Response::Disks(vec![disk_info()]),
+            Response::Disk(disk_info()),
+            Response::Removed { name: "vm".into() },
+            Response::SnapshotCreated {
+                disk: "vm".into(),
+                snapshot: snapshot("base", None, true),
+            },
+            Response::Snapshots(vec![
+                snapshot("base", None, false),
+                snapshot("two", Some("base"), true),
+            ]),
+            Response::SnapshotDeleted {
+                disk: "vm".into(),
+                snapshot: "two".into(),
+            },
+            Response::Check(CheckReport {
+                errors: vec!["grain 7 leaked".into()],
+                leaked_grains: 1,
+                ..CheckReport::default()
+            }),
+            Response::Stats(
+                registry
+                    .snapshot_all()
+                    .into_iter()
+                    .map(|(export, stats)| ExportStats { export, stats })
+                    .collect(),
+            ),
+            Response::Import(ImportReport {
+                disk: disk_info(),
+                format: ImageFormat::Raw,
+                links: None,
+                snapshots: vec![],
+            }),
+            Response::Export(ExportReport {
+                target: "vm@base".into(),
+                open: "/out/a.vmdk".into(),
+                links: vec![ExportedLink {
+                    file: "/out/a.vmdk".into(),
+                    version: "vm@base".into(),
+                    subformat: "monolithicSparse".into(),
+                }],
+            }),
+            Response::VmdkServer(VmdkServerStatus {
+                server: "strata serve --vmdk".into(),
+                pid: 42,
+                export: "a".into(),
+                file: "/v/a.vmdk".into(),
+                read_only: false,
+            }),
+        ]
+    }
+
+    #[test]
+    fn an_answer_decoded_from_the_wire_prints_the_same_as_the_local_one() {
+        for r in every_response() {
+            let wire = serde_json::to_string(&r).unwrap();
+            let back: Response = serde_json::from_str(&wire).unwrap();
+            for f in [Format::Human, Format::Json] {
+                assert_eq!(render(&back, f), render(&r, f), "{wire}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_disk_prints_as_it_always_has() {
+        assert_eq!(
+            render(&Response::Disk(disk_info()), Format::Human),
+            "name:            vm\n\
+             size:            64 MiB (67108864 bytes)\n\
+             provisioning:    zeroedthick\n\
+             allocated:       1 MiB (1048576 bytes)\n\
+             nb / tbz:        64 / 63 (1 MiB blocks)\n\
+             snapshots:       2\n\
+             current snapshot: base\n\
+             parent:          -\n"
+        );
+    }
+
+    #[test]
+    fn snapshots_print_as_a_tree_marking_the_live_state() {
+        let r = Response::Snapshots(vec![
+            snapshot("base", None, false),
+            snapshot("two", Some("base"), true),
+        ]);
+        assert_eq!(
+            render(&r, Format::Human),
+            "base  (2 MiB, first)\n  two  (2 MiB)  <- you are here\n"
+        );
+    }
+
+    #[test]
+    fn json_is_the_payload_with_todays_field_names() {
+        let v = |r: Response| r.json();
+        assert_eq!(
+            v(Response::Removed { name: "vm".into() }),
+            json!({ "removed": "vm" })
+        );
+        assert_eq!(
+            v(Response::SnapshotDeleted {
+                disk: "vm".into(),
+                snapshot: "two".into()
+            }),
+            json!({ "deleted": "vm@two" })
+        );
+        let d = v(Response::Disk(disk_info()));
+        assert_eq!(d["size_bytes"], 64 << 20);
+        assert_eq!(d["provisioning"], "zeroedthick");
+        assert_eq!(d["parent"], Value::Null);
+        let s = v(every_response().remove(8));
+        assert_eq!(s["vm"]["read"]["commands"], 0, "{s}");
+        let i = v(every_response().remove(9));
+        assert_eq!(i["format"], "raw");
+        assert!(i.get("links").is_none(), "links are for VMDK imports only");
+        let c = v(every_response().remove(7));
+        assert_eq!(c["errors"][0], "grain 7 leaked");
+    }
+
+    #[test]
+    fn a_check_with_problems_fails_the_command() {
+        assert!(every_response()[7].found_problems());
+        assert!(!Response::Check(CheckReport::default()).found_problems());
+    }
+}
