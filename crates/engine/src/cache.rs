@@ -127,7 +127,8 @@ impl PageCache {
         if dirty {
             self.dirty_pages += 1;
         }
-        self.evict();
+        // Never the page just inserted: its caller is about to use it.
+        self.evict(Some(key));
     }
 
     /// Forget a page without writing it (its grain was freed).
@@ -139,7 +140,11 @@ impl PageCache {
         }
     }
 
-    fn evict(&mut self) {
+    /// Evict clean pages while over budget, never `keep`. With nearly
+    /// every page dirty, the page just inserted used to be the only clean
+    /// one, and evicting it under its caller's feet panicked the server
+    /// (found by bench.py's ckpt case with a 16 MiB cache).
+    fn evict(&mut self, keep: Option<PageKey>) {
         // Bounded: at most two sweeps of the clock per insertion.
         let mut budget_steps = self.clock.len() * 2;
         while self.pages.len() > self.budget_pages && budget_steps > 0 {
@@ -150,7 +155,7 @@ impl PageCache {
             let Some(slot) = self.pages.get_mut(&key) else {
                 continue; // removed earlier; drop the stale clock entry
             };
-            if slot.dirty || slot.referenced {
+            if slot.dirty || slot.referenced || Some(key) == keep {
                 slot.referenced = false;
                 self.clock.push_back(key);
                 continue;
@@ -188,6 +193,34 @@ impl PageCache {
             }
         }
         self.dirty_pages -= cleaned;
-        self.evict();
+        self.evict(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_just_inserted_survives_even_when_every_other_page_is_dirty() {
+        let mut c = PageCache::new(64 * 4096);
+        for p in 0..64 {
+            c.insert(
+                PageKey::Ref(p),
+                PageData::Ref(Box::new([0; REFS_PER_PAGE])),
+                true,
+            );
+        }
+        for p in 64..200 {
+            c.insert(
+                PageKey::Ref(p),
+                PageData::Ref(Box::new([0; REFS_PER_PAGE])),
+                false,
+            );
+            assert!(
+                c.get(PageKey::Ref(p)).is_some(),
+                "page {p} evicted on insert"
+            );
+        }
     }
 }

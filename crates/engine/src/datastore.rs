@@ -1076,4 +1076,22 @@ mod tests {
         );
         assert!(ds.check().unwrap().is_clean());
     }
+
+    #[test]
+    fn a_panic_inside_a_change_fail_stops_the_datastore() {
+        let b = SimBackend::new();
+        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
+        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        let inner = ds.inner.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _fence = inner.fail_on_panic();
+            panic!("a release assertion fails half-way");
+        }));
+        assert!(r.is_err());
+        let f = ds.info().fail_stop.expect("fail-stopped");
+        assert!(f.cause.contains("internal check failed"), "{f:?}");
+        assert!(ds
+            .create_disk("x", 1 << 20, Provisioning::Thin, &mut |_, _| {})
+            .is_err());
+    }
 }

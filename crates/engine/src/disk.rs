@@ -140,6 +140,7 @@ impl DiskHandle {
 
     /// Write with the gate and stripes already held by the caller.
     fn write_locked(&self, buf: &[u8], offset: u64, prov: Provisioning) -> Result<()> {
+        let _fence = self.inner.fail_on_panic();
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
         let mut pieces: Vec<Piece> = Vec::with_capacity((last - first + 1) as usize);

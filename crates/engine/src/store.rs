@@ -42,6 +42,20 @@ pub(crate) const STRIPES: usize = 1024;
 /// Grains per stripe key.
 pub(crate) const STRIPE_GRAINS_SHIFT: u32 = 4;
 
+/// See [`Store::fail_on_panic`].
+pub(crate) struct FailOnPanic<'a>(&'a Store);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail_stop(Error::new(
+                ErrorKind::Corrupt,
+                "an internal check failed in the middle of a change (see the server's log)",
+            ));
+        }
+    }
+}
+
 /// A wake-up for the background committer.
 #[derive(Default)]
 pub(crate) struct Kick {
@@ -260,10 +274,19 @@ impl Store {
         self.fail.why.lock().clone()
     }
 
+    /// A guard that fail-stops the datastore if it is dropped while the
+    /// thread panics: a release assertion that fails in the middle of a
+    /// change (the transport may catch the panic and go on serving) must
+    /// not leave the half-made change to be committed.
+    pub fn fail_on_panic(&self) -> FailOnPanic<'_> {
+        FailOnPanic(self)
+    }
+
     /// Run a metadata change; an error after its first change fail-stops.
     /// (Every change appends to the log or marks versions or the catalog
     /// dirty, which `Meta::change_count` counts.)
     pub fn guarded<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        let _fence = self.fail_on_panic();
         let before = m.change_count();
         match f(m) {
             Ok(v) => Ok(v),
@@ -339,6 +362,7 @@ impl Store {
     /// when forced or when the log or dirty metadata has grown past its
     /// bound (then without waiting if one already runs).
     pub fn commit(&self, force_checkpoint: bool) -> Result<()> {
+        let _fence = self.fail_on_panic();
         let t0 = Instant::now();
         let mut cs = self.commit.lock();
         let t_lock = t0.elapsed();
@@ -450,6 +474,7 @@ impl Store {
     /// Checkpoint (FORMAT.md §5). `wait`: wait for a running one to end and
     /// run anyway; otherwise return at once if one runs.
     pub fn checkpoint(&self, wait: bool) -> Result<()> {
+        let _fence = self.fail_on_panic();
         let mut ck = if wait {
             self.checkpoint.lock()
         } else {
