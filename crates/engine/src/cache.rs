@@ -16,6 +16,7 @@ pub enum PageKey {
     Ref(u64),
 }
 
+#[derive(Clone)]
 pub enum PageData {
     /// Entries without lanes, and the node's level.
     Map(MapNode),

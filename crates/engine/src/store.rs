@@ -24,7 +24,7 @@ use strata_storage::{Backend, Storage};
 
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::{LogFiles, LogWriter};
-use crate::meta::{EncodedPage, Meta};
+use crate::meta::{DirtyPages, EncodedPage, Meta};
 
 /// Checkpoint when the log passes this many bytes.
 pub const LOG_BYTES_MAX: u64 = 64 << 20;
@@ -143,7 +143,7 @@ impl Closing<'_> {
 /// A checkpoint's cut: the state it writes (FORMAT.md §5, "Checkpoint").
 struct Cut {
     next: u64,
-    pages: Vec<EncodedPage>,
+    pages: DirtyPages,
     catalog: Vec<u8>,
     /// (page-change sequence, pool end) at the cut.
     at: (u64, u64),
@@ -474,6 +474,13 @@ impl Store {
     /// Checkpoint (FORMAT.md §5). `wait`: wait for a running one to end and
     /// run anyway; otherwise return at once if one runs.
     pub fn checkpoint(&self, wait: bool) -> Result<()> {
+        self.checkpoint_if(wait, |_| true)
+    }
+
+    /// As [`Store::checkpoint`], but once it holds the checkpoint lock it
+    /// runs only if `still(meta)` (a writer that waited for a running
+    /// checkpoint need not run a second one).
+    fn checkpoint_if(&self, wait: bool, still: impl Fn(&Meta) -> bool) -> Result<()> {
         let _fence = self.fail_on_panic();
         let mut ck = if wait {
             self.checkpoint.lock()
@@ -484,6 +491,9 @@ impl Store {
             }
         };
         self.check_writable()?;
+        if !still(&self.meta.lock()) {
+            return Ok(());
+        }
         {
             let _d = self.deferred_frees.lock();
             self.checkpoint_running.store(true, Ordering::Release);
@@ -515,13 +525,12 @@ impl Store {
             let batch = m.take_batch();
             let cut = Cut {
                 next,
-                pages: m.encode_dirty_pages(),
+                pages: m.copy_dirty_pages(),
                 catalog: m.catalog_full().encode(),
                 at: m.cut(),
             };
             tracing::debug!(
-                "cut: gate drained in {t_gate:?}, {} pages encoded by {:?}",
-                cut.pages.len(),
+                "cut: gate drained in {t_gate:?}, dirty pages copied by {:?}",
                 t0.elapsed()
             );
             (batch, cut)
@@ -557,6 +566,7 @@ impl Store {
         let closing_gen = cs.log.generation;
         let (cut, freed) = self.cut(&mut cs, ck)?;
         let t_cut = t0.elapsed();
+        let pages = Meta::encode_pages(cut.pages);
         self.punch_and_release(&freed);
         let same_file = cut.next % 2 == closing_gen % 2;
         let mut closing = if same_file {
@@ -567,10 +577,10 @@ impl Store {
             Closing::Owned(c)
         };
         // Page images, so a page torn in place is rewritten whole by replay.
-        let chunks: Vec<&[EncodedPage]> = if cut.pages.is_empty() {
+        let chunks: Vec<&[EncodedPage]> = if pages.is_empty() {
             vec![&[]]
         } else {
-            cut.pages.chunks(Meta::IMAGES_PER_BATCH).collect()
+            pages.chunks(Meta::IMAGES_PER_BATCH).collect()
         };
         for (i, chunk) in chunks.iter().enumerate() {
             let end = (i + 1 == chunks.len()).then_some(cut.next);
@@ -578,7 +588,7 @@ impl Store {
         }
         closing.log().sync()?;
         // Pages and catalog in place.
-        Meta::write_pages_to(&self.pool, &self.refs, &cut.pages)?;
+        Meta::write_pages_to(&self.pool, &self.refs, &pages)?;
         self.pool.sync()?;
         self.refs.sync()?;
         let cat_file = self.backend.open(catalog_file(cut.next), true)?;
@@ -607,7 +617,7 @@ impl Store {
             "checkpoint to generation {}: {} pages; commit lock after {:?}, cut done after {:?}, \
              all done after {:?}",
             cut.next,
-            cut.pages.len(),
+            pages.len(),
             t_lock,
             t_cut,
             t0.elapsed()
@@ -638,9 +648,7 @@ impl Store {
             // Memory is bounded: wait for a checkpoint (the commit may have
             // run one already).
             self.commit(false)?;
-            if self.meta.lock().cache_over_budget() {
-                self.checkpoint(true)?;
-            }
+            self.checkpoint_if(true, |m| m.cache_over_budget())?;
         } else if log_full {
             // Bound the memory of the log buffer: commit early (harmless;
             // a commit only makes more durable than the client asked for).

@@ -41,7 +41,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::Allocator;
-pub use pages::EncodedPage;
+pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.
 pub struct Batch {

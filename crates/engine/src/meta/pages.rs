@@ -23,6 +23,12 @@ const RUN_PAGES_MAX: usize = 256;
 /// Largest payload of one page-image batch (bounds the checkpoint's memory).
 const IMAGE_BATCH_BYTES_MAX: usize = 8 << 20;
 
+/// Dirty pages copied at a checkpoint's cut, with the pool's end then.
+pub struct DirtyPages {
+    pages: Vec<(PageKey, PageData)>,
+    hwm: u64,
+}
+
 /// A dirty page encoded for a checkpoint.
 pub struct EncodedPage {
     pub key: PageKey,
@@ -214,29 +220,42 @@ impl Meta {
 
     // ------------------------------------------------------------ checkpoint
 
-    /// Encode every dirty page (checkpoint steps 2–3), sorted by file and
-    /// place. Each node is asserted against the pool before it is encoded.
-    pub fn encode_dirty_pages(&self) -> Vec<EncodedPage> {
+    /// A copy of every dirty page, sorted by file and place, for a
+    /// checkpoint's cut: only a copy under the locks; encoding (checksums)
+    /// happens after they are released ([`Meta::encode_pages`]).
+    pub fn copy_dirty_pages(&self) -> DirtyPages {
         let order = |k: &PageKey| match k {
             PageKey::Map(g) => (0u8, *g),
             PageKey::Ref(p) => (1u8, *p),
         };
-        let mut keys: Vec<PageKey> = self.cache.dirty().map(|(k, _)| k).collect();
-        keys.sort_by_key(order);
-        keys.into_iter()
-            .map(|key| {
+        let mut pages: Vec<(PageKey, PageData)> =
+            self.cache.dirty().map(|(k, d)| (k, d.clone())).collect();
+        pages.sort_by_key(|(k, _)| order(k));
+        DirtyPages {
+            pages,
+            hwm: self.alloc.hwm,
+        }
+    }
+
+    /// Encode the pages a cut copied (checkpoint steps 2–3). Each node is
+    /// asserted against the pool before it is encoded.
+    pub fn encode_pages(dirty: DirtyPages) -> Vec<EncodedPage> {
+        dirty
+            .pages
+            .into_iter()
+            .map(|(key, data)| {
                 let mut bytes = Box::new([0u8; GRAIN_BYTES as usize]);
-                match (key, self.cache.peek(key)) {
-                    (PageKey::Map(g), Some(PageData::Map(n))) => {
-                        if let Err(e) = check_entries(g, &n.entries, self.alloc.hwm) {
+                match (key, &data) {
+                    (PageKey::Map(g), PageData::Map(n)) => {
+                        if let Err(e) = check_entries(g, &n.entries, dirty.hwm) {
                             panic!("refusing to write a bad map node: {e}");
                         }
                         encode_map_node(&n.entries, g, n.level, &mut bytes[..]);
                     }
-                    (PageKey::Ref(p), Some(PageData::Ref(c))) => {
+                    (PageKey::Ref(p), PageData::Ref(c)) => {
                         encode_ref_page(p, c, &mut bytes[..]);
                     }
-                    _ => unreachable!("dirty pages stay cached until the checkpoint"),
+                    _ => unreachable!("a page key and its data are of one kind"),
                 }
                 EncodedPage { key, bytes }
             })
