@@ -303,28 +303,16 @@ pub struct VmdkCheckReport {
     pub remaining_errors: usize,
 }
 
+/// What `vmdk check` found in one file.
 #[derive(Debug, Clone, Serialize)]
 pub struct VmdkFileCheck {
     pub file: String,
-    pub errors: Vec<String>,
-    pub warnings: Vec<String>,
-    pub repaired: Vec<String>,
-    pub allocated_grains: u64,
-    pub zero_grains: u64,
-    pub unmapped_grains: u64,
+    #[serde(flatten)]
+    pub check: strata_vmdk::sparse::ExtentCheck,
 }
 
 /// What `vmdk shrink` did to one extent.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShrinkResult {
-    pub grains_before: u64,
-    pub grains_after: u64,
-    pub zero_grains_found: u64,
-    /// Grains moved into holes.
-    pub moved: u64,
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-}
+pub type ShrinkResult = strata_vmdk::sparse::ShrinkReport;
 
 fn hex8<S: serde::Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&format_args!("{v:08x}"))

@@ -341,12 +341,12 @@ fn vmdk_check(out: &mut String, r: &VmdkCheckReport) {
         let _ = writeln!(
             out,
             "{}: {} allocated, {} zero, {} unmapped grains",
-            f.file, f.allocated_grains, f.zero_grains, f.unmapped_grains
+            f.file, f.check.allocated_grains, f.check.zero_grains, f.check.unmapped_grains
         );
         for (label, messages) in [
-            ("error", &f.errors),
-            ("warning", &f.warnings),
-            ("repaired", &f.repaired),
+            ("error", &f.check.errors),
+            ("warning", &f.check.warnings),
+            ("repaired", &f.check.repaired),
         ] {
             for m in messages {
                 let _ = writeln!(out, "  {label}: {m}");

@@ -647,15 +647,7 @@ fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
     let errors = res.iter().map(|(_, c)| c.errors.len()).sum();
     let files = res
         .into_iter()
-        .map(|(file, c)| VmdkFileCheck {
-            file,
-            errors: c.errors,
-            warnings: c.warnings,
-            repaired: c.repaired,
-            allocated_grains: c.allocated_grains,
-            zero_grains: c.zero_grains,
-            unmapped_grains: c.unmapped_grains,
-        })
+        .map(|(file, check)| VmdkFileCheck { file, check })
         .collect();
     // After a repair, say what is still wrong.
     let remaining_errors = if repair {
@@ -680,17 +672,7 @@ fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<ShrinkR
     let img = open_vmdk(path, Access::Write)?;
     let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
     let reps = img.shrink(progress).map_err(verr)?;
-    Ok(reps
-        .iter()
-        .map(|r| ShrinkResult {
-            grains_before: r.grains_before,
-            grains_after: r.grains_after,
-            zero_grains_found: r.zero_grains_found,
-            moved: r.moved,
-            bytes_before: r.bytes_before,
-            bytes_after: r.bytes_after,
-        })
-        .collect())
+    Ok(reps)
 }
 
 /// Make a path absolute so a server in another directory finds it.

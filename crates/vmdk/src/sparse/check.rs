@@ -9,8 +9,8 @@ use super::header::{Header, KdmvHeader, SECTOR};
 use super::io::{rd, wr};
 use crate::error::{Result, VmdkError};
 
-/// What `check` found in one extent.
-#[derive(Debug, Default, Clone)]
+/// What `check` found in one extent (serialised as is by `vmdk check --json`).
+#[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct ExtentCheck {
     pub errors: Vec<String>,
     pub warnings: Vec<String>,

@@ -9,8 +9,8 @@ use super::header::{Header, SECTOR};
 use super::io::{rd, wr};
 use crate::error::{Result, VmdkError};
 
-/// What `shrink` did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What `shrink` did (serialised as is by `vmdk shrink --json`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ShrinkReport {
     pub grains_before: u64,
     pub grains_after: u64,
