@@ -16,6 +16,18 @@ pub enum PageKey {
     Ref(u64),
 }
 
+impl PageKey {
+    /// (file, page index): 0 = `pool.data` by grain, 1 = `refcount.data`
+    /// by count page. Sorting by it puts pages in write order, adjacent
+    /// pages of a file next to each other.
+    pub fn place(&self) -> (u8, u64) {
+        match *self {
+            PageKey::Map(g) => (0, g),
+            PageKey::Ref(p) => (1, p),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub enum PageData {
     /// Entries without lanes, and the node's level.
@@ -170,7 +182,8 @@ impl PageCache {
         }
     }
 
-    /// Every dirty page, for a checkpoint. Call [`Self::mark_all_clean`] once written.
+    /// Every dirty page, for a checkpoint's cut ([`Self::cut`]); call
+    /// [`Self::mark_clean_upto`] once the checkpoint is durable.
     pub fn dirty(&self) -> impl Iterator<Item = (PageKey, &PageData)> {
         self.pages
             .iter()

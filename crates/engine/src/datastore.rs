@@ -114,6 +114,31 @@ pub struct Datastore {
     pub(crate) inner: Arc<Store>,
 }
 
+/// Record snapshot `id` of `d`'s live state: a new version sharing the
+/// head's map (O(1)), and its catalog entry under `parent` in the tree.
+fn add_snapshot(
+    m: &mut Meta,
+    d: &DiskRec,
+    id: u64,
+    name: String,
+    description: &str,
+    parent: Option<u64>,
+) -> Result<()> {
+    let version = m.catalog.alloc_id();
+    m.new_version_from(version, d.head)?;
+    m.catalog.snapshots.push(SnapshotRec {
+        id,
+        disk: d.id,
+        name,
+        description: description.to_string(),
+        created_unix: now_unix(),
+        parent,
+        version,
+        size_bytes: d.size_bytes,
+    });
+    Ok(())
+}
+
 /// Read the catalog a superblock names, checking its checksum.
 fn read_catalog(backend: &dyn Backend, sb: &Superblock) -> Result<Catalog> {
     if sb.catalog_bytes > 1 << 30 {
@@ -206,25 +231,19 @@ impl Datastore {
         // A crash between steps 5 and 6 of an upgrade.
         crate::upgrade::finish(backend.as_ref())?;
         let mut open_warnings = Vec::new();
-        let mut slot_valid = [false, false];
-        slot_valid[(sb.generation % 2) as usize] = true;
-        match &pick.damaged {
-            Some((slot, e)) => {
-                let w = format!(
-                    "{FILE_SUPER} slot {slot} (byte {}) is damaged: {e}; opened from slot {} \
-                     (generation {})",
-                    slot * SUPER_SLOT_BYTES,
-                    sb.generation % 2,
-                    sb.generation
-                );
-                tracing::error!("{where_}: {w}");
-                open_warnings.push(w);
-            }
-            None => slot_valid[1 - (sb.generation % 2) as usize] = true,
-        }
-        if pick.damaged.is_none() && slots[..SUPER_SLOT_BYTES].iter().all(|&b| b == 0) {
-            // Slot 0 was never written (a new datastore): not a valid slot.
-            slot_valid[0] = false;
+        // Which slots hold a superblock (a checkpoint must not overwrite
+        // the only one, FORMAT.md §2); a never-written slot does not.
+        let slot_valid = pick.valid;
+        if let Some((slot, e)) = &pick.damaged {
+            let w = format!(
+                "{FILE_SUPER} slot {slot} (byte {}) is damaged: {e}; opened from slot {} \
+                 (generation {})",
+                slot * SUPER_SLOT_BYTES,
+                sb.generation % 2,
+                sb.generation
+            );
+            tracing::error!("{where_}: {w}");
+            open_warnings.push(w);
         }
         let catalog = read_catalog(backend.as_ref(), &sb)?;
         let pool = backend.open(FILE_POOL, false)?;
@@ -768,18 +787,7 @@ impl Datastore {
                 );
             }
             let id = m.catalog.alloc_id();
-            let version = m.catalog.alloc_id();
-            m.new_version_from(version, d.head)?;
-            m.catalog.snapshots.push(SnapshotRec {
-                id,
-                disk: d.id,
-                name: snap.to_string(),
-                description: description.to_string(),
-                created_unix: now_unix(),
-                parent: d.current_snapshot,
-                version,
-                size_bytes: d.size_bytes,
-            });
+            add_snapshot(m, &d, id, snap.to_string(), description, d.current_snapshot)?;
             m.catalog.disk_mut(disk)?.current_snapshot = Some(id);
             m.mark_catalog_dirty();
             Ok(())
@@ -984,19 +992,9 @@ impl Datastore {
         let name = self.change(|m| {
             let d = m.catalog.disk(disk)?.clone();
             let id = m.catalog.alloc_id();
-            let version = m.catalog.alloc_id();
-            m.new_version_from(version, d.head)?;
             let name = format!("{HIDDEN_SNAPSHOT_PREFIX}{id}");
-            m.catalog.snapshots.push(SnapshotRec {
-                id,
-                disk: d.id,
-                name: name.clone(),
-                description: "held while a full clone copies the disk".into(),
-                created_unix: now_unix(),
-                parent: None,
-                version,
-                size_bytes: d.size_bytes,
-            });
+            let why = "held while a full clone copies the disk";
+            add_snapshot(m, &d, id, name.clone(), why, None)?;
             m.mark_catalog_dirty();
             Ok(name)
         })?;

@@ -168,7 +168,7 @@ impl LogFiles {
 
 /// The valid batch at `offset` (header and payload, checksum verified), with
 /// its generation; `None` if there is none.
-fn read_batch(file: &dyn Storage, offset: u64) -> Result<Option<(u64, Vec<u8>)>> {
+pub(crate) fn read_batch(file: &dyn Storage, offset: u64) -> Result<Option<(u64, Vec<u8>)>> {
     let len = file.len()?;
     if offset + BATCH_HEADER_BYTES as u64 > len {
         return Ok(None);

@@ -369,21 +369,10 @@ impl Store {
         self.check_writable()?;
         let seen = self.mutations.load(Ordering::Acquire);
         let batch = self.meta.lock().take_batch();
-        let r = (|| -> Result<()> {
-            if seen != cs.synced_mutations || !batch.payload.is_empty() {
-                self.pool.sync()?;
-            }
-            if !batch.payload.is_empty() {
-                cs.log.append(&batch.payload)?;
-                cs.log.sync()?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
+        if let Err(e) = self.write_batch(&mut cs, &batch.payload, seen) {
             // The batch left memory: nothing can extend the log any more.
             return Err(self.fail_stop(e));
         }
-        cs.synced_mutations = seen;
         if t0.elapsed().as_millis() > 20 {
             tracing::debug!(
                 "slow commit: {} bytes, lock after {t_lock:?}, durable after {:?}",
@@ -402,6 +391,22 @@ impl Store {
         if needs {
             self.checkpoint(force_checkpoint)?;
         }
+        Ok(())
+    }
+
+    /// Commit protocol steps 2–3 (FORMAT.md §5): data written up to
+    /// mutation count `seen` is synced before the batch that may point at
+    /// it is appended and synced. An empty batch with no new data costs
+    /// nothing.
+    fn write_batch(&self, cs: &mut CommitState, payload: &[u8], seen: u64) -> Result<()> {
+        if seen != cs.synced_mutations || !payload.is_empty() {
+            self.pool.sync()?;
+        }
+        if !payload.is_empty() {
+            cs.log.append(payload)?;
+            cs.log.sync()?;
+        }
+        cs.synced_mutations = seen;
         Ok(())
     }
 
@@ -512,15 +517,13 @@ impl Store {
     }
 
     /// The cut, under the commit lock: drain I/O for a moment, take the
-    /// last records of the closing generation and an encoded copy of every
-    /// dirty page, then make those records durable with GENERATION_END.
+    /// last records of the closing generation and a copy of every dirty
+    /// page, then make those records durable with GENERATION_END.
     fn cut(&self, cs: &mut CommitState, ck: &CheckpointState) -> Result<(Cut, Vec<u64>)> {
         let next = Self::next_generation(cs.log.generation, &ck.slot_valid);
         let seen = self.mutations.load(Ordering::Acquire);
-        let t0 = Instant::now();
         let (batch, cut) = {
             let _drain = self.gate.write();
-            let t_gate = t0.elapsed();
             let mut m = self.meta.lock();
             let batch = m.take_batch();
             let cut = Cut {
@@ -529,25 +532,11 @@ impl Store {
                 catalog: m.catalog_full().encode(),
                 at: m.cut(),
             };
-            tracing::debug!(
-                "cut: gate drained in {t_gate:?}, dirty pages copied by {:?}",
-                t0.elapsed()
-            );
             (batch, cut)
         };
-        let t1 = Instant::now();
-        self.pool.sync()?;
-        let t_pool = t1.elapsed();
         let mut payload = batch.payload;
         strata_format::Record::GenerationEnd { next }.encode_into(&mut payload);
-        cs.log.append(&payload)?;
-        cs.log.sync()?;
-        tracing::debug!(
-            "cut: data sync {t_pool:?}, log batch of {} bytes durable after {:?}",
-            payload.len(),
-            t1.elapsed()
-        );
-        cs.synced_mutations = seen;
+        self.write_batch(cs, &payload, seen)?;
         Ok((cut, self.take_committed(batch.has_pending_frees)))
     }
 

@@ -7,15 +7,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use strata_format::{
-    batch_checksum_ok, batch_span, catalog_file, decode_batch_header, decode_map_node_v1,
-    encode_map_node, encode_ref_page, journal_file, Record, Superblock, VersionState,
-    BATCH_HEADER_BYTES, BLOCK_GRAINS, FILE_JOURNAL_V1, FILE_POOL, FILE_REFCOUNT,
-    FILE_REFCOUNT_UPGRADE, FILE_SUPER, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE, SUPER_SLOT_BYTES,
+    batch_span, catalog_file, decode_batch_header, decode_map_node_v1, encode_map_node,
+    encode_ref_page, journal_file, Record, Superblock, VersionState, BATCH_HEADER_BYTES,
+    FILE_JOURNAL_V1, FILE_POOL, FILE_REFCOUNT, FILE_REFCOUNT_UPGRADE, FILE_SUPER, GRAIN_BYTES,
+    MAP_FANOUT, REFS_PER_PAGE, SUPER_SLOT_BYTES,
 };
 use strata_storage::{Backend, Storage};
 
 use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
+use crate::journal::read_batch;
+use crate::meta::pool_end_covering;
 
 /// Count pages converted per write (1 MiB).
 const PAGES_PER_WRITE: u64 = 256;
@@ -36,8 +38,7 @@ struct V1 {
 
 impl V1 {
     fn bump(&mut self, g: u64) {
-        let need = (g + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
-        self.hwm = self.hwm.max(need);
+        self.hwm = self.hwm.max(pool_end_covering(g));
     }
 
     fn read_node(&self, g: u64) -> Result<Box<[u64; MAP_FANOUT]>> {
@@ -101,28 +102,14 @@ impl V1 {
     }
 }
 
-/// Read generation `generation`'s batches of a version-1 log (stop at the
+/// Replay generation `generation`'s batches of a version-1 log (stop at the
 /// first invalid one, as version 1 did).
 fn replay_v1_log(file: &dyn Storage, generation: u64, v1: &mut V1) -> Result<usize> {
-    let len = file.len()?;
     let mut offset = 0u64;
     let mut seq = 0u64;
-    let mut header = vec![0u8; BATCH_HEADER_BYTES];
-    while offset + BATCH_HEADER_BYTES as u64 <= len {
-        file.read_at(&mut header, offset)?;
-        let Some(h) = decode_batch_header(&header) else {
-            break;
-        };
-        if h.generation != generation || h.sequence != seq {
-            break;
-        }
-        let used = BATCH_HEADER_BYTES as u64 + h.payload_bytes as u64;
-        if offset + used > len {
-            break;
-        }
-        let mut b = vec![0u8; used as usize];
-        file.read_at(&mut b, offset)?;
-        if !batch_checksum_ok(&b) {
+    while let Some((gen, b)) = read_batch(file, offset)? {
+        let h = decode_batch_header(&b).expect("read_batch checked the header");
+        if gen != generation || h.sequence != seq {
             break;
         }
         for r in Record::decode_all_v1(&b[BATCH_HEADER_BYTES..])? {

@@ -253,18 +253,23 @@ impl Superblock {
     /// damaged: it fails its check and is not blank (never written).
     pub fn pick_slots(slot0: &[u8], slot1: &[u8]) -> Result<SuperPick, FormatError> {
         let blank = |b: &[u8]| b.iter().all(|&x| x == 0);
-        match (Self::decode(slot0), Self::decode(slot1)) {
+        let (d0, d1) = (Self::decode(slot0), Self::decode(slot1));
+        let valid = [d0.is_ok(), d1.is_ok()];
+        match (d0, d1) {
             (Ok(a), Ok(b)) => Ok(SuperPick {
                 current: if b.generation > a.generation { b } else { a },
                 damaged: None,
+                valid,
             }),
             (Ok(a), Err(e)) => Ok(SuperPick {
                 current: a,
                 damaged: (!blank(slot1)).then_some((1, e)),
+                valid,
             }),
             (Err(e), Ok(b)) => Ok(SuperPick {
                 current: b,
                 damaged: (!blank(slot0)).then_some((0, e)),
+                valid,
             }),
             // Report the more telling error: a version/feature refusal beats garbage.
             (Err(e0), Err(e1)) => Err(match (&e0, &e1) {
@@ -282,6 +287,8 @@ pub struct SuperPick {
     pub current: Superblock,
     /// The other slot's index and error, when it is damaged (not blank).
     pub damaged: Option<(usize, FormatError)>,
+    /// Which slots hold a valid superblock (a blank slot does not).
+    pub valid: [bool; 2],
 }
 
 // ---------------------------------------------------------------- log records

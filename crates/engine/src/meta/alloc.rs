@@ -13,6 +13,12 @@ pub(super) const META_OWNER: u64 = u64::MAX;
 /// Partially free blocks scanned whole by one allocation, at most.
 const PARTIAL_SCAN_BLOCKS_MAX: usize = 64;
 
+/// The smallest pool end (a whole number of blocks) that holds `grain`:
+/// what replaying a record that names `grain` raises the pool end to.
+pub fn pool_end_covering(grain: u64) -> u64 {
+    (grain + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS
+}
+
 /// Free-space summary of the pool, rebuilt at open from the counts.
 #[derive(Default)]
 pub struct Allocator {

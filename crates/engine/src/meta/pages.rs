@@ -224,13 +224,9 @@ impl Meta {
     /// checkpoint's cut: only a copy under the locks; encoding (checksums)
     /// happens after they are released ([`Meta::encode_pages`]).
     pub fn copy_dirty_pages(&self) -> DirtyPages {
-        let order = |k: &PageKey| match k {
-            PageKey::Map(g) => (0u8, *g),
-            PageKey::Ref(p) => (1u8, *p),
-        };
         let mut pages: Vec<(PageKey, PageData)> =
             self.cache.dirty().map(|(k, d)| (k, d.clone())).collect();
-        pages.sort_by_key(|(k, _)| order(k));
+        pages.sort_by_key(|(k, _)| k.place());
         DirtyPages {
             pages,
             hwm: self.alloc.hwm,
@@ -297,18 +293,14 @@ impl Meta {
         refs: &Arc<dyn Storage>,
         pages: &[EncodedPage],
     ) -> Result<()> {
-        let place = |k: &PageKey| match k {
-            PageKey::Map(g) => (0u8, *g),
-            PageKey::Ref(p) => (1u8, *p),
-        };
         let mut run: Vec<u8> = Vec::with_capacity(RUN_PAGES_MAX * GRAIN_BYTES as usize);
         let mut i = 0;
         while i < pages.len() {
-            let (kind, first) = place(&pages[i].key);
+            let (kind, first) = pages[i].key.place();
             let mut j = i + 1;
             while j < pages.len()
                 && j - i < RUN_PAGES_MAX
-                && place(&pages[j].key) == (kind, first + (j - i) as u64)
+                && pages[j].key.place() == (kind, first + (j - i) as u64)
             {
                 j += 1;
             }

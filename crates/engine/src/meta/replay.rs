@@ -44,10 +44,7 @@ pub(super) struct ReplayState {
 }
 
 fn bump(hwm: &mut u64, g: u64) {
-    let need = (g + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
-    if need > *hwm {
-        *hwm = need;
-    }
+    *hwm = (*hwm).max(super::pool_end_covering(g));
 }
 
 impl Meta {
