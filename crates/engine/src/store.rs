@@ -536,7 +536,11 @@ impl Store {
         };
         let mut payload = batch.payload;
         strata_format::Record::GenerationEnd { next }.encode_into(&mut payload);
-        self.write_batch(cs, &payload, seen)?;
+        // Fail-stop here, under the commit lock: a commit that got the lock
+        // between this error and the caller's fail-stop would take a batch
+        // while this one's frees are unsettled.
+        self.write_batch(cs, &payload, seen)
+            .map_err(|e| self.fail_stop(e))?;
         Ok((cut, self.take_committed(batch.has_pending_frees)))
     }
 
