@@ -12,7 +12,9 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use strata_engine::{CheckReport, DatastoreInfo, DiskInfo, Provisioning, SnapshotInfo};
+use strata_engine::{
+    CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo,
+};
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
 
@@ -36,6 +38,19 @@ pub enum Request {
     Extend {
         name: String,
         size_bytes: u64,
+    },
+    /// Change a disk's provisioning (online).
+    Convert {
+        name: String,
+        provisioning: Provisioning,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Release a thin disk's zero grains.
+    PunchZero {
+        name: String,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
     },
     SnapshotCreate {
         disk: String,
@@ -98,6 +113,8 @@ impl Request {
         matches!(
             self,
             Request::CloneFull { .. }
+                | Request::Convert { .. }
+                | Request::PunchZero { .. }
                 | Request::Import { .. }
                 | Request::Export { .. }
                 | Request::Create {
@@ -121,6 +138,8 @@ pub enum Response {
     Disk(DiskInfo),
     /// `rm`
     Removed { name: String },
+    /// `punchzero`
+    PunchZero(PunchZeroReport),
     /// `snapshot create`
     SnapshotCreated {
         disk: String,

@@ -85,6 +85,30 @@ pub enum Cmd {
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Change a disk's provisioning online (also while it is served)
+    #[command(
+        long_about = "Change a disk's provisioning type, also while it is served.\n\nto eagerzeroedthick: every unwritten block is allocated and written with zeros (tbz 0, no\nfirst-write cost); to zeroedthick: the rest of the size is reserved on the host file system;\nto thin: the reservation is released, and so are blocks that read all zeros.\nEach step leaves a consistent disk: after a crash, run the same command again to finish."
+    )]
+    Convert {
+        name: String,
+        /// Target type: thin, zeroedthick or eagerzeroedthick
+        #[arg(long = "type", value_parser = parse_prov)]
+        provisioning: Provisioning,
+        /// Scan or fill at most this much per second (e.g. 200M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Release a thin disk's blocks that read all zeros (vmkfstools' punchzero)
+    Punchzero {
+        name: String,
+        /// Scan at most this much per second (e.g. 200M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Snapshots: create, list, revert, delete
     #[command(subcommand)]
     Snapshot(SnapCmd),
@@ -320,6 +344,26 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 Request::Extend {
                     name: name.clone(),
                     size_bytes: *size,
+                },
+                json.into(),
+            ),
+            Cmd::Convert {
+                name,
+                provisioning,
+                rate,
+                json,
+            } => datastore(
+                Request::Convert {
+                    name: name.clone(),
+                    provisioning: *provisioning,
+                    rate_bytes_per_sec: *rate,
+                },
+                json.into(),
+            ),
+            Cmd::Punchzero { name, rate, json } => datastore(
+                Request::PunchZero {
+                    name: name.clone(),
+                    rate_bytes_per_sec: *rate,
                 },
                 json.into(),
             ),

@@ -9,7 +9,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_engine::{Datastore, Error, ErrorKind, OpenOptions};
+use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork};
 use strata_storage::FileBackend;
 
 use crate::api::{ExportStats, Request, Response};
@@ -42,6 +42,28 @@ pub fn execute(
             Response::Removed { name: name.clone() }
         }
         Request::Extend { name, size_bytes } => Response::Disk(ds.extend_disk(name, *size_bytes)?),
+        Request::Convert {
+            name,
+            provisioning,
+            rate_bytes_per_sec,
+        } => Response::Disk(ds.convert_disk(
+            name,
+            *provisioning,
+            &SpaceWork {
+                rate_bytes_per_sec: *rate_bytes_per_sec,
+            },
+            progress,
+        )?),
+        Request::PunchZero {
+            name,
+            rate_bytes_per_sec,
+        } => Response::PunchZero(ds.punch_zero(
+            name,
+            &SpaceWork {
+                rate_bytes_per_sec: *rate_bytes_per_sec,
+            },
+            progress,
+        )?),
         Request::SnapshotCreate {
             disk,
             snapshot,

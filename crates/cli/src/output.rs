@@ -70,6 +70,16 @@ impl Render for Response {
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
             Response::Removed { name } => line(out, format_args!("removed {name}")),
+            Response::PunchZero(r) => line(
+                out,
+                format_args!(
+                    "{}: scanned {}, released {} of zero blocks; {} allocated",
+                    r.disk,
+                    human(r.scanned_bytes),
+                    human(r.released_bytes),
+                    human(r.allocated_bytes)
+                ),
+            ),
             Response::SnapshotCreated { disk, snapshot } => line(
                 out,
                 format_args!("created snapshot {disk}@{}", snapshot.name),
@@ -92,6 +102,7 @@ impl Render for Response {
             Response::Disks(disks) => value(disks),
             Response::Disk(d) => value(d),
             Response::Removed { name } => json!({ "removed": name }),
+            Response::PunchZero(r) => value(r),
             Response::SnapshotCreated { snapshot, .. } => value(snapshot),
             Response::Snapshots(snaps) => value(snaps),
             Response::SnapshotDeleted { disk, snapshot } => {

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Do not collect per-disk I/O statistics
     #[arg(long)]
     no_stats: bool,
+    /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
+    /// what it overwrites (on), or is stored like any other data (off)
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    detect_zeroes: bool,
     /// Create the datastore first if the directory has none
     #[arg(long)]
     init: bool,
@@ -48,6 +52,14 @@ pub struct ServeArgs {
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     vmdk_read_only: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not {other:?}")),
+    }
 }
 
 struct Exports {
@@ -335,6 +347,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         }
     };
     let ds = ops::open_local(dir, lock, cache)?;
+    ds.set_detect_zeroes(args.detect_zeroes);
     ds.start_reclaimer();
     ds.start_background_commits();
 

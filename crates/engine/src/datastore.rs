@@ -64,6 +64,56 @@ pub struct DiskInfo {
     pub created_unix: u64,
 }
 
+/// How background space work (convert, punchzero) runs.
+#[derive(Debug, Clone, Default)]
+pub struct SpaceWork {
+    /// Bytes per second to scan or fill at most (None: as fast as clients
+    /// leave room for).
+    pub rate_bytes_per_sec: Option<u64>,
+}
+
+/// What `punchzero` did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PunchZeroReport {
+    pub disk: String,
+    pub scanned_bytes: u64,
+    pub released_bytes: u64,
+    /// The disk's allocated bytes afterwards.
+    pub allocated_bytes: u64,
+}
+
+/// Paces a long operation to a rate: after each region, sleeps as long
+/// as the work is ahead of it.
+struct Pacer {
+    rate: Option<u64>,
+    start: std::time::Instant,
+    done: u64,
+}
+
+impl Pacer {
+    fn new(rate: Option<u64>) -> Self {
+        Pacer {
+            rate: rate.filter(|&r| r > 0),
+            start: std::time::Instant::now(),
+            done: 0,
+        }
+    }
+
+    fn pace(&mut self, bytes: u64) {
+        self.done += bytes;
+        match self.rate {
+            Some(r) => {
+                let due = std::time::Duration::from_secs_f64(self.done as f64 / r as f64);
+                if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            // Leave the CPU to clients between regions.
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
 /// A byte range where two versions differ (see `Datastore::changed_ranges`).
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 pub struct ChangedRange {
@@ -302,6 +352,8 @@ impl Datastore {
         }
         meta.finish_open()
             .map_err(|e| Error::new(e.kind, format!("{where_}: {}", e.message)))?;
+        // The reserved tail as the pool file's length finds it (§7.1).
+        meta.set_tail_end(pool.len()? / GRAIN_BYTES);
         let inner = Arc::new(Store::new(StoreParts {
             backend,
             pool,
@@ -324,6 +376,12 @@ impl Datastore {
             tracing::info!("replayed {replayed} log batches");
         }
         let ds = Datastore { inner };
+        {
+            let mut m = ds.inner.meta.lock();
+            if let Err(e) = ds.inner.hold_reservation(&mut m, 0, 0) {
+                tracing::warn!("{where_}: reservations are not all held on the host: {e}");
+            }
+        }
         ds.drop_held()?;
         // Make the recovered state a checkpoint, so the log starts empty.
         ds.inner.commit(true)?;
@@ -555,14 +613,16 @@ impl Datastore {
                 );
             }
             if provisioning.is_thick() {
+                let grains = size_bytes.div_ceil(GRAIN_BYTES);
                 self.inner.check_space(
                     m,
                     SpaceRequest {
                         reserve: true,
-                        grains: size_bytes.div_ceil(GRAIN_BYTES),
+                        grains,
                         own_reserved: 0,
                     },
                 )?;
+                self.inner.hold_reservation(m, grains, 1)?;
             }
             let id = m.catalog.alloc_id();
             let head = m.catalog.alloc_id();
@@ -571,7 +631,10 @@ impl Datastore {
                 id,
                 name: name.to_string(),
                 size_bytes,
-                provisioning,
+                provisioning: match provisioning {
+                    Provisioning::Eagerzeroedthick => Provisioning::Zeroedthick,
+                    p => p,
+                },
                 head,
                 current_snapshot: None,
                 created_unix: now_unix(),
@@ -582,9 +645,10 @@ impl Datastore {
         })?;
         self.inner.commit(false)?;
         if provisioning == Provisioning::Eagerzeroedthick {
-            let h = self.open_disk(name)?;
-            h.zero_fill_allocate(0, size_bytes, progress)?;
-            self.inner.commit(false)?;
+            // Created zeroedthick, filled, then marked eager (as convert
+            // does, FORMAT.md §7.3): a crash part-way leaves a consistent
+            // zeroedthick disk that `convert` finishes.
+            self.fill_and_mark_eager(name, progress, &mut Pacer::new(None))?;
         }
         self.disk_info(name)
     }
@@ -629,14 +693,16 @@ impl Datastore {
                 );
             }
             if d.provisioning.is_thick() {
+                let grains = (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES);
                 self.inner.check_space(
                     m,
                     SpaceRequest {
                         reserve: true,
-                        grains: (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES),
+                        grains,
                         own_reserved: 0,
                     },
                 )?;
+                self.inner.hold_reservation(m, grains, 0)?;
             }
             m.grow_version(d.head, size_bytes.div_ceil(GRAIN_BYTES))?;
             m.catalog.disk_mut(name)?.size_bytes = size_bytes;
@@ -647,10 +713,131 @@ impl Datastore {
         if old.provisioning == Provisioning::Eagerzeroedthick {
             let h = self.open_disk(name)?;
             let from = old.size_bytes / GRAIN_BYTES * GRAIN_BYTES;
-            h.zero_fill_allocate(from, size_bytes - from, &mut |_, _| {})?;
+            h.fill_zeros(from, size_bytes - from, &mut |_, _| {}, &mut |_| {})?;
             self.inner.commit(false)?;
         }
         self.disk_info(name)
+    }
+
+    // ------------------------------------------------------------ provisioning
+
+    /// Change a disk's provisioning type online (FORMAT.md §7.3): to
+    /// eagerzeroedthick every unmapped grain is allocated and written with
+    /// zeros; to zeroedthick the rest of the size is reserved; to thin the
+    /// reservation is released and so are grains that read all zeros.
+    /// Each step leaves a consistent disk; after a crash, converting again
+    /// finishes the job. `progress(done, total)` reports the fill or scan.
+    pub fn convert_disk(
+        &self,
+        name: &str,
+        to: Provisioning,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        self.inner.check_writable()?;
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec);
+        let from = self.disk_info(name)?.provisioning;
+        match to {
+            Provisioning::Thin => {
+                if from.is_thick() {
+                    self.set_provisioning(name, Provisioning::Thin)?;
+                }
+                let h = self.open_disk(name)?;
+                h.punch_zero(progress, &mut |n| pacer.pace(n))?;
+            }
+            Provisioning::Zeroedthick => {
+                if from != Provisioning::Zeroedthick {
+                    self.set_provisioning(name, Provisioning::Zeroedthick)?;
+                }
+            }
+            Provisioning::Eagerzeroedthick => {
+                if from == Provisioning::Thin {
+                    self.set_provisioning(name, Provisioning::Zeroedthick)?;
+                }
+                self.fill_and_mark_eager(name, progress, &mut pacer)?;
+            }
+        }
+        self.disk_info(name)
+    }
+
+    /// Release the grains of a thin disk that read all zeros (vmkfstools'
+    /// punchzero). Thick disks keep their blocks: converting one to thin
+    /// releases them.
+    pub fn punch_zero(
+        &self,
+        name: &str,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<PunchZeroReport> {
+        self.inner.check_writable()?;
+        let info = self.disk_info(name)?;
+        if info.provisioning.is_thick() {
+            return err(
+                ErrorKind::Refused,
+                format!(
+                    "'{name}' is {}: a thick disk keeps its blocks; 'convert --type thin' \
+                     releases its reservation and its zero grains",
+                    info.provisioning.as_str()
+                ),
+            );
+        }
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec);
+        let h = self.open_disk(name)?;
+        let (scanned, released) = h.punch_zero(progress, &mut |n| pacer.pace(n))?;
+        Ok(PunchZeroReport {
+            disk: name.to_string(),
+            scanned_bytes: scanned,
+            released_bytes: released,
+            allocated_bytes: self.disk_info(name)?.allocated_bytes,
+        })
+    }
+
+    /// Turn zero detection on thin disks' writes on or off (FORMAT.md §7.4).
+    pub fn set_detect_zeroes(&self, on: bool) {
+        self.inner.detect_zeroes.store(on, Ordering::Relaxed);
+    }
+
+    /// One catalog step of a conversion: a thick type reserves what is not
+    /// mapped (the host space first), thin releases it.
+    fn set_provisioning(&self, name: &str, to: Provisioning) -> Result<()> {
+        self.change(|m| {
+            let d = m.catalog.disk(name)?.clone();
+            if to.is_thick() && !d.provisioning.is_thick() {
+                let mapped = m
+                    .version_state(d.head)
+                    .map(|v| v.mapped_grains)
+                    .unwrap_or(0);
+                let grains = d.size_bytes.div_ceil(GRAIN_BYTES).saturating_sub(mapped);
+                self.inner.check_space(
+                    m,
+                    SpaceRequest {
+                        reserve: true,
+                        grains,
+                        own_reserved: 0,
+                    },
+                )?;
+                self.inner.hold_reservation(m, grains, 1)?;
+            }
+            m.catalog.disk_mut(name)?.provisioning = to;
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)
+    }
+
+    /// Fill a zeroedthick disk's unmapped grains with zeros, then mark it
+    /// eagerzeroedthick.
+    fn fill_and_mark_eager(
+        &self,
+        name: &str,
+        progress: &mut dyn FnMut(u64, u64),
+        pacer: &mut Pacer,
+    ) -> Result<()> {
+        let h = self.open_disk(name)?;
+        let size = strata_block::BlockDevice::size_bytes(&*h);
+        h.fill_zeros(0, size, progress, &mut |n| pacer.pace(n))?;
+        self.inner.commit(false)?;
+        self.set_provisioning(name, Provisioning::Eagerzeroedthick)
     }
 
     /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.

@@ -16,7 +16,7 @@ use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use crate::catalog::Provisioning;
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::meta::Meta;
+use crate::meta::{Meta, Place};
 use crate::store::{SpaceRequest, Store};
 
 /// Most grains a block-status call looks at (bounds the work per request).
@@ -24,6 +24,18 @@ const STATUS_GRAINS_MAX: u64 = 1 << 20;
 /// Largest single zero-fill write.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
+/// Work unit of eager zeroing and of `punchzero`: one region's stripes are
+/// held at a time, so a client write waits for one region at most.
+const REGION_BYTES: u64 = 1 << 20;
+/// Eager zeroing and `punchzero` commit this often.
+const COMMIT_EVERY_BYTES: u64 = 64 << 20;
+
+/// Whether `buf` is all zeros; stops at the first non-zero word.
+pub(crate) fn is_zero(buf: &[u8]) -> bool {
+    // SAFETY: u128 has no invalid bit patterns; align_to only splits.
+    let (head, words, tail) = unsafe { buf.align_to::<u128>() };
+    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
+}
 
 /// Built by `Datastore::open_disk` with named fields (three ids of the same
 /// type must not be swappable by position).
@@ -155,41 +167,65 @@ impl DiskHandle {
                     new: !exclusive,
                 });
             }
-            let wanted = pieces.iter().filter(|p| p.new).count() as u64;
-            if wanted > 0 {
-                self.check_space(&m, wanted, prov)?;
-                let cap = self.inner.capacity_grains(&m);
-                let mut prev: Option<u64> = if first > 0 {
-                    let (g, _) = m.lookup_for_write(self.version, first - 1)?;
-                    (g != 0).then_some(g)
-                } else {
-                    None
-                };
-                for i in 0..pieces.len() {
-                    if pieces[i].new {
-                        match m.alloc_grain(self.version, prev, cap) {
-                            Ok(g) => pieces[i].grain = g,
-                            Err(e) => {
-                                for p in pieces[..i].iter().filter(|p| p.new) {
-                                    m.abort_alloc(p.grain)
-                                        .map_err(|e| self.inner.fail_stop(e))?;
-                                }
-                                return Err(e);
-                            }
-                        }
-                    }
-                    prev = Some(pieces[i].grain);
-                }
-            }
+            self.allocate(&mut m, &mut pieces, prov)?;
         }
         if let Err(e) = self.write_data(buf, offset, &pieces) {
-            let mut m = self.inner.meta.lock();
-            for p in pieces.iter().filter(|p| p.new) {
-                m.abort_alloc(p.grain)
-                    .map_err(|e| self.inner.fail_stop(e))?;
-            }
+            self.abort(&pieces)?;
             return Err(e);
         }
+        self.install(&pieces)
+    }
+
+    /// Allocate the new pieces' grains (next to each other and to the grain
+    /// before the first), under the datastore's space rule. On error none
+    /// stays allocated.
+    fn allocate(&self, m: &mut Meta, pieces: &mut [Piece], prov: Provisioning) -> Result<()> {
+        let wanted = pieces.iter().filter(|p| p.new).count() as u64;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let own = self.check_space(m, wanted, prov)?;
+        // A thick disk filling its own reservation writes where the host
+        // holds space for it (FORMAT.md §7.1).
+        let place = if own { Place::Backed } else { Place::Any };
+        let cap = self.inner.capacity_grains(m);
+        let first = pieces[0].v;
+        let mut prev: Option<u64> = if first > 0 {
+            let (g, _) = m.lookup_for_write(self.version, first - 1)?;
+            (g != 0).then_some(g)
+        } else {
+            None
+        };
+        for i in 0..pieces.len() {
+            if pieces[i].new {
+                match m.alloc_grain(self.version, prev, cap, place) {
+                    Ok(g) => pieces[i].grain = g,
+                    Err(e) => {
+                        for p in pieces[..i].iter().filter(|p| p.new) {
+                            m.abort_alloc(p.grain)
+                                .map_err(|e| self.inner.fail_stop(e))?;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            prev = Some(pieces[i].grain);
+        }
+        Ok(())
+    }
+
+    /// Give back the grains of pieces whose data could not be written.
+    fn abort(&self, pieces: &[Piece]) -> Result<()> {
+        let mut m = self.inner.meta.lock();
+        for p in pieces.iter().filter(|p| p.new) {
+            m.abort_alloc(p.grain)
+                .map_err(|e| self.inner.fail_stop(e))?;
+        }
+        Ok(())
+    }
+
+    /// Point the map at the new pieces' grains, whose data is written.
+    fn install(&self, pieces: &[Piece]) -> Result<()> {
         if pieces.iter().any(|p| p.new) {
             // From the first install on, an error leaves part of the write
             // in the map: fail-stop rather than log half a write.
@@ -206,8 +242,9 @@ impl DiskHandle {
     }
 
     /// Apply the datastore's space rule to `wanted` new grains: a thick
-    /// disk filling its own reservation adds nothing.
-    fn check_space(&self, m: &Meta, wanted: u64, prov: Provisioning) -> Result<()> {
+    /// disk filling its own reservation adds nothing. Returns whether the
+    /// grains fill the disk's own reservation.
+    fn check_space(&self, m: &Meta, wanted: u64, prov: Provisioning) -> Result<bool> {
         let own_reserved = if prov.is_thick() && self.snapshot_id.is_none() {
             let d = m.catalog.disk_by_id(self.disk_id);
             let size = d.map(|d| d.size_bytes.div_ceil(GRAIN_BYTES)).unwrap_or(0);
@@ -226,7 +263,8 @@ impl DiskHandle {
                 grains: wanted,
                 own_reserved,
             },
-        )
+        )?;
+        Ok(own_reserved >= wanted)
     }
 
     fn write_data(&self, buf: &[u8], offset: u64, pieces: &[Piece]) -> Result<()> {
@@ -289,6 +327,18 @@ impl DiskHandle {
         let prov = self.begin(offset, buf.len() as u64, true)?;
         if buf.is_empty() {
             return Ok(());
+        }
+        // Zero detection (FORMAT.md §7.4): on a thin disk, zeros allocate
+        // nothing and release what they overwrite. The check stops at the
+        // first non-zero word, so other writes pay next to nothing.
+        if prov == Provisioning::Thin
+            && self
+                .inner
+                .detect_zeroes
+                .load(std::sync::atomic::Ordering::Relaxed)
+            && is_zero(buf)
+        {
+            return self.zero_impl(offset, buf.len() as u64, fua);
         }
         self.inner.maybe_checkpoint()?;
         let first = offset >> GRAIN_SHIFT;
@@ -420,39 +470,175 @@ impl DiskHandle {
         Ok(())
     }
 
-    /// Allocate and zero every unmapped grain of `[offset, offset+len)`
-    /// (eager-zeroed thick create and extend).
-    pub(crate) fn zero_fill_allocate(
+    /// Allocate every unmapped grain of `[offset, offset+len)` and write
+    /// zeros into it for real (eager zeroing, FORMAT.md §7.2): the
+    /// eager-zeroed create, extend and convert. Grains already mapped keep
+    /// their data; which are unmapped is decided under the write stripes,
+    /// so a client write racing with the fill is never overwritten.
+    /// Commits every `COMMIT_EVERY_BYTES`; `pace` is called after each
+    /// region with the bytes it covered.
+    pub(crate) fn fill_zeros(
         &self,
         offset: u64,
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
+        pace: &mut dyn FnMut(u64),
     ) -> Result<()> {
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(ZERO_CHUNK_BYTES as u64);
-            let off = offset + done;
-            // Only unmapped grains: a grain already written keeps its data.
-            let mut holes = Vec::new();
-            {
-                let mut m = self.inner.meta.lock();
-                let first = off >> GRAIN_SHIFT;
-                let last = (off + n - 1) >> GRAIN_SHIFT;
-                m.walk(self.version, first, last + 1, &mut |v, c, g| {
-                    if g == 0 {
-                        holes.push((v, c))
-                    }
-                })?;
+        let end = offset + len;
+        let mut pos = offset >> GRAIN_SHIFT << GRAIN_SHIFT;
+        let mut since_commit = 0u64;
+        while pos < end {
+            let prov = self.begin(0, 0, true)?;
+            let region_end = end.min((pos / REGION_BYTES + 1) * REGION_BYTES);
+            let first = pos >> GRAIN_SHIFT;
+            let last = (region_end - 1) >> GRAIN_SHIFT;
+            self.inner.maybe_checkpoint()?;
+            let attempt = || {
+                let _gate = self.inner.gate.read();
+                let _stripes = self.inner.lock_stripes(self.version, first, last);
+                self.fill_locked(first, last, prov)
+            };
+            match attempt() {
+                Err(e) if e.kind == ErrorKind::NoSpace && self.inner.space_to_come() => {
+                    self.inner.make_space()?;
+                    attempt()?;
+                }
+                r => r?,
             }
-            for (v, c) in holes {
-                let s = (v << GRAIN_SHIFT).max(off);
-                let t = ((v + c) << GRAIN_SHIFT).min(off + n);
-                self.write_impl(&ZEROS[..(t - s) as usize], s, false)?;
+            since_commit += region_end - pos;
+            if since_commit >= COMMIT_EVERY_BYTES {
+                self.inner.commit(false)?;
+                since_commit = 0;
             }
-            done += n;
-            progress(done, len);
+            pace(region_end - pos);
+            pos = region_end;
+            progress(pos - offset, len);
         }
         Ok(())
+    }
+
+    fn fill_locked(&self, first: u64, last: u64, prov: Provisioning) -> Result<()> {
+        let _fence = self.inner.fail_on_panic();
+        let mut pieces = Vec::new();
+        {
+            let mut m = self.inner.meta.lock();
+            let mut holes = Vec::new();
+            m.walk(self.version, first, last + 1, &mut |v, c, g| {
+                if g == 0 {
+                    holes.push((v, c))
+                }
+            })?;
+            for (v, c) in holes {
+                for v in v..v + c {
+                    pieces.push(Piece {
+                        v,
+                        grain: 0,
+                        old: 0,
+                        new: true,
+                    });
+                }
+            }
+            if pieces.is_empty() {
+                return Ok(());
+            }
+            self.allocate(&mut m, &mut pieces, prov)?;
+        }
+        // Physically adjacent grains go out as one write.
+        let mut i = 0;
+        while i < pieces.len() {
+            let mut j = i + 1;
+            while j < pieces.len() && pieces[j].grain == pieces[j - 1].grain + 1 {
+                j += 1;
+            }
+            let r = self
+                .inner
+                .pool
+                .write_zeros(pieces[i].grain << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
+            if let Err(e) = r {
+                self.abort(&pieces)?;
+                return Err(e.into());
+            }
+            i = j;
+        }
+        self.install(&pieces)
+    }
+
+    /// Release the head's grains that read all zeros (`punchzero`, FORMAT.md
+    /// §7.4), a region at a time under its write stripes. Returns (bytes
+    /// scanned, bytes released).
+    pub(crate) fn punch_zero(
+        &self,
+        progress: &mut dyn FnMut(u64, u64),
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<(u64, u64)> {
+        let size = self.size_bytes();
+        let mut pos = 0u64;
+        let mut released = 0u64;
+        let mut since_commit = 0u64;
+        let mut buf = vec![0u8; REGION_BYTES as usize];
+        while pos < size {
+            self.begin(0, 0, true)?;
+            let region_end = size.min(pos + REGION_BYTES);
+            let first = pos >> GRAIN_SHIFT;
+            let last = (region_end - 1) >> GRAIN_SHIFT;
+            self.inner.maybe_checkpoint()?;
+            {
+                let _gate = self.inner.gate.read();
+                let _stripes = self.inner.lock_stripes(self.version, first, last);
+                let mut grains = Vec::with_capacity((last - first + 1) as usize);
+                self.inner.meta.lock().lookup_range(
+                    self.version,
+                    first,
+                    last - first + 1,
+                    &mut grains,
+                )?;
+                let mut zero = Vec::new();
+                let mut i = 0;
+                while i < grains.len() {
+                    if grains[i] == 0 {
+                        i += 1;
+                        continue;
+                    }
+                    let mut j = i + 1;
+                    while j < grains.len() && grains[j] == grains[i] + (j - i) as u64 {
+                        j += 1;
+                    }
+                    let n = (j - i) * GRAIN_BYTES as usize;
+                    self.inner
+                        .pool
+                        .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
+                    for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
+                        if is_zero(g) {
+                            zero.push(first + (i + k) as u64);
+                        }
+                    }
+                    i = j;
+                }
+                if !zero.is_empty() {
+                    let mut m = self.inner.meta.lock();
+                    self.inner.guarded(&mut m, |m| {
+                        for &v in &zero {
+                            m.unmap_grain(self.version, v)?;
+                        }
+                        Ok(())
+                    })?;
+                    released += zero.len() as u64 * GRAIN_BYTES;
+                    self.inner
+                        .mutations
+                        .fetch_add(1, std::sync::atomic::Ordering::Release);
+                }
+            }
+            since_commit += region_end - pos;
+            if since_commit >= COMMIT_EVERY_BYTES {
+                self.inner.commit(false)?;
+                since_commit = 0;
+            }
+            pace(region_end - pos);
+            pos = region_end;
+            progress(pos, size);
+        }
+        self.inner.commit(false)?;
+        Ok((size, released))
     }
 
     // ------------------------------------------------------------ status

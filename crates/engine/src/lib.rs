@@ -31,7 +31,7 @@ pub use catalog::{split_target, Provisioning};
 pub use check::CheckReport;
 pub use datastore::{
     ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, InitOptions, OpenOptions,
-    SnapshotInfo,
+    PunchZeroReport, SnapshotInfo, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

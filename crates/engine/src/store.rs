@@ -181,6 +181,10 @@ pub(crate) struct Store {
     pub reclaim_stop: AtomicBool,
     /// Configured capacity (0 = the file system's); fixed while open.
     configured_capacity_bytes: u64,
+    /// Thin disks' all-zero writes allocate nothing (FORMAT.md §7.4).
+    pub detect_zeroes: AtomicBool,
+    /// The log files have been preallocated for reservations (§7.1).
+    logs_held: AtomicBool,
     _lock: Option<File>,
 }
 
@@ -228,6 +232,8 @@ impl Store {
             reclaimer: Mutex::new(None),
             reclaim_stop: AtomicBool::new(false),
             configured_capacity_bytes: configured,
+            detect_zeroes: AtomicBool::new(true),
+            logs_held: AtomicBool::new(false),
             _lock: p.lock,
         }
     }
@@ -297,7 +303,8 @@ impl Store {
 
     // ------------------------------------------------------------ space
 
-    /// Grains the datastore may hold in all.
+    /// Grains the datastore may hold in all. Following the file system,
+    /// the pool file (with its reserved tail) counts as the datastore's.
     pub fn capacity_grains(&self, m: &Meta) -> u64 {
         if self.configured_capacity_bytes > 0 {
             return self.configured_capacity_bytes / GRAIN_BYTES;
@@ -309,24 +316,32 @@ impl Store {
             c.1 = free / GRAIN_BYTES;
             c.0 = Some(Instant::now());
         }
-        m.hwm().saturating_add(c.1)
+        m.tail_end().saturating_add(c.1)
     }
 
     /// Grains thick disks have reserved but not yet written.
     pub fn reserved_grains(m: &Meta) -> u64 {
-        m.catalog
-            .disks
-            .iter()
-            .filter(|d| d.provisioning.is_thick())
-            .map(|d| {
-                let size = d.size_bytes.div_ceil(GRAIN_BYTES);
-                let mapped = m
-                    .version_state(d.head)
-                    .map(|v| v.mapped_grains)
-                    .unwrap_or(0);
-                size.saturating_sub(mapped)
-            })
-            .sum()
+        m.reserved_grains()
+    }
+
+    /// Hold the host space a reservation of `extra` more grains by
+    /// `extra_disks` more thick disks needs (FORMAT.md §7.1), before it is
+    /// taken: the reserved tail, and room for the logs.
+    pub fn hold_reservation(&self, m: &mut Meta, extra: u64, extra_disks: u64) -> Result<()> {
+        m.hold_reservation(extra, extra_disks)?;
+        self.capacity_cache.lock().0 = None;
+        if m.tail_target(extra, extra_disks) > 0 && !self.logs_held.swap(true, Ordering::AcqRel) {
+            for i in 0..2 {
+                let r = self
+                    .backend
+                    .open(strata_format::journal_file(i), false)
+                    .and_then(|f| f.allocate(0, LOG_BYTES_MAX, true));
+                if let Err(e) = r {
+                    tracing::warn!("could not preallocate the log files: {e}");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The one space rule (FORMAT.md §7): used + reserved + what is asked,
@@ -388,6 +403,14 @@ impl Store {
         // delete): other commits, client flushes among them, go ahead.
         drop(cs);
         self.punch_and_release(&freed);
+        {
+            let mut m = self.meta.lock();
+            match m.trim_tail() {
+                Ok(true) => self.capacity_cache.lock().0 = None,
+                Ok(false) => {}
+                Err(e) => tracing::warn!("could not trim the reserved tail: {e}"),
+            }
+        }
         if needs {
             self.checkpoint(force_checkpoint)?;
         }
@@ -448,6 +471,9 @@ impl Store {
                 for chunk in sorted[i..end].chunks(PUNCH_CHUNK_GRAINS) {
                     let start = chunk[0] * GRAIN_BYTES;
                     let len = chunk.len() as u64 * GRAIN_BYTES;
+                    // Before the punch: an allocation that trusts the
+                    // block to be held must not pick it meanwhile.
+                    self.meta.lock().mark_unbacked(chunk[0], chunk.len() as u64);
                     if let Err(e) = self.pool.punch_hole(start, len) {
                         tracing::warn!("could not punch freed space at {start}+{len}: {e}");
                     }

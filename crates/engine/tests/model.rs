@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
-use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 #[derive(Debug, Clone)]
@@ -57,6 +57,19 @@ enum Op {
     Remove {
         disk: usize,
     },
+    /// Literal zeros through `write_at` (zero detection on thin disks).
+    WriteZeros {
+        disk: usize,
+        sector: u64,
+        sectors: u64,
+    },
+    Convert {
+        disk: usize,
+        to: u8,
+    },
+    PunchZero {
+        disk: usize,
+    },
     Flush,
     Reopen,
     Reclaim {
@@ -76,7 +89,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (d.clone(), 0usize..8).prop_map(|(disk, snap)| Op::LinkedClone { disk, snap }),
         1 => (d.clone(), proptest::option::of(0usize..8), any::<bool>()).prop_map(|(disk, snap, thick)| Op::FullClone { disk, snap, thick }),
         1 => (d.clone(), 1u64..5000).prop_map(|(disk, add_sectors)| Op::Extend { disk, add_sectors }),
-        1 => d.prop_map(|disk| Op::Remove { disk }),
+        1 => d.clone().prop_map(|disk| Op::Remove { disk }),
+        2 => (d.clone(), 0u64..20000, 1u64..3000).prop_map(|(disk, sector, sectors)| Op::WriteZeros { disk, sector, sectors }),
+        1 => (d.clone(), 0u8..3).prop_map(|(disk, to)| Op::Convert { disk, to }),
+        1 => d.prop_map(|disk| Op::PunchZero { disk }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         2 => (1u64..2000).prop_map(|budget| Op::Reclaim { budget }),
@@ -115,6 +131,30 @@ fn assert_fill_matches_status(h: &dyn BlockDevice, fill: &ReadFill, what: &str) 
         }
     }
     assert_eq!(*fill, want, "read fill of {what}");
+}
+
+/// No grain the disk's head maps reads all zeros (after punchzero or a
+/// convert to thin).
+fn assert_no_zero_grains(ds: &Datastore, name: &str) {
+    let h = ds.open_disk(name).unwrap();
+    let size = h.size_bytes();
+    let mut buf = vec![0u8; size as usize];
+    h.read_at(&mut buf, 0).unwrap();
+    let mut at = 0u64;
+    for x in h.block_status(0, size).unwrap() {
+        if !x.hole {
+            let mut g = at;
+            while g < at + x.len_bytes {
+                let end = (g + 4096).min(size) as usize;
+                assert!(
+                    buf[g as usize..end].iter().any(|&b| b != 0),
+                    "{name}: grain at {g} reads all zeros but is still mapped"
+                );
+                g += 4096;
+            }
+        }
+        at += x.len_bytes;
+    }
 }
 
 fn verify(ds: &Datastore, model: &Model) {
@@ -288,6 +328,57 @@ fn run(ops: Vec<Op>) {
                 ds.remove_disk(&name).unwrap();
                 model.disks.remove(&name);
                 model.snaps.remove(&name);
+            }
+            Op::WriteZeros {
+                disk,
+                sector,
+                sectors,
+            } => {
+                let name = pick(disk);
+                let data = model.disks.get_mut(&name).unwrap();
+                let total = data.len() as u64 / 512;
+                let sector = sector % total;
+                let sectors = sectors.min(total - sector);
+                let h = ds.open_disk(&name).unwrap();
+                h.write_at(&vec![0u8; (sectors * 512) as usize], sector * 512, false)
+                    .unwrap();
+                data[(sector * 512) as usize..((sector + sectors) * 512) as usize].fill(0);
+            }
+            Op::Convert { disk, to } => {
+                let name = pick(disk);
+                let to = [
+                    Provisioning::Thin,
+                    Provisioning::Zeroedthick,
+                    Provisioning::Eagerzeroedthick,
+                ][to as usize];
+                let info = ds
+                    .convert_disk(&name, to, &SpaceWork::default(), &mut |_, _| {})
+                    .unwrap();
+                assert_eq!(info.provisioning, to);
+                let grains = info.size_bytes.div_ceil(4096);
+                match to {
+                    Provisioning::Eagerzeroedthick => {
+                        assert_eq!(
+                            info.allocated_bytes,
+                            grains * 4096,
+                            "{name} eager: all mapped"
+                        );
+                        assert_eq!(info.tbz, 0);
+                    }
+                    Provisioning::Thin => assert_no_zero_grains(&ds, &name),
+                    Provisioning::Zeroedthick => {}
+                }
+            }
+            Op::PunchZero { disk } => {
+                let name = pick(disk);
+                let thick = ds.disk_info(&name).unwrap().provisioning.is_thick();
+                match ds.punch_zero(&name, &SpaceWork::default(), &mut |_, _| {}) {
+                    Ok(_) => {
+                        assert!(!thick);
+                        assert_no_zero_grains(&ds, &name);
+                    }
+                    Err(e) => assert!(thick, "punchzero of a thin disk failed: {e}"),
+                }
             }
             Op::Flush => ds.flush().unwrap(),
             Op::Reclaim { budget } => {

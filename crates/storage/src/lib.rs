@@ -43,6 +43,32 @@ pub trait Storage: Send + Sync {
     /// Truncate or extend (with zeros) to exactly `len` bytes; durable at
     /// the next `sync`.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Hold `[offset, offset + len)` on the underlying store, so that later
+    /// writes there cannot fail for want of space (`fallocate`). With
+    /// `keep_size` the object's length does not change; without it, it
+    /// grows to cover the range. What the range reads is unchanged (zeros
+    /// past the old end). Stores without space to hold (like the simulator)
+    /// only adjust the length.
+    fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        if !keep_size && offset + len > self.len()? {
+            self.set_len(offset + len)?;
+        }
+        Ok(())
+    }
+    /// Write zeros over `[offset, offset + len)`, for real: afterwards the
+    /// range is allocated and written on the host, with no extent left for
+    /// the file system to convert on a first write. Files use `O_DIRECT`
+    /// where they can, so the host page cache is not flooded. Offsets and
+    /// lengths are multiples of 4096.
+    fn write_zeros(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZEROS.0.len() as u64) as usize;
+            self.write_at(&ZEROS.0[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
     /// Whether the object is empty.
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -58,6 +84,11 @@ pub trait Storage: Send + Sync {
         Ok(())
     }
 }
+
+/// A megabyte of zeros, aligned for `O_DIRECT`.
+#[repr(C, align(4096))]
+struct AlignedZeros([u8; 1 << 20]);
+static ZEROS: AlignedZeros = AlignedZeros([0; 1 << 20]);
 
 /// The kind of advisory lock [`Storage::try_lock`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +156,7 @@ impl Backend for FileBackend {
             .truncate(false)
             .open(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        Ok(Arc::new(FileStorage { file, path }))
+        Ok(Arc::new(FileStorage::new(file, path)))
     }
 
     fn open_read_only(&self, name: &str) -> io::Result<Arc<dyn Storage>> {
@@ -134,7 +165,7 @@ impl Backend for FileBackend {
             .read(true)
             .open(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        Ok(Arc::new(FileStorage { file, path }))
+        Ok(Arc::new(FileStorage::new(file, path)))
     }
 
     fn exists(&self, name: &str) -> bool {
@@ -192,6 +223,32 @@ pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
 struct FileStorage {
     file: File,
     path: PathBuf,
+    /// A second descriptor opened with `O_DIRECT` for [`Storage::write_zeros`],
+    /// opened on first use; None when the file system refuses it (tmpfs).
+    direct: std::sync::OnceLock<Option<File>>,
+}
+
+impl FileStorage {
+    fn new(file: File, path: PathBuf) -> Self {
+        FileStorage {
+            file,
+            path,
+            direct: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn direct(&self) -> Option<&File> {
+        self.direct
+            .get_or_init(|| {
+                use std::os::unix::fs::OpenOptionsExt;
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.path)
+                    .ok()
+            })
+            .as_ref()
+    }
 }
 
 /// QEMU's image locking protocol, which [`FileStorage::try_lock`] follows
@@ -350,6 +407,66 @@ impl Storage for FileStorage {
             )),
             _ => Err(self.ctx(e, "lock", 0)),
         }
+    }
+
+    fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mode = if keep_size {
+            libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            0
+        };
+        // SAFETY: plain syscall on an owned descriptor.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            // No fallocate here: holding the space means writing it.
+            let end = self.len()?;
+            if offset + len > end {
+                let from = offset.max(end);
+                self.write_zeros(from & !4095, offset + len - (from & !4095))?;
+                if keep_size {
+                    self.set_len(end)?;
+                }
+            }
+            return Ok(());
+        }
+        Err(self.ctx(e, "allocate", offset))
+    }
+
+    fn write_zeros(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZEROS.0.len() as u64) as usize;
+            let at = offset + done;
+            let direct = (at | n as u64).is_multiple_of(4096);
+            match self.direct().filter(|_| direct) {
+                Some(f) => match f.write_all_at(&ZEROS.0[..n], at) {
+                    Ok(()) => {}
+                    // Some file systems accept O_DIRECT opens and refuse
+                    // the writes: fall back to the page cache.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        self.write_at(&ZEROS.0[..n], at)?
+                    }
+                    Err(e) => return Err(self.ctx(e, "write zeros", at)),
+                },
+                None => self.write_at(&ZEROS.0[..n], at)?,
+            }
+            done += n as u64;
+        }
+        Ok(())
     }
 
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -1,5 +1,7 @@
 //! Physical allocation: free grains per block, and a cursor per owner so a
-//! disk's sequential writes land in sequential grains (DESIGN §4).
+//! disk's sequential writes land in sequential grains (DESIGN §4); and the
+//! reserved tail that holds thick disks' reservations on the host file
+//! system (docs/FORMAT.md §7.1).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -12,6 +14,23 @@ use crate::error::{err, ErrorKind, Result};
 pub(super) const META_OWNER: u64 = u64::MAX;
 /// Partially free blocks scanned whole by one allocation, at most.
 const PARTIAL_SCAN_BLOCKS_MAX: usize = 64;
+/// The reserved tail grows in steps of this many grains past its target
+/// (64 MiB), and is truncated once it is that far past it.
+pub const TAIL_STEP_GRAINS: u64 = 64 << 8;
+
+/// Where an allocation may take its grain from (FORMAT.md §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Thin data: any free grain; growing the pool must leave the reserved
+    /// tail at its target (thin data cannot take what thick disks hold).
+    Any,
+    /// A thick disk filling its own reservation: only blocks backed on the
+    /// host (carved from the tail since open, untouched by punches).
+    Backed,
+    /// Map nodes: backed blocks while reservations exist, else any; never
+    /// fails for want of tail (a node is allocated mid-change).
+    Node,
+}
 
 /// The smallest pool end (a whole number of blocks) that holds `grain`:
 /// what replaying a record that names `grain` raises the pool end to.
@@ -28,6 +47,11 @@ pub struct Allocator {
     free_blocks: BTreeSet<u64>,
     partial_blocks: BTreeSet<u64>,
     cursors: HashMap<u64, (u64, u64)>,
+    /// Per block: held on the host (carved from the reserved tail since
+    /// open, and no punch touched it since).
+    backed: Vec<bool>,
+    /// End of the pool file in grains: the pool end plus the reserved tail.
+    pub(super) tail_end: u64,
 }
 
 impl Allocator {
@@ -70,6 +94,7 @@ impl Allocator {
     /// Forget the summary and size it for `hwm` (open, before the scan).
     pub(super) fn reset(&mut self) {
         self.block_free = vec![0; (self.hwm / BLOCK_GRAINS) as usize];
+        self.backed = vec![false; (self.hwm / BLOCK_GRAINS) as usize];
         self.free_blocks.clear();
         self.partial_blocks.clear();
     }
@@ -91,40 +116,244 @@ impl Meta {
         Ok(())
     }
 
-    fn new_block(&mut self, capacity_grains: u64) -> Result<Option<u64>> {
-        if let Some(&b) = self.alloc.free_blocks.iter().next() {
-            return Ok(Some(b));
+    /// Whether grains of `block` may serve an allocation at `place`.
+    fn block_fits(&self, block: u64, place: Place, reserving: bool) -> bool {
+        match place {
+            Place::Any => true,
+            Place::Backed | Place::Node => {
+                !reserving || self.alloc.backed.get(block as usize) == Some(&true)
+            }
         }
-        if self.alloc.hwm + BLOCK_GRAINS <= capacity_grains.max(BLOCK_GRAINS) {
-            let b = self.alloc.hwm / BLOCK_GRAINS;
-            let old = self.alloc.hwm;
-            self.alloc.hwm += BLOCK_GRAINS;
-            self.alloc.block_free.push(0);
-            let free = if b == 0 {
-                BLOCK_GRAINS - 1
-            } else {
-                BLOCK_GRAINS
-            };
-            self.alloc.set_block_free(b, free as u16);
-            // Count pages covering the new grains are written by the next
-            // checkpoint even if no count in them changes (FORMAT.md §4).
-            self.materialize_ref_pages(old, self.alloc.hwm)?;
-            return Ok(Some(b));
-        }
-        Ok(self.alloc.partial_blocks.iter().next().copied())
     }
 
-    /// Allocate one grain for `owner`, next to `hint` when possible. The grain
-    /// has count 1 in memory and nothing in the log until it is installed.
+    // ------------------------------------------------------------ reservations
+
+    /// Grains thick disks have reserved but not yet written (FORMAT.md §7).
+    pub fn reserved_grains(&self) -> u64 {
+        self.catalog
+            .disks
+            .iter()
+            .filter(|d| d.provisioning.is_thick())
+            .map(|d| {
+                let size = d.size_bytes.div_ceil(strata_format::GRAIN_BYTES);
+                let mapped = self
+                    .version_state(d.head)
+                    .map(|v| v.mapped_grains)
+                    .unwrap_or(0);
+                size.saturating_sub(mapped)
+            })
+            .sum()
+    }
+
+    /// The reserved tail's target size in grains (FORMAT.md §7.1), with
+    /// `extra` more grains reserved by `extra_disks` more thick disks.
+    pub fn tail_target(&self, extra: u64, extra_disks: u64) -> u64 {
+        let reserved = self.reserved_grains() + extra;
+        if reserved == 0 {
+            return 0;
+        }
+        let thick = self
+            .catalog
+            .disks
+            .iter()
+            .filter(|d| d.provisioning.is_thick())
+            .count() as u64
+            + extra_disks;
+        reserved + BLOCK_GRAINS * (thick + 1) + reserved / 256
+    }
+
+    /// End of the pool file in grains (pool end plus reserved tail).
+    pub fn tail_end(&self) -> u64 {
+        self.alloc.tail_end.max(self.alloc.hwm)
+    }
+
+    /// Make the pool file's allocated length reach `end` grains, and the
+    /// count pages that will cover them.
+    fn extend_tail(&mut self, end: u64) -> std::io::Result<()> {
+        let have = self.tail_end();
+        if end <= have {
+            return Ok(());
+        }
+        let g = strata_format::GRAIN_BYTES;
+        self.pool.allocate(have * g, (end - have) * g, false)?;
+        self.alloc.tail_end = end;
+        let pages = end.div_ceil(strata_format::REFS_PER_PAGE as u64);
+        let refs_len = self.refs.len()?;
+        if pages * g > refs_len {
+            self.refs.allocate(refs_len, pages * g - refs_len, true)?;
+        }
+        Ok(())
+    }
+
+    /// Hold the reserved tail at its target with `extra` more grains
+    /// reserved by `extra_disks` more thick disks (before a reservation is
+    /// taken); ENOSPC when the host file system cannot give it.
+    pub fn hold_reservation(&mut self, extra: u64, extra_disks: u64) -> Result<()> {
+        let target = self.tail_target(extra, extra_disks);
+        if target == 0 {
+            return Ok(());
+        }
+        let want = self.alloc.hwm + target;
+        self.extend_tail(want).map_err(|e| {
+            crate::error::Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "the host file system cannot hold the reservation ({} MiB more): {e}",
+                    (want.saturating_sub(self.tail_end()) * strata_format::GRAIN_BYTES) >> 20
+                ),
+            )
+        })
+    }
+
+    /// Truncate a tail that has grown more than a step past its target (a
+    /// thick disk removed or converted to thin). Returns whether it did.
+    pub fn trim_tail(&mut self) -> std::io::Result<bool> {
+        let want = self.alloc.hwm + self.tail_target(0, 0);
+        if self.alloc.tail_end <= want + TAIL_STEP_GRAINS {
+            return Ok(false);
+        }
+        self.pool.set_len(want * strata_format::GRAIN_BYTES)?;
+        self.alloc.tail_end = want;
+        Ok(true)
+    }
+
+    /// Take the tail as the pool file's length finds it (open).
+    pub fn set_tail_end(&mut self, end: u64) {
+        self.alloc.tail_end = end.max(self.alloc.hwm);
+    }
+
+    /// Blocks a punch touched are no longer held on the host.
+    pub fn mark_unbacked(&mut self, first: u64, grains: u64) {
+        if grains == 0 {
+            return;
+        }
+        let b0 = first / BLOCK_GRAINS;
+        let b1 = (first + grains - 1) / BLOCK_GRAINS;
+        for b in b0..=b1 {
+            if let Some(x) = self.alloc.backed.get_mut(b as usize) {
+                *x = false;
+            }
+        }
+    }
+
+    /// Grow the pool by one block for an allocation at `place`; None when
+    /// the capacity does not allow it.
+    fn grow_pool(&mut self, capacity_grains: u64, place: Place) -> Result<Option<u64>> {
+        if self.alloc.hwm + BLOCK_GRAINS > capacity_grains.max(BLOCK_GRAINS) {
+            return Ok(None);
+        }
+        let old = self.alloc.hwm;
+        let end = old + BLOCK_GRAINS;
+        let target = self.tail_target(0, 0);
+        if target > 0 && self.tail_end() < end + target {
+            let r = self.extend_tail(end + target + TAIL_STEP_GRAINS);
+            if let Err(e) = r {
+                let inside = self.tail_end() >= end;
+                match place {
+                    // Thin data may not eat into what thick disks hold.
+                    Place::Any => {
+                        return err(
+                            ErrorKind::NoSpace,
+                            format!(
+                                "the host file system is full; the rest of the datastore's \
+                                 file space is held for thick disks' reservations ({e})"
+                            ),
+                        )
+                    }
+                    Place::Backed if !inside => {
+                        return err(
+                            ErrorKind::NoSpace,
+                            format!("the host file system is full ({e})"),
+                        )
+                    }
+                    _ => tracing::warn!(
+                        "the reserved tail could not be topped up ({e}); {} MiB of \
+                         reservations are not held on the host",
+                        ((end + target).saturating_sub(self.tail_end())
+                            * strata_format::GRAIN_BYTES)
+                            >> 20
+                    ),
+                }
+            }
+        }
+        let b = old / BLOCK_GRAINS;
+        let backed = self.tail_end() >= end;
+        self.alloc.hwm = end;
+        self.alloc.tail_end = self.alloc.tail_end.max(end);
+        self.alloc.block_free.push(0);
+        self.alloc.backed.push(backed);
+        let free = if b == 0 {
+            BLOCK_GRAINS - 1
+        } else {
+            BLOCK_GRAINS
+        };
+        self.alloc.set_block_free(b, free as u16);
+        // Count pages covering the new grains are written by the next
+        // checkpoint even if no count in them changes (FORMAT.md §4).
+        self.materialize_ref_pages(old, self.alloc.hwm)?;
+        Ok(Some(b))
+    }
+
+    fn new_block(
+        &mut self,
+        capacity_grains: u64,
+        place: Place,
+        reserving: bool,
+    ) -> Result<Option<u64>> {
+        let free = self
+            .alloc
+            .free_blocks
+            .iter()
+            .copied()
+            .find(|&b| self.block_fits(b, place, reserving));
+        if let Some(b) = free {
+            return Ok(Some(b));
+        }
+        if let Some(b) = self.grow_pool(capacity_grains, place)? {
+            return Ok(Some(b));
+        }
+        Ok(self
+            .alloc
+            .partial_blocks
+            .iter()
+            .copied()
+            .find(|&b| self.block_fits(b, place, reserving)))
+    }
+
+    /// Allocate one grain for `owner`, next to `hint` when possible, at
+    /// `place`. The grain has count 1 in memory and nothing in the log
+    /// until it is installed.
     pub fn alloc_grain(
         &mut self,
         owner: u64,
         hint: Option<u64>,
         capacity_grains: u64,
+        place: Place,
+    ) -> Result<u64> {
+        let reserving = place != Place::Any && self.tail_target(0, 0) > 0;
+        match self.alloc_at(owner, hint, capacity_grains, place, reserving) {
+            // A node goes anywhere rather than fail a change half made.
+            Err(e) if place == Place::Node && reserving && e.kind == ErrorKind::NoSpace => {
+                self.alloc_at(owner, hint, capacity_grains, place, false)
+            }
+            r => r,
+        }
+    }
+
+    fn alloc_at(
+        &mut self,
+        owner: u64,
+        hint: Option<u64>,
+        capacity_grains: u64,
+        place: Place,
+        reserving: bool,
     ) -> Result<u64> {
         if let Some(h) = hint {
             let g = h + 1;
-            if g % BLOCK_GRAINS != 0 && self.allocatable(g)? {
+            if g % BLOCK_GRAINS != 0
+                && self.block_fits(g / BLOCK_GRAINS, place, reserving)
+                && self.allocatable(g)?
+            {
                 self.take(g)?;
                 return Ok(g);
             }
@@ -133,6 +362,7 @@ impl Meta {
             if let Some(&(b, next)) = self.alloc.cursors.get(&owner) {
                 if (b as usize) < self.alloc.block_free.len()
                     && self.alloc.block_free[b as usize] > 0
+                    && self.block_fits(b, place, reserving)
                 {
                     for i in next..BLOCK_GRAINS {
                         let g = b * BLOCK_GRAINS + i;
@@ -144,7 +374,7 @@ impl Meta {
                     }
                 }
             }
-            let Some(b) = self.new_block(capacity_grains)? else {
+            let Some(b) = self.new_block(capacity_grains, place, reserving)? else {
                 break;
             };
             self.alloc.cursors.insert(owner, (b, 0));
@@ -155,6 +385,7 @@ impl Meta {
             .partial_blocks
             .iter()
             .copied()
+            .filter(|&b| self.block_fits(b, place, reserving))
             .take(PARTIAL_SCAN_BLOCKS_MAX)
             .collect();
         for b in partial {

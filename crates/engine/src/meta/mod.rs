@@ -40,7 +40,7 @@ use crate::cache::PageCache;
 use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use alloc::{pool_end_covering, Allocator};
+pub use alloc::{pool_end_covering, Allocator, Place};
 pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.

@@ -4,7 +4,7 @@
 
 use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
-use super::alloc::META_OWNER;
+use super::alloc::{Place, META_OWNER};
 use super::{corrupt, Meta};
 use crate::error::Result;
 
@@ -12,7 +12,7 @@ impl Meta {
     /// Allocate a node of `level` holding `entries` (their references are the
     /// caller's); it is dirty in the cache and logged whole.
     pub(super) fn alloc_node(&mut self, level: u8, entries: &[u64; MAP_FANOUT]) -> Result<u64> {
-        let g = self.alloc_grain(META_OWNER, None, u64::MAX)?;
+        let g = self.alloc_grain(META_OWNER, None, u64::MAX, Place::Node)?;
         self.log_record(&strata_format::Record::RefSet { grain: g, count: 1 });
         self.create_node(g, level, entries);
         Ok(g)
