@@ -37,7 +37,7 @@ pub struct ServeArgs {
     no_stats: bool,
     /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
     /// what it overwrites (on), or is stored like any other data (off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     detect_zeroes: bool,
     /// Create the datastore first if the directory has none
     #[arg(long)]

@@ -57,7 +57,7 @@ impl std::error::Error for Error {}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        if e.raw_os_error() == Some(libc::ENOSPC) {
+        if e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull {
             return Error::new(ErrorKind::NoSpace, format!("file system full: {e}"));
         }
         Error::new(ErrorKind::Io, e.to_string())

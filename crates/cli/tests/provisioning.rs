@@ -1,0 +1,263 @@
+//! Thin provisioning managed (issue 9): online convert of a served disk
+//! checked with qemu-img, reservations held on the host file system, zero
+//! detection of literal zero writes, punchzero.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn du(path: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(path).unwrap() {
+        let m = e.unwrap().metadata().unwrap();
+        if m.is_file() {
+            total += std::os::unix::fs::MetadataExt::blocks(&m) * 512;
+        }
+    }
+    total
+}
+
+fn qemu_io(uri: &str, cmd: &str) {
+    run_ok("qemu-io", &["-f", "raw", "-c", cmd, uri]);
+}
+
+#[test]
+fn online_convert_of_a_served_disk_keeps_its_bytes() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve();
+    let uri = s.uri("vm");
+    // Data, literal zeros (stored: zero detection is for new writes, these
+    // land on data), and holes.
+    qemu_io(&uri, "write -P 0x5a 0 8M");
+    qemu_io(&uri, "write -P 0x00 2M 2M");
+    qemu_io(&uri, "write -P 0xc3 40M 4M");
+    qemu_io(&uri, "write -P 0x11 63M 512k");
+    let reference = s.dir.path().join("ref.raw");
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &uri,
+            reference.to_str().unwrap(),
+        ],
+    );
+    let same = || {
+        run_ok(
+            "qemu-img",
+            &[
+                "compare",
+                "-f",
+                "raw",
+                "-F",
+                "raw",
+                reference.to_str().unwrap(),
+                &uri,
+            ],
+        );
+    };
+    let data = s.json(&["info", "vm"])["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(data, 21 << 19, "the zeros over data released their grains");
+
+    let i = s.json(&["convert", "vm", "--type", "eagerzeroedthick"]);
+    assert_eq!(i["provisioning"], "eagerzeroedthick");
+    assert_eq!(i["allocated_bytes"], 64u64 << 20);
+    assert_eq!((i["nb"].as_u64(), i["tbz"].as_u64()), (Some(64), Some(0)));
+    same();
+
+    let i = s.json(&["convert", "vm", "--type", "thin"]);
+    assert_eq!(i["provisioning"], "thin");
+    assert_eq!(i["allocated_bytes"].as_u64().unwrap(), data);
+    same();
+
+    let i = s.json(&["convert", "vm", "--type", "zeroedthick"]);
+    assert_eq!(i["provisioning"], "zeroedthick");
+    assert_eq!(i["nb"], 64);
+    assert_eq!(i["tbz"], 64 - 6 - 4 - 1);
+    let st = s.json(&["status"]);
+    assert_eq!(st["reserved_bytes"].as_u64().unwrap(), (64 << 20) - data);
+    same();
+    // The client keeps writing through all of it.
+    qemu_io(&uri, "write -P 0x77 20M 1M");
+    run_ok("qemu-io", &["-f", "raw", "-c", "read -P 0x77 20M 1M", &uri]);
+    let c = s.json(&["check"]);
+    assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
+    let e = s.fails(&["punchzero", "vm"]);
+    assert!(e.contains("thick disk keeps its blocks"), "{e}");
+    srv.stop();
+}
+
+#[test]
+fn thick_disks_occupy_their_space_on_the_host_and_thin_ones_nothing() {
+    let s = Store::new();
+    s.ok(&["create", "big", "--size", "1T"]);
+    assert!(
+        du(&s.path()) < 2 << 20,
+        "1 TiB thin: {} bytes",
+        du(&s.path())
+    );
+    s.ok(&["create", "zt", "--size", "1G", "--type", "zeroedthick"]);
+    s.ok(&[
+        "create",
+        "ezt",
+        "--size",
+        "1G",
+        "--type",
+        "eagerzeroedthick",
+    ]);
+    let used = du(&s.path());
+    assert!(
+        used >= 2 << 30,
+        "the datastore holds only {used} bytes on the host"
+    );
+    // Removing the zeroedthick disk gives its reservation back to the host
+    // (beyond a step of slack).
+    s.ok(&["rm", "zt"]);
+    s.ok(&["convert", "ezt", "--type", "thin"]);
+    let after = du(&s.path());
+    assert!(
+        after < used - (1 << 30),
+        "removing the reservation left {after} bytes on the host"
+    );
+    assert_eq!(s.json(&["info", "ezt"])["allocated_bytes"], 0);
+}
+
+#[test]
+fn literal_zero_writes_to_a_thin_disk_allocate_nothing() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "t", "--size", "256M"]);
+    let srv = s.serve();
+    let uri = s.uri("t");
+    // qemu-io's write -P 0 sends the zeros as data (not WRITE_ZEROES).
+    qemu_io(&uri, "write -P 0 0 128M");
+    let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
+    assert!(a < 1 << 20, "128 MiB of zeros allocated {a} bytes");
+    qemu_io(&uri, "write -P 0xab 128M 32M");
+    let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(a, 32 << 20);
+    qemu_io(&uri, "write -P 0 128M 32M");
+    let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(a, 0, "zeros over data free it");
+    srv.stop();
+
+    // With detection off the zeros are stored; punchzero gives them back.
+    let _ = std::fs::remove_file(s.sock());
+    let mut child = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args(["serve", "--detect-zeroes", "off", "--nbd-unix"])
+        .arg(s.sock())
+        .spawn()
+        .unwrap();
+    wait_for(&s.sock());
+    wait_for(&s.path().join("control.sock"));
+    qemu_io(&uri, "write -P 0 0 16M");
+    let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(a, 16 << 20);
+    let r = s.json(&["punchzero", "t"]);
+    assert_eq!(r["released_bytes"], 16u64 << 20);
+    assert_eq!(r["allocated_bytes"], 0);
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+}
+
+/// A small tmpfs, so that "the host file system is full" is real.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(Tmpfs { dir });
+        }
+        // SAFETY: getuid has no preconditions.
+        let root = unsafe { libc::getuid() } == 0;
+        if root && std::env::var("STRATA_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("cannot mount a tmpfs as root");
+        }
+        eprintln!("skipping: cannot mount a tmpfs (needs root)");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_zeroedthick_disk_keeps_its_space_when_another_file_fills_the_host() {
+    if !have("qemu-io") {
+        return;
+    }
+    let Some(fs) = Tmpfs::mount("400M") else {
+        return;
+    };
+    let s = Store {
+        dir: tempfile::tempdir_in(fs.dir.path()).unwrap(),
+    };
+    s.ok(&["init"]);
+    s.ok(&["create", "zt", "--size", "64M", "--type", "zeroedthick"]);
+    s.ok(&["create", "thin", "--size", "64M"]);
+    // Another file takes every byte left.
+    let filler = fs.dir.path().join("filler");
+    let o = run(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", filler.display()),
+            "bs=1M",
+            "count=1000",
+        ],
+    );
+    assert!(!o.status.success(), "the filler should have hit ENOSPC");
+    let srv = s.serve();
+    // Every byte of the thick disk can still be written.
+    qemu_io(&s.uri("zt"), "write -P 0x3c 0 64M");
+    run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x3c 0 64M", &s.uri("zt")],
+    );
+    // A thin disk cannot take what the thick one holds: a clear ENOSPC.
+    let o = run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x11 0 16M", &s.uri("thin")],
+    );
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("No space left"),
+        "a thin write on a full host: {out}"
+    );
+    let st = s.json(&["status"]);
+    assert!(st["fail_stop"].is_null(), "{st}");
+    srv.stop();
+    let c = s.json(&["check"]);
+    assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
+}
