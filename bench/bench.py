@@ -17,6 +17,10 @@ Cases (issue #2 targets in brackets):
   bigread     64k and 1M sequential reads of a half-written disk vs qemu-nbd raw
   ckpt        4k randwrite latency percentiles while checkpoints run (small
               metadata cache), with the number of checkpoints, vs qemu-nbd raw
+  zeroing     seed 001's zeroing phase: 4k first-write IOPS and nb/tbz over time for
+              thin / zeroedthick / eagerzeroedthick vs raw sparse / falloc / full under
+              qemu-nbd; eagerzeroedthick create time vs the device's direct write rate
+  zerodetect  4k randwrite of random data, zero detection on vs off      [>= 0.97]
   stats       4k randread with per-disk statistics recording vs paused  [>= 0.98]
               (one fio run, recording flipped every 2 s; plus the in-process
               cost of recording one command and its share of server CPU per I/O)
@@ -393,6 +397,117 @@ def case_ckpt(work, q):
     return {"disk": size, "runtime_s": rt, "checkpoints_during_job": ran, "strata": mine,
             "qemu_nbd_raw": peer, "p99_ratio": ratio(mine["p99_us"], peer["p99_us"]),
             "p99_9_ratio": ratio(mine["p99_9_us"], peer["p99_9_us"])}
+
+
+def _dir_bytes(d):
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for f in os.listdir(d)
+               if os.path.isfile(os.path.join(d, f)))
+
+
+def case_zeroing(work, q):
+    """Seed 001's zeroing phase (issue 9): IOPS and nb/tbz over time while a
+    new disk of each type is first written with 4k random writes, vs a raw
+    image of the matching preallocation under qemu-nbd (thin ~ sparse,
+    zeroedthick ~ falloc: unwritten extents, eagerzeroedthick ~ full: written
+    zeros); and eagerzeroedthick creation time at several sizes against the
+    device's sequential direct-write rate (the limit), with qemu-img create
+    -o preallocation=full as the peer."""
+    size = "1G" if q else "4G"
+    windows, win_s = (8, 2) if q else (15, 4)
+    out = {"params": {"size": size, "windows": windows, "window_s": win_s,
+                      "workload": "4k randwrite iodepth 16"}}
+    peers = {"thin": "off", "zeroedthick": "falloc", "eagerzeroedthick": "full"}
+    for typ, prealloc in peers.items():
+        s = Strata(os.path.join(work, "zeroing_" + typ)).start()
+        series = []
+        try:
+            t = time.perf_counter()
+            s.cli("create", "d", "--size", size, "--type", typ)
+            create_s = round(time.perf_counter() - t, 2)
+            for w in range(windows):
+                r = fio(s.uri("d"), "randwrite", "4k", runtime=win_s, size=size,
+                        extra=["--randrepeat=0"])
+                i = json.loads(s.cli("info", "d", "--json"))
+                series.append({"t_s": (w + 1) * win_s, "iops": round(r["iops"]), "nb": i["nb"],
+                               "tbz": i["tbz"], "allocated_mib": i["allocated_bytes"] >> 20})
+        finally:
+            s.stop()
+        d = os.path.join(work, "zeroing_q_" + typ)
+        os.makedirs(d, exist_ok=True)
+        f = os.path.join(d, "disk.raw")
+        t = time.perf_counter()
+        sh("qemu-img", "create", "-f", "raw", "-o", f"preallocation={prealloc}", f, size)
+        peer_create_s = round(time.perf_counter() - t, 2)
+        qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
+        peer = []
+        try:
+            for w in range(windows):
+                r = fio(qn.uri(), "randwrite", "4k", runtime=win_s, size=size, extra=["--randrepeat=0"])
+                peer.append({"t_s": (w + 1) * win_s, "iops": round(r["iops"])})
+        finally:
+            qn.stop()
+            os.unlink(f)
+        out[typ] = {"create_s": create_s, "windows": series,
+                    f"qemu_raw_{prealloc}": {"create_s": peer_create_s, "windows": peer},
+                    "first_window_ratio": ratio(series[0]["iops"], peer[0]["iops"]),
+                    "last_window_ratio": ratio(series[-1]["iops"], peer[-1]["iops"])}
+    # Eager creation against the device's sequential write rate.
+    sizes = [1, 4] if q else [1, 4, 16]
+    probe = os.path.join(work, "ddprobe")
+    r = subprocess.run(["dd", "if=/dev/zero", f"of={probe}", "bs=1M", "count=1024",
+                        "oflag=direct", "conv=fsync"], capture_output=True, text=True)
+    m = [l for l in r.stderr.splitlines() if "copied" in l]
+    t = float(m[-1].split(",")[-2].split()[0]) if m else None
+    os.unlink(probe)
+    dev_mib_s = round(1024 / t, 1) if t else None
+    out["device_seq_direct_write_mib_s"] = dev_mib_s
+    eager = {}
+    s = Strata(os.path.join(work, "zeroing_create")).start()
+    try:
+        for g in sizes:
+            t = time.perf_counter()
+            s.cli("create", f"e{g}", "--size", f"{g}G", "--type", "eagerzeroedthick")
+            took = time.perf_counter() - t
+            s.cli("rm", f"e{g}")
+            d = os.path.join(work, "zeroing_qcreate")
+            os.makedirs(d, exist_ok=True)
+            f = os.path.join(d, "e.raw")
+            t = time.perf_counter()
+            sh("qemu-img", "create", "-f", "raw", "-o", "preallocation=full", f, f"{g}G")
+            sh("sync", f)
+            qtook = time.perf_counter() - t
+            os.unlink(f)
+            eager[f"{g}GiB"] = {"strata_s": round(took, 2), "qemu_img_full_s": round(qtook, 2),
+                                "device_limit_s": round(g * 1024 / dev_mib_s, 2) if dev_mib_s else None,
+                                "strata_vs_limit": ratio(took, g * 1024 / dev_mib_s) if dev_mib_s else None}
+    finally:
+        s.stop()
+    out["eager_create"] = eager
+    return out
+
+
+def case_zerodetect(work, q):
+    """The cost of zero detection on writes that are not zeros (issue 9:
+    >= 0.97): 4k random writes of random data to a thin disk, detection on
+    vs off, alternating servers in the same run, median of the pairs."""
+    size = "1G" if q else "4G"
+    pairs, rt = (3, 6) if q else (5, 15)
+    res = {"on": [], "off": []}
+    for i in range(pairs):
+        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            d = os.path.join(work, f"zd_{mode}")
+            shutil.rmtree(d, ignore_errors=True)
+            s = Strata(d, serve_args=["--detect-zeroes", mode]).start()
+            try:
+                s.cli("create", "d", "--size", size)
+                r = fio(s.uri("d"), "randwrite", "4k", runtime=rt, size=size,
+                        extra=["--refill_buffers", "--randrepeat=0"])
+                res[mode].append(round(r["iops"]))
+            finally:
+                s.stop()
+    on, off = median(res["on"]), median(res["off"])
+    return {"size": size, "runtime_s": rt, "iops_on": res["on"], "iops_off": res["off"],
+            "ratio_on_vs_off": ratio(on, off), "target": ">= 0.97"}
 
 
 def case_stats(work, q):
@@ -922,6 +1037,8 @@ CASES = {
     "stats": lambda w, q: case_stats(w, q),
     "ckpt": lambda w, q: case_ckpt(w, q),
     "bigread": lambda w, q: case_bigread(w, q),
+    "zeroing": lambda w, q: case_zeroing(w, q),
+    "zerodetect": lambda w, q: case_zerodetect(w, q),
     "matrix": lambda w, q: case_matrix(w, q),
     "chain": lambda w, q: case_chain(w, q),
     "clone": lambda w, q: case_clone(w, q),
@@ -1094,6 +1211,28 @@ def write_plots(results, outdir):
                         note="green: strata faster; red: slower. Rows: strata disk type and state; "
                              f"the peer is a {peer} image in the same state.")
         made.append("matrix.svg")
+    if "zeroing" in cases:
+        z = cases["zeroing"]
+        panels = []
+        for i, typ in enumerate(("thin", "zeroedthick", "eagerzeroedthick")):
+            if typ not in z:
+                continue
+            d = z[typ]
+            peer_key = next(k for k in d if k.startswith("qemu_raw_"))
+            panels.append({"title": f"{typ}: 4k first writes", "xlabel": "seconds", "ylabel": "IOPS",
+                           "series": [
+                               {"name": f"strata {typ}", "color": plot.PALETTE[0],
+                                "points": [(w["t_s"], w["iops"]) for w in d["windows"]]},
+                               {"name": peer_key.replace("_", " "), "color": plot.PALETTE[1], "dash": "6,3",
+                                "points": [(w["t_s"], w["iops"]) for w in d[peer_key]["windows"]]}]})
+        if "zeroedthick" in z:
+            w = z["zeroedthick"]["windows"]
+            panels.append({"title": "zeroedthick: blocks still to be zeroed", "xlabel": "seconds",
+                           "ylabel": "blocks (1 MiB)", "series": [
+                               {"name": "tbz", "color": plot.PALETTE[2], "points": [(x["t_s"], x["tbz"]) for x in w]}]})
+        plot.line_chart(os.path.join(outdir, "zeroing.svg"),
+                        f"The zeroing phase ({z['params']['size']} disks, {mode} mode)", panels)
+        made.append("zeroing.svg")
     if "formats" in cases:
         f = cases["formats"]
         kinds = [("native", "strata native"), ("vmfsSparse", "VMFSsparse chain"),

@@ -52,6 +52,13 @@ pub enum Request {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
+    /// The server's jobs (long operations).
+    Jobs,
+    /// Pause, resume or cancel a job.
+    JobControl {
+        id: u64,
+        action: JobAction,
+    },
     SnapshotCreate {
         disk: String,
         snapshot: String,
@@ -108,6 +115,32 @@ pub enum Request {
 }
 
 impl Request {
+    /// What a job running this request does, for `strata jobs`.
+    pub fn describe(&self) -> String {
+        match self {
+            Request::Create {
+                name, provisioning, ..
+            } => {
+                format!("create {name} ({})", provisioning.as_str())
+            }
+            Request::Convert {
+                name, provisioning, ..
+            } => {
+                format!("convert {name} to {}", provisioning.as_str())
+            }
+            Request::PunchZero { name, .. } => format!("punchzero {name}"),
+            Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
+            Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
+            Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// Whether a server runs the request as a job (see `jobs`): the long ones.
+    pub fn is_job(&self) -> bool {
+        self.shows_progress()
+    }
+
     /// Whether the request may take long enough to deserve a progress bar.
     pub fn shows_progress(&self) -> bool {
         matches!(
@@ -140,6 +173,10 @@ pub enum Response {
     Removed { name: String },
     /// `punchzero`
     PunchZero(PunchZeroReport),
+    /// `jobs`, `jobs pause|resume|cancel`
+    Jobs(Vec<JobInfo>),
+    /// A long command run with `--detach`: the job it started.
+    JobStarted(JobInfo),
     /// `snapshot create`
     SnapshotCreated {
         disk: String,
@@ -167,6 +204,44 @@ impl Response {
     pub fn found_problems(&self) -> bool {
         matches!(self, Response::Check(r) if !r.is_clean())
     }
+}
+
+/// What `jobs pause|resume|cancel` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Running,
+    Paused,
+    /// Cancel asked; stops at the end of its current region.
+    Cancelling,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// One job of a server (`strata jobs --json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub id: u64,
+    pub what: String,
+    pub state: JobState,
+    /// Work done, out of `total` (bytes for every job today).
+    pub done: u64,
+    pub total: u64,
+    pub percent: u64,
+    pub started_unix: u64,
+    pub finished_unix: Option<u64>,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
 }
 
 /// The statistics of one export.

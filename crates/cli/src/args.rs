@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use strata_engine::{Error, ErrorKind, Provisioning};
 
-use crate::api::{ImageFormat, Request, VmdkRequest};
+use crate::api::{ImageFormat, JobAction, Request, VmdkRequest};
 use crate::output::Format;
 use crate::serve::ServeArgs;
 use crate::units::parse_size;
@@ -32,6 +32,11 @@ pub struct Cli {
     /// Metadata cache budget (e.g. 128M)
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
     pub cache: u64,
+
+    /// For a long command (convert, punchzero, clone --full, import, export, eager create)
+    /// on a running server: return once its job has started instead of following it
+    #[arg(long, global = true)]
+    pub detach: bool,
 
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -106,6 +111,13 @@ pub enum Cmd {
         /// Scan at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// A running server's long operations: list, pause, resume, cancel
+    Jobs {
+        #[command(subcommand)]
+        action: Option<JobCmd>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -220,6 +232,16 @@ pub enum VmdkCmd {
         #[command(flatten)]
         json: JsonFlag,
     },
+}
+
+#[derive(Subcommand)]
+pub enum JobCmd {
+    /// Pause a job at the end of its current step (it holds no lock while paused)
+    Pause { id: u64 },
+    /// Resume a paused job
+    Resume { id: u64 },
+    /// Stop a convert or punchzero at the end of its current step; what it did stays
+    Cancel { id: u64 },
 }
 
 #[derive(Subcommand)]
@@ -364,6 +386,24 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 Request::PunchZero {
                     name: name.clone(),
                     rate_bytes_per_sec: *rate,
+                },
+                json.into(),
+            ),
+            Cmd::Jobs { action, json } => datastore(
+                match action {
+                    None => Request::Jobs,
+                    Some(JobCmd::Pause { id }) => Request::JobControl {
+                        id: *id,
+                        action: JobAction::Pause,
+                    },
+                    Some(JobCmd::Resume { id }) => Request::JobControl {
+                        id: *id,
+                        action: JobAction::Resume,
+                    },
+                    Some(JobCmd::Cancel { id }) => Request::JobControl {
+                        id: *id,
+                        action: JobAction::Cancel,
+                    },
                 },
                 json.into(),
             ),

@@ -3,10 +3,13 @@
 //! disks are served.
 //!
 //! Protocol: one JSON request line from the client (a [`Request`]); the
-//! server answers with zero or more `{"progress":[done,total]}` lines, then
-//! one line that is `{"ok":RESPONSE}` (a [`Response`], tagged by its kind)
-//! or `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
-//! [`Reply`], so both ends read and write the same types.
+//! server answers, for a long request it runs as a job (`jobs`), with one
+//! `{"job":JOBINFO}` line first; then zero or more
+//! `{"progress":[done,total]}` lines, then one line that is
+//! `{"ok":RESPONSE}` (a [`Response`], tagged by its kind) or
+//! `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
+//! [`Reply`], so both ends read and write the same types. A client that
+//! closes the connection early leaves the job running.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -18,7 +21,8 @@ use std::thread;
 use serde::{Deserialize, Serialize};
 use strata_engine::{Datastore, Error, ErrorKind};
 
-use crate::api::{Request, Response, VmdkServerStatus};
+use crate::api::{JobInfo, Request, Response, VmdkServerStatus};
+use crate::jobs::Jobs;
 use crate::ops::{execute, Ctx};
 
 /// Longest request line accepted.
@@ -28,6 +32,8 @@ const REQUEST_BYTES_MAX: u64 = 1 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Reply {
+    /// The job the request runs as.
+    Job(JobInfo),
     /// Work done so far, out of a total (bytes, or whatever the request counts).
     Progress([u64; 2]),
     Ok(Response),
@@ -87,6 +93,7 @@ pub fn spawn_server(
     listener: UnixListener,
     ds: Datastore,
     stats: Arc<strata_stats::StatsRegistry>,
+    jobs: Arc<Jobs>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
@@ -99,17 +106,10 @@ pub fn spawn_server(
                 let Ok(conn) = conn else { continue };
                 let ds = ds.clone();
                 let stats = stats.clone();
+                let jobs = jobs.clone();
                 let _ = thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || {
-                        handle(
-                            conn,
-                            &Ctx {
-                                ds: &ds,
-                                stats: Some(&stats),
-                            },
-                        )
-                    });
+                    .spawn(move || handle(conn, ds, stats, jobs));
             }
         })
         .expect("spawn control thread")
@@ -152,7 +152,12 @@ pub fn spawn_vmdk_server(
         .expect("spawn control thread")
 }
 
-fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
+fn handle(
+    conn: UnixStream,
+    ds: Datastore,
+    stats: Arc<strata_stats::StatsRegistry>,
+    jobs: Arc<Jobs>,
+) {
     let mut out = match conn.try_clone() {
         Ok(c) => c,
         Err(_) => return,
@@ -167,6 +172,30 @@ fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
             ErrorKind::InvalidArgument,
             format!("bad control request: {e}"),
         ),
+        Ok(req) if req.is_job() => {
+            let job = jobs.start(req, ds, Some(stats));
+            if writeln!(out, "{}", Reply::Job(job.info()).line()).is_err() {
+                return;
+            }
+            // Stream the job's progress until it ends; a client that goes
+            // away leaves it running.
+            let mut last = None;
+            loop {
+                let (p, result) = job.wait(std::time::Duration::from_millis(100));
+                if let Some(r) = result {
+                    break match r {
+                        Ok(r) => Reply::Ok(r),
+                        Err(e) => Reply::error(e.kind, e.message),
+                    };
+                }
+                if last != Some(p) {
+                    last = Some(p);
+                    if writeln!(out, "{}", Reply::Progress([p.0, p.1]).line()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
         Ok(req) => {
             let mut last = std::time::Instant::now();
             let mut progress = |done: u64, total: u64| {
@@ -175,7 +204,13 @@ fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
                     let _ = writeln!(out, "{}", Reply::Progress([done, total]).line());
                 }
             };
-            match execute(ctx, &req, &mut progress) {
+            let ctx = Ctx {
+                ds: &ds,
+                stats: Some(&stats),
+                jobs: Some(&jobs),
+                control: None,
+            };
+            match execute(&ctx, &req, &mut progress) {
                 Ok(r) => Reply::Ok(r),
                 Err(e) => Reply::error(e.kind, e.message),
             }
@@ -185,9 +220,13 @@ fn handle(conn: UnixStream, ctx: &Ctx<'_>) {
 }
 
 /// Send a request to a running server and wait for its answer.
+///
+/// A long request runs as a job of the server: with `detach`, this returns
+/// as soon as the job has started (`Response::JobStarted`).
 pub fn request(
     socket: &Path,
     req: &Request,
+    detach: bool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
     let mut s = UnixStream::connect(socket).map_err(|e| {
@@ -207,6 +246,16 @@ pub fn request(
         let reply: Reply = serde_json::from_str(&line)
             .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
         match reply {
+            Reply::Job(info) if detach => return Ok(Response::JobStarted(info)),
+            Reply::Job(info) => {
+                use std::io::IsTerminal;
+                if std::io::stderr().is_terminal() {
+                    eprintln!(
+                        "job {}: {} (Ctrl-C detaches; the server goes on: 'strata jobs')",
+                        info.id, info.what
+                    );
+                }
+            }
             Reply::Progress([done, total]) => progress(done, total),
             Reply::Ok(r) => return Ok(r),
             Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),

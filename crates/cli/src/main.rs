@@ -8,6 +8,7 @@ mod api;
 mod args;
 mod control;
 mod holders;
+mod jobs;
 mod ops;
 mod output;
 mod serve;
@@ -72,7 +73,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
             watch: true,
         } => loop {
-            let response = dispatch(dir, cli.cache, &request)?;
+            let response = dispatch(dir, cli.cache, cli.detach, &request)?;
             print!("\x1b[2J\x1b[H");
             output::print(&response, format);
             std::thread::sleep(std::time::Duration::from_secs(1));
@@ -82,7 +83,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
             watch: false,
         } => {
-            let response = dispatch(dir, cli.cache, &request)?;
+            let response = dispatch(dir, cli.cache, cli.detach, &request)?;
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
         }
@@ -130,7 +131,7 @@ fn held(dir: &Path, pid: Option<u32>) -> Error {
 }
 
 /// Run a request locally, or through the server that holds the datastore.
-fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Response, Error> {
+fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
     if !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,
@@ -154,6 +155,8 @@ fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Response, Error> {
                 &ops::Ctx {
                     ds: &ds,
                     stats: None,
+                    jobs: None,
+                    control: None,
                 },
                 req,
                 &mut progress,
@@ -166,7 +169,7 @@ fn dispatch(dir: &Path, cache: u64, req: &Request) -> Result<Response, Error> {
             if !sock.exists() {
                 return Err(held(dir, pid));
             }
-            control::request(&sock, req, &mut progress)
+            control::request(&sock, req, detach, &mut progress)
         }
     };
     if let Some(b) = bar {

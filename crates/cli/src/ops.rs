@@ -9,7 +9,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork};
+use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork, WorkControl};
 use strata_storage::FileBackend;
 
 use crate::api::{ExportStats, Request, Response};
@@ -19,6 +19,10 @@ use crate::api::{ExportStats, Request, Response};
 pub struct Ctx<'a> {
     pub ds: &'a Datastore,
     pub stats: Option<&'a strata_stats::StatsRegistry>,
+    /// The server's jobs (None when the CLI runs the request itself).
+    pub jobs: Option<&'a crate::jobs::Jobs>,
+    /// Pause and cancel for the job running this request.
+    pub control: Option<Arc<WorkControl>>,
 }
 
 /// Run one request.
@@ -51,6 +55,7 @@ pub fn execute(
             *provisioning,
             &SpaceWork {
                 rate_bytes_per_sec: *rate_bytes_per_sec,
+                control: ctx.control.clone(),
             },
             progress,
         )?),
@@ -61,9 +66,12 @@ pub fn execute(
             name,
             &SpaceWork {
                 rate_bytes_per_sec: *rate_bytes_per_sec,
+                control: ctx.control.clone(),
             },
             progress,
         )?),
+        Request::Jobs => Response::Jobs(jobs(ctx)?.list()),
+        Request::JobControl { id, action } => Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]),
         Request::SnapshotCreate {
             disk,
             snapshot,
@@ -160,6 +168,15 @@ pub fn execute(
                     .collect(),
             )
         }
+    })
+}
+
+fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a crate::jobs::Jobs, Error> {
+    ctx.jobs.ok_or_else(|| {
+        Error::new(
+            ErrorKind::Refused,
+            "jobs run in a server: no 'strata serve' holds this datastore",
+        )
     })
 }
 

@@ -54,6 +54,38 @@ pub fn print(r: &dyn Render, format: Format) {
     print!("{}", render(r, format));
 }
 
+fn job_table(out: &mut String, jobs: &[crate::api::JobInfo]) {
+    if jobs.is_empty() {
+        line(out, format_args!("no jobs"));
+        return;
+    }
+    line(
+        out,
+        format_args!(
+            "{:>4}  {:<10} {:>5}  {:>21}  WHAT",
+            "ID", "STATE", "DONE", "PROGRESS"
+        ),
+    );
+    for j in jobs {
+        let state = format!("{:?}", j.state).to_lowercase();
+        line(
+            out,
+            format_args!(
+                "{:>4}  {:<10} {:>4}%  {:>21}  {}{}",
+                j.id,
+                state,
+                j.percent,
+                format!("{}/{}", human(j.done), human(j.total)),
+                j.what,
+                j.error
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+}
+
 fn value<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v).expect("serialisable")
 }
@@ -70,6 +102,14 @@ impl Render for Response {
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
             Response::Removed { name } => line(out, format_args!("removed {name}")),
+            Response::Jobs(jobs) => job_table(out, jobs),
+            Response::JobStarted(j) => line(
+                out,
+                format_args!(
+                    "job {} started: {} (follow it with 'strata jobs')",
+                    j.id, j.what
+                ),
+            ),
             Response::PunchZero(r) => line(
                 out,
                 format_args!(
@@ -103,6 +143,8 @@ impl Render for Response {
             Response::Disk(d) => value(d),
             Response::Removed { name } => json!({ "removed": name }),
             Response::PunchZero(r) => value(r),
+            Response::Jobs(jobs) => value(jobs),
+            Response::JobStarted(j) => value(j),
             Response::SnapshotCreated { snapshot, .. } => value(snapshot),
             Response::Snapshots(snaps) => value(snaps),
             Response::SnapshotDeleted { disk, snapshot } => {

@@ -359,7 +359,8 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let registry = Arc::new(StatsRegistry::new());
-    let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), stop.clone());
+    let jobs = Arc::new(crate::jobs::Jobs::default());
+    let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), jobs, stop.clone());
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
     let stats = (!args.no_stats).then(|| registry.clone());

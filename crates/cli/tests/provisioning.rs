@@ -261,3 +261,103 @@ fn a_zeroedthick_disk_keeps_its_space_when_another_file_fills_the_host() {
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
 }
+
+fn job_state(s: &Store, id: u64) -> serde_json::Value {
+    let jobs = s.json(&["jobs"]);
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("job {id} not listed: {jobs}"))
+}
+
+fn wait_state(s: &Store, id: u64, want: &str) -> serde_json::Value {
+    let t = std::time::Instant::now();
+    loop {
+        let j = job_state(s, id);
+        if j["state"] == want {
+            return j;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "job {id} never became {want}: {j}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cli() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve();
+    assert!(s.json(&["jobs"]).as_array().unwrap().is_empty());
+
+    // A paced convert, detached: the command returns with the job's id.
+    let started = s.json(&[
+        "convert",
+        "vm",
+        "--type",
+        "eagerzeroedthick",
+        "--rate",
+        "8M",
+        "--detach",
+    ]);
+    let id = started["id"].as_u64().unwrap();
+    assert_eq!(started["what"], "convert vm to eagerzeroedthick");
+    wait_state(&s, id, "running");
+    let out = s.ok(&["jobs", "pause", &id.to_string()]);
+    assert!(out.contains("paused"), "{out}");
+    let a = wait_state(&s, id, "paused")["done"].as_u64().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let b = job_state(&s, id)["done"].as_u64().unwrap();
+    assert!(b <= a + (1 << 20), "a paused job went on: {a} -> {b}");
+    s.ok(&["jobs", "resume", &id.to_string()]);
+    wait_state(&s, id, "running");
+    s.ok(&["jobs", "cancel", &id.to_string()]);
+    let j = wait_state(&s, id, "cancelled");
+    assert!(j["done"].as_u64().unwrap() < 64 << 20, "{j}");
+    assert!(j["error"].as_str().unwrap().contains("cancelled"), "{j}");
+    // Cancelled part-way: a consistent zeroedthick disk; running it again finishes.
+    assert_eq!(s.json(&["info", "vm"])["provisioning"], "zeroedthick");
+    let e = s.fails(&["jobs", "cancel", &id.to_string()]);
+    assert!(e.contains("already ended"), "{e}");
+
+    // A CLI that goes away (kill -9) leaves its job running to the end.
+    let mut cli = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args([
+            "convert",
+            "vm",
+            "--type",
+            "eagerzeroedthick",
+            "--rate",
+            "32M",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let id2 = loop {
+        let jobs = s.json(&["jobs"]);
+        if let Some(j) = jobs.as_array().unwrap().iter().find(|j| j["id"] != id) {
+            break j["id"].as_u64().unwrap();
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    cli.kill().unwrap();
+    let _ = cli.wait();
+    let j = wait_state(&s, id2, "done");
+    assert_eq!(j["percent"], 100);
+    let i = s.json(&["info", "vm"]);
+    assert_eq!(i["provisioning"], "eagerzeroedthick");
+    assert_eq!(i["tbz"], 0);
+    let e = s.fails(&["jobs", "pause", "999"]);
+    assert!(e.contains("no job 999"), "{e}");
+    srv.stop();
+    let e = s.fails(&["jobs"]);
+    assert!(e.contains("jobs run in a server"), "{e}");
+}

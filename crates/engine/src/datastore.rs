@@ -22,6 +22,7 @@ use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::LogFiles;
 use crate::meta::Meta;
 use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
+use crate::work::{Pacer, WorkControl};
 
 pub use crate::store::{
     FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
@@ -65,11 +66,13 @@ pub struct DiskInfo {
 }
 
 /// How background space work (convert, punchzero) runs.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct SpaceWork {
     /// Bytes per second to scan or fill at most (None: as fast as clients
     /// leave room for).
     pub rate_bytes_per_sec: Option<u64>,
+    /// Pause / resume / cancel from outside (a server's job list).
+    pub control: Option<Arc<WorkControl>>,
 }
 
 /// What `punchzero` did.
@@ -80,38 +83,6 @@ pub struct PunchZeroReport {
     pub released_bytes: u64,
     /// The disk's allocated bytes afterwards.
     pub allocated_bytes: u64,
-}
-
-/// Paces a long operation to a rate: after each region, sleeps as long
-/// as the work is ahead of it.
-struct Pacer {
-    rate: Option<u64>,
-    start: std::time::Instant,
-    done: u64,
-}
-
-impl Pacer {
-    fn new(rate: Option<u64>) -> Self {
-        Pacer {
-            rate: rate.filter(|&r| r > 0),
-            start: std::time::Instant::now(),
-            done: 0,
-        }
-    }
-
-    fn pace(&mut self, bytes: u64) {
-        self.done += bytes;
-        match self.rate {
-            Some(r) => {
-                let due = std::time::Duration::from_secs_f64(self.done as f64 / r as f64);
-                if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-            // Leave the CPU to clients between regions.
-            None => std::thread::yield_now(),
-        }
-    }
 }
 
 /// A byte range where two versions differ (see `Datastore::changed_ranges`).
@@ -648,7 +619,7 @@ impl Datastore {
             // Created zeroedthick, filled, then marked eager (as convert
             // does, FORMAT.md §7.3): a crash part-way leaves a consistent
             // zeroedthick disk that `convert` finishes.
-            self.fill_and_mark_eager(name, progress, &mut Pacer::new(None))?;
+            self.fill_and_mark_eager(name, progress, &mut Pacer::new(None, None))?;
         }
         self.disk_info(name)
     }
@@ -713,7 +684,7 @@ impl Datastore {
         if old.provisioning == Provisioning::Eagerzeroedthick {
             let h = self.open_disk(name)?;
             let from = old.size_bytes / GRAIN_BYTES * GRAIN_BYTES;
-            h.fill_zeros(from, size_bytes - from, &mut |_, _| {}, &mut |_| {})?;
+            h.fill_zeros(from, size_bytes - from, &mut |_, _| {}, &mut |_| Ok(()))?;
             self.inner.commit(false)?;
         }
         self.disk_info(name)
@@ -735,7 +706,7 @@ impl Datastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskInfo> {
         self.inner.check_writable()?;
-        let mut pacer = Pacer::new(opts.rate_bytes_per_sec);
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let from = self.disk_info(name)?.provisioning;
         match to {
             Provisioning::Thin => {
@@ -781,7 +752,7 @@ impl Datastore {
                 ),
             );
         }
-        let mut pacer = Pacer::new(opts.rate_bytes_per_sec);
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let h = self.open_disk(name)?;
         let (scanned, released) = h.punch_zero(progress, &mut |n| pacer.pace(n))?;
         Ok(PunchZeroReport {
@@ -831,7 +802,7 @@ impl Datastore {
         &self,
         name: &str,
         progress: &mut dyn FnMut(u64, u64),
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<()> {
         let h = self.open_disk(name)?;
         let size = strata_block::BlockDevice::size_bytes(&*h);

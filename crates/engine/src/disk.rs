@@ -482,7 +482,7 @@ impl DiskHandle {
         offset: u64,
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
-        pace: &mut dyn FnMut(u64),
+        pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
         let end = offset + len;
         let mut pos = offset >> GRAIN_SHIFT << GRAIN_SHIFT;
@@ -510,7 +510,7 @@ impl DiskHandle {
                 self.inner.commit(false)?;
                 since_commit = 0;
             }
-            pace(region_end - pos);
+            pace(region_end - pos)?;
             pos = region_end;
             progress(pos - offset, len);
         }
@@ -569,7 +569,7 @@ impl DiskHandle {
     pub(crate) fn punch_zero(
         &self,
         progress: &mut dyn FnMut(u64, u64),
-        pace: &mut dyn FnMut(u64),
+        pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<(u64, u64)> {
         let size = self.size_bytes();
         let mut pos = 0u64;
@@ -633,7 +633,7 @@ impl DiskHandle {
                 self.inner.commit(false)?;
                 since_commit = 0;
             }
-            pace(region_end - pos);
+            pace(region_end - pos)?;
             pos = region_end;
             progress(pos, size);
         }

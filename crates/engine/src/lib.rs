@@ -26,6 +26,7 @@ mod journal;
 mod meta;
 mod store;
 mod upgrade;
+mod work;
 
 pub use catalog::{split_target, Provisioning};
 pub use check::CheckReport;
@@ -35,3 +36,4 @@ pub use datastore::{
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
+pub use work::WorkControl;

@@ -1,0 +1,214 @@
+//! Long operations of a running server as jobs: each runs in its own
+//! thread, outlives the command that started it (a CLI that goes away, by
+//! Ctrl-C or `--detach`, leaves it running), and can be listed, paused,
+//! resumed and cancelled (`strata jobs`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use strata_engine::{Datastore, Error, ErrorKind, WorkControl};
+
+use crate::api::{JobAction, JobInfo, JobState, Request, Response};
+use crate::ops::{execute, Ctx};
+
+/// Finished jobs kept for `strata jobs`, at most.
+const FINISHED_KEPT: usize = 32;
+
+pub struct Job {
+    pub id: u64,
+    what: String,
+    started_unix: u64,
+    control: Arc<WorkControl>,
+    /// Whether the operation obeys cancel (the others only pause).
+    cancellable: bool,
+    state: Mutex<JobStatus>,
+    changed: Condvar,
+}
+
+struct JobStatus {
+    done: u64,
+    total: u64,
+    finished_unix: Option<u64>,
+    result: Option<Result<Response, Error>>,
+}
+
+impl Job {
+    pub fn info(&self) -> JobInfo {
+        let st = self.state.lock();
+        let state = match &st.result {
+            None if self.control.is_cancelled() => JobState::Cancelling,
+            None if self.control.is_paused() => JobState::Paused,
+            None => JobState::Running,
+            Some(Ok(_)) => JobState::Done,
+            Some(Err(_)) if self.control.is_cancelled() => JobState::Cancelled,
+            Some(Err(_)) => JobState::Failed,
+        };
+        JobInfo {
+            id: self.id,
+            what: self.what.clone(),
+            state,
+            done: st.done,
+            total: st.total,
+            percent: (st.done * 100).checked_div(st.total).unwrap_or(0),
+            started_unix: self.started_unix,
+            finished_unix: st.finished_unix,
+            error: match &st.result {
+                Some(Err(e)) => Some(e.message.clone()),
+                _ => None,
+            },
+        }
+    }
+
+    /// Wait up to `timeout` for progress or the end; returns (done, total)
+    /// and the result once finished.
+    pub fn wait(
+        &self,
+        timeout: std::time::Duration,
+    ) -> ((u64, u64), Option<Result<Response, Error>>) {
+        let mut st = self.state.lock();
+        if st.result.is_none() {
+            self.changed.wait_for(&mut st, timeout);
+        }
+        ((st.done, st.total), st.result.clone())
+    }
+}
+
+/// The server's jobs.
+#[derive(Default)]
+pub struct Jobs {
+    next: AtomicU64,
+    list: Mutex<Vec<Arc<Job>>>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Jobs {
+    /// Start `req` as a job in its own thread.
+    pub fn start(
+        self: &Arc<Self>,
+        req: Request,
+        ds: Datastore,
+        stats: Option<Arc<strata_stats::StatsRegistry>>,
+    ) -> Arc<Job> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let job = Arc::new(Job {
+            id,
+            what: req.describe(),
+            started_unix: now_unix(),
+            control: Arc::new(WorkControl::default()),
+            cancellable: matches!(req, Request::Convert { .. } | Request::PunchZero { .. }),
+            state: Mutex::new(JobStatus {
+                done: 0,
+                total: 0,
+                finished_unix: None,
+                result: None,
+            }),
+            changed: Condvar::new(),
+        });
+        {
+            let mut list = self.list.lock();
+            list.push(job.clone());
+            // Forget the oldest finished ones.
+            let finished = list
+                .iter()
+                .filter(|j| j.state.lock().result.is_some())
+                .count();
+            if finished > FINISHED_KEPT {
+                let mut drop_n = finished - FINISHED_KEPT;
+                list.retain(|j| {
+                    if drop_n > 0 && j.state.lock().result.is_some() {
+                        drop_n -= 1;
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+        }
+        let j = job.clone();
+        let jobs = self.clone();
+        std::thread::Builder::new()
+            .name(format!("job-{id}"))
+            .spawn(move || {
+                let ctx = Ctx {
+                    ds: &ds,
+                    stats: stats.as_deref(),
+                    jobs: Some(&jobs),
+                    control: Some(j.control.clone()),
+                };
+                let mut progress = |done: u64, total: u64| {
+                    {
+                        let mut st = j.state.lock();
+                        st.done = done;
+                        st.total = total;
+                    }
+                    j.changed.notify_all();
+                    // Operations without pause points of their own wait here.
+                    if !j.cancellable {
+                        let _ = j.control.checkpoint();
+                    }
+                };
+                let r = execute(&ctx, &req, &mut progress);
+                if let Err(e) = &r {
+                    tracing::warn!("job {id} ({}) ended with an error: {}", j.what, e.message);
+                } else {
+                    tracing::info!("job {id} ({}) done", j.what);
+                }
+                {
+                    let mut st = j.state.lock();
+                    st.result = Some(r);
+                    st.finished_unix = Some(now_unix());
+                }
+                j.changed.notify_all();
+            })
+            .expect("spawn job thread");
+        job
+    }
+
+    pub fn list(&self) -> Vec<JobInfo> {
+        self.list.lock().iter().map(|j| j.info()).collect()
+    }
+
+    /// Pause, resume or cancel job `id`.
+    pub fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error> {
+        let job = self
+            .list
+            .lock()
+            .iter()
+            .find(|j| j.id == id)
+            .cloned()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no job {id} (see 'strata jobs')"),
+                )
+            })?;
+        if job.state.lock().result.is_some() {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!("job {id} has already ended"),
+            ));
+        }
+        match action {
+            JobAction::Pause => job.control.pause(),
+            JobAction::Resume => job.control.resume(),
+            JobAction::Cancel if !job.cancellable => {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    format!(
+                        "job {id} ({}) cannot be cancelled part-way; pause it instead",
+                        job.what
+                    ),
+                ))
+            }
+            JobAction::Cancel => job.control.cancel(),
+        }
+        Ok(job.info())
+    }
+}

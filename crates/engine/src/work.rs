@@ -1,0 +1,105 @@
+//! Long operations (convert, punchzero) run in bounded regions; between
+//! regions they pace themselves to a rate and obey their controller: a
+//! paused operation waits, a cancelled one stops with an error, leaving
+//! the consistent state each region ends in (FORMAT.md §7.3).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Pause, resume and cancel for a running operation, shared between the
+/// operation and whoever controls it (a server's job list).
+#[derive(Default)]
+pub struct WorkControl {
+    paused: Mutex<bool>,
+    cv: Condvar,
+    cancelled: AtomicBool,
+}
+
+impl WorkControl {
+    pub fn pause(&self) {
+        *self.paused.lock() = true;
+    }
+
+    pub fn resume(&self) {
+        *self.paused.lock() = false;
+        self.cv.notify_all();
+    }
+
+    /// Ask the operation to stop at the end of its current region.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.paused.lock()
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Between regions: wait while paused; an error once cancelled.
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut p = self.paused.lock();
+        while *p && !self.is_cancelled() {
+            self.cv.wait_for(&mut p, Duration::from_millis(500));
+        }
+        if self.is_cancelled() {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "cancelled; what was done so far stays (run it again to finish)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Paces a long operation: after each region, waits while paused, stops
+/// when cancelled, and sleeps as long as the work is ahead of its rate.
+pub(crate) struct Pacer<'a> {
+    rate: Option<u64>,
+    control: Option<&'a WorkControl>,
+    start: Instant,
+    done: u64,
+}
+
+impl<'a> Pacer<'a> {
+    pub fn new(rate: Option<u64>, control: Option<&'a WorkControl>) -> Self {
+        Pacer {
+            rate: rate.filter(|&r| r > 0),
+            control,
+            start: Instant::now(),
+            done: 0,
+        }
+    }
+
+    pub fn pace(&mut self, bytes: u64) -> Result<()> {
+        self.done += bytes;
+        if let Some(c) = self.control {
+            if c.is_paused() {
+                let t = Instant::now();
+                c.checkpoint()?;
+                // Time spent paused does not count against the rate.
+                self.start += t.elapsed();
+            } else {
+                c.checkpoint()?;
+            }
+        }
+        match self.rate {
+            Some(r) => {
+                let due = Duration::from_secs_f64(self.done as f64 / r as f64);
+                if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            // Leave the CPU to clients between regions.
+            None => std::thread::yield_now(),
+        }
+        Ok(())
+    }
+}
