@@ -412,7 +412,7 @@ def case_zeroing(work, q):
     zeros); and eagerzeroedthick creation time at several sizes against the
     device's sequential direct-write rate (the limit), with qemu-img create
     -o preallocation=full as the peer."""
-    size = "1G" if q else "4G"
+    size = "2G" if q else "8G"
     windows, win_s = (8, 2) if q else (15, 4)
     out = {"params": {"size": size, "windows": windows, "window_s": win_s,
                       "workload": "4k randwrite iodepth 16"}}
@@ -1225,11 +1225,13 @@ def write_plots(results, outdir):
                                 "points": [(w["t_s"], w["iops"]) for w in d["windows"]]},
                                {"name": peer_key.replace("_", " "), "color": plot.PALETTE[1], "dash": "6,3",
                                 "points": [(w["t_s"], w["iops"]) for w in d[peer_key]["windows"]]}]})
-        if "zeroedthick" in z:
-            w = z["zeroedthick"]["windows"]
-            panels.append({"title": "zeroedthick: blocks still to be zeroed", "xlabel": "seconds",
-                           "ylabel": "blocks (1 MiB)", "series": [
-                               {"name": "tbz", "color": plot.PALETTE[2], "points": [(x["t_s"], x["tbz"]) for x in w]}]})
+        size_mib = _bytes(z["params"]["size"]) >> 20
+        panels.append({"title": "grains written at least once (strata)", "xlabel": "seconds",
+                       "ylabel": "% of the disk", "series": [
+                           {"name": typ, "color": plot.PALETTE[i], "dash": plot.DASHES[i % len(plot.DASHES)],
+                            "points": [(x["t_s"], round(100 * x["allocated_mib"] / size_mib, 1))
+                                       for x in z[typ]["windows"]]}
+                           for i, typ in enumerate(("thin", "zeroedthick")) if typ in z]})
         plot.line_chart(os.path.join(outdir, "zeroing.svg"),
                         f"The zeroing phase ({z['params']['size']} disks, {mode} mode)", panels)
         made.append("zeroing.svg")
