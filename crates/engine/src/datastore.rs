@@ -728,6 +728,9 @@ impl Datastore {
                 self.fill_and_mark_eager(name, progress, &mut pacer)?;
             }
         }
+        // Like every metadata command, durable when it returns (also when
+        // there was nothing to change).
+        self.inner.commit(false)?;
         self.disk_info(name)
     }
 

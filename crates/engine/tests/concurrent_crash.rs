@@ -6,6 +6,10 @@
 //! that generation (flushed writes survive) and at most the last one
 //! written (nothing invented), and `check` must be clean.
 //!
+//! An admin thread converts the disk between provisioning types beside
+//! the writers (the eager fill and the zero scan decide under the write
+//! stripes).
+//!
 //! The threads are real, so interleavings vary from run to run; the
 //! deterministic single-thread crash test (crash.rs) replays from seeds.
 
@@ -15,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 const WRITERS: u64 = 3;
@@ -86,6 +90,17 @@ fn one_run(run: u64) {
                 let r = if i.is_multiple_of(3) {
                     ds.snapshot_create("d", &format!("s{i}"), "")
                         .and_then(|_| ds.snapshot_delete("d", &format!("s{i}")))
+                } else if i % 3 == 1 {
+                    // Converting under the writers: the eager fill and the
+                    // zero scan of a convert to thin must never overwrite
+                    // or release a grain a writer wrote meanwhile.
+                    let to = [
+                        Provisioning::Eagerzeroedthick,
+                        Provisioning::Thin,
+                        Provisioning::Zeroedthick,
+                    ][(i / 3 % 3) as usize];
+                    ds.convert_disk("d", to, &SpaceWork::default(), &mut |_, _| {})
+                        .map(|_| ())
                 } else {
                     ds.close()
                 };

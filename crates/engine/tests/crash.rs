@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 const DISK_BYTES: u64 = 3 << 20;
@@ -341,6 +341,21 @@ fn admin(
             }
             f
         }
+        83..=89 => {
+            // Change the disk's provisioning: every step commits, and the
+            // bytes stay what they were.
+            let to = [
+                Provisioning::Thin,
+                Provisioning::Zeroedthick,
+                Provisioning::Eagerzeroedthick,
+            ][rng.gen_range(0..3)];
+            let r = ds.convert_disk(disk, to, &SpaceWork::default(), &mut |_, _| {});
+            let f = failed(r, faulty, seed, "convert");
+            if !f {
+                w.flush();
+            }
+            f
+        }
         _ => {
             // A checkpoint (close checkpoints and stays usable).
             let f = failed(ds.close(), faulty, seed, "checkpoint");
@@ -357,9 +372,12 @@ fn one_run(seed: u64) {
     let b = SimBackend::new();
     Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
     let mut ds = open(&b);
-    for d in DISKS {
-        ds.create_disk(d, DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
-            .unwrap();
+    // "e" starts zeroedthick: its writes take blocks held on the host.
+    for (d, p) in DISKS
+        .iter()
+        .zip([Provisioning::Thin, Provisioning::Zeroedthick])
+    {
+        ds.create_disk(d, DISK_BYTES, p, &mut |_, _| {}).unwrap();
     }
     let mut w = World {
         disks: DISKS.iter().map(|_| DiskModel::new()).collect(),

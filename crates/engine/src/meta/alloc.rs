@@ -14,8 +14,9 @@ use crate::error::{err, ErrorKind, Result};
 pub(super) const META_OWNER: u64 = u64::MAX;
 /// Partially free blocks scanned whole by one allocation, at most.
 const PARTIAL_SCAN_BLOCKS_MAX: usize = 64;
-/// The reserved tail grows in steps of this many grains past its target
-/// (64 MiB), and is truncated once it is that far past it.
+/// The reserved tail grows in steps of a quarter of its target, at least a
+/// block and at most this many grains (64 MiB), and is truncated once it is
+/// this far past its target.
 pub const TAIL_STEP_GRAINS: u64 = 64 << 8;
 
 /// Where an allocation may take its grain from (FORMAT.md §7.1).
@@ -246,7 +247,8 @@ impl Meta {
         let end = old + BLOCK_GRAINS;
         let target = self.tail_target(0, 0);
         if target > 0 && self.tail_end() < end + target {
-            let r = self.extend_tail(end + target + TAIL_STEP_GRAINS);
+            let step = (target / 4).clamp(BLOCK_GRAINS, TAIL_STEP_GRAINS);
+            let r = self.extend_tail(end + target + step);
             if let Err(e) = r {
                 let inside = self.tail_end() >= end;
                 match place {
