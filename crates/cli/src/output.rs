@@ -193,8 +193,9 @@ fn datastore(out: &mut String, i: &DatastoreInfo) {
     let _ = writeln!(out, "used:         {}", human(i.used_bytes));
     let _ = writeln!(
         out,
-        "reserved:     {} (thick disks, not yet written)",
-        human(i.reserved_bytes)
+        "reserved:     {} (thick disks, not yet written; {} held on the host)",
+        human(i.reserved_bytes),
+        human(i.reserved_held_bytes)
     );
     let _ = writeln!(out, "free:         {}", human(i.free_bytes));
     let _ = writeln!(
@@ -488,6 +489,7 @@ mod tests {
                 capacity_bytes: 1 << 30,
                 used_bytes: 1 << 20,
                 reserved_bytes: 0,
+                reserved_held_bytes: 0,
                 free_bytes: (1 << 30) - (1 << 20),
                 provisioned_bytes: 64 << 20,
                 overcommit_percent: 6,

@@ -113,6 +113,10 @@ pub struct DatastoreInfo {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub reserved_bytes: u64,
+    /// Bytes held on the host file system for reservations: the pool
+    /// file's reserved tail (FORMAT.md §7.1).
+    #[serde(default)]
+    pub reserved_held_bytes: u64,
     pub free_bytes: u64,
     pub provisioned_bytes: u64,
     /// Provisioned bytes over capacity, in percent.
@@ -465,6 +469,7 @@ impl Datastore {
             capacity_bytes: capacity,
             used_bytes: used,
             reserved_bytes: reserved,
+            reserved_held_bytes: (m.tail_end() - m.hwm()) * GRAIN_BYTES,
             free_bytes: capacity.saturating_sub(used + reserved),
             provisioned_bytes: provisioned,
             overcommit_percent: provisioned
