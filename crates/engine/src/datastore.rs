@@ -62,6 +62,17 @@ pub struct DiskInfo {
     pub current_snapshot: Option<String>,
     pub parent: Option<String>,
     pub created_unix: u64,
+    /// What removing the disk would free once reclaiming ends: grains that
+    /// only its head and its snapshots reference (linked clones keep what
+    /// they share). Computed by `disk_info`, not by `list_disks` (its cost
+    /// follows the disk's exclusive data; docs/FORMAT.md §7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_bytes: Option<u64>,
+    /// What deleting all the disk's snapshots (keeping its head) would free.
+    /// Not the sum of the snapshots' `exclusive_bytes`: grains two
+    /// snapshots share are exclusive to neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_space_bytes: Option<u64>,
 }
 
 /// A byte range where two versions differ (see `Datastore::changed_ranges`).
@@ -82,6 +93,9 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     /// Bytes mapped in the snapshot (shared or not).
     pub mapped_bytes: u64,
+    /// What deleting this snapshot alone would free once reclaiming ends:
+    /// data grains and map nodes only it references (docs/FORMAT.md §7).
+    pub exclusive_bytes: u64,
     /// Whether the disk's live state descends directly from this snapshot.
     pub current: bool,
 }
@@ -495,6 +509,8 @@ impl Datastore {
                 .map(|s| s.name.clone()),
             parent: d.parent.clone(),
             created_unix: d.created_unix,
+            exclusive_bytes: None,
+            snapshot_space_bytes: None,
         }
     }
 
@@ -510,10 +526,38 @@ impl Datastore {
         v
     }
 
-    pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
+    /// A disk's figures without the space simulation (`exclusive_bytes`
+    /// and `snapshot_space_bytes` are None): what create, extend and clone
+    /// return.
+    fn disk_summary(&self, name: &str) -> Result<DiskInfo> {
         let m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?;
         Ok(Self::disk_info_locked(&m, d))
+    }
+
+    /// A disk's figures, with what removing it and deleting its snapshots
+    /// would free (a read-only simulation whose cost follows the disk's
+    /// exclusive data, under the metadata lock).
+    pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
+        let mut m = self.inner.meta.lock();
+        let d = m.catalog.disk(name)?.clone();
+        let mut info = Self::disk_info_locked(&m, &d);
+        let snaps = |hidden: bool| -> Vec<u64> {
+            m.catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && (hidden || !s.is_hidden()))
+                .map(|s| s.version)
+                .collect()
+        };
+        // `rm` drops every snapshot, hidden ones included, and the head.
+        let mut all = snaps(true);
+        let visible = snaps(false);
+        all.push(d.head);
+        let base = m.drop_baseline()?;
+        info.exclusive_bytes = Some(m.exclusive_grains(&base, &all)? * GRAIN_BYTES);
+        info.snapshot_space_bytes = Some(m.exclusive_grains(&base, &visible)? * GRAIN_BYTES);
+        Ok(info)
     }
 
     fn check_size(size_bytes: u64) -> Result<()> {
@@ -586,7 +630,7 @@ impl Datastore {
             h.zero_fill_allocate(0, size_bytes, progress)?;
             self.inner.commit(false)?;
         }
-        self.disk_info(name)
+        self.disk_summary(name)
     }
 
     /// Remove a disk and all its snapshots. Linked clones keep what they share.
@@ -650,7 +694,7 @@ impl Datastore {
             h.zero_fill_allocate(from, size_bytes - from, &mut |_, _| {})?;
             self.inner.commit(false)?;
         }
-        self.disk_info(name)
+        self.disk_summary(name)
     }
 
     /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.
@@ -801,8 +845,21 @@ impl Datastore {
 
     /// Snapshots of a disk, parents before children (a tree by `parent`).
     pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
-        let m = self.inner.meta.lock();
-        let d = m.catalog.disk(disk)?;
+        let mut guard = self.inner.meta.lock();
+        let m: &mut Meta = &mut guard;
+        let base = m.drop_baseline()?;
+        let mut exclusive = std::collections::HashMap::new();
+        let d = m.catalog.disk(disk)?.clone();
+        let versions: Vec<u64> = m
+            .catalog
+            .snapshots
+            .iter()
+            .filter(|s| s.disk == d.id && !s.is_hidden())
+            .map(|s| s.version)
+            .collect();
+        for v in versions {
+            exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+        }
         let snaps: Vec<&SnapshotRec> = m
             .catalog
             .snapshots
@@ -843,6 +900,7 @@ impl Datastore {
                     parent: name_of(s.parent),
                     size_bytes: s.size_bytes,
                     mapped_bytes: v.mapped_grains * GRAIN_BYTES,
+                    exclusive_bytes: exclusive.get(&s.version).copied().unwrap_or(0),
                     current: d.current_snapshot == Some(s.id),
                 });
             }
@@ -934,7 +992,7 @@ impl Datastore {
             Ok(())
         })?;
         self.inner.commit(false)?;
-        self.disk_info(new)
+        self.disk_summary(new)
     }
 
     /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
@@ -983,7 +1041,7 @@ impl Datastore {
             return Err(e);
         }
         self.inner.commit(false)?;
-        self.disk_info(new)
+        self.disk_summary(new)
     }
 
     /// Hold `disk`'s live state still in an implicit snapshot (O(1)), hidden
