@@ -526,19 +526,18 @@ impl Datastore {
         v
     }
 
-    /// A disk's figures without the space simulation (`exclusive_bytes`
-    /// and `snapshot_space_bytes` are None): what create, extend and clone
-    /// return.
-    fn disk_summary(&self, name: &str) -> Result<DiskInfo> {
+    /// A disk's figures, O(1): `exclusive_bytes` and `snapshot_space_bytes`
+    /// are None (see [`Self::disk_info_with_space`]).
+    pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
         let m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?;
         Ok(Self::disk_info_locked(&m, d))
     }
 
-    /// A disk's figures, with what removing it and deleting its snapshots
-    /// would free (a read-only simulation whose cost follows the disk's
-    /// exclusive data, under the metadata lock).
-    pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
+    /// A disk's figures with what removing it and deleting its snapshots
+    /// would free (docs/FORMAT.md §7): a read-only simulation whose cost
+    /// follows the disk's exclusive data, under the metadata lock.
+    pub fn disk_info_with_space(&self, name: &str) -> Result<DiskInfo> {
         let mut m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?.clone();
         let mut info = Self::disk_info_locked(&m, &d);
@@ -630,7 +629,7 @@ impl Datastore {
             h.zero_fill_allocate(0, size_bytes, progress)?;
             self.inner.commit(false)?;
         }
-        self.disk_summary(name)
+        self.disk_info(name)
     }
 
     /// Remove a disk and all its snapshots. Linked clones keep what they share.
@@ -694,7 +693,7 @@ impl Datastore {
             h.zero_fill_allocate(from, size_bytes - from, &mut |_, _| {})?;
             self.inner.commit(false)?;
         }
-        self.disk_summary(name)
+        self.disk_info(name)
     }
 
     /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.
@@ -837,28 +836,38 @@ impl Datastore {
             Ok(())
         })?;
         self.inner.commit(false)?;
-        self.snapshot_list(disk)?
+        self.snapshots_of(disk, false)?
             .into_iter()
             .find(|s| s.name == snap)
             .ok_or_else(|| Error::new(ErrorKind::Gone, "snapshot vanished"))
     }
 
     /// Snapshots of a disk, parents before children (a tree by `parent`).
+    /// Each with `exclusive_bytes`: what deleting it would free (a read-only
+    /// simulation per snapshot, whose cost follows its exclusive data).
     pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
+        self.snapshots_of(disk, true)
+    }
+
+    /// Snapshots of `disk`; `exclusive_bytes` is computed when `space`
+    /// (else 0, true of a snapshot just taken: it shares the head's root).
+    fn snapshots_of(&self, disk: &str, space: bool) -> Result<Vec<SnapshotInfo>> {
         let mut guard = self.inner.meta.lock();
         let m: &mut Meta = &mut guard;
-        let base = m.drop_baseline()?;
         let mut exclusive = std::collections::HashMap::new();
         let d = m.catalog.disk(disk)?.clone();
-        let versions: Vec<u64> = m
-            .catalog
-            .snapshots
-            .iter()
-            .filter(|s| s.disk == d.id && !s.is_hidden())
-            .map(|s| s.version)
-            .collect();
-        for v in versions {
-            exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+        if space {
+            let base = m.drop_baseline()?;
+            let versions: Vec<u64> = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && !s.is_hidden())
+                .map(|s| s.version)
+                .collect();
+            for v in versions {
+                exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+            }
         }
         let snaps: Vec<&SnapshotRec> = m
             .catalog
@@ -992,7 +1001,7 @@ impl Datastore {
             Ok(())
         })?;
         self.inner.commit(false)?;
-        self.disk_summary(new)
+        self.disk_info(new)
     }
 
     /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
@@ -1041,7 +1050,7 @@ impl Datastore {
             return Err(e);
         }
         self.inner.commit(false)?;
-        self.disk_summary(new)
+        self.disk_info(new)
     }
 
     /// Hold `disk`'s live state still in an implicit snapshot (O(1)), hidden

@@ -310,7 +310,11 @@ fn run(ops: Vec<Op>) {
                 // Half of the removals check the disk's figure; the others
                 // leave orphans half reclaimed for the ops that follow.
                 if disk % 2 == 0 {
-                    let figure = ds.disk_info(&name).unwrap().exclusive_bytes.unwrap();
+                    let figure = ds
+                        .disk_info_with_space(&name)
+                        .unwrap()
+                        .exclusive_bytes
+                        .unwrap();
                     let used = settle(&ds);
                     ds.remove_disk(&name).unwrap();
                     let freed = used - settle(&ds);

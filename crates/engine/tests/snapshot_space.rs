@@ -126,7 +126,7 @@ fn snapshot_space_is_what_deleting_all_snapshots_frees() {
     for disk in ["a", "b"] {
         let (_b, ds) = fresh();
         build(&ds);
-        let info = ds.disk_info(disk).unwrap();
+        let info = ds.disk_info_with_space(disk).unwrap();
         let space = info
             .snapshot_space_bytes
             .expect("info carries snapshot_space_bytes");
@@ -147,7 +147,7 @@ fn snapshot_space_is_what_deleting_all_snapshots_frees() {
         }
         let freed = used - settle(&ds);
         assert_eq!(freed, space, "{disk}: deleting all snapshots");
-        let after = ds.disk_info(disk).unwrap();
+        let after = ds.disk_info_with_space(disk).unwrap();
         assert_eq!(after.snapshot_space_bytes, Some(0));
     }
 }
@@ -158,7 +158,11 @@ fn disk_exclusive_is_what_rm_frees_less_what_clones_share() {
     for disk in ["a", "c", "b"] {
         let (_b, ds) = fresh();
         build(&ds);
-        let figure = ds.disk_info(disk).unwrap().exclusive_bytes.unwrap();
+        let figure = ds
+            .disk_info_with_space(disk)
+            .unwrap()
+            .exclusive_bytes
+            .unwrap();
         assert!(figure > 0, "{disk} holds data of its own");
         let used = settle(&ds);
         ds.remove_disk(disk).unwrap();
@@ -170,12 +174,24 @@ fn disk_exclusive_is_what_rm_frees_less_what_clones_share() {
     // The clone shares a@s2: with `a` gone, what it shares becomes its own.
     let (_b, ds) = fresh();
     build(&ds);
-    let c_before = ds.disk_info("c").unwrap().exclusive_bytes.unwrap();
+    let c_before = ds
+        .disk_info_with_space("c")
+        .unwrap()
+        .exclusive_bytes
+        .unwrap();
     ds.remove_disk("a").unwrap();
     // Read while a's versions are still orphans: already counted as c's.
-    let c_pending = ds.disk_info("c").unwrap().exclusive_bytes.unwrap();
+    let c_pending = ds
+        .disk_info_with_space("c")
+        .unwrap()
+        .exclusive_bytes
+        .unwrap();
     let used = settle(&ds);
-    let c_after = ds.disk_info("c").unwrap().exclusive_bytes.unwrap();
+    let c_after = ds
+        .disk_info_with_space("c")
+        .unwrap()
+        .exclusive_bytes
+        .unwrap();
     assert_eq!(c_pending, c_after);
     assert!(c_after >= c_before + 8 * MIB, "{c_before} -> {c_after}");
     ds.remove_disk("c").unwrap();
@@ -183,6 +199,50 @@ fn disk_exclusive_is_what_rm_frees_less_what_clones_share() {
     // Everything is gone but disk b.
     assert_eq!(
         settle(&ds),
-        ds.disk_info("b").unwrap().exclusive_bytes.unwrap()
+        ds.disk_info_with_space("b")
+            .unwrap()
+            .exclusive_bytes
+            .unwrap()
+    );
+}
+
+/// The cost follows what is exclusive: a snapshot that shares all but one
+/// path of a wide map reads that path's nodes, not the shared leaves. With
+/// a cold cache and map reads failing after a few, its figure still comes
+/// out; the disk's (which must read every leaf) does not.
+#[test]
+fn a_shared_subtree_is_never_read() {
+    let (b, ds) = fresh();
+    ds.create_disk("w", 2 << 30, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    // One grain in each of 64 leaves (2 MiB apart), in both halves of the
+    // 3-level map.
+    for i in 0..64u64 {
+        let at = (i % 32) * 2 * MIB + (i / 32) * (1 << 30);
+        write(&ds, "w", at, 4096, i as u8 + 1);
+    }
+    ds.snapshot_create("w", "s", "").unwrap();
+    write(&ds, "w", 0, 4096, 0xEE); // s alone keeps one grain, its leaf and path
+    settle(&ds);
+    let want = exclusive(&ds, "w", "s");
+    // Root, one level-1 node, one leaf and one data grain.
+    assert_eq!(want, 4 * 4096);
+    ds.close().unwrap();
+    drop(ds);
+    let ds = common::open_sim(&b);
+    b.fail_reads_after(Some(strata_format::FILE_POOL), 8);
+    assert_eq!(exclusive(&ds, "w", "s"), want);
+    let e = ds.disk_info_with_space("w").unwrap_err();
+    assert!(
+        e.to_string().contains("pool.data") || e.to_string().contains("I/O"),
+        "{e}"
+    );
+    b.heal_reads();
+    assert!(
+        ds.disk_info_with_space("w")
+            .unwrap()
+            .exclusive_bytes
+            .unwrap()
+            > 64 * 4096
     );
 }
