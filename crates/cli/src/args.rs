@@ -73,7 +73,8 @@ pub enum Cmd {
     },
     /// List disks
     List(JsonFlag),
-    /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots
+    /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots, and what removing it
+    /// (exclusive) and deleting all its snapshots (snapshot space) would free
     Info {
         name: String,
         #[command(flatten)]
@@ -255,7 +256,7 @@ pub enum SnapCmd {
         #[command(flatten)]
         json: JsonFlag,
     },
-    /// List a disk's snapshots as a tree
+    /// List a disk's snapshots as a tree, each with what deleting it would free (exclusive)
     List {
         disk: String,
         #[command(flatten)]

@@ -35,7 +35,7 @@ pub fn execute(
     Ok(match req {
         Request::Status => Response::Datastore(ds.info()),
         Request::List => Response::Disks(ds.list_disks()),
-        Request::Info { name } => Response::Disk(ds.disk_info(name)?),
+        Request::Info { name } => Response::Disk(ds.disk_info_with_space(name)?),
         Request::Create {
             name,
             size_bytes,

@@ -258,7 +258,21 @@ fn disk(out: &mut String, d: &DiskInfo) {
         d.allocated_bytes
     );
     let _ = writeln!(out, "nb / tbz:        {} / {} (1 MiB blocks)", d.nb, d.tbz);
+    if let Some(x) = d.exclusive_bytes {
+        let _ = writeln!(
+            out,
+            "exclusive:       {} ({x} bytes, freed by rm)",
+            human(x)
+        );
+    }
     let _ = writeln!(out, "snapshots:       {}", d.snapshots);
+    if let Some(x) = d.snapshot_space_bytes {
+        let _ = writeln!(
+            out,
+            "snapshot space:  {} ({x} bytes, freed by deleting every snapshot)",
+            human(x)
+        );
+    }
     let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
     let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
 }
@@ -286,10 +300,11 @@ fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
     for sn in snaps {
         let _ = writeln!(
             out,
-            "{}{}  ({}{}){}",
+            "{}{}  ({}, {} exclusive{}){}",
             "  ".repeat(depth(&sn.name)),
             sn.name,
             human(sn.mapped_bytes),
+            human(sn.exclusive_bytes),
             if sn.description.is_empty() {
                 String::new()
             } else {
@@ -460,6 +475,8 @@ mod tests {
             current_snapshot: Some("base".into()),
             parent: None,
             created_unix: 1_700_000_000,
+            exclusive_bytes: Some(1 << 20),
+            snapshot_space_bytes: Some(512 << 10),
         }
     }
 
@@ -475,6 +492,7 @@ mod tests {
             parent: parent.map(Into::into),
             size_bytes: 64 << 20,
             mapped_bytes: 2 << 20,
+            exclusive_bytes: 1 << 20,
             current,
         }
     }
@@ -575,7 +593,9 @@ mod tests {
              provisioning:    zeroedthick\n\
              allocated:       1 MiB (1048576 bytes)\n\
              nb / tbz:        64 / 63 (1 MiB blocks)\n\
+             exclusive:       1 MiB (1048576 bytes, freed by rm)\n\
              snapshots:       2\n\
+             snapshot space:  512 KiB (524288 bytes, freed by deleting every snapshot)\n\
              current snapshot: base\n\
              parent:          -\n"
         );
@@ -589,7 +609,7 @@ mod tests {
         ]);
         assert_eq!(
             render(&r, Format::Human),
-            "base  (2 MiB, first)\n  two  (2 MiB)  <- you are here\n"
+            "base  (2 MiB, 1 MiB exclusive, first)\n  two  (2 MiB, 1 MiB exclusive)  <- you are here\n"
         );
     }
 
@@ -611,6 +631,8 @@ mod tests {
         assert_eq!(d["size_bytes"], 64 << 20);
         assert_eq!(d["provisioning"], "zeroedthick");
         assert_eq!(d["parent"], Value::Null);
+        assert_eq!(d["exclusive_bytes"], 1 << 20);
+        assert_eq!(d["snapshot_space_bytes"], 512 << 10);
         let s = v(every_response().remove(8));
         assert_eq!(s["vm"]["read"]["commands"], 0, "{s}");
         let i = v(every_response().remove(9));

@@ -316,3 +316,81 @@ fn deleting_a_snapshot_returns_at_once_and_space_comes_back_while_served() {
     assert_eq!(s.json(&["check"])["errors"].as_array().unwrap().len(), 0);
     srv.stop();
 }
+
+/// What a snapshot holds, as `snapshot list --json` and `info --json` show
+/// it, is what deleting it gives back once the server's reclaim ends.
+#[test]
+fn exclusive_bytes_of_a_snapshot_is_what_its_deletion_frees() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve();
+    let uri = s.uri("vm");
+    run_ok("qemu-io", &["-f", "raw", "-c", "write -P 1 0 24M", &uri]);
+    s.ok(&["snapshot", "create", "vm", "old"]);
+    // The head overwrites 8 MiB: `old` alone holds its first 8 MiB.
+    run_ok("qemu-io", &["-f", "raw", "-c", "write -P 2 0 8M", &uri]);
+    s.ok(&["snapshot", "create", "vm", "new"]);
+    let list = s.json(&["snapshot", "list", "vm"]);
+    let figure = |name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .and_then(|x| x["exclusive_bytes"].as_u64())
+            .unwrap_or_else(|| panic!("{name} lacks exclusive_bytes: {list}"))
+    };
+    let old = figure("old");
+    assert!(
+        (8 << 20..9 << 20).contains(&old),
+        "old holds 8 MiB of data and a few map nodes: {old}"
+    );
+    assert_eq!(figure("new"), 0, "new is the head's map");
+    let info = s.json(&["info", "vm"]);
+    let rm = info["exclusive_bytes"]
+        .as_u64()
+        .expect("info has exclusive_bytes");
+    let snaps = info["snapshot_space_bytes"]
+        .as_u64()
+        .expect("info has snapshot_space_bytes");
+    assert_eq!(snaps, old, "only old holds what the head does not");
+    assert!(rm >= 32 << 20, "rm frees all 32 MiB of data: {rm}");
+    let human = s.ok(&["info", "vm"]);
+    assert!(
+        human.contains("exclusive:") && human.contains("snapshot space:"),
+        "{human}"
+    );
+    let human = s.ok(&["snapshot", "list", "vm"]);
+    assert!(human.contains("exclusive"), "{human}");
+
+    let used = |s: &Store| {
+        let t = std::time::Instant::now();
+        loop {
+            let st = s.json(&["status"]);
+            if st["reclaiming"] == 0 {
+                return st["used_bytes"].as_u64().unwrap();
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(60), "{st}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let before = used(&s);
+    s.ok(&["snapshot", "delete", "vm", "old"]);
+    let freed = before - used(&s);
+    assert!(
+        freed.abs_diff(old) <= 1 << 20,
+        "deleting old freed {freed}, exclusive_bytes said {old}"
+    );
+    // rm of the whole disk, the same way.
+    let rm = s.json(&["info", "vm"])["exclusive_bytes"].as_u64().unwrap();
+    let before = used(&s);
+    s.ok(&["rm", "vm"]);
+    let freed = before - used(&s);
+    assert!(
+        freed.abs_diff(rm) <= 1 << 20,
+        "rm freed {freed}, figure {rm}"
+    );
+    srv.stop();
+}

@@ -63,6 +63,17 @@ pub struct DiskInfo {
     pub current_snapshot: Option<String>,
     pub parent: Option<String>,
     pub created_unix: u64,
+    /// What removing the disk would free once reclaiming ends: grains that
+    /// only its head and its snapshots reference (linked clones keep what
+    /// they share). Computed by `disk_info`, not by `list_disks` (its cost
+    /// follows the disk's exclusive data; docs/FORMAT.md §7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_bytes: Option<u64>,
+    /// What deleting all the disk's snapshots (keeping its head) would free.
+    /// Not the sum of the snapshots' `exclusive_bytes`: grains two
+    /// snapshots share are exclusive to neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_space_bytes: Option<u64>,
 }
 
 /// How background space work (convert, punchzero) runs.
@@ -103,6 +114,9 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     /// Bytes mapped in the snapshot (shared or not).
     pub mapped_bytes: u64,
+    /// What deleting this snapshot alone would free once reclaiming ends:
+    /// data grains and map nodes only it references (docs/FORMAT.md §7).
+    pub exclusive_bytes: u64,
     /// Whether the disk's live state descends directly from this snapshot.
     pub current: bool,
 }
@@ -529,6 +543,8 @@ impl Datastore {
                 .map(|s| s.name.clone()),
             parent: d.parent.clone(),
             created_unix: d.created_unix,
+            exclusive_bytes: None,
+            snapshot_space_bytes: None,
         }
     }
 
@@ -544,10 +560,37 @@ impl Datastore {
         v
     }
 
+    /// A disk's figures, O(1): `exclusive_bytes` and `snapshot_space_bytes`
+    /// are None (see [`Self::disk_info_with_space`]).
     pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
         let m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?;
         Ok(Self::disk_info_locked(&m, d))
+    }
+
+    /// A disk's figures with what removing it and deleting its snapshots
+    /// would free (docs/FORMAT.md §7): a read-only simulation whose cost
+    /// follows the disk's exclusive data, under the metadata lock.
+    pub fn disk_info_with_space(&self, name: &str) -> Result<DiskInfo> {
+        let mut m = self.inner.meta.lock();
+        let d = m.catalog.disk(name)?.clone();
+        let mut info = Self::disk_info_locked(&m, &d);
+        let snaps = |hidden: bool| -> Vec<u64> {
+            m.catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && (hidden || !s.is_hidden()))
+                .map(|s| s.version)
+                .collect()
+        };
+        // `rm` drops every snapshot, hidden ones included, and the head.
+        let mut all = snaps(true);
+        let visible = snaps(false);
+        all.push(d.head);
+        let base = m.drop_baseline()?;
+        info.exclusive_bytes = Some(m.exclusive_grains(&base, &all)? * GRAIN_BYTES);
+        info.snapshot_space_bytes = Some(m.exclusive_grains(&base, &visible)? * GRAIN_BYTES);
+        Ok(info)
     }
 
     fn check_size(size_bytes: u64) -> Result<()> {
@@ -959,16 +1002,39 @@ impl Datastore {
             Ok(())
         })?;
         self.inner.commit(false)?;
-        self.snapshot_list(disk)?
+        self.snapshots_of(disk, false)?
             .into_iter()
             .find(|s| s.name == snap)
             .ok_or_else(|| Error::new(ErrorKind::Gone, "snapshot vanished"))
     }
 
     /// Snapshots of a disk, parents before children (a tree by `parent`).
+    /// Each with `exclusive_bytes`: what deleting it would free (a read-only
+    /// simulation per snapshot, whose cost follows its exclusive data).
     pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
-        let m = self.inner.meta.lock();
-        let d = m.catalog.disk(disk)?;
+        self.snapshots_of(disk, true)
+    }
+
+    /// Snapshots of `disk`; `exclusive_bytes` is computed when `space`
+    /// (else 0, true of a snapshot just taken: it shares the head's root).
+    fn snapshots_of(&self, disk: &str, space: bool) -> Result<Vec<SnapshotInfo>> {
+        let mut guard = self.inner.meta.lock();
+        let m: &mut Meta = &mut guard;
+        let mut exclusive = std::collections::HashMap::new();
+        let d = m.catalog.disk(disk)?.clone();
+        if space {
+            let base = m.drop_baseline()?;
+            let versions: Vec<u64> = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && !s.is_hidden())
+                .map(|s| s.version)
+                .collect();
+            for v in versions {
+                exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+            }
+        }
         let snaps: Vec<&SnapshotRec> = m
             .catalog
             .snapshots
@@ -1009,6 +1075,7 @@ impl Datastore {
                     parent: name_of(s.parent),
                     size_bytes: s.size_bytes,
                     mapped_bytes: v.mapped_grains * GRAIN_BYTES,
+                    exclusive_bytes: exclusive.get(&s.version).copied().unwrap_or(0),
                     current: d.current_snapshot == Some(s.id),
                 });
             }

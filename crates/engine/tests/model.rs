@@ -157,6 +157,13 @@ fn assert_no_zero_grains(ds: &Datastore, name: &str) {
     }
 }
 
+/// Reclaim everything and make it durable; the used bytes then.
+fn settle(ds: &Datastore) -> u64 {
+    while ds.reclaim(u64::MAX).unwrap() {}
+    ds.flush().unwrap();
+    ds.info().used_bytes
+}
+
 fn verify(ds: &Datastore, model: &Model) {
     for (name, data) in &model.disks {
         let h = ds.open_disk(name).unwrap();
@@ -277,7 +284,22 @@ fn run(ops: Vec<Op>) {
                     continue;
                 }
                 let (sn, _) = snaps.remove(snap % snaps.len());
+                // What the snapshot holds, read while earlier deletions may
+                // still be orphans, is exactly what deleting it frees.
+                let figure = ds
+                    .snapshot_list(&name)
+                    .unwrap()
+                    .into_iter()
+                    .find(|s| s.name == sn)
+                    .unwrap()
+                    .exclusive_bytes;
+                let used = settle(&ds);
                 ds.snapshot_delete(&name, &sn).unwrap();
+                let freed = used - settle(&ds);
+                assert_eq!(
+                    freed, figure,
+                    "deleting {name}@{sn} freed {freed}, figure {figure}"
+                );
             }
             Op::LinkedClone { disk, snap } => {
                 let name = pick(disk);
@@ -325,7 +347,24 @@ fn run(ops: Vec<Op>) {
             }
             Op::Remove { disk } => {
                 let name = pick(disk);
-                ds.remove_disk(&name).unwrap();
+                // Half of the removals check the disk's figure; the others
+                // leave orphans half reclaimed for the ops that follow.
+                if disk % 2 == 0 {
+                    let figure = ds
+                        .disk_info_with_space(&name)
+                        .unwrap()
+                        .exclusive_bytes
+                        .unwrap();
+                    let used = settle(&ds);
+                    ds.remove_disk(&name).unwrap();
+                    let freed = used - settle(&ds);
+                    assert_eq!(
+                        freed, figure,
+                        "removing {name} freed {freed}, figure {figure}"
+                    );
+                } else {
+                    ds.remove_disk(&name).unwrap();
+                }
                 model.disks.remove(&name);
                 model.snaps.remove(&name);
             }

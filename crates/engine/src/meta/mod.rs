@@ -11,7 +11,8 @@
 //! - `alloc`: physical allocation (free grains per block, cursors);
 //! - `tree`: lookups, copy-on-write paths, unmap, walks and diffs;
 //! - `versions`: creating, dropping and reclaiming versions;
-//! - `replay`: applying log records at open, and rebuilding free space.
+//! - `replay`: applying log records at open, and rebuilding free space;
+//! - `space`: what dropping versions would free (read-only simulation).
 //!
 //! Invariants (checked by `check.rs` and by the model tests):
 //! - a grain's count equals its references (docs/FORMAT.md §4);
@@ -27,6 +28,7 @@ mod alloc;
 mod pages;
 mod refs;
 mod replay;
+mod space;
 mod tree;
 mod versions;
 
