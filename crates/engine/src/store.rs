@@ -331,13 +331,22 @@ impl Store {
         m.hold_reservation(extra, extra_disks)?;
         self.capacity_cache.lock().0 = None;
         if m.tail_target(extra, extra_disks) > 0 && !self.logs_held.swap(true, Ordering::AcqRel) {
-            for i in 0..2 {
+            // Room for the metadata of writes into the reservation: the
+            // logs, and the catalog rewritten by each checkpoint.
+            let catalog = m.catalog_full().encode().len() as u64;
+            let holds = [
+                (strata_format::journal_file(0), LOG_BYTES_MAX),
+                (strata_format::journal_file(1), LOG_BYTES_MAX),
+                (catalog_file(0), (4 * catalog).max(64 << 10)),
+                (catalog_file(1), (4 * catalog).max(64 << 10)),
+            ];
+            for (name, bytes) in holds {
                 let r = self
                     .backend
-                    .open(strata_format::journal_file(i), false)
-                    .and_then(|f| f.allocate(0, LOG_BYTES_MAX, true));
+                    .open(name, false)
+                    .and_then(|f| f.allocate(0, bytes, true));
                 if let Err(e) = r {
-                    tracing::warn!("could not preallocate the log files: {e}");
+                    tracing::warn!("could not preallocate {name}: {e}");
                 }
             }
         }

@@ -218,3 +218,62 @@ fn punchzero_releases_zero_grains_and_refuses_thick_disks() {
     assert!(e.message.contains("convert --type thin"), "{e}");
     assert!(ds.check().unwrap().is_clean());
 }
+
+#[test]
+fn a_full_host_leaves_thick_disks_their_space_across_power_cuts() {
+    use strata_storage::Backend;
+    for seed in 0..4u64 {
+        let b = SimBackend::new();
+        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
+        b.limit_space(Some(200 << 20));
+        let ds = common::open_sim(&b);
+        ds.create_disk("z", 8 << 20, Provisioning::Zeroedthick, &mut |_, _| {})
+            .unwrap();
+        ds.create_disk("t", 8 << 20, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let held = ds.info().reserved_held_bytes;
+        assert!(held >= 8 << 20, "the host holds only {held} bytes");
+        // Another file takes every byte left.
+        let filler = b.open("filler", true).unwrap();
+        let mut at = 0u64;
+        while filler.write_at(&[7u8; 4096], at).is_ok() {
+            at += 4096;
+        }
+        // Every byte of the thick disk can still be written and flushed,
+        // through checkpoints.
+        let z = ds.open_disk("z").unwrap();
+        for i in 0..128u64 {
+            z.write_at(&[i as u8 | 1; 64 << 10], i << 16, false)
+                .unwrap();
+            if i % 32 == 31 {
+                ds.flush().unwrap();
+            }
+        }
+        ds.close().unwrap();
+        // A thin disk cannot take what is left of the tail.
+        let t = ds.open_disk("t").unwrap();
+        let mut refused = false;
+        for i in 0..128u64 {
+            if let Err(e) = t.write_at(&[0x11; 64 << 10], i << 16, false) {
+                assert_eq!(e.kind, strata_block::ErrorKind::NoSpace, "{e:?}");
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused, "8 MiB of thin data fit on a full host");
+        assert!(ds.info().fail_stop.is_none());
+        ds.flush().unwrap();
+        drop(ds);
+        b.crash(seed);
+        let ds = common::open_sim(&b);
+        let mut buf = vec![0u8; 8 << 20];
+        ds.open_disk("z").unwrap().read_at(&mut buf, 0).unwrap();
+        for (i, chunk) in buf.chunks(64 << 10).enumerate() {
+            assert!(
+                chunk.iter().all(|&x| x == i as u8 | 1),
+                "seed {seed}: chunk {i}"
+            );
+        }
+        assert!(ds.check().unwrap().is_clean(), "seed {seed}");
+    }
+}

@@ -508,6 +508,16 @@ struct SimObject {
     live: Vec<u8>,
     /// Writes and truncations since the last sync, in issue order.
     pending: Vec<Pending>,
+    /// End of space held past the length (`allocate` with `keep_size`).
+    held_end: u64,
+}
+
+impl SimObject {
+    /// Bytes the object takes from the simulated space: the simulator has
+    /// no holes, so its whole length, or what is held past it.
+    fn footprint(&self) -> u64 {
+        (self.live.len() as u64).max(self.held_end)
+    }
 }
 
 struct SimState {
@@ -519,6 +529,26 @@ struct SimState {
     /// Fail reads (of one object, or of all when the name is None) once this
     /// many more have been issued (fault injection; cleared by a crash).
     fail_reads: Option<(Option<String>, u64)>,
+    /// Total bytes all objects may take (None: unlimited).
+    space_limit: Option<u64>,
+}
+
+impl SimState {
+    fn used(&self) -> u64 {
+        self.objects.values().map(|o| o.footprint()).sum()
+    }
+
+    /// ENOSPC when growing `name`'s footprint to `end` would pass the limit.
+    fn room(&self, name: &str, end: u64) -> io::Result<()> {
+        let Some(limit) = self.space_limit else {
+            return Ok(());
+        };
+        let now = self.objects.get(name).map(|o| o.footprint()).unwrap_or(0);
+        if end > now && self.used() + (end - now) > limit {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
+    }
 }
 
 /// An in-memory backend that can simulate a power cut. Cheap to clone (shared).
@@ -549,8 +579,18 @@ impl SimBackend {
                 epoch: 0,
                 fail_writes_after: None,
                 fail_reads: None,
+                space_limit: None,
             })),
         }
+    }
+
+    /// Limit the space all objects may take together (None: unlimited):
+    /// writes, extensions and allocations past it fail with ENOSPC, as on a
+    /// full file system. The simulator has no holes: an object takes its
+    /// whole length (punching writes zeros), plus what `allocate` holds
+    /// past it.
+    pub fn limit_space(&self, bytes: Option<u64>) {
+        self.state.lock().space_limit = bytes;
     }
 
     /// Simulate a power cut: each unsynced write is kept, dropped or torn
@@ -693,7 +733,8 @@ impl Backend for SimBackend {
     }
 
     fn free_bytes(&self) -> Option<u64> {
-        None
+        let st = self.state.lock();
+        st.space_limit.map(|l| l.saturating_sub(st.used()))
     }
 }
 
@@ -751,6 +792,7 @@ impl Storage for SimStorage {
                 }
                 *n -= 1;
             }
+            st.room(&self.name, offset + buf.len() as u64)?;
             let obj = st
                 .objects
                 .get_mut(&self.name)
@@ -789,12 +831,31 @@ impl Storage for SimStorage {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.with(|st| {
+            st.room(&self.name, len)?;
             let obj = st
                 .objects
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
             obj.live.resize(len as usize, 0);
             obj.pending.push(Pending::SetLen(len));
+            Ok(())
+        })
+    }
+
+    fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        if !keep_size {
+            if offset + len > self.len()? {
+                self.set_len(offset + len)?;
+            }
+            return Ok(());
+        }
+        self.with(|st| {
+            st.room(&self.name, offset + len)?;
+            let obj = st
+                .objects
+                .get_mut(&self.name)
+                .ok_or_else(|| io::Error::other("removed"))?;
+            obj.held_end = obj.held_end.max(offset + len);
             Ok(())
         })
     }
