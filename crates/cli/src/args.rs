@@ -213,10 +213,14 @@ pub enum VmdkCmd {
         #[command(flatten)]
         json: JsonFlag,
     },
-    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system
-    /// (refused while the file is served or otherwise in use)
+    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system;
+    /// a file `strata serve --vmdk` serves is shrunk by that server, online and throttled
     Shrink {
         path: PathBuf,
+        /// Served file: read and copy at most this much per second (e.g. 50M); without it the
+        /// server pauses three times as long as each step took
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -312,9 +316,13 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                         },
                         json,
                     ),
-                    VmdkCmd::Shrink { path, json } => {
-                        (VmdkRequest::Shrink { path: path.clone() }, json)
-                    }
+                    VmdkCmd::Shrink { path, rate, json } => (
+                        VmdkRequest::Shrink {
+                            path: path.clone(),
+                            rate_bytes_per_sec: *rate,
+                        },
+                        json,
+                    ),
                 };
                 Action::Vmdk {
                     request,

@@ -159,6 +159,8 @@ pub struct VmdkImage {
     /// I/O takes it shared; shrink (which moves grains) takes it exclusive.
     io: RwLock<()>,
     cid_bumped: AtomicBool,
+    /// An online shrink is running (one at a time).
+    shrinking: AtomicBool,
 }
 
 fn normalize(path: &str) -> String {
@@ -299,6 +301,7 @@ impl VmdkImage {
             writable: opts.writable,
             io: RwLock::new(()),
             cid_bumped: AtomicBool::new(false),
+            shrinking: AtomicBool::new(false),
         })
     }
 
@@ -954,6 +957,92 @@ impl VmdkImage {
         if out.is_empty() {
             return Err(VmdkError::unsupported(
                 &self.links[0].name,
+                format!(
+                    "shrink needs an SEsparse link; this one is {}",
+                    self.links[0].create_type()
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Shrink every SEsparse extent of the top link while the image stays
+    /// in use (docs/FORMAT.md §9.3, Online shrink): bounded steps, each
+    /// under the I/O lock held exclusively, with a pause after each (three
+    /// times the step's duration, longer if `rate_bytes_per_sec` asks for
+    /// it) so clients keep most of the time.
+    pub fn shrink_online(
+        &self,
+        rate_bytes_per_sec: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Vec<ShrinkReport>> {
+        use std::time::{Duration, Instant};
+        let name = &self.links[0].name;
+        if !self.writable || !self.links[0].writable {
+            return Err(VmdkError::new(
+                VmdkErrorKind::ReadOnly,
+                name,
+                "served read-only; only a writable server can shrink it",
+            ));
+        }
+        if rate_bytes_per_sec == Some(0) {
+            return Err(VmdkError::new(
+                VmdkErrorKind::InvalidArgument,
+                name,
+                "a rate of 0 bytes/s would never finish",
+            ));
+        }
+        if self.shrinking.swap(true, Ordering::AcqRel) {
+            return Err(VmdkError::new(
+                VmdkErrorKind::InUse,
+                name,
+                "a shrink of this image is already running",
+            ));
+        }
+        struct Running<'a>(&'a AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _running = Running(&self.shrinking);
+        let mut out = Vec::new();
+        for s in self.links[0].sparse() {
+            if s.format() != SparseFormat::SeSparse {
+                continue;
+            }
+            let mut sh = {
+                let _g = self.io.write();
+                s.online_shrink_begin()?
+            };
+            let started = Instant::now();
+            let mut bytes = 0u64;
+            loop {
+                let t0 = Instant::now();
+                let r = {
+                    let _g = self.io.write();
+                    s.online_shrink_step(&mut sh, progress)
+                };
+                match r {
+                    Err(e) => {
+                        s.online_shrink_abort();
+                        return Err(e);
+                    }
+                    Ok(None) => break,
+                    Ok(Some(b)) => bytes += b,
+                }
+                let mut pause = t0.elapsed() * 3;
+                if let Some(rate) = rate_bytes_per_sec {
+                    let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+                    pause = pause.max(due.saturating_sub(started.elapsed()));
+                }
+                std::thread::sleep(pause.max(Duration::from_micros(100)));
+            }
+            out.push(sh.report());
+        }
+        if out.is_empty() {
+            return Err(VmdkError::unsupported(
+                name,
                 format!(
                     "shrink needs an SEsparse link; this one is {}",
                     self.links[0].create_type()
