@@ -272,3 +272,41 @@ fn a_read_only_server_cannot_shrink_and_says_so() {
     assert!(e.contains("in use") && e.contains("shared lock"), "{e}");
     srv.stop();
 }
+
+#[test]
+fn a_datastore_server_shrinks_its_vmdk_export_through_its_control_socket() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let (s, top, ext) = chain(16);
+    // The datastore is served too: the shrink goes to its control.sock.
+    let sock = s.sock();
+    let _ = std::fs::remove_file(&sock);
+    let child = Command::new(strata())
+        .env("STRATA_RUNTIME_DIR", runtime(&s))
+        .args(["--datastore", p(&s.path()), "serve", "--nbd-unix", p(&sock)])
+        .arg("--vmdk")
+        .arg(format!("vm={}", p(&top)))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let srv = Server { child: Some(child) };
+    wait_for(&sock);
+    wait_for(&s.path().join("control.sock"));
+    let uri = format!("nbd+unix:///vm?socket={}", p(&sock));
+    let mut model = vec![0u8; 16 * MIB];
+    write(&uri, &mut model, 0x21, 0, 8 * MIB);
+    write(&uri, &mut model, 0x22, 8 * MIB, 4 * MIB);
+    qemu_io(&uri, &[format!("discard 0 {}", 6 * MIB), "flush".into()]);
+    model[..6 * MIB].fill(0);
+    let before = len(&ext);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&s, &["vmdk", "shrink", p(&top), "--json"])).unwrap();
+    assert!(len(&ext) < before, "{before} -> {}: {v}", len(&ext));
+    same_bytes("raw", &uri, &model, &s.dir.path().join("d1.raw"));
+    // The datastore still answers as usual.
+    ok(&s, &["--datastore", p(&s.path()), "status"]);
+    srv.stop();
+    checks_clean(&s, &top);
+    same_bytes("vmdk", p(&top), &model, &s.dir.path().join("d2.raw"));
+}
