@@ -253,6 +253,11 @@ impl SparseExtent {
                 }
                 sh.next_grain = end;
                 if end == total {
+                    // No entry on disk may still name a slot that is free
+                    // in memory: holes are chosen among those. (Client frees
+                    // after this only free slots the map still counts as
+                    // used, which are never holes; see FORMAT.md §9.3.)
+                    self.flush_meta(&mut st)?;
                     sh.phase = Phase::Move;
                     let used = sh.slots.iter().filter(|&&g| g != FREE).count();
                     sh.to_move = sh.slots[used.min(sh.slots.len())..]
@@ -264,16 +269,16 @@ impl SparseExtent {
                 Ok(Some(bytes))
             }
             Phase::Move => {
-                // No entry on disk may still name a slot free in memory.
-                self.flush_meta(&mut st)?;
                 let mut moves: Vec<(u64, u64, u64)> = Vec::new(); // (grain, from, to)
+                let mut filled: HashSet<u64> = HashSet::new();
                 while moves.len() < ONLINE_MOVE_GRAINS {
                     while sh.slots.last() == Some(&FREE) {
                         sh.slots.pop();
                     }
                     let Some(&grain) = sh.slots.last() else { break };
                     let hi = sh.slots.len() as u64 - 1;
-                    if self.lookup(grain)? != Gte::Data(gstart + hi * gb) {
+                    // A slot this step fills has no entry naming it yet.
+                    if !filled.contains(&hi) && self.lookup(grain)? != Gte::Data(gstart + hi * gb) {
                         sh.slots[hi as usize] = FREE; // freed by a client since
                         continue;
                     }
@@ -285,6 +290,7 @@ impl SparseExtent {
                     }
                     sh.slots[sh.lo as usize] = grain;
                     sh.slots[hi as usize] = FREE;
+                    filled.insert(sh.lo);
                     moves.push((grain, hi, sh.lo));
                 }
                 if moves.is_empty() {
@@ -301,7 +307,6 @@ impl SparseExtent {
                     self.set_entry(&mut st, grain, Gte::Data(gstart + to * gb))?;
                 }
                 self.flush_meta(&mut st)?;
-                let filled: HashSet<u64> = moves.iter().map(|m| m.2).collect();
                 st.se_free.retain(|i| !filled.contains(i));
                 sh.rep.moved += moves.len() as u64;
                 let total2 = total * 2;
