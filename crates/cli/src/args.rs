@@ -218,7 +218,7 @@ pub enum VmdkCmd {
     Shrink {
         path: PathBuf,
         /// Served file: read and copy at most this much per second (e.g. 50M); without it the
-        /// server pauses three times as long as each step took
+        /// server pauses eight times as long as each step took while clients send requests
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
         #[command(flatten)]
