@@ -217,7 +217,7 @@ pub enum VmdkCmd {
     /// a file `strata serve --vmdk` serves is shrunk by that server, online and throttled
     Shrink {
         path: PathBuf,
-        /// Served file: read and copy at most this much per second (e.g. 50M); without it the
+        /// Read and copy at most this much per second (e.g. 50M), served or not; without it a
         /// server pauses eight times as long as each step took while clients send requests
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,

@@ -683,7 +683,12 @@ fn shrink(
         Err(e) => return Err(e),
     };
     let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
-    let reps = img.shrink(progress).map_err(verr)?;
+    // A rate asks for the stepped shrink here too (paced, nobody to wait for).
+    let reps = match rate {
+        Some(_) => img.shrink_online(rate, progress),
+        None => img.shrink(progress),
+    }
+    .map_err(verr)?;
     Ok(reps)
 }
 
