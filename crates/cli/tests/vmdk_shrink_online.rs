@@ -311,3 +311,41 @@ fn a_datastore_server_shrinks_its_vmdk_export_through_its_control_socket() {
     checks_clean(&s, &top);
     same_bytes("vmdk", p(&top), &model, &s.dir.path().join("d2.raw"));
 }
+
+/// A server from before online shrink answers `vmdk_shrink` as it answers
+/// every request but `status` (a VMDK-only server) or cannot parse it (a
+/// datastore server): the CLI says the server cannot shrink online. The
+/// old answers are played by a socket put where the server's was.
+#[test]
+fn a_server_too_old_to_shrink_online_gets_a_clear_error() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    let (s, top, _ext) = chain(8);
+    let (srv, _uri) = serve(&s, &top);
+    let ctl = PathBuf::from(format!("{}.strata.sock", p(&top)));
+    let old_answers = [
+        r#"{"error":{"kind":"refused","message":"this server serves VMDK files only (no datastore); it answers status only"}}"#,
+        r#"{"error":{"kind":"invalid_argument","message":"bad control request: unknown variant `vmdk_shrink`, expected one of `status`, `list`"}}"#,
+    ];
+    for answer in old_answers {
+        std::fs::remove_file(&ctl).unwrap();
+        let l = UnixListener::bind(&ctl).unwrap();
+        let fake = std::thread::spawn(move || {
+            let (c, _) = l.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(c.try_clone().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            writeln!(&c, "{answer}").unwrap();
+            line
+        });
+        let o = strata_cmd(&s, &["vmdk", "shrink", p(&top)]);
+        let asked = fake.join().unwrap();
+        assert!(asked.contains(r#""op":"vmdk_shrink""#), "{asked}");
+        assert!(!o.status.success());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("cannot shrink online"), "{e}");
+        assert!(e.contains(&format!("pid {}", srv.pid())), "{e}");
+    }
+    srv.kill9();
+}
