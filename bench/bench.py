@@ -33,6 +33,10 @@ Paper suites (figures, no targets; each cell also measured on the peer):
               then after deleting snapshots oldest first; vs a qcow2 backing chain
   clone       strata clone --full time vs the source's snapshot count, vs
               qemu-img convert -O qcow2 of a chain of the same depth
+  vdi         seed 000 figure 10, simplified (no guest file system): an seSparse
+              linked clone served by serve --vmdk, data written, discarded and
+              zeroed over NBD, then online vmdk shrink: size before/after, 4k
+              randwrite IOPS during the shrink vs without, server CPU
 
 Besides --out (JSON), every run writes results.md and SVG plots (chain.svg,
 clone.svg, matrix.svg) next to it; --render JSON redraws them from a file.
@@ -1027,6 +1031,85 @@ def case_formats(work, q):
     return res
 
 
+def case_vdi(work, q):
+    """Seed 000's figure 10 (wipe-shrink of VDI linked clones), SIMPLIFIED:
+    no guest and no file system (the issue wants a TCG guest writing and
+    deleting files; not done yet). A golden image is exported as a flat base
+    plus an empty seSparse linked clone, served by `strata serve --vmdk`;
+    fio writes "files" (random data) into the clone, the "deleted" ones are
+    discarded (what a guest's TRIM sends) and some are rewritten as literal
+    zeros (what a wiping guest leaves). Then `strata vmdk shrink` runs online
+    (default pacing) while fio writes 4k randomly to a live region: clone
+    size before/after, client IOPS during the shrink vs the same fio without
+    it, and server CPU (% of one core) in both windows."""
+    size = "256M" if q else "1G"
+    rt = 3 if q else 10
+    mib = _bytes(size) >> 20
+    files_mib, live_mib = mib // 2, mib // 8
+    res = {"params": {"golden": size, "files_mib": files_mib, "live_region_mib": live_mib,
+                      "runtime_s": rt, "simplified": "no guest file system: fio writes, discards and zero writes over NBD",
+                      "workload": "fio 4k randwrite iodepth 16 on the live region"}}
+    s = Strata(os.path.join(work, "strata")).start()
+    exports = os.path.join(work, "exports")
+    os.makedirs(exports, exist_ok=True)
+    try:
+        s.cli("create", "golden", "--size", size)
+        fill(s.uri("golden"), size)
+        s.cli("snapshot", "create", "golden", "g")
+        s.cli("export", "golden", os.path.join(exports, "vdi.vmdk"), "--chain", "--subformat", "seSparse")
+    finally:
+        s.stop()
+    top = os.path.join(exports, "vdi-000001.vmdk")
+    delta = os.path.join(exports, "vdi-000001-sesparse.vmdk")
+    v = VmdkServe(work, top).start()
+    uri = v.uri()
+    live = ["--offset=0", f"--size={live_mib}M"]
+    try:
+        # Files: written after the live region, then three quarters deleted.
+        base = live_mib
+        fio(uri, "write", "1M", iodepth=8, extra=[f"--offset={base}M", f"--size={files_mib}M",
+                                                  "--end_fsync=1"])
+        fio(uri, "randwrite", "4k", iodepth=16, size=f"{live_mib}M", extra=live)
+        third = files_mib // 4
+        sh("qemu-io", "-f", "raw", "-c", f"discard {base}M {2 * third}M", uri)
+        sh("qemu-io", "-f", "raw", "-c", f"write -P 0 {base + 2 * third}M {third}M", "-c", "flush", uri)
+        res["bytes_before"] = os.path.getsize(delta)
+
+        def window(during_shrink):
+            c0, t0 = cpu_of(v.proc.pid), time.time()
+            shrink = None
+            if during_shrink:
+                shrink = subprocess.Popen([STRATA, "vmdk", "shrink", top, "--json"],
+                                          stdout=subprocess.PIPE, text=True)
+            r = fio(uri, "randwrite", "4k", iodepth=16, runtime=rt, extra=live)
+            out = {"iops": round(r["iops"]), "server_cpu_pct": round(100 * (cpu_of(v.proc.pid) - c0)
+                                                                      / (time.time() - t0), 1)}
+            if shrink:
+                still = shrink.poll() is None
+                o, _ = shrink.communicate()
+                out["shrink_outlasted_fio"] = still
+                out["shrink_s"] = round(time.time() - t0, 2)
+                out["report"] = json.loads(o)[0]
+            return out
+
+        res["without_shrink"] = window(False)
+        res["during_shrink"] = window(True)
+        res["bytes_after"] = os.path.getsize(delta)
+        res["ratio_iops_during_vs_without"] = ratio(res["during_shrink"]["iops"],
+                                                    res["without_shrink"]["iops"])
+    finally:
+        v.stop()
+    sh("qemu-img", "check", "-f", "vmdk", top)
+    return res
+
+
+def cpu_of(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 CASES = {
     "depth": lambda w, q: case_depth(w, q),
     "randwrite": lambda w, q: case_simple(w, q, "randwrite", "4k", False, ">= 1.0"),
@@ -1043,6 +1126,7 @@ CASES = {
     "chain": lambda w, q: case_chain(w, q),
     "clone": lambda w, q: case_clone(w, q),
     "formats": lambda w, q: case_formats(w, q),
+    "vdi": lambda w, q: case_vdi(w, q),
 }
 
 

@@ -112,6 +112,14 @@ pub enum Request {
         chain: bool,
         adapter: String,
     },
+    /// Shrink a served SEsparse VMDK file online: asked of the server that
+    /// serves it (docs/FORMAT.md §9.5), found through its holder records.
+    VmdkShrink {
+        /// Absolute; the server matches it to an export by device and inode.
+        path: PathBuf,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
 }
 
 impl Request {
@@ -196,6 +204,8 @@ pub enum Response {
     Export(ExportReport),
     /// `status` asked of the control socket of a VMDK-only server.
     VmdkServer(VmdkServerStatus),
+    /// `vmdk_shrink`: one entry per SEsparse extent of the top link.
+    VmdkShrink(Vec<ShrinkResult>),
 }
 
 impl Response {
@@ -327,9 +337,19 @@ pub struct VmdkServerStatus {
 /// A command on VMDK files, run in this process (no datastore).
 #[derive(Debug, Clone)]
 pub enum VmdkRequest {
-    Info { path: PathBuf },
-    Check { path: PathBuf, repair: bool },
-    Shrink { path: PathBuf },
+    Info {
+        path: PathBuf,
+    },
+    Check {
+        path: PathBuf,
+        repair: bool,
+    },
+    Shrink {
+        path: PathBuf,
+        /// Bytes/s a served file's shrink may read and copy (None: only
+        /// the default pause between steps).
+        rate_bytes_per_sec: Option<u64>,
+    },
 }
 
 /// The answer to a [`VmdkRequest`].

@@ -226,10 +226,14 @@ pub enum VmdkCmd {
         #[command(flatten)]
         json: JsonFlag,
     },
-    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system
-    /// (refused while the file is served or otherwise in use)
+    /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system;
+    /// a file `strata serve --vmdk` serves is shrunk by that server, online and throttled
     Shrink {
         path: PathBuf,
+        /// Read and copy at most this much per second (e.g. 50M), served or not; without it a
+        /// server pauses eight times as long as each step took while clients send requests
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -335,9 +339,13 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                         },
                         json,
                     ),
-                    VmdkCmd::Shrink { path, json } => {
-                        (VmdkRequest::Shrink { path: path.clone() }, json)
-                    }
+                    VmdkCmd::Shrink { path, rate, json } => (
+                        VmdkRequest::Shrink {
+                            path: path.clone(),
+                            rate_bytes_per_sec: *rate,
+                        },
+                        json,
+                    ),
                 };
                 Action::Vmdk {
                     request,

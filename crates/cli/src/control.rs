@@ -13,13 +13,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
 use serde::{Deserialize, Serialize};
 use strata_engine::{Datastore, Error, ErrorKind};
+use strata_vmdk::VmdkImage;
 
 use crate::api::{JobInfo, Request, Response, VmdkServerStatus};
 use crate::jobs::Jobs;
@@ -88,10 +89,51 @@ fn kind_from(s: &str) -> ErrorKind {
     }
 }
 
+/// A `--vmdk` export as its server's control socket knows it: what a
+/// `vmdk_shrink` request is matched against (docs/FORMAT.md §9.5).
+#[derive(Clone)]
+pub struct VmdkExport {
+    /// The top file as given to `serve --vmdk`.
+    pub path: PathBuf,
+    pub img: Arc<VmdkImage>,
+}
+
+/// Whether two paths name the same file (device and inode).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// `vmdk_shrink`: shrink the export whose top file is `path`, online.
+fn vmdk_shrink(
+    exports: &[VmdkExport],
+    path: &Path,
+    rate: Option<u64>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let Some(x) = exports.iter().find(|x| same_file(&x.path, path)) else {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("this server does not serve {}", path.display()),
+        ));
+    };
+    let reps = x
+        .img
+        .shrink_online(rate, progress)
+        .map_err(crate::vmdk_cmd::verr)?;
+    Ok(Response::VmdkShrink(reps))
+}
+
 /// Serve control requests until `stop` is set (checked between connections).
+/// `vmdk_shrink` requests are answered for `vmdks`, the other ones by the
+/// datastore.
 pub fn spawn_server(
     listener: UnixListener,
     ds: Datastore,
+    vmdks: Vec<VmdkExport>,
     stats: Arc<strata_stats::StatsRegistry>,
     jobs: Arc<Jobs>,
     stop: Arc<AtomicBool>,
@@ -106,20 +148,41 @@ pub fn spawn_server(
                 let Ok(conn) = conn else { continue };
                 let ds = ds.clone();
                 let stats = stats.clone();
+                let vmdks = vmdks.clone();
                 let jobs = jobs.clone();
                 let _ = thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(conn, ds, stats, jobs));
+                    .spawn(move || {
+                        let start = |req: Request| jobs.start(req, ds.clone(), Some(stats.clone()));
+                        handle(conn, Some(&start), &mut |req, progress| match req {
+                            Request::VmdkShrink {
+                                path,
+                                rate_bytes_per_sec,
+                            } => vmdk_shrink(&vmdks, path, *rate_bytes_per_sec, progress),
+                            req => execute(
+                                &Ctx {
+                                    ds: &ds,
+                                    stats: Some(&stats),
+                                    jobs: Some(&jobs),
+                                    control: None,
+                                },
+                                req,
+                                progress,
+                            ),
+                        })
+                    });
             }
         })
         .expect("spawn control thread")
 }
 
-/// The control socket of a VMDK-only server (no datastore): answers
-/// `status` with `status`, refuses every other request, until `stop` is set.
+/// The control socket of a VMDK-only server (no datastore) for one export:
+/// answers `status` and `vmdk_shrink` (of this export), refuses every
+/// other request, until `stop` is set.
 pub fn spawn_vmdk_server(
     listener: UnixListener,
     status: VmdkServerStatus,
+    export: VmdkExport,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     thread::Builder::new()
@@ -131,32 +194,42 @@ pub fn spawn_vmdk_server(
                 }
                 let Ok(conn) = conn else { continue };
                 let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                let Ok(mut out) = conn.try_clone() else {
-                    continue;
-                };
-                let mut reader = BufReader::new(std::io::Read::take(conn, REQUEST_BYTES_MAX));
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    continue;
-                }
-                let reply = match serde_json::from_str::<Request>(&line) {
-                    Ok(Request::Status) => Reply::Ok(Response::VmdkServer(status.clone())),
-                    _ => Reply::error(
-                        ErrorKind::Refused,
-                        "this server serves VMDK files only (no datastore); it answers status only",
-                    ),
-                };
-                let _ = writeln!(out, "{}", reply.line());
+                let status = status.clone();
+                let export = export.clone();
+                let _ = thread::Builder::new()
+                    .name("control-vmdk-conn".into())
+                    .spawn(move || {
+                        handle(conn, None, &mut |req, progress| match req {
+                            Request::Status => Ok(Response::VmdkServer(status.clone())),
+                            Request::VmdkShrink {
+                                path,
+                                rate_bytes_per_sec,
+                            } => vmdk_shrink(
+                                std::slice::from_ref(&export),
+                                path,
+                                *rate_bytes_per_sec,
+                                progress,
+                            ),
+                            _ => Err(Error::new(
+                                ErrorKind::Refused,
+                                "this server serves VMDK files only (no datastore); it answers status and vmdk_shrink only",
+                            )),
+                        })
+                    });
             }
         })
         .expect("spawn control thread")
 }
 
+/// Answer one connection: read its request, run it with `run`, relaying
+/// progress; a long request is started as a job with `start_job` (when the
+/// server keeps jobs) and followed.
+type Run<'a> = dyn FnMut(&Request, &mut dyn FnMut(u64, u64)) -> Result<Response, Error> + 'a;
+
 fn handle(
     conn: UnixStream,
-    ds: Datastore,
-    stats: Arc<strata_stats::StatsRegistry>,
-    jobs: Arc<Jobs>,
+    start_job: Option<&dyn Fn(Request) -> Arc<crate::jobs::Job>>,
+    run: &mut Run<'_>,
 ) {
     let mut out = match conn.try_clone() {
         Ok(c) => c,
@@ -172,8 +245,8 @@ fn handle(
             ErrorKind::InvalidArgument,
             format!("bad control request: {e}"),
         ),
-        Ok(req) if req.is_job() => {
-            let job = jobs.start(req, ds, Some(stats));
+        Ok(req) if req.is_job() && start_job.is_some() => {
+            let job = start_job.expect("checked")(req);
             if writeln!(out, "{}", Reply::Job(job.info()).line()).is_err() {
                 return;
             }
@@ -204,13 +277,7 @@ fn handle(
                     let _ = writeln!(out, "{}", Reply::Progress([done, total]).line());
                 }
             };
-            let ctx = Ctx {
-                ds: &ds,
-                stats: Some(&stats),
-                jobs: Some(&jobs),
-                control: None,
-            };
-            match execute(&ctx, &req, &mut progress) {
+            match run(&req, &mut progress) {
                 Ok(r) => Reply::Ok(r),
                 Err(e) => Reply::error(e.kind, e.message),
             }

@@ -150,6 +150,32 @@ pub fn record(img: &VmdkImage, dir: &Path, what: &str, socket: Option<&Path>) ->
 /// The live holders recorded for `file`, as phrases for people, e.g.
 /// "strata serve --vmdk (pid 42, control socket /v/a.vmdk.strata.sock)".
 pub fn describe(file: &Path) -> Vec<String> {
+    let mut out: Vec<String> = live(file)
+        .into_iter()
+        .map(|r| {
+            let (what, lock, pid) = (&r.what, r.lock.name(), r.pid);
+            match &r.socket {
+                Some(s) => format!("{what} (pid {pid}, control socket {s}, {lock} lock)"),
+                None => format!("{what} (pid {pid}, {lock} lock)"),
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The live processes holding `file` exclusively that have a control
+/// socket (a writable server), as (pid, socket): who can shrink it online.
+pub fn servers(file: &Path) -> Vec<(u32, PathBuf)> {
+    live(file)
+        .into_iter()
+        .filter(|r| matches!(r.lock, LockMode::Exclusive))
+        .filter_map(|r| Some((r.pid, PathBuf::from(r.socket?))))
+        .collect()
+}
+
+/// The records of live processes (other than this one) holding `file`.
+fn live(file: &Path) -> Vec<Record> {
     let (Some(k), Ok(rd)) = (key(file), std::fs::read_dir(holders_dir())) else {
         return Vec::new();
     };
@@ -174,12 +200,7 @@ pub fn describe(file: &Path) -> Vec<String> {
             let _ = std::fs::remove_file(ent.path()); // left by a killed process
             continue;
         }
-        let (what, lock) = (&r.what, r.lock.name());
-        out.push(match &r.socket {
-            Some(s) => format!("{what} (pid {pid}, control socket {s}, {lock} lock)"),
-            None => format!("{what} (pid {pid}, {lock} lock)"),
-        });
+        out.push(r);
     }
-    out.sort();
     out
 }

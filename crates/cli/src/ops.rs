@@ -99,6 +99,12 @@ pub fn execute(
             provisioning,
         } => Response::Disk(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => Response::Check(ds.check()?),
+        Request::VmdkShrink { .. } => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "vmdk_shrink is answered by the control socket of the server of the file",
+            ))
+        }
         Request::Import {
             path,
             name,

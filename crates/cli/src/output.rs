@@ -133,6 +133,7 @@ impl Render for Response {
             Response::Import(r) => import(out, r),
             Response::Export(r) => export(out, r),
             Response::VmdkServer(s) => vmdk_server(out, s),
+            Response::VmdkShrink(rs) => vmdk_shrink(out, rs),
         }
     }
 
@@ -161,6 +162,7 @@ impl Render for Response {
             Response::Import(r) => value(r),
             Response::Export(r) => value(r),
             Response::VmdkServer(s) => value(s),
+            Response::VmdkShrink(rs) => value(rs),
         }
     }
 }

@@ -238,6 +238,18 @@ fn export_list(v: &[OpenedVmdk]) -> Vec<(String, Arc<VmdkImage>)> {
     v.iter().map(|o| (o.name.clone(), o.img.clone())).collect()
 }
 
+/// The exports the control socket may shrink (`vmdk_shrink`).
+fn vmdk_exports(v: &[OpenedVmdk]) -> Vec<control::VmdkExport> {
+    v.iter().map(vmdk_export).collect()
+}
+
+fn vmdk_export(o: &OpenedVmdk) -> control::VmdkExport {
+    control::VmdkExport {
+        path: o.path.clone(),
+        img: o.img.clone(),
+    }
+}
+
 /// Record this server as the holder of every file it locked (see holders.rs).
 fn record_holders(v: &[OpenedVmdk], sockets: &[Option<PathBuf>]) -> Vec<holders::Records> {
     v.iter()
@@ -360,7 +372,14 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let registry = Arc::new(StatsRegistry::new());
     let jobs = Arc::new(crate::jobs::Jobs::default());
-    let ctl_thread = control::spawn_server(ctl, ds.clone(), registry.clone(), jobs, stop.clone());
+    let ctl_thread = control::spawn_server(
+        ctl,
+        ds.clone(),
+        vmdk_exports(&opened),
+        registry.clone(),
+        jobs,
+        stop.clone(),
+    );
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
     let stats = (!args.no_stats).then(|| registry.clone());
@@ -497,7 +516,8 @@ fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
 
 /// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
 /// Each export gets a control socket next to its top file, which answers
-/// `status`, so that a refused `vmdk shrink` can name this server.
+/// `status` (so that a refused open can name this server) and
+/// `vmdk_shrink` (online shrink of that export).
 fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
     let stop = stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
@@ -515,7 +535,12 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
                     file: o.path.display().to_string(),
                     read_only: o.img.read_only(),
                 };
-                ctl_threads.push(control::spawn_vmdk_server(l, status, stop.clone()));
+                ctl_threads.push(control::spawn_vmdk_server(
+                    l,
+                    status,
+                    vmdk_export(o),
+                    stop.clone(),
+                ));
                 sockets.push(Some(p));
             }
             Err(e) => {

@@ -16,9 +16,9 @@ use strata_vmdk::{
 };
 
 use crate::api::{
-    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, ShrinkResult,
-    VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo, VmdkRequest,
-    VmdkResponse,
+    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, Request, Response,
+    ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
+    VmdkRequest, VmdkResponse,
 };
 
 const GRAIN: u64 = 4096;
@@ -30,7 +30,7 @@ const UNMAP_OK: ZeroOptions = ZeroOptions {
     fua: false,
 };
 
-fn verr(e: strata_vmdk::VmdkError) -> Error {
+pub(crate) fn verr(e: strata_vmdk::VmdkError) -> Error {
     let kind = match e.kind {
         strata_vmdk::VmdkErrorKind::InUse => ErrorKind::Locked,
         strata_vmdk::VmdkErrorKind::Io => ErrorKind::Io,
@@ -582,7 +582,10 @@ pub fn execute(
     Ok(match req {
         VmdkRequest::Info { path } => VmdkResponse::Info(info(path)?),
         VmdkRequest::Check { path, repair } => VmdkResponse::Check(check(path, *repair)?),
-        VmdkRequest::Shrink { path } => VmdkResponse::Shrink(shrink(path, progress)?),
+        VmdkRequest::Shrink {
+            path,
+            rate_bytes_per_sec,
+        } => VmdkResponse::Shrink(shrink(path, *rate_bytes_per_sec, progress)?),
     })
 }
 
@@ -667,12 +670,68 @@ fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
     })
 }
 
-/// `strata vmdk shrink`: compact an SEsparse top link.
-fn shrink(path: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<ShrinkResult>, Error> {
-    let img = open_vmdk(path, Access::Write)?;
+/// `strata vmdk shrink`: compact an SEsparse top link; here if nobody
+/// holds it, else by the server that serves it (docs/FORMAT.md §9.5).
+fn shrink(
+    path: &Path,
+    rate: Option<u64>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<ShrinkResult>, Error> {
+    let img = match open_vmdk(path, Access::Write) {
+        Ok(img) => img,
+        Err(e) if e.kind == ErrorKind::Locked => return shrink_served(path, rate, e, progress),
+        Err(e) => return Err(e),
+    };
     let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
-    let reps = img.shrink(progress).map_err(verr)?;
+    // A rate asks for the stepped shrink here too (paced, nobody to wait for).
+    let reps = match rate {
+        Some(_) => img.shrink_online(rate, progress),
+        None => img.shrink(progress),
+    }
+    .map_err(verr)?;
     Ok(reps)
+}
+
+/// Ask the server holding `path` (refused with `refused`) to shrink it.
+fn shrink_served(
+    path: &Path,
+    rate: Option<u64>,
+    refused: Error,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<ShrinkResult>, Error> {
+    let servers = crate::holders::servers(path);
+    let Some((pid, socket)) = servers.first() else {
+        return Err(refused);
+    };
+    let req = Request::VmdkShrink {
+        path: absolute(path)?,
+        rate_bytes_per_sec: rate,
+    };
+    match crate::control::request(socket, &req, false, progress) {
+        Ok(Response::VmdkShrink(r)) => Ok(r),
+        Ok(other) => Err(Error::new(
+            ErrorKind::Io,
+            format!("the server (pid {pid}) answered shrink with {other:?}"),
+        )),
+        Err(e) if e.message.contains("answers status only") || e.message.contains("unknown variant") => {
+            Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "{} is served by a strata server (pid {pid}, control socket {}) whose version cannot shrink online; stop it and run shrink again (offline), or restart it with this version",
+                    path.display(),
+                    socket.display()
+                ),
+            ))
+        }
+        Err(e) => Err(Error::new(
+            e.kind,
+            format!(
+                "shrink by the server of {} (pid {pid}): {}",
+                path.display(),
+                e.message
+            ),
+        )),
+    }
 }
 
 /// Make a path absolute so a server in another directory finds it.

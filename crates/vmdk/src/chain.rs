@@ -8,7 +8,7 @@
 //! rest of the grain from below first (read-modify-write).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -151,6 +151,10 @@ pub enum RangeState {
     Data,
 }
 
+/// While clients send requests, an online shrink pauses this many times as
+/// long as each step took (clients get at least 8/9 of the time).
+const SHRINK_PAUSE_FACTOR: u32 = 8;
+
 /// An opened chain. Implements [`BlockDevice`].
 pub struct VmdkImage {
     pub links: Vec<Link>,
@@ -159,6 +163,11 @@ pub struct VmdkImage {
     /// I/O takes it shared; shrink (which moves grains) takes it exclusive.
     io: RwLock<()>,
     cid_bumped: AtomicBool,
+    /// An online shrink is running (one at a time).
+    shrinking: AtomicBool,
+    /// Client requests so far (reads, writes, zeroes, unmaps): an online
+    /// shrink paces itself only while they come.
+    requests: AtomicU64,
 }
 
 fn normalize(path: &str) -> String {
@@ -299,6 +308,8 @@ impl VmdkImage {
             writable: opts.writable,
             io: RwLock::new(()),
             cid_bumped: AtomicBool::new(false),
+            shrinking: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
         })
     }
 
@@ -963,6 +974,100 @@ impl VmdkImage {
         Ok(out)
     }
 
+    /// Shrink every SEsparse extent of the top link while the image stays
+    /// in use (docs/FORMAT.md §9.3, Online shrink): bounded steps, each
+    /// under the I/O lock held exclusively, with a pause after each (while
+    /// clients send requests, eight times the step's duration; longer if
+    /// `rate_bytes_per_sec` asks for it) so clients keep most of the time.
+    pub fn shrink_online(
+        &self,
+        rate_bytes_per_sec: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Vec<ShrinkReport>> {
+        use std::time::{Duration, Instant};
+        let name = &self.links[0].name;
+        if !self.writable || !self.links[0].writable {
+            return Err(VmdkError::new(
+                VmdkErrorKind::ReadOnly,
+                name,
+                "served read-only; only a writable server can shrink it",
+            ));
+        }
+        if rate_bytes_per_sec == Some(0) {
+            return Err(VmdkError::new(
+                VmdkErrorKind::InvalidArgument,
+                name,
+                "a rate of 0 bytes/s would never finish",
+            ));
+        }
+        if self.shrinking.swap(true, Ordering::AcqRel) {
+            return Err(VmdkError::new(
+                VmdkErrorKind::InUse,
+                name,
+                "a shrink of this image is already running",
+            ));
+        }
+        struct Running<'a>(&'a AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _running = Running(&self.shrinking);
+        let mut out = Vec::new();
+        for s in self.links[0].sparse() {
+            if s.format() != SparseFormat::SeSparse {
+                continue;
+            }
+            let mut sh = {
+                let _g = self.io.write();
+                s.online_shrink_begin()?
+            };
+            let started = Instant::now();
+            let mut bytes = 0u64;
+            let mut seen = self.requests.load(Ordering::Relaxed);
+            loop {
+                let t0 = Instant::now();
+                let r = {
+                    let _g = self.io.write();
+                    s.online_shrink_step(&mut sh, progress)
+                };
+                match r {
+                    Err(e) => {
+                        s.online_shrink_abort();
+                        return Err(e);
+                    }
+                    Ok(None) => break,
+                    Ok(Some(b)) => bytes += b,
+                }
+                let now = self.requests.load(Ordering::Relaxed);
+                let busy = now != seen;
+                seen = now;
+                let mut pause = if busy {
+                    t0.elapsed() * SHRINK_PAUSE_FACTOR
+                } else {
+                    Duration::ZERO
+                };
+                if let Some(rate) = rate_bytes_per_sec {
+                    let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+                    pause = pause.max(due.saturating_sub(started.elapsed()));
+                }
+                std::thread::sleep(pause.max(Duration::from_micros(100)));
+            }
+            out.push(sh.report());
+        }
+        if out.is_empty() {
+            return Err(VmdkError::unsupported(
+                name,
+                format!(
+                    "shrink needs an SEsparse link; this one is {}",
+                    self.links[0].create_type()
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
     /// Check every sparse extent of every link, plus the chain's sizes.
     pub fn check(&self, repair: bool) -> Result<Vec<(String, ExtentCheck)>> {
         let _g = self.io.write();
@@ -1011,6 +1116,7 @@ impl BlockDevice for VmdkImage {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<ReadFill> {
         strata_block::check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let _g = self.io.read();
         let mut fill = ReadFill::new();
         self.read_level(0, buf, offset, &mut fill)
@@ -1020,6 +1126,7 @@ impl BlockDevice for VmdkImage {
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BlockResult<()> {
         strata_block::check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
         self.bump_cid().map_err(to_block)?;
@@ -1039,6 +1146,7 @@ impl BlockDevice for VmdkImage {
 
     fn unmap(&self, offset: u64, len: u64) -> BlockResult<()> {
         strata_block::check_range(offset, len, self.size_bytes())?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
         self.bump_cid().map_err(to_block)?;
@@ -1047,6 +1155,7 @@ impl BlockDevice for VmdkImage {
 
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOptions) -> BlockResult<()> {
         strata_block::check_range(offset, len, self.size_bytes())?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
         self.bump_cid().map_err(to_block)?;

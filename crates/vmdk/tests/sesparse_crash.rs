@@ -418,3 +418,93 @@ fn crash_after_shrink_keeps_the_content_and_the_smaller_file() {
         assert_clean(&ro, &ctx);
     }
 }
+
+// --------------------------------------------------------- online shrink
+
+#[test]
+fn online_shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
+    let mut saw_failure = false;
+    let mut saw_success = false;
+    let mut moved_some = false;
+    for run in 0..runs() {
+        let seed = 0x5a3e_0000 + run;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let b = SimBackend::new();
+        let (mut m, mut v) = shrink_fixture(&b, &mut rng);
+        let img = open(&b, true);
+        if rng.gen_bool(0.5) {
+            random_ops(&img, &mut m, &mut rng, &mut v, 12);
+        }
+        let k = rng.gen_range(0..120);
+        b.fail_writes_after(k);
+        let r = img.shrink_online(None, &mut |_, _| {});
+        let ctx = format!("seed {seed}, writes fail after {k}: {r:?}");
+        match &r {
+            Ok(reps) => {
+                m.flushed();
+                saw_success = true;
+                moved_some |= reps.iter().any(|r| r.moved > 0);
+            }
+            Err(_) => saw_failure = true,
+        }
+        verify(&img, &m, &format!("{ctx}, before the crash"));
+        let report = b.crash(rng.gen());
+        drop(img);
+        let ro = open(&b, false);
+        let ctx = format!("{ctx}, after crash {report:?}");
+        let seen = verify(&ro, &m, &ctx);
+        assert_clean(&ro, &ctx);
+        drop(ro);
+        m.settle(seen);
+        // The image takes writes and a full online shrink afterwards.
+        let img = open(&b, true);
+        random_ops(&img, &mut m, &mut rng, &mut v, 20);
+        img.shrink_online(None, &mut |_, _| {}).unwrap();
+        verify(&img, &m, &format!("{ctx}, shrunk again"));
+        img.flush().unwrap();
+        m.flushed();
+        drop(img);
+        let ro = open(&b, false);
+        verify(&ro, &m, &format!("{ctx}, shrunk again, reopened"));
+        assert_clean(&ro, &format!("{ctx}, shrunk again"));
+    }
+    assert!(
+        saw_failure && saw_success && moved_some,
+        "runs cover both outcomes"
+    );
+}
+
+/// Client writes, zeroes, unmaps and flushes race an online shrink on
+/// another thread; then the plug is pulled. Content and check as always.
+#[test]
+fn online_shrink_racing_client_io_then_a_crash_keeps_the_content() {
+    let mut moved_some = false;
+    for run in 0..runs() {
+        let seed = 0x5a4e_0000 + run;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let b = SimBackend::new();
+        let (mut m, mut v) = shrink_fixture(&b, &mut rng);
+        let img = open(&b, true);
+        let reps = std::thread::scope(|sc| {
+            let shrink = sc.spawn(|| img.shrink_online(None, &mut |_, _| {}));
+            while !shrink.is_finished() {
+                random_ops(&img, &mut m, &mut rng, &mut v, 4);
+            }
+            shrink.join().unwrap()
+        })
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        moved_some |= reps.iter().any(|r| r.moved > 0);
+        let ctx = format!("seed {seed}");
+        verify(&img, &m, &format!("{ctx}, before the crash"));
+        if rng.gen_bool(0.5) {
+            random_ops(&img, &mut m, &mut rng, &mut v, 10);
+        }
+        let report = b.crash(rng.gen());
+        drop(img);
+        let ctx = format!("{ctx}, crash {report:?}");
+        let ro = open(&b, false);
+        verify(&ro, &m, &ctx);
+        assert_clean(&ro, &ctx);
+    }
+    assert!(moved_some, "some runs moved grains");
+}

@@ -237,6 +237,9 @@ impl GrainTx<'_> {
         wr(&*e.file, &e.name, data, off)?;
         e.update_cowd_free(self.st)?;
         e.set_entry(self.st, self.grain, Gte::Data(off))?;
+        if let Some(log) = &mut self.st.shrink_log {
+            log.push((off, self.grain));
+        }
         self.current = Gte::Data(off);
         Ok(())
     }

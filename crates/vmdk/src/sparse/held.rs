@@ -21,6 +21,10 @@ pub struct AllocState {
     /// SEsparse: free grain slots below the declared grains region's end,
     /// found by a scan once appending would pass that end (lowest last).
     pub se_free: Vec<u64>,
+    /// While an online shrink runs: every grain allocated since its last
+    /// step, as (byte offset, grain), so the shrink's slot map stays a
+    /// superset of the used slots (docs/FORMAT.md §9.3, Online shrink).
+    pub shrink_log: Option<Vec<(u64, u64)>>,
 }
 
 impl AllocState {

@@ -41,4 +41,4 @@ pub use entry::{se_decode_index, se_encode_index, EntryError, Gte};
 pub use extent::{open_extent, ExtentFile, SparseExtent, MAX_BUFFERED_GRAIN};
 pub use geometry::{Geometry, GeometryError};
 pub use header::*;
-pub use shrink::ShrinkReport;
+pub use shrink::{OnlineShrink, ShrinkReport, ONLINE_MOVE_GRAINS, ONLINE_SCAN_GRAINS};
