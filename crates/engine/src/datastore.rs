@@ -361,7 +361,7 @@ impl Datastore {
                 .spawn(move || {
                     let mut pace = ReclaimPace::default();
                     while !ds.inner.reclaim_stop.load(Ordering::Acquire) {
-                        let busy = ds.inner.clients_busy();
+                        let busy = pace.clients_busy(&ds.inner);
                         let t0 = std::time::Instant::now();
                         let budget = pace.budget(busy);
                         let worked = ds.inner.meta.lock().orphans() > 0;
@@ -1048,7 +1048,7 @@ impl Datastore {
 }
 
 /// How the background reclaimer shares the metadata lock with clients.
-/// Idle, it takes full steps back to back. While client I/O is in flight it
+/// Idle, it takes full steps back to back. While clients do I/O it
 /// takes short steps (about a leaf, well under a millisecond under the
 /// lock) and rests three times as long as each step took, so reclaiming
 /// holds the lock at most a quarter of the time and a client waits at most
@@ -1059,6 +1059,8 @@ impl Datastore {
 struct ReclaimPace {
     /// Work done since the last commit (grains, as `Meta::reclaim` counts).
     since_commit: u64,
+    /// The store's write count at the last look.
+    seen_mutations: u64,
 }
 
 impl ReclaimPace {
@@ -1068,6 +1070,15 @@ impl ReclaimPace {
     const BUSY_STEP: u64 = 512;
     /// Rest after a step while clients are busy, in multiples of the step.
     const BUSY_REST: u32 = 3;
+
+    /// Whether clients are doing I/O: one is in flight now, or a write
+    /// happened since the last look (between two commands of a busy client
+    /// the gate is briefly free).
+    fn clients_busy(&mut self, store: &Store) -> bool {
+        let m = store.mutations.load(Ordering::Relaxed);
+        let wrote = m != std::mem::replace(&mut self.seen_mutations, m);
+        wrote || store.clients_busy()
+    }
 
     fn budget(&self, busy: bool) -> u64 {
         if busy {
