@@ -21,6 +21,11 @@ Cases (issue #2 targets in brackets):
               thin / zeroedthick / eagerzeroedthick vs raw sparse / falloc / full under
               qemu-nbd; eagerzeroedthick create time vs the device's direct write rate
   zerodetect  4k randwrite of random data, zero detection on vs off      [>= 0.97]
+  spacework   64k randwrite while convert fills (-> eagerzeroedthick) or scans
+              (-> thin, punchzero) another disk, vs nothing running     [>= 0.8]
+  reclaim     64k randwrite to an empty thin disk while a removed 2 GiB disk
+              is reclaimed vs the same with nothing reclaiming            [>= 0.8]
+              (same server, same run), and how long the reclaim took
   stats       4k randread with per-disk statistics recording vs paused  [>= 0.98]
               (one fio run, recording flipped every 2 s; plus the in-process
               cost of recording one command and its share of server CPU per I/O)
@@ -914,6 +919,180 @@ def case_clone(work, q):
     return res
 
 
+def _fio_iops_log(uri, rw, bs, iodepth, runtime, size, logdir, tag):
+    """fio as `fio()`, plus IOPS per 250 ms: [(t_seconds_from_fio_start, iops)]."""
+    prefix = os.path.join(logdir, tag)
+    r = fio(uri, rw, bs, iodepth=iodepth, runtime=runtime, size=size,
+            extra=["--randrepeat=0", f"--write_iops_log={prefix}", "--log_avg_msec=250"])
+    samples = []
+    with open(f"{prefix}_iops.1.log") as f:
+        for line in f:
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) >= 2:
+                samples.append((int(parts[0]) / 1000.0, int(parts[1])))
+    return r, samples
+
+
+def _window_iops(samples, t_from, t_to):
+    xs = [v for t, v in samples if t_from < t <= t_to + 0.25]
+    return round(sum(xs) / len(xs)) if xs else None
+
+
+class _ReclaimWatch:
+    """Polls `strata status --json` until `reclaiming` is 0 (in a thread);
+    start it after `rm` returns (the removed disk is an orphan by then)."""
+
+    def __init__(self, s, t0):
+        import threading
+        self.s, self.t0, self.done_s = s, t0, None
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+
+    def _run(self):
+        while True:
+            if not json.loads(self.s.cli("status", "--json"))["reclaiming"]:
+                self.done_s = round(time.perf_counter() - self.t0, 2)
+                return
+            time.sleep(0.1)
+
+
+def case_reclaim(work, q):
+    """Client writes while a removed disk is reclaimed (issue 9 item 6).
+
+    Each trial writes a disk of `data` by 4k random writes (every grain
+    once, as the matrix's write cells leave it, so its pool grains are
+    scattered) and flushes it, runs fio 64 KiB random writes (iodepth 16)
+    on an empty thin disk with nothing reclaiming, then removes the written
+    disk and at once runs the same job on another empty thin disk while the
+    background reclaimer gives the removed disk back. Same server, same
+    trial; the job is short (the reclaim of 2 GiB takes about a second) and
+    `during_reclaim` counts only the part of each job the reclaim lasted
+    (fio's 250 ms IOPS log), against the idle job's median 250 ms sample.
+    Medians over the trials; the machine's load average is recorded with
+    them."""
+    data = "1G" if q else "2G"
+    size = "4G"
+    rt = 4
+    trials = 2 if q else 3
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    runs = []
+    s = Strata(os.path.join(work, "reclaim")).start()
+    try:
+        for k in range(trials):
+            for n in (f"idle{k}", f"busy{k}"):
+                s.cli("create", n, "--size", size)
+            s.cli("create", "big", "--size", data)
+            fio(s.uri("big"), "randwrite", "4k", size=data, extra=["--end_fsync=1"])
+            # Nothing left to reclaim from the previous trial.
+            while json.loads(s.cli("status", "--json"))["reclaiming"]:
+                time.sleep(0.1)
+            idle, idle_s = _fio_iops_log(s.uri(f"idle{k}"), "randwrite", "64k", 16, rt, size, logs, f"idle{k}")
+            cpu0 = s.cpu_seconds()
+            t0 = time.perf_counter()
+            s.cli("rm", "big")
+            w = _ReclaimWatch(s, t0)
+            t_fio = time.perf_counter() - t0
+            busy, busy_s = _fio_iops_log(s.uri(f"busy{k}"), "randwrite", "64k", 16, rt, size, logs, f"busy{k}")
+            cpu = s.cpu_seconds() - cpu0
+            w.th.join(timeout=600)
+            win = max(0.5, min(rt, (w.done_s or rt) - t_fio))
+            runs.append({"reclaim_s": w.done_s, "idle_iops": round(idle["iops"]),
+                         "busy_iops": round(busy["iops"]),
+                         # The idle job's typical 250 ms (its median sample):
+                         # its first samples are sometimes slow for reasons
+                         # of their own, and the busy span includes fio's
+                         # start-up, so this reference is the strict one.
+                         "idle_iops_window": round(median(v for _, v in idle_s)),
+                         "busy_iops_window": _window_iops(busy_s, 0, win),
+                         "server_cpu_s_busy_job": round(cpu, 2),
+                         "load_avg": round(os.getloadavg()[0], 2)})
+            for n in (f"idle{k}", f"busy{k}"):
+                s.cli("rm", n)
+    finally:
+        s.stop()
+    med = lambda key: median(r[key] or 0 for r in runs)
+    return {"removed_disk": data, "job": f"64k randwrite iodepth 16, {rt} s, empty thin {size}",
+            "trials": runs, "reclaim_s": med("reclaim_s"),
+            "idle_iops": med("idle_iops"), "busy_iops": med("busy_iops"),
+            "ratio_whole_job": ratio(med("busy_iops"), med("idle_iops")),
+            "ratio_during_reclaim": ratio(med("busy_iops_window"), med("idle_iops_window")),
+            "load_avg": med("load_avg"), "target": ">= 0.8 (during_reclaim)"}
+
+class _JobWatch:
+    """Polls `strata jobs --json` until job `id` has ended (in a thread)."""
+
+    def __init__(self, s, job_id, t0):
+        import threading
+        self.s, self.id, self.t0, self.done_s = s, job_id, t0, None
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+
+    def _run(self):
+        while True:
+            jobs = json.loads(self.s.cli("jobs", "--json"))
+            j = next((j for j in jobs if j["id"] == self.id), None)
+            if j is None or j["state"] in ("done", "failed", "cancelled"):
+                self.done_s = round(time.perf_counter() - self.t0, 2)
+                return
+            time.sleep(0.1)
+
+
+def case_spacework(work, q):
+    """Client writes while convert runs on another disk (issue 9 item 6): the
+    eager fill (thin -> eagerzeroedthick: zeros written for real) and the
+    zero scan (eagerzeroedthick -> thin: punchzero over every grain), each
+    started with --detach as a server job, vs the same 64 KiB random-write
+    job with nothing running. Same server, same trial; `during` counts the
+    part of the job the conversion lasted (fio's 250 ms IOPS log) against
+    the idle job's median 250 ms sample."""
+    bg = "2G" if q else "4G"
+    size, rt = "4G", 6
+    trials = 2 if q else 3
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    out = {"background_disk": bg, "job": f"64k randwrite iodepth 16, {rt} s, empty thin {size}"}
+    s = Strata(os.path.join(work, "spacework")).start()
+    try:
+        for phase, to in (("fill", "eagerzeroedthick"), ("scan", "thin")):
+            runs = []
+            for k in range(trials):
+                for n in (f"idle{k}", f"busy{k}"):
+                    s.cli("create", n, "--size", size)
+                if to == "eagerzeroedthick":
+                    s.cli("create", "bg", "--size", bg)
+                else:
+                    s.cli("create", "bg", "--size", bg, "--type", "eagerzeroedthick")
+                idle, idle_s = _fio_iops_log(s.uri(f"idle{k}"), "randwrite", "64k", 16, rt, size, logs,
+                                             f"{phase}idle{k}")
+                cpu0 = s.cpu_seconds()
+                t0 = time.perf_counter()
+                job = json.loads(s.cli("convert", "bg", "--type", to, "--detach", "--json"))
+                w = _JobWatch(s, job["id"], t0)
+                t_fio = time.perf_counter() - t0
+                busy, busy_s = _fio_iops_log(s.uri(f"busy{k}"), "randwrite", "64k", 16, rt, size, logs,
+                                             f"{phase}busy{k}")
+                cpu = s.cpu_seconds() - cpu0
+                w.th.join(timeout=600)
+                win = max(0.5, min(rt, (w.done_s or rt) - t_fio))
+                runs.append({"convert_s": w.done_s, "idle_iops": round(idle["iops"]),
+                             "busy_iops": round(busy["iops"]),
+                             "idle_iops_window": round(median(v for _, v in idle_s)),
+                             "busy_iops_window": _window_iops(busy_s, 0, win),
+                             "server_cpu_s_busy_job": round(cpu, 2),
+                             "load_avg": round(os.getloadavg()[0], 2)})
+                for n in (f"idle{k}", f"busy{k}", "bg"):
+                    s.cli("rm", n)
+            med = lambda key: median(r[key] or 0 for r in runs)
+            out[phase] = {"convert_to": to, "trials": runs, "convert_s": med("convert_s"),
+                          "ratio_whole_job": ratio(med("busy_iops"), med("idle_iops")),
+                          "ratio_during": ratio(med("busy_iops_window"), med("idle_iops_window")),
+                          "load_avg": med("load_avg"), "target": ">= 0.8 (during)"}
+    finally:
+        s.stop()
+    return out
+
+
 class VmdkServe:
     """`strata serve --vmdk` of one VMDK chain, without a datastore."""
 
@@ -1119,6 +1298,8 @@ CASES = {
     "rss": lambda w, q: case_rss(w, q),
     "stats": lambda w, q: case_stats(w, q),
     "ckpt": lambda w, q: case_ckpt(w, q),
+    "reclaim": lambda w, q: case_reclaim(w, q),
+    "spacework": lambda w, q: case_spacework(w, q),
     "bigread": lambda w, q: case_bigread(w, q),
     "zeroing": lambda w, q: case_zeroing(w, q),
     "zerodetect": lambda w, q: case_zerodetect(w, q),

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats`) run end to end against the test-built `strata`, and their JSON has every
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim`) run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
 //! minutes and needs fio, qemu-img and qemu-nbd). No timing thresholds: only
 //! that each figure was measured.
@@ -52,7 +52,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats",
+            "matrix,chain,clone,formats,stats,reclaim",
             "--out",
         ])
         .arg(&out)
@@ -147,6 +147,19 @@ fn bench_quick_paper_suites() {
         "record_cpu_share",
     ] {
         positive(st, &[k]);
+    }
+
+    // reclaim: IOPS with and without a reclaim running, over the whole
+    // job and over the reclaim's span, and how long the reclaim took.
+    let rc = get(&j, &["cases", "reclaim"]);
+    for k in [
+        "reclaim_s",
+        "idle_iops",
+        "busy_iops",
+        "ratio_whole_job",
+        "ratio_during_reclaim",
+    ] {
+        positive(rc, &[k]);
     }
 
     // The report files next to the JSON.

@@ -406,22 +406,22 @@ impl Datastore {
             std::thread::Builder::new()
                 .name("reclaim".into())
                 .spawn(move || {
-                    let mut steps = 0u32;
+                    let mut pace = ReclaimPace::default();
                     while !ds.inner.reclaim_stop.load(Ordering::Acquire) {
-                        match ds.reclaim(RECLAIM_STEP_GRAINS) {
-                            Ok(true) => {
-                                steps += 1;
-                                if steps.is_multiple_of(64) {
+                        let busy = pace.clients_busy(&ds.inner);
+                        let t0 = std::time::Instant::now();
+                        let budget = pace.budget(busy);
+                        let worked = ds.inner.meta.lock().orphans() > 0;
+                        match ds.reclaim(budget) {
+                            Ok(more) => {
+                                if pace.done(budget, worked, more) {
                                     let _ = ds.inner.commit(false);
                                 }
-                                std::thread::yield_now();
-                            }
-                            Ok(false) => {
-                                if steps > 0 {
-                                    let _ = ds.inner.commit(false);
-                                    steps = 0;
+                                if more {
+                                    pace.rest(busy, t0.elapsed());
+                                } else {
+                                    std::thread::sleep(std::time::Duration::from_millis(50));
                                 }
-                                std::thread::sleep(std::time::Duration::from_millis(50));
                             }
                             Err(e) => {
                                 tracing::error!("reclaiming stopped: {e}");
@@ -1277,6 +1277,72 @@ impl Datastore {
             );
         }
         Ok(r)
+    }
+}
+
+/// How the background reclaimer shares the metadata lock with clients.
+/// Idle, it takes full steps back to back. While clients do I/O it
+/// takes short steps (about a leaf, well under a millisecond under the
+/// lock) and rests three times as long as each step took, so reclaiming
+/// holds the lock at most a quarter of the time and a client waits at most
+/// one short step for it. Freed grains are committed (a commit with frees
+/// drains the gate once) every `COMMIT_EVERY` grains of work, whatever the
+/// step size, so the drains do not multiply when steps shrink.
+#[derive(Default)]
+struct ReclaimPace {
+    /// Work done since the last commit (grains, as `Meta::reclaim` counts).
+    since_commit: u64,
+    /// The store's write count at the last look.
+    seen_mutations: u64,
+}
+
+impl ReclaimPace {
+    /// Work between commits of the freed grains.
+    const COMMIT_EVERY: u64 = 64 * RECLAIM_STEP_GRAINS;
+    /// A step while clients are busy: one leaf's grains.
+    const BUSY_STEP: u64 = 512;
+    /// Rest after a step while clients are busy, in multiples of the step.
+    const BUSY_REST: u32 = 3;
+
+    /// Whether clients are doing I/O: one is in flight now, or a write
+    /// happened since the last look (between two commands of a busy client
+    /// the gate is briefly free).
+    fn clients_busy(&mut self, store: &Store) -> bool {
+        let m = store.mutations.load(Ordering::Relaxed);
+        let wrote = m != std::mem::replace(&mut self.seen_mutations, m);
+        wrote || store.clients_busy()
+    }
+
+    fn budget(&self, busy: bool) -> u64 {
+        if busy {
+            Self::BUSY_STEP
+        } else {
+            RECLAIM_STEP_GRAINS
+        }
+    }
+
+    /// Count a step of `budget` (`worked`: there was something to reclaim)
+    /// after which work remains (`more`); true when it is time to commit:
+    /// every `COMMIT_EVERY`, and when the last orphan is gone.
+    fn done(&mut self, budget: u64, worked: bool, more: bool) -> bool {
+        if worked {
+            self.since_commit += budget;
+        }
+        if self.since_commit >= Self::COMMIT_EVERY || (!more && self.since_commit > 0) {
+            self.since_commit = 0;
+            return true;
+        }
+        false
+    }
+
+    /// After a step that took `took`: rest while clients are busy, else
+    /// only let other threads run.
+    fn rest(&self, busy: bool, took: std::time::Duration) {
+        if busy {
+            std::thread::sleep((took * Self::BUSY_REST).max(std::time::Duration::from_micros(200)));
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 

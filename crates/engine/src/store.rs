@@ -696,7 +696,17 @@ impl Store {
     pub fn reclaim(&self, budget: u64) -> Result<bool> {
         self.check_writable()?;
         let mut m = self.meta.lock();
-        self.guarded(&mut m, |m| m.reclaim(budget))
+        let r = self.guarded(&mut m, |m| m.reclaim(budget));
+        // Hand the lock to a client waiting for it: a plain unlock lets the
+        // reclaimer take it back for its next step before the woken client
+        // runs, and the clients starve while a large orphan is reclaimed.
+        MutexGuard::unlock_fair(m);
+        r
+    }
+
+    /// Whether client I/O is in flight now (a reader holds the gate).
+    pub fn clients_busy(&self) -> bool {
+        self.gate.is_locked()
     }
 
     /// Reclaim a bounded amount and commit, so freed grains are allocatable.
