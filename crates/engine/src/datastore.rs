@@ -762,7 +762,7 @@ impl Datastore {
                     self.set_provisioning(name, Provisioning::Thin)?;
                 }
                 let h = self.open_disk(name)?;
-                h.punch_zero(progress, &mut |n| pacer.pace(n))?;
+                h.punch_zero(progress, &mut |n| pacer.pace(n, self.inner.clients_busy()))?;
             }
             Provisioning::Zeroedthick => {
                 if from != Provisioning::Zeroedthick {
@@ -805,7 +805,8 @@ impl Datastore {
         }
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let h = self.open_disk(name)?;
-        let (scanned, released) = h.punch_zero(progress, &mut |n| pacer.pace(n))?;
+        let (scanned, released) =
+            h.punch_zero(progress, &mut |n| pacer.pace(n, self.inner.clients_busy()))?;
         Ok(PunchZeroReport {
             disk: name.to_string(),
             scanned_bytes: scanned,
@@ -857,7 +858,9 @@ impl Datastore {
     ) -> Result<()> {
         let h = self.open_disk(name)?;
         let size = strata_block::BlockDevice::size_bytes(&*h);
-        h.fill_zeros(0, size, progress, &mut |n| pacer.pace(n))?;
+        h.fill_zeros(0, size, progress, &mut |n| {
+            pacer.pace(n, self.inner.clients_busy())
+        })?;
         self.inner.commit(false)?;
         self.set_provisioning(name, Provisioning::Eagerzeroedthick)
     }
