@@ -12,7 +12,9 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use strata_engine::{CheckReport, DatastoreInfo, DiskInfo, Provisioning, SnapshotInfo};
+use strata_engine::{
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DiskInfo, Provisioning, SnapshotInfo,
+};
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
 
@@ -63,6 +65,20 @@ pub enum Request {
         provisioning: Provisioning,
     },
     Check,
+    /// `grow`: set the capacity (Some(0): follow the file system again), or
+    /// with None only say what it is and how it can change.
+    Grow {
+        capacity_bytes: Option<u64>,
+    },
+    /// `alarm set`: one alarm's thresholds and command.
+    AlarmSet {
+        rule: AlarmRule,
+        /// Keep the command set before (no --exec given).
+        #[serde(default)]
+        keep_exec: bool,
+    },
+    /// `alarm list`
+    AlarmList,
     /// I/O statistics of one export (or all), optionally reset after
     /// reading, and recording paused (false) or resumed (true) after that.
     Stats {
@@ -140,6 +156,20 @@ pub enum Response {
     Export(ExportReport),
     /// `status` asked of the control socket of a VMDK-only server.
     VmdkServer(VmdkServerStatus),
+    /// `grow`: the datastore after the change (`changed` false when only
+    /// asked).
+    Capacity { info: DatastoreInfo, changed: bool },
+    /// `alarm list`, `alarm set`: every alarm, evaluated now.
+    Alarms(Vec<AlarmEntry>),
+}
+
+/// One alarm in `alarm list`: its state now, and the command it runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AlarmEntry {
+    #[serde(flatten)]
+    pub status: AlarmStatus,
+    /// Shell command the server runs when the state changes.
+    pub exec: Option<String>,
 }
 
 impl Response {
