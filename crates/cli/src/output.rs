@@ -606,7 +606,38 @@ mod tests {
                 file: "/v/a.vmdk".into(),
                 read_only: false,
             }),
+            Response::Alarms(vec![AlarmEntry {
+                status: AlarmStatus {
+                    kind: strata_engine::AlarmKind::Overcommit,
+                    state: AlarmState::Alarm,
+                    percent: 250,
+                    warning_percent: 100,
+                    alarm_percent: 200,
+                },
+                exec: Some("logger \"$STRATA_ALARM_STATE\"".into()),
+            }]),
         ]
+    }
+
+    #[test]
+    fn alarms_list_flat_with_their_command_and_show_states_in_capitals() {
+        let r = every_response().pop().unwrap();
+        assert_eq!(
+            r.json(),
+            json!([{ "kind": "overcommit", "state": "alarm", "percent": 250,
+                     "warning_percent": 100, "alarm_percent": 200,
+                     "exec": "logger \"$STRATA_ALARM_STATE\"" }])
+        );
+        let text = render(&r, Format::Human);
+        assert!(
+            text.contains("overcommit") && text.contains("ALARM"),
+            "{text}"
+        );
+        let status = render(&every_response()[0], Format::Human);
+        assert!(
+            status.contains("usage alarm:") && status.contains("WARNING"),
+            "{status}"
+        );
     }
 
     #[test]
