@@ -3,7 +3,8 @@
 # qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin), and for
 # the real-guest test (crates/cli/tests/guest.rs, scripts/guest/): QEMU's x86
 # system emulator, a Debian kernel (installed in /boot only; nothing reboots),
-# a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim (util-linux) and cpio.
+# a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim (util-linux) and cpio;
+# promtool (prometheus) checks the example alerting rules.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -19,6 +20,7 @@ command -v mke2fs   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v e2fsck   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v fstrim   >/dev/null 2>&1 || need+=(util-linux)
 command -v cpio     >/dev/null 2>&1 || need+=(cpio)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use strata_engine::{
-    CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo,
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport,
+    SnapshotInfo,
 };
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
@@ -85,6 +86,20 @@ pub enum Request {
         provisioning: Provisioning,
     },
     Check,
+    /// `grow`: set the capacity (Some(0): follow the file system again), or
+    /// with None only say what it is and how it can change.
+    Grow {
+        capacity_bytes: Option<u64>,
+    },
+    /// `alarm set`: one alarm's thresholds and command.
+    AlarmSet {
+        rule: AlarmRule,
+        /// Keep the command set before (no --exec given).
+        #[serde(default)]
+        keep_exec: bool,
+    },
+    /// `alarm list`
+    AlarmList,
     /// I/O statistics of one export (or all), optionally reset after
     /// reading, and recording paused (false) or resumed (true) after that.
     Stats {
@@ -206,6 +221,20 @@ pub enum Response {
     VmdkServer(VmdkServerStatus),
     /// `vmdk_shrink`: one entry per SEsparse extent of the top link.
     VmdkShrink(Vec<ShrinkResult>),
+    /// `grow`: the datastore after the change (`changed` false when only
+    /// asked).
+    Capacity { info: DatastoreInfo, changed: bool },
+    /// `alarm list`, `alarm set`: every alarm, evaluated now.
+    Alarms(Vec<AlarmEntry>),
+}
+
+/// One alarm in `alarm list`: its state now, and the command it runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AlarmEntry {
+    #[serde(flatten)]
+    pub status: AlarmStatus,
+    /// Shell command the server runs when the state changes.
+    pub exec: Option<String>,
 }
 
 impl Response {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use strata_engine::{Error, ErrorKind, Provisioning};
+use strata_engine::{AlarmKind, AlarmRule, Error, ErrorKind, Provisioning};
 
 use crate::api::{ImageFormat, JobAction, Request, VmdkRequest};
 use crate::output::Format;
@@ -57,8 +57,27 @@ pub enum Cmd {
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
     },
-    /// Show the datastore's capacity, use and over-commit
+    /// Show the datastore's capacity, use, over-commit and alarms
     Status(JsonFlag),
+    /// Set the datastore's capacity (also while it is served)
+    #[command(
+        long_about = "Set the datastore's capacity (also while it is served).\n\n\
+A datastore created without --capacity follows its file system: its capacity is what it holds\n\
+plus the file system's free space, so growing the file system grows it. `grow --capacity SIZE`\n\
+sets an explicit capacity instead (it may also lower it, never below what is used plus what\n\
+thick disks reserve); `grow --capacity fs` follows the file system again. Without --capacity,\n\
+says which it is. Returns once the new capacity is durable."
+    )]
+    Grow {
+        /// New capacity (e.g. 500G), or `fs` to follow the file system
+        #[arg(long, value_parser = parse_capacity, value_name = "SIZE|fs")]
+        capacity: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Datastore alarms on usage and over-allocation: set, list
+    #[command(subcommand)]
+    Alarm(AlarmCmd),
     /// Create a disk
     Create {
         name: String,
@@ -250,6 +269,39 @@ pub enum JobCmd {
 }
 
 #[derive(Subcommand)]
+pub enum AlarmCmd {
+    /// Set an alarm's thresholds (kept in the datastore). usage = (used + reserved) / capacity,
+    /// default 75/85; overcommit = provisioned / capacity, default 100/200
+    #[command(long_about = "Set an alarm's thresholds, kept in the datastore.\n\n\
+usage: (used + reserved bytes) / capacity, in percent (default warning 75, alarm 85).\n\
+overcommit: provisioned bytes (sum of disk sizes) / capacity (default warning 100, alarm 200).\n\
+An alarm is in state `alarm` at or above --alarm, `warning` at or above --warning, else `ok`.\n\n\
+A running `strata serve` evaluates alarms every second and logs each change of state; with\n\
+--exec it also runs CMD with `sh -c`, with STRATA_ALARM_KIND, STRATA_ALARM_STATE,\n\
+STRATA_ALARM_PREVIOUS, STRATA_ALARM_PERCENT, STRATA_ALARM_WARNING_PERCENT,\n\
+STRATA_ALARM_ALARM_PERCENT and STRATA_DATASTORE in its environment. Without --exec the\n\
+command set before is kept; --exec '' removes it.")]
+    Set {
+        /// usage or overcommit
+        #[arg(value_parser = parse_alarm_kind)]
+        kind: AlarmKind,
+        /// Warning at or above this percent
+        #[arg(long, value_name = "PCT")]
+        warning: u64,
+        /// Alarm at or above this percent
+        #[arg(long, value_name = "PCT")]
+        alarm: u64,
+        /// Shell command a server runs when the alarm's state changes
+        #[arg(long, value_name = "CMD")]
+        exec: Option<String>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List the alarms: state now, percent, thresholds, command
+    List(JsonFlag),
+}
+
+#[derive(Subcommand)]
 pub enum SnapCmd {
     /// Take a snapshot (O(1), whatever the disk holds)
     Create {
@@ -274,6 +326,23 @@ pub enum SnapCmd {
 
 fn parse_prov(s: &str) -> Result<Provisioning, String> {
     Provisioning::parse(s).map_err(|e| e.message)
+}
+
+fn parse_alarm_kind(s: &str) -> Result<AlarmKind, String> {
+    AlarmKind::parse(s).map_err(|e| e.message)
+}
+
+/// A size, or `fs` (0: follow the file system).
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("fs") {
+        return Ok(0);
+    }
+    match parse_size(s)? {
+        0 => Err(
+            "a capacity of 0 makes no sense; use `--capacity fs` to follow the file system".into(),
+        ),
+        n => Ok(n),
+    }
 }
 
 pub fn default_datastore() -> PathBuf {
@@ -353,6 +422,36 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 }
             }
             Cmd::Status(json) => datastore(Request::Status, json.into()),
+            Cmd::Grow { capacity, json } => datastore(
+                Request::Grow {
+                    capacity_bytes: *capacity,
+                },
+                json.into(),
+            ),
+            Cmd::Alarm(AlarmCmd::Set {
+                kind,
+                warning,
+                alarm,
+                exec,
+                json,
+            }) => {
+                let rule = AlarmRule {
+                    kind: *kind,
+                    warning_percent: *warning,
+                    alarm_percent: *alarm,
+                    exec: exec.clone(),
+                };
+                // Checked here too, so a mistake needs no datastore.
+                rule.validate()?;
+                datastore(
+                    Request::AlarmSet {
+                        rule,
+                        keep_exec: exec.is_none(),
+                    },
+                    json.into(),
+                )
+            }
+            Cmd::Alarm(AlarmCmd::List(json)) => datastore(Request::AlarmList, json.into()),
             Cmd::List(json) => datastore(Request::List, json.into()),
             Cmd::Info { name, json } => {
                 datastore(Request::Info { name: name.clone() }, json.into())

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork, WorkControl};
 use strata_storage::FileBackend;
 
-use crate::api::{ExportStats, Request, Response};
+use crate::api::{AlarmEntry, ExportStats, Request, Response};
 
 /// What a request runs against: the datastore and, inside a server, the
 /// I/O statistics of its exports.
@@ -105,6 +105,31 @@ pub fn execute(
                 "vmdk_shrink is answered by the control socket of the server of the file",
             ))
         }
+        Request::Grow { capacity_bytes } => match capacity_bytes {
+            Some(bytes) => Response::Capacity {
+                info: ds.set_capacity(*bytes)?,
+                changed: true,
+            },
+            None => Response::Capacity {
+                info: ds.info(),
+                changed: false,
+            },
+        },
+        Request::AlarmSet { rule, keep_exec } => {
+            let mut rule = rule.clone();
+            if *keep_exec {
+                rule.exec = ds
+                    .alarm_rules()
+                    .into_iter()
+                    .find(|r| r.kind == rule.kind)
+                    .and_then(|r| r.exec);
+            } else if rule.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
+                rule.exec = None;
+            }
+            ds.set_alarm(rule)?;
+            alarms(ds)
+        }
+        Request::AlarmList => alarms(ds),
         Request::Import {
             path,
             name,
@@ -184,6 +209,24 @@ fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a crate::jobs::Jobs, Error> {
             "jobs run in a server: no 'strata serve' holds this datastore",
         )
     })
+}
+
+/// Every alarm as evaluated now, with its command.
+fn alarms(ds: &Datastore) -> Response {
+    let rules = ds.alarm_rules();
+    Response::Alarms(
+        ds.info()
+            .alarms
+            .into_iter()
+            .map(|status| AlarmEntry {
+                exec: rules
+                    .iter()
+                    .find(|r| r.kind == status.kind)
+                    .and_then(|r| r.exec.clone()),
+                status,
+            })
+            .collect(),
+    )
 }
 
 pub enum LockOutcome {

@@ -11,11 +11,11 @@ use std::io::IsTerminal;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use strata_engine::{CheckReport, DatastoreInfo, DiskInfo, SnapshotInfo};
+use strata_engine::{AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DiskInfo, SnapshotInfo};
 
 use crate::api::{
-    ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport, VmdkInfo,
-    VmdkResponse, VmdkServerStatus,
+    AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
+    VmdkInfo, VmdkResponse, VmdkServerStatus,
 };
 use crate::units::human;
 
@@ -134,6 +134,8 @@ impl Render for Response {
             Response::Export(r) => export(out, r),
             Response::VmdkServer(s) => vmdk_server(out, s),
             Response::VmdkShrink(rs) => vmdk_shrink(out, rs),
+            Response::Capacity { info, changed } => capacity(out, info, *changed),
+            Response::Alarms(a) => alarm_list(out, a),
         }
     }
 
@@ -163,6 +165,8 @@ impl Render for Response {
             Response::Export(r) => value(r),
             Response::VmdkServer(s) => value(s),
             Response::VmdkShrink(rs) => value(rs),
+            Response::Capacity { info, .. } => value(info),
+            Response::Alarms(a) => value(a),
         }
     }
 }
@@ -191,7 +195,15 @@ fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
 
 fn datastore(out: &mut String, i: &DatastoreInfo) {
     let _ = writeln!(out, "datastore:    {}", i.location);
-    let _ = writeln!(out, "capacity:     {}", human(i.capacity_bytes));
+    if i.capacity_follows_fs {
+        let _ = writeln!(
+            out,
+            "capacity:     {} (capacity follows the file system)",
+            human(i.capacity_bytes)
+        );
+    } else {
+        let _ = writeln!(out, "capacity:     {}", human(i.capacity_bytes));
+    }
     let _ = writeln!(out, "used:         {}", human(i.used_bytes));
     let _ = writeln!(
         out,
@@ -207,6 +219,9 @@ fn datastore(out: &mut String, i: &DatastoreInfo) {
         i.overcommit_percent
     );
     let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    for a in &i.alarms {
+        alarm_line(out, a);
+    }
     if i.reclaiming > 0 {
         let _ = writeln!(
             out,
@@ -221,6 +236,91 @@ fn datastore(out: &mut String, i: &DatastoreInfo) {
              from the log)",
             f.cause
         );
+    }
+}
+
+/// `ok`, or the state in capitals so it stands out.
+fn alarm_state(s: AlarmState) -> String {
+    match s {
+        AlarmState::Ok => "ok".into(),
+        other => other.as_str().to_ascii_uppercase(),
+    }
+}
+
+/// One alarm at a glance: `usage alarm:  WARNING 78% (warning 75%, alarm 85%)`.
+fn alarm_line(out: &mut String, a: &AlarmStatus) {
+    let label = format!("{} alarm:", a.kind.as_str());
+    let _ = writeln!(
+        out,
+        "{label:<18}{:<8}{}% (warning at {}%, alarm at {}%)",
+        alarm_state(a.state),
+        a.percent,
+        a.warning_percent,
+        a.alarm_percent
+    );
+}
+
+fn alarm_list(out: &mut String, alarms: &[AlarmEntry]) {
+    let _ = writeln!(
+        out,
+        "{:<12}{:<9}{:>8}{:>9}{:>7}  EXEC",
+        "ALARM", "STATE", "PERCENT", "WARNING", "ALARM"
+    );
+    for a in alarms {
+        let s = &a.status;
+        let _ = writeln!(
+            out,
+            "{:<12}{:<9}{:>7}%{:>8}%{:>6}%  {}",
+            s.kind.as_str(),
+            alarm_state(s.state),
+            s.percent,
+            s.warning_percent,
+            s.alarm_percent,
+            a.exec.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+fn capacity(out: &mut String, i: &DatastoreInfo, changed: bool) {
+    let used = i.used_bytes + i.reserved_bytes;
+    match (changed, i.capacity_follows_fs) {
+        (true, true) => line(
+            out,
+            format_args!(
+                "capacity follows the file system again: {} now ({}% used)",
+                human(i.capacity_bytes),
+                i.used_percent
+            ),
+        ),
+        (true, false) => line(
+            out,
+            format_args!(
+                "capacity set to {} ({} used or reserved, {}%)",
+                human(i.capacity_bytes),
+                human(used),
+                i.used_percent
+            ),
+        ),
+        (false, true) => line(
+            out,
+            format_args!(
+                "capacity follows the file system: {} now (what the datastore holds plus the \
+                 file system's free space); growing the file system grows it, or set an \
+                 explicit capacity with 'strata grow --capacity SIZE'",
+                human(i.capacity_bytes)
+            ),
+        ),
+        (false, false) => line(
+            out,
+            format_args!(
+                "capacity is {} (explicit; {} used or reserved, {}%): change it with \
+                 'strata grow --capacity SIZE', or follow the file system with \
+                 'strata grow --capacity fs'",
+                human(i.capacity_bytes),
+                human(used),
+                i.used_percent
+            ),
+        ),
     }
 }
 
@@ -513,6 +613,15 @@ mod tests {
                 free_bytes: (1 << 30) - (1 << 20),
                 provisioned_bytes: 64 << 20,
                 overcommit_percent: 6,
+                capacity_follows_fs: false,
+                used_percent: 0,
+                alarms: vec![AlarmStatus {
+                    kind: strata_engine::AlarmKind::Usage,
+                    state: AlarmState::Warning,
+                    percent: 80,
+                    warning_percent: 75,
+                    alarm_percent: 85,
+                }],
                 disks: 1,
                 snapshots: 2,
                 metadata_cache_bytes: 128 << 20,
@@ -572,7 +681,38 @@ mod tests {
                 file: "/v/a.vmdk".into(),
                 read_only: false,
             }),
+            Response::Alarms(vec![AlarmEntry {
+                status: AlarmStatus {
+                    kind: strata_engine::AlarmKind::Overcommit,
+                    state: AlarmState::Alarm,
+                    percent: 250,
+                    warning_percent: 100,
+                    alarm_percent: 200,
+                },
+                exec: Some("logger \"$STRATA_ALARM_STATE\"".into()),
+            }]),
         ]
+    }
+
+    #[test]
+    fn alarms_list_flat_with_their_command_and_show_states_in_capitals() {
+        let r = every_response().pop().unwrap();
+        assert_eq!(
+            r.json(),
+            json!([{ "kind": "overcommit", "state": "alarm", "percent": 250,
+                     "warning_percent": 100, "alarm_percent": 200,
+                     "exec": "logger \"$STRATA_ALARM_STATE\"" }])
+        );
+        let text = render(&r, Format::Human);
+        assert!(
+            text.contains("overcommit") && text.contains("ALARM"),
+            "{text}"
+        );
+        let status = render(&every_response()[0], Format::Human);
+        assert!(
+            status.contains("usage alarm:") && status.contains("WARNING"),
+            "{status}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `strata serve`: export every disk over NBD, answer CLI commands on the
 //! control socket, and shut down cleanly (flush + checkpoint) on SIGTERM/SIGINT.
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, Error, ErrorKind};
+use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vmdk::VmdkImage;
@@ -174,6 +175,46 @@ fn gauges(ds: &Datastore) -> Vec<Gauge> {
             },
         ),
     ];
+    g.push(Gauge::new(
+        "strata_datastore_used_percent",
+        "Used plus reserved bytes over capacity, in percent (the usage alarm's figure)",
+        i.used_percent as f64,
+    ));
+    for a in &i.alarms {
+        let kind = a.kind.as_str();
+        g.push(
+            Gauge::new(
+                "strata_alarm_state",
+                "State of the datastore alarm: 0 ok, 1 warning, 2 alarm (strata alarm list)",
+                f64::from(a.state.level()),
+            )
+            .label("kind", kind),
+        );
+        g.push(
+            Gauge::new(
+                "strata_alarm_percent",
+                "The figure the alarm watches, in percent",
+                a.percent as f64,
+            )
+            .label("kind", kind),
+        );
+        g.push(
+            Gauge::new(
+                "strata_alarm_warning_percent",
+                "The alarm's warning threshold, in percent",
+                a.warning_percent as f64,
+            )
+            .label("kind", kind),
+        );
+        g.push(
+            Gauge::new(
+                "strata_alarm_alarm_percent",
+                "The alarm's alarm threshold, in percent",
+                a.alarm_percent as f64,
+            )
+            .label("kind", kind),
+        );
+    }
     for d in ds.list_disks() {
         let p = d.provisioning.as_str();
         g.push(
@@ -382,6 +423,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     );
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
+    let alarm_thread = spawn_alarm_watcher(ds.clone(), dir.to_path_buf(), stop.clone());
     let stats = (!args.no_stats).then(|| registry.clone());
     for (n, _) in &vmdks {
         if ds.open_disk(n).is_ok() {
@@ -425,11 +467,109 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     // Wake the control thread so it sees the stop flag.
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
+    let _ = alarm_thread.join();
     let _ = std::fs::remove_file(&ctl_path);
     flush_vmdks(&vmdk_list);
     ds.close()?;
     eprintln!("strata: datastore flushed and closed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Evaluate the datastore's alarms every second until `stop`; log each
+/// change of state and run the alarm's `--exec` command for it. States
+/// start as ok, so an alarm already raised when the server starts is
+/// reported at once.
+fn spawn_alarm_watcher(
+    ds: Datastore,
+    dir: PathBuf,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("alarms".into())
+        .spawn(move || {
+            let mut last: HashMap<AlarmKind, AlarmState> = HashMap::new();
+            let mut children: Vec<(String, std::process::Child)> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                let alarms = ds.info().alarms;
+                let rules = ds.alarm_rules();
+                for a in &alarms {
+                    let previous = last.insert(a.kind, a.state).unwrap_or(AlarmState::Ok);
+                    if previous == a.state {
+                        continue;
+                    }
+                    let exec = rules
+                        .iter()
+                        .find(|r| r.kind == a.kind)
+                        .and_then(|r| r.exec.clone());
+                    alarm_changed(&dir, a, previous, exec, &mut children);
+                }
+                reap(&mut children);
+                // Wake often to stop promptly; evaluate about once a second.
+                for _ in 0..10 {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            reap(&mut children);
+        })
+        .expect("spawn alarm watcher")
+}
+
+/// Log one alarm's change of state and start its command (not waited for).
+fn alarm_changed(
+    dir: &Path,
+    a: &AlarmStatus,
+    previous: AlarmState,
+    exec: Option<String>,
+    children: &mut Vec<(String, std::process::Child)>,
+) {
+    let kind = a.kind.as_str();
+    let msg = format!(
+        "{kind} alarm: {} -> {} at {}% (warning at {}%, alarm at {}%)",
+        previous.as_str(),
+        a.state.as_str(),
+        a.percent,
+        a.warning_percent,
+        a.alarm_percent
+    );
+    // At warn, so the default log filter shows it (with its timestamp).
+    tracing::warn!("{msg}");
+    let Some(cmd) = exec else { return };
+    let spawned = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .env("STRATA_ALARM_KIND", kind)
+        .env("STRATA_ALARM_STATE", a.state.as_str())
+        .env("STRATA_ALARM_PREVIOUS", previous.as_str())
+        .env("STRATA_ALARM_PERCENT", a.percent.to_string())
+        .env(
+            "STRATA_ALARM_WARNING_PERCENT",
+            a.warning_percent.to_string(),
+        )
+        .env("STRATA_ALARM_ALARM_PERCENT", a.alarm_percent.to_string())
+        .env("STRATA_DATASTORE", dir)
+        .stdin(std::process::Stdio::null())
+        .spawn();
+    match spawned {
+        Ok(c) => children.push((cmd, c)),
+        Err(e) => tracing::error!("{kind} alarm: cannot run '{cmd}': {e}"),
+    }
+}
+
+/// Collect alarm commands that ended; report those that failed.
+fn reap(children: &mut Vec<(String, std::process::Child)>) {
+    children.retain_mut(|(cmd, c)| match c.try_wait() {
+        Ok(Some(st)) => {
+            if !st.success() {
+                tracing::error!("alarm command '{cmd}' failed: {st}");
+            }
+            false
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    });
 }
 
 type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;

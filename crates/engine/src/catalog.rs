@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use strata_format::VersionState;
 
+use crate::alarm::AlarmRule;
 use crate::error::{err, ErrorKind, Result};
 
 /// How a disk's space is provisioned (DESIGN.md §2).
@@ -125,6 +126,10 @@ pub struct Catalog {
     /// states) whose grains are still being given back, oldest first.
     #[serde(default)]
     pub orphans: Vec<u64>,
+    /// Alarm thresholds the user set (`strata alarm set`); a kind not
+    /// listed has its default. Absent in catalogs written before alarms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alarms: Vec<AlarmRule>,
 }
 
 impl Catalog {

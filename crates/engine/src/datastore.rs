@@ -13,6 +13,7 @@ use strata_format::{
 };
 use strata_storage::Backend;
 
+use crate::alarm::{self, AlarmKind, AlarmRule, AlarmStatus, SpaceFigures};
 use crate::catalog::{
     check_name, split_target, Catalog, DiskRec, Provisioning, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX,
 };
@@ -125,6 +126,10 @@ pub struct SnapshotInfo {
 pub struct DatastoreInfo {
     pub location: String,
     pub capacity_bytes: u64,
+    /// The capacity follows the file system (its free space plus what the
+    /// datastore holds) rather than a configured size (`strata grow`).
+    #[serde(default)]
+    pub capacity_follows_fs: bool,
     pub used_bytes: u64,
     pub reserved_bytes: u64,
     /// Bytes held on the host file system for reservations: the pool
@@ -135,6 +140,12 @@ pub struct DatastoreInfo {
     pub provisioned_bytes: u64,
     /// Provisioned bytes over capacity, in percent.
     pub overcommit_percent: u64,
+    /// Used plus reserved bytes over capacity, in percent.
+    #[serde(default)]
+    pub used_percent: u64,
+    /// Every alarm (usage, overcommit) as evaluated now.
+    #[serde(default)]
+    pub alarms: Vec<AlarmStatus>,
     pub disks: usize,
     pub snapshots: usize,
     pub metadata_cache_bytes: u64,
@@ -478,18 +489,24 @@ impl Datastore {
         let used = m.used_grains() * GRAIN_BYTES;
         let reserved = Store::reserved_grains(&m) * GRAIN_BYTES;
         let provisioned: u64 = m.catalog.disks.iter().map(|d| d.size_bytes).sum();
+        let figures = SpaceFigures {
+            capacity_bytes: capacity,
+            used_bytes: used,
+            reserved_bytes: reserved,
+            provisioned_bytes: provisioned,
+        };
         DatastoreInfo {
             location: self.inner.backend.describe(),
             capacity_bytes: capacity,
+            capacity_follows_fs: self.inner.configured_capacity_bytes() == 0,
             used_bytes: used,
             reserved_bytes: reserved,
             reserved_held_bytes: (m.tail_end() - m.hwm()) * GRAIN_BYTES,
             free_bytes: capacity.saturating_sub(used + reserved),
             provisioned_bytes: provisioned,
-            overcommit_percent: provisioned
-                .saturating_mul(100)
-                .checked_div(capacity)
-                .unwrap_or(0),
+            overcommit_percent: figures.overcommit_percent(),
+            used_percent: figures.used_percent(),
+            alarms: alarm::evaluate(&figures, &alarm::effective_rules(&m.catalog.alarms)),
             disks: m.catalog.disks.len(),
             snapshots: m
                 .catalog
@@ -502,6 +519,45 @@ impl Datastore {
             fail_stop: self.inner.failed(),
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
         }
+    }
+
+    // ------------------------------------------------------------ capacity and alarms
+
+    /// Set the datastore's capacity (`strata grow`): `bytes` > 0 an
+    /// explicit size, 0 to follow the file system again. Refused when what
+    /// is used plus what thick disks reserve would not fit. Returns once
+    /// the new capacity is durable (written by a checkpoint into the
+    /// superblock, docs/FORMAT.md §2); a crash before leaves the old one.
+    pub fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
+        if bytes > 0 && bytes < GRAIN_BYTES {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("a capacity of {bytes} bytes is less than one 4 KiB grain"),
+            );
+        }
+        self.inner.set_capacity(bytes)?;
+        Ok(self.info())
+    }
+
+    /// Every alarm's thresholds (the default where none was set).
+    pub fn alarm_rules(&self) -> Vec<AlarmRule> {
+        alarm::effective_rules(&self.inner.meta.lock().catalog.alarms)
+    }
+
+    /// Set one alarm's thresholds and command, kept in the catalog; durable
+    /// when this returns.
+    pub fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule> {
+        rule.validate()?;
+        let kind: AlarmKind = rule.kind;
+        self.change(|m| {
+            m.catalog.alarms.retain(|r| r.kind != kind);
+            m.catalog.alarms.push(rule.clone());
+            m.catalog.alarms.sort_by_key(|r| r.kind);
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        Ok(rule)
     }
 
     /// Run a catalog operation under the gate (exclusive, so no I/O acts

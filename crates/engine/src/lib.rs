@@ -9,13 +9,14 @@
 //! client flush; checkpoints write pages in place (docs/FORMAT.md §5).
 //!
 //! Modules, each depending only on those listed before it (ARCHITECTURE.md
-//! draws them): `error`, `catalog` (disks, snapshots, versions as stored),
+//! draws them): `error`, `alarm` (thresholds and their evaluation), `catalog` (disks, snapshots, versions as stored),
 //! `cache` (bounded page cache), `journal` (the log files), `meta` (pages,
 //! counts, allocation, trees, versions, replay), `check`, `upgrade` (format
 //! version 1 → 2), `store` (commit, checkpoint, space rule, fail-stop),
 //! `disk` (the I/O path, a [`strata_block::BlockDevice`]), `datastore`
 //! (open, recovery, catalog operations).
 
+pub mod alarm;
 mod cache;
 pub mod catalog;
 pub mod check;
@@ -28,6 +29,7 @@ mod store;
 mod upgrade;
 mod work;
 
+pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
 pub use catalog::{split_target, Provisioning};
 pub use check::CheckReport;
 pub use datastore::{

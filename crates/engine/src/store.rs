@@ -179,8 +179,9 @@ pub(crate) struct Store {
     /// Background reclaimer of orphaned maps, when started.
     pub reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub reclaim_stop: AtomicBool,
-    /// Configured capacity (0 = the file system's); fixed while open.
-    configured_capacity_bytes: u64,
+    /// Configured capacity (0 = the file system's); changed only by
+    /// `set_capacity`, under the meta lock.
+    configured_capacity_bytes: AtomicU64,
     /// Thin disks' all-zero writes allocate nothing (FORMAT.md §7.4).
     pub detect_zeroes: AtomicBool,
     /// The log files have been preallocated for reservations (§7.1).
@@ -231,7 +232,7 @@ impl Store {
             capacity_cache: Mutex::new((None, 0)),
             reclaimer: Mutex::new(None),
             reclaim_stop: AtomicBool::new(false),
-            configured_capacity_bytes: configured,
+            configured_capacity_bytes: AtomicU64::new(configured),
             detect_zeroes: AtomicBool::new(true),
             logs_held: AtomicBool::new(false),
             _lock: p.lock,
@@ -306,8 +307,9 @@ impl Store {
     /// Grains the datastore may hold in all. Following the file system,
     /// the pool file (with its reserved tail) counts as the datastore's.
     pub fn capacity_grains(&self, m: &Meta) -> u64 {
-        if self.configured_capacity_bytes > 0 {
-            return self.configured_capacity_bytes / GRAIN_BYTES;
+        let configured = self.configured_capacity_bytes.load(Ordering::Acquire);
+        if configured > 0 {
+            return configured / GRAIN_BYTES;
         }
         let mut c = self.capacity_cache.lock();
         let fresh = c.0.map(|t| t.elapsed().as_millis() < 500).unwrap_or(false);
@@ -317,6 +319,66 @@ impl Store {
             c.0 = Some(Instant::now());
         }
         m.tail_end().saturating_add(c.1)
+    }
+
+    /// The configured capacity in bytes; 0 = it follows the file system.
+    pub fn configured_capacity_bytes(&self) -> u64 {
+        self.configured_capacity_bytes.load(Ordering::Acquire)
+    }
+
+    /// Set the configured capacity (0: follow the file system) and return
+    /// once a checkpoint has written it into the superblock (FORMAT.md §2,
+    /// "Changing the capacity"). Refused when used + reserved would not fit.
+    /// A lower capacity applies before the checkpoint, a higher one after
+    /// it, so no allocation ever passes the capacity a crash leaves.
+    pub fn set_capacity(&self, bytes: u64) -> Result<()> {
+        let _fence = self.fail_on_panic();
+        // Held to the end: no other checkpoint writes a superblock meanwhile.
+        let mut ck = self.checkpoint.lock();
+        self.check_writable()?;
+        let loosens = {
+            // Nothing allocates or reserves while the figures are compared.
+            let _drain = self.gate.write();
+            let m = self.meta.lock();
+            let current = self.capacity_grains(&m);
+            // Swapped only under the meta lock, which every reader holds.
+            let old = self.configured_capacity_bytes.swap(bytes, Ordering::AcqRel);
+            let new = self.capacity_grains(&m);
+            let needed = m.used_grains() + Self::reserved_grains(&m);
+            if needed > new {
+                self.configured_capacity_bytes.store(old, Ordering::Release);
+                let mib = |g: u64| (g * GRAIN_BYTES) >> 20;
+                let what = if bytes == 0 {
+                    format!("the file system's room ({} MiB)", mib(new))
+                } else {
+                    format!("{} MiB", bytes >> 20)
+                };
+                return err(
+                    ErrorKind::NoSpace,
+                    format!(
+                        "cannot set the capacity to {what}: {} MiB are used and {} MiB reserved \
+                         by thick disks ({} MiB in all)",
+                        mib(m.used_grains()),
+                        mib(Self::reserved_grains(&m)),
+                        mib(needed)
+                    ),
+                );
+            }
+            let loosens = new >= current;
+            if loosens {
+                self.configured_capacity_bytes.store(old, Ordering::Release);
+            }
+            loosens
+        };
+        ck.sb.capacity_bytes = bytes;
+        self.checkpoint_held(ck)?;
+        if loosens {
+            let _m = self.meta.lock();
+            self.configured_capacity_bytes
+                .store(bytes, Ordering::Release);
+        }
+        *self.capacity_cache.lock() = (None, 0);
+        Ok(())
     }
 
     /// Grains thick disks have reserved but not yet written.
@@ -522,7 +584,7 @@ impl Store {
     /// checkpoint need not run a second one).
     fn checkpoint_if(&self, wait: bool, still: impl Fn(&Meta) -> bool) -> Result<()> {
         let _fence = self.fail_on_panic();
-        let mut ck = if wait {
+        let ck = if wait {
             self.checkpoint.lock()
         } else {
             match self.checkpoint.try_lock() {
@@ -534,6 +596,11 @@ impl Store {
         if !still(&self.meta.lock()) {
             return Ok(());
         }
+        self.checkpoint_held(ck)
+    }
+
+    /// Checkpoint with the checkpoint lock held.
+    fn checkpoint_held(&self, mut ck: MutexGuard<'_, CheckpointState>) -> Result<()> {
         {
             let _d = self.deferred_frees.lock();
             self.checkpoint_running.store(true, Ordering::Release);

@@ -1,5 +1,5 @@
-//! Model-based test: random sequences of I/O, snapshot, clone, extend and
-//! reopen, compared byte for byte with an in-memory model of every disk and
+//! Model-based test: random sequences of I/O, snapshot, clone, extend,
+//! capacity growth and reopen, compared byte for byte with an in-memory model of every disk and
 //! every snapshot, and `check` clean after each sequence.
 
 mod common;
@@ -75,6 +75,11 @@ enum Op {
     Reclaim {
         budget: u64,
     },
+    /// Try a capacity just below used + reserved (refused, nothing
+    /// changes), then grow the capacity by `mib` MiB.
+    Grow {
+        mib: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -96,6 +101,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         2 => (1u64..2000).prop_map(|budget| Op::Reclaim { budget }),
+        1 => (1u64..256).prop_map(|mib| Op::Grow { mib }),
     ]
 }
 
@@ -209,7 +215,8 @@ fn run(ops: Vec<Op>) {
         model.disks.insert(name.clone(), vec![0; size as usize]);
         model.snaps.insert(name, vec![]);
     }
-    for op in ops {
+    let mut capacity = 1u64 << 30;
+    for (i, op) in ops.into_iter().enumerate() {
         let names: Vec<String> = model.disks.keys().cloned().collect();
         if names.is_empty() {
             break;
@@ -423,12 +430,26 @@ fn run(ops: Vec<Op>) {
             Op::Reclaim { budget } => {
                 ds.reclaim(budget).unwrap();
             }
+            Op::Grow { mib } => {
+                // Below used + reserved: refused, nothing changes.
+                let before = ds.info();
+                let needed = before.used_bytes + before.reserved_bytes;
+                if needed > 4096 {
+                    let e = ds.set_capacity(needed - 4096).unwrap_err();
+                    assert_eq!(e.kind, strata_engine::ErrorKind::NoSpace, "{e}");
+                    assert_eq!(ds.info().capacity_bytes, capacity);
+                }
+                // Growing always works (the model's writes then keep fitting).
+                capacity += mib << 20;
+                assert_eq!(ds.set_capacity(capacity).unwrap().capacity_bytes, capacity);
+            }
             Op::Reopen => {
                 ds.close().unwrap();
                 drop(ds);
                 ds = open(&b);
             }
         }
+        assert_eq!(ds.info().capacity_bytes, capacity, "capacity after {i}");
     }
     verify(&ds, &model);
     let report = ds.check().unwrap();
