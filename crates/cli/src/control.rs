@@ -1,15 +1,6 @@
-//! The control socket of a running server: CLI commands reach the
-//! datastore the server holds open, so snapshots and clones work while
-//! disks are served.
-//!
-//! Protocol: one JSON request line from the client (a [`Request`]); the
-//! server answers, for a long request it runs as a job (`jobs`), with one
-//! `{"job":JOBINFO}` line first; then zero or more
-//! `{"progress":[done,total]}` lines, then one line that is
-//! `{"ok":RESPONSE}` (a [`Response`], tagged by its kind) or
-//! `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
-//! [`Reply`], so both ends read and write the same types. A client that
-//! closes the connection early leaves the job running.
+//! The control socket of a running server (its side; the protocol and
+//! the client are in `wire`): CLI commands reach the datastore the server
+//! holds open, so snapshots and clones work while disks are served.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -18,76 +9,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use serde::{Deserialize, Serialize};
 use strata_engine::{Datastore, Error, ErrorKind};
 use strata_vmdk::VmdkImage;
 
-use crate::api::{JobInfo, Request, Response, VmdkServerStatus};
+use crate::api::{Request, Response, VmdkServerStatus};
 use crate::jobs::Jobs;
 use crate::ops::{execute, Ctx};
+use crate::wire::Reply;
 
 /// Longest request line accepted.
 const REQUEST_BYTES_MAX: u64 = 1 << 20;
-
-/// One line from the server.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Reply {
-    /// The job the request runs as.
-    Job(JobInfo),
-    /// Work done so far, out of a total (bytes, or whatever the request counts).
-    Progress([u64; 2]),
-    Ok(Response),
-    Error(ReplyError),
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct ReplyError {
-    /// The [`ErrorKind`] by name (see [`kind_name`]).
-    kind: String,
-    message: String,
-}
-
-impl Reply {
-    fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
-        Reply::Error(ReplyError {
-            kind: kind_name(kind).to_string(),
-            message: message.into(),
-        })
-    }
-
-    fn line(&self) -> String {
-        serde_json::to_string(self).expect("serialisable")
-    }
-}
-
-fn kind_name(k: ErrorKind) -> &'static str {
-    match k {
-        ErrorKind::NotFound => "not_found",
-        ErrorKind::AlreadyExists => "already_exists",
-        ErrorKind::InvalidArgument => "invalid_argument",
-        ErrorKind::NoSpace => "no_space",
-        ErrorKind::Locked => "locked",
-        ErrorKind::Refused => "refused",
-        ErrorKind::Corrupt => "corrupt",
-        ErrorKind::Io => "io",
-        ErrorKind::Gone => "gone",
-    }
-}
-
-fn kind_from(s: &str) -> ErrorKind {
-    match s {
-        "not_found" => ErrorKind::NotFound,
-        "already_exists" => ErrorKind::AlreadyExists,
-        "invalid_argument" => ErrorKind::InvalidArgument,
-        "no_space" => ErrorKind::NoSpace,
-        "locked" => ErrorKind::Locked,
-        "refused" => ErrorKind::Refused,
-        "corrupt" => ErrorKind::Corrupt,
-        "gone" => ErrorKind::Gone,
-        _ => ErrorKind::Io,
-    }
-}
 
 /// A `--vmdk` export as its server's control socket knows it: what a
 /// `vmdk_shrink` request is matched against (docs/FORMAT.md §9.5).
@@ -163,7 +94,7 @@ pub fn spawn_server(
                                 &Ctx {
                                     ds: &ds,
                                     stats: Some(&stats),
-                                    jobs: Some(&jobs),
+                                    jobs: Some(&*jobs),
                                     control: None,
                                 },
                                 req,
@@ -284,90 +215,4 @@ fn handle(
         }
     };
     let _ = writeln!(out, "{}", reply.line());
-}
-
-/// Send a request to a running server and wait for its answer.
-///
-/// A long request runs as a job of the server: with `detach`, this returns
-/// as soon as the job has started (`Response::JobStarted`).
-pub fn request(
-    socket: &Path,
-    req: &Request,
-    detach: bool,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Response, Error> {
-    let mut s = UnixStream::connect(socket).map_err(|e| {
-        Error::new(
-            ErrorKind::Locked,
-            format!(
-                "the datastore is in use and its server does not answer at {}: {e}",
-                socket.display()
-            ),
-        )
-    })?;
-    let line = serde_json::to_string(req).expect("serialisable");
-    writeln!(s, "{line}").map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
-    let reader = BufReader::new(s);
-    for line in reader.lines() {
-        let line = line.map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
-        let reply: Reply = serde_json::from_str(&line)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
-        match reply {
-            Reply::Job(info) if detach => return Ok(Response::JobStarted(info)),
-            Reply::Job(info) => {
-                use std::io::IsTerminal;
-                if std::io::stderr().is_terminal() {
-                    eprintln!(
-                        "job {}: {} (Ctrl-C detaches; the server goes on: 'strata jobs')",
-                        info.id, info.what
-                    );
-                }
-            }
-            Reply::Progress([done, total]) => progress(done, total),
-            Reply::Ok(r) => return Ok(r),
-            Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),
-        }
-    }
-    Err(Error::new(
-        ErrorKind::Io,
-        "the server closed the control connection without an answer",
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reply_lines_keep_their_shapes() {
-        assert_eq!(Reply::Progress([1, 2]).line(), r#"{"progress":[1,2]}"#);
-        assert_eq!(
-            Reply::error(ErrorKind::NotFound, "no disk named 'x'").line(),
-            r#"{"error":{"kind":"not_found","message":"no disk named 'x'"}}"#
-        );
-        let ok = Reply::Ok(Response::Removed { name: "vm".into() }).line();
-        assert_eq!(ok, r#"{"ok":{"removed":{"name":"vm"}}}"#);
-        match serde_json::from_str::<Reply>(&ok).unwrap() {
-            Reply::Ok(Response::Removed { name }) => assert_eq!(name, "vm"),
-            other => panic!("decoded as {other:?}"),
-        }
-    }
-
-    #[test]
-    fn every_error_kind_survives_the_socket() {
-        use ErrorKind::*;
-        for k in [
-            NotFound,
-            AlreadyExists,
-            InvalidArgument,
-            NoSpace,
-            Locked,
-            Refused,
-            Corrupt,
-            Io,
-            Gone,
-        ] {
-            assert_eq!(kind_from(kind_name(k)), k);
-        }
-    }
 }

@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 use strata_engine::{Datastore, Error, ErrorKind, WorkControl};
 
 use crate::api::{JobAction, JobInfo, JobState, Request, Response};
-use crate::ops::{execute, Ctx};
+use crate::ops::{execute, Ctx, JobList};
 
 /// Finished jobs kept for `strata jobs`, at most.
 const FINISHED_KEPT: usize = 32;
@@ -139,7 +139,7 @@ impl Jobs {
                 let ctx = Ctx {
                     ds: &ds,
                     stats: stats.as_deref(),
-                    jobs: Some(&jobs),
+                    jobs: Some(&*jobs),
                     control: Some(j.control.clone()),
                 };
                 let mut progress = |done: u64, total: u64| {
@@ -170,13 +170,15 @@ impl Jobs {
             .expect("spawn job thread");
         job
     }
+}
 
-    pub fn list(&self) -> Vec<JobInfo> {
+impl JobList for Jobs {
+    fn list(&self) -> Vec<JobInfo> {
         self.list.lock().iter().map(|j| j.info()).collect()
     }
 
     /// Pause, resume or cancel job `id`.
-    pub fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error> {
+    fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error> {
         let job = self
             .list
             .lock()

@@ -14,6 +14,7 @@ mod output;
 mod serve;
 mod units;
 mod vmdk_cmd;
+mod wire;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -169,7 +170,7 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
             if !sock.exists() {
                 return Err(held(dir, pid));
             }
-            control::request(&sock, req, detach, &mut progress)
+            wire::request(&sock, req, detach, &mut progress)
         }
     };
     if let Some(b) = bar {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork, WorkControl};
 use strata_storage::FileBackend;
 
-use crate::api::{AlarmEntry, ExportStats, Request, Response};
+use crate::api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
 
 /// What a request runs against: the datastore and, inside a server, the
 /// I/O statistics of its exports.
@@ -20,9 +20,17 @@ pub struct Ctx<'a> {
     pub ds: &'a Datastore,
     pub stats: Option<&'a strata_stats::StatsRegistry>,
     /// The server's jobs (None when the CLI runs the request itself).
-    pub jobs: Option<&'a crate::jobs::Jobs>,
+    pub jobs: Option<&'a dyn JobList>,
     /// Pause and cancel for the job running this request.
     pub control: Option<Arc<WorkControl>>,
+}
+
+/// A server's jobs, as requests see them (the server's `jobs` module keeps
+/// them; it runs requests through this module, so this one only knows the
+/// trait).
+pub trait JobList: Sync {
+    fn list(&self) -> Vec<JobInfo>;
+    fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error>;
 }
 
 /// Run one request.
@@ -202,7 +210,7 @@ pub fn execute(
     })
 }
 
-fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a crate::jobs::Jobs, Error> {
+fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a dyn JobList, Error> {
     ctx.jobs.ok_or_else(|| {
         Error::new(
             ErrorKind::Refused,

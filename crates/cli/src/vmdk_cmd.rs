@@ -707,7 +707,7 @@ fn shrink_served(
         path: absolute(path)?,
         rate_bytes_per_sec: rate,
     };
-    match crate::control::request(socket, &req, false, progress) {
+    match crate::wire::request(socket, &req, false, progress) {
         Ok(Response::VmdkShrink(r)) => Ok(r),
         Ok(other) => Err(Error::new(
             ErrorKind::Io,

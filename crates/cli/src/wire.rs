@@ -1,0 +1,165 @@
+//! The control socket's protocol, and its client.
+//!
+//! Protocol: one JSON request line from the client (a [`Request`]); the
+//! server answers, for a long request it runs as a job (`jobs`), with one
+//! `{"job":JOBINFO}` line first; then zero or more
+//! `{"progress":[done,total]}` lines, then one line that is
+//! `{"ok":RESPONSE}` (a [`Response`], tagged by its kind) or
+//! `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
+//! [`Reply`], so both ends read and write the same types. A client that
+//! closes the connection early leaves the job running.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use strata_engine::{Error, ErrorKind};
+
+use crate::api::{JobInfo, Request, Response};
+
+/// One line from the server.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    /// The job the request runs as.
+    Job(JobInfo),
+    /// Work done so far, out of a total (bytes, or whatever the request counts).
+    Progress([u64; 2]),
+    Ok(Response),
+    Error(ReplyError),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReplyError {
+    /// The [`ErrorKind`] by name (see [`kind_name`]).
+    kind: String,
+    message: String,
+}
+
+impl Reply {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
+        Reply::Error(ReplyError {
+            kind: kind_name(kind).to_string(),
+            message: message.into(),
+        })
+    }
+
+    pub fn line(&self) -> String {
+        serde_json::to_string(self).expect("serialisable")
+    }
+}
+
+pub fn kind_name(k: ErrorKind) -> &'static str {
+    match k {
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::AlreadyExists => "already_exists",
+        ErrorKind::InvalidArgument => "invalid_argument",
+        ErrorKind::NoSpace => "no_space",
+        ErrorKind::Locked => "locked",
+        ErrorKind::Refused => "refused",
+        ErrorKind::Corrupt => "corrupt",
+        ErrorKind::Io => "io",
+        ErrorKind::Gone => "gone",
+    }
+}
+
+pub fn kind_from(s: &str) -> ErrorKind {
+    match s {
+        "not_found" => ErrorKind::NotFound,
+        "already_exists" => ErrorKind::AlreadyExists,
+        "invalid_argument" => ErrorKind::InvalidArgument,
+        "no_space" => ErrorKind::NoSpace,
+        "locked" => ErrorKind::Locked,
+        "refused" => ErrorKind::Refused,
+        "corrupt" => ErrorKind::Corrupt,
+        "gone" => ErrorKind::Gone,
+        _ => ErrorKind::Io,
+    }
+}
+
+/// Send a request to a running server and wait for its answer.
+///
+/// A long request runs as a job of the server: with `detach`, this returns
+/// as soon as the job has started (`Response::JobStarted`).
+pub fn request(
+    socket: &Path,
+    req: &Request,
+    detach: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let mut s = UnixStream::connect(socket).map_err(|e| {
+        Error::new(
+            ErrorKind::Locked,
+            format!(
+                "the datastore is in use and its server does not answer at {}: {e}",
+                socket.display()
+            ),
+        )
+    })?;
+    let line = serde_json::to_string(req).expect("serialisable");
+    writeln!(s, "{line}").map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
+    let reader = BufReader::new(s);
+    for line in reader.lines() {
+        let line = line.map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
+        let reply: Reply = serde_json::from_str(&line)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
+        match reply {
+            Reply::Job(info) if detach => return Ok(Response::JobStarted(info)),
+            Reply::Job(info) => {
+                use std::io::IsTerminal;
+                if std::io::stderr().is_terminal() {
+                    eprintln!(
+                        "job {}: {} (Ctrl-C detaches; the server goes on: 'strata jobs')",
+                        info.id, info.what
+                    );
+                }
+            }
+            Reply::Progress([done, total]) => progress(done, total),
+            Reply::Ok(r) => return Ok(r),
+            Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Io,
+        "the server closed the control connection without an answer",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_lines_keep_their_shapes() {
+        assert_eq!(Reply::Progress([1, 2]).line(), r#"{"progress":[1,2]}"#);
+        assert_eq!(
+            Reply::error(ErrorKind::NotFound, "no disk named 'x'").line(),
+            r#"{"error":{"kind":"not_found","message":"no disk named 'x'"}}"#
+        );
+        let ok = Reply::Ok(Response::Removed { name: "vm".into() }).line();
+        assert_eq!(ok, r#"{"ok":{"removed":{"name":"vm"}}}"#);
+        match serde_json::from_str::<Reply>(&ok).unwrap() {
+            Reply::Ok(Response::Removed { name }) => assert_eq!(name, "vm"),
+            other => panic!("decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_error_kind_survives_the_socket() {
+        use ErrorKind::*;
+        for k in [
+            NotFound,
+            AlreadyExists,
+            InvalidArgument,
+            NoSpace,
+            Locked,
+            Refused,
+            Corrupt,
+            Io,
+            Gone,
+        ] {
+            assert_eq!(kind_from(kind_name(k)), k);
+        }
+    }
+}
