@@ -487,7 +487,7 @@ impl Datastore {
         let m = self.inner.meta.lock();
         let capacity = self.inner.capacity_grains(&m) * GRAIN_BYTES;
         let used = m.used_grains() * GRAIN_BYTES;
-        let reserved = Store::reserved_grains(&m) * GRAIN_BYTES;
+        let reserved = m.reserved_grains() * GRAIN_BYTES;
         let provisioned: u64 = m.catalog.disks.iter().map(|d| d.size_bytes).sum();
         let figures = SpaceFigures {
             capacity_bytes: capacity,
@@ -789,7 +789,6 @@ impl Datastore {
             let h = self.open_disk(name)?;
             let from = old.size_bytes / GRAIN_BYTES * GRAIN_BYTES;
             h.fill_zeros(from, size_bytes - from, &mut |_, _| {}, &mut |_| Ok(()))?;
-            self.inner.commit(false)?;
         }
         self.disk_info(name)
     }
@@ -882,11 +881,7 @@ impl Datastore {
         self.change(|m| {
             let d = m.catalog.disk(name)?.clone();
             if to.is_thick() && !d.provisioning.is_thick() {
-                let mapped = m
-                    .version_state(d.head)
-                    .map(|v| v.mapped_grains)
-                    .unwrap_or(0);
-                let grains = d.size_bytes.div_ceil(GRAIN_BYTES).saturating_sub(mapped);
+                let grains = m.unwritten_grains(&d);
                 self.inner.check_space(
                     m,
                     SpaceRequest {
@@ -917,7 +912,6 @@ impl Datastore {
         h.fill_zeros(0, size, progress, &mut |n| {
             pacer.pace(n, self.inner.clients_busy())
         })?;
-        self.inner.commit(false)?;
         self.set_provisioning(name, Provisioning::Eagerzeroedthick)
     }
 

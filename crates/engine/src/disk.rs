@@ -245,14 +245,12 @@ impl DiskHandle {
     /// disk filling its own reservation adds nothing. Returns whether the
     /// grains fill the disk's own reservation.
     fn check_space(&self, m: &Meta, wanted: u64, prov: Provisioning) -> Result<bool> {
+        // A live handle's version is its disk's head.
         let own_reserved = if prov.is_thick() && self.snapshot_id.is_none() {
-            let d = m.catalog.disk_by_id(self.disk_id);
-            let size = d.map(|d| d.size_bytes.div_ceil(GRAIN_BYTES)).unwrap_or(0);
-            let mapped = m
-                .version_state(self.version)
-                .map(|v| v.mapped_grains)
-                .unwrap_or(0);
-            size.saturating_sub(mapped)
+            m.catalog
+                .disk_by_id(self.disk_id)
+                .map(|d| m.unwritten_grains(d))
+                .unwrap_or(0)
         } else {
             0
         };
@@ -475,14 +473,32 @@ impl DiskHandle {
     /// eager-zeroed create, extend and convert. Grains already mapped keep
     /// their data; which are unmapped is decided under the write stripes,
     /// so a client write racing with the fill is never overwritten.
-    /// Commits every `COMMIT_EVERY_BYTES`; `pace` is called after each
-    /// region with the bytes it covered.
     pub(crate) fn fill_zeros(
         &self,
         offset: u64,
         len: u64,
         progress: &mut dyn FnMut(u64, u64),
         pace: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<()> {
+        self.in_regions(offset, len, progress, pace, &mut |first, last, prov| {
+            self.fill_locked(first, last, prov)
+        })
+    }
+
+    /// Run `each(first, last, provisioning)` over the grains of `[offset,
+    /// offset+len)` a region at a time, with the gate and the region's
+    /// write stripes held (a client write waits for one region at most).
+    /// Between regions: bounded metadata, a commit every
+    /// `COMMIT_EVERY_BYTES`, `pace` with the bytes covered, `progress`; a
+    /// commit at the end. A region that meets ENOSPC while freed space is
+    /// on its way is tried once more after making room.
+    fn in_regions(
+        &self,
+        offset: u64,
+        len: u64,
+        progress: &mut dyn FnMut(u64, u64),
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+        each: &mut dyn FnMut(u64, u64, Provisioning) -> Result<()>,
     ) -> Result<()> {
         let end = offset + len;
         let mut pos = offset >> GRAIN_SHIFT << GRAIN_SHIFT;
@@ -493,10 +509,10 @@ impl DiskHandle {
             let first = pos >> GRAIN_SHIFT;
             let last = (region_end - 1) >> GRAIN_SHIFT;
             self.inner.maybe_checkpoint()?;
-            let attempt = || {
+            let mut attempt = || {
                 let _gate = self.inner.gate.read();
                 let _stripes = self.inner.lock_stripes(self.version, first, last);
-                self.fill_locked(first, last, prov)
+                each(first, last, prov)
             };
             match attempt() {
                 Err(e) if e.kind == ErrorKind::NoSpace && self.inner.space_to_come() => {
@@ -514,7 +530,7 @@ impl DiskHandle {
             pos = region_end;
             progress(pos - offset, len);
         }
-        Ok(())
+        self.inner.commit(false)
     }
 
     fn fill_locked(&self, first: u64, last: u64, prov: Provisioning) -> Result<()> {
@@ -572,73 +588,59 @@ impl DiskHandle {
         pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<(u64, u64)> {
         let size = self.size_bytes();
-        let mut pos = 0u64;
         let mut released = 0u64;
-        let mut since_commit = 0u64;
         let mut buf = vec![0u8; REGION_BYTES as usize];
-        while pos < size {
-            self.begin(0, 0, true)?;
-            let region_end = size.min(pos + REGION_BYTES);
-            let first = pos >> GRAIN_SHIFT;
-            let last = (region_end - 1) >> GRAIN_SHIFT;
-            self.inner.maybe_checkpoint()?;
-            {
-                let _gate = self.inner.gate.read();
-                let _stripes = self.inner.lock_stripes(self.version, first, last);
-                let mut grains = Vec::with_capacity((last - first + 1) as usize);
-                self.inner.meta.lock().lookup_range(
-                    self.version,
-                    first,
-                    last - first + 1,
-                    &mut grains,
-                )?;
-                let mut zero = Vec::new();
-                let mut i = 0;
-                while i < grains.len() {
-                    if grains[i] == 0 {
-                        i += 1;
-                        continue;
+        self.in_regions(0, size, progress, pace, &mut |first, last, _| {
+            let zero = self.zero_grains_in(first, last, &mut buf)?;
+            if !zero.is_empty() {
+                let mut m = self.inner.meta.lock();
+                self.inner.guarded(&mut m, |m| {
+                    for &v in &zero {
+                        m.unmap_grain(self.version, v)?;
                     }
-                    let mut j = i + 1;
-                    while j < grains.len() && grains[j] == grains[i] + (j - i) as u64 {
-                        j += 1;
-                    }
-                    let n = (j - i) * GRAIN_BYTES as usize;
-                    self.inner
-                        .pool
-                        .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
-                    for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
-                        if is_zero(g) {
-                            zero.push(first + (i + k) as u64);
-                        }
-                    }
-                    i = j;
-                }
-                if !zero.is_empty() {
-                    let mut m = self.inner.meta.lock();
-                    self.inner.guarded(&mut m, |m| {
-                        for &v in &zero {
-                            m.unmap_grain(self.version, v)?;
-                        }
-                        Ok(())
-                    })?;
-                    released += zero.len() as u64 * GRAIN_BYTES;
-                    self.inner
-                        .mutations
-                        .fetch_add(1, std::sync::atomic::Ordering::Release);
-                }
+                    Ok(())
+                })?;
+                released += zero.len() as u64 * GRAIN_BYTES;
+                self.inner
+                    .mutations
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
             }
-            since_commit += region_end - pos;
-            if since_commit >= COMMIT_EVERY_BYTES {
-                self.inner.commit(false)?;
-                since_commit = 0;
-            }
-            pace(region_end - pos)?;
-            pos = region_end;
-            progress(pos, size);
-        }
-        self.inner.commit(false)?;
+            Ok(())
+        })?;
         Ok((size, released))
+    }
+
+    /// The mapped grains of `[first, last]` that read all zeros; adjacent
+    /// physical grains are read at once into `buf` (one region long).
+    fn zero_grains_in(&self, first: u64, last: u64, buf: &mut [u8]) -> Result<Vec<u64>> {
+        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        self.inner
+            .meta
+            .lock()
+            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        let mut zero = Vec::new();
+        let mut i = 0;
+        while i < grains.len() {
+            if grains[i] == 0 {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < grains.len() && grains[j] == grains[i] + (j - i) as u64 {
+                j += 1;
+            }
+            let n = (j - i) * GRAIN_BYTES as usize;
+            self.inner
+                .pool
+                .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
+            for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
+                if is_zero(g) {
+                    zero.push(first + (i + k) as u64);
+                }
+            }
+            i = j;
+        }
+        Ok(zero)
     }
 
     // ------------------------------------------------------------ status

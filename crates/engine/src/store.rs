@@ -344,7 +344,7 @@ impl Store {
             // Swapped only under the meta lock, which every reader holds.
             let old = self.configured_capacity_bytes.swap(bytes, Ordering::AcqRel);
             let new = self.capacity_grains(&m);
-            let needed = m.used_grains() + Self::reserved_grains(&m);
+            let needed = m.used_grains() + m.reserved_grains();
             if needed > new {
                 self.configured_capacity_bytes.store(old, Ordering::Release);
                 let mib = |g: u64| (g * GRAIN_BYTES) >> 20;
@@ -359,7 +359,7 @@ impl Store {
                         "cannot set the capacity to {what}: {} MiB are used and {} MiB reserved \
                          by thick disks ({} MiB in all)",
                         mib(m.used_grains()),
-                        mib(Self::reserved_grains(&m)),
+                        mib(m.reserved_grains()),
                         mib(needed)
                     ),
                 );
@@ -379,11 +379,6 @@ impl Store {
         }
         *self.capacity_cache.lock() = (None, 0);
         Ok(())
-    }
-
-    /// Grains thick disks have reserved but not yet written.
-    pub fn reserved_grains(m: &Meta) -> u64 {
-        m.reserved_grains()
     }
 
     /// Hold the host space a reservation of `extra` more grains by
@@ -419,7 +414,7 @@ impl Store {
     /// less what fills the asker's own reservation, must fit the capacity.
     pub fn check_space(&self, m: &Meta, req: SpaceRequest) -> Result<()> {
         let cap = self.capacity_grains(m);
-        let reserved = Self::reserved_grains(m);
+        let reserved = m.reserved_grains();
         let used = m.used_grains();
         let wanted = req.grains - req.own_reserved.min(req.grains);
         if used + reserved + wanted > cap {

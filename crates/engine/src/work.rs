@@ -92,14 +92,10 @@ impl<'a> Pacer<'a> {
         let took = self.last.elapsed();
         self.done += bytes;
         if let Some(c) = self.control {
-            if c.is_paused() {
-                let t = Instant::now();
-                c.checkpoint()?;
-                // Time spent paused does not count against the rate.
-                self.start += t.elapsed();
-            } else {
-                c.checkpoint()?;
-            }
+            let t = Instant::now();
+            c.checkpoint()?;
+            // Time spent paused does not count against the rate.
+            self.start += t.elapsed();
         }
         match self.rate {
             Some(r) => {

@@ -129,20 +129,25 @@ impl Meta {
 
     // ------------------------------------------------------------ reservations
 
+    /// Grains of `d`'s size its head does not map: what a thick disk holds
+    /// reserved (FORMAT.md §7).
+    pub fn unwritten_grains(&self, d: &crate::catalog::DiskRec) -> u64 {
+        let mapped = self
+            .version_state(d.head)
+            .map(|v| v.mapped_grains)
+            .unwrap_or(0);
+        d.size_bytes
+            .div_ceil(strata_format::GRAIN_BYTES)
+            .saturating_sub(mapped)
+    }
+
     /// Grains thick disks have reserved but not yet written (FORMAT.md §7).
     pub fn reserved_grains(&self) -> u64 {
         self.catalog
             .disks
             .iter()
             .filter(|d| d.provisioning.is_thick())
-            .map(|d| {
-                let size = d.size_bytes.div_ceil(strata_format::GRAIN_BYTES);
-                let mapped = self
-                    .version_state(d.head)
-                    .map(|v| v.mapped_grains)
-                    .unwrap_or(0);
-                size.saturating_sub(mapped)
-            })
+            .map(|d| self.unwritten_grains(d))
             .sum()
     }
 
