@@ -9,7 +9,6 @@ use common::*;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -252,19 +251,7 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
         ]);
     }
     let addr = format!("127.0.0.1:{}", free_port());
-    let _ = std::fs::remove_file(s.sock());
-    let child = Command::new(strata())
-        .arg("--datastore")
-        .arg(s.path())
-        .args(["serve", "--nbd-unix"])
-        .arg(s.sock())
-        .args(["--http", &addr])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let srv = Server { child: Some(child) };
-    wait_for(&s.sock());
-    wait_for(&s.path().join("control.sock"));
+    let srv = s.serve_with(&["--http", &addr]);
     let ds = s.path().display().to_string();
     let line = |kind: &str, from: &str, to: &str| format!("{kind} {from} {to} {ds} ");
 

@@ -154,25 +154,14 @@ fn literal_zero_writes_to_a_thin_disk_allocate_nothing() {
     srv.stop();
 
     // With detection off the zeros are stored; punchzero gives them back.
-    let _ = std::fs::remove_file(s.sock());
-    let mut child = Command::new(strata())
-        .arg("--datastore")
-        .arg(s.path())
-        .args(["serve", "--detect-zeroes", "off", "--nbd-unix"])
-        .arg(s.sock())
-        .spawn()
-        .unwrap();
-    wait_for(&s.sock());
-    wait_for(&s.path().join("control.sock"));
+    let srv = s.serve_with(&["--detect-zeroes", "off"]);
     qemu_io(&uri, "write -P 0 0 16M");
     let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
     assert_eq!(a, 16 << 20);
     let r = s.json(&["punchzero", "t"]);
     assert_eq!(r["released_bytes"], 16u64 << 20);
     assert_eq!(r["allocated_bytes"], 0);
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    srv.stop();
 }
 
 /// A small tmpfs, so that "the host file system is full" is real.

@@ -6,7 +6,6 @@ mod common;
 use common::*;
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 
 fn bucket(h: &serde_json::Value, le: i64) -> u64 {
     h["buckets"]
@@ -51,19 +50,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     // Without a server there are no statistics, and the CLI says why.
     assert!(s.fails(&["stats", "disk"]).contains("running server"));
     let addr = format!("127.0.0.1:{}", free_port());
-    let _ = std::fs::remove_file(s.sock());
-    let child = Command::new(strata())
-        .arg("--datastore")
-        .arg(s.path())
-        .args(["serve", "--nbd-unix"])
-        .arg(s.sock())
-        .args(["--http", &addr])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let srv = Server { child: Some(child) };
-    wait_for(&s.sock());
-    wait_for(&s.path().join("control.sock"));
+    let srv = s.serve_with(&["--http", &addr]);
 
     // 1000 sequential 4 KiB writes, one at a time so their order is exact.
     let uri = format!("--uri={}", s.uri("disk"));

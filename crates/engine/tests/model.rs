@@ -251,6 +251,11 @@ fn run(ops: Vec<Op>) {
                 disk,
                 sector,
                 sectors,
+            }
+            | Op::WriteZeros {
+                disk,
+                sector,
+                sectors,
             } => {
                 let name = pick(disk);
                 let data = model.disks.get_mut(&name).unwrap();
@@ -258,11 +263,15 @@ fn run(ops: Vec<Op>) {
                 let sector = sector % total;
                 let sectors = sectors.min(total - sector);
                 let h = ds.open_disk(&name).unwrap();
-                if matches!(op, Op::Trim { .. }) {
-                    h.unmap(sector * 512, sectors * 512).unwrap();
-                } else {
-                    h.write_zeroes(sector * 512, sectors * 512, ZeroOptions::default())
-                        .unwrap();
+                match op {
+                    Op::Trim { .. } => h.unmap(sector * 512, sectors * 512).unwrap(),
+                    Op::Zero { .. } => h
+                        .write_zeroes(sector * 512, sectors * 512, ZeroOptions::default())
+                        .unwrap(),
+                    // Literal zeros as data: zero detection on thin disks.
+                    _ => h
+                        .write_at(&vec![0u8; (sectors * 512) as usize], sector * 512, false)
+                        .unwrap(),
                 }
                 data[(sector * 512) as usize..((sector + sectors) * 512) as usize].fill(0);
             }
@@ -374,21 +383,6 @@ fn run(ops: Vec<Op>) {
                 }
                 model.disks.remove(&name);
                 model.snaps.remove(&name);
-            }
-            Op::WriteZeros {
-                disk,
-                sector,
-                sectors,
-            } => {
-                let name = pick(disk);
-                let data = model.disks.get_mut(&name).unwrap();
-                let total = data.len() as u64 / 512;
-                let sector = sector % total;
-                let sectors = sectors.min(total - sector);
-                let h = ds.open_disk(&name).unwrap();
-                h.write_at(&vec![0u8; (sectors * 512) as usize], sector * 512, false)
-                    .unwrap();
-                data[(sector * 512) as usize..((sector + sectors) * 512) as usize].fill(0);
             }
             Op::Convert { disk, to } => {
                 let name = pick(disk);

@@ -82,6 +82,10 @@ impl Store {
     pub fn serve(&self) -> Server {
         Server::start(self)
     }
+    /// `serve` with more arguments (e.g. `--http ADDR`).
+    pub fn serve_with(&self, extra: &[&str]) -> Server {
+        Server::start_with(self, extra)
+    }
 }
 
 pub struct Server {
@@ -102,6 +106,9 @@ pub fn wait_for(path: &Path) {
 
 impl Server {
     pub fn start(s: &Store) -> Server {
+        Server::start_with(s, &[])
+    }
+    pub fn start_with(s: &Store, extra: &[&str]) -> Server {
         let _ = std::fs::remove_file(s.sock());
         let child = Command::new(strata())
             .arg("--datastore")
@@ -109,6 +116,7 @@ impl Server {
             .arg("serve")
             .arg("--nbd-unix")
             .arg(s.sock())
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
