@@ -938,22 +938,58 @@ def _window_iops(samples, t_from, t_to):
     return round(sum(xs) / len(xs)) if xs else None
 
 
-class _ReclaimWatch:
-    """Polls `strata status --json` until `reclaiming` is 0 (in a thread);
-    start it after `rm` returns (the removed disk is an orphan by then)."""
+def _busy_trial(s, k, tag, rt, size, logs, start, finished):
+    """One trial of client writes beside background work: fio 64 KiB random
+    writes (iodepth 16) on an empty thin disk with nothing running, then
+    `start()` and at once the same job on another empty thin disk, while a
+    thread polls `finished()` to time the work. `busy_iops_window` counts
+    the part of the busy job the work lasted (fio's 250 ms IOPS log),
+    against the idle job's median 250 ms sample: its first samples are
+    sometimes slow for reasons of their own, and the busy span includes
+    fio's start-up, so this reference is the strict one."""
+    import threading
+    for n in (f"idle{k}", f"busy{k}"):
+        s.cli("create", n, "--size", size)
+    idle, idle_s = _fio_iops_log(s.uri(f"idle{k}"), "randwrite", "64k", 16, rt, size, logs,
+                                 f"{tag}idle{k}")
+    cpu0 = s.cpu_seconds()
+    t0 = time.perf_counter()
+    start()
+    done = {}
 
-    def __init__(self, s, t0):
-        import threading
-        self.s, self.t0, self.done_s = s, t0, None
-        self.th = threading.Thread(target=self._run, daemon=True)
-        self.th.start()
-
-    def _run(self):
-        while True:
-            if not json.loads(self.s.cli("status", "--json"))["reclaiming"]:
-                self.done_s = round(time.perf_counter() - self.t0, 2)
-                return
+    def watch():
+        while not finished():
             time.sleep(0.1)
+        done["s"] = round(time.perf_counter() - t0, 2)
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    t_fio = time.perf_counter() - t0
+    busy, busy_s = _fio_iops_log(s.uri(f"busy{k}"), "randwrite", "64k", 16, rt, size, logs,
+                                 f"{tag}busy{k}")
+    cpu = s.cpu_seconds() - cpu0
+    th.join(timeout=600)
+    win = max(0.5, min(rt, done.get("s", rt) - t_fio))
+    for n in (f"idle{k}", f"busy{k}"):
+        s.cli("rm", n)
+    return {"work_s": done.get("s"), "idle_iops": round(idle["iops"]),
+            "busy_iops": round(busy["iops"]),
+            "idle_iops_window": round(median(v for _, v in idle_s)),
+            "busy_iops_window": _window_iops(busy_s, 0, win),
+            "server_cpu_s_busy_job": round(cpu, 2),
+            "load_avg": round(os.getloadavg()[0], 2)}
+
+
+def _busy_summary(runs, work):
+    """Medians over trials of `_busy_trial`; `work` names the background
+    work in the keys (`{work}_s`, `ratio_during_{work}`)."""
+    for r in runs:
+        r[f"{work}_s"] = r.pop("work_s")
+    med = lambda key: median(r[key] or 0 for r in runs)
+    return {"trials": runs, f"{work}_s": med(f"{work}_s"),
+            "idle_iops": med("idle_iops"), "busy_iops": med("busy_iops"),
+            "ratio_whole_job": ratio(med("busy_iops"), med("idle_iops")),
+            f"ratio_during_{work}": ratio(med("busy_iops_window"), med("idle_iops_window")),
+            "load_avg": med("load_avg"), "target": f">= 0.8 (during_{work})"}
 
 
 def case_reclaim(work, q):
@@ -961,91 +997,39 @@ def case_reclaim(work, q):
 
     Each trial writes a disk of `data` by 4k random writes (every grain
     once, as the matrix's write cells leave it, so its pool grains are
-    scattered) and flushes it, runs fio 64 KiB random writes (iodepth 16)
-    on an empty thin disk with nothing reclaiming, then removes the written
-    disk and at once runs the same job on another empty thin disk while the
-    background reclaimer gives the removed disk back. Same server, same
-    trial; the job is short (the reclaim of 2 GiB takes about a second) and
-    `during_reclaim` counts only the part of each job the reclaim lasted
-    (fio's 250 ms IOPS log), against the idle job's median 250 ms sample.
-    Medians over the trials; the machine's load average is recorded with
-    them."""
+    scattered) and flushes it; then `_busy_trial` with the removal of that
+    disk as the background work, finished when `status` shows nothing
+    reclaiming (a reclaim of 2 GiB takes about a second). Medians over the
+    trials; the machine's load average is recorded with them."""
     data = "1G" if q else "2G"
-    size = "4G"
-    rt = 4
+    size, rt = "4G", 4
     trials = 2 if q else 3
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     runs = []
     s = Strata(os.path.join(work, "reclaim")).start()
+    reclaiming = lambda: json.loads(s.cli("status", "--json"))["reclaiming"]
     try:
         for k in range(trials):
-            for n in (f"idle{k}", f"busy{k}"):
-                s.cli("create", n, "--size", size)
             s.cli("create", "big", "--size", data)
             fio(s.uri("big"), "randwrite", "4k", size=data, extra=["--end_fsync=1"])
             # Nothing left to reclaim from the previous trial.
-            while json.loads(s.cli("status", "--json"))["reclaiming"]:
+            while reclaiming():
                 time.sleep(0.1)
-            idle, idle_s = _fio_iops_log(s.uri(f"idle{k}"), "randwrite", "64k", 16, rt, size, logs, f"idle{k}")
-            cpu0 = s.cpu_seconds()
-            t0 = time.perf_counter()
-            s.cli("rm", "big")
-            w = _ReclaimWatch(s, t0)
-            t_fio = time.perf_counter() - t0
-            busy, busy_s = _fio_iops_log(s.uri(f"busy{k}"), "randwrite", "64k", 16, rt, size, logs, f"busy{k}")
-            cpu = s.cpu_seconds() - cpu0
-            w.th.join(timeout=600)
-            win = max(0.5, min(rt, (w.done_s or rt) - t_fio))
-            runs.append({"reclaim_s": w.done_s, "idle_iops": round(idle["iops"]),
-                         "busy_iops": round(busy["iops"]),
-                         # The idle job's typical 250 ms (its median sample):
-                         # its first samples are sometimes slow for reasons
-                         # of their own, and the busy span includes fio's
-                         # start-up, so this reference is the strict one.
-                         "idle_iops_window": round(median(v for _, v in idle_s)),
-                         "busy_iops_window": _window_iops(busy_s, 0, win),
-                         "server_cpu_s_busy_job": round(cpu, 2),
-                         "load_avg": round(os.getloadavg()[0], 2)})
-            for n in (f"idle{k}", f"busy{k}"):
-                s.cli("rm", n)
+            runs.append(_busy_trial(s, k, "", rt, size, logs, lambda: s.cli("rm", "big"),
+                                    lambda: not reclaiming()))
     finally:
         s.stop()
-    med = lambda key: median(r[key] or 0 for r in runs)
     return {"removed_disk": data, "job": f"64k randwrite iodepth 16, {rt} s, empty thin {size}",
-            "trials": runs, "reclaim_s": med("reclaim_s"),
-            "idle_iops": med("idle_iops"), "busy_iops": med("busy_iops"),
-            "ratio_whole_job": ratio(med("busy_iops"), med("idle_iops")),
-            "ratio_during_reclaim": ratio(med("busy_iops_window"), med("idle_iops_window")),
-            "load_avg": med("load_avg"), "target": ">= 0.8 (during_reclaim)"}
-
-class _JobWatch:
-    """Polls `strata jobs --json` until job `id` has ended (in a thread)."""
-
-    def __init__(self, s, job_id, t0):
-        import threading
-        self.s, self.id, self.t0, self.done_s = s, job_id, t0, None
-        self.th = threading.Thread(target=self._run, daemon=True)
-        self.th.start()
-
-    def _run(self):
-        while True:
-            jobs = json.loads(self.s.cli("jobs", "--json"))
-            j = next((j for j in jobs if j["id"] == self.id), None)
-            if j is None or j["state"] in ("done", "failed", "cancelled"):
-                self.done_s = round(time.perf_counter() - self.t0, 2)
-                return
-            time.sleep(0.1)
+            **_busy_summary(runs, "reclaim")}
 
 
 def case_spacework(work, q):
     """Client writes while convert runs on another disk (issue 9 item 6): the
     eager fill (thin -> eagerzeroedthick: zeros written for real) and the
     zero scan (eagerzeroedthick -> thin: punchzero over every grain), each
-    started with --detach as a server job, vs the same 64 KiB random-write
-    job with nothing running. Same server, same trial; `during` counts the
-    part of the job the conversion lasted (fio's 250 ms IOPS log) against
-    the idle job's median 250 ms sample."""
+    started with --detach as a server job and finished when `strata jobs`
+    says so; `_busy_trial` with medians over the trials."""
     bg = "2G" if q else "4G"
     size, rt = "4G", 6
     trials = 2 if q else 3
@@ -1053,41 +1037,23 @@ def case_spacework(work, q):
     os.makedirs(logs, exist_ok=True)
     out = {"background_disk": bg, "job": f"64k randwrite iodepth 16, {rt} s, empty thin {size}"}
     s = Strata(os.path.join(work, "spacework")).start()
+
+    def ended(job_id):
+        j = next((j for j in json.loads(s.cli("jobs", "--json")) if j["id"] == job_id), None)
+        return j is None or j["state"] in ("done", "failed", "cancelled")
     try:
-        for phase, to in (("fill", "eagerzeroedthick"), ("scan", "thin")):
+        for phase, frm, to in (("fill", "thin", "eagerzeroedthick"),
+                               ("scan", "eagerzeroedthick", "thin")):
             runs = []
             for k in range(trials):
-                for n in (f"idle{k}", f"busy{k}"):
-                    s.cli("create", n, "--size", size)
-                if to == "eagerzeroedthick":
-                    s.cli("create", "bg", "--size", bg)
-                else:
-                    s.cli("create", "bg", "--size", bg, "--type", "eagerzeroedthick")
-                idle, idle_s = _fio_iops_log(s.uri(f"idle{k}"), "randwrite", "64k", 16, rt, size, logs,
-                                             f"{phase}idle{k}")
-                cpu0 = s.cpu_seconds()
-                t0 = time.perf_counter()
-                job = json.loads(s.cli("convert", "bg", "--type", to, "--detach", "--json"))
-                w = _JobWatch(s, job["id"], t0)
-                t_fio = time.perf_counter() - t0
-                busy, busy_s = _fio_iops_log(s.uri(f"busy{k}"), "randwrite", "64k", 16, rt, size, logs,
-                                             f"{phase}busy{k}")
-                cpu = s.cpu_seconds() - cpu0
-                w.th.join(timeout=600)
-                win = max(0.5, min(rt, (w.done_s or rt) - t_fio))
-                runs.append({"convert_s": w.done_s, "idle_iops": round(idle["iops"]),
-                             "busy_iops": round(busy["iops"]),
-                             "idle_iops_window": round(median(v for _, v in idle_s)),
-                             "busy_iops_window": _window_iops(busy_s, 0, win),
-                             "server_cpu_s_busy_job": round(cpu, 2),
-                             "load_avg": round(os.getloadavg()[0], 2)})
-                for n in (f"idle{k}", f"busy{k}", "bg"):
-                    s.cli("rm", n)
-            med = lambda key: median(r[key] or 0 for r in runs)
-            out[phase] = {"convert_to": to, "trials": runs, "convert_s": med("convert_s"),
-                          "ratio_whole_job": ratio(med("busy_iops"), med("idle_iops")),
-                          "ratio_during": ratio(med("busy_iops_window"), med("idle_iops_window")),
-                          "load_avg": med("load_avg"), "target": ">= 0.8 (during)"}
+                s.cli("create", "bg", "--size", bg, "--type", frm)
+                job = {}
+                start = lambda: job.update(json.loads(
+                    s.cli("convert", "bg", "--type", to, "--detach", "--json")))
+                runs.append(_busy_trial(s, k, phase, rt, size, logs, start,
+                                        lambda: ended(job["id"])))
+                s.cli("rm", "bg")
+            out[phase] = {"convert_to": to, **_busy_summary(runs, "convert")}
     finally:
         s.stop()
     return out
