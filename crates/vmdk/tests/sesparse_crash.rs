@@ -333,13 +333,18 @@ fn assert_clean(img: &VmdkImage, ctx: &str) {
     }
 }
 
-#[test]
-fn shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
+/// A shrink (`shrink`: offline or online) whose writes fail from the k-th
+/// on, then a crash: the content is the same, check is clean, and the
+/// image still takes writes and a full shrink afterwards.
+fn shrink_interrupted_then_crashed(
+    seed_base: u64,
+    shrink: &dyn Fn(&VmdkImage) -> strata_vmdk::Result<Vec<strata_vmdk::sparse::ShrinkReport>>,
+) {
     let mut saw_failure = false;
     let mut saw_success = false;
     let mut moved_some = false;
     for run in 0..runs() {
-        let seed = 0x5a1e_0000 + run;
+        let seed = seed_base + run;
         let mut rng = StdRng::seed_from_u64(seed);
         let b = SimBackend::new();
         let (mut m, mut v) = shrink_fixture(&b, &mut rng);
@@ -352,7 +357,7 @@ fn shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
         // Write number k fails, and every one after it.
         let k = rng.gen_range(0..120);
         b.fail_writes_after(k);
-        let r = img.shrink(&mut |_, _| {});
+        let r = shrink(&img);
         let ctx = format!("seed {seed}, writes fail after {k}: {r:?}");
         match &r {
             Ok(reps) => {
@@ -375,7 +380,8 @@ fn shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
         // And the image still takes writes and a full shrink afterwards.
         let img = open(&b, true);
         random_ops(&img, &mut m, &mut rng, &mut v, 20);
-        img.shrink(&mut |_, _| {}).unwrap();
+        shrink(&img).unwrap();
+        img.flush().unwrap();
         m.flushed();
         verify(&img, &m, &format!("{ctx}, shrunk again"));
         drop(img);
@@ -387,6 +393,11 @@ fn shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
         saw_failure && saw_success && moved_some,
         "runs cover both outcomes"
     );
+}
+
+#[test]
+fn shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
+    shrink_interrupted_then_crashed(0x5a1e_0000, &|img| img.shrink(&mut |_, _| {}));
 }
 
 #[test]
@@ -423,55 +434,7 @@ fn crash_after_shrink_keeps_the_content_and_the_smaller_file() {
 
 #[test]
 fn online_shrink_interrupted_at_any_write_then_crashed_keeps_the_content() {
-    let mut saw_failure = false;
-    let mut saw_success = false;
-    let mut moved_some = false;
-    for run in 0..runs() {
-        let seed = 0x5a3e_0000 + run;
-        let mut rng = StdRng::seed_from_u64(seed);
-        let b = SimBackend::new();
-        let (mut m, mut v) = shrink_fixture(&b, &mut rng);
-        let img = open(&b, true);
-        if rng.gen_bool(0.5) {
-            random_ops(&img, &mut m, &mut rng, &mut v, 12);
-        }
-        let k = rng.gen_range(0..120);
-        b.fail_writes_after(k);
-        let r = img.shrink_online(None, &mut |_, _| {});
-        let ctx = format!("seed {seed}, writes fail after {k}: {r:?}");
-        match &r {
-            Ok(reps) => {
-                m.flushed();
-                saw_success = true;
-                moved_some |= reps.iter().any(|r| r.moved > 0);
-            }
-            Err(_) => saw_failure = true,
-        }
-        verify(&img, &m, &format!("{ctx}, before the crash"));
-        let report = b.crash(rng.gen());
-        drop(img);
-        let ro = open(&b, false);
-        let ctx = format!("{ctx}, after crash {report:?}");
-        let seen = verify(&ro, &m, &ctx);
-        assert_clean(&ro, &ctx);
-        drop(ro);
-        m.settle(seen);
-        // The image takes writes and a full online shrink afterwards.
-        let img = open(&b, true);
-        random_ops(&img, &mut m, &mut rng, &mut v, 20);
-        img.shrink_online(None, &mut |_, _| {}).unwrap();
-        verify(&img, &m, &format!("{ctx}, shrunk again"));
-        img.flush().unwrap();
-        m.flushed();
-        drop(img);
-        let ro = open(&b, false);
-        verify(&ro, &m, &format!("{ctx}, shrunk again, reopened"));
-        assert_clean(&ro, &format!("{ctx}, shrunk again"));
-    }
-    assert!(
-        saw_failure && saw_success && moved_some,
-        "runs cover both outcomes"
-    );
+    shrink_interrupted_then_crashed(0x5a3e_0000, &|img| img.shrink_online(None, &mut |_, _| {}));
 }
 
 /// Client writes, zeroes, unmaps and flushes race an online shrink on
