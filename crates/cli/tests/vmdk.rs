@@ -4,14 +4,11 @@
 //! it is, raw/qcow2 import, and `vmdk check --repair` on a damaged file.
 
 mod common;
+use common::vmdk::*;
 use common::*;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 fn to_raw(fmt: &str, src: &str, dst: &Path) -> Vec<u8> {
     run_ok(

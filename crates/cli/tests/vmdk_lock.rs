@@ -5,14 +5,11 @@
 //! base, and everything works again once the server stops or is killed.
 
 mod common;
+use common::vmdk::*;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+use std::process::{Command, Stdio};
 
 /// A store with a 2-link seSparse chain exported from it: (store, base, top).
 fn chain() -> (Store, PathBuf, PathBuf) {
@@ -31,35 +28,6 @@ fn chain() -> (Store, PathBuf, PathBuf) {
     let (base, top) = (dir.join("vm.vmdk"), dir.join("vm-000001.vmdk"));
     assert!(base.exists() && top.exists());
     (s, base, top)
-}
-
-/// Holder records of each test in a folder of its own.
-fn runtime(s: &Store) -> PathBuf {
-    s.dir.path().join("run")
-}
-
-fn strata_cmd(s: &Store, args: &[&str]) -> Output {
-    Command::new(strata())
-        .env("STRATA_RUNTIME_DIR", runtime(s))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(s: &Store, args: &[&str]) -> String {
-    let o = strata_cmd(s, args);
-    assert!(
-        o.status.success(),
-        "strata {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn fails(s: &Store, args: &[&str]) -> String {
-    let o = strata_cmd(s, args);
-    assert!(!o.status.success(), "strata {args:?} should have failed");
-    String::from_utf8(o.stderr).unwrap()
 }
 
 /// `strata serve --vmdk FILE` without a datastore, NBD on `tag`.sock.

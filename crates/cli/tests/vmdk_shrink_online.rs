@@ -7,14 +7,11 @@
 //! must be clean, also after a kill -9 of the server in the middle.
 
 mod common;
+use common::vmdk::*;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+use std::process::{Command, Stdio};
 
 const MIB: usize = 1 << 20;
 
@@ -38,28 +35,6 @@ fn chain(size_mib: usize) -> (Store, PathBuf, PathBuf) {
     let ext = dir.join("vm-000001-sesparse.vmdk");
     assert!(top.exists() && ext.exists());
     (s, top, ext)
-}
-
-fn runtime(s: &Store) -> PathBuf {
-    s.dir.path().join("run")
-}
-
-fn strata_cmd(s: &Store, args: &[&str]) -> Output {
-    Command::new(strata())
-        .env("STRATA_RUNTIME_DIR", runtime(s))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(s: &Store, args: &[&str]) -> String {
-    let o = strata_cmd(s, args);
-    assert!(
-        o.status.success(),
-        "strata {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
 }
 
 /// `strata serve --vmdk vm=TOP` without a datastore; returns the server

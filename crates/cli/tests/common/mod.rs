@@ -1,6 +1,8 @@
 //! Helpers for tests that drive the real `strata` binary and real clients.
 #![allow(dead_code)]
 
+pub mod vmdk;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
