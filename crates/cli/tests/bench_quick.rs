@@ -1,6 +1,8 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim`) run end to end against the test-built `strata`, and their JSON has every
-//! case and every cell. Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi`)
+//! run end to end against the test-built `strata`, and their JSON has every
+//! case and every cell. The vdi case boots TCG guests (the guest test's
+//! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
 //! minutes and needs fio, qemu-img and qemu-nbd). No timing thresholds: only
 //! that each figure was measured.
 
@@ -52,7 +54,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim",
+            "matrix,chain,clone,formats,stats,reclaim,vdi",
             "--out",
         ])
         .arg(&out)
@@ -160,6 +162,28 @@ fn bench_quick_paper_suites() {
         "ratio_during_reclaim",
     ] {
         positive(rc, &[k]);
+    }
+
+    // vdi: the guests' deleted application comes back from every clone
+    // (space, not time: the shrink gives back what fstrim unmapped), the
+    // clones verified after it, and every window measured.
+    let vdi = get(&j, &["cases", "vdi"]);
+    let app = get(vdi, &["params", "app_mib"]).as_f64().unwrap();
+    let reclaimed = get(vdi, &["reclaimed_mib_per_clone"]).as_f64().unwrap();
+    assert!(
+        reclaimed >= 0.9 * app,
+        "vdi: {reclaimed} MiB given back per clone after the guests deleted {app} MiB"
+    );
+    assert!(get(vdi, &["verified"]).is_string());
+    for k in [
+        "ratio_during_vs_before",
+        "ratio_after_vs_before",
+        "shrink_s",
+    ] {
+        positive(vdi, &[k]);
+    }
+    for w in ["before", "during", "after"] {
+        positive(vdi, &["server_cpu_pct", w]);
     }
 
     // The report files next to the JSON.
