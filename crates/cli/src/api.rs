@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use strata_engine::{
-    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport,
-    SnapshotInfo,
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, Provisioning,
+    PunchZeroReport, SnapshotInfo,
 };
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
@@ -50,6 +50,15 @@ pub enum Request {
     /// Release a thin disk's zero grains.
     PunchZero {
         name: String,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Lay a disk's grains out in logical order (online), or with
+    /// `dry_run` say what that would move.
+    Defrag {
+        name: String,
+        #[serde(default)]
+        dry_run: bool,
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
@@ -152,6 +161,7 @@ impl Request {
                 format!("convert {name} to {}", provisioning.as_str())
             }
             Request::PunchZero { name, .. } => format!("punchzero {name}"),
+            Request::Defrag { name, .. } => format!("defrag {name}"),
             Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
             Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
             Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
@@ -171,6 +181,7 @@ impl Request {
             Request::CloneFull { .. }
                 | Request::Convert { .. }
                 | Request::PunchZero { .. }
+                | Request::Defrag { dry_run: false, .. }
                 | Request::Import { .. }
                 | Request::Export { .. }
                 | Request::Create {
@@ -196,6 +207,8 @@ pub enum Response {
     Removed { name: String },
     /// `punchzero`
     PunchZero(PunchZeroReport),
+    /// `defrag`
+    Defrag(DefragReport),
     /// `jobs`, `jobs pause|resume|cancel`
     Jobs(Vec<JobInfo>),
     /// A long command run with `--detach`: the job it started.

@@ -33,7 +33,7 @@ pub struct Cli {
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
     pub cache: u64,
 
-    /// For a long command (convert, punchzero, clone --full, import, export, eager create)
+    /// For a long command (convert, punchzero, defrag, clone --full, import, export, eager create)
     /// on a running server: return once its job has started instead of following it
     #[arg(long, global = true)]
     pub detach: bool,
@@ -129,6 +129,26 @@ says which it is. Returns once the new capacity is durable."
     Punchzero {
         name: String,
         /// Scan at most this much per second (e.g. 200M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Lay a disk's grains out in logical order, online (what snapshots and clones share moves once, for all of them)
+    #[command(
+        long_about = "Lay a disk's grains out in logical order, also while it is served.\n\n\
+A region (1 MiB) whose data is not one physical run is copied to grains allocated one after\n\
+the other; every map that shares a moved grain (snapshots, linked clones) is repointed, so\n\
+nothing is unshared and used space does not grow. Paced against client I/O; a job that\n\
+'strata jobs' can pause, resume and cancel. After a crash, run it again to finish.\n\n\
+'strata info DISK' shows the disk's fragments; --dry-run shows what a run would move."
+    )]
+    Defrag {
+        name: String,
+        /// Only report the fragments and the bytes a run would move
+        #[arg(long)]
+        dry_run: bool,
+        /// Move at most this much per second (e.g. 100M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
         #[command(flatten)]
@@ -264,7 +284,7 @@ pub enum JobCmd {
     Pause { id: u64 },
     /// Resume a paused job
     Resume { id: u64 },
-    /// Stop a convert or punchzero at the end of its current step; what it did stays
+    /// Stop a convert, punchzero or defrag at the end of its current step; what it did stays
     Cancel { id: u64 },
 }
 
@@ -493,6 +513,19 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             Cmd::Punchzero { name, rate, json } => datastore(
                 Request::PunchZero {
                     name: name.clone(),
+                    rate_bytes_per_sec: *rate,
+                },
+                json.into(),
+            ),
+            Cmd::Defrag {
+                name,
+                dry_run,
+                rate,
+                json,
+            } => datastore(
+                Request::Defrag {
+                    name: name.clone(),
+                    dry_run: *dry_run,
                     rate_bytes_per_sec: *rate,
                 },
                 json.into(),

@@ -102,7 +102,10 @@ impl Jobs {
             what: req.describe(),
             started_unix: now_unix(),
             control: Arc::new(WorkControl::default()),
-            cancellable: matches!(req, Request::Convert { .. } | Request::PunchZero { .. }),
+            cancellable: matches!(
+                req,
+                Request::Convert { .. } | Request::PunchZero { .. } | Request::Defrag { .. }
+            ),
             state: Mutex::new(JobStatus {
                 done: 0,
                 total: 0,

@@ -41,7 +41,7 @@ pub fn execute(
 ) -> Result<Response, Error> {
     let ds = ctx.ds;
     Ok(match req {
-        Request::Status => Response::Datastore(ds.info()),
+        Request::Status => Response::Datastore(ds.info_with_layout()?),
         Request::List => Response::Disks(ds.list_disks()),
         Request::Info { name } => Response::Disk(ds.disk_info_with_space(name)?),
         Request::Create {
@@ -72,6 +72,19 @@ pub fn execute(
             rate_bytes_per_sec,
         } => Response::PunchZero(ds.punch_zero(
             name,
+            &SpaceWork {
+                rate_bytes_per_sec: *rate_bytes_per_sec,
+                control: ctx.control.clone(),
+            },
+            progress,
+        )?),
+        Request::Defrag {
+            name,
+            dry_run,
+            rate_bytes_per_sec,
+        } => Response::Defrag(ds.defrag_disk(
+            name,
+            *dry_run,
             &SpaceWork {
                 rate_bytes_per_sec: *rate_bytes_per_sec,
                 control: ctx.control.clone(),

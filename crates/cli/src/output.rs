@@ -11,7 +11,9 @@ use std::io::IsTerminal;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use strata_engine::{AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DiskInfo, SnapshotInfo};
+use strata_engine::{
+    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, SnapshotInfo,
+};
 
 use crate::api::{
     AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
@@ -120,6 +122,7 @@ impl Render for Response {
                     human(r.allocated_bytes)
                 ),
             ),
+            Response::Defrag(r) => defrag(out, r),
             Response::SnapshotCreated { disk, snapshot } => line(
                 out,
                 format_args!("created snapshot {disk}@{}", snapshot.name),
@@ -146,6 +149,7 @@ impl Render for Response {
             Response::Disk(d) => value(d),
             Response::Removed { name } => json!({ "removed": name }),
             Response::PunchZero(r) => value(r),
+            Response::Defrag(r) => value(r),
             Response::Jobs(jobs) => value(jobs),
             Response::JobStarted(j) => value(j),
             Response::SnapshotCreated { snapshot, .. } => value(snapshot),
@@ -219,6 +223,21 @@ fn datastore(out: &mut String, i: &DatastoreInfo) {
         i.overcommit_percent
     );
     let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    if let Some(l) = &i.layout {
+        let _ = writeln!(
+            out,
+            "pool:         {} ({} free in {} extents), {} on the host",
+            human(l.pool_bytes),
+            human(l.free_in_pool_bytes),
+            l.free_extents,
+            human(l.pool_file_bytes)
+        );
+        let classes: Vec<String> = strata_engine::layout::FREE_EXTENT_CLASSES
+            .iter()
+            .filter_map(|(c, _)| l.free_extent_histogram.get(*c).map(|n| format!("{c} {n}")))
+            .collect();
+        let _ = writeln!(out, "free extents: {}", classes.join(", "));
+    }
     for a in &i.alarms {
         alarm_line(out, a);
     }
@@ -360,6 +379,12 @@ fn disk(out: &mut String, d: &DiskInfo) {
         d.allocated_bytes
     );
     let _ = writeln!(out, "nb / tbz:        {} / {} (1 MiB blocks)", d.nb, d.tbz);
+    if let Some(f) = d.fragments {
+        let _ = writeln!(
+            out,
+            "fragments:       {f} (1 = laid out in one run; 'strata defrag' lays it out)"
+        );
+    }
     if let Some(x) = d.exclusive_bytes {
         let _ = writeln!(
             out,
@@ -377,6 +402,43 @@ fn disk(out: &mut String, d: &DiskInfo) {
     }
     let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
     let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
+}
+
+fn defrag(out: &mut String, r: &DefragReport) {
+    if r.dry_run {
+        let _ = writeln!(
+            out,
+            "{}: {} fragments; defrag would move {} in {} regions of 1 MiB",
+            r.disk,
+            r.fragments_before,
+            human(r.moved_bytes),
+            r.regions_moved
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{}: {} -> {} fragments; moved {} in {} regions of 1 MiB",
+        r.disk,
+        r.fragments_before,
+        r.fragments_after,
+        human(r.moved_bytes),
+        r.regions_moved
+    );
+    if r.regions_skipped > 0 {
+        let _ = writeln!(
+            out,
+            "{} regions left as they were: free space lies in short runs",
+            r.regions_skipped
+        );
+    }
+    if r.grains_kept > 0 {
+        let _ = writeln!(
+            out,
+            "{} grains left in place: a reference to them could not be accounted for (run 'strata check')",
+            r.grains_kept
+        );
+    }
 }
 
 /// Snapshots as an indented tree; a mark says where the live state is.
@@ -579,6 +641,7 @@ mod tests {
             created_unix: 1_700_000_000,
             exclusive_bytes: Some(1 << 20),
             snapshot_space_bytes: Some(512 << 10),
+            fragments: Some(3),
         }
     }
 
@@ -631,6 +694,15 @@ mod tests {
                     since_unix: 1_700_000_000,
                 }),
                 checkpoints: 3,
+                layout: Some(strata_engine::PoolLayout {
+                    free_extents: 2,
+                    free_extent_histogram: [("4k".to_string(), 1), ("16m+".to_string(), 1)]
+                        .into_iter()
+                        .collect(),
+                    free_in_pool_bytes: (16 << 20) + 4096,
+                    pool_bytes: 64 << 20,
+                    pool_file_bytes: 48 << 20,
+                }),
             }),
             Response::Disks(vec![disk_info()]),
             Response::Disk(disk_info()),
@@ -691,12 +763,26 @@ mod tests {
                 },
                 exec: Some("logger \"$STRATA_ALARM_STATE\"".into()),
             }]),
+            Response::Defrag(DefragReport {
+                disk: "vm".into(),
+                dry_run: false,
+                fragments_before: 4093,
+                fragments_after: 2,
+                mapped_bytes: 16 << 20,
+                moved_bytes: 16 << 20,
+                regions_moved: 16,
+                regions_skipped: 1,
+                grains_kept: 0,
+            }),
         ]
     }
 
     #[test]
     fn alarms_list_flat_with_their_command_and_show_states_in_capitals() {
-        let r = every_response().pop().unwrap();
+        let r = every_response()
+            .into_iter()
+            .find(|r| matches!(r, Response::Alarms(_)))
+            .unwrap();
         assert_eq!(
             r.json(),
             json!([{ "kind": "overcommit", "state": "alarm", "percent": 250,
@@ -735,6 +821,7 @@ mod tests {
              provisioning:    zeroedthick\n\
              allocated:       1 MiB (1048576 bytes)\n\
              nb / tbz:        64 / 63 (1 MiB blocks)\n\
+             fragments:       3 (1 = laid out in one run; 'strata defrag' lays it out)\n\
              exclusive:       1 MiB (1048576 bytes, freed by rm)\n\
              snapshots:       2\n\
              snapshot space:  512 KiB (524288 bytes, freed by deleting every snapshot)\n\
@@ -782,6 +869,28 @@ mod tests {
         assert!(i.get("links").is_none(), "links are for VMDK imports only");
         let c = v(every_response().remove(7));
         assert_eq!(c["errors"][0], "grain 7 leaked");
+        assert_eq!(d["fragments"], 3);
+        // The pool's layout sits next to used_bytes, not under a key.
+        let st = v(every_response().remove(0));
+        assert_eq!(st["free_extents"], 2, "{st}");
+        assert_eq!(st["free_extent_histogram"]["4k"], 1, "{st}");
+        assert_eq!(st["pool_file_bytes"], 48 << 20, "{st}");
+    }
+
+    #[test]
+    fn defrag_and_the_pool_layout_print_for_people() {
+        let r = every_response().pop().unwrap();
+        assert_eq!(
+            render(&r, Format::Human),
+            "vm: 4093 -> 2 fragments; moved 16 MiB in 16 regions of 1 MiB\n\
+             1 regions left as they were: free space lies in short runs\n"
+        );
+        let status = render(&every_response()[0], Format::Human);
+        assert!(
+            status.contains("pool:         64 MiB (16 MiB free in 2 extents), 48 MiB on the host")
+                && status.contains("free extents: 4k 1, 16m+ 1"),
+            "{status}"
+        );
     }
 
     #[test]

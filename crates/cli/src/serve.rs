@@ -215,7 +215,42 @@ fn gauges(ds: &Datastore) -> Vec<Gauge> {
             .label("kind", kind),
         );
     }
+    // The pool's layout and each disk's fragments are walked in bounded
+    // steps (docs/FORMAT.md §10.1); a scrape pays for them, the I/O path
+    // waits for one step at most.
+    if let Ok(l) = ds.pool_layout() {
+        g.push(Gauge::new(
+            "strata_datastore_pool_file_bytes",
+            "Bytes pool.data occupies on the host file system (allocated blocks)",
+            l.pool_file_bytes as f64,
+        ));
+        g.push(Gauge::new(
+            "strata_datastore_free_extents",
+            "Runs of free grains below the pool end",
+            l.free_extents as f64,
+        ));
+        for (class, _) in strata_engine::layout::FREE_EXTENT_CLASSES {
+            g.push(
+                Gauge::new(
+                    "strata_datastore_free_extents_by_size",
+                    "Runs of free grains below the pool end, by run length",
+                    l.free_extent_histogram.get(class).copied().unwrap_or(0) as f64,
+                )
+                .label("size", class),
+            );
+        }
+    }
     for d in ds.list_disks() {
+        if let Ok(f) = ds.disk_fragments(&d.name) {
+            g.push(
+                Gauge::new(
+                    "strata_disk_fragments",
+                    "Physical runs of the disk's data in logical order (1 = one run)",
+                    f as f64,
+                )
+                .label("disk", d.name.clone()),
+            );
+        }
         let p = d.provisioning.as_str();
         g.push(
             Gauge::new(

@@ -21,7 +21,8 @@ use crate::check::{self, CheckReport};
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::LogFiles;
-use crate::meta::Meta;
+use crate::layout::{DefragReport, PoolLayout, FREE_EXTENT_CLASSES, FREE_STEP_BLOCKS};
+use crate::meta::{FreeExtents, Meta};
 use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
 use crate::work::{Pacer, WorkControl};
 
@@ -75,6 +76,11 @@ pub struct DiskInfo {
     /// snapshots share are exclusive to neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_space_bytes: Option<u64>,
+    /// The head's fragments (docs/FORMAT.md §10.1): 1 plus the number of
+    /// times a mapped grain is not stored right after the one before it.
+    /// Computed by `disk_info_with_space`, not by `list_disks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<u64>,
 }
 
 /// How background space work (convert, punchzero) runs.
@@ -156,6 +162,10 @@ pub struct DatastoreInfo {
     pub fail_stop: Option<FailStop>,
     /// Checkpoints completed since the datastore was opened.
     pub checkpoints: u64,
+    /// How the pool's space lies (free extents, what the pool file holds
+    /// on the host): computed by `info_with_layout`, not by `info`.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<PoolLayout>,
 }
 
 /// A datastore opened for reading and writing. Cheap to clone.
@@ -518,7 +528,17 @@ impl Datastore {
             reclaiming: m.orphans(),
             fail_stop: self.inner.failed(),
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
+            layout: None,
         }
+    }
+
+    /// [`Self::info`] with the pool's layout (`status`; docs/FORMAT.md
+    /// §10.1), which scans the pool in bounded steps.
+    pub fn info_with_layout(&self) -> Result<DatastoreInfo> {
+        let layout = self.pool_layout()?;
+        let mut i = self.info();
+        i.layout = Some(layout);
+        Ok(i)
     }
 
     // ------------------------------------------------------------ capacity and alarms
@@ -601,6 +621,7 @@ impl Datastore {
             created_unix: d.created_unix,
             exclusive_bytes: None,
             snapshot_space_bytes: None,
+            fragments: None,
         }
     }
 
@@ -646,6 +667,8 @@ impl Datastore {
         let base = m.drop_baseline()?;
         info.exclusive_bytes = Some(m.exclusive_grains(&base, &all)? * GRAIN_BYTES);
         info.snapshot_space_bytes = Some(m.exclusive_grains(&base, &visible)? * GRAIN_BYTES);
+        drop(m);
+        info.fragments = Some(self.disk_fragments(name)?);
         Ok(info)
     }
 
@@ -1396,6 +1419,88 @@ impl ReclaimPace {
         } else {
             std::thread::yield_now();
         }
+    }
+}
+
+impl Datastore {
+    // ------------------------------------------------------------ layout (FORMAT.md §10)
+
+    /// The live disk's fragments (FORMAT.md §10.1).
+    pub fn disk_fragments(&self, name: &str) -> Result<u64> {
+        Ok(self.open_disk(name)?.fragments()?.0)
+    }
+
+    /// How the pool's space lies (FORMAT.md §10.1), scanned a few blocks
+    /// per hold of the metadata lock.
+    pub fn pool_layout(&self) -> Result<PoolLayout> {
+        let mut acc = FreeExtents::default();
+        let mut b = 0;
+        let pool_bytes = loop {
+            let mut m = self.inner.meta.lock();
+            let blocks = m.pool_blocks();
+            if b >= blocks {
+                break m.hwm() * GRAIN_BYTES;
+            }
+            b = m.free_extents_step(b, b + FREE_STEP_BLOCKS, &mut acc)?;
+        };
+        acc.end_run();
+        Ok(PoolLayout {
+            free_extents: acc.extents,
+            free_extent_histogram: FREE_EXTENT_CLASSES
+                .iter()
+                .zip(acc.histogram)
+                .map(|(&(name, _), n)| (name.to_string(), n))
+                .collect(),
+            free_in_pool_bytes: acc.free_grains * GRAIN_BYTES,
+            pool_bytes,
+            pool_file_bytes: self.inner.pool.allocated_bytes()?,
+        })
+    }
+
+    /// Lay a live disk's grains out in logical order (`strata defrag`,
+    /// FORMAT.md §10.3), keeping what snapshots and clones share shared.
+    /// Online, a region at a time, paced; commits every 64 MiB and at the
+    /// end. With `dry_run`, reports what it would move and moves nothing.
+    pub fn defrag_disk(
+        &self,
+        name: &str,
+        dry_run: bool,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DefragReport> {
+        if !dry_run {
+            self.inner.check_writable()?;
+        }
+        if name.contains('@') {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "'{name}' is a snapshot: defragment its disk; what the snapshot shares moves with it"
+                ),
+            );
+        }
+        let h = self.open_disk(name)?;
+        let (fragments_before, mapped) = h.fragments()?;
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let t = h.defrag(dry_run, progress, &mut |n| {
+            pacer.pace(n, self.inner.clients_busy())
+        })?;
+        let fragments_after = if dry_run {
+            fragments_before
+        } else {
+            h.fragments()?.0
+        };
+        Ok(DefragReport {
+            disk: name.to_string(),
+            dry_run,
+            fragments_before,
+            fragments_after,
+            mapped_bytes: mapped * GRAIN_BYTES,
+            moved_bytes: t.moved,
+            regions_moved: t.regions_moved,
+            regions_skipped: t.skipped,
+            grains_kept: t.kept,
+        })
     }
 }
 

@@ -30,6 +30,10 @@ const REGION_BYTES: u64 = 1 << 20;
 /// Eager zeroing and `punchzero` commit this often.
 const COMMIT_EVERY_BYTES: u64 = 64 << 20;
 
+/// Work on one region: `(first grain, last grain, provisioning, versions
+/// whose write stripes are held)`.
+pub(crate) type RegionWork<'a> = dyn FnMut(u64, u64, Provisioning, &[u64]) -> Result<()> + 'a;
+
 /// Whether `buf` is all zeros; stops at the first non-zero word.
 pub(crate) fn is_zero(buf: &[u8]) -> bool {
     // SAFETY: u128 has no invalid bit patterns; align_to only splits.
@@ -480,9 +484,14 @@ impl DiskHandle {
         progress: &mut dyn FnMut(u64, u64),
         pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
-        self.in_regions(offset, len, progress, pace, &mut |first, last, prov| {
-            self.fill_locked(first, last, prov)
-        })
+        self.in_regions(
+            offset,
+            len,
+            false,
+            progress,
+            pace,
+            &mut |first, last, prov, _| self.fill_locked(first, last, prov),
+        )
     }
 
     /// Run `each(first, last, provisioning)` over the grains of `[offset,
@@ -492,13 +501,17 @@ impl DiskHandle {
     /// `COMMIT_EVERY_BYTES`, `pace` with the bytes covered, `progress`; a
     /// commit at the end. A region that meets ENOSPC while freed space is
     /// on its way is tried once more after making room.
-    fn in_regions(
+    ///
+    /// With `all_heads`, the stripes held are those of every disk's head
+    /// (the versions a client may write), and `each` gets their list.
+    pub(crate) fn in_regions(
         &self,
         offset: u64,
         len: u64,
+        all_heads: bool,
         progress: &mut dyn FnMut(u64, u64),
         pace: &mut dyn FnMut(u64) -> Result<()>,
-        each: &mut dyn FnMut(u64, u64, Provisioning) -> Result<()>,
+        each: &mut RegionWork<'_>,
     ) -> Result<()> {
         let end = offset + len;
         let mut pos = offset >> GRAIN_SHIFT << GRAIN_SHIFT;
@@ -511,8 +524,13 @@ impl DiskHandle {
             self.inner.maybe_checkpoint()?;
             let mut attempt = || {
                 let _gate = self.inner.gate.read();
-                let _stripes = self.inner.lock_stripes(self.version, first, last);
-                each(first, last, prov)
+                let held = if all_heads {
+                    self.inner.meta.lock().head_versions()
+                } else {
+                    vec![self.version]
+                };
+                let _stripes = self.inner.lock_stripes_of(&held, first, last);
+                each(first, last, prov, &held)
             };
             match attempt() {
                 Err(e) if e.kind == ErrorKind::NoSpace && self.inner.space_to_come() => {
@@ -590,7 +608,7 @@ impl DiskHandle {
         let size = self.size_bytes();
         let mut released = 0u64;
         let mut buf = vec![0u8; REGION_BYTES as usize];
-        self.in_regions(0, size, progress, pace, &mut |first, last, _| {
+        self.in_regions(0, size, false, progress, pace, &mut |first, last, _, _| {
             let zero = self.zero_grains_in(first, last, &mut buf)?;
             if !zero.is_empty() {
                 let mut m = self.inner.meta.lock();

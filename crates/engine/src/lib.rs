@@ -24,6 +24,7 @@ pub mod datastore;
 pub mod disk;
 pub mod error;
 mod journal;
+pub mod layout;
 mod meta;
 mod store;
 mod upgrade;
@@ -38,4 +39,5 @@ pub use datastore::{
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
+pub use layout::{DefragReport, PoolLayout};
 pub use work::WorkControl;

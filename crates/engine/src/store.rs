@@ -779,16 +779,26 @@ impl Store {
 
     /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
     pub fn lock_stripes(&self, ver: u64, first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
+        self.lock_stripes_of(&[ver], first, last)
+    }
+
+    /// Lock the stripes covering virtual grains `[first, last]` of every
+    /// version of `vers`, in the one global order every locker uses (so a
+    /// caller holding several never deadlocks with a client write).
+    pub fn lock_stripes_of(&self, vers: &[u64], first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
         let k0 = first >> STRIPE_GRAINS_SHIFT;
         let k1 = last >> STRIPE_GRAINS_SHIFT;
         let mut idx: Vec<usize> = if k1 - k0 >= STRIPES as u64 {
             (0..STRIPES).collect()
         } else {
-            (k0..=k1)
-                .map(|k| {
-                    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                        ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) as usize
-                        % STRIPES
+            vers.iter()
+                .flat_map(|&ver| {
+                    (k0..=k1).map(move |k| {
+                        (k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                            ^ ver.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+                            as usize
+                            % STRIPES
+                    })
                 })
                 .collect()
         };

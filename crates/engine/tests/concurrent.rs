@@ -100,3 +100,115 @@ fn concurrent_subgrain_writes_and_snapshots_lose_nothing() {
     ds.close().unwrap();
     assert_eq!(ds.info().reclaiming, 0);
 }
+
+/// Writers on a disk and on its linked clone (which share grains through
+/// a snapshot) race a thread that defragments both over and over (docs/
+/// FORMAT.md §10.2: every head's stripes held while a region moves). Every
+/// sector ends with its owner's last write, in both disks and in the
+/// snapshot, and `check` is clean.
+#[test]
+fn writes_racing_a_defrag_of_shared_grains_lose_nothing() {
+    let b = SimBackend::new();
+    Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
+    let ds = Datastore::open(
+        Arc::new(b.clone()) as Arc<dyn Backend>,
+        &OpenOptions {
+            cache_bytes: 64 * 4096,
+        },
+        None,
+    )
+    .unwrap();
+    const G: u64 = 512;
+    ds.create_disk("d", G * 4096, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let h = ds.open_disk("d").unwrap();
+    // Grains written in a scattered order, so every region is fragmented.
+    for i in 0..G {
+        let g = (i * 197) % G;
+        let mut v = vec![0u8; 4096];
+        for s in 0..8u64 {
+            v[(s * 512) as usize..(s * 512 + 512) as usize].copy_from_slice(&sector(
+                s % WRITERS,
+                g,
+                0,
+            ));
+        }
+        h.write_at(&v, g * 4096, false).unwrap();
+    }
+    ds.snapshot_create("d", "s", "").unwrap();
+    ds.clone_linked("d@s", "c").unwrap();
+    let snap = {
+        let mut v = vec![0u8; (G * 4096) as usize];
+        ds.open_disk("d@s").unwrap().read_at(&mut v, 0).unwrap();
+        v
+    };
+    let rounds = 40u32;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for disk in ["d", "c"] {
+        for w in 0..WRITERS {
+            let h = ds.open_disk(disk).unwrap();
+            threads.push(std::thread::spawn(move || {
+                for round in 1..=rounds {
+                    for i in 0..G {
+                        let g = (i * 389 + u64::from(round) * 31) % G;
+                        if (g + w).is_multiple_of(3) {
+                            continue; // some grains stay shared
+                        }
+                        for s in [w, w + WRITERS] {
+                            h.write_at(&sector(w, g, round), g * 4096 + s * 512, false)
+                                .unwrap();
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let defrag = {
+        let ds = ds.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut moved = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                for disk in ["d", "c"] {
+                    let r = ds
+                        .defrag_disk(disk, false, &Default::default(), &mut |_, _| {})
+                        .unwrap();
+                    assert_eq!(r.grains_kept, 0, "{r:?}");
+                    moved += r.moved_bytes;
+                }
+            }
+            moved
+        })
+    };
+    for t in threads {
+        t.join().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let moved = defrag.join().unwrap();
+    eprintln!("defrag moved {moved} bytes while the writers ran");
+    assert!(moved > 0, "the defrag thread never moved anything");
+    for disk in ["d", "c"] {
+        let mut buf = vec![0u8; (G * 4096) as usize];
+        ds.open_disk(disk).unwrap().read_at(&mut buf, 0).unwrap();
+        for g in 0..G {
+            for s in 0..8u64 {
+                let w = s % WRITERS;
+                // Writer w skips grain g in every round, or writes it last
+                // in the last one.
+                let last = if (g + w).is_multiple_of(3) { 0 } else { rounds };
+                let off = (g * 4096 + s * 512) as usize;
+                assert_eq!(
+                    &buf[off..off + 512],
+                    &sector(w, g, last)[..],
+                    "{disk}: grain {g} sector {s}"
+                );
+            }
+        }
+    }
+    let mut v = vec![0u8; (G * 4096) as usize];
+    ds.open_disk("d@s").unwrap().read_at(&mut v, 0).unwrap();
+    assert!(v == snap, "the snapshot's bytes changed");
+    let r = ds.check().unwrap();
+    assert!(r.is_clean(), "{:#?}", r.errors);
+}

@@ -69,6 +69,12 @@ pub trait Storage: Send + Sync {
         }
         Ok(())
     }
+    /// Bytes the object occupies on the underlying store: allocated
+    /// blocks, holes left out. Stores that cannot tell (the simulator)
+    /// report the length.
+    fn allocated_bytes(&self) -> io::Result<u64> {
+        self.len()
+    }
     /// Whether the object is empty.
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -343,6 +349,11 @@ impl Storage for FileStorage {
 
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+
+    fn allocated_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.file.metadata()?.blocks() * 512)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {

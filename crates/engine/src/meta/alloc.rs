@@ -44,7 +44,7 @@ pub fn pool_end_covering(grain: u64) -> u64 {
 pub struct Allocator {
     /// Grains below this are in the pool; a multiple of BLOCK_GRAINS.
     pub(super) hwm: u64,
-    block_free: Vec<u16>,
+    pub(super) block_free: Vec<u16>,
     free_blocks: BTreeSet<u64>,
     partial_blocks: BTreeSet<u64>,
     cursors: HashMap<u64, (u64, u64)>,

@@ -12,7 +12,8 @@
 //! - `tree`: lookups, copy-on-write paths, unmap, walks and diffs;
 //! - `versions`: creating, dropping and reclaiming versions;
 //! - `replay`: applying log records at open, and rebuilding free space;
-//! - `space`: what dropping versions would free (read-only simulation).
+//! - `space`: what dropping versions would free (read-only simulation);
+//! - `layout`: fragments, free extents, moving a shared grain (§10).
 //!
 //! Invariants (checked by `check.rs` and by the model tests):
 //! - a grain's count equals its references (docs/FORMAT.md §4);
@@ -25,6 +26,7 @@
 //!   appended to `log` as an absolute-value record in the same call.
 
 mod alloc;
+mod layout;
 mod pages;
 mod refs;
 mod replay;
@@ -43,6 +45,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::{pool_end_covering, Allocator, Place};
+pub use layout::{Fragments, FreeExtents, FREE_EXTENT_CLASSES};
 pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.
@@ -148,6 +151,13 @@ impl Meta {
     /// A version's state, if it exists (counters for `info`).
     pub fn version_state(&self, id: u64) -> Option<VersionState> {
         self.versions.get(&id).copied()
+    }
+
+    /// The head version of every disk (the versions clients write), sorted.
+    pub fn head_versions(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.catalog.disks.iter().map(|d| d.head).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Every version id, sorted.

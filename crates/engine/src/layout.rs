@@ -1,0 +1,258 @@
+//! Layout work on a disk (docs/FORMAT.md §10): measuring its fragments in
+//! bounded steps, and `defrag`, which lays its grains out in logical order
+//! while every snapshot and clone that shares them follows; and the types
+//! the datastore reports them in (`Datastore::defrag_disk`, `pool_layout`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use strata_block::BlockDevice;
+use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT};
+
+use crate::disk::DiskHandle;
+use crate::error::Result;
+pub use crate::meta::FREE_EXTENT_CLASSES;
+use crate::meta::{Fragments, Meta, Place};
+use crate::store::SpaceRequest;
+
+/// Leaves walked per hold of the metadata lock when counting fragments.
+const FRAGMENT_STEP_GRAINS: u64 = 64 * MAP_FANOUT as u64;
+/// Pool blocks scanned per hold of the metadata lock for free extents.
+pub(crate) const FREE_STEP_BLOCKS: u64 = 64;
+/// Allocation owner of defragmentation's target grains: a cursor of its own.
+const DEFRAG_OWNER: u64 = u64::MAX - 1;
+/// Defragmentation's unit: 1 MiB of virtual grains (the stripes' region).
+const REGION_GRAINS: u64 = 256;
+
+/// How the pool's space lies (FORMAT.md §10.1).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Maximal runs of free grains below the pool end.
+    pub free_extents: u64,
+    /// Runs per size class (4k, 8k-60k, 64k-1020k, 1m-16m, 16m+).
+    pub free_extent_histogram: BTreeMap<String, u64>,
+    /// Free grains below the pool end, in bytes.
+    pub free_in_pool_bytes: u64,
+    /// The pool end (high-water mark), in bytes.
+    pub pool_bytes: u64,
+    /// What `pool.data` occupies on the host file system (allocated blocks).
+    pub pool_file_bytes: u64,
+}
+
+/// What `defrag` did, or with `dry_run` would do.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DefragReport {
+    pub disk: String,
+    pub dry_run: bool,
+    pub fragments_before: u64,
+    /// After the run (equal to `fragments_before` for a dry run).
+    pub fragments_after: u64,
+    pub mapped_bytes: u64,
+    /// Bytes moved (dry run: bytes in regions that would move).
+    pub moved_bytes: u64,
+    /// Regions (1 MiB) moved, or that would move.
+    pub regions_moved: u64,
+    /// Regions left as they were for want of free space in runs.
+    pub regions_skipped: u64,
+    /// Grains left in place because a reference to them could not be
+    /// accounted for (FORMAT.md §10.2); 0 in a healthy datastore.
+    pub grains_kept: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub moved: u64,
+    pub regions_moved: u64,
+    pub skipped: u64,
+    pub kept: u64,
+}
+
+/// Number of physical runs in `grains` (in logical order).
+fn runs(grains: impl Iterator<Item = u64>) -> u64 {
+    let mut f = Fragments::default();
+    grains.for_each(|g| f.push(g));
+    f.fragments
+}
+
+impl DiskHandle {
+    /// The head's fragments (FORMAT.md §10.1), walked a few leaves per
+    /// hold of the metadata lock. Returns (fragments, mapped grains).
+    pub fn fragments(&self) -> Result<(u64, u64)> {
+        let end = self.size_bytes().div_ceil(GRAIN_BYTES);
+        let mut acc = Fragments::default();
+        let mut v = 0;
+        while v < end {
+            let t = end.min(v + FRAGMENT_STEP_GRAINS);
+            self.inner
+                .meta
+                .lock()
+                .fragments_step(self.version, v, t, &mut acc)?;
+            v = t;
+        }
+        Ok((acc.fragments, acc.mapped))
+    }
+
+    /// Lay the head's grains out in logical order (FORMAT.md §10.3); with
+    /// `dry_run`, only count what would move (no stripes, no writes).
+    pub(crate) fn defrag(
+        &self,
+        dry_run: bool,
+        progress: &mut dyn FnMut(u64, u64),
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<Tally> {
+        let mut t = Tally::default();
+        let size = self.size_bytes();
+        if dry_run {
+            let end = size.div_ceil(GRAIN_BYTES);
+            let mut v = 0;
+            while v < end {
+                let last = end.min(v + REGION_GRAINS) - 1;
+                let (mapped, before) = self.region_plan(&mut self.inner.meta.lock(), v, last)?;
+                if before > 1 {
+                    t.regions_moved += 1;
+                    t.moved += mapped.len() as u64 * GRAIN_BYTES;
+                }
+                v = last + 1;
+                progress((v * GRAIN_BYTES).min(size), size);
+            }
+            return Ok(t);
+        }
+        let mut hint: Option<u64> = None;
+        self.in_regions(
+            0,
+            size,
+            true,
+            progress,
+            pace,
+            &mut |first, last, _, held| self.defrag_region(first, last, held, &mut hint, &mut t),
+        )?;
+        Ok(t)
+    }
+
+    /// The mapped grains of `[first, last]` as (virtual, pool) pairs, and
+    /// the number of physical runs they form.
+    fn region_plan(&self, m: &mut Meta, first: u64, last: u64) -> Result<(Vec<(u64, u64)>, u64)> {
+        let mut grains = Vec::new();
+        m.lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        let mapped: Vec<(u64, u64)> = grains
+            .iter()
+            .enumerate()
+            .filter(|(_, &g)| g != 0)
+            .map(|(i, &g)| (first + i as u64, g))
+            .collect();
+        let before = runs(mapped.iter().map(|p| p.1));
+        Ok((mapped, before))
+    }
+
+    /// Give back grains allocated for a move that will not happen.
+    fn give_back(&self, m: &mut Meta, grains: &[u64]) -> Result<()> {
+        for &g in grains {
+            m.abort_alloc(g).map_err(|e| self.inner.fail_stop(e))?;
+        }
+        Ok(())
+    }
+
+    /// One region, with the gate and every head's stripes for it held
+    /// (`held`): plan and allocate, copy, then move each grain.
+    fn defrag_region(
+        &self,
+        first: u64,
+        last: u64,
+        held: &[u64],
+        hint: &mut Option<u64>,
+        t: &mut Tally,
+    ) -> Result<()> {
+        let _fence = self.inner.fail_on_panic();
+        let mut m = self.inner.meta.lock();
+        let (mapped, before) = self.region_plan(&mut m, first, last)?;
+        if before <= 1 {
+            return Ok(());
+        }
+        let n = mapped.len() as u64;
+        self.inner.check_space(
+            &m,
+            SpaceRequest {
+                reserve: false,
+                grains: n,
+                own_reserved: 0,
+            },
+        )?;
+        let cap = self.inner.capacity_grains(&m);
+        let mut targets: Vec<u64> = Vec::with_capacity(mapped.len());
+        for _ in 0..n {
+            let prev = targets.last().copied().or(*hint);
+            match m.alloc_grain(DEFRAG_OWNER, prev, cap, Place::Any) {
+                Ok(g) => targets.push(g),
+                Err(e) => {
+                    self.give_back(&mut m, &targets)?;
+                    return Err(e);
+                }
+            }
+        }
+        if runs(targets.iter().copied()) >= before {
+            // No better place: free space lies in short runs (10.4 makes runs).
+            self.give_back(&mut m, &targets)?;
+            t.skipped += 1;
+            return Ok(());
+        }
+        drop(m);
+        if let Err(e) = self.copy_grains(&mapped, &targets) {
+            self.give_back(&mut self.inner.meta.lock(), &targets)?;
+            return Err(e);
+        }
+        let mut m = self.inner.meta.lock();
+        // A disk created since the stripes were taken could write in place
+        // what the copy read: leave the region for the next pass.
+        if m.head_versions().iter().any(|h| !held.contains(h)) {
+            self.give_back(&mut m, &targets)?;
+            t.skipped += 1;
+            return Ok(());
+        }
+        let mut kept = Vec::new();
+        self.inner.guarded(&mut m, |m| {
+            for (&(v, g), &to) in mapped.iter().zip(&targets) {
+                if !m.move_grain(v, g, to)? {
+                    kept.push(to);
+                }
+            }
+            Ok(())
+        })?;
+        self.give_back(&mut m, &kept)?;
+        drop(m);
+        t.kept += kept.len() as u64;
+        t.moved += (n - kept.len() as u64) * GRAIN_BYTES;
+        t.regions_moved += 1;
+        *hint = targets.last().copied();
+        self.inner
+            .mutations
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Copy the bytes of `from[i].1` to `to[i]`; physically adjacent grains
+    /// are read and written as one I/O.
+    fn copy_grains(&self, from: &[(u64, u64)], to: &[u64]) -> Result<()> {
+        let mut buf = vec![0u8; from.len() * GRAIN_BYTES as usize];
+        let mut i = 0;
+        while i < from.len() {
+            let mut j = i + 1;
+            while j < from.len() && from[j].1 == from[j - 1].1 + 1 {
+                j += 1;
+            }
+            let chunk = &mut buf[i * GRAIN_BYTES as usize..j * GRAIN_BYTES as usize];
+            self.inner.pool.read_at(chunk, from[i].1 << GRAIN_SHIFT)?;
+            i = j;
+        }
+        let mut i = 0;
+        while i < to.len() {
+            let mut j = i + 1;
+            while j < to.len() && to[j] == to[j - 1] + 1 {
+                j += 1;
+            }
+            let chunk = &buf[i * GRAIN_BYTES as usize..j * GRAIN_BYTES as usize];
+            self.inner.pool.write_at(chunk, to[i] << GRAIN_SHIFT)?;
+            i = j;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! Fragments, free extents and `defrag` (docs/FORMAT.md §10) against the
+//! simulator: a randomly written disk is laid out again with its bytes
+//! unchanged, what snapshots and clones share stays shared (and keeps its
+//! bytes in every one of them), and a power cut in the middle of a defrag
+//! leaves a consistent datastore that defragmenting again finishes.
+
+mod common;
+
+use std::sync::Arc;
+
+use strata_block::BlockDevice;
+use strata_engine::{Datastore, DefragReport, InitOptions, Provisioning, SpaceWork};
+use strata_storage::SimBackend;
+
+const SIZE: u64 = 16 << 20;
+const GRAIN: u64 = 4096;
+
+fn new_store() -> (SimBackend, Datastore) {
+    let b = SimBackend::new();
+    Datastore::init(
+        Arc::new(b.clone()),
+        &InitOptions {
+            capacity_bytes: 256 << 20,
+        },
+    )
+    .unwrap();
+    let ds = common::open_sim(&b);
+    (b, ds)
+}
+
+/// A deterministic shuffle of `0..n` (xorshift64, Fisher-Yates).
+fn shuffled(n: u64, mut seed: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
+    for i in (1..v.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        v.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// Write `count` grains of `target`, picked in random order from the
+/// first `span` grains, each with bytes naming the grain and `tag`.
+fn write_random(ds: &Datastore, target: &str, span: u64, count: usize, tag: u8, seed: u64) {
+    let h = ds.open_disk(target).unwrap();
+    for g in shuffled(span, seed).into_iter().take(count) {
+        let data: Vec<u8> = (0..GRAIN)
+            .map(|i| (i as u8) ^ (g as u8) ^ tag.wrapping_mul(31) | 1)
+            .collect();
+        h.write_at(&data, g * GRAIN, false).unwrap();
+    }
+    ds.flush().unwrap();
+}
+
+fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
+    let h = ds.open_disk(target).unwrap();
+    let mut buf = vec![0u8; h.size_bytes() as usize];
+    h.read_at(&mut buf, 0).unwrap();
+    buf
+}
+
+fn defrag(ds: &Datastore, name: &str) -> DefragReport {
+    ds.defrag_disk(name, false, &SpaceWork::default(), &mut |_, _| {})
+        .unwrap()
+}
+
+fn fragments(ds: &Datastore, target: &str) -> u64 {
+    ds.open_disk(target).unwrap().fragments().unwrap().0
+}
+
+#[test]
+fn a_randomly_written_disk_is_laid_out_in_order_with_the_same_bytes() {
+    let (_b, ds) = new_store();
+    ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    assert_eq!(fragments(&ds, "d"), 0, "an empty disk has no fragments");
+    write_random(&ds, "d", SIZE / GRAIN, (SIZE / GRAIN) as usize, 1, 7);
+    let want = read_all(&ds, "d");
+    let before = fragments(&ds, "d");
+    assert!(
+        before > 1000,
+        "random 4k writes left only {before} fragments"
+    );
+    let used = ds.info().used_bytes;
+
+    let dry = ds
+        .defrag_disk("d", true, &SpaceWork::default(), &mut |_, _| {})
+        .unwrap();
+    assert!(dry.dry_run);
+    assert_eq!(dry.fragments_before, before);
+    assert_eq!(dry.moved_bytes, SIZE, "every region is out of order");
+    assert_eq!(fragments(&ds, "d"), before, "a dry run moves nothing");
+
+    let r = defrag(&ds, "d");
+    assert_eq!(r.fragments_before, before);
+    assert!(
+        r.fragments_after * 100 <= before,
+        "after defrag {} fragments of {before}: {r:?}",
+        r.fragments_after
+    );
+    assert_eq!(r.fragments_after, fragments(&ds, "d"));
+    assert_eq!(r.grains_kept, 0, "{r:?}");
+    assert_eq!(read_all(&ds, "d"), want, "bytes after defrag");
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+    // Data grains moved, none added; map nodes do not move.
+    assert_eq!(ds.info().used_bytes, used);
+
+    // A second run finds nothing to do.
+    let again = defrag(&ds, "d");
+    assert_eq!(again.moved_bytes, 0, "{again:?}");
+}
+
+#[test]
+fn shared_grains_move_once_and_every_snapshot_and_clone_keeps_its_bytes() {
+    let (_b, ds) = new_store();
+    let grains = SIZE / GRAIN;
+    ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    write_random(&ds, "d", grains, grains as usize, 1, 11);
+    ds.snapshot_create("d", "s", "").unwrap();
+    // Both sides diverge: the disk over a quarter, the clone over an eighth.
+    write_random(&ds, "d", grains, grains as usize / 4, 2, 12);
+    ds.clone_linked("d@s", "c").unwrap();
+    write_random(&ds, "c", grains, grains as usize / 8, 3, 13);
+    let targets = ["d", "d@s", "c"];
+    let want: Vec<Vec<u8>> = targets.iter().map(|t| read_all(&ds, t)).collect();
+    let frag_before: Vec<u64> = targets.iter().map(|t| fragments(&ds, t)).collect();
+    let used = ds.info().used_bytes;
+
+    // The disk first: it and what the snapshot shares with it are laid out.
+    let rd = defrag(&ds, "d");
+    let after_d: Vec<u64> = targets.iter().map(|t| fragments(&ds, t)).collect();
+    // Then the clone: the grains it shares move again into its order (the
+    // last disk defragmented wins a shared run; FORMAT.md §10.3).
+    let rc = defrag(&ds, "c");
+    let after_c: Vec<u64> = targets.iter().map(|t| fragments(&ds, t)).collect();
+    eprintln!("fragments d, d@s, c: {frag_before:?} -> {after_d:?} -> {after_c:?}");
+    assert_eq!(rd.grains_kept + rc.grains_kept, 0, "{rd:?} {rc:?}");
+    for (t, w) in targets.iter().zip(&want) {
+        assert!(read_all(&ds, t) == *w, "{t}: bytes changed by defrag");
+    }
+    assert!(after_d[0] * 100 <= frag_before[0], "d: {after_d:?}");
+    assert!(
+        after_d[1] < frag_before[1] / 2,
+        "the snapshot shares most of d's grains and follows them: {after_d:?}"
+    );
+    assert!(after_c[2] * 100 <= frag_before[2], "c: {after_c:?}");
+    let after = ds.info().used_bytes;
+    assert!(
+        after * 100 <= used * 102,
+        "used bytes grew from {used} to {after}: sharing was lost"
+    );
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+    assert!(ds
+        .defrag_disk("d@s", false, &SpaceWork::default(), &mut |_, _| {})
+        .is_err());
+}
+
+#[test]
+fn a_power_cut_in_the_middle_of_a_defrag_leaves_a_consistent_datastore() {
+    for (seed, cut_at) in [(1u64, 1u64), (2, 4), (3, 9), (4, 14)] {
+        let (b, ds) = new_store();
+        let grains = SIZE / GRAIN;
+        ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        write_random(&ds, "d", grains, grains as usize, 1, 21 + seed);
+        ds.snapshot_create("d", "s", "").unwrap();
+        write_random(&ds, "d", grains, grains as usize / 4, 2, 31 + seed);
+        let want = read_all(&ds, "d");
+        let want_s = read_all(&ds, "d@s");
+        let mut regions = 0;
+        let b2 = b.clone();
+        let r = ds.defrag_disk("d", false, &SpaceWork::default(), &mut |_, _| {
+            regions += 1;
+            if regions == cut_at {
+                b2.crash(seed);
+            }
+        });
+        assert!(r.is_err(), "the cut after {cut_at} regions never came");
+        drop(ds);
+        let ds = common::open_sim(&b);
+        let what = format!("cut after {cut_at} regions (seed {seed})");
+        assert!(read_all(&ds, "d") == want, "{what}: disk bytes");
+        assert!(read_all(&ds, "d@s") == want_s, "{what}: snapshot bytes");
+        let report = ds.check().unwrap();
+        assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+        let before = fragments(&ds, "d");
+        let r = defrag(&ds, "d");
+        assert!(
+            r.fragments_after * 100 <= before.max(r.fragments_before),
+            "{what}: {r:?}"
+        );
+        assert!(read_all(&ds, "d") == want, "{what}: bytes after finishing");
+        assert!(
+            read_all(&ds, "d@s") == want_s,
+            "{what}: snapshot after finishing"
+        );
+        assert!(ds.check().unwrap().is_clean(), "{what}");
+    }
+}
+
+#[test]
+fn free_extents_describe_the_pool() {
+    let (_b, ds) = new_store();
+    let l = ds.pool_layout().unwrap();
+    let sum: u64 = l.free_extent_histogram.values().sum();
+    assert_eq!(sum, l.free_extents);
+    ds.create_disk("a", SIZE, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    // Every other grain of a written disk rewritten while a snapshot held
+    // the old ones, then the snapshot deleted: its grains become single
+    // free grains between the disk's.
+    let h = ds.open_disk("a").unwrap();
+    for g in 0..1024u64 {
+        h.write_at(&[7u8; GRAIN as usize], g * GRAIN, false)
+            .unwrap();
+    }
+    ds.snapshot_create("a", "s", "").unwrap();
+    for g in (0..1024u64).step_by(2) {
+        h.write_at(&[8u8; GRAIN as usize], g * GRAIN, false)
+            .unwrap();
+    }
+    ds.flush().unwrap();
+    ds.snapshot_delete("a", "s").unwrap();
+    while ds.reclaim(u64::MAX).unwrap() {}
+    ds.flush().unwrap();
+    let l = ds.pool_layout().unwrap();
+    eprintln!("{l:?}");
+    assert!(
+        l.free_extent_histogram["4k"] >= 400,
+        "the removed disk's interleaved grains are single free grains: {l:?}"
+    );
+    let sum: u64 = l.free_extent_histogram.values().sum();
+    assert_eq!(sum, l.free_extents);
+    assert!(l.free_in_pool_bytes <= l.pool_bytes);
+    assert!(l.pool_file_bytes > 0);
+}
