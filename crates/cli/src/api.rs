@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use strata_engine::{
-    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, Provisioning,
-    PunchZeroReport, SnapshotInfo,
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
+    Provisioning, PunchZeroReport, SnapshotInfo,
 };
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
@@ -59,6 +59,12 @@ pub enum Request {
         name: String,
         #[serde(default)]
         dry_run: bool,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Consolidate free space: move live grains down, lower the pool's
+    /// end, punch free grains out of the host file.
+    DefragFreeSpace {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
@@ -162,6 +168,7 @@ impl Request {
             }
             Request::PunchZero { name, .. } => format!("punchzero {name}"),
             Request::Defrag { name, .. } => format!("defrag {name}"),
+            Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
             Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
             Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
             Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
@@ -182,6 +189,7 @@ impl Request {
                 | Request::Convert { .. }
                 | Request::PunchZero { .. }
                 | Request::Defrag { dry_run: false, .. }
+                | Request::DefragFreeSpace { .. }
                 | Request::Import { .. }
                 | Request::Export { .. }
                 | Request::Create {
@@ -209,6 +217,8 @@ pub enum Response {
     PunchZero(PunchZeroReport),
     /// `defrag`
     Defrag(DefragReport),
+    /// `defrag --free-space`
+    FreeSpace(FreeSpaceReport),
     /// `jobs`, `jobs pause|resume|cancel`
     Jobs(Vec<JobInfo>),
     /// A long command run with `--detach`: the job it started.

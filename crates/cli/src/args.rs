@@ -141,10 +141,18 @@ A region (1 MiB) whose data is not one physical run is copied to grains allocate
 the other; every map that shares a moved grain (snapshots, linked clones) is repointed, so\n\
 nothing is unshared and used space does not grow. Paced against client I/O; a job that\n\
 'strata jobs' can pause, resume and cancel. After a crash, run it again to finish.\n\n\
-'strata info DISK' shows the disk's fragments; --dry-run shows what a run would move."
+'strata info DISK' shows the disk's fragments; --dry-run shows what a run would move.\n\n\
+--free-space (no DISK): move live grains down out of the top of the pool, lower the pool's\n\
+end, and punch the free grains left inside it out of the host file, so the host holds about\n\
+what 'strata status' calls used (plus the reserved tail of thick disks)."
     )]
     Defrag {
-        name: String,
+        /// The disk to lay out (not with --free-space)
+        #[arg(required_unless_present = "free_space", conflicts_with = "free_space")]
+        name: Option<String>,
+        /// Consolidate the datastore's free space instead of laying out a disk
+        #[arg(long, conflicts_with = "dry_run")]
+        free_space: bool,
         /// Only report the fragments and the bytes a run would move
         #[arg(long)]
         dry_run: bool,
@@ -519,14 +527,20 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             ),
             Cmd::Defrag {
                 name,
+                free_space,
                 dry_run,
                 rate,
                 json,
             } => datastore(
-                Request::Defrag {
-                    name: name.clone(),
-                    dry_run: *dry_run,
-                    rate_bytes_per_sec: *rate,
+                match name {
+                    Some(name) if !*free_space => Request::Defrag {
+                        name: name.clone(),
+                        dry_run: *dry_run,
+                        rate_bytes_per_sec: *rate,
+                    },
+                    _ => Request::DefragFreeSpace {
+                        rate_bytes_per_sec: *rate,
+                    },
                 },
                 json.into(),
             ),

@@ -104,7 +104,10 @@ impl Jobs {
             control: Arc::new(WorkControl::default()),
             cancellable: matches!(
                 req,
-                Request::Convert { .. } | Request::PunchZero { .. } | Request::Defrag { .. }
+                Request::Convert { .. }
+                    | Request::PunchZero { .. }
+                    | Request::Defrag { .. }
+                    | Request::DefragFreeSpace { .. }
             ),
             state: Mutex::new(JobStatus {
                 done: 0,

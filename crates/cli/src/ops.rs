@@ -91,6 +91,15 @@ pub fn execute(
             },
             progress,
         )?),
+        Request::DefragFreeSpace { rate_bytes_per_sec } => {
+            Response::FreeSpace(ds.consolidate_free_space(
+                &SpaceWork {
+                    rate_bytes_per_sec: *rate_bytes_per_sec,
+                    control: ctx.control.clone(),
+                },
+                progress,
+            )?)
+        }
         Request::Jobs => Response::Jobs(jobs(ctx)?.list()),
         Request::JobControl { id, action } => Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]),
         Request::SnapshotCreate {

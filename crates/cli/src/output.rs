@@ -12,7 +12,8 @@ use std::io::IsTerminal;
 use serde::Serialize;
 use serde_json::{json, Value};
 use strata_engine::{
-    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, SnapshotInfo,
+    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
+    SnapshotInfo,
 };
 
 use crate::api::{
@@ -123,6 +124,7 @@ impl Render for Response {
                 ),
             ),
             Response::Defrag(r) => defrag(out, r),
+            Response::FreeSpace(r) => free_space(out, r),
             Response::SnapshotCreated { disk, snapshot } => line(
                 out,
                 format_args!("created snapshot {disk}@{}", snapshot.name),
@@ -150,6 +152,7 @@ impl Render for Response {
             Response::Removed { name } => json!({ "removed": name }),
             Response::PunchZero(r) => value(r),
             Response::Defrag(r) => value(r),
+            Response::FreeSpace(r) => value(r),
             Response::Jobs(jobs) => value(jobs),
             Response::JobStarted(j) => value(j),
             Response::SnapshotCreated { snapshot, .. } => value(snapshot),
@@ -438,6 +441,23 @@ fn defrag(out: &mut String, r: &DefragReport) {
             "{} grains left in place: a reference to them could not be accounted for (run 'strata check')",
             r.grains_kept
         );
+    }
+}
+
+fn free_space(out: &mut String, r: &FreeSpaceReport) {
+    let _ = writeln!(
+        out,
+        "pool {} -> {}; on the host {} -> {} (used {}); moved {}, punched {}",
+        human(r.pool_bytes_before),
+        human(r.pool_bytes_after),
+        human(r.pool_file_bytes_before),
+        human(r.pool_file_bytes_after),
+        human(r.used_bytes),
+        human(r.moved_bytes),
+        human(r.punched_bytes)
+    );
+    if let Some(n) = &r.note {
+        let _ = writeln!(out, "note: {n}");
     }
 }
 

@@ -135,3 +135,88 @@ fn a_served_disk_with_a_snapshot_and_a_clone_is_defragmented_online() {
     let e = s.fails(&["defrag", "nosuch"]);
     assert!(e.contains("nosuch"), "{e}");
 }
+
+fn du(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+        .sum()
+}
+
+#[test]
+fn free_space_consolidation_gives_the_host_back_what_is_not_used() {
+    if !have("fio") || !have("qemu-img") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "512M"]);
+    let srv = s.serve();
+    let uri = format!("--uri={}", s.uri("vm"));
+    run_ok(
+        "fio",
+        &[
+            "--name=fill",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=write",
+            "--bs=1M",
+            "--iodepth=8",
+            "--size=512M",
+            "--output-format=terse",
+        ],
+    );
+    s.ok(&["snapshot", "create", "vm", "s"]);
+    fio_randwrite(&s, "vm", "512M");
+    s.ok(&["snapshot", "delete", "vm", "s"]);
+    // The reclaimer gives the snapshot's grains back in the background.
+    for _ in 0..200 {
+        if s.json(&["status"])["reclaiming"] == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let reference = copy(&s, "vm");
+    let st = s.json(&["status"]);
+    let used = st["used_bytes"].as_u64().unwrap();
+    eprintln!(
+        "before: used {used}, pool {}, on the host {} (du {})",
+        st["pool_bytes"],
+        st["pool_file_bytes"],
+        du(&s.path())
+    );
+
+    let r = s.json(&["defrag", "--free-space"]);
+    eprintln!("{r}");
+    assert_eq!(r["grains_kept"], 0, "{r}");
+    compare(&s, "vm", &reference);
+    let st = s.json(&["status"]);
+    let used = st["used_bytes"].as_u64().unwrap();
+    let pool_file = st["pool_file_bytes"].as_u64().unwrap();
+    let on_host = du(&s.path());
+    eprintln!("after: used {used}, pool file {pool_file}, du {on_host}");
+    assert!(
+        pool_file <= used + (64 << 20),
+        "pool file {pool_file} for {used} used: {r}"
+    );
+    assert!(
+        on_host <= used + (160 << 20),
+        "the datastore takes {on_host} on the host for {used} used"
+    );
+    assert!(
+        st["pool_bytes"].as_u64().unwrap() <= used + used / 32 + (5 << 20),
+        "the pool end did not come down: {st}"
+    );
+    let e = s.fails(&["defrag", "vm", "--free-space"]);
+    assert!(
+        e.contains("free-space") || e.contains("cannot be used"),
+        "{e}"
+    );
+    let check = s.json(&["check"]);
+    assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
+    srv.stop();
+    let check = s.json(&["check"]);
+    assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
+}

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use strata_format::{
-    catalog_file, journal_file, Superblock, BLOCK_BYTES, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
-    FORMAT_VERSION_V1, GRAIN_BYTES, SUPER_SLOT_BYTES,
+    catalog_file, journal_file, Superblock, BLOCK_BYTES, BLOCK_GRAINS, FILE_POOL, FILE_REFCOUNT,
+    FILE_SUPER, FORMAT_VERSION_V1, GRAIN_BYTES, SUPER_SLOT_BYTES,
 };
 use strata_storage::Backend;
 
@@ -21,8 +21,10 @@ use crate::check::{self, CheckReport};
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::LogFiles;
-use crate::layout::{DefragReport, PoolLayout, FREE_EXTENT_CLASSES, FREE_STEP_BLOCKS};
-use crate::meta::{FreeExtents, Meta};
+use crate::layout::{
+    DefragReport, FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES, FREE_STEP_BLOCKS,
+};
+use crate::meta::{FreeExtents, Meta, ZoneGrain};
 use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
 use crate::work::{Pacer, WorkControl};
 
@@ -1501,6 +1503,198 @@ impl Datastore {
             regions_skipped: t.skipped,
             grains_kept: t.kept,
         })
+    }
+
+    /// Free-space consolidation (`strata defrag --free-space`, FORMAT.md
+    /// §10.4): live grains above what the used space needs are moved down
+    /// into free grains, the pool end comes down to match, and the free
+    /// grains left inside the pool are punched out of the host file. Paced
+    /// like the other space work; each step is bounded.
+    pub fn consolidate_free_space(
+        &self,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FreeSpaceReport> {
+        self.inner.check_writable()?;
+        // Deleted maps first: what they hold is free space too.
+        while self.reclaim(1 << 16)? {}
+        self.inner.commit(false)?;
+        let before = self.pool_layout()?;
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut pace = |n: u64| pacer.pace(n, self.inner.clients_busy());
+        let mut r = FreeSpaceReport {
+            pool_bytes_before: before.pool_bytes,
+            pool_file_bytes_before: before.pool_file_bytes,
+            ..Default::default()
+        };
+        let (used, hwm) = {
+            let m = self.inner.meta.lock();
+            (m.used_grains(), m.hwm())
+        };
+        // Room kept below the new end for clients' writes meanwhile.
+        let slack = (1u64 << 10).max(used / 32);
+        let end = (used + slack + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
+        let total = hwm.saturating_sub(end) + hwm;
+        let mut done = 0u64;
+        if end < hwm {
+            self.inner.meta.lock().set_alloc_limit(Some(end));
+            let moved = self.evacuate(end, &mut r, &mut pace, &mut |n| {
+                done = n;
+                progress(done.min(total), total)
+            });
+            let lifted = self.inner.meta.lock().set_alloc_limit(None);
+            moved?;
+            // The moved grains' old places become free once committed.
+            self.inner.commit(false)?;
+            self.inner.commit(false)?;
+            let lowered = !lifted && self.inner.meta.lock().lower_pool_end(end);
+            if lowered {
+                // The superblock takes the new end; only then the file
+                // shrinks, and the reserved tail is held again past it.
+                self.inner.checkpoint(true)?;
+                // Under the lock: a client may have grown the pool again
+                // since; everything below the tail's end stays.
+                let mut m = self.inner.meta.lock();
+                self.inner.pool.set_len(m.tail_end() * GRAIN_BYTES)?;
+                self.inner.hold_reservation(&mut m, 0, 0)?;
+            } else {
+                r.note = Some(if lifted {
+                    "clients needed room above the planned end while grains moved; \
+                     run it again when writes are quieter"
+                        .to_string()
+                } else {
+                    "grains above the planned end are still in use; run it again".to_string()
+                });
+            }
+        }
+        // Free grains left inside the pool: give their space to the host.
+        let blocks = self.inner.meta.lock().pool_blocks();
+        let mut b = 0;
+        while b < blocks {
+            let mut held = Vec::new();
+            // A few blocks at a time: clients find the rest allocatable.
+            b = self.inner.meta.lock().hold_free_step(b, b + 8, &mut held)?;
+            let punched = self.punch_runs(&held);
+            self.inner.meta.lock().release(&held);
+            r.punched_bytes += punched?;
+            pace(8 * BLOCK_GRAINS * GRAIN_BYTES)?;
+            progress((done + b * BLOCK_GRAINS).min(total), total);
+        }
+        let after = self.pool_layout()?;
+        r.used_bytes = self.info().used_bytes;
+        r.pool_bytes_after = after.pool_bytes;
+        r.pool_file_bytes_after = after.pool_file_bytes;
+        Ok(r)
+    }
+
+    /// Punch the runs of `sorted` (grains held out of the allocator).
+    fn punch_runs(&self, sorted: &[u64]) -> Result<u64> {
+        let mut bytes = 0;
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j] == sorted[j - 1] + 1 {
+                j += 1;
+            }
+            let n = (j - i) as u64;
+            self.inner.meta.lock().mark_unbacked(sorted[i], n);
+            self.inner
+                .pool
+                .punch_hole(sorted[i] * GRAIN_BYTES, n * GRAIN_BYTES)?;
+            bytes += n * GRAIN_BYTES;
+            i = j;
+        }
+        Ok(bytes)
+    }
+
+    /// Move every live grain at or above `zone` down (FORMAT.md §10.4): up
+    /// to three passes of a walk of every version finding them, then moves
+    /// in batches of 64 with client I/O drained (the gate held for writing:
+    /// no write is in flight, so none can write a grain in place while it
+    /// is copied). Returns the grains' bytes moved.
+    fn evacuate(
+        &self,
+        zone: u64,
+        r: &mut FreeSpaceReport,
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        const BATCH: usize = 64;
+        const STEP: u64 = 64 * 512;
+        let mut since_commit = 0u64;
+        for _pass in 0..3 {
+            let mut found: Vec<ZoneGrain> = Vec::new();
+            let versions = self.inner.meta.lock().version_ids();
+            for ver in versions {
+                let reach = match self.inner.meta.lock().version_state(ver) {
+                    Some(st) => 1u64 << (strata_format::MAP_FANOUT_SHIFT * st.levels as u32),
+                    None => continue,
+                };
+                let mut v = 0;
+                while v < reach {
+                    let t = reach.min(v + STEP);
+                    let mut m = self.inner.meta.lock();
+                    if m.version_state(ver).is_none() {
+                        break;
+                    }
+                    m.zone_scan_step(ver, v, t, zone, &mut found)?;
+                    v = t;
+                }
+            }
+            let mut seen = std::collections::HashSet::new();
+            found.retain(|z| seen.insert(z.grain()));
+            if found.is_empty() || self.inner.meta.lock().alloc_limit_lifted() {
+                return Ok(());
+            }
+            let mut low = 1u64;
+            let mut buf = vec![0u8; GRAIN_BYTES as usize];
+            for batch in found.chunks(BATCH) {
+                {
+                    let _drain = self.inner.gate.write();
+                    let mut m = self.inner.meta.lock();
+                    self.inner.guarded(&mut m, |m| {
+                        for z in batch {
+                            let g = z.grain();
+                            if m.ref_get(g)? == 0 {
+                                continue; // freed since the walk
+                            }
+                            let Some(to) = m.alloc_low(&mut low)? else {
+                                return Ok(()); // no room below: the end stays
+                            };
+                            let ok = match *z {
+                                ZoneGrain::Data { v, g } => {
+                                    self.inner.pool.read_at(&mut buf, g * GRAIN_BYTES)?;
+                                    self.inner.pool.write_at(&buf, to * GRAIN_BYTES)?;
+                                    m.move_grain(v, g, to)?
+                                }
+                                ZoneGrain::Node { base, level, g } => {
+                                    m.move_node(base, level, g, to)?
+                                }
+                            };
+                            if ok {
+                                r.moved_bytes += GRAIN_BYTES;
+                            } else {
+                                m.abort_alloc(to)?;
+                                r.grains_kept += 1;
+                            }
+                        }
+                        Ok(())
+                    })?;
+                }
+                self.inner
+                    .mutations
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
+                since_commit += BATCH as u64 * GRAIN_BYTES;
+                if since_commit >= 64 << 20 {
+                    self.inner.commit(false)?;
+                    since_commit = 0;
+                }
+                pace(BATCH as u64 * GRAIN_BYTES)?;
+                progress(r.moved_bytes / GRAIN_BYTES);
+            }
+            self.inner.commit(false)?;
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,27 @@ pub struct PoolLayout {
     pub pool_file_bytes: u64,
 }
 
+/// What `defrag --free-space` did (FORMAT.md §10.4).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FreeSpaceReport {
+    pub used_bytes: u64,
+    pub pool_bytes_before: u64,
+    pub pool_bytes_after: u64,
+    pub pool_file_bytes_before: u64,
+    pub pool_file_bytes_after: u64,
+    /// Live grains (data and map nodes) moved down, in bytes.
+    pub moved_bytes: u64,
+    /// Free space inside the pool given back to the host file system.
+    pub punched_bytes: u64,
+    /// Grains left in place because a reference to them could not be
+    /// accounted for; 0 in a healthy datastore.
+    pub grains_kept: u64,
+    /// Why the pool end could not come down as far as planned (clients
+    /// needed the room), if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// What `defrag` did, or with `dry_run` would do.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DefragReport {

@@ -39,5 +39,5 @@ pub use datastore::{
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
-pub use layout::{DefragReport, PoolLayout};
+pub use layout::{DefragReport, FreeSpaceReport, PoolLayout};
 pub use work::WorkControl;

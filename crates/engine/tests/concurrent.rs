@@ -102,12 +102,13 @@ fn concurrent_subgrain_writes_and_snapshots_lose_nothing() {
 }
 
 /// Writers on a disk and on its linked clone (which share grains through
-/// a snapshot) race a thread that defragments both over and over (docs/
-/// FORMAT.md §10.2: every head's stripes held while a region moves). Every
+/// a snapshot) race a thread that defragments both and consolidates free
+/// space over and over (docs/FORMAT.md §10.2: every head's stripes held
+/// while a region moves; §10.4: client I/O drained per batch). Every
 /// sector ends with its owner's last write, in both disks and in the
 /// snapshot, and `check` is clean.
 #[test]
-fn writes_racing_a_defrag_of_shared_grains_lose_nothing() {
+fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
     let b = SimBackend::new();
     Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
     let ds = Datastore::open(
@@ -177,6 +178,13 @@ fn writes_racing_a_defrag_of_shared_grains_lose_nothing() {
                     assert_eq!(r.grains_kept, 0, "{r:?}");
                     moved += r.moved_bytes;
                 }
+                // And free-space consolidation, which moves grains (data
+                // and map nodes) down with client I/O drained per batch.
+                let r = ds
+                    .consolidate_free_space(&Default::default(), &mut |_, _| {})
+                    .unwrap();
+                assert_eq!(r.grains_kept, 0, "{r:?}");
+                moved += r.moved_bytes;
             }
             moved
         })

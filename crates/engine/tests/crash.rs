@@ -1,7 +1,7 @@
 //! Crash tests over the simulated storage layer. Several logical clients —
 //! a writer on disk "d", a writer on disk "e", and an admin that takes,
 //! deletes and reverts snapshots, reclaims, makes and drops clones,
-//! converts, defragments and checkpoints — are interleaved by a scheduler driven by the seed, so a
+//! converts, defragments, consolidates free space and checkpoints — are interleaved by a scheduler driven by the seed, so a
 //! failing case replays exactly from the seed it prints. Rounds end in a
 //! power cut (unflushed writes dropped, kept or torn at sector granularity),
 //! sometimes in the middle of a flush or a checkpoint (page images, pages,
@@ -351,6 +351,16 @@ fn admin(
             ][rng.gen_range(0..3)];
             let r = ds.convert_disk(disk, to, &SpaceWork::default(), &mut |_, _| {});
             let f = failed(r, faulty, seed, "convert");
+            if !f {
+                w.flush();
+            }
+            f
+        }
+        95..=96 => {
+            // Consolidate free space: live grains (data and map nodes)
+            // move down, the pool end comes down, free grains are punched.
+            let r = ds.consolidate_free_space(&SpaceWork::default(), &mut |_, _| {});
+            let f = failed(r, faulty, seed, "free-space consolidation");
             if !f {
                 w.flush();
             }

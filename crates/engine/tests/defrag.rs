@@ -238,3 +238,103 @@ fn free_extents_describe_the_pool() {
     assert!(l.free_in_pool_bytes <= l.pool_bytes);
     assert!(l.pool_file_bytes > 0);
 }
+
+/// A disk written whole, snapshotted, overwritten whole in random order,
+/// and the snapshot deleted: the live grains sit at the top of the pool
+/// and the freed ones below. Returns the disk's bytes.
+fn top_heavy(ds: &Datastore, mib: u64, seed: u64) -> Vec<u8> {
+    let size = mib << 20;
+    let grains = size / GRAIN;
+    ds.create_disk("d", size, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let h = ds.open_disk("d").unwrap();
+    for off in (0..size).step_by(1 << 20) {
+        h.write_at(&vec![0x11u8; 1 << 20], off, false).unwrap();
+    }
+    ds.flush().unwrap();
+    ds.snapshot_create("d", "s", "").unwrap();
+    write_random(ds, "d", grains, grains as usize, 2, seed);
+    ds.snapshot_delete("d", "s").unwrap();
+    while ds.reclaim(u64::MAX).unwrap() {}
+    ds.flush().unwrap();
+    read_all(ds, "d")
+}
+
+#[test]
+fn free_space_consolidation_lowers_the_pool_end_to_what_is_used() {
+    let (b, ds) = new_store();
+    let want = top_heavy(&ds, 32, 41);
+    let before = ds.pool_layout().unwrap();
+    let used = ds.info().used_bytes;
+    assert!(
+        before.pool_bytes >= 2 * used - (4 << 20),
+        "the deleted snapshot's grains leave the pool twice the used size: {before:?}"
+    );
+    let r = ds
+        .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
+        .unwrap();
+    eprintln!("{r:?}");
+    assert_eq!(r.grains_kept, 0, "{r:?}");
+    assert!(r.moved_bytes > 0, "{r:?}");
+    assert!(r.note.is_none(), "{r:?}");
+    // The end comes down to the used space plus the slack kept for clients.
+    assert!(
+        r.pool_bytes_after <= used + used / 32 + (5 << 20),
+        "pool end {} for {used} used: {r:?}",
+        r.pool_bytes_after
+    );
+    assert_eq!(ds.info().used_bytes, used, "moving grains adds none");
+    assert!(read_all(&ds, "d") == want, "bytes after consolidation");
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+    // Writes after it allocate and read back, and a power cut keeps all.
+    let h = ds.open_disk("d").unwrap();
+    h.write_at(&[0x77u8; 8192], 4096, false).unwrap();
+    ds.flush().unwrap();
+    drop(h);
+    drop(ds);
+    b.crash(5);
+    let ds = common::open_sim(&b);
+    let mut want = want;
+    want[4096..4096 + 8192].fill(0x77);
+    assert!(read_all(&ds, "d") == want, "bytes after a power cut");
+    assert!(ds.pool_layout().unwrap().pool_bytes <= r.pool_bytes_after + (1 << 20));
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+}
+
+#[test]
+fn a_power_cut_in_the_middle_of_consolidation_loses_nothing() {
+    for (seed, cut_at) in [(1u64, 2u64), (2, 10), (3, 30), (4, 45)] {
+        let (b, ds) = new_store();
+        let want = top_heavy(&ds, 16, 50 + seed);
+        let mut calls = 0;
+        let b2 = b.clone();
+        let r = ds.consolidate_free_space(&SpaceWork::default(), &mut |_, _| {
+            calls += 1;
+            if calls == cut_at {
+                b2.crash(seed);
+            }
+        });
+        let what = format!("cut at progress call {cut_at} (seed {seed}), run: {r:?}");
+        assert!(
+            r.is_err(),
+            "{what}: the cut never came ({calls} progress calls)"
+        );
+        drop(ds);
+        let ds = common::open_sim(&b);
+        assert!(read_all(&ds, "d") == want, "{what}: bytes");
+        let report = ds.check().unwrap();
+        assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+        let r = ds
+            .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
+            .unwrap();
+        assert!(read_all(&ds, "d") == want, "{what}: bytes after finishing");
+        assert!(ds.check().unwrap().is_clean(), "{what}");
+        let used = ds.info().used_bytes;
+        assert!(
+            r.pool_bytes_after <= used + used / 32 + (5 << 20),
+            "{what}: {r:?}"
+        );
+    }
+}

@@ -73,6 +73,8 @@ enum Op {
     Defrag {
         disk: usize,
     },
+    /// `defrag --free-space`: live grains move down, the pool end follows.
+    FreeSpace,
     Flush,
     Reopen,
     Reclaim {
@@ -102,6 +104,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (d.clone(), 0u8..3).prop_map(|(disk, to)| Op::Convert { disk, to }),
         1 => d.clone().prop_map(|disk| Op::PunchZero { disk }),
         1 => d.prop_map(|disk| Op::Defrag { disk }),
+        1 => Just(Op::FreeSpace),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         2 => (1u64..2000).prop_map(|budget| Op::Reclaim { budget }),
@@ -437,6 +440,14 @@ fn run(ops: Vec<Op>) {
                     }
                     Err(e) => assert_eq!(e.kind, strata_engine::ErrorKind::NoSpace, "{e}"),
                 }
+            }
+            Op::FreeSpace => {
+                let r = ds
+                    .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
+                    .unwrap();
+                assert_eq!(r.grains_kept, 0, "{r:?}");
+                assert_eq!(ds.info().used_bytes, r.used_bytes);
+                assert!(r.pool_bytes_after <= r.pool_bytes_before, "{r:?}");
             }
             Op::Flush => ds.flush().unwrap(),
             Op::Reclaim { budget } => {

@@ -45,14 +45,20 @@ pub struct Allocator {
     /// Grains below this are in the pool; a multiple of BLOCK_GRAINS.
     pub(super) hwm: u64,
     pub(super) block_free: Vec<u16>,
-    free_blocks: BTreeSet<u64>,
-    partial_blocks: BTreeSet<u64>,
-    cursors: HashMap<u64, (u64, u64)>,
+    pub(super) free_blocks: BTreeSet<u64>,
+    pub(super) partial_blocks: BTreeSet<u64>,
+    pub(super) cursors: HashMap<u64, (u64, u64)>,
     /// Per block: held on the host (carved from the reserved tail since
     /// open, and no punch touched it since).
-    backed: Vec<bool>,
+    pub(super) backed: Vec<bool>,
     /// End of the pool file in grains: the pool end plus the reserved tail.
     pub(super) tail_end: u64,
+    /// While free space is consolidated (FORMAT.md §10.4): no grain at or
+    /// above this is allocated (None: no limit). An allocation that finds
+    /// nothing below it lifts it rather than fail a client.
+    pub(super) limit: Option<u64>,
+    /// Set when an allocation lifted `limit`.
+    pub(super) limit_lifted: bool,
 }
 
 impl Allocator {
@@ -106,11 +112,15 @@ impl Allocator {
 }
 
 impl Meta {
-    fn allocatable(&mut self, g: u64) -> Result<bool> {
-        Ok(g != 0 && g < self.alloc.hwm && !self.pending_set.contains(&g) && self.ref_get(g)? == 0)
+    pub(super) fn allocatable(&mut self, g: u64) -> Result<bool> {
+        Ok(g != 0
+            && g < self.alloc.hwm
+            && g < self.alloc.limit.unwrap_or(u64::MAX)
+            && !self.pending_set.contains(&g)
+            && self.ref_get(g)? == 0)
     }
 
-    fn take(&mut self, g: u64) -> Result<()> {
+    pub(super) fn take(&mut self, g: u64) -> Result<()> {
         self.ref_put(g, 1)?;
         self.alloc.adjust(g, -1);
         self.used_grains += 1;
@@ -119,6 +129,9 @@ impl Meta {
 
     /// Whether grains of `block` may serve an allocation at `place`.
     fn block_fits(&self, block: u64, place: Place, reserving: bool) -> bool {
+        if self.alloc.limit.is_some_and(|l| block * BLOCK_GRAINS >= l) {
+            return false;
+        }
         match place {
             Place::Any => true,
             Place::Backed | Place::Node => {
@@ -245,7 +258,9 @@ impl Meta {
     /// Grow the pool by one block for an allocation at `place`; None when
     /// the capacity does not allow it.
     fn grow_pool(&mut self, capacity_grains: u64, place: Place) -> Result<Option<u64>> {
-        if self.alloc.hwm + BLOCK_GRAINS > capacity_grains.max(BLOCK_GRAINS) {
+        if self.alloc.limit.is_some()
+            || self.alloc.hwm + BLOCK_GRAINS > capacity_grains.max(BLOCK_GRAINS)
+        {
             return Ok(None);
         }
         let old = self.alloc.hwm;
@@ -338,10 +353,19 @@ impl Meta {
         place: Place,
     ) -> Result<u64> {
         let reserving = place != Place::Any && self.tail_target(0, 0) > 0;
-        match self.alloc_at(owner, hint, capacity_grains, place, reserving) {
+        let r = match self.alloc_at(owner, hint, capacity_grains, place, reserving) {
             // A node goes anywhere rather than fail a change half made.
             Err(e) if place == Place::Node && reserving && e.kind == ErrorKind::NoSpace => {
                 self.alloc_at(owner, hint, capacity_grains, place, false)
+            }
+            r => r,
+        };
+        match r {
+            // Consolidation gives way to clients (FORMAT.md §10.4).
+            Err(e) if e.kind == ErrorKind::NoSpace && self.alloc.limit.is_some() => {
+                self.alloc.limit = None;
+                self.alloc.limit_lifted = true;
+                self.alloc_grain(owner, hint, capacity_grains, place)
             }
             r => r,
         }

@@ -165,3 +165,237 @@ impl Meta {
         Ok(true)
     }
 }
+
+/// A live grain in the zone being emptied (FORMAT.md §10.4), with where a
+/// walk found it: a data grain at virtual grain `v`, or a map node of
+/// `level` covering virtual grains from `base`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneGrain {
+    Data { v: u64, g: u64 },
+    Node { base: u64, level: u8, g: u64 },
+}
+
+impl ZoneGrain {
+    pub fn grain(&self) -> u64 {
+        match *self {
+            ZoneGrain::Data { g, .. } | ZoneGrain::Node { g, .. } => g,
+        }
+    }
+}
+
+impl Meta {
+    /// Record the grains at or above `zone` that version `ver` reaches over
+    /// virtual grains `[start, end)`: data grains, and map nodes (the root
+    /// with the first step of a walk).
+    pub fn zone_scan_step(
+        &mut self,
+        ver: u64,
+        start: u64,
+        end: u64,
+        zone: u64,
+        out: &mut Vec<ZoneGrain>,
+    ) -> Result<()> {
+        let st = self.version(ver)?;
+        let reach = 1u64 << (MAP_FANOUT_SHIFT * st.levels as u32);
+        let end = end.min(reach);
+        if st.root == 0 || start >= end {
+            return Ok(());
+        }
+        if start == 0 && st.root >= zone {
+            out.push(ZoneGrain::Node {
+                base: 0,
+                level: st.levels - 1,
+                g: st.root,
+            });
+        }
+        self.zone_node(st.root, st.levels - 1, 0, start, end, zone, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn zone_node(
+        &mut self,
+        node: u64,
+        level: u8,
+        base: u64,
+        start: u64,
+        end: u64,
+        zone: u64,
+        out: &mut Vec<ZoneGrain>,
+    ) -> Result<()> {
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let lo = ((start - base) / span) as usize;
+        let hi = (((end - 1 - base) / span) as usize).min(MAP_FANOUT - 1);
+        let entries: Vec<u64> = self.node(node, level)?[lo..=hi].to_vec();
+        for (i, e) in entries.into_iter().enumerate() {
+            if e == 0 {
+                continue;
+            }
+            let child_base = base + (lo + i) as u64 * span;
+            if level == 0 {
+                if e >= zone {
+                    out.push(ZoneGrain::Data {
+                        v: child_base,
+                        g: e,
+                    });
+                }
+                continue;
+            }
+            if e >= zone {
+                out.push(ZoneGrain::Node {
+                    base: child_base,
+                    level: level - 1,
+                    g: e,
+                });
+            }
+            let s = start.max(child_base);
+            let t = end.min(child_base + span);
+            self.zone_node(e, level - 1, child_base, s, t, zone, out)?;
+        }
+        Ok(())
+    }
+
+    /// Move map node `g` (of `level`, covering virtual grains from `base`)
+    /// to `to` (allocated by `alloc_low`): its entries are written at `to`,
+    /// every parent entry and version root naming `g` names `to`, `to`
+    /// takes `g`'s count and `g` is freed without touching its children
+    /// (they keep their counts: the copy holds them). Returns false,
+    /// changing nothing, when the references found do not account for
+    /// `g`'s count.
+    pub fn move_node(&mut self, base: u64, level: u8, g: u64, to: u64) -> Result<bool> {
+        let count = self.ref_get(g)?;
+        if count == 0 {
+            return Ok(false);
+        }
+        let mut parents: Vec<(u64, u8, usize)> = Vec::new();
+        let mut roots: Vec<u64> = Vec::new();
+        for ver in self.version_ids() {
+            let st = self.version(ver)?;
+            if st.root == 0 || st.levels <= level {
+                continue;
+            }
+            if base >> (MAP_FANOUT_SHIFT * st.levels as u32) != 0 {
+                continue;
+            }
+            if st.levels - 1 == level {
+                if st.root == g && base == 0 {
+                    roots.push(ver);
+                }
+                continue;
+            }
+            let mut node = st.root;
+            for l in (level + 1..st.levels).rev() {
+                let idx = ((base >> (MAP_FANOUT_SHIFT * l as u32)) as usize) & (MAP_FANOUT - 1);
+                let e = self.node(node, l)?[idx];
+                if l == level + 1 {
+                    if e == g && !parents.contains(&(node, l, idx)) {
+                        parents.push((node, l, idx));
+                    }
+                    break;
+                }
+                if e == 0 {
+                    break;
+                }
+                node = e;
+            }
+        }
+        if (parents.len() + roots.len()) as u64 != u64::from(count) {
+            return Ok(false);
+        }
+        let entries = *self.node(g, level)?;
+        self.create_node(to, level, &entries);
+        for &(p, l, idx) in &parents {
+            self.node_set(p, l, idx, to)?;
+        }
+        for ver in roots {
+            let mut st = self.version(ver)?;
+            st.root = to;
+            self.put_version(st);
+        }
+        self.ref_set(to, count)?;
+        self.ref_set(g, 0)?;
+        self.freed(g);
+        Ok(true)
+    }
+
+    /// Take the lowest allocatable grain at or above `*from` (and below
+    /// the allocation limit), advancing `*from` past it; None when there is
+    /// none. The grain has count 1 in memory, as from `alloc_grain`.
+    pub fn alloc_low(&mut self, from: &mut u64) -> Result<Option<u64>> {
+        let end = self.alloc.hwm.min(self.alloc.limit.unwrap_or(u64::MAX));
+        while *from < end {
+            let b = *from / BLOCK_GRAINS;
+            if self.alloc.block_free[b as usize] == 0 {
+                *from = (b + 1) * BLOCK_GRAINS;
+                continue;
+            }
+            let g = *from;
+            *from += 1;
+            if self.allocatable(g)? {
+                self.take(g)?;
+                return Ok(Some(g));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Allocate no grain at or above `limit` from now on (None: lift it).
+    /// Returns whether a client's allocation lifted the previous limit.
+    pub fn set_alloc_limit(&mut self, limit: Option<u64>) -> bool {
+        self.alloc.limit = limit;
+        std::mem::take(&mut self.alloc.limit_lifted)
+    }
+
+    /// Whether a client's allocation lifted the limit since it was set.
+    pub fn alloc_limit_lifted(&self) -> bool {
+        self.alloc.limit_lifted
+    }
+
+    /// Lower the pool end to `end` (a whole number of blocks) when every
+    /// grain from there up is free and allocatable (none in use, none
+    /// pending). Returns whether it did. The superblock takes the new end
+    /// at the next checkpoint; until then a crash recovers the old one,
+    /// whose grains above `end` are free.
+    pub fn lower_pool_end(&mut self, end: u64) -> bool {
+        assert!(
+            end.is_multiple_of(BLOCK_GRAINS) && end > 0,
+            "pool end {end}"
+        );
+        let (b0, b1) = (end / BLOCK_GRAINS, self.alloc.hwm / BLOCK_GRAINS);
+        if b0 >= b1
+            || (b0..b1).any(|b| u64::from(self.alloc.block_free[b as usize]) != BLOCK_GRAINS)
+        {
+            return false;
+        }
+        for b in b0..b1 {
+            self.alloc.free_blocks.remove(&b);
+            self.alloc.partial_blocks.remove(&b);
+        }
+        self.alloc.block_free.truncate(b0 as usize);
+        self.alloc.backed.truncate(b0 as usize);
+        self.alloc.cursors.retain(|_, (b, _)| *b < b0);
+        self.alloc.hwm = end;
+        self.alloc.tail_end = end;
+        true
+    }
+
+    /// Take the free grains of blocks `[b0, b1)` out of the allocator (as
+    /// if pending) so they can be punched without racing a writer; append
+    /// them, sorted, to `out`. Give them back with [`Meta::release`].
+    /// Returns the block after the last one looked at.
+    pub fn hold_free_step(&mut self, b0: u64, b1: u64, out: &mut Vec<u64>) -> Result<u64> {
+        let end = b1.min(self.alloc.hwm / BLOCK_GRAINS);
+        for b in b0..end {
+            if self.alloc.block_free[b as usize] == 0 {
+                continue;
+            }
+            for g in b * BLOCK_GRAINS..(b + 1) * BLOCK_GRAINS {
+                if g != 0 && !self.pending_set.contains(&g) && self.ref_get(g)? == 0 {
+                    self.pending_set.insert(g);
+                    self.alloc.adjust(g, -1);
+                    out.push(g);
+                }
+            }
+        }
+        Ok(end.max(b0))
+    }
+}

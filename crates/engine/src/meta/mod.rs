@@ -45,7 +45,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::{pool_end_covering, Allocator, Place};
-pub use layout::{Fragments, FreeExtents, FREE_EXTENT_CLASSES};
+pub use layout::{Fragments, FreeExtents, ZoneGrain, FREE_EXTENT_CLASSES};
 pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.

@@ -40,14 +40,23 @@ impl Meta {
             for e in entries.into_iter().filter(|&e| e != 0) {
                 self.decref(e, if l == 0 { None } else { Some(l - 1) })?;
             }
-            self.cache.remove(PageKey::Map(g));
         }
+        self.freed(g);
+        Ok(())
+    }
+
+    /// Grain `g`'s count just became 0: it is free once the batch is
+    /// durable (pending until then), and a map node's cached page goes.
+    /// What `g` points at is the caller's business (`decref` drops it, a
+    /// moved node keeps it for its copy).
+    pub(super) fn freed(&mut self, g: u64) {
+        self.decreased_current.insert(g);
+        self.cache.remove(PageKey::Map(g));
         assert!(self.used_grains > 0, "grain {g} freed with no grain in use");
         self.used_grains -= 1;
         let fresh = self.pending_set.insert(g);
         assert!(fresh, "grain {g} freed twice in one batch");
         self.pending_current.push(g);
-        Ok(())
     }
 
     /// Whether a write may go to grain `g` in place, as far as `g` itself goes.
