@@ -40,6 +40,14 @@ pub struct ServeArgs {
     /// what it overwrites (on), or is stored like any other data (off)
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     detect_zeroes: bool,
+    /// Free-space consolidation in the background (auto): every 10 s, when the pool or the
+    /// pool file exceeds the used space by --free-space-threshold plus a quarter of it, run
+    /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
+    free_space_policy: bool,
+    /// See --free-space-policy
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::units::parse_size)]
+    free_space_threshold: u64,
     /// Create the datastore first if the directory has none
     #[arg(long)]
     init: bool,
@@ -53,6 +61,14 @@ pub struct ServeArgs {
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     vmdk_read_only: bool,
+}
+
+fn parse_auto_off(s: &str) -> Result<bool, String> {
+    match s {
+        "auto" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}': expected auto or off")),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -459,6 +475,15 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
     let alarm_thread = spawn_alarm_watcher(ds.clone(), dir.to_path_buf(), stop.clone());
+    let space_control = Arc::new(strata_engine::WorkControl::default());
+    let space_thread = args.free_space_policy.then(|| {
+        spawn_free_space_policy(
+            ds.clone(),
+            stop.clone(),
+            space_control.clone(),
+            args.free_space_threshold,
+        )
+    });
     let stats = (!args.no_stats).then(|| registry.clone());
     for (n, _) in &vmdks {
         if ds.open_disk(n).is_ok() {
@@ -503,6 +528,10 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
     let _ = alarm_thread.join();
+    space_control.cancel();
+    if let Some(t) = space_thread {
+        let _ = t.join();
+    }
     let _ = std::fs::remove_file(&ctl_path);
     flush_vmdks(&vmdk_list);
     ds.close()?;
@@ -550,6 +579,59 @@ fn spawn_alarm_watcher(
             reap(&mut children);
         })
         .expect("spawn alarm watcher")
+}
+
+/// The background free-space policy (`serve --free-space-policy auto`):
+/// every 10 s, when the pool's end or the pool file on the host exceeds the
+/// used space by more than `threshold` and a quarter of it, run a
+/// free-space consolidation (FORMAT.md §10.4) with the default pacing,
+/// which rests while clients do I/O. `control` cancels it at shutdown.
+fn spawn_free_space_policy(
+    ds: Datastore,
+    stop: Arc<AtomicBool>,
+    control: Arc<strata_engine::WorkControl>,
+    threshold: u64,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("free-space".into())
+        .spawn(move || {
+            let mut waited = 0u32;
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(100));
+                waited += 1;
+                if waited < 100 {
+                    continue;
+                }
+                waited = 0;
+                let used = ds.info().used_bytes;
+                let Ok((pool_gap, file_gap)) = ds.free_space_gap() else {
+                    continue;
+                };
+                if pool_gap.max(file_gap) < threshold + used / 4 {
+                    continue;
+                }
+                let work = strata_engine::SpaceWork {
+                    rate_bytes_per_sec: None,
+                    control: Some(control.clone()),
+                };
+                match ds.consolidate_free_space(&work, &mut |_, _| {}) {
+                    Ok(r) => eprintln!(
+                        "strata: free space consolidated in the background: pool {} -> {} MiB, \
+                         on the host {} -> {} MiB, {} MiB used",
+                        r.pool_bytes_before >> 20,
+                        r.pool_bytes_after >> 20,
+                        r.pool_file_bytes_before >> 20,
+                        r.pool_file_bytes_after >> 20,
+                        r.used_bytes >> 20
+                    ),
+                    Err(e) if stop.load(Ordering::Acquire) => {
+                        eprintln!("strata: background free-space consolidation stopped: {e}")
+                    }
+                    Err(e) => eprintln!("strata: background free-space consolidation: {e}"),
+                }
+            }
+        })
+        .expect("spawn free-space policy")
 }
 
 /// Log one alarm's change of state and start its command (not waited for).

@@ -220,3 +220,52 @@ fn free_space_consolidation_gives_the_host_back_what_is_not_used() {
     let check = s.json(&["check"]);
     assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
 }
+
+#[test]
+fn the_background_policy_consolidates_free_space_by_itself() {
+    if !have("fio") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve_with(&["--free-space-threshold", "1M"]);
+    let uri = format!("--uri={}", s.uri("vm"));
+    run_ok(
+        "fio",
+        &[
+            "--name=fill",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=write",
+            "--bs=1M",
+            "--size=64M",
+            "--output-format=terse",
+        ],
+    );
+    s.ok(&["snapshot", "create", "vm", "s"]);
+    fio_randwrite(&s, "vm", "64M");
+    s.ok(&["snapshot", "delete", "vm", "s"]);
+    let st = s.json(&["status"]);
+    let used = st["used_bytes"].as_u64().unwrap();
+    assert!(
+        st["pool_bytes"].as_u64().unwrap() > used + (48 << 20),
+        "the deleted snapshot's space is above the used space: {st}"
+    );
+    // The policy looks every 10 s; give it three looks.
+    let t = std::time::Instant::now();
+    let pool = loop {
+        let st = s.json(&["status"]);
+        let pool = st["pool_bytes"].as_u64().unwrap();
+        if pool <= used + used / 32 + (5 << 20) || t.elapsed().as_secs() > 35 {
+            break pool;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(
+        pool <= used + used / 32 + (5 << 20),
+        "the pool end stayed at {pool} for {used} used"
+    );
+    let check = s.json(&["check"]);
+    assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
+    srv.stop();
+}

@@ -1516,6 +1516,19 @@ impl Datastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<FreeSpaceReport> {
         self.inner.check_writable()?;
+        if self.inner.consolidating.swap(true, Ordering::AcqRel) {
+            return err(
+                ErrorKind::Refused,
+                "a free-space consolidation is already running (see 'strata jobs')",
+            );
+        }
+        struct Running<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _running = Running(&self.inner.consolidating);
         // Deleted maps first: what they hold is free space too.
         while self.reclaim(1 << 16)? {}
         self.inner.commit(false)?;
@@ -1585,6 +1598,18 @@ impl Datastore {
         r.pool_bytes_after = after.pool_bytes;
         r.pool_file_bytes_after = after.pool_file_bytes;
         Ok(r)
+    }
+
+    /// What consolidation would give back, cheaply (no scan): bytes of the
+    /// pool above what is used, and bytes the pool file holds on the host
+    /// above what is used. A background policy decides on these.
+    pub fn free_space_gap(&self) -> Result<(u64, u64)> {
+        let (used, pool) = {
+            let m = self.inner.meta.lock();
+            (m.used_grains() * GRAIN_BYTES, m.hwm() * GRAIN_BYTES)
+        };
+        let file = self.inner.pool.allocated_bytes()?;
+        Ok((pool.saturating_sub(used), file.saturating_sub(used)))
     }
 
     /// Punch the runs of `sorted` (grains held out of the allocator).

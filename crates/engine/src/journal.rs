@@ -62,6 +62,19 @@ impl LogWriter {
     pub fn sync(&self) -> Result<()> {
         Ok(self.file.sync()?)
     }
+
+    /// Cut the file after this generation's last batch when more than
+    /// `slack` bytes of older generations' batches lie beyond it (only for
+    /// a log no commit appends to any more). Returns the bytes cut.
+    pub fn trim(&self, slack: u64) -> Result<u64> {
+        let len = self.file.len()?;
+        if len <= self.offset + slack {
+            return Ok(0);
+        }
+        self.file.set_len(self.offset)?;
+        self.file.sync()?;
+        Ok(len - self.offset)
+    }
 }
 
 impl LogFiles {

@@ -28,6 +28,9 @@ use crate::meta::{DirtyPages, EncodedPage, Meta};
 
 /// Checkpoint when the log passes this many bytes.
 pub const LOG_BYTES_MAX: u64 = 64 << 20;
+/// Older generations' batches behind a closed log are cut once they
+/// exceed this (FORMAT.md §5, "Checkpoint", step 6).
+const LOG_TRIM_SLACK_BYTES: u64 = 1 << 20;
 /// Work per reclaim step (grains; a whole leaf counts 512).
 pub const RECLAIM_STEP_GRAINS: u64 = 4096;
 /// Commit once the in-memory log buffer holds this much, flush or not.
@@ -186,6 +189,8 @@ pub(crate) struct Store {
     pub detect_zeroes: AtomicBool,
     /// The log files have been preallocated for reservations (§7.1).
     logs_held: AtomicBool,
+    /// A free-space consolidation runs (one at a time, FORMAT.md §10.4).
+    pub consolidating: AtomicBool,
     _lock: Option<File>,
 }
 
@@ -235,6 +240,7 @@ impl Store {
             configured_capacity_bytes: AtomicU64::new(configured),
             detect_zeroes: AtomicBool::new(true),
             logs_held: AtomicBool::new(false),
+            consolidating: AtomicBool::new(false),
             _lock: p.lock,
         }
     }
@@ -698,8 +704,19 @@ impl Store {
         self.super_file.sync()?;
         ck.slot_valid[slot] = true;
         ck.sb = sb;
-        if let Closing::Held(mut cs) = closing {
-            cs.log = ck.logs.start(cut.next);
+        match closing {
+            Closing::Held(mut cs) => cs.log = ck.logs.start(cut.next),
+            // Log `g` is only read again if slot `next` is found damaged,
+            // and then only up to its last batch: older generations'
+            // batches behind it go, so the file is as long as one
+            // generation's log, not the longest ever (FORMAT.md §5). Not
+            // while reservations hold the logs' space preallocated.
+            Closing::Owned(c) if !self.logs_held.load(Ordering::Acquire) => {
+                if let Err(e) = c.trim(LOG_TRIM_SLACK_BYTES) {
+                    tracing::warn!("could not cut the closed log's old batches: {e}");
+                }
+            }
+            Closing::Owned(_) => {}
         }
         self.meta.lock().checkpointed(cut.at);
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
