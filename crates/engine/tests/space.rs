@@ -83,7 +83,7 @@ fn log_files_shrink_back_after_a_busy_generation() {
     let h = ds.open_disk("d").unwrap();
     let lens = || {
         [0, 1].map(|i| {
-            b.open(&strata_format::journal_file(i), false)
+            b.open(strata_format::journal_file(i), false)
                 .unwrap()
                 .len()
                 .unwrap()
