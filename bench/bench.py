@@ -38,6 +38,11 @@ Paper suites (figures, no targets; each cell also measured on the peer):
               then after deleting snapshots oldest first; vs a qcow2 backing chain
   clone       strata clone --full time vs the source's snapshot count, vs
               qemu-img convert -O qcow2 of a chain of the same depth
+  fragmentation  issue 10 / seed 004: fragments of a sequentially written, a randomly
+              written and k disks growing together; cold sequential and copy-like
+              reads with latency/seek histograms before and after defrag vs the
+              sequential disk [>= 0.9]; client writes during defrag [>= 0.8];
+              fragments vs k before/after (fragmentation.svg)
   vdi         seed 000 figure 10: seSparse linked clones of a golden image made by a
               TCG guest, each desktop (a guest) installs and uninstalls files and
               trims; then online vmdk shrink of all clones: space per clone
@@ -1427,6 +1432,113 @@ def case_vdi(work, q):
     return res
 
 
+def _drop_caches():
+    """Cold host page cache (the datastore's files); the server's metadata
+    cache stays, as it would on a running host."""
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _hist(st, name, side="all"):
+    """{bucket label: count} of one histogram of `strata stats --json`."""
+    h = st[name].get(side) or st[name]["all"]
+    return {b["label"]: b["count"] for b in h["buckets"] if b["count"]}
+
+
+def case_fragmentation(work, q):
+    """Issue 10 / seed 004 (guest defragmentation) and seed 001 figure 6
+    (thin disks growing together), with strata's own layout figures and
+    histograms. In one datastore: `seq` written sequentially, `rand` written
+    by 4k random writes (every grain once), and k disks written at once by
+    one fio (64k sequential each, so their grains interleave in time).
+    Fragments of each (`info`), then a cold-cache sequential read (1M,
+    iodepth 4) and a copy-like read (64k, iodepth 1) of `rand` and `seq`,
+    with `strata stats` latency and seek-distance histograms; then `strata
+    defrag rand` as a job while fio writes 64k random to another disk (vs
+    the same job idle: `_busy_trial`), and the reads of `rand` again. The
+    histograms are the client's view (virtual LBAs): seek distances do not
+    change with the layout underneath, latencies do. Last, fragments per
+    disk vs the number of disks growing together, before and after a
+    defrag of each (fragmentation.svg)."""
+    size = "256M" if q else "2G"
+    rt = 4 if q else 8
+    ks = [1, 2, 4] if q else [1, 2, 4, 8]
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    s = Strata(os.path.join(work, "frag"), serve_args=["--free-space-policy", "off"]).start()
+    frag = lambda d: json.loads(s.cli("info", d, "--json"))["fragments"]
+    out = {"params": {"size": size, "runtime_s": rt, "disks_growing_together": ks,
+                      "cold": "host page cache dropped before each read"}}
+
+    def reads(d):
+        r = {}
+        for tag, bs, depth in (("seqread_1m", "1M", 4), ("copy_64k", "64k", 1)):
+            out["cold_cache"] = _drop_caches()
+            s.cli("stats", d, "--reset")
+            # One pass over the disk, not time-based: a second pass would
+            # be served from the page cache the first one filled.
+            x = fio(s.uri(d), "read", bs, iodepth=depth, size=size)
+            st = json.loads(s.cli("stats", d, "--json"))[d]
+            r[tag] = {"mib_s": round(x["bw_mib"], 1), "iops": round(x["iops"]),
+                      "latency_us": _hist(st, "latency", "read"),
+                      "seek_distance": _hist(st, "seek_distance", "read")}
+        return r
+    try:
+        s.cli("create", "seq", "--size", size)
+        s.cli("create", "rand", "--size", size)
+        fill(s.uri("seq"), size)
+        fio(s.uri("rand"), "randwrite", "4k", size=size, extra=["--randrepeat=0", "--end_fsync=1"])
+        out["fragments"] = {"seq": frag("seq"), "rand": frag("rand")}
+        out["seq"] = reads("seq")
+        out["rand_before"] = reads("rand")
+        job = {}
+        trial = _busy_trial(
+            s, 0, "defrag", rt, size, logs,
+            lambda: job.update(json.loads(s.cli("defrag", "rand", "--detach", "--json"))),
+            lambda: next((j for j in json.loads(s.cli("jobs", "--json")) if j["id"] == job["id"]),
+                         {"state": "done"})["state"] in ("done", "failed", "cancelled"))
+        out["client_writes_during_defrag"] = _busy_summary([trial], "defrag")
+        out["fragments"]["rand_after_defrag"] = frag("rand")
+        out["rand_after"] = reads("rand")
+        for tag in ("seqread_1m", "copy_64k"):
+            out[f"ratio_{tag}_fragmented_vs_seq"] = ratio(out["rand_before"][tag]["mib_s"],
+                                                          out["seq"][tag]["mib_s"])
+            out[f"ratio_{tag}_defragmented_vs_seq"] = ratio(out["rand_after"][tag]["mib_s"],
+                                                            out["seq"][tag]["mib_s"])
+        out["target"] = ">= 0.9 (defragmented vs seq), client writes during defrag >= 0.8"
+        growing = {}
+        each = f"{max(16, (_bytes(size) >> 20) // max(ks))}M"
+        for k in ks:
+            names = [f"g{k}_{i}" for i in range(k)]
+            for n in names:
+                s.cli("create", n, "--size", each)
+            args = ["fio", "--ioengine=nbd", "--rw=write", "--bs=64k", "--iodepth=4",
+                    f"--size={each}", "--output-format=terse"]
+            for i, n in enumerate(names):
+                args += [f"--name=j{i}", f"--uri={s.uri(n)}"]
+            sh(*args)
+            before = [frag(n) for n in names]
+            for n in names:
+                s.cli("defrag", n)
+            after = [frag(n) for n in names]
+            growing[k] = {"per_disk_before": round(sum(before) / k, 1),
+                          "per_disk_after": round(sum(after) / k, 1)}
+            for n in names:
+                s.cli("rm", n)
+        out["growing_together"] = {"disk_size": each, "fragments": growing}
+        out["status"] = {k: v for k, v in json.loads(s.cli("status", "--json")).items()
+                         if k in ("used_bytes", "pool_bytes", "pool_file_bytes", "free_extents",
+                                  "free_extent_histogram")}
+    finally:
+        s.stop()
+    return out
+
+
 def cpu_of(pid):
     """User + system CPU seconds of process `pid` so far."""
     with open(f"/proc/{pid}/stat") as f:
@@ -1453,6 +1565,7 @@ CASES = {
     "clone": lambda w, q: case_clone(w, q),
     "formats": lambda w, q: case_formats(w, q),
     "vdi": lambda w, q: case_vdi(w, q),
+    "fragmentation": lambda w, q: case_fragmentation(w, q),
 }
 
 
@@ -1621,6 +1734,19 @@ def write_plots(results, outdir):
                         note="green: strata faster; red: slower. Rows: strata disk type and state; "
                              f"the peer is a {peer} image in the same state.")
         made.append("matrix.svg")
+    if "fragmentation" in cases:
+        g = cases["fragmentation"]["growing_together"]["fragments"]
+        ks = sorted(g, key=int)
+        series = [{"name": "before defrag", "color": plot.PALETTE[1],
+                   "points": [(int(k), g[k]["per_disk_before"]) for k in ks]},
+                  {"name": "after defrag", "color": plot.PALETTE[0],
+                   "points": [(int(k), g[k]["per_disk_after"]) for k in ks]}]
+        plot.line_chart(os.path.join(outdir, "fragmentation.svg"),
+                        f"Fragments per disk vs disks growing together ({mode} mode)",
+                        [{"title": "64k sequential writes, all disks at once", "xlabel": "disks written together",
+                          "ylabel": "fragments per disk", "series": series, "xticks": [int(k) for k in ks]}],
+                        cols=1, pw=640, ph=380)
+        made.append("fragmentation.svg")
     if "zeroing" in cases:
         z = cases["zeroing"]
         panels = []

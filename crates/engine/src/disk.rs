@@ -503,7 +503,9 @@ impl DiskHandle {
     /// on its way is tried once more after making room.
     ///
     /// With `all_heads`, the stripes held are those of every disk's head
-    /// (the versions a client may write), and `each` gets their list.
+    /// (the versions a client may write), `each` gets their list, and the
+    /// gate is `each`'s to take (defrag reads scattered grains first,
+    /// without it, so a commit draining the gate does not wait for them).
     pub(crate) fn in_regions(
         &self,
         offset: u64,
@@ -523,7 +525,7 @@ impl DiskHandle {
             let last = (region_end - 1) >> GRAIN_SHIFT;
             self.inner.maybe_checkpoint()?;
             let mut attempt = || {
-                let _gate = self.inner.gate.read();
+                let _gate = (!all_heads).then(|| self.inner.gate.read());
                 let held = if all_heads {
                     self.inner.meta.lock().head_versions()
                 } else {

@@ -173,8 +173,11 @@ impl DiskHandle {
         Ok(())
     }
 
-    /// One region, with the gate and every head's stripes for it held
-    /// (`held`): plan and allocate, copy, then move each grain.
+    /// One region, with every head's stripes for it held (`held`): plan;
+    /// read the grains without the gate (scattered 4 KiB reads are the slow
+    /// part, and a commit draining the gate must not wait for them); then,
+    /// with the gate, check the plan still holds, allocate, write the copy
+    /// in runs and move each grain (FORMAT.md §10.2-10.3).
     fn defrag_region(
         &self,
         first: u64,
@@ -184,9 +187,20 @@ impl DiskHandle {
         t: &mut Tally,
     ) -> Result<()> {
         let _fence = self.inner.fail_on_panic();
-        let mut m = self.inner.meta.lock();
-        let (mapped, before) = self.region_plan(&mut m, first, last)?;
+        let (mapped, before) = self.region_plan(&mut self.inner.meta.lock(), first, last)?;
         if before <= 1 {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; mapped.len() * GRAIN_BYTES as usize];
+        self.read_grains(&mapped, &mut buf)?;
+        // From here to the moves: no free is reused (gate), and no grain
+        // is allocated and left uninstalled across a checkpoint's cut.
+        let _gate = self.inner.gate.read();
+        let mut m = self.inner.meta.lock();
+        // The head still maps what was read, grain for grain: with every
+        // head's stripes held, nothing wrote those grains meanwhile.
+        if self.region_plan(&mut m, first, last)?.0 != mapped {
+            t.skipped += 1;
             return Ok(());
         }
         let n = mapped.len() as u64;
@@ -217,13 +231,13 @@ impl DiskHandle {
             return Ok(());
         }
         drop(m);
-        if let Err(e) = self.copy_grains(&mapped, &targets) {
+        if let Err(e) = self.write_grains(&targets, &buf) {
             self.give_back(&mut self.inner.meta.lock(), &targets)?;
             return Err(e);
         }
         let mut m = self.inner.meta.lock();
         // A disk created since the stripes were taken could write in place
-        // what the copy read: leave the region for the next pass.
+        // what was read: leave the region for the next pass.
         if m.head_versions().iter().any(|h| !held.contains(h)) {
             self.give_back(&mut m, &targets)?;
             t.skipped += 1;
@@ -250,10 +264,9 @@ impl DiskHandle {
         Ok(())
     }
 
-    /// Copy the bytes of `from[i].1` to `to[i]`; physically adjacent grains
-    /// are read and written as one I/O.
-    fn copy_grains(&self, from: &[(u64, u64)], to: &[u64]) -> Result<()> {
-        let mut buf = vec![0u8; from.len() * GRAIN_BYTES as usize];
+    /// Read the grains `from[i].1` into `buf` in order; physically
+    /// adjacent grains are one read.
+    fn read_grains(&self, from: &[(u64, u64)], buf: &mut [u8]) -> Result<()> {
         let mut i = 0;
         while i < from.len() {
             let mut j = i + 1;
@@ -264,6 +277,11 @@ impl DiskHandle {
             self.inner.pool.read_at(chunk, from[i].1 << GRAIN_SHIFT)?;
             i = j;
         }
+        Ok(())
+    }
+
+    /// Write `buf` to the grains `to[i]` in order, adjacent ones as one write.
+    fn write_grains(&self, to: &[u64], buf: &[u8]) -> Result<()> {
         let mut i = 0;
         while i < to.len() {
             let mut j = i + 1;
