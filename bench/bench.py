@@ -93,7 +93,11 @@ def wait_path(p, timeout=30, proc=None):
 
 class Strata:
     def __init__(self, work, cache="128M", serve_args=()):
+        # No background free-space consolidation: it would move data in
+        # the middle of a measurement (cases that want it ask for it).
         self.serve_args = list(serve_args)
+        if "--free-space-policy" not in self.serve_args:
+            self.serve_args += ["--free-space-policy", "off"]
         self.ds = os.path.join(work, "ds")
         self.sock = os.path.join(work, "strata.sock")
         self.cache = cache
@@ -1470,7 +1474,7 @@ def case_fragmentation(work, q):
     ks = [1, 2, 4] if q else [1, 2, 4, 8]
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
-    s = Strata(os.path.join(work, "frag"), serve_args=["--free-space-policy", "off"]).start()
+    s = Strata(os.path.join(work, "frag")).start()
     frag = lambda d: json.loads(s.cli("info", d, "--json"))["fragments"]
     out = {"params": {"size": size, "runtime_s": rt, "disks_growing_together": ks,
                       "cold": "host page cache dropped before each read"}}

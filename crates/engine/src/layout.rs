@@ -195,7 +195,13 @@ impl DiskHandle {
         self.read_grains(&mapped, &mut buf)?;
         // From here to the moves: no free is reused (gate), and no grain
         // is allocated and left uninstalled across a checkpoint's cut.
-        let _gate = self.inner.gate.read();
+        // The stripes are already held, against the usual order (gate, then
+        // stripes): a plain read would queue behind a commit waiting to
+        // drain the gate, which waits for a client that holds the gate and
+        // waits for these stripes. A recursive read does not queue behind
+        // a waiting writer, and a writer that holds the gate never waits
+        // for stripes (commit, checkpoint cut, consolidation), so it ends.
+        let _gate = self.inner.gate.read_recursive();
         let mut m = self.inner.meta.lock();
         // The head still maps what was read, grain for grain: with every
         // head's stripes held, nothing wrote those grains meanwhile.

@@ -165,6 +165,18 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
             }));
         }
     }
+    // Commits beside it (clients' flushes): a commit drains the I/O gate,
+    // so a lock-order mistake between the gate and the stripes hangs here.
+    let flusher = {
+        let ds = ds.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                ds.flush().unwrap();
+                std::thread::yield_now();
+            }
+        })
+    };
     let defrag = {
         let ds = ds.clone();
         let done = done.clone();
@@ -194,6 +206,7 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
     }
     done.store(true, std::sync::atomic::Ordering::Release);
     let moved = defrag.join().unwrap();
+    flusher.join().unwrap();
     eprintln!("defrag moved {moved} bytes while the writers ran");
     assert!(moved > 0, "the defrag thread never moved anything");
     for disk in ["d", "c"] {
