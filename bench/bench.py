@@ -38,11 +38,13 @@ Paper suites (figures, no targets; each cell also measured on the peer):
               then after deleting snapshots oldest first; vs a qcow2 backing chain
   clone       strata clone --full time vs the source's snapshot count, vs
               qemu-img convert -O qcow2 of a chain of the same depth
-  fragmentation  issue 10 / seed 004: fragments of a sequentially written, a randomly
-              written and k disks growing together; cold sequential and copy-like
-              reads with latency/seek histograms before and after defrag vs the
-              sequential disk [>= 0.9]; client writes during defrag [>= 0.8];
-              fragments vs k before/after (fragmentation.svg)
+  fragmentation  issue 10 / seed 004: fragments of a sequentially written disk and
+              of one overwritten at random after snapshots; cold sequential and
+              copy-like reads with latency/seek histograms before and after defrag
+              vs the sequential disk [>= 0.9]; client writes during defrag [>= 0.8];
+              placement vs arrival order: fragments after random first writes,
+              overwrites, a diverging clone, k disks growing together
+              (fragmentation.svg)
   vdi         seed 000 figure 10: seSparse linked clones of a golden image made by a
               TCG guest, each desktop (a guest) installs and uninstalls files and
               trims; then online vmdk shrink of all clones: space per clone
@@ -1454,21 +1456,67 @@ def _hist(st, name, side="all"):
     return {b["label"]: b["count"] for b in h["buckets"] if b["count"]}
 
 
+def _placement_layouts(work, placement, size, ks):
+    """Fragments per disk left by the allocator's placement (`serve
+    --placement`), in a datastore of its own: random 4k first writes (fio
+    iodepth 16), a disk overwritten over a quarter of its grains in random
+    order after a snapshot, a linked clone diverging over an eighth, and k
+    disks growing together (one fio, 64k sequential, iodepth 4 each)."""
+    s = Strata(os.path.join(work, f"placement-{placement}"),
+               serve_args=["--placement", placement]).start()
+    frag = lambda d: json.loads(s.cli("info", d, "--json"))["fragments"]
+    each = f"{max(16, (_bytes(size) >> 20) // max(ks))}M"
+    quarter = f"{_bytes(size) >> 22}M"
+    r = {}
+    try:
+        s.cli("create", "rand", "--size", size)
+        fio(s.uri("rand"), "randwrite", "4k", size=size, extra=["--randrepeat=0"])
+        r["random_first_writes"] = frag("rand")
+        s.cli("snapshot", "create", "rand", "s")
+        s.cli("clone", "rand@s", "c")
+        fio(s.uri("rand"), "randwrite", "4k", size=size, extra=["--randrepeat=0", f"--io_size={quarter}"])
+        fio(s.uri("c"), "randwrite", "4k", size=size,
+            extra=["--randrepeat=0", f"--io_size={_bytes(size) >> 23}M"])
+        r["overwritten_quarter_after_snapshot"] = frag("rand")
+        r["clone_diverged_eighth"] = frag("c")
+        growing = {}
+        for k in ks:
+            names = [f"g{k}_{i}" for i in range(k)]
+            for n in names:
+                s.cli("create", n, "--size", each)
+            args = ["fio", "--ioengine=nbd", "--rw=write", "--bs=64k", "--iodepth=4",
+                    f"--size={each}", "--output-format=terse"]
+            for i, n in enumerate(names):
+                args += [f"--name=j{i}", f"--uri={s.uri(n)}"]
+            sh(*args)
+            growing[k] = round(sum(frag(n) for n in names) / k, 1)
+            for n in names:
+                s.cli("rm", n)
+        r["growing_together"] = {"disk_size": each, "per_disk": growing}
+    finally:
+        s.stop()
+    return r
+
+
 def case_fragmentation(work, q):
     """Issue 10 / seed 004 (guest defragmentation) and seed 001 figure 6
     (thin disks growing together), with strata's own layout figures and
-    histograms. In one datastore: `seq` written sequentially, `rand` written
-    by 4k random writes (every grain once), and k disks written at once by
-    one fio (64k sequential each, so their grains interleave in time).
-    Fragments of each (`info`), then a cold-cache sequential read (1M,
-    iodepth 4) and a copy-like read (64k, iodepth 1) of `rand` and `seq`,
-    with `strata stats` latency and seek-distance histograms; then `strata
-    defrag rand` as a job while fio writes 64k random to another disk (vs
-    the same job idle: `_busy_trial`), and the reads of `rand` again. The
-    histograms are the client's view (virtual LBAs): seek distances do not
-    change with the layout underneath, latencies do. Last, fragments per
-    disk vs the number of disks growing together, before and after a
-    defrag of each (fragmentation.svg)."""
+    histograms. In one datastore: `seq` written sequentially, and `frag`
+    written by 4k random writes (every grain once), then snapshotted and
+    overwritten at random over half its grains in eight rounds, a snapshot
+    before each (the snapshots deleted after): placement (FORMAT.md §10.5)
+    lays out one version's random writes, so fragments come from copies on
+    write. Fragments of each (`info`), then a cold-cache sequential read
+    (1M, iodepth 4) and a copy-like read (64k, iodepth 1) of `frag` and
+    `seq`, with `strata stats` latency and seek-distance histograms; then
+    `strata defrag frag` as a job while fio writes 64k random to another
+    disk (vs the same job idle: `_busy_trial`), and the reads of `frag`
+    again. The histograms are the client's view (virtual LBAs): seek
+    distances do not change with the layout underneath, latencies do.
+    Last, the allocator's placement against arrival order, each in a
+    datastore of its own: fragments after random first writes, overwrites
+    after a snapshot, a diverging clone, and per disk vs the number of disks
+    growing together (fragmentation.svg)."""
     size = "256M" if q else "2G"
     rt = 4 if q else 8
     ks = [1, 2, 4] if q else [1, 2, 4, 8]
@@ -1494,52 +1542,42 @@ def case_fragmentation(work, q):
         return r
     try:
         s.cli("create", "seq", "--size", size)
-        s.cli("create", "rand", "--size", size)
+        s.cli("create", "frag", "--size", size)
         fill(s.uri("seq"), size)
-        fio(s.uri("rand"), "randwrite", "4k", size=size, extra=["--randrepeat=0", "--end_fsync=1"])
-        out["fragments"] = {"seq": frag("seq"), "rand": frag("rand")}
+        fio(s.uri("frag"), "randwrite", "4k", size=size, extra=["--randrepeat=0"])
+        out["fragments"] = {"seq": frag("seq"), "frag_random_first_writes": frag("frag")}
+        rounds = 8
+        for i in range(rounds):
+            s.cli("snapshot", "create", "frag", f"r{i}")
+            fio(s.uri("frag"), "randwrite", "4k", size=size,
+                extra=["--randrepeat=0", f"--randseed={i + 1}",
+                       f"--io_size={_bytes(size) // (2 * rounds) >> 20}M"])
+        for i in range(rounds):
+            s.cli("snapshot", "delete", "frag", f"r{i}")
+        out["fragments"]["frag"] = frag("frag")
         out["seq"] = reads("seq")
-        out["rand_before"] = reads("rand")
+        out["frag_before"] = reads("frag")
         job = {}
         trial = _busy_trial(
             s, 0, "defrag", rt, size, logs,
-            lambda: job.update(json.loads(s.cli("defrag", "rand", "--detach", "--json"))),
+            lambda: job.update(json.loads(s.cli("defrag", "frag", "--detach", "--json"))),
             lambda: next((j for j in json.loads(s.cli("jobs", "--json")) if j["id"] == job["id"]),
                          {"state": "done"})["state"] in ("done", "failed", "cancelled"))
         out["client_writes_during_defrag"] = _busy_summary([trial], "defrag")
-        out["fragments"]["rand_after_defrag"] = frag("rand")
-        out["rand_after"] = reads("rand")
+        out["fragments"]["frag_after_defrag"] = frag("frag")
+        out["frag_after"] = reads("frag")
         for tag in ("seqread_1m", "copy_64k"):
-            out[f"ratio_{tag}_fragmented_vs_seq"] = ratio(out["rand_before"][tag]["mib_s"],
+            out[f"ratio_{tag}_fragmented_vs_seq"] = ratio(out["frag_before"][tag]["mib_s"],
                                                           out["seq"][tag]["mib_s"])
-            out[f"ratio_{tag}_defragmented_vs_seq"] = ratio(out["rand_after"][tag]["mib_s"],
+            out[f"ratio_{tag}_defragmented_vs_seq"] = ratio(out["frag_after"][tag]["mib_s"],
                                                             out["seq"][tag]["mib_s"])
         out["target"] = ">= 0.9 (defragmented vs seq), client writes during defrag >= 0.8"
-        growing = {}
-        each = f"{max(16, (_bytes(size) >> 20) // max(ks))}M"
-        for k in ks:
-            names = [f"g{k}_{i}" for i in range(k)]
-            for n in names:
-                s.cli("create", n, "--size", each)
-            args = ["fio", "--ioengine=nbd", "--rw=write", "--bs=64k", "--iodepth=4",
-                    f"--size={each}", "--output-format=terse"]
-            for i, n in enumerate(names):
-                args += [f"--name=j{i}", f"--uri={s.uri(n)}"]
-            sh(*args)
-            before = [frag(n) for n in names]
-            for n in names:
-                s.cli("defrag", n)
-            after = [frag(n) for n in names]
-            growing[k] = {"per_disk_before": round(sum(before) / k, 1),
-                          "per_disk_after": round(sum(after) / k, 1)}
-            for n in names:
-                s.cli("rm", n)
-        out["growing_together"] = {"disk_size": each, "fragments": growing}
         out["status"] = {k: v for k, v in json.loads(s.cli("status", "--json")).items()
                          if k in ("used_bytes", "pool_bytes", "pool_file_bytes", "free_extents",
                                   "free_extent_histogram")}
     finally:
         s.stop()
+    out["placement"] = {p: _placement_layouts(work, p, size, ks) for p in ("arrival", "regions")}
     return out
 
 
@@ -1739,15 +1777,15 @@ def write_plots(results, outdir):
                              f"the peer is a {peer} image in the same state.")
         made.append("matrix.svg")
     if "fragmentation" in cases:
-        g = cases["fragmentation"]["growing_together"]["fragments"]
-        ks = sorted(g, key=int)
-        series = [{"name": "before defrag", "color": plot.PALETTE[1],
-                   "points": [(int(k), g[k]["per_disk_before"]) for k in ks]},
-                  {"name": "after defrag", "color": plot.PALETTE[0],
-                   "points": [(int(k), g[k]["per_disk_after"]) for k in ks]}]
+        pl = cases["fragmentation"]["placement"]
+        ks = sorted(pl["regions"]["growing_together"]["per_disk"], key=int)
+        series = [{"name": f"placement: {p}", "color": plot.PALETTE[i],
+                   "points": [(int(k), pl[p]["growing_together"]["per_disk"][k]) for k in ks]}
+                  for i, p in enumerate(("arrival", "regions"))]
         plot.line_chart(os.path.join(outdir, "fragmentation.svg"),
                         f"Fragments per disk vs disks growing together ({mode} mode)",
-                        [{"title": "64k sequential writes, all disks at once", "xlabel": "disks written together",
+                        [{"title": "64k sequential writes at iodepth 4, all disks at once",
+                          "xlabel": "disks written together",
                           "ylabel": "fragments per disk", "series": series, "xticks": [int(k) for k in ks]}],
                         cols=1, pw=640, ph=380)
         made.append("fragmentation.svg")

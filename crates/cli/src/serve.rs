@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// what it overwrites (on), or is stored like any other data (off)
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     detect_zeroes: bool,
+    /// Where new data grains go: regions (each 1 MiB of a disk's virtual space at its offsets
+    /// in a block of its own, so random and concurrent writes are laid out in order) or
+    /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
+    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
+    placement: bool,
     /// Free-space consolidation in the background (auto): every 10 s, when the pool or the
     /// pool file exceeds the used space by --free-space-threshold plus a quarter of it, run
     /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
@@ -68,6 +73,14 @@ fn parse_auto_off(s: &str) -> Result<bool, String> {
         "auto" => Ok(true),
         "off" => Ok(false),
         _ => Err(format!("'{s}': expected auto or off")),
+    }
+}
+
+fn parse_placement(s: &str) -> Result<bool, String> {
+    match s {
+        "regions" => Ok(true),
+        "arrival" => Ok(false),
+        _ => Err(format!("'{s}': expected regions or arrival")),
     }
 }
 
@@ -452,6 +465,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     };
     let ds = ops::open_local(dir, lock, cache)?;
     ds.set_detect_zeroes(args.detect_zeroes);
+    ds.set_placement_regions(args.placement);
     ds.start_reclaimer();
     ds.start_background_commits();
 

@@ -895,6 +895,12 @@ impl Datastore {
         })
     }
 
+    /// Place new data grains by region (FORMAT.md §10.5: the default), or
+    /// with `false` in the order writes arrive (for comparison).
+    pub fn set_placement_regions(&self, on: bool) {
+        self.inner.meta.lock().set_placement_regions(on);
+    }
+
     /// Turn zero detection on thin disks' writes on or off (FORMAT.md §7.4).
     pub fn set_detect_zeroes(&self, on: bool) {
         self.inner.detect_zeroes.store(on, Ordering::Relaxed);

@@ -202,7 +202,7 @@ impl DiskHandle {
         };
         for i in 0..pieces.len() {
             if pieces[i].new {
-                match m.alloc_grain(self.version, prev, cap, place) {
+                match m.alloc_data_grain(self.version, pieces[i].v, prev, cap, place) {
                     Ok(g) => pieces[i].grain = g,
                     Err(e) => {
                         for p in pieces[..i].iter().filter(|p| p.new) {

@@ -18,6 +18,12 @@ const PARTIAL_SCAN_BLOCKS_MAX: usize = 64;
 /// block and at most this many grains (64 MiB), and is truncated once it is
 /// this far past its target.
 pub const TAIL_STEP_GRAINS: u64 = 64 << 8;
+/// Region anchors kept at most (FORMAT.md §10.5); past it the table is
+/// dropped whole.
+const ANCHORS_MAX: usize = 1 << 16;
+/// The pool grows for a region's fresh block only while its end stays
+/// within this many grains (64 MiB), or used / 8, of the used grains.
+const REGION_GAP_GRAINS: u64 = 64 << 8;
 
 /// Where an allocation may take its grain from (FORMAT.md §7.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +65,12 @@ pub struct Allocator {
     pub(super) limit: Option<u64>,
     /// Set when an allocation lifted `limit`.
     pub(super) limit_lifted: bool,
+    /// Per (owner, virtual region of one block): the virtual grain and the
+    /// pool grain of the owner's first allocation there (FORMAT.md §10.5).
+    pub(super) anchors: HashMap<(u64, u64), (u64, u64)>,
+    /// Placement off (`serve --placement arrival`): data grains by hint
+    /// and cursor only, in the order writes arrive.
+    pub(super) arrival_order: bool,
 }
 
 impl Allocator {
@@ -340,6 +352,105 @@ impl Meta {
             .iter()
             .copied()
             .find(|&b| self.block_fits(b, place, reserving)))
+    }
+
+    /// Allocate a data grain for virtual grain `v` of version `owner`
+    /// (FORMAT.md §10.5): after `hint` (the grain mapping `v - 1`), else
+    /// where the region's anchor puts it, else at `v`'s offset in a fresh
+    /// block, else by the owner's cursor. As `alloc_grain` otherwise.
+    pub fn alloc_data_grain(
+        &mut self,
+        owner: u64,
+        v: u64,
+        hint: Option<u64>,
+        capacity_grains: u64,
+        place: Place,
+    ) -> Result<u64> {
+        if self.alloc.arrival_order {
+            return self.alloc_grain(owner, hint, capacity_grains, place);
+        }
+        let reserving = place != Place::Any && self.tail_target(0, 0) > 0;
+        let region = v / BLOCK_GRAINS;
+        let anchor = self.alloc.anchors.get(&(owner, region)).copied();
+        let goals = [
+            hint.map(|h| h + 1),
+            anchor.and_then(|(av, ag)| (ag + v).checked_sub(av)),
+        ];
+        for g in goals.into_iter().flatten() {
+            if self.block_fits(g / BLOCK_GRAINS, place, reserving) && self.allocatable(g)? {
+                self.take(g)?;
+                self.anchor(owner, region, v, g);
+                return Ok(g);
+            }
+        }
+        if anchor.is_none() {
+            if let Some(b) = self.region_block(owner, region, capacity_grains, place, reserving)? {
+                let g = b * BLOCK_GRAINS + v % BLOCK_GRAINS;
+                if self.allocatable(g)? {
+                    self.take(g)?;
+                    self.anchor(owner, region, v, g);
+                    return Ok(g);
+                }
+            }
+        }
+        let g = self.alloc_grain(owner, None, capacity_grains, place)?;
+        self.anchor(owner, region, v, g);
+        Ok(g)
+    }
+
+    /// Place data grains by region (FORMAT.md §10.5) or, with `false`, in
+    /// the order writes arrive (hint and cursor only).
+    pub fn set_placement_regions(&mut self, on: bool) {
+        self.alloc.arrival_order = !on;
+        self.alloc.anchors.clear();
+    }
+
+    /// Record `g` as the anchor of `owner`'s `region` unless it has one.
+    fn anchor(&mut self, owner: u64, region: u64, v: u64, g: u64) {
+        if self.alloc.anchors.len() >= ANCHORS_MAX {
+            self.alloc.anchors.clear();
+        }
+        self.alloc.anchors.entry((owner, region)).or_insert((v, g));
+    }
+
+    /// A wholly free block for a region without an anchor (FORMAT.md
+    /// §10.5): the one after the previous region's block, the lowest, or
+    /// one added at the pool's end within the bounds; None otherwise.
+    fn region_block(
+        &mut self,
+        owner: u64,
+        region: u64,
+        capacity_grains: u64,
+        place: Place,
+        reserving: bool,
+    ) -> Result<Option<u64>> {
+        let after_prev = region
+            .checked_sub(1)
+            .and_then(|r| self.alloc.anchors.get(&(owner, r)))
+            .map(|&(_, g)| g / BLOCK_GRAINS + 1);
+        if let Some(b) = after_prev {
+            if self.alloc.free_blocks.contains(&b) && self.block_fits(b, place, reserving) {
+                return Ok(Some(b));
+            }
+        }
+        let lowest = self
+            .alloc
+            .free_blocks
+            .iter()
+            .copied()
+            .find(|&b| self.block_fits(b, place, reserving));
+        if lowest.is_some() {
+            return Ok(lowest);
+        }
+        let gap = (self.alloc.hwm + BLOCK_GRAINS).saturating_sub(self.used_grains);
+        if place == Place::Any
+            && self.alloc.limit.is_none()
+            && gap <= REGION_GAP_GRAINS.max(self.used_grains / 8)
+            && self.tail_target(0, 0) == 0
+        {
+            return self.grow_pool(capacity_grains, place);
+        }
+        Ok(None)
     }
 
     /// Allocate one grain for `owner`, next to `hint` when possible, at

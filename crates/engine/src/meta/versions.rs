@@ -15,6 +15,10 @@ impl Meta {
         }
         st.version = id;
         self.put_version(st);
+        // `src`'s grains are shared now: its next writes to a region take a
+        // fresh block rather than aim at grains its anchors name, which are
+        // taken (FORMAT.md §10.5).
+        self.alloc.anchors.retain(|&(owner, _), _| owner != src);
         Ok(())
     }
 
