@@ -45,8 +45,9 @@ pub struct ServeArgs {
     /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
     #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
     placement: bool,
-    /// Free-space consolidation in the background (auto): every 10 s, when the pool or the
-    /// pool file exceeds the used space by --free-space-threshold plus a quarter of it, run
+    /// Free-space consolidation in the background (auto): every 10 s, when the pool file holds
+    /// more on the host than the used (and reserved) space by --free-space-threshold plus a
+    /// quarter of the used space, run
     /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
     #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
     free_space_policy: bool,
@@ -596,8 +597,8 @@ fn spawn_alarm_watcher(
 }
 
 /// The background free-space policy (`serve --free-space-policy auto`):
-/// every 10 s, when the pool's end or the pool file on the host exceeds the
-/// used space by more than `threshold` and a quarter of it, run a
+/// every 10 s, when the pool file on the host exceeds the used (and
+/// reserved) space by more than `threshold` and a quarter of it, run a
 /// free-space consolidation (FORMAT.md §10.4) with the default pacing,
 /// which rests while clients do I/O. `control` cancels it at shutdown.
 fn spawn_free_space_policy(
@@ -618,10 +619,12 @@ fn spawn_free_space_policy(
                 }
                 waited = 0;
                 let used = ds.info().used_bytes;
-                let Ok((pool_gap, file_gap)) = ds.free_space_gap() else {
+                // The pool's end alone is no reason: above the used grains
+                // it holds blocks placement claimed, holes on the host.
+                let Ok((_, file_gap)) = ds.free_space_gap() else {
                     continue;
                 };
-                if pool_gap.max(file_gap) < threshold + used / 4 {
+                if file_gap < threshold + used / 4 {
                     continue;
                 }
                 let work = strata_engine::SpaceWork {

@@ -1489,7 +1489,8 @@ impl Datastore {
         }
         let h = self.open_disk(name)?;
         let (fragments_before, mapped) = h.fragments()?;
-        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
+            .resting(crate::work::LAYOUT_BUSY_REST);
         let t = h.defrag(dry_run, progress, &mut |n| {
             pacer.pace(n, self.inner.clients_busy())
         })?;
@@ -1539,7 +1540,8 @@ impl Datastore {
         while self.reclaim(1 << 16)? {}
         self.inner.commit(false)?;
         let before = self.pool_layout()?;
-        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
+            .resting(crate::work::LAYOUT_BUSY_REST);
         let mut pace = |n: u64| pacer.pace(n, self.inner.clients_busy());
         let mut r = FreeSpaceReport {
             pool_bytes_before: before.pool_bytes,
@@ -1606,16 +1608,24 @@ impl Datastore {
         Ok(r)
     }
 
-    /// What consolidation would give back, cheaply (no scan): bytes of the
+    /// What consolidation could give back, cheaply (no scan): bytes of the
     /// pool above what is used, and bytes the pool file holds on the host
-    /// above what is used. A background policy decides on these.
+    /// above what is used and what thick disks hold in reserve (the tail,
+    /// or their reservation where it is larger). The background policy
+    /// decides on the second (FORMAT.md §10.4): the first includes blocks
+    /// placement claimed (§10.5), which are holes on the host.
     pub fn free_space_gap(&self) -> Result<(u64, u64)> {
-        let (used, pool) = {
+        let (used, pool, held) = {
             let m = self.inner.meta.lock();
-            (m.used_grains() * GRAIN_BYTES, m.hwm() * GRAIN_BYTES)
+            let tail = m.tail_end() - m.hwm();
+            (
+                m.used_grains() * GRAIN_BYTES,
+                m.hwm() * GRAIN_BYTES,
+                tail.max(m.reserved_grains()) * GRAIN_BYTES,
+            )
         };
         let file = self.inner.pool.allocated_bytes()?;
-        Ok((pool.saturating_sub(used), file.saturating_sub(used)))
+        Ok((pool.saturating_sub(used), file.saturating_sub(used + held)))
     }
 
     /// Punch the runs of `sorted` (grains held out of the allocator).
@@ -1680,6 +1690,20 @@ impl Datastore {
             let mut low = 1u64;
             let mut buf = vec![0u8; GRAIN_BYTES as usize];
             for batch in found.chunks(BATCH) {
+                // Bring the batch's data grains into the host's cache while
+                // clients still run: the copies below, with client I/O
+                // drained, then read from memory. (Only a warm-up: the copy
+                // reads the grain again under the gate.)
+                for z in batch {
+                    if let ZoneGrain::Data { g, .. } = *z {
+                        self.inner.pool.will_need(g * GRAIN_BYTES, GRAIN_BYTES);
+                    }
+                }
+                for z in batch {
+                    if let ZoneGrain::Data { g, .. } = *z {
+                        self.inner.pool.read_at(&mut buf, g * GRAIN_BYTES)?;
+                    }
+                }
                 {
                     let _drain = self.inner.gate.write();
                     let mut m = self.inner.meta.lock();

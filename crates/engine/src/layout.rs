@@ -271,8 +271,21 @@ impl DiskHandle {
     }
 
     /// Read the grains `from[i].1` into `buf` in order; physically
-    /// adjacent grains are one read.
+    /// adjacent grains are one read. Every run is announced first, so a
+    /// fragmented region's scattered reads go to the device at once rather
+    /// than one after another.
     fn read_grains(&self, from: &[(u64, u64)], buf: &mut [u8]) -> Result<()> {
+        let mut i = 0;
+        while i < from.len() {
+            let mut j = i + 1;
+            while j < from.len() && from[j].1 == from[j - 1].1 + 1 {
+                j += 1;
+            }
+            self.inner
+                .pool
+                .will_need(from[i].1 << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
+            i = j;
+        }
         let mut i = 0;
         while i < from.len() {
             let mut j = i + 1;

@@ -70,11 +70,16 @@ pub(crate) struct Pacer<'a> {
     done: u64,
     /// End of the previous region (its successor's work starts there).
     last: Instant,
+    /// Rest while clients are busy, in multiples of the region's time.
+    busy_rest: u32,
 }
 
 /// Rest after a region while clients do I/O, in multiples of the region's
 /// time: the operation then takes at most a quarter of the time.
 const BUSY_REST: u32 = 3;
+/// The same for layout work (defrag, free-space consolidation), which
+/// copies data and so costs clients more per region: at most an eighth.
+pub(crate) const LAYOUT_BUSY_REST: u32 = 7;
 
 impl<'a> Pacer<'a> {
     pub fn new(rate: Option<u64>, control: Option<&'a WorkControl>) -> Self {
@@ -84,7 +89,14 @@ impl<'a> Pacer<'a> {
             start: Instant::now(),
             done: 0,
             last: Instant::now(),
+            busy_rest: BUSY_REST,
         }
+    }
+
+    /// Rest `factor` times each region's time while clients are busy.
+    pub fn resting(mut self, factor: u32) -> Self {
+        self.busy_rest = factor;
+        self
     }
 
     /// After a region of `bytes`; `clients_busy`: client I/O is in flight.
@@ -106,7 +118,7 @@ impl<'a> Pacer<'a> {
             }
             // Clients first: rest while they are busy, else only let
             // other threads run.
-            None if clients_busy => std::thread::sleep(took * BUSY_REST),
+            None if clients_busy => std::thread::sleep(took * self.busy_rest),
             None => std::thread::yield_now(),
         }
         self.last = Instant::now();

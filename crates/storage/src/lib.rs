@@ -69,6 +69,10 @@ pub trait Storage: Send + Sync {
         }
         Ok(())
     }
+    /// A hint that `[offset, offset + len)` will be read soon: files start
+    /// reading it in the background (`posix_fadvise(WILLNEED)`), so many
+    /// scattered reads proceed at once. Others ignore it.
+    fn will_need(&self, _offset: u64, _len: u64) {}
     /// Bytes the object occupies on the underlying store: allocated
     /// blocks, holes left out. Stores that cannot tell (the simulator)
     /// report the length.
@@ -321,6 +325,18 @@ impl FileStorage {
 }
 
 impl Storage for FileStorage {
+    fn will_need(&self, offset: u64, len: u64) {
+        // SAFETY: plain syscall on an owned descriptor; only a hint.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {

@@ -22,7 +22,8 @@ pub const TAIL_STEP_GRAINS: u64 = 64 << 8;
 /// dropped whole.
 const ANCHORS_MAX: usize = 1 << 16;
 /// The pool grows for a region's fresh block only while its end stays
-/// within this many grains (64 MiB), or used / 8, of the used grains.
+/// within this many grains (64 MiB), or a quarter of the free capacity, of
+/// the used grains.
 const REGION_GAP_GRAINS: u64 = 64 << 8;
 
 /// Where an allocation may take its grain from (FORMAT.md §7.1).
@@ -443,9 +444,10 @@ impl Meta {
             return Ok(lowest);
         }
         let gap = (self.alloc.hwm + BLOCK_GRAINS).saturating_sub(self.used_grains);
+        let free = capacity_grains.saturating_sub(self.used_grains);
         if place == Place::Any
             && self.alloc.limit.is_none()
-            && gap <= REGION_GAP_GRAINS.max(self.used_grains / 8)
+            && gap <= REGION_GAP_GRAINS.max(free / 4)
             && self.tail_target(0, 0) == 0
         {
             return self.grow_pool(capacity_grains, place);
