@@ -1652,7 +1652,8 @@ impl Datastore {
     /// to three passes of a walk of every version finding them, then moves
     /// in batches of 64 with client I/O drained (the gate held for writing:
     /// no write is in flight, so none can write a grain in place while it
-    /// is copied). Returns the grains' bytes moved.
+    /// is copied). Stops early, leaving the end where it is, when a client
+    /// lifted the allocation limit or no free grain is left below `zone`.
     fn evacuate(
         &self,
         zone: u64,
@@ -1688,8 +1689,14 @@ impl Datastore {
                 return Ok(());
             }
             let mut low = 1u64;
+            let mut full = false;
             let mut buf = vec![0u8; GRAIN_BYTES as usize];
             for batch in found.chunks(BATCH) {
+                if self.inner.meta.lock().alloc_limit_lifted() {
+                    // Clients needed the room: the end cannot come down
+                    // this time, and more moves would be churn.
+                    return Ok(());
+                }
                 // Bring the batch's data grains into the host's cache while
                 // clients still run: the copies below, with client I/O
                 // drained, then read from memory. (Only a warm-up: the copy
@@ -1713,8 +1720,9 @@ impl Datastore {
                             if m.ref_get(g)? == 0 {
                                 continue; // freed since the walk
                             }
-                            let Some(to) = m.alloc_low(&mut low)? else {
-                                return Ok(()); // no room below: the end stays
+                            let Some(to) = m.alloc_low(&mut low, zone)? else {
+                                full = true; // no room below: the end stays
+                                return Ok(());
                             };
                             let ok = match *z {
                                 ZoneGrain::Data { v, g } => {
@@ -1739,6 +1747,9 @@ impl Datastore {
                 self.inner
                     .mutations
                     .fetch_add(1, std::sync::atomic::Ordering::Release);
+                if full {
+                    return Ok(());
+                }
                 since_commit += BATCH as u64 * GRAIN_BYTES;
                 if since_commit >= 64 << 20 {
                     self.inner.commit(false)?;

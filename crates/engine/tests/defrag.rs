@@ -351,6 +351,46 @@ fn free_space_consolidation_lowers_the_pool_end_to_what_is_used() {
     assert!(report.is_clean(), "{:#?}", report.errors);
 }
 
+/// A client that needs room above the planned end lifts the allocation
+/// limit (FORMAT.md §10.4): consolidation then stops moving at the next
+/// batch (more moves could not lower the end) and says why; the client's
+/// writes and the moved disk keep their bytes.
+#[test]
+fn consolidation_stops_moving_when_a_client_needs_the_room() {
+    let (_b, ds) = new_store();
+    let want = top_heavy(&ds, 32, 43);
+    let used = ds.info().used_bytes;
+    ds.create_disk("w", 64 << 20, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let w = ds.open_disk("w").unwrap();
+    let mut wrote = false;
+    let r = ds
+        .consolidate_free_space(&SpaceWork::default(), &mut |done, _| {
+            // After the first batch moved: more new data than the room
+            // kept below the planned end (used + used/32 + a block).
+            if done > 0 && !wrote {
+                wrote = true;
+                for off in (0..48u64 << 20).step_by(1 << 20) {
+                    w.write_at(&vec![0x5au8; 1 << 20], off, false).unwrap();
+                }
+            }
+        })
+        .unwrap();
+    assert!(wrote, "{r:?}");
+    let note = r.note.as_deref().unwrap_or("");
+    assert!(note.contains("clients needed room"), "{r:?}");
+    assert!(
+        r.moved_bytes <= 64 * GRAIN,
+        "one batch moved, then it stopped (of {used} used): {r:?}"
+    );
+    assert!(read_all(&ds, "d") == want, "moved disk's bytes");
+    let mut got = vec![0u8; 48 << 20];
+    w.read_at(&mut got, 0).unwrap();
+    assert!(got.iter().all(|&x| x == 0x5a), "the client's bytes");
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+}
+
 #[test]
 fn a_power_cut_in_the_middle_of_consolidation_loses_nothing() {
     for (seed, cut_at) in [(1u64, 2u64), (2, 10), (3, 30), (4, 45)] {

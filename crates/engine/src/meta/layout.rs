@@ -317,11 +317,16 @@ impl Meta {
         Ok(true)
     }
 
-    /// Take the lowest allocatable grain at or above `*from` (and below
-    /// the allocation limit), advancing `*from` past it; None when there is
-    /// none. The grain has count 1 in memory, as from `alloc_grain`.
-    pub fn alloc_low(&mut self, from: &mut u64) -> Result<Option<u64>> {
-        let end = self.alloc.hwm.min(self.alloc.limit.unwrap_or(u64::MAX));
+    /// Take the lowest allocatable grain at or above `*from` and below
+    /// `below` (and the allocation limit), advancing `*from` past it; None
+    /// when there is none. The grain has count 1 in memory, as from
+    /// `alloc_grain`.
+    pub fn alloc_low(&mut self, from: &mut u64, below: u64) -> Result<Option<u64>> {
+        let end = self
+            .alloc
+            .hwm
+            .min(self.alloc.limit.unwrap_or(u64::MAX))
+            .min(below);
         while *from < end {
             let b = *from / BLOCK_GRAINS;
             if self.alloc.block_free[b as usize] == 0 {
