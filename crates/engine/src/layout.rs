@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use strata_block::BlockDevice;
-use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT};
+use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT};
 
 use crate::disk::DiskHandle;
 use crate::error::Result;
@@ -69,7 +69,8 @@ pub struct DefragReport {
     /// After the run (equal to `fragments_before` for a dry run).
     pub fragments_after: u64,
     pub mapped_bytes: u64,
-    /// Bytes moved (dry run: bytes in regions that would move).
+    /// Bytes moved (dry run: bytes in regions with breaks inside; regions
+    /// that move only to join the one before are not counted).
     pub moved_bytes: u64,
     /// Regions (1 MiB) moved, or that would move.
     pub regions_moved: u64,
@@ -187,9 +188,39 @@ impl DiskHandle {
         t: &mut Tally,
     ) -> Result<()> {
         let _fence = self.inner.fail_on_panic();
-        let (mapped, before) = self.region_plan(&mut self.inner.meta.lock(), first, last)?;
-        if before <= 1 {
+        let (mapped, runs_in) = self.region_plan(&mut self.inner.meta.lock(), first, last)?;
+        let (Some(&(_, first_g)), Some(&(_, last_g))) = (mapped.first(), mapped.last()) else {
+            return Ok(()); // a hole: the runs around it may still join
+        };
+        // The region's share of the disk's fragments: breaks inside it, and
+        // one where it does not follow the region before.
+        let prev = *hint;
+        let breaks =
+            |first: u64, runs: u64| runs - 1 + u64::from(prev.is_some_and(|h| first != h + 1));
+        let before = breaks(first_g, runs_in);
+        // Where the region ends up staying, the next one follows it.
+        *hint = Some(last_g);
+        if before == 0 {
             return Ok(());
+        }
+        if runs_in == 1 {
+            // In order but not next to the region before: move it only
+            // where free space continues that region's run, and not when
+            // the region after already follows it (the break would only
+            // move there).
+            let h = prev.expect("a break at the start needs a region before");
+            let end = self.size_bytes().div_ceil(GRAIN_BYTES);
+            let mut m = self.inner.meta.lock();
+            if !m.run_can_continue(h + 1)? {
+                return Ok(());
+            }
+            if last + 1 < end {
+                let mut next = Vec::with_capacity(1);
+                m.lookup_range(self.version, last + 1, 1, &mut next)?;
+                if next.first() == Some(&(last_g + 1)) {
+                    return Ok(());
+                }
+            }
         }
         let mut buf = vec![0u8; mapped.len() * GRAIN_BYTES as usize];
         self.read_grains(&mapped, &mut buf)?;
@@ -221,8 +252,18 @@ impl DiskHandle {
         let cap = self.inner.capacity_grains(&m);
         let mut targets: Vec<u64> = Vec::with_capacity(mapped.len());
         for _ in 0..n {
-            let prev = targets.last().copied().or(*hint);
-            match m.alloc_grain(DEFRAG_OWNER, prev, cap, Place::Any) {
+            let prev = targets.last().copied().or(prev);
+            // Across a block boundary, into the next block when it is free.
+            let next = match prev {
+                Some(p) if (p + 1) % BLOCK_GRAINS == 0 => m.alloc_block_start(p + 1, cap),
+                _ => Ok(None),
+            };
+            let got = match next {
+                Ok(Some(g)) => Ok(g),
+                Ok(None) => m.alloc_grain(DEFRAG_OWNER, prev, cap, Place::Any),
+                Err(e) => Err(e),
+            };
+            match got {
                 Ok(g) => targets.push(g),
                 Err(e) => {
                     self.give_back(&mut m, &targets)?;
@@ -230,7 +271,7 @@ impl DiskHandle {
                 }
             }
         }
-        if runs(targets.iter().copied()) >= before {
+        if breaks(targets[0], runs(targets.iter().copied())) >= before {
             // No better place: free space lies in short runs (10.4 makes runs).
             self.give_back(&mut m, &targets)?;
             t.skipped += 1;

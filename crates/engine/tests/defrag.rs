@@ -120,6 +120,44 @@ fn random_writes_are_laid_out_as_they_arrive_in_one_version() {
 }
 
 #[test]
+fn regions_each_in_order_are_joined_into_one_run() {
+    // Random first writes leave each region in order in a block of its
+    // own, the blocks in arrival order: a 1 MiB read is one host read, but
+    // a longer one is not. Defrag joins a region to the one before where
+    // free space follows that one (here: where it lies at the pool's end),
+    // and leaves alone a region the next one already follows (no churn).
+    let (_b, ds) = new_store();
+    ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    write_random(&ds, "d", SIZE / GRAIN, (SIZE / GRAIN) as usize, 1, 9);
+    let want = read_all(&ds, "d");
+    let before = fragments(&ds, "d");
+    let regions = SIZE >> 20;
+    assert!(before >= regions / 2, "{before} fragments");
+    let r = defrag(&ds, "d");
+    assert!(r.fragments_after < before, "{r:?}");
+    assert!(r.regions_moved > 0, "{r:?}");
+    assert_eq!(r.fragments_after, fragments(&ds, "d"));
+    assert_eq!(read_all(&ds, "d"), want, "bytes after defrag");
+    assert!(ds.check().unwrap().is_clean());
+    // Runs again may join more (the first run's old places came free),
+    // never undo a join, and soon find nothing to do.
+    let mut last = r.fragments_after;
+    let mut runs = 1;
+    loop {
+        let again = defrag(&ds, "d");
+        assert!(again.fragments_after <= last, "{again:?}");
+        last = again.fragments_after;
+        if again.moved_bytes == 0 {
+            break;
+        }
+        runs += 1;
+        assert!(runs < 6, "still moving after {runs} runs: {again:?}");
+    }
+    assert_eq!(read_all(&ds, "d"), want, "bytes after the runs");
+}
+
+#[test]
 fn a_fragmented_disk_is_laid_out_in_order_with_the_same_bytes() {
     let (_b, ds) = new_store();
     ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})

@@ -455,6 +455,46 @@ impl Meta {
         Ok(None)
     }
 
+    /// Whether a run of data grains could continue at `g` (defrag, FORMAT.md
+    /// §10.3): `g` is free inside its block, or starts a block that is
+    /// wholly free or that the pool grows by next.
+    pub fn run_can_continue(&mut self, g: u64) -> Result<bool> {
+        let b = g / BLOCK_GRAINS;
+        if !self.block_fits(b, Place::Any, false) {
+            return Ok(false);
+        }
+        if g % BLOCK_GRAINS == 0 {
+            return Ok(g == self.alloc.hwm || self.alloc.free_blocks.contains(&b));
+        }
+        Ok(g < self.alloc.hwm && self.allocatable(g)?)
+    }
+
+    /// Continue a run into the next block (defrag, FORMAT.md §10.3): take
+    /// `g`, the first grain of a block, when that block is wholly free or
+    /// is the one the pool grows by next; None otherwise (also when the
+    /// pool cannot grow). The grain has count 1, as from `alloc_grain`.
+    pub fn alloc_block_start(&mut self, g: u64, capacity_grains: u64) -> Result<Option<u64>> {
+        let b = g / BLOCK_GRAINS;
+        if g % BLOCK_GRAINS != 0 || !self.block_fits(b, Place::Any, false) {
+            return Ok(None);
+        }
+        if g == self.alloc.hwm {
+            match self.grow_pool(capacity_grains, Place::Any) {
+                Ok(Some(nb)) if nb == b => {}
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind == ErrorKind::NoSpace => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        } else if !self.alloc.free_blocks.contains(&b) {
+            return Ok(None);
+        }
+        if !self.allocatable(g)? {
+            return Ok(None);
+        }
+        self.take(g)?;
+        Ok(Some(g))
+    }
+
     /// Allocate one grain for `owner`, next to `hint` when possible, at
     /// `place`. The grain has count 1 in memory and nothing in the log
     /// until it is installed.
