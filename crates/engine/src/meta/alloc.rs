@@ -463,7 +463,7 @@ impl Meta {
         if !self.block_fits(b, Place::Any, false) {
             return Ok(false);
         }
-        if g % BLOCK_GRAINS == 0 {
+        if g.is_multiple_of(BLOCK_GRAINS) {
             return Ok(g == self.alloc.hwm || self.alloc.free_blocks.contains(&b));
         }
         Ok(g < self.alloc.hwm && self.allocatable(g)?)
@@ -475,7 +475,7 @@ impl Meta {
     /// pool cannot grow). The grain has count 1, as from `alloc_grain`.
     pub fn alloc_block_start(&mut self, g: u64, capacity_grains: u64) -> Result<Option<u64>> {
         let b = g / BLOCK_GRAINS;
-        if g % BLOCK_GRAINS != 0 || !self.block_fits(b, Place::Any, false) {
+        if !g.is_multiple_of(BLOCK_GRAINS) || !self.block_fits(b, Place::Any, false) {
             return Ok(None);
         }
         if g == self.alloc.hwm {
