@@ -1639,10 +1639,13 @@ impl Datastore {
             }
             let n = (j - i) as u64;
             self.inner.meta.lock().mark_unbacked(sorted[i], n);
-            self.inner
-                .pool
-                .punch_hole(sorted[i] * GRAIN_BYTES, n * GRAIN_BYTES)?;
-            bytes += n * GRAIN_BYTES;
+            let (off, len) = (sorted[i] * GRAIN_BYTES, n * GRAIN_BYTES);
+            // A hole already (a freed disk's runs, punched when reclaimed):
+            // a punch would only take the file's lock from the clients.
+            if !self.inner.pool.is_hole(off, len)? {
+                self.inner.pool.punch_hole(off, len)?;
+                bytes += len;
+            }
             i = j;
         }
         Ok(bytes)

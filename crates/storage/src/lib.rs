@@ -73,6 +73,13 @@ pub trait Storage: Send + Sync {
     /// reading it in the background (`posix_fadvise(WILLNEED)`), so many
     /// scattered reads proceed at once. Others ignore it.
     fn will_need(&self, _offset: u64, _len: u64) {}
+    /// Whether `[offset, offset + len)` is known to be a hole (nothing
+    /// allocated on the underlying store), so punching it would change
+    /// nothing. Files ask the file system (`SEEK_DATA`); stores that cannot
+    /// tell say false.
+    fn is_hole(&self, _offset: u64, _len: u64) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Bytes the object occupies on the underlying store: allocated
     /// blocks, holes left out. Stores that cannot tell (the simulator)
     /// report the length.
@@ -494,6 +501,28 @@ impl Storage for FileStorage {
             done += n as u64;
         }
         Ok(())
+    }
+
+    fn is_hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        // SAFETY: plain syscall on an owned descriptor; it moves the
+        // descriptor's offset, which no other call here uses (pread/pwrite).
+        let pos = unsafe {
+            libc::lseek(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                libc::SEEK_DATA,
+            )
+        };
+        if pos >= 0 {
+            return Ok(pos as u64 >= offset + len);
+        }
+        match io::Error::last_os_error() {
+            // No data at or after `offset`.
+            e if e.raw_os_error() == Some(libc::ENXIO) => Ok(true),
+            // A file system without SEEK_DATA: assume data.
+            e if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            e => Err(self.ctx(e, "seek data in", offset)),
+        }
     }
 
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -944,6 +973,30 @@ mod tests {
             }
         }
         assert!(saw_torn_mix, "some seed must tear a write");
+    }
+
+    #[test]
+    fn holes_are_told_apart_from_data() {
+        let d = tempfile::tempdir().unwrap();
+        let f = FileBackend::new(d.path()).open("f", true).unwrap();
+        f.write_at(&vec![7u8; 1 << 20], 0).unwrap();
+        f.sync().unwrap();
+        f.set_len(4 << 20).unwrap();
+        assert!(!f.is_hole(0, 4096).unwrap(), "written data");
+        assert!(!f.is_hole(0, 2 << 20).unwrap(), "data, then a hole");
+        // Past the data: the extended length is a hole (or, on a file
+        // system without SEEK_DATA, unknown: false).
+        let tail = f.is_hole(2 << 20, 1 << 20).unwrap();
+        f.punch_hole(256 << 10, 256 << 10).unwrap();
+        let punched = f.is_hole(256 << 10, 256 << 10).unwrap();
+        assert_eq!(
+            punched, tail,
+            "a punched range is a hole where one can tell"
+        );
+        assert!(!f.is_hole(256 << 10, 512 << 10).unwrap(), "hole, then data");
+        // The simulator cannot tell: never a hole.
+        let sim = SimBackend::new().open("f", true).unwrap();
+        assert!(!sim.is_hole(0, 4096).unwrap());
     }
 
     #[test]

@@ -385,7 +385,16 @@ impl Meta {
             }
         }
         if anchor.is_none() {
-            if let Some(b) = self.region_block(owner, region, capacity_grains, place, reserving)? {
+            let mut block = self.region_block(owner, region, capacity_grains, place, reserving)?;
+            if block.is_none() && self.alloc.limit.is_some() {
+                // Consolidation's limit (FORMAT.md §10.4) gives way rather
+                // than send a new region into the single free grains left
+                // below it: slow to write one by one, and they fragment.
+                self.alloc.limit = None;
+                self.alloc.limit_lifted = true;
+                block = self.region_block(owner, region, capacity_grains, place, reserving)?;
+            }
+            if let Some(b) = block {
                 let g = b * BLOCK_GRAINS + v % BLOCK_GRAINS;
                 if self.allocatable(g)? {
                     self.take(g)?;
