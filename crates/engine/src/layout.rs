@@ -253,10 +253,24 @@ impl DiskHandle {
         let mut targets: Vec<u64> = Vec::with_capacity(mapped.len());
         for _ in 0..n {
             let prev = targets.last().copied().or(prev);
-            // Across a block boundary, into the next block when it is free.
+            // Across a block boundary, into the next block when it is free;
+            // where the run cannot go on, a new one starts in the longest
+            // stretch of free blocks.
             let next = match prev {
-                Some(p) if (p + 1) % BLOCK_GRAINS == 0 => m.alloc_block_start(p + 1, cap),
-                _ => Ok(None),
+                Some(p) if (p + 1) % BLOCK_GRAINS == 0 => match m.alloc_block_start(p + 1, cap) {
+                    Ok(None) => {
+                        let g = m.run_start();
+                        m.alloc_block_start(g, cap)
+                    }
+                    r => r,
+                },
+                // Inside a block alloc_grain takes the grain after `p`. (An
+                // error reading the counts shows again there.)
+                Some(p) if m.run_can_continue(p + 1).unwrap_or(true) => Ok(None),
+                _ => {
+                    let g = m.run_start();
+                    m.alloc_block_start(g, cap)
+                }
             };
             let got = match next {
                 Ok(Some(g)) => Ok(g),

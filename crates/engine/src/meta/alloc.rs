@@ -478,6 +478,31 @@ impl Meta {
         Ok(g < self.alloc.hwm && self.allocatable(g)?)
     }
 
+    /// Where defrag starts a new run (FORMAT.md §10.3): the first grain of
+    /// the longest run of wholly free blocks below the pool end (the
+    /// lowest such run on a tie), or the pool end when there is none.
+    /// Clients take the lowest free block for a new region (10.5), so a run
+    /// started here meets them last.
+    pub fn run_start(&self) -> u64 {
+        let (mut best, mut best_len) = (self.alloc.hwm / BLOCK_GRAINS, 0u64);
+        let (mut start, mut len, mut prev) = (0u64, 0u64, None::<u64>);
+        for &b in &self.alloc.free_blocks {
+            if b * BLOCK_GRAINS >= self.alloc.hwm {
+                break;
+            }
+            if prev.is_some_and(|p| p + 1 == b) {
+                len += 1;
+            } else {
+                (start, len) = (b, 1);
+            }
+            if len > best_len {
+                (best, best_len) = (start, len);
+            }
+            prev = Some(b);
+        }
+        best * BLOCK_GRAINS
+    }
+
     /// Continue a run into the next block (defrag, FORMAT.md §10.3): take
     /// `g`, the first grain of a block, when that block is wholly free or
     /// is the one the pool grows by next; None otherwise (also when the
