@@ -15,6 +15,7 @@ use strata_block::BlockDevice;
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
+use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
 
 use crate::api::VmdkServerStatus;
@@ -30,6 +31,16 @@ pub struct ServeArgs {
     /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
     #[arg(long)]
     nbd_tcp: Option<String>,
+    /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
+    /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
+    /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
+    /// can reconnect to the same socket
+    #[arg(long, value_name = "DISK=SOCKET")]
+    vhost_user_blk: Vec<String>,
+    /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
+    /// use fewer)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    vhost_queues: u16,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
     #[arg(long)]
     http: Option<String>,
@@ -424,12 +435,14 @@ fn vmdk_socket_path(top: &Path) -> PathBuf {
 }
 
 pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> {
-    if args.nbd_unix.is_none() && args.nbd_tcp.is_none() {
+    if args.nbd_unix.is_none() && args.nbd_tcp.is_none() && args.vhost_user_blk.is_empty() {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            "nothing to serve on: give --nbd-unix PATH and/or --nbd-tcp HOST:PORT",
+            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT and/or \
+             --vhost-user-blk DISK=SOCKET",
         ));
     }
+    let vhost_specs = vhost_specs(args)?;
     let opened = open_vmdks(args)?;
     if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
         return serve_only_vmdks(args, opened);
@@ -509,14 +522,12 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         }
     }
     let vmdk_list = vmdks.clone();
-    let server = NbdServer::new(
-        Arc::new(Exports {
-            ds: Some(ds.clone()),
-            vmdks,
-            stats,
-        }),
-        ServerOptions::default(),
-    );
+    let exports = Arc::new(Exports {
+        ds: Some(ds.clone()),
+        vmdks,
+        stats,
+    });
+    let server = NbdServer::new(exports.clone(), ServerOptions::default());
     let names: Vec<String> = vmdk_list
         .iter()
         .map(|(n, _)| n.clone())
@@ -525,6 +536,8 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
     listen(&server, args, &example)?;
+    let vhost = VhostBlkServer::new();
+    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
     let http = start_http(args, Some(ds.clone()), registry)?;
     if names.is_empty() {
         println!(
@@ -539,6 +552,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     );
     println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
     wait_and_shut_down(&stop, &server, http, args);
+    vhost.shutdown();
     // Wake the control thread so it sees the stop flag.
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
@@ -743,6 +757,66 @@ fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Err
     Ok(())
 }
 
+/// `--vhost-user-blk DISK=SOCKET` arguments, checked for form.
+fn vhost_specs(args: &ServeArgs) -> Result<Vec<(String, PathBuf)>, Error> {
+    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    for a in &args.vhost_user_blk {
+        let Some((disk, sock)) = a
+            .split_once('=')
+            .filter(|(d, s)| !d.is_empty() && !s.is_empty())
+        else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("--vhost-user-blk {a:?}: expected DISK=SOCKET (e.g. vm1=/run/vm1.sock)"),
+            ));
+        };
+        let sock = PathBuf::from(sock);
+        if out.iter().any(|(_, p)| p == &sock) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("--vhost-user-blk: socket {} given twice", sock.display()),
+            ));
+        }
+        out.push((disk.to_string(), sock));
+    }
+    Ok(out)
+}
+
+/// Listen on each vhost-user-blk socket; each frontend connection opens
+/// its disk through `exports` (the same statistics as NBD).
+fn listen_vhost(
+    vhost: &VhostBlkServer,
+    exports: &Arc<Exports>,
+    specs: &[(String, PathBuf)],
+    args: &ServeArgs,
+) -> Result<(), Error> {
+    for (disk, sock) in specs {
+        // Refuse a disk that does not exist now rather than at connect time.
+        exports.open(disk).map_err(|e| {
+            Error::new(ErrorKind::NotFound, format!("--vhost-user-blk {disk}: {e}"))
+        })?;
+        remove_stale_socket(sock)?;
+        let e = exports.clone();
+        let name = disk.clone();
+        let opts = strata_vhost::Options {
+            queues: args.vhost_queues,
+            serial: disk.chars().take(20).collect(),
+            ..Default::default()
+        };
+        vhost
+            .serve(sock, Arc::new(move || e.open(&name)), opts)
+            .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
+        println!("  vhost-user-blk {disk} on {}", sock.display());
+        println!(
+            "    e.g. qemu-system-x86_64 -object memory-backend-memfd,id=mem,size=1G,share=on \\
+         -machine memory-backend=mem -chardev socket,id=c0,path={},reconnect=1 \\
+         -device vhost-user-blk-pci,chardev=c0",
+            sock.display()
+        );
+    }
+    Ok(())
+}
+
 /// Serve `/metrics` when `--http` is given.
 fn start_http(
     args: &ServeArgs,
@@ -828,14 +902,12 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
         }
     }
     let held = record_holders(&opened, &sockets);
-    let server = NbdServer::new(
-        Arc::new(Exports {
-            ds: None,
-            vmdks: list.clone(),
-            stats: (!args.no_stats).then(|| registry.clone()),
-        }),
-        ServerOptions::default(),
-    );
+    let exports = Arc::new(Exports {
+        ds: None,
+        vmdks: list.clone(),
+        stats: (!args.no_stats).then(|| registry.clone()),
+    });
+    let server = NbdServer::new(exports.clone(), ServerOptions::default());
     println!("strata: serving VMDK files (no datastore)");
     for ((n, img), sock) in list.iter().zip(&sockets) {
         println!(
@@ -850,9 +922,12 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
         }
     }
     listen(&server, args, &list[0].0)?;
+    let vhost = VhostBlkServer::new();
+    listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
     let http = start_http(args, None, registry)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
+    vhost.shutdown();
     for s in sockets.iter().flatten() {
         // Wake the control thread so it sees the stop flag.
         let _ = std::os::unix::net::UnixStream::connect(s);

@@ -96,18 +96,29 @@ impl Boot {
     }
 }
 
-/// Boots the guest with `strata.test=TEST` on export EXPORT and waits for it
-/// to power off; fails with the console log unless it printed
-/// `STRATA-GUEST-OK TEST` and no FAIL line.
-fn boot(s: &Store, img: &(PathBuf, PathBuf), export: &str, test: &str) -> Boot {
-    let log = s.dir.path().join(format!("console-{test}-{export}.log"));
-    let err = s.dir.path().join(format!("qemu-{test}-{export}.err"));
-    let drive = format!(
-        "file=nbd:unix:{}:exportname={export},format=raw,if=virtio,cache=none,discard=unmap",
-        s.sock().display()
-    );
-    let t = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
+/// A guest QEMU running, not yet waited for.
+struct Running {
+    child: std::process::Child,
+    log: PathBuf,
+    err: PathBuf,
+    test: String,
+    label: String,
+    t: Instant,
+}
+
+/// Start QEMU on the guest image with `strata.test=TEST` (and `append`
+/// words) and the disk given by `disk_args`.
+fn start(
+    s: &Store,
+    img: &(PathBuf, PathBuf),
+    label: &str,
+    test: &str,
+    append: &str,
+    disk_args: &[String],
+) -> Running {
+    let log = s.dir.path().join(format!("console-{test}-{label}.log"));
+    let err = s.dir.path().join(format!("qemu-{test}-{label}.err"));
+    let child = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg", "-m", "256", "-smp", "1"])
         .args(["-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-serial")
@@ -118,50 +129,84 @@ fn boot(s: &Store, img: &(PathBuf, PathBuf), export: &str, test: &str) -> Boot {
         .arg(&img.1)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 panic=-1 loglevel=4 strata.test={test}"
+            "console=ttyS0 panic=-1 loglevel=4 strata.test={test} {append}"
         ))
-        .arg("-drive")
-        .arg(&drive)
+        .args(disk_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .expect("start qemu-system-x86_64");
-    // Poll for exit against the wall-clock limit (QEMU exits on power-off).
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
+    Running {
+        child,
+        log,
+        err,
+        test: test.into(),
+        label: label.into(),
+        t: Instant::now(),
+    }
+}
+
+fn read_lossy(p: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned()
+}
+
+impl Running {
+    /// The console so far.
+    fn console(&self) -> Boot {
+        Boot {
+            console: read_lossy(&self.log),
         }
-        if t.elapsed() > BOOT_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let read =
-        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
-    let console = read(&log);
-    let qemu_err = read(&err);
-    let b = Boot { console };
-    eprintln!(
-        "guest boot strata.test={test} on {export}: {:.1?}",
-        t.elapsed()
+    }
+
+    /// Wait for power-off; fails with the console log unless the guest
+    /// printed `STRATA-GUEST-OK TEST` and no FAIL line.
+    fn finish(mut self) -> Boot {
+        // Poll for exit against the wall-clock limit (QEMU exits on power-off).
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if self.t.elapsed() > BOOT_TIMEOUT {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let qemu_err = read_lossy(&self.err);
+        let b = self.console();
+        let test = &self.test;
+        eprintln!(
+            "guest boot strata.test={test} on {}: {:.1?}",
+            self.label,
+            self.t.elapsed()
+        );
+        let ok = b.lines("OK").iter().any(|l| l == test);
+        let fail = b.lines("FAIL");
+        assert!(
+            status.is_some(),
+            "guest strata.test={test} did not power off within {BOOT_TIMEOUT:?}; qemu stderr: {qemu_err}\n--- console ---\n{}",
+            b.console
+        );
+        assert!(
+            ok && fail.is_empty() && status.unwrap().success(),
+            "guest strata.test={test} failed (qemu {}): {fail:?}; qemu stderr: {qemu_err}\n--- console ---\n{}",
+            status.unwrap(),
+            b.console
+        );
+        b
+    }
+}
+
+/// Boots the guest with `strata.test=TEST` on NBD export EXPORT and waits
+/// for it to power off.
+fn boot(s: &Store, img: &(PathBuf, PathBuf), export: &str, test: &str) -> Boot {
+    let drive = format!(
+        "file=nbd:unix:{}:exportname={export},format=raw,if=virtio,cache=none,discard=unmap",
+        s.sock().display()
     );
-    let ok = b.lines("OK").iter().any(|l| l == test);
-    let fail = b.lines("FAIL");
-    assert!(
-        status.is_some(),
-        "guest strata.test={test} did not power off within {BOOT_TIMEOUT:?}; qemu stderr: {qemu_err}\n--- console ---\n{}",
-        b.console
-    );
-    assert!(
-        ok && fail.is_empty() && status.unwrap().success(),
-        "guest strata.test={test} failed (qemu {}): {fail:?}; qemu stderr: {qemu_err}\n--- console ---\n{}",
-        status.unwrap(),
-        b.console
-    );
-    b
+    start(s, img, export, test, "", &["-drive".into(), drive]).finish()
 }
 
 fn allocated(s: &Store, disk: &str) -> u64 {
@@ -225,4 +270,148 @@ fn guest_kernel_makes_ext4_trims_and_a_snapshot_keeps_the_old_files() {
         let errors = c["errors"].as_array().expect("check --json has errors");
         assert!(errors.is_empty(), "strata check: {c}");
     }
+}
+
+/// Whether `needle` appeared on the console within `limit`.
+fn wait_console(r: &Running, needle: &str, limit: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if r.console().console.contains(needle) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn sha256_of(path: &Path, bytes: u64) -> String {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "head -c {bytes} '{}' | sha256sum | cut -d' ' -f1",
+            path.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
+    if !have("qemu-system-x86_64") || !have("qemu-io") || !have("qemu-img") || !have_kernel() {
+        return;
+    }
+    let Some(img) = guest_image() else {
+        return;
+    };
+    const FSMIB: u64 = 64;
+    let s = Store::new();
+    s.ok(&["create", "disk", "--size", "256M", "--type", "thin"]);
+    let vsock = s.dir.path().join("vhost.sock");
+    let spec = format!("disk={}", vsock.display());
+    let args = ["--vhost-user-blk", spec.as_str(), "--vhost-queues", "2"];
+    let srv = s.serve_with(&args);
+    wait_for(&vsock);
+
+    // 1 MiB the host writes through NBD before the boot.
+    let host = s.dir.path().join("host.bin");
+    std::fs::write(&host, vec![0x5a; 1 << 20]).unwrap();
+    run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x5a 200M 1M", &s.uri("disk")],
+    );
+
+    let disk_args: Vec<String> = [
+        "-object",
+        "memory-backend-memfd,id=mem,size=256M,share=on",
+        "-machine",
+        "memory-backend=mem",
+        "-chardev",
+        &format!("socket,id=c0,path={},reconnect=1", vsock.display()),
+        "-device",
+        "vhost-user-blk-pci,chardev=c0,num-queues=2",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let r = start(
+        &s,
+        &img,
+        "vhost",
+        "vhost",
+        &format!("strata.fsmib={FSMIB} strata.iters=200"),
+        &disk_args,
+    );
+    // Once the guest has synced its first files, kill the backend with -9
+    // while the guest goes on writing with fsync, and start it again.
+    assert!(
+        wait_console(&r, "STRATA-GUEST-SYNCED", BOOT_TIMEOUT),
+        "the guest never synced its files:\n{}",
+        r.console().console
+    );
+    srv.kill9();
+    let srv = s.serve_with(&args);
+    wait_for(&vsock);
+    let restarted_mid_run = !r.console().console.contains("STRATA-GUEST-LOOPDONE");
+    let b = r.finish();
+    assert!(
+        restarted_mid_run,
+        "the guest finished its fsync loop before the backend came back (raise strata.iters)"
+    );
+
+    // The guest saw the size and the host's data.
+    assert_eq!(
+        b.lines("DISK")[0].split_whitespace().next(),
+        Some("524288"),
+        "{}",
+        b.console
+    );
+    assert_eq!(b.lines("HOSTDATA"), [sha256_of(&host, 1 << 20)]);
+    // Files synced before the kill are intact after it; every fsync'ed
+    // file written across the restart is there.
+    let (before, after) = b.console.split_once("STRATA-GUEST-SYNCED").unwrap();
+    let before = Boot {
+        console: before.to_string(),
+    }
+    .sums();
+    let after = Boot {
+        console: after.to_string(),
+    }
+    .sums();
+    assert!(before.contains_key("./big"), "{}", b.console);
+    assert!(!after.contains_key("./big"), "big was deleted");
+    assert_eq!(after["./hello.txt"], before["./hello.txt"]);
+    assert_eq!(
+        after.keys().filter(|k| k.starts_with("./during/")).count(),
+        200,
+        "{}",
+        b.console
+    );
+
+    // What the guest wrote is what NBD reads.
+    let raw = s.dir.path().join("disk.raw");
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.uri("disk"),
+            raw.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(b.lines("RAW"), [sha256_of(&raw, FSMIB << 20)]);
+    // fstrim reached the engine: the deleted 16 MiB file holds no space.
+    let alloc = allocated(&s, "disk");
+    eprintln!(
+        "fstrim over vhost-user: {:?}; allocated {alloc}",
+        b.lines("FSTRIM")
+    );
+    assert!(alloc <= 34 << 20, "allocated {alloc} bytes after fstrim");
+    let check = s.json(&["check"]);
+    assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
+    srv.stop();
 }

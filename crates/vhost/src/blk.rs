@@ -1,0 +1,282 @@
+//! The vhost-user-blk device: features, configuration space and the
+//! virtqueue loop, over any [`BlockDevice`].
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use strata_block::{BlockDevice, SECTOR_BYTES};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::config::{feature, offset, BlkConfig};
+use crate::request::{self, Desc, Limits, Malformed, ID_BYTES};
+use crate::Options;
+
+/// Largest discard / write-zeroes range, sectors (1 GiB).
+const MAX_RANGE_SECTORS: u32 = 1 << 21;
+/// Most ranges in one discard / write-zeroes request.
+const MAX_RANGES: u32 = 64;
+
+/// One frontend connection's device. Workers (one per queue) share it.
+pub struct BlkDevice {
+    dev: Arc<dyn BlockDevice>,
+    opts: Options,
+    mem: Mutex<GuestMemoryAtomic<GuestMemoryMmap>>,
+    event_idx: AtomicBool,
+    /// The guest turned the write cache off (CONFIG_WCE): every write is FUA.
+    writethrough: AtomicBool,
+    acked: AtomicU64,
+    exits: Mutex<Vec<EventNotifier>>,
+    id: [u8; ID_BYTES],
+    limits: Limits,
+}
+
+impl BlkDevice {
+    pub fn new(dev: Arc<dyn BlockDevice>, opts: Options) -> Self {
+        let mut id = [0u8; ID_BYTES];
+        let n = opts.serial.len().min(ID_BYTES);
+        id[..n].copy_from_slice(&opts.serial.as_bytes()[..n]);
+        Self {
+            dev,
+            opts,
+            mem: Mutex::new(GuestMemoryAtomic::new(GuestMemoryMmap::new())),
+            event_idx: AtomicBool::new(false),
+            writethrough: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+            exits: Mutex::new(Vec::new()),
+            id,
+            limits: Limits {
+                max_discard_sectors: MAX_RANGE_SECTORS,
+                max_discard_seg: MAX_RANGES,
+                max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+                max_write_zeroes_seg: MAX_RANGES,
+            },
+        }
+    }
+
+    /// The configuration space as of now (capacity follows the disk).
+    pub fn config(&self) -> BlkConfig {
+        let grain = self.dev.preferred_block_bytes().max(512);
+        BlkConfig {
+            capacity_sectors: self.dev.size_bytes() / SECTOR_BYTES,
+            size_max: self.opts.max_segment_bytes,
+            seg_max: self.opts.seg_max,
+            blk_size: SECTOR_BYTES as u32,
+            physical_block_exp: (grain / 512).trailing_zeros() as u8,
+            min_io_blocks: (grain / 512) as u16,
+            opt_io_blocks: (1 << 20) / 512,
+            writeback: !self.writethrough.load(Ordering::Relaxed),
+            num_queues: self.opts.queues,
+            max_discard_sectors: self.limits.max_discard_sectors,
+            max_discard_seg: self.limits.max_discard_seg,
+            discard_alignment_sectors: grain / 512,
+            max_write_zeroes_sectors: self.limits.max_write_zeroes_sectors,
+            max_write_zeroes_seg: self.limits.max_write_zeroes_seg,
+            write_zeroes_may_unmap: true,
+        }
+    }
+
+    /// Take every available request of `vring`, carry it out, return it
+    /// used; `Ok(true)` if anything was returned.
+    fn process(&self, vring: &VringRwLock) -> io::Result<bool> {
+        let atomic = self.mem.lock().unwrap().clone();
+        let mem = atomic.memory();
+        let mut used = false;
+        let mut descs: Vec<Desc> = Vec::with_capacity(8);
+        loop {
+            let next = vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(mem.clone());
+            let Some(chain) = next else { break };
+            let head = chain.head_index();
+            descs.clear();
+            descs.extend(chain.map(|d| Desc {
+                addr: d.addr(),
+                len: d.len(),
+                write_only: d.is_write_only(),
+            }));
+            let written = match request::parse(&mem, &descs) {
+                Ok(req) => {
+                    request::execute(
+                        &mem,
+                        self.dev.as_ref(),
+                        &req,
+                        &self.limits,
+                        &self.writethrough,
+                        &self.id,
+                    )
+                    .written
+                }
+                Err(Malformed::NoStatus) => {
+                    tracing::warn!(
+                        "vhost-user-blk: request {head} has no status byte; returned unused"
+                    );
+                    0
+                }
+                Err(Malformed::Bad(at, why)) => {
+                    tracing::warn!("vhost-user-blk: request {head} refused: {why}");
+                    use vm_memory::Bytes;
+                    match mem.write_slice(&[request::status::IOERR], at) {
+                        Ok(()) => 1,
+                        Err(_) => 0,
+                    }
+                }
+            };
+            vring
+                .add_used(head, written)
+                .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
+            used = true;
+        }
+        Ok(used)
+    }
+
+    fn signal(&self, vring: &VringRwLock) -> io::Result<()> {
+        let needed = if self.event_idx.load(Ordering::Relaxed) {
+            vring
+                .needs_notification()
+                .map_err(|e| io::Error::other(format!("needs_notification: {e:?}")))?
+        } else {
+            true
+        };
+        if needed {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+}
+
+impl VhostUserBackend for BlkDevice {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.opts.queues as usize
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.opts.queue_size as usize
+    }
+
+    fn features(&self) -> u64 {
+        let mut f = feature::VERSION_1
+            | feature::RING_INDIRECT_DESC
+            | feature::RING_EVENT_IDX
+            | feature::VHOST_USER_PROTOCOL_FEATURES
+            | feature::SIZE_MAX
+            | feature::SEG_MAX
+            | feature::BLK_SIZE
+            | feature::TOPOLOGY
+            | feature::FLUSH
+            | feature::CONFIG_WCE
+            | feature::MQ;
+        if self.dev.read_only() {
+            f |= feature::RO;
+        } else {
+            f |= feature::DISCARD | feature::WRITE_ZEROES;
+        }
+        f
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked.store(features, Ordering::Relaxed);
+        // Without FLUSH negotiated the driver never flushes: write through.
+        if features & feature::FLUSH == 0 {
+            self.writethrough.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn reset_device(&self) {
+        self.writethrough.store(false, Ordering::Relaxed);
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        self.config().window(offset, size)
+    }
+
+    fn set_config(&self, off: u32, buf: &[u8]) -> io::Result<()> {
+        // Only the write-cache byte is writable (CONFIG_WCE).
+        if off as usize == offset::WRITEBACK && buf.len() == 1 {
+            if self.acked.load(Ordering::Relaxed) & feature::CONFIG_WCE == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.writethrough.store(buf[0] == 0, Ordering::Relaxed);
+            return Ok(());
+        }
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+        *self.mem.lock().unwrap() = mem;
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.opts.queues).map(|q| 1u64 << q).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (c, n) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        let mine = n.try_clone().ok()?;
+        self.exits.lock().unwrap().push(mine);
+        Some((c, n))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!(
+                "vhost-user-blk: unexpected event set {evset:?}"
+            )));
+        }
+        let Some(vring) = vrings.get(device_event as usize) else {
+            return Err(io::Error::other(format!(
+                "vhost-user-blk: event for unknown queue {device_event}"
+            )));
+        };
+        if self.event_idx.load(Ordering::Relaxed) {
+            // Keep going until the driver has added nothing since we last
+            // looked, so a kick is never lost between the last pop and
+            // re-enabling notifications.
+            loop {
+                vring
+                    .disable_notification()
+                    .map_err(|e| io::Error::other(format!("{e:?}")))?;
+                if self.process(vring)? {
+                    self.signal(vring)?;
+                }
+                let more = vring
+                    .enable_notification()
+                    .map_err(|e| io::Error::other(format!("{e:?}")))?;
+                if !more {
+                    break;
+                }
+            }
+        } else if self.process(vring)? {
+            self.signal(vring)?;
+        }
+        Ok(())
+    }
+}
