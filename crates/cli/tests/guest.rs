@@ -298,7 +298,7 @@ fn sha256_of(path: &Path, bytes: u64) -> String {
 }
 
 #[test]
-fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
+fn guest_over_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_nbd() {
     if !have("qemu-system-x86_64") || !have("qemu-io") || !have("qemu-img") || !have_kernel() {
         return;
     }
@@ -340,7 +340,7 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
         &img,
         "vhost",
         "vhost",
-        &format!("strata.fsmib={FSMIB} strata.iters=200"),
+        &format!("strata.fsmib={FSMIB} strata.iters=400"),
         &disk_args,
     );
     // Once the guest has synced its first files, kill the backend with -9
@@ -354,7 +354,15 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
     let srv = s.serve_with(&args);
     wait_for(&vsock);
     let restarted_mid_run = !r.console().console.contains("STRATA-GUEST-LOOPDONE");
+    // An online extend: the guest waits for its disk to grow.
+    assert!(
+        wait_console(&r, "STRATA-GUEST-WAITEXTEND", BOOT_TIMEOUT),
+        "the guest never finished its writes:\n{}",
+        r.console().console
+    );
+    s.ok(&["extend", "disk", "--size", "384M"]);
     let b = r.finish();
+    assert_eq!(b.lines("EXTENDED"), ["786432"], "{}", b.console);
     assert!(
         restarted_mid_run,
         "the guest finished its fsync loop before the backend came back (raise strata.iters)"
@@ -384,7 +392,7 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
     assert_eq!(after["./hello.txt"], before["./hello.txt"]);
     assert_eq!(
         after.keys().filter(|k| k.starts_with("./during/")).count(),
-        200,
+        400,
         "{}",
         b.console
     );
@@ -410,7 +418,7 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_and_matches_nbd() {
         "fstrim over vhost-user: {:?}; allocated {alloc}",
         b.lines("FSTRIM")
     );
-    assert!(alloc <= 34 << 20, "allocated {alloc} bytes after fstrim");
+    assert!(alloc <= 40 << 20, "allocated {alloc} bytes after fstrim");
     let check = s.json(&["check"]);
     assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
     srv.stop();

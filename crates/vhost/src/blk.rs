@@ -197,6 +197,7 @@ impl VhostUserBackend for BlkDevice {
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ
     }
 
     fn reset_device(&self) {

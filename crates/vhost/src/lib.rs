@@ -22,7 +22,7 @@
 //! CONFIG_WCE (a guest that turns its write cache off gets every write
 //! made durable before it completes), MQ, DISCARD and WRITE_ZEROES (with
 //! unmap) for writable devices, RO for read-only ones; GET_ID answers the
-//! serial. Protocol features: CONFIG, MQ, REPLY_ACK.
+//! serial. Protocol features: CONFIG, MQ, REPLY_ACK, BACKEND_REQ.
 //!
 //! # Connections and restarts
 //!
@@ -39,17 +39,21 @@
 //! write is lost, because a flush completes only after it is durable.
 //! `VHOST_USER_GET_INFLIGHT_FD` is not implemented.
 //!
-//! Not done: telling the frontend the disk grew (the backend-request
-//! channel's CONFIG_CHANGE message; the rust-vmm `vhost` crate has no way
-//! to send it yet). A guest sees a new capacity after it reconnects.
+//! The frontend's control messages pass through a relay (`relay.rs`) on
+//! their way to the rust-vmm daemon, unchanged; it keeps the backend
+//! channel the frontend offers (`BACKEND_REQ`), so that when the disk's
+//! size changes (`strata extend` while served; checked every 250 ms) the
+//! frontend is told (`CONFIG_CHANGE_MSG`), reads the configuration space
+//! again and the guest sees the new capacity without a reboot.
 
 mod blk;
 pub mod config;
+mod relay;
 pub mod request;
 
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,10 +61,14 @@ use std::thread::JoinHandle;
 
 use strata_block::BlockDevice;
 use vhost::vhost_user::Listener;
-use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 pub use blk::BlkDevice;
+
+/// How often a connection checks its disk's size (to tell the frontend
+/// of an extend).
+const SIZE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// How a device is served.
 #[derive(Debug, Clone)]
@@ -108,8 +116,8 @@ struct Socket {
     path: PathBuf,
     /// Written to wake the accept loop for shutdown.
     wake: UnixStream,
-    /// The connected frontend's daemon, to cut it off at shutdown.
-    active: Arc<Mutex<Option<ShutdownHandle>>>,
+    /// The connected frontend, to cut it off at shutdown.
+    active: Arc<Mutex<Option<UnixStream>>>,
     thread: JoinHandle<()>,
 }
 
@@ -128,10 +136,18 @@ impl VhostBlkServer {
                 format!("{} queues: give 1 to 64", opts.queues),
             ));
         }
-        let listener = Listener::new(path, true)
-            .map_err(|e| io::Error::other(format!("listen on {}: {e}", path.display())))?;
+        // A socket file left by a server that died goes; anything else
+        // at the path is an error.
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if m.file_type().is_socket() {
+                std::fs::remove_file(path)?;
+            }
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("listen on {}: {e}", path.display())))?;
         let (wake_rx, wake) = UnixStream::pair()?;
-        let active: Arc<Mutex<Option<ShutdownHandle>>> = Arc::default();
+        let active: Arc<Mutex<Option<UnixStream>>> = Arc::default();
         let stop = self.stop.clone();
         let a = active.clone();
         let name = path.display().to_string();
@@ -154,8 +170,8 @@ impl VhostBlkServer {
         let sockets = std::mem::take(&mut self.inner.lock().unwrap().sockets);
         for s in &sockets {
             let _ = (&s.wake).write_all(&[1]);
-            if let Some(h) = s.active.lock().unwrap().as_ref() {
-                h.shutdown();
+            if let Some(f) = s.active.lock().unwrap().as_ref() {
+                let _ = f.shutdown(std::net::Shutdown::Both);
             }
         }
         for s in sockets {
@@ -198,54 +214,87 @@ fn wait_readable(fd: i32, wake: &UnixStream, stop: &AtomicBool) -> bool {
 }
 
 fn accept_loop(
-    mut listener: Listener,
+    listener: UnixListener,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
-    active: Arc<Mutex<Option<ShutdownHandle>>>,
+    active: Arc<Mutex<Option<UnixStream>>>,
     open: Opener,
     opts: Options,
     name: String,
 ) {
     while wait_readable(listener.as_raw_fd(), &wake, &stop) {
-        let dev = match open() {
-            Ok(d) => d,
+        let front = match listener.accept() {
+            Ok((s, _)) => s,
             Err(e) => {
-                tracing::error!("vhost-user-blk {name}: cannot open the disk: {e}");
-                // Take the connection and close it, so the frontend sees a
-                // refusal rather than a hang.
-                if let Ok(Some(s)) = listener.accept() {
-                    drop(s);
-                }
+                tracing::warn!("vhost-user-blk {name}: accept: {e}");
                 continue;
             }
         };
-        let backend = Arc::new(BlkDevice::new(dev, opts.clone()));
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let mut daemon = match VhostUserDaemon::new("vhost-blk".to_string(), backend, mem) {
+        let dev = match open() {
             Ok(d) => d,
             Err(e) => {
-                tracing::error!("vhost-user-blk {name}: {e}");
-                return;
+                // Closing the connection tells the frontend; it may retry.
+                tracing::error!("vhost-user-blk {name}: cannot open the disk: {e}");
+                continue;
             }
         };
-        if let Err(e) = daemon.start(&mut listener) {
-            tracing::warn!("vhost-user-blk {name}: accept: {e}");
-            continue;
+        if let Err(e) = serve_one(front, dev, &opts, &active, &stop) {
+            tracing::warn!("vhost-user-blk {name}: {e}");
         }
-        *active.lock().unwrap() = daemon.shutdown_handle();
-        if stop.load(Ordering::Acquire) {
-            daemon.request_shutdown();
-        }
+    }
+}
+
+/// Serve one frontend connection until it ends.
+fn serve_one(
+    front: UnixStream,
+    dev: Arc<dyn BlockDevice>,
+    opts: &Options,
+    active: &Mutex<Option<UnixStream>>,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    let backend = Arc::new(BlkDevice::new(dev.clone(), opts.clone()));
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let mut daemon = VhostUserDaemon::new("vhost-blk".to_string(), backend, mem)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let (inner, to_daemon) = relay::private_pair()?;
+    daemon
+        .start(&mut Listener::from(inner))
+        .map_err(|e| io::Error::other(format!("start: {e}")))?;
+    *active.lock().unwrap() = Some(front.try_clone()?);
+    if stop.load(Ordering::Acquire) {
+        let _ = front.shutdown(std::net::Shutdown::Both);
+    }
+    let channel = relay::BackendChannel::default();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| relay::relay(&front, &to_daemon, Some(&channel)));
+        sc.spawn(|| relay::relay(&to_daemon, &front, None));
+        // Tell the frontend when the disk's size changes (an extend).
+        sc.spawn(|| {
+            let mut size = dev.size_bytes();
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(SIZE_POLL);
+                let now = dev.size_bytes();
+                if now != size && channel.config_changed() {
+                    tracing::info!("vhost-user-blk: capacity {size} -> {now} bytes, frontend told");
+                    size = now;
+                }
+            }
+        });
         match daemon.wait() {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(
                 vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
-            )) => tracing::info!("vhost-user-blk {name}: frontend disconnected"),
-            Err(e) => tracing::warn!("vhost-user-blk {name}: connection ended: {e}"),
+            )) => tracing::info!("vhost-user-blk: frontend disconnected"),
+            Err(e) => tracing::warn!("vhost-user-blk: connection ended: {e}"),
         }
-        *active.lock().unwrap() = None;
-        // Dropping the daemon stops the queue workers and waits for them:
-        // every request they took has completed.
-        drop(daemon);
-    }
+        done.store(true, Ordering::Release);
+        let _ = front.shutdown(std::net::Shutdown::Both);
+        let _ = to_daemon.shutdown(std::net::Shutdown::Both);
+    });
+    *active.lock().unwrap() = None;
+    // Dropping the daemon stops the queue workers and waits for them:
+    // every request they took has completed.
+    drop(daemon);
+    Ok(())
 }

@@ -399,3 +399,31 @@ fn a_snapshot_is_served_read_only() {
     assert_eq!(request(&mut g, 0, T_OUT, 0, &[(BUF, 4096)], true).0, 1);
     assert_eq!(engine_read(&s0.ds, 0, 4096), pattern(0, 4096, 3));
 }
+
+#[test]
+fn an_extend_is_announced_and_the_new_capacity_served() {
+    let s = setup("d", opts());
+    let mut g = Guest::connect(&s.sock, 1, 0);
+    assert_eq!(g.capacity_sectors(), DISK / 512);
+    // Past the old end: refused.
+    assert_eq!(
+        request(&mut g, 0, T_IN, DISK / 512, &[(BUF, 4096)], false).0,
+        1
+    );
+    assert!(
+        g.backend_message(std::time::Duration::from_millis(600))
+            .is_none(),
+        "nothing to announce before the extend"
+    );
+    s.ds.extend_disk("d", 2 * DISK).unwrap();
+    let m = g.backend_message(std::time::Duration::from_secs(5));
+    assert_eq!(m, Some((2, 0)), "CONFIG_CHANGE_MSG with no payload");
+    assert_eq!(g.capacity_sectors(), 2 * DISK / 512);
+    let data = pattern(DISK, 4096, 4);
+    g.write(BUF, &data);
+    assert_eq!(
+        request(&mut g, 0, T_OUT, DISK / 512, &[(BUF, 4096)], true).0,
+        0
+    );
+    assert_eq!(engine_read(&s.ds, DISK, 4096), data);
+}

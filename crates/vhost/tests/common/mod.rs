@@ -54,6 +54,8 @@ pub struct Guest {
     pub queues: Vec<Vq>,
     pub features: u64,
     event_idx: bool,
+    /// Our end of the backend channel: what the backend asks of us.
+    pub backend_chan: std::os::unix::net::UnixStream,
 }
 
 /// Connect to `path`, retrying while the server starts.
@@ -99,9 +101,15 @@ impl Guest {
             proto
                 & (VhostUserProtocolFeatures::CONFIG
                     | VhostUserProtocolFeatures::MQ
-                    | VhostUserProtocolFeatures::REPLY_ACK),
+                    | VhostUserProtocolFeatures::REPLY_ACK
+                    | VhostUserProtocolFeatures::BACKEND_REQ),
         )
         .unwrap();
+        assert!(proto.contains(VhostUserProtocolFeatures::BACKEND_REQ));
+        // The backend channel, as QEMU offers it.
+        let (backend_chan, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        fe.set_backend_request_fd(&theirs).unwrap();
+        drop(theirs);
         let max_q = fe.get_queue_num().unwrap();
         assert!(max_q >= u64::from(nq), "backend offers {max_q} queues");
         let region = mem.find_region(GuestAddress(0)).unwrap();
@@ -148,6 +156,7 @@ impl Guest {
             queues,
             features,
             event_idx: features & FEATURE_EVENT_IDX != 0,
+            backend_chan,
         }
     }
 
@@ -296,4 +305,18 @@ pub fn pattern(off: u64, len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| ((off + i as u64).wrapping_mul(7) as u8).wrapping_add(seed))
         .collect()
+}
+
+impl Guest {
+    /// The next message on the backend channel within `limit`: (request, size).
+    pub fn backend_message(&self, limit: Duration) -> Option<(u32, u32)> {
+        use std::io::Read;
+        self.backend_chan.set_read_timeout(Some(limit)).unwrap();
+        let mut h = [0u8; 12];
+        (&self.backend_chan).read_exact(&mut h).ok()?;
+        Some((
+            u32::from_le_bytes(h[0..4].try_into().unwrap()),
+            u32::from_le_bytes(h[8..12].try_into().unwrap()),
+        ))
+    }
 }
