@@ -41,6 +41,13 @@ pub struct ServeArgs {
     /// use fewer)
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     vhost_queues: u16,
+    /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
+    /// as libvirt's qemu user can connect); default: as the umask leaves them
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    socket_mode: Option<u32>,
+    /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
+    #[arg(long, value_name = "USER[:GROUP]")]
+    socket_owner: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
     #[arg(long)]
     http: Option<String>,
@@ -78,6 +85,76 @@ pub struct ServeArgs {
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     vmdk_read_only: bool,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("'{s}': expected an octal mode such as 0660")),
+    }
+}
+
+/// A user or group given by name or number.
+fn lookup_id(name: &str, group: bool) -> Result<u32, Error> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("bad name {name:?}")))?;
+    // SAFETY: getpwnam/getgrnam with a valid C string; the result is read
+    // at once (serve is single-threaded at this point).
+    let id = unsafe {
+        if group {
+            let g = libc::getgrnam(c.as_ptr());
+            (!g.is_null()).then(|| (*g).gr_gid)
+        } else {
+            let u = libc::getpwnam(c.as_ptr());
+            (!u.is_null()).then(|| (*u).pw_uid)
+        }
+    };
+    id.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "--socket-owner: no {} named {name:?}",
+                if group { "group" } else { "user" }
+            ),
+        )
+    })
+}
+
+/// `--socket-owner` resolved to ids, checked before anything is bound.
+fn socket_owner(args: &ServeArgs) -> Result<(Option<u32>, Option<u32>), Error> {
+    let Some(o) = &args.socket_owner else {
+        return Ok((None, None));
+    };
+    let (u, g) = o.split_once(':').unwrap_or((o.as_str(), ""));
+    let uid = if u.is_empty() {
+        None
+    } else {
+        Some(lookup_id(u, false)?)
+    };
+    let gid = if g.is_empty() {
+        None
+    } else {
+        Some(lookup_id(g, true)?)
+    };
+    Ok((uid, gid))
+}
+
+/// Apply `--socket-mode` and `--socket-owner` to a socket file just bound.
+fn own_socket(p: &Path, args: &ServeArgs) -> Result<(), Error> {
+    let (uid, gid) = socket_owner(args)?;
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::chown(p, uid, gid)
+            .map_err(|e| io_err(&format!("--socket-owner on {}", p.display()), e))?;
+    }
+    if let Some(m) = args.socket_mode {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+            .map_err(|e| io_err(&format!("--socket-mode on {}", p.display()), e))?;
+    }
+    Ok(())
 }
 
 fn parse_auto_off(s: &str) -> Result<bool, String> {
@@ -443,6 +520,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
         ));
     }
     let vhost_specs = vhost_specs(args)?;
+    socket_owner(args)?;
     let opened = open_vmdks(args)?;
     if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
         return serve_only_vmdks(args, opened);
@@ -736,6 +814,7 @@ fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Err
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+        own_socket(p, args)?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         println!("  NBD on unix socket {}", p.display());
         println!(
@@ -806,6 +885,7 @@ fn listen_vhost(
         vhost
             .serve(sock, Arc::new(move || e.open(&name)), opts)
             .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
+        own_socket(sock, args)?;
         println!("  vhost-user-blk {disk} on {}", sock.display());
         println!(
             "    e.g. qemu-system-x86_64 -object memory-backend-memfd,id=mem,size=1G,share=on \\

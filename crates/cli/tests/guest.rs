@@ -419,6 +419,11 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_
         b.lines("FSTRIM")
     );
     assert!(alloc <= 40 << 20, "allocated {alloc} bytes after fstrim");
+    // The guest's commands since the restart count in the disk's
+    // statistics like NBD's do (the qemu-img read above is NBD's).
+    let st = s.json(&["stats", "disk"])["disk"].clone();
+    let writes = st["write"]["commands"].as_u64().unwrap();
+    assert!(writes >= 400, "the guest's writes after the restart: {st}");
     let check = s.json(&["check"]);
     assert!(check["errors"].as_array().unwrap().is_empty(), "{check}");
     srv.stop();

@@ -149,6 +149,26 @@ fn reads_writes_flush_discard_and_zeroes_reach_the_engine() {
 
     assert_eq!(request(&mut g, 0, T_FLUSH, 0, &[], true), (0, 1));
 
+    // The guest turns its write cache off (CONFIG_WCE) and on again.
+    use vhost::vhost_user::message::VhostUserConfigFlags;
+    use vhost::vhost_user::VhostUserFrontend;
+    g.fe.set_config(32, VhostUserConfigFlags::WRITABLE, &[0])
+        .unwrap();
+    assert_eq!(g.config()[32], 0, "write-through");
+    g.write(BUF, &data[..4096]);
+    assert_eq!(
+        request(&mut g, 0, T_OUT, off / 512, &[(BUF, 4096)], true).0,
+        0
+    );
+    g.fe.set_config(32, VhostUserConfigFlags::WRITABLE, &[1])
+        .unwrap();
+    assert_eq!(g.config()[32], 1, "write-back again");
+    // Other fields are not writable.
+    assert!(g
+        .fe
+        .set_config(0, VhostUserConfigFlags::WRITABLE, &[0; 8])
+        .is_err());
+
     // GET_ID: the serial, NUL-padded to 20 bytes.
     g.write(out, &[0xff; 20]);
     assert_eq!(

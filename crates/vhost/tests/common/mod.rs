@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
@@ -97,6 +99,9 @@ impl Guest {
         fe.set_features(features).unwrap();
         assert!(offered & FEATURE_PROTOCOL != 0);
         let proto = fe.get_protocol_features().unwrap();
+        // Every message from now on asks for an acknowledgement, so a
+        // backend's refusal shows as an error here.
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         fe.set_protocol_features(
             proto
                 & (VhostUserProtocolFeatures::CONFIG
