@@ -4,7 +4,9 @@
 //! its budget. Dirty pages stay until the next checkpoint writes them; when
 //! they alone exceed the budget the engine checkpoints (see `Meta::needs_checkpoint`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use strata_format::{MapNode, REFS_PER_PAGE};
 
@@ -44,7 +46,9 @@ struct Slot {
 }
 
 pub struct PageCache {
-    pages: HashMap<PageKey, Slot>,
+    /// Keyed by page number: ids the engine allocates, not client input,
+    /// so a fast non-keyed hash (a page lookup is on every I/O's path).
+    pages: FxHashMap<PageKey, Slot>,
     clock: VecDeque<PageKey>,
     budget_pages: usize,
     dirty_pages: usize,
@@ -58,7 +62,7 @@ pub struct PageCache {
 impl PageCache {
     pub fn new(budget_bytes: u64) -> Self {
         PageCache {
-            pages: HashMap::new(),
+            pages: FxHashMap::default(),
             clock: VecDeque::new(),
             budget_pages: (budget_bytes / 4096).max(64) as usize,
             dirty_pages: 0,

@@ -34,7 +34,9 @@ mod space;
 mod tree;
 mod versions;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 use strata_format::{Record, VersionState, GRAIN_BYTES};
@@ -62,7 +64,7 @@ pub struct Meta {
     pub catalog: Catalog,
     versions: HashMap<u64, VersionState>,
     log: Vec<u8>,
-    dirty_versions: HashSet<u64>,
+    dirty_versions: FxHashSet<u64>,
     catalog_dirty: bool,
     alloc: Allocator,
     /// `pool_grains` of the durable superblock: count pages wholly at or
@@ -70,9 +72,9 @@ pub struct Meta {
     durable_hwm: u64,
     pending_current: Vec<u64>,
     pending_committing: Vec<u64>,
-    pending_set: HashSet<u64>,
-    decreased_current: HashSet<u64>,
-    decreased_committing: HashSet<u64>,
+    pending_set: FxHashSet<u64>,
+    decreased_current: FxHashSet<u64>,
+    decreased_committing: FxHashSet<u64>,
     /// Grains with a non-zero count (data and map nodes).
     used_grains: u64,
     /// See [`Meta::change_count`].
@@ -100,15 +102,15 @@ impl Meta {
             catalog,
             versions,
             log: Vec::new(),
-            dirty_versions: HashSet::new(),
+            dirty_versions: FxHashSet::default(),
             catalog_dirty: false,
             alloc: Allocator::new(hwm),
             durable_hwm: hwm,
             pending_current: Vec::new(),
             pending_committing: Vec::new(),
-            pending_set: HashSet::new(),
-            decreased_current: HashSet::new(),
-            decreased_committing: HashSet::new(),
+            pending_set: FxHashSet::default(),
+            decreased_current: FxHashSet::default(),
+            decreased_committing: FxHashSet::default(),
             used_grains: 0,
             changes: 0,
             replay: replay::ReplayState::default(),
