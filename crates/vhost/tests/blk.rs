@@ -424,6 +424,9 @@ fn a_snapshot_is_served_read_only() {
 fn an_extend_is_announced_and_the_new_capacity_served() {
     let s = setup("d", opts());
     let mut g = Guest::connect(&s.sock, 1, 0);
+    assert!(g
+        .protocol
+        .contains(vhost::vhost_user::message::VhostUserProtocolFeatures::BACKEND_REQ));
     assert_eq!(g.capacity_sectors(), DISK / 512);
     // Past the old end: refused.
     assert_eq!(

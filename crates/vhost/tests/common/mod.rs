@@ -18,7 +18,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-pub const MEM_BYTES: usize = 16 << 20;
+pub const MEM_BYTES: usize = 32 << 20;
 /// Where buffers may go: everything above the rings.
 pub const DATA_BASE: u64 = 1 << 20;
 pub const QSIZE: u16 = 64;
@@ -55,6 +55,7 @@ pub struct Guest {
     _file: File,
     pub queues: Vec<Vq>,
     pub features: u64,
+    pub protocol: VhostUserProtocolFeatures,
     event_idx: bool,
     /// Our end of the backend channel: what the backend asks of us.
     pub backend_chan: std::os::unix::net::UnixStream,
@@ -99,24 +100,26 @@ impl Guest {
         fe.set_features(features).unwrap();
         assert!(offered & FEATURE_PROTOCOL != 0);
         let proto = fe.get_protocol_features().unwrap();
-        // Every message from now on asks for an acknowledgement, so a
-        // backend's refusal shows as an error here.
-        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        fe.set_protocol_features(
-            proto
-                & (VhostUserProtocolFeatures::CONFIG
-                    | VhostUserProtocolFeatures::MQ
-                    | VhostUserProtocolFeatures::REPLY_ACK
-                    | VhostUserProtocolFeatures::BACKEND_REQ),
-        )
-        .unwrap();
-        assert!(proto.contains(VhostUserProtocolFeatures::BACKEND_REQ));
+        let want = VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::BACKEND_REQ;
+        fe.set_protocol_features(proto & want).unwrap();
+        if proto.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            // Every message from now on asks for an acknowledgement, so a
+            // backend's refusal shows as an error here.
+            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
         // The backend channel, as QEMU offers it.
         let (backend_chan, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        fe.set_backend_request_fd(&theirs).unwrap();
+        if proto.contains(VhostUserProtocolFeatures::BACKEND_REQ) {
+            fe.set_backend_request_fd(&theirs).unwrap();
+        }
         drop(theirs);
-        let max_q = fe.get_queue_num().unwrap();
-        assert!(max_q >= u64::from(nq), "backend offers {max_q} queues");
+        if proto.contains(VhostUserProtocolFeatures::MQ) {
+            let max_q = fe.get_queue_num().unwrap();
+            assert!(max_q >= u64::from(nq), "backend offers {max_q} queues");
+        }
         let region = mem.find_region(GuestAddress(0)).unwrap();
         fe.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(region).unwrap()])
             .unwrap();
@@ -160,6 +163,7 @@ impl Guest {
             _file: file,
             queues,
             features,
+            protocol: proto,
             event_idx: features & FEATURE_EVENT_IDX != 0,
             backend_chan,
         }

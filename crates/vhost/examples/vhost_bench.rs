@@ -1,0 +1,115 @@
+//! A vhost-user-blk load generator for benchmarks: the test frontend
+//! (tests/common) keeps `--iodepth` requests in flight on one queue of any
+//! vhost-user-blk backend (strata's, qemu-storage-daemon's) and prints one
+//! JSON line: operations, IOPS, MiB/s. It waits for completions the way a
+//! guest does (the call eventfd, EVENT_IDX asking for every completion),
+//! so the backend's notification path is part of what is measured.
+//!
+//! vhost_bench SOCKET RW BS IODEPTH SECONDS
+//!   RW: randread | randwrite | read | write
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() != 6 {
+        eprintln!("usage: vhost_bench SOCKET randread|randwrite|read|write BS IODEPTH SECONDS");
+        std::process::exit(2);
+    }
+    let sock = std::path::Path::new(&a[1]);
+    let rw = a[2].as_str();
+    let bs: u64 = a[3].parse().expect("BS in bytes");
+    let depth: u16 = a[4].parse().expect("IODEPTH");
+    let secs: f64 = a[5].parse().expect("SECONDS");
+    let write = rw.ends_with("write");
+    let random = rw.starts_with("rand");
+    assert!(bs >= 512 && bs % 512 == 0, "BS: a multiple of 512");
+    assert!(
+        depth >= 1 && u32::from(depth) * 3 <= u32::from(QSIZE),
+        "IODEPTH: 1 to {}",
+        QSIZE / 3
+    );
+    assert!(
+        DATA_BASE + 0x10000 + u64::from(depth) * bs <= MEM_BYTES as u64,
+        "BS x IODEPTH too large"
+    );
+
+    let mut g = Guest::connect(sock, 1, 0);
+    let cap = g.capacity_sectors() * 512;
+    let blocks = cap / bs;
+    assert!(blocks > 0, "disk smaller than one block");
+    // Per slot: header and status in the first page area, data after.
+    let hdr = |s: u16| DATA_BASE + u64::from(s) * 32;
+    let st = |s: u16| DATA_BASE + u64::from(s) * 32 + 16;
+    let buf = |s: u16| DATA_BASE + 0x10000 + u64::from(s) * bs;
+    if write {
+        for s in 0..depth {
+            g.write(buf(s), &pattern(u64::from(s) * bs, bs as usize, 11));
+        }
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut seq = 0u64;
+    let mut next_block = |seed: &mut u64| {
+        if random {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed % blocks
+        } else {
+            let b = seq % blocks;
+            seq += 1;
+            b
+        }
+    };
+    let ty = if write { T_OUT } else { T_IN };
+    let data_flags = if write { 0 } else { F_WRITE };
+    let mut submit = |g: &mut Guest, s: u16, seed: &mut u64| {
+        let sector = next_block(seed) * bs / 512;
+        g.write(hdr(s), &header(ty, sector));
+        let at = s * 3;
+        g.submit_raw(
+            0,
+            at,
+            &[
+                (hdr(s), 16, F_NEXT, at + 1),
+                (buf(s), bs as u32, data_flags | F_NEXT, at + 2),
+                (st(s), 1, F_WRITE, 0),
+            ],
+            at,
+        );
+    };
+    for s in 0..depth {
+        submit(&mut g, s, &mut seed);
+    }
+    let t0 = Instant::now();
+    let limit = Duration::from_secs_f64(secs);
+    let mut ops = 0u64;
+    let mut errors = 0u64;
+    loop {
+        let (head, _) = g.wait_used(0);
+        let s = head / 3;
+        if g.read(st(s), 1)[0] != 0 {
+            errors += 1;
+        }
+        ops += 1;
+        if t0.elapsed() >= limit {
+            break;
+        }
+        submit(&mut g, s, &mut seed);
+    }
+    let el = t0.elapsed().as_secs_f64();
+    // Drain what is still in flight.
+    for _ in 1..depth {
+        let _ = g.wait_used(0);
+    }
+    println!(
+        "{{\"ops\": {ops}, \"seconds\": {el:.3}, \"iops\": {:.0}, \"mib_s\": {:.1}, \"errors\": {errors}}}",
+        ops as f64 / el,
+        ops as f64 * bs as f64 / el / 1048576.0
+    );
+}
