@@ -8,10 +8,11 @@
 //! ([`Options::queues`] of them, up to what the frontend enables): on a
 //! kick it pops every available descriptor chain, turns the chain's guest
 //! addresses into host slices and hands them to the device's vectored
-//! calls ([`BlockDevice::readv_at`], [`BlockDevice::writev_at`]), so a
-//! read lands in guest memory without a copy through a socket or a bounce
-//! buffer (the engine copies from its page cache straight into the
-//! guest's buffer). The status byte goes back, the chain goes on the used
+//! calls ([`BlockDevice::readv_at`], [`BlockDevice::writev_at`]): no copy
+//! through a socket. A request of one segment is read from the pool file
+//! straight into the guest's buffer (and written from it); the engine
+//! does not override the vectored calls yet, so a request of several
+//! segments goes through one bounce buffer. The status byte goes back, the chain goes on the used
 //! ring, and the frontend is signalled once per batch (EVENT_IDX when
 //! negotiated). See [`request`] for what is checked in a chain.
 //!
