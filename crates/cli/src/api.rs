@@ -40,6 +40,11 @@ pub enum Request {
         name: String,
         size_bytes: u64,
     },
+    /// Set (or clear) a disk's I/O limits.
+    Limit {
+        name: String,
+        limits: strata_engine::IoLimits,
+    },
     /// Change a disk's provisioning (online).
     Convert {
         name: String,

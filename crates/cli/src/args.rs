@@ -110,6 +110,28 @@ says which it is. Returns once the new capacity is durable."
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Limit a disk's I/O rate (also while it is served): operations and/or bytes per second,
+    /// in every transport (NBD, vhost-user-blk), for the disk and its snapshots
+    #[command(
+        long_about = "Limit a disk's I/O rate, also while it is served.\n\nReads, writes and unmaps of the disk (and of its snapshots' exports), whatever transport they\ncome through, take one operation each and their bytes from two token buckets that refill at\n--iops and --bps and hold --burst seconds of their rate. A request that finds a bucket\nempty waits; none is refused. The limits are kept with the disk. 'strata info' shows them;\n--clear removes them."
+    )]
+    Limit {
+        name: String,
+        /// Operations per second
+        #[arg(long, value_name = "N")]
+        iops: Option<u64>,
+        /// Bytes per second (e.g. 50M)
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        bps: Option<u64>,
+        /// Seconds of the rate an idle disk may spend at once
+        #[arg(long, value_name = "SECONDS")]
+        burst: Option<u32>,
+        /// Remove the disk's limits
+        #[arg(long, conflicts_with_all = ["iops", "bps", "burst"])]
+        clear: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Change a disk's provisioning online (also while it is served)
     #[command(
         long_about = "Change a disk's provisioning type, also while it is served.\n\nto eagerzeroedthick: every unwritten block is allocated and written with zeros (tbz 0, no\nfirst-write cost); to zeroedthick: the rest of the size is reserved on the host file system;\nto thin: the reservation is released, and so are blocks that read all zeros.\nEach step leaves a consistent disk: after a crash, run the same command again to finish."
@@ -505,6 +527,32 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 },
                 json.into(),
             ),
+            Cmd::Limit {
+                name,
+                iops,
+                bps,
+                burst,
+                clear,
+                json,
+            } => {
+                if !clear && iops.is_none() && bps.is_none() {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        "give --iops N and/or --bps SIZE (and optionally --burst SECONDS), or --clear",
+                    ));
+                }
+                datastore(
+                    Request::Limit {
+                        name: name.clone(),
+                        limits: strata_engine::IoLimits {
+                            iops: *iops,
+                            bps: *bps,
+                            burst_seconds: *burst,
+                        },
+                    },
+                    json.into(),
+                )
+            }
             Cmd::Convert {
                 name,
                 provisioning,

@@ -54,6 +54,7 @@ pub fn execute(
             Response::Removed { name: name.clone() }
         }
         Request::Extend { name, size_bytes } => Response::Disk(ds.extend_disk(name, *size_bytes)?),
+        Request::Limit { name, limits } => Response::Disk(ds.set_limits(name, *limits)?),
         Request::Convert {
             name,
             provisioning,

@@ -55,6 +55,9 @@ pub struct DiskRec {
     pub created_unix: u64,
     /// `DISK@SNAP` this disk was linked-cloned from (display only).
     pub parent: Option<String>,
+    /// I/O limits (`strata limit`); absent when there are none.
+    #[serde(default, skip_serializing_if = "crate::IoLimits::is_none")]
+    pub limits: crate::IoLimits,
 }
 
 /// Names of implicit snapshots that hold a served disk still while a full

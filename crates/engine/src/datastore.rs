@@ -26,6 +26,7 @@ use crate::layout::{
 };
 use crate::meta::{FreeExtents, Meta, ZoneGrain};
 use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
+use crate::throttle::IoLimits;
 use crate::work::{Pacer, WorkControl};
 
 pub use crate::store::{
@@ -83,6 +84,9 @@ pub struct DiskInfo {
     /// Computed by `disk_info_with_space`, not by `list_disks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragments: Option<u64>,
+    /// I/O limits (`strata limit`), absent when there are none.
+    #[serde(default, skip_serializing_if = "IoLimits::is_none")]
+    pub limits: IoLimits,
 }
 
 /// How background space work (convert, punchzero) runs.
@@ -623,6 +627,7 @@ impl Datastore {
             created_unix: d.created_unix,
             exclusive_bytes: None,
             snapshot_space_bytes: None,
+            limits: d.limits,
             fragments: None,
         }
     }
@@ -739,6 +744,7 @@ impl Datastore {
                 current_snapshot: None,
                 created_unix: now_unix(),
                 parent: None,
+                limits: Default::default(),
             });
             m.mark_catalog_dirty();
             Ok(())
@@ -775,6 +781,28 @@ impl Datastore {
             Ok(())
         })?;
         self.inner.commit(false)
+    }
+
+    /// Set a disk's I/O limits (`IoLimits::default()` clears them). They
+    /// apply at once to every open handle of the disk and its snapshots,
+    /// whatever transport serves them, and are kept in the catalog.
+    pub fn set_limits(&self, name: &str, limits: IoLimits) -> Result<DiskInfo> {
+        if limits.iops == Some(0) || limits.bps == Some(0) || limits.burst_seconds == Some(0) {
+            return err(
+                ErrorKind::InvalidArgument,
+                "a limit of 0 would stop the disk; give a positive rate or clear the limit",
+            );
+        }
+        let id = self.change(|m| {
+            let d = m.catalog.disk_mut(name)?;
+            d.limits = limits;
+            let id = d.id;
+            m.mark_catalog_dirty();
+            Ok(id)
+        })?;
+        self.inner.commit(false)?;
+        self.inner.throttle(id, limits).set(limits);
+        self.disk_info(name)
     }
 
     /// Grow a disk (also while it is served).
@@ -954,8 +982,10 @@ impl Datastore {
             None => (d.head, false, None),
             Some(s) => (s.version, true, Some(s.id)),
         };
+        let throttle = self.inner.throttle(d.id, d.limits);
         Ok(Arc::new(DiskHandle {
             inner: self.inner.clone(),
+            throttle,
             disk_id: d.id,
             snapshot_id,
             version,
@@ -1246,6 +1276,7 @@ impl Datastore {
                 current_snapshot: None,
                 created_unix: now_unix(),
                 parent: Some(src.to_string()),
+                limits: Default::default(),
             });
             m.mark_catalog_dirty();
             Ok(())

@@ -45,6 +45,8 @@ pub(crate) fn is_zero(buf: &[u8]) -> bool {
 /// type must not be swappable by position).
 pub struct DiskHandle {
     pub(crate) inner: Arc<Store>,
+    /// The disk's I/O limits, shared by all its handles.
+    pub(crate) throttle: Arc<crate::throttle::Throttle>,
     pub(crate) disk_id: u64,
     /// The snapshot exported read-only, or None for the live disk.
     pub(crate) snapshot_id: Option<u64>,
@@ -714,10 +716,12 @@ impl BlockDevice for DiskHandle {
     }
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<strata_block::ReadFill> {
+        self.throttle.admit(buf.len() as u64);
         to_block(self.read_impl(buf, offset_bytes))
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
+        self.throttle.admit(buf.len() as u64);
         to_block(self.write_impl(buf, offset_bytes, fua))
     }
 
@@ -726,6 +730,7 @@ impl BlockDevice for DiskHandle {
     }
 
     fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
+        self.throttle.admit(0);
         to_block(self.zero_impl(offset_bytes, len_bytes, false))
     }
 
@@ -737,6 +742,7 @@ impl BlockDevice for DiskHandle {
     ) -> BlockResult<()> {
         // Zeroing is a metadata operation here (or in-place zeros for an
         // eager-zeroed disk), so it is always "fast".
+        self.throttle.admit(0);
         to_block(self.zero_impl(offset_bytes, len_bytes, opts.fua))
     }
 

@@ -27,6 +27,7 @@ mod journal;
 pub mod layout;
 mod meta;
 mod store;
+pub mod throttle;
 mod upgrade;
 mod work;
 
@@ -40,4 +41,5 @@ pub use datastore::{
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{DefragReport, FreeSpaceReport, PoolLayout};
+pub use throttle::IoLimits;
 pub use work::WorkControl;

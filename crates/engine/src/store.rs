@@ -182,6 +182,8 @@ pub(crate) struct Store {
     /// Background reclaimer of orphaned maps, when started.
     pub reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub reclaim_stop: AtomicBool,
+    /// Each disk's I/O limits, shared by its handles (created on first open).
+    throttles: Mutex<std::collections::HashMap<u64, Arc<crate::throttle::Throttle>>>,
     /// Configured capacity (0 = the file system's); changed only by
     /// `set_capacity`, under the meta lock.
     configured_capacity_bytes: AtomicU64,
@@ -237,12 +239,22 @@ impl Store {
             capacity_cache: Mutex::new((None, 0)),
             reclaimer: Mutex::new(None),
             reclaim_stop: AtomicBool::new(false),
+            throttles: Mutex::new(Default::default()),
             configured_capacity_bytes: AtomicU64::new(configured),
             detect_zeroes: AtomicBool::new(true),
             logs_held: AtomicBool::new(false),
             consolidating: AtomicBool::new(false),
             _lock: p.lock,
         }
+    }
+
+    /// Disk `id`'s throttle, made with `limits` if it has none yet.
+    pub fn throttle(&self, id: u64, limits: crate::IoLimits) -> Arc<crate::throttle::Throttle> {
+        self.throttles
+            .lock()
+            .entry(id)
+            .or_insert_with(|| Arc::new(crate::throttle::Throttle::new(limits)))
+            .clone()
     }
 
     // ------------------------------------------------------------ fail-stop

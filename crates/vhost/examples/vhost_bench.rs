@@ -28,7 +28,7 @@ fn main() {
     let secs: f64 = a[5].parse().expect("SECONDS");
     let write = rw.ends_with("write");
     let random = rw.starts_with("rand");
-    assert!(bs >= 512 && bs % 512 == 0, "BS: a multiple of 512");
+    assert!(bs >= 512 && bs.is_multiple_of(512), "BS: a multiple of 512");
     assert!(
         depth >= 1 && u32::from(depth) * 3 <= u32::from(QSIZE),
         "IODEPTH: 1 to {}",
