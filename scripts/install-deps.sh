@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install the external programs strata's tests and benchmarks drive:
-# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin), and for
-# the real-guest test (crates/cli/tests/guest.rs, scripts/guest/): QEMU's x86
-# system emulator, a Debian kernel (installed in /boot only; nothing reboots),
-# a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim (util-linux) and cpio;
-# promtool (prometheus) checks the example alerting rules.
+# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin),
+# qemu-storage-daemon (qemu-system-common: bench.py's vhost-user-blk peer),
+# and for the real-guest tests (crates/cli/tests/guest.rs, scripts/guest/):
+# QEMU's x86 system emulator, a Debian kernel (installed in /boot only;
+# nothing reboots), a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim
+# (util-linux) and cpio; promtool (prometheus) checks the example alerting
+# rules.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -13,6 +15,8 @@ command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio      >/dev/null 2>&1 || need+=(fio)
 command -v nbdinfo  >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+# qemu-storage-daemon: the vhost-user-blk peer in bench.py's vhost case.
+command -v qemu-storage-daemon >/dev/null 2>&1 || need+=(qemu-system-common)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 # The initramfs needs busybox-static's /bin/busybox (the dynamic one won't do).
 if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybox-static); fi
@@ -40,7 +44,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # fio's nbd engine ships in fio itself on Debian 12; qemu-nbd in qemu-utils.
-for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 busybox mke2fs e2fsck fstrim cpio; do
+for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon busybox mke2fs e2fsck fstrim cpio; do
   command -v "$t" >/dev/null 2>&1 || { echo "install-deps: $t still missing" >&2; exit 1; }
 done
 ls /boot/vmlinuz-* >/dev/null 2>&1 || { echo "install-deps: no kernel in /boot" >&2; exit 1; }

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi`)
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost`)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. The vdi case boots TCG guests (the guest test's
 //! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
@@ -54,7 +54,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost",
             "--out",
         ])
         .arg(&out)
@@ -184,6 +184,16 @@ fn bench_quick_paper_suites() {
     }
     for w in ["before", "during", "after"] {
         positive(vdi, &["server_cpu_pct", w]);
+    }
+
+    // vhost: strata's vhost-user-blk, qemu-storage-daemon's and strata's
+    // NBD each served every workload with no failed request.
+    let vh = get(&j, &["cases", "vhost"]);
+    for tag in ["randread_4k", "randwrite_4k", "seqread_512k", "seqwrite_512k"] {
+        for who in ["strata", "qsd", "strata_nbd"] {
+            positive(vh, &[tag, who, "iops"]);
+        }
+        positive(vh, &[tag, "ratio_strata_vs_qsd"]);
     }
 
     // The report files next to the JSON.
