@@ -29,9 +29,23 @@ impl LockingBackend {
     }
 }
 
+/// Lock `f`, trying again for a moment on a conflict: a conflicting lock
+/// can be a transient copy of a description this process has just closed,
+/// held by a child another thread is starting (fork copies every
+/// descriptor; the child drops it at exec, close-on-exec), and that must
+/// not make an open fail. A real holder still fails after ~100 ms.
 fn locked(f: Arc<dyn Storage>, mode: LockMode) -> io::Result<Arc<dyn Storage>> {
-    f.try_lock(mode)?;
-    Ok(f)
+    let mut tries = 0;
+    loop {
+        match f.try_lock(mode) {
+            Ok(()) => return Ok(f),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && tries < 5 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 impl Backend for LockingBackend {
