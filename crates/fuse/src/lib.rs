@@ -539,6 +539,28 @@ impl Filesystem for Fs {
         reply.ok();
     }
 
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        // No extended attributes; ENOSYS stops the kernel from asking again.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // Modes are checked where they matter (open refuses writes to
+        // read-only exports); ENOSYS makes the kernel stop asking.
+        reply.error(Errno::ENOSYS);
+    }
+
     fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         // Disks are deleted with 'strata delete', not through the mount.
         reply.error(Errno::EPERM);
@@ -704,6 +726,8 @@ impl Fs {
 /// A mounted export directory.
 pub struct FuseServer {
     sh: Arc<Shared>,
+    /// The FUSE connection number (see [`conn_id`]).
+    conn: Option<u64>,
     mountpoint: PathBuf,
     session: Mutex<Option<fuser::BackgroundSession>>,
 }
@@ -746,8 +770,13 @@ impl FuseServer {
         config.n_threads = Some(opts.threads.max(1));
         config.clone_fd = true;
         let session = fuser::spawn_mount(Fs { sh: sh.clone() }, dir, &config)?;
+        // Now, while the root answers: after shutdown began it does not.
+        let conn = CString::new(dir.as_os_str().as_bytes())
+            .ok()
+            .and_then(|p| conn_id(&p));
         Ok(FuseServer {
             sh,
+            conn,
             mountpoint: dir.to_path_buf(),
             session: Mutex::new(Some(session)),
         })
@@ -773,9 +802,6 @@ impl FuseServer {
             Ok(p) => p,
             Err(_) => return,
         };
-        // The connection's number, to abort it if a lazy unmount leaves it
-        // alive (files still open).
-        let conn = conn_id(&path);
         // SAFETY: umount2 with a valid C string.
         let detached = if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
             false
@@ -799,8 +825,8 @@ impl FuseServer {
             }
         };
         if detached {
-            if let Some(c) = conn {
-                let _ = std::fs::write(format!("/sys/fs/fuse/connections/{c}/abort"), "1");
+            if let Some(c) = self.conn {
+                abort_connection(c);
             }
         }
         let (tx, rx) = std::sync::mpsc::channel();
@@ -822,6 +848,30 @@ impl FuseServer {
 impl Drop for FuseServer {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Abort FUSE connection `c` through fusectl (mounting fusectl on
+/// /sys/fs/fuse/connections first if it is not): files still open on a
+/// lazily detached mount then get errors at once, and the FUSE threads end.
+fn abort_connection(c: u64) {
+    let dir = "/sys/fs/fuse/connections";
+    let abort = format!("{dir}/{c}/abort");
+    if !Path::new(&abort).exists() {
+        let (src, target, fstype) = (c"fusectl", c"/sys/fs/fuse/connections", c"fusectl");
+        // SAFETY: mount(2) with valid C strings and no data.
+        unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+    }
+    if std::fs::write(&abort, "1").is_err() {
+        eprintln!("strata: could not abort FUSE connection {c} ({abort}); it ends when its files are closed");
     }
 }
 
