@@ -30,7 +30,7 @@ fn up(x: u64) -> u64 {
 }
 
 fn aligned(off: u64, len: u64) -> bool {
-    off % S == 0 && len % S == 0
+    off.is_multiple_of(S) && len.is_multiple_of(S)
 }
 
 /// The byte-level view of one device, with the lock that orders its
@@ -118,8 +118,8 @@ impl ByteIo<'_> {
     /// sectors that `[from, to)` covers only in part.
     fn fill_edges(&self, bounce: &mut [u8], start: u64, from: u64, to: u64) -> BlockResult<()> {
         let end = start + bounce.len() as u64;
-        let head = from % S != 0;
-        let tail = to % S != 0;
+        let head = !from.is_multiple_of(S);
+        let tail = !to.is_multiple_of(S);
         if head {
             self.dev.read_at(&mut bounce[..S as usize], start)?;
         }
