@@ -6,7 +6,8 @@
 # QEMU's x86 system emulator, a Debian kernel (installed in /boot only;
 # nothing reboots), a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim
 # (util-linux) and cpio; promtool (prometheus) checks the example alerting
-# rules.
+# rules; fusermount3 (fuse3) lets non-root users mount 'serve --fuse'
+# (root mounts without it).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -25,6 +26,8 @@ command -v e2fsck   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v fstrim   >/dev/null 2>&1 || need+=(util-linux)
 command -v cpio     >/dev/null 2>&1 || need+=(cpio)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# serve --fuse mounts directly as root; other users need fusermount3.
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1

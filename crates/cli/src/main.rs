@@ -33,7 +33,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // fuser warns when its own unmount at the end finds the mount
+                // gone: strata-fuse unmounts first (lazily when busy).
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -48,6 +48,17 @@ pub struct ServeArgs {
     /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
     #[arg(long, value_name = "USER[:GROUP]")]
     socket_owner: Option<String>,
+    /// Mount a FUSE file system on DIR (created if missing) showing each disk as the file
+    /// DIR/DISK (read-write) and each snapshot as DIR/DISK@SNAP (read-only, mode 0444),
+    /// appearing and disappearing with them; the file size is the disk size. Direct I/O (no
+    /// page cache), any offset and length; fsync flushes, fallocate --punch-hole unmaps.
+    /// Unmounted on shutdown; a stale mount left by a crashed server is unmounted first
+    #[arg(long, value_name = "DIR")]
+    fuse: Option<PathBuf>,
+    /// Let other users than the one running the server use the --fuse files (the allow_other
+    /// mount option; non-root needs user_allow_other in /etc/fuse.conf)
+    #[arg(long, requires = "fuse")]
+    fuse_allow_other: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
     #[arg(long)]
     http: Option<String>,
@@ -214,20 +225,104 @@ impl ExportProvider for Exports {
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        let dev = match (self.vmdks.iter().find(|(n, _)| n == name), &self.ds) {
-            (Some((_, img)), _) => img.clone() as Arc<dyn BlockDevice>,
-            (None, Some(ds)) => ds
-                .open_disk(name)
-                .map(|h| h as Arc<dyn BlockDevice>)
-                .map_err(|e| e.message)?,
-            (None, None) => return Err(format!("no export named '{name}'")),
-        };
+        let dev = self.open_raw(name)?;
         Ok(match &self.stats {
             // Every connection to the same export shares one set of statistics.
             Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),
             None => dev,
         })
     }
+}
+
+impl Exports {
+    /// The device behind an export, without statistics (for looking at its
+    /// size and mode; I/O goes through [`ExportProvider::open`]).
+    fn open_raw(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        match (self.vmdks.iter().find(|(n, _)| n == name), &self.ds) {
+            (Some((_, img)), _) => Ok(img.clone() as Arc<dyn BlockDevice>),
+            (None, Some(ds)) => ds
+                .open_disk(name)
+                .map(|h| h as Arc<dyn BlockDevice>)
+                .map_err(|e| e.message),
+            (None, None) => Err(format!("no export named '{name}'")),
+        }
+    }
+}
+
+/// The exports as the FUSE directory shows them: the same names as NBD,
+/// opened through [`Exports`] so FUSE I/O counts in the statistics.
+struct FuseExports(Arc<Exports>);
+
+impl strata_fuse::FuseProvider for FuseExports {
+    fn list(&self) -> Vec<strata_fuse::FuseExport> {
+        ExportProvider::list(&*self.0)
+            .into_iter()
+            .filter_map(|e| self.stat(&e.name))
+            .collect()
+    }
+
+    fn stat(&self, name: &str) -> Option<strata_fuse::FuseExport> {
+        // Opening a disk handle is O(1) (no I/O): it gives the current
+        // size and whether the export is read-only.
+        let dev = self.0.open_raw(name).ok()?;
+        Some(strata_fuse::FuseExport {
+            name: name.to_string(),
+            read_only: dev.read_only(),
+            size_bytes: dev.size_bytes(),
+        })
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        ExportProvider::open(&*self.0, name)
+    }
+}
+
+/// Mount `--fuse DIR` when given.
+fn listen_fuse(
+    exports: &Arc<Exports>,
+    args: &ServeArgs,
+) -> Result<Option<strata_fuse::FuseServer>, Error> {
+    let Some(dir) = &args.fuse else {
+        return Ok(None);
+    };
+    let what = format!("--fuse {}", dir.display());
+    match strata_fuse::prepare_mountpoint(dir) {
+        Ok(strata_fuse::Prepared::Ready) => {}
+        Ok(strata_fuse::Prepared::StaleUnmounted) => eprintln!(
+            "strata: {} was a stale FUSE mount (its server had died); unmounted it lazily",
+            dir.display()
+        ),
+        Err(msg) => {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{what}: {msg}"),
+            ))
+        }
+    }
+    let opts = strata_fuse::Options {
+        allow_other: args.fuse_allow_other,
+        ..Default::default()
+    };
+    let provider = Arc::new(FuseExports(exports.clone()));
+    let server = strata_fuse::FuseServer::mount(dir, provider, &opts).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            " (is /dev/fuse there, and fusermount3 from the fuse3 package for non-root users?)"
+        } else {
+            ""
+        };
+        io_err(&format!("{what}: mount{hint}"), e)
+    })?;
+    println!(
+        "  FUSE on {}: one file per disk (DISK) and snapshot (DISK@SNAP, read-only){}",
+        dir.display(),
+        if args.fuse_allow_other {
+            ", allow_other"
+        } else {
+            ""
+        }
+    );
+    println!("    e.g. qemu-img info {}/DISK", dir.display());
+    Ok(Some(server))
 }
 
 /// Answer `GET /metrics` with Prometheus text until the server is unblocked.
@@ -512,11 +607,15 @@ fn vmdk_socket_path(top: &Path) -> PathBuf {
 }
 
 pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> {
-    if args.nbd_unix.is_none() && args.nbd_tcp.is_none() && args.vhost_user_blk.is_empty() {
+    if args.nbd_unix.is_none()
+        && args.nbd_tcp.is_none()
+        && args.vhost_user_blk.is_empty()
+        && args.fuse.is_none()
+    {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT and/or \
-             --vhost-user-blk DISK=SOCKET",
+            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT, \
+             --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
         ));
     }
     let vhost_specs = vhost_specs(args)?;
@@ -616,6 +715,7 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     listen(&server, args, &example)?;
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs, args)?;
+    let fuse = listen_fuse(&exports, args)?;
     let http = start_http(args, Some(ds.clone()), registry)?;
     if names.is_empty() {
         println!(
@@ -631,6 +731,10 @@ pub fn run(dir: &Path, cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> 
     println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();
+    // Unmounts and drops every device handle the mount held.
+    if let Some(f) = fuse {
+        f.shutdown();
+    }
     // Wake the control thread so it sees the stop flag.
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
@@ -1004,10 +1108,14 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
     listen(&server, args, &list[0].0)?;
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
+    let fuse = listen_fuse(&exports, args)?;
     let http = start_http(args, None, registry)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();
+    if let Some(f) = fuse {
+        f.shutdown();
+    }
     for s in sockets.iter().flatten() {
         // Wake the control thread so it sees the stop flag.
         let _ = std::os::unix::net::UnixStream::connect(s);

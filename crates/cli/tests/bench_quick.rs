@@ -189,7 +189,12 @@ fn bench_quick_paper_suites() {
     // vhost: strata's vhost-user-blk, qemu-storage-daemon's and strata's
     // NBD each served every workload with no failed request.
     let vh = get(&j, &["cases", "vhost"]);
-    for tag in ["randread_4k", "randwrite_4k", "seqread_512k", "seqwrite_512k"] {
+    for tag in [
+        "randread_4k",
+        "randwrite_4k",
+        "seqread_512k",
+        "seqwrite_512k",
+    ] {
         for who in ["strata", "qsd", "strata_nbd"] {
             positive(vh, &[tag, who, "iops"]);
         }
