@@ -108,13 +108,13 @@ class Strata:
             self.cli("init")
 
     def cli(self, *args):
-        return sh(STRATA, "--datastore", self.ds, "--cache", self.cache, *args)
+        return sh(STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, *args)
 
     def start(self):
         if os.path.exists(self.sock):
             os.unlink(self.sock)
         self.proc = subprocess.Popen(
-            [STRATA, "--datastore", self.ds, "--cache", self.cache, "serve", "--nbd-unix", self.sock]
+            [STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, "serve", "--nbd-unix", self.sock]
             + self.serve_args,
             stdout=subprocess.DEVNULL,
         )
@@ -183,6 +183,16 @@ def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
     j = json.loads(out[out.index("{"):])
     job = j["jobs"][0]
     side = job["read"] if "read" in rw or rw == "randread" else job["write"]
+    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+
+
+def fio_file(path, rw, bs, runtime, iodepth=16):
+    """fio on a file with libaio and O_DIRECT (the FUSE export), pinned to CPU 0."""
+    out = sh("fio", "--name=b", f"--filename={path}", "--ioengine=libaio", "--direct=1",
+             f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}", f"--runtime={runtime}",
+             "--time_based", "--cpus_allowed=0", "--output-format=json", "--group_reporting")
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
     return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
 
 
@@ -1652,8 +1662,8 @@ def case_vhost(work, q):
     CPU 0, each backend on CPU 1 (taskset), so the figures compare the
     backends' work per request, not contention. Each disk is written full
     first, so reads read data. Server CPU per I/O from /proc. strata over
-    NBD (fio's nbd engine, same CPU split) is printed beside it for
-    reference. Workloads: 4k random read and write at QD 16, 512k
+    NBD (fio's nbd engine) and over FUSE (fio, libaio, O_DIRECT on the
+    export's file), same CPU split, are printed beside it for reference. Workloads: 4k random read and write at QD 16, 512k
     sequential read and write at QD 16 (strata's pass and qsd's
     alternate, the median of three in full mode)."""
     size = "1G"
@@ -1665,8 +1675,10 @@ def case_vhost(work, q):
     vsock = os.path.join(work, "strata.vhost")
     qsock = os.path.join(work, "qsd.vhost")
     raw = os.path.join(work, "raw.img")
+    mnt = os.path.join(work, "fuse")
     s = Strata(os.path.join(work, "strata"),
-               serve_args=["--vhost-user-blk", f"d={vsock}", "--vhost-queues", "1"])
+               serve_args=["--vhost-user-blk", f"d={vsock}", "--vhost-queues", "1",
+                           "--fuse", mnt])
     s.cli("create", "d", "--size", size)
     s.start()
     qsd = None
@@ -1693,7 +1705,7 @@ def case_vhost(work, q):
 
         for tag, rw, bs in (("randread_4k", "randread", 4096), ("randwrite_4k", "randwrite", 4096),
                             ("seqread_512k", "read", 524288), ("seqwrite_512k", "write", 524288)):
-            runs = {"strata": [], "qsd": [], "strata_nbd": []}
+            runs = {"strata": [], "qsd": [], "strata_nbd": [], "strata_fuse": []}
             for _ in range(passes):
                 for who, pid, sock in (("strata", s.proc.pid, vsock), ("qsd", qsd.pid, qsock)):
                     c0 = cpu_of(pid)
@@ -1706,6 +1718,11 @@ def case_vhost(work, q):
                 runs["strata_nbd"].append({
                     "iops": x["iops"], "errors": 0,
                     "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
+                c0 = s.cpu_seconds()
+                x = fio_file(os.path.join(mnt, "d"), rw, "4k" if bs == 4096 else "512k", rt)
+                runs["strata_fuse"].append({
+                    "iops": x["iops"], "errors": 0,
+                    "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
             row = {}
             for who, rs in runs.items():
                 assert all(r["errors"] == 0 for r in rs), f"{who} {tag}: requests failed"
@@ -1714,6 +1731,8 @@ def case_vhost(work, q):
                             "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
             row["ratio_strata_vs_qsd"] = ratio(row["strata"]["iops"], row["qsd"]["iops"])
             row["ratio_strata_nbd_vs_vhost"] = ratio(row["strata_nbd"]["iops"], row["strata"]["iops"])
+            row["ratio_strata_fuse_vs_nbd"] = ratio(row["strata_fuse"]["iops"],
+                                                    row["strata_nbd"]["iops"])
             out[tag] = row
         out["target"] = ("4k random >= 1.0x qsd raw; 512k sequential >= 0.9x qsd raw "
                          "(same frontend, one queue, QD 16)")

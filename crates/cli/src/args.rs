@@ -29,9 +29,9 @@ pub struct Cli {
     #[arg(long, short = 'd', global = true, env = "STRATA_DATASTORE")]
     pub datastore: Option<PathBuf>,
 
-    /// Metadata cache budget (e.g. 128M)
+    /// Budget of the engine's metadata cache (map and refcount pages), e.g. 128M
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
-    pub cache: u64,
+    pub metadata_cache: u64,
 
     /// For a long command (convert, punchzero, defrag, clone --full, import, export, eager create)
     /// on a running server: return once its job has started instead of following it

@@ -52,7 +52,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     match Action::try_from(&cli.cmd)? {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),
-        Action::Serve(args) => serve::run(dir, cli.cache, args),
+        Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),
@@ -76,7 +76,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
             watch: true,
         } => loop {
-            let response = dispatch(dir, cli.cache, cli.detach, &request)?;
+            let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
             print!("\x1b[2J\x1b[H");
             output::print(&response, format);
             std::thread::sleep(std::time::Duration::from_secs(1));
@@ -86,7 +86,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
             watch: false,
         } => {
-            let response = dispatch(dir, cli.cache, cli.detach, &request)?;
+            let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
         }
@@ -153,7 +153,7 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
     };
     let r = match ops::try_lock(dir)? {
         LockOutcome::Locked(lock) => {
-            let ds = ops::open_local(dir, lock, cache)?;
+            let ds = ops::open_local(dir, lock, cache, false)?;
             let r = ops::execute(
                 &ops::Ctx {
                     ds: &ds,

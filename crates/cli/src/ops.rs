@@ -290,10 +290,19 @@ pub fn try_lock(dir: &Path) -> Result<LockOutcome, Error> {
 }
 
 /// Open a datastore directory for exclusive use.
-pub fn open_local(dir: &Path, lock: File, cache_bytes: u64) -> Result<Datastore, Error> {
+/// `direct_io`: the pool bypasses the host page cache (`serve --cache none`).
+pub fn open_local(
+    dir: &Path,
+    lock: File,
+    cache_bytes: u64,
+    direct_io: bool,
+) -> Result<Datastore, Error> {
     Datastore::open(
         Arc::new(FileBackend::new(dir)),
-        &OpenOptions { cache_bytes },
+        &OpenOptions {
+            cache_bytes,
+            direct_io,
+        },
         Some(lock),
     )
 }

@@ -226,6 +226,12 @@ fn datastore(out: &mut String, i: &DatastoreInfo) {
         i.overcommit_percent
     );
     let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    if i.cache_mode == "none" {
+        let _ = writeln!(
+            out,
+            "cache:        none (the pool is read and written with O_DIRECT)"
+        );
+    }
     if let Some(l) = &i.layout {
         let _ = writeln!(
             out,
@@ -720,6 +726,7 @@ mod tests {
                 disks: 1,
                 snapshots: 2,
                 metadata_cache_bytes: 128 << 20,
+                cache_mode: "writeback".into(),
                 reclaiming: 1,
                 fail_stop: Some(FailStop {
                     cause: "write error".into(),

@@ -195,7 +195,7 @@ fn bench_quick_paper_suites() {
         "seqread_512k",
         "seqwrite_512k",
     ] {
-        for who in ["strata", "qsd", "strata_nbd"] {
+        for who in ["strata", "qsd", "strata_nbd", "strata_fuse"] {
             positive(vh, &[tag, who, "iops"]);
         }
         positive(vh, &[tag, "ratio_strata_vs_qsd"]);

@@ -44,13 +44,21 @@ pub struct InitOptions {
 
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
+    /// Budget of the engine's metadata page cache.
     pub cache_bytes: u64,
+    /// Read and write the pool around the host page cache
+    /// ([`Backend::open_direct`]; `serve --cache none`): grains and map
+    /// pages are cached once, by the engine and the guest, never twice.
+    /// The refcount file and the logs keep the page cache (they are read
+    /// at open and written in bulk at checkpoints).
+    pub direct_io: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             cache_bytes: CACHE_BYTES_DEFAULT,
+            direct_io: false,
         }
     }
 }
@@ -161,6 +169,10 @@ pub struct DatastoreInfo {
     pub disks: usize,
     pub snapshots: usize,
     pub metadata_cache_bytes: u64,
+    /// How the pool uses the host page cache: "writeback" or "none"
+    /// (direct I/O; `serve --cache none`).
+    #[serde(default)]
+    pub cache_mode: String,
     /// Deleted snapshots and disks whose space is still being given back.
     pub reclaiming: usize,
     /// Set when the datastore stopped accepting writes after an error
@@ -312,7 +324,11 @@ impl Datastore {
             open_warnings.push(w);
         }
         let catalog = read_catalog(backend.as_ref(), &sb)?;
-        let pool = backend.open(FILE_POOL, false)?;
+        let pool = if opts.direct_io {
+            backend.open_direct(FILE_POOL, false)?
+        } else {
+            backend.open(FILE_POOL, false)?
+        };
         let refs = backend.open(FILE_REFCOUNT, false)?;
         let mut meta = Meta::new(
             pool.clone(),
@@ -371,6 +387,7 @@ impl Datastore {
         // The reserved tail as the pool file's length finds it (§7.1).
         meta.set_tail_end(pool.len()? / GRAIN_BYTES);
         let inner = Arc::new(Store::new(StoreParts {
+            direct_io: opts.direct_io,
             backend,
             pool,
             refs,
@@ -531,6 +548,12 @@ impl Datastore {
                 .filter(|s| !s.is_hidden())
                 .count(),
             metadata_cache_bytes: m.cache_bytes(),
+            cache_mode: if self.inner.direct_io {
+                "none"
+            } else {
+                "writeback"
+            }
+            .into(),
             reclaiming: m.orphans(),
             fail_stop: self.inner.failed(),
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),

@@ -193,6 +193,8 @@ pub(crate) struct Store {
     logs_held: AtomicBool,
     /// A free-space consolidation runs (one at a time, FORMAT.md §10.4).
     pub consolidating: AtomicBool,
+    /// The pool was opened for direct I/O (`OpenOptions::direct_io`).
+    pub direct_io: bool,
     _lock: Option<File>,
 }
 
@@ -207,6 +209,7 @@ pub(crate) struct StoreParts {
     pub checkpoint: CheckpointState,
     pub open_warnings: Vec<String>,
     pub lock: Option<File>,
+    pub direct_io: bool,
 }
 
 pub(crate) fn now_unix() -> u64 {
@@ -232,6 +235,7 @@ impl Store {
             deferred_frees: Mutex::new(Vec::new()),
             checkpoints: AtomicU64::new(0),
             background: Arc::new(Kick::default()),
+            direct_io: p.direct_io,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mutations: AtomicU64::new(0),
             fail: FailState::default(),

@@ -28,6 +28,7 @@ fn concurrent_subgrain_writes_and_snapshots_lose_nothing() {
         Arc::new(b.clone()) as Arc<dyn Backend>,
         &OpenOptions {
             cache_bytes: 64 * 4096,
+            ..Default::default()
         },
         None,
     )
@@ -115,6 +116,7 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
         Arc::new(b.clone()) as Arc<dyn Backend>,
         &OpenOptions {
             cache_bytes: 64 * 4096,
+            ..Default::default()
         },
         None,
     )

@@ -16,6 +16,7 @@ pub fn open_sim(b: &SimBackend) -> Datastore {
         Arc::new(b.clone()) as Arc<dyn Backend>,
         &OpenOptions {
             cache_bytes: SIM_CACHE_BYTES,
+            ..Default::default()
         },
         None,
     )
