@@ -266,6 +266,11 @@ impl Filesystem for Fs {
         // Larger requests than the 128 KiB default when the kernel allows
         // them (fewer round trips for sequential I/O).
         let _ = config.set_max_write(1 << 20);
+        // Direct I/O submitted asynchronously (libaio, io_uring, QEMU's
+        // aio=native) reaches us as that many requests at once, instead of
+        // one at a time per file; let that many be in flight.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
+        let _ = config.set_max_background(64);
         Ok(())
     }
 
