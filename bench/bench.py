@@ -146,16 +146,18 @@ class Strata:
 
 
 class QemuNbd:
-    def __init__(self, path, fmt, sock):
+    def __init__(self, path, fmt, sock, cache="writeback", aio=None):
         self.path, self.fmt, self.sock = path, fmt, sock
+        self.cache, self.aio = cache, aio
         self.proc = None
 
     def start(self):
         if os.path.exists(self.sock):
             os.unlink(self.sock)
+        aio = [f"--aio={self.aio}"] if self.aio else []
         self.proc = subprocess.Popen(
             ["qemu-nbd", "-f", self.fmt, "-k", self.sock, "-x", "disk", "--discard=unmap",
-             "--cache=writeback", "-e", "8", "-t", self.path],
+             f"--cache={self.cache}", *aio, "-e", "8", "-t", self.path],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_path(self.sock)
@@ -1751,6 +1753,68 @@ def cpu_of(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def case_cachenone(work, q):
+    """Issue 11, item 5: `serve --cache none` (the pool with O_DIRECT)
+    against qemu-nbd --cache=none on a raw file, with QEMU's two usual
+    aio modes (threads, its default, and native, what libvirt pairs with
+    cache=none). fio's nbd engine, QD 16, one connection. Each pass, for
+    each server in turn (the order alternates): a durable 512k sequential
+    write of a fresh disk (end_fsync), then the server is stopped, the
+    host's caches dropped and the server started again, and a 4k random
+    read of the now full disk runs cold (strata's metadata cache starts
+    empty too). Median of the passes."""
+    size = "1G" if q else "2G"
+    rt = 5 if q else 10
+    passes = 1 if q else 3
+    who_all = ("strata", "qemu_threads", "qemu_native")
+    runs = {w: {"write": [], "read": []} for w in who_all}
+    cold = True
+    for p in range(passes):
+        order = who_all if p % 2 == 0 else tuple(reversed(who_all))
+        for who in order:
+            d = os.path.join(work, f"{who}_{p}")
+            if who == "strata":
+                srv = Strata(d, serve_args=["--cache", "none"])
+                srv.cli("create", "d", "--size", size)
+                uri = srv.uri("d")
+            else:
+                os.makedirs(d, exist_ok=True)
+                f = os.path.join(d, "disk.raw")
+                with open(f, "wb") as fh:
+                    fh.truncate(_bytes(size))
+                srv = QemuNbd(f, "raw", os.path.join(d, "q.sock"), cache="none",
+                              aio=who.split("_")[1])
+                uri = srv.uri()
+            try:
+                srv.start()
+                w = fio(uri, "write", "512k", iodepth=16, size=size, extra=["--end_fsync=1"])
+                runs[who]["write"].append(w["bw_mib"])
+                srv.stop()
+                cold = _drop_caches() and cold
+                srv.start()
+                r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size)
+                runs[who]["read"].append(r["iops"])
+            finally:
+                srv.stop()
+                shutil.rmtree(d, ignore_errors=True)
+    out = {"params": {"size": size, "runtime_s": rt, "passes": passes, "iodepth": 16,
+                      "caches_dropped": cold,
+                      "qemu": "qemu-nbd -f raw --cache=none --aio=threads|native"}}
+    for who in who_all:
+        out[who] = {"randread_4k_cold_iops": median(runs[who]["read"]),
+                    "randread_4k_iops_passes": runs[who]["read"],
+                    "seqwrite_512k_durable_mib_s": round(median(runs[who]["write"]), 1),
+                    "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]]}
+    for peer in ("qemu_threads", "qemu_native"):
+        out[f"ratio_randread_vs_{peer}"] = ratio(out["strata"]["randread_4k_cold_iops"],
+                                                 out[peer]["randread_4k_cold_iops"])
+        out[f"ratio_seqwrite_vs_{peer}"] = ratio(out["strata"]["seqwrite_512k_durable_mib_s"],
+                                                 out[peer]["seqwrite_512k_durable_mib_s"])
+    out["target"] = ("cold 4k random read >= 0.95x and durable 512k sequential write >= 0.95x "
+                     "qemu-nbd cache=none on a raw file")
+    return out
+
+
 CASES = {
     "depth": lambda w, q: case_depth(w, q),
     "randwrite": lambda w, q: case_simple(w, q, "randwrite", "4k", False, ">= 1.0"),
@@ -1772,6 +1836,7 @@ CASES = {
     "vdi": lambda w, q: case_vdi(w, q),
     "fragmentation": lambda w, q: case_fragmentation(w, q),
     "vhost": lambda w, q: case_vhost(w, q),
+    "cachenone": lambda w, q: case_cachenone(w, q),
 }
 
 
