@@ -1810,9 +1810,83 @@ def case_cachenone(work, q):
                                                  out[peer]["randread_4k_cold_iops"])
         out[f"ratio_seqwrite_vs_{peer}"] = ratio(out["strata"]["seqwrite_512k_durable_mib_s"],
                                                  out[peer]["seqwrite_512k_durable_mib_s"])
+    out["vhost"] = _cachenone_vhost(work, q, size, rt, passes)
     out["target"] = ("cold 4k random read >= 0.95x and durable 512k sequential write >= 0.95x "
-                     "qemu-nbd cache=none on a raw file")
+                     "qemu-nbd cache=none on a raw file (NBD) and qsd cache.direct=on (vhost)")
     return out
+
+
+def _cachenone_vhost(work, q, size, rt, passes):
+    """The vhost-user-blk half of `cachenone`: strata `serve --cache none`
+    against qemu-storage-daemon exporting a raw file with
+    cache.direct=on (aio=threads and aio=native), the same frontend
+    harness as the `vhost` case (one queue, QD 16; harness on CPU 0,
+    backends on CPU 1). Both disks are written full first; then, with
+    the host's caches dropped before each run, a 4k random read and a
+    512k sequential write that ends with a FLUSH (counted in its time)."""
+    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
+       cwd=ROOT)
+    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    d = os.path.join(work, "vhost")
+    os.makedirs(d, exist_ok=True)
+    vsock = os.path.join(d, "strata.vhost")
+    raw = os.path.join(d, "raw.img")
+    s = Strata(os.path.join(d, "strata"),
+               serve_args=["--cache", "none", "--vhost-user-blk", f"d={vsock}",
+                           "--vhost-queues", "1"])
+    s.cli("create", "d", "--size", size)
+    s.start()
+    qsds = {}
+    try:
+        sh("taskset", "-pac", "1", str(s.proc.pid))
+        wait_path(vsock)
+        fill(s.uri("d"), size)
+        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={_bytes(size) >> 20}",
+           "conv=fsync", "status=none")
+        for aio in ("threads", "native"):
+            sock = os.path.join(d, f"qsd_{aio}.vhost")
+            qsds[aio] = (subprocess.Popen(
+                ["taskset", "-c", "1", "qemu-storage-daemon",
+                 "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=on,aio={aio},locking=off",
+                 "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
+                             f"addr.path={sock},writable=on,num-queues=1"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), sock)
+            wait_path(sock)
+        # One qsd at a time holds the file open for writing; both are
+        # started, and the raw file's writes from either are the same bytes.
+        who_all = {"strata": (s.proc.pid, vsock),
+                   "qsd_threads": (qsds["threads"][0].pid, qsds["threads"][1]),
+                   "qsd_native": (qsds["native"][0].pid, qsds["native"][1])}
+        out = {"params": {"cpus": "harness on CPU 0, backend on CPU 1", "queues": 1, "iodepth": 16,
+                          "qsd": "driver=file, cache.direct=on, aio=threads|native"}}
+        for tag, rw, bs, extra in (("randread_4k_cold", "randread", 4096, []),
+                                   ("seqwrite_512k_durable", "write", 524288, ["flush"])):
+            runs = {w: [] for w in who_all}
+            for p in range(passes):
+                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
+                for who in order:
+                    pid, sock = who_all[who]
+                    _drop_caches()
+                    c0 = cpu_of(pid)
+                    o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), "16", str(rt), *extra)
+                    r = json.loads(o.strip().splitlines()[-1])
+                    assert r["errors"] == 0, f"{who} {tag}: requests failed"
+                    r["server_cpu_us_per_io"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
+                    runs[who].append(r)
+            row = {w: {"iops": round(median(r["iops"] for r in rs)),
+                       "iops_passes": [round(r["iops"]) for r in rs],
+                       "mib_s": round(median(r["mib_s"] for r in rs), 1),
+                       "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
+                   for w, rs in runs.items()}
+            for peer in ("qsd_threads", "qsd_native"):
+                row[f"ratio_vs_{peer}"] = ratio(row["strata"]["iops"], row[peer]["iops"])
+            out[tag] = row
+        return out
+    finally:
+        for proc, _ in qsds.values():
+            proc.terminate()
+            proc.wait()
+        s.stop()
 
 
 CASES = {

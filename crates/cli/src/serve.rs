@@ -66,10 +66,12 @@ pub struct ServeArgs {
     /// every acknowledged write durable. --vmdk images keep the page cache
     #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
     direct_io: bool,
-    /// Worker threads per NBD connection: requests of one client executed at once
-    /// [default: 4; 16 with --cache none, where each waits for the disk]
+    /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
+    /// this many are on the disk at once [default: 16 with --cache none, where each waits for
+    /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
+    /// then run requests themselves]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
-    nbd_workers: Option<u16>,
+    io_threads: Option<u16>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
     #[arg(long)]
     http: Option<String>,
@@ -112,7 +114,7 @@ pub struct ServeArgs {
 /// NBD server options from the command line.
 fn nbd_options(args: &ServeArgs) -> ServerOptions {
     let default = ServerOptions::default();
-    let workers = match args.nbd_workers {
+    let workers = match args.io_threads {
         Some(n) => n as usize,
         None if args.direct_io => 16,
         None => default.workers_per_connection,
@@ -1018,6 +1020,11 @@ fn listen_vhost(
         let opts = strata_vhost::Options {
             queues: args.vhost_queues,
             serial: disk.chars().take(20).collect(),
+            io_threads: match args.io_threads {
+                Some(n) => n as usize,
+                None if args.direct_io => 16,
+                None => 0,
+            },
             ..Default::default()
         };
         vhost

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost`)
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone`)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. The vdi case boots TCG guests (the guest test's
 //! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
@@ -54,7 +54,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone",
             "--out",
         ])
         .arg(&out)
@@ -199,6 +199,20 @@ fn bench_quick_paper_suites() {
             positive(vh, &[tag, who, "iops"]);
         }
         positive(vh, &[tag, "ratio_strata_vs_qsd"]);
+    }
+
+    // cachenone: serve --cache none and QEMU's cache=none peers, over NBD
+    // and vhost-user-blk, each did its reads and durable writes (the
+    // vhost harness fails the case on any failed request).
+    let cn = get(&j, &["cases", "cachenone"]);
+    for who in ["strata", "qemu_threads", "qemu_native"] {
+        positive(cn, &[who, "randread_4k_cold_iops"]);
+        positive(cn, &[who, "seqwrite_512k_durable_mib_s"]);
+    }
+    for tag in ["randread_4k_cold", "seqwrite_512k_durable"] {
+        for who in ["strata", "qsd_threads", "qsd_native"] {
+            positive(cn, &["vhost", tag, who, "iops"]);
+        }
     }
 
     // The report files next to the JSON.

@@ -108,7 +108,7 @@ pub trait Storage: Send + Sync {
 pub const DIRECT_ALIGN: usize = 4096;
 
 fn is_direct_aligned(ptr: *const u8, len: usize, offset: u64) -> bool {
-    (ptr as usize | len | offset as usize) % DIRECT_ALIGN == 0
+    (ptr as usize | len | offset as usize).is_multiple_of(DIRECT_ALIGN)
 }
 
 thread_local! {
@@ -437,7 +437,7 @@ impl FileStorage {
                 // A short read ends at the end of the file, which a
                 // direct read sees at a block boundary only when the file
                 // ends there; the rest reads as zeros either way.
-                Ok(n) if n % DIRECT_ALIGN != 0 => {
+                Ok(n) if !n.is_multiple_of(DIRECT_ALIGN) => {
                     buf[done + n..].fill(0);
                     return Ok(());
                 }

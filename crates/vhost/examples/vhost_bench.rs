@@ -5,8 +5,10 @@
 //! guest does (the call eventfd, EVENT_IDX asking for every completion),
 //! so the backend's notification path is part of what is measured.
 //!
-//! vhost_bench SOCKET RW BS IODEPTH SECONDS
+//! vhost_bench SOCKET RW BS IODEPTH SECONDS [flush]
 //!   RW: randread | randwrite | read | write
+//!   flush: end with a FLUSH, counted in the time and the rates (a
+//!   durable figure, like fio's end_fsync)
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,8 +19,11 @@ use common::*;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    if a.len() != 6 {
-        eprintln!("usage: vhost_bench SOCKET randread|randwrite|read|write BS IODEPTH SECONDS");
+    let flush_at_end = a.len() == 7 && a[6] == "flush";
+    if a.len() != 6 && !flush_at_end {
+        eprintln!(
+            "usage: vhost_bench SOCKET randread|randwrite|read|write BS IODEPTH SECONDS [flush]"
+        );
         std::process::exit(2);
     }
     let sock = std::path::Path::new(&a[1]);
@@ -102,11 +107,23 @@ fn main() {
         }
         submit(&mut g, s, &mut seed);
     }
-    let el = t0.elapsed().as_secs_f64();
     // Drain what is still in flight.
     for _ in 1..depth {
-        let _ = g.wait_used(0);
+        let (head, _) = g.wait_used(0);
+        if g.read(st(head / 3), 1)[0] != 0 {
+            errors += 1;
+        }
     }
+    if flush_at_end {
+        // Every write has completed: a FLUSH now makes them all durable.
+        g.write(hdr(0), &header(T_FLUSH, 0));
+        g.submit_raw(0, 0, &[(hdr(0), 16, F_NEXT, 1), (st(0), 1, F_WRITE, 0)], 0);
+        let _ = g.wait_used(0);
+        if g.read(st(0), 1)[0] != 0 {
+            errors += 1;
+        }
+    }
+    let el = t0.elapsed().as_secs_f64();
     println!(
         "{{\"ops\": {ops}, \"seconds\": {el:.3}, \"iops\": {:.0}, \"mib_s\": {:.1}, \"errors\": {errors}}}",
         ops as f64 / el,

@@ -1,9 +1,11 @@
 //! The vhost-user-blk device: features, configuration space and the
 //! virtqueue loop, over any [`BlockDevice`].
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
 use strata_block::{BlockDevice, SECTOR_BYTES};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -29,17 +31,150 @@ pub struct BlkDevice {
     dev: Arc<dyn BlockDevice>,
     opts: Options,
     mem: Mutex<GuestMemoryAtomic<GuestMemoryMmap>>,
-    event_idx: AtomicBool,
+    event_idx: Arc<AtomicBool>,
     /// The guest turned the write cache off (CONFIG_WCE): every write is FUA.
-    writethrough: AtomicBool,
+    writethrough: Arc<AtomicBool>,
     acked: AtomicU64,
     exits: Mutex<Vec<EventNotifier>>,
     id: [u8; ID_BYTES],
     limits: Limits,
+    /// With `Options::io_threads`, where requests run (several per queue
+    /// at once); None: each queue's worker runs its requests in turn.
+    pool: Option<Arc<IoPool>>,
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// Threads that run requests handed over by the queue workers, so that a
+/// queue has as many requests in flight on the disk as the guest sent
+/// (direct I/O blocks a thread for the device's whole latency). Started
+/// as work arrives, up to `max`.
+struct IoPool {
+    max: usize,
+    state: Mutex<PoolState>,
+    work: Condvar,
+    idle_cv: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    tasks: VecDeque<Task>,
+    /// Tasks taken and not finished.
+    running: usize,
+    /// Threads waiting for a task.
+    waiting: usize,
+    threads: Vec<JoinHandle<()>>,
+    closed: bool,
+}
+
+impl IoPool {
+    fn new(max: usize) -> Arc<Self> {
+        Arc::new(IoPool {
+            max,
+            state: Mutex::default(),
+            work: Condvar::new(),
+            idle_cv: Condvar::new(),
+        })
+    }
+
+    fn submit(self: &Arc<Self>, task: Task) {
+        let mut s = self.state.lock().unwrap();
+        s.tasks.push_back(task);
+        if s.waiting < s.tasks.len() && s.threads.len() < self.max {
+            let me = self.clone();
+            match std::thread::Builder::new()
+                .name("vhost-io".into())
+                .spawn(move || me.run())
+            {
+                Ok(h) => s.threads.push(h),
+                // The threads there are take the task later.
+                Err(e) if !s.threads.is_empty() => {
+                    tracing::warn!("vhost-user-blk: cannot start an I/O thread: {e}")
+                }
+                Err(e) => {
+                    // No thread at all: run it here rather than never.
+                    tracing::warn!("vhost-user-blk: cannot start an I/O thread: {e}");
+                    let t = s.tasks.pop_back().expect("just pushed");
+                    drop(s);
+                    t();
+                    return;
+                }
+            }
+        }
+        drop(s);
+        self.work.notify_one();
+    }
+
+    fn run(&self) {
+        let mut s = self.state.lock().unwrap();
+        loop {
+            if let Some(t) = s.tasks.pop_front() {
+                s.running += 1;
+                drop(s);
+                t();
+                s = self.state.lock().unwrap();
+                s.running -= 1;
+                if s.running == 0 && s.tasks.is_empty() {
+                    self.idle_cv.notify_all();
+                }
+                continue;
+            }
+            if s.closed {
+                return;
+            }
+            s.waiting += 1;
+            s = self.work.wait(s).unwrap();
+            s.waiting -= 1;
+        }
+    }
+
+    /// Wait until every task handed over so far has finished.
+    fn wait_idle(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        let mut s = self.state.lock().unwrap();
+        while s.running > 0 || !s.tasks.is_empty() {
+            s = self.idle_cv.wait(s).unwrap();
+        }
+        s
+    }
+
+    /// Wait until every task handed over has finished, then stop the threads.
+    fn drain(&self) {
+        let mut s = self.wait_idle();
+        s.closed = true;
+        let threads = std::mem::take(&mut s.threads);
+        drop(s);
+        self.work.notify_all();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Return a finished request to the guest and notify it if it asked to be.
+fn complete(vring: &VringRwLock, event_idx: bool, head: u16, written: u32) -> io::Result<()> {
+    vring
+        .add_used(head, written)
+        .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
+    signal(vring, event_idx)
+}
+
+fn signal(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
+    let needed = if event_idx {
+        vring
+            .needs_notification()
+            .map_err(|e| io::Error::other(format!("needs_notification: {e:?}")))?
+    } else {
+        true
+    };
+    if needed {
+        vring.signal_used_queue()?;
+    }
+    Ok(())
 }
 
 impl BlkDevice {
     pub fn new(dev: Arc<dyn BlockDevice>, opts: Options) -> Self {
+        let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
         id[..n].copy_from_slice(&opts.serial.as_bytes()[..n]);
@@ -47,11 +182,12 @@ impl BlkDevice {
             dev,
             opts,
             mem: Mutex::new(GuestMemoryAtomic::new(GuestMemoryMmap::new())),
-            event_idx: AtomicBool::new(false),
-            writethrough: AtomicBool::new(false),
+            event_idx: Arc::new(AtomicBool::new(false)),
+            writethrough: Arc::new(AtomicBool::new(false)),
             acked: AtomicU64::new(0),
             exits: Mutex::new(Vec::new()),
             id,
+            pool,
             limits: Limits {
                 max_discard_sectors: MAX_RANGE_SECTORS,
                 max_discard_seg: MAX_RANGES,
@@ -104,6 +240,27 @@ impl BlkDevice {
                 write_only: d.is_write_only(),
             }));
             let written = match request::parse(&mem, &descs) {
+                Ok(req) if self.pool.is_some() => {
+                    // Run it on the pool; it returns itself used.
+                    let pool = self.pool.as_ref().expect("checked");
+                    let mem = mem.clone().into_inner();
+                    let dev = self.dev.clone();
+                    let limits = self.limits;
+                    let writethrough = self.writethrough.clone();
+                    let event_idx = self.event_idx.clone();
+                    let id = self.id;
+                    let vring = vring.clone();
+                    pool.submit(Box::new(move || {
+                        let done =
+                            request::execute(&mem, dev.as_ref(), &req, &limits, &writethrough, &id);
+                        let idx = event_idx.load(Ordering::Relaxed);
+                        if let Err(e) = complete(&vring, idx, head, done.written) {
+                            // The frontend reset the queue or went away.
+                            tracing::debug!("vhost-user-blk: request {head} not returned: {e}");
+                        }
+                    }));
+                    continue;
+                }
                 Ok(req) => {
                     request::execute(
                         &mem,
@@ -139,17 +296,15 @@ impl BlkDevice {
     }
 
     fn signal(&self, vring: &VringRwLock) -> io::Result<()> {
-        let needed = if self.event_idx.load(Ordering::Relaxed) {
-            vring
-                .needs_notification()
-                .map_err(|e| io::Error::other(format!("needs_notification: {e:?}")))?
-        } else {
-            true
-        };
-        if needed {
-            vring.signal_used_queue()?;
+        signal(vring, self.event_idx.load(Ordering::Relaxed))
+    }
+
+    /// Wait for every request handed to the I/O threads to finish (the
+    /// queue workers have stopped), and stop those threads.
+    pub fn drain(&self) {
+        if let Some(p) = &self.pool {
+            p.drain();
         }
-        Ok(())
     }
 }
 
@@ -198,6 +353,15 @@ impl VhostUserBackend for BlkDevice {
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::BACKEND_REQ
+    }
+
+    /// GET_VRING_BASE: the frontend stops the queue and will read its
+    /// used index; every request taken from it must be returned first.
+    fn stop_vring(&self, _queue_index: u32) -> io::Result<()> {
+        if let Some(p) = &self.pool {
+            drop(p.wait_idle());
+        }
+        Ok(())
     }
 
     fn reset_device(&self) {

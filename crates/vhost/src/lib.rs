@@ -84,6 +84,11 @@ pub struct Options {
     pub max_segment_bytes: u32,
     /// What GET_ID answers (up to 20 bytes).
     pub serial: String,
+    /// Threads that run a connection's requests, several at once (0: each
+    /// queue's worker runs its requests one after the other, which is
+    /// fastest when the disk answers from the page cache; with direct
+    /// I/O, use about the queue depth the guest keeps).
+    pub io_threads: usize,
 }
 
 impl Default for Options {
@@ -94,6 +99,7 @@ impl Default for Options {
             seg_max: 254,
             max_segment_bytes: 1 << 20,
             serial: String::new(),
+            io_threads: 0,
         }
     }
 }
@@ -255,7 +261,7 @@ fn serve_one(
 ) -> io::Result<()> {
     let backend = Arc::new(BlkDevice::new(dev.clone(), opts.clone()));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let mut daemon = VhostUserDaemon::new("vhost-blk".to_string(), backend, mem)
+    let mut daemon = VhostUserDaemon::new("vhost-blk".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (inner, to_daemon) = relay::private_pair()?;
     daemon
@@ -295,7 +301,9 @@ fn serve_one(
     });
     *active.lock().unwrap() = None;
     // Dropping the daemon stops the queue workers and waits for them:
-    // every request they took has completed.
+    // every request they took has completed, or has been handed to the
+    // I/O threads, which finish it now.
     drop(daemon);
+    backend.drain();
     Ok(())
 }

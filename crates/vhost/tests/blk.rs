@@ -34,7 +34,12 @@ fn setup(target: &str, opts: Options) -> Setup {
     std::fs::create_dir(&store).unwrap();
     let backend = Arc::new(strata_storage::FileBackend::new(&store));
     Datastore::init(backend.clone(), &Default::default()).unwrap();
-    let ds = Datastore::open(backend, &OpenOptions::default(), None).unwrap();
+    // I/O threads are for direct I/O: test them with it.
+    let open = OpenOptions {
+        direct_io: opts.io_threads > 0,
+        ..OpenOptions::default()
+    };
+    let ds = Datastore::open(backend, &open, None).unwrap();
     ds.create_disk("d", DISK, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     let sock = dir.path().join("vhost.sock");
@@ -64,6 +69,15 @@ fn opts() -> Options {
     Options {
         serial: "strata-test-disk".into(),
         ..Options::default()
+    }
+}
+
+/// As a server with `--cache none` runs: requests on I/O threads, the
+/// pool with O_DIRECT.
+fn threaded() -> Options {
+    Options {
+        io_threads: 4,
+        ..opts()
     }
 }
 
@@ -99,7 +113,16 @@ fn engine_read(ds: &Datastore, off: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn reads_writes_flush_discard_and_zeroes_reach_the_engine() {
-    let s = setup("d", opts());
+    reads_writes_flush_discard_and_zeroes_reach_the_engine_with(opts());
+}
+
+#[test]
+fn reads_writes_flush_discard_and_zeroes_reach_the_engine_on_io_threads() {
+    reads_writes_flush_discard_and_zeroes_reach_the_engine_with(threaded());
+}
+
+fn reads_writes_flush_discard_and_zeroes_reach_the_engine_with(o: Options) {
+    let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 1, 0);
     // Configuration space: capacity, block size, queues, topology.
     let cfg = g.config();
@@ -250,7 +273,16 @@ fn header_data_and_status_may_share_descriptors_and_indirect_tables_work() {
 
 #[test]
 fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on() {
-    let s = setup("d", opts());
+    malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(opts());
+}
+
+#[test]
+fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_on_io_threads() {
+    malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(threaded());
+}
+
+fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(o: Options) {
+    let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 1, 0);
     let bad = MEM_BYTES as u64 + 0x1000; // outside guest memory
                                          // Header shorter than 16 bytes.
@@ -325,7 +357,16 @@ fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on() {
 
 #[test]
 fn queues_work_side_by_side_and_a_new_frontend_sees_the_data() {
-    let s = setup("d", opts());
+    queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(opts());
+}
+
+#[test]
+fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_on_io_threads() {
+    queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(threaded());
+}
+
+fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(o: Options) {
+    let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 2, 0);
     // Requests queued on both queues before waiting for any.
     for q in 0..2usize {
@@ -359,7 +400,16 @@ fn queues_work_side_by_side_and_a_new_frontend_sees_the_data() {
 
 #[test]
 fn many_requests_in_flight_complete_once_each() {
-    let s = setup("d", opts());
+    many_requests_in_flight_complete_once_each_with(opts());
+}
+
+#[test]
+fn many_requests_in_flight_complete_once_each_on_io_threads() {
+    many_requests_in_flight_complete_once_each_with(threaded());
+}
+
+fn many_requests_in_flight_complete_once_each_with(o: Options) {
+    let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 1, 0);
     // 16 writes queued at once (3 descriptors each), then 16 reads.
     let mut heads = Vec::new();
