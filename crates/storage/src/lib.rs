@@ -72,7 +72,8 @@ pub trait Storage: Send + Sync {
     }
     /// A hint that `[offset, offset + len)` will be read soon: files start
     /// reading it in the background (`posix_fadvise(WILLNEED)`), so many
-    /// scattered reads proceed at once. Others ignore it.
+    /// scattered reads proceed at once; handles opened for direct I/O
+    /// ignore it (they bypass the page cache it fills), as do other stores.
     fn will_need(&self, _offset: u64, _len: u64) {}
     /// Whether `[offset, offset + len)` is known to be a hole (nothing
     /// allocated on the underlying store), so punching it would change
@@ -513,6 +514,11 @@ impl FileStorage {
 
 impl Storage for FileStorage {
     fn will_need(&self, offset: u64, len: u64) {
+        if self.all_direct {
+            // Read-ahead fills the page cache, which direct reads bypass:
+            // it would only spend memory and I/O.
+            return;
+        }
         // SAFETY: plain syscall on an owned descriptor; only a hint.
         unsafe {
             libc::posix_fadvise(
