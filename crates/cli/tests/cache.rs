@@ -89,51 +89,27 @@ fn cache_none_serves_real_clients_keeps_flushed_writes_and_bypasses_the_page_cac
             &s.uri("d"),
         ],
     );
-    let uri = s.uri("d");
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0xab 512 1536",
-            "-c",
-            "write -P 0xcd 8191 2",
-            "-c",
-            "write -z 65536 4096",
-            "-c",
-            "flush",
-            &uri,
-        ],
-    );
-    // The same changes to the reference.
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0xab 512 1536",
-            "-c",
-            "write -P 0xcd 8191 2",
-            "-c",
-            "write -z 65536 4096",
-            reference.to_str().unwrap(),
-        ],
-    );
-    let cmp = |what: &str| {
-        let o = run(
-            "qemu-img",
+    // The same changes to the served disk (then flushed) and the reference.
+    for target in [s.uri("d"), reference.to_str().unwrap().to_string()] {
+        run_ok(
+            "qemu-io",
             &[
-                "compare",
                 "-f",
                 "raw",
-                "-F",
-                "raw",
-                reference.to_str().unwrap(),
-                &s.uri("d"),
+                "-c",
+                "write -P 0xab 512 1536",
+                "-c",
+                "write -P 0xcd 8191 2",
+                "-c",
+                "write -z 65536 4096",
+                "-c",
+                "flush",
+                &target,
             ],
         );
+    }
+    let cmp = |what: &str| {
+        let o = raw_compare(reference.to_str().unwrap(), &s.uri("d"));
         assert!(
             o.status.success(),
             "{what}: {}{}",

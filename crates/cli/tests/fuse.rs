@@ -201,18 +201,8 @@ fn fuse_file_and_nbd_see_the_same_bytes() {
     // Real clients agree the file and the export are the same disk.
     let info = run_ok("qemu-img", &["info", "-f", "raw", path.to_str().unwrap()]);
     assert!(info.contains("4 MiB"), "{info}");
-    run_ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            path.to_str().unwrap(),
-            &uri,
-        ],
-    );
+    let cmp = raw_compare(path.to_str().unwrap(), &uri);
+    assert!(cmp.status.success(), "{cmp:?}");
 
     // FUSE I/O counts in the server's statistics like NBD's.
     let st = s.json(&["stats", "d1"]);
@@ -263,18 +253,7 @@ fn fuse_snapshots_are_read_only_and_the_directory_follows_the_datastore() {
     assert!(b[1..1001].iter().all(|&x| x == 0x22));
     assert!(b[1001..].iter().all(|&x| x == 0x11));
     qemu_io_verify(&s.uri("d1@s1"), "read -P 0x11 0 65536");
-    let cmp = run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            snap.to_str().unwrap(),
-            &s.uri("d1@s1"),
-        ],
-    );
+    let cmp = raw_compare(snap.to_str().unwrap(), &s.uri("d1@s1"));
     assert!(cmp.status.success(), "{cmp:?}");
 
     // The listing: . and .., disks and snapshots as they come and go.

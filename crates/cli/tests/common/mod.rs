@@ -160,6 +160,12 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
     o
 }
 
+/// `qemu-img compare` of two raw images (paths or NBD URIs); the caller
+/// checks the status.
+pub fn raw_compare(a: &str, b: &str) -> Output {
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b])
+}
+
 pub fn run_ok(cmd: &str, args: &[&str]) -> String {
     let o = run(cmd, args);
     assert!(
