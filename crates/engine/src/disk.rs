@@ -161,18 +161,18 @@ impl DiskHandle {
         let _fence = self.inner.fail_on_panic();
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
-        let mut pieces: Vec<Piece> = Vec::with_capacity((last - first + 1) as usize);
+        let n = last - first + 1;
+        let mut found = Vec::with_capacity(n as usize);
+        let mut pieces: Vec<Piece> = Vec::with_capacity(n as usize);
         {
             let mut m = self.inner.meta.lock();
-            for v in first..=last {
-                let (e, exclusive) = m.lookup_for_write(self.version, v)?;
-                pieces.push(Piece {
-                    v,
-                    grain: if exclusive { e } else { 0 },
-                    old: e,
-                    new: !exclusive,
-                });
-            }
+            m.lookup_range_for_write(self.version, first, n, &mut found)?;
+            pieces.extend((first..=last).zip(found).map(|(v, (e, exclusive))| Piece {
+                v,
+                grain: if exclusive { e } else { 0 },
+                old: e,
+                new: !exclusive,
+            }));
             self.allocate(&mut m, &mut pieces, prov)?;
         }
         if let Err(e) = self.write_data(buf, offset, &pieces) {

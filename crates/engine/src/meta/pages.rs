@@ -168,7 +168,7 @@ impl Meta {
             .map_err(|e| corrupt(format!("{}: {e}", ref_page_place(p))))
     }
 
-    fn load_ref_page(&mut self, p: u64) -> Result<()> {
+    pub(super) fn load_ref_page(&mut self, p: u64) -> Result<()> {
         if self.cache.contains(PageKey::Ref(p)) {
             return Ok(());
         }

@@ -4,7 +4,9 @@
 //! turns into a fail-stop.
 
 use super::{corrupt, Meta};
-use crate::cache::PageKey;
+use strata_format::REFS_PER_PAGE;
+
+use crate::cache::{PageData, PageKey};
 use crate::error::Result;
 
 impl Meta {
@@ -57,6 +59,38 @@ impl Meta {
         let fresh = self.pending_set.insert(g);
         assert!(fresh, "grain {g} freed twice in one batch");
         self.pending_current.push(g);
+    }
+
+    /// `sole_owner` for each entry `(grain, true)` of `pieces`, in place
+    /// (entries already false stay false): one count-page lookup per run of
+    /// grains on the same page.
+    pub(super) fn sole_owners(&mut self, pieces: &mut [(u64, bool)]) -> Result<()> {
+        let per_page = REFS_PER_PAGE as u64;
+        let mut i = 0;
+        while i < pieces.len() {
+            if !pieces[i].1 {
+                i += 1;
+                continue;
+            }
+            let page = pieces[i].0 / per_page;
+            self.load_ref_page(page)?;
+            let Some(PageData::Ref(counts)) = self.cache.get(PageKey::Ref(page)) else {
+                unreachable!("ref page just loaded")
+            };
+            while i < pieces.len() && (!pieces[i].1 || pieces[i].0 / per_page == page) {
+                let (g, ok) = &mut pieces[i];
+                if *ok {
+                    *ok = counts[(*g % per_page) as usize] == 1;
+                }
+                i += 1;
+            }
+        }
+        if !self.decreased_current.is_empty() || !self.decreased_committing.is_empty() {
+            for (g, ok) in pieces.iter_mut().filter(|p| p.1) {
+                *ok = !self.decreased_current.contains(g) && !self.decreased_committing.contains(g);
+            }
+        }
+        Ok(())
     }
 
     /// Whether a write may go to grain `g` in place, as far as `g` itself goes.

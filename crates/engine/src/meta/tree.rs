@@ -52,6 +52,50 @@ impl Meta {
         Ok((node, exclusive))
     }
 
+    /// `lookup_for_write` for virtual grains `[first, first + count)`, in
+    /// order: each leaf's path is walked once and the data grains' counts
+    /// are read a count page at a time, instead of a root-to-leaf walk and
+    /// two cache lookups per grain (a 512 KiB write covers 128 grains).
+    pub fn lookup_range_for_write(
+        &mut self,
+        ver: u64,
+        first: u64,
+        count: u64,
+        out: &mut Vec<(u64, bool)>,
+    ) -> Result<()> {
+        let st = self.version(ver)?;
+        let end = first + count;
+        let mut v = first;
+        while v < end {
+            let leaf_end = end.min((v | (MAP_FANOUT as u64 - 1)) + 1);
+            let mut node = st.root;
+            let mut exclusive = true;
+            for level in (1..st.levels).rev() {
+                if node == 0 {
+                    break;
+                }
+                exclusive = exclusive && self.sole_owner(node)?;
+                let idx = ((v >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1);
+                node = self.node(node, level)?[idx];
+            }
+            let start = out.len();
+            if node == 0 {
+                out.extend((v..leaf_end).map(|_| (0, false)));
+            } else {
+                exclusive = exclusive && self.sole_owner(node)?;
+                let entries = self.node(node, 0)?;
+                let a = (v as usize) & (MAP_FANOUT - 1);
+                let b = a + (leaf_end - v) as usize;
+                out.extend(entries[a..b].iter().map(|&e| (e, exclusive && e != 0)));
+                if exclusive {
+                    self.sole_owners(&mut out[start..])?;
+                }
+            }
+            v = leaf_end;
+        }
+        Ok(())
+    }
+
     /// Make the path from `ver`'s root down to the node at `stop_level` that
     /// covers `v` private to `ver` (copying shared nodes, creating missing
     /// ones) and return that node.
