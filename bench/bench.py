@@ -2147,7 +2147,7 @@ def render(results, out_json):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, short runs (a few minutes)")
-    ap.add_argument("--only", help="comma-separated cases: " + ",".join(CASES))
+    ap.add_argument("--only", help="comma-separated cases (an existing --out file of the same kind keeps its other cases): " + ",".join(CASES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("--workdir", help="where to put datastores and images (default: a temp dir)")
     ap.add_argument("--render", metavar="JSON",
@@ -2186,6 +2186,15 @@ def main():
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
+    if a.only and os.path.exists(a.out):
+        # A run of some cases updates those cases in the file and keeps the
+        # others (from a run of the same kind: quick or full).
+        with open(a.out) as f:
+            before = json.load(f)
+        if before.get("quick") == a.quick:
+            before["cases"].update(results["cases"])
+            before["machine"] = results["machine"]
+            results = before
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results in {a.out}")

@@ -257,8 +257,17 @@ impl Guest {
     /// Wait for the next used element of queue `q`: (head, len).
     pub fn wait_used(&mut self, q: usize) -> (u16, u32) {
         let t0 = Instant::now();
+        let event_idx = self.event_idx;
         let vq = &mut self.queues[q];
         loop {
+            if event_idx {
+                // Re-arm before looking, as a driver enabling callbacks
+                // does: the next completion after the ones seen signals.
+                let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
+                self.mem
+                    .write_obj(vq.last_used, GuestAddress(used_event))
+                    .unwrap();
+            }
             fence(Ordering::SeqCst);
             let idx: u16 = self.mem.read_obj(GuestAddress(vq.used + 2)).unwrap();
             if idx != vq.last_used {
