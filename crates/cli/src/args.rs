@@ -51,11 +51,36 @@ pub struct JsonFlag {
 
 #[derive(Subcommand)]
 pub enum Cmd {
-    /// Create a datastore in the directory
+    /// Create a datastore in the directory, or in an object store (--object-store)
+    #[command(long_about = "Create a datastore in the directory.\n\n\
+With --object-store s3://BUCKET/PREFIX the datastore lives in an S3-compatible object store,\n\
+shared by every host that attaches to it (docs/MULTIHOST.md); the directory becomes this host's\n\
+local directory (its identity and cache). The prefix must be empty, and the store must refuse a\n\
+second create-only write of one key (strata checks, with 8 concurrent writes). Endpoint and\n\
+credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION.")]
     Init {
         /// Capacity limit (default: the file system's free space)
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_size, conflicts_with = "object_store")]
         capacity: Option<u64>,
+        /// Create the datastore in this object store: s3://BUCKET/PREFIX
+        #[arg(long, value_name = "URL")]
+        object_store: Option<String>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Join an object-store datastore from this host (the directory becomes its local directory)
+    #[command(
+        long_about = "Join an object-store datastore made by 'strata init --object-store' on another host.\n\n\
+The directory (--datastore) becomes this host's local directory: a new one, or this host's own\n\
+for the same datastore (attaching again is harmless, e.g. after the directory was deleted).\n\
+Prints what it found: the datastore's id, who created it, and its disks."
+    )]
+    Attach {
+        /// The datastore: s3://BUCKET/PREFIX
+        #[arg(long, value_name = "URL")]
+        object_store: String,
+        #[command(flatten)]
+        json: JsonFlag,
     },
     /// Show the datastore's capacity, use, over-commit and alarms
     Status(JsonFlag),
@@ -416,6 +441,12 @@ impl From<&JsonFlag> for Format {
 pub enum Action<'a> {
     /// `init`: make a datastore (0: the file system's free space).
     Init { capacity_bytes: u64 },
+    /// `init --object-store URL` and `attach --object-store URL`.
+    Shared {
+        url: &'a str,
+        attach: bool,
+        format: Format,
+    },
     /// `serve`
     Serve(&'a ServeArgs),
     /// A datastore request, run here or by the server holding the datastore.
@@ -442,8 +473,34 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             watch: false,
         };
         Ok(match cmd {
-            Cmd::Init { capacity } => Action::Init {
-                capacity_bytes: capacity.unwrap_or(0),
+            Cmd::Init {
+                capacity,
+                object_store: None,
+                json,
+            } => {
+                if json.json {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        "--json goes with --object-store (a local init prints one line)",
+                    ));
+                }
+                Action::Init {
+                    capacity_bytes: capacity.unwrap_or(0),
+                }
+            }
+            Cmd::Init {
+                object_store: Some(url),
+                json,
+                ..
+            } => Action::Shared {
+                url,
+                attach: false,
+                format: json.into(),
+            },
+            Cmd::Attach { object_store, json } => Action::Shared {
+                url: object_store,
+                attach: true,
+                format: json.into(),
             },
             Cmd::Serve(args) => Action::Serve(args),
             Cmd::Vmdk(v) => {

@@ -36,11 +36,15 @@ pub struct Store {
 
 impl Store {
     pub fn new() -> Store {
-        let s = Store {
-            dir: tempfile::tempdir().unwrap(),
-        };
+        let s = Store::empty();
         s.ok(&["init"]);
         s
+    }
+    /// A place for a datastore, with nothing in it yet.
+    pub fn empty() -> Store {
+        Store {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
     pub fn path(&self) -> PathBuf {
         self.dir.path().join("ds")

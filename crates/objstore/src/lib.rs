@@ -1,0 +1,609 @@
+//! A blocking client for S3-compatible object stores, for strata's
+//! object-store datastores (docs/FORMAT.md §11).
+//!
+//! The engine is synchronous; the S3 client (`object_store`) is async. An
+//! [`ObjectStore`] owns a small tokio runtime of its own and runs every
+//! request on it, so any engine thread can call in and wait. Requests are
+//! bounded twice: each HTTP attempt by `Options::request_timeout`, the
+//! whole operation (retries included) by `Options::op_timeout`; a store that
+//! is down is an [`ErrorKind::Unavailable`] error, never a hang.
+//!
+//! Create-only writes ([`ObjectStore::put_create`]) are the fencing
+//! primitive of §11.6. They are safe to retry: when the store says the key
+//! exists, the object is read back, and if it holds exactly the bytes this
+//! call wrote (the first attempt succeeded but its answer was lost), the
+//! write counts as done. [`ObjectStore::probe`] checks, before a store is
+//! used, that it refuses a second create of one key even under concurrency.
+//!
+//! Credentials and endpoint come from the standard variables
+//! (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`); an `http://` endpoint is allowed (a local SeaweedFS or
+//! MinIO).
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use bytes::Bytes;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload,
+    RetryConfig,
+};
+
+/// What went wrong, as far as a caller decides anything by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// No object under the key.
+    NotFound,
+    /// A create-only write found the key taken.
+    Exists,
+    /// The store did not answer in time, or answered with a server error.
+    Unavailable,
+    /// Credentials missing or refused.
+    Denied,
+    /// The store lacks something strata needs (conditional writes).
+    Unsupported,
+    /// A bad URL or setting.
+    Invalid,
+    /// Anything else the store said.
+    Other,
+}
+
+/// An error that names the store, the key and what happened.
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Error {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// `s3://BUCKET/PREFIX`: where a datastore lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreUrl {
+    pub bucket: String,
+    /// Without leading or trailing `/`; may be empty.
+    pub prefix: String,
+}
+
+impl StoreUrl {
+    pub fn parse(s: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::new(
+                ErrorKind::Invalid,
+                format!("'{s}' is not an object-store URL ({why}; expected s3://BUCKET/PREFIX)"),
+            )
+        };
+        let rest = s
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("it does not start with s3://"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+        if bucket.len() < 3 || bucket.len() > 63 || !bucket.chars().all(ok) {
+            return Err(bad(
+                "a bucket name has 3 to 63 lower-case letters, digits, '-' and '.'",
+            ));
+        }
+        let prefix = prefix.trim_matches('/');
+        if prefix.split('/').any(|p| p == "." || p == "..")
+            || prefix.contains("//")
+            || prefix.chars().any(|c| c.is_control())
+        {
+            return Err(bad("the prefix has an empty, '.' or '..' part"));
+        }
+        Ok(StoreUrl {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.prefix.is_empty() {
+            write!(f, "s3://{}", self.bucket)
+        } else {
+            write!(f, "s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+/// Time limits and retries.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// One HTTP attempt.
+    pub request_timeout: Duration,
+    /// One operation, retries included.
+    pub op_timeout: Duration,
+    /// Retries of a failed attempt (server errors, timeouts).
+    pub retries: usize,
+    /// The endpoint, instead of `AWS_ENDPOINT_URL`.
+    pub endpoint: Option<String>,
+    /// Access key id and secret, instead of `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub credentials: Option<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            request_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(30),
+            retries: 4,
+            endpoint: None,
+            credentials: None,
+        }
+    }
+}
+
+/// The outcome of a create-only write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// The object is ours.
+    Created,
+    /// Another writer's object was there first.
+    Exists,
+}
+
+/// One object of a listing; `key` is relative to the datastore's prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub size: u64,
+    /// Last modified, ms since the Unix epoch.
+    pub modified_ms: i64,
+}
+
+/// What [`ObjectStore::probe`] found.
+#[derive(Debug, Clone)]
+pub struct ProbeReport {
+    /// Concurrent create-only writes of one key that were sent.
+    pub racers: usize,
+    /// How many of them the store accepted (must be 1).
+    pub accepted: usize,
+    /// How long the race of creates took, ms (a store that serialises
+    /// conflicting creates makes the losers wait).
+    pub put_ms: f64,
+}
+
+/// A connection to one datastore's prefix in one bucket.
+pub struct ObjectStore {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn object_store::ObjectStore>,
+    url: StoreUrl,
+    endpoint: String,
+    opts: Options,
+}
+
+impl ObjectStore {
+    /// Connect to `url` with credentials and endpoint from the environment.
+    /// No request is sent yet.
+    pub fn connect(url: &StoreUrl, opts: &Options) -> Result<Self> {
+        let endpoint = opts
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+            .unwrap_or_default();
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+        if !endpoint.is_empty() {
+            b = b.with_endpoint(&endpoint);
+        }
+        if let Some((id, secret)) = &opts.credentials {
+            b = b.with_access_key_id(id).with_secret_access_key(secret);
+        }
+        let mut b = b
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(RetryConfig {
+                max_retries: opts.retries,
+                retry_timeout: opts.op_timeout,
+                ..RetryConfig::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(opts.request_timeout)
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_allow_http(endpoint.starts_with("http://")),
+            );
+        if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+            b = b.with_region("us-east-1");
+        }
+        let store = b.build().map_err(|e| {
+            Error::new(
+                ErrorKind::Invalid,
+                format!("cannot set up the S3 client for {url}: {e}"),
+            )
+        })?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("strata-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Other,
+                    format!("cannot start the S3 client runtime: {e}"),
+                )
+            })?;
+        Ok(ObjectStore {
+            rt,
+            store: Arc::new(store),
+            url: url.clone(),
+            endpoint: if endpoint.is_empty() {
+                "AWS S3".to_string()
+            } else {
+                endpoint
+            },
+            opts: opts.clone(),
+        })
+    }
+
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// The endpoint requests go to, for messages.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn path(&self, key: &str) -> Path {
+        if self.url.prefix.is_empty() {
+            Path::from(key)
+        } else {
+            Path::from(format!("{}/{key}", self.url.prefix))
+        }
+    }
+
+    /// Run `f` on the client's runtime and wait, at most `op_timeout`.
+    fn run<T>(
+        &self,
+        what: &str,
+        key: &str,
+        f: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<T> {
+        let limit = self.opts.op_timeout;
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(limit, f).await })
+        {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.error(what, key, e)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{what} {} at {}: no answer within {} s",
+                    self.describe(key),
+                    self.endpoint,
+                    limit.as_secs_f64()
+                ),
+            )),
+        }
+    }
+
+    fn describe(&self, key: &str) -> String {
+        format!("{}/{key}", self.url)
+    }
+
+    fn error(&self, what: &str, key: &str, e: object_store::Error) -> Error {
+        use object_store::Error as E;
+        let kind = match &e {
+            E::NotFound { .. } => ErrorKind::NotFound,
+            E::AlreadyExists { .. } | E::Precondition { .. } => ErrorKind::Exists,
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => ErrorKind::Denied,
+            E::NotImplemented { .. } | E::NotSupported { .. } => ErrorKind::Unsupported,
+            E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => ErrorKind::Invalid,
+            // Connection refused, timeouts and 5xx after the retries.
+            _ => ErrorKind::Unavailable,
+        };
+        let hint = match kind {
+            ErrorKind::Denied => " (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".to_string(),
+            ErrorKind::Unavailable => format!(" (endpoint {})", self.endpoint),
+            _ => String::new(),
+        };
+        Error::new(
+            kind,
+            format!("{what} {}: {}{hint}", self.describe(key), flatten(&e)),
+        )
+    }
+
+    /// Write `body` under `key`, replacing what is there.
+    pub fn put(&self, key: &str, body: Bytes) -> Result<()> {
+        let path = self.path(key);
+        self.run("write", key, async {
+            self.store.put(&path, PutPayload::from_bytes(body)).await
+        })
+        .map(|_| ())
+    }
+
+    /// Write `body` under `key` only if no object is there. A retried
+    /// request that finds its own earlier success counts as [`Put::Created`].
+    pub fn put_create(&self, key: &str, body: Bytes) -> Result<Put> {
+        match self.put_create_once(key, body.clone()) {
+            Ok(()) => Ok(Put::Created),
+            Err(e) if e.kind == ErrorKind::Exists => match self.get_opt(key)? {
+                Some(there) if there == body => Ok(Put::Created),
+                _ => Ok(Put::Exists),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    fn put_create_once(&self, key: &str, body: Bytes) -> Result<()> {
+        let path = self.path(key);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        self.run("create", key, async {
+            self.store
+                .put_opts(&path, PutPayload::from_bytes(body), opts)
+                .await
+        })
+        .map(|_| ())
+    }
+
+    /// The whole object under `key`.
+    pub fn get(&self, key: &str) -> Result<Bytes> {
+        let path = self.path(key);
+        self.run("read", key, async {
+            self.store.get(&path).await?.bytes().await
+        })
+    }
+
+    /// The whole object under `key`, or None if there is none.
+    pub fn get_opt(&self, key: &str) -> Result<Option<Bytes>> {
+        match self.get(key) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes `range` of the object under `key`.
+    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        let path = self.path(key);
+        let want = range.end - range.start;
+        let b = self.run("read", key, async {
+            self.store.get_range(&path, range.clone()).await
+        })?;
+        if b.len() as u64 != want {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!(
+                    "read {}: asked for {want} bytes at {}, got {}",
+                    self.describe(key),
+                    range.start,
+                    b.len()
+                ),
+            ));
+        }
+        Ok(b)
+    }
+
+    /// Objects whose keys start with `prefix` (a "directory" ends with
+    /// `/`), after `after` if given, in key order.
+    pub fn list(&self, prefix: &str, after: Option<&str>) -> Result<Vec<Listed>> {
+        self.list_limited(prefix, after, usize::MAX)
+    }
+
+    /// The first `n` objects (in key order) whose keys start with `prefix`.
+    pub fn list_first(&self, prefix: &str, n: usize) -> Result<Vec<Listed>> {
+        self.list_limited(prefix, None, n)
+    }
+
+    fn list_limited(&self, prefix: &str, after: Option<&str>, n: usize) -> Result<Vec<Listed>> {
+        let dir = prefix.trim_end_matches('/');
+        let base = self.path(dir);
+        let offset = after.map(|a| self.path(a));
+        let strip = if self.url.prefix.is_empty() {
+            0
+        } else {
+            self.url.prefix.len() + 1
+        };
+        let mut out: Vec<Listed> = self.run("list", prefix, async {
+            let stream = match &offset {
+                Some(o) => self.store.list_with_offset(Some(&base), o),
+                None => self.store.list(Some(&base)),
+            };
+            let mut out = Vec::new();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(m) = stream.try_next().await? {
+                let key = m.location.as_ref().get(strip..).unwrap_or("").to_string();
+                // `list` is by path segments; keep exact prefix matches only.
+                if key.starts_with(prefix) {
+                    out.push(Listed {
+                        key,
+                        size: m.size,
+                        modified_ms: m.last_modified.timestamp_millis(),
+                    });
+                }
+                if out.len() >= n {
+                    break;
+                }
+            }
+            Ok(out)
+        })?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Delete the object under `key` (no error if there is none).
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key);
+        match self.run("delete", key, async { self.store.delete(&path).await }) {
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Check that the store honours create-only writes (§11.9): 8
+    /// concurrent creates of one key with different bodies must leave
+    /// exactly one, the one a read returns; one more create must be
+    /// refused. The probe object is deleted afterwards.
+    pub fn probe(&self) -> Result<ProbeReport> {
+        const RACERS: usize = 8;
+        let key = format!(
+            "probe/{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let path = self.path(&key);
+        let bodies: Vec<Bytes> = (0..RACERS)
+            .map(|i| Bytes::from(format!("strata probe {key} racer {i}")))
+            .collect();
+        let t0 = std::time::Instant::now();
+        let results: Vec<object_store::Result<()>> = self.rt.block_on(async {
+            let tasks: Vec<_> = bodies
+                .iter()
+                .map(|b| {
+                    let store = self.store.clone();
+                    let path = path.clone();
+                    let body = b.clone();
+                    tokio::spawn(async move {
+                        let opts = PutOptions {
+                            mode: PutMode::Create,
+                            ..PutOptions::default()
+                        };
+                        store
+                            .put_opts(&path, PutPayload::from_bytes(body), opts)
+                            .await
+                            .map(|_| ())
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(t.await.unwrap_or_else(|e| {
+                    Err(object_store::Error::Generic {
+                        store: "probe",
+                        source: Box::new(e),
+                    })
+                }))
+            }
+            out
+        });
+        let put_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let cleanup = |r: Result<ProbeReport>| {
+            let _ = self.delete(&key);
+            r
+        };
+        let mut accepted = Vec::new();
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(()) => accepted.push(i),
+                Err(e) => {
+                    let e = self.error("create", &key, e);
+                    if e.kind != ErrorKind::Exists {
+                        return cleanup(Err(e));
+                    }
+                }
+            }
+        }
+        let unsupported = |why: String| {
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the store at {} ({}) does not honour create-only writes (If-None-Match: *): \
+                     {why}; strata's fencing depends on them, so it cannot use this store",
+                    self.endpoint, self.url
+                ),
+            ))
+        };
+        if accepted.len() != 1 {
+            return cleanup(unsupported(format!(
+                "it accepted {} of {RACERS} concurrent creates of one key",
+                accepted.len()
+            )));
+        }
+        let there = match self.get(&key) {
+            Ok(b) => b,
+            Err(e) => return cleanup(Err(e)),
+        };
+        if there != bodies[accepted[0]] {
+            return cleanup(unsupported(
+                "the object read back is not the one whose create was accepted".into(),
+            ));
+        }
+        match self.put_create_once(&key, Bytes::from_static(b"strata probe: late")) {
+            Ok(()) => {
+                return cleanup(unsupported(
+                    "it accepted a create of a key that exists".into(),
+                ))
+            }
+            Err(e) if e.kind == ErrorKind::Exists => {}
+            Err(e) => return cleanup(Err(e)),
+        }
+        cleanup(Ok(ProbeReport {
+            racers: RACERS,
+            accepted: 1,
+            put_ms,
+        }))
+    }
+}
+
+/// An error and its sources on one line.
+fn flatten(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        let t = x.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = x.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_print_back() {
+        let u = StoreUrl::parse("s3://strata-test/a/b/").unwrap();
+        assert_eq!(u.bucket, "strata-test");
+        assert_eq!(u.prefix, "a/b");
+        assert_eq!(u.to_string(), "s3://strata-test/a/b");
+        let u = StoreUrl::parse("s3://bkt").unwrap();
+        assert_eq!((u.bucket.as_str(), u.prefix.as_str()), ("bkt", ""));
+        for bad in [
+            "http://x/y",
+            "s3://",
+            "s3://A_B/x",
+            "s3://ok-bucket/a/../b",
+            "s3://ok-bucket/a//b",
+        ] {
+            let e = StoreUrl::parse(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Invalid, "{bad}");
+            assert!(e.message.contains(bad), "{}", e.message);
+        }
+    }
+}

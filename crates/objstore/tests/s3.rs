@@ -1,0 +1,147 @@
+//! The client against a real SeaweedFS on loopback: create-only writes
+//! hold under concurrency, listings and ranges are exact, and a store that
+//! is down is a prompt, named error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_objstore::testing;
+use strata_objstore::{Bytes, ErrorKind, ObjectStore, Options, Put, StoreUrl};
+
+fn store(prefix: &str) -> Option<ObjectStore> {
+    testing::shared()?;
+    let url = StoreUrl::parse(&format!("s3://strata-objstore-test/{prefix}")).unwrap();
+    Some(ObjectStore::connect(&url, &Options::default()).unwrap())
+}
+
+#[test]
+fn seaweedfs_passes_the_conditional_write_probe() {
+    let Some(s) = store("probe") else { return };
+    let r = s.probe().unwrap();
+    assert_eq!((r.racers, r.accepted), (8, 1));
+    assert!(
+        s.list("probe/", None).unwrap().is_empty(),
+        "probe object left behind"
+    );
+}
+
+#[test]
+fn a_create_only_write_succeeds_once_and_recognises_its_own_retry() {
+    let Some(s) = store("create") else { return };
+    let a = Bytes::from_static(b"first writer");
+    assert_eq!(s.put_create("m/1", a.clone()).unwrap(), Put::Created);
+    assert_eq!(
+        s.put_create("m/1", Bytes::from_static(b"second writer"))
+            .unwrap(),
+        Put::Exists
+    );
+    // The same bytes again: an earlier attempt of this very write.
+    assert_eq!(s.put_create("m/1", a.clone()).unwrap(), Put::Created);
+    assert_eq!(s.get("m/1").unwrap(), a);
+}
+
+#[test]
+fn of_32_concurrent_creates_of_one_key_exactly_one_wins() {
+    let Some(s) = store("race") else { return };
+    let s = Arc::new(s);
+    let threads: Vec<_> = (0..32)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let body = Bytes::from(format!("claim by racer {i}"));
+                (i, s.put_create("m/0000000000000002", body).unwrap())
+            })
+        })
+        .collect();
+    let won: Vec<usize> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .filter(|(_, p)| *p == Put::Created)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(won.len(), 1, "winners: {won:?}");
+    assert_eq!(
+        s.get("m/0000000000000002").unwrap(),
+        Bytes::from(format!("claim by racer {}", won[0]))
+    );
+}
+
+#[test]
+fn listings_ranges_and_deletes_are_exact() {
+    let Some(s) = store("list") else { return };
+    for k in ["d/m/0003", "d/m/0001", "d/m/0002", "d/mx", "d/s/0001"] {
+        s.put(k, Bytes::from(k.as_bytes().to_vec())).unwrap();
+    }
+    let keys = |v: Vec<strata_objstore::Listed>| v.into_iter().map(|l| l.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(s.list("d/m/", None).unwrap()),
+        ["d/m/0001", "d/m/0002", "d/m/0003"]
+    );
+    assert_eq!(
+        keys(s.list("d/m/", Some("d/m/0001")).unwrap()),
+        ["d/m/0002", "d/m/0003"]
+    );
+    let l = s.list("d/s/", None).unwrap();
+    assert_eq!((l[0].size, l.len()), (8, 1));
+    assert!(l[0].modified_ms > 1_600_000_000_000);
+    assert_eq!(&s.get_range("d/m/0002", 2..5).unwrap()[..], b"m/0");
+    let e = s.get_range("d/m/0002", 2..500).unwrap_err();
+    assert!(e.message.contains("d/m/0002"), "{}", e.message);
+    s.delete("d/m/0002").unwrap();
+    s.delete("d/m/0002").unwrap();
+    assert_eq!(s.get_opt("d/m/0002").unwrap(), None);
+    let e = s.get("d/m/0002").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotFound);
+    assert!(
+        e.message
+            .contains("s3://strata-objstore-test/list/d/m/0002"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn wrong_credentials_are_refused_by_name() {
+    let Some(fs) = testing::shared() else { return };
+    let url = StoreUrl::parse("s3://strata-objstore-test/denied").unwrap();
+    // Signed with a secret the store does not know.
+    let s = ObjectStore::connect(
+        &url,
+        &Options {
+            credentials: Some((testing::ACCESS_KEY.into(), "not-the-secret".into())),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let e = s.put("x", Bytes::from_static(b"x")).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Denied, "{e} ({})", fs.endpoint);
+    assert!(e.message.contains("AWS_SECRET_ACCESS_KEY"), "{}", e.message);
+}
+
+#[test]
+fn a_store_that_is_down_is_a_prompt_named_error() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let url = StoreUrl::parse("s3://strata-objstore-test/down").unwrap();
+    let s = ObjectStore::connect(
+        &url,
+        &Options {
+            request_timeout: Duration::from_secs(1),
+            op_timeout: Duration::from_secs(3),
+            retries: 2,
+            endpoint: Some(endpoint.clone()),
+            credentials: None,
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let e = s.put_create("m/1", Bytes::from_static(b"x")).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+    assert!(e.message.contains(&endpoint), "{}", e.message);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+}

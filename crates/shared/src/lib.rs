@@ -1,0 +1,532 @@
+//! Object-store datastores: one datastore in an S3-compatible bucket,
+//! shared by many hosts (docs/FORMAT.md §11, docs/MULTIHOST.md).
+//!
+//! Each host keeps a local directory with its identity and a cache; what
+//! must survive lives in the store. This crate creates a datastore in a
+//! store (`init`), joins one from another host (`attach`) and describes it
+//! (`summary`); both first check that the store honours create-only
+//! writes, which the fencing of §11.6 rests on.
+
+pub mod envelope;
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use strata_objstore::{Bytes, ObjectStore, Options, ProbeReport, Put, StoreUrl};
+
+/// The local directory's file naming the store this host uses.
+pub const FILE_LOCAL: &str = "strata.objstore";
+/// A local datastore's superblock: a directory holds one kind or the other.
+const FILE_LOCAL_SUPER: &str = "strata.super";
+/// The root object's key (§11.3).
+pub const KEY_ROOT: &str = "strata-store";
+/// Disk names (§11.2).
+pub const DIR_NAMES: &str = "names/";
+/// Per-disk manifests and segments (§11.2).
+pub const DIR_DISKS: &str = "disks/";
+/// The root object's envelope magic.
+pub const MAGIC_ROOT: &[u8; 8] = b"STRROOT1";
+/// The layout version this build reads and writes.
+pub const FORMAT: u32 = 1;
+pub const GRAIN_BYTES: u32 = 4096;
+pub const MAP_FANOUT: u32 = 256;
+pub const SEGMENT_MAX_BYTES: u64 = 8 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    InvalidArgument,
+    /// The store or local directory holds something this build refuses.
+    Corrupt,
+    /// The store lacks what strata needs (conditional writes).
+    Unsupported,
+    /// The store did not answer, or refused the credentials.
+    Unavailable,
+    Io,
+}
+
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<strata_objstore::Error> for Error {
+    fn from(e: strata_objstore::Error) -> Self {
+        use strata_objstore::ErrorKind as K;
+        let kind = match e.kind {
+            K::NotFound => ErrorKind::NotFound,
+            K::Exists => ErrorKind::AlreadyExists,
+            K::Invalid => ErrorKind::InvalidArgument,
+            K::Unsupported => ErrorKind::Unsupported,
+            K::Unavailable | K::Denied | K::Other => ErrorKind::Unavailable,
+        };
+        Error::new(kind, e.message)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A host, as objects name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRef {
+    /// Random, made at `init` / `attach`, kept in the local directory.
+    pub host: String,
+    /// The host name, for people.
+    pub name: String,
+}
+
+/// The root object (§11.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootObject {
+    pub format: u32,
+    pub uuid: String,
+    pub created_ms: u64,
+    pub created_by: HostRef,
+    pub grain_bytes: u32,
+    pub map_fanout: u32,
+    pub segment_max_bytes: u64,
+}
+
+/// `DIR/strata.objstore` (§11.8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalConfig {
+    pub url: String,
+    pub store_uuid: String,
+    pub me: HostRef,
+    /// When this directory was made by `init` or `attach`, ms.
+    pub joined_ms: u64,
+}
+
+/// What `init`, `attach` and `status` show.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub url: String,
+    pub endpoint: String,
+    pub local_dir: PathBuf,
+    pub me: HostRef,
+    pub root: RootObject,
+    /// Disk names (§11.2), sorted.
+    pub disks: Vec<String>,
+    /// Objects under `disks/` and their bytes.
+    pub disk_objects: u64,
+    pub disk_bytes: u64,
+    /// The conditional-write probe, when this call ran it.
+    pub probe: Option<ProbeSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeSummary {
+    pub racers: usize,
+    pub accepted: usize,
+    pub ms: f64,
+}
+
+impl From<ProbeReport> for ProbeSummary {
+    fn from(p: ProbeReport) -> Self {
+        ProbeSummary {
+            racers: p.racers,
+            accepted: p.accepted,
+            ms: p.put_ms,
+        }
+    }
+}
+
+/// An object-store datastore as this host sees it.
+pub struct SharedDatastore {
+    dir: PathBuf,
+    cfg: LocalConfig,
+    root: RootObject,
+    store: ObjectStore,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn random_id() -> String {
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("cannot {what} {}: {e}", p.display()))
+}
+
+/// Whether `dir` is the local directory of an object-store datastore.
+pub fn is_shared(dir: &Path) -> bool {
+    dir.join(FILE_LOCAL).exists()
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+impl RootObject {
+    fn decode(obj: &[u8]) -> Result<RootObject> {
+        let body = envelope::open(MAGIC_ROOT, KEY_ROOT, obj)
+            .map_err(|m| Error::new(ErrorKind::Corrupt, m))?;
+        let r: RootObject = serde_json::from_slice(body).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{KEY_ROOT}: not a root object: {e}"),
+            )
+        })?;
+        if r.format != FORMAT {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{KEY_ROOT}: layout version {} (this build reads version {FORMAT})",
+                    r.format
+                ),
+            ));
+        }
+        if r.grain_bytes != GRAIN_BYTES || r.map_fanout != MAP_FANOUT {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{KEY_ROOT}: grain {} bytes and map fan-out {} (this build uses {GRAIN_BYTES} and {MAP_FANOUT})",
+                    r.grain_bytes, r.map_fanout
+                ),
+            ));
+        }
+        Ok(r)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        envelope::seal(MAGIC_ROOT, &serde_json::to_vec(self).expect("json"))
+    }
+}
+
+impl HostRef {
+    /// A new identity for this host.
+    fn new() -> HostRef {
+        HostRef {
+            host: random_id(),
+            name: host_name(),
+        }
+    }
+}
+
+impl LocalConfig {
+    /// The settings in `dir`, if it is a local directory of one.
+    fn read(dir: &Path) -> Result<Option<LocalConfig>> {
+        let path = dir.join(FILE_LOCAL);
+        let b = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read", &path, e)),
+        };
+        serde_json::from_slice(&b).map(Some).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{}: not an object-store datastore's settings: {e}",
+                    path.display()
+                ),
+            )
+        })
+    }
+
+    /// Write the settings of a new local directory for `root` at `url`.
+    fn create(dir: &Path, url: &StoreUrl, root: &RootObject, me: HostRef) -> Result<LocalConfig> {
+        let cfg = LocalConfig {
+            url: url.to_string(),
+            store_uuid: root.uuid.clone(),
+            me,
+            joined_ms: now_ms(),
+        };
+        write_local(dir, &cfg)?;
+        Ok(cfg)
+    }
+}
+
+/// Refuse a local directory that holds another datastore.
+fn check_local_dir(dir: &Path, url: &StoreUrl) -> Result<Option<LocalConfig>> {
+    if dir.join(FILE_LOCAL_SUPER).exists() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} holds a local datastore: give an object-store datastore a directory of its own (--datastore)",
+                dir.display()
+            ),
+        ));
+    }
+    match LocalConfig::read(dir)? {
+        Some(cfg) => {
+            if cfg.url != url.to_string() {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} is already the local directory of {}: use another --datastore",
+                        dir.display(),
+                        cfg.url
+                    ),
+                ));
+            }
+            Ok(Some(cfg))
+        }
+        None => Ok(None),
+    }
+}
+
+fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    let path = dir.join(FILE_LOCAL);
+    let tmp = dir.join(format!("{FILE_LOCAL}.tmp"));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
+    f.write_all(&serde_json::to_vec_pretty(cfg).expect("json"))
+        .and_then(|_| f.write_all(b"\n"))
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io("rename", &tmp, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync", dir, e))
+}
+
+impl SharedDatastore {
+    /// Create a datastore in the store at `url`, with `dir` as this host's
+    /// local directory. Refuses a prefix that already holds anything, and a
+    /// store that does not honour create-only writes.
+    pub fn init(dir: &Path, url: &StoreUrl, opts: &Options) -> Result<(Self, Summary)> {
+        if check_local_dir(dir, url)?.is_some() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} is already attached to {url}", dir.display()),
+            ));
+        }
+        let store = ObjectStore::connect(url, opts)?;
+        let probe = store.probe()?;
+        if let Some(obj) = store.get_opt(KEY_ROOT)? {
+            let what = match RootObject::decode(&obj) {
+                Ok(r) => format!(
+                    "strata datastore {} (created by {} at {})",
+                    r.uuid,
+                    r.created_by.name,
+                    utc(r.created_ms)
+                ),
+                Err(e) => format!("a damaged root object ({e})"),
+            };
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{url} already holds {what}: join it with 'strata attach --object-store {url}'"
+                ),
+            ));
+        }
+        let there = store.list_first("", 3)?;
+        if !there.is_empty() {
+            let keys: Vec<&str> = there.iter().map(|l| l.key.as_str()).collect();
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{url} is not empty (it holds {}{}): choose an empty prefix",
+                    keys.join(", "),
+                    if there.len() == 3 { ", ..." } else { "" }
+                ),
+            ));
+        }
+        let me = HostRef::new();
+        let root = RootObject {
+            format: FORMAT,
+            uuid: random_id(),
+            created_ms: now_ms(),
+            created_by: me.clone(),
+            grain_bytes: GRAIN_BYTES,
+            map_fanout: MAP_FANOUT,
+            segment_max_bytes: SEGMENT_MAX_BYTES,
+        };
+        if store.put_create(KEY_ROOT, Bytes::from(root.encode()))? == Put::Exists {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("another host created a datastore at {url} at the same time: attach to it"),
+            ));
+        }
+        let cfg = LocalConfig::create(dir, url, &root, me)?;
+        Self::joined(dir, cfg, root, store, probe)
+    }
+
+    /// The datastore and its summary at the end of `init` or `attach`.
+    fn joined(
+        dir: &Path,
+        cfg: LocalConfig,
+        root: RootObject,
+        store: ObjectStore,
+        probe: ProbeReport,
+    ) -> Result<(Self, Summary)> {
+        let ds = SharedDatastore {
+            dir: dir.to_path_buf(),
+            cfg,
+            root,
+            store,
+        };
+        let mut s = ds.summary()?;
+        s.probe = Some(probe.into());
+        Ok((ds, s))
+    }
+
+    /// Join the datastore at `url` from this host, with `dir` as its local
+    /// directory (a new one, or this host's own for the same store).
+    pub fn attach(dir: &Path, url: &StoreUrl, opts: &Options) -> Result<(Self, Summary)> {
+        let existing = check_local_dir(dir, url)?;
+        let store = ObjectStore::connect(url, opts)?;
+        let probe = store.probe()?;
+        let Some(obj) = store.get_opt(KEY_ROOT)? else {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no strata datastore at {url} (no '{KEY_ROOT}' object): create one with 'strata init --object-store {url}'"
+                ),
+            ));
+        };
+        let root = RootObject::decode(&obj)
+            .map_err(|e| Error::new(e.kind, format!("{url}: {}", e.message)))?;
+        let cfg = match existing {
+            Some(c) if c.store_uuid == root.uuid => c,
+            Some(c) => {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} belongs to datastore {} that was at {url}; the one there now is {}: use a new --datastore",
+                        dir.display(),
+                        c.store_uuid,
+                        root.uuid
+                    ),
+                ))
+            }
+            None => LocalConfig::create(dir, url, &root, HostRef::new())?,
+        };
+        Self::joined(dir, cfg, root, store, probe)
+    }
+
+    /// Open the datastore `dir` was attached to.
+    pub fn open(dir: &Path, opts: &Options) -> Result<Self> {
+        let cfg = LocalConfig::read(dir)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} is not attached to an object-store datastore",
+                    dir.display()
+                ),
+            )
+        })?;
+        let url = StoreUrl::parse(&cfg.url)?;
+        let store = ObjectStore::connect(&url, opts)?;
+        let obj = store.get_opt(KEY_ROOT)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("{url}: the datastore is gone (no '{KEY_ROOT}' object)"),
+            )
+        })?;
+        let root = RootObject::decode(&obj)?;
+        if root.uuid != cfg.store_uuid {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{url} now holds datastore {}, not {} that {} was attached to",
+                    root.uuid,
+                    cfg.store_uuid,
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(SharedDatastore {
+            dir: dir.to_path_buf(),
+            cfg,
+            root,
+            store,
+        })
+    }
+
+    pub fn config(&self) -> &LocalConfig {
+        &self.cfg
+    }
+
+    pub fn root(&self) -> &RootObject {
+        &self.root
+    }
+
+    /// What is in the store now.
+    pub fn summary(&self) -> Result<Summary> {
+        let disks = self
+            .store
+            .list(DIR_NAMES, None)?
+            .into_iter()
+            .filter_map(|l| l.key.strip_prefix(DIR_NAMES).map(str::to_string))
+            .collect();
+        let objs = self.store.list(DIR_DISKS, None)?;
+        Ok(Summary {
+            url: self.cfg.url.clone(),
+            endpoint: self.store.endpoint().to_string(),
+            local_dir: self.dir.clone(),
+            me: self.cfg.me.clone(),
+            root: self.root.clone(),
+            disks,
+            disk_objects: objs.len() as u64,
+            disk_bytes: objs.iter().map(|l| l.size).sum(),
+            probe: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(crate::utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(crate::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(crate::utc(1_795_000_000_123), "2026-11-18 11:06:40 UTC");
+    }
+}
