@@ -8,6 +8,7 @@
 //! writes, which the fencing of §11.6 rests on.
 
 pub mod envelope;
+pub mod layout;
 
 use std::fmt;
 use std::io::Write;
