@@ -258,3 +258,100 @@ impl Drop for SeaweedFs {
         let _ = self.child.wait();
     }
 }
+
+/// What a [`FaultProxy`] does with the requests it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Pass every byte both ways.
+    Pass,
+    /// Answer every request `503 Slow Down` without passing it on.
+    Unavailable,
+    /// Read requests and never answer (a store that hangs).
+    Stall,
+}
+
+/// A TCP proxy in front of a store that can fail on command: what a store
+/// outage looks like to a client, without touching the store itself. A
+/// connection sees the fault in force when it sends its first bytes;
+/// setting a fault cuts every connection open at the time, so pooled
+/// connections reconnect into it.
+pub struct FaultProxy {
+    pub endpoint: String,
+    mode: std::sync::Arc<std::sync::Mutex<Fault>>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl FaultProxy {
+    /// Listen on a free loopback port in front of `upstream` (`host:port`).
+    pub fn start(upstream: &str) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(Fault::Pass));
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (m, l) = (mode.clone(), live.clone());
+        let upstream = upstream.to_string();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                if let Ok(c) = conn.try_clone() {
+                    l.lock().unwrap().push(c);
+                }
+                let (m, upstream) = (m.clone(), upstream.clone());
+                std::thread::spawn(move || Self::serve(conn, &upstream, &m));
+            }
+        });
+        FaultProxy {
+            endpoint,
+            mode,
+            live,
+        }
+    }
+
+    /// Put fault `f` in force and cut the connections open now.
+    pub fn set(&self, f: Fault) {
+        *self.mode.lock().unwrap() = f;
+        for c in self.live.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn serve(mut client: TcpStream, upstream: &str, mode: &std::sync::Mutex<Fault>) {
+        use std::io::{Read, Write};
+        // Decide on the first bytes of the first request.
+        let mut first = [0u8; 1];
+        if client.read_exact(&mut first).is_err() {
+            return;
+        }
+        match *mode.lock().unwrap() {
+            Fault::Pass => {}
+            Fault::Unavailable => {
+                let _ = client.write_all(
+                    b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                return;
+            }
+            Fault::Stall => {
+                // Swallow what comes until the client gives up.
+                let mut sink = [0u8; 4096];
+                while matches!(client.read(&mut sink), Ok(n) if n > 0) {}
+                return;
+            }
+        }
+        let Ok(mut up) = TcpStream::connect(upstream) else {
+            return;
+        };
+        if up.write_all(&first).is_err() {
+            return;
+        }
+        let (Ok(mut c2), Ok(mut u2)) = (client.try_clone(), up.try_clone()) else {
+            return;
+        };
+        let t = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut u2);
+            let _ = u2.shutdown(std::net::Shutdown::Write);
+        });
+        let _ = std::io::copy(&mut up, &mut client);
+        let _ = client.shutdown(std::net::Shutdown::Write);
+        let _ = t.join();
+    }
+}

@@ -145,3 +145,46 @@ fn a_store_that_is_down_is_a_prompt_named_error() {
     assert!(e.message.contains(&endpoint), "{}", e.message);
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn an_outage_is_a_prompt_error_and_the_client_recovers_after_it() {
+    use testing::{Fault, FaultProxy};
+    let Some(fs) = testing::shared() else { return };
+    let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
+    let url = StoreUrl::parse("s3://strata-objstore-test/outage").unwrap();
+    let s = ObjectStore::connect(
+        &url,
+        &Options {
+            request_timeout: Duration::from_secs(1),
+            op_timeout: Duration::from_secs(4),
+            retries: 2,
+            endpoint: Some(proxy.endpoint.clone()),
+            credentials: None,
+        },
+    )
+    .unwrap();
+    s.put("a", Bytes::from_static(b"before")).unwrap();
+    for fault in [Fault::Unavailable, Fault::Stall] {
+        proxy.set(fault);
+        let t0 = Instant::now();
+        let e = s
+            .put_create("m/1", Bytes::from_static(b"during"))
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unavailable, "{fault:?}: {e}");
+        assert!(e.message.contains(&proxy.endpoint), "{}", e.message);
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "{fault:?}: {:?}",
+            t0.elapsed()
+        );
+        let e = s.get("a").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unavailable, "{fault:?}: {e}");
+    }
+    proxy.set(Fault::Pass);
+    assert_eq!(&s.get("a").unwrap()[..], b"before");
+    // Nothing was created during the outage: the create goes through now.
+    assert_eq!(
+        s.put_create("m/1", Bytes::from_static(b"after")).unwrap(),
+        Put::Created
+    );
+}
