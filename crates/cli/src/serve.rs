@@ -301,15 +301,32 @@ impl strata_fuse::FuseProvider for FuseExports {
         // Opening a disk handle is O(1) (no I/O): it gives the current
         // size and whether the export is read-only.
         let dev = self.0.open_raw(name).ok()?;
+        // A disk's allocated grains are a counter (O(1)); snapshots and
+        // VMDK images show their size.
+        let stored_bytes = match &self.0.ds {
+            Some(ds) if !name.contains('@') && !self.0.vmdks.iter().any(|(n, _)| n == name) => {
+                ds.disk_info(name).ok().map(|d| d.allocated_bytes)
+            }
+            _ => None,
+        };
         Some(strata_fuse::FuseExport {
             name: name.to_string(),
             read_only: dev.read_only(),
             size_bytes: dev.size_bytes(),
+            stored_bytes,
         })
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
         ExportProvider::open(&*self.0, name)
+    }
+
+    fn space(&self) -> Option<strata_fuse::FsSpace> {
+        let i = self.0.ds.as_ref()?.info();
+        Some(strata_fuse::FsSpace {
+            total_bytes: i.capacity_bytes,
+            free_bytes: i.free_bytes,
+        })
     }
 }
 

@@ -339,6 +339,35 @@ fn fuse_punch_hole_unmaps_and_zero_range_zeroes() {
     assert!(got == want, "zeroed range reads wrong");
     // The file size did not change.
     assert_eq!(f.metadata().unwrap().len(), 8 << 20);
+
+    // du: st_blocks is what the thin disk holds, not its size; df: the
+    // mount reports the datastore's capacity and free space.
+    use std::os::unix::fs::MetadataExt;
+    let held = allocated(&s, "d1");
+    assert!(held < 4 << 20, "{held}");
+    assert_eq!(f.metadata().unwrap().blocks() * 512, held);
+    assert_eq!(
+        std::fs::metadata(mnt.join("d1")).unwrap().blocks() * 512,
+        held
+    );
+    let cpath = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs fills the zeroed struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath.as_ptr(), &mut st) }, 0);
+    let status = s.json(&["status"]);
+    let cap = status["capacity_bytes"].as_u64().unwrap();
+    let total = st.f_blocks * st.f_frsize;
+    assert!(
+        total.abs_diff(cap) < 64 << 20,
+        "df total {total}, datastore capacity {cap}"
+    );
+    assert!(
+        st.f_bavail > 0 && st.f_bavail <= st.f_blocks,
+        "{} of {}",
+        st.f_bavail,
+        st.f_blocks
+    );
+    assert_eq!(st.f_files, 1, "one export");
     drop(f);
     srv.stop();
 }

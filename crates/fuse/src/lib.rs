@@ -49,7 +49,7 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyWrite, Request, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use strata_block::{BlockDevice, BlockError};
@@ -66,6 +66,16 @@ pub struct FuseExport {
     pub read_only: bool,
     /// The file size.
     pub size_bytes: u64,
+    /// Bytes the export takes in its store (`st_blocks`, so `du` shows what
+    /// a thin disk holds); None: the file size.
+    pub stored_bytes: Option<u64>,
+}
+
+/// The store behind the exports, as `statfs` (`df`) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
 }
 
 /// Where the file system finds its exports. Called from FUSE threads.
@@ -79,6 +89,11 @@ pub trait FuseProvider: Send + Sync {
     /// Open an export for one open file; `Err(message)` if there is no such
     /// export. The handle is dropped when the file is released.
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+    /// Capacity and free space of the store behind the exports, for
+    /// `statfs`; None: zeros.
+    fn space(&self) -> Option<FsSpace> {
+        None
+    }
 }
 
 /// How to mount.
@@ -195,11 +210,11 @@ impl Shared {
         }
     }
 
-    fn file_attr(&self, ino: u64, size: u64, read_only: bool) -> FileAttr {
+    fn file_attr(&self, ino: u64, size: u64, stored: Option<u64>, read_only: bool) -> FileAttr {
         FileAttr {
             ino: INodeNo(ino),
             size,
-            blocks: size.div_ceil(512),
+            blocks: stored.unwrap_or(size).div_ceil(512),
             atime: self.born,
             mtime: self.born,
             ctime: self.born,
@@ -228,7 +243,7 @@ impl Shared {
         let (name, _) = self.name_of(ino).ok_or(Errno::ENOENT)?;
         let p = self.provider().ok_or_else(eshutdown)?;
         let e = p.stat(&name).ok_or(Errno::ENOENT)?;
-        Ok(self.file_attr(ino.0, e.size_bytes, e.read_only))
+        Ok(self.file_attr(ino.0, e.size_bytes, e.stored_bytes, e.read_only))
     }
 
     fn listing(&self) -> DirList {
@@ -289,8 +304,35 @@ impl Filesystem for Fs {
             return reply.error(Errno::ENOENT);
         };
         let ino = self.sh.inodes.lock().ino(name);
-        let attr = self.sh.file_attr(ino, e.size_bytes, e.read_only);
+        let attr = self
+            .sh
+            .file_attr(ino, e.size_bytes, e.stored_bytes, e.read_only);
         reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    /// `df`: the datastore's capacity and free space, in 4 KiB blocks; one
+    /// file per export.
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        gate!(self, reply);
+        let Some(p) = self.sh.provider() else {
+            return reply.error(eshutdown());
+        };
+        let sp = p.space().unwrap_or(FsSpace {
+            total_bytes: 0,
+            free_bytes: 0,
+        });
+        let files = p.list().len() as u64;
+        let b = 4096u64;
+        reply.statfs(
+            sp.total_bytes / b,
+            sp.free_bytes / b,
+            sp.free_bytes / b,
+            files,
+            0,
+            b as u32,
+            255,
+            b as u32,
+        );
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -298,9 +340,17 @@ impl Filesystem for Fs {
         if ino == INodeNo::ROOT {
             return reply.attr(&TTL, &self.sh.dir_attr());
         }
-        // An open file answers from its own handle (it may outlive the name).
+        // An open file answers from its own handle (it may outlive the name),
+        // with what the provider says it holds while the name is there.
         if let Some(h) = fh.and_then(|fh| self.sh.handle(fh)) {
-            let attr = self.sh.file_attr(ino.0, h.dev.size_bytes(), h.read_only);
+            let stored = self
+                .sh
+                .name_of(ino)
+                .and_then(|(name, _)| self.sh.provider()?.stat(&name))
+                .and_then(|e| e.stored_bytes);
+            let attr = self
+                .sh
+                .file_attr(ino.0, h.dev.size_bytes(), stored, h.read_only);
             return reply.attr(&TTL, &attr);
         }
         match self.sh.stat(ino) {
