@@ -309,11 +309,21 @@ impl strata_fuse::FuseProvider for FuseExports {
             }
             _ => None,
         };
+        // Changes through any transport of this server (they all count in
+        // the export's statistics).
+        let modified = self
+            .0
+            .stats
+            .as_ref()
+            .and_then(|r| r.get(name))
+            .and_then(|d| d.modified_ms())
+            .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
         Some(strata_fuse::FuseExport {
             name: name.to_string(),
             read_only: dev.read_only(),
             size_bytes: dev.size_bytes(),
             stored_bytes,
+            modified,
         })
     }
 

@@ -368,6 +368,20 @@ fn fuse_punch_hole_unmaps_and_zero_range_zeroes() {
         st.f_blocks
     );
     assert_eq!(st.f_files, 1, "one export");
+
+    // mtime follows changes through any transport (a backup tool that
+    // compares times must see them): a write over NBD moves it forward.
+    let m1 = std::fs::metadata(mnt.join("d1"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    qemu_io(&s.uri("d1"), "write -P 7 0 4096");
+    let m2 = std::fs::metadata(mnt.join("d1"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert!(m2 > m1, "mtime {m1:?} -> {m2:?} after a write over NBD");
     drop(f);
     srv.stop();
 }

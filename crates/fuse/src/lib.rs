@@ -69,6 +69,9 @@ pub struct FuseExport {
     /// Bytes the export takes in its store (`st_blocks`, so `du` shows what
     /// a thin disk holds); None: the file size.
     pub stored_bytes: Option<u64>,
+    /// When it last changed (mtime and ctime, so that backup tools that
+    /// compare times see a change); None: when the file system was mounted.
+    pub modified: Option<SystemTime>,
 }
 
 /// The store behind the exports, as `statfs` (`df`) reports it.
@@ -210,14 +213,18 @@ impl Shared {
         }
     }
 
-    fn file_attr(&self, ino: u64, size: u64, stored: Option<u64>, read_only: bool) -> FileAttr {
+    fn file_attr(&self, ino: u64, size: u64, e: Option<&FuseExport>, read_only: bool) -> FileAttr {
+        let stored = e.and_then(|e| e.stored_bytes).unwrap_or(size);
+        let modified = e
+            .and_then(|e| e.modified)
+            .map_or(self.born, |m| m.max(self.born));
         FileAttr {
             ino: INodeNo(ino),
             size,
-            blocks: stored.unwrap_or(size).div_ceil(512),
-            atime: self.born,
-            mtime: self.born,
-            ctime: self.born,
+            blocks: stored.div_ceil(512),
+            atime: modified,
+            mtime: modified,
+            ctime: modified,
             crtime: self.born,
             kind: FileType::RegularFile,
             perm: if read_only { 0o444 } else { 0o644 },
@@ -243,7 +250,7 @@ impl Shared {
         let (name, _) = self.name_of(ino).ok_or(Errno::ENOENT)?;
         let p = self.provider().ok_or_else(eshutdown)?;
         let e = p.stat(&name).ok_or(Errno::ENOENT)?;
-        Ok(self.file_attr(ino.0, e.size_bytes, e.stored_bytes, e.read_only))
+        Ok(self.file_attr(ino.0, e.size_bytes, Some(&e), e.read_only))
     }
 
     fn listing(&self) -> DirList {
@@ -304,9 +311,7 @@ impl Filesystem for Fs {
             return reply.error(Errno::ENOENT);
         };
         let ino = self.sh.inodes.lock().ino(name);
-        let attr = self
-            .sh
-            .file_attr(ino, e.size_bytes, e.stored_bytes, e.read_only);
+        let attr = self.sh.file_attr(ino, e.size_bytes, Some(&e), e.read_only);
         reply.entry(&TTL, &attr, Generation(0));
     }
 
@@ -343,14 +348,13 @@ impl Filesystem for Fs {
         // An open file answers from its own handle (it may outlive the name),
         // with what the provider says it holds while the name is there.
         if let Some(h) = fh.and_then(|fh| self.sh.handle(fh)) {
-            let stored = self
+            let e = self
                 .sh
                 .name_of(ino)
-                .and_then(|(name, _)| self.sh.provider()?.stat(&name))
-                .and_then(|e| e.stored_bytes);
+                .and_then(|(name, _)| self.sh.provider()?.stat(&name));
             let attr = self
                 .sh
-                .file_attr(ino.0, h.dev.size_bytes(), stored, h.read_only);
+                .file_attr(ino.0, h.dev.size_bytes(), e.as_ref(), h.read_only);
             return reply.attr(&TTL, &attr);
         }
         match self.sh.stat(ino) {

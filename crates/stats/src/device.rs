@@ -42,12 +42,17 @@ impl StatsDevice {
         len_bytes: u64,
         call: impl FnOnce(&dyn BlockDevice) -> BlockResult<T>,
     ) -> BlockResult<T> {
-        if !self.stats.recording() {
-            return call(&*self.inner);
+        let result = if !self.stats.recording() {
+            call(&*self.inner)
+        } else {
+            let command = self.stats.begin(op, offset_bytes, len_bytes);
+            let result = call(&*self.inner);
+            command.finish(result.is_ok());
+            result
+        };
+        if result.is_ok() && matches!(op, Op::Write | Op::Unmap | Op::WriteZeroes) {
+            self.stats.note_change();
         }
-        let command = self.stats.begin(op, offset_bytes, len_bytes);
-        let result = call(&*self.inner);
-        command.finish(result.is_ok());
         result
     }
 }

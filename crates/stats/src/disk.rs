@@ -161,6 +161,9 @@ pub struct DiskStats {
     errors: [AtomicU64; OP_COUNT],
     /// Bytes for the ops without a length histogram (unmap, write_zeroes).
     range_bytes: [AtomicU64; OP_COUNT],
+    /// When a write, unmap or write-zeroes last succeeded, ms since the
+    /// Unix epoch (0: none yet); kept whether recording or not.
+    modified_ms: AtomicU64,
     /// Indexed by `Op::Read` / `Op::Write`.
     io_length: [Histogram; 2],
     seek: [Histogram; 2],
@@ -194,6 +197,7 @@ impl DiskStats {
             },
             errors: Default::default(),
             range_bytes: Default::default(),
+            modified_ms: AtomicU64::new(0),
             io_length: std::array::from_fn(|_| Histogram::new(&IO_LENGTH)),
             seek: std::array::from_fn(|_| Histogram::new(&SEEK_DISTANCE)),
             seek_closest: std::array::from_fn(|_| Histogram::new(&SEEK_DISTANCE)),
@@ -295,6 +299,24 @@ impl DiskStats {
     #[inline]
     pub fn recording(&self) -> bool {
         self.recording.load(Relaxed)
+    }
+
+    /// A command that changes the disk succeeded now.
+    pub fn note_change(&self) {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(1);
+        self.modified_ms.fetch_max(ms, Relaxed);
+    }
+
+    /// When the disk last changed through a device of these statistics
+    /// (ms since the Unix epoch), if it has.
+    pub fn modified_ms(&self) -> Option<u64> {
+        match self.modified_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(ms),
+        }
     }
 
     /// Pause (`false`) or resume (`true`) recording, like vscsiStats' stop
