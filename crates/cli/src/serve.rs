@@ -111,16 +111,22 @@ pub struct ServeArgs {
     vmdk_read_only: bool,
 }
 
+/// Threads per connection that run its requests (`--io-threads`): 16
+/// under `--cache none`, where each waits for the disk, else the
+/// transport's own `writeback` default.
+fn io_threads(args: &ServeArgs, writeback: usize) -> usize {
+    match args.io_threads {
+        Some(n) => n as usize,
+        None if args.direct_io => 16,
+        None => writeback,
+    }
+}
+
 /// NBD server options from the command line.
 fn nbd_options(args: &ServeArgs) -> ServerOptions {
     let default = ServerOptions::default();
-    let workers = match args.io_threads {
-        Some(n) => n as usize,
-        None if args.direct_io => 16,
-        None => default.workers_per_connection,
-    };
     ServerOptions {
-        workers_per_connection: workers,
+        workers_per_connection: io_threads(args, default.workers_per_connection),
         ..default
     }
 }
@@ -1047,11 +1053,7 @@ fn listen_vhost(
         let opts = strata_vhost::Options {
             queues: args.vhost_queues,
             serial: disk.chars().take(20).collect(),
-            io_threads: match args.io_threads {
-                Some(n) => n as usize,
-                None if args.direct_io => 16,
-                None => 0,
-            },
+            io_threads: io_threads(args, 0),
             ..Default::default()
         };
         vhost

@@ -87,16 +87,21 @@ impl Meta {
         }
         if !self.decreased_current.is_empty() || !self.decreased_committing.is_empty() {
             for (g, ok) in pieces.iter_mut().filter(|p| p.1) {
-                *ok = !self.decreased_current.contains(g) && !self.decreased_committing.contains(g);
+                *ok = !self.decreased_in_batch(*g);
             }
         }
         Ok(())
     }
 
+    /// Whether `g`'s count fell in a batch not yet durable: a crash could
+    /// bring back the reference that was dropped, so `g` is not yet the
+    /// writer's alone.
+    fn decreased_in_batch(&self, g: u64) -> bool {
+        self.decreased_current.contains(&g) || self.decreased_committing.contains(&g)
+    }
+
     /// Whether a write may go to grain `g` in place, as far as `g` itself goes.
     pub(super) fn sole_owner(&mut self, g: u64) -> Result<bool> {
-        Ok(self.ref_get(g)? == 1
-            && !self.decreased_current.contains(&g)
-            && !self.decreased_committing.contains(&g))
+        Ok(self.ref_get(g)? == 1 && !self.decreased_in_batch(g))
     }
 }
