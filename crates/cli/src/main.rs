@@ -51,14 +51,22 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
-    match Action::try_from(&cli.cmd)? {
+    let action = Action::try_from(&cli.cmd)?;
+    // A directory attached to an object-store datastore takes only what
+    // works there; init/attach --object-store and VMDK commands run as
+    // anywhere else.
+    if strata_shared::is_shared(dir)
+        && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
+    {
+        return shared_cmd::run(dir, &action).map(|()| ExitCode::SUCCESS);
+    }
+    match action {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),
         Action::Shared {
             url,
             attach,
             format,
         } => shared_cmd::init_or_attach(dir, url, attach, format).map(|()| ExitCode::SUCCESS),
-        Action::Serve(_) if strata_shared::is_shared(dir) => Err(shared_cmd::not_yet(dir, "serve")),
         Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
@@ -88,13 +96,6 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             output::print(&response, format);
             std::thread::sleep(std::time::Duration::from_secs(1));
         },
-        Action::Datastore {
-            request: Request::Status,
-            format,
-            watch: false,
-        } if strata_shared::is_shared(dir) => {
-            shared_cmd::status(dir, format).map(|()| ExitCode::SUCCESS)
-        }
         Action::Datastore {
             request,
             format,
@@ -149,9 +150,6 @@ fn held(dir: &Path, pid: Option<u32>) -> Error {
 
 /// Run a request locally, or through the server that holds the datastore.
 fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
-    if strata_shared::is_shared(dir) {
-        return Err(shared_cmd::not_yet(dir, &shared_cmd::request_name(req)));
-    }
     if !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,

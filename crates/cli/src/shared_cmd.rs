@@ -9,6 +9,8 @@ use strata_engine::{Error, ErrorKind};
 use strata_objstore::{Options, StoreUrl};
 use strata_shared::{SharedDatastore, Summary};
 
+use crate::api::Request;
+use crate::args::Action;
 use crate::output::Format;
 
 fn engine_error(e: strata_shared::Error) -> Error {
@@ -48,8 +50,34 @@ pub fn init_or_attach(dir: &Path, url: &str, attach: bool, format: Format) -> Re
     Ok(())
 }
 
+/// A command on a directory attached to an object-store datastore:
+/// `status` works, a local `init` is refused (the directory is taken), and
+/// everything else is not built yet.
+pub fn run(dir: &Path, action: &Action) -> Result<(), Error> {
+    match action {
+        Action::Datastore {
+            request: Request::Status,
+            format,
+            watch: false,
+        } => status(dir, *format),
+        Action::Init { .. } => Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} is the local directory of an object-store datastore: a local datastore needs \
+                 a directory of its own (--datastore)",
+                dir.display()
+            ),
+        )),
+        Action::Serve(_) => Err(not_yet(dir, "serve")),
+        Action::Datastore { request, .. } => Err(not_yet(dir, &request_name(request))),
+        Action::Shared { .. } | Action::Vmdk { .. } => {
+            unreachable!("init/attach --object-store and vmdk run on any directory")
+        }
+    }
+}
+
 /// `status` of a directory attached to an object-store datastore.
-pub fn status(dir: &Path, format: Format) -> Result<(), Error> {
+fn status(dir: &Path, format: Format) -> Result<(), Error> {
     let ds = SharedDatastore::open(dir, &Options::default()).map_err(engine_error)?;
     let summary = ds.summary().map_err(engine_error)?;
     match format {
@@ -60,7 +88,7 @@ pub fn status(dir: &Path, format: Format) -> Result<(), Error> {
 }
 
 /// What every other command says on an object-store datastore for now.
-pub fn not_yet(dir: &Path, what: &str) -> Error {
+fn not_yet(dir: &Path, what: &str) -> Error {
     Error::new(
         ErrorKind::Refused,
         format!(
@@ -72,7 +100,7 @@ pub fn not_yet(dir: &Path, what: &str) -> Error {
 }
 
 /// A request's command name, for messages (its wire tag, `op`).
-pub fn request_name(req: &crate::api::Request) -> String {
+fn request_name(req: &Request) -> String {
     serde_json::to_value(req)
         .ok()
         .and_then(|v| {

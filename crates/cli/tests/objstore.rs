@@ -127,6 +127,13 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     assert!(e.contains("'create' does not work"), "{e}");
     let e = a.fails(&["serve", "--nbd-unix", "/nonexistent/x.sock"]);
     assert!(e.contains("'serve' does not work"), "{e}");
+    // A local datastore is not made beside it.
+    let e = a.fails(&["init"]);
+    assert!(
+        e.contains("a local datastore needs a directory of its own"),
+        "{e}"
+    );
+    assert!(!a.path().join("strata.super").exists());
 }
 
 #[test]
