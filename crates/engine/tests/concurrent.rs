@@ -125,7 +125,9 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
     ds.create_disk("d", G * 4096, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     let h = ds.open_disk("d").unwrap();
-    // Grains written in a scattered order, so every region is fragmented.
+    // Grains written in a scattered order and placed in arrival order (not
+    // each region in its own block), so every region is fragmented.
+    ds.set_placement_regions(false);
     for i in 0..G {
         let g = (i * 197) % G;
         let mut v = vec![0u8; 4096];
@@ -138,6 +140,8 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
         }
         h.write_at(&v, g * 4096, false).unwrap();
     }
+    ds.set_placement_regions(true);
+    assert!(ds.disk_fragments("d").unwrap() > 100);
     ds.snapshot_create("d", "s", "").unwrap();
     ds.clone_linked("d@s", "c").unwrap();
     let snap = {
@@ -147,11 +151,18 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
     };
     let rounds = 40u32;
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Writers start once the defrag thread has begun its first pass: only
+    // the scattered first layout has anything to move (the writers' own
+    // copies land in order), so writers that got there first could leave
+    // it nothing to race with.
+    let defrag_started = Arc::new(std::sync::Barrier::new(2 * WRITERS as usize + 1));
     let mut threads = Vec::new();
     for disk in ["d", "c"] {
         for w in 0..WRITERS {
             let h = ds.open_disk(disk).unwrap();
+            let defrag_started = defrag_started.clone();
             threads.push(std::thread::spawn(move || {
+                defrag_started.wait();
                 for round in 1..=rounds {
                     for i in 0..G {
                         let g = (i * 389 + u64::from(round) * 31) % G;
@@ -184,7 +195,11 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
         let done = done.clone();
         std::thread::spawn(move || {
             let mut moved = 0;
+            let mut first = true;
             while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if std::mem::take(&mut first) {
+                    defrag_started.wait();
+                }
                 for disk in ["d", "c"] {
                     let r = ds
                         .defrag_disk(disk, false, &Default::default(), &mut |_, _| {})
