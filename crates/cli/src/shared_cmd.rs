@@ -20,7 +20,7 @@ fn engine_error(e: strata_shared::Error) -> Error {
         K::AlreadyExists => ErrorKind::AlreadyExists,
         K::InvalidArgument => ErrorKind::InvalidArgument,
         K::Corrupt => ErrorKind::Corrupt,
-        K::Unsupported => ErrorKind::Refused,
+        K::Unsupported | K::Fenced => ErrorKind::Refused,
         K::Unavailable | K::Io => ErrorKind::Io,
     };
     Error::new(kind, e.message)

@@ -7,8 +7,12 @@
 //! (`summary`); both first check that the store honours create-only
 //! writes, which the fencing of §11.6 rests on.
 
+mod cache;
+pub mod disk;
 pub mod envelope;
 pub mod layout;
+
+pub use disk::SharedDisk;
 
 use std::fmt;
 use std::io::Write;
@@ -48,6 +52,8 @@ pub enum ErrorKind {
     /// The store did not answer, or refused the credentials.
     Unavailable,
     Io,
+    /// Another host claimed the disk: this one may not write it.
+    Fenced,
 }
 
 #[derive(Debug, Clone)]
@@ -160,9 +166,10 @@ pub struct SharedDatastore {
     cfg: LocalConfig,
     root: RootObject,
     store: ObjectStore,
+    cache: cache::SegmentCache,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -408,6 +415,7 @@ impl SharedDatastore {
         probe: ProbeReport,
     ) -> Result<(Self, Summary)> {
         let ds = SharedDatastore {
+            cache: cache::SegmentCache::new(dir.join("cache")),
             dir: dir.to_path_buf(),
             cfg,
             root,
@@ -484,6 +492,7 @@ impl SharedDatastore {
             ));
         }
         Ok(SharedDatastore {
+            cache: cache::SegmentCache::new(dir.join("cache")),
             dir: dir.to_path_buf(),
             cfg,
             root,

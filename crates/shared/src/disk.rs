@@ -1,0 +1,860 @@
+//! Disks of an object-store datastore (docs/FORMAT.md §11.4–§11.6): names,
+//! manifests, claims and fencing, and [`SharedDisk`], a block device whose
+//! writes collect in memory and become durable when a FLUSH uploads them as
+//! one segment and commits the disk's next manifest create-only.
+//!
+//! Acknowledged-but-unflushed writes live in `dirty` (newest) and, while a
+//! commit uploads them, in `flushing`; reads look there first and then walk
+//! the map of the newest manifest this host knows. A host writes only
+//! after it claimed the disk (a manifest with a new generation naming it);
+//! a commit that finds another host's manifest in its place fences this
+//! host: every later I/O fails with an error naming the new owner.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_block::{
+    check_range, BlockDevice, BlockError, BlockResult, ErrorKind as BErr, Extent, ReadFill,
+    ZeroOptions,
+};
+use strata_objstore::{Bytes, ObjectStore, Put};
+
+use crate::layout::{
+    Entry, Manifest, MapNode, Owner, SegId, SegmentBuilder, SnapshotRec, FANOUT, GRAIN,
+};
+use crate::{now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
+
+const G: u64 = GRAIN as u64;
+/// Unflushed bytes one disk keeps before a write commits them itself.
+const DIRTY_LIMIT_BYTES: usize = 32 << 20;
+/// A disk served but not owned re-reads its newest manifest this often.
+const REFRESH: Duration = Duration::from_secs(1);
+
+/// `names/NAME` (§11.2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NameObject {
+    disk: u32,
+}
+
+fn name_key(name: &str) -> String {
+    format!("{DIR_NAMES}{name}")
+}
+
+fn manifests_dir(disk: u32) -> String {
+    format!("disks/{disk:08x}/m/")
+}
+
+/// Names of disks and snapshots: as in a local datastore.
+pub fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+            ),
+        ))
+    }
+}
+
+/// Map levels for a disk of `size` bytes: one leaf maps 256 grains.
+pub fn levels_for(size: u64) -> u8 {
+    let grains = size.div_ceil(G).max(1);
+    let mut levels = 1u8;
+    while (FANOUT as u64).pow(u32::from(levels)) < grains {
+        levels += 1;
+    }
+    levels
+}
+
+fn corrupt(msg: String) -> Error {
+    Error::new(ErrorKind::Corrupt, msg)
+}
+
+impl SharedDatastore {
+    /// The disk id a name stands for.
+    pub fn disk_id(&self, name: &str) -> Result<u32> {
+        let key = name_key(name);
+        let obj = self.store.get_opt(&key)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no disk named '{name}' in {}", self.cfg.url),
+            )
+        })?;
+        let n: NameObject = serde_json::from_slice(&obj)
+            .map_err(|e| corrupt(format!("{key}: not a disk name object: {e}")))?;
+        Ok(n.disk)
+    }
+
+    /// The newest manifest of disk `id`.
+    pub fn newest_manifest(&self, id: u32) -> Result<Manifest> {
+        newest_manifest(&self.store, id)
+    }
+
+    /// Disk names and their newest manifests, sorted by name.
+    pub fn disks(&self) -> Result<Vec<(String, Manifest)>> {
+        let mut out = Vec::new();
+        for l in self.store.list(DIR_NAMES, None)? {
+            let Some(name) = l.key.strip_prefix(DIR_NAMES) else {
+                continue;
+            };
+            let id = self.disk_id(name)?;
+            out.push((name.to_string(), self.newest_manifest(id)?));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Create a thin disk of `size` bytes. Its first manifest is written
+    /// before its name, so a name always leads to a whole disk; of two
+    /// hosts creating one name, one wins and the other removes its
+    /// manifest and fails.
+    pub fn create_disk(&self, name: &str, size: u64) -> Result<Manifest> {
+        check_name("disk", name)?;
+        if size == 0 || !size.is_multiple_of(512) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("a disk's size must be a non-zero multiple of 512 bytes, not {size}"),
+            ));
+        }
+        if self.store.get_opt(&name_key(name))?.is_some() {
+            return Err(self.exists(name));
+        }
+        let m = loop {
+            let id = rand::random::<u32>();
+            if id == 0 {
+                continue;
+            }
+            let m = Manifest {
+                disk: id,
+                seq: 1,
+                generation: 1,
+                owner: None,
+                written_ms: now_ms(),
+                nonce: rand::random(),
+                size_bytes: size,
+                levels: levels_for(size),
+                root: None,
+                next_ctr: 0,
+                snapshots: Vec::new(),
+                parent: None,
+                removed: false,
+            };
+            if self.store.put_create(&m.key(), Bytes::from(m.encode()))? == Put::Created {
+                break m;
+            }
+        };
+        let body = serde_json::to_vec(&NameObject { disk: m.disk }).expect("json");
+        if self.store.put_create(&name_key(name), Bytes::from(body))? == Put::Exists {
+            let _ = self.store.delete(&m.key());
+            return Err(self.exists(name));
+        }
+        Ok(m)
+    }
+
+    fn exists(&self, name: &str) -> Error {
+        Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a disk named '{name}' already exists in {}", self.cfg.url),
+        )
+    }
+
+    /// This process, as a manifest names its owner.
+    pub fn me_as_owner(&self) -> Owner {
+        Owner {
+            host: self.cfg.me.host.clone(),
+            name: self.cfg.me.name.clone(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Claim disk `name` for this process (a manifest with the next
+    /// generation naming it): of concurrent claims exactly one succeeds.
+    pub fn claim(&self, name: &str) -> Result<Manifest> {
+        let id = self.disk_id(name)?;
+        claim(&self.store, name, id, self.me_as_owner())
+    }
+}
+
+fn newest_manifest(store: &ObjectStore, id: u32) -> Result<Manifest> {
+    let dir = manifests_dir(id);
+    let mut keys: Vec<String> = store.list(&dir, None)?.into_iter().map(|l| l.key).collect();
+    keys.sort();
+    let key = keys.pop().ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("disk {id:08x} has no manifest under {dir}"),
+        )
+    })?;
+    let obj = store.get(&key)?;
+    Manifest::decode(&key, &obj).map_err(corrupt)
+}
+
+fn describe_owner(m: &Manifest) -> String {
+    match &m.owner {
+        Some(o) => format!(
+            "{} (host {}, pid {}), generation {} since {}",
+            o.name,
+            o.host,
+            o.pid,
+            m.generation,
+            utc(m.written_ms)
+        ),
+        None => format!("nobody (generation {})", m.generation),
+    }
+}
+
+/// Write `next` (`prev.seq + 1`) create-only and check that nothing was
+/// written after it (§11.5). `Ok(false)`: another host's manifest is there.
+fn commit_manifest(store: &ObjectStore, next: &Manifest) -> Result<bool> {
+    let key = next.key();
+    if store.put_create(&key, Bytes::from(next.encode()))? == Put::Exists {
+        return Ok(false);
+    }
+    Ok(store
+        .list(&manifests_dir(next.disk), Some(&key))?
+        .is_empty())
+}
+
+fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest> {
+    let mut newest = newest_manifest(store, id)?;
+    let first_gen = newest.generation;
+    for _ in 0..64 {
+        if newest.removed {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("disk '{name}' was removed"),
+            ));
+        }
+        let next = Manifest {
+            seq: newest.seq + 1,
+            generation: newest.generation + 1,
+            owner: Some(me.clone()),
+            written_ms: now_ms(),
+            nonce: rand::random(),
+            next_ctr: 0,
+            ..newest.clone()
+        };
+        if commit_manifest(store, &next)? {
+            return Ok(next);
+        }
+        newest = newest_manifest(store, id)?;
+        if newest.generation != first_gen {
+            return Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "disk '{name}' was claimed by {} at the same time",
+                    describe_owner(&newest)
+                ),
+            ));
+        }
+        // The owner committed meanwhile: claim on top of its newest.
+    }
+    Err(Error::new(
+        ErrorKind::Unavailable,
+        format!("disk '{name}': its owner kept committing; the claim gave up after 64 tries"),
+    ))
+}
+
+type Batch = BTreeMap<u64, Option<Box<[u8]>>>;
+
+struct State {
+    man: Arc<Manifest>,
+    refreshed: Instant,
+    /// This process claimed the disk (its generation is `man.generation`).
+    owner: bool,
+    /// Set once a commit found another host's manifest: every I/O fails.
+    fenced: Option<String>,
+    next_ctr: u32,
+    /// Acknowledged writes not yet in a commit (`None`: zeros).
+    dirty: Batch,
+    dirty_bytes: usize,
+    /// The batch a commit is uploading.
+    flushing: Arc<Batch>,
+}
+
+/// A disk (or `DISK@SNAP`, read-only) of an object-store datastore, served
+/// by this host.
+pub struct SharedDisk {
+    ds: Arc<SharedDatastore>,
+    name: String,
+    id: u32,
+    snapshot: Option<SnapshotRec>,
+    read_only: bool,
+    state: Mutex<State>,
+    /// One commit (or claim) at a time.
+    commit: Mutex<()>,
+    /// Sub-grain writes read, patch and put back a grain one at a time.
+    rmw: Mutex<()>,
+}
+
+/// Where one grain of a read comes from.
+enum Source {
+    Data,
+    Zero,
+    Map,
+}
+
+impl SharedDisk {
+    /// Open `name` (a disk, or `DISK@SNAP`: read-only). Reads nothing but
+    /// the name and the newest manifest; claims nothing.
+    pub fn open(ds: Arc<SharedDatastore>, name: &str, read_only: bool) -> Result<Arc<SharedDisk>> {
+        let (disk, snap) = match name.split_once('@') {
+            Some((d, s)) => (d, Some(s)),
+            None => (name, None),
+        };
+        let id = ds.disk_id(disk)?;
+        let man = ds.newest_manifest(id)?;
+        if man.removed {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("disk '{disk}' was removed"),
+            ));
+        }
+        let snapshot = match snap {
+            None => None,
+            Some(s) => Some(
+                man.snapshots
+                    .iter()
+                    .find(|r| r.name == s)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::NotFound,
+                            format!("disk '{disk}' has no snapshot '{s}'"),
+                        )
+                    })?,
+            ),
+        };
+        Ok(Arc::new(SharedDisk {
+            ds,
+            name: name.to_string(),
+            id,
+            read_only: read_only || snapshot.is_some(),
+            snapshot,
+            state: Mutex::new(State {
+                man: Arc::new(man),
+                refreshed: Instant::now(),
+                owner: false,
+                fenced: None,
+                next_ctr: 0,
+                dirty: Batch::new(),
+                dirty_bytes: 0,
+                flushing: Arc::new(Batch::new()),
+            }),
+            commit: Mutex::new(()),
+            rmw: Mutex::new(()),
+        }))
+    }
+
+    fn store(&self) -> &ObjectStore {
+        &self.ds.store
+    }
+
+    /// The manifest this disk reads from now.
+    pub fn manifest(&self) -> Arc<Manifest> {
+        self.state.lock().unwrap().man.clone()
+    }
+
+    /// Whether this process owns the disk, and the fencing message if it
+    /// lost it.
+    pub fn ownership(&self) -> (bool, Option<String>) {
+        let st = self.state.lock().unwrap();
+        (st.owner, st.fenced.clone())
+    }
+
+    /// Bytes acknowledged to writers and not yet committed to the store.
+    pub fn unflushed_bytes(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        (st.dirty.len() + st.flushing.len()) as u64 * G
+    }
+
+    fn root(&self, man: &Manifest) -> (Option<Entry>, u8) {
+        match &self.snapshot {
+            Some(s) => (s.root, s.levels),
+            None => (man.root, man.levels),
+        }
+    }
+
+    /// Walk the map to grain `vg`'s entry.
+    fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
+        let mut e = root;
+        let mut first = 0u64;
+        for level in (0..levels).rev() {
+            let Some(here) = e else { return Ok(None) };
+            let node = self.ds.cache.node(self.store(), &here, level, first)?;
+            let span = MapNode::span_of_entry(level);
+            let idx = ((vg - first) / span) as usize;
+            if idx >= FANOUT {
+                return Err(corrupt(format!(
+                    "disk '{}': grain {vg} lies outside its map",
+                    self.name
+                )));
+            }
+            first += idx as u64 * span;
+            e = node.entries[idx];
+        }
+        Ok(e)
+    }
+
+    fn fenced_error(&self, msg: &str) -> BlockError {
+        BlockError::new(BErr::Io, msg.to_string())
+    }
+
+    /// A read-only disk that is not ours follows its owner's commits.
+    fn refresh_if_stale(&self) {
+        {
+            let st = self.state.lock().unwrap();
+            if st.owner || self.snapshot.is_some() || st.refreshed.elapsed() < REFRESH {
+                return;
+            }
+        }
+        let newest = newest_manifest(self.store(), self.id);
+        let mut st = self.state.lock().unwrap();
+        st.refreshed = Instant::now();
+        if let Ok(m) = newest {
+            if !st.owner && m.seq > st.man.seq {
+                st.man = Arc::new(m);
+            }
+        }
+    }
+
+    /// Read whole grains from `first`, `n` of them, into `out`.
+    fn read_grains(&self, first: u64, out: &mut [u8]) -> Result<()> {
+        let n = out.len() / GRAIN;
+        let mut sources = Vec::with_capacity(n);
+        let man = {
+            let st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            for i in 0..n as u64 {
+                let vg = first + i;
+                let hit = st.dirty.get(&vg).or_else(|| st.flushing.get(&vg));
+                let at = i as usize * GRAIN;
+                sources.push(match hit {
+                    Some(Some(d)) => {
+                        out[at..at + GRAIN].copy_from_slice(d);
+                        Source::Data
+                    }
+                    Some(None) => Source::Zero,
+                    None => Source::Map,
+                });
+            }
+            st.man.clone()
+        };
+        let (root, levels) = self.root(&man);
+        for (i, s) in sources.into_iter().enumerate() {
+            let at = i * GRAIN;
+            match s {
+                Source::Data => {}
+                Source::Zero => out[at..at + GRAIN].fill(0),
+                Source::Map => match self.lookup(root, levels, first + i as u64)? {
+                    None => out[at..at + GRAIN].fill(0),
+                    Some(e) => {
+                        self.ds
+                            .cache
+                            .read_grain(self.store(), &e, &mut out[at..at + GRAIN])?
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Make this process the disk's writer, if it is not yet.
+    fn ensure_owner(&self) -> Result<()> {
+        {
+            let st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if st.owner {
+                return Ok(());
+            }
+        }
+        let _c = self.commit.lock().unwrap();
+        if self.state.lock().unwrap().owner {
+            return Ok(());
+        }
+        let disk = self.name.split('@').next().unwrap_or(&self.name);
+        let m = claim(self.store(), disk, self.id, self.ds.me_as_owner())?;
+        let mut st = self.state.lock().unwrap();
+        st.man = Arc::new(m);
+        st.owner = true;
+        st.next_ctr = 0;
+        Ok(())
+    }
+
+    /// Put whole grains (`None`: zeros) into the unflushed writes.
+    fn put_grains(&self, grains: Vec<(u64, Option<Box<[u8]>>)>) -> Result<()> {
+        let over = {
+            let mut st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            for (vg, d) in grains {
+                if st.dirty.insert(vg, d).is_none() {
+                    st.dirty_bytes += GRAIN;
+                }
+            }
+            st.dirty_bytes > DIRTY_LIMIT_BYTES
+        };
+        if over {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Write `buf` at `offset` (any 512-byte alignment).
+    fn write_bytes(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.ensure_owner()?;
+        let mut grains = Vec::new();
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let at = offset + pos as u64;
+            let vg = at / G;
+            let within = (at % G) as usize;
+            let take = (GRAIN - within).min(buf.len() - pos);
+            if within == 0 && take == GRAIN {
+                grains.push((vg, Some(buf[pos..pos + GRAIN].into())));
+            } else {
+                // Read, patch and put back under one lock, so two partial
+                // writes to one grain do not lose each other.
+                if !grains.is_empty() {
+                    self.put_grains(std::mem::take(&mut grains))?;
+                }
+                let _one = self.rmw.lock().unwrap();
+                let mut g = vec![0u8; GRAIN];
+                self.read_grains(vg, &mut g)?;
+                g[within..within + take].copy_from_slice(&buf[pos..pos + take]);
+                self.put_grains(vec![(vg, Some(g.into_boxed_slice()))])?;
+            }
+            pos += take;
+        }
+        self.put_grains(grains)
+    }
+
+    /// Zero `len` bytes at `offset`: whole grains become holes.
+    fn zero_bytes(&self, offset: u64, len: u64) -> Result<()> {
+        self.ensure_owner()?;
+        let end = offset + len;
+        let mut at = offset;
+        let mut holes = Vec::new();
+        while at < end {
+            let vg = at / G;
+            let g_end = (vg + 1) * G;
+            if at.is_multiple_of(G) && g_end <= end {
+                holes.push((vg, None));
+                at = g_end;
+            } else {
+                let upto = g_end.min(end);
+                let zeros = vec![0u8; (upto - at) as usize];
+                self.write_bytes(&zeros, at)?;
+                at = upto;
+            }
+            if holes.len() >= 4096 {
+                self.put_grains(std::mem::take(&mut holes))?;
+            }
+        }
+        self.put_grains(holes)
+    }
+
+    /// Upload every acknowledged write and commit the next manifest.
+    pub fn commit(&self) -> Result<()> {
+        let _c = self.commit.lock().unwrap();
+        let (batch, man, ctr) = {
+            let mut st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if st.dirty.is_empty() {
+                return Ok(());
+            }
+            if !st.owner {
+                return Err(Error::new(
+                    ErrorKind::Fenced,
+                    format!("disk '{}': writes without a claim", self.name),
+                ));
+            }
+            st.flushing = Arc::new(std::mem::take(&mut st.dirty));
+            st.dirty_bytes = 0;
+            let ctr = st.next_ctr;
+            st.next_ctr += 1;
+            (st.flushing.clone(), st.man.clone(), ctr)
+        };
+        let result = self.commit_batch(&man, &batch, ctr);
+        drop(batch);
+        let mut st = self.state.lock().unwrap();
+        let flushing = std::mem::take(&mut st.flushing);
+        match result {
+            Ok(next) => {
+                st.man = Arc::new(next);
+                Ok(())
+            }
+            Err(e) => {
+                if e.kind == ErrorKind::Fenced {
+                    eprintln!("strata: {}", e.message);
+                    st.fenced = Some(e.message.clone());
+                } else {
+                    // Keep them: the next FLUSH uploads them again. Newer
+                    // writes made meanwhile win.
+                    let flushing = Arc::try_unwrap(flushing).unwrap_or_else(|a| (*a).clone());
+                    for (vg, d) in flushing {
+                        if let std::collections::btree_map::Entry::Vacant(v) = st.dirty.entry(vg) {
+                            v.insert(d);
+                            st.dirty_bytes += GRAIN;
+                        }
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn commit_batch(&self, man: &Manifest, batch: &Batch, ctr: u32) -> Result<Manifest> {
+        let seg = SegId {
+            disk: self.id,
+            gen: man.generation,
+            ctr,
+        };
+        let mut b = SegmentBuilder::new(seg);
+        let mut nodes = Vec::new();
+        let items: Vec<(u64, Option<&[u8]>)> = batch
+            .iter()
+            .map(|(vg, d)| {
+                let d = d.as_deref().filter(|d| d.iter().any(|&x| x != 0));
+                (*vg, d)
+            })
+            .collect();
+        let root = self.apply(man, man.levels - 1, 0, man.root, &items, &mut b, &mut nodes)?;
+        if root != man.root {
+            let bytes = Bytes::from(b.seal(now_ms()));
+            self.store().put(&seg.key(), bytes.clone())?;
+            self.ds.cache.insert(seg, &bytes)?;
+            for (e, n) in nodes {
+                self.ds.cache.insert_node(&e, n);
+            }
+        }
+        let next = Manifest {
+            seq: man.seq + 1,
+            written_ms: now_ms(),
+            nonce: rand::random(),
+            root,
+            next_ctr: ctr + 1,
+            ..man.clone()
+        };
+        if commit_manifest(self.store(), &next)? {
+            return Ok(next);
+        }
+        let disk = self.name.split('@').next().unwrap_or(&self.name);
+        let who = match newest_manifest(self.store(), self.id) {
+            Ok(m) => describe_owner(&m),
+            Err(e) => format!("another host ({e})"),
+        };
+        Err(Error::new(
+            ErrorKind::Fenced,
+            format!(
+                "disk '{disk}' is fenced on this host: it was claimed by {who}; this host's \
+                 generation {} acknowledges no more writes (its unflushed writes are dropped)",
+                man.generation
+            ),
+        ))
+    }
+
+    /// Copy-on-write the subtree at `level` covering from `first` (entry
+    /// `at`) with `items` (sorted, all inside it); new nodes go into `b`.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        man: &Manifest,
+        level: u8,
+        first: u64,
+        at: Option<Entry>,
+        items: &[(u64, Option<&[u8]>)],
+        b: &mut SegmentBuilder,
+        made: &mut Vec<(Entry, MapNode)>,
+    ) -> Result<Option<Entry>> {
+        let mut node = match at {
+            Some(e) => (*self.ds.cache.node(self.store(), &e, level, first)?).clone(),
+            None => MapNode::empty(level, self.id, man.generation, first),
+        };
+        node.disk = self.id;
+        node.gen = man.generation;
+        let span = MapNode::span_of_entry(level);
+        let mut i = 0;
+        while i < items.len() {
+            let idx = ((items[i].0 - first) / span) as usize;
+            let mut j = i + 1;
+            while j < items.len() && ((items[j].0 - first) / span) as usize == idx {
+                j += 1;
+            }
+            node.entries[idx] = if level == 0 {
+                items[i].1.map(|d| b.add_grain(items[i].0, d))
+            } else {
+                let child_first = first + idx as u64 * span;
+                self.apply(
+                    man,
+                    level - 1,
+                    child_first,
+                    node.entries[idx],
+                    &items[i..j],
+                    b,
+                    made,
+                )?
+            };
+            i = j;
+        }
+        if node.entries.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let e = b.add_node(&node);
+        made.push((e, node));
+        Ok(Some(e))
+    }
+
+    fn to_block(&self, e: Error) -> BlockError {
+        let kind = match e.kind {
+            ErrorKind::Corrupt => BErr::Corrupt,
+            ErrorKind::InvalidArgument => BErr::InvalidArgument,
+            _ => BErr::Io,
+        };
+        BlockError::new(kind, e.message)
+    }
+}
+
+impl BlockDevice for SharedDisk {
+    fn size_bytes(&self) -> u64 {
+        match &self.snapshot {
+            Some(s) => s.size_bytes,
+            None => self.state.lock().unwrap().man.size_bytes,
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<ReadFill> {
+        check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.refresh_if_stale();
+        let first = offset / G;
+        let end = (offset + buf.len() as u64).div_ceil(G);
+        if offset.is_multiple_of(G) && buf.len().is_multiple_of(GRAIN) {
+            self.read_grains(first, buf).map_err(|e| self.to_block(e))?;
+        } else {
+            let mut tmp = vec![0u8; ((end - first) * G) as usize];
+            self.read_grains(first, &mut tmp)
+                .map_err(|e| self.to_block(e))?;
+            let skip = (offset - first * G) as usize;
+            buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+        }
+        Ok(ReadFill::all_data(buf.len() as u64))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BlockResult<()> {
+        if self.read_only {
+            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
+        }
+        check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.write_bytes(buf, offset)
+            .map_err(|e| self.to_block(e))?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        if let Some(f) = &self.state.lock().unwrap().fenced {
+            return Err(self.fenced_error(f));
+        }
+        self.commit().map_err(|e| self.to_block(e))
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> BlockResult<()> {
+        if self.read_only {
+            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
+        }
+        check_range(offset, len, self.size_bytes())?;
+        // Only whole grains are released; a partial grain keeps its data
+        // (unmap is advisory).
+        let first = offset.div_ceil(G);
+        let end = (offset + len) / G;
+        if first < end {
+            self.ensure_owner().map_err(|e| self.to_block(e))?;
+            self.put_grains((first..end).map(|vg| (vg, None)).collect())
+                .map_err(|e| self.to_block(e))?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOptions) -> BlockResult<()> {
+        if self.read_only {
+            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
+        }
+        check_range(offset, len, self.size_bytes())?;
+        self.zero_bytes(offset, len).map_err(|e| self.to_block(e))?;
+        if opts.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> BlockResult<Vec<Extent>> {
+        check_range(offset, len, self.size_bytes())?;
+        let (st_dirty, man): (Vec<(u64, bool)>, Arc<Manifest>) = {
+            let st = self.state.lock().unwrap();
+            let lo = offset / G;
+            let hi = (offset + len).div_ceil(G);
+            let mut v: BTreeMap<u64, bool> = BTreeMap::new();
+            for (k, d) in st.flushing.range(lo..hi) {
+                v.insert(*k, d.is_some());
+            }
+            for (k, d) in st.dirty.range(lo..hi) {
+                v.insert(*k, d.is_some());
+            }
+            (v.into_iter().collect(), st.man.clone())
+        };
+        let (root, levels) = self.root(&man);
+        let overlay: BTreeMap<u64, bool> = st_dirty.into_iter().collect();
+        let mut out: Vec<Extent> = Vec::new();
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let vg = at / G;
+            let next = ((vg + 1) * G).min(end);
+            let present = match overlay.get(&vg) {
+                Some(p) => *p,
+                None => self
+                    .lookup(root, levels, vg)
+                    .map_err(|e| self.to_block(e))?
+                    .is_some(),
+            };
+            let piece = next - at;
+            match out.last_mut() {
+                Some(l) if l.hole != present => l.len_bytes += piece,
+                _ => out.push(Extent {
+                    len_bytes: piece,
+                    hole: !present,
+                    zero: !present,
+                }),
+            }
+            at = next;
+        }
+        Ok(out)
+    }
+}

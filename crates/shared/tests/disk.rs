@@ -1,0 +1,221 @@
+//! Disks of an object-store datastore against a real SeaweedFS on loopback:
+//! what one host flushes another reads, a claim fences the old writer, of
+//! concurrent claims one wins, nothing acknowledged by a FLUSH depends on
+//! the local directory, and random I/O matches a model through commits and
+//! reopenings.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_block::{BlockDevice, ZeroOptions};
+use strata_objstore::{testing, Options, StoreUrl};
+use strata_shared::{ErrorKind, SharedDatastore, SharedDisk};
+
+const MIB: u64 = 1 << 20;
+
+/// A fresh datastore (a new prefix) and its URL; None without SeaweedFS.
+fn store(name: &str) -> Option<StoreUrl> {
+    testing::shared()?;
+    Some(
+        StoreUrl::parse(&format!(
+            "s3://strata-shared-test/{name}-{:08x}",
+            rand::random::<u32>()
+        ))
+        .unwrap(),
+    )
+}
+
+fn init(dir: &Path, url: &StoreUrl) -> Arc<SharedDatastore> {
+    Arc::new(
+        SharedDatastore::init(dir, url, &Options::default())
+            .unwrap()
+            .0,
+    )
+}
+
+fn attach(dir: &Path, url: &StoreUrl) -> Arc<SharedDatastore> {
+    Arc::new(
+        SharedDatastore::attach(dir, url, &Options::default())
+            .unwrap()
+            .0,
+    )
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add((i / 512) as u8) ^ (i as u8))
+        .collect()
+}
+
+fn read(d: &SharedDisk, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    d.read_at(&mut b, off).unwrap();
+    b
+}
+
+#[test]
+fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
+    let Some(url) = store("two-hosts") else {
+        return;
+    };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    a.create_disk("vm", 64 * MIB).unwrap();
+    let err = a.create_disk("vm", MIB).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::AlreadyExists, "{err}");
+
+    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    assert_eq!(disk_a.ownership(), (false, None), "opening claims nothing");
+    // Whole grains, a sub-grain write, a write across a leaf (1 MiB)
+    // boundary and one far out in the map.
+    disk_a.write_at(&pattern(1, 8192), 0, false).unwrap();
+    disk_a
+        .write_at(&pattern(2, 512), 4096 + 1024, false)
+        .unwrap();
+    disk_a
+        .write_at(&pattern(3, 12288), MIB - 4096, false)
+        .unwrap();
+    disk_a.write_at(&pattern(4, 4096), 60 * MIB, false).unwrap();
+    assert!(disk_a.ownership().0, "the first write claimed the disk");
+    assert_eq!(disk_a.unflushed_bytes(), 6 * 4096);
+    disk_a.flush().unwrap();
+    assert_eq!(disk_a.unflushed_bytes(), 0);
+
+    let mut expect = pattern(1, 8192);
+    expect[4096 + 1024..4096 + 1536].copy_from_slice(&pattern(2, 512));
+
+    // Host B: a directory of its own.
+    let b = attach(db.path(), &url);
+    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    assert_eq!(read(&disk_b, 0, 8192), expect);
+    assert_eq!(read(&disk_b, MIB - 4096, 12288), pattern(3, 12288));
+    assert_eq!(read(&disk_b, 60 * MIB, 4096), pattern(4, 4096));
+    assert_eq!(read(&disk_b, 2 * MIB, 4096), vec![0u8; 4096]);
+    let ext = disk_b.block_status(0, 64 * MIB).unwrap();
+    assert_eq!(
+        (ext[0].hole, ext[0].len_bytes, ext[1].hole),
+        (false, 8192, true)
+    );
+    assert_eq!(disk_b.ownership(), (false, None), "reading claims nothing");
+
+    // B writes: it claims, A's next commit is fenced.
+    disk_b.write_at(&pattern(5, 4096), 0, false).unwrap();
+    disk_b.flush().unwrap();
+    disk_a.write_at(&pattern(6, 4096), 8192, false).unwrap();
+    let err = disk_a.flush().unwrap_err();
+    assert!(
+        err.context.contains("fenced") && err.context.contains("generation 3"),
+        "{err}"
+    );
+    let mut buf = vec![0u8; 4096];
+    assert!(
+        disk_a.write_at(&buf, 0, false).is_err(),
+        "acknowledges nothing more"
+    );
+    assert!(disk_a.read_at(&mut buf, 0).is_err());
+    let m = b.newest_manifest(disk_b.manifest().disk).unwrap();
+    assert_eq!(m.generation, 3);
+    assert_eq!(m.owner.unwrap().host, b.config().me.host);
+
+    // B's flushed write survives B losing its local directory.
+    drop(disk_b);
+    drop(b);
+    std::fs::remove_dir_all(db.path()).unwrap();
+    let b = attach(db.path(), &url);
+    let disk_b = SharedDisk::open(b, "vm", true).unwrap();
+    assert_eq!(read(&disk_b, 0, 4096), pattern(5, 4096));
+    assert_eq!(read(&disk_b, 4096, 4096), expect[4096..].to_vec());
+    assert_eq!(
+        read(&disk_b, 8192, 4096),
+        vec![0u8; 4096],
+        "A's fenced write is not there"
+    );
+}
+
+#[test]
+fn of_32_concurrent_claims_exactly_one_wins() {
+    let Some(url) = store("claims") else { return };
+    let d = tempfile::tempdir().unwrap();
+    let ds = init(d.path(), &url);
+    ds.create_disk("vm", MIB).unwrap();
+    let threads: Vec<_> = (0..32)
+        .map(|_| {
+            let ds = ds.clone();
+            std::thread::spawn(move || ds.claim("vm"))
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(won.len(), 1, "{results:?}");
+    for r in &results {
+        if let Err(e) = r {
+            assert_eq!(e.kind, ErrorKind::Fenced, "{e}");
+            assert!(e.message.contains("was claimed by"), "{e}");
+        }
+    }
+    let id = ds.disk_id("vm").unwrap();
+    assert_eq!(ds.newest_manifest(id).unwrap(), *won[0]);
+}
+
+/// Random writes, sub-grain writes, zeroes and trims against a model,
+/// with flushes and reopenings (by this host and a fresh one) between.
+#[test]
+fn random_io_matches_a_model_through_commits_and_reopenings() {
+    let Some(url) = store("model") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    let size = 3 * MIB + 512 * 3; // not a whole grain: the last one is partial
+    a.create_disk("m", size).unwrap();
+    let mut model = vec![0u8; size as usize];
+    let mut disk = SharedDisk::open(a.clone(), "m", false).unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for step in 0..400 {
+        let sectors = size / 512;
+        let off = next(sectors) * 512;
+        let len = ((1 + next(24)) * 512).min(size - off);
+        match next(10) {
+            0..=5 => {
+                let data = pattern(step as u8, len as usize);
+                disk.write_at(&data, off, false).unwrap();
+                model[off as usize..(off + len) as usize].copy_from_slice(&data);
+            }
+            6 => {
+                disk.write_zeroes(off, len, ZeroOptions::default()).unwrap();
+                model[off as usize..(off + len) as usize].fill(0);
+            }
+            7 => {
+                // Only whole grains are released.
+                disk.unmap(off, len).unwrap();
+                let lo = off.div_ceil(4096) * 4096;
+                let hi = (off + len) / 4096 * 4096;
+                if lo < hi {
+                    model[lo as usize..hi as usize].fill(0);
+                }
+            }
+            8 => disk.flush().unwrap(),
+            _ => {
+                let got = read(&disk, off, len as usize);
+                assert_eq!(
+                    got,
+                    &model[off as usize..(off + len) as usize],
+                    "step {step}"
+                );
+            }
+        }
+        if step % 100 == 99 {
+            disk.flush().unwrap();
+            disk = SharedDisk::open(a.clone(), "m", false).unwrap();
+            assert_eq!(read(&disk, 0, size as usize), model, "after reopening");
+        }
+    }
+    disk.flush().unwrap();
+    let b = attach(db.path(), &url);
+    let other = SharedDisk::open(b, "m", true).unwrap();
+    assert_eq!(read(&other, 0, size as usize), model, "from another host");
+}
