@@ -84,6 +84,20 @@ Prints what it found: the datastore's id, who created it, and its disks."
     },
     /// Show the datastore's capacity, use, over-commit and alarms
     Status(JsonFlag),
+    /// Object-store datastores: make this host a disk's writer now (fencing the previous one)
+    #[command(
+        long_about = "Make this host the writer of DISK of an object-store datastore now, fencing the\n\
+previous writer: its next FLUSH fails with an error naming this host, and it acknowledges no\n\
+more writes (docs/MULTIHOST.md). A server claims a disk by itself at its first write, trim or\n\
+FLUSH; this command is for handing a disk over before that. Of hosts claiming at once, exactly\n\
+one wins; the others fail naming it."
+    )]
+    Claim {
+        /// The disk
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Set the datastore's capacity (also while it is served)
     #[command(
         long_about = "Set the datastore's capacity (also while it is served).\n\n\
@@ -449,6 +463,8 @@ pub enum Action<'a> {
     },
     /// `serve`
     Serve(&'a ServeArgs),
+    /// `claim DISK` (object-store datastores)
+    Claim { name: &'a str, format: Format },
     /// A datastore request, run here or by the server holding the datastore.
     Datastore {
         request: Request,
@@ -503,6 +519,10 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 format: json.into(),
             },
             Cmd::Serve(args) => Action::Serve(args),
+            Cmd::Claim { name, json } => Action::Claim {
+                name,
+                format: json.into(),
+            },
             Cmd::Vmdk(v) => {
                 let (request, json) = match v {
                     VmdkCmd::Info { path, json } => {

@@ -13,6 +13,7 @@ mod ops;
 mod output;
 mod serve;
 mod shared_cmd;
+mod shared_serve;
 mod units;
 mod vmdk_cmd;
 mod wire;
@@ -58,7 +59,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     if strata_shared::is_shared(dir)
         && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
     {
-        return shared_cmd::run(dir, &action).map(|()| ExitCode::SUCCESS);
+        return shared_cmd::run(dir, &action);
     }
     match action {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),
@@ -68,6 +69,14 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
         } => shared_cmd::init_or_attach(dir, url, attach, format).map(|()| ExitCode::SUCCESS),
         Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
+        Action::Claim { .. } => Err(Error::new(
+            ErrorKind::Refused,
+            format!(
+                "{} is not attached to an object-store datastore: 'claim' hands a disk of one \
+                 between hosts (a local datastore has one writer, its server)",
+                dir.display()
+            ),
+        )),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),

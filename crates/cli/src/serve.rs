@@ -27,16 +27,16 @@ use crate::{control, holders};
 pub struct ServeArgs {
     /// Serve NBD on this Unix socket path
     #[arg(long)]
-    nbd_unix: Option<PathBuf>,
+    pub(crate) nbd_unix: Option<PathBuf>,
     /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
     #[arg(long)]
-    nbd_tcp: Option<String>,
+    pub(crate) nbd_tcp: Option<String>,
     /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
     /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
     /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
     /// can reconnect to the same socket
     #[arg(long, value_name = "DISK=SOCKET")]
-    vhost_user_blk: Vec<String>,
+    pub(crate) vhost_user_blk: Vec<String>,
     /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
     /// use fewer)
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -54,7 +54,7 @@ pub struct ServeArgs {
     /// page cache), any offset and length; fsync flushes, fallocate --punch-hole unmaps.
     /// Unmounted on shutdown; a stale mount left by a crashed server is unmounted first
     #[arg(long, value_name = "DIR")]
-    fuse: Option<PathBuf>,
+    pub(crate) fuse: Option<PathBuf>,
     /// Let other users than the one running the server use the --fuse files (the allow_other
     /// mount option; non-root needs user_allow_other in /etc/fuse.conf)
     #[arg(long, requires = "fuse")]
@@ -105,10 +105,14 @@ pub struct ServeArgs {
     /// control socket PATH.strata.sock. The files are locked while served: the top link's
     /// exclusively, its parents' shared (other servers may share a base)
     #[arg(long, value_name = "[NAME=]PATH")]
-    vmdk: Vec<String>,
+    pub(crate) vmdk: Vec<String>,
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     vmdk_read_only: bool,
+    /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
+    /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) store_timeout: u64,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -123,7 +127,7 @@ fn io_threads(args: &ServeArgs, writeback: usize) -> usize {
 }
 
 /// NBD server options from the command line.
-fn nbd_options(args: &ServeArgs) -> ServerOptions {
+pub(crate) fn nbd_options(args: &ServeArgs) -> ServerOptions {
     let default = ServerOptions::default();
     ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
@@ -974,7 +978,7 @@ fn reap(children: &mut Vec<(String, std::process::Child)>) {
 type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;
 
 /// A flag SIGTERM and SIGINT set.
-fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err("signal handler", e))?;
@@ -983,7 +987,7 @@ fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
 }
 
 /// Bind the NBD listeners the arguments ask for and say how to connect.
-fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Error> {
+pub(crate) fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
@@ -1093,7 +1097,12 @@ fn start_http(
 }
 
 /// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
-fn wait_and_shut_down(stop: &AtomicBool, server: &NbdServer, http: HttpThread, args: &ServeArgs) {
+pub(crate) fn wait_and_shut_down(
+    stop: &AtomicBool,
+    server: &NbdServer,
+    http: HttpThread,
+    args: &ServeArgs,
+) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -118,15 +118,20 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["list"]);
+    let e = a.fails(&["rm", "d"]);
     assert!(
-        e.contains("'list' does not work on object-store datastores yet"),
+        e.contains("'remove' does not work on object-store datastores yet"),
         "{e}"
     );
-    let e = a.fails(&["create", "d", "--size", "1G"]);
-    assert!(e.contains("'create' does not work"), "{e}");
-    let e = a.fails(&["serve", "--nbd-unix", "/nonexistent/x.sock"]);
-    assert!(e.contains("'serve' does not work"), "{e}");
+    let e = a.fails(&["create", "d", "--size", "1G", "--type", "zeroedthick"]);
+    assert!(e.contains("thin disks only (zeroedthick was asked)"), "{e}");
+    let e = a.fails(&["serve", "--fuse", "/nonexistent/x"]);
+    assert!(e.contains("give --nbd-unix PATH"), "{e}");
+    let e = a.fails(&["serve", "--nbd-unix", "/nonexistent/x.sock", "--fuse", "/x"]);
+    assert!(
+        e.contains("--fuse does not work on object-store datastores yet"),
+        "{e}"
+    );
     // A local datastore is not made beside it.
     let e = a.fails(&["init"]);
     assert!(
@@ -134,6 +139,113 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
         "{e}"
     );
     assert!(!a.path().join("strata.super").exists());
+    // And 'claim' is for object stores only.
+    let local = common::Store::new();
+    let e = local.fails(&["claim", "d"]);
+    assert!(
+        e.contains("is not attached to an object-store datastore"),
+        "{e}"
+    );
+}
+
+/// qemu-io's output; `ok` whether it exited 0 (a failed `flush` prints
+/// nothing, it only sets the exit status).
+fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
+    // writeback, as a guest runs: writes are not FUA, FLUSH makes them durable.
+    let mut args = vec!["-f", "raw", "-t", "writeback"];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(uri);
+    let o = common::run("qemu-io", &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+fn owner_pid(h: &Host, disk: &str) -> Option<u64> {
+    h.json(&["info", disk])["owner"]["pid"].as_u64()
+}
+
+/// Issue 12's first acceptance case, through the CLI and real clients:
+/// two servers with their own local directories on one bucket.
+#[test]
+fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
+    let Some(u) = url("serve") else { return };
+    if !common::have("qemu-io") || !common::have("nbdinfo") {
+        return;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    let out = a.ok(&["create", "vm", "--size", "64M"]);
+    assert!(out.contains("created disk vm: 64 MiB, thin"), "{out}");
+    let sa = a.serve();
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+    assert!(ok && w.contains("wrote 1048576/1048576"), "{w}");
+    assert_eq!(
+        owner_pid(&a, "vm"),
+        Some(sa.pid() as u64),
+        "A's first write claimed"
+    );
+
+    let b = Host::empty();
+    b.ok(&["attach", "--object-store", &u]);
+    let sb = b.serve();
+    let info = common::run_ok("nbdinfo", &[&b.uri("vm")]);
+    assert!(info.contains("67108864"), "{info}");
+    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x11 0 1M", "read -P 0 1M 1M"]);
+    assert!(ok && !r.contains("Pattern verification failed"), "{r}");
+    assert_eq!(
+        owner_pid(&a, "vm"),
+        Some(sa.pid() as u64),
+        "connecting and reading claim nothing"
+    );
+
+    // B writes: it claims the disk, and A's next flush is refused.
+    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x22 1M 1M", "flush"]);
+    assert!(ok && w.contains("wrote 1048576/1048576"), "{w}");
+    let j = b.json(&["info", "vm"]);
+    assert_eq!(j["owner"]["pid"].as_u64(), Some(sb.pid() as u64), "{j}");
+    assert_eq!(j["generation"], 3, "created 1, A 2, B 3");
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 2M 64k", "flush"]);
+    assert!(
+        !ok && w.contains("wrote 65536/65536"),
+        "the flush fails: {w}"
+    );
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x44 3M 4k"]);
+    assert!(
+        !ok && w.contains("write failed"),
+        "A acknowledges nothing after: {w}"
+    );
+    // A's server was fenced, not killed: it says so when it stops.
+    sa.stop();
+
+    // What B flushed survives B losing its local directory.
+    sb.stop();
+    std::fs::remove_dir_all(b.path()).unwrap();
+    b.ok(&["attach", "--object-store", &u]);
+    let sb = b.serve();
+    let (ok, r) = qemu_io(
+        &b.uri("vm"),
+        &["read -P 0x11 0 1M", "read -P 0x22 1M 1M", "read -P 0 2M 2M"],
+    );
+    assert!(ok && !r.contains("Pattern verification failed"), "{r}");
+    assert_eq!(r.matches("read ").count(), 3, "{r}");
+
+    // 'strata claim' hands the disk to A's host while B writes it.
+    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x55 0 4k", "flush"]);
+    assert!(ok, "B claims again (generation 4): {w}");
+    let out = a.ok(&["claim", "vm"]);
+    assert!(out.contains("claimed disk vm: this host"), "{out}");
+    assert!(out.contains("generation 5"), "{out}");
+    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x66 0 4k", "flush"]);
+    assert!(!ok, "B was fenced by the claim: {w}");
+    drop(sb);
+    let l = a.ok(&["list"]);
+    assert!(l.contains("vm") && l.contains("64 MiB"), "{l}");
 }
 
 #[test]

@@ -102,16 +102,13 @@ impl SegmentCache {
         });
         let seg = match from_disk {
             Some(s) => Ok(s),
-            None => store
-                .get(&key)
-                .map_err(Error::from)
-                .and_then(|bytes| {
-                    let info = verify_segment(&key, &bytes).map_err(corrupt)?;
-                    Ok(CachedSegment {
-                        file: self.write_file(id, &bytes)?,
-                        info,
-                    })
-                }),
+            None => store.get(&key).map_err(Error::from).and_then(|bytes| {
+                let info = verify_segment(&key, &bytes).map_err(corrupt)?;
+                Ok(CachedSegment {
+                    file: self.write_file(id, &bytes)?,
+                    info,
+                })
+            }),
         };
         let seg = seg.map(Arc::new);
         if let Ok(s) = &seg {
