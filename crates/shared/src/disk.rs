@@ -22,7 +22,8 @@ use strata_block::{
 use strata_objstore::{Bytes, ObjectStore, Put};
 
 use crate::layout::{
-    Entry, Manifest, MapNode, Owner, SegId, SegmentBuilder, SnapshotRec, FANOUT, GRAIN,
+    manifest_key, Entry, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder, SnapshotRec,
+    FANOUT, GRAIN,
 };
 use crate::{now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
@@ -183,6 +184,192 @@ impl SharedDatastore {
     pub fn claim(&self, name: &str) -> Result<Manifest> {
         let id = self.disk_id(name)?;
         claim(&self.store, name, id, self.me_as_owner())
+    }
+}
+
+/// A hold of a linked clone on its parent's snapshot (§11.6a), under
+/// `holds/PARENT8/SNAP16/CLONE8`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub disk: u32,
+    pub snapshot: u64,
+    pub clone: u32,
+    pub size_bytes: u64,
+    pub levels: u8,
+    pub root: Option<Entry>,
+}
+
+pub const DIR_HOLDS: &str = "holds/";
+
+impl Hold {
+    pub fn key(&self) -> String {
+        format!(
+            "{DIR_HOLDS}{:08x}/{:016x}/{:08x}",
+            self.disk, self.snapshot, self.clone
+        )
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl SharedDatastore {
+    /// Whether this process may act as disk `name`'s owner without
+    /// fencing a live writer: nobody owns it, this process does, or its
+    /// owner is a process of this host that is gone (e.g. `strata claim`).
+    /// Any other owner must hand it over first (`strata claim`).
+    pub fn may_take_over(&self, name: &str, m: &Manifest) -> Result<()> {
+        match &m.owner {
+            None => Ok(()),
+            Some(o)
+                if o.host == self.cfg.me.host
+                    && (o.pid == std::process::id() || !pid_alive(o.pid)) =>
+            {
+                Ok(())
+            }
+            Some(_) => Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "disk '{name}' is written by {}: do this there, or take the disk over with \
+                     'strata claim {name}' first",
+                    describe_owner(m)
+                ),
+            )),
+        }
+    }
+
+    /// A linked clone `new` of `src@snap`, made on any host (§11.6a): a
+    /// hold keeps the snapshot's map and grains while the clone lives.
+    pub fn clone_linked(&self, src: &str, snap: &str, new: &str) -> Result<Manifest> {
+        check_name("disk", new)?;
+        if self.store.get_opt(&name_key(new))?.is_some() {
+            return Err(self.exists(new));
+        }
+        let src_id = self.disk_id(src)?;
+        let find = |m: &Manifest| m.snapshots.iter().find(|r| r.name == snap).cloned();
+        let m = self.newest_manifest(src_id)?;
+        let s = find(&m).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("disk '{src}' has no snapshot '{snap}'"),
+            )
+        })?;
+        loop {
+            let c = rand::random::<u32>();
+            if c == 0 || self.store.get_opt(&manifest_key(c, 1))?.is_some() {
+                continue;
+            }
+            let hold = Hold {
+                disk: src_id,
+                snapshot: s.id,
+                clone: c,
+                size_bytes: s.size_bytes,
+                levels: s.levels,
+                root: s.root,
+            };
+            let body = Bytes::from(serde_json::to_vec(&hold).expect("json"));
+            if self.store.put_create(&hold.key(), body)? == Put::Exists {
+                continue;
+            }
+            // After the hold: if the snapshot is still there now, any GC
+            // that missed the hold read a manifest that still had it.
+            if find(&self.newest_manifest(src_id)?).map(|r| r.id) != Some(s.id) {
+                let _ = self.store.delete(&hold.key());
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("snapshot '{src}@{snap}' was deleted while the clone was made"),
+                ));
+            }
+            let m1 = Manifest {
+                disk: c,
+                seq: 1,
+                generation: 1,
+                owner: None,
+                written_ms: now_ms(),
+                nonce: rand::random(),
+                size_bytes: s.size_bytes,
+                levels: s.levels,
+                root: s.root,
+                next_ctr: 0,
+                snapshots: Vec::new(),
+                parent: Some(ParentRef {
+                    disk: src_id,
+                    snapshot: s.id,
+                    name: format!("{src}@{snap}"),
+                }),
+                removed: false,
+            };
+            if self.store.put_create(&m1.key(), Bytes::from(m1.encode()))? == Put::Exists {
+                let _ = self.store.delete(&hold.key());
+                continue;
+            }
+            let body = serde_json::to_vec(&NameObject { disk: c }).expect("json");
+            if self.store.put_create(&name_key(new), Bytes::from(body))? == Put::Exists {
+                let _ = self.store.delete(&m1.key());
+                let _ = self.store.delete(&hold.key());
+                return Err(self.exists(new));
+            }
+            return Ok(m1);
+        }
+    }
+
+    /// Remove disk `name`: a last manifest marks it removed (a claim, so
+    /// a writer elsewhere is fenced), then its name and its hold go.
+    /// Its objects are garbage collection's; its snapshots' clones keep
+    /// what they hold.
+    pub fn remove_disk(&self, name: &str) -> Result<()> {
+        let id = self.disk_id(name)?;
+        let m = self.newest_manifest(id)?;
+        if !m.removed {
+            self.may_take_over(name, &m)?;
+            let next = Manifest {
+                seq: m.seq + 1,
+                generation: m.generation + 1,
+                owner: Some(self.me_as_owner()),
+                written_ms: now_ms(),
+                nonce: rand::random(),
+                removed: true,
+                ..m.clone()
+            };
+            if !commit_manifest(&self.store, &next)? {
+                let now = self.newest_manifest(id)?;
+                return Err(Error::new(
+                    ErrorKind::Fenced,
+                    format!(
+                        "disk '{name}' changed hands while it was removed: {}",
+                        describe_owner(&now)
+                    ),
+                ));
+            }
+        }
+        self.store.delete(&name_key(name))?;
+        if let Some(p) = &m.parent {
+            let hold = format!("{DIR_HOLDS}{:08x}/{:016x}/{id:08x}", p.disk, p.snapshot);
+            self.store.delete(&hold)?;
+        }
+        Ok(())
+    }
+
+    /// Every hold in the store.
+    pub fn holds(&self) -> Result<Vec<Hold>> {
+        let mut out = Vec::new();
+        for l in self.store.list(DIR_HOLDS, None)? {
+            let obj = self.store.get(&l.key)?;
+            let h: Hold = serde_json::from_slice(&obj)
+                .map_err(|e| corrupt(format!("{}: not a hold: {e}", l.key)))?;
+            if h.key() != l.key {
+                return Err(corrupt(format!(
+                    "{}: the hold says it is {}",
+                    l.key,
+                    h.key()
+                )));
+            }
+            out.push(h);
+        }
+        Ok(out)
     }
 }
 
@@ -411,6 +598,24 @@ impl SharedDisk {
         BlockError::new(BErr::Io, msg.to_string())
     }
 
+    /// Read the newest manifest now, if the disk is not ours; whether it
+    /// changed.
+    fn refresh_now(&self) -> bool {
+        if self.snapshot.is_some() || self.state.lock().unwrap().owner {
+            return false;
+        }
+        let Ok(m) = newest_manifest(self.store(), self.id) else {
+            return false;
+        };
+        let mut st = self.state.lock().unwrap();
+        st.refreshed = Instant::now();
+        if !st.owner && m.seq > st.man.seq {
+            st.man = Arc::new(m);
+            return true;
+        }
+        false
+    }
+
     /// A read-only disk that is not ours follows its owner's commits.
     fn refresh_if_stale(&self) {
         {
@@ -568,6 +773,122 @@ impl SharedDisk {
             }
         }
         self.put_grains(holes)
+    }
+
+    /// An owner-only change of the manifest (snapshot, revert, delete a
+    /// snapshot): takes the disk over if no live writer holds it, commits
+    /// the unflushed writes, then commits `change(newest)`.
+    fn admin(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
+        let disk = self
+            .name
+            .split('@')
+            .next()
+            .unwrap_or(&self.name)
+            .to_string();
+        if self.snapshot.is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("'{}' is a snapshot, not a disk", self.name),
+            ));
+        }
+        if !self.ownership().0 {
+            let newest = newest_manifest(self.store(), self.id)?;
+            self.ds.may_take_over(&disk, &newest)?;
+            self.ensure_owner()?;
+        }
+        self.commit()?;
+        let _c = self.commit.lock().unwrap();
+        let man = {
+            let st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            st.man.clone()
+        };
+        let mut next = change(&man)?;
+        next.seq = man.seq + 1;
+        next.written_ms = now_ms();
+        next.nonce = rand::random();
+        if !commit_manifest(self.store(), &next)? {
+            let who = newest_manifest(self.store(), self.id)
+                .map(|m| describe_owner(&m))
+                .unwrap_or_else(|e| format!("another host ({e})"));
+            let msg = format!("disk '{disk}' is fenced on this host: it was claimed by {who}");
+            self.state.lock().unwrap().fenced = Some(msg.clone());
+            return Err(Error::new(ErrorKind::Fenced, msg));
+        }
+        self.state.lock().unwrap().man = Arc::new(next.clone());
+        Ok(next)
+    }
+
+    /// Take snapshot `snap` of the disk as it is now (unflushed writes
+    /// included: they are committed first).
+    pub fn snapshot_create(&self, snap: &str, description: &str) -> Result<SnapshotRec> {
+        check_name("snapshot", snap)?;
+        let m = self.admin(|man| {
+            if man.snapshots.iter().any(|s| s.name == snap) {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("disk '{}' already has a snapshot '{snap}'", self.name),
+                ));
+            }
+            let mut next = man.clone();
+            next.snapshots.push(SnapshotRec {
+                id: man.snapshots.iter().map(|s| s.id).max().unwrap_or(0) + 1,
+                name: snap.to_string(),
+                description: description.to_string(),
+                created_ms: now_ms(),
+                size_bytes: man.size_bytes,
+                levels: man.levels,
+                root: man.root,
+            });
+            Ok(next)
+        })?;
+        Ok(m.snapshots.last().cloned().expect("just added"))
+    }
+
+    /// Delete snapshot `snap` (its clones keep what they hold).
+    pub fn snapshot_delete(&self, snap: &str) -> Result<()> {
+        self.admin(|man| {
+            let mut next = man.clone();
+            let before = next.snapshots.len();
+            next.snapshots.retain(|s| s.name != snap);
+            if next.snapshots.len() == before {
+                return Err(self.no_snapshot(snap));
+            }
+            Ok(next)
+        })
+        .map(|_| ())
+    }
+
+    /// Make the disk what snapshot `snap` holds (its size too); writes
+    /// not yet flushed are dropped.
+    pub fn snapshot_revert(&self, snap: &str) -> Result<()> {
+        let _one = self.rmw.lock().unwrap();
+        self.admin(|man| {
+            let s = man
+                .snapshots
+                .iter()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| self.no_snapshot(snap))?;
+            Ok(Manifest {
+                root: s.root,
+                levels: s.levels,
+                size_bytes: s.size_bytes,
+                ..man.clone()
+            })
+        })?;
+        let mut st = self.state.lock().unwrap();
+        st.dirty.clear();
+        st.dirty_bytes = 0;
+        Ok(())
+    }
+
+    fn no_snapshot(&self, snap: &str) -> Error {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("disk '{}' has no snapshot '{snap}'", self.name),
+        )
     }
 
     /// Upload every acknowledged write and commit the next manifest.
@@ -750,14 +1071,24 @@ impl BlockDevice for SharedDisk {
         self.refresh_if_stale();
         let first = offset / G;
         let end = (offset + buf.len() as u64).div_ceil(G);
-        if offset.is_multiple_of(G) && buf.len().is_multiple_of(GRAIN) {
-            self.read_grains(first, buf).map_err(|e| self.to_block(e))?;
-        } else {
-            let mut tmp = vec![0u8; ((end - first) * G) as usize];
-            self.read_grains(first, &mut tmp)
-                .map_err(|e| self.to_block(e))?;
-            let skip = (offset - first * G) as usize;
-            buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+        let read = |buf: &mut [u8]| {
+            if offset.is_multiple_of(G) && buf.len().is_multiple_of(GRAIN) {
+                self.read_grains(first, buf)
+            } else {
+                let mut tmp = vec![0u8; ((end - first) * G) as usize];
+                self.read_grains(first, &mut tmp)?;
+                let skip = (offset - first * G) as usize;
+                buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+                Ok(())
+            }
+        };
+        match read(buf) {
+            // Rule 5: what an older manifest named was collected; the
+            // newest one names where it is now.
+            Err(e) if e.kind == ErrorKind::NotFound && self.refresh_now() => {
+                read(buf).map_err(|e| self.to_block(e))?
+            }
+            r => r.map_err(|e| self.to_block(e))?,
         }
         Ok(ReadFill::all_data(buf.len() as u64))
     }

@@ -10,6 +10,7 @@
 mod cache;
 pub mod disk;
 pub mod envelope;
+pub mod gc;
 pub mod layout;
 
 pub use disk::SharedDisk;

@@ -219,3 +219,185 @@ fn random_io_matches_a_model_through_commits_and_reopenings() {
     let other = SharedDisk::open(b, "m", true).unwrap();
     assert_eq!(read(&other, 0, size as usize), model, "from another host");
 }
+
+fn store_of(url: &StoreUrl) -> strata_objstore::ObjectStore {
+    strata_objstore::ObjectStore::connect(url, &Options::default()).unwrap()
+}
+
+fn segment_keys(url: &StoreUrl) -> Vec<String> {
+    store_of(url)
+        .list("disks/", None)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .filter(|k| k.contains("/s/"))
+        .collect()
+}
+
+/// Issue 12: a snapshot on A, a linked clone of it on B, garbage
+/// collection while both read: bytes identical, check clean, and what GC
+/// deletes is exactly what nothing live reaches.
+#[test]
+fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
+    let Some(url) = store("clone-gc") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    a.create_disk("golden", 8 * MIB).unwrap();
+    let golden = SharedDisk::open(a.clone(), "golden", false).unwrap();
+    let base = pattern(7, 4 * MIB as usize);
+    golden.write_at(&base, 0, false).unwrap();
+    golden.flush().unwrap();
+    golden.snapshot_create("base", "the image").unwrap();
+    // Overwrite the first MiB twice: the first overwrite's segment is
+    // reached by nothing once the second is committed.
+    golden
+        .write_at(&pattern(8, MIB as usize), 0, false)
+        .unwrap();
+    golden.flush().unwrap();
+    let mut now = base.clone();
+    now[..MIB as usize].copy_from_slice(&pattern(9, MIB as usize));
+    golden.write_at(&now[..MIB as usize], 0, false).unwrap();
+    golden.flush().unwrap();
+
+    let b = attach(db.path(), &url);
+    let err = b.clone_linked("golden", "nope", "vm1").unwrap_err();
+    assert_eq!(err.kind, ErrorKind::NotFound, "{err}");
+    b.clone_linked("golden", "base", "vm1").unwrap();
+    let vm1 = SharedDisk::open(b.clone(), "vm1", false).unwrap();
+    assert_eq!(read(&vm1, 0, 4 * MIB as usize), base);
+    let mut vm1_now = base.clone();
+    vm1_now[2 * MIB as usize..2 * MIB as usize + 8192].copy_from_slice(&pattern(10, 8192));
+    vm1.write_at(
+        &vm1_now[2 * MIB as usize..2 * MIB as usize + 8192],
+        2 * MIB,
+        false,
+    )
+    .unwrap();
+    vm1.flush().unwrap();
+
+    // Only the owner deletes a snapshot; B is refused, naming A.
+    let on_b = SharedDisk::open(b.clone(), "golden", false).unwrap();
+    let err = on_b.snapshot_delete("base").unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Fenced, "{err}");
+    assert!(err.message.contains("is written by"), "{err}");
+    golden.snapshot_delete("base").unwrap();
+
+    let before = segment_keys(&url);
+    // Readers on both hosts during GC.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = [
+        (golden.clone(), now.clone()),
+        (vm1.clone(), vm1_now.clone()),
+    ]
+    .into_iter()
+    .map(|(d, want)| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds == 0 {
+                assert_eq!(read(&d, 0, 4 * MIB as usize), want);
+                rounds += 1;
+            }
+            rounds
+        })
+    })
+    .collect();
+    let rep = a.gc(false).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(rep.deleted_segments, 1, "{rep:?}");
+    assert_eq!(segment_keys(&url).len(), before.len() - 1);
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    assert_eq!(chk.disks, 2);
+    assert_eq!(chk.holds, 1);
+    // A fresh host reads the same bytes (nothing it needs was collected).
+    let dc = tempfile::tempdir().unwrap();
+    let c = attach(dc.path(), &url);
+    assert_eq!(
+        read(
+            &SharedDisk::open(c.clone(), "vm1", true).unwrap(),
+            0,
+            4 * MIB as usize
+        ),
+        vm1_now
+    );
+    assert_eq!(
+        read(
+            &SharedDisk::open(c.clone(), "golden", true).unwrap(),
+            0,
+            4 * MIB as usize
+        ),
+        now
+    );
+    // Exclusive space (what removing the disk would free): golden's new
+    // first MiB; for the clone its 8 KiB and the snapshot's first MiB,
+    // which only its hold keeps now that the snapshot is deleted.
+    let golden_space = rep.disks.iter().find(|d| d.name == "golden").unwrap();
+    assert!(golden_space.exclusive_bytes >= MIB, "{rep:?}");
+    let vm1_space = rep.disks.iter().find(|d| d.name == "vm1").unwrap();
+    assert!(
+        vm1_space.exclusive_bytes >= MIB + 8192 && vm1_space.exclusive_bytes < 2 * MIB,
+        "{rep:?}"
+    );
+
+    // Removing the clone drops its hold: the snapshot's grains that only
+    // it reached go at the next GC, golden's stay.
+    drop(vm1);
+    b.remove_disk("vm1").unwrap();
+    assert!(b.holds().unwrap().is_empty());
+    let rep = c.gc(false).unwrap();
+    assert!(rep.deleted_segments >= 1, "{rep:?}");
+    let chk = c.check().unwrap();
+    assert!(chk.errors.is_empty() && chk.disks == 1, "{chk:?}");
+    let dd = tempfile::tempdir().unwrap();
+    let d = attach(dd.path(), &url);
+    assert_eq!(
+        read(
+            &SharedDisk::open(d, "golden", true).unwrap(),
+            0,
+            4 * MIB as usize
+        ),
+        now
+    );
+}
+
+/// A fenced writer's upload is an orphan GC collects; a torn segment is
+/// an error naming its key, in reads and in check.
+#[test]
+fn fenced_uploads_are_collected_and_torn_segments_named() {
+    let Some(url) = store("orphans") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    a.create_disk("vm", 4 * MIB).unwrap();
+    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    disk_a.write_at(&pattern(1, 65536), 0, false).unwrap();
+    disk_a.flush().unwrap();
+    let b = attach(db.path(), &url);
+    b.claim("vm").unwrap();
+    disk_a.write_at(&pattern(2, 65536), 0, false).unwrap();
+    assert!(disk_a.flush().is_err());
+    // A uploaded its segment (generation 2) before its manifest failed.
+    let keys = segment_keys(&url);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let rep = b.gc(false).unwrap();
+    assert_eq!(rep.deleted_segments, 1, "{rep:?}");
+    let left = segment_keys(&url);
+    assert_eq!(left, vec![keys[0].clone()], "the committed one stays");
+
+    // Tear the live segment: cut it short in the store.
+    let st = store_of(&url);
+    let whole = st.get(&left[0]).unwrap();
+    st.put(&left[0], whole.slice(..whole.len() / 2)).unwrap();
+    let dc = tempfile::tempdir().unwrap();
+    let c = attach(dc.path(), &url);
+    let disk_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let err = disk_c.read_at(&mut buf, 0).unwrap_err();
+    assert!(err.context.contains(&left[0]), "{err}");
+    let chk = c.check().unwrap();
+    assert_eq!(chk.errors.len(), 1, "{chk:?}");
+    assert!(chk.errors[0].contains(&left[0]), "{chk:?}");
+}

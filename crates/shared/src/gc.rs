@@ -1,0 +1,406 @@
+//! Space, garbage collection and checking of an object-store datastore
+//! (docs/FORMAT.md §11.7): there are no reference counts, so everything
+//! is found by marking from the live roots: every disk's newest manifest
+//! (its root and its snapshots' roots) and every hold.
+//!
+//! `gc` claims a run (`gc/SEQ16`, create-only), marks, and deletes a
+//! segment only if nothing marked lies in it and it cannot be an upload in
+//! flight (its generation is fenced, or its counter is below the newest
+//! manifest's `next_ctr`); before deleting it checks that no newer run
+//! claimed, so a paused GC deletes nothing. `check` walks the same roots
+//! and reads every node and grain they reach against the CRCs the map
+//! holds.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+use strata_objstore::{Bytes, Put};
+
+use crate::disk::Hold;
+use crate::layout::{Entry, Manifest, MapNode, SegId, GRAIN, NODE_BYTES};
+use crate::{now_ms, Error, ErrorKind, Result, SharedDatastore, DIR_DISKS};
+
+/// Manifests kept per disk (§11.5: a writer that slept through more
+/// commits of another finds its hole refilled and the list after it
+/// non-empty).
+pub const MANIFESTS_KEPT: usize = 16;
+const DIR_GC: &str = "gc/";
+
+/// One disk's space, as the mark found it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskSpace {
+    pub name: String,
+    pub id: String,
+    /// Grains and nodes reached from this disk's roots (its snapshots'
+    /// included) and from no other disk's or hold's.
+    pub exclusive_bytes: u64,
+    /// Everything reached from this disk's roots.
+    pub referenced_bytes: u64,
+}
+
+/// What `gc` (or `gc --dry-run`) found and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    /// The run's claim, `gc/SEQ16` (none for a dry run).
+    pub claim: Option<String>,
+    /// Bytes and count of every segment in the store.
+    pub stored_bytes: u64,
+    pub segments: u64,
+    /// Bytes of the grains and nodes reached from a live root.
+    pub live_bytes: u64,
+    /// Segments nothing reaches that may go (fenced or sealed before the
+    /// newest manifest), and their bytes.
+    pub garbage_segments: u64,
+    pub garbage_bytes: u64,
+    /// Unreached segments kept because they may be uploads in flight.
+    pub in_flight_segments: u64,
+    pub deleted_segments: u64,
+    pub deleted_manifests: u64,
+    pub disks: Vec<DiskSpace>,
+    pub holds: u64,
+    pub ms: u64,
+}
+
+/// What `check` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub disks: u64,
+    pub snapshots: u64,
+    pub holds: u64,
+    pub nodes: u64,
+    pub grains: u64,
+    pub errors: Vec<String>,
+}
+
+/// Where each reached grain or node is, and which roots reached it.
+#[derive(Default)]
+struct Marks {
+    /// (segment, is a node, slot) → the owner that reached it, or None if
+    /// more than one did.
+    reached: HashMap<(SegId, bool, u32), Option<u32>>,
+}
+
+impl Marks {
+    fn note(&mut self, e: &Entry, node: bool, owner: u32) -> bool {
+        match self.reached.get_mut(&(e.seg, node, e.slot)) {
+            None => {
+                self.reached.insert((e.seg, node, e.slot), Some(owner));
+                true
+            }
+            // Reached by this owner already, or shared (and so is
+            // everything under it).
+            Some(o) if *o == Some(owner) || o.is_none() => false,
+            Some(o) => {
+                // First reached by another owner: walk it again to mark
+                // everything under it shared.
+                *o = None;
+                true
+            }
+        }
+    }
+
+    fn segments(&self) -> HashSet<SegId> {
+        self.reached.keys().map(|k| k.0).collect()
+    }
+}
+
+fn bytes_of(node: bool) -> u64 {
+    if node {
+        NODE_BYTES as u64
+    } else {
+        GRAIN as u64
+    }
+}
+
+/// The live roots of the store at one moment.
+struct Roots {
+    /// (name or `None` for a nameless id, newest manifest) per disk id.
+    disks: BTreeMap<u32, (Option<String>, Manifest)>,
+    holds: Vec<Hold>,
+}
+
+impl SharedDatastore {
+    /// Every disk id with manifests (named or not), its newest manifest,
+    /// then every hold (read after the manifests: §11.6a).
+    fn roots(&self) -> Result<Roots> {
+        let mut names: HashMap<u32, String> = HashMap::new();
+        for (name, m) in self.disks()? {
+            names.insert(m.disk, name);
+        }
+        let mut ids: Vec<u32> = Vec::new();
+        for l in self.store.list(DIR_DISKS, None)? {
+            if let Some(id) = disk_of_key(&l.key) {
+                if ids.last() != Some(&id) && !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        let mut disks = BTreeMap::new();
+        for id in ids {
+            match self.newest_manifest(id) {
+                Ok(m) => {
+                    disks.insert(id, (names.get(&id).cloned(), m));
+                }
+                // Segments without a manifest: a disk whose manifests GC
+                // removed, or never finished; nothing is live there.
+                Err(e) if e.kind == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let holds = self.holds()?;
+        Ok(Roots { disks, holds })
+    }
+
+    /// Walk the tree at `root` (`levels` levels), noting what it reaches
+    /// for `owner`; `visit` sees every node and grain entry reached.
+    fn walk(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        owner: u32,
+        marks: &mut Marks,
+        visit: &mut dyn FnMut(&Entry, Option<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let Some(root) = root else { return Ok(()) };
+        let mut stack: Vec<(Entry, u8, u64)> = vec![(root, levels - 1, 0)];
+        while let Some((e, level, first)) = stack.pop() {
+            if !marks.note(&e, true, owner) {
+                continue;
+            }
+            visit(&e, Some(level))?;
+            let node: std::sync::Arc<MapNode> = self.cache.node(&self.store, &e, level, first)?;
+            let span = MapNode::span_of_entry(level);
+            for (i, c) in node.entries.iter().enumerate() {
+                let Some(c) = c else { continue };
+                if level == 0 {
+                    if marks.note(c, false, owner) {
+                        visit(c, None)?;
+                    }
+                } else {
+                    stack.push((*c, level - 1, first + i as u64 * span));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn mark(&self, roots: &Roots, marks: &mut Marks) -> Result<()> {
+        for (id, (_, m)) in &roots.disks {
+            if m.removed {
+                continue;
+            }
+            self.walk(m.root, m.levels, *id, marks, &mut |_, _| Ok(()))?;
+            for s in &m.snapshots {
+                self.walk(s.root, s.levels, *id, marks, &mut |_, _| Ok(()))?;
+            }
+        }
+        for h in &roots.holds {
+            // A hold keeps its snapshot for the clone.
+            self.walk(h.root, h.levels, h.clone, marks, &mut |_, _| Ok(()))?;
+        }
+        Ok(())
+    }
+
+    /// Mark from every live root and (unless `dry_run`) delete what
+    /// nothing reaches and no writer may still name.
+    pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
+        let t = std::time::Instant::now();
+        let claim = if dry_run {
+            None
+        } else {
+            Some(self.claim_gc()?)
+        };
+        let roots = self.roots()?;
+        let mut marks = Marks::default();
+        self.mark(&roots, &mut marks)?;
+        let live = marks.segments();
+        let mut per_disk: HashMap<u32, (u64, u64)> = HashMap::new();
+        let mut live_bytes = 0;
+        for ((_, node, _), owner) in &marks.reached {
+            live_bytes += bytes_of(*node);
+            if let Some(o) = owner {
+                per_disk.entry(*o).or_default().0 += bytes_of(*node);
+            }
+        }
+        let mut rep = GcReport {
+            dry_run,
+            claim: claim.clone(),
+            stored_bytes: 0,
+            segments: 0,
+            live_bytes,
+            garbage_segments: 0,
+            garbage_bytes: 0,
+            in_flight_segments: 0,
+            deleted_segments: 0,
+            deleted_manifests: 0,
+            disks: Vec::new(),
+            holds: roots.holds.len() as u64,
+            ms: 0,
+        };
+        for (id, (name, m)) in &roots.disks {
+            if let Some(name) = name {
+                let mut refd = Marks::default();
+                let mut referenced = 0u64;
+                let mut count = |_: &Entry, level: Option<u8>| {
+                    referenced += bytes_of(level.is_some());
+                    Ok(())
+                };
+                self.walk(m.root, m.levels, *id, &mut refd, &mut count)?;
+                for s in &m.snapshots {
+                    self.walk(s.root, s.levels, *id, &mut refd, &mut count)?;
+                }
+                rep.disks.push(DiskSpace {
+                    name: name.clone(),
+                    id: format!("{id:08x}"),
+                    exclusive_bytes: per_disk.get(id).map(|p| p.0).unwrap_or(0),
+                    referenced_bytes: referenced,
+                });
+            }
+        }
+        rep.disks.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut doomed = Vec::new();
+        let mut manifests: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for l in self.store.list(DIR_DISKS, None)? {
+            if let Some(seg) = SegId::from_key(&l.key) {
+                rep.segments += 1;
+                rep.stored_bytes += l.size;
+                if live.contains(&seg) {
+                    continue;
+                }
+                let may_go = match roots.disks.get(&seg.disk) {
+                    Some((_, m)) => {
+                        seg.gen < m.generation || (seg.gen == m.generation && seg.ctr < m.next_ctr)
+                    }
+                    None => true,
+                };
+                if may_go {
+                    rep.garbage_segments += 1;
+                    rep.garbage_bytes += l.size;
+                    doomed.push(l.key);
+                } else {
+                    rep.in_flight_segments += 1;
+                }
+            } else if let Some(id) = disk_of_key(&l.key) {
+                if l.key.contains("/m/") {
+                    manifests.entry(id).or_default().push(l.key);
+                }
+            }
+        }
+        if let Some(claim) = &claim {
+            // A newer run claimed while this one marked: it knows better.
+            if !self.store.list(DIR_GC, Some(claim))?.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Fenced,
+                    format!("a newer garbage collection run claimed after {claim}: this one deletes nothing"),
+                ));
+            }
+            for key in &doomed {
+                self.store.delete(key)?;
+                rep.deleted_segments += 1;
+            }
+            for (_, mut keys) in manifests {
+                keys.sort();
+                let n = keys.len().saturating_sub(MANIFESTS_KEPT);
+                for key in &keys[..n] {
+                    self.store.delete(key)?;
+                    rep.deleted_manifests += 1;
+                }
+            }
+            // Older claims are history.
+            let claims = self.store.list(DIR_GC, None)?;
+            for l in claims.iter().filter(|l| &l.key < claim) {
+                let _ = self.store.delete(&l.key);
+            }
+        }
+        rep.ms = t.elapsed().as_millis() as u64;
+        Ok(rep)
+    }
+
+    /// `gc/SEQ16` at the next sequence, create-only.
+    fn claim_gc(&self) -> Result<String> {
+        let last = self
+            .store
+            .list(DIR_GC, None)?
+            .into_iter()
+            .filter_map(|l| u64::from_str_radix(l.key.strip_prefix(DIR_GC)?, 16).ok())
+            .max()
+            .unwrap_or(0);
+        let key = format!("{DIR_GC}{:016x}", last + 1);
+        let body = serde_json::json!({
+            "host": self.cfg.me.host, "name": self.cfg.me.name,
+            "pid": std::process::id(), "started_ms": now_ms(),
+        });
+        match self.store.put_create(&key, Bytes::from(body.to_string()))? {
+            Put::Created => Ok(key),
+            Put::Exists => Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("another garbage collection run claimed {key} at the same time"),
+            )),
+        }
+    }
+
+    /// Read every node and grain every live root reaches, checking each
+    /// against the CRC its map entry holds.
+    pub fn check(&self) -> Result<CheckReport> {
+        let roots = self.roots()?;
+        let mut rep = CheckReport {
+            disks: 0,
+            snapshots: 0,
+            holds: roots.holds.len() as u64,
+            nodes: 0,
+            grains: 0,
+            errors: Vec::new(),
+        };
+        let mut marks = Marks::default();
+        let mut buf = vec![0u8; GRAIN];
+        let mut trees: Vec<(String, Option<Entry>, u8, u32)> = Vec::new();
+        for (id, (name, m)) in &roots.disks {
+            if m.removed {
+                continue;
+            }
+            let name = name
+                .clone()
+                .unwrap_or_else(|| format!("(unnamed disk {id:08x})"));
+            rep.disks += 1;
+            trees.push((name.clone(), m.root, m.levels, *id));
+            for s in &m.snapshots {
+                rep.snapshots += 1;
+                trees.push((format!("{name}@{}", s.name), s.root, s.levels, *id));
+            }
+        }
+        for h in &roots.holds {
+            trees.push((h.key(), h.root, h.levels, h.clone));
+        }
+        for (what, root, levels, owner) in trees {
+            let mut nodes = 0u64;
+            let mut grains = 0u64;
+            let r = self.walk(root, levels, owner, &mut marks, &mut |e, level| {
+                match level {
+                    Some(_) => nodes += 1,
+                    None => {
+                        grains += 1;
+                        self.cache.read_grain(&self.store, e, &mut buf)?;
+                    }
+                }
+                Ok(())
+            });
+            rep.nodes += nodes;
+            rep.grains += grains;
+            if let Err(e) = r {
+                rep.errors.push(format!("{what}: {e}"));
+            }
+        }
+        Ok(rep)
+    }
+}
+
+/// The disk id of a key under `disks/`.
+fn disk_of_key(key: &str) -> Option<u32> {
+    let rest = key.strip_prefix(DIR_DISKS)?;
+    let (id, _) = rest.split_once('/')?;
+    if id.len() != 8 {
+        return None;
+    }
+    u32::from_str_radix(id, 16).ok()
+}
