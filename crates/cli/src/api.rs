@@ -106,6 +106,15 @@ pub enum Request {
         provisioning: Provisioning,
     },
     Check,
+    /// `claim DISK` (object-store datastores): this host becomes its writer.
+    Claim {
+        name: String,
+    },
+    /// `gc [--dry-run]` (object-store datastores): collect what no live
+    /// root reaches.
+    Gc {
+        dry_run: bool,
+    },
     /// `grow`: set the capacity (Some(0): follow the file system again), or
     /// with None only say what it is and how it can change.
     Grow {
@@ -254,6 +263,14 @@ pub enum Response {
     Capacity { info: DatastoreInfo, changed: bool },
     /// `alarm list`, `alarm set`: every alarm, evaluated now.
     Alarms(Vec<AlarmEntry>),
+    /// An answer about an object-store datastore: already rendered for
+    /// people, and its `--json` document.
+    Shared {
+        human: String,
+        json: serde_json::Value,
+        #[serde(default)]
+        problems: bool,
+    },
 }
 
 /// One alarm in `alarm list`: its state now, and the command it runs.
@@ -270,6 +287,7 @@ impl Response {
     /// found problems.
     pub fn found_problems(&self) -> bool {
         matches!(self, Response::Check(r) if !r.is_clean())
+            || matches!(self, Response::Shared { problems: true, .. })
     }
 }
 

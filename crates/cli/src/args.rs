@@ -98,6 +98,22 @@ one wins; the others fail naming it."
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Object-store datastores: delete what no disk, snapshot or clone reaches any more
+    #[command(
+        long_about = "Collect garbage in an object-store datastore (any host may run it, also while\n\
+disks are served everywhere): mark every grain and map node that a disk, a snapshot or a linked\n\
+clone's hold reaches, then delete the segments nothing reaches whose writer was fenced or sealed\n\
+them before its newest manifest (never an upload in flight), and all but the 16 newest manifests of\n\
+each disk. Prints stored, live and garbage bytes and each disk's exclusive bytes (what removing\n\
+it would free). A run that another run overtakes deletes nothing."
+    )]
+    Gc {
+        /// Only count: delete nothing
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Set the datastore's capacity (also while it is served)
     #[command(
         long_about = "Set the datastore's capacity (also while it is served).\n\n\
@@ -463,8 +479,6 @@ pub enum Action<'a> {
     },
     /// `serve`
     Serve(&'a ServeArgs),
-    /// `claim DISK` (object-store datastores)
-    Claim { name: &'a str, format: Format },
     /// A datastore request, run here or by the server holding the datastore.
     Datastore {
         request: Request,
@@ -519,10 +533,10 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 format: json.into(),
             },
             Cmd::Serve(args) => Action::Serve(args),
-            Cmd::Claim { name, json } => Action::Claim {
-                name,
-                format: json.into(),
-            },
+            Cmd::Claim { name, json } => {
+                datastore(Request::Claim { name: name.clone() }, json.into())
+            }
+            Cmd::Gc { dry_run, json } => datastore(Request::Gc { dry_run: *dry_run }, json.into()),
             Cmd::Vmdk(v) => {
                 let (request, json) = match v {
                     VmdkCmd::Info { path, json } => {

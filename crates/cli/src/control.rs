@@ -155,9 +155,10 @@ pub fn spawn_vmdk_server(
 /// Answer one connection: read its request, run it with `run`, relaying
 /// progress; a long request is started as a job with `start_job` (when the
 /// server keeps jobs) and followed.
-type Run<'a> = dyn FnMut(&Request, &mut dyn FnMut(u64, u64)) -> Result<Response, Error> + 'a;
+pub(crate) type Run<'a> =
+    dyn FnMut(&Request, &mut dyn FnMut(u64, u64)) -> Result<Response, Error> + 'a;
 
-fn handle(
+pub(crate) fn handle(
     conn: UnixStream,
     start_job: Option<&dyn Fn(Request) -> Arc<crate::jobs::Job>>,
     run: &mut Run<'_>,

@@ -69,14 +69,6 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             format,
         } => shared_cmd::init_or_attach(dir, url, attach, format).map(|()| ExitCode::SUCCESS),
         Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
-        Action::Claim { .. } => Err(Error::new(
-            ErrorKind::Refused,
-            format!(
-                "{} is not attached to an object-store datastore: 'claim' hands a disk of one \
-                 between hosts (a local datastore has one writer, its server)",
-                dir.display()
-            ),
-        )),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),

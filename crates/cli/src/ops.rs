@@ -130,6 +130,13 @@ pub fn execute(
             provisioning,
         } => Response::Disk(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => Response::Check(ds.check()?),
+        Request::Claim { .. } | Request::Gc { .. } => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "claim and gc are for object-store datastores: a local datastore has one \
+                 writer (its server) and frees space as it goes (reference counts)",
+            ))
+        }
         Request::VmdkShrink { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,

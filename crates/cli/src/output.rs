@@ -105,6 +105,7 @@ impl Render for Response {
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
             Response::Removed { name } => line(out, format_args!("removed {name}")),
+            Response::Shared { human, .. } => out.push_str(human),
             Response::Jobs(jobs) => job_table(out, jobs),
             Response::JobStarted(j) => line(
                 out,
@@ -161,6 +162,7 @@ impl Render for Response {
                 json!({ "deleted": format!("{disk}@{snapshot}") })
             }
             Response::Check(r) => value(r),
+            Response::Shared { json, .. } => json.clone(),
             // One object keyed by export name.
             Response::Stats(exports) => Value::Object(
                 exports

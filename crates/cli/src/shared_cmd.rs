@@ -1,11 +1,15 @@
 //! Commands on object-store datastores (docs/MULTIHOST.md): `init
-//! --object-store`, `attach`, and `status` of a directory attached to one.
-//! `create`, `list`, `info`, `claim` and `serve` (shared_serve.rs) work on
-//! them; other commands refuse with a message rather than touch a local
-//! datastore.
+//! --object-store`, `attach`, and the requests that work on a directory
+//! attached to one (status, list, info, create, rm, claim, snapshots,
+//! linked clones, check, gc; `serve` is shared_serve.rs). When this host
+//! serves the datastore, requests go to its server's control socket, so
+//! that a snapshot is taken by the process that writes the disk; other
+//! commands refuse with a message rather than touch a local datastore.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use serde::Serialize;
 use strata_engine::Provisioning;
@@ -13,11 +17,12 @@ use strata_shared::layout::Manifest;
 
 use strata_engine::{Error, ErrorKind};
 use strata_objstore::{Options, StoreUrl};
-use strata_shared::{SharedDatastore, Summary};
+use strata_shared::{SharedDatastore, SharedDisk, Summary};
 
-use crate::api::Request;
+use crate::api::{Request, Response};
 use crate::args::Action;
 use crate::output::Format;
+use crate::shared_serve::SharedExports;
 
 pub(crate) fn engine_error(e: strata_shared::Error) -> Error {
     use strata_shared::ErrorKind as K;
@@ -50,39 +55,46 @@ pub fn init_or_attach(dir: &Path, url: &str, attach: bool, format: Format) -> Re
             } else {
                 println!("initialised object-store datastore {}", summary.url);
             }
-            print_summary(&summary);
+            print!("{}", summary_text(&summary));
         }
     }
     Ok(())
 }
 
-/// A command on a directory attached to an object-store datastore:
-/// `status` works, a local `init` is refused (the directory is taken), and
-/// everything else is not built yet.
+/// The control socket of a server of an object-store datastore.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// A command on a directory attached to an object-store datastore.
 pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
-    let done = |r: Result<(), Error>| r.map(|()| ExitCode::SUCCESS);
     match action {
         Action::Serve(args) => crate::shared_serve::run(dir, args),
-        Action::Claim { name, format } => done(claim(dir, name, *format)),
-        Action::Datastore {
-            request,
-            format,
-            watch: false,
-        } if matches!(
-            request,
-            Request::Status | Request::List | Request::Create { .. } | Request::Info { .. }
-        ) =>
-        {
-            done(disk_request(dir, request, *format))
-        }
-        Action::Init { .. } => done(Err(Error::new(
+        Action::Init { .. } => Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
                 "{} is the local directory of an object-store datastore: a local datastore needs \
                  a directory of its own (--datastore)",
                 dir.display()
             ),
-        ))),
+        )),
+        Action::Datastore {
+            request,
+            format,
+            watch: false,
+        } => {
+            let sock = dir.join(CONTROL_SOCKET);
+            let response = if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+                crate::wire::request(&sock, request, false, &mut |_, _| {})?
+            } else {
+                let ds = SharedDatastore::open(dir, &Options::default()).map_err(engine_error)?;
+                execute(&Arc::new(ds), None, request)?
+            };
+            crate::output::print(&response, *format);
+            Ok(if response.found_problems() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
         Action::Datastore { request, .. } => Err(not_yet(dir, &request_name(request))),
         Action::Shared { .. } | Action::Vmdk { .. } => {
             unreachable!("init/attach --object-store and vmdk run on any directory")
@@ -90,21 +102,37 @@ pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
     }
 }
 
-fn open(dir: &Path) -> Result<SharedDatastore, Error> {
-    SharedDatastore::open(dir, &Options::default()).map_err(engine_error)
+fn answer(human: String, json: serde_json::Value) -> Response {
+    Response::Shared {
+        human,
+        json,
+        problems: false,
+    }
 }
 
-/// `status`, `list`, `create` and `info` of an object-store datastore.
-fn disk_request(dir: &Path, request: &Request, format: Format) -> Result<(), Error> {
-    let ds = open(dir)?;
-    let json = |v: &dyn erased::Json| println!("{}", v.pretty());
-    match request {
+fn value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("json")
+}
+
+/// Run `request` on an object-store datastore: here (`exports` None), or
+/// in its server (with the disks it has open, so that owner-only changes
+/// are made by the process that writes the disk).
+pub fn execute(
+    ds: &Arc<SharedDatastore>,
+    exports: Option<&SharedExports>,
+    request: &Request,
+) -> Result<Response, Error> {
+    let e = engine_error;
+    let disk = |name: &str| -> Result<Arc<SharedDisk>, Error> {
+        match exports {
+            Some(x) => x.disk(name).map_err(|m| Error::new(ErrorKind::NotFound, m)),
+            None => SharedDisk::open(ds.clone(), name, false).map_err(e),
+        }
+    };
+    Ok(match request {
         Request::Status => {
-            let summary = ds.summary().map_err(engine_error)?;
-            match format {
-                Format::Json => json(&summary),
-                Format::Human => print_summary(&summary),
-            }
+            let summary = ds.summary().map_err(e)?;
+            answer(summary_text(&summary), value(&summary))
         }
         Request::Create {
             name,
@@ -121,87 +149,267 @@ fn disk_request(dir: &Path, request: &Request, format: Format) -> Result<(), Err
                     ),
                 ));
             }
-            let m = ds.create_disk(name, *size_bytes).map_err(engine_error)?;
-            match format {
-                Format::Json => json(&DiskView::new(name, &m)),
-                Format::Human => println!(
-                    "created disk {name}: {}, thin, in {} (id {:08x})",
+            let m = ds.create_disk(name, *size_bytes).map_err(e)?;
+            answer(
+                format!(
+                    "created disk {name}: {}, thin, in {} (id {:08x})\n",
                     crate::units::human(m.size_bytes),
                     ds.config().url,
                     m.disk
                 ),
-            }
+                value(&DiskView::new(name, &m)),
+            )
         }
         Request::List => {
-            let disks = ds.disks().map_err(engine_error)?;
+            let disks = ds.disks().map_err(e)?;
             let views: Vec<DiskView> = disks.iter().map(|(n, m)| DiskView::new(n, m)).collect();
-            match format {
-                Format::Json => json(&views),
-                Format::Human => {
-                    println!(
-                        "{:<24} {:>10} {:>6} {:>9}  OWNER",
-                        "NAME", "SIZE", "GEN", "SNAPSHOTS"
-                    );
-                    for v in &views {
-                        println!(
-                            "{:<24} {:>10} {:>6} {:>9}  {}",
-                            v.name,
-                            crate::units::human(v.size_bytes),
-                            v.generation,
-                            v.snapshots.len(),
-                            v.owner_text()
-                        );
-                    }
-                }
+            let mut t = format!(
+                "{:<24} {:>10} {:>6} {:>9}  WRITER\n",
+                "NAME", "SIZE", "GEN", "SNAPSHOTS"
+            );
+            for v in &views {
+                let _ = writeln!(
+                    t,
+                    "{:<24} {:>10} {:>6} {:>9}  {}",
+                    v.name,
+                    crate::units::human(v.size_bytes),
+                    v.generation,
+                    v.snapshots.len(),
+                    v.owner_text()
+                );
             }
+            answer(t, value(&views))
         }
         Request::Info { name } => {
-            let id = ds.disk_id(name).map_err(engine_error)?;
-            let m = ds.newest_manifest(id).map_err(engine_error)?;
+            let id = ds.disk_id(name).map_err(e)?;
+            let m = ds.newest_manifest(id).map_err(e)?;
             let v = DiskView::new(name, &m);
-            match format {
-                Format::Json => json(&v),
-                Format::Human => {
-                    println!("disk:        {name} (id {:08x})", m.disk);
-                    println!("size:        {}", crate::units::human(m.size_bytes));
-                    println!("type:        thin (object store)");
-                    println!("writer:      {}", v.owner_text());
-                    println!(
-                        "manifest:    {} (written {})",
-                        m.key(),
-                        strata_shared::utc(m.written_ms)
-                    );
-                    if let Some(p) = &m.parent {
-                        println!("clone of:    {}", p.name);
+            let mut t = String::new();
+            let _ = writeln!(t, "disk:        {name} (id {:08x})", m.disk);
+            let _ = writeln!(t, "size:        {}", crate::units::human(m.size_bytes));
+            let _ = writeln!(t, "type:        thin (object store)");
+            let _ = writeln!(t, "writer:      {}", v.owner_text());
+            let _ = writeln!(
+                t,
+                "manifest:    {} (written {})",
+                m.key(),
+                strata_shared::utc(m.written_ms)
+            );
+            if let Some(p) = &m.parent {
+                let _ = writeln!(t, "clone of:    {}", p.name);
+            }
+            for s in &m.snapshots {
+                let _ = writeln!(
+                    t,
+                    "snapshot:    {name}@{} (taken {})",
+                    s.name,
+                    strata_shared::utc(s.created_ms)
+                );
+            }
+            answer(t, value(&v))
+        }
+        Request::Claim { name } => {
+            let m = match exports {
+                Some(x) => {
+                    let mut d = disk(name)?;
+                    if d.ownership().1.is_some() {
+                        // Fenced here before: taking it back starts afresh.
+                        d = x
+                            .reopen(name)
+                            .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
                     }
-                    for s in &m.snapshots {
-                        println!(
-                            "snapshot:    {name}@{} (taken {})",
-                            s.name,
-                            strata_shared::utc(s.created_ms)
-                        );
-                    }
+                    d.claim().map_err(e)?;
+                    (*d.manifest()).clone()
                 }
+                None => ds.claim(name).map_err(e)?,
+            };
+            answer(
+                format!(
+                    "claimed disk {name}: this host ({}) is its writer, generation {}\n",
+                    ds.config().me.name,
+                    m.generation
+                ),
+                value(&DiskView::new(name, &m)),
+            )
+        }
+        Request::Remove { name } => {
+            if let Some(x) = exports {
+                x.forget(name);
+            }
+            ds.remove_disk(name).map_err(e)?;
+            answer(
+                format!("removed {name}\n"),
+                serde_json::json!({ "name": name }),
+            )
+        }
+        Request::SnapshotCreate {
+            disk: name,
+            snapshot,
+            description,
+        } => {
+            let s = disk(name)?
+                .snapshot_create(snapshot, description)
+                .map_err(e)?;
+            answer(
+                format!("created snapshot {name}@{}\n", s.name),
+                serde_json::json!({ "disk": name, "snapshot": s }),
+            )
+        }
+        Request::SnapshotList { disk: name } => {
+            let id = ds.disk_id(name).map_err(e)?;
+            let m = ds.newest_manifest(id).map_err(e)?;
+            let mut t = String::new();
+            if m.snapshots.is_empty() {
+                let _ = writeln!(t, "{name} has no snapshots");
+            }
+            for s in &m.snapshots {
+                let _ = writeln!(
+                    t,
+                    "{name}@{}  {}  {}{}",
+                    s.name,
+                    crate::units::human(s.size_bytes),
+                    strata_shared::utc(s.created_ms),
+                    if s.description.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  {}", s.description)
+                    }
+                );
+            }
+            answer(t, value(&m.snapshots))
+        }
+        Request::SnapshotDelete {
+            disk: name,
+            snapshot,
+        } => {
+            disk(name)?.snapshot_delete(snapshot).map_err(e)?;
+            answer(
+                format!("deleted snapshot {name}@{snapshot}\n"),
+                serde_json::json!({ "disk": name, "snapshot": snapshot }),
+            )
+        }
+        Request::SnapshotRevert {
+            disk: name,
+            snapshot,
+        } => {
+            let d = disk(name)?;
+            d.snapshot_revert(snapshot).map_err(e)?;
+            answer(
+                format!("reverted {name} to {name}@{snapshot}\n"),
+                value(&DiskView::new(name, &d.manifest())),
+            )
+        }
+        Request::CloneLinked { source, name } => {
+            let Some((src, snap)) = source.split_once('@') else {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "a linked clone on an object-store datastore is made from a snapshot \
+                         (DISK@SNAP), not '{source}'"
+                    ),
+                ));
+            };
+            let m = ds.clone_linked(src, snap, name).map_err(e)?;
+            answer(
+                format!("created linked clone {name} of {source}\n"),
+                value(&DiskView::new(name, &m)),
+            )
+        }
+        Request::Check => {
+            let r = ds.check().map_err(e)?;
+            let mut t = format!(
+                "checked {} disks, {} snapshots, {} holds: {} map nodes and {} grains read against their checksums\n",
+                r.disks, r.snapshots, r.holds, r.nodes, r.grains
+            );
+            for err in &r.errors {
+                let _ = writeln!(t, "error: {err}");
+            }
+            if r.errors.is_empty() {
+                t.push_str("no problems found\n");
+            }
+            Response::Shared {
+                human: t,
+                problems: !r.errors.is_empty(),
+                json: value(&r),
             }
         }
-        _ => unreachable!("routed by run"),
-    }
-    Ok(())
+        Request::Gc { dry_run } => {
+            let r = ds.gc(*dry_run).map_err(e)?;
+            let h = crate::units::human;
+            let mut t = String::new();
+            let _ = writeln!(
+                t,
+                "stored {} in {} segments; live {}; garbage {} in {} segments{}",
+                h(r.stored_bytes),
+                r.segments,
+                h(r.live_bytes),
+                h(r.garbage_bytes),
+                r.garbage_segments,
+                if r.in_flight_segments > 0 {
+                    format!(
+                        " ({} more may be uploads in flight: kept)",
+                        r.in_flight_segments
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if *dry_run {
+                t.push_str("dry run: nothing deleted\n");
+            } else {
+                let _ = writeln!(
+                    t,
+                    "deleted {} segments and {} old manifests",
+                    r.deleted_segments, r.deleted_manifests
+                );
+            }
+            for d in &r.disks {
+                let _ = writeln!(
+                    t,
+                    "  {:<24} exclusive {:>10}  referenced {:>10}",
+                    d.name,
+                    h(d.exclusive_bytes),
+                    h(d.referenced_bytes)
+                );
+            }
+            answer(t, value(&r))
+        }
+        other => return Err(not_yet_request(&request_name(other))),
+    })
 }
 
-/// `claim DISK`.
-fn claim(dir: &Path, name: &str, format: Format) -> Result<(), Error> {
-    let ds = open(dir)?;
-    let m = ds.claim(name).map_err(engine_error)?;
-    match format {
-        Format::Json => println!("{}", DiskView::new(name, &m).pretty()),
-        Format::Human => println!(
-            "claimed disk {name}: this host ({}) is its writer, generation {}",
-            ds.config().me.name,
-            m.generation
+/// What every other command says on an object-store datastore for now.
+fn not_yet(dir: &Path, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Refused,
+        format!(
+            "{} is the local directory of an object-store datastore; {}",
+            dir.display(),
+            not_yet_request(what).message
         ),
-    }
-    Ok(())
+    )
+}
+
+fn not_yet_request(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Refused,
+        format!(
+            "'{what}' does not work on object-store datastores yet (they have status, list, info, \
+             create, rm, claim, snapshot, clone (linked), check, gc and serve: docs/MULTIHOST.md)"
+        ),
+    )
+}
+
+/// A request's command name, for messages (its wire tag, `op`).
+fn request_name(req: &Request) -> String {
+    serde_json::to_value(req)
+        .ok()
+        .and_then(|v| {
+            v.get("op")
+                .and_then(|o| o.as_str())
+                .map(|s| s.replace('_', " "))
+        })
+        .unwrap_or_else(|| "this command".into())
 }
 
 /// A disk as `list`, `info`, `create` and `claim` show it.
@@ -244,73 +452,46 @@ impl DiskView {
     }
 }
 
-mod erased {
-    /// Anything printed as pretty JSON.
-    pub trait Json {
-        fn pretty(&self) -> String;
-    }
-    impl<T: serde::Serialize> Json for T {
-        fn pretty(&self) -> String {
-            serde_json::to_string_pretty(self).expect("json")
-        }
-    }
-}
-use erased::Json as _;
-
-/// What every other command says on an object-store datastore for now.
-fn not_yet(dir: &Path, what: &str) -> Error {
-    Error::new(
-        ErrorKind::Refused,
-        format!(
-            "{} is the local directory of an object-store datastore; '{what}' does not work on \
-             object-store datastores yet (they have init, attach, status, create, list, info, claim \
-             and serve so far: docs/MULTIHOST.md)",
-            dir.display()
-        ),
-    )
-}
-
-/// A request's command name, for messages (its wire tag, `op`).
-fn request_name(req: &Request) -> String {
-    serde_json::to_value(req)
-        .ok()
-        .and_then(|v| {
-            v.get("op")
-                .and_then(|o| o.as_str())
-                .map(|s| s.replace('_', " "))
-        })
-        .unwrap_or_else(|| "this command".into())
-}
-
-fn print_summary(s: &Summary) {
-    println!("datastore:    {} (id {})", s.url, s.root.uuid);
-    println!("endpoint:     {}", s.endpoint);
-    println!(
+fn summary_text(s: &Summary) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "datastore:    {} (id {})", s.url, s.root.uuid);
+    let _ = writeln!(t, "endpoint:     {}", s.endpoint);
+    let _ = writeln!(
+        t,
         "created by:   {} (host {}) at {}",
         s.root.created_by.name,
         s.root.created_by.host,
         strata_shared::utc(s.root.created_ms)
     );
-    println!(
+    let _ = writeln!(
+        t,
         "this host:    {} (host {}), local directory {}",
         s.me.name,
         s.me.host,
         s.local_dir.display()
     );
     if let Some(p) = &s.probe {
-        println!(
+        let _ = writeln!(
+            t,
             "conditional writes: honoured ({} of {} concurrent creates of one key accepted; the race took {:.1} s)",
             p.accepted, p.racers, p.ms / 1000.0
         );
     }
     if s.disks.is_empty() {
-        println!("disks:        none");
+        let _ = writeln!(t, "disks:        none");
     } else {
-        println!("disks:        {} ({})", s.disks.len(), s.disks.join(", "));
+        let _ = writeln!(
+            t,
+            "disks:        {} ({})",
+            s.disks.len(),
+            s.disks.join(", ")
+        );
     }
-    println!(
+    let _ = writeln!(
+        t,
         "stored:       {} in {} objects",
         crate::units::human(s.disk_bytes),
         s.disk_objects
     );
+    t
 }

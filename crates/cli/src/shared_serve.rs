@@ -6,8 +6,10 @@
 //! every disk this server wrote.
 
 use std::collections::HashMap;
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,13 +22,17 @@ use strata_shared::{SharedDatastore, SharedDisk};
 use crate::serve::{self, ServeArgs};
 use crate::shared_cmd::engine_error;
 
-struct SharedExports {
+pub struct SharedExports {
     ds: Arc<SharedDatastore>,
     open: Mutex<HashMap<String, Arc<SharedDisk>>>,
 }
 
 impl SharedExports {
-    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+    /// The server's handle of `name`: one per disk, shared by every
+    /// connection and the control socket. A handle that was fenced stays
+    /// fenced (this host acknowledges nothing more for the disk) until
+    /// `strata claim` on this host takes the disk back ([`Self::reopen`]).
+    pub fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
         let mut open = self.open.lock().unwrap();
         if let Some(d) = open.get(name) {
             return Ok(d.clone());
@@ -34,6 +40,19 @@ impl SharedExports {
         let d = SharedDisk::open(self.ds.clone(), name, false).map_err(|e| e.message)?;
         open.insert(name.to_string(), d.clone());
         Ok(d)
+    }
+}
+
+impl SharedExports {
+    /// A new handle of `name` for connections from now on (after a fence).
+    pub fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+        self.forget(name);
+        self.disk(name)
+    }
+
+    /// Drop the server's handle of `name` (it is being removed).
+    pub fn forget(&self, name: &str) {
+        self.open.lock().unwrap().remove(name);
     }
 }
 
@@ -115,6 +134,43 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
         ds.config().me.host
     );
     serve::listen(&server, args, &example)?;
+    // The control socket: CLI commands of this host reach the disks this
+    // server has open (a snapshot is taken by the process that writes).
+    let ctl_path = dir.join(crate::shared_cmd::CONTROL_SOCKET);
+    if std::os::unix::net::UnixStream::connect(&ctl_path).is_ok() {
+        return Err(Error::new(
+            ErrorKind::Locked,
+            format!(
+                "another server of this directory answers at {}: one server per local directory",
+                ctl_path.display()
+            ),
+        ));
+    }
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = UnixListener::bind(&ctl_path)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("bind {}: {e}", ctl_path.display())))?;
+    let ctl_thread = {
+        let (exports, stop) = (exports.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                for conn in ctl.incoming() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let exports = exports.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("control-conn".into())
+                        .spawn(move || {
+                            crate::control::handle(conn, None, &mut |req, _| {
+                                crate::shared_cmd::execute(&exports.ds, Some(&exports), req)
+                            })
+                        });
+                }
+            })
+            .expect("spawn control thread")
+    };
     if names.is_empty() {
         println!("  no disks yet: create one with 'strata create NAME --size 10G'");
     } else {
@@ -124,14 +180,22 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
         "  a disk is claimed by its first write; FLUSH waits up to {} s for the store",
         args.store_timeout
     );
+    println!(
+        "  control socket {} (strata commands use it automatically)",
+        ctl_path.display()
+    );
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     serve::wait_and_shut_down(&stop, &server, None, args);
+    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
+    let _ = ctl_thread.join();
+    let _ = std::fs::remove_file(&ctl_path);
     let mut failed = false;
     for (name, d) in exports.open.lock().unwrap().iter() {
         let (owner, fenced) = d.ownership();
         if let Some(f) = fenced {
+            // Handed over: another host writes it now (not a failure of
+            // this server; its clients were told at their FLUSH).
             eprintln!("strata: {f}");
-            failed = true;
             continue;
         }
         if !owner {

@@ -118,9 +118,9 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["rm", "d"]);
+    let e = a.fails(&["extend", "d", "--size", "2G"]);
     assert!(
-        e.contains("'remove' does not work on object-store datastores yet"),
+        e.contains("'extend' does not work on object-store datastores yet"),
         "{e}"
     );
     let e = a.fails(&["create", "d", "--size", "1G", "--type", "zeroedthick"]);
@@ -143,7 +143,7 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let local = common::Store::new();
     let e = local.fails(&["claim", "d"]);
     assert!(
-        e.contains("is not attached to an object-store datastore"),
+        e.contains("claim and gc are for object-store datastores"),
         "{e}"
     );
 }
@@ -151,8 +151,13 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
 /// qemu-io's output; `ok` whether it exited 0 (a failed `flush` prints
 /// nothing, it only sets the exit status).
 fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
+    qemu_io_with(&[], uri, cmds)
+}
+
+fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> (bool, String) {
     // writeback, as a guest runs: writes are not FUA, FLUSH makes them durable.
     let mut args = vec!["-f", "raw", "-t", "writeback"];
+    args.extend(opts);
     for c in cmds {
         args.extend(["-c", c]);
     }
@@ -263,4 +268,103 @@ fn wrong_credentials_are_named() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("AWS_SECRET_ACCESS_KEY"), "{e}");
     assert!(!a.path().join("strata.objstore").exists());
+}
+
+/// Snapshot on A (through A's server, which writes the disk), a linked
+/// clone made and served on B, the snapshot deleted on A, GC on B and
+/// check on A while both servers run: the bytes stay, check is clean.
+#[test]
+fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
+    let Some(u) = url("clone") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "golden", "--size", "16M"]);
+    let sa = a.serve();
+    let (ok, w) = qemu_io(&a.uri("golden"), &["write -P 0x61 0 4M", "flush"]);
+    assert!(ok, "{w}");
+    // Through A's control socket: the server that writes takes it.
+    let out = a.ok(&[
+        "snapshot",
+        "create",
+        "golden",
+        "base",
+        "--description",
+        "v1",
+    ]);
+    assert!(out.contains("created snapshot golden@base"), "{out}");
+    // Twice: the first overwrite's segment is reached by nothing after
+    // the second (GC deletes whole segments).
+    for p in ["0x64", "0x62"] {
+        let (ok, w) = qemu_io(&a.uri("golden"), &[&format!("write -P {p} 0 1M"), "flush"]);
+        assert!(ok, "{w}");
+    }
+
+    let b = Host::empty();
+    b.ok(&["attach", "--object-store", &u]);
+    // B does not write golden: it may not snapshot it.
+    let e = b.fails(&["snapshot", "create", "golden", "other"]);
+    assert!(
+        e.contains("is written by") && e.contains("strata claim golden"),
+        "{e}"
+    );
+    let e = b.fails(&["clone", "golden", "vm1"]);
+    assert!(e.contains("made from a snapshot (DISK@SNAP)"), "{e}");
+    let out = b.ok(&["clone", "golden@base", "vm1"]);
+    assert!(
+        out.contains("created linked clone vm1 of golden@base"),
+        "{out}"
+    );
+    let sb = b.serve();
+    let (ok, r) = qemu_io(&b.uri("vm1"), &["read -P 0x61 0 4M", "read -P 0 4M 1M"]);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let (ok, r) = qemu_io_with(&["-r"], &b.uri("golden@base"), &["read -P 0x61 0 4M"]);
+    assert!(
+        ok && !r.contains("verification failed"),
+        "snapshots are served everywhere: {r}"
+    );
+    let (ok, w) = qemu_io(&b.uri("vm1"), &["write -P 0x63 1M 64k", "flush"]);
+    assert!(ok, "{w}");
+
+    let out = a.ok(&["snapshot", "delete", "golden", "base"]);
+    assert!(out.contains("deleted snapshot golden@base"), "{out}");
+    let j = b.json(&["gc"]);
+    assert_eq!(j["deleted_segments"], 1, "A's 0x64 write, overwritten: {j}");
+    let chk = a.ok(&["check"]);
+    assert!(
+        chk.contains("checked 2 disks, 0 snapshots, 1 holds"),
+        "{chk}"
+    );
+    assert!(chk.contains("no problems found"), "{chk}");
+    let (ok, r) = qemu_io(
+        &b.uri("vm1"),
+        &[
+            "read -P 0x61 0 1M",
+            "read -P 0x63 1M 64k",
+            "read -P 0x61 1088k 2944k",
+        ],
+    );
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let (ok, r) = qemu_io(
+        &a.uri("golden"),
+        &["read -P 0x62 0 1M", "read -P 0x61 1M 3M"],
+    );
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let l = a.json(&["list"]);
+    assert_eq!(l[1]["parent"], "golden@base", "{l}");
+
+    // rm on B of the clone B serves; the next GC frees what only it held.
+    let out = b.ok(&["rm", "vm1"]);
+    assert!(out.contains("removed vm1"), "{out}");
+    let j = a.json(&["gc"]);
+    assert!(j["deleted_segments"].as_u64().unwrap() >= 1, "{j}");
+    let chk = b.ok(&["check"]);
+    assert!(
+        chk.contains("checked 1 disks, 0 snapshots, 0 holds"),
+        "{chk}"
+    );
+    drop(sb);
+    sa.stop();
 }

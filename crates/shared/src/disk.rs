@@ -677,6 +677,18 @@ impl SharedDisk {
         Ok(())
     }
 
+    /// Make this process the disk's writer now (`strata claim` through a
+    /// server), fencing the previous one.
+    pub fn claim(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("'{}' is read-only here", self.name),
+            ));
+        }
+        self.ensure_owner()
+    }
+
     /// Make this process the disk's writer, if it is not yet.
     fn ensure_owner(&self) -> Result<()> {
         {

@@ -128,10 +128,7 @@ impl Server {
             .spawn()
             .unwrap();
         wait_for(&s.sock());
-        if !s.path().join("strata.objstore").exists() {
-            // Object-store datastores have no control socket (yet).
-            wait_for(&s.path().join("control.sock"));
-        }
+        wait_for(&s.path().join("control.sock"));
         Server { child: Some(child) }
     }
     pub fn pid(&self) -> i32 {
