@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::strata;
+use common::{strata, Server};
 use strata_objstore::{testing, Bytes, ObjectStore, Options, StoreUrl};
 
 /// One host: its own local directory (`Host::empty()`).
@@ -365,6 +365,176 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
         chk.contains("checked 1 disks, 0 snapshots, 0 holds"),
         "{chk}"
     );
+    drop(sb);
+    sa.stop();
+}
+
+/// kill -9 at each step of a commit (the server aborts itself exactly
+/// there): after a restart everything the newest manifest names is there,
+/// the flush that was cut is either whole or absent, check is clean, and
+/// an orphaned upload is collected once the writer's generation moved on.
+#[test]
+fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
+    let Some(u) = url("crash") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    for step in ["before-segment", "after-segment", "after-manifest"] {
+        let a = Host::empty();
+        a.ok(&["init", "--object-store", &format!("{u}-{step}")]);
+        a.ok(&["create", "vm", "--size", "16M"]);
+        let s = a.serve();
+        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+        assert!(ok, "{w}");
+        s.stop();
+        let s = Server::start_env(&a, &[], &[("STRATA_SHARED_CRASH_AT", step)]);
+        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x22 0 64k", "flush"]);
+        assert!(!ok, "{step}: the flush cannot have been acknowledged: {w}");
+        s.kill9();
+
+        let s = a.serve();
+        let want = if step == "after-manifest" {
+            "0x22"
+        } else {
+            "0x11"
+        };
+        let (ok, r) = qemu_io(
+            &a.uri("vm"),
+            &[&format!("read -P {want} 0 64k"), "read -P 0x11 64k 960k"],
+        );
+        assert!(ok && !r.contains("verification failed"), "{step}: {r}");
+        let chk = a.ok(&["check"]);
+        assert!(chk.contains("no problems found"), "{step}: {chk}");
+        let g = a.json(&["gc"]);
+        assert_eq!(g["deleted_segments"], 0, "{step}: {g}");
+        let orphan = u64::from(step == "after-segment");
+        assert_eq!(
+            g["in_flight_segments"], orphan,
+            "{step}: kept until fenced: {g}"
+        );
+        // The restarted server's first write claims a new generation: the
+        // orphan of the old one may go now.
+        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 8M 4k", "flush"]);
+        assert!(ok, "{w}");
+        let g = a.json(&["gc"]);
+        assert_eq!(g["deleted_segments"], orphan, "{step}: {g}");
+        assert_eq!(g["in_flight_segments"], 0, "{step}: {g}");
+        let chk = a.ok(&["check"]);
+        assert!(chk.contains("no problems found"), "{step}: {chk}");
+        s.stop();
+    }
+}
+
+/// A writer paused (SIGSTOP) with writes acknowledged but not flushed,
+/// while another host takes the disk over: when it resumes its FLUSH
+/// fails, and what it had acknowledged is not in the store.
+#[test]
+fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
+    let Some(u) = url("sigstop") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let (a, b) = (Host::empty(), Host::empty());
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "16M"]);
+    b.ok(&["attach", "--object-store", &u]);
+    let (sa, sb) = (a.serve(), b.serve());
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 64k", "flush"]);
+    assert!(ok, "{w}");
+    // A guest on A (qemu-io reading commands as they come): a write, then
+    // its FLUSH only after the takeover.
+    use std::io::Write as _;
+    let mut guest = Command::new("qemu-io")
+        .args(["-f", "raw", "-t", "writeback", &a.uri("vm")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut cmds = guest.stdin.take().unwrap();
+    writeln!(cmds, "write -P 0x44 1M 64k").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(sa.pid(), libc::SIGSTOP) };
+    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x55 0 4k", "flush"]);
+    assert!(ok, "B takes over while A is stopped: {w}");
+    unsafe { libc::kill(sa.pid(), libc::SIGCONT) };
+    writeln!(cmds, "flush").unwrap();
+    writeln!(cmds, "read -P 0x44 1M 64k").unwrap();
+    writeln!(cmds, "quit").unwrap();
+    drop(cmds);
+    let out = guest.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("wrote 65536/65536"), "{text}");
+    assert!(
+        text.contains("read failed: Input/output error"),
+        "A was fenced at its FLUSH and serves nothing after: {text}"
+    );
+    let (ok, r) = qemu_io(
+        &b.uri("vm"),
+        &[
+            "read -P 0x55 0 4k",
+            "read -P 0x11 4k 60k",
+            "read -P 0 1M 64k",
+        ],
+    );
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let j = b.json(&["info", "vm"]);
+    assert_eq!(j["owner"]["pid"].as_u64(), Some(sb.pid() as u64), "{j}");
+}
+
+/// The store goes away (503s, then a store that never answers) behind a
+/// fault-injecting proxy: FLUSH waits up to --store-timeout and fails,
+/// cached reads go on, nothing acknowledged is lost, and the next FLUSH
+/// after the store is back uploads it all.
+#[test]
+fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
+    use testing::{Fault, FaultProxy};
+    let Some(u) = url("outage") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let fs = testing::shared().unwrap();
+    let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
+    let (a, b) = (Host::empty(), Host::empty());
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "16M"]);
+    b.ok(&["attach", "--object-store", &u]);
+    let sa = Server::start_env(
+        &a,
+        &["--store-timeout", "3"],
+        &[("AWS_ENDPOINT_URL", &proxy.endpoint)],
+    );
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+    assert!(ok, "{w}");
+    for (fault, at) in [(Fault::Unavailable, "1M"), (Fault::Stall, "2M")] {
+        proxy.set(fault);
+        let t0 = std::time::Instant::now();
+        let (ok, w) = qemu_io(&a.uri("vm"), &[&format!("write -P 0x22 {at} 64k"), "flush"]);
+        assert!(!ok && w.contains("wrote 65536/65536"), "{fault:?}: {w}");
+        eprintln!("{fault:?}: the flush failed after {:?}", t0.elapsed());
+        // What this host has read or written is cached: reads go on.
+        let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x11 0 1M"]);
+        assert!(ok && !r.contains("verification failed"), "{fault:?}: {r}");
+    }
+    proxy.set(Fault::Pass);
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 3M 4k", "flush"]);
+    assert!(ok, "the store is back: {w}");
+    let sb = b.serve();
+    let (ok, r) = qemu_io(
+        &b.uri("vm"),
+        &[
+            "read -P 0x11 0 1M",
+            "read -P 0x22 1M 64k",
+            "read -P 0x22 2M 64k",
+            "read -P 0x33 3M 4k",
+        ],
+    );
+    assert!(ok && !r.contains("verification failed"), "{r}");
     drop(sb);
     sa.stop();
 }

@@ -33,6 +33,22 @@ const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 /// A disk served but not owned re-reads its newest manifest this often.
 const REFRESH: Duration = Duration::from_secs(1);
 
+/// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
+/// process (no cleanup, as kill -9) at STEP: `before-segment`,
+/// `after-segment` (uploaded, no manifest), `after-manifest` (committed,
+/// not acknowledged).
+fn crash_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT
+        .get_or_init(|| std::env::var("STRATA_SHARED_CRASH_AT").ok())
+        .as_deref()
+        == Some(step)
+    {
+        eprintln!("strata: STRATA_SHARED_CRASH_AT={step}: aborting");
+        std::process::abort();
+    }
+}
+
 /// `names/NAME` (§11.2).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct NameObject {
@@ -973,7 +989,9 @@ impl SharedDisk {
         let root = self.apply(man, man.levels - 1, 0, man.root, &items, &mut b, &mut nodes)?;
         if root != man.root {
             let bytes = Bytes::from(b.seal(now_ms()));
+            crash_point("before-segment");
             self.store().put(&seg.key(), bytes.clone())?;
+            crash_point("after-segment");
             self.ds.cache.insert(seg, &bytes)?;
             for (e, n) in nodes {
                 self.ds.cache.insert_node(&e, n);
@@ -988,6 +1006,7 @@ impl SharedDisk {
             ..man.clone()
         };
         if commit_manifest(self.store(), &next)? {
+            crash_point("after-manifest");
             return Ok(next);
         }
         let disk = self.name.split('@').next().unwrap_or(&self.name);

@@ -115,6 +115,10 @@ impl Server {
         Server::start_with(s, &[])
     }
     pub fn start_with(s: &Store, extra: &[&str]) -> Server {
+        Server::start_env(s, extra, &[])
+    }
+    /// `serve` with more arguments and environment variables.
+    pub fn start_env(s: &Store, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let _ = std::fs::remove_file(s.sock());
         let child = Command::new(strata())
             .arg("--datastore")
@@ -123,6 +127,7 @@ impl Server {
             .arg("--nbd-unix")
             .arg(s.sock())
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
