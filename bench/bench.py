@@ -30,6 +30,11 @@ Cases (issue #2 targets in brackets):
               (one fio run, recording flipped every 2 s; plus the in-process
               cost of recording one command and its share of server CPU per I/O)
 
+  multihost   issue 12: a disk on an object-store datastore (SeaweedFS on loopback)
+              vs the same disk local: warm 4k randread [>= 0.9], 4k randwrite with a
+              FLUSH every 64 writes (FLUSH latency percentiles), 512k seqwrite, and a
+              cold start (cache deleted): time to first byte and to 90% of warm IOPS
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and
@@ -1911,7 +1916,200 @@ CASES = {
     "fragmentation": lambda w, q: case_fragmentation(w, q),
     "vhost": lambda w, q: case_vhost(w, q),
     "cachenone": lambda w, q: case_cachenone(w, q),
+    "multihost": lambda w, q: case_multihost(w, q),
 }
+
+
+# ---------------------------------------------------------------------------
+# Object-store datastores (issue 12): SeaweedFS on loopback.
+# ---------------------------------------------------------------------------
+
+S3_KEY, S3_SECRET = "strata-bench", "strata-bench-secret"
+
+
+def _free_port_base():
+    import socket
+    for _ in range(100):
+        base = random.randint(20000, 55000)
+        ok = True
+        for p in range(base, base + 4):
+            with socket.socket() as so:
+                try:
+                    so.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        # SeaweedFS also listens on port + 10000 (gRPC).
+        for p in range(base + 10000, base + 10004):
+            with socket.socket() as so:
+                try:
+                    so.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        if ok and base + 10004 < 65535:
+            return base
+    raise RuntimeError("no free ports for SeaweedFS")
+
+
+def start_seaweedfs(work):
+    """`weed server` with S3 on loopback (as the tests run it); returns
+    (process, endpoint) and sets the AWS_* variables for strata."""
+    weed = shutil.which("weed")
+    if not weed:
+        raise RuntimeError("SeaweedFS ('weed') is not installed: run scripts/install-deps.sh")
+    d = os.path.join(work, "seaweedfs")
+    os.makedirs(os.path.join(d, "data"), exist_ok=True)
+    cfg = os.path.join(d, "s3.json")
+    with open(cfg, "w") as f:
+        json.dump({"identities": [{"name": "strata", "credentials": [
+            {"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}, f)
+    base = _free_port_base()
+    log = open(os.path.join(d, "weed.log"), "w")
+    proc = subprocess.Popen(
+        [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d}/data",
+         f"-master.port={base}", f"-volume.port={base + 1}", "-filer", f"-filer.port={base + 2}",
+         "-s3", f"-s3.port={base + 3}", f"-s3.config={cfg}", "-s3.port.iceberg=0",
+         "-s3.port.lance=0", "-master.volumeSizeLimitMB=256", "-volume.max=0"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{base + 3}"
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
+                       "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_REGION": "us-east-1"})
+    return proc, endpoint
+
+
+class SharedStrata:
+    """`strata serve` of a directory attached to an object-store datastore."""
+
+    def __init__(self, work, url, attach=False):
+        self.dir = work
+        self.sock = work + ".sock"
+        self.proc = None
+        self.url = url
+        t0 = time.time()
+        while True:
+            r = subprocess.run([STRATA, "--datastore", self.dir, "attach" if attach else "init",
+                                "--object-store", url], capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            # The gateway answers before the filer behind it is ready.
+            if time.time() - t0 > 60:
+                raise RuntimeError(f"strata init --object-store {url}: {r.stderr}")
+            time.sleep(0.5)
+
+    def cli(self, *args):
+        return sh(STRATA, "--datastore", self.dir, *args)
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen([STRATA, "--datastore", self.dir, "serve", "--nbd-unix",
+                                      self.sock], stdout=subprocess.DEVNULL)
+        wait_path(self.sock, proc=self.proc)
+        wait_path(os.path.join(self.dir, "control.sock"), proc=self.proc)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait()
+            self.proc = None
+
+    def uri(self, name):
+        return f"nbd+unix:///{name}?socket={self.sock}"
+
+
+def fio_flush_every(uri, bs, n, runtime, size):
+    """4k random writes with a FLUSH every N writes: IOPS and the FLUSH
+    latency percentiles (ms)."""
+    out = sh("fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", "--rw=randwrite", f"--bs={bs}",
+             "--iodepth=16", f"--fsync={n}", f"--runtime={runtime}", "--time_based",
+             f"--size={size}", "--randrepeat=0", "--output-format=json", "--group_reporting",
+             "--percentile_list=50:90:99:99.9")
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    sync = job.get("sync", {})
+    lat = sync.get("lat_ns", {})
+    pct = lat.get("percentile", {})
+    ms = lambda k: round(pct[k] / 1e6, 2) if k in pct else None
+    return {"iops": round(job["write"]["iops"]), "flushes": sync.get("total_ios"),
+            "flush_p50_ms": ms("50.000000"), "flush_p90_ms": ms("90.000000"),
+            "flush_p99_ms": ms("99.000000"), "flush_max_ms": round(lat.get("max", 0) / 1e6, 2)}
+
+
+def _first_read_ms(uri):
+    t = time.perf_counter()
+    sh("qemu-io", "-r", "-f", "raw", "-c", "read 0 4k", uri)
+    return round((time.perf_counter() - t) * 1000, 1)
+
+
+def case_multihost(work, q):
+    """Issue 12: a disk of an object-store datastore (SeaweedFS on
+    loopback, one host) against the same disk in a local datastore, same
+    fio, same run. Warm 4k random read (the local segment cache holds what
+    the owner wrote) [>= 0.9]; 4k random write with a FLUSH every 64 writes
+    (each FLUSH uploads a segment and commits a manifest: its latency
+    percentiles); 512k sequential write with a FLUSH at the end; a cold start
+    (server restarted with its cache deleted, host page cache dropped):
+    time to the first byte, IOPS per 250 ms until it reaches 90% of the
+    warm figure."""
+    size = "256M" if q else "1G"
+    rt = 5 if q else 15
+    weed, endpoint = start_seaweedfs(work)
+    out = {"params": {"size": size, "runtime_s": rt, "store": f"SeaweedFS on loopback ({endpoint})",
+                      "client": "fio nbd engine, iodepth 16"}}
+    try:
+        local = Strata(os.path.join(work, "local")).start()
+        try:
+            local.cli("create", "d", "--size", size)
+            lw = fio(local.uri("d"), "write", "512k", iodepth=16, size=size,
+                     extra=["--end_fsync=1"])
+            lr = fio(local.uri("d"), "randread", "4k", runtime=rt, size=size)
+            lf = fio_flush_every(local.uri("d"), "4k", 64, rt, size)
+        finally:
+            local.stop()
+        url = f"s3://strata-bench/multihost-{random.randrange(1 << 32):08x}"
+        sh_ = SharedStrata(os.path.join(work, "host-a"), url)
+        sh_.cli("create", "d", "--size", size)
+        sh_.start()
+        try:
+            t = time.perf_counter()
+            sw = fio(sh_.uri("d"), "write", "512k", iodepth=16, size=size,
+                     extra=["--end_fsync=1"])
+            fill_s = time.perf_counter() - t
+            sr = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=size)
+            sf = fio_flush_every(sh_.uri("d"), "4k", 64, rt, size)
+        finally:
+            sh_.stop()
+        out["seq_write_512k"] = {"local_mib_s": round(lw["bw_mib"], 1),
+                                 "shared_mib_s": round(sw["bw_mib"], 1),
+                                 "ratio": ratio(sw["bw_mib"], lw["bw_mib"]),
+                                 "shared_fill_s": round(fill_s, 1)}
+        out["rand_read_4k_warm"] = {"local_iops": round(lr["iops"]), "shared_iops": round(sr["iops"]),
+                                    "ratio": ratio(sr["iops"], lr["iops"]), "target": ">= 0.9"}
+        out["rand_write_4k_flush64"] = {"local": lf, "shared": sf,
+                                        "ratio": ratio(sf["iops"], lf["iops"])}
+        # Cold start: the local directory's cache deleted (another host's view).
+        shutil.rmtree(os.path.join(sh_.dir, "cache"), ignore_errors=True)
+        _drop_caches()
+        sh_.start()
+        try:
+            first = _first_read_ms(sh_.uri("d"))
+            again = _first_read_ms(sh_.uri("d"))
+            logs = os.path.join(work, "coldlogs")
+            os.makedirs(logs, exist_ok=True)
+            cr, samples = _fio_iops_log(sh_.uri("d"), "randread", "4k", 16, rt * 2, size, logs,
+                                        "cold")
+        finally:
+            sh_.stop()
+        warm = sr["iops"]
+        full_at = next((t for t, v in samples if v >= 0.9 * warm), None)
+        out["cold_start"] = {"first_read_ms": first, "warm_read_ms": again,
+                             "seconds_to_90pct_of_warm": full_at,
+                             "cold_run_iops": round(cr["iops"]), "warm_iops": round(warm),
+                             "iops_per_250ms_first_8": [v for _, v in samples[:8]]}
+    finally:
+        weed.terminate()
+        weed.wait()
+    return out
 
 
 # ---------------------------------------------------------------------------

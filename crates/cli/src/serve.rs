@@ -74,10 +74,10 @@ pub struct ServeArgs {
     io_threads: Option<u16>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
     #[arg(long)]
-    http: Option<String>,
+    pub(crate) http: Option<String>,
     /// Do not collect per-disk I/O statistics
     #[arg(long)]
-    no_stats: bool,
+    pub(crate) no_stats: bool,
     /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
     /// what it overwrites (on), or is stored like any other data (off)
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
@@ -113,6 +113,10 @@ pub struct ServeArgs {
     /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) store_timeout: u64,
+    /// Object-store datastores: collect garbage in the background every this many seconds
+    /// (0: only 'strata gc'); any host may, runs do not collide
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    pub(crate) gc_interval: u64,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -399,10 +403,13 @@ fn listen_fuse(
 }
 
 /// Answer `GET /metrics` with Prometheus text until the server is unblocked.
-fn serve_http(server: &tiny_http::Server, ds: Option<&Datastore>, reg: &StatsRegistry) {
+/// Gauges of the datastore behind a server, computed at each scrape.
+pub(crate) type GaugeFn = Box<dyn Fn() -> Vec<Gauge> + Send>;
+
+fn serve_http(server: &tiny_http::Server, gauges: &GaugeFn, reg: &StatsRegistry) {
     for req in server.incoming_requests() {
         let resp = if req.url() == "/metrics" && *req.method() == tiny_http::Method::Get {
-            let g = ds.map(gauges).unwrap_or_default();
+            let g = gauges();
             let body = strata_stats::render_prometheus(&reg.snapshot_all(), &g);
             let ct = tiny_http::Header::from_bytes(
                 &b"Content-Type"[..],
@@ -789,7 +796,8 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs, args)?;
     let fuse = listen_fuse(&exports, args)?;
-    let http = start_http(args, Some(ds.clone()), registry)?;
+    let gauge_ds = ds.clone();
+    let http = start_http(args, Box::new(move || gauges(&gauge_ds)), registry)?;
     if names.is_empty() {
         println!(
             "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
@@ -975,7 +983,7 @@ fn reap(children: &mut Vec<(String, std::process::Child)>) {
     });
 }
 
-type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;
+pub(crate) type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;
 
 /// A flag SIGTERM and SIGINT set.
 pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
@@ -1076,9 +1084,9 @@ fn listen_vhost(
 }
 
 /// Serve `/metrics` when `--http` is given.
-fn start_http(
+pub(crate) fn start_http(
     args: &ServeArgs,
-    ds: Option<Datastore>,
+    gauges: GaugeFn,
     registry: Arc<StatsRegistry>,
 ) -> Result<HttpThread, Error> {
     let Some(a) = &args.http else { return Ok(None) };
@@ -1091,7 +1099,7 @@ fn start_http(
     let hh = h.clone();
     let t = std::thread::Builder::new()
         .name("http".into())
-        .spawn(move || serve_http(&hh, ds.as_ref(), &registry))
+        .spawn(move || serve_http(&hh, &gauges, &registry))
         .map_err(|e| io_err("spawn http thread", e))?;
     Ok(Some((h, t)))
 }
@@ -1188,7 +1196,7 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
     let fuse = listen_fuse(&exports, args)?;
-    let http = start_http(args, None, registry)?;
+    let http = start_http(args, Box::new(Vec::new), registry)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();

@@ -334,7 +334,11 @@ pub fn execute(
             }
         }
         Request::Gc { dry_run } => {
-            let r = ds.gc(*dry_run).map_err(e)?;
+            let r = match exports {
+                Some(x) => x.gc(*dry_run),
+                None => ds.gc(*dry_run),
+            }
+            .map_err(e)?;
             let h = crate::units::human;
             let mut t = String::new();
             let _ = writeln!(

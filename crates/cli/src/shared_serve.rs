@@ -17,7 +17,9 @@ use strata_block::BlockDevice;
 use strata_engine::{Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer};
 use strata_objstore::Options;
+use strata_shared::gc::GcReport;
 use strata_shared::{SharedDatastore, SharedDisk};
+use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 
 use crate::serve::{self, ServeArgs};
 use crate::shared_cmd::engine_error;
@@ -25,6 +27,10 @@ use crate::shared_cmd::engine_error;
 pub struct SharedExports {
     ds: Arc<SharedDatastore>,
     open: Mutex<HashMap<String, Arc<SharedDisk>>>,
+    stats: Option<Arc<StatsRegistry>>,
+    /// The last garbage collection this server ran (background or asked
+    /// through its control socket), for the metrics.
+    last_gc: Mutex<Option<GcReport>>,
 }
 
 impl SharedExports {
@@ -48,6 +54,113 @@ impl SharedExports {
     pub fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
         self.forget(name);
         self.disk(name)
+    }
+
+    /// Run garbage collection and keep its report for the metrics.
+    pub fn gc(&self, dry_run: bool) -> Result<GcReport, strata_shared::Error> {
+        let r = self.ds.gc(dry_run)?;
+        *self.last_gc.lock().unwrap() = Some(r.clone());
+        Ok(r)
+    }
+
+    /// The metrics of the disks this server has open and of the last GC.
+    fn gauges(&self) -> Vec<Gauge> {
+        let mut out = Vec::new();
+        let g = |name: &str, help: &str, disk: &str, v: f64| {
+            Gauge::new(name, help, v).label("disk", disk)
+        };
+        for (name, d) in self.open.lock().unwrap().iter() {
+            let m = d.manifest();
+            let (writer, fenced) = d.ownership();
+            let c = d.commit_stats();
+            out.push(g(
+                "strata_shared_unflushed_bytes",
+                "Bytes acknowledged to clients and not yet in the object store (the upload backlog)",
+                name,
+                d.unflushed_bytes() as f64,
+            ));
+            out.push(g(
+                "strata_shared_writer",
+                "1 if this server is the disk's writer (its generation is the newest)",
+                name,
+                f64::from(u8::from(writer && fenced.is_none())),
+            ));
+            out.push(g(
+                "strata_shared_fenced",
+                "1 if another host claimed the disk from this server",
+                name,
+                f64::from(u8::from(fenced.is_some())),
+            ));
+            out.push(g(
+                "strata_shared_generation",
+                "The disk's generation in the newest manifest this server knows",
+                name,
+                f64::from(m.generation),
+            ));
+            out.push(g(
+                "strata_shared_manifest_seq",
+                "Sequence number of that manifest",
+                name,
+                m.seq as f64,
+            ));
+            out.push(g(
+                "strata_shared_commits_total",
+                "FLUSHes that uploaded a segment and committed a manifest",
+                name,
+                c.commits as f64,
+            ));
+            out.push(g(
+                "strata_shared_commit_failures_total",
+                "Commits that failed (store unavailable, or fenced)",
+                name,
+                c.failed as f64,
+            ));
+            out.push(g(
+                "strata_shared_commit_seconds_total",
+                "Time spent in successful commits",
+                name,
+                c.seconds_total,
+            ));
+            out.push(g(
+                "strata_shared_commit_seconds_max",
+                "The longest successful commit",
+                name,
+                c.seconds_max,
+            ));
+            out.push(g(
+                "strata_shared_uploaded_bytes_total",
+                "Bytes of segments uploaded",
+                name,
+                c.uploaded_bytes as f64,
+            ));
+        }
+        if let Some(r) = &*self.last_gc.lock().unwrap() {
+            for (n, h, v) in [
+                (
+                    "strata_shared_stored_bytes",
+                    "Bytes of all segments in the store, at the last GC",
+                    r.stored_bytes,
+                ),
+                (
+                    "strata_shared_live_bytes",
+                    "Bytes reached from a live root, at the last GC",
+                    r.live_bytes,
+                ),
+                (
+                    "strata_shared_garbage_bytes",
+                    "Bytes in segments nothing reaches (the GC backlog), at the last GC",
+                    r.garbage_bytes,
+                ),
+                (
+                    "strata_shared_gc_deleted_segments",
+                    "Segments the last GC deleted",
+                    r.deleted_segments,
+                ),
+            ] {
+                out.push(Gauge::new(n, h, v as f64));
+            }
+        }
+        out
     }
 
     /// Drop the server's handle of `name` (it is being removed).
@@ -86,8 +199,45 @@ impl ExportProvider for SharedExports {
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        Ok(self.disk(name)? as Arc<dyn BlockDevice>)
+        let dev = self.disk(name)? as Arc<dyn BlockDevice>;
+        Ok(match &self.stats {
+            // Every connection to one export shares one set of statistics.
+            Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),
+            None => dev,
+        })
     }
+}
+
+/// Garbage collection every `interval_s` seconds (0: never) until `stop`.
+fn spawn_gc(
+    exports: Arc<SharedExports>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    interval_s: u64,
+) -> Option<std::thread::JoinHandle<()>> {
+    if interval_s == 0 {
+        return None;
+    }
+    let t = std::thread::Builder::new()
+        .name("gc".into())
+        .spawn(move || {
+            let mut next = std::time::Instant::now() + Duration::from_secs(interval_s);
+            while !stop.load(Ordering::Acquire) {
+                if std::time::Instant::now() >= next {
+                    match exports.gc(false) {
+                        Ok(r) if r.deleted_segments > 0 => eprintln!(
+                            "strata: gc deleted {} segments ({} bytes)",
+                            r.deleted_segments, r.garbage_bytes
+                        ),
+                        Ok(_) => {}
+                        Err(e) => eprintln!("strata: gc: {e}"),
+                    }
+                    next = std::time::Instant::now() + Duration::from_secs(interval_s);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+        .expect("spawn gc thread");
+    Some(t)
 }
 
 /// Serve an object-store datastore's disks over NBD until SIGTERM/SIGINT.
@@ -120,9 +270,12 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     };
     let ds = Arc::new(SharedDatastore::open(dir, &opts).map_err(engine_error)?);
     let stop = serve::stop_flag()?;
+    let registry = Arc::new(StatsRegistry::new());
     let exports = Arc::new(SharedExports {
         ds: ds.clone(),
         open: Mutex::new(HashMap::new()),
+        stats: (!args.no_stats).then(|| registry.clone()),
+        last_gc: Mutex::new(None),
     });
     let server = NbdServer::new(exports.clone(), serve::nbd_options(args));
     let names: Vec<String> = exports.list().into_iter().map(|e| e.name).collect();
@@ -185,7 +338,13 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
         ctl_path.display()
     );
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
-    serve::wait_and_shut_down(&stop, &server, None, args);
+    let gauge_exports = exports.clone();
+    let http = serve::start_http(args, Box::new(move || gauge_exports.gauges()), registry)?;
+    let gc_thread = spawn_gc(exports.clone(), stop.clone(), args.gc_interval);
+    serve::wait_and_shut_down(&stop, &server, http, args);
+    if let Some(t) = gc_thread {
+        let _ = t.join();
+    }
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
     let _ = std::fs::remove_file(&ctl_path);

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use strata_objstore::ObjectStore;
 
@@ -28,8 +28,8 @@ struct CachedSegment {
 /// Segments and nodes this host has read or written.
 pub struct SegmentCache {
     dir: PathBuf,
-    segments: Mutex<HashMap<SegId, Arc<CachedSegment>>>,
-    nodes: Mutex<HashMap<(SegId, u32), Arc<MapNode>>>,
+    segments: RwLock<HashMap<SegId, Arc<CachedSegment>>>,
+    nodes: RwLock<HashMap<(SegId, u32), Arc<MapNode>>>,
     /// One fetch of a segment at a time per segment: a cold disk read by
     /// many threads fetches each segment once.
     fetching: Mutex<HashMap<SegId, Arc<Mutex<()>>>>,
@@ -43,8 +43,8 @@ impl SegmentCache {
     pub fn new(dir: PathBuf) -> Self {
         SegmentCache {
             dir,
-            segments: Mutex::new(HashMap::new()),
-            nodes: Mutex::new(HashMap::new()),
+            segments: RwLock::new(HashMap::new()),
+            nodes: RwLock::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
         }
     }
@@ -58,7 +58,7 @@ impl SegmentCache {
         let info = decode_segment_header(&id.key(), bytes).map_err(corrupt)?;
         let file = self.write_file(id, bytes)?;
         self.segments
-            .lock()
+            .write()
             .unwrap()
             .insert(id, Arc::new(CachedSegment { file, info }));
         Ok(())
@@ -83,12 +83,12 @@ impl SegmentCache {
 
     /// The segment, from memory, the cache directory, or the store.
     fn segment(&self, store: &ObjectStore, id: SegId) -> Result<Arc<CachedSegment>> {
-        if let Some(s) = self.segments.lock().unwrap().get(&id) {
+        if let Some(s) = self.segments.read().unwrap().get(&id) {
             return Ok(s.clone());
         }
         let gate = self.fetching.lock().unwrap().entry(id).or_default().clone();
         let _one = gate.lock().unwrap();
-        if let Some(s) = self.segments.lock().unwrap().get(&id) {
+        if let Some(s) = self.segments.read().unwrap().get(&id) {
             return Ok(s.clone());
         }
         let key = id.key();
@@ -112,7 +112,7 @@ impl SegmentCache {
         };
         let seg = seg.map(Arc::new);
         if let Ok(s) = &seg {
-            self.segments.lock().unwrap().insert(id, s.clone());
+            self.segments.write().unwrap().insert(id, s.clone());
         }
         self.fetching.lock().unwrap().remove(&id);
         seg
@@ -157,7 +157,7 @@ impl SegmentCache {
         level: u8,
         first: u64,
     ) -> Result<Arc<MapNode>> {
-        if let Some(n) = self.nodes.lock().unwrap().get(&(e.seg, e.slot)) {
+        if let Some(n) = self.nodes.read().unwrap().get(&(e.seg, e.slot)) {
             return Ok(n.clone());
         }
         let seg = self.segment(store, e.seg)?;
@@ -188,7 +188,7 @@ impl SegmentCache {
         let place = format!("{} node {}", e.seg.key(), e.slot);
         let node = Arc::new(MapNode::decode(&place, &b, level, first).map_err(corrupt)?);
         self.nodes
-            .lock()
+            .write()
             .unwrap()
             .insert((e.seg, e.slot), node.clone());
         Ok(node)
@@ -198,7 +198,7 @@ impl SegmentCache {
     /// inserted).
     pub fn insert_node(&self, e: &Entry, node: MapNode) {
         self.nodes
-            .lock()
+            .write()
             .unwrap()
             .insert((e.seg, e.slot), Arc::new(node));
     }

@@ -486,6 +486,19 @@ struct State {
     flushing: Arc<Batch>,
 }
 
+/// What a disk's commits cost, since it was opened.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub failed: u64,
+    /// Bytes of segments uploaded.
+    pub uploaded_bytes: u64,
+    /// Time spent in commits that succeeded (upload + manifest), and the
+    /// longest one.
+    pub seconds_total: f64,
+    pub seconds_max: f64,
+}
+
 /// A disk (or `DISK@SNAP`, read-only) of an object-store datastore, served
 /// by this host.
 pub struct SharedDisk {
@@ -499,6 +512,7 @@ pub struct SharedDisk {
     commit: Mutex<()>,
     /// Sub-grain writes read, patch and put back a grain one at a time.
     rmw: Mutex<()>,
+    stats: Mutex<CommitStats>,
 }
 
 /// Where one grain of a read comes from.
@@ -557,6 +571,7 @@ impl SharedDisk {
             }),
             commit: Mutex::new(()),
             rmw: Mutex::new(()),
+            stats: Mutex::new(CommitStats::default()),
         }))
     }
 
@@ -574,6 +589,10 @@ impl SharedDisk {
     pub fn ownership(&self) -> (bool, Option<String>) {
         let st = self.state.lock().unwrap();
         (st.owner, st.fenced.clone())
+    }
+
+    pub fn commit_stats(&self) -> CommitStats {
+        *self.stats.lock().unwrap()
     }
 
     /// Bytes acknowledged to writers and not yet committed to the store.
@@ -659,7 +678,12 @@ impl SharedDisk {
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
+            let overlay = !st.dirty.is_empty() || !st.flushing.is_empty();
             for i in 0..n as u64 {
+                if !overlay {
+                    sources.push(Source::Map);
+                    continue;
+                }
                 let vg = first + i;
                 let hit = st.dirty.get(&vg).or_else(|| st.flushing.get(&vg));
                 let at = i as usize * GRAIN;
@@ -942,12 +966,26 @@ impl SharedDisk {
             st.next_ctr += 1;
             (st.flushing.clone(), st.man.clone(), ctr)
         };
+        let t0 = Instant::now();
         let result = self.commit_batch(&man, &batch, ctr);
         drop(batch);
+        {
+            let mut c = self.stats.lock().unwrap();
+            match &result {
+                Ok((_, bytes)) => {
+                    let s = t0.elapsed().as_secs_f64();
+                    c.commits += 1;
+                    c.uploaded_bytes += bytes;
+                    c.seconds_total += s;
+                    c.seconds_max = c.seconds_max.max(s);
+                }
+                Err(_) => c.failed += 1,
+            }
+        }
         let mut st = self.state.lock().unwrap();
         let flushing = std::mem::take(&mut st.flushing);
         match result {
-            Ok(next) => {
+            Ok((next, _)) => {
                 st.man = Arc::new(next);
                 Ok(())
             }
@@ -971,7 +1009,9 @@ impl SharedDisk {
         }
     }
 
-    fn commit_batch(&self, man: &Manifest, batch: &Batch, ctr: u32) -> Result<Manifest> {
+    /// Upload `batch` as segment `ctr` and commit; the new manifest and
+    /// the bytes uploaded.
+    fn commit_batch(&self, man: &Manifest, batch: &Batch, ctr: u32) -> Result<(Manifest, u64)> {
         let seg = SegId {
             disk: self.id,
             gen: man.generation,
@@ -987,8 +1027,10 @@ impl SharedDisk {
             })
             .collect();
         let root = self.apply(man, man.levels - 1, 0, man.root, &items, &mut b, &mut nodes)?;
+        let mut uploaded = 0;
         if root != man.root {
             let bytes = Bytes::from(b.seal(now_ms()));
+            uploaded = bytes.len() as u64;
             crash_point("before-segment");
             self.store().put(&seg.key(), bytes.clone())?;
             crash_point("after-segment");
@@ -1007,7 +1049,7 @@ impl SharedDisk {
         };
         if commit_manifest(self.store(), &next)? {
             crash_point("after-manifest");
-            return Ok(next);
+            return Ok((next, uploaded));
         }
         let disk = self.name.split('@').next().unwrap_or(&self.name);
         let who = match newest_manifest(self.store(), self.id) {
