@@ -1,11 +1,13 @@
 //! This host's cache of a shared datastore's objects (docs/FORMAT.md
-//! §11.8): whole segments as files under `DIR/cache/`, fetched on first
-//! use and verified end to end before they are kept, and decoded map nodes
-//! in memory. Objects never change, so nothing here is ever invalidated;
+//! §11.8): whole segments as files under `DIR/cache/`, verified end to end
+//! before they are kept, and decoded map nodes in memory. A read that
+//! misses is answered with a ranged GET of just the grain or node (a cold
+//! cache does not make a guest wait for whole segments) while the whole
+//! segment is fetched in the background, two at a time. Objects never change, so nothing here is ever invalidated;
 //! every grain and node read is still checked against the CRC its map entry
 //! carries, so a damaged cache file is an error naming it, never data.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -33,7 +35,14 @@ pub struct SegmentCache {
     /// One fetch of a segment at a time per segment: a cold disk read by
     /// many threads fetches each segment once.
     fetching: Mutex<HashMap<SegId, Arc<Mutex<()>>>>,
+    /// Headers of segments not (yet) cached, for ranged reads of nodes.
+    headers: RwLock<HashMap<SegId, SegmentInfo>>,
+    /// Segments being fetched in the background.
+    prefetching: Mutex<HashSet<SegId>>,
 }
+
+/// Background fetches of whole segments at once.
+const PREFETCH_MAX: usize = 2;
 
 fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
@@ -46,7 +55,69 @@ impl SegmentCache {
             segments: RwLock::new(HashMap::new()),
             nodes: RwLock::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
+            headers: RwLock::new(HashMap::new()),
+            prefetching: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The segment if it is here (memory or the cache directory), without
+    /// asking the store.
+    fn local(&self, id: SegId) -> Option<Arc<CachedSegment>> {
+        if let Some(s) = self.segments.read().unwrap().get(&id) {
+            return Some(s.clone());
+        }
+        let file = File::open(self.path(id)).ok()?;
+        let mut h = [0u8; SEG_HEADER_BYTES];
+        file.read_exact_at(&mut h, 0).ok()?;
+        let info = decode_segment_header(&id.key(), &h).ok()?;
+        if file.metadata().ok()?.len() != info.len() {
+            return None;
+        }
+        let s = Arc::new(CachedSegment { file, info });
+        self.segments.write().unwrap().insert(id, s.clone());
+        Some(s)
+    }
+
+    /// Fetch segment `id` whole in the background (at most
+    /// [`PREFETCH_MAX`] at once; a later miss asks again).
+    fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) {
+        {
+            let mut p = self.prefetching.lock().unwrap();
+            if p.len() >= PREFETCH_MAX || !p.insert(id) {
+                return;
+            }
+        }
+        let (me, store) = (self.clone(), store.clone());
+        let spawned = std::thread::Builder::new()
+            .name("segment-fetch".into())
+            .spawn(move || {
+                if let Err(e) = me.segment(&store, id) {
+                    eprintln!("strata: background fetch of {}: {e}", id.key());
+                }
+                me.prefetching.lock().unwrap().remove(&id);
+            });
+        if spawned.is_err() {
+            self.prefetching.lock().unwrap().remove(&id);
+        }
+    }
+
+    /// Have segment `id` here whole (verified), fetching it now if needed.
+    pub fn fetch(&self, store: &ObjectStore, id: SegId) -> Result<()> {
+        self.segment(store, id).map(|_| ())
+    }
+
+    /// A segment's header, for a ranged read of one of its nodes.
+    fn header(&self, store: &ObjectStore, id: SegId) -> Result<SegmentInfo> {
+        if let Some(i) = self.headers.read().unwrap().get(&id) {
+            return Ok(*i);
+        }
+        let key = id.key();
+        let h = store
+            .get_range(&key, 0..SEG_HEADER_BYTES as u64)
+            .map_err(Error::from)?;
+        let info = decode_segment_header(&key, &h).map_err(corrupt)?;
+        self.headers.write().unwrap().insert(id, info);
+        Ok(info)
     }
 
     fn path(&self, id: SegId) -> PathBuf {
@@ -91,16 +162,11 @@ impl SegmentCache {
         if let Some(s) = self.segments.read().unwrap().get(&id) {
             return Ok(s.clone());
         }
+        if let Some(s) = self.local(id) {
+            return Ok(s);
+        }
         let key = id.key();
-        let path = self.path(id);
-        let from_disk = File::open(&path).ok().and_then(|file| {
-            let mut h = [0u8; SEG_HEADER_BYTES];
-            file.read_exact_at(&mut h, 0).ok()?;
-            let info = decode_segment_header(&key, &h).ok()?;
-            let len = file.metadata().ok()?.len();
-            (len == info.len()).then_some(CachedSegment { file, info })
-        });
-        let seg = match from_disk {
+        let seg = match None::<CachedSegment> {
             Some(s) => Ok(s),
             None => store.get(&key).map_err(Error::from).and_then(|bytes| {
                 let info = verify_segment(&key, &bytes).map_err(corrupt)?;
@@ -119,31 +185,48 @@ impl SegmentCache {
     }
 
     /// Read the grain `e` points at into `out` (4096 bytes), checking its CRC.
-    pub fn read_grain(&self, store: &ObjectStore, e: &Entry, out: &mut [u8]) -> Result<()> {
-        let seg = self.segment(store, e.seg)?;
-        if e.slot >= seg.info.grains {
-            return Err(corrupt(format!(
-                "{}: a map entry names grain {} of a segment with {}",
-                e.seg.key(),
-                e.slot,
-                seg.info.grains
-            )));
-        }
+    pub fn read_grain(
+        self: &Arc<Self>,
+        store: &Arc<ObjectStore>,
+        e: &Entry,
+        out: &mut [u8],
+    ) -> Result<()> {
         let out = &mut out[..GRAIN];
-        seg.file
-            .read_exact_at(out, SegmentInfo::grain_offset(e.slot))
-            .map_err(|err| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("cannot read {}: {err}", self.path(e.seg).display()),
-                )
-            })?;
+        let place = match self.local(e.seg) {
+            Some(seg) => {
+                if e.slot >= seg.info.grains {
+                    return Err(corrupt(format!(
+                        "{}: a map entry names grain {} of a segment with {}",
+                        e.seg.key(),
+                        e.slot,
+                        seg.info.grains
+                    )));
+                }
+                seg.file
+                    .read_exact_at(out, SegmentInfo::grain_offset(e.slot))
+                    .map_err(|err| {
+                        Error::new(
+                            ErrorKind::Io,
+                            format!("cannot read {}: {err}", self.path(e.seg).display()),
+                        )
+                    })?;
+                format!("cached copy {}", self.path(e.seg).display())
+            }
+            None => {
+                self.prefetch(store, e.seg);
+                let at = SegmentInfo::grain_offset(e.slot);
+                let b = store
+                    .get_range(&e.seg.key(), at..at + GRAIN as u64)
+                    .map_err(Error::from)?;
+                out.copy_from_slice(&b);
+                "read from the store".to_string()
+            }
+        };
         if crc32c::crc32c(out) != e.crc {
             return Err(corrupt(format!(
-                "{}: grain {} does not match the checksum its map entry holds (cached copy {})",
+                "{}: grain {} does not match the checksum its map entry holds ({place})",
                 e.seg.key(),
                 e.slot,
-                self.path(e.seg).display()
             )));
         }
         Ok(())
@@ -151,8 +234,8 @@ impl SegmentCache {
 
     /// The map node `e` points at, expected at `level` covering from `first`.
     pub fn node(
-        &self,
-        store: &ObjectStore,
+        self: &Arc<Self>,
+        store: &Arc<ObjectStore>,
         e: &Entry,
         level: u8,
         first: u64,
@@ -160,24 +243,31 @@ impl SegmentCache {
         if let Some(n) = self.nodes.read().unwrap().get(&(e.seg, e.slot)) {
             return Ok(n.clone());
         }
-        let seg = self.segment(store, e.seg)?;
-        if e.slot >= seg.info.nodes {
-            return Err(corrupt(format!(
-                "{}: a map entry names node {} of a segment with {}",
-                e.seg.key(),
-                e.slot,
-                seg.info.nodes
-            )));
-        }
         let mut b = vec![0u8; NODE_BYTES];
-        seg.file
-            .read_exact_at(&mut b, seg.info.node_offset(e.slot))
-            .map_err(|err| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("cannot read {}: {err}", self.path(e.seg).display()),
-                )
-            })?;
+        match self.local(e.seg) {
+            Some(seg) => {
+                check_node_slot(e, &seg.info)?;
+                seg.file
+                    .read_exact_at(&mut b, seg.info.node_offset(e.slot))
+                    .map_err(|err| {
+                        Error::new(
+                            ErrorKind::Io,
+                            format!("cannot read {}: {err}", self.path(e.seg).display()),
+                        )
+                    })?;
+            }
+            None => {
+                self.prefetch(store, e.seg);
+                let info = self.header(store, e.seg)?;
+                check_node_slot(e, &info)?;
+                let at = info.node_offset(e.slot);
+                b.copy_from_slice(
+                    &store
+                        .get_range(&e.seg.key(), at..at + NODE_BYTES as u64)
+                        .map_err(Error::from)?,
+                );
+            }
+        }
         if crc32c::crc32c(&b) != e.crc {
             return Err(corrupt(format!(
                 "{}: map node {} does not match the checksum its parent holds",
@@ -202,4 +292,16 @@ impl SegmentCache {
             .unwrap()
             .insert((e.seg, e.slot), Arc::new(node));
     }
+}
+
+fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {
+    if e.slot >= info.nodes {
+        return Err(corrupt(format!(
+            "{}: a map entry names node {} of a segment with {}",
+            e.seg.key(),
+            e.slot,
+            info.nodes
+        )));
+    }
+    Ok(())
 }

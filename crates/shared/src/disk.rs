@@ -614,7 +614,7 @@ impl SharedDisk {
         let mut first = 0u64;
         for level in (0..levels).rev() {
             let Some(here) = e else { return Ok(None) };
-            let node = self.ds.cache.node(self.store(), &here, level, first)?;
+            let node = self.ds.cache.node(&self.ds.store, &here, level, first)?;
             let span = MapNode::span_of_entry(level);
             let idx = ((vg - first) / span) as usize;
             if idx >= FANOUT {
@@ -709,7 +709,7 @@ impl SharedDisk {
                     Some(e) => {
                         self.ds
                             .cache
-                            .read_grain(self.store(), &e, &mut out[at..at + GRAIN])?
+                            .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?
                     }
                 },
             }
@@ -1080,7 +1080,7 @@ impl SharedDisk {
         made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
         let mut node = match at {
-            Some(e) => (*self.ds.cache.node(self.store(), &e, level, first)?).clone(),
+            Some(e) => (*self.ds.cache.node(&self.ds.store, &e, level, first)?).clone(),
             None => MapNode::empty(level, self.id, man.generation, first),
         };
         node.disk = self.id;

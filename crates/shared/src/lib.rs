@@ -18,6 +18,7 @@ pub use disk::SharedDisk;
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -166,8 +167,8 @@ pub struct SharedDatastore {
     dir: PathBuf,
     cfg: LocalConfig,
     root: RootObject,
-    store: ObjectStore,
-    cache: cache::SegmentCache,
+    store: Arc<ObjectStore>,
+    cache: Arc<cache::SegmentCache>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -416,11 +417,11 @@ impl SharedDatastore {
         probe: ProbeReport,
     ) -> Result<(Self, Summary)> {
         let ds = SharedDatastore {
-            cache: cache::SegmentCache::new(dir.join("cache")),
+            cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             dir: dir.to_path_buf(),
             cfg,
             root,
-            store,
+            store: Arc::new(store),
         };
         let mut s = ds.summary()?;
         s.probe = Some(probe.into());
@@ -493,11 +494,11 @@ impl SharedDatastore {
             ));
         }
         Ok(SharedDatastore {
-            cache: cache::SegmentCache::new(dir.join("cache")),
+            cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             dir: dir.to_path_buf(),
             cfg,
             root,
-            store,
+            store: Arc::new(store),
         })
     }
 
