@@ -89,8 +89,8 @@ Prints what it found: the datastore's id, who created it, and its disks."
         long_about = "Make this host the writer of DISK of an object-store datastore now, fencing the\n\
 previous writer: its next FLUSH fails with an error naming this host, and it acknowledges no\n\
 more writes (docs/MULTIHOST.md). A server claims a disk by itself at its first write, trim or\n\
-FLUSH; this command is for handing a disk over before that. Of hosts claiming at once, exactly\n\
-one wins; the others fail naming it."
+write; this command is for handing a disk over before that. Of hosts claiming from one\n\
+generation, exactly one wins; the others fail naming it."
     )]
     Claim {
         /// The disk

@@ -59,7 +59,10 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     if strata_shared::is_shared(dir)
         && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
     {
-        return shared_cmd::run(dir, &action);
+        return match &action {
+            Action::Serve(args) => shared_serve::run(dir, args),
+            _ => shared_cmd::run(dir, &action),
+        };
     }
     match action {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),

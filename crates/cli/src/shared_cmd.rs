@@ -22,7 +22,6 @@ use strata_shared::{SharedDatastore, SharedDisk, Summary};
 use crate::api::{Request, Response};
 use crate::args::Action;
 use crate::output::Format;
-use crate::shared_serve::SharedExports;
 
 pub(crate) fn engine_error(e: strata_shared::Error) -> Error {
     use strata_shared::ErrorKind as K;
@@ -61,13 +60,26 @@ pub fn init_or_attach(dir: &Path, url: &str, attach: bool, format: Format) -> Re
     Ok(())
 }
 
+/// The disks a running server has open, as requests through its control
+/// socket reach them (implemented by the server, shared_serve.rs).
+pub trait ServedDisks {
+    /// The server's handle of a disk (opened if it was not).
+    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String>;
+    /// A new handle for a disk this server was fenced from.
+    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String>;
+    /// Drop the handle of a disk being removed.
+    fn forget(&self, name: &str);
+    /// Garbage collection, remembered for the server's metrics.
+    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, strata_shared::Error>;
+}
+
 /// The control socket of a server of an object-store datastore.
 pub const CONTROL_SOCKET: &str = "control.sock";
 
 /// A command on a directory attached to an object-store datastore.
 pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
     match action {
-        Action::Serve(args) => crate::shared_serve::run(dir, args),
+        Action::Serve(_) => unreachable!("main routes serve to shared_serve"),
         Action::Init { .. } => Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
@@ -119,7 +131,7 @@ fn value<T: Serialize>(v: &T) -> serde_json::Value {
 /// are made by the process that writes the disk).
 pub fn execute(
     ds: &Arc<SharedDatastore>,
-    exports: Option<&SharedExports>,
+    exports: Option<&dyn ServedDisks>,
     request: &Request,
 ) -> Result<Response, Error> {
     let e = engine_error;

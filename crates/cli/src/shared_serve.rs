@@ -22,7 +22,7 @@ use strata_shared::{SharedDatastore, SharedDisk};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 
 use crate::serve::{self, ServeArgs};
-use crate::shared_cmd::engine_error;
+use crate::shared_cmd::{engine_error, ServedDisks};
 
 pub struct SharedExports {
     ds: Arc<SharedDatastore>,
@@ -38,7 +38,7 @@ impl SharedExports {
     /// connection and the control socket. A handle that was fenced stays
     /// fenced (this host acknowledges nothing more for the disk) until
     /// `strata claim` on this host takes the disk back ([`Self::reopen`]).
-    pub fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+    fn open_disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
         let mut open = self.open.lock().unwrap();
         if let Some(d) = open.get(name) {
             return Ok(d.clone());
@@ -50,19 +50,6 @@ impl SharedExports {
 }
 
 impl SharedExports {
-    /// A new handle of `name` for connections from now on (after a fence).
-    pub fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
-        self.forget(name);
-        self.disk(name)
-    }
-
-    /// Run garbage collection and keep its report for the metrics.
-    pub fn gc(&self, dry_run: bool) -> Result<GcReport, strata_shared::Error> {
-        let r = self.ds.gc(dry_run)?;
-        *self.last_gc.lock().unwrap() = Some(r.clone());
-        Ok(r)
-    }
-
     /// The metrics of the disks this server has open and of the last GC.
     fn gauges(&self) -> Vec<Gauge> {
         let mut out = Vec::new();
@@ -162,10 +149,27 @@ impl SharedExports {
         }
         out
     }
+}
 
-    /// Drop the server's handle of `name` (it is being removed).
-    pub fn forget(&self, name: &str) {
+impl ServedDisks for SharedExports {
+    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+        self.open_disk(name)
+    }
+
+    /// A new handle of `name` for connections from now on (after a fence).
+    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+        self.forget(name);
+        self.open_disk(name)
+    }
+
+    fn forget(&self, name: &str) {
         self.open.lock().unwrap().remove(name);
+    }
+
+    fn gc(&self, dry_run: bool) -> Result<GcReport, strata_shared::Error> {
+        let r = self.ds.gc(dry_run)?;
+        *self.last_gc.lock().unwrap() = Some(r.clone());
+        Ok(r)
     }
 }
 
@@ -199,7 +203,7 @@ impl ExportProvider for SharedExports {
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        let dev = self.disk(name)? as Arc<dyn BlockDevice>;
+        let dev = self.open_disk(name)? as Arc<dyn BlockDevice>;
         Ok(match &self.stats {
             // Every connection to one export shares one set of statistics.
             Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),
@@ -317,7 +321,7 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
                         .name("control-conn".into())
                         .spawn(move || {
                             crate::control::handle(conn, None, &mut |req, _| {
-                                crate::shared_cmd::execute(&exports.ds, Some(&exports), req)
+                                crate::shared_cmd::execute(&exports.ds, Some(&*exports), req)
                             })
                         });
                 }

@@ -10,7 +10,7 @@
 //! a commit that finds another host's manifest in its place fences this
 //! host: every later I/O fails with an error naming the new owner.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ use crate::layout::{
 use crate::{now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
 const G: u64 = GRAIN as u64;
+/// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
+const SEGMENT_GRAINS: usize = (crate::SEGMENT_MAX_BYTES as usize) / GRAIN;
 /// Unflushed bytes one disk keeps before a write commits them itself.
 const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 /// A disk served but not owned re-reads its newest manifest this often.
@@ -196,7 +198,8 @@ impl SharedDatastore {
     }
 
     /// Claim disk `name` for this process (a manifest with the next
-    /// generation naming it): of concurrent claims exactly one succeeds.
+    /// generation naming it): of claims from one generation exactly one
+    /// succeeds.
     pub fn claim(&self, name: &str) -> Result<Manifest> {
         let id = self.disk_id(name)?;
         claim(&self.store, name, id, self.me_as_owner())
@@ -962,8 +965,10 @@ impl SharedDisk {
             }
             st.flushing = Arc::new(std::mem::take(&mut st.dirty));
             st.dirty_bytes = 0;
-            let ctr = st.next_ctr;
-            st.next_ctr += 1;
+            // Counters for the grain segments and the node segment.
+            let ctrs = st.flushing.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
+            let ctr = st.next_ctr..st.next_ctr + ctrs;
+            st.next_ctr += ctrs;
             (st.flushing.clone(), st.man.clone(), ctr)
         };
         let t0 = Instant::now();
@@ -1009,32 +1014,60 @@ impl SharedDisk {
         }
     }
 
-    /// Upload `batch` as segment `ctr` and commit; the new manifest and
-    /// the bytes uploaded.
-    fn commit_batch(&self, man: &Manifest, batch: &Batch, ctr: u32) -> Result<(Manifest, u64)> {
-        let seg = SegId {
+    /// Upload `batch` and commit: its grains in segments of at most
+    /// [`SEGMENT_GRAINS`] (uploaded two at a time), then the map nodes it
+    /// made new in a last segment, then the manifest; counters come from
+    /// `ctrs`. The new manifest and the bytes uploaded.
+    fn commit_batch(
+        &self,
+        man: &Manifest,
+        batch: &Batch,
+        ctrs: std::ops::Range<u32>,
+    ) -> Result<(Manifest, u64)> {
+        let seg = |ctr| SegId {
             disk: self.id,
             gen: man.generation,
             ctr,
         };
-        let mut b = SegmentBuilder::new(seg);
-        let mut nodes = Vec::new();
-        let items: Vec<(u64, Option<&[u8]>)> = batch
+        // Zeros are holes: they need no grain.
+        let data: Vec<(u64, &[u8])> = batch
             .iter()
-            .map(|(vg, d)| {
-                let d = d.as_deref().filter(|d| d.iter().any(|&x| x != 0));
-                (*vg, d)
+            .filter_map(|(vg, d)| {
+                let d = d.as_deref().filter(|d| d.iter().any(|&x| x != 0))?;
+                Some((*vg, d))
             })
             .collect();
+        let mut grain_segments = Vec::new();
+        let mut placed: HashMap<u64, Entry> = HashMap::with_capacity(data.len());
+        for (j, chunk) in data.chunks(SEGMENT_GRAINS).enumerate() {
+            let mut b = SegmentBuilder::new(seg(ctrs.start + j as u32));
+            for (vg, d) in chunk {
+                placed.insert(*vg, b.add_grain(*vg, d));
+            }
+            grain_segments.push(b);
+        }
+        let items: Vec<(u64, Option<Entry>)> = batch
+            .keys()
+            .map(|vg| (*vg, placed.get(vg).copied()))
+            .collect();
+        let node_ctr = ctrs.start + grain_segments.len() as u32;
+        debug_assert!(node_ctr < ctrs.end);
+        let mut b = SegmentBuilder::new(seg(node_ctr));
+        let mut nodes = Vec::new();
         let root = self.apply(man, man.levels - 1, 0, man.root, &items, &mut b, &mut nodes)?;
         let mut uploaded = 0;
         if root != man.root {
-            let bytes = Bytes::from(b.seal(now_ms()));
-            uploaded = bytes.len() as u64;
+            let mut sealed: Vec<(SegId, Bytes)> = grain_segments
+                .iter()
+                .map(|g| (g.id, Bytes::from(g.seal(now_ms()))))
+                .collect();
+            if !nodes.is_empty() {
+                sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
+            }
+            uploaded = sealed.iter().map(|(_, b)| b.len() as u64).sum();
             crash_point("before-segment");
-            self.store().put(&seg.key(), bytes.clone())?;
+            self.upload(&sealed)?;
             crash_point("after-segment");
-            self.ds.cache.insert(seg, &bytes)?;
             for (e, n) in nodes {
                 self.ds.cache.insert_node(&e, n);
             }
@@ -1044,7 +1077,7 @@ impl SharedDisk {
             written_ms: now_ms(),
             nonce: rand::random(),
             root,
-            next_ctr: ctr + 1,
+            next_ctr: ctrs.end,
             ..man.clone()
         };
         if commit_manifest(self.store(), &next)? {
@@ -1066,6 +1099,38 @@ impl SharedDisk {
         ))
     }
 
+    /// Upload sealed segments, two at a time, and keep them in the cache.
+    fn upload(&self, sealed: &[(SegId, Bytes)]) -> Result<()> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        std::thread::scope(|sc| {
+            for _ in 0..sealed.len().min(2) {
+                sc.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((id, bytes)) = sealed.get(i) else {
+                        break;
+                    };
+                    if first_error.lock().unwrap().is_some() {
+                        break;
+                    }
+                    let r = self
+                        .store()
+                        .put(&id.key(), bytes.clone())
+                        .map_err(Error::from)
+                        .and_then(|()| self.ds.cache.insert(*id, bytes));
+                    if let Err(e) = r {
+                        first_error.lock().unwrap().get_or_insert(e);
+                        break;
+                    }
+                });
+            }
+        });
+        match first_error.into_inner().unwrap() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Copy-on-write the subtree at `level` covering from `first` (entry
     /// `at`) with `items` (sorted, all inside it); new nodes go into `b`.
     #[allow(clippy::too_many_arguments)]
@@ -1075,7 +1140,7 @@ impl SharedDisk {
         level: u8,
         first: u64,
         at: Option<Entry>,
-        items: &[(u64, Option<&[u8]>)],
+        items: &[(u64, Option<Entry>)],
         b: &mut SegmentBuilder,
         made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
@@ -1094,7 +1159,7 @@ impl SharedDisk {
                 j += 1;
             }
             node.entries[idx] = if level == 0 {
-                items[i].1.map(|d| b.add_grain(items[i].0, d))
+                items[i].1
             } else {
                 let child_first = first + idx as u64 * span;
                 self.apply(
