@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone`)
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost`)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. The vdi case boots TCG guests (the guest test's
 //! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
@@ -54,7 +54,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost",
             "--out",
         ])
         .arg(&out)
@@ -213,6 +213,21 @@ fn bench_quick_paper_suites() {
         for who in ["strata", "qsd_threads", "qsd_native"] {
             positive(cn, &["vhost", tag, who, "iops"]);
         }
+    }
+
+    // multihost: a disk on SeaweedFS was written, flushed every 64 writes,
+    // read warm, and read again after its cache was deleted.
+    let mh = get(&j, &["cases", "multihost"]);
+    for path in [
+        &["seq_write_512k", "shared_mib_s"][..],
+        &["rand_read_4k_warm", "shared_iops"],
+        &["rand_read_4k_warm", "local_iops"],
+        &["rand_write_4k_flush64", "shared", "iops"],
+        &["rand_write_4k_flush64", "shared", "flush_p50_ms"],
+        &["cold_start", "first_read_ms"],
+        &["cold_start", "cold_run_iops"],
+    ] {
+        positive(mh, path);
     }
 
     // The report files next to the JSON.
