@@ -123,8 +123,8 @@ class Strata:
             + self.serve_args,
             stdout=subprocess.DEVNULL,
         )
-        wait_path(self.sock)
-        wait_path(os.path.join(self.ds, "control.sock"))
+        wait_path(self.sock, proc=self.proc)
+        wait_path(os.path.join(self.ds, "control.sock"), proc=self.proc)
         return self
 
     def stop(self):
@@ -1977,17 +1977,19 @@ def start_seaweedfs(work):
     return proc, endpoint
 
 
-class SharedStrata:
-    """`strata serve` of a directory attached to an object-store datastore."""
+class SharedStrata(Strata):
+    """`strata serve` of a directory attached to an object-store datastore
+    (started, stopped and addressed as a local one)."""
 
     def __init__(self, work, url, attach=False):
-        self.dir = work
+        self.ds = work
         self.sock = work + ".sock"
+        self.cache = "128M"
+        self.serve_args = []
         self.proc = None
-        self.url = url
         t0 = time.time()
         while True:
-            r = subprocess.run([STRATA, "--datastore", self.dir, "attach" if attach else "init",
+            r = subprocess.run([STRATA, "--datastore", self.ds, "attach" if attach else "init",
                                 "--object-store", url], capture_output=True, text=True)
             if r.returncode == 0:
                 break
@@ -1995,27 +1997,6 @@ class SharedStrata:
             if time.time() - t0 > 60:
                 raise RuntimeError(f"strata init --object-store {url}: {r.stderr}")
             time.sleep(0.5)
-
-    def cli(self, *args):
-        return sh(STRATA, "--datastore", self.dir, *args)
-
-    def start(self):
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.proc = subprocess.Popen([STRATA, "--datastore", self.dir, "serve", "--nbd-unix",
-                                      self.sock], stdout=subprocess.DEVNULL)
-        wait_path(self.sock, proc=self.proc)
-        wait_path(os.path.join(self.dir, "control.sock"), proc=self.proc)
-        return self
-
-    def stop(self):
-        if self.proc:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait()
-            self.proc = None
-
-    def uri(self, name):
-        return f"nbd+unix:///{name}?socket={self.sock}"
 
 
 def fio_flush_every(uri, bs, n, runtime, size):
@@ -2088,7 +2069,7 @@ def case_multihost(work, q):
         out["rand_write_4k_flush64"] = {"local": lf, "shared": sf,
                                         "ratio": ratio(sf["iops"], lf["iops"])}
         # Cold start: the local directory's cache deleted (another host's view).
-        shutil.rmtree(os.path.join(sh_.dir, "cache"), ignore_errors=True)
+        shutil.rmtree(os.path.join(sh_.ds, "cache"), ignore_errors=True)
         _drop_caches()
         sh_.start()
         try:

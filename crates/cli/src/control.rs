@@ -58,6 +58,34 @@ fn vmdk_shrink(
     Ok(Response::VmdkShrink(reps))
 }
 
+/// Accept control connections until `stop` is set (checked between
+/// connections), each answered by `on_conn` on a thread of its own (named
+/// `NAME-conn`). Every server's control socket runs on this loop.
+pub(crate) fn accept(
+    listener: UnixListener,
+    name: &str,
+    stop: Arc<AtomicBool>,
+    on_conn: impl Fn(UnixStream) + Send + Sync + 'static,
+) -> thread::JoinHandle<()> {
+    let on_conn = Arc::new(on_conn);
+    let conn_name = format!("{name}-conn");
+    thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let f = on_conn.clone();
+                let _ = thread::Builder::new()
+                    .name(conn_name.clone())
+                    .spawn(move || f(conn));
+            }
+        })
+        .expect("spawn control thread")
+}
+
 /// Serve control requests until `stop` is set (checked between connections).
 /// `vmdk_shrink` requests are answered for `vmdks`, the other ones by the
 /// datastore.
@@ -69,42 +97,25 @@ pub fn spawn_server(
     jobs: Arc<Jobs>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
-    thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let ds = ds.clone();
-                let stats = stats.clone();
-                let vmdks = vmdks.clone();
-                let jobs = jobs.clone();
-                let _ = thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn(move || {
-                        let start = |req: Request| jobs.start(req, ds.clone(), Some(stats.clone()));
-                        handle(conn, Some(&start), &mut |req, progress| match req {
-                            Request::VmdkShrink {
-                                path,
-                                rate_bytes_per_sec,
-                            } => vmdk_shrink(&vmdks, path, *rate_bytes_per_sec, progress),
-                            req => execute(
-                                &Ctx {
-                                    ds: &ds,
-                                    stats: Some(&stats),
-                                    jobs: Some(&*jobs),
-                                    control: None,
-                                },
-                                req,
-                                progress,
-                            ),
-                        })
-                    });
-            }
+    accept(listener, "control", stop, move |conn| {
+        let start = |req: Request| jobs.start(req, ds.clone(), Some(stats.clone()));
+        handle(conn, Some(&start), &mut |req, progress| match req {
+            Request::VmdkShrink {
+                path,
+                rate_bytes_per_sec,
+            } => vmdk_shrink(&vmdks, path, *rate_bytes_per_sec, progress),
+            req => execute(
+                &Ctx {
+                    ds: &ds,
+                    stats: Some(&stats),
+                    jobs: Some(&*jobs),
+                    control: None,
+                },
+                req,
+                progress,
+            ),
         })
-        .expect("spawn control thread")
+    })
 }
 
 /// The control socket of a VMDK-only server (no datastore) for one export:
@@ -116,40 +127,27 @@ pub fn spawn_vmdk_server(
     export: VmdkExport,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
-    thread::Builder::new()
-        .name("control-vmdk".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                let status = status.clone();
-                let export = export.clone();
-                let _ = thread::Builder::new()
-                    .name("control-vmdk-conn".into())
-                    .spawn(move || {
-                        handle(conn, None, &mut |req, progress| match req {
-                            Request::Status => Ok(Response::VmdkServer(status.clone())),
-                            Request::VmdkShrink {
-                                path,
-                                rate_bytes_per_sec,
-                            } => vmdk_shrink(
-                                std::slice::from_ref(&export),
-                                path,
-                                *rate_bytes_per_sec,
-                                progress,
-                            ),
-                            _ => Err(Error::new(
-                                ErrorKind::Refused,
-                                "this server serves VMDK files only (no datastore); it answers status and vmdk_shrink only",
-                            )),
-                        })
-                    });
-            }
+    accept(listener, "control-vmdk", stop, move |conn| {
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        handle(conn, None, &mut |req, progress| {
+            match req {
+            Request::Status => Ok(Response::VmdkServer(status.clone())),
+            Request::VmdkShrink {
+                path,
+                rate_bytes_per_sec,
+            } => vmdk_shrink(
+                std::slice::from_ref(&export),
+                path,
+                *rate_bytes_per_sec,
+                progress,
+            ),
+            _ => Err(Error::new(
+                ErrorKind::Refused,
+                "this server serves VMDK files only (no datastore); it answers status and vmdk_shrink only",
+            )),
+        }
         })
-        .expect("spawn control thread")
+    })
 }
 
 /// Answer one connection: read its request, run it with `run`, relaying

@@ -73,9 +73,6 @@ pub trait ServedDisks {
     fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, strata_shared::Error>;
 }
 
-/// The control socket of a server of an object-store datastore.
-pub const CONTROL_SOCKET: &str = "control.sock";
-
 /// A command on a directory attached to an object-store datastore.
 pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
     match action {
@@ -93,7 +90,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
             format,
             watch: false,
         } => {
-            let sock = dir.join(CONTROL_SOCKET);
+            let sock = dir.join(strata_format::FILE_CONTROL);
             let response = if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
                 crate::wire::request(&sock, request, false, &mut |_, _| {})?
             } else {
@@ -312,7 +309,7 @@ pub fn execute(
             )
         }
         Request::CloneLinked { source, name } => {
-            let Some((src, snap)) = source.split_once('@') else {
+            let (src, Some(snap)) = strata_format::split_target(source) else {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
                     format!(

@@ -293,7 +293,7 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     serve::listen(&server, args, &example)?;
     // The control socket: CLI commands of this host reach the disks this
     // server has open (a snapshot is taken by the process that writes).
-    let ctl_path = dir.join(crate::shared_cmd::CONTROL_SOCKET);
+    let ctl_path = dir.join(strata_format::FILE_CONTROL);
     if std::os::unix::net::UnixStream::connect(&ctl_path).is_ok() {
         return Err(Error::new(
             ErrorKind::Locked,
@@ -307,26 +307,12 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| Error::new(ErrorKind::Io, format!("bind {}: {e}", ctl_path.display())))?;
     let ctl_thread = {
-        let (exports, stop) = (exports.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("control".into())
-            .spawn(move || {
-                for conn in ctl.incoming() {
-                    if stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let exports = exports.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("control-conn".into())
-                        .spawn(move || {
-                            crate::control::handle(conn, None, &mut |req, _| {
-                                crate::shared_cmd::execute(&exports.ds, Some(&*exports), req)
-                            })
-                        });
-                }
+        let exports = exports.clone();
+        crate::control::accept(ctl, "control", stop.clone(), move |conn| {
+            crate::control::handle(conn, None, &mut |req, _| {
+                crate::shared_cmd::execute(&exports.ds, Some(&*exports), req)
             })
-            .expect("spawn control thread")
+        })
     };
     if names.is_empty() {
         println!("  no disks yet: create one with 'strata create NAME --size 10G'");

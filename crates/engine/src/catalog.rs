@@ -218,31 +218,9 @@ impl Catalog {
     }
 }
 
-/// Split `DISK@SNAP` into its parts.
-pub fn split_target(s: &str) -> (&str, Option<&str>) {
-    match s.split_once('@') {
-        Some((d, sn)) => (d, Some(sn)),
-        None => (s, None),
-    }
-}
+pub use strata_format::split_target;
 
-/// Names of disks and snapshots: 1–128 of `[A-Za-z0-9._-]`, not starting with '.' or '-'.
+/// Names of disks and snapshots ([`strata_format::check_name`]).
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with('.')
-        && !name.starts_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        err(
-            ErrorKind::InvalidArgument,
-            format!(
-                "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
-            ),
-        )
-    }
+    strata_format::check_name(what, name).or_else(|m| err(ErrorKind::InvalidArgument, m))
 }

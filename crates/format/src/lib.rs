@@ -55,6 +55,34 @@ pub const BATCH_ALIGN: u64 = 4096;
 /// Largest payload a reader accepts (a bound against corrupt lengths).
 pub const BATCH_PAYLOAD_MAX: u32 = 256 << 20;
 
+/// Split `DISK@SNAP` into its parts.
+pub fn split_target(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('@') {
+        Some((d, sn)) => (d, Some(sn)),
+        None => (s, None),
+    }
+}
+
+/// Names of disks and snapshots, in a local datastore and an object-store
+/// one alike: 1–128 of `[A-Za-z0-9._-]`, not starting with '.' or '-'.
+/// The error is the message for the user.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+        ))
+    }
+}
+
 /// Object names inside a datastore.
 pub const FILE_SUPER: &str = "strata.super";
 pub const FILE_POOL: &str = "pool.data";

@@ -159,29 +159,26 @@ impl SegmentCache {
         }
         let gate = self.fetching.lock().unwrap().entry(id).or_default().clone();
         let _one = gate.lock().unwrap();
-        if let Some(s) = self.segments.read().unwrap().get(&id) {
-            return Ok(s.clone());
-        }
-        if let Some(s) = self.local(id) {
-            return Ok(s);
-        }
-        let key = id.key();
-        let seg = match None::<CachedSegment> {
+        // Fetched by another thread meanwhile, or cached by an earlier run.
+        let seg = match self.local(id) {
             Some(s) => Ok(s),
-            None => store.get(&key).map_err(Error::from).and_then(|bytes| {
-                let info = verify_segment(&key, &bytes).map_err(corrupt)?;
-                Ok(CachedSegment {
-                    file: self.write_file(id, &bytes)?,
-                    info,
-                })
-            }),
+            None => self.fetch_whole(store, id),
         };
-        let seg = seg.map(Arc::new);
-        if let Ok(s) = &seg {
-            self.segments.write().unwrap().insert(id, s.clone());
-        }
         self.fetching.lock().unwrap().remove(&id);
         seg
+    }
+
+    /// GET segment `id`, verify it end to end, keep it as a file.
+    fn fetch_whole(&self, store: &ObjectStore, id: SegId) -> Result<Arc<CachedSegment>> {
+        let key = id.key();
+        let bytes = store.get(&key).map_err(Error::from)?;
+        let info = verify_segment(&key, &bytes).map_err(corrupt)?;
+        let s = Arc::new(CachedSegment {
+            file: self.write_file(id, &bytes)?,
+            info,
+        });
+        self.segments.write().unwrap().insert(id, s.clone());
+        Ok(s)
     }
 
     /// Read the grain `e` points at into `out` (4096 bytes), checking its CRC.

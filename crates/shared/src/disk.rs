@@ -19,6 +19,7 @@ use strata_block::{
     check_range, BlockDevice, BlockError, BlockResult, ErrorKind as BErr, Extent, ReadFill,
     ZeroOptions,
 };
+use strata_format::split_target;
 use strata_objstore::{Bytes, ObjectStore, Put};
 
 use crate::layout::{
@@ -67,23 +68,7 @@ fn manifests_dir(disk: u32) -> String {
 
 /// Names of disks and snapshots: as in a local datastore.
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with('.')
-        && !name.starts_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!(
-                "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
-            ),
-        ))
-    }
+    strata_format::check_name(what, name).map_err(|m| Error::new(ErrorKind::InvalidArgument, m))
 }
 
 /// Map levels for a disk of `size` bytes: one leaf maps 256 grains.
@@ -529,10 +514,7 @@ impl SharedDisk {
     /// Open `name` (a disk, or `DISK@SNAP`: read-only). Reads nothing but
     /// the name and the newest manifest; claims nothing.
     pub fn open(ds: Arc<SharedDatastore>, name: &str, read_only: bool) -> Result<Arc<SharedDisk>> {
-        let (disk, snap) = match name.split_once('@') {
-            Some((d, s)) => (d, Some(s)),
-            None => (name, None),
-        };
+        let (disk, snap) = split_target(name);
         let id = ds.disk_id(disk)?;
         let man = ds.newest_manifest(id)?;
         if man.removed {
@@ -580,6 +562,11 @@ impl SharedDisk {
 
     fn store(&self) -> &ObjectStore {
         &self.ds.store
+    }
+
+    /// The disk's name (without `@SNAP`).
+    fn disk_name(&self) -> &str {
+        split_target(&self.name).0
     }
 
     /// The manifest this disk reads from now.
@@ -632,26 +619,22 @@ impl SharedDisk {
         Ok(e)
     }
 
-    fn fenced_error(&self, msg: &str) -> BlockError {
-        BlockError::new(BErr::Io, msg.to_string())
-    }
-
     /// Read the newest manifest now, if the disk is not ours; whether it
     /// changed.
     fn refresh_now(&self) -> bool {
         if self.snapshot.is_some() || self.state.lock().unwrap().owner {
             return false;
         }
-        let Ok(m) = newest_manifest(self.store(), self.id) else {
-            return false;
-        };
+        let newest = newest_manifest(self.store(), self.id);
         let mut st = self.state.lock().unwrap();
         st.refreshed = Instant::now();
-        if !st.owner && m.seq > st.man.seq {
-            st.man = Arc::new(m);
-            return true;
+        match newest {
+            Ok(m) if !st.owner && m.seq > st.man.seq => {
+                st.man = Arc::new(m);
+                true
+            }
+            _ => false,
         }
-        false
     }
 
     /// A read-only disk that is not ours follows its owner's commits.
@@ -662,14 +645,7 @@ impl SharedDisk {
                 return;
             }
         }
-        let newest = newest_manifest(self.store(), self.id);
-        let mut st = self.state.lock().unwrap();
-        st.refreshed = Instant::now();
-        if let Ok(m) = newest {
-            if !st.owner && m.seq > st.man.seq {
-                st.man = Arc::new(m);
-            }
-        }
+        self.refresh_now();
     }
 
     /// Read whole grains from `first`, `n` of them, into `out`.
@@ -747,7 +723,7 @@ impl SharedDisk {
         if self.state.lock().unwrap().owner {
             return Ok(());
         }
-        let disk = self.name.split('@').next().unwrap_or(&self.name);
+        let disk = self.disk_name();
         let m = claim(self.store(), disk, self.id, self.ds.me_as_owner())?;
         let mut st = self.state.lock().unwrap();
         st.man = Arc::new(m);
@@ -834,12 +810,7 @@ impl SharedDisk {
     /// snapshot): takes the disk over if no live writer holds it, commits
     /// the unflushed writes, then commits `change(newest)`.
     fn admin(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
-        let disk = self
-            .name
-            .split('@')
-            .next()
-            .unwrap_or(&self.name)
-            .to_string();
+        let disk = self.disk_name().to_string();
         if self.snapshot.is_some() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -1084,7 +1055,7 @@ impl SharedDisk {
             crash_point("after-manifest");
             return Ok((next, uploaded));
         }
-        let disk = self.name.split('@').next().unwrap_or(&self.name);
+        let disk = self.disk_name();
         let who = match newest_manifest(self.store(), self.id) {
             Ok(m) => describe_owner(&m),
             Err(e) => format!("another host ({e})"),
@@ -1248,9 +1219,7 @@ impl BlockDevice for SharedDisk {
         if self.read_only {
             return Ok(());
         }
-        if let Some(f) = &self.state.lock().unwrap().fenced {
-            return Err(self.fenced_error(f));
-        }
+        // A fenced disk's commit fails with the fencing message.
         self.commit().map_err(|e| self.to_block(e))
     }
 

@@ -124,23 +124,26 @@ impl SharedDatastore {
     /// Every disk id with manifests (named or not), its newest manifest,
     /// then every hold (read after the manifests: §11.6a).
     fn roots(&self) -> Result<Roots> {
-        let mut names: HashMap<u32, String> = HashMap::new();
-        for (name, m) in self.disks()? {
-            names.insert(m.disk, name);
-        }
-        let mut ids: Vec<u32> = Vec::new();
-        for l in self.store.list(DIR_DISKS, None)? {
-            if let Some(id) = disk_of_key(&l.key) {
-                if ids.last() != Some(&id) && !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
-        }
-        let mut disks = BTreeMap::new();
+        // Named disks (with their newest manifests), then ids without a
+        // name: each manifest read once.
+        let mut disks: BTreeMap<u32, (Option<String>, Manifest)> = self
+            .disks()?
+            .into_iter()
+            .map(|(name, m)| (m.disk, (Some(name), m)))
+            .collect();
+        let ids: std::collections::BTreeSet<u32> = self
+            .store
+            .list(DIR_DISKS, None)?
+            .iter()
+            .filter_map(|l| disk_of_key(&l.key))
+            .collect();
         for id in ids {
+            if disks.contains_key(&id) {
+                continue;
+            }
             match self.newest_manifest(id) {
                 Ok(m) => {
-                    disks.insert(id, (names.get(&id).cloned(), m));
+                    disks.insert(id, (None, m));
                 }
                 // Segments without a manifest: a disk whose manifests GC
                 // removed, or never finished; nothing is live there.
@@ -215,12 +218,12 @@ impl SharedDatastore {
         let mut marks = Marks::default();
         self.mark(&roots, &mut marks)?;
         let live = marks.segments();
-        let mut per_disk: HashMap<u32, (u64, u64)> = HashMap::new();
+        let mut exclusive: HashMap<u32, u64> = HashMap::new();
         let mut live_bytes = 0;
         for ((_, node, _), owner) in &marks.reached {
             live_bytes += bytes_of(*node);
             if let Some(o) = owner {
-                per_disk.entry(*o).or_default().0 += bytes_of(*node);
+                *exclusive.entry(*o).or_default() += bytes_of(*node);
             }
         }
         let mut rep = GcReport {
@@ -253,7 +256,7 @@ impl SharedDatastore {
                 rep.disks.push(DiskSpace {
                     name: name.clone(),
                     id: format!("{id:08x}"),
-                    exclusive_bytes: per_disk.get(id).map(|p| p.0).unwrap_or(0),
+                    exclusive_bytes: exclusive.get(id).copied().unwrap_or(0),
                     referenced_bytes: referenced,
                 });
             }

@@ -26,8 +26,6 @@ use strata_objstore::{Bytes, ObjectStore, Options, ProbeReport, Put, StoreUrl};
 
 /// The local directory's file naming the store this host uses.
 pub const FILE_LOCAL: &str = "strata.objstore";
-/// A local datastore's superblock: a directory holds one kind or the other.
-const FILE_LOCAL_SUPER: &str = "strata.super";
 /// The root object's key (§11.3).
 pub const KEY_ROOT: &str = "strata-store";
 /// Disk names (§11.2).
@@ -304,7 +302,8 @@ impl LocalConfig {
 
 /// Refuse a local directory that holds another datastore.
 fn check_local_dir(dir: &Path, url: &StoreUrl) -> Result<Option<LocalConfig>> {
-    if dir.join(FILE_LOCAL_SUPER).exists() {
+    // A local datastore's superblock: a directory holds one kind or the other.
+    if dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
