@@ -156,6 +156,21 @@ pub enum Request {
         chain: bool,
         adapter: String,
     },
+    /// Move a disk (its snapshots too unless `head_only`) to another
+    /// datastore while it is served (docs/MOVE.md).
+    Move {
+        name: String,
+        /// The target datastore's directory (a local datastore, or one
+        /// attached to an object store); absolute.
+        to: PathBuf,
+        #[serde(default)]
+        head_only: bool,
+        /// The target's provisioning (None: the source's).
+        #[serde(default)]
+        provisioning: Option<Provisioning>,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
     /// Shrink a served SEsparse VMDK file online: asked of the server that
     /// serves it (docs/FORMAT.md §9.5), found through its holder records.
     VmdkShrink {
@@ -186,6 +201,7 @@ impl Request {
             Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
             Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
             Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
+            Request::Move { name, to, .. } => format!("move {name} to {}", to.display()),
             other => format!("{other:?}"),
         }
     }
@@ -206,6 +222,7 @@ impl Request {
                 | Request::DefragFreeSpace { .. }
                 | Request::Import { .. }
                 | Request::Export { .. }
+                | Request::Move { .. }
                 | Request::Create {
                     provisioning: Provisioning::Eagerzeroedthick,
                     ..
@@ -263,6 +280,8 @@ pub enum Response {
     Capacity { info: DatastoreInfo, changed: bool },
     /// `alarm list`, `alarm set`: every alarm, evaluated now.
     Alarms(Vec<AlarmEntry>),
+    /// `move`
+    Moved(MoveReport),
     /// An answer about an object-store datastore: already rendered for
     /// people, and its `--json` document.
     Shared {
@@ -271,6 +290,29 @@ pub enum Response {
         #[serde(default)]
         problems: bool,
     },
+}
+
+/// What `move` did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MoveReport {
+    pub disk: String,
+    /// The datastore directories it left and went to.
+    pub from: PathBuf,
+    pub to: PathBuf,
+    pub provisioning: Provisioning,
+    /// Snapshots re-created on the target (names, parents first).
+    pub snapshots: Vec<String>,
+    /// Bytes read from the source and written to the target (all passes).
+    pub copied_bytes: u64,
+    /// Passes over the ranges clients changed during the copy (the last
+    /// one with I/O held).
+    pub passes: u32,
+    /// How long client I/O was held at the switch.
+    pub switch_ms: f64,
+    pub seconds: f64,
+    /// Remarks (e.g. a thick disk became thin on an object store).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// One alarm in `alarm list`: its state now, and the command it runs.

@@ -33,7 +33,8 @@ pub struct Cli {
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
     pub metadata_cache: u64,
 
-    /// For a long command (convert, punchzero, defrag, clone --full, import, export, eager create)
+    /// For a long command (convert, punchzero, defrag, move, clone --full, import, export, eager
+    /// create)
     /// on a running server: return once its job has started instead of following it
     #[arg(long, global = true)]
     pub detach: bool,
@@ -197,6 +198,38 @@ says which it is. Returns once the new capacity is durable."
         #[arg(long = "type", value_parser = parse_prov)]
         provisioning: Provisioning,
         /// Scan or fill at most this much per second (e.g. 200M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Move a disk to another datastore while it is served (Storage vMotion)
+    #[command(
+        long_about = "Move a disk, with its snapshots, to another datastore while clients keep \
+using it (Storage vMotion; docs/MOVE.md).\n\n\
+DEST is another local datastore's directory or a directory attached to an object store. The \
+server of this datastore copies the snapshots, then the disk, then again what clients changed \
+meanwhile, until little is left; then it holds client I/O for a last pass and switches the export \
+to the new copy (the report says for how long). Connected clients stay connected. The source is \
+removed afterwards, and this server keeps serving the disk, under its name, from DEST (also after \
+a restart). A move that fails, is cancelled ('strata jobs cancel') or cut by a crash leaves the \
+source serving and removes the partial copy."
+    )]
+    Move {
+        name: String,
+        /// The datastore directory to move it to
+        #[arg(long, value_name = "DEST")]
+        to: PathBuf,
+        /// The target's provisioning (default: the source's; object-store disks are thin):
+        /// thin, zeroedthick or eagerzeroedthick. A thick disk moved with --type thin stores no
+        /// zeros
+        #[arg(long = "type", value_parser = parse_prov)]
+        provisioning: Option<Provisioning>,
+        /// Move the disk's live state only: its snapshots are not copied, and are deleted with
+        /// the source
+        #[arg(long)]
+        head_only: bool,
+        /// Copy at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
         #[command(flatten)]
@@ -652,6 +685,23 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             } => datastore(
                 Request::Convert {
                     name: name.clone(),
+                    provisioning: *provisioning,
+                    rate_bytes_per_sec: *rate,
+                },
+                json.into(),
+            ),
+            Cmd::Move {
+                name,
+                to,
+                provisioning,
+                head_only,
+                rate,
+                json,
+            } => datastore(
+                Request::Move {
+                    name: name.clone(),
+                    to: absolute(to)?,
+                    head_only: *head_only,
                     provisioning: *provisioning,
                     rate_bytes_per_sec: *rate,
                 },

@@ -14,7 +14,7 @@ use strata_vmdk::VmdkImage;
 
 use crate::api::{Request, Response, VmdkServerStatus};
 use crate::jobs::Jobs;
-use crate::ops::{execute, Ctx};
+use crate::ops::{execute, Ctx, Mover};
 use crate::wire::Reply;
 
 /// Longest request line accepted.
@@ -95,6 +95,7 @@ pub fn spawn_server(
     vmdks: Vec<VmdkExport>,
     stats: Arc<strata_stats::StatsRegistry>,
     jobs: Arc<Jobs>,
+    mover: Option<Arc<dyn Mover + Send + Sync>>,
     stop: Arc<AtomicBool>,
 ) -> thread::JoinHandle<()> {
     accept(listener, "control", stop, move |conn| {
@@ -110,6 +111,7 @@ pub fn spawn_server(
                     stats: Some(&stats),
                     jobs: Some(&*jobs),
                     control: None,
+                    mover: mover.as_deref().map(|m| m as &dyn Mover),
                 },
                 req,
                 progress,

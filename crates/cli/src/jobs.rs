@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 use strata_engine::{Datastore, Error, ErrorKind, WorkControl};
 
 use crate::api::{JobAction, JobInfo, JobState, Request, Response};
-use crate::ops::{execute, Ctx, JobList};
+use crate::ops::{execute, Ctx, JobList, Mover};
 
 /// Finished jobs kept for `strata jobs`, at most.
 const FINISHED_KEPT: usize = 32;
@@ -79,6 +79,8 @@ impl Job {
 pub struct Jobs {
     next: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
+    /// The server's placement of disks (moves run through it).
+    mover: Option<Arc<dyn Mover + Send + Sync>>,
 }
 
 fn now_unix() -> u64 {
@@ -89,6 +91,13 @@ fn now_unix() -> u64 {
 }
 
 impl Jobs {
+    pub fn with_mover(mover: Arc<dyn Mover + Send + Sync>) -> Jobs {
+        Jobs {
+            mover: Some(mover),
+            ..Default::default()
+        }
+    }
+
     /// Start `req` as a job in its own thread.
     pub fn start(
         self: &Arc<Self>,
@@ -108,6 +117,7 @@ impl Jobs {
                     | Request::PunchZero { .. }
                     | Request::Defrag { .. }
                     | Request::DefragFreeSpace { .. }
+                    | Request::Move { .. }
             ),
             state: Mutex::new(JobStatus {
                 done: 0,
@@ -147,6 +157,7 @@ impl Jobs {
                     stats: stats.as_deref(),
                     jobs: Some(&*jobs),
                     control: Some(j.control.clone()),
+                    mover: jobs.mover.as_deref().map(|m| m as &dyn Mover),
                 };
                 let mut progress = |done: u64, total: u64| {
                     {

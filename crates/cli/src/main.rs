@@ -9,11 +9,14 @@ mod args;
 mod control;
 mod holders;
 mod jobs;
+mod moving;
 mod ops;
 mod output;
+mod placement;
 mod serve;
 mod shared_cmd;
 mod shared_serve;
+mod slot;
 mod units;
 mod vmdk_cmd;
 mod wire;
@@ -179,6 +182,7 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
                     stats: None,
                     jobs: None,
                     control: None,
+                    mover: None,
                 },
                 req,
                 &mut progress,

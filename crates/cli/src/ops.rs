@@ -23,6 +23,30 @@ pub struct Ctx<'a> {
     pub jobs: Option<&'a dyn JobList>,
     /// Pause and cancel for the job running this request.
     pub control: Option<Arc<WorkControl>>,
+    /// Disks placed in other datastores and moves (inside a server:
+    /// `placement`; None when the CLI runs the request itself).
+    pub mover: Option<&'a dyn Mover>,
+}
+
+/// A server's placement of disks in datastores other than its own, and
+/// the moves between them (docs/MOVE.md), as requests see it.
+pub trait Mover: Sync {
+    /// Run a request that names a disk placed elsewhere (or one being
+    /// moved) there; None: the request is the home datastore's.
+    fn route(
+        &self,
+        req: &Request,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Option<Result<Response, Error>>;
+    /// Run a `move`.
+    fn run_move(
+        &self,
+        req: &Request,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error>;
+    /// Whether the server serves an export of this name from elsewhere.
+    fn serves(&self, name: &str) -> bool;
 }
 
 /// A server's jobs, as requests see them (the server's `jobs` module keeps
@@ -40,7 +64,20 @@ pub fn execute(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
     let ds = ctx.ds;
+    if let Some(r) = ctx.mover.and_then(|m| m.route(req, progress)) {
+        return r;
+    }
     Ok(match req {
+        Request::Move { .. } => match ctx.mover {
+            Some(m) => m.run_move(req, ctx.control.clone(), progress)?,
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    "a move runs in the server that serves the disk: start 'strata serve' for \
+                     this datastore (the disk may be idle; clients connect as usual)",
+                ))
+            }
+        },
         Request::Status => Response::Datastore(ds.info_with_layout()?),
         Request::List => Response::Disks(ds.list_disks()),
         Request::Info { name } => Response::Disk(ds.disk_info_with_space(name)?),
@@ -204,7 +241,9 @@ pub fn execute(
             // In name order: the registry's order for all of them.
             let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
                 Some(d) => {
-                    ds.open_disk(d)?; // a clear error for a name that does not exist
+                    if !ctx.mover.is_some_and(|m| m.serves(d)) {
+                        ds.open_disk(d)?; // a clear error for a name that does not exist
+                    }
                     let stats = reg.get_or_create(d);
                     let mut snap = stats.snapshot();
                     if *reset {

@@ -93,6 +93,36 @@ fn value<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v).expect("serialisable")
 }
 
+/// `move`: where the disk went, what was copied and how long I/O waited.
+fn moved(out: &mut String, r: &crate::api::MoveReport) {
+    line(
+        out,
+        format_args!(
+            "moved {} from {} to {} ({}) in {:.1} s",
+            r.disk,
+            r.from.display(),
+            r.to.display(),
+            r.provisioning.as_str(),
+            r.seconds
+        ),
+    );
+    line(
+        out,
+        format_args!(
+            "  copied {} in {} passes; client I/O held {:.1} ms at the switch",
+            human(r.copied_bytes),
+            r.passes,
+            r.switch_ms
+        ),
+    );
+    if !r.snapshots.is_empty() {
+        line(out, format_args!("  snapshots: {}", r.snapshots.join(", ")));
+    }
+    for n in &r.notes {
+        line(out, format_args!("  note: {n}"));
+    }
+}
+
 /// An optional name, `-` when there is none.
 fn or_dash(s: &Option<String>) -> &str {
     s.as_deref().unwrap_or("-")
@@ -142,6 +172,7 @@ impl Render for Response {
             Response::VmdkShrink(rs) => vmdk_shrink(out, rs),
             Response::Capacity { info, changed } => capacity(out, info, *changed),
             Response::Alarms(a) => alarm_list(out, a),
+            Response::Moved(r) => moved(out, r),
         }
     }
 
@@ -172,6 +203,7 @@ impl Render for Response {
             ),
             Response::Import(r) => value(r),
             Response::Export(r) => value(r),
+            Response::Moved(r) => value(r),
             Response::VmdkServer(s) => value(s),
             Response::VmdkShrink(rs) => value(rs),
             Response::Capacity { info, .. } => value(info),

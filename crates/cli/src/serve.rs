@@ -244,6 +244,8 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 
 struct Exports {
     ds: Option<Datastore>,
+    /// Where the datastore's disks live (home or moved elsewhere).
+    places: Option<Arc<crate::placement::Places>>,
     vmdks: Vec<(String, Arc<VmdkImage>)>,
     stats: Option<Arc<StatsRegistry>>,
 }
@@ -264,9 +266,9 @@ impl ExportProvider for Exports {
                 ),
             })
             .collect();
-        if let Some(ds) = &self.ds {
+        if let Some(p) = &self.places {
             out.extend(
-                ds.export_names()
+                p.export_names()
                     .into_iter()
                     .map(|(name, description)| ExportInfo { name, description }),
             );
@@ -288,11 +290,12 @@ impl Exports {
     /// The device behind an export, without statistics (for looking at its
     /// size and mode; I/O goes through [`ExportProvider::open`]).
     fn open_raw(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        match (self.vmdks.iter().find(|(n, _)| n == name), &self.ds) {
+        match (self.vmdks.iter().find(|(n, _)| n == name), &self.places) {
             (Some((_, img)), _) => Ok(img.clone() as Arc<dyn BlockDevice>),
-            (None, Some(ds)) => ds
-                .open_disk(name)
-                .map(|h| h as Arc<dyn BlockDevice>)
+            // Through the disk's slot, so that a move can switch it.
+            (None, Some(p)) => p
+                .slot(name)
+                .map(|s| s as Arc<dyn BlockDevice>)
                 .map_err(|e| e.message),
             (None, None) => Err(format!("no export named '{name}'")),
         }
@@ -748,13 +751,23 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let registry = Arc::new(StatsRegistry::new());
-    let jobs = Arc::new(crate::jobs::Jobs::default());
+    let places = crate::placement::Places::open(
+        dir,
+        ds.clone(),
+        crate::placement::Config {
+            metadata_cache,
+            direct_io: args.direct_io,
+            store_timeout: Duration::from_secs(args.store_timeout),
+        },
+    )?;
+    let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
     let ctl_thread = control::spawn_server(
         ctl,
         ds.clone(),
         vmdk_exports(&opened),
         registry.clone(),
         jobs,
+        Some(places.clone()),
         stop.clone(),
     );
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
@@ -781,6 +794,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     let vmdk_list = vmdks.clone();
     let exports = Arc::new(Exports {
         ds: Some(ds.clone()),
+        places: Some(places.clone()),
         vmdks,
         stats,
     });
@@ -788,7 +802,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     let names: Vec<String> = vmdk_list
         .iter()
         .map(|(n, _)| n.clone())
-        .chain(ds.export_names().into_iter().map(|(n, _)| n))
+        .chain(places.export_names().into_iter().map(|(n, _)| n))
         .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     println!("strata: serving datastore {}", dir.display());
@@ -826,6 +840,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     }
     let _ = std::fs::remove_file(&ctl_path);
     flush_vmdks(&vmdk_list);
+    places.close();
     ds.close()?;
     eprintln!("strata: datastore flushed and closed");
     Ok(ExitCode::SUCCESS)
@@ -1175,6 +1190,7 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
     let held = record_holders(&opened, &sockets);
     let exports = Arc::new(Exports {
         ds: None,
+        places: None,
         vmdks: list.clone(),
         stats: (!args.no_stats).then(|| registry.clone()),
     });

@@ -34,11 +34,47 @@ pub struct SharedExports {
 }
 
 impl SharedExports {
+    pub(crate) fn new(ds: Arc<SharedDatastore>, stats: Option<Arc<StatsRegistry>>) -> Self {
+        SharedExports {
+            ds,
+            open: Mutex::new(HashMap::new()),
+            stats,
+            last_gc: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn datastore(&self) -> &Arc<SharedDatastore> {
+        &self.ds
+    }
+
+    /// Commit every disk this server writes (at shutdown); false if one
+    /// failed (said on stderr).
+    pub(crate) fn flush_all(&self) -> bool {
+        let mut ok = true;
+        for (name, d) in self.open.lock().unwrap().iter() {
+            let (owner, fenced) = d.ownership();
+            if let Some(f) = fenced {
+                // Handed over: another host writes it now (not a failure of
+                // this server; its clients were told at their FLUSH).
+                eprintln!("strata: {f}");
+                continue;
+            }
+            if !owner {
+                continue;
+            }
+            if let Err(e) = d.commit() {
+                eprintln!("strata: flushing disk {name} failed: {e}");
+                ok = false;
+            }
+        }
+        ok
+    }
+
     /// The server's handle of `name`: one per disk, shared by every
     /// connection and the control socket. A handle that was fenced stays
     /// fenced (this host acknowledges nothing more for the disk) until
     /// `strata claim` on this host takes the disk back ([`Self::reopen`]).
-    fn open_disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
+    pub(crate) fn open_disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
         let mut open = self.open.lock().unwrap();
         if let Some(d) = open.get(name) {
             return Ok(d.clone());
@@ -275,12 +311,10 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let ds = Arc::new(SharedDatastore::open(dir, &opts).map_err(engine_error)?);
     let stop = serve::stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
-    let exports = Arc::new(SharedExports {
-        ds: ds.clone(),
-        open: Mutex::new(HashMap::new()),
-        stats: (!args.no_stats).then(|| registry.clone()),
-        last_gc: Mutex::new(None),
-    });
+    let exports = Arc::new(SharedExports::new(
+        ds.clone(),
+        (!args.no_stats).then(|| registry.clone()),
+    ));
     let server = NbdServer::new(exports.clone(), serve::nbd_options(args));
     let names: Vec<String> = exports.list().into_iter().map(|e| e.name).collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
@@ -338,24 +372,7 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
     let _ = ctl_thread.join();
     let _ = std::fs::remove_file(&ctl_path);
-    let mut failed = false;
-    for (name, d) in exports.open.lock().unwrap().iter() {
-        let (owner, fenced) = d.ownership();
-        if let Some(f) = fenced {
-            // Handed over: another host writes it now (not a failure of
-            // this server; its clients were told at their FLUSH).
-            eprintln!("strata: {f}");
-            continue;
-        }
-        if !owner {
-            continue;
-        }
-        if let Err(e) = d.commit() {
-            eprintln!("strata: flushing disk {name} failed: {e}");
-            failed = true;
-        }
-    }
-    if failed {
+    if !exports.flush_all() {
         eprintln!("strata: not every disk could be flushed (above)");
         return Ok(ExitCode::from(1));
     }

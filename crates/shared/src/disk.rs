@@ -153,6 +153,7 @@ impl SharedDatastore {
                 snapshots: Vec::new(),
                 parent: None,
                 removed: false,
+                current: None,
             };
             if self.store.put_create(&m.key(), Bytes::from(m.encode()))? == Put::Created {
                 break m;
@@ -305,6 +306,7 @@ impl SharedDatastore {
                     name: format!("{src}@{snap}"),
                 }),
                 removed: false,
+                current: None,
             };
             if self.store.put_create(&m1.key(), Bytes::from(m1.encode()))? == Put::Exists {
                 let _ = self.store.delete(&hold.key());
@@ -867,7 +869,9 @@ impl SharedDisk {
                 size_bytes: man.size_bytes,
                 levels: man.levels,
                 root: man.root,
+                parent: man.current,
             });
+            next.current = next.snapshots.last().map(|s| s.id);
             Ok(next)
         })?;
         Ok(m.snapshots.last().cloned().expect("just added"))
@@ -877,10 +881,18 @@ impl SharedDisk {
     pub fn snapshot_delete(&self, snap: &str) -> Result<()> {
         self.admin(|man| {
             let mut next = man.clone();
-            let before = next.snapshots.len();
-            next.snapshots.retain(|s| s.name != snap);
-            if next.snapshots.len() == before {
+            let Some(gone) = next.snapshots.iter().find(|s| s.name == snap).cloned() else {
                 return Err(self.no_snapshot(snap));
+            };
+            next.snapshots.retain(|s| s.id != gone.id);
+            // Its children (and the live state) now descend from its parent.
+            for s in &mut next.snapshots {
+                if s.parent == Some(gone.id) {
+                    s.parent = gone.parent;
+                }
+            }
+            if next.current == Some(gone.id) {
+                next.current = gone.parent;
             }
             Ok(next)
         })
@@ -901,6 +913,7 @@ impl SharedDisk {
                 root: s.root,
                 levels: s.levels,
                 size_bytes: s.size_bytes,
+                current: Some(s.id),
                 ..man.clone()
             })
         })?;

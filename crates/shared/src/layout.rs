@@ -439,6 +439,10 @@ pub struct SnapshotRec {
     pub size_bytes: u64,
     pub levels: u8,
     pub root: Option<Entry>,
+    /// The snapshot the disk descended from when this one was taken (the
+    /// tree, §11.3); none for a root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u64>,
 }
 
 /// Where a linked clone came from.
@@ -479,6 +483,10 @@ pub struct Manifest {
     pub parent: Option<ParentRef>,
     #[serde(default)]
     pub removed: bool,
+    /// The snapshot the disk's live state descends from (the last one
+    /// taken or reverted to), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<u64>,
 }
 
 impl Manifest {
@@ -620,6 +628,7 @@ mod tests {
             snapshots: vec![],
             parent: None,
             removed: false,
+            current: None,
         };
         let b = m.encode();
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);

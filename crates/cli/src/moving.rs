@@ -1,0 +1,477 @@
+//! `strata move`: move a served disk to another datastore while clients
+//! write it (docs/MOVE.md): copy its snapshots, copy its head, copy again
+//! what clients changed meanwhile until little is left, then hold client
+//! I/O for a last pass, commit the new place and switch the export's slot.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_block::{BlockDevice, ZeroOptions};
+use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
+
+use crate::api::{MoveReport, Request};
+use crate::placement::{Changed, Kind, Location, MoveEntry, Phase, Places, Store};
+
+/// Stop converging when a pass finds at most this much changed...
+const CONVERGED_BYTES: u64 = 8 << 20;
+/// ...or after this many passes.
+const PASSES_MAX: u32 = 16;
+/// Copy unit.
+const CHUNK: u64 = 1 << 20;
+
+/// Abort here (`STRATA_MOVE_CRASH_AT=copy|converge|switch|cleanup`), for
+/// the crash tests: the process dies as by kill -9.
+fn crash_point(at: &str) {
+    if std::env::var("STRATA_MOVE_CRASH_AT").as_deref() == Ok(at) {
+        eprintln!("strata: STRATA_MOVE_CRASH_AT={at}: aborting");
+        std::process::abort();
+    }
+}
+
+fn io(what: &str, e: strata_block::BlockError) -> Error {
+    Error::new(ErrorKind::Io, format!("{what}: {e}"))
+}
+
+/// Copies ranges from one device to another, counting and pacing.
+struct Copier<'a> {
+    thin: bool,
+    control: Option<Arc<WorkControl>>,
+    rate: Option<u64>,
+    started: Instant,
+    copied: u64,
+    /// Progress: bytes done of the total known so far.
+    done: u64,
+    total: u64,
+    progress: &'a mut dyn FnMut(u64, u64),
+    buf: Vec<u8>,
+}
+
+impl Copier<'_> {
+    fn checkpoint(&self) -> Result<(), Error> {
+        match &self.control {
+            Some(c) => c.checkpoint(),
+            None => Ok(()),
+        }
+    }
+
+    fn pace(&self) {
+        if let Some(rate) = self.rate.filter(|r| *r > 0) {
+            let due = std::time::Duration::from_secs_f64(self.copied as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+
+    /// Make `dst` read like `src` over `ranges`; `paced` (not at the
+    /// switch) obeys the rate and pause/cancel.
+    fn copy(
+        &mut self,
+        src: &dyn BlockDevice,
+        dst: &dyn BlockDevice,
+        ranges: &[Changed],
+        paced: bool,
+    ) -> Result<(), Error> {
+        let size = dst.size_bytes().min(src.size_bytes());
+        for r in ranges {
+            let end = (r.offset + r.len).min(size);
+            let mut off = r.offset;
+            while off < end {
+                if paced {
+                    self.checkpoint()?;
+                    self.pace();
+                }
+                let n = CHUNK.min(end - off);
+                let zero = ZeroOptions {
+                    may_unmap: self.thin,
+                    ..Default::default()
+                };
+                if !r.mapped {
+                    dst.write_zeroes(off, n, zero)
+                        .map_err(|e| io("write the target", e))?;
+                } else {
+                    let b = &mut self.buf[..n as usize];
+                    src.read_at(b, off).map_err(|e| io("read the source", e))?;
+                    if b.iter().all(|&x| x == 0) {
+                        dst.write_zeroes(off, n, zero)
+                    } else {
+                        dst.write_at(b, off, false)
+                    }
+                    .map_err(|e| io("write the target", e))?;
+                    self.copied += n;
+                }
+                off += n;
+                self.done += n;
+                (self.progress)(self.done, self.total.max(self.done));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bytes(r: &[Changed]) -> u64 {
+    r.iter().map(|r| r.len).sum()
+}
+
+fn dirty_ranges(d: Vec<(u64, u64)>) -> Vec<Changed> {
+    d.into_iter()
+        .map(|(offset, len)| Changed {
+            offset,
+            len,
+            mapped: true,
+        })
+        .collect()
+}
+
+struct Args<'a> {
+    name: &'a str,
+    head_only: bool,
+    provisioning: Option<Provisioning>,
+    rate: Option<u64>,
+}
+
+/// Run a `move` request.
+pub fn run(
+    places: &Places,
+    req: &Request,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<MoveReport, Error> {
+    let Request::Move {
+        name,
+        to,
+        head_only,
+        provisioning,
+        rate_bytes_per_sec,
+    } = req
+    else {
+        unreachable!("moving::run is given move requests")
+    };
+    let a = Args {
+        name,
+        head_only: *head_only,
+        provisioning: *provisioning,
+        rate: *rate_bytes_per_sec,
+    };
+    if name.contains('@') {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("'{name}' is a snapshot: a move takes a disk (its snapshots go with it)"),
+        ));
+    }
+    let from = places.place_of(name);
+    let src = places.store(&from)?;
+    if !src.exists(name) {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no disk named '{name}' here"),
+        ));
+    }
+    let to = Location::of(to)?;
+    if to == from {
+        return Err(Error::new(
+            ErrorKind::Refused,
+            format!(
+                "disk '{name}' is in {} already (to change its type in place: 'strata convert')",
+                to.dir.display()
+            ),
+        ));
+    }
+    let dst = places.store(&to)?;
+    let r = if dst.exists(name) {
+        Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("{} has a disk named '{name}' already", to.dir.display()),
+        ))
+    } else {
+        places.begin_move(name).and_then(|_| {
+            let r = run_locked(places, &a, &from, &src, &to, &dst, control, progress);
+            places.end_move(name);
+            r
+        })
+    };
+    // The datastore left (or not reached) is closed if nothing else
+    // lives there.
+    drop((src, dst));
+    places.release_unused(&from);
+    places.release_unused(&to);
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_locked(
+    places: &Places,
+    a: &Args<'_>,
+    from: &Location,
+    src: &Store,
+    to: &Location,
+    dst: &Store,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<MoveReport, Error> {
+    let name = a.name;
+    let started = Instant::now();
+    let (size, src_prov) = src.shape(name)?;
+    let mut notes = Vec::new();
+    let prov = match (to.kind, a.provisioning) {
+        (Kind::Shared, Some(p)) if p.is_thick() => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "object-store disks are thin: --type {} is not possible there",
+                    p.as_str()
+                ),
+            ))
+        }
+        (Kind::Shared, _) => {
+            if src_prov.is_thick() {
+                notes.push(format!(
+                    "'{name}' was {}; object-store disks are thin, so it is thin now",
+                    src_prov.as_str()
+                ));
+            }
+            Provisioning::Thin
+        }
+        (Kind::Local, p) => p.unwrap_or(src_prov),
+    };
+    // The record first, so that a crash from here on is undone at start.
+    places.update(|f| {
+        f.moves.insert(
+            name.to_string(),
+            MoveEntry {
+                from: from.clone(),
+                to: to.clone(),
+                phase: Phase::Copying,
+            },
+        );
+    })?;
+    let undo = |e: Error| -> Error {
+        if dst.exists(name) {
+            if let Err(u) = dst.remove(name) {
+                eprintln!(
+                    "strata: removing the partial copy of {name} in {} failed (retried at the \
+                     next start): {}",
+                    to.dir.display(),
+                    u.message
+                );
+                return e;
+            }
+        }
+        let _ = places.update(|f| {
+            f.moves.remove(name);
+        });
+        e
+    };
+    if let Err(e) = dst.create(name, size, prov) {
+        return Err(undo(e));
+    }
+    let slot = match places.slot(name) {
+        Ok(s) => s,
+        Err(e) => return Err(undo(e)),
+    };
+    let dirty = slot.track();
+    let mut copier = Copier {
+        thin: prov == Provisioning::Thin,
+        control,
+        rate: a.rate,
+        started,
+        copied: 0,
+        done: 0,
+        total: 0,
+        progress,
+        buf: vec![0u8; CHUNK as usize],
+    };
+    let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
+    let (snapshots, passes, switch) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            slot.untrack();
+            return Err(undo(e));
+        }
+    };
+    crash_point("cleanup");
+    // The target is the disk now; the source goes.
+    if let Err(e) = src.remove(name) {
+        eprintln!(
+            "strata: the move of {name} is done but removing the source in {} failed (retried \
+             at the next start): {}",
+            from.dir.display(),
+            e.message
+        );
+    } else {
+        places.update(|f| {
+            f.moves.remove(name);
+        })?;
+    }
+    Ok(MoveReport {
+        disk: name.to_string(),
+        from: from.dir.clone(),
+        to: to.dir.clone(),
+        provisioning: prov,
+        snapshots,
+        copied_bytes: copier.copied,
+        passes,
+        switch_ms: switch.as_secs_f64() * 1e3,
+        seconds: started.elapsed().as_secs_f64(),
+        notes,
+    })
+}
+
+/// Snapshots, head, converging passes, switch. Returns the snapshots
+/// re-created, the passes and how long I/O was held.
+#[allow(clippy::too_many_arguments)]
+fn copy_and_switch(
+    places: &Places,
+    a: &Args<'_>,
+    src: &Store,
+    dst: &Store,
+    to: &Location,
+    slot: &crate::slot::Slot,
+    dirty: &crate::slot::DirtyMap,
+    copier: &mut Copier<'_>,
+) -> Result<(Vec<String>, u32, std::time::Duration), Error> {
+    let name = a.name;
+    let (snaps, current) = if a.head_only {
+        (Vec::new(), None)
+    } else {
+        src.snapshots(name)?
+    };
+    // Each snapshot is built from a state the target has: its parent, or
+    // (a root after the first) the first one copied.
+    let mut plan: Vec<(Option<String>, &str, Vec<Changed>)> = Vec::new();
+    let mut copied: HashSet<&str> = HashSet::new();
+    let mut first: Option<&str> = None;
+    for s in &snaps {
+        let base = match &s.parent {
+            Some(p) if copied.contains(p.as_str()) => Some(p.clone()),
+            _ => first.map(str::to_string),
+        };
+        let ranges = src.diff(name, base.as_deref(), Some(&s.name))?;
+        copier.total += bytes(&ranges);
+        plan.push((base, &s.name, ranges));
+        copied.insert(&s.name);
+        first.get_or_insert(&s.name);
+    }
+    let head_base = match &current {
+        Some(c) if copied.contains(c.as_str()) => Some(c.clone()),
+        _ => first.map(str::to_string),
+    };
+    let target = dst.device(name)?;
+    let mut at: Option<String> = None;
+    let mut recreated = Vec::new();
+    for (base, snap, ranges) in plan {
+        if base.is_some() && base != at {
+            dst.snapshot_revert(name, base.as_deref().expect("some"))?;
+        }
+        let sdev = src.device(&format!("{name}@{snap}"))?;
+        copier.copy(&*sdev, &*target, &ranges, true)?;
+        dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
+        at = Some(snap.to_string());
+        recreated.push(snap.to_string());
+    }
+    if head_base.is_some() && head_base != at {
+        dst.snapshot_revert(name, head_base.as_deref().expect("some"))?;
+    }
+    // The head: what differs from its base now (tracking is on, so what
+    // changes after this is copied again).
+    let source = slot.device();
+    let ranges = src.diff(name, head_base.as_deref(), None)?;
+    copier.total += bytes(&ranges);
+    copier.copy(&*source, &*target, &ranges, true)?;
+    crash_point("copy");
+    let mut passes = 0;
+    let last = loop {
+        let d = dirty_ranges(dirty.take());
+        if bytes(&d) <= CONVERGED_BYTES || passes >= PASSES_MAX {
+            break d;
+        }
+        passes += 1;
+        copier.total += bytes(&d);
+        copier.copy(&*source, &*target, &d, true)?;
+    };
+    // Again what the last look found, then flush the bulk before holding
+    // I/O so the switch's flush is small.
+    copier.total += bytes(&last);
+    copier.copy(&*source, &*target, &last, true)?;
+    target.flush().map_err(|e| io("flush the target", e))?;
+    crash_point("converge");
+    copier.checkpoint()?;
+    let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
+        let d = dirty_ranges(dirty.take());
+        copier.total += bytes(&d);
+        copier.copy(&*source, &*target, &d, false)?;
+        target.flush().map_err(|e| io("flush the target", e))?;
+        crash_point("switch");
+        // The commit point.
+        places.update(|f| {
+            if to.dir == places.home_dir() {
+                f.disks.remove(name);
+            } else {
+                f.disks.insert(name.to_string(), to.clone());
+            }
+            if let Some(m) = f.moves.get_mut(name) {
+                m.phase = Phase::Switched;
+            }
+        })?;
+        Ok(target.clone())
+    })?;
+    passes += 1;
+    // Connections to the disk's snapshots follow it (or, with
+    // --head-only, find them gone).
+    for (export, s) in places.snapshot_slots(name) {
+        let next = dst
+            .device(&export)
+            .unwrap_or_else(|e| Arc::new(Gone(e.message)));
+        let _ = s.switch(|| Ok::<_, Error>(next));
+    }
+    Ok((recreated, passes, held))
+}
+
+fn description_of(snaps: &[crate::placement::Snap], name: &str) -> String {
+    snaps
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.description.clone())
+        .unwrap_or_default()
+}
+
+/// A snapshot export whose snapshot did not move (`--head-only`): every
+/// request fails with the reason.
+struct Gone(String);
+
+impl BlockDevice for Gone {
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn read_at(&self, _: &mut [u8], _: u64) -> strata_block::BlockResult<strata_block::ReadFill> {
+        Err(self.err())
+    }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> strata_block::BlockResult<()> {
+        Err(self.err())
+    }
+    fn flush(&self) -> strata_block::BlockResult<()> {
+        Ok(())
+    }
+    fn unmap(&self, _: u64, _: u64) -> strata_block::BlockResult<()> {
+        Err(self.err())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: ZeroOptions) -> strata_block::BlockResult<()> {
+        Err(self.err())
+    }
+    fn block_status(&self, _: u64, _: u64) -> strata_block::BlockResult<Vec<strata_block::Extent>> {
+        Err(self.err())
+    }
+}
+
+impl Gone {
+    fn err(&self) -> strata_block::BlockError {
+        strata_block::BlockError::new(
+            strata_block::ErrorKind::Io,
+            format!("the snapshot did not move with its disk: {}", self.0),
+        )
+    }
+}

@@ -1,0 +1,782 @@
+//! Where a server's disks live (docs/MOVE.md): its home datastore, or
+//! another datastore a move put them in, as the home's placement file
+//! says; the one [`Slot`] per served export; and the datastores (local or
+//! object-store) the server opened for them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use strata_block::BlockDevice;
+use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
+use strata_shared::SharedDatastore;
+
+use crate::api::{Request, Response};
+use crate::ops::{self, Ctx, LockOutcome, Mover};
+use crate::shared_cmd::{engine_error, ServedDisks};
+use crate::shared_serve::SharedExports;
+use crate::slot::Slot;
+
+/// The placement file in the home datastore's directory.
+pub const FILE_PLACEMENT: &str = "placement.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Local,
+    Shared,
+}
+
+/// A datastore, by its (canonical) directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    pub kind: Kind,
+    pub dir: PathBuf,
+}
+
+impl Location {
+    /// The datastore in `dir`: a local one, or a directory attached to an
+    /// object store.
+    pub fn of(dir: &Path) -> Result<Location, Error> {
+        let dir = std::fs::canonicalize(dir).map_err(|e| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("datastore directory {}: {e}", dir.display()),
+            )
+        })?;
+        let kind = if strata_shared::is_shared(&dir) {
+            Kind::Shared
+        } else if dir.join(strata_format::FILE_SUPER).exists() {
+            Kind::Local
+        } else {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} is neither a datastore ('strata init') nor a directory attached to an \
+                     object store ('strata init|attach s3://...')",
+                    dir.display()
+                ),
+            ));
+        };
+        Ok(Location { kind, dir })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The source is authoritative; the target is being built.
+    Copying,
+    /// The target is authoritative; the source is to be removed.
+    Switched,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveEntry {
+    pub from: Location,
+    pub to: Location,
+    pub phase: Phase,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PlacementFile {
+    pub version: u32,
+    /// Disks whose place is not home.
+    #[serde(default)]
+    pub disks: BTreeMap<String, Location>,
+    /// Moves under way.
+    #[serde(default)]
+    pub moves: BTreeMap<String, MoveEntry>,
+}
+
+impl PlacementFile {
+    fn load(home: &Path) -> Result<PlacementFile, Error> {
+        let p = home.join(FILE_PLACEMENT);
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{}: not a placement file: {e}", p.display()),
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PlacementFile {
+                version: 1,
+                ..Default::default()
+            }),
+            Err(e) => Err(Error::new(
+                ErrorKind::Io,
+                format!("read {}: {e}", p.display()),
+            )),
+        }
+    }
+
+    /// Write it whole, atomically: temporary file, fsync, rename, fsync of
+    /// the directory.
+    fn save(&self, home: &Path) -> Result<(), Error> {
+        let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Io, format!("{what}: {e}"));
+        let p = home.join(FILE_PLACEMENT);
+        let tmp = home.join(format!("{FILE_PLACEMENT}.tmp"));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io("create placement file", e))?;
+        f.write_all(&serde_json::to_vec_pretty(self).expect("json"))
+            .and_then(|_| f.sync_all())
+            .map_err(|e| io("write placement file", e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| io("rename placement file", e))?;
+        std::fs::File::open(home)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("sync datastore directory", e))
+    }
+}
+
+/// An open datastore a disk may live in.
+#[derive(Clone)]
+pub enum Store {
+    Local(Datastore),
+    Shared(Arc<SharedExports>),
+}
+
+/// One snapshot as a move sees it.
+pub struct Snap {
+    pub name: String,
+    pub parent: Option<String>,
+    pub description: String,
+}
+
+/// A range where one version of a disk differs from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changed {
+    pub offset: u64,
+    pub len: u64,
+    /// The newer version reads data here (false: zeros).
+    pub mapped: bool,
+}
+
+fn shared_err(e: strata_shared::Error) -> Error {
+    engine_error(e)
+}
+
+impl Store {
+    pub fn exists(&self, disk: &str) -> bool {
+        match self {
+            Store::Local(ds) => ds.disk_info(disk).is_ok(),
+            Store::Shared(x) => x.datastore().disk_id(disk).is_ok(),
+        }
+    }
+
+    /// `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O; for an
+    /// object store the server's one handle of it.
+    pub fn device(&self, name: &str) -> Result<Arc<dyn BlockDevice>, Error> {
+        match self {
+            Store::Local(ds) => Ok(ds.open_disk(name)? as Arc<dyn BlockDevice>),
+            Store::Shared(x) => x
+                .open_disk(name)
+                .map(|d| d as Arc<dyn BlockDevice>)
+                .map_err(|m| Error::new(ErrorKind::NotFound, m)),
+        }
+    }
+
+    /// Size and provisioning.
+    pub fn shape(&self, disk: &str) -> Result<(u64, Provisioning), Error> {
+        match self {
+            Store::Local(ds) => {
+                let i = ds.disk_info(disk)?;
+                Ok((i.size_bytes, i.provisioning))
+            }
+            Store::Shared(x) => {
+                let d = x
+                    .open_disk(disk)
+                    .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
+                Ok((d.manifest().size_bytes, Provisioning::Thin))
+            }
+        }
+    }
+
+    /// The disk's snapshots (parents before children) and the one its
+    /// live state descends from.
+    pub fn snapshots(&self, disk: &str) -> Result<(Vec<Snap>, Option<String>), Error> {
+        match self {
+            Store::Local(ds) => {
+                let current = ds.disk_info(disk)?.current_snapshot;
+                let snaps = ds
+                    .snapshot_list(disk)?
+                    .into_iter()
+                    .map(|s| Snap {
+                        name: s.name,
+                        parent: s.parent,
+                        description: s.description,
+                    })
+                    .collect();
+                Ok((snaps, current))
+            }
+            Store::Shared(x) => {
+                let d = x
+                    .open_disk(disk)
+                    .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
+                let m = d.manifest();
+                let name_of = |id: Option<u64>| {
+                    id.and_then(|id| m.snapshots.iter().find(|s| s.id == id))
+                        .map(|s| s.name.clone())
+                };
+                let mut recs = m.snapshots.clone();
+                recs.sort_by_key(|s| s.id);
+                let snaps = recs
+                    .iter()
+                    .map(|s| Snap {
+                        name: s.name.clone(),
+                        parent: name_of(s.parent),
+                        description: s.description.clone(),
+                    })
+                    .collect();
+                Ok((snaps, name_of(m.current)))
+            }
+        }
+    }
+
+    /// Where `disk@to` (None: the head) differs from `disk@from` (None: an
+    /// empty disk). Local datastores compare maps (skipping what two
+    /// versions share); object stores compare what the two read.
+    pub fn diff(
+        &self,
+        disk: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Vec<Changed>, Error> {
+        let target = |s: Option<&str>| match s {
+            Some(s) => format!("{disk}@{s}"),
+            None => disk.to_string(),
+        };
+        match self {
+            Store::Local(ds) => Ok(ds
+                .changed_ranges(from.map(|f| target(Some(f))).as_deref(), &target(to))?
+                .into_iter()
+                .map(|r| Changed {
+                    offset: r.offset,
+                    len: r.len,
+                    mapped: r.mapped,
+                })
+                .collect()),
+            Store::Shared(_) => {
+                let a = match from {
+                    Some(f) => Some(self.device(&target(Some(f)))?),
+                    None => None,
+                };
+                let b = self.device(&target(to))?;
+                content_diff(a.as_deref(), &*b)
+            }
+        }
+    }
+
+    pub fn create(&self, disk: &str, size: u64, prov: Provisioning) -> Result<(), Error> {
+        match self {
+            Store::Local(ds) => ds.create_disk(disk, size, prov, &mut |_, _| {}).map(|_| ()),
+            Store::Shared(x) => x
+                .datastore()
+                .create_disk(disk, size)
+                .map(|_| ())
+                .map_err(shared_err),
+        }
+    }
+
+    pub fn snapshot_create(&self, disk: &str, snap: &str, description: &str) -> Result<(), Error> {
+        match self {
+            Store::Local(ds) => ds.snapshot_create(disk, snap, description).map(|_| ()),
+            Store::Shared(x) => self
+                .shared_disk(x, disk)?
+                .snapshot_create(snap, description)
+                .map(|_| ())
+                .map_err(shared_err),
+        }
+    }
+
+    pub fn snapshot_revert(&self, disk: &str, snap: &str) -> Result<(), Error> {
+        match self {
+            Store::Local(ds) => ds.snapshot_revert(disk, snap),
+            Store::Shared(x) => self
+                .shared_disk(x, disk)?
+                .snapshot_revert(snap)
+                .map_err(shared_err),
+        }
+    }
+
+    fn shared_disk(
+        &self,
+        x: &SharedExports,
+        disk: &str,
+    ) -> Result<Arc<strata_shared::SharedDisk>, Error> {
+        x.open_disk(disk)
+            .map_err(|m| Error::new(ErrorKind::NotFound, m))
+    }
+
+    /// Remove the disk and its snapshots.
+    pub fn remove(&self, disk: &str) -> Result<(), Error> {
+        match self {
+            Store::Local(ds) => ds.remove_disk(disk),
+            Store::Shared(x) => {
+                x.forget(disk);
+                x.datastore().remove_disk(disk).map_err(shared_err)
+            }
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            Store::Local(ds) => {
+                if let Err(e) = ds.close() {
+                    eprintln!("strata: closing a datastore failed: {}", e.message);
+                }
+            }
+            Store::Shared(x) => {
+                if !x.flush_all() {
+                    eprintln!("strata: not every object-store disk could be flushed (above)");
+                }
+            }
+        }
+    }
+}
+
+/// Compare two devices' contents (`a` None: zeros), reading only where
+/// either stores something, in 64 KiB ranges.
+fn content_diff(a: Option<&dyn BlockDevice>, b: &dyn BlockDevice) -> Result<Vec<Changed>, Error> {
+    const STEP: u64 = 1 << 20;
+    const UNIT: usize = crate::slot::TRACK_BYTES as usize;
+    let size = b.size_bytes();
+    let io = |e: strata_block::BlockError| Error::new(ErrorKind::Io, e.to_string());
+    let stored = |d: &dyn BlockDevice, off: u64, len: u64| -> Result<bool, Error> {
+        let ext = d.block_status(off, len).map_err(io)?;
+        Ok(ext.iter().any(|e| !e.hole && !e.zero)
+            || ext.iter().map(|e| e.len_bytes).sum::<u64>() < len)
+    };
+    let mut out: Vec<Changed> = Vec::new();
+    let mut ba = vec![0u8; STEP as usize];
+    let mut bb = vec![0u8; STEP as usize];
+    let mut off = 0;
+    while off < size {
+        let len = STEP.min(size - off);
+        let in_a = match a {
+            Some(a) if off < a.size_bytes() => stored(a, off, len.min(a.size_bytes() - off))?,
+            _ => false,
+        };
+        if in_a || stored(b, off, len)? {
+            let n = len as usize;
+            ba[..n].fill(0);
+            if let Some(a) = a.filter(|_| in_a) {
+                let an = n.min((a.size_bytes() - off) as usize);
+                a.read_at(&mut ba[..an], off).map_err(io)?;
+            }
+            b.read_at(&mut bb[..n], off).map_err(io)?;
+            for (i, (x, y)) in ba[..n].chunks(UNIT).zip(bb[..n].chunks(UNIT)).enumerate() {
+                if x != y {
+                    let o = off + (i * UNIT) as u64;
+                    let mapped = y.iter().any(|&c| c != 0);
+                    match out.last_mut() {
+                        Some(r) if r.offset + r.len == o && r.mapped == mapped => {
+                            r.len += y.len() as u64
+                        }
+                        _ => out.push(Changed {
+                            offset: o,
+                            len: y.len() as u64,
+                            mapped,
+                        }),
+                    }
+                }
+            }
+        }
+        off += len;
+    }
+    Ok(out)
+}
+
+/// How the server opens other datastores for moves.
+pub struct Config {
+    pub metadata_cache: u64,
+    pub direct_io: bool,
+    pub store_timeout: Duration,
+}
+
+/// A server's disks and where they live.
+pub struct Places {
+    home_dir: PathBuf,
+    home: Datastore,
+    cfg: Config,
+    guests: Mutex<Vec<(PathBuf, Store)>>,
+    file: Mutex<PlacementFile>,
+    slots: Mutex<HashMap<String, Weak<Slot>>>,
+    pub(crate) moving: Mutex<HashSet<String>>,
+}
+
+impl Places {
+    /// Read the home's placement file, finish or undo the moves a crash
+    /// cut (docs/MOVE.md), and open the datastores placed disks live in.
+    pub fn open(home_dir: &Path, home: Datastore, cfg: Config) -> Result<Arc<Places>, Error> {
+        let home_dir = std::fs::canonicalize(home_dir)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", home_dir.display())))?;
+        let file = PlacementFile::load(&home_dir)?;
+        let p = Arc::new(Places {
+            home_dir,
+            home,
+            cfg,
+            guests: Mutex::new(Vec::new()),
+            file: Mutex::new(file),
+            slots: Mutex::new(HashMap::new()),
+            moving: Mutex::new(HashSet::new()),
+        });
+        p.recover()?;
+        let placed: Vec<(String, Location)> = p.file.lock().disks.clone().into_iter().collect();
+        for (name, loc) in placed {
+            if let Err(e) = p.store(&loc) {
+                eprintln!(
+                    "strata: disk {name} lives in {}, which could not be opened: {}",
+                    loc.dir.display(),
+                    e.message
+                );
+            }
+        }
+        Ok(p)
+    }
+
+    fn recover(&self) -> Result<(), Error> {
+        let moves: Vec<(String, MoveEntry)> = self.file.lock().moves.clone().into_iter().collect();
+        for (name, m) in moves {
+            // Copying: the source is authoritative, the target goes.
+            // Switched: the target is, the source goes.
+            let (gone, verb) = match m.phase {
+                Phase::Copying => (&m.to, "undone: removed the partial copy"),
+                Phase::Switched => (&m.from, "finished: removed the source"),
+            };
+            let r = self.store(gone).and_then(|s| {
+                if s.exists(&name) {
+                    s.remove(&name)
+                } else {
+                    Ok(())
+                }
+            });
+            match r {
+                Ok(()) => {
+                    eprintln!(
+                        "strata: the move of disk {name} to {} was cut; {verb} in {}",
+                        m.to.dir.display(),
+                        gone.dir.display()
+                    );
+                    self.update(|f| {
+                        f.moves.remove(&name);
+                    })?;
+                }
+                Err(e) => eprintln!(
+                    "strata: the move of disk {name} was cut and its clean-up in {} failed \
+                     (retried at the next start): {}",
+                    gone.dir.display(),
+                    e.message
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn home_dir(&self) -> &Path {
+        &self.home_dir
+    }
+
+    pub fn home_location(&self) -> Location {
+        Location {
+            kind: Kind::Local,
+            dir: self.home_dir.clone(),
+        }
+    }
+
+    /// Change the placement file (in memory and on disk, atomically).
+    pub fn update(&self, f: impl FnOnce(&mut PlacementFile)) -> Result<(), Error> {
+        let mut g = self.file.lock();
+        let mut next = g.clone();
+        f(&mut next);
+        next.version = 1;
+        next.save(&self.home_dir)?;
+        *g = next;
+        Ok(())
+    }
+
+    /// Where disk `name` lives.
+    pub fn place_of(&self, disk: &str) -> Location {
+        self.file
+            .lock()
+            .disks
+            .get(disk)
+            .cloned()
+            .unwrap_or_else(|| self.home_location())
+    }
+
+    /// The open datastore at `loc` (opened now if it is not: a local one
+    /// under its lock, which a server of its own would hold).
+    pub fn store(&self, loc: &Location) -> Result<Store, Error> {
+        if loc.dir == self.home_dir {
+            return Ok(Store::Local(self.home.clone()));
+        }
+        let mut g = self.guests.lock();
+        if let Some((_, s)) = g.iter().find(|(d, _)| d == &loc.dir) {
+            return Ok(s.clone());
+        }
+        let s = match loc.kind {
+            Kind::Local => {
+                let lock = match ops::try_lock(&loc.dir)? {
+                    LockOutcome::Locked(f) => f,
+                    LockOutcome::Held(pid) => {
+                        return Err(Error::new(
+                            ErrorKind::Locked,
+                            format!(
+                                "datastore {} is in use{}: a disk can move only into a datastore \
+                                 no other process holds (stop its server)",
+                                loc.dir.display(),
+                                pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
+                            ),
+                        ))
+                    }
+                };
+                let ds =
+                    ops::open_local(&loc.dir, lock, self.cfg.metadata_cache, self.cfg.direct_io)?;
+                ds.start_reclaimer();
+                ds.start_background_commits();
+                Store::Local(ds)
+            }
+            Kind::Shared => {
+                let ctl = loc.dir.join(strata_format::FILE_CONTROL);
+                if std::os::unix::net::UnixStream::connect(&ctl).is_ok() {
+                    return Err(Error::new(
+                        ErrorKind::Locked,
+                        format!(
+                            "{} is served by another strata server on this host (its control \
+                             socket answers): move into it from that server's side, or stop it",
+                            loc.dir.display()
+                        ),
+                    ));
+                }
+                let opts = strata_objstore::Options {
+                    op_timeout: self.cfg.store_timeout,
+                    ..Default::default()
+                };
+                let ds = SharedDatastore::open(&loc.dir, &opts).map_err(shared_err)?;
+                Store::Shared(Arc::new(SharedExports::new(Arc::new(ds), None)))
+            }
+        };
+        g.push((loc.dir.clone(), s.clone()));
+        Ok(s)
+    }
+
+    /// Close the datastore at `loc` if this server has no use for it: not
+    /// home, no disk placed in it, no move recorded with it.
+    pub fn release_unused(&self, loc: &Location) {
+        if loc.dir == self.home_dir {
+            return;
+        }
+        {
+            let f = self.file.lock();
+            if f.disks.values().any(|l| l == loc)
+                || f.moves.values().any(|m| &m.from == loc || &m.to == loc)
+            {
+                return;
+            }
+        }
+        let gone: Vec<Store> = {
+            let mut g = self.guests.lock();
+            let (gone, keep) = g.drain(..).partition(|(d, _)| d == &loc.dir);
+            *g = keep;
+            gone.into_iter().map(|(_, s)| s).collect()
+        };
+        for s in gone {
+            s.close();
+        }
+    }
+
+    /// The slot of export `name` (`DISK` or `DISK@SNAP`): one per export
+    /// while anything holds it, opened from the disk's place.
+    pub fn slot(&self, name: &str) -> Result<Arc<Slot>, Error> {
+        let mut slots = self.slots.lock();
+        if let Some(s) = slots.get(name).and_then(Weak::upgrade) {
+            return Ok(s);
+        }
+        let disk = strata_format::split_target(name).0;
+        let dev = self.store(&self.place_of(disk))?.device(name)?;
+        let s = Arc::new(Slot::new(dev));
+        slots.retain(|_, w| w.strong_count() > 0);
+        slots.insert(name.to_string(), Arc::downgrade(&s));
+        Ok(s)
+    }
+
+    /// The open slots of `disk`'s snapshots (`DISK@SNAP`).
+    pub fn snapshot_slots(&self, disk: &str) -> Vec<(String, Arc<Slot>)> {
+        let prefix = format!("{disk}@");
+        self.slots
+            .lock()
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .filter_map(|(n, w)| w.upgrade().map(|s| (n.clone(), s)))
+            .collect()
+    }
+
+    /// Every export: home's disks (but those placed elsewhere) and the
+    /// disks placed in other datastores, with their snapshots.
+    pub fn export_names(&self) -> Vec<(String, String)> {
+        let placed = self.file.lock().disks.clone();
+        let mut out: Vec<(String, String)> = self
+            .home
+            .export_names()
+            .into_iter()
+            .filter(|(n, _)| !placed.contains_key(strata_format::split_target(n).0))
+            .collect();
+        for (disk, loc) in &placed {
+            let Ok(store) = self.store(loc) else { continue };
+            match &store {
+                Store::Local(ds) => out.extend(
+                    ds.export_names()
+                        .into_iter()
+                        .filter(|(n, _)| strata_format::split_target(n).0 == disk)
+                        .map(|(n, d)| (n, format!("{d}, in {}", loc.dir.display()))),
+                ),
+                Store::Shared(_) => {
+                    out.push((
+                        disk.clone(),
+                        format!("object-store disk, in {}", loc.dir.display()),
+                    ));
+                    if let Ok((snaps, _)) = store.snapshots(disk) {
+                        out.extend(snaps.into_iter().map(|s| {
+                            (
+                                format!("{disk}@{}", s.name),
+                                format!("snapshot of {disk} (read-only)"),
+                            )
+                        }));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Close the other datastores (flushing them).
+    pub fn close(&self) {
+        for (_, s) in self.guests.lock().drain(..) {
+            s.close();
+        }
+    }
+
+    /// Mark `disk` as moving (refused if it already is).
+    pub fn begin_move(&self, disk: &str) -> Result<(), Error> {
+        if !self.moving.lock().insert(disk.to_string()) {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!("disk '{disk}' is already being moved (see 'strata jobs')"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn end_move(&self, disk: &str) {
+        self.moving.lock().remove(disk);
+    }
+}
+
+/// The disk a request is about, and whether it only reads it.
+fn request_disk(req: &Request) -> Option<(&str, bool)> {
+    fn base(n: &str) -> &str {
+        strata_format::split_target(n).0
+    }
+    Some(match req {
+        Request::Info { name } => (name.as_str(), true),
+        Request::SnapshotList { disk } => (disk.as_str(), true),
+        Request::Export { target, .. } => (base(target), true),
+        Request::Remove { name }
+        | Request::Extend { name, .. }
+        | Request::Limit { name, .. }
+        | Request::Convert { name, .. }
+        | Request::PunchZero { name, .. }
+        | Request::Defrag { name, .. }
+        | Request::Claim { name } => (name.as_str(), false),
+        Request::SnapshotCreate { disk, .. }
+        | Request::SnapshotRevert { disk, .. }
+        | Request::SnapshotDelete { disk, .. } => (disk.as_str(), false),
+        Request::CloneLinked { source, .. } | Request::CloneFull { source, .. } => {
+            (base(source), false)
+        }
+        _ => return None,
+    })
+}
+
+impl Mover for Places {
+    fn route(
+        &self,
+        req: &Request,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Option<Result<Response, Error>> {
+        if let Request::Create { name, .. } | Request::Import { name, .. } = req {
+            if let Some(loc) = self.file.lock().disks.get(name) {
+                return Some(Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "this server serves a disk named '{name}' (from {})",
+                        loc.dir.display()
+                    ),
+                )));
+            }
+            return None;
+        }
+        let (disk, reads) = request_disk(req)?;
+        if !reads && self.moving.lock().contains(disk) {
+            return Some(Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}' is being moved: wait for the move to end, or cancel it \
+                     ('strata jobs')"
+                ),
+            )));
+        }
+        let loc = self.file.lock().disks.get(disk).cloned()?;
+        let store = match self.store(&loc) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let r = match &store {
+            Store::Local(ds) => ops::execute(
+                &Ctx {
+                    ds,
+                    stats: None,
+                    jobs: None,
+                    control: None,
+                    mover: None,
+                },
+                req,
+                progress,
+            ),
+            Store::Shared(x) => crate::shared_cmd::execute(x.datastore(), Some(&**x), req),
+        };
+        // What a request adds or takes away in that datastore, this
+        // server serves or stops serving.
+        let after = match (req, &r) {
+            (Request::Remove { name }, Ok(_)) => self.update(|f| {
+                f.disks.remove(name);
+            }),
+            (Request::CloneLinked { name, .. } | Request::CloneFull { name, .. }, Ok(_)) => self
+                .update(|f| {
+                    f.disks.insert(name.clone(), loc.clone());
+                }),
+            _ => Ok(()),
+        };
+        Some(r.and_then(|r| after.map(|_| r)))
+    }
+
+    fn run_move(
+        &self,
+        req: &Request,
+        control: Option<Arc<strata_engine::WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error> {
+        crate::moving::run(self, req, control, progress).map(Response::Moved)
+    }
+
+    fn serves(&self, name: &str) -> bool {
+        self.file
+            .lock()
+            .disks
+            .contains_key(strata_format::split_target(name).0)
+    }
+}

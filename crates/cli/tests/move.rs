@@ -1,0 +1,383 @@
+//! `strata move` (docs/MOVE.md) through the CLI and real clients: a served
+//! disk under fio's verifying writes moves to an object store (SeaweedFS)
+//! and back; a server killed at each step of a move, and at a random
+//! moment, keeps the source and a repeated move completes; refusals.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{raw_compare, run_ok, Server, Store};
+use strata_objstore::testing;
+
+fn url(name: &str) -> Option<String> {
+    testing::shared()?;
+    Some(format!(
+        "s3://strata-cli-test/{name}-{:08x}",
+        rand::random::<u32>()
+    ))
+}
+
+fn qemu_io(uri: &str, cmds: &[&str]) {
+    let mut args = vec!["-f", "raw", "-t", "writeback"];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(uri);
+    run_ok("qemu-io", &args);
+}
+
+/// Save what export `uri` reads to `path`.
+fn save(uri: &str, path: &Path) {
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            uri,
+            path.to_str().unwrap(),
+        ],
+    );
+}
+
+fn same(uri: &str, img: &Path) {
+    let o = raw_compare(uri, img.to_str().unwrap());
+    assert!(
+        o.status.success(),
+        "{uri} differs from {}: {}{}",
+        img.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn names(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The snapshot tree as (name, parent) pairs.
+fn tree(s: &Store, disk: &str) -> Vec<(String, Option<String>)> {
+    let j = s.json(&["snapshot", "list", disk]);
+    let mut t: Vec<(String, Option<String>)> = j
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["name"].as_str().unwrap().to_string(),
+                x["parent"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    t.sort();
+    t
+}
+
+/// fio over NBD with crc32c verification: writes (verifying as it goes
+/// and at the end) or, with `verify_only`, reads back and verifies what
+/// the same job wrote.
+fn fio(uri: &str, verify_only: bool) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=mv",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--offset=64M",
+        "--size=24M",
+        "--verify=crc32c",
+        "--verify_backlog=512",
+        "--verify_fatal=1",
+        "--rate_iops=1200",
+        "--randrepeat=1",
+    ]);
+    if verify_only {
+        c.arg("--verify_only");
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn finish(child: Child) -> String {
+    let o = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "fio failed: {text}");
+    assert!(!text.contains("verify: bad"), "{text}");
+    text
+}
+
+/// Build a disk with a snapshot tree: s1 -> {s2, s3}, the head on s3.
+fn tree_disk(home: &Store) {
+    let u = home.uri("d");
+    qemu_io(&u, &["write -P 0x11 0 4M", "write -P 0x12 40M 1M"]);
+    home.ok(&["snapshot", "create", "d", "s1", "--description", "base"]);
+    qemu_io(&u, &["write -P 0x22 1M 1M", "write -z 40M 512k"]);
+    home.ok(&["snapshot", "create", "d", "s2"]);
+    home.ok(&["snapshot", "revert", "d", "s1"]);
+    qemu_io(&u, &["write -P 0x33 2M 64k"]);
+    home.ok(&["snapshot", "create", "d", "s3"]);
+    qemu_io(&u, &["write -P 0x44 8M 64k", "flush"]);
+}
+
+/// Issue 13's first acceptance case: local -> object store -> local under
+/// fio's verifying writes; the snapshots and their tree go along.
+#[test]
+fn a_served_disk_moves_to_an_object_store_and_back_under_fio_verify() {
+    if !common::have("fio") || !common::have("qemu-img") {
+        return;
+    }
+    let Some(u) = url("move") else { return };
+    let home = Store::new();
+    let s3 = Store::empty();
+    s3.ok(&["init", "--object-store", &u]);
+    home.ok(&["create", "d", "--size", "128M"]);
+    let _server = home.serve();
+    tree_disk(&home);
+    let imgs = tempfile::tempdir().unwrap();
+    for s in ["s1", "s2", "s3"] {
+        save(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
+    }
+    // The head's first 64 MiB (fio writes above).
+    let head = imgs.path().join("head");
+    save(&home.uri("d"), &head);
+    run_ok("truncate", &["-s", "64M", head.to_str().unwrap()]);
+    let before = tree(&home, "d");
+
+    let writer = fio(&home.uri("d"), false).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let to_s3 = home.json(&["move", "d", "--to", s3.path().to_str().unwrap()]);
+    assert_eq!(to_s3["snapshots"], serde_json::json!(["s1", "s2", "s3"]));
+    assert!(to_s3["passes"].as_u64().unwrap() >= 1, "{to_s3}");
+    // The source is gone; the object store has it; this server serves it.
+    assert!(!names(&home.json(&["list"])).contains(&"d".to_string()));
+    assert!(names(&s3.json(&["list"])).contains(&"d".to_string()));
+    let info = home.json(&["info", "d"]);
+    assert_eq!(info["name"], "d", "{info}");
+    std::thread::sleep(Duration::from_millis(1000));
+    let back = home.json(&["move", "d", "--to", home.path().to_str().unwrap()]);
+    assert_eq!(back["snapshots"], serde_json::json!(["s1", "s2", "s3"]));
+    let mut writer = writer;
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "fio was still writing when the disk came back (else the test shows nothing)"
+    );
+    let text = finish(writer);
+    assert!(text.contains("mv: (groupid"), "{text}");
+    // And once more, reading everything back.
+    finish(fio(&home.uri("d"), true).spawn().unwrap());
+
+    assert!(names(&home.json(&["list"])).contains(&"d".to_string()));
+    assert!(!names(&s3.json(&["list"])).contains(&"d".to_string()));
+    for s in ["s1", "s2", "s3"] {
+        same(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
+    }
+    let now = imgs.path().join("now");
+    save(&home.uri("d"), &now);
+    run_ok("truncate", &["-s", "64M", now.to_str().unwrap()]);
+    same(now.to_str().unwrap(), &head);
+    assert_eq!(tree(&home, "d"), before);
+    let snaps = home.json(&["snapshot", "list", "d"]);
+    let s1 = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "s1")
+        .unwrap();
+    assert_eq!(s1["description"], "base");
+    assert!(
+        snaps
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == "s3" && s["current"] == true),
+        "{snaps}"
+    );
+    let placement: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.path().join("placement.json")).unwrap())
+            .unwrap();
+    assert_eq!(placement["disks"], serde_json::json!({}));
+    assert_eq!(placement["moves"], serde_json::json!({}));
+    assert!(home.cmd(&["check"]).status.success());
+    assert!(s3.cmd(&["check"]).status.success());
+}
+
+fn wait_exit(s: &mut Server) {
+    let t = Instant::now();
+    let c = s.child.as_mut().unwrap();
+    while c.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(30), "server did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.child.take();
+}
+
+/// A disk with data worth checking, flushed; its image and its snapshot's
+/// saved (`img`, `img.snap`).
+fn disk_with_data(home: &Store, img: &Path) {
+    home.ok(&["create", "d", "--size", "64M"]);
+    let server = home.serve();
+    qemu_io(
+        &home.uri("d"),
+        &["write -P 0x5a 0 8M", "write -P 0x6b 20M 3M", "flush"],
+    );
+    home.ok(&["snapshot", "create", "d", "snap"]);
+    qemu_io(&home.uri("d"), &["write -P 0x7c 1M 1M", "flush"]);
+    save(&home.uri("d"), img);
+    save(&home.uri("d@snap"), &img.with_extension("snap"));
+    server.stop();
+}
+
+/// Issue 13's second acceptance case: kill -9 at each step of a move (the
+/// crash points abort the server there), then at a random moment.
+#[test]
+fn a_server_killed_during_a_move_keeps_the_disk_and_a_repeated_move_completes() {
+    if !common::have("qemu-img") || !common::have("qemu-io") {
+        return;
+    }
+    let imgs = tempfile::tempdir().unwrap();
+    for at in ["copy", "converge", "switch", "cleanup"] {
+        let home = Store::new();
+        let dest = Store::new();
+        let img = imgs.path().join(at);
+        disk_with_data(&home, &img);
+        let mut server = Server::start_env(&home, &[], &[("STRATA_MOVE_CRASH_AT", at)]);
+        let err = home.fails(&["move", "d", "--to", dest.path().to_str().unwrap()]);
+        assert!(!err.is_empty());
+        wait_exit(&mut server);
+        let server = home.serve();
+        same(&home.uri("d"), &img);
+        same(&home.uri("d@snap"), &img.with_extension("snap"));
+        let p: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(home.path().join("placement.json")).unwrap())
+                .unwrap();
+        assert_eq!(p["moves"], serde_json::json!({}), "{at}: {p}");
+        let _server = if at == "cleanup" {
+            // Past the commit point: the target is the disk, the source
+            // was removed at restart.
+            assert!(p["disks"]["d"]["dir"].as_str().is_some(), "{p}");
+            server.stop();
+            assert!(!names(&home.json(&["list"])).contains(&"d".to_string()));
+            assert!(names(&dest.json(&["list"])).contains(&"d".to_string()));
+            let server = home.serve();
+            // Moving back home completes.
+            home.ok(&["move", "d", "--to", home.path().to_str().unwrap()]);
+            server
+        } else {
+            // Before it: the source serves, the partial copy is gone.
+            assert_eq!(p["disks"], serde_json::json!({}), "{at}: {p}");
+            server.stop();
+            assert!(dest.json(&["list"]).as_array().unwrap().is_empty(), "{at}");
+            let server = home.serve();
+            let r = home.json(&["move", "d", "--to", dest.path().to_str().unwrap()]);
+            assert_eq!(r["snapshots"], serde_json::json!(["snap"]));
+            server
+        };
+        same(&home.uri("d"), &img);
+        same(&home.uri("d@snap"), &img.with_extension("snap"));
+    }
+
+    // At a random moment of a slow (rate-limited) move.
+    let home = Store::new();
+    let dest = Store::new();
+    let img = imgs.path().join("random");
+    disk_with_data(&home, &img);
+    let server = home.serve();
+    let mover = Command::new(common::strata())
+        .args(["--datastore", home.path().to_str().unwrap()])
+        .args(["move", "d", "--to", dest.path().to_str().unwrap()])
+        .args(["--rate", "6M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200 + rand::random::<u64>() % 2000));
+    server.kill9();
+    let _ = mover.wait_with_output();
+    let _server = home.serve();
+    same(&home.uri("d"), &img);
+    home.ok(&["move", "d", "--to", dest.path().to_str().unwrap()]);
+    same(&home.uri("d"), &img);
+}
+
+#[test]
+fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
+    if !common::have("qemu-io") || !common::have("qemu-img") {
+        return;
+    }
+    let home = Store::new();
+    let dest = Store::new();
+    let d = dest.path();
+    let dest_s = d.to_str().unwrap();
+    home.ok(&["create", "d", "--size", "32M", "--type", "zeroedthick"]);
+    // Without a server.
+    let e = home.fails(&["move", "d", "--to", dest_s]);
+    assert!(e.contains("runs in the server"), "{e}");
+    let _server = home.serve();
+    let e = home.fails(&["move", "d", "--to", home.path().to_str().unwrap()]);
+    assert!(e.contains("already"), "{e}");
+    let e = home.fails(&["move", "d", "--to", "/nonexistent-strata-dir"]);
+    assert!(e.contains("/nonexistent-strata-dir"), "{e}");
+    let plain = tempfile::tempdir().unwrap();
+    let e = home.fails(&["move", "d", "--to", plain.path().to_str().unwrap()]);
+    assert!(e.contains("neither a datastore"), "{e}");
+    let e = home.fails(&["move", "nope", "--to", dest_s]);
+    assert!(e.contains("nope"), "{e}");
+    let e = home.fails(&["move", "d@x", "--to", dest_s]);
+    assert!(e.contains("snapshot"), "{e}");
+
+    qemu_io(&home.uri("d"), &["write -P 0x21 0 2M", "flush"]);
+    let img = plain.path().join("d.img");
+    save(&home.uri("d"), &img);
+    // Thick to thin on the way (the paper's Storage vMotion conversion).
+    let r = home.json(&["move", "d", "--to", dest_s, "--type", "thin"]);
+    assert_eq!(r["provisioning"], "thin");
+    same(&home.uri("d"), &img);
+    // Commands on the disk reach its new place through this server.
+    let i = home.json(&["info", "d"]);
+    assert_eq!(i["provisioning"], "thin");
+    assert!(i["allocated_bytes"].as_u64().unwrap() <= 3 << 20, "{i}");
+    home.ok(&["snapshot", "create", "d", "after"]);
+    assert_eq!(tree(&home, "d").len(), 1);
+    let e = home.fails(&["create", "d", "--size", "1M"]);
+    assert!(e.contains("serves a disk named 'd'"), "{e}");
+    // A name taken in the target is refused.
+    home.ok(&["create", "e", "--size", "1M"]);
+    let other = Store::new();
+    other.ok(&["create", "e", "--size", "1M"]);
+    let e = home.fails(&["move", "e", "--to", other.path().to_str().unwrap()]);
+    assert!(e.contains("has a disk named 'e'"), "{e}");
+    // A datastore another process holds is refused by its pid.
+    let _other_server = other.serve();
+    home.ok(&["rm", "e"]);
+    home.ok(&["create", "f", "--size", "1M"]);
+    let e = home.fails(&["move", "f", "--to", other.path().to_str().unwrap()]);
+    assert!(e.contains("in use"), "{e}");
+    // rm of a placed disk removes it there and stops serving it.
+    home.ok(&["rm", "d"]);
+    let p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.path().join("placement.json")).unwrap())
+            .unwrap();
+    assert_eq!(p["disks"], serde_json::json!({}));
+    let list = run_ok(
+        "nbdinfo",
+        &[
+            "--list",
+            &format!("nbd+unix:///?socket={}", home.sock().display()),
+        ],
+    );
+    assert!(!list.contains("export=\"d\""), "{list}");
+}
