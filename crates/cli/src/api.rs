@@ -109,6 +109,18 @@ pub enum Request {
     /// `claim DISK` (object-store datastores): this host becomes its writer.
     Claim {
         name: String,
+        /// Only once the writer released it (waiting up to `wait_seconds`),
+        /// never fencing a live one.
+        #[serde(default)]
+        handover: bool,
+        #[serde(default)]
+        wait_seconds: Option<u64>,
+    },
+    /// `release DISK` (object-store datastores): this host's server
+    /// commits what it acknowledged and stops writing the disk, for a
+    /// hand-over.
+    Release {
+        name: String,
     },
     /// `gc [--dry-run]` (object-store datastores): collect what no live
     /// root reaches.

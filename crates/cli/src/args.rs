@@ -96,6 +96,33 @@ generation, exactly one wins; the others fail naming it."
     Claim {
         /// The disk
         name: String,
+        /// Hand-over (live migration): wait until the writer has released the disk ('strata
+        /// release' on its host), then claim it; never fence a live writer
+        #[arg(long)]
+        handover: bool,
+        /// With --handover: how long to wait for the release
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            default_value_t = 60,
+            requires = "handover"
+        )]
+        wait: u64,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Object-store datastores: stop writing a disk on this host so another takes it without a fence
+    #[command(
+        long_about = "Release DISK of an object-store datastore for a hand-over (VM live migration;\n\
+docs/MOVE.md): this host's server commits every write it acknowledged, then writes a manifest\n\
+with no owner. From then on it refuses writes to the disk (clients get EPERM and the server\n\
+says why) and its reads follow the next writer; nothing is fenced. Another host takes the disk\n\
+with 'strata claim DISK --handover', or by its first write when it serves the disk with\n\
+--incoming. 'strata claim DISK' here takes it back."
+    )]
+    Release {
+        /// The disk
+        name: String,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -566,8 +593,21 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 format: json.into(),
             },
             Cmd::Serve(args) => Action::Serve(args),
-            Cmd::Claim { name, json } => {
-                datastore(Request::Claim { name: name.clone() }, json.into())
+            Cmd::Claim {
+                name,
+                handover,
+                wait,
+                json,
+            } => datastore(
+                Request::Claim {
+                    name: name.clone(),
+                    handover: *handover,
+                    wait_seconds: handover.then_some(*wait),
+                },
+                json.into(),
+            ),
+            Cmd::Release { name, json } => {
+                datastore(Request::Release { name: name.clone() }, json.into())
             }
             Cmd::Gc { dry_run, json } => datastore(Request::Gc { dry_run: *dry_run }, json.into()),
             Cmd::Vmdk(v) => {

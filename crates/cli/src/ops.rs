@@ -167,10 +167,10 @@ pub fn execute(
             provisioning,
         } => Response::Disk(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => Response::Check(ds.check()?),
-        Request::Claim { .. } | Request::Gc { .. } => {
+        Request::Claim { .. } | Request::Release { .. } | Request::Gc { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,
-                "claim and gc are for object-store datastores: a local datastore has one \
+                "claim, release and gc are for object-store datastores: a local datastore has one \
                  writer (its server) and frees space as it goes (reference counts)",
             ))
         }

@@ -691,7 +691,8 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
         | Request::Convert { name, .. }
         | Request::PunchZero { name, .. }
         | Request::Defrag { name, .. }
-        | Request::Claim { name } => (name.as_str(), false),
+        | Request::Claim { name, .. }
+        | Request::Release { name } => (name.as_str(), false),
         Request::SnapshotCreate { disk, .. }
         | Request::SnapshotRevert { disk, .. }
         | Request::SnapshotDelete { disk, .. } => (disk.as_str(), false),

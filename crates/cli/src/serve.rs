@@ -117,6 +117,15 @@ pub struct ServeArgs {
     /// (0: only 'strata gc'); any host may, runs do not collide
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
     pub(crate) gc_interval: u64,
+    /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):
+    /// reads follow what its writer on another host commits, and the first write waits for
+    /// that writer's 'strata release DISK' (up to --incoming-wait) instead of fencing it.
+    /// Repeatable
+    #[arg(long, value_name = "DISK")]
+    pub(crate) incoming: Vec<String>,
+    /// How long an incoming disk's first write waits for the release before it fails
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub(crate) incoming_wait: u64,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -703,6 +712,13 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     }
     let vhost_specs = vhost_specs(args)?;
     socket_owner(args)?;
+    if !args.incoming.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Refused,
+            "--incoming is for object-store datastores (a local datastore has one server, \
+             which moves disks with 'strata move')",
+        ));
+    }
     let opened = open_vmdks(args)?;
     if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
         return serve_only_vmdks(args, opened);

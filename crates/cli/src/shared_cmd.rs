@@ -30,7 +30,7 @@ pub(crate) fn engine_error(e: strata_shared::Error) -> Error {
         K::AlreadyExists => ErrorKind::AlreadyExists,
         K::InvalidArgument => ErrorKind::InvalidArgument,
         K::Corrupt => ErrorKind::Corrupt,
-        K::Unsupported | K::Fenced => ErrorKind::Refused,
+        K::Unsupported | K::Fenced | K::Released => ErrorKind::Refused,
         K::Unavailable | K::Io => ErrorKind::Io,
     };
     Error::new(kind, e.message)
@@ -217,7 +217,12 @@ pub fn execute(
             }
             answer(t, value(&v))
         }
-        Request::Claim { name } => {
+        Request::Claim {
+            name,
+            handover,
+            wait_seconds,
+        } => {
+            let wait = std::time::Duration::from_secs(wait_seconds.unwrap_or(60));
             let m = match exports {
                 Some(x) => {
                     let mut d = disk(name)?;
@@ -227,9 +232,14 @@ pub fn execute(
                             .reopen(name)
                             .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
                     }
-                    d.claim().map_err(e)?;
+                    if *handover {
+                        d.claim_handover(wait).map_err(e)?;
+                    } else {
+                        d.claim().map_err(e)?;
+                    }
                     (*d.manifest()).clone()
                 }
+                None if *handover => ds.claim_handover(name, wait).map_err(e)?,
                 None => ds.claim(name).map_err(e)?,
             };
             answer(
@@ -237,6 +247,20 @@ pub fn execute(
                     "claimed disk {name}: this host ({}) is its writer, generation {}\n",
                     ds.config().me.name,
                     m.generation
+                ),
+                value(&DiskView::new(name, &m)),
+            )
+        }
+        Request::Release { name } => {
+            let m = match exports {
+                Some(_) => disk(name)?.release().map_err(e)?,
+                None => ds.release(name).map_err(e)?,
+            };
+            answer(
+                format!(
+                    "released disk {name} at generation {} (manifest {}): this host writes it no \
+                     more; another takes it with 'strata claim {name} --handover'\n",
+                    m.generation, m.seq
                 ),
                 value(&DiskView::new(name, &m)),
             )

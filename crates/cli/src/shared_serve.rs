@@ -26,6 +26,9 @@ use crate::shared_cmd::{engine_error, ServedDisks};
 
 pub struct SharedExports {
     ds: Arc<SharedDatastore>,
+    /// Disks served incoming (hand-over), and how long their first write
+    /// waits for the release.
+    incoming: (Vec<String>, Duration),
     open: Mutex<HashMap<String, Arc<SharedDisk>>>,
     stats: Option<Arc<StatsRegistry>>,
     /// The last garbage collection this server ran (background or asked
@@ -37,6 +40,7 @@ impl SharedExports {
     pub(crate) fn new(ds: Arc<SharedDatastore>, stats: Option<Arc<StatsRegistry>>) -> Self {
         SharedExports {
             ds,
+            incoming: (Vec::new(), Duration::ZERO),
             open: Mutex::new(HashMap::new()),
             stats,
             last_gc: Mutex::new(None),
@@ -80,6 +84,9 @@ impl SharedExports {
             return Ok(d.clone());
         }
         let d = SharedDisk::open(self.ds.clone(), name, false).map_err(|e| e.message)?;
+        if self.incoming.0.iter().any(|n| n == name) {
+            d.set_incoming(Some(self.incoming.1));
+        }
         open.insert(name.to_string(), d.clone());
         Ok(d)
     }
@@ -311,10 +318,15 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let ds = Arc::new(SharedDatastore::open(dir, &opts).map_err(engine_error)?);
     let stop = serve::stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
-    let exports = Arc::new(SharedExports::new(
-        ds.clone(),
-        (!args.no_stats).then(|| registry.clone()),
-    ));
+    for name in &args.incoming {
+        ds.disk_id(name).map_err(engine_error)?;
+    }
+    let mut exports = SharedExports::new(ds.clone(), (!args.no_stats).then(|| registry.clone()));
+    exports.incoming = (
+        args.incoming.clone(),
+        Duration::from_secs(args.incoming_wait),
+    );
+    let exports = Arc::new(exports);
     let server = NbdServer::new(exports.clone(), serve::nbd_options(args));
     let names: Vec<String> = exports.list().into_iter().map(|e| e.name).collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());

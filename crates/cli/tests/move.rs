@@ -381,3 +381,162 @@ fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
     );
     assert!(!list.contains("export=\"d\""), "{list}");
 }
+
+fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// A qemu-io "guest" that takes commands as they come.
+struct Guest {
+    child: Child,
+    cmds: std::process::ChildStdin,
+}
+
+impl Guest {
+    fn start(uri: &str) -> Guest {
+        let mut child = Command::new("qemu-io")
+            .args(["-f", "raw", "-t", "writeback", uri])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let cmds = child.stdin.take().unwrap();
+        Guest { child, cmds }
+    }
+    fn send(&mut self, c: &str) {
+        use std::io::Write as _;
+        writeln!(self.cmds, "{c}").unwrap();
+    }
+    fn finish(mut self) -> String {
+        self.send("quit");
+        drop(self.cmds);
+        let o = self.child.wait_with_output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    }
+}
+
+fn qemu_io_out(uri: &str, cmds: &[&str]) -> (bool, String) {
+    let mut args = vec!["-f", "raw", "-t", "writeback"];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(uri);
+    let o = common::run("qemu-io", &args);
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// Issue 13's hand-over case: a writer on host A, host B serving the disk
+/// incoming; A releases (committing what it acknowledged, flushed or
+/// not); B's first write, which waited for the release, goes through; A
+/// was never fenced and refuses writes after its release. Then back to A
+/// with `claim --handover`.
+#[test]
+fn a_disk_is_handed_over_between_hosts_without_a_fence() {
+    if !common::have("qemu-io") {
+        return;
+    }
+    let Some(u) = url("handover") else { return };
+    let (a, b) = (Store::empty(), Store::empty());
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "16M"]);
+    b.ok(&["attach", "--object-store", &u]);
+    let (ha, hb) = (free_addr(), free_addr());
+    let sa = a.serve_with(&["--http", &ha]);
+    let sb = b.serve_with(&["--incoming", "vm", "--incoming-wait", "30", "--http", &hb]);
+
+    // The VM runs on A: a flushed write, then one acknowledged only.
+    let mut guest = Guest::start(&a.uri("vm"));
+    guest.send("write -P 0x11 0 1M");
+    guest.send("flush");
+    std::thread::sleep(Duration::from_millis(500));
+    guest.send("write -P 0x22 1M 64k");
+    std::thread::sleep(Duration::from_millis(500));
+    // B reads what A committed, without claiming.
+    let (ok, r) = qemu_io_out(&b.uri("vm"), &["read -P 0x11 0 1M"]);
+    assert!(ok && !r.contains("fail"), "{r}");
+    assert_eq!(
+        a.json(&["info", "vm"])["owner"]["pid"].as_u64(),
+        Some(sa.pid() as u64)
+    );
+    // The VM resumes on B before the source let go: its first write
+    // waits for the release rather than fencing A.
+    let b_uri = b.uri("vm");
+    let early = std::thread::spawn(move || qemu_io_out(&b_uri, &["write -P 0x33 2M 64k", "flush"]));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(!early.is_finished(), "B's write waits for the release");
+    let out = a.ok(&["release", "vm"]);
+    assert!(out.contains("released disk vm"), "{out}");
+    let (ok, w) = early.join().unwrap();
+    assert!(ok && w.contains("wrote 65536/65536"), "{w}");
+    assert_eq!(
+        b.json(&["info", "vm"])["owner"]["pid"].as_u64(),
+        Some(sb.pid() as u64)
+    );
+    // A takes no more writes (EPERM, not a fence); its FLUSH succeeds; its
+    // reads follow B.
+    std::thread::sleep(Duration::from_millis(1500));
+    guest.send("write -P 0x44 3M 4k");
+    guest.send("flush");
+    guest.send("read -P 0x33 2M 64k");
+    let text = guest.finish();
+    assert!(
+        text.contains("write failed: Operation not permitted"),
+        "{text}"
+    );
+    assert!(!text.contains("flush failed"), "{text}");
+    assert!(text.contains("read 65536/65536"), "{text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    let m = metrics(&ha);
+    assert!(m.contains("strata_shared_fenced{disk=\"vm\"} 0"), "{m}");
+    // Nothing A acknowledged is missing on B.
+    let (ok, r) = qemu_io_out(
+        &b.uri("vm"),
+        &[
+            "read -P 0x11 0 1M",
+            "read -P 0x22 1M 64k",
+            "read -P 0x33 2M 64k",
+            "read -P 0 3M 4k",
+        ],
+    );
+    assert!(ok && !r.contains("verification failed"), "{r}");
+
+    // And back: B releases, A claims with --handover (no fence either way).
+    let e = a.fails(&["claim", "vm", "--handover", "--wait", "1"]);
+    assert!(e.contains("still written by"), "{e}");
+    b.ok(&["release", "vm"]);
+    a.ok(&["claim", "vm", "--handover", "--wait", "10"]);
+    let (ok, w) = qemu_io_out(&a.uri("vm"), &["write -P 0x55 4M 4k", "flush"]);
+    assert!(ok, "{w}");
+    let (ok, w) = qemu_io_out(&b.uri("vm"), &["write -P 0x66 5M 4k"]);
+    assert!(!ok || w.contains("Operation not permitted"), "{w}");
+    assert!(metrics(&hb).contains("strata_shared_fenced{disk=\"vm\"} 0"));
+    assert!(metrics(&ha).contains("strata_shared_fenced{disk=\"vm\"} 0"));
+    // Releasing again is a no-op; releasing a disk this host does not
+    // write says so.
+    b.ok(&["release", "vm"]);
+    a.ok(&["create", "other", "--size", "1M"]);
+    let e = b.fails(&["release", "other"]);
+    assert!(e.contains("nothing to release"), "{e}");
+}

@@ -190,6 +190,40 @@ impl SharedDatastore {
         let id = self.disk_id(name)?;
         claim(&self.store, name, id, self.me_as_owner())
     }
+
+    /// Claim disk `name` once its writer released it (waiting up to
+    /// `wait`), never fencing a live one (§11.5a).
+    pub fn claim_handover(&self, name: &str, wait: Duration) -> Result<Manifest> {
+        let id = self.disk_id(name)?;
+        wait_for_release(self, name, id, wait)?;
+        claim(&self.store, name, id, self.me_as_owner())
+    }
+
+    /// Release disk `name` when no live process writes it (its writer on
+    /// this host is gone): a manifest with no owner. A live writer
+    /// releases through its server.
+    pub fn release(&self, name: &str) -> Result<Manifest> {
+        let id = self.disk_id(name)?;
+        let m = self.newest_manifest(id)?;
+        if m.owner.is_none() {
+            return Ok(m);
+        }
+        self.may_take_over(name, &m)?;
+        let next = Manifest {
+            seq: m.seq + 1,
+            owner: None,
+            written_ms: now_ms(),
+            nonce: rand::random(),
+            ..m
+        };
+        if !commit_manifest(&self.store, &next)? {
+            return Err(Error::new(
+                ErrorKind::Fenced,
+                format!("disk '{name}' changed hands while it was released"),
+            ));
+        }
+        Ok(next)
+    }
 }
 
 /// A hold of a linked clone on its parent's snapshot (§11.6a), under
@@ -459,6 +493,30 @@ fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest
     ))
 }
 
+/// Wait up to `wait` until disk `name` may be taken without fencing a
+/// live writer (released, or its writer gone; §11.5a).
+fn wait_for_release(ds: &SharedDatastore, name: &str, id: u32, wait: Duration) -> Result<()> {
+    let t = Instant::now();
+    loop {
+        let newest = newest_manifest(&ds.store, id)?;
+        match ds.may_take_over(name, &newest) {
+            Ok(()) => return Ok(()),
+            Err(_) if t.elapsed() < wait => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "disk '{name}' is still written by {}: an incoming disk is taken only \
+                         once its writer releases it ('strata release {name}' there); waited {} s",
+                        describe_owner(&newest),
+                        wait.as_secs()
+                    ),
+                ))
+            }
+        }
+    }
+}
+
 type Batch = BTreeMap<u64, Option<Box<[u8]>>>;
 
 struct State {
@@ -468,6 +526,12 @@ struct State {
     owner: bool,
     /// Set once a commit found another host's manifest: every I/O fails.
     fenced: Option<String>,
+    /// Set once this host released the disk for a hand-over (§11.5a):
+    /// writes are refused, reads follow the next writer.
+    released: Option<String>,
+    /// Incoming (§11.5a): the first write waits up to this long for the
+    /// writer to release the disk instead of claiming it from a live one.
+    incoming: Option<Duration>,
     next_ctr: u32,
     /// Acknowledged writes not yet in a commit (`None`: zeros).
     dirty: Batch,
@@ -551,6 +615,8 @@ impl SharedDisk {
                 refreshed: Instant::now(),
                 owner: false,
                 fenced: None,
+                released: None,
+                incoming: None,
                 next_ctr: 0,
                 dirty: Batch::new(),
                 dirty_bytes: 0,
@@ -699,7 +765,7 @@ impl SharedDisk {
     }
 
     /// Make this process the disk's writer now (`strata claim` through a
-    /// server), fencing the previous one.
+    /// server), fencing the previous one (also after a release here).
     pub fn claim(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::new(
@@ -707,10 +773,16 @@ impl SharedDisk {
                 format!("'{}' is read-only here", self.name),
             ));
         }
+        {
+            let mut st = self.state.lock().unwrap();
+            st.released = None;
+            st.incoming = None;
+        }
         self.ensure_owner()
     }
 
-    /// Make this process the disk's writer, if it is not yet.
+    /// Make this process the disk's writer, if it is not yet; an
+    /// incoming disk waits for its writer's release first.
     fn ensure_owner(&self) -> Result<()> {
         {
             let st = self.state.lock().unwrap();
@@ -720,18 +792,136 @@ impl SharedDisk {
             if st.owner {
                 return Ok(());
             }
+            if let Some(r) = &st.released {
+                return Err(Error::new(ErrorKind::Released, r.clone()));
+            }
         }
         let _c = self.commit.lock().unwrap();
-        if self.state.lock().unwrap().owner {
-            return Ok(());
-        }
+        let incoming = {
+            let st = self.state.lock().unwrap();
+            if st.owner {
+                return Ok(());
+            }
+            st.incoming
+        };
         let disk = self.disk_name();
+        if let Some(wait) = incoming {
+            wait_for_release(&self.ds, disk, self.id, wait)?;
+        }
         let m = claim(self.store(), disk, self.id, self.ds.me_as_owner())?;
         let mut st = self.state.lock().unwrap();
         st.man = Arc::new(m);
         st.owner = true;
+        st.incoming = None;
         st.next_ctr = 0;
         Ok(())
+    }
+
+    /// Mark the disk incoming (§11.5a): until this host writes it, its
+    /// first write (or `claim_handover`) waits up to `wait` for the
+    /// writer's release rather than fencing it. None: claim as usual.
+    pub fn set_incoming(&self, wait: Option<Duration>) {
+        let mut st = self.state.lock().unwrap();
+        if !st.owner {
+            st.incoming = wait;
+        }
+    }
+
+    /// Become the writer once the current one has released the disk
+    /// (waiting up to `wait`); never fences a live writer.
+    pub fn claim_handover(&self, wait: Duration) -> Result<()> {
+        if self.read_only {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("'{}' is read-only here", self.name),
+            ));
+        }
+        {
+            let mut st = self.state.lock().unwrap();
+            st.released = None;
+            if !st.owner {
+                st.incoming = Some(wait);
+            }
+        }
+        self.ensure_owner()
+    }
+
+    /// Hand the disk over (§11.5a): commit every acknowledged write, then
+    /// a manifest with no owner. From then on this host refuses writes (an
+    /// error saying so, not a fence) and reads what the next writer
+    /// commits; `claim` takes it back.
+    pub fn release(&self) -> Result<Manifest> {
+        let disk = self.disk_name().to_string();
+        {
+            let st = self.state.lock().unwrap();
+            if st.released.is_some() {
+                return Ok((*st.man).clone());
+            }
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if !st.owner {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "this host does not write disk '{disk}' ({}): there is nothing to release",
+                        describe_owner(&st.man)
+                    ),
+                ));
+            }
+        }
+        loop {
+            self.commit()?;
+            let _c = self.commit.lock().unwrap();
+            let man = {
+                let mut st = self.state.lock().unwrap();
+                if let Some(f) = &st.fenced {
+                    return Err(Error::new(ErrorKind::Fenced, f.clone()));
+                }
+                if !st.dirty.is_empty() {
+                    // Writes acknowledged since: commit them too.
+                    continue;
+                }
+                st.released = Some(format!(
+                    "disk '{disk}' was released on this host for a hand-over: it takes no more \
+                     writes here ('strata claim {disk}' takes it back)"
+                ));
+                st.man.clone()
+            };
+            let next = Manifest {
+                seq: man.seq + 1,
+                owner: None,
+                written_ms: now_ms(),
+                nonce: rand::random(),
+                ..(*man).clone()
+            };
+            let r = commit_manifest(self.store(), &next);
+            let mut st = self.state.lock().unwrap();
+            return match r {
+                Ok(true) => {
+                    st.owner = false;
+                    st.man = Arc::new(next.clone());
+                    st.refreshed = Instant::now();
+                    Ok(next)
+                }
+                Ok(false) => {
+                    let msg = format!(
+                        "disk '{disk}' is fenced on this host: it was claimed before the release"
+                    );
+                    st.fenced = Some(msg.clone());
+                    Err(Error::new(ErrorKind::Fenced, msg))
+                }
+                Err(e) => {
+                    st.released = None;
+                    Err(e)
+                }
+            };
+        }
+    }
+
+    /// Whether this host released the disk.
+    pub fn is_released(&self) -> bool {
+        self.state.lock().unwrap().released.is_some()
     }
 
     /// Put whole grains (`None`: zeros) into the unflushed writes.
@@ -740,6 +930,9 @@ impl SharedDisk {
             let mut st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if let Some(r) = &st.released {
+                return Err(Error::new(ErrorKind::Released, r.clone()));
             }
             for (vg, d) in grains {
                 if st.dirty.insert(vg, d).is_none() {
@@ -1170,6 +1363,7 @@ impl SharedDisk {
         let kind = match e.kind {
             ErrorKind::Corrupt => BErr::Corrupt,
             ErrorKind::InvalidArgument => BErr::InvalidArgument,
+            ErrorKind::Released => BErr::ReadOnly,
             _ => BErr::Io,
         };
         BlockError::new(kind, e.message)

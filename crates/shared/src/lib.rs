@@ -54,6 +54,8 @@ pub enum ErrorKind {
     Io,
     /// Another host claimed the disk: this one may not write it.
     Fenced,
+    /// This host released the disk for a hand-over: it writes no more.
+    Released,
 }
 
 #[derive(Debug, Clone)]
