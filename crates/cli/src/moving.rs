@@ -285,8 +285,15 @@ fn run_locked(
     let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
     let (snapshots, passes, switch) = match r {
         Ok(x) => x,
-        Err(e) => {
+        Err(mut e) => {
             slot.untrack();
+            if copier.control.as_ref().is_some_and(|c| c.is_cancelled()) {
+                e.message = format!(
+                    "move cancelled: '{name}' stays in {}, the partial copy in {} was removed",
+                    from.dir.display(),
+                    to.dir.display()
+                );
+            }
             return Err(undo(e));
         }
     };

@@ -411,6 +411,14 @@ pub fn execute(
             }
             answer(t, value(&r))
         }
+        Request::Move { .. } => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "a disk moves from a local datastore's server, which may place it here and back \
+                 (strata -d LOCAL_DATASTORE move DISK --to DIR: docs/MOVE.md); a server of this \
+                 directory does not move disks yet",
+            ))
+        }
         other => return Err(not_yet_request(&request_name(other))),
     })
 }
@@ -432,7 +440,8 @@ fn not_yet_request(what: &str) -> Error {
         ErrorKind::Refused,
         format!(
             "'{what}' does not work on object-store datastores yet (they have status, list, info, \
-             create, rm, claim, snapshot, clone (linked), check, gc and serve: docs/MULTIHOST.md)"
+             create, rm, claim, release, snapshot, clone (linked), check, gc and serve: \
+             docs/MULTIHOST.md)"
         ),
     )
 }

@@ -540,3 +540,84 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     let e = b.fails(&["release", "other"]);
     assert!(e.contains("nothing to release"), "{e}");
 }
+
+fn job(s: &Store, id: u64) -> serde_json::Value {
+    s.json(&["jobs"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+fn wait_job(s: &Store, id: u64, state: &str) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let j = job(s, id);
+        if j["state"] == state {
+            return j;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "job never {state}: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A move is a job: paused it copies nothing, cancelled it leaves the
+/// source serving and no copy behind.
+#[test]
+fn a_move_pauses_and_a_cancelled_one_leaves_the_source() {
+    if !common::have("qemu-io") || !common::have("qemu-img") {
+        return;
+    }
+    let home = Store::new();
+    let dest = Store::new();
+    let imgs = tempfile::tempdir().unwrap();
+    let img = imgs.path().join("d");
+    disk_with_data(&home, &img);
+    let _server = home.serve();
+    let started = home.json(&[
+        "move",
+        "d",
+        "--to",
+        dest.path().to_str().unwrap(),
+        "--rate",
+        "4M",
+        "--detach",
+    ]);
+    let id = started["id"].as_u64().unwrap();
+    assert!(
+        started["what"].as_str().unwrap().starts_with("move d to "),
+        "{started}"
+    );
+    wait_job(&home, id, "running");
+    // Commands that change the disk wait for the move's end.
+    let e = home.fails(&["snapshot", "create", "d", "during"]);
+    assert!(e.contains("being moved"), "{e}");
+    home.ok(&["info", "d"]);
+    home.ok(&["jobs", "pause", &id.to_string()]);
+    let a = wait_job(&home, id, "paused")["done"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let b = job(&home, id)["done"].as_u64().unwrap();
+    assert!(b <= a + (1 << 20), "a paused move went on: {a} -> {b}");
+    home.ok(&["jobs", "resume", &id.to_string()]);
+    wait_job(&home, id, "running");
+    home.ok(&["jobs", "cancel", &id.to_string()]);
+    let j = wait_job(&home, id, "cancelled");
+    assert!(
+        j["error"].as_str().unwrap().contains("partial copy in"),
+        "{j}"
+    );
+    same(&home.uri("d"), &img);
+    let p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.path().join("placement.json")).unwrap())
+            .unwrap();
+    assert_eq!(p["moves"], serde_json::json!({}), "{p}");
+    assert_eq!(p["disks"], serde_json::json!({}), "{p}");
+    // The target was left closed and empty: another process may open it.
+    assert!(dest.json(&["list"]).as_array().unwrap().is_empty());
+    home.ok(&["snapshot", "create", "d", "after"]);
+}
