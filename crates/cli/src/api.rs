@@ -319,6 +319,10 @@ pub struct MoveReport {
     /// Passes over the ranges clients changed during the copy (the last
     /// one with I/O held).
     pub passes: u32,
+    /// Whether client writes were mirrored into the target at the end
+    /// (they outpaced the copy passes).
+    #[serde(default)]
+    pub mirrored: bool,
     /// How long client I/O was held at the switch.
     pub switch_ms: f64,
     pub seconds: f64,

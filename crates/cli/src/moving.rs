@@ -15,10 +15,11 @@ use crate::placement::{Changed, Kind, Location, MoveEntry, Phase, Places, Store}
 
 /// Stop converging when a pass finds at most this much changed...
 const CONVERGED_BYTES: u64 = 8 << 20;
-/// ...or after this many passes.
-const PASSES_MAX: u32 = 16;
-/// Copy unit.
-const CHUNK: u64 = 1 << 20;
+/// ...else, after this many passes, mirror client writes into the target
+/// (which converges whatever the load).
+const PASSES_BEFORE_MIRROR: u32 = 2;
+/// Copy unit (a range lock's span, so a chunk takes one lock).
+const CHUNK: u64 = crate::slot::LOCK_BYTES;
 
 /// Abort here (`STRATA_MOVE_CRASH_AT=copy|converge|switch|cleanup`), for
 /// the crash tests: the process dies as by kill -9.
@@ -27,6 +28,12 @@ fn crash_point(at: &str) {
         eprintln!("strata: STRATA_MOVE_CRASH_AT={at}: aborting");
         std::process::abort();
     }
+}
+
+/// `STRATA_MOVE_MIRROR=always`: mirror after the first pass whatever it
+/// left (for the tests of active mirroring under a light load).
+fn mirror_always() -> bool {
+    std::env::var("STRATA_MOVE_MIRROR").as_deref() == Ok("always")
 }
 
 fn io(what: &str, e: strata_block::BlockError) -> Error {
@@ -65,13 +72,16 @@ impl Copier<'_> {
     }
 
     /// Make `dst` read like `src` over `ranges`; `paced` (not at the
-    /// switch) obeys the rate and pause/cancel.
+    /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
+    /// copied under its range lock (client writes mirrored into `dst` are
+    /// ordered before or after it, never between its read and its write).
     fn copy(
         &mut self,
         src: &dyn BlockDevice,
         dst: &dyn BlockDevice,
         ranges: &[Changed],
         paced: bool,
+        slot: Option<&crate::slot::Slot>,
     ) -> Result<(), Error> {
         let size = dst.size_bytes().min(src.size_bytes());
         for r in ranges {
@@ -82,7 +92,8 @@ impl Copier<'_> {
                     self.checkpoint()?;
                     self.pace();
                 }
-                let n = CHUNK.min(end - off);
+                let n = (CHUNK - off % CHUNK).min(end - off);
+                let _ranges = slot.map(|s| s.lock_range(off, n));
                 let zero = ZeroOptions {
                     may_unmap: self.thin,
                     ..Default::default()
@@ -283,7 +294,7 @@ fn run_locked(
         buf: vec![0u8; CHUNK as usize],
     };
     let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
-    let (snapshots, passes, switch) = match r {
+    let (snapshots, passes, switch, mirrored) = match r {
         Ok(x) => x,
         Err(mut e) => {
             slot.untrack();
@@ -319,6 +330,7 @@ fn run_locked(
         snapshots,
         copied_bytes: copier.copied,
         passes,
+        mirrored,
         switch_ms: switch.as_secs_f64() * 1e3,
         seconds: started.elapsed().as_secs_f64(),
         notes,
@@ -326,7 +338,8 @@ fn run_locked(
 }
 
 /// Snapshots, head, converging passes, switch. Returns the snapshots
-/// re-created, the passes and how long I/O was held.
+/// re-created, the passes, how long I/O was held and whether client
+/// writes were mirrored.
 #[allow(clippy::too_many_arguments)]
 fn copy_and_switch(
     places: &Places,
@@ -337,7 +350,7 @@ fn copy_and_switch(
     slot: &crate::slot::Slot,
     dirty: &crate::slot::DirtyMap,
     copier: &mut Copier<'_>,
-) -> Result<(Vec<String>, u32, std::time::Duration), Error> {
+) -> Result<(Vec<String>, u32, std::time::Duration, bool), Error> {
     let name = a.name;
     let (snaps, current) = if a.head_only {
         (Vec::new(), None)
@@ -372,7 +385,7 @@ fn copy_and_switch(
             dst.snapshot_revert(name, base.as_deref().expect("some"))?;
         }
         let sdev = src.device(&format!("{name}@{snap}"))?;
-        copier.copy(&*sdev, &*target, &ranges, true)?;
+        copier.copy(&*sdev, &*target, &ranges, true, None)?;
         dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
         at = Some(snap.to_string());
         recreated.push(snap.to_string());
@@ -385,29 +398,44 @@ fn copy_and_switch(
     let source = slot.device();
     let ranges = src.diff(name, head_base.as_deref(), None)?;
     copier.total += bytes(&ranges);
-    copier.copy(&*source, &*target, &ranges, true)?;
+    copier.copy(&*source, &*target, &ranges, true, Some(slot))?;
     crash_point("copy");
     let mut passes = 0;
-    let last = loop {
+    let mut mirrored = false;
+    let mut last = loop {
         let d = dirty_ranges(dirty.take());
-        if bytes(&d) <= CONVERGED_BYTES || passes >= PASSES_MAX {
+        let small = bytes(&d) <= CONVERGED_BYTES;
+        if small && !mirror_always() {
+            break d;
+        }
+        if passes >= PASSES_BEFORE_MIRROR || mirror_always() {
+            // Writes outpace the copy: from here clients write both
+            // copies, and what they changed before is copied once more.
+            slot.mirror(target.clone());
+            mirrored = true;
+            let mut d = d;
+            d.extend(dirty_ranges(dirty.take()));
             break d;
         }
         passes += 1;
         copier.total += bytes(&d);
-        copier.copy(&*source, &*target, &d, true)?;
+        copier.copy(&*source, &*target, &d, true, Some(slot))?;
     };
     // Again what the last look found, then flush the bulk before holding
     // I/O so the switch's flush is small.
+    last.sort_by_key(|r| r.offset);
     copier.total += bytes(&last);
-    copier.copy(&*source, &*target, &last, true)?;
+    copier.copy(&*source, &*target, &last, true, Some(slot))?;
+    if mirrored {
+        passes += 1;
+    }
     target.flush().map_err(|e| io("flush the target", e))?;
     crash_point("converge");
     copier.checkpoint()?;
     let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
         let d = dirty_ranges(dirty.take());
         copier.total += bytes(&d);
-        copier.copy(&*source, &*target, &d, false)?;
+        copier.copy(&*source, &*target, &d, false, None)?;
         target.flush().map_err(|e| io("flush the target", e))?;
         crash_point("switch");
         // The commit point.
@@ -432,7 +460,7 @@ fn copy_and_switch(
             .unwrap_or_else(|e| Arc::new(Gone(e.message)));
         let _ = s.switch(|| Ok::<_, Error>(next));
     }
-    Ok((recreated, passes, held))
+    Ok((recreated, passes, held, mirrored))
 }
 
 fn description_of(snaps: &[crate::placement::Snap], name: &str) -> String {

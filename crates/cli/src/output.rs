@@ -109,9 +109,14 @@ fn moved(out: &mut String, r: &crate::api::MoveReport) {
     line(
         out,
         format_args!(
-            "  copied {} in {} passes; client I/O held {:.1} ms at the switch",
+            "  copied {} in {} passes{}; client I/O held {:.1} ms at the switch",
             human(r.copied_bytes),
             r.passes,
+            if r.mirrored {
+                " (the last with client writes mirrored)"
+            } else {
+                ""
+            },
             r.switch_ms
         ),
     );

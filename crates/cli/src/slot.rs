@@ -5,11 +5,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use strata_block::{BlockDevice, BlockResult, Extent, ReadFill, ZeroOptions};
 
 /// The granularity of change tracking.
 pub const TRACK_BYTES: u64 = 64 * 1024;
+/// The granularity of the range locks that order a mover's copy of a
+/// range against client writes mirrored into the target.
+pub const LOCK_BYTES: u64 = 1 << 20;
+const LOCK_STRIPES: u64 = 64;
 
 /// Which `TRACK_BYTES` ranges of a disk were changed, set lock-free by
 /// client requests and taken whole by the mover.
@@ -62,6 +66,9 @@ impl DirtyMap {
 struct Inner {
     dev: Arc<dyn BlockDevice>,
     dirty: Option<Arc<DirtyMap>>,
+    /// Active mirroring: client writes also go here (after the device),
+    /// under the range locks.
+    mirror: Option<Arc<dyn BlockDevice>>,
 }
 
 /// One export's device, switchable. Requests hold the read side of a lock
@@ -69,13 +76,42 @@ struct Inner {
 /// the requests in flight and holds new ones until the device is swapped.
 pub struct Slot {
     inner: RwLock<Inner>,
+    ranges: Vec<Mutex<()>>,
 }
 
 impl Slot {
     pub fn new(dev: Arc<dyn BlockDevice>) -> Slot {
         Slot {
-            inner: RwLock::new(Inner { dev, dirty: None }),
+            inner: RwLock::new(Inner {
+                dev,
+                dirty: None,
+                mirror: None,
+            }),
+            ranges: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         }
+    }
+
+    /// Lock the `LOCK_BYTES` ranges `[offset, offset+len)` touches (in
+    /// stripe order, so two lockers never wait on each other in a circle).
+    pub fn lock_range(&self, offset: u64, len: u64) -> Vec<MutexGuard<'_, ()>> {
+        let first = offset / LOCK_BYTES;
+        let last = (offset + len.max(1) - 1) / LOCK_BYTES;
+        let mut stripes: Vec<u64> = (first..=last.min(first + LOCK_STRIPES - 1))
+            .map(|c| c % LOCK_STRIPES)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|i| self.ranges[i as usize].lock())
+            .collect()
+    }
+
+    /// Active mirroring (docs/MOVE.md): from now on every client write,
+    /// trim and write-zeroes is applied to `target` too, right after the
+    /// device, and is not recorded as changed (unless the target fails it).
+    pub fn mirror(&self, target: Arc<dyn BlockDevice>) {
+        self.inner.write().mirror = Some(target);
     }
 
     /// The device requests go to now.
@@ -92,9 +128,11 @@ impl Slot {
         map
     }
 
-    /// Stop recording.
+    /// Stop recording and mirroring.
     pub fn untrack(&self) {
-        self.inner.write().dirty = None;
+        let mut g = self.inner.write();
+        g.dirty = None;
+        g.mirror = None;
     }
 
     /// Hold every request, run `last` (which sees no request in flight and
@@ -110,16 +148,38 @@ impl Slot {
         let dev = last()?;
         g.dev = dev;
         g.dirty = None;
+        g.mirror = None;
         Ok(t.elapsed())
     }
 
-    fn changed<T>(&self, g: &Inner, r: BlockResult<T>, offset: u64, len: u64) -> BlockResult<T> {
-        if r.is_ok() {
+    /// Run a changing request: on the device, then (mirroring) on the
+    /// target under the range locks, or else recorded as changed.
+    fn change(
+        &self,
+        offset: u64,
+        len: u64,
+        op: impl Fn(&dyn BlockDevice) -> BlockResult<()>,
+    ) -> BlockResult<()> {
+        let g = self.inner.read();
+        let Some(m) = &g.mirror else {
+            let r = op(&*g.dev);
+            if r.is_ok() {
+                if let Some(d) = &g.dirty {
+                    d.mark(offset, len);
+                }
+            }
+            return r;
+        };
+        let _ranges = self.lock_range(offset, len);
+        op(&*g.dev)?;
+        if op(&**m).is_err() {
+            // The target missed it: the mover copies it again (and fails
+            // the move if the target keeps failing).
             if let Some(d) = &g.dirty {
                 d.mark(offset, len);
             }
         }
-        r
+        Ok(())
     }
 }
 
@@ -141,16 +201,14 @@ impl BlockDevice for Slot {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
-        let g = self.inner.read();
-        let r = g.dev.write_at(buf, offset_bytes, fua);
-        self.changed(&g, r, offset_bytes, buf.len() as u64)
+        self.change(offset_bytes, buf.len() as u64, |d| {
+            d.write_at(buf, offset_bytes, fua)
+        })
     }
 
     fn writev_at(&self, bufs: &[&[u8]], offset_bytes: u64, fua: bool) -> BlockResult<()> {
-        let g = self.inner.read();
-        let r = g.dev.writev_at(bufs, offset_bytes, fua);
         let len = bufs.iter().map(|b| b.len() as u64).sum();
-        self.changed(&g, r, offset_bytes, len)
+        self.change(offset_bytes, len, |d| d.writev_at(bufs, offset_bytes, fua))
     }
 
     fn flush(&self) -> BlockResult<()> {
@@ -158,9 +216,9 @@ impl BlockDevice for Slot {
     }
 
     fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
-        let g = self.inner.read();
-        let r = g.dev.unmap(offset_bytes, len_bytes);
-        self.changed(&g, r, offset_bytes, len_bytes)
+        self.change(offset_bytes, len_bytes, |d| {
+            d.unmap(offset_bytes, len_bytes)
+        })
     }
 
     fn write_zeroes(
@@ -169,9 +227,9 @@ impl BlockDevice for Slot {
         len_bytes: u64,
         opts: ZeroOptions,
     ) -> BlockResult<()> {
-        let g = self.inner.read();
-        let r = g.dev.write_zeroes(offset_bytes, len_bytes, opts);
-        self.changed(&g, r, offset_bytes, len_bytes)
+        self.change(offset_bytes, len_bytes, |d| {
+            d.write_zeroes(offset_bytes, len_bytes, opts)
+        })
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {

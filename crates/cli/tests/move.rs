@@ -621,3 +621,32 @@ fn a_move_pauses_and_a_cancelled_one_leaves_the_source() {
     assert!(dest.json(&["list"]).as_array().unwrap().is_empty());
     home.ok(&["snapshot", "create", "d", "after"]);
 }
+
+/// Active mirroring (forced after the first pass): client writes go to
+/// both copies under range locks while the last pass copies; fio's
+/// verification holds during and after.
+#[test]
+fn a_move_that_mirrors_client_writes_loses_none() {
+    if !common::have("fio") || !common::have("qemu-img") {
+        return;
+    }
+    let home = Store::new();
+    let dest = Store::new();
+    home.ok(&["create", "d", "--size", "128M"]);
+    let _server = Server::start_env(&home, &[], &[("STRATA_MOVE_MIRROR", "always")]);
+    qemu_io(&home.uri("d"), &["write -P 0x17 0 32M", "flush"]);
+    let mut writer = fio(&home.uri("d"), false).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let r = home.json(&["move", "d", "--to", dest.path().to_str().unwrap()]);
+    assert_eq!(r["mirrored"], true, "{r}");
+    let back = home.json(&["move", "d", "--to", home.path().to_str().unwrap()]);
+    assert_eq!(back["mirrored"], true, "{back}");
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "fio outlived the moves"
+    );
+    finish(writer);
+    finish(fio(&home.uri("d"), true).spawn().unwrap());
+    let (ok, r) = qemu_io_out(&home.uri("d"), &["read -P 0x17 0 32M"]);
+    assert!(ok && !r.contains("fail"), "{r}");
+}
