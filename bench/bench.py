@@ -35,6 +35,11 @@ Cases (issue #2 targets in brackets):
               FLUSH every 64 writes (FLUSH latency percentiles), 512k seqwrite, and a
               cold start (cache deleted): time to first byte and to 90% of warm IOPS
 
+  move        issue 13: strata move of a served, full disk (2 GiB; quick 256 MiB) to
+              another local datastore, idle and under 4k random writes: time loaded vs
+              idle, the switch's pause and the longest write latency during the move vs
+              without, client IOPS during the move vs without [>= 0.7]
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and
@@ -1917,7 +1922,105 @@ CASES = {
     "vhost": lambda w, q: case_vhost(w, q),
     "cachenone": lambda w, q: case_cachenone(w, q),
     "multihost": lambda w, q: case_multihost(w, q),
+    "move": lambda w, q: case_move(w, q),
 }
+
+
+# ---------------------------------------------------------------------------
+# Storage vMotion (issue 13): a served disk moves under a write load.
+# ---------------------------------------------------------------------------
+
+def _fio_load(uri, size, logprefix, runtime):
+    """4k random writes (iodepth 16) as a Popen, logging every completion
+    (its time and latency)."""
+    return subprocess.Popen(
+        ["fio", "--name=load", "--ioengine=nbd", f"--uri={uri}", "--rw=randwrite", "--bs=4k",
+         "--iodepth=16", f"--size={size}", f"--runtime={runtime}", "--time_based",
+         "--randrepeat=0", "--output-format=json", f"--write_lat_log={logprefix}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def _fio_completions(prefix):
+    """[(t_s, clat_ms)] of every write of a `_fio_load` run."""
+    out = []
+    with open(f"{prefix}_clat.1.log") as f:
+        for line in f:
+            parts = line.split(",", 2)
+            if len(parts) >= 2:
+                out.append((int(parts[0]) / 1000.0, int(parts[1]) / 1e6))
+    return out
+
+
+def _window(done, t_from, t_to):
+    """(IOPS, longest latency in ms) of the completions in (t_from, t_to]."""
+    xs = [ms for t, ms in done if t_from < t <= t_to]
+    span = t_to - t_from
+    return (round(len(xs) / span) if span > 0 else None), round(max(xs, default=0), 2)
+
+
+def case_move(work, q):
+    """Issue 13: `strata move` of a served, full disk to another local
+    datastore (same file system), idle and under 4k random writes (fio
+    nbd, iodepth 16). Figures: the move's time under load vs idle; the
+    longest client write latency while it ran (p100: the switch's pause
+    is in it) and the server's own switch_ms, vs the longest latency of the
+    same load without a move; client IOPS during the move vs the same load
+    without one [>= 0.7]. Host page cache dropped before each run."""
+    size = "256M" if q else "2G"
+    base_rt = 5 if q else 15
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    s = Strata(os.path.join(work, "home")).start()
+    dest = os.path.join(work, "dest")
+    sh(STRATA, "--datastore", dest, "init")
+    out = {"params": {"size": size, "load": "fio nbd 4k randwrite iodepth 16",
+                      "target": "another local datastore on the same file system"}}
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), size)
+        idle = []
+        for to in (dest, s.ds):
+            _drop_caches()
+            idle.append(json.loads(s.cli("move", "d", "--to", to, "--json")))
+        # The load alone.
+        _drop_caches()
+        p = _fio_load(s.uri("d"), size, os.path.join(logs, "base"), base_rt)
+        p.communicate()
+        base = _fio_completions(os.path.join(logs, "base"))
+        # Past fio's first second (start-up), like the loaded run's window.
+        base_iops, base_p100 = _window(base, 1.0, base_rt)
+        # The load with a move starting 2 s in; fio stops 1 s after it ends.
+        _drop_caches()
+        t0 = time.perf_counter()
+        p = _fio_load(s.uri("d"), size, os.path.join(logs, "move"), 900)
+        time.sleep(2)
+        t_from = time.perf_counter() - t0
+        moved = json.loads(s.cli("move", "d", "--to", dest, "--json"))
+        t_to = time.perf_counter() - t0
+        time.sleep(1)
+        p.send_signal(signal.SIGINT)
+        p.communicate()
+        # fio's clock starts a little after Popen: the window is its move.
+        during_iops, during_p100 = _window(_fio_completions(os.path.join(logs, "move")),
+                                           t_from, t_to)
+        out.update({
+            "idle_move_s": [round(r["seconds"], 2) for r in idle],
+            "idle_switch_ms": [round(r["switch_ms"], 2) for r in idle],
+            "loaded_move_s": round(moved["seconds"], 2),
+            "loaded_vs_idle": ratio(moved["seconds"], median(r["seconds"] for r in idle)),
+            "loaded_passes": moved["passes"], "loaded_mirrored": moved["mirrored"],
+            "loaded_copied_mib": round(moved["copied_bytes"] / 2**20),
+            "switch_ms": round(moved["switch_ms"], 2),
+            "p100_write_ms_during_move": during_p100,
+            "p100_write_ms_without_move": base_p100,
+            "iops_without_move": base_iops,
+            "iops_during_move": during_iops,
+            "ratio_during_move": ratio(during_iops, base_iops),
+            "target": ">= 0.7 (IOPS during the move vs the same load without)",
+        })
+    finally:
+        s.stop()
+    return out
 
 
 # ---------------------------------------------------------------------------

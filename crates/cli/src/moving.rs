@@ -20,6 +20,9 @@ const CONVERGED_BYTES: u64 = 8 << 20;
 const PASSES_BEFORE_MIRROR: u32 = 2;
 /// Copy unit (a range lock's span, so a chunk takes one lock).
 const CHUNK: u64 = crate::slot::LOCK_BYTES;
+/// While clients do I/O, rest this many times each chunk's copy time: the
+/// move then takes at most a third of the time it competes for.
+const BUSY_REST: u32 = 2;
 
 /// Abort here (`STRATA_MOVE_CRASH_AT=copy|converge|switch|cleanup`), for
 /// the crash tests: the process dies as by kill -9.
@@ -52,6 +55,8 @@ struct Copier<'a> {
     total: u64,
     progress: &'a mut dyn FnMut(u64, u64),
     buf: Vec<u8>,
+    /// The client request count last seen (resting while it moves).
+    seen: u64,
 }
 
 impl Copier<'_> {
@@ -92,6 +97,7 @@ impl Copier<'_> {
                     self.checkpoint()?;
                     self.pace();
                 }
+                let t = Instant::now();
                 let n = (CHUNK - off % CHUNK).min(end - off);
                 let _ranges = slot.map(|s| s.lock_range(off, n));
                 let zero = ZeroOptions {
@@ -115,6 +121,12 @@ impl Copier<'_> {
                 off += n;
                 self.done += n;
                 (self.progress)(self.done, self.total.max(self.done));
+                if let (true, Some(s)) = (paced, slot) {
+                    let seen = std::mem::replace(&mut self.seen, s.requests());
+                    if seen != self.seen {
+                        std::thread::sleep(t.elapsed() * BUSY_REST);
+                    }
+                }
             }
         }
         Ok(())
@@ -292,6 +304,7 @@ fn run_locked(
         total: 0,
         progress,
         buf: vec![0u8; CHUNK as usize],
+        seen: slot.requests(),
     };
     let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
     let (snapshots, passes, switch, mirrored) = match r {

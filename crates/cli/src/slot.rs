@@ -77,6 +77,8 @@ struct Inner {
 pub struct Slot {
     inner: RwLock<Inner>,
     ranges: Vec<Mutex<()>>,
+    /// Client requests so far (a mover yields while this moves).
+    requests: AtomicU64,
 }
 
 impl Slot {
@@ -88,7 +90,17 @@ impl Slot {
                 mirror: None,
             }),
             ranges: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            requests: AtomicU64::new(0),
         }
+    }
+
+    /// Client requests served so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Lock the `LOCK_BYTES` ranges `[offset, offset+len)` touches (in
@@ -160,6 +172,7 @@ impl Slot {
         len: u64,
         op: impl Fn(&dyn BlockDevice) -> BlockResult<()>,
     ) -> BlockResult<()> {
+        self.count();
         let g = self.inner.read();
         let Some(m) = &g.mirror else {
             let r = op(&*g.dev);
@@ -193,10 +206,12 @@ impl BlockDevice for Slot {
     }
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill> {
+        self.count();
         self.inner.read().dev.read_at(buf, offset_bytes)
     }
 
     fn readv_at(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> BlockResult<ReadFill> {
+        self.count();
         self.inner.read().dev.readv_at(bufs, offset_bytes)
     }
 
