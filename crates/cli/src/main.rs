@@ -15,6 +15,8 @@ mod output;
 mod placement;
 mod serve;
 mod shared_cmd;
+mod shared_exports;
+mod shared_ops;
 mod shared_serve;
 mod slot;
 mod units;

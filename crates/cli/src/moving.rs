@@ -10,14 +10,21 @@ use std::time::Instant;
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
-use crate::api::{MoveReport, Request};
+use crate::api::{MoveReport, Request, Response};
+use crate::ops::Mover;
 use crate::placement::{Changed, Kind, Location, MoveEntry, Phase, Places, Store};
 
 /// Stop converging when a pass finds at most this much changed...
 const CONVERGED_BYTES: u64 = 8 << 20;
-/// ...else, after this many passes, mirror client writes into the target
-/// (which converges whatever the load).
-const PASSES_BEFORE_MIRROR: u32 = 2;
+/// ...else, once at least `PASSES_MIN` passes ran and clients changed more
+/// than half of what the previous one copied (the passes are not
+/// shrinking), or after `PASSES_MAX`, mirror client writes into the target
+/// (which converges whatever the load). Mirroring doubles the work of
+/// every client write, which costs clients more than copy passes do
+/// (bench `move`: IOPS during a 2 GiB move under 4k random writes 0.48x
+/// when mirroring after one pass, 0.56x after two), so it comes late.
+const PASSES_MIN: u32 = 2;
+const PASSES_MAX: u32 = 6;
 /// Copy unit (a range lock's span, so a chunk takes one lock).
 const CHUNK: u64 = crate::slot::LOCK_BYTES;
 /// While clients do I/O, rest this many times each chunk's copy time: the
@@ -137,14 +144,27 @@ fn bytes(r: &[Changed]) -> u64 {
     r.iter().map(|r| r.len).sum()
 }
 
+/// Changed blocks closer than this are copied as one range (the blocks
+/// between are copied again too, which is harmless: they are read from
+/// the source as it is now): one 64 KiB read instead of sixteen 4 KiB ones
+/// where random writes left the blocks dense.
+const COALESCE_GAP: u64 = 64 * 1024;
+
 fn dirty_ranges(d: Vec<(u64, u64)>) -> Vec<Changed> {
-    d.into_iter()
-        .map(|(offset, len)| Changed {
-            offset,
-            len,
-            mapped: true,
-        })
-        .collect()
+    let mut out: Vec<Changed> = Vec::with_capacity(d.len());
+    for (offset, len) in d {
+        match out.last_mut() {
+            Some(r) if offset <= r.offset + r.len + COALESCE_GAP => {
+                r.len = offset + len - r.offset;
+            }
+            _ => out.push(Changed {
+                offset,
+                len,
+                mapped: true,
+            }),
+        }
+    }
+    out
 }
 
 struct Args<'a> {
@@ -415,23 +435,27 @@ fn copy_and_switch(
     crash_point("copy");
     let mut passes = 0;
     let mut mirrored = false;
+    let mut previous = bytes(&ranges);
     let mut last = loop {
         let d = dirty_ranges(dirty.take());
         let small = bytes(&d) <= CONVERGED_BYTES;
         if small && !mirror_always() {
             break d;
         }
-        if passes >= PASSES_BEFORE_MIRROR || mirror_always() {
+        let shrinking = bytes(&d) <= previous / 2;
+        if (!shrinking && passes >= PASSES_MIN) || passes >= PASSES_MAX || mirror_always() {
             // Writes outpace the copy: from here clients write both
             // copies, and what they changed before is copied once more.
             slot.mirror(target.clone());
             mirrored = true;
             let mut d = d;
             d.extend(dirty_ranges(dirty.take()));
+            d.sort_by_key(|r| r.offset);
             break d;
         }
         passes += 1;
-        copier.total += bytes(&d);
+        previous = bytes(&d);
+        copier.total += previous;
         copier.copy(&*source, &*target, &d, true, Some(slot))?;
     };
     // Again what the last look found, then flush the bulk before holding
@@ -521,5 +545,46 @@ impl Gone {
             strata_block::ErrorKind::Io,
             format!("the snapshot did not move with its disk: {}", self.0),
         )
+    }
+}
+
+/// A server's placement as requests see it: routing by `Places`, moves
+/// here.
+impl Mover for Places {
+    fn route(
+        &self,
+        req: &Request,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Option<Result<Response, Error>> {
+        self.route_request(req, progress)
+    }
+
+    fn run_move(
+        &self,
+        req: &Request,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error> {
+        run(self, req, control, progress).map(Response::Moved)
+    }
+
+    fn serves(&self, name: &str) -> bool {
+        self.serves_placed(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_dirty_blocks_are_copied_as_one_range() {
+        let k = 4096;
+        let r = dirty_ranges(vec![(0, k), (8 * k, k), (200 * k, 2 * k), (220 * k, k)]);
+        assert_eq!(
+            r.iter().map(|c| (c.offset, c.len)).collect::<Vec<_>>(),
+            vec![(0, 9 * k), (200 * k, 2 * k), (220 * k, k)]
+        );
+        assert!(r.iter().all(|c| c.mapped));
     }
 }

@@ -16,9 +16,9 @@ use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
 use strata_shared::SharedDatastore;
 
 use crate::api::{Request, Response};
-use crate::ops::{self, Ctx, LockOutcome, Mover};
-use crate::shared_cmd::{engine_error, ServedDisks};
-use crate::shared_serve::SharedExports;
+use crate::ops::{self, Ctx, LockOutcome};
+use crate::shared_exports::SharedExports;
+use crate::shared_ops::{engine_error, ServedDisks};
 use crate::slot::Slot;
 
 /// The placement file in the home datastore's directory.
@@ -341,7 +341,7 @@ impl Store {
 /// either stores something, in 64 KiB ranges.
 fn content_diff(a: Option<&dyn BlockDevice>, b: &dyn BlockDevice) -> Result<Vec<Changed>, Error> {
     const STEP: u64 = 1 << 20;
-    const UNIT: usize = crate::slot::TRACK_BYTES as usize;
+    const UNIT: usize = 64 * 1024;
     let size = b.size_bytes();
     let io = |e: strata_block::BlockError| Error::new(ErrorKind::Io, e.to_string());
     let stored = |d: &dyn BlockDevice, off: u64, len: u64| -> Result<bool, Error> {
@@ -703,8 +703,11 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
     })
 }
 
-impl Mover for Places {
-    fn route(
+impl Places {
+    /// Run a request about a disk placed elsewhere in its datastore, or
+    /// refuse one that would change a disk being moved; None: the request
+    /// is home's (`ops::Mover::route`).
+    pub(crate) fn route_request(
         &self,
         req: &Request,
         progress: &mut dyn FnMut(u64, u64),
@@ -748,7 +751,7 @@ impl Mover for Places {
                 req,
                 progress,
             ),
-            Store::Shared(x) => crate::shared_cmd::execute(x.datastore(), Some(&**x), req),
+            Store::Shared(x) => crate::shared_ops::execute(x.datastore(), Some(&**x), req),
         };
         // What a request adds or takes away in that datastore, this
         // server serves or stops serving.
@@ -765,16 +768,8 @@ impl Mover for Places {
         Some(r.and_then(|r| after.map(|_| r)))
     }
 
-    fn run_move(
-        &self,
-        req: &Request,
-        control: Option<Arc<strata_engine::WorkControl>>,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<Response, Error> {
-        crate::moving::run(self, req, control, progress).map(Response::Moved)
-    }
-
-    fn serves(&self, name: &str) -> bool {
+    /// Whether export `name` is a disk placed elsewhere (or its snapshot).
+    pub(crate) fn serves_placed(&self, name: &str) -> bool {
         self.file
             .lock()
             .disks

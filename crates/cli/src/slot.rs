@@ -8,26 +8,36 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use strata_block::{BlockDevice, BlockResult, Extent, ReadFill, ZeroOptions};
 
-/// The granularity of change tracking.
-pub const TRACK_BYTES: u64 = 64 * 1024;
+/// The finest granularity of change tracking: a client's 4 KiB write is
+/// copied again as 4 KiB, not as a larger unit around it.
+pub const TRACK_BYTES: u64 = 4096;
+/// At most this many tracked units per disk (a 2 MiB bitmap): larger
+/// disks track in larger units (64 KiB at 1 TiB).
+const TRACK_UNITS_MAX: u64 = 1 << 24;
 /// The granularity of the range locks that order a mover's copy of a
 /// range against client writes mirrored into the target.
 pub const LOCK_BYTES: u64 = 1 << 20;
 const LOCK_STRIPES: u64 = 64;
 
-/// Which `TRACK_BYTES` ranges of a disk were changed, set lock-free by
-/// client requests and taken whole by the mover.
+/// Which units of a disk were changed, set lock-free by client requests
+/// and taken whole by the mover.
 pub struct DirtyMap {
     words: Vec<AtomicU64>,
+    unit: u64,
 }
 
 impl DirtyMap {
     fn new(size_bytes: u64) -> DirtyMap {
-        let ranges = size_bytes.div_ceil(TRACK_BYTES);
+        let unit = size_bytes
+            .div_ceil(TRACK_UNITS_MAX)
+            .next_power_of_two()
+            .max(TRACK_BYTES);
+        let ranges = size_bytes.div_ceil(unit);
         DirtyMap {
             words: (0..ranges.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            unit,
         }
     }
 
@@ -35,8 +45,8 @@ impl DirtyMap {
         if len == 0 {
             return;
         }
-        let first = offset / TRACK_BYTES;
-        let last = (offset + len - 1) / TRACK_BYTES;
+        let first = offset / self.unit;
+        let last = (offset + len - 1) / self.unit;
         for r in first..=last {
             if let Some(w) = self.words.get((r / 64) as usize) {
                 w.fetch_or(1 << (r % 64), Ordering::AcqRel);
@@ -52,10 +62,10 @@ impl DirtyMap {
             while bits != 0 {
                 let b = bits.trailing_zeros() as u64;
                 bits &= bits - 1;
-                let off = (i as u64 * 64 + b) * TRACK_BYTES;
+                let off = (i as u64 * 64 + b) * self.unit;
                 match out.last_mut() {
-                    Some(r) if r.0 + r.1 == off => r.1 += TRACK_BYTES,
-                    _ => out.push((off, TRACK_BYTES)),
+                    Some(r) if r.0 + r.1 == off => r.1 += self.unit,
+                    _ => out.push((off, self.unit)),
                 }
             }
         }
@@ -77,7 +87,9 @@ struct Inner {
 pub struct Slot {
     inner: RwLock<Inner>,
     ranges: Vec<Mutex<()>>,
-    /// Client requests so far (a mover yields while this moves).
+    /// Client requests while a move tracks changes (the mover yields while
+    /// this moves); not counted otherwise, to keep the I/O path to one
+    /// shared atomic (the lock's).
     requests: AtomicU64,
 }
 
@@ -94,13 +106,15 @@ impl Slot {
         }
     }
 
-    /// Client requests served so far.
+    /// Client requests served while tracking.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
 
-    fn count(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+    fn count(&self, g: &Inner) {
+        if g.dirty.is_some() {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Lock the `LOCK_BYTES` ranges `[offset, offset+len)` touches (in
@@ -172,8 +186,8 @@ impl Slot {
         len: u64,
         op: impl Fn(&dyn BlockDevice) -> BlockResult<()>,
     ) -> BlockResult<()> {
-        self.count();
         let g = self.inner.read();
+        self.count(&g);
         let Some(m) = &g.mirror else {
             let r = op(&*g.dev);
             if r.is_ok() {
@@ -206,13 +220,15 @@ impl BlockDevice for Slot {
     }
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<ReadFill> {
-        self.count();
-        self.inner.read().dev.read_at(buf, offset_bytes)
+        let g = self.inner.read();
+        self.count(&g);
+        g.dev.read_at(buf, offset_bytes)
     }
 
     fn readv_at(&self, bufs: &mut [&mut [u8]], offset_bytes: u64) -> BlockResult<ReadFill> {
-        self.count();
-        self.inner.read().dev.readv_at(bufs, offset_bytes)
+        let g = self.inner.read();
+        self.count(&g);
+        g.dev.readv_at(bufs, offset_bytes)
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
@@ -279,5 +295,15 @@ mod tests {
         // Past the end (a size race) is ignored, not a panic.
         d.mark(1 << 40, 1);
         assert!(d.take().is_empty());
+    }
+
+    #[test]
+    fn large_disks_track_in_larger_units() {
+        assert_eq!(DirtyMap::new(1 << 30).unit, 4096);
+        assert_eq!(DirtyMap::new(1 << 40).unit, 64 * 1024);
+        let d = DirtyMap::new(1 << 40);
+        d.mark(70 * 1024, 1);
+        assert_eq!(d.take(), vec![(64 * 1024, 64 * 1024)]);
+        assert!(DirtyMap::new(1 << 40).words.len() <= (1 << 24) / 64);
     }
 }

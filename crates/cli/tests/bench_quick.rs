@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost`)
+//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move`)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. The vdi case boots TCG guests (the guest test's
 //! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
@@ -54,7 +54,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--quick",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move",
             "--out",
         ])
         .arg(&out)
@@ -228,6 +228,19 @@ fn bench_quick_paper_suites() {
         &["cold_start", "cold_run_iops"],
     ] {
         positive(mh, path);
+    }
+
+    // move: a served disk moved idle and under two write loads.
+    let mv = get(&j, &["cases", "move"]);
+    for path in [
+        &["loaded_move_s"][..],
+        &["iops_without_move"],
+        &["iops_during_move"],
+        &["switch_ms"],
+        &["paced", "iops_during_move"],
+        &["paced", "move_s"],
+    ] {
+        positive(mv, path);
     }
 
     // The report files next to the JSON.
