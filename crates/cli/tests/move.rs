@@ -415,8 +415,13 @@ struct Guest {
 
 impl Guest {
     fn start(uri: &str) -> Guest {
+        Guest::start_with(uri, &[])
+    }
+    fn start_with(uri: &str, opts: &[&str]) -> Guest {
         let mut child = Command::new("qemu-io")
-            .args(["-f", "raw", "-t", "writeback", uri])
+            .args(["-f", "raw", "-t", "writeback"])
+            .args(opts)
+            .arg(uri)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -427,7 +432,8 @@ impl Guest {
     }
     fn send(&mut self, c: &str) {
         use std::io::Write as _;
-        writeln!(self.cmds, "{c}").unwrap();
+        // A guest that has exited shows why in its output (finish).
+        let _ = writeln!(self.cmds, "{c}");
     }
     fn finish(mut self) -> String {
         self.send("quit");
@@ -658,4 +664,40 @@ fn a_move_that_mirrors_client_writes_loses_none() {
     finish(fio(&home.uri("d"), true).spawn().unwrap());
     let (ok, r) = qemu_io_out(&home.uri("d"), &["read -P 0x17 0 32M"]);
     assert!(ok && !r.contains("fail"), "{r}");
+}
+
+/// `--head-only`: the live state moves, the snapshots stay behind and go
+/// with the source; a connection to a snapshot export is told why.
+#[test]
+fn a_head_only_move_leaves_the_snapshots() {
+    if !common::have("qemu-io") || !common::have("qemu-img") {
+        return;
+    }
+    let home = Store::new();
+    let dest = Store::new();
+    home.ok(&["create", "d", "--size", "64M"]);
+    let _server = home.serve();
+    tree_disk(&home);
+    let imgs = tempfile::tempdir().unwrap();
+    let head = imgs.path().join("head");
+    save(&home.uri("d"), &head);
+    let mut snap_reader = Guest::start_with(&home.uri("d@s1"), &["-r"]);
+    snap_reader.send("read -P 0x11 0 64k");
+    let r = home.json(&[
+        "move",
+        "d",
+        "--to",
+        dest.path().to_str().unwrap(),
+        "--head-only",
+    ]);
+    assert_eq!(r["snapshots"], serde_json::json!([]), "{r}");
+    same(&home.uri("d"), &head);
+    assert!(tree(&home, "d").is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    snap_reader.send("read 0 64k");
+    let text = snap_reader.finish();
+    assert!(text.contains("read 65536/65536"), "{text}");
+    assert!(text.contains("read failed"), "{text}");
+    let (ok, _) = qemu_io_out(&home.uri("d@s1"), &["read 0 4k"]);
+    assert!(!ok, "the snapshot export is gone");
 }

@@ -139,13 +139,15 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
         "{e}"
     );
     assert!(!a.path().join("strata.super").exists());
-    // And 'claim' is for object stores only.
+    // And 'claim' and 'release' are for object stores only.
     let local = common::Store::new();
-    let e = local.fails(&["claim", "d"]);
-    assert!(
-        e.contains("claim and gc are for object-store datastores"),
-        "{e}"
-    );
+    for cmd in ["claim", "release"] {
+        let e = local.fails(&[cmd, "d"]);
+        assert!(
+            e.contains("claim, release and gc are for object-store datastores"),
+            "{e}"
+        );
+    }
 }
 
 /// qemu-io's output; `ok` whether it exited 0 (a failed `flush` prints
