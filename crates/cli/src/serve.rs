@@ -72,9 +72,15 @@ pub struct ServeArgs {
     /// then run requests themselves]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     io_threads: Option<u16>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100)
-    #[arg(long)]
+    /// Serve the dashboard at http://ADDR/, its JSON API at /api/v1 (docs/API.md) and
+    /// Prometheus metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT
+    #[arg(long, value_name = "ADDR")]
     pub(crate) http: Option<String>,
+    /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
+    /// defrag): read, or created with a random token (mode 0600) when missing. Without it the
+    /// HTTP views are read-only
+    #[arg(long, value_name = "FILE")]
+    pub(crate) http_token: Option<PathBuf>,
     /// Do not collect per-disk I/O statistics
     #[arg(long)]
     pub(crate) no_stats: bool,
@@ -412,28 +418,6 @@ fn listen_fuse(
     );
     println!("    e.g. qemu-img info {}/DISK", dir.display());
     Ok(Some(server))
-}
-
-/// Answer `GET /metrics` with Prometheus text until the server is unblocked.
-/// Gauges of the datastore behind a server, computed at each scrape.
-pub(crate) type GaugeFn = Box<dyn Fn() -> Vec<Gauge> + Send>;
-
-fn serve_http(server: &tiny_http::Server, gauges: &GaugeFn, reg: &StatsRegistry) {
-    for req in server.incoming_requests() {
-        let resp = if req.url() == "/metrics" && *req.method() == tiny_http::Method::Get {
-            let g = gauges();
-            let body = strata_stats::render_prometheus(&reg.snapshot_all(), &g);
-            let ct = tiny_http::Header::from_bytes(
-                &b"Content-Type"[..],
-                &b"text/plain; version=0.0.4"[..],
-            )
-            .expect("static header");
-            tiny_http::Response::from_string(body).with_header(ct)
-        } else {
-            tiny_http::Response::from_string("not found: try /metrics\n").with_status_code(404)
-        };
-        let _ = req.respond(resp);
-    }
 }
 
 /// Datastore and per-disk space figures as Prometheus gauges.
@@ -777,15 +761,14 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
         },
     )?;
     let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
-    let ctl_thread = control::spawn_server(
-        ctl,
-        ds.clone(),
-        vmdk_exports(&opened),
-        registry.clone(),
+    let handler = Arc::new(control::Handler {
+        ds: ds.clone(),
+        vmdks: vmdk_exports(&opened),
+        stats: registry.clone(),
         jobs,
-        Some(places.clone()),
-        stop.clone(),
-    );
+        mover: Some(places.clone()),
+    });
+    let ctl_thread = control::spawn_server(ctl, handler.clone(), stop.clone());
     let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
 
     let alarm_thread = spawn_alarm_watcher(ds.clone(), dir.to_path_buf(), stop.clone());
@@ -827,7 +810,12 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     listen_vhost(&vhost, &exports, &vhost_specs, args)?;
     let fuse = listen_fuse(&exports, args)?;
     let gauge_ds = ds.clone();
-    let http = start_http(args, Box::new(move || gauges(&gauge_ds)), registry)?;
+    let http = start_http(
+        args,
+        Box::new(move || gauges(&gauge_ds)),
+        registry,
+        Some(handler),
+    )?;
     if names.is_empty() {
         println!(
             "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
@@ -1114,23 +1102,59 @@ fn listen_vhost(
     Ok(())
 }
 
-/// Serve `/metrics` when `--http` is given.
+/// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
+/// given; `backend` None: a server without a datastore (metrics only).
 pub(crate) fn start_http(
     args: &ServeArgs,
-    gauges: GaugeFn,
+    gauges: crate::web::GaugeFn,
     registry: Arc<StatsRegistry>,
+    backend: Option<Arc<dyn crate::web::Backend>>,
 ) -> Result<HttpThread, Error> {
-    let Some(a) = &args.http else { return Ok(None) };
-    let h = tiny_http::Server::http(a.as_str())
-        .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {a}: {e}")))?;
+    let Some(a) = &args.http else {
+        if args.http_token.is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "--http-token goes with --http ADDR",
+            ));
+        }
+        return Ok(None);
+    };
+    let token = match &args.http_token {
+        Some(p) => Some(crate::web::load_or_make_token(p)?),
+        None => None,
+    };
+    let bind = crate::web::bind_address(a);
+    let h = tiny_http::Server::http(bind.as_str())
+        .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {bind}: {e}")))?;
     let h = Arc::new(h);
     if let Some(addr) = h.server_addr().to_ip() {
+        if backend.is_some() {
+            println!("  dashboard on http://{addr}/ (API: http://{addr}/api/v1, docs/API.md)");
+            match &args.http_token {
+                Some(p) => println!(
+                    "    actions need the token in {} (open http://{addr}/#token=TOKEN)",
+                    p.display()
+                ),
+                None => println!("    read-only: actions need --http-token FILE"),
+            }
+            if !addr.ip().is_loopback() {
+                println!(
+                    "    note: {addr} is not loopback: the read-only views are open to the network"
+                );
+            }
+        }
         println!("  metrics on http://{addr}/metrics");
     }
+    let web = Arc::new(crate::web::Web {
+        gauges,
+        registry,
+        backend,
+        token,
+    });
     let hh = h.clone();
     let t = std::thread::Builder::new()
         .name("http".into())
-        .spawn(move || serve_http(&hh, &gauges, &registry))
+        .spawn(move || crate::web::serve(&hh, web))
         .map_err(|e| io_err("spawn http thread", e))?;
     Ok(Some((h, t)))
 }
@@ -1228,7 +1252,7 @@ fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCod
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
     let fuse = listen_fuse(&exports, args)?;
-    let http = start_http(args, Box::new(Vec::new), registry)?;
+    let http = start_http(args, Box::new(Vec::new), registry, None)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();

@@ -141,7 +141,12 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     );
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     let gauge_exports = exports.clone();
-    let http = serve::start_http(args, Box::new(move || gauge_exports.gauges()), registry)?;
+    let http = serve::start_http(
+        args,
+        Box::new(move || gauge_exports.gauges()),
+        registry,
+        Some(Arc::new(SharedBackend(exports.clone()))),
+    )?;
     let gc_thread = spawn_gc(exports.clone(), stop.clone(), args.gc_interval);
     serve::wait_and_shut_down(&stop, &server, http, args);
     if let Some(t) = gc_thread {
@@ -156,4 +161,17 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     }
     eprintln!("strata: disks flushed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The HTTP API (`web`) of an object-store datastore's server: its
+/// requests run as the control socket runs them.
+struct SharedBackend(Arc<SharedExports>);
+
+impl crate::web::Backend for SharedBackend {
+    fn run(&self, req: crate::api::Request) -> Result<crate::api::Response, Error> {
+        crate::shared_ops::execute(self.0.datastore(), Some(&*self.0), &req)
+    }
+    fn shared(&self) -> bool {
+        true
+    }
 }

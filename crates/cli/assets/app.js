@@ -1,0 +1,554 @@
+// strata dashboard: plain DOM, no framework, no build step. Every figure
+// comes from the JSON API (/api/v1, docs/API.md), which answers what the
+// CLI's --json prints. Text goes in with textContent only (never HTML).
+'use strict';
+
+const POLL_MS = 1000;      // live I/O
+const SLOW_EVERY = 3;      // space, disks, tree, jobs: every third poll
+
+const $ = (sel, root = document) => root.querySelector(sel);
+
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') el.className = v;
+    else if (k === 'text') el.textContent = v;
+    else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k.startsWith('data-')) el.setAttribute(k, v);
+    else if (k in el) el[k] = v;
+    else el.setAttribute(k, v);
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+// ---- units -------------------------------------------------------------
+
+function bytes(n) {
+  if (n === undefined || n === null) return '-';
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+  let i = 0, v = Number(n);
+  while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+  return (i === 0 ? v.toFixed(0) : v.toFixed(v < 10 ? 2 : 1)) + ' ' + u[i];
+}
+function rate(n) { return n >= 100 ? n.toFixed(0) : n >= 10 ? n.toFixed(1) : n.toFixed(2); }
+function age(unix) {
+  if (!unix) return '-';
+  const s = Math.max(0, Date.now() / 1000 - unix);
+  if (s < 90) return Math.round(s) + ' s ago';
+  if (s < 5400) return Math.round(s / 60) + ' min ago';
+  if (s < 129600) return Math.round(s / 3600) + ' h ago';
+  return Math.round(s / 86400) + ' days ago';
+}
+function usLabel(us) {
+  if (us === null || us === undefined) return '-';
+  return us >= 1000000 ? (us / 1e6) + ' s' : us >= 1000 ? (us / 1000) + ' ms' : us + ' µs';
+}
+
+// ---- the API -------------------------------------------------------------
+
+const TOKEN_KEY = 'strata-token';
+let token = sessionStorage.getItem(TOKEN_KEY);
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(e.message || ('HTTP ' + status));
+    this.status = status;
+    this.kind = e.kind || 'error';
+  }
+}
+
+async function get(path) {
+  const r = await fetch('/api/v1' + path, { headers: { Accept: 'application/json' }, cache: 'no-store' });
+  const body = await r.json().catch(() => null);
+  if (!r.ok) throw new ApiError(r.status, body);
+  return body;
+}
+
+async function act(method, path, body) {
+  const headers = { Accept: 'application/json' };
+  if (token) headers.Authorization = 'Bearer ' + token;
+  const init = { method, headers, cache: 'no-store' };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch('/api/v1' + path, init);
+  const out = await r.json().catch(() => null);
+  if (!r.ok) throw new ApiError(r.status, out);
+  return out;
+}
+
+const enc = encodeURIComponent;
+
+// ---- messages, confirmation, token -------------------------------------
+
+function say(text, kind) {
+  const m = $('#msg');
+  m.textContent = text;
+  m.className = 'msg ' + (kind || '');
+}
+
+function confirmDialog(text) {
+  const d = $('#confirm');
+  $('#confirm-text').textContent = text;
+  return new Promise((resolve) => {
+    d.addEventListener('close', () => resolve(d.returnValue === 'ok'), { once: true });
+    d.returnValue = '';
+    d.showModal();
+  });
+}
+
+function askToken() {
+  const d = $('#token-dialog');
+  $('#token-input').value = '';
+  d.addEventListener('close', () => {
+    const t = $('#token-input').value.trim();
+    if (d.returnValue === 'ok' && t) {
+      token = t;
+      sessionStorage.setItem(TOKEN_KEY, t);
+      showLock();
+    }
+  }, { once: true });
+  d.returnValue = '';
+  d.showModal();
+}
+
+function showLock() {
+  const l = $('#lock');
+  l.replaceChildren();
+  if (!info.actions) {
+    l.append(h('span', { class: 'muted', text: 'read-only server (no --http-token)' }));
+  } else if (token) {
+    l.append(h('span', { text: 'actions unlocked ' }),
+      h('button', { text: 'lock', onclick: () => { token = null; sessionStorage.removeItem(TOKEN_KEY); showLock(); } }));
+  } else {
+    l.append(h('span', { class: 'muted', text: 'actions locked ' }),
+      h('button', { id: 'unlock', text: 'unlock', onclick: askToken }));
+  }
+}
+
+// Run an action, report it, refresh what it changed.
+async function perform(what, method, path, body, confirmText) {
+  if (confirmText && !(await confirmDialog(confirmText))) {
+    say(what + ': not done (cancelled)', '');
+    return null;
+  }
+  try {
+    const r = await act(method, path, body);
+    say(what + ': done' + (r && r.id !== undefined && r.what ? ' (job ' + r.id + ' started)' : ''), 'ok');
+    await refresh(true);
+    return r;
+  } catch (e) {
+    const hint = e.status === 401 ? ' — unlock the actions with the token' : '';
+    say(what + ': refused: ' + e.message + hint, 'error');
+    return null;
+  }
+}
+
+// ---- state and routing ---------------------------------------------------
+
+let info = { actions: false, shared: false };
+let route = { view: 'overview' };
+let lastStats = null;  // { t, data }
+let tick = 0;
+
+function parseRoute() {
+  const hash = location.hash || '#/';
+  const m = hash.match(/^#\/disk\/(.+)$/);
+  route = m ? { view: 'disk', disk: decodeURIComponent(m[1]) } : { view: 'overview' };
+  $('#overview-view').hidden = route.view !== 'overview';
+  $('#disk-view').hidden = route.view !== 'disk';
+}
+
+// A token handed over in the URL fragment (#token=...) goes into this
+// tab's session storage and out of the address bar.
+function takeTokenFromHash() {
+  const m = (location.hash || '').match(/^#token=([^&]+)/);
+  if (!m) return;
+  token = decodeURIComponent(m[1]);
+  sessionStorage.setItem(TOKEN_KEY, token);
+  history.replaceState(null, '', location.pathname + '#/');
+}
+
+// ---- overview ------------------------------------------------------------
+
+function meter(parts, marks) {
+  const m = h('div', { class: 'meter' });
+  let left = 0;
+  for (const [cls, pct] of parts) {
+    const w = Math.max(0, Math.min(100 - left, pct));
+    const s = h('span', { class: cls });
+    s.style.left = left + '%';
+    s.style.width = w + '%';
+    m.append(s);
+    left += w;
+  }
+  for (const pct of marks || []) {
+    const s = h('span', { class: 'mark' });
+    s.style.left = Math.min(100, pct) + '%';
+    m.append(s);
+  }
+  return m;
+}
+
+function gauge(id, label, value, sub, meterEl) {
+  return h('div', { class: 'gauge', id },
+    h('div', { class: 'label', text: label }),
+    h('div', { class: 'value', text: value }),
+    sub ? h('div', { class: 'muted', text: sub }) : null,
+    meterEl || null);
+}
+
+function renderGauges(s, alarms) {
+  const g = $('#gauges');
+  g.replaceChildren();
+  $('#location').textContent = s.location || s.url || '';
+  if (s.capacity_bytes === undefined) {
+    // An object-store datastore: no capacity of its own.
+    g.append(
+      gauge('g-disks', 'disks', String((s.disks || []).length), s.url),
+      gauge('g-objects', 'disk objects', String(s.disk_objects), bytes(s.disk_bytes) + ' in the store'),
+      gauge('g-host', 'this host', (s.me && s.me.name) || '-', s.endpoint));
+    return;
+  }
+  const cap = s.capacity_bytes || 1;
+  const pct = (n) => 100 * n / cap;
+  const rule = (kind) => (alarms || []).find((a) => a.kind === kind) || {};
+  const usage = rule('usage'), over = rule('overcommit');
+  g.append(
+    gauge('g-capacity', 'capacity', bytes(s.capacity_bytes),
+      (s.capacity_follows_fs ? 'follows the file system; ' : '') + bytes(s.free_bytes) + ' free'),
+    gauge('g-used', 'used + reserved', s.used_percent + ' %',
+      bytes(s.used_bytes) + ' used, ' + bytes(s.reserved_bytes) + ' reserved',
+      meter([['used', pct(s.used_bytes)], ['reserved', pct(s.reserved_bytes)]],
+        [usage.warning_percent, usage.alarm_percent].filter(Boolean))),
+    gauge('g-provisioned', 'provisioned (over-commit)', s.overcommit_percent + ' %',
+      bytes(s.provisioned_bytes) + ' of virtual disks',
+      meter([['used', Math.min(100, s.overcommit_percent / 4)]],
+        [over.warning_percent / 4, over.alarm_percent / 4].filter(Boolean))),
+    gauge('g-host', 'held on the host', bytes(s.pool_file_bytes),
+      'pool ' + bytes(s.pool_bytes) + ', ' + bytes(s.free_in_pool_bytes) + ' free inside, ' +
+      (s.free_extents ?? '-') + ' free extents'),
+    gauge('g-counts', 'disks / snapshots', s.disks + ' / ' + s.snapshots,
+      (s.reclaiming ? s.reclaiming + ' being reclaimed; ' : '') + 'cache ' + (s.cache_mode || '-')),
+    s.fail_stop ? gauge('g-failstop', 'FAIL-STOP', 'writes stopped', JSON.stringify(s.fail_stop)) : '');
+}
+
+function renderAlarms(alarms) {
+  const tb = $('#alarms tbody');
+  tb.replaceChildren();
+  for (const a of alarms || []) {
+    tb.append(h('tr', { 'data-alarm': a.kind },
+      h('td', { text: a.kind }),
+      h('td', { class: 'state-' + a.state, text: String(a.state).toUpperCase() }),
+      h('td', { class: 'num', text: a.percent + ' %' }),
+      h('td', { class: 'num', text: a.warning_percent + ' %' }),
+      h('td', { class: 'num', text: a.alarm_percent + ' %' }),
+      h('td', { class: 'muted', text: a.exec || '' })));
+  }
+  if (!tb.children.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 6, text: 'no alarms on this datastore' })));
+}
+
+const diskDetail = new Map();   // name -> info (exclusive, fragments)
+
+function renderDisks(disks) {
+  const tb = $('#disks tbody');
+  tb.replaceChildren();
+  for (const d of disks) {
+    const det = diskDetail.get(d.name) || {};
+    const owner = d.owner ? (d.owner.name || d.owner.host || JSON.stringify(d.owner)) : '-';
+    tb.append(h('tr', { 'data-disk': d.name },
+      h('td', {}, h('a', { href: '#/disk/' + enc(d.name), text: d.name })),
+      h('td', { class: 'num', text: bytes(d.size_bytes) }),
+      h('td', { text: d.provisioning || 'thin' }),
+      h('td', { class: 'num', text: bytes(d.allocated_bytes) }),
+      h('td', { class: 'num', text: bytes(det.exclusive_bytes) }),
+      h('td', { class: 'num', text: det.fragments ?? '-' }),
+      h('td', { class: 'num', text: Array.isArray(d.snapshots) ? d.snapshots.length : d.snapshots }),
+      h('td', { text: d.parent || '-' }),
+      h('td', { class: 'shared-only', text: owner }),
+      h('td', { class: 'shared-only num', text: d.generation ?? '-' })));
+  }
+  if (!disks.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 10, text: "no disks yet: 'strata create NAME --size 10G'" })));
+}
+
+function renderJobs(jobs) {
+  const tb = $('#jobs tbody');
+  tb.replaceChildren();
+  for (const j of jobs) {
+    const running = j.state === 'running' || j.state === 'paused';
+    tb.append(h('tr', { 'data-job': j.id },
+      h('td', { class: 'num', text: j.id }),
+      h('td', { text: j.what }),
+      h('td', { text: j.state + (j.error ? ': ' + j.error : '') }),
+      h('td', {}, h('progress', { max: 100, value: j.percent }), ' ' + j.percent + ' %'),
+      h('td', {}, running ? [
+        h('button', { text: j.state === 'paused' ? 'resume' : 'pause',
+          onclick: () => perform('job ' + j.id, 'POST', '/jobs/' + j.id + '/' + (j.state === 'paused' ? 'resume' : 'pause')) }),
+        ' ',
+        h('button', { text: 'cancel', class: 'danger',
+          onclick: () => perform('cancel job ' + j.id, 'POST', '/jobs/' + j.id + '/cancel', undefined, 'Cancel job ' + j.id + ' (' + j.what + ')?') }),
+      ] : null)));
+  }
+  if (!jobs.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 5, text: 'no jobs' })));
+}
+
+// ---- live I/O ------------------------------------------------------------
+
+// The smallest bucket edge at or above fraction q of a histogram's count.
+function percentile(hist, q) {
+  if (!hist || !hist.count) return null;
+  const want = q * hist.count;
+  let seen = 0;
+  for (const b of hist.buckets) {
+    seen += b.count;
+    if (seen >= want) return b.le;
+  }
+  return null;
+}
+
+// Rates between the last two polls, per export.
+function rates(prev, cur, dt) {
+  const out = {};
+  for (const [name, s] of Object.entries(cur)) {
+    const p = prev && prev[name];
+    const d = (k, f) => p && s[k][f] >= p[k][f] ? (s[k][f] - p[k][f]) / dt : 0;
+    out[name] = {
+      riops: d('read', 'commands'), wiops: d('write', 'commands'),
+      rbps: d('read', 'bytes'), wbps: d('write', 'bytes'),
+      p50: percentile(s.latency.all, 0.5), p99: percentile(s.latency.all, 0.99),
+      inflight: s.in_flight,
+    };
+  }
+  return out;
+}
+
+function renderIoTable(r) {
+  const tb = $('#io tbody');
+  tb.replaceChildren();
+  for (const [name, x] of Object.entries(r)) {
+    tb.append(h('tr', { 'data-export': name },
+      h('td', { text: name }),
+      h('td', { class: 'num', text: rate(x.riops) }),
+      h('td', { class: 'num', text: rate(x.wiops) }),
+      h('td', { class: 'num', text: rate(x.rbps / 1e6) }),
+      h('td', { class: 'num', text: rate(x.wbps / 1e6) }),
+      h('td', { class: 'num', text: usLabel(x.p50) }),
+      h('td', { class: 'num', text: usLabel(x.p99) }),
+      h('td', { class: 'num', text: x.inflight })));
+  }
+  if (!tb.children.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 8, text: 'no exports with statistics' })));
+}
+
+const HISTOGRAMS = [
+  ['latency', 'latency (µs)'],
+  ['io_length', 'I/O length (bytes)'],
+  ['seek_distance', 'seek distance (sectors)'],
+  ['seek_distance_closest', 'seek distance to the closest of the last 16 (sectors)'],
+  ['outstanding', 'outstanding I/Os at arrival'],
+  ['interarrival', 'interarrival time (µs)'],
+];
+
+function histogram(key, title, pair) {
+  const r = pair.read, w = pair.write;
+  const max = Math.max(1, ...r.buckets.map((b) => b.count), ...w.buckets.map((b) => b.count));
+  const bars = h('div', { class: 'bars' });
+  const labels = h('div', { class: 'labels' });
+  const every = Math.ceil(r.buckets.length / 8);
+  r.buckets.forEach((b, i) => {
+    const wc = (w.buckets[i] || { count: 0 }).count;
+    const rb = h('div', { class: 'bar read', 'data-count': b.count, title: 'read ' + b.label + ': ' + b.count });
+    const wb = h('div', { class: 'bar write', 'data-count': wc, title: 'write ' + b.label + ': ' + wc });
+    rb.style.height = (100 * b.count / max) + '%';
+    wb.style.height = (100 * wc / max) + '%';
+    bars.append(h('div', { class: 'bucket' }, rb, wb));
+    labels.append(h('span', { text: i % every === 0 || i === r.buckets.length - 1 ? b.label : '', title: b.label }));
+  });
+  return h('div', { class: 'hist', id: 'hist-' + key, 'data-total': r.count + w.count },
+    h('h4', { text: title }),
+    h('div', { class: 'legend' }, h('span', { class: 'r', text: 'read ' + r.count }), h('span', { class: 'w', text: 'write ' + w.count })),
+    bars, labels);
+}
+
+function renderLive(name, s, x) {
+  const live = $('#live');
+  live.replaceChildren();
+  if (!s) {
+    $('#live-note').textContent = '(no client has used this export since the server started, or it runs with --no-stats)';
+    $('#histograms').replaceChildren();
+    return;
+  }
+  $('#live-note').textContent = s.recording ? '' : '(recording paused)';
+  const fact = (id, label, value) => h('div', { id }, h('b', { text: value }), h('span', { text: label }));
+  live.append(
+    fact('iops-read', 'read IOPS', rate(x.riops)),
+    fact('iops-write', 'write IOPS', rate(x.wiops)),
+    fact('mbps-read', 'read MB/s', rate(x.rbps / 1e6)),
+    fact('mbps-write', 'write MB/s', rate(x.wbps / 1e6)),
+    fact('lat-p50', 'latency p50', usLabel(x.p50)),
+    fact('lat-p99', 'latency p99', usLabel(x.p99)),
+    fact('lat-p999', 'latency p99.9', usLabel(percentile(s.latency.all, 0.999))),
+    fact('ops-total', 'reads / writes', s.read.commands + ' / ' + s.write.commands),
+    fact('errors', 'errors', s.errors));
+  const hs = $('#histograms');
+  hs.replaceChildren(...HISTOGRAMS.map(([k, t]) => histogram(k, t, s[k])));
+}
+
+// ---- one disk -------------------------------------------------------------
+
+function renderTree(disk, snaps) {
+  const ul = $('#tree');
+  ul.replaceChildren();
+  const kids = new Map();
+  for (const s of snaps) {
+    const p = s.parent || '';
+    if (!kids.has(p)) kids.set(p, []);
+    kids.get(p).push(s);
+  }
+  const here = () => h('li', { class: 'here', id: 'you-are-here' },
+    h('span', { class: 'node' }, h('span', { class: 'you', text: '● you are here' }), h('span', { class: 'muted', text: 'live state of ' + disk })));
+  const current = snaps.find((s) => s.current);
+  const build = (parent) => {
+    const list = [];
+    for (const s of kids.get(parent) || []) {
+      const sub = h('ul', {});
+      for (const li of build(s.name)) sub.append(li);
+      if (current && current.name === s.name) sub.append(here());
+      list.push(h('li', { 'data-snapshot': s.name, class: current && current.name === s.name ? 'parent-of-here' : '' },
+        h('span', { class: 'node' },
+          h('span', { class: 'name', text: s.name }),
+          h('span', { class: 'muted', text: bytes(s.exclusive_bytes ?? 0) + ' exclusive' }),
+          h('span', { class: 'muted', text: age(s.created_unix) }),
+          s.description ? h('span', { class: 'muted', text: '“' + s.description + '”' }) : null,
+          h('button', { text: 'revert', class: 'revert', onclick: () => perform('revert ' + disk + ' to ' + s.name, 'POST',
+            '/disks/' + enc(disk) + '/snapshots/' + enc(s.name) + '/revert', undefined,
+            'Revert ' + disk + ' to snapshot ' + s.name + '? Everything written since that snapshot is discarded.') }),
+          h('button', { text: 'delete', class: 'delete', onclick: () => perform('delete ' + disk + '@' + s.name, 'DELETE',
+            '/disks/' + enc(disk) + '/snapshots/' + enc(s.name), undefined,
+            'Delete snapshot ' + disk + '@' + s.name + '? It frees ' + bytes(s.exclusive_bytes ?? 0) + '.') })),
+        sub.children.length ? sub : null));
+    }
+    return list;
+  };
+  for (const li of build('')) ul.append(li);
+  if (!current) ul.append(here());
+  const sel = $('#clone-snap');
+  const keep = sel.value;
+  sel.replaceChildren(...snaps.map((s) => h('option', { value: s.name, text: disk + '@' + s.name })));
+  if (snaps.some((s) => s.name === keep)) sel.value = keep;
+}
+
+function renderDiskFacts(d) {
+  $('#disk-title').textContent = d.name;
+  const fact = (label, value) => h('div', {}, h('b', { text: value }), h('span', { text: label }));
+  $('#disk-facts').replaceChildren(...[
+    fact('size', bytes(d.size_bytes)),
+    fact('type', d.provisioning || 'thin'),
+    fact('allocated', bytes(d.allocated_bytes)),
+    fact('exclusive', bytes(d.exclusive_bytes)),
+    fact('in snapshots', bytes(d.snapshot_space_bytes)),
+    fact('fragments', d.fragments ?? '-'),
+    fact('parent', d.parent || '-'),
+    fact('created', age(d.created_unix)),
+    d.owner ? fact('owner', d.owner.name || JSON.stringify(d.owner)) : null,
+    d.generation !== undefined ? fact('generation', d.generation) : null].filter(Boolean));
+}
+
+// ---- refresh loop ----------------------------------------------------------
+
+let busy = false;
+
+async function refresh(all) {
+  if (busy && !all) return;  // the last poll is still out
+  busy = true;
+  const slow = all || tick % SLOW_EVERY === 0;
+  tick++;
+  try {
+    const statsNow = await get('/stats').catch(() => ({}));
+    const now = performance.now();
+    const r = rates(lastStats && lastStats.data, statsNow, lastStats ? (now - lastStats.t) / 1000 : 1);
+    lastStats = { t: now, data: statsNow };
+    if (route.view === 'overview') {
+      renderIoTable(r);
+      if (slow) {
+        const [status, disks, alarms, jobs] = await Promise.all([
+          get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => [])]);
+        renderGauges(status, alarms);
+        renderAlarms(alarms);
+        renderDisks(disks);
+        renderJobs(jobs);
+        // Exclusive bytes and fragments cost a walk per disk: fetched with the slow poll.
+        Promise.all(disks.map((d) => get('/disks/' + enc(d.name)).then((i) => diskDetail.set(d.name, i)).catch(() => {})))
+          .then(() => renderDisks(disks));
+      }
+    } else {
+      const name = route.disk;
+      renderLive(name, statsNow[name], r[name]);
+      if (slow) {
+        const [d, snaps] = await Promise.all([get('/disks/' + enc(name)), get('/disks/' + enc(name) + '/snapshots')]);
+        renderDiskFacts(d);
+        renderTree(name, snaps);
+      }
+    }
+    $('#updated').textContent = 'updated ' + new Date().toLocaleTimeString();
+    document.body.dataset.updates = String(tick);
+  } catch (e) {
+    say('cannot read the server: ' + e.message, 'error');
+  } finally {
+    busy = false;
+  }
+}
+
+function wireForms() {
+  const disk = () => route.disk;
+  $('#f-snap').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const name = $('#snap-name').value.trim();
+    perform('snapshot ' + disk() + '@' + name, 'POST', '/disks/' + enc(disk()) + '/snapshots',
+      { name, description: $('#snap-desc').value }).then((r) => { if (r) $('#snap-name').value = ''; });
+  });
+  $('#f-clone').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const name = $('#clone-name').value.trim();
+    perform('linked clone ' + name, 'POST', '/disks/' + enc(disk()) + '/clones',
+      { name, snapshot: $('#clone-snap').value });
+  });
+  $('#f-extend').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const size = $('#extend-size').value.trim();
+    perform('extend ' + disk() + ' to ' + size, 'POST', '/disks/' + enc(disk()) + '/extend', { size },
+      'Extend ' + disk() + ' to ' + size + '? A disk cannot be shrunk again.');
+  });
+  $('#f-convert').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const type = $('#convert-type').value;
+    perform('convert ' + disk() + ' to ' + type, 'POST', '/disks/' + enc(disk()) + '/convert', { type },
+      'Convert ' + disk() + ' to ' + type + '? It runs as a job while the disk stays online.');
+  });
+  $('#f-defrag').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    perform('defrag ' + disk(), 'POST', '/disks/' + enc(disk()) + '/defrag', {},
+      'Defragment ' + disk() + '? It moves data while the disk stays online.');
+  });
+}
+
+async function main() {
+  takeTokenFromHash();
+  try { info = await get(''); } catch (e) { say('cannot read the server: ' + e.message, 'error'); }
+  get('/status').then((s) => { $('#location').textContent = s.location || s.url || ''; }).catch(() => {});
+  document.body.classList.toggle('shared', !!info.shared);
+  showLock();
+  wireForms();
+  parseRoute();
+  window.addEventListener('hashchange', () => { parseRoute(); lastStats = null; refresh(true); });
+  await refresh(true);
+  setInterval(() => refresh(false), POLL_MS);
+}
+
+main();

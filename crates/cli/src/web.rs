@@ -1,0 +1,629 @@
+//! HTTP: Prometheus `/metrics`, the dashboard at `/` and the JSON API it
+//! uses at `/api/v1` (docs/API.md). The API is the control socket's
+//! requests over HTTP: each path is one [`Request`], run by the server's
+//! [`Backend`], and answered with what `--json` prints for it ([`Render`]).
+//! Reads are open; actions need the server's token (and are refused from
+//! other origins). The page's files are embedded in the binary.
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use strata_engine::{Error, ErrorKind, Provisioning};
+use strata_stats::{Gauge, StatsRegistry};
+use tiny_http::{Header, Method};
+
+use crate::api::{JobAction, Request, Response};
+use crate::output::Render;
+use crate::units::parse_size;
+
+/// Requests answered at once, at most (more get 503).
+const IN_FLIGHT_MAX: usize = 32;
+/// Largest request body accepted.
+const BODY_BYTES_MAX: u64 = 64 << 10;
+
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+const APP_JS: &str = include_str!("../assets/app.js");
+const STYLE_CSS: &str = include_str!("../assets/style.css");
+
+/// Runs the API's requests: the server's datastore, as its control socket
+/// does.
+pub(crate) trait Backend: Send + Sync {
+    /// Run `req`; a long one (`Request::is_job`) starts as a job and
+    /// answers `Response::JobStarted`.
+    fn run(&self, req: Request) -> Result<Response, Error>;
+    /// Whether the datastore is an object-store one.
+    fn shared(&self) -> bool;
+}
+
+/// Gauges of the datastore behind a server, computed at each scrape.
+pub(crate) type GaugeFn = Box<dyn Fn() -> Vec<Gauge> + Send + Sync>;
+
+/// What the HTTP listener answers with.
+pub(crate) struct Web {
+    pub gauges: GaugeFn,
+    pub registry: Arc<StatsRegistry>,
+    /// None: a server without a datastore (VMDK files only): `/metrics` only.
+    pub backend: Option<Arc<dyn Backend>>,
+    /// The token actions need (None: actions are off).
+    pub token: Option<String>,
+}
+
+/// Read the token in `path`, or make a new random one there (0600).
+pub(crate) fn load_or_make_token(path: &Path) -> Result<String, Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |what: &str, e: std::io::Error| {
+        Error::new(
+            ErrorKind::Io,
+            format!("--http-token {}: {what}: {e}", path.display()),
+        )
+    };
+    match std::fs::read_to_string(path) {
+        Ok(s) => {
+            let t = s.trim().to_string();
+            if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "--http-token {}: the token must be at least 16 printable characters \
+                         (remove the file to have a new one made)",
+                        path.display()
+                    ),
+                ));
+            }
+            Ok(t)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut raw = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut raw))
+                .map_err(|e| io("read /dev/urandom", e))?;
+            let t: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| io("create", e))?;
+            writeln!(f, "{t}")
+                .and_then(|_| f.sync_all())
+                .map_err(|e| io("write", e))?;
+            Ok(t)
+        }
+        Err(e) => Err(io("read", e)),
+    }
+}
+
+/// The address `--http` binds: `PORT` alone means loopback.
+pub(crate) fn bind_address(a: &str) -> String {
+    let a = a.trim();
+    let port = a.strip_prefix(':').unwrap_or(a);
+    if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {
+        format!("127.0.0.1:{port}")
+    } else {
+        a.to_string()
+    }
+}
+
+/// Answer requests until the server is unblocked, each on a thread of its
+/// own (at most [`IN_FLIGHT_MAX`] at once).
+pub(crate) fn serve(server: &tiny_http::Server, web: Arc<Web>) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    for req in server.incoming_requests() {
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT_MAX {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            let _ = req.respond(error_response(
+                503,
+                "busy",
+                "too many requests at once; try again",
+            ));
+            continue;
+        }
+        let (w, n) = (web.clone(), in_flight.clone());
+        let spawned = std::thread::Builder::new()
+            .name("http-req".into())
+            .spawn(move || {
+                answer(&w, req);
+                n.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+type Resp = tiny_http::Response<std::io::Cursor<Vec<u8>>>;
+
+fn header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("valid header")
+}
+
+fn with_security_headers(r: Resp) -> Resp {
+    r.with_header(header(
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    ))
+    .with_header(header("X-Content-Type-Options", "nosniff"))
+    .with_header(header("Referrer-Policy", "no-referrer"))
+    .with_header(header("X-Frame-Options", "DENY"))
+}
+
+fn text(status: u16, content_type: &str, body: &str) -> Resp {
+    with_security_headers(
+        tiny_http::Response::from_data(body.as_bytes().to_vec())
+            .with_status_code(status)
+            .with_header(header("Content-Type", content_type)),
+    )
+}
+
+fn json_response(status: u16, v: &Value) -> Resp {
+    let body = serde_json::to_vec(v).expect("serialisable");
+    with_security_headers(
+        tiny_http::Response::from_data(body)
+            .with_status_code(status)
+            .with_header(header("Content-Type", "application/json"))
+            .with_header(header("Cache-Control", "no-store")),
+    )
+}
+
+fn error_response(status: u16, kind: &str, message: &str) -> Resp {
+    json_response(
+        status,
+        &json!({ "error": { "kind": kind, "message": message } }),
+    )
+}
+
+fn engine_error(e: &Error) -> Resp {
+    let status = match e.kind {
+        ErrorKind::InvalidArgument => 400,
+        ErrorKind::NotFound => 404,
+        ErrorKind::AlreadyExists | ErrorKind::Locked | ErrorKind::Refused | ErrorKind::Gone => 409,
+        ErrorKind::NoSpace => 507,
+        ErrorKind::Corrupt | ErrorKind::Io => 500,
+    };
+    error_response(status, crate::wire::kind_name(e.kind), &e.message)
+}
+
+fn header_value<'a>(req: &'a tiny_http::Request, name: &str) -> Option<&'a str> {
+    req.headers()
+        .iter()
+        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+/// Whether a `Host` header names this machine by address or as
+/// `localhost`: a page of another site whose name was made to resolve
+/// here (DNS rebinding) carries its own name.
+fn host_is_address(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((v6, _)) => return v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => return false,
+        }
+    } else {
+        host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host)
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
+}
+
+/// Constant-time comparison (the time does not tell how much matched).
+fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn answer(web: &Web, mut req: tiny_http::Request) {
+    let url = req.url().to_string();
+    let path = url.split(['?', '#']).next().unwrap_or("").to_string();
+    let method = req.method().clone();
+    if path == "/metrics" {
+        let resp = if method == Method::Get {
+            let body =
+                strata_stats::render_prometheus(&web.registry.snapshot_all(), &(web.gauges)());
+            tiny_http::Response::from_data(body.into_bytes())
+                .with_header(header("Content-Type", "text/plain; version=0.0.4"))
+        } else {
+            error_response(405, "invalid_argument", "GET /metrics")
+        };
+        let _ = req.respond(resp);
+        return;
+    }
+    if !header_value(&req, "Host").is_some_and(host_is_address) {
+        let _ = req.respond(error_response(
+            421,
+            "refused",
+            "the Host header must be an IP address or localhost (a page of another site may not \
+             reach this server by a name that resolves here)",
+        ));
+        return;
+    }
+    let resp = match (&method, path.as_str()) {
+        (_, _) if web.backend.is_none() => text(
+            404,
+            "text/plain; charset=utf-8",
+            "this server serves VMDK files only (no datastore): try /metrics\n",
+        ),
+        (Method::Get, "/" | "/index.html") => text(200, "text/html; charset=utf-8", INDEX_HTML),
+        (Method::Get, "/app.js") => text(200, "text/javascript; charset=utf-8", APP_JS),
+        (Method::Get, "/style.css") => text(200, "text/css; charset=utf-8", STYLE_CSS),
+        (_, p) if p == "/api/v1" || p.starts_with("/api/v1/") => {
+            let rest = p.strip_prefix("/api/v1").unwrap_or("");
+            api(web, &mut req, &method, rest)
+        }
+        _ => error_response(
+            404,
+            "not_found",
+            "no such page: the dashboard is at /, the API at /api/v1, metrics at /metrics",
+        ),
+    };
+    let _ = req.respond(resp);
+}
+
+/// Refusals for an action, before it is parsed: no token configured or
+/// given, a wrong one, another origin.
+fn authorize(web: &Web, req: &tiny_http::Request) -> Option<Resp> {
+    let Some(token) = &web.token else {
+        return Some(error_response(
+            403,
+            "refused",
+            "actions are off on this server: start it with --http-token FILE",
+        ));
+    };
+    if header_value(req, "Sec-Fetch-Site") == Some("cross-site") {
+        return Some(error_response(403, "refused", "cross-site request refused"));
+    }
+    if let Some(origin) = header_value(req, "Origin") {
+        let host = header_value(req, "Host").unwrap_or("");
+        if origin != format!("http://{host}") {
+            return Some(error_response(
+                403,
+                "refused",
+                &format!("request from another origin ({origin}) refused"),
+            ));
+        }
+    }
+    let given = header_value(req, "Authorization").and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => Some(error_response(
+            401,
+            "refused",
+            "this action needs the server's token (Authorization: Bearer TOKEN; the dashboard \
+             asks for it)",
+        )),
+        Some(t) if !same_secret(t.trim(), token) => {
+            Some(error_response(403, "refused", "wrong token"))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The JSON body of an action (`{}` when there is none).
+fn body(req: &mut tiny_http::Request) -> Result<Value, Resp> {
+    let mut raw = Vec::new();
+    if req
+        .as_reader()
+        .take(BODY_BYTES_MAX + 1)
+        .read_to_end(&mut raw)
+        .is_err()
+    {
+        return Err(error_response(
+            400,
+            "invalid_argument",
+            "could not read the body",
+        ));
+    }
+    if raw.len() as u64 > BODY_BYTES_MAX {
+        return Err(error_response(
+            413,
+            "invalid_argument",
+            "body larger than 64 KiB",
+        ));
+    }
+    if raw.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(json!({}));
+    }
+    let ct = header_value(req, "Content-Type").unwrap_or("");
+    if !ct.trim_start().starts_with("application/json") {
+        return Err(error_response(
+            415,
+            "invalid_argument",
+            "a body must be application/json",
+        ));
+    }
+    serde_json::from_slice(&raw)
+        .map_err(|e| error_response(400, "invalid_argument", &format!("body: {e}")))
+}
+
+fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Resp> {
+    body.get(name).and_then(Value::as_str).ok_or_else(|| {
+        error_response(
+            400,
+            "invalid_argument",
+            &format!("the body needs \"{name}\" (a string)"),
+        )
+    })
+}
+
+fn api(web: &Web, req: &mut tiny_http::Request, method: &Method, rest: &str) -> Resp {
+    let backend = web.backend.as_ref().expect("checked by the caller");
+    let mut segs = Vec::new();
+    for s in rest.split('/').filter(|s| !s.is_empty()) {
+        match percent_decode(s) {
+            Some(s) => segs.push(s),
+            None => return error_response(400, "invalid_argument", "bad percent-encoding in path"),
+        }
+    }
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    if *method == Method::Get {
+        let r = match segs.as_slice() {
+            [] => {
+                return json_response(
+                    200,
+                    &json!({
+                        "api": 1,
+                        "server": concat!("strata ", env!("CARGO_PKG_VERSION")),
+                        "actions": web.token.is_some(),
+                        "shared": backend.shared(),
+                    }),
+                )
+            }
+            ["status"] => Request::Status,
+            ["disks"] => Request::List,
+            ["disks", d] => Request::Info {
+                name: d.to_string(),
+            },
+            ["disks", d, "snapshots"] => Request::SnapshotList {
+                disk: d.to_string(),
+            },
+            ["stats"] => Request::Stats {
+                disk: None,
+                reset: false,
+                recording: None,
+            },
+            ["stats", e] => Request::Stats {
+                disk: Some(e.to_string()),
+                reset: false,
+                recording: None,
+            },
+            ["alarms"] => Request::AlarmList,
+            ["jobs"] => Request::Jobs,
+            _ => return not_found_or_method(&segs),
+        };
+        return run(backend.as_ref(), r, 200);
+    }
+    if *method != Method::Post && *method != Method::Delete {
+        return error_response(405, "invalid_argument", "GET, POST or DELETE");
+    }
+    // An action: is it one at all, then who asks, then what it says.
+    if action_status(method, &segs).is_none() {
+        return not_found_or_method(&segs);
+    }
+    if let Some(refused) = authorize(web, req) {
+        return refused;
+    }
+    let b = match body(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed = action(method, &segs, &b);
+    match parsed {
+        Ok((r, status)) => run(backend.as_ref(), r, status),
+        Err(resp) => resp,
+    }
+}
+
+/// The status an action answers on success, None when `segs` names none.
+fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
+    Some(match (method, segs) {
+        (Method::Post, ["disks", _, "snapshots"]) => 201,
+        (Method::Post, ["disks", _, "snapshots", _, "revert"]) => 200,
+        (Method::Delete, ["disks", _, "snapshots", _]) => 200,
+        (Method::Post, ["disks", _, "clones"]) => 201,
+        (Method::Post, ["disks", _, "extend"]) => 200,
+        (Method::Post, ["disks", _, "convert" | "defrag"]) => 202,
+        (Method::Post, ["jobs", _, "pause" | "resume" | "cancel"]) => 200,
+        _ => return None,
+    })
+}
+
+fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Resp> {
+    let status = action_status(method, segs).expect("checked by the caller");
+    let req = match segs {
+        ["disks", d, "snapshots"] => Request::SnapshotCreate {
+            disk: d.to_string(),
+            snapshot: field(b, "name")?.to_string(),
+            description: b
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        },
+        ["disks", d, "snapshots", s, "revert"] => Request::SnapshotRevert {
+            disk: d.to_string(),
+            snapshot: s.to_string(),
+        },
+        ["disks", d, "snapshots", s] => Request::SnapshotDelete {
+            disk: d.to_string(),
+            snapshot: s.to_string(),
+        },
+        ["disks", d, "clones"] => Request::CloneLinked {
+            source: format!("{d}@{}", field(b, "snapshot")?),
+            name: field(b, "name")?.to_string(),
+        },
+        ["disks", d, "extend"] => {
+            let size = match b.get("size") {
+                Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
+                Some(Value::String(s)) => parse_size(s),
+                _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
+            }
+            .map_err(|e| error_response(400, "invalid_argument", &e))?;
+            Request::Extend {
+                name: d.to_string(),
+                size_bytes: size,
+            }
+        }
+        ["disks", d, "convert"] => Request::Convert {
+            name: d.to_string(),
+            provisioning: Provisioning::parse(field(b, "type")?)
+                .map_err(|e| error_response(400, "invalid_argument", &e.message))?,
+            rate_bytes_per_sec: None,
+        },
+        ["disks", d, "defrag"] => Request::Defrag {
+            name: d.to_string(),
+            dry_run: false,
+            rate_bytes_per_sec: None,
+        },
+        ["jobs", id, act] => Request::JobControl {
+            id: id
+                .parse()
+                .map_err(|_| error_response(400, "invalid_argument", "a job id is a number"))?,
+            action: match *act {
+                "pause" => JobAction::Pause,
+                "resume" => JobAction::Resume,
+                _ => JobAction::Cancel,
+            },
+        },
+        _ => unreachable!("action_status matched"),
+    };
+    Ok((req, status))
+}
+
+fn not_found_or_method(segs: &[&str]) -> Resp {
+    let known = [Method::Get, Method::Post, Method::Delete]
+        .iter()
+        .any(|m| action_status(m, segs).is_some());
+    if known {
+        error_response(
+            405,
+            "invalid_argument",
+            "not with this method (docs/API.md)",
+        )
+    } else {
+        error_response(
+            404,
+            "not_found",
+            &format!("no API path /api/v1/{} (docs/API.md)", segs.join("/")),
+        )
+    }
+}
+
+fn run(backend: &dyn Backend, req: Request, status: u16) -> Resp {
+    match backend.run(req) {
+        Ok(r) => {
+            let status = if matches!(r, Response::JobStarted(_)) {
+                202
+            } else {
+                status
+            };
+            json_response(status, &r.json())
+        }
+        Err(e) => engine_error(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_by_address_or_localhost_only() {
+        for ok in [
+            "127.0.0.1:9100",
+            "127.0.0.1",
+            "localhost:80",
+            "LOCALHOST",
+            "[::1]:9100",
+            "10.1.2.3:9",
+        ] {
+            assert!(host_is_address(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:9100",
+            "evil.example",
+            "[nope]:1",
+            "127.0.0.1.evil:1",
+            "",
+        ] {
+            assert!(!host_is_address(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_bare_port_binds_loopback() {
+        assert_eq!(bind_address("9100"), "127.0.0.1:9100");
+        assert_eq!(bind_address(":9100"), "127.0.0.1:9100");
+        assert_eq!(bind_address("0.0.0.0:9100"), "0.0.0.0:9100");
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abcdef", "abcdef"));
+        assert!(!same_secret("abcdef", "abcdeg"));
+        assert!(!same_secret("abcdef", "abcde"));
+    }
+
+    #[test]
+    fn paths_decode_percent_escapes() {
+        assert_eq!(percent_decode("d%40s1").as_deref(), Some("d@s1"));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%4"), None);
+    }
+
+    #[test]
+    fn actions_map_to_the_cli_requests() {
+        let b = json!({"name": "s1", "description": "before upgrade"});
+        let (r, s) = action(&Method::Post, &["disks", "d", "snapshots"], &b)
+            .ok()
+            .unwrap();
+        assert_eq!(s, 201);
+        assert!(
+            matches!(r, Request::SnapshotCreate { ref disk, ref snapshot, ref description }
+            if disk == "d" && snapshot == "s1" && description == "before upgrade")
+        );
+        let (r, _) = action(
+            &Method::Post,
+            &["disks", "d", "extend"],
+            &json!({"size": "2G"}),
+        )
+        .ok()
+        .unwrap();
+        assert!(matches!(r, Request::Extend { size_bytes, .. } if size_bytes == 2 << 30));
+        let (r, _) = action(
+            &Method::Post,
+            &["disks", "d", "clones"],
+            &json!({"name": "c", "snapshot": "s1"}),
+        )
+        .ok()
+        .unwrap();
+        assert!(matches!(r, Request::CloneLinked { ref source, .. } if source == "d@s1"));
+        assert!(action(&Method::Post, &["disks", "d", "snapshots"], &json!({})).is_err());
+        assert!(action(
+            &Method::Post,
+            &["disks", "d", "convert"],
+            &json!({"type": "x"})
+        )
+        .is_err());
+        assert!(action_status(&Method::Post, &["disks", "d"]).is_none());
+    }
+}

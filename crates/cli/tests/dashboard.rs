@@ -1,0 +1,684 @@
+//! The dashboard in a real browser (headless Chromium driven over
+//! WebDriver by chromedriver) and the JSON API it uses (docs/API.md),
+//! against a running `strata serve --http`. Screenshots of each view go to
+//! `target/tmp/artefacts/dashboard/` (or `$STRATA_ARTEFACTS/dashboard/`).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{have, Store};
+use serde_json::{json, Value};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 exchange on a connection of its own (`Connection: close`):
+/// status and body (de-chunked).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    // Read the head, then the body by its length (a server may keep the
+    // connection open despite 'close'), chunked, or to the end.
+    let mut r = Vec::new();
+    let mut buf = [0u8; 65536];
+    let head_end = loop {
+        if let Some(i) = r.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return (0, String::from_utf8_lossy(&r).to_string());
+        }
+        r.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&r[..head_end]).to_string();
+    let mut body = r[head_end + 4..].to_vec();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let length: Option<usize> = header("content-length").and_then(|v| v.parse().ok());
+    let chunked = header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    loop {
+        let done = match length {
+            Some(n) => body.len() >= n,
+            None => chunked && body.ends_with(b"0\r\n\r\n"),
+        };
+        if done {
+            break;
+        }
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&body).to_string();
+    (status, if chunked { dechunk(&body) } else { body })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Wait until the server's HTTP listener answers.
+fn wait_http(addr: &str) {
+    let t = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no HTTP on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn api_get(addr: &str, path: &str) -> Value {
+    let (st, body) = http(addr, "GET", &format!("/api/v1{path}"), &[], "");
+    assert_eq!(st, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// A chromedriver and one headless Chromium session.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = free_port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("127.0.0.1:{port}");
+        let t = Instant::now();
+        loop {
+            if std::net::TcpStream::connect(&base).is_ok() {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let profile = tempfile::tempdir().unwrap().keep();
+        let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                     "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", "--window-size=1280,1400",
+                     format!("--user-data-dir={}", profile.display())]
+        }}}});
+        let mut b = Browser {
+            driver,
+            base,
+            session: String::new(),
+        };
+        let v = b.call("POST", "/session", Some(caps));
+        b.session = v["sessionId"].as_str().expect("a session").to_string();
+        b
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let (st, out) = http(
+            &self.base,
+            method,
+            path,
+            &[("Content-Type", "application/json")],
+            &body,
+        );
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        assert_eq!(st, 200, "webdriver {method} {path}: {out}");
+        v["value"].clone()
+    }
+
+    fn s(&self, rest: &str) -> String {
+        format!("/session/{}{rest}", self.session)
+    }
+
+    fn go(&self, url: &str) {
+        self.call("POST", &self.s("/url"), Some(json!({ "url": url })));
+    }
+
+    fn js(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            &self.s("/execute/sync"),
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    fn element(&self, css: &str) -> String {
+        let v = self.call(
+            "POST",
+            &self.s("/element"),
+            Some(json!({"using": "css selector", "value": css})),
+        );
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .expect("an element")
+            .to_string()
+    }
+
+    fn click(&self, css: &str) {
+        let e = self.element(css);
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{e}/click")),
+            Some(json!({})),
+        );
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let e = self.element(css);
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{e}/clear")),
+            Some(json!({})),
+        );
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{e}/value")),
+            Some(json!({ "text": text })),
+        );
+    }
+
+    fn text(&self, css: &str) -> String {
+        self.js(&format!(
+            "const e = document.querySelector({}); return e ? e.textContent : null;",
+            Value::String(css.into())
+        ))
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+    }
+
+    /// Poll `cond` (JavaScript returning a boolean) until true.
+    fn wait(&self, what: &str, cond: &str) {
+        let t = Instant::now();
+        loop {
+            if self.js(&format!(
+                "try {{ return !!({cond}); }} catch (e) {{ return false; }}"
+            )) == json!(true)
+            {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the page never showed {what} ({cond}); after {} updates it shows: {}",
+                self.js("return document.body.dataset.updates || 'no'"),
+                self.js("return document.body.innerText")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn screenshot(&self, name: &str) {
+        let b64 = self.call("GET", &self.s("/screenshot"), None);
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        let dir = std::env::var_os("STRATA_ARTEFACTS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("artefacts"))
+            .join("dashboard");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = http(&self.base, "DELETE", &self.s(""), &[], "");
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn snapshot_names(s: &Store, disk: &str) -> Vec<String> {
+    s.json(&["snapshot", "list", disk])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Two disks, a snapshot tree three levels deep and a linked clone, seen
+/// in Chromium: names, sizes and the tree; live I/O and histograms that
+/// change under fio without a reload; a snapshot taken from the page with
+/// the token, refused without it; a confirmation that can say no.
+#[test]
+fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
+    if !have("chromium") || !have("chromedriver") || !have("fio") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm1", "--size", "64M"]);
+    s.ok(&["create", "vm2", "--size", "32M", "--type", "zeroedthick"]);
+    for snap in ["base", "patched", "tested"] {
+        s.ok(&[
+            "snapshot",
+            "create",
+            "vm1",
+            snap,
+            "--description",
+            &format!("{snap} state"),
+        ]);
+    }
+    s.ok(&["clone", "vm1@patched", "lab"]);
+    let tok = s.dir.path().join("http.token");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+
+    let b = Browser::start();
+    b.go(&format!("http://{addr}/#token={token}"));
+    b.wait(
+        "the disk table",
+        "document.querySelector('#disks tr[data-disk=\"lab\"]')",
+    );
+    let row = |d: &str| b.text(&format!("#disks tr[data-disk=\"{d}\"]"));
+    assert!(row("vm1").contains("64.0 MiB"), "{}", row("vm1"));
+    assert!(row("vm2").contains("32.0 MiB") && row("vm2").contains("zeroedthick"));
+    assert!(row("lab").contains("vm1@patched"), "{}", row("lab"));
+    assert!(b.text("#gauges").contains("provisioned"));
+    assert!(b.text("#alarms").contains("usage"));
+    // The token left the address bar (and went nowhere else).
+    assert_eq!(b.js("return location.hash"), json!("#/"));
+    assert!(b.text("#lock").contains("unlocked"));
+    b.wait("exclusive bytes", "document.querySelector('#disks tr[data-disk=\"vm1\"] td:nth-child(6)').textContent !== '-'");
+    b.screenshot("overview");
+
+    // One disk: the tree, three levels deep, the live state under 'tested'.
+    b.js("location.hash = '#/disk/vm1'; window.__sameLoad = 42;");
+    b.wait(
+        "the snapshot tree",
+        "document.querySelector('#tree li[data-snapshot=\"tested\"]')",
+    );
+    assert_eq!(
+        b.js("return !!document.querySelector('li[data-snapshot=\"base\"] > ul > li[data-snapshot=\"patched\"] > ul > li[data-snapshot=\"tested\"] > ul > #you-are-here')"),
+        json!(true),
+        "tree: {}",
+        b.text("#tree")
+    );
+    assert!(b.text("#tree").contains("tested state"));
+
+    // Live I/O: fio writes; IOPS and the histograms move without a reload.
+    // No client has used vm1 yet: no histograms, and the page says so.
+    b.wait(
+        "the live I/O note",
+        "document.querySelector('#live-note').textContent.includes('no client')",
+    );
+    let total = |b: &Browser| {
+        b.js("const e = document.querySelector('#hist-io_length'); return e ? Number(e.dataset.total) : 0")
+            .as_f64()
+            .unwrap()
+    };
+    let before = total(&b);
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=dash",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("vm1")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=4",
+            "--time_based",
+            "--runtime=6",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    b.wait(
+        "write IOPS while fio runs",
+        "parseFloat(document.querySelector('#iops-write b').textContent) > 0",
+    );
+    b.wait("more I/Os in the histograms", &format!(
+        "document.querySelector('#hist-io_length') && Number(document.querySelector('#hist-io_length').dataset.total) > {before}"
+    ));
+    assert!(
+        b.js("return document.querySelectorAll('#hist-io_length .bar.write').length > 0 && [...document.querySelectorAll('#hist-io_length .bar.write')].some(e => parseFloat(e.style.height) > 0)")
+            == json!(true)
+    );
+    b.screenshot("disk-under-io");
+    assert!(fio.wait().unwrap().success());
+    assert!(total(&b) > before);
+    assert_eq!(
+        b.js("return window.__sameLoad"),
+        json!(42),
+        "the page reloaded"
+    );
+
+    // A snapshot from the page, with the token.
+    b.type_into("#snap-name", "from-web");
+    b.type_into("#snap-desc", "taken in the browser");
+    b.click("#snap-create");
+    b.wait(
+        "the action's answer",
+        "document.querySelector('#msg').textContent.includes('done')",
+    );
+    assert!(snapshot_names(&s, "vm1").contains(&"from-web".to_string()));
+    b.wait(
+        "the new snapshot in the tree",
+        "document.querySelector('#tree li[data-snapshot=\"from-web\"]')",
+    );
+
+    // A destructive action asks first; 'cancel' leaves everything as it was.
+    b.click("#tree li[data-snapshot=\"base\"] > .node button.revert");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
+    assert!(b.text("#confirm-text").contains("discarded"));
+    b.screenshot("confirm");
+    b.click("#confirm-cancel");
+    b.wait(
+        "the cancel",
+        "document.querySelector('#msg').textContent.includes('cancelled')",
+    );
+    let info = s.json(&["info", "vm1"]);
+    assert_eq!(info["current_snapshot"], "from-web", "{info}");
+
+    // Without the token the same action is refused, by the server.
+    b.click("#lock button");
+    b.wait("the lock", "document.querySelector('#unlock')");
+    b.type_into("#snap-name", "no-token");
+    b.click("#snap-create");
+    b.wait(
+        "the refusal",
+        "document.querySelector('#msg').textContent.includes('refused')",
+    );
+    assert!(b.text("#msg").contains("token"), "{}", b.text("#msg"));
+    b.screenshot("refused-without-token");
+    assert!(!snapshot_names(&s, "vm1").contains(&"no-token".to_string()));
+}
+
+/// Each read path answers what the CLI prints with --json; actions need
+/// the token, from this origin; errors are JSON with the CLI's kinds.
+#[test]
+fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "64M"]);
+    s.ok(&["snapshot", "create", "d", "s1"]);
+    s.ok(&["snapshot", "create", "d", "s2", "--description", "second"]);
+    s.ok(&["clone", "d@s1", "c"]);
+    let tok = s.dir.path().join("tok");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&tok).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+
+    for (path, cli) in [
+        ("/status", vec!["status"]),
+        ("/disks", vec!["list"]),
+        ("/disks/d", vec!["info", "d"]),
+        ("/disks/c", vec!["info", "c"]),
+        ("/disks/d/snapshots", vec!["snapshot", "list", "d"]),
+        ("/alarms", vec!["alarm", "list"]),
+        ("/jobs", vec!["jobs"]),
+    ] {
+        // Figures that move on their own (checkpoints) may differ between
+        // two reads: equal once in a few tries.
+        let same = (0..5).any(|_| api_get(&addr, path) == s.json(&cli));
+        assert!(same, "{path}: {} vs {}", api_get(&addr, path), s.json(&cli));
+    }
+    let v = api_get(&addr, "");
+    assert_eq!(v["api"], 1);
+    assert_eq!(v["actions"], true);
+    // Statistics exist once a client used an export.
+    if have("qemu-io") {
+        common::run_ok(
+            "qemu-io",
+            &["-f", "raw", "-r", "-c", "read 0 4k", &s.uri("d")],
+        );
+        let stats = api_get(&addr, "/stats");
+        let cli = s.json(&["stats"]);
+        assert_eq!(stats["d"]["read"], cli["d"]["read"], "{stats}");
+        assert_eq!(stats["d"]["read"]["commands"], 1, "{stats}");
+        assert_eq!(api_get(&addr, "/stats/d")["d"]["read"]["commands"], 1);
+    }
+
+    // Errors: JSON, with the CLI's kind and message.
+    let (st, body) = http(&addr, "GET", "/api/v1/disks/nope", &[], "");
+    assert_eq!(st, 404);
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["kind"], "not_found");
+    let cli = s.fails(&["info", "nope"]);
+    assert!(
+        cli.contains(e["error"]["message"].as_str().unwrap()),
+        "{cli} / {body}"
+    );
+    assert_eq!(http(&addr, "GET", "/api/v1/nothing", &[], "").0, 404);
+    assert_eq!(http(&addr, "PUT", "/api/v1/status", &[], "").0, 405);
+    assert_eq!(http(&addr, "GET", "/api/v1/disks/d/extend", &[], "").0, 405);
+
+    let bearer = format!("Bearer {token}");
+    let js = ("Content-Type", "application/json");
+    let snap = |headers: &[(&str, &str)], name: &str| {
+        http(
+            &addr,
+            "POST",
+            "/api/v1/disks/d/snapshots",
+            headers,
+            &json!({ "name": name }).to_string(),
+        )
+    };
+    // No token, a wrong one, another origin, a cross-site fetch, a form
+    // post: refused, and nothing changed.
+    assert_eq!(snap(&[js], "x1").0, 401);
+    assert_eq!(
+        snap(
+            &[js, ("Authorization", "Bearer wrong-token-0123456789")],
+            "x2"
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        snap(
+            &[
+                js,
+                ("Authorization", &bearer),
+                ("Origin", "http://evil.example")
+            ],
+            "x3"
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        snap(
+            &[
+                js,
+                ("Authorization", &bearer),
+                ("Sec-Fetch-Site", "cross-site")
+            ],
+            "x4"
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        snap(
+            &[("Content-Type", "text/plain"), ("Authorization", &bearer)],
+            "x5"
+        )
+        .0,
+        415
+    );
+    // A name that resolves here is not enough (DNS rebinding).
+    assert_eq!(
+        http(
+            &addr,
+            "GET",
+            "/api/v1/status",
+            &[("Host", "evil.example:80")],
+            ""
+        )
+        .0,
+        421
+    );
+    assert_eq!(snapshot_names(&s, "d"), ["s1", "s2"]);
+
+    // With the token: snapshot, clone, extend, delete, revert; each as the CLI.
+    let (st, body) = snap(
+        &[
+            js,
+            ("Authorization", &bearer),
+            ("Origin", &format!("http://{addr}")),
+        ],
+        "s3",
+    );
+    assert_eq!(st, 201, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["name"], "s3");
+    let act = |method: &str, path: &str, body: Value| {
+        http(
+            &addr,
+            method,
+            &format!("/api/v1{path}"),
+            &[js, ("Authorization", &bearer)],
+            &body.to_string(),
+        )
+    };
+    assert_eq!(
+        act(
+            "POST",
+            "/disks/d/clones",
+            json!({"name": "c2", "snapshot": "s3"})
+        )
+        .0,
+        201
+    );
+    assert_eq!(s.json(&["info", "c2"])["parent"], "d@s3");
+    let (st, body) = act("POST", "/disks/d/extend", json!({"size": "128M"}));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.json(&["info", "d"])["size_bytes"], 128u64 << 20);
+    let (st, body) = act("POST", "/disks/d/snapshots", json!({"name": "s3"}));
+    assert_eq!(st, 409, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["kind"],
+        "already_exists"
+    );
+    assert_eq!(
+        act("POST", "/disks/d/snapshots/s2/revert", json!(null)).0,
+        200
+    );
+    assert_eq!(s.json(&["info", "d"])["current_snapshot"], "s2");
+    // Deleting a snapshot with a linked clone is allowed (the clone keeps
+    // what it shares).
+    assert_eq!(act("DELETE", "/disks/d/snapshots/s3", json!(null)).0, 200);
+    assert_eq!(snapshot_names(&s, "d"), ["s1", "s2"]);
+    assert_eq!(s.json(&["info", "c2"])["parent"], "d@s3");
+    assert_eq!(
+        act("POST", "/disks/d/extend", json!({"size": "lots"})).0,
+        400
+    );
+    let (st, body) = act("POST", "/disks/d/defrag", json!({}));
+    assert_eq!(st, 202, "{body}");
+    let job = serde_json::from_str::<Value>(&body).unwrap();
+    assert!(job["what"].as_str().unwrap().contains("defrag d"), "{job}");
+    // A body too large, and one that is not JSON.
+    let big = format!("{{\"name\": \"{}\"}}", "a".repeat(70_000));
+    assert_eq!(
+        http(
+            &addr,
+            "POST",
+            "/api/v1/disks/d/snapshots",
+            &[js, ("Authorization", &bearer)],
+            &big
+        )
+        .0,
+        413
+    );
+    assert_eq!(
+        http(
+            &addr,
+            "POST",
+            "/api/v1/disks/d/snapshots",
+            &[js, ("Authorization", &bearer)],
+            "{nope"
+        )
+        .0,
+        400
+    );
+    srv.stop();
+
+    // A server without --http-token: reads only.
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _srv = s.serve_with(&["--http", &addr]);
+    wait_http(&addr);
+    assert_eq!(api_get(&addr, "")["actions"], false);
+    let (st, body) = http(
+        &addr,
+        "POST",
+        "/api/v1/disks/d/snapshots",
+        &[js, ("Authorization", &bearer)],
+        "{\"name\": \"s9\"}",
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("--http-token"), "{body}");
+    // The page itself is served with a strict content policy.
+    let (st, page) = http(&addr, "GET", "/", &[], "");
+    assert_eq!(st, 200);
+    assert!(page.contains("/app.js"));
+}
