@@ -31,8 +31,19 @@ fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    try_http(addr, method, path, headers, body)
+        .unwrap_or_else(|e| panic!("{method} http://{addr}{path}: {e}"))
+}
+
+fn try_http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         req.push_str(&format!("Host: {addr}\r\n"));
@@ -41,7 +52,7 @@ fn http(
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(req.as_bytes())?;
     // Read the head, then the body by its length (a server may keep the
     // connection open despite 'close'), chunked, or to the end.
     let mut r = Vec::new();
@@ -50,9 +61,9 @@ fn http(
         if let Some(i) = r.windows(4).position(|w| w == b"\r\n\r\n") {
             break i;
         }
-        let n = s.read(&mut buf).unwrap();
+        let n = s.read(&mut buf)?;
         if n == 0 {
-            return (0, String::from_utf8_lossy(&r).to_string());
+            return Ok((0, String::from_utf8_lossy(&r).to_string()));
         }
         r.extend_from_slice(&buf[..n]);
     };
@@ -81,14 +92,14 @@ fn http(
         if done {
             break;
         }
-        let n = s.read(&mut buf).unwrap();
+        let n = s.read(&mut buf)?;
         if n == 0 {
             break;
         }
         body.extend_from_slice(&buf[..n]);
     }
     let body = String::from_utf8_lossy(&body).to_string();
-    (status, if chunked { dechunk(&body) } else { body })
+    Ok((status, if chunked { dechunk(&body) } else { body }))
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -121,16 +132,20 @@ fn api_get(addr: &str, path: &str) -> Value {
 
 /// A chromedriver and one headless Chromium session.
 struct Browser {
+    /// chromedriver, leader of a process group that holds Chromium too.
     driver: Child,
     base: String,
     session: String,
+    _profile: tempfile::TempDir,
 }
 
 impl Browser {
     fn start() -> Browser {
         let port = free_port();
+        use std::os::unix::process::CommandExt as _;
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -147,19 +162,20 @@ impl Browser {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let profile = tempfile::tempdir().unwrap().keep();
+        let profile = tempfile::tempdir().unwrap();
         let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
             "binary": "/usr/bin/chromium",
             "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                      "--no-first-run", "--disable-background-networking",
                      "--disable-component-update", "--disable-sync",
                      "--disable-dev-shm-usage", "--window-size=1280,1400",
-                     format!("--user-data-dir={}", profile.display())]
+                     format!("--user-data-dir={}", profile.path().display())]
         }}}});
         let mut b = Browser {
             driver,
             base,
             session: String::new(),
+            _profile: profile,
         };
         let v = b.call("POST", "/session", Some(caps));
         b.session = v["sessionId"].as_str().expect("a session").to_string();
@@ -253,7 +269,7 @@ impl Browser {
                 return;
             }
             assert!(
-                t.elapsed() < Duration::from_secs(30),
+                t.elapsed() < Duration::from_secs(60),
                 "the page never showed {what} ({cond}); after {} updates it shows: {}",
                 self.js("return document.body.dataset.updates || 'no'"),
                 self.js("return document.body.innerText")
@@ -278,11 +294,14 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Also while a failed assertion unwinds: nothing here may panic, and
+    /// Chromium goes with its driver's process group.
     fn drop(&mut self) {
         if !self.session.is_empty() {
-            let _ = http(&self.base, "DELETE", &self.s(""), &[], "");
+            let _ = try_http(&self.base, "DELETE", &self.s(""), &[], "");
         }
-        let _ = self.driver.kill();
+        // SAFETY: kill(2) of the process group this test started.
+        unsafe { libc::kill(-(self.driver.id() as i32), libc::SIGKILL) };
         let _ = self.driver.wait();
     }
 }
