@@ -402,7 +402,21 @@ function renderLive(name, s, x) {
 
 // ---- one disk -------------------------------------------------------------
 
-function renderTree(disk, snaps) {
+// Snapshots as the API lists them: a local datastore names each one's
+// parent and marks the current one; an object-store datastore gives ids
+// and milliseconds, and the disk names its current snapshot.
+function normalise(snaps, currentName) {
+  const byId = new Map(snaps.filter((s) => s.id !== undefined).map((s) => [s.id, s.name]));
+  return snaps.map((s) => ({
+    ...s,
+    parent: typeof s.parent === 'number' ? (byId.get(s.parent) || null) : (s.parent || null),
+    created_unix: s.created_unix ?? (s.created_ms ? s.created_ms / 1000 : undefined),
+    current: s.current ?? (currentName !== undefined && s.name === currentName),
+  }));
+}
+
+function renderTree(disk, rawSnaps, currentName) {
+  const snaps = normalise(rawSnaps, currentName);
   const ul = $('#tree');
   ul.replaceChildren();
   const kids = new Map();
@@ -423,7 +437,7 @@ function renderTree(disk, snaps) {
       list.push(h('li', { 'data-snapshot': s.name, class: current && current.name === s.name ? 'parent-of-here' : '' },
         h('span', { class: 'node' },
           h('span', { class: 'name', text: s.name }),
-          h('span', { class: 'muted', text: bytes(s.exclusive_bytes ?? 0) + ' exclusive' }),
+          s.exclusive_bytes !== undefined ? h('span', { class: 'muted', text: bytes(s.exclusive_bytes) + ' exclusive' }) : null,
           h('span', { class: 'muted', text: age(s.created_unix) }),
           s.description ? h('span', { class: 'muted', text: '“' + s.description + '”' }) : null,
           h('button', { text: 'revert', class: 'revert', onclick: () => perform('revert ' + disk + ' to ' + s.name, 'POST',
@@ -431,7 +445,7 @@ function renderTree(disk, snaps) {
             'Revert ' + disk + ' to snapshot ' + s.name + '? Everything written since that snapshot is discarded.') }),
           h('button', { text: 'delete', class: 'delete', onclick: () => perform('delete ' + disk + '@' + s.name, 'DELETE',
             '/disks/' + enc(disk) + '/snapshots/' + enc(s.name), undefined,
-            'Delete snapshot ' + disk + '@' + s.name + '? It frees ' + bytes(s.exclusive_bytes ?? 0) + '.') })),
+            'Delete snapshot ' + disk + '@' + s.name + '?' + (s.exclusive_bytes !== undefined ? ' It frees ' + bytes(s.exclusive_bytes) + '.' : '')) })),
         sub.children.length ? sub : null));
     }
     return list;
@@ -462,6 +476,18 @@ function renderDiskFacts(d) {
 
 // ---- refresh loop ----------------------------------------------------------
 
+// Whether `data` differs from what `key` last drew (or that is 30 s old,
+// for the ages): parts that did not change are not redrawn, so a button
+// under the pointer stays the same element.
+const drawn = new Map();
+function changed(key, data) {
+  const sig = JSON.stringify(data);
+  const last = drawn.get(key);
+  if (last && last.sig === sig && Date.now() - last.at < 30000) return false;
+  drawn.set(key, { sig, at: Date.now() });
+  return true;
+}
+
 let busy = false;
 
 async function refresh(all) {
@@ -479,21 +505,20 @@ async function refresh(all) {
       if (slow) {
         const [status, disks, alarms, jobs] = await Promise.all([
           get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => [])]);
-        renderGauges(status, alarms);
-        renderAlarms(alarms);
-        renderDisks(disks);
-        renderJobs(jobs);
+        if (changed('status', [status, alarms])) renderGauges(status, alarms);
+        if (changed('alarms', alarms)) renderAlarms(alarms);
+        if (changed('jobs', jobs)) renderJobs(jobs);
         // Exclusive bytes and fragments cost a walk per disk: fetched with the slow poll.
-        Promise.all(disks.map((d) => get('/disks/' + enc(d.name)).then((i) => diskDetail.set(d.name, i)).catch(() => {})))
-          .then(() => renderDisks(disks));
+        await Promise.all(disks.map((d) => get('/disks/' + enc(d.name)).then((i) => diskDetail.set(d.name, i)).catch(() => {})));
+        if (changed('disks', [disks, disks.map((d) => diskDetail.get(d.name))])) renderDisks(disks);
       }
     } else {
       const name = route.disk;
       renderLive(name, statsNow[name], r[name]);
       if (slow) {
         const [d, snaps] = await Promise.all([get('/disks/' + enc(name)), get('/disks/' + enc(name) + '/snapshots')]);
-        renderDiskFacts(d);
-        renderTree(name, snaps);
+        if (changed('disk', d)) renderDiskFacts(d);
+        if (changed('tree', [name, snaps, d.current_snapshot])) renderTree(name, snaps, d.current_snapshot ?? undefined);
       }
     }
     $('#updated').textContent = 'updated ' + new Date().toLocaleTimeString();
@@ -546,7 +571,7 @@ async function main() {
   showLock();
   wireForms();
   parseRoute();
-  window.addEventListener('hashchange', () => { parseRoute(); lastStats = null; refresh(true); });
+  window.addEventListener('hashchange', () => { parseRoute(); lastStats = null; drawn.clear(); refresh(true); });
   await refresh(true);
   setInterval(() => refresh(false), POLL_MS);
 }

@@ -238,45 +238,58 @@ pub fn execute(
                     "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
                 ));
             };
-            // In name order: the registry's order for all of them.
-            let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
-                Some(d) => {
-                    if !ctx.mover.is_some_and(|m| m.serves(d)) {
-                        ds.open_disk(d)?; // a clear error for a name that does not exist
-                    }
-                    let stats = reg.get_or_create(d);
-                    let mut snap = stats.snapshot();
-                    if *reset {
-                        stats.reset();
-                    }
-                    if let Some(on) = *recording {
-                        stats.set_recording(on);
-                        snap.recording = on;
-                    }
-                    vec![(d.clone(), snap)]
+            if let Some(d) = disk {
+                if !ctx.mover.is_some_and(|m| m.serves(d)) {
+                    ds.open_disk(d)?; // a clear error for a name that does not exist
                 }
-                None => {
-                    let mut all = reg.snapshot_all();
-                    if *reset {
-                        reg.reset_all();
-                    }
-                    if let Some(on) = *recording {
-                        reg.set_recording_all(on);
-                        for (_, snap) in &mut all {
-                            snap.recording = on;
-                        }
-                    }
-                    all
-                }
-            };
-            Response::Stats(
-                snaps
-                    .into_iter()
-                    .map(|(export, stats)| ExportStats { export, stats })
-                    .collect(),
-            )
+            }
+            stats(reg, disk.as_deref(), *reset, *recording)
         }
     })
+}
+
+/// `stats`: the statistics of one export (or all, in name order), reset
+/// after reading and recording switched when asked. The caller checked
+/// that the export exists.
+pub fn stats(
+    reg: &strata_stats::StatsRegistry,
+    disk: Option<&str>,
+    reset: bool,
+    recording: Option<bool>,
+) -> Response {
+    let snaps: Vec<(String, strata_stats::StatsSnapshot)> = match disk {
+        Some(d) => {
+            let stats = reg.get_or_create(d);
+            let mut snap = stats.snapshot();
+            if reset {
+                stats.reset();
+            }
+            if let Some(on) = recording {
+                stats.set_recording(on);
+                snap.recording = on;
+            }
+            vec![(d.to_string(), snap)]
+        }
+        None => {
+            let mut all = reg.snapshot_all();
+            if reset {
+                reg.reset_all();
+            }
+            if let Some(on) = recording {
+                reg.set_recording_all(on);
+                for (_, snap) in &mut all {
+                    snap.recording = on;
+                }
+            }
+            all
+        }
+    };
+    Response::Stats(
+        snaps
+            .into_iter()
+            .map(|(export, stats)| ExportStats { export, stats })
+            .collect(),
+    )
 }
 
 fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a dyn JobList, Error> {

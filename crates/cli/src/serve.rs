@@ -1002,7 +1002,7 @@ fn reap(children: &mut Vec<(String, std::process::Child)>) {
     });
 }
 
-pub(crate) type HttpThread = Option<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)>;
+pub(crate) type HttpThread = Option<crate::web::HttpServer>;
 
 /// A flag SIGTERM and SIGINT set.
 pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
@@ -1124,39 +1124,32 @@ pub(crate) fn start_http(
         None => None,
     };
     let bind = crate::web::bind_address(a);
-    let h = tiny_http::Server::http(bind.as_str())
-        .map_err(|e| Error::new(ErrorKind::Io, format!("bind http {bind}: {e}")))?;
-    let h = Arc::new(h);
-    if let Some(addr) = h.server_addr().to_ip() {
-        if backend.is_some() {
-            println!("  dashboard on http://{addr}/ (API: http://{addr}/api/v1, docs/API.md)");
-            match &args.http_token {
-                Some(p) => println!(
-                    "    actions need the token in {} (open http://{addr}/#token=TOKEN)",
-                    p.display()
-                ),
-                None => println!("    read-only: actions need --http-token FILE"),
-            }
-            if !addr.ip().is_loopback() {
-                println!(
-                    "    note: {addr} is not loopback: the read-only views are open to the network"
-                );
-            }
-        }
-        println!("  metrics on http://{addr}/metrics");
-    }
-    let web = Arc::new(crate::web::Web {
+    let has_backend = backend.is_some();
+    let web = crate::web::Web {
         gauges,
         registry,
         backend,
         token,
-    });
-    let hh = h.clone();
-    let t = std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || crate::web::serve(&hh, web))
-        .map_err(|e| io_err("spawn http thread", e))?;
-    Ok(Some((h, t)))
+    };
+    let h = crate::web::start(&bind, web)?;
+    let addr = h.addr;
+    if has_backend {
+        println!("  dashboard on http://{addr}/ (API: http://{addr}/api/v1, docs/API.md)");
+        match &args.http_token {
+            Some(p) => println!(
+                "    actions need the token in {} (open http://{addr}/#token=TOKEN)",
+                p.display()
+            ),
+            None => println!("    read-only: actions need --http-token FILE"),
+        }
+        if !addr.ip().is_loopback() {
+            println!(
+                "    note: {addr} is not loopback: the read-only views are open to the network"
+            );
+        }
+    }
+    println!("  metrics on http://{addr}/metrics");
+    Ok(Some(h))
 }
 
 /// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
@@ -1171,9 +1164,8 @@ pub(crate) fn wait_and_shut_down(
     }
     eprintln!("strata: shutting down");
     server.shutdown();
-    if let Some((h, t)) = http {
-        h.unblock();
-        let _ = t.join();
+    if let Some(h) = http {
+        h.stop();
     }
     if let Some(p) = &args.nbd_unix {
         let _ = std::fs::remove_file(p);

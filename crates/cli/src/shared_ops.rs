@@ -386,6 +386,9 @@ struct DiskView {
     manifest: String,
     written_ms: u64,
     snapshots: Vec<String>,
+    /// The snapshot the live state descends from (as `current_snapshot`
+    /// of a local disk's info).
+    current_snapshot: Option<String>,
     parent: Option<String>,
 }
 
@@ -400,6 +403,10 @@ impl DiskView {
             manifest: m.key(),
             written_ms: m.written_ms,
             snapshots: m.snapshots.iter().map(|s| s.name.clone()).collect(),
+            current_snapshot: m
+                .current
+                .and_then(|c| m.snapshots.iter().find(|s| s.id == c))
+                .map(|s| s.name.clone()),
             parent: m.parent.as_ref().map(|p| p.name.clone()),
         }
     }

@@ -119,11 +119,9 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| Error::new(ErrorKind::Io, format!("bind {}: {e}", ctl_path.display())))?;
     let ctl_thread = {
-        let exports = exports.clone();
+        let (exports, registry) = (exports.clone(), registry.clone());
         crate::control::accept(ctl, "control", stop.clone(), move |conn| {
-            crate::control::handle(conn, None, &mut |req, _| {
-                crate::shared_ops::execute(exports.datastore(), Some(&*exports), req)
-            })
+            crate::control::handle(conn, None, &mut |req, _| answer(&exports, &registry, req))
         })
     };
     if names.is_empty() {
@@ -144,8 +142,8 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     let http = serve::start_http(
         args,
         Box::new(move || gauge_exports.gauges()),
-        registry,
-        Some(Arc::new(SharedBackend(exports.clone()))),
+        registry.clone(),
+        Some(Arc::new(SharedBackend(exports.clone(), registry.clone()))),
     )?;
     let gc_thread = spawn_gc(exports.clone(), stop.clone(), args.gc_interval);
     serve::wait_and_shut_down(&stop, &server, http, args);
@@ -163,13 +161,45 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Run a request of this server's control socket or HTTP API: I/O
+/// statistics from its registry, the rest by `shared_ops`.
+fn answer(
+    exports: &SharedExports,
+    registry: &StatsRegistry,
+    req: &crate::api::Request,
+) -> Result<crate::api::Response, Error> {
+    match req {
+        crate::api::Request::Stats {
+            disk,
+            reset,
+            recording,
+        } => {
+            if let Some(d) = disk {
+                if !exports.list().iter().any(|e| &e.name == d) {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("this server has no export named '{d}'"),
+                    ));
+                }
+            }
+            Ok(crate::ops::stats(
+                registry,
+                disk.as_deref(),
+                *reset,
+                *recording,
+            ))
+        }
+        req => crate::shared_ops::execute(exports.datastore(), Some(exports), req),
+    }
+}
+
 /// The HTTP API (`web`) of an object-store datastore's server: its
 /// requests run as the control socket runs them.
-struct SharedBackend(Arc<SharedExports>);
+struct SharedBackend(Arc<SharedExports>, Arc<StatsRegistry>);
 
 impl crate::web::Backend for SharedBackend {
     fn run(&self, req: crate::api::Request) -> Result<crate::api::Response, Error> {
-        crate::shared_ops::execute(self.0.datastore(), Some(&*self.0), &req)
+        answer(&self.0, &self.1, &req)
     }
     fn shared(&self) -> bool {
         true

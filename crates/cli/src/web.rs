@@ -6,15 +6,16 @@
 //! other origins). The page's files are embedded in the binary.
 
 use std::io::Read;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, Uri};
 use serde_json::{json, Value};
 use strata_engine::{Error, ErrorKind, Provisioning};
 use strata_stats::{Gauge, StatsRegistry};
-use tiny_http::{Header, Method};
 
 use crate::api::{JobAction, Request, Response};
 use crate::output::Render;
@@ -109,64 +110,148 @@ pub(crate) fn bind_address(a: &str) -> String {
     }
 }
 
-/// Answer requests until the server is unblocked, each on a thread of its
-/// own (at most [`IN_FLIGHT_MAX`] at once).
-pub(crate) fn serve(server: &tiny_http::Server, web: Arc<Web>) {
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    for req in server.incoming_requests() {
-        if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT_MAX {
-            in_flight.fetch_sub(1, Ordering::AcqRel);
-            let _ = req.respond(error_response(
-                503,
-                "busy",
-                "too many requests at once; try again",
-            ));
-            continue;
+/// The HTTP listener of a server: hyper (through axum) on a small tokio
+/// runtime of its own; each request is answered on a blocking thread,
+/// since requests run against the datastore synchronously.
+pub(crate) struct HttpServer {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Stop listening; requests being answered finish, idle connections
+    /// close (waiting about a second at most).
+    pub fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
         }
-        let (w, n) = (web.clone(), in_flight.clone());
-        let spawned = std::thread::Builder::new()
-            .name("http-req".into())
-            .spawn(move || {
-                answer(&w, req);
-                n.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
 
-type Resp = tiny_http::Response<std::io::Cursor<Vec<u8>>>;
-
-fn header(name: &str, value: &str) -> Header {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("valid header")
+/// Bind `bind` and answer on it until stopped.
+pub(crate) fn start(bind: &str, web: Web) -> Result<HttpServer, Error> {
+    let io = |what: String, e: std::io::Error| Error::new(ErrorKind::Io, format!("{what}: {e}"));
+    let listener =
+        std::net::TcpListener::bind(bind).map_err(|e| io(format!("bind http {bind}"), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| io(format!("bind http {bind}"), e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io("http listener".into(), e))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(IN_FLIGHT_MAX)
+        .thread_name("http")
+        .enable_all()
+        .build()
+        .map_err(|e| io("http runtime".into(), e))?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let web = Arc::new(web);
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let thread = std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("strata: http listener: {e}");
+                        return;
+                    }
+                };
+                let app = axum::Router::new()
+                    .fallback(
+                        move |method: Method,
+                              uri: Uri,
+                              headers: HeaderMap,
+                              body: Result<Bytes, axum::extract::rejection::BytesRejection>| {
+                            let (web, n) = (web.clone(), in_flight.clone());
+                            async move { dispatch(web, n, method, uri, headers, body).await }
+                        },
+                    )
+                    .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX as usize));
+                // On stop: no new connections, requests being answered
+                // finish, idle keep-alive connections close; half a second
+                // at most.
+                let (graceful, when) = tokio::sync::oneshot::channel::<()>();
+                let serving = tokio::spawn(std::future::IntoFuture::into_future(
+                    axum::serve(listener, app).with_graceful_shutdown(async {
+                        let _ = when.await;
+                    }),
+                ));
+                let _ = rx.await;
+                let _ = graceful.send(());
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(500), serving).await;
+            });
+            rt.shutdown_timeout(std::time::Duration::from_millis(500));
+        })
+        .map_err(|e| io("spawn http thread".into(), e))?;
+    Ok(HttpServer {
+        addr,
+        stop: Some(tx),
+        thread: Some(thread),
+    })
 }
 
-fn with_security_headers(r: Resp) -> Resp {
-    r.with_header(header(
-        "Content-Security-Policy",
-        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-    ))
-    .with_header(header("X-Content-Type-Options", "nosniff"))
-    .with_header(header("Referrer-Policy", "no-referrer"))
-    .with_header(header("X-Frame-Options", "DENY"))
+/// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
+/// more get 503).
+async fn dispatch(
+    web: Arc<Web>,
+    in_flight: Arc<AtomicUsize>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Resp {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+            return error_response(413, "invalid_argument", "body larger than 64 KiB")
+        }
+        Err(e) => return error_response(400, "invalid_argument", &format!("body: {e}")),
+    };
+    if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT_MAX {
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+        return error_response(503, "busy", "too many requests at once; try again");
+    }
+    let n = in_flight.clone();
+    let r = tokio::task::spawn_blocking(move || answer(&web, &method, &uri, &headers, &body)).await;
+    n.fetch_sub(1, Ordering::AcqRel);
+    r.unwrap_or_else(|_| error_response(500, "io", "the request failed inside the server"))
+}
+
+type Resp = axum::response::Response;
+
+fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Resp {
+    axum::http::Response::builder()
+        .status(status)
+        .header("Content-Type", content_type)
+        .header(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        )
+        .header("X-Content-Type-Options", "nosniff")
+        .header("Referrer-Policy", "no-referrer")
+        .header("X-Frame-Options", "DENY")
+        .header("Cache-Control", "no-store")
+        .body(Body::from(body))
+        .expect("a valid response")
 }
 
 fn text(status: u16, content_type: &str, body: &str) -> Resp {
-    with_security_headers(
-        tiny_http::Response::from_data(body.as_bytes().to_vec())
-            .with_status_code(status)
-            .with_header(header("Content-Type", content_type)),
-    )
+    respond(status, content_type, body.as_bytes().to_vec())
 }
 
 fn json_response(status: u16, v: &Value) -> Resp {
-    let body = serde_json::to_vec(v).expect("serialisable");
-    with_security_headers(
-        tiny_http::Response::from_data(body)
-            .with_status_code(status)
-            .with_header(header("Content-Type", "application/json"))
-            .with_header(header("Cache-Control", "no-store")),
+    respond(
+        status,
+        "application/json",
+        serde_json::to_vec(v).expect("serialisable"),
     )
 }
 
@@ -188,11 +273,8 @@ fn engine_error(e: &Error) -> Resp {
     error_response(status, crate::wire::kind_name(e.kind), &e.message)
 }
 
-fn header_value<'a>(req: &'a tiny_http::Request, name: &str) -> Option<&'a str> {
-    req.headers()
-        .iter()
-        .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-        .map(|h| h.value.as_str())
+fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// Whether a `Host` header names this machine by address or as
@@ -233,56 +315,51 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn answer(web: &Web, mut req: tiny_http::Request) {
-    let url = req.url().to_string();
-    let path = url.split(['?', '#']).next().unwrap_or("").to_string();
-    let method = req.method().clone();
+fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resp {
+    let path = uri.path();
     if path == "/metrics" {
-        let resp = if method == Method::Get {
+        return if method == Method::GET {
             let body =
                 strata_stats::render_prometheus(&web.registry.snapshot_all(), &(web.gauges)());
-            tiny_http::Response::from_data(body.into_bytes())
-                .with_header(header("Content-Type", "text/plain; version=0.0.4"))
+            respond(200, "text/plain; version=0.0.4", body.into_bytes())
         } else {
             error_response(405, "invalid_argument", "GET /metrics")
         };
-        let _ = req.respond(resp);
-        return;
     }
-    if !header_value(&req, "Host").is_some_and(host_is_address) {
-        let _ = req.respond(error_response(
+    if !header_value(headers, "Host").is_some_and(host_is_address) {
+        return error_response(
             421,
             "refused",
             "the Host header must be an IP address or localhost (a page of another site may not \
              reach this server by a name that resolves here)",
-        ));
-        return;
+        );
     }
-    let resp = match (&method, path.as_str()) {
-        (_, _) if web.backend.is_none() => text(
+    let Some(backend) = &web.backend else {
+        return text(
             404,
             "text/plain; charset=utf-8",
             "this server serves VMDK files only (no datastore): try /metrics\n",
-        ),
-        (Method::Get, "/" | "/index.html") => text(200, "text/html; charset=utf-8", INDEX_HTML),
-        (Method::Get, "/app.js") => text(200, "text/javascript; charset=utf-8", APP_JS),
-        (Method::Get, "/style.css") => text(200, "text/css; charset=utf-8", STYLE_CSS),
+        );
+    };
+    match (method, path) {
+        (&Method::GET, "/" | "/index.html") => text(200, "text/html; charset=utf-8", INDEX_HTML),
+        (&Method::GET, "/app.js") => text(200, "text/javascript; charset=utf-8", APP_JS),
+        (&Method::GET, "/style.css") => text(200, "text/css; charset=utf-8", STYLE_CSS),
         (_, p) if p == "/api/v1" || p.starts_with("/api/v1/") => {
             let rest = p.strip_prefix("/api/v1").unwrap_or("");
-            api(web, &mut req, &method, rest)
+            api(web, backend.as_ref(), method, headers, body, rest)
         }
         _ => error_response(
             404,
             "not_found",
             "no such page: the dashboard is at /, the API at /api/v1, metrics at /metrics",
         ),
-    };
-    let _ = req.respond(resp);
+    }
 }
 
 /// Refusals for an action, before it is parsed: no token configured or
 /// given, a wrong one, another origin.
-fn authorize(web: &Web, req: &tiny_http::Request) -> Option<Resp> {
+fn authorize(web: &Web, req: &HeaderMap) -> Option<Resp> {
     let Some(token) = &web.token else {
         return Some(error_response(
             403,
@@ -318,23 +395,22 @@ fn authorize(web: &Web, req: &tiny_http::Request) -> Option<Resp> {
     }
 }
 
-/// The JSON body of an action (`{}` when there is none).
-fn body(req: &mut tiny_http::Request) -> Result<Value, Resp> {
-    let mut raw = Vec::new();
-    if req
-        .as_reader()
-        .take(BODY_BYTES_MAX + 1)
-        .read_to_end(&mut raw)
-        .is_err()
-    {
-        return Err(error_response(
-            400,
-            "invalid_argument",
-            "could not read the body",
-        ));
+/// A request refused before it runs: its status, kind and message.
+struct Refusal(u16, &'static str, String);
+
+impl Refusal {
+    fn new(status: u16, kind: &'static str, message: &str) -> Self {
+        Refusal(status, kind, message.to_string())
     }
+    fn response(self) -> Resp {
+        error_response(self.0, self.1, &self.2)
+    }
+}
+
+/// The JSON body of an action (`{}` when there is none).
+fn body(headers: &HeaderMap, raw: &[u8]) -> Result<Value, Refusal> {
     if raw.len() as u64 > BODY_BYTES_MAX {
-        return Err(error_response(
+        return Err(Refusal::new(
             413,
             "invalid_argument",
             "body larger than 64 KiB",
@@ -343,21 +419,21 @@ fn body(req: &mut tiny_http::Request) -> Result<Value, Resp> {
     if raw.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(json!({}));
     }
-    let ct = header_value(req, "Content-Type").unwrap_or("");
+    let ct = header_value(headers, "Content-Type").unwrap_or("");
     if !ct.trim_start().starts_with("application/json") {
-        return Err(error_response(
+        return Err(Refusal::new(
             415,
             "invalid_argument",
             "a body must be application/json",
         ));
     }
-    serde_json::from_slice(&raw)
-        .map_err(|e| error_response(400, "invalid_argument", &format!("body: {e}")))
+    serde_json::from_slice(raw)
+        .map_err(|e| Refusal::new(400, "invalid_argument", &format!("body: {e}")))
 }
 
-fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Resp> {
+fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
     body.get(name).and_then(Value::as_str).ok_or_else(|| {
-        error_response(
+        Refusal::new(
             400,
             "invalid_argument",
             &format!("the body needs \"{name}\" (a string)"),
@@ -365,8 +441,14 @@ fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Resp> {
     })
 }
 
-fn api(web: &Web, req: &mut tiny_http::Request, method: &Method, rest: &str) -> Resp {
-    let backend = web.backend.as_ref().expect("checked by the caller");
+fn api(
+    web: &Web,
+    backend: &dyn Backend,
+    method: &Method,
+    headers: &HeaderMap,
+    raw: &[u8],
+    rest: &str,
+) -> Resp {
     let mut segs = Vec::new();
     for s in rest.split('/').filter(|s| !s.is_empty()) {
         match percent_decode(s) {
@@ -375,7 +457,7 @@ fn api(web: &Web, req: &mut tiny_http::Request, method: &Method, rest: &str) -> 
         }
     }
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
-    if *method == Method::Get {
+    if method == Method::GET {
         let r = match segs.as_slice() {
             [] => {
                 return json_response(
@@ -410,44 +492,45 @@ fn api(web: &Web, req: &mut tiny_http::Request, method: &Method, rest: &str) -> 
             ["jobs"] => Request::Jobs,
             _ => return not_found_or_method(&segs),
         };
-        return run(backend.as_ref(), r, 200);
+        return run(backend, r, 200);
     }
-    if *method != Method::Post && *method != Method::Delete {
+    if method != Method::POST && method != Method::DELETE {
         return error_response(405, "invalid_argument", "GET, POST or DELETE");
     }
     // An action: is it one at all, then who asks, then what it says.
     if action_status(method, &segs).is_none() {
         return not_found_or_method(&segs);
     }
-    if let Some(refused) = authorize(web, req) {
+    if let Some(refused) = authorize(web, headers) {
         return refused;
     }
-    let b = match body(req) {
+    let b = match body(headers, raw) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return r.response(),
     };
     let parsed = action(method, &segs, &b);
     match parsed {
-        Ok((r, status)) => run(backend.as_ref(), r, status),
-        Err(resp) => resp,
+        Ok((r, status)) => run(backend, r, status),
+        Err(refusal) => refusal.response(),
     }
 }
 
 /// The status an action answers on success, None when `segs` names none.
 fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
-    Some(match (method, segs) {
-        (Method::Post, ["disks", _, "snapshots"]) => 201,
-        (Method::Post, ["disks", _, "snapshots", _, "revert"]) => 200,
-        (Method::Delete, ["disks", _, "snapshots", _]) => 200,
-        (Method::Post, ["disks", _, "clones"]) => 201,
-        (Method::Post, ["disks", _, "extend"]) => 200,
-        (Method::Post, ["disks", _, "convert" | "defrag"]) => 202,
-        (Method::Post, ["jobs", _, "pause" | "resume" | "cancel"]) => 200,
+    let (post, delete) = (method == Method::POST, method == Method::DELETE);
+    Some(match segs {
+        ["disks", _, "snapshots"] if post => 201,
+        ["disks", _, "snapshots", _, "revert"] if post => 200,
+        ["disks", _, "snapshots", _] if delete => 200,
+        ["disks", _, "clones"] if post => 201,
+        ["disks", _, "extend"] if post => 200,
+        ["disks", _, "convert" | "defrag"] if post => 202,
+        ["jobs", _, "pause" | "resume" | "cancel"] if post => 200,
         _ => return None,
     })
 }
 
-fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Resp> {
+fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
     let status = action_status(method, segs).expect("checked by the caller");
     let req = match segs {
         ["disks", d, "snapshots"] => Request::SnapshotCreate {
@@ -477,7 +560,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
                 Some(Value::String(s)) => parse_size(s),
                 _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
             }
-            .map_err(|e| error_response(400, "invalid_argument", &e))?;
+            .map_err(|e| Refusal::new(400, "invalid_argument", &e))?;
             Request::Extend {
                 name: d.to_string(),
                 size_bytes: size,
@@ -486,7 +569,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["disks", d, "convert"] => Request::Convert {
             name: d.to_string(),
             provisioning: Provisioning::parse(field(b, "type")?)
-                .map_err(|e| error_response(400, "invalid_argument", &e.message))?,
+                .map_err(|e| Refusal::new(400, "invalid_argument", &e.message))?,
             rate_bytes_per_sec: None,
         },
         ["disks", d, "defrag"] => Request::Defrag {
@@ -497,7 +580,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["jobs", id, act] => Request::JobControl {
             id: id
                 .parse()
-                .map_err(|_| error_response(400, "invalid_argument", "a job id is a number"))?,
+                .map_err(|_| Refusal::new(400, "invalid_argument", "a job id is a number"))?,
             action: match *act {
                 "pause" => JobAction::Pause,
                 "resume" => JobAction::Resume,
@@ -510,7 +593,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
 }
 
 fn not_found_or_method(segs: &[&str]) -> Resp {
-    let known = [Method::Get, Method::Post, Method::Delete]
+    let known = [Method::GET, Method::POST, Method::DELETE]
         .iter()
         .any(|m| action_status(m, segs).is_some());
     if known {
@@ -593,7 +676,7 @@ mod tests {
     #[test]
     fn actions_map_to_the_cli_requests() {
         let b = json!({"name": "s1", "description": "before upgrade"});
-        let (r, s) = action(&Method::Post, &["disks", "d", "snapshots"], &b)
+        let (r, s) = action(&Method::POST, &["disks", "d", "snapshots"], &b)
             .ok()
             .unwrap();
         assert_eq!(s, 201);
@@ -602,7 +685,7 @@ mod tests {
             if disk == "d" && snapshot == "s1" && description == "before upgrade")
         );
         let (r, _) = action(
-            &Method::Post,
+            &Method::POST,
             &["disks", "d", "extend"],
             &json!({"size": "2G"}),
         )
@@ -610,20 +693,20 @@ mod tests {
         .unwrap();
         assert!(matches!(r, Request::Extend { size_bytes, .. } if size_bytes == 2 << 30));
         let (r, _) = action(
-            &Method::Post,
+            &Method::POST,
             &["disks", "d", "clones"],
             &json!({"name": "c", "snapshot": "s1"}),
         )
         .ok()
         .unwrap();
         assert!(matches!(r, Request::CloneLinked { ref source, .. } if source == "d@s1"));
-        assert!(action(&Method::Post, &["disks", "d", "snapshots"], &json!({})).is_err());
+        assert!(action(&Method::POST, &["disks", "d", "snapshots"], &json!({})).is_err());
         assert!(action(
-            &Method::Post,
+            &Method::POST,
             &["disks", "d", "convert"],
             &json!({"type": "x"})
         )
         .is_err());
-        assert!(action_status(&Method::Post, &["disks", "d"]).is_none());
+        assert!(action_status(&Method::POST, &["disks", "d"]).is_none());
     }
 }
