@@ -141,7 +141,8 @@ async function perform(what, method, path, body, confirmText) {
   }
   try {
     const r = await act(method, path, body);
-    say(what + ': done' + (r && r.id !== undefined && r.what ? ' (job ' + r.id + ' started)' : ''), 'ok');
+    const job = r && r.id !== undefined && r.what && r.state;
+    say(what + (job ? ': job ' + r.id + ' started (its progress is under Jobs)' : ': done'), 'ok');
     await refresh(true);
     return r;
   } catch (e) {

@@ -477,6 +477,42 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     assert!(b.text("#msg").contains("token"), "{}", b.text("#msg"));
     b.screenshot("refused-without-token");
     assert!(!snapshot_names(&s, "vm1").contains(&"no-token".to_string()));
+
+    // Unlocked again with the token pasted in; a confirmed convert runs
+    // as a job, which the overview lists with its progress.
+    b.click("#unlock");
+    b.wait(
+        "the token dialog",
+        "document.querySelector('#token-dialog').open",
+    );
+    b.type_into("#token-input", &token);
+    b.click("#token-ok");
+    b.wait(
+        "the unlocked state",
+        "document.querySelector('#lock').textContent.includes('unlocked')",
+    );
+    b.js("location.hash = '#/disk/vm2'");
+    b.wait(
+        "vm2's page",
+        "document.querySelector('#disk-title').textContent === 'vm2'",
+    );
+    b.click("#convert-go");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
+    b.click("#confirm-ok");
+    b.wait(
+        "the job",
+        "document.querySelector('#msg').textContent.includes('job')",
+    );
+    b.js("location.hash = '#/'");
+    b.wait(
+        "the finished job in the list",
+        "[...document.querySelectorAll('#jobs tr[data-job]')].some(r => r.textContent.includes('convert vm2 to thin') && r.textContent.includes('done') && r.querySelector('progress').value === 100)",
+    );
+    b.screenshot("jobs");
+    assert_eq!(s.json(&["info", "vm2"])["provisioning"], "thin");
 }
 
 /// Each read path answers what the CLI prints with --json; actions need
