@@ -1125,12 +1125,7 @@ pub(crate) fn start_http(
     };
     let bind = crate::web::bind_address(a);
     let has_backend = backend.is_some();
-    let web = crate::web::Web {
-        gauges,
-        registry,
-        backend,
-        token,
-    };
+    let web = crate::web::Web::new(gauges, registry, backend, token);
     let h = crate::web::start(&bind, web)?;
     let addr = h.addr;
     if has_backend {

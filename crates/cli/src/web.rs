@@ -51,6 +51,25 @@ pub(crate) struct Web {
     pub backend: Option<Arc<dyn Backend>>,
     /// The token actions need (None: actions are off).
     pub token: Option<String>,
+    /// This machine's name, accepted in `Host` headers besides addresses.
+    pub host_name: String,
+}
+
+impl Web {
+    pub fn new(
+        gauges: GaugeFn,
+        registry: Arc<StatsRegistry>,
+        backend: Option<Arc<dyn Backend>>,
+        token: Option<String>,
+    ) -> Web {
+        Web {
+            gauges,
+            registry,
+            backend,
+            token,
+            host_name: own_host_name(),
+        }
+    }
 }
 
 /// Read the token in `path`, or make a new random one there (0600).
@@ -277,10 +296,11 @@ fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Whether a `Host` header names this machine by address or as
-/// `localhost`: a page of another site whose name was made to resolve
-/// here (DNS rebinding) carries its own name.
-fn host_is_address(host: &str) -> bool {
+/// Whether a `Host` header names this machine by address, as `localhost`
+/// or by its own short host name (`own`; not with a domain, which another
+/// site's could imitate: `own.evil.example`): a page of another site whose
+/// name was made to resolve here (DNS rebinding) carries that site's name.
+fn host_is_ours(host: &str, own: &str) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         match rest.split_once(']') {
             Some((v6, _)) => return v6.parse::<std::net::Ipv6Addr>().is_ok(),
@@ -289,7 +309,16 @@ fn host_is_address(host: &str) -> bool {
     } else {
         host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host)
     };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok()
+        || (!own.is_empty() && name.eq_ignore_ascii_case(own))
+}
+
+/// This machine's host name (without a domain), or "" when unknown.
+fn own_host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+        .unwrap_or_default()
 }
 
 /// Constant-time comparison (the time does not tell how much matched).
@@ -326,12 +355,12 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
             error_response(405, "invalid_argument", "GET /metrics")
         };
     }
-    if !header_value(headers, "Host").is_some_and(host_is_address) {
+    if !header_value(headers, "Host").is_some_and(|h| host_is_ours(h, &web.host_name)) {
         return error_response(
             421,
             "refused",
-            "the Host header must be an IP address or localhost (a page of another site may not \
-             reach this server by a name that resolves here)",
+            "the Host header must be an IP address, localhost or this machine's name (a page of \
+             another site may not reach this server by a name that resolves here)",
         );
     }
     let Some(backend) = &web.backend else {
@@ -638,17 +667,20 @@ mod tests {
             "LOCALHOST",
             "[::1]:9100",
             "10.1.2.3:9",
+            "storage01:9100",
+            "STORAGE01",
         ] {
-            assert!(host_is_address(ok), "{ok}");
+            assert!(host_is_ours(ok, "storage01"), "{ok}");
         }
         for bad in [
             "evil.example:9100",
             "evil.example",
             "[nope]:1",
             "127.0.0.1.evil:1",
+            "storage01.evil.example",
             "",
         ] {
-            assert!(!host_is_address(bad), "{bad}");
+            assert!(!host_is_ours(bad, "storage01"), "{bad}");
         }
     }
 
