@@ -7,7 +7,6 @@
 mod common;
 use common::*;
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -48,26 +47,6 @@ fn raw_image(dir: &Path, name: &str, mib: u64, seed: u8) -> String {
         .collect();
     std::fs::write(&p, data).unwrap();
     p.display().to_string()
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    r.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Wait (up to a minute: a deadline, not a measurement) until the alarm
@@ -250,7 +229,7 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
             &exec,
         ]);
     }
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = common::http::free_addr();
     let srv = s.serve_with(&["--http", &addr]);
     let ds = s.path().display().to_string();
     let line = |kind: &str, from: &str, to: &str| format!("{kind} {from} {to} {ds} ");
@@ -290,7 +269,7 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
     );
 
     // The gauges say the same, and name every metric the example rules use.
-    let body = http_get(&addr, "/metrics");
+    let body = common::http::metrics(&addr);
     assert_eq!(metric(&body, "strata_alarm_state{kind=\"usage\"}"), 2.0);
     assert_eq!(
         metric(&body, "strata_alarm_state{kind=\"overcommit\"}"),
@@ -330,7 +309,7 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
     let pct = st["used_percent"].as_u64().unwrap();
     assert_eq!(wait_for_line(&log, &line("usage", "alarm", "ok")), pct);
     assert_eq!(wait_for_line(&log, &line("overcommit", "alarm", "ok")), 13);
-    let body = http_get(&addr, "/metrics");
+    let body = common::http::metrics(&addr);
     assert_eq!(metric(&body, "strata_alarm_state{kind=\"usage\"}"), 0.0);
 
     // grow returned only once durable: kill -9 keeps it.

@@ -5,124 +5,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::http::{free_addr, free_port, http, request, wait_http};
 use common::{have, Store};
 use serde_json::{json, Value};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.1 exchange on a connection of its own (`Connection: close`):
-/// status and body (de-chunked).
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String) {
-    try_http(addr, method, path, headers, body)
-        .unwrap_or_else(|e| panic!("{method} http://{addr}{path}: {e}"))
-}
-
-fn try_http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> std::io::Result<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        req.push_str(&format!("Host: {addr}\r\n"));
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes())?;
-    // Read the head, then the body by its length (a server may keep the
-    // connection open despite 'close'), chunked, or to the end.
-    let mut r = Vec::new();
-    let mut buf = [0u8; 65536];
-    let head_end = loop {
-        if let Some(i) = r.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            return Ok((0, String::from_utf8_lossy(&r).to_string()));
-        }
-        r.extend_from_slice(&buf[..n]);
-    };
-    let head = String::from_utf8_lossy(&r[..head_end]).to_string();
-    let mut body = r[head_end + 4..].to_vec();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let header = |name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_string())
-        })
-    };
-    let length: Option<usize> = header("content-length").and_then(|v| v.parse().ok());
-    let chunked = header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    loop {
-        let done = match length {
-            Some(n) => body.len() >= n,
-            None => chunked && body.ends_with(b"0\r\n\r\n"),
-        };
-        if done {
-            break;
-        }
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        body.extend_from_slice(&buf[..n]);
-    }
-    let body = String::from_utf8_lossy(&body).to_string();
-    Ok((status, if chunked { dechunk(&body) } else { body }))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// Wait until the server's HTTP listener answers.
-fn wait_http(addr: &str) {
-    let t = Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no HTTP on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn api_get(addr: &str, path: &str) -> Value {
     let (st, body) = http(addr, "GET", &format!("/api/v1{path}"), &[], "");
@@ -310,7 +200,7 @@ impl Drop for Browser {
     /// Chromium goes with its driver's process group.
     fn drop(&mut self) {
         if !self.session.is_empty() {
-            let _ = try_http(&self.base, "DELETE", &self.s(""), &[], "");
+            let _ = request(&self.base, "DELETE", &self.s(""), &[], "");
         }
         // SAFETY: kill(2) of the process group this test started.
         unsafe { libc::kill(-(self.driver.id() as i32), libc::SIGKILL) };
@@ -351,7 +241,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     }
     s.ok(&["clone", "vm1@patched", "lab"]);
     let tok = s.dir.path().join("http.token");
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
     wait_http(&addr);
     let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
@@ -525,7 +415,7 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     s.ok(&["snapshot", "create", "d", "s2", "--description", "second"]);
     s.ok(&["clone", "d@s1", "c"]);
     let tok = s.dir.path().join("tok");
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
     wait_http(&addr);
     use std::os::unix::fs::PermissionsExt as _;
@@ -731,7 +621,7 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     srv.stop();
 
     // A server without --http-token: reads only.
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let _srv = s.serve_with(&["--http", &addr]);
     wait_http(&addr);
     assert_eq!(api_get(&addr, "")["actions"], false);
@@ -769,7 +659,7 @@ fn the_dashboard_reads_an_object_store_datastore() {
     let s = Store::empty();
     s.ok(&["init", "--object-store", &u]);
     s.ok(&["create", "vm", "--size", "16M"]);
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let _srv = s.serve_with(&["--http", &addr]);
     wait_http(&addr);
     common::run_ok(

@@ -393,20 +393,6 @@ fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
     assert!(!list.contains("export=\"d\""), "{list}");
 }
 
-fn metrics(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    body
-}
-
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
 /// A qemu-io "guest" that takes commands as they come.
 struct Guest {
     child: Child,
@@ -479,7 +465,7 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     a.ok(&["init", "--object-store", &u]);
     a.ok(&["create", "vm", "--size", "16M"]);
     b.ok(&["attach", "--object-store", &u]);
-    let (ha, hb) = (free_addr(), free_addr());
+    let (ha, hb) = (common::http::free_addr(), common::http::free_addr());
     let sa = a.serve_with(&["--http", &ha]);
     let sb = b.serve_with(&["--incoming", "vm", "--incoming-wait", "30", "--http", &hb]);
 
@@ -525,7 +511,7 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     assert!(!text.contains("flush failed"), "{text}");
     assert!(text.contains("read 65536/65536"), "{text}");
     assert!(!text.contains("Pattern verification failed"), "{text}");
-    let m = metrics(&ha);
+    let m = common::http::metrics(&ha);
     assert!(m.contains("strata_shared_fenced{disk=\"vm\"} 0"), "{m}");
     // Nothing A acknowledged is missing on B.
     let (ok, r) = qemu_io_out(
@@ -548,8 +534,8 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     assert!(ok, "{w}");
     let (ok, w) = qemu_io_out(&b.uri("vm"), &["write -P 0x66 5M 4k"]);
     assert!(!ok || w.contains("Operation not permitted"), "{w}");
-    assert!(metrics(&hb).contains("strata_shared_fenced{disk=\"vm\"} 0"));
-    assert!(metrics(&ha).contains("strata_shared_fenced{disk=\"vm\"} 0"));
+    assert!(common::http::metrics(&hb).contains("strata_shared_fenced{disk=\"vm\"} 0"));
+    assert!(common::http::metrics(&ha).contains("strata_shared_fenced{disk=\"vm\"} 0"));
     // Releasing again is a no-op; releasing a disk this host does not
     // write says so.
     b.ok(&["release", "vm"]);

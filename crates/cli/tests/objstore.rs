@@ -514,10 +514,7 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     a.ok(&["init", "--object-store", &u]);
     a.ok(&["create", "vm", "--size", "16M"]);
     b.ok(&["attach", "--object-store", &u]);
-    let http = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    let http = common::http::free_addr();
     let sa = Server::start_env(
         &a,
         &["--store-timeout", "3", "--http", &http],
@@ -536,7 +533,7 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
         assert!(ok && !r.contains("verification failed"), "{fault:?}: {r}");
     }
     // The metrics show the backlog: 2 × 64 KiB acknowledged, not stored.
-    let m = metrics(&http);
+    let m = common::http::metrics(&http);
     assert!(
         m.contains("strata_shared_unflushed_bytes{disk=\"vm\"} 131072"),
         "{m}"
@@ -545,7 +542,7 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     proxy.set(Fault::Pass);
     let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 3M 4k", "flush"]);
     assert!(ok, "the store is back: {w}");
-    let m = metrics(&http);
+    let m = common::http::metrics(&http);
     assert!(
         m.contains("strata_shared_unflushed_bytes{disk=\"vm\"} 0"),
         "{m}"
@@ -563,14 +560,4 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     assert!(ok && !r.contains("verification failed"), "{r}");
     drop(sb);
     sa.stop();
-}
-
-/// GET /metrics of a server's --http address.
-fn metrics(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    body
 }

@@ -5,8 +5,6 @@
 mod common;
 use common::*;
 
-use std::io::{Read, Write};
-
 fn bucket(h: &serde_json::Value, le: i64) -> u64 {
     h["buckets"]
         .as_array()
@@ -16,27 +14,6 @@ fn bucket(h: &serde_json::Value, le: i64) -> u64 {
         .unwrap_or_else(|| panic!("no bucket <= {le} in {h}"))["count"]
         .as_u64()
         .unwrap()
-}
-
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    let (head, body) = r.split_once("\r\n\r\n").unwrap();
-    (head.to_string(), body.to_string())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -49,7 +26,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     s.ok(&["create", "idle", "--size", "1M", "--type", "zeroedthick"]);
     // Without a server there are no statistics, and the CLI says why.
     assert!(s.fails(&["stats", "disk"]).contains("running server"));
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = common::http::free_addr();
     let srv = s.serve_with(&["--http", &addr]);
 
     // 1000 sequential 4 KiB writes, one at a time so their order is exact.
@@ -137,7 +114,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     );
 
     // Prometheus text, read by a real parser.
-    let (head, body) = http_get(&addr, "/metrics");
+    let common::http::Reply { head, body, .. } = common::http::get(&addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
@@ -202,7 +179,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
         sample("strata_disk_stats_recording", Some(("disk", "disk"))),
         1.0
     );
-    let (head, _) = http_get(&addr, "/nope");
+    let head = common::http::get(&addr, "/nope").head;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 
     // --pause: fio's reads are served and not counted; --resume counts again.
@@ -213,7 +190,7 @@ fn sequential_4k_writes_fill_the_expected_buckets_and_metrics_parse() {
     assert_eq!(d["recording"], false);
     assert_eq!(d["read"]["commands"], 0, "{d}");
     assert!(s.ok(&["stats", "disk"]).contains("Recording is paused"));
-    let (_, body) = http_get(&addr, "/metrics");
+    let body = common::http::metrics(&addr);
     assert!(
         body.lines()
             .any(|l| l == "strata_disk_stats_recording{disk=\"disk\"} 0"),

@@ -1,6 +1,7 @@
 //! Helpers for tests that drive the real `strata` binary and real clients.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod vmdk;
 
 use std::path::{Path, PathBuf};
