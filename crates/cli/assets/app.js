@@ -256,13 +256,14 @@ function renderAlarms(alarms) {
   if (!tb.children.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 6, text: 'no alarms on this datastore' })));
 }
 
-const diskDetail = new Map();   // name -> info (exclusive, fragments)
+const diskDetail = new Map();   // name -> { info (exclusive, fragments), at }
+const DETAIL_MS = 30000;        // how old a disk's exclusive bytes and fragments may get
 
 function renderDisks(disks) {
   const tb = $('#disks tbody');
   tb.replaceChildren();
   for (const d of disks) {
-    const det = diskDetail.get(d.name) || {};
+    const det = (diskDetail.get(d.name) || {}).info || {};
     const owner = d.owner ? (d.owner.name || d.owner.host || JSON.stringify(d.owner)) : '-';
     tb.append(h('tr', { 'data-disk': d.name },
       h('td', {}, h('a', { href: '#/disk/' + enc(d.name), text: d.name })),
@@ -509,9 +510,12 @@ async function refresh(all) {
         if (changed('status', [status, alarms])) renderGauges(status, alarms);
         if (changed('alarms', alarms)) renderAlarms(alarms);
         if (changed('jobs', jobs)) renderJobs(jobs);
-        // Exclusive bytes and fragments cost a walk per disk: fetched with the slow poll.
-        await Promise.all(disks.map((d) => get('/disks/' + enc(d.name)).then((i) => diskDetail.set(d.name, i)).catch(() => {})));
-        if (changed('disks', [disks, disks.map((d) => diskDetail.get(d.name))])) renderDisks(disks);
+        // Exclusive bytes and fragments cost a walk of each disk's map: read
+        // again when 30 s old (or after an action), not at every poll.
+        const stale = disks.filter((d) => all || !diskDetail.has(d.name) || Date.now() - diskDetail.get(d.name).at > DETAIL_MS);
+        await Promise.all(stale.map((d) => get('/disks/' + enc(d.name))
+          .then((info) => diskDetail.set(d.name, { info, at: Date.now() })).catch(() => {})));
+        if (changed('disks', [disks, disks.map((d) => (diskDetail.get(d.name) || {}).info)])) renderDisks(disks);
       }
     } else {
       const name = route.disk;

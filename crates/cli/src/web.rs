@@ -24,7 +24,7 @@ use crate::units::parse_size;
 /// Requests answered at once, at most (more get 503).
 const IN_FLIGHT_MAX: usize = 32;
 /// Largest request body accepted.
-const BODY_BYTES_MAX: u64 = 64 << 10;
+const BODY_BYTES_MAX: usize = 64 << 10;
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
@@ -193,7 +193,7 @@ pub(crate) fn start(bind: &str, web: Web) -> Result<HttpServer, Error> {
                             async move { dispatch(web, n, method, uri, headers, body).await }
                         },
                     )
-                    .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX as usize));
+                    .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX));
                 // On stop: no new connections, requests being answered
                 // finish, idle keep-alive connections close; half a second
                 // at most.
@@ -386,44 +386,6 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
     }
 }
 
-/// Refusals for an action, before it is parsed: no token configured or
-/// given, a wrong one, another origin.
-fn authorize(web: &Web, req: &HeaderMap) -> Option<Resp> {
-    let Some(token) = &web.token else {
-        return Some(error_response(
-            403,
-            "refused",
-            "actions are off on this server: start it with --http-token FILE",
-        ));
-    };
-    if header_value(req, "Sec-Fetch-Site") == Some("cross-site") {
-        return Some(error_response(403, "refused", "cross-site request refused"));
-    }
-    if let Some(origin) = header_value(req, "Origin") {
-        let host = header_value(req, "Host").unwrap_or("");
-        if origin != format!("http://{host}") {
-            return Some(error_response(
-                403,
-                "refused",
-                &format!("request from another origin ({origin}) refused"),
-            ));
-        }
-    }
-    let given = header_value(req, "Authorization").and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        None => Some(error_response(
-            401,
-            "refused",
-            "this action needs the server's token (Authorization: Bearer TOKEN; the dashboard \
-             asks for it)",
-        )),
-        Some(t) if !same_secret(t.trim(), token) => {
-            Some(error_response(403, "refused", "wrong token"))
-        }
-        Some(_) => None,
-    }
-}
-
 /// A request refused before it runs: its status, kind and message.
 struct Refusal(u16, &'static str, String);
 
@@ -436,15 +398,47 @@ impl Refusal {
     }
 }
 
-/// The JSON body of an action (`{}` when there is none).
-fn body(headers: &HeaderMap, raw: &[u8]) -> Result<Value, Refusal> {
-    if raw.len() as u64 > BODY_BYTES_MAX {
+/// Refusals for an action, before it is parsed: no token configured or
+/// given, a wrong one, another origin.
+fn authorize(web: &Web, req: &HeaderMap) -> Result<(), Refusal> {
+    let Some(token) = &web.token else {
         return Err(Refusal::new(
-            413,
-            "invalid_argument",
-            "body larger than 64 KiB",
+            403,
+            "refused",
+            "actions are off on this server: start it with --http-token FILE",
         ));
+    };
+    if header_value(req, "Sec-Fetch-Site") == Some("cross-site") {
+        return Err(Refusal::new(403, "refused", "cross-site request refused"));
     }
+    if let Some(origin) = header_value(req, "Origin") {
+        let host = header_value(req, "Host").unwrap_or("");
+        if origin != format!("http://{host}") {
+            return Err(Refusal::new(
+                403,
+                "refused",
+                &format!("request from another origin ({origin}) refused"),
+            ));
+        }
+    }
+    let given = header_value(req, "Authorization").and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => Err(Refusal::new(
+            401,
+            "refused",
+            "this action needs the server's token (Authorization: Bearer TOKEN; the dashboard \
+             asks for it)",
+        )),
+        Some(t) if !same_secret(t.trim(), token) => {
+            Err(Refusal::new(403, "refused", "wrong token"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// The JSON body of an action (`{}` when there is none). A body over
+/// [`BODY_BYTES_MAX`] never gets here: `dispatch` answers 413.
+fn body(headers: &HeaderMap, raw: &[u8]) -> Result<Value, Refusal> {
     if raw.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(json!({}));
     }
@@ -530,15 +524,10 @@ fn api(
     if action_status(method, &segs).is_none() {
         return not_found_or_method(&segs);
     }
-    if let Some(refused) = authorize(web, headers) {
-        return refused;
-    }
-    let b = match body(headers, raw) {
-        Ok(b) => b,
-        Err(r) => return r.response(),
-    };
-    let parsed = action(method, &segs, &b);
-    match parsed {
+    let checked = authorize(web, headers)
+        .and_then(|()| body(headers, raw))
+        .and_then(|b| action(method, &segs, &b));
+    match checked {
         Ok((r, status)) => run(backend, r, status),
         Err(refusal) => refusal.response(),
     }
