@@ -40,6 +40,9 @@ Cases (issue #2 targets in brackets):
               idle, the switch's pause and the longest write latency during the move vs
               without, client IOPS during the move vs without [>= 0.7]
 
+  claims      issue 25: create-only writes of one key by 2, 8 and 32 racers at once
+              (hosts racing to claim a disk), SeaweedFS on loopback: p50/p99/max ms
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and
@@ -577,8 +580,8 @@ def case_stats(work, q):
     record_cost example), and that cost as a share of the server's CPU
     time per I/O over the same run.
     """
-    size = "1G" if q else "4G"
-    total = 30 if q else 300
+    size = smoke("256M", "1G" if q else "4G")
+    total = smoke(12, 30 if q else 300)
     phase = 2.0
     rng = random.Random(2026)
     window_ms, margin_ms = 250, 150
@@ -779,8 +782,8 @@ def matrix_peer(work, fmt, size, rt, cells):
 
 
 def case_matrix(work, q):
-    size = "256M" if q else "2G"
-    rt = 2 if q else 10
+    size = smoke("64M", "256M" if q else "2G")
+    rt = smoke(1, 2 if q else 10)
     cells = matrix_cells(q)
     peers = ["raw"] if q else ["raw", "qcow2"]
     res = {"params": {"size": size, "runtime_s": rt, "cells": cells, "types": MATRIX_TYPES,
@@ -816,6 +819,14 @@ def _qcow_chain_step(d, prev, i, size):
 
 
 CHAIN_MAX = None  # --chain-max
+SMOKE = False  # --smoke
+
+
+def smoke(value, otherwise):
+    """`value` in a --smoke run (each case at its smallest size and
+    shortest run: proof that it still produces every figure, as `make test`
+    needs, not a measurement), else `otherwise`."""
+    return value if SMOKE else otherwise
 
 
 def chain_depths(q):
@@ -826,8 +837,8 @@ def chain_depths(q):
 
 
 def case_chain(work, q):
-    size = "256M" if q else "2G"
-    rt = 2 if q else 5
+    size = smoke("64M", "256M" if q else "2G")
+    rt = smoke(1, 2 if q else 5)
     depths = chain_depths(q)
     maxd = depths[-1]
     size_mib = _bytes(size) >> 20
@@ -909,7 +920,7 @@ def case_chain(work, q):
 
 
 def case_clone(work, q):
-    size = "256M" if q else "1G"
+    size = smoke("64M", "256M" if q else "1G")
     counts = [0, 2, 4] if q else list(range(13))
     maxk = counts[-1]
     size_mib = _bytes(size) >> 20
@@ -1066,9 +1077,9 @@ def case_reclaim(work, q):
     disk as the background work, finished when `status` shows nothing
     reclaiming (a reclaim of 2 GiB takes about a second). Medians over the
     trials; the machine's load average is recorded with them."""
-    data = "1G" if q else "2G"
-    size, rt = "4G", 4
-    trials = 2 if q else 3
+    data = smoke("256M", "1G" if q else "2G")
+    size, rt = "4G", smoke(2, 4)
+    trials = smoke(1, 2 if q else 3)
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     runs = []
@@ -1161,8 +1172,8 @@ def case_formats(work, q):
     native strata disk, as VMDK chains strata exports and serves as they are
     (vmfsSparse 512 B grains, seSparse 4 KiB grains), and as a qcow2 backing
     chain under qemu-nbd. 4k random read/write IOPS at each depth."""
-    size = "256M" if q else "1G"
-    rt = 2 if q else 5
+    size = smoke("64M", "256M" if q else "1G")
+    rt = smoke(1, 2 if q else 5)
     depths = [0, 2] if q else [0, 1, 2, 4, 8, 12]
     maxd = depths[-1]
     size_mib = _bytes(size) >> 20
@@ -1347,7 +1358,7 @@ def case_vdi(work, q):
     size_mib = 256 if q else 1024
     fs_mib = size_mib * 3 // 4
     base_mib, app_mib, n_rounds = (16, 48, 1) if q else (64, 160, 3)
-    rt = 3 if q else 8
+    rt = smoke(1, 3 if q else 8)
     live_mib = size_mib - fs_mib
     res = {"params": {"clones": clones, "disk_mib": size_mib, "fs_mib": fs_mib, "golden_files_mib": base_mib,
                       "app_mib": app_mib, "rounds": n_rounds, "client_region_mib": live_mib,
@@ -1678,8 +1689,8 @@ def case_vhost(work, q):
     export's file), same CPU split, are printed beside it for reference. Workloads: 4k random read and write at QD 16, 512k
     sequential read and write at QD 16 (strata's pass and qsd's
     alternate, the median of three in full mode)."""
-    size = "1G"
-    rt = 4 if q else 8
+    size = smoke("256M", "1G")
+    rt = smoke(1, 4 if q else 8)
     passes = 1 if q else 3
     sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
        cwd=ROOT)
@@ -1773,8 +1784,8 @@ def case_cachenone(work, q):
     host's caches dropped and the server started again, and a 4k random
     read of the now full disk runs cold (strata's metadata cache starts
     empty too). Median of the passes."""
-    size = "1G" if q else "2G"
-    rt = 5 if q else 10
+    size = smoke("256M", "1G" if q else "2G")
+    rt = smoke(2, 5 if q else 10)
     passes = 1 if q else 3
     who_all = ("strata", "qemu_threads", "qemu_native")
     runs = {w: {"write": [], "read": []} for w in who_all}
@@ -1899,6 +1910,33 @@ def _cachenone_vhost(work, q, size, rt, passes):
         s.stop()
 
 
+def case_claims(work, q):
+    """Issue 25: create-only writes under contention, as hosts racing to
+    claim one disk send them (each claim is a create-only PUT of the next
+    manifest). Per racer count (2, 8, 32), rounds of that many threads
+    creating one fresh key at the same instant (the create_race example of
+    strata-objstore, SeaweedFS on loopback): p50/p99/max latency over
+    every create, the winners' and the losers' apart, and the errors."""
+    rounds = smoke(2, 10 if q else 20)
+    sh("cargo", "build", "--release", "-q", "-p", "strata-objstore", "--features", "testing",
+       "--example", "create_race", cwd=ROOT)
+    weed, endpoint = start_seaweedfs(work)
+    try:
+        env = dict(os.environ, STRATA_RACE_URL=f"s3://strata-bench/claims-{random.randrange(1 << 32):08x}")
+        out = subprocess.run([os.path.join(ROOT, "target/release/examples/create_race"), str(rounds),
+                              "2", "8", "32"], env=env, capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"create_race failed: {out.stderr[-2000:]}")
+        rows = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        weed.terminate()
+        weed.wait()
+    res = {"params": {"rounds": rounds, "store": f"SeaweedFS on loopback ({endpoint})"}}
+    for r in rows:
+        res[f"racers_{r['racers']}"] = r
+    return res
+
+
 CASES = {
     "depth": lambda w, q: case_depth(w, q),
     "randwrite": lambda w, q: case_simple(w, q, "randwrite", "4k", False, ">= 1.0"),
@@ -1923,6 +1961,7 @@ CASES = {
     "cachenone": lambda w, q: case_cachenone(w, q),
     "multihost": lambda w, q: case_multihost(w, q),
     "move": lambda w, q: case_move(w, q),
+    "claims": lambda w, q: case_claims(w, q),
 }
 
 
@@ -1993,8 +2032,8 @@ def case_move(work, q):
     is in it) and the server's own switch_ms, vs the longest latency of the
     same load without a move; client IOPS during the move vs the same load
     without one [>= 0.7]. Host page cache dropped before each run."""
-    size = "256M" if q else "2G"
-    base_rt = 5 if q else 15
+    size = smoke("64M", "256M" if q else "2G")
+    base_rt = smoke(3, 5 if q else 15)
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     s = Strata(os.path.join(work, "home")).start()
@@ -2154,8 +2193,8 @@ def case_multihost(work, q):
     (server restarted with its cache deleted, host page cache dropped):
     time to the first byte, IOPS per 250 ms until it reaches 90% of the
     warm figure."""
-    size = "256M" if q else "1G"
-    rt = 5 if q else 15
+    size = smoke("64M", "256M" if q else "1G")
+    rt = smoke(2, 5 if q else 15)
     weed, endpoint = start_seaweedfs(work)
     out = {"params": {"size": size, "runtime_s": rt, "store": f"SeaweedFS on loopback ({endpoint})",
                       "client": "fio nbd engine, iodepth 16"}}
@@ -2448,6 +2487,9 @@ def render(results, out_json):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, short runs (a few minutes)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--quick at each case's smallest size and shortest run: checks that every "
+                         "figure is still produced (make test), measures nothing worth keeping")
     ap.add_argument("--only", help="comma-separated cases (an existing --out file of the same kind keeps its other cases): " + ",".join(CASES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("--workdir", help="where to put datastores and images (default: a temp dir)")
@@ -2455,8 +2497,10 @@ def main():
                     help="only rewrite results.md and the SVGs next to JSON from its contents")
     ap.add_argument("--chain-max", type=int, help="chain: stop at this depth (default quick 4, full 32)")
     a = ap.parse_args()
-    global CHAIN_MAX
+    global CHAIN_MAX, SMOKE
     CHAIN_MAX = a.chain_max
+    SMOKE = a.smoke
+    a.quick = a.quick or a.smoke
     if a.render:
         with open(a.render) as f:
             render(json.load(f), a.render)
@@ -2471,14 +2515,16 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     work = a.workdir or tempfile.mkdtemp(prefix="strata-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     results = {"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
-               "quick": a.quick, "cases": {}}
+               "quick": a.quick, "smoke": a.smoke, "case_s": {}, "cases": {}}
     try:
         for c in cases:
             print(f"== {c}", flush=True)
             case_dir = os.path.join(work, c)
             os.makedirs(case_dir, exist_ok=True)
+            t_case = time.time()
             try:
                 results["cases"][c] = CASES[c](case_dir, a.quick)
+                results["case_s"][c] = round(time.time() - t_case, 1)
             finally:
                 # Each case's images go before the next: the full run needs
                 # 64 GiB for the RSS case alone.
@@ -2492,8 +2538,9 @@ def main():
         # others (from a run of the same kind: quick or full).
         with open(a.out) as f:
             before = json.load(f)
-        if before.get("quick") == a.quick:
+        if before.get("quick") == a.quick and before.get("smoke", False) == a.smoke:
             before["cases"].update(results["cases"])
+            before.setdefault("case_s", {}).update(results["case_s"])
             before["machine"] = results["machine"]
             results = before
     with open(a.out, "w") as f:

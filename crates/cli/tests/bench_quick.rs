@@ -1,7 +1,9 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --quick --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move`)
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move`:
+//! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
-//! case and every cell. The vdi case boots TCG guests (the guest test's
+//! case and every cell. It proves the benchmarks still work; the figures
+//! worth keeping come from `make bench` (`--quick` or full). The vdi case boots TCG guests (the guest test's
 //! kernel and initramfs). Opt-in: set `STRATA_BENCH_QUICK=1` (takes several
 //! minutes and needs fio, qemu-img and qemu-nbd). No timing thresholds: only
 //! that each figure was measured.
@@ -52,7 +54,7 @@ fn bench_quick_paper_suites() {
     let status = Command::new("python3")
         .arg(root.join("bench/bench.py"))
         .args([
-            "--quick",
+            "--smoke",
             "--only",
             "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move",
             "--out",

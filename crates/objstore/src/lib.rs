@@ -161,6 +161,20 @@ impl Default for Options {
     }
 }
 
+/// Concurrent creates of one key that [`ObjectStore::probe`] sends.
+pub const PROBE_RACERS: usize = 8;
+
+/// How long each probe racer may add to the probe's wait. A store may
+/// queue conflicting creates of one key behind a per-key lock: SeaweedFS
+/// (4.x) makes a waiting create poll that lock once a second, so the k-th
+/// of N racers answers after about k seconds (PERFORMANCE.md, "Create-only
+/// writes under contention"); twice that is left for a loaded host.
+pub const PROBE_WAIT_PER_RACER: Duration = Duration::from_secs(2);
+
+/// How often a create-only write that has no answer yet reads its key
+/// (see [`ObjectStore::put_create`]).
+pub const CREATE_WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The outcome of a create-only write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
@@ -195,6 +209,8 @@ pub struct ProbeReport {
 pub struct ObjectStore {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn object_store::ObjectStore>,
+    /// The same store with the probe's time limit and no retries.
+    probe_store: Arc<dyn object_store::ObjectStore>,
     url: StoreUrl,
     endpoint: String,
     opts: Options,
@@ -210,35 +226,13 @@ impl ObjectStore {
             .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
             .or_else(|| std::env::var("AWS_ENDPOINT").ok())
             .unwrap_or_default();
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
-        if !endpoint.is_empty() {
-            b = b.with_endpoint(&endpoint);
-        }
-        if let Some((id, secret)) = &opts.credentials {
-            b = b.with_access_key_id(id).with_secret_access_key(secret);
-        }
-        let mut b = b
-            .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_retry(RetryConfig {
-                max_retries: opts.retries,
-                retry_timeout: opts.op_timeout,
-                ..RetryConfig::default()
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_timeout(opts.request_timeout)
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_allow_http(endpoint.starts_with("http://")),
-            );
-        if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
-            b = b.with_region("us-east-1");
-        }
-        let store = b.build().map_err(|e| {
-            Error::new(
-                ErrorKind::Invalid,
-                format!("cannot set up the S3 client for {url}: {e}"),
-            )
-        })?;
+        let store = s3_client(url, &endpoint, opts, opts.request_timeout, opts.retries)?;
+        // The probe hears every racer's answer (an unanswered one may have
+        // been accepted), and a retried create would be refused as a second
+        // create of the key: no retries, and time for a store that queues
+        // conflicting creates (see PROBE_WAIT_PER_RACER).
+        let probe_timeout = opts.request_timeout + PROBE_WAIT_PER_RACER * PROBE_RACERS as u32;
+        let probe_store = s3_client(url, &endpoint, opts, probe_timeout, 0)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("strata-s3")
@@ -253,6 +247,7 @@ impl ObjectStore {
         Ok(ObjectStore {
             rt,
             store: Arc::new(store),
+            probe_store: Arc::new(probe_store),
             url: url.clone(),
             endpoint: if endpoint.is_empty() {
                 "AWS S3".to_string()
@@ -343,15 +338,52 @@ impl ObjectStore {
 
     /// Write `body` under `key` only if no object is there. A retried
     /// request that finds its own earlier success counts as [`Put::Created`].
+    ///
+    /// A store may hold a create that conflicts with another one in a queue
+    /// for seconds (SeaweedFS polls a per-key lock once a second), though
+    /// the answer is already decided once the other writer's object is
+    /// there. So while the request waits, the key is read every
+    /// [`CREATE_WATCH_INTERVAL`]: other bytes under it mean this create has
+    /// lost, and the request is dropped. That is safe because a create-only
+    /// request can never replace an object: the store still refuses it
+    /// whenever it gets to it (FORMAT.md §11.1, rule 2).
     pub fn put_create(&self, key: &str, body: Bytes) -> Result<Put> {
-        match self.put_create_once(key, body.clone()) {
-            Ok(()) => Ok(Put::Created),
+        match self.put_create_watched(key, body.clone()) {
+            Ok(put) => Ok(put),
             Err(e) if e.kind == ErrorKind::Exists => match self.get_opt(key)? {
                 Some(there) if there == body => Ok(Put::Created),
                 _ => Ok(Put::Exists),
             },
             Err(e) => Err(e),
         }
+    }
+
+    fn put_create_watched(&self, key: &str, body: Bytes) -> Result<Put> {
+        let path = self.path(key);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        let put = self
+            .store
+            .put_opts(&path, PutPayload::from_bytes(body.clone()), opts);
+        let watch = async {
+            loop {
+                tokio::time::sleep(CREATE_WATCH_INTERVAL).await;
+                // A failed read decides nothing: the request still may.
+                if let Ok(got) = self.store.get(&path).await {
+                    if let Ok(there) = got.bytes().await {
+                        return there == body;
+                    }
+                }
+            }
+        };
+        self.run("create", key, async {
+            tokio::select! {
+                r = put => r.map(|_| Put::Created),
+                ours = watch => Ok(if ours { Put::Created } else { Put::Exists }),
+            }
+        })
     }
 
     fn put_create_once(&self, key: &str, body: Bytes) -> Result<()> {
@@ -467,7 +499,7 @@ impl ObjectStore {
     /// exactly one, the one a read returns; one more create must be
     /// refused. The probe object is deleted afterwards.
     pub fn probe(&self) -> Result<ProbeReport> {
-        const RACERS: usize = 8;
+        const RACERS: usize = PROBE_RACERS;
         let key = format!(
             "probe/{:016x}{:016x}",
             rand::random::<u64>(),
@@ -482,7 +514,7 @@ impl ObjectStore {
             let tasks: Vec<_> = bodies
                 .iter()
                 .map(|b| {
-                    let store = self.store.clone();
+                    let store = self.probe_store.clone();
                     let path = path.clone();
                     let body = b.clone();
                     tokio::spawn(async move {
@@ -565,6 +597,45 @@ impl ObjectStore {
             put_ms,
         }))
     }
+}
+
+/// An S3 client for `url` whose HTTP attempts last at most `timeout`.
+fn s3_client(
+    url: &StoreUrl,
+    endpoint: &str,
+    opts: &Options,
+    timeout: Duration,
+    retries: usize,
+) -> Result<object_store::aws::AmazonS3> {
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    if !endpoint.is_empty() {
+        b = b.with_endpoint(endpoint);
+    }
+    if let Some((id, secret)) = &opts.credentials {
+        b = b.with_access_key_id(id).with_secret_access_key(secret);
+    }
+    let mut b = b
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .with_retry(RetryConfig {
+            max_retries: retries,
+            retry_timeout: opts.op_timeout.max(timeout),
+            ..RetryConfig::default()
+        })
+        .with_client_options(
+            ClientOptions::new()
+                .with_timeout(timeout)
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_allow_http(endpoint.starts_with("http://")),
+        );
+    if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+        b = b.with_region("us-east-1");
+    }
+    b.build().map_err(|e| {
+        Error::new(
+            ErrorKind::Invalid,
+            format!("cannot set up the S3 client for {url}: {e}"),
+        )
+    })
 }
 
 /// An error and its sources on one line.

@@ -136,14 +136,9 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
 fn of_32_concurrent_claims_one_owner_remains() {
     let Some(url) = store("claims") else { return };
     let d = tempfile::tempdir().unwrap();
-    // SeaweedFS answers 32 racing conditional PUTs of one key slowly (up
-    // to seconds each on two cores): give them time rather than time out.
-    let opts = Options {
-        request_timeout: std::time::Duration::from_secs(60),
-        op_timeout: std::time::Duration::from_secs(120),
-        ..Options::default()
-    };
-    let ds = Arc::new(SharedDatastore::init(d.path(), &url, &opts).unwrap().0);
+    // Default time limits: SeaweedFS queues the losers' creates for
+    // seconds, but a loser reads the winner's manifest and stops waiting.
+    let ds = init(d.path(), &url);
     ds.create_disk("vm", MIB).unwrap();
     let threads: Vec<_> = (0..32)
         .map(|_| {
