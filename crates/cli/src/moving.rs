@@ -12,7 +12,9 @@ use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
 use crate::api::{MoveReport, Request, Response};
 use crate::ops::Mover;
-use crate::placement::{Changed, Kind, Location, MoveEntry, Phase, Places, Store};
+use strata_datastore::{Capability, ChangedRange as Changed, SnapshotInfo};
+
+use crate::placement::{Location, MoveEntry, Phase, Places, Store};
 
 /// Stop converging when a pass finds at most this much changed...
 const CONVERGED_BYTES: u64 = 8 << 20;
@@ -255,28 +257,28 @@ fn run_locked(
 ) -> Result<MoveReport, Error> {
     let name = a.name;
     let started = Instant::now();
-    let (size, src_prov) = src.shape(name)?;
+    let info = src.disk_info(name)?;
+    let (size, src_prov) = (info.size_bytes, info.provisioning);
     let mut notes = Vec::new();
-    let prov = match (to.kind, a.provisioning) {
-        (Kind::Shared, Some(p)) if p.is_thick() => {
+    let thick = dst.supports(Capability::Thick);
+    let prov = match (thick, a.provisioning) {
+        (Err(e), Some(p)) if p.is_thick() => {
             return Err(Error::new(
-                ErrorKind::Refused,
-                format!(
-                    "object-store disks are thin: --type {} is not possible there",
-                    p.as_str()
-                ),
+                e.kind,
+                format!("--type {}: {}", p.as_str(), e.message),
             ))
         }
-        (Kind::Shared, _) => {
+        (Err(_), _) => {
             if src_prov.is_thick() {
                 notes.push(format!(
-                    "'{name}' was {}; object-store disks are thin, so it is thin now",
-                    src_prov.as_str()
+                    "'{name}' was {}; {} disks are thin, so it is thin now",
+                    src_prov.as_str(),
+                    to.kind.noun()
                 ));
             }
             Provisioning::Thin
         }
-        (Kind::Local, p) => p.unwrap_or(src_prov),
+        (Ok(()), p) => p.unwrap_or(src_prov),
     };
     // The record first, so that a crash from here on is undone at start.
     places.update(|f| {
@@ -306,7 +308,7 @@ fn run_locked(
         });
         e
     };
-    if let Err(e) = dst.create(name, size, prov) {
+    if let Err(e) = dst.create(name, size, prov, &mut |_, _| {}) {
         return Err(undo(e));
     }
     let slot = match places.slot(name) {
@@ -388,7 +390,9 @@ fn copy_and_switch(
     let (snaps, current) = if a.head_only {
         (Vec::new(), None)
     } else {
-        src.snapshots(name)?
+        let snaps = src.snapshots(name)?;
+        let current = snaps.iter().find(|s| s.current).map(|s| s.name.clone());
+        (snaps, current)
     };
     // Each snapshot is built from a state the target has: its parent, or
     // (a root after the first) the first one copied.
@@ -400,9 +404,13 @@ fn copy_and_switch(
             Some(p) if copied.contains(p.as_str()) => Some(p.clone()),
             _ => first.map(str::to_string),
         };
-        let ranges = src.diff(name, base.as_deref(), Some(&s.name))?;
+        let base_kept = base.clone();
+        let ranges = src.changed_ranges(
+            base.map(|b| format!("{name}@{b}")).as_deref(),
+            &format!("{name}@{}", s.name),
+        )?;
         copier.total += bytes(&ranges);
-        plan.push((base, &s.name, ranges));
+        plan.push((base_kept, &s.name, ranges));
         copied.insert(&s.name);
         first.get_or_insert(&s.name);
     }
@@ -410,14 +418,14 @@ fn copy_and_switch(
         Some(c) if copied.contains(c.as_str()) => Some(c.clone()),
         _ => first.map(str::to_string),
     };
-    let target = dst.device(name)?;
+    let target = dst.open(name)?;
     let mut at: Option<String> = None;
     let mut recreated = Vec::new();
     for (base, snap, ranges) in plan {
         if base.is_some() && base != at {
             dst.snapshot_revert(name, base.as_deref().expect("some"))?;
         }
-        let sdev = src.device(&format!("{name}@{snap}"))?;
+        let sdev = src.open(&format!("{name}@{snap}"))?;
         copier.copy(&*sdev, &*target, &ranges, true, None)?;
         dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
         at = Some(snap.to_string());
@@ -429,7 +437,10 @@ fn copy_and_switch(
     // The head: what differs from its base now (tracking is on, so what
     // changes after this is copied again).
     let source = slot.device();
-    let ranges = src.diff(name, head_base.as_deref(), None)?;
+    let ranges = src.changed_ranges(
+        head_base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
+        name,
+    )?;
     copier.total += bytes(&ranges);
     copier.copy(&*source, &*target, &ranges, true, Some(slot))?;
     crash_point("copy");
@@ -493,14 +504,14 @@ fn copy_and_switch(
     // --head-only, find them gone).
     for (export, s) in places.snapshot_slots(name) {
         let next = dst
-            .device(&export)
+            .open(&export)
             .unwrap_or_else(|e| Arc::new(Gone(e.message)));
         let _ = s.switch(|| Ok::<_, Error>(next));
     }
     Ok((recreated, passes, held, mirrored))
 }
 
-fn description_of(snaps: &[crate::placement::Snap], name: &str) -> String {
+fn description_of(snaps: &[SnapshotInfo], name: &str) -> String {
     snaps
         .iter()
         .find(|s| s.name == name)

@@ -11,25 +11,22 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use strata_block::BlockDevice;
-use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
-use strata_shared::SharedDatastore;
+use strata_datastore::{
+    Datastore as AnyDatastore, LocalDatastore, ObjectStoreDatastore, OpenOptions,
+};
+use strata_engine::{Datastore, Error, ErrorKind};
 
 use crate::api::{Request, Response};
-use crate::ops::{self, Ctx, LockOutcome};
-use crate::shared_exports::SharedExports;
-use crate::shared_ops::{engine_error, ServedDisks};
+use crate::ops::{self, Ctx};
 use crate::slot::Slot;
+
+pub use strata_datastore::Kind;
+
+/// An open datastore a disk may live in, whichever its kind.
+pub type Store = Arc<dyn AnyDatastore>;
 
 /// The placement file in the home datastore's directory.
 pub const FILE_PLACEMENT: &str = "placement.json";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Local,
-    Shared,
-}
 
 /// A datastore, by its (canonical) directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,26 +39,7 @@ impl Location {
     /// The datastore in `dir`: a local one, or a directory attached to an
     /// object store.
     pub fn of(dir: &Path) -> Result<Location, Error> {
-        let dir = std::fs::canonicalize(dir).map_err(|e| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("datastore directory {}: {e}", dir.display()),
-            )
-        })?;
-        let kind = if strata_shared::is_shared(&dir) {
-            Kind::Shared
-        } else if dir.join(strata_format::FILE_SUPER).exists() {
-            Kind::Local
-        } else {
-            return Err(Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "{} is neither a datastore ('strata init') nor a directory attached to an \
-                     object store ('strata init|attach s3://...')",
-                    dir.display()
-                ),
-            ));
-        };
+        let (kind, dir) = strata_datastore::probe(dir)?;
         Ok(Location { kind, dir })
     }
 }
@@ -131,264 +109,6 @@ impl PlacementFile {
     }
 }
 
-/// An open datastore a disk may live in.
-#[derive(Clone)]
-pub enum Store {
-    Local(Datastore),
-    Shared(Arc<SharedExports>),
-}
-
-/// One snapshot as a move sees it.
-pub struct Snap {
-    pub name: String,
-    pub parent: Option<String>,
-    pub description: String,
-}
-
-/// A range where one version of a disk differs from another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Changed {
-    pub offset: u64,
-    pub len: u64,
-    /// The newer version reads data here (false: zeros).
-    pub mapped: bool,
-}
-
-fn shared_err(e: strata_shared::Error) -> Error {
-    engine_error(e)
-}
-
-impl Store {
-    pub fn exists(&self, disk: &str) -> bool {
-        match self {
-            Store::Local(ds) => ds.disk_info(disk).is_ok(),
-            Store::Shared(x) => x.datastore().disk_id(disk).is_ok(),
-        }
-    }
-
-    /// `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O; for an
-    /// object store the server's one handle of it.
-    pub fn device(&self, name: &str) -> Result<Arc<dyn BlockDevice>, Error> {
-        match self {
-            Store::Local(ds) => Ok(ds.open_disk(name)? as Arc<dyn BlockDevice>),
-            Store::Shared(x) => x
-                .open_disk(name)
-                .map(|d| d as Arc<dyn BlockDevice>)
-                .map_err(|m| Error::new(ErrorKind::NotFound, m)),
-        }
-    }
-
-    /// Size and provisioning.
-    pub fn shape(&self, disk: &str) -> Result<(u64, Provisioning), Error> {
-        match self {
-            Store::Local(ds) => {
-                let i = ds.disk_info(disk)?;
-                Ok((i.size_bytes, i.provisioning))
-            }
-            Store::Shared(x) => {
-                let d = x
-                    .open_disk(disk)
-                    .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
-                Ok((d.manifest().size_bytes, Provisioning::Thin))
-            }
-        }
-    }
-
-    /// The disk's snapshots (parents before children) and the one its
-    /// live state descends from.
-    pub fn snapshots(&self, disk: &str) -> Result<(Vec<Snap>, Option<String>), Error> {
-        match self {
-            Store::Local(ds) => {
-                let current = ds.disk_info(disk)?.current_snapshot;
-                let snaps = ds
-                    .snapshot_list(disk)?
-                    .into_iter()
-                    .map(|s| Snap {
-                        name: s.name,
-                        parent: s.parent,
-                        description: s.description,
-                    })
-                    .collect();
-                Ok((snaps, current))
-            }
-            Store::Shared(x) => {
-                let d = x
-                    .open_disk(disk)
-                    .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
-                let m = d.manifest();
-                let name_of = |id: Option<u64>| {
-                    id.and_then(|id| m.snapshots.iter().find(|s| s.id == id))
-                        .map(|s| s.name.clone())
-                };
-                let mut recs = m.snapshots.clone();
-                recs.sort_by_key(|s| s.id);
-                let snaps = recs
-                    .iter()
-                    .map(|s| Snap {
-                        name: s.name.clone(),
-                        parent: name_of(s.parent),
-                        description: s.description.clone(),
-                    })
-                    .collect();
-                Ok((snaps, name_of(m.current)))
-            }
-        }
-    }
-
-    /// Where `disk@to` (None: the head) differs from `disk@from` (None: an
-    /// empty disk). Local datastores compare maps (skipping what two
-    /// versions share); object stores compare what the two read.
-    pub fn diff(
-        &self,
-        disk: &str,
-        from: Option<&str>,
-        to: Option<&str>,
-    ) -> Result<Vec<Changed>, Error> {
-        let target = |s: Option<&str>| match s {
-            Some(s) => format!("{disk}@{s}"),
-            None => disk.to_string(),
-        };
-        match self {
-            Store::Local(ds) => Ok(ds
-                .changed_ranges(from.map(|f| target(Some(f))).as_deref(), &target(to))?
-                .into_iter()
-                .map(|r| Changed {
-                    offset: r.offset,
-                    len: r.len,
-                    mapped: r.mapped,
-                })
-                .collect()),
-            Store::Shared(_) => {
-                let a = match from {
-                    Some(f) => Some(self.device(&target(Some(f)))?),
-                    None => None,
-                };
-                let b = self.device(&target(to))?;
-                content_diff(a.as_deref(), &*b)
-            }
-        }
-    }
-
-    pub fn create(&self, disk: &str, size: u64, prov: Provisioning) -> Result<(), Error> {
-        match self {
-            Store::Local(ds) => ds.create_disk(disk, size, prov, &mut |_, _| {}).map(|_| ()),
-            Store::Shared(x) => x
-                .datastore()
-                .create_disk(disk, size)
-                .map(|_| ())
-                .map_err(shared_err),
-        }
-    }
-
-    pub fn snapshot_create(&self, disk: &str, snap: &str, description: &str) -> Result<(), Error> {
-        match self {
-            Store::Local(ds) => ds.snapshot_create(disk, snap, description).map(|_| ()),
-            Store::Shared(x) => self
-                .shared_disk(x, disk)?
-                .snapshot_create(snap, description)
-                .map(|_| ())
-                .map_err(shared_err),
-        }
-    }
-
-    pub fn snapshot_revert(&self, disk: &str, snap: &str) -> Result<(), Error> {
-        match self {
-            Store::Local(ds) => ds.snapshot_revert(disk, snap),
-            Store::Shared(x) => self
-                .shared_disk(x, disk)?
-                .snapshot_revert(snap)
-                .map_err(shared_err),
-        }
-    }
-
-    fn shared_disk(
-        &self,
-        x: &SharedExports,
-        disk: &str,
-    ) -> Result<Arc<strata_shared::SharedDisk>, Error> {
-        x.open_disk(disk)
-            .map_err(|m| Error::new(ErrorKind::NotFound, m))
-    }
-
-    /// Remove the disk and its snapshots.
-    pub fn remove(&self, disk: &str) -> Result<(), Error> {
-        match self {
-            Store::Local(ds) => ds.remove_disk(disk),
-            Store::Shared(x) => {
-                x.forget(disk);
-                x.datastore().remove_disk(disk).map_err(shared_err)
-            }
-        }
-    }
-
-    fn close(&self) {
-        match self {
-            Store::Local(ds) => {
-                if let Err(e) = ds.close() {
-                    eprintln!("strata: closing a datastore failed: {}", e.message);
-                }
-            }
-            Store::Shared(x) => {
-                if !x.flush_all() {
-                    eprintln!("strata: not every object-store disk could be flushed (above)");
-                }
-            }
-        }
-    }
-}
-
-/// Compare two devices' contents (`a` None: zeros), reading only where
-/// either stores something, in 64 KiB ranges.
-fn content_diff(a: Option<&dyn BlockDevice>, b: &dyn BlockDevice) -> Result<Vec<Changed>, Error> {
-    const STEP: u64 = 1 << 20;
-    const UNIT: usize = 64 * 1024;
-    let size = b.size_bytes();
-    let io = |e: strata_block::BlockError| Error::new(ErrorKind::Io, e.to_string());
-    let stored = |d: &dyn BlockDevice, off: u64, len: u64| -> Result<bool, Error> {
-        let ext = d.block_status(off, len).map_err(io)?;
-        Ok(ext.iter().any(|e| !e.hole && !e.zero)
-            || ext.iter().map(|e| e.len_bytes).sum::<u64>() < len)
-    };
-    let mut out: Vec<Changed> = Vec::new();
-    let mut ba = vec![0u8; STEP as usize];
-    let mut bb = vec![0u8; STEP as usize];
-    let mut off = 0;
-    while off < size {
-        let len = STEP.min(size - off);
-        let in_a = match a {
-            Some(a) if off < a.size_bytes() => stored(a, off, len.min(a.size_bytes() - off))?,
-            _ => false,
-        };
-        if in_a || stored(b, off, len)? {
-            let n = len as usize;
-            ba[..n].fill(0);
-            if let Some(a) = a.filter(|_| in_a) {
-                let an = n.min((a.size_bytes() - off) as usize);
-                a.read_at(&mut ba[..an], off).map_err(io)?;
-            }
-            b.read_at(&mut bb[..n], off).map_err(io)?;
-            for (i, (x, y)) in ba[..n].chunks(UNIT).zip(bb[..n].chunks(UNIT)).enumerate() {
-                if x != y {
-                    let o = off + (i * UNIT) as u64;
-                    let mapped = y.iter().any(|&c| c != 0);
-                    match out.last_mut() {
-                        Some(r) if r.offset + r.len == o && r.mapped == mapped => {
-                            r.len += y.len() as u64
-                        }
-                        _ => out.push(Changed {
-                            offset: o,
-                            len: y.len() as u64,
-                            mapped,
-                        }),
-                    }
-                }
-            }
-        }
-        off += len;
-    }
-    Ok(out)
-}
-
 /// How the server opens other datastores for moves.
 pub struct Config {
     pub metadata_cache: u64,
@@ -400,6 +120,8 @@ pub struct Config {
 pub struct Places {
     home_dir: PathBuf,
     home: Datastore,
+    /// `home` through the one interface.
+    home_store: Store,
     cfg: Config,
     guests: Mutex<Vec<(PathBuf, Store)>>,
     file: Mutex<PlacementFile>,
@@ -415,6 +137,7 @@ impl Places {
             .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", home_dir.display())))?;
         let file = PlacementFile::load(&home_dir)?;
         let p = Arc::new(Places {
+            home_store: Arc::new(LocalDatastore::new(home.clone(), &home_dir)),
             home_dir,
             home,
             cfg,
@@ -511,35 +234,33 @@ impl Places {
     /// under its lock, which a server of its own would hold).
     pub fn store(&self, loc: &Location) -> Result<Store, Error> {
         if loc.dir == self.home_dir {
-            return Ok(Store::Local(self.home.clone()));
+            return Ok(self.home_store.clone());
         }
         let mut g = self.guests.lock();
         if let Some((_, s)) = g.iter().find(|(d, _)| d == &loc.dir) {
             return Ok(s.clone());
         }
-        let s = match loc.kind {
-            Kind::Local => {
-                let lock = match ops::try_lock(&loc.dir)? {
-                    LockOutcome::Locked(f) => f,
-                    LockOutcome::Held(pid) => {
-                        return Err(Error::new(
-                            ErrorKind::Locked,
-                            format!(
-                                "datastore {} is in use{}: a disk can move only into a datastore \
-                                 no other process holds (stop its server)",
-                                loc.dir.display(),
-                                pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
-                            ),
-                        ))
-                    }
-                };
-                let ds =
-                    ops::open_local(&loc.dir, lock, self.cfg.metadata_cache, self.cfg.direct_io)?;
-                ds.start_reclaimer();
-                ds.start_background_commits();
-                Store::Local(ds)
-            }
-            Kind::Shared => {
+        let opts = OpenOptions {
+            cache_bytes: self.cfg.metadata_cache,
+            direct_io: self.cfg.direct_io,
+            store_timeout: self.cfg.store_timeout,
+        };
+        let s: Store = match loc.kind {
+            Kind::Local => match LocalDatastore::open(&loc.dir, &opts) {
+                Ok(ds) => Arc::new(ds),
+                Err(e) if e.kind == ErrorKind::Locked => {
+                    return Err(Error::new(
+                        ErrorKind::Locked,
+                        format!(
+                            "{}: a disk can move only into a datastore no other process holds \
+                             (stop its server)",
+                            e.message
+                        ),
+                    ))
+                }
+                Err(e) => return Err(e),
+            },
+            Kind::ObjectStore => {
                 let ctl = loc.dir.join(strata_format::FILE_CONTROL);
                 if std::os::unix::net::UnixStream::connect(&ctl).is_ok() {
                     return Err(Error::new(
@@ -551,12 +272,7 @@ impl Places {
                         ),
                     ));
                 }
-                let opts = strata_objstore::Options {
-                    op_timeout: self.cfg.store_timeout,
-                    ..Default::default()
-                };
-                let ds = SharedDatastore::open(&loc.dir, &opts).map_err(shared_err)?;
-                Store::Shared(Arc::new(SharedExports::new(Arc::new(ds), None)))
+                Arc::new(ObjectStoreDatastore::open(&loc.dir, &opts)?)
             }
         };
         g.push((loc.dir.clone(), s.clone()));
@@ -584,7 +300,7 @@ impl Places {
             gone.into_iter().map(|(_, s)| s).collect()
         };
         for s in gone {
-            s.close();
+            close(&*s);
         }
     }
 
@@ -596,7 +312,7 @@ impl Places {
             return Ok(s);
         }
         let disk = strata_format::split_target(name).0;
-        let dev = self.store(&self.place_of(disk))?.device(name)?;
+        let dev = self.store(&self.place_of(disk))?.open(name)?;
         let s = Arc::new(Slot::new(dev));
         slots.retain(|_, w| w.strong_count() > 0);
         slots.insert(name.to_string(), Arc::downgrade(&s));
@@ -626,28 +342,13 @@ impl Places {
             .collect();
         for (disk, loc) in &placed {
             let Ok(store) = self.store(loc) else { continue };
-            match &store {
-                Store::Local(ds) => out.extend(
-                    ds.export_names()
-                        .into_iter()
-                        .filter(|(n, _)| strata_format::split_target(n).0 == disk)
-                        .map(|(n, d)| (n, format!("{d}, in {}", loc.dir.display()))),
-                ),
-                Store::Shared(_) => {
-                    out.push((
-                        disk.clone(),
-                        format!("object-store disk, in {}", loc.dir.display()),
-                    ));
-                    if let Ok((snaps, _)) = store.snapshots(disk) {
-                        out.extend(snaps.into_iter().map(|s| {
-                            (
-                                format!("{disk}@{}", s.name),
-                                format!("snapshot of {disk} (read-only)"),
-                            )
-                        }));
-                    }
-                }
-            }
+            out.extend(
+                store
+                    .export_names()
+                    .into_iter()
+                    .filter(|(n, _)| strata_format::split_target(n).0 == disk)
+                    .map(|(n, d)| (n, format!("{d}, in {}", loc.dir.display()))),
+            );
         }
         out.sort();
         out
@@ -656,7 +357,7 @@ impl Places {
     /// Close the other datastores (flushing them).
     pub fn close(&self) {
         for (_, s) in self.guests.lock().drain(..) {
-            s.close();
+            close(&*s);
         }
     }
 
@@ -739,8 +440,9 @@ impl Places {
             Ok(s) => s,
             Err(e) => return Some(Err(e)),
         };
-        let r = match &store {
-            Store::Local(ds) => ops::execute(
+        // Requests are still answered per kind (ops, shared_ops).
+        let r = match (store.as_local(), store.as_object_store()) {
+            (Some(ds), _) => ops::execute(
                 &Ctx {
                     ds,
                     stats: None,
@@ -751,7 +453,11 @@ impl Places {
                 req,
                 progress,
             ),
-            Store::Shared(x) => crate::shared_ops::execute(x.datastore(), Some(&**x), req),
+            (None, Some(x)) => crate::shared_ops::execute(x.shared(), Some(x), req),
+            (None, None) => Err(Error::new(
+                ErrorKind::Refused,
+                format!("{} answers no requests here", store.kind().noun()),
+            )),
         };
         // What a request adds or takes away in that datastore, this
         // server serves or stops serving.
@@ -774,5 +480,17 @@ impl Places {
             .lock()
             .disks
             .contains_key(strata_format::split_target(name).0)
+    }
+}
+
+/// Close a datastore this server opened, saying on stderr what failed.
+fn close(s: &dyn AnyDatastore) {
+    if let Err(e) = s.close() {
+        eprintln!(
+            "strata: closing {} {} failed: {}",
+            s.kind().noun(),
+            s.dir().display(),
+            e.message
+        );
     }
 }

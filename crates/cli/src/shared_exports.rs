@@ -5,11 +5,11 @@
 //! (shared_serve.rs) and by a local datastore's server for the disks it
 //! moved to an object store (placement.rs).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use strata_block::BlockDevice;
+use strata_datastore::ObjectStoreDatastore;
+use strata_engine::Error;
 use strata_nbd::{ExportInfo, ExportProvider};
 use strata_shared::gc::GcReport;
 use strata_shared::{SharedDatastore, SharedDisk};
@@ -18,11 +18,8 @@ use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use crate::shared_ops::ServedDisks;
 
 pub struct SharedExports {
-    ds: Arc<SharedDatastore>,
-    /// Disks served incoming (hand-over), and how long their first write
-    /// waits for the release.
-    pub(crate) incoming: (Vec<String>, Duration),
-    open: Mutex<HashMap<String, Arc<SharedDisk>>>,
+    /// The datastore and this server's one handle per disk.
+    store: Arc<ObjectStoreDatastore>,
     stats: Option<Arc<StatsRegistry>>,
     /// The last garbage collection this server ran (background or asked
     /// through its control socket), for the metrics.
@@ -30,58 +27,31 @@ pub struct SharedExports {
 }
 
 impl SharedExports {
-    pub(crate) fn new(ds: Arc<SharedDatastore>, stats: Option<Arc<StatsRegistry>>) -> Self {
+    pub(crate) fn new(store: Arc<ObjectStoreDatastore>, stats: Option<Arc<StatsRegistry>>) -> Self {
         SharedExports {
-            ds,
-            incoming: (Vec::new(), Duration::ZERO),
-            open: Mutex::new(HashMap::new()),
+            store,
             stats,
             last_gc: Mutex::new(None),
         }
     }
 
     pub(crate) fn datastore(&self) -> &Arc<SharedDatastore> {
-        &self.ds
+        self.store.shared()
     }
 
     /// Commit every disk this server writes (at shutdown); false if one
     /// failed (said on stderr).
     pub(crate) fn flush_all(&self) -> bool {
-        let mut ok = true;
-        for (name, d) in self.open.lock().unwrap().iter() {
-            let (owner, fenced) = d.ownership();
-            if let Some(f) = fenced {
-                // Handed over: another host writes it now (not a failure of
-                // this server; its clients were told at their FLUSH).
-                eprintln!("strata: {f}");
-                continue;
-            }
-            if !owner {
-                continue;
-            }
-            if let Err(e) = d.commit() {
-                eprintln!("strata: flushing disk {name} failed: {e}");
-                ok = false;
-            }
+        let failed = self.store.flush_all();
+        for (name, e) in &failed {
+            eprintln!("strata: flushing disk {name} failed: {e}");
         }
-        ok
+        failed.is_empty()
     }
 
-    /// The server's handle of `name`: one per disk, shared by every
-    /// connection and the control socket. A handle that was fenced stays
-    /// fenced (this host acknowledges nothing more for the disk) until
-    /// `strata claim` on this host takes the disk back ([`Self::reopen`]).
-    pub(crate) fn open_disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
-        let mut open = self.open.lock().unwrap();
-        if let Some(d) = open.get(name) {
-            return Ok(d.clone());
-        }
-        let d = SharedDisk::open(self.ds.clone(), name, false).map_err(|e| e.message)?;
-        if self.incoming.0.iter().any(|n| n == name) {
-            d.set_incoming(Some(self.incoming.1));
-        }
-        open.insert(name.to_string(), d.clone());
-        Ok(d)
+    /// The server's handle of `name` (see `ObjectStoreDatastore::disk`).
+    pub(crate) fn open_disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
+        self.store.disk(name)
     }
 }
 
@@ -92,68 +62,68 @@ impl SharedExports {
         let g = |name: &str, help: &str, disk: &str, v: f64| {
             Gauge::new(name, help, v).label("disk", disk)
         };
-        for (name, d) in self.open.lock().unwrap().iter() {
+        for (name, d) in self.store.handles() {
             let m = d.manifest();
             let (writer, fenced) = d.ownership();
             let c = d.commit_stats();
             out.push(g(
                 "strata_shared_unflushed_bytes",
                 "Bytes acknowledged to clients and not yet in the object store (the upload backlog)",
-                name,
+                &name,
                 d.unflushed_bytes() as f64,
             ));
             out.push(g(
                 "strata_shared_writer",
                 "1 if this server is the disk's writer (its generation is the newest)",
-                name,
+                &name,
                 f64::from(u8::from(writer && fenced.is_none())),
             ));
             out.push(g(
                 "strata_shared_fenced",
                 "1 if another host claimed the disk from this server",
-                name,
+                &name,
                 f64::from(u8::from(fenced.is_some())),
             ));
             out.push(g(
                 "strata_shared_generation",
                 "The disk's generation in the newest manifest this server knows",
-                name,
+                &name,
                 f64::from(m.generation),
             ));
             out.push(g(
                 "strata_shared_manifest_seq",
                 "Sequence number of that manifest",
-                name,
+                &name,
                 m.seq as f64,
             ));
             out.push(g(
                 "strata_shared_commits_total",
                 "FLUSHes that uploaded a segment and committed a manifest",
-                name,
+                &name,
                 c.commits as f64,
             ));
             out.push(g(
                 "strata_shared_commit_failures_total",
                 "Commits that failed (store unavailable, or fenced)",
-                name,
+                &name,
                 c.failed as f64,
             ));
             out.push(g(
                 "strata_shared_commit_seconds_total",
                 "Time spent in successful commits",
-                name,
+                &name,
                 c.seconds_total,
             ));
             out.push(g(
                 "strata_shared_commit_seconds_max",
                 "The longest successful commit",
-                name,
+                &name,
                 c.seconds_max,
             ));
             out.push(g(
                 "strata_shared_uploaded_bytes_total",
                 "Bytes of segments uploaded",
-                name,
+                &name,
                 c.uploaded_bytes as f64,
             ));
         }
@@ -188,22 +158,21 @@ impl SharedExports {
 }
 
 impl ServedDisks for SharedExports {
-    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
-        self.open_disk(name)
+    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
+        self.store.disk(name)
     }
 
     /// A new handle of `name` for connections from now on (after a fence).
-    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String> {
-        self.forget(name);
-        self.open_disk(name)
+    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
+        self.store.reopen(name)
     }
 
     fn forget(&self, name: &str) {
-        self.open.lock().unwrap().remove(name);
+        self.store.forget(name)
     }
 
     fn gc(&self, dry_run: bool) -> Result<GcReport, strata_shared::Error> {
-        let r = self.ds.gc(dry_run)?;
+        let r = self.datastore().gc(dry_run)?;
         *self.last_gc.lock().unwrap() = Some(r.clone());
         Ok(r)
     }
@@ -211,35 +180,16 @@ impl ServedDisks for SharedExports {
 
 impl ExportProvider for SharedExports {
     fn list(&self) -> Vec<ExportInfo> {
-        let disks = match self.ds.disks() {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("strata: listing the store's disks failed: {e}");
-                return Vec::new();
-            }
-        };
-        let mut out = Vec::new();
-        for (name, m) in disks {
-            let owner = match &m.owner {
-                Some(o) => format!("owner {} generation {}", o.name, m.generation),
-                None => "no owner".into(),
-            };
-            out.push(ExportInfo {
-                name: name.clone(),
-                description: format!("object-store disk ({owner})"),
-            });
-            for s in &m.snapshots {
-                out.push(ExportInfo {
-                    name: format!("{name}@{}", s.name),
-                    description: "snapshot (read-only)".into(),
-                });
-            }
-        }
-        out
+        use strata_datastore::Datastore as _;
+        self.store
+            .export_names()
+            .into_iter()
+            .map(|(name, description)| ExportInfo { name, description })
+            .collect()
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        let dev = self.open_disk(name)? as Arc<dyn BlockDevice>;
+        let dev = self.open_disk(name).map_err(|e| e.message)? as Arc<dyn BlockDevice>;
         Ok(match &self.stats {
             // Every connection to one export shares one set of statistics.
             Some(reg) => Arc::new(StatsDevice::new(dev, reg.get_or_create(name))),

@@ -14,26 +14,15 @@ use strata_shared::{SharedDatastore, SharedDisk, Summary};
 
 use crate::api::{Request, Response};
 
-pub(crate) fn engine_error(e: strata_shared::Error) -> Error {
-    use strata_shared::ErrorKind as K;
-    let kind = match e.kind {
-        K::NotFound => ErrorKind::NotFound,
-        K::AlreadyExists => ErrorKind::AlreadyExists,
-        K::InvalidArgument => ErrorKind::InvalidArgument,
-        K::Corrupt => ErrorKind::Corrupt,
-        K::Unsupported | K::Fenced | K::Released => ErrorKind::Refused,
-        K::Unavailable | K::Io => ErrorKind::Io,
-    };
-    Error::new(kind, e.message)
-}
+pub(crate) use strata_datastore::from_shared as engine_error;
 
 /// The disks a running server has open, as requests through its control
 /// socket reach them (implemented by the server, shared_serve.rs).
 pub trait ServedDisks {
     /// The server's handle of a disk (opened if it was not).
-    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, String>;
+    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error>;
     /// A new handle for a disk this server was fenced from.
-    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, String>;
+    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, Error>;
     /// Drop the handle of a disk being removed.
     fn forget(&self, name: &str);
     /// Garbage collection, remembered for the server's metrics.
@@ -63,7 +52,7 @@ pub fn execute(
     let e = engine_error;
     let disk = |name: &str| -> Result<Arc<SharedDisk>, Error> {
         match exports {
-            Some(x) => x.disk(name).map_err(|m| Error::new(ErrorKind::NotFound, m)),
+            Some(x) => x.disk(name),
             None => SharedDisk::open(ds.clone(), name, false).map_err(e),
         }
     };
@@ -157,9 +146,7 @@ pub fn execute(
                     let mut d = disk(name)?;
                     if d.ownership().1.is_some() {
                         // Fenced here before: taking it back starts afresh.
-                        d = x
-                            .reopen(name)
-                            .map_err(|m| Error::new(ErrorKind::NotFound, m))?;
+                        d = x.reopen(name)?;
                     }
                     if *handover {
                         d.claim_handover(wait).map_err(e)?;
@@ -464,4 +451,24 @@ pub(crate) fn summary_text(s: &Summary) -> String {
         s.disk_objects
     );
     t
+}
+
+/// A datastore a local server moved disks into serves them with its own
+/// handles (no statistics, no remembered GC).
+impl ServedDisks for strata_datastore::ObjectStoreDatastore {
+    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
+        strata_datastore::ObjectStoreDatastore::disk(self, name)
+    }
+
+    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
+        strata_datastore::ObjectStoreDatastore::reopen(self, name)
+    }
+
+    fn forget(&self, name: &str) {
+        strata_datastore::ObjectStoreDatastore::forget(self, name)
+    }
+
+    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, strata_shared::Error> {
+        self.shared().gc(dry_run)
+    }
 }

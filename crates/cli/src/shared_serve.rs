@@ -81,18 +81,24 @@ pub fn run(dir: &Path, args: &ServeArgs) -> Result<ExitCode, Error> {
         op_timeout: Duration::from_secs(args.store_timeout),
         ..Options::default()
     };
-    let ds = Arc::new(SharedDatastore::open(dir, &opts).map_err(engine_error)?);
+    let store = Arc::new(strata_datastore::ObjectStoreDatastore::new(
+        Arc::new(SharedDatastore::open(dir, &opts).map_err(engine_error)?),
+        dir,
+    ));
+    let ds = store.shared().clone();
     let stop = serve::stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
     for name in &args.incoming {
         ds.disk_id(name).map_err(engine_error)?;
     }
-    let mut exports = SharedExports::new(ds.clone(), (!args.no_stats).then(|| registry.clone()));
-    exports.incoming = (
-        args.incoming.clone(),
-        Duration::from_secs(args.incoming_wait),
-    );
-    let exports = Arc::new(exports);
+    store.set_incoming(strata_datastore::Incoming {
+        disks: args.incoming.clone(),
+        wait: Duration::from_secs(args.incoming_wait),
+    });
+    let exports = Arc::new(SharedExports::new(
+        store,
+        (!args.no_stats).then(|| registry.clone()),
+    ));
     let server = NbdServer::new(exports.clone(), serve::nbd_options(args));
     let names: Vec<String> = exports.list().into_iter().map(|e| e.name).collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());

@@ -1,0 +1,178 @@
+//! What each kind of datastore cannot do, and why: one table, so a
+//! command is refused in one place with one reason (docs/MULTIHOST.md
+//! shows the same table).
+
+use crate::{Error, ErrorKind, Kind, Result};
+
+/// Something a command needs of a datastore beyond disks, snapshots,
+/// linked clones and I/O (which every kind has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Capability {
+    /// Space reserved at create (zeroedthick, eagerzeroedthick).
+    Thick,
+    /// A larger virtual size for a disk.
+    Extend,
+    /// An independent copy of a disk or snapshot (`clone --full`).
+    FullClone,
+    /// A change of provisioning (`convert`).
+    Convert,
+    /// Releasing a disk's zero grains (`punchzero`).
+    PunchZero,
+    /// Laying a disk out in logical order, consolidating free space.
+    Defrag,
+    /// Per-disk I/O limits kept with the disk (`limit`).
+    Limits,
+    /// Usage and over-commit alarms kept with the datastore (`alarm`).
+    Alarms,
+    /// A capacity set for the datastore (`grow`).
+    Grow,
+    /// A disk's writer taken or handed over (`claim`, `release`).
+    Claims,
+    /// Garbage collection of what no live root reaches (`gc`).
+    Gc,
+    /// Importing a VMDK chain or image as a disk (`import`).
+    Import,
+    /// Writing a disk or snapshot as VMDK (`export`).
+    Export,
+    /// Moving its disks to another datastore (`move`, by its server).
+    MoveOut,
+}
+
+impl Capability {
+    /// The command that needs it, for messages.
+    pub fn command(self) -> &'static str {
+        match self {
+            Capability::Thick => "thick provisioning",
+            Capability::Extend => "extend",
+            Capability::FullClone => "clone --full",
+            Capability::Convert => "convert",
+            Capability::PunchZero => "punchzero",
+            Capability::Defrag => "defrag",
+            Capability::Limits => "limit",
+            Capability::Alarms => "alarm",
+            Capability::Grow => "grow",
+            Capability::Claims => "claim and release",
+            Capability::Gc => "gc",
+            Capability::Import => "import",
+            Capability::Export => "export",
+            Capability::MoveOut => "move",
+        }
+    }
+}
+
+/// A reason that is a fact of the kind, not a gap in strata.
+const LOCAL: &[(Capability, &str)] = &[
+    (
+        Capability::Claims,
+        "a local datastore has one writer, the process that holds its lock (its server)",
+    ),
+    (
+        Capability::Gc,
+        "a local datastore frees space as it goes (reference counts): there is nothing to collect",
+    ),
+];
+
+/// What an object-store datastore does not do, with the reason. Entries
+/// that say "not built yet" are gaps the server will fill (issue 25).
+const OBJECT_STORE: &[(Capability, &str)] = &[
+    (
+        Capability::Thick,
+        "an object store has no space to reserve in advance: its disks are thin",
+    ),
+    (
+        Capability::Convert,
+        "an object store's disks are thin, and thin is all there is to convert to",
+    ),
+    (
+        Capability::Defrag,
+        "a disk's grains are objects in the store, which lays them out itself; what its \
+         segments hold that no root reaches is freed by 'strata gc'",
+    ),
+    (
+        Capability::Grow,
+        "an object store's capacity is the store's, not a file system's: not built yet is a \
+         capacity set for alarms",
+    ),
+    (Capability::Extend, "not built yet for object-store disks"),
+    (
+        Capability::FullClone,
+        "not built yet for object-store disks",
+    ),
+    (
+        Capability::PunchZero,
+        "not built yet for object-store disks",
+    ),
+    (Capability::Limits, "not built yet for object-store disks"),
+    (
+        Capability::Alarms,
+        "not built yet for object-store datastores",
+    ),
+    (Capability::Import, "not built yet for object-store disks"),
+    (Capability::Export, "not built yet for object-store disks"),
+    (
+        Capability::MoveOut,
+        "not built yet: a disk moves from a local datastore's server, which may place it in \
+         an object store and back (docs/MOVE.md)",
+    ),
+];
+
+/// Why `kind` cannot do `what`, or None if it can.
+pub fn refusal(kind: Kind, what: Capability) -> Option<&'static str> {
+    let table = match kind {
+        Kind::Local => LOCAL,
+        Kind::ObjectStore => OBJECT_STORE,
+    };
+    table.iter().find(|(c, _)| *c == what).map(|(_, why)| *why)
+}
+
+/// Ok, or a `Refused` error naming the command, the kind and the reason.
+pub fn check(kind: Kind, what: Capability) -> Result<()> {
+    match refusal(kind, what) {
+        None => Ok(()),
+        Some(why) => Err(Error::new(
+            ErrorKind::Refused,
+            format!("{} on this {}: {why}", what.command(), kind.noun()),
+        )),
+    }
+}
+
+/// Every refusal of `kind`, for documentation and `status`.
+pub fn refusals(kind: Kind) -> &'static [(Capability, &'static str)] {
+    match kind {
+        Kind::Local => LOCAL,
+        Kind::ObjectStore => OBJECT_STORE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_names_the_command_and_the_kind() {
+        let e = check(Kind::ObjectStore, Capability::Thick).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Refused);
+        assert!(
+            e.message
+                .starts_with("thick provisioning on this object-store datastore: "),
+            "{}",
+            e.message
+        );
+        assert!(check(Kind::Local, Capability::Thick).is_ok());
+        assert!(check(Kind::ObjectStore, Capability::Claims).is_ok());
+        assert!(check(Kind::Local, Capability::Claims).is_err());
+    }
+
+    #[test]
+    fn each_capability_appears_at_most_once_per_kind() {
+        for kind in [Kind::Local, Kind::ObjectStore] {
+            let t = refusals(kind);
+            for (i, (c, _)) in t.iter().enumerate() {
+                assert!(
+                    !t[i + 1..].iter().any(|(d, _)| d == c),
+                    "{c:?} twice for {kind:?}"
+                );
+            }
+        }
+    }
+}

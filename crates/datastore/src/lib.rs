@@ -1,0 +1,206 @@
+//! One interface over both kinds of datastore.
+//!
+//! A datastore is a local one (`strata-engine`: a pool file, one
+//! refcounted map per disk version) or a directory attached to an object
+//! store (`strata-shared`: segments and create-only manifests in a bucket,
+//! one writer per disk). Their layouts have nothing in common, and neither
+//! crate knows the other or this one. Everything above them — the server,
+//! jobs, moves, transports, statistics — reaches disks through the
+//! [`Datastore`] trait, implemented here by an adapter for each kind
+//! ([`LocalDatastore`], [`ObjectStoreDatastore`]), so it is written once.
+//!
+//! A trait rather than an enum over the two: code above never matches on
+//! the kind (a third kind, or a test double, touches nothing above), and
+//! what a kind cannot do is answered by one table ([`capability`]) with a
+//! reason for each refusal, as QEMU's block layer answers `-ENOTSUP` for a
+//! driver's missing callback from one place.
+//!
+//! [`open`] is the one place that tells the kinds apart by what a
+//! directory holds (`strata.super` or `strata.objstore`).
+
+pub mod capability;
+mod diff;
+mod local;
+mod object_store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use strata_block::BlockDevice;
+
+pub use capability::Capability;
+pub use diff::content_diff;
+pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
+pub use object_store::{from_shared, Incoming, ObjectStoreDatastore};
+pub use strata_engine::{
+    ChangedRange, DiskInfo, Error, ErrorKind, Provisioning, Result, SnapshotInfo,
+};
+
+/// The two kinds of datastore. For display, records and the capability
+/// table, never for control flow above this crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// A local datastore (`strata init DIR`).
+    #[serde(rename = "local")]
+    Local,
+    /// A directory attached to an object store (`strata init|attach
+    /// --object-store URL`). Serialised as "shared", the name placement
+    /// files written before this crate use.
+    #[serde(rename = "shared")]
+    ObjectStore,
+}
+
+impl Kind {
+    /// For messages: "local datastore", "object-store datastore".
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Local => "local datastore",
+            Kind::ObjectStore => "object-store datastore",
+        }
+    }
+}
+
+/// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is
+/// `DISK@SNAP` wherever a target is asked for.
+pub trait Datastore: Send + Sync {
+    fn kind(&self) -> Kind;
+
+    /// The directory it was opened from (canonical).
+    fn dir(&self) -> &Path;
+
+    /// Ok if this kind can do `what`, else a `Refused` error that says why
+    /// (one table: [`capability::refusal`]).
+    fn supports(&self, what: Capability) -> Result<()> {
+        capability::check(self.kind(), what)
+    }
+
+    /// Whether a disk of this name exists.
+    fn exists(&self, disk: &str) -> bool {
+        self.disk_info(disk).is_ok()
+    }
+
+    /// The disk as it is now (the figures that cost a map walk left out).
+    fn disk_info(&self, disk: &str) -> Result<DiskInfo>;
+
+    /// Create a disk. `progress(done, total)` is called while an
+    /// eager-zeroed disk is written.
+    fn create(
+        &self,
+        disk: &str,
+        size_bytes: u64,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo>;
+
+    /// Remove the disk and its snapshots.
+    fn remove(&self, disk: &str) -> Result<()>;
+
+    /// `DISK` (read-write) or `DISK@SNAP` (read-only) as a device for I/O.
+    /// An object-store disk has one handle per process (its unflushed
+    /// writes and its claim), which every caller shares.
+    fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>>;
+
+    /// The disk's snapshots, parents before children.
+    fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>>;
+
+    fn snapshot_create(
+        &self,
+        disk: &str,
+        snapshot: &str,
+        description: &str,
+    ) -> Result<SnapshotInfo>;
+
+    fn snapshot_delete(&self, disk: &str, snapshot: &str) -> Result<()>;
+
+    /// Make the disk's live state equal to the snapshot again.
+    fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()>;
+
+    /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
+    /// datastore also takes a plain `DISK`).
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo>;
+
+    /// Where target `to` differs from `from` (None: an all-zero disk),
+    /// both `DISK` or `DISK@SNAP` of one disk, in ascending order.
+    fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>>;
+
+    /// Every export a server of this datastore offers (`DISK`,
+    /// `DISK@SNAP`) with a few words about it, sorted.
+    fn export_names(&self) -> Vec<(String, String)>;
+
+    /// Make everything acknowledged durable and let go (a local datastore
+    /// checkpoints and unlocks; an object store commits what this process
+    /// writes).
+    fn close(&self) -> Result<()>;
+
+    /// The engine behind a local datastore, for what only it does (while
+    /// requests are still dispatched per kind; see ARCHITECTURE.md).
+    fn as_local(&self) -> Option<&strata_engine::Datastore> {
+        None
+    }
+
+    /// The object-store adapter, for what only it does (claims, GC).
+    fn as_object_store(&self) -> Option<&ObjectStoreDatastore> {
+        None
+    }
+}
+
+/// How [`open`] opens a datastore.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// A local datastore's metadata cache.
+    pub cache_bytes: u64,
+    /// A local datastore's pool bypasses the host page cache.
+    pub direct_io: bool,
+    /// How long an object-store operation may take, retries included.
+    pub store_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            cache_bytes: 64 << 20,
+            direct_io: false,
+            store_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Which kind of datastore `dir` is: the one probe of what a directory
+/// holds. Returns the canonical directory with it.
+pub fn probe(dir: &Path) -> Result<(Kind, PathBuf)> {
+    let dir = std::fs::canonicalize(dir).map_err(|e| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("datastore directory {}: {e}", dir.display()),
+        )
+    })?;
+    let kind = if strata_shared::is_shared(&dir) {
+        Kind::ObjectStore
+    } else if dir.join(strata_format::FILE_SUPER).exists() {
+        Kind::Local
+    } else {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "{} is neither a datastore ('strata init') nor a directory attached to an \
+                 object store ('strata init|attach --object-store s3://...')",
+                dir.display()
+            ),
+        ));
+    };
+    Ok((kind, dir))
+}
+
+/// Open the datastore in `dir`, whichever its kind. A local one is taken
+/// under its lock (`Locked` if another process holds it) and runs its
+/// background reclaim and commits; an object store is attached as this
+/// host.
+pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Arc<dyn Datastore>> {
+    let (kind, dir) = probe(dir)?;
+    Ok(match kind {
+        Kind::Local => Arc::new(LocalDatastore::open(&dir, opts)?),
+        Kind::ObjectStore => Arc::new(ObjectStoreDatastore::open(&dir, opts)?),
+    })
+}

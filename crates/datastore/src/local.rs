@@ -1,0 +1,175 @@
+//! The local engine as a [`Datastore`]: every call is the engine's own.
+
+use std::fs::{File, OpenOptions as FsOpen};
+use std::io::{Read, Seek, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata_block::BlockDevice;
+use strata_storage::FileBackend;
+
+use crate::{
+    ChangedRange, Datastore, DiskInfo, Error, ErrorKind, Kind, OpenOptions, Provisioning, Result,
+    SnapshotInfo,
+};
+
+/// A local datastore (a pool file and its log in a directory).
+pub struct LocalDatastore {
+    ds: strata_engine::Datastore,
+    dir: PathBuf,
+}
+
+/// What [`try_lock`] found.
+pub enum LockOutcome {
+    Locked(File),
+    /// Another process holds it; its pid if it wrote one.
+    Held(Option<u32>),
+}
+
+/// Take a local datastore's lock without waiting, writing this process's
+/// pid into the lock file for the next one to name.
+pub fn try_lock(dir: &Path) -> Result<LockOutcome> {
+    let path = dir.join(strata_format::FILE_LOCK);
+    let mut f = FsOpen::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))?;
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        return Ok(LockOutcome::Held(s.trim().parse().ok()));
+    }
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = write!(f, "{}", std::process::id());
+    Ok(LockOutcome::Locked(f))
+}
+
+/// Open a local datastore whose lock the caller holds.
+pub fn open_locked(dir: &Path, lock: File, opts: &OpenOptions) -> Result<strata_engine::Datastore> {
+    strata_engine::Datastore::open(
+        Arc::new(FileBackend::new(dir)),
+        &strata_engine::OpenOptions {
+            cache_bytes: opts.cache_bytes,
+            direct_io: opts.direct_io,
+        },
+        Some(lock),
+    )
+}
+
+impl LocalDatastore {
+    /// Wrap an open engine datastore found in `dir`.
+    pub fn new(ds: strata_engine::Datastore, dir: &Path) -> Self {
+        LocalDatastore {
+            ds,
+            dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+        }
+    }
+
+    /// Take the lock of the datastore in `dir` (`Locked`, naming the
+    /// holder, if another process has it), open it, and start its
+    /// background reclaim and commits.
+    pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        let lock = match try_lock(dir)? {
+            LockOutcome::Locked(f) => f,
+            LockOutcome::Held(pid) => {
+                return Err(Error::new(
+                    ErrorKind::Locked,
+                    format!(
+                        "datastore {} is in use{}",
+                        dir.display(),
+                        pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
+                    ),
+                ))
+            }
+        };
+        let ds = open_locked(dir, lock, opts)?;
+        ds.start_reclaimer();
+        ds.start_background_commits();
+        Ok(LocalDatastore::new(ds, dir))
+    }
+
+    pub fn engine(&self) -> &strata_engine::Datastore {
+        &self.ds
+    }
+}
+
+impl Datastore for LocalDatastore {
+    fn kind(&self) -> Kind {
+        Kind::Local
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn disk_info(&self, disk: &str) -> Result<DiskInfo> {
+        self.ds.disk_info(disk)
+    }
+
+    fn create(
+        &self,
+        disk: &str,
+        size_bytes: u64,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        self.ds
+            .create_disk(disk, size_bytes, provisioning, progress)
+    }
+
+    fn remove(&self, disk: &str) -> Result<()> {
+        self.ds.remove_disk(disk)
+    }
+
+    fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
+        Ok(self.ds.open_disk(target)? as Arc<dyn BlockDevice>)
+    }
+
+    fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
+        self.ds.snapshot_list(disk)
+    }
+
+    fn snapshot_create(
+        &self,
+        disk: &str,
+        snapshot: &str,
+        description: &str,
+    ) -> Result<SnapshotInfo> {
+        self.ds.snapshot_create(disk, snapshot, description)
+    }
+
+    fn snapshot_delete(&self, disk: &str, snapshot: &str) -> Result<()> {
+        self.ds.snapshot_delete(disk, snapshot)
+    }
+
+    fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()> {
+        self.ds.snapshot_revert(disk, snapshot)
+    }
+
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
+        self.ds.clone_linked(source, name)
+    }
+
+    fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {
+        self.ds.changed_ranges(from, to)
+    }
+
+    fn export_names(&self) -> Vec<(String, String)> {
+        self.ds.export_names()
+    }
+
+    fn close(&self) -> Result<()> {
+        self.ds.close()
+    }
+
+    fn as_local(&self) -> Option<&strata_engine::Datastore> {
+        Some(&self.ds)
+    }
+}

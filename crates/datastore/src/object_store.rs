@@ -1,0 +1,363 @@
+//! An object-store datastore as a [`Datastore`]: the attached directory's
+//! `SharedDatastore` and this process's one handle per disk.
+//!
+//! A disk of an object store has one writer, and a process's unflushed
+//! writes and claim live in its `SharedDisk` handle; so every user in the
+//! process (each client connection, the control socket, a move) must get
+//! the same handle. This adapter keeps them, by target (`DISK` or
+//! `DISK@SNAP`), until the disk is removed or taken back after a fence.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use strata_block::BlockDevice;
+use strata_shared::layout::Manifest;
+use strata_shared::{SharedDatastore, SharedDisk};
+
+use crate::{
+    capability, Capability, ChangedRange, Datastore, DiskInfo, Error, ErrorKind, Kind, OpenOptions,
+    Provisioning, Result, SnapshotInfo,
+};
+
+/// The object-store crate's error with its kind kept as far as the
+/// engine's kinds go: a store that is unreachable is `Io`, never "not
+/// found"; a fenced or released writer is `Refused`.
+pub fn from_shared(e: strata_shared::Error) -> Error {
+    use strata_shared::ErrorKind as K;
+    let kind = match e.kind {
+        K::NotFound => ErrorKind::NotFound,
+        K::AlreadyExists => ErrorKind::AlreadyExists,
+        K::InvalidArgument => ErrorKind::InvalidArgument,
+        K::Corrupt => ErrorKind::Corrupt,
+        K::Unsupported | K::Fenced | K::Released => ErrorKind::Refused,
+        K::Unavailable | K::Io => ErrorKind::Io,
+    };
+    Error::new(kind, e.message)
+}
+
+/// Disks served "incoming" (a hand-over: their first write waits for the
+/// writer elsewhere to release them), and how long it waits.
+#[derive(Debug, Clone, Default)]
+pub struct Incoming {
+    pub disks: Vec<String>,
+    pub wait: Duration,
+}
+
+/// A directory attached to an object store, with this process's handles.
+pub struct ObjectStoreDatastore {
+    ds: Arc<SharedDatastore>,
+    dir: PathBuf,
+    handles: Mutex<HashMap<String, Arc<SharedDisk>>>,
+    incoming: Mutex<Incoming>,
+}
+
+impl ObjectStoreDatastore {
+    pub fn new(ds: Arc<SharedDatastore>, dir: &Path) -> Self {
+        ObjectStoreDatastore {
+            ds,
+            dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+            handles: Mutex::new(HashMap::new()),
+            incoming: Mutex::new(Incoming::default()),
+        }
+    }
+
+    /// Open the attached directory `dir` (its store is not contacted yet).
+    pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        let o = strata_objstore::Options {
+            op_timeout: opts.store_timeout,
+            ..Default::default()
+        };
+        let ds = SharedDatastore::open(dir, &o).map_err(from_shared)?;
+        Ok(ObjectStoreDatastore::new(Arc::new(ds), dir))
+    }
+
+    pub fn shared(&self) -> &Arc<SharedDatastore> {
+        &self.ds
+    }
+
+    /// Serve these disks incoming (see [`Incoming`]); handles opened from
+    /// now on get it.
+    pub fn set_incoming(&self, incoming: Incoming) {
+        *self.incoming.lock() = incoming;
+    }
+
+    /// This process's handle of `target`: one per target, shared by every
+    /// user. A handle that was fenced stays fenced (this host acknowledges
+    /// nothing more for the disk) until [`Self::reopen`].
+    pub fn disk(&self, target: &str) -> Result<Arc<SharedDisk>> {
+        let mut handles = self.handles.lock();
+        if let Some(d) = handles.get(target) {
+            return Ok(d.clone());
+        }
+        let d = SharedDisk::open(self.ds.clone(), target, false).map_err(from_shared)?;
+        let inc = self.incoming.lock();
+        if inc.disks.iter().any(|n| n == target) {
+            d.set_incoming(Some(inc.wait));
+        }
+        handles.insert(target.to_string(), d.clone());
+        Ok(d)
+    }
+
+    /// A new handle of `target` for users from now on (after a fence,
+    /// when `claim` takes the disk back).
+    pub fn reopen(&self, target: &str) -> Result<Arc<SharedDisk>> {
+        self.forget(target);
+        self.disk(target)
+    }
+
+    /// Drop the handle of `target` (the disk is being removed).
+    pub fn forget(&self, target: &str) {
+        self.handles.lock().remove(target);
+    }
+
+    /// The handles open now, by target, for metrics.
+    pub fn handles(&self) -> Vec<(String, Arc<SharedDisk>)> {
+        let mut v: Vec<_> = self
+            .handles
+            .lock()
+            .iter()
+            .map(|(n, d)| (n.clone(), d.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Commit every disk this process writes; the disks that failed, with
+    /// why (a disk handed over to another host is not a failure).
+    pub fn flush_all(&self) -> Vec<(String, Error)> {
+        let mut failed = Vec::new();
+        for (name, d) in self.handles() {
+            let (owner, fenced) = d.ownership();
+            if fenced.is_some() || !owner {
+                continue;
+            }
+            if let Err(e) = d.commit() {
+                failed.push((name, from_shared(e)));
+            }
+        }
+        failed
+    }
+
+    fn manifest(&self, disk: &str) -> Result<Manifest> {
+        let id = self.ds.disk_id(disk).map_err(from_shared)?;
+        let m = self.ds.newest_manifest(id).map_err(from_shared)?;
+        if m.removed {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("disk '{disk}' was removed"),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// The manifest this process reads `disk` from: its handle's if it has
+    /// one (which may hold a newer one than the store lists yet), else the
+    /// newest in the store.
+    fn current_manifest(&self, disk: &str) -> Result<Manifest> {
+        if let Some(d) = self.handles.lock().get(disk) {
+            return Ok((*d.manifest()).clone());
+        }
+        self.manifest(disk)
+    }
+}
+
+fn snapshot_name(m: &Manifest, id: Option<u64>) -> Option<String> {
+    id.and_then(|id| m.snapshots.iter().find(|s| s.id == id))
+        .map(|s| s.name.clone())
+}
+
+fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
+    DiskInfo {
+        name: name.to_string(),
+        size_bytes: m.size_bytes,
+        provisioning: Provisioning::Thin,
+        // What a disk holds in the store is known to a GC mark, not to
+        // its manifest.
+        allocated_bytes: 0,
+        nb: 0,
+        tbz: 0,
+        snapshots: m.snapshots.len(),
+        current_snapshot: snapshot_name(m, m.current),
+        parent: m.parent.as_ref().map(|p| p.name.clone()),
+        created_unix: 0,
+        exclusive_bytes: None,
+        snapshot_space_bytes: None,
+        fragments: None,
+        limits: Default::default(),
+    }
+}
+
+fn snapshot_infos(m: &Manifest) -> Vec<SnapshotInfo> {
+    let mut recs = m.snapshots.clone();
+    // Ids grow with time and a parent is older than its children.
+    recs.sort_by_key(|s| s.id);
+    recs.iter()
+        .map(|s| SnapshotInfo {
+            name: s.name.clone(),
+            description: s.description.clone(),
+            created_unix: s.created_ms / 1000,
+            parent: snapshot_name(m, s.parent),
+            size_bytes: s.size_bytes,
+            mapped_bytes: 0,
+            exclusive_bytes: 0,
+            current: m.current == Some(s.id),
+        })
+        .collect()
+}
+
+impl Datastore for ObjectStoreDatastore {
+    fn kind(&self) -> Kind {
+        Kind::ObjectStore
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn disk_info(&self, disk: &str) -> Result<DiskInfo> {
+        Ok(disk_info(disk, &self.current_manifest(disk)?))
+    }
+
+    fn create(
+        &self,
+        disk: &str,
+        size_bytes: u64,
+        provisioning: Provisioning,
+        _progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        if provisioning != Provisioning::Thin {
+            capability::check(Kind::ObjectStore, Capability::Thick)?;
+        }
+        let m = self.ds.create_disk(disk, size_bytes).map_err(from_shared)?;
+        Ok(disk_info(disk, &m))
+    }
+
+    fn remove(&self, disk: &str) -> Result<()> {
+        let prefix = format!("{disk}@");
+        self.handles
+            .lock()
+            .retain(|n, _| n != disk && !n.starts_with(&prefix));
+        self.ds.remove_disk(disk).map_err(from_shared)
+    }
+
+    fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
+        Ok(self.disk(target)? as Arc<dyn BlockDevice>)
+    }
+
+    fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
+        Ok(snapshot_infos(&self.current_manifest(disk)?))
+    }
+
+    fn snapshot_create(
+        &self,
+        disk: &str,
+        snapshot: &str,
+        description: &str,
+    ) -> Result<SnapshotInfo> {
+        let d = self.disk(disk)?;
+        let rec = d
+            .snapshot_create(snapshot, description)
+            .map_err(from_shared)?;
+        let m = d.manifest();
+        snapshot_infos(&m)
+            .into_iter()
+            .find(|s| s.name == rec.name)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("snapshot {disk}@{snapshot} is not in the manifest just written"),
+                )
+            })
+    }
+
+    fn snapshot_delete(&self, disk: &str, snapshot: &str) -> Result<()> {
+        self.disk(disk)?
+            .snapshot_delete(snapshot)
+            .map_err(from_shared)?;
+        self.forget(&format!("{disk}@{snapshot}"));
+        Ok(())
+    }
+
+    fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()> {
+        self.disk(disk)?
+            .snapshot_revert(snapshot)
+            .map_err(from_shared)
+    }
+
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
+        let (disk, Some(snap)) = strata_format::split_target(source) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a linked clone on an object-store datastore is made from a snapshot \
+                     (DISK@SNAP), not '{source}'"
+                ),
+            ));
+        };
+        let m = self
+            .ds
+            .clone_linked(disk, snap, name)
+            .map_err(from_shared)?;
+        Ok(disk_info(name, &m))
+    }
+
+    fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {
+        // Segments are not shared page by page as the engine's maps are:
+        // compare what the two versions read (only where either stores
+        // something).
+        let a = match from {
+            Some(f) => Some(self.open(f)?),
+            None => None,
+        };
+        let b = self.open(to)?;
+        crate::content_diff(a.as_deref(), &*b)
+    }
+
+    fn export_names(&self) -> Vec<(String, String)> {
+        let disks = match self.ds.disks() {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("strata: listing the store's disks failed: {e}");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for (name, m) in disks {
+            let owner = match &m.owner {
+                Some(o) => format!("owner {} generation {}", o.name, m.generation),
+                None => "no owner".into(),
+            };
+            out.push((name.clone(), format!("object-store disk ({owner})")));
+            for s in &m.snapshots {
+                out.push((
+                    format!("{name}@{}", s.name),
+                    format!("snapshot of {name} (read-only)"),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn close(&self) -> Result<()> {
+        let failed = self.flush_all();
+        match failed.first() {
+            None => Ok(()),
+            Some((name, e)) => Err(Error::new(
+                e.kind,
+                format!(
+                    "{} of the object-store disks could not be committed; {name}: {}",
+                    failed.len(),
+                    e.message
+                ),
+            )),
+        }
+    }
+
+    fn as_object_store(&self) -> Option<&ObjectStoreDatastore> {
+        Some(self)
+    }
+}

@@ -1,0 +1,228 @@
+//! What every kind of datastore promises through the one interface,
+//! written once and run against each kind: a local datastore in a
+//! temporary directory, and a directory attached to an object store on a
+//! real SeaweedFS.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_block::BlockDevice;
+use strata_datastore::{
+    capability, open, Capability, Datastore, ErrorKind, Kind, OpenOptions, Provisioning,
+};
+use strata_objstore::{testing, StoreUrl};
+
+const MIB: u64 = 1 << 20;
+
+fn local(dir: &Path) -> Arc<dyn Datastore> {
+    strata_engine::Datastore::init(
+        Arc::new(strata_storage::FileBackend::new(dir)),
+        &strata_engine::InitOptions { capacity_bytes: 0 },
+    )
+    .unwrap();
+    open(dir, &OpenOptions::default()).unwrap()
+}
+
+/// None when SeaweedFS is missing and tools are optional (said on stderr).
+fn object_store(dir: &Path) -> Option<Arc<dyn Datastore>> {
+    testing::shared()?;
+    let url = StoreUrl::parse(&format!(
+        "s3://strata-datastore-test/contract-{:08x}",
+        rand::random::<u32>()
+    ))
+    .unwrap();
+    strata_shared::SharedDatastore::init(dir, &url, &strata_objstore::Options::default()).unwrap();
+    Some(open(dir, &OpenOptions::default()).unwrap())
+}
+
+/// Run `case` on each kind.
+fn each_kind(case: impl Fn(&dyn Datastore)) {
+    let d = tempfile::tempdir().unwrap();
+    let ds = local(d.path());
+    assert_eq!(ds.kind(), Kind::Local);
+    case(&*ds);
+    ds.close().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    if let Some(ds) = object_store(d.path()) {
+        assert_eq!(ds.kind(), Kind::ObjectStore);
+        case(&*ds);
+        ds.close().unwrap();
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i / 512) as u8) | 1)
+        .collect()
+}
+
+fn write(dev: &dyn BlockDevice, off: u64, data: &[u8]) {
+    dev.write_at(data, off, false).unwrap();
+}
+
+fn read(dev: &dyn BlockDevice, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    dev.read_at(&mut b, off).unwrap();
+    b
+}
+
+#[test]
+fn a_disk_reads_back_what_was_written_and_zeros_elsewhere() {
+    each_kind(|ds| {
+        let info = ds
+            .create("d", 4 * MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        assert_eq!((info.name.as_str(), info.size_bytes), ("d", 4 * MIB));
+        assert!(ds.exists("d") && !ds.exists("e"));
+        let dev = ds.open("d").unwrap();
+        assert_eq!(dev.size_bytes(), 4 * MIB);
+        write(&*dev, MIB, &pattern(3, 8192));
+        dev.flush().unwrap();
+        assert_eq!(read(&*dev, MIB, 8192), pattern(3, 8192));
+        assert_eq!(read(&*dev, 0, 4096), vec![0; 4096]);
+        // One device per disk in a process: a second open sees the writes.
+        assert_eq!(read(&*ds.open("d").unwrap(), MIB, 8192), pattern(3, 8192));
+        let names: Vec<String> = ds.export_names().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"d".to_string()), "{names:?}");
+    });
+}
+
+#[test]
+fn snapshots_keep_their_instant_and_form_a_tree_parents_first() {
+    each_kind(|ds| {
+        ds.create("d", 2 * MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let dev = ds.open("d").unwrap();
+        write(&*dev, 0, &pattern(1, 4096));
+        dev.flush().unwrap();
+        let s1 = ds.snapshot_create("d", "s1", "first").unwrap();
+        assert_eq!((s1.name.as_str(), s1.description.as_str()), ("s1", "first"));
+        write(&*dev, 0, &pattern(2, 4096));
+        dev.flush().unwrap();
+        ds.snapshot_create("d", "s2", "").unwrap();
+        write(&*dev, 0, &pattern(3, 4096));
+        dev.flush().unwrap();
+        let snaps = ds.snapshots("d").unwrap();
+        let names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["s1", "s2"]);
+        assert_eq!(snaps[1].parent.as_deref(), Some("s1"));
+        assert!(snaps[1].current && !snaps[0].current);
+        assert_eq!(read(&*ds.open("d@s1").unwrap(), 0, 4096), pattern(1, 4096));
+        assert_eq!(read(&*ds.open("d@s2").unwrap(), 0, 4096), pattern(2, 4096));
+        // Revert makes the head the snapshot again; delete leaves the rest.
+        ds.snapshot_revert("d", "s1").unwrap();
+        let dev = ds.open("d").unwrap();
+        assert_eq!(read(&*dev, 0, 4096), pattern(1, 4096));
+        assert_eq!(
+            ds.disk_info("d").unwrap().current_snapshot.as_deref(),
+            Some("s1")
+        );
+        ds.snapshot_delete("d", "s2").unwrap();
+        let names: Vec<String> = ds
+            .snapshots("d")
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["s1"]);
+        assert!(ds.open("d@s2").is_err());
+    });
+}
+
+#[test]
+fn changed_ranges_cover_every_write_between_two_versions() {
+    each_kind(|ds| {
+        ds.create("d", 8 * MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let dev = ds.open("d").unwrap();
+        write(&*dev, 0, &pattern(1, 64 * 1024));
+        dev.flush().unwrap();
+        ds.snapshot_create("d", "a", "").unwrap();
+        write(&*dev, 3 * MIB, &pattern(2, 4096));
+        write(&*dev, 6 * MIB + 8192, &pattern(4, 8192));
+        dev.flush().unwrap();
+        ds.snapshot_create("d", "b", "").unwrap();
+        // Granularity differs by kind (grains, 64 KiB units); each write
+        // must lie in a mapped range, and nothing before 3 MiB changed.
+        let changed = ds.changed_ranges(Some("d@a"), "d@b").unwrap();
+        for (off, len) in [(3 * MIB, 4096), (6 * MIB + 8192, 8192)] {
+            assert!(
+                changed
+                    .iter()
+                    .any(|r| r.mapped && r.offset <= off && off + len <= r.offset + r.len),
+                "{off}+{len} not in {changed:?}"
+            );
+        }
+        assert!(changed.iter().all(|r| r.offset >= 3 * MIB), "{changed:?}");
+        // From nothing: the first snapshot's data.
+        let all = ds.changed_ranges(None, "d@a").unwrap();
+        assert!(all.iter().any(|r| r.mapped && r.offset == 0), "{all:?}");
+        assert_eq!(ds.changed_ranges(Some("d@b"), "d@b").unwrap(), vec![]);
+    });
+}
+
+#[test]
+fn a_linked_clone_shares_the_snapshot_and_diverges_alone() {
+    each_kind(|ds| {
+        ds.create("gold", 2 * MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let dev = ds.open("gold").unwrap();
+        write(&*dev, 4096, &pattern(7, 4096));
+        dev.flush().unwrap();
+        ds.snapshot_create("gold", "base", "").unwrap();
+        let c = ds.clone_linked("gold@base", "vm1").unwrap();
+        assert_eq!(c.size_bytes, 2 * MIB);
+        let vm = ds.open("vm1").unwrap();
+        assert_eq!(read(&*vm, 4096, 4096), pattern(7, 4096));
+        write(&*vm, 4096, &pattern(9, 4096));
+        vm.flush().unwrap();
+        assert_eq!(
+            read(&*ds.open("gold@base").unwrap(), 4096, 4096),
+            pattern(7, 4096)
+        );
+        ds.remove("vm1").unwrap();
+        assert!(!ds.exists("vm1"));
+        assert_eq!(
+            ds.open("vm1").err().map(|e| e.kind),
+            Some(ErrorKind::NotFound)
+        );
+    });
+}
+
+#[test]
+fn what_a_kind_cannot_do_is_refused_from_its_table() {
+    each_kind(|ds| {
+        let thick = ds.create("t", MIB, Provisioning::Zeroedthick, &mut |_, _| {});
+        match capability::refusal(ds.kind(), Capability::Thick) {
+            None => assert_eq!(thick.unwrap().provisioning, Provisioning::Zeroedthick),
+            Some(why) => {
+                let e = thick.unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Refused);
+                assert!(e.message.contains(why), "{}", e.message);
+                assert!(!ds.exists("t"));
+            }
+        }
+        for cap in [Capability::Claims, Capability::Gc, Capability::Extend] {
+            let r = ds.supports(cap);
+            assert_eq!(r.is_ok(), capability::refusal(ds.kind(), cap).is_none());
+        }
+    });
+}
+
+#[test]
+fn missing_disks_and_snapshots_are_named_errors() {
+    each_kind(|ds| {
+        let e = ds.open("nope").err().expect("no such disk");
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert!(e.message.contains("nope"), "{}", e.message);
+        ds.create("d", MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let e = ds.open("d@nope").err().expect("no such snapshot");
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert!(e.message.contains("nope"), "{}", e.message);
+        let e = ds
+            .create("d", MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::AlreadyExists);
+    });
+}
