@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use strata_engine::{Datastore, Error, ErrorKind};
+use strata_engine::{Error, ErrorKind};
 use strata_vmdk::VmdkImage;
 
 use crate::api::{Request, Response, VmdkServerStatus};
@@ -90,7 +90,8 @@ pub(crate) fn accept(
 /// `--vmdk` exports, statistics, jobs and placement. The control socket
 /// and the HTTP API (`web`) both run requests here.
 pub struct Handler {
-    pub ds: Datastore,
+    /// The server's datastore, either kind.
+    pub ds: crate::placement::Store,
     pub vmdks: Vec<VmdkExport>,
     pub stats: Arc<strata_stats::StatsRegistry>,
     pub jobs: Arc<Jobs>,
@@ -111,7 +112,7 @@ impl Handler {
             } => vmdk_shrink(&self.vmdks, path, *rate_bytes_per_sec, progress),
             req => execute(
                 &Ctx {
-                    ds: &self.ds,
+                    ds: &*self.ds,
                     stats: Some(&self.stats),
                     jobs: Some(&*self.jobs),
                     control: None,
@@ -138,7 +139,7 @@ impl crate::web::Backend for Handler {
         Handler::run(self, &req, &mut |_, _| {})
     }
     fn shared(&self) -> bool {
-        false
+        self.ds.kind() == strata_datastore::Kind::ObjectStore
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use strata_engine::{Datastore, Error, ErrorKind, WorkControl};
+use strata_engine::{Error, ErrorKind, WorkControl};
 
 use crate::api::{JobAction, JobInfo, JobState, Request, Response};
 use crate::ops::{execute, Ctx, JobList, Mover};
@@ -102,7 +102,7 @@ impl Jobs {
     pub fn start(
         self: &Arc<Self>,
         req: Request,
-        ds: Datastore,
+        ds: crate::placement::Store,
         stats: Option<Arc<strata_stats::StatsRegistry>>,
     ) -> Arc<Job> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
@@ -153,7 +153,7 @@ impl Jobs {
             .name(format!("job-{id}"))
             .spawn(move || {
                 let ctx = Ctx {
-                    ds: &ds,
+                    ds: &*ds,
                     stats: stats.as_deref(),
                     jobs: Some(&*jobs),
                     control: Some(j.control.clone()),

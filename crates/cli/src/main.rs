@@ -10,14 +10,13 @@ mod control;
 mod holders;
 mod jobs;
 mod moving;
+mod object_store_gauges;
 mod ops;
 mod output;
 mod placement;
 mod serve;
 mod shared_cmd;
-mod shared_exports;
 mod shared_ops;
-mod shared_serve;
 mod slot;
 mod units;
 mod vmdk_cmd;
@@ -66,7 +65,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
     {
         return match &action {
-            Action::Serve(args) => shared_serve::run(dir, args),
+            Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
             _ => shared_cmd::run(dir, &action),
         };
     }
@@ -181,7 +180,7 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
             let ds = ops::open_local(dir, lock, cache, false)?;
             let r = ops::execute(
                 &ops::Ctx {
-                    ds: &ds,
+                    ds: &strata_datastore::LocalDatastore::new(ds.clone(), dir),
                     stats: None,
                     jobs: None,
                     control: None,

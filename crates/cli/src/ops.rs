@@ -3,21 +3,19 @@
 //! control socket, answering the typed [`Response`]; and takes the
 //! datastore's lock.
 
-use std::fs::{File, OpenOptions as FsOpen};
-use std::io::{Read, Seek, Write};
-use std::os::unix::io::AsRawFd;
+use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_engine::{Datastore, Error, ErrorKind, OpenOptions, SpaceWork, WorkControl};
-use strata_storage::FileBackend;
+use strata_datastore::Datastore as AnyDatastore;
+use strata_engine::{Datastore, Error, ErrorKind, SpaceWork, WorkControl};
 
 use crate::api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
 
-/// What a request runs against: the datastore and, inside a server, the
-/// I/O statistics of its exports.
+/// What a request runs against: the datastore (either kind) and, inside a
+/// server, the I/O statistics of its exports.
 pub struct Ctx<'a> {
-    pub ds: &'a Datastore,
+    pub ds: &'a dyn AnyDatastore,
     pub stats: Option<&'a strata_stats::StatsRegistry>,
     /// The server's jobs (None when the CLI runs the request itself).
     pub jobs: Option<&'a dyn JobList>,
@@ -57,27 +55,72 @@ pub trait JobList: Sync {
     fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error>;
 }
 
-/// Run one request.
+/// Run one request: what a server answers the same way for every kind
+/// here (moves, jobs, statistics), the rest by the datastore's kind
+/// (`shared_ops` for object stores, until both kinds answer through the
+/// one interface).
 pub fn execute(
     ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
-    let ds = ctx.ds;
     if let Some(r) = ctx.mover.and_then(|m| m.route(req, progress)) {
         return r;
     }
-    Ok(match req {
-        Request::Move { .. } => match ctx.mover {
-            Some(m) => m.run_move(req, ctx.control.clone(), progress)?,
-            None => {
-                return Err(Error::new(
+    match req {
+        Request::Move { .. } => {
+            return match ctx.mover {
+                Some(m) => m.run_move(req, ctx.control.clone(), progress),
+                None => Err(Error::new(
                     ErrorKind::Refused,
                     "a move runs in the server that serves the disk: start 'strata serve' for \
                      this datastore (the disk may be idle; clients connect as usual)",
-                ))
+                )),
             }
-        },
+        }
+        Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
+        Request::JobControl { id, action } => {
+            return Ok(Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]))
+        }
+        Request::Stats {
+            disk,
+            reset,
+            recording,
+        } => {
+            let Some(reg) = ctx.stats else {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
+                ));
+            };
+            if let Some(d) = disk {
+                if !ctx.mover.is_some_and(|m| m.serves(d)) {
+                    ctx.ds.open(d)?; // a clear error for a name that does not exist
+                }
+            }
+            return Ok(stats(reg, disk.as_deref(), *reset, *recording));
+        }
+        _ => {}
+    }
+    match (ctx.ds.as_local(), ctx.ds.as_object_store()) {
+        (Some(ds), _) => execute_local(ctx, ds, req, progress),
+        // The adapter holds this process's one handle per disk.
+        (None, Some(x)) => crate::shared_ops::execute(x.shared(), Some(x), req),
+        (None, None) => Err(Error::new(
+            ErrorKind::Refused,
+            format!("a {} answers no requests here", ctx.ds.kind().noun()),
+        )),
+    }
+}
+
+/// A request on a local datastore.
+fn execute_local(
+    ctx: &Ctx<'_>,
+    ds: &Datastore,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    Ok(match req {
         Request::Status => Response::Datastore(ds.info_with_layout()?),
         Request::List => Response::Disks(ds.list_disks()),
         Request::Info { name } => Response::Disk(ds.disk_info_with_space(name)?),
@@ -138,8 +181,6 @@ pub fn execute(
                 progress,
             )?)
         }
-        Request::Jobs => Response::Jobs(jobs(ctx)?.list()),
-        Request::JobControl { id, action } => Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]),
         Request::SnapshotCreate {
             disk,
             snapshot,
@@ -227,23 +268,11 @@ pub fn execute(
         } => Response::Export(crate::vmdk_cmd::export(
             ds, target, out, *subformat, *chain, adapter, progress,
         )?),
-        Request::Stats {
-            disk,
-            reset,
-            recording,
-        } => {
-            let Some(reg) = ctx.stats else {
-                return Err(Error::new(
-                    ErrorKind::Refused,
-                    "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
-                ));
-            };
-            if let Some(d) = disk {
-                if !ctx.mover.is_some_and(|m| m.serves(d)) {
-                    ds.open_disk(d)?; // a clear error for a name that does not exist
-                }
-            }
-            stats(reg, disk.as_deref(), *reset, *recording)
+        Request::Move { .. }
+        | Request::Jobs
+        | Request::JobControl { .. }
+        | Request::Stats { .. } => {
+            unreachable!("answered by execute")
         }
     })
 }
@@ -319,36 +348,9 @@ fn alarms(ds: &Datastore) -> Response {
     )
 }
 
-pub enum LockOutcome {
-    Locked(File),
-    /// Another process holds it; its pid if it wrote one.
-    Held(Option<u32>),
-}
+pub use strata_datastore::{try_lock, LockOutcome};
 
-/// Take the datastore's lock without waiting.
-pub fn try_lock(dir: &Path) -> Result<LockOutcome, Error> {
-    let path = dir.join(strata_format::FILE_LOCK);
-    let mut f = FsOpen::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))?;
-    // SAFETY: flock on a descriptor we own.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let mut s = String::new();
-        let _ = f.read_to_string(&mut s);
-        return Ok(LockOutcome::Held(s.trim().parse().ok()));
-    }
-    let _ = f.set_len(0);
-    let _ = f.rewind();
-    let _ = write!(f, "{}", std::process::id());
-    Ok(LockOutcome::Locked(f))
-}
-
-/// Open a datastore directory for exclusive use.
+/// Open a datastore directory for exclusive use (its lock taken).
 /// `direct_io`: the pool bypasses the host page cache (`serve --cache none`).
 pub fn open_local(
     dir: &Path,
@@ -356,12 +358,13 @@ pub fn open_local(
     cache_bytes: u64,
     direct_io: bool,
 ) -> Result<Datastore, Error> {
-    Datastore::open(
-        Arc::new(FileBackend::new(dir)),
-        &OpenOptions {
+    strata_datastore::open_locked(
+        dir,
+        lock,
+        &strata_datastore::OpenOptions {
             cache_bytes,
             direct_io,
+            ..Default::default()
         },
-        Some(lock),
     )
 }

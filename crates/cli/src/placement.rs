@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use strata_datastore::{
     Datastore as AnyDatastore, LocalDatastore, ObjectStoreDatastore, OpenOptions,
 };
-use strata_engine::{Datastore, Error, ErrorKind};
+use strata_engine::{Error, ErrorKind};
 
 use crate::api::{Request, Response};
 use crate::ops::{self, Ctx};
@@ -119,9 +119,8 @@ pub struct Config {
 /// A server's disks and where they live.
 pub struct Places {
     home_dir: PathBuf,
-    home: Datastore,
-    /// `home` through the one interface.
-    home_store: Store,
+    /// The server's own datastore (either kind).
+    home: Store,
     cfg: Config,
     guests: Mutex<Vec<(PathBuf, Store)>>,
     file: Mutex<PlacementFile>,
@@ -132,12 +131,11 @@ pub struct Places {
 impl Places {
     /// Read the home's placement file, finish or undo the moves a crash
     /// cut (docs/MOVE.md), and open the datastores placed disks live in.
-    pub fn open(home_dir: &Path, home: Datastore, cfg: Config) -> Result<Arc<Places>, Error> {
+    pub fn open(home_dir: &Path, home: Store, cfg: Config) -> Result<Arc<Places>, Error> {
         let home_dir = std::fs::canonicalize(home_dir)
             .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", home_dir.display())))?;
         let file = PlacementFile::load(&home_dir)?;
         let p = Arc::new(Places {
-            home_store: Arc::new(LocalDatastore::new(home.clone(), &home_dir)),
             home_dir,
             home,
             cfg,
@@ -204,7 +202,7 @@ impl Places {
 
     pub fn home_location(&self) -> Location {
         Location {
-            kind: Kind::Local,
+            kind: self.home.kind(),
             dir: self.home_dir.clone(),
         }
     }
@@ -234,7 +232,7 @@ impl Places {
     /// under its lock, which a server of its own would hold).
     pub fn store(&self, loc: &Location) -> Result<Store, Error> {
         if loc.dir == self.home_dir {
-            return Ok(self.home_store.clone());
+            return Ok(self.home.clone());
         }
         let mut g = self.guests.lock();
         if let Some((_, s)) = g.iter().find(|(d, _)| d == &loc.dir) {
@@ -441,24 +439,17 @@ impl Places {
             Err(e) => return Some(Err(e)),
         };
         // Requests are still answered per kind (ops, shared_ops).
-        let r = match (store.as_local(), store.as_object_store()) {
-            (Some(ds), _) => ops::execute(
-                &Ctx {
-                    ds,
-                    stats: None,
-                    jobs: None,
-                    control: None,
-                    mover: None,
-                },
-                req,
-                progress,
-            ),
-            (None, Some(x)) => crate::shared_ops::execute(x.shared(), Some(x), req),
-            (None, None) => Err(Error::new(
-                ErrorKind::Refused,
-                format!("{} answers no requests here", store.kind().noun()),
-            )),
-        };
+        let r = ops::execute(
+            &Ctx {
+                ds: &*store,
+                stats: None,
+                jobs: None,
+                control: None,
+                mover: None,
+            },
+            req,
+            progress,
+        );
         // What a request adds or takes away in that datastore, this
         // server serves or stops serving.
         let after = match (req, &r) {

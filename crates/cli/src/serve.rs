@@ -1,5 +1,10 @@
-//! `strata serve`: export every disk over NBD, answer CLI commands on the
-//! control socket, and shut down cleanly (flush + checkpoint) on SIGTERM/SIGINT.
+//! `strata serve`: export every disk of a datastore of either kind (a
+//! local one, or a directory attached to an object store) over NBD,
+//! vhost-user-blk and FUSE, answer CLI commands on the control socket and
+//! HTTP, and shut down cleanly (flush, and checkpoint or commit) on
+//! SIGTERM/SIGINT. One lifecycle for both kinds: what differs is opening
+//! the datastore and its background work (alarms and free-space return
+//! for a local one, garbage collection for an object store).
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -12,6 +17,7 @@ use std::time::Duration;
 
 use clap::Args;
 use strata_block::BlockDevice;
+use strata_datastore::{Kind, LocalDatastore, ObjectStoreDatastore};
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
 use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
@@ -258,7 +264,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 }
 
 struct Exports {
-    ds: Option<Datastore>,
+    ds: Option<crate::placement::Store>,
     /// Where the datastore's disks live (home or moved elsewhere).
     places: Option<Arc<crate::placement::Places>>,
     vmdks: Vec<(String, Arc<VmdkImage>)>,
@@ -336,7 +342,11 @@ impl strata_fuse::FuseProvider for FuseExports {
         // A disk's allocated grains are a counter (O(1)); snapshots and
         // VMDK images show their size.
         let stored_bytes = match &self.0.ds {
-            Some(ds) if !name.contains('@') && !self.0.vmdks.iter().any(|(n, _)| n == name) => {
+            Some(ds)
+                if ds.kind() == Kind::Local
+                    && !name.contains('@')
+                    && !self.0.vmdks.iter().any(|(n, _)| n == name) =>
+            {
                 ds.disk_info(name).ok().map(|d| d.allocated_bytes)
             }
             _ => None,
@@ -364,7 +374,7 @@ impl strata_fuse::FuseProvider for FuseExports {
     }
 
     fn space(&self) -> Option<strata_fuse::FsSpace> {
-        let i = self.0.ds.as_ref()?.info();
+        let i = self.0.ds.as_ref()?.as_local()?.info();
         Some(strata_fuse::FsSpace {
             total_bytes: i.capacity_bytes,
             free_bytes: i.free_bytes,
@@ -696,6 +706,170 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     }
     let vhost_specs = vhost_specs(args)?;
     socket_owner(args)?;
+    let opened = open_vmdks(args)?;
+    let home = match open_home(dir, metadata_cache, args, &opened)? {
+        Some(home) => home,
+        None => return serve_only_vmdks(args, opened),
+    };
+    let vmdks = export_list(&opened);
+    let stop = stop_flag()?;
+
+    // The control socket: a local datastore's lock is ours and another
+    // server of an attached directory would answer, so a file left is stale.
+    let ctl_path = dir.join(strata_format::FILE_CONTROL);
+    if std::os::unix::net::UnixStream::connect(&ctl_path).is_ok() {
+        return Err(Error::new(
+            ErrorKind::Locked,
+            format!(
+                "another server of this directory answers at {}: one server per directory",
+                ctl_path.display()
+            ),
+        ));
+    }
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = UnixListener::bind(&ctl_path)
+        .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
+    let registry = Arc::new(StatsRegistry::new());
+    let places = crate::placement::Places::open(
+        dir,
+        home.clone(),
+        crate::placement::Config {
+            metadata_cache,
+            direct_io: args.direct_io,
+            store_timeout: Duration::from_secs(args.store_timeout),
+        },
+    )?;
+    let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
+    let handler = Arc::new(control::Handler {
+        ds: home.clone(),
+        vmdks: vmdk_exports(&opened),
+        stats: registry.clone(),
+        jobs,
+        mover: Some(places.clone()),
+    });
+    let ctl_thread = control::spawn_server(ctl, handler.clone(), stop.clone());
+    let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
+
+    let background = Background::start(&home, dir, args, &stop);
+    let stats = (!args.no_stats).then(|| registry.clone());
+    for (n, _) in &vmdks {
+        if home.exists(n) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("--vmdk export '{n}' has the name of a disk; name it with NAME=PATH"),
+            ));
+        }
+    }
+    let vmdk_list = vmdks.clone();
+    let exports = Arc::new(Exports {
+        ds: Some(home.clone()),
+        places: Some(places.clone()),
+        vmdks,
+        stats,
+    });
+    let server = NbdServer::new(exports.clone(), nbd_options(args));
+    let names: Vec<String> = vmdk_list
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain(places.export_names().into_iter().map(|(n, _)| n))
+        .collect();
+    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
+    match home.as_object_store() {
+        Some(x) => {
+            let c = x.shared().config();
+            println!(
+                "strata: serving object-store datastore {} as host {} ({})",
+                c.url, c.me.name, c.me.host
+            );
+        }
+        None => println!("strata: serving datastore {}", dir.display()),
+    }
+    listen(&server, args, &example)?;
+    let vhost = VhostBlkServer::new();
+    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
+    let fuse = listen_fuse(&exports, args)?;
+    let gauge_ds = home.clone();
+    let http = start_http(
+        args,
+        Box::new(
+            move || match (gauge_ds.as_local(), gauge_ds.as_object_store()) {
+                (Some(ds), _) => gauges(ds),
+                (None, Some(x)) => crate::object_store_gauges::gauges(x),
+                (None, None) => Vec::new(),
+            },
+        ),
+        registry,
+        Some(handler),
+    )?;
+    if names.is_empty() {
+        println!(
+            "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
+        );
+    } else {
+        println!("  exports: {}", names.join(", "));
+    }
+    println!(
+        "  control socket {} (strata commands use it automatically)",
+        ctl_path.display()
+    );
+    if home.kind() == Kind::ObjectStore {
+        println!(
+            "  a disk is claimed by its first write; FLUSH waits up to {} s for the store",
+            args.store_timeout
+        );
+    }
+    println!(
+        "  stop with Ctrl-C or SIGTERM ({})",
+        match home.kind() {
+            Kind::Local => "flushes and checkpoints",
+            Kind::ObjectStore => "flushes",
+        }
+    );
+    wait_and_shut_down(&stop, &server, http, args);
+    vhost.shutdown();
+    // Unmounts and drops every device handle the mount held.
+    if let Some(f) = fuse {
+        f.shutdown();
+    }
+    // Wake the control thread so it sees the stop flag.
+    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
+    let _ = ctl_thread.join();
+    background.stop();
+    let _ = std::fs::remove_file(&ctl_path);
+    flush_vmdks(&vmdk_list);
+    places.close();
+    home.close()?;
+    eprintln!("strata: datastore flushed and closed");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Open the datastore `serve` serves, either kind (a local one under its
+/// lock, created with `--init`); None: there is none and `--vmdk` files
+/// are served alone.
+fn open_home(
+    dir: &Path,
+    metadata_cache: u64,
+    args: &ServeArgs,
+    opened: &[OpenedVmdk],
+) -> Result<Option<crate::placement::Store>, Error> {
+    if strata_shared::is_shared(dir) {
+        let opts = strata_datastore::OpenOptions {
+            store_timeout: Duration::from_secs(args.store_timeout),
+            ..Default::default()
+        };
+        let store = ObjectStoreDatastore::open(dir, &opts)?;
+        for name in &args.incoming {
+            store
+                .shared()
+                .disk_id(name)
+                .map_err(strata_datastore::from_shared)?;
+        }
+        store.set_incoming(strata_datastore::Incoming {
+            disks: args.incoming.clone(),
+            wait: Duration::from_secs(args.incoming_wait),
+        });
+        return Ok(Some(Arc::new(store)));
+    }
     if !args.incoming.is_empty() {
         return Err(Error::new(
             ErrorKind::Refused,
@@ -703,11 +877,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
              which moves disks with 'strata move')",
         ));
     }
-    let opened = open_vmdks(args)?;
     if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
-        return serve_only_vmdks(args, opened);
+        return Ok(None);
     }
-    let vmdks = export_list(&opened);
     if args.init && !dir.join(strata_format::FILE_SUPER).exists() {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create datastore directory", e))?;
         Datastore::init(
@@ -742,112 +914,89 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
     ds.set_placement_regions(args.placement);
     ds.start_reclaimer();
     ds.start_background_commits();
+    Ok(Some(Arc::new(LocalDatastore::new(ds, dir))))
+}
 
-    let stop = stop_flag()?;
+/// A server's background work, by the kind of its datastore: alarms and
+/// the free-space policy of a local one, garbage collection of an object
+/// store.
+struct Background {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    space_control: Arc<strata_engine::WorkControl>,
+}
 
-    // The control socket: we hold the lock, so an existing file is stale.
-    let ctl_path = dir.join(strata_format::FILE_CONTROL);
-    let _ = std::fs::remove_file(&ctl_path);
-    let ctl = UnixListener::bind(&ctl_path)
-        .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
-    let registry = Arc::new(StatsRegistry::new());
-    let places = crate::placement::Places::open(
-        dir,
-        ds.clone(),
-        crate::placement::Config {
-            metadata_cache,
-            direct_io: args.direct_io,
-            store_timeout: Duration::from_secs(args.store_timeout),
-        },
-    )?;
-    let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
-    let handler = Arc::new(control::Handler {
-        ds: ds.clone(),
-        vmdks: vmdk_exports(&opened),
-        stats: registry.clone(),
-        jobs,
-        mover: Some(places.clone()),
-    });
-    let ctl_thread = control::spawn_server(ctl, handler.clone(), stop.clone());
-    let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
-
-    let alarm_thread = spawn_alarm_watcher(ds.clone(), dir.to_path_buf(), stop.clone());
-    let space_control = Arc::new(strata_engine::WorkControl::default());
-    let space_thread = args.free_space_policy.then(|| {
-        spawn_free_space_policy(
-            ds.clone(),
-            stop.clone(),
-            space_control.clone(),
-            args.free_space_threshold,
-        )
-    });
-    let stats = (!args.no_stats).then(|| registry.clone());
-    for (n, _) in &vmdks {
-        if ds.open_disk(n).is_ok() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("--vmdk export '{n}' has the name of a disk; name it with NAME=PATH"),
+impl Background {
+    fn start(
+        home: &crate::placement::Store,
+        dir: &Path,
+        args: &ServeArgs,
+        stop: &Arc<AtomicBool>,
+    ) -> Background {
+        let space_control = Arc::new(strata_engine::WorkControl::default());
+        let mut threads = Vec::new();
+        if let Some(ds) = home.as_local() {
+            threads.push(spawn_alarm_watcher(
+                ds.clone(),
+                dir.to_path_buf(),
+                stop.clone(),
             ));
+            if args.free_space_policy {
+                threads.push(spawn_free_space_policy(
+                    ds.clone(),
+                    stop.clone(),
+                    space_control.clone(),
+                    args.free_space_threshold,
+                ));
+            }
+        }
+        if home.as_object_store().is_some() && args.gc_interval > 0 {
+            let (home, stop) = (home.clone(), stop.clone());
+            threads.push(spawn_gc(home, stop, args.gc_interval));
+        }
+        Background {
+            threads,
+            space_control,
         }
     }
-    let vmdk_list = vmdks.clone();
-    let exports = Arc::new(Exports {
-        ds: Some(ds.clone()),
-        places: Some(places.clone()),
-        vmdks,
-        stats,
-    });
-    let server = NbdServer::new(exports.clone(), nbd_options(args));
-    let names: Vec<String> = vmdk_list
-        .iter()
-        .map(|(n, _)| n.clone())
-        .chain(places.export_names().into_iter().map(|(n, _)| n))
-        .collect();
-    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
-    println!("strata: serving datastore {}", dir.display());
-    listen(&server, args, &example)?;
-    let vhost = VhostBlkServer::new();
-    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
-    let fuse = listen_fuse(&exports, args)?;
-    let gauge_ds = ds.clone();
-    let http = start_http(
-        args,
-        Box::new(move || gauges(&gauge_ds)),
-        registry,
-        Some(handler),
-    )?;
-    if names.is_empty() {
-        println!(
-            "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
-        );
-    } else {
-        println!("  exports: {}", names.join(", "));
+
+    fn stop(self) {
+        self.space_control.cancel();
+        for t in self.threads {
+            let _ = t.join();
+        }
     }
-    println!(
-        "  control socket {} (strata commands use it automatically)",
-        ctl_path.display()
-    );
-    println!("  stop with Ctrl-C or SIGTERM (flushes and checkpoints)");
-    wait_and_shut_down(&stop, &server, http, args);
-    vhost.shutdown();
-    // Unmounts and drops every device handle the mount held.
-    if let Some(f) = fuse {
-        f.shutdown();
-    }
-    // Wake the control thread so it sees the stop flag.
-    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
-    let _ = ctl_thread.join();
-    let _ = alarm_thread.join();
-    space_control.cancel();
-    if let Some(t) = space_thread {
-        let _ = t.join();
-    }
-    let _ = std::fs::remove_file(&ctl_path);
-    flush_vmdks(&vmdk_list);
-    places.close();
-    ds.close()?;
-    eprintln!("strata: datastore flushed and closed");
-    Ok(ExitCode::SUCCESS)
+}
+
+/// Garbage collection of an object store every `interval_s` seconds
+/// until `stop`.
+fn spawn_gc(
+    home: crate::placement::Store,
+    stop: Arc<AtomicBool>,
+    interval_s: u64,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("gc".into())
+        .spawn(move || {
+            let Some(x) = home.as_object_store() else {
+                return;
+            };
+            let mut next = std::time::Instant::now() + Duration::from_secs(interval_s);
+            while !stop.load(Ordering::Acquire) {
+                if std::time::Instant::now() >= next {
+                    match x.gc(false) {
+                        Ok(r) if r.deleted_segments > 0 => eprintln!(
+                            "strata: gc deleted {} segments ({} bytes)",
+                            r.deleted_segments, r.garbage_bytes
+                        ),
+                        Ok(_) => {}
+                        Err(e) => eprintln!("strata: gc: {e}"),
+                    }
+                    next = std::time::Instant::now() + Duration::from_secs(interval_s);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+        .expect("spawn gc thread")
 }
 
 /// Evaluate the datastore's alarms every second until `stop`; log each

@@ -1,7 +1,7 @@
 //! Commands on object-store datastores (docs/MULTIHOST.md): `init
 //! --object-store`, `attach`, and the requests that work on a directory
 //! attached to one (status, list, info, create, rm, claim, snapshots,
-//! linked clones, check, gc; `serve` is shared_serve.rs). When this host
+//! linked clones, check, gc; `serve` is serve.rs, as for any datastore). When this host
 //! serves the datastore, requests go to its server's control socket, so
 //! that a snapshot is taken by the process that writes the disk; other
 //! commands refuse with a message rather than touch a local datastore.
@@ -45,7 +45,7 @@ pub fn init_or_attach(dir: &Path, url: &str, attach: bool, format: Format) -> Re
 /// A command on a directory attached to an object-store datastore.
 pub fn run(dir: &Path, action: &Action) -> Result<ExitCode, Error> {
     match action {
-        Action::Serve(_) => unreachable!("main routes serve to shared_serve"),
+        Action::Serve(_) => unreachable!("main routes serve to serve::run"),
         Action::Init { .. } => Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(

@@ -1,7 +1,8 @@
 //! Requests on an object-store datastore (docs/MULTIHOST.md), run in this
 //! process or in the server that serves it (with the disks it has open):
 //! what `ops` is for local datastores. The CLI commands around them are in
-//! shared_cmd.rs, the server in shared_serve.rs.
+//! shared_cmd.rs; a server of either kind reaches this through
+//! `ops::execute`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use crate::api::{Request, Response};
 pub(crate) use strata_datastore::from_shared as engine_error;
 
 /// The disks a running server has open, as requests through its control
-/// socket reach them (implemented by the server, shared_serve.rs).
+/// socket reach them (the server's `ObjectStoreDatastore`).
 pub trait ServedDisks {
     /// The server's handle of a disk (opened if it was not).
     fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error>;
@@ -26,7 +27,7 @@ pub trait ServedDisks {
     /// Drop the handle of a disk being removed.
     fn forget(&self, name: &str);
     /// Garbage collection, remembered for the server's metrics.
-    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, strata_shared::Error>;
+    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, Error>;
 }
 
 pub(crate) fn answer(human: String, json: serde_json::Value) -> Response {
@@ -284,10 +285,9 @@ pub fn execute(
         }
         Request::Gc { dry_run } => {
             let r = match exports {
-                Some(x) => x.gc(*dry_run),
-                None => ds.gc(*dry_run),
-            }
-            .map_err(e)?;
+                Some(x) => x.gc(*dry_run)?,
+                None => ds.gc(*dry_run).map_err(e)?,
+            };
             let h = crate::units::human;
             let mut t = String::new();
             let _ = writeln!(
@@ -327,12 +327,25 @@ pub fn execute(
             }
             answer(t, value(&r))
         }
+        // A server answers these before it gets here (ops::execute).
         Request::Move { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,
-                "a disk moves from a local datastore's server, which may place it here and back \
-                 (strata -d LOCAL_DATASTORE move DISK --to DIR: docs/MOVE.md); a server of this \
-                 directory does not move disks yet",
+                "a move runs in the server that serves the disk: start 'strata serve' for this \
+                 directory (the disk may be idle; clients connect as usual)",
+            ))
+        }
+        Request::Stats { .. } => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "I/O statistics are kept by a running server: start 'strata serve' for this \
+                 datastore",
+            ))
+        }
+        Request::Jobs | Request::JobControl { .. } => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "jobs run in a server: no 'strata serve' holds this datastore",
             ))
         }
         other => return Err(not_yet_request(&request_name(other))),
@@ -468,7 +481,7 @@ impl ServedDisks for strata_datastore::ObjectStoreDatastore {
         strata_datastore::ObjectStoreDatastore::forget(self, name)
     }
 
-    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, strata_shared::Error> {
-        self.shared().gc(dry_run)
+    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, Error> {
+        strata_datastore::ObjectStoreDatastore::gc(self, dry_run)
     }
 }

@@ -107,7 +107,11 @@ fn fuse_file_and_nbd_see_the_same_bytes() {
     if !tools() {
         return;
     }
-    let s = Store::new();
+    each_kind(fuse_file_and_nbd_see_the_same_bytes_on);
+}
+
+fn fuse_file_and_nbd_see_the_same_bytes_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "d1", "--size", "4M"]);
     let (srv, mnt, _unmount) = serve_fuse(&s, "d1");
     let path = mnt.join("d1");

@@ -272,6 +272,79 @@ fn guest_kernel_makes_ext4_trims_and_a_snapshot_keeps_the_old_files() {
     }
 }
 
+/// QEMU's arguments for a vhost-user-blk disk on `sock` with `queues`
+/// queues (guest memory shared through a memfd, as vhost-user needs).
+fn vhost_disk_args(sock: &Path, queues: u32) -> Vec<String> {
+    [
+        "-object",
+        "memory-backend-memfd,id=mem,size=256M,share=on",
+        "-machine",
+        "memory-backend=mem",
+        "-chardev",
+        &format!("socket,id=c0,path={},reconnect=1", sock.display()),
+        "-device",
+        &format!("vhost-user-blk-pci,chardev=c0,num-queues={queues}"),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
+}
+
+/// Boots the guest with `strata.test=TEST` on the vhost-user-blk socket
+/// `sock` and waits for it to power off.
+fn boot_vhost(s: &Store, img: &(PathBuf, PathBuf), sock: &Path, test: &str) -> Boot {
+    start(s, img, "vhost", test, "", &vhost_disk_args(sock, 1)).finish()
+}
+
+/// On each kind of datastore: a guest on vhost-user-blk makes ext4,
+/// writes, deletes a file and trims, and after the server restarts the
+/// file system is fsck-clean and holds every file it kept.
+#[test]
+fn a_guest_on_vhost_user_blk_writes_trims_and_reads_back_after_a_restart() {
+    if !have("qemu-system-x86_64") || !have_kernel() {
+        return;
+    }
+    let Some(img) = guest_image() else {
+        return;
+    };
+    each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "disk", "--size", "256M"]);
+        let sock = s.dir.path().join("vhost.sock");
+        let spec = format!("disk={}", sock.display());
+        let srv = s.serve_with(&["--vhost-user-blk", &spec]);
+        wait_for(&sock);
+        let w = boot_vhost(&s, &img, &sock, "write");
+        let written = w.sums();
+        assert_eq!(
+            written.keys().collect::<Vec<_>>(),
+            ["./big", "./dir/numbers", "./hello.txt"],
+            "{kind:?}: {}",
+            w.console
+        );
+        let t = boot_vhost(&s, &img, &sock, "trim");
+        let mut kept = written.clone();
+        kept.remove("./big");
+        assert_eq!(t.sums(), kept, "{kind:?}: {}", t.console);
+        assert!(
+            t.lines("FSTRIM").iter().any(|l| l.contains("trimmed")),
+            "{kind:?}: {:?}",
+            t.lines("FSTRIM")
+        );
+        // What the guest flushed survives the server: SIGTERM, start again.
+        srv.stop();
+        let _ = std::fs::remove_file(&sock);
+        let srv = s.serve_with(&["--vhost-user-blk", &spec]);
+        wait_for(&sock);
+        let v = boot_vhost(&s, &img, &sock, "verify");
+        assert_eq!(v.sums(), kept, "{kind:?}: {}", v.console);
+        assert_eq!(v.lines("TEXT"), ["hello from a strata guest"]);
+        srv.stop();
+        let c = s.json(&["check"]);
+        assert!(c["errors"].as_array().unwrap().is_empty(), "{kind:?}: {c}");
+    });
+}
+
 /// Whether `needle` appeared on the console within `limit`.
 fn wait_console(r: &Running, needle: &str, limit: Duration) -> bool {
     let t = Instant::now();
@@ -322,19 +395,7 @@ fn guest_over_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_
         &["-f", "raw", "-c", "write -P 0x5a 200M 1M", &s.uri("disk")],
     );
 
-    let disk_args: Vec<String> = [
-        "-object",
-        "memory-backend-memfd,id=mem,size=256M,share=on",
-        "-machine",
-        "memory-backend=mem",
-        "-chardev",
-        &format!("socket,id=c0,path={},reconnect=1", vsock.display()),
-        "-device",
-        "vhost-user-blk-pci,chardev=c0,num-queues=2",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let disk_args = vhost_disk_args(&vsock, 2);
     let r = start(
         &s,
         &img,

@@ -141,6 +141,30 @@ fn tree_disk(home: &Store) {
     qemu_io(&u, &["write -P 0x44 8M 64k", "flush"]);
 }
 
+/// The images of `d`'s snapshots s1..s3 and of its head's first 64 MiB
+/// (fio writes above): the directory and the head's path.
+fn save_images(home: &Store) -> (tempfile::TempDir, std::path::PathBuf) {
+    let imgs = tempfile::tempdir().unwrap();
+    for s in ["s1", "s2", "s3"] {
+        save(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
+    }
+    let head = imgs.path().join("head");
+    save(&home.uri("d"), &head);
+    run_ok("truncate", &["-s", "64M", head.to_str().unwrap()]);
+    (imgs, head)
+}
+
+/// `d` and its snapshots read what [`save_images`] saved.
+fn same_images(home: &Store, imgs: &tempfile::TempDir, head: &Path) {
+    for s in ["s1", "s2", "s3"] {
+        same(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
+    }
+    let now = imgs.path().join("now");
+    save(&home.uri("d"), &now);
+    run_ok("truncate", &["-s", "64M", now.to_str().unwrap()]);
+    same(now.to_str().unwrap(), head);
+}
+
 /// Issue 13's first acceptance case: local -> object store -> local under
 /// fio's verifying writes; the snapshots and their tree go along.
 #[test]
@@ -155,14 +179,7 @@ fn a_served_disk_moves_to_an_object_store_and_back_under_fio_verify() {
     home.ok(&["create", "d", "--size", "128M"]);
     let _server = home.serve();
     tree_disk(&home);
-    let imgs = tempfile::tempdir().unwrap();
-    for s in ["s1", "s2", "s3"] {
-        save(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
-    }
-    // The head's first 64 MiB (fio writes above).
-    let head = imgs.path().join("head");
-    save(&home.uri("d"), &head);
-    run_ok("truncate", &["-s", "64M", head.to_str().unwrap()]);
+    let (imgs, head) = save_images(&home);
     let before = tree(&home, "d");
 
     let writer = fio(&home.uri("d"), false).spawn().unwrap();
@@ -190,13 +207,7 @@ fn a_served_disk_moves_to_an_object_store_and_back_under_fio_verify() {
 
     assert!(names(&home.json(&["list"])).contains(&"d".to_string()));
     assert!(!names(&s3.json(&["list"])).contains(&"d".to_string()));
-    for s in ["s1", "s2", "s3"] {
-        same(&home.uri(&format!("d@{s}")), &imgs.path().join(s));
-    }
-    let now = imgs.path().join("now");
-    save(&home.uri("d"), &now);
-    run_ok("truncate", &["-s", "64M", now.to_str().unwrap()]);
-    same(now.to_str().unwrap(), &head);
+    same_images(&home, &imgs, &head);
     assert_eq!(tree(&home, "d"), before);
     let snaps = home.json(&["snapshot", "list", "d"]);
     let s1 = snaps
@@ -219,6 +230,47 @@ fn a_served_disk_moves_to_an_object_store_and_back_under_fio_verify() {
     assert_eq!(placement["moves"], serde_json::json!({}));
     assert!(home.cmd(&["check"]).status.success());
     assert!(s3.cmd(&["check"]).status.success());
+}
+
+/// A disk whose home is an object store (its server serves the attached
+/// directory) moves to a local datastore and back under fio's verifying
+/// writes; its snapshot tree goes along and reads the same.
+#[test]
+fn a_disk_whose_home_is_an_object_store_moves_to_a_local_datastore_and_back() {
+    if !common::have("fio") || !common::have("qemu-img") {
+        return;
+    }
+    let Some(u) = url("home") else { return };
+    let home = Store::empty();
+    home.ok(&["init", "--object-store", &u]);
+    let local = Store::new();
+    home.ok(&["create", "d", "--size", "128M"]);
+    let _server = home.serve();
+    tree_disk(&home);
+    let (imgs, head) = save_images(&home);
+
+    let writer = fio(&home.uri("d"), false).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = home.json(&["move", "d", "--to", local.path().to_str().unwrap()]);
+    assert_eq!(out["snapshots"], serde_json::json!(["s1", "s2", "s3"]));
+    // Served from the local datastore now: its info is a local disk's.
+    let info = home.json(&["info", "d"]);
+    assert!(info["nb"].is_u64(), "{info}");
+    assert_eq!(placement(&home)["disks"]["d"]["kind"], "local");
+    std::thread::sleep(Duration::from_millis(1000));
+    let back = home.json(&["move", "d", "--to", home.path().to_str().unwrap()]);
+    assert_eq!(back["snapshots"], serde_json::json!(["s1", "s2", "s3"]));
+    let mut writer = writer;
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "fio was still writing when the disk came back (else the test shows nothing)"
+    );
+    finish(writer);
+    finish(fio(&home.uri("d"), true).spawn().unwrap());
+    same_images(&home, &imgs, &head);
+    assert_eq!(placement(&home)["disks"], serde_json::json!({}));
+    assert_eq!(placement(&home)["moves"], serde_json::json!({}));
+    assert!(home.cmd(&["check"]).status.success());
 }
 
 fn wait_exit(s: &mut Server) {

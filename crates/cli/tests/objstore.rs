@@ -125,13 +125,8 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     );
     let e = a.fails(&["create", "d", "--size", "1G", "--type", "zeroedthick"]);
     assert!(e.contains("thin disks only (zeroedthick was asked)"), "{e}");
-    let e = a.fails(&["serve", "--fuse", "/nonexistent/x"]);
-    assert!(e.contains("give --nbd-unix PATH"), "{e}");
-    let e = a.fails(&["serve", "--nbd-unix", "/nonexistent/x.sock", "--fuse", "/x"]);
-    assert!(
-        e.contains("--fuse does not work on object-store datastores yet"),
-        "{e}"
-    );
+    // (serve --fuse and --vhost-user-blk work there: tests/fuse.rs runs
+    // on both kinds.)
     // A local datastore is not made beside it.
     let e = a.fails(&["init"]);
     assert!(

@@ -34,8 +34,6 @@ pub enum Capability {
     Import,
     /// Writing a disk or snapshot as VMDK (`export`).
     Export,
-    /// Moving its disks to another datastore (`move`, by its server).
-    MoveOut,
 }
 
 impl Capability {
@@ -55,7 +53,6 @@ impl Capability {
             Capability::Gc => "gc",
             Capability::Import => "import",
             Capability::Export => "export",
-            Capability::MoveOut => "move",
         }
     }
 }
@@ -109,11 +106,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
     ),
     (Capability::Import, "not built yet for object-store disks"),
     (Capability::Export, "not built yet for object-store disks"),
-    (
-        Capability::MoveOut,
-        "not built yet: a disk moves from a local datastore's server, which may place it in \
-         an object store and back (docs/MOVE.md)",
-    ),
 ];
 
 /// Why `kind` cannot do `what`, or None if it can.

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use strata_block::BlockDevice;
+use strata_shared::gc::GcReport;
 use strata_shared::layout::Manifest;
 use strata_shared::{SharedDatastore, SharedDisk};
 
@@ -52,6 +53,8 @@ pub struct ObjectStoreDatastore {
     dir: PathBuf,
     handles: Mutex<HashMap<String, Arc<SharedDisk>>>,
     incoming: Mutex<Incoming>,
+    /// The last garbage collection this process ran, for metrics.
+    last_gc: Mutex<Option<GcReport>>,
 }
 
 impl ObjectStoreDatastore {
@@ -61,6 +64,7 @@ impl ObjectStoreDatastore {
             dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
             handles: Mutex::new(HashMap::new()),
             incoming: Mutex::new(Incoming::default()),
+            last_gc: Mutex::new(None),
         }
     }
 
@@ -111,6 +115,19 @@ impl ObjectStoreDatastore {
     /// Drop the handle of `target` (the disk is being removed).
     pub fn forget(&self, target: &str) {
         self.handles.lock().remove(target);
+    }
+
+    /// Collect what no live root reaches (`dry_run`: only say what), and
+    /// remember the report for [`Self::last_gc`].
+    pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
+        let r = self.ds.gc(dry_run).map_err(from_shared)?;
+        *self.last_gc.lock() = Some(r.clone());
+        Ok(r)
+    }
+
+    /// The report of the last [`Self::gc`] of this process.
+    pub fn last_gc(&self) -> Option<GcReport> {
+        self.last_gc.lock().clone()
     }
 
     /// The handles open now, by target, for metrics.

@@ -35,11 +35,47 @@ pub struct Store {
     pub dir: tempfile::TempDir,
 }
 
+/// The two kinds of datastore a test can run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Local,
+    /// A directory attached to an object store on the test process's
+    /// SeaweedFS.
+    ObjectStore,
+}
+
+/// Run `case` once per kind of datastore, naming the kind if it fails.
+/// The object-store run is skipped (with a message) when SeaweedFS is
+/// missing and tools are optional.
+pub fn each_kind(case: impl Fn(Kind)) {
+    for kind in [Kind::Local, Kind::ObjectStore] {
+        if kind == Kind::ObjectStore && strata_objstore::testing::shared().is_none() {
+            continue;
+        }
+        eprintln!("--- on a {kind:?} datastore");
+        case(kind);
+    }
+}
+
 impl Store {
     pub fn new() -> Store {
         let s = Store::empty();
         s.ok(&["init"]);
         s
+    }
+
+    /// A new, empty datastore of `kind` (see [`each_kind`]).
+    pub fn of(kind: Kind) -> Store {
+        match kind {
+            Kind::Local => Store::new(),
+            Kind::ObjectStore => {
+                strata_objstore::testing::shared().expect("SeaweedFS");
+                let s = Store::empty();
+                let url = format!("s3://strata-cli-test/{:016x}", rand::random::<u64>());
+                s.ok(&["init", "--object-store", &url]);
+                s
+            }
+        }
     }
     /// A place for a datastore, with nothing in it yet.
     pub fn empty() -> Store {

@@ -1,0 +1,105 @@
+//! Prometheus gauges of an object-store datastore's server: per disk it
+//! holds open (upload backlog, writer or fenced, generation, commits) and
+//! of its last garbage collection.
+
+use strata_datastore::ObjectStoreDatastore;
+use strata_stats::Gauge;
+
+/// The metrics of the disks this server has open and of its last GC.
+pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
+    let mut out = Vec::new();
+    let g =
+        |name: &str, help: &str, disk: &str, v: f64| Gauge::new(name, help, v).label("disk", disk);
+    for (name, d) in store.handles() {
+        let m = d.manifest();
+        let (writer, fenced) = d.ownership();
+        let c = d.commit_stats();
+        out.push(g(
+            "strata_shared_unflushed_bytes",
+            "Bytes acknowledged to clients and not yet in the object store (the upload backlog)",
+            &name,
+            d.unflushed_bytes() as f64,
+        ));
+        out.push(g(
+            "strata_shared_writer",
+            "1 if this server is the disk's writer (its generation is the newest)",
+            &name,
+            f64::from(u8::from(writer && fenced.is_none())),
+        ));
+        out.push(g(
+            "strata_shared_fenced",
+            "1 if another host claimed the disk from this server",
+            &name,
+            f64::from(u8::from(fenced.is_some())),
+        ));
+        out.push(g(
+            "strata_shared_generation",
+            "The disk's generation in the newest manifest this server knows",
+            &name,
+            f64::from(m.generation),
+        ));
+        out.push(g(
+            "strata_shared_manifest_seq",
+            "Sequence number of that manifest",
+            &name,
+            m.seq as f64,
+        ));
+        out.push(g(
+            "strata_shared_commits_total",
+            "FLUSHes that uploaded a segment and committed a manifest",
+            &name,
+            c.commits as f64,
+        ));
+        out.push(g(
+            "strata_shared_commit_failures_total",
+            "Commits that failed (store unavailable, or fenced)",
+            &name,
+            c.failed as f64,
+        ));
+        out.push(g(
+            "strata_shared_commit_seconds_total",
+            "Time spent in successful commits",
+            &name,
+            c.seconds_total,
+        ));
+        out.push(g(
+            "strata_shared_commit_seconds_max",
+            "The longest successful commit",
+            &name,
+            c.seconds_max,
+        ));
+        out.push(g(
+            "strata_shared_uploaded_bytes_total",
+            "Bytes of segments uploaded",
+            &name,
+            c.uploaded_bytes as f64,
+        ));
+    }
+    if let Some(r) = &store.last_gc() {
+        for (n, h, v) in [
+            (
+                "strata_shared_stored_bytes",
+                "Bytes of all segments in the store, at the last GC",
+                r.stored_bytes,
+            ),
+            (
+                "strata_shared_live_bytes",
+                "Bytes reached from a live root, at the last GC",
+                r.live_bytes,
+            ),
+            (
+                "strata_shared_garbage_bytes",
+                "Bytes in segments nothing reaches (the GC backlog), at the last GC",
+                r.garbage_bytes,
+            ),
+            (
+                "strata_shared_gc_deleted_segments",
+                "Segments the last GC deleted",
+                r.deleted_segments,
+            ),
+        ] {
+            out.push(Gauge::new(n, h, v as f64));
+        }
+    }
+    out
+}
