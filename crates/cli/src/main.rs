@@ -32,8 +32,8 @@ use strata_storage::FileBackend;
 
 use crate::api::{Request, Response, VmdkRequest};
 use crate::args::{default_datastore, Action, Cli};
-use crate::ops::LockOutcome;
 use crate::output::{progress_bar, Format};
+use strata_datastore::{try_lock, LockOutcome};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -133,7 +133,7 @@ fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
             format!("cannot create {}: {e}", dir.display()),
         )
     })?;
-    let lock = match ops::try_lock(dir)? {
+    let lock = match try_lock(dir)? {
         LockOutcome::Locked(f) => f,
         LockOutcome::Held(pid) => return Err(held(dir, pid)),
     };
@@ -175,9 +175,16 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
             b.set_position(done);
         }
     };
-    let r = match ops::try_lock(dir)? {
+    let r = match try_lock(dir)? {
         LockOutcome::Locked(lock) => {
-            let ds = ops::open_local(dir, lock, cache, false)?;
+            let ds = strata_datastore::open_locked(
+                dir,
+                lock,
+                &strata_datastore::OpenOptions {
+                    cache_bytes: cache,
+                    ..Default::default()
+                },
+            )?;
             let r = ops::execute(
                 &ops::Ctx {
                     ds: &strata_datastore::LocalDatastore::new(ds.clone(), dir),

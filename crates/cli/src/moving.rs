@@ -404,13 +404,12 @@ fn copy_and_switch(
             Some(p) if copied.contains(p.as_str()) => Some(p.clone()),
             _ => first.map(str::to_string),
         };
-        let base_kept = base.clone();
         let ranges = src.changed_ranges(
-            base.map(|b| format!("{name}@{b}")).as_deref(),
+            base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
             &format!("{name}@{}", s.name),
         )?;
         copier.total += bytes(&ranges);
-        plan.push((base_kept, &s.name, ranges));
+        plan.push((base, &s.name, ranges));
         copied.insert(&s.name);
         first.get_or_insert(&s.name);
     }

@@ -1,10 +1,7 @@
 //! Runs a datastore [`Request`] the same way whether the CLI opened the
 //! datastore itself or a running server does it for the CLI over the
-//! control socket, answering the typed [`Response`]; and takes the
-//! datastore's lock.
+//! control socket, answering the typed [`Response`].
 
-use std::fs::File;
-use std::path::Path;
 use std::sync::Arc;
 
 use strata_datastore::Datastore as AnyDatastore;
@@ -345,26 +342,5 @@ fn alarms(ds: &Datastore) -> Response {
                 status,
             })
             .collect(),
-    )
-}
-
-pub use strata_datastore::{try_lock, LockOutcome};
-
-/// Open a datastore directory for exclusive use (its lock taken).
-/// `direct_io`: the pool bypasses the host page cache (`serve --cache none`).
-pub fn open_local(
-    dir: &Path,
-    lock: File,
-    cache_bytes: u64,
-    direct_io: bool,
-) -> Result<Datastore, Error> {
-    strata_datastore::open_locked(
-        dir,
-        lock,
-        &strata_datastore::OpenOptions {
-            cache_bytes,
-            direct_io,
-            ..Default::default()
-        },
     )
 }

@@ -25,7 +25,6 @@ use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
 
 use crate::api::VmdkServerStatus;
-use crate::ops::{self, LockOutcome};
 use crate::vmdk_cmd::Access;
 use crate::{control, holders};
 
@@ -896,25 +895,18 @@ fn open_home(
             ),
         ));
     }
-    let lock = match ops::try_lock(dir)? {
-        LockOutcome::Locked(f) => f,
-        LockOutcome::Held(pid) => {
-            return Err(Error::new(
-                ErrorKind::Locked,
-                format!(
-                    "datastore {} is already served or in use{}",
-                    dir.display(),
-                    pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
-                ),
-            ))
-        }
-    };
-    let ds = ops::open_local(dir, lock, metadata_cache, args.direct_io)?;
-    ds.set_detect_zeroes(args.detect_zeroes);
-    ds.set_placement_regions(args.placement);
-    ds.start_reclaimer();
-    ds.start_background_commits();
-    Ok(Some(Arc::new(LocalDatastore::new(ds, dir))))
+    let local = LocalDatastore::open(
+        dir,
+        &strata_datastore::OpenOptions {
+            cache_bytes: metadata_cache,
+            direct_io: args.direct_io,
+            ..Default::default()
+        },
+    )?;
+    // Flags the writes and allocations of clients read (none yet).
+    local.engine().set_detect_zeroes(args.detect_zeroes);
+    local.engine().set_placement_regions(args.placement);
+    Ok(Some(Arc::new(local)))
 }
 
 /// A server's background work, by the kind of its datastore: alarms and

@@ -250,15 +250,7 @@ pub fn execute(
             )
         }
         Request::CloneLinked { source, name } => {
-            let (src, Some(snap)) = strata_format::split_target(source) else {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "a linked clone on an object-store datastore is made from a snapshot \
-                         (DISK@SNAP), not '{source}'"
-                    ),
-                ));
-            };
+            let (src, snap) = strata_datastore::clone_source(source)?;
             let m = ds.clone_linked(src, snap, name).map_err(e)?;
             answer(
                 format!("created linked clone {name} of {source}\n"),

@@ -110,11 +110,10 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
 
 /// Why `kind` cannot do `what`, or None if it can.
 pub fn refusal(kind: Kind, what: Capability) -> Option<&'static str> {
-    let table = match kind {
-        Kind::Local => LOCAL,
-        Kind::ObjectStore => OBJECT_STORE,
-    };
-    table.iter().find(|(c, _)| *c == what).map(|(_, why)| *why)
+    refusals(kind)
+        .iter()
+        .find(|(c, _)| *c == what)
+        .map(|(_, why)| *why)
 }
 
 /// Ok, or a `Refused` error naming the command, the kind and the reason.

@@ -33,7 +33,7 @@ use strata_block::BlockDevice;
 pub use capability::Capability;
 pub use diff::content_diff;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
-pub use object_store::{from_shared, Incoming, ObjectStoreDatastore};
+pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
     ChangedRange, DiskInfo, Error, ErrorKind, Provisioning, Result, SnapshotInfo,
 };

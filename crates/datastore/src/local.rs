@@ -82,7 +82,7 @@ impl LocalDatastore {
                 return Err(Error::new(
                     ErrorKind::Locked,
                     format!(
-                        "datastore {} is in use{}",
+                        "datastore {} is already served or in use{}",
                         dir.display(),
                         pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
                     ),

@@ -181,6 +181,21 @@ impl ObjectStoreDatastore {
     }
 }
 
+/// The `DISK@SNAP` a linked clone of an object store is made from, split
+/// (a plain `DISK` is refused: its head changes under the clone).
+pub fn clone_source(source: &str) -> Result<(&str, &str)> {
+    match strata_format::split_target(source) {
+        (disk, Some(snap)) => Ok((disk, snap)),
+        (_, None) => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "a linked clone on an object-store datastore is made from a snapshot \
+                 (DISK@SNAP), not '{source}'"
+            ),
+        )),
+    }
+}
+
 fn snapshot_name(m: &Manifest, id: Option<u64>) -> Option<String> {
     id.and_then(|id| m.snapshots.iter().find(|s| s.id == id))
         .map(|s| s.name.clone())
@@ -305,15 +320,7 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
-        let (disk, Some(snap)) = strata_format::split_target(source) else {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "a linked clone on an object-store datastore is made from a snapshot \
-                     (DISK@SNAP), not '{source}'"
-                ),
-            ));
-        };
+        let (disk, snap) = clone_source(source)?;
         let m = self
             .ds
             .clone_linked(disk, snap, name)

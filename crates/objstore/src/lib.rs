@@ -499,14 +499,13 @@ impl ObjectStore {
     /// exactly one, the one a read returns; one more create must be
     /// refused. The probe object is deleted afterwards.
     pub fn probe(&self) -> Result<ProbeReport> {
-        const RACERS: usize = PROBE_RACERS;
         let key = format!(
             "probe/{:016x}{:016x}",
             rand::random::<u64>(),
             rand::random::<u64>()
         );
         let path = self.path(&key);
-        let bodies: Vec<Bytes> = (0..RACERS)
+        let bodies: Vec<Bytes> = (0..PROBE_RACERS)
             .map(|i| Bytes::from(format!("strata probe {key} racer {i}")))
             .collect();
         let t0 = std::time::Instant::now();
@@ -569,7 +568,7 @@ impl ObjectStore {
         };
         if accepted.len() != 1 {
             return cleanup(unsupported(format!(
-                "it accepted {} of {RACERS} concurrent creates of one key",
+                "it accepted {} of {PROBE_RACERS} concurrent creates of one key",
                 accepted.len()
             )));
         }
@@ -592,7 +591,7 @@ impl ObjectStore {
             Err(e) => return cleanup(Err(e)),
         }
         cleanup(Ok(ProbeReport {
-            racers: RACERS,
+            racers: PROBE_RACERS,
             accepted: 1,
             put_ms,
         }))
