@@ -106,6 +106,13 @@ impl Jobs {
         stats: Option<Arc<strata_stats::StatsRegistry>>,
     ) -> Arc<Job> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        // A move marks its disk before it is listed: once a client has
+        // the job, commands that would change the disk are refused. A
+        // refused mark is the job's result (it never runs).
+        let refused = match (&req, &self.mover) {
+            (Request::Move { .. }, Some(m)) => m.reserve_move(&req).err(),
+            _ => None,
+        };
         let job = Arc::new(Job {
             id,
             what: req.describe(),
@@ -122,8 +129,8 @@ impl Jobs {
             state: Mutex::new(JobStatus {
                 done: 0,
                 total: 0,
-                finished_unix: None,
-                result: None,
+                finished_unix: refused.as_ref().map(|_| now_unix()),
+                result: refused.clone().map(Err),
             }),
             changed: Condvar::new(),
         });
@@ -146,6 +153,10 @@ impl Jobs {
                     }
                 });
             }
+        }
+        if let Some(e) = refused {
+            tracing::warn!("job {id} ({}) refused: {}", job.what, e.message);
+            return job;
         }
         let j = job.clone();
         let jobs = self.clone();

@@ -171,6 +171,7 @@ fn dirty_ranges(d: Vec<(u64, u64)>) -> Vec<Changed> {
 
 struct Args<'a> {
     name: &'a str,
+    to: &'a std::path::Path,
     head_only: bool,
     provisioning: Option<Provisioning>,
     rate: Option<u64>,
@@ -195,10 +196,24 @@ pub fn run(
     };
     let a = Args {
         name,
+        to,
         head_only: *head_only,
         provisioning: *provisioning,
         rate: *rate_bytes_per_sec,
     };
+    let r = run_marked(places, &a, control, progress);
+    places.end_move(name);
+    r
+}
+
+/// The move of a disk marked as moving (`Places::begin_move`).
+fn run_marked(
+    places: &Places,
+    a: &Args<'_>,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<MoveReport, Error> {
+    let name = a.name;
     if name.contains('@') {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
@@ -213,7 +228,7 @@ pub fn run(
             format!("no disk named '{name}' here"),
         ));
     }
-    let to = Location::of(to)?;
+    let to = Location::of(a.to)?;
     if to == from {
         return Err(Error::new(
             ErrorKind::Refused,
@@ -230,11 +245,7 @@ pub fn run(
             format!("{} has a disk named '{name}' already", to.dir.display()),
         ))
     } else {
-        places.begin_move(name).and_then(|_| {
-            let r = run_locked(places, &a, &from, &src, &to, &dst, control, progress);
-            places.end_move(name);
-            r
-        })
+        run_locked(places, a, &from, &src, &to, &dst, control, progress)
     };
     // The datastore left (or not reached) is closed if nothing else
     // lives there.
@@ -567,6 +578,13 @@ impl Mover for Places {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Option<Result<Response, Error>> {
         self.route_request(req, progress)
+    }
+
+    fn reserve_move(&self, req: &Request) -> Result<(), Error> {
+        match req {
+            Request::Move { name, .. } => self.begin_move(name),
+            _ => Ok(()),
+        }
     }
 
     fn run_move(

@@ -33,7 +33,11 @@ pub trait Mover: Sync {
         req: &Request,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Option<Result<Response, Error>>;
-    /// Run a `move`.
+    /// Mark the disk of a `move` as moving, before its job is listed
+    /// (so that once a move is started, commands that would change the
+    /// disk are refused); `run_move` ends the mark.
+    fn reserve_move(&self, req: &Request) -> Result<(), Error>;
+    /// Run a `move` whose disk `reserve_move` marked.
     fn run_move(
         &self,
         req: &Request,
