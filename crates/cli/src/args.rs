@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use strata_engine::{AlarmKind, AlarmRule, Error, ErrorKind, Provisioning};
 
-use crate::api::{ImageFormat, JobAction, Request, VmdkRequest};
 use crate::output::Format;
-use crate::serve::ServeArgs;
-use crate::units::parse_size;
-use crate::vmdk_cmd::absolute;
+use crate::serve_args::ServeArgs;
+use strata_server::api::{ImageFormat, JobAction, Request, VmdkRequest};
+use strata_server::units::parse_size;
+use strata_server::vmdk_ops::absolute;
 
 #[derive(Parser)]
 #[command(

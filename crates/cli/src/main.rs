@@ -1,27 +1,14 @@
-//! `strata`: the command-line tool and server of the strata disk engine.
+//! `strata`: the command-line tool of the strata disk engine.
 //!
 //! A command line becomes a typed request (`args`), the request a typed
-//! answer (`ops` here or in the server, through `control`; `vmdk_cmd` for
-//! VMDK files), and the answer text (`output`). `api` holds the types.
+//! answer (strata-server's `ops` in this process, or the server that holds
+//! the datastore through its control socket; `vmdk_ops` for VMDK files),
+//! and the answer text (`output`). `serve` runs strata-server's server.
 
-mod api;
 mod args;
-mod control;
-mod holders;
-mod jobs;
-mod moving;
-mod object_store_gauges;
-mod ops;
 mod output;
-mod placement;
-mod serve;
+mod serve_args;
 mod shared_cmd;
-mod shared_ops;
-mod slot;
-mod units;
-mod vmdk_cmd;
-mod web;
-mod wire;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -30,10 +17,12 @@ use clap::Parser;
 use strata_engine::{Datastore, Error, ErrorKind, InitOptions};
 use strata_storage::FileBackend;
 
-use crate::api::{Request, Response, VmdkRequest};
 use crate::args::{default_datastore, Action, Cli};
 use crate::output::{progress_bar, Format};
 use strata_datastore::{try_lock, LockOutcome};
+use strata_server::api::{Request, Response, VmdkRequest};
+use strata_server::serve::ServeConfig;
+use strata_server::{ops, serve, vmdk_ops, wire};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -65,7 +54,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
     {
         return match &action {
-            Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
+            Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(&**args)),
             _ => shared_cmd::run(dir, &action),
         };
     }
@@ -76,13 +65,13 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             attach,
             format,
         } => shared_cmd::init_or_attach(dir, url, attach, format).map(|()| ExitCode::SUCCESS),
-        Action::Serve(args) => serve::run(dir, cli.metadata_cache, args),
+        Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(args)),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),
                 "{spinner} [{bar:40}] {percent}% eta {eta}",
             );
-            let response = vmdk_cmd::execute(&request, &mut |done, total| {
+            let response = vmdk_ops::execute(&request, &mut |done, total| {
                 if let Some(b) = &bar {
                     b.set_length(total);
                     b.set_position(done);

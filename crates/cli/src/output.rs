@@ -9,18 +9,17 @@
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
-use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use strata_engine::{
     AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
     SnapshotInfo,
 };
 
-use crate::api::{
+use strata_server::api::{
     AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
     VmdkInfo, VmdkResponse, VmdkServerStatus,
 };
-use crate::units::human;
+use strata_server::units::human;
 
 /// How to print an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +56,7 @@ pub fn print(r: &dyn Render, format: Format) {
     print!("{}", render(r, format));
 }
 
-fn job_table(out: &mut String, jobs: &[crate::api::JobInfo]) {
+fn job_table(out: &mut String, jobs: &[strata_server::api::JobInfo]) {
     if jobs.is_empty() {
         line(out, format_args!("no jobs"));
         return;
@@ -89,12 +88,8 @@ fn job_table(out: &mut String, jobs: &[crate::api::JobInfo]) {
     }
 }
 
-fn value<T: Serialize + ?Sized>(v: &T) -> Value {
-    serde_json::to_value(v).expect("serialisable")
-}
-
 /// `move`: where the disk went, what was copied and how long I/O waited.
-fn moved(out: &mut String, r: &crate::api::MoveReport) {
+fn moved(out: &mut String, r: &strata_server::api::MoveReport) {
     line(
         out,
         format_args!(
@@ -182,38 +177,7 @@ impl Render for Response {
     }
 
     fn json(&self) -> Value {
-        match self {
-            Response::Datastore(i) => value(i),
-            Response::Disks(disks) => value(disks),
-            Response::Disk(d) => value(d),
-            Response::Removed { name } => json!({ "removed": name }),
-            Response::PunchZero(r) => value(r),
-            Response::Defrag(r) => value(r),
-            Response::FreeSpace(r) => value(r),
-            Response::Jobs(jobs) => value(jobs),
-            Response::JobStarted(j) => value(j),
-            Response::SnapshotCreated { snapshot, .. } => value(snapshot),
-            Response::Snapshots(snaps) => value(snaps),
-            Response::SnapshotDeleted { disk, snapshot } => {
-                json!({ "deleted": format!("{disk}@{snapshot}") })
-            }
-            Response::Check(r) => value(r),
-            Response::Shared { json, .. } => json.clone(),
-            // One object keyed by export name.
-            Response::Stats(exports) => Value::Object(
-                exports
-                    .iter()
-                    .map(|e| (e.export.clone(), value(&e.stats)))
-                    .collect(),
-            ),
-            Response::Import(r) => value(r),
-            Response::Export(r) => value(r),
-            Response::Moved(r) => value(r),
-            Response::VmdkServer(s) => value(s),
-            Response::VmdkShrink(rs) => value(rs),
-            Response::Capacity { info, .. } => value(info),
-            Response::Alarms(a) => value(a),
-        }
+        self.to_json()
     }
 }
 
@@ -227,11 +191,7 @@ impl Render for VmdkResponse {
     }
 
     fn json(&self) -> Value {
-        match self {
-            VmdkResponse::Info(i) => value(i),
-            VmdkResponse::Check(r) => value(r),
-            VmdkResponse::Shrink(rs) => value(rs),
-        }
+        self.to_json()
     }
 }
 
@@ -698,10 +658,11 @@ pub fn progress_bar(show: bool, template: &str) -> Option<indicatif::ProgressBar
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
     use strata_engine::{FailStop, Provisioning};
 
     use super::*;
-    use crate::api::{ExportedLink, ImageFormat};
+    use strata_server::api::{ExportedLink, ImageFormat};
 
     fn disk_info() -> DiskInfo {
         DiskInfo {

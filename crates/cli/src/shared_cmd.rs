@@ -16,7 +16,8 @@ use strata_shared::SharedDatastore;
 
 use crate::args::Action;
 use crate::output::Format;
-use crate::shared_ops::{engine_error, execute, not_yet_request, request_name, summary_text};
+use strata_datastore::from_shared as engine_error;
+use strata_server::shared_ops::{execute, not_yet_request, request_name, summary_text};
 
 /// `init --object-store URL` (`attach`: `attach --object-store URL`).
 pub fn init_or_attach(dir: &Path, url: &str, attach: bool, format: Format) -> Result<(), Error> {

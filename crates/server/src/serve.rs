@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use strata_block::BlockDevice;
 use strata_datastore::{Kind, LocalDatastore, ObjectStoreDatastore};
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
@@ -25,124 +24,67 @@ use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
 
 use crate::api::VmdkServerStatus;
-use crate::vmdk_cmd::Access;
+use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
-#[derive(Args)]
-pub struct ServeArgs {
-    /// Serve NBD on this Unix socket path
-    #[arg(long)]
-    pub(crate) nbd_unix: Option<PathBuf>,
-    /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
-    #[arg(long)]
-    pub(crate) nbd_tcp: Option<String>,
-    /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
-    /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
-    /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
-    /// can reconnect to the same socket
-    #[arg(long, value_name = "DISK=SOCKET")]
-    pub(crate) vhost_user_blk: Vec<String>,
-    /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
-    /// use fewer)
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
-    vhost_queues: u16,
-    /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
-    /// as libvirt's qemu user can connect); default: as the umask leaves them
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
-    socket_mode: Option<u32>,
-    /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
-    #[arg(long, value_name = "USER[:GROUP]")]
-    socket_owner: Option<String>,
-    /// Mount a FUSE file system on DIR (created if missing) showing each disk as the file
-    /// DIR/DISK (read-write) and each snapshot as DIR/DISK@SNAP (read-only, mode 0444),
-    /// appearing and disappearing with them; the file size is the disk size. Direct I/O (no
-    /// page cache), any offset and length; fsync flushes, fallocate --punch-hole unmaps.
-    /// Unmounted on shutdown; a stale mount left by a crashed server is unmounted first
-    #[arg(long, value_name = "DIR")]
-    pub(crate) fuse: Option<PathBuf>,
-    /// Let other users than the one running the server use the --fuse files (the allow_other
-    /// mount option; non-root needs user_allow_other in /etc/fuse.conf)
-    #[arg(long, requires = "fuse")]
-    fuse_allow_other: bool,
-    /// How the datastore's pool uses the host page cache, as QEMU's cache= option: writeback
-    /// reads and writes through it; none uses direct I/O (O_DIRECT), so data is cached once, by
-    /// the guest, and the host's memory is not spent on a second copy (what QEMU, libvirt and
-    /// Proxmox run production disks with). Durability is the same in both: a FLUSH makes
-    /// every acknowledged write durable. --vmdk images keep the page cache
-    #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
-    direct_io: bool,
-    /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
-    /// this many are on the disk at once [default: 16 with --cache none, where each waits for
-    /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
-    /// then run requests themselves]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
-    io_threads: Option<u16>,
-    /// Serve the dashboard at http://ADDR/, its JSON API at /api/v1 (docs/API.md) and
-    /// Prometheus metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) http: Option<String>,
-    /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
-    /// defrag): read, or created with a random token (mode 0600) when missing. Without it the
-    /// HTTP views are read-only
-    #[arg(long, value_name = "FILE")]
-    pub(crate) http_token: Option<PathBuf>,
-    /// Do not collect per-disk I/O statistics
-    #[arg(long)]
-    pub(crate) no_stats: bool,
-    /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
-    /// what it overwrites (on), or is stored like any other data (off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
-    detect_zeroes: bool,
-    /// Where new data grains go: regions (each 1 MiB of a disk's virtual space at its offsets
-    /// in a block of its own, so random and concurrent writes are laid out in order) or
-    /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
-    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
-    placement: bool,
-    /// Free-space consolidation in the background (auto): every 10 s, when the pool file holds
-    /// more on the host than the used (and reserved) space by --free-space-threshold plus a
-    /// quarter of the used space, run
-    /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
-    free_space_policy: bool,
-    /// See --free-space-policy
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::units::parse_size)]
-    free_space_threshold: u64,
-    /// Create the datastore first if the directory has none
-    #[arg(long)]
-    init: bool,
-    /// Also serve a VMDK (a descriptor or sparse file; its parent chain is followed) as it is,
-    /// read-write where the format allows, as export NAME (default: the file's stem).
-    /// Repeatable. Without a datastore in the directory, only the VMDKs are served, each with a
-    /// control socket PATH.strata.sock. The files are locked while served: the top link's
-    /// exclusively, its parents' shared (other servers may share a base)
-    #[arg(long, value_name = "[NAME=]PATH")]
-    pub(crate) vmdk: Vec<String>,
-    /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
-    #[arg(long)]
-    vmdk_read_only: bool,
-    /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
-    /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub(crate) store_timeout: u64,
-    /// Object-store datastores: collect garbage in the background every this many seconds
-    /// (0: only 'strata gc'); any host may, runs do not collide
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
-    pub(crate) gc_interval: u64,
-    /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):
-    /// reads follow what its writer on another host commits, and the first write waits for
-    /// that writer's 'strata release DISK' (up to --incoming-wait) instead of fencing it.
-    /// Repeatable
-    #[arg(long, value_name = "DISK")]
-    pub(crate) incoming: Vec<String>,
-    /// How long an incoming disk's first write waits for the release before it fails
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-    pub(crate) incoming_wait: u64,
+/// What `serve` serves and how (the CLI builds it from `strata serve`'s
+/// options; each field is documented with its option there).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// NBD on this Unix socket.
+    pub nbd_unix: Option<PathBuf>,
+    /// NBD on this TCP address.
+    pub nbd_tcp: Option<String>,
+    /// vhost-user-blk devices, each `DISK=SOCKET`.
+    pub vhost_user_blk: Vec<String>,
+    /// Queues per vhost-user-blk device.
+    pub vhost_queues: u16,
+    /// Mode of the NBD and vhost-user sockets.
+    pub socket_mode: Option<u32>,
+    /// Owner of the NBD and vhost-user sockets: `USER[:GROUP]`.
+    pub socket_owner: Option<String>,
+    /// Where to mount the FUSE file system of disks and snapshots.
+    pub fuse: Option<PathBuf>,
+    /// The FUSE mount's allow_other.
+    pub fuse_allow_other: bool,
+    /// The pool uses direct I/O (`--cache none`).
+    pub direct_io: bool,
+    /// Threads per client connection; None: the transport's default.
+    pub io_threads: Option<u16>,
+    /// The dashboard, API and metrics on this address.
+    pub http: Option<String>,
+    /// The HTTP actions' token file.
+    pub http_token: Option<PathBuf>,
+    /// No per-disk I/O statistics.
+    pub no_stats: bool,
+    /// Zero detection on writes.
+    pub detect_zeroes: bool,
+    /// Region placement of new grains (false: in arrival order).
+    pub placement: bool,
+    /// Free-space consolidation in the background.
+    pub free_space_policy: bool,
+    /// Its threshold, in bytes.
+    pub free_space_threshold: u64,
+    /// Create the datastore first if the directory has none.
+    pub init: bool,
+    /// VMDK images also served, each `[NAME=]PATH`.
+    pub vmdk: Vec<String>,
+    /// The VMDK images read-only.
+    pub vmdk_read_only: bool,
+    /// Object stores: how long a FLUSH waits for the store, in seconds.
+    pub store_timeout: u64,
+    /// Object stores: seconds between background collections (0: none).
+    pub gc_interval: u64,
+    /// Object stores: disks served incoming (a live migration's target).
+    pub incoming: Vec<String>,
+    /// How long an incoming disk's first write waits for the release, in seconds.
+    pub incoming_wait: u64,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
 /// under `--cache none`, where each waits for the disk, else the
 /// transport's own `writeback` default.
-fn io_threads(args: &ServeArgs, writeback: usize) -> usize {
+fn io_threads(args: &ServeConfig, writeback: usize) -> usize {
     match args.io_threads {
         Some(n) => n as usize,
         None if args.direct_io => 16,
@@ -151,27 +93,11 @@ fn io_threads(args: &ServeArgs, writeback: usize) -> usize {
 }
 
 /// NBD server options from the command line.
-pub(crate) fn nbd_options(args: &ServeArgs) -> ServerOptions {
+pub(crate) fn nbd_options(args: &ServeConfig) -> ServerOptions {
     let default = ServerOptions::default();
     ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         ..default
-    }
-}
-
-/// `--cache`: whether the pool uses direct I/O (none) or not (writeback).
-fn parse_cache_mode(s: &str) -> Result<bool, String> {
-    match s {
-        "none" => Ok(true),
-        "writeback" => Ok(false),
-        _ => Err(format!("'{s}': expected none or writeback")),
-    }
-}
-
-fn parse_mode(s: &str) -> Result<u32, String> {
-    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
-        Ok(m) if m <= 0o7777 => Ok(m),
-        _ => Err(format!("'{s}': expected an octal mode such as 0660")),
     }
 }
 
@@ -205,7 +131,7 @@ fn lookup_id(name: &str, group: bool) -> Result<u32, Error> {
 }
 
 /// `--socket-owner` resolved to ids, checked before anything is bound.
-fn socket_owner(args: &ServeArgs) -> Result<(Option<u32>, Option<u32>), Error> {
+fn socket_owner(args: &ServeConfig) -> Result<(Option<u32>, Option<u32>), Error> {
     let Some(o) = &args.socket_owner else {
         return Ok((None, None));
     };
@@ -224,7 +150,7 @@ fn socket_owner(args: &ServeArgs) -> Result<(Option<u32>, Option<u32>), Error> {
 }
 
 /// Apply `--socket-mode` and `--socket-owner` to a socket file just bound.
-fn own_socket(p: &Path, args: &ServeArgs) -> Result<(), Error> {
+fn own_socket(p: &Path, args: &ServeConfig) -> Result<(), Error> {
     let (uid, gid) = socket_owner(args)?;
     if uid.is_some() || gid.is_some() {
         std::os::unix::fs::chown(p, uid, gid)
@@ -236,30 +162,6 @@ fn own_socket(p: &Path, args: &ServeArgs) -> Result<(), Error> {
             .map_err(|e| io_err(&format!("--socket-mode on {}", p.display()), e))?;
     }
     Ok(())
-}
-
-fn parse_auto_off(s: &str) -> Result<bool, String> {
-    match s {
-        "auto" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("'{s}': expected auto or off")),
-    }
-}
-
-fn parse_placement(s: &str) -> Result<bool, String> {
-    match s {
-        "regions" => Ok(true),
-        "arrival" => Ok(false),
-        _ => Err(format!("'{s}': expected regions or arrival")),
-    }
-}
-
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        other => Err(format!("expected on or off, not {other:?}")),
-    }
 }
 
 struct Exports {
@@ -384,7 +286,7 @@ impl strata_fuse::FuseProvider for FuseExports {
 /// Mount `--fuse DIR` when given.
 fn listen_fuse(
     exports: &Arc<Exports>,
-    args: &ServeArgs,
+    args: &ServeConfig,
 ) -> Result<Option<strata_fuse::FuseServer>, Error> {
     let Some(dir) = &args.fuse else {
         return Ok(None);
@@ -631,7 +533,7 @@ fn record_holders(v: &[OpenedVmdk], sockets: &[Option<PathBuf>]) -> Vec<holders:
         .map(|(o, sock)| {
             holders::record(
                 &o.img,
-                crate::vmdk_cmd::folder(&o.path),
+                crate::vmdk_ops::folder(&o.path),
                 "strata serve --vmdk",
                 sock.as_deref(),
             )
@@ -640,7 +542,7 @@ fn record_holders(v: &[OpenedVmdk], sockets: &[Option<PathBuf>]) -> Vec<holders:
 }
 
 /// Open every `--vmdk [NAME=]PATH`, locked (docs/FORMAT.md §9.5).
-fn open_vmdks(args: &ServeArgs) -> Result<Vec<OpenedVmdk>, Error> {
+fn open_vmdks(args: &ServeConfig) -> Result<Vec<OpenedVmdk>, Error> {
     let mut out: Vec<OpenedVmdk> = Vec::new();
     for spec in &args.vmdk {
         let (name, path) = match spec.split_once('=') {
@@ -665,7 +567,7 @@ fn open_vmdks(args: &ServeArgs) -> Result<Vec<OpenedVmdk>, Error> {
         } else {
             Access::Write
         };
-        let img = crate::vmdk_cmd::open_vmdk(&path, access)?;
+        let img = crate::vmdk_ops::open_vmdk(&path, access)?;
         out.push(OpenedVmdk {
             name,
             path,
@@ -691,7 +593,7 @@ fn vmdk_socket_path(top: &Path) -> PathBuf {
     plain
 }
 
-pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode, Error> {
+pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCode, Error> {
     if args.nbd_unix.is_none()
         && args.nbd_tcp.is_none()
         && args.vhost_user_blk.is_empty()
@@ -848,7 +750,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeArgs) -> Result<ExitCode
 fn open_home(
     dir: &Path,
     metadata_cache: u64,
-    args: &ServeArgs,
+    args: &ServeConfig,
     opened: &[OpenedVmdk],
 ) -> Result<Option<crate::placement::Store>, Error> {
     if strata_shared::is_shared(dir) {
@@ -921,7 +823,7 @@ impl Background {
     fn start(
         home: &crate::placement::Store,
         dir: &Path,
-        args: &ServeArgs,
+        args: &ServeConfig,
         stop: &Arc<AtomicBool>,
     ) -> Background {
         let space_control = Arc::new(strata_engine::WorkControl::default());
@@ -1155,7 +1057,7 @@ pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
 }
 
 /// Bind the NBD listeners the arguments ask for and say how to connect.
-pub(crate) fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Result<(), Error> {
+pub(crate) fn listen(server: &NbdServer, args: &ServeConfig, example: &str) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
@@ -1182,7 +1084,7 @@ pub(crate) fn listen(server: &NbdServer, args: &ServeArgs, example: &str) -> Res
 }
 
 /// `--vhost-user-blk DISK=SOCKET` arguments, checked for form.
-fn vhost_specs(args: &ServeArgs) -> Result<Vec<(String, PathBuf)>, Error> {
+fn vhost_specs(args: &ServeConfig) -> Result<Vec<(String, PathBuf)>, Error> {
     let mut out: Vec<(String, PathBuf)> = Vec::new();
     for a in &args.vhost_user_blk {
         let Some((disk, sock)) = a
@@ -1212,7 +1114,7 @@ fn listen_vhost(
     vhost: &VhostBlkServer,
     exports: &Arc<Exports>,
     specs: &[(String, PathBuf)],
-    args: &ServeArgs,
+    args: &ServeConfig,
 ) -> Result<(), Error> {
     for (disk, sock) in specs {
         // Refuse a disk that does not exist now rather than at connect time.
@@ -1246,7 +1148,7 @@ fn listen_vhost(
 /// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
 /// given; `backend` None: a server without a datastore (metrics only).
 pub(crate) fn start_http(
-    args: &ServeArgs,
+    args: &ServeConfig,
     gauges: crate::web::GaugeFn,
     registry: Arc<StatsRegistry>,
     backend: Option<Arc<dyn crate::web::Backend>>,
@@ -1293,7 +1195,7 @@ pub(crate) fn wait_and_shut_down(
     stop: &AtomicBool,
     server: &NbdServer,
     http: HttpThread,
-    args: &ServeArgs,
+    args: &ServeConfig,
 ) {
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
@@ -1320,7 +1222,7 @@ fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
 /// Each export gets a control socket next to its top file, which answers
 /// `status` (so that a refused open can name this server) and
 /// `vmdk_shrink` (online shrink of that export).
-fn serve_only_vmdks(args: &ServeArgs, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
+fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
     let stop = stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());
     let list = export_list(&opened);

@@ -18,7 +18,6 @@ use strata_engine::{Error, ErrorKind, Provisioning};
 use strata_stats::{Gauge, StatsRegistry};
 
 use crate::api::{JobAction, Request, Response};
-use crate::output::Render;
 use crate::units::parse_size;
 
 /// Requests answered at once, at most (more get 503).
@@ -637,7 +636,7 @@ fn run(backend: &dyn Backend, req: Request, status: u16) -> Resp {
             } else {
                 status
             };
-            json_response(status, &r.json())
+            json_response(status, &r.to_json())
         }
         Err(e) => engine_error(&e),
     }

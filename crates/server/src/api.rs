@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use strata_engine::{
     AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
     Provisioning, PunchZeroReport, SnapshotInfo,
@@ -577,5 +578,60 @@ mod subformat_name {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Subformat, D::Error> {
         let name = String::deserialize(d)?;
         Subformat::parse(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A `--json` document: a serialisable answer as a JSON value.
+fn value<T: Serialize + ?Sized>(v: &T) -> Value {
+    serde_json::to_value(v).expect("serialisable")
+}
+
+impl Response {
+    /// The answer's `--json` document (also the HTTP API's): its payload,
+    /// no enum tag; scripts and tests parse it, so a field keeps its name.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Response::Datastore(i) => value(i),
+            Response::Disks(disks) => value(disks),
+            Response::Disk(d) => value(d),
+            Response::Removed { name } => json!({ "removed": name }),
+            Response::PunchZero(r) => value(r),
+            Response::Defrag(r) => value(r),
+            Response::FreeSpace(r) => value(r),
+            Response::Jobs(jobs) => value(jobs),
+            Response::JobStarted(j) => value(j),
+            Response::SnapshotCreated { snapshot, .. } => value(snapshot),
+            Response::Snapshots(snaps) => value(snaps),
+            Response::SnapshotDeleted { disk, snapshot } => {
+                json!({ "deleted": format!("{disk}@{snapshot}") })
+            }
+            Response::Check(r) => value(r),
+            Response::Shared { json, .. } => json.clone(),
+            // One object keyed by export name.
+            Response::Stats(exports) => Value::Object(
+                exports
+                    .iter()
+                    .map(|e| (e.export.clone(), value(&e.stats)))
+                    .collect(),
+            ),
+            Response::Import(r) => value(r),
+            Response::Export(r) => value(r),
+            Response::Moved(r) => value(r),
+            Response::VmdkServer(s) => value(s),
+            Response::VmdkShrink(rs) => value(rs),
+            Response::Capacity { info, .. } => value(info),
+            Response::Alarms(a) => value(a),
+        }
+    }
+}
+
+impl VmdkResponse {
+    /// The answer's `--json` document.
+    pub fn to_json(&self) -> Value {
+        match self {
+            VmdkResponse::Info(i) => value(i),
+            VmdkResponse::Check(r) => value(r),
+            VmdkResponse::Shrink(rs) => value(rs),
+        }
     }
 }

@@ -252,7 +252,7 @@ fn execute_local(
             name,
             provisioning,
             format,
-        } => Response::Import(crate::vmdk_cmd::import(
+        } => Response::Import(crate::vmdk_ops::import(
             ds,
             path,
             name,
@@ -266,7 +266,7 @@ fn execute_local(
             subformat,
             chain,
             adapter,
-        } => Response::Export(crate::vmdk_cmd::export(
+        } => Response::Export(crate::vmdk_ops::export(
             ds, target, out, *subformat, *chain, adapter, progress,
         )?),
         Request::Move { .. }

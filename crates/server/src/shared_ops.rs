@@ -344,7 +344,7 @@ pub fn execute(
     })
 }
 
-pub(crate) fn not_yet_request(what: &str) -> Error {
+pub fn not_yet_request(what: &str) -> Error {
     Error::new(
         ErrorKind::Refused,
         format!(
@@ -356,7 +356,7 @@ pub(crate) fn not_yet_request(what: &str) -> Error {
 }
 
 /// A request's command name, for messages (its wire tag, `op`).
-pub(crate) fn request_name(req: &Request) -> String {
+pub fn request_name(req: &Request) -> String {
     serde_json::to_value(req)
         .ok()
         .and_then(|v| {
@@ -414,7 +414,7 @@ impl DiskView {
     }
 }
 
-pub(crate) fn summary_text(s: &Summary) -> String {
+pub fn summary_text(s: &Summary) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "datastore:    {} (id {})", s.url, s.root.uuid);
     let _ = writeln!(t, "endpoint:     {}", s.endpoint);

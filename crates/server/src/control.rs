@@ -54,7 +54,7 @@ fn vmdk_shrink(
     let reps = x
         .img
         .shrink_online(rate, progress)
-        .map_err(crate::vmdk_cmd::verr)?;
+        .map_err(crate::vmdk_ops::verr)?;
     Ok(Response::VmdkShrink(reps))
 }
 

@@ -1,0 +1,189 @@
+//! `strata serve`'s options, and the server configuration they make.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use strata_server::serve::ServeConfig;
+use strata_server::units::parse_size;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Serve NBD on this Unix socket path
+    #[arg(long)]
+    pub nbd_unix: Option<PathBuf>,
+    /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
+    #[arg(long)]
+    pub nbd_tcp: Option<String>,
+    /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
+    /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
+    /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
+    /// can reconnect to the same socket
+    #[arg(long, value_name = "DISK=SOCKET")]
+    pub vhost_user_blk: Vec<String>,
+    /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
+    /// use fewer)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub vhost_queues: u16,
+    /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
+    /// as libvirt's qemu user can connect); default: as the umask leaves them
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    pub socket_mode: Option<u32>,
+    /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub socket_owner: Option<String>,
+    /// Mount a FUSE file system on DIR (created if missing) showing each disk as the file
+    /// DIR/DISK (read-write) and each snapshot as DIR/DISK@SNAP (read-only, mode 0444),
+    /// appearing and disappearing with them; the file size is the disk size. Direct I/O (no
+    /// page cache), any offset and length; fsync flushes, fallocate --punch-hole unmaps.
+    /// Unmounted on shutdown; a stale mount left by a crashed server is unmounted first
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
+    /// Let other users than the one running the server use the --fuse files (the allow_other
+    /// mount option; non-root needs user_allow_other in /etc/fuse.conf)
+    #[arg(long, requires = "fuse")]
+    pub fuse_allow_other: bool,
+    /// How the datastore's pool uses the host page cache, as QEMU's cache= option: writeback
+    /// reads and writes through it; none uses direct I/O (O_DIRECT), so data is cached once, by
+    /// the guest, and the host's memory is not spent on a second copy (what QEMU, libvirt and
+    /// Proxmox run production disks with). Durability is the same in both: a FLUSH makes
+    /// every acknowledged write durable. --vmdk images keep the page cache
+    #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
+    pub direct_io: bool,
+    /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
+    /// this many are on the disk at once [default: 16 with --cache none, where each waits for
+    /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
+    /// then run requests themselves]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub io_threads: Option<u16>,
+    /// Serve the dashboard at http://ADDR/, its JSON API at /api/v1 (docs/API.md) and
+    /// Prometheus metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
+    /// defrag): read, or created with a random token (mode 0600) when missing. Without it the
+    /// HTTP views are read-only
+    #[arg(long, value_name = "FILE")]
+    pub http_token: Option<PathBuf>,
+    /// Do not collect per-disk I/O statistics
+    #[arg(long)]
+    pub no_stats: bool,
+    /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
+    /// what it overwrites (on), or is stored like any other data (off)
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub detect_zeroes: bool,
+    /// Where new data grains go: regions (each 1 MiB of a disk's virtual space at its offsets
+    /// in a block of its own, so random and concurrent writes are laid out in order) or
+    /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
+    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
+    pub placement: bool,
+    /// Free-space consolidation in the background (auto): every 10 s, when the pool file holds
+    /// more on the host than the used (and reserved) space by --free-space-threshold plus a
+    /// quarter of the used space, run
+    /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
+    pub free_space_policy: bool,
+    /// See --free-space-policy
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    pub free_space_threshold: u64,
+    /// Create the datastore first if the directory has none
+    #[arg(long)]
+    pub init: bool,
+    /// Also serve a VMDK (a descriptor or sparse file; its parent chain is followed) as it is,
+    /// read-write where the format allows, as export NAME (default: the file's stem).
+    /// Repeatable. Without a datastore in the directory, only the VMDKs are served, each with a
+    /// control socket PATH.strata.sock. The files are locked while served: the top link's
+    /// exclusively, its parents' shared (other servers may share a base)
+    #[arg(long, value_name = "[NAME=]PATH")]
+    pub vmdk: Vec<String>,
+    /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
+    #[arg(long)]
+    pub vmdk_read_only: bool,
+    /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
+    /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub store_timeout: u64,
+    /// Object-store datastores: collect garbage in the background every this many seconds
+    /// (0: only 'strata gc'); any host may, runs do not collide
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    pub gc_interval: u64,
+    /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):
+    /// reads follow what its writer on another host commits, and the first write waits for
+    /// that writer's 'strata release DISK' (up to --incoming-wait) instead of fencing it.
+    /// Repeatable
+    #[arg(long, value_name = "DISK")]
+    pub incoming: Vec<String>,
+    /// How long an incoming disk's first write waits for the release before it fails
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub incoming_wait: u64,
+}
+
+/// `--cache`: whether the pool uses direct I/O (none) or not (writeback).
+fn parse_cache_mode(s: &str) -> Result<bool, String> {
+    match s {
+        "none" => Ok(true),
+        "writeback" => Ok(false),
+        _ => Err(format!("'{s}': expected none or writeback")),
+    }
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("'{s}': expected an octal mode such as 0660")),
+    }
+}
+
+fn parse_auto_off(s: &str) -> Result<bool, String> {
+    match s {
+        "auto" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}': expected auto or off")),
+    }
+}
+
+fn parse_placement(s: &str) -> Result<bool, String> {
+    match s {
+        "regions" => Ok(true),
+        "arrival" => Ok(false),
+        _ => Err(format!("'{s}': expected regions or arrival")),
+    }
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not {other:?}")),
+    }
+}
+
+impl From<&ServeArgs> for ServeConfig {
+    fn from(a: &ServeArgs) -> ServeConfig {
+        ServeConfig {
+            nbd_unix: a.nbd_unix.clone(),
+            nbd_tcp: a.nbd_tcp.clone(),
+            vhost_user_blk: a.vhost_user_blk.clone(),
+            vhost_queues: a.vhost_queues,
+            socket_mode: a.socket_mode,
+            socket_owner: a.socket_owner.clone(),
+            fuse: a.fuse.clone(),
+            fuse_allow_other: a.fuse_allow_other,
+            direct_io: a.direct_io,
+            io_threads: a.io_threads,
+            http: a.http.clone(),
+            http_token: a.http_token.clone(),
+            no_stats: a.no_stats,
+            detect_zeroes: a.detect_zeroes,
+            placement: a.placement,
+            free_space_policy: a.free_space_policy,
+            free_space_threshold: a.free_space_threshold,
+            init: a.init,
+            vmdk: a.vmdk.clone(),
+            vmdk_read_only: a.vmdk_read_only,
+            store_timeout: a.store_timeout,
+            gc_interval: a.gc_interval,
+            incoming: a.incoming.clone(),
+            incoming_wait: a.incoming_wait,
+        }
+    }
+}

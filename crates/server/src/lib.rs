@@ -1,0 +1,28 @@
+//! strata's server: what a datastore of either kind answers, and the
+//! process that serves it.
+//!
+//! - [`api`]: the requests and answers (the control protocol's types and
+//!   the `--json` documents), [`wire`] their framing on the control socket.
+//! - [`ops`]: one request against one datastore, through
+//!   `strata_datastore::Datastore` (the CLI runs it in its own process when
+//!   no server holds the datastore); [`vmdk_ops`] the VMDK files'.
+//! - [`serve`]: the running server: exports over NBD, vhost-user-blk and
+//!   FUSE, the control socket ([`control`]), jobs ([`jobs`]), placement and
+//!   moves ([`placement`], [`moving`]), HTTP ([`web`]: metrics, dashboard,
+//!   API), and a clean shutdown.
+
+pub mod api;
+pub mod control;
+pub mod holders;
+pub mod jobs;
+pub mod moving;
+mod object_store_gauges;
+pub mod ops;
+pub mod placement;
+pub mod serve;
+pub mod shared_ops;
+pub mod slot;
+pub mod units;
+pub mod vmdk_ops;
+pub mod web;
+pub mod wire;
