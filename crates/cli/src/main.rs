@@ -8,7 +8,6 @@
 mod args;
 mod output;
 mod serve_args;
-mod shared_cmd;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,7 +21,7 @@ use crate::output::{progress_bar, Format};
 use strata_datastore::{try_lock, LockOutcome};
 use strata_server::api::{Request, Response, VmdkRequest};
 use strata_server::serve::ServeConfig;
-use strata_server::{ops, serve, vmdk_ops, wire};
+use strata_server::{object_store, ops, serve, vmdk_ops, wire};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -47,24 +46,16 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     let action = Action::try_from(&cli.cmd)?;
-    // A directory attached to an object-store datastore takes only what
-    // works there; init/attach --object-store and VMDK commands run as
-    // anywhere else.
-    if strata_shared::is_shared(dir)
-        && !matches!(action, Action::Shared { .. } | Action::Vmdk { .. })
-    {
-        return match &action {
-            Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(&**args)),
-            _ => shared_cmd::run(dir, &action),
-        };
-    }
     match action {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),
         Action::Shared {
             url,
             attach,
             format,
-        } => shared_cmd::init_or_attach(dir, url, attach, format).map(|()| ExitCode::SUCCESS),
+        } => {
+            output::print(&object_store::init_or_attach(dir, url, attach)?, format);
+            Ok(ExitCode::SUCCESS)
+        }
         Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(args)),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
@@ -116,6 +107,16 @@ fn exit_code(found_problems: bool) -> ExitCode {
 }
 
 fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
+    if strata_shared::is_shared(dir) {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} is the local directory of an object-store datastore: a local datastore needs \
+                 a directory of its own (--datastore)",
+                dir.display()
+            ),
+        ));
+    }
     std::fs::create_dir_all(dir).map_err(|e| {
         Error::new(
             ErrorKind::Io,
@@ -146,9 +147,13 @@ fn held(dir: &Path, pid: Option<u32>) -> Error {
     )
 }
 
-/// Run a request locally, or through the server that holds the datastore.
+/// Run a request in this process, or through the server that holds the
+/// datastore (a local one: the server holds its lock; an object store:
+/// this host's server, so that a disk's owner-only changes are made by
+/// the process that writes it).
 fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
-    if !dir.join(strata_format::FILE_SUPER).exists() {
+    let object_store = strata_shared::is_shared(dir);
+    if !object_store && !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,
             format!(
@@ -164,41 +169,49 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
             b.set_position(done);
         }
     };
-    let r = match try_lock(dir)? {
-        LockOutcome::Locked(lock) => {
-            let ds = strata_datastore::open_locked(
-                dir,
-                lock,
-                &strata_datastore::OpenOptions {
-                    cache_bytes: cache,
-                    ..Default::default()
-                },
-            )?;
-            let r = ops::execute(
-                &ops::Ctx {
-                    ds: &strata_datastore::LocalDatastore::new(ds.clone(), dir),
-                    stats: None,
-                    jobs: None,
-                    control: None,
-                    mover: None,
-                },
-                req,
-                &mut progress,
-            );
-            ds.close()?;
-            r
-        }
-        LockOutcome::Held(pid) => {
-            let sock = dir.join(strata_format::FILE_CONTROL);
-            if !sock.exists() {
-                return Err(held(dir, pid));
-            }
+    let opts = strata_datastore::OpenOptions {
+        cache_bytes: cache,
+        ..Default::default()
+    };
+    let sock = dir.join(strata_format::FILE_CONTROL);
+    let r = if object_store {
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
             wire::request(&sock, req, detach, &mut progress)
+        } else {
+            here(&*strata_datastore::open(dir, &opts)?, req, &mut progress)
+        }
+    } else {
+        match try_lock(dir)? {
+            LockOutcome::Locked(lock) => {
+                let ds = strata_datastore::open_locked(dir, lock, &opts)?;
+                here(
+                    &strata_datastore::LocalDatastore::new(ds, dir),
+                    req,
+                    &mut progress,
+                )
+            }
+            LockOutcome::Held(pid) => {
+                if !sock.exists() {
+                    return Err(held(dir, pid));
+                }
+                wire::request(&sock, req, detach, &mut progress)
+            }
         }
     };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    r
+}
+
+/// Run a request on a datastore opened by this process, then close it.
+fn here(
+    ds: &dyn strata_datastore::Datastore,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let r = ops::execute(&ops::Ctx::only(ds), req, progress);
+    ds.close()?;
     r
 }
 

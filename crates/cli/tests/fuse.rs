@@ -224,7 +224,11 @@ fn fuse_snapshots_are_read_only_and_the_directory_follows_the_datastore() {
     if !tools() {
         return;
     }
-    let s = Store::new();
+    each_kind(fuse_snapshots_and_the_directory_on);
+}
+
+fn fuse_snapshots_and_the_directory_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "d1", "--size", "2M"]);
     let (srv, mnt, _unmount) = serve_fuse(&s, "d1");
     let path = mnt.join("d1");

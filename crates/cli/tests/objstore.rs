@@ -118,11 +118,18 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["extend", "d", "--size", "2G"]);
+    let e = a.fails(&["limit", "d", "--iops", "100"]);
     assert!(
-        e.contains("'extend' does not work on object-store datastores yet"),
+        e.contains("'limit' does not work on object-store datastores yet"),
         "{e}"
     );
+    // An extend does, also without a server, and '--watch' runs too.
+    a.ok(&["create", "d", "--size", "1M"]);
+    let info = a.json(&["extend", "d", "--size", "3G"]);
+    assert_eq!(info["size_bytes"], 3u64 << 30, "{info}");
+    assert_eq!(a.json(&["info", "d"])["size_bytes"], 3u64 << 30);
+    let e = a.fails(&["extend", "d", "--size", "1M"]);
+    assert!(e.contains("extend only grows a disk"), "{e}");
     let e = a.fails(&["create", "d", "--size", "1G", "--type", "zeroedthick"]);
     assert!(e.contains("thin disks only (zeroedthick was asked)"), "{e}");
     // (serve --fuse and --vhost-user-blk work there: tests/fuse.rs runs

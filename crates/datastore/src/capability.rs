@@ -10,8 +10,6 @@ use crate::{Error, ErrorKind, Kind, Result};
 pub enum Capability {
     /// Space reserved at create (zeroedthick, eagerzeroedthick).
     Thick,
-    /// A larger virtual size for a disk.
-    Extend,
     /// An independent copy of a disk or snapshot (`clone --full`).
     FullClone,
     /// A change of provisioning (`convert`).
@@ -41,7 +39,6 @@ impl Capability {
     pub fn command(self) -> &'static str {
         match self {
             Capability::Thick => "thick provisioning",
-            Capability::Extend => "extend",
             Capability::FullClone => "clone --full",
             Capability::Convert => "convert",
             Capability::PunchZero => "punchzero",
@@ -90,7 +87,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         "an object store's capacity is the store's, not a file system's: not built yet is a \
          capacity set for alarms",
     ),
-    (Capability::Extend, "not built yet for object-store disks"),
     (
         Capability::FullClone,
         "not built yet for object-store disks",

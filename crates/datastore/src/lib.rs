@@ -117,6 +117,11 @@ pub trait Datastore: Send + Sync {
     /// Make the disk's live state equal to the snapshot again.
     fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()>;
 
+    /// Grow disk `disk` to `size_bytes` while it is served: connected
+    /// clients see the new size (vhost-user-blk is told; NBD clients see
+    /// it when they reconnect).
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo>;
+
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo>;

@@ -153,6 +153,10 @@ impl Datastore for LocalDatastore {
         self.ds.snapshot_revert(disk, snapshot)
     }
 
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
+        self.ds.extend_disk(disk, size_bytes)
+    }
+
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
         self.ds.clone_linked(source, name)
     }

@@ -319,6 +319,12 @@ impl Datastore for ObjectStoreDatastore {
             .map_err(from_shared)
     }
 
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
+        // Through this process's handle, which its clients are reading.
+        let m = self.disk(disk)?.extend(size_bytes).map_err(from_shared)?;
+        Ok(disk_info(disk, &m))
+    }
+
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
         let (disk, snap) = clone_source(source)?;
         let m = self

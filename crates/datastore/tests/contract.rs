@@ -202,7 +202,7 @@ fn what_a_kind_cannot_do_is_refused_from_its_table() {
                 assert!(!ds.exists("t"));
             }
         }
-        for cap in [Capability::Claims, Capability::Gc, Capability::Extend] {
+        for cap in [Capability::Claims, Capability::Gc, Capability::Limits] {
             let r = ds.supports(cap);
             assert_eq!(r.is_ok(), capability::refusal(ds.kind(), cap).is_none());
         }
@@ -224,5 +224,44 @@ fn missing_disks_and_snapshots_are_named_errors() {
             .create("d", MIB, Provisioning::Thin, &mut |_, _| {})
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::AlreadyExists);
+    });
+}
+
+/// An extend reaches a device already open, keeps what the disk held, and
+/// the space past the old size reads zeros until written (on an object
+/// store the map grows a level with that first write: FORMAT.md §11.5).
+#[test]
+fn an_extended_disk_grows_under_an_open_device_and_keeps_its_data() {
+    each_kind(|ds| {
+        ds.create("d", MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let dev = ds.open("d").unwrap();
+        write(&*dev, 4096, &pattern(5, 8192));
+        dev.flush().unwrap();
+        ds.snapshot_create("d", "small", "").unwrap();
+        let e = ds.extend("d", MIB / 2).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.message);
+        assert!(ds.extend("d@small", 2 * MIB).is_err());
+        // 600 MiB needs a map one level deeper than 1 MiB on both kinds.
+        let size = 600 * MIB;
+        assert_eq!(ds.extend("d", size).unwrap().size_bytes, size);
+        assert_eq!(ds.disk_info("d").unwrap().size_bytes, size);
+        assert_eq!(dev.size_bytes(), size);
+        assert_eq!(read(&*dev, size - 8192, 8192), vec![0u8; 8192]);
+        write(&*dev, size - 8192, &pattern(7, 8192));
+        write(&*dev, 300 * MIB, &pattern(9, 4096));
+        dev.flush().unwrap();
+        assert_eq!(read(&*dev, 4096, 8192), pattern(5, 8192));
+        ds.snapshot_create("d", "big", "").unwrap();
+        // Snapshots read what was committed, through their own handles.
+        let big = ds.open("d@big").unwrap();
+        assert_eq!(big.size_bytes(), size);
+        assert_eq!(read(&*big, 4096, 8192), pattern(5, 8192));
+        assert_eq!(read(&*big, size - 8192, 8192), pattern(7, 8192));
+        assert_eq!(read(&*big, 300 * MIB, 4096), pattern(9, 4096));
+        assert_eq!(read(&*big, 100 * MIB, 4096), vec![0u8; 4096]);
+        let small = ds.open("d@small").unwrap();
+        assert_eq!(small.size_bytes(), MIB);
+        assert_eq!(read(&*small, 4096, 8192), pattern(5, 8192));
     });
 }

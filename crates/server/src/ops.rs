@@ -23,6 +23,20 @@ pub struct Ctx<'a> {
     pub mover: Option<&'a dyn Mover>,
 }
 
+impl<'a> Ctx<'a> {
+    /// A request on `ds` alone: no server around it (no statistics, jobs
+    /// or placement).
+    pub fn only(ds: &'a dyn AnyDatastore) -> Self {
+        Ctx {
+            ds,
+            stats: None,
+            jobs: None,
+            control: None,
+            mover: None,
+        }
+    }
+}
+
 /// A server's placement of disks in datastores other than its own, and
 /// the moves between them (docs/MOVE.md), as requests see it.
 pub trait Mover: Sync {
@@ -58,7 +72,7 @@ pub trait JobList: Sync {
 
 /// Run one request: what a server answers the same way for every kind
 /// here (moves, jobs, statistics), the rest by the datastore's kind
-/// (`shared_ops` for object stores, until both kinds answer through the
+/// (`object_store` for object stores, until both kinds answer through the
 /// one interface).
 pub fn execute(
     ctx: &Ctx<'_>,
@@ -78,6 +92,9 @@ pub fn execute(
                      this datastore (the disk may be idle; clients connect as usual)",
                 )),
             }
+        }
+        Request::Extend { name, size_bytes } => {
+            return Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
         }
         Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
         Request::JobControl { id, action } => {
@@ -106,7 +123,7 @@ pub fn execute(
     match (ctx.ds.as_local(), ctx.ds.as_object_store()) {
         (Some(ds), _) => execute_local(ctx, ds, req, progress),
         // The adapter holds this process's one handle per disk.
-        (None, Some(x)) => crate::shared_ops::execute(x.shared(), Some(x), req),
+        (None, Some(x)) => crate::object_store::execute(x.shared(), Some(x), req),
         (None, None) => Err(Error::new(
             ErrorKind::Refused,
             format!("a {} answers no requests here", ctx.ds.kind().noun()),
@@ -134,7 +151,6 @@ fn execute_local(
             ds.remove_disk(name)?;
             Response::Removed { name: name.clone() }
         }
-        Request::Extend { name, size_bytes } => Response::Disk(ds.extend_disk(name, *size_bytes)?),
         Request::Limit { name, limits } => Response::Disk(ds.set_limits(name, *limits)?),
         Request::Convert {
             name,
@@ -270,6 +286,7 @@ fn execute_local(
             ds, target, out, *subformat, *chain, adapter, progress,
         )?),
         Request::Move { .. }
+        | Request::Extend { .. }
         | Request::Jobs
         | Request::JobControl { .. }
         | Request::Stats { .. } => {

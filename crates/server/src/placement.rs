@@ -438,18 +438,8 @@ impl Places {
             Ok(s) => s,
             Err(e) => return Some(Err(e)),
         };
-        // Requests are still answered per kind (ops, shared_ops).
-        let r = ops::execute(
-            &Ctx {
-                ds: &*store,
-                stats: None,
-                jobs: None,
-                control: None,
-                mover: None,
-            },
-            req,
-            progress,
-        );
+        // Requests are still answered per kind (ops, object_store).
+        let r = ops::execute(&Ctx::only(&*store), req, progress);
         // What a request adds or takes away in that datastore, this
         // server serves or stops serving.
         let after = match (req, &r) {

@@ -71,6 +71,11 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
     strata_format::check_name(what, name).map_err(|m| Error::new(ErrorKind::InvalidArgument, m))
 }
 
+/// Whether a tree of `levels` levels reaches virtual grain `vg`.
+fn maps(levels: u8, vg: u64) -> bool {
+    u32::from(levels) >= 8 || vg < MapNode::span_of_entry(levels)
+}
+
 /// Map levels for a disk of `size` bytes: one leaf maps 256 grains.
 pub fn levels_for(size: u64) -> u8 {
     let grains = size.div_ceil(G).max(1);
@@ -668,6 +673,10 @@ impl SharedDisk {
 
     /// Walk the map to grain `vg`'s entry.
     fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
+        if !maps(levels, vg) {
+            // Extended since anything was written here (FORMAT.md §11.5).
+            return Ok(None);
+        }
         let mut e = root;
         let mut first = 0u64;
         for level in (0..levels).rev() {
@@ -1070,6 +1079,33 @@ impl SharedDisk {
         Ok(m.snapshots.last().cloned().expect("just added"))
     }
 
+    /// Grow the disk to `size_bytes` (FORMAT.md §11.5: one manifest; the
+    /// map grows with the first write past what it covers). Clients see
+    /// the new size at once (`size_bytes`).
+    pub fn extend(&self, size_bytes: u64) -> Result<Manifest> {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("a disk's size must be a non-zero multiple of 512 bytes, not {size_bytes}"),
+            ));
+        }
+        self.admin(|man| {
+            if size_bytes < man.size_bytes {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "'{}' is {} bytes; extend only grows a disk",
+                        self.name, man.size_bytes
+                    ),
+                ));
+            }
+            Ok(Manifest {
+                size_bytes,
+                ..man.clone()
+            })
+        })
+    }
+
     /// Delete snapshot `snap` (its clones keep what they hold).
     pub fn snapshot_delete(&self, snap: &str) -> Result<()> {
         self.admin(|man| {
@@ -1231,7 +1267,17 @@ impl SharedDisk {
         debug_assert!(node_ctr < ctrs.end);
         let mut b = SegmentBuilder::new(seg(node_ctr));
         let mut nodes = Vec::new();
-        let root = self.apply(man, man.levels - 1, 0, man.root, &items, &mut b, &mut nodes)?;
+        // A write past what the map covers (after an extend) grows it.
+        let mut levels = man.levels;
+        while items.last().is_some_and(|(vg, _)| !maps(levels, *vg)) {
+            levels += 1;
+        }
+        let root = if levels == man.levels {
+            self.apply(man, levels - 1, 0, man.root, &items, &mut b, &mut nodes)?
+        } else {
+            let (old, at) = (man.levels, man.root);
+            self.apply_grown(man, levels - 1, old, at, &items, &mut b, &mut nodes)?
+        };
         let mut uploaded = 0;
         if root != man.root {
             let mut sealed: Vec<(SegId, Bytes)> = grain_segments
@@ -1254,6 +1300,7 @@ impl SharedDisk {
             written_ms: now_ms(),
             nonce: rand::random(),
             root,
+            levels,
             next_ctr: ctrs.end,
             ..man.clone()
         };
@@ -1321,10 +1368,54 @@ impl SharedDisk {
         b: &mut SegmentBuilder,
         made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
-        let mut node = match at {
+        let node = match at {
             Some(e) => (*self.ds.cache.node(&self.ds.store, &e, level, first)?).clone(),
             None => MapNode::empty(level, self.id, man.generation, first),
         };
+        self.fill(man, node, level, first, items, b, made)
+    }
+
+    /// [`apply`](Self::apply) on a tree grown to `level + 1` levels from
+    /// `root`'s `root_levels` (FORMAT.md §11.5): each new level a node
+    /// whose entry 0 is the level below, the old root at the bottom.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_grown(
+        &self,
+        man: &Manifest,
+        level: u8,
+        root_levels: u8,
+        root: Option<Entry>,
+        items: &[(u64, Option<Entry>)],
+        b: &mut SegmentBuilder,
+        made: &mut Vec<(Entry, MapNode)>,
+    ) -> Result<Option<Entry>> {
+        if level + 1 == root_levels {
+            if items.is_empty() {
+                return Ok(root);
+            }
+            return self.apply(man, level, 0, root, items, b, made);
+        }
+        let below = items.partition_point(|(vg, _)| *vg < MapNode::span_of_entry(level));
+        let mut node = MapNode::empty(level, self.id, man.generation, 0);
+        node.entries[0] =
+            self.apply_grown(man, level - 1, root_levels, root, &items[..below], b, made)?;
+        self.fill(man, node, level, 0, &items[below..], b, made)
+    }
+
+    /// Set `items` (sorted, inside `node`'s span) in `node`, copying on
+    /// write the subtrees they fall in; the node goes into `b` (None: it
+    /// maps nothing).
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &self,
+        man: &Manifest,
+        mut node: MapNode,
+        level: u8,
+        first: u64,
+        items: &[(u64, Option<Entry>)],
+        b: &mut SegmentBuilder,
+        made: &mut Vec<(Entry, MapNode)>,
+    ) -> Result<Option<Entry>> {
         node.disk = self.id;
         node.gen = man.generation;
         let span = MapNode::span_of_entry(level);

@@ -1,8 +1,7 @@
-//! Requests on an object-store datastore (docs/MULTIHOST.md), run in this
-//! process or in the server that serves it (with the disks it has open):
-//! what `ops` is for local datastores. The CLI commands around them are in
-//! shared_cmd.rs; a server of either kind reaches this through
-//! `ops::execute`.
+//! Requests on an object-store datastore (docs/MULTIHOST.md) that are not
+//! yet answered through the datastore trait (`ops::execute` comes here
+//! with the process's `ObjectStoreDatastore`, in the CLI or in a server),
+//! and `init|attach --object-store`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -40,6 +39,25 @@ pub(crate) fn answer(human: String, json: serde_json::Value) -> Response {
 
 fn value<T: Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).expect("json")
+}
+
+/// `init --object-store URL` (`attach`: `attach --object-store URL`): the
+/// datastore's summary.
+pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<Response, Error> {
+    let url = strata_objstore::StoreUrl::parse(url).map_err(|e| engine_error(e.into()))?;
+    let opts = strata_objstore::Options::default();
+    let (_, summary) = if attach {
+        SharedDatastore::attach(dir, &url, &opts)
+    } else {
+        SharedDatastore::init(dir, &url, &opts)
+    }
+    .map_err(engine_error)?;
+    let head = if attach {
+        format!("attached {} to {}\n", dir.display(), summary.url)
+    } else {
+        format!("initialised object-store datastore {}\n", summary.url)
+    };
+    Ok(answer(head + &summary_text(&summary), value(&summary)))
 }
 
 /// Run `request` on an object-store datastore: here (`exports` None), or
