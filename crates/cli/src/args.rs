@@ -321,6 +321,10 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// Provisioning of a full clone
         #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
         provisioning: Provisioning,
+        /// With --full: make the clone in the datastore in DIR (local or attached to an object
+        /// store) instead of the source's; the server serves it from there
+        #[arg(long, value_name = "DIR", requires = "full")]
+        to: Option<PathBuf>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -826,12 +830,14 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 name,
                 full: true,
                 provisioning,
+                to,
                 json,
             } => datastore(
                 Request::CloneFull {
                     source: source.clone(),
                     name: name.clone(),
                     provisioning: *provisioning,
+                    to: to.as_deref().map(absolute).transpose()?,
                 },
                 json.into(),
             ),
@@ -841,6 +847,7 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 full: false,
                 provisioning,
                 json,
+                ..
             } => {
                 if *provisioning != Provisioning::Thin {
                     return Err(Error::new(

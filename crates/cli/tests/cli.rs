@@ -201,14 +201,7 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
     assert_eq!(c["errors"].as_array().unwrap().len(), 0);
     srv.stop();
     // After a clean stop the datastore opens directly again.
-    let names: Vec<String> = s
-        .json(&["list"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(names, ["c1", "new", "vm"]);
+    assert_eq!(s.disk_names(), ["c1", "new", "vm"]);
 }
 
 #[test]

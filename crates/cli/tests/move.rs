@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{raw_compare, run_ok, Server, Store};
+use common::{raw_compare, run_ok, save, Server, Store};
 use strata_objstore::testing;
 
 fn url(name: &str) -> Option<String> {
@@ -27,22 +27,6 @@ fn qemu_io(uri: &str, cmds: &[&str]) {
     }
     args.push(uri);
     run_ok("qemu-io", &args);
-}
-
-/// Save what export `uri` reads to `path`.
-fn save(uri: &str, path: &Path) {
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            uri,
-            path.to_str().unwrap(),
-        ],
-    );
 }
 
 fn same(uri: &str, img: &Path) {

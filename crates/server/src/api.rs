@@ -105,6 +105,9 @@ pub enum Request {
         source: String,
         name: String,
         provisioning: Provisioning,
+        /// The datastore the clone goes to (None: the source's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<PathBuf>,
     },
     Check,
     /// `claim DISK` (object-store datastores): this host becomes its writer.
@@ -211,6 +214,12 @@ impl Request {
             Request::PunchZero { name, .. } => format!("punchzero {name}"),
             Request::Defrag { name, .. } => format!("defrag {name}"),
             Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
+            Request::CloneFull {
+                source,
+                name,
+                to: Some(to),
+                ..
+            } => format!("clone --full {source} {name} --to {}", to.display()),
             Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
             Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
             Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),

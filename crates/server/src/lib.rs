@@ -12,6 +12,7 @@
 //!   API), and a clean shutdown.
 
 pub mod api;
+pub mod cloning;
 pub mod control;
 pub mod holders;
 pub mod jobs;

@@ -53,7 +53,7 @@ fn io(what: &str, e: strata_block::BlockError) -> Error {
 }
 
 /// Copies ranges from one device to another, counting and pacing.
-struct Copier<'a> {
+pub(crate) struct Copier<'a> {
     thin: bool,
     control: Option<Arc<WorkControl>>,
     rate: Option<u64>,
@@ -61,14 +61,36 @@ struct Copier<'a> {
     copied: u64,
     /// Progress: bytes done of the total known so far.
     done: u64,
-    total: u64,
+    pub(crate) total: u64,
     progress: &'a mut dyn FnMut(u64, u64),
     buf: Vec<u8>,
     /// The client request count last seen (resting while it moves).
     seen: u64,
 }
 
-impl Copier<'_> {
+impl<'a> Copier<'a> {
+    /// A copier into a disk of `provisioning` (thin: zeros unmap), obeying
+    /// `control`'s pause and cancel.
+    pub(crate) fn new(
+        provisioning: Provisioning,
+        control: Option<Arc<WorkControl>>,
+        rate: Option<u64>,
+        progress: &'a mut dyn FnMut(u64, u64),
+    ) -> Self {
+        Copier {
+            thin: provisioning == Provisioning::Thin,
+            control,
+            rate,
+            started: Instant::now(),
+            copied: 0,
+            done: 0,
+            total: 0,
+            progress,
+            buf: vec![0u8; CHUNK as usize],
+            seen: 0,
+        }
+    }
+
     fn checkpoint(&self) -> Result<(), Error> {
         match &self.control {
             Some(c) => c.checkpoint(),
@@ -89,7 +111,7 @@ impl Copier<'_> {
     /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
     /// copied under its range lock (client writes mirrored into `dst` are
     /// ordered before or after it, never between its read and its write).
-    fn copy(
+    pub(crate) fn copy(
         &mut self,
         src: &dyn BlockDevice,
         dst: &dyn BlockDevice,
@@ -327,18 +349,8 @@ fn run_locked(
         Err(e) => return Err(undo(e)),
     };
     let dirty = slot.track();
-    let mut copier = Copier {
-        thin: prov == Provisioning::Thin,
-        control,
-        rate: a.rate,
-        started,
-        copied: 0,
-        done: 0,
-        total: 0,
-        progress,
-        buf: vec![0u8; CHUNK as usize],
-        seen: slot.requests(),
-    };
+    let mut copier = Copier::new(prov, control, a.rate, progress);
+    copier.seen = slot.requests();
     let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
     let (snapshots, passes, switch, mirrored) = match r {
         Ok(x) => x,
@@ -594,6 +606,15 @@ impl Mover for Places {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Response, Error> {
         run(self, req, control, progress).map(Response::Moved)
+    }
+
+    fn clone_full(
+        &self,
+        req: &Request,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error> {
+        Places::clone_full(self, req, control, progress)
     }
 
     fn serves(&self, name: &str) -> bool {

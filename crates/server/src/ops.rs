@@ -58,6 +58,14 @@ pub trait Mover: Sync {
         control: Option<Arc<WorkControl>>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Response, Error>;
+    /// Run a `clone --full` (its source and target where the server
+    /// placed them; the clone served from where it was made).
+    fn clone_full(
+        &self,
+        req: &Request,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error>;
     /// Whether the server serves an export of this name from elsewhere.
     fn serves(&self, name: &str) -> bool;
 }
@@ -92,6 +100,37 @@ pub fn execute(
                      this datastore (the disk may be idle; clients connect as usual)",
                 )),
             }
+        }
+        Request::CloneFull {
+            source,
+            name,
+            provisioning,
+            to,
+        } => {
+            if let Some(m) = ctx.mover {
+                return m.clone_full(req, ctx.control.clone(), progress);
+            }
+            // No server around: a target elsewhere is opened here.
+            let other = match to {
+                Some(d) if !same_dir(d, ctx.ds.dir()) => Some(strata_datastore::open(
+                    d,
+                    &strata_datastore::OpenOptions::default(),
+                )?),
+                _ => None,
+            };
+            let r = crate::cloning::run(
+                ctx.ds,
+                other.as_deref(),
+                source,
+                name,
+                *provisioning,
+                ctx.control.clone(),
+                progress,
+            );
+            if let Some(o) = other {
+                o.close()?;
+            }
+            return Ok(Response::Disk(r?));
         }
         Request::Extend { name, size_bytes } => {
             return Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
@@ -219,11 +258,6 @@ fn execute_local(
             }
         }
         Request::CloneLinked { source, name } => Response::Disk(ds.clone_linked(source, name)?),
-        Request::CloneFull {
-            source,
-            name,
-            provisioning,
-        } => Response::Disk(ds.clone_full(source, name, *provisioning, progress)?),
         Request::Check => Response::Check(ds.check()?),
         Request::Claim { .. } | Request::Release { .. } | Request::Gc { .. } => {
             return Err(Error::new(
@@ -287,6 +321,7 @@ fn execute_local(
         )?),
         Request::Move { .. }
         | Request::Extend { .. }
+        | Request::CloneFull { .. }
         | Request::Jobs
         | Request::JobControl { .. }
         | Request::Stats { .. } => {
@@ -364,4 +399,12 @@ fn alarms(ds: &Datastore) -> Response {
             })
             .collect(),
     )
+}
+
+/// Whether two paths name one directory.
+pub fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use strata_datastore::{
     Datastore as AnyDatastore, LocalDatastore, ObjectStoreDatastore, OpenOptions,
 };
-use strata_engine::{Error, ErrorKind};
+use strata_engine::{Error, ErrorKind, WorkControl};
 
 use crate::api::{Request, Response};
 use crate::ops::{self, Ctx};
@@ -359,6 +359,68 @@ impl Places {
         }
     }
 
+    /// `clone --full`: from where the source lives into its datastore or
+    /// `to`; a clone made outside home is served from there (placement).
+    pub(crate) fn clone_full(
+        &self,
+        req: &Request,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Response, Error> {
+        let Request::CloneFull {
+            source,
+            name,
+            provisioning,
+            to,
+        } = req
+        else {
+            unreachable!("Places::clone_full is given clone --full requests")
+        };
+        let disk = strata_format::split_target(source).0;
+        self.not_moving(disk)?;
+        if self.serves_placed(name) || self.home.exists(name) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("this server serves a disk named '{name}' already"),
+            ));
+        }
+        let from = self.place_of(disk);
+        let src = self.store(&from)?;
+        let to = match to {
+            Some(d) => Location::of(d)?,
+            None => from.clone(),
+        };
+        let r = self.store(&to).and_then(|dst| {
+            let other = (to != from).then_some(&*dst);
+            crate::cloning::run(&*src, other, source, name, *provisioning, control, progress)
+        });
+        let r = match r {
+            Ok(info) if to.dir != self.home_dir => self
+                .update(|f| {
+                    f.disks.insert(name.clone(), to.clone());
+                })
+                .map(|()| info),
+            r => r,
+        };
+        drop(src);
+        self.release_unused(&to);
+        r.map(Response::Disk)
+    }
+
+    /// Refuse a change to `disk` while it is being moved.
+    fn not_moving(&self, disk: &str) -> Result<(), Error> {
+        if self.moving.lock().contains(disk) {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}' is being moved: wait for the move to end, or cancel it \
+                     ('strata jobs')"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Mark `disk` as moving (refused if it already is).
     pub fn begin_move(&self, disk: &str) -> Result<(), Error> {
         if !self.moving.lock().insert(disk.to_string()) {
@@ -395,9 +457,7 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
         Request::SnapshotCreate { disk, .. }
         | Request::SnapshotRevert { disk, .. }
         | Request::SnapshotDelete { disk, .. } => (disk.as_str(), false),
-        Request::CloneLinked { source, .. } | Request::CloneFull { source, .. } => {
-            (base(source), false)
-        }
+        Request::CloneLinked { source, .. } => (base(source), false),
         _ => return None,
     })
 }
@@ -424,14 +484,10 @@ impl Places {
             return None;
         }
         let (disk, reads) = request_disk(req)?;
-        if !reads && self.moving.lock().contains(disk) {
-            return Some(Err(Error::new(
-                ErrorKind::Refused,
-                format!(
-                    "disk '{disk}' is being moved: wait for the move to end, or cancel it \
-                     ('strata jobs')"
-                ),
-            )));
+        if !reads {
+            if let Err(e) = self.not_moving(disk) {
+                return Some(Err(e));
+            }
         }
         let loc = self.file.lock().disks.get(disk).cloned()?;
         let store = match self.store(&loc) {
@@ -446,10 +502,9 @@ impl Places {
             (Request::Remove { name }, Ok(_)) => self.update(|f| {
                 f.disks.remove(name);
             }),
-            (Request::CloneLinked { name, .. } | Request::CloneFull { name, .. }, Ok(_)) => self
-                .update(|f| {
-                    f.disks.insert(name.clone(), loc.clone());
-                }),
+            (Request::CloneLinked { name, .. }, Ok(_)) => self.update(|f| {
+                f.disks.insert(name.clone(), loc.clone());
+            }),
             _ => Ok(()),
         };
         Some(r.and_then(|r| after.map(|_| r)))

@@ -116,6 +116,16 @@ impl Store {
         a.push("--json");
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
+    /// The names `list` gives, in its order.
+    pub fn disk_names(&self) -> Vec<String> {
+        self.json(&["list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn sock(&self) -> PathBuf {
         self.dir.path().join("nbd.sock")
     }
@@ -222,4 +232,20 @@ pub fn run_ok(cmd: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Save what export `uri` reads to the raw file `path`.
+pub fn save(uri: &str, path: &Path) {
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            uri,
+            path.to_str().unwrap(),
+        ],
+    );
 }
