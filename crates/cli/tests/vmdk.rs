@@ -87,8 +87,13 @@ fn import_a_three_link_chain_and_export_it_back_as_every_kind_of_chain() {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
-    let s = Store::new();
-    let dir = s.dir.path();
+    each_kind(chain_round_trip_on);
+}
+
+fn chain_round_trip_on(kind: Kind) {
+    let s = Store::of(kind);
+    let files_dir = tempfile::tempdir().unwrap();
+    let dir = files_dir.path();
     let links = qemu_chain(dir);
     let want: Vec<Vec<u8>> = links
         .iter()
@@ -109,10 +114,13 @@ fn import_a_three_link_chain_and_export_it_back_as_every_kind_of_chain() {
         s.ok(&["export", t, p(&out), "--subformat", "monolithicFlat"]);
         assert_eq!(to_raw("vmdk", p(&out), &dir.join("x.raw")), want[i], "{t}");
     }
-    // Thin-ness: the base holds 1 MiB + 64 KiB + one 4 KiB grain, not 16 MiB.
-    let snaps = s.json(&["snapshot", "list", "vm"]);
-    let base_mapped = snaps[0]["mapped_bytes"].as_u64().unwrap();
-    assert!(base_mapped <= (1 << 20) + (64 << 10) + 4096, "{snaps}");
+    // Thin-ness: the base holds 1 MiB + 64 KiB + one 4 KiB grain, not 16
+    // MiB (a local datastore counts what a snapshot maps).
+    if kind == Kind::Local {
+        let snaps = s.json(&["snapshot", "list", "vm"]);
+        let base_mapped = snaps[0]["mapped_bytes"].as_u64().unwrap();
+        assert!(base_mapped <= (1 << 20) + (64 << 10) + 4096, "{snaps}");
+    }
     for sub in ["monolithicSparse", "vmfsSparse", "seSparse"] {
         let out = dir.join(format!("rt-{sub}.vmdk"));
         let v = s.json(&["export", "vm", p(&out), "--chain", "--subformat", sub]);

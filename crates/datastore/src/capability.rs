@@ -28,10 +28,6 @@ pub enum Capability {
     Claims,
     /// Garbage collection of what no live root reaches (`gc`).
     Gc,
-    /// Importing a VMDK chain or image as a disk (`import`).
-    Import,
-    /// Writing a disk or snapshot as VMDK (`export`).
-    Export,
 }
 
 impl Capability {
@@ -48,8 +44,6 @@ impl Capability {
             Capability::Grow => "grow",
             Capability::Claims => "claim and release",
             Capability::Gc => "gc",
-            Capability::Import => "import",
-            Capability::Export => "export",
         }
     }
 }
@@ -100,8 +94,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::Alarms,
         "not built yet for object-store datastores",
     ),
-    (Capability::Import, "not built yet for object-store disks"),
-    (Capability::Export, "not built yet for object-store disks"),
 ];
 
 /// Why `kind` cannot do `what`, or None if it can.

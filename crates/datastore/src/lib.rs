@@ -105,6 +105,41 @@ pub trait Datastore: Send + Sync {
     /// The disk's snapshots, parents before children.
     fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>>;
 
+    /// The snapshots from the root of `target`'s tree down to its version,
+    /// oldest first: for `DISK`, the path to its current snapshot; for
+    /// `DISK@SNAP`, the path to SNAP's parent (what a chain export writes
+    /// below it).
+    fn snapshot_path(&self, target: &str) -> Result<Vec<String>> {
+        let (disk, snap) = strata_format::split_target(target);
+        let snaps = self.snapshots(disk)?;
+        let find = |n: &str| snaps.iter().find(|s| s.name == n);
+        let mut cur = match snap {
+            None => snaps.iter().find(|s| s.current).map(|s| s.name.clone()),
+            Some(n) => find(n)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("disk '{disk}' has no snapshot '{n}'"),
+                    )
+                })?
+                .parent
+                .clone(),
+        };
+        let mut path = Vec::new();
+        while let Some(n) = cur {
+            if path.len() > snaps.len() {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("disk '{disk}': snapshot parents form a loop"),
+                ));
+            }
+            cur = find(&n).and_then(|s| s.parent.clone());
+            path.push(n);
+        }
+        path.reverse();
+        Ok(path)
+    }
+
     fn snapshot_create(
         &self,
         disk: &str,

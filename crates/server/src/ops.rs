@@ -135,6 +135,32 @@ pub fn execute(
         Request::Extend { name, size_bytes } => {
             return Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
         }
+        Request::Import {
+            path,
+            name,
+            provisioning,
+            format,
+        } => {
+            return Ok(Response::Import(crate::vmdk_ops::import(
+                ctx.ds,
+                path,
+                name,
+                *provisioning,
+                *format,
+                progress,
+            )?))
+        }
+        Request::Export {
+            target,
+            out,
+            subformat,
+            chain,
+            adapter,
+        } => {
+            return Ok(Response::Export(crate::vmdk_ops::export(
+                ctx.ds, target, out, *subformat, *chain, adapter, progress,
+            )?))
+        }
         Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
         Request::JobControl { id, action } => {
             return Ok(Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]))
@@ -297,30 +323,10 @@ fn execute_local(
             alarms(ds)
         }
         Request::AlarmList => alarms(ds),
-        Request::Import {
-            path,
-            name,
-            provisioning,
-            format,
-        } => Response::Import(crate::vmdk_ops::import(
-            ds,
-            path,
-            name,
-            *provisioning,
-            *format,
-            progress,
-        )?),
-        Request::Export {
-            target,
-            out,
-            subformat,
-            chain,
-            adapter,
-        } => Response::Export(crate::vmdk_ops::export(
-            ds, target, out, *subformat, *chain, adapter, progress,
-        )?),
         Request::Move { .. }
         | Request::Extend { .. }
+        | Request::Import { .. }
+        | Request::Export { .. }
         | Request::CloneFull { .. }
         | Request::Jobs
         | Request::JobControl { .. }

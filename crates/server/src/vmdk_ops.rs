@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_engine::{Datastore, Error, ErrorKind, Provisioning};
+use strata_datastore::Datastore;
+use strata_engine::{Error, ErrorKind, Provisioning};
 use strata_storage::{Backend, FileBackend};
 use strata_vmdk::chain::ExtentImpl;
 use strata_vmdk::create::image_files;
@@ -189,7 +190,7 @@ fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Res
 /// snapshots are the chain's links below the top (base first, named after
 /// the files); the top link is the disk's live state.
 pub fn import(
-    ds: &Datastore,
+    ds: &dyn Datastore,
     path: &Path,
     name: &str,
     prov: Provisioning,
@@ -219,7 +220,7 @@ pub fn import(
 }
 
 fn import_raw(
-    ds: &Datastore,
+    ds: &dyn Datastore,
     path: &Path,
     name: &str,
     size: u64,
@@ -236,8 +237,8 @@ fn import_raw(
         ));
     }
     let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
-    ds.create_disk(name, size, prov, &mut |_, _| {})?;
-    let h = ds.open_disk(name)?;
+    ds.create(name, size, prov, &mut |_, _| {})?;
+    let h = ds.open(name)?;
     let r = (|| {
         let mut buf = vec![0u8; CHUNK as usize];
         let mut off = 0u64;
@@ -258,7 +259,7 @@ fn import_raw(
         h.flush().map_err(berr)
     })();
     if r.is_err() {
-        let _ = ds.remove_disk(name);
+        let _ = ds.remove(name);
     }
     r
 }
@@ -271,7 +272,7 @@ fn seek_data(f: &std::fs::File, off: u64) -> Option<u64> {
 }
 
 fn import_qcow2(
-    ds: &Datastore,
+    ds: &dyn Datastore,
     path: &Path,
     name: &str,
     prov: Provisioning,
@@ -317,7 +318,7 @@ fn import_qcow2(
 }
 
 fn import_vmdk(
-    ds: &Datastore,
+    ds: &dyn Datastore,
     path: &Path,
     name: &str,
     prov: Provisioning,
@@ -326,11 +327,11 @@ fn import_vmdk(
     let img = open_vmdk(path, Access::Read)?;
     let size = img.size_bytes();
     let levels = img.links.len();
-    ds.create_disk(name, size, prov, &mut |_, _| {})?;
+    ds.create(name, size, prov, &mut |_, _| {})?;
     let mut taken = Vec::new();
     let mut snaps = Vec::new();
     let r = (|| -> Result<(), Error> {
-        let h = ds.open_disk(name)?;
+        let h = ds.open(name)?;
         let total = size * levels as u64;
         let mut done = 0u64;
         let mut buf = vec![0u8; CHUNK as usize];
@@ -383,7 +384,7 @@ fn import_vmdk(
         h.flush().map_err(berr)
     })();
     if let Err(e) = r {
-        let _ = ds.remove_disk(name);
+        let _ = ds.remove(name);
         return Err(e);
     }
     Ok(ImportReport {
@@ -406,7 +407,7 @@ fn import_vmdk(
 /// snapshot path as a base and deltas named like VMware's (`NAME.vmdk`,
 /// `NAME-000001.vmdk`, ...); the last file is `target`.
 pub fn export(
-    ds: &Datastore,
+    ds: &dyn Datastore,
     target: &str,
     out: &Path,
     sub: Subformat,
@@ -502,7 +503,7 @@ pub fn export(
     let mut written = Vec::new();
     let mut parent: Option<(String, u32)> = None;
     for (i, v) in versions.iter().enumerate() {
-        let h = ds.open_disk(v)?;
+        let h = ds.open(v)?;
         let size = h.size_bytes();
         let ranges = &deltas[i];
         let this_sub = subs[i];
