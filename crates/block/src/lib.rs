@@ -29,6 +29,7 @@
 
 mod aligned;
 mod fill;
+pub mod throttle;
 
 pub use aligned::AlignedBuf;
 pub use fill::{Fill, FillRuns, ReadFill};

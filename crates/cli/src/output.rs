@@ -411,15 +411,11 @@ fn disk(out: &mut String, d: &DiskInfo) {
     let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
     let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
     if !d.limits.is_none() {
-        let mut parts = Vec::new();
-        if let Some(n) = d.limits.iops {
-            parts.push(format!("{n} IOPS"));
-        }
-        if let Some(b) = d.limits.bps {
-            parts.push(format!("{}/s", human(b)));
-        }
-        parts.push(format!("burst {} s", d.limits.burst_seconds.unwrap_or(1)));
-        let _ = writeln!(out, "limits:          {}", parts.join(", "));
+        let _ = writeln!(
+            out,
+            "limits:          {}",
+            strata_server::units::limits_text(&d.limits)
+        );
     }
 }
 

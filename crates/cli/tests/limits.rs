@@ -1,6 +1,7 @@
 //! `strata limit`: per-disk IOPS and bandwidth limits, set while served,
-//! kept across a restart, and obeyed by a real client (fio over NBD). The
-//! limit lives in the engine's disk handle, under every transport.
+//! kept across a restart, and obeyed by a real client (fio over NBD), on
+//! both kinds of datastore. The limit lives under every transport: in the
+//! engine's disk handle, or the object-store disk's.
 
 mod common;
 use common::*;
@@ -30,7 +31,11 @@ fn limits_hold_a_real_client_to_its_rate_and_survive_a_restart() {
     if !have("fio") {
         return;
     }
-    let s = Store::new();
+    each_kind(limits_on);
+}
+
+fn limits_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "d", "--size", "64M"]);
     // Refusals first.
     let e = s.fails(&["limit", "d"]);

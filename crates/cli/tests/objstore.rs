@@ -118,9 +118,9 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["limit", "d", "--iops", "100"]);
+    let e = a.fails(&["punchzero", "d"]);
     assert!(
-        e.contains("'limit' does not work on object-store datastores yet"),
+        e.contains("does not work on object-store datastores yet"),
         "{e}"
     );
     // An extend does, also without a server, and '--watch' runs too.

@@ -18,8 +18,6 @@ pub enum Capability {
     PunchZero,
     /// Laying a disk out in logical order, consolidating free space.
     Defrag,
-    /// Per-disk I/O limits kept with the disk (`limit`).
-    Limits,
     /// Usage and over-commit alarms kept with the datastore (`alarm`).
     Alarms,
     /// A capacity set for the datastore (`grow`).
@@ -39,7 +37,6 @@ impl Capability {
             Capability::Convert => "convert",
             Capability::PunchZero => "punchzero",
             Capability::Defrag => "defrag",
-            Capability::Limits => "limit",
             Capability::Alarms => "alarm",
             Capability::Grow => "grow",
             Capability::Claims => "claim and release",
@@ -89,7 +86,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::PunchZero,
         "not built yet for object-store disks",
     ),
-    (Capability::Limits, "not built yet for object-store disks"),
     (
         Capability::Alarms,
         "not built yet for object-store datastores",

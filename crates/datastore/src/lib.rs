@@ -35,7 +35,7 @@ pub use diff::content_diff;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    ChangedRange, DiskInfo, Error, ErrorKind, Provisioning, Result, SnapshotInfo,
+    ChangedRange, DiskInfo, Error, ErrorKind, IoLimits, Provisioning, Result, SnapshotInfo,
 };
 
 /// The two kinds of datastore. For display, records and the capability
@@ -156,6 +156,11 @@ pub trait Datastore: Send + Sync {
     /// clients see the new size (vhost-user-blk is told; NBD clients see
     /// it when they reconnect).
     fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo>;
+
+    /// Set disk `disk`'s I/O limits (`IoLimits::default()` clears them):
+    /// kept with the disk, obeyed at once by every handle of it (and of
+    /// its snapshots) in this process, whatever transport serves them.
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo>;
 
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).

@@ -10,8 +10,8 @@ use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    ChangedRange, Datastore, DiskInfo, Error, ErrorKind, Kind, OpenOptions, Provisioning, Result,
-    SnapshotInfo,
+    ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind, OpenOptions, Provisioning,
+    Result, SnapshotInfo,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -160,6 +160,10 @@ impl Datastore for LocalDatastore {
 
     fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
         self.ds.extend_disk(disk, size_bytes)
+    }
+
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
+        self.ds.set_limits(disk, limits)
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {

@@ -19,8 +19,8 @@ use strata_shared::layout::Manifest;
 use strata_shared::{SharedDatastore, SharedDisk};
 
 use crate::{
-    capability, Capability, ChangedRange, Datastore, DiskInfo, Error, ErrorKind, Kind, OpenOptions,
-    Provisioning, Result, SnapshotInfo,
+    capability, Capability, ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind,
+    OpenOptions, Provisioning, Result, SnapshotInfo,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -218,7 +218,7 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
         exclusive_bytes: None,
         snapshot_space_bytes: None,
         fragments: None,
-        limits: Default::default(),
+        limits: m.limits,
     }
 }
 
@@ -322,6 +322,11 @@ impl Datastore for ObjectStoreDatastore {
     fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
         // Through this process's handle, which its clients are reading.
         let m = self.disk(disk)?.extend(size_bytes).map_err(from_shared)?;
+        Ok(disk_info(disk, &m))
+    }
+
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
+        let m = self.disk(disk)?.set_limits(limits).map_err(from_shared)?;
         Ok(disk_info(disk, &m))
     }
 

@@ -202,7 +202,7 @@ fn what_a_kind_cannot_do_is_refused_from_its_table() {
                 assert!(!ds.exists("t"));
             }
         }
-        for cap in [Capability::Claims, Capability::Gc, Capability::Limits] {
+        for cap in [Capability::Claims, Capability::Gc, Capability::Convert] {
             let r = ds.supports(cap);
             assert_eq!(r.is_ok(), capability::refusal(ds.kind(), cap).is_none());
         }

@@ -810,11 +810,8 @@ impl Datastore {
     /// apply at once to every open handle of the disk and its snapshots,
     /// whatever transport serves them, and are kept in the catalog.
     pub fn set_limits(&self, name: &str, limits: IoLimits) -> Result<DiskInfo> {
-        if limits.iops == Some(0) || limits.bps == Some(0) || limits.burst_seconds == Some(0) {
-            return err(
-                ErrorKind::InvalidArgument,
-                "a limit of 0 would stop the disk; give a positive rate or clear the limit",
-            );
+        if let Err(why) = limits.check() {
+            return err(ErrorKind::InvalidArgument, why);
         }
         let id = self.change(|m| {
             let d = m.catalog.disk_mut(name)?;

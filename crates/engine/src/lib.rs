@@ -27,7 +27,7 @@ mod journal;
 pub mod layout;
 mod meta;
 mod store;
-pub mod throttle;
+pub use strata_block::throttle;
 mod upgrade;
 mod work;
 

@@ -144,6 +144,9 @@ pub fn execute(
             if let Some(p) = &m.parent {
                 let _ = writeln!(t, "clone of:    {}", p.name);
             }
+            if !m.limits.is_none() {
+                let _ = writeln!(t, "limits:      {}", crate::units::limits_text(&m.limits));
+            }
             for s in &m.snapshots {
                 let _ = writeln!(
                     t,
@@ -366,9 +369,9 @@ pub fn not_yet_request(what: &str) -> Error {
     Error::new(
         ErrorKind::Refused,
         format!(
-            "'{what}' does not work on object-store datastores yet (they have status, list, info, \
-             create, rm, claim, release, snapshot, clone (linked), check, gc and serve: \
-             docs/MULTIHOST.md)"
+            "'{what}' does not work on object-store datastores yet (docs/MULTIHOST.md lists what \
+             does: among others create, extend, limit, snapshots, clones, import, export, move, \
+             claim, gc and serve)"
         ),
     )
 }
@@ -400,6 +403,9 @@ struct DiskView {
     /// of a local disk's info).
     current_snapshot: Option<String>,
     parent: Option<String>,
+    /// I/O limits (`strata limit`), absent when there are none.
+    #[serde(skip_serializing_if = "strata_engine::IoLimits::is_none")]
+    limits: strata_engine::IoLimits,
 }
 
 impl DiskView {
@@ -418,6 +424,7 @@ impl DiskView {
                 .and_then(|c| m.snapshots.iter().find(|s| s.id == c))
                 .map(|s| s.name.clone()),
             parent: m.parent.as_ref().map(|p| p.name.clone()),
+            limits: m.limits,
         }
     }
 

@@ -135,6 +135,9 @@ pub fn execute(
         Request::Extend { name, size_bytes } => {
             return Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
         }
+        Request::Limit { name, limits } => {
+            return Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?))
+        }
         Request::Import {
             path,
             name,
@@ -216,7 +219,6 @@ fn execute_local(
             ds.remove_disk(name)?;
             Response::Removed { name: name.clone() }
         }
-        Request::Limit { name, limits } => Response::Disk(ds.set_limits(name, *limits)?),
         Request::Convert {
             name,
             provisioning,
@@ -325,6 +327,7 @@ fn execute_local(
         Request::AlarmList => alarms(ds),
         Request::Move { .. }
         | Request::Extend { .. }
+        | Request::Limit { .. }
         | Request::Import { .. }
         | Request::Export { .. }
         | Request::CloneFull { .. }

@@ -56,6 +56,19 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// I/O limits for people: `200 IOPS, 4 MiB/s, burst 1 s`.
+pub fn limits_text(l: &strata_engine::IoLimits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = l.iops {
+        parts.push(format!("{n} IOPS"));
+    }
+    if let Some(b) = l.bps {
+        parts.push(format!("{}/s", human(b)));
+    }
+    parts.push(format!("burst {} s", l.burst_seconds.unwrap_or(1)));
+    parts.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use strata_block::throttle::{IoLimits, Throttle};
 use strata_block::{
     check_range, BlockDevice, BlockError, BlockResult, ErrorKind as BErr, Extent, ReadFill,
     ZeroOptions,
@@ -159,6 +160,7 @@ impl SharedDatastore {
                 parent: None,
                 removed: false,
                 current: None,
+                limits: Default::default(),
             };
             if self.store.put_create(&m.key(), Bytes::from(m.encode()))? == Put::Created {
                 break m;
@@ -346,6 +348,7 @@ impl SharedDatastore {
                 }),
                 removed: false,
                 current: None,
+                limits: Default::default(),
             };
             if self.store.put_create(&m1.key(), Bytes::from(m1.encode()))? == Put::Exists {
                 let _ = self.store.delete(&hold.key());
@@ -572,6 +575,8 @@ pub struct SharedDisk {
     /// Sub-grain writes read, patch and put back a grain one at a time.
     rmw: Mutex<()>,
     stats: Mutex<CommitStats>,
+    /// The disk's I/O limits, shared by its handles in this process.
+    throttle: Arc<Throttle>,
 }
 
 /// Where one grain of a read comes from.
@@ -609,6 +614,7 @@ impl SharedDisk {
                     })?,
             ),
         };
+        let throttle = ds.throttle(id, man.limits);
         Ok(Arc::new(SharedDisk {
             ds,
             name: name.to_string(),
@@ -630,6 +636,7 @@ impl SharedDisk {
             commit: Mutex::new(()),
             rmw: Mutex::new(()),
             stats: Mutex::new(CommitStats::default()),
+            throttle,
         }))
     }
 
@@ -1106,6 +1113,23 @@ impl SharedDisk {
         })
     }
 
+    /// Set the disk's I/O limits (`IoLimits::default()` clears them): one
+    /// manifest, and at once for every handle of the disk in this process
+    /// (another host's handles take them when they open the disk).
+    pub fn set_limits(&self, limits: IoLimits) -> Result<Manifest> {
+        limits
+            .check()
+            .map_err(|why| Error::new(ErrorKind::InvalidArgument, why))?;
+        let m = self.admin(|man| {
+            Ok(Manifest {
+                limits,
+                ..man.clone()
+            })
+        })?;
+        self.throttle.set(limits);
+        Ok(m)
+    }
+
     /// Delete snapshot `snap` (its clones keep what they hold).
     pub fn snapshot_delete(&self, snap: &str) -> Result<()> {
         self.admin(|man| {
@@ -1475,6 +1499,7 @@ impl BlockDevice for SharedDisk {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> BlockResult<ReadFill> {
         check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.throttle.admit(buf.len() as u64);
         self.refresh_if_stale();
         let first = offset / G;
         let end = (offset + buf.len() as u64).div_ceil(G);
@@ -1505,6 +1530,7 @@ impl BlockDevice for SharedDisk {
             return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
         }
         check_range(offset, buf.len() as u64, self.size_bytes())?;
+        self.throttle.admit(buf.len() as u64);
         self.write_bytes(buf, offset)
             .map_err(|e| self.to_block(e))?;
         if fua {
@@ -1526,6 +1552,7 @@ impl BlockDevice for SharedDisk {
             return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
         }
         check_range(offset, len, self.size_bytes())?;
+        self.throttle.admit(0);
         // Only whole grains are released; a partial grain keeps its data
         // (unmap is advisory).
         let first = offset.div_ceil(G);
@@ -1543,6 +1570,7 @@ impl BlockDevice for SharedDisk {
             return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
         }
         check_range(offset, len, self.size_bytes())?;
+        self.throttle.admit(0);
         self.zero_bytes(offset, len).map_err(|e| self.to_block(e))?;
         if opts.fua {
             self.flush()?;

@@ -5,6 +5,7 @@
 //! in its error; nothing here talks to a store.
 
 use serde::{Deserialize, Serialize};
+use strata_block::throttle::IoLimits;
 
 use crate::envelope;
 
@@ -487,6 +488,9 @@ pub struct Manifest {
     /// taken or reverted to), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<u64>,
+    /// I/O limits (`strata limit`), absent when there are none.
+    #[serde(default, skip_serializing_if = "IoLimits::is_none")]
+    pub limits: IoLimits,
 }
 
 impl Manifest {
@@ -629,6 +633,7 @@ mod tests {
             parent: None,
             removed: false,
             current: None,
+            limits: Default::default(),
         };
         let b = m.encode();
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);

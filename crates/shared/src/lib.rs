@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use strata_block::throttle::{IoLimits, Throttle};
 use strata_objstore::{Bytes, ObjectStore, Options, ProbeReport, Put, StoreUrl};
 
 /// The local directory's file naming the store this host uses.
@@ -169,6 +170,9 @@ pub struct SharedDatastore {
     root: RootObject,
     store: Arc<ObjectStore>,
     cache: Arc<cache::SegmentCache>,
+    /// Each disk's I/O limits in this process, shared by all its handles
+    /// (snapshots too), by disk id.
+    throttles: std::sync::Mutex<std::collections::HashMap<u32, Arc<Throttle>>>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -348,6 +352,17 @@ fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
 }
 
 impl SharedDatastore {
+    /// Disk `id`'s throttle in this process, made with `limits` if it has
+    /// none yet.
+    pub(crate) fn throttle(&self, id: u32, limits: IoLimits) -> Arc<Throttle> {
+        self.throttles
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Throttle::new(limits)))
+            .clone()
+    }
+
     /// Create a datastore in the store at `url`, with `dir` as this host's
     /// local directory. Refuses a prefix that already holds anything, and a
     /// store that does not honour create-only writes.
@@ -419,6 +434,7 @@ impl SharedDatastore {
     ) -> Result<(Self, Summary)> {
         let ds = SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
+            throttles: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,
@@ -496,6 +512,7 @@ impl SharedDatastore {
         }
         Ok(SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
+            throttles: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-/// What `strata limit` sets on a disk (kept in the catalog).
+/// What `strata limit` sets on a disk (kept with the disk: a local
+/// datastore's catalog, an object-store disk's manifest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoLimits {
     /// Operations per second (reads, writes, unmaps), None: unlimited.
@@ -34,6 +35,16 @@ pub struct IoLimits {
 impl IoLimits {
     pub fn is_none(&self) -> bool {
         self.iops.is_none() && self.bps.is_none()
+    }
+
+    /// Refuse a limit that would stop the disk (a rate of 0).
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.iops == Some(0) || self.bps == Some(0) || self.burst_seconds == Some(0) {
+            return Err(
+                "a limit of 0 would stop the disk; give a positive rate or clear the limit",
+            );
+        }
+        Ok(())
     }
 
     fn burst(&self) -> f64 {
