@@ -64,7 +64,11 @@ fn qemu_img_round_trip_and_block_status_map() {
     if !have("qemu-img") || !have("nbdinfo") || !have("qemu-io") {
         return;
     }
-    let s = Store::new();
+    each_kind(qemu_img_round_trip_and_block_status_map_on);
+}
+
+fn qemu_img_round_trip_and_block_status_map_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "disk", "--size", "256M"]);
     let src = s.dir.path().join("src.raw");
     let regions = make_source(&src);
@@ -212,7 +216,11 @@ fn fio_verify_survives_restart() {
     if !have("fio") {
         return;
     }
-    let s = Store::new();
+    each_kind(fio_verify_survives_restart_on);
+}
+
+fn fio_verify_survives_restart_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "disk", "--size", "128M"]);
     let srv = s.serve();
     fio_ok(
@@ -271,7 +279,11 @@ fn kill_9_during_fio_keeps_flushed_data() {
     if !have("fio") {
         return;
     }
-    let s = Store::new();
+    each_kind(kill_9_during_fio_keeps_flushed_data_on);
+}
+
+fn kill_9_during_fio_keeps_flushed_data_on(kind: Kind) {
+    let s = Store::of(kind);
     s.ok(&["create", "disk", "--size", "128M"]);
     s.ok(&["create", "other", "--size", "64M"]);
     let srv = s.serve();
