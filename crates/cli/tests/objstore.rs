@@ -118,7 +118,7 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["punchzero", "d"]);
+    let e = a.fails(&["alarm", "list"]);
     assert!(
         e.contains("does not work on object-store datastores yet"),
         "{e}"
@@ -562,4 +562,35 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     assert!(ok && !r.contains("verification failed"), "{r}");
     drop(sb);
     sa.stop();
+}
+
+/// Zero detection is in every commit (a grain of zeros is never stored),
+/// and `punchzero` scans what the map stores: it finds nothing more to
+/// give back, and the data reads as written.
+#[test]
+fn zeros_are_never_stored_and_punchzero_scans_what_is() {
+    if !common::have("qemu-io") {
+        return;
+    }
+    let Some(u) = url("punchzero") else { return };
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "d", "--size", "16M"]);
+    let srv = a.serve();
+    let (ok, out) = qemu_io(
+        &a.uri("d"),
+        &["write -P 0x11 0 1M", "write -P 0 1M 2M", "flush"],
+    );
+    assert!(ok, "{out}");
+    let r = a.json(&["punchzero", "d"]);
+    assert_eq!(r["disk"], "d", "{r}");
+    assert_eq!(r["released_bytes"], 0, "{r}");
+    // Only the MiB of data is stored, not the 2 MiB of zeros written.
+    assert_eq!(r["allocated_bytes"], 1 << 20, "{r}");
+    assert!(r["scanned_bytes"].as_u64().unwrap() >= 1 << 20, "{r}");
+    let (ok, out) = qemu_io(&a.uri("d"), &["read -P 0x11 0 1M", "read -P 0 1M 15M"]);
+    assert!(ok && !out.contains("fail"), "{out}");
+    let e = a.fails(&["punchzero", "d@nope"]);
+    assert!(e.contains("snapshot"), "{e}");
+    srv.stop();
 }

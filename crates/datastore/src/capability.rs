@@ -14,8 +14,6 @@ pub enum Capability {
     FullClone,
     /// A change of provisioning (`convert`).
     Convert,
-    /// Releasing a disk's zero grains (`punchzero`).
-    PunchZero,
     /// Laying a disk out in logical order, consolidating free space.
     Defrag,
     /// Usage and over-commit alarms kept with the datastore (`alarm`).
@@ -35,7 +33,6 @@ impl Capability {
             Capability::Thick => "thick provisioning",
             Capability::FullClone => "clone --full",
             Capability::Convert => "convert",
-            Capability::PunchZero => "punchzero",
             Capability::Defrag => "defrag",
             Capability::Alarms => "alarm",
             Capability::Grow => "grow",
@@ -80,10 +77,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
     ),
     (
         Capability::FullClone,
-        "not built yet for object-store disks",
-    ),
-    (
-        Capability::PunchZero,
         "not built yet for object-store disks",
     ),
     (

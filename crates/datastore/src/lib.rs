@@ -22,6 +22,7 @@ pub mod capability;
 mod diff;
 mod local;
 mod object_store;
+mod punch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,7 +36,8 @@ pub use diff::content_diff;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    ChangedRange, DiskInfo, Error, ErrorKind, IoLimits, Provisioning, Result, SnapshotInfo,
+    ChangedRange, DiskInfo, Error, ErrorKind, IoLimits, Provisioning, PunchZeroReport, Result,
+    SnapshotInfo, SpaceWork,
 };
 
 /// The two kinds of datastore. For display, records and the capability
@@ -161,6 +163,15 @@ pub trait Datastore: Send + Sync {
     /// kept with the disk, obeyed at once by every handle of it (and of
     /// its snapshots) in this process, whatever transport serves them.
     fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo>;
+
+    /// Release the grains of disk `disk` that read all zeros (a thin
+    /// disk's space given back); paced and paused through `work`.
+    fn punch_zero(
+        &self,
+        disk: &str,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<PunchZeroReport>;
 
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).

@@ -11,7 +11,7 @@ use strata_storage::FileBackend;
 
 use crate::{
     ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind, OpenOptions, Provisioning,
-    Result, SnapshotInfo,
+    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -164,6 +164,15 @@ impl Datastore for LocalDatastore {
 
     fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
         self.ds.set_limits(disk, limits)
+    }
+
+    fn punch_zero(
+        &self,
+        disk: &str,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<PunchZeroReport> {
+        self.ds.punch_zero(disk, work, progress)
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {

@@ -20,7 +20,7 @@ use strata_shared::{SharedDatastore, SharedDisk};
 
 use crate::{
     capability, Capability, ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind,
-    OpenOptions, Provisioning, Result, SnapshotInfo,
+    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -328,6 +328,33 @@ impl Datastore for ObjectStoreDatastore {
     fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
         let m = self.disk(disk)?.set_limits(limits).map_err(from_shared)?;
         Ok(disk_info(disk, &m))
+    }
+
+    fn punch_zero(
+        &self,
+        disk: &str,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<PunchZeroReport> {
+        // A commit never stores a grain of zeros, so only writes not yet
+        // committed can hold any; the scan reads what the map stores.
+        if disk.contains('@') {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("'{disk}' is a snapshot: punchzero works on a disk"),
+            ));
+        }
+        let dev = self.disk(disk)?;
+        let stored = |ds: &Self| -> Result<u64> {
+            Ok(ds
+                .changed_ranges(None, disk)?
+                .iter()
+                .filter(|r| r.mapped)
+                .map(|r| r.len)
+                .sum())
+        };
+        let ranges = self.changed_ranges(None, disk)?;
+        crate::punch::punch_zero(disk, &*dev, &ranges, work, progress, || stored(self))
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {

@@ -138,6 +138,18 @@ pub fn execute(
         Request::Limit { name, limits } => {
             return Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?))
         }
+        Request::PunchZero {
+            name,
+            rate_bytes_per_sec,
+        } => {
+            let work = SpaceWork {
+                rate_bytes_per_sec: *rate_bytes_per_sec,
+                control: ctx.control.clone(),
+            };
+            return Ok(Response::PunchZero(
+                ctx.ds.punch_zero(name, &work, progress)?,
+            ));
+        }
         Request::Import {
             path,
             name,
@@ -232,17 +244,6 @@ fn execute_local(
             },
             progress,
         )?),
-        Request::PunchZero {
-            name,
-            rate_bytes_per_sec,
-        } => Response::PunchZero(ds.punch_zero(
-            name,
-            &SpaceWork {
-                rate_bytes_per_sec: *rate_bytes_per_sec,
-                control: ctx.control.clone(),
-            },
-            progress,
-        )?),
         Request::Defrag {
             name,
             dry_run,
@@ -326,6 +327,7 @@ fn execute_local(
         }
         Request::AlarmList => alarms(ds),
         Request::Move { .. }
+        | Request::PunchZero { .. }
         | Request::Extend { .. }
         | Request::Limit { .. }
         | Request::Import { .. }
