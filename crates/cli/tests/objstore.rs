@@ -114,15 +114,12 @@ fn init_refuses_a_prefix_in_use_and_attach_one_that_is_empty() {
 }
 
 #[test]
-fn other_commands_say_they_do_not_work_on_object_stores_yet() {
+fn what_a_kind_cannot_do_is_refused_with_the_reason() {
     let Some(u) = url("not-yet") else { return };
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let e = a.fails(&["alarm", "list"]);
-    assert!(
-        e.contains("does not work on object-store datastores yet"),
-        "{e}"
-    );
+    let e = a.fails(&["defrag", "d"]);
+    assert!(e.contains("lays them out itself"), "{e}");
     // An extend does, also without a server, and '--watch' runs too.
     a.ok(&["create", "d", "--size", "1M"]);
     let info = a.json(&["extend", "d", "--size", "3G"]);
@@ -131,7 +128,10 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     let e = a.fails(&["extend", "d", "--size", "1M"]);
     assert!(e.contains("extend only grows a disk"), "{e}");
     let e = a.fails(&["create", "d", "--size", "1G", "--type", "zeroedthick"]);
-    assert!(e.contains("thin disks only (zeroedthick was asked)"), "{e}");
+    assert!(
+        e.contains("thick provisioning on this object-store datastore") && e.contains("thin"),
+        "{e}"
+    );
     // (serve --fuse and --vhost-user-blk work there: tests/fuse.rs runs
     // on both kinds.)
     // A local datastore is not made beside it.
@@ -146,7 +146,9 @@ fn other_commands_say_they_do_not_work_on_object_stores_yet() {
     for cmd in ["claim", "release"] {
         let e = local.fails(&[cmd, "d"]);
         assert!(
-            e.contains("claim, release and gc are for object-store datastores"),
+            e.contains(
+                "claim and release on this local datastore: a local datastore has one writer"
+            ),
             "{e}"
         );
     }
@@ -593,4 +595,81 @@ fn zeros_are_never_stored_and_punchzero_scans_what_is() {
     let e = a.fails(&["punchzero", "d@nope"]);
     assert!(e.contains("snapshot"), "{e}");
     srv.stop();
+}
+
+/// Alarms on an object store measure against a capacity the user sets
+/// (`grow --capacity`; the store has no size of its own): usage is what
+/// the store holds, over-commit the disks' sizes; a server evaluates them
+/// at start (then every 30 s) and runs the alarms' commands.
+#[test]
+fn alarms_measure_a_capacity_set_for_the_store_and_run_their_commands() {
+    if !common::have("qemu-io") {
+        return;
+    }
+    let Some(u) = url("alarms") else { return };
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    // No capacity yet: every alarm reads 0 %.
+    let g = a.json(&["grow"]);
+    assert_eq!(g["capacity_bytes"], 0, "{g}");
+    a.ok(&["create", "d", "--size", "16M"]);
+    let srv = a.serve();
+    let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 2M", "flush"]);
+    assert!(ok, "{out}");
+    srv.stop();
+    let g = a.json(&["grow", "--capacity", "4M"]);
+    assert_eq!(g["capacity_bytes"], 4 << 20, "{g}");
+    assert_eq!(g["provisioned_bytes"], 16 << 20, "{g}");
+    // 2 MiB of grains plus map nodes and manifests: just over 50 %.
+    let used = g["used_bytes"].as_u64().unwrap();
+    assert!((2 << 20..3 << 20).contains(&used), "{g}");
+    let log = a.path().join("alarms.log");
+    let exec = format!(
+        "echo \"$STRATA_ALARM_KIND $STRATA_ALARM_PREVIOUS $STRATA_ALARM_STATE\" >> '{}'",
+        log.display()
+    );
+    a.ok(&[
+        "alarm",
+        "set",
+        "usage",
+        "--warning",
+        "40",
+        "--alarm",
+        "90",
+        "--exec",
+        &exec,
+    ]);
+    let list = a.json(&["alarm", "list"]);
+    let state = |kind: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["kind"] == kind)
+            .unwrap_or_else(|| panic!("{list}"))["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(state("usage"), "warning", "{list}");
+    // 16 MiB of disks over 4 MiB: 400 %, past the default alarm at 200 %.
+    assert_eq!(state("overcommit"), "alarm", "{list}");
+    // Kept on this host, in its directory.
+    assert!(a.path().join("alarms.json").exists());
+    // A server says so at start, and runs the usage alarm's command.
+    let srv = a.serve();
+    let t = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().any(|l| l == "usage ok warning") {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "no alarm command ran: {text:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    srv.stop();
+    let e = a.fails(&["alarm", "set", "usage", "--warning", "95", "--alarm", "90"]);
+    assert!(e.contains("warning must come first"), "{e}");
 }

@@ -10,16 +10,10 @@ use crate::{Error, ErrorKind, Kind, Result};
 pub enum Capability {
     /// Space reserved at create (zeroedthick, eagerzeroedthick).
     Thick,
-    /// An independent copy of a disk or snapshot (`clone --full`).
-    FullClone,
     /// A change of provisioning (`convert`).
     Convert,
     /// Laying a disk out in logical order, consolidating free space.
     Defrag,
-    /// Usage and over-commit alarms kept with the datastore (`alarm`).
-    Alarms,
-    /// A capacity set for the datastore (`grow`).
-    Grow,
     /// A disk's writer taken or handed over (`claim`, `release`).
     Claims,
     /// Garbage collection of what no live root reaches (`gc`).
@@ -31,11 +25,8 @@ impl Capability {
     pub fn command(self) -> &'static str {
         match self {
             Capability::Thick => "thick provisioning",
-            Capability::FullClone => "clone --full",
             Capability::Convert => "convert",
             Capability::Defrag => "defrag",
-            Capability::Alarms => "alarm",
-            Capability::Grow => "grow",
             Capability::Claims => "claim and release",
             Capability::Gc => "gc",
         }
@@ -54,8 +45,8 @@ const LOCAL: &[(Capability, &str)] = &[
     ),
 ];
 
-/// What an object-store datastore does not do, with the reason. Entries
-/// that say "not built yet" are gaps the server will fill (issue 25).
+/// What an object-store datastore does not do, with the reason (each a
+/// fact of the kind).
 const OBJECT_STORE: &[(Capability, &str)] = &[
     (
         Capability::Thick,
@@ -69,19 +60,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::Defrag,
         "a disk's grains are objects in the store, which lays them out itself; what its \
          segments hold that no root reaches is freed by 'strata gc'",
-    ),
-    (
-        Capability::Grow,
-        "an object store's capacity is the store's, not a file system's: not built yet is a \
-         capacity set for alarms",
-    ),
-    (
-        Capability::FullClone,
-        "not built yet for object-store disks",
-    ),
-    (
-        Capability::Alarms,
-        "not built yet for object-store datastores",
     ),
 ];
 

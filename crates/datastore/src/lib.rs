@@ -18,6 +18,7 @@
 //! [`open`] is the one place that tells the kinds apart by what a
 //! directory holds (`strata.super` or `strata.objstore`).
 
+mod alarms;
 pub mod capability;
 mod diff;
 mod local;
@@ -36,8 +37,8 @@ pub use diff::content_diff;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    ChangedRange, DiskInfo, Error, ErrorKind, IoLimits, Provisioning, PunchZeroReport, Result,
-    SnapshotInfo, SpaceWork,
+    AlarmRule, ChangedRange, DatastoreInfo, DiskInfo, Error, ErrorKind, IoLimits, Provisioning,
+    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// The two kinds of datastore. For display, records and the capability
@@ -172,6 +173,21 @@ pub trait Datastore: Send + Sync {
         work: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<PunchZeroReport>;
+
+    /// The datastore's space and its alarms as evaluated now (`grow`,
+    /// `alarm list`, the server's alarm watcher).
+    fn space(&self) -> Result<DatastoreInfo>;
+
+    /// Set the capacity alarms measure against: a local datastore's size
+    /// (0: follow the file system again), an object store's figure set by
+    /// the user (0: none).
+    fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo>;
+
+    /// Every alarm's rule (the default where none was set).
+    fn alarm_rules(&self) -> Result<Vec<AlarmRule>>;
+
+    /// Set one alarm's thresholds and command; durable when this returns.
+    fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule>;
 
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).

@@ -10,8 +10,8 @@ use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind, OpenOptions, Provisioning,
-    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    AlarmRule, ChangedRange, Datastore, DatastoreInfo, DiskInfo, Error, ErrorKind, IoLimits, Kind,
+    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -173,6 +173,22 @@ impl Datastore for LocalDatastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<PunchZeroReport> {
         self.ds.punch_zero(disk, work, progress)
+    }
+
+    fn space(&self) -> Result<DatastoreInfo> {
+        Ok(self.ds.info())
+    }
+
+    fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
+        self.ds.set_capacity(bytes)
+    }
+
+    fn alarm_rules(&self) -> Result<Vec<AlarmRule>> {
+        Ok(self.ds.alarm_rules())
+    }
+
+    fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule> {
+        self.ds.set_alarm(rule)
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {

@@ -18,9 +18,11 @@ use strata_shared::gc::GcReport;
 use strata_shared::layout::Manifest;
 use strata_shared::{SharedDatastore, SharedDisk};
 
+use crate::alarms::AlarmSettings;
 use crate::{
-    capability, Capability, ChangedRange, Datastore, DiskInfo, Error, ErrorKind, IoLimits, Kind,
-    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DiskInfo, Error,
+    ErrorKind, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
+    SpaceWork,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -355,6 +357,59 @@ impl Datastore for ObjectStoreDatastore {
         };
         let ranges = self.changed_ranges(None, disk)?;
         crate::punch::punch_zero(disk, &*dev, &ranges, work, progress, || stored(self))
+    }
+
+    fn space(&self) -> Result<DatastoreInfo> {
+        let settings = AlarmSettings::load(&self.dir)?;
+        let summary = self.ds.summary().map_err(from_shared)?;
+        let disks = self.ds.disks().map_err(from_shared)?;
+        let provisioned: u64 = disks.iter().map(|(_, m)| m.size_bytes).sum();
+        let used = summary.disk_bytes;
+        let cap = settings.capacity_bytes;
+        let percent = |part: u64| {
+            (u128::from(part) * 100)
+                .checked_div(u128::from(cap))
+                .unwrap_or(0) as u64
+        };
+        Ok(DatastoreInfo {
+            location: summary.url.to_string(),
+            capacity_bytes: cap,
+            capacity_follows_fs: false,
+            used_bytes: used,
+            reserved_bytes: 0,
+            reserved_held_bytes: 0,
+            free_bytes: cap.saturating_sub(used),
+            provisioned_bytes: provisioned,
+            overcommit_percent: percent(provisioned),
+            used_percent: percent(used),
+            alarms: settings.evaluate(used, provisioned),
+            disks: disks.len(),
+            snapshots: disks.iter().map(|(_, m)| m.snapshots.len()).sum(),
+            metadata_cache_bytes: 0,
+            cache_mode: String::new(),
+            reclaiming: 0,
+            fail_stop: None,
+            checkpoints: 0,
+            layout: None,
+        })
+    }
+
+    fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
+        let mut settings = AlarmSettings::load(&self.dir)?;
+        settings.capacity_bytes = bytes;
+        settings.save(&self.dir)?;
+        self.space()
+    }
+
+    fn alarm_rules(&self) -> Result<Vec<AlarmRule>> {
+        Ok(AlarmSettings::load(&self.dir)?.rules())
+    }
+
+    fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule> {
+        let mut settings = AlarmSettings::load(&self.dir)?;
+        settings.set(rule.clone())?;
+        settings.save(&self.dir)?;
+        Ok(rule)
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {

@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde::Serialize;
-use strata_engine::Provisioning;
 use strata_engine::{Error, ErrorKind};
 use strata_shared::layout::Manifest;
 use strata_shared::{SharedDatastore, SharedDisk, Summary};
@@ -80,21 +79,10 @@ pub fn execute(
             let summary = ds.summary().map_err(e)?;
             answer(summary_text(&summary), value(&summary))
         }
+        // Thick provisioning was refused by ops (the capability table).
         Request::Create {
-            name,
-            size_bytes,
-            provisioning,
+            name, size_bytes, ..
         } => {
-            if *provisioning != Provisioning::Thin {
-                return Err(Error::new(
-                    ErrorKind::Refused,
-                    format!(
-                        "object-store datastores hold thin disks only ({} was asked): an object \
-                         store has no space to reserve in advance",
-                        provisioning.as_str()
-                    ),
-                ));
-            }
             let m = ds.create_disk(name, *size_bytes).map_err(e)?;
             answer(
                 format!(

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
 use strata_engine::{Datastore, Error, ErrorKind, SpaceWork, WorkControl};
 
@@ -90,6 +91,9 @@ pub fn execute(
     if let Some(r) = ctx.mover.and_then(|m| m.route(req, progress)) {
         return r;
     }
+    if let Some(cap) = needs(req) {
+        ctx.ds.supports(cap)?;
+    }
     match req {
         Request::Move { .. } => {
             return match ctx.mover {
@@ -138,6 +142,34 @@ pub fn execute(
         Request::Limit { name, limits } => {
             return Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?))
         }
+        Request::Grow { capacity_bytes } => {
+            return Ok(match capacity_bytes {
+                Some(bytes) => Response::Capacity {
+                    info: ctx.ds.set_capacity(*bytes)?,
+                    changed: true,
+                },
+                None => Response::Capacity {
+                    info: ctx.ds.space()?,
+                    changed: false,
+                },
+            })
+        }
+        Request::AlarmSet { rule, keep_exec } => {
+            let mut rule = rule.clone();
+            if *keep_exec {
+                rule.exec = ctx
+                    .ds
+                    .alarm_rules()?
+                    .into_iter()
+                    .find(|r| r.kind == rule.kind)
+                    .and_then(|r| r.exec);
+            } else if rule.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
+                rule.exec = None;
+            }
+            ctx.ds.set_alarm(rule)?;
+            return alarms(ctx.ds);
+        }
+        Request::AlarmList => return alarms(ctx.ds),
         Request::PunchZero {
             name,
             rate_bytes_per_sec,
@@ -289,11 +321,7 @@ fn execute_local(
         Request::CloneLinked { source, name } => Response::Disk(ds.clone_linked(source, name)?),
         Request::Check => Response::Check(ds.check()?),
         Request::Claim { .. } | Request::Release { .. } | Request::Gc { .. } => {
-            return Err(Error::new(
-                ErrorKind::Refused,
-                "claim, release and gc are for object-store datastores: a local datastore has one \
-                 writer (its server) and frees space as it goes (reference counts)",
-            ))
+            unreachable!("refused by the capability table (needs)")
         }
         Request::VmdkShrink { .. } => {
             return Err(Error::new(
@@ -301,32 +329,10 @@ fn execute_local(
                 "vmdk_shrink is answered by the control socket of the server of the file",
             ))
         }
-        Request::Grow { capacity_bytes } => match capacity_bytes {
-            Some(bytes) => Response::Capacity {
-                info: ds.set_capacity(*bytes)?,
-                changed: true,
-            },
-            None => Response::Capacity {
-                info: ds.info(),
-                changed: false,
-            },
-        },
-        Request::AlarmSet { rule, keep_exec } => {
-            let mut rule = rule.clone();
-            if *keep_exec {
-                rule.exec = ds
-                    .alarm_rules()
-                    .into_iter()
-                    .find(|r| r.kind == rule.kind)
-                    .and_then(|r| r.exec);
-            } else if rule.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
-                rule.exec = None;
-            }
-            ds.set_alarm(rule)?;
-            alarms(ds)
-        }
-        Request::AlarmList => alarms(ds),
         Request::Move { .. }
+        | Request::Grow { .. }
+        | Request::AlarmSet { .. }
+        | Request::AlarmList
         | Request::PunchZero { .. }
         | Request::Extend { .. }
         | Request::Limit { .. }
@@ -395,10 +401,10 @@ fn jobs<'a>(ctx: &Ctx<'a>) -> Result<&'a dyn JobList, Error> {
 }
 
 /// Every alarm as evaluated now, with its command.
-fn alarms(ds: &Datastore) -> Response {
-    let rules = ds.alarm_rules();
-    Response::Alarms(
-        ds.info()
+fn alarms(ds: &dyn AnyDatastore) -> Result<Response, Error> {
+    let rules = ds.alarm_rules()?;
+    Ok(Response::Alarms(
+        ds.space()?
             .alarms
             .into_iter()
             .map(|status| AlarmEntry {
@@ -409,7 +415,7 @@ fn alarms(ds: &Datastore) -> Response {
                 status,
             })
             .collect(),
-    )
+    ))
 }
 
 /// Whether two paths name one directory.
@@ -418,4 +424,22 @@ pub fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
     }
+}
+
+/// What a request needs of its datastore beyond disks, snapshots and I/O:
+/// refused from the one table (`strata_datastore::capability`) when the
+/// kind cannot do it.
+fn needs(req: &Request) -> Option<Capability> {
+    Some(match req {
+        Request::Create { provisioning, .. } | Request::Import { provisioning, .. }
+            if provisioning.is_thick() =>
+        {
+            Capability::Thick
+        }
+        Request::Convert { .. } => Capability::Convert,
+        Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
+        Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
+        Request::Gc { .. } => Capability::Gc,
+        _ => return None,
+    })
 }

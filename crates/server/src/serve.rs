@@ -828,12 +828,18 @@ impl Background {
     ) -> Background {
         let space_control = Arc::new(strata_engine::WorkControl::default());
         let mut threads = Vec::new();
+        // An object store's figures cost a LIST and a GET per disk.
+        let every = match home.kind() {
+            Kind::Local => Duration::from_secs(1),
+            Kind::ObjectStore => Duration::from_secs(30),
+        };
+        threads.push(spawn_alarm_watcher(
+            home.clone(),
+            dir.to_path_buf(),
+            stop.clone(),
+            every,
+        ));
         if let Some(ds) = home.as_local() {
-            threads.push(spawn_alarm_watcher(
-                ds.clone(),
-                dir.to_path_buf(),
-                stop.clone(),
-            ));
             if args.free_space_policy {
                 threads.push(spawn_free_space_policy(
                     ds.clone(),
@@ -893,23 +899,37 @@ fn spawn_gc(
         .expect("spawn gc thread")
 }
 
-/// Evaluate the datastore's alarms every second until `stop`; log each
-/// change of state and run the alarm's `--exec` command for it. States
-/// start as ok, so an alarm already raised when the server starts is
-/// reported at once.
+/// Evaluate the datastore's alarms `every` so often until `stop`; log
+/// each change of state and run the alarm's `--exec` command for it.
+/// States start as ok, so an alarm already raised when the server starts
+/// is reported at once.
 fn spawn_alarm_watcher(
-    ds: Datastore,
+    ds: crate::placement::Store,
     dir: PathBuf,
     stop: Arc<AtomicBool>,
+    every: Duration,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("alarms".into())
         .spawn(move || {
             let mut last: HashMap<AlarmKind, AlarmState> = HashMap::new();
             let mut children: Vec<(String, std::process::Child)> = Vec::new();
+            let mut failing = false;
             while !stop.load(Ordering::Acquire) {
-                let alarms = ds.info().alarms;
-                let rules = ds.alarm_rules();
+                let figures = ds.space().and_then(|i| Ok((i.alarms, ds.alarm_rules()?)));
+                let (alarms, rules) = match figures {
+                    Ok(x) => {
+                        failing = false;
+                        x
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!("alarms: cannot evaluate: {}", e.message);
+                        }
+                        failing = true;
+                        (Vec::new(), Vec::new())
+                    }
+                };
                 for a in &alarms {
                     let previous = last.insert(a.kind, a.state).unwrap_or(AlarmState::Ok);
                     if previous == a.state {
@@ -922,11 +942,9 @@ fn spawn_alarm_watcher(
                     alarm_changed(&dir, a, previous, exec, &mut children);
                 }
                 reap(&mut children);
-                // Wake often to stop promptly; evaluate about once a second.
-                for _ in 0..10 {
-                    if stop.load(Ordering::Acquire) {
-                        break;
-                    }
+                // Wake often to stop promptly.
+                let next = std::time::Instant::now() + every;
+                while std::time::Instant::now() < next && !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }

@@ -1,0 +1,86 @@
+//! An object-store datastore's capacity and alarm rules, kept per host in
+//! its local directory (`DIR/alarms.json`, FORMAT.md §11.8): an object
+//! store has no size of its own, and an alarm's command runs on the host
+//! that set it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use strata_engine::alarm::{effective_rules, evaluate, SpaceFigures};
+use strata_engine::{AlarmRule, AlarmStatus};
+
+use crate::{Error, ErrorKind, Result};
+
+const FILE: &str = "alarms.json";
+
+/// What `DIR/alarms.json` holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct AlarmSettings {
+    /// The capacity alarms measure against (0: none set).
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// Rules set with `strata alarm set` (the others are the defaults).
+    #[serde(default)]
+    pub alarms: Vec<AlarmRule>,
+}
+
+impl AlarmSettings {
+    /// The settings in `dir` (the defaults when it has none).
+    pub fn load(dir: &Path) -> Result<AlarmSettings> {
+        let p = dir.join(FILE);
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{}: {e} (fix or remove it)", p.display()),
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(AlarmSettings::default()),
+            Err(e) => Err(Error::new(ErrorKind::Io, format!("{}: {e}", p.display()))),
+        }
+    }
+
+    /// Write them whole, durably (temporary file, fsync, rename).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let io = |p: &PathBuf, e: std::io::Error| {
+            Error::new(ErrorKind::Io, format!("{}: {e}", p.display()))
+        };
+        let tmp = dir.join(format!("{FILE}.tmp"));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+        f.write_all(&serde_json::to_vec_pretty(self).expect("json"))
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io(&tmp, e))?;
+        let p = dir.join(FILE);
+        std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(&dir.to_path_buf(), e))
+    }
+
+    /// Every alarm's rule (the default where none was set).
+    pub fn rules(&self) -> Vec<AlarmRule> {
+        effective_rules(&self.alarms)
+    }
+
+    /// Set one alarm's rule.
+    pub fn set(&mut self, rule: AlarmRule) -> Result<()> {
+        rule.validate()?;
+        self.alarms.retain(|r| r.kind != rule.kind);
+        self.alarms.push(rule);
+        self.alarms.sort_by_key(|r| r.kind);
+        Ok(())
+    }
+
+    /// The alarms for what the store holds (`used_bytes`) and the disks'
+    /// sizes (`provisioned_bytes`).
+    pub fn evaluate(&self, used_bytes: u64, provisioned_bytes: u64) -> Vec<AlarmStatus> {
+        let figures = SpaceFigures {
+            capacity_bytes: self.capacity_bytes,
+            used_bytes,
+            reserved_bytes: 0,
+            provisioned_bytes,
+        };
+        evaluate(&figures, &self.rules())
+    }
+}
