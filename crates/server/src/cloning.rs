@@ -11,7 +11,7 @@ use std::sync::Arc;
 use strata_datastore::{capability, Capability, Datastore, DiskInfo};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
-use crate::moving::Copier;
+use crate::copier::Copier;
 
 /// `clone --full source name` from `src` into `dst` (None: `src` itself):
 /// the engine's copy within one local datastore, else [`clone_full`].

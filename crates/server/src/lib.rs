@@ -14,6 +14,7 @@
 pub mod api;
 pub mod cloning;
 pub mod control;
+mod copier;
 pub mod holders;
 pub mod jobs;
 pub mod moving;

@@ -11,6 +11,7 @@ use strata_block::{BlockDevice, ZeroOptions};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
 use crate::api::{MoveReport, Request, Response};
+use crate::copier::{io, Copier};
 use crate::ops::Mover;
 use strata_datastore::{Capability, ChangedRange as Changed, SnapshotInfo};
 
@@ -27,11 +28,6 @@ const CONVERGED_BYTES: u64 = 8 << 20;
 /// when mirroring after one pass, 0.56x after two), so it comes late.
 const PASSES_MIN: u32 = 2;
 const PASSES_MAX: u32 = 6;
-/// Copy unit (a range lock's span, so a chunk takes one lock).
-const CHUNK: u64 = crate::slot::LOCK_BYTES;
-/// While clients do I/O, rest this many times each chunk's copy time: the
-/// move then takes at most a third of the time it competes for.
-const BUSY_REST: u32 = 2;
 
 /// Abort here (`STRATA_MOVE_CRASH_AT=copy|converge|switch|cleanup`), for
 /// the crash tests: the process dies as by kill -9.
@@ -46,122 +42,6 @@ fn crash_point(at: &str) {
 /// left (for the tests of active mirroring under a light load).
 fn mirror_always() -> bool {
     std::env::var("STRATA_MOVE_MIRROR").as_deref() == Ok("always")
-}
-
-fn io(what: &str, e: strata_block::BlockError) -> Error {
-    Error::new(ErrorKind::Io, format!("{what}: {e}"))
-}
-
-/// Copies ranges from one device to another, counting and pacing.
-pub(crate) struct Copier<'a> {
-    thin: bool,
-    control: Option<Arc<WorkControl>>,
-    rate: Option<u64>,
-    started: Instant,
-    copied: u64,
-    /// Progress: bytes done of the total known so far.
-    done: u64,
-    pub(crate) total: u64,
-    progress: &'a mut dyn FnMut(u64, u64),
-    buf: Vec<u8>,
-    /// The client request count last seen (resting while it moves).
-    seen: u64,
-}
-
-impl<'a> Copier<'a> {
-    /// A copier into a disk of `provisioning` (thin: zeros unmap), obeying
-    /// `control`'s pause and cancel.
-    pub(crate) fn new(
-        provisioning: Provisioning,
-        control: Option<Arc<WorkControl>>,
-        rate: Option<u64>,
-        progress: &'a mut dyn FnMut(u64, u64),
-    ) -> Self {
-        Copier {
-            thin: provisioning == Provisioning::Thin,
-            control,
-            rate,
-            started: Instant::now(),
-            copied: 0,
-            done: 0,
-            total: 0,
-            progress,
-            buf: vec![0u8; CHUNK as usize],
-            seen: 0,
-        }
-    }
-
-    fn checkpoint(&self) -> Result<(), Error> {
-        match &self.control {
-            Some(c) => c.checkpoint(),
-            None => Ok(()),
-        }
-    }
-
-    fn pace(&self) {
-        if let Some(rate) = self.rate.filter(|r| *r > 0) {
-            let due = std::time::Duration::from_secs_f64(self.copied as f64 / rate as f64);
-            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
-    }
-
-    /// Make `dst` read like `src` over `ranges`; `paced` (not at the
-    /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
-    /// copied under its range lock (client writes mirrored into `dst` are
-    /// ordered before or after it, never between its read and its write).
-    pub(crate) fn copy(
-        &mut self,
-        src: &dyn BlockDevice,
-        dst: &dyn BlockDevice,
-        ranges: &[Changed],
-        paced: bool,
-        slot: Option<&crate::slot::Slot>,
-    ) -> Result<(), Error> {
-        let size = dst.size_bytes().min(src.size_bytes());
-        for r in ranges {
-            let end = (r.offset + r.len).min(size);
-            let mut off = r.offset;
-            while off < end {
-                if paced {
-                    self.checkpoint()?;
-                    self.pace();
-                }
-                let t = Instant::now();
-                let n = (CHUNK - off % CHUNK).min(end - off);
-                let _ranges = slot.map(|s| s.lock_range(off, n));
-                let zero = ZeroOptions {
-                    may_unmap: self.thin,
-                    ..Default::default()
-                };
-                if !r.mapped {
-                    dst.write_zeroes(off, n, zero)
-                        .map_err(|e| io("write the target", e))?;
-                } else {
-                    let b = &mut self.buf[..n as usize];
-                    src.read_at(b, off).map_err(|e| io("read the source", e))?;
-                    if b.iter().all(|&x| x == 0) {
-                        dst.write_zeroes(off, n, zero)
-                    } else {
-                        dst.write_at(b, off, false)
-                    }
-                    .map_err(|e| io("write the target", e))?;
-                    self.copied += n;
-                }
-                off += n;
-                self.done += n;
-                (self.progress)(self.done, self.total.max(self.done));
-                if let (true, Some(s)) = (paced, slot) {
-                    let seen = std::mem::replace(&mut self.seen, s.requests());
-                    if seen != self.seen {
-                        std::thread::sleep(t.elapsed() * BUSY_REST);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 fn bytes(r: &[Changed]) -> u64 {

@@ -1,0 +1,132 @@
+//! Copying ranges from one device to another, for moves and full clones:
+//! counted for progress, paced to a rate, paused and cancelled through a
+//! job's control, and under a slot's range locks while clients write.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_block::{BlockDevice, ZeroOptions};
+use strata_datastore::ChangedRange as Changed;
+use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
+
+/// Copy unit (a range lock's span, so a chunk takes one lock).
+pub(crate) const CHUNK: u64 = crate::slot::LOCK_BYTES;
+/// While clients do I/O, rest this many times each chunk's copy time: the
+/// copy then takes at most a third of the time it competes for.
+const BUSY_REST: u32 = 2;
+
+pub(crate) fn io(what: &str, e: strata_block::BlockError) -> Error {
+    Error::new(ErrorKind::Io, format!("{what}: {e}"))
+}
+
+/// Copies ranges from one device to another, counting and pacing.
+pub(crate) struct Copier<'a> {
+    thin: bool,
+    pub(crate) control: Option<Arc<WorkControl>>,
+    rate: Option<u64>,
+    started: Instant,
+    pub(crate) copied: u64,
+    /// Progress: bytes done of the total known so far.
+    done: u64,
+    pub(crate) total: u64,
+    progress: &'a mut dyn FnMut(u64, u64),
+    buf: Vec<u8>,
+    /// The client request count last seen (resting while it moves).
+    pub(crate) seen: u64,
+}
+
+impl<'a> Copier<'a> {
+    /// A copier into a disk of `provisioning` (thin: zeros unmap), obeying
+    /// `control`'s pause and cancel.
+    pub(crate) fn new(
+        provisioning: Provisioning,
+        control: Option<Arc<WorkControl>>,
+        rate: Option<u64>,
+        progress: &'a mut dyn FnMut(u64, u64),
+    ) -> Self {
+        Copier {
+            thin: provisioning == Provisioning::Thin,
+            control,
+            rate,
+            started: Instant::now(),
+            copied: 0,
+            done: 0,
+            total: 0,
+            progress,
+            buf: vec![0u8; CHUNK as usize],
+            seen: 0,
+        }
+    }
+
+    pub(crate) fn checkpoint(&self) -> Result<(), Error> {
+        match &self.control {
+            Some(c) => c.checkpoint(),
+            None => Ok(()),
+        }
+    }
+
+    fn pace(&self) {
+        if let Some(rate) = self.rate.filter(|r| *r > 0) {
+            let due = std::time::Duration::from_secs_f64(self.copied as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+
+    /// Make `dst` read like `src` over `ranges`; `paced` (not at the
+    /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
+    /// copied under its range lock (client writes mirrored into `dst` are
+    /// ordered before or after it, never between its read and its write).
+    pub(crate) fn copy(
+        &mut self,
+        src: &dyn BlockDevice,
+        dst: &dyn BlockDevice,
+        ranges: &[Changed],
+        paced: bool,
+        slot: Option<&crate::slot::Slot>,
+    ) -> Result<(), Error> {
+        let size = dst.size_bytes().min(src.size_bytes());
+        for r in ranges {
+            let end = (r.offset + r.len).min(size);
+            let mut off = r.offset;
+            while off < end {
+                if paced {
+                    self.checkpoint()?;
+                    self.pace();
+                }
+                let t = Instant::now();
+                let n = (CHUNK - off % CHUNK).min(end - off);
+                let _ranges = slot.map(|s| s.lock_range(off, n));
+                let zero = ZeroOptions {
+                    may_unmap: self.thin,
+                    ..Default::default()
+                };
+                if !r.mapped {
+                    dst.write_zeroes(off, n, zero)
+                        .map_err(|e| io("write the target", e))?;
+                } else {
+                    let b = &mut self.buf[..n as usize];
+                    src.read_at(b, off).map_err(|e| io("read the source", e))?;
+                    if b.iter().all(|&x| x == 0) {
+                        dst.write_zeroes(off, n, zero)
+                    } else {
+                        dst.write_at(b, off, false)
+                    }
+                    .map_err(|e| io("write the target", e))?;
+                    self.copied += n;
+                }
+                off += n;
+                self.done += n;
+                (self.progress)(self.done, self.total.max(self.done));
+                if let (true, Some(s)) = (paced, slot) {
+                    let seen = std::mem::replace(&mut self.seen, s.requests());
+                    if seen != self.seen {
+                        std::thread::sleep(t.elapsed() * BUSY_REST);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
