@@ -640,6 +640,73 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     assert!(page.contains("/app.js"));
 }
 
+/// The API's actions on an object-store datastore, as on a local one:
+/// snapshot, linked clone, extend, revert, delete, and a full clone as a
+/// job; what the kind cannot do is refused with the table's reason; its
+/// alarms read as the CLI's.
+#[test]
+fn the_api_acts_on_an_object_store_as_on_a_local_datastore() {
+    if strata_objstore::testing::shared().is_none() {
+        return;
+    }
+    let s = Store::of(common::Kind::ObjectStore);
+    s.ok(&["create", "d", "--size", "16M"]);
+    let tok = s.dir.path().join("tok");
+    let addr = free_addr();
+    let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+    let bearer = format!("Bearer {token}");
+    let act = |method: &str, path: &str, body: Value| {
+        http(
+            &addr,
+            method,
+            &format!("/api/v1{path}"),
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &bearer),
+            ],
+            &body.to_string(),
+        )
+    };
+    let (st, body) = act("POST", "/disks/d/snapshots", json!({"name": "s1"}));
+    assert_eq!(st, 201, "{body}");
+    let (st, body) = act(
+        "POST",
+        "/disks/d/clones",
+        json!({"name": "c", "snapshot": "s1"}),
+    );
+    assert_eq!(st, 201, "{body}");
+    assert_eq!(s.json(&["info", "c"])["parent"], "d@s1");
+    let (st, body) = act("POST", "/disks/d/extend", json!({"size": "32M"}));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.json(&["info", "d"])["size_bytes"], 32u64 << 20);
+    let (st, body) = act("POST", "/disks/d/snapshots/s1/revert", json!(null));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(s.json(&["info", "d"])["size_bytes"], 16u64 << 20);
+    let (st, body) = act("POST", "/disks/d/snapshots", json!({"name": "s2"}));
+    assert_eq!(st, 201, "{body}");
+    assert_eq!(act("DELETE", "/disks/d/snapshots/s2", json!(null)).0, 200);
+    // What an object store cannot do, with the reason.
+    let (st, body) = act(
+        "POST",
+        "/disks/d/convert",
+        json!({"type": "eagerzeroedthick"}),
+    );
+    assert!((400..500).contains(&st), "{st} {body}");
+    assert!(body.contains("thin is all there is"), "{body}");
+    let (st, body) = act("POST", "/disks/d/defrag", json!({}));
+    assert!((400..500).contains(&st), "{st} {body}");
+    assert!(body.contains("lays them out itself"), "{body}");
+    let same = (0..5).any(|_| api_get(&addr, "/alarms") == s.json(&["alarm", "list"]));
+    assert!(
+        same,
+        "{} vs {}",
+        api_get(&addr, "/alarms"),
+        s.json(&["alarm", "list"])
+    );
+}
+
 /// An object-store datastore (SeaweedFS): the API answers its `--json`
 /// shapes, and the page shows its disks with owner and generation and its
 /// snapshot tree (ids and milliseconds in that datastore's listing).

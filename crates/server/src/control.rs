@@ -134,6 +134,17 @@ impl Handler {
 impl crate::web::Backend for Handler {
     fn run(&self, req: Request) -> Result<Response, Error> {
         if req.is_job() {
+            // Refused at once rather than as a failed job, unless the disk
+            // lives in another datastore (its kind decides there).
+            let placed = match &req {
+                Request::Convert { name, .. } | Request::Defrag { name, .. } => {
+                    self.mover.as_ref().is_some_and(|m| m.serves(name))
+                }
+                _ => false,
+            };
+            if !placed {
+                crate::ops::refuse_unsupported(&*self.ds, &req)?;
+            }
             return Ok(Response::JobStarted(self.start_job(req).info()));
         }
         Handler::run(self, &req, &mut |_, _| {})

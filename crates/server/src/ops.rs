@@ -91,9 +91,7 @@ pub fn execute(
     if let Some(r) = ctx.mover.and_then(|m| m.route(req, progress)) {
         return r;
     }
-    if let Some(cap) = needs(req) {
-        ctx.ds.supports(cap)?;
-    }
+    refuse_unsupported(ctx.ds, req)?;
     match req {
         Request::Move { .. } => {
             return match ctx.mover {
@@ -426,9 +424,16 @@ pub fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
-/// What a request needs of its datastore beyond disks, snapshots and I/O:
-/// refused from the one table (`strata_datastore::capability`) when the
-/// kind cannot do it.
+/// Refuse `req` if `ds`'s kind cannot do what it needs, from the one
+/// table (`strata_datastore::capability`), with the reason.
+pub fn refuse_unsupported(ds: &dyn AnyDatastore, req: &Request) -> Result<(), Error> {
+    match needs(req) {
+        Some(cap) => ds.supports(cap),
+        None => Ok(()),
+    }
+}
+
+/// What a request needs of its datastore beyond disks, snapshots and I/O.
 fn needs(req: &Request) -> Option<Capability> {
     Some(match req {
         Request::Create { provisioning, .. } | Request::Import { provisioning, .. }
