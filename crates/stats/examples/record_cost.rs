@@ -3,7 +3,7 @@
 //! buckets), on 1 and 2 threads recording into the same disk at once.
 //!
 //! `cargo run --release -p strata-stats --example record_cost [-- --json]`;
-//! bench/bench.py's `stats` case runs it and sets the result against the
+//! bench's `stats` case (bench/strata_bench/cases/stats.py) runs it and sets the result against the
 //! server's CPU time per I/O.
 
 use std::sync::Arc;

@@ -1,0 +1,148 @@
+"""The `cachenone` case (issue 11, item 5): `serve --cache none` vs QEMU's
+cache=none peers, over NBD (qemu-nbd) and vhost-user-blk
+(qemu-storage-daemon)."""
+import json
+import os
+import shutil
+import subprocess
+from statistics import median
+
+from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..fio import fill, fio
+from ..servers import QemuNbd, Strata
+
+
+def case_cachenone(work, q):
+    """Issue 11, item 5: `serve --cache none` (the pool with O_DIRECT)
+    against qemu-nbd --cache=none on a raw file, with QEMU's two usual
+    aio modes (threads, its default, and native, what libvirt pairs with
+    cache=none). fio's nbd engine, QD 16, one connection. Each pass, for
+    each server in turn (the order alternates): a durable 512k sequential
+    write of a fresh disk (end_fsync), then the server is stopped, the
+    host's caches dropped and the server started again, and a 4k random
+    read of the now full disk runs cold (strata's metadata cache starts
+    empty too). Median of the passes."""
+    size = smoke("256M", "1G" if q else "2G")
+    rt = smoke(2, 5 if q else 10)
+    passes = 1 if q else 3
+    who_all = ("strata", "qemu_threads", "qemu_native")
+    runs = {w: {"write": [], "read": []} for w in who_all}
+    cold = True
+    for p in range(passes):
+        order = who_all if p % 2 == 0 else tuple(reversed(who_all))
+        for who in order:
+            d = os.path.join(work, f"{who}_{p}")
+            if who == "strata":
+                srv = Strata(d, serve_args=["--cache", "none"])
+                srv.cli("create", "d", "--size", size)
+                uri = srv.uri("d")
+            else:
+                os.makedirs(d, exist_ok=True)
+                f = os.path.join(d, "disk.raw")
+                with open(f, "wb") as fh:
+                    fh.truncate(size_bytes(size))
+                srv = QemuNbd(f, "raw", os.path.join(d, "q.sock"), cache="none",
+                              aio=who.split("_")[1])
+                uri = srv.uri()
+            try:
+                srv.start()
+                w = fio(uri, "write", "512k", iodepth=16, size=size, extra=["--end_fsync=1"])
+                runs[who]["write"].append(w["bw_mib"])
+                srv.stop()
+                cold = drop_caches() and cold
+                srv.start()
+                r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size)
+                runs[who]["read"].append(r["iops"])
+            finally:
+                srv.stop()
+                shutil.rmtree(d, ignore_errors=True)
+    out = {"params": {"size": size, "runtime_s": rt, "passes": passes, "iodepth": 16,
+                      "caches_dropped": cold,
+                      "qemu": "qemu-nbd -f raw --cache=none --aio=threads|native"}}
+    for who in who_all:
+        out[who] = {"randread_4k_cold_iops": median(runs[who]["read"]),
+                    "randread_4k_iops_passes": runs[who]["read"],
+                    "seqwrite_512k_durable_mib_s": round(median(runs[who]["write"]), 1),
+                    "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]]}
+    for peer in ("qemu_threads", "qemu_native"):
+        out[f"ratio_randread_vs_{peer}"] = ratio(out["strata"]["randread_4k_cold_iops"],
+                                                 out[peer]["randread_4k_cold_iops"])
+        out[f"ratio_seqwrite_vs_{peer}"] = ratio(out["strata"]["seqwrite_512k_durable_mib_s"],
+                                                 out[peer]["seqwrite_512k_durable_mib_s"])
+    out["vhost"] = _cachenone_vhost(work, q, size, rt, passes)
+    out["target"] = ("cold 4k random read >= 0.95x and durable 512k sequential write >= 0.95x "
+                     "qemu-nbd cache=none on a raw file (NBD) and qsd cache.direct=on (vhost)")
+    return out
+
+
+def _cachenone_vhost(work, q, size, rt, passes):
+    """The vhost-user-blk half of `cachenone`: strata `serve --cache none`
+    against qemu-storage-daemon exporting a raw file with
+    cache.direct=on (aio=threads and aio=native), the same frontend
+    harness as the `vhost` case (one queue, QD 16; harness on CPU 0,
+    backends on CPU 1). Both disks are written full first; then, with
+    the host's caches dropped before each run, a 4k random read and a
+    512k sequential write that ends with a FLUSH (counted in its time)."""
+    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
+       cwd=ROOT)
+    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    d = os.path.join(work, "vhost")
+    os.makedirs(d, exist_ok=True)
+    vsock = os.path.join(d, "strata.vhost")
+    raw = os.path.join(d, "raw.img")
+    s = Strata(os.path.join(d, "strata"),
+               serve_args=["--cache", "none", "--vhost-user-blk", f"d={vsock}",
+                           "--vhost-queues", "1"])
+    s.cli("create", "d", "--size", size)
+    s.start()
+    qsds = {}
+    try:
+        sh("taskset", "-pac", "1", str(s.proc.pid))
+        wait_path(vsock)
+        fill(s.uri("d"), size)
+        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
+           "conv=fsync", "status=none")
+        for aio in ("threads", "native"):
+            sock = os.path.join(d, f"qsd_{aio}.vhost")
+            qsds[aio] = (subprocess.Popen(
+                ["taskset", "-c", "1", "qemu-storage-daemon",
+                 "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=on,aio={aio},locking=off",
+                 "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
+                             f"addr.path={sock},writable=on,num-queues=1"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), sock)
+            wait_path(sock)
+        # One qsd at a time holds the file open for writing; both are
+        # started, and the raw file's writes from either are the same bytes.
+        who_all = {"strata": (s.proc.pid, vsock),
+                   "qsd_threads": (qsds["threads"][0].pid, qsds["threads"][1]),
+                   "qsd_native": (qsds["native"][0].pid, qsds["native"][1])}
+        out = {"params": {"cpus": "harness on CPU 0, backend on CPU 1", "queues": 1, "iodepth": 16,
+                          "qsd": "driver=file, cache.direct=on, aio=threads|native"}}
+        for tag, rw, bs, extra in (("randread_4k_cold", "randread", 4096, []),
+                                   ("seqwrite_512k_durable", "write", 524288, ["flush"])):
+            runs = {w: [] for w in who_all}
+            for p in range(passes):
+                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
+                for who in order:
+                    pid, sock = who_all[who]
+                    drop_caches()
+                    c0 = cpu_of(pid)
+                    o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), "16", str(rt), *extra)
+                    r = json.loads(o.strip().splitlines()[-1])
+                    assert r["errors"] == 0, f"{who} {tag}: requests failed"
+                    r["server_cpu_us_per_io"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
+                    runs[who].append(r)
+            row = {w: {"iops": round(median(r["iops"] for r in rs)),
+                       "iops_passes": [round(r["iops"]) for r in rs],
+                       "mib_s": round(median(r["mib_s"] for r in rs), 1),
+                       "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
+                   for w, rs in runs.items()}
+            for peer in ("qsd_threads", "qsd_native"):
+                row[f"ratio_vs_{peer}"] = ratio(row["strata"]["iops"], row[peer]["iops"])
+            out[tag] = row
+        return out
+    finally:
+        for proc, _ in qsds.values():
+            proc.terminate()
+            proc.wait()
+        s.stop()

@@ -1,0 +1,100 @@
+"""The `chain` case (paper suite): 4k random read and write vs snapshot
+depth, then after deleting snapshots oldest first, vs a qcow2 backing chain
+of the same depth."""
+import os
+
+from .. import common
+from ..chains import fio_write_slice, measure_rw, qcow_chain_step
+from ..common import sh, size_bytes, smoke, timed
+from ..fio import fill
+from ..servers import QemuNbd, Strata
+
+
+def chain_depths(q):
+    d = list(range(5)) if q else list(range(13)) + [16, 20, 24, 28, 32]
+    if common.CHAIN_MAX is not None:
+        d = [x for x in d if x <= common.CHAIN_MAX]
+    return d
+
+
+def case_chain(work, q):
+    size = smoke("64M", "256M" if q else "2G")
+    rt = smoke(1, 2 if q else 5)
+    depths = chain_depths(q)
+    maxd = depths[-1]
+    size_mib = size_bytes(size) >> 20
+    sl = max(1, size_mib // max(maxd, 1))
+
+    def slice_off(n):
+        return ((n - 1) * sl) % size_mib
+
+    res = {"params": {"size": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
+                      "workload": "fio 4k randread then randwrite, iodepth 16, time-based"}}
+    # strata: one disk, snapshots on top of it.
+    grow, shrink = {}, {}
+    s = Strata(os.path.join(work, "strata")).start()
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), size)
+        grow[0] = measure_rw(s.uri("d"), rt)
+        for n in range(1, maxd + 1):
+            s.cli("snapshot", "create", "d", f"s{n}")
+            fio_write_slice(s.uri("d"), slice_off(n), sl)
+            if n in depths:
+                grow[n] = measure_rw(s.uri("d"), rt)
+        print("   strata growing done", flush=True)
+        for n in range(1, maxd + 1):
+            ms = timed(lambda: s.cli("snapshot", "delete", "d", f"s{n}"))
+            left = maxd - n
+            if left in depths:
+                shrink[left] = dict(measure_rw(s.uri("d"), rt), delete_ms=ms)
+        print("   strata deleting done", flush=True)
+    finally:
+        s.stop()
+    res["strata"] = {"growing": grow, "after_delete": shrink}
+    # qcow2: a backing chain of the same depth, the same slices overwritten.
+    d = os.path.join(work, "qcow2")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "q.sock")
+    qgrow, qshrink = {}, {}
+    chain = [qcow_chain_step(d, None, 0, size)]
+    qn = QemuNbd(chain[-1], "qcow2", sock).start()
+    try:
+        fill(qn.uri(), size)
+        qgrow[0] = measure_rw(qn.uri(), rt)
+    finally:
+        qn.stop()
+    for n in range(1, maxd + 1):
+        chain.append(qcow_chain_step(d, chain[-1], n, size))
+        qn = QemuNbd(chain[-1], "qcow2", sock).start()
+        try:
+            fio_write_slice(qn.uri(), slice_off(n), sl)
+            if n in depths:
+                qgrow[n] = measure_rw(qn.uri(), rt)
+        finally:
+            qn.stop()
+    print("   qcow2 growing done", flush=True)
+    # Deleting the oldest snapshot of a qcow2 chain = committing the first
+    # overlay into the base and rebasing the next overlay onto the base
+    # (what blockcommit does offline); its time is recorded as delete_ms.
+    for n in range(1, maxd + 1):
+        base, victim = chain[0], chain[1]
+        nxt = chain[2] if len(chain) > 2 else None
+
+        def delete():
+            sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
+            if nxt:
+                sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
+        ms = timed(delete)
+        os.unlink(victim)
+        chain.pop(1)
+        left = maxd - n
+        if left in depths:
+            qn = QemuNbd(chain[-1], "qcow2", sock).start()
+            try:
+                qshrink[left] = dict(measure_rw(qn.uri(), rt), delete_ms=ms)
+            finally:
+                qn.stop()
+    print("   qcow2 deleting done", flush=True)
+    res["qcow2"] = {"growing": qgrow, "after_delete": qshrink}
+    return res

@@ -1,0 +1,129 @@
+"""The `multihost` case (issue 12): a disk of an object-store datastore
+(SeaweedFS on loopback) vs the same disk in a local datastore."""
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+
+from ..common import STRATA, drop_caches, ratio, sh, smoke
+from ..fio import fio, fio_iops_log
+from ..seaweedfs import start_seaweedfs
+from ..servers import Strata
+
+
+class SharedStrata(Strata):
+    """`strata serve` of a directory attached to an object-store datastore
+    (started, stopped and addressed as a local one)."""
+
+    def __init__(self, work, url, attach=False):
+        self.ds = work
+        self.sock = work + ".sock"
+        self.cache = "128M"
+        self.serve_args = []
+        self.proc = None
+        t0 = time.time()
+        while True:
+            r = subprocess.run([STRATA, "--datastore", self.ds, "attach" if attach else "init",
+                                "--object-store", url], capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            # The gateway answers before the filer behind it is ready.
+            if time.time() - t0 > 60:
+                raise RuntimeError(f"strata init --object-store {url}: {r.stderr}")
+            time.sleep(0.5)
+
+
+def fio_flush_every(uri, bs, n, runtime, size):
+    """4k random writes with a FLUSH every N writes: IOPS and the FLUSH
+    latency percentiles (ms)."""
+    out = sh("fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", "--rw=randwrite", f"--bs={bs}",
+             "--iodepth=16", f"--fsync={n}", f"--runtime={runtime}", "--time_based",
+             f"--size={size}", "--randrepeat=0", "--output-format=json", "--group_reporting",
+             "--percentile_list=50:90:99:99.9")
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    sync = job.get("sync", {})
+    lat = sync.get("lat_ns", {})
+    pct = lat.get("percentile", {})
+    ms = lambda k: round(pct[k] / 1e6, 2) if k in pct else None
+    return {"iops": round(job["write"]["iops"]), "flushes": sync.get("total_ios"),
+            "flush_p50_ms": ms("50.000000"), "flush_p90_ms": ms("90.000000"),
+            "flush_p99_ms": ms("99.000000"), "flush_max_ms": round(lat.get("max", 0) / 1e6, 2)}
+
+
+def _first_read_ms(uri):
+    t = time.perf_counter()
+    sh("qemu-io", "-r", "-f", "raw", "-c", "read 0 4k", uri)
+    return round((time.perf_counter() - t) * 1000, 1)
+
+
+def case_multihost(work, q):
+    """Issue 12: a disk of an object-store datastore (SeaweedFS on
+    loopback, one host) against the same disk in a local datastore, same
+    fio, same run. Warm 4k random read (the local segment cache holds what
+    the owner wrote) [>= 0.9]; 4k random write with a FLUSH every 64 writes
+    (each FLUSH uploads a segment and commits a manifest: its latency
+    percentiles); 512k sequential write with a FLUSH at the end; a cold start
+    (server restarted with its cache deleted, host page cache dropped):
+    time to the first byte, IOPS per 250 ms until it reaches 90% of the
+    warm figure."""
+    size = smoke("64M", "256M" if q else "1G")
+    rt = smoke(2, 5 if q else 15)
+    weed, endpoint = start_seaweedfs(work)
+    out = {"params": {"size": size, "runtime_s": rt, "store": f"SeaweedFS on loopback ({endpoint})",
+                      "client": "fio nbd engine, iodepth 16"}}
+    try:
+        local = Strata(os.path.join(work, "local")).start()
+        try:
+            local.cli("create", "d", "--size", size)
+            lw = fio(local.uri("d"), "write", "512k", iodepth=16, size=size,
+                     extra=["--end_fsync=1"])
+            lr = fio(local.uri("d"), "randread", "4k", runtime=rt, size=size)
+            lf = fio_flush_every(local.uri("d"), "4k", 64, rt, size)
+        finally:
+            local.stop()
+        url = f"s3://strata-bench/multihost-{random.randrange(1 << 32):08x}"
+        sh_ = SharedStrata(os.path.join(work, "host-a"), url)
+        sh_.cli("create", "d", "--size", size)
+        sh_.start()
+        try:
+            t = time.perf_counter()
+            sw = fio(sh_.uri("d"), "write", "512k", iodepth=16, size=size,
+                     extra=["--end_fsync=1"])
+            fill_s = time.perf_counter() - t
+            sr = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=size)
+            sf = fio_flush_every(sh_.uri("d"), "4k", 64, rt, size)
+        finally:
+            sh_.stop()
+        out["seq_write_512k"] = {"local_mib_s": round(lw["bw_mib"], 1),
+                                 "shared_mib_s": round(sw["bw_mib"], 1),
+                                 "ratio": ratio(sw["bw_mib"], lw["bw_mib"]),
+                                 "shared_fill_s": round(fill_s, 1)}
+        out["rand_read_4k_warm"] = {"local_iops": round(lr["iops"]), "shared_iops": round(sr["iops"]),
+                                    "ratio": ratio(sr["iops"], lr["iops"]), "target": ">= 0.9"}
+        out["rand_write_4k_flush64"] = {"local": lf, "shared": sf,
+                                        "ratio": ratio(sf["iops"], lf["iops"])}
+        # Cold start: the local directory's cache deleted (another host's view).
+        shutil.rmtree(os.path.join(sh_.ds, "cache"), ignore_errors=True)
+        drop_caches()
+        sh_.start()
+        try:
+            first = _first_read_ms(sh_.uri("d"))
+            again = _first_read_ms(sh_.uri("d"))
+            logs = os.path.join(work, "coldlogs")
+            os.makedirs(logs, exist_ok=True)
+            cr, samples = fio_iops_log(sh_.uri("d"), "randread", "4k", 16, rt * 2, size, logs,
+                                       "cold")
+        finally:
+            sh_.stop()
+        warm = sr["iops"]
+        full_at = next((t for t, v in samples if v >= 0.9 * warm), None)
+        out["cold_start"] = {"first_read_ms": first, "warm_read_ms": again,
+                             "seconds_to_90pct_of_warm": full_at,
+                             "cold_run_iops": round(cr["iops"]), "warm_iops": round(warm),
+                             "iops_per_250ms_first_8": [v for _, v in samples[:8]]}
+    finally:
+        weed.terminate()
+        weed.wait()
+    return out

@@ -1,0 +1,113 @@
+"""The `vhost` case (issue 11): strata's vhost-user-blk export vs
+qemu-storage-daemon's, driven by the same userspace frontend, with strata
+over NBD and FUSE beside it."""
+import json
+import os
+import subprocess
+from statistics import median
+
+from ..common import ROOT, cpu_of, ratio, sh, smoke, wait_path
+from ..fio import fill, fio
+from ..servers import Strata
+
+
+def fio_file(path, rw, bs, runtime, iodepth=16):
+    """fio on a file with libaio and O_DIRECT (the FUSE export), pinned to CPU 0."""
+    out = sh("fio", "--name=b", f"--filename={path}", "--ioengine=libaio", "--direct=1",
+             f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}", f"--runtime={runtime}",
+             "--time_based", "--cpus_allowed=0", "--output-format=json", "--group_reporting")
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
+    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+
+
+def case_vhost(work, q):
+    """Issue 11: vhost-user-blk, strata against qemu-storage-daemon's
+    vhost-user-blk export of a raw file (aio=threads, host page cache:
+    cache.direct=off, like strata's default), both driven by the same
+    userspace frontend (crates/vhost/examples/vhost_bench.rs: memfd guest
+    memory, one queue, requests kept at the queue depth, completions
+    waited for on the call eventfd as a guest does). The frontend runs on
+    CPU 0, each backend on CPU 1 (taskset), so the figures compare the
+    backends' work per request, not contention. Each disk is written full
+    first, so reads read data. Server CPU per I/O from /proc. strata over
+    NBD (fio's nbd engine) and over FUSE (fio, libaio, O_DIRECT on the
+    export's file), same CPU split, are printed beside it for reference. Workloads: 4k random read and write at QD 16, 512k
+    sequential read and write at QD 16 (strata's pass and qsd's
+    alternate, the median of three in full mode)."""
+    size = smoke("256M", "1G")
+    rt = smoke(1, 4 if q else 8)
+    passes = 1 if q else 3
+    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
+       cwd=ROOT)
+    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    vsock = os.path.join(work, "strata.vhost")
+    qsock = os.path.join(work, "qsd.vhost")
+    raw = os.path.join(work, "raw.img")
+    mnt = os.path.join(work, "fuse")
+    s = Strata(os.path.join(work, "strata"),
+               serve_args=["--vhost-user-blk", f"d={vsock}", "--vhost-queues", "1",
+                           "--fuse", mnt])
+    s.cli("create", "d", "--size", size)
+    s.start()
+    qsd = None
+    out = {"params": {"size": size, "runtime_s": rt, "passes": passes, "queues": 1,
+                      "cpus": "frontend/fio on CPU 0, backend on CPU 1",
+                      "qsd": "driver=file, cache.direct=off, aio=threads"}}
+    try:
+        sh("taskset", "-pac", "1", str(s.proc.pid))
+        wait_path(vsock)
+        fill(s.uri("d"), size)
+        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", "count=1024", "conv=fsync",
+           "status=none")
+        qsd = subprocess.Popen(
+            ["taskset", "-c", "1", "qemu-storage-daemon",
+             "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=off,aio=threads",
+             "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
+                         f"addr.path={qsock},writable=on,num-queues=1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_path(qsock)
+
+        def drive(sock, rw, bs):
+            o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), "16", str(rt))
+            return json.loads(o.strip().splitlines()[-1])
+
+        for tag, rw, bs in (("randread_4k", "randread", 4096), ("randwrite_4k", "randwrite", 4096),
+                            ("seqread_512k", "read", 524288), ("seqwrite_512k", "write", 524288)):
+            runs = {"strata": [], "qsd": [], "strata_nbd": [], "strata_fuse": []}
+            for _ in range(passes):
+                for who, pid, sock in (("strata", s.proc.pid, vsock), ("qsd", qsd.pid, qsock)):
+                    c0 = cpu_of(pid)
+                    r = drive(sock, rw, bs)
+                    r["server_cpu_us_per_io"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
+                    runs[who].append(r)
+                c0 = s.cpu_seconds()
+                x = fio(s.uri("d"), rw, "4k" if bs == 4096 else "512k", iodepth=16, runtime=rt,
+                        extra=["--cpus_allowed=0"])
+                runs["strata_nbd"].append({
+                    "iops": x["iops"], "errors": 0,
+                    "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
+                c0 = s.cpu_seconds()
+                x = fio_file(os.path.join(mnt, "d"), rw, "4k" if bs == 4096 else "512k", rt)
+                runs["strata_fuse"].append({
+                    "iops": x["iops"], "errors": 0,
+                    "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
+            row = {}
+            for who, rs in runs.items():
+                assert all(r["errors"] == 0 for r in rs), f"{who} {tag}: requests failed"
+                row[who] = {"iops": round(median(r["iops"] for r in rs)),
+                            "iops_passes": [round(r["iops"]) for r in rs],
+                            "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
+            row["ratio_strata_vs_qsd"] = ratio(row["strata"]["iops"], row["qsd"]["iops"])
+            row["ratio_strata_nbd_vs_vhost"] = ratio(row["strata_nbd"]["iops"], row["strata"]["iops"])
+            row["ratio_strata_fuse_vs_nbd"] = ratio(row["strata_fuse"]["iops"],
+                                                    row["strata_nbd"]["iops"])
+            out[tag] = row
+        out["target"] = ("4k random >= 1.0x qsd raw; 512k sequential >= 0.9x qsd raw "
+                         "(same frontend, one queue, QD 16)")
+    finally:
+        if qsd:
+            qsd.terminate()
+            qsd.wait()
+        s.stop()
+    return out

@@ -1,0 +1,148 @@
+"""strata benchmarks against qemu-nbd, driven by the same fio in the same run.
+
+Every figure is a ratio against a peer measured minutes apart on the same
+machine, never an absolute threshold. Usage:
+
+    bench/bench.py [--quick] [--out bench/results.json] [--only CASE,...]
+
+Cases (issue #2 targets in brackets):
+  depth       4k randread, data spread over 32 snapshot levels vs none  [>= 0.95]
+              and qcow2 with a 12-deep backing chain vs qcow2 alone (the peer's cost)
+  randwrite   4k randwrite on an empty thin disk vs qemu-nbd raw sparse [>= 1.0]
+  randread    4k randread on a full disk vs qemu-nbd raw                [>= 0.95]
+  seqwrite    512k sequential write, empty thin vs qemu-nbd raw         [>= 0.9]
+  snaptime    snapshot create / linked clone / snapshot delete time at two data sizes
+  rss         server RSS after writing and reading a large disk         [<= 256 MiB at 64 GiB]
+  bigread     64k and 1M sequential reads of a half-written disk vs qemu-nbd raw
+  ckpt        4k randwrite latency percentiles while checkpoints run (small
+              metadata cache), with the number of checkpoints, vs qemu-nbd raw
+  zeroing     seed 001's zeroing phase: 4k first-write IOPS and nb/tbz over time for
+              thin / zeroedthick / eagerzeroedthick vs raw sparse / falloc / full under
+              qemu-nbd; eagerzeroedthick create time vs the device's direct write rate
+  zerodetect  4k randwrite of random data, zero detection on vs off      [>= 0.97]
+  spacework   64k randwrite while convert fills (-> eagerzeroedthick) or scans
+              (-> thin, punchzero) another disk, vs nothing running     [>= 0.8]
+  reclaim     64k randwrite to an empty thin disk while a removed 2 GiB disk
+              is reclaimed vs the same with nothing reclaiming            [>= 0.8]
+              (same server, same run), and how long the reclaim took
+  stats       4k randread with per-disk statistics recording vs paused  [>= 0.98]
+              (one fio run, recording flipped every 2 s; plus the in-process
+              cost of recording one command and its share of server CPU per I/O)
+
+  multihost   issue 12: a disk on an object-store datastore (SeaweedFS on loopback)
+              vs the same disk local: warm 4k randread [>= 0.9], 4k randwrite with a
+              FLUSH every 64 writes (FLUSH latency percentiles), 512k seqwrite, and a
+              cold start (cache deleted): time to first byte and to 90% of warm IOPS
+
+  move        issue 13: strata move of a served, full disk (2 GiB; quick 256 MiB) to
+              another local datastore, idle and under 4k random writes: time loaded vs
+              idle, the switch's pause and the longest write latency during the move vs
+              without, client IOPS during the move vs without [>= 0.7]
+
+  claims      issue 25: create-only writes of one key by 2, 8 and 32 racers at once
+              (hosts racing to claim a disk), SeaweedFS on loopback: p50/p99/max ms
+
+Paper suites (figures, no targets; each cell also measured on the peer):
+  matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
+              thin, zeroedthick, eagerzeroedthick and delta disks, empty and
+              full, vs qemu-nbd raw (and qcow2 in full mode)
+  chain       4k randread/randwrite vs snapshot depth 0..N (quick 4, full 32),
+              then after deleting snapshots oldest first; vs a qcow2 backing chain
+  clone       strata clone --full time vs the source's snapshot count, vs
+              qemu-img convert -O qcow2 of a chain of the same depth
+  fragmentation  issue 10 / seed 004: fragments of a sequentially written disk and
+              of one overwritten at random after snapshots; cold sequential and
+              copy-like reads with latency/seek histograms before and after defrag
+              vs the sequential disk [>= 0.9]; client writes during defrag [>= 0.8];
+              placement vs arrival order: fragments after random first writes,
+              overwrites, a diverging clone, k disks growing together
+              (fragmentation.svg)
+  vdi         seed 000 figure 10: seSparse linked clones of a golden image made by a
+              TCG guest, each desktop (a guest) installs and uninstalls files and
+              trims; then online vmdk shrink of all clones: space per clone
+              before/after, 4k randwrite IOPS and server CPU before, during and
+              after the shrink; every clone fsck-clean with its files after
+
+Besides --out (JSON), every run writes results.md and SVG plots (chain.svg,
+clone.svg, matrix.svg) next to it; --render JSON redraws them from a file.
+"""
+
+# The docstring above is --help's description. This module holds the
+# command line: the options, the run over the chosen cases, results.json
+# (merged into an existing file by --only) and the reports.
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from . import common
+from .cases import CASES
+from .common import ROOT, STRATA
+from .report import render
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, short runs (a few minutes)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--quick at each case's smallest size and shortest run: checks that every "
+                         "figure is still produced (make test), measures nothing worth keeping")
+    ap.add_argument("--only", help="comma-separated cases (an existing --out file of the same kind keeps its other cases): " + ",".join(CASES))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
+    ap.add_argument("--workdir", help="where to put datastores and images (default: a temp dir)")
+    ap.add_argument("--render", metavar="JSON",
+                    help="only rewrite results.md and the SVGs next to JSON from its contents")
+    ap.add_argument("--chain-max", type=int, help="chain: stop at this depth (default quick 4, full 32)")
+    a = ap.parse_args()
+    common.CHAIN_MAX = a.chain_max
+    common.SMOKE = a.smoke
+    a.quick = a.quick or a.smoke
+    if a.render:
+        with open(a.render) as f:
+            render(json.load(f), a.render)
+        return
+    for tool in ("fio", "qemu-nbd", "qemu-img"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} is missing (run scripts/install-deps.sh)")
+    if not os.path.exists(STRATA):
+        sys.exit(f"bench: {STRATA} not built (make build)")
+    cases = a.only.split(",") if a.only else list(CASES)
+    # Fail now, not after an hour of measuring, if the results cannot be written.
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    work = a.workdir or tempfile.mkdtemp(prefix="strata-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+    results = {"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
+               "quick": a.quick, "smoke": a.smoke, "case_s": {}, "cases": {}}
+    try:
+        for c in cases:
+            print(f"== {c}", flush=True)
+            case_dir = os.path.join(work, c)
+            os.makedirs(case_dir, exist_ok=True)
+            t_case = time.time()
+            try:
+                results["cases"][c] = CASES[c](case_dir, a.quick)
+                results["case_s"][c] = round(time.time() - t_case, 1)
+            finally:
+                # Each case's images go before the next: the full run needs
+                # 64 GiB for the RSS case alone.
+                shutil.rmtree(case_dir, ignore_errors=True)
+            print(json.dumps(results["cases"][c], indent=2), flush=True)
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    if a.only and os.path.exists(a.out):
+        # A run of some cases updates those cases in the file and keeps the
+        # others (from a run of the same kind: quick or full).
+        with open(a.out) as f:
+            before = json.load(f)
+        if before.get("quick") == a.quick and before.get("smoke", False) == a.smoke:
+            before["cases"].update(results["cases"])
+            before.setdefault("case_s", {}).update(results["case_s"])
+            before["machine"] = results["machine"]
+            results = before
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"results in {a.out}")
+    render(results, a.out)

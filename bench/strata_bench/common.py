@@ -1,0 +1,77 @@
+"""What every case uses: the repository's paths and the strata binary,
+subprocess helpers, sizes and ratios, the host's page cache, and the
+run-wide options that main() sets from --smoke and --chain-max."""
+import os
+import subprocess
+import time
+
+# The repository (this file is bench/strata_bench/common.py).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.environ.get("STRATA", os.path.join(ROOT, "target/release/strata"))
+
+
+def sh(*args, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        # Say what the tool said: a bare exit status hides ENOSPC and friends.
+        raise RuntimeError(f"{' '.join(map(str, args))} exited {r.returncode}:\n"
+                           f"{(r.stderr or r.stdout)[-2000:]}")
+    return r.stdout
+
+
+def wait_path(p, timeout=30, proc=None):
+    """Waits for path P; with PROC, fails as soon as that process exits."""
+    t = time.time()
+    while not os.path.exists(p):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{p} did not appear: {' '.join(proc.args)} exited {proc.returncode}")
+        if time.time() - t > timeout:
+            raise RuntimeError(f"{p} did not appear")
+        time.sleep(0.02)
+
+
+def ratio(a, b):
+    return round(a / b, 3) if b else None
+
+
+def size_bytes(s):
+    """Bytes in a size written as fio and qemu-img take it: '64M', '4G' (K, M, G)."""
+    n, u = int(s[:-1]), s[-1]
+    return n << {"K": 10, "M": 20, "G": 30}[u]
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return round((time.perf_counter() - t) * 1000, 2)
+
+
+def cpu_of(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop_caches():
+    """Cold host page cache (the datastore's files); the server's metadata
+    cache stays, as it would on a running host."""
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+# Run-wide options, set by main() before any case runs.
+CHAIN_MAX = None  # --chain-max
+SMOKE = False  # --smoke
+
+
+def smoke(value, otherwise):
+    """`value` in a --smoke run (each case at its smallest size and
+    shortest run: proof that it still produces every figure, as `make test`
+    needs, not a measurement), else `otherwise`."""
+    return value if SMOKE else otherwise

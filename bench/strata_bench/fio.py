@@ -1,0 +1,45 @@
+"""fio as the cases run it, over NBD (fio's nbd engine): one job's IOPS,
+bandwidth and I/O count, a disk filled by sequential writes, and IOPS per
+250 ms from fio's log."""
+import json
+import os
+
+from .common import sh
+
+
+def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
+    args = ["fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
+            f"--iodepth={iodepth}", "--output-format=json", "--group_reporting"]
+    if runtime:
+        args += [f"--runtime={runtime}", "--time_based"]
+    if size:
+        args += [f"--size={size}"]
+    args += list(extra)
+    out = sh(*args)
+    j = json.loads(out[out.index("{"):])
+    job = j["jobs"][0]
+    side = job["read"] if "read" in rw or rw == "randread" else job["write"]
+    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+
+
+def fill(uri, size):
+    fio(uri, "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
+
+
+def fio_iops_log(uri, rw, bs, iodepth, runtime, size, logdir, tag):
+    """fio as `fio()`, plus IOPS per 250 ms: [(t_seconds_from_fio_start, iops)]."""
+    prefix = os.path.join(logdir, tag)
+    r = fio(uri, rw, bs, iodepth=iodepth, runtime=runtime, size=size,
+            extra=["--randrepeat=0", f"--write_iops_log={prefix}", "--log_avg_msec=250"])
+    samples = []
+    with open(f"{prefix}_iops.1.log") as f:
+        for line in f:
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) >= 2:
+                samples.append((int(parts[0]) / 1000.0, int(parts[1])))
+    return r, samples
+
+
+def window_iops(samples, t_from, t_to):
+    xs = [v for t, v in samples if t_from < t <= t_to + 0.25]
+    return round(sum(xs) / len(xs)) if xs else None

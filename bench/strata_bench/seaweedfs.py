@@ -1,0 +1,60 @@
+"""SeaweedFS on loopback (issue 12), the object store of the multihost and
+claims cases, started as the tests start it."""
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+
+
+S3_KEY, S3_SECRET = "strata-bench", "strata-bench-secret"
+
+
+def _free_port_base():
+    for _ in range(100):
+        base = random.randint(20000, 55000)
+        ok = True
+        for p in range(base, base + 4):
+            with socket.socket() as so:
+                try:
+                    so.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        # SeaweedFS also listens on port + 10000 (gRPC).
+        for p in range(base + 10000, base + 10004):
+            with socket.socket() as so:
+                try:
+                    so.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        if ok and base + 10004 < 65535:
+            return base
+    raise RuntimeError("no free ports for SeaweedFS")
+
+
+def start_seaweedfs(work):
+    """`weed server` with S3 on loopback (as the tests run it); returns
+    (process, endpoint) and sets the AWS_* variables for strata."""
+    weed = shutil.which("weed")
+    if not weed:
+        raise RuntimeError("SeaweedFS ('weed') is not installed: run scripts/install-deps.sh")
+    d = os.path.join(work, "seaweedfs")
+    os.makedirs(os.path.join(d, "data"), exist_ok=True)
+    cfg = os.path.join(d, "s3.json")
+    with open(cfg, "w") as f:
+        json.dump({"identities": [{"name": "strata", "credentials": [
+            {"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}, f)
+    base = _free_port_base()
+    log = open(os.path.join(d, "weed.log"), "w")
+    proc = subprocess.Popen(
+        [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d}/data",
+         f"-master.port={base}", f"-volume.port={base + 1}", "-filer", f"-filer.port={base + 2}",
+         "-s3", f"-s3.port={base + 3}", f"-s3.config={cfg}", "-s3.port.iceberg=0",
+         "-s3.port.lance=0", "-master.volumeSizeLimitMB=256", "-volume.max=0"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{base + 3}"
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
+                       "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_REGION": "us-east-1"})
+    return proc, endpoint

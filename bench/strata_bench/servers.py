@@ -1,0 +1,128 @@
+"""The servers the cases measure: strata serving a datastore over NBD
+(`Strata`), `strata serve --vmdk` of VMDK chains (`VmdkServe`), and the
+peer, qemu-nbd (`QemuNbd`; `peer_raw` for a sparse raw image)."""
+import os
+import signal
+import subprocess
+
+from .common import STRATA, sh, size_bytes, wait_path
+
+
+class Strata:
+    def __init__(self, work, cache="128M", serve_args=()):
+        # No background free-space consolidation: it would move data in
+        # the middle of a measurement (cases that want it ask for it).
+        self.serve_args = list(serve_args)
+        if "--free-space-policy" not in self.serve_args:
+            self.serve_args += ["--free-space-policy", "off"]
+        self.ds = os.path.join(work, "ds")
+        self.sock = os.path.join(work, "strata.sock")
+        self.cache = cache
+        self.proc = None
+        if not os.path.exists(os.path.join(self.ds, "strata.super")):
+            self.cli("init")
+
+    def cli(self, *args):
+        return sh(STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, *args)
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen(
+            [STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, "serve", "--nbd-unix", self.sock]
+            + self.serve_args,
+            stdout=subprocess.DEVNULL,
+        )
+        wait_path(self.sock, proc=self.proc)
+        wait_path(os.path.join(self.ds, "control.sock"), proc=self.proc)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait()
+            self.proc = None
+
+    def uri(self, name):
+        return f"nbd+unix:///{name}?socket={self.sock}"
+
+    def cpu_seconds(self):
+        """User + system CPU time of the server so far (exited threads included)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_peak_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return 0
+
+
+class QemuNbd:
+    def __init__(self, path, fmt, sock, cache="writeback", aio=None):
+        self.path, self.fmt, self.sock = path, fmt, sock
+        self.cache, self.aio = cache, aio
+        self.proc = None
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        aio = [f"--aio={self.aio}"] if self.aio else []
+        self.proc = subprocess.Popen(
+            ["qemu-nbd", "-f", self.fmt, "-k", self.sock, "-x", "disk", "--discard=unmap",
+             f"--cache={self.cache}", *aio, "-e", "8", "-t", self.path],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_path(self.sock)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+            self.proc = None
+
+    def uri(self, _name="disk"):
+        return f"nbd+unix:///disk?socket={self.sock}"
+
+
+def peer_raw(work, name, size):
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    f = os.path.join(d, "disk.raw")
+    with open(f, "wb") as fh:
+        fh.truncate(size_bytes(size))
+    return QemuNbd(f, "raw", os.path.join(d, "q.sock"))
+
+
+class VmdkServe:
+    """`strata serve --vmdk` of VMDK chains, without a datastore: one file
+    (export "disk") or {export name: file}, all from one server process."""
+
+    def __init__(self, work, path):
+        self.work = work
+        self.files = path if isinstance(path, dict) else {"disk": path}
+        self.sock = os.path.join(work, "vmdk.sock")
+        self.proc = None
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        args = [STRATA, "--datastore", os.path.join(self.work, "no-datastore"), "serve",
+                "--nbd-unix", self.sock, "--no-stats"]
+        for name, path in self.files.items():
+            args += ["--vmdk", f"{name}={path}"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        wait_path(self.sock, proc=self.proc)
+        return self
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait()
+            self.proc = None
+
+    def uri(self, name="disk"):
+        return f"nbd+unix:///{name}?socket={self.sock}"
