@@ -92,6 +92,8 @@ fn fio(uri: &str, verify_only: bool) -> Command {
         "--verify_fatal=1",
         "--rate_iops=1200",
         "--randrepeat=1",
+        // No verify state file left in the working directory.
+        "--verify_state_save=0",
     ]);
     if verify_only {
         c.arg("--verify_only");
