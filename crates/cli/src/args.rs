@@ -149,7 +149,9 @@ A datastore created without --capacity follows its file system: its capacity is 
 plus the file system's free space, so growing the file system grows it. `grow --capacity SIZE`\n\
 sets an explicit capacity instead (it may also lower it, never below what is used plus what\n\
 thick disks reserve); `grow --capacity fs` follows the file system again. Without --capacity,\n\
-says which it is. Returns once the new capacity is durable."
+says which it is. Returns once the new capacity is durable.\n\n\
+On a directory attached to an object store, which has no size of its own, the capacity is the\n\
+figure the usage and over-commit alarms measure against, kept for this host (`fs`: none)."
     )]
     Grow {
         /// New capacity (e.g. 500G), or `fs` to follow the file system
