@@ -347,16 +347,7 @@ impl Datastore for ObjectStoreDatastore {
             ));
         }
         let dev = self.disk(disk)?;
-        let stored = |ds: &Self| -> Result<u64> {
-            Ok(ds
-                .changed_ranges(None, disk)?
-                .iter()
-                .filter(|r| r.mapped)
-                .map(|r| r.len)
-                .sum())
-        };
-        let ranges = self.changed_ranges(None, disk)?;
-        crate::punch::punch_zero(disk, &*dev, &ranges, work, progress, || stored(self))
+        crate::punch::punch_zero(disk, &*dev, work, progress)
     }
 
     fn space(&self) -> Result<DatastoreInfo> {

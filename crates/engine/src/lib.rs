@@ -42,4 +42,4 @@ pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{DefragReport, FreeSpaceReport, PoolLayout};
 pub use throttle::IoLimits;
-pub use work::WorkControl;
+pub use work::{Pacer, WorkControl};

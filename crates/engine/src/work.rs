@@ -63,7 +63,7 @@ impl WorkControl {
 /// when cancelled, and sleeps as long as the work is ahead of its rate;
 /// without a rate, rests three times the region's time while clients do
 /// I/O (as the reclaimer does).
-pub(crate) struct Pacer<'a> {
+pub struct Pacer<'a> {
     rate: Option<u64>,
     control: Option<&'a WorkControl>,
     start: Instant,
