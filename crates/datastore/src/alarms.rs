@@ -72,15 +72,19 @@ impl AlarmSettings {
         Ok(())
     }
 
-    /// The alarms for what the store holds (`used_bytes`) and the disks'
-    /// sizes (`provisioned_bytes`).
-    pub fn evaluate(&self, used_bytes: u64, provisioned_bytes: u64) -> Vec<AlarmStatus> {
-        let figures = SpaceFigures {
+    /// The figures alarms read: what the store holds (`used_bytes`)
+    /// and the disks' sizes (`provisioned_bytes`) against the capacity.
+    pub fn figures(&self, used_bytes: u64, provisioned_bytes: u64) -> SpaceFigures {
+        SpaceFigures {
             capacity_bytes: self.capacity_bytes,
             used_bytes,
             reserved_bytes: 0,
             provisioned_bytes,
-        };
-        evaluate(&figures, &self.rules())
+        }
+    }
+
+    /// Every alarm as `figures` put it.
+    pub fn evaluate(&self, figures: &SpaceFigures) -> Vec<AlarmStatus> {
+        evaluate(figures, &self.rules())
     }
 }

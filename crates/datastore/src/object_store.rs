@@ -357,11 +357,7 @@ impl Datastore for ObjectStoreDatastore {
         let provisioned: u64 = disks.iter().map(|(_, m)| m.size_bytes).sum();
         let used = summary.disk_bytes;
         let cap = settings.capacity_bytes;
-        let percent = |part: u64| {
-            (u128::from(part) * 100)
-                .checked_div(u128::from(cap))
-                .unwrap_or(0) as u64
-        };
+        let figures = settings.figures(used, provisioned);
         Ok(DatastoreInfo {
             location: summary.url.to_string(),
             capacity_bytes: cap,
@@ -371,9 +367,9 @@ impl Datastore for ObjectStoreDatastore {
             reserved_held_bytes: 0,
             free_bytes: cap.saturating_sub(used),
             provisioned_bytes: provisioned,
-            overcommit_percent: percent(provisioned),
-            used_percent: percent(used),
-            alarms: settings.evaluate(used, provisioned),
+            overcommit_percent: figures.overcommit_percent(),
+            used_percent: figures.used_percent(),
+            alarms: settings.evaluate(&figures),
             disks: disks.len(),
             snapshots: disks.iter().map(|(_, m)| m.snapshots.len()).sum(),
             metadata_cache_bytes: 0,
