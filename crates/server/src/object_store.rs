@@ -4,29 +4,16 @@
 //! and `init|attach --object-store`.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 use serde::Serialize;
+use strata_datastore::ObjectStoreDatastore;
 use strata_engine::{Error, ErrorKind};
 use strata_shared::layout::Manifest;
-use strata_shared::{SharedDatastore, SharedDisk, Summary};
+use strata_shared::{SharedDatastore, Summary};
 
 use crate::api::{Request, Response};
 
 pub(crate) use strata_datastore::from_shared as engine_error;
-
-/// The disks a running server has open, as requests through its control
-/// socket reach them (the server's `ObjectStoreDatastore`).
-pub trait ServedDisks {
-    /// The server's handle of a disk (opened if it was not).
-    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error>;
-    /// A new handle for a disk this server was fenced from.
-    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, Error>;
-    /// Drop the handle of a disk being removed.
-    fn forget(&self, name: &str);
-    /// Garbage collection, remembered for the server's metrics.
-    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, Error>;
-}
 
 pub(crate) fn answer(human: String, json: serde_json::Value) -> Response {
     Response::Shared {
@@ -59,21 +46,13 @@ pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<
     Ok(answer(head + &summary_text(&summary), value(&summary)))
 }
 
-/// Run `request` on an object-store datastore: here (`exports` None), or
-/// in its server (with the disks it has open, so that owner-only changes
-/// are made by the process that writes the disk).
-pub fn execute(
-    ds: &Arc<SharedDatastore>,
-    exports: Option<&dyn ServedDisks>,
-    request: &Request,
-) -> Result<Response, Error> {
+/// Run `request` on an object-store datastore through the process's
+/// handles of its disks (`x`: in a server, the ones its clients use, so
+/// that owner-only changes are made by the process that writes the disk).
+pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, Error> {
     let e = engine_error;
-    let disk = |name: &str| -> Result<Arc<SharedDisk>, Error> {
-        match exports {
-            Some(x) => x.disk(name),
-            None => SharedDisk::open(ds.clone(), name, false).map_err(e),
-        }
-    };
+    let ds = x.shared();
+    let disk = |name: &str| x.disk(name);
     Ok(match request {
         Request::Status => {
             let summary = ds.summary().map_err(e)?;
@@ -151,23 +130,17 @@ pub fn execute(
             wait_seconds,
         } => {
             let wait = std::time::Duration::from_secs(wait_seconds.unwrap_or(60));
-            let m = match exports {
-                Some(x) => {
-                    let mut d = disk(name)?;
-                    if d.ownership().1.is_some() {
-                        // Fenced here before: taking it back starts afresh.
-                        d = x.reopen(name)?;
-                    }
-                    if *handover {
-                        d.claim_handover(wait).map_err(e)?;
-                    } else {
-                        d.claim().map_err(e)?;
-                    }
-                    (*d.manifest()).clone()
-                }
-                None if *handover => ds.claim_handover(name, wait).map_err(e)?,
-                None => ds.claim(name).map_err(e)?,
-            };
+            let mut d = disk(name)?;
+            if d.ownership().1.is_some() {
+                // Fenced here before: taking it back starts afresh.
+                d = x.reopen(name)?;
+            }
+            if *handover {
+                d.claim_handover(wait).map_err(e)?;
+            } else {
+                d.claim().map_err(e)?;
+            }
+            let m = (*d.manifest()).clone();
             answer(
                 format!(
                     "claimed disk {name}: this host ({}) is its writer, generation {}\n",
@@ -178,10 +151,7 @@ pub fn execute(
             )
         }
         Request::Release { name } => {
-            let m = match exports {
-                Some(_) => disk(name)?.release().map_err(e)?,
-                None => ds.release(name).map_err(e)?,
-            };
+            let m = disk(name)?.release().map_err(e)?;
             answer(
                 format!(
                     "released disk {name} at generation {} (manifest {}): this host writes it no \
@@ -192,9 +162,7 @@ pub fn execute(
             )
         }
         Request::Remove { name } => {
-            if let Some(x) = exports {
-                x.forget(name);
-            }
+            x.forget(name);
             ds.remove_disk(name).map_err(e)?;
             answer(
                 format!("removed {name}\n"),
@@ -285,10 +253,7 @@ pub fn execute(
             }
         }
         Request::Gc { dry_run } => {
-            let r = match exports {
-                Some(x) => x.gc(*dry_run)?,
-                None => ds.gc(*dry_run).map_err(e)?,
-            };
+            let r = x.gc(*dry_run)?;
             let h = crate::units::human;
             let mut t = String::new();
             let _ = writeln!(
@@ -469,24 +434,4 @@ pub fn summary_text(s: &Summary) -> String {
         s.disk_objects
     );
     t
-}
-
-/// A datastore a local server moved disks into serves them with its own
-/// handles (no statistics, no remembered GC).
-impl ServedDisks for strata_datastore::ObjectStoreDatastore {
-    fn disk(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
-        strata_datastore::ObjectStoreDatastore::disk(self, name)
-    }
-
-    fn reopen(&self, name: &str) -> Result<Arc<SharedDisk>, Error> {
-        strata_datastore::ObjectStoreDatastore::reopen(self, name)
-    }
-
-    fn forget(&self, name: &str) {
-        strata_datastore::ObjectStoreDatastore::forget(self, name)
-    }
-
-    fn gc(&self, dry_run: bool) -> Result<strata_shared::gc::GcReport, Error> {
-        strata_datastore::ObjectStoreDatastore::gc(self, dry_run)
-    }
 }

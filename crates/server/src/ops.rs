@@ -233,7 +233,7 @@ pub fn execute(
     match (ctx.ds.as_local(), ctx.ds.as_object_store()) {
         (Some(ds), _) => execute_local(ctx, ds, req, progress),
         // The adapter holds this process's one handle per disk.
-        (None, Some(x)) => crate::object_store::execute(x.shared(), Some(x), req),
+        (None, Some(x)) => crate::object_store::execute(x, req),
         (None, None) => Err(Error::new(
             ErrorKind::Refused,
             format!("a {} answers no requests here", ctx.ds.kind().noun()),
