@@ -55,18 +55,7 @@ fn copy(s: &Store, export: &str) -> String {
         .dir
         .path()
         .join(format!("{}.raw", export.replace('@', "_")));
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &s.uri(export),
-            out.to_str().unwrap(),
-        ],
-    );
+    save(&s.uri(export), &out);
     out.to_str().unwrap().to_string()
 }
 

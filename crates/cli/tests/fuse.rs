@@ -148,18 +148,7 @@ fn fuse_file_and_nbd_see_the_same_bytes_on(kind: Kind) {
     qemu_io_verify(&uri, "read -P 0x01 511 2");
     qemu_io_verify(&uri, "read -P 0x00 513 487");
     let img = s.dir.path().join("via-nbd.raw");
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &uri,
-            img.to_str().unwrap(),
-        ],
-    );
+    save(&uri, &img);
     assert!(std::fs::read(&img).unwrap() == model, "NBD image differs");
     assert!(std::fs::read(&path).unwrap() == model, "FUSE file differs");
 

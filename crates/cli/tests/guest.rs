@@ -472,18 +472,7 @@ fn guest_on_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_nb
 
     // What the guest wrote is what NBD reads.
     let raw = s.dir.path().join("disk.raw");
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &s.uri("disk"),
-            raw.to_str().unwrap(),
-        ],
-    );
+    save(&s.uri("disk"), &raw);
     assert_eq!(b.lines("RAW"), [sha256_of(&raw, FSMIB << 20)]);
     // fstrim reached the engine: the deleted 16 MiB file holds no space
     // (a local datastore counts what a disk holds).

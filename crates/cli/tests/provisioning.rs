@@ -40,18 +40,7 @@ fn online_convert_of_a_served_disk_keeps_its_bytes() {
     qemu_io(&uri, "write -P 0xc3 40M 4M");
     qemu_io(&uri, "write -P 0x11 63M 512k");
     let reference = s.dir.path().join("ref.raw");
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &uri,
-            reference.to_str().unwrap(),
-        ],
-    );
+    save(&uri, &reference);
     let same = || {
         run_ok(
             "qemu-img",
