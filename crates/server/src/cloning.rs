@@ -69,7 +69,7 @@ pub fn clone_full(
     let held = match snap {
         Some(_) => None,
         None => {
-            let s = format!("full-clone-{name}-{:08x}", rand_u32());
+            let s = format!("full-clone-{name}-{:08x}", rand::random::<u32>());
             src.snapshot_create(
                 disk,
                 &s,
@@ -123,13 +123,4 @@ fn copy(
         .map_err(|e| Error::new(ErrorKind::Io, format!("flush the clone '{name}': {e}")))?;
     drop(target);
     dst.disk_info(name)
-}
-
-/// A random tag for a held snapshot's name.
-fn rand_u32() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    t ^ std::process::id().rotate_left(16)
 }
