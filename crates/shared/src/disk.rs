@@ -72,6 +72,17 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
     strata_format::check_name(what, name).map_err(|m| Error::new(ErrorKind::InvalidArgument, m))
 }
 
+/// A disk's size: a non-zero number of 512-byte sectors.
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(512) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("a disk's size must be a non-zero multiple of 512 bytes, not {size}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a tree of `levels` levels reaches virtual grain `vg`.
 fn maps(levels: u8, vg: u64) -> bool {
     u32::from(levels) >= 8 || vg < MapNode::span_of_entry(levels)
@@ -131,12 +142,7 @@ impl SharedDatastore {
     /// manifest and fails.
     pub fn create_disk(&self, name: &str, size: u64) -> Result<Manifest> {
         check_name("disk", name)?;
-        if size == 0 || !size.is_multiple_of(512) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("a disk's size must be a non-zero multiple of 512 bytes, not {size}"),
-            ));
-        }
+        check_size(size)?;
         if self.store.get_opt(&name_key(name))?.is_some() {
             return Err(self.exists(name));
         }
@@ -1090,12 +1096,7 @@ impl SharedDisk {
     /// map grows with the first write past what it covers). Clients see
     /// the new size at once (`size_bytes`).
     pub fn extend(&self, size_bytes: u64) -> Result<Manifest> {
-        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("a disk's size must be a non-zero multiple of 512 bytes, not {size_bytes}"),
-            ));
-        }
+        check_size(size_bytes)?;
         self.admin(|man| {
             if size_bytes < man.size_bytes {
                 return Err(Error::new(
