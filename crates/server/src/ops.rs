@@ -25,6 +25,14 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// Background space work at `rate`, under this request's job control.
+    fn work(&self, rate_bytes_per_sec: Option<u64>) -> SpaceWork {
+        SpaceWork {
+            rate_bytes_per_sec,
+            control: self.control.clone(),
+        }
+    }
+
     /// A request on `ds` alone: no server around it (no statistics, jobs
     /// or placement).
     pub fn only(ds: &'a dyn AnyDatastore) -> Self {
@@ -172,10 +180,7 @@ pub fn execute(
             name,
             rate_bytes_per_sec,
         } => {
-            let work = SpaceWork {
-                rate_bytes_per_sec: *rate_bytes_per_sec,
-                control: ctx.control.clone(),
-            };
+            let work = ctx.work(*rate_bytes_per_sec);
             return Ok(Response::PunchZero(
                 ctx.ds.punch_zero(name, &work, progress)?,
             ));
@@ -268,10 +273,7 @@ fn execute_local(
         } => Response::Disk(ds.convert_disk(
             name,
             *provisioning,
-            &SpaceWork {
-                rate_bytes_per_sec: *rate_bytes_per_sec,
-                control: ctx.control.clone(),
-            },
+            &ctx.work(*rate_bytes_per_sec),
             progress,
         )?),
         Request::Defrag {
@@ -281,21 +283,12 @@ fn execute_local(
         } => Response::Defrag(ds.defrag_disk(
             name,
             *dry_run,
-            &SpaceWork {
-                rate_bytes_per_sec: *rate_bytes_per_sec,
-                control: ctx.control.clone(),
-            },
+            &ctx.work(*rate_bytes_per_sec),
             progress,
         )?),
-        Request::DefragFreeSpace { rate_bytes_per_sec } => {
-            Response::FreeSpace(ds.consolidate_free_space(
-                &SpaceWork {
-                    rate_bytes_per_sec: *rate_bytes_per_sec,
-                    control: ctx.control.clone(),
-                },
-                progress,
-            )?)
-        }
+        Request::DefragFreeSpace { rate_bytes_per_sec } => Response::FreeSpace(
+            ds.consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)?,
+        ),
         Request::SnapshotCreate {
             disk,
             snapshot,
