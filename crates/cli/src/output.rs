@@ -10,10 +10,13 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 
 use serde_json::Value;
+use strata_datastore::{DatastoreView, DiskView, StoreDisk};
 use strata_engine::{
-    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
+    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
     SnapshotInfo,
 };
+use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
+use strata_shared::Summary;
 
 use strata_server::api::{
     AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
@@ -135,7 +138,28 @@ impl Render for Response {
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
             Response::Removed { name } => line(out, format_args!("removed {name}")),
-            Response::Shared { human, .. } => out.push_str(human),
+            Response::Joined { attached, summary } => {
+                if *attached {
+                    line(
+                        out,
+                        format_args!(
+                            "attached {} to {}",
+                            summary.local_dir.display(),
+                            summary.url
+                        ),
+                    );
+                } else {
+                    line(
+                        out,
+                        format_args!("initialised object-store datastore {}", summary.url),
+                    );
+                }
+                store_summary(out, summary);
+            }
+            Response::Claimed(d) => claimed(out, d),
+            Response::Released(d) => released(out, d),
+            Response::StoreCheck(r) => store_check(out, r),
+            Response::Gc(r) => gc(out, r),
             Response::Jobs(jobs) => job_table(out, jobs),
             Response::JobStarted(j) => line(
                 out,
@@ -199,7 +223,13 @@ fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
     let _ = writeln!(out, "{args}");
 }
 
-fn datastore(out: &mut String, i: &DatastoreInfo) {
+fn datastore(out: &mut String, v: &DatastoreView) {
+    let i = &v.info;
+    if let Some(s) = &v.object_store {
+        store_summary(out, s);
+        store_space(out, i);
+        return;
+    }
     let _ = writeln!(out, "datastore:    {}", i.location);
     if i.capacity_follows_fs {
         let _ = writeln!(
@@ -351,27 +381,56 @@ fn capacity(out: &mut String, i: &DatastoreInfo, changed: bool) {
     }
 }
 
-fn disk_table(out: &mut String, disks: &[DiskInfo]) {
-    let _ = writeln!(
-        out,
-        "{:<24} {:>10} {:<17} {:>10} {:>5}  PARENT",
-        "NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS"
+fn disk_table(out: &mut String, disks: &[DiskView]) {
+    // An object store's disks have a writer, and their allocation is
+    // known to a GC mark ('strata gc --dry-run'), not to a listing.
+    let store = disks.iter().any(|d| d.object_store.is_some());
+    let mut row = |cells: [&str; 6], extra: String| {
+        let r = format!(
+            "{:<24} {:>10} {:<17} {:>10} {:>5}  {:<16}{extra}",
+            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
+        );
+        let _ = writeln!(out, "{}", r.trim_end());
+    };
+    let head = if store { "  GEN  WRITER" } else { "" };
+    row(
+        ["NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS", "PARENT"],
+        head.into(),
     );
-    for d in disks {
-        let _ = writeln!(
-            out,
-            "{:<24} {:>10} {:<17} {:>10} {:>5}  {}",
-            d.name,
-            human(d.size_bytes),
-            d.provisioning.as_str(),
-            human(d.allocated_bytes),
-            d.snapshots,
-            or_dash(&d.parent)
+    for v in disks {
+        let d = &v.info;
+        let extra = match &v.object_store {
+            Some(w) => format!("  {:>3}  {}", w.generation, writer(w)),
+            None => String::new(),
+        };
+        row(
+            [
+                &d.name,
+                &human(d.size_bytes),
+                d.provisioning.as_str(),
+                &d.allocated_bytes.map(human).unwrap_or_else(|| "-".into()),
+                &d.snapshots.to_string(),
+                or_dash(&d.parent),
+            ],
+            extra,
         );
     }
 }
 
-fn disk(out: &mut String, d: &DiskInfo) {
+/// Who writes an object-store disk, in a few words.
+fn writer(w: &StoreDisk) -> String {
+    let who = match &w.owner {
+        Some(o) => format!("{} (host {}, pid {})", o.name, o.host, o.pid),
+        None => "none yet (the first host to write claims it)".into(),
+    };
+    match &w.fenced {
+        Some(why) => format!("{who}; fenced here: {why}"),
+        None => who,
+    }
+}
+
+fn disk(out: &mut String, v: &DiskView) {
+    let d = &v.info;
     let _ = writeln!(out, "name:            {}", d.name);
     let _ = writeln!(
         out,
@@ -380,13 +439,12 @@ fn disk(out: &mut String, d: &DiskInfo) {
         d.size_bytes
     );
     let _ = writeln!(out, "provisioning:    {}", d.provisioning.as_str());
-    let _ = writeln!(
-        out,
-        "allocated:       {} ({} bytes)",
-        human(d.allocated_bytes),
-        d.allocated_bytes
-    );
-    let _ = writeln!(out, "nb / tbz:        {} / {} (1 MiB blocks)", d.nb, d.tbz);
+    if let Some(a) = d.allocated_bytes {
+        let _ = writeln!(out, "allocated:       {} ({a} bytes)", human(a));
+    }
+    if let (Some(nb), Some(tbz)) = (d.nb, d.tbz) {
+        let _ = writeln!(out, "nb / tbz:        {nb} / {tbz} (1 MiB blocks)");
+    }
     if let Some(f) = d.fragments {
         let _ = writeln!(
             out,
@@ -415,6 +473,186 @@ fn disk(out: &mut String, d: &DiskInfo) {
             out,
             "limits:          {}",
             strata_server::units::limits_text(&d.limits)
+        );
+    }
+    if let Some(w) = &v.object_store {
+        let _ = writeln!(out, "object store:    disk id {}", w.id);
+        let _ = writeln!(out, "writer:          {}", writer(w));
+        let _ = writeln!(out, "generation:      {}", w.generation);
+        let _ = writeln!(
+            out,
+            "manifest:        {} (written {})",
+            w.manifest,
+            strata_shared::utc(w.written_ms)
+        );
+        let _ = writeln!(
+            out,
+            "allocated:       known to a GC mark: 'strata gc --dry-run' shows each disk's bytes"
+        );
+    }
+}
+
+fn claimed(out: &mut String, v: &DiskView) {
+    let (who, generation) = match &v.object_store {
+        Some(w) => (
+            w.owner.as_ref().map(|o| o.name.clone()).unwrap_or_default(),
+            w.generation,
+        ),
+        None => (String::new(), 0),
+    };
+    line(
+        out,
+        format_args!(
+            "claimed disk {}: this host ({who}) is its writer, generation {generation}",
+            v.info.name
+        ),
+    );
+}
+
+fn released(out: &mut String, v: &DiskView) {
+    let name = &v.info.name;
+    let (generation, manifest) = v
+        .object_store
+        .as_ref()
+        .map(|w| (w.generation, w.manifest.clone()))
+        .unwrap_or_default();
+    line(
+        out,
+        format_args!(
+            "released disk {name} at generation {generation} (manifest {manifest}): this host \
+             writes it no more; another takes it with 'strata claim {name} --handover'"
+        ),
+    );
+}
+
+/// The object store as this host sees it (`status`, `init`, `attach`).
+fn store_summary(out: &mut String, s: &Summary) {
+    let _ = writeln!(out, "datastore:    {} (id {})", s.url, s.root.uuid);
+    let _ = writeln!(out, "endpoint:     {}", s.endpoint);
+    let _ = writeln!(
+        out,
+        "created by:   {} (host {}) at {}",
+        s.root.created_by.name,
+        s.root.created_by.host,
+        strata_shared::utc(s.root.created_ms)
+    );
+    let _ = writeln!(
+        out,
+        "this host:    {} (host {}), local directory {}",
+        s.me.name,
+        s.me.host,
+        s.local_dir.display()
+    );
+    if let Some(p) = &s.probe {
+        let _ = writeln!(
+            out,
+            "conditional writes: honoured ({} of {} concurrent creates of one key accepted; the race took {:.1} s)",
+            p.accepted,
+            p.racers,
+            p.ms / 1000.0
+        );
+    }
+    if s.disks.is_empty() {
+        let _ = writeln!(out, "disks:        none");
+    } else {
+        let _ = writeln!(
+            out,
+            "disks:        {} ({})",
+            s.disks.len(),
+            s.disks.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "stored:       {} in {} objects",
+        human(s.disk_bytes),
+        s.disk_objects
+    );
+}
+
+/// An object store's capacity (the user's figure), provisioned space and
+/// alarms.
+fn store_space(out: &mut String, i: &DatastoreInfo) {
+    if i.capacity_bytes == 0 {
+        let _ = writeln!(
+            out,
+            "capacity:     none set (the usage alarm measures against one: \
+             'strata grow --capacity SIZE')"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "capacity:     {} (set by 'strata grow'; {}% used)",
+            human(i.capacity_bytes),
+            i.used_percent
+        );
+    }
+    let _ = writeln!(
+        out,
+        "provisioned:  {} in {} disks ({} snapshots){}",
+        human(i.provisioned_bytes),
+        i.disks,
+        i.snapshots,
+        if i.capacity_bytes > 0 {
+            format!(", {}% of capacity", i.overcommit_percent)
+        } else {
+            String::new()
+        }
+    );
+    for a in &i.alarms {
+        alarm_line(out, a);
+    }
+}
+
+fn store_check(out: &mut String, r: &StoreCheckReport) {
+    let _ = writeln!(
+        out,
+        "checked {} disks, {} snapshots, {} holds: {} map nodes and {} grains read against \
+         their checksums",
+        r.disks, r.snapshots, r.holds, r.nodes, r.grains
+    );
+    for err in &r.errors {
+        let _ = writeln!(out, "error: {err}");
+    }
+    if r.errors.is_empty() {
+        out.push_str("no problems found\n");
+    }
+}
+
+fn gc(out: &mut String, r: &GcReport) {
+    let _ = writeln!(
+        out,
+        "stored {} in {} segments; live {}; garbage {} in {} segments{}",
+        human(r.stored_bytes),
+        r.segments,
+        human(r.live_bytes),
+        human(r.garbage_bytes),
+        r.garbage_segments,
+        if r.in_flight_segments > 0 {
+            format!(
+                " ({} more may be uploads in flight: kept)",
+                r.in_flight_segments
+            )
+        } else {
+            String::new()
+        }
+    );
+    if r.dry_run {
+        out.push_str("dry run: nothing deleted\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "deleted {} segments and {} old manifests",
+            r.deleted_segments, r.deleted_manifests
+        );
+    }
+    for d in &r.disks {
+        let _ = writeln!(
+            out,
+            "  {:<24} exclusive {:>10}  referenced {:>10}",
+            d.name,
+            human(d.exclusive_bytes),
+            human(d.referenced_bytes)
         );
     }
 }
@@ -496,11 +734,19 @@ fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
     for sn in snaps {
         let _ = writeln!(
             out,
-            "{}{}  ({}, {} exclusive{}){}",
+            "{}{}  ({}{}){}",
             "  ".repeat(depth(&sn.name)),
             sn.name,
-            human(sn.mapped_bytes),
-            human(sn.exclusive_bytes),
+            match (sn.mapped_bytes, sn.exclusive_bytes) {
+                (Some(m), Some(x)) => format!("{}, {} exclusive", human(m), human(x)),
+                // An object store's snapshot: what it holds is known to a
+                // GC mark.
+                _ => format!(
+                    "{}, taken {}",
+                    human(sn.size_bytes),
+                    strata_shared::utc(sn.created_unix * 1000)
+                ),
+            },
             if sn.description.is_empty() {
                 String::new()
             } else {
@@ -660,22 +906,83 @@ mod tests {
     use super::*;
     use strata_server::api::{ExportedLink, ImageFormat};
 
-    fn disk_info() -> DiskInfo {
-        DiskInfo {
+    fn disk_info() -> DiskView {
+        strata_engine::DiskInfo {
             name: "vm".into(),
             size_bytes: 64 << 20,
             provisioning: Provisioning::Zeroedthick,
-            allocated_bytes: 1 << 20,
-            nb: 64,
-            tbz: 63,
+            allocated_bytes: Some(1 << 20),
+            nb: Some(64),
+            tbz: Some(63),
             snapshots: 2,
             current_snapshot: Some("base".into()),
             parent: None,
-            created_unix: 1_700_000_000,
+            created_unix: Some(1_700_000_000),
             exclusive_bytes: Some(1 << 20),
             snapshot_space_bytes: Some(512 << 10),
             fragments: Some(3),
             limits: Default::default(),
+        }
+        .into()
+    }
+
+    /// A disk of an object store, as `list` answers it.
+    fn store_disk() -> DiskView {
+        DiskView {
+            info: strata_engine::DiskInfo {
+                name: "db".into(),
+                size_bytes: 1 << 30,
+                provisioning: Provisioning::Thin,
+                allocated_bytes: None,
+                nb: None,
+                tbz: None,
+                snapshots: 1,
+                current_snapshot: Some("s1".into()),
+                parent: None,
+                created_unix: None,
+                exclusive_bytes: None,
+                snapshot_space_bytes: None,
+                fragments: None,
+                limits: Default::default(),
+            },
+            object_store: Some(StoreDisk {
+                id: "0000002a".into(),
+                generation: 3,
+                owner: Some(strata_shared::layout::Owner {
+                    host: "h1".into(),
+                    name: "alpha".into(),
+                    pid: 42,
+                }),
+                manifest: "disks/0000002a/m/0000000000000007".into(),
+                written_ms: 1_700_000_000_000,
+                fenced: None,
+            }),
+        }
+    }
+
+    fn store_summary() -> Summary {
+        let me = strata_shared::HostRef {
+            host: "h1".into(),
+            name: "alpha".into(),
+        };
+        Summary {
+            url: "s3://bucket/ds".into(),
+            endpoint: "http://127.0.0.1:8333".into(),
+            local_dir: "/srv/ds".into(),
+            me: me.clone(),
+            root: strata_shared::RootObject {
+                format: 1,
+                uuid: "u-1".into(),
+                created_ms: 1_700_000_000_000,
+                created_by: me,
+                grain_bytes: 4096,
+                map_fanout: 256,
+                segment_max_bytes: 8 << 20,
+            },
+            disks: vec!["db".into()],
+            disk_objects: 5,
+            disk_bytes: 3 << 20,
+            probe: None,
         }
     }
 
@@ -690,8 +997,8 @@ mod tests {
             created_unix: 1_700_000_000,
             parent: parent.map(Into::into),
             size_bytes: 64 << 20,
-            mapped_bytes: 2 << 20,
-            exclusive_bytes: 1 << 20,
+            mapped_bytes: Some(2 << 20),
+            exclusive_bytes: Some(1 << 20),
             current,
         }
     }
@@ -701,43 +1008,46 @@ mod tests {
         let registry = strata_stats::StatsRegistry::new();
         registry.get_or_create("vm");
         vec![
-            Response::Datastore(DatastoreInfo {
-                location: "/ds".into(),
-                capacity_bytes: 1 << 30,
-                used_bytes: 1 << 20,
-                reserved_bytes: 0,
-                reserved_held_bytes: 0,
-                free_bytes: (1 << 30) - (1 << 20),
-                provisioned_bytes: 64 << 20,
-                overcommit_percent: 6,
-                capacity_follows_fs: false,
-                used_percent: 0,
-                alarms: vec![AlarmStatus {
-                    kind: strata_engine::AlarmKind::Usage,
-                    state: AlarmState::Warning,
-                    percent: 80,
-                    warning_percent: 75,
-                    alarm_percent: 85,
-                }],
-                disks: 1,
-                snapshots: 2,
-                metadata_cache_bytes: 128 << 20,
-                cache_mode: "writeback".into(),
-                reclaiming: 1,
-                fail_stop: Some(FailStop {
-                    cause: "write error".into(),
-                    since_unix: 1_700_000_000,
-                }),
-                checkpoints: 3,
-                layout: Some(strata_engine::PoolLayout {
-                    free_extents: 2,
-                    free_extent_histogram: [("4k".to_string(), 1), ("16m+".to_string(), 1)]
-                        .into_iter()
-                        .collect(),
-                    free_in_pool_bytes: (16 << 20) + 4096,
-                    pool_bytes: 64 << 20,
-                    pool_file_bytes: 48 << 20,
-                }),
+            Response::Datastore(DatastoreView {
+                object_store: None,
+                info: DatastoreInfo {
+                    location: "/ds".into(),
+                    capacity_bytes: 1 << 30,
+                    used_bytes: 1 << 20,
+                    reserved_bytes: 0,
+                    reserved_held_bytes: 0,
+                    free_bytes: (1 << 30) - (1 << 20),
+                    provisioned_bytes: 64 << 20,
+                    overcommit_percent: 6,
+                    capacity_follows_fs: false,
+                    used_percent: 0,
+                    alarms: vec![AlarmStatus {
+                        kind: strata_engine::AlarmKind::Usage,
+                        state: AlarmState::Warning,
+                        percent: 80,
+                        warning_percent: 75,
+                        alarm_percent: 85,
+                    }],
+                    disks: 1,
+                    snapshots: 2,
+                    metadata_cache_bytes: 128 << 20,
+                    cache_mode: "writeback".into(),
+                    reclaiming: 1,
+                    fail_stop: Some(FailStop {
+                        cause: "write error".into(),
+                        since_unix: 1_700_000_000,
+                    }),
+                    checkpoints: 3,
+                    layout: Some(strata_engine::PoolLayout {
+                        free_extents: 2,
+                        free_extent_histogram: [("4k".to_string(), 1), ("16m+".to_string(), 1)]
+                            .into_iter()
+                            .collect(),
+                        free_in_pool_bytes: (16 << 20) + 4096,
+                        pool_bytes: 64 << 20,
+                        pool_file_bytes: 48 << 20,
+                    }),
+                },
             }),
             Response::Disks(vec![disk_info()]),
             Response::Disk(disk_info()),
@@ -798,6 +1108,67 @@ mod tests {
                 },
                 exec: Some("logger \"$STRATA_ALARM_STATE\"".into()),
             }]),
+            // An object store's answers.
+            Response::Disks(vec![store_disk()]),
+            Response::Disk(store_disk()),
+            Response::Datastore(DatastoreView {
+                info: DatastoreInfo {
+                    location: "s3://bucket/ds".into(),
+                    capacity_bytes: 0,
+                    capacity_follows_fs: false,
+                    used_bytes: 3 << 20,
+                    reserved_bytes: 0,
+                    reserved_held_bytes: 0,
+                    free_bytes: 0,
+                    provisioned_bytes: 1 << 30,
+                    overcommit_percent: 0,
+                    used_percent: 0,
+                    alarms: vec![],
+                    disks: 1,
+                    snapshots: 1,
+                    metadata_cache_bytes: 0,
+                    cache_mode: String::new(),
+                    reclaiming: 0,
+                    fail_stop: None,
+                    checkpoints: 0,
+                    layout: None,
+                },
+                object_store: Some(store_summary()),
+            }),
+            Response::Joined {
+                attached: true,
+                summary: store_summary(),
+            },
+            Response::Claimed(store_disk()),
+            Response::Released(store_disk()),
+            Response::StoreCheck(StoreCheckReport {
+                disks: 1,
+                snapshots: 1,
+                holds: 0,
+                nodes: 3,
+                grains: 10,
+                errors: vec!["db: grain 3 of segment x: checksum".into()],
+            }),
+            Response::Gc(GcReport {
+                dry_run: true,
+                claim: None,
+                stored_bytes: 3 << 20,
+                segments: 2,
+                live_bytes: 2 << 20,
+                garbage_segments: 1,
+                garbage_bytes: 1 << 20,
+                in_flight_segments: 0,
+                deleted_segments: 0,
+                deleted_manifests: 0,
+                disks: vec![strata_shared::gc::DiskSpace {
+                    name: "db".into(),
+                    id: "0000002a".into(),
+                    exclusive_bytes: 2 << 20,
+                    referenced_bytes: 2 << 20,
+                }],
+                holds: 0,
+                ms: 12,
+            }),
             Response::Defrag(DefragReport {
                 disk: "vm".into(),
                 dry_run: false,
@@ -929,8 +1300,45 @@ mod tests {
     }
 
     #[test]
+    fn an_object_store_disk_shows_its_writer_and_no_allocation_it_does_not_know() {
+        let list = render(&Response::Disks(vec![store_disk()]), Format::Human);
+        assert_eq!(
+            list,
+            "NAME                           SIZE TYPE               ALLOCATED SNAPS  PARENT            GEN  WRITER\n\
+             db                            1 GiB thin                       -     1  -                   3  alpha (host h1, pid 42)\n",
+        );
+        let info = render(&Response::Disk(store_disk()), Format::Human);
+        assert!(!info.contains("nb / tbz"), "{info}");
+        assert!(
+            info.contains("writer:          alpha (host h1, pid 42)"),
+            "{info}"
+        );
+        let j = Response::Disk(store_disk()).json();
+        assert!(j.get("allocated_bytes").is_none(), "{j}");
+        assert_eq!(j["object_store"]["owner"]["pid"], 42, "{j}");
+        assert_eq!(j["object_store"]["generation"], 3, "{j}");
+        assert_eq!(j["snapshots"], 1, "a count, as for a local disk: {j}");
+        // A local disk's JSON has no such key.
+        assert!(Response::Disk(disk_info())
+            .json()
+            .get("object_store")
+            .is_none());
+        let status = every_response()
+            .into_iter()
+            .find(|r| matches!(r, Response::Datastore(v) if v.object_store.is_some()))
+            .unwrap();
+        let text = render(&status, Format::Human);
+        assert!(text.contains("capacity:     none set"), "{text}");
+        assert_eq!(status.json()["object_store"]["url"], "s3://bucket/ds");
+        assert_eq!(status.json()["provisioned_bytes"], 1 << 30);
+    }
+
+    #[test]
     fn a_check_with_problems_fails_the_command() {
         assert!(every_response()[7].found_problems());
         assert!(!Response::Check(CheckReport::default()).found_problems());
+        assert!(every_response()
+            .iter()
+            .any(|r| matches!(r, Response::StoreCheck(_)) && r.found_problems()));
     }
 }

@@ -769,8 +769,13 @@ fn the_dashboard_reads_an_object_store_datastore() {
     assert_eq!(
         b.js("return getComputedStyle(document.querySelector('#disks tr[data-disk=\"vm\"] td.shared-only')).display !== 'none'"),
         json!(true),
-        "owner and generation are shown on an object store"
+        "writer and generation are shown on an object store"
     );
+    // The writer is this host's server (qemu-io's write claimed the disk).
+    let w = api_get(&addr, "/disks/vm")["object_store"].clone();
+    let writer = w["owner"]["name"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(row.contains(writer), "{row} names {writer}");
+    assert!(row.contains(&w["generation"].to_string()), "{row}: {w}");
     b.screenshot("object-store-overview");
     b.js("location.hash = '#/disk/vm'");
     b.wait(

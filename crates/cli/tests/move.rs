@@ -518,7 +518,7 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     let (ok, r) = qemu_io_out(&b.uri("vm"), &["read -P 0x11 0 1M"]);
     assert!(ok && !r.contains("fail"), "{r}");
     assert_eq!(
-        a.json(&["info", "vm"])["owner"]["pid"].as_u64(),
+        a.json(&["info", "vm"])["object_store"]["owner"]["pid"].as_u64(),
         Some(sa.pid() as u64)
     );
     // The VM resumes on B before the source let go: its first write
@@ -532,7 +532,7 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     let (ok, w) = early.join().unwrap();
     assert!(ok && w.contains("wrote 65536/65536"), "{w}");
     assert_eq!(
-        b.json(&["info", "vm"])["owner"]["pid"].as_u64(),
+        b.json(&["info", "vm"])["object_store"]["owner"]["pid"].as_u64(),
         Some(sb.pid() as u64)
     );
     // A takes no more writes (EPERM, not a fence); its FLUSH succeeds; its

@@ -65,6 +65,55 @@ impl Kind {
     }
 }
 
+/// A disk as commands answer it (`info`, `list`, and the commands that
+/// change a disk), whichever its kind: the figures of [`DiskInfo`] (those
+/// a kind does not know without reading a whole map are absent), and for a
+/// disk of an object store its writer record. docs/API.md shows the JSON.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskView {
+    #[serde(flatten)]
+    pub info: DiskInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<StoreDisk>,
+}
+
+impl From<DiskInfo> for DiskView {
+    fn from(info: DiskInfo) -> Self {
+        DiskView {
+            info,
+            object_store: None,
+        }
+    }
+}
+
+/// Who writes a disk of an object store, from its newest manifest as this
+/// process knows it (docs/FORMAT.md §11.5).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoreDisk {
+    /// The disk's id in the store, 8 hex digits (its objects' prefix).
+    pub id: String,
+    /// Bumped by every claim: the writer's fencing token.
+    pub generation: u32,
+    /// The writer (None: no host has written the disk yet).
+    pub owner: Option<strata_shared::layout::Owner>,
+    /// The manifest's key and when it was written (ms since the epoch).
+    pub manifest: String,
+    pub written_ms: u64,
+    /// This process's handle was fenced: why (another host writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
+}
+
+/// A datastore as `status` answers it: space and alarms as for every
+/// kind, and for an object store the store's own summary.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DatastoreView {
+    #[serde(flatten)]
+    pub info: DatastoreInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<strata_shared::Summary>,
+}
+
 /// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is
 /// `DISK@SNAP` wherever a target is asked for.
 pub trait Datastore: Send + Sync {
@@ -87,6 +136,17 @@ pub trait Datastore: Send + Sync {
     /// The disk as it is now (the figures that cost a map walk left out).
     fn disk_info(&self, disk: &str) -> Result<DiskInfo>;
 
+    /// The disk as commands answer it; `with_space`: with the figures that
+    /// cost a walk of its map (a local disk's exclusive bytes, snapshot
+    /// space and fragments), as `info` shows them.
+    fn disk_view(&self, disk: &str, with_space: bool) -> Result<DiskView>;
+
+    /// Every disk, in name order (no figure that costs a map walk).
+    fn list(&self) -> Result<Vec<DiskView>>;
+
+    /// What `status` shows: the datastore's space, alarms and layout.
+    fn status(&self) -> Result<DatastoreView>;
+
     /// Create a disk. `progress(done, total)` is called while an
     /// eager-zeroed disk is written.
     fn create(
@@ -95,7 +155,7 @@ pub trait Datastore: Send + Sync {
         size_bytes: u64,
         provisioning: Provisioning,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<DiskInfo>;
+    ) -> Result<DiskView>;
 
     /// Remove the disk and its snapshots.
     fn remove(&self, disk: &str) -> Result<()>;
@@ -158,12 +218,12 @@ pub trait Datastore: Send + Sync {
     /// Grow disk `disk` to `size_bytes` while it is served: connected
     /// clients see the new size (vhost-user-blk is told; NBD clients see
     /// it when they reconnect).
-    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo>;
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskView>;
 
     /// Set disk `disk`'s I/O limits (`IoLimits::default()` clears them):
     /// kept with the disk, obeyed at once by every handle of it (and of
     /// its snapshots) in this process, whatever transport serves them.
-    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo>;
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskView>;
 
     /// Release the grains of disk `disk` that read all zeros (a thin
     /// disk's space given back); paced and paused through `work`.
@@ -191,7 +251,7 @@ pub trait Datastore: Send + Sync {
 
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).
-    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo>;
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView>;
 
     /// Where target `to` differs from `from` (None: an all-zero disk),
     /// both `DISK` or `DISK@SNAP` of one disk, in ascending order.

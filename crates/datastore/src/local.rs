@@ -10,8 +10,9 @@ use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    AlarmRule, ChangedRange, Datastore, DatastoreInfo, DiskInfo, Error, ErrorKind, IoLimits, Kind,
-    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    AlarmRule, ChangedRange, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView, Error,
+    ErrorKind, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
+    SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -113,15 +114,42 @@ impl Datastore for LocalDatastore {
         self.ds.disk_info(disk)
     }
 
+    fn disk_view(&self, disk: &str, with_space: bool) -> Result<DiskView> {
+        Ok(if with_space {
+            self.ds.disk_info_with_space(disk)?
+        } else {
+            self.ds.disk_info(disk)?
+        }
+        .into())
+    }
+
+    fn list(&self) -> Result<Vec<DiskView>> {
+        Ok(self
+            .ds
+            .list_disks()
+            .into_iter()
+            .map(DiskView::from)
+            .collect())
+    }
+
+    fn status(&self) -> Result<DatastoreView> {
+        Ok(DatastoreView {
+            info: self.ds.info_with_layout()?,
+            object_store: None,
+        })
+    }
+
     fn create(
         &self,
         disk: &str,
         size_bytes: u64,
         provisioning: Provisioning,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<DiskInfo> {
-        self.ds
-            .create_disk(disk, size_bytes, provisioning, progress)
+    ) -> Result<DiskView> {
+        Ok(self
+            .ds
+            .create_disk(disk, size_bytes, provisioning, progress)?
+            .into())
     }
 
     fn remove(&self, disk: &str) -> Result<()> {
@@ -158,12 +186,12 @@ impl Datastore for LocalDatastore {
         self.ds.snapshot_revert(disk, snapshot)
     }
 
-    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
-        self.ds.extend_disk(disk, size_bytes)
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskView> {
+        Ok(self.ds.extend_disk(disk, size_bytes)?.into())
     }
 
-    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
-        self.ds.set_limits(disk, limits)
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskView> {
+        Ok(self.ds.set_limits(disk, limits)?.into())
     }
 
     fn punch_zero(
@@ -191,8 +219,8 @@ impl Datastore for LocalDatastore {
         self.ds.set_alarm(rule)
     }
 
-    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
-        self.ds.clone_linked(source, name)
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {
+        Ok(self.ds.clone_linked(source, name)?.into())
     }
 
     fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {

@@ -20,9 +20,9 @@ use strata_shared::{SharedDatastore, SharedDisk};
 
 use crate::alarms::AlarmSettings;
 use crate::{
-    capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DiskInfo, Error,
-    ErrorKind, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
-    SpaceWork,
+    capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DatastoreView,
+    DiskInfo, DiskView, Error, ErrorKind, IoLimits, Kind, OpenOptions, Provisioning,
+    PunchZeroReport, Result, SnapshotInfo, SpaceWork, StoreDisk,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -181,6 +181,57 @@ impl ObjectStoreDatastore {
         }
         self.manifest(disk)
     }
+
+    /// `disk` as commands answer it, from manifest `m`, with whether this
+    /// process's handle of it was fenced.
+    pub fn view(&self, disk: &str, m: &Manifest) -> DiskView {
+        let fenced = self.handles.lock().get(disk).and_then(|d| d.ownership().1);
+        DiskView {
+            info: disk_info(disk, m),
+            object_store: Some(StoreDisk {
+                id: format!("{:08x}", m.disk),
+                generation: m.generation,
+                owner: m.owner.clone(),
+                manifest: m.key(),
+                written_ms: m.written_ms,
+                fenced,
+            }),
+        }
+    }
+
+    /// Space and alarms from the store's summary and its disks' manifests.
+    fn space_of(
+        &self,
+        summary: &strata_shared::Summary,
+        disks: &[(String, Manifest)],
+    ) -> Result<DatastoreInfo> {
+        let settings = AlarmSettings::load(&self.dir)?;
+        let provisioned: u64 = disks.iter().map(|(_, m)| m.size_bytes).sum();
+        let used = summary.disk_bytes;
+        let cap = settings.capacity_bytes;
+        let figures = settings.figures(used, provisioned);
+        Ok(DatastoreInfo {
+            location: summary.url.to_string(),
+            capacity_bytes: cap,
+            capacity_follows_fs: false,
+            used_bytes: used,
+            reserved_bytes: 0,
+            reserved_held_bytes: 0,
+            free_bytes: cap.saturating_sub(used),
+            provisioned_bytes: provisioned,
+            overcommit_percent: figures.overcommit_percent(),
+            used_percent: figures.used_percent(),
+            alarms: settings.evaluate(&figures),
+            disks: disks.len(),
+            snapshots: disks.iter().map(|(_, m)| m.snapshots.len()).sum(),
+            metadata_cache_bytes: 0,
+            cache_mode: String::new(),
+            reclaiming: 0,
+            fail_stop: None,
+            checkpoints: 0,
+            layout: None,
+        })
+    }
 }
 
 /// The `DISK@SNAP` a linked clone of an object store is made from, split
@@ -208,15 +259,15 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
         name: name.to_string(),
         size_bytes: m.size_bytes,
         provisioning: Provisioning::Thin,
-        // What a disk holds in the store is known to a GC mark, not to
-        // its manifest.
-        allocated_bytes: 0,
-        nb: 0,
-        tbz: 0,
+        // What a disk holds in the store is known to a walk of its whole
+        // map (a GC mark: `gc --dry-run` shows it), not to its manifest.
+        allocated_bytes: None,
+        nb: None,
+        tbz: None,
         snapshots: m.snapshots.len(),
         current_snapshot: snapshot_name(m, m.current),
         parent: m.parent.as_ref().map(|p| p.name.clone()),
-        created_unix: 0,
+        created_unix: None,
         exclusive_bytes: None,
         snapshot_space_bytes: None,
         fragments: None,
@@ -235,8 +286,8 @@ fn snapshot_infos(m: &Manifest) -> Vec<SnapshotInfo> {
             created_unix: s.created_ms / 1000,
             parent: snapshot_name(m, s.parent),
             size_bytes: s.size_bytes,
-            mapped_bytes: 0,
-            exclusive_bytes: 0,
+            mapped_bytes: None,
+            exclusive_bytes: None,
             current: m.current == Some(s.id),
         })
         .collect()
@@ -255,18 +306,44 @@ impl Datastore for ObjectStoreDatastore {
         Ok(disk_info(disk, &self.current_manifest(disk)?))
     }
 
+    fn disk_view(&self, disk: &str, _with_space: bool) -> Result<DiskView> {
+        Ok(self.view(disk, &self.current_manifest(disk)?))
+    }
+
+    fn list(&self) -> Result<Vec<DiskView>> {
+        let disks = self.ds.disks().map_err(from_shared)?;
+        let open: HashMap<String, Arc<SharedDisk>> = self.handles.lock().clone();
+        Ok(disks
+            .iter()
+            .map(|(name, m)| match open.get(name) {
+                // This process's handle may hold a newer manifest.
+                Some(d) => self.view(name, &d.manifest()),
+                None => self.view(name, m),
+            })
+            .collect())
+    }
+
+    fn status(&self) -> Result<DatastoreView> {
+        let summary = self.ds.summary().map_err(from_shared)?;
+        let disks = self.ds.disks().map_err(from_shared)?;
+        Ok(DatastoreView {
+            info: self.space_of(&summary, &disks)?,
+            object_store: Some(summary),
+        })
+    }
+
     fn create(
         &self,
         disk: &str,
         size_bytes: u64,
         provisioning: Provisioning,
         _progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<DiskInfo> {
+    ) -> Result<DiskView> {
         if provisioning != Provisioning::Thin {
             capability::check(Kind::ObjectStore, Capability::Thick)?;
         }
         let m = self.ds.create_disk(disk, size_bytes).map_err(from_shared)?;
-        Ok(disk_info(disk, &m))
+        Ok(self.view(disk, &m))
     }
 
     fn remove(&self, disk: &str) -> Result<()> {
@@ -321,15 +398,15 @@ impl Datastore for ObjectStoreDatastore {
             .map_err(from_shared)
     }
 
-    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskInfo> {
+    fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskView> {
         // Through this process's handle, which its clients are reading.
         let m = self.disk(disk)?.extend(size_bytes).map_err(from_shared)?;
-        Ok(disk_info(disk, &m))
+        Ok(self.view(disk, &m))
     }
 
-    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskInfo> {
+    fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskView> {
         let m = self.disk(disk)?.set_limits(limits).map_err(from_shared)?;
-        Ok(disk_info(disk, &m))
+        Ok(self.view(disk, &m))
     }
 
     fn punch_zero(
@@ -351,34 +428,9 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn space(&self) -> Result<DatastoreInfo> {
-        let settings = AlarmSettings::load(&self.dir)?;
         let summary = self.ds.summary().map_err(from_shared)?;
         let disks = self.ds.disks().map_err(from_shared)?;
-        let provisioned: u64 = disks.iter().map(|(_, m)| m.size_bytes).sum();
-        let used = summary.disk_bytes;
-        let cap = settings.capacity_bytes;
-        let figures = settings.figures(used, provisioned);
-        Ok(DatastoreInfo {
-            location: summary.url.to_string(),
-            capacity_bytes: cap,
-            capacity_follows_fs: false,
-            used_bytes: used,
-            reserved_bytes: 0,
-            reserved_held_bytes: 0,
-            free_bytes: cap.saturating_sub(used),
-            provisioned_bytes: provisioned,
-            overcommit_percent: figures.overcommit_percent(),
-            used_percent: figures.used_percent(),
-            alarms: settings.evaluate(&figures),
-            disks: disks.len(),
-            snapshots: disks.iter().map(|(_, m)| m.snapshots.len()).sum(),
-            metadata_cache_bytes: 0,
-            cache_mode: String::new(),
-            reclaiming: 0,
-            fail_stop: None,
-            checkpoints: 0,
-            layout: None,
-        })
+        self.space_of(&summary, &disks)
     }
 
     fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
@@ -399,13 +451,13 @@ impl Datastore for ObjectStoreDatastore {
         Ok(rule)
     }
 
-    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskInfo> {
+    fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {
         let (disk, snap) = clone_source(source)?;
         let m = self
             .ds
             .clone_linked(disk, snap, name)
             .map_err(from_shared)?;
-        Ok(disk_info(name, &m))
+        Ok(self.view(name, &m))
     }
 
     fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {

@@ -67,12 +67,56 @@ fn read(dev: &dyn BlockDevice, off: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
+fn list_info_and_status_answer_one_shape_for_each_kind() {
+    each_kind(|ds| {
+        for n in ["b", "a"] {
+            ds.create(n, 2 * MIB, Provisioning::Thin, &mut |_, _| {})
+                .unwrap();
+        }
+        let dev = ds.open("a").unwrap();
+        write(&*dev, 0, &pattern(1, 4096));
+        dev.flush().unwrap();
+        ds.snapshot_create("a", "s1", "").unwrap();
+        let list = ds.list().unwrap();
+        let names: Vec<&str> = list.iter().map(|v| v.info.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"], "in name order");
+        let a = ds.disk_view("a", true).unwrap();
+        assert_eq!((a.info.size_bytes, a.info.snapshots), (2 * MIB, 1));
+        assert_eq!(a.info.current_snapshot.as_deref(), Some("s1"));
+        let st = ds.status().unwrap();
+        assert_eq!((st.info.disks, st.info.snapshots), (2, 1));
+        assert_eq!(st.info.provisioned_bytes, 4 * MIB);
+        match ds.kind() {
+            Kind::Local => {
+                assert_eq!(a.info.allocated_bytes, Some(4096));
+                assert!(a.object_store.is_none() && st.object_store.is_none());
+            }
+            Kind::ObjectStore => {
+                // The writer is this process, which wrote `a`; `b` was
+                // never written, so nobody claimed it.
+                let w = a.object_store.as_ref().expect("a writer record");
+                assert_eq!(w.owner.as_ref().map(|o| o.pid), Some(std::process::id()));
+                assert!(w.generation >= 2 && w.fenced.is_none(), "{w:?}");
+                let b = list[1].object_store.as_ref().expect("a writer record");
+                assert!(b.owner.is_none(), "{b:?}");
+                assert_eq!(a.info.allocated_bytes, None, "known to a GC mark only");
+                let summary = st.object_store.expect("the store's summary");
+                assert_eq!(summary.disks, ["a", "b"]);
+            }
+        }
+    });
+}
+
+#[test]
 fn a_disk_reads_back_what_was_written_and_zeros_elsewhere() {
     each_kind(|ds| {
         let info = ds
             .create("d", 4 * MIB, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
-        assert_eq!((info.name.as_str(), info.size_bytes), ("d", 4 * MIB));
+        assert_eq!(
+            (info.info.name.as_str(), info.info.size_bytes),
+            ("d", 4 * MIB)
+        );
         assert!(ds.exists("d") && !ds.exists("e"));
         let dev = ds.open("d").unwrap();
         assert_eq!(dev.size_bytes(), 4 * MIB);
@@ -171,7 +215,7 @@ fn a_linked_clone_shares_the_snapshot_and_diverges_alone() {
         dev.flush().unwrap();
         ds.snapshot_create("gold", "base", "").unwrap();
         let c = ds.clone_linked("gold@base", "vm1").unwrap();
-        assert_eq!(c.size_bytes, 2 * MIB);
+        assert_eq!(c.info.size_bytes, 2 * MIB);
         let vm = ds.open("vm1").unwrap();
         assert_eq!(read(&*vm, 4096, 4096), pattern(7, 4096));
         write(&*vm, 4096, &pattern(9, 4096));
@@ -194,7 +238,7 @@ fn what_a_kind_cannot_do_is_refused_from_its_table() {
     each_kind(|ds| {
         let thick = ds.create("t", MIB, Provisioning::Zeroedthick, &mut |_, _| {});
         match capability::refusal(ds.kind(), Capability::Thick) {
-            None => assert_eq!(thick.unwrap().provisioning, Provisioning::Zeroedthick),
+            None => assert_eq!(thick.unwrap().info.provisioning, Provisioning::Zeroedthick),
             Some(why) => {
                 let e = thick.unwrap_err();
                 assert_eq!(e.kind, ErrorKind::Refused);
@@ -244,7 +288,7 @@ fn an_extended_disk_grows_under_an_open_device_and_keeps_its_data() {
         assert!(ds.extend("d@small", 2 * MIB).is_err());
         // 600 MiB needs a map one level deeper than 1 MiB on both kinds.
         let size = 600 * MIB;
-        assert_eq!(ds.extend("d", size).unwrap().size_bytes, size);
+        assert_eq!(ds.extend("d", size).unwrap().info.size_bytes, size);
         assert_eq!(ds.disk_info("d").unwrap().size_bytes, size);
         assert_eq!(dev.size_bytes(), size);
         assert_eq!(read(&*dev, size - 8192, 8192), vec![0u8; 8192]);

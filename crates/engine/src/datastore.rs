@@ -69,13 +69,23 @@ pub struct DiskInfo {
     pub name: String,
     pub size_bytes: u64,
     pub provisioning: Provisioning,
-    pub allocated_bytes: u64,
-    pub nb: u64,
-    pub tbz: u64,
+    /// Bytes the disk's head maps. This and `nb`, `tbz` and
+    /// `created_unix` are None where a datastore's kind does not know them
+    /// without reading the disk's whole map (an object store's disks:
+    /// docs/MULTIHOST.md); the engine always fills them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// 1 MiB blocks allocated (thick disks: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nb: Option<u64>,
+    /// Blocks allocated but still to be zeroed (zeroedthick).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tbz: Option<u64>,
     pub snapshots: usize,
     pub current_snapshot: Option<String>,
     pub parent: Option<String>,
-    pub created_unix: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_unix: Option<u64>,
     /// What removing the disk would free once reclaiming ends: grains that
     /// only its head and its snapshots reference (linked clones keep what
     /// they share). Computed by `disk_info`, not by `list_disks` (its cost
@@ -133,11 +143,15 @@ pub struct SnapshotInfo {
     pub created_unix: u64,
     pub parent: Option<String>,
     pub size_bytes: u64,
-    /// Bytes mapped in the snapshot (shared or not).
-    pub mapped_bytes: u64,
+    /// Bytes mapped in the snapshot (shared or not). This and
+    /// `exclusive_bytes` are None where a datastore's kind does not know
+    /// them without reading whole maps (an object store's snapshots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapped_bytes: Option<u64>,
     /// What deleting this snapshot alone would free once reclaiming ends:
     /// data grains and map nodes only it references (docs/FORMAT.md §7).
-    pub exclusive_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_bytes: Option<u64>,
     /// Whether the disk's live state descends directly from this snapshot.
     pub current: bool,
 }
@@ -633,9 +647,9 @@ impl Datastore {
             name: d.name.clone(),
             size_bytes: d.size_bytes,
             provisioning: d.provisioning,
-            allocated_bytes: v.mapped_grains * GRAIN_BYTES,
-            nb,
-            tbz,
+            allocated_bytes: Some(v.mapped_grains * GRAIN_BYTES),
+            nb: Some(nb),
+            tbz: Some(tbz),
             snapshots: m
                 .catalog
                 .snapshots
@@ -647,7 +661,7 @@ impl Datastore {
                 .and_then(|id| m.catalog.snapshots.iter().find(|s| s.id == id))
                 .map(|s| s.name.clone()),
             parent: d.parent.clone(),
-            created_unix: d.created_unix,
+            created_unix: Some(d.created_unix),
             exclusive_bytes: None,
             snapshot_space_bytes: None,
             limits: d.limits,
@@ -939,7 +953,7 @@ impl Datastore {
             disk: name.to_string(),
             scanned_bytes: scanned,
             released_bytes: released,
-            allocated_bytes: self.disk_info(name)?.allocated_bytes,
+            allocated_bytes: self.disk_info(name)?.allocated_bytes.unwrap_or(0),
         })
     }
 
@@ -1208,8 +1222,8 @@ impl Datastore {
                     created_unix: s.created_unix,
                     parent: name_of(s.parent),
                     size_bytes: s.size_bytes,
-                    mapped_bytes: v.mapped_grains * GRAIN_BYTES,
-                    exclusive_bytes: exclusive.get(&s.version).copied().unwrap_or(0),
+                    mapped_bytes: Some(v.mapped_grains * GRAIN_BYTES),
+                    exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
                     current: d.current_snapshot == Some(s.id),
                 });
             }

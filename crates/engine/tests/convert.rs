@@ -66,13 +66,13 @@ fn convert_round_trip_keeps_bytes_and_figures_follow_the_type() {
     let (_b, ds) = new_store();
     let want = fill(&ds, "d");
     let thin = ds.disk_info("d").unwrap();
-    let data_bytes = thin.allocated_bytes;
+    let data_bytes = thin.allocated_bytes.unwrap();
 
     convert(&ds, "d", Provisioning::Eagerzeroedthick).unwrap();
     let i = ds.disk_info("d").unwrap();
     assert_eq!(i.provisioning, Provisioning::Eagerzeroedthick);
-    assert_eq!(i.allocated_bytes, SIZE);
-    assert_eq!((i.nb, i.tbz), (SIZE >> 20, 0));
+    assert_eq!(i.allocated_bytes.unwrap(), SIZE);
+    assert_eq!((i.nb.unwrap(), i.tbz.unwrap()), (SIZE >> 20, 0));
     assert_eq!(ds.info().reserved_bytes, 0, "an eager disk has it all");
     assert_eq!(read_all(&ds, "d"), want);
 
@@ -81,7 +81,7 @@ fn convert_round_trip_keeps_bytes_and_figures_follow_the_type() {
     assert_eq!(i.provisioning, Provisioning::Thin);
     let zero_grains = (0..SIZE).step_by(192 << 10).step_by(3).count() as u64 * (64 << 10);
     assert_eq!(
-        i.allocated_bytes,
+        i.allocated_bytes.unwrap(),
         data_bytes - zero_grains,
         "thin again: only non-zero data stays allocated"
     );
@@ -90,7 +90,7 @@ fn convert_round_trip_keeps_bytes_and_figures_follow_the_type() {
     convert(&ds, "d", Provisioning::Zeroedthick).unwrap();
     let i = ds.disk_info("d").unwrap();
     assert_eq!(i.provisioning, Provisioning::Zeroedthick);
-    assert_eq!(ds.info().reserved_bytes, SIZE - i.allocated_bytes);
+    assert_eq!(ds.info().reserved_bytes, SIZE - i.allocated_bytes.unwrap());
     assert_eq!(read_all(&ds, "d"), want);
     assert!(ds.check().unwrap().is_clean());
 }
@@ -137,7 +137,11 @@ fn a_power_cut_in_the_middle_of_a_convert_leaves_a_consistent_disk() {
             let i = ds.disk_info("d").unwrap();
             assert_eq!(i.provisioning, to, "{what}");
             if to == Eagerzeroedthick {
-                assert_eq!((i.allocated_bytes, i.tbz), (SIZE, 0), "{what}");
+                assert_eq!(
+                    (i.allocated_bytes.unwrap(), i.tbz.unwrap()),
+                    (SIZE, 0),
+                    "{what}"
+                );
             }
             assert_eq!(read_all(&ds, "d"), want, "{what}: bytes after finishing");
             assert!(ds.check().unwrap().is_clean(), "{what}");
@@ -157,17 +161,17 @@ fn literal_zeros_allocate_nothing_on_thin_disks_and_release_what_they_overwrite(
         h.write_at(&zeros, i << 20, false).unwrap();
     }
     ds.flush().unwrap();
-    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes, 0);
+    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes.unwrap(), 0);
 
     let data = vec![0x5au8; 4 << 20];
     h.write_at(&data, 4 << 20, false).unwrap();
-    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes, 4 << 20);
+    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes.unwrap(), 4 << 20);
     // Zeros over data give it back; a zero write inside one grain keeps
     // the grain (the rest of it is data) with zeros where written.
     h.write_at(&vec![0u8; 2 << 20], 4 << 20, false).unwrap();
     h.write_at(&[0u8; 512], (6 << 20) + 512, false).unwrap();
     ds.flush().unwrap();
-    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes, 2 << 20);
+    assert_eq!(ds.disk_info("t").unwrap().allocated_bytes.unwrap(), 2 << 20);
     let mut back = vec![0u8; 4 << 20];
     h.read_at(&mut back, 4 << 20).unwrap();
     let mut want = vec![0u8; 4 << 20];
@@ -180,7 +184,7 @@ fn literal_zeros_allocate_nothing_on_thin_disks_and_release_what_they_overwrite(
         .unwrap();
     let z = ds.open_disk("z").unwrap();
     z.write_at(&zeros, 0, false).unwrap();
-    assert_eq!(ds.disk_info("z").unwrap().allocated_bytes, 1 << 20);
+    assert_eq!(ds.disk_info("z").unwrap().allocated_bytes.unwrap(), 1 << 20);
     assert!(ds.check().unwrap().is_clean());
 }
 
@@ -188,7 +192,7 @@ fn literal_zeros_allocate_nothing_on_thin_disks_and_release_what_they_overwrite(
 fn punchzero_releases_zero_grains_and_refuses_thick_disks() {
     let (_b, ds) = new_store();
     let want = fill(&ds, "d");
-    let before = ds.disk_info("d").unwrap().allocated_bytes;
+    let before = ds.disk_info("d").unwrap().allocated_bytes.unwrap();
     let r = ds
         .punch_zero("d", &SpaceWork::default(), &mut |_, _| {})
         .unwrap();
@@ -203,7 +207,7 @@ fn punchzero_releases_zero_grains_and_refuses_thick_disks() {
     let h = ds.open_disk("d").unwrap();
     h.write_at(&vec![0u8; 64 << 10], 192 << 10, false).unwrap();
     ds.set_detect_zeroes(true);
-    let mid = ds.disk_info("d").unwrap().allocated_bytes;
+    let mid = ds.disk_info("d").unwrap().allocated_bytes.unwrap();
     let r = ds
         .punch_zero("d", &SpaceWork::default(), &mut |_, _| {})
         .unwrap();

@@ -315,7 +315,8 @@ fn run(ops: Vec<Op>) {
                     .into_iter()
                     .find(|s| s.name == sn)
                     .unwrap()
-                    .exclusive_bytes;
+                    .exclusive_bytes
+                    .unwrap();
                 let used = settle(&ds);
                 ds.snapshot_delete(&name, &sn).unwrap();
                 let freed = used - settle(&ds);
@@ -407,10 +408,10 @@ fn run(ops: Vec<Op>) {
                     Provisioning::Eagerzeroedthick => {
                         assert_eq!(
                             info.allocated_bytes,
-                            grains * 4096,
+                            Some(grains * 4096),
                             "{name} eager: all mapped"
                         );
-                        assert_eq!(info.tbz, 0);
+                        assert_eq!(info.tbz, Some(0));
                     }
                     Provisioning::Thin => assert_no_zero_grains(&ds, &name),
                     Provisioning::Zeroedthick => {}

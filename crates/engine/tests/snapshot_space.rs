@@ -40,6 +40,7 @@ fn exclusive(ds: &Datastore, disk: &str, snap: &str) -> u64 {
         .find(|s| s.name == snap)
         .unwrap_or_else(|| panic!("{disk}@{snap} listed"))
         .exclusive_bytes
+        .expect("the engine knows a snapshot's exclusive bytes")
 }
 
 /// A history with shared and exclusive data at every level of a 3-level
@@ -87,7 +88,7 @@ fn each_snapshot_frees_exactly_its_exclusive_bytes() {
     let s1 = exclusive(&ds, "a", "s1");
     assert!(s1 >= 2 * MIB, "s1 holds its overwritten 2 MiB: {s1}");
     assert!(
-        s1 < ds.snapshot_list("a").unwrap()[0].mapped_bytes,
+        s1 < ds.snapshot_list("a").unwrap()[0].mapped_bytes.unwrap(),
         "s1 shares most of what it maps"
     );
     // Delete them one at a time; each figure is read first while the
@@ -134,7 +135,7 @@ fn snapshot_space_is_what_deleting_all_snapshots_frees() {
             .snapshot_list(disk)
             .unwrap()
             .iter()
-            .map(|s| s.exclusive_bytes)
+            .map(|s| s.exclusive_bytes.unwrap())
             .sum();
         assert!(space >= sum, "{disk}: {space} < sum of parts {sum}");
         if disk == "b" {

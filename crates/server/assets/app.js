@@ -264,7 +264,8 @@ function renderDisks(disks) {
   tb.replaceChildren();
   for (const d of disks) {
     const det = (diskDetail.get(d.name) || {}).info || {};
-    const owner = d.owner ? (d.owner.name || d.owner.host || JSON.stringify(d.owner)) : '-';
+    const w = d.object_store;  // an object store's disk: its writer record
+    const owner = w && w.owner ? (w.owner.name || w.owner.host) : '-';
     tb.append(h('tr', { 'data-disk': d.name },
       h('td', {}, h('a', { href: '#/disk/' + enc(d.name), text: d.name })),
       h('td', { class: 'num', text: bytes(d.size_bytes) }),
@@ -275,7 +276,7 @@ function renderDisks(disks) {
       h('td', { class: 'num', text: Array.isArray(d.snapshots) ? d.snapshots.length : d.snapshots }),
       h('td', { text: d.parent || '-' }),
       h('td', { class: 'shared-only', text: owner }),
-      h('td', { class: 'shared-only num', text: d.generation ?? '-' })));
+      h('td', { class: 'shared-only num', text: w ? w.generation : '-' })));
   }
   if (!disks.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 10, text: "no disks yet: 'strata create NAME --size 10G'" })));
 }
@@ -472,8 +473,8 @@ function renderDiskFacts(d) {
     fact('fragments', d.fragments ?? '-'),
     fact('parent', d.parent || '-'),
     fact('created', age(d.created_unix)),
-    d.owner ? fact('owner', d.owner.name || JSON.stringify(d.owner)) : null,
-    d.generation !== undefined ? fact('generation', d.generation) : null].filter(Boolean));
+    d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + ' (pid ' + d.object_store.owner.pid + ')') : null,
+    d.object_store ? fact('generation', d.object_store.generation) : null].filter(Boolean));
 }
 
 // ---- refresh loop ----------------------------------------------------------

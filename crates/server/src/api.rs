@@ -13,10 +13,12 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use strata_datastore::{DatastoreView, DiskView};
 use strata_engine::{
-    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, DiskInfo, FreeSpaceReport,
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
     Provisioning, PunchZeroReport, SnapshotInfo,
 };
+use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
 
@@ -258,12 +260,12 @@ impl Request {
 #[serde(rename_all = "snake_case")]
 pub enum Response {
     /// `status`
-    Datastore(DatastoreInfo),
+    Datastore(DatastoreView),
     /// `list`
-    Disks(Vec<DiskInfo>),
-    /// `info`, `create`, `extend`, `clone`, `snapshot revert`: the disk as
-    /// it is now.
-    Disk(DiskInfo),
+    Disks(Vec<DiskView>),
+    /// `info`, `create`, `extend`, `limit`, `clone`, `snapshot revert`:
+    /// the disk as it is now.
+    Disk(DiskView),
     /// `rm`
     Removed { name: String },
     /// `punchzero`
@@ -287,6 +289,20 @@ pub enum Response {
     SnapshotDeleted { disk: String, snapshot: String },
     /// `check`
     Check(CheckReport),
+    /// `check` of an object-store datastore.
+    StoreCheck(StoreCheckReport),
+    /// `init|attach --object-store`: the store as this host joined it.
+    Joined {
+        /// `attach` (true) or `init`.
+        attached: bool,
+        summary: strata_shared::Summary,
+    },
+    /// `claim`: the disk with this host as its writer.
+    Claimed(DiskView),
+    /// `release`: the disk as this host left it.
+    Released(DiskView),
+    /// `gc [--dry-run]`
+    Gc(GcReport),
     /// `stats`: one entry per export, in name order.
     Stats(Vec<ExportStats>),
     /// `import`
@@ -304,14 +320,6 @@ pub enum Response {
     Alarms(Vec<AlarmEntry>),
     /// `move`
     Moved(MoveReport),
-    /// An answer about an object-store datastore: already rendered for
-    /// people, and its `--json` document.
-    Shared {
-        human: String,
-        json: serde_json::Value,
-        #[serde(default)]
-        problems: bool,
-    },
 }
 
 /// What `move` did.
@@ -355,7 +363,7 @@ impl Response {
     /// found problems.
     pub fn found_problems(&self) -> bool {
         matches!(self, Response::Check(r) if !r.is_clean())
-            || matches!(self, Response::Shared { problems: true, .. })
+            || matches!(self, Response::StoreCheck(r) if !r.errors.is_empty())
     }
 }
 
@@ -431,7 +439,7 @@ impl ImageFormat {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImportReport {
     /// The new disk.
-    pub disk: DiskInfo,
+    pub disk: DiskView,
     pub format: ImageFormat,
     /// The chain's files, top first (VMDK only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -615,7 +623,10 @@ impl Response {
                 json!({ "deleted": format!("{disk}@{snapshot}") })
             }
             Response::Check(r) => value(r),
-            Response::Shared { json, .. } => json.clone(),
+            Response::StoreCheck(r) => value(r),
+            Response::Joined { summary, .. } => value(summary),
+            Response::Claimed(d) | Response::Released(d) => value(d),
+            Response::Gc(r) => value(r),
             // One object keyed by export name.
             Response::Stats(exports) => Value::Object(
                 exports

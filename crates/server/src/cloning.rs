@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use strata_datastore::{capability, Capability, Datastore, DiskInfo};
+use strata_datastore::{capability, Capability, Datastore, DiskView};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
 use crate::copier::Copier;
@@ -23,9 +23,11 @@ pub fn run(
     provisioning: Provisioning,
     control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<DiskInfo, Error> {
+) -> Result<DiskView, Error> {
     match (dst, src.as_local()) {
-        (None, Some(engine)) => engine.clone_full(source, name, provisioning, progress),
+        (None, Some(engine)) => engine
+            .clone_full(source, name, provisioning, progress)
+            .map(DiskView::from),
         (dst, _) => clone_full(
             src,
             source,
@@ -49,7 +51,7 @@ pub fn clone_full(
     provisioning: Provisioning,
     control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<DiskInfo, Error> {
+) -> Result<DiskView, Error> {
     if provisioning.is_thick() {
         capability::check(dst.kind(), Capability::Thick).map_err(|e| {
             Error::new(
@@ -109,7 +111,7 @@ fn copy(
     provisioning: Provisioning,
     control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<DiskInfo, Error> {
+) -> Result<DiskView, Error> {
     let source = src.open(from)?;
     let size = source.size_bytes();
     let ranges = src.changed_ranges(None, from)?;
@@ -122,5 +124,5 @@ fn copy(
         .flush()
         .map_err(|e| Error::new(ErrorKind::Io, format!("flush the clone '{name}': {e}")))?;
     drop(target);
-    dst.disk_info(name)
+    dst.disk_view(name, false)
 }

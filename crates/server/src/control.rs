@@ -237,7 +237,7 @@ pub(crate) fn handle(
                 let (p, result) = job.wait(std::time::Duration::from_millis(100));
                 if let Some(r) = result {
                     break match r {
-                        Ok(r) => Reply::Ok(r),
+                        Ok(r) => Reply::Ok(Box::new(r)),
                         Err(e) => Reply::error(e.kind, e.message),
                     };
                 }
@@ -258,7 +258,7 @@ pub(crate) fn handle(
                 }
             };
             match run(&req, &mut progress) {
-                Ok(r) => Reply::Ok(r),
+                Ok(r) => Reply::Ok(Box::new(r)),
                 Err(e) => Reply::error(e.kind, e.message),
             }
         }

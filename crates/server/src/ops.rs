@@ -235,6 +235,9 @@ pub fn execute(
         }
         _ => {}
     }
+    if let Some(r) = common(ctx.ds, req, progress) {
+        return r;
+    }
     match (ctx.ds.as_local(), ctx.ds.as_object_store()) {
         (Some(ds), _) => execute_local(ctx, ds, req, progress),
         // The adapter holds this process's one handle per disk.
@@ -246,7 +249,55 @@ pub fn execute(
     }
 }
 
-/// A request on a local datastore.
+/// The requests every kind answers through the datastore trait; None for
+/// the ones only one kind answers.
+fn common(
+    ds: &dyn AnyDatastore,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Option<Result<Response, Error>> {
+    Some(match req {
+        Request::Status => ds.status().map(Response::Datastore),
+        Request::List => ds.list().map(Response::Disks),
+        Request::Info { name } => ds.disk_view(name, true).map(Response::Disk),
+        Request::Create {
+            name,
+            size_bytes,
+            provisioning,
+        } => ds
+            .create(name, *size_bytes, *provisioning, progress)
+            .map(Response::Disk),
+        Request::Remove { name } => ds
+            .remove(name)
+            .map(|()| Response::Removed { name: name.clone() }),
+        Request::SnapshotCreate {
+            disk,
+            snapshot,
+            description,
+        } => ds
+            .snapshot_create(disk, snapshot, description)
+            .map(|snapshot| Response::SnapshotCreated {
+                disk: disk.clone(),
+                snapshot,
+            }),
+        Request::SnapshotList { disk } => ds.snapshots(disk).map(Response::Snapshots),
+        Request::SnapshotRevert { disk, snapshot } => ds
+            .snapshot_revert(disk, snapshot)
+            .and_then(|()| ds.disk_view(disk, false))
+            .map(Response::Disk),
+        Request::SnapshotDelete { disk, snapshot } => {
+            ds.snapshot_delete(disk, snapshot)
+                .map(|()| Response::SnapshotDeleted {
+                    disk: disk.clone(),
+                    snapshot: snapshot.clone(),
+                })
+        }
+        Request::CloneLinked { source, name } => ds.clone_linked(source, name).map(Response::Disk),
+        _ => return None,
+    })
+}
+
+/// A request only a local datastore answers.
 fn execute_local(
     ctx: &Ctx<'_>,
     ds: &Datastore,
@@ -254,28 +305,19 @@ fn execute_local(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
     Ok(match req {
-        Request::Status => Response::Datastore(ds.info_with_layout()?),
-        Request::List => Response::Disks(ds.list_disks()),
-        Request::Info { name } => Response::Disk(ds.disk_info_with_space(name)?),
-        Request::Create {
-            name,
-            size_bytes,
-            provisioning,
-        } => Response::Disk(ds.create_disk(name, *size_bytes, *provisioning, progress)?),
-        Request::Remove { name } => {
-            ds.remove_disk(name)?;
-            Response::Removed { name: name.clone() }
-        }
         Request::Convert {
             name,
             provisioning,
             rate_bytes_per_sec,
-        } => Response::Disk(ds.convert_disk(
-            name,
-            *provisioning,
-            &ctx.work(*rate_bytes_per_sec),
-            progress,
-        )?),
+        } => Response::Disk(
+            ds.convert_disk(
+                name,
+                *provisioning,
+                &ctx.work(*rate_bytes_per_sec),
+                progress,
+            )?
+            .into(),
+        ),
         Request::Defrag {
             name,
             dry_run,
@@ -289,51 +331,18 @@ fn execute_local(
         Request::DefragFreeSpace { rate_bytes_per_sec } => Response::FreeSpace(
             ds.consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)?,
         ),
-        Request::SnapshotCreate {
-            disk,
-            snapshot,
-            description,
-        } => Response::SnapshotCreated {
-            disk: disk.clone(),
-            snapshot: ds.snapshot_create(disk, snapshot, description)?,
-        },
-        Request::SnapshotList { disk } => Response::Snapshots(ds.snapshot_list(disk)?),
-        Request::SnapshotRevert { disk, snapshot } => {
-            ds.snapshot_revert(disk, snapshot)?;
-            Response::Disk(ds.disk_info(disk)?)
-        }
-        Request::SnapshotDelete { disk, snapshot } => {
-            ds.snapshot_delete(disk, snapshot)?;
-            Response::SnapshotDeleted {
-                disk: disk.clone(),
-                snapshot: snapshot.clone(),
-            }
-        }
-        Request::CloneLinked { source, name } => Response::Disk(ds.clone_linked(source, name)?),
         Request::Check => Response::Check(ds.check()?),
-        Request::Claim { .. } | Request::Release { .. } | Request::Gc { .. } => {
-            unreachable!("refused by the capability table (needs)")
-        }
         Request::VmdkShrink { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,
                 "vmdk_shrink is answered by the control socket of the server of the file",
             ))
         }
-        Request::Move { .. }
-        | Request::Grow { .. }
-        | Request::AlarmSet { .. }
-        | Request::AlarmList
-        | Request::PunchZero { .. }
-        | Request::Extend { .. }
-        | Request::Limit { .. }
-        | Request::Import { .. }
-        | Request::Export { .. }
-        | Request::CloneFull { .. }
-        | Request::Jobs
-        | Request::JobControl { .. }
-        | Request::Stats { .. } => {
-            unreachable!("answered by execute")
+        other => {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!("a local datastore does not answer {other:?} here"),
+            ))
         }
     })
 }

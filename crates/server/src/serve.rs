@@ -248,7 +248,7 @@ impl strata_fuse::FuseProvider for FuseExports {
                     && !name.contains('@')
                     && !self.0.vmdks.iter().any(|(n, _)| n == name) =>
             {
-                ds.disk_info(name).ok().map(|d| d.allocated_bytes)
+                ds.disk_info(name).ok().and_then(|d| d.allocated_bytes)
             }
             _ => None,
         };
@@ -465,7 +465,7 @@ fn gauges(ds: &Datastore) -> Vec<Gauge> {
             Gauge::new(
                 "strata_disk_allocated_bytes",
                 "Bytes mapped in the disk's live state",
-                d.allocated_bytes as f64,
+                d.allocated_bytes.unwrap_or_default() as f64,
             )
             .label("disk", d.name.clone()),
         );

@@ -209,7 +209,7 @@ pub fn import(
                 .len();
             import_raw(ds, path, name, size, prov, progress)?;
             Ok(ImportReport {
-                disk: ds.disk_info(name)?,
+                disk: ds.disk_view(name, false)?,
                 format,
                 links: None,
                 snapshots: Vec::new(),
@@ -310,7 +310,7 @@ fn import_qcow2(
     let _ = std::fs::remove_file(&tmp);
     r?;
     Ok(ImportReport {
-        disk: ds.disk_info(name)?,
+        disk: ds.disk_view(name, false)?,
         format: ImageFormat::Qcow2,
         links: None,
         snapshots: Vec::new(),
@@ -388,7 +388,7 @@ fn import_vmdk(
         return Err(e);
     }
     Ok(ImportReport {
-        disk: ds.disk_info(name)?,
+        disk: ds.disk_view(name, false)?,
         format: ImageFormat::Vmdk,
         links: Some(
             img.links

@@ -26,7 +26,7 @@ pub enum Reply {
     Job(JobInfo),
     /// Work done so far, out of a total (bytes, or whatever the request counts).
     Progress([u64; 2]),
-    Ok(Response),
+    Ok(Box<Response>),
     Error(ReplyError),
 }
 
@@ -116,7 +116,7 @@ pub fn request(
                 }
             }
             Reply::Progress([done, total]) => progress(done, total),
-            Reply::Ok(r) => return Ok(r),
+            Reply::Ok(r) => return Ok(*r),
             Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),
         }
     }
@@ -137,10 +137,13 @@ mod tests {
             Reply::error(ErrorKind::NotFound, "no disk named 'x'").line(),
             r#"{"error":{"kind":"not_found","message":"no disk named 'x'"}}"#
         );
-        let ok = Reply::Ok(Response::Removed { name: "vm".into() }).line();
+        let ok = Reply::Ok(Box::new(Response::Removed { name: "vm".into() })).line();
         assert_eq!(ok, r#"{"ok":{"removed":{"name":"vm"}}}"#);
         match serde_json::from_str::<Reply>(&ok).unwrap() {
-            Reply::Ok(Response::Removed { name }) => assert_eq!(name, "vm"),
+            Reply::Ok(r) => match *r {
+                Response::Removed { name } => assert_eq!(name, "vm"),
+                other => panic!("decoded as {other:?}"),
+            },
             other => panic!("decoded as {other:?}"),
         }
     }

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use strata_objstore::{Bytes, Put};
 
 use crate::disk::Hold;
@@ -27,7 +27,7 @@ pub const MANIFESTS_KEPT: usize = 16;
 const DIR_GC: &str = "gc/";
 
 /// One disk's space, as the mark found it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DiskSpace {
     pub name: String,
     pub id: String,
@@ -39,7 +39,7 @@ pub struct DiskSpace {
 }
 
 /// What `gc` (or `gc --dry-run`) found and did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,
     /// The run's claim, `gc/SEQ16` (none for a dry run).
@@ -63,7 +63,7 @@ pub struct GcReport {
 }
 
 /// What `check` found.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckReport {
     pub disks: u64,
     pub snapshots: u64,

@@ -130,7 +130,7 @@ pub struct LocalConfig {
 }
 
 /// What `init`, `attach` and `status` show.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
     pub url: String,
     pub endpoint: String,
@@ -146,7 +146,7 @@ pub struct Summary {
     pub probe: Option<ProbeSummary>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeSummary {
     pub racers: usize,
     pub accepted: usize,
