@@ -224,6 +224,19 @@ fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
 }
 
 fn datastore(out: &mut String, v: &DatastoreView) {
+    datastore_figures(out, v);
+    // Last: what the kind never does is not news.
+    if !v.cannot.is_empty() {
+        let what: Vec<&str> = v.cannot.iter().map(|r| r.command.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "not on this kind: {} ('strata status --json' says why)",
+            what.join(", ")
+        );
+    }
+}
+
+fn datastore_figures(out: &mut String, v: &DatastoreView) {
     let i = &v.info;
     if let Some(s) = &v.object_store {
         store_summary(out, s);
@@ -1010,6 +1023,7 @@ mod tests {
         vec![
             Response::Datastore(DatastoreView {
                 object_store: None,
+                cannot: vec![],
                 info: DatastoreInfo {
                     location: "/ds".into(),
                     capacity_bytes: 1 << 30,
@@ -1112,6 +1126,10 @@ mod tests {
             Response::Disks(vec![store_disk()]),
             Response::Disk(store_disk()),
             Response::Datastore(DatastoreView {
+                cannot: vec![strata_datastore::Refusal {
+                    command: "convert".into(),
+                    reason: "thin is all there is".into(),
+                }],
                 info: DatastoreInfo {
                     location: "s3://bucket/ds".into(),
                     capacity_bytes: 0,
@@ -1329,6 +1347,11 @@ mod tests {
             .unwrap();
         let text = render(&status, Format::Human);
         assert!(text.contains("capacity:     none set"), "{text}");
+        assert!(
+            text.ends_with("not on this kind: convert ('strata status --json' says why)\n"),
+            "{text}"
+        );
+        assert_eq!(status.json()["cannot"][0]["reason"], "thin is all there is");
         assert_eq!(status.json()["object_store"]["url"], "s3://bucket/ds");
         assert_eq!(status.json()["provisioned_bytes"], 1 << 30);
     }

@@ -110,8 +110,40 @@ pub struct StoreDisk {
 pub struct DatastoreView {
     #[serde(flatten)]
     pub info: DatastoreInfo,
+    /// What this kind of datastore cannot do, and why (the capability
+    /// table, [`capability::refusals`]).
+    #[serde(default)]
+    pub cannot: Vec<Refusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_store: Option<strata_shared::Summary>,
+}
+
+/// A command a kind of datastore refuses, with the reason.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Refusal {
+    pub command: String,
+    pub reason: String,
+}
+
+impl DatastoreView {
+    /// `info` of a datastore of `kind`, with what the kind cannot do.
+    pub fn new(
+        kind: Kind,
+        info: DatastoreInfo,
+        object_store: Option<strata_shared::Summary>,
+    ) -> Self {
+        DatastoreView {
+            info,
+            cannot: capability::refusals(kind)
+                .iter()
+                .map(|(c, why)| Refusal {
+                    command: c.command().to_string(),
+                    reason: why.to_string(),
+                })
+                .collect(),
+            object_store,
+        }
+    }
 }
 
 /// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is

@@ -133,10 +133,11 @@ impl Datastore for LocalDatastore {
     }
 
     fn status(&self) -> Result<DatastoreView> {
-        Ok(DatastoreView {
-            info: self.ds.info_with_layout()?,
-            object_store: None,
-        })
+        Ok(DatastoreView::new(
+            Kind::Local,
+            self.ds.info_with_layout()?,
+            None,
+        ))
     }
 
     fn create(

@@ -326,10 +326,11 @@ impl Datastore for ObjectStoreDatastore {
     fn status(&self) -> Result<DatastoreView> {
         let summary = self.ds.summary().map_err(from_shared)?;
         let disks = self.ds.disks().map_err(from_shared)?;
-        Ok(DatastoreView {
-            info: self.space_of(&summary, &disks)?,
-            object_store: Some(summary),
-        })
+        Ok(DatastoreView::new(
+            Kind::ObjectStore,
+            self.space_of(&summary, &disks)?,
+            Some(summary),
+        ))
     }
 
     fn create(

@@ -86,6 +86,14 @@ fn list_info_and_status_answer_one_shape_for_each_kind() {
         let st = ds.status().unwrap();
         assert_eq!((st.info.disks, st.info.snapshots), (2, 1));
         assert_eq!(st.info.provisioned_bytes, 4 * MIB);
+        // The capability report is the table's.
+        let cannot: Vec<&str> = st.cannot.iter().map(|r| r.command.as_str()).collect();
+        let table: Vec<&str> = capability::refusals(ds.kind())
+            .iter()
+            .map(|(c, _)| c.command())
+            .collect();
+        assert_eq!(cannot, table);
+        assert!(st.cannot.iter().all(|r| !r.reason.is_empty()));
         match ds.kind() {
             Kind::Local => {
                 assert_eq!(a.info.allocated_bytes, Some(4096));
