@@ -47,60 +47,59 @@ fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
     assert!(s.fails(&["init"]).contains("already holds a datastore"));
 }
 
+/// Disks, snapshots and clones without a server, on each kind of datastore.
 #[test]
 fn disks_snapshots_and_clones_offline() {
-    let s = Store::new();
-    s.ok(&["create", "vm", "--size", "64M"]);
-    let info = s.json(&["info", "vm"]);
-    for k in [
-        "size_bytes",
-        "provisioning",
-        "allocated_bytes",
-        "nb",
-        "tbz",
-        "snapshots",
-    ] {
-        assert!(info.get(k).is_some(), "info --json lacks {k}: {info}");
-    }
-    assert_eq!(info["size_bytes"], 64 << 20);
-    assert_eq!(info["provisioning"], "thin");
-    s.ok(&["snapshot", "create", "vm", "base", "--description", "first"]);
-    s.ok(&["snapshot", "create", "vm", "two"]);
-    let list = s.json(&["snapshot", "list", "vm"]);
-    assert_eq!(list.as_array().unwrap().len(), 2);
-    assert_eq!(list[1]["parent"], "base");
-    assert_eq!(list[1]["current"], true);
-    let tree = s.ok(&["snapshot", "list", "vm"]);
-    assert!(tree.contains("base") && tree.contains("  two"), "{tree}");
-    s.ok(&["snapshot", "revert", "vm", "base"]);
-    s.ok(&["clone", "vm@base", "linked"]);
-    s.ok(&[
-        "clone",
-        "--full",
-        "vm@two",
-        "copy",
-        "--type",
-        "eagerzeroedthick",
-    ]);
-    assert_eq!(s.json(&["info", "linked"])["parent"], "vm@base");
-    assert_eq!(
-        s.json(&["info", "copy"])["provisioning"],
-        "eagerzeroedthick"
-    );
-    s.ok(&["snapshot", "delete", "vm", "base"]);
-    // The linked clone outlives the snapshot it came from.
-    s.ok(&["info", "linked"]);
-    s.ok(&["rm", "vm"]);
-    let disks = s.json(&["list"]);
-    let names: Vec<&str> = disks
-        .as_array()
-        .unwrap()
+    common::each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "vm", "--size", "64M"]);
+        let info = s.json(&["info", "vm"]);
+        // An object store's disk has a writer record instead of the
+        // allocation figures only a walk of its map would know.
+        let keys: &[&str] = match kind {
+            Kind::Local => &["allocated_bytes", "nb", "tbz", "created_unix"],
+            Kind::ObjectStore => &["object_store"],
+        };
+        for k in [
+            "size_bytes",
+            "provisioning",
+            "snapshots",
+            "current_snapshot",
+        ]
         .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["copy", "linked"]);
-    let c = s.json(&["check"]);
-    assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
+        .chain(keys)
+        {
+            assert!(info.get(k).is_some(), "info --json lacks {k}: {info}");
+        }
+        assert_eq!(info["size_bytes"], 64 << 20);
+        assert_eq!(info["provisioning"], "thin");
+        s.ok(&["snapshot", "create", "vm", "base", "--description", "first"]);
+        s.ok(&["snapshot", "create", "vm", "two"]);
+        let list = s.json(&["snapshot", "list", "vm"]);
+        assert_eq!(list.as_array().unwrap().len(), 2);
+        assert_eq!(list[0]["description"], "first");
+        assert_eq!(list[1]["parent"], "base");
+        assert_eq!(list[1]["current"], true);
+        let tree = s.ok(&["snapshot", "list", "vm"]);
+        assert!(tree.contains("base") && tree.contains("  two"), "{tree}");
+        s.ok(&["snapshot", "revert", "vm", "base"]);
+        assert_eq!(s.json(&["info", "vm"])["current_snapshot"], "base");
+        s.ok(&["clone", "vm@base", "linked"]);
+        let copy_type = match kind {
+            Kind::Local => "eagerzeroedthick",
+            Kind::ObjectStore => "thin",
+        };
+        s.ok(&["clone", "--full", "vm@two", "copy", "--type", copy_type]);
+        assert_eq!(s.json(&["info", "linked"])["parent"], "vm@base");
+        assert_eq!(s.json(&["info", "copy"])["provisioning"], copy_type);
+        s.ok(&["snapshot", "delete", "vm", "base"]);
+        // The linked clone outlives the snapshot it came from.
+        s.ok(&["info", "linked"]);
+        s.ok(&["rm", "vm"]);
+        assert_eq!(s.disk_names(), ["copy", "linked"]);
+        let c = s.json(&["check"]);
+        assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
+    });
 }
 
 #[test]
@@ -176,32 +175,39 @@ fn provisioning_accounting() {
     assert!(st["overcommit_percent"].as_u64().unwrap() > 100);
 }
 
+/// With a server running, commands go through its control socket (on
+/// each kind of datastore), and a second server is refused.
 #[test]
 fn commands_work_against_a_running_server_and_lock_is_exclusive() {
-    let s = Store::new();
-    s.ok(&["create", "vm", "--size", "8M"]);
-    let srv = s.serve();
-    // Another server on the same datastore is refused.
-    let e = s.fails(&[
-        "serve",
-        "--nbd-unix",
-        s.dir.path().join("x.sock").to_str().unwrap(),
-    ]);
-    assert!(e.contains("already served") || e.contains("in use"), "{e}");
-    // Commands go through the control socket.
-    s.ok(&["snapshot", "create", "vm", "s1"]);
-    s.ok(&["clone", "vm@s1", "c1"]);
-    s.ok(&["create", "new", "--size", "1M"]);
-    s.ok(&["extend", "vm", "--size", "16M"]);
-    assert_eq!(s.json(&["info", "vm"])["size_bytes"], 16 << 20);
-    assert!(s
-        .fails(&["info", "ghost"])
-        .contains("no disk named 'ghost'"));
-    let c = s.json(&["check"]);
-    assert_eq!(c["errors"].as_array().unwrap().len(), 0);
-    srv.stop();
-    // After a clean stop the datastore opens directly again.
-    assert_eq!(s.disk_names(), ["c1", "new", "vm"]);
+    common::each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "vm", "--size", "8M"]);
+        let srv = s.serve();
+        // Another server on the same datastore is refused.
+        let e = s.fails(&[
+            "serve",
+            "--nbd-unix",
+            s.dir.path().join("x.sock").to_str().unwrap(),
+        ]);
+        assert!(
+            e.contains("already served") || e.contains("one server per directory"),
+            "{kind:?}: {e}"
+        );
+        // Commands go through the control socket.
+        s.ok(&["snapshot", "create", "vm", "s1"]);
+        s.ok(&["clone", "vm@s1", "c1"]);
+        s.ok(&["create", "new", "--size", "1M"]);
+        s.ok(&["extend", "vm", "--size", "16M"]);
+        assert_eq!(s.json(&["info", "vm"])["size_bytes"], 16 << 20);
+        assert!(s
+            .fails(&["info", "ghost"])
+            .contains("no disk named 'ghost'"));
+        let c = s.json(&["check"]);
+        assert_eq!(c["errors"].as_array().unwrap().len(), 0);
+        srv.stop();
+        // After a clean stop the datastore opens directly again.
+        assert_eq!(s.disk_names(), ["c1", "new", "vm"]);
+    });
 }
 
 #[test]
