@@ -1001,6 +1001,7 @@ mod tests {
 
     fn snapshot(name: &str, parent: Option<&str>, current: bool) -> SnapshotInfo {
         SnapshotInfo {
+            id: 7,
             name: name.into(),
             description: if parent.is_none() {
                 "first".into()

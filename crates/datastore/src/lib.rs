@@ -20,7 +20,6 @@
 
 mod alarms;
 pub mod capability;
-mod diff;
 mod local;
 mod object_store;
 mod punch;
@@ -33,7 +32,6 @@ use serde::{Deserialize, Serialize};
 use strata_block::BlockDevice;
 
 pub use capability::Capability;
-pub use diff::content_diff;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{

@@ -281,6 +281,7 @@ fn snapshot_infos(m: &Manifest) -> Vec<SnapshotInfo> {
     recs.sort_by_key(|s| s.id);
     recs.iter()
         .map(|s| SnapshotInfo {
+            id: s.id,
             name: s.name.clone(),
             description: s.description.clone(),
             created_unix: s.created_ms / 1000,
@@ -462,15 +463,29 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {
-        // Segments are not shared page by page as the engine's maps are:
-        // compare what the two versions read (only where either stores
-        // something).
-        let a = match from {
-            Some(f) => Some(self.open(f)?),
-            None => None,
-        };
-        let b = self.open(to)?;
-        crate::content_diff(a.as_deref(), &*b)
+        // A walk of the two maps that skips the subtrees they share
+        // (docs/BACKUP.md), through this process's handles (whose
+        // acknowledged writes count).
+        let base = from.map(|f| self.disk(f)).transpose()?;
+        let target = self.disk(to)?;
+        let grains = target.changes_since(base.as_deref()).map_err(from_shared)?;
+        let g = strata_shared::layout::GRAIN as u64;
+        let mut out: Vec<ChangedRange> = Vec::new();
+        for (grain, mapped) in grains {
+            let offset = grain * g;
+            match out.last_mut() {
+                Some(r) if r.offset + r.len == offset && r.mapped == mapped => r.len += g,
+                _ => out.push(ChangedRange {
+                    offset,
+                    len: g,
+                    mapped,
+                }),
+            }
+        }
+        if let Some(last) = out.last_mut() {
+            last.len = last.len.min(target.size_bytes() - last.offset);
+        }
+        Ok(out)
     }
 
     fn export_names(&self) -> Vec<(String, String)> {

@@ -7,8 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
+use strata_block::ZeroOptions;
 use strata_datastore::{
-    capability, open, Capability, Datastore, ErrorKind, Kind, OpenOptions, Provisioning,
+    capability, open, Capability, ChangedRange, Datastore, ErrorKind, Kind, OpenOptions,
+    Provisioning,
 };
 use strata_objstore::{testing, StoreUrl};
 
@@ -182,6 +184,22 @@ fn snapshots_keep_their_instant_and_form_a_tree_parents_first() {
 }
 
 #[test]
+fn a_snapshot_id_is_never_given_again_even_to_a_reused_name() {
+    each_kind(|ds| {
+        ds.create("d", MIB, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let first = ds.snapshot_create("d", "s", "").unwrap().id;
+        let t = ds.snapshot_create("d", "t", "").unwrap().id;
+        ds.snapshot_delete("d", "t").unwrap();
+        ds.snapshot_delete("d", "s").unwrap();
+        let again = ds.snapshot_create("d", "s", "").unwrap().id;
+        assert!(again != first && again != t, "{first} {t} {again}");
+        let listed: Vec<u64> = ds.snapshots("d").unwrap().iter().map(|s| s.id).collect();
+        assert_eq!(listed, [again]);
+    });
+}
+
+#[test]
 fn changed_ranges_cover_every_write_between_two_versions() {
     each_kind(|ds| {
         ds.create("d", 8 * MIB, Provisioning::Thin, &mut |_, _| {})
@@ -194,22 +212,62 @@ fn changed_ranges_cover_every_write_between_two_versions() {
         write(&*dev, 6 * MIB + 8192, &pattern(4, 8192));
         dev.flush().unwrap();
         ds.snapshot_create("d", "b", "").unwrap();
-        // Granularity differs by kind (grains, 64 KiB units); each write
-        // must lie in a mapped range, and nothing before 3 MiB changed.
-        let changed = ds.changed_ranges(Some("d@a"), "d@b").unwrap();
-        for (off, len) in [(3 * MIB, 4096), (6 * MIB + 8192, 8192)] {
-            assert!(
-                changed
-                    .iter()
-                    .any(|r| r.mapped && r.offset <= off && off + len <= r.offset + r.len),
-                "{off}+{len} not in {changed:?}"
-            );
-        }
-        assert!(changed.iter().all(|r| r.offset >= 3 * MIB), "{changed:?}");
+        // Exact at the grain (4 KiB) on both kinds: the two maps walked
+        // together.
+        let range = |offset, len, mapped| ChangedRange {
+            offset,
+            len,
+            mapped,
+        };
+        assert_eq!(
+            ds.changed_ranges(Some("d@a"), "d@b").unwrap(),
+            [
+                range(3 * MIB, 4096, true),
+                range(6 * MIB + 8192, 8192, true)
+            ]
+        );
         // From nothing: the first snapshot's data.
-        let all = ds.changed_ranges(None, "d@a").unwrap();
-        assert!(all.iter().any(|r| r.mapped && r.offset == 0), "{all:?}");
+        assert_eq!(
+            ds.changed_ranges(None, "d@a").unwrap(),
+            [range(0, 64 * 1024, true)]
+        );
         assert_eq!(ds.changed_ranges(Some("d@b"), "d@b").unwrap(), vec![]);
+        // A trim, zeros written over data, and data, none flushed yet:
+        // the head against b sees them (zeros as unmapped).
+        dev.unmap(0, 4096).unwrap();
+        let zeros = ZeroOptions {
+            may_unmap: true,
+            fast_only: false,
+            fua: false,
+        };
+        dev.write_zeroes(3 * MIB, 4096, zeros).unwrap();
+        write(&*dev, 7 * MIB, &pattern(5, 4096));
+        let want = [
+            range(0, 4096, false),
+            range(3 * MIB, 4096, false),
+            range(7 * MIB, 4096, true),
+        ];
+        assert_eq!(ds.changed_ranges(Some("d@b"), "d").unwrap(), want);
+        dev.flush().unwrap();
+        assert_eq!(ds.changed_ranges(Some("d@b"), "d").unwrap(), want);
+        // Extended: what is written past the old end counts; the other
+        // way round, what b lacks.
+        ds.extend("d", 2 << 30).unwrap();
+        let big = ds.open("d").unwrap();
+        write(&*big, (1 << 30) + 4096, &pattern(6, 4096));
+        big.flush().unwrap();
+        let mut more = want.to_vec();
+        more.push(range((1 << 30) + 4096, 4096, true));
+        assert_eq!(ds.changed_ranges(Some("d@b"), "d").unwrap(), more);
+        ds.snapshot_create("d", "c", "").unwrap();
+        assert_eq!(
+            ds.changed_ranges(Some("d@c"), "d@b").unwrap(),
+            [
+                range(0, 4096, true),
+                range(3 * MIB, 4096, true),
+                range(7 * MIB, 4096, false)
+            ]
+        );
     });
 }
 

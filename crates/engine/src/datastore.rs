@@ -138,6 +138,10 @@ pub struct ChangedRange {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SnapshotInfo {
+    /// Never given to another snapshot of the disk, even once this one is
+    /// deleted and its name reused (docs/BACKUP.md).
+    #[serde(default)]
+    pub id: u64,
     pub name: String,
     pub description: String,
     pub created_unix: u64,
@@ -1217,6 +1221,7 @@ impl Datastore {
                     .expect("child of a listed snapshot");
                 let v = m.version_state(s.version).unwrap_or_default();
                 out.push(SnapshotInfo {
+                    id: s.id,
                     name: s.name.clone(),
                     description: s.description.clone(),
                     created_unix: s.created_unix,

@@ -27,7 +27,7 @@ use crate::layout::{
     manifest_key, Entry, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder, SnapshotRec,
     FANOUT, GRAIN,
 };
-use crate::{now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
+use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
 const G: u64 = GRAIN as u64;
 /// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
@@ -585,6 +585,14 @@ pub struct SharedDisk {
     throttle: Arc<Throttle>,
 }
 
+/// The grains of `st`'s acknowledged, uncommitted writes (the batch being
+/// committed, then the newer one), with whether each holds data.
+fn overlay(st: &State) -> BTreeMap<u64, bool> {
+    let mut v: BTreeMap<u64, bool> = st.flushing.iter().map(|(k, d)| (*k, d.is_some())).collect();
+    v.extend(st.dirty.iter().map(|(k, d)| (*k, d.is_some())));
+    v
+}
+
 /// Where one grain of a read comes from.
 enum Source {
     Data,
@@ -707,6 +715,53 @@ impl SharedDisk {
             e = node.entries[idx];
         }
         Ok(e)
+    }
+
+    /// The grains where this handle's version differs from `base`'s (None:
+    /// an empty disk), ascending, with whether this version maps each
+    /// (docs/BACKUP.md): a walk of the two maps that skips what they
+    /// share, then the acknowledged writes not yet committed (either
+    /// handle's overlay; a snapshot has none).
+    pub fn changes_since(&self, base: Option<&SharedDisk>) -> Result<Vec<(u64, bool)>> {
+        let (mine, man) = {
+            let st = self.state.lock().unwrap();
+            (overlay(&st), st.man.clone())
+        };
+        let theirs = match base {
+            Some(b) => {
+                let (ov, m) = {
+                    let st = b.state.lock().unwrap();
+                    (overlay(&st), st.man.clone())
+                };
+                (ov, b.root(&m))
+            }
+            None => (BTreeMap::new(), (None, 0)),
+        };
+        let end = self.size_bytes().div_ceil(G);
+        let mut walked = Vec::new();
+        diff::diff_maps(
+            theirs.1,
+            self.root(&man),
+            end,
+            &mut |e, level, first| self.ds.cache.node(&self.ds.store, e, level, first),
+            &mut |g, present| walked.push((g, present)),
+        )?;
+        if mine.is_empty() && theirs.0.is_empty() {
+            return Ok(walked);
+        }
+        // Overlay grains count as changed whatever they hold.
+        let (root, levels) = self.root(&man);
+        let mut all: BTreeMap<u64, bool> = walked.into_iter().collect();
+        for &g in theirs.0.keys().filter(|&&g| g < end) {
+            if !all.contains_key(&g) && !mine.contains_key(&g) {
+                let present = self.lookup(root, levels, g)?.is_some();
+                all.insert(g, present);
+            }
+        }
+        for (&g, &present) in mine.iter().filter(|(&g, _)| g < end) {
+            all.insert(g, present);
+        }
+        Ok(all.into_iter().collect())
     }
 
     /// Read the newest manifest now, if the disk is not ours; whether it
@@ -1077,7 +1132,9 @@ impl SharedDisk {
             }
             let mut next = man.clone();
             next.snapshots.push(SnapshotRec {
-                id: man.snapshots.iter().map(|s| s.id).max().unwrap_or(0) + 1,
+                // The seq of the manifest that records it: never given to
+                // another snapshot of the disk (FORMAT.md §11.5).
+                id: man.seq + 1,
                 name: snap.to_string(),
                 description: description.to_string(),
                 created_ms: now_ms(),

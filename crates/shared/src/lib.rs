@@ -8,6 +8,7 @@
 //! writes, which the fencing of §11.6 rests on.
 
 mod cache;
+pub mod diff;
 pub mod disk;
 pub mod envelope;
 pub mod gc;
