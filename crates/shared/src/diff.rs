@@ -10,6 +10,10 @@ use std::sync::Arc;
 use crate::layout::{Entry, MapNode, FANOUT};
 use crate::Result;
 
+/// Reads the map node an entry points at, given the node's level and the
+/// first grain it covers.
+pub type NodeReader<'a> = dyn FnMut(&Entry, u8, u64) -> Result<Arc<MapNode>> + 'a;
+
 /// One side of the walk: an entry and the height its subtree has (0: a
 /// grain; a root's height is its map's `levels`). An entry can sit higher
 /// than its own height: a map that grew a level when the disk was extended
@@ -23,12 +27,7 @@ struct Side {
 
 impl Side {
     /// The `FANOUT` entries one level below this side seen at height `h`.
-    fn children(
-        &self,
-        h: u8,
-        first: u64,
-        node: &mut dyn FnMut(&Entry, u8, u64) -> Result<Arc<MapNode>>,
-    ) -> Result<Vec<Side>> {
+    fn children(&self, h: u8, first: u64, node: &mut NodeReader<'_>) -> Result<Vec<Side>> {
         let none = Side {
             entry: None,
             height: h - 1,
@@ -57,7 +56,7 @@ pub fn diff_maps(
     a: (Option<Entry>, u8),
     b: (Option<Entry>, u8),
     end: u64,
-    node: &mut dyn FnMut(&Entry, u8, u64) -> Result<Arc<MapNode>>,
+    node: &mut NodeReader<'_>,
     visit: &mut dyn FnMut(u64, bool),
 ) -> Result<()> {
     let top = a.1.max(b.1);
@@ -71,7 +70,7 @@ fn walk(
     b: Side,
     first: u64,
     end: u64,
-    node: &mut dyn FnMut(&Entry, u8, u64) -> Result<Arc<MapNode>>,
+    node: &mut NodeReader<'_>,
     visit: &mut dyn FnMut(u64, bool),
 ) -> Result<()> {
     if first >= end || (a.entry == b.entry && (a.entry.is_none() || a.height == b.height)) {
