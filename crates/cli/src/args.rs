@@ -186,6 +186,29 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     },
     /// Remove a disk and its snapshots (linked clones keep what they share)
     Rm { name: String },
+    /// The ranges where a disk or snapshot differs from a base, for incremental backups
+    #[command(
+        long_about = "The ranges where DISK (its live head) or DISK@SNAP differs from BASE, ascending\n\
+and merged, each 'data' (the version maps data there) or 'zero' (it reads zeros: trimmed,\n\
+zeroed, or never written past BASE's size). Exact at 4 KiB: the two versions' maps are\n\
+compared, skipping what they share, so the cost follows what changed, not the disk's size.\n\n\
+BASE is a snapshot of the same disk by name (s1) or id (id:7, from 'snapshot list --json':\n\
+names can be reused, ids never are), or another version that shares history (a linked\n\
+clone's origin: OTHER@SNAP). A BASE that no longer exists is an error: take a full backup.\n\
+Everything past BASE's size counts as changed (docs/BACKUP.md)."
+    )]
+    Diff {
+        /// DISK or DISK@SNAP
+        target: String,
+        /// The base: a snapshot name, id:N, or another version (OTHER, OTHER@SNAP)
+        #[arg(long)]
+        from: String,
+        /// Only the totals (bytes of data and of zeros), not the ranges
+        #[arg(long)]
+        totals: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Grow a disk (also while it is served)
     Extend {
         name: String,
@@ -690,6 +713,19 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 json.into(),
             ),
             Cmd::Rm { name } => datastore(Request::Remove { name: name.clone() }, Format::Human),
+            Cmd::Diff {
+                target,
+                from,
+                totals,
+                json,
+            } => datastore(
+                Request::Diff {
+                    target: target.clone(),
+                    from: from.clone(),
+                    totals: *totals,
+                },
+                json.into(),
+            ),
             Cmd::Extend { name, size, json } => datastore(
                 Request::Extend {
                     name: name.clone(),

@@ -159,6 +159,7 @@ impl Render for Response {
             Response::Claimed(d) => claimed(out, d),
             Response::Released(d) => released(out, d),
             Response::StoreCheck(r) => store_check(out, r),
+            Response::Diff(r) => diff(out, r),
             Response::Gc(r) => gc(out, r),
             Response::Jobs(jobs) => job_table(out, jobs),
             Response::JobStarted(j) => line(
@@ -614,6 +615,44 @@ fn store_space(out: &mut String, i: &DatastoreInfo) {
     );
     for a in &i.alarms {
         alarm_line(out, a);
+    }
+}
+
+/// `diff`: a summary line, then one range per line (exact byte figures:
+/// what a backup script would read).
+fn diff(out: &mut String, r: &strata_server::api::DiffReport) {
+    let id = |i: Option<u64>| i.map(|i| format!(" (id {i})")).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{}{} against {}{}: {} of data, {} of zeros{}",
+        r.target,
+        id(r.target_id),
+        r.base,
+        id(r.base_id),
+        human(r.data_bytes),
+        human(r.zero_bytes),
+        if r.base_size_bytes < r.size_bytes {
+            format!(
+                " (extended from {} to {}: all of it counts)",
+                human(r.base_size_bytes),
+                human(r.size_bytes)
+            )
+        } else {
+            String::new()
+        }
+    );
+    let Some(ranges) = &r.ranges else { return };
+    if ranges.is_empty() {
+        let _ = writeln!(out, "no changes");
+        return;
+    }
+    let _ = writeln!(out, "{:>16} {:>14}  TYPE", "OFFSET", "LENGTH");
+    for x in ranges {
+        let kind = match x.kind {
+            strata_server::api::RangeKind::Data => "data",
+            strata_server::api::RangeKind::Zero => "zero",
+        };
+        let _ = writeln!(out, "{:>16} {:>14}  {kind}", x.offset, x.length);
     }
 }
 

@@ -431,6 +431,14 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         ("/disks/d", vec!["info", "d"]),
         ("/disks/c", vec!["info", "c"]),
         ("/disks/d/snapshots", vec!["snapshot", "list", "d"]),
+        (
+            "/disks/d/changes?from=s1&to=s2",
+            vec!["diff", "d@s2", "--from", "s1"],
+        ),
+        (
+            "/disks/c/changes?from=d%40s1",
+            vec!["diff", "c", "--from", "d@s1"],
+        ),
         ("/alarms", vec!["alarm", "list"]),
         ("/jobs", vec!["jobs"]),
     ] {
@@ -456,6 +464,11 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     }
 
     // Errors: JSON, with the CLI's kind and message.
+    let (st, body) = http(&addr, "GET", "/api/v1/disks/d/changes", &[], "");
+    assert_eq!(st, 400, "changes need ?from: {body}");
+    let (st, body) = http(&addr, "GET", "/api/v1/disks/d/changes?from=gone", &[], "");
+    assert_eq!(st, 404, "{body}");
+    assert!(body.contains("take a full one"), "{body}");
     let (st, body) = http(&addr, "GET", "/api/v1/disks/nope", &[], "");
     assert_eq!(st, 404);
     let e: Value = serde_json::from_str(&body).unwrap();
@@ -747,6 +760,14 @@ fn the_dashboard_reads_an_object_store_datastore() {
         ("/disks", vec!["list"]),
         ("/disks/vm", vec!["info", "vm"]),
         ("/disks/vm/snapshots", vec!["snapshot", "list", "vm"]),
+        (
+            "/disks/vm/changes?from=first&to=second",
+            vec!["diff", "vm@second", "--from", "first"],
+        ),
+        (
+            "/disks/vm/changes?from=first&totals=1",
+            vec!["diff", "vm", "--from", "first", "--totals"],
+        ),
     ] {
         let same = (0..5).any(|_| api_get(&addr, path) == s.json(&cli));
         assert!(same, "{path}: {} vs {}", api_get(&addr, path), s.json(&cli));

@@ -103,6 +103,15 @@ pub enum Request {
         source: String,
         name: String,
     },
+    /// `diff TARGET --from BASE`: where version TARGET (`DISK` or
+    /// `DISK@SNAP`) differs from BASE (docs/BACKUP.md).
+    Diff {
+        target: String,
+        from: String,
+        /// Only the totals, no ranges.
+        #[serde(default)]
+        totals: bool,
+    },
     CloneFull {
         source: String,
         name: String,
@@ -289,6 +298,8 @@ pub enum Response {
     SnapshotDeleted { disk: String, snapshot: String },
     /// `check`
     Check(CheckReport),
+    /// `diff`
+    Diff(DiffReport),
     /// `check` of an object-store datastore.
     StoreCheck(StoreCheckReport),
     /// `init|attach --object-store`: the store as this host joined it.
@@ -320,6 +331,47 @@ pub enum Response {
     Alarms(Vec<AlarmEntry>),
     /// `move`
     Moved(MoveReport),
+}
+
+/// What `diff` found (docs/BACKUP.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiffReport {
+    pub disk: String,
+    /// The versions compared, as resolved (`DISK`, `DISK@SNAP`).
+    pub target: String,
+    pub base: String,
+    /// Snapshot ids (absent for a disk's head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_id: Option<u64>,
+    pub size_bytes: u64,
+    pub base_size_bytes: u64,
+    /// Ascending and merged; None when only the totals were asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<Vec<DiffRange>>,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
+}
+
+/// One range of a [`DiffReport`].
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiffRange {
+    pub offset: u64,
+    pub length: u64,
+    #[serde(rename = "type")]
+    pub kind: RangeKind,
+}
+
+/// What a changed range reads as in the target.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeKind {
+    /// The target maps data.
+    Data,
+    /// The target reads zeros (trimmed, zeroed, or never written past
+    /// the base's size).
+    Zero,
 }
 
 /// What `move` did.
@@ -624,6 +676,7 @@ impl Response {
             }
             Response::Check(r) => value(r),
             Response::StoreCheck(r) => value(r),
+            Response::Diff(r) => value(r),
             Response::Joined { summary, .. } => value(summary),
             Response::Claimed(d) | Response::Released(d) => value(d),
             Response::Gc(r) => value(r),

@@ -5,13 +5,15 @@
 //!   the `--json` documents), [`wire`] their framing on the control socket.
 //! - [`ops`]: one request against one datastore, through
 //!   `strata_datastore::Datastore` (the CLI runs it in its own process when
-//!   no server holds the datastore); [`vmdk_ops`] the VMDK files'.
+//!   no server holds the datastore); [`vmdk_ops`] the VMDK files';
+//!   [`changes`] `diff` for incremental backups.
 //! - [`serve`]: the running server: exports over NBD, vhost-user-blk and
 //!   FUSE, the control socket ([`control`]), jobs ([`jobs`]), placement and
 //!   moves ([`placement`], [`moving`]), HTTP ([`web`]: metrics, dashboard,
 //!   API), and a clean shutdown.
 
 pub mod api;
+pub mod changes;
 pub mod cloning;
 pub mod control;
 mod copier;

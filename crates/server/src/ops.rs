@@ -293,6 +293,11 @@ fn common(
                 })
         }
         Request::CloneLinked { source, name } => ds.clone_linked(source, name).map(Response::Disk),
+        Request::Diff {
+            target,
+            from,
+            totals,
+        } => crate::changes::diff(ds, target, from, *totals).map(Response::Diff),
         _ => return None,
     })
 }

@@ -375,7 +375,15 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
         (&Method::GET, "/style.css") => text(200, "text/css; charset=utf-8", STYLE_CSS),
         (_, p) if p == "/api/v1" || p.starts_with("/api/v1/") => {
             let rest = p.strip_prefix("/api/v1").unwrap_or("");
-            api(web, backend.as_ref(), method, headers, body, rest)
+            api(
+                web,
+                backend.as_ref(),
+                method,
+                headers,
+                body,
+                rest,
+                uri.query(),
+            )
         }
         _ => error_response(
             404,
@@ -453,6 +461,20 @@ fn body(headers: &HeaderMap, raw: &[u8]) -> Result<Value, Refusal> {
         .map_err(|e| Refusal::new(400, "invalid_argument", &format!("body: {e}")))
 }
 
+/// A query string's `name=value` pairs, percent-decoded (`+` is a space).
+fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let dec = |s: &str| {
+            percent_decode(&s.replace('+', " "))
+                .ok_or_else(|| format!("bad percent-encoding in the query: {pair}"))
+        };
+        out.push((dec(k)?, dec(v)?));
+    }
+    Ok(out)
+}
+
 fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
     body.get(name).and_then(Value::as_str).ok_or_else(|| {
         Refusal::new(
@@ -470,6 +492,7 @@ fn api(
     headers: &HeaderMap,
     raw: &[u8],
     rest: &str,
+    query: Option<&str>,
 ) -> Resp {
     let mut segs = Vec::new();
     for s in rest.split('/').filter(|s| !s.is_empty()) {
@@ -500,6 +523,28 @@ fn api(
             ["disks", d, "snapshots"] => Request::SnapshotList {
                 disk: d.to_string(),
             },
+            ["disks", d, "changes"] => {
+                let q = match query_params(query) {
+                    Ok(q) => q,
+                    Err(e) => return error_response(400, "invalid_argument", &e),
+                };
+                let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                let Some(from) = get("from") else {
+                    return error_response(
+                        400,
+                        "invalid_argument",
+                        "changes need ?from=BASE (a snapshot name, id:N, or another version)",
+                    );
+                };
+                Request::Diff {
+                    target: match get("to") {
+                        Some(snap) => format!("{d}@{snap}"),
+                        None => d.to_string(),
+                    },
+                    from,
+                    totals: get("totals").is_some_and(|v| v != "0" && v != "false"),
+                }
+            }
             ["stats"] => Request::Stats {
                 disk: None,
                 reset: false,

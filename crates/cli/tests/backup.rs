@@ -1,0 +1,222 @@
+//! Incremental backups (docs/BACKUP.md): `strata diff` against a byte
+//! comparison of what real clients wrote and read, through trims,
+//! WRITE_ZEROES, an extend, kill -9 of the server, revert and clones, and
+//! snapshot ids that survive a reused name; on each kind of datastore.
+
+mod common;
+use std::path::Path;
+
+use common::*;
+use serde_json::{json, Value};
+
+const MIB: u64 = 1 << 20;
+const GRAIN: usize = 4096;
+
+/// `qemu-io` commands against `uri`, writing.
+fn io(uri: &str, cmds: &[&str]) {
+    let mut args = vec!["-f", "raw"];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(uri);
+    run_ok("qemu-io", &args);
+}
+
+/// The ranges of a `diff --json` as (offset, length, type).
+fn ranges(d: &Value) -> Vec<(u64, u64, String)> {
+    d["ranges"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no ranges: {d}"))
+        .iter()
+        .map(|r| {
+            (
+                r["offset"].as_u64().unwrap(),
+                r["length"].as_u64().unwrap(),
+                r["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn data(offset: u64, len: u64) -> (u64, u64, String) {
+    (offset, len, "data".into())
+}
+
+fn zero(offset: u64, len: u64) -> (u64, u64, String) {
+    (offset, len, "zero".into())
+}
+
+/// What a diff of `new` against `old` (raw images; `old` may be shorter)
+/// must say, checked by bytes: every grain that differs lies in a range
+/// (no false negative); a `zero` range reads zeros in `new`, a `data`
+/// range holds no grain of only zeros (thin disks never store one).
+fn agrees_with_bytes(d: &Value, old: &Path, new: &Path) {
+    let a = std::fs::read(old).unwrap();
+    let b = std::fs::read(new).unwrap();
+    let rs = ranges(d);
+    let find = |off: u64| rs.iter().find(|r| r.0 <= off && off < r.0 + r.1);
+    for (i, g) in b.chunks(GRAIN).enumerate() {
+        let off = (i * GRAIN) as u64;
+        let before = a.get(i * GRAIN..(i * GRAIN + g.len()).min(a.len()));
+        let same = before.is_some_and(|x| x == g) && (i * GRAIN + g.len()) <= a.len();
+        let r = find(off);
+        if !same {
+            assert!(
+                r.is_some(),
+                "grain at {off} differs but is in no range: {d}"
+            );
+        }
+        match r.map(|r| r.2.as_str()) {
+            Some("zero") => assert!(g.iter().all(|&x| x == 0), "zero range at {off} reads data"),
+            Some("data") => assert!(
+                g.iter().any(|&x| x != 0),
+                "data range at {off} is all zeros"
+            ),
+            _ => {}
+        }
+    }
+    let total = |t: &str| -> u64 { rs.iter().filter(|r| r.2 == t).map(|r| r.1).sum() };
+    assert_eq!(d["data_bytes"], total("data"), "{d}");
+    assert_eq!(d["zero_bytes"], total("zero"), "{d}");
+}
+
+fn snapshot_id(s: &Store, disk: &str, snap: &str) -> u64 {
+    let list = s.json(&["snapshot", "list", disk]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == snap)
+        .unwrap_or_else(|| panic!("{snap} in {list}"))["id"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_diff_is_exact_through_trims_zeroes_an_extend_and_kill_9() {
+    if !have("qemu-io") || !have("qemu-img") {
+        return;
+    }
+    each_kind(|kind| {
+        let s = Store::of(kind);
+        let img = tempfile::tempdir().unwrap();
+        let file = |n: &str| img.path().join(n);
+        s.ok(&["create", "vm", "--size", "64M"]);
+        let mut srv = s.serve();
+        io(&s.uri("vm"), &["write -P 0x11 0 4M", "flush"]);
+        s.ok(&["snapshot", "create", "vm", "s1"]);
+        // Data, a trim, WRITE_ZEROES, data far off, and the same bytes
+        // written again over a grain (a rewrite counts: never a false
+        // negative).
+        io(
+            &s.uri("vm"),
+            &[
+                "write -P 0x22 1M 64k",
+                "discard 2M 64k",
+                "write -z 3M 8k",
+                "write -P 0x33 10M 4k",
+                "write -P 0x11 0 4k",
+                "flush",
+            ],
+        );
+        s.ok(&["snapshot", "create", "vm", "s2"]);
+        save(&s.uri("vm@s1"), &file("s1"));
+        save(&s.uri("vm@s2"), &file("s2"));
+        let d = s.json(&["diff", "vm@s2", "--from", "s1"]);
+        assert_eq!(
+            ranges(&d),
+            [
+                data(0, 4096),
+                data(MIB, 64 << 10),
+                zero(2 * MIB, 64 << 10),
+                zero(3 * MIB, 8 << 10),
+                data(10 * MIB, 4096)
+            ],
+            "{kind:?}"
+        );
+        agrees_with_bytes(&d, &file("s1"), &file("s2"));
+        let id1 = snapshot_id(&s, "vm", "s1");
+        assert_eq!((&d["base_id"], &d["base"]), (&json!(id1), &json!("vm@s1")));
+        // By id, the same; the totals alone, the same figures.
+        let by_id = s.json(&["diff", "vm@s2", "--from", &format!("id:{id1}")]);
+        assert_eq!(by_id, d);
+        let t = s.json(&["diff", "vm@s2", "--from", "s1", "--totals"]);
+        assert!(t.get("ranges").is_none(), "{t}");
+        assert_eq!(
+            (&t["data_bytes"], &t["zero_bytes"]),
+            (&d["data_bytes"], &d["zero_bytes"])
+        );
+        let human = s.ok(&["diff", "vm@s2", "--from", "s1"]);
+        assert!(human.contains("vm@s2 (id "), "{human}");
+        assert!(human.contains("  zero"), "{human}");
+
+        // Extended between snapshots: all of the new range counts.
+        s.ok(&["extend", "vm", "--size", "128M"]);
+        io(&s.uri("vm"), &["write -P 0x44 100M 4k", "flush"]);
+        s.ok(&["snapshot", "create", "vm", "s3"]);
+        let d = s.json(&["diff", "vm@s3", "--from", "s2"]);
+        assert_eq!(
+            ranges(&d),
+            [
+                zero(64 * MIB, 36 * MIB),
+                data(100 * MIB, 4096),
+                zero(100 * MIB + 4096, 28 * MIB - 4096)
+            ],
+            "{kind:?}"
+        );
+        assert_eq!(
+            (&d["base_size_bytes"], &d["size_bytes"]),
+            (&json!(64 * MIB), &json!(128 * MIB))
+        );
+        save(&s.uri("vm@s3"), &file("s3"));
+        agrees_with_bytes(&d, &file("s2"), &file("s3"));
+
+        // Flushed writes, then kill -9: the diff of the head after the
+        // restart has them, and agrees with the bytes.
+        io(
+            &s.uri("vm"),
+            &["write -P 0x55 20M 64k", "discard 0 4k", "flush"],
+        );
+        srv.kill9();
+        srv = s.serve();
+        let d = s.json(&["diff", "vm", "--from", "s3"]);
+        assert_eq!(
+            ranges(&d),
+            [zero(0, 4096), data(20 * MIB, 64 << 10)],
+            "{kind:?}"
+        );
+        save(&s.uri("vm"), &file("head"));
+        agrees_with_bytes(&d, &file("s3"), &file("head"));
+
+        // After a revert the head is s3 again; a linked clone differs from
+        // its origin by what it wrote.
+        s.ok(&["snapshot", "revert", "vm", "s3"]);
+        assert_eq!(ranges(&s.json(&["diff", "vm", "--from", "s3"])), []);
+        s.ok(&["clone", "vm@s3", "c"]);
+        io(&s.uri("c"), &["write -P 0x66 5M 8k", "flush"]);
+        let d = s.json(&["diff", "c", "--from", "vm@s3"]);
+        assert_eq!(ranges(&d), [data(5 * MIB, 8192)], "{kind:?}");
+
+        // A name reused: the old id is refused, never diffed silently.
+        s.ok(&["snapshot", "delete", "vm", "s1"]);
+        s.ok(&["snapshot", "create", "vm", "s1"]);
+        assert_ne!(snapshot_id(&s, "vm", "s1"), id1);
+        let e = s.fails(&["diff", "vm", "--from", &format!("id:{id1}")]);
+        assert!(
+            e.contains(&format!("no snapshot with id {id1}")) && e.contains("take a full one"),
+            "{e}"
+        );
+        let e = s.fails(&["diff", "vm", "--from", "gone"]);
+        assert!(
+            e.contains("no snapshot 'gone'") && e.contains("take a full one"),
+            "{e}"
+        );
+        let e = s.fails(&["diff", "vm", "--from", "id:x"]);
+        assert!(e.contains("id:N"), "{e}");
+        srv.stop();
+        // Without a server the CLI answers the same.
+        assert_eq!(
+            ranges(&s.json(&["diff", "c", "--from", "vm@s3"])),
+            [data(5 * MIB, 8192)]
+        );
+    });
+}
