@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the external programs strata's tests and benchmarks drive:
-# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin),
+# qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin) and
+# libnbd's Python binding (python3-libnbd),
 # qemu-storage-daemon (qemu-system-common: bench.py's vhost-user-blk peer),
 # and for the real-guest tests (crates/cli/tests/guest.rs, scripts/guest/):
 # QEMU's x86 system emulator, a Debian kernel (installed in /boot only;
@@ -18,6 +19,9 @@ command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio      >/dev/null 2>&1 || need+=(fio)
 command -v nbdinfo  >/dev/null 2>&1 || need+=(libnbd-bin)
+# libnbd's Python binding: the incremental-backup test reads dirty extents
+# the way backup tools do (crates/cli/tests/backup.rs).
+command -v nbdsh >/dev/null 2>&1 || need+=(python3-libnbd)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 # qemu-storage-daemon: the vhost-user-blk peer in bench.py's vhost case.
 command -v qemu-storage-daemon >/dev/null 2>&1 || need+=(qemu-system-common)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use strata_block::BlockDevice;
 
 use crate::proto::*;
-use crate::{NbdStream, Shared, OPTION_BYTES_MAX};
+use crate::{MetaContext, NbdStream, Shared, OPTION_BYTES_MAX};
 
 /// Option payloads up to this size are read and discarded when too large;
 /// beyond it the connection is closed.
@@ -14,12 +14,28 @@ const OPTION_DISCARD_MAX: u32 = 16 << 20;
 /// Options one connection may send before it has to pick an export.
 const OPTIONS_MAX: usize = 65_536;
 
+/// A metadata context a connection selected.
+#[derive(Clone)]
+pub(crate) enum Context {
+    /// `base:allocation`, from the device's block status.
+    Allocation,
+    /// One the export provider offers.
+    Other(Arc<dyn MetaContext>),
+}
+
 /// What the client chose.
 pub(crate) struct Negotiated {
     pub device: Arc<dyn BlockDevice>,
     pub structured: bool,
-    /// `base:allocation` was selected for this export.
-    pub base_allocation: bool,
+    /// The metadata contexts selected for this export, with their ids.
+    pub contexts: Vec<(u32, Context)>,
+}
+
+/// Whether LIST_META_CONTEXT query `q` names context `c`: the name itself,
+/// or a namespace or prefix ending in `:` (`base:`, `qemu:`,
+/// `qemu:dirty-bitmap:`).
+fn lists(q: &str, c: &str) -> bool {
+    q == c || (q.ends_with(':') && c.starts_with(q))
 }
 
 pub(crate) fn io_invalid(msg: impl Into<String>) -> io::Error {
@@ -85,8 +101,8 @@ struct Haggle<'a, S: NbdStream> {
     /// Reused for every option reply.
     out: Vec<u8>,
     structured: bool,
-    /// The export `base:allocation` was selected for, if any.
-    meta_export: Option<String>,
+    /// The export contexts were selected for, and those contexts.
+    meta: Option<(String, Vec<(u32, Context)>)>,
 }
 
 impl<S: NbdStream> Haggle<'_, S> {
@@ -136,7 +152,10 @@ impl<S: NbdStream> Haggle<'_, S> {
         Negotiated {
             device,
             structured: self.structured,
-            base_allocation: self.structured && self.meta_export.as_deref() == Some(name),
+            contexts: match &self.meta {
+                Some((export, selected)) if self.structured && export == name => selected.clone(),
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -233,7 +252,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         let set = opt == OPT_SET_META_CONTEXT;
         if set {
             // Whatever happens next, earlier selections are replaced.
-            self.meta_export = None;
+            self.meta = None;
             if !self.structured {
                 return self.error(
                     opt,
@@ -259,26 +278,43 @@ impl<S: NbdStream> Haggle<'_, S> {
             Ok((name, _)) => name,
             Err(msg) => return self.error(opt, REP_ERR_UNKNOWN, &msg),
         };
-        let matched = if set {
-            queries.contains(&BASE_ALLOCATION)
-        } else {
-            queries.is_empty()
-                || queries
-                    .iter()
-                    .any(|q| *q == BASE_ALLOCATION || *q == "base:")
-        };
-        if matched {
-            // LIST replies carry id 0 (reserved); SET gives the real id.
-            let id = if set { BASE_ALLOCATION_ID } else { 0 };
-            self.reply(
-                opt,
-                REP_META_CONTEXT,
-                &[&id.to_be_bytes(), BASE_ALLOCATION.as_bytes()],
-            )?;
-            if set {
-                self.meta_export = Some(name);
+        let offered: Vec<String> = std::iter::once(BASE_ALLOCATION.to_string())
+            .chain(self.shared.provider.contexts(&name))
+            .collect();
+        if !set {
+            // LIST replies carry id 0 (reserved).
+            for c in &offered {
+                if queries.is_empty() || queries.iter().any(|q| lists(q, c)) {
+                    self.reply(opt, REP_META_CONTEXT, &[&0u32.to_be_bytes(), c.as_bytes()])?;
+                }
             }
+            return self.reply(opt, REP_ACK, &[]);
         }
+        // SET selects each context named exactly; a query for one that
+        // does not exist selects nothing (the spec: no reply for it).
+        let mut selected: Vec<(u32, Context)> = Vec::new();
+        let mut names: Vec<&str> = Vec::new();
+        for q in &queries {
+            if names.contains(q) || !offered.iter().any(|c| c == q) {
+                continue;
+            }
+            let (id, ctx) = if *q == BASE_ALLOCATION {
+                (BASE_ALLOCATION_ID, Context::Allocation)
+            } else {
+                match self.shared.provider.context(&name, q) {
+                    // base:allocation is 1; the others follow.
+                    Some(c) => (
+                        BASE_ALLOCATION_ID + 1 + names.len() as u32,
+                        Context::Other(c),
+                    ),
+                    None => continue,
+                }
+            };
+            names.push(q);
+            self.reply(opt, REP_META_CONTEXT, &[&id.to_be_bytes(), q.as_bytes()])?;
+            selected.push((id, ctx));
+        }
+        self.meta = Some((name, selected));
         self.reply(opt, REP_ACK, &[])
     }
 
@@ -341,7 +377,7 @@ pub(crate) fn negotiate<S: NbdStream>(
         conn,
         out: Vec::with_capacity(256),
         structured: false,
-        meta_export: None,
+        meta: None,
     };
     let mut data = Vec::new();
     for _ in 0..OPTIONS_MAX {
@@ -416,6 +452,18 @@ mod tests {
         let mut c = Cursor(&b);
         assert_eq!(c.string(), Some("ok"));
         assert!(!c.is_empty());
+    }
+
+    #[test]
+    fn list_queries_match_names_and_namespaces() {
+        let bm = "qemu:dirty-bitmap:s1";
+        assert!(lists(bm, bm) && lists("qemu:", bm) && lists("qemu:dirty-bitmap:", bm));
+        assert!(lists("base:", BASE_ALLOCATION));
+        assert!(
+            !lists("qemu:dirty-bitmap:s", bm),
+            "a prefix must end in ':'"
+        );
+        assert!(!lists("base:", bm) && !lists("qemu:dirty-bitmap:s2", bm));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Fixed-newstyle negotiation only (no oldstyle, no TLS): `EXPORT_NAME`,
 //! `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`, `LIST_META_CONTEXT`
-//! and `SET_META_CONTEXT` with the single context `base:allocation`.
+//! and `SET_META_CONTEXT` with `base:allocation` and the contexts the
+//! export provider offers (strata's `qemu:dirty-bitmap:SNAP`).
 //! `STARTTLS`, `EXTENDED_HEADERS` and unknown options are answered with
 //! `NBD_REP_ERR_UNSUP`. In transmission every command of the base protocol
 //! is served: READ, WRITE (with FUA), DISC, FLUSH, TRIM, CACHE (validated,
@@ -116,6 +117,28 @@ pub trait ExportProvider: Send + Sync {
     /// if there is no such export. The handle is dropped when the
     /// connection ends.
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+
+    /// The metadata contexts `export` offers besides `base:allocation`
+    /// (full names, such as `qemu:dirty-bitmap:s1`), for
+    /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`.
+    fn contexts(&self, _export: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Context `name` of `export`, selected by one connection (None: it
+    /// does not exist, and is not selected).
+    fn context(&self, _export: &str, _name: &str) -> Option<Arc<dyn MetaContext>> {
+        None
+    }
+}
+
+/// A metadata context other than `base:allocation`: the status flags a
+/// BLOCK_STATUS reply gives for it.
+pub trait MetaContext: Send + Sync {
+    /// Runs of `(length, flags)` from `offset`, ascending, covering at
+    /// least a first part of `[offset, offset + len)`; runs past the range
+    /// are cut.
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u32)>>;
 }
 
 /// Limits and tuning of a server.

@@ -11,11 +11,9 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
-use strata_block::{
-    check_range, AlignedBuf, BlockDevice, BlockError, Extent, Fill, ReadFill, ZeroOptions,
-};
+use strata_block::{check_range, AlignedBuf, BlockDevice, BlockError, Fill, ReadFill, ZeroOptions};
 
-use crate::handshake::{discard, io_invalid, negotiate};
+use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
 use crate::{NbdStream, Shared};
 
@@ -68,7 +66,7 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Resul
         broken: AtomicBool::new(false),
         dev: session.device,
         structured: session.structured,
-        base_allocation: session.base_allocation,
+        contexts: session.contexts,
         max_request: shared.opts.max_request_bytes,
         queue: Mutex::new(Queue::default()),
         work: Condvar::new(),
@@ -122,7 +120,8 @@ struct Conn<S> {
     broken: AtomicBool,
     dev: Arc<dyn BlockDevice>,
     structured: bool,
-    base_allocation: bool,
+    /// The metadata contexts selected, with their ids.
+    contexts: Vec<(u32, Context)>,
     max_request: u32,
     queue: Mutex<Queue>,
     /// Signalled when a job is queued or the queue closes.
@@ -283,7 +282,7 @@ impl<S: NbdStream> Conn<S> {
         if writes && self.dev.read_only() {
             return fail(EPERM, "the export is read-only");
         }
-        if r.ty == CMD_BLOCK_STATUS && !self.base_allocation {
+        if r.ty == CMD_BLOCK_STATUS && self.contexts.is_empty() {
             return fail(EINVAL, "no metadata context was negotiated");
         }
         if r.len == 0 {
@@ -485,10 +484,7 @@ impl<S: NbdStream> Conn<S> {
                 self.reply_result(req, dev.write_zeroes(req.offset, req.len as u64, opts))
             }
             CMD_CACHE => self.reply_ok(req),
-            CMD_BLOCK_STATUS => match dev.block_status(req.offset, req.len as u64) {
-                Ok(extents) => self.block_status(req, &extents),
-                Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
-            },
+            CMD_BLOCK_STATUS => self.block_status(req),
             // validate() let nothing else through.
             _ => self.reply_error(req, EINVAL, "unknown command"),
         }
@@ -562,52 +558,102 @@ impl<S: NbdStream> Conn<S> {
         self.send_parts(&mut parts)
     }
 
-    /// One BLOCK_STATUS chunk for `base:allocation`: neighbouring extents
-    /// with equal flags merged, nothing past the requested range, one
-    /// descriptor only with REQ_ONE.
-    fn block_status(&self, req: &Request, extents: &[Extent]) -> io::Result<()> {
-        let mut descs: Vec<(u32, u32)> = Vec::with_capacity(extents.len().min(1024));
-        let mut left = req.len as u64;
-        for x in extents {
-            if left == 0 {
-                break;
+    /// BLOCK_STATUS: one chunk per selected context (the last one marked
+    /// done), each with neighbouring runs of equal flags merged, nothing
+    /// past the requested range, one descriptor only with REQ_ONE. Every
+    /// context is asked before anything is sent, so a failure is one error
+    /// reply.
+    fn block_status(&self, req: &Request) -> io::Result<()> {
+        let mut chunks = Vec::with_capacity(self.contexts.len());
+        for (id, ctx) in &self.contexts {
+            let runs = match ctx {
+                Context::Allocation => match self.dev.block_status(req.offset, req.len as u64) {
+                    Ok(extents) => extents
+                        .iter()
+                        .map(|x| {
+                            let flags = if x.hole { STATE_HOLE } else { 0 }
+                                | if x.zero { STATE_ZERO } else { 0 };
+                            (x.len_bytes, flags)
+                        })
+                        .collect(),
+                    Err(e) => return self.reply_error(req, errno_of(&e), &e.to_string()),
+                },
+                Context::Other(c) => match c.extents(req.offset, req.len as u64) {
+                    Ok(runs) => runs,
+                    Err(e) => return self.reply_error(req, EIO, &e.to_string()),
+                },
+            };
+            let descs = descriptors(&runs, req.len as u64, req.flags & FLAG_REQ_ONE != 0);
+            if descs.is_empty() {
+                return self.reply_error(req, EIO, "the device reported no extent");
             }
-            let len = x.len_bytes.min(left);
-            if len == 0 {
-                continue;
-            }
-            left -= len;
-            let flags = if x.hole { STATE_HOLE } else { 0 } | if x.zero { STATE_ZERO } else { 0 };
-            // `len` fits: the total never exceeds the u32 request length.
-            match descs.last_mut() {
-                Some(last) if last.1 == flags => last.0 += len as u32,
-                _ => {
-                    let one = req.flags & FLAG_REQ_ONE != 0;
-                    if (one && !descs.is_empty()) || descs.len() >= DESCRIPTORS_MAX {
-                        break;
-                    }
-                    descs.push((len as u32, flags));
-                }
-            }
+            chunks.push((*id, descs));
         }
-        if descs.is_empty() {
-            return self.reply_error(req, EIO, "the device reported no extent");
-        }
-        let payload = 4 + 8 * descs.len();
-        let mut b = Vec::with_capacity(CHUNK_HEADER_BYTES + payload);
-        b.resize(CHUNK_HEADER_BYTES, 0);
-        chunk_header(
-            &mut b,
-            CHUNK_DONE,
-            CHUNK_BLOCK_STATUS,
-            req.cookie,
-            payload as u32,
-        );
-        b.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-        for (len, flags) in descs {
-            b.extend_from_slice(&len.to_be_bytes());
-            b.extend_from_slice(&flags.to_be_bytes());
+        let mut b = Vec::new();
+        let n = chunks.len();
+        for (i, (id, descs)) in chunks.into_iter().enumerate() {
+            let payload = 4 + 8 * descs.len();
+            let at = b.len();
+            b.resize(at + CHUNK_HEADER_BYTES, 0);
+            chunk_header(
+                &mut b[at..],
+                if i + 1 == n { CHUNK_DONE } else { 0 },
+                CHUNK_BLOCK_STATUS,
+                req.cookie,
+                payload as u32,
+            );
+            b.extend_from_slice(&id.to_be_bytes());
+            for (len, flags) in descs {
+                b.extend_from_slice(&len.to_be_bytes());
+                b.extend_from_slice(&flags.to_be_bytes());
+            }
         }
         self.send(&b)
+    }
+}
+
+/// A BLOCK_STATUS chunk's descriptors from runs of `(length, flags)`:
+/// equal neighbours merged, at most `len` bytes in all, one descriptor
+/// only if `one` (REQ_ONE), at most [`DESCRIPTORS_MAX`].
+fn descriptors(runs: &[(u64, u32)], len: u64, one: bool) -> Vec<(u32, u32)> {
+    let mut descs: Vec<(u32, u32)> = Vec::with_capacity(runs.len().min(1024));
+    let mut left = len;
+    for &(run, flags) in runs {
+        if left == 0 {
+            break;
+        }
+        let n = run.min(left);
+        if n == 0 {
+            continue;
+        }
+        left -= n;
+        // `n` fits: the total never exceeds the u32 request length.
+        match descs.last_mut() {
+            Some(last) if last.1 == flags => last.0 += n as u32,
+            _ => {
+                if (one && !descs.is_empty()) || descs.len() >= DESCRIPTORS_MAX {
+                    break;
+                }
+                descs.push((n as u32, flags));
+            }
+        }
+    }
+    descs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_merge_cut_and_honour_req_one() {
+        let runs = [(4096, 1), (4096, 1), (8192, 0), (1 << 20, 1)];
+        assert_eq!(
+            descriptors(&runs, 1 << 30, false),
+            [(8192, 1), (8192, 0), (1 << 20, 1)]
+        );
+        assert_eq!(descriptors(&runs, 12288, false), [(8192, 1), (4096, 0)]);
+        assert_eq!(descriptors(&runs, 1 << 30, true), [(8192, 1)]);
+        assert!(descriptors(&[(0, 1)], 4096, false).is_empty());
     }
 }

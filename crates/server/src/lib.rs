@@ -6,13 +6,15 @@
 //! - [`ops`]: one request against one datastore, through
 //!   `strata_datastore::Datastore` (the CLI runs it in its own process when
 //!   no server holds the datastore); [`vmdk_ops`] the VMDK files';
-//!   [`changes`] `diff` for incremental backups.
+//!   [`changes`] `diff` for incremental backups, [`bitmaps`] the same as
+//!   NBD `qemu:dirty-bitmap:` contexts.
 //! - [`serve`]: the running server: exports over NBD, vhost-user-blk and
 //!   FUSE, the control socket ([`control`]), jobs ([`jobs`]), placement and
 //!   moves ([`placement`], [`moving`]), HTTP ([`web`]: metrics, dashboard,
 //!   API), and a clean shutdown.
 
 pub mod api;
+pub mod bitmaps;
 pub mod changes;
 pub mod cloning;
 pub mod control;

@@ -206,9 +206,30 @@ impl ExportProvider for Exports {
             None => dev,
         })
     }
+
+    fn contexts(&self, export: &str) -> Vec<String> {
+        match self.store_of(export) {
+            Some(ds) => crate::bitmaps::names(&*ds, export),
+            None => Vec::new(),
+        }
+    }
+
+    fn context(&self, export: &str, name: &str) -> Option<Arc<dyn strata_nbd::MetaContext>> {
+        crate::bitmaps::open(self.store_of(export)?, export, name)
+    }
 }
 
 impl Exports {
+    /// The datastore that holds export `name`'s disk (None for a VMDK).
+    fn store_of(&self, name: &str) -> Option<crate::placement::Store> {
+        if self.vmdks.iter().any(|(n, _)| n == name) {
+            return None;
+        }
+        let p = self.places.as_ref()?;
+        let disk = strata_format::split_target(name).0;
+        p.store(&p.place_of(disk)).ok()
+    }
+
     /// The device behind an export, without statistics (for looking at its
     /// size and mode; I/O goes through [`ExportProvider::open`]).
     fn open_raw(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
