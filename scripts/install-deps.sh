@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the external programs strata's tests and benchmarks drive:
 # qemu-img/qemu-nbd (qemu-utils), fio, nbdinfo/nbdcopy (libnbd-bin) and
-# libnbd's Python binding (python3-libnbd),
+# libnbd's Python binding (python3-libnbd), Ceph's rbd (ceph-common: its
+# merge-diff checks export-diff streams),
 # qemu-storage-daemon (qemu-system-common: bench.py's vhost-user-blk peer),
 # and for the real-guest tests (crates/cli/tests/guest.rs, scripts/guest/):
 # QEMU's x86 system emulator, a Debian kernel (installed in /boot only;
@@ -22,6 +23,8 @@ command -v nbdinfo  >/dev/null 2>&1 || need+=(libnbd-bin)
 # libnbd's Python binding: the incremental-backup test reads dirty extents
 # the way backup tools do (crates/cli/tests/backup.rs).
 command -v nbdsh >/dev/null 2>&1 || need+=(python3-libnbd)
+# Ceph's rbd reads strata's export-diff streams (merge-diff needs no cluster).
+command -v rbd >/dev/null 2>&1 || need+=(ceph-common)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 # qemu-storage-daemon: the vhost-user-blk peer in bench.py's vhost case.
 command -v qemu-storage-daemon >/dev/null 2>&1 || need+=(qemu-system-common)

@@ -186,6 +186,48 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     },
     /// Remove a disk and its snapshots (linked clones keep what they share)
     Rm { name: String },
+    /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream, to FILE or - (stdout)
+    #[command(
+        name = "export-diff",
+        long_about = "Write DISK[@SNAP]'s changes since BASE (without --from: everything it maps) as\n\
+a Ceph 'rbd diff v1' stream: records 'f' (BASE), 't' (SNAP) and 's' (the size), then 'w'\n\
+(data) and 'z' (zeroed) records in ascending order, then 'e'. 'rbd import-diff' and\n\
+'rbd merge-diff' read it, and so does 'strata import-diff'. FILE '-' is standard output:\n\
+  strata export-diff vm@s2 --from s1 - | ssh backup strata import-diff - vm\n\
+Runs as a job with progress (docs/BACKUP.md)."
+    )]
+    ExportDiff {
+        /// DISK@SNAP (or DISK: its live head)
+        target: String,
+        /// The base: a snapshot name, id:N, or another version
+        #[arg(long)]
+        from: Option<String>,
+        /// The file to write, or - for standard output
+        file: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Apply a Ceph 'rbd diff' stream (FILE or - for stdin) to a disk and take its snapshot
+    #[command(
+        name = "import-diff",
+        long_about = "Apply an 'rbd diff' stream (v1 or v2; from 'strata export-diff' or 'rbd\n\
+export-diff') to DISK: grow it to the stream's size, write its data and zero records, then\n\
+take the snapshot the stream names ('t'). Refused before anything changes: a damaged header,\n\
+a snapshot 't' the disk has, an 'f' it lacks, and (unless --force) a disk that differs from\n\
+its snapshot 'f'. A stream found damaged, truncated or out of order later is refused naming\n\
+the byte offset, and the disk is put back as it was. FILE '-' is standard input."
+    )]
+    ImportDiff {
+        /// The stream: a file, or - for standard input
+        file: String,
+        /// The disk to apply it to
+        disk: String,
+        /// Apply it even if the disk differs from the stream's base snapshot
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// The ranges where a disk or snapshot differs from a base, for incremental backups
     #[command(
         long_about = "The ranges where DISK (its live head) or DISK@SNAP differs from BASE, ascending\n\
@@ -557,6 +599,15 @@ impl From<&JsonFlag> for Format {
 }
 
 /// What a command line asks for, typed.
+/// Which way a [`Action::Stream`]'s data flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pipe {
+    /// The request writes the stream: copied to stdout.
+    Out,
+    /// The request reads the stream: copied from stdin.
+    In,
+}
+
 pub enum Action<'a> {
     /// `init`: make a datastore (0: the file system's free space).
     Init { capacity_bytes: u64 },
@@ -574,6 +625,14 @@ pub enum Action<'a> {
         format: Format,
         /// Run again every second until interrupted (`stats --watch`).
         watch: bool,
+    },
+    /// `export-diff ... -` / `import-diff - ...`: a datastore request whose
+    /// stream is this process's stdout (`Out`) or stdin (`In`), through a
+    /// pipe the request names.
+    Stream {
+        request: Request,
+        format: Format,
+        pipe: Pipe,
     },
     /// A command on VMDK files, run here.
     Vmdk {
@@ -713,6 +772,59 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 json.into(),
             ),
             Cmd::Rm { name } => datastore(Request::Remove { name: name.clone() }, Format::Human),
+            Cmd::ExportDiff {
+                target,
+                from,
+                file,
+                json,
+            } => {
+                let stdout = file == "-";
+                let request = Request::ExportDiff {
+                    target: target.clone(),
+                    from: from.clone(),
+                    // The pipe's path is filled in when it is made.
+                    out: if stdout {
+                        PathBuf::new()
+                    } else {
+                        absolute(std::path::Path::new(file))?
+                    },
+                };
+                if stdout {
+                    Action::Stream {
+                        request,
+                        format: json.into(),
+                        pipe: Pipe::Out,
+                    }
+                } else {
+                    datastore(request, json.into())
+                }
+            }
+            Cmd::ImportDiff {
+                file,
+                disk,
+                force,
+                json,
+            } => {
+                let stdin = file == "-";
+                let request = Request::ImportDiff {
+                    path: if stdin {
+                        PathBuf::new()
+                    } else {
+                        absolute(std::path::Path::new(file))?
+                    },
+                    disk: disk.clone(),
+                    force: *force,
+                };
+                if stdin {
+                    Action::Stream {
+                        request,
+                        format: json.into(),
+                        pipe: Pipe::In,
+                    }
+                } else {
+                    datastore(request, json.into())
+                }
+            }
             Cmd::Diff {
                 target,
                 from,

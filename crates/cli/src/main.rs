@@ -16,7 +16,7 @@ use clap::Parser;
 use strata_engine::{Datastore, Error, ErrorKind, InitOptions};
 use strata_storage::FileBackend;
 
-use crate::args::{default_datastore, Action, Cli};
+use crate::args::{default_datastore, Action, Cli, Pipe};
 use crate::output::{progress_bar, Format};
 use strata_datastore::{try_lock, LockOutcome};
 use strata_server::api::{Request, Response, VmdkRequest};
@@ -75,6 +75,11 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
         }
+        Action::Stream {
+            request,
+            format,
+            pipe,
+        } => stream(cli, dir, request, format, pipe),
         Action::Datastore {
             request,
             format,
@@ -95,6 +100,79 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             Ok(exit_code(response.found_problems()))
         }
     }
+}
+
+/// Run a request whose stream is stdout or stdin: it reads or writes a
+/// named pipe (in a directory only this user can enter) that a thread
+/// here connects to stdin or stdout, so a server holding the datastore
+/// streams through it just as this process would.
+fn stream(
+    cli: &Cli,
+    dir: &Path,
+    mut request: Request,
+    format: Format,
+    pipe: Pipe,
+) -> Result<ExitCode, Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    let io = |what: &str, e: std::io::Error| Error::new(ErrorKind::Io, format!("{what}: {e}"));
+    // One stream per process: the pid names it.
+    let tmp = std::env::temp_dir().join(format!("strata-pipe-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .map_err(|e| io(&tmp.display().to_string(), e))?;
+    let fifo = tmp.join("stream");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: mkfifo(3) on a path we own.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(io("mkfifo", e));
+    }
+    match &mut request {
+        Request::ExportDiff { out, .. } => *out = fifo.clone(),
+        Request::ImportDiff { path, .. } => *path = fifo.clone(),
+        _ => unreachable!("args makes streams of export-diff and import-diff only"),
+    }
+    let f = fifo.clone();
+    let pump = std::thread::spawn(move || -> std::io::Result<u64> {
+        match pipe {
+            Pipe::Out => {
+                let mut from = std::fs::File::open(&f)?;
+                let mut out = std::io::stdout().lock();
+                let n = std::io::copy(&mut from, &mut out)?;
+                std::io::Write::flush(&mut out)?;
+                Ok(n)
+            }
+            Pipe::In => {
+                let mut to = std::fs::OpenOptions::new().write(true).open(&f)?;
+                std::io::copy(&mut std::io::stdin().lock(), &mut to)
+            }
+        }
+    });
+    let r = dispatch(dir, cli.metadata_cache, false, &request);
+    // Once the request ended, the other end of the pipe is closed; a
+    // failed one may never have opened it (the thread then waits in
+    // open(2) until this process exits).
+    let pumped = match &r {
+        Ok(_) => Some(pump.join().expect("pump thread")),
+        Err(_) => None,
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut response = r?;
+    if let Some(Err(e)) = pumped {
+        return Err(io("the stream", e));
+    }
+    if let Response::ExportDiff(x) = &mut response {
+        x.file = "-".into();
+    }
+    // With the stream on stdout, the report goes to stderr.
+    let text = output::render(&response, format);
+    match pipe {
+        Pipe::Out => eprint!("{text}"),
+        Pipe::In => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// 1 for a command that ran and found problems (`check`), else success.

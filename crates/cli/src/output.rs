@@ -198,6 +198,39 @@ impl Render for Response {
             Response::Capacity { info, changed } => capacity(out, info, *changed),
             Response::Alarms(a) => alarm_list(out, a),
             Response::Moved(r) => moved(out, r),
+            Response::ExportDiff(r) => line(
+                out,
+                format_args!(
+                    "exported {}{} to {}: {} of data, {} of zeros, {} bytes of stream",
+                    r.target,
+                    r.base
+                        .as_ref()
+                        .map(|b| format!(" since {b}"))
+                        .unwrap_or_default(),
+                    r.file,
+                    human(r.data_bytes),
+                    human(r.zero_bytes),
+                    r.stream_bytes
+                ),
+            ),
+            Response::ImportDiff(r) => line(
+                out,
+                format_args!(
+                    "applied to {}: {} of data, {} of zeros{}{}",
+                    r.disk,
+                    human(r.data_bytes),
+                    human(r.zero_bytes),
+                    if r.extended {
+                        format!("; grown to {}", human(r.size_bytes))
+                    } else {
+                        String::new()
+                    },
+                    r.snapshot
+                        .as_ref()
+                        .map(|t| format!("; snapshot {}@{t} taken", r.disk))
+                        .unwrap_or_default()
+                ),
+            ),
         }
     }
 

@@ -393,3 +393,180 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
         );
     });
 }
+
+/// `sh -c` with the datastore in the environment, for pipes.
+fn sh(s: &Store, script: &str) -> std::process::Output {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("STRATA", strata())
+        .env("STRATA_DATASTORE", s.path())
+        .output()
+        .unwrap()
+}
+
+/// Whether two exports read the same (qemu-img compare).
+fn same(a: &str, b: &str) -> bool {
+    raw_compare(a, b).status.success()
+}
+
+#[test]
+fn export_diff_and_import_diff_round_trip_through_files_pipes_and_rbd() {
+    for tool in ["qemu-io", "qemu-img", "rbd"] {
+        if !have(tool) {
+            return;
+        }
+    }
+    each_kind(|kind| {
+        let s = Store::of(kind);
+        let dir = tempfile::tempdir().unwrap();
+        let file = |n: &str| dir.path().join(n);
+        let p = |n: &str| file(n).to_str().unwrap().to_string();
+        s.ok(&["create", "vm", "--size", "32M"]);
+        s.ok(&["create", "copy", "--size", "32M"]);
+        s.ok(&["create", "merged", "--size", "32M"]);
+        let _srv = s.serve();
+        io(&s.uri("vm"), &["write -P 0x11 0 6M", "flush"]);
+        s.ok(&["snapshot", "create", "vm", "s1"]);
+        // Data, a trim and zeros over data (the hole class: openzfs
+        // #4050), then s2; an extend and data past the old end, then s3.
+        io(
+            &s.uri("vm"),
+            &[
+                "write -P 0x22 1M 100k",
+                "discard 2M 1M",
+                "write -z 5M 64k",
+                "flush",
+            ],
+        );
+        s.ok(&["snapshot", "create", "vm", "s2"]);
+        s.ok(&["extend", "vm", "--size", "48M"]);
+        io(&s.uri("vm"), &["write -P 0x33 40M 1M", "flush"]);
+        s.ok(&["snapshot", "create", "vm", "s3"]);
+
+        // Full export of s1, then the two increments: one to a file, one
+        // through a pipe, as to another site.
+        let full = s.json(&["export-diff", "vm@s1", &p("d01")]);
+        assert_eq!(full["data_bytes"], 6 * MIB, "{full}");
+        let d12 = s.json(&["export-diff", "vm@s2", "--from", "s1", &p("d12")]);
+        assert_eq!(
+            d12["zero_bytes"],
+            MIB + (64 << 10),
+            "the trim and the zeros: {d12}"
+        );
+        let o = sh(
+            &s,
+            &format!("\"$STRATA\" export-diff vm@s3 --from s2 - > {}", p("d23")),
+        );
+        assert!(o.status.success(), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("exported vm@s3 since vm@s2 to -"),
+            "the report goes to stderr: {o:?}"
+        );
+        // Applied out of turn (copy lacks s2 yet): refused before anything.
+        let o = sh(
+            &s,
+            "\"$STRATA\" export-diff vm@s3 --from s2 - | \"$STRATA\" import-diff - copy",
+        );
+        assert!(!o.status.success(), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("does not have"),
+            "{o:?}"
+        );
+        s.ok(&["import-diff", &p("d01"), "copy"]);
+        s.ok(&["import-diff", &p("d12"), "copy"]);
+        assert!(same(&s.uri("copy@s2"), &s.uri("vm@s2")), "{kind:?}");
+        let o = sh(
+            &s,
+            &format!("cat {} | \"$STRATA\" import-diff - copy --json", p("d23")),
+        );
+        assert!(o.status.success(), "{o:?}");
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            (&r["extended"], &r["snapshot"]),
+            (&json!(true), &json!("s3")),
+            "{r}"
+        );
+        assert!(same(&s.uri("copy"), &s.uri("vm@s3")), "{kind:?}");
+        assert_eq!(
+            ranges(&s.json(&["diff", "copy@s3", "--from", "s2"])),
+            ranges(&s.json(&["diff", "vm@s3", "--from", "s2"]))
+        );
+        // The stream is the spec's, byte for byte where it is fixed.
+        let b = std::fs::read(file("d12")).unwrap();
+        assert!(
+            b.starts_with(b"rbd diff v1\nf\x02\0\0\0s1t\x02\0\0\0s2s"),
+            "{:?}",
+            &b[..40]
+        );
+        assert_eq!(b.last(), Some(&b'e'));
+
+        // Ceph's own tool merges strata's two increments; the merged
+        // stream applied to s1 is s3.
+        let o = std::process::Command::new("rbd")
+            .args(["merge-diff", &p("d12"), &p("d23"), &p("d13")])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "rbd merge-diff: {o:?}");
+        s.ok(&["import-diff", &p("d01"), "merged"]);
+        s.ok(&["import-diff", &p("d13"), "merged"]);
+        assert!(same(&s.uri("merged"), &s.uri("vm@s3")), "{kind:?}");
+
+        // A head that moved on since f is refused, naming where; --force
+        // applies anyway.
+        s.ok(&["create", "drift", "--size", "32M"]);
+        s.ok(&["import-diff", &p("d01"), "drift"]);
+        io(&s.uri("drift"), &["write -P 0x77 8M 4k", "flush"]);
+        let e = s.fails(&["import-diff", &p("d12"), "drift"]);
+        assert!(
+            e.contains("first at offset 8388608") && e.contains("--force"),
+            "{e}"
+        );
+        s.ok(&["import-diff", &p("d12"), "drift", "--force"]);
+
+        // Damaged streams: refused with the byte offset, and the disk
+        // stays as it was (truncated, out of order, a bad tag).
+        s.ok(&["create", "victim", "--size", "32M"]);
+        s.ok(&["import-diff", &p("d01"), "victim"]);
+        save(&s.uri("victim"), &file("before"));
+        let d = std::fs::read(file("d12")).unwrap();
+        let header = 12 + 7 + 7 + 9;
+        let mut cases: Vec<(&str, Vec<u8>, String)> = vec![
+            (
+                "truncated",
+                d[..d.len() - 5000].to_vec(),
+                "truncated".into(),
+            ),
+            ("no end", d[..d.len() - 1].to_vec(), "no 'e' record".into()),
+        ];
+        let mut bad_tag = d.clone();
+        bad_tag[header] = b'q';
+        cases.push((
+            "bad tag",
+            bad_tag,
+            format!("byte {header}: unknown record tag"),
+        ));
+        // Swap the first two records' offsets: out of order.
+        let mut order = d.clone();
+        let second = header
+            + 17
+            + u64::from_le_bytes(d[header + 9..header + 17].try_into().unwrap()) as usize;
+        order[second + 1..second + 9].copy_from_slice(&0u64.to_le_bytes());
+        cases.push((
+            "out of order",
+            order,
+            format!("byte {second}: records out of order"),
+        ));
+        for (what, bytes, want) in &cases {
+            std::fs::write(file("bad"), bytes).unwrap();
+            let e = s.fails(&["import-diff", &p("bad"), "victim"]);
+            assert!(e.contains(want.as_str()), "{kind:?} {what}: {e}");
+            assert!(
+                same(&s.uri("victim"), &p("before")),
+                "{kind:?} {what}: the disk changed"
+            );
+            let snaps = s.json(&["snapshot", "list", "victim"]);
+            assert_eq!(snaps.as_array().unwrap().len(), 1, "{what}: {snaps}");
+        }
+    });
+}

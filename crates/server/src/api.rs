@@ -112,6 +112,22 @@ pub enum Request {
         #[serde(default)]
         totals: bool,
     },
+    /// `export-diff TARGET [--from BASE] FILE`: the changes as an rbd diff
+    /// v1 stream written to `out` (absolute; a file or a pipe).
+    ExportDiff {
+        target: String,
+        #[serde(default)]
+        from: Option<String>,
+        out: PathBuf,
+    },
+    /// `import-diff FILE DISK [--force]`: apply an rbd diff stream read
+    /// from `path` (absolute; a file or a pipe).
+    ImportDiff {
+        path: PathBuf,
+        disk: String,
+        #[serde(default)]
+        force: bool,
+    },
     CloneFull {
         source: String,
         name: String,
@@ -235,6 +251,15 @@ impl Request {
             Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
             Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
             Request::Move { name, to, .. } => format!("move {name} to {}", to.display()),
+            Request::ExportDiff {
+                target,
+                from: Some(f),
+                ..
+            } => format!("export-diff {target} --from {f}"),
+            Request::ExportDiff { target, .. } => format!("export-diff {target}"),
+            Request::ImportDiff { path, disk, .. } => {
+                format!("import-diff {} into {disk}", path.display())
+            }
             other => format!("{other:?}"),
         }
     }
@@ -256,6 +281,8 @@ impl Request {
                 | Request::Import { .. }
                 | Request::Export { .. }
                 | Request::Move { .. }
+                | Request::ExportDiff { .. }
+                | Request::ImportDiff { .. }
                 | Request::Create {
                     provisioning: Provisioning::Eagerzeroedthick,
                     ..
@@ -300,6 +327,10 @@ pub enum Response {
     Check(CheckReport),
     /// `diff`
     Diff(DiffReport),
+    /// `export-diff`
+    ExportDiff(crate::diff_files::ExportDiffReport),
+    /// `import-diff`
+    ImportDiff(crate::diff_files::ImportDiffReport),
     /// `check` of an object-store datastore.
     StoreCheck(StoreCheckReport),
     /// `init|attach --object-store`: the store as this host joined it.
@@ -677,6 +708,8 @@ impl Response {
             Response::Check(r) => value(r),
             Response::StoreCheck(r) => value(r),
             Response::Diff(r) => value(r),
+            Response::ExportDiff(r) => value(r),
+            Response::ImportDiff(r) => value(r),
             Response::Joined { summary, .. } => value(summary),
             Response::Claimed(d) | Response::Released(d) => value(d),
             Response::Gc(r) => value(r),

@@ -211,6 +211,26 @@ pub fn execute(
                 ctx.ds, target, out, *subformat, *chain, adapter, progress,
             )?))
         }
+        Request::ExportDiff { target, from, out } => {
+            return Ok(Response::ExportDiff(crate::diff_files::export(
+                ctx.ds,
+                target,
+                from.as_deref(),
+                out,
+                ctx.control.clone(),
+                progress,
+            )?))
+        }
+        Request::ImportDiff { path, disk, force } => {
+            return Ok(Response::ImportDiff(crate::diff_files::import(
+                ctx.ds,
+                path,
+                disk,
+                *force,
+                ctx.control.clone(),
+                progress,
+            )?))
+        }
         Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
         Request::JobControl { id, action } => {
             return Ok(Response::Jobs(vec![jobs(ctx)?.act(*id, *action)?]))

@@ -445,7 +445,10 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
     Some(match req {
         Request::Info { name } => (name.as_str(), true),
         Request::SnapshotList { disk } => (disk.as_str(), true),
-        Request::Export { target, .. } | Request::Diff { target, .. } => (base(target), true),
+        Request::Export { target, .. }
+        | Request::Diff { target, .. }
+        | Request::ExportDiff { target, .. } => (base(target), true),
+        Request::ImportDiff { disk, .. } => (disk.as_str(), false),
         Request::Remove { name }
         | Request::Extend { name, .. }
         | Request::Limit { name, .. }

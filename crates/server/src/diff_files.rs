@@ -1,0 +1,315 @@
+//! `export-diff` and `import-diff` (docs/BACKUP.md): a version's changes
+//! as a Ceph `rbd diff v1` stream, and such a stream applied to a disk.
+//! Both stream (a file, or a pipe the CLI connects to its stdin or
+//! stdout), both run as jobs with progress.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use strata_block::ZeroOptions;
+use strata_datastore::Datastore;
+use strata_engine::{Error, ErrorKind, WorkControl};
+use strata_format::split_target;
+
+use crate::api::RangeKind;
+use crate::rbd_diff::{Reader, Record, Writer, WRITE_MAX};
+
+/// What `export-diff` wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExportDiffReport {
+    pub target: String,
+    /// The base as resolved (None: a full export of what the version maps).
+    pub base: Option<String>,
+    /// The file written (`-`: standard output).
+    pub file: String,
+    pub size_bytes: u64,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
+    /// Bytes of the stream.
+    pub stream_bytes: u64,
+}
+
+/// What `import-diff` applied.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImportDiffReport {
+    pub disk: String,
+    /// The stream's from- and to-snapshot names.
+    pub from: Option<String>,
+    /// The snapshot created at the end (the stream's `t`).
+    pub snapshot: Option<String>,
+    pub size_bytes: u64,
+    /// The disk was grown to the stream's size.
+    pub extended: bool,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Io, format!("{what}: {e}"))
+}
+
+fn check(control: &Option<Arc<WorkControl>>) -> Result<(), Error> {
+    match control {
+        Some(c) => c.checkpoint(),
+        None => Ok(()),
+    }
+}
+
+/// Write `target`'s changes since `from` (None: everything it maps) to
+/// `out` as an rbd diff v1 stream.
+pub fn export(
+    ds: &dyn Datastore,
+    target: &str,
+    from: Option<&str>,
+    out: &Path,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ExportDiffReport, Error> {
+    let (disk, snap) = split_target(target);
+    // (offset, length, data?) ascending.
+    let (ranges, base, size): (Vec<(u64, u64, bool)>, Option<String>, u64) = match from {
+        Some(f) => {
+            let d = crate::changes::diff(ds, target, f, false)?;
+            let ranges = d
+                .ranges
+                .unwrap_or_default()
+                .iter()
+                .map(|r| (r.offset, r.length, r.kind == RangeKind::Data))
+                .collect();
+            (ranges, Some(d.base), d.size_bytes)
+        }
+        None => {
+            let dev = ds.open(target)?;
+            let ranges = ds
+                .changed_ranges(None, target)?
+                .into_iter()
+                .filter(|r| r.mapped)
+                .map(|r| (r.offset, r.len, true))
+                .collect();
+            (ranges, None, dev.size_bytes())
+        }
+    };
+    // `f` names a snapshot of the same disk by its name, as rbd does;
+    // another version by its full name.
+    let f = base.as_deref().map(|b| match split_target(b) {
+        (d, Some(s)) if d == disk => s,
+        _ => b,
+    });
+    let dev = ds.open(target)?;
+    let file = File::create(out).map_err(|e| io_err(&out.display().to_string(), e))?;
+    let mut w = Writer::new(BufWriter::with_capacity(1 << 20, file), f, snap, size)
+        .map_err(|e| io_err("write the diff", e))?;
+    let total: u64 = ranges.iter().filter(|r| r.2).map(|r| r.1).sum();
+    let (mut data, mut zero) = (0u64, 0u64);
+    let mut buf = vec![0u8; WRITE_MAX];
+    for &(offset, len, is_data) in &ranges {
+        check(&control)?;
+        if !is_data {
+            w.zero(offset, len)
+                .map_err(|e| io_err("write the diff", e))?;
+            zero += len;
+            continue;
+        }
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(WRITE_MAX as u64) as usize;
+            dev.read_at(&mut buf[..n], at)
+                .map_err(|e| io_err(&format!("read {target} at {at}"), e))?;
+            w.data(at, &buf[..n])
+                .map_err(|e| io_err("write the diff", e))?;
+            at += n as u64;
+            data += n as u64;
+            progress(data, total);
+        }
+    }
+    let stream_bytes = w.written + 1;
+    w.end().map_err(|e| io_err("write the diff", e))?;
+    Ok(ExportDiffReport {
+        target: target.to_string(),
+        base,
+        file: out.display().to_string(),
+        size_bytes: size,
+        data_bytes: data,
+        zero_bytes: zero,
+        stream_bytes,
+    })
+}
+
+/// Apply the rbd diff stream at `path` to `disk`, then take its `t`
+/// snapshot. Refused before anything changes: a bad header, a `t` the
+/// disk has, an `f` it lacks, a disk that differs from `f` (unless
+/// `force`), a size smaller than the disk's. A stream found bad later
+/// leaves the disk as it was (it is reverted to a snapshot taken first).
+pub fn import(
+    ds: &dyn Datastore,
+    path: &Path,
+    disk: &str,
+    force: bool,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ImportDiffReport, Error> {
+    let name = path.display().to_string();
+    let file = File::open(path).map_err(|e| io_err(&name, e))?;
+    // A regular file's length gives the progress bar its end.
+    let total = file
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let bad = |e: crate::rbd_diff::DiffError| {
+        let kind = if e.io {
+            ErrorKind::Io
+        } else {
+            ErrorKind::InvalidArgument
+        };
+        Error::new(kind, format!("{name}: {e}"))
+    };
+    let (mut r, h) = Reader::open(BufReader::with_capacity(1 << 20, file)).map_err(bad)?;
+    let info = ds.disk_info(disk)?;
+    let snaps = ds.snapshots(disk)?;
+    if let Some(t) = &h.to {
+        if snaps.iter().any(|s| &s.name == t) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("disk '{disk}' already has snapshot '{t}', which the diff would create (applied before?)"),
+            ));
+        }
+    }
+    if let Some(f) = &h.from {
+        let base = match split_target(f) {
+            (_, Some(_)) => f.clone(),
+            (s, None) => format!("{disk}@{s}"),
+        };
+        let (_, Some(snap)) = split_target(&base) else {
+            unreachable!("made with a snapshot")
+        };
+        if split_target(&base).0 == disk && !snaps.iter().any(|s| s.name == snap) {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the diff starts from snapshot '{snap}', which disk '{disk}' does not have: \
+                     apply the diffs before it first"
+                ),
+            ));
+        }
+        if !force {
+            if let Some(c) = ds.changed_ranges(Some(&base), disk)?.first() {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{disk}' differs from {base} (first at offset {}), where the diff \
+                         starts: applied, it would not give its snapshot '{}'; --force applies it \
+                         anyway",
+                        c.offset,
+                        h.to.as_deref().unwrap_or("-")
+                    ),
+                ));
+            }
+        }
+    }
+    let size = h.size.unwrap_or(info.size_bytes);
+    if size < info.size_bytes {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "the diff's image is {size} bytes, smaller than disk '{disk}' ({}): strata disks \
+                 do not shrink",
+                info.size_bytes
+            ),
+        ));
+    }
+    // What the disk is now, to go back to if the stream turns out bad.
+    let undo = format!("import-diff-undo-{:08x}", rand::random::<u32>());
+    ds.snapshot_create(disk, &undo, "taken by import-diff; removed when it ends")?;
+    let applied = apply(ds, disk, size, &mut r, total, control, progress).map_err(|e| match e {
+        Failure::Stream(d) => bad(d),
+        Failure::Other(e) => e,
+    });
+    let result = applied.and_then(|(data, zero)| {
+        ds.snapshot_delete(disk, &undo)?;
+        if let Some(t) = &h.to {
+            ds.snapshot_create(disk, t, "imported with strata import-diff")?;
+        }
+        Ok(ImportDiffReport {
+            disk: disk.to_string(),
+            from: h.from.clone(),
+            snapshot: h.to.clone(),
+            size_bytes: size,
+            extended: size > info.size_bytes,
+            data_bytes: data,
+            zero_bytes: zero,
+        })
+    });
+    if result.is_err() && ds.snapshots(disk)?.iter().any(|s| s.name == undo) {
+        ds.snapshot_revert(disk, &undo)?;
+        ds.snapshot_delete(disk, &undo)?;
+    }
+    result
+}
+
+enum Failure {
+    Stream(crate::rbd_diff::DiffError),
+    Other(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+/// Grow `disk` to `size` and write the stream's records into it: the
+/// bytes of data and of zeros applied.
+fn apply<R: std::io::Read>(
+    ds: &dyn Datastore,
+    disk: &str,
+    size: u64,
+    r: &mut Reader<R>,
+    total: u64,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(u64, u64), Failure> {
+    if size > ds.disk_info(disk)?.size_bytes {
+        ds.extend(disk, size)?;
+    }
+    let dev = ds.open(disk)?;
+    let dev_err = |what: &str, at: u64, e: strata_block::BlockError| {
+        Failure::Other(io_err(&format!("{what} {disk} at {at}"), e))
+    };
+    let (mut data, mut zero) = (0u64, 0u64);
+    let mut buf = vec![0u8; WRITE_MAX];
+    loop {
+        check(&control)?;
+        match r.record().map_err(Failure::Stream)? {
+            Record::Data { offset, len } => {
+                let mut at = offset;
+                while at < offset + len {
+                    let n = (offset + len - at).min(WRITE_MAX as u64) as usize;
+                    r.read_data(&mut buf[..n]).map_err(Failure::Stream)?;
+                    dev.write_at(&buf[..n], at, false)
+                        .map_err(|e| dev_err("write", at, e))?;
+                    at += n as u64;
+                }
+                data += len;
+            }
+            Record::Zero { offset, len } => {
+                let opts = ZeroOptions {
+                    may_unmap: true,
+                    fast_only: false,
+                    fua: false,
+                };
+                dev.write_zeroes(offset, len, opts)
+                    .map_err(|e| dev_err("zero", offset, e))?;
+                zero += len;
+            }
+            Record::End => break,
+        }
+        progress(r.position(), total.max(r.position()));
+    }
+    dev.flush().map_err(|e| dev_err("flush", 0, e))?;
+    Ok((data, zero))
+}
