@@ -599,6 +599,30 @@ impl From<&JsonFlag> for Format {
 }
 
 /// What a command line asks for, typed.
+/// The action of a command whose FILE may be `-`: a stream through
+/// stdin or stdout (`main` makes the pipe and fills in its path), else a
+/// datastore request naming the file (absolute).
+fn stream_or_file<'a>(
+    file: &str,
+    pipe: Pipe,
+    format: Format,
+    request: impl FnOnce(PathBuf) -> Request,
+) -> Result<Action<'a>, Error> {
+    Ok(if file == "-" {
+        Action::Stream {
+            request: request(PathBuf::new()),
+            format,
+            pipe,
+        }
+    } else {
+        Action::Datastore {
+            request: request(absolute(std::path::Path::new(file))?),
+            format,
+            watch: false,
+        }
+    })
+}
+
 /// Which way a [`Action::Stream`]'s data flows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pipe {
@@ -777,54 +801,21 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 from,
                 file,
                 json,
-            } => {
-                let stdout = file == "-";
-                let request = Request::ExportDiff {
-                    target: target.clone(),
-                    from: from.clone(),
-                    // The pipe's path is filled in when it is made.
-                    out: if stdout {
-                        PathBuf::new()
-                    } else {
-                        absolute(std::path::Path::new(file))?
-                    },
-                };
-                if stdout {
-                    Action::Stream {
-                        request,
-                        format: json.into(),
-                        pipe: Pipe::Out,
-                    }
-                } else {
-                    datastore(request, json.into())
-                }
-            }
+            } => stream_or_file(file, Pipe::Out, json.into(), |out| Request::ExportDiff {
+                target: target.clone(),
+                from: from.clone(),
+                out,
+            })?,
             Cmd::ImportDiff {
                 file,
                 disk,
                 force,
                 json,
-            } => {
-                let stdin = file == "-";
-                let request = Request::ImportDiff {
-                    path: if stdin {
-                        PathBuf::new()
-                    } else {
-                        absolute(std::path::Path::new(file))?
-                    },
-                    disk: disk.clone(),
-                    force: *force,
-                };
-                if stdin {
-                    Action::Stream {
-                        request,
-                        format: json.into(),
-                        pipe: Pipe::In,
-                    }
-                } else {
-                    datastore(request, json.into())
-                }
-            }
+            } => stream_or_file(file, Pipe::In, json.into(), |path| Request::ImportDiff {
+                path,
+                disk: disk.clone(),
+                force: *force,
+            })?,
             Cmd::Diff {
                 target,
                 from,

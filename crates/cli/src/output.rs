@@ -156,8 +156,8 @@ impl Render for Response {
                 }
                 store_summary(out, summary);
             }
-            Response::Claimed(d) => claimed(out, d),
-            Response::Released(d) => released(out, d),
+            Response::Claimed(d) => claim(out, d, true),
+            Response::Released(d) => claim(out, d, false),
             Response::StoreCheck(r) => store_check(out, r),
             Response::Diff(r) => diff(out, r),
             Response::Gc(r) => gc(out, r),
@@ -539,37 +539,32 @@ fn disk(out: &mut String, v: &DiskView) {
     }
 }
 
-fn claimed(out: &mut String, v: &DiskView) {
-    let (who, generation) = match &v.object_store {
-        Some(w) => (
-            w.owner.as_ref().map(|o| o.name.clone()).unwrap_or_default(),
-            w.generation,
-        ),
-        None => (String::new(), 0),
-    };
-    line(
-        out,
-        format_args!(
-            "claimed disk {}: this host ({who}) is its writer, generation {generation}",
-            v.info.name
-        ),
-    );
-}
-
-fn released(out: &mut String, v: &DiskView) {
+/// `claim` (`claimed`) and `release`: the disk's writer record now.
+fn claim(out: &mut String, v: &DiskView, claimed: bool) {
     let name = &v.info.name;
-    let (generation, manifest) = v
-        .object_store
-        .as_ref()
-        .map(|w| (w.generation, w.manifest.clone()))
-        .unwrap_or_default();
-    line(
-        out,
-        format_args!(
-            "released disk {name} at generation {generation} (manifest {manifest}): this host \
-             writes it no more; another takes it with 'strata claim {name} --handover'"
-        ),
-    );
+    let w = v.object_store.clone().unwrap_or_else(|| StoreDisk {
+        id: String::new(),
+        generation: 0,
+        owner: None,
+        manifest: String::new(),
+        written_ms: 0,
+        fenced: None,
+    });
+    let _ = if claimed {
+        let who = w.owner.map(|o| o.name).unwrap_or_default();
+        writeln!(
+            out,
+            "claimed disk {name}: this host ({who}) is its writer, generation {}",
+            w.generation
+        )
+    } else {
+        writeln!(
+            out,
+            "released disk {name} at generation {} (manifest {}): this host writes it no more; \
+             another takes it with 'strata claim {name} --handover'",
+            w.generation, w.manifest
+        )
+    };
 }
 
 /// The object store as this host sees it (`status`, `init`, `attach`).
@@ -1013,62 +1008,26 @@ mod tests {
 
     /// A disk of an object store, as `list` answers it.
     fn store_disk() -> DiskView {
-        DiskView {
-            info: strata_engine::DiskInfo {
-                name: "db".into(),
-                size_bytes: 1 << 30,
-                provisioning: Provisioning::Thin,
-                allocated_bytes: None,
-                nb: None,
-                tbz: None,
-                snapshots: 1,
-                current_snapshot: Some("s1".into()),
-                parent: None,
-                created_unix: None,
-                exclusive_bytes: None,
-                snapshot_space_bytes: None,
-                fragments: None,
-                limits: Default::default(),
-            },
-            object_store: Some(StoreDisk {
-                id: "0000002a".into(),
-                generation: 3,
-                owner: Some(strata_shared::layout::Owner {
-                    host: "h1".into(),
-                    name: "alpha".into(),
-                    pid: 42,
-                }),
-                manifest: "disks/0000002a/m/0000000000000007".into(),
-                written_ms: 1_700_000_000_000,
-                fenced: None,
-            }),
-        }
+        serde_json::from_value(json!({
+            "name": "db", "size_bytes": 1u64 << 30, "provisioning": "thin", "snapshots": 1,
+            "current_snapshot": "s1", "parent": null,
+            "object_store": { "id": "0000002a", "generation": 3,
+                "owner": { "host": "h1", "name": "alpha", "pid": 42 },
+                "manifest": "disks/0000002a/m/0000000000000007", "written_ms": 1_700_000_000_000u64 }
+        }))
+        .unwrap()
     }
 
     fn store_summary() -> Summary {
-        let me = strata_shared::HostRef {
-            host: "h1".into(),
-            name: "alpha".into(),
-        };
-        Summary {
-            url: "s3://bucket/ds".into(),
-            endpoint: "http://127.0.0.1:8333".into(),
-            local_dir: "/srv/ds".into(),
-            me: me.clone(),
-            root: strata_shared::RootObject {
-                format: 1,
-                uuid: "u-1".into(),
-                created_ms: 1_700_000_000_000,
-                created_by: me,
-                grain_bytes: 4096,
-                map_fanout: 256,
-                segment_max_bytes: 8 << 20,
-            },
-            disks: vec!["db".into()],
-            disk_objects: 5,
-            disk_bytes: 3 << 20,
-            probe: None,
-        }
+        let me = json!({ "host": "h1", "name": "alpha" });
+        serde_json::from_value(json!({
+            "url": "s3://bucket/ds", "endpoint": "http://127.0.0.1:8333", "local_dir": "/srv/ds",
+            "me": me, "disks": ["db"], "disk_objects": 5, "disk_bytes": 3u64 << 20, "probe": null,
+            "root": { "format": 1, "uuid": "u-1", "created_ms": 1_700_000_000_000u64,
+                "created_by": me, "grain_bytes": 4096, "map_fanout": 256,
+                "segment_max_bytes": 8u64 << 20 }
+        }))
+        .unwrap()
     }
 
     fn snapshot(name: &str, parent: Option<&str>, current: bool) -> SnapshotInfo {
@@ -1198,34 +1157,18 @@ mod tests {
             // An object store's answers.
             Response::Disks(vec![store_disk()]),
             Response::Disk(store_disk()),
-            Response::Datastore(DatastoreView {
-                cannot: vec![strata_datastore::Refusal {
-                    command: "convert".into(),
-                    reason: "thin is all there is".into(),
-                }],
-                info: DatastoreInfo {
-                    location: "s3://bucket/ds".into(),
-                    capacity_bytes: 0,
-                    capacity_follows_fs: false,
-                    used_bytes: 3 << 20,
-                    reserved_bytes: 0,
-                    reserved_held_bytes: 0,
-                    free_bytes: 0,
-                    provisioned_bytes: 1 << 30,
-                    overcommit_percent: 0,
-                    used_percent: 0,
-                    alarms: vec![],
-                    disks: 1,
-                    snapshots: 1,
-                    metadata_cache_bytes: 0,
-                    cache_mode: String::new(),
-                    reclaiming: 0,
-                    fail_stop: None,
-                    checkpoints: 0,
-                    layout: None,
-                },
-                object_store: Some(store_summary()),
-            }),
+            Response::Datastore(
+                serde_json::from_value(json!({
+                    "location": "s3://bucket/ds", "capacity_bytes": 0, "used_bytes": 3u64 << 20,
+                    "reserved_bytes": 0, "reserved_held_bytes": 0, "free_bytes": 0,
+                    "provisioned_bytes": 1u64 << 30, "overcommit_percent": 0, "used_percent": 0,
+                    "alarms": [], "disks": 1, "snapshots": 1, "metadata_cache_bytes": 0,
+                    "cache_mode": "", "reclaiming": 0, "fail_stop": null, "checkpoints": 0,
+                    "object_store": store_summary(),
+                    "cannot": [{ "command": "convert", "reason": "thin is all there is" }]
+                }))
+                .unwrap(),
+            ),
             Response::Joined {
                 attached: true,
                 summary: store_summary(),
@@ -1240,26 +1183,16 @@ mod tests {
                 grains: 10,
                 errors: vec!["db: grain 3 of segment x: checksum".into()],
             }),
-            Response::Gc(GcReport {
-                dry_run: true,
-                claim: None,
-                stored_bytes: 3 << 20,
-                segments: 2,
-                live_bytes: 2 << 20,
-                garbage_segments: 1,
-                garbage_bytes: 1 << 20,
-                in_flight_segments: 0,
-                deleted_segments: 0,
-                deleted_manifests: 0,
-                disks: vec![strata_shared::gc::DiskSpace {
-                    name: "db".into(),
-                    id: "0000002a".into(),
-                    exclusive_bytes: 2 << 20,
-                    referenced_bytes: 2 << 20,
-                }],
-                holds: 0,
-                ms: 12,
-            }),
+            Response::Gc(
+                serde_json::from_value(json!({
+                    "dry_run": true, "claim": null, "stored_bytes": 3u64 << 20, "segments": 2,
+                    "live_bytes": 2u64 << 20, "garbage_segments": 1, "garbage_bytes": 1u64 << 20,
+                    "in_flight_segments": 0, "deleted_segments": 0, "deleted_manifests": 0,
+                    "holds": 0, "ms": 12, "disks": [{ "name": "db", "id": "0000002a",
+                        "exclusive_bytes": 2u64 << 20, "referenced_bytes": 2u64 << 20 }]
+                }))
+                .unwrap(),
+            ),
             Response::Defrag(DefragReport {
                 disk: "vm".into(),
                 dry_run: false,

@@ -328,9 +328,9 @@ pub enum Response {
     /// `diff`
     Diff(DiffReport),
     /// `export-diff`
-    ExportDiff(crate::diff_files::ExportDiffReport),
+    ExportDiff(ExportDiffReport),
     /// `import-diff`
-    ImportDiff(crate::diff_files::ImportDiffReport),
+    ImportDiff(ImportDiffReport),
     /// `check` of an object-store datastore.
     StoreCheck(StoreCheckReport),
     /// `init|attach --object-store`: the store as this host joined it.
@@ -403,6 +403,36 @@ pub enum RangeKind {
     /// The target reads zeros (trimmed, zeroed, or never written past
     /// the base's size).
     Zero,
+}
+
+/// What `export-diff` wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExportDiffReport {
+    pub target: String,
+    /// The base as resolved (None: a full export of what the version maps).
+    pub base: Option<String>,
+    /// The file written (`-`: standard output).
+    pub file: String,
+    pub size_bytes: u64,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
+    /// Bytes of the stream.
+    pub stream_bytes: u64,
+}
+
+/// What `import-diff` applied.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImportDiffReport {
+    pub disk: String,
+    /// The stream's from- and to-snapshot names.
+    pub from: Option<String>,
+    /// The snapshot created at the end (the stream's `t`).
+    pub snapshot: Option<String>,
+    pub size_bytes: u64,
+    /// The disk was grown to the stream's size.
+    pub extended: bool,
+    pub data_bytes: u64,
+    pub zero_bytes: u64,
 }
 
 /// What `move` did.

@@ -8,44 +8,13 @@ use std::io::{BufReader, BufWriter};
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use strata_block::ZeroOptions;
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind, WorkControl};
 use strata_format::split_target;
 
-use crate::api::RangeKind;
+use crate::api::{ExportDiffReport, ImportDiffReport, RangeKind};
 use crate::rbd_diff::{Reader, Record, Writer, WRITE_MAX};
-
-/// What `export-diff` wrote.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ExportDiffReport {
-    pub target: String,
-    /// The base as resolved (None: a full export of what the version maps).
-    pub base: Option<String>,
-    /// The file written (`-`: standard output).
-    pub file: String,
-    pub size_bytes: u64,
-    pub data_bytes: u64,
-    pub zero_bytes: u64,
-    /// Bytes of the stream.
-    pub stream_bytes: u64,
-}
-
-/// What `import-diff` applied.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ImportDiffReport {
-    pub disk: String,
-    /// The stream's from- and to-snapshot names.
-    pub from: Option<String>,
-    /// The snapshot created at the end (the stream's `t`).
-    pub snapshot: Option<String>,
-    pub size_bytes: u64,
-    /// The disk was grown to the stream's size.
-    pub extended: bool,
-    pub data_bytes: u64,
-    pub zero_bytes: u64,
-}
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
