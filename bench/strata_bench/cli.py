@@ -42,6 +42,11 @@ Cases (issue #2 targets in brackets):
   claims      issue 25: create-only writes of one key by 2, 8 and 32 racers at once
               (hosts racing to claim a disk), SeaweedFS on loopback: p50/p99/max ms
 
+  backup      issue 26: a 1 TiB thin disk (quick 64 GiB), 1% rewritten in 1 MiB pieces
+              since s1: time of 'strata diff vm@s2 --from s1' [<= 1 s] and of
+              nbdinfo's qemu:dirty-bitmap:s1 map of the whole snapshot; libnbd reading
+              the dirty extents vs as many bytes sequentially [>= 0.9]
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and

@@ -1,6 +1,7 @@
 """The cases, one module each, and their registry: CASES maps a case's name
 (what --only takes) to a function (work directory, quick) -> the case's
 entry in results.json. A run without --only takes them in this order."""
+from .backup import case_backup
 from .bigread import case_bigread
 from .cachenone import case_cachenone
 from .chain import case_chain
@@ -49,4 +50,5 @@ CASES = {
     "multihost": case_multihost,
     "move": case_move,
     "claims": case_claims,
+    "backup": case_backup,
 }

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move`:
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -56,7 +56,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--smoke",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup",
             "--out",
         ])
         .arg(&out)
@@ -244,6 +244,25 @@ fn bench_quick_paper_suites() {
     ] {
         positive(mv, path);
     }
+
+    // backup: diff, dirty-bitmap map and incremental read of a 1% change.
+    let bk = get(&j, &["cases", "backup"]);
+    for path in [
+        &["diff", "seconds"][..],
+        &["diff", "data_bytes"],
+        &["nbd_map", "seconds"],
+        &["nbd_map", "dirty_runs"],
+        &["incremental_read", "bytes"],
+        &["incremental_read", "dirty_mib_s"],
+        &["incremental_read", "sequential_mib_s"],
+    ] {
+        positive(bk, path);
+    }
+    assert_eq!(
+        get(bk, &["diff", "data_bytes"]),
+        get(bk, &["incremental_read", "bytes"]),
+        "the backup client reads what strata diff reports"
+    );
 
     // The report files next to the JSON.
     for f in [
