@@ -221,7 +221,16 @@ fn run_locked(
         });
         e
     };
-    if let Err(e) = dst.create(name, size, prov, &mut |_, _| {}) {
+    // Created at the size of the first version copied into it (each
+    // snapshot keeps its own size: a revert there restores it, and a
+    // diff from it counts what lies past it).
+    let first_size = match a.head_only {
+        true => Ok(size),
+        false => src
+            .snapshots(name)
+            .map(|s| s.first().map_or(size, |f| f.size_bytes.min(size))),
+    };
+    if let Err(e) = first_size.and_then(|n| dst.create(name, n, prov, &mut |_, _| {})) {
         return Err(undo(e));
     }
     let slot = match places.slot(name) {
@@ -299,7 +308,7 @@ fn copy_and_switch(
     };
     // Each snapshot is built from a state the target has: its parent, or
     // (a root after the first) the first one copied.
-    let mut plan: Vec<(Option<String>, &str, Vec<Changed>)> = Vec::new();
+    let mut plan: Vec<(Option<String>, &str, u64, Vec<Changed>)> = Vec::new();
     let mut copied: HashSet<&str> = HashSet::new();
     let mut first: Option<&str> = None;
     for s in &snaps {
@@ -312,7 +321,7 @@ fn copy_and_switch(
             &format!("{name}@{}", s.name),
         )?;
         copier.total += bytes(&ranges);
-        plan.push((base, &s.name, ranges));
+        plan.push((base, &s.name, s.size_bytes, ranges));
         copied.insert(&s.name);
         first.get_or_insert(&s.name);
     }
@@ -323,10 +332,19 @@ fn copy_and_switch(
     let target = dst.open(name)?;
     let mut at: Option<String> = None;
     let mut recreated = Vec::new();
-    for (base, snap, ranges) in plan {
+    // A version larger than the state it is built from was extended
+    // since: so is the copy (a revert restores a snapshot's size).
+    let grow = |to: u64| -> Result<(), Error> {
+        if dst.disk_info(name)?.size_bytes < to {
+            dst.extend(name, to)?;
+        }
+        Ok(())
+    };
+    for (base, snap, snap_size, ranges) in plan {
         if base.is_some() && base != at {
             dst.snapshot_revert(name, base.as_deref().expect("some"))?;
         }
+        grow(snap_size)?;
         let sdev = src.open(&format!("{name}@{snap}"))?;
         copier.copy(&*sdev, &*target, &ranges, true, None)?;
         dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
@@ -336,6 +354,7 @@ fn copy_and_switch(
     if head_base.is_some() && head_base != at {
         dst.snapshot_revert(name, head_base.as_deref().expect("some"))?;
     }
+    grow(src.disk_info(name)?.size_bytes)?;
     // The head: what differs from its base now (tracking is on, so what
     // changes after this is copied again).
     let source = slot.device();
