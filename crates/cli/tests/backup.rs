@@ -300,6 +300,27 @@ f.close()
 print(copied)
 "#;
 
+/// libnbd with `base:allocation` and a bitmap on one connection: a reply
+/// per context to each BLOCK_STATUS, one extent each under REQ_ONE.
+const BOTH: &str = r#"
+import os
+uri, ctx = os.environ["URI"], os.environ["CTX"]
+h.add_meta_context("base:allocation")
+h.add_meta_context(ctx)
+h.connect_uri(uri)
+assert h.can_meta_context("base:allocation") and h.can_meta_context(ctx)
+for flags in (0, nbd.CMD_FLAG_REQ_ONE):
+    seen = {}
+    def cb(name, offset, entries, err):
+        seen[name] = len(entries) // 2
+        return 0
+    h.block_status(h.get_size(), 0, cb, flags=flags)
+    assert set(seen) == {"base:allocation", ctx}, seen
+    if flags:
+        assert all(n == 1 for n in seen.values()), seen
+    print(flags, seen[ctx], seen["base:allocation"])
+"#;
+
 #[test]
 fn backup_clients_read_dirty_bitmaps_over_nbd() {
     for tool in ["nbdinfo", "qemu-io", "qemu-img", "qemu-nbd", "nbdsh"] {
@@ -402,6 +423,25 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
             std::fs::read(file("restore")).unwrap() == std::fs::read(file("s2")).unwrap(),
             "{kind:?}: the incremental restore differs from s2"
         );
+
+        let o = std::process::Command::new("nbdsh")
+            .args(["-c", BOTH])
+            .env(
+                "PATH",
+                format!(
+                    "/usr/bin:/bin:{}",
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("URI", &s2)
+            .env("CTX", ctx)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let lines = String::from_utf8_lossy(&o.stdout).to_string();
+        // Without REQ_ONE the bitmap's reply has every run: 4 dirty ones
+        // and the clean ones around them.
+        assert!(lines.starts_with("0 9 "), "{lines}");
 
         // The head's bitmap is a live view: a write shows at once.
         io(&s.uri("vm"), &["write -P 0x44 60M 4k", "flush"]);
