@@ -33,9 +33,9 @@ pub struct Cli {
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
     pub metadata_cache: u64,
 
-    /// For a long command (convert, punchzero, defrag, move, clone --full, import, export, eager
-    /// create)
-    /// on a running server: return once its job has started instead of following it
+    /// For a long command (convert, punchzero, defrag, move, clone --full, import, export,
+    /// export-diff, import-diff, eager create) on a running server: return once its job has
+    /// started instead of following it
     #[arg(long, global = true)]
     pub detach: bool,
 
