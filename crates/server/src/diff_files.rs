@@ -38,6 +38,7 @@ pub fn export(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ExportDiffReport, Error> {
     let (disk, snap) = split_target(target);
+    let dev = ds.open(target)?;
     // (offset, length, data?) ascending.
     let (ranges, base, size): (Vec<(u64, u64, bool)>, Option<String>, u64) = match from {
         Some(f) => {
@@ -51,7 +52,6 @@ pub fn export(
             (ranges, Some(d.base), d.size_bytes)
         }
         None => {
-            let dev = ds.open(target)?;
             let ranges = ds
                 .changed_ranges(None, target)?
                 .into_iter()
@@ -67,7 +67,6 @@ pub fn export(
         (d, Some(s)) if d == disk => s,
         _ => b,
     });
-    let dev = ds.open(target)?;
     let file = File::create(out).map_err(|e| io_err(&out.display().to_string(), e))?;
     let mut w = Writer::new(BufWriter::with_capacity(1 << 20, file), f, snap, size)
         .map_err(|e| io_err("write the diff", e))?;
@@ -149,14 +148,14 @@ pub fn import(
         }
     }
     if let Some(f) = &h.from {
-        let base = match split_target(f) {
-            (_, Some(_)) => f.clone(),
-            (s, None) => format!("{disk}@{s}"),
+        // A bare name is a snapshot of `disk` (`export-diff` writes
+        // another version's as DISK@SNAP).
+        let (base_disk, snap) = match split_target(f) {
+            (d, Some(s)) => (d, s),
+            (s, None) => (disk, s),
         };
-        let (_, Some(snap)) = split_target(&base) else {
-            unreachable!("made with a snapshot")
-        };
-        if split_target(&base).0 == disk && !snaps.iter().any(|s| s.name == snap) {
+        let base = format!("{base_disk}@{snap}");
+        if base_disk == disk && !snaps.iter().any(|s| s.name == snap) {
             return Err(Error::new(
                 ErrorKind::NotFound,
                 format!(
@@ -213,11 +212,25 @@ pub fn import(
             zero_bytes: zero,
         })
     });
-    if result.is_err() && ds.snapshots(disk)?.iter().any(|s| s.name == undo) {
-        ds.snapshot_revert(disk, &undo)?;
-        ds.snapshot_delete(disk, &undo)?;
-    }
-    result
+    let Err(e) = result else { return result };
+    // Put the disk back; if that fails too, say so beside the first error.
+    let undone = ds.snapshots(disk).and_then(|snaps| {
+        if snaps.iter().any(|s| s.name == undo) {
+            ds.snapshot_revert(disk, &undo)?;
+            ds.snapshot_delete(disk, &undo)?;
+        }
+        Ok(())
+    });
+    Err(match undone {
+        Ok(()) => e,
+        Err(u) => Error::new(
+            e.kind,
+            format!(
+                "{}; putting disk '{disk}' back to its snapshot {undo} failed too: {}",
+                e.message, u.message
+            ),
+        ),
+    })
 }
 
 enum Failure {

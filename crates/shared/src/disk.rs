@@ -585,11 +585,14 @@ pub struct SharedDisk {
     throttle: Arc<Throttle>,
 }
 
-/// The grains of `st`'s acknowledged, uncommitted writes (the batch being
-/// committed, then the newer one), with whether each holds data.
-fn overlay(st: &State) -> BTreeMap<u64, bool> {
-    let mut v: BTreeMap<u64, bool> = st.flushing.iter().map(|(k, d)| (*k, d.is_some())).collect();
-    v.extend(st.dirty.iter().map(|(k, d)| (*k, d.is_some())));
+/// The grains in `grains` of `st`'s acknowledged, uncommitted writes (the
+/// batch being committed, then the newer one over it), with whether each
+/// holds data.
+fn overlay(st: &State, grains: std::ops::Range<u64>) -> BTreeMap<u64, bool> {
+    let mut v: BTreeMap<u64, bool> = BTreeMap::new();
+    for batch in [&*st.flushing, &st.dirty] {
+        v.extend(batch.range(grains.clone()).map(|(k, d)| (*k, d.is_some())));
+    }
     v
 }
 
@@ -723,44 +726,42 @@ impl SharedDisk {
     /// share, then the acknowledged writes not yet committed (either
     /// handle's overlay; a snapshot has none).
     pub fn changes_since(&self, base: Option<&SharedDisk>) -> Result<Vec<(u64, bool)>> {
+        let end = self.size_bytes().div_ceil(G);
         let (mine, man) = {
             let st = self.state.lock().unwrap();
-            (overlay(&st), st.man.clone())
+            (overlay(&st, 0..end), st.man.clone())
         };
-        let theirs = match base {
+        let (theirs, their_root) = match base {
             Some(b) => {
                 let (ov, m) = {
                     let st = b.state.lock().unwrap();
-                    (overlay(&st), st.man.clone())
+                    (overlay(&st, 0..end), st.man.clone())
                 };
                 (ov, b.root(&m))
             }
             None => (BTreeMap::new(), (None, 0)),
         };
-        let end = self.size_bytes().div_ceil(G);
         let mut walked = Vec::new();
         diff::diff_maps(
-            theirs.1,
+            their_root,
             self.root(&man),
             end,
             &mut |e, level, first| self.ds.cache.node(&self.ds.store, e, level, first),
             &mut |g, present| walked.push((g, present)),
         )?;
-        if mine.is_empty() && theirs.0.is_empty() {
+        if mine.is_empty() && theirs.is_empty() {
             return Ok(walked);
         }
         // Overlay grains count as changed whatever they hold.
         let (root, levels) = self.root(&man);
         let mut all: BTreeMap<u64, bool> = walked.into_iter().collect();
-        for &g in theirs.0.keys().filter(|&&g| g < end) {
+        for &g in theirs.keys() {
             if !all.contains_key(&g) && !mine.contains_key(&g) {
                 let present = self.lookup(root, levels, g)?.is_some();
                 all.insert(g, present);
             }
         }
-        for (&g, &present) in mine.iter().filter(|(&g, _)| g < end) {
-            all.insert(g, present);
-        }
+        all.extend(mine);
         Ok(all.into_iter().collect())
     }
 
@@ -1638,21 +1639,14 @@ impl BlockDevice for SharedDisk {
 
     fn block_status(&self, offset: u64, len: u64) -> BlockResult<Vec<Extent>> {
         check_range(offset, len, self.size_bytes())?;
-        let (st_dirty, man): (Vec<(u64, bool)>, Arc<Manifest>) = {
+        let (overlay, man) = {
             let st = self.state.lock().unwrap();
-            let lo = offset / G;
-            let hi = (offset + len).div_ceil(G);
-            let mut v: BTreeMap<u64, bool> = BTreeMap::new();
-            for (k, d) in st.flushing.range(lo..hi) {
-                v.insert(*k, d.is_some());
-            }
-            for (k, d) in st.dirty.range(lo..hi) {
-                v.insert(*k, d.is_some());
-            }
-            (v.into_iter().collect(), st.man.clone())
+            (
+                overlay(&st, offset / G..(offset + len).div_ceil(G)),
+                st.man.clone(),
+            )
         };
         let (root, levels) = self.root(&man);
-        let overlay: BTreeMap<u64, bool> = st_dirty.into_iter().collect();
         let mut out: Vec<Extent> = Vec::new();
         let mut at = offset;
         let end = offset + len;
