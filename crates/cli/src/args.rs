@@ -376,6 +376,9 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
     /// Snapshots: create, list, revert, delete
     #[command(subcommand)]
     Snapshot(SnapCmd),
+    /// Consistency groups: disks snapshotted, reverted and cloned together at one instant
+    #[command(subcommand)]
+    Group(crate::group::GroupCmd),
     /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
     Clone {
         /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full
@@ -949,6 +952,10 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 },
                 json.into(),
             ),
+            Cmd::Group(g) => {
+                let (request, format) = g.request();
+                datastore(request, format)
+            }
             Cmd::Snapshot(SnapCmd::List { disk, json }) => {
                 datastore(Request::SnapshotList { disk: disk.clone() }, json.into())
             }

@@ -6,6 +6,7 @@
 //! and the answer text (`output`). `serve` runs strata-server's server.
 
 mod args;
+mod group;
 mod output;
 mod serve_args;
 

@@ -198,6 +198,15 @@ impl Render for Response {
             Response::Capacity { info, changed } => capacity(out, info, *changed),
             Response::Alarms(a) => alarm_list(out, a),
             Response::Moved(r) => moved(out, r),
+            r @ (Response::Groups(_)
+            | Response::Group(_)
+            | Response::GroupDeleted { .. }
+            | Response::GroupSnapshotCreated(_)
+            | Response::GroupSnapshots(_)
+            | Response::GroupSnapshotDeleted { .. }
+            | Response::GroupReverted { .. }) => {
+                crate::group::render(out, r);
+            }
             Response::ExportDiff(r) => line(
                 out,
                 format_args!(

@@ -18,6 +18,8 @@ pub enum Capability {
     Claims,
     /// Garbage collection of what no live root reaches (`gc`).
     Gc,
+    /// Consistency groups (`strata group`).
+    Groups,
 }
 
 impl Capability {
@@ -29,6 +31,7 @@ impl Capability {
             Capability::Defrag => "defrag",
             Capability::Claims => "claim and release",
             Capability::Gc => "gc",
+            Capability::Groups => "consistency groups",
         }
     }
 }
@@ -46,7 +49,7 @@ const LOCAL: &[(Capability, &str)] = &[
 ];
 
 /// What an object-store datastore does not do, with the reason (each a
-/// fact of the kind).
+/// fact of the kind, or said to be not built yet).
 const OBJECT_STORE: &[(Capability, &str)] = &[
     (
         Capability::Thick,
@@ -60,6 +63,11 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::Defrag,
         "a disk's grains are objects in the store, which lays them out itself; what its \
          segments hold that no root reaches is freed by 'strata gc'",
+    ),
+    (
+        Capability::Groups,
+        "not built yet: a group there needs one writer for every member and a create-only \
+         group record as its commit point (docs/BACKUP.md); snapshot the disks one by one",
     ),
 ];
 

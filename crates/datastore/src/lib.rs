@@ -35,8 +35,9 @@ pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    AlarmRule, ChangedRange, DatastoreInfo, DiskInfo, Error, ErrorKind, IoLimits, Provisioning,
-    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    AlarmRule, ChangedRange, Consistency, DatastoreInfo, DiskInfo, Error, ErrorKind, GroupInfo,
+    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,
+    PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
 };
 
 /// The two kinds of datastore. For display, records and the capability
@@ -142,6 +143,18 @@ impl DatastoreView {
             object_store,
         }
     }
+}
+
+/// The refusal of a kind without consistency groups.
+fn groups_refused(kind: Kind) -> Error {
+    capability::check(kind, Capability::Groups)
+        .err()
+        .unwrap_or_else(|| {
+            Error::new(
+                ErrorKind::Refused,
+                format!("consistency groups are not built for a {}", kind.noun()),
+            )
+        })
 }
 
 /// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is
@@ -286,6 +299,73 @@ pub trait Datastore: Send + Sync {
     /// Where target `to` differs from `from` (None: an all-zero disk),
     /// both `DISK` or `DISK@SNAP` of one disk, in ascending order.
     fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>>;
+
+    // Consistency groups (docs/BACKUP.md). A kind without them refuses
+    // through the capability table.
+
+    /// A group of `disks`, each in no other group.
+    fn group_create(
+        &self,
+        name: &str,
+        disks: &[String],
+        quiesce_hook: Option<String>,
+        quiesce_timeout_s: Option<u64>,
+    ) -> Result<GroupInfo> {
+        let _ = (name, disks, quiesce_hook, quiesce_timeout_s);
+        Err(groups_refused(self.kind()))
+    }
+    /// Remove a group without snapshots (its disks stay).
+    fn group_delete(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(groups_refused(self.kind()))
+    }
+    /// Add `disk` to a group, or (`add` false) take it out.
+    fn group_member(&self, name: &str, disk: &str, add: bool) -> Result<GroupInfo> {
+        let _ = (name, disk, add);
+        Err(groups_refused(self.kind()))
+    }
+    /// Every group (none where a kind has no groups).
+    fn groups(&self) -> Result<Vec<GroupInfo>> {
+        Ok(Vec::new())
+    }
+    fn group_info(&self, name: &str) -> Result<GroupInfo> {
+        Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no group named '{name}'"),
+        ))
+    }
+    /// One snapshot of every member at one instant (all or nothing).
+    fn group_snapshot_create(
+        &self,
+        group: &str,
+        snapshot: &str,
+        opts: &GroupSnapshotOptions,
+    ) -> Result<GroupSnapshotInfo> {
+        let _ = (group, snapshot, opts);
+        Err(groups_refused(self.kind()))
+    }
+    /// A group's snapshots, oldest first, with what deleting each frees.
+    fn group_snapshots(&self, group: &str) -> Result<Vec<GroupSnapshotInfo>> {
+        self.group_info(group).map(|_| Vec::new())
+    }
+    fn group_snapshot_delete(&self, group: &str, snapshot: &str) -> Result<()> {
+        let _ = (group, snapshot);
+        Err(groups_refused(self.kind()))
+    }
+    fn group_snapshot_revert(&self, group: &str, snapshot: &str) -> Result<()> {
+        let _ = (group, snapshot);
+        Err(groups_refused(self.kind()))
+    }
+    /// Linked clones of every member of `GROUP@SNAP`, grouped as `name`.
+    fn group_clone(
+        &self,
+        source: &str,
+        name: &str,
+        renames: &[(String, String)],
+    ) -> Result<GroupInfo> {
+        let _ = (source, name, renames);
+        Err(groups_refused(self.kind()))
+    }
 
     /// Every export a server of this datastore offers (`DISK`,
     /// `DISK@SNAP`) with a few words about it, sorted.

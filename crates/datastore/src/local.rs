@@ -11,7 +11,7 @@ use strata_storage::FileBackend;
 
 use crate::{
     AlarmRule, ChangedRange, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView, Error,
-    ErrorKind, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
+    ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
     SpaceWork,
 };
 
@@ -226,6 +226,63 @@ impl Datastore for LocalDatastore {
 
     fn changed_ranges(&self, from: Option<&str>, to: &str) -> Result<Vec<ChangedRange>> {
         self.ds.changed_ranges(from, to)
+    }
+
+    fn group_create(
+        &self,
+        name: &str,
+        disks: &[String],
+        quiesce_hook: Option<String>,
+        quiesce_timeout_s: Option<u64>,
+    ) -> Result<GroupInfo> {
+        self.ds
+            .group_create(name, disks, quiesce_hook, quiesce_timeout_s)
+    }
+
+    fn group_delete(&self, name: &str) -> Result<()> {
+        self.ds.group_delete(name)
+    }
+
+    fn group_member(&self, name: &str, disk: &str, add: bool) -> Result<GroupInfo> {
+        self.ds.group_member(name, disk, add)
+    }
+
+    fn groups(&self) -> Result<Vec<GroupInfo>> {
+        Ok(self.ds.groups())
+    }
+
+    fn group_info(&self, name: &str) -> Result<GroupInfo> {
+        self.ds.group_info(name)
+    }
+
+    fn group_snapshot_create(
+        &self,
+        group: &str,
+        snapshot: &str,
+        opts: &GroupSnapshotOptions,
+    ) -> Result<GroupSnapshotInfo> {
+        self.ds.group_snapshot_create(group, snapshot, opts)
+    }
+
+    fn group_snapshots(&self, group: &str) -> Result<Vec<GroupSnapshotInfo>> {
+        self.ds.group_snapshots(group, true)
+    }
+
+    fn group_snapshot_delete(&self, group: &str, snapshot: &str) -> Result<()> {
+        self.ds.group_snapshot_delete(group, snapshot)
+    }
+
+    fn group_snapshot_revert(&self, group: &str, snapshot: &str) -> Result<()> {
+        self.ds.group_snapshot_revert(group, snapshot)
+    }
+
+    fn group_clone(
+        &self,
+        source: &str,
+        name: &str,
+        renames: &[(String, String)],
+    ) -> Result<GroupInfo> {
+        self.ds.group_clone(source, name, renames)
     }
 
     fn export_names(&self) -> Vec<(String, String)> {

@@ -290,6 +290,7 @@ fn snapshot_infos(m: &Manifest) -> Vec<SnapshotInfo> {
             mapped_bytes: None,
             exclusive_bytes: None,
             current: m.current == Some(s.id),
+            group: None,
         })
         .collect()
 }

@@ -133,6 +133,79 @@ pub struct Catalog {
     /// listed has its default. Absent in catalogs written before alarms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alarms: Vec<AlarmRule>,
+    /// Consistency groups (docs/BACKUP.md); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupRec>,
+}
+
+/// Most disks in one consistency group (Kubernetes' VolumeGroupSnapshot
+/// bound; a group snapshot holds every member's I/O at once).
+pub const GROUP_DISKS_MAX: usize = 100;
+
+/// A consistency group: disks snapshotted together (FORMAT.md §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRec {
+    pub id: u64,
+    pub name: String,
+    /// Member disk ids, in the order given; each disk in one group at most.
+    pub disks: Vec<u64>,
+    pub created_unix: u64,
+    /// Command run as `HOOK quiesce` / `HOOK unquiesce` around a cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiesce_hook: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiesce_timeout_s: Option<u64>,
+    #[serde(default)]
+    pub snapshots: Vec<GroupSnapRec>,
+}
+
+/// One group snapshot: a snapshot of every member taken in one change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapRec {
+    pub id: u64,
+    pub name: String,
+    pub description: String,
+    pub created_unix: u64,
+    pub members: Vec<GroupMemberRec>,
+    pub consistency: Consistency,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiesce: Option<QuiesceReport>,
+    /// How long client I/O was held for the cut.
+    pub pause_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMemberRec {
+    pub disk: u64,
+    pub snapshot: u64,
+}
+
+/// What a group snapshot holds: what the disks were told (crash), or that
+/// too after a quiesce hook froze the applications (application).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    Crash,
+    Application,
+}
+
+/// How a quiesce hook went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuiesceResult {
+    Ok,
+    Failed,
+    Timeout,
+    Skipped,
+}
+
+/// A quiesce hook's run, kept with the group snapshot it preceded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuiesceReport {
+    pub hook: String,
+    pub result: QuiesceResult,
+    pub duration_ms: u64,
+    pub error: Option<String>,
 }
 
 impl Catalog {
@@ -192,6 +265,27 @@ impl Catalog {
 
     pub fn disk_by_id(&self, id: u64) -> Option<&DiskRec> {
         self.disks.iter().find(|d| d.id == id)
+    }
+
+    pub fn group(&self, name: &str) -> Result<&GroupRec> {
+        self.groups.iter().find(|g| g.name == name).ok_or_else(|| {
+            crate::error::Error::new(ErrorKind::NotFound, format!("no group named '{name}'"))
+        })
+    }
+
+    /// The group a disk is a member of.
+    pub fn group_of(&self, disk_id: u64) -> Option<&GroupRec> {
+        self.groups.iter().find(|g| g.disks.contains(&disk_id))
+    }
+
+    /// The group snapshot a snapshot was taken for: (group, its snapshot).
+    pub fn group_snapshot_of(&self, snapshot_id: u64) -> Option<(&GroupRec, &GroupSnapRec)> {
+        self.groups.iter().find_map(|g| {
+            g.snapshots
+                .iter()
+                .find(|gs| gs.members.iter().any(|m| m.snapshot == snapshot_id))
+                .map(|gs| (g, gs))
+        })
     }
 
     /// Resolve `DISK` or `DISK@SNAP` to the disk and, for the second, the snapshot.

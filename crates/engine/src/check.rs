@@ -101,6 +101,33 @@ fn visit(
     Ok((mapped, blocks))
 }
 
+/// Groups: members exist and are in one group each; a group snapshot
+/// names one existing snapshot of each of its disks, of its own name.
+fn check_groups(m: &Meta, r: &mut CheckReport) {
+    let mut member_of: HashMap<u64, &str> = HashMap::new();
+    for g in &m.catalog.groups {
+        for d in &g.disks {
+            if m.catalog.disk_by_id(*d).is_none() {
+                r.error(format!("group '{}': disk id {d} does not exist", g.name));
+            }
+            if let Some(other) = member_of.insert(*d, &g.name) {
+                r.error(format!("disk id {d} is in groups '{other}' and '{}'", g.name));
+            }
+        }
+        for gs in &g.snapshots {
+            for mr in &gs.members {
+                match m.catalog.snapshots.iter().find(|s| s.id == mr.snapshot) {
+                    Some(s) if s.disk == mr.disk && s.name == gs.name => {}
+                    _ => r.error(format!(
+                        "group snapshot '{}@{}': no snapshot '{}' with id {} on disk id {}",
+                        g.name, gs.name, gs.name, mr.snapshot, mr.disk
+                    )),
+                }
+            }
+        }
+    }
+}
+
 pub fn run(m: &mut Meta) -> Result<CheckReport> {
     let mut r = CheckReport::default();
     let hwm = m.hwm();
@@ -128,6 +155,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
     for o in &m.catalog.orphans {
         *owners.entry(*o).or_insert(0) += 1;
     }
+    check_groups(m, &mut r);
     let orphans: std::collections::HashSet<u64> = m.catalog.orphans.iter().copied().collect();
     for (v, n) in &owners {
         if *n != 1 {

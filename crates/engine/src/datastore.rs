@@ -29,6 +29,12 @@ use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, 
 use crate::throttle::IoLimits;
 use crate::work::{Pacer, WorkControl};
 
+#[path = "groups.rs"]
+mod groups;
+pub use groups::{
+    clone_name, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+};
+
 pub use crate::store::{
     FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
 };
@@ -158,6 +164,10 @@ pub struct SnapshotInfo {
     pub exclusive_bytes: Option<u64>,
     /// Whether the disk's live state descends directly from this snapshot.
     pub current: bool,
+    /// The group whose group snapshot this is one member of (deleted with
+    /// it, not alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -233,6 +243,57 @@ fn add_snapshot(
         size_bytes: d.size_bytes,
     });
     Ok(())
+}
+
+/// Delete snapshot `id` within a change: drop its version, hand its
+/// children to its parent.
+fn delete_snapshot_locked(m: &mut Meta, id: u64) -> Result<()> {
+    let s = m
+        .catalog
+        .snapshots
+        .iter()
+        .find(|s| s.id == id)
+        .cloned()
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no snapshot with id {id}")))?;
+    m.drop_version(s.version)?;
+    for c in m
+        .catalog
+        .snapshots
+        .iter_mut()
+        .filter(|c| c.parent == Some(s.id))
+    {
+        c.parent = s.parent;
+    }
+    m.catalog.snapshots.retain(|x| x.id != s.id);
+    if let Some(dm) = m.catalog.disks.iter_mut().find(|d| d.id == s.disk) {
+        if dm.current_snapshot == Some(s.id) {
+            dm.current_snapshot = s.parent;
+        }
+    }
+    m.mark_catalog_dirty();
+    Ok(())
+}
+
+/// A linked clone of snapshot `s` named `new` within a change (its name
+/// checked free by the caller); `parent` is what it shows as its origin.
+/// Returns the new disk's id.
+fn clone_locked(m: &mut Meta, s: &SnapshotRec, new: &str, parent: &str) -> Result<u64> {
+    let id = m.catalog.alloc_id();
+    let head = m.catalog.alloc_id();
+    m.new_version_from(head, s.version)?;
+    m.catalog.disks.push(DiskRec {
+        id,
+        name: new.to_string(),
+        size_bytes: s.size_bytes,
+        provisioning: Provisioning::Thin,
+        head,
+        current_snapshot: None,
+        created_unix: now_unix(),
+        parent: Some(parent.to_string()),
+        limits: Default::default(),
+    });
+    m.mark_catalog_dirty();
+    Ok(id)
 }
 
 /// Read the catalog a superblock names, checking its checksum.
@@ -805,6 +866,32 @@ impl Datastore {
         self.inner.check_writable()?;
         self.change(|m| {
             let d = m.catalog.disk(name)?.clone();
+            if let Some(g) = m.catalog.group_of(d.id) {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{name}' is in group '{}': take it out first ('strata group \
+                         remove {} {name}')",
+                        g.name, g.name
+                    ),
+                );
+            }
+            if let Some((g, gs)) = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id)
+                .find_map(|s| m.catalog.group_snapshot_of(s.id))
+            {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{name}' has a snapshot in group snapshot '{}@{}': delete that \
+                         first ('strata group snapshot delete {} {}')",
+                        g.name, gs.name, g.name, gs.name
+                    ),
+                );
+            }
             let snaps: Vec<SnapshotRec> = m
                 .catalog
                 .snapshots
@@ -1230,6 +1317,7 @@ impl Datastore {
                     mapped_bytes: Some(v.mapped_grains * GRAIN_BYTES),
                     exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
                     current: d.current_snapshot == Some(s.id),
+                    group: m.catalog.group_snapshot_of(s.id).map(|(g, _)| g.name.clone()),
                 });
             }
             for c in children(&snaps, p) {
@@ -1257,27 +1345,24 @@ impl Datastore {
     }
 
     /// Delete a snapshot. Moves no data: what others still share stays.
+    /// Refused for a member of a group snapshot (deleted with the group
+    /// snapshot, as one).
     pub fn snapshot_delete(&self, disk: &str, snap: &str) -> Result<()> {
         self.inner.check_writable()?;
         self.change(|m| {
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
-            m.drop_version(s.version)?;
-            for c in m
-                .catalog
-                .snapshots
-                .iter_mut()
-                .filter(|c| c.parent == Some(s.id))
-            {
-                c.parent = s.parent;
+            if let Some((g, gs)) = m.catalog.group_snapshot_of(s.id) {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "snapshot '{disk}@{snap}' is a member of group snapshot '{}@{}': delete \
+                         the group snapshot ('strata group snapshot delete {} {}')",
+                        g.name, gs.name, g.name, gs.name
+                    ),
+                );
             }
-            m.catalog.snapshots.retain(|x| x.id != s.id);
-            let dm = m.catalog.disk_mut(disk)?;
-            if dm.current_snapshot == Some(s.id) {
-                dm.current_snapshot = s.parent;
-            }
-            m.mark_catalog_dirty();
-            Ok(())
+            delete_snapshot_locked(m, s.id)
         })?;
         self.inner.commit(false)
     }
@@ -1303,21 +1388,7 @@ impl Datastore {
             }
             let d = m.catalog.disk(disk)?.clone();
             let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
-            let id = m.catalog.alloc_id();
-            let head = m.catalog.alloc_id();
-            m.new_version_from(head, s.version)?;
-            m.catalog.disks.push(DiskRec {
-                id,
-                name: new.to_string(),
-                size_bytes: s.size_bytes,
-                provisioning: Provisioning::Thin,
-                head,
-                current_snapshot: None,
-                created_unix: now_unix(),
-                parent: Some(src.to_string()),
-                limits: Default::default(),
-            });
-            m.mark_catalog_dirty();
+            clone_locked(m, &s, new, src)?;
             Ok(())
         })?;
         self.inner.commit(false)?;

@@ -32,9 +32,10 @@ mod upgrade;
 mod work;
 
 pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
-pub use catalog::{split_target, Provisioning};
+pub use catalog::{split_target, Consistency, Provisioning, QuiesceReport, QuiesceResult};
 pub use check::CheckReport;
 pub use datastore::{
+    GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions,
     ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, InitOptions, OpenOptions,
     PunchZeroReport, SnapshotInfo, SpaceWork,
 };

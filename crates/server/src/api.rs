@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use strata_datastore::{DatastoreView, DiskView};
 use strata_engine::{
     AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
-    Provisioning, PunchZeroReport, SnapshotInfo,
+    GroupInfo, GroupSnapshotInfo, Provisioning, PunchZeroReport, QuiesceReport, SnapshotInfo,
 };
 use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
 use strata_stats::StatsSnapshot;
@@ -102,6 +102,72 @@ pub enum Request {
     CloneLinked {
         source: String,
         name: String,
+    },
+    /// `group create NAME DISK...` (docs/BACKUP.md, consistency groups)
+    GroupCreate {
+        name: String,
+        disks: Vec<String>,
+        #[serde(default)]
+        quiesce_hook: Option<String>,
+        #[serde(default)]
+        quiesce_timeout_s: Option<u64>,
+    },
+    /// `group rm NAME`
+    GroupDelete {
+        name: String,
+    },
+    /// `group add|remove NAME DISK`
+    GroupMember {
+        name: String,
+        disk: String,
+        add: bool,
+    },
+    /// `group list`
+    GroupList,
+    /// `group info NAME`
+    GroupInfo {
+        name: String,
+    },
+    /// `group snapshot NAME SNAP`: one cut across the members, with the
+    /// group's quiesce hook (or `quiesce_hook`) around it.
+    GroupSnapshotCreate {
+        group: String,
+        snapshot: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default)]
+        quiesce_hook: Option<String>,
+        /// Skip the hook.
+        #[serde(default)]
+        no_quiesce: bool,
+        /// Take the snapshot (crash-consistent) when the hook fails.
+        #[serde(default)]
+        ignore_quiesce_error: bool,
+        #[serde(default)]
+        timeout_s: Option<u64>,
+        #[serde(default)]
+        max_pause_ms: Option<u64>,
+    },
+    /// `group snapshot list NAME`
+    GroupSnapshotList {
+        group: String,
+    },
+    /// `group snapshot delete NAME SNAP`
+    GroupSnapshotDelete {
+        group: String,
+        snapshot: String,
+    },
+    /// `group revert NAME SNAP`
+    GroupSnapshotRevert {
+        group: String,
+        snapshot: String,
+    },
+    /// `group clone NAME@SNAP NEW [--rename OLD=NEW]`
+    GroupClone {
+        source: String,
+        name: String,
+        #[serde(default)]
+        renames: Vec<(String, String)>,
     },
     /// `diff TARGET --from BASE`: where version TARGET (`DISK` or
     /// `DISK@SNAP`) differs from BASE (docs/BACKUP.md).
@@ -323,6 +389,24 @@ pub enum Response {
     Snapshots(Vec<SnapshotInfo>),
     /// `snapshot delete`
     SnapshotDeleted { disk: String, snapshot: String },
+    /// `group list`
+    Groups(Vec<GroupInfo>),
+    /// `group create|info|add|remove|clone`
+    Group(GroupInfo),
+    /// `group rm`
+    GroupDeleted { name: String },
+    /// `group snapshot`
+    GroupSnapshotCreated(GroupSnapshotReport),
+    /// `group snapshot list`
+    GroupSnapshots(Vec<GroupSnapshotInfo>),
+    /// `group snapshot delete`
+    GroupSnapshotDeleted { group: String, snapshot: String },
+    /// `group revert`: the members as they are now.
+    GroupReverted {
+        group: String,
+        snapshot: String,
+        disks: Vec<DiskView>,
+    },
     /// `check`
     Check(CheckReport),
     /// `diff`
@@ -711,6 +795,16 @@ mod subformat_name {
     }
 }
 
+/// A group snapshot taken, with how its hook's `unquiesce` went.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupSnapshotReport {
+    #[serde(flatten)]
+    pub snapshot: GroupSnapshotInfo,
+    /// The hook's `unquiesce` run (None without a hook).
+    #[serde(default)]
+    pub unquiesce: Option<QuiesceReport>,
+}
+
 /// A `--json` document: a serialisable answer as a JSON value.
 fn value<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v).expect("serialisable")
@@ -735,6 +829,15 @@ impl Response {
             Response::SnapshotDeleted { disk, snapshot } => {
                 json!({ "deleted": format!("{disk}@{snapshot}") })
             }
+            Response::Groups(g) => value(g),
+            Response::Group(g) => value(g),
+            Response::GroupDeleted { name } => json!({ "deleted": name }),
+            Response::GroupSnapshotCreated(r) => value(r),
+            Response::GroupSnapshots(s) => value(s),
+            Response::GroupSnapshotDeleted { group, snapshot } => {
+                json!({ "deleted": format!("{group}@{snapshot}") })
+            }
+            Response::GroupReverted { disks, .. } => value(disks),
             Response::Check(r) => value(r),
             Response::StoreCheck(r) => value(r),
             Response::Diff(r) => value(r),

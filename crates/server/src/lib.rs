@@ -20,6 +20,7 @@ pub mod cloning;
 pub mod control;
 mod copier;
 pub mod diff_files;
+pub mod groups;
 pub mod holders;
 pub mod jobs;
 pub mod moving;

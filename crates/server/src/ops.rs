@@ -318,7 +318,7 @@ fn common(
             from,
             totals,
         } => crate::changes::diff(ds, target, from, *totals).map(Response::Diff),
-        _ => return None,
+        _ => return crate::groups::execute(ds, req),
     })
 }
 
@@ -472,6 +472,13 @@ fn needs(req: &Request) -> Option<Capability> {
         Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
         Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
         Request::Gc { .. } => Capability::Gc,
+        Request::GroupCreate { .. }
+        | Request::GroupDelete { .. }
+        | Request::GroupMember { .. }
+        | Request::GroupSnapshotCreate { .. }
+        | Request::GroupSnapshotDelete { .. }
+        | Request::GroupSnapshotRevert { .. }
+        | Request::GroupClone { .. } => Capability::Groups,
         _ => return None,
     })
 }

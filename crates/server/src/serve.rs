@@ -649,6 +649,8 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         ));
     }
     let _ = std::fs::remove_file(&ctl_path);
+    // A quiesce hook whose unquiesce a dead server skipped runs it now.
+    crate::groups::recover(home.dir(), None);
     let ctl = UnixListener::bind(&ctl_path)
         .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
     let registry = Arc::new(StatsRegistry::new());

@@ -1,0 +1,365 @@
+//! `strata group`: consistency groups (docs/BACKUP.md) — the command
+//! line as requests, and their answers for people.
+
+use std::fmt::Write;
+
+use clap::{Args, Subcommand};
+use strata_engine::{GroupInfo, GroupSnapshotInfo};
+use strata_server::api::{GroupSnapshotReport, Request, Response};
+
+use crate::args::JsonFlag;
+use crate::output::Format;
+use strata_server::units::human;
+
+#[derive(Subcommand)]
+pub enum GroupCmd {
+    /// Make a group of disks that are snapshotted together (a disk is in one group at most)
+    Create {
+        name: String,
+        /// 1 to 100 disks of this datastore
+        #[arg(required = true)]
+        disks: Vec<String>,
+        /// Run as 'CMD quiesce' before each group snapshot and 'CMD unquiesce' after it
+        #[arg(long, value_name = "CMD")]
+        quiesce_hook: Option<String>,
+        /// Seconds the hook may take (default 60)
+        #[arg(long, value_name = "S")]
+        timeout: Option<u64>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Add a disk to a group
+    Add { name: String, disk: String },
+    /// Take a disk out of a group (its snapshots stay; 'group revert' of older ones is refused)
+    Remove { name: String, disk: String },
+    /// Remove a group; its disks stay. Refused while it has snapshots
+    Rm { name: String },
+    /// List the groups
+    List(JsonFlag),
+    /// Show a group: its disks, its hook, how many snapshots
+    Info {
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Snapshot every disk of a group at one instant; list or delete group snapshots
+    #[command(
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true,
+        long_about = "Snapshot every disk of a group at one instant: 'strata group snapshot \
+GROUP SNAP'.\n\n\
+Requests in flight finish, new ones wait (none fails), every member gets snapshot SNAP in one \
+change, then I/O goes on; the snapshot holds every write any member acknowledged before the \
+cut, flushed or not, and none after it. All or nothing. With a quiesce hook (the group's, or \
+--quiesce-hook), 'CMD quiesce' runs before the cut and 'CMD unquiesce' after it, always; a \
+failing or late hook creates nothing unless --ignore-quiesce-error. --json reports how long \
+I/O was held (pause_us)."
+    )]
+    Snapshot(GroupSnapArgs),
+    /// Revert every disk of a group to a group snapshot (one change; discards changes since)
+    Revert { name: String, snapshot: String },
+    /// Linked clones of every disk of GROUP@SNAP, as a new group
+    #[command(
+        long_about = "Linked clones of every disk of GROUP@SNAP (O(1) each), made with a new \
+group of them in one change. A clone is named like its disk with the group's name replaced \
+(vm1-os in vm1, cloned as vm2: vm2-os), else NEW-DISK; --rename DISK=NAME chooses."
+    )]
+    Clone {
+        /// GROUP@SNAP
+        source: String,
+        /// The new group
+        name: String,
+        /// DISK=NAME: the clone of DISK is NAME (repeatable)
+        #[arg(long = "rename", value_name = "DISK=NAME", value_parser = parse_rename)]
+        renames: Vec<(String, String)>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+}
+
+#[derive(Args)]
+pub struct GroupSnapArgs {
+    #[command(subcommand)]
+    action: Option<GroupSnapCmd>,
+    #[command(flatten)]
+    create: TakeArgs,
+}
+
+#[derive(Args)]
+pub struct TakeArgs {
+    /// The group
+    #[arg(required = true)]
+    group: Option<String>,
+    /// The snapshot's name on the group and on every member
+    #[arg(required = true)]
+    snapshot: Option<String>,
+    #[arg(long, default_value = "")]
+    description: String,
+    /// Use this hook instead of the group's
+    #[arg(long, value_name = "CMD")]
+    quiesce_hook: Option<String>,
+    /// Run no hook this time (a crash-consistent snapshot)
+    #[arg(long, conflicts_with = "quiesce_hook")]
+    no_quiesce: bool,
+    /// When the hook fails or is late, take the snapshot anyway (crash-consistent)
+    #[arg(long)]
+    ignore_quiesce_error: bool,
+    /// Seconds the hook may take (default: the group's, else 60)
+    #[arg(long, value_name = "S")]
+    timeout: Option<u64>,
+    /// Longest wait, in ms, for the requests in flight to finish; past it nothing is created
+    #[arg(long, value_name = "MS")]
+    max_pause: Option<u64>,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Subcommand)]
+enum GroupSnapCmd {
+    /// A group's snapshots, with what deleting each frees on its members
+    List {
+        group: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Delete a group snapshot: every member's snapshot, in one change
+    Delete { group: String, snapshot: String },
+}
+
+fn parse_rename(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+        _ => Err(format!("'{s}' is not DISK=NAME")),
+    }
+}
+
+impl GroupCmd {
+    /// The request, and how its answer is printed.
+    pub fn request(&self) -> (Request, Format) {
+        let s = String::clone;
+        match self {
+            GroupCmd::Create {
+                name,
+                disks,
+                quiesce_hook,
+                timeout,
+                json,
+            } => (
+                Request::GroupCreate {
+                    name: s(name),
+                    disks: disks.clone(),
+                    quiesce_hook: quiesce_hook.clone(),
+                    quiesce_timeout_s: *timeout,
+                },
+                json.into(),
+            ),
+            GroupCmd::Add { name, disk } | GroupCmd::Remove { name, disk } => (
+                Request::GroupMember {
+                    name: s(name),
+                    disk: s(disk),
+                    add: matches!(self, GroupCmd::Add { .. }),
+                },
+                Format::Human,
+            ),
+            GroupCmd::Rm { name } => (Request::GroupDelete { name: s(name) }, Format::Human),
+            GroupCmd::List(json) => (Request::GroupList, json.into()),
+            GroupCmd::Info { name, json } => (Request::GroupInfo { name: s(name) }, json.into()),
+            GroupCmd::Snapshot(a) => match &a.action {
+                Some(GroupSnapCmd::List { group, json }) => {
+                    (Request::GroupSnapshotList { group: s(group) }, json.into())
+                }
+                Some(GroupSnapCmd::Delete { group, snapshot }) => (
+                    Request::GroupSnapshotDelete {
+                        group: s(group),
+                        snapshot: s(snapshot),
+                    },
+                    Format::Human,
+                ),
+                None => {
+                    let c = &a.create;
+                    (
+                        Request::GroupSnapshotCreate {
+                            group: c.group.clone().unwrap_or_default(),
+                            snapshot: c.snapshot.clone().unwrap_or_default(),
+                            description: s(&c.description),
+                            quiesce_hook: c.quiesce_hook.clone(),
+                            no_quiesce: c.no_quiesce,
+                            ignore_quiesce_error: c.ignore_quiesce_error,
+                            timeout_s: c.timeout,
+                            max_pause_ms: c.max_pause,
+                        },
+                        (&c.json).into(),
+                    )
+                }
+            },
+            GroupCmd::Revert { name, snapshot } => (
+                Request::GroupSnapshotRevert {
+                    group: s(name),
+                    snapshot: s(snapshot),
+                },
+                Format::Human,
+            ),
+            GroupCmd::Clone {
+                source,
+                name,
+                renames,
+                json,
+            } => (
+                Request::GroupClone {
+                    source: s(source),
+                    name: s(name),
+                    renames: renames.clone(),
+                },
+                json.into(),
+            ),
+        }
+    }
+}
+
+/// A group answer for people; None for any other answer.
+pub fn render(out: &mut String, r: &Response) -> Option<()> {
+    match r {
+        Response::Groups(gs) if gs.is_empty() => line(out, "no groups".into()),
+        Response::Groups(gs) => {
+            for g in gs {
+                line(
+                    out,
+                    format!(
+                        "{}  {} disk(s): {}  {} snapshot(s){}",
+                        g.name,
+                        g.disks.len(),
+                        g.disks.join(", "),
+                        g.snapshots,
+                        hook(g)
+                    ),
+                );
+            }
+        }
+        Response::Group(g) => {
+            line(out, format!("group {}", g.name));
+            line(out, format!("  disks: {}", g.disks.join(", ")));
+            line(out, format!("  snapshots: {}", g.snapshots));
+            if let Some(h) = &g.quiesce_hook {
+                line(out, format!("  quiesce hook: {h}{}", timeout(g)));
+            }
+        }
+        Response::GroupDeleted { name } => line(out, format!("removed group {name}")),
+        Response::GroupSnapshotCreated(r) => created(out, r),
+        Response::GroupSnapshots(ss) if ss.is_empty() => line(out, "no group snapshots".into()),
+        Response::GroupSnapshots(ss) => ss.iter().for_each(|s| snapshot(out, s)),
+        Response::GroupSnapshotDeleted { group, snapshot } => line(
+            out,
+            format!("deleted group snapshot {group}@{snapshot} (every member's)"),
+        ),
+        Response::GroupReverted {
+            group,
+            snapshot,
+            disks,
+        } => line(
+            out,
+            format!(
+                "reverted {} disk(s) of group {group} to {snapshot}: {}",
+                disks.len(),
+                disks
+                    .iter()
+                    .map(|d| d.info.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// A pause for people: µs below a millisecond.
+fn held(us: u64) -> String {
+    if us < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+fn line(out: &mut String, s: String) {
+    let _ = writeln!(out, "{s}");
+}
+
+fn hook(g: &GroupInfo) -> String {
+    match &g.quiesce_hook {
+        Some(h) => format!("  hook: {h}{}", timeout(g)),
+        None => String::new(),
+    }
+}
+
+fn timeout(g: &GroupInfo) -> String {
+    g.quiesce_timeout_s
+        .map(|t| format!(" (timeout {t} s)"))
+        .unwrap_or_default()
+}
+
+fn created(out: &mut String, r: &GroupSnapshotReport) {
+    let s = &r.snapshot;
+    line(
+        out,
+        format!(
+            "created group snapshot {}@{} on {} disk(s): {} consistent, I/O held {}",
+            s.group,
+            s.name,
+            s.members.len(),
+            serde_json::to_value(s.consistency)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            held(s.pause_us)
+        ),
+    );
+    if let Some(q) = &s.quiesce {
+        if let Some(e) = &q.error {
+            line(out, format!("  quiesce hook: {e}"));
+        }
+    }
+    if let Some(e) = r.unquiesce.as_ref().and_then(|u| u.error.as_ref()) {
+        line(out, format!("  warning: unquiesce: {e}"));
+    }
+}
+
+fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
+    line(
+        out,
+        format!(
+            "{}@{} (id {})  {} consistent, taken {}, I/O held {}{}{}",
+            s.group,
+            s.name,
+            s.id,
+            serde_json::to_value(s.consistency)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            strata_shared::utc(s.created_unix * 1000),
+            held(s.pause_us),
+            s.exclusive_bytes
+                .map(|x| format!(", deleting it frees {}", human(x)))
+                .unwrap_or_default(),
+            if s.description.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", s.description)
+            }
+        ),
+    );
+    for m in &s.members {
+        line(
+            out,
+            format!(
+                "  {}@{} (id {}){}",
+                m.disk,
+                m.snapshot,
+                m.id,
+                m.exclusive_bytes
+                    .map(|x| format!(", {} exclusive", human(x)))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+}
