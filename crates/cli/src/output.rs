@@ -1054,6 +1054,7 @@ mod tests {
             mapped_bytes: Some(2 << 20),
             exclusive_bytes: Some(1 << 20),
             current,
+            group: None,
         }
     }
 

@@ -11,8 +11,8 @@ use strata_storage::FileBackend;
 
 use crate::{
     AlarmRule, ChangedRange, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView, Error,
-    ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo,
-    SpaceWork,
+    ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions,
+    Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).

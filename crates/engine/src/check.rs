@@ -111,7 +111,10 @@ fn check_groups(m: &Meta, r: &mut CheckReport) {
                 r.error(format!("group '{}': disk id {d} does not exist", g.name));
             }
             if let Some(other) = member_of.insert(*d, &g.name) {
-                r.error(format!("disk id {d} is in groups '{other}' and '{}'", g.name));
+                r.error(format!(
+                    "disk id {d} is in groups '{other}' and '{}'",
+                    g.name
+                ));
             }
         }
         for gs in &g.snapshots {

@@ -31,9 +31,7 @@ use crate::work::{Pacer, WorkControl};
 
 #[path = "groups.rs"]
 mod groups;
-pub use groups::{
-    clone_name, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions,
-};
+pub use groups::{clone_name, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions};
 
 pub use crate::store::{
     FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
@@ -1317,7 +1315,10 @@ impl Datastore {
                     mapped_bytes: Some(v.mapped_grains * GRAIN_BYTES),
                     exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
                     current: d.current_snapshot == Some(s.id),
-                    group: m.catalog.group_snapshot_of(s.id).map(|(g, _)| g.name.clone()),
+                    group: m
+                        .catalog
+                        .group_snapshot_of(s.id)
+                        .map(|(g, _)| g.name.clone()),
                 });
             }
             for c in children(&snaps, p) {

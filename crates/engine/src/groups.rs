@@ -240,7 +240,14 @@ impl Datastore {
             let mut recs = Vec::new();
             for d in members {
                 let id = m.catalog.alloc_id();
-                add_snapshot(m, &d, id, snap.to_string(), &opts.description, d.current_snapshot)?;
+                add_snapshot(
+                    m,
+                    &d,
+                    id,
+                    snap.to_string(),
+                    &opts.description,
+                    d.current_snapshot,
+                )?;
                 m.catalog.disk_mut(&d.name)?.current_snapshot = Some(id);
                 recs.push(GroupMemberRec {
                     disk: d.id,
@@ -588,11 +595,12 @@ fn can_snapshot(m: &Meta, group: &str, snap: &str) -> Result<Vec<crate::catalog:
     }
     let mut out = Vec::new();
     for id in &g.disks {
-        let d = m
-            .catalog
-            .disk_by_id(*id)
-            .cloned()
-            .ok_or_else(|| Error::new(ErrorKind::Corrupt, format!("group '{group}': disk id {id} does not exist")))?;
+        let d = m.catalog.disk_by_id(*id).cloned().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("group '{group}': disk id {id} does not exist"),
+            )
+        })?;
         if m.catalog.snapshot(d.id, &d.name, snap).is_ok() {
             return err(
                 ErrorKind::AlreadyExists,

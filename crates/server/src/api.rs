@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use strata_datastore::{DatastoreView, DiskView};
 use strata_engine::{
-    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
-    GroupInfo, GroupSnapshotInfo, Provisioning, PunchZeroReport, QuiesceReport, SnapshotInfo,
+    AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport, GroupInfo,
+    GroupSnapshotInfo, Provisioning, PunchZeroReport, QuiesceReport, SnapshotInfo,
 };
 use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
 use strata_stats::StatsSnapshot;

@@ -99,7 +99,10 @@ impl Pending {
         let io = |e: std::io::Error| {
             Error::new(
                 ErrorKind::Io,
-                format!("cannot record the quiesce hook's run in {}: {e}", path.display()),
+                format!(
+                    "cannot record the quiesce hook's run in {}: {e}",
+                    path.display()
+                ),
             )
         };
         {
