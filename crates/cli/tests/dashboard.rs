@@ -240,6 +240,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
         ]);
     }
     s.ok(&["clone", "vm1@patched", "lab"]);
+    s.ok(&["group", "create", "pair", "vm2", "lab"]);
     let tok = s.dir.path().join("http.token");
     let addr = free_addr();
     let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
@@ -263,6 +264,26 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     assert!(b.text("#lock").contains("unlocked"));
     b.wait("exclusive bytes", "document.querySelector('#disks tr[data-disk=\"vm1\"] td:nth-child(6)').textContent !== '-'");
     b.screenshot("overview");
+
+    // A consistency group: its disks, and a group snapshot from the page.
+    let group = || b.text("#groups tr[data-group=\"pair\"]");
+    assert!(
+        group().contains("vm2, lab") && group().contains("none"),
+        "{}",
+        group()
+    );
+    b.type_into("#groups tr[data-group=\"pair\"] input", "web-cut");
+    b.click("#groups tr[data-group=\"pair\"] form button");
+    b.wait(
+        "the group snapshot",
+        "document.querySelector('#groups li[data-group-snapshot=\"web-cut\"]')",
+    );
+    assert!(group().contains("crash"), "{}", group());
+    b.js("document.querySelector('#groups').scrollIntoView()");
+    b.screenshot("groups");
+    for d in ["vm2", "lab"] {
+        assert!(snapshot_names(&s, d).contains(&"web-cut".to_string()));
+    }
 
     // One disk: the tree, three levels deep, the live state under 'tested'.
     b.js("location.hash = '#/disk/vm1'; window.__sameLoad = 42;");
@@ -414,6 +435,9 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     s.ok(&["snapshot", "create", "d", "s1"]);
     s.ok(&["snapshot", "create", "d", "s2", "--description", "second"]);
     s.ok(&["clone", "d@s1", "c"]);
+    s.ok(&["create", "e", "--size", "8M"]);
+    s.ok(&["group", "create", "g", "c", "e"]);
+    s.ok(&["group", "snapshot", "g", "gs1"]);
     let tok = s.dir.path().join("tok");
     let addr = free_addr();
     let srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
@@ -441,6 +465,12 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         ),
         ("/alarms", vec!["alarm", "list"]),
         ("/jobs", vec!["jobs"]),
+        ("/groups", vec!["group", "list"]),
+        ("/groups/g", vec!["group", "info", "g"]),
+        (
+            "/groups/g/snapshots",
+            vec!["group", "snapshot", "list", "g"],
+        ),
     ] {
         // Figures that move on their own (checkpoints) may differ between
         // two reads: equal once in a few tries.
@@ -603,6 +633,28 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         act("POST", "/disks/d/extend", json!({"size": "lots"})).0,
         400
     );
+    // Group snapshots: taken (the group's hook only: none is named over
+    // HTTP), reverted, deleted, each on every member.
+    let (st, body) = act(
+        "POST",
+        "/groups/g/snapshots",
+        json!({"name": "gs2", "quiesce_hook": "touch /tmp/pwned", "max_pause_ms": 5000}),
+    );
+    assert_eq!(st, 201, "{body}");
+    let gs = serde_json::from_str::<Value>(&body).unwrap();
+    assert_eq!(gs["members"].as_array().unwrap().len(), 2, "{gs}");
+    assert!(gs["quiesce"].is_null(), "{gs}");
+    assert_eq!(snapshot_names(&s, "e"), ["gs1", "gs2"]);
+    assert_eq!(
+        act("POST", "/groups/g/snapshots/gs1/revert", json!({})).0,
+        200
+    );
+    assert_eq!(s.json(&["info", "e"])["current_snapshot"], "gs1");
+    assert_eq!(act("DELETE", "/groups/g/snapshots/gs2", json!(null)).0, 200);
+    assert_eq!(snapshot_names(&s, "e"), ["gs1"]);
+    let (st, body) = act("DELETE", "/disks/e/snapshots/gs1", json!(null));
+    assert_eq!(st, 409, "{body}");
+    assert!(body.contains("group snapshot 'g@gs1'"), "{body}");
     let (st, body) = act("POST", "/disks/d/defrag", json!({}));
     assert_eq!(st, 202, "{body}");
     let job = serde_json::from_str::<Value>(&body).unwrap();

@@ -281,6 +281,44 @@ function renderDisks(disks) {
   if (!disks.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 10, text: "no disks yet: 'strata create NAME --size 10G'" })));
 }
 
+// Groups and their snapshots: one cut across the members each
+// (docs/BACKUP.md); delete and revert act on every member at once.
+function renderGroups(groups) {
+  const tb = $('#groups tbody');
+  tb.replaceChildren();
+  for (const { group: g, snaps } of groups) {
+    const base = '/groups/' + enc(g.name) + '/snapshots';
+    const list = h('ul', { class: 'plain' });
+    for (const s of snaps) {
+      const q = s.quiesce ? ', hook ' + s.quiesce.result : '';
+      list.append(h('li', { 'data-group-snapshot': s.name },
+        h('b', { text: s.name }),
+        ' ' + s.consistency + q + ', I/O held ' + usLabel(s.pause_us) + ', ' + age(s.created_unix) +
+          (s.exclusive_bytes !== undefined ? ', deleting frees ' + bytes(s.exclusive_bytes) : '') + ' ',
+        h('button', { text: 'revert', class: 'danger',
+          onclick: () => perform('revert group ' + g.name + ' to ' + s.name, 'POST', base + '/' + enc(s.name) + '/revert', {},
+            'Revert every disk of ' + g.name + ' (' + g.disks.join(', ') + ') to ' + s.name + '? Their changes since are lost.') }),
+        ' ',
+        h('button', { text: 'delete', class: 'danger',
+          onclick: () => perform('delete group snapshot ' + g.name + '@' + s.name, 'DELETE', base + '/' + enc(s.name), undefined,
+            'Delete ' + g.name + '@' + s.name + ' on every member?') })));
+    }
+    if (!snaps.length) list.append(h('li', { class: 'muted', text: 'none' }));
+    const input = h('input', { placeholder: 'snapshot name', required: true, size: 12, 'aria-label': 'group snapshot name' });
+    const form = h('form', { class: 'action' }, input, ' ', h('button', { text: 'snapshot all disks' }));
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      perform('group snapshot ' + g.name + '@' + input.value.trim(), 'POST', base, { name: input.value.trim() });
+    });
+    tb.append(h('tr', { 'data-group': g.name },
+      h('td', { text: g.name }),
+      h('td', {}, ...g.disks.flatMap((d, i) => [i ? ', ' : '', h('a', { href: '#/disk/' + enc(d), text: d })])),
+      h('td', {}, list),
+      h('td', {}, form)));
+  }
+  if (!groups.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 4, text: "no groups: 'strata group create NAME DISK...'" })));
+}
+
 function renderJobs(jobs) {
   const tb = $('#jobs tbody');
   tb.replaceChildren();
@@ -517,6 +555,9 @@ async function refresh(all) {
         await Promise.all(stale.map((d) => get('/disks/' + enc(d.name))
           .then((info) => diskDetail.set(d.name, { info, at: Date.now() })).catch(() => {})));
         if (changed('disks', [disks, disks.map((d) => (diskDetail.get(d.name) || {}).info)])) renderDisks(disks);
+        const groups = await get('/groups').then((gs) => Promise.all(gs.map((group) =>
+          get('/groups/' + enc(group.name) + '/snapshots').then((snaps) => ({ group, snaps }))))).catch(() => []);
+        if (changed('groups', groups)) renderGroups(groups);
       }
     } else {
       const name = route.disk;

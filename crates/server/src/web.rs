@@ -485,6 +485,11 @@ fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
     })
 }
 
+/// An optional boolean member of a body (absent: false).
+fn flag(body: &Value, name: &str) -> bool {
+    body.get(name).and_then(Value::as_bool).unwrap_or(false)
+}
+
 fn api(
     web: &Web,
     backend: &dyn Backend,
@@ -557,6 +562,13 @@ fn api(
             },
             ["alarms"] => Request::AlarmList,
             ["jobs"] => Request::Jobs,
+            ["groups"] => Request::GroupList,
+            ["groups", g] => Request::GroupInfo {
+                name: g.to_string(),
+            },
+            ["groups", g, "snapshots"] => Request::GroupSnapshotList {
+                group: g.to_string(),
+            },
             _ => return not_found_or_method(&segs),
         };
         return run(backend, r, 200);
@@ -588,6 +600,9 @@ fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
         ["disks", _, "extend"] if post => 200,
         ["disks", _, "convert" | "defrag"] if post => 202,
         ["jobs", _, "pause" | "resume" | "cancel"] if post => 200,
+        ["groups", _, "snapshots"] if post => 201,
+        ["groups", _, "snapshots", _, "revert"] if post => 200,
+        ["groups", _, "snapshots", _] if delete => 200,
         _ => return None,
     })
 }
@@ -603,6 +618,30 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
+        },
+        // The group's own quiesce hook only: a command named over HTTP
+        // would let a token run programs as the server.
+        ["groups", g, "snapshots"] => Request::GroupSnapshotCreate {
+            group: g.to_string(),
+            snapshot: field(b, "name")?.to_string(),
+            description: b
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            quiesce_hook: None,
+            no_quiesce: flag(b, "no_quiesce"),
+            ignore_quiesce_error: flag(b, "ignore_quiesce_error"),
+            timeout_s: b.get("timeout_s").and_then(Value::as_u64),
+            max_pause_ms: b.get("max_pause_ms").and_then(Value::as_u64),
+        },
+        ["groups", g, "snapshots", s, "revert"] => Request::GroupSnapshotRevert {
+            group: g.to_string(),
+            snapshot: s.to_string(),
+        },
+        ["groups", g, "snapshots", s] => Request::GroupSnapshotDelete {
+            group: g.to_string(),
+            snapshot: s.to_string(),
         },
         ["disks", d, "snapshots", s, "revert"] => Request::SnapshotRevert {
             disk: d.to_string(),
