@@ -2,6 +2,7 @@
 (what --only takes) to a function (work directory, quick) -> the case's
 entry in results.json. A run without --only takes them in this order."""
 from .backup import case_backup
+from .groupsnap import case_groupsnap
 from .bigread import case_bigread
 from .cachenone import case_cachenone
 from .chain import case_chain
@@ -51,4 +52,5 @@ CASES = {
     "move": case_move,
     "claims": case_claims,
     "backup": case_backup,
+    "groupsnap": case_groupsnap,
 }

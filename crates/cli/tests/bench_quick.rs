@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup`:
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup,groupsnap`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -56,7 +56,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--smoke",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup,groupsnap",
             "--out",
         ])
         .arg(&out)
@@ -263,6 +263,24 @@ fn bench_quick_paper_suites() {
         get(bk, &["incremental_read", "bytes"]),
         "the backup client reads what strata diff reports"
     );
+
+    // groupsnap: client latency with and without group snapshots, on
+    // strata and on qemu-storage-daemon's transaction, for 2 and 8 disks.
+    let gs = get(&j, &["cases", "groupsnap"]);
+    for n in ["2_disks", "8_disks"] {
+        for path in [
+            &["strata", "without", "p99_9_us"][..],
+            &["strata", "with", "p99_9_us"],
+            &["strata", "with", "ios"],
+            &["strata", "group_snapshots"],
+            &["strata", "command_ms_p50"],
+            &["qsd_transaction", "with", "p99_9_us"],
+            &["qsd_transaction", "group_snapshots"],
+            &["p99_9_ratio_qsd_over_strata"],
+        ] {
+            positive(get(gs, &[n]), path);
+        }
+    }
 
     // The report files next to the JSON.
     for f in [
