@@ -260,7 +260,7 @@ fn bench_quick_paper_suites() {
     }
     assert_eq!(
         get(bk, &["diff", "data_bytes"]),
-        get(bk, &["incremental_read", "bytes"]),
+        get(bk, &["incremental_read", "dirty_bytes"]),
         "the backup client reads what strata diff reports"
     );
 

@@ -67,7 +67,7 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
     (
         Capability::Groups,
         "not built yet: a group there needs one writer for every member and a create-only \
-         group record as its commit point (docs/BACKUP.md); snapshot the disks one by one",
+         group record as its commit point (designed in docs/FORMAT.md §11.11); snapshot the disks one by one",
     ),
 ];
 
