@@ -631,3 +631,119 @@ fn export_diff_and_import_diff_round_trip_through_files_pipes_and_rbd() {
         }
     });
 }
+
+/// Every run `nbdinfo --map=CONTEXT` prints for `uri`: (offset, length,
+/// value), neighbours of one value merged.
+fn nbdinfo_map(uri: &str, context: &str) -> Vec<(u64, u64, u32)> {
+    let out = run_ok("nbdinfo", &[&format!("--map={context}"), uri]);
+    let mut runs: Vec<(u64, u64, u32)> = Vec::new();
+    for l in out.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (Some(o), Some(n), Some(v)) = (f.first(), f.get(1), f.get(2)) else {
+            continue;
+        };
+        let (o, n, v): (u64, u64, u32) =
+            (o.parse().unwrap(), n.parse().unwrap(), v.parse().unwrap());
+        match runs.last_mut() {
+            Some(last) if last.2 == v && last.0 + last.1 == o => last.1 += n,
+            _ => runs.push((o, n, v)),
+        }
+    }
+    runs
+}
+
+#[test]
+fn allocation_depth_is_what_qemu_reports_for_the_same_layers() {
+    for tool in ["nbdinfo", "qemu-io", "qemu-img", "qemu-nbd"] {
+        if !have(tool) {
+            return;
+        }
+    }
+    // Three layers: A, then B (overwriting part of A), then C (over part
+    // of B), each 64 KiB-aligned (a qcow2 cluster); the same history as
+    // a qcow2 chain exported by qemu-nbd --allocation-depth.
+    let layers: [&[&str]; 3] = [
+        &["write -P 0x11 0 2M", "write -P 0x12 8M 1M"],
+        &["write -P 0x21 1M 2M", "write -P 0x22 12M 64k"],
+        &["write -P 0x31 2M 512k", "write -P 0x32 8M 64k"],
+    ];
+    let img = tempfile::tempdir().unwrap();
+    let qcow = |i: usize| img.path().join(format!("l{i}.qcow2"));
+    for (i, cmds) in layers.iter().enumerate() {
+        let mut args = vec!["create", "-q", "-f", "qcow2"];
+        let backing;
+        if i > 0 {
+            backing = qcow(i - 1).display().to_string();
+            args.extend(["-b", &backing, "-F", "qcow2"]);
+        }
+        let me = qcow(i).display().to_string();
+        args.extend([me.as_str(), "16M"]);
+        run_ok("qemu-img", &args);
+        let mut io_args = vec!["-f", "qcow2"];
+        for c in cmds.iter() {
+            io_args.extend(["-c", c]);
+        }
+        io_args.push(&me);
+        run_ok("qemu-io", &io_args);
+    }
+    let qsock = img.path().join("q.sock");
+    let mut qnbd = std::process::Command::new("qemu-nbd")
+        .args(["-A", "-r", "-f", "qcow2", "-k"])
+        .arg(&qsock)
+        .arg(qcow(2))
+        .spawn()
+        .unwrap();
+    wait_for(&qsock);
+    let qemu = nbdinfo_map(
+        &format!("nbd+unix:///?socket={}", qsock.display()),
+        "qemu:allocation-depth",
+    );
+    let _ = qnbd.kill();
+    let _ = qnbd.wait();
+    assert_eq!(
+        qemu.iter().map(|r| r.2).max(),
+        Some(3),
+        "qemu-nbd reports three layers: {qemu:?}"
+    );
+
+    each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "vm", "--size", "16M"]);
+        let _srv = s.serve();
+        for (i, cmds) in layers.iter().enumerate() {
+            let mut c = cmds.to_vec();
+            c.push("flush");
+            io(&s.uri("vm"), &c);
+            if i < 2 {
+                s.ok(&["snapshot", "create", "vm", &format!("s{}", i + 1)]);
+            }
+        }
+        // nbdinfo lists the context; the head maps as qemu's top layer.
+        assert!(run_ok("nbdinfo", &[&s.uri("vm")]).contains("qemu:allocation-depth"));
+        assert_eq!(
+            nbdinfo_map(&s.uri("vm"), "qemu:allocation-depth"),
+            qemu,
+            "{kind:?}: the head"
+        );
+        // A snapshot is one layer less deep: s2 is qemu's middle image.
+        let s2 = nbdinfo_map(&s.uri("vm@s2"), "qemu:allocation-depth");
+        assert!(s2.iter().all(|r| r.2 <= 2), "{kind:?}: {s2:?}");
+        assert_eq!(
+            s2.iter().filter(|r| r.2 > 0).map(|r| r.1).sum::<u64>(),
+            3 * MIB + 1024 * 1024 + 64 * 1024,
+            "{kind:?}: s2 maps A and B: {s2:?}"
+        );
+        // A linked clone of s2 continues its origin's ancestry: what it
+        // writes is layer 1, s2's own layer 2, s1's layer 3.
+        s.ok(&["clone", "vm@s2", "c"]);
+        io(
+            &s.uri("c"),
+            &["write -P 0x41 2M 512k", "write -P 0x42 8M 64k", "flush"],
+        );
+        assert_eq!(
+            nbdinfo_map(&s.uri("c"), "qemu:allocation-depth"),
+            qemu,
+            "{kind:?}: the clone"
+        );
+    });
+}
