@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use strata_engine::{AlarmKind, AlarmRule, Error, ErrorKind, Provisioning};
 
-use crate::output::Format;
 use crate::serve_args::ServeArgs;
+use strata_cli::output::Format;
 use strata_server::api::{ImageFormat, JobAction, Request, VmdkRequest};
 use strata_server::units::parse_size;
 use strata_server::vmdk_ops::absolute;
@@ -378,7 +378,7 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
     Snapshot(SnapCmd),
     /// Consistency groups: disks snapshotted, reverted and cloned together at one instant
     #[command(subcommand)]
-    Group(crate::group::GroupCmd),
+    Group(strata_cli::group::GroupCmd),
     /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
     Clone {
         /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full
@@ -953,8 +953,8 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 json.into(),
             ),
             Cmd::Group(g) => {
-                let (request, format) = g.request();
-                datastore(request, format)
+                let (request, json) = g.request();
+                datastore(request, if json { Format::Json } else { Format::Human })
             }
             Cmd::Snapshot(SnapCmd::List { disk, json }) => {
                 datastore(Request::SnapshotList { disk: disk.clone() }, json.into())

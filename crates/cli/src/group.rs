@@ -7,8 +7,6 @@ use clap::{Args, Subcommand};
 use strata_engine::{GroupInfo, GroupSnapshotInfo};
 use strata_server::api::{GroupSnapshotReport, Request, Response};
 
-use crate::args::JsonFlag;
-use crate::output::Format;
 use strata_server::units::human;
 
 #[derive(Subcommand)]
@@ -25,8 +23,9 @@ pub enum GroupCmd {
         /// Seconds the hook may take (default 60)
         #[arg(long, value_name = "S")]
         timeout: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
     },
     /// Add a disk to a group
     Add { name: String, disk: String },
@@ -35,12 +34,17 @@ pub enum GroupCmd {
     /// Remove a group; its disks stay. Refused while it has snapshots
     Rm { name: String },
     /// List the groups
-    List(JsonFlag),
+    List {
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a group: its disks, its hook, how many snapshots
     Info {
         name: String,
-        #[command(flatten)]
-        json: JsonFlag,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
     },
     /// Snapshot every disk of a group at one instant; list or delete group snapshots
     #[command(
@@ -72,8 +76,9 @@ group of them in one change. A clone is named like its disk with the group's nam
         /// DISK=NAME: the clone of DISK is NAME (repeatable)
         #[arg(long = "rename", value_name = "DISK=NAME", value_parser = parse_rename)]
         renames: Vec<(String, String)>,
-        #[command(flatten)]
-        json: JsonFlag,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -110,8 +115,9 @@ pub struct TakeArgs {
     /// Longest wait, in ms, for the requests in flight to finish; past it nothing is created
     #[arg(long, value_name = "MS")]
     max_pause: Option<u64>,
-    #[command(flatten)]
-    json: JsonFlag,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -119,8 +125,9 @@ enum GroupSnapCmd {
     /// A group's snapshots, with what deleting each frees on its members
     List {
         group: String,
-        #[command(flatten)]
-        json: JsonFlag,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
     },
     /// Delete a group snapshot: every member's snapshot, in one change
     Delete { group: String, snapshot: String },
@@ -134,8 +141,8 @@ fn parse_rename(s: &str) -> Result<(String, String), String> {
 }
 
 impl GroupCmd {
-    /// The request, and how its answer is printed.
-    pub fn request(&self) -> (Request, Format) {
+    /// The request, and whether its answer is printed as JSON.
+    pub fn request(&self) -> (Request, bool) {
         let s = String::clone;
         match self {
             GroupCmd::Create {
@@ -151,7 +158,7 @@ impl GroupCmd {
                     quiesce_hook: quiesce_hook.clone(),
                     quiesce_timeout_s: *timeout,
                 },
-                json.into(),
+                *json,
             ),
             GroupCmd::Add { name, disk } | GroupCmd::Remove { name, disk } => (
                 Request::GroupMember {
@@ -159,21 +166,21 @@ impl GroupCmd {
                     disk: s(disk),
                     add: matches!(self, GroupCmd::Add { .. }),
                 },
-                Format::Human,
+                false,
             ),
-            GroupCmd::Rm { name } => (Request::GroupDelete { name: s(name) }, Format::Human),
-            GroupCmd::List(json) => (Request::GroupList, json.into()),
-            GroupCmd::Info { name, json } => (Request::GroupInfo { name: s(name) }, json.into()),
+            GroupCmd::Rm { name } => (Request::GroupDelete { name: s(name) }, false),
+            GroupCmd::List { json } => (Request::GroupList, *json),
+            GroupCmd::Info { name, json } => (Request::GroupInfo { name: s(name) }, *json),
             GroupCmd::Snapshot(a) => match &a.action {
                 Some(GroupSnapCmd::List { group, json }) => {
-                    (Request::GroupSnapshotList { group: s(group) }, json.into())
+                    (Request::GroupSnapshotList { group: s(group) }, *json)
                 }
                 Some(GroupSnapCmd::Delete { group, snapshot }) => (
                     Request::GroupSnapshotDelete {
                         group: s(group),
                         snapshot: s(snapshot),
                     },
-                    Format::Human,
+                    false,
                 ),
                 None => {
                     let c = &a.create;
@@ -188,7 +195,7 @@ impl GroupCmd {
                             timeout_s: c.timeout,
                             max_pause_ms: c.max_pause,
                         },
-                        (&c.json).into(),
+                        c.json,
                     )
                 }
             },
@@ -197,7 +204,7 @@ impl GroupCmd {
                     group: s(name),
                     snapshot: s(snapshot),
                 },
-                Format::Human,
+                false,
             ),
             GroupCmd::Clone {
                 source,
@@ -210,7 +217,7 @@ impl GroupCmd {
                     name: s(name),
                     renames: renames.clone(),
                 },
-                json.into(),
+                *json,
             ),
         }
     }

@@ -6,8 +6,6 @@
 //! and the answer text (`output`). `serve` runs strata-server's server.
 
 mod args;
-mod group;
-mod output;
 mod serve_args;
 
 use std::path::Path;
@@ -18,7 +16,7 @@ use strata_engine::{Datastore, Error, ErrorKind, InitOptions};
 use strata_storage::FileBackend;
 
 use crate::args::{default_datastore, Action, Cli, Pipe};
-use crate::output::{progress_bar, Format};
+use strata_cli::output::{self, progress_bar, Format};
 use strata_datastore::{try_lock, LockOutcome};
 use strata_server::api::{Request, Response, VmdkRequest};
 use strata_server::serve::ServeConfig;
