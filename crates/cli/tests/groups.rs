@@ -635,6 +635,11 @@ fn group_rules_membership_revert_clone_and_space() {
     assert!(e.contains("member of group snapshot 'vm1@s1'"), "{e}");
     let e = s.fails(&["rm", "vm1-os"]);
     assert!(e.contains("is in group 'vm1'"), "{e}");
+    // A group lives in one datastore: its members do not move out.
+    let other = s.dir.path().join("other");
+    run_ok(strata(), &["--datastore", other.to_str().unwrap(), "init"]);
+    let e = s.fails(&["move", "vm1-os", "--to", other.to_str().unwrap()]);
+    assert!(e.contains("is in group 'vm1'"), "{e}");
 
     // Space: what the group snapshot alone holds is what each member's
     // holds (they share nothing with each other): vm1-os's overwritten
@@ -695,6 +700,11 @@ fn group_rules_membership_revert_clone_and_space() {
         .as_array()
         .unwrap()
         .is_empty());
+    s.ok(&["group", "snapshot", "vm1", "s9"]);
+    s.ok(&["group", "remove", "vm1", "vm1-data"]);
+    let e = s.fails(&["move", "vm1-data", "--to", other.to_str().unwrap()]);
+    assert!(e.contains("of group snapshot 'vm1@s9'"), "{e}");
+    s.ok(&["group", "snapshot", "delete", "vm1", "s9"]);
     s.ok(&["group", "rm", "vm1"]);
     assert_eq!(names(&s.json(&["group", "list"])), ["vm2"]);
     srv.stop();
