@@ -520,6 +520,26 @@ fn remove_stale_socket(p: &Path) -> Result<(), Error> {
     }
 }
 
+/// A Unix socket listening at `p`, whose file appears only once it
+/// listens: bound (and listening) under a temporary name beside `p`, then
+/// renamed into place. A client that waits for the file and connects
+/// (scripts, tests) could otherwise come between bind and listen and be
+/// refused.
+fn bind_listening(p: &Path) -> Result<UnixListener, Error> {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = p.with_file_name(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let l = UnixListener::bind(&tmp).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+    std::fs::rename(&tmp, p).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(&format!("bind {}", p.display()), e)
+    })?;
+    Ok(l)
+}
+
 fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
@@ -651,8 +671,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     let _ = std::fs::remove_file(&ctl_path);
     // A quiesce hook whose unquiesce a dead server skipped runs it now.
     crate::groups::recover(home.dir(), None);
-    let ctl = UnixListener::bind(&ctl_path)
-        .map_err(|e| io_err(&format!("bind {}", ctl_path.display()), e))?;
+    let ctl = bind_listening(&ctl_path)?;
     let registry = Arc::new(StatsRegistry::new());
     let places = crate::placement::Places::open(
         dir,
@@ -1101,7 +1120,7 @@ pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
 pub(crate) fn listen(server: &NbdServer, args: &ServeConfig, example: &str) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
-        let l = UnixListener::bind(p).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+        let l = bind_listening(p)?;
         own_socket(p, args)?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         println!("  NBD on unix socket {}", p.display());
@@ -1271,7 +1290,7 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     let mut ctl_threads = Vec::new();
     for o in &opened {
         let p = vmdk_socket_path(&o.path);
-        match UnixListener::bind(&p) {
+        match bind_listening(&p) {
             Ok(l) => {
                 let status = VmdkServerStatus {
                     server: "strata serve --vmdk".into(),
