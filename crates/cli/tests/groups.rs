@@ -40,7 +40,27 @@ struct Nbd {
 
 impl Nbd {
     fn connect(sock: &Path, export: &str) -> Nbd {
-        let mut s = UnixStream::connect(sock).unwrap();
+        let mut s = UnixStream::connect(sock).unwrap_or_else(|e| {
+            // What was there: the socket file, and who listens where.
+            let out = |cmd: &str, args: &[&str]| {
+                std::process::Command::new(cmd)
+                    .args(args)
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            let dir = sock.parent().unwrap().to_str().unwrap();
+            panic!(
+                "connect {}: {e}\n{}\n{}",
+                sock.display(),
+                out("ls", &["-la", "--time-style=full-iso", dir]),
+                out("ss", &["-xlp"])
+                    .lines()
+                    .filter(|l| l.contains(dir))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        });
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello).unwrap();
         assert_eq!(&hello[..16], b"NBDMAGICIHAVEOPT");
@@ -217,6 +237,23 @@ fn consistent(sock: &Path, snaps: [&str; 3], first_seq: u64) -> Result<(), Strin
     Ok(())
 }
 
+/// Lazily unmounts a FUSE mount on drop, so that a failed test (its
+/// server killed) leaves no stale mount behind. Declared before the
+/// server, it drops after it.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let mounted = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(self.0.to_str().unwrap_or("")));
+        if mounted {
+            let _ = run("umount", &["-l", self.0.to_str().unwrap()]);
+        }
+    }
+}
+
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
     while !cond() {
@@ -247,13 +284,18 @@ fn group_snapshots_cut_nbd_fuse_and_vhost_writes_at_one_instant() {
     if !fuse_usable() {
         return;
     }
-    let s = Store::new();
+    each_kind(cut_under_a_writer);
+}
+
+fn cut_under_a_writer(kind: Kind) {
+    let s = Store::of(kind);
     for d in ["a", "b", "c"] {
         s.ok(&["create", d, "--size", "16M"]);
     }
     s.ok(&["group", "create", "g", "a", "b", "c"]);
     let mnt = s.dir.path().join("mnt");
     let vsock = s.dir.path().join("c.vhost");
+    let _unmount = Unmount(mnt.clone());
     let srv = s.serve_with(&[
         "--fuse",
         mnt.to_str().unwrap(),
@@ -325,7 +367,9 @@ fn group_snapshots_cut_nbd_fuse_and_vhost_writes_at_one_instant() {
     );
     drop(t);
     srv.stop();
-    assert!(s.ok(&["check"]).contains("clean"));
+    if kind == Kind::Local {
+        assert!(s.ok(&["check"]).contains("clean"));
+    }
 }
 
 /// Per snapshot name: how many of `members` have it, and whether group
@@ -592,7 +636,11 @@ fn names(v: &Value) -> Vec<String> {
 
 #[test]
 fn group_rules_membership_revert_clone_and_space() {
-    let s = Store::new();
+    each_kind(group_rules);
+}
+
+fn group_rules(kind: Kind) {
+    let s = Store::of(kind);
     for d in ["vm1-os", "vm1-data", "spare"] {
         s.ok(&["create", d, "--size", "8M"]);
     }
@@ -645,13 +693,16 @@ fn group_rules_membership_revert_clone_and_space() {
     // holds (they share nothing with each other): vm1-os's overwritten
     // block and each member's map nodes that the live disk rewrote.
     let gs = s.json(&["group", "snapshot", "list", "vm1"]);
-    let excl = |i: usize| gs[0]["members"][i]["exclusive_bytes"].as_u64().unwrap();
-    assert_eq!(
-        gs[0]["exclusive_bytes"].as_u64().unwrap(),
-        excl(0) + excl(1),
-        "{gs}"
-    );
-    assert_eq!(excl(0), excl(1) + 4096, "{gs}");
+    if kind == Kind::Local {
+        let excl = |i: usize| gs[0]["members"][i]["exclusive_bytes"].as_u64().unwrap();
+        assert_eq!(
+            gs[0]["exclusive_bytes"].as_u64().unwrap(),
+            excl(0) + excl(1),
+            "{gs}"
+        );
+        assert_eq!(excl(0), excl(1) + 4096, "{gs}");
+    }
+    assert_eq!(gs[0]["members"].as_array().unwrap().len(), 2, "{gs}");
 
     // A group clone: linked clones named after the new group.
     let c = s.json(&[
@@ -708,31 +759,91 @@ fn group_rules_membership_revert_clone_and_space() {
     s.ok(&["group", "rm", "vm1"]);
     assert_eq!(names(&s.json(&["group", "list"])), ["vm2"]);
     srv.stop();
-    assert!(s.ok(&["check"]).contains("clean"));
+    if kind == Kind::Local {
+        assert!(s.ok(&["check"]).contains("clean"));
+    }
+}
+
+/// A directory attached to the object store of `s` (another host).
+fn attach(s: &Store) -> Store {
+    let url = s.json(&["status"])["object_store"]["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = Store::empty();
+    b.ok(&["attach", "--object-store", &url]);
+    b
 }
 
 #[test]
-fn an_object_store_refuses_groups_saying_why() {
+fn on_an_object_store_one_host_writes_every_member_and_the_group_object_commits() {
     if strata_objstore::testing::shared().is_none() {
         return;
     }
-    let s = Store::of(Kind::ObjectStore);
-    s.ok(&["create", "d", "--size", "4M"]);
-    let e = s.fails(&["group", "create", "g", "d"]);
+    let a = Store::of(Kind::ObjectStore);
+    for d in ["d1", "d2"] {
+        a.ok(&["create", d, "--size", "8M"]);
+    }
+    a.ok(&["group", "create", "g", "d1", "d2"]);
+    let b = attach(&a);
+    assert_eq!(names(&b.json(&["group", "list"])), ["g"]);
+
+    // Host B writes d2: A's group snapshot is refused, naming B.
+    let sb = b.serve();
+    Nbd::connect(&b.sock(), "d2").write(0, &block(2, 1));
+    let sa = a.serve();
+    Nbd::connect(&a.sock(), "d1").write(0, &block(1, 1));
+    let e = a.fails(&["group", "snapshot", "g", "s1"]);
     assert!(
-        e.contains("consistency groups on this object-store datastore: not built yet"),
+        e.contains("one writer for every member") && e.contains("d2"),
         "{e}"
     );
-    assert!(s.json(&["group", "list"]).as_array().unwrap().is_empty());
-    let st = s.json(&["status"]);
-    assert!(
-        st["cannot"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["command"] == "consistency groups"),
-        "{st}"
+    assert!(e.contains("strata claim d2"), "{e}");
+    assert!(a
+        .json(&["group", "snapshot", "list", "g"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    sb.stop();
+    // A claims d2 and cuts both.
+    a.ok(&["claim", "d2"]);
+    let r = a.json(&["group", "snapshot", "g", "s1"]);
+    assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
+    drop(sa);
+
+    // Killed after every member's record, before the group object: the
+    // group snapshot is absent on every host, and the next one cleans up.
+    let sa = Server::start_env(
+        &a,
+        &[],
+        &[("STRATA_SHARED_CRASH_AT", "before-group-object")],
     );
+    Nbd::connect(&a.sock(), "d1").write(4096, &block(1, 2));
+    assert!(!a.cmd(&["group", "snapshot", "g", "s2"]).status.success());
+    drop(sa);
+    for host in [&a, &b] {
+        let gs = names(&host.json(&["group", "snapshot", "list", "g"]));
+        assert_eq!(gs, ["s1"], "the cut snapshot is not listed");
+        for d in ["d1", "d2"] {
+            assert_eq!(names(&host.json(&["snapshot", "list", d])), ["s1"], "{d}");
+        }
+    }
+    let sa = a.serve();
+    let r = a.json(&["group", "snapshot", "g", "s2"]);
+    assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(
+        Nbd::connect(&a.sock(), "d1@s2").read(4096, BLOCK),
+        block(1, 2),
+        "the acknowledged write before the crash is in"
+    );
+    // Host B sees the group snapshot, and its members, as A made them.
+    let listed = b.json(&["group", "snapshot", "list", "g"]);
+    assert_eq!(names(&listed), ["s1", "s2"]);
+    let snaps = b.json(&["snapshot", "list", "d2"]);
+    assert_eq!(snaps[1]["group"], "g", "{snaps}");
+    let e = b.fails(&["snapshot", "delete", "d2", "s2"]);
+    assert!(e.contains("member of group snapshot 'g@s2'"), "{e}");
+    sa.stop();
 }
 
 // ------------------------------------------------------------ a file system, frozen

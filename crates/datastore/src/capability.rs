@@ -49,7 +49,7 @@ const LOCAL: &[(Capability, &str)] = &[
 ];
 
 /// What an object-store datastore does not do, with the reason (each a
-/// fact of the kind, or said to be not built yet).
+/// fact of the kind).
 const OBJECT_STORE: &[(Capability, &str)] = &[
     (
         Capability::Thick,
@@ -63,11 +63,6 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::Defrag,
         "a disk's grains are objects in the store, which lays them out itself; what its \
          segments hold that no root reaches is freed by 'strata gc'",
-    ),
-    (
-        Capability::Groups,
-        "not built yet: a group there needs one writer for every member and a create-only \
-         group record as its commit point (designed in docs/FORMAT.md §11.11); snapshot the disks one by one",
     ),
 ];
 

@@ -22,6 +22,7 @@ mod alarms;
 pub mod capability;
 mod local;
 mod object_store;
+mod object_store_groups;
 mod punch;
 
 use std::path::{Path, PathBuf};

@@ -21,8 +21,9 @@ use strata_shared::{SharedDatastore, SharedDisk};
 use crate::alarms::AlarmSettings;
 use crate::{
     capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DatastoreView,
-    DiskInfo, DiskView, Error, ErrorKind, IoLimits, Kind, OpenOptions, Provisioning,
-    PunchZeroReport, Result, SnapshotInfo, SpaceWork, StoreDisk,
+    DiskInfo, DiskView, Error, ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    StoreDisk,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -275,24 +276,31 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
     }
 }
 
-fn snapshot_infos(m: &Manifest) -> Vec<SnapshotInfo> {
-    let mut recs = m.snapshots.clone();
-    // Ids grow with time and a parent is older than its children.
-    recs.sort_by_key(|s| s.id);
-    recs.iter()
-        .map(|s| SnapshotInfo {
-            id: s.id,
-            name: s.name.clone(),
-            description: s.description.clone(),
-            created_unix: s.created_ms / 1000,
-            parent: snapshot_name(m, s.parent),
-            size_bytes: s.size_bytes,
-            mapped_bytes: None,
-            exclusive_bytes: None,
-            current: m.current == Some(s.id),
-            group: None,
-        })
-        .collect()
+impl ObjectStoreDatastore {
+    /// The snapshots of manifest `m` that count: a member of a group
+    /// snapshot only once that group snapshot's object exists (§11.11).
+    fn snapshot_infos(&self, m: &Manifest) -> Vec<SnapshotInfo> {
+        let mut recs = m.snapshots.clone();
+        // Ids grow with time and a parent is older than its children.
+        recs.sort_by_key(|s| s.id);
+        recs.iter()
+            .filter_map(|s| {
+                let (shown, group) = self.visible(s);
+                shown.then(|| SnapshotInfo {
+                    id: s.id,
+                    name: s.name.clone(),
+                    description: s.description.clone(),
+                    created_unix: s.created_ms / 1000,
+                    parent: snapshot_name(m, s.parent),
+                    size_bytes: s.size_bytes,
+                    mapped_bytes: None,
+                    exclusive_bytes: None,
+                    current: m.current == Some(s.id),
+                    group,
+                })
+            })
+            .collect()
+    }
 }
 
 impl Datastore for ObjectStoreDatastore {
@@ -350,6 +358,7 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn remove(&self, disk: &str) -> Result<()> {
+        self.removable(disk)?;
         let prefix = format!("{disk}@");
         self.handles
             .lock()
@@ -362,7 +371,7 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
-        Ok(snapshot_infos(&self.current_manifest(disk)?))
+        Ok(self.snapshot_infos(&self.current_manifest(disk)?))
     }
 
     fn snapshot_create(
@@ -376,7 +385,7 @@ impl Datastore for ObjectStoreDatastore {
             .snapshot_create(snapshot, description)
             .map_err(from_shared)?;
         let m = d.manifest();
-        snapshot_infos(&m)
+        self.snapshot_infos(&m)
             .into_iter()
             .find(|s| s.name == rec.name)
             .ok_or_else(|| {
@@ -388,6 +397,21 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn snapshot_delete(&self, disk: &str, snapshot: &str) -> Result<()> {
+        if let Some(g) = self
+            .snapshots(disk)?
+            .into_iter()
+            .find(|s| s.name == snapshot)
+            .and_then(|s| s.group)
+        {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "snapshot '{disk}@{snapshot}' is a member of group snapshot \
+                     '{g}@{snapshot}': delete the group snapshot ('strata group snapshot \
+                     delete {g} {snapshot}')"
+                ),
+            ));
+        }
         self.disk(disk)?
             .snapshot_delete(snapshot)
             .map_err(from_shared)?;
@@ -487,6 +511,62 @@ impl Datastore for ObjectStoreDatastore {
             last.len = last.len.min(target.size_bytes() - last.offset);
         }
         Ok(out)
+    }
+
+    fn group_create(
+        &self,
+        name: &str,
+        disks: &[String],
+        quiesce_hook: Option<String>,
+        quiesce_timeout_s: Option<u64>,
+    ) -> Result<GroupInfo> {
+        self.og_create(name, disks, quiesce_hook, quiesce_timeout_s)
+    }
+
+    fn group_delete(&self, name: &str) -> Result<()> {
+        self.og_delete(name)
+    }
+
+    fn group_member(&self, name: &str, disk: &str, add: bool) -> Result<GroupInfo> {
+        self.og_member(name, disk, add)
+    }
+
+    fn groups(&self) -> Result<Vec<GroupInfo>> {
+        self.og_groups()
+    }
+
+    fn group_info(&self, name: &str) -> Result<GroupInfo> {
+        self.og_info(name)
+    }
+
+    fn group_snapshot_create(
+        &self,
+        group: &str,
+        snapshot: &str,
+        opts: &GroupSnapshotOptions,
+    ) -> Result<GroupSnapshotInfo> {
+        self.og_snapshot_create(group, snapshot, opts)
+    }
+
+    fn group_snapshots(&self, group: &str) -> Result<Vec<GroupSnapshotInfo>> {
+        self.og_snapshots(group)
+    }
+
+    fn group_snapshot_delete(&self, group: &str, snapshot: &str) -> Result<()> {
+        self.og_snapshot_delete(group, snapshot)
+    }
+
+    fn group_snapshot_revert(&self, group: &str, snapshot: &str) -> Result<()> {
+        self.og_snapshot_revert(group, snapshot)
+    }
+
+    fn group_clone(
+        &self,
+        source: &str,
+        name: &str,
+        renames: &[(String, String)],
+    ) -> Result<GroupInfo> {
+        self.og_clone(source, name, renames)
     }
 
     fn export_names(&self) -> Vec<(String, String)> {

@@ -299,26 +299,8 @@ impl Datastore {
             let mut members = Vec::new();
             let mut versions = Vec::new();
             for mr in &gs.members {
-                let s = m
-                    .catalog
-                    .snapshots
-                    .iter()
-                    .find(|s| s.id == mr.snapshot)
-                    .cloned()
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Corrupt,
-                            format!(
-                                "group snapshot '{group}@{}' names snapshot id {} that does not exist",
-                                gs.name, mr.snapshot
-                            ),
-                        )
-                    })?;
-                let disk = m
-                    .catalog
-                    .disk_by_id(mr.disk)
-                    .map(|d| d.name.clone())
-                    .unwrap_or_default();
+                let (d, s) = member(m, group, gs, mr)?;
+                let disk = d.name.clone();
                 let exclusive_bytes = match &base {
                     Some(b) => Some(m.exclusive_grains(b, &[s.version])? * GRAIN_BYTES),
                     None => None,
@@ -398,18 +380,7 @@ impl Datastore {
                 );
             }
             for mr in &gs.members {
-                let s = m
-                    .catalog
-                    .snapshots
-                    .iter()
-                    .find(|s| s.id == mr.snapshot)
-                    .cloned()
-                    .ok_or_else(|| Error::new(ErrorKind::Corrupt, "member snapshot missing"))?;
-                let d = m
-                    .catalog
-                    .disk_by_id(mr.disk)
-                    .cloned()
-                    .ok_or_else(|| Error::new(ErrorKind::Corrupt, "member disk missing"))?;
+                let (d, s) = member(m, group, &gs, mr)?;
                 m.replace_version(d.head, s.version)?;
                 let dm = m.catalog.disk_mut(&d.name)?;
                 dm.current_snapshot = Some(s.id);
@@ -449,18 +420,7 @@ impl Datastore {
             let gs = group_snapshot(m, group, snap)?;
             let mut plan = Vec::new();
             for mr in &gs.members {
-                let d = m
-                    .catalog
-                    .disk_by_id(mr.disk)
-                    .cloned()
-                    .ok_or_else(|| Error::new(ErrorKind::Corrupt, "member disk missing"))?;
-                let s = m
-                    .catalog
-                    .snapshots
-                    .iter()
-                    .find(|s| s.id == mr.snapshot)
-                    .cloned()
-                    .ok_or_else(|| Error::new(ErrorKind::Corrupt, "member snapshot missing"))?;
+                let (d, s) = member(m, group, &gs, mr)?;
                 let new = renames
                     .iter()
                     .find(|(from, _)| *from == d.name)
@@ -539,6 +499,38 @@ fn info(m: &Meta, g: &GroupRec) -> GroupInfo {
         quiesce_timeout_s: g.quiesce_timeout_s,
         snapshots: g.snapshots.len(),
     }
+}
+
+/// A group snapshot member's disk and snapshot records (a missing one is
+/// damage: `check` reports it too).
+fn member(
+    m: &Meta,
+    group: &str,
+    gs: &GroupSnapRec,
+    mr: &GroupMemberRec,
+) -> Result<(crate::catalog::DiskRec, crate::catalog::SnapshotRec)> {
+    let missing = |what: &str, id: u64| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "group snapshot '{group}@{}' names {what} id {id}, which does not exist",
+                gs.name
+            ),
+        )
+    };
+    let d = m
+        .catalog
+        .disk_by_id(mr.disk)
+        .cloned()
+        .ok_or_else(|| missing("disk", mr.disk))?;
+    let s = m
+        .catalog
+        .snapshots
+        .iter()
+        .find(|s| s.id == mr.snapshot)
+        .cloned()
+        .ok_or_else(|| missing("snapshot", mr.snapshot))?;
+    Ok((d, s))
 }
 
 fn group_mut<'a>(m: &'a mut Meta, name: &str) -> &'a mut GroupRec {

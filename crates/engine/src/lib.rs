@@ -35,9 +35,9 @@ pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
 pub use catalog::{split_target, Consistency, Provisioning, QuiesceReport, QuiesceResult};
 pub use check::CheckReport;
 pub use datastore::{
-    ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, GroupInfo, GroupMemberInfo,
-    GroupSnapshotInfo, GroupSnapshotOptions, InitOptions, OpenOptions, PunchZeroReport,
-    SnapshotInfo, SpaceWork,
+    clone_name, ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, GroupInfo,
+    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, InitOptions, OpenOptions,
+    PunchZeroReport, SnapshotInfo, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

@@ -485,6 +485,14 @@ fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
     })
 }
 
+/// An optional string member of a body (absent: empty).
+fn optional_text(body: &Value, name: &str) -> String {
+    body.get(name)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
 /// An optional boolean member of a body (absent: false).
 fn flag(body: &Value, name: &str) -> bool {
     body.get(name).and_then(Value::as_bool).unwrap_or(false)
@@ -613,22 +621,14 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["disks", d, "snapshots"] => Request::SnapshotCreate {
             disk: d.to_string(),
             snapshot: field(b, "name")?.to_string(),
-            description: b
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
+            description: optional_text(b, "description"),
         },
         // The group's own quiesce hook only: a command named over HTTP
         // would let a token run programs as the server.
         ["groups", g, "snapshots"] => Request::GroupSnapshotCreate {
             group: g.to_string(),
             snapshot: field(b, "name")?.to_string(),
-            description: b
-                .get("description")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
+            description: optional_text(b, "description"),
             quiesce_hook: None,
             no_quiesce: flag(b, "no_quiesce"),
             ignore_quiesce_error: flag(b, "ignore_quiesce_error"),

@@ -24,8 +24,8 @@ use strata_format::split_target;
 use strata_objstore::{Bytes, ObjectStore, Put};
 
 use crate::layout::{
-    manifest_key, Entry, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder, SnapshotRec,
-    FANOUT, GRAIN,
+    manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder,
+    SnapshotRec, FANOUT, GRAIN,
 };
 use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
@@ -596,6 +596,14 @@ fn overlay(st: &State, grains: std::ops::Range<u64>) -> BTreeMap<u64, bool> {
     v
 }
 
+/// A batch set apart for an upload, with the manifest it builds on and
+/// its segment counters.
+struct Taken {
+    batch: Arc<Batch>,
+    man: Arc<Manifest>,
+    ctr: std::ops::Range<u32>,
+}
+
 /// Where one grain of a read comes from.
 enum Source {
     Data,
@@ -1083,6 +1091,15 @@ impl SharedDisk {
     /// snapshot): takes the disk over if no live writer holds it, commits
     /// the unflushed writes, then commits `change(newest)`.
     fn admin(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
+        self.may_write()?;
+        self.commit()?;
+        let _c = self.commit.lock().unwrap();
+        self.admin_locked(change)
+    }
+
+    /// Before an owner-only change: refuse a snapshot, and take the disk
+    /// over if no live writer holds it (§11.6).
+    fn may_write(&self) -> Result<()> {
         let disk = self.disk_name().to_string();
         if self.snapshot.is_some() {
             return Err(Error::new(
@@ -1095,8 +1112,13 @@ impl SharedDisk {
             self.ds.may_take_over(&disk, &newest)?;
             self.ensure_owner()?;
         }
-        self.commit()?;
-        let _c = self.commit.lock().unwrap();
+        Ok(())
+    }
+
+    /// [`Self::admin`]'s change, with the commit lock held: commits
+    /// `change(newest)` as the next manifest.
+    fn admin_locked(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
+        let disk = self.disk_name().to_string();
         let man = {
             let st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
@@ -1124,30 +1146,109 @@ impl SharedDisk {
     /// included: they are committed first).
     pub fn snapshot_create(&self, snap: &str, description: &str) -> Result<SnapshotRec> {
         check_name("snapshot", snap)?;
-        let m = self.admin(|man| {
-            if man.snapshots.iter().any(|s| s.name == snap) {
+        let m = self.admin(|man| self.with_snapshot(man, snap, description, None))?;
+        Ok(m.snapshots.last().cloned().expect("just added"))
+    }
+
+    /// `man` with snapshot `snap` of its live state added (the current one).
+    fn with_snapshot(
+        &self,
+        man: &Manifest,
+        snap: &str,
+        description: &str,
+        group: Option<GroupRef>,
+    ) -> Result<Manifest> {
+        if man.snapshots.iter().any(|s| s.name == snap) {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("disk '{}' already has a snapshot '{snap}'", self.name),
+            ));
+        }
+        let mut next = man.clone();
+        next.snapshots.push(SnapshotRec {
+            // The seq of the manifest that records it: never given to
+            // another snapshot of the disk (FORMAT.md §11.5).
+            id: man.seq + 1,
+            name: snap.to_string(),
+            description: description.to_string(),
+            created_ms: now_ms(),
+            size_bytes: man.size_bytes,
+            levels: man.levels,
+            root: man.root,
+            parent: man.current,
+            group,
+        });
+        next.current = next.snapshots.last().map(|s| s.id);
+        Ok(next)
+    }
+
+    /// One snapshot `snap` of every disk of `members` at one instant
+    /// (FORMAT.md §11.11): with every member's commit lock held, every
+    /// member's state lock is taken and its acknowledged writes set apart
+    /// (the cut: writes wait only while those locks are held), then each
+    /// member's cut writes are committed and a manifest adds the snapshot
+    /// (marked with `group`). Returns, per member in the order given, the
+    /// seq of that manifest (= the snapshot's id), and how long writes
+    /// were held. A failure leaves no group snapshot (the caller writes
+    /// none); member records already written are incomplete (§11.11).
+    pub fn group_cut(
+        members: &[Arc<SharedDisk>],
+        snap: &str,
+        description: &str,
+        group: GroupRef,
+    ) -> Result<(Vec<u64>, Duration)> {
+        check_name("snapshot", snap)?;
+        for d in members {
+            d.may_write()?;
+            d.commit()?;
+            if d.manifest().snapshots.iter().any(|s| s.name == snap) {
                 return Err(Error::new(
                     ErrorKind::AlreadyExists,
-                    format!("disk '{}' already has a snapshot '{snap}'", self.name),
+                    format!(
+                        "disk '{}' already has a snapshot named '{snap}': nothing was created (a \
+                         group snapshot is taken on every member or on none)",
+                        d.name
+                    ),
                 ));
             }
-            let mut next = man.clone();
-            next.snapshots.push(SnapshotRec {
-                // The seq of the manifest that records it: never given to
-                // another snapshot of the disk (FORMAT.md §11.5).
-                id: man.seq + 1,
-                name: snap.to_string(),
-                description: description.to_string(),
-                created_ms: now_ms(),
-                size_bytes: man.size_bytes,
-                levels: man.levels,
-                root: man.root,
-                parent: man.current,
-            });
-            next.current = next.snapshots.last().map(|s| s.id);
-            Ok(next)
-        })?;
-        Ok(m.snapshots.last().cloned().expect("just added"))
+        }
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        order.sort_by_key(|&i| members[i].id);
+        let _commits: Vec<_> = order
+            .iter()
+            .map(|&i| members[i].commit.lock().unwrap())
+            .collect();
+        let t0 = Instant::now();
+        let mut taken: Vec<Option<Taken>> = (0..members.len()).map(|_| None).collect();
+        {
+            let mut states: Vec<_> = order
+                .iter()
+                .map(|&i| (i, members[i].state.lock().unwrap()))
+                .collect();
+            for (i, st) in states.iter_mut() {
+                taken[*i] = members[*i].take_batch(st)?;
+            }
+        }
+        let held = t0.elapsed();
+        // Every member's cut writes are uploaded, also after one fails (a
+        // batch left in `flushing` would be lost); then the records.
+        let mut failed = None;
+        for (d, t) in members.iter().zip(taken) {
+            if let Some(t) = t {
+                if let Err(e) = d.commit_taken(t) {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut seqs = Vec::new();
+        for d in members {
+            let m = d.admin_locked(|man| d.with_snapshot(man, snap, description, Some(group)))?;
+            seqs.push(m.seq);
+        }
+        Ok((seqs, held))
     }
 
     /// Grow the disk to `size_bytes` (FORMAT.md §11.5: one manifest; the
@@ -1245,28 +1346,49 @@ impl SharedDisk {
     /// Upload every acknowledged write and commit the next manifest.
     pub fn commit(&self) -> Result<()> {
         let _c = self.commit.lock().unwrap();
-        let (batch, man, ctr) = {
+        let taken = {
             let mut st = self.state.lock().unwrap();
-            if let Some(f) = &st.fenced {
-                return Err(Error::new(ErrorKind::Fenced, f.clone()));
-            }
-            if st.dirty.is_empty() {
-                return Ok(());
-            }
-            if !st.owner {
-                return Err(Error::new(
-                    ErrorKind::Fenced,
-                    format!("disk '{}': writes without a claim", self.name),
-                ));
-            }
-            st.flushing = Arc::new(std::mem::take(&mut st.dirty));
-            st.dirty_bytes = 0;
-            // Counters for the grain segments and the node segment.
-            let ctrs = st.flushing.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
-            let ctr = st.next_ctr..st.next_ctr + ctrs;
-            st.next_ctr += ctrs;
-            (st.flushing.clone(), st.man.clone(), ctr)
+            self.take_batch(&mut st)?
         };
+        match taken {
+            Some(t) => self.commit_taken(t),
+            None => Ok(()),
+        }
+    }
+
+    /// With the commit lock held: move the acknowledged writes into
+    /// `flushing` for an upload (None: there are none).
+    fn take_batch(&self, st: &mut State) -> Result<Option<Taken>> {
+        if let Some(f) = &st.fenced {
+            return Err(Error::new(ErrorKind::Fenced, f.clone()));
+        }
+        if st.dirty.is_empty() {
+            return Ok(None);
+        }
+        if !st.owner {
+            return Err(Error::new(
+                ErrorKind::Fenced,
+                format!("disk '{}': writes without a claim", self.name),
+            ));
+        }
+        st.flushing = Arc::new(std::mem::take(&mut st.dirty));
+        st.dirty_bytes = 0;
+        // Counters for the grain segments and the node segment.
+        let ctrs = st.flushing.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
+        let ctr = st.next_ctr..st.next_ctr + ctrs;
+        st.next_ctr += ctrs;
+        Ok(Some(Taken {
+            batch: st.flushing.clone(),
+            man: st.man.clone(),
+            ctr,
+        }))
+    }
+
+    /// With the commit lock held: upload a batch [`Self::take_batch`] took and
+    /// commit its manifest; on failure its writes go back to the
+    /// unflushed ones (or the disk is fenced).
+    fn commit_taken(&self, t: Taken) -> Result<()> {
+        let Taken { batch, man, ctr } = t;
         let t0 = Instant::now();
         let result = self.commit_batch(&man, &batch, ctr);
         drop(batch);

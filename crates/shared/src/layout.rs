@@ -444,6 +444,17 @@ pub struct SnapshotRec {
     /// tree, §11.3); none for a root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<u64>,
+    /// The group snapshot this snapshot is a member of (§11.11); it counts
+    /// only once that group snapshot's object exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupRef>,
+}
+
+/// A member snapshot's group snapshot: group id and group snapshot id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRef {
+    pub group: u32,
+    pub snapshot: u64,
 }
 
 /// Where a linked clone came from.

@@ -12,6 +12,7 @@ pub mod diff;
 pub mod disk;
 pub mod envelope;
 pub mod gc;
+pub mod groups;
 pub mod layout;
 
 pub use disk::SharedDisk;
@@ -174,6 +175,8 @@ pub struct SharedDatastore {
     /// Each disk's I/O limits in this process, shared by all its handles
     /// (snapshots too), by disk id.
     throttles: std::sync::Mutex<std::collections::HashMap<u32, Arc<Throttle>>>,
+    /// Group snapshot objects read (they never change), by key.
+    group_snaps: std::sync::Mutex<std::collections::HashMap<String, groups::GroupSnap>>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -436,6 +439,7 @@ impl SharedDatastore {
         let ds = SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             throttles: Default::default(),
+            group_snaps: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,
@@ -514,6 +518,7 @@ impl SharedDatastore {
         Ok(SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             throttles: Default::default(),
+            group_snaps: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,

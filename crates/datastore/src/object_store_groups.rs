@@ -1,0 +1,572 @@
+//! Consistency groups of an object-store datastore (FORMAT.md §11.11),
+//! for [`ObjectStoreDatastore`]'s `Datastore` methods: version 1, one
+//! host writes every member; the cut is `SharedDisk::group_cut` over this
+//! process's handles; the group snapshot's create-only object is the
+//! commit point, and a member record whose object does not exist is
+//! incomplete (listed nowhere, cleaned at the group's next snapshot).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use strata_engine::{clone_name, GroupMemberInfo};
+use strata_shared::groups::{GroupDef, GroupMember, GroupSnap};
+use strata_shared::layout::{GroupRef, Manifest, SnapshotRec};
+use strata_shared::SharedDisk;
+
+use crate::object_store::{from_shared, ObjectStoreDatastore};
+use crate::{
+    Consistency, Datastore, Error, ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+    QuiesceResult, Result,
+};
+
+/// Most disks in one group (as on a local datastore).
+const GROUP_DISKS_MAX: usize = 100;
+
+fn refused(msg: String) -> Error {
+    Error::new(ErrorKind::Refused, msg)
+}
+
+impl ObjectStoreDatastore {
+    /// Disk names by id, for the disks the store lists.
+    fn names_by_id(&self) -> Result<HashMap<u32, String>> {
+        Ok(self
+            .shared()
+            .disks()
+            .map_err(from_shared)?
+            .into_iter()
+            .filter(|(_, m)| !m.removed)
+            .map(|(n, m)| (m.disk, n))
+            .collect())
+    }
+
+    fn group_view(&self, def: &GroupDef, names: &HashMap<u32, String>) -> Result<GroupInfo> {
+        Ok(GroupInfo {
+            name: def.name.clone(),
+            disks: def
+                .disks
+                .iter()
+                .map(|id| {
+                    names
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("(disk {id:08x})"))
+                })
+                .collect(),
+            created_unix: def.created_ms / 1000,
+            quiesce_hook: def.quiesce_hook.clone(),
+            quiesce_timeout_s: def.quiesce_timeout_s,
+            snapshots: self
+                .shared()
+                .group_snapshots(def.group)
+                .map_err(from_shared)?
+                .len(),
+        })
+    }
+
+    fn def_of(&self, name: &str) -> Result<GroupDef> {
+        let id = self.shared().group_id(name).map_err(from_shared)?;
+        self.shared().group_def(id).map_err(from_shared)
+    }
+
+    /// Refuse `disk` (id) if a group holds it already.
+    fn in_no_group(&self, disk: &str, id: u32) -> Result<()> {
+        for g in self.shared().groups().map_err(from_shared)? {
+            if g.disks.contains(&id) {
+                return Err(refused(format!(
+                    "disk '{disk}' is in group '{}' already (a disk is in one group at most)",
+                    g.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn og_create(
+        &self,
+        name: &str,
+        disks: &[String],
+        quiesce_hook: Option<String>,
+        quiesce_timeout_s: Option<u64>,
+    ) -> Result<GroupInfo> {
+        if disks.is_empty() || disks.len() > GROUP_DISKS_MAX {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a group has 1 to {GROUP_DISKS_MAX} disks, not {}",
+                    disks.len()
+                ),
+            ));
+        }
+        let mut ids = Vec::new();
+        for d in disks {
+            let id = self.shared().disk_id(d).map_err(from_shared)?;
+            if ids.contains(&id) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("disk '{d}' is named twice"),
+                ));
+            }
+            self.in_no_group(d, id)?;
+            ids.push(id);
+        }
+        let def = self
+            .shared()
+            .group_create(name, ids, quiesce_hook, quiesce_timeout_s)
+            .map_err(from_shared)?;
+        self.group_view(&def, &self.names_by_id()?)
+    }
+
+    pub(crate) fn og_delete(&self, name: &str) -> Result<()> {
+        let def = self.def_of(name)?;
+        let snaps = self
+            .shared()
+            .group_snapshots(def.group)
+            .map_err(from_shared)?;
+        if let Some(s) = snaps.first() {
+            return Err(refused(format!(
+                "group '{name}' has {} snapshot(s) ('{}' ...): delete them first ('strata \
+                 group snapshot delete {name} SNAP')",
+                snaps.len(),
+                s.name
+            )));
+        }
+        self.shared().group_remove(name).map_err(from_shared)
+    }
+
+    pub(crate) fn og_member(&self, name: &str, disk: &str, add: bool) -> Result<GroupInfo> {
+        let def = self.def_of(name)?;
+        let id = self.shared().disk_id(disk).map_err(from_shared)?;
+        if add {
+            if def.disks.len() >= GROUP_DISKS_MAX {
+                return Err(refused(format!(
+                    "group '{name}' has {GROUP_DISKS_MAX} disks, the most a group has"
+                )));
+            }
+            self.in_no_group(disk, id)?;
+        } else {
+            if !def.disks.contains(&id) {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("disk '{disk}' is not in group '{name}'"),
+                ));
+            }
+            if def.disks.len() == 1 {
+                return Err(refused(format!(
+                    "'{disk}' is the last disk of group '{name}': remove the group instead \
+                     ('strata group rm {name}')"
+                )));
+            }
+        }
+        let def = self
+            .shared()
+            .group_update(def.group, |d| {
+                let mut next = d.clone();
+                if add {
+                    next.disks.push(id);
+                } else {
+                    next.disks.retain(|x| *x != id);
+                }
+                Ok(next)
+            })
+            .map_err(from_shared)?;
+        self.group_view(&def, &self.names_by_id()?)
+    }
+
+    pub(crate) fn og_groups(&self) -> Result<Vec<GroupInfo>> {
+        let names = self.names_by_id()?;
+        self.shared()
+            .groups()
+            .map_err(from_shared)?
+            .iter()
+            .map(|d| self.group_view(d, &names))
+            .collect()
+    }
+
+    pub(crate) fn og_info(&self, name: &str) -> Result<GroupInfo> {
+        self.group_view(&self.def_of(name)?, &self.names_by_id()?)
+    }
+
+    /// The member handles of `def`, refusing members another live host
+    /// writes (version 1: one writer for every member).
+    fn members(
+        &self,
+        def: &GroupDef,
+        names: &HashMap<u32, String>,
+    ) -> Result<Vec<(String, Arc<SharedDisk>)>> {
+        let mut out = Vec::new();
+        for id in &def.disks {
+            let name = names.get(id).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("group '{}': disk {id:08x} is gone", def.name),
+                )
+            })?;
+            let d = self.disk(&name)?;
+            if !d.ownership().0 {
+                let newest = self.shared().newest_manifest(*id).map_err(from_shared)?;
+                if let Err(e) = self.shared().may_take_over(&name, &newest) {
+                    return Err(refused(format!(
+                        "a group snapshot needs one writer for every member, and {}",
+                        e.message
+                    )));
+                }
+            }
+            out.push((name, d));
+        }
+        Ok(out)
+    }
+
+    /// Delete the member records of `def`'s group snapshots that never
+    /// got their group snapshot object (a crash before the commit point).
+    fn drop_incomplete(&self, def: &GroupDef, members: &[(String, Arc<SharedDisk>)]) -> Result<()> {
+        for (name, d) in members {
+            let stale: Vec<SnapshotRec> = d
+                .manifest()
+                .snapshots
+                .iter()
+                .filter(|s| s.group.is_some_and(|g| g.group == def.group))
+                .cloned()
+                .collect();
+            for s in stale {
+                let g = s.group.expect("filtered");
+                if !self
+                    .shared()
+                    .group_snapshot_exists(g.group, g.snapshot)
+                    .map_err(from_shared)?
+                {
+                    d.snapshot_delete(&s.name).map_err(from_shared)?;
+                    self.forget(&format!("{name}@{}", s.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn og_snapshot_create(
+        &self,
+        group: &str,
+        snap: &str,
+        opts: &GroupSnapshotOptions,
+    ) -> Result<GroupSnapshotInfo> {
+        let def = self.def_of(group)?;
+        if self
+            .shared()
+            .group_snapshots(def.group)
+            .map_err(from_shared)?
+            .iter()
+            .any(|s| s.name == snap)
+        {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("group '{group}' already has a snapshot named '{snap}'"),
+            ));
+        }
+        let names = self.names_by_id()?;
+        let members = self.members(&def, &names)?;
+        self.drop_incomplete(&def, &members)?;
+        let id = loop {
+            let id = rand::random::<u64>();
+            if id != 0 {
+                break id;
+            }
+        };
+        let handles: Vec<Arc<SharedDisk>> = members.iter().map(|(_, d)| d.clone()).collect();
+        let (seqs, held) = SharedDisk::group_cut(
+            &handles,
+            snap,
+            &opts.description,
+            GroupRef {
+                group: def.group,
+                snapshot: id,
+            },
+        )
+        .map_err(from_shared)?;
+        let consistency = match &opts.quiesce {
+            Some(q) if q.result == QuiesceResult::Ok => Consistency::Application,
+            _ => Consistency::Crash,
+        };
+        let gs = GroupSnap {
+            group: def.group,
+            id,
+            name: snap.to_string(),
+            description: opts.description.clone(),
+            created_ms: now_ms(),
+            consistency: serde_json::to_value(consistency)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            quiesce: opts
+                .quiesce
+                .as_ref()
+                .and_then(|q| serde_json::to_value(q).ok()),
+            pause_us: held.as_micros() as u64,
+            members: def
+                .disks
+                .iter()
+                .zip(&seqs)
+                .map(|(disk, seq)| GroupMember {
+                    disk: *disk,
+                    snapshot: *seq,
+                })
+                .collect(),
+        };
+        crash_point("before-group-object");
+        self.shared().group_snapshot_put(&gs).map_err(from_shared)?;
+        self.info_of(&gs, &names)
+    }
+
+    fn info_of(&self, gs: &GroupSnap, names: &HashMap<u32, String>) -> Result<GroupSnapshotInfo> {
+        let def = self.shared().group_def(gs.group).map_err(from_shared)?;
+        let mut members = Vec::new();
+        for m in &gs.members {
+            let disk = names.get(&m.disk).cloned().unwrap_or_default();
+            let size_bytes = self
+                .shared()
+                .newest_manifest(m.disk)
+                .ok()
+                .and_then(|man: Manifest| {
+                    man.snapshots
+                        .iter()
+                        .find(|s| s.id == m.snapshot)
+                        .map(|s| s.size_bytes)
+                })
+                .unwrap_or(0);
+            members.push(GroupMemberInfo {
+                disk,
+                snapshot: gs.name.clone(),
+                id: m.snapshot,
+                size_bytes,
+                exclusive_bytes: None,
+            });
+        }
+        Ok(GroupSnapshotInfo {
+            group: def.name,
+            name: gs.name.clone(),
+            id: gs.id,
+            description: gs.description.clone(),
+            created_unix: gs.created_ms / 1000,
+            ready_to_use: true,
+            consistency: serde_json::from_value(serde_json::Value::String(gs.consistency.clone()))
+                .unwrap_or(Consistency::Crash),
+            quiesce: gs
+                .quiesce
+                .clone()
+                .and_then(|v| serde_json::from_value(v).ok()),
+            pause_us: gs.pause_us,
+            members,
+            exclusive_bytes: None,
+        })
+    }
+
+    pub(crate) fn og_snapshots(&self, group: &str) -> Result<Vec<GroupSnapshotInfo>> {
+        let def = self.def_of(group)?;
+        let names = self.names_by_id()?;
+        self.shared()
+            .group_snapshots(def.group)
+            .map_err(from_shared)?
+            .iter()
+            .map(|gs| self.info_of(gs, &names))
+            .collect()
+    }
+
+    fn group_snapshot(&self, def: &GroupDef, snap: &str) -> Result<GroupSnap> {
+        self.shared()
+            .group_snapshots(def.group)
+            .map_err(from_shared)?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("group '{}' has no snapshot named '{snap}'", def.name),
+                )
+            })
+    }
+
+    /// Every member's record goes (a manifest each), then the object; a
+    /// crash between leaves an object whose records are gone, which this
+    /// command finishes when repeated.
+    pub(crate) fn og_snapshot_delete(&self, group: &str, snap: &str) -> Result<()> {
+        let def = self.def_of(group)?;
+        let gs = self.group_snapshot(&def, snap)?;
+        let names = self.names_by_id()?;
+        for m in &gs.members {
+            let Some(name) = names.get(&m.disk) else {
+                continue;
+            };
+            let d = self.disk(name)?;
+            if d.manifest().snapshots.iter().any(|s| s.id == m.snapshot) {
+                d.snapshot_delete(&gs.name).map_err(from_shared)?;
+            }
+            self.forget(&format!("{name}@{}", gs.name));
+        }
+        self.shared()
+            .group_snapshot_drop(def.group, gs.id)
+            .map_err(from_shared)
+    }
+
+    pub(crate) fn og_snapshot_revert(&self, group: &str, snap: &str) -> Result<()> {
+        let def = self.def_of(group)?;
+        let gs = self.group_snapshot(&def, snap)?;
+        let names = self.names_by_id()?;
+        let then: Vec<u32> = gs.members.iter().map(|m| m.disk).collect();
+        let name_list = |ids: Vec<&u32>| {
+            let mut v: Vec<String> = ids
+                .into_iter()
+                .filter_map(|i| names.get(i).cloned())
+                .collect();
+            v.sort();
+            v.join(", ")
+        };
+        let added: Vec<&u32> = def.disks.iter().filter(|d| !then.contains(d)).collect();
+        let removed: Vec<&u32> = then.iter().filter(|d| !def.disks.contains(d)).collect();
+        if !added.is_empty() || !removed.is_empty() {
+            return Err(refused(format!(
+                "the disks of group '{group}' changed since '{snap}' was taken (added: [{}]; \
+                 removed: [{}]): revert the members one by one ('strata snapshot revert DISK \
+                 {snap}')",
+                name_list(added),
+                name_list(removed)
+            )));
+        }
+        for m in &gs.members {
+            let name = names.get(&m.disk).ok_or_else(|| {
+                Error::new(ErrorKind::NotFound, format!("disk {:08x} is gone", m.disk))
+            })?;
+            self.disk(name)?
+                .snapshot_revert(&gs.name)
+                .map_err(from_shared)?;
+        }
+        Ok(())
+    }
+
+    /// Linked clones of every member, then the new group of them (not one
+    /// change here: a crash between leaves clones without their group).
+    pub(crate) fn og_clone(
+        &self,
+        source: &str,
+        new_group: &str,
+        renames: &[(String, String)],
+    ) -> Result<GroupInfo> {
+        let (group, Some(snap)) = strata_format::split_target(source) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("a group clone needs a group snapshot: use '{source}@SNAPSHOT'"),
+            ));
+        };
+        if self.shared().group_id(new_group).is_ok() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("a group named '{new_group}' already exists"),
+            ));
+        }
+        let def = self.def_of(group)?;
+        let gs = self.group_snapshot(&def, snap)?;
+        let names = self.names_by_id()?;
+        let mut plan = Vec::new();
+        for m in &gs.members {
+            let name = names.get(&m.disk).cloned().ok_or_else(|| {
+                Error::new(ErrorKind::NotFound, format!("disk {:08x} is gone", m.disk))
+            })?;
+            let new = renames
+                .iter()
+                .find(|(from, _)| *from == name)
+                .map(|(_, to)| to.clone())
+                .unwrap_or_else(|| clone_name(group, new_group, &name));
+            if self.exists(&new) || plan.iter().any(|(_, n)| *n == new) {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "the clone of '{name}' would be named '{new}', which is taken: choose \
+                         another with --rename {name}=NAME"
+                    ),
+                ));
+            }
+            plan.push((name, new));
+        }
+        if let Some((from, _)) = renames
+            .iter()
+            .find(|(from, _)| !plan.iter().any(|(n, _)| n == from))
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("--rename names '{from}', which is not a member of '{source}'"),
+            ));
+        }
+        let mut ids = Vec::new();
+        for (name, new) in &plan {
+            let m = self
+                .shared()
+                .clone_linked(name, snap, new)
+                .map_err(from_shared)?;
+            ids.push(m.disk);
+        }
+        let d = self
+            .shared()
+            .group_create(
+                new_group,
+                ids,
+                def.quiesce_hook.clone(),
+                def.quiesce_timeout_s,
+            )
+            .map_err(from_shared)?;
+        self.group_view(&d, &self.names_by_id()?)
+    }
+
+    /// Refuse to remove a group member, or a disk with a snapshot of a
+    /// group snapshot (as a local datastore does).
+    pub(crate) fn removable(&self, disk: &str) -> Result<()> {
+        let id = self.shared().disk_id(disk).map_err(from_shared)?;
+        for g in self.shared().groups().map_err(from_shared)? {
+            if g.disks.contains(&id) {
+                return Err(refused(format!(
+                    "disk '{disk}' is in group '{}': take it out first ('strata group remove \
+                     {} {disk}')",
+                    g.name, g.name
+                )));
+            }
+        }
+        if let Some(s) = self
+            .snapshots(disk)?
+            .into_iter()
+            .find(|s| s.group.is_some())
+        {
+            let g = s.group.unwrap_or_default();
+            return Err(refused(format!(
+                "disk '{disk}' has a snapshot in group snapshot '{g}@{}': delete that first \
+                 ('strata group snapshot delete {g} {}')",
+                s.name, s.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether snapshot record `s` counts: not a member of a group
+    /// snapshot whose object does not exist; with its group's name.
+    pub(crate) fn visible(&self, s: &SnapshotRec) -> (bool, Option<String>) {
+        match s.group {
+            None => (true, None),
+            Some(g) => match self.shared().group_snapshot_exists(g.group, g.snapshot) {
+                Ok(true) => (true, self.shared().group_def(g.group).ok().map(|d| d.name)),
+                _ => (false, None),
+            },
+        }
+    }
+}
+
+/// Crash tests: `STRATA_SHARED_CRASH_AT=before-group-object` aborts the
+/// process (as kill -9) after every member's record, before the group
+/// snapshot's object.
+fn crash_point(step: &str) {
+    if std::env::var("STRATA_SHARED_CRASH_AT").as_deref() == Ok(step) {
+        eprintln!("strata: STRATA_SHARED_CRASH_AT={step}: aborting");
+        std::process::abort();
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
