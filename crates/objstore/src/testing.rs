@@ -8,7 +8,7 @@
 //! where it fails.
 
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -76,7 +76,11 @@ impl SeaweedFs {
             eprintln!("skipped: {msg}");
             return None;
         };
-        let dir = tempfile::tempdir().expect("temp dir");
+        sweep_stale_dirs();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .expect("temp dir");
         let config = dir.path().join("s3.json");
         std::fs::write(
             &config,
@@ -185,6 +189,33 @@ impl SeaweedFs {
     /// The PID, for tests that stop and continue it.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+}
+
+/// The start of a SeaweedFS directory's name; the test process's pid
+/// follows.
+const DIR_PREFIX: &str = "strata-seaweedfs-";
+
+/// Remove the directories of SeaweedFS servers whose test process is
+/// gone. The [`shared`] server's directory outlives its process (a static
+/// is never dropped), with its volumes (hundreds of MiB): without this,
+/// every test binary that used it would leave one behind.
+fn sweep_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(DIR_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
