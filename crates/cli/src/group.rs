@@ -314,10 +314,7 @@ fn created(out: &mut String, r: &GroupSnapshotReport) {
             s.group,
             s.name,
             s.members.len(),
-            serde_json::to_value(s.consistency)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            s.consistency.as_str(),
             held(s.pause_us)
         ),
     );
@@ -339,10 +336,7 @@ fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
             s.group,
             s.name,
             s.id,
-            serde_json::to_value(s.consistency)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            s.consistency.as_str(),
             strata_shared::utc(s.created_unix * 1000),
             held(s.pause_us),
             s.exclusive_bytes

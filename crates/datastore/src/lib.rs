@@ -368,6 +368,42 @@ pub trait Datastore: Send + Sync {
         Err(groups_refused(self.kind()))
     }
 
+    /// Ok if `disk` is in no group and holds no member snapshot of a
+    /// group snapshot: what removing or moving it away needs (a group
+    /// lives in one datastore, its snapshots are deleted as one).
+    fn outside_groups(&self, disk: &str) -> Result<()> {
+        if let Some(g) = self
+            .groups()?
+            .into_iter()
+            .find(|g| g.disks.iter().any(|d| d == disk))
+        {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}' is in group '{}': take it out first ('strata group remove {} \
+                     {disk}')",
+                    g.name, g.name
+                ),
+            ));
+        }
+        if let Some(s) = self
+            .snapshots(disk)?
+            .into_iter()
+            .find(|s| s.group.is_some())
+        {
+            let g = s.group.unwrap_or_default();
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}' has snapshot '{}' of group snapshot '{g}@{}': delete that \
+                     first ('strata group snapshot delete {g} {}')",
+                    s.name, s.name, s.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Every export a server of this datastore offers (`DISK`,
     /// `DISK@SNAP`) with a few words about it, sorted.
     fn export_names(&self) -> Vec<(String, String)>;

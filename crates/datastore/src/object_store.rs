@@ -358,7 +358,7 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn remove(&self, disk: &str) -> Result<()> {
-        self.removable(disk)?;
+        self.outside_groups(disk)?;
         let prefix = format!("{disk}@");
         self.handles
             .lock()

@@ -8,7 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use strata_engine::{clone_name, GroupMemberInfo};
+use strata_engine::catalog::GROUP_DISKS_MAX;
+use strata_engine::{
+    check_group_size, clone_plan, group_full, last_disk, membership_changed, GroupMemberInfo,
+};
 use strata_shared::groups::{GroupDef, GroupMember, GroupSnap};
 use strata_shared::layout::{GroupRef, Manifest, SnapshotRec};
 use strata_shared::SharedDisk;
@@ -19,23 +22,28 @@ use crate::{
     QuiesceResult, Result,
 };
 
-/// Most disks in one group (as on a local datastore).
-const GROUP_DISKS_MAX: usize = 100;
-
 fn refused(msg: String) -> Error {
     Error::new(ErrorKind::Refused, msg)
 }
 
+/// The name of member disk `id` (one the store no longer lists: gone).
+fn name_of(names: &HashMap<u32, String>, id: u32) -> Result<String> {
+    names
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("disk {id:08x} is gone")))
+}
+
 impl ObjectStoreDatastore {
-    /// Disk names by id, for the disks the store lists.
+    /// Disk names by id, for the disks the store names (no manifest is
+    /// read: members cannot be removed, so their names stand).
     fn names_by_id(&self) -> Result<HashMap<u32, String>> {
         Ok(self
             .shared()
-            .disks()
+            .disk_ids()
             .map_err(from_shared)?
             .into_iter()
-            .filter(|(_, m)| !m.removed)
-            .map(|(n, m)| (m.disk, n))
+            .map(|(n, id)| (id, n))
             .collect())
     }
 
@@ -88,15 +96,7 @@ impl ObjectStoreDatastore {
         quiesce_hook: Option<String>,
         quiesce_timeout_s: Option<u64>,
     ) -> Result<GroupInfo> {
-        if disks.is_empty() || disks.len() > GROUP_DISKS_MAX {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "a group has 1 to {GROUP_DISKS_MAX} disks, not {}",
-                    disks.len()
-                ),
-            ));
-        }
+        check_group_size(disks.len())?;
         let mut ids = Vec::new();
         for d in disks {
             let id = self.shared().disk_id(d).map_err(from_shared)?;
@@ -138,9 +138,7 @@ impl ObjectStoreDatastore {
         let id = self.shared().disk_id(disk).map_err(from_shared)?;
         if add {
             if def.disks.len() >= GROUP_DISKS_MAX {
-                return Err(refused(format!(
-                    "group '{name}' has {GROUP_DISKS_MAX} disks, the most a group has"
-                )));
+                return Err(group_full(name));
             }
             self.in_no_group(disk, id)?;
         } else {
@@ -151,10 +149,7 @@ impl ObjectStoreDatastore {
                 ));
             }
             if def.disks.len() == 1 {
-                return Err(refused(format!(
-                    "'{disk}' is the last disk of group '{name}': remove the group instead \
-                     ('strata group rm {name}')"
-                )));
+                return Err(last_disk(name, disk));
             }
         }
         let def = self
@@ -195,12 +190,7 @@ impl ObjectStoreDatastore {
     ) -> Result<Vec<(String, Arc<SharedDisk>)>> {
         let mut out = Vec::new();
         for id in &def.disks {
-            let name = names.get(id).cloned().ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("group '{}': disk {id:08x} is gone", def.name),
-                )
-            })?;
+            let name = name_of(names, *id)?;
             let d = self.disk(&name)?;
             if !d.ownership().0 {
                 let newest = self.shared().newest_manifest(*id).map_err(from_shared)?;
@@ -291,10 +281,7 @@ impl ObjectStoreDatastore {
             name: snap.to_string(),
             description: opts.description.clone(),
             created_ms: now_ms(),
-            consistency: serde_json::to_value(consistency)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            consistency: consistency.as_str().to_string(),
             quiesce: opts
                 .quiesce
                 .as_ref()
@@ -346,8 +333,7 @@ impl ObjectStoreDatastore {
             description: gs.description.clone(),
             created_unix: gs.created_ms / 1000,
             ready_to_use: true,
-            consistency: serde_json::from_value(serde_json::Value::String(gs.consistency.clone()))
-                .unwrap_or(Consistency::Crash),
+            consistency: Consistency::parse(&gs.consistency).unwrap_or(Consistency::Crash),
             quiesce: gs
                 .quiesce
                 .clone()
@@ -410,30 +396,23 @@ impl ObjectStoreDatastore {
         let gs = self.group_snapshot(&def, snap)?;
         let names = self.names_by_id()?;
         let then: Vec<u32> = gs.members.iter().map(|m| m.disk).collect();
-        let name_list = |ids: Vec<&u32>| {
-            let mut v: Vec<String> = ids
-                .into_iter()
-                .filter_map(|i| names.get(i).cloned())
-                .collect();
-            v.sort();
-            v.join(", ")
-        };
         let added: Vec<&u32> = def.disks.iter().filter(|d| !then.contains(d)).collect();
         let removed: Vec<&u32> = then.iter().filter(|d| !def.disks.contains(d)).collect();
         if !added.is_empty() || !removed.is_empty() {
-            return Err(refused(format!(
-                "the disks of group '{group}' changed since '{snap}' was taken (added: [{}]; \
-                 removed: [{}]): revert the members one by one ('strata snapshot revert DISK \
-                 {snap}')",
-                name_list(added),
-                name_list(removed)
-            )));
+            let names_of = |ids: Vec<&u32>| {
+                ids.into_iter()
+                    .filter_map(|i| names.get(i).cloned())
+                    .collect()
+            };
+            return Err(membership_changed(
+                group,
+                snap,
+                names_of(added),
+                names_of(removed),
+            ));
         }
         for m in &gs.members {
-            let name = names.get(&m.disk).ok_or_else(|| {
-                Error::new(ErrorKind::NotFound, format!("disk {:08x} is gone", m.disk))
-            })?;
-            self.disk(name)?
+            self.disk(&name_of(&names, m.disk)?)?
                 .snapshot_revert(&gs.name)
                 .map_err(from_shared)?;
         }
@@ -463,36 +442,13 @@ impl ObjectStoreDatastore {
         let def = self.def_of(group)?;
         let gs = self.group_snapshot(&def, snap)?;
         let names = self.names_by_id()?;
-        let mut plan = Vec::new();
-        for m in &gs.members {
-            let name = names.get(&m.disk).cloned().ok_or_else(|| {
-                Error::new(ErrorKind::NotFound, format!("disk {:08x} is gone", m.disk))
-            })?;
-            let new = renames
-                .iter()
-                .find(|(from, _)| *from == name)
-                .map(|(_, to)| to.clone())
-                .unwrap_or_else(|| clone_name(group, new_group, &name));
-            if self.exists(&new) || plan.iter().any(|(_, n)| *n == new) {
-                return Err(Error::new(
-                    ErrorKind::AlreadyExists,
-                    format!(
-                        "the clone of '{name}' would be named '{new}', which is taken: choose \
-                         another with --rename {name}=NAME"
-                    ),
-                ));
-            }
-            plan.push((name, new));
-        }
-        if let Some((from, _)) = renames
+        let members = gs
+            .members
             .iter()
-            .find(|(from, _)| !plan.iter().any(|(n, _)| n == from))
-        {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("--rename names '{from}', which is not a member of '{source}'"),
-            ));
-        }
+            .map(|m| name_of(&names, m.disk))
+            .collect::<Result<Vec<_>>>()?;
+        let new = clone_plan(source, new_group, &members, renames, |n| self.exists(n))?;
+        let plan: Vec<(String, String)> = members.into_iter().zip(new).collect();
         let mut ids = Vec::new();
         for (name, new) in &plan {
             let m = self
@@ -513,41 +469,13 @@ impl ObjectStoreDatastore {
         self.group_view(&d, &self.names_by_id()?)
     }
 
-    /// Refuse to remove a group member, or a disk with a snapshot of a
-    /// group snapshot (as a local datastore does).
-    pub(crate) fn removable(&self, disk: &str) -> Result<()> {
-        let id = self.shared().disk_id(disk).map_err(from_shared)?;
-        for g in self.shared().groups().map_err(from_shared)? {
-            if g.disks.contains(&id) {
-                return Err(refused(format!(
-                    "disk '{disk}' is in group '{}': take it out first ('strata group remove \
-                     {} {disk}')",
-                    g.name, g.name
-                )));
-            }
-        }
-        if let Some(s) = self
-            .snapshots(disk)?
-            .into_iter()
-            .find(|s| s.group.is_some())
-        {
-            let g = s.group.unwrap_or_default();
-            return Err(refused(format!(
-                "disk '{disk}' has a snapshot in group snapshot '{g}@{}': delete that first \
-                 ('strata group snapshot delete {g} {}')",
-                s.name, s.name
-            )));
-        }
-        Ok(())
-    }
-
     /// Whether snapshot record `s` counts: not a member of a group
     /// snapshot whose object does not exist; with its group's name.
     pub(crate) fn visible(&self, s: &SnapshotRec) -> (bool, Option<String>) {
         match s.group {
             None => (true, None),
             Some(g) => match self.shared().group_snapshot_exists(g.group, g.snapshot) {
-                Ok(true) => (true, self.shared().group_def(g.group).ok().map(|d| d.name)),
+                Ok(true) => (true, self.shared().group_name(g.group).ok()),
                 _ => (false, None),
             },
         }

@@ -189,6 +189,23 @@ pub enum Consistency {
     Application,
 }
 
+impl Consistency {
+    /// As JSON and people see it: "crash" or "application".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Consistency::Crash => "crash",
+            Consistency::Application => "application",
+        }
+    }
+
+    /// The other way round; None for a word that is neither.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Consistency::Crash, Consistency::Application]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
+}
+
 /// How a quiesce hook went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -31,7 +31,10 @@ use crate::work::{Pacer, WorkControl};
 
 #[path = "groups.rs"]
 mod groups;
-pub use groups::{clone_name, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions};
+pub use groups::{
+    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed, GroupInfo,
+    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+};
 
 pub use crate::store::{
     FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
@@ -884,9 +887,9 @@ impl Datastore {
                 return err(
                     ErrorKind::Refused,
                     format!(
-                        "disk '{name}' has a snapshot in group snapshot '{}@{}': delete that \
-                         first ('strata group snapshot delete {} {}')",
-                        g.name, gs.name, g.name, gs.name
+                        "disk '{name}' has snapshot '{}' of group snapshot '{}@{}': delete \
+                         that first ('strata group snapshot delete {} {}')",
+                        gs.name, g.name, gs.name, g.name, gs.name
                     ),
                 );
             }

@@ -83,15 +83,7 @@ impl Datastore {
         quiesce_timeout_s: Option<u64>,
     ) -> Result<GroupInfo> {
         check_name("group", name)?;
-        if disks.is_empty() || disks.len() > GROUP_DISKS_MAX {
-            return err(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "a group has 1 to {GROUP_DISKS_MAX} disks, not {}",
-                    disks.len()
-                ),
-            );
-        }
+        check_group_size(disks.len())?;
         self.change(|m| {
             if m.catalog.group(name).is_ok() {
                 return err(
@@ -157,10 +149,7 @@ impl Datastore {
             let g = m.catalog.group(name)?.clone();
             if add {
                 if g.disks.len() >= GROUP_DISKS_MAX {
-                    return err(
-                        ErrorKind::Refused,
-                        format!("group '{name}' has {GROUP_DISKS_MAX} disks, the most a group has"),
-                    );
+                    return Err(group_full(name));
                 }
                 let id = member_to_add(m, name, disk)?;
                 group_mut(m, name).disks.push(id);
@@ -173,13 +162,7 @@ impl Datastore {
                     );
                 }
                 if g.disks.len() == 1 {
-                    return err(
-                        ErrorKind::Refused,
-                        format!(
-                            "'{disk}' is the last disk of group '{name}': remove the group instead \
-                             ('strata group rm {name}')"
-                        ),
-                    );
+                    return Err(last_disk(name, disk));
                 }
                 group_mut(m, name).disks.retain(|d| *d != id);
             }
@@ -361,23 +344,16 @@ impl Datastore {
             let now: HashSet<u64> = g.disks.iter().copied().collect();
             if then != now {
                 let names = |ids: Vec<&u64>| {
-                    let mut v: Vec<String> = ids
-                        .into_iter()
+                    ids.into_iter()
                         .filter_map(|i| m.catalog.disk_by_id(*i).map(|d| d.name.clone()))
-                        .collect();
-                    v.sort();
-                    v.join(", ")
+                        .collect()
                 };
-                return err(
-                    ErrorKind::Refused,
-                    format!(
-                        "the disks of group '{group}' changed since '{snap}' was taken (added: \
-                         [{}]; removed: [{}]): revert the members one by one ('strata snapshot \
-                         revert DISK {snap}')",
-                        names(now.difference(&then).collect()),
-                        names(then.difference(&now).collect()),
-                    ),
-                );
+                return Err(membership_changed(
+                    group,
+                    snap,
+                    names(now.difference(&then).collect()),
+                    names(then.difference(&now).collect()),
+                ));
             }
             for mr in &gs.members {
                 let (d, s) = member(m, group, &gs, mr)?;
@@ -418,36 +394,20 @@ impl Datastore {
             }
             let g = m.catalog.group(group)?.clone();
             let gs = group_snapshot(m, group, snap)?;
-            let mut plan = Vec::new();
-            for mr in &gs.members {
-                let (d, s) = member(m, group, &gs, mr)?;
-                let new = renames
-                    .iter()
-                    .find(|(from, _)| *from == d.name)
-                    .map(|(_, to)| to.clone())
-                    .unwrap_or_else(|| clone_name(group, new_group, &d.name));
-                check_name("disk", &new)?;
-                if m.catalog.disk(&new).is_ok() || plan.iter().any(|(_, _, n)| *n == new) {
-                    return err(
-                        ErrorKind::AlreadyExists,
-                        format!(
-                            "the clone of '{}' would be named '{new}', which is taken: choose \
-                             another with --rename {}=NAME",
-                            d.name, d.name
-                        ),
-                    );
-                }
-                plan.push((d, s, new));
-            }
-            if let Some((from, _)) = renames
+            let members = gs
+                .members
                 .iter()
-                .find(|(from, _)| !plan.iter().any(|(d, _, _)| d.name == *from))
-            {
-                return err(
-                    ErrorKind::InvalidArgument,
-                    format!("--rename names '{from}', which is not a member of '{source}'"),
-                );
-            }
+                .map(|mr| member(m, group, &gs, mr))
+                .collect::<Result<Vec<_>>>()?;
+            let names: Vec<String> = members.iter().map(|(d, _)| d.name.clone()).collect();
+            let new = clone_plan(source, new_group, &names, renames, |n| {
+                m.catalog.disk(n).is_ok()
+            })?;
+            let plan: Vec<_> = members
+                .into_iter()
+                .zip(new)
+                .map(|((d, s), n)| (d, s, n))
+                .collect();
             let mut ids = Vec::new();
             for (d, s, new) in &plan {
                 ids.push(clone_locked(m, s, new, &format!("{}@{}", d.name, s.name))?);
@@ -479,6 +439,100 @@ pub fn clone_name(group: &str, new_group: &str, member: &str) -> String {
         Some(rest) if !rest.is_empty() => format!("{new_group}{rest}"),
         _ => format!("{new_group}-{member}"),
     }
+}
+
+/// The rules both kinds of datastore apply to groups, with one wording.
+///
+/// Ok if a group may have `n` disks.
+pub fn check_group_size(n: usize) -> Result<()> {
+    if n == 0 || n > GROUP_DISKS_MAX {
+        return err(
+            ErrorKind::InvalidArgument,
+            format!("a group has 1 to {GROUP_DISKS_MAX} disks, not {n}"),
+        );
+    }
+    Ok(())
+}
+
+/// Adding to a group that has the most disks a group has.
+pub fn group_full(group: &str) -> Error {
+    Error::new(
+        ErrorKind::Refused,
+        format!("group '{group}' has {GROUP_DISKS_MAX} disks, the most a group has"),
+    )
+}
+
+/// Taking out a group's last disk.
+pub fn last_disk(group: &str, disk: &str) -> Error {
+    Error::new(
+        ErrorKind::Refused,
+        format!(
+            "'{disk}' is the last disk of group '{group}': remove the group instead ('strata \
+             group rm {group}')"
+        ),
+    )
+}
+
+/// A group revert refused: the disks `added` and `removed` since `snap`.
+pub fn membership_changed(
+    group: &str,
+    snap: &str,
+    mut added: Vec<String>,
+    mut removed: Vec<String>,
+) -> Error {
+    added.sort();
+    removed.sort();
+    Error::new(
+        ErrorKind::Refused,
+        format!(
+            "the disks of group '{group}' changed since '{snap}' was taken (added: [{}]; \
+             removed: [{}]): revert the members one by one ('strata snapshot revert DISK \
+             {snap}')",
+            added.join(", "),
+            removed.join(", ")
+        ),
+    )
+}
+
+/// The clone names of a group clone of `source` (`GROUP@SNAP`) into
+/// `new_group`, one per member of `members`: the `renames` (member ->
+/// clone) given, else [`clone_name`]; each a valid disk name that
+/// `taken` says is free and no other clone takes; every rename names a
+/// member.
+pub fn clone_plan(
+    source: &str,
+    new_group: &str,
+    members: &[String],
+    renames: &[(String, String)],
+    taken: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let group = split_target(source).0;
+    let mut out: Vec<String> = Vec::new();
+    for d in members {
+        let new = renames
+            .iter()
+            .find(|(from, _)| from == d)
+            .map(|(_, to)| to.clone())
+            .unwrap_or_else(|| clone_name(group, new_group, d));
+        check_name("disk", &new)?;
+        if taken(&new) || out.contains(&new) {
+            return err(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "the clone of '{d}' would be named '{new}', which is taken: choose another \
+                     with --rename {d}=NAME"
+                ),
+            );
+        }
+        out.push(new);
+    }
+    if let Some((from, _)) = renames.iter().find(|(from, _)| !members.contains(from)) {
+        return err(
+            ErrorKind::InvalidArgument,
+            format!("--rename names '{from}', which is not a member of '{source}'"),
+        );
+    }
+    Ok(out)
 }
 
 fn info(m: &Meta, g: &GroupRec) -> GroupInfo {

@@ -35,9 +35,10 @@ pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
 pub use catalog::{split_target, Consistency, Provisioning, QuiesceReport, QuiesceResult};
 pub use check::CheckReport;
 pub use datastore::{
-    clone_name, ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, GroupInfo,
-    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, InitOptions, OpenOptions,
-    PunchZeroReport, SnapshotInfo, SpaceWork,
+    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
+    ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, GroupInfo, GroupMemberInfo,
+    GroupSnapshotInfo, GroupSnapshotOptions, InitOptions, OpenOptions, PunchZeroReport,
+    SnapshotInfo, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

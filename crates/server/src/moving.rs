@@ -130,7 +130,9 @@ fn run_marked(
             format!("no disk named '{name}' here"),
         ));
     }
-    grouped(&*src, name)?;
+    // A group lives in one datastore, and the source could not be
+    // removed at the end.
+    src.outside_groups(name)?;
     let to = Location::of(a.to)?;
     if to == from {
         return Err(Error::new(
@@ -156,38 +158,6 @@ fn run_marked(
     places.release_unused(&from);
     places.release_unused(&to);
     r
-}
-
-/// Refuse to move a member of a consistency group, or a disk with a
-/// snapshot of a group snapshot: a group lives in one datastore, and the
-/// source could not be removed at the end.
-fn grouped(src: &dyn strata_datastore::Datastore, name: &str) -> Result<(), Error> {
-    if let Some(g) = src
-        .groups()?
-        .iter()
-        .find(|g| g.disks.iter().any(|d| d == name))
-    {
-        return Err(Error::new(
-            ErrorKind::Refused,
-            format!(
-                "disk '{name}' is in group '{}', which lives in this datastore: take it out \
-                 first ('strata group remove {} {name}')",
-                g.name, g.name
-            ),
-        ));
-    }
-    if let Some(s) = src.snapshots(name)?.iter().find(|s| s.group.is_some()) {
-        let g = s.group.as_deref().unwrap_or_default();
-        return Err(Error::new(
-            ErrorKind::Refused,
-            format!(
-                "disk '{name}' has snapshot '{}' of group snapshot '{g}@{}': delete that \
-                 first ('strata group snapshot delete {g} {}')",
-                s.name, s.name, s.name
-            ),
-        ));
-    }
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

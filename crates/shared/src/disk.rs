@@ -124,13 +124,20 @@ impl SharedDatastore {
 
     /// Disk names and their newest manifests, sorted by name.
     pub fn disks(&self) -> Result<Vec<(String, Manifest)>> {
+        self.disk_ids()?
+            .into_iter()
+            .map(|(name, id)| Ok((name, self.newest_manifest(id)?)))
+            .collect()
+    }
+
+    /// Disk names and their ids (no manifest read), sorted by name.
+    pub fn disk_ids(&self) -> Result<Vec<(String, u32)>> {
         let mut out = Vec::new();
         for l in self.store.list(DIR_NAMES, None)? {
             let Some(name) = l.key.strip_prefix(DIR_NAMES) else {
                 continue;
             };
-            let id = self.disk_id(name)?;
-            out.push((name.to_string(), self.newest_manifest(id)?));
+            out.push((name.to_string(), self.disk_id(name)?));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)

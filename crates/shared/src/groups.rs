@@ -76,6 +76,12 @@ fn snap_key(group: u32, id: u64) -> String {
     format!("{}{id:016x}", snaps_dir(group))
 }
 
+/// A group snapshot object stored under `key`, checked.
+fn decode_snap(key: &str, obj: &[u8]) -> Result<GroupSnap> {
+    let body = envelope::open(MAGIC_SNAP, key, obj).map_err(corrupt)?;
+    serde_json::from_slice(body).map_err(|e| corrupt(format!("{key}: {e}")))
+}
+
 fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
@@ -231,10 +237,7 @@ impl SharedDatastore {
                 out.push(s.clone());
                 continue;
             }
-            let obj = self.store.get(&l.key)?;
-            let body = envelope::open(MAGIC_SNAP, &l.key, &obj).map_err(corrupt)?;
-            let s: GroupSnap =
-                serde_json::from_slice(body).map_err(|e| corrupt(format!("{}: {e}", l.key)))?;
+            let s = decode_snap(&l.key, &self.store.get(&l.key)?)?;
             self.group_snaps
                 .lock()
                 .unwrap()
@@ -253,7 +256,22 @@ impl SharedDatastore {
         if self.group_snaps.lock().unwrap().contains_key(&key) {
             return Ok(true);
         }
-        Ok(self.store.get_opt(&key)?.is_some())
+        let Some(obj) = self.store.get_opt(&key)? else {
+            return Ok(false);
+        };
+        let s = decode_snap(&key, &obj)?;
+        self.group_snaps.lock().unwrap().insert(key, s);
+        Ok(true)
+    }
+
+    /// Group `id`'s name (names never change: read once per process).
+    pub fn group_name(&self, id: u32) -> Result<String> {
+        if let Some(n) = self.group_names.lock().unwrap().get(&id) {
+            return Ok(n.clone());
+        }
+        let name = self.group_def(id)?.name;
+        self.group_names.lock().unwrap().insert(id, name.clone());
+        Ok(name)
     }
 
     /// Write a group snapshot's object: the commit point.

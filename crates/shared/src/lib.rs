@@ -177,6 +177,8 @@ pub struct SharedDatastore {
     throttles: std::sync::Mutex<std::collections::HashMap<u32, Arc<Throttle>>>,
     /// Group snapshot objects read (they never change), by key.
     group_snaps: std::sync::Mutex<std::collections::HashMap<String, groups::GroupSnap>>,
+    /// Group names by id (they never change).
+    group_names: std::sync::Mutex<std::collections::HashMap<u32, String>>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -440,6 +442,7 @@ impl SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             throttles: Default::default(),
             group_snaps: Default::default(),
+            group_names: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,
@@ -519,6 +522,7 @@ impl SharedDatastore {
             cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
             throttles: Default::default(),
             group_snaps: Default::default(),
+            group_names: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,
