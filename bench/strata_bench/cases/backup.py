@@ -2,6 +2,7 @@
 disk costs when 1% of it changed since the last one."""
 import json
 import os
+import statistics
 import subprocess
 import time
 
@@ -12,12 +13,14 @@ from ..servers import Strata
 NBDSH_ENV = dict(os.environ, PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
 
 # Read the dirty extents of CTX on URI (what a pull-mode backup copies),
-# at most LIMIT bytes of them, then as many bytes in one sequential run
+# at most LIMIT bytes of them, against as many bytes in one sequential run
 # from offset 0 of the same export (written in full: data on both sides);
-# host caches dropped before each read (COLD=1); print both times, the
-# bytes read and the dirty bytes and runs in all.
+# host caches dropped before each read (COLD=1). Each read is a backup
+# client's session of its own: connect, ask BLOCK_STATUS over the whole
+# export, read. Prints JSON: the bytes read, the dirty bytes and runs in
+# all, and the seconds of each read.
 READ = r"""
-import os, time
+import json, os, time
 uri, ctx = os.environ["URI"], os.environ["CTX"]
 limit, cold = int(os.environ["LIMIT"]), os.environ.get("COLD") == "1"
 def drop():
@@ -25,21 +28,26 @@ def drop():
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
-h.add_meta_context(ctx)
-h.connect_uri(uri)
-size = h.get_size()
-runs, pos = [], 0
-while pos < size:
-    got = []
-    def cb(name, offset, entries, err):
-        if name == ctx:
-            got.extend(zip(entries[0::2], entries[1::2]))
-        return 0
-    h.block_status(min(size - pos, 1 << 30), pos, cb)
-    for length, flags in got:
-        if flags & 1:
-            runs.append((pos, length))
-        pos += length
+def connect():
+    h = nbd.NBD()
+    h.add_meta_context(ctx)
+    h.connect_uri(uri)
+    size = h.get_size()
+    runs, pos = [], 0
+    while pos < size:
+        got = []
+        def cb(name, offset, entries, err):
+            if name == ctx:
+                got.extend(zip(entries[0::2], entries[1::2]))
+            return 0
+        h.block_status(min(size - pos, 1 << 30), pos, cb)
+        for length, flags in got:
+            if flags & 1:
+                runs.append((pos, length))
+            pos += length
+    return h, runs
+h, runs = connect()
+h.shutdown()
 # Requests of 1 MiB on both sides (the pieces written are 1 MiB): the
 # ratio is what scattering costs, not a request size.
 CHUNK = 1 << 20
@@ -60,6 +68,7 @@ for at, n in pieces:
     total += n
 seq = [(at, min(CHUNK, total - at)) for at in range(0, total, CHUNK)]
 def read(reqs, depth):
+    h, _ = connect()
     drop()
     t = time.perf_counter()
     if depth == 1:
@@ -77,10 +86,17 @@ def read(reqs, depth):
             for c in list(cookies):
                 if h.aio_command_completed(c):
                     cookies.discard(c)
-    return time.perf_counter() - t
-dirty_s, seq_s = read(kept, 1), read(seq, 1)
-dirty4_s, seq4_s = read(kept, 4), read(seq, 4)
-print(total, len(runs), dirty_s, seq_s, dirty_total, dirty4_s, seq4_s)
+    took = time.perf_counter() - t
+    h.shutdown()
+    return took
+# Each kind once, the sequential ones first when SEQ_FIRST=1 (the caller
+# alternates: this machine's disk slows down as a run goes on).
+kinds = [("dirty", kept, 1), ("seq", seq, 1), ("dirty4", kept, 4), ("seq4", seq, 4)]
+if os.environ.get("SEQ_FIRST") == "1":
+    kinds = [kinds[1], kinds[0], kinds[3], kinds[2]]
+times = {kind: read(reqs, depth) for kind, reqs, depth in kinds}
+print(json.dumps({"bytes": total, "extents": len(runs), "dirty_bytes": dirty_total,
+                  "seconds": times}))
 """
 
 
@@ -99,8 +115,11 @@ def case_backup(work, q):
     size_g = smoke(4, 64 if q else 1024)
     changed = size_g * (1 << 30) // 100
     base = min(changed, 2 << 30)
+    rounds = smoke(1, 5)
     cold = drop_caches()
-    s = Strata(os.path.join(work, "backup")).start()
+    ra = os.environ.get("STRATA_BENCH_READ_AHEAD")
+    s = Strata(os.path.join(work, "backup"),
+               serve_args=["--nbd-read-ahead", ra] if ra else ()).start()
     try:
         s.cli("create", "vm", "--size", f"{size_g}G")
         uri = s.uri("vm")
@@ -124,24 +143,62 @@ def case_backup(work, q):
                            capture_output=True, text=True).stdout
         map_s = time.perf_counter() - t
         dirty_lines = sum(1 for l in m.splitlines() if l.split()[2:3] == ["1"])
-        r = sh("nbdsh", "-c", READ, env=dict(NBDSH_ENV, URI=snap, CTX="qemu:dirty-bitmap:s1",
-                                             LIMIT=str(base >> 20 << 20), COLD="1" if cold else "0")).split()
-        total, runs, dirty_read_s, seq_read_s = int(r[0]), int(r[1]), float(r[2]), float(r[3])
-        dirty_total, dirty4_s, seq4_s = int(r[4]), float(r[5]), float(r[6])
+        def reads(seq_first):
+            return json.loads(sh("nbdsh", "-c", READ, env=dict(
+                NBDSH_ENV, URI=snap, CTX="qemu:dirty-bitmap:s1", LIMIT=str(base >> 20 << 20),
+                COLD="1" if cold else "0", SEQ_FIRST="1" if seq_first else "0")))
+        # Rounds of the same reads with strata's read-ahead along the dirty
+        # ranges on and off (the server restarted with --nbd-read-ahead 0;
+        # the host's own read-ahead serves the sequential run either way),
+        # in alternating orders, as this machine's disk moves a lot from one
+        # read to the next; the figures are medians.
+        s.stop()
+        plain = [a for k, a in enumerate(s.serve_args)
+                 if a != "--nbd-read-ahead" and s.serve_args[k - 1:k] != ["--nbd-read-ahead"]]
+        on_args = plain + (["--nbd-read-ahead", ra] if ra else [])
+        secs = {"on": {}, "off": {}}
+        for r in range(rounds):
+            for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                s.serve_args = on_args if mode == "on" else plain + ["--nbd-read-ahead", "0"]
+                s.start()
+                try:
+                    got = reads(seq_first=r % 2 == 1)
+                finally:
+                    s.stop()
+                for kind, sec in got["seconds"].items():
+                    secs[mode].setdefault(kind, []).append(sec)
+                if mode == "on":
+                    on = got
     finally:
         s.stop()
-    mib = lambda b, sec: round(b / sec / (1 << 20), 1) if sec else None
+    med = {k: statistics.median(v) for k, v in secs["on"].items()}
+    med_off = {k: statistics.median(v) for k, v in secs["off"].items()}
+    # Dirty against sequential within each session (the same moment of
+    # the disk), the median of those.
+    paired = lambda mode, a, b: round(statistics.median(
+        x / y for x, y in zip(secs[mode][a], secs[mode][b])), 3)
+    total = on["bytes"]
+    mib = lambda sec: round(total / sec / (1 << 20), 1) if sec else None
+    spread = lambda v: [mib(x) for x in v]
     return {
         "disk": f"{size_g}G", "changed_bytes": changed, "write_s": round(write_s, 2),
         "diff": {"seconds": round(diff_s, 3), "data_bytes": d["data_bytes"],
                  "zero_bytes": d["zero_bytes"], "target": "<= 1 s (the CLI's run included)"},
         "nbd_map": {"seconds": round(map_s, 3), "dirty_runs": dirty_lines},
-        "incremental_read": {"bytes": total, "dirty_bytes": dirty_total, "extents": runs,
-                             "host_cache": "dropped before each read" if cold else "warm",
-                             "dirty_mib_s": mib(total, dirty_read_s),
-                             "sequential_mib_s": mib(total, seq_read_s),
-                             "ratio": ratio(seq_read_s, dirty_read_s), "target": ">= 0.9",
-                             "four_in_flight": {"dirty_mib_s": mib(total, dirty4_s),
-                                                "sequential_mib_s": mib(total, seq4_s),
-                                                "ratio": ratio(seq4_s, dirty4_s)}},
+        "incremental_read": {
+            "bytes": total, "dirty_bytes": on["dirty_bytes"], "extents": on["extents"],
+            "host_cache": "dropped before each read" if cold else "warm",
+            "rounds": rounds,
+            "figures": "MiB/s: medians of the rounds; ratios: medians of each round's",
+            "dirty_mib_s": mib(med["dirty"]), "sequential_mib_s": mib(med["seq"]),
+            "ratio": paired("on", "seq", "dirty"), "target": ">= 0.9",
+            "each_round": {"dirty": spread(secs["on"]["dirty"]),
+                           "sequential": spread(secs["on"]["seq"])},
+            "four_in_flight": {"dirty_mib_s": mib(med["dirty4"]), "sequential_mib_s": mib(med["seq4"]),
+                               "ratio": paired("on", "seq4", "dirty4")},
+            "read_ahead_off": {"dirty_mib_s": mib(med_off["dirty"]),
+                               "sequential_mib_s": mib(med_off["seq"]),
+                               "ratio": paired("off", "seq", "dirty"),
+                               "four_in_flight_ratio": paired("off", "seq4", "dirty4")},
+        },
     }

@@ -212,6 +212,12 @@ pub trait BlockDevice: Send + Sync {
     fn preferred_block_bytes(&self) -> u32 {
         4096
     }
+
+    /// A hint that `[offset, offset+len)` will be read soon: start bringing
+    /// it in without waiting for it (read-ahead, NBD `CMD_CACHE`). Never
+    /// fails and never changes what a read returns; a range past the end
+    /// is cut. The default does nothing.
+    fn prefetch(&self, _offset_bytes: u64, _len_bytes: u64) {}
 }
 
 /// Check alignment and range of a request against a device size.

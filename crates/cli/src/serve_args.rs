@@ -55,6 +55,13 @@ pub struct ServeArgs {
     /// then run requests themselves]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub io_threads: Option<u16>,
+    /// NBD read-ahead along a client's plan: the ranges a BLOCK_STATUS reply marked as what it
+    /// reads next (the dirty ones of qemu:dirty-bitmap:SNAP, else base:allocation's data) are
+    /// prefetched this far ahead of its reads into the host page cache, so a backup reading
+    /// scattered changes one request at a time keeps the disk busy; 0 turns it off (no effect
+    /// with --cache none)
+    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
+    pub nbd_read_ahead: u64,
     /// Serve the dashboard at http://ADDR/, its JSON API at /api/v1 (docs/API.md) and
     /// Prometheus metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT
     #[arg(long, value_name = "ADDR")]
@@ -184,6 +191,7 @@ impl From<&ServeArgs> for ServeConfig {
             gc_interval: a.gc_interval,
             incoming: a.incoming.clone(),
             incoming_wait: a.incoming_wait,
+            nbd_read_ahead: a.nbd_read_ahead,
         }
     }
 }

@@ -402,20 +402,11 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
         // s2, read with libnbd, is s2 byte for byte.
         save(&s.uri("vm@s1"), &file("restore"));
         save(&s2, &file("s2"));
-        // nbdsh runs `python3` from PATH: Debian's, which has the binding
-        // (a Python of one's own first in PATH would not).
-        let path = format!(
-            "/usr/bin:/bin:{}",
-            std::env::var("PATH").unwrap_or_default()
+        let out = file("restore");
+        let o = nbdsh(
+            RESTORE,
+            &[("URI", &s2), ("CTX", ctx), ("OUT", out.to_str().unwrap())],
         );
-        let o = std::process::Command::new("nbdsh")
-            .args(["-c", RESTORE])
-            .env("PATH", path)
-            .env("URI", &s2)
-            .env("CTX", ctx)
-            .env("OUT", file("restore"))
-            .output()
-            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let copied: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
         assert_eq!(copied, want.iter().map(|r| r.1).sum::<u64>());
@@ -424,19 +415,7 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
             "{kind:?}: the incremental restore differs from s2"
         );
 
-        let o = std::process::Command::new("nbdsh")
-            .args(["-c", BOTH])
-            .env(
-                "PATH",
-                format!(
-                    "/usr/bin:/bin:{}",
-                    std::env::var("PATH").unwrap_or_default()
-                ),
-            )
-            .env("URI", &s2)
-            .env("CTX", ctx)
-            .output()
-            .unwrap();
+        let o = nbdsh(BOTH, &[("URI", &s2), ("CTX", ctx)]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let lines = String::from_utf8_lossy(&o.stdout).to_string();
         // Without REQ_ONE the bitmap's reply has every run: 4 dirty ones
@@ -456,6 +435,171 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
 }
 
 /// `sh -c` with the datastore in the environment, for pipes.
+/// `nbdsh -c SCRIPT` with `env`. nbdsh runs `python3` from PATH: Debian's
+/// first, which has the binding (a Python of one's own would not).
+fn nbdsh(script: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let path = format!(
+        "/usr/bin:/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    std::process::Command::new("nbdsh")
+        .args(["-c", script])
+        .env("PATH", path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// Bytes of `path` in the host's page cache (mincore over a mapping).
+fn cached_bytes(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: a private read-only mapping of a file we hold open, only
+    // passed to mincore and unmapped before return; `pages` has one byte
+    // per page of it.
+    unsafe {
+        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(map, libc::MAP_FAILED, "mmap {}", path.display());
+        let mut pages = vec![0u8; len.div_ceil(page)];
+        let rc = libc::mincore(map, len, pages.as_mut_ptr());
+        libc::munmap(map, len);
+        assert_eq!(rc, 0, "mincore {}", path.display());
+        pages.iter().filter(|b| *b & 1 != 0).count() as u64 * page as u64
+    }
+}
+
+/// Drop the host's page cache (root only).
+fn drop_caches() -> bool {
+    // SAFETY: sync(2) takes no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+/// A backup client's session: ask BLOCK_STATUS of CTX over the whole
+/// export URI, drop the host's page cache, then read the first READS
+/// dirty pieces (1 MiB each) one at a time and, if CACHE is set, send
+/// NBD_CMD_CACHE for the piece after them. Prints the dirty offsets.
+const FOLLOW: &str = r#"
+import os
+ctx = os.environ["CTX"]
+h.add_meta_context(ctx)
+h.connect_uri(os.environ["URI"])
+size, runs, pos = h.get_size(), [], 0
+while pos < size:
+    got = []
+    def cb(name, offset, entries, err):
+        if name == ctx:
+            got.extend(zip(entries[0::2], entries[1::2]))
+        return 0
+    h.block_status(size - pos, pos, cb)
+    for length, flags in got:
+        if flags & 1:
+            runs.append(pos)
+        pos += length
+os.sync()
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    f.write("3\n")
+n = int(os.environ["READS"])
+for at in runs[:n]:
+    h.pread(1 << 20, at)
+if os.environ.get("CACHE"):
+    h.cache(1 << 20, runs[n])
+print(" ".join(str(r) for r in runs))
+h.shutdown()
+"#;
+
+#[test]
+fn nbd_reads_ahead_along_the_dirty_ranges_a_backup_reads() {
+    if !have("nbdsh") || !have("qemu-io") {
+        return;
+    }
+    if !drop_caches() {
+        eprintln!("skipped: dropping the page cache needs root");
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "256M"]);
+    s.ok(&["snapshot", "create", "vm", "s1"]);
+    // 16 dirty pieces of 1 MiB, 15 MiB apart, written from the last to
+    // the first: in the pool they lie in the reverse order, so reading
+    // them in the disk's order is never sequential there (the host's own
+    // read-ahead cannot help).
+    let srv = s.serve();
+    let writes: Vec<String> = (0..16u64)
+        .rev()
+        .map(|i| format!("write -P {} {}M 1M", i + 1, 8 + 15 * i))
+        .collect();
+    let mut cmds: Vec<&str> = writes.iter().map(|w| w.as_str()).collect();
+    cmds.push("flush");
+    io(&s.uri("vm"), &cmds);
+    s.ok(&["snapshot", "create", "vm", "s2"]);
+    let pool = s.path().join("pool.data");
+    let follow = |extra: &[(&str, &str)]| {
+        let mut env = vec![
+            ("URI", s.uri("vm@s2")),
+            ("CTX", "qemu:dirty-bitmap:s1".to_string()),
+            ("READS", "2".to_string()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = nbdsh(FOLLOW, &env);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let runs: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(
+            runs,
+            (0..16).map(|i| (8 + 15 * i) * MIB).collect::<Vec<_>>()
+        );
+    };
+    // What becomes cached of the pool, waiting up to 20 s for at least
+    // `want` bytes (read-ahead completes in the background).
+    let cached_within = |want: u64| {
+        let t = std::time::Instant::now();
+        loop {
+            let c = cached_bytes(&pool);
+            if c >= want || t.elapsed() > std::time::Duration::from_secs(20) {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+
+    // With read-ahead (the default 8 MiB): after two pieces read, the
+    // next pieces' data is brought in too.
+    follow(&[]);
+    let c = cached_within(2 * MIB + 6 * MIB);
+    assert!(
+        c >= 8 * MIB,
+        "read-ahead brought {c} bytes of the pool into the cache"
+    );
+    srv.stop();
+
+    // Without it: the two pieces and the pool's metadata only; then
+    // NBD_CMD_CACHE of the third piece brings it in.
+    let _srv = s.serve_with(&["--nbd-read-ahead", "0"]);
+    follow(&[]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let c = cached_bytes(&pool);
+    assert!(c < 4 * MIB, "without read-ahead, {c} bytes are cached");
+    follow(&[("CACHE", "1")]);
+    let c = cached_within(3 * MIB);
+    assert!(c >= 3 * MIB, "NBD_CMD_CACHE left {c} bytes cached");
+}
+
 fn sh(s: &Store, script: &str) -> std::process::Output {
     std::process::Command::new("sh")
         .arg("-c")

@@ -255,6 +255,7 @@ fn bench_quick_paper_suites() {
         &["incremental_read", "bytes"],
         &["incremental_read", "dirty_mib_s"],
         &["incremental_read", "sequential_mib_s"],
+        &["incremental_read", "read_ahead_off", "dirty_mib_s"],
     ] {
         positive(bk, path);
     }

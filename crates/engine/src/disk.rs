@@ -126,17 +126,20 @@ impl DiskHandle {
             .meta
             .lock()
             .lookup_range(self.version, first, last - first + 1, &mut grains)?;
-        // Runs of physically adjacent grains become one read.
-        let end = offset + buf.len() as u64;
-        let mut i = 0usize;
-        while i < grains.len() {
-            let mut j = i + 1;
-            let g0 = grains[i];
-            while j < grains.len()
-                && ((g0 == 0 && grains[j] == 0) || (g0 != 0 && grains[j] == g0 + (j - i) as u64))
-            {
-                j += 1;
+        // Runs of physically adjacent grains become one read; when there
+        // are several, all are announced to the pool first, so a
+        // fragmented range's reads reach the device together rather than
+        // one after another.
+        let runs = grain_runs(&grains);
+        if runs.iter().filter(|r| r.2 != 0).nth(1).is_some() {
+            for &(i, j, g0) in runs.iter().filter(|r| r.2 != 0) {
+                self.inner
+                    .pool
+                    .will_need(g0 << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
             }
+        }
+        let end = offset + buf.len() as u64;
+        for (i, j, g0) in runs {
             let v0 = first + i as u64;
             let s = offset.max(v0 << GRAIN_SHIFT);
             let t = end.min((first + j as u64) << GRAIN_SHIFT);
@@ -149,9 +152,37 @@ impl DiskHandle {
                 self.inner.pool.read_at(dst, phys)?;
                 fill.push(t - s, Fill::Data);
             }
-            i = j;
         }
         Ok(fill)
+    }
+
+    /// Start reading the data of `[offset, offset + len)` into the host's
+    /// page cache without waiting for it (a hint: errors are dropped, and
+    /// a range past the end is cut). At most [`PREFETCH_MAX_BYTES`] per call.
+    fn prefetch_impl(&self, offset: u64, len: u64) -> Result<()> {
+        let size = {
+            let m = self.inner.meta.lock();
+            self.state(&m)?.0
+        };
+        let end = offset.saturating_add(len.min(PREFETCH_MAX_BYTES)).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let first = offset >> GRAIN_SHIFT;
+        let last = (end - 1) >> GRAIN_SHIFT;
+        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        self.inner
+            .meta
+            .lock()
+            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        for (i, j, g0) in grain_runs(&grains) {
+            if g0 != 0 {
+                self.inner
+                    .pool
+                    .will_need(g0 << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
+            }
+        }
+        Ok(())
     }
 
     // ------------------------------------------------------------ write
@@ -701,6 +732,28 @@ impl DiskHandle {
     }
 }
 
+/// Most bytes one [`DiskHandle::prefetch_impl`] call looks up.
+const PREFETCH_MAX_BYTES: u64 = 64 << 20;
+
+/// `grains` (physical grain numbers, 0 = unmapped) as runs `(i, j, g)`:
+/// `grains[i..j]` are unmapped (`g == 0`) or physically adjacent from `g`.
+fn grain_runs(grains: &[u64]) -> Vec<(usize, usize, u64)> {
+    let mut runs = Vec::new();
+    let mut i = 0usize;
+    while i < grains.len() {
+        let g0 = grains[i];
+        let mut j = i + 1;
+        while j < grains.len()
+            && ((g0 == 0 && grains[j] == 0) || (g0 != 0 && grains[j] == g0 + (j - i) as u64))
+        {
+            j += 1;
+        }
+        runs.push((i, j, g0));
+        i = j;
+    }
+    runs
+}
+
 fn to_block<T>(r: Result<T>) -> BlockResult<T> {
     r.map_err(BlockError::from)
 }
@@ -748,6 +801,11 @@ impl BlockDevice for DiskHandle {
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {
         to_block(self.status_impl(offset_bytes, len_bytes))
+    }
+
+    fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
+        // Only a hint: a failure here is the next read's to report.
+        let _ = self.prefetch_impl(offset_bytes, len_bytes);
     }
 }
 

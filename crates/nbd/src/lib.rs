@@ -79,6 +79,7 @@
 
 mod handshake;
 mod proto;
+mod readahead;
 mod transmission;
 
 #[cfg(test)]
@@ -139,6 +140,15 @@ pub trait MetaContext: Send + Sync {
     /// least a first part of `[offset, offset + len)`; runs past the range
     /// are cut.
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u32)>>;
+
+    /// The flag bits that mark the ranges a client copying the export reads
+    /// next (a backup reads the dirty ones of a dirty bitmap), if the
+    /// context has such bits. A connection that selected such a context
+    /// reads ahead along the ranges its replies marked; otherwise along the
+    /// data `base:allocation` reported.
+    fn read_next_flags(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Limits and tuning of a server.
@@ -167,6 +177,11 @@ pub struct ServerOptions {
     /// client that does not read before the connection is dropped.
     /// Default 5 s.
     pub shutdown_grace: Duration,
+    /// Bytes of the ranges a connection's BLOCK_STATUS replies marked as
+    /// read next that the device is asked to prefetch ahead of the
+    /// client's reads along them (see `readahead.rs`); 0 turns this off.
+    /// Default 8 MiB.
+    pub read_ahead_bytes: u64,
 }
 
 impl Default for ServerOptions {
@@ -179,6 +194,7 @@ impl Default for ServerOptions {
             max_inflight_bytes: 64 << 20,
             handshake_timeout: Some(Duration::from_secs(10)),
             shutdown_grace: Duration::from_secs(5),
+            read_ahead_bytes: 8 << 20,
         }
     }
 }

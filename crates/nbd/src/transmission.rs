@@ -15,6 +15,7 @@ use strata_block::{check_range, AlignedBuf, BlockDevice, BlockError, Fill, ReadF
 
 use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
+use crate::readahead::{Plan, Prefetcher};
 use crate::{NbdStream, Shared};
 
 /// Receive buffer of the reader: batches small pipelined requests.
@@ -61,6 +62,19 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Resul
     if shared.stopping() {
         return Ok(());
     }
+    // The context whose replies guide read-ahead: one that marks what a
+    // copying client reads next, else base:allocation's data.
+    let guide = session.contexts.iter().find_map(|(id, c)| match c {
+        Context::Other(c) => c.read_next_flags().map(|f| (*id, Some(f))),
+        Context::Allocation => None,
+    });
+    let guide = guide.or_else(|| {
+        session
+            .contexts
+            .iter()
+            .find(|(_, c)| matches!(c, Context::Allocation))
+            .map(|(id, _)| (*id, None))
+    });
     let conn = Arc::new(Conn {
         out: Mutex::new(writer),
         broken: AtomicBool::new(false),
@@ -72,6 +86,9 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Resul
         work: Condvar::new(),
         room: Condvar::new(),
         pool: Mutex::new(Pool::default()),
+        guide,
+        plan: Mutex::new(Plan::new(shared.opts.read_ahead_bytes)),
+        prefetcher: Mutex::new(None),
     });
     let mut workers = Workers {
         conn: conn.clone(),
@@ -129,6 +146,13 @@ struct Conn<S> {
     /// Signalled when an admitted request is answered.
     room: Condvar,
     pool: Mutex<Pool>,
+    /// The context id whose BLOCK_STATUS replies feed `plan`, with the
+    /// flags that mark what is read next (`None`: base:allocation's data).
+    guide: Option<(u32, Option<u32>)>,
+    /// Read-ahead along what the client was told it will read.
+    plan: Mutex<Plan>,
+    /// Started with the first hint.
+    prefetcher: Mutex<Option<Prefetcher>>,
 }
 
 /// The worker threads of a connection; dropping this drains the queue.
@@ -483,7 +507,10 @@ impl<S: NbdStream> Conn<S> {
                 };
                 self.reply_result(req, dev.write_zeroes(req.offset, req.len as u64, opts))
             }
-            CMD_CACHE => self.reply_ok(req),
+            CMD_CACHE => {
+                dev.prefetch(req.offset, req.len as u64);
+                self.reply_ok(req)
+            }
             CMD_BLOCK_STATUS => self.block_status(req),
             // validate() let nothing else through.
             _ => self.reply_error(req, EINVAL, "unknown command"),
@@ -494,6 +521,20 @@ impl<S: NbdStream> Conn<S> {
     /// and says where the holes are; the reply (header(s) and data) goes
     /// out in one vectored write.
     fn read(&self, req: &Request) -> io::Result<()> {
+        if self.guide.is_some() {
+            let hints = self.plan.lock().on_read(req.offset, req.len as u64);
+            if !hints.is_empty() {
+                let mut p = self.prefetcher.lock();
+                if p.is_none() {
+                    *p = Prefetcher::start(self.dev.clone());
+                }
+                for (offset, len) in hints {
+                    if let Some(p) = &*p {
+                        p.hint(offset, len);
+                    }
+                }
+            }
+        }
         let mut data = self.take_buffer(req.len as usize);
         let result = match self.dev.read_at(&mut data, req.offset) {
             Ok(fill) => self.send_read(req, &data, &fill),
@@ -586,6 +627,14 @@ impl<S: NbdStream> Conn<S> {
             let descs = descriptors(&runs, req.len as u64, req.flags & FLAG_REQ_ONE != 0);
             if descs.is_empty() {
                 return self.reply_error(req, EIO, "the device reported no extent");
+            }
+            if let Some((_, next)) = self.guide.filter(|g| g.0 == *id) {
+                let read_next = |flags: u32| match next {
+                    Some(bits) => flags & bits != 0,
+                    None => flags & (STATE_HOLE | STATE_ZERO) == 0,
+                };
+                let runs = descs.iter().map(|&(l, f)| (l as u64, read_next(f)));
+                self.plan.lock().announced(req.offset, runs);
             }
             chunks.push((*id, descs));
         }

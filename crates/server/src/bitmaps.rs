@@ -66,7 +66,8 @@ pub fn open(ds: Arc<dyn Datastore>, target: &str, name: &str) -> Option<Arc<dyn 
     };
     let target = target.to_string();
     if split_target(&target).1.is_some() {
-        return Some(Arc::new(Fixed(what.ranges(&*ds, &target).ok()?)));
+        let next = what.read_next_flags();
+        return Some(Arc::new(Fixed(what.ranges(&*ds, &target).ok()?, next)));
     }
     Some(Arc::new(Live { ds, target, what }))
 }
@@ -80,6 +81,14 @@ enum Values {
 }
 
 impl Values {
+    /// What a copying client reads next: the dirty ranges.
+    fn read_next_flags(&self) -> Option<u32> {
+        match self {
+            Values::Dirty(_) => Some(DIRTY),
+            Values::Depth => None,
+        }
+    }
+
     /// Ascending, disjoint `(offset, length, value)` ranges; what they do
     /// not cover has value 0.
     fn ranges(&self, ds: &dyn Datastore, target: &str) -> io::Result<Vec<(u64, u64, u32)>> {
@@ -195,12 +204,16 @@ fn split(a: &[(u64, u64)], b: &[(u64, u64)]) -> (Ranges, Ranges) {
     (inside, outside)
 }
 
-/// A snapshot's context, computed once.
-struct Fixed(Vec<(u64, u64, u32)>);
+/// A snapshot's context, computed once, with its read-next flags.
+struct Fixed(Vec<(u64, u64, u32)>, Option<u32>);
 
 impl MetaContext for Fixed {
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u32)>> {
         Ok(runs(&self.0, offset, len))
+    }
+
+    fn read_next_flags(&self) -> Option<u32> {
+        self.1
     }
 }
 
@@ -218,6 +231,10 @@ impl MetaContext for Live {
             offset,
             len,
         ))
+    }
+
+    fn read_next_flags(&self) -> Option<u32> {
+        self.what.read_next_flags()
     }
 }
 

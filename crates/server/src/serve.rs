@@ -79,6 +79,8 @@ pub struct ServeConfig {
     pub incoming: Vec<String>,
     /// How long an incoming disk's first write waits for the release, in seconds.
     pub incoming_wait: u64,
+    /// NBD read-ahead along what BLOCK_STATUS told a client, in bytes (0: off).
+    pub nbd_read_ahead: u64,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -97,6 +99,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> ServerOptions {
     let default = ServerOptions::default();
     ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
+        read_ahead_bytes: args.nbd_read_ahead,
         ..default
     }
 }

@@ -270,6 +270,10 @@ impl BlockDevice for Slot {
     fn preferred_block_bytes(&self) -> u32 {
         self.inner.read().dev.preferred_block_bytes()
     }
+
+    fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
+        self.inner.read().dev.prefetch(offset_bytes, len_bytes)
+    }
 }
 
 #[cfg(test)]

@@ -134,4 +134,9 @@ impl BlockDevice for StatsDevice {
     fn preferred_block_bytes(&self) -> u32 {
         self.inner.preferred_block_bytes()
     }
+
+    /// Forwarded, not counted: a hint is no command of the client's.
+    fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
+        self.inner.prefetch(offset_bytes, len_bytes)
+    }
 }
