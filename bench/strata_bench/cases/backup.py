@@ -117,9 +117,11 @@ def case_backup(work, q):
     base = min(changed, 2 << 30)
     rounds = smoke(1, 5)
     cold = drop_caches()
+    s = Strata(os.path.join(work, "backup")).start()
+    # The read-ahead window of the "on" rounds (strata's default unless set).
     ra = os.environ.get("STRATA_BENCH_READ_AHEAD")
-    s = Strata(os.path.join(work, "backup"),
-               serve_args=["--nbd-read-ahead", ra] if ra else ()).start()
+    on_args = s.serve_args + (["--nbd-read-ahead", ra] if ra else [])
+    off_args = s.serve_args + ["--nbd-read-ahead", "0"]
     try:
         s.cli("create", "vm", "--size", f"{size_g}G")
         uri = s.uri("vm")
@@ -153,13 +155,10 @@ def case_backup(work, q):
         # in alternating orders, as this machine's disk moves a lot from one
         # read to the next; the figures are medians.
         s.stop()
-        plain = [a for k, a in enumerate(s.serve_args)
-                 if a != "--nbd-read-ahead" and s.serve_args[k - 1:k] != ["--nbd-read-ahead"]]
-        on_args = plain + (["--nbd-read-ahead", ra] if ra else [])
         secs = {"on": {}, "off": {}}
         for r in range(rounds):
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                s.serve_args = on_args if mode == "on" else plain + ["--nbd-read-ahead", "0"]
+                s.serve_args = on_args if mode == "on" else off_args
                 s.start()
                 try:
                     got = reads(seq_first=r % 2 == 1)

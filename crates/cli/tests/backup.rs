@@ -275,27 +275,17 @@ uri, ctx, out = os.environ["URI"], os.environ["CTX"], os.environ["OUT"]
 h.add_meta_context(ctx)
 h.connect_uri(uri)
 assert h.can_meta_context(ctx), ctx
-size = h.get_size()
 f = open(out, "r+b")
-f.truncate(size)
-pos, copied = 0, 0
-while pos < size:
-    runs = []
-    def cb(name, offset, entries, err):
-        if name == ctx:
-            runs.extend(zip(entries[0::2], entries[1::2]))
-        return 0
-    h.block_status(min(size - pos, 1 << 30), pos, cb)
-    for length, flags in runs:
-        if flags & 1:
-            at = pos
-            while at < pos + length:
-                n = min(pos + length - at, 8 << 20)
-                f.seek(at)
-                f.write(h.pread(n, at))
-                at += n
-            copied += length
-        pos += length
+f.truncate(h.get_size())
+copied = 0
+for pos, length in dirty_runs(h, ctx):
+    at = pos
+    while at < pos + length:
+        n = min(pos + length - at, 8 << 20)
+        f.seek(at)
+        f.write(h.pread(n, at))
+        at += n
+    copied += length
 f.close()
 print(copied)
 "#;
@@ -404,7 +394,7 @@ fn backup_clients_read_dirty_bitmaps_over_nbd() {
         save(&s2, &file("s2"));
         let out = file("restore");
         let o = nbdsh(
-            RESTORE,
+            &format!("{WALK}{RESTORE}"),
             &[("URI", &s2), ("CTX", ctx), ("OUT", out.to_str().unwrap())],
         );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -450,45 +440,27 @@ fn nbdsh(script: &str, env: &[(&str, &str)]) -> std::process::Output {
         .unwrap()
 }
 
-/// Bytes of `path` in the host's page cache (mincore over a mapping).
-fn cached_bytes(path: &Path) -> u64 {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    if len == 0 {
-        return 0;
-    }
-    // SAFETY: a private read-only mapping of a file we hold open, only
-    // passed to mincore and unmapped before return; `pages` has one byte
-    // per page of it.
-    unsafe {
-        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(map, libc::MAP_FAILED, "mmap {}", path.display());
-        let mut pages = vec![0u8; len.div_ceil(page)];
-        let rc = libc::mincore(map, len, pages.as_mut_ptr());
-        libc::munmap(map, len);
-        assert_eq!(rc, 0, "mincore {}", path.display());
-        pages.iter().filter(|b| *b & 1 != 0).count() as u64 * page as u64
-    }
-}
+/// libnbd: `dirty_runs(h, ctx)`, the `(offset, length)` runs that a
+/// BLOCK_STATUS walk over the whole export marks with bit 0 of `ctx`.
+const WALK: &str = r#"
+def dirty_runs(h, ctx):
+    size, out, pos = h.get_size(), [], 0
+    while pos < size:
+        got = []
+        def cb(name, offset, entries, err):
+            if name == ctx:
+                got.extend(zip(entries[0::2], entries[1::2]))
+            return 0
+        h.block_status(min(size - pos, 1 << 30), pos, cb)
+        for length, flags in got:
+            if flags & 1:
+                out.append((pos, length))
+            pos += length
+    return out
+"#;
 
-/// Drop the host's page cache (root only).
-fn drop_caches() -> bool {
-    // SAFETY: sync(2) takes no arguments.
-    unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
-}
-
-/// A backup client's session: ask BLOCK_STATUS of CTX over the whole
-/// export URI, drop the host's page cache, then read the first READS
+/// A backup client's session: walk CTX over the export URI, evict the
+/// pool file POOL from the host page cache, then read the first READS
 /// dirty pieces (1 MiB each) one at a time and, if CACHE is set, send
 /// NBD_CMD_CACHE for the piece after them. Prints the dirty offsets.
 const FOLLOW: &str = r#"
@@ -496,21 +468,11 @@ import os
 ctx = os.environ["CTX"]
 h.add_meta_context(ctx)
 h.connect_uri(os.environ["URI"])
-size, runs, pos = h.get_size(), [], 0
-while pos < size:
-    got = []
-    def cb(name, offset, entries, err):
-        if name == ctx:
-            got.extend(zip(entries[0::2], entries[1::2]))
-        return 0
-    h.block_status(size - pos, pos, cb)
-    for length, flags in got:
-        if flags & 1:
-            runs.append(pos)
-        pos += length
+runs = [at for at, _ in dirty_runs(h, ctx)]
 os.sync()
-with open("/proc/sys/vm/drop_caches", "w") as f:
-    f.write("3\n")
+fd = os.open(os.environ["POOL"], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+os.close(fd)
 n = int(os.environ["READS"])
 for at in runs[:n]:
     h.pread(1 << 20, at)
@@ -523,10 +485,6 @@ h.shutdown()
 #[test]
 fn nbd_reads_ahead_along_the_dirty_ranges_a_backup_reads() {
     if !have("nbdsh") || !have("qemu-io") {
-        return;
-    }
-    if !drop_caches() {
-        eprintln!("skipped: dropping the page cache needs root");
         return;
     }
     let s = Store::new();
@@ -551,10 +509,11 @@ fn nbd_reads_ahead_along_the_dirty_ranges_a_backup_reads() {
             ("URI", s.uri("vm@s2")),
             ("CTX", "qemu:dirty-bitmap:s1".to_string()),
             ("READS", "2".to_string()),
+            ("POOL", pool.display().to_string()),
         ];
         env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let o = nbdsh(FOLLOW, &env);
+        let o = nbdsh(&format!("{WALK}{FOLLOW}"), &env);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let runs: Vec<u64> = String::from_utf8_lossy(&o.stdout)
             .split_whitespace()
@@ -570,7 +529,7 @@ fn nbd_reads_ahead_along_the_dirty_ranges_a_backup_reads() {
     let cached_within = |want: u64| {
         let t = std::time::Instant::now();
         loop {
-            let c = cached_bytes(&pool);
+            let c = resident_pages(&pool) as u64 * 4096;
             if c >= want || t.elapsed() > std::time::Duration::from_secs(20) {
                 return c;
             }
@@ -593,7 +552,7 @@ fn nbd_reads_ahead_along_the_dirty_ranges_a_backup_reads() {
     let _srv = s.serve_with(&["--nbd-read-ahead", "0"]);
     follow(&[]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let c = cached_bytes(&pool);
+    let c = resident_pages(&pool) as u64 * 4096;
     assert!(c < 4 * MIB, "without read-ahead, {c} bytes are cached");
     follow(&[("CACHE", "1")]);
     let c = cached_within(3 * MIB);

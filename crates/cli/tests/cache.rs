@@ -7,42 +7,7 @@
 mod common;
 use common::*;
 
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
-
-/// Pages of `path` resident in the host page cache (mincore on a mapping).
-fn resident_pages(path: &Path) -> usize {
-    let f = std::fs::File::open(path).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    if len == 0 {
-        return 0;
-    }
-    let pages = len.div_ceil(4096);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: a read-only shared mapping of a file we opened, unmapped
-    // before returning; mincore writes one byte per page into `vec`.
-    unsafe {
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(map, libc::MAP_FAILED);
-        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
-        libc::munmap(map, len);
-    }
-    vec.iter().filter(|&&b| b & 1 != 0).count()
-}
-
-/// Forget the pool's clean cached pages.
-fn evict(path: &Path) {
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: plain syscall on an owned descriptor; only a hint.
-    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-}
 
 fn random_file(path: &Path, len: usize, seed: u64) {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
