@@ -7,10 +7,15 @@ import shutil
 import subprocess
 import time
 
-from ..common import STRATA, drop_caches, ratio, sh, smoke
+from ..common import ROOT, STRATA, drop_caches, ratio, sh, smoke
 from ..fio import fio, fio_iops_log
 from ..seaweedfs import start_seaweedfs
 from ..servers import Strata
+
+
+# Segment uploads a commit keeps in flight (crates/shared: the upload
+# pipeline's depth), the depth the raw PUT ceiling is measured at.
+UPLOAD_DEPTH = 2
 
 
 class SharedStrata(Strata):
@@ -52,6 +57,22 @@ def fio_flush_every(uri, bs, n, runtime, size):
             "flush_p99_ms": ms("99.000000"), "flush_max_ms": round(lat.get("max", 0) / 1e6, 2)}
 
 
+def store_ceiling(seconds, depth):
+    """What the same SeaweedFS takes without strata (the store_ceiling
+    example of strata-objstore, against the endpoint in AWS_ENDPOINT_URL):
+    8 MiB PUTs and GETs with `depth` in flight, and one create-only PUT of
+    256 KiB / 16 KiB at a time."""
+    sh("cargo", "build", "--release", "-q", "-p", "strata-objstore", "--features", "testing",
+       "--example", "store_ceiling", cwd=ROOT)
+    env = dict(os.environ,
+               STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")
+    out = subprocess.run([os.path.join(ROOT, "target/release/examples/store_ceiling"), str(seconds),
+                          str(depth), "8"], env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"store_ceiling failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _first_read_ms(uri):
     t = time.perf_counter()
     sh("qemu-io", "-r", "-f", "raw", "-c", "read 0 4k", uri)
@@ -67,13 +88,18 @@ def case_multihost(work, q):
     percentiles); 512k sequential write with a FLUSH at the end; a cold start
     (server restarted with its cache deleted, host page cache dropped):
     time to the first byte, IOPS per 250 ms until it reaches 90% of the
-    warm figure."""
+    warm figure. First, the store's own ceiling in the same run (raw 8 MiB
+    PUT/GET throughput at the upload pipeline's depth, one 256 KiB
+    create-only PUT's latency): object-store figures are given as ratios
+    to local and to it."""
     size = smoke("64M", "256M" if q else "1G")
     rt = smoke(2, 5 if q else 15)
     weed, endpoint = start_seaweedfs(work)
     out = {"params": {"size": size, "runtime_s": rt, "store": f"SeaweedFS on loopback ({endpoint})",
                       "client": "fio nbd engine, iodepth 16"}}
     try:
+        ceiling = store_ceiling(smoke(1, 3 if q else 5), UPLOAD_DEPTH)
+        out["store_ceiling"] = ceiling
         local = Strata(os.path.join(work, "local")).start()
         try:
             local.cli("create", "d", "--size", size)
@@ -99,11 +125,20 @@ def case_multihost(work, q):
         out["seq_write_512k"] = {"local_mib_s": round(lw["bw_mib"], 1),
                                  "shared_mib_s": round(sw["bw_mib"], 1),
                                  "ratio": ratio(sw["bw_mib"], lw["bw_mib"]),
+                                 "ceiling_mib_s": ceiling["put_mib_s"],
+                                 "ratio_to_ceiling": ratio(sw["bw_mib"], ceiling["put_mib_s"]),
+                                 "target": ">= 0.70 local, >= 0.90 ceiling",
                                  "shared_fill_s": round(fill_s, 1)}
         out["rand_read_4k_warm"] = {"local_iops": round(lr["iops"]), "shared_iops": round(sr["iops"]),
                                     "ratio": ratio(sr["iops"], lr["iops"]), "target": ">= 0.9"}
-        out["rand_write_4k_flush64"] = {"local": lf, "shared": sf,
-                                        "ratio": ratio(sf["iops"], lf["iops"])}
+        put = ceiling["create_256k_ms"]
+        out["rand_write_4k_flush64"] = {
+            "local": lf, "shared": sf, "ratio": ratio(sf["iops"], lf["iops"]),
+            "target": ">= 0.40",
+            "ceiling_create_256k_p50_ms": put["p50"],
+            "flush_p50_to_ceiling": ratio(sf["flush_p50_ms"] or 0, put["p50"]),
+            "flush_p99_to_ceiling": ratio(sf["flush_p99_ms"] or 0, put["p50"]),
+            "target_to_ceiling": "p50 <= 1.3, p99 <= 2"}
         # Cold start: the local directory's cache deleted (another host's view).
         shutil.rmtree(os.path.join(sh_.ds, "cache"), ignore_errors=True)
         drop_caches()

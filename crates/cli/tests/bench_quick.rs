@@ -228,6 +228,11 @@ fn bench_quick_paper_suites() {
         &["rand_write_4k_flush64", "shared", "flush_p50_ms"],
         &["cold_start", "first_read_ms"],
         &["cold_start", "cold_run_iops"],
+        &["store_ceiling", "put_mib_s"],
+        &["store_ceiling", "get_mib_s"],
+        &["store_ceiling", "create_256k_ms", "p50"],
+        &["seq_write_512k", "ratio_to_ceiling"],
+        &["rand_write_4k_flush64", "flush_p50_to_ceiling"],
     ] {
         positive(mh, path);
     }
