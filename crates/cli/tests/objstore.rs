@@ -308,8 +308,8 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
         "v1",
     ]);
     assert!(out.contains("created snapshot golden@base"), "{out}");
-    // Twice: the first overwrite's segment is reached by nothing after
-    // the second (GC deletes whole segments).
+    // Twice: the first overwrite's grains are reached by nothing after
+    // the second (GC deletes whole objects).
     for p in ["0x64", "0x62"] {
         let (ok, w) = qemu_io(&a.uri("golden"), &[&format!("write -P {p} 0 1M"), "flush"]);
         assert!(ok, "{w}");
@@ -344,11 +344,16 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
 
     let out = a.ok(&["snapshot", "delete", "golden", "base"]);
     assert!(out.contains("deleted snapshot golden@base"), "{out}");
-    let j = b.json(&["gc"]);
-    assert_eq!(
-        j["deleted_segments"], 2,
-        "A's 0x64 write, overwritten (its grains, and the map nodes of its commit): {j}"
+    // A's 0x64 write, overwritten: its commit's manifest, which carried
+    // its grains (FORMAT.md §11.4a), is reached by nothing.
+    let j = b.json(&["gc", "--dry-run"]);
+    assert!(
+        j["garbage_bytes"].as_u64().unwrap() >= 1 << 20,
+        "the 0x64 MiB is garbage: {j}"
     );
+    let j = b.json(&["gc"]);
+    assert!(j["deleted_manifests"].as_u64().unwrap() >= 1, "{j}");
+    assert_eq!(j["deleted_segments"], 0, "{j}");
     let chk = a.ok(&["check"]);
     assert!(
         chk.contains("checked 2 disks, 0 snapshots, 1 holds"),
@@ -376,7 +381,8 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
     let out = b.ok(&["rm", "vm1"]);
     assert!(out.contains("removed vm1"), "{out}");
     let j = a.json(&["gc"]);
-    assert!(j["deleted_segments"].as_u64().unwrap() >= 1, "{j}");
+    // Its 64k write, in its commit's manifest.
+    assert!(j["deleted_manifests"].as_u64().unwrap() >= 1, "{j}");
     let chk = b.ok(&["check"]);
     assert!(
         chk.contains("checked 1 disks, 0 snapshots, 0 holds"),
@@ -400,12 +406,16 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         let a = Host::empty();
         a.ok(&["init", "--object-store", &format!("{u}-{step}")]);
         a.ok(&["create", "vm", "--size", "16M"]);
+        // A commit is one PUT of its manifest with the grains in it
+        // (FORMAT.md §11.4a); only one of more than 8 MiB uploads a
+        // segment before it.
+        let len = if step == "after-segment" { "9M" } else { "64k" };
         let s = a.serve();
         let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
         assert!(ok, "{w}");
         s.stop();
         let s = Server::start_env(&a, &[], &[("STRATA_SHARED_CRASH_AT", step)]);
-        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x22 0 64k", "flush"]);
+        let (ok, w) = qemu_io(&a.uri("vm"), &[&format!("write -P 0x22 0 {len}"), "flush"]);
         assert!(!ok, "{step}: the flush cannot have been acknowledged: {w}");
         s.kill9();
 
@@ -423,11 +433,10 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         let chk = a.ok(&["check"]);
         assert!(chk.contains("no problems found"), "{step}: {chk}");
         let g = a.json(&["gc"]);
-        // A commit that landed replaced the map nodes of the one before.
-        let replaced = u64::from(step == "after-manifest");
-        assert_eq!(g["deleted_segments"], replaced, "{step}: {g}");
-        // The cut commit uploaded its grains and its map nodes.
-        let orphan = 2 * u64::from(step == "after-segment");
+        // No map nodes were written (the grains are in the tail).
+        assert_eq!(g["deleted_segments"], 0, "{step}: {g}");
+        // The cut commit uploaded its first 8 MiB.
+        let orphan = u64::from(step == "after-segment");
         assert_eq!(
             g["in_flight_segments"], orphan,
             "{step}: kept until fenced: {g}"
@@ -437,8 +446,6 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 8M 4k", "flush"]);
         assert!(ok, "{w}");
         let g = a.json(&["gc"]);
-        // The orphans (the node segment before this commit keeps the leaf
-        // of the first MiB, which this commit did not touch).
         assert_eq!(g["deleted_segments"], orphan, "{step}: {g}");
         assert_eq!(g["in_flight_segments"], 0, "{step}: {g}");
         let chk = a.ok(&["check"]);

@@ -171,7 +171,14 @@ impl SegmentCache {
     /// GET segment `id`, verify it end to end, keep it as a file.
     fn fetch_whole(&self, store: &ObjectStore, id: SegId) -> Result<Arc<CachedSegment>> {
         let key = id.key();
-        let bytes = store.get(&key).map_err(Error::from)?;
+        let mut bytes = store.get(&key).map_err(Error::from)?;
+        if id.payload_of().is_some() {
+            // A manifest's payload: the segment is its first part (§11.5).
+            let info = decode_segment_header(&key, &bytes).map_err(corrupt)?;
+            if info.len() <= bytes.len() as u64 {
+                bytes.truncate(info.len() as usize);
+            }
+        }
         let info = verify_segment(&key, &bytes).map_err(corrupt)?;
         let s = Arc::new(CachedSegment {
             file: self.write_file(id, &bytes)?,

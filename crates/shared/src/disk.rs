@@ -1,17 +1,20 @@
 //! Disks of an object-store datastore (docs/FORMAT.md §11.4–§11.6): names,
 //! manifests, claims and fencing, and [`SharedDisk`], a block device whose
-//! writes collect in memory and become durable when a FLUSH uploads them as
-//! one segment and commits the disk's next manifest create-only.
+//! writes collect in memory and become durable when a FLUSH commits them:
+//! one create-only PUT of the disk's next manifest carrying the grains
+//! (its payload) and where every grain written since the last fold lives
+//! (its tail, §11.4a). Folds turn the tail into map nodes off the FLUSH's
+//! critical path.
 //!
 //! Acknowledged-but-unflushed writes live in `dirty` (newest) and, while a
-//! commit uploads them, in `flushing`; reads look there first and then walk
-//! the map of the newest manifest this host knows. A host writes only
+//! commit uploads them, in `flushing`; reads look there first, then in the
+//! newest manifest's tail, then walk its map. A host writes only
 //! after it claimed the disk (a manifest with a new generation naming it);
 //! a commit that finds another host's manifest in its place fences this
 //! host: every later I/O fails with an error naming the new owner.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -25,7 +28,7 @@ use strata_objstore::{Bytes, ObjectStore, Put};
 
 use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder,
-    SnapshotRec, FANOUT, GRAIN,
+    SnapshotRec, Tail, FANOUT, GRAIN,
 };
 use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
@@ -36,6 +39,12 @@ const SEGMENT_GRAINS: usize = (crate::SEGMENT_MAX_BYTES as usize) / GRAIN;
 const DIRTY_LIMIT_BYTES: usize = 32 << 20;
 /// A disk served but not owned re-reads its newest manifest this often.
 const REFRESH: Duration = Duration::from_secs(1);
+/// A tail this long starts a fold in the background (§11.4a).
+const TAIL_FOLD: usize = 2048;
+/// A commit that would make a tail longer folds it first, inline.
+const TAIL_MAX: usize = 4096;
+/// The end of a manifest read first: its tail and body, usually whole.
+const MANIFEST_READ: u64 = 64 << 10;
 
 /// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
 /// process (no cleanup, as kill -9) at STEP: `before-segment`,
@@ -174,8 +183,13 @@ impl SharedDatastore {
                 removed: false,
                 current: None,
                 limits: Default::default(),
+                tail: Default::default(),
             };
-            if self.store.put_create(&m.key(), Bytes::from(m.encode()))? == Put::Created {
+            if self
+                .store
+                .put_create(&m.key(), Bytes::from(m.encode(&[])))?
+                == Put::Created
+            {
                 break m;
             }
         };
@@ -234,9 +248,9 @@ impl SharedDatastore {
             owner: None,
             written_ms: now_ms(),
             nonce: rand::random(),
-            ..m
+            ..m.clone()
         };
-        if !commit_manifest(&self.store, &next)? {
+        if !commit_manifest(&self.store, &m, &next, &[])? {
             return Err(Error::new(
                 ErrorKind::Fenced,
                 format!("disk '{name}' changed hands while it was released"),
@@ -362,8 +376,13 @@ impl SharedDatastore {
                 removed: false,
                 current: None,
                 limits: Default::default(),
+                tail: Default::default(),
             };
-            if self.store.put_create(&m1.key(), Bytes::from(m1.encode()))? == Put::Exists {
+            if self
+                .store
+                .put_create(&m1.key(), Bytes::from(m1.encode(&[])))?
+                == Put::Exists
+            {
                 let _ = self.store.delete(&hold.key());
                 continue;
             }
@@ -395,7 +414,7 @@ impl SharedDatastore {
                 removed: true,
                 ..m.clone()
             };
-            if !commit_manifest(&self.store, &next)? {
+            if !commit_manifest(&self.store, &m, &next, &[])? {
                 let now = self.newest_manifest(id)?;
                 return Err(Error::new(
                     ErrorKind::Fenced,
@@ -436,16 +455,56 @@ impl SharedDatastore {
 
 fn newest_manifest(store: &ObjectStore, id: u32) -> Result<Manifest> {
     let dir = manifests_dir(id);
-    let mut keys: Vec<String> = store.list(&dir, None)?.into_iter().map(|l| l.key).collect();
-    keys.sort();
-    let key = keys.pop().ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!("disk {id:08x} has no manifest under {dir}"),
-        )
-    })?;
-    let obj = store.get(&key)?;
-    Manifest::decode(&key, &obj).map_err(corrupt)
+    let mut tries = 0;
+    loop {
+        let newest = store
+            .list(&dir, None)?
+            .into_iter()
+            .max_by(|a, b| a.key.cmp(&b.key))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("disk {id:08x} has no manifest under {dir}"),
+                )
+            })?;
+        match read_manifest(store, &newest.key, newest.size) {
+            // Rule 5: collected between the list and the read (a newer
+            // one exists): list again.
+            Err(e) if e.kind == ErrorKind::NotFound && tries < 8 => tries += 1,
+            r => return r,
+        }
+    }
+}
+
+/// Manifest `key` (`size` bytes): its tail and body, read from its end
+/// without its payload (§11.5).
+pub(crate) fn read_manifest(store: &ObjectStore, key: &str, size: u64) -> Result<Manifest> {
+    let start = size.saturating_sub(MANIFEST_READ);
+    if start == 0 {
+        let obj = store.get(key)?;
+        return Manifest::decode(key, &obj).map_err(corrupt);
+    }
+    let end = store.get_range(key, start..size)?;
+    match Manifest::needs(key, size, &end).map_err(corrupt)? {
+        // Format 1, longer than the first read: read it whole.
+        None => {
+            let obj = store.get(key)?;
+            Manifest::decode(key, &obj).map_err(corrupt)
+        }
+        Some(n) if n <= end.len() as u64 => {
+            Manifest::decode(key, &end[end.len() - n as usize..]).map_err(corrupt)
+        }
+        Some(n) => {
+            let mut all = store.get_range(key, size - n..start)?.to_vec();
+            all.extend_from_slice(&end);
+            Manifest::decode(key, &all).map_err(corrupt)
+        }
+    }
+}
+
+/// `disks/ID8/c/SEQ16`: manifest `seq` opens a generation (§11.5).
+pub fn claim_marker_key(disk: u32, seq: u64) -> String {
+    format!("disks/{disk:08x}/c/{seq:016x}")
 }
 
 fn describe_owner(m: &Manifest) -> String {
@@ -462,16 +521,20 @@ fn describe_owner(m: &Manifest) -> String {
     }
 }
 
-/// Write `next` (`prev.seq + 1`) create-only and check that nothing was
-/// written after it (§11.5). `Ok(false)`: another host's manifest is there.
-fn commit_manifest(store: &ObjectStore, next: &Manifest) -> Result<bool> {
-    let key = next.key();
-    if store.put_create(&key, Bytes::from(next.encode()))? == Put::Exists {
-        return Ok(false);
+/// Write `next` (`prev.seq + 1`, with `payload`) create-only (§11.5): one
+/// `PUT`, after the claim marker if `next` opens a generation.
+/// `Ok(false)`: another host's manifest is there.
+fn commit_manifest(
+    store: &ObjectStore,
+    prev: &Manifest,
+    next: &Manifest,
+    payload: &[u8],
+) -> Result<bool> {
+    debug_assert_eq!(next.seq, prev.seq + 1);
+    if next.generation > prev.generation {
+        store.put(&claim_marker_key(next.disk, next.seq), Bytes::new())?;
     }
-    Ok(store
-        .list(&manifests_dir(next.disk), Some(&key))?
-        .is_empty())
+    Ok(store.put_create(&next.key(), Bytes::from(next.encode(payload)))? == Put::Created)
 }
 
 fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest> {
@@ -493,7 +556,7 @@ fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest
             next_ctr: 0,
             ..newest.clone()
         };
-        if commit_manifest(store, &next)? {
+        if commit_manifest(store, &newest, &next, &[])? {
             return Ok(next);
         }
         newest = newest_manifest(store, id)?;
@@ -559,6 +622,41 @@ struct State {
     dirty_bytes: usize,
     /// The batch a commit is uploading.
     flushing: Arc<Batch>,
+    /// A fold uploaded in the background that the next commit names.
+    fold: Option<Fold>,
+    /// Counts the calls that put acknowledged writes into `dirty`.
+    write_seq: u64,
+    /// Every write counted up to here is committed: a FLUSH that arrived
+    /// after no later write returns at once (concurrent FLUSHes share
+    /// one commit).
+    durable_seq: u64,
+    /// The counter of a fold's node segment being made in the background:
+    /// manifests keep `next_ctr` at or below it until one names it (GC
+    /// must take it for an upload in flight, §11.7).
+    folding: Option<u32>,
+}
+
+/// A fold (§11.4a): the map at `base_root` with the tail `folded`
+/// applied is the map at `root`, whose nodes are uploaded.
+struct Fold {
+    gen: u32,
+    base_root: Option<Entry>,
+    base_levels: u8,
+    folded: Arc<Tail>,
+    root: Option<Entry>,
+    levels: u8,
+}
+
+impl Fold {
+    /// Whether `man` (with its tail `tail`) still builds on this fold's
+    /// base: same map, and every folded grain still in the tail (tails
+    /// only gain entries between folds).
+    fn applies_to(&self, man: &Manifest, tail: &Tail) -> bool {
+        self.gen == man.generation
+            && self.base_root == man.root
+            && self.base_levels == man.levels
+            && self.folded.keys().all(|k| tail.contains_key(k))
+    }
 }
 
 /// What a disk's commits cost, since it was opened.
@@ -577,6 +675,8 @@ pub struct CommitStats {
 /// A disk (or `DISK@SNAP`, read-only) of an object-store datastore, served
 /// by this host.
 pub struct SharedDisk {
+    /// This disk itself, for the background folds it starts.
+    me: Weak<SharedDisk>,
     ds: Arc<SharedDatastore>,
     name: String,
     id: u32,
@@ -592,23 +692,17 @@ pub struct SharedDisk {
     throttle: Arc<Throttle>,
 }
 
-/// The grains in `grains` of `st`'s acknowledged, uncommitted writes (the
-/// batch being committed, then the newer one over it), with whether each
-/// holds data.
-fn overlay(st: &State, grains: std::ops::Range<u64>) -> BTreeMap<u64, bool> {
-    let mut v: BTreeMap<u64, bool> = BTreeMap::new();
-    for batch in [&*st.flushing, &st.dirty] {
-        v.extend(batch.range(grains.clone()).map(|(k, d)| (*k, d.is_some())));
-    }
-    v
-}
-
-/// A batch set apart for an upload, with the manifest it builds on and
-/// its segment counters.
+/// A batch set apart for an upload, with the manifest it builds on, its
+/// segment counters, the fold it may name, and the counter of a fold
+/// still being made.
 struct Taken {
     batch: Arc<Batch>,
     man: Arc<Manifest>,
     ctr: std::ops::Range<u32>,
+    fold: Option<Fold>,
+    folding: Option<u32>,
+    /// The write count this batch covers (see `State::durable_seq`).
+    covers: u64,
 }
 
 /// Where one grain of a read comes from.
@@ -647,7 +741,8 @@ impl SharedDisk {
             ),
         };
         let throttle = ds.throttle(id, man.limits);
-        Ok(Arc::new(SharedDisk {
+        Ok(Arc::new_cyclic(|me| SharedDisk {
+            me: me.clone(),
             ds,
             name: name.to_string(),
             id,
@@ -664,6 +759,10 @@ impl SharedDisk {
                 dirty: Batch::new(),
                 dirty_bytes: 0,
                 flushing: Arc::new(Batch::new()),
+                fold: None,
+                folding: None,
+                write_seq: 0,
+                durable_seq: 0,
             }),
             commit: Mutex::new(()),
             rmw: Mutex::new(()),
@@ -710,6 +809,38 @@ impl SharedDisk {
         }
     }
 
+    /// The grains in `grains` that this handle's version holds outside
+    /// its map: the head's tail (§11.4a), then the acknowledged writes not
+    /// yet committed (the batch being committed, then the newer one over
+    /// it), with whether each holds data.
+    fn overlay(&self, st: &State, grains: std::ops::Range<u64>) -> BTreeMap<u64, bool> {
+        let mut v: BTreeMap<u64, bool> = BTreeMap::new();
+        if self.snapshot.is_none() {
+            v.extend(
+                st.man
+                    .tail
+                    .range(grains.clone())
+                    .map(|(k, e)| (*k, e.is_some())),
+            );
+        }
+        for batch in [&*st.flushing, &st.dirty] {
+            v.extend(batch.range(grains.clone()).map(|(k, d)| (*k, d.is_some())));
+        }
+        v
+    }
+
+    /// Where grain `vg` of this handle's version (at `man`) lives: the
+    /// head's tail, else its map.
+    fn locate(&self, man: &Manifest, vg: u64) -> Result<Option<Entry>> {
+        if self.snapshot.is_none() {
+            if let Some(e) = man.tail.get(&vg) {
+                return Ok(*e);
+            }
+        }
+        let (root, levels) = self.root(man);
+        self.lookup(root, levels, vg)
+    }
+
     /// Walk the map to grain `vg`'s entry.
     fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
         if !maps(levels, vg) {
@@ -744,13 +875,13 @@ impl SharedDisk {
         let end = self.size_bytes().div_ceil(G);
         let (mine, man) = {
             let st = self.state.lock().unwrap();
-            (overlay(&st, 0..end), st.man.clone())
+            (self.overlay(&st, 0..end), st.man.clone())
         };
         let (theirs, their_root) = match base {
             Some(b) => {
                 let (ov, m) = {
                     let st = b.state.lock().unwrap();
-                    (overlay(&st, 0..end), st.man.clone())
+                    (b.overlay(&st, 0..end), st.man.clone())
                 };
                 (ov, b.root(&m))
             }
@@ -838,13 +969,12 @@ impl SharedDisk {
             }
             st.man.clone()
         };
-        let (root, levels) = self.root(&man);
         for (i, s) in sources.into_iter().enumerate() {
             let at = i * GRAIN;
             match s {
                 Source::Data => {}
                 Source::Zero => out[at..at + GRAIN].fill(0),
-                Source::Map => match self.lookup(root, levels, first + i as u64)? {
+                Source::Map => match self.locate(&man, first + i as u64)? {
                     None => out[at..at + GRAIN].fill(0),
                     Some(e) => {
                         self.ds
@@ -907,6 +1037,7 @@ impl SharedDisk {
         st.owner = true;
         st.incoming = None;
         st.next_ctr = 0;
+        st.fold = None;
         Ok(())
     }
 
@@ -988,7 +1119,7 @@ impl SharedDisk {
                 nonce: rand::random(),
                 ..(*man).clone()
             };
-            let r = commit_manifest(self.store(), &next);
+            let r = commit_manifest(self.store(), &man, &next, &[]);
             let mut st = self.state.lock().unwrap();
             return match r {
                 Ok(true) => {
@@ -1032,6 +1163,7 @@ impl SharedDisk {
                     st.dirty_bytes += GRAIN;
                 }
             }
+            st.write_seq += 1;
             st.dirty_bytes > DIRTY_LIMIT_BYTES
         };
         if over {
@@ -1126,6 +1258,7 @@ impl SharedDisk {
     /// `change(newest)` as the next manifest.
     fn admin_locked(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
         let disk = self.disk_name().to_string();
+        self.fold_now()?;
         let man = {
             let st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
@@ -1137,7 +1270,7 @@ impl SharedDisk {
         next.seq = man.seq + 1;
         next.written_ms = now_ms();
         next.nonce = rand::random();
-        if !commit_manifest(self.store(), &next)? {
+        if !commit_manifest(self.store(), &man, &next, &[])? {
             let who = newest_manifest(self.store(), self.id)
                 .map(|m| describe_owner(&m))
                 .unwrap_or_else(|e| format!("another host ({e})"));
@@ -1352,9 +1485,15 @@ impl SharedDisk {
 
     /// Upload every acknowledged write and commit the next manifest.
     pub fn commit(&self) -> Result<()> {
+        let want = self.state.lock().unwrap().write_seq;
         let _c = self.commit.lock().unwrap();
         let taken = {
             let mut st = self.state.lock().unwrap();
+            if st.durable_seq >= want && st.fenced.is_none() {
+                // A commit that took every write this one must cover
+                // ended while this one waited for it.
+                return Ok(());
+            }
             self.take_batch(&mut st)?
         };
         match taken {
@@ -1380,25 +1519,37 @@ impl SharedDisk {
         }
         st.flushing = Arc::new(std::mem::take(&mut st.dirty));
         st.dirty_bytes = 0;
-        // Counters for the grain segments and the node segment.
-        let ctrs = st.flushing.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
+        Ok(Some(self.take(st, st.flushing.clone())))
+    }
+
+    /// The write count a batch taken now covers.
+    fn covered(st: &State) -> u64 {
+        st.write_seq
+    }
+
+    /// Counters for `batch`'s grain segments and a node segment, and the
+    /// fold state, for a commit on top of `st.man`.
+    fn take(&self, st: &mut State, batch: Arc<Batch>) -> Taken {
+        let ctrs = batch.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
         let ctr = st.next_ctr..st.next_ctr + ctrs;
         st.next_ctr += ctrs;
-        Ok(Some(Taken {
-            batch: st.flushing.clone(),
+        Taken {
+            batch,
             man: st.man.clone(),
             ctr,
-        }))
+            fold: st.fold.take(),
+            folding: st.folding,
+            covers: Self::covered(st),
+        }
     }
 
     /// With the commit lock held: upload a batch [`Self::take_batch`] took and
     /// commit its manifest; on failure its writes go back to the
     /// unflushed ones (or the disk is fenced).
     fn commit_taken(&self, t: Taken) -> Result<()> {
-        let Taken { batch, man, ctr } = t;
         let t0 = Instant::now();
-        let result = self.commit_batch(&man, &batch, ctr);
-        drop(batch);
+        let covers = t.covers;
+        let (result, fold) = self.commit_batch(t, false);
         {
             let mut c = self.stats.lock().unwrap();
             match &result {
@@ -1417,6 +1568,9 @@ impl SharedDisk {
         match result {
             Ok((next, _)) => {
                 st.man = Arc::new(next);
+                st.durable_seq = st.durable_seq.max(covers);
+                drop(st);
+                self.maybe_fold();
                 Ok(())
             }
             Err(e) => {
@@ -1424,6 +1578,11 @@ impl SharedDisk {
                     eprintln!("strata: {}", e.message);
                     st.fenced = Some(e.message.clone());
                 } else {
+                    // A fold not named yet still applies to the manifest
+                    // that is still the newest.
+                    if st.fold.is_none() {
+                        st.fold = fold;
+                    }
                     // Keep them: the next FLUSH uploads them again. Newer
                     // writes made meanwhile win.
                     let flushing = Arc::try_unwrap(flushing).unwrap_or_else(|a| (*a).clone());
@@ -1439,68 +1598,165 @@ impl SharedDisk {
         }
     }
 
-    /// Upload `batch` and commit: its grains in segments of at most
-    /// [`SEGMENT_GRAINS`] (uploaded two at a time), then the map nodes it
-    /// made new in a last segment, then the manifest; counters come from
-    /// `ctrs`. The new manifest and the bytes uploaded.
-    fn commit_batch(
+    /// With the commit lock held: fold the newest manifest's whole tail
+    /// into its map now and commit that (§11.4a: the changes only an owner
+    /// makes start from an empty tail).
+    fn fold_now(&self) -> Result<()> {
+        let t = {
+            let mut st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if st.man.tail.is_empty() || !st.owner {
+                return Ok(());
+            }
+            self.take(&mut st, Arc::new(Batch::new()))
+        };
+        let (result, fold) = self.commit_batch(t, true);
+        let mut st = self.state.lock().unwrap();
+        match result {
+            Ok((next, _)) => {
+                st.man = Arc::new(next);
+                Ok(())
+            }
+            Err(e) => {
+                if e.kind == ErrorKind::Fenced {
+                    st.fenced = Some(e.message.clone());
+                } else if st.fold.is_none() {
+                    st.fold = fold;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Commit `t` (§11.4a): its grains as the next manifest's payload (the
+    /// ones past one payload in segments first, two uploads at a time) and
+    /// its tail extended with them; or, when `fold` or the tail would grow
+    /// past [`TAIL_MAX`], its grains in segments and the whole tail
+    /// folded into map nodes (one more segment) under a manifest with an
+    /// empty tail. A finished background fold that still applies is named.
+    /// The new manifest and the bytes uploaded; on failure, the fold taken
+    /// if it was not used.
+    fn commit_batch(&self, t: Taken, fold: bool) -> (Result<(Manifest, u64)>, Option<Fold>) {
+        let Taken {
+            batch,
+            man,
+            ctr: ctrs,
+            fold: ready,
+            folding,
+            covers: _,
+        } = t;
+        let mut tail: Tail = (*man.tail).clone();
+        let (mut root, mut levels) = (man.root, man.levels);
+        let ready = match ready {
+            Some(f) if f.applies_to(&man, &tail) => {
+                root = f.root;
+                levels = f.levels;
+                tail.retain(|vg, e| f.folded.get(vg) != Some(e));
+                Some(f)
+            }
+            // Overtaken (a revert, an inline fold): its nodes are garbage.
+            _ => None,
+        };
+        let named = ready.is_some();
+        let r = self.commit_on(&man, &batch, ctrs, folding, fold, root, levels, tail, named);
+        match r {
+            Ok(v) => (Ok(v), None),
+            Err(e) => (Err(e), ready),
+        }
+    }
+
+    /// [`Self::commit_batch`] once the base map and tail are known.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_on(
         &self,
         man: &Manifest,
         batch: &Batch,
         ctrs: std::ops::Range<u32>,
+        folding: Option<u32>,
+        fold: bool,
+        root: Option<Entry>,
+        levels: u8,
+        mut tail: Tail,
+        named: bool,
     ) -> Result<(Manifest, u64)> {
         let seg = |ctr| SegId {
             disk: self.id,
             gen: man.generation,
             ctr,
         };
-        // Zeros are holes: they need no grain.
-        let data: Vec<(u64, &[u8])> = batch
-            .iter()
-            .filter_map(|(vg, d)| {
-                let d = d.as_deref().filter(|d| d.iter().any(|&x| x != 0))?;
-                Some((*vg, d))
-            })
-            .collect();
-        let mut grain_segments = Vec::new();
-        let mut placed: HashMap<u64, Entry> = HashMap::with_capacity(data.len());
-        for (j, chunk) in data.chunks(SEGMENT_GRAINS).enumerate() {
+        // Zeros are holes: they need no grain. A hole where the map has
+        // one already (and the tail says nothing) changes nothing.
+        let mut data: Vec<(u64, &[u8])> = Vec::new();
+        let mut holes: Vec<u64> = Vec::new();
+        for (vg, d) in batch {
+            match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
+                Some(d) => data.push((*vg, d)),
+                None if tail.contains_key(vg) => holes.push(*vg),
+                None if maps(levels, *vg) && self.lookup(root, levels, *vg)?.is_some() => {
+                    holes.push(*vg)
+                }
+                None => {}
+            }
+        }
+        let fold = fold || {
+            let new = data
+                .iter()
+                .map(|(vg, _)| vg)
+                .chain(&holes)
+                .filter(|vg| !tail.contains_key(vg))
+                .count();
+            tail.len() + new > TAIL_MAX
+        };
+        let changed = named || fold || !data.is_empty() || !holes.is_empty();
+        if !changed {
+            return Ok((man.clone(), 0));
+        }
+        let next_seq = man.seq + 1;
+        // The last (up to) 8 MiB ride in the manifest; the rest, or all
+        // of them when folding, in segments.
+        let spill = if fold {
+            data.len()
+        } else {
+            data.len().saturating_sub(SEGMENT_GRAINS)
+        };
+        let mut sealed: Vec<(SegId, Bytes)> = Vec::new();
+        for (j, chunk) in data[..spill].chunks(SEGMENT_GRAINS).enumerate() {
             let mut b = SegmentBuilder::new(seg(ctrs.start + j as u32));
             for (vg, d) in chunk {
-                placed.insert(*vg, b.add_grain(*vg, d));
+                tail.insert(*vg, Some(b.add_grain(*vg, d)));
             }
-            grain_segments.push(b);
+            sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
         }
-        let items: Vec<(u64, Option<Entry>)> = batch
-            .keys()
-            .map(|vg| (*vg, placed.get(vg).copied()))
-            .collect();
-        let node_ctr = ctrs.start + grain_segments.len() as u32;
-        debug_assert!(node_ctr < ctrs.end);
-        let mut b = SegmentBuilder::new(seg(node_ctr));
-        let mut nodes = Vec::new();
-        // A write past what the map covers (after an extend) grows it.
-        let mut levels = man.levels;
-        while items.last().is_some_and(|(vg, _)| !maps(levels, *vg)) {
-            levels += 1;
-        }
-        let root = if levels == man.levels {
-            self.apply(man, levels - 1, 0, man.root, &items, &mut b, &mut nodes)?
+        let payload = if spill < data.len() {
+            let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
+            for (vg, d) in &data[spill..] {
+                tail.insert(*vg, Some(b.add_grain(*vg, d)));
+            }
+            Some((b.id, Bytes::from(b.seal(now_ms()))))
         } else {
-            let (old, at) = (man.levels, man.root);
-            self.apply_grown(man, levels - 1, old, at, &items, &mut b, &mut nodes)?
+            None
         };
-        let mut uploaded = 0;
-        if root != man.root {
-            let mut sealed: Vec<(SegId, Bytes)> = grain_segments
-                .iter()
-                .map(|g| (g.id, Bytes::from(g.seal(now_ms()))))
-                .collect();
+        for vg in holes {
+            tail.insert(vg, None);
+        }
+        let (mut root, mut levels) = (root, levels);
+        let mut nodes = Vec::new();
+        if fold {
+            let node_ctr = ctrs.start + sealed.len() as u32;
+            debug_assert!(node_ctr < ctrs.end);
+            let mut b = SegmentBuilder::new(seg(node_ctr));
+            let items: Vec<(u64, Option<Entry>)> = tail.iter().map(|(k, e)| (*k, *e)).collect();
+            (root, levels) = self.fold_items(man, root, levels, &items, &mut b, &mut nodes)?;
             if !nodes.is_empty() {
                 sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
             }
-            uploaded = sealed.iter().map(|(_, b)| b.len() as u64).sum();
-            crash_point("before-segment");
+            tail.clear();
+        }
+        let mut uploaded: u64 = sealed.iter().map(|(_, b)| b.len() as u64).sum();
+        crash_point("before-segment");
+        if !sealed.is_empty() {
             self.upload(&sealed)?;
             crash_point("after-segment");
             for (e, n) in nodes {
@@ -1508,16 +1764,25 @@ impl SharedDisk {
             }
         }
         let next = Manifest {
-            seq: man.seq + 1,
+            seq: next_seq,
             written_ms: now_ms(),
             nonce: rand::random(),
             root,
             levels,
-            next_ctr: ctrs.end,
+            // A fold still being made keeps its counter "in flight" (§11.7).
+            next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
+            tail: Arc::new(tail),
             ..man.clone()
         };
-        if commit_manifest(self.store(), &next)? {
+        let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
+        uploaded += body.len() as u64;
+        if commit_manifest(self.store(), man, &next, body)? {
             crash_point("after-manifest");
+            if let Some((id, b)) = &payload {
+                // Kept as any segment this host wrote; a cache that cannot
+                // keep it reads it from the store later.
+                let _ = self.ds.cache.insert(*id, b);
+            }
             return Ok((next, uploaded));
         }
         let disk = self.disk_name();
@@ -1533,6 +1798,96 @@ impl SharedDisk {
                 man.generation
             ),
         ))
+    }
+
+    /// Apply `items` (sorted) to the map at `root` (`levels` levels),
+    /// copy-on-write, new nodes into `b` (and `made`); grows the tree for
+    /// items past what it maps (§11.5). The new root and levels.
+    fn fold_items(
+        &self,
+        man: &Manifest,
+        root: Option<Entry>,
+        levels: u8,
+        items: &[(u64, Option<Entry>)],
+        b: &mut SegmentBuilder,
+        made: &mut Vec<(Entry, MapNode)>,
+    ) -> Result<(Option<Entry>, u8)> {
+        let mut grown = levels;
+        while items.last().is_some_and(|(vg, _)| !maps(grown, *vg)) {
+            grown += 1;
+        }
+        let root = if grown == levels {
+            self.apply(man, grown - 1, 0, root, items, b, made)?
+        } else {
+            self.apply_grown(man, grown - 1, levels, root, items, b, made)?
+        };
+        Ok((root, grown))
+    }
+
+    /// After a commit: once the tail is [`TAIL_FOLD`] long, fold it in
+    /// the background (one fold at a time); the next commit after it is
+    /// uploaded names it.
+    fn maybe_fold(&self) {
+        let (man, ctr) = {
+            let mut st = self.state.lock().unwrap();
+            if st.man.tail.len() < TAIL_FOLD
+                || st.folding.is_some()
+                || st.fold.is_some()
+                || !st.owner
+                || st.fenced.is_some()
+            {
+                return;
+            }
+            let ctr = st.next_ctr;
+            st.next_ctr += 1;
+            st.folding = Some(ctr);
+            (st.man.clone(), ctr)
+        };
+        let Some(me) = self.me.upgrade() else { return };
+        let spawned = std::thread::Builder::new()
+            .name("strata-fold".into())
+            .spawn(move || {
+                let r = me.fold_in_background(&man, ctr);
+                let mut st = me.state.lock().unwrap();
+                st.folding = None;
+                match r {
+                    Ok(f) => st.fold = Some(f),
+                    Err(e) => eprintln!(
+                        "strata: disk '{}': a background fold failed (a later one retries): {e}",
+                        me.name
+                    ),
+                }
+            });
+        if spawned.is_err() {
+            self.state.lock().unwrap().folding = None;
+        }
+    }
+
+    /// Fold `man`'s tail into its map: upload the nodes as segment `ctr`.
+    fn fold_in_background(&self, man: &Manifest, ctr: u32) -> Result<Fold> {
+        let mut b = SegmentBuilder::new(SegId {
+            disk: self.id,
+            gen: man.generation,
+            ctr,
+        });
+        let mut nodes = Vec::new();
+        let items: Vec<(u64, Option<Entry>)> = man.tail.iter().map(|(k, e)| (*k, *e)).collect();
+        let (root, levels) =
+            self.fold_items(man, man.root, man.levels, &items, &mut b, &mut nodes)?;
+        if !nodes.is_empty() {
+            self.upload(&[(b.id, Bytes::from(b.seal(now_ms())))])?;
+            for (e, n) in nodes {
+                self.ds.cache.insert_node(&e, n);
+            }
+        }
+        Ok(Fold {
+            gen: man.generation,
+            base_root: man.root,
+            base_levels: man.levels,
+            folded: man.tail.clone(),
+            root,
+            levels,
+        })
     }
 
     /// Upload sealed segments, two at a time, and keep them in the cache.
@@ -1771,7 +2126,7 @@ impl BlockDevice for SharedDisk {
         let (overlay, man) = {
             let st = self.state.lock().unwrap();
             (
-                overlay(&st, offset / G..(offset + len).div_ceil(G)),
+                self.overlay(&st, offset / G..(offset + len).div_ceil(G)),
                 st.man.clone(),
             )
         };

@@ -17,13 +17,9 @@ use serde::{Deserialize, Serialize};
 use strata_objstore::{Bytes, Put};
 
 use crate::disk::Hold;
-use crate::layout::{Entry, Manifest, MapNode, SegId, GRAIN, NODE_BYTES};
+use crate::layout::{manifest_of_key, Entry, Manifest, MapNode, SegId, Tail, GRAIN, NODE_BYTES};
 use crate::{now_ms, Error, ErrorKind, Result, SharedDatastore, DIR_DISKS};
 
-/// Manifests kept per disk (§11.5: a writer that slept through more
-/// commits of another finds its hole refilled and the list after it
-/// non-empty).
-pub const MANIFESTS_KEPT: usize = 16;
 const DIR_GC: &str = "gc/";
 
 /// One disk's space, as the mark found it.
@@ -113,6 +109,14 @@ fn bytes_of(node: bool) -> u64 {
     }
 }
 
+/// What a walk shows each node (`Some(level)`) and grain (`None`, with
+/// its virtual grain) it reaches.
+type Visit<'a> = dyn FnMut(&Entry, Option<u8>, u64) -> Result<()> + 'a;
+
+/// A tree `check` walks: what it is, root, levels, owner, and the tail
+/// that shadows its map (the head's).
+type Tree<'a> = (String, Option<Entry>, u8, u32, Option<&'a Tail>);
+
 /// The live roots of the store at one moment.
 struct Roots {
     /// (name or `None` for a nameless id, newest manifest) per disk id.
@@ -163,7 +167,7 @@ impl SharedDatastore {
         levels: u8,
         owner: u32,
         marks: &mut Marks,
-        visit: &mut dyn FnMut(&Entry, Option<u8>) -> Result<()>,
+        visit: &mut Visit,
     ) -> Result<()> {
         let Some(root) = root else { return Ok(()) };
         let mut stack: Vec<(Entry, u8, u64)> = vec![(root, levels - 1, 0)];
@@ -171,14 +175,14 @@ impl SharedDatastore {
             if !marks.note(&e, true, owner) {
                 continue;
             }
-            visit(&e, Some(level))?;
+            visit(&e, Some(level), first)?;
             let node: std::sync::Arc<MapNode> = self.cache.node(&self.store, &e, level, first)?;
             let span = MapNode::span_of_entry(level);
             for (i, c) in node.entries.iter().enumerate() {
                 let Some(c) = c else { continue };
                 if level == 0 {
                     if marks.note(c, false, owner) {
-                        visit(c, None)?;
+                        visit(c, None, first + i as u64)?;
                     }
                 } else {
                     stack.push((*c, level - 1, first + i as u64 * span));
@@ -193,14 +197,18 @@ impl SharedDatastore {
             if m.removed {
                 continue;
             }
-            self.walk(m.root, m.levels, *id, marks, &mut |_, _| Ok(()))?;
+            self.walk(m.root, m.levels, *id, marks, &mut |_, _, _| Ok(()))?;
             for s in &m.snapshots {
-                self.walk(s.root, s.levels, *id, marks, &mut |_, _| Ok(()))?;
+                self.walk(s.root, s.levels, *id, marks, &mut |_, _, _| Ok(()))?;
+            }
+            // The tail's grains (§11.4a), in payloads and segments.
+            for e in m.tail.values().flatten() {
+                marks.note(e, false, *id);
             }
         }
         for h in &roots.holds {
             // A hold keeps its snapshot for the clone.
-            self.walk(h.root, h.levels, h.clone, marks, &mut |_, _| Ok(()))?;
+            self.walk(h.root, h.levels, h.clone, marks, &mut |_, _, _| Ok(()))?;
         }
         Ok(())
     }
@@ -245,13 +253,18 @@ impl SharedDatastore {
             if let Some(name) = name {
                 let mut refd = Marks::default();
                 let mut referenced = 0u64;
-                let mut count = |_: &Entry, level: Option<u8>| {
+                let mut count = |_: &Entry, level: Option<u8>, _: u64| {
                     referenced += bytes_of(level.is_some());
                     Ok(())
                 };
                 self.walk(m.root, m.levels, *id, &mut refd, &mut count)?;
                 for s in &m.snapshots {
                     self.walk(s.root, s.levels, *id, &mut refd, &mut count)?;
+                }
+                for e in m.tail.values().flatten() {
+                    if refd.note(e, false, *id) {
+                        referenced += GRAIN as u64;
+                    }
                 }
                 rep.disks.push(DiskSpace {
                     name: name.clone(),
@@ -263,7 +276,8 @@ impl SharedDatastore {
         }
         rep.disks.sort_by(|a, b| a.name.cmp(&b.name));
         let mut doomed = Vec::new();
-        let mut manifests: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        let mut manifests: BTreeMap<u32, Vec<(String, u64, u64)>> = BTreeMap::new();
+        let mut markers: HashSet<(u32, u64)> = HashSet::new();
         for l in self.store.list(DIR_DISKS, None)? {
             if let Some(seg) = SegId::from_key(&l.key) {
                 rep.segments += 1;
@@ -284,10 +298,39 @@ impl SharedDatastore {
                 } else {
                     rep.in_flight_segments += 1;
                 }
+            } else if let Some((id, seq)) = manifest_of_key(&l.key) {
+                // Manifests hold payloads (§11.4a): stored data too.
+                rep.stored_bytes += l.size;
+                manifests.entry(id).or_default().push((l.key, seq, l.size));
             } else if let Some(id) = disk_of_key(&l.key) {
-                if l.key.contains("/m/") {
-                    manifests.entry(id).or_default().push(l.key);
+                if let Some(seq) = l
+                    .key
+                    .rsplit_once("/c/")
+                    .and_then(|(_, s)| u64::from_str_radix(s, 16).ok())
+                {
+                    markers.insert((id, seq));
                 }
+            }
+        }
+        // Manifests that may go: older than the one marked from (a newer
+        // one was committed during the mark: its payload is live), not the
+        // first (it keeps the id taken), not a claim (it fences stale
+        // writers only while it exists, §11.5), no payload grain reached.
+        let mut doomed_manifests = Vec::new();
+        for (id, keys) in manifests {
+            let Some((_, m)) = roots.disks.get(&id) else {
+                continue;
+            };
+            for (key, seq, size) in keys {
+                if seq >= m.seq
+                    || seq == 1
+                    || markers.contains(&(id, seq))
+                    || live.contains(&SegId::payload(id, seq))
+                {
+                    continue;
+                }
+                rep.garbage_bytes += size;
+                doomed_manifests.push(key);
             }
         }
         if let Some(claim) = &claim {
@@ -302,13 +345,9 @@ impl SharedDatastore {
                 self.store.delete(key)?;
                 rep.deleted_segments += 1;
             }
-            for (_, mut keys) in manifests {
-                keys.sort();
-                let n = keys.len().saturating_sub(MANIFESTS_KEPT);
-                for key in &keys[..n] {
-                    self.store.delete(key)?;
-                    rep.deleted_manifests += 1;
-                }
+            for key in &doomed_manifests {
+                self.store.delete(key)?;
+                rep.deleted_manifests += 1;
             }
             // Older claims are history.
             let claims = self.store.list(DIR_GC, None)?;
@@ -357,7 +396,8 @@ impl SharedDatastore {
         };
         let mut marks = Marks::default();
         let mut buf = vec![0u8; GRAIN];
-        let mut trees: Vec<(String, Option<Entry>, u8, u32)> = Vec::new();
+        // (what, root, levels, owner, the tail that shadows the map).
+        let mut trees: Vec<Tree> = Vec::new();
         for (id, (name, m)) in &roots.disks {
             if m.removed {
                 continue;
@@ -366,21 +406,49 @@ impl SharedDatastore {
                 .clone()
                 .unwrap_or_else(|| format!("(unnamed disk {id:08x})"));
             rep.disks += 1;
-            trees.push((name.clone(), m.root, m.levels, *id));
             for s in &m.snapshots {
                 rep.snapshots += 1;
-                trees.push((format!("{name}@{}", s.name), s.root, s.levels, *id));
+                trees.push((format!("{name}@{}", s.name), s.root, s.levels, *id, None));
             }
+            // After its snapshots: a grain it skips (shadowed) that they
+            // reach is checked through them.
+            trees.push((name.clone(), m.root, m.levels, *id, Some(&m.tail)));
         }
         for h in &roots.holds {
-            trees.push((h.key(), h.root, h.levels, h.clone));
+            trees.push((h.key(), h.root, h.levels, h.clone, None));
         }
-        for (what, root, levels, owner) in trees {
+        // Tails (§11.4a): every grain they name, against its CRC.
+        for (id, (name, m)) in &roots.disks {
+            if m.removed {
+                continue;
+            }
+            for (vg, e) in m.tail.iter() {
+                let Some(e) = e else { continue };
+                rep.grains += 1;
+                let r = self
+                    .cache
+                    .fetch(&self.store, e.seg)
+                    .and_then(|()| self.cache.read_grain(&self.store, e, &mut buf));
+                if let Err(err) = r {
+                    let name = name
+                        .clone()
+                        .unwrap_or_else(|| format!("(unnamed disk {id:08x})"));
+                    // One error per disk, as a map walk stops at its first.
+                    rep.errors
+                        .push(format!("{name}: grain {vg} of its tail: {err}"));
+                    break;
+                }
+            }
+        }
+        for (what, root, levels, owner, tail) in trees {
             let mut nodes = 0u64;
             let mut grains = 0u64;
-            let r = self.walk(root, levels, owner, &mut marks, &mut |e, level| {
+            let r = self.walk(root, levels, owner, &mut marks, &mut |e, level, vg| {
                 match level {
                     Some(_) => nodes += 1,
+                    // A map named after a fold may hold entries its tail
+                    // shadows: never read, maybe collected (§11.4a).
+                    None if tail.is_some_and(|t| t.contains_key(&vg)) => {}
                     None => {
                         grains += 1;
                         // Whole segments: verified end to end, and one GET

@@ -4,6 +4,9 @@
 //! every checksum, length and self-description and names the object's key
 //! in its error; nothing here talks to a store.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use strata_block::throttle::IoLimits;
 
@@ -23,6 +26,12 @@ pub const MAGIC_SEGMENT: &[u8; 8] = b"STRSEG01";
 pub const MAGIC_SEGMENT_END: &[u8; 8] = b"STRSEGE1";
 pub const MAGIC_NODE: &[u8; 8] = b"STRMAPN1";
 pub const MAGIC_MANIFEST: &[u8; 8] = b"STRMAN01";
+/// The footer of a format-2 manifest (§11.5).
+pub const MAGIC_MANIFEST_2: &[u8; 8] = b"STRMAN02";
+pub const MANIFEST_FOOTER_BYTES: usize = 32;
+pub const TAIL_ENTRY_BYTES: usize = 32;
+/// A segment id whose generation has this bit is a manifest's payload.
+const PAYLOAD_GEN: u32 = 0x8000_0000;
 pub const SEGMENT_VERSION: u32 = 1;
 const ENTRY_PRESENT: u32 = 1;
 
@@ -35,8 +44,26 @@ pub struct SegId {
 }
 
 impl SegId {
-    /// `disks/ID8/s/GEN8CTR8` (§11.2).
+    /// The payload of manifest `seq` of disk `disk` (§11.4a).
+    pub fn payload(disk: u32, seq: u64) -> SegId {
+        SegId {
+            disk,
+            gen: PAYLOAD_GEN | (seq >> 32) as u32,
+            ctr: seq as u32,
+        }
+    }
+
+    /// The manifest whose payload this is, if it is one.
+    pub fn payload_of(&self) -> Option<u64> {
+        (self.gen & PAYLOAD_GEN != 0)
+            .then_some((((self.gen & !PAYLOAD_GEN) as u64) << 32) | self.ctr as u64)
+    }
+
+    /// `disks/ID8/s/GEN8CTR8` (§11.2); a payload's is its manifest's key.
     pub fn key(&self) -> String {
+        if let Some(seq) = self.payload_of() {
+            return manifest_key(self.disk, seq);
+        }
         format!(
             "{}{:08x}{:08x}",
             segments_dir(self.disk),
@@ -45,7 +72,8 @@ impl SegId {
         )
     }
 
-    /// The segment a key names, if it names one.
+    /// The segment a key names, if it names one (`s/` keys only; see
+    /// [`SegId::payload_from_key`] for manifests).
     pub fn from_key(key: &str) -> Option<SegId> {
         let rest = key.strip_prefix("disks/")?;
         let (disk, rest) = rest.split_once('/')?;
@@ -53,12 +81,36 @@ impl SegId {
         if disk.len() != 8 || name.len() != 16 {
             return None;
         }
+        let gen = u32::from_str_radix(&name[..8], 16).ok()?;
+        if gen & PAYLOAD_GEN != 0 {
+            return None;
+        }
         Some(SegId {
             disk: u32::from_str_radix(disk, 16).ok()?,
-            gen: u32::from_str_radix(&name[..8], 16).ok()?,
+            gen,
             ctr: u32::from_str_radix(&name[8..], 16).ok()?,
         })
     }
+
+    /// The payload id of a manifest key (whether or not it carries one).
+    pub fn payload_from_key(key: &str) -> Option<SegId> {
+        let (disk, seq) = manifest_of_key(key)?;
+        Some(SegId::payload(disk, seq))
+    }
+}
+
+/// Disk id and seq of a manifest key `disks/ID8/m/SEQ16`.
+pub fn manifest_of_key(key: &str) -> Option<(u32, u64)> {
+    let rest = key.strip_prefix("disks/")?;
+    let (disk, rest) = rest.split_once('/')?;
+    let seq = rest.strip_prefix("m/")?;
+    if disk.len() != 8 || seq.len() != 16 {
+        return None;
+    }
+    Some((
+        u32::from_str_radix(disk, 16).ok()?,
+        u64::from_str_radix(seq, 16).ok()?,
+    ))
 }
 
 /// `disks/ID8/s/`: where disk `disk`'s segments are.
@@ -382,7 +434,7 @@ pub fn decode_segment_header(key: &str, h: &[u8]) -> Result<SegmentInfo, String>
         nodes: w(36),
         created_ms: u64::from_le_bytes(h[40..48].try_into().unwrap()),
     };
-    if SegId::from_key(key) != Some(info.id) {
+    if SegId::from_key(key).or_else(|| SegId::payload_from_key(key)) != Some(info.id) {
         return Err(format!(
             "{key}: the segment says it is {}, not this key",
             info.id.key()
@@ -502,24 +554,139 @@ pub struct Manifest {
     /// I/O limits (`strata limit`), absent when there are none.
     #[serde(default, skip_serializing_if = "IoLimits::is_none")]
     pub limits: IoLimits,
+    /// Where the grains written since the map was last folded live
+    /// (§11.4a; None: a hole); they win over the map. Stored in binary
+    /// beside the body, not in it.
+    #[serde(skip)]
+    pub tail: Arc<Tail>,
 }
+
+/// A manifest's tail (§11.4a): virtual grain → entry (None: a hole).
+pub type Tail = BTreeMap<u64, Option<Entry>>;
 
 impl Manifest {
     pub fn key(&self) -> String {
         manifest_key(self.disk, self.seq)
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    /// Format 2 (§11.5): `payload` (a sealed segment with this
+    /// manifest's payload id, or empty), the tail, the body, the footer.
+    pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
+        let body = serde_json::to_vec(self).expect("json");
+        let t = self.tail.len();
+        let mut out = Vec::with_capacity(payload.len() + t * TAIL_ENTRY_BYTES + body.len() + 32);
+        out.extend_from_slice(payload);
+        let mut e = [0u8; TAIL_ENTRY_BYTES];
+        for (vg, entry) in self.tail.iter() {
+            e[..8].copy_from_slice(&vg.to_le_bytes());
+            Entry::encode(entry.as_ref(), &mut e[8..]);
+            out.extend_from_slice(&e);
+        }
+        out.extend_from_slice(&body);
+        let crc = crc32c::crc32c(&out[payload.len()..]);
+        let mut f = [0u8; MANIFEST_FOOTER_BYTES];
+        f[..8].copy_from_slice(MAGIC_MANIFEST_2);
+        f[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        f[16..20].copy_from_slice(&(t as u32).to_le_bytes());
+        f[20..24].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        f[24..28].copy_from_slice(&crc.to_le_bytes());
+        let fcrc = crc32c::crc32c(&f[..28]);
+        f[28..32].copy_from_slice(&fcrc.to_le_bytes());
+        out.extend_from_slice(&f);
+        out
+    }
+
+    /// Format 1 (§11.5), as builds before §11.4a wrote it (tests of
+    /// stores those builds left).
+    pub fn encode_v1(&self) -> Vec<u8> {
+        assert!(self.tail.is_empty(), "format 1 has no tail");
         envelope::seal(MAGIC_MANIFEST, &serde_json::to_vec(self).expect("json"))
     }
 
+    /// How many bytes at the end of a manifest object of `size` bytes hold
+    /// its tail and body, given its last bytes `end` (at least the
+    /// footer; None: it is format 1, read it whole).
+    pub fn needs(key: &str, size: u64, end: &[u8]) -> Result<Option<u64>, String> {
+        if end.len() < MANIFEST_FOOTER_BYTES || size < MANIFEST_FOOTER_BYTES as u64 {
+            return Ok(None);
+        }
+        let f = &end[end.len() - MANIFEST_FOOTER_BYTES..];
+        if &f[..8] != MAGIC_MANIFEST_2 {
+            return Ok(None);
+        }
+        let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
+        if w(28) != crc32c::crc32c(&f[..28]) {
+            return Err(format!("{key}: the manifest footer is damaged (torn)"));
+        }
+        let p = u64::from_le_bytes(f[8..16].try_into().unwrap());
+        let want = w(16) as u64 * TAIL_ENTRY_BYTES as u64 + w(20) as u64;
+        if p.checked_add(want + MANIFEST_FOOTER_BYTES as u64) != Some(size) {
+            return Err(format!(
+                "{key}: the manifest footer gives {p} + {want} + 32 bytes, the object has {size} (torn)"
+            ));
+        }
+        Ok(Some(want + MANIFEST_FOOTER_BYTES as u64))
+    }
+
+    /// Decode a manifest from its object: `obj` is the whole object (format
+    /// 1 or 2) or, for format 2, at least its last
+    /// [`Manifest::needs`] bytes (the payload is not needed).
     pub fn decode(key: &str, obj: &[u8]) -> Result<Manifest, String> {
-        let body = envelope::open(MAGIC_MANIFEST, key, obj)?;
-        let m: Manifest =
+        if obj.starts_with(MAGIC_MANIFEST) {
+            let body = envelope::open(MAGIC_MANIFEST, key, obj)?;
+            return Self::decode_body(key, body, Tail::new());
+        }
+        if obj.len() < MANIFEST_FOOTER_BYTES {
+            return Err(format!("{key}: {} bytes: not a manifest (torn)", obj.len()));
+        }
+        let f = &obj[obj.len() - MANIFEST_FOOTER_BYTES..];
+        if &f[..8] != MAGIC_MANIFEST_2 {
+            return Err(format!(
+                "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 at its end)"
+            ));
+        }
+        let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
+        if w(28) != crc32c::crc32c(&f[..28]) {
+            return Err(format!("{key}: the manifest footer is damaged (torn)"));
+        }
+        let (t, b) = (w(16) as usize, w(20) as usize);
+        let len = t * TAIL_ENTRY_BYTES + b;
+        let Some(start) = (obj.len() - MANIFEST_FOOTER_BYTES).checked_sub(len) else {
+            return Err(format!("{key}: shorter than its footer says (torn)"));
+        };
+        let rest = &obj[start..obj.len() - MANIFEST_FOOTER_BYTES];
+        let actual = crc32c::crc32c(rest);
+        if actual != w(24) {
+            return Err(format!(
+                "{key}: checksum mismatch in the manifest's tail and body (stored {:#010x}, computed {actual:#010x})",
+                w(24)
+            ));
+        }
+        let mut tail = Tail::new();
+        let mut last = None;
+        for (i, e) in rest[..t * TAIL_ENTRY_BYTES]
+            .chunks(TAIL_ENTRY_BYTES)
+            .enumerate()
+        {
+            let vg = u64::from_le_bytes(e[..8].try_into().unwrap());
+            if last.is_some_and(|l| l >= vg) {
+                return Err(format!("{key}: tail entry {i} is out of order"));
+            }
+            last = Some(vg);
+            let entry =
+                Entry::decode(&e[8..]).map_err(|why| format!("{key}: tail entry {i}: {why}"))?;
+            tail.insert(vg, entry);
+        }
+        Self::decode_body(key, &rest[t * TAIL_ENTRY_BYTES..], tail)
+    }
+
+    fn decode_body(key: &str, body: &[u8], tail: Tail) -> Result<Manifest, String> {
+        let mut m: Manifest =
             serde_json::from_slice(body).map_err(|e| format!("{key}: not a manifest: {e}"))?;
         if m.key() != key {
             return Err(format!("{key}: the manifest says it is {}", m.key()));
         }
+        m.tail = Arc::new(tail);
         Ok(m)
     }
 }
@@ -645,9 +812,61 @@ mod tests {
             removed: false,
             current: None,
             limits: Default::default(),
+            tail: Default::default(),
         };
-        let b = m.encode();
+        let b = m.encode_v1();
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
+        let e = Manifest::decode(&manifest_key(3, 43), &b).unwrap_err();
+        assert!(e.contains("the manifest says it is"), "{e}");
+
+        // Format 2, with a payload and a tail; read whole or from its end.
+        let mut m = m;
+        let mut tail = Tail::new();
+        tail.insert(7, None);
+        tail.insert(
+            9,
+            Some(Entry {
+                seg: SegId::payload(3, 42),
+                slot: 0,
+                crc: 5,
+            }),
+        );
+        m.tail = Arc::new(tail);
+        let mut p = SegmentBuilder::new(SegId::payload(3, 42));
+        p.add_grain(9, &[1u8; GRAIN]);
+        let payload = p.seal(1);
+        let b = m.encode(&payload);
+        assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
+        let need = Manifest::needs(&m.key(), b.len() as u64, &b[b.len() - 40..])
+            .unwrap()
+            .unwrap();
+        assert_eq!(need as usize, b.len() - payload.len());
+        let end = &b[b.len() - need as usize..];
+        assert_eq!(Manifest::decode(&m.key(), end).unwrap(), m);
+        assert_eq!(
+            verify_segment(&m.key(), &b[..payload.len()])
+                .unwrap()
+                .grains,
+            1
+        );
+        for i in (payload.len()..b.len()).step_by(5) {
+            let mut d = b.clone();
+            d[i] ^= 0x20;
+            assert!(Manifest::decode(&m.key(), &d).is_err(), "flip at {i}");
+        }
+        let e = Manifest::needs(&m.key(), b.len() as u64 + 1, &b).unwrap_err();
+        assert!(e.contains("torn"), "{e}");
+        assert_eq!(SegId::payload(3, 42).key(), m.key());
+        assert_eq!(SegId::payload(3, 42).payload_of(), Some(42));
+        assert_eq!(SegId::from_key(&m.key()), None);
+        let big = SegId::payload(3, (5u64 << 32) | 6);
+        assert_eq!(big.payload_of(), Some((5u64 << 32) | 6));
+        assert_eq!(SegId::payload_from_key(&big.key()), Some(big));
+        let m = Manifest {
+            tail: Default::default(),
+            ..m
+        };
+        let b = m.encode(&[]);
         let e = Manifest::decode(&manifest_key(3, 43), &b).unwrap_err();
         assert!(
             e.contains("the manifest says it is disks/00000003/m/000000000000002a"),

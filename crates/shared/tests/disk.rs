@@ -244,6 +244,16 @@ fn store_of(url: &StoreUrl) -> strata_objstore::ObjectStore {
     strata_objstore::ObjectStore::connect(url, &Options::default()).unwrap()
 }
 
+/// Bytes of every object under `disks/`.
+fn stored(url: &StoreUrl) -> u64 {
+    store_of(url)
+        .list("disks/", None)
+        .unwrap()
+        .iter()
+        .map(|l| l.size)
+        .sum()
+}
+
 fn segment_keys(url: &StoreUrl) -> Vec<String> {
     store_of(url)
         .list("disks/", None)
@@ -303,6 +313,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     golden.snapshot_delete("base").unwrap();
 
     let before = segment_keys(&url);
+    let stored_before = stored(&url);
     // Readers on both hosts during GC.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = [
@@ -327,10 +338,16 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
-    // The overwritten MiB's grain segment and the node segment of its
-    // commit.
-    assert_eq!(rep.deleted_segments, 2, "{rep:?}");
-    assert_eq!(segment_keys(&url).len(), before.len() - 2);
+    // The first overwrite's MiB: the payload of its commit's manifest,
+    // which nothing reaches once the second overwrite is committed.
+    assert!(rep.deleted_manifests >= 1, "{rep:?}");
+    assert_eq!(segment_keys(&url), before, "{rep:?}");
+    assert!(
+        stored(&url) + MIB <= stored_before,
+        "{} -> {}: {rep:?}",
+        stored_before,
+        stored(&url)
+    );
     let chk = b.check().unwrap();
     assert!(chk.errors.is_empty(), "{chk:?}");
     assert_eq!(chk.disks, 2);
@@ -365,13 +382,13 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
         "{rep:?}"
     );
 
-    // Removing the clone drops its hold: the snapshot's grains that only
-    // it reached go at the next GC, golden's stay.
+    // Removing the clone drops its hold: what only it reached (its own
+    // write, in its commit's payload) goes at the next GC, golden's stays.
     drop(vm1);
     b.remove_disk("vm1").unwrap();
     assert!(b.holds().unwrap().is_empty());
     let rep = c.gc(false).unwrap();
-    assert!(rep.deleted_segments >= 1, "{rep:?}");
+    assert!(rep.deleted_segments + rep.deleted_manifests >= 1, "{rep:?}");
     let chk = c.check().unwrap();
     assert!(chk.errors.is_empty() && chk.disks == 1, "{chk:?}");
     let dd = tempfile::tempdir().unwrap();
@@ -393,24 +410,39 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
     let Some(url) = store("orphans") else { return };
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
-    a.create_disk("vm", 4 * MIB).unwrap();
+    a.create_disk("vm", 16 * MIB).unwrap();
     let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
     disk_a.write_at(&pattern(1, 65536), 0, false).unwrap();
     disk_a.flush().unwrap();
+    // One PUT per commit (§11.4a): the grains rode in the manifest.
+    assert!(segment_keys(&url).is_empty());
     let b = attach(db.path(), &url);
     b.claim("vm").unwrap();
-    disk_a.write_at(&pattern(2, 65536), 0, false).unwrap();
+    // A commit of more than one payload uploads the rest as a segment
+    // first (generation 2) and then fails at its manifest.
+    disk_a
+        .write_at(&pattern(2, 9 * MIB as usize), 0, false)
+        .unwrap();
     assert!(disk_a.flush().is_err());
-    // A uploaded its segments (grains, then nodes; generation 2) before
-    // its manifest failed.
     let keys = segment_keys(&url);
-    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert_eq!(keys.len(), 1, "{keys:?}");
     let rep = b.gc(false).unwrap();
-    assert_eq!(rep.deleted_segments, 2, "{rep:?}");
-    let left = segment_keys(&url);
-    assert_eq!(left, keys[..2].to_vec(), "the committed ones stay");
+    assert_eq!(rep.deleted_segments, 1, "{rep:?}");
+    assert!(segment_keys(&url).is_empty());
+    // What holds the live grains: the payload of A's commit, named by
+    // the tail of B's claim.
+    let newest = b.newest_manifest(b.disk_id("vm").unwrap()).unwrap();
+    let left: Vec<String> = newest
+        .tail
+        .values()
+        .flatten()
+        .map(|e| e.seg.key())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
 
-    // Tear the live segment: cut it short in the store.
+    // Tear the live payload: cut its manifest short in the store.
     let st = store_of(&url);
     let whole = st.get(&left[0]).unwrap();
     st.put(&left[0], whole.slice(..whole.len() / 2)).unwrap();
@@ -426,4 +458,147 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
     let chk = c.check().unwrap();
     assert_eq!(chk.errors.len(), 1, "{chk:?}");
     assert!(chk.errors[0].contains(&left[0]), "{chk:?}");
+}
+
+/// A datastore as builds before one-PUT commits left it (FORMAT.md §11.5
+/// format 1: grains and map nodes in segments, `STRMAN01` manifests)
+/// reads as it is and takes format-2 commits on top; GC and check stay
+/// clean, and another host reads the result.
+#[test]
+fn a_format_1_datastore_reads_and_takes_new_commits() {
+    use strata_shared::layout::{Entry, Manifest, MapNode, SegId, SegmentBuilder};
+    let Some(url) = store("format1") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    let st = store_of(&url);
+    // Disk 7 of 4 MiB (two levels): 16 grains of one segment, their leaf
+    // and the root in it, written the old way.
+    let id = 7u32;
+    let seg = SegId {
+        disk: id,
+        gen: 1,
+        ctr: 0,
+    };
+    let old = pattern(3, 16 * 4096);
+    let mut b = SegmentBuilder::new(seg);
+    let mut leaf = MapNode::empty(0, id, 1, 0);
+    for g in 0..16 {
+        leaf.entries[g] = Some(b.add_grain(g as u64, &old[g * 4096..(g + 1) * 4096]));
+    }
+    let leaf_e = b.add_node(&leaf);
+    let mut root = MapNode::empty(1, id, 1, 0);
+    root.entries[0] = Some(leaf_e);
+    let root_e: Entry = b.add_node(&root);
+    st.put(&seg.key(), b.seal(1).into()).unwrap();
+    let m = Manifest {
+        disk: id,
+        seq: 1,
+        generation: 1,
+        owner: None,
+        written_ms: 1,
+        nonce: 1,
+        size_bytes: 4 * MIB,
+        levels: 2,
+        root: Some(root_e),
+        next_ctr: 1,
+        snapshots: vec![],
+        parent: None,
+        removed: false,
+        current: None,
+        limits: Default::default(),
+        tail: Default::default(),
+    };
+    st.put(&m.key(), m.encode_v1().into()).unwrap();
+    st.put("names/old", br#"{"disk":7}"#.to_vec().into())
+        .unwrap();
+
+    let d = SharedDisk::open(a.clone(), "old", false).unwrap();
+    assert_eq!(read(&d, 0, old.len()), old);
+    let mut want = old.clone();
+    want[8192..12288].copy_from_slice(&pattern(4, 4096));
+    d.write_at(&want[8192..12288], 8192, false).unwrap();
+    d.flush().unwrap();
+    assert_eq!(read(&d, 0, want.len()), want);
+    // A snapshot folds the tail into the old map (copy-on-write).
+    d.snapshot_create("s", "").unwrap();
+    let b_host = attach(db.path(), &url);
+    let on_b = SharedDisk::open(b_host.clone(), "old", true).unwrap();
+    assert_eq!(read(&on_b, 0, want.len()), want);
+    let snap = SharedDisk::open(b_host.clone(), "old@s", true).unwrap();
+    assert_eq!(read(&snap, 0, want.len()), want);
+    let rep = b_host.gc(false).unwrap();
+    assert_eq!(
+        rep.deleted_segments, 0,
+        "the old segment holds live grains: {rep:?}"
+    );
+    let chk = b_host.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    assert_eq!(read(&on_b, 0, want.len()), want);
+}
+
+/// Random 4 KiB writes in many small commits (FORMAT.md §11.4a): the tail
+/// grows, a background fold turns it into map nodes and a later commit
+/// names it (grains rewritten meanwhile stay in the tail and shadow the
+/// map), a tail never passes its bound, and what the writer reads, another
+/// host reads, before and after GC, with check clean.
+#[test]
+fn random_writes_fold_their_tail_and_read_back_everywhere() {
+    let Some(url) = store("fold") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    let size = 64 * MIB;
+    a.create_disk("f", size).unwrap();
+    let d = SharedDisk::open(a.clone(), "f", false).unwrap();
+    let mut model = vec![0u8; size as usize];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut longest, mut folded) = (0usize, false);
+    for c in 0..90u32 {
+        for i in 0..64u32 {
+            // Half the writes fall in the first 4 MiB: rewritten often.
+            let g = if i % 2 == 0 {
+                next(1024)
+            } else {
+                next(size / 4096)
+            };
+            let data = pattern((c * 64 + i) as u8, 4096);
+            d.write_at(&data, g * 4096, false).unwrap();
+            model[(g * 4096) as usize..(g * 4096 + 4096) as usize].copy_from_slice(&data);
+        }
+        d.flush().unwrap();
+        let tail = d.manifest().tail.len();
+        assert!(tail <= 4096, "commit {c}: a tail of {tail} entries");
+        folded |= tail < longest;
+        longest = longest.max(tail);
+        if c % 16 == 5 {
+            // Let a background fold finish before the next commits.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    }
+    assert!(folded, "no fold was named (longest tail {longest})");
+    assert!(d.manifest().root.is_some());
+    assert!(read(&d, 0, size as usize) == model, "the writer's view");
+    let b = attach(db.path(), &url);
+    let on_b = SharedDisk::open(b.clone(), "f", true).unwrap();
+    assert!(
+        read(&on_b, 0, size as usize) == model,
+        "another host's view"
+    );
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    // Each commit's payload keeps grains nobody rewrote: GC frees
+    // nothing whole yet (compaction is what would), and deletes nothing
+    // anything reaches.
+    let rep = b.gc(false).unwrap();
+    assert!(rep.live_bytes <= rep.stored_bytes, "{rep:?}");
+    let fresh = SharedDisk::open(b.clone(), "f", true).unwrap();
+    assert!(read(&fresh, 0, size as usize) == model, "after GC");
+    assert!(read(&d, 0, size as usize) == model, "the writer after GC");
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
 }
