@@ -5,6 +5,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::{strata, Server};
 use strata_objstore::{testing, Bytes, ObjectStore, Options, StoreUrl};
@@ -452,6 +453,65 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         assert!(chk.contains("no problems found"), "{step}: {chk}");
         s.stop();
     }
+}
+
+/// kill -9 while a background fold (FORMAT.md §11.4a) is uploaded and not
+/// yet named: every flushed write is there after a restart, check is
+/// clean, and the fold's nodes are an orphan GC keeps until the writer's
+/// generation moves on, then collects.
+#[test]
+fn a_server_killed_during_a_fold_loses_nothing_flushed() {
+    let Some(u) = url("crash-fold") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "16M"]);
+    let s = Server::start_env(&a, &[], &[("STRATA_SHARED_CRASH_AT", "after-fold")]);
+    // 256 grains per flush: the 8th commit's tail (2,048 entries) starts
+    // a fold, which aborts the server once its nodes are uploaded.
+    let mut cmds = Vec::new();
+    for i in 0..12 {
+        cmds.push(format!("write -P 0x{:x} {i}M 1M", 0x40 + i));
+        cmds.push("flush".to_string());
+    }
+    let args: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let (_, w) = qemu_io(&a.uri("vm"), &args);
+    // (qemu-io may have finished before the fold did.)
+    let st = s.wait_exit(Duration::from_secs(60));
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        st.and_then(|st| st.signal()),
+        Some(libc::SIGABRT),
+        "the server should have aborted in its fold: {w}"
+    );
+
+    let s = a.serve();
+    // The first 8 commits ended before the fold began.
+    let reads: Vec<String> = (0..8)
+        .map(|i| format!("read -P 0x{:x} {i}M 1M", 0x40 + i))
+        .collect();
+    let args: Vec<&str> = reads.iter().map(String::as_str).collect();
+    let (ok, r) = qemu_io(&a.uri("vm"), &args);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    let g = a.json(&["gc"]);
+    assert_eq!(g["in_flight_segments"], 1, "the fold's nodes: {g}");
+    assert_eq!(g["deleted_segments"], 0, "{g}");
+    // The restarted server claims at its first write: the orphan may go.
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 15M 4k", "flush"]);
+    assert!(ok, "{w}");
+    let g = a.json(&["gc"]);
+    assert_eq!(g["deleted_segments"], 1, "{g}");
+    // (The new writer's tail is long enough to start a fold of its own,
+    // which is an upload in flight until a commit names it.)
+    let (ok, r) = qemu_io(&a.uri("vm"), &args);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    s.stop();
 }
 
 /// A writer paused (SIGSTOP) with writes acknowledged but not flushed,

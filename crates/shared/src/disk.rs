@@ -49,7 +49,8 @@ const MANIFEST_READ: u64 = 64 << 10;
 /// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
 /// process (no cleanup, as kill -9) at STEP: `before-segment`,
 /// `after-segment` (uploaded, no manifest), `after-manifest` (committed,
-/// not acknowledged).
+/// not acknowledged), `after-fold` (a background fold's nodes uploaded,
+/// not named).
 fn crash_point(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT
@@ -1876,6 +1877,7 @@ impl SharedDisk {
             self.fold_items(man, man.root, man.levels, &items, &mut b, &mut nodes)?;
         if !nodes.is_empty() {
             self.upload(&[(b.id, Bytes::from(b.seal(now_ms())))])?;
+            crash_point("after-fold");
             for (e, n) in nodes {
                 self.ds.cache.insert_node(&e, n);
             }

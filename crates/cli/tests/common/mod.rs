@@ -195,6 +195,22 @@ impl Server {
         let st = c.wait().unwrap();
         assert!(st.success(), "server exit status {st}");
     }
+    /// Wait up to `limit` for the server to end by itself (a crash point
+    /// aborting it); its exit status, or None if it still runs (then it
+    /// is killed).
+    pub fn wait_exit(mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take().unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
     /// kill -9.
     pub fn kill9(mut self) {
         let mut c = self.child.take().unwrap();
