@@ -131,9 +131,10 @@ with 'strata claim DISK --handover', or by its first write when it serves the di
         long_about = "Collect garbage in an object-store datastore (any host may run it, also while\n\
 disks are served everywhere): mark every grain and map node that a disk, a snapshot or a linked\n\
 clone's hold reaches, then delete the segments nothing reaches whose writer was fenced or sealed\n\
-them before its newest manifest (never an upload in flight), and all but the 16 newest manifests of\n\
-each disk. Prints stored, live and garbage bytes and each disk's exclusive bytes (what removing\n\
-it would free). A run that another run overtakes deletes nothing."
+them before its newest manifest (never an upload in flight), and each disk's manifests older\n\
+than its newest unless they hold grains still reached, open a generation, or are its first.\n\
+Prints stored, live and garbage bytes and each disk's exclusive bytes (what removing it would\n\
+free). A run that another run overtakes deletes nothing."
     )]
     Gc {
         /// Only count: delete nothing
