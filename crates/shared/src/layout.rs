@@ -564,6 +564,40 @@ pub struct Manifest {
 /// A manifest's tail (§11.4a): virtual grain → entry (None: a hole).
 pub type Tail = BTreeMap<u64, Option<Entry>>;
 
+/// The footer of a format-2 manifest (§11.5).
+struct Footer {
+    payload: u64,
+    tail: u32,
+    body: u32,
+    /// CRC-32C of tail and body.
+    crc: u32,
+}
+
+impl Footer {
+    /// The footer in the last 32 bytes of `end`: None if they are too few
+    /// or do not start with `STRMAN02` (format 1), an error if its own
+    /// CRC fails.
+    fn read(key: &str, end: &[u8]) -> Result<Option<Footer>, String> {
+        let Some(at) = end.len().checked_sub(MANIFEST_FOOTER_BYTES) else {
+            return Ok(None);
+        };
+        let f = &end[at..];
+        if &f[..8] != MAGIC_MANIFEST_2 {
+            return Ok(None);
+        }
+        let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
+        if w(28) != crc32c::crc32c(&f[..28]) {
+            return Err(format!("{key}: the manifest footer is damaged (torn)"));
+        }
+        Ok(Some(Footer {
+            payload: u64::from_le_bytes(f[8..16].try_into().unwrap()),
+            tail: w(16),
+            body: w(20),
+            crc: w(24),
+        }))
+    }
+}
+
 impl Manifest {
     pub fn key(&self) -> String {
         manifest_key(self.disk, self.seq)
@@ -607,22 +641,17 @@ impl Manifest {
     /// its tail and body, given its last bytes `end` (at least the
     /// footer; None: it is format 1, read it whole).
     pub fn needs(key: &str, size: u64, end: &[u8]) -> Result<Option<u64>, String> {
-        if end.len() < MANIFEST_FOOTER_BYTES || size < MANIFEST_FOOTER_BYTES as u64 {
+        if size < MANIFEST_FOOTER_BYTES as u64 {
             return Ok(None);
         }
-        let f = &end[end.len() - MANIFEST_FOOTER_BYTES..];
-        if &f[..8] != MAGIC_MANIFEST_2 {
+        let Some(f) = Footer::read(key, end)? else {
             return Ok(None);
-        }
-        let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
-        if w(28) != crc32c::crc32c(&f[..28]) {
-            return Err(format!("{key}: the manifest footer is damaged (torn)"));
-        }
-        let p = u64::from_le_bytes(f[8..16].try_into().unwrap());
-        let want = w(16) as u64 * TAIL_ENTRY_BYTES as u64 + w(20) as u64;
-        if p.checked_add(want + MANIFEST_FOOTER_BYTES as u64) != Some(size) {
+        };
+        let want = f.tail as u64 * TAIL_ENTRY_BYTES as u64 + f.body as u64;
+        if f.payload.checked_add(want + MANIFEST_FOOTER_BYTES as u64) != Some(size) {
             return Err(format!(
-                "{key}: the manifest footer gives {p} + {want} + 32 bytes, the object has {size} (torn)"
+                "{key}: the manifest footer gives {} + {want} + 32 bytes, the object has {size} (torn)",
+                f.payload
             ));
         }
         Ok(Some(want + MANIFEST_FOOTER_BYTES as u64))
@@ -639,27 +668,22 @@ impl Manifest {
         if obj.len() < MANIFEST_FOOTER_BYTES {
             return Err(format!("{key}: {} bytes: not a manifest (torn)", obj.len()));
         }
-        let f = &obj[obj.len() - MANIFEST_FOOTER_BYTES..];
-        if &f[..8] != MAGIC_MANIFEST_2 {
+        let Some(f) = Footer::read(key, obj)? else {
             return Err(format!(
                 "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 at its end)"
             ));
-        }
-        let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
-        if w(28) != crc32c::crc32c(&f[..28]) {
-            return Err(format!("{key}: the manifest footer is damaged (torn)"));
-        }
-        let (t, b) = (w(16) as usize, w(20) as usize);
+        };
+        let (t, b) = (f.tail as usize, f.body as usize);
         let len = t * TAIL_ENTRY_BYTES + b;
         let Some(start) = (obj.len() - MANIFEST_FOOTER_BYTES).checked_sub(len) else {
             return Err(format!("{key}: shorter than its footer says (torn)"));
         };
         let rest = &obj[start..obj.len() - MANIFEST_FOOTER_BYTES];
         let actual = crc32c::crc32c(rest);
-        if actual != w(24) {
+        if actual != f.crc {
             return Err(format!(
                 "{key}: checksum mismatch in the manifest's tail and body (stored {:#010x}, computed {actual:#010x})",
-                w(24)
+                f.crc
             ));
         }
         let mut tail = Tail::new();
