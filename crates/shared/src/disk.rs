@@ -480,18 +480,15 @@ fn newest_manifest(store: &ObjectStore, id: u32) -> Result<Manifest> {
 /// Manifest `key` (`size` bytes): its tail and body, read from its end
 /// without its payload (§11.5).
 pub(crate) fn read_manifest(store: &ObjectStore, key: &str, size: u64) -> Result<Manifest> {
+    let whole = || Manifest::decode(key, &store.get(key)?).map_err(corrupt);
     let start = size.saturating_sub(MANIFEST_READ);
     if start == 0 {
-        let obj = store.get(key)?;
-        return Manifest::decode(key, &obj).map_err(corrupt);
+        return whole();
     }
     let end = store.get_range(key, start..size)?;
     match Manifest::needs(key, size, &end).map_err(corrupt)? {
         // Format 1, longer than the first read: read it whole.
-        None => {
-            let obj = store.get(key)?;
-            Manifest::decode(key, &obj).map_err(corrupt)
-        }
+        None => whole(),
         Some(n) if n <= end.len() as u64 => {
             Manifest::decode(key, &end[end.len() - n as usize..]).map_err(corrupt)
         }
@@ -1523,11 +1520,6 @@ impl SharedDisk {
         Ok(Some(self.take(st, st.flushing.clone())))
     }
 
-    /// The write count a batch taken now covers.
-    fn covered(st: &State) -> u64 {
-        st.write_seq
-    }
-
     /// Counters for `batch`'s grain segments and a node segment, and the
     /// fold state, for a commit on top of `st.man`.
     fn take(&self, st: &mut State, batch: Arc<Batch>) -> Taken {
@@ -1540,7 +1532,7 @@ impl SharedDisk {
             ctr,
             fold: st.fold.take(),
             folding: st.folding,
-            covers: Self::covered(st),
+            covers: st.write_seq,
         }
     }
 
@@ -1695,9 +1687,7 @@ impl SharedDisk {
             match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
                 Some(d) => data.push((*vg, d)),
                 None if tail.contains_key(vg) => holes.push(*vg),
-                None if maps(levels, *vg) && self.lookup(root, levels, *vg)?.is_some() => {
-                    holes.push(*vg)
-                }
+                None if self.lookup(root, levels, *vg)?.is_some() => holes.push(*vg),
                 None => {}
             }
         }
@@ -1748,8 +1738,7 @@ impl SharedDisk {
             let node_ctr = ctrs.start + sealed.len() as u32;
             debug_assert!(node_ctr < ctrs.end);
             let mut b = SegmentBuilder::new(seg(node_ctr));
-            let items: Vec<(u64, Option<Entry>)> = tail.iter().map(|(k, e)| (*k, *e)).collect();
-            (root, levels) = self.fold_items(man, root, levels, &items, &mut b, &mut nodes)?;
+            (root, levels) = self.fold_tail(man, root, levels, &tail, &mut b, &mut nodes)?;
             if !nodes.is_empty() {
                 sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
             }
@@ -1801,18 +1790,20 @@ impl SharedDisk {
         ))
     }
 
-    /// Apply `items` (sorted) to the map at `root` (`levels` levels),
-    /// copy-on-write, new nodes into `b` (and `made`); grows the tree for
-    /// items past what it maps (§11.5). The new root and levels.
-    fn fold_items(
+    /// Apply `tail` to the map at `root` (`levels` levels), copy-on-write,
+    /// new nodes into `b` (and `made`); grows the tree for grains past
+    /// what it maps (§11.5). The new root and levels.
+    fn fold_tail(
         &self,
         man: &Manifest,
         root: Option<Entry>,
         levels: u8,
-        items: &[(u64, Option<Entry>)],
+        tail: &Tail,
         b: &mut SegmentBuilder,
         made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<(Option<Entry>, u8)> {
+        let items: Vec<(u64, Option<Entry>)> = tail.iter().map(|(k, e)| (*k, *e)).collect();
+        let items = &items[..];
         let mut grown = levels;
         while items.last().is_some_and(|(vg, _)| !maps(grown, *vg)) {
             grown += 1;
@@ -1872,9 +1863,8 @@ impl SharedDisk {
             ctr,
         });
         let mut nodes = Vec::new();
-        let items: Vec<(u64, Option<Entry>)> = man.tail.iter().map(|(k, e)| (*k, *e)).collect();
         let (root, levels) =
-            self.fold_items(man, man.root, man.levels, &items, &mut b, &mut nodes)?;
+            self.fold_tail(man, man.root, man.levels, &man.tail, &mut b, &mut nodes)?;
         if !nodes.is_empty() {
             self.upload(&[(b.id, Bytes::from(b.seal(now_ms())))])?;
             crash_point("after-fold");
