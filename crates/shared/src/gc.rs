@@ -192,19 +192,29 @@ impl SharedDatastore {
         Ok(())
     }
 
+    /// Walk everything disk `m` (id `id`) reaches: its map, its
+    /// snapshots' maps and its tail's grains (§11.4a).
+    fn walk_disk(&self, m: &Manifest, id: u32, marks: &mut Marks, visit: &mut Visit) -> Result<()> {
+        self.walk(m.root, m.levels, id, marks, visit)?;
+        for s in &m.snapshots {
+            self.walk(s.root, s.levels, id, marks, visit)?;
+        }
+        for (vg, e) in m.tail.iter() {
+            if let Some(e) = e {
+                if marks.note(e, false, id) {
+                    visit(e, None, *vg)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn mark(&self, roots: &Roots, marks: &mut Marks) -> Result<()> {
         for (id, (_, m)) in &roots.disks {
             if m.removed {
                 continue;
             }
-            self.walk(m.root, m.levels, *id, marks, &mut |_, _, _| Ok(()))?;
-            for s in &m.snapshots {
-                self.walk(s.root, s.levels, *id, marks, &mut |_, _, _| Ok(()))?;
-            }
-            // The tail's grains (§11.4a), in payloads and segments.
-            for e in m.tail.values().flatten() {
-                marks.note(e, false, *id);
-            }
+            self.walk_disk(m, *id, marks, &mut |_, _, _| Ok(()))?;
         }
         for h in &roots.holds {
             // A hold keeps its snapshot for the clone.
@@ -257,15 +267,7 @@ impl SharedDatastore {
                     referenced += bytes_of(level.is_some());
                     Ok(())
                 };
-                self.walk(m.root, m.levels, *id, &mut refd, &mut count)?;
-                for s in &m.snapshots {
-                    self.walk(s.root, s.levels, *id, &mut refd, &mut count)?;
-                }
-                for e in m.tail.values().flatten() {
-                    if refd.note(e, false, *id) {
-                        referenced += GRAIN as u64;
-                    }
-                }
+                self.walk_disk(m, *id, &mut refd, &mut count)?;
                 rep.disks.push(DiskSpace {
                     name: name.clone(),
                     id: format!("{id:08x}"),
@@ -413,15 +415,7 @@ impl SharedDatastore {
             // After its snapshots: a grain it skips (shadowed) that they
             // reach is checked through them.
             trees.push((name.clone(), m.root, m.levels, *id, Some(&m.tail)));
-        }
-        for h in &roots.holds {
-            trees.push((h.key(), h.root, h.levels, h.clone, None));
-        }
-        // Tails (§11.4a): every grain they name, against its CRC.
-        for (id, (name, m)) in &roots.disks {
-            if m.removed {
-                continue;
-            }
+            // Its tail (§11.4a): every grain it names, against its CRC.
             for (vg, e) in m.tail.iter() {
                 let Some(e) = e else { continue };
                 rep.grains += 1;
@@ -430,15 +424,15 @@ impl SharedDatastore {
                     .fetch(&self.store, e.seg)
                     .and_then(|()| self.cache.read_grain(&self.store, e, &mut buf));
                 if let Err(err) = r {
-                    let name = name
-                        .clone()
-                        .unwrap_or_else(|| format!("(unnamed disk {id:08x})"));
                     // One error per disk, as a map walk stops at its first.
                     rep.errors
                         .push(format!("{name}: grain {vg} of its tail: {err}"));
                     break;
                 }
             }
+        }
+        for h in &roots.holds {
+            trees.push((h.key(), h.root, h.levels, h.clone, None));
         }
         for (what, root, levels, owner, tail) in trees {
             let mut nodes = 0u64;
