@@ -12,7 +12,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use strata_objstore::{Bytes, ObjectStore, Options, Put, StoreUrl};
+use strata_objstore::{Bytes, Put};
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -33,26 +33,8 @@ fn main() {
     } else {
         vec![2, 8, 32]
     };
-    let _weed = if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        let fs = strata_objstore::testing::SeaweedFs::start().expect("weed");
-        for (k, v) in fs.env() {
-            std::env::set_var(k, v);
-        }
-        Some(fs)
-    } else {
-        None
-    };
-    let url = std::env::var("STRATA_RACE_URL").unwrap_or_else(|_| "s3://strata-race/race".into());
-    let store = Arc::new(
-        ObjectStore::connect(&StoreUrl::parse(&url).unwrap(), &Options::default()).unwrap(),
-    );
-    // The bucket exists after the first write; a gateway that was just
-    // started answers before the filer behind it is ready.
-    let t0 = Instant::now();
-    while let Err(e) = store.put("warm", Bytes::from_static(b"warm")) {
-        assert!(t0.elapsed().as_secs() < 60, "the store is not ready: {e}");
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    let (_weed, store) =
+        strata_objstore::testing::example_store("STRATA_RACE_URL", "s3://strata-race/race");
     let mut report = Vec::new();
     for &n in &racers {
         let (mut won, mut lost, mut errors) = (Vec::new(), Vec::new(), Vec::new());

@@ -18,10 +18,9 @@
 //! store and `STRATA_CEILING_URL` (default s3://strata-ceiling/c).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_objstore::{Bytes, ObjectStore, Options, Put, StoreUrl};
+use strata_objstore::{Bytes, Put};
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -80,25 +79,8 @@ fn main() {
     let seconds: f64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let depth: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4);
     let seg_mib: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
-    let _weed = if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        let fs = strata_objstore::testing::SeaweedFs::start().expect("weed");
-        for (k, v) in fs.env() {
-            std::env::set_var(k, v);
-        }
-        Some(fs)
-    } else {
-        None
-    };
-    let url =
-        std::env::var("STRATA_CEILING_URL").unwrap_or_else(|_| "s3://strata-ceiling/c".into());
-    let store = Arc::new(
-        ObjectStore::connect(&StoreUrl::parse(&url).unwrap(), &Options::default()).unwrap(),
-    );
-    let t0 = Instant::now();
-    while let Err(e) = store.put("warm", Bytes::from_static(b"warm")) {
-        assert!(t0.elapsed().as_secs() < 60, "the store is not ready: {e}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let (_weed, store) =
+        strata_objstore::testing::example_store("STRATA_CEILING_URL", "s3://strata-ceiling/c");
     let run = format!("{:08x}", rand::random::<u32>());
 
     // Segment-sized PUTs, DEPTH in flight.

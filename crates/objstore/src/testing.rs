@@ -386,3 +386,37 @@ impl FaultProxy {
         let _ = t.join();
     }
 }
+
+/// The store a measuring example uses: the one `AWS_ENDPOINT_URL` names,
+/// else a SeaweedFS of its own (returned: it stops on drop), at the URL
+/// in the environment variable `url_var` (else `default_url`), once it
+/// takes a write (a gateway that was just started answers before the
+/// filer behind it is ready; the bucket exists after the first write).
+pub fn example_store(
+    url_var: &str,
+    default_url: &str,
+) -> (Option<SeaweedFs>, std::sync::Arc<crate::ObjectStore>) {
+    let weed = if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+        let fs = SeaweedFs::start().expect("SeaweedFS ('weed') cannot start");
+        for (k, v) in fs.env() {
+            std::env::set_var(k, v);
+        }
+        Some(fs)
+    } else {
+        None
+    };
+    let url = std::env::var(url_var).unwrap_or_else(|_| default_url.to_string());
+    let store = std::sync::Arc::new(
+        crate::ObjectStore::connect(
+            &crate::StoreUrl::parse(&url).expect("a store URL"),
+            &crate::Options::default(),
+        )
+        .expect("connect"),
+    );
+    let t0 = Instant::now();
+    while let Err(e) = store.put("warm", bytes::Bytes::from_static(b"warm")) {
+        assert!(t0.elapsed().as_secs() < 60, "the store is not ready: {e}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    (weed, store)
+}
