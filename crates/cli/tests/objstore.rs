@@ -408,8 +408,8 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         a.ok(&["init", "--object-store", &format!("{u}-{step}")]);
         a.ok(&["create", "vm", "--size", "16M"]);
         // A commit is one PUT of its manifest with the grains in it
-        // (FORMAT.md §11.4a); only one of more than 8 MiB uploads a
-        // segment before it.
+        // (FORMAT.md §11.4a); 8 MiB of writes are sealed into a segment
+        // uploaded before it.
         let len = if step == "after-segment" { "9M" } else { "64k" };
         let s = a.serve();
         let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);

@@ -13,8 +13,8 @@
 //! a commit that finds another host's manifest in its place fences this
 //! host: every later I/O fails with an error naming the new owner.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,7 @@ use strata_objstore::{Bytes, ObjectStore, Put};
 
 use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder,
-    SnapshotRec, Tail, FANOUT, GRAIN,
+    SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
 };
 use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
@@ -43,6 +43,12 @@ const REFRESH: Duration = Duration::from_secs(1);
 const TAIL_FOLD: usize = 2048;
 /// A commit that would make a tail longer folds it first, inline.
 const TAIL_MAX: usize = 4096;
+/// Segments sealed between commits that may upload at once (§11.4a):
+/// a writer that would seal one more waits.
+const UPLOADS_IN_FLIGHT: usize = 4;
+/// Sealed grains not yet committed that make a write commit them itself
+/// (256 MiB: bounds the memory their entries take).
+const SEALED_COMMIT: usize = 65536;
 /// The end of a manifest read first: its tail and body, usually whole.
 const MANIFEST_READ: u64 = 64 << 10;
 
@@ -622,6 +628,17 @@ struct State {
     flushing: Arc<Batch>,
     /// A fold uploaded in the background that the next commit names.
     fold: Option<Fold>,
+    /// Grains sealed into segments between commits (uploads between
+    /// FLUSHes, §11.4a): grain → (seal number, where); the newest seal.
+    sealed: BTreeMap<u64, (u64, Entry)>,
+    /// Seals made so far.
+    seal_no: u64,
+    /// The seal count when the batch in `flushing` was taken: sealed
+    /// grains with a higher number are newer than it.
+    flushing_at: u64,
+    /// Sealed segments not uploaded yet: their bytes (reads come from
+    /// them) and the upload's outcome (None: in flight).
+    sealing: HashMap<SegId, Sealing>,
     /// Counts the calls that put acknowledged writes into `dirty`.
     write_seq: u64,
     /// Every write counted up to here is committed: a FLUSH that arrived
@@ -632,6 +649,13 @@ struct State {
     /// manifests keep `next_ctr` at or below it until one names it (GC
     /// must take it for an upload in flight, §11.7).
     folding: Option<u32>,
+}
+
+/// A sealed segment on its way to the store.
+struct Sealing {
+    bytes: Bytes,
+    failed: Option<Error>,
+    in_flight: bool,
 }
 
 /// A fold (§11.4a): the map at `base_root` with the tail `folded`
@@ -681,6 +705,8 @@ pub struct SharedDisk {
     snapshot: Option<SnapshotRec>,
     read_only: bool,
     state: Mutex<State>,
+    /// Signalled when a sealed segment's upload ends.
+    uploaded: Condvar,
     /// One commit (or claim) at a time.
     commit: Mutex<()>,
     /// Sub-grain writes read, patch and put back a grain one at a time.
@@ -701,12 +727,18 @@ struct Taken {
     folding: Option<u32>,
     /// The write count this batch covers (see `State::durable_seq`).
     covers: u64,
+    /// Grains sealed before the batch was taken (older than it), and the
+    /// seal count then.
+    sealed: Vec<(u64, Entry)>,
+    seal_upto: u64,
 }
 
 /// Where one grain of a read comes from.
 enum Source {
     Data,
     Zero,
+    /// A sealed grain already uploaded (the cache has its segment).
+    Sealed(Entry),
     Map,
 }
 
@@ -761,7 +793,12 @@ impl SharedDisk {
                 folding: None,
                 write_seq: 0,
                 durable_seq: 0,
+                sealed: BTreeMap::new(),
+                seal_no: 0,
+                flushing_at: 0,
+                sealing: HashMap::new(),
             }),
+            uploaded: Condvar::new(),
             commit: Mutex::new(()),
             rmw: Mutex::new(()),
             stats: Mutex::new(CommitStats::default()),
@@ -797,7 +834,7 @@ impl SharedDisk {
     /// Bytes acknowledged to writers and not yet committed to the store.
     pub fn unflushed_bytes(&self) -> u64 {
         let st = self.state.lock().unwrap();
-        (st.dirty.len() + st.flushing.len()) as u64 * G
+        (st.dirty.len() + st.flushing.len() + st.sealed.len()) as u64 * G
     }
 
     fn root(&self, man: &Manifest) -> (Option<Entry>, u8) {
@@ -821,8 +858,15 @@ impl SharedDisk {
                     .map(|(k, e)| (*k, e.is_some())),
             );
         }
+        v.extend(st.sealed.range(grains.clone()).map(|(k, _)| (*k, true)));
         for batch in [&*st.flushing, &st.dirty] {
             v.extend(batch.range(grains.clone()).map(|(k, d)| (*k, d.is_some())));
+        }
+        // A grain sealed after `flushing` was taken is newer than it.
+        for (k, (n, _)) in st.sealed.range(grains) {
+            if *n > st.flushing_at && !st.dirty.contains_key(k) {
+                v.insert(*k, true);
+            }
         }
         v
     }
@@ -947,22 +991,37 @@ impl SharedDisk {
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
-            let overlay = !st.dirty.is_empty() || !st.flushing.is_empty();
+            let overlay = !st.dirty.is_empty() || !st.flushing.is_empty() || !st.sealed.is_empty();
             for i in 0..n as u64 {
                 if !overlay {
                     sources.push(Source::Map);
                     continue;
                 }
                 let vg = first + i;
-                let hit = st.dirty.get(&vg).or_else(|| st.flushing.get(&vg));
                 let at = i as usize * GRAIN;
-                sources.push(match hit {
-                    Some(Some(d)) => {
+                // Newest first: unsealed writes, grains sealed after the
+                // batch being committed was taken, that batch, older seals.
+                let sealed = st.sealed.get(&vg);
+                let hit = match st.dirty.get(&vg) {
+                    Some(d) => Some(d),
+                    None if sealed.is_some_and(|(n, _)| *n > st.flushing_at) => None,
+                    None => st.flushing.get(&vg),
+                };
+                sources.push(match (hit, sealed) {
+                    (Some(Some(d)), _) => {
                         out[at..at + GRAIN].copy_from_slice(d);
                         Source::Data
                     }
-                    Some(None) => Source::Zero,
-                    None => Source::Map,
+                    (Some(None), _) => Source::Zero,
+                    (None, Some((_, e))) => match st.sealing.get(&e.seg) {
+                        Some(s) => {
+                            let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
+                            out[at..at + GRAIN].copy_from_slice(&s.bytes[off..off + GRAIN]);
+                            Source::Data
+                        }
+                        None => Source::Sealed(*e),
+                    },
+                    (None, None) => Source::Map,
                 });
             }
             st.man.clone()
@@ -972,6 +1031,11 @@ impl SharedDisk {
             match s {
                 Source::Data => {}
                 Source::Zero => out[at..at + GRAIN].fill(0),
+                Source::Sealed(e) => {
+                    self.ds
+                        .cache
+                        .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?
+                }
                 Source::Map => match self.locate(&man, first + i as u64)? {
                     None => out[at..at + GRAIN].fill(0),
                     Some(e) => {
@@ -1100,7 +1164,7 @@ impl SharedDisk {
                 if let Some(f) = &st.fenced {
                     return Err(Error::new(ErrorKind::Fenced, f.clone()));
                 }
-                if !st.dirty.is_empty() {
+                if !st.dirty.is_empty() || !st.sealed.is_empty() {
                     // Writes acknowledged since: commit them too.
                     continue;
                 }
@@ -1162,12 +1226,149 @@ impl SharedDisk {
                 }
             }
             st.write_seq += 1;
-            st.dirty_bytes > DIRTY_LIMIT_BYTES
+            if st.dirty_bytes >= crate::SEGMENT_MAX_BYTES as usize && st.owner {
+                st = self.seal(st)?;
+            }
+            st.dirty_bytes > DIRTY_LIMIT_BYTES || st.sealed.len() > SEALED_COMMIT
         };
         if over {
             self.commit()?;
         }
         Ok(())
+    }
+
+    /// Seal the data grains of `dirty` into segments and start their
+    /// uploads (§11.4a, uploads between FLUSHes), waiting while
+    /// [`UPLOADS_IN_FLIGHT`] are not in the store yet. Holes stay in
+    /// `dirty` (they need no upload). An upload that failed is retried by
+    /// the writer that waits for it, which fails with it (the store is
+    /// out: the write fails, as it would at a FLUSH).
+    fn seal<'a>(&'a self, mut st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
+        loop {
+            while st.sealing.len() >= UPLOADS_IN_FLIGHT {
+                let failed = st.sealing.iter_mut().find_map(|(id, s)| {
+                    s.failed.take()?;
+                    s.in_flight = true;
+                    Some((*id, s.bytes.clone()))
+                });
+                match failed {
+                    Some((id, bytes)) => {
+                        drop(st);
+                        self.upload_sealed(id, bytes)?;
+                        st = self.state.lock().unwrap();
+                    }
+                    None => st = self.uploaded.wait(st).unwrap(),
+                }
+            }
+            if st.fenced.is_some() || !st.owner {
+                return Ok(st);
+            }
+            let chunk: Vec<u64> = st
+                .dirty
+                .iter()
+                .filter(|(_, d)| d.as_deref().is_some_and(|d| d.iter().any(|&x| x != 0)))
+                .map(|(vg, _)| *vg)
+                .take(SEGMENT_GRAINS)
+                .collect();
+            if chunk.len() < SEGMENT_GRAINS / 2 {
+                return Ok(st);
+            }
+            let id = SegId {
+                disk: self.id,
+                gen: st.man.generation,
+                ctr: st.next_ctr,
+            };
+            st.next_ctr += 1;
+            st.seal_no += 1;
+            let n = st.seal_no;
+            let mut b = SegmentBuilder::new(id);
+            for vg in &chunk {
+                let d = st.dirty.remove(vg).flatten().expect("a data grain");
+                st.dirty_bytes -= GRAIN;
+                let e = b.add_grain(*vg, &d);
+                st.sealed.insert(*vg, (n, e));
+            }
+            let bytes = Bytes::from(b.seal(now_ms()));
+            st.sealing.insert(
+                id,
+                Sealing {
+                    bytes: bytes.clone(),
+                    failed: None,
+                    in_flight: true,
+                },
+            );
+            let Some(me) = self.me.upgrade() else {
+                return Ok(st);
+            };
+            let spawned = std::thread::Builder::new()
+                .name("strata-upload".into())
+                .spawn(move || me.upload_sealed(id, bytes));
+            if let Err(e) = spawned {
+                if let Some(s) = st.sealing.get_mut(&id) {
+                    s.in_flight = false;
+                    s.failed = Some(Error::new(
+                        ErrorKind::Io,
+                        format!("cannot start an upload thread: {e}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Upload sealed segment `id` (a thread of its own, or a commit
+    /// retrying one that failed): on success its bytes go to the cache and
+    /// reads take the grains from there.
+    fn upload_sealed(&self, id: SegId, bytes: Bytes) -> Result<()> {
+        let r = self
+            .store()
+            .put(&id.key(), bytes.clone())
+            .map_err(Error::from);
+        if r.is_ok() {
+            // A cache that cannot keep it: reads fetch it from the store.
+            let _ = self.ds.cache.insert(id, &bytes);
+            self.stats.lock().unwrap().uploaded_bytes += bytes.len() as u64;
+        }
+        let mut st = self.state.lock().unwrap();
+        match &r {
+            Ok(()) => {
+                st.sealing.remove(&id);
+            }
+            Err(e) => {
+                if let Some(s) = st.sealing.get_mut(&id) {
+                    s.in_flight = false;
+                    s.failed = Some(e.clone());
+                }
+            }
+        }
+        self.uploaded.notify_all();
+        r
+    }
+
+    /// With the commit lock held: wait until the sealed segments `ids`
+    /// are in the store, uploading again those whose upload failed.
+    fn wait_sealed(&self, ids: &std::collections::BTreeSet<SegId>) -> Result<()> {
+        loop {
+            let retry = {
+                let mut st = self.state.lock().unwrap();
+                while ids
+                    .iter()
+                    .any(|id| st.sealing.get(id).is_some_and(|s| s.in_flight))
+                {
+                    st = self.uploaded.wait(st).unwrap();
+                }
+                let failed = ids.iter().find_map(|id| {
+                    let s = st.sealing.get_mut(id)?;
+                    s.failed.take()?;
+                    s.in_flight = true;
+                    Some((*id, s.bytes.clone()))
+                });
+                match failed {
+                    None => return Ok(()),
+                    Some(f) => f,
+                }
+            };
+            self.upload_sealed(retry.0, retry.1)?;
+        }
     }
 
     /// Write `buf` at `offset` (any 512-byte alignment).
@@ -1471,6 +1672,7 @@ impl SharedDisk {
         let mut st = self.state.lock().unwrap();
         st.dirty.clear();
         st.dirty_bytes = 0;
+        st.sealed.clear();
         Ok(())
     }
 
@@ -1506,7 +1708,7 @@ impl SharedDisk {
         if let Some(f) = &st.fenced {
             return Err(Error::new(ErrorKind::Fenced, f.clone()));
         }
-        if st.dirty.is_empty() {
+        if st.dirty.is_empty() && st.sealed.is_empty() {
             return Ok(None);
         }
         if !st.owner {
@@ -1517,7 +1719,11 @@ impl SharedDisk {
         }
         st.flushing = Arc::new(std::mem::take(&mut st.dirty));
         st.dirty_bytes = 0;
-        Ok(Some(self.take(st, st.flushing.clone())))
+        st.flushing_at = st.seal_no;
+        let mut t = self.take(st, st.flushing.clone());
+        t.sealed = st.sealed.iter().map(|(vg, (_, e))| (*vg, *e)).collect();
+        t.seal_upto = st.seal_no;
+        Ok(Some(t))
     }
 
     /// Counters for `batch`'s grain segments and a node segment, and the
@@ -1533,6 +1739,8 @@ impl SharedDisk {
             fold: st.fold.take(),
             folding: st.folding,
             covers: st.write_seq,
+            sealed: Vec::new(),
+            seal_upto: 0,
         }
     }
 
@@ -1541,8 +1749,18 @@ impl SharedDisk {
     /// unflushed ones (or the disk is fenced).
     fn commit_taken(&self, t: Taken) -> Result<()> {
         let t0 = Instant::now();
-        let covers = t.covers;
-        let (result, fold) = self.commit_batch(t, false);
+        let (covers, seal_upto) = (t.covers, t.seal_upto);
+        // Rule 3: what the manifest names is in the store first.
+        let ids = t.sealed.iter().map(|(_, e)| e.seg).collect();
+        let (result, fold) = match self.wait_sealed(&ids) {
+            Ok(()) => {
+                if !ids.is_empty() {
+                    crash_point("after-segment");
+                }
+                self.commit_batch(t, false)
+            }
+            Err(e) => (Err(e), t.fold),
+        };
         {
             let mut c = self.stats.lock().unwrap();
             match &result {
@@ -1562,6 +1780,8 @@ impl SharedDisk {
             Ok((next, _)) => {
                 st.man = Arc::new(next);
                 st.durable_seq = st.durable_seq.max(covers);
+                // Committed: in the tail or the map now.
+                st.sealed.retain(|_, (n, _)| *n > seal_upto);
                 drop(st);
                 self.maybe_fold();
                 Ok(())
@@ -1577,9 +1797,13 @@ impl SharedDisk {
                         st.fold = fold;
                     }
                     // Keep them: the next FLUSH uploads them again. Newer
-                    // writes made meanwhile win.
+                    // writes made meanwhile win (unsealed or sealed).
                     let flushing = Arc::try_unwrap(flushing).unwrap_or_else(|a| (*a).clone());
+                    let at = st.flushing_at;
                     for (vg, d) in flushing {
+                        if st.sealed.get(&vg).is_some_and(|(n, _)| *n > at) {
+                            continue;
+                        }
                         if let std::collections::btree_map::Entry::Vacant(v) = st.dirty.entry(vg) {
                             v.insert(d);
                             st.dirty_bytes += GRAIN;
@@ -1639,6 +1863,8 @@ impl SharedDisk {
             fold: ready,
             folding,
             covers: _,
+            sealed,
+            seal_upto: _,
         } = t;
         let mut tail: Tail = (*man.tail).clone();
         let (mut root, mut levels) = (man.root, man.levels);
@@ -1652,7 +1878,11 @@ impl SharedDisk {
             // Overtaken (a revert, an inline fold): its nodes are garbage.
             _ => None,
         };
-        let named = ready.is_some();
+        let named = ready.is_some() || !sealed.is_empty();
+        // Sealed grains are older than the batch: set first.
+        for (vg, e) in sealed {
+            tail.insert(vg, Some(e));
+        }
         let r = self.commit_on(&man, &batch, ctrs, folding, fold, root, levels, tail, named);
         match r {
             Ok(v) => (Ok(v), None),

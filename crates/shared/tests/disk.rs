@@ -602,3 +602,106 @@ fn random_writes_fold_their_tail_and_read_back_everywhere() {
     let chk = b.check().unwrap();
     assert!(chk.errors.is_empty(), "{chk:?}");
 }
+
+/// Uploads between FLUSHes (FORMAT.md §11.4a): a stream of writes seals
+/// 8 MiB segments that upload before any FLUSH; writes read back at once
+/// whether unsealed, sealed and uploading, or uploaded; a writer that
+/// rewrites everything while another thread flushes over and over ends
+/// with the newest bytes, on this host and on another, before and after
+/// GC, with check clean.
+#[test]
+fn streamed_writes_upload_before_a_flush_and_stay_exact_through_commits() {
+    let Some(url) = store("stream") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    let size = 48 * MIB;
+    a.create_disk("s", size).unwrap();
+    let d = SharedDisk::open(a.clone(), "s", false).unwrap();
+    for i in 0..24u64 {
+        let data = pattern(i as u8, MIB as usize);
+        d.write_at(&data, i * MIB, false).unwrap();
+        assert_eq!(
+            read(&d, i * MIB, MIB as usize),
+            data,
+            "MiB {i} just written"
+        );
+        if i > 0 {
+            let back = pattern((i - 1) as u8, MIB as usize);
+            assert_eq!(read(&d, (i - 1) * MIB, MIB as usize), back, "MiB {}", i - 1);
+        }
+    }
+    // Sealed segments went up with no FLUSH.
+    let t = std::time::Instant::now();
+    while segment_keys(&url).len() < 2 {
+        assert!(
+            t.elapsed().as_secs() < 30,
+            "no segment uploaded before a FLUSH"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(d.manifest().seq, 2, "only the claim: nothing committed yet");
+
+    // Rewrite everything (two passes) while another thread flushes.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                d.flush().unwrap();
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+            n
+        })
+    };
+    let mut model = vec![0u8; size as usize];
+    for pass in 0..2u64 {
+        for i in 0..(size / MIB) {
+            let data = pattern((pass * 64 + i) as u8 ^ 0x5a, MIB as usize);
+            d.write_at(&data, i * MIB, false).unwrap();
+            model[(i * MIB) as usize..((i + 1) * MIB) as usize].copy_from_slice(&data);
+            // While commits run: the newest bytes, wherever they are.
+            let j = i.saturating_sub(9);
+            assert!(
+                read(&d, j * MIB, (i - j + 1) as usize * MIB as usize)
+                    == model[(j * MIB) as usize..((i + 1) * MIB) as usize],
+                "pass {pass}, MiB {j}..={i}"
+            );
+        }
+    }
+    // The same 8 MiB over and over: grains of a batch being committed
+    // are sealed again meanwhile, and reads must take the newer seal.
+    for round in 0..40u64 {
+        for i in 0..8u64 {
+            let data = pattern((round * 8 + i) as u8 ^ 0xa5, MIB as usize);
+            d.write_at(&data, i * MIB, false).unwrap();
+            model[(i * MIB) as usize..((i + 1) * MIB) as usize].copy_from_slice(&data);
+            assert!(
+                read(&d, 0, 8 * MIB as usize) == model[..8 * MIB as usize],
+                "round {round}, MiB {i}"
+            );
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(flusher.join().unwrap() > 0);
+    d.flush().unwrap();
+    assert!(read(&d, 0, size as usize) == model, "the writer's view");
+    let b = attach(db.path(), &url);
+    let on_b = SharedDisk::open(b.clone(), "s", true).unwrap();
+    assert!(
+        read(&on_b, 0, size as usize) == model,
+        "another host's view"
+    );
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    let rep = b.gc(false).unwrap();
+    assert!(
+        rep.deleted_segments > 0,
+        "the first pass's segments: {rep:?}"
+    );
+    let fresh = SharedDisk::open(b.clone(), "s", true).unwrap();
+    assert!(read(&fresh, 0, size as usize) == model, "after GC");
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+}
