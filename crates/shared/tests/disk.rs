@@ -582,25 +582,11 @@ fn random_writes_fold_their_tail_and_read_back_everywhere() {
     }
     assert!(folded, "no fold was named (longest tail {longest})");
     assert!(d.manifest().root.is_some());
-    assert!(read(&d, 0, size as usize) == model, "the writer's view");
-    let b = attach(db.path(), &url);
-    let on_b = SharedDisk::open(b.clone(), "f", true).unwrap();
-    assert!(
-        read(&on_b, 0, size as usize) == model,
-        "another host's view"
-    );
-    let chk = b.check().unwrap();
-    assert!(chk.errors.is_empty(), "{chk:?}");
     // Each commit's payload keeps grains nobody rewrote: GC frees
     // nothing whole yet (compaction is what would), and deletes nothing
     // anything reaches.
-    let rep = b.gc(false).unwrap();
+    let rep = same_everywhere(&d, "f", &attach(db.path(), &url), &model);
     assert!(rep.live_bytes <= rep.stored_bytes, "{rep:?}");
-    let fresh = SharedDisk::open(b.clone(), "f", true).unwrap();
-    assert!(read(&fresh, 0, size as usize) == model, "after GC");
-    assert!(read(&d, 0, size as usize) == model, "the writer after GC");
-    let chk = b.check().unwrap();
-    assert!(chk.errors.is_empty(), "{chk:?}");
 }
 
 /// Uploads between FLUSHes (FORMAT.md §11.4a): a stream of writes seals
@@ -686,22 +672,32 @@ fn streamed_writes_upload_before_a_flush_and_stay_exact_through_commits() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(flusher.join().unwrap() > 0);
     d.flush().unwrap();
-    assert!(read(&d, 0, size as usize) == model, "the writer's view");
-    let b = attach(db.path(), &url);
-    let on_b = SharedDisk::open(b.clone(), "s", true).unwrap();
-    assert!(
-        read(&on_b, 0, size as usize) == model,
-        "another host's view"
-    );
-    let chk = b.check().unwrap();
-    assert!(chk.errors.is_empty(), "{chk:?}");
-    let rep = b.gc(false).unwrap();
+    let rep = same_everywhere(&d, "s", &attach(db.path(), &url), &model);
     assert!(
         rep.deleted_segments > 0,
         "the first pass's segments: {rep:?}"
     );
-    let fresh = SharedDisk::open(b.clone(), "s", true).unwrap();
-    assert!(read(&fresh, 0, size as usize) == model, "after GC");
+}
+
+/// `model` is what writer `d` (disk `name`) reads, and what host `b`
+/// reads before and after a GC (whose report is returned), with check
+/// clean both times.
+fn same_everywhere(
+    d: &SharedDisk,
+    name: &str,
+    b: &Arc<SharedDatastore>,
+    model: &[u8],
+) -> strata_shared::gc::GcReport {
+    assert!(read(d, 0, model.len()) == model, "the writer's view");
+    let on_b = SharedDisk::open(b.clone(), name, true).unwrap();
+    assert!(read(&on_b, 0, model.len()) == model, "another host's view");
     let chk = b.check().unwrap();
     assert!(chk.errors.is_empty(), "{chk:?}");
+    let rep = b.gc(false).unwrap();
+    let fresh = SharedDisk::open(b.clone(), name, true).unwrap();
+    assert!(read(&fresh, 0, model.len()) == model, "after GC");
+    assert!(read(d, 0, model.len()) == model, "the writer after GC");
+    let chk = b.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    rep
 }
