@@ -619,6 +619,25 @@ fn store_summary(out: &mut String, s: &Summary) {
         human(s.disk_bytes),
         s.disk_objects
     );
+    if let Some(c) = &s.cache {
+        let reads = c.hits + c.misses;
+        let _ = writeln!(
+            out,
+            "cache:        {} of {} in {} segments; {} of {} reads hit{}; {} evicted, {} damaged",
+            human(c.bytes),
+            human(c.bound_bytes),
+            c.segments,
+            c.hits,
+            reads,
+            if reads > 0 {
+                format!(" ({:.1} %)", c.hits as f64 * 100.0 / reads as f64)
+            } else {
+                String::new()
+            },
+            c.evictions,
+            c.damaged
+        );
+    }
 }
 
 /// An object store's capacity (the user's figure), provisioned space and

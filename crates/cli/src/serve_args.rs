@@ -109,6 +109,14 @@ pub struct ServeArgs {
     /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub store_timeout: u64,
+    /// Object-store datastores: keep at most SIZE of segments in this host's cache (DIR/cache;
+    /// at least 64M). Recorded in the directory, so later commands keep to it too; without it,
+    /// the size recorded before, else 8G. Eviction is S3-FIFO: a scan (a backup, a full read)
+    /// does not push out what VMs read again and again. Only data already in the store is
+    /// cached, so nothing is lost by evicting; the cache survives a restart and is verified
+    /// again before use
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub store_cache: Option<u64>,
     /// Object-store datastores: collect garbage in the background every this many seconds
     /// (0: only 'strata gc'); any host may, runs do not collide
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
@@ -188,6 +196,7 @@ impl From<&ServeArgs> for ServeConfig {
             vmdk: a.vmdk.clone(),
             vmdk_read_only: a.vmdk_read_only,
             store_timeout: a.store_timeout,
+            store_cache: a.store_cache,
             gc_interval: a.gc_interval,
             incoming: a.incoming.clone(),
             incoming_wait: a.incoming_wait,

@@ -752,3 +752,137 @@ fn alarms_measure_a_capacity_set_for_the_store_and_run_their_commands() {
     let e = a.fails(&["alarm", "set", "usage", "--warning", "95", "--alarm", "90"]);
     assert!(e.contains("warning must come first"), "{e}");
 }
+
+/// The value of a gauge without labels in a /metrics text.
+fn gauge(m: &str, name: &str) -> f64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{m}"))
+}
+
+/// Bytes of the files under `dir`, recursively.
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => tree_bytes(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    })
+}
+
+/// `--store-cache` bounds the host's segment cache; a scan larger than the
+/// cache leaves a hot set that was read again and again in it (S3-FIFO:
+/// LRU or FIFO would lose it); the cache survives a restart, is verified
+/// before use, and a damaged file costs a read from the store, not wrong
+/// data.
+#[test]
+fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
+    let Some(u) = url("cache") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "256M"]);
+    let cache = a.path().join("cache");
+    let http = common::http::free_addr();
+    let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
+    let (ok, w) = qemu_io(
+        &a.uri("vm"),
+        &["write -P 0x11 0 16M", "write -P 0x22 16M 176M", "flush"],
+    );
+    assert!(ok, "{w}");
+    let m = common::http::metrics(&http);
+    assert_eq!(
+        gauge(&m, "strata_shared_cache_bound_bytes"),
+        (64 << 20) as f64
+    );
+    assert!(
+        gauge(&m, "strata_shared_cache_bytes") <= (64 << 20) as f64,
+        "{m}"
+    );
+    assert!(
+        gauge(&m, "strata_shared_cache_evictions_total") > 0.0,
+        "{m}"
+    );
+    assert!(tree_bytes(&cache) <= 64 << 20, "{}", tree_bytes(&cache));
+
+    // The hot set: read until every read hits, with pauses (uses closer
+    // than a second count once), then once more so it is seen used.
+    let hot = |uri: &str| {
+        let (ok, r) = qemu_io(uri, &["read -P 0x11 0 16M"]);
+        assert!(ok && !r.contains("verification failed"), "{r}");
+    };
+    let misses = |http: &str| {
+        gauge(
+            &common::http::metrics(http),
+            "strata_shared_cache_misses_total",
+        )
+    };
+    let mut passes = 0;
+    loop {
+        let before = misses(&http);
+        hot(&a.uri("vm"));
+        passes += 1;
+        if misses(&http) == before {
+            break;
+        }
+        assert!(passes < 20, "the hot set never came whole into the cache");
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    hot(&a.uri("vm"));
+    // A scan of 176 MiB through a 64 MiB cache.
+    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x22 16M 176M"]);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    assert!(tree_bytes(&cache) <= 64 << 20, "{}", tree_bytes(&cache));
+    let before = misses(&http);
+    hot(&a.uri("vm"));
+    assert_eq!(misses(&http), before, "the scan pushed the hot set out");
+    sa.stop();
+
+    // A restart keeps the files (and the bound recorded by the first
+    // server); they are verified, then serve the hot set.
+    let sa = a.serve_with(&["--http", &http]);
+    hot(&a.uri("vm"));
+    let m = common::http::metrics(&http);
+    assert_eq!(
+        gauge(&m, "strata_shared_cache_bound_bytes"),
+        (64 << 20) as f64
+    );
+    assert_eq!(gauge(&m, "strata_shared_cache_misses_total"), 0.0, "{m}");
+    assert!(gauge(&m, "strata_shared_cache_hits_total") >= 4096.0, "{m}");
+    assert_eq!(gauge(&m, "strata_shared_cache_damaged_total"), 0.0, "{m}");
+    let st = a.json(&["status"]);
+    assert_eq!(st["object_store"]["cache"]["bound_bytes"], 64 << 20, "{st}");
+    sa.stop();
+
+    // Damage every cached segment's grains: reads still return what was
+    // written, from the store, and the damage is counted.
+    let mut damaged = 0;
+    let mut stack = vec![cache.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.metadata().unwrap().len() > 1 << 20 {
+                let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0xee; 512], 64 << 10).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0);
+    let sa = a.serve_with(&["--http", &http]);
+    hot(&a.uri("vm"));
+    let m = common::http::metrics(&http);
+    assert!(gauge(&m, "strata_shared_cache_damaged_total") >= 1.0, "{m}");
+    assert!(gauge(&m, "strata_shared_cache_misses_total") > 0.0, "{m}");
+    let out = a.ok(&["status"]);
+    assert!(out.contains("cache:") && out.contains("damaged"), "{out}");
+    sa.stop();
+}

@@ -434,6 +434,9 @@ pub struct OpenOptions {
     pub direct_io: bool,
     /// How long an object-store operation may take, retries included.
     pub store_timeout: Duration,
+    /// An object-store datastore's segment cache bound, recorded in its
+    /// directory (None: keep the recorded one).
+    pub store_cache: Option<u64>,
 }
 
 impl Default for OpenOptions {
@@ -442,6 +445,7 @@ impl Default for OpenOptions {
             cache_bytes: 64 << 20,
             direct_io: false,
             store_timeout: Duration::from_secs(30),
+            store_cache: None,
         }
     }
 }

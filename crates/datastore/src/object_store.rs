@@ -77,6 +77,9 @@ impl ObjectStoreDatastore {
             op_timeout: opts.store_timeout,
             ..Default::default()
         };
+        if let Some(bytes) = opts.store_cache {
+            strata_shared::set_cache_bound(dir, bytes).map_err(from_shared)?;
+        }
         let ds = SharedDatastore::open(dir, &o).map_err(from_shared)?;
         Ok(ObjectStoreDatastore::new(Arc::new(ds), dir))
     }

@@ -1,6 +1,6 @@
 //! Prometheus gauges of an object-store datastore's server: per disk it
-//! holds open (upload backlog, writer or fenced, generation, commits) and
-//! of its last garbage collection.
+//! holds open (upload backlog, writer or fenced, generation, commits), of
+//! its segment cache and of its last garbage collection.
 
 use strata_datastore::ObjectStoreDatastore;
 use strata_stats::Gauge;
@@ -74,6 +74,46 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             &name,
             c.uploaded_bytes as f64,
         ));
+    }
+    let c = store.shared().cache_stats();
+    for (n, h, v) in [
+        (
+            "strata_shared_cache_bytes",
+            "Bytes of segments this host's cache holds",
+            c.bytes,
+        ),
+        (
+            "strata_shared_cache_bound_bytes",
+            "The cache's bound (--store-cache)",
+            c.bound_bytes,
+        ),
+        (
+            "strata_shared_cache_segments",
+            "Segments this host's cache holds",
+            c.segments,
+        ),
+        (
+            "strata_shared_cache_hits_total",
+            "Grain and map-node reads a cached segment served",
+            c.hits,
+        ),
+        (
+            "strata_shared_cache_misses_total",
+            "Grain and map-node reads that went to the store",
+            c.misses,
+        ),
+        (
+            "strata_shared_cache_evictions_total",
+            "Cached segments deleted to stay within the bound",
+            c.evictions,
+        ),
+        (
+            "strata_shared_cache_damaged_total",
+            "Cached segments that failed verification (deleted; read from the store)",
+            c.damaged,
+        ),
+    ] {
+        out.push(Gauge::new(n, h, v as f64));
     }
     if let Some(r) = &store.last_gc() {
         for (n, h, v) in [

@@ -242,6 +242,7 @@ impl Places {
             cache_bytes: self.cfg.metadata_cache,
             direct_io: self.cfg.direct_io,
             store_timeout: self.cfg.store_timeout,
+            store_cache: None,
         };
         let s: Store = match loc.kind {
             Kind::Local => match LocalDatastore::open(&loc.dir, &opts) {

@@ -73,6 +73,9 @@ pub struct ServeConfig {
     pub vmdk_read_only: bool,
     /// Object stores: how long a FLUSH waits for the store, in seconds.
     pub store_timeout: u64,
+    /// Object stores: the bound of this host's segment cache, in bytes
+    /// (None: the one recorded in the directory, or the default).
+    pub store_cache: Option<u64>,
     /// Object stores: seconds between background collections (0: none).
     pub gc_interval: u64,
     /// Object stores: disks served incoming (a live migration's target).
@@ -801,6 +804,7 @@ fn open_home(
     if strata_shared::is_shared(dir) {
         let opts = strata_datastore::OpenOptions {
             store_timeout: Duration::from_secs(args.store_timeout),
+            store_cache: args.store_cache,
             ..Default::default()
         };
         let store = ObjectStoreDatastore::open(dir, &opts)?;

@@ -1,18 +1,23 @@
 //! This host's cache of a shared datastore's objects (docs/FORMAT.md
 //! §11.8): whole segments as files under `DIR/cache/`, verified end to end
-//! before they are kept, and decoded map nodes in memory. A read that
+//! before they are used, and decoded map nodes in memory. A read that
 //! misses is answered with a ranged GET of just the grain or node (a cold
 //! cache does not make a guest wait for whole segments) while the whole
-//! segment is fetched in the background, two at a time. Objects never change, so nothing here is ever invalidated;
-//! every grain and node read is still checked against the CRC its map entry
-//! carries, so a damaged cache file is an error naming it, never data.
+//! segment is fetched in the background, two at a time. Objects never
+//! change, so nothing here is ever invalidated. The files stay within a
+//! bound, evicted by S3-FIFO ([`crate::s3fifo`]); they survive a restart
+//! and are verified again on their first use. Every grain and node read is
+//! checked against the CRC its map entry carries; a cached copy that fails
+//! is deleted and the read goes to the store.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Instant, SystemTime};
 
 use strata_objstore::ObjectStore;
 
@@ -20,6 +25,7 @@ use crate::layout::{
     decode_segment_header, verify_segment, Entry, MapNode, SegId, SegmentInfo, GRAIN, NODE_BYTES,
     SEG_DATA_OFFSET, SEG_HEADER_BYTES,
 };
+use crate::s3fifo::{S3Fifo, USE_GAP};
 use crate::{Error, ErrorKind, Result};
 
 struct CachedSegment {
@@ -27,11 +33,19 @@ struct CachedSegment {
     info: SegmentInfo,
 }
 
+/// A decoded map node, and when its segment was last counted used (ms
+/// since the cache opened): a node in memory still uses its segment, so
+/// that a restart finds it cached.
+struct KeptNode {
+    node: Arc<MapNode>,
+    used_ms: AtomicU64,
+}
+
 /// Segments and nodes this host has read or written.
 pub struct SegmentCache {
     dir: PathBuf,
     segments: RwLock<HashMap<SegId, Arc<CachedSegment>>>,
-    nodes: RwLock<HashMap<(SegId, u32), Arc<MapNode>>>,
+    nodes: RwLock<HashMap<(SegId, u32), Arc<KeptNode>>>,
     /// One fetch of a segment at a time per segment: a cold disk read by
     /// many threads fetches each segment once.
     fetching: Mutex<HashMap<SegId, Arc<Mutex<()>>>>,
@@ -39,6 +53,30 @@ pub struct SegmentCache {
     headers: RwLock<HashMap<SegId, SegmentInfo>>,
     /// Segments being fetched in the background.
     prefetching: Mutex<HashSet<SegId>>,
+    /// Which files to delete when they exceed the bound.
+    policy: Mutex<S3Fifo<SegId>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    damaged: AtomicU64,
+    opened: Instant,
+}
+
+/// What the cache holds and how it served reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheStats {
+    /// Bytes of the segment files held, and their bound.
+    pub bytes: u64,
+    pub bound_bytes: u64,
+    pub segments: u64,
+    /// Grain and node reads a cached file served.
+    pub hits: u64,
+    /// Grain and node reads that went to the store.
+    pub misses: u64,
+    /// Files deleted to stay within the bound.
+    pub evictions: u64,
+    /// Cached files that failed verification (deleted, read from the store).
+    pub damaged: u64,
 }
 
 /// Background fetches of whole segments at once.
@@ -49,7 +87,20 @@ fn corrupt(msg: String) -> Error {
 }
 
 impl SegmentCache {
-    pub fn new(dir: PathBuf) -> Self {
+    /// The cache in `dir`, holding at most `bound` bytes of files: the
+    /// files an earlier process left are counted (oldest first out), and
+    /// deleted at once if they exceed it.
+    pub fn new(dir: PathBuf, bound: u64) -> Self {
+        let mut policy = S3Fifo::new(bound);
+        let now = Instant::now();
+        let mut found = Vec::new();
+        list_files(&dir, &dir, &mut found);
+        found.sort_by_key(|f| f.2);
+        for (id, bytes, _) in found {
+            for old in policy.insert(id, bytes, true, true, now) {
+                let _ = std::fs::remove_file(dir.join(old.key()));
+            }
+        }
         SegmentCache {
             dir,
             segments: RwLock::new(HashMap::new()),
@@ -57,25 +108,82 @@ impl SegmentCache {
             fetching: Mutex::new(HashMap::new()),
             headers: RwLock::new(HashMap::new()),
             prefetching: Mutex::new(HashSet::new()),
+            policy: Mutex::new(policy),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            damaged: AtomicU64::new(0),
+            opened: now,
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let p = self.policy.lock().unwrap();
+        CacheStats {
+            bytes: p.bytes(),
+            bound_bytes: p.bound(),
+            segments: p.len() as u64,
+            hits: self.hits.load(Relaxed),
+            misses: self.misses.load(Relaxed),
+            evictions: self.evictions.load(Relaxed),
+            damaged: self.damaged.load(Relaxed),
         }
     }
 
     /// The segment if it is here (memory or the cache directory), without
-    /// asking the store.
+    /// asking the store. A file this process has not used yet is verified
+    /// whole first (it may be damaged, or from a build that wrote it
+    /// differently); one that fails is deleted.
     fn local(&self, id: SegId) -> Option<Arc<CachedSegment>> {
         if let Some(s) = self.segments.read().unwrap().get(&id) {
+            self.policy.lock().unwrap().touch(&id, Instant::now());
             return Some(s.clone());
         }
         let file = File::open(self.path(id)).ok()?;
-        let mut h = [0u8; SEG_HEADER_BYTES];
-        file.read_exact_at(&mut h, 0).ok()?;
-        let info = decode_segment_header(&id.key(), &h).ok()?;
-        if file.metadata().ok()?.len() != info.len() {
-            return None;
-        }
+        let mut bytes = Vec::new();
+        let read = std::io::Read::read_to_end(&mut &file, &mut bytes);
+        let info = match read
+            .map_err(|e| e.to_string())
+            .and_then(|_| verify_segment(&id.key(), &bytes))
+        {
+            Ok(info) => info,
+            Err(e) => {
+                eprintln!(
+                    "strata: cached copy {} is damaged ({e}): deleted, reading from the store",
+                    self.path(id).display()
+                );
+                self.drop_damaged(id);
+                return None;
+            }
+        };
         let s = Arc::new(CachedSegment { file, info });
         self.segments.write().unwrap().insert(id, s.clone());
+        self.admit(id, bytes.len() as u64, true);
         Some(s)
+    }
+
+    /// Count segment `id` (its file is written; `read`: for a read, not
+    /// an upload) and evict what no longer fits.
+    fn admit(&self, id: SegId, bytes: u64, read: bool) {
+        let out = self
+            .policy
+            .lock()
+            .unwrap()
+            .insert(id, bytes, false, read, Instant::now());
+        for old in out {
+            self.segments.write().unwrap().remove(&old);
+            // A reader that has it open finishes from the unlinked file.
+            let _ = std::fs::remove_file(self.path(old));
+            self.evictions.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A cached file failed verification: forget it and delete it.
+    fn drop_damaged(&self, id: SegId) {
+        self.segments.write().unwrap().remove(&id);
+        self.policy.lock().unwrap().remove(&id);
+        let _ = std::fs::remove_file(self.path(id));
+        self.damaged.fetch_add(1, Relaxed);
     }
 
     /// Fetch segment `id` whole in the background (at most
@@ -132,6 +240,7 @@ impl SegmentCache {
             .write()
             .unwrap()
             .insert(id, Arc::new(CachedSegment { file, info }));
+        self.admit(id, bytes.len() as u64, false);
         Ok(())
     }
 
@@ -185,10 +294,13 @@ impl SegmentCache {
             info,
         });
         self.segments.write().unwrap().insert(id, s.clone());
+        self.admit(id, bytes.len() as u64, true);
         Ok(s)
     }
 
-    /// Read the grain `e` points at into `out` (4096 bytes), checking its CRC.
+    /// Read the grain `e` points at into `out` (4096 bytes), checking its
+    /// CRC. A cached copy that fails the check is deleted and the grain is
+    /// read from the store.
     pub fn read_grain(
         self: &Arc<Self>,
         store: &Arc<ObjectStore>,
@@ -196,39 +308,44 @@ impl SegmentCache {
         out: &mut [u8],
     ) -> Result<()> {
         let out = &mut out[..GRAIN];
-        let place = match self.local(e.seg) {
-            Some(seg) => {
-                if e.slot >= seg.info.grains {
-                    return Err(corrupt(format!(
-                        "{}: a map entry names grain {} of a segment with {}",
-                        e.seg.key(),
-                        e.slot,
-                        seg.info.grains
-                    )));
-                }
-                seg.file
-                    .read_exact_at(out, SegmentInfo::grain_offset(e.slot))
-                    .map_err(|err| {
-                        Error::new(
-                            ErrorKind::Io,
-                            format!("cannot read {}: {err}", self.path(e.seg).display()),
-                        )
-                    })?;
-                format!("cached copy {}", self.path(e.seg).display())
+        if let Some(seg) = self.local(e.seg) {
+            if e.slot >= seg.info.grains {
+                return Err(corrupt(format!(
+                    "{}: a map entry names grain {} of a segment with {}",
+                    e.seg.key(),
+                    e.slot,
+                    seg.info.grains
+                )));
             }
-            None => {
-                self.prefetch(store, e.seg);
-                let at = SegmentInfo::grain_offset(e.slot);
-                let b = store
-                    .get_range(&e.seg.key(), at..at + GRAIN as u64)
-                    .map_err(Error::from)?;
-                out.copy_from_slice(&b);
-                "read from the store".to_string()
+            seg.file
+                .read_exact_at(out, SegmentInfo::grain_offset(e.slot))
+                .map_err(|err| {
+                    Error::new(
+                        ErrorKind::Io,
+                        format!("cannot read {}: {err}", self.path(e.seg).display()),
+                    )
+                })?;
+            if crc32c::crc32c(out) == e.crc {
+                self.hits.fetch_add(1, Relaxed);
+                return Ok(());
             }
-        };
+            eprintln!(
+                "strata: cached copy {} does not match grain {}'s checksum: deleted, reading from the store",
+                self.path(e.seg).display(),
+                e.slot
+            );
+            self.drop_damaged(e.seg);
+        }
+        self.misses.fetch_add(1, Relaxed);
+        self.prefetch(store, e.seg);
+        let at = SegmentInfo::grain_offset(e.slot);
+        let b = store
+            .get_range(&e.seg.key(), at..at + GRAIN as u64)
+            .map_err(Error::from)?;
+        out.copy_from_slice(&b);
         if crc32c::crc32c(out) != e.crc {
             return Err(corrupt(format!(
-                "{}: grain {} does not match the checksum its map entry holds ({place})",
+                "{}: grain {} does not match the checksum its map entry holds (read from the store)",
                 e.seg.key(),
                 e.slot,
             )));
@@ -244,75 +361,97 @@ impl SegmentCache {
         level: u8,
         first: u64,
     ) -> Result<Arc<MapNode>> {
-        if let Some(n) = self.nodes.read().unwrap().get(&(e.seg, e.slot)) {
-            return Ok(n.clone());
+        if let Some(k) = self.nodes.read().unwrap().get(&(e.seg, e.slot)) {
+            let now = self.opened.elapsed().as_millis() as u64;
+            let last = k.used_ms.load(Relaxed);
+            if now >= last + USE_GAP.as_millis() as u64
+                && k.used_ms
+                    .compare_exchange(last, now, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                self.policy.lock().unwrap().touch(&e.seg, Instant::now());
+            }
+            return Ok(k.node.clone());
         }
         let mut b = vec![0u8; NODE_BYTES];
-        match self.local(e.seg) {
-            Some(seg) => {
-                check_node_slot(e, &seg.info)?;
-                seg.file
-                    .read_exact_at(&mut b, seg.info.node_offset(e.slot))
-                    .map_err(|err| {
-                        Error::new(
-                            ErrorKind::Io,
-                            format!("cannot read {}: {err}", self.path(e.seg).display()),
-                        )
-                    })?;
-            }
-            None => {
-                self.prefetch(store, e.seg);
-                // Segments of map nodes hold no grains (commits and folds
-                // write nodes apart, FORMAT.md §11.4a), so node `slot` is
-                // at a known offset: one round trip instead of two. The
-                // CRC its entry holds says whether the guess was right;
-                // if not, the header says where it is.
-                let guess = SEG_DATA_OFFSET as u64 + e.slot as u64 * NODE_BYTES as u64;
-                let got = match self.headers.read().unwrap().get(&e.seg) {
-                    Some(_) => None,
-                    None => store
-                        .get_range(&e.seg.key(), guess..guess + NODE_BYTES as u64)
-                        .ok()
-                        .filter(|g| crc32c::crc32c(g) == e.crc),
-                };
-                match got {
-                    Some(g) => b.copy_from_slice(&g),
-                    None => {
-                        let info = self.header(store, e.seg)?;
-                        check_node_slot(e, &info)?;
-                        let at = info.node_offset(e.slot);
-                        b.copy_from_slice(
-                            &store
-                                .get_range(&e.seg.key(), at..at + NODE_BYTES as u64)
-                                .map_err(Error::from)?,
-                        );
-                    }
-                }
+        let mut cached = false;
+        if let Some(seg) = self.local(e.seg) {
+            check_node_slot(e, &seg.info)?;
+            seg.file
+                .read_exact_at(&mut b, seg.info.node_offset(e.slot))
+                .map_err(|err| {
+                    Error::new(
+                        ErrorKind::Io,
+                        format!("cannot read {}: {err}", self.path(e.seg).display()),
+                    )
+                })?;
+            cached = crc32c::crc32c(&b) == e.crc;
+            if cached {
+                self.hits.fetch_add(1, Relaxed);
+            } else {
+                eprintln!(
+                    "strata: cached copy {} does not match node {}'s checksum: deleted, reading from the store",
+                    self.path(e.seg).display(),
+                    e.slot
+                );
+                self.drop_damaged(e.seg);
             }
         }
-        if crc32c::crc32c(&b) != e.crc {
-            return Err(corrupt(format!(
-                "{}: map node {} does not match the checksum its parent holds",
-                e.seg.key(),
-                e.slot
-            )));
+        if !cached {
+            self.misses.fetch_add(1, Relaxed);
+            self.prefetch(store, e.seg);
+            // Segments of map nodes hold no grains (commits and folds
+            // write nodes apart, FORMAT.md §11.4a), so node `slot` is
+            // at a known offset: one round trip instead of two. The
+            // CRC its entry holds says whether the guess was right;
+            // if not, the header says where it is.
+            let guess = SEG_DATA_OFFSET as u64 + e.slot as u64 * NODE_BYTES as u64;
+            let got = match self.headers.read().unwrap().get(&e.seg) {
+                Some(_) => None,
+                None => store
+                    .get_range(&e.seg.key(), guess..guess + NODE_BYTES as u64)
+                    .ok()
+                    .filter(|g| crc32c::crc32c(g) == e.crc),
+            };
+            match got {
+                Some(g) => b.copy_from_slice(&g),
+                None => {
+                    let info = self.header(store, e.seg)?;
+                    check_node_slot(e, &info)?;
+                    let at = info.node_offset(e.slot);
+                    b.copy_from_slice(
+                        &store
+                            .get_range(&e.seg.key(), at..at + NODE_BYTES as u64)
+                            .map_err(Error::from)?,
+                    );
+                }
+            }
+            if crc32c::crc32c(&b) != e.crc {
+                return Err(corrupt(format!(
+                    "{}: map node {} does not match the checksum its parent holds",
+                    e.seg.key(),
+                    e.slot
+                )));
+            }
         }
         let place = format!("{} node {}", e.seg.key(), e.slot);
         let node = Arc::new(MapNode::decode(&place, &b, level, first).map_err(corrupt)?);
+        self.keep_node(e, node.clone());
+        Ok(node)
+    }
+
+    fn keep_node(&self, e: &Entry, node: Arc<MapNode>) {
+        let used_ms = AtomicU64::new(self.opened.elapsed().as_millis() as u64);
         self.nodes
             .write()
             .unwrap()
-            .insert((e.seg, e.slot), node.clone());
-        Ok(node)
+            .insert((e.seg, e.slot), Arc::new(KeptNode { node, used_ms }));
     }
 
     /// Keep a node this host has just written (it is in a segment that was
     /// inserted).
     pub fn insert_node(&self, e: &Entry, node: MapNode) {
-        self.nodes
-            .write()
-            .unwrap()
-            .insert((e.seg, e.slot), Arc::new(node));
+        self.keep_node(e, Arc::new(node));
     }
 }
 
@@ -326,4 +465,42 @@ fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The segment files under `dir` (`root` is the cache directory): id,
+/// bytes and modification time. Files a process that died left half
+/// written (`*.tmpPID`) are deleted.
+fn list_files(root: &Path, dir: &Path, out: &mut Vec<(SegId, u64, SystemTime)>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for ent in rd.flatten() {
+        let path = ent.path();
+        let Ok(meta) = ent.metadata() else { continue };
+        if meta.is_dir() {
+            list_files(root, &path, out);
+            continue;
+        }
+        let is_tmp = path
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| x.starts_with("tmp"));
+        if is_tmp {
+            // Another process's file being written stays.
+            let pid = path
+                .extension()
+                .and_then(|x| x.to_str()?.strip_prefix("tmp")?.parse::<u32>().ok());
+            if pid.is_none_or(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
+        let Some(key) = path.strip_prefix(root).ok().and_then(|k| k.to_str()) else {
+            continue;
+        };
+        if let Some(id) = SegId::from_key(key).or_else(|| SegId::payload_from_key(key)) {
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            out.push((id, meta.len(), mtime));
+        }
+    }
 }

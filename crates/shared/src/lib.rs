@@ -14,7 +14,9 @@ pub mod envelope;
 pub mod gc;
 pub mod groups;
 pub mod layout;
+pub mod s3fifo;
 
+pub use cache::CacheStats;
 pub use disk::SharedDisk;
 
 use std::fmt;
@@ -42,6 +44,48 @@ pub const FORMAT: u32 = 1;
 pub const GRAIN_BYTES: u32 = 4096;
 pub const MAP_FANOUT: u32 = 256;
 pub const SEGMENT_MAX_BYTES: u64 = 8 << 20;
+/// This host's segment cache holds at most this many bytes unless
+/// `--store-cache` says otherwise (§11.8).
+pub const CACHE_DEFAULT_BYTES: u64 = 8 << 30;
+/// The smallest cache bound: eight whole segments.
+pub const CACHE_MIN_BYTES: u64 = 64 << 20;
+/// The file in the local directory that records the cache bound.
+pub const FILE_CACHE_BOUND: &str = "store-cache.json";
+
+/// Record `bytes` as the bound of the segment cache of the host directory
+/// `dir` (every process that opens `dir` keeps to it).
+pub fn set_cache_bound(dir: &Path, bytes: u64) -> Result<()> {
+    if bytes < CACHE_MIN_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "a store cache of {bytes} bytes is too small: it must hold at least eight segments ({CACHE_MIN_BYTES} bytes, 64M)"
+            ),
+        ));
+    }
+    let path = dir.join(FILE_CACHE_BOUND);
+    let tmp = dir.join(format!("{FILE_CACHE_BOUND}.tmp"));
+    let io = |e: std::io::Error| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot write {}: {e}", path.display()),
+        )
+    };
+    let body = serde_json::json!({ "bytes": bytes }).to_string();
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(body.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)
+}
+
+/// The segment cache bound recorded for `dir`, or the default.
+pub fn cache_bound(dir: &Path) -> u64 {
+    std::fs::read(dir.join(FILE_CACHE_BOUND))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["bytes"].as_u64())
+        .map_or(CACHE_DEFAULT_BYTES, |b| b.max(CACHE_MIN_BYTES))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -146,6 +190,9 @@ pub struct Summary {
     pub disk_bytes: u64,
     /// The conditional-write probe, when this call ran it.
     pub probe: Option<ProbeSummary>,
+    /// This process's segment cache (§11.8).
+    #[serde(default)]
+    pub cache: Option<Box<CacheStats>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -439,7 +486,10 @@ impl SharedDatastore {
         probe: ProbeReport,
     ) -> Result<(Self, Summary)> {
         let ds = SharedDatastore {
-            cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
+            cache: Arc::new(cache::SegmentCache::new(
+                dir.join("cache"),
+                cache_bound(dir),
+            )),
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
@@ -519,7 +569,10 @@ impl SharedDatastore {
             ));
         }
         Ok(SharedDatastore {
-            cache: Arc::new(cache::SegmentCache::new(dir.join("cache"))),
+            cache: Arc::new(cache::SegmentCache::new(
+                dir.join("cache"),
+                cache_bound(dir),
+            )),
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
@@ -536,6 +589,11 @@ impl SharedDatastore {
 
     pub fn root(&self) -> &RootObject {
         &self.root
+    }
+
+    /// What this process's segment cache holds and how it served reads.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
     }
 
     /// What is in the store now.
@@ -557,6 +615,7 @@ impl SharedDatastore {
             disk_objects: objs.len() as u64,
             disk_bytes: objs.iter().map(|l| l.size).sum(),
             probe: None,
+            cache: Some(Box::new(self.cache.stats())),
         })
     }
 }

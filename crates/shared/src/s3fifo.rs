@@ -1,0 +1,325 @@
+//! S3-FIFO eviction by bytes (docs/FORMAT.md §11.8): which cached
+//! segments to delete when the cache is over its bound. Only the policy:
+//! the caller owns the files and deletes what [`S3Fifo::insert`] and
+//! [`S3Fifo::evict_over`] return.
+//!
+//! A new key enters the small FIFO (a tenth of the bound). Leaving it, a
+//! key that was used since it entered moves to the main FIFO; one that was
+//! not is evicted and remembered as a ghost (its id only), so that if it
+//! comes back soon it enters the main FIFO at once. The main FIFO gives a
+//! key that was used another round (one use less, at most [`MAX_USES`]
+//! counted) and evicts one that was not. One pass over a segment uses it
+//! many times within moments, so a use counts only if the previous counted
+//! use (or the arrival) is at least [`USE_GAP`] old: a scan's segments
+//! leave through the small FIFO without disturbing the main one.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+/// Uses counted per key at most.
+pub const MAX_USES: u8 = 3;
+/// Uses closer together than this count once.
+pub const USE_GAP: Duration = Duration::from_secs(1);
+
+struct Meta {
+    bytes: u64,
+    uses: u8,
+    main: bool,
+    /// A read brought or used it (a key that was only written leaves no
+    /// ghost: being read later is its first use, not a return).
+    read: bool,
+    /// When the last counted use (or the arrival) was.
+    used: Instant,
+    /// Which of the key's queue places is current (older ones are stale).
+    gen: u64,
+}
+
+/// The policy's state.
+pub struct S3Fifo<K> {
+    bound: u64,
+    small: VecDeque<(K, u64)>,
+    main: VecDeque<(K, u64)>,
+    small_bytes: u64,
+    main_bytes: u64,
+    ghost: VecDeque<K>,
+    ghosts: HashMap<K, u32>,
+    entries: HashMap<K, Meta>,
+    gen: u64,
+}
+
+impl<K: Copy + Eq + Hash> S3Fifo<K> {
+    pub fn new(bound: u64) -> Self {
+        S3Fifo {
+            bound,
+            small: VecDeque::new(),
+            main: VecDeque::new(),
+            small_bytes: 0,
+            main_bytes: 0,
+            ghost: VecDeque::new(),
+            ghosts: HashMap::new(),
+            entries: HashMap::new(),
+            gen: 0,
+        }
+    }
+
+    pub fn bound(&self) -> u64 {
+        self.bound
+    }
+
+    /// Bytes of the keys held.
+    pub fn bytes(&self) -> u64 {
+        self.small_bytes + self.main_bytes
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn contains(&self, k: &K) -> bool {
+        self.entries.contains_key(k)
+    }
+
+    /// `k` (of `bytes`) arrived: into the small FIFO, or the main one if it
+    /// is a ghost (or `main`: a key found at a restart); `read` if a read
+    /// brought it rather than a write. A key held already is only used.
+    /// Returns the keys evicted to stay within the bound.
+    pub fn insert(&mut self, k: K, bytes: u64, main: bool, read: bool, now: Instant) -> Vec<K> {
+        if self.entries.contains_key(&k) {
+            self.touch(&k, now);
+            return Vec::new();
+        }
+        let main = main || self.unghost(&k);
+        self.place(k, bytes, main, 0, now);
+        if let Some(m) = self.entries.get_mut(&k) {
+            m.read = read;
+        }
+        self.evict_over()
+    }
+
+    /// `k` was used (a hit).
+    pub fn touch(&mut self, k: &K, now: Instant) {
+        if let Some(m) = self.entries.get_mut(k) {
+            m.read = true;
+            if now.saturating_duration_since(m.used) >= USE_GAP {
+                m.uses = (m.uses + 1).min(MAX_USES);
+                m.used = now;
+            }
+        }
+    }
+
+    /// Forget `k` (its file is gone or damaged); not a ghost.
+    pub fn remove(&mut self, k: &K) -> bool {
+        match self.entries.remove(k) {
+            Some(m) => {
+                *self.bytes_of(m.main) -= m.bytes;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Evict until the keys fit the bound; the evicted keys. The main
+    /// FIFO gives up a key only while it holds more than its share (with
+    /// keys of several MiB against a bound of a few dozen, "the small FIFO
+    /// is under its tenth" says little).
+    pub fn evict_over(&mut self) -> Vec<K> {
+        let mut out = Vec::new();
+        while self.bytes() > self.bound {
+            let from_small =
+                self.small_bytes > 0 && self.main_bytes <= self.bound - self.bound / 10;
+            if let Some(k) = if from_small {
+                self.evict_small()
+            } else {
+                self.evict_main()
+            } {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    fn bytes_of(&mut self, main: bool) -> &mut u64 {
+        if main {
+            &mut self.main_bytes
+        } else {
+            &mut self.small_bytes
+        }
+    }
+
+    fn place(&mut self, k: K, bytes: u64, main: bool, uses: u8, used: Instant) {
+        self.gen += 1;
+        let gen = self.gen;
+        self.entries.insert(
+            k,
+            Meta {
+                bytes,
+                uses,
+                main,
+                read: true,
+                used,
+                gen,
+            },
+        );
+        *self.bytes_of(main) += bytes;
+        if main {
+            self.main.push_back((k, gen));
+        } else {
+            self.small.push_back((k, gen));
+        }
+    }
+
+    /// The current entry of a queue place, if it is not stale.
+    fn current(&self, k: &K, gen: u64) -> bool {
+        self.entries.get(k).is_some_and(|m| m.gen == gen)
+    }
+
+    fn evict_small(&mut self) -> Option<K> {
+        let (k, gen) = self.small.pop_front()?;
+        if !self.current(&k, gen) {
+            return None;
+        }
+        let m = self.entries.remove(&k).expect("current");
+        self.small_bytes -= m.bytes;
+        if m.uses > 0 {
+            self.place(k, m.bytes, true, 0, m.used);
+            return None;
+        }
+        if !m.read {
+            return Some(k);
+        }
+        self.ghost.push_back(k);
+        *self.ghosts.entry(k).or_default() += 1;
+        while self.ghost.len() > self.main.len().max(16) {
+            if let Some(g) = self.ghost.pop_front() {
+                self.unghost(&g);
+            }
+        }
+        Some(k)
+    }
+
+    fn evict_main(&mut self) -> Option<K> {
+        let (k, gen) = self.main.pop_front()?;
+        if !self.current(&k, gen) {
+            return None;
+        }
+        let m = self.entries.remove(&k).expect("current");
+        self.main_bytes -= m.bytes;
+        if m.uses > 0 {
+            self.place(k, m.bytes, true, m.uses - 1, m.used);
+            return None;
+        }
+        Some(k)
+    }
+
+    /// Whether `k` was a ghost (it is not one any more).
+    fn unghost(&mut self, k: &K) -> bool {
+        match self.ghosts.get_mut(k) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                self.ghosts.remove(k);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn stays_within_its_bound_and_evicts_first_in_first() {
+        let t = Instant::now();
+        let mut c = S3Fifo::new(64 * MB);
+        let mut evicted = Vec::new();
+        for k in 0..20u32 {
+            evicted.extend(c.insert(k, 8 * MB, false, true, t));
+            assert!(c.bytes() <= 64 * MB);
+        }
+        assert_eq!(c.len(), 8);
+        assert_eq!(evicted, (0..12).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_scan_leaves_a_used_hot_set_alone() {
+        let mut t = Instant::now();
+        let mut c = S3Fifo::new(80 * MB);
+        // A hot set of 6 segments, used again a while later.
+        for k in 0..6u32 {
+            c.insert(k, 8 * MB, false, true, t);
+        }
+        t += USE_GAP;
+        for k in 0..6u32 {
+            c.touch(&k, t);
+        }
+        // A scan of 100 segments, each read all over within a moment.
+        for k in 1000..1100u32 {
+            c.insert(k, 8 * MB, false, true, t);
+            for _ in 0..50 {
+                c.touch(&k, t);
+            }
+        }
+        for k in 0..6u32 {
+            assert!(c.contains(&k), "hot segment {k} was evicted by a scan");
+        }
+        assert!(c.bytes() <= 80 * MB);
+    }
+
+    #[test]
+    fn uses_close_together_count_once() {
+        let t = Instant::now();
+        let mut c = S3Fifo::new(16 * MB);
+        c.insert(1u32, 8 * MB, false, true, t);
+        for _ in 0..100 {
+            c.touch(&1, t + Duration::from_millis(10));
+        }
+        // Not used again after a gap: the next arrivals push it out.
+        c.insert(2, 8 * MB, false, true, t);
+        let out = c.insert(3, 8 * MB, false, true, t);
+        assert_eq!(out, [1]);
+    }
+
+    #[test]
+    fn a_ghost_that_comes_back_enters_the_main_fifo() {
+        let t = Instant::now();
+        let mut c = S3Fifo::new(40 * MB);
+        for k in 0..6u32 {
+            c.insert(k, 8 * MB, false, true, t);
+        }
+        assert!(!c.contains(&0));
+        // 0 comes back: main, so six newcomers pass it by.
+        c.insert(0, 8 * MB, false, true, t);
+        for k in 10..16u32 {
+            c.insert(k, 8 * MB, false, true, t);
+        }
+        assert!(c.contains(&0));
+    }
+
+    #[test]
+    fn removing_a_key_frees_its_bytes_and_stale_places_are_skipped() {
+        let t = Instant::now();
+        let mut c = S3Fifo::new(32 * MB);
+        c.insert(1u32, 8 * MB, false, true, t);
+        c.insert(2, 8 * MB, false, true, t);
+        assert!(c.remove(&1));
+        assert_eq!(c.bytes(), 8 * MB);
+        c.insert(1, 8 * MB, false, true, t);
+        for k in 3..6u32 {
+            c.insert(k, 8 * MB, false, true, t);
+        }
+        assert_eq!(c.bytes(), 32 * MB);
+        assert_eq!(c.len(), 4);
+    }
+}
