@@ -886,3 +886,50 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     assert!(out.contains("cache:") && out.contains("damaged"), "{out}");
     sa.stop();
 }
+
+/// A host that opens a disk it never read reads a grain of its map in
+/// three round trips: the manifest it opened the disk with carries the
+/// map's root node (FORMAT.md §11.5), so a 1 GiB disk (three levels) costs
+/// two node reads and the grain's.
+#[test]
+fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
+    let Some(u) = url("cold") else { return };
+    if !common::have("qemu-io") || !common::have("nbdinfo") {
+        return;
+    }
+    let (a, b) = (Host::empty(), Host::empty());
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "1G"]);
+    b.ok(&["attach", "--object-store", &u]);
+    let sa = a.serve();
+    // 32 MiB in one FLUSH: more than a tail holds, so the commit folds it
+    // into the map.
+    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 32M", "flush"]);
+    assert!(ok, "{w}");
+    sa.stop();
+
+    // Without background fetches of whole segments (which race the
+    // read's own requests), every node and grain the read needs is one
+    // ranged GET: their count is its round trips.
+    let http = common::http::free_addr();
+    let sb = Server::start_env(&b, &["--http", &http], &[("STRATA_STORE_PREFETCH", "0")]);
+    let ranged = |http: &str| {
+        let m = common::http::metrics(http);
+        let v = |op: &str| {
+            let want = format!("strata_shared_store_requests_total{{op=\"{op}\"}} ");
+            m.lines()
+                .find_map(|l| l.strip_prefix(&want)?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {want} in\n{m}"))
+        };
+        v("range_get")
+    };
+    // Open the disk (the handshake reads its newest manifest), read nothing.
+    common::run_ok("nbdinfo", &["--size", &b.uri("vm")]);
+    let before = ranged(&http);
+    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x11 20M 4k"]);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let trips = ranged(&http) - before;
+    eprintln!("first read of a mapped grain: {trips} ranged GETs");
+    assert_eq!(trips, 3.0, "the first read's round trips");
+    sb.stop();
+}

@@ -23,6 +23,7 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,6 +208,8 @@ pub struct ProbeReport {
 
 /// A connection to one datastore's prefix in one bucket.
 pub struct ObjectStore {
+    /// Requests made, by kind (a retried request counts once).
+    requests: RequestCounters,
     rt: tokio::runtime::Runtime,
     store: Arc<dyn object_store::ObjectStore>,
     /// The same store with the probe's time limit and no retries.
@@ -216,7 +219,48 @@ pub struct ObjectStore {
     opts: Options,
 }
 
+/// Requests an [`ObjectStore`] made, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Plain PUTs and create-only PUTs.
+    pub puts: u64,
+    pub creates: u64,
+    /// GETs of whole objects and of byte ranges.
+    pub gets: u64,
+    pub range_gets: u64,
+    pub lists: u64,
+    pub deletes: u64,
+}
+
+#[derive(Default)]
+struct RequestCounters {
+    puts: AtomicU64,
+    creates: AtomicU64,
+    gets: AtomicU64,
+    range_gets: AtomicU64,
+    lists: AtomicU64,
+    deletes: AtomicU64,
+}
+
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 impl ObjectStore {
+    /// The requests made so far, by kind.
+    pub fn requests(&self) -> Requests {
+        let c = &self.requests;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Requests {
+            puts: l(&c.puts),
+            creates: l(&c.creates),
+            gets: l(&c.gets),
+            range_gets: l(&c.range_gets),
+            lists: l(&c.lists),
+            deletes: l(&c.deletes),
+        }
+    }
+
     /// Connect to `url` with credentials and endpoint from the environment.
     /// No request is sent yet.
     pub fn connect(url: &StoreUrl, opts: &Options) -> Result<Self> {
@@ -245,6 +289,7 @@ impl ObjectStore {
                 )
             })?;
         Ok(ObjectStore {
+            requests: RequestCounters::default(),
             rt,
             store: Arc::new(store),
             probe_store: Arc::new(probe_store),
@@ -329,6 +374,7 @@ impl ObjectStore {
 
     /// Write `body` under `key`, replacing what is there.
     pub fn put(&self, key: &str, body: Bytes) -> Result<()> {
+        count(&self.requests.puts);
         let path = self.path(key);
         self.run("write", key, async {
             self.store.put(&path, PutPayload::from_bytes(body)).await
@@ -359,6 +405,7 @@ impl ObjectStore {
     }
 
     fn put_create_watched(&self, key: &str, body: Bytes) -> Result<Put> {
+        count(&self.requests.creates);
         let path = self.path(key);
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -387,6 +434,7 @@ impl ObjectStore {
     }
 
     fn put_create_once(&self, key: &str, body: Bytes) -> Result<()> {
+        count(&self.requests.creates);
         let path = self.path(key);
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -402,6 +450,7 @@ impl ObjectStore {
 
     /// The whole object under `key`.
     pub fn get(&self, key: &str) -> Result<Bytes> {
+        count(&self.requests.gets);
         let path = self.path(key);
         self.run("read", key, async {
             self.store.get(&path).await?.bytes().await
@@ -419,6 +468,7 @@ impl ObjectStore {
 
     /// Bytes `range` of the object under `key`.
     pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        count(&self.requests.range_gets);
         let path = self.path(key);
         let want = range.end - range.start;
         let b = self.run("read", key, async {
@@ -450,6 +500,7 @@ impl ObjectStore {
     }
 
     fn list_limited(&self, prefix: &str, after: Option<&str>, n: usize) -> Result<Vec<Listed>> {
+        count(&self.requests.lists);
         let dir = prefix.trim_end_matches('/');
         let base = self.path(dir);
         let offset = after.map(|a| self.path(a));
@@ -487,6 +538,7 @@ impl ObjectStore {
 
     /// Delete the object under `key` (no error if there is none).
     pub fn delete(&self, key: &str) -> Result<()> {
+        count(&self.requests.deletes);
         let path = self.path(key);
         match self.run("delete", key, async { self.store.delete(&path).await }) {
             Err(e) if e.kind == ErrorKind::NotFound => Ok(()),

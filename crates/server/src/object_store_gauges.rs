@@ -75,6 +75,24 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             c.uploaded_bytes as f64,
         ));
     }
+    let r = store.shared().store_requests();
+    for (op, v) in [
+        ("put", r.puts),
+        ("create", r.creates),
+        ("get", r.gets),
+        ("range_get", r.range_gets),
+        ("list", r.lists),
+        ("delete", r.deletes),
+    ] {
+        out.push(
+            Gauge::new(
+                "strata_shared_store_requests_total",
+                "Requests this server made to the object store, by kind (a retried one counts once)",
+                v as f64,
+            )
+            .label("op", op),
+        );
+    }
     let c = store.shared().cache_stats();
     for (n, h, v) in [
         (

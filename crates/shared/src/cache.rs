@@ -82,6 +82,14 @@ pub struct CacheStats {
 /// Background fetches of whole segments at once.
 const PREFETCH_MAX: usize = 2;
 
+/// Whether reads that miss fetch whole segments in the background:
+/// `STRATA_STORE_PREFETCH=0` turns that off, so that a read's round trips
+/// to the store can be counted exactly (docs/MULTIHOST.md).
+fn prefetch_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("STRATA_STORE_PREFETCH").map_or(true, |v| v != "0"))
+}
+
 fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
@@ -189,6 +197,9 @@ impl SegmentCache {
     /// Fetch segment `id` whole in the background (at most
     /// [`PREFETCH_MAX`] at once; a later miss asks again).
     fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) {
+        if !prefetch_on() {
+            return;
+        }
         {
             let mut p = self.prefetching.lock().unwrap();
             if p.len() >= PREFETCH_MAX || !p.insert(id) {
@@ -446,6 +457,12 @@ impl SegmentCache {
             .write()
             .unwrap()
             .insert((e.seg, e.slot), Arc::new(KeptNode { node, used_ms }));
+    }
+
+    /// The decoded node `e` points at, if this process holds it.
+    pub fn cached_node(&self, e: &Entry) -> Option<Arc<MapNode>> {
+        let nodes = self.nodes.read().unwrap();
+        nodes.get(&(e.seg, e.slot)).map(|k| k.node.clone())
     }
 
     /// Keep a node this host has just written (it is in a segment that was

@@ -190,6 +190,7 @@ impl SharedDatastore {
                 removed: false,
                 current: None,
                 limits: Default::default(),
+                root_node: None,
                 tail: Default::default(),
             };
             if self
@@ -383,6 +384,7 @@ impl SharedDatastore {
                 removed: false,
                 current: None,
                 limits: Default::default(),
+                root_node: None,
                 tail: Default::default(),
             };
             if self
@@ -877,6 +879,14 @@ impl SharedDisk {
         if self.snapshot.is_none() {
             if let Some(e) = man.tail.get(&vg) {
                 return Ok(*e);
+            }
+            // The root node from the manifest's copy, not the store.
+            if let Some(e) = man.root.filter(|_| man.root_node.is_some()) {
+                if self.ds.cache.cached_node(&e).is_none() {
+                    if let Some(n) = man.root_node() {
+                        self.ds.cache.insert_node(&e, n);
+                    }
+                }
             }
         }
         let (root, levels) = self.root(man);
@@ -1983,7 +1993,7 @@ impl SharedDisk {
                 self.ds.cache.insert_node(&e, n);
             }
         }
-        let next = Manifest {
+        let mut next = Manifest {
             seq: next_seq,
             written_ms: now_ms(),
             nonce: rand::random(),
@@ -1994,6 +2004,11 @@ impl SharedDisk {
             tail: Arc::new(tail),
             ..man.clone()
         };
+        // The root node's copy (§11.5); an unchanged root keeps the one
+        // `man` carries.
+        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
+            next.set_root_node(&n);
+        }
         let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
         uploaded += body.len() as u64;
         if commit_manifest(self.store(), man, &next, body)? {

@@ -554,6 +554,11 @@ pub struct Manifest {
     /// I/O limits (`strata limit`), absent when there are none.
     #[serde(default, skip_serializing_if = "IoLimits::is_none")]
     pub limits: IoLimits,
+    /// A copy of the node `root` points at, base64 (§11.5): a host that
+    /// opens the disk walks one level less on its first reads. A hint,
+    /// used only if it matches `root`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_node: Option<String>,
     /// Where the grains written since the map was last folded live
     /// (§11.4a; None: a hole); they win over the map. Stored in binary
     /// beside the body, not in it.
@@ -603,9 +608,35 @@ impl Manifest {
         manifest_key(self.disk, self.seq)
     }
 
+    /// The node `root` points at, from the copy this manifest carries, if
+    /// it has one that matches `root` (its CRC) and `levels`.
+    pub fn root_node(&self) -> Option<MapNode> {
+        use base64::Engine as _;
+        let (e, copy) = (self.root?, self.root_node.as_ref()?);
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(copy)
+            .ok()?;
+        if self.levels == 0 || b.len() != NODE_BYTES || crc32c::crc32c(&b) != e.crc {
+            return None;
+        }
+        MapNode::decode(&self.key(), &b, self.levels - 1, 0).ok()
+    }
+
+    /// Carry a copy of `node`, the node `root` points at.
+    pub fn set_root_node(&mut self, node: &MapNode) {
+        use base64::Engine as _;
+        self.root_node = Some(base64::engine::general_purpose::STANDARD.encode(node.encode()));
+    }
+
     /// Format 2 (§11.5): `payload` (a sealed segment with this
     /// manifest's payload id, or empty), the tail, the body, the footer.
+    /// A root node copy that does not match `root` is left out.
     pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
+        if self.root_node.is_some() && self.root_node().is_none() {
+            let mut m = self.clone();
+            m.root_node = None;
+            return m.encode(payload);
+        }
         let body = serde_json::to_vec(self).expect("json");
         let t = self.tail.len();
         let mut out = Vec::with_capacity(payload.len() + t * TAIL_ENTRY_BYTES + body.len() + 32);
@@ -836,6 +867,7 @@ mod tests {
             removed: false,
             current: None,
             limits: Default::default(),
+            root_node: None,
             tail: Default::default(),
         };
         let b = m.encode_v1();
@@ -900,5 +932,43 @@ mod tests {
         let n = d.len() - 3;
         d[n] ^= 1;
         assert!(Manifest::decode(&m.key(), &d).is_err());
+
+        // The root node's copy: carried when it matches `root` and
+        // `levels`, dropped at encode when it does not.
+        let mut node = MapNode::empty(2, 3, 2, 0);
+        node.entries[4] = Some(Entry {
+            seg: id(),
+            slot: 3,
+            crc: 9,
+        });
+        let mut m = Manifest {
+            root: Some(Entry {
+                seg: id(),
+                slot: 1,
+                crc: crc32c::crc32c(&node.encode()),
+            }),
+            ..m
+        };
+        m.set_root_node(&node);
+        assert_eq!(m.root_node(), Some(node.clone()));
+        let back = Manifest::decode(&m.key(), &m.encode(&[])).unwrap();
+        assert_eq!(back.root_node(), Some(node.clone()));
+        for stale in [
+            Manifest {
+                root: Some(Entry {
+                    crc: 1,
+                    ..m.root.unwrap()
+                }),
+                ..m.clone()
+            },
+            Manifest {
+                levels: 2,
+                ..m.clone()
+            },
+        ] {
+            assert_eq!(stale.root_node(), None);
+            let back = Manifest::decode(&m.key(), &stale.encode(&[])).unwrap();
+            assert_eq!(back.root_node, None);
+        }
     }
 }

@@ -591,6 +591,11 @@ impl SharedDatastore {
         &self.root
     }
 
+    /// The requests this process made to the store, by kind.
+    pub fn store_requests(&self) -> strata_objstore::Requests {
+        self.store.requests()
+    }
+
     /// What this process's segment cache holds and how it served reads.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()

@@ -506,6 +506,7 @@ fn a_format_1_datastore_reads_and_takes_new_commits() {
         removed: false,
         current: None,
         limits: Default::default(),
+        root_node: None,
         tail: Default::default(),
     };
     st.put(&m.key(), m.encode_v1().into()).unwrap();
