@@ -933,3 +933,82 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
     assert_eq!(trips, 3.0, "the first read's round trips");
     sb.stop();
 }
+
+/// A disk's writer records the segments its reads used most (its hot set,
+/// FORMAT.md §11.5b) when it stops; the next host to serve the disk
+/// fetches them in the background, so its clients' first reads of them
+/// find the cache warm. GC keeps only a disk's newest hot set.
+#[test]
+fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
+    let Some(u) = url("hot") else { return };
+    if !common::have("qemu-io") || !common::have("nbdinfo") {
+        return;
+    }
+    let (a, b) = (Host::empty(), Host::empty());
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "256M"]);
+    b.ok(&["attach", "--object-store", &u]);
+    let hot_sets = || {
+        let store =
+            ObjectStore::connect(&StoreUrl::parse(&u).unwrap(), &Options::default()).unwrap();
+        store
+            .list("disks/", None)
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.key.contains("/h/"))
+            .count()
+    };
+    // Two runs of the writer, each reading 8 MiB of 64 MiB again and again.
+    for (pattern, round) in [("0x11", 0), ("0x22", 1)] {
+        let sa = a.serve();
+        let (ok, w) = qemu_io(
+            &a.uri("vm"),
+            &[&format!("write -P {pattern} 0 64M"), "flush"],
+        );
+        assert!(ok, "{w}");
+        for _ in 0..3 {
+            let (ok, r) = qemu_io(&a.uri("vm"), &[&format!("read -P {pattern} 8M 8M")]);
+            assert!(ok && !r.contains("verification failed"), "{r}");
+        }
+        sa.stop();
+        assert_eq!(hot_sets(), round + 1, "a hot set per stop");
+    }
+    a.ok(&["gc"]);
+    assert_eq!(hot_sets(), 1, "GC keeps the newest hot set only");
+
+    // The next host: opening the disk fetches the hot set; reading it
+    // then goes to the store for nothing.
+    let http = common::http::free_addr();
+    let sb = b.serve_with(&["--http", &http]);
+    let m = || common::http::metrics(&http);
+    common::run_ok("nbdinfo", &["--size", &b.uri("vm")]);
+    let t = std::time::Instant::now();
+    let mut last = -1.0;
+    loop {
+        let n = gauge(&m(), "strata_shared_cache_hot_fetched_total");
+        if n > 0.0 && n == last {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no hot set fetched:\n{}",
+            m()
+        );
+        last = n;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let before = gauge(&m(), "strata_shared_cache_misses_total");
+    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x22 8M 8M"]);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    let after = m();
+    assert_eq!(
+        gauge(&after, "strata_shared_cache_misses_total"),
+        before,
+        "the hot set's reads went to the store:\n{after}"
+    );
+    // What was not hot was not fetched: a read elsewhere misses.
+    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x22 40M 4k"]);
+    assert!(ok && !r.contains("verification failed"), "{r}");
+    assert!(gauge(&m(), "strata_shared_cache_misses_total") > before);
+    sb.stop();
+}

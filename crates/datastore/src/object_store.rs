@@ -58,6 +58,8 @@ pub struct ObjectStoreDatastore {
     incoming: Mutex<Incoming>,
     /// The last garbage collection this process ran, for metrics.
     last_gc: Mutex<Option<GcReport>>,
+    /// Disks opened from now on fetch their hot set (a server's).
+    hot_prefetch: std::sync::atomic::AtomicBool,
 }
 
 impl ObjectStoreDatastore {
@@ -68,6 +70,7 @@ impl ObjectStoreDatastore {
             handles: Mutex::new(HashMap::new()),
             incoming: Mutex::new(Incoming::default()),
             last_gc: Mutex::new(None),
+            hot_prefetch: Default::default(),
         }
     }
 
@@ -88,6 +91,13 @@ impl ObjectStoreDatastore {
         &self.ds
     }
 
+    /// Disks opened from now on fetch what their last writer read most
+    /// into the cache, in the background (a server's, FORMAT.md §11.5b).
+    pub fn set_hot_prefetch(&self, on: bool) {
+        self.hot_prefetch
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Serve these disks incoming (see [`Incoming`]); handles opened from
     /// now on get it.
     pub fn set_incoming(&self, incoming: Incoming) {
@@ -103,6 +113,10 @@ impl ObjectStoreDatastore {
             return Ok(d.clone());
         }
         let d = SharedDisk::open(self.ds.clone(), target, false).map_err(from_shared)?;
+        if self.hot_prefetch.load(std::sync::atomic::Ordering::Relaxed) && !target.contains('@') {
+            // What the disk's last writer read most, in the background.
+            d.prefetch_hot_set();
+        }
         let inc = self.incoming.lock();
         if inc.disks.iter().any(|n| n == target) {
             d.set_incoming(Some(inc.wait));
@@ -600,6 +614,13 @@ impl Datastore for ObjectStoreDatastore {
 
     fn close(&self) -> Result<()> {
         let failed = self.flush_all();
+        // The next host to serve these disks starts from what was read
+        // here (FORMAT.md §11.5b).
+        for (name, d) in self.handles() {
+            if let Err(e) = d.record_hot_set() {
+                eprintln!("strata: recording the hot set of '{name}': {e}");
+            }
+        }
         match failed.first() {
             None => Ok(()),
             Some((name, e)) => Err(Error::new(

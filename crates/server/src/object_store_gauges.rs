@@ -126,6 +126,11 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             c.evictions,
         ),
         (
+            "strata_shared_cache_hot_fetched_total",
+            "Segments fetched ahead because a disk's hot set named them",
+            c.hot_fetched,
+        ),
+        (
             "strata_shared_cache_damaged_total",
             "Cached segments that failed verification (deleted; read from the store)",
             c.damaged,

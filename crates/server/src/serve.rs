@@ -808,6 +808,7 @@ fn open_home(
             ..Default::default()
         };
         let store = ObjectStoreDatastore::open(dir, &opts)?;
+        store.set_hot_prefetch(true);
         for name in &args.incoming {
             store
                 .shared()

@@ -59,6 +59,7 @@ pub struct SegmentCache {
     misses: AtomicU64,
     evictions: AtomicU64,
     damaged: AtomicU64,
+    hot_fetched: AtomicU64,
     opened: Instant,
 }
 
@@ -77,6 +78,9 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Cached files that failed verification (deleted, read from the store).
     pub damaged: u64,
+    /// Segments fetched ahead because a disk's hot set named them.
+    #[serde(default)]
+    pub hot_fetched: u64,
 }
 
 /// Background fetches of whole segments at once.
@@ -121,6 +125,7 @@ impl SegmentCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             damaged: AtomicU64::new(0),
+            hot_fetched: AtomicU64::new(0),
             opened: now,
         }
     }
@@ -135,6 +140,7 @@ impl SegmentCache {
             misses: self.misses.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
             damaged: self.damaged.load(Relaxed),
+            hot_fetched: self.hot_fetched.load(Relaxed),
         }
     }
 
@@ -166,18 +172,19 @@ impl SegmentCache {
         };
         let s = Arc::new(CachedSegment { file, info });
         self.segments.write().unwrap().insert(id, s.clone());
-        self.admit(id, bytes.len() as u64, true);
+        self.admit(id, bytes.len() as u64, true, false);
         Some(s)
     }
 
     /// Count segment `id` (its file is written; `read`: for a read, not
-    /// an upload) and evict what no longer fits.
-    fn admit(&self, id: SegId, bytes: u64, read: bool) {
+    /// an upload; `main`: into the main FIFO) and evict what no longer
+    /// fits.
+    fn admit(&self, id: SegId, bytes: u64, read: bool, main: bool) {
         let out = self
             .policy
             .lock()
             .unwrap()
-            .insert(id, bytes, false, read, Instant::now());
+            .insert(id, bytes, main, read, Instant::now());
         for old in out {
             self.segments.write().unwrap().remove(&old);
             // A reader that has it open finishes from the unlinked file.
@@ -251,7 +258,7 @@ impl SegmentCache {
             .write()
             .unwrap()
             .insert(id, Arc::new(CachedSegment { file, info }));
-        self.admit(id, bytes.len() as u64, false);
+        self.admit(id, bytes.len() as u64, false, false);
         Ok(())
     }
 
@@ -274,22 +281,44 @@ impl SegmentCache {
 
     /// The segment, from memory, the cache directory, or the store.
     fn segment(&self, store: &ObjectStore, id: SegId) -> Result<Arc<CachedSegment>> {
+        self.segment_or_fetch(store, id, false).map(|(s, _)| s)
+    }
+
+    /// [`Self::segment`]; a segment fetched now enters the main FIFO if
+    /// `hot` (a hot set named it, §11.5b). Whether it was fetched.
+    fn segment_or_fetch(
+        &self,
+        store: &ObjectStore,
+        id: SegId,
+        hot: bool,
+    ) -> Result<(Arc<CachedSegment>, bool)> {
         if let Some(s) = self.segments.read().unwrap().get(&id) {
-            return Ok(s.clone());
+            return Ok((s.clone(), false));
         }
         let gate = self.fetching.lock().unwrap().entry(id).or_default().clone();
         let _one = gate.lock().unwrap();
         // Fetched by another thread meanwhile, or cached by an earlier run.
         let seg = match self.local(id) {
-            Some(s) => Ok(s),
-            None => self.fetch_whole(store, id),
+            Some(s) => Ok((s, false)),
+            None => self.fetch_whole(store, id, hot).map(|s| (s, true)),
         };
         self.fetching.lock().unwrap().remove(&id);
         seg
     }
 
-    /// GET segment `id`, verify it end to end, keep it as a file.
-    fn fetch_whole(&self, store: &ObjectStore, id: SegId) -> Result<Arc<CachedSegment>> {
+    /// Fetch segment `id` of a hot set (§11.5b) unless it is here;
+    /// whether it was fetched.
+    pub fn fetch_hot(&self, store: &ObjectStore, id: SegId) -> Result<bool> {
+        let (_, fetched) = self.segment_or_fetch(store, id, true)?;
+        if fetched {
+            self.hot_fetched.fetch_add(1, Relaxed);
+        }
+        Ok(fetched)
+    }
+
+    /// GET segment `id`, verify it end to end, keep it as a file (in the
+    /// main FIFO if `hot`).
+    fn fetch_whole(&self, store: &ObjectStore, id: SegId, hot: bool) -> Result<Arc<CachedSegment>> {
         let key = id.key();
         let mut bytes = store.get(&key).map_err(Error::from)?;
         if id.payload_of().is_some() {
@@ -305,7 +334,7 @@ impl SegmentCache {
             info,
         });
         self.segments.write().unwrap().insert(id, s.clone());
-        self.admit(id, bytes.len() as u64, true);
+        self.admit(id, bytes.len() as u64, true, hot);
         Ok(s)
     }
 

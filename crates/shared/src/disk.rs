@@ -716,6 +716,8 @@ pub struct SharedDisk {
     stats: Mutex<CommitStats>,
     /// The disk's I/O limits, shared by its handles in this process.
     throttle: Arc<Throttle>,
+    /// The segments this handle's reads used (its hot set, §11.5b).
+    reads: crate::hot::Reads,
 }
 
 /// A batch set apart for an upload, with the manifest it builds on, its
@@ -805,6 +807,7 @@ impl SharedDisk {
             rmw: Mutex::new(()),
             stats: Mutex::new(CommitStats::default()),
             throttle,
+            reads: Default::default(),
         }))
     }
 
@@ -874,8 +877,9 @@ impl SharedDisk {
     }
 
     /// Where grain `vg` of this handle's version (at `man`) lives: the
-    /// head's tail, else its map.
-    fn locate(&self, man: &Manifest, vg: u64) -> Result<Option<Entry>> {
+    /// head's tail, else its map (the segments of the nodes walked go to
+    /// `used`).
+    fn locate(&self, man: &Manifest, vg: u64, used: &mut Vec<SegId>) -> Result<Option<Entry>> {
         if self.snapshot.is_none() {
             if let Some(e) = man.tail.get(&vg) {
                 return Ok(*e);
@@ -890,11 +894,23 @@ impl SharedDisk {
             }
         }
         let (root, levels) = self.root(man);
-        self.lookup(root, levels, vg)
+        self.lookup_noting(root, levels, vg, used)
     }
 
     /// Walk the map to grain `vg`'s entry.
     fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
+        self.lookup_noting(root, levels, vg, &mut Vec::new())
+    }
+
+    /// [`Self::lookup`], adding to `used` the segments of the nodes it
+    /// walked (a read's hot set counts them, §11.5b).
+    fn lookup_noting(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        vg: u64,
+        used: &mut Vec<SegId>,
+    ) -> Result<Option<Entry>> {
         if !maps(levels, vg) {
             // Extended since anything was written here (FORMAT.md §11.5).
             return Ok(None);
@@ -904,6 +920,9 @@ impl SharedDisk {
         for level in (0..levels).rev() {
             let Some(here) = e else { return Ok(None) };
             let node = self.ds.cache.node(&self.ds.store, &here, level, first)?;
+            if used.last() != Some(&here.seg) {
+                used.push(here.seg);
+            }
             let span = MapNode::span_of_entry(level);
             let idx = ((vg - first) / span) as usize;
             if idx >= FANOUT {
@@ -1036,27 +1055,93 @@ impl SharedDisk {
             }
             st.man.clone()
         };
+        let mut used = Vec::new();
         for (i, s) in sources.into_iter().enumerate() {
             let at = i * GRAIN;
-            match s {
-                Source::Data => {}
-                Source::Zero => out[at..at + GRAIN].fill(0),
-                Source::Sealed(e) => {
+            let e = match s {
+                Source::Data => continue,
+                Source::Zero => None,
+                Source::Sealed(e) => Some(e),
+                Source::Map => self.locate(&man, first + i as u64, &mut used)?,
+            };
+            match e {
+                None => out[at..at + GRAIN].fill(0),
+                Some(e) => {
                     self.ds
                         .cache
-                        .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?
-                }
-                Source::Map => match self.locate(&man, first + i as u64)? {
-                    None => out[at..at + GRAIN].fill(0),
-                    Some(e) => {
-                        self.ds
-                            .cache
-                            .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?
+                        .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?;
+                    if used.last() != Some(&e.seg) {
+                        used.push(e.seg);
                     }
-                },
+                }
             }
         }
+        self.reads.count(&used);
         Ok(())
+    }
+
+    /// Record the segments this handle's reads used most as the disk's
+    /// hot set (§11.5b), if this process writes the disk. `Ok(false)`:
+    /// nothing to record (not the writer, no reads, recorded already).
+    pub fn record_hot_set(&self) -> Result<bool> {
+        let seq = {
+            let st = self.state.lock().unwrap();
+            if !st.owner || st.fenced.is_some() || self.snapshot.is_some() {
+                return Ok(false);
+            }
+            st.man.seq
+        };
+        let host = &self.ds.config().me.name;
+        self.reads.record(self.store(), self.id, seq, host)
+    }
+
+    /// Record the hot set in the background if it is due (§11.5b).
+    fn maybe_record_hot_set(&self) {
+        if !self.reads.due() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let _ = std::thread::Builder::new()
+            .name("strata-hot-set".into())
+            .spawn(move || {
+                if let Err(e) = me.record_hot_set() {
+                    eprintln!("strata: recording the hot set of '{}': {e}", me.name);
+                }
+            });
+    }
+
+    /// Fetch the segments of the disk's newest hot set (§11.5b) into the
+    /// cache in one background thread, the most read first, up to half
+    /// the cache's bound. Client reads do not wait for it.
+    pub fn prefetch_hot_set(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        let _ = std::thread::Builder::new()
+            .name("strata-hot-fetch".into())
+            .spawn(move || {
+                let h = match crate::hot::newest(me.store(), me.id) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => return,
+                    Err(e) => {
+                        eprintln!("strata: the hot set of '{}' is not used: {e}", me.name);
+                        return;
+                    }
+                };
+                for s in &h.segments {
+                    let c = me.ds.cache.stats();
+                    if c.bytes >= c.bound_bytes / 2 {
+                        break;
+                    }
+                    match me.ds.cache.fetch_hot(me.store(), s.seg) {
+                        Ok(_) => {}
+                        // Collected since it was recorded.
+                        Err(e) if e.kind == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            eprintln!("strata: fetching the hot set of '{}' stopped: {e}", me.name);
+                            return;
+                        }
+                    }
+                }
+            });
     }
 
     /// Make this process the disk's writer now (`strata claim` through a
@@ -1165,6 +1250,10 @@ impl SharedDisk {
                     ),
                 ));
             }
+        }
+        // The next writer starts from what this one read (§11.5b).
+        if let Err(e) = self.record_hot_set() {
+            eprintln!("strata: recording the hot set of '{disk}': {e}");
         }
         loop {
             self.commit()?;
@@ -1794,6 +1883,7 @@ impl SharedDisk {
                 st.sealed.retain(|_, (n, _)| *n > seal_upto);
                 drop(st);
                 self.maybe_fold();
+                self.maybe_record_hot_set();
                 Ok(())
             }
             Err(e) => {

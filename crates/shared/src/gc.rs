@@ -280,6 +280,7 @@ impl SharedDatastore {
         let mut doomed = Vec::new();
         let mut manifests: BTreeMap<u32, Vec<(String, u64, u64)>> = BTreeMap::new();
         let mut markers: HashSet<(u32, u64)> = HashSet::new();
+        let mut hot: BTreeMap<u32, Vec<(u64, String, u64)>> = BTreeMap::new();
         for l in self.store.list(DIR_DISKS, None)? {
             if let Some(seg) = SegId::from_key(&l.key) {
                 rep.segments += 1;
@@ -304,6 +305,9 @@ impl SharedDatastore {
                 // Manifests hold payloads (§11.4a): stored data too.
                 rep.stored_bytes += l.size;
                 manifests.entry(id).or_default().push((l.key, seq, l.size));
+            } else if let Some((id, seq)) = crate::hot::hot_of_key(&l.key) {
+                rep.stored_bytes += l.size;
+                hot.entry(id).or_default().push((seq, l.key, l.size));
             } else if let Some(id) = disk_of_key(&l.key) {
                 if let Some(seq) = l
                     .key
@@ -335,6 +339,17 @@ impl SharedDatastore {
                 doomed_manifests.push(key);
             }
         }
+        let mut doomed_hot = Vec::new();
+        // Hot sets (§11.5b): a disk's newest is the one read; none of a
+        // disk that is gone.
+        for (id, mut sets) in hot {
+            sets.sort();
+            let keep = usize::from(roots.disks.contains_key(&id));
+            for (_, key, size) in sets.into_iter().rev().skip(keep) {
+                rep.garbage_bytes += size;
+                doomed_hot.push(key);
+            }
+        }
         if let Some(claim) = &claim {
             // A newer run claimed while this one marked: it knows better.
             if !self.store.list(DIR_GC, Some(claim))?.is_empty() {
@@ -350,6 +365,9 @@ impl SharedDatastore {
             for key in &doomed_manifests {
                 self.store.delete(key)?;
                 rep.deleted_manifests += 1;
+            }
+            for key in &doomed_hot {
+                self.store.delete(key)?;
             }
             // Older claims are history.
             let claims = self.store.list(DIR_GC, None)?;

@@ -13,6 +13,7 @@ pub mod disk;
 pub mod envelope;
 pub mod gc;
 pub mod groups;
+pub mod hot;
 pub mod layout;
 pub mod s3fifo;
 
