@@ -60,6 +60,8 @@ pub struct SegmentCache {
     evictions: AtomicU64,
     damaged: AtomicU64,
     hot_fetched: AtomicU64,
+    /// When a read last went to the store (ms since `opened`).
+    last_miss_ms: AtomicU64,
     opened: Instant,
 }
 
@@ -85,6 +87,9 @@ pub struct CacheStats {
 
 /// Background fetches of whole segments at once.
 const PREFETCH_MAX: usize = 2;
+/// A hot set's fetch waits this long after any read that went to the
+/// store (it must not delay client reads, FORMAT.md §11.5b).
+const HOT_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Whether reads that miss fetch whole segments in the background:
 /// `STRATA_STORE_PREFETCH=0` turns that off, so that a read's round trips
@@ -126,6 +131,7 @@ impl SegmentCache {
             evictions: AtomicU64::new(0),
             damaged: AtomicU64::new(0),
             hot_fetched: AtomicU64::new(0),
+            last_miss_ms: AtomicU64::new(0),
             opened: now,
         }
     }
@@ -306,9 +312,30 @@ impl SegmentCache {
         seg
     }
 
-    /// Fetch segment `id` of a hot set (§11.5b) unless it is here;
-    /// whether it was fetched.
+    fn missed(&self) {
+        self.misses.fetch_add(1, Relaxed);
+        let now = self.opened.elapsed().as_millis() as u64;
+        self.last_miss_ms.fetch_max(now, Relaxed);
+    }
+
+    /// Wait until no read has gone to the store for [`HOT_QUIET`]: a hot
+    /// set is fetched only while clients do not wait for the store.
+    fn wait_quiet(&self) {
+        let quiet = HOT_QUIET.as_millis() as u64;
+        loop {
+            let since = (self.opened.elapsed().as_millis() as u64)
+                .saturating_sub(self.last_miss_ms.load(Relaxed));
+            if since >= quiet {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(quiet - since));
+        }
+    }
+
+    /// Fetch segment `id` of a hot set (§11.5b) unless it is here, once
+    /// client reads leave the store alone; whether it was fetched.
     pub fn fetch_hot(&self, store: &ObjectStore, id: SegId) -> Result<bool> {
+        self.wait_quiet();
         let (_, fetched) = self.segment_or_fetch(store, id, true)?;
         if fetched {
             self.hot_fetched.fetch_add(1, Relaxed);
@@ -376,7 +403,7 @@ impl SegmentCache {
             );
             self.drop_damaged(e.seg);
         }
-        self.misses.fetch_add(1, Relaxed);
+        self.missed();
         self.prefetch(store, e.seg);
         let at = SegmentInfo::grain_offset(e.slot);
         let b = store
@@ -438,7 +465,7 @@ impl SegmentCache {
             }
         }
         if !cached {
-            self.misses.fetch_add(1, Relaxed);
+            self.missed();
             self.prefetch(store, e.seg);
             // Segments of map nodes hold no grains (commits and folds
             // write nodes apart, FORMAT.md §11.4a), so node `slot` is

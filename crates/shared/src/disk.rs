@@ -43,6 +43,8 @@ const REFRESH: Duration = Duration::from_secs(1);
 const TAIL_FOLD: usize = 2048;
 /// A commit that would make a tail longer folds it first, inline.
 const TAIL_MAX: usize = 4096;
+/// Hot set segments fetched at once (§11.5b).
+const HOT_FETCHERS: usize = 2;
 /// Segments sealed between commits that may upload at once (§11.4a):
 /// a writer that would seal one more waits.
 const UPLOADS_IN_FLIGHT: usize = 4;
@@ -1111,8 +1113,9 @@ impl SharedDisk {
     }
 
     /// Fetch the segments of the disk's newest hot set (§11.5b) into the
-    /// cache in one background thread, the most read first, up to half
-    /// the cache's bound. Client reads do not wait for it.
+    /// cache in the background ([`HOT_FETCHERS`] at once), the most read
+    /// first, up to half the cache's bound. Client reads do not wait for
+    /// it.
     pub fn prefetch_hot_set(&self) {
         let Some(me) = self.me.upgrade() else { return };
         let _ = std::thread::Builder::new()
@@ -1126,22 +1129,48 @@ impl SharedDisk {
                         return;
                     }
                 };
-                for s in &h.segments {
-                    let c = me.ds.cache.stats();
-                    if c.bytes >= c.bound_bytes / 2 {
-                        break;
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                std::thread::scope(|sc| {
+                    for _ in 0..HOT_FETCHERS {
+                        sc.spawn(|| me.fetch_hot_part(&h.segments, &next, &stop));
                     }
-                    match me.ds.cache.fetch_hot(me.store(), s.seg) {
-                        Ok(_) => {}
-                        // Collected since it was recorded.
-                        Err(e) if e.kind == ErrorKind::NotFound => {}
-                        Err(e) => {
-                            eprintln!("strata: fetching the hot set of '{}' stopped: {e}", me.name);
-                            return;
-                        }
-                    }
-                }
+                });
             });
+    }
+
+    /// One of the hot set fetchers: takes the next segment until none is
+    /// left, the cache is half full, or the store fails.
+    fn fetch_hot_part(
+        &self,
+        segs: &[crate::hot::HotSeg],
+        next: &std::sync::atomic::AtomicUsize,
+        stop: &std::sync::atomic::AtomicBool,
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        while !stop.load(Relaxed) {
+            let Some(s) = segs.get(next.fetch_add(1, Relaxed)) else {
+                return;
+            };
+            let c = self.ds.cache.stats();
+            if c.bytes >= c.bound_bytes / 2 {
+                return;
+            }
+            match self.ds.cache.fetch_hot(self.store(), s.seg) {
+                Ok(_) => {}
+                // Collected since it was recorded.
+                Err(e) if e.kind == ErrorKind::NotFound => {}
+                Err(e) => {
+                    if !stop.swap(true, Relaxed) {
+                        eprintln!(
+                            "strata: fetching the hot set of '{}' stopped: {e}",
+                            self.name
+                        );
+                    }
+                    return;
+                }
+            }
+        }
     }
 
     /// Make this process the disk's writer now (`strata claim` through a
