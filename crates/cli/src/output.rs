@@ -745,6 +745,24 @@ fn gc(out: &mut String, r: &GcReport) {
             String::new()
         }
     );
+    if r.sparse_objects > 0 {
+        let _ = writeln!(
+            out,
+            "partly live: {} objects under half live hold {} nothing reaches (compaction would give it back)",
+            r.sparse_objects,
+            human(r.sparse_dead_bytes)
+        );
+    }
+    if r.live_share.iter().any(|n| *n > 0) {
+        let shares: Vec<String> = r
+            .live_share
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| format!("{}-{}%: {n}", i * 10, i * 10 + 10))
+            .collect();
+        let _ = writeln!(out, "objects by live share: {}", shares.join(", "));
+    }
     if r.dry_run {
         out.push_str("dry run: nothing deleted\n");
     } else {

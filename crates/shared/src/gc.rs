@@ -56,6 +56,19 @@ pub struct GcReport {
     pub disks: Vec<DiskSpace>,
     pub holds: u64,
     pub ms: u64,
+    /// Objects holding grains or nodes (segments, and manifests by their
+    /// payload) by the share of their bytes a live root reaches: `[0]`
+    /// under 10 %, `[1]` 10–20 %, ..., `[9]` 90 % and more. GC frees only
+    /// objects nothing reaches; the partly live ones are what compaction
+    /// rewrites (§11.7).
+    #[serde(default)]
+    pub live_share: Vec<u64>,
+    /// Objects reached but less than half live, and the bytes in them
+    /// nothing reaches: what compacting them would give back.
+    #[serde(default)]
+    pub sparse_objects: u64,
+    #[serde(default)]
+    pub sparse_dead_bytes: u64,
 }
 
 /// What `check` found.
@@ -238,8 +251,10 @@ impl SharedDatastore {
         let live = marks.segments();
         let mut exclusive: HashMap<u32, u64> = HashMap::new();
         let mut live_bytes = 0;
-        for ((_, node, _), owner) in &marks.reached {
+        let mut live_in: HashMap<SegId, u64> = HashMap::new();
+        for ((seg, node, _), owner) in &marks.reached {
             live_bytes += bytes_of(*node);
+            *live_in.entry(*seg).or_default() += bytes_of(*node);
             if let Some(o) = owner {
                 *exclusive.entry(*o).or_default() += bytes_of(*node);
             }
@@ -258,6 +273,22 @@ impl SharedDatastore {
             disks: Vec::new(),
             holds: roots.holds.len() as u64,
             ms: 0,
+            live_share: vec![0; 10],
+            sparse_objects: 0,
+            sparse_dead_bytes: 0,
+        };
+        // How live each object that holds reached data is (its size from
+        // the listing below; a manifest's includes its tail and body).
+        let share = |rep: &mut GcReport, seg: &SegId, size: u64| {
+            let Some(&live) = live_in.get(seg) else {
+                return;
+            };
+            let size = size.max(live);
+            rep.live_share[((live * 10 / size) as usize).min(9)] += 1;
+            if live * 2 < size {
+                rep.sparse_objects += 1;
+                rep.sparse_dead_bytes += size - live;
+            }
         };
         for (id, (name, m)) in &roots.disks {
             if let Some(name) = name {
@@ -285,6 +316,7 @@ impl SharedDatastore {
             if let Some(seg) = SegId::from_key(&l.key) {
                 rep.segments += 1;
                 rep.stored_bytes += l.size;
+                share(&mut rep, &seg, l.size);
                 if live.contains(&seg) {
                     continue;
                 }
@@ -304,6 +336,7 @@ impl SharedDatastore {
             } else if let Some((id, seq)) = manifest_of_key(&l.key) {
                 // Manifests hold payloads (§11.4a): stored data too.
                 rep.stored_bytes += l.size;
+                share(&mut rep, &SegId::payload(id, seq), l.size);
                 manifests.entry(id).or_default().push((l.key, seq, l.size));
             } else if let Some((id, seq)) = crate::hot::hot_of_key(&l.key) {
                 rep.stored_bytes += l.size;
