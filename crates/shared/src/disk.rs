@@ -52,7 +52,7 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 /// (256 MiB: bounds the memory their entries take).
 const SEALED_COMMIT: usize = 65536;
 /// The end of a manifest read first: its tail and body, usually whole.
-const MANIFEST_READ: u64 = 64 << 10;
+const MANIFEST_READ: u64 = 192 << 10;
 
 /// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
 /// process (no cleanup, as kill -9) at STEP: `before-segment`,
@@ -1097,19 +1097,27 @@ impl SharedDisk {
         self.reads.record(self.store(), self.id, seq, host)
     }
 
-    /// Record the hot set in the background if it is due (§11.5b).
+    /// Record the hot set in the background if it is due (§11.5b), one
+    /// record at a time.
     fn maybe_record_hot_set(&self) {
-        if !self.reads.due() {
+        if !self.reads.due() || !self.reads.begin() {
             return;
         }
-        let Some(me) = self.me.upgrade() else { return };
-        let _ = std::thread::Builder::new()
+        let Some(me) = self.me.upgrade() else {
+            self.reads.end();
+            return;
+        };
+        let spawned = std::thread::Builder::new()
             .name("strata-hot-set".into())
             .spawn(move || {
                 if let Err(e) = me.record_hot_set() {
                     eprintln!("strata: recording the hot set of '{}': {e}", me.name);
                 }
+                me.reads.end();
             });
+        if spawned.is_err() {
+            self.reads.end();
+        }
     }
 
     /// Fetch the segments of the disk's newest hot set (§11.5b) into the

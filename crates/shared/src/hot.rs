@@ -65,6 +65,8 @@ pub struct Reads {
     counts: Mutex<HashMap<SegId, u64>>,
     /// The manifest sequence and the read total of the last record.
     recorded: Mutex<Option<(u64, u64, Instant)>>,
+    /// A background record is under way.
+    recording: std::sync::atomic::AtomicBool,
 }
 
 impl Reads {
@@ -81,6 +83,19 @@ impl Reads {
                 c.insert(*s, 1);
             }
         }
+    }
+
+    /// Start a background record: false if one is under way.
+    pub fn begin(&self) -> bool {
+        !self
+            .recording
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The background record has ended.
+    pub fn end(&self) {
+        self.recording
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether a periodic record is due.
