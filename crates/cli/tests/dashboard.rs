@@ -849,6 +849,22 @@ fn the_dashboard_reads_an_object_store_datastore() {
     let writer = w["owner"]["name"].as_str().unwrap_or_else(|| panic!("{w}"));
     assert!(row.contains(writer), "{row} names {writer}");
     assert!(row.contains(&w["generation"].to_string()), "{row}: {w}");
+    // No capacity set: said so, and no share of it drawn.
+    assert!(b.text("#g-capacity").contains("none set"));
+    assert_eq!(
+        b.js("return document.querySelector('#g-used .meter span.used').style.width"),
+        json!("0%")
+    );
+    assert!(b.text("#g-host").contains("in the store"));
+    // This host's segment cache, as `strata status` says.
+    b.wait("the cache gauge", "document.querySelector('#g-cache')");
+    let cache = b.text("#g-cache");
+    assert!(
+        cache.contains("segment cache")
+            && cache.contains("of 8.00 GiB")
+            && cache.contains("segments;"),
+        "{cache}"
+    );
     b.screenshot("object-store-overview");
     b.js("location.hash = '#/disk/vm'");
     b.wait(

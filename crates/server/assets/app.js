@@ -206,25 +206,40 @@ function gauge(id, label, value, sub, meterEl) {
     meterEl || null);
 }
 
+// This host's segment cache of an object store (FORMAT.md §11.8).
+function cacheGauge(c) {
+  if (!c) return '';
+  const reads = c.hits + c.misses;
+  return gauge('g-cache', 'segment cache', bytes(c.bytes) + ' of ' + bytes(c.bound_bytes),
+    c.segments + ' segments; ' + (reads ? (100 * c.hits / reads).toFixed(1) + ' % of ' + reads + ' reads hit' : 'no reads yet') +
+    '; ' + c.evictions + ' evicted' + (c.hot_fetched ? ', ' + c.hot_fetched + ' fetched ahead' : '') +
+    (c.damaged ? ', ' + c.damaged + ' damaged' : ''),
+    meter([['used', Math.min(100, 100 * c.bytes / (c.bound_bytes || 1))]], []));
+}
+
 function renderGauges(s, alarms) {
   const g = $('#gauges');
   g.replaceChildren();
   $('#location').textContent = s.location || s.url || '';
+  const cache = cacheGauge(s.object_store && s.object_store.cache);
   if (s.capacity_bytes === undefined) {
     // An object-store datastore: no capacity of its own.
     g.append(
       gauge('g-disks', 'disks', String((s.disks || []).length), s.url),
       gauge('g-objects', 'disk objects', String(s.disk_objects), bytes(s.disk_bytes) + ' in the store'),
-      gauge('g-host', 'this host', (s.me && s.me.name) || '-', s.endpoint));
+      gauge('g-host', 'this host', (s.me && s.me.name) || '-', s.endpoint), cache);
     return;
   }
-  const cap = s.capacity_bytes || 1;
-  const pct = (n) => 100 * n / cap;
+  // An object store has no size of its own: the capacity is the user's,
+  // and none may be set (then nothing is a share of it).
+  const pct = (n) => s.capacity_bytes ? 100 * n / s.capacity_bytes : 0;
   const rule = (kind) => (alarms || []).find((a) => a.kind === kind) || {};
   const usage = rule('usage'), over = rule('overcommit');
   g.append(
-    gauge('g-capacity', 'capacity', bytes(s.capacity_bytes),
-      (s.capacity_follows_fs ? 'follows the file system; ' : '') + bytes(s.free_bytes) + ' free'),
+    s.object_store && !s.capacity_bytes
+      ? gauge('g-capacity', 'capacity', 'none set', "'strata grow --capacity SIZE' sets one for alarms")
+      : gauge('g-capacity', 'capacity', bytes(s.capacity_bytes),
+        (s.capacity_follows_fs ? 'follows the file system; ' : '') + bytes(s.free_bytes) + ' free'),
     gauge('g-used', 'used + reserved', s.used_percent + ' %',
       bytes(s.used_bytes) + ' used, ' + bytes(s.reserved_bytes) + ' reserved',
       meter([['used', pct(s.used_bytes)], ['reserved', pct(s.reserved_bytes)]],
@@ -233,12 +248,16 @@ function renderGauges(s, alarms) {
       bytes(s.provisioned_bytes) + ' of virtual disks',
       meter([['used', Math.min(100, s.overcommit_percent / 4)]],
         [over.warning_percent / 4, over.alarm_percent / 4].filter(Boolean))),
-    gauge('g-host', 'held on the host', bytes(s.pool_file_bytes),
-      'pool ' + bytes(s.pool_bytes) + ', ' + bytes(s.free_in_pool_bytes) + ' free inside, ' +
-      (s.free_extents ?? '-') + ' free extents'),
+    s.object_store
+      ? gauge('g-host', 'in the store', bytes(s.object_store.disk_bytes),
+        s.object_store.disk_objects + ' objects at ' + s.object_store.endpoint)
+      : gauge('g-host', 'held on the host', bytes(s.pool_file_bytes),
+        'pool ' + bytes(s.pool_bytes) + ', ' + bytes(s.free_in_pool_bytes) + ' free inside, ' +
+        (s.free_extents ?? '-') + ' free extents'),
     gauge('g-counts', 'disks / snapshots', s.disks + ' / ' + s.snapshots,
       (s.reclaiming ? s.reclaiming + ' being reclaimed; ' : '') + 'cache ' + (s.cache_mode || '-')),
-    s.fail_stop ? gauge('g-failstop', 'FAIL-STOP', 'writes stopped', JSON.stringify(s.fail_stop)) : '');
+    s.fail_stop ? gauge('g-failstop', 'FAIL-STOP', 'writes stopped', JSON.stringify(s.fail_stop)) : '',
+    cache);
 }
 
 function renderAlarms(alarms) {
