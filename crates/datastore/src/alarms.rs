@@ -3,8 +3,7 @@
 //! store has no size of its own, and an alarm's command runs on the host
 //! that set it.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use strata_engine::alarm::{effective_rules, evaluate, SpaceFigures};
@@ -43,19 +42,8 @@ impl AlarmSettings {
 
     /// Write them whole, durably (temporary file, fsync, rename).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let io = |p: &PathBuf, e: std::io::Error| {
-            Error::new(ErrorKind::Io, format!("{}: {e}", p.display()))
-        };
-        let tmp = dir.join(format!("{FILE}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(&serde_json::to_vec_pretty(self).expect("json"))
-            .and_then(|()| f.sync_all())
-            .map_err(|e| io(&tmp, e))?;
-        let p = dir.join(FILE);
-        std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(&dir.to_path_buf(), e))
+        let body = serde_json::to_vec_pretty(self).expect("json");
+        strata_shared::write_durably(dir, FILE, &body).map_err(crate::object_store::from_shared)
     }
 
     /// Every alarm's rule (the default where none was set).

@@ -64,19 +64,24 @@ pub fn set_cache_bound(dir: &Path, bytes: u64) -> Result<()> {
             ),
         ));
     }
-    let path = dir.join(FILE_CACHE_BOUND);
-    let tmp = dir.join(format!("{FILE_CACHE_BOUND}.tmp"));
-    let io = |e: std::io::Error| {
-        Error::new(
-            ErrorKind::Io,
-            format!("cannot write {}: {e}", path.display()),
-        )
-    };
     let body = serde_json::json!({ "bytes": bytes }).to_string();
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(body.as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)
+    write_durably(dir, FILE_CACHE_BOUND, body.as_bytes())
+}
+
+/// Write `bytes` as `dir/name` whole and durably: a temporary file,
+/// fsync'd, renamed over it, the directory fsync'd.
+pub fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io("rename", &tmp, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync", dir, e))
 }
 
 /// The segment cache bound recorded for `dir`, or the default.
@@ -391,18 +396,9 @@ fn check_local_dir(dir: &Path, url: &StoreUrl) -> Result<Option<LocalConfig>> {
 }
 
 fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
-    let path = dir.join(FILE_LOCAL);
-    let tmp = dir.join(format!("{FILE_LOCAL}.tmp"));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
-    f.write_all(&serde_json::to_vec_pretty(cfg).expect("json"))
-        .and_then(|_| f.write_all(b"\n"))
-        .and_then(|_| f.sync_all())
-        .map_err(|e| io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| io("rename", &tmp, e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io("sync", dir, e))
+    let mut body = serde_json::to_vec_pretty(cfg).expect("json");
+    body.push(b'\n');
+    write_durably(dir, FILE_LOCAL, &body)
 }
 
 impl SharedDatastore {
