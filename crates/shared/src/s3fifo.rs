@@ -95,10 +95,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
             return Vec::new();
         }
         let main = main || self.unghost(&k);
-        self.place(k, bytes, main, 0, now);
-        if let Some(m) = self.entries.get_mut(&k) {
-            m.read = read;
-        }
+        self.place(k, bytes, main, 0, read, now);
         self.evict_over()
     }
 
@@ -152,7 +149,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         }
     }
 
-    fn place(&mut self, k: K, bytes: u64, main: bool, uses: u8, used: Instant) {
+    fn place(&mut self, k: K, bytes: u64, main: bool, uses: u8, read: bool, used: Instant) {
         self.gen += 1;
         let gen = self.gen;
         self.entries.insert(
@@ -161,7 +158,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
                 bytes,
                 uses,
                 main,
-                read: true,
+                read,
                 used,
                 gen,
             },
@@ -179,15 +176,27 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.get(k).is_some_and(|m| m.gen == gen)
     }
 
-    fn evict_small(&mut self) -> Option<K> {
-        let (k, gen) = self.small.pop_front()?;
+    /// Take the oldest key of the main or small FIFO out (None: its
+    /// place was stale, or the FIFO is empty).
+    fn pop(&mut self, main: bool) -> Option<(K, Meta)> {
+        let fifo = if main {
+            &mut self.main
+        } else {
+            &mut self.small
+        };
+        let (k, gen) = fifo.pop_front()?;
         if !self.current(&k, gen) {
             return None;
         }
         let m = self.entries.remove(&k).expect("current");
-        self.small_bytes -= m.bytes;
+        *self.bytes_of(main) -= m.bytes;
+        Some((k, m))
+    }
+
+    fn evict_small(&mut self) -> Option<K> {
+        let (k, m) = self.pop(false)?;
         if m.uses > 0 {
-            self.place(k, m.bytes, true, 0, m.used);
+            self.place(k, m.bytes, true, 0, true, m.used);
             return None;
         }
         if !m.read {
@@ -204,14 +213,9 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     fn evict_main(&mut self) -> Option<K> {
-        let (k, gen) = self.main.pop_front()?;
-        if !self.current(&k, gen) {
-            return None;
-        }
-        let m = self.entries.remove(&k).expect("current");
-        self.main_bytes -= m.bytes;
+        let (k, m) = self.pop(true)?;
         if m.uses > 0 {
-            self.place(k, m.bytes, true, m.uses - 1, m.used);
+            self.place(k, m.bytes, true, m.uses - 1, true, m.used);
             return None;
         }
         Some(k)
