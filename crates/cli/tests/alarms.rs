@@ -68,14 +68,6 @@ fn wait_for_line(log: &Path, head: &str) -> u64 {
 }
 
 /// The value of an unlabelled or `kind`-labelled sample in Prometheus text.
-fn metric(body: &str, sample: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{body}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 #[test]
 fn capacity_and_alarm_commands_offline() {
@@ -270,20 +262,26 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
 
     // The gauges say the same, and name every metric the example rules use.
     let body = common::http::metrics(&addr);
-    assert_eq!(metric(&body, "strata_alarm_state{kind=\"usage\"}"), 2.0);
     assert_eq!(
-        metric(&body, "strata_alarm_state{kind=\"overcommit\"}"),
+        common::http::sample(&body, "strata_alarm_state{kind=\"usage\"}"),
         2.0
     );
     assert_eq!(
-        metric(&body, "strata_alarm_warning_percent{kind=\"usage\"}"),
+        common::http::sample(&body, "strata_alarm_state{kind=\"overcommit\"}"),
+        2.0
+    );
+    assert_eq!(
+        common::http::sample(&body, "strata_alarm_warning_percent{kind=\"usage\"}"),
         40.0
     );
     assert_eq!(
-        metric(&body, "strata_alarm_alarm_percent{kind=\"overcommit\"}"),
+        common::http::sample(&body, "strata_alarm_alarm_percent{kind=\"overcommit\"}"),
         200.0
     );
-    assert_eq!(metric(&body, "strata_datastore_used_percent"), pct as f64);
+    assert_eq!(
+        common::http::sample(&body, "strata_datastore_used_percent"),
+        pct as f64
+    );
     let rules_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/prometheus/strata-alerts.yml");
     let rules = std::fs::read_to_string(&rules_path).unwrap();
@@ -310,7 +308,10 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
     assert_eq!(wait_for_line(&log, &line("usage", "alarm", "ok")), pct);
     assert_eq!(wait_for_line(&log, &line("overcommit", "alarm", "ok")), 13);
     let body = common::http::metrics(&addr);
-    assert_eq!(metric(&body, "strata_alarm_state{kind=\"usage\"}"), 0.0);
+    assert_eq!(
+        common::http::sample(&body, "strata_alarm_state{kind=\"usage\"}"),
+        0.0
+    );
 
     // grow returned only once durable: kill -9 keeps it.
     srv.kill9();

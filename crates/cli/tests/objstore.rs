@@ -7,6 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::http::sample as gauge;
 use common::{strata, Server};
 use strata_objstore::{testing, Bytes, ObjectStore, Options, StoreUrl};
 
@@ -753,13 +754,6 @@ fn alarms_measure_a_capacity_set_for_the_store_and_run_their_commands() {
     assert!(e.contains("warning must come first"), "{e}");
 }
 
-/// The value of a gauge without labels in a /metrics text.
-fn gauge(m: &str, name: &str) -> f64 {
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{m}"))
-}
-
 /// Bytes of the files under `dir`, recursively.
 fn tree_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir).map_or(0, |rd| {
@@ -915,13 +909,7 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
     let sb = Server::start_env(&b, &["--http", &http], &[("STRATA_STORE_PREFETCH", "0")]);
     let ranged = |http: &str| {
         let m = common::http::metrics(http);
-        let v = |op: &str| {
-            let want = format!("strata_shared_store_requests_total{{op=\"{op}\"}} ");
-            m.lines()
-                .find_map(|l| l.strip_prefix(&want)?.parse::<f64>().ok())
-                .unwrap_or_else(|| panic!("no {want} in\n{m}"))
-        };
-        v("range_get")
+        gauge(&m, "strata_shared_store_requests_total{op=\"range_get\"}")
     };
     // Open the disk (the handshake reads its newest manifest), read nothing.
     common::run_ok("nbdinfo", &["--size", &b.uri("vm")]);

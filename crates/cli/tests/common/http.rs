@@ -50,6 +50,17 @@ pub fn metrics(addr: &str) -> String {
     get(addr, "/metrics").body
 }
 
+/// The value of `sample` (a metric's name, with its labels if it has
+/// any: `name{k="v"}`) in a /metrics text.
+pub fn sample(body: &str, sample: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 pub fn request(
     addr: &str,
     method: &str,
