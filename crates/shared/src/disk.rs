@@ -176,25 +176,7 @@ impl SharedDatastore {
             if id == 0 {
                 continue;
             }
-            let m = Manifest {
-                disk: id,
-                seq: 1,
-                generation: 1,
-                owner: None,
-                written_ms: now_ms(),
-                nonce: rand::random(),
-                size_bytes: size,
-                levels: levels_for(size),
-                root: None,
-                next_ctr: 0,
-                snapshots: Vec::new(),
-                parent: None,
-                removed: false,
-                current: None,
-                limits: Default::default(),
-                root_node: None,
-                tail: Default::default(),
-            };
+            let m = Manifest::first(id, size, levels_for(size));
             if self
                 .store
                 .put_create(&m.key(), Bytes::from(m.encode(&[])))?
@@ -367,27 +349,13 @@ impl SharedDatastore {
                 ));
             }
             let m1 = Manifest {
-                disk: c,
-                seq: 1,
-                generation: 1,
-                owner: None,
-                written_ms: now_ms(),
-                nonce: rand::random(),
-                size_bytes: s.size_bytes,
-                levels: s.levels,
                 root: s.root,
-                next_ctr: 0,
-                snapshots: Vec::new(),
                 parent: Some(ParentRef {
                     disk: src_id,
                     snapshot: s.id,
                     name: format!("{src}@{snap}"),
                 }),
-                removed: false,
-                current: None,
-                limits: Default::default(),
-                root_node: None,
-                tail: Default::default(),
+                ..Manifest::first(c, s.size_bytes, s.levels)
             };
             if self
                 .store

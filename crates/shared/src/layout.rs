@@ -604,6 +604,30 @@ impl Footer {
 }
 
 impl Manifest {
+    /// Manifest 1 of disk `disk` (§11.2): generation 1, no owner, an
+    /// empty map of `levels` levels; written now, with a fresh nonce.
+    pub fn first(disk: u32, size_bytes: u64, levels: u8) -> Manifest {
+        Manifest {
+            disk,
+            seq: 1,
+            generation: 1,
+            owner: None,
+            written_ms: crate::now_ms(),
+            nonce: rand::random(),
+            size_bytes,
+            levels,
+            root: None,
+            next_ctr: 0,
+            snapshots: Vec::new(),
+            parent: None,
+            removed: false,
+            current: None,
+            limits: Default::default(),
+            root_node: None,
+            tail: Default::default(),
+        }
+    }
+
     pub fn key(&self) -> String {
         manifest_key(self.disk, self.seq)
     }
@@ -844,7 +868,6 @@ mod tests {
     #[test]
     fn manifests_round_trip_and_name_their_key() {
         let m = Manifest {
-            disk: 3,
             seq: 42,
             generation: 2,
             owner: Some(Owner {
@@ -854,21 +877,13 @@ mod tests {
             }),
             written_ms: 5,
             nonce: 77,
-            size_bytes: 1 << 30,
-            levels: 3,
             root: Some(Entry {
                 seg: id(),
                 slot: 1,
                 crc: 2,
             }),
             next_ctr: 13,
-            snapshots: vec![],
-            parent: None,
-            removed: false,
-            current: None,
-            limits: Default::default(),
-            root_node: None,
-            tail: Default::default(),
+            ..Manifest::first(3, 1 << 30, 3)
         };
         let b = m.encode_v1();
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);

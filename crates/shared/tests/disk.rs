@@ -491,23 +491,11 @@ fn a_format_1_datastore_reads_and_takes_new_commits() {
     let root_e: Entry = b.add_node(&root);
     st.put(&seg.key(), b.seal(1).into()).unwrap();
     let m = Manifest {
-        disk: id,
-        seq: 1,
-        generation: 1,
-        owner: None,
         written_ms: 1,
         nonce: 1,
-        size_bytes: 4 * MIB,
-        levels: 2,
         root: Some(root_e),
         next_ctr: 1,
-        snapshots: vec![],
-        parent: None,
-        removed: false,
-        current: None,
-        limits: Default::default(),
-        root_node: None,
-        tail: Default::default(),
+        ..Manifest::first(id, 4 * MIB, 2)
     };
     st.put(&m.key(), m.encode_v1().into()).unwrap();
     st.put("names/old", br#"{"disk":7}"#.to_vec().into())
