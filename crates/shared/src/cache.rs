@@ -31,11 +31,14 @@ use crate::{Error, ErrorKind, Result};
 struct CachedSegment {
     file: File,
     info: SegmentInfo,
+    /// When a use of it was last passed to the policy (see
+    /// [`SegmentCache::used`]).
+    used_ms: AtomicU64,
 }
 
-/// A decoded map node, and when its segment was last counted used (ms
-/// since the cache opened): a node in memory still uses its segment, so
-/// that a restart finds it cached.
+/// A decoded map node, and when a use of its segment was last passed to
+/// the policy: a node in memory still uses its segment, so that a restart
+/// finds it cached.
 struct KeptNode {
     node: Arc<MapNode>,
     used_ms: AtomicU64,
@@ -87,6 +90,8 @@ pub struct CacheStats {
 
 /// Background fetches of whole segments at once.
 const PREFETCH_MAX: usize = 2;
+/// A use gate's value before any use was passed on.
+const UNUSED: u64 = u64::MAX;
 /// A hot set's fetch waits this long after any read that went to the
 /// store (it must not delay client reads, FORMAT.md §11.5b).
 const HOT_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
@@ -156,7 +161,7 @@ impl SegmentCache {
     /// differently); one that fails is deleted.
     fn local(&self, id: SegId) -> Option<Arc<CachedSegment>> {
         if let Some(s) = self.segments.read().unwrap().get(&id) {
-            self.policy.lock().unwrap().touch(&id, Instant::now());
+            self.used(id, &s.used_ms);
             return Some(s.clone());
         }
         let file = File::open(self.path(id)).ok()?;
@@ -176,7 +181,7 @@ impl SegmentCache {
                 return None;
             }
         };
-        let s = Arc::new(CachedSegment { file, info });
+        let s = self.cached(file, info, true);
         self.segments.write().unwrap().insert(id, s.clone());
         self.admit(id, bytes.len() as u64, true, false);
         Some(s)
@@ -263,7 +268,7 @@ impl SegmentCache {
         self.segments
             .write()
             .unwrap()
-            .insert(id, Arc::new(CachedSegment { file, info }));
+            .insert(id, self.cached(file, info, false));
         self.admit(id, bytes.len() as u64, false, false);
         Ok(())
     }
@@ -312,10 +317,42 @@ impl SegmentCache {
         seg
     }
 
+    /// Milliseconds since this cache opened: the clock of its atomics.
+    fn clock_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
+    }
+
+    /// A file held for segment `info.id`; `read`: a read brought it (it
+    /// was used now), else an upload did (its first read is a use the
+    /// policy must hear of at once).
+    fn cached(&self, file: File, info: SegmentInfo, read: bool) -> Arc<CachedSegment> {
+        let used_ms = AtomicU64::new(if read { self.clock_ms() } else { UNUSED });
+        Arc::new(CachedSegment {
+            file,
+            info,
+            used_ms,
+        })
+    }
+
+    /// A use of segment `seg` (a cached file read, or a decoded node of
+    /// it walked), whose last use passed to the policy was at `used_ms`.
+    /// The policy counts at most one use per [`USE_GAP`], so only those
+    /// are passed on: a hit does not take its lock.
+    fn used(&self, seg: SegId, used_ms: &AtomicU64) {
+        let now = self.clock_ms();
+        let last = used_ms.load(Relaxed);
+        if (last == UNUSED || now >= last + USE_GAP.as_millis() as u64)
+            && used_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.policy.lock().unwrap().touch(&seg, Instant::now());
+        }
+    }
+
     fn missed(&self) {
         self.misses.fetch_add(1, Relaxed);
-        let now = self.opened.elapsed().as_millis() as u64;
-        self.last_miss_ms.fetch_max(now, Relaxed);
+        self.last_miss_ms.fetch_max(self.clock_ms(), Relaxed);
     }
 
     /// Wait until no read has gone to the store for [`HOT_QUIET`]: a hot
@@ -323,7 +360,8 @@ impl SegmentCache {
     fn wait_quiet(&self) {
         let quiet = HOT_QUIET.as_millis() as u64;
         loop {
-            let since = (self.opened.elapsed().as_millis() as u64)
+            let since = self
+                .clock_ms()
                 .saturating_sub(self.last_miss_ms.load(Relaxed));
             if since >= quiet {
                 return;
@@ -356,10 +394,7 @@ impl SegmentCache {
             }
         }
         let info = verify_segment(&key, &bytes).map_err(corrupt)?;
-        let s = Arc::new(CachedSegment {
-            file: self.write_file(id, &bytes)?,
-            info,
-        });
+        let s = self.cached(self.write_file(id, &bytes)?, info, true);
         self.segments.write().unwrap().insert(id, s.clone());
         self.admit(id, bytes.len() as u64, true, hot);
         Ok(s)
@@ -429,15 +464,7 @@ impl SegmentCache {
         first: u64,
     ) -> Result<Arc<MapNode>> {
         if let Some(k) = self.nodes.read().unwrap().get(&(e.seg, e.slot)) {
-            let now = self.opened.elapsed().as_millis() as u64;
-            let last = k.used_ms.load(Relaxed);
-            if now >= last + USE_GAP.as_millis() as u64
-                && k.used_ms
-                    .compare_exchange(last, now, Relaxed, Relaxed)
-                    .is_ok()
-            {
-                self.policy.lock().unwrap().touch(&e.seg, Instant::now());
-            }
+            self.used(e.seg, &k.used_ms);
             return Ok(k.node.clone());
         }
         let mut b = vec![0u8; NODE_BYTES];
@@ -508,7 +535,7 @@ impl SegmentCache {
     }
 
     fn keep_node(&self, e: &Entry, node: Arc<MapNode>) {
-        let used_ms = AtomicU64::new(self.opened.elapsed().as_millis() as u64);
+        let used_ms = AtomicU64::new(self.clock_ms());
         self.nodes
             .write()
             .unwrap()
