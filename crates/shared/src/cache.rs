@@ -22,8 +22,8 @@ use std::time::{Instant, SystemTime};
 use strata_objstore::ObjectStore;
 
 use crate::layout::{
-    decode_segment_header, verify_segment, Entry, MapNode, SegId, SegmentInfo, GRAIN, NODE_BYTES,
-    SEG_DATA_OFFSET, SEG_HEADER_BYTES,
+    decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId, SegmentInfo, GRAIN,
+    NODE_BYTES, SEG_DATA_OFFSET, SEG_HEADER_BYTES,
 };
 use crate::s3fifo::{S3Fifo, USE_GAP};
 use crate::{Error, ErrorKind, Result};
@@ -540,6 +540,19 @@ impl SegmentCache {
             .write()
             .unwrap()
             .insert((e.seg, e.slot), Arc::new(KeptNode { node, used_ms }));
+    }
+
+    /// Keep the root node of manifest `m` read from the store, from the
+    /// copy it carries (§11.5), so that the first read does not fetch it.
+    pub fn seed_root(&self, m: &Manifest) {
+        let Some(e) = m.root.filter(|_| m.root_node.is_some()) else {
+            return;
+        };
+        if self.cached_node(&e).is_none() {
+            if let Some(n) = m.root_node() {
+                self.insert_node(&e, n);
+            }
+        }
     }
 
     /// The decoded node `e` points at, if this process holds it.

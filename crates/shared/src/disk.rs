@@ -745,6 +745,7 @@ impl SharedDisk {
             ),
         };
         let throttle = ds.throttle(id, man.limits);
+        ds.cache.seed_root(&man);
         Ok(Arc::new_cyclic(|me| SharedDisk {
             me: me.clone(),
             ds,
@@ -854,14 +855,6 @@ impl SharedDisk {
             if let Some(e) = man.tail.get(&vg) {
                 return Ok(*e);
             }
-            // The root node from the manifest's copy, not the store.
-            if let Some(e) = man.root.filter(|_| man.root_node.is_some()) {
-                if self.ds.cache.cached_node(&e).is_none() {
-                    if let Some(n) = man.root_node() {
-                        self.ds.cache.insert_node(&e, n);
-                    }
-                }
-            }
         }
         let (root, levels) = self.root(man);
         self.lookup_noting(root, levels, vg, used)
@@ -963,6 +956,7 @@ impl SharedDisk {
         st.refreshed = Instant::now();
         match newest {
             Ok(m) if !st.owner && m.seq > st.man.seq => {
+                self.ds.cache.seed_root(&m);
                 st.man = Arc::new(m);
                 true
             }
@@ -1194,6 +1188,7 @@ impl SharedDisk {
             wait_for_release(&self.ds, disk, self.id, wait)?;
         }
         let m = claim(self.store(), disk, self.id, self.ds.me_as_owner())?;
+        self.ds.cache.seed_root(&m);
         let mut st = self.state.lock().unwrap();
         st.man = Arc::new(m);
         st.owner = true;
