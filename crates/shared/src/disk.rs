@@ -630,6 +630,16 @@ struct Sealing {
     in_flight: bool,
 }
 
+impl Sealing {
+    /// If its upload failed: its bytes, to upload again (it is in flight
+    /// from now on).
+    fn retry(&mut self) -> Option<Bytes> {
+        self.failed.take()?;
+        self.in_flight = true;
+        Some(self.bytes.clone())
+    }
+}
+
 /// A fold (§11.4a): the map at `base_root` with the tail `folded`
 /// applied is the map at `root`, whose nodes are uploaded.
 struct Fold {
@@ -1345,11 +1355,10 @@ impl SharedDisk {
     fn seal<'a>(&'a self, mut st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
         loop {
             while st.sealing.len() >= UPLOADS_IN_FLIGHT {
-                let failed = st.sealing.iter_mut().find_map(|(id, s)| {
-                    s.failed.take()?;
-                    s.in_flight = true;
-                    Some((*id, s.bytes.clone()))
-                });
+                let failed = st
+                    .sealing
+                    .iter_mut()
+                    .find_map(|(id, s)| Some((*id, s.retry()?)));
                 match failed {
                     Some((id, bytes)) => {
                         drop(st);
@@ -1455,12 +1464,9 @@ impl SharedDisk {
                 {
                     st = self.uploaded.wait(st).unwrap();
                 }
-                let failed = ids.iter().find_map(|id| {
-                    let s = st.sealing.get_mut(id)?;
-                    s.failed.take()?;
-                    s.in_flight = true;
-                    Some((*id, s.bytes.clone()))
-                });
+                let failed = ids
+                    .iter()
+                    .find_map(|id| Some((*id, st.sealing.get_mut(id)?.retry()?)));
                 match failed {
                     None => return Ok(()),
                     Some(f) => f,
