@@ -173,11 +173,7 @@ impl SegmentCache {
         {
             Ok(info) => info,
             Err(e) => {
-                eprintln!(
-                    "strata: cached copy {} is damaged ({e}): deleted, reading from the store",
-                    self.path(id).display()
-                );
-                self.drop_damaged(id);
+                self.drop_damaged(id, &format!("is damaged ({e})"));
                 return None;
             }
         };
@@ -204,8 +200,13 @@ impl SegmentCache {
         }
     }
 
-    /// A cached file failed verification: forget it and delete it.
-    fn drop_damaged(&self, id: SegId) {
+    /// A cached file failed verification (`why`): say so, forget it and
+    /// delete it; the read goes to the store.
+    fn drop_damaged(&self, id: SegId, why: &str) {
+        eprintln!(
+            "strata: cached copy {} {why}: deleted, reading from the store",
+            self.path(id).display()
+        );
         self.segments.write().unwrap().remove(&id);
         self.policy.lock().unwrap().remove(&id);
         let _ = std::fs::remove_file(self.path(id));
@@ -431,12 +432,8 @@ impl SegmentCache {
                 self.hits.fetch_add(1, Relaxed);
                 return Ok(());
             }
-            eprintln!(
-                "strata: cached copy {} does not match grain {}'s checksum: deleted, reading from the store",
-                self.path(e.seg).display(),
-                e.slot
-            );
-            self.drop_damaged(e.seg);
+            let why = format!("does not match grain {}'s checksum", e.slot);
+            self.drop_damaged(e.seg, &why);
         }
         self.missed();
         self.prefetch(store, e.seg);
@@ -483,12 +480,8 @@ impl SegmentCache {
             if cached {
                 self.hits.fetch_add(1, Relaxed);
             } else {
-                eprintln!(
-                    "strata: cached copy {} does not match node {}'s checksum: deleted, reading from the store",
-                    self.path(e.seg).display(),
-                    e.slot
-                );
-                self.drop_damaged(e.seg);
+                let why = format!("does not match node {}'s checksum", e.slot);
+                self.drop_damaged(e.seg, &why);
             }
         }
         if !cached {
