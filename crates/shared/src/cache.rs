@@ -57,7 +57,9 @@ pub struct SegmentCache {
     /// Segments being fetched in the background.
     prefetching: Mutex<HashSet<SegId>>,
     /// Which files to delete when they exceed the bound.
-    policy: Mutex<S3Fifo<SegId>>,
+    bound: u64,
+    /// Made at first use: see [`Self::policy`].
+    policy: std::sync::OnceLock<Mutex<S3Fifo<SegId>>>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -109,20 +111,11 @@ fn corrupt(msg: String) -> Error {
 }
 
 impl SegmentCache {
-    /// The cache in `dir`, holding at most `bound` bytes of files: the
-    /// files an earlier process left are counted (oldest first out), and
-    /// deleted at once if they exceed it.
+    /// The cache in `dir`, holding at most `bound` bytes of files. The
+    /// files an earlier process left are counted when the cache is first
+    /// used (a command that reads no disk does not list them).
     pub fn new(dir: PathBuf, bound: u64) -> Self {
-        let mut policy = S3Fifo::new(bound);
         let now = Instant::now();
-        let mut found = Vec::new();
-        list_files(&dir, &dir, &mut found);
-        found.sort_by_key(|f| f.2);
-        for (id, bytes, _) in found {
-            for old in policy.insert(id, bytes, true, true, now) {
-                let _ = std::fs::remove_file(dir.join(old.key()));
-            }
-        }
         SegmentCache {
             dir,
             segments: RwLock::new(HashMap::new()),
@@ -130,7 +123,8 @@ impl SegmentCache {
             fetching: Mutex::new(HashMap::new()),
             headers: RwLock::new(HashMap::new()),
             prefetching: Mutex::new(HashSet::new()),
-            policy: Mutex::new(policy),
+            bound,
+            policy: std::sync::OnceLock::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -141,8 +135,26 @@ impl SegmentCache {
         }
     }
 
+    /// The policy, with the files an earlier process left counted (oldest
+    /// first out) and those beyond the bound deleted.
+    fn policy(&self) -> &Mutex<S3Fifo<SegId>> {
+        self.policy.get_or_init(|| {
+            let mut policy = S3Fifo::new(self.bound);
+            let now = Instant::now();
+            let mut found = Vec::new();
+            list_files(&self.dir, &self.dir, &mut found);
+            found.sort_by_key(|f| f.2);
+            for (id, bytes, _) in found {
+                for old in policy.insert(id, bytes, true, true, now) {
+                    let _ = std::fs::remove_file(self.path(old));
+                }
+            }
+            Mutex::new(policy)
+        })
+    }
+
     pub fn stats(&self) -> CacheStats {
-        let p = self.policy.lock().unwrap();
+        let p = self.policy().lock().unwrap();
         CacheStats {
             bytes: p.bytes(),
             bound_bytes: p.bound(),
@@ -164,6 +176,8 @@ impl SegmentCache {
             self.used(id, &s.used_ms);
             return Some(s.clone());
         }
+        // Count what is here before this file is opened, added or deleted.
+        self.policy();
         let file = File::open(self.path(id)).ok()?;
         let mut bytes = Vec::new();
         let read = std::io::Read::read_to_end(&mut &file, &mut bytes);
@@ -188,7 +202,7 @@ impl SegmentCache {
     /// fits.
     fn admit(&self, id: SegId, bytes: u64, read: bool, main: bool) {
         let out = self
-            .policy
+            .policy()
             .lock()
             .unwrap()
             .insert(id, bytes, main, read, Instant::now());
@@ -208,7 +222,7 @@ impl SegmentCache {
             self.path(id).display()
         );
         self.segments.write().unwrap().remove(&id);
-        self.policy.lock().unwrap().remove(&id);
+        self.policy().lock().unwrap().remove(&id);
         let _ = std::fs::remove_file(self.path(id));
         self.damaged.fetch_add(1, Relaxed);
     }
@@ -275,6 +289,7 @@ impl SegmentCache {
     }
 
     fn write_file(&self, id: SegId, bytes: &[u8]) -> Result<File> {
+        self.policy();
         let path = self.path(id);
         let parent = path.parent().expect("segment keys have a directory");
         let io = |what: &str, e: std::io::Error| {
@@ -347,7 +362,7 @@ impl SegmentCache {
                 .compare_exchange(last, now, Relaxed, Relaxed)
                 .is_ok()
         {
-            self.policy.lock().unwrap().touch(&seg, Instant::now());
+            self.policy().lock().unwrap().touch(&seg, Instant::now());
         }
     }
 
