@@ -143,6 +143,30 @@ free). A run that another run overtakes deletes nothing."
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Object-store datastores: rewrite what overwrites left partly live, so gc can free it
+    #[command(
+        long_about = "Compact DISK of an object-store datastore (docs/FORMAT.md §11.7a): find the\n\
+objects (segments, commit payloads) whose live bytes are under --below percent of their size,\n\
+rewrite their live grains into new 8 MiB segments and commit the new places, each only if no\n\
+write moved the grain meanwhile. 'strata gc' then frees the old objects. The disk's writer does\n\
+it (its server, online, while clients write); run here on a disk nobody serves, this command\n\
+claims it as any write would. Objects a snapshot reaches are left alone. A server also\n\
+compacts by itself: at 50 % while clients write (at most as many bytes as they wrote) and at\n\
+85 % once a disk has been idle for 30 s (STRATA_COMPACT=0 turns that off)."
+    )]
+    Compact {
+        /// The disk
+        name: String,
+        /// Rewrite objects less than this share live
+        #[arg(long, value_name = "PERCENT", default_value_t = 85,
+              value_parser = clap::value_parser!(u32).range(1..=100))]
+        below: u32,
+        /// Only say what would be rewritten
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Set the datastore's capacity (also while it is served)
     #[command(
         long_about = "Set the datastore's capacity (also while it is served).\n\n\
@@ -726,6 +750,19 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 datastore(Request::Release { name: name.clone() }, json.into())
             }
             Cmd::Gc { dry_run, json } => datastore(Request::Gc { dry_run: *dry_run }, json.into()),
+            Cmd::Compact {
+                name,
+                below,
+                dry_run,
+                json,
+            } => datastore(
+                Request::Compact {
+                    name: name.clone(),
+                    below_pct: Some(*below),
+                    dry_run: *dry_run,
+                },
+                json.into(),
+            ),
             Cmd::Vmdk(v) => {
                 let (request, json) = match v {
                     VmdkCmd::Info { path, json } => {

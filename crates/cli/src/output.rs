@@ -161,6 +161,7 @@ impl Render for Response {
             Response::StoreCheck(r) => store_check(out, r),
             Response::Diff(r) => diff(out, r),
             Response::Gc(r) => gc(out, r),
+            Response::Compact(r) => compact(out, r),
             Response::Jobs(jobs) => job_table(out, jobs),
             Response::JobStarted(j) => line(
                 out,
@@ -724,6 +725,43 @@ fn store_check(out: &mut String, r: &StoreCheckReport) {
     }
     if r.errors.is_empty() {
         out.push_str("no problems found\n");
+    }
+}
+
+fn compact(out: &mut String, r: &strata_shared::disk::CompactReport) {
+    let _ = writeln!(
+        out,
+        "{}: {} objects hold {} of which {} live; {} under {} % live ({})",
+        r.disk,
+        r.objects,
+        human(r.stored_bytes),
+        human(r.live_bytes),
+        r.candidates,
+        r.below_pct,
+        human(r.candidate_bytes)
+    );
+    if r.dry_run {
+        let _ = writeln!(
+            out,
+            "would rewrite {} in {} grains, emptying {} for gc to free",
+            human(r.rewritten_bytes),
+            r.rewritten_grains,
+            human(r.emptied_bytes)
+        );
+    } else if r.rewritten_grains == 0 {
+        out.push_str("nothing to rewrite\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "rewrote {} ({} grains) into {} segments in {} ms: {} moved, {} written again meanwhile \
+             (kept where the newer write put them); 'strata gc' frees what they emptied",
+            human(r.rewritten_bytes),
+            r.rewritten_grains,
+            r.segments,
+            r.ms,
+            r.relocated_grains,
+            r.dropped_grains
+        );
     }
 }
 

@@ -1040,3 +1040,117 @@ fn gc_reports_partly_live_objects() {
     assert!(ok && !r.contains("verification failed"), "{r}");
     sa.stop();
 }
+
+/// `strata compact` through a server (FORMAT.md §11.7a): kill -9 right
+/// after a compaction segment is uploaded and before the commit naming it
+/// loses nothing and leaves an orphan GC keeps until the writer's
+/// generation moves on; a whole pass then moves the live grains of the
+/// partly live payloads, gc frees them, and every byte reads back.
+#[test]
+fn compaction_through_the_server_survives_a_kill_and_frees_partly_live_objects() {
+    let Some(u) = url("compact") else { return };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "8M"]);
+    let quiet = ("STRATA_COMPACT", "0");
+    let s = Server::start_env(
+        &a,
+        &[],
+        &[quiet, ("STRATA_SHARED_CRASH_AT", "after-compact-upload")],
+    );
+    // Three rounds of 4 KiB writes in random order, a FLUSH every 64:
+    // each payload ends partly live.
+    let grains = 2048u64;
+    let mut last = vec![0u8; grains as usize];
+    let mut cmds = Vec::new();
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    for i in 0..3 * grains {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let g = x % grains;
+        let p = 1 + (i % 250) as u8;
+        last[g as usize] = p;
+        cmds.push(format!("write -P {p} {} 4k", g * 4096));
+        if i % 64 == 63 {
+            cmds.push("flush".into());
+        }
+    }
+    cmds.push("flush".into());
+    let args: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let (ok, w) = qemu_io(&a.uri("vm"), &args);
+    assert!(ok, "{}", &w[w.len().saturating_sub(2000)..]);
+    let reads: Vec<String> = (0..grains)
+        .map(|g| format!("read -P {} {} 4k", last[g as usize], g * 4096))
+        .collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    let verify = |what: &str| {
+        let (ok, r) = qemu_io(&a.uri("vm"), &reads);
+        assert!(ok && !r.contains("verification failed"), "{what}: {r}");
+    };
+    let dry = a.json(&["compact", "vm", "--dry-run"]);
+    assert!(dry["rewritten_grains"].as_u64().unwrap() > 0, "{dry}");
+    assert!(dry["candidates"].as_u64().unwrap() > 10, "{dry}");
+    let e = a.fails(&["compact", "vm"]);
+    assert!(!e.is_empty());
+    let st = s.wait_exit(Duration::from_secs(30));
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        st.and_then(|st| st.signal()),
+        Some(libc::SIGABRT),
+        "the server should have aborted after the compaction upload: {e}"
+    );
+
+    let s = Server::start_env(&a, &[], &[quiet]);
+    verify("after the kill");
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    let g = a.json(&["gc"]);
+    assert_eq!(g["in_flight_segments"], 1, "the compaction segment: {g}");
+    // The restarted server claims at its first write: the orphan may go.
+    let rewrite = format!("write -P {} 0 4k", last[0]);
+    let (ok, w) = qemu_io(&a.uri("vm"), &[&rewrite, "flush"]);
+    assert!(ok, "{w}");
+    let g = a.json(&["gc"]);
+    assert_eq!(g["in_flight_segments"], 0, "{g}");
+    let before = a.json(&["gc", "--dry-run"]);
+
+    // A whole pass, online.
+    let c = a.json(&["compact", "vm"]);
+    assert!(c["relocated_grains"].as_u64().unwrap() > 1000, "{c}");
+    assert_eq!(c["dropped_grains"], 0, "nothing wrote meanwhile: {c}");
+    let text = a.ok(&["compact", "vm", "--below", "50"]);
+    assert!(
+        text.contains("vm: ") && text.contains("under 50 % live"),
+        "{text}"
+    );
+    let g = a.json(&["gc"]);
+    assert!(g["deleted_manifests"].as_u64().unwrap() > 10, "{g}");
+    let after = a.json(&["gc", "--dry-run"]);
+    let (stored, live) = (
+        after["stored_bytes"].as_u64().unwrap(),
+        after["live_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        stored * 10 <= live * 12 && stored < before["stored_bytes"].as_u64().unwrap(),
+        "stored within 1.2x live after compaction: before {before}, after {after}"
+    );
+    verify("after compaction and gc");
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    s.stop();
+
+    // Refusals: a local datastore, a threshold out of range.
+    let e = a.fails(&["compact", "vm", "--below", "0"]);
+    assert!(e.contains("--below"), "{e}");
+    let l = Host::new();
+    l.ok(&["create", "d", "--size", "1M"]);
+    let e = l.fails(&["compact", "d"]);
+    assert!(
+        e.contains("compact on this local datastore") && e.contains("reuses it in place"),
+        "{e}"
+    );
+}

@@ -18,6 +18,8 @@ pub enum Capability {
     Claims,
     /// Garbage collection of what no live root reaches (`gc`).
     Gc,
+    /// Rewriting the live grains of partly live objects (`compact`).
+    Compact,
     /// Consistency groups (`strata group`).
     Groups,
 }
@@ -31,6 +33,7 @@ impl Capability {
             Capability::Defrag => "defrag",
             Capability::Claims => "claim and release",
             Capability::Gc => "gc",
+            Capability::Compact => "compact",
             Capability::Groups => "consistency groups",
         }
     }
@@ -45,6 +48,11 @@ const LOCAL: &[(Capability, &str)] = &[
     (
         Capability::Gc,
         "a local datastore frees space as it goes (reference counts): there is nothing to collect",
+    ),
+    (
+        Capability::Compact,
+        "a local datastore frees each grain as its last reference goes and reuses it in place: \
+         nothing is left partly live ('strata defrag' lays a disk out)",
     ),
 ];
 

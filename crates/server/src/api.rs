@@ -224,6 +224,14 @@ pub enum Request {
     Gc {
         dry_run: bool,
     },
+    /// `compact DISK` (object-store datastores): rewrite the live grains
+    /// of the disk's partly live objects (FORMAT.md §11.7a).
+    Compact {
+        name: String,
+        /// Objects under this share live, in percent (None: 85).
+        below_pct: Option<u32>,
+        dry_run: bool,
+    },
     /// `grow`: set the capacity (Some(0): follow the file system again), or
     /// with None only say what it is and how it can change.
     Grow {
@@ -306,6 +314,7 @@ impl Request {
             }
             Request::PunchZero { name, .. } => format!("punchzero {name}"),
             Request::Defrag { name, .. } => format!("defrag {name}"),
+            Request::Compact { name, .. } => format!("compact {name}"),
             Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
             Request::CloneFull {
                 source,
@@ -429,6 +438,8 @@ pub enum Response {
     Released(DiskView),
     /// `gc [--dry-run]`
     Gc(GcReport),
+    /// `compact DISK`
+    Compact(strata_shared::disk::CompactReport),
     /// `stats`: one entry per export, in name order.
     Stats(Vec<ExportStats>),
     /// `import`
@@ -846,6 +857,7 @@ impl Response {
             Response::Joined { summary, .. } => value(summary),
             Response::Claimed(d) | Response::Released(d) => value(d),
             Response::Gc(r) => value(r),
+            Response::Compact(r) => value(r),
             // One object keyed by export name.
             Response::Stats(exports) => Value::Object(
                 exports

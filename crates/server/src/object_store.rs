@@ -1,5 +1,5 @@
 //! What only an object-store datastore answers (docs/MULTIHOST.md):
-//! `claim`, `release`, `gc` and its own `check`, through the process's
+//! `claim`, `release`, `gc`, `compact` and its own `check`, through the process's
 //! `ObjectStoreDatastore` (`ops::execute` comes here in the CLI or in a
 //! server); and `init|attach --object-store`. Everything else both kinds
 //! answer through the datastore trait in `ops`.
@@ -60,6 +60,25 @@ pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, 
         }
         Request::Check => Response::StoreCheck(ds.check().map_err(e)?),
         Request::Gc { dry_run } => Response::Gc(x.gc(*dry_run)?),
+        Request::Compact {
+            name,
+            below_pct,
+            dry_run,
+        } => {
+            let below = below_pct.unwrap_or(85);
+            if below == 0 || below > 100 {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("--below is a percentage from 1 to 100, not {below}"),
+                ));
+            }
+            let opts = strata_shared::disk::CompactOptions {
+                below: f64::from(below) / 100.0,
+                dry_run: *dry_run,
+                ..Default::default()
+            };
+            Response::Compact(x.disk(name)?.compact(opts).map_err(e)?)
+        }
         other => {
             return Err(Error::new(
                 ErrorKind::Refused,

@@ -472,6 +472,7 @@ fn needs(req: &Request) -> Option<Capability> {
         Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
         Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
         Request::Gc { .. } => Capability::Gc,
+        Request::Compact { .. } => Capability::Compact,
         Request::GroupCreate { .. }
         | Request::GroupDelete { .. }
         | Request::GroupMember { .. }

@@ -456,6 +456,7 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
         | Request::Convert { name, .. }
         | Request::PunchZero { name, .. }
         | Request::Defrag { name, .. }
+        | Request::Compact { name, .. }
         | Request::Claim { name, .. }
         | Request::Release { name } => (name.as_str(), false),
         Request::SnapshotCreate { disk, .. }

@@ -54,6 +54,9 @@ const SEALED_COMMIT: usize = 65536;
 /// The end of a manifest read first: its tail and body, usually whole.
 const MANIFEST_READ: u64 = 192 << 10;
 
+mod compact;
+pub use compact::{CompactOptions, CompactReport};
+
 /// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
 /// process (no cleanup, as kill -9) at STEP: `before-segment`,
 /// `after-segment` (uploaded, no manifest), `after-manifest` (committed,
@@ -621,6 +624,21 @@ struct State {
     /// manifests keep `next_ctr` at or below it until one names it (GC
     /// must take it for an upload in flight, §11.7).
     folding: Option<u32>,
+    /// The counter of a compaction segment not named yet (§11.7a): held
+    /// like `folding`.
+    compacting: Option<u32>,
+    /// Bytes of grains clients wrote since the disk was opened, and when
+    /// the last write came (compaction's budget and idle test).
+    client_bytes: u64,
+    last_write: Instant,
+}
+
+impl State {
+    /// The lowest counter an upload in flight holds (a fold's, a
+    /// compaction's): manifests keep `next_ctr` at or below it.
+    fn held(&self) -> Option<u32> {
+        self.folding.into_iter().chain(self.compacting).min()
+    }
 }
 
 /// A sealed segment on its way to the store.
@@ -698,6 +716,8 @@ pub struct SharedDisk {
     throttle: Arc<Throttle>,
     /// The segments this handle's reads used (its hot set, §11.5b).
     reads: crate::hot::Reads,
+    /// Compaction's thread runs (§11.7a), and what compaction did.
+    compactor: compact::Compactor,
 }
 
 /// A batch set apart for an upload, with the manifest it builds on, its
@@ -715,6 +735,8 @@ struct Taken {
     /// seal count then.
     sealed: Vec<(u64, Entry)>,
     seal_upto: u64,
+    /// Grains compaction rewrote (§11.7a), set only where still in place.
+    relocate: Vec<compact::Relocation>,
 }
 
 /// Where one grain of a read comes from.
@@ -757,6 +779,7 @@ impl SharedDisk {
         let throttle = ds.throttle(id, man.limits);
         ds.cache.seed_root(&man);
         Ok(Arc::new_cyclic(|me| SharedDisk {
+            compactor: Default::default(),
             me: me.clone(),
             ds,
             name: name.to_string(),
@@ -776,6 +799,9 @@ impl SharedDisk {
                 flushing: Arc::new(Batch::new()),
                 fold: None,
                 folding: None,
+                compacting: None,
+                client_bytes: 0,
+                last_write: Instant::now(),
                 write_seq: 0,
                 durable_seq: 0,
                 sealed: BTreeMap::new(),
@@ -1205,6 +1231,8 @@ impl SharedDisk {
         st.incoming = None;
         st.next_ctr = 0;
         st.fold = None;
+        drop(st);
+        self.start_compactor();
         Ok(())
     }
 
@@ -1329,6 +1357,8 @@ impl SharedDisk {
             if let Some(r) = &st.released {
                 return Err(Error::new(ErrorKind::Released, r.clone()));
             }
+            st.client_bytes += (grains.len() * GRAIN) as u64;
+            st.last_write = Instant::now();
             for (vg, d) in grains {
                 if st.dirty.insert(vg, d).is_none() {
                     st.dirty_bytes += GRAIN;
@@ -1842,10 +1872,11 @@ impl SharedDisk {
             man: st.man.clone(),
             ctr,
             fold: st.fold.take(),
-            folding: st.folding,
+            folding: st.held(),
             covers: st.write_seq,
             sealed: Vec::new(),
             seal_upto: 0,
+            relocate: Vec::new(),
         }
     }
 
@@ -1971,6 +2002,7 @@ impl SharedDisk {
             covers: _,
             sealed,
             seal_upto: _,
+            relocate,
         } = t;
         let mut tail: Tail = (*man.tail).clone();
         let (mut root, mut levels) = (man.root, man.levels);
@@ -1984,10 +2016,15 @@ impl SharedDisk {
             // Overtaken (a revert, an inline fold): its nodes are garbage.
             _ => None,
         };
-        let named = ready.is_some() || !sealed.is_empty();
+        let mut named = ready.is_some() || !sealed.is_empty();
         // Sealed grains are older than the batch: set first.
         for (vg, e) in sealed {
             tail.insert(vg, Some(e));
+        }
+        // Then compaction's, where nothing moved them since (§11.7a).
+        match self.relocate(&man, root, levels, &mut tail, &batch, relocate) {
+            Ok(n) => named |= n > 0,
+            Err(e) => return (Err(e), ready),
         }
         let r = self.commit_on(&man, &batch, ctrs, folding, fold, root, levels, tail, named);
         match r {

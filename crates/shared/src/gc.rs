@@ -173,12 +173,15 @@ impl SharedDatastore {
     }
 
     /// Walk the tree at `root` (`levels` levels), noting what it reaches
-    /// for `owner`; `visit` sees every node and grain entry reached.
+    /// for `owner`; `visit` sees every node and grain entry reached. A
+    /// grain `shadow` (the head's tail) holds is not reached through the
+    /// map: the tail wins, so that map entry is never read (§11.4a).
     fn walk(
         &self,
         root: Option<Entry>,
         levels: u8,
         owner: u32,
+        shadow: Option<&Tail>,
         marks: &mut Marks,
         visit: &mut Visit,
     ) -> Result<()> {
@@ -194,8 +197,12 @@ impl SharedDatastore {
             for (i, c) in node.entries.iter().enumerate() {
                 let Some(c) = c else { continue };
                 if level == 0 {
+                    let vg = first + i as u64;
+                    if shadow.is_some_and(|t| t.contains_key(&vg)) {
+                        continue;
+                    }
                     if marks.note(c, false, owner) {
-                        visit(c, None, first + i as u64)?;
+                        visit(c, None, vg)?;
                     }
                 } else {
                     stack.push((*c, level - 1, first + i as u64 * span));
@@ -205,12 +212,22 @@ impl SharedDatastore {
         Ok(())
     }
 
+    /// Walk the tree at `root` once: `visit` sees each node and grain.
+    pub(crate) fn walk_map(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        visit: &mut Visit,
+    ) -> Result<()> {
+        self.walk(root, levels, 0, None, &mut Marks::default(), visit)
+    }
+
     /// Walk everything disk `m` (id `id`) reaches: its map, its
     /// snapshots' maps and its tail's grains (§11.4a).
     fn walk_disk(&self, m: &Manifest, id: u32, marks: &mut Marks, visit: &mut Visit) -> Result<()> {
-        self.walk(m.root, m.levels, id, marks, visit)?;
+        self.walk(m.root, m.levels, id, Some(&m.tail), marks, visit)?;
         for s in &m.snapshots {
-            self.walk(s.root, s.levels, id, marks, visit)?;
+            self.walk(s.root, s.levels, id, None, marks, visit)?;
         }
         for (vg, e) in m.tail.iter() {
             if let Some(e) = e {
@@ -231,7 +248,14 @@ impl SharedDatastore {
         }
         for h in &roots.holds {
             // A hold keeps its snapshot for the clone.
-            self.walk(h.root, h.levels, h.clone, marks, &mut |_, _, _| Ok(()))?;
+            self.walk(
+                h.root,
+                h.levels,
+                h.clone,
+                None,
+                marks,
+                &mut |_, _, _| Ok(()),
+            )?;
         }
         Ok(())
     }
@@ -488,12 +512,11 @@ impl SharedDatastore {
         for (what, root, levels, owner, tail) in trees {
             let mut nodes = 0u64;
             let mut grains = 0u64;
-            let r = self.walk(root, levels, owner, &mut marks, &mut |e, level, vg| {
+            // A map named after a fold (or a compaction) may hold entries
+            // its tail shadows: never read, maybe collected (§11.4a).
+            let r = self.walk(root, levels, owner, tail, &mut marks, &mut |e, level, _| {
                 match level {
                     Some(_) => nodes += 1,
-                    // A map named after a fold may hold entries its tail
-                    // shadows: never read, maybe collected (§11.4a).
-                    None if tail.is_some_and(|t| t.contains_key(&vg)) => {}
                     None => {
                         grains += 1;
                         // Whole segments: verified end to end, and one GET

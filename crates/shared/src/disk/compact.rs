@@ -1,0 +1,443 @@
+//! Compaction (docs/FORMAT.md §11.7a): the writer rewrites the live
+//! grains of its partly live objects into dense segments and commits
+//! their new places, only where nothing moved them since; GC then frees
+//! the old objects whole.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_objstore::Bytes;
+
+use super::{Batch, SharedDisk, G, SEGMENT_GRAINS};
+use crate::layout::{manifest_of_key, Entry, Manifest, SegId, SegmentBuilder, Tail, GRAIN};
+use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
+
+/// A busy pass runs once this many client bytes were written since the
+/// last pass ...
+const BUSY_BYTES: u64 = 16 << 20;
+/// ... and this long after it.
+const BUSY_GAP: Duration = Duration::from_secs(10);
+/// An idle pass runs once the disk had no write for this long.
+const IDLE_AFTER: Duration = Duration::from_secs(30);
+/// Thresholds (live share of an object's bytes) of the automatic passes.
+const BUSY_BELOW: f64 = 0.5;
+const IDLE_BELOW: f64 = 0.85;
+/// An automatic pass that would give back less than this does nothing.
+const MIN_RECLAIM: u64 = 4 << 20;
+
+/// A grain compaction rewrote: it moves from `old` to `new` only if it is
+/// still at `old` in the manifest the commit builds on.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::disk) struct Relocation {
+    vg: u64,
+    old: Entry,
+    new: Entry,
+}
+
+/// How a pass chooses and how much it may rewrite.
+#[derive(Debug, Clone, Copy)]
+pub struct CompactOptions {
+    /// Rewrite objects whose live bytes are under this share of their
+    /// size (0 < below <= 1).
+    pub below: f64,
+    /// At most this many bytes of grains rewritten (None: no bound).
+    pub budget: Option<u64>,
+    /// Only say what would be rewritten.
+    pub dry_run: bool,
+    /// Sleep after each step as long as it took.
+    pub pace: bool,
+    /// Do nothing unless the objects emptied hold at least this many
+    /// bytes more than the grains rewritten.
+    pub min_reclaim: u64,
+}
+
+impl Default for CompactOptions {
+    fn default() -> Self {
+        CompactOptions {
+            below: IDLE_BELOW,
+            budget: None,
+            dry_run: false,
+            pace: false,
+            min_reclaim: 0,
+        }
+    }
+}
+
+/// What a compaction pass found and did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompactReport {
+    pub disk: String,
+    pub dry_run: bool,
+    /// The threshold, in percent of an object's bytes.
+    pub below_pct: u32,
+    /// Objects holding the head's grains, their bytes and the head's
+    /// bytes in them.
+    pub objects: u64,
+    pub stored_bytes: u64,
+    pub live_bytes: u64,
+    /// Objects under the threshold (a snapshot reaches none of them), and
+    /// their bytes.
+    pub candidates: u64,
+    pub candidate_bytes: u64,
+    /// Grains rewritten (a dry run: that would be) and their bytes.
+    pub rewritten_grains: u64,
+    pub rewritten_bytes: u64,
+    /// Rewritten grains whose new place a commit took, and those that
+    /// were written again meanwhile (their copies are garbage).
+    pub relocated_grains: u64,
+    pub dropped_grains: u64,
+    /// Segments uploaded.
+    pub segments: u64,
+    /// Bytes of the objects emptied (GC frees them).
+    pub emptied_bytes: u64,
+    pub ms: u64,
+}
+
+/// What compaction did on one handle, for `status` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct CompactStats {
+    pub passes: u64,
+    pub rewritten_bytes: u64,
+    pub relocated_grains: u64,
+    pub dropped_grains: u64,
+    pub emptied_bytes: u64,
+}
+
+/// A handle's compaction: its thread, its figures, one pass at a time.
+#[derive(Default)]
+pub(super) struct Compactor {
+    running: AtomicBool,
+    pass: Mutex<()>,
+    stats: Mutex<CompactStats>,
+}
+
+impl SharedDisk {
+    /// What compaction did on this handle.
+    pub fn compact_stats(&self) -> CompactStats {
+        *self.compactor.stats.lock().unwrap()
+    }
+
+    /// Bytes of grains clients wrote through this handle.
+    pub fn client_bytes(&self) -> u64 {
+        self.state.lock().unwrap().client_bytes
+    }
+
+    /// Start the automatic passes (§11.7a) once this handle writes the
+    /// disk: a thread that ends with the handle, a release or a fence.
+    pub(super) fn start_compactor(&self) {
+        if std::env::var("STRATA_COMPACT").is_ok_and(|v| v == "0")
+            || self.compactor.running.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("strata-compact".into())
+            .spawn(move || auto_passes(me));
+        if spawned.is_err() {
+            self.compactor.running.store(false, Ordering::Release);
+        }
+    }
+
+    /// One compaction pass (§11.7a). The disk's writer only: a handle that
+    /// does not write the disk yet claims it (as a write would).
+    pub fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
+        if self.read_only {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "'{}' is read-only here: only its writer compacts it",
+                    self.name
+                ),
+            ));
+        }
+        if !(opts.below > 0.0 && opts.below <= 1.0) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a compaction threshold is a share in (0, 1], not {}",
+                    opts.below
+                ),
+            ));
+        }
+        if !opts.dry_run {
+            self.may_write()?;
+        }
+        let _one = self.compactor.pass.lock().unwrap();
+        let t = Instant::now();
+        let man = self.manifest();
+        let mut rep = CompactReport {
+            disk: self.disk_name().to_string(),
+            dry_run: opts.dry_run,
+            below_pct: (opts.below * 100.0).round() as u32,
+            ..Default::default()
+        };
+        let chosen = self.candidates(&man, opts, &mut rep)?;
+        let budget = opts.budget.unwrap_or(u64::MAX);
+        // The grains to rewrite, fewest live first, whole objects while
+        // the budget lasts.
+        let mut todo: Vec<(u64, Entry)> = Vec::new();
+        let mut emptied = 0;
+        for (_, size, grains) in chosen {
+            if (todo.len() + grains.len()) as u64 * G > budget {
+                break;
+            }
+            todo.extend(grains);
+            emptied += size;
+        }
+        let rewrite = todo.len() as u64 * G;
+        if opts.dry_run || emptied.saturating_sub(rewrite) < opts.min_reclaim.max(1) {
+            if opts.dry_run {
+                rep.rewritten_grains = todo.len() as u64;
+                rep.rewritten_bytes = rewrite;
+                rep.emptied_bytes = emptied;
+            }
+            rep.ms = t.elapsed().as_millis() as u64;
+            return Ok(rep);
+        }
+        let mut buf = vec![0u8; GRAIN];
+        for step in todo.chunks(SEGMENT_GRAINS) {
+            let t0 = Instant::now();
+            let (gen, ctr) = {
+                let mut st = self.state.lock().unwrap();
+                if !st.owner || st.fenced.is_some() || st.released.is_some() {
+                    break;
+                }
+                if st.man.generation != man.generation {
+                    break;
+                }
+                let ctr = st.next_ctr;
+                st.next_ctr += 1;
+                st.compacting = Some(ctr);
+                (st.man.generation, ctr)
+            };
+            let r = self.rewrite(
+                step,
+                SegId {
+                    disk: self.id,
+                    gen,
+                    ctr,
+                },
+                &mut buf,
+            );
+            let r = r.and_then(|moves| {
+                rep.segments += 1;
+                rep.rewritten_grains += moves.len() as u64;
+                self.commit_relocated(moves)
+            });
+            self.state.lock().unwrap().compacting = None;
+            let (applied, dropped) = r?;
+            rep.relocated_grains += applied;
+            rep.dropped_grains += dropped;
+            if opts.pace {
+                std::thread::sleep(t0.elapsed());
+            }
+        }
+        rep.rewritten_bytes = rep.rewritten_grains * G;
+        // Emptied for sure only if every grain moved (else GC finds out).
+        if rep.relocated_grains == todo.len() as u64 {
+            rep.emptied_bytes = emptied;
+        }
+        rep.ms = t.elapsed().as_millis() as u64;
+        let mut s = self.compactor.stats.lock().unwrap();
+        s.passes += 1;
+        s.rewritten_bytes += rep.rewritten_bytes;
+        s.relocated_grains += rep.relocated_grains;
+        s.dropped_grains += rep.dropped_grains;
+        s.emptied_bytes += rep.emptied_bytes;
+        Ok(rep)
+    }
+
+    /// The objects of the head under the threshold that no snapshot
+    /// reaches, fewest live bytes first: (id, size, live grains).
+    #[allow(clippy::type_complexity)]
+    fn candidates(
+        &self,
+        man: &Manifest,
+        opts: CompactOptions,
+        rep: &mut CompactReport,
+    ) -> Result<Vec<(SegId, u64, Vec<(u64, Entry)>)>> {
+        let ds = &self.ds;
+        // The head: the tail shadows the map.
+        let mut by_object: HashMap<SegId, Vec<(u64, Entry)>> = HashMap::new();
+        ds.walk_map(man.root, man.levels, &mut |e, level, vg| {
+            if level.is_none() && !man.tail.contains_key(&vg) {
+                by_object.entry(e.seg).or_default().push((vg, *e));
+            }
+            Ok(())
+        })?;
+        for (vg, e) in man.tail.iter() {
+            if let Some(e) = e {
+                by_object.entry(e.seg).or_default().push((*vg, *e));
+            }
+        }
+        let mut pinned: HashSet<SegId> = HashSet::new();
+        for s in &man.snapshots {
+            ds.walk_map(s.root, s.levels, &mut |e, _, _| {
+                pinned.insert(e.seg);
+                Ok(())
+            })?;
+        }
+        let newest = SegId::payload(self.id, man.seq);
+        let mut chosen = Vec::new();
+        for l in ds
+            .store
+            .list(&format!("{DIR_DISKS}{:08x}/", self.id), None)?
+        {
+            let id = match SegId::from_key(&l.key) {
+                Some(id) => id,
+                None => match manifest_of_key(&l.key) {
+                    Some((disk, seq)) => SegId::payload(disk, seq),
+                    None => continue,
+                },
+            };
+            let Some(grains) = by_object.remove(&id) else {
+                continue;
+            };
+            let live = grains.len() as u64 * G;
+            rep.objects += 1;
+            rep.stored_bytes += l.size;
+            rep.live_bytes += live;
+            if id == newest || pinned.contains(&id) || live as f64 >= opts.below * l.size as f64 {
+                continue;
+            }
+            rep.candidates += 1;
+            rep.candidate_bytes += l.size;
+            chosen.push((id, l.size, grains));
+        }
+        chosen.sort_by_key(|(id, size, g)| (g.len() as u64 * G * 1000 / size.max(&1), *id));
+        for (_, _, g) in chosen.iter_mut() {
+            g.sort_by_key(|(_, e)| e.slot);
+        }
+        Ok(chosen)
+    }
+
+    /// Read `grains` from where they are and upload them as segment `id`:
+    /// the moves a commit may make.
+    fn rewrite(
+        &self,
+        grains: &[(u64, Entry)],
+        id: SegId,
+        buf: &mut [u8],
+    ) -> Result<Vec<Relocation>> {
+        let ds = &self.ds;
+        let mut b = SegmentBuilder::new(id);
+        let mut moves = Vec::with_capacity(grains.len());
+        for (vg, old) in grains {
+            ds.cache.fetch(&ds.store, old.seg)?;
+            ds.cache.read_grain(&ds.store, old, buf)?;
+            let new = b.add_grain(*vg, buf);
+            moves.push(Relocation {
+                vg: *vg,
+                old: *old,
+                new,
+            });
+        }
+        self.upload(&[(id, Bytes::from(b.seal(now_ms())))])?;
+        super::crash_point("after-compact-upload");
+        Ok(moves)
+    }
+
+    /// Commit `moves` with whatever client writes are pending: (moves
+    /// taken, moves dropped because the grain moved since).
+    fn commit_relocated(&self, moves: Vec<Relocation>) -> Result<(u64, u64)> {
+        let n = moves.len() as u64;
+        let _c = self.commit.lock().unwrap();
+        let mut t = {
+            let mut st = self.state.lock().unwrap();
+            match self.take_batch(&mut st)? {
+                Some(t) => t,
+                None => self.take(&mut st, Arc::new(Batch::new())),
+            }
+        };
+        t.relocate = moves.clone();
+        self.commit_taken(t)?;
+        // What the manifest just committed says (the commit lock is still
+        // held: nothing came after it).
+        let man = self.manifest();
+        let mut applied = 0;
+        for m in &moves {
+            let now = match man.tail.get(&m.vg) {
+                Some(e) => *e,
+                None => self.lookup(man.root, man.levels, m.vg)?,
+            };
+            applied += u64::from(now == Some(m.new));
+        }
+        Ok((applied, n - applied))
+    }
+
+    /// In a commit on `man` (map `root`, `levels`; tail `tail` with the
+    /// sealed grains set): set each move whose grain is still where the
+    /// pass found it and that `batch` does not write. How many it set.
+    pub(super) fn relocate(
+        &self,
+        man: &Manifest,
+        root: Option<Entry>,
+        levels: u8,
+        tail: &mut Tail,
+        batch: &Batch,
+        moves: Vec<Relocation>,
+    ) -> Result<u64> {
+        let mut applied = 0;
+        for m in moves {
+            if m.new.seg.gen != man.generation || batch.contains_key(&m.vg) {
+                continue;
+            }
+            let now = match tail.get(&m.vg) {
+                Some(e) => *e,
+                None => self.lookup(root, levels, m.vg)?,
+            };
+            if now == Some(m.old) {
+                tail.insert(m.vg, Some(m.new));
+                applied += 1;
+            }
+        }
+        Ok(applied)
+    }
+}
+
+/// The automatic passes of one handle (§11.7a), until it is dropped,
+/// released or fenced.
+fn auto_passes(me: std::sync::Weak<SharedDisk>) {
+    let mut last_pass = Instant::now();
+    let mut bytes_then = 0u64;
+    let mut idle_then = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(d) = me.upgrade() else { return };
+        let (client, last_write) = {
+            let st = d.state.lock().unwrap();
+            if !st.owner || st.fenced.is_some() || st.released.is_some() {
+                d.compactor.running.store(false, Ordering::Release);
+                return;
+            }
+            (st.client_bytes, st.last_write)
+        };
+        let (below, budget) =
+            if client - bytes_then >= BUSY_BYTES && last_pass.elapsed() >= BUSY_GAP {
+                (BUSY_BELOW, Some(client - bytes_then))
+            } else if client != idle_then && last_write.elapsed() >= IDLE_AFTER {
+                idle_then = client;
+                (IDLE_BELOW, None)
+            } else {
+                continue;
+            };
+        bytes_then = client;
+        last_pass = Instant::now();
+        let r = d.compact(CompactOptions {
+            below,
+            budget,
+            dry_run: false,
+            pace: true,
+            min_reclaim: MIN_RECLAIM,
+        });
+        if let Err(e) = r {
+            if e.kind != ErrorKind::Fenced && e.kind != ErrorKind::Released {
+                eprintln!("strata: disk '{}': compaction: {e}", d.name);
+            }
+        }
+    }
+}
