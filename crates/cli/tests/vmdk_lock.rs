@@ -198,8 +198,25 @@ fn qemu_and_strata_see_each_others_locks() {
         .args(["-f", "vmdk", p(&base)])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Wait until it has the image open (and so its lock): it answers a
+    // command only then. (Racing a fixed window failed once under load.)
+    {
+        use std::io::{BufRead as _, Write as _};
+        let mut stdin = q.stdin.as_ref().unwrap();
+        writeln!(stdin, "info").unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(q.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        if first.is_empty() {
+            let mut e = String::new();
+            std::io::Read::read_to_string(q.stderr.as_mut().unwrap(), &mut e).unwrap();
+            panic!("qemu-io could not open the base: {e}");
+        }
+    }
     let mut refused = String::new();
     for _ in 0..100 {
         let o = strata_cmd(&s, &["vmdk", "check", "--repair", p(&base)]);
