@@ -33,6 +33,9 @@ Cases (issue #2 targets in brackets):
               vs the same disk local: warm 4k randread [>= 0.9], 4k randwrite with a
               FLUSH every 64 writes (FLUSH latency percentiles), 512k seqwrite, and a
               cold start (cache deleted): time to first byte and to 90% of warm IOPS
+  compaction  issue 27: 4k random overwrites of twice the disk (FLUSH every 64) on an
+              object-store disk the server compacts and collects by itself: stored /
+              live during [<= 1.5] and after, idle [<= 1.2], write amplification [<= 2]
 
   move        issue 13: strata move of a served, full disk (2 GiB; quick 256 MiB) to
               another local datastore, idle and under 4k random writes: time loaded vs

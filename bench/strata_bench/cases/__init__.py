@@ -14,7 +14,7 @@ from .formats import case_formats
 from .fragmentation import case_fragmentation
 from .matrix import case_matrix
 from .move import case_move
-from .multihost import case_multihost
+from .multihost import case_compaction, case_multihost
 from .reclaim import case_reclaim
 from .rss import case_rss
 from .simple import case_simple
@@ -49,6 +49,7 @@ CASES = {
     "vhost": case_vhost,
     "cachenone": case_cachenone,
     "multihost": case_multihost,
+    "compaction": case_compaction,
     "move": case_move,
     "claims": case_claims,
     "backup": case_backup,

@@ -162,3 +162,131 @@ def case_multihost(work, q):
         weed.terminate()
         weed.wait()
     return out
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(port):
+    """The server's /metrics samples: {name: value} (labels dropped: the
+    case serves one disk)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, v = line.rpartition(" ")
+            out[name.split("{")[0]] = float(v)
+    return out
+
+
+def _space(s):
+    g = json.loads(s.cli("gc", "--dry-run", "--json"))
+    return g["stored_bytes"], g["live_bytes"]
+
+
+def _churn(s, disk, nbytes, size, every):
+    """4k random overwrites of twice the disk (FLUSH every 64) through fio
+    while `gc --dry-run` samples stored / live every `every` seconds:
+    (IOPS, seconds, [(t, stored/live)])."""
+    args = ["fio", "--name=b", "--ioengine=nbd", f"--uri={s.uri(disk)}", "--rw=randwrite",
+            "--bs=4k", "--iodepth=16", "--fsync=64", f"--size={size}",
+            f"--io_size={2 * nbytes}", "--randrepeat=0", "--output-format=json",
+            "--group_reporting"]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    samples = []
+    while p.poll() is None:
+        time.sleep(every)
+        st, lv = _space(s)
+        samples.append((round(time.perf_counter() - t0, 1), round(st / max(lv, 1), 3)))
+    out = p.stdout.read()
+    seconds = time.perf_counter() - t0
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    return round(job["write"]["iops"]), round(seconds, 1), samples
+
+
+def case_compaction(work, q):
+    """Issue 27 item 6: compaction (FORMAT.md §11.7a) under 4k random
+    overwrites of twice the disk's size with a FLUSH every 64 writes (each
+    FLUSH a 256 KiB payload that later overwrites leave partly live), on a
+    disk first filled sequentially, in two runs on two stores: the server
+    with its automatic passes off (STRATA_COMPACT=0: what overwrites cost
+    the store with GC alone), then on (busy passes at 50 %, idle passes at
+    85 % after 30 s without a write; GC at most every 5 s while passes move
+    grains). Stored / live sampled every few seconds during the churn
+    [<= 1.5] and, with compaction, after it while idle [<= 1.2 within five
+    minutes]; the churn's IOPS with compaction / without; compaction's
+    write amplification = (client + rewritten) / client bytes [<= 2]."""
+    size = smoke("64M", "256M" if q else "1G")
+    weed, endpoint = start_seaweedfs(work)
+    every = smoke(1, 3)
+    out = {"params": {"size": size, "store": f"SeaweedFS on loopback ({endpoint})",
+                      "client": "fio nbd engine, 4k randwrite, iodepth 16, fsync=64, "
+                                "2x the disk's size, after a sequential fill"}}
+    try:
+        runs = {}
+        for mode in ("off", "on"):
+            port = _free_port()
+            url = f"s3://strata-bench/compaction-{mode}-{random.randrange(1 << 32):08x}"
+            s = SharedStrata(os.path.join(work, f"host-{mode}"), url)
+            s.serve_args = ["--http", f"127.0.0.1:{port}", "--gc-interval", "5"]
+            s.cli("create", "d", "--size", size)
+            saved = os.environ.get("STRATA_COMPACT")
+            os.environ["STRATA_COMPACT"] = "0" if mode == "off" else "1"
+            try:
+                s.start()
+            finally:
+                if saved is None:
+                    del os.environ["STRATA_COMPACT"]
+                else:
+                    os.environ["STRATA_COMPACT"] = saved
+            try:
+                fio(s.uri("d"), "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
+                nbytes = int(json.loads(s.cli("info", "d", "--json"))["size_bytes"])
+                iops, seconds, during = _churn(s, "d", nbytes, size, every)
+                after, settled_at = [], None
+                t1 = time.perf_counter()
+                while mode == "on" and time.perf_counter() - t1 < smoke(45, 330):
+                    time.sleep(smoke(3, 10))
+                    st, lv = _space(s)
+                    after.append((round(time.perf_counter() - t1, 1), round(st / max(lv, 1), 3)))
+                    if after[-1][1] <= 1.2:
+                        settled_at = after[-1][0]
+                        break
+                m = _metrics(port)
+            finally:
+                s.stop()
+            runs[mode] = {"iops": iops, "seconds": seconds, "samples": during, "after": after,
+                          "settled_at": settled_at, "metrics": m}
+        on, off = runs["on"], runs["off"]
+        client = on["metrics"].get("strata_shared_client_bytes_total", 0)
+        rewritten = on["metrics"].get("strata_shared_compact_rewritten_bytes_total", 0)
+        peak = lambda r: max((x for _, x in r["samples"]), default=None)
+        out["churn"] = {
+            "iops_without": off["iops"], "iops_with": on["iops"],
+            "iops_ratio": ratio(on["iops"], off["iops"]),
+            "seconds_with": on["seconds"],
+            "stored_to_live_max_without": peak(off), "stored_to_live_end_without":
+                off["samples"][-1][1] if off["samples"] else None,
+            "stored_to_live_max": peak(on),
+            "stored_to_live_median": sorted(x for _, x in on["samples"])[len(on["samples"]) // 2]
+                if on["samples"] else None,
+            "samples": on["samples"], "samples_without": off["samples"], "target": "<= 1.5"}
+        out["idle"] = {"stored_to_live": on["after"][-1][1] if on["after"] else None,
+                       "seconds_to_1_2": on["settled_at"], "samples": on["after"],
+                       "target": "<= 1.2 within 300 s"}
+        out["compaction"] = {
+            "client_mib": round(client / 2**20, 1), "rewritten_mib": round(rewritten / 2**20, 1),
+            "passes": on["metrics"].get("strata_shared_compact_passes_total"),
+            "dropped_grains": on["metrics"].get("strata_shared_compact_dropped_grains_total"),
+            "write_amplification": ratio(client + rewritten, client) if client else None,
+            "target": "<= 2"}
+    finally:
+        weed.terminate()
+        weed.wait()
+    return out

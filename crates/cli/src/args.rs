@@ -151,8 +151,9 @@ rewrite their live grains into new 8 MiB segments and commit the new places, eac
 write moved the grain meanwhile. 'strata gc' then frees the old objects. The disk's writer does\n\
 it (its server, online, while clients write); run here on a disk nobody serves, this command\n\
 claims it as any write would. Objects a snapshot reaches are left alone. A server also\n\
-compacts by itself: at 50 % while clients write (at most as many bytes as they wrote) and at\n\
-85 % once a disk has been idle for 30 s (STRATA_COMPACT=0 turns that off)."
+compacts by itself: at 50 % while clients write (at most as many bytes as they wrote; up to\n\
+67 % while the disk's objects hold more than 1.4 times its live bytes) and at 85 % once a disk\n\
+has been idle for 30 s (STRATA_COMPACT=0 turns that off)."
     )]
     Compact {
         /// The disk

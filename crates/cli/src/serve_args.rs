@@ -117,8 +117,9 @@ pub struct ServeArgs {
     /// again before use
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub store_cache: Option<u64>,
-    /// Object-store datastores: collect garbage in the background every this many seconds
-    /// (0: only 'strata gc'); any host may, runs do not collide
+    /// Object-store datastores: collect garbage in the background every this many seconds,
+    /// and 5 s after a compaction emptied objects (0: only 'strata gc'); any host may, runs
+    /// do not collide
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
     pub gc_interval: u64,
     /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup,groupsnap`:
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -56,7 +56,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--smoke",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,move,backup,groupsnap",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap",
             "--out",
         ])
         .arg(&out)
@@ -235,6 +235,20 @@ fn bench_quick_paper_suites() {
         &["rand_write_4k_flush64", "flush_p50_to_ceiling"],
     ] {
         positive(mh, path);
+    }
+
+    // compaction: the same churn without and with compaction, sampled.
+    let cp = get(&j, &["cases", "compaction"]);
+    for path in [
+        &["churn", "iops_without"][..],
+        &["churn", "iops_with"],
+        &["churn", "stored_to_live_max"],
+        &["churn", "stored_to_live_max_without"],
+        &["idle", "stored_to_live"],
+        &["compaction", "client_mib"],
+        &["compaction", "write_amplification"],
+    ] {
+        positive(cp, path);
     }
 
     // move: a served disk moved idle and under two write loads.

@@ -1,5 +1,6 @@
 //! Prometheus gauges of an object-store datastore's server: per disk it
-//! holds open (upload backlog, writer or fenced, generation, commits), of
+//! holds open (upload backlog, writer or fenced, generation, commits,
+//! compaction), of
 //! its segment cache and of its last garbage collection.
 
 use strata_datastore::ObjectStoreDatastore;
@@ -74,6 +75,36 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             &name,
             c.uploaded_bytes as f64,
         ));
+        let k = d.compact_stats();
+        for (n, h, v) in [
+            (
+                "strata_shared_client_bytes_total",
+                "Bytes of grains clients wrote to the disk through this server",
+                d.client_bytes(),
+            ),
+            (
+                "strata_shared_compact_passes_total",
+                "Compaction passes run on the disk (FORMAT.md §11.7a)",
+                k.passes,
+            ),
+            (
+                "strata_shared_compact_rewritten_bytes_total",
+                "Bytes of live grains compaction rewrote (its write amplification over client bytes)",
+                k.rewritten_bytes,
+            ),
+            (
+                "strata_shared_compact_dropped_grains_total",
+                "Rewritten grains a client wrote again before their move was committed",
+                k.dropped_grains,
+            ),
+            (
+                "strata_shared_compact_emptied_bytes_total",
+                "Bytes of objects compaction emptied for GC to free",
+                k.emptied_bytes,
+            ),
+        ] {
+            out.push(g(n, h, &name, v as f64));
+        }
     }
     let r = store.shared().store_requests();
     for (op, v) in [

@@ -917,8 +917,12 @@ impl Background {
     }
 }
 
+/// The shortest gap between two background GC runs that compaction asks
+/// for.
+const GC_SOONEST: Duration = Duration::from_secs(5);
+
 /// Garbage collection of an object store every `interval_s` seconds
-/// until `stop`.
+/// until `stop`, and after a compaction emptied objects.
 fn spawn_gc(
     home: crate::placement::Store,
     stop: Arc<AtomicBool>,
@@ -930,9 +934,14 @@ fn spawn_gc(
             let Some(x) = home.as_object_store() else {
                 return;
             };
-            let mut next = std::time::Instant::now() + Duration::from_secs(interval_s);
+            let mut last = std::time::Instant::now();
+            let mut next = last + Duration::from_secs(interval_s);
             while !stop.load(Ordering::Acquire) {
-                if std::time::Instant::now() >= next {
+                // Sooner when a compaction emptied objects (FORMAT.md
+                // §11.7a), but not more than once per GC_SOONEST.
+                let wanted = last.elapsed() >= GC_SOONEST && x.shared().take_gc_wanted();
+                if wanted || std::time::Instant::now() >= next {
+                    last = std::time::Instant::now();
                     match x.gc(false) {
                         Ok(r) if r.deleted_segments > 0 => eprintln!(
                             "strata: gc deleted {} segments ({} bytes)",

@@ -232,6 +232,8 @@ pub struct SharedDatastore {
     group_snaps: std::sync::Mutex<std::collections::HashMap<String, groups::GroupSnap>>,
     /// Group names by id (they never change).
     group_names: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+    /// A compaction emptied objects since the last GC asked (§11.7a).
+    gc_wanted: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -402,6 +404,19 @@ fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
 }
 
 impl SharedDatastore {
+    /// Say that a GC would free something now (a compaction emptied
+    /// objects): a server's background GC runs sooner (§11.7a).
+    pub fn want_gc(&self) {
+        self.gc_wanted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a GC was wanted since the last call (and forget it).
+    pub fn take_gc_wanted(&self) -> bool {
+        self.gc_wanted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
     /// Disk `id`'s throttle in this process, made with `limits` if it has
     /// none yet.
     pub(crate) fn throttle(&self, id: u32, limits: IoLimits) -> Arc<Throttle> {
@@ -490,6 +505,7 @@ impl SharedDatastore {
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
+            gc_wanted: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,
@@ -573,6 +589,7 @@ impl SharedDatastore {
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
+            gc_wanted: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,

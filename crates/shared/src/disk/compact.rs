@@ -19,12 +19,16 @@ use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 /// last pass ...
 const BUSY_BYTES: u64 = 16 << 20;
 /// ... and this long after it.
-const BUSY_GAP: Duration = Duration::from_secs(10);
+const BUSY_GAP: Duration = Duration::from_secs(3);
 /// An idle pass runs once the disk had no write for this long.
 const IDLE_AFTER: Duration = Duration::from_secs(30);
 /// Thresholds (live share of an object's bytes) of the automatic passes.
 const BUSY_BELOW: f64 = 0.5;
 const IDLE_BELOW: f64 = 0.85;
+/// A busy pass presses (takes fuller objects, within the same budget)
+/// while the disk's objects hold more than this times its live bytes.
+pub const PRESS_ABOVE: f64 = 1.4;
+pub const PRESS_BELOW: f64 = 0.67;
 /// An automatic pass that would give back less than this does nothing.
 const MIN_RECLAIM: u64 = 4 << 20;
 
@@ -52,6 +56,9 @@ pub struct CompactOptions {
     /// Do nothing unless the objects emptied hold at least this many
     /// bytes more than the grains rewritten.
     pub min_reclaim: u64,
+    /// A busy pass: take objects up to [`PRESS_BELOW`] live when the
+    /// disk's objects hold more than [`PRESS_ABOVE`] times its live bytes.
+    pub press: bool,
 }
 
 impl Default for CompactOptions {
@@ -62,6 +69,7 @@ impl Default for CompactOptions {
             dry_run: false,
             pace: false,
             min_reclaim: 0,
+            press: false,
         }
     }
 }
@@ -232,6 +240,10 @@ impl SharedDisk {
             let (applied, dropped) = r?;
             rep.relocated_grains += applied;
             rep.dropped_grains += dropped;
+            if applied > 0 {
+                // What this step emptied may go while the pass goes on.
+                self.ds.want_gc();
+            }
             if opts.pace {
                 std::thread::sleep(t0.elapsed());
             }
@@ -301,12 +313,24 @@ impl SharedDisk {
             rep.objects += 1;
             rep.stored_bytes += l.size;
             rep.live_bytes += live;
-            if id == newest || pinned.contains(&id) || live as f64 >= opts.below * l.size as f64 {
+            if id == newest || pinned.contains(&id) {
                 continue;
             }
-            rep.candidates += 1;
-            rep.candidate_bytes += l.size;
             chosen.push((id, l.size, grains));
+        }
+        // Pressed: the disk holds more than PRESS_ABOVE times its live
+        // bytes (a churn that outruns the busy threshold).
+        let below = match opts.press {
+            true if rep.stored_bytes as f64 > PRESS_ABOVE * rep.live_bytes as f64 => {
+                opts.below.max(PRESS_BELOW)
+            }
+            _ => opts.below,
+        };
+        rep.below_pct = (below * 100.0).round() as u32;
+        chosen.retain(|(_, size, g)| ((g.len() as u64 * G) as f64) < below * *size as f64);
+        for (_, size, _) in &chosen {
+            rep.candidates += 1;
+            rep.candidate_bytes += size;
         }
         chosen.sort_by_key(|(id, size, g)| (g.len() as u64 * G * 1000 / size.max(&1), *id));
         for (_, _, g) in chosen.iter_mut() {
@@ -433,6 +457,7 @@ fn auto_passes(me: std::sync::Weak<SharedDisk>) {
             dry_run: false,
             pace: true,
             min_reclaim: MIN_RECLAIM,
+            press: budget.is_some(),
         });
         if let Err(e) = r {
             if e.kind != ErrorKind::Fenced && e.kind != ErrorKind::Released {
