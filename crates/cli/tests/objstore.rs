@@ -220,7 +220,14 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
         "connecting and reading claim nothing"
     );
 
-    // B writes: it claims the disk, and A's next flush is refused.
+    // B's writes do not take the disk from a writer that may be live on
+    // another host (FORMAT.md §11.6): refused, naming it.
+    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x22 1M 1M", "flush"]);
+    assert!(!ok || w.contains("write failed"), "{w}");
+    assert_eq!(owner_pid(&a, "vm"), Some(sa.pid() as u64), "{w}");
+    // 'strata claim' there takes it, and A's next flush is refused.
+    let out = b.ok(&["claim", "vm"]);
+    assert!(out.contains("claimed disk vm: this host"), "{out}");
     let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x22 1M 1M", "flush"]);
     assert!(ok && w.contains("wrote 1048576/1048576"), "{w}");
     let j = b.json(&["info", "vm"]);
@@ -546,6 +553,8 @@ fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
     std::thread::sleep(std::time::Duration::from_millis(1000));
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(sa.pid(), libc::SIGSTOP) };
+    // (A stopped writer may be live: B takes over by 'strata claim'.)
+    b.ok(&["claim", "vm"]);
     let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x55 0 4k", "flush"]);
     assert!(ok, "B takes over while A is stopped: {w}");
     unsafe { libc::kill(sa.pid(), libc::SIGCONT) };

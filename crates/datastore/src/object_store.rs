@@ -613,12 +613,22 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn close(&self) -> Result<()> {
-        let failed = self.flush_all();
-        // The next host to serve these disks starts from what was read
-        // here (FORMAT.md §11.5b).
+        let mut failed = self.flush_all();
         for (name, d) in self.handles() {
+            // The next host to serve these disks starts from what was read
+            // here (FORMAT.md §11.5b).
             if let Err(e) = d.record_hot_set() {
                 eprintln!("strata: recording the hot set of '{name}': {e}");
+            }
+            // A clean stop lets go of the disks this process writes, so
+            // another host's first write takes them without a 'strata
+            // claim' (a first write never fences a writer on another host,
+            // FORMAT.md §11.6).
+            let (writer, fenced) = d.ownership();
+            if writer && fenced.is_none() && !name.contains('@') {
+                if let Err(e) = d.release() {
+                    failed.push((name, from_shared(e)));
+                }
             }
         }
         match failed.first() {

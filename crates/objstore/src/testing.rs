@@ -315,7 +315,13 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listen on a free loopback port in front of `upstream` (`host:port`).
     pub fn start(upstream: &str) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        FaultProxy::start_on("127.0.0.1", upstream)
+    }
+
+    /// Listen on a free port of address `ip` (e.g. the host side of a
+    /// test's network namespace link) in front of `upstream`.
+    pub fn start_on(ip: &str, upstream: &str) -> FaultProxy {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let mode = std::sync::Arc::new(std::sync::Mutex::new(Fault::Pass));
         let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -217,7 +217,7 @@ impl SharedDatastore {
     /// succeeds.
     pub fn claim(&self, name: &str) -> Result<Manifest> {
         let id = self.disk_id(name)?;
-        claim(&self.store, name, id, self.me_as_owner())
+        claim(&self.store, name, id, self.me_as_owner(), None)
     }
 
     /// Claim disk `name` once its writer released it (waiting up to
@@ -225,7 +225,7 @@ impl SharedDatastore {
     pub fn claim_handover(&self, name: &str, wait: Duration) -> Result<Manifest> {
         let id = self.disk_id(name)?;
         wait_for_release(self, name, id, wait)?;
-        claim(&self.store, name, id, self.me_as_owner())
+        claim(&self.store, name, id, self.me_as_owner(), None)
     }
 
     /// Release disk `name` when no live process writes it (its writer on
@@ -516,7 +516,17 @@ fn commit_manifest(
     Ok(store.put_create(&next.key(), Bytes::from(next.encode(payload)))? == Put::Created)
 }
 
-fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest> {
+/// Claim disk `name` (id `id`) for `me`. With `unless_live`, only if no
+/// live writer elsewhere holds it (a first write's claim, §11.6): a host
+/// that comes back after a crash must not take a disk another host
+/// claimed meanwhile; an explicit `claim` passes None.
+fn claim(
+    store: &ObjectStore,
+    name: &str,
+    id: u32,
+    me: Owner,
+    unless_live: Option<&SharedDatastore>,
+) -> Result<Manifest> {
     let mut newest = newest_manifest(store, id)?;
     let first_gen = newest.generation;
     for _ in 0..64 {
@@ -525,6 +535,9 @@ fn claim(store: &ObjectStore, name: &str, id: u32, me: Owner) -> Result<Manifest
                 ErrorKind::NotFound,
                 format!("disk '{name}' was removed"),
             ));
+        }
+        if let Some(ds) = unless_live {
+            ds.may_take_over(name, &newest)?;
         }
         let next = Manifest {
             seq: newest.seq + 1,
@@ -1000,11 +1013,19 @@ impl SharedDisk {
         }
     }
 
-    /// A read-only disk that is not ours follows its owner's commits.
+    /// A disk that is not ours follows its owner's commits: at most a
+    /// second behind, except an incoming disk whose writer has not released
+    /// it yet (§11.6b), which reads the newest manifest before every read:
+    /// a migrated guest that resumes here must read what it wrote on the
+    /// source, which flushed it just before it stopped.
     fn refresh_if_stale(&self) {
         {
             let st = self.state.lock().unwrap();
-            if st.owner || self.snapshot.is_some() || st.refreshed.elapsed() < REFRESH {
+            let handing_over = st.incoming.is_some() && st.man.owner.is_some();
+            if st.owner
+                || self.snapshot.is_some()
+                || (st.refreshed.elapsed() < REFRESH && !handing_over)
+            {
                 return;
             }
         }
@@ -1193,12 +1214,14 @@ impl SharedDisk {
             st.released = None;
             st.incoming = None;
         }
-        self.ensure_owner()
+        self.ensure_owner(true)
     }
 
     /// Make this process the disk's writer, if it is not yet; an
-    /// incoming disk waits for its writer's release first.
-    fn ensure_owner(&self) -> Result<()> {
+    /// incoming disk waits for its writer's release first. Unless
+    /// `explicit` (`strata claim`, a hand-over), only if no live writer
+    /// elsewhere holds the disk (a first write's claim).
+    fn ensure_owner(&self, explicit: bool) -> Result<()> {
         {
             let st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
@@ -1223,7 +1246,8 @@ impl SharedDisk {
         if let Some(wait) = incoming {
             wait_for_release(&self.ds, disk, self.id, wait)?;
         }
-        let m = claim(self.store(), disk, self.id, self.ds.me_as_owner())?;
+        let guard = (!explicit && incoming.is_none()).then_some(&*self.ds);
+        let m = claim(self.store(), disk, self.id, self.ds.me_as_owner(), guard)?;
         self.ds.cache.seed_root(&m);
         let mut st = self.state.lock().unwrap();
         st.man = Arc::new(m);
@@ -1262,7 +1286,7 @@ impl SharedDisk {
                 st.incoming = Some(wait);
             }
         }
-        self.ensure_owner()
+        self.ensure_owner(true)
     }
 
     /// Hand the disk over (§11.5a): commit every acknowledged write, then
@@ -1508,7 +1532,7 @@ impl SharedDisk {
 
     /// Write `buf` at `offset` (any 512-byte alignment).
     fn write_bytes(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.ensure_owner()?;
+        self.ensure_owner(false)?;
         let mut grains = Vec::new();
         let mut pos = 0usize;
         while pos < buf.len() {
@@ -1537,7 +1561,7 @@ impl SharedDisk {
 
     /// Zero `len` bytes at `offset`: whole grains become holes.
     fn zero_bytes(&self, offset: u64, len: u64) -> Result<()> {
-        self.ensure_owner()?;
+        self.ensure_owner(false)?;
         let end = offset + len;
         let mut at = offset;
         let mut holes = Vec::new();
@@ -1583,7 +1607,7 @@ impl SharedDisk {
         if !self.ownership().0 {
             let newest = newest_manifest(self.store(), self.id)?;
             self.ds.may_take_over(&disk, &newest)?;
-            self.ensure_owner()?;
+            self.ensure_owner(false)?;
         }
         Ok(())
     }
@@ -2471,7 +2495,7 @@ impl BlockDevice for SharedDisk {
         let first = offset.div_ceil(G);
         let end = (offset + len) / G;
         if first < end {
-            self.ensure_owner().map_err(|e| self.to_block(e))?;
+            self.ensure_owner(false).map_err(|e| self.to_block(e))?;
             self.put_grains((first..end).map(|vg| (vg, None)).collect())
                 .map_err(|e| self.to_block(e))?;
         }

@@ -98,7 +98,12 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
     );
     assert_eq!(disk_b.ownership(), (false, None), "reading claims nothing");
 
-    // B writes: it claims, A's next commit is fenced.
+    // B's write does not take the disk from a writer that may be live
+    // elsewhere (FORMAT.md §11.6); B claims, and A's next commit is fenced.
+    let e = disk_b.write_at(&pattern(5, 4096), 0, false).unwrap_err();
+    assert!(e.context.contains("strata claim vm"), "{e}");
+    assert_eq!(disk_b.ownership(), (false, None));
+    disk_b.claim().unwrap();
     disk_b.write_at(&pattern(5, 4096), 0, false).unwrap();
     disk_b.flush().unwrap();
     disk_a.write_at(&pattern(6, 4096), 8192, false).unwrap();
@@ -787,4 +792,41 @@ fn compaction_empties_partly_live_objects_and_loses_no_newer_write() {
         rep.stored_bytes * 10 <= rep.live_bytes * 12,
         "stored should be within 1.2x live after compaction and GC: {rep:?}"
     );
+}
+
+/// A hand-over (FORMAT.md §11.6b): a host serving a disk incoming reads
+/// what the writer committed a moment ago, not a manifest up to a second
+/// old (a migrated guest resumes there and reads at once what it wrote on
+/// the source), and once the writer released, its first write claims.
+#[test]
+fn an_incoming_host_reads_the_writers_last_commit_at_once() {
+    let Some(url) = store("incoming") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    a.create_disk("m", 4 * MIB).unwrap();
+    let w = SharedDisk::open(a.clone(), "m", false).unwrap();
+    w.write_at(&pattern(1, 65536), 0, false).unwrap();
+    w.flush().unwrap();
+    let b = attach(db.path(), &url);
+    let inc = SharedDisk::open(b.clone(), "m", false).unwrap();
+    inc.set_incoming(Some(std::time::Duration::from_secs(30)));
+    assert!(read(&inc, 0, 65536) == pattern(1, 65536));
+    // Commits right before the guest stops on the source: read here at
+    // once, each of them.
+    for i in 2..12u8 {
+        w.write_at(&pattern(i, 65536), 0, false).unwrap();
+        w.flush().unwrap();
+        assert!(
+            read(&inc, 0, 65536) == pattern(i, 65536),
+            "commit {i}: the incoming host read an older commit"
+        );
+    }
+    w.release().unwrap();
+    inc.write_at(&pattern(99, 4096), 65536, false).unwrap();
+    inc.flush().unwrap();
+    assert!(
+        inc.ownership().0,
+        "the first write after the release claims"
+    );
+    assert!(read(&inc, 0, 65536) == pattern(11, 65536));
 }
