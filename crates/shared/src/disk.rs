@@ -61,7 +61,8 @@ pub use compact::{CompactOptions, CompactReport};
 /// process (no cleanup, as kill -9) at STEP: `before-segment`,
 /// `after-segment` (uploaded, no manifest), `after-manifest` (committed,
 /// not acknowledged), `after-fold` (a background fold's nodes uploaded,
-/// not named).
+/// not named), `after-compact-upload` (a compaction segment uploaded, not
+/// named).
 fn crash_point(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT
