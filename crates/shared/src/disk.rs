@@ -1857,7 +1857,7 @@ impl SharedDisk {
             self.take_batch(&mut st)?
         };
         match taken {
-            Some(t) => self.commit_taken(t),
+            Some(t) => self.commit_taken(t).map(|_| ()),
             None => Ok(()),
         }
     }
@@ -1907,8 +1907,9 @@ impl SharedDisk {
 
     /// With the commit lock held: upload a batch [`Self::take_batch`] took and
     /// commit its manifest; on failure its writes go back to the
-    /// unflushed ones (or the disk is fenced).
-    fn commit_taken(&self, t: Taken) -> Result<()> {
+    /// unflushed ones (or the disk is fenced). How many of its
+    /// relocations (§11.7a) the manifest took.
+    fn commit_taken(&self, t: Taken) -> Result<u64> {
         let t0 = Instant::now();
         let (covers, seal_upto) = (t.covers, t.seal_upto);
         // Rule 3: what the manifest names is in the store first.
@@ -1925,7 +1926,7 @@ impl SharedDisk {
         {
             let mut c = self.stats.lock().unwrap();
             match &result {
-                Ok((_, bytes)) => {
+                Ok((_, bytes, _)) => {
                     let s = t0.elapsed().as_secs_f64();
                     c.commits += 1;
                     c.uploaded_bytes += bytes;
@@ -1938,7 +1939,7 @@ impl SharedDisk {
         let mut st = self.state.lock().unwrap();
         let flushing = std::mem::take(&mut st.flushing);
         match result {
-            Ok((next, _)) => {
+            Ok((next, _, relocated)) => {
                 st.man = Arc::new(next);
                 st.durable_seq = st.durable_seq.max(covers);
                 // Committed: in the tail or the map now.
@@ -1946,7 +1947,7 @@ impl SharedDisk {
                 drop(st);
                 self.maybe_fold();
                 self.maybe_record_hot_set();
-                Ok(())
+                Ok(relocated)
             }
             Err(e) => {
                 if e.kind == ErrorKind::Fenced {
@@ -1994,7 +1995,7 @@ impl SharedDisk {
         let (result, fold) = self.commit_batch(t, true);
         let mut st = self.state.lock().unwrap();
         match result {
-            Ok((next, _)) => {
+            Ok((next, _, _)) => {
                 st.man = Arc::new(next);
                 Ok(())
             }
@@ -2015,9 +2016,9 @@ impl SharedDisk {
     /// past [`TAIL_MAX`], its grains in segments and the whole tail
     /// folded into map nodes (one more segment) under a manifest with an
     /// empty tail. A finished background fold that still applies is named.
-    /// The new manifest and the bytes uploaded; on failure, the fold taken
-    /// if it was not used.
-    fn commit_batch(&self, t: Taken, fold: bool) -> (Result<(Manifest, u64)>, Option<Fold>) {
+    /// The new manifest, the bytes uploaded and the relocations taken; on
+    /// failure, the fold taken if it was not used.
+    fn commit_batch(&self, t: Taken, fold: bool) -> (Result<(Manifest, u64, u64)>, Option<Fold>) {
         let Taken {
             batch,
             man,
@@ -2047,13 +2048,14 @@ impl SharedDisk {
             tail.insert(vg, Some(e));
         }
         // Then compaction's, where nothing moved them since (§11.7a).
-        match self.relocate(&man, root, levels, &mut tail, &batch, relocate) {
-            Ok(n) => named |= n > 0,
+        let relocated = match self.relocate(&man, root, levels, &mut tail, &batch, relocate) {
+            Ok(n) => n,
             Err(e) => return (Err(e), ready),
-        }
+        };
+        named |= relocated > 0;
         let r = self.commit_on(&man, &batch, ctrs, folding, fold, root, levels, tail, named);
         match r {
-            Ok(v) => (Ok(v), None),
+            Ok((next, uploaded)) => (Ok((next, uploaded, relocated)), None),
             Err(e) => (Err(e), ready),
         }
     }

@@ -212,14 +212,16 @@ impl SharedDatastore {
         Ok(())
     }
 
-    /// Walk the tree at `root` once: `visit` sees each node and grain.
+    /// Walk the tree at `root` once: `visit` sees each node and each grain
+    /// `shadow` does not hold.
     pub(crate) fn walk_map(
         &self,
         root: Option<Entry>,
         levels: u8,
+        shadow: Option<&Tail>,
         visit: &mut Visit,
     ) -> Result<()> {
-        self.walk(root, levels, 0, None, &mut Marks::default(), visit)
+        self.walk(root, levels, 0, shadow, &mut Marks::default(), visit)
     }
 
     /// Walk everything disk `m` (id `id`) reaches: its map, its

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use strata_objstore::Bytes;
 
 use super::{Batch, SharedDisk, G, SEGMENT_GRAINS};
-use crate::layout::{manifest_of_key, Entry, Manifest, SegId, SegmentBuilder, Tail, GRAIN};
+use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, Tail, GRAIN};
 use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 
 /// A busy pass runs once this many client bytes were written since the
@@ -180,7 +180,6 @@ impl SharedDisk {
         let mut rep = CompactReport {
             disk: self.disk_name().to_string(),
             dry_run: opts.dry_run,
-            below_pct: (opts.below * 100.0).round() as u32,
             ..Default::default()
         };
         let chosen = self.candidates(&man, opts, &mut rep)?;
@@ -275,12 +274,17 @@ impl SharedDisk {
         let ds = &self.ds;
         // The head: the tail shadows the map.
         let mut by_object: HashMap<SegId, Vec<(u64, Entry)>> = HashMap::new();
-        ds.walk_map(man.root, man.levels, &mut |e, level, vg| {
-            if level.is_none() && !man.tail.contains_key(&vg) {
-                by_object.entry(e.seg).or_default().push((vg, *e));
-            }
-            Ok(())
-        })?;
+        ds.walk_map(
+            man.root,
+            man.levels,
+            Some(&man.tail),
+            &mut |e, level, vg| {
+                if level.is_none() {
+                    by_object.entry(e.seg).or_default().push((vg, *e));
+                }
+                Ok(())
+            },
+        )?;
         for (vg, e) in man.tail.iter() {
             if let Some(e) = e {
                 by_object.entry(e.seg).or_default().push((*vg, *e));
@@ -288,7 +292,7 @@ impl SharedDisk {
         }
         let mut pinned: HashSet<SegId> = HashSet::new();
         for s in &man.snapshots {
-            ds.walk_map(s.root, s.levels, &mut |e, _, _| {
+            ds.walk_map(s.root, s.levels, None, &mut |e, _, _| {
                 pinned.insert(e.seg);
                 Ok(())
             })?;
@@ -299,12 +303,10 @@ impl SharedDisk {
             .store
             .list(&format!("{DIR_DISKS}{:08x}/", self.id), None)?
         {
-            let id = match SegId::from_key(&l.key) {
-                Some(id) => id,
-                None => match manifest_of_key(&l.key) {
-                    Some((disk, seq)) => SegId::payload(disk, seq),
-                    None => continue,
-                },
+            // A segment, or a manifest by its payload.
+            let Some(id) = SegId::from_key(&l.key).or_else(|| SegId::payload_from_key(&l.key))
+            else {
+                continue;
             };
             let Some(grains) = by_object.remove(&id) else {
                 continue;
@@ -377,19 +379,8 @@ impl SharedDisk {
                 None => self.take(&mut st, Arc::new(Batch::new())),
             }
         };
-        t.relocate = moves.clone();
-        self.commit_taken(t)?;
-        // What the manifest just committed says (the commit lock is still
-        // held: nothing came after it).
-        let man = self.manifest();
-        let mut applied = 0;
-        for m in &moves {
-            let now = match man.tail.get(&m.vg) {
-                Some(e) => *e,
-                None => self.lookup(man.root, man.levels, m.vg)?,
-            };
-            applied += u64::from(now == Some(m.new));
-        }
+        t.relocate = moves;
+        let applied = self.commit_taken(t)?;
         Ok((applied, n - applied))
     }
 
