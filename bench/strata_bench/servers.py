@@ -25,13 +25,14 @@ class Strata:
     def cli(self, *args):
         return sh(STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, *args)
 
-    def start(self):
+    def start(self, env=None):
+        """Serve (with `env` as the server's environment, if given)."""
         if os.path.exists(self.sock):
             os.unlink(self.sock)
         self.proc = subprocess.Popen(
             [STRATA, "--datastore", self.ds, "--metadata-cache", self.cache, "serve", "--nbd-unix", self.sock]
             + self.serve_args,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, env=env,
         )
         wait_path(self.sock, proc=self.proc)
         wait_path(os.path.join(self.ds, "control.sock"), proc=self.proc)

@@ -236,15 +236,7 @@ def case_compaction(work, q):
             s = SharedStrata(os.path.join(work, f"host-{mode}"), url)
             s.serve_args = ["--http", f"127.0.0.1:{port}", "--gc-interval", "5"]
             s.cli("create", "d", "--size", size)
-            saved = os.environ.get("STRATA_COMPACT")
-            os.environ["STRATA_COMPACT"] = "0" if mode == "off" else "1"
-            try:
-                s.start()
-            finally:
-                if saved is None:
-                    del os.environ["STRATA_COMPACT"]
-                else:
-                    os.environ["STRATA_COMPACT"] = saved
+            s.start(env=dict(os.environ, STRATA_COMPACT="0" if mode == "off" else "1"))
             try:
                 fio(s.uri("d"), "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
                 nbytes = int(json.loads(s.cli("info", "d", "--json"))["size_bytes"])
