@@ -132,6 +132,18 @@ impl Node {
         String::from_utf8(o.stdout).unwrap()
     }
 
+    /// [`Self::ok`] with `--json`, parsed.
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).unwrap()
+    }
+
+    /// The host identity its directory gives it.
+    fn host(&self) -> serde_json::Value {
+        self.json(&["status"])["object_store"]["me"]["host"].clone()
+    }
+
     fn start(&mut self) {
         let _ = std::fs::remove_file(self.dir.path().join("control.sock"));
         let strata = common::strata();
@@ -313,13 +325,10 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
         );
     }
     for i in 0..DISKS {
-        let owner = nodes[0].ok(&["info", &name(i), "--json"]);
-        let j: serde_json::Value = serde_json::from_str(&owner).unwrap();
-        let want = nodes[home(i)].ok(&["status", "--json"]);
-        let want: serde_json::Value = serde_json::from_str(&want).unwrap();
+        let j = nodes[0].json(&["info", &name(i)]);
         assert_eq!(
             j["object_store"]["owner"]["host"],
-            want["object_store"]["me"]["host"],
+            nodes[home(i)].host(),
             "{} is written by its host",
             name(i)
         );
@@ -436,10 +445,10 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
         text.contains("failed"),
         "a write through the host that came back must fail: {text}"
     );
-    let info: serde_json::Value = serde_json::from_str(&c.ok(&["info", &d, "--json"])).unwrap();
-    let a: serde_json::Value = serde_json::from_str(&nodes[0].ok(&["status", "--json"])).unwrap();
+    let info = c.json(&["info", &d]);
     assert_eq!(
-        info["object_store"]["owner"]["host"], a["object_store"]["me"]["host"],
+        info["object_store"]["owner"]["host"],
+        nodes[0].host(),
         "{d} stays with the host that claimed it: {info}"
     );
     fio_ok(
@@ -450,7 +459,7 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
     let chk = nodes[0].ok(&["check"]);
     assert!(chk.contains("no problems found"), "{chk}");
     // The lost host's uploads of its old generation are garbage now.
-    let g: serde_json::Value = serde_json::from_str(&nodes[0].ok(&["gc", "--json"])).unwrap();
+    let g = nodes[0].json(&["gc"]);
     assert!(g["claim"].is_string(), "{g}");
     let chk = nodes[1].ok(&["check"]);
     assert!(chk.contains("no problems found"), "{chk}");
