@@ -32,7 +32,9 @@ Cases (issue #2 targets in brackets):
   multihost   issue 12: a disk on an object-store datastore (SeaweedFS on loopback)
               vs the same disk local: warm 4k randread [>= 0.9], 4k randwrite with a
               FLUSH every 64 writes (FLUSH latency percentiles), 512k seqwrite, and a
-              cold start (cache deleted): time to first byte and to 90% of warm IOPS
+              cold start (cache deleted): time to first byte and to 90% of warm IOPS;
+              a restart keeping the cache [<= 0.5 s to 90%]; a hot quarter read with
+              the cache bound at half the disk vs local [>= 0.9]
   compaction  issue 27: 4k random overwrites of twice the disk (FLUSH every 64) on an
               object-store disk the server compacts and collects by itself: stored /
               live during [<= 1.5] and after, idle [<= 1.2], write amplification [<= 2]

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from ..common import ROOT, STRATA, drop_caches, ratio, sh, smoke
+from ..common import ROOT, STRATA, drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fio, fio_iops_log
 from ..seaweedfs import start_seaweedfs
 from ..servers import Strata
@@ -88,12 +88,19 @@ def case_multihost(work, q):
     percentiles); 512k sequential write with a FLUSH at the end; a cold start
     (server restarted with its cache deleted, host page cache dropped):
     time to the first byte, IOPS per 250 ms until it reaches 90% of the
-    warm figure. First, the store's own ceiling in the same run (raw 8 MiB
+    warm figure; a same-host restart that keeps the cache, the same
+    figure [<= 0.5 s]; 4k random reads of a hot quarter of the disk with
+    the cache bound at half of it, against local reading the same quarter
+    [>= 0.9]. First, the store's own ceiling in the same run (raw 8 MiB
     PUT/GET throughput at the upload pipeline's depth, one 256 KiB
     create-only PUT's latency): object-store figures are given as ratios
     to local and to it."""
     size = smoke("64M", "256M" if q else "1G")
     rt = smoke(2, 5 if q else 15)
+    # A quarter of the disk (the hot set), and a cache bound of half of it
+    # (--store-cache takes 64M at least).
+    quarter = f"{size_bytes(size) // 4 >> 20}M"
+    half_cache = f"{max(64, size_bytes(size) // 2 >> 20)}M"
     weed, endpoint = start_seaweedfs(work)
     out = {"params": {"size": size, "runtime_s": rt, "store": f"SeaweedFS on loopback ({endpoint})",
                       "client": "fio nbd engine, iodepth 16"}}
@@ -107,6 +114,8 @@ def case_multihost(work, q):
                      extra=["--end_fsync=1"])
             lr = fio(local.uri("d"), "randread", "4k", runtime=rt, size=size)
             lf = fio_flush_every(local.uri("d"), "4k", 64, rt, size)
+            # The hot quarter, read warm (the capped-cache row below).
+            lq = fio(local.uri("d"), "randread", "4k", runtime=rt, size=quarter)
         finally:
             local.stop()
         url = f"s3://strata-bench/multihost-{random.randrange(1 << 32):08x}"
@@ -158,6 +167,42 @@ def case_multihost(work, q):
                              "seconds_to_90pct_of_warm": full_at,
                              "cold_run_iops": round(cr["iops"]), "warm_iops": round(warm),
                              "iops_per_250ms_first_8": [v for _, v in samples[:8]]}
+        # A same-host restart: the cache directory kept (its files are
+        # verified on first use, FORMAT.md §11.8), the page cache too (a
+        # process restart, not a reboot).
+        sh_.start()
+        try:
+            t = time.perf_counter()
+            _first_read_ms(sh_.uri("d"))
+            rr, samples = fio_iops_log(sh_.uri("d"), "randread", "4k", 16, rt, size, logs,
+                                       "restart")
+            opened_s = time.perf_counter() - t
+        finally:
+            sh_.stop()
+        at = next((t for t, v in samples if v >= 0.9 * warm), None)
+        out["restart_same_host"] = {
+            "seconds_to_90pct_of_warm": at, "run_iops": round(rr["iops"]),
+            "warm_iops": round(warm), "iops_per_250ms_first_4": [v for _, v in samples[:4]],
+            "target": "<= 0.5 s", "wall_s": round(opened_s, 1)}
+        # The cache bound at half the disk, reads over a hot quarter of it
+        # (warmed by one run first), against local reading the same quarter.
+        sh_.serve_args = ["--store-cache", half_cache]
+        sh_.start()
+        try:
+            fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=quarter)
+            c0 = _cache(sh_)
+            cq = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=quarter)
+            c1 = _cache(sh_)
+        finally:
+            sh_.stop()
+            sh_.serve_args = []
+        out["rand_read_4k_capped_cache"] = {
+            "cache_bound": half_cache, "hot_set": quarter,
+            "local_iops": round(lq["iops"]), "shared_iops": round(cq["iops"]),
+            "ratio": ratio(cq["iops"], lq["iops"]), "target": ">= 0.9",
+            "cache_bytes": c1["bytes"], "cache_bound_bytes": c1["bound_bytes"],
+            "hit_share_measured": ratio(c1["hits"] - c0["hits"],
+                                        (c1["hits"] + c1["misses"]) - (c0["hits"] + c0["misses"]))}
     finally:
         weed.terminate()
         weed.wait()
@@ -182,6 +227,22 @@ def _metrics(port):
             name, _, v = line.rpartition(" ")
             out[name.split("{")[0]] = float(v)
     return out
+
+
+def _cache(s):
+    """The segment cache's figures from `strata status --json`."""
+    def find(v):
+        if isinstance(v, dict):
+            if "hits" in v and "bound_bytes" in v:
+                return v
+            v = list(v.values())
+        if isinstance(v, list):
+            return next((c for c in map(find, v) if c), None)
+        return None
+    c = find(json.loads(s.cli("status", "--json")))
+    if c is None:
+        raise RuntimeError("strata status --json: no segment cache figures")
+    return c
 
 
 def _space(s):

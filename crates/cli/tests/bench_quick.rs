@@ -218,7 +218,8 @@ fn bench_quick_paper_suites() {
     }
 
     // multihost: a disk on SeaweedFS was written, flushed every 64 writes,
-    // read warm, and read again after its cache was deleted.
+    // read warm, read again after its cache was deleted, after a restart
+    // that kept it, and over a hot quarter with the cache at half the disk.
     let mh = get(&j, &["cases", "multihost"]);
     for path in [
         &["seq_write_512k", "shared_mib_s"][..],
@@ -233,6 +234,10 @@ fn bench_quick_paper_suites() {
         &["store_ceiling", "create_256k_ms", "p50"],
         &["seq_write_512k", "ratio_to_ceiling"],
         &["rand_write_4k_flush64", "flush_p50_to_ceiling"],
+        &["restart_same_host", "run_iops"],
+        &["rand_read_4k_capped_cache", "shared_iops"],
+        &["rand_read_4k_capped_cache", "local_iops"],
+        &["rand_read_4k_capped_cache", "cache_bytes"],
     ] {
         positive(mh, path);
     }

@@ -778,9 +778,9 @@ fn tree_bytes(dir: &std::path::Path) -> u64 {
 
 /// `--store-cache` bounds the host's segment cache; a scan larger than the
 /// cache leaves a hot set that was read again and again in it (S3-FIFO:
-/// LRU or FIFO would lose it); the cache survives a restart, is verified
-/// before use, and a damaged file costs a read from the store, not wrong
-/// data.
+/// LRU or FIFO would lose it); the cache survives a restart, is checked
+/// before use (its ends) and on every read (against the map's CRCs), and
+/// a damaged or torn file costs a read from the store, not wrong data.
 #[test]
 fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     let Some(u) = url("cache") else { return };
@@ -863,8 +863,10 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     assert_eq!(st["object_store"]["cache"]["bound_bytes"], 64 << 20, "{st}");
     sa.stop();
 
-    // Damage every cached segment's grains: reads still return what was
-    // written, from the store, and the damage is counted.
+    // Damage every cached segment: tear every other one (its end is
+    // checked at first use) and overwrite grains in the rest (checked
+    // read by read). Reads still return what was written, from the
+    // store, and the damage is counted.
     let mut damaged = 0;
     let mut stack = vec![cache.clone()];
     while let Some(d) = stack.pop() {
@@ -874,7 +876,11 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
                 stack.push(p);
             } else if e.metadata().unwrap().len() > 1 << 20 {
                 let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-                std::os::unix::fs::FileExt::write_all_at(&f, &[0xee; 512], 64 << 10).unwrap();
+                if damaged % 2 == 0 {
+                    f.set_len(e.metadata().unwrap().len() - 1).unwrap();
+                } else {
+                    std::os::unix::fs::FileExt::write_all_at(&f, &[0xee; 512], 64 << 10).unwrap();
+                }
                 damaged += 1;
             }
         }

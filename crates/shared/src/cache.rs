@@ -22,8 +22,8 @@ use std::time::{Instant, SystemTime};
 use strata_objstore::ObjectStore;
 
 use crate::layout::{
-    decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId, SegmentInfo, GRAIN,
-    NODE_BYTES, SEG_DATA_OFFSET, SEG_HEADER_BYTES,
+    check_segment_ends, decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId,
+    SegmentInfo, GRAIN, NODE_BYTES, SEG_DATA_OFFSET, SEG_HEADER_BYTES, SEG_TRAILER_BYTES,
 };
 use crate::s3fifo::{S3Fifo, USE_GAP};
 use crate::{Error, ErrorKind, Result};
@@ -168,9 +168,11 @@ impl SegmentCache {
     }
 
     /// The segment if it is here (memory or the cache directory), without
-    /// asking the store. A file this process has not used yet is verified
-    /// whole first (it may be damaged, or from a build that wrote it
-    /// differently); one that fails is deleted.
+    /// asking the store. A file this process has not used yet is checked
+    /// by its ends first (header, length, trailer: it may be torn, or from
+    /// a build that wrote it differently); one that fails is deleted.
+    /// What it holds is checked read by read, against the CRC each map
+    /// entry carries (FORMAT.md §11.8).
     fn local(&self, id: SegId) -> Option<Arc<CachedSegment>> {
         if let Some(s) = self.segments.read().unwrap().get(&id) {
             self.used(id, &s.used_ms);
@@ -179,13 +181,20 @@ impl SegmentCache {
         // Count what is here before this file is opened, added or deleted.
         self.policy();
         let file = File::open(self.path(id)).ok()?;
-        let mut bytes = Vec::new();
-        let read = std::io::Read::read_to_end(&mut &file, &mut bytes);
-        let info = match read
+        let ends = || -> std::io::Result<(u64, Vec<u8>, Vec<u8>)> {
+            let len = file.metadata()?.len();
+            let mut head = vec![0; (SEG_HEADER_BYTES as u64).min(len) as usize];
+            file.read_exact_at(&mut head, 0)?;
+            let n = (SEG_TRAILER_BYTES as u64).min(len);
+            let mut trailer = vec![0; n as usize];
+            file.read_exact_at(&mut trailer, len - n)?;
+            Ok((len, head, trailer))
+        };
+        let checked = ends()
             .map_err(|e| e.to_string())
-            .and_then(|_| verify_segment(&id.key(), &bytes))
-        {
-            Ok(info) => info,
+            .and_then(|(len, h, t)| check_segment_ends(&id.key(), &h, &t, len).map(|i| (i, len)));
+        let (info, len) = match checked {
+            Ok(x) => x,
             Err(e) => {
                 self.drop_damaged(id, &format!("is damaged ({e})"));
                 return None;
@@ -193,7 +202,7 @@ impl SegmentCache {
         };
         let s = self.cached(file, info, true);
         self.segments.write().unwrap().insert(id, s.clone());
-        self.admit(id, bytes.len() as u64, true, false);
+        self.admit(id, len, true, false);
         Some(s)
     }
 

@@ -443,19 +443,29 @@ pub fn decode_segment_header(key: &str, h: &[u8]) -> Result<SegmentInfo, String>
     Ok(info)
 }
 
-/// Check a whole segment object: header, length, trailer and index.
-pub fn verify_segment(key: &str, b: &[u8]) -> Result<SegmentInfo, String> {
-    let info = decode_segment_header(key, b)?;
-    if b.len() as u64 != info.len() {
+/// Check a segment object of `len` bytes by its ends: the header (its
+/// first [`SEG_HEADER_BYTES`], `head`), the length the header gives, and
+/// the trailer (its last [`SEG_TRAILER_BYTES`], `trailer`). The index's
+/// CRC (the trailer's bytes 16..20) is left to the caller.
+pub fn check_segment_ends(
+    key: &str,
+    head: &[u8],
+    trailer: &[u8],
+    len: u64,
+) -> Result<SegmentInfo, String> {
+    let info = decode_segment_header(key, head)?;
+    if len != info.len() {
         return Err(format!(
-            "{key}: {} bytes where its header gives {} (torn)",
-            b.len(),
+            "{key}: {len} bytes where its header gives {} (torn)",
             info.len()
         ));
     }
-    let t = &b[b.len() - SEG_TRAILER_BYTES..];
+    let t = trailer;
     let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
-    if &t[0..8] != MAGIC_SEGMENT_END || w(28) != crc32c::crc32c(&t[..28]) {
+    if t.len() != SEG_TRAILER_BYTES
+        || &t[0..8] != MAGIC_SEGMENT_END
+        || w(28) != crc32c::crc32c(&t[..28])
+    {
         return Err(format!("{key}: the segment trailer is damaged (torn)"));
     }
     if u64::from_le_bytes(t[8..16].try_into().unwrap()) != info.len()
@@ -466,6 +476,15 @@ pub fn verify_segment(key: &str, b: &[u8]) -> Result<SegmentInfo, String> {
             "{key}: the segment trailer disagrees with its header"
         ));
     }
+    Ok(info)
+}
+
+/// Check a whole segment object: header, length, trailer and index.
+pub fn verify_segment(key: &str, b: &[u8]) -> Result<SegmentInfo, String> {
+    let head = &b[..b.len().min(SEG_HEADER_BYTES)];
+    let t = &b[b.len().saturating_sub(SEG_TRAILER_BYTES)..];
+    let info = check_segment_ends(key, head, t, b.len() as u64)?;
+    let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
     let index = &b[info.index_offset() as usize..b.len() - SEG_TRAILER_BYTES];
     if crc32c::crc32c(index) != w(16) {
         return Err(format!("{key}: checksum mismatch in the segment index"));
@@ -863,6 +882,25 @@ mod tests {
         let last = d.len() - 40;
         d[last] ^= 1;
         assert!(verify_segment(&key, &d).is_err());
+
+        // By its ends alone (a cached file's first use): a damaged grain
+        // passes (its reads check it), a torn file or trailer does not.
+        let ends = |b: &[u8], len: u64| {
+            let t = &b[b.len() - SEG_TRAILER_BYTES..];
+            check_segment_ends(&key, &b[..SEG_HEADER_BYTES], t, len)
+        };
+        assert_eq!(ends(&b, b.len() as u64).unwrap().grains, 2);
+        let mut d = b.clone();
+        d[SegmentInfo::grain_offset(1) as usize + 3] ^= 1;
+        assert!(ends(&d, d.len() as u64).is_ok());
+        let e = ends(&b, b.len() as u64 - 1).unwrap_err();
+        assert!(e.contains("torn"), "{e}");
+        let e = ends(&b[..b.len() - 1], b.len() as u64 - 1).unwrap_err();
+        assert!(e.contains("torn"), "{e}");
+        let mut d = b.clone();
+        let end = d.len() - 1;
+        d[end] ^= 1;
+        assert!(ends(&d, d.len() as u64).is_err());
     }
 
     #[test]
