@@ -1,14 +1,17 @@
 //! This host's cache of a shared datastore's objects (docs/FORMAT.md
-//! §11.8): whole segments as files under `DIR/cache/`, verified end to end
-//! before they are used, and decoded map nodes in memory. A read that
-//! misses is answered with a ranged GET of just the grain or node (a cold
-//! cache does not make a guest wait for whole segments) while the whole
-//! segment is fetched in the background, two at a time. Objects never
-//! change, so nothing here is ever invalidated. The files stay within a
-//! bound, evicted by S3-FIFO ([`crate::s3fifo`]); they survive a restart
-//! and are verified again on their first use. Every grain and node read is
-//! checked against the CRC its map entry carries; a cached copy that fails
-//! is deleted and the read goes to the store.
+//! §11.8): whole segments as files under `DIR/cache/` (verified end to
+//! end when fetched, by their ends when a restart finds them), sparse
+//! files holding the grains scattered reads kept of objects not held
+//! whole, and decoded map nodes in memory. A read that misses is answered
+//! with a ranged GET of just the grain or node (a cold cache does not make
+//! a guest wait for whole segments); then the whole object is fetched in
+//! the background (two at a time) while the cache is under half its bound
+//! or the misses in the object look like a scan, else the grain alone is
+//! kept. Objects never change, so nothing here is ever invalidated. The
+//! files stay within a bound, evicted by S3-FIFO ([`crate::s3fifo`]) and
+//! survive a restart. Every grain and node read is checked against the CRC
+//! its map entry carries; a cached copy that fails is dropped and the read
+//! goes to the store.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -36,6 +39,19 @@ struct CachedSegment {
     used_ms: AtomicU64,
 }
 
+/// Grains of one object kept in a sparse file at their offsets in it
+/// (FORMAT.md §11.8): what a cache that cannot hold whole objects keeps
+/// of scattered reads.
+struct Partial {
+    file: File,
+    used_ms: AtomicU64,
+    /// The slot and virtual grain of the last grain that missed in this
+    /// object (a next miss next to it in both is a scan: the object is
+    /// fetched whole).
+    last_slot: std::sync::atomic::AtomicU32,
+    last_vg: AtomicU64,
+}
+
 /// A decoded map node, and when a use of its segment was last passed to
 /// the policy: a node in memory still uses its segment, so that a restart
 /// finds it cached.
@@ -48,6 +64,11 @@ struct KeptNode {
 pub struct SegmentCache {
     dir: PathBuf,
     segments: RwLock<HashMap<SegId, Arc<CachedSegment>>>,
+    /// Objects of which only some grains are here (sparse files).
+    partials: RwLock<HashMap<SegId, Arc<Partial>>>,
+    /// Taken to add a grain to a sparse file and to replace one by its
+    /// whole object, so that the two never both stand for one object.
+    partial_lock: Mutex<()>,
     nodes: RwLock<HashMap<(SegId, u32), Arc<KeptNode>>>,
     /// One fetch of a segment at a time per segment: a cold disk read by
     /// many threads fetches each segment once.
@@ -92,6 +113,9 @@ pub struct CacheStats {
 
 /// Background fetches of whole segments at once.
 const PREFETCH_MAX: usize = 2;
+/// A miss this close (in slots) to its object's last one is taken for a
+/// scan (FORMAT.md §11.8).
+const NEAR_SLOTS: u32 = 2;
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
 /// A hot set's fetch waits this long after any read that went to the
@@ -119,6 +143,8 @@ impl SegmentCache {
         SegmentCache {
             dir,
             segments: RwLock::new(HashMap::new()),
+            partials: RwLock::new(HashMap::new()),
+            partial_lock: Mutex::new(()),
             nodes: RwLock::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
             headers: RwLock::new(HashMap::new()),
@@ -143,10 +169,17 @@ impl SegmentCache {
             let now = Instant::now();
             let mut found = Vec::new();
             list_files(&self.dir, &self.dir, &mut found);
-            found.sort_by_key(|f| f.2);
-            for (id, bytes, _) in found {
+            // Whole files first: a sparse file of an object held whole
+            // (a process stopped between the two) is deleted.
+            found.sort_by_key(|f| (f.3, f.2));
+            for (id, bytes, _, partial) in found {
+                if partial && policy.contains(&id) {
+                    let _ = std::fs::remove_file(self.partial_path(id));
+                    continue;
+                }
                 for old in policy.insert(id, bytes, true, true, now) {
                     let _ = std::fs::remove_file(self.path(old));
+                    let _ = std::fs::remove_file(self.partial_path(old));
                 }
             }
             Mutex::new(policy)
@@ -215,12 +248,135 @@ impl SegmentCache {
             .lock()
             .unwrap()
             .insert(id, bytes, main, read, Instant::now());
+        self.evict(out);
+    }
+
+    /// Delete what the policy evicted (whole or sparse files).
+    fn evict(&self, out: Vec<SegId>) {
         for old in out {
             self.segments.write().unwrap().remove(&old);
             // A reader that has it open finishes from the unlinked file.
             let _ = std::fs::remove_file(self.path(old));
+            // A sparse file (maybe one a restart listed, not opened yet).
+            self.partials.write().unwrap().remove(&old);
+            let _ = std::fs::remove_file(self.partial_path(old));
             self.evictions.fetch_add(1, Relaxed);
         }
+    }
+
+    /// Object `id` arrives whole (`s`): it replaces the grains a sparse
+    /// file kept of it (if any), which are counted out of the policy.
+    fn replace_partial(&self, id: SegId, s: Arc<CachedSegment>) {
+        let _g = self.partial_lock.lock().unwrap();
+        self.segments.write().unwrap().insert(id, s);
+        let known = self.partials.write().unwrap().remove(&id).is_some();
+        let path = self.partial_path(id);
+        if known || path.exists() {
+            let _ = std::fs::remove_file(path);
+            self.policy().lock().unwrap().remove(&id);
+        }
+    }
+
+    /// The sparse file of object `id`, if there is one (opened the first
+    /// time this process uses it after a restart listed it).
+    fn partial(&self, id: SegId) -> Option<Arc<Partial>> {
+        if let Some(p) = self.partials.read().unwrap().get(&id) {
+            self.used(id, &p.used_ms);
+            return Some(p.clone());
+        }
+        if !self.policy().lock().unwrap().contains(&id) {
+            return None;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.partial_path(id))
+            .ok()?;
+        let p = Arc::new(Partial {
+            file,
+            used_ms: AtomicU64::new(self.clock_ms()),
+            last_slot: std::sync::atomic::AtomicU32::new(u32::MAX),
+            last_vg: AtomicU64::new(u64::MAX),
+        });
+        Some(
+            self.partials
+                .write()
+                .unwrap()
+                .entry(id)
+                .or_insert(p)
+                .clone(),
+        )
+    }
+
+    /// Keep grain `e` (its bytes `g`, checked) in its object's sparse
+    /// file, unless the object is here whole.
+    fn keep_grain(&self, e: &Entry, vg: u64, g: &[u8]) {
+        let _g = self.partial_lock.lock().unwrap();
+        if self.segments.read().unwrap().contains_key(&e.seg) {
+            return;
+        }
+        let p = match self.partial(e.seg) {
+            Some(p) => p,
+            None => {
+                let path = self.partial_path(e.seg);
+                let made = path
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|_| {
+                        std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .create(true)
+                            .truncate(false)
+                            .open(&path)
+                    });
+                let Ok(file) = made else { return };
+                let p = Arc::new(Partial {
+                    file,
+                    used_ms: AtomicU64::new(self.clock_ms()),
+                    last_slot: std::sync::atomic::AtomicU32::new(e.slot),
+                    last_vg: AtomicU64::new(vg),
+                });
+                self.partials.write().unwrap().insert(e.seg, p.clone());
+                p
+            }
+        };
+        if p.file
+            .write_all_at(g, SegmentInfo::grain_offset(e.slot))
+            .is_err()
+        {
+            return;
+        }
+        let out = self
+            .policy()
+            .lock()
+            .unwrap()
+            .grow(e.seg, GRAIN as u64, true, Instant::now());
+        self.evict(out);
+    }
+
+    /// A read of grain `e` (virtual grain `vg`) missed: fetch its object
+    /// whole in the background (true), or keep only the grain (false).
+    /// Whole while the cache is under half its bound (a cold start fills
+    /// it fastest so), or when the miss is next to the object's last one
+    /// both in the object and on the disk (a scan of data written in
+    /// order; the grains of a payload are in order too, but far apart on
+    /// the disk); past that, a whole object would push out grains others
+    /// read for a few of its own.
+    fn whole_on_miss(&self, e: &Entry, vg: u64) -> bool {
+        let p = self.policy().lock().unwrap();
+        if p.bytes() + crate::SEGMENT_MAX_BYTES <= p.bound() / 2 {
+            return true;
+        }
+        drop(p);
+        let Some(part) = self.partials.read().unwrap().get(&e.seg).cloned() else {
+            return false;
+        };
+        let last = part.last_slot.swap(e.slot, Relaxed);
+        let last_vg = part.last_vg.swap(vg, Relaxed);
+        last != u32::MAX
+            && last.abs_diff(e.slot) <= NEAR_SLOTS
+            && last_vg.abs_diff(vg) <= NEAR_SLOTS as u64
     }
 
     /// A cached file failed verification (`why`): say so, forget it and
@@ -238,14 +394,15 @@ impl SegmentCache {
 
     /// Fetch segment `id` whole in the background (at most
     /// [`PREFETCH_MAX`] at once; a later miss asks again).
-    fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) {
+    fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) -> bool {
         if !prefetch_on() {
-            return;
+            return false;
         }
         {
             let mut p = self.prefetching.lock().unwrap();
             if p.len() >= PREFETCH_MAX || !p.insert(id) {
-                return;
+                // Already on its way, or no room: a later miss asks again.
+                return p.contains(&id);
             }
         }
         let (me, store) = (self.clone(), store.clone());
@@ -259,7 +416,9 @@ impl SegmentCache {
             });
         if spawned.is_err() {
             self.prefetching.lock().unwrap().remove(&id);
+            return false;
         }
+        true
     }
 
     /// Have segment `id` here whole (verified), fetching it now if needed.
@@ -285,14 +444,16 @@ impl SegmentCache {
         self.dir.join(id.key())
     }
 
+    /// Where the sparse file of object `id` is: its key and `.g`.
+    fn partial_path(&self, id: SegId) -> PathBuf {
+        self.dir.join(format!("{}.g", id.key()))
+    }
+
     /// Keep a segment this host has just uploaded (its bytes are in hand).
     pub fn insert(&self, id: SegId, bytes: &[u8]) -> Result<()> {
         let info = decode_segment_header(&id.key(), bytes).map_err(corrupt)?;
         let file = self.write_file(id, bytes)?;
-        self.segments
-            .write()
-            .unwrap()
-            .insert(id, self.cached(file, info, false));
+        self.replace_partial(id, self.cached(file, info, false));
         self.admit(id, bytes.len() as u64, false, false);
         Ok(())
     }
@@ -420,18 +581,20 @@ impl SegmentCache {
         }
         let info = verify_segment(&key, &bytes).map_err(corrupt)?;
         let s = self.cached(self.write_file(id, &bytes)?, info, true);
-        self.segments.write().unwrap().insert(id, s.clone());
+        self.replace_partial(id, s.clone());
         self.admit(id, bytes.len() as u64, true, hot);
         Ok(s)
     }
 
-    /// Read the grain `e` points at into `out` (4096 bytes), checking its
-    /// CRC. A cached copy that fails the check is deleted and the grain is
-    /// read from the store.
+    /// Read the grain `e` points at (virtual grain `vg` of its disk: how
+    /// misses are told apart from a scan) into `out` (4096 bytes),
+    /// checking its CRC. A cached copy that fails the check is dropped and
+    /// the grain is read from the store.
     pub fn read_grain(
         self: &Arc<Self>,
         store: &Arc<ObjectStore>,
         e: &Entry,
+        vg: u64,
         out: &mut [u8],
     ) -> Result<()> {
         let out = &mut out[..GRAIN];
@@ -458,9 +621,23 @@ impl SegmentCache {
             }
             let why = format!("does not match grain {}'s checksum", e.slot);
             self.drop_damaged(e.seg, &why);
+        } else if let Some(p) = self.partial(e.seg) {
+            let at = SegmentInfo::grain_offset(e.slot);
+            if p.file.read_exact_at(out, at).is_ok() {
+                if crc32c::crc32c(out) == e.crc {
+                    self.hits.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                // A hole reads as zeros: not kept yet (zeros that were the
+                // grain's bytes passed the check). Anything else is
+                // damage: counted, and the grain is written again below.
+                if out.iter().any(|&b| b != 0) {
+                    self.damaged.fetch_add(1, Relaxed);
+                }
+            }
         }
         self.missed();
-        self.prefetch(store, e.seg);
+        let whole = self.whole_on_miss(e, vg) && self.prefetch(store, e.seg);
         let at = SegmentInfo::grain_offset(e.slot);
         let b = store
             .get_range(&e.seg.key(), at..at + GRAIN as u64)
@@ -472,6 +649,9 @@ impl SegmentCache {
                 e.seg.key(),
                 e.slot,
             )));
+        }
+        if !whole {
+            self.keep_grain(e, vg, out);
         }
         Ok(())
     }
@@ -510,7 +690,7 @@ impl SegmentCache {
         }
         if !cached {
             self.missed();
-            self.prefetch(store, e.seg);
+            let _ = self.prefetch(store, e.seg);
             // Segments of map nodes hold no grains (commits and folds
             // write nodes apart, FORMAT.md §11.4a), so node `slot` is
             // at a known offset: one round trip instead of two. The
@@ -600,7 +780,7 @@ fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {
 /// The segment files under `dir` (`root` is the cache directory): id,
 /// bytes and modification time. Files a process that died left half
 /// written (`*.tmpPID`) are deleted.
-fn list_files(root: &Path, dir: &Path, out: &mut Vec<(SegId, u64, SystemTime)>) {
+fn list_files(root: &Path, dir: &Path, out: &mut Vec<(SegId, u64, SystemTime, bool)>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -628,9 +808,19 @@ fn list_files(root: &Path, dir: &Path, out: &mut Vec<(SegId, u64, SystemTime)>) 
         let Some(key) = path.strip_prefix(root).ok().and_then(|k| k.to_str()) else {
             continue;
         };
+        // A sparse file (`KEY.g`) counts the bytes it holds, not its length.
+        let (key, partial) = match key.strip_suffix(".g") {
+            Some(k) => (k, true),
+            None => (key, false),
+        };
+        let bytes = if partial {
+            std::os::unix::fs::MetadataExt::blocks(&meta) * 512
+        } else {
+            meta.len()
+        };
         if let Some(id) = SegId::from_key(key).or_else(|| SegId::payload_from_key(key)) {
             let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            out.push((id, meta.len(), mtime));
+            out.push((id, bytes, mtime, partial));
         }
     }
 }

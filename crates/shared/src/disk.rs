@@ -1089,9 +1089,12 @@ impl SharedDisk {
             match e {
                 None => out[at..at + GRAIN].fill(0),
                 Some(e) => {
-                    self.ds
-                        .cache
-                        .read_grain(&self.ds.store, &e, &mut out[at..at + GRAIN])?;
+                    self.ds.cache.read_grain(
+                        &self.ds.store,
+                        &e,
+                        first + i as u64,
+                        &mut out[at..at + GRAIN],
+                    )?;
                     if used.last() != Some(&e.seg) {
                         used.push(e.seg);
                     }

@@ -499,7 +499,7 @@ impl SharedDatastore {
                 let r = self
                     .cache
                     .fetch(&self.store, e.seg)
-                    .and_then(|()| self.cache.read_grain(&self.store, e, &mut buf));
+                    .and_then(|()| self.cache.read_grain(&self.store, e, *vg, &mut buf));
                 if let Err(err) = r {
                     // One error per disk, as a map walk stops at its first.
                     rep.errors
@@ -516,19 +516,26 @@ impl SharedDatastore {
             let mut grains = 0u64;
             // A map named after a fold (or a compaction) may hold entries
             // its tail shadows: never read, maybe collected (§11.4a).
-            let r = self.walk(root, levels, owner, tail, &mut marks, &mut |e, level, _| {
-                match level {
-                    Some(_) => nodes += 1,
-                    None => {
-                        grains += 1;
-                        // Whole segments: verified end to end, and one GET
-                        // each rather than one per grain.
-                        self.cache.fetch(&self.store, e.seg)?;
-                        self.cache.read_grain(&self.store, e, &mut buf)?;
+            let r = self.walk(
+                root,
+                levels,
+                owner,
+                tail,
+                &mut marks,
+                &mut |e, level, vg| {
+                    match level {
+                        Some(_) => nodes += 1,
+                        None => {
+                            grains += 1;
+                            // Whole segments: verified end to end, and one GET
+                            // each rather than one per grain.
+                            self.cache.fetch(&self.store, e.seg)?;
+                            self.cache.read_grain(&self.store, e, vg, &mut buf)?;
+                        }
                     }
-                }
-                Ok(())
-            });
+                    Ok(())
+                },
+            );
             rep.nodes += nodes;
             rep.grains += grains;
             if let Err(e) = r {

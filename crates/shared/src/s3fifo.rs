@@ -99,6 +99,21 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.evict_over()
     }
 
+    /// `k` holds `delta` bytes more (a grain kept in a sparse file,
+    /// FORMAT.md §11.8): a key not held arrives with `delta` bytes, as
+    /// [`Self::insert`]; one held is used. The keys evicted to stay within
+    /// the bound (it may be `k` itself).
+    pub fn grow(&mut self, k: K, delta: u64, read: bool, now: Instant) -> Vec<K> {
+        let Some(m) = self.entries.get_mut(&k) else {
+            return self.insert(k, delta, false, read, now);
+        };
+        m.bytes += delta;
+        let main = m.main;
+        *self.bytes_of(main) += delta;
+        self.touch(&k, now);
+        self.evict_over()
+    }
+
     /// `k` was used (a hit).
     pub fn touch(&mut self, k: &K, now: Instant) {
         if let Some(m) = self.entries.get_mut(k) {
@@ -279,6 +294,25 @@ mod tests {
             assert!(c.contains(&k), "hot segment {k} was evicted by a scan");
         }
         assert!(c.bytes() <= 80 * MB);
+    }
+
+    #[test]
+    fn a_growing_key_is_counted_by_its_bytes_and_evicted_to_fit() {
+        let t = Instant::now();
+        let mut c = S3Fifo::new(64 * 1024);
+        assert!(c.grow(1u32, 4096, true, t).is_empty());
+        assert!(c.grow(1, 4096, true, t).is_empty());
+        assert_eq!((c.len(), c.bytes()), (1, 8192));
+        for k in 2..=14u32 {
+            c.grow(k, 4096, true, t);
+        }
+        assert_eq!(c.bytes(), 15 * 4096);
+        // Past the bound: the oldest key goes, whatever its size.
+        let out = c.grow(3, 2 * 4096, true, t);
+        assert_eq!(out, vec![1]);
+        assert_eq!(c.bytes(), 15 * 4096);
+        assert!(!c.remove(&1) && c.remove(&3));
+        assert_eq!(c.bytes(), 12 * 4096);
     }
 
     #[test]

@@ -354,7 +354,7 @@ impl SharedDisk {
         let mut moves = Vec::with_capacity(grains.len());
         for (vg, old) in grains {
             ds.cache.fetch(&ds.store, old.seg)?;
-            ds.cache.read_grain(&ds.store, old, buf)?;
+            ds.cache.read_grain(&ds.store, old, *vg, buf)?;
             let new = b.add_grain(*vg, buf);
             moves.push(Relocation {
                 vg: *vg,
