@@ -954,11 +954,11 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
         std::thread::sleep(Duration::from_millis(1100));
     }
     eprintln!("share of hot reads that missed, pass by pass: {missed:?}");
-    // Whole objects that were cached before (the uploads) and stay in use
-    // keep a few percent of the hot grains out (FORMAT.md §11.8); whole
-    // objects alone missed about 78 %.
-    assert!(missed[3] <= 0.25, "the hot grains did not stay: {missed:?}");
+    // Whole objects alone missed about 78 %; kept grains without shrinking
+    // the whole objects (the uploads) that hold a few hot ones, 7-11 %.
+    assert!(missed[3] <= 0.05, "the hot grains did not stay: {missed:?}");
     let m = common::http::metrics(&http);
+    assert!(gauge(&m, "strata_shared_cache_shrunk_total") > 0.0, "{m}");
     assert!(
         gauge(&m, "strata_shared_cache_bytes") <= (64 << 20) as f64,
         "{m}"
@@ -973,7 +973,7 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
     let after = pass(&a.uri("vm"), &http);
     eprintln!("after a restart: {after}");
     assert!(
-        after <= 0.25,
+        after <= 0.05,
         "after a restart {after} of the hot reads missed"
     );
     assert_eq!(

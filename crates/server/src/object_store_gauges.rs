@@ -162,6 +162,11 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             c.hot_fetched,
         ),
         (
+            "strata_shared_cache_shrunk_total",
+            "Whole cached objects turned into sparse files of the grains read from them",
+            c.shrunk,
+        ),
+        (
             "strata_shared_cache_damaged_total",
             "Cached segments that failed verification (deleted; read from the store)",
             c.damaged,

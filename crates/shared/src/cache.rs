@@ -7,7 +7,9 @@
 //! a guest wait for whole segments); then the whole object is fetched in
 //! the background (two at a time) while the cache is under half its bound
 //! or the misses in the object look like a scan, else the grain alone is
-//! kept. Objects never change, so nothing here is ever invalidated. The
+//! kept; past half the bound, a whole object whose reads used at most a
+//! quarter of it shrinks to a sparse file of those grains. Objects never
+//! change, so nothing here is ever invalidated. The
 //! files stay within a bound, evicted by S3-FIFO ([`crate::s3fifo`]) and
 //! survive a restart. Every grain and node read is checked against the CRC
 //! its map entry carries; a cached copy that fails is dropped and the read
@@ -37,6 +39,33 @@ struct CachedSegment {
     /// When a use of it was last passed to the policy (see
     /// [`SegmentCache::used`]).
     used_ms: AtomicU64,
+    /// A bit per grain read from it, since it arrived (`since_ms`), and
+    /// when that was last looked at: what a shrink keeps (FORMAT.md
+    /// §11.8).
+    read: Box<[AtomicU64]>,
+    since_ms: u64,
+    looked_ms: AtomicU64,
+}
+
+impl CachedSegment {
+    fn note_read(&self, slot: u32) {
+        if let Some(w) = self.read.get(slot as usize / 64) {
+            w.fetch_or(1 << (slot % 64), Relaxed);
+        }
+    }
+
+    /// The grains read from it.
+    fn grains_read(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, w) in self.read.iter().enumerate() {
+            let mut b = w.load(Relaxed);
+            while b != 0 {
+                out.push(i as u32 * 64 + b.trailing_zeros());
+                b &= b - 1;
+            }
+        }
+        out
+    }
 }
 
 /// Grains of one object kept in a sparse file at their offsets in it
@@ -86,6 +115,8 @@ pub struct SegmentCache {
     evictions: AtomicU64,
     damaged: AtomicU64,
     hot_fetched: AtomicU64,
+    /// Whole objects turned into sparse files.
+    shrunk: AtomicU64,
     /// When a read last went to the store (ms since `opened`).
     last_miss_ms: AtomicU64,
     opened: Instant,
@@ -109,6 +140,9 @@ pub struct CacheStats {
     /// Segments fetched ahead because a disk's hot set named them.
     #[serde(default)]
     pub hot_fetched: u64,
+    /// Whole objects turned into sparse files of the grains read (§11.8).
+    #[serde(default)]
+    pub shrunk: u64,
 }
 
 /// Background fetches of whole segments at once.
@@ -116,6 +150,9 @@ const PREFETCH_MAX: usize = 2;
 /// A miss this close (in slots) to its object's last one is taken for a
 /// scan (FORMAT.md §11.8).
 const NEAR_SLOTS: u32 = 2;
+/// A whole object is not shrunk before it has been cached this long (ms):
+/// a scan reads all of it well within that.
+const SHRINK_AFTER_MS: u64 = 5000;
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
 /// A hot set's fetch waits this long after any read that went to the
@@ -156,6 +193,7 @@ impl SegmentCache {
             evictions: AtomicU64::new(0),
             damaged: AtomicU64::new(0),
             hot_fetched: AtomicU64::new(0),
+            shrunk: AtomicU64::new(0),
             last_miss_ms: AtomicU64::new(0),
             opened: now,
         }
@@ -197,6 +235,7 @@ impl SegmentCache {
             evictions: self.evictions.load(Relaxed),
             damaged: self.damaged.load(Relaxed),
             hot_fetched: self.hot_fetched.load(Relaxed),
+            shrunk: self.shrunk.load(Relaxed),
         }
     }
 
@@ -352,6 +391,76 @@ impl SegmentCache {
             .lock()
             .unwrap()
             .grow(e.seg, GRAIN as u64, true, Instant::now());
+        self.evict(out);
+    }
+
+    /// Past half its bound, a whole object cached for [`SHRINK_AFTER_MS`]
+    /// of which reads used at most a quarter of the grains becomes a
+    /// sparse file of the grains read (FORMAT.md §11.8): S3-FIFO keeps
+    /// what is used, not how much of it, so a whole object holding a few
+    /// hot grains would otherwise keep out the grains of others. Looked at
+    /// once a second per object at most, by a read that hit it.
+    fn maybe_shrink(&self, id: SegId, seg: &CachedSegment) {
+        let now = self.clock_ms();
+        let last = seg.looked_ms.load(Relaxed);
+        if now < seg.since_ms + SHRINK_AFTER_MS
+            || now < last + 1000
+            || seg
+                .looked_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let read = seg.grains_read();
+        if read.len() * 4 > seg.info.grains as usize {
+            return;
+        }
+        {
+            let p = self.policy().lock().unwrap();
+            if p.bytes() * 2 <= p.bound() {
+                return;
+            }
+        }
+        let lock = self.partial_lock.lock().unwrap();
+        if !self.segments.read().unwrap().contains_key(&id) {
+            return;
+        }
+        let path = self.partial_path(id);
+        let made = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path);
+        let Ok(file) = made else { return };
+        let mut g = vec![0u8; GRAIN];
+        for &slot in &read {
+            let at = SegmentInfo::grain_offset(slot);
+            if seg.file.read_exact_at(&mut g, at).is_err() || file.write_all_at(&g, at).is_err() {
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
+        }
+        // The whole file goes before its entry, so no reader opens it again.
+        let _ = std::fs::remove_file(self.path(id));
+        self.segments.write().unwrap().remove(&id);
+        self.partials.write().unwrap().insert(
+            id,
+            Arc::new(Partial {
+                file,
+                used_ms: AtomicU64::new(now),
+                last_slot: std::sync::atomic::AtomicU32::new(u32::MAX),
+                last_vg: AtomicU64::new(u64::MAX),
+            }),
+        );
+        let out = {
+            let mut p = self.policy().lock().unwrap();
+            p.remove(&id);
+            p.grow(id, (read.len() * GRAIN) as u64, true, Instant::now())
+        };
+        self.shrunk.fetch_add(1, Relaxed);
+        drop(lock);
         self.evict(out);
     }
 
@@ -512,11 +621,16 @@ impl SegmentCache {
     /// was used now), else an upload did (its first read is a use the
     /// policy must hear of at once).
     fn cached(&self, file: File, info: SegmentInfo, read: bool) -> Arc<CachedSegment> {
-        let used_ms = AtomicU64::new(if read { self.clock_ms() } else { UNUSED });
+        let now = self.clock_ms();
+        let used_ms = AtomicU64::new(if read { now } else { UNUSED });
+        let words = (info.grains as usize).div_ceil(64);
         Arc::new(CachedSegment {
             file,
             info,
             used_ms,
+            read: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            since_ms: now,
+            looked_ms: AtomicU64::new(now),
         })
     }
 
@@ -617,6 +731,8 @@ impl SegmentCache {
                 })?;
             if crc32c::crc32c(out) == e.crc {
                 self.hits.fetch_add(1, Relaxed);
+                seg.note_read(e.slot);
+                self.maybe_shrink(e.seg, &seg);
                 return Ok(());
             }
             let why = format!("does not match grain {}'s checksum", e.slot);
