@@ -41,6 +41,14 @@ pub struct BlkDevice {
     /// With `Options::io_threads`, where requests run (several per queue
     /// at once); None: each queue's worker runs its requests in turn.
     pool: Option<Arc<IoPool>>,
+    /// Per queue: whether the guest was signalled since this frontend's
+    /// memory table arrived. The first event of a queue signals even if
+    /// it returns nothing: a backend killed between returning requests
+    /// (used ring written) and signalling them would otherwise leave the
+    /// guest waiting for an interrupt nobody sends, since the frontend
+    /// restarts the queue at the used index and the requests are not
+    /// carried out again.
+    signalled: Vec<AtomicBool>,
 }
 
 type Task = Box<dyn FnOnce() + Send>;
@@ -175,6 +183,7 @@ fn signal(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
 impl BlkDevice {
     pub fn new(dev: Arc<dyn BlockDevice>, opts: Options) -> Self {
         let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
+        let signalled = (0..opts.queues).map(|_| AtomicBool::new(false)).collect();
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
         id[..n].copy_from_slice(&opts.serial.as_bytes()[..n]);
@@ -188,6 +197,7 @@ impl BlkDevice {
             exits: Mutex::new(Vec::new()),
             id,
             pool,
+            signalled,
             limits: Limits {
                 max_discard_sectors: MAX_RANGE_SECTORS,
                 max_discard_seg: MAX_RANGES,
@@ -390,6 +400,9 @@ impl VhostUserBackend for BlkDevice {
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
         *self.mem.lock().unwrap() = mem;
+        for s in &self.signalled {
+            s.store(false, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -441,6 +454,15 @@ impl VhostUserBackend for BlkDevice {
             }
         } else if self.process(vring)? {
             self.signal(vring)?;
+        }
+        let first = self
+            .signalled
+            .get(device_event as usize)
+            .is_some_and(|s| !s.swap(true, Ordering::Relaxed));
+        if first {
+            // Returned before a crash of the backend that served this
+            // guest before, maybe never signalled.
+            vring.signal_used_queue()?;
         }
         Ok(())
     }
