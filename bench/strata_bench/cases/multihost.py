@@ -232,18 +232,7 @@ def _metrics(port):
 
 def _cache(s):
     """The segment cache's figures from `strata status --json`."""
-    def find(v):
-        if isinstance(v, dict):
-            if "hits" in v and "bound_bytes" in v:
-                return v
-            v = list(v.values())
-        if isinstance(v, list):
-            return next((c for c in map(find, v) if c), None)
-        return None
-    c = find(json.loads(s.cli("status", "--json")))
-    if c is None:
-        raise RuntimeError("strata status --json: no segment cache figures")
-    return c
+    return json.loads(s.cli("status", "--json"))["object_store"]["cache"]
 
 
 def _space(s):

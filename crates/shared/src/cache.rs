@@ -81,6 +81,20 @@ struct Partial {
     last_vg: AtomicU64,
 }
 
+impl Partial {
+    /// A sparse file opened or made at `now_ms`; `last`: the miss that
+    /// made it (slot, virtual grain), if one did.
+    fn new(file: File, now_ms: u64, last: Option<(u32, u64)>) -> Arc<Partial> {
+        let (slot, vg) = last.unwrap_or((u32::MAX, u64::MAX));
+        Arc::new(Partial {
+            file,
+            used_ms: AtomicU64::new(now_ms),
+            last_slot: std::sync::atomic::AtomicU32::new(slot),
+            last_vg: AtomicU64::new(vg),
+        })
+    }
+}
+
 /// A decoded map node, and when a use of its segment was last passed to
 /// the policy: a node in memory still uses its segment, so that a restart
 /// finds it cached.
@@ -331,12 +345,7 @@ impl SegmentCache {
             .write(true)
             .open(self.partial_path(id))
             .ok()?;
-        let p = Arc::new(Partial {
-            file,
-            used_ms: AtomicU64::new(self.clock_ms()),
-            last_slot: std::sync::atomic::AtomicU32::new(u32::MAX),
-            last_vg: AtomicU64::new(u64::MAX),
-        });
+        let p = Partial::new(file, self.clock_ms(), None);
         Some(
             self.partials
                 .write()
@@ -370,12 +379,7 @@ impl SegmentCache {
                             .open(&path)
                     });
                 let Ok(file) = made else { return };
-                let p = Arc::new(Partial {
-                    file,
-                    used_ms: AtomicU64::new(self.clock_ms()),
-                    last_slot: std::sync::atomic::AtomicU32::new(e.slot),
-                    last_vg: AtomicU64::new(vg),
-                });
+                let p = Partial::new(file, self.clock_ms(), Some((e.slot, vg)));
                 self.partials.write().unwrap().insert(e.seg, p.clone());
                 p
             }
@@ -445,15 +449,10 @@ impl SegmentCache {
         // The whole file goes before its entry, so no reader opens it again.
         let _ = std::fs::remove_file(self.path(id));
         self.segments.write().unwrap().remove(&id);
-        self.partials.write().unwrap().insert(
-            id,
-            Arc::new(Partial {
-                file,
-                used_ms: AtomicU64::new(now),
-                last_slot: std::sync::atomic::AtomicU32::new(u32::MAX),
-                last_vg: AtomicU64::new(u64::MAX),
-            }),
-        );
+        self.partials
+            .write()
+            .unwrap()
+            .insert(id, Partial::new(file, now, None));
         let out = {
             let mut p = self.policy().lock().unwrap();
             p.remove(&id);
