@@ -1027,10 +1027,10 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
     sb.stop();
 }
 
-/// A disk's writer records the segments its reads used most (its hot set,
-/// FORMAT.md §11.5b) when it stops; the next host to serve the disk
-/// fetches them in the background, so its clients' first reads of them
-/// find the cache warm. GC keeps only a disk's newest hot set.
+/// A disk's writer records the objects that hold what its reads used most
+/// (its hot set, FORMAT.md §11.5b), where that data is when it stops; the
+/// next host to serve the disk fetches them in the background, so its
+/// clients' first reads of them find the cache warm. GC keeps only a disk's newest hot set.
 #[test]
 fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
     let Some(u) = url("hot") else { return };
@@ -1051,7 +1051,9 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
             .filter(|l| l.key.contains("/h/"))
             .count()
     };
-    // Two runs of the writer, each reading 8 MiB of 64 MiB again and again.
+    // Two runs of the writer, each reading 8 MiB of 64 MiB again and again;
+    // the second then rewrites what it read (its data moves to new
+    // objects, which no read used: the record names where it is now).
     for (pattern, round) in [("0x11", 0), ("0x22", 1)] {
         let sa = a.serve();
         let (ok, w) = qemu_io(
@@ -1062,6 +1064,10 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
         for _ in 0..3 {
             let (ok, r) = qemu_io(&a.uri("vm"), &[&format!("read -P {pattern} 8M 8M")]);
             assert!(ok && !r.contains("verification failed"), "{r}");
+        }
+        if round == 1 {
+            let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 8M 8M", "flush"]);
+            assert!(ok, "{w}");
         }
         sa.stop();
         assert_eq!(hot_sets(), round + 1, "a hot set per stop");
@@ -1091,7 +1097,7 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let before = gauge(&m(), "strata_shared_cache_misses_total");
-    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x22 8M 8M"]);
+    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x33 8M 8M"]);
     assert!(ok && !r.contains("verification failed"), "{r}");
     let after = m();
     assert_eq!(

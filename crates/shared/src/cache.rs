@@ -131,8 +131,6 @@ pub struct SegmentCache {
     hot_fetched: AtomicU64,
     /// Whole objects turned into sparse files.
     shrunk: AtomicU64,
-    /// When a read last went to the store (ms since `opened`).
-    last_miss_ms: AtomicU64,
     opened: Instant,
 }
 
@@ -169,9 +167,6 @@ const NEAR_SLOTS: u32 = 2;
 const SHRINK_AFTER_MS: u64 = 5000;
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
-/// A hot set's fetch waits this long after any read that went to the
-/// store (it must not delay client reads, FORMAT.md §11.5b).
-const HOT_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Whether reads that miss fetch whole segments in the background:
 /// `STRATA_STORE_PREFETCH=0` turns that off, so that a read's round trips
@@ -208,7 +203,6 @@ impl SegmentCache {
             damaged: AtomicU64::new(0),
             hot_fetched: AtomicU64::new(0),
             shrunk: AtomicU64::new(0),
-            last_miss_ms: AtomicU64::new(0),
             opened: now,
         }
     }
@@ -651,28 +645,11 @@ impl SegmentCache {
 
     fn missed(&self) {
         self.misses.fetch_add(1, Relaxed);
-        self.last_miss_ms.fetch_max(self.clock_ms(), Relaxed);
     }
 
-    /// Wait until no read has gone to the store for [`HOT_QUIET`]: a hot
-    /// set is fetched only while clients do not wait for the store.
-    fn wait_quiet(&self) {
-        let quiet = HOT_QUIET.as_millis() as u64;
-        loop {
-            let since = self
-                .clock_ms()
-                .saturating_sub(self.last_miss_ms.load(Relaxed));
-            if since >= quiet {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(quiet - since));
-        }
-    }
-
-    /// Fetch segment `id` of a hot set (§11.5b) unless it is here, once
-    /// client reads leave the store alone; whether it was fetched.
+    /// Fetch segment `id` of a hot set (§11.5b) unless it is here;
+    /// whether it was fetched.
     pub fn fetch_hot(&self, store: &ObjectStore, id: SegId) -> Result<bool> {
-        self.wait_quiet();
         let (_, fetched) = self.segment_or_fetch(store, id, true)?;
         if fetched {
             self.hot_fetched.fetch_add(1, Relaxed);

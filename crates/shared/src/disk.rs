@@ -44,7 +44,7 @@ const TAIL_FOLD: usize = 2048;
 /// A commit that would make a tail longer folds it first, inline.
 const TAIL_MAX: usize = 4096;
 /// Hot set segments fetched at once (§11.5b).
-const HOT_FETCHERS: usize = 2;
+const HOT_FETCHERS: usize = 4;
 /// Segments sealed between commits that may upload at once (§11.4a):
 /// a writer that would seal one more waits.
 const UPLOADS_IN_FLIGHT: usize = 4;
@@ -728,7 +728,7 @@ pub struct SharedDisk {
     stats: Mutex<CommitStats>,
     /// The disk's I/O limits, shared by its handles in this process.
     throttle: Arc<Throttle>,
-    /// The segments this handle's reads used (its hot set, §11.5b).
+    /// Where on the disk this handle's reads went (its hot set, §11.5b).
     reads: crate::hot::Reads,
     /// Compaction's thread runs (§11.7a), and what compaction did.
     compactor: compact::Compactor,
@@ -792,6 +792,7 @@ impl SharedDisk {
         };
         let throttle = ds.throttle(id, man.limits);
         ds.cache.seed_root(&man);
+        let reads = crate::hot::Reads::new(man.size_bytes.div_ceil(G));
         Ok(Arc::new_cyclic(|me| SharedDisk {
             compactor: Default::default(),
             me: me.clone(),
@@ -828,7 +829,7 @@ impl SharedDisk {
             rmw: Mutex::new(()),
             stats: Mutex::new(CommitStats::default()),
             throttle,
-            reads: Default::default(),
+            reads,
         }))
     }
 
@@ -1077,6 +1078,7 @@ impl SharedDisk {
             }
             st.man.clone()
         };
+        self.reads.count(first, n as u64);
         let mut used = Vec::new();
         for (i, s) in sources.into_iter().enumerate() {
             let at = i * GRAIN;
@@ -1086,6 +1088,7 @@ impl SharedDisk {
                 Source::Sealed(e) => Some(e),
                 Source::Map => self.locate(&man, first + i as u64, &mut used)?,
             };
+            used.clear();
             match e {
                 None => out[at..at + GRAIN].fill(0),
                 Some(e) => {
@@ -1095,29 +1098,70 @@ impl SharedDisk {
                         first + i as u64,
                         &mut out[at..at + GRAIN],
                     )?;
-                    if used.last() != Some(&e.seg) {
-                        used.push(e.seg);
-                    }
                 }
             }
         }
-        self.reads.count(&used);
         Ok(())
     }
 
-    /// Record the segments this handle's reads used most as the disk's
-    /// hot set (§11.5b), if this process writes the disk. `Ok(false)`:
-    /// nothing to record (not the writer, no reads, recorded already).
+    /// Record the disk's hot set (§11.5b) if this process writes it: the
+    /// objects that hold, at the newest manifest, the data of the regions
+    /// this handle's reads went to most, with the segments of the map
+    /// nodes walked to them. `Ok(false)`: nothing to record (not the
+    /// writer, no reads, recorded already).
     pub fn record_hot_set(&self) -> Result<bool> {
-        let seq = {
+        let man = {
             let st = self.state.lock().unwrap();
             if !st.owner || st.fenced.is_some() || self.snapshot.is_some() {
                 return Ok(false);
             }
-            st.man.seq
+            st.man.clone()
         };
+        if self.reads.unchanged(man.seq) {
+            return Ok(false);
+        }
+        let total = self.reads.total();
+        let segments = self.hot_segments(&man)?;
+        if segments.is_empty() {
+            return Ok(false);
+        }
         let host = &self.ds.config().me.name;
-        self.reads.record(self.store(), self.id, seq, host)
+        self.reads
+            .record(self.store(), self.id, man.seq, host, segments, total)?;
+        Ok(true)
+    }
+
+    /// The objects behind the most read regions at `man`, each weighed by
+    /// the reads of the grains it serves there (a node's segment by those
+    /// of every grain walked through it), until [`crate::hot::HOT_MAX`]
+    /// are found.
+    fn hot_segments(&self, man: &Manifest) -> Result<Vec<crate::hot::HotSeg>> {
+        let end = man.size_bytes.div_ceil(G);
+        let mut weight: HashMap<SegId, u64> = HashMap::new();
+        let mut used = Vec::new();
+        for (region, reads) in self.reads.hottest() {
+            if weight.len() >= crate::hot::HOT_MAX {
+                break;
+            }
+            for vg in region.start..region.end.min(end) {
+                used.clear();
+                if let Some(e) = self.locate(man, vg, &mut used)? {
+                    used.push(e.seg);
+                }
+                for s in &used {
+                    *weight.entry(*s).or_default() += reads;
+                }
+            }
+        }
+        // Per grain of a region: its reads over its grains.
+        let per = 1u64 << self.reads.shift();
+        Ok(weight
+            .into_iter()
+            .map(|(seg, w)| crate::hot::HotSeg {
+                seg,
+                reads: w.div_ceil(per),
+            })
+            .collect())
     }
 
     /// Record the hot set in the background if it is due (§11.5b), one
