@@ -91,6 +91,7 @@ def case_multihost(work, q):
     warm figure; a same-host restart that keeps the cache, the same
     figure [<= 0.5 s]; 4k random reads of a hot quarter of the disk with
     the cache bound at half of it, against local reading the same quarter
+    (warm: after one in-order read and one random pass, both reported)
     [>= 0.9]. First, the store's own ceiling in the same run (raw 8 MiB
     PUT/GET throughput at the upload pipeline's depth, one 256 KiB
     create-only PUT's latency): object-store figures are given as ratios
@@ -191,19 +192,27 @@ def case_multihost(work, q):
         sh_.start()
         try:
             fio(sh_.uri("d"), "read", "256k", iodepth=4, size=quarter)
+            # The first random pass is the cache learning the hot set (whole
+            # objects shrink to the grains read after 5 s): reported, and
+            # the pass after it is the warm figure.
             c0 = _cache(sh_)
-            cq = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=quarter)
+            cq0 = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=quarter)
             c1 = _cache(sh_)
+            cq = fio(sh_.uri("d"), "randread", "4k", runtime=rt, size=quarter)
+            c2 = _cache(sh_)
         finally:
             sh_.stop()
             sh_.serve_args = []
+        hit_share = lambda a, b: ratio(b["hits"] - a["hits"],
+                                       (b["hits"] + b["misses"]) - (a["hits"] + a["misses"]))
         out["rand_read_4k_capped_cache"] = {
             "cache_bound": half_cache, "hot_set": quarter,
             "local_iops": round(lq["iops"]), "shared_iops": round(cq["iops"]),
             "ratio": ratio(cq["iops"], lq["iops"]), "target": ">= 0.9",
-            "cache_bytes": c1["bytes"], "cache_bound_bytes": c1["bound_bytes"],
-            "hit_share_measured": ratio(c1["hits"] - c0["hits"],
-                                        (c1["hits"] + c1["misses"]) - (c0["hits"] + c0["misses"]))}
+            "cache_bytes": c2["bytes"], "cache_bound_bytes": c2["bound_bytes"],
+            "hit_share_measured": hit_share(c1, c2),
+            "first_pass_iops": round(cq0["iops"]), "first_pass_ratio": ratio(cq0["iops"], lq["iops"]),
+            "first_pass_hit_share": hit_share(c0, c1), "shrunk": c2.get("shrunk")}
     finally:
         weed.terminate()
         weed.wait()

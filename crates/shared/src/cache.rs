@@ -258,8 +258,15 @@ impl SegmentCache {
             self.used(id, &s.used_ms);
             return Some(s.clone());
         }
+        // Held in part, or not at all: no whole file to look for (a failed
+        // open per read of a sparse object cost more than the read).
+        if self.partials.read().unwrap().contains_key(&id) {
+            return None;
+        }
         // Count what is here before this file is opened, added or deleted.
-        self.policy();
+        if !self.policy().lock().unwrap().contains(&id) {
+            return None;
+        }
         let file = File::open(self.path(id)).ok()?;
         let ends = || -> std::io::Result<(u64, Vec<u8>, Vec<u8>)> {
             let len = file.metadata()?.len();
@@ -647,9 +654,14 @@ impl SegmentCache {
         self.misses.fetch_add(1, Relaxed);
     }
 
-    /// Fetch segment `id` of a hot set (§11.5b) unless it is here;
-    /// whether it was fetched.
+    /// Fetch segment `id` of a hot set (§11.5b) unless it is here (whole
+    /// or in part); whether it was fetched.
     pub fn fetch_hot(&self, store: &ObjectStore, id: SegId) -> Result<bool> {
+        // Here already, whole or in part (a restart that kept the cache):
+        // left for the reads that use it to check and count.
+        if self.policy().lock().unwrap().contains(&id) {
+            return Ok(false);
+        }
         let (_, fetched) = self.segment_or_fetch(store, id, true)?;
         if fetched {
             self.hot_fetched.fetch_add(1, Relaxed);
