@@ -400,7 +400,7 @@ impl SegmentCache {
     }
 
     /// Past half its bound, a whole object cached for [`SHRINK_AFTER_MS`]
-    /// of which reads used at most a quarter of the grains becomes a
+    /// of which reads used at most half the grains becomes a
     /// sparse file of the grains read (FORMAT.md §11.8): S3-FIFO keeps
     /// what is used, not how much of it, so a whole object holding a few
     /// hot grains would otherwise keep out the grains of others. Looked at
@@ -418,7 +418,7 @@ impl SegmentCache {
             return;
         }
         let read = seg.grains_read();
-        if read.len() * 4 > seg.info.grains as usize {
+        if read.len() * 2 > seg.info.grains as usize {
             return;
         }
         {
