@@ -1030,7 +1030,8 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
 /// A disk's writer records the objects that hold what its reads used most
 /// (its hot set, FORMAT.md §11.5b), where that data is when it stops; the
 /// next host to serve the disk fetches them in the background, so its
-/// clients' first reads of them find the cache warm. GC keeps only a disk's newest hot set.
+/// clients' first reads of them find the cache warm. GC keeps only a
+/// disk's newest hot set.
 #[test]
 fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
     let Some(u) = url("hot") else { return };

@@ -1079,16 +1079,18 @@ impl SharedDisk {
             st.man.clone()
         };
         self.reads.count(first, n as u64);
-        let mut used = Vec::new();
+        // The segments of the nodes walked: only a hot set's record (which
+        // walks again, at its own manifest) needs them.
+        let mut walked = Vec::new();
         for (i, s) in sources.into_iter().enumerate() {
             let at = i * GRAIN;
             let e = match s {
                 Source::Data => continue,
                 Source::Zero => None,
                 Source::Sealed(e) => Some(e),
-                Source::Map => self.locate(&man, first + i as u64, &mut used)?,
+                Source::Map => self.locate(&man, first + i as u64, &mut walked)?,
             };
-            used.clear();
+            walked.clear();
             match e {
                 None => out[at..at + GRAIN].fill(0),
                 Some(e) => {

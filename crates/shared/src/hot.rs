@@ -1,6 +1,6 @@
-//! Hot sets (docs/FORMAT.md §11.5b): the segments a disk's writer read
-//! most, recorded in the store so that the next host to serve the disk
-//! fetches them before its clients ask.
+//! Hot sets (docs/FORMAT.md §11.5b): where the data a disk's writer read
+//! most is now, recorded in the store so that the next host to serve the
+//! disk fetches those objects before its clients ask.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
