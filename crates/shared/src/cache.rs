@@ -7,8 +7,8 @@
 //! a guest wait for whole segments); then the whole object is fetched in
 //! the background (two at a time) while the cache is under half its bound
 //! or the misses in the object look like a scan, else the grain alone is
-//! kept; past half the bound, a whole object whose reads used at most a
-//! quarter of it shrinks to a sparse file of those grains. Objects never
+//! kept; past half the bound, a whole object whose reads used at most
+//! half of it shrinks to a sparse file of those grains. Objects never
 //! change, so nothing here is ever invalidated. The
 //! files stay within a bound, evicted by S3-FIFO ([`crate::s3fifo`]) and
 //! survive a restart. Every grain and node read is checked against the CRC

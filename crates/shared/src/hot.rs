@@ -154,8 +154,8 @@ impl Reads {
         self.regions.iter().map(|c| c.load(Relaxed)).sum()
     }
 
-    /// Whether a record of `disk` at manifest `seq` would say nothing new
-    /// (nothing read, or nothing read or committed since the last one).
+    /// Whether a record at manifest `seq` would say nothing new (nothing
+    /// read, or nothing read or committed since the last one).
     pub fn unchanged(&self, seq: u64) -> bool {
         let total = self.total();
         total == 0
