@@ -640,9 +640,17 @@ fn a_guest_migrates_between_two_hosts_and_keeps_writing_and_verifying() {
     // libvirt's hook on the source, once its guest stopped: release.
     let rel = a.json(&["release", "vm"]);
     assert!(rel["object_store"]["owner"].is_null(), "{rel}");
-    q.cmd("quit", serde_json::json!({}));
     let mut src = src;
-    let _ = src.child.wait();
+    // CI once saw the source's QMP socket closed here: say why if so.
+    use std::io::Write as _;
+    let quit = writeln!(q.w, "{}", serde_json::json!({ "execute": "quit" }));
+    let st = src.child.wait().unwrap();
+    assert!(
+        quit.is_ok() && st.success(),
+        "the source QEMU after the migration: quit {quit:?}, exit {st}; its stderr:\n{}\nconsole:\n{}",
+        read_lossy(&src.err),
+        src.console().console
+    );
     let b_boot = dest.finish();
     let after = b_boot.lines("ITER");
     eprintln!(
