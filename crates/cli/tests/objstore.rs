@@ -655,6 +655,66 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     sa.stop();
 }
 
+/// The local cache is a copy: a host whose cache cannot take a file (here
+/// its directory for segments is a regular file) still commits. Folds
+/// once failed when the cache could not keep their node segments, so the
+/// tail grew until a commit had to fold itself, and that FLUSH failed
+/// (20 MiB: 5,120 tail entries, over the 4,096 a manifest may carry);
+/// and each read's miss fetched its whole object, which then could not
+/// be kept.
+#[test]
+fn a_cache_that_cannot_write_does_not_fail_a_flush() {
+    if !common::have("qemu-io") {
+        return;
+    }
+    let Some(u) = url("cachefail") else { return };
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "d", "--size", "64M"]);
+    let http = common::http::free_addr();
+    let srv = a.serve_with(&["--http", &http]);
+    let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 64k", "flush"]);
+    assert!(ok, "{out}");
+    let disks = a.path().join("cache/disks");
+    let disk = std::fs::read_dir(&disks)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let segs = disk.join("s");
+    let _ = std::fs::rename(&segs, disk.join("s.away"));
+    std::fs::write(&segs, b"not a directory").unwrap();
+    for at in [1, 11] {
+        let (ok, out) = qemu_io(&a.uri("d"), &[&format!("write -P 0x22 {at}M 10M"), "flush"]);
+        assert!(ok, "{out}");
+    }
+    // Reads of what the cache could not keep go to the store, grain by
+    // grain: no whole object is fetched again and again only to find it
+    // cannot be kept (once about 1,000 GETs of 8 MiB for these reads).
+    let gets = |m: &str| gauge(m, "strata_shared_store_requests_total{op=\"get\"}");
+    let before = gets(&common::http::metrics(&http));
+    let (ok, out) = qemu_io(&a.uri("d"), &["read -P 0x22 1M 20M"]);
+    assert!(ok && !out.contains("fail"), "{out}");
+    let whole = gets(&common::http::metrics(&http)) - before;
+    assert!(whole <= 4.0, "{whole} whole GETs for 20 MiB of reads");
+    srv.stop();
+    // Another host (no cache) reads what was committed.
+    let b = Host::empty();
+    b.ok(&["attach", "--object-store", &u]);
+    let sb = b.serve();
+    let (ok, out) = qemu_io(
+        &b.uri("d"),
+        &[
+            "read -P 0x11 0 64k",
+            "read -P 0x22 1M 20M",
+            "read -P 0 21M 1M",
+        ],
+    );
+    assert!(ok && !out.contains("fail"), "{out}");
+    sb.stop();
+}
+
 /// Zero detection is in every commit (a grain of zeros is never stored),
 /// and `punchzero` scans what the map stores: it finds nothing more to
 /// give back, and the data reads as written.

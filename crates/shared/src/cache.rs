@@ -131,6 +131,12 @@ pub struct SegmentCache {
     hot_fetched: AtomicU64,
     /// Whole objects turned into sparse files.
     shrunk: AtomicU64,
+    /// When a cache file last could not be written (None: never, or one
+    /// was written since). Until [`UNWRITABLE_RETRY`] has passed, no
+    /// object is fetched whole: a full or broken cache directory costs one
+    /// message, and reads take their grains from the store, not a GET of
+    /// a whole object per miss that then cannot be kept.
+    unwritable: Mutex<Option<Instant>>,
     opened: Instant,
 }
 
@@ -165,6 +171,8 @@ const NEAR_SLOTS: u32 = 2;
 /// A whole object is not shrunk before it has been cached this long (ms):
 /// a scan reads all of it well within that.
 const SHRINK_AFTER_MS: u64 = 5000;
+/// How long whole fetches pause after a cache file could not be written.
+const UNWRITABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
 
@@ -203,6 +211,7 @@ impl SegmentCache {
             damaged: AtomicU64::new(0),
             hot_fetched: AtomicU64::new(0),
             shrunk: AtomicU64::new(0),
+            unwritable: Mutex::new(None),
             opened: now,
         }
     }
@@ -504,7 +513,7 @@ impl SegmentCache {
     /// Fetch segment `id` whole in the background (at most
     /// [`PREFETCH_MAX`] at once; a later miss asks again).
     fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) -> bool {
-        if !prefetch_on() {
+        if !prefetch_on() || self.cannot_write() {
             return false;
         }
         {
@@ -567,7 +576,46 @@ impl SegmentCache {
         Ok(())
     }
 
+    /// A cache file could not be written less than [`UNWRITABLE_RETRY`]
+    /// ago.
+    fn cannot_write(&self) -> bool {
+        self.unwritable
+            .lock()
+            .unwrap()
+            .is_some_and(|t| t.elapsed() < UNWRITABLE_RETRY)
+    }
+
+    /// [`Self::write_file_now`], noting when the cache directory stops
+    /// (says so once) and starts again to take files.
     fn write_file(&self, id: SegId, bytes: &[u8]) -> Result<File> {
+        let r = self.write_file_now(id, bytes);
+        let mut u = self.unwritable.lock().unwrap();
+        match &r {
+            Err(e) => {
+                if u.is_none() {
+                    eprintln!(
+                        "strata: {e}: reads go to the store, and no object is fetched whole \
+                         for {} s at a time, until the cache directory takes files again",
+                        UNWRITABLE_RETRY.as_secs()
+                    );
+                }
+                *u = Some(Instant::now());
+            }
+            // Told only once the pause is over (a failure can be one
+            // directory's, and others take files meanwhile).
+            Ok(_) if u.is_some_and(|t| t.elapsed() >= UNWRITABLE_RETRY) => {
+                eprintln!(
+                    "strata: the cache directory {} takes files again",
+                    self.dir.display()
+                );
+                *u = None;
+            }
+            Ok(_) => {}
+        }
+        r
+    }
+
+    fn write_file_now(&self, id: SegId, bytes: &[u8]) -> Result<File> {
         self.policy();
         let path = self.path(id);
         let parent = path.parent().expect("segment keys have a directory");
@@ -659,7 +707,7 @@ impl SegmentCache {
     pub fn fetch_hot(&self, store: &ObjectStore, id: SegId) -> Result<bool> {
         // Here already, whole or in part (a restart that kept the cache):
         // left for the reads that use it to check and count.
-        if self.policy().lock().unwrap().contains(&id) {
+        if self.policy().lock().unwrap().contains(&id) || self.cannot_write() {
             return Ok(false);
         }
         let (_, fetched) = self.segment_or_fetch(store, id, true)?;

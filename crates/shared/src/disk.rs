@@ -2350,12 +2350,13 @@ impl SharedDisk {
                     if first_error.lock().unwrap().is_some() {
                         break;
                     }
-                    let r = self
-                        .store()
-                        .put(&id.key(), bytes.clone())
-                        .map_err(Error::from)
-                        .and_then(|()| self.ds.cache.insert(*id, bytes));
-                    if let Err(e) = r {
+                    let r = self.store().put(&id.key(), bytes.clone());
+                    if r.is_ok() {
+                        // A copy: a cache that cannot keep it (a full or
+                        // broken cache directory) reads it from the store.
+                        let _ = self.ds.cache.insert(*id, bytes);
+                    }
+                    if let Err(e) = r.map_err(Error::from) {
                         first_error.lock().unwrap().get_or_insert(e);
                         break;
                     }
