@@ -659,7 +659,8 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
 /// its directory for segments is a regular file) still commits. Folds
 /// once failed when the cache could not keep their node segments, so the
 /// tail grew until a commit had to fold itself, and that FLUSH failed
-/// (20 MiB: 5,120 tail entries, over the 4,096 a manifest may carry);
+/// (20 MiB: 5,120 tail entries, over the 4,096 past which a commit folds
+/// inline when no fold is on its way);
 /// and each read's miss fetched its whole object, which then could not
 /// be kept.
 #[test]
