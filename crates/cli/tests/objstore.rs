@@ -23,6 +23,20 @@ fn url(name: &str) -> Option<String> {
     ))
 }
 
+/// A host of a new datastore under a fresh prefix `name` of the test
+/// SeaweedFS, holding disk `disk` of `size`, and the datastore's URL;
+/// None (the test is skipped) when SeaweedFS or one of `tools` is missing.
+fn host_with_disk(name: &str, tools: &[&str], disk: &str, size: &str) -> Option<(String, Host)> {
+    let u = url(name)?;
+    if !tools.iter().all(|t| common::have(t)) {
+        return None;
+    }
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", disk, "--size", size]);
+    Some((u, a))
+}
+
 #[test]
 fn init_on_one_host_and_attach_from_another() {
     let Some(u) = url("two-hosts") else { return };
@@ -297,13 +311,9 @@ fn wrong_credentials_are_named() {
 /// check on A while both servers run: the bytes stay, check is clean.
 #[test]
 fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
-    let Some(u) = url("clone") else { return };
-    if !common::have("qemu-io") {
+    let Some((u, a)) = host_with_disk("clone", &["qemu-io"], "golden", "16M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "golden", "--size", "16M"]);
+    };
     let sa = a.serve();
     let (ok, w) = qemu_io(&a.uri("golden"), &["write -P 0x61 0 4M", "flush"]);
     assert!(ok, "{w}");
@@ -469,13 +479,9 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
 /// generation moves on, then collects.
 #[test]
 fn a_server_killed_during_a_fold_loses_nothing_flushed() {
-    let Some(u) = url("crash-fold") else { return };
-    if !common::have("qemu-io") {
+    let Some((_, a)) = host_with_disk("crash-fold", &["qemu-io"], "vm", "16M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "16M"]);
+    };
     let s = Server::start_env(&a, &[], &[("STRATA_SHARED_CRASH_AT", "after-fold")]);
     // 256 grains per flush: the 8th commit's tail (2,048 entries) starts
     // a fold, which aborts the server once its nodes are uploaded.
@@ -527,13 +533,10 @@ fn a_server_killed_during_a_fold_loses_nothing_flushed() {
 /// fails, and what it had acknowledged is not in the store.
 #[test]
 fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
-    let Some(u) = url("sigstop") else { return };
-    if !common::have("qemu-io") {
+    let Some((u, a)) = host_with_disk("sigstop", &["qemu-io"], "vm", "16M") else {
         return;
-    }
-    let (a, b) = (Host::empty(), Host::empty());
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "16M"]);
+    };
+    let b = Host::empty();
     b.ok(&["attach", "--object-store", &u]);
     let (sa, sb) = (a.serve(), b.serve());
     let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 64k", "flush"]);
@@ -665,13 +668,9 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
 /// be kept.
 #[test]
 fn a_cache_that_cannot_write_does_not_fail_a_flush() {
-    if !common::have("qemu-io") {
+    let Some((u, a)) = host_with_disk("cachefail", &["qemu-io"], "d", "64M") else {
         return;
-    }
-    let Some(u) = url("cachefail") else { return };
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "d", "--size", "64M"]);
+    };
     let http = common::http::free_addr();
     let srv = a.serve_with(&["--http", &http]);
     let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 64k", "flush"]);
@@ -721,13 +720,9 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
 /// give back, and the data reads as written.
 #[test]
 fn zeros_are_never_stored_and_punchzero_scans_what_is() {
-    if !common::have("qemu-io") {
+    let Some((_, a)) = host_with_disk("punchzero", &["qemu-io"], "d", "16M") else {
         return;
-    }
-    let Some(u) = url("punchzero") else { return };
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "d", "--size", "16M"]);
+    };
     let srv = a.serve();
     let (ok, out) = qemu_io(
         &a.uri("d"),
@@ -844,13 +839,9 @@ fn tree_bytes(dir: &std::path::Path) -> u64 {
 /// a damaged or torn file costs a read from the store, not wrong data.
 #[test]
 fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
-    let Some(u) = url("cache") else { return };
-    if !common::have("qemu-io") {
+    let Some((_, a)) = host_with_disk("cache", &["qemu-io"], "vm", "256M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "256M"]);
+    };
     let cache = a.path().join("cache");
     let http = common::http::free_addr();
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
@@ -965,13 +956,9 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
 /// reads missed, pass after pass, before grains were kept).
 #[test]
 fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
-    let Some(u) = url("grains") else { return };
-    if !common::have("qemu-io") || !common::have("fio") {
+    let Some((_, a)) = host_with_disk("grains", &["qemu-io", "fio"], "vm", "256M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "256M"]);
+    };
     let http = common::http::free_addr();
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
     let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 0 256M", "flush"]);
@@ -1053,13 +1040,10 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
 /// two node reads and the grain's.
 #[test]
 fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
-    let Some(u) = url("cold") else { return };
-    if !common::have("qemu-io") || !common::have("nbdinfo") {
+    let Some((u, a)) = host_with_disk("cold", &["qemu-io", "nbdinfo"], "vm", "1G") else {
         return;
-    }
-    let (a, b) = (Host::empty(), Host::empty());
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "1G"]);
+    };
+    let b = Host::empty();
     b.ok(&["attach", "--object-store", &u]);
     let sa = a.serve();
     // 32 MiB in one FLUSH: more than a tail holds, so the commit folds it
@@ -1095,13 +1079,10 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
 /// disk's newest hot set.
 #[test]
 fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
-    let Some(u) = url("hot") else { return };
-    if !common::have("qemu-io") || !common::have("nbdinfo") {
+    let Some((u, a)) = host_with_disk("hot", &["qemu-io", "nbdinfo"], "vm", "256M") else {
         return;
-    }
-    let (a, b) = (Host::empty(), Host::empty());
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "256M"]);
+    };
+    let b = Host::empty();
     b.ok(&["attach", "--object-store", &u]);
     let hot_sets = || {
         let store =
@@ -1179,13 +1160,9 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
 /// cannot free and compaction would.
 #[test]
 fn gc_reports_partly_live_objects() {
-    let Some(u) = url("sparse") else { return };
-    if !common::have("qemu-io") {
+    let Some((_, a)) = host_with_disk("sparse", &["qemu-io"], "vm", "64M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "64M"]);
+    };
     let sa = a.serve();
     for cmds in [
         ["write -P 0x11 0 8M", "flush"],
@@ -1221,13 +1198,9 @@ fn gc_reports_partly_live_objects() {
 /// partly live payloads, gc frees them, and every byte reads back.
 #[test]
 fn compaction_through_the_server_survives_a_kill_and_frees_partly_live_objects() {
-    let Some(u) = url("compact") else { return };
-    if !common::have("qemu-io") {
+    let Some((_, a)) = host_with_disk("compact", &["qemu-io"], "vm", "8M") else {
         return;
-    }
-    let a = Host::empty();
-    a.ok(&["init", "--object-store", &u]);
-    a.ok(&["create", "vm", "--size", "8M"]);
+    };
     let quiet = ("STRATA_COMPACT", "0");
     let s = Server::start_env(
         &a,
