@@ -132,7 +132,7 @@ pub struct SegmentCache {
     /// Whole objects turned into sparse files.
     shrunk: AtomicU64,
     /// When a cache file last could not be written (None: never, or one
-    /// was written since). Until [`UNWRITABLE_RETRY`] has passed, no
+    /// was written once the pause after the last failure was over). Until [`UNWRITABLE_RETRY`] has passed, no
     /// object is fetched whole: a full or broken cache directory costs one
     /// message, and reads take their grains from the store, not a GET of
     /// a whole object per miss that then cannot be kept.

@@ -748,8 +748,10 @@ struct Taken {
     ctr: std::ops::Range<u32>,
     fold: Option<Fold>,
     folding: Option<u32>,
-    /// A background fold was on its way when the batch was taken.
-    fold_coming: bool,
+    /// How long the tail may grow before the commit folds it inline:
+    /// [`TAIL_MAX_FOLDING`] if a background fold was on its way when the
+    /// batch was taken, else [`TAIL_MAX`].
+    tail_bound: usize,
     /// The write count this batch covers (see `State::durable_seq`).
     covers: u64,
     /// Grains sealed before the batch was taken (older than it), and the
@@ -1538,13 +1540,8 @@ impl SharedDisk {
     /// retrying one that failed): on success its bytes go to the cache and
     /// reads take the grains from there.
     fn upload_sealed(&self, id: SegId, bytes: Bytes) -> Result<()> {
-        let r = self
-            .store()
-            .put(&id.key(), bytes.clone())
-            .map_err(Error::from);
+        let r = self.put_segment(id, &bytes);
         if r.is_ok() {
-            // A cache that cannot keep it: reads fetch it from the store.
-            let _ = self.ds.cache.insert(id, &bytes);
             self.stats.lock().unwrap().uploaded_bytes += bytes.len() as u64;
         }
         let mut st = self.state.lock().unwrap();
@@ -1954,7 +1951,11 @@ impl SharedDisk {
             ctr,
             fold: st.fold.take(),
             folding: st.held(),
-            fold_coming: st.folding.is_some(),
+            tail_bound: if st.folding.is_some() {
+                TAIL_MAX_FOLDING
+            } else {
+                TAIL_MAX
+            },
             covers: st.write_seq,
             sealed: Vec::new(),
             seal_upto: 0,
@@ -2083,7 +2084,7 @@ impl SharedDisk {
             ctr: ctrs,
             fold: ready,
             folding,
-            fold_coming,
+            tail_bound,
             covers: _,
             sealed,
             seal_upto: _,
@@ -2112,13 +2113,8 @@ impl SharedDisk {
             Err(e) => return (Err(e), ready),
         };
         named |= relocated > 0;
-        let bound = if fold_coming {
-            TAIL_MAX_FOLDING
-        } else {
-            TAIL_MAX
-        };
         let r = self.commit_on(
-            &man, &batch, ctrs, folding, fold, bound, root, levels, tail, named,
+            &man, &batch, ctrs, folding, fold, tail_bound, root, levels, tail, named,
         );
         match r {
             Ok((next, uploaded)) => (Ok((next, uploaded, relocated)), None),
@@ -2354,6 +2350,15 @@ impl SharedDisk {
         })
     }
 
+    /// PUT segment `id`, then keep it in the cache: a copy, so a cache
+    /// that cannot keep it (a full or broken cache directory) is no error;
+    /// reads then fetch it from the store.
+    fn put_segment(&self, id: SegId, bytes: &Bytes) -> Result<()> {
+        self.store().put(&id.key(), bytes.clone())?;
+        let _ = self.ds.cache.insert(id, bytes);
+        Ok(())
+    }
+
     /// Upload sealed segments, two at a time, and keep them in the cache.
     fn upload(&self, sealed: &[(SegId, Bytes)]) -> Result<()> {
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -2368,13 +2373,7 @@ impl SharedDisk {
                     if first_error.lock().unwrap().is_some() {
                         break;
                     }
-                    let r = self.store().put(&id.key(), bytes.clone());
-                    if r.is_ok() {
-                        // A copy: a cache that cannot keep it (a full or
-                        // broken cache directory) reads it from the store.
-                        let _ = self.ds.cache.insert(*id, bytes);
-                    }
-                    if let Err(e) = r.map_err(Error::from) {
+                    if let Err(e) = self.put_segment(*id, bytes) {
                         first_error.lock().unwrap().get_or_insert(e);
                         break;
                     }
