@@ -228,6 +228,8 @@ pub struct Requests {
     /// GETs of whole objects and of byte ranges.
     pub gets: u64,
     pub range_gets: u64,
+    /// HEADs (an object's size).
+    pub heads: u64,
     pub lists: u64,
     pub deletes: u64,
 }
@@ -238,6 +240,7 @@ struct RequestCounters {
     creates: AtomicU64,
     gets: AtomicU64,
     range_gets: AtomicU64,
+    heads: AtomicU64,
     lists: AtomicU64,
     deletes: AtomicU64,
 }
@@ -256,6 +259,7 @@ impl ObjectStore {
             creates: l(&c.creates),
             gets: l(&c.gets),
             range_gets: l(&c.range_gets),
+            heads: l(&c.heads),
             lists: l(&c.lists),
             deletes: l(&c.deletes),
         }
@@ -455,6 +459,17 @@ impl ObjectStore {
         self.run("read", key, async {
             self.store.get(&path).await?.bytes().await
         })
+    }
+
+    /// The size of the object under `key`, or None if there is none.
+    pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
+        count(&self.requests.heads);
+        let path = self.path(key);
+        match self.run("stat", key, async { self.store.head(&path).await }) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The whole object under `key`, or None if there is none.

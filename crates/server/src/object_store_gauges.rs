@@ -112,6 +112,7 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
         ("create", r.creates),
         ("get", r.gets),
         ("range_get", r.range_gets),
+        ("head", r.heads),
         ("list", r.lists),
         ("delete", r.deletes),
     ] {

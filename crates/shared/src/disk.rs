@@ -24,11 +24,11 @@ use strata_block::{
     ZeroOptions,
 };
 use strata_format::split_target;
-use strata_objstore::{Bytes, ObjectStore, Put};
+use strata_objstore::{Bytes, Listed, ObjectStore, Put};
 
 use crate::layout::{
-    manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, SegId, SegmentBuilder,
-    SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
+    manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, PrevRef, SegId,
+    SegmentBuilder, SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
 };
 use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
@@ -244,14 +244,14 @@ impl SharedDatastore {
             return Ok(m);
         }
         self.may_take_over(name, &m)?;
-        let next = Manifest {
+        let mut next = Manifest {
             seq: m.seq + 1,
             owner: None,
             written_ms: now_ms(),
             nonce: rand::random(),
             ..m.clone()
         };
-        if !commit_manifest(&self.store, &m, &next, &[])? {
+        if !commit_manifest(&self.store, &m, &mut next)? {
             return Err(Error::new(
                 ErrorKind::Fenced,
                 format!("disk '{name}' changed hands while it was released"),
@@ -393,7 +393,7 @@ impl SharedDatastore {
         let m = self.newest_manifest(id)?;
         if !m.removed {
             self.may_take_over(name, &m)?;
-            let next = Manifest {
+            let mut next = Manifest {
                 seq: m.seq + 1,
                 generation: m.generation + 1,
                 owner: Some(self.me_as_owner()),
@@ -402,7 +402,7 @@ impl SharedDatastore {
                 removed: true,
                 ..m.clone()
             };
-            if !commit_manifest(&self.store, &m, &next, &[])? {
+            if !commit_manifest(&self.store, &m, &mut next)? {
                 let now = self.newest_manifest(id)?;
                 return Err(Error::new(
                     ErrorKind::Fenced,
@@ -445,22 +445,60 @@ fn newest_manifest(store: &ObjectStore, id: u32) -> Result<Manifest> {
     let dir = manifests_dir(id);
     let mut tries = 0;
     loop {
-        let newest = store
-            .list(&dir, None)?
-            .into_iter()
-            .max_by(|a, b| a.key.cmp(&b.key))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("disk {id:08x} has no manifest under {dir}"),
-                )
-            })?;
-        match read_manifest(store, &newest.key, newest.size) {
+        let mut listed = store.list(&dir, None)?;
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        if listed.is_empty() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("disk {id:08x} has no manifest under {dir}"),
+            ));
+        }
+        match newest_valid(store, &listed) {
             // Rule 5: collected between the list and the read (a newer
             // one exists): list again.
             Err(e) if e.kind == ErrorKind::NotFound && tries < 8 => tries += 1,
             r => return r,
         }
+    }
+}
+
+/// The newest valid manifest among `listed` (ascending keys): a
+/// pipelined one only if its predecessor is there with its nonce
+/// (§11.4b rule 4); at most a few keys are passed over.
+fn newest_valid(store: &ObjectStore, listed: &[Listed]) -> Result<Manifest> {
+    let mut passed = Vec::new();
+    for l in listed.iter().rev().take(8) {
+        let m = read_manifest(store, &l.key, l.size)?;
+        let Some(p) = m.prev.filter(|_| m.pipelined) else {
+            return Ok(m);
+        };
+        let before = manifest_key(m.disk, p.seq);
+        let valid = match listed.binary_search_by(|x| x.key.as_str().cmp(&before)) {
+            Ok(i) => read_manifest(store, &before, listed[i].size)?.nonce == p.nonce,
+            Err(_) => false,
+        };
+        if valid {
+            return Ok(m);
+        }
+        passed.push(l.key.clone());
+    }
+    Err(corrupt(format!(
+        "no valid manifest among the newest of the disk (passed over {}): each is pipelined on a \
+         predecessor that is missing or another (FORMAT.md §11.4b)",
+        passed.join(", ")
+    )))
+}
+
+/// Whether `m` is an orphan (§11.4b rule 5): pipelined on a predecessor
+/// whose key holds another manifest.
+pub(crate) fn is_orphan(store: &ObjectStore, m: &Manifest) -> Result<bool> {
+    let Some(p) = m.prev.filter(|_| m.pipelined) else {
+        return Ok(false);
+    };
+    let key = manifest_key(m.disk, p.seq);
+    match store.size_of(&key)? {
+        Some(size) => Ok(read_manifest(store, &key, size)?.nonce != p.nonce),
+        None => Ok(false),
     }
 }
 
@@ -506,20 +544,72 @@ fn describe_owner(m: &Manifest) -> String {
     }
 }
 
-/// Write `next` (`prev.seq + 1`, with `payload`) create-only (§11.5): one
-/// `PUT`, after the claim marker if `next` opens a generation.
-/// `Ok(false)`: another host's manifest is there.
-fn commit_manifest(
+/// How a create-only `PUT` of a manifest ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Landed {
+    Created,
+    /// Another host's manifest holds the key.
+    Taken,
+    /// An orphan (§11.4b) holds the key: the manifest goes one key higher.
+    Orphan,
+}
+
+/// Write `next` on top of `prev` (with `payload`) create-only (§11.5): one
+/// `PUT`, after the claim marker if `next` opens a generation. Sets
+/// `next.prev`. On `412` it reads what holds the key: an orphan
+/// (§11.4b) is not another host's commit.
+fn put_manifest(
     store: &ObjectStore,
     prev: &Manifest,
-    next: &Manifest,
+    next: &mut Manifest,
     payload: &[u8],
-) -> Result<bool> {
-    debug_assert_eq!(next.seq, prev.seq + 1);
+) -> Result<Landed> {
+    debug_assert!(next.seq > prev.seq);
+    next.prev = Some(PrevRef::of(prev));
+    next.pipelined = false;
     if next.generation > prev.generation {
         store.put(&claim_marker_key(next.disk, next.seq), Bytes::new())?;
     }
-    Ok(store.put_create(&next.key(), Bytes::from(next.encode(payload)))? == Put::Created)
+    let key = next.key();
+    if store.put_create(&key, Bytes::from(next.encode(payload)))? == Put::Created {
+        return Ok(Landed::Created);
+    }
+    let there = match store.size_of(&key)? {
+        Some(size) => read_manifest(store, &key, size)?,
+        // Deleted since (GC collects only orphans above the newest).
+        None => return Ok(Landed::Orphan),
+    };
+    if is_orphan(store, &there)? {
+        eprintln!(
+            "strata: disk {:08x}: {key} is an orphan of a fenced pipeline (FORMAT.md §11.4b): \
+             manifest {} goes one key higher",
+            next.disk, next.seq
+        );
+        return Ok(Landed::Orphan);
+    }
+    Ok(Landed::Taken)
+}
+
+/// [`put_manifest`] of a manifest without a payload, one key higher past
+/// each orphan (§11.4b). `Ok(false)`: another host's manifest is there.
+fn commit_manifest(store: &ObjectStore, prev: &Manifest, next: &mut Manifest) -> Result<bool> {
+    for _ in 0..8 {
+        match put_manifest(store, prev, next, &[])? {
+            Landed::Created => return Ok(true),
+            Landed::Taken => return Ok(false),
+            Landed::Orphan => {
+                next.seq += 1;
+                next.nonce = rand::random();
+            }
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "disk {:08x}: eight orphans in a row above manifest {}: refusing to go on",
+            next.disk, prev.seq
+        ),
+    ))
 }
 
 /// Claim disk `name` (id `id`) for `me`. With `unless_live`, only if no
@@ -545,7 +635,7 @@ fn claim(
         if let Some(ds) = unless_live {
             ds.may_take_over(name, &newest)?;
         }
-        let next = Manifest {
+        let mut next = Manifest {
             seq: newest.seq + 1,
             generation: newest.generation + 1,
             owner: Some(me.clone()),
@@ -554,7 +644,7 @@ fn claim(
             next_ctr: 0,
             ..newest.clone()
         };
-        if commit_manifest(store, &newest, &next, &[])? {
+        if commit_manifest(store, &newest, &mut next)? {
             return Ok(next);
         }
         newest = newest_manifest(store, id)?;
@@ -1394,14 +1484,14 @@ impl SharedDisk {
                 ));
                 st.man.clone()
             };
-            let next = Manifest {
+            let mut next = Manifest {
                 seq: man.seq + 1,
                 owner: None,
                 written_ms: now_ms(),
                 nonce: rand::random(),
                 ..(*man).clone()
             };
-            let r = commit_manifest(self.store(), &man, &next, &[]);
+            let r = commit_manifest(self.store(), &man, &mut next);
             let mut st = self.state.lock().unwrap();
             return match r {
                 Ok(true) => {
@@ -1682,7 +1772,7 @@ impl SharedDisk {
         next.seq = man.seq + 1;
         next.written_ms = now_ms();
         next.nonce = rand::random();
-        if !commit_manifest(self.store(), &man, &next, &[])? {
+        if !commit_manifest(self.store(), &man, &mut next)? {
             let who = newest_manifest(self.store(), self.id)
                 .map(|m| describe_owner(&m))
                 .unwrap_or_else(|e| format!("another host ({e})"));
@@ -2167,7 +2257,6 @@ impl SharedDisk {
         if !changed {
             return Ok((man.clone(), 0));
         }
-        let next_seq = man.seq + 1;
         // The last (up to) 8 MiB ride in the manifest; the rest, or all
         // of them when folding, in segments.
         let spill = if fold {
@@ -2183,15 +2272,6 @@ impl SharedDisk {
             }
             sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
         }
-        let payload = if spill < data.len() {
-            let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
-            for (vg, d) in &data[spill..] {
-                tail.insert(*vg, Some(b.add_grain(*vg, d)));
-            }
-            Some((b.id, Bytes::from(b.seal(now_ms()))))
-        } else {
-            None
-        };
         for vg in holes {
             tail.insert(vg, None);
         }
@@ -2216,32 +2296,50 @@ impl SharedDisk {
                 self.ds.cache.insert_node(&e, n);
             }
         }
-        let mut next = Manifest {
-            seq: next_seq,
-            written_ms: now_ms(),
-            nonce: rand::random(),
-            root,
-            levels,
-            // A fold still being made keeps its counter "in flight" (§11.7).
-            next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
-            tail: Arc::new(tail),
-            ..man.clone()
-        };
-        // The root node's copy (§11.5); an unchanged root keeps the one
-        // `man` carries.
-        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
-            next.set_root_node(&n);
-        }
-        let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
-        uploaded += body.len() as u64;
-        if commit_manifest(self.store(), man, &next, body)? {
-            crash_point("after-manifest");
-            if let Some((id, b)) = &payload {
-                // Kept as any segment this host wrote; a cache that cannot
-                // keep it reads it from the store later.
-                let _ = self.ds.cache.insert(*id, b);
+        // The payload names the manifest's key: made again one key higher
+        // past an orphan (§11.4b).
+        let mut next_seq = man.seq + 1;
+        for _ in 0..8 {
+            let payload = if spill < data.len() {
+                let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
+                for (vg, d) in &data[spill..] {
+                    tail.insert(*vg, Some(b.add_grain(*vg, d)));
+                }
+                Some((b.id, Bytes::from(b.seal(now_ms()))))
+            } else {
+                None
+            };
+            let mut next = Manifest {
+                seq: next_seq,
+                written_ms: now_ms(),
+                nonce: rand::random(),
+                root,
+                levels,
+                // A fold still being made keeps its counter "in flight" (§11.7).
+                next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
+                tail: Arc::new(tail.clone()),
+                ..man.clone()
+            };
+            // The root node's copy (§11.5); an unchanged root keeps the one
+            // `man` carries.
+            if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
+                next.set_root_node(&n);
             }
-            return Ok((next, uploaded));
+            let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
+            match put_manifest(self.store(), man, &mut next, body)? {
+                Landed::Created => {
+                    uploaded += body.len() as u64;
+                    crash_point("after-manifest");
+                    if let Some((id, b)) = &payload {
+                        // Kept as any segment this host wrote; a cache that
+                        // cannot keep it reads it from the store later.
+                        let _ = self.ds.cache.insert(*id, b);
+                    }
+                    return Ok((next, uploaded));
+                }
+                Landed::Orphan => next_seq += 1,
+                Landed::Taken => break,
+            }
         }
         let disk = self.disk_name();
         let who = match newest_manifest(self.store(), self.id) {

@@ -138,6 +138,14 @@ struct Roots {
 }
 
 impl SharedDatastore {
+    /// Whether manifest `key` (`size` bytes) is a proven orphan (§11.4b);
+    /// one that cannot be read is not (it is kept).
+    fn orphan(&self, key: &str, size: u64) -> bool {
+        crate::disk::read_manifest(&self.store, key, size)
+            .and_then(|m| crate::disk::is_orphan(&self.store, &m))
+            .unwrap_or(false)
+    }
+
     /// Every disk id with manifests (named or not), its newest manifest,
     /// then every hold (read after the manifests: §11.6a).
     fn roots(&self) -> Result<Roots> {
@@ -380,16 +388,28 @@ impl SharedDatastore {
         // Manifests that may go: older than the one marked from (a newer
         // one was committed during the mark: its payload is live), not the
         // first (it keeps the id taken), not a claim (it fences stale
-        // writers only while it exists, §11.5), no payload grain reached.
+        // writers only while it exists, §11.5), not the predecessor a
+        // pipelined newest is checked against, no payload grain reached.
+        // And proven orphans (§11.4b), wherever they are: an orphan sits
+        // one key above a claim (the manifest that took its predecessor's
+        // key), so only manifests right above a claim marker are read.
         let mut doomed_manifests = Vec::new();
         for (id, keys) in manifests {
             let Some((_, m)) = roots.disks.get(&id) else {
                 continue;
             };
+            let checked = m.prev.filter(|_| m.pipelined).map(|p| p.seq);
             for (key, seq, size) in keys {
+                let suspect = seq != m.seq && markers.contains(&(id, seq - 1));
+                if suspect && self.orphan(&key, size) {
+                    rep.garbage_bytes += size;
+                    doomed_manifests.push(key);
+                    continue;
+                }
                 if seq >= m.seq
                     || seq == 1
                     || markers.contains(&(id, seq))
+                    || Some(seq) == checked
                     || live.contains(&SegId::payload(id, seq))
                 {
                     continue;

@@ -28,6 +28,9 @@ pub const MAGIC_NODE: &[u8; 8] = b"STRMAPN1";
 pub const MAGIC_MANIFEST: &[u8; 8] = b"STRMAN01";
 /// The footer of a format-2 manifest (§11.5).
 pub const MAGIC_MANIFEST_2: &[u8; 8] = b"STRMAN02";
+/// A pipelined manifest (§11.4b): the layout of `STRMAN02`, under a magic
+/// that builds which do not validate pipelined manifests refuse.
+pub const MAGIC_MANIFEST_3: &[u8; 8] = b"STRMAN03";
 pub const MANIFEST_FOOTER_BYTES: usize = 32;
 pub const TAIL_ENTRY_BYTES: usize = 32;
 /// A segment id whose generation has this bit is a manifest's payload.
@@ -578,11 +581,35 @@ pub struct Manifest {
     /// used only if it matches `root`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_node: Option<String>,
+    /// The manifest this one extends (§11.4b); absent on a disk's first
+    /// manifest and on manifests of builds before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<PrevRef>,
+    /// Written while `prev` was still in flight (§11.4b): valid only if
+    /// the object at `prev.seq` carries `prev.nonce`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pipelined: bool,
     /// Where the grains written since the map was last folded live
     /// (§11.4a; None: a hole); they win over the map. Stored in binary
     /// beside the body, not in it.
     #[serde(skip)]
     pub tail: Arc<Tail>,
+}
+
+/// The manifest a manifest extends (§11.4b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrevRef {
+    pub seq: u64,
+    pub nonce: u64,
+}
+
+impl PrevRef {
+    pub fn of(m: &Manifest) -> PrevRef {
+        PrevRef {
+            seq: m.seq,
+            nonce: m.nonce,
+        }
+    }
 }
 
 /// A manifest's tail (§11.4a): virtual grain → entry (None: a hole).
@@ -595,20 +622,24 @@ struct Footer {
     body: u32,
     /// CRC-32C of tail and body.
     crc: u32,
+    /// `STRMAN03`: a pipelined manifest (§11.4b).
+    pipelined: bool,
 }
 
 impl Footer {
     /// The footer in the last 32 bytes of `end`: None if they are too few
-    /// or do not start with `STRMAN02` (format 1), an error if its own
-    /// CRC fails.
+    /// or do not start with `STRMAN02` or `STRMAN03` (format 1), an error
+    /// if its own CRC fails.
     fn read(key: &str, end: &[u8]) -> Result<Option<Footer>, String> {
         let Some(at) = end.len().checked_sub(MANIFEST_FOOTER_BYTES) else {
             return Ok(None);
         };
         let f = &end[at..];
-        if &f[..8] != MAGIC_MANIFEST_2 {
-            return Ok(None);
-        }
+        let pipelined = match &f[..8] {
+            m if m == MAGIC_MANIFEST_2 => false,
+            m if m == MAGIC_MANIFEST_3 => true,
+            _ => return Ok(None),
+        };
         let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
         if w(28) != crc32c::crc32c(&f[..28]) {
             return Err(format!("{key}: the manifest footer is damaged (torn)"));
@@ -618,6 +649,7 @@ impl Footer {
             tail: w(16),
             body: w(20),
             crc: w(24),
+            pipelined,
         }))
     }
 }
@@ -643,6 +675,8 @@ impl Manifest {
             current: None,
             limits: Default::default(),
             root_node: None,
+            prev: None,
+            pipelined: false,
             tail: Default::default(),
         }
     }
@@ -693,7 +727,11 @@ impl Manifest {
         out.extend_from_slice(&body);
         let crc = crc32c::crc32c(&out[payload.len()..]);
         let mut f = [0u8; MANIFEST_FOOTER_BYTES];
-        f[..8].copy_from_slice(MAGIC_MANIFEST_2);
+        f[..8].copy_from_slice(if self.pipelined {
+            MAGIC_MANIFEST_3
+        } else {
+            MAGIC_MANIFEST_2
+        });
         f[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         f[16..20].copy_from_slice(&(t as u32).to_le_bytes());
         f[20..24].copy_from_slice(&(body.len() as u32).to_le_bytes());
@@ -744,7 +782,7 @@ impl Manifest {
         }
         let Some(f) = Footer::read(key, obj)? else {
             return Err(format!(
-                "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 at its end)"
+                "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 or STRMAN03 at its end)"
             ));
         };
         let (t, b) = (f.tail as usize, f.body as usize);
@@ -775,7 +813,13 @@ impl Manifest {
                 Entry::decode(&e[8..]).map_err(|why| format!("{key}: tail entry {i}: {why}"))?;
             tail.insert(vg, entry);
         }
-        Self::decode_body(key, &rest[t * TAIL_ENTRY_BYTES..], tail)
+        let m = Self::decode_body(key, &rest[t * TAIL_ENTRY_BYTES..], tail)?;
+        if m.pipelined != f.pipelined || (m.pipelined && m.prev.is_none()) {
+            return Err(format!(
+                "{key}: its footer and its body disagree on whether it is pipelined (damaged)"
+            ));
+        }
+        Ok(m)
     }
 
     fn decode_body(key: &str, body: &[u8], tail: Tail) -> Result<Manifest, String> {
@@ -1023,5 +1067,49 @@ mod tests {
             let back = Manifest::decode(&m.key(), &stale.encode(&[])).unwrap();
             assert_eq!(back.root_node, None);
         }
+    }
+
+    #[test]
+    fn pipelined_manifests_carry_their_own_magic() {
+        let mut m = Manifest::first(3, 1 << 30, 3);
+        m.seq = 9;
+        m.prev = Some(PrevRef { seq: 8, nonce: 77 });
+        let plain = m.encode(&[]);
+        assert_eq!(&plain[plain.len() - 32..][..8], MAGIC_MANIFEST_2);
+        assert_eq!(Manifest::decode(&m.key(), &plain).unwrap(), m);
+        m.pipelined = true;
+        let b = m.encode(&[]);
+        assert_eq!(&b[b.len() - 32..][..8], MAGIC_MANIFEST_3);
+        assert_eq!(
+            Manifest::needs(&m.key(), b.len() as u64, &b).unwrap(),
+            Some(b.len() as u64)
+        );
+        assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
+        // A footer that says pipelined over a body that does not (or the
+        // other way round) is damage, not a manifest.
+        let relabel = |b: &[u8], magic: &[u8; 8]| {
+            let mut d = b.to_vec();
+            let f = d.len() - 32;
+            d[f..f + 8].copy_from_slice(magic);
+            let crc = crc32c::crc32c(&d[f..f + 28]);
+            d[f + 28..].copy_from_slice(&crc.to_le_bytes());
+            d
+        };
+        for d in [
+            relabel(&b, MAGIC_MANIFEST_2),
+            relabel(&plain, MAGIC_MANIFEST_3),
+        ] {
+            let e = Manifest::decode(&m.key(), &d).unwrap_err();
+            assert!(e.contains("disagree on whether it is pipelined"), "{e}");
+        }
+        // Pipelined without a predecessor is damage too.
+        m.prev = None;
+        let e = Manifest::decode(&m.key(), &m.encode(&[])).unwrap_err();
+        assert!(e.contains("pipelined"), "{e}");
+        // Builds before §11.4b read the body without the two fields.
+        let mut old = serde_json::to_value(Manifest::first(3, 1 << 30, 3)).unwrap();
+        old.as_object_mut().unwrap().remove("prev");
+        let back: Manifest = serde_json::from_value(old).unwrap();
+        assert_eq!((back.prev, back.pipelined), (None, false));
     }
 }

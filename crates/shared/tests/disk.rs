@@ -830,3 +830,150 @@ fn an_incoming_host_reads_the_writers_last_commit_at_once() {
     );
     assert!(read(&inc, 0, 65536) == pattern(11, 65536));
 }
+
+/// FORMAT.md §11.4b: a stale writer's pipelined manifest whose predecessor
+/// lost its key to a claim (an orphan) is read past by every reader,
+/// skipped by the claimer's next commit, and collected by GC; one whose
+/// predecessor is missing (in flight) is read past until a claim makes
+/// it an orphan; a valid pipelined manifest is read as the newest.
+#[test]
+fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
+    use strata_shared::layout::{manifest_key, Manifest, PrevRef};
+    let Some(url) = store("orphans") else { return };
+    let (da, db, dc) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let a = init(da.path(), &url);
+    a.create_disk("vm", 16 * MIB).unwrap();
+    let id = a.disk_id("vm").unwrap();
+    let st = store_of(&url);
+    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    disk_a.write_at(&pattern(1, 8192), 0, false).unwrap();
+    disk_a.flush().unwrap();
+    let man_a = a.newest_manifest(id).unwrap();
+
+    // B claims (manifest s+1, with its marker); A, pipelining, had s+2
+    // in flight on its own s+1, which lost the key: an orphan.
+    let b = attach(db.path(), &url);
+    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    disk_b.claim().unwrap();
+    let claim = b.newest_manifest(id).unwrap();
+    assert_eq!(claim.seq, man_a.seq + 1);
+    assert_eq!(
+        claim.prev,
+        Some(PrevRef::of(&man_a)),
+        "a manifest names its predecessor"
+    );
+    let orphan = |seq: u64, prev: PrevRef| Manifest {
+        seq,
+        nonce: rand::random(),
+        written_ms: 1,
+        pipelined: true,
+        prev: Some(prev),
+        size_bytes: 32 * MIB,
+        ..man_a.clone()
+    };
+    let o = orphan(
+        claim.seq + 1,
+        PrevRef {
+            seq: claim.seq,
+            nonce: claim.nonce ^ 1,
+        },
+    );
+    st.put_create(&o.key(), o.encode(&[]).into()).unwrap();
+
+    // Every reader reads past it.
+    let c = attach(dc.path(), &url);
+    let newest = c.newest_manifest(id).unwrap();
+    assert_eq!((newest.seq, newest.nonce), (claim.seq, claim.nonce));
+    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    assert_eq!(
+        on_c.size_bytes(),
+        16 * MIB,
+        "the orphan's size is never seen"
+    );
+    assert_eq!(read(&on_c, 0, 8192), pattern(1, 8192));
+
+    // B's next commit meets it and goes one key higher.
+    disk_b.write_at(&pattern(2, 4096), 4096, false).unwrap();
+    disk_b.flush().unwrap();
+    let after = c.newest_manifest(id).unwrap();
+    assert_eq!(after.seq, o.seq + 1, "the commit skipped the orphan's key");
+    assert_eq!(after.prev, Some(PrevRef::of(&claim)));
+    let mut want = pattern(1, 8192);
+    want[4096..].copy_from_slice(&pattern(2, 4096));
+    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    assert_eq!(read(&on_c, 0, 8192), want);
+
+    // A pipelined manifest whose predecessor is missing (still in
+    // flight): read past, kept by GC.
+    let gap = orphan(
+        after.seq + 2,
+        PrevRef {
+            seq: after.seq + 1,
+            nonce: 99,
+        },
+    );
+    st.put_create(&gap.key(), gap.encode(&[]).into()).unwrap();
+    assert_eq!(c.newest_manifest(id).unwrap().seq, after.seq);
+    let rep = c.gc(false).unwrap();
+    assert!(rep.deleted_manifests >= 1, "{rep:?}");
+    assert_eq!(
+        st.size_of(&o.key()).unwrap(),
+        None,
+        "GC collected the orphan"
+    );
+    assert!(
+        st.size_of(&gap.key()).unwrap().is_some(),
+        "kept: it may be in flight"
+    );
+    assert!(st.size_of(&manifest_key(id, claim.seq)).unwrap().is_some());
+    let chk = c.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+
+    // B commits at the gap (which makes the manifest above it an
+    // orphan), then past it; a snapshot (a manifest without a payload)
+    // is one more commit.
+    disk_b.write_at(&pattern(3, 4096), 0, false).unwrap();
+    disk_b.flush().unwrap();
+    assert_eq!(c.newest_manifest(id).unwrap().seq, after.seq + 1);
+    disk_b.write_at(&pattern(4, 4096), 8192, false).unwrap();
+    disk_b.flush().unwrap();
+    disk_b.snapshot_create("s", "").unwrap();
+    let last = c.newest_manifest(id).unwrap();
+    assert!(last.seq > gap.seq, "{} over {}", last.seq, gap.seq);
+    want[..4096].copy_from_slice(&pattern(3, 4096));
+    want.extend_from_slice(&pattern(4, 4096));
+    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    assert_eq!(read(&on_c, 0, 12288), want);
+    let snap = SharedDisk::open(c.clone(), "vm@s", true).unwrap();
+    assert_eq!(read(&snap, 0, 12288), want);
+    c.gc(false).unwrap();
+    assert_eq!(
+        st.size_of(&gap.key()).unwrap(),
+        None,
+        "an orphan now: collected"
+    );
+    assert_eq!(
+        read(&SharedDisk::open(c.clone(), "vm", true).unwrap(), 0, 12288),
+        want
+    );
+
+    // A valid pipelined manifest (its predecessor there, with its nonce)
+    // is the newest.
+    let valid = Manifest {
+        seq: last.seq + 1,
+        nonce: rand::random(),
+        pipelined: true,
+        prev: Some(PrevRef::of(&last)),
+        size_bytes: 32 * MIB,
+        ..last.clone()
+    };
+    st.put_create(&valid.key(), valid.encode(&[]).into())
+        .unwrap();
+    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    assert_eq!(on_c.size_bytes(), 32 * MIB);
+    assert_eq!(read(&on_c, 0, 12288), want);
+}
