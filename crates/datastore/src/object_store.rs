@@ -631,6 +631,7 @@ impl Datastore for ObjectStoreDatastore {
                 }
             }
         }
+        self.ds.drain_cache();
         match failed.first() {
             None => Ok(()),
             Some((name, e)) => Err(Error::new(

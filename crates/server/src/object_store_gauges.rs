@@ -52,6 +52,12 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             c.commits as f64,
         ));
         out.push(g(
+            "strata_shared_commits_pipelined_total",
+            "Commits issued while the one before them was still in flight (FORMAT.md §11.4b)",
+            &name,
+            c.pipelined as f64,
+        ));
+        out.push(g(
             "strata_shared_commit_failures_total",
             "Commits that failed (store unavailable, or fenced)",
             &name,

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
 
-use strata_objstore::ObjectStore;
+use strata_objstore::{Bytes, ObjectStore};
 
 use crate::layout::{
     check_segment_ends, decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId,
@@ -137,6 +137,12 @@ pub struct SegmentCache {
     /// message, and reads take their grains from the store, not a GET of
     /// a whole object per miss that then cannot be kept.
     unwritable: Mutex<Option<Instant>>,
+    /// Objects handed to [`Self::insert_later`] whose files are not
+    /// written yet: reads take their grains from these bytes.
+    pending: RwLock<HashMap<SegId, Bytes>>,
+    pending_bytes: AtomicU64,
+    /// The thread that writes them (started at first use).
+    writer: std::sync::OnceLock<Mutex<std::sync::mpsc::SyncSender<(SegId, Bytes)>>>,
     opened: Instant,
 }
 
@@ -176,6 +182,10 @@ const UNWRITABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30)
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
 
+/// Bytes of objects [`SegmentCache::insert_later`] lets wait for their
+/// files.
+const PENDING_MAX: u64 = 64 << 20;
+
 /// Whether reads that miss fetch whole segments in the background:
 /// `STRATA_STORE_PREFETCH=0` turns that off, so that a read's round trips
 /// to the store can be counted exactly (docs/MULTIHOST.md).
@@ -212,6 +222,9 @@ impl SegmentCache {
             hot_fetched: AtomicU64::new(0),
             shrunk: AtomicU64::new(0),
             unwritable: Mutex::new(None),
+            pending: RwLock::new(HashMap::new()),
+            pending_bytes: AtomicU64::new(0),
+            writer: std::sync::OnceLock::new(),
             opened: now,
         }
     }
@@ -576,6 +589,75 @@ impl SegmentCache {
         Ok(())
     }
 
+    /// Keep an object this host has just uploaded, written by a thread of
+    /// its own: a FLUSH is answered without waiting for the file (about a
+    /// millisecond for a 256 KiB payload here), and reads take its grains
+    /// from `bytes` until the file is there. Up to [`PENDING_MAX`] bytes
+    /// wait; past that the file is written here and now. A copy: a file
+    /// that cannot be written costs nothing but later reads from the store.
+    pub fn insert_later(self: &Arc<Self>, id: SegId, bytes: Bytes) {
+        let tx = self.writer.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(SegId, Bytes)>(64);
+            let me = Arc::downgrade(self);
+            let _ = std::thread::Builder::new()
+                .name("strata-cache-writer".into())
+                .spawn(move || {
+                    for (id, b) in rx {
+                        let Some(c) = me.upgrade() else { break };
+                        let _ = c.insert(id, &b);
+                        c.written(id);
+                    }
+                });
+            Mutex::new(tx)
+        });
+        let n = bytes.len() as u64;
+        if self.pending_bytes.fetch_add(n, Relaxed) + n <= PENDING_MAX {
+            self.pending.write().unwrap().insert(id, bytes.clone());
+            if tx.lock().unwrap().try_send((id, bytes.clone())).is_ok() {
+                return;
+            }
+            self.pending.write().unwrap().remove(&id);
+        }
+        self.pending_bytes.fetch_sub(n, Relaxed);
+        let _ = self.insert(id, &bytes);
+    }
+
+    /// Object `id`'s file is written (or could not be): no longer pending.
+    fn written(&self, id: SegId) {
+        if let Some(b) = self.pending.write().unwrap().remove(&id) {
+            self.pending_bytes.fetch_sub(b.len() as u64, Relaxed);
+        }
+    }
+
+    /// Wait (up to 30 s) until every object handed to
+    /// [`Self::insert_later`] is written: before a clean stop, so that a
+    /// restart finds them.
+    pub fn drain(&self) {
+        let t = Instant::now();
+        while self.pending_bytes.load(Relaxed) > 0 && t.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Grain `e` from an object waiting for its file, if it is one.
+    fn pending_grain(&self, e: &Entry, out: &mut [u8]) -> bool {
+        if self.pending_bytes.load(Relaxed) == 0 {
+            return false;
+        }
+        let Some(b) = self.pending.read().unwrap().get(&e.seg).cloned() else {
+            return false;
+        };
+        let at = SegmentInfo::grain_offset(e.slot) as usize;
+        match b.get(at..at + GRAIN) {
+            Some(g) if crc32c::crc32c(g) == e.crc => {
+                out.copy_from_slice(g);
+                self.hits.fetch_add(1, Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// A cache file could not be written less than [`UNWRITABLE_RETRY`]
     /// ago.
     fn cannot_write(&self) -> bool {
@@ -748,6 +830,9 @@ impl SegmentCache {
         out: &mut [u8],
     ) -> Result<()> {
         let out = &mut out[..GRAIN];
+        if self.pending_grain(e, out) {
+            return Ok(());
+        }
         if let Some(seg) = self.local(e.seg) {
             if e.slot >= seg.info.grains {
                 return Err(corrupt(format!(

@@ -7,8 +7,9 @@
 //! critical path.
 //!
 //! Acknowledged-but-unflushed writes live in `dirty` (newest) and, while a
-//! commit uploads them, in `flushing`; reads look there first, then in the
-//! newest manifest's tail, then walk its map. A host writes only
+//! commit uploads them, in its entry of `inflight` (up to two commits at
+//! once, the second issued on top of the first: §11.4b); reads look there
+//! first, then in the newest manifest's tail, then walk its map. A host writes only
 //! after it claimed the disk (a manifest with a new generation naming it);
 //! a commit that finds another host's manifest in its place fences this
 //! host: every later I/O fails with an error naming the new owner.
@@ -462,6 +463,21 @@ fn newest_manifest(store: &ObjectStore, id: u32) -> Result<Manifest> {
     }
 }
 
+/// [`newest_manifest`] listing only the keys from `seq` on (a claim that
+/// lost its race knows the key it lost); all of them if none is there.
+fn newest_manifest_from(store: &ObjectStore, id: u32, seq: u64) -> Result<Manifest> {
+    if seq > 0 {
+        let after = manifest_key(id, seq - 1);
+        let listed = store.list(&manifests_dir(id), Some(&after))?;
+        if !listed.is_empty() {
+            if let Ok(m) = newest_valid(store, &listed) {
+                return Ok(m);
+            }
+        }
+    }
+    newest_manifest(store, id)
+}
+
 /// The newest valid manifest among `listed` (ascending keys): a
 /// pipelined one only if its predecessor is there with its nonce
 /// (§11.4b rule 4); at most a few keys are passed over.
@@ -563,10 +579,11 @@ fn put_manifest(
     prev: &Manifest,
     next: &mut Manifest,
     payload: &[u8],
+    pipelined: bool,
 ) -> Result<Landed> {
     debug_assert!(next.seq > prev.seq);
     next.prev = Some(PrevRef::of(prev));
-    next.pipelined = false;
+    next.pipelined = pipelined;
     if next.generation > prev.generation {
         store.put(&claim_marker_key(next.disk, next.seq), Bytes::new())?;
     }
@@ -594,7 +611,7 @@ fn put_manifest(
 /// each orphan (§11.4b). `Ok(false)`: another host's manifest is there.
 fn commit_manifest(store: &ObjectStore, prev: &Manifest, next: &mut Manifest) -> Result<bool> {
     for _ in 0..8 {
-        match put_manifest(store, prev, next, &[])? {
+        match put_manifest(store, prev, next, &[], false)? {
             Landed::Created => return Ok(true),
             Landed::Taken => return Ok(false),
             Landed::Orphan => {
@@ -647,7 +664,9 @@ fn claim(
         if commit_manifest(store, &newest, &mut next)? {
             return Ok(next);
         }
-        newest = newest_manifest(store, id)?;
+        // Only the keys from the one lost on (a busy writer's disk has
+        // thousands of manifests until GC runs).
+        newest = newest_manifest_from(store, id, next.seq.saturating_sub(1))?;
         if newest.generation != first_gen {
             return Err(Error::new(
                 ErrorKind::Fenced,
@@ -708,8 +727,32 @@ struct State {
     /// Acknowledged writes not yet in a commit (`None`: zeros).
     dirty: Batch,
     dirty_bytes: usize,
-    /// The batch a commit is uploading.
-    flushing: Arc<Batch>,
+    /// Commits on their way, oldest first (at most [`PIPELINE`], §11.4b):
+    /// reads see their batches until they are settled.
+    inflight: std::collections::VecDeque<InFlight>,
+    /// Numbers commits (`InFlight::id`).
+    commit_no: u64,
+    /// The outcome of each settled commit, until its FLUSH takes it.
+    settled: HashMap<u64, Result<u64>>,
+    /// Whether a commit may be issued on top of one in flight (§11.4b
+    /// rule 2): not from a claim until the first commit after it is
+    /// confirmed (that one may pass over an orphan to another key), nor
+    /// after a failure until it is settled.
+    pipeline_ok: bool,
+    /// A commit failed without a verdict (not a `412`): before the next
+    /// one, the newest manifest is read to learn whether it landed.
+    unsettled: bool,
+    /// (seq, nonce) of the manifests this process issued lately: a
+    /// newest manifest among them landed though its `PUT` failed.
+    mine: std::collections::VecDeque<(u64, u64)>,
+    /// The error of the last commit that failed (FLUSHes that waited
+    /// for it return it).
+    last_failure: Option<Error>,
+    /// When the claim markers were last listed (§11.4b: a writer yields
+    /// to a claim under way), and the highest marker seen (its own claim's
+    /// at first): a higher one is a claim attempt since.
+    markers_listed: Option<Instant>,
+    marker_seen: u64,
     /// A fold uploaded in the background that the next commit names.
     fold: Option<Fold>,
     /// Grains sealed into segments between commits (uploads between
@@ -717,9 +760,6 @@ struct State {
     sealed: BTreeMap<u64, (u64, Entry)>,
     /// Seals made so far.
     seal_no: u64,
-    /// The seal count when the batch in `flushing` was taken: sealed
-    /// grains with a higher number are newer than it.
-    flushing_at: u64,
     /// Sealed segments not uploaded yet: their bytes (reads come from
     /// them) and the upload's outcome (None: in flight).
     sealing: HashMap<SegId, Sealing>,
@@ -748,6 +788,36 @@ impl State {
     fn held(&self) -> Option<u32> {
         self.folding.into_iter().chain(self.compacting).min()
     }
+}
+
+/// How many commits may be in flight at once (§11.4b).
+const PIPELINE: usize = 2;
+
+/// How often a writer lists the claim markers above its newest manifest,
+/// and how long it waits before its next commit when it finds one
+/// (§11.4b: a claim under way).
+const MARKER_LIST_EVERY: Duration = Duration::from_millis(100);
+const CLAIM_YIELD: Duration = Duration::from_millis(500);
+
+/// A commit on its way (§11.4a, §11.4b).
+struct InFlight {
+    id: u64,
+    batch: Arc<Batch>,
+    /// The seal count when the batch was taken: grains sealed later are
+    /// newer than it.
+    at: u64,
+    /// The write count it covers, and the seal count of the sealed
+    /// grains it names (None: it names none).
+    covers: u64,
+    seal_upto: Option<u64>,
+    /// The manifest it writes, once built: what a commit issued on top of
+    /// it builds on.
+    next: Option<Arc<Manifest>>,
+    /// How its `PUT` ended (None: not yet): the manifest and the
+    /// relocations it took, or the error; and a fold it took, given back
+    /// if it failed.
+    outcome: Option<Result<(Arc<Manifest>, u64)>>,
+    fold: Option<Fold>,
 }
 
 /// A sealed segment on its way to the store.
@@ -794,6 +864,8 @@ impl Fold {
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CommitStats {
     pub commits: u64,
+    /// Commits issued while the one before them was in flight (§11.4b).
+    pub pipelined: u64,
     pub failed: u64,
     /// Bytes of segments uploaded.
     pub uploaded_bytes: u64,
@@ -816,6 +888,8 @@ pub struct SharedDisk {
     state: Mutex<State>,
     /// Signalled when a sealed segment's upload ends.
     uploaded: Condvar,
+    /// Signalled when a commit in flight is built or settled.
+    landed: Condvar,
     /// One commit (or claim) at a time.
     commit: Mutex<()>,
     /// Sub-grain writes read, patch and put back a grain one at a time.
@@ -829,10 +903,11 @@ pub struct SharedDisk {
     compactor: compact::Compactor,
 }
 
-/// A batch set apart for an upload, with the manifest it builds on, its
-/// segment counters, the fold it may name, and the counter of a fold
-/// still being made.
+/// A commit set apart (registered in `State::inflight`), with the
+/// manifest it builds on, its segment counters, the fold it may name, and
+/// the counter of a fold still being made.
 struct Taken {
+    id: u64,
     batch: Arc<Batch>,
     man: Arc<Manifest>,
     ctr: std::ops::Range<u32>,
@@ -842,14 +917,44 @@ struct Taken {
     /// [`TAIL_MAX_FOLDING`] if a background fold was on its way when the
     /// batch was taken, else [`TAIL_MAX`].
     tail_bound: usize,
-    /// The write count this batch covers (see `State::durable_seq`).
-    covers: u64,
-    /// Grains sealed before the batch was taken (older than it), and the
-    /// seal count then.
+    /// Fold the whole tail whatever its length (`fold_now`).
+    force_fold: bool,
+    /// Grains sealed before the batch was taken (older than it) and not
+    /// named by a commit before it.
     sealed: Vec<(u64, Entry)>,
-    seal_upto: u64,
     /// Grains compaction rewrote (§11.7a), set only where still in place.
     relocate: Vec<compact::Relocation>,
+}
+
+/// What building a commit made.
+enum Built {
+    /// Nothing changed: the manifest it built on.
+    Unchanged(Arc<Manifest>),
+    Next(Box<NextManifest>),
+}
+
+/// A manifest in the store: the relocations it took (§11.7a) and the
+/// bytes uploaded for it.
+struct Committed {
+    man: Arc<Manifest>,
+    relocated: u64,
+    uploaded: u64,
+}
+
+/// A manifest built on `base`, its segments uploaded, not yet `PUT`.
+struct NextManifest {
+    base: Arc<Manifest>,
+    next: Manifest,
+    /// The payload (a segment named after `next`'s key), and the grains
+    /// of `batch` in it, to make it again for another key.
+    payload: Option<(SegId, Bytes)>,
+    batch: Arc<Batch>,
+    payload_grains: Vec<u64>,
+    /// Bytes of segments uploaded for it.
+    uploaded: u64,
+    relocated: u64,
+    /// The background fold it names.
+    ready: Option<Fold>,
 }
 
 /// Where one grain of a read comes from.
@@ -910,7 +1015,15 @@ impl SharedDisk {
                 next_ctr: 0,
                 dirty: Batch::new(),
                 dirty_bytes: 0,
-                flushing: Arc::new(Batch::new()),
+                inflight: Default::default(),
+                commit_no: 0,
+                settled: HashMap::new(),
+                pipeline_ok: false,
+                unsettled: false,
+                mine: Default::default(),
+                last_failure: None,
+                markers_listed: None,
+                marker_seen: 0,
                 fold: None,
                 folding: None,
                 compacting: None,
@@ -920,10 +1033,10 @@ impl SharedDisk {
                 durable_seq: 0,
                 sealed: BTreeMap::new(),
                 seal_no: 0,
-                flushing_at: 0,
                 sealing: HashMap::new(),
             }),
             uploaded: Condvar::new(),
+            landed: Condvar::new(),
             commit: Mutex::new(()),
             rmw: Mutex::new(()),
             stats: Mutex::new(CommitStats::default()),
@@ -960,7 +1073,8 @@ impl SharedDisk {
     /// Bytes acknowledged to writers and not yet committed to the store.
     pub fn unflushed_bytes(&self) -> u64 {
         let st = self.state.lock().unwrap();
-        (st.dirty.len() + st.flushing.len() + st.sealed.len()) as u64 * G
+        let flushing: usize = st.inflight.iter().map(|f| f.batch.len()).sum();
+        (st.dirty.len() + flushing + st.sealed.len()) as u64 * G
     }
 
     fn root(&self, man: &Manifest) -> (Option<Entry>, u8) {
@@ -985,15 +1099,16 @@ impl SharedDisk {
             );
         }
         v.extend(st.sealed.range(grains.clone()).map(|(k, _)| (*k, true)));
-        for batch in [&*st.flushing, &st.dirty] {
-            v.extend(batch.range(grains.clone()).map(|(k, d)| (*k, d.is_some())));
-        }
-        // A grain sealed after `flushing` was taken is newer than it.
-        for (k, (n, _)) in st.sealed.range(grains) {
-            if *n > st.flushing_at && !st.dirty.contains_key(k) {
-                v.insert(*k, true);
+        // Batches in flight, oldest first; a grain sealed after a batch
+        // was taken is newer than it.
+        for f in &st.inflight {
+            for (k, d) in f.batch.range(grains.clone()) {
+                if st.sealed.get(k).is_none_or(|(n, _)| *n <= f.at) {
+                    v.insert(*k, d.is_some());
+                }
             }
         }
+        v.extend(st.dirty.range(grains).map(|(k, d)| (*k, d.is_some())));
         v
     }
 
@@ -1142,7 +1257,7 @@ impl SharedDisk {
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
-            let overlay = !st.dirty.is_empty() || !st.flushing.is_empty() || !st.sealed.is_empty();
+            let overlay = !st.dirty.is_empty() || !st.inflight.is_empty() || !st.sealed.is_empty();
             for i in 0..n as u64 {
                 if !overlay {
                     sources.push(Source::Map);
@@ -1150,13 +1265,19 @@ impl SharedDisk {
                 }
                 let vg = first + i;
                 let at = i as usize * GRAIN;
-                // Newest first: unsealed writes, grains sealed after the
-                // batch being committed was taken, that batch, older seals.
+                // Newest first: unsealed writes, then the newest batch in
+                // flight that holds the grain unless it was sealed after
+                // that batch was taken, then the seal.
                 let sealed = st.sealed.get(&vg);
                 let hit = match st.dirty.get(&vg) {
                     Some(d) => Some(d),
-                    None if sealed.is_some_and(|(n, _)| *n > st.flushing_at) => None,
-                    None => st.flushing.get(&vg),
+                    None => st
+                        .inflight
+                        .iter()
+                        .rev()
+                        .find_map(|f| f.batch.get(&vg).map(|d| (f.at, d)))
+                        .filter(|(at, _)| sealed.is_none_or(|(n, _)| n <= at))
+                        .map(|(_, d)| d),
                 };
                 sources.push(match (hit, sealed) {
                     (Some(Some(d)), _) => {
@@ -1383,7 +1504,7 @@ impl SharedDisk {
                 return Err(Error::new(ErrorKind::Released, r.clone()));
             }
         }
-        let _c = self.commit.lock().unwrap();
+        let _c = self.lock_commit()?;
         let incoming = {
             let st = self.state.lock().unwrap();
             if st.owner {
@@ -1399,8 +1520,12 @@ impl SharedDisk {
         let m = claim(self.store(), disk, self.id, self.ds.me_as_owner(), guard)?;
         self.ds.cache.seed_root(&m);
         let mut st = self.state.lock().unwrap();
+        st.marker_seen = m.seq;
         st.man = Arc::new(m);
         st.owner = true;
+        // The first commit after a claim may pass over an orphan: none
+        // is issued on top of it (§11.4b rule 2).
+        st.pipeline_ok = false;
         st.incoming = None;
         st.next_ctr = 0;
         st.fold = None;
@@ -1468,7 +1593,7 @@ impl SharedDisk {
         }
         loop {
             self.commit()?;
-            let _c = self.commit.lock().unwrap();
+            let _c = self.lock_commit()?;
             let man = {
                 let mut st = self.state.lock().unwrap();
                 if let Some(f) = &st.fenced {
@@ -1734,7 +1859,7 @@ impl SharedDisk {
     fn admin(&self, change: impl FnOnce(&Manifest) -> Result<Manifest>) -> Result<Manifest> {
         self.may_write()?;
         self.commit()?;
-        let _c = self.commit.lock().unwrap();
+        let _c = self.lock_commit()?;
         self.admin_locked(change)
     }
 
@@ -1858,8 +1983,8 @@ impl SharedDisk {
         order.sort_by_key(|&i| members[i].id);
         let _commits: Vec<_> = order
             .iter()
-            .map(|&i| members[i].commit.lock().unwrap())
-            .collect();
+            .map(|&i| members[i].lock_commit())
+            .collect::<Result<_>>()?;
         let t0 = Instant::now();
         let mut taken: Vec<Option<Taken>> = (0..members.len()).map(|_| None).collect();
         {
@@ -1873,7 +1998,7 @@ impl SharedDisk {
         }
         let held = t0.elapsed();
         // Every member's cut writes are uploaded, also after one fails (a
-        // batch left in `flushing` would be lost); then the records.
+        // commit registered in flight must be settled); then the records.
         let mut failed = None;
         for (d, t) in members.iter().zip(taken) {
             if let Some(t) = t {
@@ -1986,27 +2111,142 @@ impl SharedDisk {
         )
     }
 
-    /// Upload every acknowledged write and commit the next manifest.
+    /// Upload every acknowledged write and commit the next manifest. A
+    /// FLUSH whose writes a commit in flight covers waits for that one;
+    /// otherwise its commit is issued at once, on top of one still in
+    /// flight if there is one (§11.4b).
     pub fn commit(&self) -> Result<()> {
         let want = self.state.lock().unwrap().write_seq;
-        let _c = self.commit.lock().unwrap();
-        let taken = {
+        loop {
+            let c = self.commit.lock().unwrap();
             let mut st = self.state.lock().unwrap();
-            if st.durable_seq >= want && st.fenced.is_none() {
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            if st.durable_seq >= want {
                 // A commit that took every write this one must cover
                 // ended while this one waited for it.
                 return Ok(());
             }
-            self.take_batch(&mut st)?
-        };
-        match taken {
-            Some(t) => self.commit_taken(t).map(|_| ()),
-            None => Ok(()),
+            if let Some(id) = st.inflight.iter().find(|f| f.covers >= want).map(|f| f.id) {
+                drop(c);
+                return self.joined(st, id, want);
+            }
+            let may_issue = st.inflight.is_empty()
+                || (st.inflight.len() < PIPELINE
+                    && st.pipeline_ok
+                    && st.inflight.iter().all(|f| f.next.is_some()));
+            if !may_issue {
+                drop(c);
+                drop(self.landed.wait(st).unwrap());
+                continue;
+            }
+            if st.unsettled {
+                drop(st);
+                self.settle()?;
+                continue;
+            }
+            if st
+                .markers_listed
+                .is_none_or(|t| t.elapsed() >= MARKER_LIST_EVERY)
+            {
+                st.markers_listed = Some(Instant::now());
+                let seen = st.marker_seen;
+                drop(st);
+                self.yield_to_claim(seen);
+                continue;
+            }
+            let Some(t) = self.take_batch(&mut st)? else {
+                return Ok(());
+            };
+            let pipelined = st.inflight.len() > 1;
+            drop(st);
+            return self.run(t, Some(c), pipelined).map(|_| ());
         }
     }
 
-    /// With the commit lock held: move the acknowledged writes into
-    /// `flushing` for an upload (None: there are none).
+    /// With the commit lock held: if a claim marker above `seen` (the
+    /// highest one seen so far) is there, another host is claiming the
+    /// disk: wait [`CLAIM_YIELD`], issuing nothing, so that its next
+    /// attempt lands before this writer's next manifest (§11.4b). A
+    /// writer that pipelines would otherwise always have its next
+    /// manifest in flight before a claimer could learn the key to race it
+    /// for.
+    fn yield_to_claim(&self, seen: u64) {
+        let dir = format!("disks/{:08x}/c/", self.id);
+        let after = claim_marker_key(self.id, seen);
+        let Ok(found) = self.store().list(&dir, Some(&after)) else {
+            return;
+        };
+        let newest = found
+            .iter()
+            .filter_map(|l| l.key.rsplit_once("/c/"))
+            .filter_map(|(_, s)| u64::from_str_radix(s, 16).ok())
+            .max();
+        if let Some(m) = newest {
+            self.state.lock().unwrap().marker_seen = m;
+            std::thread::sleep(CLAIM_YIELD);
+        }
+    }
+
+    /// The commit lock, once no commit is in flight and a failed one is
+    /// settled: for the changes that build on the newest manifest alone
+    /// (claims, snapshots, folds, compaction).
+    fn lock_commit(&self) -> Result<MutexGuard<'_, ()>> {
+        let c = self.commit.lock().unwrap();
+        let mut st = self.state.lock().unwrap();
+        while !st.inflight.is_empty() {
+            st = self.landed.wait(st).unwrap();
+        }
+        let unsettled = st.unsettled;
+        drop(st);
+        if unsettled {
+            self.settle()?;
+        }
+        Ok(c)
+    }
+
+    /// After a commit failed without a verdict (§11.4b rule 3), with the
+    /// commit lock held and nothing in flight: if the newest manifest is
+    /// one this process issued (its `PUT` landed after all), build on it.
+    fn settle(&self) -> Result<()> {
+        let newest = newest_manifest(self.store(), self.id)?;
+        let mut st = self.state.lock().unwrap();
+        if newest.seq > st.man.seq && st.mine.contains(&(newest.seq, newest.nonce)) {
+            eprintln!(
+                "strata: disk '{}': manifest {} landed although its PUT failed; the next commit \
+                 builds on it",
+                self.name, newest.seq
+            );
+            self.ds.cache.seed_root(&newest);
+            st.man = Arc::new(newest);
+        }
+        st.unsettled = false;
+        Ok(())
+    }
+
+    /// A FLUSH that waits for commit `id` (which covers the writes it
+    /// waits for, `want`): its outcome, once it is settled.
+    fn joined(&self, mut st: MutexGuard<'_, State>, id: u64, want: u64) -> Result<()> {
+        while st.inflight.iter().any(|f| f.id == id) {
+            st = self.landed.wait(st).unwrap();
+        }
+        if let Some(f) = &st.fenced {
+            return Err(Error::new(ErrorKind::Fenced, f.clone()));
+        }
+        if st.durable_seq >= want {
+            return Ok(());
+        }
+        Err(st.last_failure.clone().unwrap_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                "the commit failed; the writes are kept",
+            )
+        }))
+    }
+
+    /// With the commit lock held: move the acknowledged writes into a
+    /// commit in flight (None: there are none).
     fn take_batch(&self, st: &mut State) -> Result<Option<Taken>> {
         if let Some(f) = &st.fenced {
             return Err(Error::new(ErrorKind::Fenced, f.clone()));
@@ -2020,24 +2260,51 @@ impl SharedDisk {
                 format!("disk '{}': writes without a claim", self.name),
             ));
         }
-        st.flushing = Arc::new(std::mem::take(&mut st.dirty));
+        // Grains sealed up to here are named by the commit in flight.
+        let after = st.inflight.back().and_then(|f| f.seal_upto).unwrap_or(0);
+        let batch = Arc::new(std::mem::take(&mut st.dirty));
         st.dirty_bytes = 0;
-        st.flushing_at = st.seal_no;
-        let mut t = self.take(st, st.flushing.clone());
-        t.sealed = st.sealed.iter().map(|(vg, (_, e))| (*vg, *e)).collect();
-        t.seal_upto = st.seal_no;
+        let mut t = self.take(st, batch);
+        t.sealed = st
+            .sealed
+            .iter()
+            .filter(|(_, (n, _))| *n > after)
+            .map(|(vg, (_, e))| (*vg, *e))
+            .collect();
+        let f = st.inflight.back_mut().expect("take registers it");
+        f.seal_upto = Some(st.seal_no);
+        f.covers = st.write_seq;
         Ok(Some(t))
     }
 
-    /// Counters for `batch`'s grain segments and a node segment, and the
-    /// fold state, for a commit on top of `st.man`.
+    /// Register a commit of `batch` on top of the newest manifest (or
+    /// the one in flight): its segment counters and a node segment's,
+    /// and the fold state.
     fn take(&self, st: &mut State, batch: Arc<Batch>) -> Taken {
         let ctrs = batch.len().div_ceil(SEGMENT_GRAINS) as u32 + 1;
         let ctr = st.next_ctr..st.next_ctr + ctrs;
         st.next_ctr += ctrs;
+        st.commit_no += 1;
+        let id = st.commit_no;
+        let man = st
+            .inflight
+            .back()
+            .and_then(|f| f.next.clone())
+            .unwrap_or_else(|| st.man.clone());
+        st.inflight.push_back(InFlight {
+            id,
+            batch: batch.clone(),
+            at: st.seal_no,
+            covers: st.durable_seq,
+            seal_upto: None,
+            next: None,
+            outcome: None,
+            fold: None,
+        });
         Taken {
+            id,
             batch,
-            man: st.man.clone(),
+            man,
             ctr,
             fold: st.fold.take(),
             folding: st.held(),
@@ -2046,37 +2313,58 @@ impl SharedDisk {
             } else {
                 TAIL_MAX
             },
-            covers: st.write_seq,
+            force_fold: false,
             sealed: Vec::new(),
-            seal_upto: 0,
             relocate: Vec::new(),
         }
     }
 
-    /// With the commit lock held: upload a batch [`Self::take_batch`] took and
-    /// commit its manifest; on failure its writes go back to the
-    /// unflushed ones (or the disk is fenced). How many of its
-    /// relocations (§11.7a) the manifest took.
+    /// With the commit lock held and nothing in flight: commit a batch
+    /// [`Self::take_batch`] or [`Self::take`] registered; on failure its
+    /// writes go back to the unflushed ones (or the disk is fenced). How
+    /// many of its relocations (§11.7a) the manifest took.
     fn commit_taken(&self, t: Taken) -> Result<u64> {
+        self.run(t, None, false)
+    }
+
+    /// Build commit `t` (its uploads, with the commit lock `guard` held
+    /// if given), then let the next commit be issued on top of it (the
+    /// lock is released), `PUT` its manifest and wait until it is
+    /// settled, in order (§11.4b). `pipelined`: a commit before it was
+    /// still in flight when it was taken.
+    fn run(&self, t: Taken, guard: Option<MutexGuard<'_, ()>>, pipelined: bool) -> Result<u64> {
+        let id = t.id;
         let t0 = Instant::now();
-        let (covers, seal_upto) = (t.covers, t.seal_upto);
-        // Rule 3: what the manifest names is in the store first.
-        let ids = t.sealed.iter().map(|(_, e)| e.seg).collect();
-        let (result, fold) = match self.wait_sealed(&ids) {
-            Ok(()) => {
-                if !ids.is_empty() {
-                    crash_point("after-segment");
+        let (built, fold) = self.build(t);
+        let (r, fold, bytes) = match built {
+            Err(e) => (Err(e), fold, 0),
+            Ok(Built::Unchanged(base)) => (Ok((base, 0)), fold, 0),
+            Ok(Built::Next(b)) => {
+                {
+                    let mut st = self.state.lock().unwrap();
+                    if let Some(f) = st.inflight.iter_mut().find(|f| f.id == id) {
+                        f.next = Some(Arc::new(b.next.clone()));
+                    }
+                    st.mine.push_back((b.next.seq, b.next.nonce));
+                    if st.mine.len() > 16 {
+                        st.mine.pop_front();
+                    }
+                    self.landed.notify_all();
                 }
-                self.commit_batch(t, false)
+                drop(guard);
+                match self.land(b, pipelined) {
+                    (Ok(c), _) => (Ok((c.man, c.relocated)), None, c.uploaded),
+                    (Err(e), fold) => (Err(e), fold, 0),
+                }
             }
-            Err(e) => (Err(e), t.fold),
         };
         {
             let mut c = self.stats.lock().unwrap();
-            match &result {
-                Ok((_, bytes, _)) => {
+            match &r {
+                Ok(_) => {
                     let s = t0.elapsed().as_secs_f64();
                     c.commits += 1;
+                    c.pipelined += u64::from(pipelined);
                     c.uploaded_bytes += bytes;
                     c.seconds_total += s;
                     c.seconds_max = c.seconds_max.max(s);
@@ -2085,43 +2373,91 @@ impl SharedDisk {
             }
         }
         let mut st = self.state.lock().unwrap();
-        let flushing = std::mem::take(&mut st.flushing);
-        match result {
-            Ok((next, _, relocated)) => {
-                st.man = Arc::new(next);
-                st.durable_seq = st.durable_seq.max(covers);
-                // Committed: in the tail or the map now.
-                st.sealed.retain(|_, (n, _)| *n > seal_upto);
-                drop(st);
-                self.maybe_fold();
-                self.maybe_record_hot_set();
-                Ok(relocated)
+        match st.inflight.iter_mut().find(|f| f.id == id) {
+            Some(f) => {
+                f.outcome = Some(r);
+                f.fold = fold;
             }
-            Err(e) => {
-                if e.kind == ErrorKind::Fenced {
-                    eprintln!("strata: {}", e.message);
-                    st.fenced = Some(e.message.clone());
-                } else {
-                    // A fold not named yet still applies to the manifest
-                    // that is still the newest.
-                    if st.fold.is_none() {
-                        st.fold = fold;
-                    }
-                    // Keep them: the next FLUSH uploads them again. Newer
-                    // writes made meanwhile win (unsealed or sealed).
-                    let flushing = Arc::try_unwrap(flushing).unwrap_or_else(|a| (*a).clone());
-                    let at = st.flushing_at;
-                    for (vg, d) in flushing {
-                        if st.sealed.get(&vg).is_some_and(|(n, _)| *n > at) {
-                            continue;
-                        }
-                        if let std::collections::btree_map::Entry::Vacant(v) = st.dirty.entry(vg) {
-                            v.insert(d);
-                            st.dirty_bytes += GRAIN;
-                        }
-                    }
+            // Failed with a commit before it meanwhile (settled later if
+            // its manifest landed: §11.4b rule 3).
+            None => {
+                if st.fold.is_none() {
+                    st.fold = fold;
                 }
-                Err(e)
+            }
+        }
+        self.settle_front(&mut st);
+        self.landed.notify_all();
+        loop {
+            if let Some(r) = st.settled.remove(&id) {
+                drop(st);
+                if r.is_ok() {
+                    self.maybe_fold();
+                    self.maybe_record_hot_set();
+                }
+                return r;
+            }
+            st = self.landed.wait(st).unwrap();
+        }
+    }
+
+    /// Settle the commits at the front of the queue whose `PUT`s are
+    /// back, in order: a manifest counts only once every one before it
+    /// is in (§11.4b rule 2). A failure fails every commit after it too:
+    /// their writes go back to the unflushed ones, newest first so that
+    /// newer writes win (or the disk is fenced).
+    fn settle_front(&self, st: &mut State) {
+        while st.inflight.front().is_some_and(|f| f.outcome.is_some()) {
+            let mut f = st.inflight.pop_front().expect("checked");
+            match f.outcome.take().expect("checked") {
+                Ok((next, relocated)) => {
+                    st.man = next;
+                    st.durable_seq = st.durable_seq.max(f.covers);
+                    // Committed: in the tail or the map now.
+                    if let Some(upto) = f.seal_upto {
+                        st.sealed.retain(|_, (n, _)| *n > upto);
+                    }
+                    st.pipeline_ok = true;
+                    st.settled.insert(f.id, Ok(relocated));
+                }
+                Err(e) => {
+                    let mut failed: Vec<InFlight> = st.inflight.drain(..).collect();
+                    failed.insert(0, f);
+                    if e.kind == ErrorKind::Fenced {
+                        eprintln!("strata: {}", e.message);
+                        st.fenced = Some(e.message.clone());
+                    } else {
+                        st.unsettled = true;
+                    }
+                    st.pipeline_ok = false;
+                    for g in failed.iter_mut() {
+                        // A fold not named yet still applies to the
+                        // manifest that is still the newest.
+                        if st.fold.is_none() {
+                            st.fold = g.fold.take();
+                        }
+                        st.settled.insert(g.id, Err(e.clone()));
+                    }
+                    if st.fenced.is_none() {
+                        // Keep them: the next FLUSH uploads them again.
+                        // Newer writes made meanwhile win (unsealed or
+                        // sealed).
+                        for g in failed.iter().rev() {
+                            for (vg, d) in g.batch.iter() {
+                                if st.sealed.get(vg).is_some_and(|(n, _)| *n > g.at) {
+                                    continue;
+                                }
+                                if let std::collections::btree_map::Entry::Vacant(v) =
+                                    st.dirty.entry(*vg)
+                                {
+                                    v.insert(d.clone());
+                                    st.dirty_bytes += GRAIN;
+                                }
+                            }
+                        }
+                    }
+                    st.last_failure = Some(e);
+                }
             }
         }
     }
@@ -2138,46 +2474,41 @@ impl SharedDisk {
             if st.man.tail.is_empty() || !st.owner {
                 return Ok(());
             }
-            self.take(&mut st, Arc::new(Batch::new()))
+            let mut t = self.take(&mut st, Arc::new(Batch::new()));
+            t.force_fold = true;
+            t
         };
-        let (result, fold) = self.commit_batch(t, true);
-        let mut st = self.state.lock().unwrap();
-        match result {
-            Ok((next, _, _)) => {
-                st.man = Arc::new(next);
-                Ok(())
-            }
-            Err(e) => {
-                if e.kind == ErrorKind::Fenced {
-                    st.fenced = Some(e.message.clone());
-                } else if st.fold.is_none() {
-                    st.fold = fold;
-                }
-                Err(e)
-            }
-        }
+        self.run(t, None, false).map(|_| ())
     }
 
-    /// Commit `t` (§11.4a): its grains as the next manifest's payload (the
-    /// ones past one payload in segments first, two uploads at a time) and
-    /// its tail extended with them; or, when `fold` or the tail would grow
+    /// Build commit `t` (§11.4a): wait for the sealed segments it names,
+    /// then its grains as the next manifest's payload (the ones past one
+    /// payload in segments first, two uploads at a time) and its tail
+    /// extended with them; or, when `force_fold` or the tail would grow
     /// past [`TAIL_MAX`] ([`TAIL_MAX_FOLDING`] while a background fold is
-    /// on its way), its grains in segments and the whole tail
-    /// folded into map nodes (one more segment) under a manifest with an
-    /// empty tail. A finished background fold that still applies is named.
-    /// The new manifest, the bytes uploaded and the relocations taken; on
+    /// on its way), its grains in segments and the whole tail folded into
+    /// map nodes (one more segment) under a manifest with an empty tail.
+    /// A finished background fold that still applies is named. On
     /// failure, the fold taken if it was not used.
-    fn commit_batch(&self, t: Taken, fold: bool) -> (Result<(Manifest, u64, u64)>, Option<Fold>) {
+    fn build(&self, t: Taken) -> (Result<Built>, Option<Fold>) {
+        // Rule 3: what the manifest names is in the store first.
+        let ids = t.sealed.iter().map(|(_, e)| e.seg).collect();
+        if let Err(e) = self.wait_sealed(&ids) {
+            return (Err(e), t.fold);
+        }
+        if !ids.is_empty() {
+            crash_point("after-segment");
+        }
         let Taken {
+            id: _,
             batch,
             man,
             ctr: ctrs,
             fold: ready,
             folding,
             tail_bound,
-            covers: _,
+            force_fold,
             sealed,
-            seal_upto: _,
             relocate,
         } = t;
         let mut tail: Tail = (*man.tail).clone();
@@ -2204,20 +2535,101 @@ impl SharedDisk {
         };
         named |= relocated > 0;
         let r = self.commit_on(
-            &man, &batch, ctrs, folding, fold, tail_bound, root, levels, tail, named,
+            &man, batch, ctrs, folding, force_fold, tail_bound, root, levels, tail, named,
         );
         match r {
-            Ok((next, uploaded)) => (Ok((next, uploaded, relocated)), None),
+            Ok(Some(mut b)) => {
+                b.relocated = relocated;
+                b.ready = ready;
+                (Ok(Built::Next(b)), None)
+            }
+            Ok(None) => (Ok(Built::Unchanged(man)), ready),
             Err(e) => (Err(e), ready),
         }
     }
 
-    /// [`Self::commit_batch`] once the base map and tail are known.
+    /// `PUT` a built manifest create-only on top of its base, one key
+    /// higher past an orphan (§11.4b; its payload is made again for the
+    /// new key). The manifest, the relocations it took and the bytes
+    /// uploaded; on failure, the fold it named.
+    fn land(&self, b: Box<NextManifest>, pipelined: bool) -> (Result<Committed>, Option<Fold>) {
+        let NextManifest {
+            base,
+            mut next,
+            mut payload,
+            batch,
+            payload_grains,
+            mut uploaded,
+            relocated,
+            ready,
+        } = *b;
+        for _ in 0..8 {
+            let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
+            match put_manifest(self.store(), &base, &mut next, body, pipelined) {
+                Err(e) => return (Err(e), ready),
+                Ok(Landed::Created) => {
+                    uploaded += body.len() as u64;
+                    crash_point("after-manifest");
+                    if let Some((id, b)) = &payload {
+                        // Kept as any segment this host wrote, once the
+                        // FLUSH is answered; a cache that cannot keep it
+                        // reads it from the store later.
+                        self.ds.cache.insert_later(*id, b.clone());
+                    }
+                    let man = Arc::new(next);
+                    return (
+                        Ok(Committed {
+                            man,
+                            relocated,
+                            uploaded,
+                        }),
+                        None,
+                    );
+                }
+                Ok(Landed::Orphan) => {
+                    next.seq += 1;
+                    next.nonce = rand::random();
+                    next.written_ms = now_ms();
+                    if !payload_grains.is_empty() {
+                        let tail = Arc::make_mut(&mut next.tail);
+                        let mut sb = SegmentBuilder::new(SegId::payload(self.id, next.seq));
+                        for vg in &payload_grains {
+                            let d = batch[vg].as_deref().expect("payload grains hold data");
+                            tail.insert(*vg, Some(sb.add_grain(*vg, d)));
+                        }
+                        payload = Some((sb.id, Bytes::from(sb.seal(now_ms()))));
+                    }
+                    let mut st = self.state.lock().unwrap();
+                    st.mine.push_back((next.seq, next.nonce));
+                }
+                Ok(Landed::Taken) => break,
+            }
+        }
+        let disk = self.disk_name();
+        let who = match newest_manifest(self.store(), self.id) {
+            Ok(m) => describe_owner(&m),
+            Err(e) => format!("another host ({e})"),
+        };
+        (
+            Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "disk '{disk}' is fenced on this host: it was claimed by {who}; this host's \
+                     generation {} acknowledges no more writes (its unflushed writes are dropped)",
+                    base.generation
+                ),
+            )),
+            ready,
+        )
+    }
+
+    /// [`Self::build`] once the base map and tail are known: the uploads,
+    /// then the manifest (not yet `PUT`; None: nothing changed).
     #[allow(clippy::too_many_arguments)]
     fn commit_on(
         &self,
-        man: &Manifest,
-        batch: &Batch,
+        man: &Arc<Manifest>,
+        batch: Arc<Batch>,
         ctrs: std::ops::Range<u32>,
         folding: Option<u32>,
         fold: bool,
@@ -2226,7 +2638,7 @@ impl SharedDisk {
         levels: u8,
         mut tail: Tail,
         named: bool,
-    ) -> Result<(Manifest, u64)> {
+    ) -> Result<Option<Box<NextManifest>>> {
         let seg = |ctr| SegId {
             disk: self.id,
             gen: man.generation,
@@ -2236,7 +2648,7 @@ impl SharedDisk {
         // one already (and the tail says nothing) changes nothing.
         let mut data: Vec<(u64, &[u8])> = Vec::new();
         let mut holes: Vec<u64> = Vec::new();
-        for (vg, d) in batch {
+        for (vg, d) in batch.iter() {
             match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
                 Some(d) => data.push((*vg, d)),
                 None if tail.contains_key(vg) => holes.push(*vg),
@@ -2255,7 +2667,7 @@ impl SharedDisk {
         };
         let changed = named || fold || !data.is_empty() || !holes.is_empty();
         if !changed {
-            return Ok((man.clone(), 0));
+            return Ok(None);
         }
         // The last (up to) 8 MiB ride in the manifest; the rest, or all
         // of them when folding, in segments.
@@ -2287,7 +2699,7 @@ impl SharedDisk {
             }
             tail.clear();
         }
-        let mut uploaded: u64 = sealed.iter().map(|(_, b)| b.len() as u64).sum();
+        let uploaded: u64 = sealed.iter().map(|(_, b)| b.len() as u64).sum();
         crash_point("before-segment");
         if !sealed.is_empty() {
             self.upload(&sealed)?;
@@ -2296,64 +2708,46 @@ impl SharedDisk {
                 self.ds.cache.insert_node(&e, n);
             }
         }
-        // The payload names the manifest's key: made again one key higher
-        // past an orphan (§11.4b).
-        let mut next_seq = man.seq + 1;
-        for _ in 0..8 {
-            let payload = if spill < data.len() {
-                let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
-                for (vg, d) in &data[spill..] {
-                    tail.insert(*vg, Some(b.add_grain(*vg, d)));
-                }
-                Some((b.id, Bytes::from(b.seal(now_ms()))))
-            } else {
-                None
-            };
-            let mut next = Manifest {
-                seq: next_seq,
-                written_ms: now_ms(),
-                nonce: rand::random(),
-                root,
-                levels,
-                // A fold still being made keeps its counter "in flight" (§11.7).
-                next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
-                tail: Arc::new(tail.clone()),
-                ..man.clone()
-            };
-            // The root node's copy (§11.5); an unchanged root keeps the one
-            // `man` carries.
-            if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
-                next.set_root_node(&n);
+        // The payload names the manifest's key (made again one key higher
+        // past an orphan, in `land`).
+        let next_seq = man.seq + 1;
+        let payload_grains: Vec<u64> = data[spill..].iter().map(|(vg, _)| *vg).collect();
+        let payload = if spill < data.len() {
+            let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
+            for (vg, d) in &data[spill..] {
+                tail.insert(*vg, Some(b.add_grain(*vg, d)));
             }
-            let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
-            match put_manifest(self.store(), man, &mut next, body)? {
-                Landed::Created => {
-                    uploaded += body.len() as u64;
-                    crash_point("after-manifest");
-                    if let Some((id, b)) = &payload {
-                        // Kept as any segment this host wrote; a cache that
-                        // cannot keep it reads it from the store later.
-                        let _ = self.ds.cache.insert(*id, b);
-                    }
-                    return Ok((next, uploaded));
-                }
-                Landed::Orphan => next_seq += 1,
-                Landed::Taken => break,
-            }
-        }
-        let disk = self.disk_name();
-        let who = match newest_manifest(self.store(), self.id) {
-            Ok(m) => describe_owner(&m),
-            Err(e) => format!("another host ({e})"),
+            Some((b.id, Bytes::from(b.seal(now_ms()))))
+        } else {
+            None
         };
-        Err(Error::new(
-            ErrorKind::Fenced,
-            format!(
-                "disk '{disk}' is fenced on this host: it was claimed by {who}; this host's \
-                 generation {} acknowledges no more writes (its unflushed writes are dropped)",
-                man.generation
-            ),
-        ))
+        let mut next = Manifest {
+            seq: next_seq,
+            written_ms: now_ms(),
+            nonce: rand::random(),
+            root,
+            levels,
+            // A fold still being made keeps its counter "in flight" (§11.7).
+            next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
+            tail: Arc::new(tail),
+            ..(**man).clone()
+        };
+        // The root node's copy (§11.5); an unchanged root keeps the one
+        // `man` carries.
+        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
+            next.set_root_node(&n);
+        }
+        drop(data);
+        Ok(Some(Box::new(NextManifest {
+            base: man.clone(),
+            next,
+            payload,
+            batch,
+            payload_grains,
+            uploaded,
+            relocated: 0,
+            ready: None,
+        })))
     }
 
     /// Apply `tail` to the map at `root` (`levels` levels), copy-on-write,

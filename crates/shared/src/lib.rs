@@ -611,6 +611,12 @@ impl SharedDatastore {
     }
 
     /// What this process's segment cache holds and how it served reads.
+    /// Wait until the objects whose cache files are written in the
+    /// background are written (before a clean stop).
+    pub fn drain_cache(&self) {
+        self.cache.drain();
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }

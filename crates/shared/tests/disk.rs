@@ -977,3 +977,88 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     assert_eq!(on_c.size_bytes(), 32 * MIB);
     assert_eq!(read(&on_c, 0, 12288), want);
 }
+
+/// FORMAT.md §11.4b: FLUSHes from several threads issue commits on top of
+/// commits still in flight; another host claims in the middle: every
+/// FLUSH the first host answered is in what the second reads, the first
+/// is fenced, and the store holds no pipelined manifest that readers take
+/// wrongly (another host, GC and check agree).
+#[test]
+fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(url) = store("pipelined") else {
+        return;
+    };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    a.create_disk("vm", 64 * MIB).unwrap();
+    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    disk_a.write_at(&pattern(0, 4096), 0, false).unwrap();
+    disk_a.flush().unwrap();
+    const THREADS: u64 = 4;
+    // Thread t writes version v of its own 64 KiB at t MiB, then flushes;
+    // `acked[t]` is the last version a FLUSH answered.
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..THREADS).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let version = |t: u64, v: u64| pattern((t * 61 + v) as u8, 65536);
+    let writers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (d, acked, stop) = (disk_a.clone(), acked.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for v in 1.. {
+                    if stop.load(Ordering::Relaxed) {
+                        return v;
+                    }
+                    let buf = version(t, v);
+                    if d.write_at(&buf, t * MIB, false).is_err() || d.flush().is_err() {
+                        return v;
+                    }
+                    acked[t as usize].store(v, Ordering::Relaxed);
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    // Until commits were issued on top of ones in flight (and at least a
+    // second of writes); then B claims while they go on.
+    let t0 = std::time::Instant::now();
+    while disk_a.commit_stats().pipelined == 0 || t0.elapsed().as_secs() < 1 {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "no commit was issued on top of another in a minute: {:?}",
+            disk_a.commit_stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let b = attach(db.path(), &url);
+    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    disk_b.claim().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let written: Vec<u64> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    assert!(disk_a.flush().is_err(), "A is fenced");
+    for t in 0..THREADS {
+        let got = read(&disk_b, t * MIB, 65536);
+        let acked = acked[t as usize].load(Ordering::Relaxed);
+        let v = (acked..=written[t as usize])
+            .find(|&v| version(t, v) == got)
+            .unwrap_or_else(|| {
+                panic!("thread {t}: B reads no version from {acked} (the last answered) up")
+            });
+        assert!(v >= acked);
+    }
+    let c = attach(tempfile::tempdir().unwrap().path(), &url);
+    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    for t in 0..THREADS {
+        assert_eq!(read(&on_c, t * MIB, 65536), read(&disk_b, t * MIB, 65536));
+    }
+    c.gc(false).unwrap();
+    let chk = c.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+    disk_b.write_at(&pattern(9, 4096), 0, false).unwrap();
+    disk_b.flush().unwrap();
+    assert_eq!(
+        read(&SharedDisk::open(c, "vm", true).unwrap(), 0, 4096),
+        pattern(9, 4096)
+    );
+}

@@ -371,7 +371,7 @@ impl SharedDisk {
     /// taken, moves dropped because the grain moved since).
     fn commit_relocated(&self, moves: Vec<Relocation>) -> Result<(u64, u64)> {
         let n = moves.len() as u64;
-        let _c = self.commit.lock().unwrap();
+        let _c = self.lock_commit()?;
         let mut t = {
             let mut st = self.state.lock().unwrap();
             match self.take_batch(&mut st)? {
