@@ -1300,3 +1300,92 @@ fn compaction_through_the_server_survives_a_kill_and_frees_partly_live_objects()
         "{e}"
     );
 }
+
+/// FORMAT.md §11.4b for real: four qemu-io clients each write their own
+/// 64 KiB and flush, over and over, so that commits are issued on top of
+/// commits in flight (counted in /metrics); the server is killed with
+/// -9 in the middle. After a restart every client's region holds the
+/// version its last answered FLUSH wrote or a later one, check is clean,
+/// and GC and a new write go on.
+#[test]
+fn a_server_killed_with_commits_in_flight_keeps_every_answered_flush() {
+    let Some((_, a)) = host_with_disk("pipelined-kill", &["qemu-io"], "vm", "64M") else {
+        return;
+    };
+    let http = common::http::free_addr();
+    let s = a.serve_with(&["--http", &http]);
+    const CLIENTS: u64 = 4;
+    const ROUNDS: u64 = 400;
+    let value = |t: u64, v: u64| (t * 61 + v) % 255 + 1;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let uri = a.uri("vm");
+            std::thread::spawn(move || {
+                let mut cmds = Vec::new();
+                for v in 1..=ROUNDS {
+                    cmds.push(format!("write -P {} {} 64k", value(t, v), t << 20));
+                    cmds.push("flush".to_string());
+                }
+                let refs: Vec<&str> = cmds.iter().map(|c| c.as_str()).collect();
+                qemu_io(&uri, &refs).1
+            })
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = common::http::metrics(&http);
+        // Absent until a client opened the disk.
+        let pipelined = m
+            .lines()
+            .find_map(|l| l.strip_prefix("strata_shared_commits_pipelined_total{disk=\"vm\"} "))
+            .and_then(|v| v.parse::<f64>().ok());
+        if pipelined.is_some_and(|n| n > 0.0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no commit was issued on top of another in a minute: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    s.kill9();
+    // A write printed after a flush means that flush was answered.
+    let answered: Vec<u64> = clients
+        .into_iter()
+        .map(|c| {
+            let out = c.join().unwrap();
+            (out.matches("wrote 65536/65536").count() as u64).saturating_sub(1)
+        })
+        .collect();
+    assert!(
+        answered.iter().any(|&n| n < ROUNDS - 1),
+        "the kill came after the clients were done: {answered:?}"
+    );
+    let s = a.serve();
+    for t in 0..CLIENTS {
+        let found = (answered[t as usize].max(1)..=ROUNDS).find(|&v| {
+            let (ok, r) = qemu_io(
+                &a.uri("vm"),
+                &[&format!("read -P {} {} 64k", value(t, v), t << 20)],
+            );
+            ok && !r.contains("verification failed")
+        });
+        assert!(
+            found.is_some() || answered[t as usize] == 0,
+            "client {t}: no version from {} (its last answered FLUSH) on",
+            answered[t as usize]
+        );
+    }
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    a.json(&["gc"]);
+    let (ok, w) = qemu_io(
+        &a.uri("vm"),
+        &["write -P 0x33 8M 4k", "flush", "read -P 0x33 8M 4k"],
+    );
+    assert!(ok && !w.contains("verification failed"), "{w}");
+    let chk = a.ok(&["check"]);
+    assert!(chk.contains("no problems found"), "{chk}");
+    s.stop();
+}
