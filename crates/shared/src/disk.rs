@@ -485,7 +485,7 @@ fn newest_valid(store: &ObjectStore, listed: &[Listed]) -> Result<Manifest> {
     let mut passed = Vec::new();
     for l in listed.iter().rev().take(8) {
         let m = read_manifest(store, &l.key, l.size)?;
-        let Some(p) = m.prev.filter(|_| m.pipelined) else {
+        let Some(p) = m.pipelined_on() else {
             return Ok(m);
         };
         let before = manifest_key(m.disk, p.seq);
@@ -508,13 +508,18 @@ fn newest_valid(store: &ObjectStore, listed: &[Listed]) -> Result<Manifest> {
 /// Whether `m` is an orphan (§11.4b rule 5): pipelined on a predecessor
 /// whose key holds another manifest.
 pub(crate) fn is_orphan(store: &ObjectStore, m: &Manifest) -> Result<bool> {
-    let Some(p) = m.prev.filter(|_| m.pipelined) else {
+    let Some(p) = m.pipelined_on() else {
         return Ok(false);
     };
-    let key = manifest_key(m.disk, p.seq);
-    match store.size_of(&key)? {
-        Some(size) => Ok(read_manifest(store, &key, size)?.nonce != p.nonce),
-        None => Ok(false),
+    Ok(read_manifest_at(store, &manifest_key(m.disk, p.seq))?.is_some_and(|b| b.nonce != p.nonce))
+}
+
+/// The manifest under `key` (one `HEAD` for its size, then
+/// [`read_manifest`]), or None if there is none.
+fn read_manifest_at(store: &ObjectStore, key: &str) -> Result<Option<Manifest>> {
+    match store.size_of(key)? {
+        Some(size) => read_manifest(store, key, size).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -544,6 +549,12 @@ pub(crate) fn read_manifest(store: &ObjectStore, key: &str, size: u64) -> Result
 /// `disks/ID8/c/SEQ16`: manifest `seq` opens a generation (§11.5).
 pub fn claim_marker_key(disk: u32, seq: u64) -> String {
     format!("disks/{disk:08x}/c/{seq:016x}")
+}
+
+/// The manifest seq a claim marker's key names (None: not a marker key).
+pub(crate) fn claim_marker_of_key(key: &str) -> Option<u64> {
+    key.rsplit_once("/c/")
+        .and_then(|(_, s)| u64::from_str_radix(s, 16).ok())
 }
 
 fn describe_owner(m: &Manifest) -> String {
@@ -591,10 +602,9 @@ fn put_manifest(
     if store.put_create(&key, Bytes::from(next.encode(payload)))? == Put::Created {
         return Ok(Landed::Created);
     }
-    let there = match store.size_of(&key)? {
-        Some(size) => read_manifest(store, &key, size)?,
-        // Deleted since (GC collects only orphans above the newest).
-        None => return Ok(Landed::Orphan),
+    // Deleted since: GC collects only orphans above the newest.
+    let Some(there) = read_manifest_at(store, &key)? else {
+        return Ok(Landed::Orphan);
     };
     if is_orphan(store, &there)? {
         eprintln!(
@@ -783,6 +793,14 @@ struct State {
 }
 
 impl State {
+    /// Remember a manifest this process issues (the newest 16).
+    fn note_mine(&mut self, m: &Manifest) {
+        self.mine.push_back((m.seq, m.nonce));
+        if self.mine.len() > 16 {
+            self.mine.pop_front();
+        }
+    }
+
     /// The lowest counter an upload in flight holds (a fold's, a
     /// compaction's): manifests keep `next_ctr` at or below it.
     fn held(&self) -> Option<u32> {
@@ -2180,8 +2198,7 @@ impl SharedDisk {
         };
         let newest = found
             .iter()
-            .filter_map(|l| l.key.rsplit_once("/c/"))
-            .filter_map(|(_, s)| u64::from_str_radix(s, 16).ok())
+            .filter_map(|l| claim_marker_of_key(&l.key))
             .max();
         if let Some(m) = newest {
             self.state.lock().unwrap().marker_seen = m;
@@ -2345,10 +2362,7 @@ impl SharedDisk {
                     if let Some(f) = st.inflight.iter_mut().find(|f| f.id == id) {
                         f.next = Some(Arc::new(b.next.clone()));
                     }
-                    st.mine.push_back((b.next.seq, b.next.nonce));
-                    if st.mine.len() > 16 {
-                        st.mine.pop_front();
-                    }
+                    st.note_mine(&b.next);
                     self.landed.notify_all();
                 }
                 drop(guard);
@@ -2478,7 +2492,7 @@ impl SharedDisk {
             t.force_fold = true;
             t
         };
-        self.run(t, None, false).map(|_| ())
+        self.commit_taken(t).map(|_| ())
     }
 
     /// Build commit `t` (§11.4a): wait for the sealed segments it names,
@@ -2590,17 +2604,9 @@ impl SharedDisk {
                     next.seq += 1;
                     next.nonce = rand::random();
                     next.written_ms = now_ms();
-                    if !payload_grains.is_empty() {
-                        let tail = Arc::make_mut(&mut next.tail);
-                        let mut sb = SegmentBuilder::new(SegId::payload(self.id, next.seq));
-                        for vg in &payload_grains {
-                            let d = batch[vg].as_deref().expect("payload grains hold data");
-                            tail.insert(*vg, Some(sb.add_grain(*vg, d)));
-                        }
-                        payload = Some((sb.id, Bytes::from(sb.seal(now_ms()))));
-                    }
-                    let mut st = self.state.lock().unwrap();
-                    st.mine.push_back((next.seq, next.nonce));
+                    let tail = Arc::make_mut(&mut next.tail);
+                    payload = self.payload(next.seq, &batch, &payload_grains, tail);
+                    self.state.lock().unwrap().note_mine(&next);
                 }
                 Ok(Landed::Taken) => break,
             }
@@ -2621,6 +2627,27 @@ impl SharedDisk {
             )),
             ready,
         )
+    }
+
+    /// The payload of manifest `seq` (§11.4a): `grains` of `batch` (all
+    /// holding data) in a segment named after the manifest's key, each
+    /// set in `tail` where it lands; None without grains.
+    fn payload(
+        &self,
+        seq: u64,
+        batch: &Batch,
+        grains: &[u64],
+        tail: &mut Tail,
+    ) -> Option<(SegId, Bytes)> {
+        if grains.is_empty() {
+            return None;
+        }
+        let mut b = SegmentBuilder::new(SegId::payload(self.id, seq));
+        for vg in grains {
+            let d = batch[vg].as_deref().expect("payload grains hold data");
+            tail.insert(*vg, Some(b.add_grain(*vg, d)));
+        }
+        Some((b.id, Bytes::from(b.seal(now_ms()))))
     }
 
     /// [`Self::build`] once the base map and tail are known: the uploads,
@@ -2712,15 +2739,8 @@ impl SharedDisk {
         // past an orphan, in `land`).
         let next_seq = man.seq + 1;
         let payload_grains: Vec<u64> = data[spill..].iter().map(|(vg, _)| *vg).collect();
-        let payload = if spill < data.len() {
-            let mut b = SegmentBuilder::new(SegId::payload(self.id, next_seq));
-            for (vg, d) in &data[spill..] {
-                tail.insert(*vg, Some(b.add_grain(*vg, d)));
-            }
-            Some((b.id, Bytes::from(b.seal(now_ms()))))
-        } else {
-            None
-        };
+        drop(data);
+        let payload = self.payload(next_seq, &batch, &payload_grains, &mut tail);
         let mut next = Manifest {
             seq: next_seq,
             written_ms: now_ms(),
@@ -2737,7 +2757,6 @@ impl SharedDisk {
         if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
             next.set_root_node(&n);
         }
-        drop(data);
         Ok(Some(Box::new(NextManifest {
             base: man.clone(),
             next,

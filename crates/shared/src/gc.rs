@@ -376,11 +376,7 @@ impl SharedDatastore {
                 rep.stored_bytes += l.size;
                 hot.entry(id).or_default().push((seq, l.key, l.size));
             } else if let Some(id) = disk_of_key(&l.key) {
-                if let Some(seq) = l
-                    .key
-                    .rsplit_once("/c/")
-                    .and_then(|(_, s)| u64::from_str_radix(s, 16).ok())
-                {
+                if let Some(seq) = crate::disk::claim_marker_of_key(&l.key) {
                     markers.insert((id, seq));
                 }
             }
@@ -398,7 +394,7 @@ impl SharedDatastore {
             let Some((_, m)) = roots.disks.get(&id) else {
                 continue;
             };
-            let checked = m.prev.filter(|_| m.pipelined).map(|p| p.seq);
+            let checked = m.pipelined_on().map(|p| p.seq);
             for (key, seq, size) in keys {
                 let suspect = seq != m.seq && markers.contains(&(id, seq - 1));
                 if suspect && self.orphan(&key, size) {

@@ -685,6 +685,12 @@ impl Manifest {
         manifest_key(self.disk, self.seq)
     }
 
+    /// The manifest a pipelined manifest needs in place to be valid
+    /// (§11.4b); None for one that is not pipelined.
+    pub fn pipelined_on(&self) -> Option<PrevRef> {
+        self.prev.filter(|_| self.pipelined)
+    }
+
     /// The node `root` points at, from the copy this manifest carries, if
     /// it has one that matches `root` (its CRC) and `levels`.
     pub fn root_node(&self) -> Option<MapNode> {
