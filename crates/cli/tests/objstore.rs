@@ -900,7 +900,9 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     sa.stop();
 
     // A restart keeps the files (and the bound recorded by the first
-    // server); they are verified, then serve the hot set.
+    // server); they are verified, then serve the hot set. (A new port at
+    // each start: the old one may be another test's by now.)
+    let http = common::http::free_addr();
     let sa = a.serve_with(&["--http", &http]);
     hot(&a.uri("vm"));
     let m = common::http::metrics(&http);
@@ -938,6 +940,7 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
         }
     }
     assert!(damaged > 0);
+    let http = common::http::free_addr();
     let sa = a.serve_with(&["--http", &http]);
     hot(&a.uri("vm"));
     let m = common::http::metrics(&http);
@@ -1016,7 +1019,9 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
     assert!(ok && !r.contains("verification failed"), "{r}");
     sa.stop();
 
-    // After a restart the sparse files serve the hot grains again.
+    // After a restart the sparse files serve the hot grains again (on a
+    // new port: the old one may be another test's by now).
+    let http = common::http::free_addr();
     let sa = a.serve_with(&["--http", &http]);
     let after = pass(&a.uri("vm"), &http);
     eprintln!("after a restart: {after}");

@@ -733,10 +733,8 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         }
         None => println!("strata: serving datastore {}", dir.display()),
     }
-    listen(&server, args, &example)?;
-    let vhost = VhostBlkServer::new();
-    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
-    let fuse = listen_fuse(&exports, args)?;
+    // HTTP first: a client that waits for the NBD socket to appear may
+    // ask for /metrics at once.
     let gauge_ds = home.clone();
     let http = start_http(
         args,
@@ -750,6 +748,10 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         registry,
         Some(handler),
     )?;
+    listen(&server, args, &example)?;
+    let vhost = VhostBlkServer::new();
+    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
+    let fuse = listen_fuse(&exports, args)?;
     if names.is_empty() {
         println!(
             "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
@@ -1355,11 +1357,12 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
             println!("    control socket {}", s.display());
         }
     }
+    // HTTP first, as for a datastore.
+    let http = start_http(args, Box::new(Vec::new), registry, None)?;
     listen(&server, args, &list[0].0)?;
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
     let fuse = listen_fuse(&exports, args)?;
-    let http = start_http(args, Box::new(Vec::new), registry, None)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();
