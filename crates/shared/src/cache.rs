@@ -318,8 +318,18 @@ impl SegmentCache {
                 return None;
             }
         };
-        let s = self.cached(file, info, true);
-        self.segments.write().unwrap().insert(id, s.clone());
+        // Readers that open the file at once make one object of it: a
+        // second one would take reads the first does not know of, and a
+        // shrink by either would leave the other's grains out.
+        let s = {
+            let mut segs = self.segments.write().unwrap();
+            match segs.entry(id) {
+                std::collections::hash_map::Entry::Occupied(o) => return Some(o.get().clone()),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(self.cached(file, info, true)).clone()
+                }
+            }
+        };
         self.admit(id, len, true, false);
         Some(s)
     }
@@ -353,10 +363,19 @@ impl SegmentCache {
     /// file kept of it (if any), which are counted out of the policy.
     fn replace_partial(&self, id: SegId, s: Arc<CachedSegment>) {
         let _g = self.partial_lock.lock().unwrap();
-        self.segments.write().unwrap().insert(id, s);
-        let known = self.partials.write().unwrap().remove(&id).is_some();
+        let known = self.partials.write().unwrap().remove(&id);
         let path = self.partial_path(id);
-        if known || path.exists() {
+        // The grains the sparse file held were read: the whole object
+        // counts them so, or its next shrink would leave them out.
+        let held = match &known {
+            Some(p) => held_slots(&p.file),
+            None => File::open(&path).map_or(Vec::new(), |f| held_slots(&f)),
+        };
+        for slot in held {
+            s.note_read(slot);
+        }
+        self.segments.write().unwrap().insert(id, s);
+        if known.is_some() || path.exists() {
             let _ = std::fs::remove_file(path);
             self.policy().lock().unwrap().remove(&id);
         }
@@ -389,10 +408,16 @@ impl SegmentCache {
     }
 
     /// Keep grain `e` (its bytes `g`, checked) in its object's sparse
-    /// file, unless the object is here whole.
+    /// file, unless the object is here whole. Also when the miss started
+    /// a fetch of the whole object: the file that replaces the sparse one
+    /// then counts the grain as read (see [`Self::replace_partial`]), so a
+    /// shrink keeps it; and a fetch that fails leaves the grain kept.
     fn keep_grain(&self, e: &Entry, vg: u64, g: &[u8]) {
         let _g = self.partial_lock.lock().unwrap();
-        if self.segments.read().unwrap().contains_key(&e.seg) {
+        if let Some(whole) = self.segments.read().unwrap().get(&e.seg) {
+            // It arrived meanwhile (the fetch this miss started): the
+            // grain was read, which its next shrink must know.
+            whole.note_read(e.slot);
             return;
         }
         let p = match self.partial(e.seg) {
@@ -459,7 +484,10 @@ impl SegmentCache {
             }
         }
         let lock = self.partial_lock.lock().unwrap();
-        if !self.segments.read().unwrap().contains_key(&id) {
+        // Still the object held whole (not one a racing shrink or a
+        // damage check replaced).
+        let current = self.segments.read().unwrap().get(&id).cloned();
+        if !current.is_some_and(|c| std::ptr::eq(&*c, seg)) {
             return;
         }
         let path = self.partial_path(id);
@@ -471,13 +499,26 @@ impl SegmentCache {
             .open(&path);
         let Ok(file) = made else { return };
         let mut g = vec![0u8; GRAIN];
-        for &slot in &read {
-            let at = SegmentInfo::grain_offset(slot);
-            if seg.file.read_exact_at(&mut g, at).is_err() || file.write_all_at(&g, at).is_err() {
-                let _ = std::fs::remove_file(&path);
-                return;
+        // Grains read while these were copied are copied too.
+        let mut read = read;
+        let mut copied = HashSet::new();
+        while !read.is_empty() {
+            for &slot in &read {
+                let at = SegmentInfo::grain_offset(slot);
+                if seg.file.read_exact_at(&mut g, at).is_err() || file.write_all_at(&g, at).is_err()
+                {
+                    let _ = std::fs::remove_file(&path);
+                    return;
+                }
+                copied.insert(slot);
             }
+            read = seg
+                .grains_read()
+                .into_iter()
+                .filter(|s| !copied.contains(s))
+                .collect();
         }
+        let read = copied;
         // The whole file goes before its entry, so no reader opens it again.
         let _ = std::fs::remove_file(self.path(id));
         self.segments.write().unwrap().remove(&id);
@@ -817,20 +858,89 @@ impl SegmentCache {
     /// GET segment `id`, verify it end to end, keep it as a file (in the
     /// main FIFO if `hot`).
     fn fetch_whole(&self, store: &ObjectStore, id: SegId, hot: bool) -> Result<Arc<CachedSegment>> {
-        let key = id.key();
-        let mut bytes = store.get(&key).map_err(Error::from)?;
-        if id.payload_of().is_some() {
-            // A manifest's payload: the segment is its first part (§11.5).
-            let info = decode_segment_header(&key, &bytes).map_err(corrupt)?;
-            if info.len() <= bytes.len() as u64 {
-                bytes.truncate(info.len() as usize);
-            }
-        }
-        let info = verify_segment(&key, &bytes).map_err(corrupt)?;
+        let (bytes, info) = get_verified(store, id)?;
         let s = self.cached(self.write_file(id, &bytes, false)?, info, true);
         self.replace_partial(id, s.clone());
         self.admit(id, bytes.len() as u64, true, hot);
         Ok(s)
+    }
+
+    /// Grain `e` into `out` (4096 bytes) if this process holds it (whole,
+    /// in part, or waiting for its file) and it passes its CRC, for a move
+    /// (compaction, §11.7a): not a client's read, so not counted as a hit,
+    /// not a use, and nothing is fetched or kept. Whether it was here.
+    pub fn peek_grain(&self, e: &Entry, out: &mut [u8]) -> bool {
+        let out = &mut out[..GRAIN];
+        if self.pending_grain(e, out) {
+            return true;
+        }
+        let at = SegmentInfo::grain_offset(e.slot);
+        let file = match self.segments.read().unwrap().get(&e.seg) {
+            Some(s) if e.slot < s.info.grains => s.file.try_clone().ok(),
+            _ => None,
+        }
+        .or_else(|| {
+            let p = self.partials.read().unwrap();
+            p.get(&e.seg).and_then(|p| p.file.try_clone().ok())
+        });
+        file.is_some_and(|f| f.read_exact_at(out, at).is_ok() && crc32c::crc32c(out) == e.crc)
+    }
+
+    /// Keep a segment a move made (compaction) and has just uploaded;
+    /// `hot`: its slots whose grains were in this cache where they were.
+    /// Under half the bound it is kept whole, as an upload is; past it,
+    /// only those grains, in a sparse file: what was cached stays cached
+    /// where it now is, and the rest does not push out what reads use.
+    pub fn insert_moved(&self, id: SegId, bytes: &[u8], hot: &[u32]) -> Result<()> {
+        {
+            let p = self.policy().lock().unwrap();
+            if p.bytes() + bytes.len() as u64 <= p.bound() / 2 {
+                drop(p);
+                return self.insert(id, bytes);
+            }
+        }
+        let _g = self.partial_lock.lock().unwrap();
+        if hot.is_empty() || self.segments.read().unwrap().contains_key(&id) {
+            return Ok(());
+        }
+        let path = self.partial_path(id);
+        let io = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot write cache file {}: {e}", path.display()),
+            )
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io)?;
+        for &slot in hot {
+            let at = SegmentInfo::grain_offset(slot) as usize;
+            let g = bytes
+                .get(at..at + GRAIN)
+                .ok_or_else(|| corrupt(format!("{}: no grain {slot} in it", id.key())))?;
+            file.write_all_at(g, at as u64).map_err(io)?;
+        }
+        self.partials
+            .write()
+            .unwrap()
+            .insert(id, Partial::new(file, self.clock_ms(), None));
+        // Into the main FIFO: these grains were kept where they were.
+        let out = self.policy().lock().unwrap().insert(
+            id,
+            (hot.len() * GRAIN) as u64,
+            true,
+            true,
+            Instant::now(),
+        );
+        self.evict(out);
+        Ok(())
     }
 
     /// Read the grain `e` points at (virtual grain `vg` of its disk: how
@@ -889,7 +999,9 @@ impl SegmentCache {
             }
         }
         self.missed();
-        let whole = self.whole_on_miss(e, vg) && self.prefetch(store, e.seg);
+        if self.whole_on_miss(e, vg) {
+            self.prefetch(store, e.seg);
+        }
         let at = SegmentInfo::grain_offset(e.slot);
         let b = store
             .get_range(&e.seg.key(), at..at + GRAIN as u64)
@@ -902,9 +1014,7 @@ impl SegmentCache {
                 e.slot,
             )));
         }
-        if !whole {
-            self.keep_grain(e, vg, out);
-        }
+        self.keep_grain(e, vg, out);
         Ok(())
     }
 
@@ -1060,6 +1170,55 @@ fn write_direct(path: &Path, bytes: &[u8], bufs: &Mutex<Vec<Vec<u8>>>) -> std::i
     Ok(true)
 }
 
+/// Object `id` from the store, whole and verified end to end (a
+/// manifest's payload without the manifest that follows it, §11.5).
+pub(crate) fn get_verified(store: &ObjectStore, id: SegId) -> Result<(Bytes, SegmentInfo)> {
+    let key = id.key();
+    let mut bytes = store.get(&key).map_err(Error::from)?;
+    if id.payload_of().is_some() {
+        let info = decode_segment_header(&key, &bytes).map_err(corrupt)?;
+        if info.len() <= bytes.len() as u64 {
+            bytes.truncate(info.len() as usize);
+        }
+    }
+    let info = verify_segment(&key, &bytes).map_err(corrupt)?;
+    Ok((bytes, info))
+}
+
+/// The slots of the grains a sparse file holds: its data extents
+/// (`SEEK_DATA` / `SEEK_HOLE`), of which a slot counts if its 4 KiB at
+/// `64 + 4096 i` lie inside one (writing slot `i` makes blocks `i` and
+/// `i + 1` data, so this finds exactly the slots written; a file system
+/// that reports the whole file as data gives every slot, which only
+/// costs a shrink some holes).
+fn held_slots(file: &File) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut out = Vec::new();
+    let mut at: libc::off_t = 0;
+    loop {
+        // SAFETY: lseek on a descriptor this File owns.
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: no data past `at`
+        }
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole <= data {
+            break;
+        }
+        let first = (data as u64)
+            .saturating_sub(SEG_DATA_OFFSET as u64)
+            .div_ceil(GRAIN as u64);
+        let mut slot = first;
+        while SegmentInfo::grain_offset(slot as u32) + GRAIN as u64 <= hole as u64 {
+            out.push(slot as u32);
+            slot += 1;
+        }
+        at = hole;
+    }
+    out
+}
+
 /// Ask the kernel to read all of `file` into the page cache, in the
 /// background (a hint: nothing to do if it fails).
 fn read_ahead(file: &File) {
@@ -1156,5 +1315,25 @@ mod tests {
             let _ = std::fs::remove_file(&probe);
         }
         assert!(bufs.lock().unwrap().len() <= 4);
+    }
+
+    /// A sparse file's extents name exactly the grains written into it.
+    #[test]
+    fn a_sparse_file_tells_which_grains_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("x.g"))
+            .unwrap();
+        assert!(held_slots(&f).is_empty());
+        let slots = [0u32, 5, 6, 100, 2047];
+        for &i in &slots {
+            f.write_all_at(&[0xa5; GRAIN], SegmentInfo::grain_offset(i))
+                .unwrap();
+        }
+        assert_eq!(held_slots(&f), slots);
     }
 }

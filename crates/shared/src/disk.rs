@@ -2870,6 +2870,15 @@ impl SharedDisk {
         Ok(())
     }
 
+    /// Upload a segment a move made (compaction); the cache keeps the
+    /// grains that were cached where they were (`hot`, their new slots),
+    /// or all of it while it has room (`SegmentCache::insert_moved`).
+    fn put_moved(&self, id: SegId, bytes: &Bytes, hot: &[u32]) -> Result<()> {
+        self.store().put(&id.key(), bytes.clone())?;
+        let _ = self.ds.cache.insert_moved(id, bytes, hot);
+        Ok(())
+    }
+
     /// Upload sealed segments, two at a time, and keep them in the cache.
     fn upload(&self, sealed: &[(SegId, Bytes)]) -> Result<()> {
         let next = std::sync::atomic::AtomicUsize::new(0);

@@ -352,17 +352,47 @@ impl SharedDisk {
         let ds = &self.ds;
         let mut b = SegmentBuilder::new(id);
         let mut moves = Vec::with_capacity(grains.len());
+        // The new slots of grains the cache held (kept cached there), and
+        // the object grains not cached are read from: one GET each, held
+        // while its grains (in a row in `grains`) are moved. Through
+        // memory, not the cache: objects about to be emptied would push
+        // out what clients read, and a move is not a client's read.
+        let mut hot = Vec::new();
+        let mut from: Option<(SegId, Bytes)> = None;
         for (vg, old) in grains {
-            ds.cache.fetch(&ds.store, old.seg)?;
-            ds.cache.read_grain(&ds.store, old, *vg, buf)?;
+            let cached = ds.cache.peek_grain(old, buf);
+            if !cached {
+                if from.as_ref().is_none_or(|(s, _)| *s != old.seg) {
+                    from = Some((old.seg, crate::cache::get_verified(&ds.store, old.seg)?.0));
+                }
+                let bytes = &from.as_ref().expect("just fetched").1;
+                let at = crate::layout::SegmentInfo::grain_offset(old.slot) as usize;
+                match bytes.get(at..at + GRAIN) {
+                    Some(g) if crc32c::crc32c(g) == old.crc => buf.copy_from_slice(g),
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{}: grain {} does not match the checksum its map entry holds \
+                                 (read from the store to move it)",
+                                old.seg.key(),
+                                old.slot
+                            ),
+                        ))
+                    }
+                }
+            }
             let new = b.add_grain(*vg, buf);
+            if cached {
+                hot.push(new.slot);
+            }
             moves.push(Relocation {
                 vg: *vg,
                 old: *old,
                 new,
             });
         }
-        self.upload(&[(id, Bytes::from(b.seal(now_ms())))])?;
+        self.put_moved(id, &Bytes::from(b.seal(now_ms())), &hot)?;
         super::crash_point("after-compact-upload");
         Ok(moves)
     }
