@@ -875,15 +875,15 @@ impl SegmentCache {
             return true;
         }
         let at = SegmentInfo::grain_offset(e.slot);
-        let file = match self.segments.read().unwrap().get(&e.seg) {
-            Some(s) if e.slot < s.info.grains => s.file.try_clone().ok(),
-            _ => None,
+        let mut from = |f: &File| f.read_exact_at(out, at).is_ok() && crc32c::crc32c(out) == e.crc;
+        let whole = self.segments.read().unwrap().get(&e.seg).cloned();
+        if let Some(s) = whole {
+            if e.slot < s.info.grains && from(&s.file) {
+                return true;
+            }
         }
-        .or_else(|| {
-            let p = self.partials.read().unwrap();
-            p.get(&e.seg).and_then(|p| p.file.try_clone().ok())
-        });
-        file.is_some_and(|f| f.read_exact_at(out, at).is_ok() && crc32c::crc32c(out) == e.crc)
+        let part = self.partials.read().unwrap().get(&e.seg).cloned();
+        part.is_some_and(|p| from(&p.file))
     }
 
     /// Keep a segment a move made (compaction) and has just uploaded;
