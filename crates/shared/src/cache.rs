@@ -423,19 +423,9 @@ impl SegmentCache {
         let p = match self.partial(e.seg) {
             Some(p) => p,
             None => {
-                let path = self.partial_path(e.seg);
-                let made = path
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|_| {
-                        std::fs::OpenOptions::new()
-                            .read(true)
-                            .write(true)
-                            .create(true)
-                            .truncate(false)
-                            .open(&path)
-                    });
-                let Ok(file) = made else { return };
+                let Ok(file) = self.make_partial(e.seg, false) else {
+                    return;
+                };
                 let p = Partial::new(file, self.clock_ms(), Some((e.slot, vg)));
                 self.partials.write().unwrap().insert(e.seg, p.clone());
                 p
@@ -477,11 +467,8 @@ impl SegmentCache {
         if read.len() * 2 > seg.info.grains as usize {
             return;
         }
-        {
-            let p = self.policy().lock().unwrap();
-            if p.bytes() * 2 <= p.bound() {
-                return;
-            }
+        if self.under_half(0) {
+            return;
         }
         let lock = self.partial_lock.lock().unwrap();
         // Still the object held whole (not one a racing shrink or a
@@ -491,13 +478,9 @@ impl SegmentCache {
             return;
         }
         let path = self.partial_path(id);
-        let made = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path);
-        let Ok(file) = made else { return };
+        let Ok(file) = self.make_partial(id, true) else {
+            return;
+        };
         let mut g = vec![0u8; GRAIN];
         // Grains read while these were copied are copied too.
         let mut read = read;
@@ -536,6 +519,29 @@ impl SegmentCache {
         self.evict(out);
     }
 
+    /// Whether the cache holds under half its bound with `adding` bytes
+    /// more: objects are then kept whole; past it, by the grains read
+    /// (§11.8).
+    fn under_half(&self, adding: u64) -> bool {
+        let p = self.policy().lock().unwrap();
+        p.bytes() + adding <= p.bound() / 2
+    }
+
+    /// A new sparse file for object `id` (its directory made if need
+    /// be); `fresh`: emptied if one is there.
+    fn make_partial(&self, id: SegId, fresh: bool) -> std::io::Result<File> {
+        let path = self.partial_path(id);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(fresh)
+            .open(&path)
+    }
+
     /// A read of grain `e` (virtual grain `vg`) missed: fetch its object
     /// whole in the background (true), or keep only the grain (false).
     /// Whole while the cache is under half its bound (a cold start fills
@@ -545,11 +551,9 @@ impl SegmentCache {
     /// the disk); past that, a whole object would push out grains others
     /// read for a few of its own.
     fn whole_on_miss(&self, e: &Entry, vg: u64) -> bool {
-        let p = self.policy().lock().unwrap();
-        if p.bytes() + crate::SEGMENT_MAX_BYTES <= p.bound() / 2 {
+        if self.under_half(crate::SEGMENT_MAX_BYTES) {
             return true;
         }
-        drop(p);
         let Some(part) = self.partials.read().unwrap().get(&e.seg).cloned() else {
             return false;
         };
@@ -701,7 +705,6 @@ impl SegmentCache {
         match b.get(at..at + GRAIN) {
             Some(g) if crc32c::crc32c(g) == e.crc => {
                 out.copy_from_slice(g);
-                self.hits.fetch_add(1, Relaxed);
                 true
             }
             _ => false,
@@ -892,12 +895,8 @@ impl SegmentCache {
     /// only those grains, in a sparse file: what was cached stays cached
     /// where it now is, and the rest does not push out what reads use.
     pub fn insert_moved(&self, id: SegId, bytes: &[u8], hot: &[u32]) -> Result<()> {
-        {
-            let p = self.policy().lock().unwrap();
-            if p.bytes() + bytes.len() as u64 <= p.bound() / 2 {
-                drop(p);
-                return self.insert(id, bytes);
-            }
+        if self.under_half(bytes.len() as u64) {
+            return self.insert(id, bytes);
         }
         let _g = self.partial_lock.lock().unwrap();
         if hot.is_empty() || self.segments.read().unwrap().contains_key(&id) {
@@ -910,16 +909,7 @@ impl SegmentCache {
                 format!("cannot write cache file {}: {e}", path.display()),
             )
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io)?;
+        let file = self.make_partial(id, true).map_err(io)?;
         for &slot in hot {
             let at = SegmentInfo::grain_offset(slot) as usize;
             let g = bytes
@@ -956,6 +946,7 @@ impl SegmentCache {
     ) -> Result<()> {
         let out = &mut out[..GRAIN];
         if self.pending_grain(e, out) {
+            self.hits.fetch_add(1, Relaxed);
             return Ok(());
         }
         if let Some(seg) = self.local(e.seg) {
