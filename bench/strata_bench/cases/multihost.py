@@ -95,7 +95,8 @@ def case_multihost(work, q):
     (warm: after one in-order read and one random pass, both reported)
     [>= 0.9]. First, the store's own ceiling in the same run (raw 8 MiB
     PUT/GET throughput at the upload pipeline's depth, one 256 KiB
-    create-only PUT's latency): object-store figures are given as ratios
+    create-only PUT's latency, 4 KiB ranged GETs at 16 in flight: what a
+    cache miss costs): object-store figures are given as ratios
     to local and to it."""
     size = smoke("64M", "256M" if q else "1G")
     rt = smoke(2, 5 if q else 15)
@@ -219,7 +220,13 @@ def case_multihost(work, q):
             "cache_bytes": c2["bytes"], "cache_bound_bytes": c2["bound_bytes"],
             "hit_share_measured": hit_share(c1, c2),
             "first_pass_iops": round(cq0["iops"]), "first_pass_ratio": ratio(cq0["iops"], lq["iops"]),
-            "first_pass_hit_share": hit_share(c0, c1), "shrunk": c2.get("shrunk")}
+            "first_pass_hit_share": hit_share(c0, c1), "shrunk": c2.get("shrunk"),
+            # What a miss costs here: the store's own 4 KiB ranged GETs
+            # with 16 in flight (the ceiling's row); the passes' misses per
+            # second against it.
+            "store_range_4k_iops_qd16": ceiling.get("range_4k_qd16", {}).get("iops"),
+            "first_pass_misses_per_s": round((c1["misses"] - c0["misses"]) / rt),
+            "misses_per_s": round((c2["misses"] - c1["misses"]) / rt)}
     finally:
         weed.terminate()
         weed.wait()

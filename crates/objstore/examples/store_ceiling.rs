@@ -10,7 +10,11 @@
 //! - `create_256k_ms` / `create_16k_ms`: latency percentiles of one
 //!   create-only PUT of 256 KiB (a FLUSH of 64 random 4 KiB writes) and of
 //!   16 KiB (a manifest), one at a time, each to a fresh key;
-//! - `list_ms`: latency of a LIST of a prefix holding one object.
+//! - `list_ms`: latency of a LIST of a prefix holding one object;
+//! - `range_4k_qd16`: ranged GETs of 4 KiB at random offsets of those
+//!   segments, 16 in flight (what a cache miss costs when a client keeps
+//!   16 reads in flight, as the bench's fio does): per second, and each
+//!   one's latency.
 //!
 //! `cargo run --release -p strata-objstore --features testing --example
 //! store_ceiling -- [SECONDS] [DEPTH] [SEGMENT_MIB]`; with
@@ -124,16 +128,31 @@ fn main() {
         assert_eq!(l.expect("LIST").len(), 1);
         list.push(t.elapsed().as_secs_f64() * 1000.0);
     }
+    // 4 KiB ranged GETs at random grain offsets, 16 in flight.
+    let lat = std::sync::Mutex::new(Vec::new());
+    let (ranges, range_s) = pipelined(16, seconds, |i| {
+        let at = 4096 * (rand::random::<u64>() % ((seg_mib as u64) << 8));
+        let t = Instant::now();
+        let got = store
+            .get_range(&format!("{run}/s/{:08}", i % puts), at..at + 4096)
+            .expect("ranged GET");
+        assert_eq!(got.len(), 4096);
+        lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+    });
+    let range_iops = ranges as f64 / range_s;
     for i in 0..puts {
         let _ = store.delete(&format!("{run}/s/{i:08}"));
     }
     println!(
         "{{\"depth\":{depth},\"segment_mib\":{seg_mib},\"put_mib_s\":{:.1},\"get_mib_s\":{:.1},\
-         \"create_256k_ms\":{},\"create_16k_ms\":{},\"list_ms\":{}}}",
+         \"create_256k_ms\":{},\"create_16k_ms\":{},\"list_ms\":{},\
+         \"range_4k_qd16\":{{\"iops\":{:.0},\"ms\":{}}}}}",
         put_mib_s,
         get_mib_s,
         percentiles(c256),
         percentiles(c16),
-        percentiles(list)
+        percentiles(list),
+        range_iops,
+        percentiles(lat.into_inner().unwrap())
     );
 }

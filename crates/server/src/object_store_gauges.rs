@@ -174,6 +174,11 @@ pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             c.shrunk,
         ),
         (
+            "strata_shared_cache_evicted_kept_total",
+            "Evicted whole cached objects whose read grains were kept as sparse files",
+            c.evicted_kept,
+        ),
+        (
             "strata_shared_cache_damaged_total",
             "Cached segments that failed verification (deleted; read from the store)",
             c.damaged,

@@ -79,6 +79,9 @@ struct Partial {
     /// fetched whole).
     last_slot: std::sync::atomic::AtomicU32,
     last_vg: AtomicU64,
+    /// A miss wanted the object whole (a ghost's return) and no fetch
+    /// could start then: the next miss asks again.
+    whole_wanted: std::sync::atomic::AtomicBool,
 }
 
 impl Partial {
@@ -91,6 +94,7 @@ impl Partial {
             used_ms: AtomicU64::new(now_ms),
             last_slot: std::sync::atomic::AtomicU32::new(slot),
             last_vg: AtomicU64::new(vg),
+            whole_wanted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -131,6 +135,8 @@ pub struct SegmentCache {
     hot_fetched: AtomicU64,
     /// Whole objects turned into sparse files.
     shrunk: AtomicU64,
+    /// Evicted whole objects whose read grains the keeper kept.
+    evicted_kept: AtomicU64,
     /// When a cache file last could not be written (None: never, or one
     /// was written once the pause after the last failure was over). Until [`UNWRITABLE_RETRY`] has passed, no
     /// object is fetched whole: a full or broken cache directory costs one
@@ -146,7 +152,25 @@ pub struct SegmentCache {
     /// Buffers for `O_DIRECT` writes, kept for the next (memory used once
     /// stays backed: new memory is what costs, see [`write_direct`]).
     direct_bufs: Mutex<Vec<Vec<u8>>>,
+    /// The thread that turns whole objects into sparse files of the
+    /// grains read (a shrink, or an eviction: [`Keep`]), off the read
+    /// path; started at first use.
+    keeper: std::sync::OnceLock<Mutex<std::sync::mpsc::SyncSender<Keep>>>,
+    /// Objects handed to it and not done yet (one job per object).
+    keeping: Mutex<HashSet<SegId>>,
+    /// This cache, for the threads it starts.
+    me: std::sync::Weak<SegmentCache>,
     opened: Instant,
+}
+
+/// What the keeper thread is asked to do with a whole object (FORMAT.md
+/// §11.8): both keep the grains reads used of it as a sparse file.
+enum Keep {
+    /// Still held whole: it becomes a sparse file in its place.
+    Shrink(SegId, Arc<CachedSegment>),
+    /// Evicted (its file unlinked, still open here): its read grains
+    /// come back as a sparse file in the main FIFO.
+    Evicted(SegId, Arc<CachedSegment>),
 }
 
 /// What the cache holds and how it served reads.
@@ -170,6 +194,9 @@ pub struct CacheStats {
     /// Whole objects turned into sparse files of the grains read (§11.8).
     #[serde(default)]
     pub shrunk: u64,
+    /// Whole objects evicted whose read grains were kept as sparse files.
+    #[serde(default)]
+    pub evicted_kept: u64,
 }
 
 /// Background fetches of whole segments at once.
@@ -184,6 +211,9 @@ const SHRINK_AFTER_MS: u64 = 5000;
 const UNWRITABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 /// A use gate's value before any use was passed on.
 const UNUSED: u64 = u64::MAX;
+
+/// Objects waiting for the keeper thread at most.
+const KEEP_QUEUE: usize = 64;
 
 /// Bytes of objects [`SegmentCache::insert_later`] lets wait for their
 /// files.
@@ -205,9 +235,9 @@ impl SegmentCache {
     /// The cache in `dir`, holding at most `bound` bytes of files. The
     /// files an earlier process left are counted when the cache is first
     /// used (a command that reads no disk does not list them).
-    pub fn new(dir: PathBuf, bound: u64) -> Self {
+    pub fn new(dir: PathBuf, bound: u64) -> Arc<Self> {
         let now = Instant::now();
-        SegmentCache {
+        Arc::new_cyclic(|me| SegmentCache {
             dir,
             segments: RwLock::new(HashMap::new()),
             partials: RwLock::new(HashMap::new()),
@@ -224,13 +254,17 @@ impl SegmentCache {
             damaged: AtomicU64::new(0),
             hot_fetched: AtomicU64::new(0),
             shrunk: AtomicU64::new(0),
+            evicted_kept: AtomicU64::new(0),
             unwritable: Mutex::new(None),
             pending: RwLock::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
             writer: std::sync::OnceLock::new(),
             direct_bufs: Mutex::new(Vec::new()),
+            keeper: std::sync::OnceLock::new(),
+            keeping: Mutex::new(HashSet::new()),
+            me: me.clone(),
             opened: now,
-        }
+        })
     }
 
     /// The policy, with the files an earlier process left counted (oldest
@@ -249,7 +283,7 @@ impl SegmentCache {
                     let _ = std::fs::remove_file(self.partial_path(id));
                     continue;
                 }
-                for old in policy.insert(id, bytes, true, true, now) {
+                for old in policy.insert(id, bytes, false, true, now) {
                     let _ = std::fs::remove_file(self.path(old));
                     let _ = std::fs::remove_file(self.partial_path(old));
                 }
@@ -270,6 +304,7 @@ impl SegmentCache {
             damaged: self.damaged.load(Relaxed),
             hot_fetched: self.hot_fetched.load(Relaxed),
             shrunk: self.shrunk.load(Relaxed),
+            evicted_kept: self.evicted_kept.load(Relaxed),
         }
     }
 
@@ -346,17 +381,172 @@ impl SegmentCache {
         self.evict(out);
     }
 
-    /// Delete what the policy evicted (whole or sparse files).
+    /// Delete what the policy evicted (whole or sparse files). A whole
+    /// object of which reads used some grains, at most half, is handed to
+    /// the keeper, which keeps those grains as a sparse file (§11.8): it
+    /// was evicted for its size, not because nothing in it is read (a
+    /// warm-up that reads faster than objects shrink would otherwise lose
+    /// the grains it has just read).
     fn evict(&self, out: Vec<SegId>) {
         for old in out {
-            self.segments.write().unwrap().remove(&old);
+            let whole = self.segments.write().unwrap().remove(&old);
             // A reader that has it open finishes from the unlinked file.
             let _ = std::fs::remove_file(self.path(old));
             // A sparse file (maybe one a restart listed, not opened yet).
             self.partials.write().unwrap().remove(&old);
             let _ = std::fs::remove_file(self.partial_path(old));
             self.evictions.fetch_add(1, Relaxed);
+            if let Some(seg) = whole {
+                if worth_keeping(&seg) {
+                    self.send_keep(Keep::Evicted(old, seg));
+                }
+            }
         }
+    }
+
+    /// Hand `job` to the keeper thread (started at first use), unless
+    /// its object is on its way there already or the queue is full (a
+    /// shrink is asked for again by a later read; an eviction's grains
+    /// are then read from the store again when missed).
+    fn send_keep(&self, job: Keep) {
+        let id = match &job {
+            Keep::Shrink(id, _) | Keep::Evicted(id, _) => *id,
+        };
+        if !self.keeping.lock().unwrap().insert(id) {
+            return;
+        }
+        let tx = self.keeper.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Keep>(KEEP_QUEUE);
+            let me = self.me.clone();
+            let _ = std::thread::Builder::new()
+                .name("strata-cache-keeper".into())
+                .spawn(move || {
+                    for job in rx {
+                        let Some(c) = me.upgrade() else { break };
+                        let (Keep::Shrink(id, seg) | Keep::Evicted(id, seg)) = job;
+                        c.keep_read_grains(id, &seg);
+                        c.keeping.lock().unwrap().remove(&id);
+                    }
+                });
+            Mutex::new(tx)
+        });
+        if tx.lock().unwrap().try_send(job).is_err() {
+            self.keeping.lock().unwrap().remove(&id);
+        }
+    }
+
+    /// The keeper's work (§11.8): the grains reads used of whole object
+    /// `seg` become its sparse file. Copied into a file of its own first,
+    /// without the lock reads that miss take; then, under it: if `seg` is
+    /// still the object held whole, grains read meanwhile are copied too,
+    /// the sparse file takes its place and its key is counted by those
+    /// grains (a shrink); if it was evicted, the sparse file enters the
+    /// main FIFO (or its grains join the one a miss made meanwhile); if
+    /// it arrived whole again meanwhile, nothing changes.
+    fn keep_read_grains(&self, id: SegId, seg: &CachedSegment) {
+        if !worth_keeping(seg) {
+            return;
+        }
+        let path = self.partial_path(id);
+        let tmp = PathBuf::from(format!("{}.tmp{}", path.display(), std::process::id()));
+        let copy = |file: &File, slots: &[u32]| -> bool {
+            let mut g = vec![0u8; GRAIN];
+            slots.iter().all(|&slot| {
+                let at = SegmentInfo::grain_offset(slot);
+                seg.file.read_exact_at(&mut g, at).is_ok() && file.write_all_at(&g, at).is_ok()
+            })
+        };
+        let mut copied: HashSet<u32> = HashSet::new();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp);
+        let Ok(file) = file else { return };
+        let read = seg.grains_read();
+        if !copy(&file, &read) {
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        copied.extend(read);
+        let lock = self.partial_lock.lock().unwrap();
+        let current = self.segments.read().unwrap().get(&id).cloned();
+        let out = match current {
+            Some(c) if std::ptr::eq(&*c, seg) => {
+                // Grains read while these were copied are copied too.
+                loop {
+                    let more: Vec<u32> = seg
+                        .grains_read()
+                        .into_iter()
+                        .filter(|s| !copied.contains(s))
+                        .collect();
+                    if more.is_empty() {
+                        break;
+                    }
+                    if !copy(&file, &more) {
+                        let _ = std::fs::remove_file(&tmp);
+                        return;
+                    }
+                    copied.extend(more);
+                }
+                if std::fs::rename(&tmp, &path).is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                    return;
+                }
+                // The whole file goes before its entry, so no reader opens
+                // it again.
+                let _ = std::fs::remove_file(self.path(id));
+                self.segments.write().unwrap().remove(&id);
+                self.partials
+                    .write()
+                    .unwrap()
+                    .insert(id, Partial::new(file, self.clock_ms(), None));
+                self.shrunk.fetch_add(1, Relaxed);
+                let mut p = self.policy().lock().unwrap();
+                p.remove(&id);
+                p.grow(id, (copied.len() * GRAIN) as u64, true, Instant::now())
+            }
+            // Here whole again (fetched anew): that copy stands.
+            Some(_) => {
+                let _ = std::fs::remove_file(&tmp);
+                return;
+            }
+            None => {
+                let bytes = (copied.len() * GRAIN) as u64;
+                let known = self.partials.read().unwrap().get(&id).cloned();
+                match known {
+                    // A miss kept a grain of it meanwhile: these join it.
+                    Some(p) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        let slots: Vec<u32> = copied.into_iter().collect();
+                        if !copy(&p.file, &slots) {
+                            return;
+                        }
+                        self.evicted_kept.fetch_add(1, Relaxed);
+                        let mut pol = self.policy().lock().unwrap();
+                        pol.grow(id, bytes, true, Instant::now())
+                    }
+                    None => {
+                        if std::fs::rename(&tmp, &path).is_err() {
+                            let _ = std::fs::remove_file(&tmp);
+                            return;
+                        }
+                        self.partials
+                            .write()
+                            .unwrap()
+                            .insert(id, Partial::new(file, self.clock_ms(), None));
+                        self.evicted_kept.fetch_add(1, Relaxed);
+                        let mut pol = self.policy().lock().unwrap();
+                        pol.insert(id, bytes, true, true, Instant::now())
+                    }
+                }
+            }
+        };
+        // Under the lock, as when a grain is kept: a miss that keeps a
+        // grain of an object this evicts must not find it half gone.
+        self.evict(out);
+        drop(lock);
     }
 
     /// Object `id` arrives whole (`s`): it replaces the grains a sparse
@@ -412,7 +602,7 @@ impl SegmentCache {
     /// a fetch of the whole object: the file that replaces the sparse one
     /// then counts the grain as read (see [`Self::replace_partial`]), so a
     /// shrink keeps it; and a fetch that fails leaves the grain kept.
-    fn keep_grain(&self, e: &Entry, vg: u64, g: &[u8]) {
+    fn keep_grain(&self, e: &Entry, vg: u64, g: &[u8], want_whole: bool) {
         let _g = self.partial_lock.lock().unwrap();
         if let Some(whole) = self.segments.read().unwrap().get(&e.seg) {
             // It arrived meanwhile (the fetch this miss started): the
@@ -431,6 +621,9 @@ impl SegmentCache {
                 p
             }
         };
+        if want_whole {
+            p.whole_wanted.store(true, Relaxed);
+        }
         if p.file
             .write_all_at(g, SegmentInfo::grain_offset(e.slot))
             .is_err()
@@ -446,12 +639,13 @@ impl SegmentCache {
     }
 
     /// Past half its bound, a whole object cached for [`SHRINK_AFTER_MS`]
-    /// of which reads used at most half the grains becomes a
-    /// sparse file of the grains read (FORMAT.md §11.8): S3-FIFO keeps
-    /// what is used, not how much of it, so a whole object holding a few
-    /// hot grains would otherwise keep out the grains of others. Looked at
-    /// once a second per object at most, by a read that hit it.
-    fn maybe_shrink(&self, id: SegId, seg: &CachedSegment) {
+    /// of which reads used at most half the grains becomes a sparse file
+    /// of the grains read (FORMAT.md §11.8), made by the keeper thread,
+    /// not by the read: S3-FIFO keeps what is used, not how much of it,
+    /// so a whole object holding a few hot grains would otherwise keep out
+    /// the grains of others. Looked at once a second per object at most,
+    /// by a read that hit it.
+    fn maybe_shrink(&self, id: SegId, seg: &Arc<CachedSegment>) {
         let now = self.clock_ms();
         let last = seg.looked_ms.load(Relaxed);
         if now < seg.since_ms + SHRINK_AFTER_MS
@@ -463,60 +657,9 @@ impl SegmentCache {
         {
             return;
         }
-        let read = seg.grains_read();
-        if read.len() * 2 > seg.info.grains as usize {
-            return;
+        if worth_keeping(seg) && !self.under_half(0) {
+            self.send_keep(Keep::Shrink(id, seg.clone()));
         }
-        if self.under_half(0) {
-            return;
-        }
-        let lock = self.partial_lock.lock().unwrap();
-        // Still the object held whole (not one a racing shrink or a
-        // damage check replaced).
-        let current = self.segments.read().unwrap().get(&id).cloned();
-        if !current.is_some_and(|c| std::ptr::eq(&*c, seg)) {
-            return;
-        }
-        let path = self.partial_path(id);
-        let Ok(file) = self.make_partial(id, true) else {
-            return;
-        };
-        let mut g = vec![0u8; GRAIN];
-        // Grains read while these were copied are copied too.
-        let mut read = read;
-        let mut copied = HashSet::new();
-        while !read.is_empty() {
-            for &slot in &read {
-                let at = SegmentInfo::grain_offset(slot);
-                if seg.file.read_exact_at(&mut g, at).is_err() || file.write_all_at(&g, at).is_err()
-                {
-                    let _ = std::fs::remove_file(&path);
-                    return;
-                }
-                copied.insert(slot);
-            }
-            read = seg
-                .grains_read()
-                .into_iter()
-                .filter(|s| !copied.contains(s))
-                .collect();
-        }
-        let read = copied;
-        // The whole file goes before its entry, so no reader opens it again.
-        let _ = std::fs::remove_file(self.path(id));
-        self.segments.write().unwrap().remove(&id);
-        self.partials
-            .write()
-            .unwrap()
-            .insert(id, Partial::new(file, now, None));
-        let out = {
-            let mut p = self.policy().lock().unwrap();
-            p.remove(&id);
-            p.grow(id, (read.len() * GRAIN) as u64, true, Instant::now())
-        };
-        self.shrunk.fetch_add(1, Relaxed);
-        drop(lock);
-        self.evict(out);
     }
 
     /// Whether the cache holds under half its bound with `adding` bytes
@@ -548,15 +691,24 @@ impl SegmentCache {
     /// it fastest so), or when the miss is next to the object's last one
     /// both in the object and on the disk (a scan of data written in
     /// order; the grains of a payload are in order too, but far apart on
-    /// the disk); past that, a whole object would push out grains others
-    /// read for a few of its own.
+    /// the disk), or when the object is a ghost (evicted whole after reads
+    /// used more than half of it, too much to keep as grains: read again,
+    /// it comes back whole into the main FIFO, S3-FIFO's return, in one
+    /// GET rather than a ranged GET per grain); past that, a whole object
+    /// would push out grains others read for a few of its own.
     fn whole_on_miss(&self, e: &Entry, vg: u64) -> bool {
         if self.under_half(crate::SEGMENT_MAX_BYTES) {
+            return true;
+        }
+        if self.policy().lock().unwrap().is_ghost(&e.seg) {
             return true;
         }
         let Some(part) = self.partials.read().unwrap().get(&e.seg).cloned() else {
             return false;
         };
+        if part.whole_wanted.swap(false, Relaxed) {
+            return true;
+        }
         let last = part.last_slot.swap(e.slot, Relaxed);
         let last_vg = part.last_vg.swap(vg, Relaxed);
         last != u32::MAX
@@ -990,9 +1142,11 @@ impl SegmentCache {
             }
         }
         self.missed();
-        if self.whole_on_miss(e, vg) {
-            self.prefetch(store, e.seg);
-        }
+        let want = self.whole_on_miss(e, vg);
+        // Not on its way (no room): a grain kept now makes the object
+        // held in part, no longer a ghost, so the sparse file remembers
+        // that it is wanted whole.
+        let unmet = want && !self.prefetch(store, e.seg);
         let at = SegmentInfo::grain_offset(e.slot);
         let b = store
             .get_range(&e.seg.key(), at..at + GRAIN as u64)
@@ -1005,7 +1159,7 @@ impl SegmentCache {
                 e.slot,
             )));
         }
-        self.keep_grain(e, vg, out);
+        self.keep_grain(e, vg, out, unmet);
         Ok(())
     }
 
@@ -1216,6 +1370,18 @@ fn read_ahead(file: &File) {
     use std::os::fd::AsRawFd;
     // SAFETY: a hint on a descriptor this File owns; no memory is passed.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
+}
+
+/// Whether reads used some of whole object `seg`'s grains and at most
+/// half: those are worth a sparse file of their own (§11.8); more than
+/// half is a scan's or a hot object's, kept or evicted whole.
+fn worth_keeping(seg: &CachedSegment) -> bool {
+    let read = seg
+        .read
+        .iter()
+        .map(|w| w.load(Relaxed).count_ones())
+        .sum::<u32>();
+    read > 0 && read * 2 <= seg.info.grains
 }
 
 fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {

@@ -498,10 +498,7 @@ impl SharedDatastore {
         probe: ProbeReport,
     ) -> Result<(Self, Summary)> {
         let ds = SharedDatastore {
-            cache: Arc::new(cache::SegmentCache::new(
-                dir.join("cache"),
-                cache_bound(dir),
-            )),
+            cache: cache::SegmentCache::new(dir.join("cache"), cache_bound(dir)),
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
@@ -582,10 +579,7 @@ impl SharedDatastore {
             ));
         }
         Ok(SharedDatastore {
-            cache: Arc::new(cache::SegmentCache::new(
-                dir.join("cache"),
-                cache_bound(dir),
-            )),
+            cache: cache::SegmentCache::new(dir.join("cache"), cache_bound(dir)),
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),

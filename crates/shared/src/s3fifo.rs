@@ -85,6 +85,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         self.entries.contains_key(k)
     }
 
+    /// Whether `k` is a ghost: evicted without a use after a read brought
+    /// it, and not back since (coming back, it enters the main FIFO).
+    pub fn is_ghost(&self, k: &K) -> bool {
+        self.ghosts.contains_key(k)
+    }
+
     /// `k` (of `bytes`) arrived: into the small FIFO, or the main one if it
     /// is a ghost (or `main`: a key found at a restart); `read` if a read
     /// brought it rather than a write. A key held already is only used.
