@@ -86,9 +86,11 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     }
 
     /// Whether `k` is a ghost: evicted without a use after a read brought
-    /// it, and not back since (coming back, it enters the main FIFO).
+    /// it, and not back since (coming back, it enters the main FIFO). A
+    /// key held now is not, even if an older eviction's ghost of it is
+    /// still counted.
     pub fn is_ghost(&self, k: &K) -> bool {
-        self.ghosts.contains_key(k)
+        !self.entries.contains_key(k) && self.ghosts.contains_key(k)
     }
 
     /// `k` (of `bytes`) arrived: into the small FIFO, or the main one if it
@@ -342,9 +344,10 @@ mod tests {
         for k in 0..6u32 {
             c.insert(k, 8 * MB, false, true, t);
         }
-        assert!(!c.contains(&0));
+        assert!(!c.contains(&0) && c.is_ghost(&0));
         // 0 comes back: main, so six newcomers pass it by.
         c.insert(0, 8 * MB, false, true, t);
+        assert!(!c.is_ghost(&0));
         for k in 10..16u32 {
             c.insert(k, 8 * MB, false, true, t);
         }
