@@ -411,10 +411,14 @@ fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
     assert!(!list.contains("export=\"d\""), "{list}");
 }
 
-/// A qemu-io "guest" that takes commands as they come.
+/// A qemu-io "guest" that takes commands as they come; its output is
+/// read as it comes (line-buffered through `stdbuf`), so a test can wait
+/// for a command to have run.
 struct Guest {
     child: Child,
     cmds: std::process::ChildStdin,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Guest {
@@ -422,8 +426,8 @@ impl Guest {
         Guest::start_with(uri, &[])
     }
     fn start_with(uri: &str, opts: &[&str]) -> Guest {
-        let mut child = Command::new("qemu-io")
-            .args(["-f", "raw", "-t", "writeback"])
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "qemu-io", "-f", "raw", "-t", "writeback"])
             .args(opts)
             .arg(uri)
             .stdin(Stdio::piped())
@@ -432,22 +436,55 @@ impl Guest {
             .spawn()
             .unwrap();
         let cmds = child.stdin.take().unwrap();
-        Guest { child, cmds }
+        let mut stdout = child.stdout.take().unwrap();
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = out.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::Read as _;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Guest {
+            child,
+            cmds,
+            out,
+            reader: Some(reader),
+        }
     }
     fn send(&mut self, c: &str) {
         use std::io::Write as _;
         // A guest that has exited shows why in its output (finish).
         let _ = writeln!(self.cmds, "{c}");
     }
+    /// Wait until the guest has printed `needle` (a command it was sent
+    /// has run).
+    fn wait_for(&self, needle: &str) {
+        let t = std::time::Instant::now();
+        while !self.out.lock().unwrap().contains(needle) {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the guest never printed {needle:?}: {}",
+                self.out.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     fn finish(mut self) -> String {
         self.send("quit");
         drop(self.cmds);
         let o = self.child.wait_with_output().unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let out = self.out.lock().unwrap().clone();
+        format!("{out}{}", String::from_utf8_lossy(&o.stderr))
     }
 }
 
@@ -687,6 +724,8 @@ fn a_head_only_move_leaves_the_snapshots() {
     save(&home.uri("d"), &head);
     let mut snap_reader = Guest::start_with(&home.uri("d@s1"), &["-r"]);
     snap_reader.send("read -P 0x11 0 64k");
+    // Read before the move starts (not merely sent).
+    snap_reader.wait_for("read 65536/65536");
     let r = home.json(&[
         "move",
         "d",

@@ -675,13 +675,27 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     let srv = a.serve_with(&["--http", &http]);
     let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 64k", "flush"]);
     assert!(ok, "{out}");
+    // The FLUSH is answered before the cache's copy of the upload is
+    // written (a thread of its own, FORMAT.md §11.8): wait for the disk's
+    // directory in the cache.
     let disks = a.path().join("cache/disks");
-    let disk = std::fs::read_dir(&disks)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let t = std::time::Instant::now();
+    let disk = loop {
+        let found = std::fs::read_dir(&disks)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|d| d.is_dir());
+        if let Some(d) = found {
+            break d;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no cache directory for the disk"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let segs = disk.join("s");
     let _ = std::fs::rename(&segs, disk.join("s.away"));
     std::fs::write(&segs, b"not a directory").unwrap();

@@ -398,7 +398,30 @@ impl ObjectStore {
     /// request can never replace an object: the store still refuses it
     /// whenever it gets to it (FORMAT.md §11.1, rule 2).
     pub fn put_create(&self, key: &str, body: Bytes) -> Result<Put> {
-        match self.put_create_watched(key, body.clone()) {
+        // The HTTP client retries only idempotent requests, and a
+        // conditional PUT is not one to it: a store's passing answer of
+        // a server error (a 500 seen from SeaweedFS) is retried here, up
+        // to 3 more times. Safe for the reason above: an earlier attempt
+        // that took effect makes this one find the key with these bytes.
+        // (A store that does not answer at all is not retried here: that
+        // is an outage, and its callers say so.)
+        let mut pause = Duration::from_millis(50);
+        let mut tries = 0;
+        let r = loop {
+            match self.put_create_watched(key, body.clone()) {
+                Err(e)
+                    if e.kind == ErrorKind::Unavailable
+                        && e.message.contains("status code: 5")
+                        && tries < 3 =>
+                {
+                    tries += 1;
+                    std::thread::sleep(pause);
+                    pause *= 2;
+                }
+                r => break r,
+            }
+        };
+        match r {
             Ok(put) => Ok(put),
             Err(e) if e.kind == ErrorKind::Exists => match self.get_opt(key)? {
                 Some(there) if there == body => Ok(Put::Created),
