@@ -9,7 +9,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Whether FUSE can be mounted here (skips, or fails under
 /// STRATA_REQUIRE_TOOLS=1, like `have`).
@@ -50,15 +50,6 @@ fn is_mounted(p: &Path) -> bool {
         .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
 }
 
-/// Poll `cond` for up to 10 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Lazily unmounts on drop what a failed test (a killed server) left.
 struct Unmount(PathBuf);
 
@@ -76,7 +67,9 @@ fn serve_fuse(s: &Store, first: &str) -> (Server, PathBuf, Unmount) {
     let mnt = s.dir.path().join("mnt");
     let srv = s.serve_with(&["--fuse", mnt.to_str().unwrap()]);
     let f = mnt.join(first);
-    eventually("the FUSE file appears", || f.exists());
+    eventually("the FUSE file appears", Duration::from_secs(10), || {
+        f.exists()
+    });
     (srv, mnt.clone(), Unmount(mnt))
 }
 

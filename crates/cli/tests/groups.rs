@@ -254,14 +254,6 @@ impl Drop for Unmount {
     }
 }
 
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < Duration::from_secs(30), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn fuse_usable() -> bool {
     if OpenOptions::new()
         .read(true)
@@ -302,7 +294,9 @@ fn cut_under_a_writer(kind: Kind) {
         "--vhost-user-blk",
         &format!("c={}", vsock.display()),
     ]);
-    eventually("the FUSE file appears", || mnt.join("b").exists());
+    eventually("the FUSE file appears", Duration::from_secs(30), || {
+        mnt.join("b").exists()
+    });
     let t = Transports {
         sock: s.sock(),
         fuse_b: mnt.join("b"),
@@ -595,15 +589,19 @@ fn the_quiesce_hook_runs_around_the_cut_and_unquiesce_always_follows() {
             .output()
             .unwrap()
     });
-    eventually("the hook's quiesce runs", || !log_lines(&log).is_empty());
+    eventually("the hook's quiesce runs", Duration::from_secs(30), || {
+        !log_lines(&log).is_empty()
+    });
     assert!(s.path().join("quiesce-pending.g.json").exists());
     srv.kill9();
     assert!(!taker.join().unwrap().status.success());
     assert_eq!(log_lines(&log).len(), 1, "only quiesce so far");
     let srv = s.serve();
-    eventually("the restarted server runs unquiesce", || {
-        log_lines(&log).len() == 2
-    });
+    eventually(
+        "the restarted server runs unquiesce",
+        Duration::from_secs(30),
+        || log_lines(&log).len() == 2,
+    );
     assert!(log_lines(&log)[1].starts_with("unquiesce unquiesce group=g snap=s6"));
     assert!(!s.path().join("quiesce-pending.g.json").exists());
     assert_eq!(presence_of(&s, "s6"), 0);
@@ -918,7 +916,9 @@ fn a_file_written_without_sync_is_in_a_group_snapshot_taken_with_the_fsfreeze_ho
         &hook,
     ]);
     let srv = s.serve_with(&["--fuse", fuse.to_str().unwrap()]);
-    eventually("the FUSE file appears", || fuse.join("data").exists());
+    eventually("the FUSE file appears", Duration::from_secs(30), || {
+        fuse.join("data").exists()
+    });
     let mut m = Mounts::default();
     m.mount(&fuse.join("data"), &fs, "rw", true);
     std::fs::write(fs.join("f"), b"written, never synced\n").unwrap();
@@ -933,7 +933,9 @@ fn a_file_written_without_sync_is_in_a_group_snapshot_taken_with_the_fsfreeze_ho
     // Restore: a clone of data@s1, mounted read-only, holds the file
     // (a frozen ext4 needs no journal replay).
     s.ok(&["clone", "data@s1", "restored"]);
-    eventually("the clone's FUSE file", || fuse.join("restored").exists());
+    eventually("the clone's FUSE file", Duration::from_secs(30), || {
+        fuse.join("restored").exists()
+    });
     m.mount(&fuse.join("restored"), &work.join("restored"), "ro", false);
     assert_eq!(
         std::fs::read(work.join("restored/f")).unwrap(),

@@ -679,23 +679,21 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     // written (a thread of its own, FORMAT.md §11.8): wait for the disk's
     // directory in the cache.
     let disks = a.path().join("cache/disks");
-    let t = std::time::Instant::now();
-    let disk = loop {
-        let found = std::fs::read_dir(&disks)
-            .ok()
-            .and_then(|mut d| d.next())
-            .and_then(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|d| d.is_dir());
-        if let Some(d) = found {
-            break d;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "no cache directory for the disk"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut disk = None;
+    common::eventually(
+        "no cache directory for the disk",
+        Duration::from_secs(60),
+        || {
+            disk = std::fs::read_dir(&disks)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|d| d.is_dir());
+            disk.is_some()
+        },
+    );
+    let disk = disk.unwrap();
     let segs = disk.join("s");
     let _ = std::fs::rename(&segs, disk.join("s.away"));
     std::fs::write(&segs, b"not a directory").unwrap();
@@ -1105,14 +1103,11 @@ fn grains_kept_before_an_object_arrives_whole_survive_its_shrink() {
     let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x5a 8000k 4k"]);
     assert!(ok, "{r}");
     // The keeper thread shrinks it, after the read.
-    let t = std::time::Instant::now();
-    while shrunk(&http) == s0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the whole segment did not shrink"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::eventually(
+        "the whole segment did not shrink",
+        Duration::from_secs(60),
+        || shrunk(&http) > s0,
+    );
     let m1 = misses();
     let (ok, r) = qemu_io(&a.uri("vm"), &strided);
     assert!(ok, "{r}");
@@ -1141,22 +1136,17 @@ fn an_evicted_object_keeps_the_grains_reads_used() {
     let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x6b 0 256M", "flush"]);
     assert!(ok, "{w}");
     let metric = |name: &str| gauge(&common::http::metrics(&http), name);
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let t = std::time::Instant::now();
-        while !done() {
-            assert!(t.elapsed() < Duration::from_secs(60), "{what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     // A scan of the first segment's first 256 KiB: misses next to each
     // other, so the segment is fetched whole (64 of its 2,048 grains
     // read). The cache is full of uploads: when it arrives, one goes.
     let evicted = metric("strata_shared_cache_evictions_total");
     let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x6b 0 256k"]);
     assert!(ok, "{r}");
-    wait_for("the first segment was not fetched whole", &|| {
-        metric("strata_shared_cache_evictions_total") > evicted
-    });
+    common::eventually(
+        "the first segment was not fetched whole",
+        Duration::from_secs(60),
+        || metric("strata_shared_cache_evictions_total") > evicted,
+    );
     // Scans of the next sixteen segments fetch them whole too (128 MiB),
     // and push the first one out of the 64 MiB after the uploads.
     let scans: Vec<String> = (1..=16u64)
@@ -1165,9 +1155,11 @@ fn an_evicted_object_keeps_the_grains_reads_used() {
     let scans: Vec<&str> = scans.iter().map(String::as_str).collect();
     let (ok, r) = qemu_io(&a.uri("vm"), &scans);
     assert!(ok, "{r}");
-    wait_for("no evicted object's read grains were kept", &|| {
-        metric("strata_shared_cache_evicted_kept_total") >= 1.0
-    });
+    common::eventually(
+        "no evicted object's read grains were kept",
+        Duration::from_secs(60),
+        || metric("strata_shared_cache_evicted_kept_total") >= 1.0,
+    );
     assert!(metric("strata_shared_cache_evictions_total") >= 1.0);
     // The grains the first scan read are still here.
     let m0 = metric("strata_shared_cache_misses_total");

@@ -447,8 +447,11 @@ impl SegmentCache {
         if !worth_keeping(seg) {
             return;
         }
-        let path = self.partial_path(id);
-        let tmp = PathBuf::from(format!("{}.tmp{}", path.display(), std::process::id()));
+        let tmp = PathBuf::from(format!(
+            "{}.tmp{}",
+            self.partial_path(id).display(),
+            std::process::id()
+        ));
         let copy = |file: &File, slots: &[u32]| -> bool {
             let mut g = vec![0u8; GRAIN];
             slots.iter().all(|&slot| {
@@ -490,18 +493,13 @@ impl SegmentCache {
                     }
                     copied.extend(more);
                 }
-                if std::fs::rename(&tmp, &path).is_err() {
-                    let _ = std::fs::remove_file(&tmp);
+                if !self.place_partial(id, &tmp, file) {
                     return;
                 }
-                // The whole file goes before its entry, so no reader opens
-                // it again.
+                // Readers take the whole file while it is there; it goes
+                // before its entry, so no reader opens it again.
                 let _ = std::fs::remove_file(self.path(id));
                 self.segments.write().unwrap().remove(&id);
-                self.partials
-                    .write()
-                    .unwrap()
-                    .insert(id, Partial::new(file, self.clock_ms(), None));
                 self.shrunk.fetch_add(1, Relaxed);
                 let mut p = self.policy().lock().unwrap();
                 p.remove(&id);
@@ -528,14 +526,9 @@ impl SegmentCache {
                         pol.grow(id, bytes, true, Instant::now())
                     }
                     None => {
-                        if std::fs::rename(&tmp, &path).is_err() {
-                            let _ = std::fs::remove_file(&tmp);
+                        if !self.place_partial(id, &tmp, file) {
                             return;
                         }
-                        self.partials
-                            .write()
-                            .unwrap()
-                            .insert(id, Partial::new(file, self.clock_ms(), None));
                         self.evicted_kept.fetch_add(1, Relaxed);
                         let mut pol = self.policy().lock().unwrap();
                         pol.insert(id, bytes, true, true, Instant::now())
@@ -547,6 +540,21 @@ impl SegmentCache {
         // grain of an object this evicts must not find it half gone.
         self.evict(out);
         drop(lock);
+    }
+
+    /// Make `file`, written at `tmp`, object `id`'s sparse file (renamed
+    /// into place, then known to readers); false, and `tmp` deleted, if
+    /// it cannot be renamed. Under `partial_lock`.
+    fn place_partial(&self, id: SegId, tmp: &Path, file: File) -> bool {
+        if std::fs::rename(tmp, self.partial_path(id)).is_err() {
+            let _ = std::fs::remove_file(tmp);
+            return false;
+        }
+        self.partials
+            .write()
+            .unwrap()
+            .insert(id, Partial::new(file, self.clock_ms(), None));
+        true
     }
 
     /// Object `id` arrives whole (`s`): it replaces the grains a sparse

@@ -147,13 +147,19 @@ pub struct Server {
 }
 
 pub fn wait_for(path: &Path) {
+    eventually(
+        &format!("{} never appeared", path.display()),
+        Duration::from_secs(30),
+        || path.exists(),
+    );
+}
+
+/// Poll `cond` every 20 ms until it holds; fail, saying `what`, once
+/// `limit` has passed.
+pub fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
-    while !path.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{} never appeared",
-            path.display()
-        );
+    while !cond() {
+        assert!(t.elapsed() < limit, "{what} (not within {limit:?})");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
