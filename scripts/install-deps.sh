@@ -20,6 +20,8 @@ command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio      >/dev/null 2>&1 || need+=(fio)
 command -v nbdinfo  >/dev/null 2>&1 || need+=(libnbd-bin)
+# openssl makes the x509 credentials of the NBD-over-TLS tests (tls.rs).
+command -v openssl  >/dev/null 2>&1 || need+=(openssl)
 # libnbd's Python binding: the incremental-backup test reads dirty extents
 # the way backup tools do (crates/cli/tests/backup.rs).
 command -v nbdsh >/dev/null 2>&1 || need+=(python3-libnbd)

@@ -21,6 +21,7 @@ from .simple import case_simple
 from .snaptime import case_snaptime
 from .spacework import case_spacework
 from .stats import case_stats
+from .tls import case_tls
 from .vdi import case_vdi
 from .vhost import case_vhost
 from .zerodetect import case_zerodetect
@@ -54,4 +55,5 @@ CASES = {
     "claims": case_claims,
     "backup": case_backup,
     "groupsnap": case_groupsnap,
+    "tls": case_tls,
 }

@@ -14,6 +14,20 @@ pub struct ServeArgs {
     /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
     #[arg(long)]
     pub nbd_tcp: Option<String>,
+    /// NBD over TLS (STARTTLS, on --nbd-tcp and --nbd-unix alike) with the x509 credentials in
+    /// DIR, laid out as QEMU's tls-creds-x509 wants them: server-cert.pem, server-key.pem, and
+    /// ca-cert.pem (the CA of client certificates, for --tls-verify-peer). The same files serve
+    /// qemu-nbd, so clients' setups carry over. SIGHUP reloads them for new connections
+    #[arg(long, value_name = "DIR")]
+    pub tls_creds: Option<PathBuf>,
+    /// With --tls-creds: require TLS (every option but STARTTLS is refused before it, the NBD
+    /// spec's FORCEDTLS) or allow clients without it
+    #[arg(long = "tls", value_name = "require|allow", default_value = "require", value_parser = parse_tls_mode, action = clap::ArgAction::Set, requires = "tls_creds")]
+    pub tls_require: bool,
+    /// With --tls-creds: clients must present a certificate signed by the CA in
+    /// DIR/ca-cert.pem (QEMU's verify-peer=on)
+    #[arg(long, requires = "tls_creds")]
+    pub tls_verify_peer: bool,
     /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
     /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
     /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
@@ -165,6 +179,14 @@ fn parse_placement(s: &str) -> Result<bool, String> {
     }
 }
 
+fn parse_tls_mode(s: &str) -> Result<bool, String> {
+    match s {
+        "require" => Ok(true),
+        "allow" => Ok(false),
+        _ => Err(format!("'{s}': expected require or allow")),
+    }
+}
+
 fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" => Ok(true),
@@ -178,6 +200,9 @@ impl From<&ServeArgs> for ServeConfig {
         ServeConfig {
             nbd_unix: a.nbd_unix.clone(),
             nbd_tcp: a.nbd_tcp.clone(),
+            tls_creds: a.tls_creds.clone(),
+            tls_require: a.tls_require,
+            tls_verify_peer: a.tls_verify_peer,
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             socket_mode: a.socket_mode,

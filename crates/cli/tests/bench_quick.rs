@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap`:
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -56,7 +56,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--smoke",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls",
             "--out",
         ])
         .arg(&out)
@@ -304,6 +304,20 @@ fn bench_quick_paper_suites() {
             &["p99_9_ratio_qsd_over_strata"],
         ] {
             positive(get(gs, &[n]), path);
+        }
+    }
+
+    // tls: strata and qemu-nbd over TLS with the same credentials, and
+    // strata without it.
+    let tl = get(&j, &["cases", "tls"]);
+    for job in ["randread_4k", "read_1M", "write_1M"] {
+        for k in [
+            "strata_tls_iops",
+            "qemu_nbd_tls_iops",
+            "strata_plain_iops",
+            "ratio_to_qemu_nbd_tls",
+        ] {
+            positive(get(tl, &[job]), &[k]);
         }
     }
 

@@ -1,12 +1,13 @@
 //! Fixed-newstyle negotiation: greeting, client flags, option haggling.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, Read, Write};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
 
 use crate::proto::*;
-use crate::{MetaContext, NbdStream, Shared, OPTION_BYTES_MAX};
+use crate::tls::Link;
+use crate::{MetaContext, NbdStream, Shared, TlsMode, OPTION_BYTES_MAX};
 
 /// Option payloads up to this size are read and discarded when too large;
 /// beyond it the connection is closed.
@@ -97,7 +98,7 @@ impl<'a> Cursor<'a> {
 /// One connection's negotiation.
 struct Haggle<'a, S: NbdStream> {
     shared: &'a Shared,
-    conn: &'a mut BufReader<S>,
+    conn: &'a mut BufReader<Link<S>>,
     /// Reused for every option reply.
     out: Vec<u8>,
     structured: bool,
@@ -358,8 +359,10 @@ pub(crate) fn discard(r: &mut impl Read, n: u64) -> io::Result<()> {
 /// an export (ABORT, or the server is shutting down).
 pub(crate) fn negotiate<S: NbdStream>(
     shared: &Shared,
-    conn: &mut BufReader<S>,
+    conn: &mut BufReader<Link<S>>,
 ) -> io::Result<Option<Negotiated>> {
+    // What this connection gets, fixed now (a reload affects later ones).
+    let tls = shared.tls();
     let mut hello = [0u8; 18];
     hello[..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
     hello[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
@@ -406,6 +409,26 @@ pub(crate) fn negotiate<S: NbdStream>(
             }
             return Ok(None);
         }
+        let plain = !h.conn.get_ref().is_tls();
+        if plain && tls.as_ref().is_some_and(|t| t.mode == TlsMode::Require) {
+            match opt {
+                OPT_STARTTLS | OPT_ABORT => {}
+                // It has no error reply: the spec says to disconnect.
+                OPT_EXPORT_NAME => {
+                    return Err(io_invalid(
+                        "EXPORT_NAME before STARTTLS, and this server requires TLS",
+                    ))
+                }
+                _ => {
+                    h.error(
+                        opt,
+                        REP_ERR_TLS_REQD,
+                        "this server requires TLS: ask for STARTTLS first",
+                    )?;
+                    continue;
+                }
+            }
+        }
         match opt {
             OPT_EXPORT_NAME => return h.export_name(&data, no_zeroes).map(Some),
             OPT_ABORT => {
@@ -428,7 +451,33 @@ pub(crate) fn negotiate<S: NbdStream>(
                 }
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => h.meta_context(opt, &data)?,
-            OPT_STARTTLS => h.error(opt, REP_ERR_UNSUP, "TLS is not supported")?,
+            OPT_STARTTLS => match &tls {
+                None => h.error(
+                    opt,
+                    REP_ERR_UNSUP,
+                    "TLS is not set up on this server (serve --tls-creds)",
+                )?,
+                Some(_) if !plain => h.error(opt, REP_ERR_INVALID, "TLS is already up")?,
+                Some(_) if !data.is_empty() => {
+                    h.error(opt, REP_ERR_INVALID, "STARTTLS takes no data")?
+                }
+                Some(t) => {
+                    // Bytes that came before our answer would be taken as
+                    // sent over TLS though they were not (the injection
+                    // attack on STARTTLS): a client must wait for the ACK.
+                    if !h.conn.buffer().is_empty() {
+                        return Err(io_invalid("data sent after STARTTLS before its answer"));
+                    }
+                    h.reply(opt, REP_ACK, &[])?;
+                    if let Err(e) = h.conn.get_mut().start_tls(t.config.clone()) {
+                        tracing::warn!("NBD: a client's TLS handshake failed: {e}");
+                        return Err(e);
+                    }
+                    // Nothing chosen in the clear carries over.
+                    h.structured = false;
+                    h.meta = None;
+                }
+            },
             _ => h.error(opt, REP_ERR_UNSUP, "option not supported")?,
         }
     }

@@ -2,12 +2,15 @@
 //!
 //! # What is supported
 //!
-//! Fixed-newstyle negotiation only (no oldstyle, no TLS): `EXPORT_NAME`,
-//! `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`, `LIST_META_CONTEXT`
-//! and `SET_META_CONTEXT` with `base:allocation` and the contexts the
-//! export provider offers (strata's `qemu:dirty-bitmap:SNAP`).
-//! `STARTTLS`, `EXTENDED_HEADERS` and unknown options are answered with
-//! `NBD_REP_ERR_UNSUP`. In transmission every command of the base protocol
+//! Fixed-newstyle negotiation only (no oldstyle): `EXPORT_NAME`, `ABORT`,
+//! `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and
+//! `SET_META_CONTEXT` with `base:allocation` and the contexts the export
+//! provider offers (strata's `qemu:dirty-bitmap:SNAP`), and `STARTTLS`
+//! when the server has credentials ([`TlsOptions`]: x509 in QEMU's
+//! directory layout; with [`TlsMode::Require`] every other option before
+//! it is refused with `NBD_REP_ERR_TLS_REQD`, the spec's FORCEDTLS; what
+//! was negotiated before it is forgotten). `EXTENDED_HEADERS` and unknown
+//! options are answered with `NBD_REP_ERR_UNSUP`. In transmission every command of the base protocol
 //! is served: READ, WRITE (with FUA), DISC, FLUSH, TRIM, CACHE (validated,
 //! then a no-op), WRITE_ZEROES (NO_HOLE, FAST_ZERO) and BLOCK_STATUS
 //! (REQ_ONE). Exports advertise `CAN_MULTI_CONN`: a device's flush covers
@@ -80,7 +83,10 @@
 mod handshake;
 mod proto;
 mod readahead;
+mod tls;
 mod transmission;
+
+pub use tls::{TlsMode, TlsOptions};
 
 #[cfg(test)]
 mod tests;
@@ -182,6 +188,11 @@ pub struct ServerOptions {
     /// client's reads along them (see `readahead.rs`); 0 turns this off.
     /// Default 8 MiB.
     pub read_ahead_bytes: u64,
+    /// TLS credentials and whether TLS is required (`STARTTLS`); `None`
+    /// refuses `STARTTLS`. Replaced while serving by
+    /// [`NbdServer::set_tls`]; each connection uses what was set when it
+    /// was accepted. Default `None`.
+    pub tls: Option<TlsOptions>,
 }
 
 impl Default for ServerOptions {
@@ -195,6 +206,7 @@ impl Default for ServerOptions {
             handshake_timeout: Some(Duration::from_secs(10)),
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
+            tls: None,
         }
     }
 }
@@ -291,9 +303,15 @@ pub(crate) struct Shared {
     conns: Mutex<Registry>,
     conn_gone: Condvar,
     listeners: Mutex<Listeners>,
+    /// The TLS setup new connections get (see [`ServerOptions::tls`]).
+    tls: Mutex<Option<TlsOptions>>,
 }
 
 impl Shared {
+    pub(crate) fn tls(&self) -> Option<TlsOptions> {
+        self.tls.lock().clone()
+    }
+
     pub(crate) fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -462,9 +480,11 @@ pub struct NbdServer {
 
 impl NbdServer {
     pub fn new(provider: Arc<dyn ExportProvider>, opts: ServerOptions) -> Self {
+        let tls = Mutex::new(opts.tls.clone());
         NbdServer {
             shared: Arc::new(Shared {
                 provider,
+                tls,
                 opts: opts.sanitized(),
                 stopping: AtomicBool::new(false),
                 conns: Mutex::new(Registry::default()),
@@ -520,6 +540,12 @@ impl NbdServer {
             }
         };
         run_connection(&self.shared, id, stream)
+    }
+
+    /// Use `tls` for connections accepted from now on (reloaded
+    /// certificates, say); connections already served keep theirs.
+    pub fn set_tls(&self, tls: Option<TlsOptions>) {
+        *self.shared.tls.lock() = tls;
     }
 
     /// Number of connections being served (including those negotiating).

@@ -16,6 +16,7 @@ use strata_block::{check_range, AlignedBuf, BlockDevice, BlockError, Fill, ReadF
 use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
 use crate::readahead::{Plan, Prefetcher};
+use crate::tls::Link;
 use crate::{NbdStream, Shared};
 
 /// Receive buffer of the reader: batches small pipelined requests.
@@ -42,6 +43,8 @@ const DESCRIPTORS_MAX: usize = 128 * 1024;
 /// Negotiate, then serve requests until the client leaves, sends DISC,
 /// breaks the protocol, or the server shuts down.
 pub(crate) fn serve<S: NbdStream>(shared: &Shared, stream: S) -> io::Result<()> {
+    // Plain until the client asks for TLS; every clone follows it there.
+    let stream = Link::new(stream);
     let writer = stream.clone_stream()?;
     let closer = stream.clone_stream()?;
     let result = serve_inner(shared, stream, writer);
@@ -49,7 +52,7 @@ pub(crate) fn serve<S: NbdStream>(shared: &Shared, stream: S) -> io::Result<()> 
     result
 }
 
-fn serve_inner<S: NbdStream>(shared: &Shared, stream: S, writer: S) -> io::Result<()> {
+fn serve_inner<S: NbdStream>(shared: &Shared, stream: Link<S>, writer: Link<S>) -> io::Result<()> {
     let timeout = shared.opts.handshake_timeout;
     stream.set_timeouts(timeout, timeout)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);

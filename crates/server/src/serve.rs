@@ -18,7 +18,7 @@ use std::time::Duration;
 use strata_block::BlockDevice;
 use strata_datastore::{Kind, LocalDatastore, ObjectStoreDatastore};
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
-use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions};
+use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions, TlsMode, TlsOptions};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
@@ -84,6 +84,13 @@ pub struct ServeConfig {
     pub incoming_wait: u64,
     /// NBD read-ahead along what BLOCK_STATUS told a client, in bytes (0: off).
     pub nbd_read_ahead: u64,
+    /// NBD over TLS: x509 credentials in QEMU's layout (`server-cert.pem`,
+    /// `server-key.pem`, `ca-cert.pem`).
+    pub tls_creds: Option<PathBuf>,
+    /// With credentials: TLS required (else clients choose).
+    pub tls_require: bool,
+    /// With credentials: clients must present a certificate the CA signed.
+    pub tls_verify_peer: bool,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -98,13 +105,29 @@ fn io_threads(args: &ServeConfig, writeback: usize) -> usize {
 }
 
 /// NBD server options from the command line.
-pub(crate) fn nbd_options(args: &ServeConfig) -> ServerOptions {
+pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
     let default = ServerOptions::default();
-    ServerOptions {
+    Ok(ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         read_ahead_bytes: args.nbd_read_ahead,
+        tls: load_tls(args)?,
         ..default
-    }
+    })
+}
+
+/// The NBD TLS setup `--tls-creds` names, loaded now (None without it).
+pub(crate) fn load_tls(args: &ServeConfig) -> Result<Option<TlsOptions>, Error> {
+    let Some(dir) = &args.tls_creds else {
+        return Ok(None);
+    };
+    let mode = if args.tls_require {
+        TlsMode::Require
+    } else {
+        TlsMode::Allow
+    };
+    TlsOptions::load(dir, mode, args.tls_verify_peer)
+        .map(Some)
+        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("--tls-creds: {e}")))
 }
 
 /// A user or group given by name or number.
@@ -716,7 +739,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         vmdks,
         stats,
     });
-    let server = NbdServer::new(exports.clone(), nbd_options(args));
+    let server = NbdServer::new(exports.clone(), nbd_options(args)?);
     let names: Vec<String> = vmdk_list
         .iter()
         .map(|(n, _)| n.clone())
@@ -1157,7 +1180,12 @@ pub(crate) fn listen(server: &NbdServer, args: &ServeConfig, example: &str) -> R
         let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
         server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
         println!("  NBD on tcp {addr}");
-        println!("    e.g. nbdinfo nbd://{addr}/{example}");
+        match &args.tls_creds {
+            None => println!("    e.g. nbdinfo nbd://{addr}/{example}"),
+            Some(_) => println!(
+                "    e.g. nbdinfo 'nbds://{addr}/{example}?tls-certificates=CLIENT_CREDS_DIR'"
+            ),
+        }
     }
     Ok(())
 }
@@ -1276,8 +1304,25 @@ pub(crate) fn wait_and_shut_down(
     http: HttpThread,
     args: &ServeConfig,
 ) {
+    // SIGHUP reloads the TLS credentials (renewed certificates) for the
+    // connections that come next.
+    let reload = Arc::new(AtomicBool::new(false));
+    if args.tls_creds.is_some() {
+        if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()) {
+            eprintln!("strata: no SIGHUP handler, TLS credentials cannot be reloaded: {e}");
+        }
+    }
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
+        if reload.swap(false, Ordering::AcqRel) {
+            match load_tls(args) {
+                Ok(tls) => {
+                    server.set_tls(tls);
+                    eprintln!("strata: TLS credentials reloaded");
+                }
+                Err(e) => eprintln!("strata: TLS credentials not reloaded, the old ones stay: {e}"),
+            }
+        }
     }
     eprintln!("strata: shutting down");
     server.shutdown();
@@ -1343,7 +1388,7 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
         vmdks: list.clone(),
         stats: (!args.no_stats).then(|| registry.clone()),
     });
-    let server = NbdServer::new(exports.clone(), nbd_options(args));
+    let server = NbdServer::new(exports.clone(), nbd_options(args)?);
     println!("strata: serving VMDK files (no datastore)");
     for ((n, img), sock) in list.iter().zip(&sockets) {
         println!(

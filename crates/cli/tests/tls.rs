@@ -1,0 +1,393 @@
+//! NBD over TLS (`serve --tls-creds`) against clients nobody here wrote:
+//! qemu-img and qemu-io (GnuTLS through QEMU's tls-creds-x509), nbdinfo
+//! (libnbd), with credentials openssl makes in QEMU's directory layout.
+
+mod common;
+use common::http::free_addr;
+use common::*;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A CA named `ca` in `root/ca` (its key and certificate), and
+/// certificates it signs: `root/NAME/{server,client}-{cert,key}.pem` with
+/// `ca-cert.pem` beside them, as QEMU's tls-creds-x509 reads a directory.
+struct Ca {
+    root: PathBuf,
+    name: String,
+}
+
+impl Ca {
+    fn new(root: &Path, name: &str) -> Ca {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                "ca-key.pem",
+                "-out",
+                "ca-cert.pem",
+                "-days",
+                "30",
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        Ca {
+            root: root.to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+
+    fn ca_dir(&self) -> PathBuf {
+        self.root.join(&self.name)
+    }
+
+    /// A directory holding this CA's certificate and, for `role` "server"
+    /// or "client", a certificate and key it signed for `cn`.
+    fn creds(&self, dir_name: &str, role: Option<&str>, cn: &str) -> PathBuf {
+        let dir = self.root.join(dir_name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(self.ca_dir().join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
+        let Some(role) = role else { return dir };
+        let ext = if role == "server" {
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+        } else {
+            "extendedKeyUsage=clientAuth\n"
+        };
+        std::fs::write(dir.join("ext"), format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                &format!("{role}-key.pem"),
+                "-out",
+                "req.csr",
+                "-subj",
+                &format!("/O=strata/CN={cn}"),
+            ],
+        );
+        let ca = self.ca_dir();
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "req.csr",
+                "-CA",
+                ca.join("ca-cert.pem").to_str().unwrap(),
+                "-CAkey",
+                ca.join("ca-key.pem").to_str().unwrap(),
+                "-CAcreateserial",
+                "-out",
+                &format!("{role}-cert.pem"),
+                "-days",
+                "30",
+                "-extfile",
+                "ext",
+            ],
+        );
+        dir
+    }
+}
+
+fn have_all() -> bool {
+    ["openssl", "qemu-img", "qemu-io", "nbdinfo"]
+        .iter()
+        .all(|t| have(t))
+}
+
+/// nbdinfo of export `d` over TLS on `addr`, trusting (and presenting)
+/// what `creds` holds.
+fn nbdinfo_tls(addr: &str, creds: &Path) -> std::process::Output {
+    let port = addr.rsplit(':').next().unwrap();
+    run(
+        "nbdinfo",
+        &[&format!(
+            "nbds://localhost:{port}/d?tls-certificates={}",
+            creds.display()
+        )],
+    )
+}
+
+/// QEMU's options for export `d` at `server` (`server.type=...` parts)
+/// over TLS with the client credentials in `creds`.
+fn qemu_tls(creds: &Path, server: &str) -> [String; 4] {
+    [
+        "--object".into(),
+        format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            creds.display()
+        ),
+        "--image-opts".into(),
+        format!("driver=nbd,{server},export=d,tls-creds=tls0,tls-hostname=localhost"),
+    ]
+}
+
+fn tcp_server(addr: &str) -> String {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    format!("server.type=inet,server.host={host},server.port={port}")
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+#[test]
+fn tls_required_serves_qemu_and_libnbd_and_refuses_plain_clients() {
+    if !have_all() {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "64M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    let cli = ca.creds("cli", Some("client"), "backup");
+    let rogue = Ca::new(s.dir.path(), "rogue").creds("rogue-cli", None, "x");
+    let addr = free_addr();
+    let _srv = s.serve_with(&["--nbd-tcp", &addr, "--tls-creds", srv.to_str().unwrap()]);
+
+    // Random data in through qemu-img (16 requests in flight: replies of
+    // several workers share one TLS session), back out over the Unix
+    // socket, compared.
+    let src = s.dir.path().join("src.raw");
+    let mut data = vec![0u8; 48 << 20];
+    rand::Rng::fill(&mut rand::thread_rng(), &mut data[..]);
+    std::fs::write(&src, &data).unwrap();
+    let tcp = qemu_tls(&cli, &tcp_server(&addr));
+    let mut args = vec![
+        "convert",
+        "-n",
+        "-m",
+        "16",
+        "-W",
+        "-f",
+        "raw",
+        src.to_str().unwrap(),
+    ];
+    args.extend(strs(&tcp[..2]));
+    args.extend(["--target-image-opts", &tcp[3]]);
+    run_ok("qemu-img", &args);
+    let unix = qemu_tls(
+        &cli,
+        &format!("server.type=unix,server.path={}", s.sock().display()),
+    );
+    let out = s.dir.path().join("out.raw");
+    let mut args = vec!["convert", "-m", "16", "-O", "raw"];
+    args.extend(strs(&unix));
+    args.push(out.to_str().unwrap());
+    run_ok("qemu-img", &args);
+    let back = std::fs::read(&out).unwrap();
+    assert!(
+        back[..data.len()] == data[..],
+        "data read back over TLS differs"
+    );
+    assert!(back[data.len()..].iter().all(|&b| b == 0));
+
+    // qemu-io: a write, a read that checks the pattern, a flush.
+    let mut args = strs(&tcp);
+    args.extend([
+        "-c",
+        "write -P 0x5a 1M 64k",
+        "-c",
+        "read -P 0x5a 1M 64k",
+        "-c",
+        "flush",
+    ]);
+    let o = run_ok("qemu-io", &args);
+    assert!(o.contains("read 65536/65536"), "{o}");
+
+    // libnbd over TCP.
+    let o = nbdinfo_tls(&addr, &cli);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("with TLS"));
+
+    // Plain clients are refused, with the reason QEMU prints.
+    let o = run("qemu-img", &["info", &format!("nbd://{addr}/d")]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("requires TLS"), "{err}");
+    let o = run("nbdinfo", &[&format!("nbd://{addr}/d")]);
+    assert!(!o.status.success());
+    // A client that trusts another CA does not take this server.
+    let o = nbdinfo_tls(&addr, &rogue);
+    assert!(!o.status.success());
+}
+
+#[test]
+fn tls_allow_takes_both_and_verify_peer_wants_the_cas_client_certificate() {
+    if !have_all() {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    let cli = ca.creds("cli", Some("client"), "backup");
+    let no_cert = ca.creds("nocert", None, "");
+    let rogue_ca = Ca::new(s.dir.path(), "rogue");
+    let rogue = rogue_ca.creds("rogue-cli", Some("client"), "intruder");
+    // The rogue client trusts the server's CA, but its certificate is
+    // signed by another.
+    std::fs::copy(ca.ca_dir().join("ca-cert.pem"), rogue.join("ca-cert.pem")).unwrap();
+
+    let addr = free_addr();
+    let srv_path = srv.to_str().unwrap();
+    let server = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--tls-creds",
+        srv_path,
+        "--tls",
+        "allow",
+    ]);
+    let o = run("nbdinfo", &[&format!("nbd://{addr}/d")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("without TLS"));
+    let o = nbdinfo_tls(&addr, &no_cert);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("with TLS"));
+    server.stop();
+
+    let addr = free_addr();
+    let _server = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--tls-creds",
+        srv_path,
+        "--tls-verify-peer",
+    ]);
+    assert!(nbdinfo_tls(&addr, &cli).status.success());
+    assert!(!nbdinfo_tls(&addr, &no_cert).status.success());
+    assert!(!nbdinfo_tls(&addr, &rogue).status.success());
+    // QEMU without a certificate, too.
+    let mut args = vec!["info"];
+    let q = qemu_tls(&no_cert, &tcp_server(&addr));
+    args.extend(strs(&q));
+    assert!(!run("qemu-img", &args).status.success());
+}
+
+#[test]
+fn sighup_reloads_the_certificates_for_new_connections() {
+    if !have_all() {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let old = Ca::new(s.dir.path(), "old");
+    let new = Ca::new(s.dir.path(), "new");
+    let srv = old.creds("srv", Some("server"), "localhost");
+    let trusts_old = old.creds("cli-old", None, "");
+    let trusts_new = new.creds("cli-new", None, "");
+    let addr = free_addr();
+    let server = s.serve_with(&["--nbd-tcp", &addr, "--tls-creds", srv.to_str().unwrap()]);
+    assert!(nbdinfo_tls(&addr, &trusts_old).status.success());
+    assert!(!nbdinfo_tls(&addr, &trusts_new).status.success());
+
+    // Renewed by another CA, in place; then SIGHUP.
+    let renewed = new.creds("srv-new", Some("server"), "localhost");
+    for f in ["server-cert.pem", "server-key.pem", "ca-cert.pem"] {
+        std::fs::copy(renewed.join(f), srv.join(f)).unwrap();
+    }
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(server.pid(), libc::SIGHUP) };
+    eventually(
+        "the server never took the renewed certificate",
+        std::time::Duration::from_secs(10),
+        || nbdinfo_tls(&addr, &trusts_new).status.success(),
+    );
+    assert!(!nbdinfo_tls(&addr, &trusts_old).status.success());
+
+    // Damaged credentials on reload: the server keeps the ones it has.
+    std::fs::write(srv.join("server-key.pem"), "not a key").unwrap();
+    unsafe { libc::kill(server.pid(), libc::SIGHUP) };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(nbdinfo_tls(&addr, &trusts_new).status.success());
+    server.stop();
+}
+
+#[test]
+fn bad_credentials_are_named_at_start() {
+    let s = Store::new();
+    let dir = s.dir.path().join("empty");
+    std::fs::create_dir(&dir).unwrap();
+    let err = s.fails(&[
+        "serve",
+        "--nbd-unix",
+        s.sock().to_str().unwrap(),
+        "--tls-creds",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(err.contains("server-cert.pem"), "{err}");
+    let err = s.fails(&[
+        "serve",
+        "--nbd-unix",
+        s.sock().to_str().unwrap(),
+        "--tls",
+        "allow",
+    ]);
+    assert!(err.contains("--tls-creds"), "{err}");
+}
+
+/// Bytes sent right behind STARTTLS, before the server's answer, would be
+/// read as if they came over TLS (the STARTTLS injection attack): the
+/// server must drop the connection instead of answering.
+#[test]
+fn bytes_after_starttls_before_its_answer_end_the_connection() {
+    if !have("openssl") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    let _server = s.serve_with(&["--tls-creds", srv.to_str().unwrap()]);
+    let mut c = std::os::unix::net::UnixStream::connect(s.sock()).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut hello = [0u8; 18];
+    c.read_exact(&mut hello).unwrap();
+    let mut msg = 3u32.to_be_bytes().to_vec(); // FIXED_NEWSTYLE | NO_ZEROES
+    let option = |opt: u32, data: &[u8]| {
+        let mut o = 0x49484156454F5054u64.to_be_bytes().to_vec();
+        o.extend_from_slice(&opt.to_be_bytes());
+        o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        o.extend_from_slice(data);
+        o
+    };
+    msg.extend(option(5, &[])); // STARTTLS
+    msg.extend(option(1, b"d")); // EXPORT_NAME, injected
+    c.write_all(&msg).unwrap();
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the server answered: {rest:?}");
+}

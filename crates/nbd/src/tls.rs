@@ -1,0 +1,346 @@
+//! NBD over TLS (the protocol's `NBD_OPT_STARTTLS`): credentials in
+//! QEMU's x509 directory layout, and [`Link`], the stream a connection is
+//! served on, which turns into a TLS session in place when the client asks
+//! for one.
+//!
+//! A connection's socket is cloned into a reader (the connection thread)
+//! and writers (the workers, which write whole replies under the
+//! connection's reply lock). Once TLS is up, every handle shares one
+//! `rustls` session:
+//! - a writer takes the session's `wire` lock, encrypts its bytes under the
+//!   `state` lock, releases that, and sends the records while still holding
+//!   `wire`, so records reach the socket in the order they were sealed;
+//! - the reader reads ciphertext from the socket without any lock, then
+//!   hands it to the session under `state`; anything the session must
+//!   answer by itself (an alert, a key update) goes out through the
+//!   writers' path (`wire` first, then `state`: one order everywhere).
+
+use std::fmt;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection};
+
+use crate::NbdStream;
+
+/// Whether a server that has credentials insists on TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Every option but `STARTTLS` and `ABORT` is refused with
+    /// `NBD_REP_ERR_TLS_REQD` until TLS is up (the spec's FORCEDTLS);
+    /// `EXPORT_NAME` before it ends the connection.
+    Require,
+    /// Clients may use TLS or not.
+    Allow,
+}
+
+/// A server's TLS setup: its credentials, loaded, and the mode.
+#[derive(Clone)]
+pub struct TlsOptions {
+    pub mode: TlsMode,
+    pub(crate) config: Arc<ServerConfig>,
+    /// Where the credentials came from (for messages).
+    pub dir: PathBuf,
+    /// Whether clients must present a certificate the CA signed.
+    pub verify_peer: bool,
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("mode", &self.mode)
+            .field("dir", &self.dir)
+            .field("verify_peer", &self.verify_peer)
+            .finish()
+    }
+}
+
+fn creds_error(path: &Path, what: impl fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {what}", path.display()),
+    )
+}
+
+impl TlsOptions {
+    /// Load credentials from `dir`, laid out as QEMU's `tls-creds-x509`
+    /// expects for a server: `server-cert.pem` (the server's certificate,
+    /// then any intermediates), `server-key.pem` (its private key), and
+    /// `ca-cert.pem` (the CA that signs client certificates), needed only
+    /// with `verify_peer`.
+    pub fn load(dir: &Path, mode: TlsMode, verify_peer: bool) -> io::Result<Self> {
+        let cert_path = dir.join("server-cert.pem");
+        let key_path = dir.join("server-key.pem");
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+            .map_err(|e| creds_error(&cert_path, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| creds_error(&cert_path, e))?;
+        if certs.is_empty() {
+            return Err(creds_error(&cert_path, "no certificate in it"));
+        }
+        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| creds_error(&key_path, e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| creds_error(dir, e))?;
+        let builder = if verify_peer {
+            let ca_path = dir.join("ca-cert.pem");
+            let mut roots = RootCertStore::empty();
+            for c in
+                CertificateDer::pem_file_iter(&ca_path).map_err(|e| creds_error(&ca_path, e))?
+            {
+                roots
+                    .add(c.map_err(|e| creds_error(&ca_path, e))?)
+                    .map_err(|e| creds_error(&ca_path, e))?;
+            }
+            if roots.is_empty() {
+                return Err(creds_error(&ca_path, "no CA certificate in it"));
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| creds_error(&ca_path, e))?;
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| creds_error(dir, format!("the key does not suit the certificate: {e}")))?;
+        // No resumption tickets: each connection is a full handshake, and
+        // nothing is sent after the handshake that a client did not ask for.
+        config.send_tls13_tickets = 0;
+        Ok(TlsOptions {
+            mode,
+            config: Arc::new(config),
+            dir: dir.to_path_buf(),
+            verify_peer,
+        })
+    }
+}
+
+/// One TLS session shared by every handle on a connection.
+struct Session {
+    /// Held from sealing records to sending them.
+    wire: Mutex<()>,
+    state: Mutex<ServerConnection>,
+}
+
+/// Plaintext sealed and sent per step of a long write.
+const SEAL_BYTES: usize = 256 << 10;
+/// Ciphertext read from the socket at once (a little more than one
+/// record, so the session never holds much more plaintext than that).
+const READ_TLS_BYTES: usize = 17 << 10;
+
+/// The stream a connection is served on: its socket, plain until the
+/// client's `STARTTLS`, a TLS session on it after. Clones share the
+/// session.
+pub struct Link<S> {
+    sock: S,
+    tls: Arc<OnceLock<Session>>,
+    /// Ciphertext read but not yet taken by the session (reader only).
+    pending: Vec<u8>,
+    taken: usize,
+}
+
+impl<S: NbdStream> Link<S> {
+    pub(crate) fn new(sock: S) -> Self {
+        Link {
+            sock,
+            tls: Arc::new(OnceLock::new()),
+            pending: Vec::new(),
+            taken: 0,
+        }
+    }
+
+    /// Whether TLS is up on this connection.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.get().is_some()
+    }
+
+    /// Run the server side of a TLS handshake on the socket (under the
+    /// socket's current timeouts) and carry every later byte over it.
+    /// The client certificate's subject, if it presented one.
+    pub(crate) fn start_tls(&mut self, config: Arc<ServerConfig>) -> io::Result<Option<Vec<u8>>> {
+        let mut c = ServerConnection::new(config).map_err(io::Error::other)?;
+        c.set_buffer_limit(None);
+        while c.is_handshaking() {
+            match c.complete_io(&mut self.sock) {
+                Ok((0, 0)) if c.is_handshaking() => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client left during the TLS handshake",
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Tell the client why (an alert), if it still listens.
+                    let _ = c.write_tls(&mut self.sock);
+                    return Err(e);
+                }
+            }
+        }
+        let peer = c
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .map(|c| c.as_ref().to_vec());
+        let _ = self.tls.set(Session {
+            wire: Mutex::new(()),
+            state: Mutex::new(c),
+        });
+        Ok(peer)
+    }
+
+    /// Seal `parts` and send them, in order, as one writer.
+    fn seal_and_send(&mut self, s: &Session, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        let _wire = s.wire.lock();
+        let mut total = 0;
+        let mut out = Vec::new();
+        for part in parts {
+            for chunk in part.chunks(SEAL_BYTES) {
+                out.clear();
+                {
+                    let mut c = s.state.lock();
+                    c.writer().write_all(chunk)?;
+                    while c.wants_write() {
+                        c.write_tls(&mut out)?;
+                    }
+                }
+                self.sock.write_all(&out)?;
+                total += chunk.len();
+            }
+        }
+        Ok(total)
+    }
+
+    /// Send whatever the session has to say by itself (an alert, a key
+    /// update).
+    fn send_pending(&mut self, s: &Session) -> io::Result<()> {
+        let _wire = s.wire.lock();
+        let mut out = Vec::new();
+        {
+            let mut c = s.state.lock();
+            while c.wants_write() {
+                c.write_tls(&mut out)?;
+            }
+        }
+        self.sock.write_all(&out)
+    }
+}
+
+impl<S: NbdStream> Read for Link<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.tls.get().is_none() {
+            return self.sock.read(buf);
+        }
+        let tls = self.tls.clone();
+        let Some(s) = tls.get() else {
+            return self.sock.read(buf);
+        };
+        loop {
+            {
+                let mut c = s.state.lock();
+                match c.reader().read(buf) {
+                    // 0: the client closed the session cleanly.
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if self.taken == self.pending.len() {
+                self.pending.resize(READ_TLS_BYTES, 0);
+                self.taken = 0;
+                let n = loop {
+                    match self.sock.read(&mut self.pending) {
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        r => break r,
+                    }
+                };
+                let n = match n {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.pending.clear();
+                        return Err(e);
+                    }
+                };
+                self.pending.truncate(n);
+                if n == 0 {
+                    // The socket ended: the session says whether cleanly.
+                    let mut c = s.state.lock();
+                    c.read_tls(&mut io::empty())?;
+                    c.process_new_packets().map_err(invalid)?;
+                    return match c.reader().read(buf) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            Err(io::ErrorKind::UnexpectedEof.into())
+                        }
+                        r => r,
+                    };
+                }
+            }
+            let (result, speak) = {
+                let mut c = s.state.lock();
+                let mut rest = &self.pending[self.taken..];
+                let before = rest.len();
+                let r = c.read_tls(&mut rest);
+                self.taken += before - rest.len();
+                let r = r.and_then(|_| c.process_new_packets().map(|_| ()).map_err(invalid));
+                (r, c.wants_write())
+            };
+            if speak {
+                let _ = self.send_pending(s);
+            }
+            result?;
+        }
+    }
+}
+
+fn invalid(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+impl<S: NbdStream> Write for Link<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.tls.get().is_none() {
+            return self.sock.write_vectored(bufs);
+        }
+        let tls = self.tls.clone();
+        match tls.get() {
+            Some(s) => self.seal_and_send(s, bufs),
+            None => self.sock.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+impl<S: NbdStream> NbdStream for Link<S> {
+    fn clone_stream(&self) -> io::Result<Self> {
+        Ok(Link {
+            sock: self.sock.clone_stream()?,
+            tls: self.tls.clone(),
+            pending: Vec::new(),
+            taken: 0,
+        })
+    }
+    fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
+        self.sock.shutdown_stream(how)
+    }
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+        self.sock.set_timeouts(read, write)
+    }
+    fn tune(&self) -> io::Result<()> {
+        self.sock.tune()
+    }
+}
