@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// DIR/ca-cert.pem (QEMU's verify-peer=on)
     #[arg(long, requires = "tls_creds")]
     pub tls_verify_peer: bool,
+    /// Serve --nbd-tcp in the clear on an address other hosts can reach (refused otherwise:
+    /// whoever reaches it could read and write every disk; loopback needs no flag)
+    #[arg(long)]
+    pub insecure: bool,
     /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
     /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
     /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
@@ -39,7 +43,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub vhost_queues: u16,
     /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
-    /// as libvirt's qemu user can connect); default: as the umask leaves them
+    /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
+    /// socket stays 0600 whatever this says)
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
     pub socket_mode: Option<u32>,
     /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
@@ -203,6 +208,7 @@ impl From<&ServeArgs> for ServeConfig {
             tls_creds: a.tls_creds.clone(),
             tls_require: a.tls_require,
             tls_verify_peer: a.tls_verify_peer,
+            insecure: a.insecure,
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             socket_mode: a.socket_mode,

@@ -155,6 +155,8 @@ impl Node {
             "serve",
             "--nbd-tcp",
             &self.nbd,
+            // Each host's address is in a namespace of this test.
+            "--insecure",
             "--gc-interval",
             "0",
         ];

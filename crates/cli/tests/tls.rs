@@ -391,3 +391,58 @@ fn bytes_after_starttls_before_its_answer_end_the_connection() {
     let _ = c.read_to_end(&mut rest);
     assert!(rest.is_empty(), "the server answered: {rest:?}");
 }
+
+#[test]
+fn nbd_tcp_beyond_loopback_needs_tls_or_insecure() {
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let port = common::http::free_port();
+    let any = format!("0.0.0.0:{port}");
+    let sock = s.sock();
+    let sock = sock.to_str().unwrap();
+    let err = s.fails(&["serve", "--nbd-unix", sock, "--nbd-tcp", &any]);
+    assert!(
+        err.contains("reachable from other hosts") && err.contains("--insecure"),
+        "{err}"
+    );
+    if have("openssl") {
+        let ca = Ca::new(s.dir.path(), "ca");
+        let srv = ca.creds("srv", Some("server"), "localhost");
+        let srv = srv.to_str().unwrap();
+        let err = s.fails(&[
+            "serve",
+            "--nbd-unix",
+            sock,
+            "--nbd-tcp",
+            &any,
+            "--tls-creds",
+            srv,
+            "--tls",
+            "allow",
+        ]);
+        assert!(err.contains("--tls allow"), "{err}");
+        let server = s.serve_with(&["--nbd-tcp", &any, "--tls-creds", srv]);
+        server.stop();
+    }
+    let server = s.serve_with(&["--nbd-tcp", &any, "--insecure"]);
+    if have("nbdinfo") {
+        run_ok("nbdinfo", &[&format!("nbd://127.0.0.1:{port}/d")]);
+    }
+    server.stop();
+}
+
+#[test]
+fn sockets_are_the_server_users_alone_unless_widened() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let server = s.serve();
+    assert_eq!(mode(&s.sock()), 0o600);
+    assert_eq!(mode(&s.path().join("control.sock")), 0o600);
+    server.stop();
+    let server = s.serve_with(&["--socket-mode", "0660"]);
+    assert_eq!(mode(&s.sock()), 0o660);
+    assert_eq!(mode(&s.path().join("control.sock")), 0o600);
+    server.stop();
+}

@@ -91,6 +91,8 @@ pub struct ServeConfig {
     pub tls_require: bool,
     /// With credentials: clients must present a certificate the CA signed.
     pub tls_verify_peer: bool,
+    /// Serve NBD without TLS on an address other hosts can reach.
+    pub insecure: bool,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -561,12 +563,27 @@ fn bind_listening(p: &Path) -> Result<UnixListener, Error> {
         .unwrap_or_default();
     let tmp = p.with_file_name(format!(".{name}.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    let l = UnixListener::bind(&tmp).map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+    let l = private(|| UnixListener::bind(&tmp))
+        .map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
     std::fs::rename(&tmp, p).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io_err(&format!("bind {}", p.display()), e)
     })?;
     Ok(l)
+}
+
+/// Run `f` (which creates a socket) with a umask that leaves the new
+/// file to its owner alone (mode 0600): sockets are born private, and
+/// `--socket-mode` / `--socket-owner` widen them afterwards. The umask is
+/// the process's; files other threads create meanwhile come out 0600
+/// too, which is never less safe.
+fn private<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: umask(2) only swaps the process's file creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let r = f();
+    // SAFETY: as above, restoring the mask it returned.
+    unsafe { libc::umask(old) };
+    r
 }
 
 fn io_err(what: &str, e: std::io::Error) -> Error {
@@ -1178,6 +1195,23 @@ pub(crate) fn listen(server: &NbdServer, args: &ServeConfig, example: &str) -> R
     if let Some(a) = &args.nbd_tcp {
         let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
         let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
+        let tls_required = args.tls_creds.is_some() && args.tls_require;
+        if !addr.ip().is_loopback() && !args.insecure && !tls_required {
+            let why = if args.tls_creds.is_some() {
+                "--tls allow lets clients in without TLS"
+            } else {
+                "TLS is off (no --tls-creds)"
+            };
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "--nbd-tcp {addr} is reachable from other hosts and {why}: anyone who \
+                     reaches it could read and write every disk. Give --tls-creds DIR \
+                     (docs/SECURITY.md), bind a loopback address, or pass --insecure to serve \
+                     in the clear anyway"
+                ),
+            ));
+        }
         server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
         println!("  NBD on tcp {addr}");
         match &args.tls_creds {
@@ -1237,8 +1271,7 @@ fn listen_vhost(
             io_threads: io_threads(args, 0),
             ..Default::default()
         };
-        vhost
-            .serve(sock, Arc::new(move || e.open(&name)), opts)
+        private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))
             .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
         own_socket(sock, args)?;
         println!("  vhost-user-blk {disk} on {}", sock.display());
