@@ -28,6 +28,13 @@ pub struct ServeArgs {
     /// DIR/ca-cert.pem (QEMU's verify-peer=on)
     #[arg(long, requires = "tls_creds")]
     pub tls_verify_peer: bool,
+    /// With --tls-creds: which client may open which export, read-write or read-only, by the
+    /// subject of its certificate (implies --tls-verify-peer). One rule per line:
+    /// `ACCESS EXPORTS IDENTITY`, e.g. `ro vm1@*,vm2 CN=backup1,O=Example` or `rw * *`; the
+    /// first rule naming both decides, no rule means no access (docs/SECURITY.md). SIGHUP
+    /// reloads it
+    #[arg(long, value_name = "FILE", requires = "tls_creds")]
+    pub tls_authz: Option<PathBuf>,
     /// Serve --nbd-tcp in the clear on an address other hosts can reach (refused otherwise:
     /// whoever reaches it could read and write every disk; loopback needs no flag)
     #[arg(long)]
@@ -209,6 +216,7 @@ impl From<&ServeArgs> for ServeConfig {
             tls_require: a.tls_require,
             tls_verify_peer: a.tls_verify_peer,
             insecure: a.insecure,
+            tls_authz: a.tls_authz.clone(),
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             socket_mode: a.socket_mode,

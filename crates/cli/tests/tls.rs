@@ -446,3 +446,98 @@ fn sockets_are_the_server_users_alone_unless_widened() {
     assert_eq!(mode(&s.path().join("control.sock")), 0o600);
     server.stop();
 }
+
+#[test]
+fn tls_authz_grants_exports_by_certificate_subject() {
+    if !have_all() {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    s.ok(&["create", "e", "--size", "16M"]);
+    s.ok(&["snapshot", "create", "d", "s1"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    let kvm = ca.creds("kvm", Some("client"), "kvm3");
+    let backup = ca.creds("backup", Some("client"), "backup");
+    let other = ca.creds("other", Some("client"), "other");
+    let rules = s.dir.path().join("authz");
+    std::fs::write(
+        &rules,
+        "# who may open what\nrw d CN=kvm3,O=strata\nro d,d@* CN=backup,O=strata\n",
+    )
+    .unwrap();
+    let addr = free_addr();
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let srv_path = srv.to_str().unwrap();
+    let server = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--tls-creds",
+        srv_path,
+        "--tls-authz",
+        rules.to_str().unwrap(),
+    ]);
+    let uri = |export: &str, creds: &Path| {
+        format!(
+            "nbds://localhost:{port}/{export}?tls-certificates={}",
+            creds.display()
+        )
+    };
+    let qemu = |creds: &Path, export: &str, args: &[&str]| {
+        let q = qemu_tls(creds, &tcp_server(&addr));
+        let opts = q[3].replace("export=d,", &format!("export={export},"));
+        let mut a: Vec<&str> = vec![&q[0], &q[1], "--image-opts", &opts];
+        a.extend(args);
+        run("qemu-io", &a)
+    };
+
+    // kvm3 writes d; e is neither listed nor opened, and QEMU says why.
+    let o = qemu(
+        &kvm,
+        "d",
+        &["-c", "write -P 7 0 64k", "-c", "read -P 7 0 64k"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = qemu(&kvm, "e", &["-c", "read 0 4k"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not granted to CN=kvm3,O=strata"), "{err}");
+    let listed = run_ok("nbdinfo", &["--list", "--json", &uri("", &kvm)]);
+    assert!(
+        listed.contains("\"d\"") && !listed.contains("\"e\""),
+        "{listed}"
+    );
+
+    // backup reads d and its snapshot, read-only.
+    let o = run_ok("nbdinfo", &[&uri("d", &backup)]);
+    assert!(o.contains("is_read_only: true"), "{o}");
+    let o = qemu(&backup, "d", &["-r", "-c", "read -P 7 0 64k"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(run("nbdinfo", &[&uri("d@s1", &backup)]).status.success());
+    let o = qemu(&backup, "d", &["-c", "write -P 9 0 4k"]);
+    assert!(!o.status.success(), "a read-only grant took a write");
+    assert!(!run("nbdinfo", &[&uri("e", &backup)]).status.success());
+
+    // A certificate the CA signed, but no rule names it.
+    assert!(!run("nbdinfo", &[&uri("d", &other)]).status.success());
+    let listed = run("nbdinfo", &["--list", "--json", &uri("", &other)]);
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains("\"d\""));
+    // kvm3's data is still what it wrote.
+    let o = qemu(&kvm, "d", &["-r", "-c", "read -P 7 0 64k"]);
+    assert!(o.status.success());
+    server.stop();
+
+    // A damaged rules file is named, with its line, at start.
+    std::fs::write(&rules, "rw d CN=kvm3\nrx e CN=x\n").unwrap();
+    let err = s.fails(&[
+        "serve",
+        "--nbd-unix",
+        s.sock().to_str().unwrap(),
+        "--tls-creds",
+        srv_path,
+        "--tls-authz",
+        rules.to_str().unwrap(),
+    ]);
+    assert!(err.contains("line 2") && err.contains("rx"), "{err}");
+}

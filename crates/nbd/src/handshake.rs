@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use strata_block::BlockDevice;
 
+use crate::authz::{subject, ReadOnly};
 use crate::proto::*;
 use crate::tls::Link;
-use crate::{MetaContext, NbdStream, Shared, TlsMode, OPTION_BYTES_MAX};
+use crate::{Access, Authz, MetaContext, NbdStream, Shared, TlsMode, OPTION_BYTES_MAX};
 
 /// Option payloads up to this size are read and discarded when too large;
 /// beyond it the connection is closed.
@@ -104,6 +105,10 @@ struct Haggle<'a, S: NbdStream> {
     structured: bool,
     /// The export contexts were selected for, and those contexts.
     meta: Option<(String, Vec<(u32, Context)>)>,
+    /// Who may open what, if the server says (`--tls-authz`).
+    authz: Option<Arc<Authz>>,
+    /// The client's certificate subject, once TLS is up with one.
+    who: Option<String>,
 }
 
 impl<S: NbdStream> Haggle<'_, S> {
@@ -138,14 +143,37 @@ impl<S: NbdStream> Haggle<'_, S> {
             .map(|e| e.name)
     }
 
-    /// Resolve and open an export, or explain why not.
-    fn open(&self, name: &str) -> Result<(String, Arc<dyn BlockDevice>), String> {
+    /// What this client may do with `export` (everything without rules).
+    fn grant(&self, export: &str) -> Option<Access> {
+        match &self.authz {
+            None => Some(Access::ReadWrite),
+            Some(a) => a.access(self.who.as_deref(), export),
+        }
+    }
+
+    /// Resolve and open an export, or explain why not: the option error
+    /// to answer with, and the message.
+    fn open(&self, name: &str) -> Result<(String, Arc<dyn BlockDevice>), (u32, String)> {
         let Some(name) = self.resolve(name) else {
-            return Err("there is no default export".into());
+            return Err((REP_ERR_UNKNOWN, "there is no default export".into()));
+        };
+        let Some(access) = self.grant(&name) else {
+            let who = self
+                .who
+                .as_deref()
+                .unwrap_or("a client without a certificate");
+            tracing::warn!("NBD: refused export '{name}' to {who}: no --tls-authz rule grants it");
+            return Err((
+                REP_ERR_POLICY,
+                format!("export '{name}' is not granted to {who}"),
+            ));
         };
         match self.shared.provider.open(&name) {
+            Ok(dev) if access == Access::ReadOnly && !dev.read_only() => {
+                Ok((name, Arc::new(ReadOnly(dev))))
+            }
             Ok(dev) => Ok((name, dev)),
-            Err(e) => Err(format!("cannot open export '{name}': {e}")),
+            Err(e) => Err((REP_ERR_UNKNOWN, format!("cannot open export '{name}': {e}"))),
         }
     }
 
@@ -165,6 +193,10 @@ impl<S: NbdStream> Haggle<'_, S> {
             return self.error(OPT_LIST, REP_ERR_INVALID, "LIST takes no data");
         }
         for e in self.shared.provider.list() {
+            // Exports a client may not open are not named to it either.
+            if self.grant(&e.name).is_none() {
+                continue;
+            }
             let len = (e.name.len() as u32).to_be_bytes();
             let desc = truncate_utf8(&e.description, STRING_BYTES_MAX);
             self.reply(
@@ -194,8 +226,8 @@ impl<S: NbdStream> Haggle<'_, S> {
         };
         let (name, dev) = match self.open(name) {
             Ok(x) => x,
-            Err(msg) => {
-                self.error(opt, REP_ERR_UNKNOWN, &msg)?;
+            Err((code, msg)) => {
+                self.error(opt, code, &msg)?;
                 return Ok(None);
             }
         };
@@ -277,7 +309,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         };
         let name = match self.open(name) {
             Ok((name, _)) => name,
-            Err(msg) => return self.error(opt, REP_ERR_UNKNOWN, &msg),
+            Err((code, msg)) => return self.error(opt, code, &msg),
         };
         let offered: Vec<String> = std::iter::once(BASE_ALLOCATION.to_string())
             .chain(self.shared.provider.contexts(&name))
@@ -322,7 +354,7 @@ impl<S: NbdStream> Haggle<'_, S> {
     /// NBD_OPT_EXPORT_NAME: no way to report an error but hanging up.
     fn export_name(&mut self, data: &[u8], no_zeroes: bool) -> io::Result<Negotiated> {
         let name = std::str::from_utf8(data).map_err(|_| io_invalid("export name is not UTF-8"))?;
-        let (name, dev) = self.open(name).map_err(io_invalid)?;
+        let (name, dev) = self.open(name).map_err(|(_, msg)| io_invalid(msg))?;
         let mut b = [0u8; 8 + 2 + 124];
         b[..8].copy_from_slice(&dev.size_bytes().to_be_bytes());
         b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());
@@ -381,6 +413,8 @@ pub(crate) fn negotiate<S: NbdStream>(
         out: Vec::with_capacity(256),
         structured: false,
         meta: None,
+        authz: tls.as_ref().and_then(|t| t.authz.clone()),
+        who: None,
     };
     let mut data = Vec::new();
     for _ in 0..OPTIONS_MAX {
@@ -469,9 +503,12 @@ pub(crate) fn negotiate<S: NbdStream>(
                         return Err(io_invalid("data sent after STARTTLS before its answer"));
                     }
                     h.reply(opt, REP_ACK, &[])?;
-                    if let Err(e) = h.conn.get_mut().start_tls(t.config.clone()) {
-                        tracing::warn!("NBD: a client's TLS handshake failed: {e}");
-                        return Err(e);
+                    match h.conn.get_mut().start_tls(t.config.clone()) {
+                        Ok(peer) => h.who = peer.as_deref().and_then(subject),
+                        Err(e) => {
+                            tracing::warn!("NBD: a client's TLS handshake failed: {e}");
+                            return Err(e);
+                        }
                     }
                     // Nothing chosen in the clear carries over.
                     h.structured = false;

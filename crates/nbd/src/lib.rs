@@ -80,12 +80,14 @@
 //! [`ReadFill`]: strata_block::ReadFill
 //! [`AlignedBuf`]: strata_block::AlignedBuf
 
+mod authz;
 mod handshake;
 mod proto;
 mod readahead;
 mod tls;
 mod transmission;
 
+pub use authz::{Access, Authz};
 pub use tls::{TlsMode, TlsOptions};
 
 #[cfg(test)]

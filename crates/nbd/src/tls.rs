@@ -28,7 +28,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 
-use crate::NbdStream;
+use crate::{Authz, NbdStream};
 
 /// Whether a server that has credentials insists on TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +50,8 @@ pub struct TlsOptions {
     pub dir: PathBuf,
     /// Whether clients must present a certificate the CA signed.
     pub verify_peer: bool,
+    /// Who may open which export (None: every client, every export).
+    pub authz: Option<Arc<Authz>>,
 }
 
 impl fmt::Debug for TlsOptions {
@@ -58,6 +60,7 @@ impl fmt::Debug for TlsOptions {
             .field("mode", &self.mode)
             .field("dir", &self.dir)
             .field("verify_peer", &self.verify_peer)
+            .field("authz", &self.authz.as_ref().map(|a| &a.path))
             .finish()
     }
 }
@@ -121,6 +124,7 @@ impl TlsOptions {
             config: Arc::new(config),
             dir: dir.to_path_buf(),
             verify_peer,
+            authz: None,
         })
     }
 }

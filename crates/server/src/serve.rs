@@ -18,7 +18,9 @@ use std::time::Duration;
 use strata_block::BlockDevice;
 use strata_datastore::{Kind, LocalDatastore, ObjectStoreDatastore};
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
-use strata_nbd::{ExportInfo, ExportProvider, NbdServer, ServerOptions, TlsMode, TlsOptions};
+use strata_nbd::{
+    Authz, ExportInfo, ExportProvider, NbdServer, ServerOptions, TlsMode, TlsOptions,
+};
 use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
@@ -93,6 +95,8 @@ pub struct ServeConfig {
     pub tls_verify_peer: bool,
     /// Serve NBD without TLS on an address other hosts can reach.
     pub insecure: bool,
+    /// Who may open which export over TLS (client certificate subjects).
+    pub tls_authz: Option<PathBuf>,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -127,9 +131,16 @@ pub(crate) fn load_tls(args: &ServeConfig) -> Result<Option<TlsOptions>, Error> 
     } else {
         TlsMode::Allow
     };
-    TlsOptions::load(dir, mode, args.tls_verify_peer)
-        .map(Some)
-        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("--tls-creds: {e}")))
+    let bad = |opt: &str, e: std::io::Error| {
+        Error::new(ErrorKind::InvalidArgument, format!("{opt}: {e}"))
+    };
+    // Access by identity means nothing unless identities are verified.
+    let verify = args.tls_verify_peer || args.tls_authz.is_some();
+    let mut tls = TlsOptions::load(dir, mode, verify).map_err(|e| bad("--tls-creds", e))?;
+    if let Some(p) = &args.tls_authz {
+        tls.authz = Some(Arc::new(Authz::load(p).map_err(|e| bad("--tls-authz", e))?));
+    }
+    Ok(Some(tls))
 }
 
 /// A user or group given by name or number.
