@@ -6,7 +6,7 @@ NBD_SOCK   ?= $(RUN_DIR)/nbd.sock
 NBD_TCP    ?= 127.0.0.1:10809
 STRATA     := target/release/strata
 
-.PHONY: all build run test deps lint bench clean
+.PHONY: all build run test deps lint bench fuzz clean
 
 all: build
 
@@ -31,6 +31,24 @@ lint:
 ## Benchmarks against qemu-nbd (raw, qcow2 chains) with fio; prints ratios.
 bench: deps build
 	python3 bench/bench.py $(BENCH_ARGS)
+
+## Run every fuzz target for SECONDS each (default 60) from its committed
+## corpus (fuzz/README.md); needs a nightly toolchain and cargo-fuzz,
+## installed here if missing. A crash leaves its input in fuzz/artifacts/.
+SECONDS ?= 60
+FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image
+fuzz:
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	@set -e; cd fuzz; for t in $(FUZZ_TARGETS); do \
+		mkdir -p corpus/$$t; work=$$(mktemp -d); cp -r corpus/$$t/. $$work/; \
+		echo "== $$t for $(SECONDS) s"; \
+		cargo +nightly fuzz run $$t $$work -- -max_total_time=$(SECONDS) \
+			-rss_limit_mb=2048 -malloc_limit_mb=512 -max_len=1048576 -print_final_stats=1 2>&1 \
+			| grep -E '^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|==[0-9]+==|SUMMARY|thread .* panicked)' || true; \
+		rm -rf $$work; \
+		if ls artifacts/$$t/crash-* >/dev/null 2>&1; then echo "$$t: crashes in fuzz/artifacts/$$t"; exit 1; fi; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -81,6 +81,8 @@
 //! [`AlignedBuf`]: strata_block::AlignedBuf
 
 mod authz;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod proto;
 mod readahead;
