@@ -174,7 +174,15 @@ fn tls_required_serves_qemu_and_libnbd_and_refuses_plain_clients() {
     let cli = ca.creds("cli", Some("client"), "backup");
     let rogue = Ca::new(s.dir.path(), "rogue").creds("rogue-cli", None, "x");
     let addr = free_addr();
-    let _srv = s.serve_with(&["--nbd-tcp", &addr, "--tls-creds", srv.to_str().unwrap()]);
+    let web = free_addr();
+    let _srv = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--tls-creds",
+        srv.to_str().unwrap(),
+        "--http",
+        &web,
+    ]);
 
     // Random data in through qemu-img (16 requests in flight: replies of
     // several workers share one TLS session), back out over the Unix
@@ -241,6 +249,19 @@ fn tls_required_serves_qemu_and_libnbd_and_refuses_plain_clients() {
     // A client that trusts another CA does not take this server.
     let o = nbdinfo_tls(&addr, &rogue);
     assert!(!o.status.success());
+
+    // Each refusal is counted by cause.
+    let metrics = common::http::get(&web, "/metrics").body;
+    let refused = |cause: &str| -> f64 {
+        let key = format!("strata_nbd_refused_total{{cause=\"{cause}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&key));
+        line.unwrap_or_else(|| panic!("no {key} in /metrics"))[key.len()..]
+            .parse()
+            .unwrap()
+    };
+    assert!(refused("tls_required") >= 2.0, "{metrics}");
+    assert!(refused("tls_handshake") >= 1.0);
+    assert_eq!(refused("not_granted"), 0.0);
 }
 
 #[test]
@@ -468,6 +489,7 @@ fn tls_authz_grants_exports_by_certificate_subject() {
     )
     .unwrap();
     let addr = free_addr();
+    let web = free_addr();
     let port = addr.rsplit(':').next().unwrap().to_string();
     let srv_path = srv.to_str().unwrap();
     let server = s.serve_with(&[
@@ -477,6 +499,8 @@ fn tls_authz_grants_exports_by_certificate_subject() {
         srv_path,
         "--tls-authz",
         rules.to_str().unwrap(),
+        "--http",
+        &web,
     ]);
     let uri = |export: &str, creds: &Path| {
         format!(
@@ -526,6 +550,10 @@ fn tls_authz_grants_exports_by_certificate_subject() {
     // kvm3's data is still what it wrote.
     let o = qemu(&kvm, "d", &["-r", "-c", "read -P 7 0 64k"]);
     assert!(o.status.success());
+    let metrics = common::http::get(&web, "/metrics").body;
+    let key = "strata_nbd_refused_total{cause=\"not_granted\"} ";
+    let line = metrics.lines().find(|l| l.starts_with(key)).unwrap();
+    assert!(line[key.len()..].parse::<f64>().unwrap() >= 4.0, "{line}");
     server.stop();
 
     // A damaged rules file is named, with its line, at start.

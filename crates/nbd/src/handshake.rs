@@ -8,7 +8,7 @@ use strata_block::BlockDevice;
 use crate::authz::{subject, ReadOnly};
 use crate::proto::*;
 use crate::tls::Link;
-use crate::{Access, Authz, MetaContext, NbdStream, Shared, TlsMode, OPTION_BYTES_MAX};
+use crate::{Access, Authz, MetaContext, NbdStream, Refusal, Shared, TlsMode, OPTION_BYTES_MAX};
 
 /// Option payloads up to this size are read and discarded when too large;
 /// beyond it the connection is closed.
@@ -162,7 +162,8 @@ impl<S: NbdStream> Haggle<'_, S> {
                 .who
                 .as_deref()
                 .unwrap_or("a client without a certificate");
-            tracing::warn!("NBD: refused export '{name}' to {who}: no --tls-authz rule grants it");
+            let what = format!("export '{name}' to {who}: no --tls-authz rule grants it");
+            self.shared.refusals.note(Refusal::NotGranted, &what);
             return Err((
                 REP_ERR_POLICY,
                 format!("export '{name}' is not granted to {who}"),
@@ -449,11 +450,18 @@ pub(crate) fn negotiate<S: NbdStream>(
                 OPT_STARTTLS | OPT_ABORT => {}
                 // It has no error reply: the spec says to disconnect.
                 OPT_EXPORT_NAME => {
+                    shared
+                        .refusals
+                        .note(Refusal::TlsRequired, "EXPORT_NAME before STARTTLS");
                     return Err(io_invalid(
                         "EXPORT_NAME before STARTTLS, and this server requires TLS",
-                    ))
+                    ));
                 }
                 _ => {
+                    shared.refusals.note(
+                        Refusal::TlsRequired,
+                        &format!("option {opt} before STARTTLS"),
+                    );
                     h.error(
                         opt,
                         REP_ERR_TLS_REQD,
@@ -506,7 +514,8 @@ pub(crate) fn negotiate<S: NbdStream>(
                     match h.conn.get_mut().start_tls(t.config.clone()) {
                         Ok(peer) => h.who = peer.as_deref().and_then(subject),
                         Err(e) => {
-                            tracing::warn!("NBD: a client's TLS handshake failed: {e}");
+                            let what = format!("a client's TLS handshake failed: {e}");
+                            shared.refusals.note(Refusal::TlsHandshake, &what);
                             return Err(e);
                         }
                     }

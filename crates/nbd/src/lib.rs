@@ -161,6 +161,79 @@ pub trait MetaContext: Send + Sync {
     }
 }
 
+/// Why the server turned a client away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// More connections than [`ServerOptions::max_connections`].
+    TooManyConnections,
+    /// An option other than `STARTTLS` before TLS, on a server that
+    /// requires it.
+    TlsRequired,
+    /// A TLS handshake failed (a client that does not trust the server, or
+    /// whose certificate the server does not).
+    TlsHandshake,
+    /// An export no `--tls-authz` rule grants to the client.
+    NotGranted,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::TooManyConnections,
+        Refusal::TlsRequired,
+        Refusal::TlsHandshake,
+        Refusal::NotGranted,
+    ];
+
+    /// Its name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::TooManyConnections => "too_many_connections",
+            Refusal::TlsRequired => "tls_required",
+            Refusal::TlsHandshake => "tls_handshake",
+            Refusal::NotGranted => "not_granted",
+        }
+    }
+}
+
+/// How often a server turned clients away, per cause; each cause is
+/// logged at most once a minute (with how many since), so a hostile
+/// client cannot flood the log.
+#[derive(Default)]
+pub struct Refusals {
+    counts: [std::sync::atomic::AtomicU64; 4],
+    /// Per cause: when it was last logged, and refusals since.
+    logged: Mutex<[(Option<std::time::Instant>, u64); 4]>,
+}
+
+/// Least time between two log lines of one refusal cause.
+const REFUSAL_LOG_GAP: Duration = Duration::from_secs(60);
+
+impl Refusals {
+    /// Refusals of `cause` so far.
+    pub fn count(&self, cause: Refusal) -> u64 {
+        self.counts[cause as usize].load(Ordering::Relaxed)
+    }
+
+    /// Count a refusal, and log it unless its cause was logged within the
+    /// last minute.
+    pub(crate) fn note(&self, cause: Refusal, what: &str) {
+        self.counts[cause as usize].fetch_add(1, Ordering::Relaxed);
+        let mut l = self.logged.lock();
+        let (at, since) = &mut l[cause as usize];
+        *since += 1;
+        if at.is_some_and(|t| t.elapsed() < REFUSAL_LOG_GAP) {
+            return;
+        }
+        let more = match *since {
+            1 => String::new(),
+            n => format!(" ({} more of this kind since the last line)", n - 1),
+        };
+        tracing::warn!("NBD: refused ({}): {what}{more}", cause.name());
+        *at = Some(std::time::Instant::now());
+        *since = 0;
+    }
+}
+
 /// Limits and tuning of a server.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -309,6 +382,7 @@ pub(crate) struct Shared {
     listeners: Mutex<Listeners>,
     /// The TLS setup new connections get (see [`ServerOptions::tls`]).
     tls: Mutex<Option<TlsOptions>>,
+    pub(crate) refusals: Arc<Refusals>,
 }
 
 impl Shared {
@@ -327,10 +401,9 @@ impl Shared {
             return Err(io::Error::other("the server is shutting down"));
         }
         if reg.live.len() >= self.opts.max_connections {
-            return Err(io::Error::other(format!(
-                "too many connections (limit {})",
-                self.opts.max_connections
-            )));
+            let e = format!("too many connections (limit {})", self.opts.max_connections);
+            self.refusals.note(Refusal::TooManyConnections, &e);
+            return Err(io::Error::other(e));
         }
         let handle = stream.clone_stream()?;
         let id = reg.next_id;
@@ -454,7 +527,7 @@ fn spawn_connection<S: NbdStream>(shared: &Arc<Shared>, stream: S) {
     let id = match shared.register(&stream) {
         Ok(id) => id,
         Err(e) => {
-            tracing::warn!("NBD: refusing a connection: {e}");
+            tracing::debug!("NBD: refusing a connection: {e}");
             let _ = stream.shutdown_stream(Shutdown::Both);
             return;
         }
@@ -489,6 +562,7 @@ impl NbdServer {
             shared: Arc::new(Shared {
                 provider,
                 tls,
+                refusals: Arc::default(),
                 opts: opts.sanitized(),
                 stopping: AtomicBool::new(false),
                 conns: Mutex::new(Registry::default()),
@@ -550,6 +624,11 @@ impl NbdServer {
     /// certificates, say); connections already served keep theirs.
     pub fn set_tls(&self, tls: Option<TlsOptions>) {
         *self.shared.tls.lock() = tls;
+    }
+
+    /// How often this server turned clients away, per cause.
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.shared.refusals.clone()
     }
 
     /// Number of connections being served (including those negotiating).

@@ -787,15 +787,18 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
+    let refusals = server.refusals();
     let http = start_http(
         args,
-        Box::new(
-            move || match (gauge_ds.as_local(), gauge_ds.as_object_store()) {
+        Box::new(move || {
+            let mut g = match (gauge_ds.as_local(), gauge_ds.as_object_store()) {
                 (Some(ds), _) => gauges(ds),
                 (None, Some(x)) => crate::object_store_gauges::gauges(x),
                 (None, None) => Vec::new(),
-            },
-        ),
+            };
+            g.extend(refusal_gauges(&refusals));
+            g
+        }),
         registry,
         Some(handler),
     )?;
@@ -1296,6 +1299,22 @@ fn listen_vhost(
     Ok(())
 }
 
+/// `strata_nbd_refused_total{cause}`: clients the NBD server turned away.
+fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
+    strata_nbd::Refusal::ALL
+        .iter()
+        .map(|&c| {
+            Gauge::new(
+                "strata_nbd_refused_total",
+                "NBD clients turned away, by cause (too_many_connections, tls_required, \
+                 tls_handshake, not_granted)",
+                r.count(c) as f64,
+            )
+            .label("cause", c.name())
+        })
+        .collect()
+}
+
 /// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
 /// given; `backend` None: a server without a datastore (metrics only).
 pub(crate) fn start_http(
@@ -1447,7 +1466,13 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
         }
     }
     // HTTP first, as for a datastore.
-    let http = start_http(args, Box::new(Vec::new), registry, None)?;
+    let refusals = server.refusals();
+    let http = start_http(
+        args,
+        Box::new(move || refusal_gauges(&refusals)),
+        registry,
+        None,
+    )?;
     listen(&server, args, &list[0].0)?;
     let vhost = VhostBlkServer::new();
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
