@@ -24,9 +24,13 @@ test: deps
 deps:
 	@scripts/install-deps.sh
 
+## Formatting, clippy, and cargo deny's licence, ban and source checks
+## (deny.toml; advisories need GitHub: `cargo deny check advisories`).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
+	$(CARGO) deny --offline check licenses bans sources
 
 ## Benchmarks against qemu-nbd (raw, qcow2 chains) with fio; prints ratios.
 bench: deps build

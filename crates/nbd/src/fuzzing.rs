@@ -191,7 +191,7 @@ pub fn session(input: &[u8]) -> usize {
     let mut writer = client.try_clone().expect("clone");
     let input = input.to_vec();
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let sender = s.spawn(|| {
             // The server may hang up early (a protocol error): fine.
             let _ = writer.write_all(&input);
             let _ = writer.shutdown(Shutdown::Write);
@@ -208,6 +208,11 @@ pub fn session(input: &[u8]) -> usize {
         let _ = server.serve_connection(theirs);
         // The server's side is closed now: the reader sees end of file.
         let answered = reader.join().unwrap_or(0);
+        // Joined explicitly: the end of a scope waits for a thread's
+        // closure only, not for the thread to exit, and LeakSanitizer
+        // took the thread-local destructor list of one still exiting
+        // for a leak.
+        let _ = sender.join();
         server.shutdown();
         answered
     })
