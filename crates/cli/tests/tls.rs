@@ -158,6 +158,17 @@ fn tcp_server(addr: &str) -> String {
     format!("server.type=inet,server.host={host},server.port={port}")
 }
 
+/// `strata_nbd_refused_total{cause}` from the server's `/metrics` at
+/// `web`.
+fn refused(web: &str, cause: &str) -> f64 {
+    let metrics = common::http::get(web, "/metrics").body;
+    let key = format!("strata_nbd_refused_total{{cause=\"{cause}\"}} ");
+    let line = metrics.lines().find(|l| l.starts_with(&key));
+    line.unwrap_or_else(|| panic!("no {key} in /metrics:\n{metrics}"))[key.len()..]
+        .parse()
+        .unwrap()
+}
+
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(|s| s.as_str()).collect()
 }
@@ -251,17 +262,9 @@ fn tls_required_serves_qemu_and_libnbd_and_refuses_plain_clients() {
     assert!(!o.status.success());
 
     // Each refusal is counted by cause.
-    let metrics = common::http::get(&web, "/metrics").body;
-    let refused = |cause: &str| -> f64 {
-        let key = format!("strata_nbd_refused_total{{cause=\"{cause}\"}} ");
-        let line = metrics.lines().find(|l| l.starts_with(&key));
-        line.unwrap_or_else(|| panic!("no {key} in /metrics"))[key.len()..]
-            .parse()
-            .unwrap()
-    };
-    assert!(refused("tls_required") >= 2.0, "{metrics}");
-    assert!(refused("tls_handshake") >= 1.0);
-    assert_eq!(refused("not_granted"), 0.0);
+    assert!(refused(&web, "tls_required") >= 2.0);
+    assert!(refused(&web, "tls_handshake") >= 1.0);
+    assert_eq!(refused(&web, "not_granted"), 0.0);
 }
 
 #[test]
@@ -550,10 +553,7 @@ fn tls_authz_grants_exports_by_certificate_subject() {
     // kvm3's data is still what it wrote.
     let o = qemu(&kvm, "d", &["-r", "-c", "read -P 7 0 64k"]);
     assert!(o.status.success());
-    let metrics = common::http::get(&web, "/metrics").body;
-    let key = "strata_nbd_refused_total{cause=\"not_granted\"} ";
-    let line = metrics.lines().find(|l| l.starts_with(key)).unwrap();
-    assert!(line[key.len()..].parse::<f64>().unwrap() >= 4.0, "{line}");
+    assert!(refused(&web, "not_granted") >= 4.0);
     server.stop();
 
     // A damaged rules file is named, with its line, at start.

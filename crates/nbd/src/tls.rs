@@ -136,6 +136,41 @@ struct Session {
     state: Mutex<ServerConnection>,
 }
 
+impl Session {
+    /// Seal `plain` (empty: nothing of ours) and whatever the session has
+    /// to say by itself (an alert, a key update) into `out`.
+    fn seal(&self, plain: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        let mut c = self.state.lock();
+        c.writer().write_all(plain)?;
+        while c.wants_write() {
+            c.write_tls(out)?;
+        }
+        Ok(())
+    }
+
+    /// Seal `parts` and send them on `sock`, in order, as one writer.
+    fn send(&self, sock: &mut impl Write, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        let _wire = self.wire.lock();
+        let mut total = 0;
+        let mut out = Vec::new();
+        for chunk in parts.iter().flat_map(|p| p.chunks(SEAL_BYTES)) {
+            out.clear();
+            self.seal(chunk, &mut out)?;
+            sock.write_all(&out)?;
+            total += chunk.len();
+        }
+        Ok(total)
+    }
+
+    /// Send what the session has to say by itself on `sock`.
+    fn send_pending(&self, sock: &mut impl Write) -> io::Result<()> {
+        let _wire = self.wire.lock();
+        let mut out = Vec::new();
+        self.seal(&[], &mut out)?;
+        sock.write_all(&out)
+    }
+}
+
 /// Plaintext sealed and sent per step of a long write.
 const SEAL_BYTES: usize = 256 << 10;
 /// Ciphertext read from the socket at once (a little more than one
@@ -200,52 +235,18 @@ impl<S: NbdStream> Link<S> {
         });
         Ok(peer)
     }
-
-    /// Seal `parts` and send them, in order, as one writer.
-    fn seal_and_send(&mut self, s: &Session, parts: &[IoSlice<'_>]) -> io::Result<usize> {
-        let _wire = s.wire.lock();
-        let mut total = 0;
-        let mut out = Vec::new();
-        for part in parts {
-            for chunk in part.chunks(SEAL_BYTES) {
-                out.clear();
-                {
-                    let mut c = s.state.lock();
-                    c.writer().write_all(chunk)?;
-                    while c.wants_write() {
-                        c.write_tls(&mut out)?;
-                    }
-                }
-                self.sock.write_all(&out)?;
-                total += chunk.len();
-            }
-        }
-        Ok(total)
-    }
-
-    /// Send whatever the session has to say by itself (an alert, a key
-    /// update).
-    fn send_pending(&mut self, s: &Session) -> io::Result<()> {
-        let _wire = s.wire.lock();
-        let mut out = Vec::new();
-        {
-            let mut c = s.state.lock();
-            while c.wants_write() {
-                c.write_tls(&mut out)?;
-            }
-        }
-        self.sock.write_all(&out)
-    }
 }
 
 impl<S: NbdStream> Read for Link<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.tls.get().is_none() {
-            return self.sock.read(buf);
-        }
-        let tls = self.tls.clone();
+        let Link {
+            sock,
+            tls,
+            pending,
+            taken,
+        } = self;
         let Some(s) = tls.get() else {
-            return self.sock.read(buf);
+            return sock.read(buf);
         };
         loop {
             {
@@ -257,11 +258,11 @@ impl<S: NbdStream> Read for Link<S> {
                     Err(e) => return Err(e),
                 }
             }
-            if self.taken == self.pending.len() {
-                self.pending.resize(READ_TLS_BYTES, 0);
-                self.taken = 0;
+            if *taken == pending.len() {
+                pending.resize(READ_TLS_BYTES, 0);
+                *taken = 0;
                 let n = loop {
-                    match self.sock.read(&mut self.pending) {
+                    match sock.read(pending) {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         r => break r,
                     }
@@ -269,11 +270,11 @@ impl<S: NbdStream> Read for Link<S> {
                 let n = match n {
                     Ok(n) => n,
                     Err(e) => {
-                        self.pending.clear();
+                        pending.clear();
                         return Err(e);
                     }
                 };
-                self.pending.truncate(n);
+                pending.truncate(n);
                 if n == 0 {
                     // The socket ended: the session says whether cleanly.
                     let mut c = s.state.lock();
@@ -289,15 +290,15 @@ impl<S: NbdStream> Read for Link<S> {
             }
             let (result, speak) = {
                 let mut c = s.state.lock();
-                let mut rest = &self.pending[self.taken..];
+                let mut rest = &pending[*taken..];
                 let before = rest.len();
                 let r = c.read_tls(&mut rest);
-                self.taken += before - rest.len();
+                *taken += before - rest.len();
                 let r = r.and_then(|_| c.process_new_packets().map(|_| ()).map_err(invalid));
                 (r, c.wants_write())
             };
             if speak {
-                let _ = self.send_pending(s);
+                let _ = s.send_pending(sock);
             }
             result?;
         }
@@ -314,13 +315,9 @@ impl<S: NbdStream> Write for Link<S> {
     }
 
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        if self.tls.get().is_none() {
-            return self.sock.write_vectored(bufs);
-        }
-        let tls = self.tls.clone();
-        match tls.get() {
-            Some(s) => self.seal_and_send(s, bufs),
+        match self.tls.get() {
             None => self.sock.write_vectored(bufs),
+            Some(s) => s.send(&mut self.sock, bufs),
         }
     }
 
