@@ -398,29 +398,9 @@ impl ObjectStore {
     /// request can never replace an object: the store still refuses it
     /// whenever it gets to it (FORMAT.md §11.1, rule 2).
     pub fn put_create(&self, key: &str, body: Bytes) -> Result<Put> {
-        // The HTTP client retries only idempotent requests, and a
-        // conditional PUT is not one to it: a store's passing answer of
-        // a server error (a 500 seen from SeaweedFS) is retried here, up
-        // to 3 more times. Safe for the reason above: an earlier attempt
-        // that took effect makes this one find the key with these bytes.
-        // (A store that does not answer at all is not retried here: that
-        // is an outage, and its callers say so.)
-        let mut pause = Duration::from_millis(50);
-        let mut tries = 0;
-        let r = loop {
-            match self.put_create_watched(key, body.clone()) {
-                Err(e)
-                    if e.kind == ErrorKind::Unavailable
-                        && e.message.contains("status code: 5")
-                        && tries < 3 =>
-                {
-                    tries += 1;
-                    std::thread::sleep(pause);
-                    pause *= 2;
-                }
-                r => break r,
-            }
-        };
+        // A server error is retried: safe for the reason above, as an
+        // earlier attempt that took effect makes the next find its bytes.
+        let r = retry_server_errors(|| self.put_create_watched(key, body.clone()));
         match r {
             Ok(put) => Ok(put),
             Err(e) if e.kind == ErrorKind::Exists => match self.get_opt(key)? {
@@ -634,16 +614,31 @@ impl ObjectStore {
             let _ = self.delete(&key);
             r
         };
+        // A racer answered with a server error is undecided: the store
+        // may have carried it out. It is sent again (as put_create does);
+        // a 412 then leaves it undecided, and the object read back says
+        // whether it was the winner.
         let mut accepted = Vec::new();
+        let mut undecided = Vec::new();
         for (i, r) in results.into_iter().enumerate() {
+            let r = match r {
+                Ok(()) => Ok(()),
+                Err(e) => match self.error("create", &key, e) {
+                    e if is_server_error(&e) => {
+                        let again =
+                            retry_server_errors(|| self.put_create_once(&key, bodies[i].clone()));
+                        if matches!(&again, Err(e) if e.kind == ErrorKind::Exists) {
+                            undecided.push(i);
+                        }
+                        again
+                    }
+                    e => Err(e),
+                },
+            };
             match r {
                 Ok(()) => accepted.push(i),
-                Err(e) => {
-                    let e = self.error("create", &key, e);
-                    if e.kind != ErrorKind::Exists {
-                        return cleanup(Err(e));
-                    }
-                }
+                Err(e) if e.kind == ErrorKind::Exists => {}
+                Err(e) => return cleanup(Err(e)),
             }
         }
         let unsupported = |why: String| {
@@ -656,7 +651,7 @@ impl ObjectStore {
                 ),
             ))
         };
-        if accepted.len() != 1 {
+        if accepted.len() > 1 {
             return cleanup(unsupported(format!(
                 "it accepted {} of {PROBE_RACERS} concurrent creates of one key",
                 accepted.len()
@@ -666,12 +661,27 @@ impl ObjectStore {
             Ok(b) => b,
             Err(e) => return cleanup(Err(e)),
         };
-        if there != bodies[accepted[0]] {
+        let Some(winner) = bodies.iter().position(|b| *b == there) else {
             return cleanup(unsupported(
-                "the object read back is not the one whose create was accepted".into(),
+                "the object read back is none of the racers' bodies".into(),
             ));
+        };
+        match accepted.first() {
+            Some(&a) if a != winner => {
+                return cleanup(unsupported(
+                    "the object read back is not the one whose create was accepted".into(),
+                ))
+            }
+            None if !undecided.contains(&winner) => {
+                return cleanup(unsupported(format!(
+                    "it refused all {PROBE_RACERS} concurrent creates of one key, yet one is there"
+                )))
+            }
+            _ => {}
         }
-        match self.put_create_once(&key, Bytes::from_static(b"strata probe: late")) {
+        match retry_server_errors(|| {
+            self.put_create_once(&key, Bytes::from_static(b"strata probe: late"))
+        }) {
             Ok(()) => {
                 return cleanup(unsupported(
                     "it accepted a create of a key that exists".into(),
@@ -686,6 +696,31 @@ impl ObjectStore {
             put_ms,
         }))
     }
+}
+
+/// Whether `e` is a store's answer of a server error (5xx): the request
+/// may or may not have been carried out.
+fn is_server_error(e: &Error) -> bool {
+    e.kind == ErrorKind::Unavailable && e.message.contains("status code: 5")
+}
+
+/// Run `f` again while it fails with a server error, up to 3 more times
+/// with a growing pause. The HTTP client retries only idempotent
+/// requests, and a create-only PUT is not one to it; SeaweedFS answers
+/// some of them with a passing 500. (A store that does not answer at all
+/// is not retried here: that is an outage, and the callers say so.)
+fn retry_server_errors<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut pause = Duration::from_millis(50);
+    for _ in 0..3 {
+        match f() {
+            Err(e) if is_server_error(&e) => {
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            r => return r,
+        }
+    }
+    f()
 }
 
 /// An S3 client for `url` whose HTTP attempts last at most `timeout`.

@@ -299,6 +299,10 @@ pub enum Fault {
     Unavailable,
     /// Read requests and never answer (a store that hangs).
     Stall,
+    /// Carry out the next N PUTs that open a connection, but answer each
+    /// `500 Internal Server Error`, as SeaweedFS sometimes does for a
+    /// create-only PUT; then pass again.
+    PassThenFail(u32),
 }
 
 /// A TCP proxy in front of a store that can fail on command: what a store
@@ -359,8 +363,29 @@ impl FaultProxy {
         if client.read_exact(&mut first).is_err() {
             return;
         }
-        match *mode.lock().unwrap() {
+        let fault = {
+            let mut m = mode.lock().unwrap();
+            let f = *m;
+            if let Fault::PassThenFail(n) = f {
+                *m = if n > 1 {
+                    Fault::PassThenFail(n - 1)
+                } else {
+                    Fault::Pass
+                };
+                // Only a PUT is failed; anything else passes.
+                if first[0] != b'P' {
+                    *m = f;
+                }
+            }
+            f
+        };
+        match fault {
             Fault::Pass => {}
+            Fault::PassThenFail(_) if first[0] == b'P' => {
+                Self::carry_out_then_fail(client, first[0], upstream);
+                return;
+            }
+            Fault::PassThenFail(_) => {}
             Fault::Unavailable => {
                 let _ = client.write_all(
                     b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -391,6 +416,57 @@ impl FaultProxy {
         let _ = client.shutdown(std::net::Shutdown::Write);
         let _ = t.join();
     }
+
+    /// Relay one request (`first` is its first byte) to the store, wait for
+    /// the store's whole answer, and answer 500 in its place.
+    fn carry_out_then_fail(mut client: TcpStream, first: u8, upstream: &str) {
+        use std::io::{Read, Write};
+        let Some(request) = read_message(&mut client, vec![first]) else {
+            return;
+        };
+        let Ok(mut up) = TcpStream::connect(upstream) else {
+            return;
+        };
+        if up.write_all(&request).is_err() || read_message(&mut up, Vec::new()).is_none() {
+            return;
+        }
+        let body = b"<?xml version=\"1.0\"?><Error><Code>InternalError</Code></Error>";
+        let _ = write!(
+            client,
+            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = client.write_all(body);
+        let mut sink = [0u8; 1];
+        let _ = client.shutdown(std::net::Shutdown::Write);
+        let _ = client.read(&mut sink);
+    }
+}
+
+/// One HTTP/1.1 message from `s` whose first bytes are `buf`: its head and
+/// a body of the head's Content-Length (none if it has none).
+fn read_message(s: &mut TcpStream, mut buf: Vec<u8>) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).ok().filter(|&n| n > 0)?;
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).ok().filter(|&n| n > 0)?;
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(buf)
 }
 
 /// The store a measuring example uses: the one `AWS_ENDPOINT_URL` names,

@@ -188,3 +188,39 @@ fn an_outage_is_a_prompt_error_and_the_client_recovers_after_it() {
         Put::Created
     );
 }
+
+/// SeaweedFS sometimes carries out a create-only PUT and answers it 500.
+/// The probe must still decide, even when every racer is answered so (the
+/// winner is then known only from the object), and a create must report
+/// its own success.
+#[test]
+fn creates_answered_500_after_they_took_effect_are_decided_by_the_object() {
+    use testing::{Fault, FaultProxy};
+    let Some(fs) = testing::shared() else { return };
+    let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
+    let url = StoreUrl::parse("s3://strata-objstore-test/passing-500").unwrap();
+    let s = ObjectStore::connect(
+        &url,
+        &Options {
+            endpoint: Some(proxy.endpoint.clone()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    proxy.set(Fault::PassThenFail(8));
+    let r = s.probe().unwrap();
+    assert_eq!((r.racers, r.accepted), (8, 1));
+    assert!(s.list("probe/", None).unwrap().is_empty());
+
+    proxy.set(Fault::PassThenFail(1));
+    assert_eq!(
+        s.put_create("m/1", Bytes::from_static(b"mine")).unwrap(),
+        Put::Created
+    );
+    assert_eq!(&s.get("m/1").unwrap()[..], b"mine");
+    proxy.set(Fault::PassThenFail(1));
+    assert_eq!(
+        s.put_create("m/1", Bytes::from_static(b"other")).unwrap(),
+        Put::Exists
+    );
+}
