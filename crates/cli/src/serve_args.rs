@@ -35,8 +35,8 @@ pub struct ServeArgs {
     /// reloads it
     #[arg(long, value_name = "FILE", requires = "tls_creds")]
     pub tls_authz: Option<PathBuf>,
-    /// Serve --nbd-tcp in the clear on an address other hosts can reach (refused otherwise:
-    /// whoever reaches it could read and write every disk; loopback needs no flag)
+    /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused
+    /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
     #[arg(long)]
     pub insecure: bool,
     /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
@@ -88,15 +88,22 @@ pub struct ServeArgs {
     /// with --cache none)
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
     pub nbd_read_ahead: u64,
-    /// Serve the dashboard at http://ADDR/, its JSON API at /api/v1 (docs/API.md) and
-    /// Prometheus metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT
+    /// Serve the dashboard at ADDR/, its JSON API at /api/v1 (docs/API.md) and Prometheus
+    /// metrics at /metrics; ADDR is IP:PORT, or PORT alone for 127.0.0.1:PORT. With
+    /// --tls-creds it is HTTPS (the same certificate). An address beyond loopback needs HTTPS
+    /// (or --insecure) and a token for reads too (--http-read-token or --http-token)
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
     /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
-    /// defrag): read, or created with a random token (mode 0600) when missing. Without it the
-    /// HTTP views are read-only
+    /// defrag), which grants reads too: read, or created with a random token (mode 0600) when
+    /// missing. Without it the HTTP views are read-only
     #[arg(long, value_name = "FILE")]
     pub http_token: Option<PathBuf>,
+    /// Token file for reads only (the dashboard's views, the API's GETs, /metrics: for
+    /// dashboards and scrapers): read, or created with a random token (mode 0600) when
+    /// missing. Once given, reads need a token on loopback too
+    #[arg(long, value_name = "FILE")]
+    pub http_read_token: Option<PathBuf>,
     /// Do not collect per-disk I/O statistics
     #[arg(long)]
     pub no_stats: bool,
@@ -227,6 +234,7 @@ impl From<&ServeArgs> for ServeConfig {
             io_threads: a.io_threads,
             http: a.http.clone(),
             http_token: a.http_token.clone(),
+            http_read_token: a.http_read_token.clone(),
             no_stats: a.no_stats,
             detect_zeroes: a.detect_zeroes,
             placement: a.placement,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use common::http::{free_addr, free_port, http, request, wait_http};
+use common::tls::{curl, Ca};
 use common::{have, Store};
 use serde_json::{json, Value};
 
@@ -31,10 +32,39 @@ struct Browser {
 
 impl Browser {
     fn start() -> Browser {
+        Browser::start_trusting(None)
+    }
+
+    /// A browser that also trusts the CA certificate `ca` (in the NSS
+    /// database of a home of its own, as a user would add it).
+    fn start_trusting(ca: Option<&std::path::Path>) -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let home = profile.path().join("home");
+        let nssdb = home.join(".pki/nssdb");
+        std::fs::create_dir_all(&nssdb).unwrap();
+        if let Some(ca) = ca {
+            let db = format!("sql:{}", nssdb.display());
+            common::run_ok("certutil", &["-N", "-d", &db, "--empty-password"]);
+            common::run_ok(
+                "certutil",
+                &[
+                    "-A",
+                    "-d",
+                    &db,
+                    "-n",
+                    "strata-test-ca",
+                    "-t",
+                    "C,,",
+                    "-i",
+                    ca.to_str().unwrap(),
+                ],
+            );
+        }
         let port = free_port();
         use std::os::unix::process::CommandExt as _;
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .env("HOME", &home)
             .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -52,14 +82,13 @@ impl Browser {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let profile = tempfile::tempdir().unwrap();
         let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
             "binary": "/usr/bin/chromium",
             "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                      "--no-first-run", "--disable-background-networking",
                      "--disable-component-update", "--disable-sync",
                      "--disable-dev-shm-usage", "--window-size=1280,1400",
-                     format!("--user-data-dir={}", profile.path().display())]
+                     format!("--user-data-dir={}", profile.path().join("profile").display())]
         }}}});
         let mut b = Browser {
             driver,
@@ -873,4 +902,141 @@ fn the_dashboard_reads_an_object_store_datastore() {
     );
     assert!(b.text("#tree").contains("one"));
     b.screenshot("object-store-disk");
+}
+
+/// Beyond loopback the dashboard, API and metrics go over HTTPS with the
+/// NBD credentials, and reads need a token as actions do: a read token
+/// reads and cannot act. The page loads in Chromium trusting the test CA
+/// (and no other way), and SIGHUP swaps the certificate.
+#[test]
+fn beyond_loopback_the_dashboard_is_https_and_reads_need_a_token() {
+    if !["chromium", "chromedriver", "certutil", "openssl", "curl"]
+        .iter()
+        .all(|t| have(t))
+    {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm1", "--size", "64M"]);
+    let root = s.dir.path().join("pki");
+    let ca = Ca::new(&root, "ca");
+    let creds = ca.creds("server", Some("server"), "localhost");
+    let creds_s = creds.to_str().unwrap();
+    let cacert = ca.ca_dir().join("ca-cert.pem");
+    let port = free_port();
+    let any = format!("0.0.0.0:{port}");
+    let sock = s.sock();
+    let sock_s = sock.to_str().unwrap();
+
+    // Refused at start: plain HTTP to the network, and no token for reads.
+    let e = s.fails(&["serve", "--nbd-unix", sock_s, "--http", &any]);
+    assert!(e.contains("HTTPS") && e.contains("--insecure"), "{e}");
+    let e = s.fails(&[
+        "serve",
+        "--nbd-unix",
+        sock_s,
+        "--http",
+        &any,
+        "--tls-creds",
+        creds_s,
+    ]);
+    assert!(e.contains("--http-read-token"), "{e}");
+
+    let (rt, at) = (
+        s.dir.path().join("read.token"),
+        s.dir.path().join("act.token"),
+    );
+    let srv = s.serve_with(&[
+        "--http",
+        &any,
+        "--tls-creds",
+        creds_s,
+        "--http-read-token",
+        rt.to_str().unwrap(),
+        "--http-token",
+        at.to_str().unwrap(),
+    ]);
+    let read = std::fs::read_to_string(&rt).unwrap().trim().to_string();
+    let act = std::fs::read_to_string(&at).unwrap().trim().to_string();
+    let url = |p: &str| format!("https://localhost:{port}{p}");
+    common::eventually("the HTTPS listener", Duration::from_secs(20), || {
+        curl(&cacert, &url("/"), None, None).0 == 200
+    });
+
+    // Plain HTTP on the same port gets no answer.
+    let plain = common::http::request(&format!("127.0.0.1:{port}"), "GET", "/api/v1", &[], "");
+    assert!(
+        plain.as_ref().map_or(true, |r| r.status == 0),
+        "plain HTTP was answered: {:?}",
+        plain.map(|r| r.head)
+    );
+
+    for path in ["/api/v1", "/api/v1/disks", "/metrics"] {
+        let (st, body) = curl(&cacert, &url(path), None, None);
+        assert_eq!(st, 401, "{path} without a token: {body}");
+        assert_eq!(
+            curl(&cacert, &url(path), Some("wrong-token-0123456789"), None).0,
+            403
+        );
+        let (st, body) = curl(&cacert, &url(path), Some(&read), None);
+        assert_eq!(st, 200, "{path} with the read token: {body}");
+    }
+    let (_, body) = curl(&cacert, &url("/api/v1"), Some(&read), None);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["granted"].as_str(), v["reads_need_token"].as_bool()),
+        (Some("read"), Some(true))
+    );
+    let (_, m) = curl(&cacert, &url("/metrics"), Some(&read), None);
+    assert!(m.contains("strata_datastore_capacity_bytes"), "{m}");
+
+    // A read token cannot act; the action token can.
+    let snap = url("/api/v1/disks/vm1/snapshots");
+    let (st, body) = curl(&cacert, &snap, Some(&read), Some(r#"{"name":"by-reader"}"#));
+    assert!(st == 403 && body.contains("reads only"), "{st} {body}");
+    let (st, body) = curl(&cacert, &snap, Some(&act), Some(r#"{"name":"by-admin"}"#));
+    assert_eq!(st, 201, "{body}");
+    let names = snapshot_names(&s, "vm1");
+    assert!(names.contains(&"by-admin".to_string()) && !names.contains(&"by-reader".to_string()));
+
+    // Another CA's client does not trust this server.
+    let other = Ca::new(&root, "other");
+    assert_eq!(
+        curl(&other.ca_dir().join("ca-cert.pem"), &url("/"), None, None).0,
+        0
+    );
+
+    // The page in Chromium: first without a token (it asks for one), then
+    // with the read token (the disks show, actions stay locked).
+    let b = Browser::start_trusting(Some(&cacert));
+    b.go(&url("/"));
+    b.wait(
+        "the token dialog",
+        "document.querySelector('#token-dialog').open",
+    );
+    b.type_into("#token-input", &read);
+    b.click("#token-ok");
+    b.wait(
+        "the disk table",
+        "document.querySelector('#disks tr[data-disk=\"vm1\"]')",
+    );
+    assert!(b.text("#lock").contains("locked"), "{}", b.text("#lock"));
+    assert!(!b.text("#lock").contains("unlocked"), "{}", b.text("#lock"));
+    assert_eq!(b.js("return location.protocol"), json!("https:"));
+    b.screenshot("https-read-token");
+    drop(b);
+
+    // SIGHUP: a certificate from another CA serves new connections.
+    let renewed = other.creds("renewed", Some("server"), "localhost");
+    for f in ["server-cert.pem", "server-key.pem"] {
+        std::fs::copy(renewed.join(f), creds.join(f)).unwrap();
+    }
+    // SAFETY: kill(2) of the server this test started.
+    unsafe { libc::kill(srv.pid(), libc::SIGHUP) };
+    let other_ca = other.ca_dir().join("ca-cert.pem");
+    common::eventually("the renewed certificate", Duration::from_secs(20), || {
+        curl(&other_ca, &url("/api/v1"), Some(&read), None).0 == 200
+    });
+    assert_eq!(curl(&cacert, &url("/"), None, None).0, 0);
+    srv.stop();
 }

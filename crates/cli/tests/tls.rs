@@ -4,121 +4,11 @@
 
 mod common;
 use common::http::free_addr;
+use common::tls::Ca;
 use common::*;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let o = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// A CA named `ca` in `root/ca` (its key and certificate), and
-/// certificates it signs: `root/NAME/{server,client}-{cert,key}.pem` with
-/// `ca-cert.pem` beside them, as QEMU's tls-creds-x509 reads a directory.
-struct Ca {
-    root: PathBuf,
-    name: String,
-}
-
-impl Ca {
-    fn new(root: &Path, name: &str) -> Ca {
-        let dir = root.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        openssl(
-            &dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                "ca-key.pem",
-                "-out",
-                "ca-cert.pem",
-                "-days",
-                "30",
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        );
-        Ca {
-            root: root.to_path_buf(),
-            name: name.to_string(),
-        }
-    }
-
-    fn ca_dir(&self) -> PathBuf {
-        self.root.join(&self.name)
-    }
-
-    /// A directory holding this CA's certificate and, for `role` "server"
-    /// or "client", a certificate and key it signed for `cn`.
-    fn creds(&self, dir_name: &str, role: Option<&str>, cn: &str) -> PathBuf {
-        let dir = self.root.join(dir_name);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(self.ca_dir().join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
-        let Some(role) = role else { return dir };
-        let ext = if role == "server" {
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
-        } else {
-            "extendedKeyUsage=clientAuth\n"
-        };
-        std::fs::write(dir.join("ext"), format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
-        openssl(
-            &dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &format!("{role}-key.pem"),
-                "-out",
-                "req.csr",
-                "-subj",
-                &format!("/O=strata/CN={cn}"),
-            ],
-        );
-        let ca = self.ca_dir();
-        openssl(
-            &dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "req.csr",
-                "-CA",
-                ca.join("ca-cert.pem").to_str().unwrap(),
-                "-CAkey",
-                ca.join("ca-key.pem").to_str().unwrap(),
-                "-CAcreateserial",
-                "-out",
-                &format!("{role}-cert.pem"),
-                "-days",
-                "30",
-                "-extfile",
-                "ext",
-            ],
-        );
-        dir
-    }
-}
+use std::path::Path;
 
 fn have_all() -> bool {
     ["openssl", "qemu-img", "qemu-io", "nbdinfo"]
@@ -160,8 +50,10 @@ fn tcp_server(addr: &str) -> String {
 
 /// `strata_nbd_refused_total{cause}` from the server's `/metrics` at
 /// `web`.
-fn refused(web: &str, cause: &str) -> f64 {
-    let metrics = common::http::get(web, "/metrics").body;
+fn refused(web: &str, creds: &Path, cause: &str) -> f64 {
+    // With --tls-creds the listener speaks HTTPS, with the same certificate.
+    let ca = creds.join("ca-cert.pem");
+    let (_, metrics) = common::tls::curl(&ca, &format!("https://{web}/metrics"), None, None);
     let key = format!("strata_nbd_refused_total{{cause=\"{cause}\"}} ");
     let line = metrics.lines().find(|l| l.starts_with(&key));
     line.unwrap_or_else(|| panic!("no {key} in /metrics:\n{metrics}"))[key.len()..]
@@ -262,9 +154,9 @@ fn tls_required_serves_qemu_and_libnbd_and_refuses_plain_clients() {
     assert!(!o.status.success());
 
     // Each refusal is counted by cause.
-    assert!(refused(&web, "tls_required") >= 2.0);
-    assert!(refused(&web, "tls_handshake") >= 1.0);
-    assert_eq!(refused(&web, "not_granted"), 0.0);
+    assert!(refused(&web, &srv, "tls_required") >= 2.0);
+    assert!(refused(&web, &srv, "tls_handshake") >= 1.0);
+    assert_eq!(refused(&web, &srv, "not_granted"), 0.0);
 }
 
 #[test]
@@ -553,7 +445,7 @@ fn tls_authz_grants_exports_by_certificate_subject() {
     // kvm3's data is still what it wrote.
     let o = qemu(&kvm, "d", &["-r", "-c", "read -P 7 0 64k"]);
     assert!(o.status.success());
-    assert!(refused(&web, "not_granted") >= 4.0);
+    assert!(refused(&web, &srv, "not_granted") >= 4.0);
     server.stop();
 
     // A damaged rules file is named, with its line, at start.

@@ -90,7 +90,7 @@ mod tls;
 mod transmission;
 
 pub use authz::{Access, Authz};
-pub use tls::{TlsMode, TlsOptions};
+pub use tls::{server_config, TlsMode, TlsOptions};
 
 #[cfg(test)]
 mod tests;

@@ -79,43 +79,7 @@ impl TlsOptions {
     /// `ca-cert.pem` (the CA that signs client certificates), needed only
     /// with `verify_peer`.
     pub fn load(dir: &Path, mode: TlsMode, verify_peer: bool) -> io::Result<Self> {
-        let cert_path = dir.join("server-cert.pem");
-        let key_path = dir.join("server-key.pem");
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
-            .map_err(|e| creds_error(&cert_path, e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| creds_error(&cert_path, e))?;
-        if certs.is_empty() {
-            return Err(creds_error(&cert_path, "no certificate in it"));
-        }
-        let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| creds_error(&key_path, e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| creds_error(dir, e))?;
-        let builder = if verify_peer {
-            let ca_path = dir.join("ca-cert.pem");
-            let mut roots = RootCertStore::empty();
-            for c in
-                CertificateDer::pem_file_iter(&ca_path).map_err(|e| creds_error(&ca_path, e))?
-            {
-                roots
-                    .add(c.map_err(|e| creds_error(&ca_path, e))?)
-                    .map_err(|e| creds_error(&ca_path, e))?;
-            }
-            if roots.is_empty() {
-                return Err(creds_error(&ca_path, "no CA certificate in it"));
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| creds_error(&ca_path, e))?;
-            builder.with_client_cert_verifier(verifier)
-        } else {
-            builder.with_no_client_auth()
-        };
-        let mut config = builder
-            .with_single_cert(certs, key)
-            .map_err(|e| creds_error(dir, format!("the key does not suit the certificate: {e}")))?;
+        let mut config = server_config(dir, verify_peer)?;
         // No resumption tickets: each connection is a full handshake, and
         // nothing is sent after the handshake that a client did not ask for.
         config.send_tls13_tickets = 0;
@@ -127,6 +91,49 @@ impl TlsOptions {
             authz: None,
         })
     }
+}
+
+/// A TLS server configuration from the credentials in `dir`, laid out as
+/// QEMU's `tls-creds-x509` expects for a server (see [`TlsOptions::load`]);
+/// with `verify_peer`, clients must present a certificate `ca-cert.pem`
+/// signed. rustls with ring as its provider, chosen explicitly. The HTTPS
+/// listener uses it too.
+pub fn server_config(dir: &Path, verify_peer: bool) -> io::Result<ServerConfig> {
+    let cert_path = dir.join("server-cert.pem");
+    let key_path = dir.join("server-key.pem");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+        .map_err(|e| creds_error(&cert_path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| creds_error(&cert_path, e))?;
+    if certs.is_empty() {
+        return Err(creds_error(&cert_path, "no certificate in it"));
+    }
+    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| creds_error(&key_path, e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| creds_error(dir, e))?;
+    let builder = if verify_peer {
+        let ca_path = dir.join("ca-cert.pem");
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&ca_path).map_err(|e| creds_error(&ca_path, e))? {
+            roots
+                .add(c.map_err(|e| creds_error(&ca_path, e))?)
+                .map_err(|e| creds_error(&ca_path, e))?;
+        }
+        if roots.is_empty() {
+            return Err(creds_error(&ca_path, "no CA certificate in it"));
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| creds_error(&ca_path, e))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    builder
+        .with_single_cert(certs, key)
+        .map_err(|e| creds_error(dir, format!("the key does not suit the certificate: {e}")))
 }
 
 /// One TLS session shared by every handle on a connection.

@@ -64,7 +64,9 @@ class ApiError extends Error {
 }
 
 async function get(path) {
-  const r = await fetch('/api/v1' + path, { headers: { Accept: 'application/json' }, cache: 'no-store' });
+  const headers = { Accept: 'application/json' };
+  if (token) headers.Authorization = 'Bearer ' + token;
+  const r = await fetch('/api/v1' + path, { headers, cache: 'no-store' });
   const body = await r.json().catch(() => null);
   if (!r.ok) throw new ApiError(r.status, body);
   return body;
@@ -112,7 +114,10 @@ function askToken() {
     if (d.returnValue === 'ok' && t) {
       token = t;
       sessionStorage.setItem(TOKEN_KEY, t);
-      showLock();
+      // A page that could not read the server starts over with it.
+      if (!info.api) { location.reload(); return; }
+      get('').then((i) => { info = i; showLock(); })
+        .catch((e) => say('cannot read the server: ' + e.message, 'error'));
     }
   }, { once: true });
   d.returnValue = '';
@@ -122,11 +127,16 @@ function askToken() {
 function showLock() {
   const l = $('#lock');
   l.replaceChildren();
+  const forget = () => {
+    token = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    info.granted = 'none';
+    showLock();
+  };
   if (!info.actions) {
     l.append(h('span', { class: 'muted', text: 'read-only server (no --http-token)' }));
-  } else if (token) {
-    l.append(h('span', { text: 'actions unlocked ' }),
-      h('button', { text: 'lock', onclick: () => { token = null; sessionStorage.removeItem(TOKEN_KEY); showLock(); } }));
+  } else if (info.granted === 'actions') {
+    l.append(h('span', { text: 'actions unlocked ' }), h('button', { text: 'lock', onclick: forget }));
   } else {
     l.append(h('span', { class: 'muted', text: 'actions locked ' }),
       h('button', { id: 'unlock', text: 'unlock', onclick: askToken }));
@@ -631,7 +641,14 @@ function wireForms() {
 
 async function main() {
   takeTokenFromHash();
-  try { info = await get(''); } catch (e) { say('cannot read the server: ' + e.message, 'error'); }
+  try {
+    info = await get('');
+  } catch (e) {
+    say('cannot read the server: ' + e.message, 'error');
+    // Reads need a token here (beyond loopback, or --http-read-token).
+    if (e.status === 401 || e.status === 403) askToken();
+    return;
+  }
   get('/status').then((s) => { $('#location').textContent = s.location || s.url || ''; }).catch(() => {});
   document.body.classList.toggle('shared', !!info.shared);
   showLock();

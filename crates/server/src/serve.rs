@@ -57,6 +57,8 @@ pub struct ServeConfig {
     pub http: Option<String>,
     /// The HTTP actions' token file.
     pub http_token: Option<PathBuf>,
+    /// The HTTP reads' token file (dashboards, scrapers).
+    pub http_read_token: Option<PathBuf>,
     /// No per-disk I/O statistics.
     pub no_stats: bool,
     /// Zero detection on writes.
@@ -1324,40 +1326,101 @@ pub(crate) fn start_http(
     backend: Option<Arc<dyn crate::web::Backend>>,
 ) -> Result<HttpThread, Error> {
     let Some(a) = &args.http else {
-        if args.http_token.is_some() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "--http-token goes with --http ADDR",
-            ));
+        for (set, flag) in [
+            (args.http_token.is_some(), "--http-token"),
+            (args.http_read_token.is_some(), "--http-read-token"),
+        ] {
+            if set {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{flag} goes with --http ADDR"),
+                ));
+            }
         }
         return Ok(None);
     };
-    let token = match &args.http_token {
-        Some(p) => Some(crate::web::load_or_make_token(p)?),
+    let bind = crate::web::bind_address(a);
+    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
+    let ip: std::net::IpAddr = bind
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| invalid(format!("--http {a}: give IP:PORT (or PORT for loopback)")))?;
+    let local = ip.is_loopback();
+    if !local && args.tls_creds.is_none() && !args.insecure {
+        return Err(invalid(format!(
+            "--http {a} is not a loopback address: beyond loopback the dashboard, API and \
+             metrics go over HTTPS only, with the server's --tls-creds DIR (docs/SECURITY.md); \
+             bind a loopback address, or pass --insecure to serve plain HTTP to the network"
+        )));
+    }
+    if !local && args.http_token.is_none() && args.http_read_token.is_none() {
+        return Err(invalid(format!(
+            "--http {a} is not a loopback address: beyond loopback reads need a token too; give \
+             --http-read-token FILE (for dashboards and scrapers) and/or --http-token FILE (for \
+             actions); a missing file is made with a new random token"
+        )));
+    }
+    let tokens = crate::web::Tokens {
+        action: match &args.http_token {
+            Some(p) => Some(crate::web::load_or_make_token("--http-token", p)?),
+            None => None,
+        },
+        read: match &args.http_read_token {
+            Some(p) => Some(crate::web::load_or_make_token("--http-read-token", p)?),
+            None => None,
+        },
+        reads_need_token: !local || args.http_read_token.is_some(),
+    };
+    if tokens.action.is_some() && tokens.action == tokens.read {
+        return Err(invalid(
+            "--http-token and --http-read-token hold the same token: a read token must not \
+             grant actions"
+                .into(),
+        ));
+    }
+    let tls = match &args.tls_creds {
+        Some(dir) => Some(https_config(dir)?),
         None => None,
     };
-    let bind = crate::web::bind_address(a);
+    let https = tls.is_some();
+    let scheme = if https { "https" } else { "http" };
+    let reads_need_token = tokens.reads_need_token;
     let has_backend = backend.is_some();
-    let web = crate::web::Web::new(gauges, registry, backend, token);
-    let h = crate::web::start(&bind, web)?;
+    let web = crate::web::Web::new(gauges, registry, backend, tokens, https);
+    let h = crate::web::start(&bind, web, tls)?;
     let addr = h.addr;
     if has_backend {
-        println!("  dashboard on http://{addr}/ (API: http://{addr}/api/v1, docs/API.md)");
+        println!("  dashboard on {scheme}://{addr}/ (API: {scheme}://{addr}/api/v1, docs/API.md)");
         match &args.http_token {
             Some(p) => println!(
-                "    actions need the token in {} (open http://{addr}/#token=TOKEN)",
+                "    actions need the token in {} (open {scheme}://{addr}/#token=TOKEN)",
                 p.display()
             ),
             None => println!("    read-only: actions need --http-token FILE"),
         }
-        if !addr.ip().is_loopback() {
-            println!(
-                "    note: {addr} is not loopback: the read-only views are open to the network"
-            );
-        }
     }
-    println!("  metrics on http://{addr}/metrics");
+    if reads_need_token {
+        let files: Vec<String> = [&args.http_read_token, &args.http_token]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
+        println!("    reads need a token (in {})", files.join(" or "));
+    }
+    if !local && !https {
+        println!("    note: {addr} is not loopback and --insecure serves it as plain HTTP");
+    }
+    println!("  metrics on {scheme}://{addr}/metrics");
     Ok(Some(h))
+}
+
+/// The HTTPS configuration from the credentials in `dir` (no client
+/// certificates: requests carry tokens).
+fn https_config(dir: &std::path::Path) -> Result<Arc<rustls::ServerConfig>, Error> {
+    strata_nbd::server_config(dir, false)
+        .map(crate::web::https_config)
+        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("--tls-creds: {e}")))
 }
 
 /// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
@@ -1378,12 +1441,21 @@ pub(crate) fn wait_and_shut_down(
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         if reload.swap(false, Ordering::AcqRel) {
-            match load_tls(args) {
-                Ok(tls) => {
+            let https = match (&http, &args.tls_creds) {
+                (Some(_), Some(dir)) => Some(https_config(dir)),
+                _ => None,
+            };
+            match (load_tls(args), https) {
+                (Err(e), _) | (_, Some(Err(e))) => {
+                    eprintln!("strata: TLS credentials not reloaded, the old ones stay: {e}")
+                }
+                (Ok(tls), https) => {
                     server.set_tls(tls);
+                    if let (Some(h), Some(Ok(c))) = (&http, https) {
+                        h.set_tls(c);
+                    }
                     eprintln!("strata: TLS credentials reloaded");
                 }
-                Err(e) => eprintln!("strata: TLS credentials not reloaded, the old ones stay: {e}"),
             }
         }
     }

@@ -2,8 +2,11 @@
 //! uses at `/api/v1` (docs/API.md). The API is the control socket's
 //! requests over HTTP: each path is one [`Request`], run by the server's
 //! [`Backend`], and answered with what `--json` prints for it ([`Render`]).
-//! Reads are open; actions need the server's token (and are refused from
-//! other origins). The page's files are embedded in the binary.
+//! Actions need the server's action token (and are refused from other
+//! origins); reads are open on loopback and need a token (the read token
+//! or the action token) beyond it, or wherever a read token is set. With
+//! TLS credentials the listener speaks HTTPS only. The page's files are
+//! embedded in the binary.
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
@@ -24,6 +27,10 @@ use crate::units::parse_size;
 const IN_FLIGHT_MAX: usize = 32;
 /// Largest request body accepted.
 const BODY_BYTES_MAX: usize = 64 << 10;
+/// TLS handshakes under way at once, at most (more connections are closed).
+const HANDSHAKES_MAX: usize = 64;
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
@@ -48,10 +55,44 @@ pub(crate) struct Web {
     pub registry: Arc<StatsRegistry>,
     /// None: a server without a datastore (VMDK files only): `/metrics` only.
     pub backend: Option<Arc<dyn Backend>>,
-    /// The token actions need (None: actions are off).
+    /// The token actions need (None: actions are off); it grants reads too.
     pub token: Option<String>,
+    /// A token that grants reads only (dashboards, scrapers).
+    pub read_token: Option<String>,
+    /// Whether reads (`/metrics`, the API's GETs) need a token.
+    pub reads_need_token: bool,
+    /// Whether the listener speaks HTTPS.
+    pub https: bool,
     /// This machine's name, accepted in `Host` headers besides addresses.
     pub host_name: String,
+}
+
+/// The tokens a listener checks.
+pub(crate) struct Tokens {
+    /// For actions (and reads).
+    pub action: Option<String>,
+    /// For reads only.
+    pub read: Option<String>,
+    /// Whether reads need one of them.
+    pub reads_need_token: bool,
+}
+
+/// What the token a request carries grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grant {
+    None,
+    Read,
+    Actions,
+}
+
+impl Grant {
+    fn name(self) -> &'static str {
+        match self {
+            Grant::None => "none",
+            Grant::Read => "read",
+            Grant::Actions => "actions",
+        }
+    }
 }
 
 impl Web {
@@ -59,26 +100,72 @@ impl Web {
         gauges: GaugeFn,
         registry: Arc<StatsRegistry>,
         backend: Option<Arc<dyn Backend>>,
-        token: Option<String>,
+        tokens: Tokens,
+        https: bool,
     ) -> Web {
         Web {
             gauges,
             registry,
             backend,
-            token,
+            token: tokens.action,
+            read_token: tokens.read,
+            reads_need_token: tokens.reads_need_token,
+            https,
             host_name: own_host_name(),
         }
     }
+
+    /// What the request's `Authorization: Bearer` token grants.
+    fn grant(&self, headers: &HeaderMap) -> Grant {
+        let Some(given) = bearer(headers) else {
+            return Grant::None;
+        };
+        if self.token.as_deref().is_some_and(|t| same_secret(given, t)) {
+            Grant::Actions
+        } else if self
+            .read_token
+            .as_deref()
+            .is_some_and(|t| same_secret(given, t))
+        {
+            Grant::Read
+        } else {
+            Grant::None
+        }
+    }
+
+    /// Refusal of a read without a token where reads need one.
+    fn authorize_read(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        if !self.reads_need_token || self.grant(headers) != Grant::None {
+            return Ok(());
+        }
+        Err(match bearer(headers) {
+            None => Refusal::new(
+                401,
+                "refused",
+                "reading this server needs a token (Authorization: Bearer TOKEN: the file given \
+                 to serve --http-read-token, or --http-token)",
+            ),
+            Some(_) => Refusal::new(403, "refused", "wrong token"),
+        })
+    }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    header_value(headers, "Authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
 }
 
 /// Read the token in `path`, or make a new random one there (0600).
-pub(crate) fn load_or_make_token(path: &Path) -> Result<String, Error> {
+/// `option` names the flag that gave `path`, for messages.
+pub(crate) fn load_or_make_token(option: &str, path: &Path) -> Result<String, Error> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |what: &str, e: std::io::Error| {
         Error::new(
             ErrorKind::Io,
-            format!("--http-token {}: {what}: {e}", path.display()),
+            format!("{option} {}: {what}: {e}", path.display()),
         )
     };
     match std::fs::read_to_string(path) {
@@ -88,7 +175,7 @@ pub(crate) fn load_or_make_token(path: &Path) -> Result<String, Error> {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
                     format!(
-                        "--http-token {}: the token must be at least 16 printable characters \
+                        "{option} {}: the token must be at least 16 printable characters \
                          (remove the file to have a new one made)",
                         path.display()
                     ),
@@ -135,9 +222,30 @@ pub(crate) struct HttpServer {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The TLS configuration new connections get (HTTPS only).
+    tls: Option<Arc<parking_lot::RwLock<Arc<rustls::ServerConfig>>>>,
+}
+
+/// The configuration of an HTTPS listener: `config` (from
+/// `strata_nbd::server_config`) offering HTTP/1.1 by ALPN.
+pub(crate) fn https_config(mut config: rustls::ServerConfig) -> Arc<rustls::ServerConfig> {
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
 }
 
 impl HttpServer {
+    /// Use `config` for connections from now on (renewed credentials);
+    /// false when the listener speaks plain HTTP.
+    pub fn set_tls(&self, config: Arc<rustls::ServerConfig>) -> bool {
+        match &self.tls {
+            Some(t) => {
+                *t.write() = config;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Stop listening; requests being answered finish, idle connections
     /// close (waiting about a second at most).
     pub fn stop(mut self) {
@@ -150,8 +258,15 @@ impl HttpServer {
     }
 }
 
-/// Bind `bind` and answer on it until stopped.
-pub(crate) fn start(bind: &str, web: Web) -> Result<HttpServer, Error> {
+/// Bind `bind` and answer on it until stopped; HTTPS only when `tls` is
+/// given (see [`https_config`]).
+pub(crate) fn start(
+    bind: &str,
+    web: Web,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<HttpServer, Error> {
+    let tls = tls.map(|c| Arc::new(parking_lot::RwLock::new(c)));
+    let handshake_config = tls.clone();
     let io = |what: String, e: std::io::Error| Error::new(ErrorKind::Io, format!("{what}: {e}"));
     let listener =
         std::net::TcpListener::bind(bind).map_err(|e| io(format!("bind http {bind}"), e))?;
@@ -197,11 +312,24 @@ pub(crate) fn start(bind: &str, web: Web) -> Result<HttpServer, Error> {
                 // finish, idle keep-alive connections close; half a second
                 // at most.
                 let (graceful, when) = tokio::sync::oneshot::channel::<()>();
-                let serving = tokio::spawn(std::future::IntoFuture::into_future(
-                    axum::serve(listener, app).with_graceful_shutdown(async {
-                        let _ = when.await;
-                    }),
-                ));
+                let until = async {
+                    let _ = when.await;
+                };
+                let serving = match handshake_config {
+                    None => tokio::spawn(std::future::IntoFuture::into_future(
+                        axum::serve(listener, app).with_graceful_shutdown(until),
+                    )),
+                    Some(config) => {
+                        let (ready, rx) = tokio::sync::mpsc::channel(HANDSHAKES_MAX);
+                        let handshaking = tokio::spawn(handshakes(listener, config, ready));
+                        let tls = TlsListener { rx, addr };
+                        tokio::spawn(async move {
+                            let r = axum::serve(tls, app).with_graceful_shutdown(until).await;
+                            handshaking.abort();
+                            r
+                        })
+                    }
+                };
                 let _ = rx.await;
                 let _ = graceful.send(());
                 let _ = tokio::time::timeout(std::time::Duration::from_millis(500), serving).await;
@@ -213,7 +341,72 @@ pub(crate) fn start(bind: &str, web: Web) -> Result<HttpServer, Error> {
         addr,
         stop: Some(tx),
         thread: Some(thread),
+        tls,
     })
+}
+
+type TlsStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Connections whose TLS handshake has finished, for axum.
+struct TlsListener {
+    rx: tokio::sync::mpsc::Receiver<(TlsStream, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TlsStream, SocketAddr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The handshakes ended (on stop): nothing more to accept.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
+/// Accept TCP connections and run their TLS handshakes, each in a task of
+/// its own with [`HANDSHAKE_LIMIT`], at most [`HANDSHAKES_MAX`] at once
+/// (more are closed at once): a client that stalls its handshake holds
+/// up nobody else.
+async fn handshakes(
+    listener: tokio::net::TcpListener,
+    config: Arc<parking_lot::RwLock<Arc<rustls::ServerConfig>>>,
+    ready: tokio::sync::mpsc::Sender<(TlsStream, SocketAddr)>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_MAX));
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, most likely: wait for some to close.
+                tracing::warn!("https: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("https: {peer}: too many handshakes under way; closed");
+            continue;
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(config.read().clone());
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let _ = ready.send((tls, peer)).await;
+                }
+                Ok(Err(e)) => tracing::debug!("https: {peer}: TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!("https: {peer}: no TLS handshake within the limit"),
+            }
+        });
+    }
 }
 
 /// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
@@ -346,6 +539,9 @@ fn percent_decode(s: &str) -> Option<String> {
 fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resp {
     let path = uri.path();
     if path == "/metrics" {
+        if let Err(r) = web.authorize_read(headers) {
+            return r.response();
+        }
         return if method == Method::GET {
             let body =
                 strata_stats::render_prometheus(&web.registry.snapshot_all(), &(web.gauges)());
@@ -354,7 +550,11 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
             error_response(405, "invalid_argument", "GET /metrics")
         };
     }
-    if !header_value(headers, "Host").is_some_and(|h| host_is_ours(h, &web.host_name)) {
+    // Over HTTPS a page of another site cannot reach this server by a name
+    // of its own (the certificate does not name it), so the check is for
+    // plain HTTP.
+    if !web.https && !header_value(headers, "Host").is_some_and(|h| host_is_ours(h, &web.host_name))
+    {
         return error_response(
             421,
             "refused",
@@ -420,7 +620,8 @@ fn authorize(web: &Web, req: &HeaderMap) -> Result<(), Refusal> {
     }
     if let Some(origin) = header_value(req, "Origin") {
         let host = header_value(req, "Host").unwrap_or("");
-        if origin != format!("http://{host}") {
+        let scheme = if web.https { "https" } else { "http" };
+        if origin != format!("{scheme}://{host}") {
             return Err(Refusal::new(
                 403,
                 "refused",
@@ -428,18 +629,20 @@ fn authorize(web: &Web, req: &HeaderMap) -> Result<(), Refusal> {
             ));
         }
     }
-    let given = header_value(req, "Authorization").and_then(|v| v.strip_prefix("Bearer "));
-    match given {
+    match bearer(req) {
         None => Err(Refusal::new(
             401,
             "refused",
             "this action needs the server's token (Authorization: Bearer TOKEN; the dashboard \
              asks for it)",
         )),
-        Some(t) if !same_secret(t.trim(), token) => {
-            Err(Refusal::new(403, "refused", "wrong token"))
-        }
-        Some(_) => Ok(()),
+        Some(t) if same_secret(t, token) => Ok(()),
+        Some(_) if web.grant(req) == Grant::Read => Err(Refusal::new(
+            403,
+            "refused",
+            "this token grants reads only; actions need the --http-token one",
+        )),
+        Some(_) => Err(Refusal::new(403, "refused", "wrong token")),
     }
 }
 
@@ -516,6 +719,9 @@ fn api(
     }
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     if method == Method::GET {
+        if let Err(r) = web.authorize_read(headers) {
+            return r.response();
+        }
         let r = match segs.as_slice() {
             [] => {
                 return json_response(
@@ -524,6 +730,8 @@ fn api(
                         "api": 1,
                         "server": concat!("strata ", env!("CARGO_PKG_VERSION")),
                         "actions": web.token.is_some(),
+                        "reads_need_token": web.reads_need_token,
+                        "granted": web.grant(headers).name(),
                         "shared": backend.shared(),
                     }),
                 )
