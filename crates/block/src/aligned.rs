@@ -30,6 +30,13 @@ impl AlignedBuf {
     /// Alignment of the storage, and the unit it is allocated in.
     pub const ALIGN: usize = 4096;
 
+    /// Buffers of this size and more are mapped from the kernel, whose
+    /// pages are zero until first written and take no memory before:
+    /// the allocator's aligned path would write every byte to zero it, so
+    /// a client that announces a 32 MiB WRITE and sends nothing would
+    /// cost 32 MiB at once. Mapped, a buffer costs what was received.
+    pub const MAPPED_MIN: usize = 1 << 20;
+
     /// A buffer of `len` zero bytes.
     ///
     /// # Panics
@@ -43,8 +50,27 @@ impl AlignedBuf {
             };
         }
         let layout = Self::layout(len);
-        // SAFETY: the layout's size is at least `len`, so not zero.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let raw = if layout.size() >= Self::MAPPED_MIN {
+            // SAFETY: a fresh private anonymous mapping of a non-zero size;
+            // nothing else refers to it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    layout.size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                alloc::handle_alloc_error(layout)
+            }
+            p.cast::<u8>()
+        } else {
+            // SAFETY: the layout's size is at least `len`, so not zero.
+            unsafe { alloc::alloc_zeroed(layout) }
+        };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
         Self {
             ptr,
@@ -97,7 +123,11 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.capacity > 0 {
+        if self.capacity >= Self::MAPPED_MIN {
+            // SAFETY: mapped in `zeroed` with this very size and not
+            // unmapped before.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.capacity) };
+        } else if self.capacity > 0 {
             // SAFETY: allocated in `zeroed` with this very layout (same
             // size and alignment) and not freed before.
             unsafe {
@@ -141,5 +171,26 @@ mod tests {
         let empty = AlignedBuf::zeroed(0);
         assert!(empty.is_empty());
         assert_eq!(empty.capacity(), 0);
+    }
+
+    /// Pages of `b` that are in memory (mincore).
+    fn resident_pages(b: &AlignedBuf) -> usize {
+        let pages = b.capacity() / 4096;
+        let mut v = vec![0u8; pages];
+        // SAFETY: the range is the buffer's own page-aligned mapping.
+        let r = unsafe { libc::mincore(b.as_ptr() as *mut _, b.capacity(), v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().filter(|&&p| p & 1 == 1).count()
+    }
+
+    #[test]
+    fn a_large_buffer_takes_memory_only_where_written() {
+        let mut b = AlignedBuf::zeroed(32 << 20);
+        assert_eq!(resident_pages(&b), 0, "zeroing touched the pages");
+        assert!(b[..1 << 20].iter().all(|&x| x == 0));
+        b[..1 << 20].fill(9);
+        assert_eq!(resident_pages(&b), 256);
+        assert_eq!(b[(1 << 20) - 1], 9);
+        assert_eq!(b[(32 << 20) - 1], 0);
     }
 }

@@ -35,6 +35,14 @@ pub struct ServeArgs {
     /// reloads it
     #[arg(long, value_name = "FILE", requires = "tls_creds")]
     pub tls_authz: Option<PathBuf>,
+    /// NBD connections served at once, counting those still negotiating (more are closed at
+    /// once and counted in strata_nbd_refused_total{cause="too_many_connections"})
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+    /// NBD connections one export may be open on at once; one more is refused in its
+    /// handshake with a reason the client prints (0: only --max-connections limits them)
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65536))]
+    pub max_export_connections: u32,
     /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused
     /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
     #[arg(long)]
@@ -224,6 +232,8 @@ impl From<&ServeArgs> for ServeConfig {
             tls_verify_peer: a.tls_verify_peer,
             insecure: a.insecure,
             tls_authz: a.tls_authz.clone(),
+            max_connections: a.max_connections as usize,
+            max_connections_per_export: a.max_export_connections as usize,
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             socket_mode: a.socket_mode,

@@ -8,7 +8,9 @@ use strata_block::BlockDevice;
 use crate::authz::{subject, ReadOnly};
 use crate::proto::*;
 use crate::tls::Link;
-use crate::{Access, Authz, MetaContext, NbdStream, Refusal, Shared, TlsMode, OPTION_BYTES_MAX};
+use crate::{
+    Access, Authz, ExportSlot, MetaContext, NbdStream, Refusal, Shared, TlsMode, OPTION_BYTES_MAX,
+};
 
 /// Option payloads up to this size are read and discarded when too large;
 /// beyond it the connection is closed.
@@ -28,6 +30,8 @@ pub(crate) enum Context {
 /// What the client chose.
 pub(crate) struct Negotiated {
     pub device: Arc<dyn BlockDevice>,
+    /// The connection's place on its export, held while it is served.
+    pub _slot: ExportSlot,
     pub structured: bool,
     /// The metadata contexts selected for this export, with their ids.
     pub contexts: Vec<(u32, Context)>,
@@ -178,9 +182,10 @@ impl<S: NbdStream> Haggle<'_, S> {
         }
     }
 
-    fn negotiated(&self, name: &str, device: Arc<dyn BlockDevice>) -> Negotiated {
+    fn negotiated(&self, name: &str, device: Arc<dyn BlockDevice>, slot: ExportSlot) -> Negotiated {
         Negotiated {
             device,
+            _slot: slot,
             structured: self.structured,
             contexts: match &self.meta {
                 Some((export, selected)) if self.structured && export == name => selected.clone(),
@@ -232,6 +237,17 @@ impl<S: NbdStream> Haggle<'_, S> {
                 return Ok(None);
             }
         };
+        // GO takes its place on the export before it answers anything.
+        let slot = match opt {
+            OPT_GO => match self.shared.export_slot(&name) {
+                Ok(slot) => Some(slot),
+                Err(why) => {
+                    self.error(opt, REP_ERR_POLICY, &why)?;
+                    return Ok(None);
+                }
+            },
+            _ => None,
+        };
         let flags = transmission_flags(&*dev, self.structured);
         self.reply(
             opt,
@@ -279,7 +295,7 @@ impl<S: NbdStream> Haggle<'_, S> {
             ],
         )?;
         self.reply(opt, REP_ACK, &[])?;
-        Ok((opt == OPT_GO).then(|| self.negotiated(&name, dev)))
+        Ok(slot.map(|slot| self.negotiated(&name, dev, slot)))
     }
 
     fn meta_context(&mut self, opt: u32, data: &[u8]) -> io::Result<()> {
@@ -355,13 +371,17 @@ impl<S: NbdStream> Haggle<'_, S> {
     /// NBD_OPT_EXPORT_NAME: no way to report an error but hanging up.
     fn export_name(&mut self, data: &[u8], no_zeroes: bool) -> io::Result<Negotiated> {
         let name = std::str::from_utf8(data).map_err(|_| io_invalid("export name is not UTF-8"))?;
-        let (name, dev) = self.open(name).map_err(|(_, msg)| io_invalid(msg))?;
+        // Not the client's protocol error: no such export, or not for it.
+        let (name, dev) = self
+            .open(name)
+            .map_err(|(_, msg)| io::Error::new(io::ErrorKind::NotFound, msg))?;
+        let slot = self.shared.export_slot(&name).map_err(io::Error::other)?;
         let mut b = [0u8; 8 + 2 + 124];
         b[..8].copy_from_slice(&dev.size_bytes().to_be_bytes());
         b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());
         let n = if no_zeroes { 10 } else { b.len() };
         self.conn.get_mut().write_all(&b[..n])?;
-        Ok(self.negotiated(&name, dev))
+        Ok(self.negotiated(&name, dev, slot))
     }
 }
 
@@ -516,7 +536,8 @@ pub(crate) fn negotiate<S: NbdStream>(
                         Err(e) => {
                             let what = format!("a client's TLS handshake failed: {e}");
                             shared.refusals.note(Refusal::TlsHandshake, &what);
-                            return Err(e);
+                            // Counted as that, not as a protocol error.
+                            return Err(io::Error::other(what));
                         }
                     }
                     // Nothing chosen in the clear carries over.

@@ -174,14 +174,26 @@ pub enum Refusal {
     TlsHandshake,
     /// An export no `--tls-authz` rule grants to the client.
     NotGranted,
+    /// An export already open on
+    /// [`ServerOptions::max_connections_per_export`] connections.
+    ExportFull,
+    /// A client that did not finish its handshake within
+    /// [`ServerOptions::handshake_timeout`].
+    HandshakeTimeout,
+    /// A client that broke the protocol: a bad magic number, a length
+    /// past the limits, a request that makes no sense on the wire.
+    ProtocolError,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 4] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::TooManyConnections,
         Refusal::TlsRequired,
         Refusal::TlsHandshake,
         Refusal::NotGranted,
+        Refusal::ExportFull,
+        Refusal::HandshakeTimeout,
+        Refusal::ProtocolError,
     ];
 
     /// Its name in metrics and logs.
@@ -191,6 +203,9 @@ impl Refusal {
             Refusal::TlsRequired => "tls_required",
             Refusal::TlsHandshake => "tls_handshake",
             Refusal::NotGranted => "not_granted",
+            Refusal::ExportFull => "export_full",
+            Refusal::HandshakeTimeout => "handshake_timeout",
+            Refusal::ProtocolError => "protocol_error",
         }
     }
 }
@@ -200,9 +215,9 @@ impl Refusal {
 /// client cannot flood the log.
 #[derive(Default)]
 pub struct Refusals {
-    counts: [std::sync::atomic::AtomicU64; 4],
+    counts: [std::sync::atomic::AtomicU64; Refusal::ALL.len()],
     /// Per cause: when it was last logged, and refusals since.
-    logged: Mutex<[(Option<std::time::Instant>, u64); 4]>,
+    logged: Mutex<[(Option<std::time::Instant>, u64); Refusal::ALL.len()]>,
 }
 
 /// Least time between two log lines of one refusal cause.
@@ -243,6 +258,10 @@ pub struct ServerOptions {
     /// Connections served at once, counting those still negotiating.
     /// Default 128.
     pub max_connections: usize,
+    /// Connections one export may be open on at once (a `GO` or
+    /// `EXPORT_NAME` past it is refused); 0: no limit but
+    /// `max_connections`. Default 64.
+    pub max_connections_per_export: usize,
     /// Worker threads per connection, started as requests queue up.
     /// Default 4.
     pub workers_per_connection: usize,
@@ -277,6 +296,7 @@ impl Default for ServerOptions {
         ServerOptions {
             max_request_bytes: 32 << 20,
             max_connections: 128,
+            max_connections_per_export: 64,
             workers_per_connection: 4,
             max_inflight_requests: 64,
             max_inflight_bytes: 64 << 20,
@@ -383,9 +403,46 @@ pub(crate) struct Shared {
     /// The TLS setup new connections get (see [`ServerOptions::tls`]).
     tls: Mutex<Option<TlsOptions>>,
     pub(crate) refusals: Arc<Refusals>,
+    /// Connections each export is open on.
+    export_conns: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One connection's hold on an export, given back when dropped.
+pub(crate) struct ExportSlot {
+    conns: Arc<Mutex<HashMap<String, usize>>>,
+    name: String,
+}
+
+impl Drop for ExportSlot {
+    fn drop(&mut self) {
+        let mut m = self.conns.lock();
+        if let Some(n) = m.get_mut(&self.name) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.name);
+            }
+        }
+    }
 }
 
 impl Shared {
+    /// Take a place on export `name`, or say why not (its limit is full).
+    pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, String> {
+        let limit = self.opts.max_connections_per_export;
+        let mut m = self.export_conns.lock();
+        let n = m.entry(name.to_string()).or_insert(0);
+        if limit > 0 && *n >= limit {
+            let why = format!("export '{name}' is open on {n} connections already (the limit)");
+            self.refusals.note(Refusal::ExportFull, &why);
+            return Err(why);
+        }
+        *n += 1;
+        Ok(ExportSlot {
+            conns: self.export_conns.clone(),
+            name: name.to_string(),
+        })
+    }
+
     pub(crate) fn tls(&self) -> Option<TlsOptions> {
         self.tls.lock().clone()
     }
@@ -563,6 +620,7 @@ impl NbdServer {
                 provider,
                 tls,
                 refusals: Arc::default(),
+                export_conns: Arc::default(),
                 opts: opts.sanitized(),
                 stopping: AtomicBool::new(false),
                 conns: Mutex::new(Registry::default()),

@@ -17,7 +17,7 @@ use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
 use crate::readahead::{Plan, Prefetcher};
 use crate::tls::Link;
-use crate::{NbdStream, Shared};
+use crate::{NbdStream, Refusal, Shared};
 
 /// Receive buffer of the reader: batches small pipelined requests.
 const READ_BUFFER_BYTES: usize = 128 * 1024;
@@ -56,7 +56,20 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: Link<S>, writer: Link<S>) 
     let timeout = shared.opts.handshake_timeout;
     stream.set_timeouts(timeout, timeout)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let Some(session) = negotiate(shared, &mut reader)? else {
+    let negotiated = negotiate(shared, &mut reader).inspect_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => shared.refusals.note(
+            Refusal::HandshakeTimeout,
+            &format!(
+                "a client did not finish its handshake within {:?}",
+                shared.opts.handshake_timeout.unwrap_or_default()
+            ),
+        ),
+        io::ErrorKind::InvalidData => shared
+            .refusals
+            .note(Refusal::ProtocolError, &format!("in a handshake: {e}")),
+        _ => {}
+    });
+    let Some(session) = negotiated? else {
         return Ok(());
     };
     reader.get_ref().set_timeouts(None, None)?;
@@ -98,7 +111,13 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: Link<S>, writer: Link<S>) 
         threads: Vec::new(),
         max: shared.opts.workers_per_connection,
     };
-    let result = read_requests(shared, &conn, &mut reader, &mut workers);
+    let result = read_requests(shared, &conn, &mut reader, &mut workers).inspect_err(|e| {
+        if e.kind() == io::ErrorKind::InvalidData {
+            shared
+                .refusals
+                .note(Refusal::ProtocolError, &format!("in transmission: {e}"));
+        }
+    });
     // Dropping `workers` closes the queue and waits for every queued
     // request to be executed and answered.
     drop(workers);

@@ -99,6 +99,10 @@ pub struct ServeConfig {
     pub insecure: bool,
     /// Who may open which export over TLS (client certificate subjects).
     pub tls_authz: Option<PathBuf>,
+    /// NBD connections served at once.
+    pub max_connections: usize,
+    /// NBD connections one export may be open on at once (0: no limit).
+    pub max_connections_per_export: usize,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -119,6 +123,8 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         read_ahead_bytes: args.nbd_read_ahead,
         tls: load_tls(args)?,
+        max_connections: args.max_connections,
+        max_connections_per_export: args.max_connections_per_export,
         ..default
     })
 }
@@ -1309,7 +1315,7 @@ fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
             Gauge::new(
                 "strata_nbd_refused_total",
                 "NBD clients turned away, by cause (too_many_connections, tls_required, \
-                 tls_handshake, not_granted)",
+                 tls_handshake, not_granted, export_full, handshake_timeout, protocol_error)",
                 r.count(c) as f64,
             )
             .label("cause", c.name())

@@ -1,0 +1,258 @@
+//! An NBD server under hostile load: limits per server and per export,
+//! clients that stall, send garbage or announce huge lengths, while a
+//! real client (fio) keeps being served and the server's memory stays
+//! bounded. (How fast that client stays is a bench case: `hostile`.)
+
+mod common;
+use common::http::{free_addr, metrics, sample};
+use common::*;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+const OPT_EXPORT_NAME: u32 = 1;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const CMD_WRITE: u16 = 1;
+
+fn refused(web: &str, cause: &str) -> f64 {
+    sample(
+        &metrics(web),
+        &format!("strata_nbd_refused_total{{cause=\"{cause}\"}}"),
+    )
+}
+
+/// Connect and read the greeting (None: the server closed at once).
+fn greeted(addr: &str) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).ok()?;
+    Some(s)
+}
+
+/// A connection that opened `export` with EXPORT_NAME (None: refused).
+fn opened(addr: &str, export: &str) -> Option<TcpStream> {
+    let mut s = greeted(addr)?;
+    // FIXED_NEWSTYLE | NO_ZEROES.
+    let mut m = 3u32.to_be_bytes().to_vec();
+    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    m.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    m.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    m.extend_from_slice(export.as_bytes());
+    s.write_all(&m).ok()?;
+    let mut answer = [0u8; 10];
+    s.read_exact(&mut answer).ok()?;
+    Some(s)
+}
+
+fn nbdinfo(addr: &str) -> std::process::Output {
+    run("nbdinfo", &[&format!("nbd://{addr}/d")])
+}
+
+#[test]
+fn an_export_open_on_its_limit_refuses_one_more_with_a_reason() {
+    if !have("nbdinfo") || !have("qemu-img") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let (addr, web) = (free_addr(), free_addr());
+    let _srv = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--http",
+        &web,
+        "--max-export-connections",
+        "2",
+    ]);
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| opened(&addr, "d").expect("a connection within the limit"))
+        .collect();
+    // QEMU prints the reason the server gave.
+    let o = run("qemu-img", &["info", &format!("nbd://{addr}/d")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a third connection was let in");
+    assert!(
+        err.contains("export 'd' is open on 2 connections already"),
+        "{err}"
+    );
+    assert!(opened(&addr, "d").is_none(), "EXPORT_NAME past the limit");
+    assert_eq!(refused(&web, "export_full"), 2.0);
+    drop(held);
+    eventually("a place on the export", Duration::from_secs(10), || {
+        nbdinfo(&addr).status.success()
+    });
+}
+
+/// VmRSS of process `pid`, in bytes.
+fn rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// One hostile connection of kind `i % 4`, held open by the caller:
+/// stalls after the greeting; sends garbage; announces a 4 GiB option;
+/// opens the export and announces a 32 MiB WRITE whose payload never
+/// comes.
+fn hostile(addr: &str, i: usize) -> Option<TcpStream> {
+    match i % 4 {
+        0 => greeted(addr),
+        1 => {
+            let mut s = greeted(addr)?;
+            let junk: Vec<u8> = (0..4096u32)
+                .map(|k| k.wrapping_mul(2_654_435_761) as u8)
+                .collect();
+            let _ = s.write_all(&junk);
+            Some(s)
+        }
+        2 => {
+            let mut s = greeted(addr)?;
+            let mut m = 3u32.to_be_bytes().to_vec();
+            m.extend_from_slice(&IHAVEOPT.to_be_bytes());
+            m.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+            m.extend_from_slice(&u32::MAX.to_be_bytes());
+            let _ = s.write_all(&m);
+            Some(s)
+        }
+        _ => {
+            let mut s = opened(addr, "d")?;
+            let mut h = REQUEST_MAGIC.to_be_bytes().to_vec();
+            h.extend_from_slice(&0u16.to_be_bytes());
+            h.extend_from_slice(&CMD_WRITE.to_be_bytes());
+            h.extend_from_slice(&(i as u64).to_be_bytes());
+            h.extend_from_slice(&0u64.to_be_bytes());
+            h.extend_from_slice(&(32u32 << 20).to_be_bytes());
+            let _ = s.write_all(&h);
+            // A few bytes of it, then nothing.
+            let _ = s.write_all(&[0xa5; 512]);
+            Some(s)
+        }
+    }
+}
+
+/// 1,000 hostile connections while fio works on one good one: fio finishes
+/// its run without an error, the server's memory grows by less than
+/// 256 MiB (32 MiB WRITEs announced on the 15 connections the export
+/// admits besides fio's would cost 480 MiB if buffers were committed
+/// before the data came), every cause is counted, and new clients get in
+/// once the storm is over.
+#[test]
+fn hostile_connections_leave_a_good_client_served_and_memory_bounded() {
+    if !have("fio") || !have("nbdinfo") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "256M"]);
+    let (addr, web) = (free_addr(), free_addr());
+    let srv = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--http",
+        &web,
+        "--max-export-connections",
+        "16",
+    ]);
+    let pid = srv.pid();
+    let fio = std::process::Command::new("fio")
+        .args([
+            "--name=good",
+            "--ioengine=nbd",
+            &format!("--uri=nbd://{addr}/d"),
+            "--rw=randrw",
+            "--bs=64k",
+            "--iodepth=8",
+            "--size=128M",
+            "--time_based",
+            "--runtime=20",
+            "--output-format=json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let before = rss(pid);
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut peak = before;
+    let held = std::thread::scope(|sc| {
+        let sampler = sc.spawn(|| {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        let storm: Vec<_> = (0..8)
+            .map(|t| {
+                let addr = addr.clone();
+                sc.spawn(move || {
+                    (0..125)
+                        .filter_map(|k| hostile(&addr, t * 125 + k))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let held: Vec<_> = storm.into_iter().map(|h| h.join()).collect();
+        // Long enough for the stalled handshakes to time out (10 s).
+        if held.iter().all(Result::is_ok) {
+            std::thread::sleep(Duration::from_secs(12));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        peak = peak.max(sampler.join().unwrap());
+        let held: Vec<TcpStream> = held.into_iter().flat_map(Result::unwrap).collect();
+        held
+    });
+    let out = fio.wait_with_output().unwrap();
+    drop(held);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed during the storm: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // fio may print notes before its JSON.
+    let json = &report[report.find('{').unwrap_or(0)..];
+    let v: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {report}"));
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    let ios =
+        job["read"]["total_ios"].as_u64().unwrap() + job["write"]["total_ios"].as_u64().unwrap();
+    assert!(ios > 0, "fio did no I/O: {job}");
+    eprintln!(
+        "fio: {ios} I/Os in 20 s; server RSS {} MiB before, {} MiB at most during the storm",
+        before >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < before + (256 << 20),
+        "the server's memory grew from {} to {} MiB",
+        before >> 20,
+        peak >> 20
+    );
+    for cause in [
+        "too_many_connections",
+        "protocol_error",
+        "handshake_timeout",
+        "export_full",
+    ] {
+        assert!(refused(&web, cause) > 0.0, "no refusal counted as {cause}");
+    }
+    let t = Instant::now();
+    eventually(
+        "a new client after the storm",
+        Duration::from_secs(30),
+        || nbdinfo(&addr).status.success(),
+    );
+    eprintln!("a new client got in {:?} after the storm", t.elapsed());
+    srv.stop();
+}
