@@ -187,6 +187,8 @@ impl BlkDevice {
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
         id[..n].copy_from_slice(&opts.serial.as_bytes()[..n]);
+        let max_data_bytes =
+            u64::from(opts.seg_max.max(1)) * u64::from(opts.max_segment_bytes.max(512));
         Self {
             dev,
             opts,
@@ -203,6 +205,7 @@ impl BlkDevice {
                 max_discard_seg: MAX_RANGES,
                 max_write_zeroes_sectors: MAX_RANGE_SECTORS,
                 max_write_zeroes_seg: MAX_RANGES,
+                max_data_bytes,
             },
         }
     }

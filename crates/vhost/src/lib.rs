@@ -49,6 +49,8 @@
 
 mod blk;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod relay;
 pub mod request;
 

@@ -57,6 +57,11 @@ pub struct Limits {
     pub max_discard_seg: u32,
     pub max_write_zeroes_sectors: u32,
     pub max_write_zeroes_seg: u32,
+    /// The most data one read or write may carry: `seg_max` segments of
+    /// `size_max` bytes. More is IOERR: without it a guest could make the
+    /// backend allocate a bounce buffer as large as the disk (segments may
+    /// overlap, so guest memory does not bound their total).
+    pub max_data_bytes: u64,
 }
 
 /// A descriptor as the parser needs it.
@@ -96,9 +101,11 @@ pub fn parse(mem: &GuestMemoryMmap, descs: &[Desc]) -> Result<Parsed, Malformed>
         .position(|d| d.write_only)
         .unwrap_or(descs.len());
     let (readable, writable) = descs.split_at(first_write);
-    // The status byte: the last byte of the last writable descriptor with
-    // any bytes at all.
-    let Some(last) = writable.iter().rposition(|d| d.len > 0) else {
+    // The status byte: the last byte of the last device-writable
+    // descriptor with any bytes at all. A device-readable one after it
+    // is not a candidate (its bytes are the driver's, not ours to write):
+    // the chain is refused below, with the status there.
+    let Some(last) = writable.iter().rposition(|d| d.write_only && d.len > 0) else {
         return Err(Malformed::NoStatus);
     };
     let sd = writable[last];
@@ -114,9 +121,7 @@ pub fn parse(mem: &GuestMemoryMmap, descs: &[Desc]) -> Result<Parsed, Malformed>
         return Err(Malformed::NoStatus);
     }
     let bad = |why| Err(Malformed::Bad(status_at, why));
-    if writable[..last].iter().any(|d| !d.write_only)
-        || writable[last + 1..].iter().any(|d| !d.write_only)
-    {
+    if writable.iter().any(|d| !d.write_only) {
         return bad("a device-readable descriptor after a device-writable one");
     }
     let mut inp: Vec<Segment> = writable[..last]
@@ -268,6 +273,13 @@ fn run(
                 return (status::IOERR, 0);
             };
             let len = v.total();
+            if len > limits.max_data_bytes {
+                tracing::debug!(
+                    "virtio-blk request of {len} bytes refused (at most {})",
+                    limits.max_data_bytes
+                );
+                return (status::IOERR, 0);
+            }
             let Some(off) = req.sector.checked_mul(SECTOR_BYTES) else {
                 return (status::IOERR, 0);
             };
@@ -387,5 +399,70 @@ fn run(
             (status::OK, 0)
         }
         _ => (status::UNSUPP, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: u64 = 0x10_0000;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(BASE), 0x10000)]).unwrap()
+    }
+
+    fn d(off: u64, len: u32, write_only: bool) -> Desc {
+        Desc {
+            addr: GuestAddress(BASE + off),
+            len,
+            write_only,
+        }
+    }
+
+    fn header(mem: &GuestMemoryMmap, kind: u32) {
+        let mut h = [0u8; HEADER_BYTES];
+        h[0..4].copy_from_slice(&kind.to_le_bytes());
+        mem.write_slice(&h, GuestAddress(BASE)).unwrap();
+    }
+
+    // Regression (found by the vhost_chain fuzz target): a device-readable
+    // descriptor last in the chain was taken for the status descriptor,
+    // so the status and a read's data went into the driver's read-only
+    // buffer and the used length counted bytes the chain did not offer.
+    #[test]
+    fn a_readable_descriptor_last_is_refused_with_the_status_in_the_last_writable_byte() {
+        let m = mem();
+        header(&m, kind::IN);
+        let chain = [d(0, 16, false), d(0x1000, 513, true), d(0x3000, 1, false)];
+        assert_eq!(
+            parse(&m, &chain).unwrap_err(),
+            Malformed::Bad(
+                GuestAddress(BASE + 0x1000 + 512),
+                "a device-readable descriptor after a device-writable one"
+            )
+        );
+        // The same with the readable descriptor outside memory: refused
+        // too, not returned without a status.
+        let outside = Desc {
+            addr: GuestAddress(BASE + 0x20000),
+            len: 1,
+            write_only: false,
+        };
+        let chain = [d(0, 16, false), d(0x1000, 513, true), outside];
+        assert!(
+            matches!(parse(&m, &chain), Err(Malformed::Bad(a, _)) if a.0 == BASE + 0x1000 + 512)
+        );
+    }
+
+    #[test]
+    fn a_read_never_goes_into_a_readable_buffer() {
+        let m = mem();
+        header(&m, kind::IN);
+        m.write_slice(&[0xaa; 513], GuestAddress(BASE + 0x3000))
+            .unwrap();
+        // Only an empty writable descriptor: no status byte at all.
+        let chain = [d(0, 16, false), d(0x1000, 0, true), d(0x3000, 513, false)];
+        assert_eq!(parse(&m, &chain).unwrap_err(), Malformed::NoStatus);
     }
 }
