@@ -40,7 +40,7 @@ bench: deps build
 ## corpus (fuzz/README.md); needs a nightly toolchain and cargo-fuzz,
 ## installed here if missing. A crash leaves its input in fuzz/artifacts/.
 SECONDS ?= 60
-FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image
+FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image vhost_chain datastore_pages datastore_open objstore_objects
 fuzz:
 	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked

@@ -298,7 +298,7 @@ fn clone_locked(m: &mut Meta, s: &SnapshotRec, new: &str, parent: &str) -> Resul
 }
 
 /// Read the catalog a superblock names, checking its checksum.
-fn read_catalog(backend: &dyn Backend, sb: &Superblock) -> Result<Catalog> {
+pub(crate) fn read_catalog(backend: &dyn Backend, sb: &Superblock) -> Result<Catalog> {
     if sb.catalog_bytes > 1 << 30 {
         return err(
             ErrorKind::Corrupt,
@@ -307,6 +307,19 @@ fn read_catalog(backend: &dyn Backend, sb: &Superblock) -> Result<Catalog> {
     }
     let name = catalog_file(sb.generation);
     let cat_file = backend.open(name, false)?;
+    // Nothing is allocated from the superblock's word alone.
+    let on_disk = cat_file
+        .len()
+        .map_err(|e| Error::new(ErrorKind::Io, format!("{name}: {e}")))?;
+    if sb.catalog_bytes > on_disk {
+        return err(
+            ErrorKind::Corrupt,
+            format!(
+                "{name} of generation {} holds {on_disk} bytes; the superblock says {}",
+                sb.generation, sb.catalog_bytes
+            ),
+        );
+    }
     let mut cat = vec![0u8; sb.catalog_bytes as usize];
     cat_file.read_at(&mut cat, 0)?;
     let crc = crc32c::crc32c(&cat);

@@ -23,6 +23,8 @@ pub mod check;
 pub mod datastore;
 pub mod disk;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod journal;
 pub mod layout;
 mod meta;

@@ -526,7 +526,14 @@ fn read_manifest_at(store: &ObjectStore, key: &str) -> Result<Option<Manifest>> 
 /// Manifest `key` (`size` bytes): its tail and body, read from its end
 /// without its payload (§11.5).
 pub(crate) fn read_manifest(store: &ObjectStore, key: &str, size: u64) -> Result<Manifest> {
-    let whole = || Manifest::decode(key, &store.get(key)?).map_err(corrupt);
+    // Read whole, a manifest is checked as one read from its end is: a
+    // footer that does not account for every byte (its payload's length)
+    // makes it torn, whatever its size.
+    let whole = || {
+        let obj = store.get(key)?;
+        Manifest::needs(key, obj.len() as u64, &obj).map_err(corrupt)?;
+        Manifest::decode(key, &obj).map_err(corrupt)
+    };
     let start = size.saturating_sub(MANIFEST_READ);
     if start == 0 {
         return whole();

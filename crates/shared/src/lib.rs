@@ -11,6 +11,8 @@ mod cache;
 pub mod diff;
 pub mod disk;
 pub mod envelope;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gc;
 pub mod groups;
 pub mod hot;
