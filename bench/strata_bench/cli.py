@@ -52,6 +52,15 @@ Cases (issue #2 targets in brackets):
               nbdinfo's qemu:dirty-bitmap:s1 map of the whole snapshot; libnbd reading
               the dirty extents vs as many bytes sequentially [>= 0.9]
 
+  tls         issue 28: NBD over TLS on loopback TCP, 4k randread, 1M read, 512k
+              write: strata vs qemu-nbd with the same x509 credentials [>= 1.0], and
+              strata without TLS (what TLS costs)
+
+  hostile     issue 28: 4k randread on one good NBD connection alone and while
+              waves of 1,000 hostile connections (stalled, garbage, a 4 GiB option,
+              an unsent 32 MiB WRITE) come and go, strata and qemu-nbd: under the
+              storm vs alone [>= 0.9]
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and

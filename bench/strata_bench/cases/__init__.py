@@ -3,6 +3,7 @@
 entry in results.json. A run without --only takes them in this order."""
 from .backup import case_backup
 from .groupsnap import case_groupsnap
+from .hostile import case_hostile
 from .bigread import case_bigread
 from .cachenone import case_cachenone
 from .chain import case_chain
@@ -56,4 +57,5 @@ CASES = {
     "backup": case_backup,
     "groupsnap": case_groupsnap,
     "tls": case_tls,
+    "hostile": case_hostile,
 }

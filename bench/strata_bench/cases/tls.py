@@ -62,7 +62,7 @@ def case_tls(work, q):
     # certificates directory in its URI).
     env_home = os.environ.get("HOME")
     os.environ["HOME"] = home
-    jobs = [("randread", "4k"), ("read", "1M"), ("write", "1M")]
+    jobs = [("randread", "4k"), ("read", "1M"), ("write", "512k")]
     out = {"params": {"size": size, "runtime_s": rt, "iodepth": 16}}
     try:
         s = Strata(os.path.join(work, "s"))

@@ -1,5 +1,5 @@
 //! The paper benchmark suites and the statistics-overhead case
-//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls`:
+//! (`bench/bench.py --smoke --only matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -56,7 +56,7 @@ fn bench_quick_paper_suites() {
         .args([
             "--smoke",
             "--only",
-            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls",
+            "matrix,chain,clone,formats,stats,reclaim,vdi,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile",
             "--out",
         ])
         .arg(&out)
@@ -310,7 +310,7 @@ fn bench_quick_paper_suites() {
     // tls: strata and qemu-nbd over TLS with the same credentials, and
     // strata without it.
     let tl = get(&j, &["cases", "tls"]);
-    for job in ["randread_4k", "read_1M", "write_1M"] {
+    for job in ["randread_4k", "read_1M", "write_512k"] {
         for k in [
             "strata_tls_iops",
             "qemu_nbd_tls_iops",
@@ -320,6 +320,17 @@ fn bench_quick_paper_suites() {
             positive(get(tl, &[job]), &[k]);
         }
     }
+
+    // hostile: one good client alone and under a storm of hostile
+    // connections, strata and qemu-nbd.
+    let ho = get(&j, &["cases", "hostile"]);
+    for server in ["strata", "qemu_nbd"] {
+        for k in ["alone_iops", "storm_iops", "storm_over_alone"] {
+            positive(get(ho, &[server]), &[k]);
+        }
+    }
+    // Past its 128 connections strata closes at once.
+    positive(get(ho, &["strata"]), &["hostile_refused"]);
 
     // The report files next to the JSON.
     for f in [

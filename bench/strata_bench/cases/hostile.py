@@ -1,0 +1,127 @@
+"""The `hostile` case (issue 28): fio on one good NBD connection (TCP,
+loopback, 4k random reads) alone, and again while 1,000 hostile
+connections come and go: a quarter each stalled after the greeting,
+4 KiB of garbage, a 4 GiB option length, and an export opened with a
+32 MiB WRITE announced and never sent. The storm runs in a process of
+its own at nice 19, so what is measured is how the server copes, not how
+the two cores are shared with the attacker. qemu-nbd (-e 8, its shared
+connection limit) under the same storm is the peer. Target: strata under
+the storm >= 0.9x strata alone."""
+import os
+import signal
+import subprocess
+import sys
+
+from ..common import ratio, size_bytes, smoke
+from ..fio import fill, fio
+from ..servers import Strata
+from .tls import _port, _wait_port
+
+# The attacker: waves of N connections, each held for HOLD seconds, until
+# killed. Standard library only; the counts go to stdout at the end.
+STORM = r"""
+import signal, socket, struct, sys, time
+port, n, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+IHAVEOPT = 0x49484156454F5054
+stop = False
+def end(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, end)
+opened = refused = 0
+def greeted():
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if len(s.recv(18, socket.MSG_WAITALL)) < 18:
+        raise OSError("closed")
+    return s
+def conn(i):
+    s = greeted()
+    k = i % 4
+    if k == 1:
+        s.sendall(bytes((j * 131) & 255 for j in range(4096)))
+    elif k == 2:
+        s.sendall(struct.pack(">IQII", 3, IHAVEOPT, 1, 0xFFFFFFFF))
+    elif k == 3:
+        s.sendall(struct.pack(">IQII", 3, IHAVEOPT, 1, 1) + b"d")
+        if len(s.recv(10, socket.MSG_WAITALL)) < 10:
+            raise OSError("refused")
+        s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 1, i, 0, 32 << 20) + b"\xa5" * 512)
+    return s
+while not stop:
+    held = []
+    for i in range(n):
+        if stop:
+            break
+        try:
+            held.append(conn(i))
+            opened += 1
+        except OSError:
+            refused += 1
+    t = time.time()
+    while not stop and time.time() - t < hold:
+        time.sleep(0.1)
+    for s in held:
+        s.close()
+print(opened, refused)
+"""
+
+
+def _under_storm(port, job):
+    """Run `job()` while the storm hits `port`: (its result, opened, refused)."""
+    storm = subprocess.Popen(
+        ["nice", "-n", "19", sys.executable, "-c", STORM, str(port), "1000", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        r = job()
+    finally:
+        storm.send_signal(signal.SIGTERM)
+        out, _ = storm.communicate(timeout=60)
+    opened, refused = (int(x) for x in (out.split() or ["0", "0"]))
+    return r, opened, refused
+
+
+def case_hostile(work, q):
+    size = smoke("64M", "1G")
+    rt = smoke(3, 10 if q else 20)
+    out = {"params": {"size": size, "runtime_s": rt, "iodepth": 16, "rw": "randread",
+                      "bs": "4k", "hostile_connections_per_wave": 1000}}
+    s = Strata(os.path.join(work, "s"))
+    s.cli("create", "d", "--size", size)
+    port = _port()
+    s.serve_args += ["--nbd-tcp", f"127.0.0.1:{port}"]
+    s.start()
+    uri = f"nbd://127.0.0.1:{port}/d"
+    try:
+        fill(uri, size)
+        alone = fio(uri, "randread", "4k", runtime=rt, size=size)
+        storm, opened, refused = _under_storm(
+            port, lambda: fio(uri, "randread", "4k", runtime=rt, size=size))
+    finally:
+        s.stop()
+    raw = os.path.join(work, "q.raw")
+    with open(raw, "wb") as f:
+        f.truncate(size_bytes(size))
+    qport = _port()
+    qn = subprocess.Popen(
+        ["qemu-nbd", "-f", "raw", "-b", "127.0.0.1", "-p", str(qport), "-x", "d", "-e", "8",
+         "-t", "--cache=writeback", raw],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    quri = f"nbd://127.0.0.1:{qport}/d"
+    try:
+        _wait_port(qport, qn)
+        fill(quri, size)
+        q_alone = fio(quri, "randread", "4k", runtime=rt, size=size)
+        q_storm, q_opened, q_refused = _under_storm(
+            qport, lambda: fio(quri, "randread", "4k", runtime=rt, size=size))
+    finally:
+        qn.send_signal(signal.SIGTERM)
+        qn.wait()
+    out["strata"] = {"alone_iops": round(alone["iops"]), "storm_iops": round(storm["iops"]),
+                     "storm_over_alone": ratio(storm["iops"], alone["iops"]),
+                     "hostile_opened": opened, "hostile_refused": refused,
+                     "target": ">= 0.9 of alone"}
+    out["qemu_nbd"] = {"alone_iops": round(q_alone["iops"]), "storm_iops": round(q_storm["iops"]),
+                       "storm_over_alone": ratio(q_storm["iops"], q_alone["iops"]),
+                       "hostile_opened": q_opened, "hostile_refused": q_refused}
+    out["storm_iops_ratio_to_qemu_nbd"] = ratio(storm["iops"], q_storm["iops"])
+    return out
