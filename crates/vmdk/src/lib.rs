@@ -10,6 +10,8 @@ pub mod chain;
 pub mod create;
 pub mod descriptor;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lock;
 pub mod sparse;
 

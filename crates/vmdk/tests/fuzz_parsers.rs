@@ -14,9 +14,9 @@ use proptest::prelude::*;
 use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
 use strata_storage::{Backend, SimBackend};
 use strata_vmdk::create::image_files;
-use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeSparseHeader, SeSparseVolatile};
+use strata_vmdk::sparse::{CowdHeader, KdmvHeader, SeSparseHeader};
 use strata_vmdk::{
-    create_image, Descriptor, ImageSpec, OpenOptions, StreamWriter, Subformat, VmdkImage,
+    create_image, fuzzing, ImageSpec, OpenOptions, StreamWriter, Subformat, VmdkImage,
 };
 
 /// No single allocation may be larger: every file here is a few MiB, so
@@ -482,47 +482,13 @@ fn install(files: &[(String, Vec<u8>)]) -> SimBackend {
     b
 }
 
-/// Open, read, ask for status and check: any result but a panic is fine.
+/// Open, read, ask for status and check: any result but a panic is fine
+/// (the checks of the `open_image` fuzz target, with larger windows).
 fn exercise(b: &SimBackend, name: &str) {
     let Ok(img) = VmdkImage::open_in(Arc::new(b.clone()), name, &OpenOptions::default()) else {
         return;
     };
-    let size = img.size_bytes();
-    const MIB: u64 = 1 << 20;
-    let mut windows: Vec<(u64, u64)> = Vec::new();
-    if size <= 64 * MIB {
-        windows.push((0, size));
-    } else {
-        windows.push((0, 16 * MIB));
-        windows.push((size - 16 * MIB, 16 * MIB));
-        windows.push((size / 2 / 512 * 512, MIB));
-    }
-    let mut buf = vec![0u8; MIB as usize];
-    for &(start, len) in &windows {
-        let mut p = 0;
-        while p < len {
-            let n = (len - p).min(MIB);
-            let _ = img.read_at(&mut buf[..n as usize], start + p);
-            p += n;
-        }
-        // Odd-sized reads across grain boundaries.
-        for k in 0..8u64 {
-            let off = (start + k * 4096 * 17 + 1536).min(start + len) / 512 * 512;
-            let n = (3 * 512).min(start + len - off);
-            let _ = img.read_at(&mut buf[..n as usize], off);
-        }
-        let _ = img.block_status(start, len);
-    }
-    if size <= 1 << 30 {
-        let _ = img.block_status(0, size);
-    }
-    let _ = img.status(0, size, 64);
-    for level in 0..img.links.len() {
-        let _ = img.link_status(level, 0, size.min(64 * MIB), 4096);
-    }
-    let _ = img.check(false);
-    let _ = img.current_cid();
-    let _ = img.preferred_block_bytes();
+    fuzzing::exercise(&img, 64 << 20, 16 << 20);
 }
 
 // ---------------------------------------------------------------- properties
@@ -585,7 +551,7 @@ proptest! {
         muts in prop::collection::vec(mutation(), 0..8),
         raw in prop::collection::vec(any::<u8>(), 0..600),
     ) {
-        let _ = Descriptor::parse(&raw);
+        fuzzing::descriptor(&raw);
         let texts = [
             "# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType=\"monolithicFlat\"\n\n# Extent description\nRW 2048 FLAT \"a-flat.vmdk\" 0\n\n#DDB\nddb.adapterType = \"ide\"\n",
             "version=1\nencoding=\"UTF-8\"\nCID=a1b2c3d4\nparentCID=11223344\nisNativeSnapshot=\"no\"\ncreateType=\"seSparse\"\nparentFileNameHint=\"p.vmdk\"\n# Extent description\nRW 8192 SESPARSE \"c-sesparse.vmdk\"\n\nddb.grain = \"8\"\n",
@@ -597,21 +563,8 @@ proptest! {
         for m in &muts {
             apply(m, &mut files, &hot);
         }
-        if let Ok(d) = Descriptor::parse(&files[0].1) {
-            let again = Descriptor::parse(d.render().as_bytes());
-            prop_assert!(again.is_ok(), "render of {:?} does not parse: {:?}", d, again);
-            let again = again.unwrap();
-            prop_assert_eq!(again.version, d.version);
-            prop_assert_eq!(again.cid, d.cid);
-            prop_assert_eq!(again.parent_cid, d.parent_cid);
-            prop_assert_eq!(&again.create_type, &d.create_type);
-            prop_assert_eq!(&again.parent_hint, &d.parent_hint);
-            prop_assert_eq!(&again.ddb, &d.ddb);
-            prop_assert_eq!(again.extents.len(), d.extents.len());
-            for (a, e) in again.extents.iter().zip(&d.extents) {
-                prop_assert_eq!((a.access, a.sectors, a.kind), (e.access, e.sectors, e.kind));
-            }
-        }
+        // The `descriptor` fuzz target's checks.
+        fuzzing::descriptor(&files[0].1);
     }
 
     #[test]
@@ -642,20 +595,12 @@ proptest! {
                 b[32..].fill(0);
             }
         }
-        if let Ok(h) = KdmvHeader::decode(&b) {
-            prop_assert_eq!(KdmvHeader::decode(&h.encode()), Ok(h));
-        }
-        if let Ok(h) = SeSparseHeader::decode(&b) {
-            prop_assert_eq!(SeSparseHeader::decode(&h.encode()), Ok(h));
-        }
-        if let Ok(v) = SeSparseVolatile::decode(&b) {
-            prop_assert_eq!(SeSparseVolatile::decode(&v.encode()), Ok(v));
-        }
+        // The `sparse_headers` fuzz target's checks, on the sector and on
+        // the input COWD is decoded from.
+        fuzzing::sparse_headers(&b);
         let mut c = b.to_vec();
         c.resize(cowd_len, 0xa5);
-        if let Ok(h) = CowdHeader::decode(&c) {
-            prop_assert_eq!(CowdHeader::decode(&h.encode()), Ok(h));
-        }
+        fuzzing::sparse_headers(&c);
     }
 }
 
