@@ -329,8 +329,9 @@ fn bench_quick_paper_suites() {
             positive(get(ho, &[server]), &[k]);
         }
     }
-    // Past its 128 connections strata closes at once.
-    positive(get(ho, &["strata"]), &["hostile_refused"]);
+    // How many hostile connections got in or were refused depends on how
+    // the nice-19 storm is scheduled: not checked here (tests/hostile.rs
+    // checks the refusals themselves).
 
     // The report files next to the JSON.
     for f in [
