@@ -97,7 +97,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
     pub nbd_read_ahead: u64,
     /// Serve the dashboard at ADDR/, its JSON API at /api/v1 (docs/API.md) and Prometheus
-    /// metrics at /metrics; ADDR is IP:PORT, or PORT alone for 127.0.0.1:PORT. With
+    /// metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT. With
     /// --tls-creds it is HTTPS (the same certificate). An address beyond loopback needs HTTPS
     /// (or --insecure) and a token for reads too (--http-read-token or --http-token)
     #[arg(long, value_name = "ADDR")]

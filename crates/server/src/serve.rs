@@ -1312,10 +1312,10 @@ fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
     strata_nbd::Refusal::ALL
         .iter()
         .map(|&c| {
+            let causes: Vec<&str> = strata_nbd::Refusal::ALL.iter().map(|c| c.name()).collect();
             Gauge::new(
                 "strata_nbd_refused_total",
-                "NBD clients turned away, by cause (too_many_connections, tls_required, \
-                 tls_handshake, not_granted, export_full, handshake_timeout, protocol_error)",
+                format!("NBD clients turned away, by cause ({})", causes.join(", ")),
                 r.count(c) as f64,
             )
             .label("cause", c.name())
@@ -1347,12 +1347,12 @@ pub(crate) fn start_http(
     };
     let bind = crate::web::bind_address(a);
     let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
-    let ip: std::net::IpAddr = bind
-        .rsplit_once(':')
-        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-        .and_then(|h| h.parse().ok())
-        .ok_or_else(|| invalid(format!("--http {a}: give IP:PORT (or PORT for loopback)")))?;
-    let local = ip.is_loopback();
+    // HOST:PORT as the listener will bind it: loopback only if every
+    // address the host resolves to is.
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&bind)
+        .map_err(|e| invalid(format!("--http {a}: {e}")))?
+        .collect();
+    let local = !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback());
     if !local && args.tls_creds.is_none() && !args.insecure {
         return Err(invalid(format!(
             "--http {a} is not a loopback address: beyond loopback the dashboard, API and \

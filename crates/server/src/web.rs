@@ -608,13 +608,13 @@ impl Refusal {
 /// Refusals for an action, before it is parsed: no token configured or
 /// given, a wrong one, another origin.
 fn authorize(web: &Web, req: &HeaderMap) -> Result<(), Refusal> {
-    let Some(token) = &web.token else {
+    if web.token.is_none() {
         return Err(Refusal::new(
             403,
             "refused",
             "actions are off on this server: start it with --http-token FILE",
         ));
-    };
+    }
     if header_value(req, "Sec-Fetch-Site") == Some("cross-site") {
         return Err(Refusal::new(403, "refused", "cross-site request refused"));
     }
@@ -629,20 +629,22 @@ fn authorize(web: &Web, req: &HeaderMap) -> Result<(), Refusal> {
             ));
         }
     }
-    match bearer(req) {
-        None => Err(Refusal::new(
+    if bearer(req).is_none() {
+        return Err(Refusal::new(
             401,
             "refused",
             "this action needs the server's token (Authorization: Bearer TOKEN; the dashboard \
              asks for it)",
-        )),
-        Some(t) if same_secret(t, token) => Ok(()),
-        Some(_) if web.grant(req) == Grant::Read => Err(Refusal::new(
+        ));
+    }
+    match web.grant(req) {
+        Grant::Actions => Ok(()),
+        Grant::Read => Err(Refusal::new(
             403,
             "refused",
             "this token grants reads only; actions need the --http-token one",
         )),
-        Some(_) => Err(Refusal::new(403, "refused", "wrong token")),
+        Grant::None => Err(Refusal::new(403, "refused", "wrong token")),
     }
 }
 
