@@ -2,6 +2,7 @@
 subprocess helpers, sizes and ratios, the host's page cache, and the
 run-wide options that main() sets from --smoke and --chain-max."""
 import os
+import socket
 import subprocess
 import time
 
@@ -28,6 +29,28 @@ def wait_path(p, timeout=30, proc=None):
         if time.time() - t > timeout:
             raise RuntimeError(f"{p} did not appear")
         time.sleep(0.02)
+
+
+def free_port():
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, timeout=30):
+    """Waits until something accepts on loopback PORT; fails as soon as
+    PROC exits."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(proc.args)} exited {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
 
 
 def ratio(a, b):

@@ -5,7 +5,7 @@ import os
 import signal
 import subprocess
 
-from .common import STRATA, sh, size_bytes, wait_path
+from .common import STRATA, sh, size_bytes, wait_path, wait_port
 
 
 class Strata:
@@ -62,21 +62,32 @@ class Strata:
 
 
 class QemuNbd:
-    def __init__(self, path, fmt, sock, cache="writeback", aio=None):
-        self.path, self.fmt, self.sock = path, fmt, sock
-        self.cache, self.aio = cache, aio
+    """qemu-nbd serving PATH as export "disk" on the Unix socket SOCK, or,
+    with PORT, on loopback TCP; EXTRA goes before the other options
+    (e.g. a TLS credentials object)."""
+
+    def __init__(self, path, fmt, sock=None, cache="writeback", aio=None, port=None, extra=()):
+        self.path, self.fmt, self.sock, self.port = path, fmt, sock, port
+        self.cache, self.aio, self.extra = cache, aio, list(extra)
         self.proc = None
 
     def start(self):
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
+        if self.port is None:
+            if os.path.exists(self.sock):
+                os.unlink(self.sock)
+            where = ["-k", self.sock]
+        else:
+            where = ["-b", "127.0.0.1", "-p", str(self.port)]
         aio = [f"--aio={self.aio}"] if self.aio else []
         self.proc = subprocess.Popen(
-            ["qemu-nbd", "-f", self.fmt, "-k", self.sock, "-x", "disk", "--discard=unmap",
+            ["qemu-nbd", *self.extra, "-f", self.fmt, *where, "-x", "disk", "--discard=unmap",
              f"--cache={self.cache}", *aio, "-e", "8", "-t", self.path],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        wait_path(self.sock)
+        if self.port is None:
+            wait_path(self.sock, proc=self.proc)
+        else:
+            wait_port(self.port, self.proc)
         return self
 
     def stop(self):
@@ -89,13 +100,14 @@ class QemuNbd:
         return f"nbd+unix:///disk?socket={self.sock}"
 
 
-def peer_raw(work, name, size):
+def peer_raw(work, name, size, **kw):
+    """qemu-nbd on a sparse raw file of SIZE (KW: QemuNbd's port, extra)."""
     d = os.path.join(work, name)
     os.makedirs(d, exist_ok=True)
     f = os.path.join(d, "disk.raw")
     with open(f, "wb") as fh:
         fh.truncate(size_bytes(size))
-    return QemuNbd(f, "raw", os.path.join(d, "q.sock"))
+    return QemuNbd(f, "raw", os.path.join(d, "q.sock"), **kw)
 
 
 class VmdkServe:

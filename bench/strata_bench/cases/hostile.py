@@ -12,10 +12,9 @@ import signal
 import subprocess
 import sys
 
-from ..common import ratio, size_bytes, smoke
+from ..common import free_port, ratio, smoke
 from ..fio import fill, fio
-from ..servers import Strata
-from .tls import _port, _wait_port
+from ..servers import Strata, peer_raw
 
 # The attacker: waves of N connections, each held for HOLD seconds, until
 # killed. Standard library only; the counts go to stdout at the end.
@@ -95,7 +94,7 @@ def case_hostile(work, q):
                       "bs": "4k", "hostile_connections_per_wave": 1000}}
     s = Strata(os.path.join(work, "s"))
     s.cli("create", "d", "--size", size)
-    port = _port()
+    port = free_port()
     s.serve_args += ["--nbd-tcp", f"127.0.0.1:{port}"]
     s.start()
     uri = f"nbd://127.0.0.1:{port}/d"
@@ -106,24 +105,15 @@ def case_hostile(work, q):
             port, lambda: fio(uri, "randread", "4k", runtime=rt, size=size, extra=RAMP))
     finally:
         s.stop()
-    raw = os.path.join(work, "q.raw")
-    with open(raw, "wb") as f:
-        f.truncate(size_bytes(size))
-    qport = _port()
-    qn = subprocess.Popen(
-        ["qemu-nbd", "-f", "raw", "-b", "127.0.0.1", "-p", str(qport), "-x", "d", "-e", "8",
-         "-t", "--cache=writeback", raw],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    quri = f"nbd://127.0.0.1:{qport}/d"
+    qn = peer_raw(work, "q", size, port=free_port()).start()
+    quri = f"nbd://127.0.0.1:{qn.port}/disk"
     try:
-        _wait_port(qport, qn)
         fill(quri, size)
         q_alone = fio(quri, "randread", "4k", runtime=rt, size=size, extra=RAMP)
         q_storm, q_opened, q_refused = _under_storm(
-            qport, lambda: fio(quri, "randread", "4k", runtime=rt, size=size, extra=RAMP))
+            qn.port, lambda: fio(quri, "randread", "4k", runtime=rt, size=size, extra=RAMP))
     finally:
-        qn.send_signal(signal.SIGTERM)
-        qn.wait()
+        qn.stop()
     out["strata"] = {"alone_iops": round(alone["iops"]), "storm_iops": round(storm["iops"]),
                      "storm_over_alone": ratio(storm["iops"], alone["iops"]),
                      "hostile_opened": opened, "hostile_refused": refused,

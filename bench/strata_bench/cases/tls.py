@@ -5,14 +5,10 @@ and strata without TLS, for what TLS itself costs. Both servers write
 through the host page cache (strata's datastore, qemu-nbd's raw file);
 neither asks for client certificates."""
 import os
-import signal
-import socket
-import subprocess
-import time
 
-from ..common import STRATA, ratio, sh, size_bytes, smoke
+from ..common import free_port, ratio, sh, smoke
 from ..fio import fill, fio
-from ..servers import Strata
+from ..servers import Strata, peer_raw
 
 
 def _creds(work):
@@ -35,25 +31,6 @@ def _creds(work):
     return srv, os.path.join(work, "home")
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port, proc):
-    t0 = time.time()
-    while time.time() - t0 < 30:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
-
-
 def case_tls(work, q):
     size = smoke("64M", "1G" if q else "2G")
     rt = smoke(2, 8 if q else 15)
@@ -67,7 +44,7 @@ def case_tls(work, q):
     try:
         s = Strata(os.path.join(work, "s"))
         s.cli("create", "d", "--size", size)
-        port = _port()
+        port = free_port()
         s.serve_args += ["--nbd-tcp", f"127.0.0.1:{port}", "--tls-creds", srv, "--tls", "allow"]
         s.start()
         try:
@@ -78,24 +55,15 @@ def case_tls(work, q):
                      for rw, bs in jobs}
         finally:
             s.stop()
-        raw = os.path.join(work, "q.raw")
-        with open(raw, "wb") as f:
-            f.truncate(size_bytes(size))
-        qport = _port()
-        qn = subprocess.Popen(
-            ["qemu-nbd", "--object",
-             f"tls-creds-x509,id=tls0,endpoint=server,dir={srv},verify-peer=off",
-             "--tls-creds", "tls0", "-f", "raw", "-b", "127.0.0.1", "-p", str(qport), "-x", "d",
-             "-e", "8", "-t", "--cache=writeback", raw],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        qn = peer_raw(work, "q", size, port=free_port(), extra=[
+            "--object", f"tls-creds-x509,id=tls0,endpoint=server,dir={srv},verify-peer=off",
+            "--tls-creds", "tls0"]).start()
+        quri = f"nbds://localhost:{qn.port}/disk"
         try:
-            _wait_port(qport, qn)
-            fill(f"nbds://localhost:{qport}/d", size)
-            peer = {f"{rw}_{bs}": fio(f"nbds://localhost:{qport}/d", rw, bs, runtime=rt, size=size)
-                    for rw, bs in jobs}
+            fill(quri, size)
+            peer = {f"{rw}_{bs}": fio(quri, rw, bs, runtime=rt, size=size) for rw, bs in jobs}
         finally:
-            qn.send_signal(signal.SIGTERM)
-            qn.wait()
+            qn.stop()
     finally:
         if env_home is None:
             os.environ.pop("HOME", None)
