@@ -209,6 +209,19 @@ fn boot(s: &Store, img: &(PathBuf, PathBuf), export: &str, test: &str) -> Boot {
     start(s, img, export, test, "", &["-drive".into(), drive]).finish()
 }
 
+/// The checksums a `write` boot printed, after checking it wrote the big
+/// file and the two small ones.
+fn files_written(w: &Boot) -> BTreeMap<String, String> {
+    let written = w.sums();
+    assert_eq!(
+        written.keys().collect::<Vec<_>>(),
+        ["./big", "./dir/numbers", "./hello.txt"],
+        "{}",
+        w.console
+    );
+    written
+}
+
 fn allocated(s: &Store, disk: &str) -> u64 {
     s.json(&["info", disk])["allocated_bytes"].as_u64().unwrap()
 }
@@ -227,13 +240,7 @@ fn guest_kernel_makes_ext4_trims_and_a_snapshot_keeps_the_old_files() {
 
     // 1. mkfs.ext4, 20 MiB of random data and two small files.
     let w = boot(&s, &img, "disk", "write");
-    let written = w.sums();
-    assert_eq!(
-        written.keys().collect::<Vec<_>>(),
-        ["./big", "./dir/numbers", "./hello.txt"],
-        "{}",
-        w.console
-    );
+    let written = files_written(&w);
     assert_eq!(w.lines("TEXT"), ["hello from a strata guest"]);
     let after_write = allocated(&s, "disk");
     assert!(
@@ -311,13 +318,7 @@ fn a_guest_writes_and_reads_back_its_files_over_nbd_with_tls() {
         "virtio-blk-pci,drive=n0".into(),
     ];
     let w = start(&s, &img, "tls", "write", "", &disk).finish();
-    let written = w.sums();
-    assert_eq!(
-        written.keys().collect::<Vec<_>>(),
-        ["./big", "./dir/numbers", "./hello.txt"],
-        "{}",
-        w.console
-    );
+    let written = files_written(&w);
     let v = start(&s, &img, "tls", "verify", "", &disk).finish();
     assert_eq!(v.sums(), written, "{}", v.console);
     assert_eq!(v.lines("TEXT"), ["hello from a strata guest"]);
