@@ -473,7 +473,8 @@ pub(crate) fn negotiate<S: NbdStream>(
                     shared
                         .refusals
                         .note(Refusal::TlsRequired, "EXPORT_NAME before STARTTLS");
-                    return Err(io_invalid(
+                    // Counted as that, not also as a protocol error.
+                    return Err(io::Error::other(
                         "EXPORT_NAME before STARTTLS, and this server requires TLS",
                     ));
                 }
