@@ -5,14 +5,13 @@
 
 mod common;
 use common::http::{free_addr, metrics, sample};
+use common::nbd::{greeted, opened, IHAVEOPT, OPT_EXPORT_NAME};
 use common::*;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
-const OPT_EXPORT_NAME: u32 = 1;
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const CMD_WRITE: u16 = 1;
 
@@ -21,30 +20,6 @@ fn refused(web: &str, cause: &str) -> f64 {
         &metrics(web),
         &format!("strata_nbd_refused_total{{cause=\"{cause}\"}}"),
     )
-}
-
-/// Connect and read the greeting (None: the server closed at once).
-fn greeted(addr: &str) -> Option<TcpStream> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).ok()?;
-    Some(s)
-}
-
-/// A connection that opened `export` with EXPORT_NAME (None: refused).
-fn opened(addr: &str, export: &str) -> Option<TcpStream> {
-    let mut s = greeted(addr)?;
-    // FIXED_NEWSTYLE | NO_ZEROES.
-    let mut m = 3u32.to_be_bytes().to_vec();
-    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    m.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
-    m.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    m.extend_from_slice(export.as_bytes());
-    s.write_all(&m).ok()?;
-    let mut answer = [0u8; 10];
-    s.read_exact(&mut answer).ok()?;
-    Some(s)
 }
 
 fn nbdinfo(addr: &str) -> std::process::Output {
