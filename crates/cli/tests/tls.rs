@@ -218,6 +218,42 @@ fn tls_allow_takes_both_and_verify_peer_wants_the_cas_client_certificate() {
     assert!(!run("qemu-img", &args).status.success());
 }
 
+/// A WRITE's payload sure to come lets the reader sleep until most of
+/// it is there (`SO_RCVLOWAT`); a payload that trickles in, with pauses
+/// and a last byte sent late, must still be read as it comes, and the
+/// next small request answered at once, with TLS and without.
+#[test]
+fn a_write_payload_that_trickles_in_is_served_over_tls_and_plain() {
+    if !have("openssl") || !have("python3") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    let addr = free_addr();
+    let _server = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--tls-creds",
+        srv.to_str().unwrap(),
+        "--tls",
+        "allow",
+    ]);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/nbd_trickle.py");
+    let ca_cert = srv.join("ca-cert.pem");
+    for ca_arg in [ca_cert.to_str().unwrap(), "-"] {
+        let o = run("python3", &[script, host, port, "d", ca_arg]);
+        assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ok",
+            "trickled writes (CA {ca_arg}): {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
 #[test]
 fn sighup_reloads_the_certificates_for_new_connections() {
     if !have_all() {

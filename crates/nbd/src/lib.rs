@@ -334,6 +334,13 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn tune(&self) -> io::Result<()> {
         Ok(())
     }
+    /// Wake a reader blocked on the socket only once `bytes` have arrived
+    /// (`SO_RCVLOWAT`; 1: at the first byte). Only for bytes that are sure
+    /// to come: a client that sends fewer and waits would wait for ever.
+    /// A socket that cannot do it ignores it.
+    fn set_wake_bytes(&self, _bytes: usize) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl NbdStream for UnixStream {
@@ -362,6 +369,26 @@ impl NbdStream for TcpStream {
     }
     fn tune(&self) -> io::Result<()> {
         self.set_nodelay(true)
+    }
+    fn set_wake_bytes(&self, bytes: usize) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let v = bytes.clamp(1, i32::MAX as usize) as libc::c_int;
+        // SAFETY: the descriptor is this socket's, open for its lifetime;
+        // the option's value is a c_int read for its size.
+        let r = unsafe {
+            libc::setsockopt(
+                self.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }
 

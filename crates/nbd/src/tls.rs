@@ -184,6 +184,17 @@ const SEAL_BYTES: usize = 256 << 10;
 /// record, so the session never holds much more plaintext than that).
 const READ_TLS_BYTES: usize = 17 << 10;
 
+/// Promised bytes below this are not worth a `setsockopt`: the reader
+/// wakes at the first byte.
+const WAKE_MIN: usize = 64 << 10;
+/// The most a blocked reader waits for (the kernel caps it too, at half
+/// the largest receive buffer).
+const WAKE_MAX: usize = 1 << 20;
+/// The ciphertext of a record the session may hold unfinished, taken off
+/// the socket already: a TLS 1.2 record's most (2^14 + 2048 bytes) and
+/// its header, rounded up.
+const PARTIAL_RECORD_MAX: usize = 20 << 10;
+
 /// The stream a connection is served on: its socket, plain until the
 /// client's `STARTTLS`, a TLS session on it after. Clones share the
 /// session.
@@ -193,6 +204,12 @@ pub struct Link<S> {
     /// Ciphertext read but not yet taken by the session (reader only).
     pending: Vec<u8>,
     taken: usize,
+    /// Bytes the reader will be given before it needs anything else (a
+    /// WRITE's payload): the socket need not wake it before they are
+    /// there (reader only; see [`Link::expect`]).
+    expected: usize,
+    /// The socket's wake threshold as last set (1: the kernel's default).
+    wake: usize,
 }
 
 impl<S: NbdStream> Link<S> {
@@ -202,6 +219,40 @@ impl<S: NbdStream> Link<S> {
             tls: Arc::new(OnceLock::new()),
             pending: Vec::new(),
             taken: 0,
+            expected: 0,
+            wake: 1,
+        }
+    }
+
+    /// The next `bytes` read are sure to come (the rest of a WRITE's
+    /// payload, whose header said how long it is): until they have been
+    /// read, a read that has to wait for the socket asks the kernel to
+    /// wake it only when most of them are there, not for each segment.
+    /// That saves the reader's wake-ups, and the client the cost of
+    /// waking it (on loopback, the sender's CPU pays for the receiver's
+    /// wake-up).
+    pub(crate) fn expect(&mut self, bytes: usize) {
+        self.expected = bytes;
+    }
+
+    /// Before a read that may block: the wake threshold for the bytes
+    /// sure to come on the socket (`coming`), in steps of `WAKE_MIN`, so
+    /// a long payload costs a few `setsockopt`s, not one per read.
+    ///
+    /// At most half of `coming`: a blocking `recv` first copies what is
+    /// there (less than the threshold, or it would not sleep), then sleeps
+    /// until the threshold's worth of *new* bytes has arrived. With the
+    /// threshold at most half of what is coming, what was copied and the
+    /// new bytes it waits for never add up to more than will come.
+    fn before_blocking(sock: &S, wake: &mut usize, coming: usize) {
+        let half = coming / 2;
+        let want = if half >= WAKE_MIN {
+            half.min(WAKE_MAX) / WAKE_MIN * WAKE_MIN
+        } else {
+            1
+        };
+        if want != *wake && sock.set_wake_bytes(want).is_ok() {
+            *wake = want;
         }
     }
 
@@ -246,13 +297,24 @@ impl<S: NbdStream> Link<S> {
 
 impl<S: NbdStream> Read for Link<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.read_inner(buf)?;
+        self.expected = self.expected.saturating_sub(n);
+        Ok(n)
+    }
+}
+
+impl<S: NbdStream> Link<S> {
+    fn read_inner(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Link {
             sock,
             tls,
             pending,
             taken,
+            expected,
+            wake,
         } = self;
         let Some(s) = tls.get() else {
+            Self::before_blocking(sock, wake, *expected);
             return sock.read(buf);
         };
         loop {
@@ -266,6 +328,10 @@ impl<S: NbdStream> Read for Link<S> {
                 }
             }
             if *taken == pending.len() {
+                // The session holds no plaintext and at most one record
+                // unfinished: all but that much of what is expected is
+                // still to come.
+                Self::before_blocking(sock, wake, expected.saturating_sub(PARTIAL_RECORD_MAX));
                 pending.resize(READ_TLS_BYTES, 0);
                 *taken = 0;
                 let n = loop {
@@ -340,6 +406,8 @@ impl<S: NbdStream> NbdStream for Link<S> {
             tls: self.tls.clone(),
             pending: Vec::new(),
             taken: 0,
+            expected: 0,
+            wake: 1,
         })
     }
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {

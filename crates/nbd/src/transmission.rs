@@ -222,9 +222,9 @@ impl<S: NbdStream> Drop for Workers<S> {
 
 fn read_requests<S: NbdStream>(
     shared: &Shared,
-    conn: &Conn<S>,
-    reader: &mut BufReader<S>,
-    workers: &mut Workers<S>,
+    conn: &Conn<Link<S>>,
+    reader: &mut BufReader<Link<S>>,
+    workers: &mut Workers<Link<S>>,
 ) -> io::Result<()> {
     let mut head = [0u8; REQUEST_BYTES];
     loop {
@@ -265,6 +265,12 @@ fn read_requests<S: NbdStream>(
         let mut payload = AlignedBuf::zeroed(0);
         if req.ty == CMD_WRITE {
             payload = conn.take_buffer(req.len as usize);
+            // The whole payload is on its way: the socket need not wake
+            // the reader for each piece of it.
+            let buffered = reader.buffer().len();
+            reader
+                .get_mut()
+                .expect(payload.len().saturating_sub(buffered));
             if let Err(e) = reader.read_exact(&mut payload) {
                 conn.finished(cost);
                 return Err(e);
