@@ -6,7 +6,7 @@ NBD_SOCK   ?= $(RUN_DIR)/nbd.sock
 NBD_TCP    ?= 127.0.0.1:10809
 STRATA     := target/release/strata
 
-.PHONY: all build run test deps lint bench fuzz clean
+.PHONY: all build run test deps lint bench fuzz fuzz-cpu fuzz-tools clean
 
 all: build
 
@@ -41,9 +41,7 @@ bench: deps build
 ## installed here if missing. A crash leaves its input in fuzz/artifacts/.
 SECONDS ?= 60
 FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image vhost_chain datastore_pages datastore_open objstore_objects
-fuzz:
-	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+fuzz: fuzz-tools
 	@set -e; cd fuzz; for t in $(FUZZ_TARGETS); do \
 		mkdir -p corpus/$$t; work=$$(mktemp -d); cp -r corpus/$$t/. $$work/; \
 		echo "== $$t for $(SECONDS) s"; \
@@ -53,6 +51,22 @@ fuzz:
 		rm -rf $$work; \
 		if ls artifacts/$$t/crash-* >/dev/null 2>&1; then echo "$$t: crashes in fuzz/artifacts/$$t"; exit 1; fi; \
 	done
+
+## Run every fuzz target (or TARGETS="a b") until it has used CPU_SECONDS
+## of CPU time (default 3600), not wall time, one after another at nice 19;
+## the corpora grow in FUZZ_WORK and each run's account is appended to
+## FUZZ_WORK/cpu.tsv (scripts/fuzz-cpu.sh).
+CPU_SECONDS ?= 3600
+FUZZ_WORK ?= /var/tmp/strata-fuzz
+TARGETS ?= $(FUZZ_TARGETS)
+fuzz-cpu: fuzz-tools
+	cd fuzz && cargo +nightly fuzz build
+	@set -e; for t in $(TARGETS); do nice -n 19 scripts/fuzz-cpu.sh $$t $(CPU_SECONDS) $(FUZZ_WORK); done
+
+# The nightly toolchain and cargo-fuzz, installed if missing.
+fuzz-tools:
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 
 clean:
 	$(CARGO) clean
