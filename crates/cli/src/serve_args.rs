@@ -43,6 +43,12 @@ pub struct ServeArgs {
     /// handshake with a reason the client prints (0: only --max-connections limits them)
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub max_export_connections: u32,
+    /// Seconds the server waits for each read or write of an NBD client's handshake (TLS
+    /// included) before it closes the connection and counts it in
+    /// strata_nbd_refused_total{cause="handshake_timeout"}; a stalled client holds one of
+    /// --max-connections until then (0: wait for ever)
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86400))]
+    pub handshake_timeout: u32,
     /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused
     /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
     #[arg(long)]
@@ -234,6 +240,8 @@ impl From<&ServeArgs> for ServeConfig {
             tls_authz: a.tls_authz.clone(),
             max_connections: a.max_connections as usize,
             max_connections_per_export: a.max_export_connections as usize,
+            handshake_timeout: (a.handshake_timeout > 0)
+                .then(|| std::time::Duration::from_secs(a.handshake_timeout.into())),
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             socket_mode: a.socket_mode,

@@ -26,6 +26,62 @@ fn nbdinfo(addr: &str) -> std::process::Output {
     run("nbdinfo", &[&format!("nbd://{addr}/d")])
 }
 
+/// `--handshake-timeout` closes a client that stalls in its handshake
+/// after that long (the default, 10 s, would not have closed it yet) and
+/// counts it; 0 lets a handshake take for ever.
+#[test]
+fn a_stalled_handshake_is_closed_after_the_handshake_timeout() {
+    use std::io::Read;
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let (addr, web) = (free_addr(), free_addr());
+    let srv = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--http",
+        &web,
+        "--handshake-timeout",
+        "1",
+    ]);
+    let mut stalled = greeted(&addr).expect("greeting");
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    let _ = stalled.read_to_end(&mut rest);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+        "closed after {waited:?}, not after about 1 s"
+    );
+    assert_eq!(refused(&web, "handshake_timeout"), 1.0);
+    srv.stop();
+
+    let (addr, web) = (free_addr(), free_addr());
+    let _srv = s.serve_with(&[
+        "--nbd-tcp",
+        &addr,
+        "--http",
+        &web,
+        "--handshake-timeout",
+        "0",
+    ]);
+    let mut patient = greeted(&addr).expect("greeting");
+    patient
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut one = [0u8; 1];
+    let e = patient
+        .read(&mut one)
+        .expect_err("the server closed a patient client");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{e}"
+    );
+    assert_eq!(refused(&web, "handshake_timeout"), 0.0);
+}
+
 #[test]
 fn an_export_open_on_its_limit_refuses_one_more_with_a_reason() {
     if !have("nbdinfo") || !have("qemu-img") {

@@ -103,6 +103,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// NBD connections one export may be open on at once (0: no limit).
     pub max_connections_per_export: usize,
+    /// How long an NBD client may take over its handshake (None: for ever).
+    pub handshake_timeout: Option<std::time::Duration>,
 }
 
 /// Threads per connection that run its requests (`--io-threads`): 16
@@ -125,6 +127,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         tls: load_tls(args)?,
         max_connections: args.max_connections,
         max_connections_per_export: args.max_connections_per_export,
+        handshake_timeout: args.handshake_timeout,
         ..default
     })
 }
