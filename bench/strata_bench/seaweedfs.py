@@ -52,7 +52,8 @@ def start_seaweedfs(work):
         [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d}/data",
          f"-master.port={base}", f"-volume.port={base + 1}", "-filer", f"-filer.port={base + 2}",
          "-s3", f"-s3.port={base + 3}", f"-s3.config={cfg}", "-s3.port.iceberg=0",
-         "-s3.port.lance=0", "-master.volumeSizeLimitMB=256", "-volume.max=0"],
+         "-s3.port.lance=0", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
+         "-master.volumeSizeLimitMB=256", "-volume.max=0"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{base + 3}"
     os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,

@@ -119,6 +119,17 @@ impl SeaweedFs {
             // No Iceberg or Lance catalogs: they listen on fixed ports.
             .arg("-s3.port.iceberg=0")
             .arg("-s3.port.lance=0")
+            // Its filer's and S3 gateway's local sockets in the directory
+            // that goes with it, not left in /tmp by every run (its gRPC
+            // sockets always go to /tmp: no flag moves them).
+            .arg(format!(
+                "-filer.localSocket={}",
+                dir.path().join("filer.sock").display()
+            ))
+            .arg(format!(
+                "-s3.localSocket={}",
+                dir.path().join("s3.sock").display()
+            ))
             .arg("-master.volumeSizeLimitMB=256")
             .arg("-volume.max=0")
             .stdin(Stdio::null())
