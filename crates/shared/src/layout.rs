@@ -149,6 +149,12 @@ impl Entry {
     }
 
     pub fn decode(b: &[u8]) -> Result<Option<Entry>, String> {
+        let Some(b) = b.get(..ENTRY_BYTES) else {
+            return Err(format!(
+                "an entry of {} bytes ({ENTRY_BYTES} expected)",
+                b.len()
+            ));
+        };
         let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         match w(20) {
             0 if b[..ENTRY_BYTES].iter().all(|&x| x == 0) => Ok(None),
@@ -863,6 +869,15 @@ mod tests {
             assert_eq!(SegId::from_key(bad), None, "{bad}");
         }
         assert_eq!(manifest_key(1, 42), "disks/00000001/m/000000000000002a");
+    }
+
+    #[test]
+    fn a_short_entry_is_an_error_not_a_panic() {
+        for n in [0, 1, 20, ENTRY_BYTES - 1] {
+            let e = Entry::decode(&vec![0u8; n]).unwrap_err();
+            assert!(e.contains("24 expected"), "{e}");
+        }
+        assert_eq!(Entry::decode(&[0u8; ENTRY_BYTES + 3]), Ok(None));
     }
 
     #[test]
