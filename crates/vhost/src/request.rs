@@ -273,7 +273,8 @@ fn run(
                 return (status::IOERR, 0);
             };
             let len = v.total();
-            if len > limits.max_data_bytes {
+            // The used length the driver is told is a u32 (virtio's).
+            if len > limits.max_data_bytes || len > u64::from(u32::MAX) {
                 tracing::debug!(
                     "virtio-blk request of {len} bytes refused (at most {})",
                     limits.max_data_bytes
