@@ -375,7 +375,14 @@ fn render_gauges(out: &mut String, gauges: &[Gauge]) {
             .filter(|g| &sanitize_name(&g.name, true) == name)
             .peekable();
         let help = members.peek().map(|g| g.help.as_str()).unwrap_or("");
-        family(out, name, help, "gauge");
+        // Prometheus' naming rule: a `_total` is a counter (only grows, and
+        // resets when the server restarts); anything else is a gauge.
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        family(out, name, help, kind);
         for g in members {
             let labels: Vec<(String, &str)> = g
                 .labels

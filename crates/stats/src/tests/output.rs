@@ -273,6 +273,12 @@ fn prometheus_output_without_disks_has_only_the_gauges() {
     assert_eq!(render_prometheus(&[], &[]), "");
     let text = render_prometheus(&[], &[Gauge::new("up", "Up.", 1.0)]);
     assert_eq!(text, "# HELP up Up.\n# TYPE up gauge\nup 1\n");
+    // A `_total` only grows: Prometheus' rule makes it a counter.
+    let text = render_prometheus(&[], &[Gauge::new("x_total", "X.", 3.0)]);
+    assert_eq!(
+        text,
+        "# HELP x_total X.\n# TYPE x_total counter\nx_total 3\n"
+    );
 }
 
 #[test]
