@@ -214,9 +214,14 @@ pub struct Link<S> {
 
 impl<S: NbdStream> Link<S> {
     pub(crate) fn new(sock: S) -> Self {
+        Self::on(sock, Arc::new(OnceLock::new()))
+    }
+
+    /// A handle on `sock` that shares the session `tls` (or will).
+    fn on(sock: S, tls: Arc<OnceLock<Session>>) -> Self {
         Link {
             sock,
-            tls: Arc::new(OnceLock::new()),
+            tls,
             pending: Vec::new(),
             taken: 0,
             expected: 0,
@@ -293,17 +298,8 @@ impl<S: NbdStream> Link<S> {
         });
         Ok(peer)
     }
-}
 
-impl<S: NbdStream> Read for Link<S> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.read_inner(buf)?;
-        self.expected = self.expected.saturating_sub(n);
-        Ok(n)
-    }
-}
-
-impl<S: NbdStream> Link<S> {
+    /// `Read::read`, less lowering `expected` by what it returns.
     fn read_inner(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Link {
             sock,
@@ -378,6 +374,14 @@ impl<S: NbdStream> Link<S> {
     }
 }
 
+impl<S: NbdStream> Read for Link<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.read_inner(buf)?;
+        self.expected = self.expected.saturating_sub(n);
+        Ok(n)
+    }
+}
+
 fn invalid(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
 }
@@ -401,14 +405,7 @@ impl<S: NbdStream> Write for Link<S> {
 
 impl<S: NbdStream> NbdStream for Link<S> {
     fn clone_stream(&self) -> io::Result<Self> {
-        Ok(Link {
-            sock: self.sock.clone_stream()?,
-            tls: self.tls.clone(),
-            pending: Vec::new(),
-            taken: 0,
-            expected: 0,
-            wake: 1,
-        })
+        Ok(Link::on(self.sock.clone_stream()?, self.tls.clone()))
     }
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         self.sock.shutdown_stream(how)
