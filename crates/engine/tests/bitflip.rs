@@ -4,12 +4,14 @@
 //! gives reads that are correct or an error (never another grain's bytes),
 //! and an open error or a `check` report that names the page.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
 use strata_engine::catalog::Catalog;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning};
 use strata_format::{
     catalog_file, decode_map_node, journal_file, Superblock, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
     GRAIN_BYTES, SUPER_SLOT_BYTES,
@@ -17,14 +19,6 @@ use strata_format::{
 use strata_storage::FileBackend;
 
 const DISK_BYTES: u64 = 64 << 20;
-
-fn open(dir: &Path) -> strata_engine::Result<Datastore> {
-    Datastore::open(
-        Arc::new(FileBackend::new(dir)),
-        &OpenOptions::default(),
-        None,
-    )
-}
 
 fn pattern(tag: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -38,7 +32,7 @@ fn build(dir: &Path) -> (Vec<u8>, Vec<u8>) {
     Datastore::init(Arc::new(FileBackend::new(dir)), &InitOptions::default()).unwrap();
     let mut d = vec![0u8; DISK_BYTES as usize];
     {
-        let ds = open(dir).unwrap();
+        let ds = common::open_dir(dir).unwrap();
         ds.create_disk("d", DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
         let h = ds.open_disk("d").unwrap();
@@ -49,7 +43,7 @@ fn build(dir: &Path) -> (Vec<u8>, Vec<u8>) {
     }
     let s;
     {
-        let ds = open(dir).unwrap();
+        let ds = common::open_dir(dir).unwrap();
         ds.snapshot_create("d", "s", "").unwrap();
         s = d.clone();
         let h = ds.open_disk("d").unwrap();
@@ -59,7 +53,7 @@ fn build(dir: &Path) -> (Vec<u8>, Vec<u8>) {
         ds.close().unwrap();
     }
     // Two flushed batches left in the log.
-    let ds = open(dir).unwrap();
+    let ds = common::open_dir(dir).unwrap();
     let h = ds.open_disk("d").unwrap();
     for (i, off) in [8u64 << 20, 9 << 20].into_iter().enumerate() {
         let c = pattern(0x90 + i as u8, 8192);
@@ -178,7 +172,7 @@ fn a_flipped_bit_in_any_metadata_page_is_an_error_naming_it_never_wrong_data() {
                 .join(format!("{}-{bit}", case.replace(' ', "-")));
             copy_dir(&built, &dir);
             flip(&dir.join(&file), byte, bit);
-            let ds = match open(&dir) {
+            let ds = match common::open_dir(&dir) {
                 Err(e) => {
                     eprintln!("{case} bit {bit}: open refused: {e}");
                     assert!(
@@ -209,7 +203,7 @@ fn a_flipped_bit_in_any_metadata_page_is_an_error_naming_it_never_wrong_data() {
 fn an_undamaged_stopped_datastore_reopens_clean() {
     let dir = tempfile::tempdir().unwrap();
     let (d, s) = build(dir.path());
-    let ds = open(dir.path()).unwrap();
+    let ds = common::open_dir(dir.path()).unwrap();
     assert_eq!(reads_are_right_or_fail(&ds, &d, &s, "undamaged"), 0);
     let r = ds.check().unwrap();
     assert!(r.is_clean(), "{:#?}", r.errors);
@@ -233,7 +227,7 @@ fn a_catalog_length_past_its_file_is_refused_before_it_is_allocated() {
     let mut b = std::fs::read(&path).unwrap();
     b[slot * SUPER_SLOT_BYTES..(slot + 1) * SUPER_SLOT_BYTES].copy_from_slice(&sb.encode());
     std::fs::write(&path, b).unwrap();
-    let e = open(dir.path()).map(|_| ()).unwrap_err();
+    let e = common::open_dir(dir.path()).map(|_| ()).unwrap_err();
     assert_eq!(e.kind, strata_engine::ErrorKind::Corrupt, "{e}");
     assert!(e.message.contains("the superblock says 943718400"), "{e}");
 }

@@ -8,13 +8,15 @@
 //! them after a format change):
 //! `cargo test -p strata-engine --test fuzz_corpus -- --ignored write_seeds`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
 use strata_engine::catalog::Catalog;
 use strata_engine::fuzzing::{self, PageKind, FILES};
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning};
 use strata_format::{
     catalog_file, decode_batch_header, decode_map_node, journal_file, Superblock,
     BATCH_HEADER_BYTES, FILE_POOL, FILE_REFCOUNT, FILE_SUPER, GRAIN_BYTES, SUPER_SLOT_BYTES,
@@ -65,12 +67,7 @@ fn contents(last: u8) -> Vec<u8> {
 }
 
 fn open(dir: &Path) -> Datastore {
-    Datastore::open(
-        Arc::new(FileBackend::new(dir)),
-        &OpenOptions::default(),
-        None,
-    )
-    .unwrap()
+    common::open_dir(dir).unwrap()
 }
 
 fn apply(ds: &Datastore, step: u8, flush_each: bool) {

@@ -5,11 +5,13 @@
 //! only the current version's directory:
 //! `STRATA_WRITE_GOLDEN=1 cargo test -p strata-engine --test golden -- --ignored`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
+use strata_engine::{Datastore, InitOptions, Provisioning};
 use strata_storage::FileBackend;
 
 fn golden_dir(version: u32) -> PathBuf {
@@ -35,12 +37,7 @@ fn expected() -> Vec<(&'static str, u64, Vec<u8>)> {
 }
 
 fn open(dir: &Path) -> Datastore {
-    Datastore::open(
-        Arc::new(FileBackend::new(dir)),
-        &OpenOptions::default(),
-        None,
-    )
-    .unwrap()
+    common::open_dir(dir).unwrap()
 }
 
 /// Copy golden version `version` to a scratch directory, open it, read

@@ -1,10 +1,11 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::Arc;
 
 use strata_engine::{Datastore, OpenOptions};
-use strata_storage::{Backend, SimBackend};
+use strata_storage::{Backend, FileBackend, SimBackend};
 
 /// Metadata cache of the simulated tests: 64 pages, so eviction, reloading
 /// and checkpoints happen all the time.
@@ -21,4 +22,13 @@ pub fn open_sim(b: &SimBackend) -> Datastore {
         None,
     )
     .expect("open the simulated datastore")
+}
+
+/// Open the datastore in directory `dir`, with the default options.
+pub fn open_dir(dir: &Path) -> strata_engine::Result<Datastore> {
+    Datastore::open(
+        Arc::new(FileBackend::new(dir)),
+        &OpenOptions::default(),
+        None,
+    )
 }
