@@ -22,6 +22,16 @@ fn refused(web: &str, cause: &str) -> f64 {
     )
 }
 
+/// `s` served on NBD over TCP and HTTP, each on a free loopback address,
+/// with `extra` options: (NBD address, HTTP address, the server).
+fn serve_tcp(s: &Store, extra: &[&str]) -> (String, String, Server) {
+    let (addr, web) = (free_addr(), free_addr());
+    let mut args = vec!["--nbd-tcp", &addr, "--http", &web];
+    args.extend_from_slice(extra);
+    let srv = s.serve_with(&args);
+    (addr, web, srv)
+}
+
 fn nbdinfo(addr: &str) -> std::process::Output {
     run("nbdinfo", &[&format!("nbd://{addr}/d")])
 }
@@ -34,15 +44,7 @@ fn a_stalled_handshake_is_closed_after_the_handshake_timeout() {
     use std::io::Read;
     let s = Store::new();
     s.ok(&["create", "d", "--size", "16M"]);
-    let (addr, web) = (free_addr(), free_addr());
-    let srv = s.serve_with(&[
-        "--nbd-tcp",
-        &addr,
-        "--http",
-        &web,
-        "--handshake-timeout",
-        "1",
-    ]);
+    let (addr, web, srv) = serve_tcp(&s, &["--handshake-timeout", "1"]);
     let mut stalled = greeted(&addr).expect("greeting");
     let t = Instant::now();
     let mut rest = Vec::new();
@@ -55,15 +57,7 @@ fn a_stalled_handshake_is_closed_after_the_handshake_timeout() {
     assert_eq!(refused(&web, "handshake_timeout"), 1.0);
     srv.stop();
 
-    let (addr, web) = (free_addr(), free_addr());
-    let _srv = s.serve_with(&[
-        "--nbd-tcp",
-        &addr,
-        "--http",
-        &web,
-        "--handshake-timeout",
-        "0",
-    ]);
+    let (addr, web, _srv) = serve_tcp(&s, &["--handshake-timeout", "0"]);
     let mut patient = greeted(&addr).expect("greeting");
     patient
         .set_read_timeout(Some(Duration::from_secs(2)))
@@ -89,15 +83,7 @@ fn an_export_open_on_its_limit_refuses_one_more_with_a_reason() {
     }
     let s = Store::new();
     s.ok(&["create", "d", "--size", "16M"]);
-    let (addr, web) = (free_addr(), free_addr());
-    let _srv = s.serve_with(&[
-        "--nbd-tcp",
-        &addr,
-        "--http",
-        &web,
-        "--max-export-connections",
-        "2",
-    ]);
+    let (addr, web, _srv) = serve_tcp(&s, &["--max-export-connections", "2"]);
     let held: Vec<TcpStream> = (0..2)
         .map(|_| opened(&addr, "d").expect("a connection within the limit"))
         .collect();
@@ -181,15 +167,7 @@ fn hostile_connections_leave_a_good_client_served_and_memory_bounded() {
     }
     let s = Store::new();
     s.ok(&["create", "d", "--size", "256M"]);
-    let (addr, web) = (free_addr(), free_addr());
-    let srv = s.serve_with(&[
-        "--nbd-tcp",
-        &addr,
-        "--http",
-        &web,
-        "--max-export-connections",
-        "16",
-    ]);
+    let (addr, web, srv) = serve_tcp(&s, &["--max-export-connections", "16"]);
     let pid = srv.pid();
     let fio = std::process::Command::new("fio")
         .args([
