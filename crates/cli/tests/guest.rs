@@ -588,11 +588,19 @@ impl Qmp {
         serde_json::from_str(&l).unwrap_or_else(|e| panic!("QMP said {l:?}: {e}"))
     }
 
+    /// Send one message in a single write. `writeln!` on the socket
+    /// issues a write per formatting piece: QMP runs a command once its
+    /// closing brace arrives, so after `quit` the newline that follows
+    /// met a closed socket (EPIPE) although QEMU had quit cleanly.
+    fn send(&mut self, msg: serde_json::Value) -> std::io::Result<()> {
+        use std::io::Write as _;
+        self.w.write_all(format!("{msg}\n").as_bytes())
+    }
+
     /// Run `cmd`; its `return` (events before it are skipped).
     fn cmd(&mut self, cmd: &str, args: serde_json::Value) -> serde_json::Value {
-        use std::io::Write as _;
         let msg = serde_json::json!({ "execute": cmd, "arguments": args });
-        writeln!(self.w, "{msg}").unwrap();
+        self.send(msg).unwrap();
         loop {
             let v = self.line();
             if v.get("event").is_some() {
@@ -697,9 +705,7 @@ fn a_guest_migrates_between_two_hosts_and_keeps_writing_and_verifying() {
     let rel = a.json(&["release", "vm"]);
     assert!(rel["object_store"]["owner"].is_null(), "{rel}");
     let mut src = src;
-    // CI once saw the source's QMP socket closed here: say why if so.
-    use std::io::Write as _;
-    let quit = writeln!(q.w, "{}", serde_json::json!({ "execute": "quit" }));
+    let quit = q.send(serde_json::json!({ "execute": "quit" }));
     let st = src.child.wait().unwrap();
     assert!(
         quit.is_ok() && st.success(),
