@@ -35,8 +35,11 @@ pub struct ServeArgs {
     /// reloads it
     #[arg(long, value_name = "FILE", requires = "tls_creds")]
     pub tls_authz: Option<PathBuf>,
-    /// NBD connections served at once, counting those still negotiating (more are closed at
-    /// once and counted in strata_nbd_refused_total{cause="too_many_connections"})
+    /// NBD connections served at once, counting those still negotiating. When all are taken,
+    /// a new connection takes the place of the one that has been negotiating longest (counted
+    /// in strata_nbd_refused_total{cause="handshake_evicted"}), so stalled handshakes cannot
+    /// lock clients out; only when every place is past its handshake is it closed at once
+    /// (cause="too_many_connections")
     #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
     /// NBD connections one export may be open on at once; one more is refused in its
@@ -45,8 +48,7 @@ pub struct ServeArgs {
     pub max_export_connections: u32,
     /// Seconds the server waits for each read or write of an NBD client's handshake (TLS
     /// included) before it closes the connection and counts it in
-    /// strata_nbd_refused_total{cause="handshake_timeout"}; a stalled client holds one of
-    /// --max-connections until then (0: wait for ever)
+    /// strata_nbd_refused_total{cause="handshake_timeout"} (0: wait for ever)
     #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86400))]
     pub handshake_timeout: u32,
     /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused

@@ -46,8 +46,9 @@
 //!
 //! # Bounds
 //!
-//! Connections: [`ServerOptions::max_connections`] (extra connections are
-//! closed at once). Requests: at most [`ServerOptions::max_request_bytes`]
+//! Connections: [`ServerOptions::max_connections`]; when all are taken a
+//! new connection takes the place of the one negotiating longest, and is
+//! closed at once only when every place is past its handshake. Requests: at most [`ServerOptions::max_request_bytes`]
 //! of data per READ/WRITE, advertised as the maximum block size; per
 //! connection at most [`ServerOptions::max_inflight_requests`] requests
 //! and [`ServerOptions::max_inflight_bytes`] of READ/WRITE data queued or
@@ -180,19 +181,23 @@ pub enum Refusal {
     /// A client that did not finish its handshake within
     /// [`ServerOptions::handshake_timeout`].
     HandshakeTimeout,
+    /// A client still in its handshake, closed to make room for a new one
+    /// when every place of [`ServerOptions::max_connections`] was taken.
+    HandshakeEvicted,
     /// A client that broke the protocol: a bad magic number, a length
     /// past the limits, a request that makes no sense on the wire.
     ProtocolError,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::TooManyConnections,
         Refusal::TlsRequired,
         Refusal::TlsHandshake,
         Refusal::NotGranted,
         Refusal::ExportFull,
         Refusal::HandshakeTimeout,
+        Refusal::HandshakeEvicted,
         Refusal::ProtocolError,
     ];
 
@@ -205,6 +210,7 @@ impl Refusal {
             Refusal::NotGranted => "not_granted",
             Refusal::ExportFull => "export_full",
             Refusal::HandshakeTimeout => "handshake_timeout",
+            Refusal::HandshakeEvicted => "handshake_evicted",
             Refusal::ProtocolError => "protocol_error",
         }
     }
@@ -256,7 +262,9 @@ pub struct ServerOptions {
     /// (rounded down to a multiple of 512). Default 32 MiB.
     pub max_request_bytes: u32,
     /// Connections served at once, counting those still negotiating.
-    /// Default 128.
+    /// When all are taken, a new connection closes the one that has been
+    /// negotiating longest ([`Refusal::HandshakeEvicted`]); it is refused
+    /// only when every place is past its handshake. Default 128.
     pub max_connections: usize,
     /// Connections one export may be open on at once (a `GO` or
     /// `EXPORT_NAME` past it is refused); 0: no limit but
@@ -395,6 +403,8 @@ impl NbdStream for TcpStream {
 /// What shutdown needs to stop one live connection.
 trait Stop: Send {
     fn stop(&self, grace: Duration);
+    /// Close at once, both ways (a handshake evicted for a new client).
+    fn close(&self);
 }
 
 impl<S: NbdStream> Stop for S {
@@ -404,12 +414,27 @@ impl<S: NbdStream> Stop for S {
         let _ = self.set_timeouts(None, Some(grace));
         let _ = self.shutdown_stream(Shutdown::Read);
     }
+    fn close(&self) {
+        let _ = self.shutdown_stream(Shutdown::Both);
+    }
 }
 
 #[derive(Default)]
 struct Registry {
+    /// Ids grow with each admission: the smallest is the oldest.
     next_id: u64,
-    live: HashMap<u64, Box<dyn Stop>>,
+    live: HashMap<u64, Live>,
+    /// Entries of `live` closed to make room and not yet gone: they hold
+    /// no place, and at most `max_connections` of them are let exist.
+    evicted: usize,
+}
+
+/// One admitted connection.
+struct Live {
+    stop: Box<dyn Stop>,
+    /// Still in its handshake (it may be evicted for a new client).
+    negotiating: bool,
+    evicted: bool,
 }
 
 #[derive(Default)]
@@ -478,22 +503,62 @@ impl Shared {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Admit a connection: `None` when the server is full or stopping.
+    /// Admit a connection, or say why not (the server is full or
+    /// stopping). When every place is taken, the connection that has been
+    /// negotiating longest is closed to make room: a client that stalls its
+    /// handshake cannot keep others out, while one past its handshake
+    /// keeps its place. Only when every place is past its handshake (or
+    /// the evicted have not yet gone) is the new connection refused.
     fn register<S: NbdStream>(&self, stream: &S) -> io::Result<u64> {
         let mut reg = self.conns.lock();
         if self.stopping() {
             return Err(io::Error::other("the server is shutting down"));
         }
-        if reg.live.len() >= self.opts.max_connections {
-            let e = format!("too many connections (limit {})", self.opts.max_connections);
-            self.refusals.note(Refusal::TooManyConnections, &e);
-            return Err(io::Error::other(e));
+        let max = self.opts.max_connections;
+        if reg.live.len() - reg.evicted >= max {
+            let oldest = (reg.evicted < max)
+                .then(|| {
+                    let negotiating = reg.live.iter().filter(|(_, c)| c.negotiating && !c.evicted);
+                    negotiating.map(|(id, _)| *id).min()
+                })
+                .flatten();
+            let Some(oldest) = oldest else {
+                let e = format!("too many connections (limit {max})");
+                self.refusals.note(Refusal::TooManyConnections, &e);
+                return Err(io::Error::other(e));
+            };
+            if let Some(c) = reg.live.get_mut(&oldest) {
+                c.evicted = true;
+                c.stop.close();
+            }
+            reg.evicted += 1;
+            self.refusals.note(
+                Refusal::HandshakeEvicted,
+                &format!(
+                    "all {max} connection places taken: closed the one negotiating longest \
+                     to admit a new client"
+                ),
+            );
         }
         let handle = stream.clone_stream()?;
         let id = reg.next_id;
         reg.next_id += 1;
-        reg.live.insert(id, Box::new(handle));
+        reg.live.insert(
+            id,
+            Live {
+                stop: Box::new(handle),
+                negotiating: true,
+                evicted: false,
+            },
+        );
         Ok(id)
+    }
+
+    /// Connection `id` finished its handshake: it keeps its place now.
+    pub(crate) fn negotiated(&self, id: u64) {
+        if let Some(c) = self.conns.lock().live.get_mut(&id) {
+            c.negotiating = false;
+        }
     }
 }
 
@@ -507,7 +572,9 @@ struct Registered<'a> {
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
         let mut reg = self.shared.conns.lock();
-        reg.live.remove(&self.id);
+        if reg.live.remove(&self.id).is_some_and(|c| c.evicted) {
+            reg.evicted -= 1;
+        }
         drop(reg);
         self.shared.conn_gone.notify_all();
     }
@@ -518,7 +585,7 @@ impl Drop for Registered<'_> {
 fn run_connection<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Result<()> {
     let _registered = Registered { shared, id };
     let _ = stream.tune();
-    transmission::serve(shared, stream)
+    transmission::serve(shared, id, stream)
 }
 
 /// A listening socket an accept thread can wait on.
@@ -739,7 +806,7 @@ impl NbdServer {
         }
         let mut reg = self.shared.conns.lock();
         for c in reg.live.values() {
-            c.stop(self.shared.opts.shutdown_grace);
+            c.stop.stop(self.shared.opts.shutdown_grace);
         }
         while !reg.live.is_empty() {
             self.shared.conn_gone.wait(&mut reg);

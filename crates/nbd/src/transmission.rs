@@ -42,17 +42,22 @@ const DESCRIPTORS_MAX: usize = 128 * 1024;
 
 /// Negotiate, then serve requests until the client leaves, sends DISC,
 /// breaks the protocol, or the server shuts down.
-pub(crate) fn serve<S: NbdStream>(shared: &Shared, stream: S) -> io::Result<()> {
+pub(crate) fn serve<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Result<()> {
     // Plain until the client asks for TLS; every clone follows it there.
     let stream = Link::new(stream);
     let writer = stream.clone_stream()?;
     let closer = stream.clone_stream()?;
-    let result = serve_inner(shared, stream, writer);
+    let result = serve_inner(shared, id, stream, writer);
     let _ = closer.shutdown_stream(Shutdown::Both);
     result
 }
 
-fn serve_inner<S: NbdStream>(shared: &Shared, stream: Link<S>, writer: Link<S>) -> io::Result<()> {
+fn serve_inner<S: NbdStream>(
+    shared: &Shared,
+    id: u64,
+    stream: Link<S>,
+    writer: Link<S>,
+) -> io::Result<()> {
     let timeout = shared.opts.handshake_timeout;
     stream.set_timeouts(timeout, timeout)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
@@ -72,6 +77,7 @@ fn serve_inner<S: NbdStream>(shared: &Shared, stream: Link<S>, writer: Link<S>) 
     let Some(session) = negotiated? else {
         return Ok(());
     };
+    shared.negotiated(id);
     reader.get_ref().set_timeouts(None, None)?;
     // A shutdown that raced with the handshake may have set a write
     // timeout that was just cleared; it has set `stopping` first.

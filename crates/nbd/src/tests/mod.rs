@@ -958,6 +958,39 @@ fn connections_over_the_limit_are_closed_at_once() {
     assert_eq!(next.read(0, 512).unwrap(), vec![0u8; 512]);
 }
 
+/// A full server closes the connection negotiating longest to admit a
+/// new one; connections past their handshake keep their places, and when
+/// all places are theirs a new connection is refused.
+#[test]
+fn a_new_client_takes_the_place_of_the_longest_stalled_handshake() {
+    let opts = ServerOptions {
+        max_connections: 2,
+        ..Default::default()
+    };
+    let h = Harness::with(opts, default_disks());
+    let refusals = h.server.refusals();
+    // Two clients stall after the greeting: every place is taken.
+    let mut first = Client::negotiating(&h.sock);
+    let mut second = Client::negotiating(&h.sock);
+    // A third gets in and is served; the first stalled one is closed.
+    let (mut third, _) = h.open("disk", false, false);
+    assert_eq!(third.read(0, 512).unwrap(), vec![0u8; 512]);
+    assert!(first.closed(), "the oldest stalled handshake was closed");
+    assert_eq!(refusals.count(crate::Refusal::HandshakeEvicted), 1);
+    // A fourth evicts the second (the third is past its handshake).
+    let (mut fourth, _) = h.open("disk", false, false);
+    assert!(second.closed(), "the other stalled handshake was closed");
+    assert_eq!(refusals.count(crate::Refusal::HandshakeEvicted), 2);
+    // Both places are past their handshakes now: a fifth is refused and
+    // neither open connection is touched.
+    let mut fifth = Client::unix(&h.sock);
+    assert!(fifth.closed(), "a connection past the limit is refused");
+    assert_eq!(refusals.count(crate::Refusal::TooManyConnections), 1);
+    assert_eq!(refusals.count(crate::Refusal::HandshakeEvicted), 2);
+    assert_eq!(third.read(0, 512).unwrap(), vec![0u8; 512]);
+    assert_eq!(fourth.read(0, 512).unwrap(), vec![0u8; 512]);
+}
+
 #[test]
 fn serve_connection_runs_on_the_callers_thread() {
     let h = Harness::new();
