@@ -1,5 +1,6 @@
 """SeaweedFS on loopback (issue 12), the object store of the multihost and
 claims cases, started as the tests start it."""
+import atexit
 import json
 import os
 import random
@@ -33,6 +34,17 @@ def _free_port_base():
     raise RuntimeError("no free ports for SeaweedFS")
 
 
+def _remove_grpc_sockets(base):
+    """`weed server` leaves a Unix socket per gRPC service (each on its
+    port + 10000) in the temporary directory; no flag moves them."""
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    for i, kind in enumerate(["master", "volume", "filer", "s3"]):
+        try:
+            os.remove(os.path.join(tmp, f"seaweedfs-{kind}-grpc-{base + i + 10000}.sock"))
+        except OSError:
+            pass
+
+
 def start_seaweedfs(work):
     """`weed server` with S3 on loopback (as the tests run it); returns
     (process, endpoint) and sets the AWS_* variables for strata."""
@@ -55,6 +67,8 @@ def start_seaweedfs(work):
          "-s3.port.lance=0", f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
          "-master.volumeSizeLimitMB=256", "-volume.max=0"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    # The callers stop the server; its sockets go when the bench ends.
+    atexit.register(_remove_grpc_sockets, base)
     endpoint = f"http://127.0.0.1:{base + 3}"
     os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
                        "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_REGION": "us-east-1"})

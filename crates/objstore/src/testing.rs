@@ -18,6 +18,8 @@ pub const SECRET_KEY: &str = "strata-test-secret";
 /// A running SeaweedFS, stopped on drop.
 pub struct SeaweedFs {
     child: Child,
+    /// Its first port (master); the others follow (see `grpc_sockets`).
+    base: u16,
     /// `http://127.0.0.1:PORT` of the S3 gateway.
     pub endpoint: String,
     /// Where its data and log are (removed on drop).
@@ -77,8 +79,10 @@ impl SeaweedFs {
             return None;
         };
         sweep_stale_dirs();
+        let base = free_base();
+        // The ports in the name, so that a sweep knows its gRPC sockets.
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+            .prefix(&format!("{DIR_PREFIX}{}-{base}-", std::process::id()))
             .tempdir()
             .expect("temp dir");
         let config = dir.path().join("s3.json");
@@ -92,7 +96,6 @@ impl SeaweedFs {
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
-        let base = free_base();
         let s3 = base + 3;
         let mut cmd = Command::new(&weed);
         // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
@@ -121,7 +124,8 @@ impl SeaweedFs {
             .arg("-s3.port.lance=0")
             // Its filer's and S3 gateway's local sockets in the directory
             // that goes with it, not left in /tmp by every run (its gRPC
-            // sockets always go to /tmp: no flag moves them).
+            // sockets always go to the temporary directory, no flag moves
+            // them: see `grpc_sockets`).
             .arg(format!(
                 "-filer.localSocket={}",
                 dir.path().join("filer.sock").display()
@@ -139,6 +143,7 @@ impl SeaweedFs {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", weed.display()));
         let mut fs = SeaweedFs {
             child,
+            base,
             endpoint: format!("http://127.0.0.1:{s3}"),
             dir,
         };
@@ -203,9 +208,22 @@ impl SeaweedFs {
     }
 }
 
-/// The start of a SeaweedFS directory's name; the test process's pid
-/// follows.
+/// The start of a SeaweedFS directory's name; the test process's pid and
+/// the server's first port follow.
 const DIR_PREFIX: &str = "strata-seaweedfs-";
+
+/// The Unix sockets a `weed server` whose ports start at `base` creates
+/// for its gRPC services (master, volume, filer, S3 on base..base+4, each
+/// gRPC on its port + 10000) in the temporary directory, and leaves.
+fn grpc_sockets(base: u16) -> Vec<PathBuf> {
+    ["master", "volume", "filer", "s3"]
+        .iter()
+        .zip(0u16..)
+        .map(|(kind, i)| {
+            std::env::temp_dir().join(format!("seaweedfs-{kind}-grpc-{}.sock", base + i + 10000))
+        })
+        .collect()
+}
 
 /// Remove the directories of SeaweedFS servers whose test process is
 /// gone. The [`shared`] server's directory outlives its process (a static
@@ -217,15 +235,19 @@ fn sweep_stale_dirs() {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(DIR_PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(mut fields) = name.strip_prefix(DIR_PREFIX).map(|rest| rest.split('-')) else {
+            continue;
+        };
+        let Some(pid) = fields.next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_dir_all(e.path());
+            if let Some(base) = fields.next().and_then(|b| b.parse::<u16>().ok()) {
+                for sock in grpc_sockets(base) {
+                    let _ = std::fs::remove_file(sock);
+                }
+            }
         }
     }
 }
@@ -298,6 +320,9 @@ impl Drop for SeaweedFs {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for sock in grpc_sockets(self.base) {
+            let _ = std::fs::remove_file(sock);
+        }
     }
 }
 
