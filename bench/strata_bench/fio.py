@@ -22,6 +22,27 @@ def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
     return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
 
 
+def fio_file(path, rw, bs, iodepth=16, runtime=None, size=None, direct=True, extra=(),
+             prefix=()):
+    """fio straight on a file of the same file system, with io_uring: the
+    device's limit that a server's figures are held against (issue 29).
+    `direct` opens it O_DIRECT, as a server under `--cache none` does;
+    `prefix` runs fio under another command (taskset)."""
+    args = [*prefix, "fio", "--name=limit", "--ioengine=io_uring", f"--filename={path}", f"--rw={rw}",
+            f"--bs={bs}", f"--iodepth={iodepth}", f"--direct={int(direct)}",
+            "--output-format=json", "--group_reporting"]
+    if runtime:
+        args += [f"--runtime={runtime}", "--time_based"]
+    if size:
+        args += [f"--size={size}"]
+    args += list(extra)
+    out = sh(*args)
+    j = json.loads(out[out.index("{"):])
+    job = j["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
+    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+
+
 def fill(uri, size):
     fio(uri, "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
 

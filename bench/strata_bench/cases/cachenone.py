@@ -8,7 +8,7 @@ import subprocess
 from statistics import median
 
 from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
-from ..fio import fill, fio
+from ..fio import fill, fio, fio_file
 from ..servers import QemuNbd, Strata
 
 
@@ -21,17 +21,36 @@ def case_cachenone(work, q):
     write of a fresh disk (end_fsync), then the server is stopped, the
     host's caches dropped and the server started again, and a 4k random
     read of the now full disk runs cold (strata's metadata cache starts
-    empty too). Median of the passes."""
+    empty too). Median of the passes.
+
+    The limit (issue 29) runs in the same passes: fio with io_uring and
+    O_DIRECT straight on a raw file in the same file system, the same
+    jobs, the same dropped caches and final fsync."""
     size = smoke("256M", "1G" if q else "2G")
     rt = smoke(2, 5 if q else 10)
     passes = 1 if q else 3
-    who_all = ("strata", "qemu_threads", "qemu_native")
+    who_all = ("strata", "qemu_threads", "qemu_native", "limit")
     runs = {w: {"write": [], "read": []} for w in who_all}
     cold = True
     for p in range(passes):
         order = who_all if p % 2 == 0 else tuple(reversed(who_all))
         for who in order:
             d = os.path.join(work, f"{who}_{p}")
+            if who == "limit":
+                os.makedirs(d, exist_ok=True)
+                f = os.path.join(d, "disk.raw")
+                with open(f, "wb") as fh:
+                    fh.truncate(size_bytes(size))
+                try:
+                    w = fio_file(f, "write", "512k", iodepth=16, size=size,
+                                 extra=["--end_fsync=1"])
+                    runs[who]["write"].append(w["bw_mib"])
+                    cold = drop_caches() and cold
+                    r = fio_file(f, "randread", "4k", iodepth=16, runtime=rt, size=size)
+                    runs[who]["read"].append(r["iops"])
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+                continue
             if who == "strata":
                 srv = Strata(d, serve_args=["--cache", "none"])
                 srv.cli("create", "d", "--size", size)
@@ -58,13 +77,14 @@ def case_cachenone(work, q):
                 shutil.rmtree(d, ignore_errors=True)
     out = {"params": {"size": size, "runtime_s": rt, "passes": passes, "iodepth": 16,
                       "caches_dropped": cold,
-                      "qemu": "qemu-nbd -f raw --cache=none --aio=threads|native"}}
+                      "qemu": "qemu-nbd -f raw --cache=none --aio=threads|native",
+                      "limit": "fio --ioengine=io_uring --direct=1 on a raw file, same jobs"}}
     for who in who_all:
         out[who] = {"randread_4k_cold_iops": median(runs[who]["read"]),
                     "randread_4k_iops_passes": runs[who]["read"],
                     "seqwrite_512k_durable_mib_s": round(median(runs[who]["write"]), 1),
                     "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]]}
-    for peer in ("qemu_threads", "qemu_native"):
+    for peer in ("qemu_threads", "qemu_native", "limit"):
         out[f"ratio_randread_vs_{peer}"] = ratio(out["strata"]["randread_4k_cold_iops"],
                                                  out[peer]["randread_4k_cold_iops"])
         out[f"ratio_seqwrite_vs_{peer}"] = ratio(out["strata"]["seqwrite_512k_durable_mib_s"],
@@ -82,7 +102,10 @@ def _cachenone_vhost(work, q, size, rt, passes):
     harness as the `vhost` case (one queue, QD 16; harness on CPU 0,
     backends on CPU 1). Both disks are written full first; then, with
     the host's caches dropped before each run, a 4k random read and a
-    512k sequential write that ends with a FLUSH (counted in its time)."""
+    512k sequential write that ends with a FLUSH (counted in its time).
+    The limit: fio with io_uring and O_DIRECT on the raw file, on CPU 0
+    as the harness, the same block size and depth (its write ends with an
+    fsync)."""
     sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
        cwd=ROOT)
     harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
@@ -137,7 +160,16 @@ def _cachenone_vhost(work, q, size, rt, passes):
                        "mib_s": round(median(r["mib_s"] for r in rs), 1),
                        "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
                    for w, rs in runs.items()}
-            for peer in ("qsd_threads", "qsd_native"):
+            lim = []
+            for p in range(passes):
+                drop_caches()
+                lim.append(fio_file(raw, rw, bs, iodepth=16, runtime=rt,
+                                    extra=["--end_fsync=1"] if extra else [],
+                                    prefix=["taskset", "-c", "0"]))
+            row["limit"] = {"iops": round(median(r["iops"] for r in lim)),
+                            "iops_passes": [round(r["iops"]) for r in lim],
+                            "mib_s": round(median(r["bw_mib"] for r in lim), 1)}
+            for peer in ("qsd_threads", "qsd_native", "limit"):
                 row[f"ratio_vs_{peer}"] = ratio(row["strata"]["iops"], row[peer]["iops"])
             out[tag] = row
         return out
