@@ -23,14 +23,17 @@ def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
 
 
 def fio_file(path, rw, bs, iodepth=16, runtime=None, size=None, direct=True, extra=(),
-             prefix=()):
-    """fio straight on a file of the same file system, with io_uring: the
-    device's limit that a server's figures are held against (issue 29).
-    `direct` opens it O_DIRECT, as a server under `--cache none` does;
-    `prefix` runs fio under another command (taskset)."""
-    args = [*prefix, "fio", "--name=limit", "--ioengine=io_uring", f"--filename={path}", f"--rw={rw}",
+             engine="io_uring", cpu=None):
+    """fio on a file. Straight on a file of the same file system, with
+    io_uring, it is the device's limit that a server's figures are held
+    against (issue 29); on a FUSE export's file it is a client. `direct`
+    opens it O_DIRECT (a server under `--cache none` does; without it the
+    host page cache serves); `cpu` pins fio to that CPU."""
+    args = ["fio", "--name=f", f"--ioengine={engine}", f"--filename={path}", f"--rw={rw}",
             f"--bs={bs}", f"--iodepth={iodepth}", f"--direct={int(direct)}",
             "--output-format=json", "--group_reporting"]
+    if cpu is not None:
+        args += [f"--cpus_allowed={cpu}"]
     if runtime:
         args += [f"--runtime={runtime}", "--time_based"]
     if size:

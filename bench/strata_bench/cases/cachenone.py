@@ -164,8 +164,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
             for p in range(passes):
                 drop_caches()
                 lim.append(fio_file(raw, rw, bs, iodepth=16, runtime=rt,
-                                    extra=["--end_fsync=1"] if extra else [],
-                                    prefix=["taskset", "-c", "0"]))
+                                    extra=["--end_fsync=1"] if extra else [], cpu=0))
             row["limit"] = {"iops": round(median(r["iops"] for r in lim)),
                             "iops_passes": [round(r["iops"]) for r in lim],
                             "mib_s": round(median(r["bw_mib"] for r in lim), 1)}

@@ -7,18 +7,8 @@ import subprocess
 from statistics import median
 
 from ..common import ROOT, cpu_of, ratio, sh, smoke, wait_path
-from ..fio import fill, fio
+from ..fio import fill, fio, fio_file
 from ..servers import Strata
-
-
-def fio_file(path, rw, bs, runtime, iodepth=16):
-    """fio on a file with libaio and O_DIRECT (the FUSE export), pinned to CPU 0."""
-    out = sh("fio", "--name=b", f"--filename={path}", "--ioengine=libaio", "--direct=1",
-             f"--rw={rw}", f"--bs={bs}", f"--iodepth={iodepth}", f"--runtime={runtime}",
-             "--time_based", "--cpus_allowed=0", "--output-format=json", "--group_reporting")
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    side = job["read"] if "read" in rw else job["write"]
-    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
 
 
 def case_vhost(work, q):
@@ -32,9 +22,10 @@ def case_vhost(work, q):
     backends' work per request, not contention. Each disk is written full
     first, so reads read data. Server CPU per I/O from /proc. strata over
     NBD (fio's nbd engine) and over FUSE (fio, libaio, O_DIRECT on the
-    export's file), same CPU split, are printed beside it for reference. Workloads: 4k random read and write at QD 16, 512k
-    sequential read and write at QD 16 (strata's pass and qsd's
-    alternate, the median of three in full mode)."""
+    export's file), same CPU split, are printed beside it for reference.
+    Workloads: 4k random read and write at QD 16, 512k sequential read
+    and write at QD 16 (strata's pass and qsd's alternate, the median of
+    three in full mode)."""
     size = smoke("256M", "1G")
     rt = smoke(1, 4 if q else 8)
     passes = 1 if q else 3
@@ -88,7 +79,7 @@ def case_vhost(work, q):
                     "iops": x["iops"], "errors": 0,
                     "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
                 c0 = s.cpu_seconds()
-                x = fio_file(os.path.join(mnt, "d"), rw, "4k" if bs == 4096 else "512k", rt)
+                x = fio_file(os.path.join(mnt, "d"), rw, bs, runtime=rt, engine="libaio", cpu=0)
                 runs["strata_fuse"].append({
                     "iops": x["iops"], "errors": 0,
                     "server_cpu_us_per_io": round((s.cpu_seconds() - c0) / max(x["ios"], 1) * 1e6, 2)})
