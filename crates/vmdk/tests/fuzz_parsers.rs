@@ -420,7 +420,7 @@ fn apply(m: &Mutation, files: &mut [(String, Vec<u8>)], hot: &[Vec<Range<usize>>
     let pos = range.start + m.pos as usize % (range.end - range.start);
     let interesting = INTERESTING[(m.val % INTERESTING.len() as u64) as usize];
     let value = if m.val >> 63 == 1 { m.val } else { interesting };
-    if is_text(data) && m.op % 4 != 0 {
+    if is_text(data) && !m.op.is_multiple_of(4) {
         // Text edits: insert a token, delete a span, or replace a number.
         match m.op % 4 {
             1 => {

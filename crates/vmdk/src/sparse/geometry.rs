@@ -129,7 +129,7 @@ impl Geometry {
             });
         }
         let gd_end = self.gd_offset_bytes.checked_add(self.gd_bytes());
-        if gd_end.map_or(true, |e| e > len_bytes) {
+        if gd_end.is_none_or(|e| e > len_bytes) {
             return Err(GeometryError::GdPastEnd {
                 offset_bytes: self.gd_offset_bytes,
                 entries: self.gd_entries,
@@ -137,9 +137,7 @@ impl Geometry {
             });
         }
         if let Some(o) = self.rgd_offset_bytes {
-            if o.checked_add(self.gd_bytes())
-                .map_or(true, |e| e > len_bytes)
-            {
+            if o.checked_add(self.gd_bytes()).is_none_or(|e| e > len_bytes) {
                 return Err(GeometryError::RgdPastEnd(o));
             }
         }

@@ -268,7 +268,7 @@ impl SeSparseHeader {
             ("grains", h.grains),
         ] {
             let end = offset.checked_add(size);
-            if offset == 0 || size == 0 || end.map_or(true, |e| e > MAX_SESPARSE_REGION_END) {
+            if offset == 0 || size == 0 || end.is_none_or(|e| e > MAX_SESPARSE_REGION_END) {
                 return Err(HeaderError::SeRegion {
                     region,
                     offset,
