@@ -7,19 +7,24 @@ import os
 from .common import sh
 
 
-def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
-    args = ["fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
-            f"--iodepth={iodepth}", "--output-format=json", "--group_reporting"]
+def _run(args, rw, runtime, size, extra):
+    """Run fio with `args` and the options every job shares; its one job's
+    IOPS, bandwidth and I/O count, on the side `rw` does."""
+    args = args + ["--output-format=json", "--group_reporting"]
     if runtime:
         args += [f"--runtime={runtime}", "--time_based"]
     if size:
         args += [f"--size={size}"]
     args += list(extra)
     out = sh(*args)
-    j = json.loads(out[out.index("{"):])
-    job = j["jobs"][0]
-    side = job["read"] if "read" in rw or rw == "randread" else job["write"]
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
     return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+
+
+def fio(uri, rw, bs, iodepth=16, runtime=None, size=None, extra=()):
+    return _run(["fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}",
+                 f"--bs={bs}", f"--iodepth={iodepth}"], rw, runtime, size, extra)
 
 
 def fio_file(path, rw, bs, iodepth=16, runtime=None, size=None, direct=True, extra=(),
@@ -30,20 +35,10 @@ def fio_file(path, rw, bs, iodepth=16, runtime=None, size=None, direct=True, ext
     opens it O_DIRECT (a server under `--cache none` does; without it the
     host page cache serves); `cpu` pins fio to that CPU."""
     args = ["fio", "--name=f", f"--ioengine={engine}", f"--filename={path}", f"--rw={rw}",
-            f"--bs={bs}", f"--iodepth={iodepth}", f"--direct={int(direct)}",
-            "--output-format=json", "--group_reporting"]
+            f"--bs={bs}", f"--iodepth={iodepth}", f"--direct={int(direct)}"]
     if cpu is not None:
         args += [f"--cpus_allowed={cpu}"]
-    if runtime:
-        args += [f"--runtime={runtime}", "--time_based"]
-    if size:
-        args += [f"--size={size}"]
-    args += list(extra)
-    out = sh(*args)
-    j = json.loads(out[out.index("{"):])
-    job = j["jobs"][0]
-    side = job["read"] if "read" in rw else job["write"]
-    return {"iops": side["iops"], "bw_mib": side["bw_bytes"] / 2**20, "ios": side["total_ios"]}
+    return _run(args, rw, runtime, size, extra)
 
 
 def fill(uri, size):

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+from functools import partial
 from statistics import median
 
 from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
@@ -36,44 +37,37 @@ def case_cachenone(work, q):
         order = who_all if p % 2 == 0 else tuple(reversed(who_all))
         for who in order:
             d = os.path.join(work, f"{who}_{p}")
-            if who == "limit":
-                os.makedirs(d, exist_ok=True)
-                f = os.path.join(d, "disk.raw")
-                with open(f, "wb") as fh:
-                    fh.truncate(size_bytes(size))
-                try:
-                    w = fio_file(f, "write", "512k", iodepth=16, size=size,
-                                 extra=["--end_fsync=1"])
-                    runs[who]["write"].append(w["bw_mib"])
-                    cold = drop_caches() and cold
-                    r = fio_file(f, "randread", "4k", iodepth=16, runtime=rt, size=size)
-                    runs[who]["read"].append(r["iops"])
-                finally:
-                    shutil.rmtree(d, ignore_errors=True)
-                continue
+            srv = None  # the limit has none: fio opens the raw file itself
             if who == "strata":
                 srv = Strata(d, serve_args=["--cache", "none"])
                 srv.cli("create", "d", "--size", size)
-                uri = srv.uri("d")
+                job = partial(fio, srv.uri("d"))
             else:
                 os.makedirs(d, exist_ok=True)
                 f = os.path.join(d, "disk.raw")
                 with open(f, "wb") as fh:
                     fh.truncate(size_bytes(size))
-                srv = QemuNbd(f, "raw", os.path.join(d, "q.sock"), cache="none",
-                              aio=who.split("_")[1])
-                uri = srv.uri()
+                if who == "limit":
+                    job = partial(fio_file, f)
+                else:
+                    srv = QemuNbd(f, "raw", os.path.join(d, "q.sock"), cache="none",
+                                  aio=who.split("_")[1])
+                    job = partial(fio, srv.uri())
             try:
-                srv.start()
-                w = fio(uri, "write", "512k", iodepth=16, size=size, extra=["--end_fsync=1"])
+                if srv is not None:
+                    srv.start()
+                w = job("write", "512k", iodepth=16, size=size, extra=["--end_fsync=1"])
                 runs[who]["write"].append(w["bw_mib"])
-                srv.stop()
+                if srv is not None:
+                    srv.stop()
                 cold = drop_caches() and cold
-                srv.start()
-                r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size)
+                if srv is not None:
+                    srv.start()
+                r = job("randread", "4k", iodepth=16, runtime=rt, size=size)
                 runs[who]["read"].append(r["iops"])
             finally:
-                srv.stop()
+                if srv is not None:
+                    srv.stop()
                 shutil.rmtree(d, ignore_errors=True)
     out = {"params": {"size": size, "runtime_s": rt, "passes": passes, "iodepth": 16,
                       "caches_dropped": cold,
@@ -161,7 +155,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
                        "server_cpu_us_per_io": median(r["server_cpu_us_per_io"] for r in rs)}
                    for w, rs in runs.items()}
             lim = []
-            for p in range(passes):
+            for _ in range(passes):
                 drop_caches()
                 lim.append(fio_file(raw, rw, bs, iodepth=16, runtime=rt,
                                     extra=["--end_fsync=1"] if extra else [], cpu=0))
