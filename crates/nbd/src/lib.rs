@@ -424,9 +424,49 @@ struct Registry {
     /// Ids grow with each admission: the smallest is the oldest.
     next_id: u64,
     live: HashMap<u64, Live>,
-    /// Entries of `live` closed to make room and not yet gone: they hold
-    /// no place, and at most `max_connections` of them are let exist.
-    evicted: usize,
+}
+
+/// What [`Registry::make_room`] did.
+enum Room {
+    /// A place was free.
+    Free,
+    /// A connection still negotiating was closed for the new one.
+    Evicted,
+    /// Every place is past its handshake, or as many evicted connections
+    /// as there are places have not yet gone.
+    Full,
+}
+
+impl Registry {
+    /// Make room for one more connection within `max` places. Connections
+    /// closed to make room hold no place until they are gone, but at most
+    /// `max` of them may exist, so there are never more than twice `max`
+    /// connection threads.
+    fn make_room(&mut self, max: usize) -> Room {
+        if self.live.len() < max {
+            return Room::Free;
+        }
+        let evicted = self.live.values().filter(|c| c.evicted).count();
+        if self.live.len() - evicted < max {
+            return Room::Free;
+        }
+        if evicted >= max {
+            return Room::Full;
+        }
+        let oldest = self
+            .live
+            .iter_mut()
+            .filter(|(_, c)| c.negotiating && !c.evicted)
+            .min_by_key(|(id, _)| **id);
+        match oldest {
+            Some((_, c)) => {
+                c.evicted = true;
+                c.stop.close();
+                Room::Evicted
+            }
+            None => Room::Full,
+        }
+    }
 }
 
 /// One admitted connection.
@@ -505,40 +545,29 @@ impl Shared {
 
     /// Admit a connection, or say why not (the server is full or
     /// stopping). When every place is taken, the connection that has been
-    /// negotiating longest is closed to make room: a client that stalls its
-    /// handshake cannot keep others out, while one past its handshake
-    /// keeps its place. Only when every place is past its handshake (or
-    /// the evicted have not yet gone) is the new connection refused.
+    /// negotiating longest is closed to make room ([`Registry::make_room`]):
+    /// a client that stalls its handshake cannot keep others out, while one
+    /// past its handshake keeps its place.
     fn register<S: NbdStream>(&self, stream: &S) -> io::Result<u64> {
         let mut reg = self.conns.lock();
         if self.stopping() {
             return Err(io::Error::other("the server is shutting down"));
         }
         let max = self.opts.max_connections;
-        if reg.live.len() - reg.evicted >= max {
-            let oldest = (reg.evicted < max)
-                .then(|| {
-                    let negotiating = reg.live.iter().filter(|(_, c)| c.negotiating && !c.evicted);
-                    negotiating.map(|(id, _)| *id).min()
-                })
-                .flatten();
-            let Some(oldest) = oldest else {
-                let e = format!("too many connections (limit {max})");
-                self.refusals.note(Refusal::TooManyConnections, &e);
-                return Err(io::Error::other(e));
-            };
-            if let Some(c) = reg.live.get_mut(&oldest) {
-                c.evicted = true;
-                c.stop.close();
-            }
-            reg.evicted += 1;
-            self.refusals.note(
+        match reg.make_room(max) {
+            Room::Free => {}
+            Room::Evicted => self.refusals.note(
                 Refusal::HandshakeEvicted,
                 &format!(
                     "all {max} connection places taken: closed the one negotiating longest \
                      to admit a new client"
                 ),
-            );
+            ),
+            Room::Full => {
+                let e = format!("too many connections (limit {max})");
+                self.refusals.note(Refusal::TooManyConnections, &e);
+                return Err(io::Error::other(e));
+            }
         }
         let handle = stream.clone_stream()?;
         let id = reg.next_id;
@@ -572,9 +601,7 @@ struct Registered<'a> {
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
         let mut reg = self.shared.conns.lock();
-        if reg.live.remove(&self.id).is_some_and(|c| c.evicted) {
-            reg.evicted -= 1;
-        }
+        reg.live.remove(&self.id);
         drop(reg);
         self.shared.conn_gone.notify_all();
     }
