@@ -103,6 +103,8 @@ impl<'a> Cursor<'a> {
 /// One connection's negotiation.
 struct Haggle<'a, S: NbdStream> {
     shared: &'a Shared,
+    /// The connection's id in the server's registry.
+    id: u64,
     conn: &'a mut BufReader<Link<S>>,
     /// Reused for every option reply.
     out: Vec<u8>,
@@ -182,6 +184,17 @@ impl<S: NbdStream> Haggle<'_, S> {
         }
     }
 
+    /// Take a place on export `name` for GO or EXPORT_NAME. From here the
+    /// connection is past its handshake: it is marked so before the reply
+    /// that tells the client, so that a client that opens another
+    /// connection as soon as it has the reply never finds this one taken
+    /// for a stalled handshake and closed to make room.
+    fn take_slot(&self, name: &str) -> Result<ExportSlot, String> {
+        let slot = self.shared.export_slot(name)?;
+        self.shared.negotiated(self.id);
+        Ok(slot)
+    }
+
     fn negotiated(&self, name: &str, device: Arc<dyn BlockDevice>, slot: ExportSlot) -> Negotiated {
         Negotiated {
             device,
@@ -239,7 +252,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         };
         // GO takes its place on the export before it answers anything.
         let slot = match opt {
-            OPT_GO => match self.shared.export_slot(&name) {
+            OPT_GO => match self.take_slot(&name) {
                 Ok(slot) => Some(slot),
                 Err(why) => {
                     self.error(opt, REP_ERR_POLICY, &why)?;
@@ -375,7 +388,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         let (name, dev) = self
             .open(name)
             .map_err(|(_, msg)| io::Error::new(io::ErrorKind::NotFound, msg))?;
-        let slot = self.shared.export_slot(&name).map_err(io::Error::other)?;
+        let slot = self.take_slot(&name).map_err(io::Error::other)?;
         let mut b = [0u8; 8 + 2 + 124];
         b[..8].copy_from_slice(&dev.size_bytes().to_be_bytes());
         b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());
@@ -412,6 +425,7 @@ pub(crate) fn discard(r: &mut impl Read, n: u64) -> io::Result<()> {
 /// an export (ABORT, or the server is shutting down).
 pub(crate) fn negotiate<S: NbdStream>(
     shared: &Shared,
+    id: u64,
     conn: &mut BufReader<Link<S>>,
 ) -> io::Result<Option<Negotiated>> {
     // What this connection gets, fixed now (a reload affects later ones).
@@ -430,6 +444,7 @@ pub(crate) fn negotiate<S: NbdStream>(
 
     let mut h = Haggle {
         shared,
+        id,
         conn,
         out: Vec::with_capacity(256),
         structured: false,

@@ -583,7 +583,8 @@ impl Shared {
         Ok(id)
     }
 
-    /// Connection `id` finished its handshake: it keeps its place now.
+    /// Connection `id` has picked its export (its handshake is decided): it
+    /// keeps its place now.
     pub(crate) fn negotiated(&self, id: u64) {
         if let Some(c) = self.conns.lock().live.get_mut(&id) {
             c.negotiating = false;

@@ -61,7 +61,7 @@ fn serve_inner<S: NbdStream>(
     let timeout = shared.opts.handshake_timeout;
     stream.set_timeouts(timeout, timeout)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let negotiated = negotiate(shared, &mut reader).inspect_err(|e| match e.kind() {
+    let negotiated = negotiate(shared, id, &mut reader).inspect_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => shared.refusals.note(
             Refusal::HandshakeTimeout,
             &format!(
@@ -77,7 +77,6 @@ fn serve_inner<S: NbdStream>(
     let Some(session) = negotiated? else {
         return Ok(());
     };
-    shared.negotiated(id);
     reader.get_ref().set_timeouts(None, None)?;
     // A shutdown that raced with the handshake may have set a write
     // timeout that was just cleared; it has set `stopping` first.
