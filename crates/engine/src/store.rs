@@ -636,13 +636,16 @@ impl Store {
     }
 
     /// The cut, under the commit lock: drain I/O for a moment, take the
-    /// last records of the closing generation and a copy of every dirty
-    /// page, then make those records durable with GENERATION_END.
+    /// last records of the closing generation and every dirty page (shared,
+    /// copied on write: see `PageData`), then make those records durable
+    /// with GENERATION_END.
     fn cut(&self, cs: &mut CommitState, ck: &CheckpointState) -> Result<(Cut, Vec<u64>)> {
         let next = Self::next_generation(cs.log.generation, &ck.slot_valid);
         let seen = self.mutations.load(Ordering::Acquire);
         let (batch, cut) = {
+            let t0 = Instant::now();
             let _drain = self.gate.write();
+            let t_drained = t0.elapsed();
             let mut m = self.meta.lock();
             let batch = m.take_batch();
             let cut = Cut {
@@ -651,6 +654,10 @@ impl Store {
                 catalog: m.catalog_full().encode(),
                 at: m.cut(),
             };
+            tracing::debug!(
+                "cut: I/O drained after {t_drained:?}, pages copied after {:?}",
+                t0.elapsed()
+            );
             (batch, cut)
         };
         let mut payload = batch.payload;
@@ -770,9 +777,15 @@ impl Store {
         if over {
             // Memory is bounded: wait for a checkpoint (the commit may have
             // run one already).
+            let t0 = Instant::now();
             self.commit(false)?;
             self.checkpoint_if(true, |m| m.cache_over_budget())?;
+            tracing::debug!(
+                "writer waited {:?}: dirty metadata over the cache budget",
+                t0.elapsed()
+            );
         } else if log_full {
+            tracing::debug!("writer commits: log buffer over twice its bound");
             // Bound the memory of the log buffer: commit early (harmless;
             // a commit only makes more durable than the client asked for).
             self.commit(false)?;

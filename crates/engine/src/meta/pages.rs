@@ -15,7 +15,7 @@ use std::sync::Arc;
 use strata_storage::Storage;
 
 use super::{corrupt, Meta};
-use crate::cache::{PageData, PageKey};
+use crate::cache::{PageData, PageKey, PageMut};
 use crate::error::Result;
 
 /// Largest run of adjacent pages written with one call at a checkpoint.
@@ -100,7 +100,7 @@ impl Meta {
             return Ok(());
         }
         let n = self.read_node(g, level)?;
-        self.cache.insert(PageKey::Map(g), PageData::Map(n), false);
+        self.cache.insert(PageKey::Map(g), PageData::map(n), false);
         Ok(())
     }
 
@@ -123,7 +123,7 @@ impl Meta {
         );
         self.load_node(g, level)?;
         let old = match self.cache.get_dirty(PageKey::Map(g)) {
-            Some(PageData::Map(n)) => std::mem::replace(&mut n.entries[index], value),
+            Some(PageMut::Map(n)) => std::mem::replace(&mut n.entries[index], value),
             _ => unreachable!("map page just loaded"),
         };
         self.log_record(&Record::MapSet {
@@ -145,7 +145,7 @@ impl Meta {
         }
         self.cache.insert(
             PageKey::Map(g),
-            PageData::Map(MapNode {
+            PageData::map(MapNode {
                 level,
                 entries: Box::new(*entries),
             }),
@@ -174,7 +174,7 @@ impl Meta {
         }
         let counts = self.read_ref_page(p)?;
         self.cache
-            .insert(PageKey::Ref(p), PageData::Ref(counts), false);
+            .insert(PageKey::Ref(p), PageData::counts(counts), false);
         Ok(())
     }
 
@@ -192,7 +192,7 @@ impl Meta {
         let page = g / REFS_PER_PAGE as u64;
         self.load_ref_page(page)?;
         match self.cache.get_dirty(PageKey::Ref(page)) {
-            Some(PageData::Ref(c)) => c[(g % REFS_PER_PAGE as u64) as usize] = count,
+            Some(PageMut::Ref(c)) => c[(g % REFS_PER_PAGE as u64) as usize] = count,
             _ => unreachable!("ref page just loaded"),
         }
         Ok(())
@@ -220,9 +220,10 @@ impl Meta {
 
     // ------------------------------------------------------------ checkpoint
 
-    /// A copy of every dirty page, sorted by file and place, for a
-    /// checkpoint's cut: only a copy under the locks; encoding (checksums)
-    /// happens after they are released ([`Meta::encode_pages`]).
+    /// Every dirty page, sorted by file and place, for a checkpoint's cut:
+    /// under the locks only a shared reference to each (a page changed
+    /// after the cut is copied then, see [`PageData`]); encoding
+    /// (checksums) happens after they are released ([`Meta::encode_pages`]).
     pub fn copy_dirty_pages(&self) -> DirtyPages {
         let mut pages: Vec<(PageKey, PageData)> =
             self.cache.dirty().map(|(k, d)| (k, d.clone())).collect();

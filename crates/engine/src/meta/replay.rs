@@ -184,7 +184,7 @@ impl Meta {
             check_entries(g, &n.entries, self.alloc.hwm)?;
             self.cache.insert(
                 PageKey::Map(g),
-                PageData::Map(MapNode {
+                PageData::map(MapNode {
                     level,
                     entries: n.entries,
                 }),
@@ -201,7 +201,7 @@ impl Meta {
                 )));
             }
             self.cache
-                .insert(PageKey::Ref(p), PageData::Ref(r.counts), true);
+                .insert(PageKey::Ref(p), PageData::counts(r.counts), true);
         }
         // The pool grew since the last checkpoint: its new count pages
         // must be written by the checkpoint that follows recovery.
@@ -228,7 +228,7 @@ impl Meta {
             for i in 0..n {
                 let p = p0 + i;
                 let counts = match self.cache.peek(PageKey::Ref(p)) {
-                    Some(PageData::Ref(c)) => c.clone(),
+                    Some(PageData::Ref(c)) => Box::new(**c),
                     _ => {
                         let b = &buf[(i * GRAIN_BYTES) as usize..((i + 1) * GRAIN_BYTES) as usize];
                         match decode_ref_page(b, p, self.ref_page_may_be_blank(p)) {
