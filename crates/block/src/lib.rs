@@ -29,10 +29,13 @@
 
 mod aligned;
 mod fill;
+pub mod plan;
+pub mod ring;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;
 pub use fill::{Fill, FillRuns, ReadFill};
+pub use plan::{FilePiece, Held, Planned, ReadHold, ReadPlan};
 
 use std::fmt;
 
@@ -218,6 +221,24 @@ pub trait BlockDevice: Send + Sync {
     /// fails and never changes what a read returns; a range past the end
     /// is cut. The default does nothing.
     fn prefetch(&self, _offset_bytes: u64, _len_bytes: u64) {}
+
+    /// Plan a read of `buf.len()` bytes at `offset_bytes` for the caller
+    /// to carry out ([`ReadPlan`]): the same answer `read_at` would give,
+    /// but the data of its pieces is left for the caller to read from the
+    /// plan's file (the rest of `buf` is filled). `None`: this device
+    /// reads only by itself (the default; a device plans only when its
+    /// data lies in one file opened for direct I/O). With `wait` false the
+    /// device answers [`Planned::Busy`] rather than wait for a lock, since
+    /// the caller may itself hold it through reads in flight; with `wait`
+    /// true the caller holds no plan.
+    fn plan_read(
+        &self,
+        _buf: &mut [u8],
+        _offset_bytes: u64,
+        _wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        None
+    }
 }
 
 /// Check alignment and range of a request against a device size.

@@ -91,6 +91,14 @@ pub struct ServeArgs {
     /// every acknowledged write durable. --vmdk images keep the page cache
     #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
     pub direct_io: bool,
+    /// How --cache none reads reach the disk, as QEMU's aio= option: threads runs each on an
+    /// I/O thread (--io-threads) that waits for the disk; io_uring has each NBD connection
+    /// queue its reads on an io_uring and start those that arrived together with one system
+    /// call, completions answered without a thread per request (where the kernel refuses
+    /// io_uring, threads serve them). Writes, and vhost-user-blk, use threads for now; no
+    /// effect under writeback
+    #[arg(long = "aio", value_name = "threads|io_uring", default_value = "threads", value_parser = parse_aio, action = clap::ArgAction::Set)]
+    pub aio_uring: bool,
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
     /// this many are on the disk at once [default: 16 with --cache none, where each waits for
     /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
@@ -191,6 +199,14 @@ fn parse_cache_mode(s: &str) -> Result<bool, String> {
     }
 }
 
+fn parse_aio(s: &str) -> Result<bool, String> {
+    match s {
+        "io_uring" => Ok(true),
+        "threads" => Ok(false),
+        _ => Err(format!("'{s}': expected threads or io_uring")),
+    }
+}
+
 fn parse_mode(s: &str) -> Result<u32, String> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(m) if m <= 0o7777 => Ok(m),
@@ -252,6 +268,7 @@ impl From<&ServeArgs> for ServeConfig {
             fuse_allow_other: a.fuse_allow_other,
             direct_io: a.direct_io,
             io_threads: a.io_threads,
+            aio_uring: a.aio_uring,
             http: a.http.clone(),
             http_token: a.http_token.clone(),
             http_read_token: a.http_read_token.clone(),

@@ -110,3 +110,134 @@ fn cache_none_serves_real_clients_keeps_flushed_writes_and_bypasses_the_page_cac
     srv.stop();
     s.ok(&["check"]);
 }
+
+/// Thread names of process `pid`.
+fn thread_names(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn cache_none_reads_through_io_uring_return_the_data_and_let_snapshots_through() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    let e = s.fails(&["serve", "--nbd-unix", "/nonexistent/x", "--aio", "native"]);
+    assert!(e.contains("expected threads or io_uring"), "{e}");
+
+    s.ok(&["create", "d", "--size", "32M"]);
+    let reference = s.path().join("ref.raw");
+    random_file(&reference, 32 << 20, 9);
+    let srv = s.serve_with(&["--cache", "none", "--aio", "io_uring"]);
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            reference.to_str().unwrap(),
+            &s.uri("d"),
+        ],
+    );
+    // Holes inside reads, and a sub-grain change: the plan fills the
+    // holes, the ring reads the rest.
+    for target in [s.uri("d"), reference.to_str().unwrap().to_string()] {
+        run_ok(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                "write -z 1M 64k",
+                "-c",
+                "write -z 8M 4k",
+                "-c",
+                "write -P 0x5a 12583936 512",
+                "-c",
+                "flush",
+                &target,
+            ],
+        );
+    }
+    // A connection that stays open shows the ring's reaping thread (the
+    // reads above went through it, not through a worker each).
+    let mut held = std::process::Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-r",
+            "-c",
+            "read -P 0 1M 64k",
+            "-c",
+            "sleep 4000",
+            &s.uri("d"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut names = Vec::new();
+    for _ in 0..50 {
+        names = thread_names(srv.pid());
+        if names.iter().any(|n| n == "nbd-reap") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        names.iter().any(|n| n == "nbd-reap"),
+        "no ring on an open connection: {names:?}"
+    );
+    // Snapshots take the I/O gate exclusively while reads hold it from the
+    // ring: both go on (the ring never waits for the gate while its own
+    // reads hold it), and every read returns the disk's data.
+    let snapper = {
+        let dir = s.path();
+        let run = move |args: &[&str]| {
+            let o = std::process::Command::new(strata())
+                .arg("--datastore")
+                .arg(&dir)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "strata {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        std::thread::spawn(move || {
+            for i in 0..20 {
+                let name = format!("s{i}");
+                run(&["snapshot", "create", "d", &name]);
+                if i % 2 == 0 {
+                    run(&["snapshot", "delete", "d", &name]);
+                }
+            }
+        })
+    };
+    let mut round = 0;
+    while round < 3 || !snapper.is_finished() {
+        round += 1;
+        let o = raw_compare(reference.to_str().unwrap(), &s.uri("d"));
+        assert!(
+            o.status.success(),
+            "round {round}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    snapper.join().unwrap();
+    let o = raw_compare(reference.to_str().unwrap(), &s.uri("d@s19"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let _ = held.kill();
+    let _ = held.wait();
+    srv.stop();
+    s.ok(&["check"]);
+}

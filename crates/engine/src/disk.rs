@@ -11,7 +11,10 @@
 
 use std::sync::Arc;
 
-use strata_block::{check_range, BlockDevice, BlockError, BlockResult, Extent, ZeroOptions};
+use strata_block::{
+    check_range, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, Planned, ReadPlan,
+    ZeroOptions,
+};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use crate::catalog::Provisioning;
@@ -154,6 +157,74 @@ impl DiskHandle {
             }
         }
         Ok(fill)
+    }
+
+    /// Plan a read for the caller to carry out from the pool's direct
+    /// descriptor `fd` (`BlockDevice::plan_read`): the same lookup as
+    /// `read_impl`, holes filled here, data left as pieces, the gate held
+    /// by the plan until the caller is done.
+    fn plan_read_impl(
+        &self,
+        fd: std::os::fd::RawFd,
+        buf: &mut [u8],
+        offset: u64,
+        wait: bool,
+    ) -> Result<Planned> {
+        use strata_block::{Fill, ReadFill};
+        let len = buf.len() as u64;
+        self.begin(offset, len, false)?;
+        let mut fill = ReadFill::new();
+        let mut pieces = Vec::new();
+        if buf.is_empty() {
+            return Ok(Planned::Plan(ReadPlan {
+                fd,
+                pieces,
+                fill,
+                holds: Vec::new(),
+            }));
+        }
+        // Held until the caller's reads are in: the grains read must not be
+        // freed and reused meanwhile. Not waited for unless the caller
+        // holds no plan (the gate's trap, ARCHITECTURE.md).
+        let gate = if wait {
+            self.inner.gate.read_arc()
+        } else {
+            match self.inner.gate.try_read_arc() {
+                Some(g) => g,
+                None => return Ok(Planned::Busy),
+            }
+        };
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + len - 1) >> GRAIN_SHIFT;
+        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        self.inner
+            .meta
+            .lock()
+            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        let end = offset + len;
+        for (i, j, g0) in grain_runs(&grains) {
+            let v0 = first + i as u64;
+            let s = offset.max(v0 << GRAIN_SHIFT);
+            let t = end.min((first + j as u64) << GRAIN_SHIFT);
+            let at = (s - offset) as usize;
+            if g0 == 0 {
+                buf[at..(t - offset) as usize].fill(0);
+                fill.push(t - s, Fill::Zeros);
+            } else {
+                pieces.push(FilePiece {
+                    buf_offset: at,
+                    file_offset: (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT)),
+                    len: (t - s) as usize,
+                });
+                fill.push(t - s, Fill::Data);
+            }
+        }
+        Ok(Planned::Plan(ReadPlan {
+            fd,
+            pieces,
+            fill,
+            holds: vec![Box::new(Held(gate))],
+        }))
     }
 
     /// Start reading the data of `[offset, offset + len)` into the host's
@@ -776,6 +847,23 @@ impl BlockDevice for DiskHandle {
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
         self.throttle.admit(buf.len() as u64);
         to_block(self.write_impl(buf, offset_bytes, fua))
+    }
+
+    fn plan_read(
+        &self,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        // Only a pool open for direct I/O alone, and only aligned requests
+        // (the others go through `read_at`, which bounces them).
+        let fd = self.inner.pool.direct_fd()?;
+        let align = strata_storage::DIRECT_ALIGN as u64;
+        if !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align) {
+            return None;
+        }
+        self.throttle.admit(buf.len() as u64);
+        Some(to_block(self.plan_read_impl(fd, buf, offset_bytes, wait)))
     }
 
     fn flush(&self) -> BlockResult<()> {

@@ -158,7 +158,9 @@ pub(crate) struct Store {
     pub refs: Arc<dyn Storage>,
     pub super_file: Arc<dyn Storage>,
     pub meta: Mutex<Meta>,
-    pub gate: RwLock<()>,
+    /// In an `Arc` so a read planned for a ring can own its hold
+    /// (`DiskHandle::plan_read`).
+    pub gate: Arc<RwLock<()>>,
     pub commit: Mutex<CommitState>,
     checkpoint: Mutex<CheckpointState>,
     /// While a checkpoint runs, freed grains are not made allocatable (one
@@ -228,7 +230,7 @@ impl Store {
             refs: p.refs,
             super_file: p.super_file,
             meta: Mutex::new(p.meta),
-            gate: RwLock::new(()),
+            gate: Arc::new(RwLock::new(())),
             commit: Mutex::new(p.commit),
             checkpoint: Mutex::new(p.checkpoint),
             checkpoint_running: AtomicBool::new(false),

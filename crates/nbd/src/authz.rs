@@ -196,6 +196,14 @@ impl BlockDevice for ReadOnly {
     fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
         self.0.prefetch(offset_bytes, len_bytes)
     }
+    fn plan_read(
+        &self,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<strata_block::Planned>> {
+        self.0.plan_read(buf, offset_bytes, wait)
+    }
 }
 
 fn refused() -> BlockError {

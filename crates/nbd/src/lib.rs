@@ -87,6 +87,7 @@ pub mod fuzzing;
 mod handshake;
 mod proto;
 mod readahead;
+mod ring_reads;
 mod tls;
 mod transmission;
 
@@ -292,6 +293,12 @@ pub struct ServerOptions {
     /// client's reads along them (see `readahead.rs`); 0 turns this off.
     /// Default 8 MiB.
     pub read_ahead_bytes: u64,
+    /// READs of devices that plan them (`BlockDevice::plan_read`: an
+    /// engine disk under `--cache none`) go through an io_uring per
+    /// connection, submitted in batches, instead of a worker each
+    /// (`serve --aio io_uring`). Where a ring cannot be set up the
+    /// workers serve them. Default false.
+    pub ring_reads: bool,
     /// TLS credentials and whether TLS is required (`STARTTLS`); `None`
     /// refuses `STARTTLS`. Replaced while serving by
     /// [`NbdServer::set_tls`]; each connection uses what was set when it
@@ -311,6 +318,7 @@ impl Default for ServerOptions {
             handshake_timeout: Some(Duration::from_secs(10)),
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
+            ring_reads: false,
             tls: None,
         }
     }

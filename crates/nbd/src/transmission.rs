@@ -11,11 +11,14 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
-use strata_block::{check_range, AlignedBuf, BlockDevice, BlockError, Fill, ReadFill, ZeroOptions};
+use strata_block::{
+    check_range, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
+};
 
 use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
 use crate::readahead::{Plan, Prefetcher};
+use crate::ring_reads::{Pending, Reaper, RingReads};
 use crate::tls::Link;
 use crate::{NbdStream, Refusal, Shared};
 
@@ -110,7 +113,20 @@ fn serve_inner<S: NbdStream>(
         guide,
         plan: Mutex::new(Plan::new(shared.opts.read_ahead_bytes)),
         prefetcher: Mutex::new(None),
+        ring: ring(shared),
     });
+    // Takes the completions of the ring's reads and answers them; ended
+    // and joined (after the reads in the ring) when this is dropped.
+    let _reaper = match &conn.ring {
+        Some(r) => {
+            let c = conn.clone();
+            let spawned = thread::Builder::new()
+                .name("nbd-reap".into())
+                .spawn(move || c.reap_loop());
+            Some(Reaper(Some(spawned?), r.clone()))
+        }
+        None => None,
+    };
     let mut workers = Workers {
         conn: conn.clone(),
         threads: Vec::new(),
@@ -180,6 +196,25 @@ struct Conn<S> {
     plan: Mutex<Plan>,
     /// Started with the first hint.
     prefetcher: Mutex<Option<Prefetcher>>,
+    /// READs through an io_uring (`ServerOptions::ring_reads`).
+    ring: Option<Arc<RingReads>>,
+}
+
+/// A connection's ring, when asked for and available.
+fn ring(shared: &Shared) -> Option<Arc<RingReads>> {
+    if !shared.opts.ring_reads {
+        return None;
+    }
+    match RingReads::new() {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!("NBD: no io_uring ({e}); worker threads serve READs instead")
+            });
+            None
+        }
+    }
 }
 
 /// The worker threads of a connection; dropping this drains the queue.
@@ -236,6 +271,13 @@ fn read_requests<S: NbdStream>(
         if shared.stopping() || conn.broken.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // Reads queued on the ring start now, all with one call, unless
+        // another request is already here to join them.
+        if let Some(r) = &conn.ring {
+            if reader.buffer().len() < REQUEST_BYTES {
+                r.submit()?;
+            }
+        }
         if let Err(e) = reader.read_exact(&mut head) {
             // A client that hangs up between requests ends normally.
             return match e.kind() {
@@ -267,6 +309,13 @@ fn read_requests<S: NbdStream>(
             _ => 0,
         };
         conn.admit(cost, shared);
+        if req.ty == CMD_READ {
+            if let Some(r) = &conn.ring {
+                if conn.ring_read(r, req, cost)? {
+                    continue;
+                }
+            }
+        }
         let mut payload = AlignedBuf::zeroed(0);
         if req.ty == CMD_WRITE {
             payload = conn.take_buffer(req.len as usize);
@@ -550,10 +599,71 @@ impl<S: NbdStream> Conn<S> {
         }
     }
 
-    /// READ: one pass over the device, which fills a page-aligned buffer
-    /// and says where the holes are; the reply (header(s) and data) goes
-    /// out in one vectored write.
-    fn read(&self, req: &Request) -> io::Result<()> {
+    /// READ through the ring: plan it, queue its pieces (the reaping
+    /// thread answers it). False when the device does not plan this read:
+    /// a worker then serves it. Never waits for the gate while reads of
+    /// this connection are in the ring (they may hold it): a busy device
+    /// is asked again once they are in.
+    fn ring_read(&self, ring: &RingReads, req: Request, cost: u64) -> io::Result<bool> {
+        let mut data = self.take_buffer(req.len as usize);
+        let mut planned = self.dev.plan_read(&mut data, req.offset, false);
+        if let Some(Ok(Planned::Busy)) = planned {
+            ring.submit()?;
+            ring.wait_idle();
+            planned = self.dev.plan_read(&mut data, req.offset, true);
+        }
+        match planned {
+            Some(Ok(Planned::Plan(plan))) => {
+                self.read_ahead(&req);
+                if let Some(p) = ring.start(req, data, plan, cost) {
+                    self.finish_ring_read(p);
+                }
+                Ok(true)
+            }
+            Some(Err(e)) => {
+                self.recycle(data);
+                let r = self.reply_error(&req, errno_of(&e), &e.to_string());
+                self.finished(cost);
+                r.map(|()| true)
+            }
+            None | Some(Ok(Planned::Busy)) => {
+                self.recycle(data);
+                Ok(false)
+            }
+        }
+    }
+
+    /// The reaping thread of the ring.
+    fn reap_loop(&self) {
+        let ring = self.ring.as_ref().expect("a reaper has a ring");
+        if let Err(e) = ring.reap(|p| self.finish_ring_read(p)) {
+            tracing::error!("NBD: the connection's ring failed: {e}; dropping the connection");
+            self.mark_broken(&e);
+        }
+    }
+
+    /// A read's pieces are in (or failed): release what it held, then answer.
+    fn finish_ring_read(&self, mut p: Pending) {
+        p.plan.finish(p.failed.is_none());
+        if !self.broken.load(Ordering::Relaxed) {
+            let r = match p.failed {
+                None => self.send_read(&p.req, &p.data, &p.plan.fill),
+                Some(errno) => self.reply_error(
+                    &p.req,
+                    wire_errno(errno),
+                    &format!("reading the disk: {}", io::Error::from_raw_os_error(errno)),
+                ),
+            };
+            if let Err(e) = r {
+                self.mark_broken(&e);
+            }
+        }
+        self.recycle(std::mem::replace(&mut p.data, AlignedBuf::zeroed(0)));
+        self.finished(p.cost);
+    }
+
+    /// Read-ahead along what the client was told it reads next.
+    fn read_ahead(&self, req: &Request) {
         if self.guide.is_some() {
             let hints = self.plan.lock().on_read(req.offset, req.len as u64);
             if !hints.is_empty() {
@@ -568,6 +678,13 @@ impl<S: NbdStream> Conn<S> {
                 }
             }
         }
+    }
+
+    /// READ: one pass over the device, which fills a page-aligned buffer
+    /// and says where the holes are; the reply (header(s) and data) goes
+    /// out in one vectored write.
+    fn read(&self, req: &Request) -> io::Result<()> {
+        self.read_ahead(req);
         let mut data = self.take_buffer(req.len as usize);
         let result = match self.dev.read_at(&mut data, req.offset) {
             Ok(fill) => self.send_read(req, &data, &fill),

@@ -53,6 +53,8 @@ pub struct ServeConfig {
     pub direct_io: bool,
     /// Threads per client connection; None: the transport's default.
     pub io_threads: Option<u16>,
+    /// `--aio io_uring`: NBD READs under `--cache none` through a ring.
+    pub aio_uring: bool,
     /// The dashboard, API and metrics on this address.
     pub http: Option<String>,
     /// The HTTP actions' token file.
@@ -124,6 +126,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
     Ok(ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         read_ahead_bytes: args.nbd_read_ahead,
+        ring_reads: args.aio_uring && args.direct_io,
         tls: load_tls(args)?,
         max_connections: args.max_connections,
         max_connections_per_export: args.max_connections_per_export,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
-use strata_block::{BlockDevice, BlockResult, Extent, ReadFill, ZeroOptions};
+use strata_block::{BlockDevice, BlockResult, Extent, Held, Planned, ReadFill, ZeroOptions};
 
 /// The finest granularity of change tracking: a client's 4 KiB write is
 /// copied again as 4 KiB, not as a larger unit around it.
@@ -85,7 +85,8 @@ struct Inner {
 /// while they run; [`Slot::switch`] takes the write side, so it waits for
 /// the requests in flight and holds new ones until the device is swapped.
 pub struct Slot {
-    inner: RwLock<Inner>,
+    /// In an `Arc` so a planned read can own its hold (`plan_read`).
+    inner: Arc<RwLock<Inner>>,
     ranges: Vec<Mutex<()>>,
     /// Client requests while a move tracks changes (the mover yields while
     /// this moves); not counted otherwise, to keep the I/O path to one
@@ -96,11 +97,11 @@ pub struct Slot {
 impl Slot {
     pub fn new(dev: Arc<dyn BlockDevice>) -> Slot {
         Slot {
-            inner: RwLock::new(Inner {
+            inner: Arc::new(RwLock::new(Inner {
                 dev,
                 dirty: None,
                 mirror: None,
-            }),
+            })),
             ranges: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             requests: AtomicU64::new(0),
         }
@@ -273,6 +274,32 @@ impl BlockDevice for Slot {
 
     fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
         self.inner.read().dev.prefetch(offset_bytes, len_bytes)
+    }
+
+    /// The read side of the switch is held by the plan until its read is
+    /// over, as `read_at` holds it for its call: a switch waits for it.
+    fn plan_read(
+        &self,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        let g = if wait {
+            self.inner.read_arc()
+        } else {
+            match self.inner.try_read_arc() {
+                Some(g) => g,
+                None => return Some(Ok(Planned::Busy)),
+            }
+        };
+        match g.dev.plan_read(buf, offset_bytes, wait)? {
+            Ok(Planned::Plan(mut plan)) => {
+                self.count(&g);
+                plan.holds.push(Box::new(Held(g)));
+                Some(Ok(Planned::Plan(plan)))
+            }
+            other => Some(other),
+        }
     }
 }
 

@@ -2,9 +2,18 @@
 
 use std::sync::Arc;
 
-use strata_block::{BlockDevice, BlockResult, Extent, ReadFill, ZeroOptions};
+use strata_block::{BlockDevice, BlockResult, Extent, Planned, ReadFill, ReadHold, ZeroOptions};
 
-use crate::disk::{DiskStats, Op};
+use crate::disk::{Command, DiskStats, Op};
+
+/// A planned read's command, finished when the read is over.
+struct Recording(Command<Arc<DiskStats>>);
+
+impl ReadHold for Recording {
+    fn done(self: Box<Self>, ok: bool) {
+        self.0.finish(ok);
+    }
+}
 
 /// A [`BlockDevice`] that forwards every call to `inner` and records it in
 /// `stats`.
@@ -133,6 +142,34 @@ impl BlockDevice for StatsDevice {
 
     fn preferred_block_bytes(&self) -> u32 {
         self.inner.preferred_block_bytes()
+    }
+
+    /// Recorded from the end of the planning (a map lookup) to the end of
+    /// the read. A device that does not plan, or is busy, records nothing:
+    /// the caller then reads with `read_at` or asks again.
+    fn plan_read(
+        &self,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        let planned = self.inner.plan_read(buf, offset_bytes, wait);
+        if !self.stats.recording() {
+            return planned;
+        }
+        let len = buf.len() as u64;
+        match planned {
+            Some(Ok(Planned::Plan(mut plan))) => {
+                let command = self.stats.begin_owned(Op::Read, offset_bytes, len);
+                plan.holds.push(Box::new(Recording(command)));
+                Some(Ok(Planned::Plan(plan)))
+            }
+            Some(Err(e)) => {
+                self.stats.begin(Op::Read, offset_bytes, len).finish(false);
+                Some(Err(e))
+            }
+            other => other,
+        }
     }
 
     /// Forwarded, not counted: a hint is no command of the client's.

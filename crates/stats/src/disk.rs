@@ -1,7 +1,8 @@
 //! Per-disk counters and histograms, and the hot-path recording API.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use quanta::Clock;
 
@@ -214,7 +215,39 @@ impl DiskStats {
     /// Call [`Command::finish`] with the outcome; dropping the guard without
     /// it (a panic in the device) records the command as failed.
     #[inline]
-    pub fn begin(&self, op: Op, offset_bytes: u64, len_bytes: u64) -> Command<'_> {
+    pub fn begin(&self, op: Op, offset_bytes: u64, len_bytes: u64) -> Command<&DiskStats> {
+        let (row, start) = self.arrive(op, offset_bytes, len_bytes);
+        Command {
+            stats: self,
+            op,
+            row,
+            start,
+            finished: false,
+        }
+    }
+
+    /// As [`DiskStats::begin`], with a guard that owns a reference to the
+    /// statistics: for a command that completes on another thread, later
+    /// (a read carried out through a ring).
+    pub fn begin_owned(
+        self: &Arc<Self>,
+        op: Op,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Command<Arc<DiskStats>> {
+        let (row, start) = self.arrive(op, offset_bytes, len_bytes);
+        Command {
+            stats: self.clone(),
+            op,
+            row,
+            start,
+            finished: false,
+        }
+    }
+
+    /// Record an arrival; returns the histogram row and the raw clock.
+    #[inline]
+    fn arrive(&self, op: Op, offset_bytes: u64, len_bytes: u64) -> (usize, u64) {
         let start = self.clock.raw();
         let row = shard();
         let shared = &self.arrivals;
@@ -274,14 +307,7 @@ impl DiskStats {
             }
             Op::Flush | Op::BlockStatus => {}
         }
-
-        Command {
-            stats: self,
-            op,
-            row,
-            start,
-            finished: false,
-        }
+        (row, start)
     }
 
     /// Nanoseconds from `base` to the raw reading `at`, below `NONE`.
@@ -416,8 +442,8 @@ impl DiskStats {
 /// A command in progress; see [`DiskStats::begin`].
 #[derive(Debug)]
 #[must_use = "finish the command to record its latency and outcome"]
-pub struct Command<'a> {
-    stats: &'a DiskStats,
+pub struct Command<S: Deref<Target = DiskStats>> {
+    stats: S,
     op: Op,
     /// The histogram row of the thread that began the command.
     row: usize,
@@ -426,7 +452,7 @@ pub struct Command<'a> {
     finished: bool,
 }
 
-impl Command<'_> {
+impl<S: Deref<Target = DiskStats>> Command<S> {
     /// Record the latency (since `begin`) and, when `ok` is false, an error.
     #[inline]
     pub fn finish(mut self, ok: bool) {
@@ -437,7 +463,7 @@ impl Command<'_> {
     fn complete(&mut self, ok: bool) {
         self.finished = true;
         let i = self.op.index();
-        let stats = self.stats;
+        let stats = &*self.stats;
         let ns = stats.clock.delta_as_nanos(self.start, stats.clock.raw());
         stats.latency[i].record_in(self.row, clamp(ns));
         if !ok {
@@ -446,7 +472,7 @@ impl Command<'_> {
     }
 }
 
-impl Drop for Command<'_> {
+impl<S: Deref<Target = DiskStats>> Drop for Command<S> {
     #[inline]
     fn drop(&mut self) {
         if !self.finished {

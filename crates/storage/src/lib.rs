@@ -56,6 +56,13 @@ pub trait Storage: Send + Sync {
         }
         Ok(())
     }
+    /// The descriptor every read goes through, when this handle reads and
+    /// writes with `O_DIRECT` only (`Backend::open_direct`): a caller may
+    /// read from it itself (through an io_uring), with 4096-aligned
+    /// buffers, offsets and lengths. `None` otherwise (the default).
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Write zeros over `[offset, offset + len)`, for real: afterwards the
     /// range is allocated and written on the host, with no extent left for
     /// the file system to convert on a first write. Files use `O_DIRECT`
@@ -528,6 +535,17 @@ impl Storage for FileStorage {
                 libc::POSIX_FADV_WILLNEED,
             );
         }
+    }
+
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if !self.all_direct {
+            return None;
+        }
+        self.direct
+            .get()
+            .and_then(|d| d.as_ref())
+            .map(|f| f.as_raw_fd())
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -1,0 +1,193 @@
+//! An io_uring shared by two threads of one connection: one queues reads
+//! and submits them in batches, the other waits for their completions.
+//! ARCHITECTURE.md, "Direct I/O through io_uring".
+
+use std::io;
+use std::os::fd::RawFd;
+
+use io_uring::{opcode, types, EnterFlags, IoUring};
+use parking_lot::Mutex;
+
+/// A ring: submission side behind one lock, completion side behind another,
+/// so one thread may queue while another reaps.
+pub struct Ring {
+    ring: IoUring,
+    /// Held while pushing to the submission queue or submitting it.
+    sq: Mutex<()>,
+    /// Held while reaping the completion queue.
+    cq: Mutex<()>,
+}
+
+fn again(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN))
+}
+
+impl Ring {
+    /// A ring of `entries` submission slots (completions: twice that).
+    /// Fails where io_uring is not available (an old kernel, a seccomp
+    /// filter, `kernel.io_uring_disabled`); the caller then reads by itself.
+    pub fn new(entries: u32) -> io::Result<Ring> {
+        Ok(Ring {
+            ring: IoUring::new(entries)?,
+            sq: Mutex::new(()),
+            cq: Mutex::new(()),
+        })
+    }
+
+    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`; it
+    /// starts at the next [`Ring::submit`] (or earlier, when the queue is
+    /// full and is submitted to make room). Its completion carries
+    /// `user_data`.
+    ///
+    /// # Safety
+    /// `ptr[..len]` must stay valid, and be neither read nor written by
+    /// anyone else, until this read's completion has been reaped; `fd`
+    /// must stay open until then.
+    pub unsafe fn push_read(
+        &self,
+        fd: RawFd,
+        ptr: *mut u8,
+        len: u32,
+        offset: u64,
+        user_data: u64,
+    ) -> io::Result<()> {
+        let e = opcode::Read::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build()
+            .user_data(user_data);
+        self.push(&e)
+    }
+
+    /// Queue a no-op whose completion carries `user_data` (a wake-up for
+    /// the reaping thread).
+    pub fn push_nop(&self, user_data: u64) -> io::Result<()> {
+        let e = opcode::Nop::new().build().user_data(user_data);
+        // SAFETY: a no-op points at no memory.
+        unsafe { self.push(&e) }
+    }
+
+    unsafe fn push(&self, e: &io_uring::squeue::Entry) -> io::Result<()> {
+        loop {
+            {
+                let _g = self.sq.lock();
+                // SAFETY: the only submission queue in use: `sq` is held.
+                let mut sq = unsafe { self.ring.submission_shared() };
+                // SAFETY: the caller vouches for the memory the entry names.
+                if unsafe { sq.push(e) }.is_ok() {
+                    return Ok(());
+                }
+            }
+            // Full: start what is queued to make room.
+            self.submit()?;
+        }
+    }
+
+    /// Start every queued read with one system call.
+    pub fn submit(&self) -> io::Result<()> {
+        loop {
+            let r = {
+                let _g = self.sq.lock();
+                self.ring.submit()
+            };
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if again(&e) => {}
+                // The completion queue is full and the kernel holds
+                // completions back: the reaping thread makes room (and
+                // may need the submission lock for it, so it is not held
+                // while waiting).
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::yield_now(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Wait until at least one completion is in, then hand every one in to
+    /// `f` as (user_data, result: bytes, or a negated errno).
+    pub fn reap(&self, mut f: impl FnMut(u64, i32)) -> io::Result<()> {
+        let _g = self.cq.lock();
+        loop {
+            let mut n = 0;
+            {
+                // SAFETY: the only completion queue in use: `cq` is held.
+                let mut cq = unsafe { self.ring.completion_shared() };
+                cq.sync();
+                for e in &mut cq {
+                    f(e.user_data(), e.result());
+                    n += 1;
+                }
+            }
+            if n > 0 {
+                return Ok(());
+            }
+            // Submit nothing (the queuing thread decides when), wait for one.
+            // SAFETY: no argument structure is passed.
+            let r = unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    0,
+                    1,
+                    EnterFlags::GETEVENTS.bits(),
+                    None,
+                )
+            };
+            match r {
+                Ok(_) => {}
+                Err(e) if again(&e) || e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AlignedBuf;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn reads_queued_by_one_thread_complete_on_another() {
+        let Ok(ring) = Ring::new(4) else {
+            eprintln!("io_uring is not available here: skipped");
+            return;
+        };
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        // Ten reads through a four-entry queue: pushing submits to make room.
+        let mut bufs: Vec<AlignedBuf> = (0..10).map(|_| AlignedBuf::zeroed(4096)).collect();
+        let ring = &ring;
+        std::thread::scope(|s| {
+            let reaper = s.spawn(move || {
+                let mut got = Vec::new();
+                while got.len() < 11 {
+                    ring.reap(|u, r| got.push((u, r))).unwrap();
+                }
+                got
+            });
+            for (i, b) in bufs.iter_mut().enumerate() {
+                // SAFETY: the buffers outlive the scope, which joins the reaper.
+                unsafe {
+                    ring.push_read(
+                        f.as_raw_fd(),
+                        b[..].as_mut_ptr(),
+                        4096,
+                        i as u64 * 4096,
+                        i as u64,
+                    )
+                    .unwrap();
+                }
+            }
+            ring.push_nop(99).unwrap();
+            ring.submit().unwrap();
+            let mut got = reaper.join().unwrap();
+            got.sort();
+            let want: Vec<(u64, i32)> = (0..10).map(|i| (i, 4096)).chain([(99, 0)]).collect();
+            assert_eq!(got, want);
+        });
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(&b[..], &data[i * 4096..(i + 1) * 4096], "read {i}");
+        }
+    }
+}

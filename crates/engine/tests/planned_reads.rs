@@ -1,0 +1,120 @@
+//! Reads planned for a ring (`BlockDevice::plan_read`, `--cache none`
+//! with `--aio io_uring`): the plan holds the I/O gate until the caller's
+//! reads are in, and a caller that holds plans is told the device is busy
+//! instead of being made to wait for a snapshot that waits for it (the
+//! deadlock ARCHITECTURE.md's io_uring design closes).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_block::{AlignedBuf, BlockDevice, Fill, Planned};
+use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
+use strata_storage::FileBackend;
+
+fn open(dir: &std::path::Path, direct_io: bool) -> Datastore {
+    let opts = OpenOptions {
+        direct_io,
+        ..OpenOptions::default()
+    };
+    Datastore::open(Arc::new(FileBackend::new(dir)), &opts, None).unwrap()
+}
+
+#[test]
+fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    Datastore::init(
+        Arc::new(FileBackend::new(dir.path())),
+        &InitOptions::default(),
+    )
+    .unwrap();
+    let ds = open(dir.path(), true);
+    ds.create_disk("d", 1 << 20, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let d = ds.open_disk("d").unwrap();
+    let mut data = AlignedBuf::zeroed(8192);
+    data.fill(7);
+    d.write_at(&data, 16384, false).unwrap();
+
+    // Grain 3 is a hole, 4 and 5 hold data, 6 and 7 are holes.
+    let mut buf = AlignedBuf::zeroed(5 * 4096);
+    buf.fill(0xee);
+    let plan = match d.plan_read(&mut buf, 12288, false) {
+        Some(Ok(Planned::Plan(p))) => p,
+        _ => panic!("a direct pool plans an aligned read"),
+    };
+    assert_eq!(plan.pieces.len(), 1, "{:?}", plan.pieces);
+    assert_eq!(
+        (plan.pieces[0].buf_offset, plan.pieces[0].len),
+        (4096, 8192)
+    );
+    assert!(
+        buf[..4096].iter().all(|&b| b == 0),
+        "the hole before is zeros"
+    );
+    assert!(
+        buf[12288..].iter().all(|&b| b == 0),
+        "the hole after is zeros"
+    );
+    let runs: Vec<_> = plan.fill.runs().collect();
+    assert_eq!(
+        runs,
+        vec![
+            (0..4096, Fill::Zeros),
+            (4096..12288, Fill::Data),
+            (12288..20480, Fill::Zeros)
+        ]
+    );
+    // Reading the piece where the plan says gives the data written.
+    let mut got = AlignedBuf::zeroed(8192);
+    let n = unsafe {
+        libc::pread(
+            plan.fd,
+            got.as_mut_ptr().cast(),
+            8192,
+            plan.pieces[0].file_offset as libc::off_t,
+        )
+    };
+    assert_eq!(n, 8192);
+    assert_eq!(&got[..], &data[..]);
+
+    // A snapshot waits for the gate the plan holds...
+    let ds = Arc::new(ds);
+    let snapper = {
+        let ds = ds.clone();
+        std::thread::spawn(move || ds.snapshot_create("d", "s", "").unwrap())
+    };
+    // ...and meanwhile a caller holding the plan is told the device is
+    // busy rather than made to wait (it would wait for itself).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut other = AlignedBuf::zeroed(4096);
+    loop {
+        match d.plan_read(&mut other, 0, false) {
+            Some(Ok(Planned::Busy)) => break,
+            Some(Ok(Planned::Plan(_))) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the snapshot never waited for the gate"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            _ => panic!("planning failed"),
+        }
+    }
+    assert!(!snapper.is_finished(), "the snapshot passed a held plan");
+    // Once the read is over the snapshot goes through, and plans again.
+    drop(plan);
+    snapper.join().unwrap();
+    assert!(matches!(
+        d.plan_read(&mut other, 0, false),
+        Some(Ok(Planned::Plan(_)))
+    ));
+
+    // A misaligned request, or a pool with the page cache, is not planned.
+    let mut odd = AlignedBuf::zeroed(4096);
+    assert!(d.plan_read(&mut odd[..512], 512, false).is_none());
+    drop(d);
+    drop(Arc::try_unwrap(ds).ok().unwrap());
+    let ds = open(dir.path(), false);
+    let d = ds.open_disk("d").unwrap();
+    assert!(d.plan_read(&mut other, 0, false).is_none());
+}
