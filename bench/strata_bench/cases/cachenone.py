@@ -26,11 +26,13 @@ def case_cachenone(work, q):
 
     The limit (issue 29) runs in the same passes: fio with io_uring and
     O_DIRECT straight on a raw file in the same file system, the same
-    jobs, the same dropped caches and final fsync."""
+    jobs, the same dropped caches and final fsync. So does strata with
+    `--aio io_uring` (its READs through a ring per connection;
+    `strata_uring`), beside the default (`strata`, a thread each)."""
     size = smoke("256M", "1G" if q else "2G")
     rt = smoke(2, 5 if q else 10)
     passes = 1 if q else 3
-    who_all = ("strata", "qemu_threads", "qemu_native", "limit")
+    who_all = ("strata", "strata_uring", "qemu_threads", "qemu_native", "limit")
     runs = {w: {"write": [], "read": []} for w in who_all}
     cold = True
     for p in range(passes):
@@ -38,8 +40,9 @@ def case_cachenone(work, q):
         for who in order:
             d = os.path.join(work, f"{who}_{p}")
             srv = None  # the limit has none: fio opens the raw file itself
-            if who == "strata":
-                srv = Strata(d, serve_args=["--cache", "none"])
+            if who.startswith("strata"):
+                aio = "io_uring" if who == "strata_uring" else "threads"
+                srv = Strata(d, serve_args=["--cache", "none", "--aio", aio])
                 srv.cli("create", "d", "--size", size)
                 job = partial(fio, srv.uri("d"))
             else:
@@ -79,10 +82,11 @@ def case_cachenone(work, q):
                     "seqwrite_512k_durable_mib_s": round(median(runs[who]["write"]), 1),
                     "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]]}
     for peer in ("qemu_threads", "qemu_native", "limit"):
-        out[f"ratio_randread_vs_{peer}"] = ratio(out["strata"]["randread_4k_cold_iops"],
-                                                 out[peer]["randread_4k_cold_iops"])
-        out[f"ratio_seqwrite_vs_{peer}"] = ratio(out["strata"]["seqwrite_512k_durable_mib_s"],
-                                                 out[peer]["seqwrite_512k_durable_mib_s"])
+        for mine, tag in (("strata", ""), ("strata_uring", "uring_")):
+            out[f"ratio_{tag}randread_vs_{peer}"] = ratio(
+                out[mine]["randread_4k_cold_iops"], out[peer]["randread_4k_cold_iops"])
+            out[f"ratio_{tag}seqwrite_vs_{peer}"] = ratio(
+                out[mine]["seqwrite_512k_durable_mib_s"], out[peer]["seqwrite_512k_durable_mib_s"])
     out["vhost"] = _cachenone_vhost(work, q, size, rt, passes)
     out["target"] = ("cold 4k random read >= 0.95x and durable 512k sequential write >= 0.95x "
                      "qemu-nbd cache=none on a raw file (NBD) and qsd cache.direct=on (vhost)")

@@ -91,13 +91,13 @@ pub struct ServeArgs {
     /// every acknowledged write durable. --vmdk images keep the page cache
     #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
     pub direct_io: bool,
-    /// How --cache none reads reach the disk, as QEMU's aio= option: threads runs each on an
-    /// I/O thread (--io-threads) that waits for the disk; io_uring has each NBD connection
-    /// queue its reads on an io_uring and start those that arrived together with one system
-    /// call, completions answered without a thread per request (where the kernel refuses
-    /// io_uring, threads serve them). Writes, and vhost-user-blk, use threads for now; no
-    /// effect under writeback
-    #[arg(long = "aio", value_name = "threads|io_uring", default_value = "threads", value_parser = parse_aio, action = clap::ArgAction::Set)]
+    /// How --cache none reads reach the disk, as QEMU's aio= option: io_uring (the default)
+    /// has each NBD connection queue its reads on an io_uring and start those that arrived
+    /// together with one system call, completions answered without a thread per request (where
+    /// the kernel refuses io_uring, threads serve them); threads runs each read on an I/O
+    /// thread (--io-threads) that waits for the disk. Writes, and vhost-user-blk, use threads
+    /// for now; no effect under writeback
+    #[arg(long = "aio", value_name = "io_uring|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
     pub aio_uring: bool,
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
     /// this many are on the disk at once [default: 16 with --cache none, where each waits for

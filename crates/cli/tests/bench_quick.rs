@@ -206,14 +206,22 @@ fn bench_quick_paper_suites() {
     // cachenone: serve --cache none and QEMU's cache=none peers, over NBD
     // and vhost-user-blk, each did its reads and durable writes (the
     // vhost harness fails the case on any failed request), and so did
-    // fio on a raw file, the device's limit.
+    // strata reading through io_uring (`--aio io_uring`) and fio on a raw
+    // file, the device's limit.
     let cn = get(&j, &["cases", "cachenone"]);
-    for who in ["strata", "qemu_threads", "qemu_native", "limit"] {
+    for who in [
+        "strata",
+        "strata_uring",
+        "qemu_threads",
+        "qemu_native",
+        "limit",
+    ] {
         positive(cn, &[who, "randread_4k_cold_iops"]);
         positive(cn, &[who, "seqwrite_512k_durable_mib_s"]);
     }
     positive(cn, &["ratio_randread_vs_limit"]);
     positive(cn, &["ratio_seqwrite_vs_limit"]);
+    positive(cn, &["ratio_uring_randread_vs_qemu_native"]);
     for tag in ["randread_4k_cold", "seqwrite_512k_durable"] {
         for who in ["strata", "qsd_threads", "qsd_native", "limit"] {
             positive(cn, &["vhost", tag, who, "iops"]);

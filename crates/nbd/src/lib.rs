@@ -296,8 +296,9 @@ pub struct ServerOptions {
     /// READs of devices that plan them (`BlockDevice::plan_read`: an
     /// engine disk under `--cache none`) go through an io_uring per
     /// connection, submitted in batches, instead of a worker each
-    /// (`serve --aio io_uring`). Where a ring cannot be set up the
-    /// workers serve them. Default false.
+    /// (`serve --aio io_uring`, the server's default under `--cache
+    /// none`). Where a ring cannot be set up the workers serve them.
+    /// Default false.
     pub ring_reads: bool,
     /// TLS credentials and whether TLS is required (`STARTTLS`); `None`
     /// refuses `STARTTLS`. Replaced while serving by
