@@ -494,6 +494,7 @@ impl Datastore {
                 logs,
                 sb,
                 slot_valid,
+                images: Vec::new(),
             },
             open_warnings,
             lock,

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use strata_format::{
-    batch_checksum_ok, batch_span, decode_batch_header, encode_batch, Record, BATCH_ALIGN,
-    BATCH_HEADER_BYTES,
+    batch_checksum_ok, batch_span, decode_batch_header, encode_batch, seal_batch, Record,
+    BATCH_ALIGN, BATCH_HEADER_BYTES,
 };
 use strata_storage::Storage;
 
@@ -54,6 +54,17 @@ impl LogWriter {
         let b = encode_batch(self.generation, self.sequence, payload);
         self.file.write_at(&b, self.offset)?;
         self.offset += b.len() as u64;
+        self.sequence += 1;
+        Ok(())
+    }
+
+    /// Append `buf` as one batch (not synced): `buf` holds room for the
+    /// header, then the payload; it is sealed in place (see
+    /// `strata_format::seal_batch`) and keeps its capacity for the next.
+    pub fn append_sealed(&mut self, buf: &mut Vec<u8>) -> Result<()> {
+        seal_batch(buf, self.generation, self.sequence);
+        self.file.write_at(buf, self.offset)?;
+        self.offset += buf.len() as u64;
         self.sequence += 1;
         Ok(())
     }

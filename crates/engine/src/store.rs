@@ -124,6 +124,9 @@ pub(crate) struct CheckpointState {
     pub sb: Superblock,
     /// Which superblock slots hold a valid superblock.
     pub slot_valid: [bool; 2],
+    /// The page-image batch being built, kept between checkpoints: a fresh
+    /// 8 MiB buffer each time cost ~2,000 page faults a checkpoint.
+    pub images: Vec<u8>,
 }
 
 /// The closing generation's log during a checkpoint: handed over by the
@@ -705,7 +708,8 @@ impl Store {
         };
         for (i, chunk) in chunks.iter().enumerate() {
             let end = (i + 1 == chunks.len()).then_some(cut.next);
-            closing.log().append(&Meta::image_payload(chunk, end))?;
+            Meta::image_batch_into(chunk, end, &mut ck.images);
+            closing.log().append_sealed(&mut ck.images)?;
         }
         closing.log().sync()?;
         // Pages and catalog in place.

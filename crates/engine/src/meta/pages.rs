@@ -7,7 +7,7 @@
 
 use strata_format::{
     decode_map_node, decode_ref_page, encode_map_node, encode_ref_page, MapNode, Record,
-    GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
+    BATCH_HEADER_BYTES, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
 };
 
 use std::sync::Arc;
@@ -262,14 +262,18 @@ impl Meta {
     /// Pages per page-image batch (checkpoint step 2).
     pub const IMAGES_PER_BATCH: usize = IMAGE_BATCH_BYTES_MAX / (GRAIN_BYTES as usize + 16);
 
-    /// One page-image batch payload (checkpoint step 2) for `pages`, at most
-    /// [`Meta::IMAGES_PER_BATCH`] of them; `end` adds GENERATION_END(next).
-    pub fn image_payload(pages: &[EncodedPage], end: Option<u64>) -> Vec<u8> {
+    /// One page-image batch (checkpoint step 2) for `pages`, at most
+    /// [`Meta::IMAGES_PER_BATCH`] of them, built in `out` (cleared first,
+    /// its capacity reused): room for the batch header, then the records;
+    /// `end` adds GENERATION_END(next). `LogWriter::append_sealed` seals it.
+    pub fn image_batch_into(pages: &[EncodedPage], end: Option<u64>, out: &mut Vec<u8>) {
         assert!(
             pages.len() <= Self::IMAGES_PER_BATCH,
             "too many images for one batch"
         );
-        let mut out = Vec::with_capacity(pages.len() * (GRAIN_BYTES as usize + 9) + 9);
+        out.clear();
+        out.reserve(BATCH_HEADER_BYTES + pages.len() * (GRAIN_BYTES as usize + 9) + 9);
+        out.resize(BATCH_HEADER_BYTES, 0);
         for p in pages {
             let (tag, place) = match p.key {
                 PageKey::Map(g) => (strata_format::tag::PAGE_IMAGE, g),
@@ -282,9 +286,8 @@ impl Meta {
             out.extend_from_slice(&p.bytes[..]);
         }
         if let Some(next) = end {
-            Record::GenerationEnd { next }.encode_into(&mut out);
+            Record::GenerationEnd { next }.encode_into(out);
         }
-        out
     }
 
     /// Write encoded pages in place (checkpoint step 3); adjacent pages go
@@ -344,8 +347,9 @@ mod tests {
             key: PageKey::Ref(2),
             bytes: Box::new([4u8; GRAIN_BYTES as usize]),
         };
-        let p = Meta::image_payload(&[node, count], Some(12));
-        let recs = Record::decode_all(&p).unwrap();
+        let mut p = vec![9u8; 3];
+        Meta::image_batch_into(&[node, count], Some(12), &mut p);
+        let recs = Record::decode_all(&p[BATCH_HEADER_BYTES..]).unwrap();
         assert_eq!(
             recs,
             vec![
