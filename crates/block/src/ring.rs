@@ -12,8 +12,9 @@ use parking_lot::Mutex;
 /// so one thread may queue while another reaps.
 pub struct Ring {
     ring: IoUring,
-    /// Held while pushing to the submission queue or submitting it.
-    sq: Mutex<()>,
+    /// Held while pushing to the submission queue or submitting it:
+    /// entries queued since the last submission.
+    sq: Mutex<u32>,
     /// Held while reaping the completion queue.
     cq: Mutex<()>,
 }
@@ -29,7 +30,7 @@ impl Ring {
     pub fn new(entries: u32) -> io::Result<Ring> {
         Ok(Ring {
             ring: IoUring::new(entries)?,
-            sq: Mutex::new(()),
+            sq: Mutex::new(0),
             cq: Mutex::new(()),
         })
     }
@@ -69,11 +70,12 @@ impl Ring {
     unsafe fn push(&self, e: &io_uring::squeue::Entry) -> io::Result<()> {
         loop {
             {
-                let _g = self.sq.lock();
+                let mut queued = self.sq.lock();
                 // SAFETY: the only submission queue in use: `sq` is held.
                 let mut sq = unsafe { self.ring.submission_shared() };
                 // SAFETY: the caller vouches for the memory the entry names.
                 if unsafe { sq.push(e) }.is_ok() {
+                    *queued += 1;
                     return Ok(());
                 }
             }
@@ -82,12 +84,22 @@ impl Ring {
         }
     }
 
-    /// Start every queued read with one system call.
+    /// Start every queued read with one system call (none when nothing
+    /// was queued since the last).
     pub fn submit(&self) -> io::Result<()> {
         loop {
             let r = {
-                let _g = self.sq.lock();
-                self.ring.submit()
+                let mut queued = self.sq.lock();
+                if *queued == 0 {
+                    return Ok(());
+                }
+                let r = self.ring.submit();
+                if r.is_ok() {
+                    // What the kernel did not take yet goes at the next call.
+                    // SAFETY: the only submission queue in use: `sq` is held.
+                    *queued = unsafe { self.ring.submission_shared() }.len() as u32;
+                }
+                r
             };
             match r {
                 Ok(_) => return Ok(()),

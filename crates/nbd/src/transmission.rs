@@ -318,6 +318,10 @@ fn read_requests<S: NbdStream>(
         }
         let mut payload = AlignedBuf::zeroed(0);
         if req.ty == CMD_WRITE {
+            // Reads queued on the ring do not wait for a payload to arrive.
+            if let Some(r) = &conn.ring {
+                r.submit()?;
+            }
             payload = conn.take_buffer(req.len as usize);
             // The whole payload is on its way: the socket need not wake
             // the reader for each piece of it.
