@@ -149,9 +149,24 @@ impl RingReads {
     }
 
     /// The reaping thread: hand every finished read to `finish` until
-    /// [`RingReads::stop`]. Returns on a ring error too (the reads left
-    /// then fail).
+    /// [`RingReads::stop`]. On a ring error the reads left are handed over
+    /// failed, their buffers leaked (the kernel may still write into them),
+    /// and the error returned.
     pub fn reap(&self, mut finish: impl FnMut(Pending)) -> io::Result<()> {
+        let r = self.reap_until_stopped(&mut finish);
+        if r.is_err() {
+            let left: Vec<Pending> = self.pending.lock().drain().map(|(_, p)| p).collect();
+            for mut p in left {
+                p.failed.get_or_insert(libc::EIO);
+                std::mem::forget(std::mem::replace(&mut p.data, AlignedBuf::zeroed(0)));
+                finish(p);
+            }
+            self.idle.notify_all();
+        }
+        r
+    }
+
+    fn reap_until_stopped(&self, finish: &mut impl FnMut(Pending)) -> io::Result<()> {
         let mut stop = false;
         let mut finished = Vec::new();
         // Short reads to queue again: (user data, fd, where, length, file offset).
