@@ -35,7 +35,7 @@ pub mod throttle;
 
 pub use aligned::AlignedBuf;
 pub use fill::{Fill, FillRuns, ReadFill};
-pub use plan::{FilePiece, Held, Planned, ReadHold, ReadPlan};
+pub use plan::{hold_read, FilePiece, Held, Planned, ReadHold, ReadPlan};
 
 use std::fmt;
 

@@ -5,8 +5,27 @@
 //! through io_uring".
 
 use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use parking_lot::lock_api::ArcRwLockReadGuard;
+use parking_lot::{RawRwLock, RwLock};
 
 use crate::ReadFill;
+
+/// The read side of `lock`, for a plan to hold until its read is over.
+/// Waited for only with `wait` (the caller holds no plan); otherwise None
+/// when a writer holds the lock or waits for it: a caller whose own plans
+/// hold it must not wait for a writer that waits for them
+/// (ARCHITECTURE.md, "Direct I/O through io_uring"). parking_lot's writer
+/// sets its bit as it starts waiting, so from then on this fails, and the
+/// writer waits only for the plans already out.
+pub fn hold_read<T>(lock: &Arc<RwLock<T>>, wait: bool) -> Option<ArcRwLockReadGuard<RawRwLock, T>> {
+    if wait {
+        Some(lock.read_arc())
+    } else {
+        lock.try_read_arc()
+    }
+}
 
 /// Something a planned read holds until its data is in: the engine's I/O
 /// gate (so the grains it reads are not reused meanwhile), a switchable

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use strata_block::{
-    check_range, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, Planned, ReadPlan,
-    ZeroOptions,
+    check_range, hold_read, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, Planned,
+    ReadPlan, ZeroOptions,
 };
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
@@ -112,6 +112,32 @@ impl DiskHandle {
 
     // ------------------------------------------------------------ read
 
+    /// The runs of `[offset, offset + len)` (`len` > 0) from one map
+    /// lookup, in order: physically adjacent grains make one run, and so
+    /// do adjacent holes. The caller holds the gate.
+    fn mapped_runs(&self, offset: u64, len: u64) -> Result<Vec<Run>> {
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + len - 1) >> GRAIN_SHIFT;
+        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        self.inner
+            .meta
+            .lock()
+            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        let end = offset + len;
+        Ok(grain_runs(&grains)
+            .into_iter()
+            .map(|(i, j, g0)| {
+                let v0 = first + i as u64;
+                let s = offset.max(v0 << GRAIN_SHIFT);
+                let t = end.min((first + j as u64) << GRAIN_SHIFT);
+                Run {
+                    buf: (s - offset) as usize..(t - offset) as usize,
+                    pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT))),
+                }
+            })
+            .collect())
+    }
+
     /// Read `buf` at `offset`; unmapped grains read as zeros and are
     /// reported as [`Fill::Zeros`], from the same lookup that finds the data.
     fn read_impl(&self, buf: &mut [u8], offset: u64) -> Result<strata_block::ReadFill> {
@@ -122,38 +148,30 @@ impl DiskHandle {
             return Ok(fill);
         }
         let _gate = self.inner.gate.read();
-        let first = offset >> GRAIN_SHIFT;
-        let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
-        let mut grains = Vec::with_capacity((last - first + 1) as usize);
-        self.inner
-            .meta
-            .lock()
-            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        let runs = self.mapped_runs(offset, buf.len() as u64)?;
         // Runs of physically adjacent grains become one read; when there
         // are several, all are announced to the pool first, so a
         // fragmented range's reads reach the device together rather than
         // one after another.
-        let runs = grain_runs(&grains);
-        if runs.iter().filter(|r| r.2 != 0).nth(1).is_some() {
-            for &(i, j, g0) in runs.iter().filter(|r| r.2 != 0) {
-                self.inner
-                    .pool
-                    .will_need(g0 << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
+        if runs.iter().filter(|r| r.pool.is_some()).nth(1).is_some() {
+            for r in &runs {
+                if let Some(at) = r.pool {
+                    self.inner.pool.will_need(at, r.buf.len() as u64);
+                }
             }
         }
-        let end = offset + buf.len() as u64;
-        for (i, j, g0) in runs {
-            let v0 = first + i as u64;
-            let s = offset.max(v0 << GRAIN_SHIFT);
-            let t = end.min((first + j as u64) << GRAIN_SHIFT);
-            let dst = &mut buf[(s - offset) as usize..(t - offset) as usize];
-            if g0 == 0 {
-                dst.fill(0);
-                fill.push(t - s, Fill::Zeros);
-            } else {
-                let phys = (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT));
-                self.inner.pool.read_at(dst, phys)?;
-                fill.push(t - s, Fill::Data);
+        for r in runs {
+            let len = r.buf.len() as u64;
+            let dst = &mut buf[r.buf];
+            match r.pool {
+                None => {
+                    dst.fill(0);
+                    fill.push(len, Fill::Zeros);
+                }
+                Some(at) => {
+                    self.inner.pool.read_at(dst, at)?;
+                    fill.push(len, Fill::Data);
+                }
             }
         }
         Ok(fill)
@@ -184,39 +202,25 @@ impl DiskHandle {
             }));
         }
         // Held until the caller's reads are in: the grains read must not be
-        // freed and reused meanwhile. Not waited for unless the caller
-        // holds no plan (the gate's trap, ARCHITECTURE.md).
-        let gate = if wait {
-            self.inner.gate.read_arc()
-        } else {
-            match self.inner.gate.try_read_arc() {
-                Some(g) => g,
-                None => return Ok(Planned::Busy),
-            }
+        // freed and reused meanwhile.
+        let Some(gate) = hold_read(&self.inner.gate, wait) else {
+            return Ok(Planned::Busy);
         };
-        let first = offset >> GRAIN_SHIFT;
-        let last = (offset + len - 1) >> GRAIN_SHIFT;
-        let mut grains = Vec::with_capacity((last - first + 1) as usize);
-        self.inner
-            .meta
-            .lock()
-            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
-        let end = offset + len;
-        for (i, j, g0) in grain_runs(&grains) {
-            let v0 = first + i as u64;
-            let s = offset.max(v0 << GRAIN_SHIFT);
-            let t = end.min((first + j as u64) << GRAIN_SHIFT);
-            let at = (s - offset) as usize;
-            if g0 == 0 {
-                buf[at..(t - offset) as usize].fill(0);
-                fill.push(t - s, Fill::Zeros);
-            } else {
-                pieces.push(FilePiece {
-                    buf_offset: at,
-                    file_offset: (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT)),
-                    len: (t - s) as usize,
-                });
-                fill.push(t - s, Fill::Data);
+        for r in self.mapped_runs(offset, len)? {
+            let n = r.buf.len();
+            match r.pool {
+                None => {
+                    buf[r.buf].fill(0);
+                    fill.push(n as u64, Fill::Zeros);
+                }
+                Some(at) => {
+                    pieces.push(FilePiece {
+                        buf_offset: r.buf.start,
+                        file_offset: at,
+                        len: n,
+                    });
+                    fill.push(n as u64, Fill::Data);
+                }
             }
         }
         Ok(Planned::Plan(ReadPlan {
@@ -808,6 +812,13 @@ const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 
 /// `grains` (physical grain numbers, 0 = unmapped) as runs `(i, j, g)`:
 /// `grains[i..j]` are unmapped (`g == 0`) or physically adjacent from `g`.
+/// A run of a request: where it lies in the request's buffer, and at
+/// which byte of the pool its data is (None: a hole).
+struct Run {
+    buf: std::ops::Range<usize>,
+    pool: Option<u64>,
+}
+
 fn grain_runs(grains: &[u64]) -> Vec<(usize, usize, u64)> {
     let mut runs = Vec::new();
     let mut i = 0usize;

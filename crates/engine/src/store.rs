@@ -660,7 +660,7 @@ impl Store {
                 at: m.cut(),
             };
             tracing::debug!(
-                "cut: I/O drained after {t_drained:?}, pages copied after {:?}",
+                "cut: I/O drained after {t_drained:?}, dirty pages taken after {:?}",
                 t0.elapsed()
             );
             (batch, cut)

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
-use strata_block::{BlockDevice, BlockResult, Extent, Held, Planned, ReadFill, ZeroOptions};
+use strata_block::{
+    hold_read, BlockDevice, BlockResult, Extent, Held, Planned, ReadFill, ZeroOptions,
+};
 
 /// The finest granularity of change tracking: a client's 4 KiB write is
 /// copied again as 4 KiB, not as a larger unit around it.
@@ -284,13 +286,8 @@ impl BlockDevice for Slot {
         offset_bytes: u64,
         wait: bool,
     ) -> Option<BlockResult<Planned>> {
-        let g = if wait {
-            self.inner.read_arc()
-        } else {
-            match self.inner.try_read_arc() {
-                Some(g) => g,
-                None => return Some(Ok(Planned::Busy)),
-            }
+        let Some(g) = hold_read(&self.inner, wait) else {
+            return Some(Ok(Planned::Busy));
         };
         match g.dev.plan_read(buf, offset_bytes, wait)? {
             Ok(Planned::Plan(mut plan)) => {
