@@ -111,18 +111,11 @@ impl RingReads {
                 // The pieces not queued fail the read; the ones queued
                 // still complete (and finish it).
                 let mut map = self.pending.lock();
-                let p = map.get_mut(&token).expect("a read in the ring is pending");
-                p.failed
-                    .get_or_insert(e.raw_os_error().unwrap_or(libc::EIO));
-                p.left -= n - i;
-                if p.left == 0 {
-                    let p = map.remove(&token);
-                    if map.is_empty() {
-                        self.idle.notify_all();
-                    }
-                    return p;
+                let ended = end_pieces(&mut map, token, n - i, Some(errno_of(&e)));
+                if map.is_empty() {
+                    self.idle.notify_all();
                 }
-                break;
+                return ended;
             }
         }
         None
@@ -186,9 +179,10 @@ impl RingReads {
                 };
                 let piece = p.plan.pieces[i];
                 let rest = piece.len - p.done[i];
+                let mut failed = None;
                 let piece_over = match res {
                     r if r < 0 => {
-                        p.failed.get_or_insert(-r);
+                        failed = Some(-r);
                         true
                     }
                     // Past the end of the file: reads as zeros, as
@@ -217,10 +211,7 @@ impl RingReads {
                     _ => true,
                 };
                 if piece_over {
-                    p.left -= 1;
-                    if p.left == 0 {
-                        finished.push(map.remove(&token).expect("just found"));
-                    }
+                    finished.extend(end_pieces(&mut map, token, 1, failed));
                 }
             })?;
             for (ud, fd, ptr, len, offset) in again.drain(..) {
@@ -228,20 +219,17 @@ impl RingReads {
                 // until this piece's last completion.
                 if let Err(e) = unsafe { self.ring.push_read(fd, ptr, len, offset, ud) } {
                     // The piece fails; its read is answered with the error.
-                    let token = ud >> PIECE_BITS;
                     let mut map = self.pending.lock();
-                    if let Some(p) = map.get_mut(&token) {
-                        p.failed
-                            .get_or_insert(e.raw_os_error().unwrap_or(libc::EIO));
-                        p.left -= 1;
-                        if p.left == 0 {
-                            finished.push(map.remove(&token).expect("just found"));
-                        }
-                    }
-                } else {
-                    self.ring.submit()?;
+                    finished.extend(end_pieces(
+                        &mut map,
+                        ud >> PIECE_BITS,
+                        1,
+                        Some(errno_of(&e)),
+                    ));
                 }
             }
+            // The short reads queued again start together.
+            self.ring.submit()?;
             for p in finished.drain(..) {
                 finish(p);
             }
@@ -251,6 +239,30 @@ impl RingReads {
         }
         Ok(())
     }
+}
+
+/// `count` pieces of read `token` are over (failed with `errno`, if
+/// given): the read, once its last piece is, taken out of `pending`.
+fn end_pieces(
+    pending: &mut HashMap<u64, Pending>,
+    token: u64,
+    count: usize,
+    errno: Option<i32>,
+) -> Option<Pending> {
+    let p = pending.get_mut(&token)?;
+    if let Some(e) = errno {
+        p.failed.get_or_insert(e);
+    }
+    p.left -= count;
+    if p.left == 0 {
+        pending.remove(&token)
+    } else {
+        None
+    }
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// The reaping thread of a connection, joined on drop (after
