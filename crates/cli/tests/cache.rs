@@ -42,47 +42,16 @@ fn cache_none_serves_real_clients_keeps_flushed_writes_and_bypasses_the_page_cac
     assert!(s.ok(&["status"]).contains("cache:        none"));
     evict(&pool);
     // 32 MiB of random data, then sub-grain writes at odd sectors.
-    run_ok(
-        "qemu-img",
+    load_then_change(
+        &s,
+        &reference,
         &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            reference.to_str().unwrap(),
-            &s.uri("d"),
+            "write -P 0xab 512 1536",
+            "write -P 0xcd 8191 2",
+            "write -z 65536 4096",
         ],
     );
-    // The same changes to the served disk (then flushed) and the reference.
-    for target in [s.uri("d"), reference.to_str().unwrap().to_string()] {
-        run_ok(
-            "qemu-io",
-            &[
-                "-f",
-                "raw",
-                "-c",
-                "write -P 0xab 512 1536",
-                "-c",
-                "write -P 0xcd 8191 2",
-                "-c",
-                "write -z 65536 4096",
-                "-c",
-                "flush",
-                &target,
-            ],
-        );
-    }
-    let cmp = |what: &str| {
-        let o = raw_compare(reference.to_str().unwrap(), &s.uri("d"));
-        assert!(
-            o.status.success(),
-            "{what}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
+    let cmp = |what: &str| assert_same(&reference, &s.uri("d"), what);
     cmp("served with --cache none");
     // Writes and reads of 32 MiB left (almost) nothing in the page cache:
     // only what passes through the refcount file and logs, which are not
@@ -112,6 +81,32 @@ fn cache_none_serves_real_clients_keeps_flushed_writes_and_bypasses_the_page_cac
     s.ok(&["check"]);
 }
 
+/// Copy `reference` onto the served disk `d`, then make the same `changes`
+/// (qemu-io commands, then a flush) to both.
+fn load_then_change(s: &Store, reference: &Path, changes: &[&str]) {
+    let reference = reference.to_str().unwrap();
+    raw_copy(reference, &s.uri("d"));
+    for target in [s.uri("d"), reference.to_string()] {
+        let mut args = vec!["-f", "raw"];
+        for c in changes {
+            args.extend(["-c", c]);
+        }
+        args.extend(["-c", "flush", &target]);
+        run_ok("qemu-io", &args);
+    }
+}
+
+/// `uri` reads exactly as the file `reference` (`what` names the check).
+fn assert_same(reference: &Path, uri: &str, what: &str) {
+    let o = raw_compare(reference.to_str().unwrap(), uri);
+    assert!(
+        o.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// Thread names of process `pid`.
 fn thread_names(pid: i32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -134,39 +129,17 @@ fn cache_none_reads_through_io_uring_by_default_return_the_data_and_let_snapshot
     let reference = s.path().join("ref.raw");
     random_file(&reference, 32 << 20, 9);
     let srv = s.serve_with(&["--cache", "none"]);
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            reference.to_str().unwrap(),
-            &s.uri("d"),
-        ],
-    );
     // Holes inside reads, and a sub-grain change: the plan fills the
     // holes, the ring reads the rest.
-    for target in [s.uri("d"), reference.to_str().unwrap().to_string()] {
-        run_ok(
-            "qemu-io",
-            &[
-                "-f",
-                "raw",
-                "-c",
-                "write -z 1M 64k",
-                "-c",
-                "write -z 8M 4k",
-                "-c",
-                "write -P 0x5a 12583936 512",
-                "-c",
-                "flush",
-                &target,
-            ],
-        );
-    }
+    load_then_change(
+        &s,
+        &reference,
+        &[
+            "write -z 1M 64k",
+            "write -z 8M 4k",
+            "write -P 0x5a 12583936 512",
+        ],
+    );
     // A connection that stays open shows the ring's reaping thread (the
     // reads above went through it, not through a worker each).
     let mut held = std::process::Command::new("qemu-io")
@@ -198,45 +171,23 @@ fn cache_none_reads_through_io_uring_by_default_return_the_data_and_let_snapshot
     // Snapshots take the I/O gate exclusively while reads hold it from the
     // ring: both go on (the ring never waits for the gate while its own
     // reads hold it), and every read returns the disk's data.
-    let snapper = {
-        let dir = s.path();
-        let run = move |args: &[&str]| {
-            let o = std::process::Command::new(strata())
-                .arg("--datastore")
-                .arg(&dir)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                o.status.success(),
-                "strata {args:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        };
-        std::thread::spawn(move || {
+    std::thread::scope(|scope| {
+        let snapper = scope.spawn(|| {
             for i in 0..20 {
                 let name = format!("s{i}");
-                run(&["snapshot", "create", "d", &name]);
+                s.ok(&["snapshot", "create", "d", &name]);
                 if i % 2 == 0 {
-                    run(&["snapshot", "delete", "d", &name]);
+                    s.ok(&["snapshot", "delete", "d", &name]);
                 }
             }
-        })
-    };
-    let mut round = 0;
-    while round < 3 || !snapper.is_finished() {
-        round += 1;
-        let o = raw_compare(reference.to_str().unwrap(), &s.uri("d"));
-        assert!(
-            o.status.success(),
-            "round {round}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    snapper.join().unwrap();
-    let o = raw_compare(reference.to_str().unwrap(), &s.uri("d@s19"));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+        });
+        let mut round = 0;
+        while round < 3 || !snapper.is_finished() {
+            round += 1;
+            assert_same(&reference, &s.uri("d"), &format!("round {round}"));
+        }
+    });
+    assert_same(&reference, &s.uri("d@s19"), "snapshot s19");
     let _ = held.kill();
     let _ = held.wait();
     srv.stop();

@@ -247,6 +247,15 @@ pub fn raw_compare(a: &str, b: &str) -> Output {
     run("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b])
 }
 
+/// Copy raw image `src` over the existing raw image `dst` (an NBD URI or
+/// a file) with qemu-img; fails the test if it fails.
+pub fn raw_copy(src: &str, dst: &str) {
+    run_ok(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", src, dst],
+    );
+}
+
 pub fn run_ok(cmd: &str, args: &[&str]) -> String {
     let o = run(cmd, args);
     assert!(
