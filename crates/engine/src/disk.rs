@@ -125,7 +125,6 @@ impl DiskHandle {
             .lookup_range(self.version, first, last - first + 1, &mut grains)?;
         let end = offset + len;
         Ok(grain_runs(&grains)
-            .into_iter()
             .map(|(i, j, g0)| {
                 let v0 = first + i as u64;
                 let s = offset.max(v0 << GRAIN_SHIFT);
@@ -819,10 +818,15 @@ struct Run {
     pool: Option<u64>,
 }
 
-fn grain_runs(grains: &[u64]) -> Vec<(usize, usize, u64)> {
-    let mut runs = Vec::new();
+/// Runs of `grains` (index range, first grain; 0 for a hole): physically
+/// adjacent grains make one run, and so do adjacent holes. An iterator, so
+/// the read path allocates only what it keeps.
+fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
     let mut i = 0usize;
-    while i < grains.len() {
+    std::iter::from_fn(move || {
+        if i >= grains.len() {
+            return None;
+        }
         let g0 = grains[i];
         let mut j = i + 1;
         while j < grains.len()
@@ -830,10 +834,10 @@ fn grain_runs(grains: &[u64]) -> Vec<(usize, usize, u64)> {
         {
             j += 1;
         }
-        runs.push((i, j, g0));
+        let run = (i, j, g0);
         i = j;
-    }
-    runs
+        Some(run)
+    })
 }
 
 fn to_block<T>(r: Result<T>) -> BlockResult<T> {
