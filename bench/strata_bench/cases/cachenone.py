@@ -103,7 +103,9 @@ def _cachenone_vhost(work, q, size, rt, passes):
     512k sequential write that ends with a FLUSH (counted in its time).
     The limit: fio with io_uring and O_DIRECT on the raw file, on CPU 0
     as the harness, the same block size and depth (its write ends with an
-    fsync)."""
+    fsync). strata runs twice: with its default `--aio io_uring` (reads
+    through a ring per queue; `strata`) and with `--aio threads`
+    (`strata_threads`), each its own server and disk."""
     sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
        cwd=ROOT)
     harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
@@ -111,16 +113,23 @@ def _cachenone_vhost(work, q, size, rt, passes):
     os.makedirs(d, exist_ok=True)
     vsock = os.path.join(d, "strata.vhost")
     raw = os.path.join(d, "raw.img")
+    tsock = os.path.join(d, "strata_threads.vhost")
     s = Strata(os.path.join(d, "strata"),
                serve_args=["--cache", "none", "--vhost-user-blk", f"d={vsock}",
                            "--vhost-queues", "1"])
-    s.cli("create", "d", "--size", size)
-    s.start()
+    st = Strata(os.path.join(d, "strata_threads"),
+                serve_args=["--cache", "none", "--aio", "threads", "--vhost-user-blk",
+                            f"d={tsock}", "--vhost-queues", "1"])
     qsds = {}
+    started = []
     try:
-        sh("taskset", "-pac", "1", str(s.proc.pid))
-        wait_path(vsock)
-        fill(s.uri("d"), size)
+        for srv, sock in ((s, vsock), (st, tsock)):
+            srv.cli("create", "d", "--size", size)
+            srv.start()
+            started.append(srv)
+            sh("taskset", "-pac", "1", str(srv.proc.pid))
+            wait_path(sock)
+            fill(srv.uri("d"), size)
         sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
            "conv=fsync", "status=none")
         for aio in ("threads", "native"):
@@ -135,6 +144,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
         # One qsd at a time holds the file open for writing; both are
         # started, and the raw file's writes from either are the same bytes.
         who_all = {"strata": (s.proc.pid, vsock),
+                   "strata_threads": (st.proc.pid, tsock),
                    "qsd_threads": (qsds["threads"][0].pid, qsds["threads"][1]),
                    "qsd_native": (qsds["native"][0].pid, qsds["native"][1])}
         out = {"params": {"cpus": "harness on CPU 0, backend on CPU 1", "queues": 1, "iodepth": 16,
@@ -168,10 +178,13 @@ def _cachenone_vhost(work, q, size, rt, passes):
                             "mib_s": round(median(r["bw_mib"] for r in lim), 1)}
             for peer in ("qsd_threads", "qsd_native", "limit"):
                 row[f"ratio_vs_{peer}"] = ratio(row["strata"]["iops"], row[peer]["iops"])
+            row["ratio_threads_vs_qsd_native"] = ratio(row["strata_threads"]["iops"],
+                                                       row["qsd_native"]["iops"])
             out[tag] = row
         return out
     finally:
         for proc, _ in qsds.values():
             proc.terminate()
             proc.wait()
-        s.stop()
+        for srv in started:
+            srv.stop()

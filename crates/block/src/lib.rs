@@ -31,6 +31,7 @@ mod aligned;
 mod fill;
 pub mod plan;
 pub mod ring;
+pub mod ring_reads;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;

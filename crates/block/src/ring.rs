@@ -17,6 +17,22 @@ pub struct Ring {
     sq: Mutex<u32>,
     /// Held while reaping the completion queue.
     cq: Mutex<()>,
+    /// Reads are issued by the kernel's io-wq threads ([`Issue::Worker`]).
+    punt: bool,
+}
+
+/// Who issues a read to the device once it is submitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Issue {
+    /// The submitting thread, inside `io_uring_enter` (the file system's
+    /// mapping, the block layer, the device's doorbell): cheapest in CPU,
+    /// and best when a submission carries several reads.
+    Inline,
+    /// One of the kernel's io-wq threads (`IOSQE_ASYNC`): the submitter
+    /// returns at once. For a submitter that takes requests one at a time
+    /// and does everything else itself, whose inline issues would follow
+    /// one another (a vhost-user queue's worker: PERFORMANCE.md).
+    Worker,
 }
 
 fn again(e: &io::Error) -> bool {
@@ -27,11 +43,12 @@ impl Ring {
     /// A ring of `entries` submission slots (completions: twice that).
     /// Fails where io_uring is not available (an old kernel, a seccomp
     /// filter, `kernel.io_uring_disabled`); the caller then reads by itself.
-    pub fn new(entries: u32) -> io::Result<Ring> {
+    pub fn new(entries: u32, issue: Issue) -> io::Result<Ring> {
         Ok(Ring {
             ring: IoUring::new(entries)?,
             sq: Mutex::new(0),
             cq: Mutex::new(()),
+            punt: issue == Issue::Worker,
         })
     }
 
@@ -56,6 +73,11 @@ impl Ring {
             .offset(offset)
             .build()
             .user_data(user_data);
+        let e = if self.punt {
+            e.flags(io_uring::squeue::Flags::ASYNC)
+        } else {
+            e
+        };
         self.push(&e)
     }
 
@@ -116,7 +138,13 @@ impl Ring {
 
     /// Wait until at least one completion is in, then hand every one in to
     /// `f` as (user_data, result: bytes, or a negated errno).
-    pub fn reap(&self, mut f: impl FnMut(u64, i32)) -> io::Result<()> {
+    pub fn reap(&self, f: impl FnMut(u64, i32)) -> io::Result<()> {
+        self.reap_some(true, f).map(|_| ())
+    }
+
+    /// Hand every completion in to `f` (as [`Ring::reap`]); with `wait`,
+    /// first wait until there is one. Returns how many were handed over.
+    pub fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
         let _g = self.cq.lock();
         loop {
             let mut n = 0;
@@ -129,8 +157,8 @@ impl Ring {
                     n += 1;
                 }
             }
-            if n > 0 {
-                return Ok(());
+            if n > 0 || !wait {
+                return Ok(n);
             }
             // Submit nothing (the queuing thread decides when), wait for one.
             // SAFETY: no argument structure is passed.
@@ -149,6 +177,12 @@ impl Ring {
             }
         }
     }
+
+    /// Have the kernel signal the eventfd `fd` whenever a completion is
+    /// posted (for a thread that waits for other events too, in epoll).
+    pub fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(fd)
+    }
 }
 
 #[cfg(test)]
@@ -160,7 +194,7 @@ mod tests {
 
     #[test]
     fn reads_queued_by_one_thread_complete_on_another() {
-        let Ok(ring) = Ring::new(4) else {
+        let Ok(ring) = Ring::new(4, Issue::Inline) else {
             eprintln!("io_uring is not available here: skipped");
             return;
         };

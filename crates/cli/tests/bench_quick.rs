@@ -223,7 +223,13 @@ fn bench_quick_paper_suites() {
     positive(cn, &["ratio_seqwrite_vs_limit"]);
     positive(cn, &["ratio_uring_randread_vs_qemu_native"]);
     for tag in ["randread_4k_cold", "seqwrite_512k_durable"] {
-        for who in ["strata", "qsd_threads", "qsd_native", "limit"] {
+        for who in [
+            "strata",
+            "strata_threads",
+            "qsd_threads",
+            "qsd_native",
+            "limit",
+        ] {
             positive(cn, &["vhost", tag, who, "iops"]);
         }
         positive(cn, &["vhost", tag, "ratio_vs_limit"]);

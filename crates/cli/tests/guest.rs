@@ -451,7 +451,13 @@ fn guest_on_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_nb
     s.ok(&["create", "disk", "--size", "256M", "--type", "thin"]);
     let vsock = s.dir.path().join("vhost.sock");
     let spec = format!("disk={}", vsock.display());
-    let args = ["--vhost-user-blk", spec.as_str(), "--vhost-queues", "2"];
+    let mut args = vec!["--vhost-user-blk", spec.as_str(), "--vhost-queues", "2"];
+    if kind == Kind::Local {
+        // Direct I/O: the guest's reads go through each queue's io_uring
+        // (`--aio io_uring`, the default), with the kill -9 below landing
+        // while they are in flight.
+        args.extend(["--cache", "none"]);
+    }
     let srv = s.serve_with(&args);
     wait_for(&vsock);
 
@@ -489,6 +495,18 @@ fn guest_on_vhost_user_blk_survives_a_backend_kill_sees_an_extend_and_matches_nb
         "the guest never finished its writes:\n{}",
         r.console().console
     );
+    if kind == Kind::Local {
+        // The frontend that reconnected has a ring for each of its queues.
+        let pid = srv.child.as_ref().unwrap().id();
+        let rings = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter(|f| {
+                let l = std::fs::read_link(f.as_ref().unwrap().path());
+                l.is_ok_and(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+            })
+            .count();
+        assert_eq!(rings, 2, "io_uring instances of the server");
+    }
     s.ok(&["extend", "disk", "--size", "384M"]);
     let b = r.finish();
     assert_eq!(b.lines("EXTENDED"), ["786432"], "{}", b.console);

@@ -87,7 +87,6 @@ pub mod fuzzing;
 mod handshake;
 mod proto;
 mod readahead;
-mod ring_reads;
 mod tls;
 mod transmission;
 

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
+use strata_block::ring::Issue;
+use strata_block::ring_reads::{self, Reaper, RingReads};
 use strata_block::{
     check_range, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
 };
@@ -18,9 +20,21 @@ use strata_block::{
 use crate::handshake::{discard, io_invalid, negotiate, Context};
 use crate::proto::*;
 use crate::readahead::{Plan, Prefetcher};
-use crate::ring_reads::{Pending, Reaper, RingReads};
 use crate::tls::Link;
 use crate::{NbdStream, Refusal, Shared};
+
+/// Submission slots of a connection's ring.
+const RING_ENTRIES: u32 = 128;
+
+/// A READ in the ring: the request, the buffer its data goes into, and
+/// what the connection's admission charged.
+struct RingRead {
+    req: Request,
+    data: AlignedBuf,
+    cost: u64,
+}
+
+type Pending = ring_reads::Pending<RingRead>;
 
 /// Receive buffer of the reader: batches small pipelined requests.
 const READ_BUFFER_BYTES: usize = 128 * 1024;
@@ -120,10 +134,7 @@ fn serve_inner<S: NbdStream>(
     let _reaper = match &conn.ring {
         Some(r) => {
             let c = conn.clone();
-            let spawned = thread::Builder::new()
-                .name("nbd-reap".into())
-                .spawn(move || c.reap_loop());
-            Some(Reaper(Some(spawned?), r.clone()))
+            Some(Reaper::spawn("nbd-reap", r.clone(), move || c.reap_loop())?)
         }
         None => None,
     };
@@ -197,15 +208,15 @@ struct Conn<S> {
     /// Started with the first hint.
     prefetcher: Mutex<Option<Prefetcher>>,
     /// READs through an io_uring (`ServerOptions::ring_reads`).
-    ring: Option<Arc<RingReads>>,
+    ring: Option<Arc<RingReads<RingRead>>>,
 }
 
 /// A connection's ring, when asked for and available.
-fn ring(shared: &Shared) -> Option<Arc<RingReads>> {
+fn ring(shared: &Shared) -> Option<Arc<RingReads<RingRead>>> {
     if !shared.opts.ring_reads {
         return None;
     }
-    match RingReads::new() {
+    match RingReads::new(RING_ENTRIES, Issue::Inline) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
@@ -608,7 +619,7 @@ impl<S: NbdStream> Conn<S> {
     /// a worker then serves it. Never waits for the gate while reads of
     /// this connection are in the ring (they may hold it): a busy device
     /// is asked again once they are in.
-    fn ring_read(&self, ring: &RingReads, req: Request, cost: u64) -> io::Result<bool> {
+    fn ring_read(&self, ring: &RingReads<RingRead>, req: Request, cost: u64) -> io::Result<bool> {
         let mut data = self.take_buffer(req.len as usize);
         let mut planned = self.dev.plan_read(&mut data, req.offset, false);
         if let Some(Ok(Planned::Busy)) = planned {
@@ -619,7 +630,14 @@ impl<S: NbdStream> Conn<S> {
         match planned {
             Some(Ok(Planned::Plan(plan))) => {
                 self.read_ahead(&req);
-                if let Some(p) = ring.start(req, data, plan, cost) {
+                // The buffer's memory does not move with the `AlignedBuf`
+                // that owns it: the pointer stays good while it waits in
+                // the ring (and nothing else touches it meanwhile).
+                let dest = data.as_mut_ptr();
+                let read = RingRead { req, data, cost };
+                // SAFETY: as said above; `read` owns the buffer until the
+                // read is handed back.
+                if let Some(p) = unsafe { ring.start(read, dest, plan) } {
                     self.finish_ring_read(p);
                 }
                 Ok(true)
@@ -640,7 +658,7 @@ impl<S: NbdStream> Conn<S> {
     /// The reaping thread of the ring.
     fn reap_loop(&self) {
         let ring = self.ring.as_ref().expect("a reaper has a ring");
-        if let Err(e) = ring.reap(|p| self.finish_ring_read(p)) {
+        if let Err(e) = ring.reap(|p| self.finish_ring_read(p), || {}) {
             tracing::error!("NBD: the connection's ring failed: {e}; dropping the connection");
             self.mark_broken(&e);
         }
@@ -649,11 +667,12 @@ impl<S: NbdStream> Conn<S> {
     /// A read's pieces are in (or failed): release what it held, then answer.
     fn finish_ring_read(&self, mut p: Pending) {
         p.plan.finish(p.failed.is_none());
+        let RingRead { req, data, cost } = &p.ctx;
         if !self.broken.load(Ordering::Relaxed) {
             let r = match p.failed {
-                None => self.send_read(&p.req, &p.data, &p.plan.fill),
+                None => self.send_read(req, data, &p.plan.fill),
                 Some(errno) => self.reply_error(
-                    &p.req,
+                    req,
                     wire_errno(errno),
                     &format!("reading the disk: {}", io::Error::from_raw_os_error(errno)),
                 ),
@@ -662,8 +681,15 @@ impl<S: NbdStream> Conn<S> {
                 self.mark_broken(&e);
             }
         }
-        self.recycle(std::mem::replace(&mut p.data, AlignedBuf::zeroed(0)));
-        self.finished(p.cost);
+        let cost = *cost;
+        let data = std::mem::replace(&mut p.ctx.data, AlignedBuf::zeroed(0));
+        if p.abandoned {
+            // The kernel may still write into it.
+            std::mem::forget(data);
+        } else {
+            self.recycle(data);
+        }
+        self.finished(cost);
     }
 
     /// Read-ahead along what the client was told it reads next.

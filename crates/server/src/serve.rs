@@ -53,7 +53,8 @@ pub struct ServeConfig {
     pub direct_io: bool,
     /// Threads per client connection; None: the transport's default.
     pub io_threads: Option<u16>,
-    /// `--aio io_uring`: NBD READs under `--cache none` through a ring.
+    /// `--aio io_uring`: reads under `--cache none` (NBD and
+    /// vhost-user-blk) through a ring.
     pub aio_uring: bool,
     /// The dashboard, API and metrics on this address.
     pub http: Option<String>,
@@ -1297,6 +1298,7 @@ fn listen_vhost(
             queues: args.vhost_queues,
             serial: disk.chars().take(20).collect(),
             io_threads: io_threads(args, 0),
+            ring_reads: args.aio_uring && args.direct_io,
             ..Default::default()
         };
         private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))

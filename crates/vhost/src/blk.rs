@@ -7,15 +7,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use strata_block::{BlockDevice, SECTOR_BYTES};
+use strata_block::ring::Issue;
+use strata_block::ring_reads::{Pending, RingReads};
+use strata_block::{BlockDevice, Planned, SECTOR_BYTES};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{feature, offset, BlkConfig};
 use crate::request::{self, Desc, Limits, Malformed, ID_BYTES};
@@ -25,6 +28,8 @@ use crate::Options;
 const MAX_RANGE_SECTORS: u32 = 1 << 21;
 /// Most ranges in one discard / write-zeroes request.
 const MAX_RANGES: u32 = 64;
+/// Submission slots of a queue's ring.
+const RING_ENTRIES: u32 = 128;
 
 /// One frontend connection's device. Workers (one per queue) share it.
 pub struct BlkDevice {
@@ -49,6 +54,84 @@ pub struct BlkDevice {
     /// restarts the queue at the used index and the requests are not
     /// carried out again.
     signalled: Vec<AtomicBool>,
+    /// With `Options::ring_reads`, per queue: the ring its reads go
+    /// through (None where io_uring cannot be set up).
+    rings: Vec<Option<QueueRing>>,
+}
+
+/// A queue's io_uring. Its worker queues the reads a kick brings in and
+/// submits them together; the kernel's io-wq threads issue them
+/// ([`Issue::Worker`]: the worker takes requests about one per kick, and
+/// issuing each inline would serialize them behind the device's doorbell);
+/// completions signal `done`, which wakes the same worker (an event of its
+/// epoll loop) to return them. No thread of ours is handed a request.
+struct QueueRing {
+    reads: RingReads<RingRead>,
+    done: EventFd,
+}
+
+impl QueueRing {
+    /// None where io_uring cannot be set up (warned once): the queue then
+    /// reads as without it.
+    fn new() -> Option<QueueRing> {
+        let made = RingReads::new(RING_ENTRIES, Issue::Worker).and_then(|reads| {
+            let done = EventFd::new(libc::EFD_NONBLOCK)?;
+            use std::os::fd::AsRawFd;
+            reads.register_eventfd(done.as_raw_fd())?;
+            Ok(QueueRing { reads, done })
+        });
+        match made {
+            Ok(r) => Some(r),
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!("vhost-user-blk: no io_uring ({e}); reads are served without it")
+                });
+                None
+            }
+        }
+    }
+}
+
+/// A read in a queue's ring.
+struct RingRead {
+    /// Keeps the guest memory the data goes to mapped until the read is
+    /// handed back (even if the frontend sends a new memory table).
+    mem: Arc<GuestMemoryMmap>,
+    vring: VringRwLock,
+    head: u16,
+    status_at: GuestAddress,
+    len: u32,
+}
+
+/// Write the status of a read that went through a ring and return it used
+/// (the caller signals the guest once per batch).
+fn finish_ring_read(mut p: Pending<RingRead>) {
+    let ok = p.failed.is_none();
+    p.plan.finish(ok);
+    let r = &p.ctx;
+    if let Some(errno) = p.failed {
+        tracing::debug!(
+            "virtio-blk read failed: {}",
+            io::Error::from_raw_os_error(errno)
+        );
+    }
+    let st = if ok {
+        request::status::OK
+    } else {
+        request::status::IOERR
+    };
+    let written = match r.mem.write_slice(&[st], r.status_at) {
+        Ok(()) if ok => r.len.saturating_add(1),
+        _ => 1,
+    };
+    if let Err(e) = r.vring.add_used(r.head, written) {
+        tracing::debug!("vhost-user-blk: request {} not returned: {e:?}", r.head);
+    }
+    if p.abandoned {
+        // The kernel may still write into this memory: keep it mapped.
+        std::mem::forget(p.ctx.mem.clone());
+    }
 }
 
 type Task = Box<dyn FnOnce() + Send>;
@@ -184,6 +267,9 @@ impl BlkDevice {
     pub fn new(dev: Arc<dyn BlockDevice>, opts: Options) -> Self {
         let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
         let signalled = (0..opts.queues).map(|_| AtomicBool::new(false)).collect();
+        let rings = (0..opts.queues)
+            .map(|_| opts.ring_reads.then(QueueRing::new).flatten())
+            .collect();
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
         id[..n].copy_from_slice(&opts.serial.as_bytes()[..n]);
@@ -200,6 +286,7 @@ impl BlkDevice {
             id,
             pool,
             signalled,
+            rings,
             limits: Limits {
                 max_discard_sectors: MAX_RANGE_SECTORS,
                 max_discard_seg: MAX_RANGES,
@@ -234,10 +321,11 @@ impl BlkDevice {
 
     /// Take every available request of `vring`, carry it out, return it
     /// used; `Ok(true)` if anything was returned.
-    fn process(&self, vring: &VringRwLock) -> io::Result<bool> {
+    fn process(&self, queue: usize, vring: &VringRwLock) -> io::Result<bool> {
         let atomic = self.mem.lock().unwrap().clone();
         let mem = atomic.memory();
         let mut used = false;
+        let ring = self.rings.get(queue).and_then(Option::as_ref);
         let mut descs: Vec<Desc> = Vec::with_capacity(8);
         loop {
             let next = vring
@@ -252,7 +340,15 @@ impl BlkDevice {
                 len: d.len(),
                 write_only: d.is_write_only(),
             }));
-            let written = match request::parse(&mem, &descs) {
+            let parsed = request::parse(&mem, &descs);
+            if let (Some(ring), Ok(req)) = (ring, &parsed) {
+                let shared = mem.clone().into_inner();
+                if let Some(returned) = self.ring_read(ring, &shared, req, head, vring)? {
+                    used |= returned;
+                    continue;
+                }
+            }
+            let written = match parsed {
                 Ok(req) if self.pool.is_some() => {
                     // Run it on the pool; it returns itself used.
                     let pool = self.pool.as_ref().expect("checked");
@@ -293,7 +389,6 @@ impl BlkDevice {
                 }
                 Err(Malformed::Bad(at, why)) => {
                     tracing::warn!("vhost-user-blk: request {head} refused: {why}");
-                    use vm_memory::Bytes;
                     match mem.write_slice(&[request::status::IOERR], at) {
                         Ok(()) => 1,
                         Err(_) => 0,
@@ -305,11 +400,130 @@ impl BlkDevice {
                 .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
             used = true;
         }
+        // The reads this batch queued start now, with one system call;
+        // any already in go back with this batch's signal.
+        if let Some(r) = ring {
+            r.reads.submit()?;
+            r.reads.reap_ready(
+                |p| {
+                    finish_ring_read(p);
+                    used = true;
+                },
+                || {},
+            )?;
+        }
         Ok(used)
+    }
+
+    /// A read through the ring: plan it, queue its pieces (returned used
+    /// once they are in). None when the device does not plan this read
+    /// (the caller carries it out as any other); else whether anything
+    /// was returned used now (it, or reads this waited for). Never waits
+    /// for the device's gate while this queue's reads are in the ring
+    /// (they may hold it): a busy device is asked again once they are in.
+    fn ring_read(
+        &self,
+        ring: &QueueRing,
+        mem: &Arc<GuestMemoryMmap>,
+        req: &request::Parsed,
+        head: u16,
+        vring: &VringRwLock,
+    ) -> io::Result<Option<bool>> {
+        let Some((ptr, len, off)) =
+            request::single_read(mem, self.dev.size_bytes(), req, &self.limits)
+        else {
+            return Ok(None);
+        };
+        // SAFETY: the view lies in guest memory, kept mapped by `mem` (the
+        // caller's load of the memory table) now and by the read's
+        // context while it is in the ring; the guest does not touch a
+        // buffer it handed over until the request is returned (and if it
+        // does, only its own data changes).
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        let mut planned = self.dev.plan_read(buf, off, false);
+        let mut returned = false;
+        if let Some(Ok(Planned::Busy)) = planned {
+            ring.reads.submit()?;
+            ring.reads.reap_until_idle(
+                |p| {
+                    finish_ring_read(p);
+                    returned = true;
+                },
+                || {},
+            )?;
+            planned = self.dev.plan_read(buf, off, true);
+        }
+        let read = RingRead {
+            mem: mem.clone(),
+            vring: vring.clone(),
+            head,
+            status_at: req.status_at,
+            len: len as u32,
+        };
+        match planned {
+            Some(Ok(Planned::Plan(plan))) => {
+                // SAFETY: as above; `read.mem` keeps the memory mapped.
+                if let Some(p) = unsafe { ring.reads.start(read, ptr, plan) } {
+                    finish_ring_read(p);
+                    returned = true;
+                }
+                Ok(Some(returned))
+            }
+            Some(Err(e)) => {
+                tracing::debug!("virtio-blk request failed: {e}");
+                let _ = mem.write_slice(&[request::status::IOERR], req.status_at);
+                vring
+                    .add_used(head, 1)
+                    .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
+                Ok(Some(true))
+            }
+            None | Some(Ok(Planned::Busy)) => {
+                // Not planned after all (the caller carries it out); reads
+                // that went back meanwhile are signalled now.
+                if returned {
+                    self.signal(vring)?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     fn signal(&self, vring: &VringRwLock) -> io::Result<()> {
         signal(vring, self.event_idx.load(Ordering::Relaxed))
+    }
+
+    /// The epoll event number of the rings' completions (past the queues'
+    /// and the exit event's, as vhost-user-backend asks).
+    pub fn ring_event(&self) -> u64 {
+        u64::from(self.opts.queues) + 1
+    }
+
+    /// The eventfd `queue`'s ring signals at each completion, to register
+    /// with that queue's worker (None without a ring).
+    pub fn ring_eventfd(&self, queue: usize) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.rings.get(queue)?.as_ref()?.done.as_raw_fd())
+    }
+
+    /// Return the reads of `queue`'s ring that are in, and signal them.
+    fn reap_ring(&self, queue: usize, vrings: &[VringRwLock]) -> io::Result<()> {
+        let Some(Some(r)) = self.rings.get(queue) else {
+            return Ok(());
+        };
+        // Consumed first: a completion posted from here on signals again.
+        let _ = r.done.read();
+        let mut returned = false;
+        r.reads.reap_ready(
+            |p| {
+                finish_ring_read(p);
+                returned = true;
+            },
+            || {},
+        )?;
+        match vrings.first() {
+            Some(v) if returned => self.signal(v),
+            _ => Ok(()),
+        }
     }
 
     /// Wait for every request handed to the I/O threads to finish (the
@@ -317,6 +531,13 @@ impl BlkDevice {
     pub fn drain(&self) {
         if let Some(p) = &self.pool {
             p.drain();
+        }
+        // The queue workers are gone: what is left in the rings is
+        // reaped here (and not signalled: the frontend went away).
+        for r in self.rings.iter().flatten() {
+            if let Err(e) = r.reads.reap_until_idle(finish_ring_read, || {}) {
+                tracing::error!("vhost-user-blk: a queue's io_uring failed: {e}");
+            }
         }
     }
 }
@@ -370,9 +591,13 @@ impl VhostUserBackend for BlkDevice {
 
     /// GET_VRING_BASE: the frontend stops the queue and will read its
     /// used index; every request taken from it must be returned first.
-    fn stop_vring(&self, _queue_index: u32) -> io::Result<()> {
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         if let Some(p) = &self.pool {
             drop(p.wait_idle());
+        }
+        // The queue's worker reaps its ring's reads as they complete.
+        if let Some(Some(r)) = self.rings.get(queue_index as usize) {
+            r.reads.wait_idle();
         }
         Ok(())
     }
@@ -425,12 +650,19 @@ impl VhostUserBackend for BlkDevice {
         device_event: u16,
         evset: EventSet,
         vrings: &[VringRwLock],
-        _thread_id: usize,
+        thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
             return Err(io::Error::other(format!(
                 "vhost-user-blk: unexpected event set {evset:?}"
             )));
+        }
+        // One queue per worker thread (`queues_per_thread`): the thread's
+        // index is the queue's, and its queue is `vrings[0]` (events are
+        // numbered within the thread).
+        let queue = thread_id;
+        if u64::from(device_event) == self.ring_event() {
+            return self.reap_ring(queue, vrings);
         }
         let Some(vring) = vrings.get(device_event as usize) else {
             return Err(io::Error::other(format!(
@@ -445,7 +677,7 @@ impl VhostUserBackend for BlkDevice {
                 vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("{e:?}")))?;
-                if self.process(vring)? {
+                if self.process(queue, vring)? {
                     self.signal(vring)?;
                 }
                 let more = vring
@@ -455,12 +687,12 @@ impl VhostUserBackend for BlkDevice {
                     break;
                 }
             }
-        } else if self.process(vring)? {
+        } else if self.process(queue, vring)? {
             self.signal(vring)?;
         }
         let first = self
             .signalled
-            .get(device_event as usize)
+            .get(queue)
             .is_some_and(|s| !s.swap(true, Ordering::Relaxed));
         if first {
             // Returned before a crash of the backend that served this

@@ -9,7 +9,11 @@
 //! kick it pops every available descriptor chain, turns the chain's guest
 //! addresses into host slices and hands them to the device's vectored
 //! calls ([`BlockDevice::readv_at`], [`BlockDevice::writev_at`]): no copy
-//! through a socket. A request of one segment is read from the pool file
+//! through a socket. With [`Options::ring_reads`] (`--cache none`), a read
+//! into one guest buffer that the device plans for direct I/O goes through
+//! the queue's io_uring instead, and the same worker returns it when the
+//! ring's eventfd says it is in (ARCHITECTURE.md, "Direct I/O through
+//! io_uring"). A request of one segment is read from the pool file
 //! straight into the guest's buffer (and written from it); the engine
 //! does not override the vectored calls yet, so a request of several
 //! segments goes through one bounce buffer. The status byte goes back, the chain goes on the used
@@ -91,6 +95,12 @@ pub struct Options {
     /// fastest when the disk answers from the page cache; with direct
     /// I/O, use about the queue depth the guest keeps).
     pub io_threads: usize,
+    /// Reads that the device plans for direct I/O (`--cache none`) go
+    /// through one io_uring per queue: those a kick brings in start with
+    /// one system call, and a thread per queue returns them as they
+    /// complete. Other requests, and reads the device does not plan, run
+    /// as without it.
+    pub ring_reads: bool,
 }
 
 impl Default for Options {
@@ -102,6 +112,7 @@ impl Default for Options {
             max_segment_bytes: 1 << 20,
             serial: String::new(),
             io_threads: 0,
+            ring_reads: false,
         }
     }
 }
@@ -265,6 +276,12 @@ fn serve_one(
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let mut daemon = VhostUserDaemon::new("vhost-blk".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(e.to_string()))?;
+    // Each queue's worker also returns the reads of its queue's ring.
+    for (q, h) in daemon.get_epoll_handlers().iter().enumerate() {
+        if let Some(fd) = backend.ring_eventfd(q) {
+            h.register_listener(fd, vmm_sys_util::epoll::EventSet::IN, backend.ring_event())?;
+        }
+    }
     let (inner, to_daemon) = relay::private_pair()?;
     daemon
         .start(&mut Listener::from(inner))

@@ -220,6 +220,30 @@ impl Views {
     }
 }
 
+/// A read that lands in one host-contiguous buffer and passes every
+/// check [`execute`] makes: (buffer, length, disk offset in bytes), for a
+/// transport that carries it out itself (through an io_uring). None for
+/// any other request, including one `execute` would refuse.
+pub fn single_read(
+    mem: &GuestMemoryMmap,
+    size: u64,
+    req: &Parsed,
+    limits: &Limits,
+) -> Option<(*mut u8, usize, u64)> {
+    if req.kind != kind::IN {
+        return None;
+    }
+    let v = Views::of(mem, &req.inp)?;
+    let [(ptr, len)] = v.ptrs[..] else {
+        return None;
+    };
+    let off = req.sector.checked_mul(SECTOR_BYTES)?;
+    let fits = (len as u64) <= limits.max_data_bytes && len <= u32::MAX as usize;
+    let in_disk = off.checked_add(len as u64).is_some_and(|e| e <= size);
+    (fits && in_disk && len > 0 && (len as u64).is_multiple_of(SECTOR_BYTES))
+        .then_some((ptr, len, off))
+}
+
 /// What carrying out a request gave: the status and the bytes written
 /// into guest memory (for the used ring's `len`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,7 +36,7 @@ fn setup(target: &str, opts: Options) -> Setup {
     Datastore::init(backend.clone(), &Default::default()).unwrap();
     // I/O threads are for direct I/O: test them with it.
     let open = OpenOptions {
-        direct_io: opts.io_threads > 0,
+        direct_io: opts.io_threads > 0 || opts.ring_reads,
         ..OpenOptions::default()
     };
     let ds = Datastore::open(backend, &open, None).unwrap();
@@ -81,6 +81,23 @@ fn threaded() -> Options {
     }
 }
 
+/// As a server with `--cache none --aio io_uring` runs (the default):
+/// reads through a ring per queue, other requests on I/O threads.
+fn ringed() -> Options {
+    Options {
+        ring_reads: true,
+        ..threaded()
+    }
+}
+
+/// Whether this process has an io_uring open.
+fn has_io_uring() -> bool {
+    std::fs::read_dir("/proc/self/fd").unwrap().any(|f| {
+        std::fs::read_link(f.unwrap().path())
+            .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+    })
+}
+
 /// A request with the header and status in descriptors of their own and
 /// the data in `segs`; returns (status, used len).
 fn request(
@@ -119,6 +136,11 @@ fn reads_writes_flush_discard_and_zeroes_reach_the_engine() {
 #[test]
 fn reads_writes_flush_discard_and_zeroes_reach_the_engine_on_io_threads() {
     reads_writes_flush_discard_and_zeroes_reach_the_engine_with(threaded());
+}
+
+#[test]
+fn reads_writes_flush_discard_and_zeroes_reach_the_engine_through_io_uring() {
+    reads_writes_flush_discard_and_zeroes_reach_the_engine_with(ringed());
 }
 
 fn reads_writes_flush_discard_and_zeroes_reach_the_engine_with(o: Options) {
@@ -281,6 +303,11 @@ fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_on_io_thr
     malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(threaded());
 }
 
+#[test]
+fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_through_io_uring() {
+    malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(ringed());
+}
+
 fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(o: Options) {
     let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 1, 0);
@@ -365,6 +392,11 @@ fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_on_io_threads() {
     queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(threaded());
 }
 
+#[test]
+fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_through_io_uring() {
+    queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(ringed());
+}
+
 fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(o: Options) {
     let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 2, 0);
@@ -389,6 +421,29 @@ fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(o: Options) {
         assert_eq!(g.read(STATUS + q as u64 * 0x400, 1)[0], 0);
     }
     assert_eq!(request(&mut g, 0, T_FLUSH, 0, &[], true).0, 0);
+    // Reads queued on both queues before waiting for any: each comes
+    // back on its own queue with the other queue's data.
+    for q in 0..2usize {
+        let b = BUF2 + q as u64 * 0x10000;
+        let h = HDR + q as u64 * 0x400;
+        g.write(h, &header(T_IN, (1 - q) as u64 * 8));
+        g.submit(
+            q,
+            &[
+                (h, 16, 0),
+                (b, 4096, F_WRITE),
+                (STATUS + q as u64 * 0x400, 1, F_WRITE),
+            ],
+        );
+    }
+    for q in 0..2usize {
+        assert_eq!(g.wait_used(q).1, 4097);
+        assert_eq!(g.read(STATUS + q as u64 * 0x400, 1)[0], 0);
+        let other = 1 - q as u64;
+        let b = BUF2 + q as u64 * 0x10000;
+        assert_eq!(g.read(b, 4096), pattern(other, 4096, other as u8));
+    }
+    assert_eq!(g.pending_used(0) + g.pending_used(1), 0);
     drop(g);
     // The socket takes the next frontend (QEMU's reconnect).
     let mut g = Guest::connect(&s.sock, 1, FEATURE_EVENT_IDX);
@@ -408,8 +463,13 @@ fn many_requests_in_flight_complete_once_each_on_io_threads() {
     many_requests_in_flight_complete_once_each_with(threaded());
 }
 
+#[test]
+fn many_requests_in_flight_complete_once_each_through_io_uring() {
+    many_requests_in_flight_complete_once_each_with(ringed());
+}
+
 fn many_requests_in_flight_complete_once_each_with(o: Options) {
-    let s = setup("d", o);
+    let s = setup("d", o.clone());
     let mut g = Guest::connect(&s.sock, 1, 0);
     // 16 writes queued at once (3 descriptors each), then 16 reads.
     let mut heads = Vec::new();
@@ -435,6 +495,46 @@ fn many_requests_in_flight_complete_once_each_with(o: Options) {
     assert_eq!(seen, heads);
     assert_eq!(g.pending_used(0), 0);
     assert_eq!(engine_read(&s.ds, 0, 65536), pattern(0, 65536, 7));
+    // 16 reads queued at once, every other one of a hole, each into its
+    // own page-aligned buffer (what the ring takes).
+    let mut heads = Vec::new();
+    for i in 0..16u64 {
+        let h = HDR + i * 16;
+        g.write(h, &header(T_IN, i * 16));
+        g.write(BUF + i * 4096, &[0xee; 4096]);
+        g.write(STATUS + i, &[0xff]);
+        heads.push(g.submit(
+            0,
+            &[
+                (h, 16, 0),
+                (BUF + i * 4096, 4096, F_WRITE),
+                (STATUS + i, 1, F_WRITE),
+            ],
+        ));
+    }
+    let mut seen = Vec::new();
+    for _ in 0..16 {
+        let (head, len) = g.wait_used(0);
+        assert_eq!(len, 4097, "data and status");
+        seen.push(head);
+    }
+    seen.sort_unstable();
+    heads.sort_unstable();
+    assert_eq!(seen, heads);
+    for i in 0..16u64 {
+        assert_eq!(g.read(STATUS + i, 1)[0], 0, "read {i}");
+        let want = if i < 8 {
+            pattern(i * 8192, 4096, 7)
+        } else {
+            vec![0; 4096]
+        };
+        assert_eq!(g.read(BUF + i * 4096, 4096), want, "read {i}");
+    }
+    if o.ring_reads {
+        // (Tests run side by side, so another test's server could answer
+        // this; each test through io_uring checks it.)
+        assert!(has_io_uring(), "the queues have rings");
+    }
 }
 
 #[test]

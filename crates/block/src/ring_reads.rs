@@ -1,0 +1,462 @@
+//! Planned reads in flight on one [`Ring`]: a transport's reader plans a
+//! read against the device ([`crate::BlockDevice::plan_read`]), queues its
+//! pieces here and submits what it has queued before it waits for its
+//! next request, so requests that arrived together reach the disk with one
+//! system call. A reaping thread takes the completions, resubmits short
+//! reads, and hands each read back once all its pieces are in; the
+//! transport then releases what it held and answers it. The NBD server
+//! (one ring per connection) and the vhost-user-blk backend (one per
+//! queue) share this. ARCHITECTURE.md, "Direct I/O through io_uring".
+
+use std::collections::HashMap;
+use std::io;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::ring::{Issue, Ring};
+use crate::ReadPlan;
+
+/// The low bits of a completion's user data: which piece of its read.
+const PIECE_BITS: u32 = 20;
+/// User data of the no-op that tells the reaping thread to end.
+const STOP: u64 = u64::MAX;
+
+/// Where a read's data goes: memory the transport keeps alive (in the
+/// read's context) until the read is handed back.
+struct Dest(*mut u8);
+
+// SAFETY: the pointer is only a destination handed to the kernel and
+// written (zeros past the end of the file) by the reaping thread; the
+// caller of `RingReads::start` vouches that nothing else touches it.
+unsafe impl Send for Dest {}
+
+/// A read whose pieces are in the ring, with the transport's context `T`
+/// (the request to answer, the buffer's owner).
+pub struct Pending<T> {
+    pub ctx: T,
+    pub plan: ReadPlan,
+    dest: Dest,
+    /// Bytes of each piece read so far (a short read is resubmitted).
+    done: Vec<usize>,
+    /// Pieces not finished yet.
+    left: usize,
+    /// The first error a piece met (an errno).
+    pub failed: Option<i32>,
+    /// The ring failed with this read's pieces maybe still under the
+    /// kernel: its destination must never be freed or reused (leak it).
+    pub abandoned: bool,
+}
+
+struct State<T> {
+    pending: HashMap<u64, Pending<T>>,
+    /// Reads taken out of `pending` and being handed back.
+    finishing: usize,
+    next: u64,
+}
+
+/// The ring of one reader and the reads in it.
+pub struct RingReads<T> {
+    ring: Ring,
+    state: Mutex<State<T>>,
+    /// Signalled when no read is in the ring or being handed back.
+    idle: Condvar,
+}
+
+impl<T: Send> RingReads<T> {
+    /// A ring of `entries` submission slots whose reads `issue` starts;
+    /// fails where io_uring is not available (the transport then reads
+    /// by itself).
+    pub fn new(entries: u32, issue: Issue) -> io::Result<RingReads<T>> {
+        Ok(RingReads {
+            ring: Ring::new(entries, issue)?,
+            state: Mutex::new(State {
+                pending: HashMap::new(),
+                finishing: 0,
+                next: 0,
+            }),
+            idle: Condvar::new(),
+        })
+    }
+
+    /// Queue the pieces of a planned read into `dest` (they start at the
+    /// next [`RingReads::submit`]). A read without pieces (all holes), or
+    /// one whose pieces could not all be queued, is given back at once
+    /// (failed, in the second case, once the pieces queued are in).
+    ///
+    /// # Safety
+    /// `dest` must point at the buffer `plan` was made for and stay valid,
+    /// untouched by anyone else, until the read is handed back (by this
+    /// call or to the reaping thread's `finish`); `ctx` may own it.
+    pub unsafe fn start(&self, ctx: T, dest: *mut u8, plan: ReadPlan) -> Option<Pending<T>> {
+        let n = plan.pieces.len();
+        let p = Pending {
+            ctx,
+            plan,
+            dest: Dest(dest),
+            done: vec![0; n],
+            left: n,
+            failed: None,
+            abandoned: false,
+        };
+        if n == 0 {
+            return Some(p);
+        }
+        let pieces = p.plan.pieces.clone();
+        let fd = p.plan.fd;
+        let token = {
+            let mut s = self.state.lock();
+            s.next = (s.next + 1) & (u64::MAX >> PIECE_BITS >> 1);
+            let token = s.next;
+            s.pending.insert(token, p);
+            token
+        };
+        for (i, piece) in pieces.iter().enumerate() {
+            // SAFETY: the caller vouches for `dest` until the read is handed
+            // back, which is after every piece's completion is reaped; the
+            // plan holds the device (and so `fd`) until it is finished.
+            let r = unsafe {
+                self.ring.push_read(
+                    fd,
+                    dest.add(piece.buf_offset),
+                    piece.len as u32,
+                    piece.file_offset,
+                    token << PIECE_BITS | i as u64,
+                )
+            };
+            if let Err(e) = r {
+                // The pieces not queued fail the read; the ones queued
+                // still complete (and finish it).
+                let mut s = self.state.lock();
+                let ended = end_pieces(&mut s.pending, token, n - i, Some(errno_of(&e)));
+                self.notify_if_idle(&s);
+                return ended;
+            }
+        }
+        None
+    }
+
+    /// Start everything queued, with one system call.
+    pub fn submit(&self) -> io::Result<()> {
+        self.ring.submit()
+    }
+
+    fn notify_if_idle(&self, s: &State<T>) {
+        if s.pending.is_empty() && s.finishing == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Wait until every read started has been handed back (and `finish`
+    /// returned for it).
+    pub fn wait_idle(&self) {
+        let mut s = self.state.lock();
+        while !s.pending.is_empty() || s.finishing > 0 {
+            self.idle.wait(&mut s);
+        }
+    }
+
+    /// Wait for the reads in the ring, then tell the reaping thread to end.
+    pub fn stop(&self) -> io::Result<()> {
+        self.wait_idle();
+        self.ring.push_nop(STOP)?;
+        self.ring.submit()
+    }
+
+    /// Have the kernel signal the eventfd `fd` at each completion, for a
+    /// transport whose own event loop reaps ([`RingReads::reap_ready`])
+    /// rather than a thread of its own.
+    pub fn register_eventfd(&self, fd: std::os::fd::RawFd) -> io::Result<()> {
+        self.ring.register_eventfd(fd)
+    }
+
+    /// The reaping thread: hand every finished read to `finish`, and call
+    /// `batch_done` after each batch of completions handed over, until
+    /// [`RingReads::stop`]. On a ring error the reads left are handed over
+    /// failed and `abandoned`, and the error returned.
+    pub fn reap(
+        &self,
+        mut finish: impl FnMut(Pending<T>),
+        mut batch_done: impl FnMut(),
+    ) -> io::Result<()> {
+        loop {
+            match self.reap_batch(true, &mut finish, &mut batch_done) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
+            }
+        }
+    }
+
+    /// Without waiting: hand over the reads whose last completion is in,
+    /// as [`RingReads::reap`] does (for an event loop woken by the
+    /// eventfd of [`RingReads::register_eventfd`]).
+    pub fn reap_ready(
+        &self,
+        mut finish: impl FnMut(Pending<T>),
+        mut batch_done: impl FnMut(),
+    ) -> io::Result<()> {
+        self.reap_batch(false, &mut finish, &mut batch_done)
+            .map(|_| ())
+            .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
+    }
+
+    /// Reap, waiting, until no read is in the ring (for a transport that
+    /// reaps in its own event loop and must see its reads in first).
+    pub fn reap_until_idle(
+        &self,
+        mut finish: impl FnMut(Pending<T>),
+        mut batch_done: impl FnMut(),
+    ) -> io::Result<()> {
+        while !self.state.lock().pending.is_empty() {
+            if let Err(e) = self.reap_batch(true, &mut finish, &mut batch_done) {
+                return Err(self.abandon(e, &mut finish, &mut batch_done));
+            }
+        }
+        Ok(())
+    }
+
+    /// The ring failed: hand over the reads left, failed and abandoned.
+    fn abandon(
+        &self,
+        e: io::Error,
+        finish: &mut impl FnMut(Pending<T>),
+        batch_done: &mut impl FnMut(),
+    ) -> io::Error {
+        let left: Vec<Pending<T>> = {
+            let mut s = self.state.lock();
+            let left: Vec<_> = s.pending.drain().map(|(_, p)| p).collect();
+            s.finishing += left.len();
+            left
+        };
+        let n = left.len();
+        for mut p in left {
+            p.failed.get_or_insert(libc::EIO);
+            p.abandoned = true;
+            finish(p);
+        }
+        batch_done();
+        let mut s = self.state.lock();
+        s.finishing -= n;
+        self.notify_if_idle(&s);
+        e
+    }
+
+    /// Take the completions in (waiting for one with `wait`), queue short
+    /// reads again, hand over the reads that are over; `Ok(true)` once the
+    /// stop no-op was seen.
+    fn reap_batch(
+        &self,
+        wait: bool,
+        finish: &mut impl FnMut(Pending<T>),
+        batch_done: &mut impl FnMut(),
+    ) -> io::Result<bool> {
+        let mut stop = false;
+        let mut finished = Vec::new();
+        // Short reads to queue again: (user data, fd, where, length, file offset).
+        let mut again: Vec<(u64, i32, *mut u8, u32, u64)> = Vec::new();
+        let n = self.ring.reap_some(wait, |ud, res| {
+            if ud == STOP {
+                stop = true;
+                return;
+            }
+            let token = ud >> PIECE_BITS;
+            let i = (ud & ((1 << PIECE_BITS) - 1)) as usize;
+            let mut s = self.state.lock();
+            let Some(p) = s.pending.get_mut(&token) else {
+                tracing::error!("io_uring: a completion for no pending read ({ud:#x})");
+                return;
+            };
+            let piece = p.plan.pieces[i];
+            let rest = piece.len - p.done[i];
+            // SAFETY: a piece lies inside the destination, and `done`
+            // is less than its length.
+            let at = unsafe { p.dest.0.add(piece.buf_offset + p.done[i]) };
+            let mut failed = None;
+            let piece_over = match res {
+                r if r < 0 => {
+                    failed = Some(-r);
+                    true
+                }
+                // Past the end of the file: reads as zeros, as
+                // `Storage::read_at` does.
+                0 => {
+                    // SAFETY: `at[..rest]` is the piece's unread part,
+                    // ours until the read is handed back.
+                    unsafe { at.write_bytes(0, rest) };
+                    true
+                }
+                r if (r as usize) < rest => {
+                    let r = r as usize;
+                    p.done[i] += r;
+                    // SAFETY: still inside the piece (r < rest).
+                    let ptr = unsafe { at.add(r) };
+                    let offset = piece.file_offset + p.done[i] as u64;
+                    again.push((ud, p.plan.fd, ptr, (rest - r) as u32, offset));
+                    false
+                }
+                _ => true,
+            };
+            if piece_over {
+                finished.extend(end_pieces(&mut s.pending, token, 1, failed));
+            }
+        })?;
+        if n == 0 {
+            return Ok(stop);
+        }
+        for (ud, fd, ptr, len, offset) in again.drain(..) {
+            // SAFETY: as in `start`: the destination is ours until this
+            // piece's last completion.
+            if let Err(e) = unsafe { self.ring.push_read(fd, ptr, len, offset, ud) } {
+                // The piece fails; its read is answered with the error.
+                let mut s = self.state.lock();
+                let token = ud >> PIECE_BITS;
+                finished.extend(end_pieces(&mut s.pending, token, 1, Some(errno_of(&e))));
+            }
+        }
+        // The short reads queued again start together.
+        self.ring.submit()?;
+        if !finished.is_empty() {
+            let n = finished.len();
+            self.state.lock().finishing += n;
+            for p in finished.drain(..) {
+                finish(p);
+            }
+            batch_done();
+            let mut s = self.state.lock();
+            s.finishing -= n;
+            self.notify_if_idle(&s);
+        }
+        Ok(stop)
+    }
+}
+
+/// `count` pieces of read `token` are over (failed with `errno`, if
+/// given): the read, once its last piece is, taken out of `pending`.
+fn end_pieces<T>(
+    pending: &mut HashMap<u64, Pending<T>>,
+    token: u64,
+    count: usize,
+    errno: Option<i32>,
+) -> Option<Pending<T>> {
+    let p = pending.get_mut(&token)?;
+    if let Some(e) = errno {
+        p.failed.get_or_insert(e);
+    }
+    p.left -= count;
+    if p.left == 0 {
+        pending.remove(&token)
+    } else {
+        None
+    }
+}
+
+/// The errno of an I/O error (EIO when it has none).
+pub fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// A reaping thread, told to end and joined on drop (after the reads in
+/// its ring are handed back).
+pub struct Reaper<T: Send> {
+    thread: Option<std::thread::JoinHandle<()>>,
+    reads: std::sync::Arc<RingReads<T>>,
+}
+
+impl<T: Send + 'static> Reaper<T> {
+    /// Start a thread named `name` that runs `body` (which should call
+    /// [`RingReads::reap`] on `reads`).
+    pub fn spawn(
+        name: &str,
+        reads: std::sync::Arc<RingReads<T>>,
+        body: impl FnOnce() + Send + 'static,
+    ) -> io::Result<Reaper<T>> {
+        let thread = std::thread::Builder::new().name(name.into()).spawn(body)?;
+        Ok(Reaper {
+            thread: Some(thread),
+            reads,
+        })
+    }
+}
+
+impl<T: Send> Drop for Reaper<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.reads.stop() {
+            tracing::error!("io_uring: cannot stop a ring's reaping thread: {e}");
+            return;
+        }
+        if let Some(h) = self.thread.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AlignedBuf, FilePiece, ReadFill};
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+
+    #[test]
+    fn pieces_come_back_as_one_read_each_with_the_tail_past_eof_zeroed() {
+        let Ok(reads) = RingReads::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
+            eprintln!("io_uring is not available here: skipped");
+            return;
+        };
+        let reads = Arc::new(reads);
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..40 * 1024u32).map(|i| (i % 251) as u8 + 1).collect();
+        f.write_all(&data).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let batches = Arc::new(Mutex::new(0usize));
+        let (r2, g2, b2) = (reads.clone(), got.clone(), batches.clone());
+        let reaper = Reaper::spawn("test-reap", reads.clone(), move || {
+            r2.reap(|p| g2.lock().push((p.ctx, p.failed)), || *b2.lock() += 1)
+                .unwrap()
+        })
+        .unwrap();
+        // Six reads of two pieces each (the second half of the buffer from
+        // 8 KiB further on); the last ones run past the end of the file.
+        for k in 0..6usize {
+            let mut buf = AlignedBuf::zeroed(8192);
+            buf.fill(0xee);
+            let dest = buf.as_mut_ptr();
+            let plan = ReadPlan {
+                fd: f.as_raw_fd(),
+                pieces: vec![
+                    FilePiece {
+                        buf_offset: 0,
+                        file_offset: k as u64 * 8192,
+                        len: 4096,
+                    },
+                    FilePiece {
+                        buf_offset: 4096,
+                        file_offset: k as u64 * 8192 + 8192,
+                        len: 4096,
+                    },
+                ],
+                fill: ReadFill::all_data(8192),
+                holds: Vec::new(),
+            };
+            // SAFETY: `buf` moves into the context; its memory does not move.
+            assert!(unsafe { reads.start((k, buf), dest, plan) }.is_none());
+        }
+        reads.submit().unwrap();
+        reads.wait_idle();
+        drop(reaper);
+        let mut got = std::mem::take(&mut *got.lock());
+        got.sort_by_key(|((k, _), _)| *k);
+        assert_eq!(got.len(), 6);
+        assert!(*batches.lock() >= 1);
+        for ((k, buf), failed) in got {
+            assert_eq!(failed, None);
+            for (half, file_at) in [(0, k * 8192), (4096, k * 8192 + 8192)] {
+                let want: Vec<u8> = (file_at..file_at + 4096)
+                    .map(|i| data.get(i).copied().unwrap_or(0))
+                    .collect();
+                assert_eq!(&buf[half..half + 4096], &want[..], "read {k} at {half}");
+            }
+        }
+    }
+}
