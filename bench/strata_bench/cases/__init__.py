@@ -16,6 +16,7 @@ from .fragmentation import case_fragmentation
 from .matrix import case_matrix
 from .move import case_move
 from .multihost import case_compaction, case_multihost
+from .queues import case_queues
 from .reclaim import case_reclaim
 from .rss import case_rss
 from .simple import case_simple
@@ -50,6 +51,7 @@ CASES = {
     "fragmentation": case_fragmentation,
     "vhost": case_vhost,
     "cachenone": case_cachenone,
+    "queues": case_queues,
     "multihost": case_multihost,
     "compaction": case_compaction,
     "move": case_move,

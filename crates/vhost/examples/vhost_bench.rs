@@ -1,14 +1,18 @@
 //! A vhost-user-blk load generator for benchmarks: the test frontend
-//! (tests/common) keeps `--iodepth` requests in flight on one queue of any
-//! vhost-user-blk backend (strata's, qemu-storage-daemon's) and prints one
-//! JSON line: operations, IOPS, MiB/s. It waits for completions the way a
-//! guest does (the call eventfd, EVENT_IDX asking for every completion),
-//! so the backend's notification path is part of what is measured.
+//! (tests/common) keeps `--iodepth` requests in flight on each of one or
+//! more queues of any vhost-user-blk backend (strata's,
+//! qemu-storage-daemon's) and prints one JSON line: operations, IOPS,
+//! MiB/s. It waits for completions the way a guest does (the call
+//! eventfds, EVENT_IDX asking for every completion), so the backend's
+//! notification path is part of what is measured. One thread drives
+//! every queue, as one vCPU would.
 //!
-//! vhost_bench SOCKET RW BS IODEPTH SECONDS [flush]
+//! vhost_bench SOCKET RW BS IODEPTH SECONDS [flush] [queues=N]
 //!   RW: randread | randwrite | read | write
+//!   IODEPTH: requests in flight per queue
 //!   flush: end with a FLUSH, counted in the time and the rates (a
 //!   durable figure, like fio's end_fsync)
+//!   queues=N: drive N queues (default 1); the backend must offer them
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -19,12 +23,25 @@ use common::*;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let flush_at_end = a.len() == 7 && a[6] == "flush";
-    if a.len() != 6 && !flush_at_end {
+    let usage = || -> ! {
         eprintln!(
-            "usage: vhost_bench SOCKET randread|randwrite|read|write BS IODEPTH SECONDS [flush]"
+            "usage: vhost_bench SOCKET randread|randwrite|read|write BS IODEPTH SECONDS [flush] [queues=N]"
         );
         std::process::exit(2);
+    };
+    if a.len() < 6 {
+        usage();
+    }
+    let mut flush_at_end = false;
+    let mut nq: u16 = 1;
+    for extra in &a[6..] {
+        match extra.as_str() {
+            "flush" => flush_at_end = true,
+            q if q.starts_with("queues=") => {
+                nq = q["queues=".len()..].parse().unwrap_or_else(|_| usage());
+            }
+            _ => usage(),
+        }
     }
     let sock = std::path::Path::new(&a[1]);
     let rw = a[2].as_str();
@@ -39,22 +56,29 @@ fn main() {
         "IODEPTH: 1 to {}",
         QSIZE / 3
     );
+    assert!(nq >= 1, "queues: at least 1");
+    let slots = u64::from(depth) * u64::from(nq);
     assert!(
-        DATA_BASE + 0x10000 + u64::from(depth) * bs <= MEM_BYTES as u64,
-        "BS x IODEPTH too large"
+        DATA_BASE + 0x10000 + slots * bs <= MEM_BYTES as u64 && slots * 32 <= 0x10000,
+        "BS x IODEPTH x queues too large"
     );
 
-    let mut g = Guest::connect(sock, 1, 0);
+    let mut g = Guest::connect(sock, nq, 0);
     let cap = g.capacity_sectors() * 512;
     let blocks = cap / bs;
     assert!(blocks > 0, "disk smaller than one block");
-    // Per slot: header and status in the first page area, data after.
-    let hdr = |s: u16| DATA_BASE + u64::from(s) * 32;
-    let st = |s: u16| DATA_BASE + u64::from(s) * 32 + 16;
-    let buf = |s: u16| DATA_BASE + 0x10000 + u64::from(s) * bs;
+    // Per slot (queue q, request s of it): header and status in the first
+    // 64 KiB, data after.
+    let slot = |q: usize, s: u16| q as u64 * u64::from(depth) + u64::from(s);
+    let hdr = |q: usize, s: u16| DATA_BASE + slot(q, s) * 32;
+    let st = |q: usize, s: u16| DATA_BASE + slot(q, s) * 32 + 16;
+    let buf = |q: usize, s: u16| DATA_BASE + 0x10000 + slot(q, s) * bs;
+    let queues: Vec<usize> = (0..nq as usize).collect();
     if write {
-        for s in 0..depth {
-            g.write(buf(s), &pattern(u64::from(s) * bs, bs as usize, 11));
+        for &q in &queues {
+            for s in 0..depth {
+                g.write(buf(q, s), &pattern(slot(q, s) * bs, bs as usize, 11));
+            }
         }
     }
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -73,59 +97,66 @@ fn main() {
     };
     let ty = if write { T_OUT } else { T_IN };
     let data_flags = if write { 0 } else { F_WRITE };
-    let mut submit = |g: &mut Guest, s: u16, seed: &mut u64| {
+    let mut submit = |g: &mut Guest, q: usize, s: u16, seed: &mut u64| {
         let sector = next_block(seed) * bs / 512;
-        g.write(hdr(s), &header(ty, sector));
+        g.write(hdr(q, s), &header(ty, sector));
         let at = s * 3;
         g.submit_raw(
-            0,
+            q,
             at,
             &[
-                (hdr(s), 16, F_NEXT, at + 1),
-                (buf(s), bs as u32, data_flags | F_NEXT, at + 2),
-                (st(s), 1, F_WRITE, 0),
+                (hdr(q, s), 16, F_NEXT, at + 1),
+                (buf(q, s), bs as u32, data_flags | F_NEXT, at + 2),
+                (st(q, s), 1, F_WRITE, 0),
             ],
             at,
         );
     };
-    for s in 0..depth {
-        submit(&mut g, s, &mut seed);
+    for &q in &queues {
+        for s in 0..depth {
+            submit(&mut g, q, s, &mut seed);
+        }
     }
     let t0 = Instant::now();
     let limit = Duration::from_secs_f64(secs);
     let mut ops = 0u64;
     let mut errors = 0u64;
     loop {
-        let (head, _) = g.wait_used(0);
+        let (q, (head, _)) = g.wait_used_any(&queues);
         let s = head / 3;
-        if g.read(st(s), 1)[0] != 0 {
+        if g.read(st(q, s), 1)[0] != 0 {
             errors += 1;
         }
         ops += 1;
         if t0.elapsed() >= limit {
             break;
         }
-        submit(&mut g, s, &mut seed);
+        submit(&mut g, q, s, &mut seed);
     }
     // Drain what is still in flight.
-    for _ in 1..depth {
-        let (head, _) = g.wait_used(0);
-        if g.read(st(head / 3), 1)[0] != 0 {
+    for _ in 1..slots {
+        let (q, (head, _)) = g.wait_used_any(&queues);
+        if g.read(st(q, head / 3), 1)[0] != 0 {
             errors += 1;
         }
     }
     if flush_at_end {
         // Every write has completed: a FLUSH now makes them all durable.
-        g.write(hdr(0), &header(T_FLUSH, 0));
-        g.submit_raw(0, 0, &[(hdr(0), 16, F_NEXT, 1), (st(0), 1, F_WRITE, 0)], 0);
+        g.write(hdr(0, 0), &header(T_FLUSH, 0));
+        g.submit_raw(
+            0,
+            0,
+            &[(hdr(0, 0), 16, F_NEXT, 1), (st(0, 0), 1, F_WRITE, 0)],
+            0,
+        );
         let _ = g.wait_used(0);
-        if g.read(st(0), 1)[0] != 0 {
+        if g.read(st(0, 0), 1)[0] != 0 {
             errors += 1;
         }
     }
     let el = t0.elapsed().as_secs_f64();
     println!(
-        "{{\"ops\": {ops}, \"seconds\": {el:.3}, \"iops\": {:.0}, \"mib_s\": {:.1}, \"errors\": {errors}}}",
+        "{{\"ops\": {ops}, \"seconds\": {el:.3}, \"iops\": {:.0}, \"mib_s\": {:.1}, \"errors\": {errors}, \"queues\": {nq}}}",
         ops as f64 / el,
         ops as f64 * bs as f64 / el / 1048576.0
     );

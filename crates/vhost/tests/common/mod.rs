@@ -256,40 +256,60 @@ impl Guest {
 
     /// Wait for the next used element of queue `q`: (head, len).
     pub fn wait_used(&mut self, q: usize) -> (u16, u32) {
+        self.wait_used_any(&[q]).1
+    }
+
+    /// Wait for the next used element of any of `qs`: (queue, (head, len)).
+    pub fn wait_used_any(&mut self, qs: &[usize]) -> (usize, (u16, u32)) {
         let t0 = Instant::now();
-        let event_idx = self.event_idx;
-        let vq = &mut self.queues[q];
         loop {
-            if event_idx {
-                // Re-arm before looking, as a driver enabling callbacks
-                // does: the next completion after the ones seen signals.
-                let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
-                self.mem
-                    .write_obj(vq.last_used, GuestAddress(used_event))
-                    .unwrap();
-            }
-            fence(Ordering::SeqCst);
-            let idx: u16 = self.mem.read_obj(GuestAddress(vq.used + 2)).unwrap();
-            if idx != vq.last_used {
-                let e = vq.used + 4 + u64::from(vq.last_used % QSIZE) * 8;
-                let id: u32 = self.mem.read_obj(GuestAddress(e)).unwrap();
-                let len: u32 = self.mem.read_obj(GuestAddress(e + 4)).unwrap();
-                vq.last_used = vq.last_used.wrapping_add(1);
-                return (id as u16, len);
+            for &q in qs {
+                if let Some(u) = self.try_used(q) {
+                    return (q, u);
+                }
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
-                "no completion on queue {q} in 20 s"
+                "no completion on queues {qs:?} in 20 s"
             );
-            let mut p = libc::pollfd {
-                fd: vq.call.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, 50) };
-            let _ = vq.call.read();
+            let mut p: Vec<libc::pollfd> = qs
+                .iter()
+                .map(|&q| libc::pollfd {
+                    fd: self.queues[q].call.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: valid pollfds, as many as said.
+            unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 50) };
+            for &q in qs {
+                let _ = self.queues[q].call.read();
+            }
         }
+    }
+
+    /// The next used element of queue `q`, if there is one: (head, len).
+    pub fn try_used(&mut self, q: usize) -> Option<(u16, u32)> {
+        let event_idx = self.event_idx;
+        let vq = &mut self.queues[q];
+        if event_idx {
+            // Re-arm before looking, as a driver enabling callbacks
+            // does: the next completion after the ones seen signals.
+            let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
+            self.mem
+                .write_obj(vq.last_used, GuestAddress(used_event))
+                .unwrap();
+        }
+        fence(Ordering::SeqCst);
+        let idx: u16 = self.mem.read_obj(GuestAddress(vq.used + 2)).unwrap();
+        if idx == vq.last_used {
+            return None;
+        }
+        let e = vq.used + 4 + u64::from(vq.last_used % QSIZE) * 8;
+        let id: u32 = self.mem.read_obj(GuestAddress(e)).unwrap();
+        let len: u32 = self.mem.read_obj(GuestAddress(e + 4)).unwrap();
+        vq.last_used = vq.last_used.wrapping_add(1);
+        Some((id as u16, len))
     }
 
     /// Number of completions not yet taken from queue `q`'s used ring.

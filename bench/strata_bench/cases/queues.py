@@ -1,0 +1,146 @@
+"""The `queues` case (issue 29, item 3): how throughput grows with the
+queues of a vhost-user-blk export and the connections of an NBD export,
+against qemu-storage-daemon and qemu-nbd given the same counts."""
+import json
+import os
+import subprocess
+from statistics import median
+
+from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..fio import fill, fio
+from ..servers import QemuNbd, Strata
+
+COUNTS = (1, 2, 4)
+
+
+def case_queues(work, q):
+    """4k cold random reads at QD 16 per queue (per connection), with 1, 2
+    and 4 of them, `--cache none` against QEMU's cache=none aio=native
+    peers on a raw file of the same size (both written full first; the
+    host's caches dropped before each run; median of the passes, the
+    order of the servers alternating).
+
+    vhost-user-blk: strata `serve --vhost-queues 4` and qsd
+    `num-queues=4`; the frontend harness (`vhost_bench ... queues=N`)
+    sets up N of them and drives them all from one thread (one vCPU's
+    worth), pinned to CPU 0, the backends to CPU 1.
+    NBD: fio's nbd engine with N jobs, each its own connection (qemu-nbd
+    -e 8 shares the export), not pinned.
+
+    Per count: IOPS, server CPU per read, the ratio to the peer, and the
+    gain over one queue (IOPS at N / IOPS at 1). On this 2-core machine
+    added queues add no CPU: what grows is what one queue's path leaves
+    unused (device depth, batching), and what a queue costs shows."""
+    size = smoke("256M", "1G" if q else "2G")
+    rt = smoke(2, 5 if q else 8)
+    passes = 1 if q else 3
+    return {"params": {"size": size, "runtime_s": rt, "passes": passes,
+                       "iodepth_per_queue": 16, "counts": list(COUNTS),
+                       "strata": "serve --cache none (--aio io_uring)",
+                       "peers": "qsd / qemu-nbd, cache.direct=on / --cache=none, aio=native"},
+            "vhost": _vhost(work, size, rt, passes),
+            "nbd": _nbd(work, size, rt, passes)}
+
+
+def _summary(runs, peer):
+    """Per count: medians, ratio to `peer`, gain over count 1."""
+    out = {}
+    for n in COUNTS:
+        row = {}
+        for who, by_n in runs.items():
+            rs = by_n[n]
+            row[who] = {"iops": round(median(r["iops"] for r in rs)),
+                        "iops_passes": [round(r["iops"]) for r in rs],
+                        "server_cpu_us_per_io": median(r["cpu"] for r in rs)}
+        row["ratio_vs_" + peer] = ratio(row["strata"]["iops"], row[peer]["iops"])
+        out[str(n)] = row
+    for who in runs:
+        one = out["1"][who]["iops"]
+        for n in COUNTS:
+            out[str(n)][who]["gain_over_1"] = ratio(out[str(n)][who]["iops"], one)
+    return out
+
+
+def _vhost(work, size, rt, passes):
+    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
+       cwd=ROOT)
+    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    d = os.path.join(work, "queues_vhost")
+    os.makedirs(d, exist_ok=True)
+    vsock = os.path.join(d, "strata.vhost")
+    qsock = os.path.join(d, "qsd.vhost")
+    raw = os.path.join(d, "raw.img")
+    s = Strata(os.path.join(d, "strata"),
+               serve_args=["--cache", "none", "--vhost-user-blk", f"d={vsock}",
+                           "--vhost-queues", str(max(COUNTS))])
+    s.cli("create", "d", "--size", size)
+    s.start()
+    qsd = None
+    try:
+        sh("taskset", "-pac", "1", str(s.proc.pid))
+        wait_path(vsock)
+        fill(s.uri("d"), size)
+        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
+           "conv=fsync", "status=none")
+        qsd = subprocess.Popen(
+            ["taskset", "-c", "1", "qemu-storage-daemon",
+             "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=on,aio=native,"
+                           "locking=off",
+             "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path={qsock},"
+                         f"writable=on,num-queues={max(COUNTS)}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_path(qsock)
+        who_all = {"strata": (s.proc.pid, vsock), "qsd_native": (qsd.pid, qsock)}
+        runs = {w: {n: [] for n in COUNTS} for w in who_all}
+        for p in range(passes):
+            for n in COUNTS:
+                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
+                for who in order:
+                    pid, sock = who_all[who]
+                    drop_caches()
+                    c0 = cpu_of(pid)
+                    o = sh("taskset", "-c", "0", harness, sock, "randread", "4096", "16", str(rt),
+                           f"queues={n}")
+                    r = json.loads(o.strip().splitlines()[-1])
+                    assert r["errors"] == 0, f"{who} {n} queues: requests failed"
+                    r["cpu"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
+                    runs[who][n].append(r)
+        return _summary(runs, "qsd_native")
+    finally:
+        if qsd is not None:
+            qsd.terminate()
+            qsd.wait()
+        s.stop()
+
+
+def _nbd(work, size, rt, passes):
+    d = os.path.join(work, "queues_nbd")
+    os.makedirs(d, exist_ok=True)
+    raw = os.path.join(d, "raw.img")
+    s = Strata(os.path.join(d, "strata"), serve_args=["--cache", "none"])
+    s.cli("create", "d", "--size", size)
+    s.start()
+    qn = None
+    try:
+        fill(s.uri("d"), size)
+        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
+           "conv=fsync", "status=none")
+        qn = QemuNbd(raw, "raw", os.path.join(d, "q.sock"), cache="none", aio="native").start()
+        who_all = {"strata": (s.proc.pid, s.uri("d")), "qemu_native": (qn.proc.pid, qn.uri())}
+        runs = {w: {n: [] for n in COUNTS} for w in who_all}
+        for p in range(passes):
+            for n in COUNTS:
+                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
+                for who in order:
+                    pid, uri = who_all[who]
+                    drop_caches()
+                    c0 = cpu_of(pid)
+                    r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size,
+                            extra=[f"--numjobs={n}"])
+                    r["cpu"] = round((cpu_of(pid) - c0) / max(r["ios"], 1) * 1e6, 2)
+                    runs[who][n].append(r)
+        return _summary(runs, "qemu_native")
+    finally:
+        if qn is not None:
+            qn.stop()
+        s.stop()
