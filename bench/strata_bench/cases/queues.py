@@ -3,6 +3,7 @@ queues of a vhost-user-blk export and the connections of an NBD export,
 against qemu-storage-daemon and qemu-nbd given the same counts."""
 import json
 import os
+import shutil
 import subprocess
 from statistics import median
 
@@ -111,6 +112,7 @@ def _vhost(work, size, rt, passes):
             qsd.terminate()
             qsd.wait()
         s.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _nbd(work, size, rt, passes):
@@ -144,3 +146,4 @@ def _nbd(work, size, rt, passes):
         if qn is not None:
             qn.stop()
         s.stop()
+        shutil.rmtree(d, ignore_errors=True)
