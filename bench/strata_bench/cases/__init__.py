@@ -13,6 +13,7 @@ from .clone import case_clone
 from .depth import case_depth
 from .formats import case_formats
 from .fragmentation import case_fragmentation
+from .manydisks import case_manydisks
 from .matrix import case_matrix
 from .move import case_move
 from .multihost import case_compaction, case_multihost
@@ -52,6 +53,7 @@ CASES = {
     "vhost": case_vhost,
     "cachenone": case_cachenone,
     "queues": case_queues,
+    "manydisks": case_manydisks,
     "multihost": case_multihost,
     "compaction": case_compaction,
     "move": case_move,
