@@ -180,8 +180,8 @@ impl<T: Send> RingReads<T> {
     ) -> io::Result<()> {
         loop {
             match self.reap_batch(true, &mut finish, &mut batch_done) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
+                Ok((true, _)) => return Ok(()),
+                Ok((false, _)) => {}
                 Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
             }
         }
@@ -189,30 +189,33 @@ impl<T: Send> RingReads<T> {
 
     /// Without waiting: hand over the reads whose last completion is in,
     /// as [`RingReads::reap`] does (for an event loop woken by the
-    /// eventfd of [`RingReads::register_eventfd`]).
+    /// eventfd of [`RingReads::register_eventfd`]); how many were.
     pub fn reap_ready(
         &self,
         mut finish: impl FnMut(Pending<T>),
         mut batch_done: impl FnMut(),
-    ) -> io::Result<()> {
+    ) -> io::Result<usize> {
         self.reap_batch(false, &mut finish, &mut batch_done)
-            .map(|_| ())
+            .map(|(_, handed)| handed)
             .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
     }
 
     /// Reap, waiting, until no read is in the ring (for a transport that
-    /// reaps in its own event loop and must see its reads in first).
+    /// reaps in its own event loop and must see its reads in first); how
+    /// many reads were handed over.
     pub fn reap_until_idle(
         &self,
         mut finish: impl FnMut(Pending<T>),
         mut batch_done: impl FnMut(),
-    ) -> io::Result<()> {
+    ) -> io::Result<usize> {
+        let mut handed = 0;
         while !self.state.lock().pending.is_empty() {
-            if let Err(e) = self.reap_batch(true, &mut finish, &mut batch_done) {
-                return Err(self.abandon(e, &mut finish, &mut batch_done));
+            match self.reap_batch(true, &mut finish, &mut batch_done) {
+                Ok((_, n)) => handed += n,
+                Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
             }
         }
-        Ok(())
+        Ok(handed)
     }
 
     /// The ring failed: hand over the reads left, failed and abandoned.
@@ -242,14 +245,14 @@ impl<T: Send> RingReads<T> {
     }
 
     /// Take the completions in (waiting for one with `wait`), queue short
-    /// reads again, hand over the reads that are over; `Ok(true)` once the
-    /// stop no-op was seen.
+    /// reads again, hand over the reads that are over: whether the stop
+    /// no-op was seen, and how many reads were handed over.
     fn reap_batch(
         &self,
         wait: bool,
         finish: &mut impl FnMut(Pending<T>),
         batch_done: &mut impl FnMut(),
-    ) -> io::Result<bool> {
+    ) -> io::Result<(bool, usize)> {
         let mut stop = false;
         let mut finished = Vec::new();
         // Short reads to queue again: (user data, fd, where, length, file offset).
@@ -301,7 +304,7 @@ impl<T: Send> RingReads<T> {
             }
         })?;
         if n == 0 {
-            return Ok(stop);
+            return Ok((stop, 0));
         }
         for (ud, fd, ptr, len, offset) in again.drain(..) {
             // SAFETY: as in `start`: the destination is ours until this
@@ -315,18 +318,18 @@ impl<T: Send> RingReads<T> {
         }
         // The short reads queued again start together.
         self.ring.submit()?;
-        if !finished.is_empty() {
-            let n = finished.len();
-            self.state.lock().finishing += n;
+        let handed = finished.len();
+        if handed > 0 {
+            self.state.lock().finishing += handed;
             for p in finished.drain(..) {
                 finish(p);
             }
             batch_done();
             let mut s = self.state.lock();
-            s.finishing -= n;
+            s.finishing -= handed;
             self.notify_if_idle(&s);
         }
-        Ok(stop)
+        Ok((stop, handed))
     }
 }
 
@@ -351,7 +354,7 @@ fn end_pieces<T>(
 }
 
 /// The errno of an I/O error (EIO when it has none).
-pub fn errno_of(e: &io::Error) -> i32 {
+fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 

@@ -404,13 +404,7 @@ impl BlkDevice {
         // any already in go back with this batch's signal.
         if let Some(r) = ring {
             r.reads.submit()?;
-            r.reads.reap_ready(
-                |p| {
-                    finish_ring_read(p);
-                    used = true;
-                },
-                || {},
-            )?;
+            used |= r.reads.reap_ready(finish_ring_read, || {})? > 0;
         }
         Ok(used)
     }
@@ -444,13 +438,7 @@ impl BlkDevice {
         let mut returned = false;
         if let Some(Ok(Planned::Busy)) = planned {
             ring.reads.submit()?;
-            ring.reads.reap_until_idle(
-                |p| {
-                    finish_ring_read(p);
-                    returned = true;
-                },
-                || {},
-            )?;
+            returned = ring.reads.reap_until_idle(finish_ring_read, || {})? > 0;
             planned = self.dev.plan_read(buf, off, true);
         }
         let read = RingRead {
@@ -512,16 +500,9 @@ impl BlkDevice {
         };
         // Consumed first: a completion posted from here on signals again.
         let _ = r.done.read();
-        let mut returned = false;
-        r.reads.reap_ready(
-            |p| {
-                finish_ring_read(p);
-                returned = true;
-            },
-            || {},
-        )?;
+        let returned = r.reads.reap_ready(finish_ring_read, || {})?;
         match vrings.first() {
-            Some(v) if returned => self.signal(v),
+            Some(v) if returned > 0 => self.signal(v),
             _ => Ok(()),
         }
     }

@@ -234,17 +234,14 @@ impl Guest {
     }
 
     fn publish(&mut self, q: usize, head: u16) {
-        let event_idx = self.event_idx;
-        let vq = &mut self.queues[q];
+        let vq = &self.queues[q];
         let slot = vq.avail + 4 + u64::from(vq.avail_idx % QSIZE) * 2;
         self.mem.write_obj(head, GuestAddress(slot)).unwrap();
-        if event_idx {
+        if self.event_idx {
             // used_event: tell me as soon as the next one is used.
-            let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
-            self.mem
-                .write_obj(vq.last_used, GuestAddress(used_event))
-                .unwrap();
+            self.ask_next_used(q);
         }
+        let vq = &mut self.queues[q];
         fence(Ordering::SeqCst);
         vq.avail_idx = vq.avail_idx.wrapping_add(1);
         self.mem
@@ -252,6 +249,16 @@ impl Guest {
             .unwrap();
         fence(Ordering::SeqCst);
         vq.kick.write(1).unwrap();
+    }
+
+    /// EVENT_IDX: set queue `q`'s `used_event` so that the backend signals
+    /// at the next completion after the ones taken.
+    fn ask_next_used(&self, q: usize) {
+        let vq = &self.queues[q];
+        let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
+        self.mem
+            .write_obj(vq.last_used, GuestAddress(used_event))
+            .unwrap();
     }
 
     /// Wait for the next used element of queue `q`: (head, len).
@@ -290,16 +297,12 @@ impl Guest {
 
     /// The next used element of queue `q`, if there is one: (head, len).
     pub fn try_used(&mut self, q: usize) -> Option<(u16, u32)> {
-        let event_idx = self.event_idx;
-        let vq = &mut self.queues[q];
-        if event_idx {
+        if self.event_idx {
             // Re-arm before looking, as a driver enabling callbacks
             // does: the next completion after the ones seen signals.
-            let used_event = vq.avail + 4 + u64::from(QSIZE) * 2;
-            self.mem
-                .write_obj(vq.last_used, GuestAddress(used_event))
-                .unwrap();
+            self.ask_next_used(q);
         }
+        let vq = &mut self.queues[q];
         fence(Ordering::SeqCst);
         let idx: u16 = self.mem.read_obj(GuestAddress(vq.used + 2)).unwrap();
         if idx == vq.last_used {
