@@ -1,11 +1,14 @@
 """The servers the cases measure: strata serving a datastore over NBD
-(`Strata`), `strata serve --vmdk` of VMDK chains (`VmdkServe`), and the
-peer, qemu-nbd (`QemuNbd`; `peer_raw` for a sparse raw image)."""
+(`Strata`), `strata serve --vmdk` of VMDK chains (`VmdkServe`), the peer,
+qemu-nbd (`QemuNbd`; `peer_raw` for a sparse raw image), and for
+vhost-user-blk, qemu-storage-daemon (`qsd_vhost`) and the frontend that
+drives either (`vhost_harness`, `drive_vhost`)."""
+import json
 import os
 import signal
 import subprocess
 
-from .common import STRATA, sh, size_bytes, wait_path, wait_port
+from .common import ROOT, STRATA, sh, size_bytes, wait_path, wait_port
 
 
 class Strata:
@@ -139,3 +142,37 @@ class VmdkServe:
 
     def uri(self, name="disk"):
         return f"nbd+unix:///{name}?socket={self.sock}"
+
+
+def vhost_harness():
+    """Build the vhost-user-blk load generator
+    (crates/vhost/examples/vhost_bench.rs); its path."""
+    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
+       cwd=ROOT)
+    return os.path.join(ROOT, "target/release/examples/vhost_bench")
+
+
+def drive_vhost(harness, sock, rw, bs, iodepth, runtime, *extra):
+    """One run of the harness on CPU 0 against the backend on SOCK (EXTRA:
+    its `flush`, `queues=N`): its JSON line."""
+    o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), str(iodepth), str(runtime), *extra)
+    return json.loads(o.strip().splitlines()[-1])
+
+
+def qsd_vhost(raw, sock, file_opts, queues=1):
+    """qemu-storage-daemon on CPU 1 exporting the raw file RAW as
+    vhost-user-blk on SOCK, its file node opened with FILE_OPTS (e.g.
+    "cache.direct=on,aio=native"); returned once the socket is there."""
+    proc = subprocess.Popen(
+        ["taskset", "-c", "1", "qemu-storage-daemon",
+         "--blockdev", f"driver=file,node-name=f,filename={raw},{file_opts}",
+         "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path={sock},"
+                     f"writable=on,num-queues={queues}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_path(sock, proc=proc)
+    except Exception:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc

@@ -1,16 +1,14 @@
 """The `cachenone` case (issue 11, item 5): `serve --cache none` vs QEMU's
 cache=none peers, over NBD (qemu-nbd) and vhost-user-blk
 (qemu-storage-daemon)."""
-import json
 import os
 import shutil
-import subprocess
 from functools import partial
 from statistics import median
 
-from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..common import cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio, fio_file
-from ..servers import QemuNbd, Strata
+from ..servers import QemuNbd, Strata, drive_vhost, qsd_vhost, vhost_harness
 
 
 def case_cachenone(work, q):
@@ -106,9 +104,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
     fsync). strata runs twice: with its default `--aio io_uring` (reads
     through a ring per queue; `strata`) and with `--aio threads`
     (`strata_threads`), each its own server and disk."""
-    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
-       cwd=ROOT)
-    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    harness = vhost_harness()
     d = os.path.join(work, "vhost")
     os.makedirs(d, exist_ok=True)
     vsock = os.path.join(d, "strata.vhost")
@@ -134,13 +130,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
            "conv=fsync", "status=none")
         for aio in ("threads", "native"):
             sock = os.path.join(d, f"qsd_{aio}.vhost")
-            qsds[aio] = (subprocess.Popen(
-                ["taskset", "-c", "1", "qemu-storage-daemon",
-                 "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=on,aio={aio},locking=off",
-                 "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
-                             f"addr.path={sock},writable=on,num-queues=1"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), sock)
-            wait_path(sock)
+            qsds[aio] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio},locking=off"), sock)
         # One qsd at a time holds the file open for writing; both are
         # started, and the raw file's writes from either are the same bytes.
         who_all = {"strata": (s.proc.pid, vsock),
@@ -158,8 +148,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
                     pid, sock = who_all[who]
                     drop_caches()
                     c0 = cpu_of(pid)
-                    o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), "16", str(rt), *extra)
-                    r = json.loads(o.strip().splitlines()[-1])
+                    r = drive_vhost(harness, sock, rw, bs, 16, rt, *extra)
                     assert r["errors"] == 0, f"{who} {tag}: requests failed"
                     r["server_cpu_us_per_io"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
                     runs[who].append(r)

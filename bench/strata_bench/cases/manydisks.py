@@ -6,25 +6,20 @@ import os
 import shutil
 from statistics import median
 
-from ..common import ratio, sh, smoke
+from ..common import cpu_of, ratio, sh, smoke
 from ..servers import QemuNbd, Strata
 
 DISKS = 64
 IODEPTH = 4
 
 
-def _rss_kib(pid, field="VmRSS:"):
+def _rss_kib(pid):
+    """Resident memory of process `pid`, KiB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(field):
+            if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
-
-
-def _cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fio_many(uris, rw, bs, runtime=None, size=None, jobfile=None):
@@ -69,8 +64,6 @@ def case_manydisks(work, q):
     runs = {"strata": {"randread": [], "randwrite": []},
             "qemu_nbd": {"randread": [], "randwrite": []}}
     mem = {"strata": [], "qemu_nbd": []}
-    cpu = {"strata": {"randread": [], "randwrite": []},
-           "qemu_nbd": {"randread": [], "randwrite": []}}
     for p in range(passes):
         order = ("strata", "qemu_nbd") if p % 2 == 0 else ("qemu_nbd", "strata")
         for who in order:
@@ -98,10 +91,10 @@ def case_manydisks(work, q):
                         pids.append(qn.proc.pid)
                 _fio_many(uris, "write", "1M", size=size, jobfile=jobfile)
                 for rw in ("randread", "randwrite"):
-                    c0 = sum(_cpu_s(x) for x in pids)
+                    c0 = sum(cpu_of(x) for x in pids)
                     r = _fio_many(uris, rw, "4k", runtime=rt, size=size, jobfile=jobfile)
                     r["server_cpu_us_per_io"] = round(
-                        (sum(_cpu_s(x) for x in pids) - c0) / max(r["iops"] * rt, 1) * 1e6, 2)
+                        (sum(cpu_of(x) for x in pids) - c0) / max(r["iops"] * rt, 1) * 1e6, 2)
                     runs[who][rw].append(r)
                 mem[who].append(sum(_rss_kib(x) for x in pids))
             finally:

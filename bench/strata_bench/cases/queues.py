@@ -1,15 +1,13 @@
 """The `queues` case (issue 29, item 3): how throughput grows with the
 queues of a vhost-user-blk export and the connections of an NBD export,
 against qemu-storage-daemon and qemu-nbd given the same counts."""
-import json
 import os
 import shutil
-import subprocess
 from statistics import median
 
-from ..common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..common import cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio
-from ..servers import QemuNbd, Strata
+from ..servers import QemuNbd, Strata, drive_vhost, qsd_vhost, vhost_harness
 
 COUNTS = (1, 2, 4)
 
@@ -62,10 +60,28 @@ def _summary(runs, peer):
     return out
 
 
+def _alternating(who_all, passes, run):
+    """Every count for every side, `passes` times, the sides' order
+    alternating and the host's caches dropped before each run. `who_all`
+    maps a side to (server pid, address); `run(address, n)` is one run at
+    count n: (its result, the requests it made). Each result gets the
+    server's CPU per request as "cpu". The results, by side and count."""
+    runs = {w: {n: [] for n in COUNTS} for w in who_all}
+    for p in range(passes):
+        for n in COUNTS:
+            order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
+            for who in order:
+                pid, addr = who_all[who]
+                drop_caches()
+                c0 = cpu_of(pid)
+                r, requests = run(addr, n)
+                r["cpu"] = round((cpu_of(pid) - c0) / max(requests, 1) * 1e6, 2)
+                runs[who][n].append(r)
+    return runs
+
+
 def _vhost(work, size, rt, passes):
-    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
-       cwd=ROOT)
-    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    harness = vhost_harness()
     d = os.path.join(work, "queues_vhost")
     os.makedirs(d, exist_ok=True)
     vsock = os.path.join(d, "strata.vhost")
@@ -83,30 +99,15 @@ def _vhost(work, size, rt, passes):
         fill(s.uri("d"), size)
         sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
            "conv=fsync", "status=none")
-        qsd = subprocess.Popen(
-            ["taskset", "-c", "1", "qemu-storage-daemon",
-             "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=on,aio=native,"
-                           "locking=off",
-             "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path={qsock},"
-                         f"writable=on,num-queues={max(COUNTS)}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_path(qsock)
+        qsd = qsd_vhost(raw, qsock, "cache.direct=on,aio=native,locking=off", max(COUNTS))
         who_all = {"strata": (s.proc.pid, vsock), "qsd_native": (qsd.pid, qsock)}
-        runs = {w: {n: [] for n in COUNTS} for w in who_all}
-        for p in range(passes):
-            for n in COUNTS:
-                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
-                for who in order:
-                    pid, sock = who_all[who]
-                    drop_caches()
-                    c0 = cpu_of(pid)
-                    o = sh("taskset", "-c", "0", harness, sock, "randread", "4096", "16", str(rt),
-                           f"queues={n}")
-                    r = json.loads(o.strip().splitlines()[-1])
-                    assert r["errors"] == 0, f"{who} {n} queues: requests failed"
-                    r["cpu"] = round((cpu_of(pid) - c0) / max(r["ops"], 1) * 1e6, 2)
-                    runs[who][n].append(r)
-        return _summary(runs, "qsd_native")
+
+        def run(sock, n):
+            r = drive_vhost(harness, sock, "randread", 4096, 16, rt, f"queues={n}")
+            assert r["errors"] == 0, f"{sock}, {n} queues: requests failed"
+            return r, r["ops"]
+
+        return _summary(_alternating(who_all, passes, run), "qsd_native")
     finally:
         if qsd is not None:
             qsd.terminate()
@@ -129,19 +130,13 @@ def _nbd(work, size, rt, passes):
            "conv=fsync", "status=none")
         qn = QemuNbd(raw, "raw", os.path.join(d, "q.sock"), cache="none", aio="native").start()
         who_all = {"strata": (s.proc.pid, s.uri("d")), "qemu_native": (qn.proc.pid, qn.uri())}
-        runs = {w: {n: [] for n in COUNTS} for w in who_all}
-        for p in range(passes):
-            for n in COUNTS:
-                order = list(who_all) if p % 2 == 0 else list(reversed(list(who_all)))
-                for who in order:
-                    pid, uri = who_all[who]
-                    drop_caches()
-                    c0 = cpu_of(pid)
-                    r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size,
-                            extra=[f"--numjobs={n}"])
-                    r["cpu"] = round((cpu_of(pid) - c0) / max(r["ios"], 1) * 1e6, 2)
-                    runs[who][n].append(r)
-        return _summary(runs, "qemu_native")
+
+        def run(uri, n):
+            r = fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size,
+                    extra=[f"--numjobs={n}"])
+            return r, r["ios"]
+
+        return _summary(_alternating(who_all, passes, run), "qemu_native")
     finally:
         if qn is not None:
             qn.stop()

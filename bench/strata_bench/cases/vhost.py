@@ -1,14 +1,12 @@
 """The `vhost` case (issue 11): strata's vhost-user-blk export vs
 qemu-storage-daemon's, driven by the same userspace frontend, with strata
 over NBD and FUSE beside it."""
-import json
 import os
-import subprocess
 from statistics import median
 
-from ..common import ROOT, cpu_of, ratio, sh, smoke, wait_path
+from ..common import cpu_of, ratio, sh, smoke, wait_path
 from ..fio import fill, fio, fio_file
-from ..servers import Strata
+from ..servers import Strata, drive_vhost, qsd_vhost, vhost_harness
 
 
 def case_vhost(work, q):
@@ -29,9 +27,7 @@ def case_vhost(work, q):
     size = smoke("256M", "1G")
     rt = smoke(1, 4 if q else 8)
     passes = 1 if q else 3
-    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
-       cwd=ROOT)
-    harness = os.path.join(ROOT, "target/release/examples/vhost_bench")
+    harness = vhost_harness()
     vsock = os.path.join(work, "strata.vhost")
     qsock = os.path.join(work, "qsd.vhost")
     raw = os.path.join(work, "raw.img")
@@ -51,17 +47,10 @@ def case_vhost(work, q):
         fill(s.uri("d"), size)
         sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", "count=1024", "conv=fsync",
            "status=none")
-        qsd = subprocess.Popen(
-            ["taskset", "-c", "1", "qemu-storage-daemon",
-             "--blockdev", f"driver=file,node-name=f,filename={raw},cache.direct=off,aio=threads",
-             "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,"
-                         f"addr.path={qsock},writable=on,num-queues=1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_path(qsock)
+        qsd = qsd_vhost(raw, qsock, "cache.direct=off,aio=threads")
 
         def drive(sock, rw, bs):
-            o = sh("taskset", "-c", "0", harness, sock, rw, str(bs), "16", str(rt))
-            return json.loads(o.strip().splitlines()[-1])
+            return drive_vhost(harness, sock, rw, bs, 16, rt)
 
         for tag, rw, bs in (("randread_4k", "randread", 4096), ("randwrite_4k", "randwrite", 4096),
                             ("seqread_512k", "read", 524288), ("seqwrite_512k", "write", 524288)):
