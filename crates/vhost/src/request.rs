@@ -237,11 +237,22 @@ pub fn single_read(
     let [(ptr, len)] = v.ptrs[..] else {
         return None;
     };
-    let off = req.sector.checked_mul(SECTOR_BYTES)?;
-    let fits = (len as u64) <= limits.max_data_bytes && len <= u32::MAX as usize;
-    let in_disk = off.checked_add(len as u64).is_some_and(|e| e <= size);
-    (fits && in_disk && len > 0 && (len as u64).is_multiple_of(SECTOR_BYTES))
-        .then_some((ptr, len, off))
+    let off = data_offset(req.sector, len as u64, size, limits)?;
+    (len > 0).then_some((ptr, len, off))
+}
+
+/// Where a read or write of `len` bytes at `sector` starts on a disk of
+/// `size` bytes; None if it is refused (IOERR): more data than `limits`
+/// allow or than a used length can say, a length not in whole sectors,
+/// or a range past the end.
+fn data_offset(sector: u64, len: u64, size: u64, limits: &Limits) -> Option<u64> {
+    // The used length the driver is told is a u32 (virtio's).
+    if len > limits.max_data_bytes || len > u64::from(u32::MAX) {
+        return None;
+    }
+    let off = sector.checked_mul(SECTOR_BYTES)?;
+    let in_disk = off.checked_add(len).is_some_and(|e| e <= size);
+    (len.is_multiple_of(SECTOR_BYTES) && in_disk).then_some(off)
 }
 
 /// What carrying out a request gave: the status and the bytes written
@@ -297,20 +308,15 @@ fn run(
                 return (status::IOERR, 0);
             };
             let len = v.total();
-            // The used length the driver is told is a u32 (virtio's).
-            if len > limits.max_data_bytes || len > u64::from(u32::MAX) {
-                tracing::debug!(
-                    "virtio-blk request of {len} bytes refused (at most {})",
-                    limits.max_data_bytes
-                );
-                return (status::IOERR, 0);
-            }
-            let Some(off) = req.sector.checked_mul(SECTOR_BYTES) else {
+            let Some(off) = data_offset(req.sector, len, size, limits) else {
+                if len > limits.max_data_bytes || len > u64::from(u32::MAX) {
+                    tracing::debug!(
+                        "virtio-blk request of {len} bytes refused (at most {})",
+                        limits.max_data_bytes
+                    );
+                }
                 return (status::IOERR, 0);
             };
-            if len % SECTOR_BYTES != 0 || off.checked_add(len).is_none_or(|e| e > size) {
-                return (status::IOERR, 0);
-            }
             if len == 0 {
                 return (status::OK, 0);
             }
