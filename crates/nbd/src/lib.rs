@@ -35,7 +35,9 @@
 //!   [`NbdServer::shutdown`] writes to.
 //! - One thread per connection: it runs the handshake, then reads request
 //!   headers and write payloads, validates each request, and queues it.
-//!   Requests that fail validation are answered at once by this thread.
+//!   Requests that fail validation are answered at once by this thread,
+//!   and so are small WRITEs when [`ServerOptions::inline_write_bytes`]
+//!   asks for it (a device that writes into a cache).
 //! - Up to [`ServerOptions::workers_per_connection`] worker threads per
 //!   connection, started on demand, execute queued requests against the
 //!   device and write the replies. Replies go out under a mutex on the
@@ -299,6 +301,16 @@ pub struct ServerOptions {
     /// none`). Where a ring cannot be set up the workers serve them.
     /// Default false.
     pub ring_reads: bool,
+    /// WRITEs of at most this many bytes without FUA are carried out by
+    /// the connection's reader itself, between reading one request and
+    /// the next, instead of being handed to a worker. For a device whose
+    /// writes land in a cache (an engine disk under the default writeback
+    /// cache: a copy into the host page cache), where the hand-over (a
+    /// wake-up and a switch to the worker and back) costs more than the
+    /// write: with many connections on few cores, those extra threads
+    /// woken per request make the tail (PERFORMANCE.md, "Many disks").
+    /// 0: every request goes to the workers. Default 0.
+    pub inline_write_bytes: u32,
     /// TLS credentials and whether TLS is required (`STARTTLS`); `None`
     /// refuses `STARTTLS`. Replaced while serving by
     /// [`NbdServer::set_tls`]; each connection uses what was set when it
@@ -319,6 +331,7 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
             ring_reads: false,
+            inline_write_bytes: 0,
             tls: None,
         }
     }

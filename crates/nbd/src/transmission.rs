@@ -345,7 +345,12 @@ fn read_requests<S: NbdStream>(
                 return Err(e);
             }
         }
-        if conn.push(Job { req, payload, cost }) {
+        let job = Job { req, payload, cost };
+        if conn.runs_inline(&job.req, shared.opts.inline_write_bytes) {
+            conn.run(job);
+            continue;
+        }
+        if conn.push(job) {
             workers.grow()?;
         }
     }
@@ -466,22 +471,35 @@ impl<S: NbdStream> Conn<S> {
 
     fn work_loop(&self) {
         while let Some(job) = self.pop() {
-            let Job { req, payload, cost } = job;
-            if !self.broken.load(Ordering::Relaxed) {
-                let run = catch_unwind(AssertUnwindSafe(|| self.execute(&req, payload)));
-                match run {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => self.mark_broken(&e),
-                    Err(_) => {
-                        tracing::error!("NBD: the device panicked serving a request");
-                        if let Err(e) = self.reply_error(&req, EIO, "internal error") {
-                            self.mark_broken(&e);
-                        }
+            self.run(job);
+        }
+    }
+
+    /// Whether the reader carries `req` out itself
+    /// (`ServerOptions::inline_write_bytes`): a WRITE without FUA of at
+    /// most `limit` bytes (a FUA write waits for the medium).
+    fn runs_inline(&self, req: &Request, limit: u32) -> bool {
+        req.ty == CMD_WRITE && req.flags & FLAG_FUA == 0 && req.len <= limit
+    }
+
+    /// Carry out an admitted request and answer it (on a worker, or on
+    /// the reader for [`Conn::runs_inline`]).
+    fn run(&self, job: Job) {
+        let Job { req, payload, cost } = job;
+        if !self.broken.load(Ordering::Relaxed) {
+            let run = catch_unwind(AssertUnwindSafe(|| self.execute(&req, payload)));
+            match run {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.mark_broken(&e),
+                Err(_) => {
+                    tracing::error!("NBD: the device panicked serving a request");
+                    if let Err(e) = self.reply_error(&req, EIO, "internal error") {
+                        self.mark_broken(&e);
                     }
                 }
             }
-            self.finished(cost);
         }
+        self.finished(cost);
     }
 
     /// A buffer of exactly `len` bytes (contents unspecified).

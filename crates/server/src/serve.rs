@@ -121,6 +121,10 @@ fn io_threads(args: &ServeConfig, writeback: usize) -> usize {
     }
 }
 
+/// Under writeback, NBD WRITEs up to this size (without FUA) are carried
+/// out by the connection's reader (`ServerOptions::inline_write_bytes`).
+const INLINE_WRITE_BYTES: u32 = 64 << 10;
+
 /// NBD server options from the command line.
 pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
     let default = ServerOptions::default();
@@ -128,6 +132,13 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         read_ahead_bytes: args.nbd_read_ahead,
         ring_reads: args.aio_uring && args.direct_io,
+        // Under writeback a small write is a copy into the page cache:
+        // cheaper on the reader than handed to a worker.
+        inline_write_bytes: if args.direct_io {
+            0
+        } else {
+            INLINE_WRITE_BYTES
+        },
         tls: load_tls(args)?,
         max_connections: args.max_connections,
         max_connections_per_export: args.max_connections_per_export,

@@ -302,6 +302,10 @@ pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
     Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }
 
+/// The longest write through the page cache that takes
+/// `FileStorage::writes`.
+const QUEUED_WRITE_MAX: usize = 64 << 10;
+
 struct FileStorage {
     file: File,
     path: PathBuf,
@@ -311,6 +315,18 @@ struct FileStorage {
     direct: std::sync::OnceLock<Option<File>>,
     /// Reads and writes bypass the host page cache (`--cache none`).
     all_direct: bool,
+    /// Held around each short write through the page cache (up to
+    /// [`QUEUED_WRITE_MAX`]). The kernel takes the file's inode lock
+    /// exclusively for every buffered write (ext4, XFS, btrfs), so they
+    /// run one at a time anyway; but once a waiter has waited a few ms
+    /// the kernel keeps its lock for the oldest waiter, which on busy
+    /// cores is asleep and must first be scheduled, and every other writer
+    /// waits behind that (up to seconds, with 64 clients on two cores:
+    /// PERFORMANCE.md, "Many disks"). Waiting here lets a thread that is
+    /// running take it next. Long writes keep the kernel's lock alone: its
+    /// waiters spin while the holder runs, which suits a holder that
+    /// copies for tens of µs (a lock here cost 512 KiB writes a sixth).
+    writes: parking_lot::Mutex<()>,
 }
 
 impl FileStorage {
@@ -320,6 +336,7 @@ impl FileStorage {
             path,
             direct: std::sync::OnceLock::new(),
             all_direct: false,
+            writes: parking_lot::Mutex::new(()),
         }
     }
 
@@ -349,6 +366,7 @@ impl FileStorage {
             path,
             direct: cell,
             all_direct: true,
+            writes: parking_lot::Mutex::new(()),
         })
     }
 
@@ -571,6 +589,7 @@ impl Storage for FileStorage {
         if self.all_direct {
             return self.write_direct(buf, offset);
         }
+        let _one_at_a_time = (buf.len() <= QUEUED_WRITE_MAX).then(|| self.writes.lock());
         self.file
             .write_all_at(buf, offset)
             .map_err(|e| self.ctx(e, "write", offset))

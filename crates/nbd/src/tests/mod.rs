@@ -842,6 +842,76 @@ fn disc_answers_requests_in_flight_before_closing() {
 }
 
 #[test]
+fn small_writes_run_on_the_reader_while_the_workers_are_busy() {
+    // One worker, held by a gated read. With inline writes up to 16 KiB,
+    // small WRITEs are answered meanwhile; a larger one and a FUA one go
+    // to the worker and wait behind the read.
+    let opts = ServerOptions {
+        workers_per_connection: 1,
+        inline_write_bytes: 16 * KIB as u32,
+        ..Default::default()
+    };
+    let h = Harness::with(opts, default_disks());
+    let (mut c, _) = h.open("disk", false, false);
+    let gate_at = 512 * KIB;
+    h.disk(0).gate.close_at(gate_at);
+    // A failed assertion must not leave the worker held (the server's
+    // shutdown would wait for it).
+    struct OpenOnDrop<'a>(&'a memdisk::Gate);
+    impl Drop for OpenOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
+    let _open = OpenOnDrop(&h.disk(0).gate);
+    let gated = c.request(0, CMD_READ, gate_at, 4096, &[]);
+    h.disk(0).gate.wait_for_held(1);
+    for i in 0..8u64 {
+        let len = if i % 2 == 0 { 4 * KIB } else { 16 * KIB };
+        let data = pattern(200 + i, len as usize);
+        let cookie = c.request(0, CMD_WRITE, i * 16 * KIB, len as u32, &data);
+        match c.reply() {
+            Reply::Simple {
+                errno: 0,
+                cookie: got,
+            } => assert_eq!(got, cookie),
+            r => panic!("expected the small write's reply, got {r:?}"),
+        }
+        assert_eq!(h.disk(0).contents(i * 16 * KIB, len as usize), data);
+    }
+    let big = pattern(300, 32 * KIB as usize);
+    let queued_big = c.request(0, CMD_WRITE, 256 * KIB, big.len() as u32, &big);
+    let small = pattern(301, 4 * KIB as usize);
+    let queued_fua = c.request(FLAG_FUA, CMD_WRITE, 384 * KIB, small.len() as u32, &small);
+    // A small write sent after them still overtakes them.
+    let last = pattern(302, 4 * KIB as usize);
+    let inline = c.request(0, CMD_WRITE, 448 * KIB, last.len() as u32, &last);
+    match c.reply() {
+        Reply::Simple { errno: 0, cookie } => assert_eq!(cookie, inline),
+        r => panic!("expected the last small write first, got {r:?}"),
+    }
+    assert_eq!(
+        h.disk(0).contents(256 * KIB, big.len()),
+        vec![0u8; big.len()]
+    );
+    h.disk(0).gate.open();
+    let mut rest = BTreeSet::from([gated, queued_big, queued_fua]);
+    for _ in 0..3 {
+        match c.reply() {
+            Reply::Simple { errno: 0, cookie } => {
+                if cookie == gated {
+                    assert_eq!(c.recv(4096), vec![0u8; 4096]);
+                }
+                assert!(rest.remove(&cookie), "unexpected reply {cookie}");
+            }
+            r => panic!("unexpected reply {r:?}"),
+        }
+    }
+    assert_eq!(h.disk(0).contents(256 * KIB, big.len()), big);
+    assert_eq!(h.disk(0).contents(384 * KIB, small.len()), small);
+}
+
+#[test]
 fn pipelining_past_the_inflight_limit_keeps_every_request() {
     let opts = ServerOptions {
         max_inflight_requests: 3,
