@@ -6,7 +6,7 @@ import statistics
 import subprocess
 import time
 
-from ..common import drop_caches, ratio, sh, smoke
+from ..common import drop_caches, sh, smoke
 from ..servers import Strata
 
 # libnbd's Python binding is Debian's: nbdsh must run Debian's python3.

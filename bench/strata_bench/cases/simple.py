@@ -30,7 +30,7 @@ def case_simple(work, q, rw, bs, full, target, iodepth=16):
         peer = fio(qn.uri(), rw, bs, iodepth=iodepth, runtime=None if extra else rt, extra=extra)
     finally:
         qn.stop()
-    return {f"strata_vs_qemu_nbd_raw": {"strata_iops": mine["iops"], "qemu_iops": peer["iops"],
+    return {"strata_vs_qemu_nbd_raw": {"strata_iops": mine["iops"], "qemu_iops": peer["iops"],
                                         "strata_mib_s": round(mine["bw_mib"], 1),
                                         "qemu_mib_s": round(peer["bw_mib"], 1),
                                         "ratio": ratio(mine["iops"], peer["iops"]), "target": target}}
