@@ -228,7 +228,8 @@ pub trait BlockDevice: Send + Sync {
     /// but the data of its pieces is left for the caller to read from the
     /// plan's file (the rest of `buf` is filled). `None`: this device
     /// reads only by itself (the default; a device plans only when its
-    /// data lies in one file opened for direct I/O). With `wait` false the
+    /// data lies in one file the caller may read: an engine disk's pool,
+    /// through its direct descriptor or the page cache). With `wait` false the
     /// device answers [`Planned::Busy`] rather than wait for a lock, since
     /// the caller may itself hold it through reads in flight; with `wait`
     /// true the caller holds no plan.

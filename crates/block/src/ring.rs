@@ -15,7 +15,8 @@ pub struct Ring {
     /// Held while pushing to the submission queue or submitting it:
     /// entries queued since the last submission.
     sq: Mutex<u32>,
-    /// Held while reaping the completion queue.
+    /// Held while taking completions off the queue (not while waiting
+    /// for one), so one thread may take what is in while another waits.
     cq: Mutex<()>,
     /// Reads are issued by the kernel's io-wq threads ([`Issue::Worker`]).
     punt: bool,
@@ -145,10 +146,10 @@ impl Ring {
     /// Hand every completion in to `f` (as [`Ring::reap`]); with `wait`,
     /// first wait until there is one. Returns how many were handed over.
     pub fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
-        let _g = self.cq.lock();
         loop {
             let mut n = 0;
             {
+                let _g = self.cq.lock();
                 // SAFETY: the only completion queue in use: `cq` is held.
                 let mut cq = unsafe { self.ring.completion_shared() };
                 cq.sync();

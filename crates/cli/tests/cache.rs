@@ -118,6 +118,18 @@ fn thread_names(pid: i32) -> Vec<String> {
 
 #[test]
 fn cache_none_reads_through_io_uring_by_default_return_the_data_and_let_snapshots_through() {
+    reads_through_io_uring("none");
+}
+
+#[test]
+fn writeback_reads_through_io_uring_by_default_return_the_data_and_let_snapshots_through() {
+    reads_through_io_uring("writeback");
+}
+
+/// NBD reads go through each connection's io_uring under either cache
+/// mode (`--aio io_uring`, the default): from the direct descriptor under
+/// `none`, through the page cache under `writeback`.
+fn reads_through_io_uring(cache: &str) {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
@@ -128,7 +140,7 @@ fn cache_none_reads_through_io_uring_by_default_return_the_data_and_let_snapshot
     s.ok(&["create", "d", "--size", "32M"]);
     let reference = s.path().join("ref.raw");
     random_file(&reference, 32 << 20, 9);
-    let srv = s.serve_with(&["--cache", "none"]);
+    let srv = s.serve_with(&["--cache", cache]);
     // Holes inside reads, and a sub-grain change: the plan fills the
     // holes, the ring reads the rest.
     load_then_change(

@@ -176,7 +176,7 @@ impl DiskHandle {
         Ok(fill)
     }
 
-    /// Plan a read for the caller to carry out from the pool's direct
+    /// Plan a read for the caller to carry out from the pool's
     /// descriptor `fd` (`BlockDevice::plan_read`): the same lookup as
     /// `read_impl`, holes filled here, data left as pieces, the gate held
     /// by the plan until the caller is done.
@@ -870,11 +870,13 @@ impl BlockDevice for DiskHandle {
         offset_bytes: u64,
         wait: bool,
     ) -> Option<BlockResult<Planned>> {
-        // Only a pool open for direct I/O alone, and only aligned requests
-        // (the others go through `read_at`, which bounces them).
-        let fd = self.inner.pool.direct_fd()?;
+        // Only a pool the caller may read itself; with direct I/O, only
+        // aligned requests (the others go through `read_at`, which
+        // bounces them).
+        let (fd, direct) = self.inner.pool.read_fd()?;
         let align = strata_storage::DIRECT_ALIGN as u64;
-        if !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align) {
+        if direct && !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align)
+        {
             return None;
         }
         self.throttle.admit(buf.len() as u64);

@@ -295,11 +295,12 @@ pub struct ServerOptions {
     /// Default 8 MiB.
     pub read_ahead_bytes: u64,
     /// READs of devices that plan them (`BlockDevice::plan_read`: an
-    /// engine disk under `--cache none`) go through an io_uring per
-    /// connection, submitted in batches, instead of a worker each
-    /// (`serve --aio io_uring`, the server's default under `--cache
-    /// none`). Where a ring cannot be set up the workers serve them.
-    /// Default false.
+    /// engine disk) go through an io_uring per connection, submitted in
+    /// batches, instead of a worker each (`serve --aio io_uring`, the
+    /// server's default). The reader answers those already in when it
+    /// has submitted (reads the page cache held complete inside the
+    /// submission); a reaping thread answers the rest. Where a ring
+    /// cannot be set up the workers serve them. Default false.
     pub ring_reads: bool,
     /// WRITEs of at most this many bytes without FUA are carried out by
     /// the connection's reader itself, between reading one request and

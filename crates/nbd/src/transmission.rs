@@ -287,6 +287,12 @@ fn read_requests<S: NbdStream>(
         if let Some(r) = &conn.ring {
             if reader.buffer().len() < REQUEST_BYTES {
                 r.submit()?;
+                // Reads the page cache answered are in already: answer
+                // them here rather than wake the reaping thread.
+                if let Err(e) = r.reap_ready(|p| conn.finish_ring_read(p), || {}) {
+                    conn.mark_broken(&e);
+                    return Err(e);
+                }
             }
         }
         if let Err(e) = reader.read_exact(&mut head) {

@@ -131,7 +131,9 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
     Ok(ServerOptions {
         workers_per_connection: io_threads(args, default.workers_per_connection),
         read_ahead_bytes: args.nbd_read_ahead,
-        ring_reads: args.aio_uring && args.direct_io,
+        // Under writeback too: a read the page cache holds completes
+        // inside the submission, and the reader answers it itself.
+        ring_reads: args.aio_uring,
         // Under writeback a small write is a copy into the page cache:
         // cheaper on the reader than handed to a worker.
         inline_write_bytes: if args.direct_io {

@@ -63,6 +63,13 @@ pub trait Storage: Send + Sync {
     fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// The descriptor a caller may read from itself (through an
+    /// io_uring), and whether it is [`Storage::direct_fd`] (whose reads
+    /// must be 4096-aligned) or reads through the host page cache.
+    /// `None` where reads cannot bypass this handle (the default).
+    fn read_fd(&self) -> Option<(std::os::fd::RawFd, bool)> {
+        self.direct_fd().map(|fd| (fd, true))
+    }
     /// Write zeros over `[offset, offset + len)`, for real: afterwards the
     /// range is allocated and written on the host, with no extent left for
     /// the file system to convert on a first write. Files use `O_DIRECT`
@@ -552,6 +559,14 @@ impl Storage for FileStorage {
                 len as libc::off_t,
                 libc::POSIX_FADV_WILLNEED,
             );
+        }
+    }
+
+    fn read_fd(&self) -> Option<(std::os::fd::RawFd, bool)> {
+        use std::os::fd::AsRawFd;
+        match self.direct_fd() {
+            Some(fd) => Some((fd, true)),
+            None => Some((self.file.as_raw_fd(), false)),
         }
     }
 
