@@ -76,6 +76,22 @@ def cpu_of(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_status_kib(pid, field):
+    """A KiB figure of /proc/PID/status (`VmRSS`, `VmHWM`), 0 if absent."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def random_raw(path, size):
+    """A raw file of `size` ('2G', as size_bytes takes it) of random bytes,
+    on the disk (synced), for a peer to serve."""
+    sh("dd", "if=/dev/urandom", f"of={path}", "bs=1M", f"count={size_bytes(size) >> 20}",
+       "conv=fsync", "status=none")
+
+
 def drop_caches():
     """Cold host page cache (the datastore's files); the server's metadata
     cache stays, as it would on a running host."""

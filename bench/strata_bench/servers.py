@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 
-from .common import ROOT, STRATA, sh, size_bytes, wait_path, wait_port
+from .common import (ROOT, STRATA, cpu_of, proc_status_kib, sh, size_bytes, wait_path,
+                     wait_port)
 
 
 class Strata:
@@ -52,16 +53,10 @@ class Strata:
 
     def cpu_seconds(self):
         """User + system CPU time of the server so far (exited threads included)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_of(self.proc.pid)
 
     def rss_peak_kib(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-        return 0
+        return proc_status_kib(self.proc.pid, "VmHWM")
 
 
 class QemuNbd:

@@ -6,7 +6,7 @@ import shutil
 from functools import partial
 from statistics import median
 
-from ..common import cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..common import cpu_of, drop_caches, random_raw, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio, fio_file
 from ..servers import QemuNbd, Strata, drive_vhost, qsd_vhost, vhost_harness
 
@@ -126,8 +126,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
             sh("taskset", "-pac", "1", str(srv.proc.pid))
             wait_path(sock)
             fill(srv.uri("d"), size)
-        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
-           "conv=fsync", "status=none")
+        random_raw(raw, size)
         for aio in ("threads", "native"):
             sock = os.path.join(d, f"qsd_{aio}.vhost")
             qsds[aio] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio},locking=off"), sock)

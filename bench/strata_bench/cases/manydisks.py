@@ -6,20 +6,11 @@ import os
 import shutil
 from statistics import median
 
-from ..common import cpu_of, ratio, sh, smoke
+from ..common import cpu_of, proc_status_kib, ratio, sh, smoke
 from ..servers import QemuNbd, Strata
 
 DISKS = 64
 IODEPTH = 4
-
-
-def _rss_kib(pid):
-    """Resident memory of process `pid`, KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def _fio_many(uris, rw, bs, runtime=None, size=None, jobfile=None):
@@ -96,7 +87,7 @@ def case_manydisks(work, q):
                     r["server_cpu_us_per_io"] = round(
                         (sum(cpu_of(x) for x in pids) - c0) / max(r["iops"] * rt, 1) * 1e6, 2)
                     runs[who][rw].append(r)
-                mem[who].append(sum(_rss_kib(x) for x in pids))
+                mem[who].append(sum(proc_status_kib(x, "VmRSS") for x in pids))
             finally:
                 for x in procs:
                     x.stop()

@@ -5,7 +5,7 @@ import os
 import shutil
 from statistics import median
 
-from ..common import cpu_of, drop_caches, ratio, sh, size_bytes, smoke, wait_path
+from ..common import cpu_of, drop_caches, random_raw, ratio, sh, smoke, wait_path
 from ..fio import fill, fio
 from ..servers import QemuNbd, Strata, drive_vhost, qsd_vhost, vhost_harness
 
@@ -97,8 +97,7 @@ def _vhost(work, size, rt, passes):
         sh("taskset", "-pac", "1", str(s.proc.pid))
         wait_path(vsock)
         fill(s.uri("d"), size)
-        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
-           "conv=fsync", "status=none")
+        random_raw(raw, size)
         qsd = qsd_vhost(raw, qsock, "cache.direct=on,aio=native,locking=off", max(COUNTS))
         who_all = {"strata": (s.proc.pid, vsock), "qsd_native": (qsd.pid, qsock)}
 
@@ -126,8 +125,7 @@ def _nbd(work, size, rt, passes):
     qn = None
     try:
         fill(s.uri("d"), size)
-        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={size_bytes(size) >> 20}",
-           "conv=fsync", "status=none")
+        random_raw(raw, size)
         qn = QemuNbd(raw, "raw", os.path.join(d, "q.sock"), cache="none", aio="native").start()
         who_all = {"strata": (s.proc.pid, s.uri("d")), "qemu_native": (qn.proc.pid, qn.uri())}
 

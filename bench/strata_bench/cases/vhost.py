@@ -4,7 +4,7 @@ over NBD and FUSE beside it."""
 import os
 from statistics import median
 
-from ..common import cpu_of, ratio, sh, smoke, wait_path
+from ..common import cpu_of, random_raw, ratio, sh, smoke, wait_path
 from ..fio import fill, fio, fio_file
 from ..servers import Strata, drive_vhost, qsd_vhost, vhost_harness
 
@@ -45,8 +45,7 @@ def case_vhost(work, q):
         sh("taskset", "-pac", "1", str(s.proc.pid))
         wait_path(vsock)
         fill(s.uri("d"), size)
-        sh("dd", "if=/dev/urandom", f"of={raw}", "bs=1M", "count=1024", "conv=fsync",
-           "status=none")
+        random_raw(raw, "1G")
         qsd = qsd_vhost(raw, qsock, "cache.direct=off,aio=threads")
 
         def drive(sock, rw, bs):

@@ -67,15 +67,10 @@ fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
     );
     // Reading the piece where the plan says gives the data written.
     let mut got = AlignedBuf::zeroed(8192);
-    let n = unsafe {
-        libc::pread(
-            plan.fd,
-            got.as_mut_ptr().cast(),
-            8192,
-            plan.pieces[0].file_offset as libc::off_t,
-        )
-    };
-    assert_eq!(n, 8192);
+    assert_eq!(
+        pread_at(plan.fd, &mut got, plan.pieces[0].file_offset),
+        8192
+    );
     assert_eq!(&got[..], &data[..]);
 
     // A snapshot waits for the gate the plan holds...
@@ -128,14 +123,13 @@ fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
     let piece = plan.pieces[0];
     assert_eq!((piece.buf_offset, piece.len), (0, 4096));
     let mut got = vec![0u8; piece.len];
-    let n = nix_pread(plan.fd, &mut got, piece.file_offset);
-    assert_eq!(n, piece.len);
+    assert_eq!(pread_at(plan.fd, &mut got, piece.file_offset), piece.len);
     assert!(got.iter().all(|&b| b == 7), "the piece names the data");
     plan.finish(true);
 }
 
 /// `pread(2)` on a raw descriptor the plan names (bytes read).
-fn nix_pread(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
+fn pread_at(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
     // SAFETY: `buf` is valid for its length; `fd` is open while the plan lives.
     let n = unsafe {
         libc::pread(
