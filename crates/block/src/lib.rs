@@ -31,12 +31,12 @@ mod aligned;
 mod fill;
 pub mod plan;
 pub mod ring;
-pub mod ring_reads;
+pub mod ring_io;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;
 pub use fill::{Fill, FillRuns, ReadFill};
-pub use plan::{hold_read, FilePiece, Held, Planned, ReadHold, ReadPlan};
+pub use plan::{hold_read, FilePiece, Held, IoHold, IoPlan, Planned};
 
 use std::fmt;
 
@@ -224,7 +224,7 @@ pub trait BlockDevice: Send + Sync {
     fn prefetch(&self, _offset_bytes: u64, _len_bytes: u64) {}
 
     /// Plan a read of `buf.len()` bytes at `offset_bytes` for the caller
-    /// to carry out ([`ReadPlan`]): the same answer `read_at` would give,
+    /// to carry out ([`IoPlan`]): the same answer `read_at` would give,
     /// but the data of its pieces is left for the caller to read from the
     /// plan's file (the rest of `buf` is filled). `None`: this device
     /// reads only by itself (the default; a device plans only when its
@@ -236,6 +236,25 @@ pub trait BlockDevice: Send + Sync {
     fn plan_read(
         &self,
         _buf: &mut [u8],
+        _offset_bytes: u64,
+        _wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        None
+    }
+
+    /// Plan a write of `buf` at `offset_bytes` without FUA for the caller
+    /// to carry out ([`IoPlan`] with `write` set): where in the plan's
+    /// file (opened with `O_DIRECT`) each run of `buf` goes, the device
+    /// held so that those places stay this range's until the plan is
+    /// finished. The caller writes every piece, then finishes the plan
+    /// (`ok` false if a piece failed) before it answers the client; the
+    /// write is durable at the next `flush`. `None`: this device does not
+    /// plan this write (the default; the engine plans only overwrites in
+    /// place of data it already holds unshared), and the caller calls
+    /// `write_at`. `wait` as for [`BlockDevice::plan_read`].
+    fn plan_write(
+        &self,
+        _buf: &[u8],
         _offset_bytes: u64,
         _wait: bool,
     ) -> Option<BlockResult<Planned>> {

@@ -1,8 +1,8 @@
-//! Reads planned by a device and carried out by the transport: the
-//! device says where the data lies in one file opened for direct I/O, the
-//! transport reads it there (through an io_uring, [`crate::ring`]) and
-//! tells the device when the data is in. ARCHITECTURE.md, "Direct I/O
-//! through io_uring".
+//! Reads and writes planned by a device and carried out by the
+//! transport: the device says where the data lies in one file (opened for
+//! direct I/O, or a read's page-cache descriptor), the transport reads or
+//! writes it there (through an io_uring, [`crate::ring`]) and tells the
+//! device when it is done. ARCHITECTURE.md, "Direct I/O through io_uring".
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -27,21 +27,22 @@ pub fn hold_read<T>(lock: &Arc<RwLock<T>>, wait: bool) -> Option<ArcRwLockReadGu
     }
 }
 
-/// Something a planned read holds until its data is in: the engine's I/O
-/// gate (so the grains it reads are not reused meanwhile), a switchable
-/// export's read side, a statistics command to finish. Dropped, or given
-/// [`ReadHold::done`], on any thread.
-pub trait ReadHold: Send {
-    /// The read is over; `ok` says whether every piece of it was read.
+/// Something a planned read or write holds until its pieces are done: the
+/// engine's I/O gate (so the grains it reads or writes are not reused
+/// meanwhile) and a write's stripes, a switchable export's read side, a
+/// statistics command to finish. Dropped, or given [`IoHold::done`], on any
+/// thread.
+pub trait IoHold: Send {
+    /// The I/O is over; `ok` says whether every piece of it was done.
     fn done(self: Box<Self>, ok: bool) {
         let _ = ok;
     }
 }
 
-/// A plain guard as a hold (released when the read is over).
+/// A plain guard as a hold (released when the I/O is over).
 pub struct Held<T: Send>(pub T);
 
-impl<T: Send> ReadHold for Held<T> {}
+impl<T: Send> IoHold for Held<T> {}
 
 /// One run of the request's buffer that comes from the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,22 +54,29 @@ pub struct FilePiece {
     pub len: usize,
 }
 
-/// A read as a device planned it ([`crate::BlockDevice::plan_read`]).
-pub struct ReadPlan {
-    /// The file to read from, opened with `O_DIRECT`: buffers, offsets
-    /// and lengths of the pieces are multiples of 4096 bytes.
+/// A read or write as a device planned it
+/// ([`crate::BlockDevice::plan_read`], [`crate::BlockDevice::plan_write`]).
+pub struct IoPlan {
+    /// The file to read from or write to. Opened with `O_DIRECT` (then
+    /// buffers, offsets and lengths of the pieces are multiples of 4096
+    /// bytes), or, for reads only, a descriptor through the page cache.
     pub fd: RawFd,
+    /// Whether the pieces are written to `fd` (from the request's
+    /// buffer) rather than read from it.
+    pub write: bool,
     /// The runs to read from `fd`, in order. The runs of the buffer that
-    /// no piece covers were filled (with zeros) by the plan.
+    /// no piece covers were filled (with zeros) by the plan; a write's
+    /// pieces cover its whole buffer.
     pub pieces: Vec<FilePiece>,
-    /// How the whole buffer is filled, as `read_at` would report it.
+    /// How the whole buffer is filled, as `read_at` would report it
+    /// (a write's: all data).
     pub fill: ReadFill,
-    /// What the read holds until the pieces are in; released in order.
-    pub holds: Vec<Box<dyn ReadHold>>,
+    /// What the I/O holds until its pieces are done; released in order.
+    pub holds: Vec<Box<dyn IoHold>>,
 }
 
-impl ReadPlan {
-    /// The read is over: release what it holds, innermost first.
+impl IoPlan {
+    /// The I/O is over: release what it holds, innermost first.
     pub fn finish(&mut self, ok: bool) {
         for h in self.holds.drain(..) {
             h.done(ok);
@@ -76,7 +84,7 @@ impl ReadPlan {
     }
 }
 
-impl Drop for ReadPlan {
+impl Drop for IoPlan {
     fn drop(&mut self) {
         // A plan dropped without `finish` (a connection torn down) still
         // releases what it holds; a command not finished counts as failed.
@@ -84,12 +92,13 @@ impl Drop for ReadPlan {
     }
 }
 
-/// What [`crate::BlockDevice::plan_read`] gives.
+/// What [`crate::BlockDevice::plan_read`] and `plan_write` give.
 pub enum Planned {
-    /// The read, to be carried out by the caller.
-    Plan(ReadPlan),
+    /// The read or write, to be carried out by the caller.
+    Plan(IoPlan),
     /// Planning now would have to wait for a lock (a commit, snapshot or
-    /// device switch is waiting for the reads in flight): the caller asked
-    /// not to wait, so it should let its own reads in flight finish first.
+    /// device switch is waiting for the I/O in flight, or another writer
+    /// holds the range): the caller asked not to wait, so it should let
+    /// its own I/O in flight finish first.
     Busy,
 }

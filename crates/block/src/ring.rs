@@ -82,6 +82,33 @@ impl Ring {
         self.push(&e)
     }
 
+    /// Queue a write of `ptr[..len]` to `fd` at `offset`, as
+    /// [`Ring::push_read`] queues a read.
+    ///
+    /// # Safety
+    /// `ptr[..len]` must stay valid, and not be written by anyone, until
+    /// this write's completion has been reaped; `fd` must stay open until
+    /// then.
+    pub unsafe fn push_write(
+        &self,
+        fd: RawFd,
+        ptr: *const u8,
+        len: u32,
+        offset: u64,
+        user_data: u64,
+    ) -> io::Result<()> {
+        let e = opcode::Write::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build()
+            .user_data(user_data);
+        let e = if self.punt {
+            e.flags(io_uring::squeue::Flags::ASYNC)
+        } else {
+            e
+        };
+        self.push(&e)
+    }
+
     /// Queue a no-op whose completion carries `user_data` (a wake-up for
     /// the reaping thread).
     pub fn push_nop(&self, user_data: u64) -> io::Result<()> {

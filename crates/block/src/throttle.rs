@@ -150,6 +150,11 @@ impl Throttle {
         Duration::from_secs_f64(wait)
     }
 
+    /// Whether limits are set (requests may have to wait in `admit`).
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
     /// Admit one request of `bytes`, sleeping as long as the limits say.
     pub fn admit(&self, bytes: u64) {
         if !self.active.load(Ordering::Acquire) {

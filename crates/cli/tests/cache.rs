@@ -205,3 +205,124 @@ fn reads_through_io_uring(cache: &str) {
     srv.stop();
     s.ok(&["check"]);
 }
+
+/// Under `--cache none` an overwrite of a grain the disk holds alone is
+/// written through the connection's io_uring, holding the gate and the
+/// range's stripes until it is in. Snapshots taken (and deleted) while a
+/// client rewrites a region block by block must each hold one moment of
+/// it: every block written before the snapshot holds the round then
+/// being written, every block after it the round before, none a later
+/// one (a write let through in place onto a grain the snapshot shares
+/// would show one).
+#[test]
+fn cache_none_overwrites_through_io_uring_keep_each_snapshot_one_moment() {
+    if !have("qemu-img") || !have("qemu-io") {
+        return;
+    }
+    const BLOCKS: usize = 256;
+    const FIRST: u8 = 100;
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "2M"]);
+    let srv = s.serve_with(&["--cache", "none"]);
+    let uri = s.uri("d");
+    let region = format!("{}", BLOCKS * 4096);
+    run_ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -P {FIRST} 0 {region}"),
+            &uri,
+        ],
+    );
+    let round = |r: u8| {
+        let cmds: Vec<String> = (0..BLOCKS)
+            .map(|b| format!("write -P {r} {} 4096", b * 4096))
+            .collect();
+        // Writeback: qemu-io's default (writethrough) sends every write
+        // with FUA, which a worker serves (write, then commit).
+        let mut args = vec!["-f", "raw", "-t", "writeback"];
+        for c in &cmds {
+            args.extend(["-c", c]);
+        }
+        args.push(&uri);
+        run_ok("qemu-io", &args);
+    };
+    // The round being written (0: none yet), and for each snapshot the
+    // rounds in progress when it was asked for and when it returned.
+    let current = std::sync::atomic::AtomicU8::new(0);
+    let mut seen = Vec::new();
+    let mut last = 0u8;
+    std::thread::scope(|scope| {
+        use std::sync::atomic::Ordering::SeqCst;
+        let snapper = scope.spawn(|| {
+            let mut seen = Vec::new();
+            while current.load(SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            for i in 0..16 {
+                let name = format!("s{i}");
+                let before = current.load(SeqCst);
+                s.ok(&["snapshot", "create", "d", &name]);
+                seen.push((i, before, current.load(SeqCst)));
+                if i % 2 == 0 {
+                    s.ok(&["snapshot", "delete", "d", &name]);
+                }
+            }
+            seen
+        });
+        // Two more rounds once the snapshots are done: each rewrites every
+        // block the snapshots share with the disk.
+        let mut after = 0;
+        while after < 2 {
+            assert!(last < FIRST - 1, "the snapshots took too long");
+            if snapper.is_finished() {
+                after += 1;
+            }
+            last += 1;
+            current.store(last, SeqCst);
+            round(last);
+        }
+        seen = snapper.join().unwrap();
+    });
+    // Round r writes r to every block in order; before round 1 all are FIRST.
+    let round_of = |v: u8| if v == FIRST { 0 } else { v };
+    let out = s.path().join("snap.raw");
+    for &(i, before, after) in seen.iter().filter(|(i, _, _)| i % 2 == 1) {
+        std::fs::File::create(&out)
+            .unwrap()
+            .set_len(2 << 20)
+            .unwrap();
+        raw_copy(&s.uri(&format!("d@s{i}")), out.to_str().unwrap());
+        let data = std::fs::read(&out).unwrap();
+        let mut rounds = Vec::with_capacity(BLOCKS);
+        for (b, block) in data[..BLOCKS * 4096].chunks(4096).enumerate() {
+            assert!(
+                block.iter().all(|&x| x == block[0]),
+                "s{i}: block {b} holds parts of two writes"
+            );
+            rounds.push(round_of(block[0]));
+        }
+        let (hi, lo) = (rounds[0], rounds[BLOCKS - 1]);
+        // Taken during round `before` or later, and by round `after`.
+        assert!(
+            rounds.windows(2).all(|w| w[0] >= w[1])
+                && hi - lo <= 1
+                && hi <= after
+                && lo + 1 >= before,
+            "s{i}, taken in rounds {before}..={after}, is no moment of the rewrite: {rounds:?}"
+        );
+        assert!(
+            data[BLOCKS * 4096..].iter().all(|&x| x == 0),
+            "s{i}: past the region"
+        );
+    }
+    let want: Vec<u8> = std::iter::repeat_n(last, BLOCKS * 4096)
+        .chain(std::iter::repeat_n(0, (2 << 20) - BLOCKS * 4096))
+        .collect();
+    std::fs::write(&out, want).unwrap();
+    assert_same(&out, &uri, "the disk after the last round");
+    srv.stop();
+    s.ok(&["check"]);
+}

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use strata_block::{
-    check_range, hold_read, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, Planned,
-    ReadPlan, ZeroOptions,
+    check_range, hold_read, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, IoPlan,
+    Planned, ZeroOptions,
 };
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
@@ -123,18 +123,7 @@ impl DiskHandle {
             .meta
             .lock()
             .lookup_range(self.version, first, last - first + 1, &mut grains)?;
-        let end = offset + len;
-        Ok(grain_runs(&grains)
-            .map(|(i, j, g0)| {
-                let v0 = first + i as u64;
-                let s = offset.max(v0 << GRAIN_SHIFT);
-                let t = end.min((first + j as u64) << GRAIN_SHIFT);
-                Run {
-                    buf: (s - offset) as usize..(t - offset) as usize,
-                    pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT))),
-                }
-            })
-            .collect())
+        Ok(runs_of(&grains, offset, len))
     }
 
     /// Read `buf` at `offset`; unmapped grains read as zeros and are
@@ -193,8 +182,9 @@ impl DiskHandle {
         let mut fill = ReadFill::new();
         let mut pieces = Vec::new();
         if buf.is_empty() {
-            return Ok(Planned::Plan(ReadPlan {
+            return Ok(Planned::Plan(IoPlan {
                 fd,
+                write: false,
                 pieces,
                 fill,
                 holds: Vec::new(),
@@ -222,8 +212,9 @@ impl DiskHandle {
                 }
             }
         }
-        Ok(Planned::Plan(ReadPlan {
+        Ok(Planned::Plan(IoPlan {
             fd,
+            write: false,
             pieces,
             fill,
             holds: vec![Box::new(Held(gate))],
@@ -260,6 +251,79 @@ impl DiskHandle {
     }
 
     // ------------------------------------------------------------ write
+
+    /// Plan an overwrite in place for the caller to carry out
+    /// (`BlockDevice::plan_write`) into the pool's direct descriptor
+    /// `fd`: only when every grain of the range is mapped and this
+    /// version's alone, so that the write changes no metadata and has
+    /// nothing to copy. Anything else (a grain to allocate or to copy on
+    /// write, zeros a thin disk would not store, a writer that must help
+    /// with a checkpoint) is left to `write_impl`: None. The plan holds the
+    /// gate and the range's stripes, as `write_impl` holds them for its
+    /// call, and counts the write in `mutations` when it is over, as
+    /// `install` does, so the next flush syncs it.
+    fn plan_write_impl(
+        &self,
+        fd: std::os::fd::RawFd,
+        buf: &[u8],
+        offset: u64,
+        wait: bool,
+    ) -> Result<Option<Planned>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let len = buf.len() as u64;
+        let prov = self.begin(offset, len, true)?;
+        if buf.is_empty()
+            || (prov == Provisioning::Thin
+                && self.inner.detect_zeroes.load(Relaxed)
+                && is_zero(buf))
+            || self.inner.within_bounds().is_err()
+        {
+            return Ok(None);
+        }
+        let first = offset >> GRAIN_SHIFT;
+        let last = (offset + len - 1) >> GRAIN_SHIFT;
+        let Some(gate) = hold_read(&self.inner.gate, wait) else {
+            return Ok(Some(Planned::Busy));
+        };
+        // A range another write holds (its own planned writes among them)
+        // is left to `write_at` too: it waits for the stripes on the
+        // caller's worker, where waiting here would stall the caller's
+        // ring and every request behind it.
+        let Some(stripes) = self.inner.hold_stripes(self.version, first, last, wait) else {
+            return Ok(None);
+        };
+        let mut found = Vec::with_capacity((last - first + 1) as usize);
+        self.inner.meta.lock().lookup_range_for_write(
+            self.version,
+            first,
+            last - first + 1,
+            &mut found,
+        )?;
+        if found.iter().any(|&(g, exclusive)| g == 0 || !exclusive) {
+            return Ok(None);
+        }
+        let grains: Vec<u64> = found.into_iter().map(|(g, _)| g).collect();
+        let pieces = runs_of(&grains, offset, len)
+            .into_iter()
+            .map(|r| FilePiece {
+                buf_offset: r.buf.start,
+                file_offset: r.pool.expect("every grain is mapped"),
+                len: r.buf.len(),
+            })
+            .collect();
+        Ok(Some(Planned::Plan(IoPlan {
+            fd,
+            write: true,
+            pieces,
+            fill: strata_block::ReadFill::all_data(len),
+            // Released in this order: counted, then the stripes, then the gate.
+            holds: vec![
+                Box::new(Counted(self.inner.clone())),
+                Box::new(Held(stripes)),
+                Box::new(Held(gate)),
+            ],
+        })))
+    }
 
     /// Write with the gate and stripes already held by the caller.
     fn write_locked(&self, buf: &[u8], offset: u64, prov: Provisioning) -> Result<()> {
@@ -821,6 +885,24 @@ struct Run {
 /// Runs of `grains` (index range, first grain; 0 for a hole): physically
 /// adjacent grains make one run, and so do adjacent holes. An iterator, so
 /// the read path allocates only what it keeps.
+/// The runs of `[offset, offset + len)` whose grains, from the first
+/// grain it touches on, are `grains` (see `DiskHandle::mapped_runs`).
+fn runs_of(grains: &[u64], offset: u64, len: u64) -> Vec<Run> {
+    let first = offset >> GRAIN_SHIFT;
+    let end = offset + len;
+    grain_runs(grains)
+        .map(|(i, j, g0)| {
+            let v0 = first + i as u64;
+            let s = offset.max(v0 << GRAIN_SHIFT);
+            let t = end.min((first + j as u64) << GRAIN_SHIFT);
+            Run {
+                buf: (s - offset) as usize..(t - offset) as usize,
+                pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT))),
+            }
+        })
+        .collect()
+}
+
 fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
     let mut i = 0usize;
     std::iter::from_fn(move || {
@@ -838,6 +920,21 @@ fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ 
         i = j;
         Some(run)
     })
+}
+
+/// Held by a planned write: counts it in `mutations` when the write is
+/// over, whether or not every piece landed (some may have), so a flush
+/// after it syncs the pool.
+struct Counted(Arc<Store>);
+
+impl strata_block::IoHold for Counted {}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0
+            .mutations
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
 }
 
 fn to_block<T>(r: Result<T>) -> BlockResult<T> {
@@ -881,6 +978,28 @@ impl BlockDevice for DiskHandle {
         }
         self.throttle.admit(buf.len() as u64);
         Some(to_block(self.plan_read_impl(fd, buf, offset_bytes, wait)))
+    }
+
+    fn plan_write(
+        &self,
+        buf: &[u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        // Only into a pool opened for direct I/O, aligned requests, and a
+        // disk without I/O limits (`write_at` waits for those).
+        let (fd, true) = self.inner.pool.read_fd()? else {
+            return None;
+        };
+        let align = strata_storage::DIRECT_ALIGN as u64;
+        if !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align)
+            || self.throttle.is_active()
+        {
+            return None;
+        }
+        self.plan_write_impl(fd, buf, offset_bytes, wait)
+            .map_err(BlockError::from)
+            .transpose()
     }
 
     fn flush(&self) -> BlockResult<()> {

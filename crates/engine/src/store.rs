@@ -19,6 +19,9 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+/// A stripe held by a planned write ([`Store::hold_stripes`]).
+pub type StripeGuard = parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>;
 use strata_format::{catalog_file, Superblock, GRAIN_BYTES, SUPER_SLOT_BYTES};
 use strata_storage::{Backend, Storage};
 
@@ -176,7 +179,8 @@ pub(crate) struct Store {
     /// Wakes the background committer, when one runs (see
     /// `Datastore::start_background_commits`).
     pub background: Arc<Kick>,
-    pub stripes: Vec<Mutex<()>>,
+    /// In `Arc`s so a planned write can own its guards (`hold_stripes`).
+    pub stripes: Vec<Arc<Mutex<()>>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
     pub fail: FailState,
@@ -241,7 +245,7 @@ impl Store {
             checkpoints: AtomicU64::new(0),
             background: Arc::new(Kick::default()),
             direct_io: p.direct_io,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             mutations: AtomicU64::new(0),
             fail: FailState::default(),
             open_warnings: p.open_warnings,
@@ -761,11 +765,12 @@ impl Store {
         Ok(())
     }
 
-    /// Keep the log buffer and dirty metadata bounded (called by writers
-    /// before they take the gate). With a background committer, a writer
-    /// only wakes it, and waits itself only past twice the bounds (memory
-    /// stays bounded); without one, the writer commits or checkpoints.
-    pub fn maybe_checkpoint(&self) -> Result<()> {
+    /// The part of [`Store::maybe_checkpoint`] that never waits: with a
+    /// background committer and both bounds not passed twice over, wake
+    /// the committer if needed and say Ok; without one, Ok while neither
+    /// bound is passed; otherwise what the writer must do itself (dirty
+    /// metadata over the budget, log buffer full).
+    pub fn within_bounds(&self) -> std::result::Result<(), (bool, bool)> {
         let (over, half, log_len) = {
             let m = self.meta.lock();
             (m.cache_over_budget(), m.needs_checkpoint(), m.log_len())
@@ -780,6 +785,20 @@ impl Store {
             }
             return Ok(());
         }
+        if !over && !log_full {
+            return Ok(());
+        }
+        Err((over, log_full))
+    }
+
+    /// Keep the log buffer and dirty metadata bounded (called by writers
+    /// before they take the gate). With a background committer, a writer
+    /// only wakes it, and waits itself only past twice the bounds (memory
+    /// stays bounded); without one, the writer commits or checkpoints.
+    pub fn maybe_checkpoint(&self) -> Result<()> {
+        let Err((over, log_full)) = self.within_bounds() else {
+            return Ok(());
+        };
         if over {
             // Memory is bounded: wait for a checkpoint (the commit may have
             // run one already).
@@ -838,6 +857,36 @@ impl Store {
     /// version of `vers`, in the one global order every locker uses (so a
     /// caller holding several never deadlocks with a client write).
     pub fn lock_stripes_of(&self, vers: &[u64], first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
+        Self::stripe_indices(vers, first, last)
+            .into_iter()
+            .map(|i| self.stripes[i].lock())
+            .collect()
+    }
+
+    /// The stripes of [`Store::lock_stripes`] as guards a planned write
+    /// owns until its pieces are written. Without `wait`, None when one of
+    /// them is held (the caller's own writes in flight may hold it).
+    pub fn hold_stripes(
+        &self,
+        ver: u64,
+        first: u64,
+        last: u64,
+        wait: bool,
+    ) -> Option<Vec<StripeGuard>> {
+        Self::stripe_indices(&[ver], first, last)
+            .into_iter()
+            .map(|i| {
+                if wait {
+                    Some(self.stripes[i].lock_arc())
+                } else {
+                    self.stripes[i].try_lock_arc()
+                }
+            })
+            .collect()
+    }
+
+    /// The stripes covering `[first, last]` of each version, in locking order.
+    fn stripe_indices(vers: &[u64], first: u64, last: u64) -> Vec<usize> {
         let k0 = first >> STRIPE_GRAINS_SHIFT;
         let k1 = last >> STRIPE_GRAINS_SHIFT;
         let mut idx: Vec<usize> = if k1 - k0 >= STRIPES as u64 {
@@ -856,6 +905,6 @@ impl Store {
         };
         idx.sort_unstable();
         idx.dedup();
-        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
+        idx
     }
 }

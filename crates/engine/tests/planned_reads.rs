@@ -3,7 +3,8 @@
 //! cache): the plan holds the I/O gate until the caller's
 //! reads are in, and a caller that holds plans is told the device is busy
 //! instead of being made to wait for a snapshot that waits for it (the
-//! deadlock ARCHITECTURE.md's io_uring design closes).
+//! deadlock ARCHITECTURE.md's io_uring design closes). Writes are planned
+//! (`plan_write`) only as overwrites in place under `--cache none`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,6 +127,106 @@ fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
     assert_eq!(pread_at(plan.fd, &mut got, piece.file_offset), piece.len);
     assert!(got.iter().all(|&b| b == 7), "the piece names the data");
     plan.finish(true);
+}
+
+#[test]
+fn only_overwrites_in_place_are_planned_and_a_snapshot_turns_them_back() {
+    let dir = tempfile::tempdir().unwrap();
+    Datastore::init(
+        Arc::new(FileBackend::new(dir.path())),
+        &InitOptions::default(),
+    )
+    .unwrap();
+    let ds = open(dir.path(), true);
+    ds.create_disk("d", 1 << 20, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let d = ds.open_disk("d").unwrap();
+    let mut data = AlignedBuf::zeroed(8192);
+    data.fill(7);
+    d.write_at(&data, 16384, false).unwrap();
+
+    // Grains 4 and 5 are the disk's own: an overwrite there is planned as
+    // one run of the pool, and nobody else may plan that range meanwhile.
+    let mut new = AlignedBuf::zeroed(8192);
+    new.fill(9);
+    let mut plan = match d.plan_write(&new, 16384, false) {
+        Some(Ok(Planned::Plan(p))) => p,
+        _ => panic!("an overwrite in place of a direct pool is planned"),
+    };
+    assert!(plan.write);
+    assert_eq!(plan.pieces.len(), 1, "{:?}", plan.pieces);
+    let piece = plan.pieces[0];
+    assert_eq!((piece.buf_offset, piece.len), (0, 8192));
+    assert!(
+        d.plan_write(&new[..4096], 20480, false).is_none(),
+        "a range a planned write holds goes to write_at, which waits for it"
+    );
+    assert_eq!(pwrite_at(plan.fd, &new, piece.file_offset), 8192);
+    plan.finish(true);
+    drop(plan);
+    let mut back = AlignedBuf::zeroed(8192);
+    d.read_at(&mut back, 16384).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 9),
+        "the planned write is read back"
+    );
+
+    // A hole to fill, zeros a thin disk does not store, a misaligned
+    // request: left to write_at.
+    let mut one = AlignedBuf::zeroed(4096);
+    one.fill(3);
+    assert!(
+        d.plan_write(&one, 12288, false).is_none(),
+        "grain 3 is a hole"
+    );
+    assert!(d
+        .plan_write(&AlignedBuf::zeroed(4096), 16384, false)
+        .is_none());
+    assert!(d.plan_write(&one[..512], 16384 + 512, false).is_none());
+
+    // After a snapshot grain 4 is shared: the write must copy, not plan.
+    ds.snapshot_create("d", "s", "").unwrap();
+    assert!(
+        d.plan_write(&one, 16384, false).is_none(),
+        "shared after a snapshot"
+    );
+    d.write_at(&one, 16384, false).unwrap();
+    let plan = match d.plan_write(&one, 16384, false) {
+        Some(Ok(Planned::Plan(p))) => p,
+        _ => panic!("the copy is the disk's own again"),
+    };
+    assert_ne!(plan.pieces[0].file_offset, piece.file_offset, "a new grain");
+    drop(plan);
+
+    // The planned write is durable after a flush, and the snapshot kept
+    // what it saw.
+    ds.flush().unwrap();
+    drop(d);
+    drop(ds);
+    let ds = open(dir.path(), true);
+    let d = ds.open_disk("d").unwrap();
+    d.read_at(&mut back, 16384).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 3));
+    assert!(back[4096..].iter().all(|&b| b == 9));
+    let snap = ds.open_disk("d@s").unwrap();
+    snap.read_at(&mut back, 16384).unwrap();
+    assert!(back.iter().all(|&b| b == 9), "the snapshot's data");
+
+    // A pool with the page cache plans no write (the caller's writes go
+    // through write_at, where buffered writes queue).
+    drop((d, snap));
+    drop(ds);
+    let ds = open(dir.path(), false);
+    let d = ds.open_disk("d").unwrap();
+    assert!(d.plan_write(&new, 16384, false).is_none());
+}
+
+/// `pwrite(2)` on a raw descriptor the plan names (bytes written).
+fn pwrite_at(fd: std::os::fd::RawFd, buf: &[u8], offset: u64) -> usize {
+    // SAFETY: `buf` is valid for its length; `fd` is open while the plan lives.
+    let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
+    assert!(n >= 0, "pwrite: {}", std::io::Error::last_os_error());
+    n as usize
 }
 
 /// `pread(2)` on a raw descriptor the plan names (bytes read).

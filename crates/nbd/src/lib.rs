@@ -294,14 +294,16 @@ pub struct ServerOptions {
     /// client's reads along them (see `readahead.rs`); 0 turns this off.
     /// Default 8 MiB.
     pub read_ahead_bytes: u64,
-    /// READs of devices that plan them (`BlockDevice::plan_read`: an
-    /// engine disk) go through an io_uring per connection, submitted in
-    /// batches, instead of a worker each (`serve --aio io_uring`, the
-    /// server's default). The reader answers those already in when it
-    /// has submitted (reads the page cache held complete inside the
-    /// submission); a reaping thread answers the rest. Where a ring
-    /// cannot be set up the workers serve them. Default false.
-    pub ring_reads: bool,
+    /// READs and WRITEs (without FUA) of devices that plan them
+    /// (`BlockDevice::plan_read`, `plan_write`: an engine disk; writes
+    /// only overwrites in place under `--cache none`) go through an
+    /// io_uring per connection, submitted in batches, instead of a worker
+    /// each (`serve --aio io_uring`, the server's default). The reader
+    /// answers those already done when it has submitted (reads the page
+    /// cache held complete inside the submission); a reaping thread
+    /// answers the rest. Where a ring cannot be set up the workers serve
+    /// them. Default false.
+    pub ring_io: bool,
     /// WRITEs of at most this many bytes without FUA are carried out by
     /// the connection's reader itself, between reading one request and
     /// the next, instead of being handed to a worker. For a device whose
@@ -331,7 +333,7 @@ impl Default for ServerOptions {
             handshake_timeout: Some(Duration::from_secs(10)),
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
-            ring_reads: false,
+            ring_io: false,
             inline_write_bytes: 0,
             tls: None,
         }

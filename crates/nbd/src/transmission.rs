@@ -12,7 +12,7 @@ use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
 use strata_block::ring::Issue;
-use strata_block::ring_reads::{self, Reaper, RingReads};
+use strata_block::ring_io::{self, Reaper, RingIo};
 use strata_block::{
     check_range, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
 };
@@ -26,15 +26,15 @@ use crate::{NbdStream, Refusal, Shared};
 /// Submission slots of a connection's ring.
 const RING_ENTRIES: u32 = 128;
 
-/// A READ in the ring: the request, the buffer its data goes into, and
-/// what the connection's admission charged.
-struct RingRead {
+/// A READ or WRITE in the ring: the request, the buffer its data goes
+/// into or comes from, and what the connection's admission charged.
+struct RingReq {
     req: Request,
     data: AlignedBuf,
     cost: u64,
 }
 
-type Pending = ring_reads::Pending<RingRead>;
+type Pending = ring_io::Pending<RingReq>;
 
 /// Receive buffer of the reader: batches small pipelined requests.
 const READ_BUFFER_BYTES: usize = 128 * 1024;
@@ -207,21 +207,21 @@ struct Conn<S> {
     plan: Mutex<Plan>,
     /// Started with the first hint.
     prefetcher: Mutex<Option<Prefetcher>>,
-    /// READs through an io_uring (`ServerOptions::ring_reads`).
-    ring: Option<Arc<RingReads<RingRead>>>,
+    /// READs and WRITEs through an io_uring (`ServerOptions::ring_io`).
+    ring: Option<Arc<RingIo<RingReq>>>,
 }
 
 /// A connection's ring, when asked for and available.
-fn ring(shared: &Shared) -> Option<Arc<RingReads<RingRead>>> {
-    if !shared.opts.ring_reads {
+fn ring(shared: &Shared) -> Option<Arc<RingIo<RingReq>>> {
+    if !shared.opts.ring_io {
         return None;
     }
-    match RingReads::new(RING_ENTRIES, Issue::Inline) {
+    match RingIo::new(RING_ENTRIES, Issue::Inline) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                tracing::warn!("NBD: no io_uring ({e}); worker threads serve READs instead")
+                tracing::warn!("NBD: no io_uring ({e}); worker threads serve every request instead")
             });
             None
         }
@@ -289,7 +289,7 @@ fn read_requests<S: NbdStream>(
                 r.submit()?;
                 // Reads the page cache answered are in already: answer
                 // them here rather than wake the reaping thread.
-                if let Err(e) = r.reap_ready(|p| conn.finish_ring_read(p), || {}) {
+                if let Err(e) = r.reap_ready(|p| conn.finish_ring_req(p), || {}) {
                     conn.mark_broken(&e);
                     return Err(e);
                 }
@@ -349,6 +349,12 @@ fn read_requests<S: NbdStream>(
             if let Err(e) = reader.read_exact(&mut payload) {
                 conn.finished(cost);
                 return Err(e);
+            }
+            if let Some(r) = &conn.ring {
+                match conn.ring_write(r, req, payload, cost)? {
+                    None => continue,
+                    Some(p) => payload = p,
+                }
             }
         }
         let job = Job { req, payload, cost };
@@ -643,7 +649,7 @@ impl<S: NbdStream> Conn<S> {
     /// a worker then serves it. Never waits for the gate while reads of
     /// this connection are in the ring (they may hold it): a busy device
     /// is asked again once they are in.
-    fn ring_read(&self, ring: &RingReads<RingRead>, req: Request, cost: u64) -> io::Result<bool> {
+    fn ring_read(&self, ring: &RingIo<RingReq>, req: Request, cost: u64) -> io::Result<bool> {
         let mut data = self.take_buffer(req.len as usize);
         let mut planned = self.dev.plan_read(&mut data, req.offset, false);
         if let Some(Ok(Planned::Busy)) = planned {
@@ -658,11 +664,11 @@ impl<S: NbdStream> Conn<S> {
                 // that owns it: the pointer stays good while it waits in
                 // the ring (and nothing else touches it meanwhile).
                 let dest = data.as_mut_ptr();
-                let read = RingRead { req, data, cost };
+                let read = RingReq { req, data, cost };
                 // SAFETY: as said above; `read` owns the buffer until the
                 // read is handed back.
                 if let Some(p) = unsafe { ring.start(read, dest, plan) } {
-                    self.finish_ring_read(p);
+                    self.finish_ring_req(p);
                 }
                 Ok(true)
             }
@@ -679,26 +685,78 @@ impl<S: NbdStream> Conn<S> {
         }
     }
 
+    /// WRITE without FUA through the ring, when the device plans it (an
+    /// overwrite in place under `--cache none`): queue its pieces, the
+    /// reaping thread answers it. Gives the payload back when the device
+    /// does not plan this write (a worker then serves it). Busy as in
+    /// [`Conn::ring_read`].
+    fn ring_write(
+        &self,
+        ring: &RingIo<RingReq>,
+        req: Request,
+        payload: AlignedBuf,
+        cost: u64,
+    ) -> io::Result<Option<AlignedBuf>> {
+        if req.flags & FLAG_FUA != 0 {
+            return Ok(Some(payload));
+        }
+        let data = &payload[..req.len as usize];
+        let mut planned = self.dev.plan_write(data, req.offset, false);
+        if let Some(Ok(Planned::Busy)) = planned {
+            ring.submit()?;
+            ring.wait_idle();
+            planned = self.dev.plan_write(data, req.offset, true);
+        }
+        match planned {
+            Some(Ok(Planned::Plan(plan))) => {
+                let mut data = payload;
+                // As for a READ: the memory stays put while `write` owns it.
+                let src = data.as_mut_ptr();
+                let write = RingReq { req, data, cost };
+                // SAFETY: `write` owns the buffer until it is handed back,
+                // and nothing writes it meanwhile.
+                if let Some(p) = unsafe { ring.start(write, src, plan) } {
+                    self.finish_ring_req(p);
+                }
+                Ok(None)
+            }
+            Some(Err(e)) => {
+                self.recycle(payload);
+                let r = self.reply_error(&req, errno_of(&e), &e.to_string());
+                self.finished(cost);
+                r.map(|()| None)
+            }
+            None | Some(Ok(Planned::Busy)) => Ok(Some(payload)),
+        }
+    }
+
     /// The reaping thread of the ring.
     fn reap_loop(&self) {
         let ring = self.ring.as_ref().expect("a reaper has a ring");
-        if let Err(e) = ring.reap(|p| self.finish_ring_read(p), || {}) {
+        if let Err(e) = ring.reap(|p| self.finish_ring_req(p), || {}) {
             tracing::error!("NBD: the connection's ring failed: {e}; dropping the connection");
             self.mark_broken(&e);
         }
     }
 
-    /// A read's pieces are in (or failed): release what it held, then answer.
-    fn finish_ring_read(&self, mut p: Pending) {
+    /// A request's pieces are done (or failed): release what it held, then
+    /// answer.
+    fn finish_ring_req(&self, mut p: Pending) {
         p.plan.finish(p.failed.is_none());
-        let RingRead { req, data, cost } = &p.ctx;
+        let RingReq { req, data, cost } = &p.ctx;
         if !self.broken.load(Ordering::Relaxed) {
+            let write = p.plan.write;
             let r = match p.failed {
+                None if write => self.reply_ok(req),
                 None => self.send_read(req, data, &p.plan.fill),
                 Some(errno) => self.reply_error(
                     req,
                     wire_errno(errno),
-                    &format!("reading the disk: {}", io::Error::from_raw_os_error(errno)),
+                    &format!(
+                        "{} the disk: {}",
+                        if write { "writing" } else { "reading" },
+                        io::Error::from_raw_os_error(errno)
+                    ),
                 ),
             };
             if let Err(e) = r {

@@ -133,7 +133,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         read_ahead_bytes: args.nbd_read_ahead,
         // Under writeback too: a read the page cache holds completes
         // inside the submission, and the reader answers it itself.
-        ring_reads: args.aio_uring,
+        ring_io: args.aio_uring,
         // Under writeback a small write is a copy into the page cache:
         // cheaper on the reader than handed to a worker.
         inline_write_bytes: if args.direct_io {
@@ -1311,7 +1311,7 @@ fn listen_vhost(
             queues: args.vhost_queues,
             serial: disk.chars().take(20).collect(),
             io_threads: io_threads(args, 0),
-            ring_reads: args.aio_uring && args.direct_io,
+            ring_io: args.aio_uring && args.direct_io,
             ..Default::default()
         };
         private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use strata_block::{
-    hold_read, BlockDevice, BlockResult, Extent, Held, Planned, ReadFill, ZeroOptions,
+    hold_read, BlockDevice, BlockResult, Extent, Held, IoHold, Planned, ReadFill, ZeroOptions,
 };
 
 /// The finest granularity of change tracking: a client's 4 KiB write is
@@ -213,6 +213,20 @@ impl Slot {
     }
 }
 
+/// Held by a planned write while changes are tracked: marks its range
+/// once the write is over, failed ones too (a piece may have landed).
+struct MarkChanged {
+    map: Arc<DirtyMap>,
+    offset: u64,
+    len: u64,
+}
+
+impl IoHold for MarkChanged {
+    fn done(self: Box<Self>, _ok: bool) {
+        self.map.mark(self.offset, self.len);
+    }
+}
+
 impl BlockDevice for Slot {
     fn size_bytes(&self) -> u64 {
         self.inner.read().dev.size_bytes()
@@ -292,6 +306,39 @@ impl BlockDevice for Slot {
         match g.dev.plan_read(buf, offset_bytes, wait)? {
             Ok(Planned::Plan(mut plan)) => {
                 self.count(&g);
+                plan.holds.push(Box::new(Held(g)));
+                Some(Ok(Planned::Plan(plan)))
+            }
+            other => Some(other),
+        }
+    }
+
+    /// As `plan_read`, and the range is recorded as changed once the
+    /// write is over, as `write_at` records it. While a move
+    /// mirrors writes nothing is planned: `write_at` applies each to both
+    /// devices under the range locks.
+    fn plan_write(
+        &self,
+        buf: &[u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        let Some(g) = hold_read(&self.inner, wait) else {
+            return Some(Ok(Planned::Busy));
+        };
+        if g.mirror.is_some() {
+            return None;
+        }
+        match g.dev.plan_write(buf, offset_bytes, wait)? {
+            Ok(Planned::Plan(mut plan)) => {
+                self.count(&g);
+                if let Some(d) = &g.dirty {
+                    plan.holds.push(Box::new(MarkChanged {
+                        map: d.clone(),
+                        offset: offset_bytes,
+                        len: buf.len() as u64,
+                    }));
+                }
                 plan.holds.push(Box::new(Held(g)));
                 Some(Ok(Planned::Plan(plan)))
             }

@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use strata_block::{BlockDevice, BlockResult, Extent, Planned, ReadFill, ReadHold, ZeroOptions};
+use strata_block::{BlockDevice, BlockResult, Extent, IoHold, Planned, ReadFill, ZeroOptions};
 
 use crate::disk::{Command, DiskStats, Op};
 
 /// A planned read's command, finished when the read is over.
 struct Recording(Command<Arc<DiskStats>>);
 
-impl ReadHold for Recording {
+impl IoHold for Recording {
     fn done(self: Box<Self>, ok: bool) {
         self.0.finish(ok);
     }
@@ -29,6 +29,32 @@ pub struct StatsDevice {
 }
 
 impl StatsDevice {
+    /// A plan of the inner device, with a command recorded until the plan
+    /// is finished (a failed planning is recorded as a failed command).
+    fn recorded(
+        &self,
+        op: Op,
+        offset_bytes: u64,
+        len: u64,
+        planned: Option<BlockResult<Planned>>,
+    ) -> Option<BlockResult<Planned>> {
+        if !self.stats.recording() {
+            return planned;
+        }
+        match planned {
+            Some(Ok(Planned::Plan(mut plan))) => {
+                let command = self.stats.begin_owned(op, offset_bytes, len);
+                plan.holds.push(Box::new(Recording(command)));
+                Some(Ok(Planned::Plan(plan)))
+            }
+            Some(Err(e)) => {
+                self.stats.begin(op, offset_bytes, len).finish(false);
+                Some(Err(e))
+            }
+            other => other,
+        }
+    }
+
     pub fn new(inner: Arc<dyn BlockDevice>, stats: Arc<DiskStats>) -> Self {
         Self { inner, stats }
     }
@@ -154,22 +180,18 @@ impl BlockDevice for StatsDevice {
         wait: bool,
     ) -> Option<BlockResult<Planned>> {
         let planned = self.inner.plan_read(buf, offset_bytes, wait);
-        if !self.stats.recording() {
-            return planned;
-        }
-        let len = buf.len() as u64;
-        match planned {
-            Some(Ok(Planned::Plan(mut plan))) => {
-                let command = self.stats.begin_owned(Op::Read, offset_bytes, len);
-                plan.holds.push(Box::new(Recording(command)));
-                Some(Ok(Planned::Plan(plan)))
-            }
-            Some(Err(e)) => {
-                self.stats.begin(Op::Read, offset_bytes, len).finish(false);
-                Some(Err(e))
-            }
-            other => other,
-        }
+        self.recorded(Op::Read, offset_bytes, buf.len() as u64, planned)
+    }
+
+    /// As `plan_read`: from the end of the planning to the end of the write.
+    fn plan_write(
+        &self,
+        buf: &[u8],
+        offset_bytes: u64,
+        wait: bool,
+    ) -> Option<BlockResult<Planned>> {
+        let planned = self.inner.plan_write(buf, offset_bytes, wait);
+        self.recorded(Op::Write, offset_bytes, buf.len() as u64, planned)
     }
 
     /// Forwarded, not counted: a hint is no command of the client's.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use strata_block::ring::Issue;
-use strata_block::ring_reads::{Pending, RingReads};
+use strata_block::ring_io::{Pending, RingIo};
 use strata_block::{BlockDevice, Planned, SECTOR_BYTES};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -54,38 +54,40 @@ pub struct BlkDevice {
     /// restarts the queue at the used index and the requests are not
     /// carried out again.
     signalled: Vec<AtomicBool>,
-    /// With `Options::ring_reads`, per queue: the ring its reads go
-    /// through (None where io_uring cannot be set up).
+    /// With `Options::ring_io`, per queue: the ring its reads and writes
+    /// go through (None where io_uring cannot be set up).
     rings: Vec<Option<QueueRing>>,
 }
 
-/// A queue's io_uring. Its worker queues the reads a kick brings in and
+/// A queue's io_uring. Its worker queues the requests a kick brings in and
 /// submits them together; the kernel's io-wq threads issue them
 /// ([`Issue::Worker`]: the worker takes requests about one per kick, and
 /// issuing each inline would serialize them behind the device's doorbell);
 /// completions signal `done`, which wakes the same worker (an event of its
 /// epoll loop) to return them. No thread of ours is handed a request.
 struct QueueRing {
-    reads: RingReads<RingRead>,
+    io: RingIo<RingReq>,
     done: EventFd,
 }
 
 impl QueueRing {
     /// None where io_uring cannot be set up (warned once): the queue then
-    /// reads as without it.
+    /// works as without it.
     fn new() -> Option<QueueRing> {
-        let made = RingReads::new(RING_ENTRIES, Issue::Worker).and_then(|reads| {
+        let made = RingIo::new(RING_ENTRIES, Issue::Worker).and_then(|io| {
             let done = EventFd::new(libc::EFD_NONBLOCK)?;
             use std::os::fd::AsRawFd;
-            reads.register_eventfd(done.as_raw_fd())?;
-            Ok(QueueRing { reads, done })
+            io.register_eventfd(done.as_raw_fd())?;
+            Ok(QueueRing { io, done })
         });
         match made {
             Ok(r) => Some(r),
             Err(e) => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
-                    tracing::warn!("vhost-user-blk: no io_uring ({e}); reads are served without it")
+                    tracing::warn!(
+                        "vhost-user-blk: no io_uring ({e}); requests are served without it"
+                    )
                 });
                 None
             }
@@ -93,10 +95,11 @@ impl QueueRing {
     }
 }
 
-/// A read in a queue's ring.
-struct RingRead {
-    /// Keeps the guest memory the data goes to mapped until the read is
-    /// handed back (even if the frontend sends a new memory table).
+/// A read or write in a queue's ring.
+struct RingReq {
+    /// Keeps the guest memory the data goes to (or comes from) mapped
+    /// until the request is handed back (even if the frontend sends a new
+    /// memory table).
     mem: Arc<GuestMemoryMmap>,
     vring: VringRwLock,
     head: u16,
@@ -104,15 +107,17 @@ struct RingRead {
     len: u32,
 }
 
-/// Write the status of a read that went through a ring and return it used
-/// (the caller signals the guest once per batch).
-fn finish_ring_read(mut p: Pending<RingRead>) {
+/// Write the status of a request that went through a ring and return it
+/// used (the caller signals the guest once per batch).
+fn finish_ring_req(mut p: Pending<RingReq>) {
     let ok = p.failed.is_none();
+    let write = p.plan.write;
     p.plan.finish(ok);
     let r = &p.ctx;
     if let Some(errno) = p.failed {
         tracing::debug!(
-            "virtio-blk read failed: {}",
+            "virtio-blk {} failed: {}",
+            if write { "write" } else { "read" },
             io::Error::from_raw_os_error(errno)
         );
     }
@@ -122,7 +127,7 @@ fn finish_ring_read(mut p: Pending<RingRead>) {
         request::status::IOERR
     };
     let written = match r.mem.write_slice(&[st], r.status_at) {
-        Ok(()) if ok => r.len.saturating_add(1),
+        Ok(()) if ok && !write => r.len.saturating_add(1),
         _ => 1,
     };
     if let Err(e) = r.vring.add_used(r.head, written) {
@@ -268,7 +273,7 @@ impl BlkDevice {
         let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
         let signalled = (0..opts.queues).map(|_| AtomicBool::new(false)).collect();
         let rings = (0..opts.queues)
-            .map(|_| opts.ring_reads.then(QueueRing::new).flatten())
+            .map(|_| opts.ring_io.then(QueueRing::new).flatten())
             .collect();
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
@@ -343,7 +348,7 @@ impl BlkDevice {
             let parsed = request::parse(&mem, &descs);
             if let (Some(ring), Ok(req)) = (ring, &parsed) {
                 let shared = mem.clone().into_inner();
-                if let Some(returned) = self.ring_read(ring, &shared, req, head, vring)? {
+                if let Some(returned) = self.ring_request(ring, &shared, req, head, vring)? {
                     used |= returned;
                     continue;
                 }
@@ -371,6 +376,14 @@ impl BlkDevice {
                     continue;
                 }
                 Ok(req) => {
+                    // Carried out here, by the thread that also reaps the
+                    // ring: what the ring's requests hold (the gate, a
+                    // write's stripes) must be released first, or this
+                    // could wait for them, and they for it.
+                    if let Some(r) = ring {
+                        r.io.submit()?;
+                        r.io.reap_until_idle(finish_ring_req, || {})?;
+                    }
                     request::execute(
                         &mem,
                         self.dev.as_ref(),
@@ -400,22 +413,23 @@ impl BlkDevice {
                 .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
             used = true;
         }
-        // The reads this batch queued start now, with one system call;
+        // The requests this batch queued start now, with one system call;
         // any already in go back with this batch's signal.
         if let Some(r) = ring {
-            r.reads.submit()?;
-            used |= r.reads.reap_ready(finish_ring_read, || {})? > 0;
+            r.io.submit()?;
+            used |= r.io.reap_ready(finish_ring_req, || {})? > 0;
         }
         Ok(used)
     }
 
-    /// A read through the ring: plan it, queue its pieces (returned used
-    /// once they are in). None when the device does not plan this read
-    /// (the caller carries it out as any other); else whether anything
-    /// was returned used now (it, or reads this waited for). Never waits
-    /// for the device's gate while this queue's reads are in the ring
-    /// (they may hold it): a busy device is asked again once they are in.
-    fn ring_read(
+    /// A read, or a write without FUA, through the ring: plan it, queue
+    /// its pieces (returned used once they are done). None when the
+    /// device does not plan this request (the caller carries it out as
+    /// any other); else whether anything was returned used now (it, or
+    /// requests this waited for). Never waits for the device's gate while
+    /// this queue's requests are in the ring (they may hold it): a busy
+    /// device is asked again once they are done.
+    fn ring_request(
         &self,
         ring: &QueueRing,
         mem: &Arc<GuestMemoryMmap>,
@@ -423,25 +437,42 @@ impl BlkDevice {
         head: u16,
         vring: &VringRwLock,
     ) -> io::Result<Option<bool>> {
-        let Some((ptr, len, off)) =
-            request::single_read(mem, self.dev.size_bytes(), req, &self.limits)
+        let Some(request::Single {
+            ptr,
+            len,
+            offset: off,
+            write,
+        }) = request::single(
+            mem,
+            self.dev.as_ref(),
+            req,
+            &self.limits,
+            &self.writethrough,
+        )
         else {
             return Ok(None);
         };
         // SAFETY: the view lies in guest memory, kept mapped by `mem` (the
-        // caller's load of the memory table) now and by the read's
+        // caller's load of the memory table) now and by the request's
         // context while it is in the ring; the guest does not touch a
         // buffer it handed over until the request is returned (and if it
         // does, only its own data changes).
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        let mut planned = self.dev.plan_read(buf, off, false);
+        let plan = |buf: &mut [u8], wait: bool| {
+            if write {
+                self.dev.plan_write(buf, off, wait)
+            } else {
+                self.dev.plan_read(buf, off, wait)
+            }
+        };
+        let mut planned = plan(buf, false);
         let mut returned = false;
         if let Some(Ok(Planned::Busy)) = planned {
-            ring.reads.submit()?;
-            returned = ring.reads.reap_until_idle(finish_ring_read, || {})? > 0;
-            planned = self.dev.plan_read(buf, off, true);
+            ring.io.submit()?;
+            returned = ring.io.reap_until_idle(finish_ring_req, || {})? > 0;
+            planned = plan(buf, true);
         }
-        let read = RingRead {
+        let read = RingReq {
             mem: mem.clone(),
             vring: vring.clone(),
             head,
@@ -451,8 +482,8 @@ impl BlkDevice {
         match planned {
             Some(Ok(Planned::Plan(plan))) => {
                 // SAFETY: as above; `read.mem` keeps the memory mapped.
-                if let Some(p) = unsafe { ring.reads.start(read, ptr, plan) } {
-                    finish_ring_read(p);
+                if let Some(p) = unsafe { ring.io.start(read, ptr, plan) } {
+                    finish_ring_req(p);
                     returned = true;
                 }
                 Ok(Some(returned))
@@ -466,7 +497,7 @@ impl BlkDevice {
                 Ok(Some(true))
             }
             None | Some(Ok(Planned::Busy)) => {
-                // Not planned after all (the caller carries it out); reads
+                // Not planned after all (the caller carries it out); requests
                 // that went back meanwhile are signalled now.
                 if returned {
                     self.signal(vring)?;
@@ -493,14 +524,14 @@ impl BlkDevice {
         Some(self.rings.get(queue)?.as_ref()?.done.as_raw_fd())
     }
 
-    /// Return the reads of `queue`'s ring that are in, and signal them.
+    /// Return the requests of `queue`'s ring that are done, and signal them.
     fn reap_ring(&self, queue: usize, vrings: &[VringRwLock]) -> io::Result<()> {
         let Some(Some(r)) = self.rings.get(queue) else {
             return Ok(());
         };
         // Consumed first: a completion posted from here on signals again.
         let _ = r.done.read();
-        let returned = r.reads.reap_ready(finish_ring_read, || {})?;
+        let returned = r.io.reap_ready(finish_ring_req, || {})?;
         match vrings.first() {
             Some(v) if returned > 0 => self.signal(v),
             _ => Ok(()),
@@ -516,7 +547,7 @@ impl BlkDevice {
         // The queue workers are gone: what is left in the rings is
         // reaped here (and not signalled: the frontend went away).
         for r in self.rings.iter().flatten() {
-            if let Err(e) = r.reads.reap_until_idle(finish_ring_read, || {}) {
+            if let Err(e) = r.io.reap_until_idle(finish_ring_req, || {}) {
                 tracing::error!("vhost-user-blk: a queue's io_uring failed: {e}");
             }
         }
@@ -576,9 +607,9 @@ impl VhostUserBackend for BlkDevice {
         if let Some(p) = &self.pool {
             drop(p.wait_idle());
         }
-        // The queue's worker reaps its ring's reads as they complete.
+        // The queue's worker reaps its ring's requests as they complete.
         if let Some(Some(r)) = self.rings.get(queue_index as usize) {
-            r.reads.wait_idle();
+            r.io.wait_idle();
         }
         Ok(())
     }

@@ -9,11 +9,11 @@
 //! kick it pops every available descriptor chain, turns the chain's guest
 //! addresses into host slices and hands them to the device's vectored
 //! calls ([`BlockDevice::readv_at`], [`BlockDevice::writev_at`]): no copy
-//! through a socket. With [`Options::ring_reads`] (`--cache none`), a read
-//! into one guest buffer that the device plans for direct I/O goes through
-//! the queue's io_uring instead, and the same worker returns it when the
-//! ring's eventfd says it is in (ARCHITECTURE.md, "Direct I/O through
-//! io_uring"). A request of one segment is read from the pool file
+//! through a socket. With [`Options::ring_io`] (`--cache none`), a read
+//! into one guest buffer, or a write without FUA from one, that the device
+//! plans for direct I/O goes through the queue's io_uring instead, and the
+//! same worker returns it when the ring's eventfd says it is done
+//! (ARCHITECTURE.md, "Direct I/O through io_uring"). A request of one segment is read from the pool file
 //! straight into the guest's buffer (and written from it); the engine
 //! does not override the vectored calls yet, so a request of several
 //! segments goes through one bounce buffer. The status byte goes back, the chain goes on the used
@@ -95,12 +95,12 @@ pub struct Options {
     /// fastest when the disk answers from the page cache; with direct
     /// I/O, use about the queue depth the guest keeps).
     pub io_threads: usize,
-    /// Reads that the device plans for direct I/O (`--cache none`) go
-    /// through one io_uring per queue: those a kick brings in start with
-    /// one system call, and a thread per queue returns them as they
-    /// complete. Other requests, and reads the device does not plan, run
-    /// as without it.
-    pub ring_reads: bool,
+    /// Reads and writes without FUA that the device plans for direct I/O
+    /// (`--cache none`; an engine disk plans writes that overwrite in
+    /// place) go through one io_uring per queue: those a kick brings in
+    /// start with one system call, and the queue's worker returns them as
+    /// they complete. Other requests run as without it.
+    pub ring_io: bool,
 }
 
 impl Default for Options {
@@ -112,7 +112,7 @@ impl Default for Options {
             max_segment_bytes: 1 << 20,
             serial: String::new(),
             io_threads: 0,
-            ring_reads: false,
+            ring_io: false,
         }
     }
 }

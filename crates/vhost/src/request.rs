@@ -220,25 +220,44 @@ impl Views {
     }
 }
 
-/// A read that lands in one host-contiguous buffer and passes every
-/// check [`execute`] makes: (buffer, length, disk offset in bytes), for a
-/// transport that carries it out itself (through an io_uring). None for
-/// any other request, including one `execute` would refuse.
-pub fn single_read(
+/// A read, or a write without FUA, whose data is one host-contiguous
+/// buffer and that passes every check [`execute`] makes, for a transport
+/// that carries it out itself (through an io_uring).
+pub struct Single {
+    pub ptr: *mut u8,
+    pub len: usize,
+    /// Where on the disk, in bytes.
+    pub offset: u64,
+    pub write: bool,
+}
+
+/// The request as a [`Single`]; None for any other request, including one
+/// `execute` would refuse, and every write while the device is read-only
+/// or the guest asked for write-through (each write then waits for the
+/// medium).
+pub fn single(
     mem: &GuestMemoryMmap,
-    size: u64,
+    dev: &dyn BlockDevice,
     req: &Parsed,
     limits: &Limits,
-) -> Option<(*mut u8, usize, u64)> {
-    if req.kind != kind::IN {
-        return None;
-    }
-    let v = Views::of(mem, &req.inp)?;
+    writethrough: &AtomicBool,
+) -> Option<Single> {
+    let write = match req.kind {
+        kind::IN => false,
+        kind::OUT if !dev.read_only() && !writethrough.load(Ordering::Relaxed) => true,
+        _ => return None,
+    };
+    let v = Views::of(mem, if write { &req.out } else { &req.inp })?;
     let [(ptr, len)] = v.ptrs[..] else {
         return None;
     };
-    let off = data_offset(req.sector, len as u64, size, limits)?;
-    (len > 0).then_some((ptr, len, off))
+    let offset = data_offset(req.sector, len as u64, dev.size_bytes(), limits)?;
+    (len > 0).then_some(Single {
+        ptr,
+        len,
+        offset,
+        write,
+    })
 }
 
 /// Where a read or write of `len` bytes at `sector` starts on a disk of

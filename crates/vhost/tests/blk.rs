@@ -36,7 +36,7 @@ fn setup(target: &str, opts: Options) -> Setup {
     Datastore::init(backend.clone(), &Default::default()).unwrap();
     // I/O threads are for direct I/O: test them with it.
     let open = OpenOptions {
-        direct_io: opts.io_threads > 0 || opts.ring_reads,
+        direct_io: opts.io_threads > 0 || opts.ring_io,
         ..OpenOptions::default()
     };
     let ds = Datastore::open(backend, &open, None).unwrap();
@@ -85,7 +85,7 @@ fn threaded() -> Options {
 /// reads through a ring per queue, other requests on I/O threads.
 fn ringed() -> Options {
     Options {
-        ring_reads: true,
+        ring_io: true,
         ..threaded()
     }
 }
@@ -471,30 +471,40 @@ fn many_requests_in_flight_complete_once_each_through_io_uring() {
 fn many_requests_in_flight_complete_once_each_with(o: Options) {
     let s = setup("d", o.clone());
     let mut g = Guest::connect(&s.sock, 1, 0);
-    // 16 writes queued at once (3 descriptors each), then 16 reads.
-    let mut heads = Vec::new();
-    for i in 0..16u64 {
-        let h = HDR + i * 16;
-        g.write(h, &header(T_OUT, i * 8));
-        g.write(BUF + i * 4096, &pattern(i * 4096, 4096, 7));
-        heads.push(g.submit(
-            0,
-            &[
-                (h, 16, 0),
-                (BUF + i * 4096, 4096, 0),
-                (STATUS + i, 1, F_WRITE),
-            ],
-        ));
+    // 16 writes queued at once (3 descriptors each), twice: the first
+    // round fills the disk, the second overwrites it in place (through
+    // the ring, with one); then 16 reads.
+    for seed in [7, 9] {
+        let mut heads = Vec::new();
+        for i in 0..16u64 {
+            let h = HDR + i * 16;
+            g.write(h, &header(T_OUT, i * 8));
+            g.write(BUF + i * 4096, &pattern(i * 4096, 4096, seed));
+            g.write(STATUS + i, &[0xff]);
+            heads.push(g.submit(
+                0,
+                &[
+                    (h, 16, 0),
+                    (BUF + i * 4096, 4096, 0),
+                    (STATUS + i, 1, F_WRITE),
+                ],
+            ));
+        }
+        let mut seen = Vec::new();
+        for _ in 0..16 {
+            let (head, len) = g.wait_used(0);
+            assert_eq!(len, 1, "a write's used length is its status byte");
+            seen.push(head);
+        }
+        seen.sort_unstable();
+        heads.sort_unstable();
+        assert_eq!(seen, heads);
+        assert_eq!(g.pending_used(0), 0);
+        for i in 0..16u64 {
+            assert_eq!(g.read(STATUS + i, 1)[0], 0, "write {i}");
+        }
+        assert_eq!(engine_read(&s.ds, 0, 65536), pattern(0, 65536, seed));
     }
-    let mut seen = Vec::new();
-    for _ in 0..16 {
-        seen.push(g.wait_used(0).0);
-    }
-    seen.sort_unstable();
-    heads.sort_unstable();
-    assert_eq!(seen, heads);
-    assert_eq!(g.pending_used(0), 0);
-    assert_eq!(engine_read(&s.ds, 0, 65536), pattern(0, 65536, 7));
     // 16 reads queued at once, every other one of a hole, each into its
     // own page-aligned buffer (what the ring takes).
     let mut heads = Vec::new();
@@ -524,13 +534,13 @@ fn many_requests_in_flight_complete_once_each_with(o: Options) {
     for i in 0..16u64 {
         assert_eq!(g.read(STATUS + i, 1)[0], 0, "read {i}");
         let want = if i < 8 {
-            pattern(i * 8192, 4096, 7)
+            pattern(i * 8192, 4096, 9)
         } else {
             vec![0; 4096]
         };
         assert_eq!(g.read(BUF + i * 4096, 4096), want, "read {i}");
     }
-    if o.ring_reads {
+    if o.ring_io {
         // (Tests run side by side, so another test's server could answer
         // this; each test through io_uring checks it.)
         assert!(has_io_uring(), "the queues have rings");

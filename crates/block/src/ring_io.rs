@@ -1,12 +1,13 @@
-//! Planned reads in flight on one [`Ring`]: a transport's reader plans a
-//! read against the device ([`crate::BlockDevice::plan_read`]), queues its
-//! pieces here and submits what it has queued before it waits for its
-//! next request, so requests that arrived together reach the disk with one
+//! Planned reads and writes in flight on one [`Ring`]: a transport's
+//! reader plans a request against the device
+//! ([`crate::BlockDevice::plan_read`], `plan_write`), queues its pieces
+//! here and submits what it has queued before it waits for its next
+//! request, so requests that arrived together reach the disk with one
 //! system call. A reaping thread takes the completions, resubmits short
-//! reads, and hands each read back once all its pieces are in; the
-//! transport then releases what it held and answers it. The NBD server
-//! (one ring per connection) and the vhost-user-blk backend (one per
-//! queue) share this. ARCHITECTURE.md, "Direct I/O through io_uring".
+//! transfers, and hands each request back once all its pieces are done;
+//! the transport then releases what it held and answers it. The NBD
+//! server (one ring per connection) and the vhost-user-blk backend (one
+//! per queue) share this. ARCHITECTURE.md, "Direct I/O through io_uring".
 
 use std::collections::HashMap;
 use std::io;
@@ -14,36 +15,37 @@ use std::io;
 use parking_lot::{Condvar, Mutex};
 
 use crate::ring::{Issue, Ring};
-use crate::ReadPlan;
+use crate::IoPlan;
 
-/// The low bits of a completion's user data: which piece of its read.
+/// The low bits of a completion's user data: which piece of its request.
 const PIECE_BITS: u32 = 20;
 /// User data of the no-op that tells the reaping thread to end.
 const STOP: u64 = u64::MAX;
 
-/// Where a read's data goes: memory the transport keeps alive (in the
-/// read's context) until the read is handed back.
+/// Where a read's data goes, or a write's comes from: memory the
+/// transport keeps alive (in the request's context) until the request is
+/// handed back.
 struct Dest(*mut u8);
 
 // SAFETY: the pointer is only a destination handed to the kernel and
 // written (zeros past the end of the file) by the reaping thread; the
-// caller of `RingReads::start` vouches that nothing else touches it.
+// caller of `RingIo::start` vouches that nothing else touches it.
 unsafe impl Send for Dest {}
 
-/// A read whose pieces are in the ring, with the transport's context `T`
-/// (the request to answer, the buffer's owner).
+/// A read or write whose pieces are in the ring, with the transport's
+/// context `T` (the request to answer, the buffer's owner).
 pub struct Pending<T> {
     pub ctx: T,
-    pub plan: ReadPlan,
+    pub plan: IoPlan,
     dest: Dest,
-    /// Bytes of each piece read so far (a short read is resubmitted).
+    /// Bytes of each piece done so far (a short transfer is resubmitted).
     done: Vec<usize>,
     /// Pieces not finished yet.
     left: usize,
     /// The first error a piece met (an errno).
     pub failed: Option<i32>,
-    /// The ring failed with this read's pieces maybe still under the
-    /// kernel: its destination must never be freed or reused (leak it).
+    /// The ring failed with this request's pieces maybe still under the
+    /// kernel: its buffer must never be freed or reused (leak it).
     pub abandoned: bool,
 }
 
@@ -54,20 +56,20 @@ struct State<T> {
     next: u64,
 }
 
-/// The ring of one reader and the reads in it.
-pub struct RingReads<T> {
+/// The ring of one reader and the requests in it.
+pub struct RingIo<T> {
     ring: Ring,
     state: Mutex<State<T>>,
-    /// Signalled when no read is in the ring or being handed back.
+    /// Signalled when no request is in the ring or being handed back.
     idle: Condvar,
 }
 
-impl<T: Send> RingReads<T> {
-    /// A ring of `entries` submission slots whose reads `issue` starts;
-    /// fails where io_uring is not available (the transport then reads
+impl<T: Send> RingIo<T> {
+    /// A ring of `entries` submission slots whose requests `issue` starts;
+    /// fails where io_uring is not available (the transport then works
     /// by itself).
-    pub fn new(entries: u32, issue: Issue) -> io::Result<RingReads<T>> {
-        Ok(RingReads {
+    pub fn new(entries: u32, issue: Issue) -> io::Result<RingIo<T>> {
+        Ok(RingIo {
             ring: Ring::new(entries, issue)?,
             state: Mutex::new(State {
                 pending: HashMap::new(),
@@ -78,16 +80,16 @@ impl<T: Send> RingReads<T> {
         })
     }
 
-    /// Queue the pieces of a planned read into `dest` (they start at the
-    /// next [`RingReads::submit`]). A read without pieces (all holes), or
+    /// Queue the pieces of a planned request, into or from `dest` (they start at the
+    /// next [`RingIo::submit`]). A request without pieces (a read of holes), or
     /// one whose pieces could not all be queued, is given back at once
     /// (failed, in the second case, once the pieces queued are in).
     ///
     /// # Safety
     /// `dest` must point at the buffer `plan` was made for and stay valid,
-    /// untouched by anyone else, until the read is handed back (by this
+    /// untouched by anyone else, until the request is handed back (by this
     /// call or to the reaping thread's `finish`); `ctx` may own it.
-    pub unsafe fn start(&self, ctx: T, dest: *mut u8, plan: ReadPlan) -> Option<Pending<T>> {
+    pub unsafe fn start(&self, ctx: T, dest: *mut u8, plan: IoPlan) -> Option<Pending<T>> {
         let n = plan.pieces.len();
         let p = Pending {
             ctx,
@@ -102,7 +104,7 @@ impl<T: Send> RingReads<T> {
             return Some(p);
         }
         let pieces = p.plan.pieces.clone();
-        let fd = p.plan.fd;
+        let (fd, write) = (p.plan.fd, p.plan.write);
         let token = {
             let mut s = self.state.lock();
             s.next = (s.next + 1) & (u64::MAX >> PIECE_BITS >> 1);
@@ -111,11 +113,13 @@ impl<T: Send> RingReads<T> {
             token
         };
         for (i, piece) in pieces.iter().enumerate() {
-            // SAFETY: the caller vouches for `dest` until the read is handed
-            // back, which is after every piece's completion is reaped; the
-            // plan holds the device (and so `fd`) until it is finished.
+            // SAFETY: the caller vouches for `dest` until the request is
+            // handed back, which is after every piece's completion is
+            // reaped; the plan holds the device (and so `fd`) until it is
+            // finished.
             let r = unsafe {
-                self.ring.push_read(
+                self.push(
+                    write,
                     fd,
                     dest.add(piece.buf_offset),
                     piece.len as u32,
@@ -135,6 +139,29 @@ impl<T: Send> RingReads<T> {
         None
     }
 
+    /// Queue one piece's transfer (see `Ring::push_read`, `push_write`).
+    ///
+    /// # Safety
+    /// As for those: `ptr[..len]` is the request's until the completion.
+    unsafe fn push(
+        &self,
+        write: bool,
+        fd: i32,
+        ptr: *mut u8,
+        len: u32,
+        offset: u64,
+        ud: u64,
+    ) -> io::Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe {
+            if write {
+                self.ring.push_write(fd, ptr, len, offset, ud)
+            } else {
+                self.ring.push_read(fd, ptr, len, offset, ud)
+            }
+        }
+    }
+
     /// Start everything queued, with one system call.
     pub fn submit(&self) -> io::Result<()> {
         self.ring.submit()
@@ -146,7 +173,7 @@ impl<T: Send> RingReads<T> {
         }
     }
 
-    /// Wait until every read started has been handed back (and `finish`
+    /// Wait until every request started has been handed back (and `finish`
     /// returned for it).
     pub fn wait_idle(&self) {
         let mut s = self.state.lock();
@@ -155,7 +182,7 @@ impl<T: Send> RingReads<T> {
         }
     }
 
-    /// Wait for the reads in the ring, then tell the reaping thread to end.
+    /// Wait for the requests in the ring, then tell the reaping thread to end.
     pub fn stop(&self) -> io::Result<()> {
         self.wait_idle();
         self.ring.push_nop(STOP)?;
@@ -163,15 +190,15 @@ impl<T: Send> RingReads<T> {
     }
 
     /// Have the kernel signal the eventfd `fd` at each completion, for a
-    /// transport whose own event loop reaps ([`RingReads::reap_ready`])
+    /// transport whose own event loop reaps ([`RingIo::reap_ready`])
     /// rather than a thread of its own.
     pub fn register_eventfd(&self, fd: std::os::fd::RawFd) -> io::Result<()> {
         self.ring.register_eventfd(fd)
     }
 
-    /// The reaping thread: hand every finished read to `finish`, and call
+    /// The reaping thread: hand every finished request to `finish`, and call
     /// `batch_done` after each batch of completions handed over, until
-    /// [`RingReads::stop`]. On a ring error the reads left are handed over
+    /// [`RingIo::stop`]. On a ring error the requests left are handed over
     /// failed and `abandoned`, and the error returned.
     pub fn reap(
         &self,
@@ -187,9 +214,9 @@ impl<T: Send> RingReads<T> {
         }
     }
 
-    /// Without waiting: hand over the reads whose last completion is in,
-    /// as [`RingReads::reap`] does (for an event loop woken by the
-    /// eventfd of [`RingReads::register_eventfd`]); how many were.
+    /// Without waiting: hand over the requests whose last completion is in,
+    /// as [`RingIo::reap`] does (for an event loop woken by the
+    /// eventfd of [`RingIo::register_eventfd`]); how many were.
     pub fn reap_ready(
         &self,
         mut finish: impl FnMut(Pending<T>),
@@ -200,9 +227,9 @@ impl<T: Send> RingReads<T> {
             .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
     }
 
-    /// Reap, waiting, until no read is in the ring (for a transport that
-    /// reaps in its own event loop and must see its reads in first); how
-    /// many reads were handed over.
+    /// Reap, waiting, until no request is in the ring (for a transport that
+    /// reaps in its own event loop and must see its requests done first); how
+    /// many requests were handed over.
     pub fn reap_until_idle(
         &self,
         mut finish: impl FnMut(Pending<T>),
@@ -218,7 +245,7 @@ impl<T: Send> RingReads<T> {
         Ok(handed)
     }
 
-    /// The ring failed: hand over the reads left, failed and abandoned.
+    /// The ring failed: hand over the requests left, failed and abandoned.
     fn abandon(
         &self,
         e: io::Error,
@@ -245,8 +272,8 @@ impl<T: Send> RingReads<T> {
     }
 
     /// Take the completions in (waiting for one with `wait`), queue short
-    /// reads again, hand over the reads that are over: whether the stop
-    /// no-op was seen, and how many reads were handed over.
+    /// transfers again, hand over the requests that are over: whether the stop
+    /// no-op was seen, and how many requests were handed over.
     fn reap_batch(
         &self,
         wait: bool,
@@ -255,8 +282,9 @@ impl<T: Send> RingReads<T> {
     ) -> io::Result<(bool, usize)> {
         let mut stop = false;
         let mut finished = Vec::new();
-        // Short reads to queue again: (user data, fd, where, length, file offset).
-        let mut again: Vec<(u64, i32, *mut u8, u32, u64)> = Vec::new();
+        // Short transfers to queue again: (user data, write, fd, where,
+        // length, file offset).
+        let mut again: Vec<(u64, bool, i32, *mut u8, u32, u64)> = Vec::new();
         let n = self.ring.reap_some(wait, |ud, res| {
             if ud == STOP {
                 stop = true;
@@ -280,6 +308,11 @@ impl<T: Send> RingReads<T> {
                     failed = Some(-r);
                     true
                 }
+                // A write that moved nothing would never end.
+                0 if p.plan.write => {
+                    failed = Some(libc::EIO);
+                    true
+                }
                 // Past the end of the file: reads as zeros, as
                 // `Storage::read_at` does.
                 0 => {
@@ -294,7 +327,7 @@ impl<T: Send> RingReads<T> {
                     // SAFETY: still inside the piece (r < rest).
                     let ptr = unsafe { at.add(r) };
                     let offset = piece.file_offset + p.done[i] as u64;
-                    again.push((ud, p.plan.fd, ptr, (rest - r) as u32, offset));
+                    again.push((ud, p.plan.write, p.plan.fd, ptr, (rest - r) as u32, offset));
                     false
                 }
                 _ => true,
@@ -306,10 +339,10 @@ impl<T: Send> RingReads<T> {
         if n == 0 {
             return Ok((stop, 0));
         }
-        for (ud, fd, ptr, len, offset) in again.drain(..) {
-            // SAFETY: as in `start`: the destination is ours until this
-            // piece's last completion.
-            if let Err(e) = unsafe { self.ring.push_read(fd, ptr, len, offset, ud) } {
+        for (ud, write, fd, ptr, len, offset) in again.drain(..) {
+            // SAFETY: as in `start`: the buffer is the request's until
+            // this piece's last completion.
+            if let Err(e) = unsafe { self.push(write, fd, ptr, len, offset, ud) } {
                 // The piece fails; its read is answered with the error.
                 let mut s = self.state.lock();
                 let token = ud >> PIECE_BITS;
@@ -333,8 +366,8 @@ impl<T: Send> RingReads<T> {
     }
 }
 
-/// `count` pieces of read `token` are over (failed with `errno`, if
-/// given): the read, once its last piece is, taken out of `pending`.
+/// `count` pieces of request `token` are over (failed with `errno`, if
+/// given): the request, once its last piece is, taken out of `pending`.
 fn end_pieces<T>(
     pending: &mut HashMap<u64, Pending<T>>,
     token: u64,
@@ -358,19 +391,19 @@ fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-/// A reaping thread, told to end and joined on drop (after the reads in
+/// A reaping thread, told to end and joined on drop (after the requests in
 /// its ring are handed back).
 pub struct Reaper<T: Send> {
     thread: Option<std::thread::JoinHandle<()>>,
-    reads: std::sync::Arc<RingReads<T>>,
+    reads: std::sync::Arc<RingIo<T>>,
 }
 
 impl<T: Send + 'static> Reaper<T> {
     /// Start a thread named `name` that runs `body` (which should call
-    /// [`RingReads::reap`] on `reads`).
+    /// [`RingIo::reap`] on `reads`).
     pub fn spawn(
         name: &str,
-        reads: std::sync::Arc<RingReads<T>>,
+        reads: std::sync::Arc<RingIo<T>>,
         body: impl FnOnce() + Send + 'static,
     ) -> io::Result<Reaper<T>> {
         let thread = std::thread::Builder::new().name(name.into()).spawn(body)?;
@@ -403,7 +436,7 @@ mod tests {
 
     #[test]
     fn pieces_come_back_as_one_read_each_with_the_tail_past_eof_zeroed() {
-        let Ok(reads) = RingReads::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
+        let Ok(reads) = RingIo::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
             eprintln!("io_uring is not available here: skipped");
             return;
         };
@@ -425,8 +458,9 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(8192);
             buf.fill(0xee);
             let dest = buf.as_mut_ptr();
-            let plan = ReadPlan {
+            let plan = IoPlan {
                 fd: f.as_raw_fd(),
+                write: false,
                 pieces: vec![
                     FilePiece {
                         buf_offset: 0,
@@ -460,6 +494,79 @@ mod tests {
                     .collect();
                 assert_eq!(&buf[half..half + 4096], &want[..], "read {k} at {half}");
             }
+        }
+    }
+
+    #[test]
+    fn writes_land_piece_by_piece_and_come_back_once_each() {
+        let Ok(ring) = RingIo::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
+            eprintln!("io_uring is not available here: skipped");
+            return;
+        };
+        let ring = Arc::new(ring);
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(64 * 1024).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let (r2, g2) = (ring.clone(), got.clone());
+        let reaper = Reaper::spawn("test-reap", ring.clone(), move || {
+            r2.reap(|p| g2.lock().push((p.ctx.0, p.failed)), || {})
+                .unwrap()
+        })
+        .unwrap();
+        // Four writes of 8 KiB, each in two pieces that go to places in
+        // the file in the opposite order of the buffer's halves.
+        for k in 0..4usize {
+            let mut buf = AlignedBuf::zeroed(8192);
+            buf[..4096].fill(2 * k as u8 + 1);
+            buf[4096..].fill(2 * k as u8 + 2);
+            let src = buf.as_mut_ptr();
+            let at = k as u64 * 16384;
+            let plan = IoPlan {
+                fd: f.as_raw_fd(),
+                write: true,
+                pieces: vec![
+                    FilePiece {
+                        buf_offset: 0,
+                        file_offset: at + 8192,
+                        len: 4096,
+                    },
+                    FilePiece {
+                        buf_offset: 4096,
+                        file_offset: at,
+                        len: 4096,
+                    },
+                ],
+                fill: ReadFill::all_data(8192),
+                holds: Vec::new(),
+            };
+            // SAFETY: `buf` moves into the context; its memory does not move.
+            assert!(unsafe { ring.start((k, buf), src, plan) }.is_none());
+        }
+        ring.submit().unwrap();
+        ring.wait_idle();
+        drop(reaper);
+        let mut got = std::mem::take(&mut *got.lock());
+        got.sort();
+        assert_eq!(got, (0..4).map(|k| (k, None)).collect::<Vec<_>>());
+        use std::os::unix::fs::FileExt;
+        let mut back = vec![0u8; 64 * 1024];
+        f.read_exact_at(&mut back, 0).unwrap();
+        for k in 0..4usize {
+            let at = k * 16384;
+            assert!(
+                back[at..at + 4096].iter().all(|&b| b == 2 * k as u8 + 2),
+                "write {k}"
+            );
+            assert!(
+                back[at + 4096..at + 8192].iter().all(|&b| b == 0),
+                "write {k}"
+            );
+            assert!(
+                back[at + 8192..at + 12288]
+                    .iter()
+                    .all(|&b| b == 2 * k as u8 + 1),
+                "write {k}"
+            );
         }
     }
 }
