@@ -20,7 +20,9 @@ def case_cachenone(work, q):
     write of a fresh disk (end_fsync), then the server is stopped, the
     host's caches dropped and the server started again, and a 4k random
     read of the now full disk runs cold (strata's metadata cache starts
-    empty too). Median of the passes.
+    empty too). Between the two, a 4k random overwrite of the full disk
+    (QD 16, ending with an fsync): strata's writes in place, through the
+    ring under `--aio io_uring`. Median of the passes.
 
     The limit (issue 29) runs in the same passes: fio with io_uring and
     O_DIRECT straight on a raw file in the same file system, the same
@@ -31,7 +33,7 @@ def case_cachenone(work, q):
     rt = smoke(2, 5 if q else 10)
     passes = 1 if q else 3
     who_all = ("strata", "strata_uring", "qemu_threads", "qemu_native", "limit")
-    runs = {w: {"write": [], "read": []} for w in who_all}
+    runs = {w: {"write": [], "read": [], "overwrite": []} for w in who_all}
     cold = True
     for p in range(passes):
         order = who_all if p % 2 == 0 else tuple(reversed(who_all))
@@ -59,6 +61,9 @@ def case_cachenone(work, q):
                     srv.start()
                 w = job("write", "512k", iodepth=16, size=size, extra=["--end_fsync=1"])
                 runs[who]["write"].append(w["bw_mib"])
+                o = job("randwrite", "4k", iodepth=16, runtime=rt, size=size,
+                        extra=["--end_fsync=1"])
+                runs[who]["overwrite"].append(o["iops"])
                 if srv is not None:
                     srv.stop()
                 cold = drop_caches() and cold
@@ -78,13 +83,17 @@ def case_cachenone(work, q):
         out[who] = {"randread_4k_cold_iops": median(runs[who]["read"]),
                     "randread_4k_iops_passes": runs[who]["read"],
                     "seqwrite_512k_durable_mib_s": round(median(runs[who]["write"]), 1),
-                    "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]]}
+                    "seqwrite_512k_mib_s_passes": [round(x, 1) for x in runs[who]["write"]],
+                    "randwrite_4k_overwrite_iops": median(runs[who]["overwrite"]),
+                    "randwrite_4k_overwrite_iops_passes": runs[who]["overwrite"]}
     for peer in ("qemu_threads", "qemu_native", "limit"):
         for mine, tag in (("strata", ""), ("strata_uring", "uring_")):
             out[f"ratio_{tag}randread_vs_{peer}"] = ratio(
                 out[mine]["randread_4k_cold_iops"], out[peer]["randread_4k_cold_iops"])
             out[f"ratio_{tag}seqwrite_vs_{peer}"] = ratio(
                 out[mine]["seqwrite_512k_durable_mib_s"], out[peer]["seqwrite_512k_durable_mib_s"])
+            out[f"ratio_{tag}overwrite_vs_{peer}"] = ratio(
+                out[mine]["randwrite_4k_overwrite_iops"], out[peer]["randwrite_4k_overwrite_iops"])
     out["vhost"] = _cachenone_vhost(work, q, size, rt, passes)
     out["target"] = ("cold 4k random read >= 0.95x and durable 512k sequential write >= 0.95x "
                      "qemu-nbd cache=none on a raw file (NBD) and qsd cache.direct=on (vhost)")
