@@ -53,54 +53,34 @@ impl Ring {
         })
     }
 
-    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`; it
-    /// starts at the next [`Ring::submit`] (or earlier, when the queue is
-    /// full and is submitted to make room). Its completion carries
-    /// `user_data`.
+    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`, or
+    /// with `write` a write of `ptr[..len]` there; it starts at the next
+    /// [`Ring::submit`] (or earlier, when the queue is full and is
+    /// submitted to make room). Its completion carries `user_data`.
     ///
     /// # Safety
-    /// `ptr[..len]` must stay valid, and be neither read nor written by
-    /// anyone else, until this read's completion has been reaped; `fd`
-    /// must stay open until then.
-    pub unsafe fn push_read(
+    /// `ptr[..len]` must stay valid, and be neither written (nor, for a
+    /// read, read) by anyone else, until this completion has been reaped;
+    /// `fd` must stay open until then.
+    pub unsafe fn push_io(
         &self,
+        write: bool,
         fd: RawFd,
         ptr: *mut u8,
         len: u32,
         offset: u64,
         user_data: u64,
     ) -> io::Result<()> {
-        let e = opcode::Read::new(types::Fd(fd), ptr, len)
-            .offset(offset)
-            .build()
-            .user_data(user_data);
-        let e = if self.punt {
-            e.flags(io_uring::squeue::Flags::ASYNC)
+        let e = if write {
+            opcode::Write::new(types::Fd(fd), ptr, len)
+                .offset(offset)
+                .build()
         } else {
-            e
+            opcode::Read::new(types::Fd(fd), ptr, len)
+                .offset(offset)
+                .build()
         };
-        self.push(&e)
-    }
-
-    /// Queue a write of `ptr[..len]` to `fd` at `offset`, as
-    /// [`Ring::push_read`] queues a read.
-    ///
-    /// # Safety
-    /// `ptr[..len]` must stay valid, and not be written by anyone, until
-    /// this write's completion has been reaped; `fd` must stay open until
-    /// then.
-    pub unsafe fn push_write(
-        &self,
-        fd: RawFd,
-        ptr: *const u8,
-        len: u32,
-        offset: u64,
-        user_data: u64,
-    ) -> io::Result<()> {
-        let e = opcode::Write::new(types::Fd(fd), ptr, len)
-            .offset(offset)
-            .build()
-            .user_data(user_data);
+        let e = e.user_data(user_data);
         let e = if self.punt {
             e.flags(io_uring::squeue::Flags::ASYNC)
         } else {
@@ -243,7 +223,8 @@ mod tests {
             for (i, b) in bufs.iter_mut().enumerate() {
                 // SAFETY: the buffers outlive the scope, which joins the reaper.
                 unsafe {
-                    ring.push_read(
+                    ring.push_io(
+                        false,
                         f.as_raw_fd(),
                         b[..].as_mut_ptr(),
                         4096,

@@ -118,7 +118,7 @@ impl<T: Send> RingIo<T> {
             // reaped; the plan holds the device (and so `fd`) until it is
             // finished.
             let r = unsafe {
-                self.push(
+                self.ring.push_io(
                     write,
                     fd,
                     dest.add(piece.buf_offset),
@@ -137,29 +137,6 @@ impl<T: Send> RingIo<T> {
             }
         }
         None
-    }
-
-    /// Queue one piece's transfer (see `Ring::push_read`, `push_write`).
-    ///
-    /// # Safety
-    /// As for those: `ptr[..len]` is the request's until the completion.
-    unsafe fn push(
-        &self,
-        write: bool,
-        fd: i32,
-        ptr: *mut u8,
-        len: u32,
-        offset: u64,
-        ud: u64,
-    ) -> io::Result<()> {
-        // SAFETY: passed on from the caller.
-        unsafe {
-            if write {
-                self.ring.push_write(fd, ptr, len, offset, ud)
-            } else {
-                self.ring.push_read(fd, ptr, len, offset, ud)
-            }
-        }
     }
 
     /// Start everything queued, with one system call.
@@ -342,7 +319,7 @@ impl<T: Send> RingIo<T> {
         for (ud, write, fd, ptr, len, offset) in again.drain(..) {
             // SAFETY: as in `start`: the buffer is the request's until
             // this piece's last completion.
-            if let Err(e) = unsafe { self.push(write, fd, ptr, len, offset, ud) } {
+            if let Err(e) = unsafe { self.ring.push_io(write, fd, ptr, len, offset, ud) } {
                 // The piece fails; its read is answered with the error.
                 let mut s = self.state.lock();
                 let token = ud >> PIECE_BITS;
@@ -434,6 +411,23 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::sync::Arc;
 
+    /// An 8 KiB request of `fd` in two 4 KiB pieces: the buffer's first
+    /// half at `first`, its second at `second`.
+    fn two_pieces(fd: i32, write: bool, first: u64, second: u64) -> IoPlan {
+        let piece = |buf_offset, file_offset| FilePiece {
+            buf_offset,
+            file_offset,
+            len: 4096,
+        };
+        IoPlan {
+            fd,
+            write,
+            pieces: vec![piece(0, first), piece(4096, second)],
+            fill: ReadFill::all_data(8192),
+            holds: Vec::new(),
+        }
+    }
+
     #[test]
     fn pieces_come_back_as_one_read_each_with_the_tail_past_eof_zeroed() {
         let Ok(reads) = RingIo::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
@@ -458,24 +452,12 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(8192);
             buf.fill(0xee);
             let dest = buf.as_mut_ptr();
-            let plan = IoPlan {
-                fd: f.as_raw_fd(),
-                write: false,
-                pieces: vec![
-                    FilePiece {
-                        buf_offset: 0,
-                        file_offset: k as u64 * 8192,
-                        len: 4096,
-                    },
-                    FilePiece {
-                        buf_offset: 4096,
-                        file_offset: k as u64 * 8192 + 8192,
-                        len: 4096,
-                    },
-                ],
-                fill: ReadFill::all_data(8192),
-                holds: Vec::new(),
-            };
+            let plan = two_pieces(
+                f.as_raw_fd(),
+                false,
+                k as u64 * 8192,
+                k as u64 * 8192 + 8192,
+            );
             // SAFETY: `buf` moves into the context; its memory does not move.
             assert!(unsafe { reads.start((k, buf), dest, plan) }.is_none());
         }
@@ -521,24 +503,7 @@ mod tests {
             buf[4096..].fill(2 * k as u8 + 2);
             let src = buf.as_mut_ptr();
             let at = k as u64 * 16384;
-            let plan = IoPlan {
-                fd: f.as_raw_fd(),
-                write: true,
-                pieces: vec![
-                    FilePiece {
-                        buf_offset: 0,
-                        file_offset: at + 8192,
-                        len: 4096,
-                    },
-                    FilePiece {
-                        buf_offset: 4096,
-                        file_offset: at,
-                        len: 4096,
-                    },
-                ],
-                fill: ReadFill::all_data(8192),
-                holds: Vec::new(),
-            };
+            let plan = two_pieces(f.as_raw_fd(), true, at + 8192, at);
             // SAFETY: `buf` moves into the context; its memory does not move.
             assert!(unsafe { ring.start((k, buf), src, plan) }.is_none());
         }
