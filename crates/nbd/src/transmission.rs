@@ -328,8 +328,10 @@ fn read_requests<S: NbdStream>(
         conn.admit(cost, shared);
         if req.ty == CMD_READ {
             if let Some(r) = &conn.ring {
-                if conn.ring_read(r, req, cost)? {
-                    continue;
+                let data = conn.take_buffer(req.len as usize);
+                match conn.ring_request(r, req, data, cost)? {
+                    None => continue,
+                    Some(data) => conn.recycle(data),
                 }
             }
         }
@@ -351,7 +353,7 @@ fn read_requests<S: NbdStream>(
                 return Err(e);
             }
             if let Some(r) = &conn.ring {
-                match conn.ring_write(r, req, payload, cost)? {
+                match conn.ring_request(r, req, payload, cost)? {
                     None => continue,
                     Some(p) => payload = p,
                 }
@@ -644,89 +646,61 @@ impl<S: NbdStream> Conn<S> {
         }
     }
 
-    /// READ through the ring: plan it, queue its pieces (the reaping
-    /// thread answers it). False when the device does not plan this read:
-    /// a worker then serves it. Never waits for the gate while reads of
-    /// this connection are in the ring (they may hold it): a busy device
-    /// is asked again once they are in.
-    fn ring_read(&self, ring: &RingIo<RingReq>, req: Request, cost: u64) -> io::Result<bool> {
-        let mut data = self.take_buffer(req.len as usize);
-        let mut planned = self.dev.plan_read(&mut data, req.offset, false);
-        if let Some(Ok(Planned::Busy)) = planned {
-            ring.submit()?;
-            ring.wait_idle();
-            planned = self.dev.plan_read(&mut data, req.offset, true);
-        }
-        match planned {
-            Some(Ok(Planned::Plan(plan))) => {
-                self.read_ahead(&req);
-                // The buffer's memory does not move with the `AlignedBuf`
-                // that owns it: the pointer stays good while it waits in
-                // the ring (and nothing else touches it meanwhile).
-                let dest = data.as_mut_ptr();
-                let read = RingReq { req, data, cost };
-                // SAFETY: as said above; `read` owns the buffer until the
-                // read is handed back.
-                if let Some(p) = unsafe { ring.start(read, dest, plan) } {
-                    self.finish_ring_req(p);
-                }
-                Ok(true)
-            }
-            Some(Err(e)) => {
-                self.recycle(data);
-                let r = self.reply_error(&req, errno_of(&e), &e.to_string());
-                self.finished(cost);
-                r.map(|()| true)
-            }
-            None | Some(Ok(Planned::Busy)) => {
-                self.recycle(data);
-                Ok(false)
-            }
-        }
-    }
-
-    /// WRITE without FUA through the ring, when the device plans it (an
-    /// overwrite in place under `--cache none`): queue its pieces, the
-    /// reaping thread answers it. Gives the payload back when the device
-    /// does not plan this write (a worker then serves it). Busy as in
-    /// [`Conn::ring_read`].
-    fn ring_write(
+    /// READ, or WRITE without FUA, through the ring: plan it into or from
+    /// `data` (a READ's buffer, a WRITE's payload), queue its pieces (the
+    /// reaping thread answers it). Gives `data` back when the device does
+    /// not plan this request (a worker then serves it; an engine disk
+    /// plans only overwrites in place under `--cache none`). Never waits
+    /// for the gate while requests of this connection are in the ring
+    /// (they may hold it): a busy device is asked again once they are done.
+    fn ring_request(
         &self,
         ring: &RingIo<RingReq>,
         req: Request,
-        payload: AlignedBuf,
+        mut data: AlignedBuf,
         cost: u64,
     ) -> io::Result<Option<AlignedBuf>> {
-        if req.flags & FLAG_FUA != 0 {
-            return Ok(Some(payload));
+        let write = req.ty == CMD_WRITE;
+        if write && req.flags & FLAG_FUA != 0 {
+            return Ok(Some(data));
         }
-        let data = &payload[..req.len as usize];
-        let mut planned = self.dev.plan_write(data, req.offset, false);
+        let plan = |buf: &mut [u8], wait| {
+            if write {
+                self.dev.plan_write(buf, req.offset, wait)
+            } else {
+                self.dev.plan_read(buf, req.offset, wait)
+            }
+        };
+        let mut planned = plan(&mut data, false);
         if let Some(Ok(Planned::Busy)) = planned {
             ring.submit()?;
             ring.wait_idle();
-            planned = self.dev.plan_write(data, req.offset, true);
+            planned = plan(&mut data, true);
         }
         match planned {
             Some(Ok(Planned::Plan(plan))) => {
-                let mut data = payload;
-                // As for a READ: the memory stays put while `write` owns it.
-                let src = data.as_mut_ptr();
-                let write = RingReq { req, data, cost };
-                // SAFETY: `write` owns the buffer until it is handed back,
-                // and nothing writes it meanwhile.
-                if let Some(p) = unsafe { ring.start(write, src, plan) } {
+                if !write {
+                    self.read_ahead(&req);
+                }
+                // The buffer's memory does not move with the `AlignedBuf`
+                // that owns it: the pointer stays good while it waits in
+                // the ring (and nothing else touches it meanwhile).
+                let at = data.as_mut_ptr();
+                let ring_req = RingReq { req, data, cost };
+                // SAFETY: as said above; `ring_req` owns the buffer until
+                // the request is handed back.
+                if let Some(p) = unsafe { ring.start(ring_req, at, plan) } {
                     self.finish_ring_req(p);
                 }
                 Ok(None)
             }
             Some(Err(e)) => {
-                self.recycle(payload);
+                self.recycle(data);
                 let r = self.reply_error(&req, errno_of(&e), &e.to_string());
                 self.finished(cost);
                 r.map(|()| None)
             }
-            None | Some(Ok(Planned::Busy)) => Ok(Some(payload)),
+            None | Some(Ok(Planned::Busy)) => Ok(Some(data)),
         }
     }
 
