@@ -922,6 +922,13 @@ fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ 
     })
 }
 
+/// Whether `buf` at `offset` may be read or written with direct I/O as
+/// it is (address, length and offset aligned).
+fn direct_aligned(buf: &[u8], offset: u64) -> bool {
+    (offset | buf.len() as u64 | buf.as_ptr() as u64)
+        .is_multiple_of(strata_storage::DIRECT_ALIGN as u64)
+}
+
 /// Held by a planned write: counts it in `mutations` when the write is
 /// over, whether or not every piece landed (some may have), so a flush
 /// after it syncs the pool.
@@ -971,9 +978,7 @@ impl BlockDevice for DiskHandle {
         // aligned requests (the others go through `read_at`, which
         // bounces them).
         let (fd, direct) = self.inner.pool.read_fd()?;
-        let align = strata_storage::DIRECT_ALIGN as u64;
-        if direct && !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align)
-        {
+        if direct && !direct_aligned(buf, offset_bytes) {
             return None;
         }
         self.throttle.admit(buf.len() as u64);
@@ -991,10 +996,7 @@ impl BlockDevice for DiskHandle {
         let (fd, true) = self.inner.pool.read_fd()? else {
             return None;
         };
-        let align = strata_storage::DIRECT_ALIGN as u64;
-        if !(offset_bytes | buf.len() as u64 | buf.as_ptr() as u64).is_multiple_of(align)
-            || self.throttle.is_active()
-        {
+        if !direct_aligned(buf, offset_bytes) || self.throttle.is_active() {
             return None;
         }
         self.plan_write_impl(fd, buf, offset_bytes, wait)

@@ -21,21 +21,26 @@ fn open(dir: &std::path::Path, direct_io: bool) -> Datastore {
     Datastore::open(Arc::new(FileBackend::new(dir)), &opts, None).unwrap()
 }
 
-#[test]
-fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    Datastore::init(
-        Arc::new(FileBackend::new(dir.path())),
-        &InitOptions::default(),
-    )
-    .unwrap();
-    let ds = open(dir.path(), true);
+/// A direct datastore in `dir` with a 1 MiB thin disk "d" whose grains 4
+/// and 5 hold 7s (the data written, also returned).
+fn seven_at_grain_4(
+    dir: &std::path::Path,
+) -> (Datastore, Arc<strata_engine::DiskHandle>, AlignedBuf) {
+    Datastore::init(Arc::new(FileBackend::new(dir)), &InitOptions::default()).unwrap();
+    let ds = open(dir, true);
     ds.create_disk("d", 1 << 20, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     let d = ds.open_disk("d").unwrap();
     let mut data = AlignedBuf::zeroed(8192);
     data.fill(7);
     d.write_at(&data, 16384, false).unwrap();
+    (ds, d, data)
+}
+
+#[test]
+fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ds, d, data) = seven_at_grain_4(dir.path());
 
     // Grain 3 is a hole, 4 and 5 hold data, 6 and 7 are holes.
     let mut buf = AlignedBuf::zeroed(5 * 4096);
@@ -132,18 +137,7 @@ fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
 #[test]
 fn only_overwrites_in_place_are_planned_and_a_snapshot_turns_them_back() {
     let dir = tempfile::tempdir().unwrap();
-    Datastore::init(
-        Arc::new(FileBackend::new(dir.path())),
-        &InitOptions::default(),
-    )
-    .unwrap();
-    let ds = open(dir.path(), true);
-    ds.create_disk("d", 1 << 20, Provisioning::Thin, &mut |_, _| {})
-        .unwrap();
-    let d = ds.open_disk("d").unwrap();
-    let mut data = AlignedBuf::zeroed(8192);
-    data.fill(7);
-    d.write_at(&data, 16384, false).unwrap();
+    let (ds, d, _) = seven_at_grain_4(dir.path());
 
     // Grains 4 and 5 are the disk's own: an overwrite there is planned as
     // one run of the pool, and nobody else may plan that range meanwhile.
