@@ -468,6 +468,40 @@ fn many_requests_in_flight_complete_once_each_through_io_uring() {
     many_requests_in_flight_complete_once_each_with(ringed());
 }
 
+/// Queue request `i` of a batch on queue 0: a header of type `ty` for
+/// `sector` at HDR + 16 i, 4 KiB of data at BUF + 4096 i (`data` put
+/// there first; the device writes it for `T_IN`), a status byte at
+/// STATUS + i (0xff until answered). Its head.
+fn queue_one(g: &mut Guest, i: u64, ty: u32, sector: u64, data: &[u8]) -> u16 {
+    let h = HDR + i * 16;
+    g.write(h, &header(ty, sector));
+    g.write(BUF + i * 4096, data);
+    g.write(STATUS + i, &[0xff]);
+    let data_flags = if ty == T_IN { F_WRITE } else { 0 };
+    g.submit(
+        0,
+        &[
+            (h, 16, 0),
+            (BUF + i * 4096, 4096, data_flags),
+            (STATUS + i, 1, F_WRITE),
+        ],
+    )
+}
+
+/// Wait until each of `heads` is returned on queue 0, once each, with
+/// used length `len`.
+fn each_used_once(g: &mut Guest, mut heads: Vec<u16>, len: u32) {
+    let mut seen = Vec::new();
+    for _ in 0..heads.len() {
+        let (head, used) = g.wait_used(0);
+        assert_eq!(used, len, "used length of request {head}");
+        seen.push(head);
+    }
+    seen.sort_unstable();
+    heads.sort_unstable();
+    assert_eq!(seen, heads);
+}
+
 fn many_requests_in_flight_complete_once_each_with(o: Options) {
     let s = setup("d", o.clone());
     let mut g = Guest::connect(&s.sock, 1, 0);
@@ -475,30 +509,11 @@ fn many_requests_in_flight_complete_once_each_with(o: Options) {
     // round fills the disk, the second overwrites it in place (through
     // the ring, with one); then 16 reads.
     for seed in [7, 9] {
-        let mut heads = Vec::new();
-        for i in 0..16u64 {
-            let h = HDR + i * 16;
-            g.write(h, &header(T_OUT, i * 8));
-            g.write(BUF + i * 4096, &pattern(i * 4096, 4096, seed));
-            g.write(STATUS + i, &[0xff]);
-            heads.push(g.submit(
-                0,
-                &[
-                    (h, 16, 0),
-                    (BUF + i * 4096, 4096, 0),
-                    (STATUS + i, 1, F_WRITE),
-                ],
-            ));
-        }
-        let mut seen = Vec::new();
-        for _ in 0..16 {
-            let (head, len) = g.wait_used(0);
-            assert_eq!(len, 1, "a write's used length is its status byte");
-            seen.push(head);
-        }
-        seen.sort_unstable();
-        heads.sort_unstable();
-        assert_eq!(seen, heads);
+        let heads: Vec<u16> = (0..16u64)
+            .map(|i| queue_one(&mut g, i, T_OUT, i * 8, &pattern(i * 4096, 4096, seed)))
+            .collect();
+        // A write's used length is its status byte.
+        each_used_once(&mut g, heads, 1);
         assert_eq!(g.pending_used(0), 0);
         for i in 0..16u64 {
             assert_eq!(g.read(STATUS + i, 1)[0], 0, "write {i}");
@@ -507,30 +522,11 @@ fn many_requests_in_flight_complete_once_each_with(o: Options) {
     }
     // 16 reads queued at once, every other one of a hole, each into its
     // own page-aligned buffer (what the ring takes).
-    let mut heads = Vec::new();
-    for i in 0..16u64 {
-        let h = HDR + i * 16;
-        g.write(h, &header(T_IN, i * 16));
-        g.write(BUF + i * 4096, &[0xee; 4096]);
-        g.write(STATUS + i, &[0xff]);
-        heads.push(g.submit(
-            0,
-            &[
-                (h, 16, 0),
-                (BUF + i * 4096, 4096, F_WRITE),
-                (STATUS + i, 1, F_WRITE),
-            ],
-        ));
-    }
-    let mut seen = Vec::new();
-    for _ in 0..16 {
-        let (head, len) = g.wait_used(0);
-        assert_eq!(len, 4097, "data and status");
-        seen.push(head);
-    }
-    seen.sort_unstable();
-    heads.sort_unstable();
-    assert_eq!(seen, heads);
+    let heads: Vec<u16> = (0..16u64)
+        .map(|i| queue_one(&mut g, i, T_IN, i * 16, &[0xee; 4096]))
+        .collect();
+    // Data and status.
+    each_used_once(&mut g, heads, 4097);
     for i in 0..16u64 {
         assert_eq!(g.read(STATUS + i, 1)[0], 0, "read {i}");
         let want = if i < 8 {
