@@ -993,9 +993,7 @@ impl BlockDevice for DiskHandle {
     ) -> Option<BlockResult<Planned>> {
         // Only into a pool opened for direct I/O, aligned requests, and a
         // disk without I/O limits (`write_at` waits for those).
-        let (fd, true) = self.inner.pool.read_fd()? else {
-            return None;
-        };
+        let fd = self.inner.pool.direct_fd()?;
         if !direct_aligned(buf, offset_bytes) || self.throttle.is_active() {
             return None;
         }
