@@ -262,6 +262,23 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// [`BlockDevice::plan_write`] of `buf` with `write`, else
+/// [`BlockDevice::plan_read`] into it: for a transport that plans either
+/// kind of request the same way.
+pub fn plan_io(
+    dev: &dyn BlockDevice,
+    write: bool,
+    buf: &mut [u8],
+    offset_bytes: u64,
+    wait: bool,
+) -> Option<BlockResult<Planned>> {
+    if write {
+        dev.plan_write(buf, offset_bytes, wait)
+    } else {
+        dev.plan_read(buf, offset_bytes, wait)
+    }
+}
+
 /// Check alignment and range of a request against a device size.
 pub fn check_range(offset_bytes: u64, len_bytes: u64, size_bytes: u64) -> BlockResult<()> {
     if !offset_bytes.is_multiple_of(SECTOR_BYTES) || !len_bytes.is_multiple_of(SECTOR_BYTES) {

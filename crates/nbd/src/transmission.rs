@@ -14,7 +14,7 @@ use parking_lot::{Condvar, Mutex};
 use strata_block::ring::Issue;
 use strata_block::ring_io::{self, Reaper, RingIo};
 use strata_block::{
-    check_range, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
+    check_range, plan_io, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
 };
 
 use crate::handshake::{discard, io_invalid, negotiate, Context};
@@ -664,18 +664,12 @@ impl<S: NbdStream> Conn<S> {
         if write && req.flags & FLAG_FUA != 0 {
             return Ok(Some(data));
         }
-        let plan = |buf: &mut [u8], wait| {
-            if write {
-                self.dev.plan_write(buf, req.offset, wait)
-            } else {
-                self.dev.plan_read(buf, req.offset, wait)
-            }
-        };
-        let mut planned = plan(&mut data, false);
+        let dev = &*self.dev;
+        let mut planned = plan_io(dev, write, &mut data, req.offset, false);
         if let Some(Ok(Planned::Busy)) = planned {
             ring.submit()?;
             ring.wait_idle();
-            planned = plan(&mut data, true);
+            planned = plan_io(dev, write, &mut data, req.offset, true);
         }
         match planned {
             Some(Ok(Planned::Plan(plan))) => {

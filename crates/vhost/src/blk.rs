@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use strata_block::ring::Issue;
 use strata_block::ring_io::{Pending, RingIo};
-use strata_block::{BlockDevice, Planned, SECTOR_BYTES};
+use strata_block::{plan_io, BlockDevice, Planned, SECTOR_BYTES};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::QueueT;
@@ -458,21 +458,15 @@ impl BlkDevice {
         // buffer it handed over until the request is returned (and if it
         // does, only its own data changes).
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        let plan = |buf: &mut [u8], wait: bool| {
-            if write {
-                self.dev.plan_write(buf, off, wait)
-            } else {
-                self.dev.plan_read(buf, off, wait)
-            }
-        };
-        let mut planned = plan(buf, false);
+        let dev = self.dev.as_ref();
+        let mut planned = plan_io(dev, write, buf, off, false);
         let mut returned = false;
         if let Some(Ok(Planned::Busy)) = planned {
             ring.io.submit()?;
             returned = ring.io.reap_until_idle(finish_ring_req, || {})? > 0;
-            planned = plan(buf, true);
+            planned = plan_io(dev, write, buf, off, true);
         }
-        let read = RingReq {
+        let ring_req = RingReq {
             mem: mem.clone(),
             vring: vring.clone(),
             head,
@@ -482,7 +476,7 @@ impl BlkDevice {
         match planned {
             Some(Ok(Planned::Plan(plan))) => {
                 // SAFETY: as above; `read.mem` keeps the memory mapped.
-                if let Some(p) = unsafe { ring.io.start(read, ptr, plan) } {
+                if let Some(p) = unsafe { ring.io.start(ring_req, ptr, plan) } {
                     finish_ring_req(p);
                     returned = true;
                 }
