@@ -802,12 +802,98 @@ enum Pending {
     SetLen(u64),
 }
 
+/// One file as a disk that can lose power holds it: what reads see now
+/// (`live`), what the last [`SimFile::sync`] made durable (`durable`), and
+/// the writes and truncations since, in issue order. The simulator's
+/// objects are these, and so are the files of tests that cut a real
+/// server's power (the cli crate's crashfs).
+#[derive(Default, Clone)]
+pub struct SimFile {
+    pub live: Vec<u8>,
+    pub durable: Vec<u8>,
+    pending: Vec<Pending>,
+}
+
+impl SimFile {
+    /// Write `data` at `offset` (growing the file as needed); durable at
+    /// the next sync.
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        apply(&mut self.live, offset, data);
+        self.pending.push(Pending::Write(offset, data.to_vec()));
+    }
+
+    /// Truncate or extend (with zeros) to `len` bytes; durable at the
+    /// next sync.
+    pub fn set_len(&mut self, len: u64) {
+        self.live.resize(len as usize, 0);
+        self.pending.push(Pending::SetLen(len));
+    }
+
+    /// Make every change so far durable.
+    pub fn sync(&mut self) {
+        for p in std::mem::take(&mut self.pending) {
+            match p {
+                Pending::Write(offset, data) => apply(&mut self.durable, offset, &data),
+                Pending::SetLen(len) => self.durable.resize(len as usize, 0),
+            }
+        }
+    }
+
+    /// Changes not yet durable.
+    pub fn unsynced(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// A power cut: each unsynced write is kept, dropped or torn (a random
+    /// subset of its sectors survives), each truncation kept or dropped,
+    /// decided by `rng` and counted in `report`; reads then see what
+    /// survived.
+    pub fn lose_power(&mut self, rng: &mut impl Rng, report: &mut CrashReport) {
+        for p in std::mem::take(&mut self.pending) {
+            let (offset, data) = match p {
+                Pending::SetLen(len) => {
+                    // A truncation either reached the disk or did not.
+                    if rng.gen_bool(0.5) {
+                        report.kept += 1;
+                        self.durable.resize(len as usize, 0);
+                    } else {
+                        report.dropped += 1;
+                    }
+                    continue;
+                }
+                Pending::Write(offset, data) => (offset, data),
+            };
+            match rng.gen_range(0..3) {
+                0 => {
+                    report.dropped += 1;
+                }
+                1 => {
+                    report.kept += 1;
+                    apply(&mut self.durable, offset, &data);
+                }
+                _ => {
+                    report.torn += 1;
+                    // Tear at sector granularity, relative to absolute sectors.
+                    let mut pos = 0usize;
+                    while pos < data.len() {
+                        let abs = offset as usize + pos;
+                        let next = ((abs / SECTOR_BYTES) + 1) * SECTOR_BYTES;
+                        let end = (next - offset as usize).min(data.len());
+                        if rng.gen_bool(0.5) {
+                            apply(&mut self.durable, abs as u64, &data[pos..end]);
+                        }
+                        pos = end;
+                    }
+                }
+            }
+        }
+        self.live = self.durable.clone();
+    }
+}
+
 #[derive(Default, Clone)]
 struct SimObject {
-    durable: Vec<u8>,
-    live: Vec<u8>,
-    /// Writes and truncations since the last sync, in issue order.
-    pending: Vec<Pending>,
+    file: SimFile,
     /// End of space held past the length (`allocate` with `keep_size`).
     held_end: u64,
 }
@@ -816,7 +902,7 @@ impl SimObject {
     /// Bytes the object takes from the simulated space: the simulator has
     /// no holes, so its whole length, or what is held past it.
     fn footprint(&self) -> u64 {
-        (self.live.len() as u64).max(self.held_end)
+        (self.file.live.len() as u64).max(self.held_end)
     }
 }
 
@@ -907,50 +993,7 @@ impl SimBackend {
         names.sort();
         for name in names {
             let obj = st.objects.get_mut(&name).expect("listed");
-            let pending = std::mem::take(&mut obj.pending);
-            for p in pending {
-                let (offset, data) = match p {
-                    Pending::SetLen(len) => {
-                        // A truncation either reached the disk or did not.
-                        if rng.gen_bool(0.5) {
-                            report.kept += 1;
-                            obj.durable.resize(len as usize, 0);
-                        } else {
-                            report.dropped += 1;
-                        }
-                        continue;
-                    }
-                    Pending::Write(offset, data) => (offset, data),
-                };
-                match rng.gen_range(0..3) {
-                    0 => {
-                        report.dropped += 1;
-                    }
-                    1 => {
-                        report.kept += 1;
-                        apply(&mut obj.durable, offset, &data);
-                    }
-                    _ => {
-                        report.torn += 1;
-                        // Tear at sector granularity, relative to absolute sectors.
-                        let mut pos = 0usize;
-                        while pos < data.len() {
-                            let abs = offset as usize + pos;
-                            let next = ((abs / SECTOR_BYTES) + 1) * SECTOR_BYTES;
-                            let end = (next - offset as usize).min(data.len());
-                            if rng.gen_bool(0.5) {
-                                apply(
-                                    &mut obj.durable,
-                                    (offset as usize + pos) as u64,
-                                    &data[pos..end],
-                                );
-                            }
-                            pos = end;
-                        }
-                    }
-                }
-            }
-            obj.live = obj.durable.clone();
+            obj.file.lose_power(&mut rng, &mut report);
         }
         report
     }
@@ -978,7 +1021,7 @@ impl SimBackend {
             .lock()
             .objects
             .get(name)
-            .map(|o| o.durable.len() as u64)
+            .map(|o| o.file.durable.len() as u64)
             .unwrap_or(0)
     }
 }
@@ -1075,10 +1118,11 @@ impl Storage for SimStorage {
                 .objects
                 .get(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            let start = (offset as usize).min(obj.live.len());
-            let end = (offset as usize + buf.len()).min(obj.live.len());
+            let live = &obj.file.live;
+            let start = (offset as usize).min(live.len());
+            let end = (offset as usize + buf.len()).min(live.len());
             let n = end - start;
-            buf[..n].copy_from_slice(&obj.live[start..end]);
+            buf[..n].copy_from_slice(&live[start..end]);
             buf[n..].fill(0);
             Ok(())
         })
@@ -1097,8 +1141,7 @@ impl Storage for SimStorage {
                 .objects
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            apply(&mut obj.live, offset, buf);
-            obj.pending.push(Pending::Write(offset, buf.to_vec()));
+            obj.file.write(offset, buf);
             Ok(())
         })
     }
@@ -1109,12 +1152,7 @@ impl Storage for SimStorage {
                 .objects
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            for p in std::mem::take(&mut obj.pending) {
-                match p {
-                    Pending::Write(offset, data) => apply(&mut obj.durable, offset, &data),
-                    Pending::SetLen(len) => obj.durable.resize(len as usize, 0),
-                }
-            }
+            obj.file.sync();
             Ok(())
         })
     }
@@ -1125,7 +1163,7 @@ impl Storage for SimStorage {
                 .objects
                 .get(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            Ok(obj.live.len() as u64)
+            Ok(obj.file.live.len() as u64)
         })
     }
 
@@ -1136,8 +1174,7 @@ impl Storage for SimStorage {
                 .objects
                 .get_mut(&self.name)
                 .ok_or_else(|| io::Error::other("removed"))?;
-            obj.live.resize(len as usize, 0);
-            obj.pending.push(Pending::SetLen(len));
+            obj.file.set_len(len);
             Ok(())
         })
     }
