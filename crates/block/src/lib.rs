@@ -247,11 +247,13 @@ pub trait BlockDevice: Send + Sync {
     /// file (opened with `O_DIRECT`) each run of `buf` goes, the device
     /// held so that those places stay this range's until the plan is
     /// finished. The caller writes every piece, then finishes the plan
-    /// (`ok` false if a piece failed) before it answers the client; the
-    /// write is durable at the next `flush`. `None`: this device does not
-    /// plan this write (the default; the engine plans only overwrites in
-    /// place of data it already holds unshared), and the caller calls
-    /// `write_at`. `wait` as for [`BlockDevice::plan_read`].
+    /// (`ok` false if a piece failed) and answers the client with what
+    /// `finish` returns (a finish step, such as the engine's install of
+    /// the grains the write allocated, may fail it); the write is durable
+    /// at the next `flush`. `None`: this device does not plan this write
+    /// (the default; the engine plans aligned writes into a direct pool),
+    /// and the caller calls `write_at`. `wait` as for
+    /// [`BlockDevice::plan_read`].
     fn plan_write(
         &self,
         _buf: &[u8],

@@ -30,13 +30,33 @@ pub fn hold_read<T>(lock: &Arc<RwLock<T>>, wait: bool) -> Option<ArcRwLockReadGu
 /// Something a planned read or write holds until its pieces are done: the
 /// engine's I/O gate (so the grains it reads or writes are not reused
 /// meanwhile) and a write's stripes, a switchable export's read side, a
-/// statistics command to finish. Dropped, or given [`IoHold::done`], on any
-/// thread.
+/// statistics command to finish, a written grain to install. Dropped, or
+/// given [`IoHold::done`] or [`IoHold::lost`], on any thread.
 pub trait IoHold: Send {
-    /// The I/O is over; `ok` says whether every piece of it was done.
-    fn done(self: Box<Self>, ok: bool) {
-        let _ = ok;
+    /// The I/O is over; `ok` says whether every piece of it was done (and
+    /// every hold before this one kept it so). Returns whether the request
+    /// succeeded: a hold with a finishing step of its own (installing the
+    /// grains a write allocated) fails the request when that step fails.
+    fn done(self: Box<Self>, ok: bool) -> bool {
+        ok
     }
+    /// The I/O's fate is unknown: its ring failed with pieces maybe still
+    /// under the kernel, which may write them later. As a failure, unless
+    /// a hold must not give back what those pieces may still reach.
+    fn lost(self: Box<Self>) {
+        let _ = self.done(false);
+    }
+}
+
+/// What a lost plan holds: a failure for whoever finishes it.
+struct Lost;
+
+impl IoHold for Lost {
+    fn done(self: Box<Self>, _ok: bool) -> bool {
+        false
+    }
+
+    fn lost(self: Box<Self>) {}
 }
 
 /// A plain guard as a hold (released when the I/O is over).
@@ -76,11 +96,21 @@ pub struct IoPlan {
 }
 
 impl IoPlan {
-    /// The I/O is over: release what it holds, innermost first.
-    pub fn finish(&mut self, ok: bool) {
+    /// The I/O is over: release what it holds, innermost first. Returns
+    /// whether the request succeeded (`ok`, unless a hold's finishing step
+    /// failed it); answer the client with that.
+    pub fn finish(&mut self, ok: bool) -> bool {
+        self.holds.drain(..).fold(ok, |ok, h| h.done(ok))
+    }
+
+    /// The I/O's fate is unknown (its ring failed with it in flight):
+    /// release what it holds as [`IoHold::lost`]. A later `finish` finds
+    /// nothing left and says failed.
+    pub fn lose(&mut self) {
         for h in self.holds.drain(..) {
-            h.done(ok);
+            h.lost();
         }
+        self.holds.push(Box::new(Lost));
     }
 }
 
@@ -88,7 +118,7 @@ impl Drop for IoPlan {
     fn drop(&mut self) {
         // A plan dropped without `finish` (a connection torn down) still
         // releases what it holds; a command not finished counts as failed.
-        self.finish(false);
+        let _ = self.finish(false);
     }
 }
 

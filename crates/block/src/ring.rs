@@ -18,8 +18,9 @@ pub struct Ring {
     /// Held while taking completions off the queue (not while waiting
     /// for one), so one thread may take what is in while another waits.
     cq: Mutex<()>,
-    /// Reads are issued by the kernel's io-wq threads ([`Issue::Worker`]).
-    punt: bool,
+    /// Requests shorter than this are issued by the kernel's io-wq
+    /// threads ([`Issue::WorkerBelow`]); 0 with [`Issue::Inline`].
+    punt_below: u32,
 }
 
 /// Who issues a read to the device once it is submitted.
@@ -29,11 +30,15 @@ pub enum Issue {
     /// mapping, the block layer, the device's doorbell): cheapest in CPU,
     /// and best when a submission carries several reads.
     Inline,
-    /// One of the kernel's io-wq threads (`IOSQE_ASYNC`): the submitter
-    /// returns at once. For a submitter that takes requests one at a time
-    /// and does everything else itself, whose inline issues would follow
-    /// one another (a vhost-user queue's worker: PERFORMANCE.md).
-    Worker,
+    /// For requests shorter than this many bytes, one of the kernel's
+    /// io-wq threads (`IOSQE_ASYNC`): the submitter returns at once. For
+    /// a submitter that takes requests one at a time and does everything
+    /// else itself, whose inline issues would follow one another (a
+    /// vhost-user queue's worker: PERFORMANCE.md). Longer requests are
+    /// issued inline: their issue (pinning the pages, building the bios)
+    /// is small next to their time on the device, and handing each to
+    /// io-wq would add a thread wake-up and switch per request.
+    WorkerBelow(u32),
 }
 
 fn again(e: &io::Error) -> bool {
@@ -49,7 +54,10 @@ impl Ring {
             ring: IoUring::new(entries)?,
             sq: Mutex::new(0),
             cq: Mutex::new(()),
-            punt: issue == Issue::Worker,
+            punt_below: match issue {
+                Issue::Inline => 0,
+                Issue::WorkerBelow(n) => n,
+            },
         })
     }
 
@@ -81,7 +89,7 @@ impl Ring {
                 .build()
         };
         let e = e.user_data(user_data);
-        let e = if self.punt {
+        let e = if len < self.punt_below {
             e.flags(io_uring::squeue::Flags::ASYNC)
         } else {
             e

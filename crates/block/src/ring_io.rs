@@ -49,6 +49,18 @@ pub struct Pending<T> {
     pub abandoned: bool,
 }
 
+impl<T> Pending<T> {
+    /// Release what the plan holds, running its finish steps (a write's
+    /// install among them); a step that fails the request fails it with
+    /// EIO. Returns whether the request succeeded: what to answer.
+    pub fn finish_plan(&mut self) -> bool {
+        if !self.plan.finish(self.failed.is_none()) {
+            self.failed.get_or_insert(libc::EIO);
+        }
+        self.failed.is_none()
+    }
+}
+
 struct State<T> {
     pending: HashMap<u64, Pending<T>>,
     /// Reads taken out of `pending` and being handed back.
@@ -239,6 +251,7 @@ impl<T: Send> RingIo<T> {
         for mut p in left {
             p.failed.get_or_insert(libc::EIO);
             p.abandoned = true;
+            p.plan.lose();
             finish(p);
         }
         batch_done();

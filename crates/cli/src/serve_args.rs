@@ -93,12 +93,13 @@ pub struct ServeArgs {
     pub direct_io: bool,
     /// How reads and writes reach the disk, as QEMU's aio= option: io_uring (the default) has
     /// each NBD connection (and, under --cache none, each vhost-user-blk queue) put its reads,
-    /// and under --cache none its writes that overwrite data in place, on an io_uring and
-    /// start those that arrived together with one system call, completions returned without
-    /// a thread per request (under writeback a read the page cache holds is answered by the
-    /// connection's own thread; where the kernel refuses io_uring, threads serve them);
-    /// threads runs each request on an I/O thread (--io-threads). Writes that allocate, and
-    /// FUA writes, always run on the threads
+    /// and under --cache none its 4 KiB-aligned writes (in place, or to new grains installed
+    /// once the data is in), on an io_uring and start those that arrived together with one
+    /// system call, completions returned without a thread per request (under writeback a
+    /// read the page cache holds is answered by the connection's own thread; where the
+    /// kernel refuses io_uring, threads serve them); threads runs each request on an I/O
+    /// thread (--io-threads). FUA writes, misaligned ones and writes to disks with I/O limits
+    /// always run on the threads
     #[arg(long = "aio", value_name = "io_uring|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
     pub aio_uring: bool,
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that

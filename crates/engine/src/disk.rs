@@ -252,16 +252,16 @@ impl DiskHandle {
 
     // ------------------------------------------------------------ write
 
-    /// Plan an overwrite in place for the caller to carry out
-    /// (`BlockDevice::plan_write`) into the pool's direct descriptor
-    /// `fd`: only when every grain of the range is mapped and this
-    /// version's alone, so that the write changes no metadata and has
-    /// nothing to copy. Anything else (a grain to allocate or to copy on
-    /// write, zeros a thin disk would not store, a writer that must help
-    /// with a checkpoint) is left to `write_impl`: None. The plan holds the
-    /// gate and the range's stripes, as `write_impl` holds them for its
-    /// call, and counts the write in `mutations` when it is over, as
-    /// `install` does, so the next flush syncs it.
+    /// Plan a write for the caller to carry out (`BlockDevice::plan_write`)
+    /// into the pool's direct descriptor `fd`: in place where the grains
+    /// are this version's alone, and to grains allocated now where they
+    /// are not (a hole, a grain a snapshot shares), which the plan's
+    /// finish step (`Install`) installs once the data is in. Zeros a thin
+    /// disk would not store, a writer that must help with a checkpoint, a
+    /// range another write holds and a datastore out of space are left to
+    /// `write_impl`: None. The plan holds the gate and the range's stripes,
+    /// as `write_impl` holds them for its call, and its finish step counts
+    /// the write in `mutations`, so the next flush syncs it.
     fn plan_write_impl(
         &self,
         fd: std::os::fd::RawFd,
@@ -292,17 +292,31 @@ impl DiskHandle {
         let Some(stripes) = self.inner.hold_stripes(self.version, first, last, wait) else {
             return Ok(None);
         };
-        let mut found = Vec::with_capacity((last - first + 1) as usize);
-        self.inner.meta.lock().lookup_range_for_write(
-            self.version,
-            first,
-            last - first + 1,
-            &mut found,
-        )?;
-        if found.iter().any(|&(g, exclusive)| g == 0 || !exclusive) {
-            return Ok(None);
+        let mut m = self.inner.meta.lock();
+        // Planned writes are 4 KiB-aligned, so every grain they touch is
+        // whole: a new grain needs nothing of the old one.
+        let mut pieces = pieces_for_write(&mut m, self.version, first, last)?;
+        let allocates = pieces.iter().any(|p| p.new);
+        if allocates {
+            let _fence = self.inner.fail_on_panic();
+            match self.allocate(&mut m, &mut pieces, prov) {
+                Ok(()) => {}
+                // The worker's path reclaims space and tries again.
+                Err(e) if e.kind == ErrorKind::NoSpace => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
-        let grains: Vec<u64> = found.into_iter().map(|(g, _)| g).collect();
+        drop(m);
+        let grains: Vec<u64> = pieces.iter().map(|p| p.grain).collect();
+        let finish: Box<dyn strata_block::IoHold> = if allocates {
+            Box::new(Install {
+                store: self.inner.clone(),
+                version: self.version,
+                pieces,
+            })
+        } else {
+            Box::new(Counted(self.inner.clone()))
+        };
         let pieces = runs_of(&grains, offset, len)
             .into_iter()
             .map(|r| FilePiece {
@@ -316,12 +330,9 @@ impl DiskHandle {
             write: true,
             pieces,
             fill: strata_block::ReadFill::all_data(len),
-            // Released in this order: counted, then the stripes, then the gate.
-            holds: vec![
-                Box::new(Counted(self.inner.clone())),
-                Box::new(Held(stripes)),
-                Box::new(Held(gate)),
-            ],
+            // Released in this order: the finish step (install, or count
+            // an overwrite), then the stripes, then the gate.
+            holds: vec![finish, Box::new(Held(stripes)), Box::new(Held(gate))],
         })))
     }
 
@@ -330,25 +341,17 @@ impl DiskHandle {
         let _fence = self.inner.fail_on_panic();
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
-        let n = last - first + 1;
-        let mut found = Vec::with_capacity(n as usize);
-        let mut pieces: Vec<Piece> = Vec::with_capacity(n as usize);
-        {
+        let pieces = {
             let mut m = self.inner.meta.lock();
-            m.lookup_range_for_write(self.version, first, n, &mut found)?;
-            pieces.extend((first..=last).zip(found).map(|(v, (e, exclusive))| Piece {
-                v,
-                grain: if exclusive { e } else { 0 },
-                old: e,
-                new: !exclusive,
-            }));
+            let mut pieces = pieces_for_write(&mut m, self.version, first, last)?;
             self.allocate(&mut m, &mut pieces, prov)?;
-        }
+            pieces
+        };
         if let Err(e) = self.write_data(buf, offset, &pieces) {
-            self.abort(&pieces)?;
+            abort_pieces(&self.inner, &pieces)?;
             return Err(e);
         }
-        self.install(&pieces)
+        install_pieces(&self.inner, self.version, &pieces)
     }
 
     /// Allocate the new pieces' grains (next to each other and to the grain
@@ -386,33 +389,6 @@ impl DiskHandle {
             }
             prev = Some(pieces[i].grain);
         }
-        Ok(())
-    }
-
-    /// Give back the grains of pieces whose data could not be written.
-    fn abort(&self, pieces: &[Piece]) -> Result<()> {
-        let mut m = self.inner.meta.lock();
-        for p in pieces.iter().filter(|p| p.new) {
-            m.abort_alloc(p.grain)
-                .map_err(|e| self.inner.fail_stop(e))?;
-        }
-        Ok(())
-    }
-
-    /// Point the map at the new pieces' grains, whose data is written.
-    fn install(&self, pieces: &[Piece]) -> Result<()> {
-        if pieces.iter().any(|p| p.new) {
-            // From the first install on, an error leaves part of the write
-            // in the map: fail-stop rather than log half a write.
-            let mut m = self.inner.meta.lock();
-            for p in pieces.iter().filter(|p| p.new) {
-                m.install(self.version, p.v, p.grain)
-                    .map_err(|e| self.inner.fail_stop(e))?;
-            }
-        }
-        self.inner
-            .mutations
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -762,12 +738,12 @@ impl DiskHandle {
                 .pool
                 .write_zeros(pieces[i].grain << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
             if let Err(e) = r {
-                self.abort(&pieces)?;
+                abort_pieces(&self.inner, &pieces)?;
                 return Err(e.into());
             }
             i = j;
         }
-        self.install(&pieces)
+        install_pieces(&self.inner, self.version, &pieces)
     }
 
     /// Release the head's grains that read all zeros (`punchzero`, FORMAT.md
@@ -933,6 +909,94 @@ fn direct_aligned(buf: &[u8], offset: u64) -> bool {
 /// over, whether or not every piece landed (some may have), so a flush
 /// after it syncs the pool.
 struct Counted(Arc<Store>);
+
+/// The pieces of a write to virtual grains `[first, last]` as `version`'s
+/// map stands: a grain the version holds alone is written in place; any
+/// other (a hole, a grain a snapshot shares) needs a new one, for
+/// `DiskHandle::allocate`, and `old` names what it held.
+fn pieces_for_write(m: &mut Meta, version: u64, first: u64, last: u64) -> Result<Vec<Piece>> {
+    let mut found = Vec::with_capacity((last - first + 1) as usize);
+    m.lookup_range_for_write(version, first, last - first + 1, &mut found)?;
+    Ok((first..=last)
+        .zip(found)
+        .map(|(v, (e, exclusive))| Piece {
+            v,
+            grain: if exclusive { e } else { 0 },
+            old: e,
+            new: !exclusive,
+        })
+        .collect())
+}
+
+/// Give back the grains allocated for `pieces`, whose data could not be
+/// written.
+fn abort_pieces(store: &Store, pieces: &[Piece]) -> Result<()> {
+    let mut m = store.meta.lock();
+    for p in pieces.iter().filter(|p| p.new) {
+        m.abort_alloc(p.grain).map_err(|e| store.fail_stop(e))?;
+    }
+    Ok(())
+}
+
+/// Point `version`'s map at the new pieces' grains, whose data is written,
+/// and count the write in `mutations`.
+fn install_pieces(store: &Store, version: u64, pieces: &[Piece]) -> Result<()> {
+    if pieces.iter().any(|p| p.new) {
+        // From the first install on, an error leaves part of the write
+        // in the map: fail-stop rather than log half a write.
+        let _fence = store.fail_on_panic();
+        let mut m = store.meta.lock();
+        for p in pieces.iter().filter(|p| p.new) {
+            m.install(version, p.v, p.grain)
+                .map_err(|e| store.fail_stop(e))?;
+        }
+    }
+    store
+        .mutations
+        .fetch_add(1, std::sync::atomic::Ordering::Release);
+    Ok(())
+}
+
+/// The finish step of a planned write that allocates: once its data is
+/// written, install the new grains (as `write_locked` does after
+/// `write_data`); if it failed, give them back. Held before the stripes
+/// and the gate, so it runs while they still are.
+struct Install {
+    store: Arc<Store>,
+    version: u64,
+    pieces: Vec<Piece>,
+}
+
+impl strata_block::IoHold for Install {
+    fn done(self: Box<Self>, ok: bool) -> bool {
+        if !ok {
+            // Nothing points at the grains: a failed write's pieces that
+            // did land there are overwritten whole by the next owner.
+            let _ = abort_pieces(&self.store, &self.pieces);
+            return false;
+        }
+        match install_pieces(&self.store, self.version, &self.pieces) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!("a planned write's install failed: {e}");
+                false
+            }
+        }
+    }
+
+    fn lost(self: Box<Self>) {
+        // The kernel may still write these grains: given back, they could
+        // be another disk's by then. Stop instead; a restart recovers the
+        // flushed state (the allocation was never logged).
+        self.store.fail_stop(Error::new(
+            ErrorKind::Io,
+            format!(
+                "an io_uring failed with a write to {} new grain(s) in flight",
+                self.pieces.iter().filter(|p| p.new).count()
+            ),
+        ));
+    }
+}
 
 impl strata_block::IoHold for Counted {}
 

@@ -4,7 +4,8 @@
 //! reads are in, and a caller that holds plans is told the device is busy
 //! instead of being made to wait for a snapshot that waits for it (the
 //! deadlock ARCHITECTURE.md's io_uring design closes). Writes are planned
-//! (`plan_write`) only as overwrites in place under `--cache none`.
+//! (`plan_write`) under `--cache none`: in place, or to new grains that
+//! the plan installs when it is finished.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,8 +135,35 @@ fn a_plan_names_the_pool_runs_fills_the_holes_and_holds_off_a_snapshot() {
     plan.finish(true);
 }
 
+/// The one plan `plan_write` gives for `buf` at `offset`.
+fn planned_write(d: &strata_engine::DiskHandle, buf: &[u8], offset: u64) -> strata_block::IoPlan {
+    match d.plan_write(buf, offset, false) {
+        Some(Ok(Planned::Plan(p))) => p,
+        Some(Ok(Planned::Busy)) => panic!("write at {offset}: busy"),
+        Some(Err(e)) => panic!("write at {offset}: {e}"),
+        None => panic!("write at {offset}: not planned"),
+    }
+}
+
+/// Carry out a one-piece write plan as a transport would; the request's
+/// outcome.
+fn carry_out(mut plan: strata_block::IoPlan, buf: &[u8]) -> bool {
+    assert!(plan.write);
+    assert_eq!(plan.pieces.len(), 1, "{:?}", plan.pieces);
+    let piece = plan.pieces[0];
+    assert_eq!((piece.buf_offset, piece.len), (0, buf.len()));
+    assert_eq!(pwrite_at(plan.fd, buf, piece.file_offset), buf.len());
+    plan.finish(true)
+}
+
+fn read_back(d: &strata_engine::DiskHandle, offset: u64, len: usize) -> AlignedBuf {
+    let mut back = AlignedBuf::zeroed(len);
+    d.read_at(&mut back, offset).unwrap();
+    back
+}
+
 #[test]
-fn only_overwrites_in_place_are_planned_and_a_snapshot_turns_them_back() {
+fn writes_are_planned_in_place_or_to_new_grains_installed_when_they_are_done() {
     let dir = tempfile::tempdir().unwrap();
     let (ds, d, _) = seven_at_grain_4(dir.path());
 
@@ -143,68 +171,76 @@ fn only_overwrites_in_place_are_planned_and_a_snapshot_turns_them_back() {
     // one run of the pool, and nobody else may plan that range meanwhile.
     let mut new = AlignedBuf::zeroed(8192);
     new.fill(9);
-    let mut plan = match d.plan_write(&new, 16384, false) {
-        Some(Ok(Planned::Plan(p))) => p,
-        _ => panic!("an overwrite in place of a direct pool is planned"),
-    };
-    assert!(plan.write);
-    assert_eq!(plan.pieces.len(), 1, "{:?}", plan.pieces);
-    let piece = plan.pieces[0];
-    assert_eq!((piece.buf_offset, piece.len), (0, 8192));
+    let plan = planned_write(&d, &new, 16384);
+    let in_place = plan.pieces[0].file_offset;
     assert!(
         d.plan_write(&new[..4096], 20480, false).is_none(),
         "a range a planned write holds goes to write_at, which waits for it"
     );
-    assert_eq!(pwrite_at(plan.fd, &new, piece.file_offset), 8192);
-    plan.finish(true);
-    drop(plan);
-    let mut back = AlignedBuf::zeroed(8192);
-    d.read_at(&mut back, 16384).unwrap();
-    assert!(
-        back.iter().all(|&b| b == 9),
-        "the planned write is read back"
-    );
+    assert!(carry_out(plan, &new));
+    assert!(read_back(&d, 16384, 8192).iter().all(|&b| b == 9));
 
-    // A hole to fill, zeros a thin disk does not store, a misaligned
-    // request: left to write_at.
+    // Grain 3 is a hole: the write is planned to a new grain, which the
+    // map names only once the write is done. A failed write gives the
+    // grain back and leaves the hole.
     let mut one = AlignedBuf::zeroed(4096);
     one.fill(3);
+    let mut plan = planned_write(&d, &one, 12288);
+    let fresh = plan.pieces[0].file_offset;
+    assert_ne!(fresh, in_place);
+    assert_eq!(pwrite_at(plan.fd, &one, fresh), 4096);
     assert!(
-        d.plan_write(&one, 12288, false).is_none(),
-        "grain 3 is a hole"
+        read_back(&d, 12288, 4096).iter().all(|&b| b == 0),
+        "not installed before the plan is finished"
     );
+    assert!(!plan.finish(false), "a failed write stays failed");
+    drop(plan);
+    assert!(read_back(&d, 12288, 4096).iter().all(|&b| b == 0));
+    assert!(carry_out(planned_write(&d, &one, 12288), &one));
+    assert!(read_back(&d, 12288, 4096).iter().all(|&b| b == 3));
+
+    // Zeros a thin disk does not store, a misaligned request: left to
+    // write_at.
     assert!(d
         .plan_write(&AlignedBuf::zeroed(4096), 16384, false)
         .is_none());
     assert!(d.plan_write(&one[..512], 16384 + 512, false).is_none());
 
-    // After a snapshot grain 4 is shared: the write must copy, not plan.
+    // After a snapshot grain 4 is shared: the write goes to a new grain,
+    // and the snapshot keeps the old one.
     ds.snapshot_create("d", "s", "").unwrap();
-    assert!(
-        d.plan_write(&one, 16384, false).is_none(),
-        "shared after a snapshot"
-    );
-    d.write_at(&one, 16384, false).unwrap();
-    let plan = match d.plan_write(&one, 16384, false) {
-        Some(Ok(Planned::Plan(p))) => p,
-        _ => panic!("the copy is the disk's own again"),
-    };
-    assert_ne!(plan.pieces[0].file_offset, piece.file_offset, "a new grain");
-    drop(plan);
+    let plan = planned_write(&d, &one, 16384);
+    assert_ne!(plan.pieces[0].file_offset, in_place, "a new grain");
+    assert!(carry_out(plan, &one));
+    // Now the disk's own again: in place.
+    let again = planned_write(&d, &one, 16384);
+    let copied = again.pieces[0].file_offset;
+    assert!(carry_out(again, &one));
+    assert_ne!(copied, in_place);
 
-    // The planned write is durable after a flush, and the snapshot kept
-    // what it saw.
+    // Durable after a flush; the snapshot kept what it saw; check is clean.
     ds.flush().unwrap();
     drop(d);
     drop(ds);
     let ds = open(dir.path(), true);
     let d = ds.open_disk("d").unwrap();
-    d.read_at(&mut back, 16384).unwrap();
-    assert!(back[..4096].iter().all(|&b| b == 3));
-    assert!(back[4096..].iter().all(|&b| b == 9));
+    let back = read_back(&d, 12288, 12288);
+    assert!(back[..8192].iter().all(|&b| b == 3));
+    assert!(back[8192..].iter().all(|&b| b == 9));
     let snap = ds.open_disk("d@s").unwrap();
-    snap.read_at(&mut back, 16384).unwrap();
-    assert!(back.iter().all(|&b| b == 9), "the snapshot's data");
+    let back = read_back(&snap, 12288, 12288);
+    assert!(back[..4096].iter().all(|&b| b == 3));
+    assert!(back[4096..].iter().all(|&b| b == 9), "the snapshot's data");
+    let r = ds.check().unwrap();
+    assert!(r.is_clean(), "{:#?}", r.errors);
+
+    // A write whose ring failed with it in flight may still land: its new
+    // grain is neither installed nor given back, and the datastore stops.
+    let mut lost = planned_write(&d, &one, 65536);
+    lost.lose();
+    assert!(!lost.finish(true), "a lost write is not answered as done");
+    drop(lost);
+    assert!(d.write_at(&one, 0, false).is_err(), "fail-stopped");
 
     // A pool with the page cache plans no write (the caller's writes go
     // through write_at, where buffered writes queue).

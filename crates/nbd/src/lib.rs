@@ -296,7 +296,7 @@ pub struct ServerOptions {
     pub read_ahead_bytes: u64,
     /// READs and WRITEs (without FUA) of devices that plan them
     /// (`BlockDevice::plan_read`, `plan_write`: an engine disk; writes
-    /// only overwrites in place under `--cache none`) go through an
+    /// only aligned ones under `--cache none`) go through an
     /// io_uring per connection, submitted in batches, instead of a worker
     /// each (`serve --aio io_uring`, the server's default). The reader
     /// answers those already done when it has submitted (reads the page

@@ -650,7 +650,7 @@ impl<S: NbdStream> Conn<S> {
     /// `data` (a READ's buffer, a WRITE's payload), queue its pieces (the
     /// reaping thread answers it). Gives `data` back when the device does
     /// not plan this request (a worker then serves it; an engine disk
-    /// plans only overwrites in place under `--cache none`). Never waits
+    /// plans only aligned writes, under `--cache none`). Never waits
     /// for the gate while requests of this connection are in the ring
     /// (they may hold it): a busy device is asked again once they are done.
     fn ring_request(
@@ -710,7 +710,7 @@ impl<S: NbdStream> Conn<S> {
     /// A request's pieces are done (or failed): release what it held, then
     /// answer.
     fn finish_ring_req(&self, mut p: Pending) {
-        p.plan.finish(p.failed.is_none());
+        p.finish_plan();
         let RingReq { req, data, cost } = &p.ctx;
         if !self.broken.load(Ordering::Relaxed) {
             let write = p.plan.write;

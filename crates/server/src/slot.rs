@@ -222,8 +222,9 @@ struct MarkChanged {
 }
 
 impl IoHold for MarkChanged {
-    fn done(self: Box<Self>, _ok: bool) {
+    fn done(self: Box<Self>, ok: bool) -> bool {
         self.map.mark(self.offset, self.len);
+        ok
     }
 }
 

@@ -10,8 +10,9 @@ use crate::disk::{Command, DiskStats, Op};
 struct Recording(Command<Arc<DiskStats>>);
 
 impl IoHold for Recording {
-    fn done(self: Box<Self>, ok: bool) {
+    fn done(self: Box<Self>, ok: bool) -> bool {
         self.0.finish(ok);
+        ok
     }
 }
 
