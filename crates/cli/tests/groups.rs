@@ -254,26 +254,9 @@ impl Drop for Unmount {
     }
 }
 
-fn fuse_usable() -> bool {
-    if OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_err()
-    {
-        assert!(
-            std::env::var("STRATA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "/dev/fuse is required"
-        );
-        eprintln!("skipping: /dev/fuse cannot be opened");
-        return false;
-    }
-    true
-}
-
 #[test]
 fn group_snapshots_cut_nbd_fuse_and_vhost_writes_at_one_instant() {
-    if !fuse_usable() {
+    if !have_fuse() {
         return;
     }
     each_kind(cut_under_a_writer);
@@ -886,7 +869,7 @@ fn loop_devices_usable() -> bool {
 
 #[test]
 fn a_file_written_without_sync_is_in_a_group_snapshot_taken_with_the_fsfreeze_hook() {
-    if !fuse_usable() || !loop_devices_usable() {
+    if !have_fuse() || !loop_devices_usable() {
         return;
     }
     // The case Kubernetes' group-snapshot conformance test makes (echo

@@ -34,6 +34,33 @@ pub fn have(tool: &str) -> bool {
     ok
 }
 
+/// Whether FUSE can be mounted here (skips, or fails under
+/// STRATA_REQUIRE_TOOLS=1, like `have`).
+pub fn have_fuse() -> bool {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok();
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let why = if !dev {
+        Some("/dev/fuse cannot be opened (load the fuse module, or give the container the device)")
+    } else if !root && !have("fusermount3") {
+        Some("fusermount3 is needed to mount as non-root (package fuse3)")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        if std::env::var("STRATA_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("FUSE is required: {why}");
+        }
+        eprintln!("skipping: {why}");
+        return false;
+    }
+    true
+}
+
 pub struct Store {
     pub dir: tempfile::TempDir,
 }

@@ -20,14 +20,116 @@ pub fn greeted(addr: &str) -> Option<TcpStream> {
 /// A connection that opened `export` with EXPORT_NAME (None: refused).
 pub fn opened(addr: &str, export: &str) -> Option<TcpStream> {
     let mut s = greeted(addr)?;
+    export_name(&mut s, export).ok()?;
+    Some(s)
+}
+
+/// After the greeting: ask for `export` with EXPORT_NAME (fixed newstyle,
+/// no zeroes) and read the answer; the export's size.
+fn export_name(s: &mut (impl Read + Write), export: &str) -> std::io::Result<u64> {
     // FIXED_NEWSTYLE | NO_ZEROES.
     let mut m = 3u32.to_be_bytes().to_vec();
     m.extend_from_slice(&IHAVEOPT.to_be_bytes());
     m.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
     m.extend_from_slice(&(export.len() as u32).to_be_bytes());
     m.extend_from_slice(export.as_bytes());
-    s.write_all(&m).ok()?;
+    s.write_all(&m)?;
     let mut answer = [0u8; 10];
-    s.read_exact(&mut answer).ok()?;
-    Some(s)
+    s.read_exact(&mut answer)?;
+    Ok(u64::from_be_bytes(answer[..8].try_into().unwrap()))
+}
+
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_FLUSH: u16 = 3;
+
+/// A client of one export over a Unix socket that keeps several requests
+/// in flight (simple replies only: it asks for no structured replies), for
+/// tests that must know which writes were answered before which flush.
+pub struct Pipelined {
+    s: std::os::unix::net::UnixStream,
+    /// The export's size in bytes.
+    pub size: u64,
+}
+
+/// One simple reply: the request's handle and its error (0: success).
+pub struct Reply {
+    pub handle: u64,
+    pub error: u32,
+}
+
+impl Pipelined {
+    /// Open `export` with EXPORT_NAME (fixed newstyle, no zeroes).
+    pub fn open(sock: &std::path::Path, export: &str) -> std::io::Result<Pipelined> {
+        let mut s = std::os::unix::net::UnixStream::connect(sock)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello)?;
+        let size = export_name(&mut s, export)?;
+        Ok(Pipelined { s, size })
+    }
+
+    /// Send one request (`data` is a WRITE's payload); does not wait.
+    pub fn send(
+        &mut self,
+        cmd: u16,
+        handle: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        let mut m = Vec::with_capacity(28 + data.len());
+        m.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&cmd.to_be_bytes());
+        m.extend_from_slice(&handle.to_be_bytes());
+        m.extend_from_slice(&offset.to_be_bytes());
+        m.extend_from_slice(&len.to_be_bytes());
+        m.extend_from_slice(data);
+        self.s.write_all(&m)
+    }
+
+    /// The next reply; a successful READ's payload (`read_len` bytes) is
+    /// read into `buf`.
+    pub fn reply(&mut self, buf: &mut [u8]) -> std::io::Result<Reply> {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h)?;
+        let magic = u32::from_be_bytes(h[..4].try_into().unwrap());
+        if magic != 0x6744_6698 {
+            return Err(std::io::Error::other(format!("bad reply magic {magic:#x}")));
+        }
+        let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let handle = u64::from_be_bytes(h[8..].try_into().unwrap());
+        if error == 0 && !buf.is_empty() {
+            self.s.read_exact(buf)?;
+        }
+        Ok(Reply { handle, error })
+    }
+
+    /// Read `buf.len()` bytes at `offset`, waiting for the answer (nothing
+    /// else may be in flight).
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.send(CMD_READ, u64::MAX, offset, buf.len() as u32, &[])?;
+        let r = self.reply(buf)?;
+        if r.error != 0 {
+            return Err(std::io::Error::other(format!(
+                "READ at {offset} failed: error {}",
+                r.error
+            )));
+        }
+        Ok(())
+    }
+
+    /// Write and flush, waiting for both.
+    pub fn write_flush(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        self.send(CMD_WRITE, 1, offset, data.len() as u32, data)?;
+        self.send(CMD_FLUSH, 2, 0, 0, &[])?;
+        for _ in 0..2 {
+            let r = self.reply(&mut [])?;
+            if r.error != 0 {
+                return Err(std::io::Error::other(format!("error {}", r.error)));
+            }
+        }
+        Ok(())
+    }
 }
