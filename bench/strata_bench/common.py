@@ -8,7 +8,10 @@ import time
 
 # The repository (this file is bench/strata_bench/common.py).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STRATA = os.environ.get("STRATA", os.path.join(ROOT, "target/release/strata"))
+# Where `cargo build --release` (run from ROOT) puts what it builds: under
+# $CARGO_TARGET_DIR when that is set, as cargo does.
+RELEASE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR", "target"), "release")
+STRATA = os.environ.get("STRATA", os.path.join(RELEASE, "strata"))
 
 
 def sh(*args, **kw):

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 
-from .common import (ROOT, STRATA, cpu_of, proc_status_kib, sh, size_bytes, wait_path,
+from .common import (RELEASE, ROOT, STRATA, cpu_of, proc_status_kib, sh, size_bytes, wait_path,
                      wait_port)
 
 
@@ -144,7 +144,7 @@ def vhost_harness():
     (crates/vhost/examples/vhost_bench.rs); its path."""
     sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
        cwd=ROOT)
-    return os.path.join(ROOT, "target/release/examples/vhost_bench")
+    return os.path.join(RELEASE, "examples", "vhost_bench")
 
 
 def drive_vhost(harness, sock, rw, bs, iodepth, runtime, *extra):

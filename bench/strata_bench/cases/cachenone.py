@@ -28,11 +28,13 @@ def case_cachenone(work, q):
     O_DIRECT straight on a raw file in the same file system, the same
     jobs, the same dropped caches and final fsync. So does strata with
     `--aio io_uring` (its READs through a ring per connection;
-    `strata_uring`), beside the default (`strata`, a thread each)."""
+    `strata_uring`), beside `--aio threads` (`strata`, a thread each),
+    and with `--aio native` (a Linux native AIO context per connection;
+    `strata_native`)."""
     size = smoke("256M", "1G" if q else "2G")
     rt = smoke(2, 5 if q else 10)
     passes = 1 if q else 3
-    who_all = ("strata", "strata_uring", "qemu_threads", "qemu_native", "limit")
+    who_all = ("strata", "strata_uring", "strata_native", "qemu_threads", "qemu_native", "limit")
     runs = {w: {"write": [], "read": [], "overwrite": []} for w in who_all}
     cold = True
     for p in range(passes):
@@ -41,7 +43,7 @@ def case_cachenone(work, q):
             d = os.path.join(work, f"{who}_{p}")
             srv = None  # the limit has none: fio opens the raw file itself
             if who.startswith("strata"):
-                aio = "io_uring" if who == "strata_uring" else "threads"
+                aio = {"strata_uring": "io_uring", "strata_native": "native"}.get(who, "threads")
                 srv = Strata(d, serve_args=["--cache", "none", "--aio", aio])
                 srv.cli("create", "d", "--size", size)
                 job = partial(fio, srv.uri("d"))
@@ -87,7 +89,8 @@ def case_cachenone(work, q):
                     "randwrite_4k_overwrite_iops": median(runs[who]["overwrite"]),
                     "randwrite_4k_overwrite_iops_passes": runs[who]["overwrite"]}
     for peer in ("qemu_threads", "qemu_native", "limit"):
-        for mine, tag in (("strata", ""), ("strata_uring", "uring_")):
+        for mine, tag in (("strata", ""), ("strata_uring", "uring_"),
+                          ("strata_native", "native_")):
             out[f"ratio_{tag}randread_vs_{peer}"] = ratio(
                 out[mine]["randread_4k_cold_iops"], out[peer]["randread_4k_cold_iops"])
             out[f"ratio_{tag}seqwrite_vs_{peer}"] = ratio(

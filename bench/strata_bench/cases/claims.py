@@ -5,7 +5,7 @@ import os
 import random
 import subprocess
 
-from ..common import ROOT, sh, smoke
+from ..common import RELEASE, ROOT, sh, smoke
 from ..seaweedfs import start_seaweedfs
 
 
@@ -22,7 +22,7 @@ def case_claims(work, q):
     weed, endpoint = start_seaweedfs(work)
     try:
         env = dict(os.environ, STRATA_RACE_URL=f"s3://strata-bench/claims-{random.randrange(1 << 32):08x}")
-        out = subprocess.run([os.path.join(ROOT, "target/release/examples/create_race"), str(rounds),
+        out = subprocess.run([os.path.join(RELEASE, "examples", "create_race"), str(rounds),
                               "2", "8", "32"], env=env, capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
             raise RuntimeError(f"create_race failed: {out.stderr[-2000:]}")

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from ..common import ROOT, STRATA, drop_caches, ratio, sh, size_bytes, smoke
+from ..common import RELEASE, ROOT, STRATA, drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fio, fio_iops_log
 from ..seaweedfs import start_seaweedfs
 from ..servers import Strata
@@ -66,7 +66,7 @@ def store_ceiling(seconds, depth):
        "--example", "store_ceiling", cwd=ROOT)
     env = dict(os.environ,
                STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")
-    out = subprocess.run([os.path.join(ROOT, "target/release/examples/store_ceiling"), str(seconds),
+    out = subprocess.run([os.path.join(RELEASE, "examples", "store_ceiling"), str(seconds),
                           str(depth), "8"], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"store_ceiling failed: {out.stderr[-2000:]}")

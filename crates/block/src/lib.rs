@@ -27,6 +27,7 @@
 //! vectored calls. [`AlignedBuf`] is a page-aligned buffer for transports
 //! that own their I/O buffers, so a device may hand them to direct I/O.
 
+mod aio;
 mod aligned;
 mod fill;
 pub mod plan;

@@ -8,9 +8,21 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, types, EnterFlags, IoUring};
 use parking_lot::Mutex;
 
+use crate::aio::Aio;
+
 /// A ring: submission side behind one lock, completion side behind another,
-/// so one thread may queue while another reaps.
+/// so one thread may queue while another reaps. Or, made by
+/// [`Ring::native`], a Linux native AIO context behind the same calls.
 pub struct Ring {
+    kind: Kind,
+}
+
+enum Kind {
+    Uring(Uring),
+    Native(Aio),
+}
+
+struct Uring {
     ring: IoUring,
     /// Held while pushing to the submission queue or submitting it:
     /// entries queued since the last submission.
@@ -18,27 +30,6 @@ pub struct Ring {
     /// Held while taking completions off the queue (not while waiting
     /// for one), so one thread may take what is in while another waits.
     cq: Mutex<()>,
-    /// Requests shorter than this are issued by the kernel's io-wq
-    /// threads ([`Issue::WorkerBelow`]); 0 with [`Issue::Inline`].
-    punt_below: u32,
-}
-
-/// Who issues a read to the device once it is submitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Issue {
-    /// The submitting thread, inside `io_uring_enter` (the file system's
-    /// mapping, the block layer, the device's doorbell): cheapest in CPU,
-    /// and best when a submission carries several reads.
-    Inline,
-    /// For requests shorter than this many bytes, one of the kernel's
-    /// io-wq threads (`IOSQE_ASYNC`): the submitter returns at once. For
-    /// a submitter that takes requests one at a time and does everything
-    /// else itself, whose inline issues would follow one another (a
-    /// vhost-user queue's worker: PERFORMANCE.md). Longer requests are
-    /// issued inline: their issue (pinning the pages, building the bios)
-    /// is small next to their time on the device, and handing each to
-    /// io-wq would add a thread wake-up and switch per request.
-    WorkerBelow(u32),
 }
 
 fn again(e: &io::Error) -> bool {
@@ -49,15 +40,29 @@ impl Ring {
     /// A ring of `entries` submission slots (completions: twice that).
     /// Fails where io_uring is not available (an old kernel, a seccomp
     /// filter, `kernel.io_uring_disabled`); the caller then reads by itself.
-    pub fn new(entries: u32, issue: Issue) -> io::Result<Ring> {
+    ///
+    /// Its operations are issued inline by the submitting thread, inside
+    /// `io_uring_enter` (the file system's mapping, the block layer, the
+    /// device's doorbell): cheapest in CPU. Handing small ones to the
+    /// kernel's io-wq threads (`IOSQE_ASYNC`) was tried for vhost-user
+    /// queues and lost once they submit each request as it is planned
+    /// (PERFORMANCE.md).
+    pub fn new(entries: u32) -> io::Result<Ring> {
         Ok(Ring {
-            ring: IoUring::new(entries)?,
-            sq: Mutex::new(0),
-            cq: Mutex::new(()),
-            punt_below: match issue {
-                Issue::Inline => 0,
-                Issue::WorkerBelow(n) => n,
-            },
+            kind: Kind::Uring(Uring {
+                ring: IoUring::new(entries)?,
+                sq: Mutex::new(0),
+                cq: Mutex::new(()),
+            }),
+        })
+    }
+
+    /// A Linux native AIO context for `depth` operations in flight (QEMU's
+    /// `aio=native`; crate::aio). Its operations are issued inline by
+    /// [`Ring::submit`], and asynchronous only on `O_DIRECT` files.
+    pub fn native(depth: u32) -> io::Result<Ring> {
+        Ok(Ring {
+            kind: Kind::Native(Aio::new(depth)?),
         })
     }
 
@@ -79,6 +84,75 @@ impl Ring {
         offset: u64,
         user_data: u64,
     ) -> io::Result<()> {
+        match &self.kind {
+            // SAFETY: the caller's contract, passed on.
+            Kind::Uring(r) => unsafe { r.push_io(write, fd, ptr, len, offset, user_data) },
+            Kind::Native(a) => unsafe { a.push_io(write, fd, ptr, len, offset, user_data) },
+        }
+    }
+
+    /// Queue a no-op whose completion carries `user_data` (a wake-up for
+    /// the reaping thread).
+    pub fn push_nop(&self, user_data: u64) -> io::Result<()> {
+        match &self.kind {
+            Kind::Uring(r) => r.push_nop(user_data),
+            Kind::Native(a) => a.push_nop(user_data),
+        }
+    }
+
+    /// Start everything queued with one system call (none when nothing
+    /// was queued since the last).
+    pub fn submit(&self) -> io::Result<()> {
+        match &self.kind {
+            Kind::Uring(r) => r.submit(),
+            Kind::Native(a) => a.submit(),
+        }
+    }
+
+    /// Wait until at least one completion is in, then hand every one in to
+    /// `f` as (user_data, result: bytes, or a negated errno).
+    pub fn reap(&self, f: impl FnMut(u64, i32)) -> io::Result<()> {
+        self.reap_some(true, f).map(|_| ())
+    }
+
+    /// Hand every completion in to `f` (as [`Ring::reap`]); with `wait`,
+    /// first wait until there is one. Returns how many were handed over.
+    pub fn reap_some(&self, wait: bool, f: impl FnMut(u64, i32)) -> io::Result<usize> {
+        match &self.kind {
+            Kind::Uring(r) => r.reap_some(wait, f),
+            Kind::Native(a) => a.reap_some(wait, f),
+        }
+    }
+
+    /// Have the kernel signal the eventfd `fd` whenever a completion is
+    /// posted (for a thread that waits for other events too, in epoll).
+    pub fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
+        match &self.kind {
+            Kind::Uring(r) => r.register_eventfd(fd),
+            Kind::Native(a) => a.register_eventfd(fd),
+        }
+    }
+}
+
+impl Uring {
+    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`, or
+    /// with `write` a write of `ptr[..len]` there; it starts at the next
+    /// [`Ring::submit`] (or earlier, when the queue is full and is
+    /// submitted to make room). Its completion carries `user_data`.
+    ///
+    /// # Safety
+    /// `ptr[..len]` must stay valid, and be neither written (nor, for a
+    /// read, read) by anyone else, until this completion has been reaped;
+    /// `fd` must stay open until then.
+    unsafe fn push_io(
+        &self,
+        write: bool,
+        fd: RawFd,
+        ptr: *mut u8,
+        len: u32,
+        offset: u64,
+        user_data: u64,
+    ) -> io::Result<()> {
         let e = if write {
             opcode::Write::new(types::Fd(fd), ptr, len)
                 .offset(offset)
@@ -89,17 +163,12 @@ impl Ring {
                 .build()
         };
         let e = e.user_data(user_data);
-        let e = if len < self.punt_below {
-            e.flags(io_uring::squeue::Flags::ASYNC)
-        } else {
-            e
-        };
         self.push(&e)
     }
 
     /// Queue a no-op whose completion carries `user_data` (a wake-up for
     /// the reaping thread).
-    pub fn push_nop(&self, user_data: u64) -> io::Result<()> {
+    fn push_nop(&self, user_data: u64) -> io::Result<()> {
         let e = opcode::Nop::new().build().user_data(user_data);
         // SAFETY: a no-op points at no memory.
         unsafe { self.push(&e) }
@@ -124,7 +193,7 @@ impl Ring {
 
     /// Start every queued read with one system call (none when nothing
     /// was queued since the last).
-    pub fn submit(&self) -> io::Result<()> {
+    fn submit(&self) -> io::Result<()> {
         loop {
             let r = {
                 let mut queued = self.sq.lock();
@@ -152,15 +221,9 @@ impl Ring {
         }
     }
 
-    /// Wait until at least one completion is in, then hand every one in to
-    /// `f` as (user_data, result: bytes, or a negated errno).
-    pub fn reap(&self, f: impl FnMut(u64, i32)) -> io::Result<()> {
-        self.reap_some(true, f).map(|_| ())
-    }
-
     /// Hand every completion in to `f` (as [`Ring::reap`]); with `wait`,
     /// first wait until there is one. Returns how many were handed over.
-    pub fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
+    fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
         loop {
             let mut n = 0;
             {
@@ -196,7 +259,7 @@ impl Ring {
 
     /// Have the kernel signal the eventfd `fd` whenever a completion is
     /// posted (for a thread that waits for other events too, in epoll).
-    pub fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
+    fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
         self.ring.submitter().register_eventfd(fd)
     }
 }
@@ -208,26 +271,23 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsRawFd;
 
-    #[test]
-    fn reads_queued_by_one_thread_complete_on_another() {
-        let Ok(ring) = Ring::new(4, Issue::Inline) else {
-            eprintln!("io_uring is not available here: skipped");
-            return;
-        };
+    /// `reads` 4 KiB reads of a 64 KiB file queued by one thread through
+    /// `ring`, and a no-op, reaped by another, started only once all are
+    /// submitted with `reap_after`; each read's data checked.
+    fn reads_complete_on_another_thread(ring: &Ring, reads: usize, reap_after: bool) {
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
         f.write_all(&data).unwrap();
-        // Ten reads through a four-entry queue: pushing submits to make room.
-        let mut bufs: Vec<AlignedBuf> = (0..10).map(|_| AlignedBuf::zeroed(4096)).collect();
-        let ring = &ring;
+        let mut bufs: Vec<AlignedBuf> = (0..reads).map(|_| AlignedBuf::zeroed(4096)).collect();
         std::thread::scope(|s| {
-            let reaper = s.spawn(move || {
+            let reap = move || {
                 let mut got = Vec::new();
-                while got.len() < 11 {
+                while got.len() < reads + 1 {
                     ring.reap(|u, r| got.push((u, r))).unwrap();
                 }
                 got
-            });
+            };
+            let reaper = (!reap_after).then(|| s.spawn(reap));
             for (i, b) in bufs.iter_mut().enumerate() {
                 // SAFETY: the buffers outlive the scope, which joins the reaper.
                 unsafe {
@@ -236,21 +296,54 @@ mod tests {
                         f.as_raw_fd(),
                         b[..].as_mut_ptr(),
                         4096,
-                        i as u64 * 4096,
+                        (i % 16) as u64 * 4096,
                         i as u64,
                     )
                     .unwrap();
                 }
             }
-            ring.push_nop(99).unwrap();
+            ring.push_nop(u64::MAX).unwrap();
             ring.submit().unwrap();
+            let reaper = reaper.unwrap_or_else(|| s.spawn(reap));
             let mut got = reaper.join().unwrap();
             got.sort();
-            let want: Vec<(u64, i32)> = (0..10).map(|i| (i, 4096)).chain([(99, 0)]).collect();
+            let want: Vec<(u64, i32)> = (0..reads as u64)
+                .map(|i| (i, 4096))
+                .chain([(u64::MAX, 0)])
+                .collect();
+            // A native no-op is a poll: its result is the events seen.
+            let got: Vec<(u64, i32)> = got
+                .into_iter()
+                .map(|(u, r)| (u, if u == u64::MAX { 0 } else { r }))
+                .collect();
             assert_eq!(got, want);
         });
         for (i, b) in bufs.iter().enumerate() {
-            assert_eq!(&b[..], &data[i * 4096..(i + 1) * 4096], "read {i}");
+            let at = (i % 16) * 4096;
+            assert_eq!(&b[..], &data[at..at + 4096], "read {i}");
         }
+    }
+
+    #[test]
+    fn reads_queued_by_one_thread_complete_on_another() {
+        let Ok(ring) = Ring::new(4) else {
+            eprintln!("io_uring is not available here: skipped");
+            return;
+        };
+        // Ten reads through a four-entry queue: pushing submits to make room.
+        reads_complete_on_another_thread(&ring, 10, false);
+    }
+
+    #[test]
+    fn native_aio_reads_complete_on_another_thread_even_past_its_depth() {
+        let ring = Ring::native(4).expect("native AIO");
+        // A file in the page cache completes each read inside io_submit,
+        // and its completion holds a slot until reaped: 300 reads fill
+        // the context long before the reaper starts, and submitting
+        // takes completions to make room, kept for the reaper.
+        reads_complete_on_another_thread(&ring, 300, true);
+        // With the reaper running from the start, asleep in io_getevents
+        // when a submission takes what it waits for: the wake-up no-op.
+        reads_complete_on_another_thread(&ring, 300, false);
     }
 }

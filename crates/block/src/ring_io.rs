@@ -14,7 +14,7 @@ use std::io;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::ring::{Issue, Ring};
+use crate::ring::Ring;
 use crate::IoPlan;
 
 /// The low bits of a completion's user data: which piece of its request.
@@ -77,19 +77,29 @@ pub struct RingIo<T> {
 }
 
 impl<T: Send> RingIo<T> {
-    /// A ring of `entries` submission slots whose requests `issue` starts;
+    /// An io_uring of `entries` submission slots (issued inline);
     /// fails where io_uring is not available (the transport then works
     /// by itself).
-    pub fn new(entries: u32, issue: Issue) -> io::Result<RingIo<T>> {
-        Ok(RingIo {
-            ring: Ring::new(entries, issue)?,
+    pub fn new(entries: u32) -> io::Result<RingIo<T>> {
+        Ok(Self::over(Ring::new(entries)?))
+    }
+
+    /// The same over a Linux native AIO context ([`Ring::native`]) of
+    /// `depth` operations.
+    pub fn native(depth: u32) -> io::Result<RingIo<T>> {
+        Ok(Self::over(Ring::native(depth)?))
+    }
+
+    fn over(ring: Ring) -> RingIo<T> {
+        RingIo {
+            ring,
             state: Mutex::new(State {
                 pending: HashMap::new(),
                 finishing: 0,
                 next: 0,
             }),
             idle: Condvar::new(),
-        })
+        }
     }
 
     /// Queue the pieces of a planned request, into or from `dest` (they start at the
@@ -443,7 +453,7 @@ mod tests {
 
     #[test]
     fn pieces_come_back_as_one_read_each_with_the_tail_past_eof_zeroed() {
-        let Ok(reads) = RingIo::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
+        let Ok(reads) = RingIo::<(usize, AlignedBuf)>::new(8) else {
             eprintln!("io_uring is not available here: skipped");
             return;
         };
@@ -494,7 +504,7 @@ mod tests {
 
     #[test]
     fn writes_land_piece_by_piece_and_come_back_once_each() {
-        let Ok(ring) = RingIo::<(usize, AlignedBuf)>::new(8, Issue::Inline) else {
+        let Ok(ring) = RingIo::<(usize, AlignedBuf)>::new(8) else {
             eprintln!("io_uring is not available here: skipped");
             return;
         };

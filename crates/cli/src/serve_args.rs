@@ -94,14 +94,15 @@ pub struct ServeArgs {
     /// How reads and writes reach the disk, as QEMU's aio= option: io_uring (the default) has
     /// each NBD connection (and, under --cache none, each vhost-user-blk queue) put its reads,
     /// and under --cache none its 4 KiB-aligned writes (in place, or to new grains installed
-    /// once the data is in), on an io_uring and start those that arrived together with one
-    /// system call, completions returned without a thread per request (under writeback a
-    /// read the page cache holds is answered by the connection's own thread; where the
-    /// kernel refuses io_uring, threads serve them); threads runs each request on an I/O
-    /// thread (--io-threads). FUA writes, misaligned ones and writes to disks with I/O limits
-    /// always run on the threads
-    #[arg(long = "aio", value_name = "io_uring|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
-    pub aio_uring: bool,
+    /// once the data is in), on an io_uring and start them without a thread per request,
+    /// completions returned by the transport (under writeback a read the page cache holds is
+    /// answered by the connection's own thread; where the kernel refuses io_uring, threads
+    /// serve them); native does the same through Linux native AIO (io_submit; needs --cache
+    /// none), whose completions wake the server straight from the device's interrupt;
+    /// threads runs each request on an I/O thread (--io-threads). FUA writes, misaligned ones
+    /// and writes to disks with I/O limits always run on the threads
+    #[arg(long = "aio", value_name = "io_uring|native|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
+    pub aio: Aio,
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
     /// this many are on the disk at once [default: 16 with --cache none, where each waits for
     /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
@@ -202,11 +203,20 @@ fn parse_cache_mode(s: &str) -> Result<bool, String> {
     }
 }
 
-fn parse_aio(s: &str) -> Result<bool, String> {
+/// `--aio`: what carries planned reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aio {
+    IoUring,
+    Native,
+    Threads,
+}
+
+fn parse_aio(s: &str) -> Result<Aio, String> {
     match s {
-        "io_uring" => Ok(true),
-        "threads" => Ok(false),
-        _ => Err(format!("'{s}': expected threads or io_uring")),
+        "io_uring" => Ok(Aio::IoUring),
+        "native" => Ok(Aio::Native),
+        "threads" => Ok(Aio::Threads),
+        _ => Err(format!("'{s}': expected io_uring, native or threads")),
     }
 }
 
@@ -271,7 +281,8 @@ impl From<&ServeArgs> for ServeConfig {
             fuse_allow_other: a.fuse_allow_other,
             direct_io: a.direct_io,
             io_threads: a.io_threads,
-            aio_uring: a.aio_uring,
+            aio_uring: a.aio != Aio::Threads,
+            aio_native: a.aio == Aio::Native,
             http: a.http.clone(),
             http_token: a.http_token.clone(),
             http_read_token: a.http_read_token.clone(),

@@ -206,12 +206,13 @@ fn bench_quick_paper_suites() {
     // cachenone: serve --cache none and QEMU's cache=none peers, over NBD
     // and vhost-user-blk, each did its reads and durable writes (the
     // vhost harness fails the case on any failed request), and so did
-    // strata reading through io_uring (`--aio io_uring`) and fio on a raw
-    // file, the device's limit.
+    // strata reading through io_uring (`--aio io_uring`) and native AIO
+    // (`--aio native`), and fio on a raw file, the device's limit.
     let cn = get(&j, &["cases", "cachenone"]);
     for who in [
         "strata",
         "strata_uring",
+        "strata_native",
         "qemu_threads",
         "qemu_native",
         "limit",
@@ -222,6 +223,7 @@ fn bench_quick_paper_suites() {
     positive(cn, &["ratio_randread_vs_limit"]);
     positive(cn, &["ratio_seqwrite_vs_limit"]);
     positive(cn, &["ratio_uring_randread_vs_qemu_native"]);
+    positive(cn, &["ratio_native_randread_vs_qemu_native"]);
     for tag in ["randread_4k_cold", "seqwrite_512k_durable"] {
         for who in [
             "strata",

@@ -118,29 +118,40 @@ fn thread_names(pid: i32) -> Vec<String> {
 
 #[test]
 fn cache_none_reads_through_io_uring_by_default_return_the_data_and_let_snapshots_through() {
-    reads_through_io_uring("none");
+    reads_through_io_uring("none", "io_uring");
+}
+
+/// The same through a Linux native AIO context per connection (`--aio
+/// native`), which refuses to run without `--cache none`.
+#[test]
+fn cache_none_reads_through_native_aio_return_the_data_and_let_snapshots_through() {
+    let s = Store::new();
+    let e = s.fails(&["serve", "--nbd-unix", "/nonexistent/x", "--aio", "native"]);
+    assert!(e.contains("--aio native needs --cache none"), "{e}");
+    reads_through_io_uring("none", "native");
 }
 
 #[test]
 fn writeback_reads_through_io_uring_by_default_return_the_data_and_let_snapshots_through() {
-    reads_through_io_uring("writeback");
+    reads_through_io_uring("writeback", "io_uring");
 }
 
 /// NBD reads go through each connection's io_uring under either cache
 /// mode (`--aio io_uring`, the default): from the direct descriptor under
-/// `none`, through the page cache under `writeback`.
-fn reads_through_io_uring(cache: &str) {
+/// `none`, through the page cache under `writeback`; or (`aio` native)
+/// through its native AIO context.
+fn reads_through_io_uring(cache: &str, aio: &str) {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
     let s = Store::new();
-    let e = s.fails(&["serve", "--nbd-unix", "/nonexistent/x", "--aio", "native"]);
-    assert!(e.contains("expected threads or io_uring"), "{e}");
+    let e = s.fails(&["serve", "--nbd-unix", "/nonexistent/x", "--aio", "posix"]);
+    assert!(e.contains("expected io_uring, native or threads"), "{e}");
 
     s.ok(&["create", "d", "--size", "32M"]);
     let reference = s.path().join("ref.raw");
     random_file(&reference, 32 << 20, 9);
-    let srv = s.serve_with(&["--cache", cache]);
+    let srv = s.serve_with(&["--cache", cache, "--aio", aio]);
     // Holes inside reads, and a sub-grain change: the plan fills the
     // holes, the ring reads the rest.
     load_then_change(
@@ -216,6 +227,16 @@ fn reads_through_io_uring(cache: &str) {
 /// would show one).
 #[test]
 fn cache_none_overwrites_through_io_uring_keep_each_snapshot_one_moment() {
+    overwrites_keep_each_snapshot_one_moment("io_uring");
+}
+
+/// The same with the writes in a native AIO context (`--aio native`).
+#[test]
+fn cache_none_overwrites_through_native_aio_keep_each_snapshot_one_moment() {
+    overwrites_keep_each_snapshot_one_moment("native");
+}
+
+fn overwrites_keep_each_snapshot_one_moment(aio: &str) {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
@@ -223,7 +244,7 @@ fn cache_none_overwrites_through_io_uring_keep_each_snapshot_one_moment() {
     const FIRST: u8 = 100;
     let s = Store::new();
     s.ok(&["create", "d", "--size", "2M"]);
-    let srv = s.serve_with(&["--cache", "none"]);
+    let srv = s.serve_with(&["--cache", "none", "--aio", aio]);
     let uri = s.uri("d");
     let region = format!("{}", BLOCKS * 4096);
     run_ok(

@@ -1,5 +1,5 @@
 //! Power cuts under a real `strata serve --cache none`, with writes still
-//! in its io_uring rings.
+//! in its io_uring rings (or native AIO contexts, `--aio native`).
 //!
 //! The datastore lives on crashfs (power_cut/crashfs.rs): a FUSE file
 //! system in this process that keeps what each file's last fsync made
@@ -244,11 +244,16 @@ fn power_cuts_with_writes_in_the_ring_keep_every_flushed_write() {
     if !have_fuse() {
         return;
     }
-    let reports = cuts(&["--cache", "none"]);
-    // The rings were in use, and held writes when the power went.
+    ring_cuts(&["--cache", "none"]);
+}
+
+/// Cuts under `serve` with `args`, whose writes go through rings: they
+/// were in use, and held writes when the power went.
+fn ring_cuts(args: &[&str]) {
+    let reports = cuts(args);
     let through_ring: u64 = reports.iter().map(|r| r.ring_writes).sum();
     let in_ring: usize = reports.iter().map(|r| r.from_rings).sum();
-    assert!(through_ring > 0, "no write went through an io_uring");
+    assert!(through_ring > 0, "no write went through a ring");
     assert!(
         in_ring > 0,
         "no cut came while ring writes were unsynced ({through_ring} went through rings)"
@@ -268,4 +273,13 @@ fn power_cuts_under_writeback_keep_every_flushed_write() {
         .map(|r| r.changes.kept + r.changes.dropped + r.changes.torn)
         .sum();
     assert!(pending > 0, "no cut came with unsynced writes");
+}
+
+/// The same with the writes in native AIO contexts (`--aio native`).
+#[test]
+fn power_cuts_with_writes_in_native_aio_keep_every_flushed_write() {
+    if !have_fuse() {
+        return;
+    }
+    ring_cuts(&["--cache", "none", "--aio", "native"]);
 }

@@ -304,6 +304,13 @@ pub struct ServerOptions {
     /// answers the rest. Where a ring cannot be set up the workers serve
     /// them. Default false.
     pub ring_io: bool,
+    /// With `ring_io`, a Linux native AIO context per connection instead
+    /// of an io_uring (`serve --aio native`, QEMU's aio=native): a
+    /// completion wakes the reaping thread straight from the device's
+    /// interrupt, where an io_uring's first runs as task work of the
+    /// reader. Only for direct I/O (elsewhere its submissions block).
+    /// Default false.
+    pub native_aio: bool,
     /// WRITEs of at most this many bytes without FUA are carried out by
     /// the connection's reader itself, between reading one request and
     /// the next, instead of being handed to a worker. For a device whose
@@ -334,6 +341,7 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
             ring_io: false,
+            native_aio: false,
             inline_write_bytes: 0,
             tls: None,
         }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use parking_lot::{Condvar, Mutex};
-use strata_block::ring::Issue;
 use strata_block::ring_io::{self, Reaper, RingIo};
 use strata_block::{
     check_range, plan_io, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
@@ -216,12 +215,24 @@ fn ring(shared: &Shared) -> Option<Arc<RingIo<RingReq>>> {
     if !shared.opts.ring_io {
         return None;
     }
-    match RingIo::new(RING_ENTRIES, Issue::Inline) {
+    let made = if shared.opts.native_aio {
+        RingIo::native(RING_ENTRIES * 2)
+    } else {
+        RingIo::new(RING_ENTRIES)
+    };
+    match made {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                tracing::warn!("NBD: no io_uring ({e}); worker threads serve every request instead")
+                tracing::warn!(
+                    "NBD: no {} ({e}); worker threads serve every request instead",
+                    if shared.opts.native_aio {
+                        "native AIO context"
+                    } else {
+                        "io_uring"
+                    }
+                )
             });
             None
         }

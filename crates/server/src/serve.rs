@@ -53,9 +53,12 @@ pub struct ServeConfig {
     pub direct_io: bool,
     /// Threads per client connection; None: the transport's default.
     pub io_threads: Option<u16>,
-    /// `--aio io_uring`: reads under `--cache none` (NBD and
-    /// vhost-user-blk) through a ring.
+    /// `--aio io_uring` or `native`: planned reads and writes (NBD, and
+    /// vhost-user-blk under `--cache none`) through a ring.
     pub aio_uring: bool,
+    /// `--aio native`: that ring is a Linux native AIO context (only with
+    /// `--cache none`).
+    pub aio_native: bool,
     /// The dashboard, API and metrics on this address.
     pub http: Option<String>,
     /// The HTTP actions' token file.
@@ -134,6 +137,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         // Under writeback too: a read the page cache holds completes
         // inside the submission, and the reader answers it itself.
         ring_io: args.aio_uring,
+        native_aio: args.aio_native,
         // Under writeback a small write is a copy into the page cache:
         // cheaper on the reader than handed to a worker.
         inline_write_bytes: if args.direct_io {
@@ -731,6 +735,12 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
              --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
         ));
     }
+    if args.aio_native && !args.direct_io {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O              (through the page cache each request would block its connection); use              --aio io_uring, or add --cache none",
+        ));
+    }
     let vhost_specs = vhost_specs(args)?;
     socket_owner(args)?;
     let opened = open_vmdks(args)?;
@@ -1312,6 +1322,7 @@ fn listen_vhost(
             serial: disk.chars().take(20).collect(),
             io_threads: io_threads(args, 0),
             ring_io: args.aio_uring && args.direct_io,
+            native_aio: args.aio_native,
             ..Default::default()
         };
         private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use strata_block::ring::Issue;
 use strata_block::ring_io::{Pending, RingIo};
 use strata_block::{plan_io, BlockDevice, Planned, SECTOR_BYTES};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -59,29 +58,28 @@ pub struct BlkDevice {
     rings: Vec<Option<QueueRing>>,
 }
 
-/// A queue's io_uring. Its worker queues the requests a kick brings in and
-/// submits them together; the kernel's io-wq threads issue those under
-/// [`INLINE_FROM`] ([`Issue::WorkerBelow`]: the worker takes requests
-/// about one per kick, and issuing each inline would serialize them behind
-/// the device's doorbell), and the worker itself the longer ones;
-/// completions signal `done`, which wakes the same worker (an event of its
-/// epoll loop) to return them. No thread of ours is handed a request.
-/// Requests of at least this many bytes are issued inline by the queue's
-/// worker rather than by io-wq threads: 512 KiB sequential writes went from
-/// a median of 5,766 to 6,487 IOPS (10 alternating passes each;
-/// PERFORMANCE.md), as fio does on the file (which punts none).
-const INLINE_FROM: u32 = 64 << 10;
-
+/// A queue's ring (an io_uring, or with `Options::native_aio` a Linux
+/// native AIO context). Its worker plans each request a kick brings in
+/// and starts it at once, issued inline (the file system's mapping, the
+/// block layer, the device's doorbell) before it takes the next, so the
+/// device works on the first while the rest are planned; completions
+/// signal `done`, which wakes the same worker (an event of its epoll
+/// loop) to return them. No thread of ours is handed a request.
 struct QueueRing {
     io: RingIo<RingReq>,
     done: EventFd,
 }
 
 impl QueueRing {
-    /// None where io_uring cannot be set up (warned once): the queue then
+    /// None where the ring cannot be set up (warned once): the queue then
     /// works as without it.
-    fn new() -> Option<QueueRing> {
-        let made = RingIo::new(RING_ENTRIES, Issue::WorkerBelow(INLINE_FROM)).and_then(|io| {
+    fn new(native: bool) -> Option<QueueRing> {
+        let io = if native {
+            RingIo::native(RING_ENTRIES * 2)
+        } else {
+            RingIo::new(RING_ENTRIES)
+        };
+        let made = io.and_then(|io| {
             let done = EventFd::new(libc::EFD_NONBLOCK)?;
             use std::os::fd::AsRawFd;
             io.register_eventfd(done.as_raw_fd())?;
@@ -93,7 +91,12 @@ impl QueueRing {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
                     tracing::warn!(
-                        "vhost-user-blk: no io_uring ({e}); requests are served without it"
+                        "vhost-user-blk: no {} ({e}); requests are served without it",
+                        if native {
+                            "native AIO context"
+                        } else {
+                            "io_uring"
+                        }
                     )
                 });
                 None
@@ -279,7 +282,11 @@ impl BlkDevice {
         let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
         let signalled = (0..opts.queues).map(|_| AtomicBool::new(false)).collect();
         let rings = (0..opts.queues)
-            .map(|_| opts.ring_io.then(QueueRing::new).flatten())
+            .map(|_| {
+                opts.ring_io
+                    .then(|| QueueRing::new(opts.native_aio))
+                    .flatten()
+            })
             .collect();
         let mut id = [0u8; ID_BYTES];
         let n = opts.serial.len().min(ID_BYTES);
@@ -486,6 +493,10 @@ impl BlkDevice {
                     finish_ring_req(p);
                     returned = true;
                 }
+                // Started at once, not with the rest of the kick's batch: a
+                // frontend kicks about once per request, the device works
+                // the first while the next is planned (PERFORMANCE.md).
+                ring.io.submit()?;
                 Ok(Some(returned))
             }
             Some(Err(e)) => {

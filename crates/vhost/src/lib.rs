@@ -96,11 +96,14 @@ pub struct Options {
     /// I/O, use about the queue depth the guest keeps).
     pub io_threads: usize,
     /// Reads and writes without FUA that the device plans for direct I/O
-    /// (`--cache none`; an engine disk plans writes that overwrite in
-    /// place) go through one io_uring per queue: those a kick brings in
-    /// start with one system call, and the queue's worker returns them as
-    /// they complete. Other requests run as without it.
+    /// (`--cache none`; an engine disk plans its 4 KiB-aligned writes) go
+    /// through one io_uring per queue: each starts as soon as it is
+    /// planned, and the queue's worker returns them as they complete.
+    /// Other requests run as without it.
     pub ring_io: bool,
+    /// With `ring_io`, a Linux native AIO context per queue instead of an
+    /// io_uring (`serve --aio native`, QEMU's aio=native).
+    pub native_aio: bool,
 }
 
 impl Default for Options {
@@ -113,6 +116,7 @@ impl Default for Options {
             serial: String::new(),
             io_threads: 0,
             ring_io: false,
+            native_aio: false,
         }
     }
 }

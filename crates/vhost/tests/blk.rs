@@ -90,6 +90,22 @@ fn ringed() -> Options {
     }
 }
 
+/// As a server with `--cache none --aio native` runs: a native AIO
+/// context per queue instead.
+fn native() -> Options {
+    Options {
+        native_aio: true,
+        ..ringed()
+    }
+}
+
+/// Whether this process has a native AIO context (its ring is mapped).
+fn has_native_aio() -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .contains("[aio]")
+}
+
 /// Whether this process has an io_uring open.
 fn has_io_uring() -> bool {
     std::fs::read_dir("/proc/self/fd").unwrap().any(|f| {
@@ -141,6 +157,11 @@ fn reads_writes_flush_discard_and_zeroes_reach_the_engine_on_io_threads() {
 #[test]
 fn reads_writes_flush_discard_and_zeroes_reach_the_engine_through_io_uring() {
     reads_writes_flush_discard_and_zeroes_reach_the_engine_with(ringed());
+}
+
+#[test]
+fn reads_writes_flush_discard_and_zeroes_reach_the_engine_through_native_aio() {
+    reads_writes_flush_discard_and_zeroes_reach_the_engine_with(native());
 }
 
 fn reads_writes_flush_discard_and_zeroes_reach_the_engine_with(o: Options) {
@@ -308,6 +329,11 @@ fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_through_i
     malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(ringed());
 }
 
+#[test]
+fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_through_native_aio() {
+    malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(native());
+}
+
 fn malformed_chains_get_an_error_status_or_nothing_and_serving_goes_on_with(o: Options) {
     let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 1, 0);
@@ -468,6 +494,11 @@ fn many_requests_in_flight_complete_once_each_through_io_uring() {
     many_requests_in_flight_complete_once_each_with(ringed());
 }
 
+#[test]
+fn many_requests_in_flight_complete_once_each_through_native_aio() {
+    many_requests_in_flight_complete_once_each_with(native());
+}
+
 /// Queue request `i` of a batch on queue 0: a header of type `ty` for
 /// `sector` at HDR + 16 i, 4 KiB of data at BUF + 4096 i (`data` put
 /// there first; the device writes it for `T_IN`), a status byte at
@@ -539,7 +570,11 @@ fn many_requests_in_flight_complete_once_each_with(o: Options) {
     if o.ring_io {
         // (Tests run side by side, so another test's server could answer
         // this; each test through io_uring checks it.)
-        assert!(has_io_uring(), "the queues have rings");
+        if o.native_aio {
+            assert!(has_native_aio(), "the queues have native AIO contexts");
+        } else {
+            assert!(has_io_uring(), "the queues have rings");
+        }
     }
 }
 

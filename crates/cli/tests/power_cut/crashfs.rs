@@ -15,9 +15,9 @@
 //! writes what survived into a real directory.
 //!
 //! It runs under a real `strata serve`, so writes reach it from wherever
-//! the server issues them, including its io_uring rings: the FUSE request
-//! names the thread, and a thread inside `io_uring_enter` (or a kernel
-//! io_uring worker) is carrying out a ring's submission. The cut report
+//! the server issues them, including its rings: the FUSE request names
+//! the thread, and a thread inside `io_uring_enter` or `io_submit` (or a
+//! kernel io_uring worker) is carrying out a ring's submission. The cut report
 //! counts the pending writes that came that way: writes from a ring that
 //! no fsync had covered when the power went.
 
@@ -132,13 +132,18 @@ impl Fs {
     }
 }
 
-/// Whether thread `tid`, whose write is being served, issued it for an
-/// io_uring: it is inside `io_uring_enter` (the kernel carries out a
-/// submission in the submitter's context when it can), or it is one of
-/// the kernel's io_uring workers (`iou-wrk-*`), which carry out the rest.
+/// Whether thread `tid`, whose write is being served, issued it for a
+/// ring: it is inside `io_uring_enter` (the kernel carries out a
+/// submission in the submitter's context when it can) or `io_submit`
+/// (native AIO), or it is one of the kernel's io_uring workers
+/// (`iou-wrk-*`), which carry out the rest.
 fn issued_by_a_ring(tid: u32) -> bool {
     let syscall = std::fs::read_to_string(format!("/proc/{tid}/syscall")).unwrap_or_default();
-    if syscall.split(' ').next() == Some(&libc::SYS_io_uring_enter.to_string()) {
+    let nr = syscall.split(' ').next();
+    if [libc::SYS_io_uring_enter, libc::SYS_io_submit]
+        .iter()
+        .any(|n| nr == Some(&n.to_string()))
+    {
         return true;
     }
     std::fs::read_to_string(format!("/proc/{tid}/comm")).is_ok_and(|c| c.starts_with("iou-wrk"))
