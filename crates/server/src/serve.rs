@@ -738,7 +738,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     if args.aio_native && !args.direct_io {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O              (through the page cache each request would block its connection); use              --aio io_uring, or add --cache none",
+            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O \
+             (through the page cache each request would block its connection); use \
+             --aio io_uring, or add --cache none",
         ));
     }
     let vhost_specs = vhost_specs(args)?;
