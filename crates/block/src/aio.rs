@@ -131,7 +131,6 @@ impl Aio {
     }
 
     fn queue(&self, cb: Iocb) -> io::Result<()> {
-        let cb = self.with_resfd(cb);
         let full = {
             let mut q = self.queued.lock();
             q.push(cb);
@@ -158,7 +157,7 @@ impl Aio {
         offset: u64,
         user_data: u64,
     ) -> io::Result<()> {
-        self.queue(Iocb {
+        self.queue(self.with_resfd(Iocb {
             data: user_data,
             opcode: if write {
                 IOCB_CMD_PWRITE
@@ -170,12 +169,13 @@ impl Aio {
             nbytes: len as u64,
             offset: offset as i64,
             ..Iocb::default()
-        })
+        }))
     }
 
-    /// Queue an operation that completes at once with `user_data`.
-    pub fn push_nop(&self, user_data: u64) -> io::Result<()> {
-        self.queue(Iocb {
+    /// An operation that completes at once with `user_data`: a poll of
+    /// the always-readable eventfd.
+    fn nop(&self, user_data: u64) -> Iocb {
+        self.with_resfd(Iocb {
             data: user_data,
             opcode: IOCB_CMD_POLL,
             fildes: self.ready.as_raw_fd() as u32,
@@ -184,23 +184,30 @@ impl Aio {
         })
     }
 
+    /// Queue an operation that completes at once with `user_data`.
+    pub fn push_nop(&self, user_data: u64) -> io::Result<()> {
+        self.queue(self.nop(user_data))
+    }
+
     /// Start every queued operation. One the kernel refuses outright (a
     /// bad descriptor, a misaligned direct transfer) completes with its
     /// error, as an io_uring would report it; when the context is full,
     /// completions are taken (kept for the next reap) to make room.
     pub fn submit(&self) -> io::Result<()> {
         let mut q = self.queued.lock();
+        let mut ptrs: Vec<*mut Iocb> = q.iter_mut().map(|c| c as *mut Iocb).collect();
         let mut at = 0;
-        while at < q.len() {
-            let mut ptrs: Vec<*mut Iocb> = q[at..].iter_mut().map(|c| c as *mut Iocb).collect();
-            // SAFETY: the pointers name live iocbs, which the kernel copies
-            // before io_submit returns.
+        while at < ptrs.len() {
+            let rest = &mut ptrs[at..];
+            // SAFETY: the pointers name the live iocbs of `q`, which stays
+            // locked and unchanged until they are all submitted; the kernel
+            // copies each before io_submit returns.
             let r = syscall_result(unsafe {
                 libc::syscall(
                     libc::SYS_io_submit,
                     self.ctx,
-                    ptrs.len() as libc::c_long,
-                    ptrs.as_mut_ptr(),
+                    rest.len() as libc::c_long,
+                    rest.as_mut_ptr(),
                 )
             });
             match r {
@@ -214,13 +221,7 @@ impl Aio {
                         // A reaper may be waiting for what was just taken:
                         // a no-op (skipped by the reap) wakes it, and
                         // signals the eventfd of one that polls.
-                        let mut wake = self.with_resfd(Iocb {
-                            data: WAKE,
-                            opcode: IOCB_CMD_POLL,
-                            fildes: self.ready.as_raw_fd() as u32,
-                            buf: libc::POLLIN as u64,
-                            ..Iocb::default()
-                        });
+                        let mut wake = self.nop(WAKE);
                         let mut ptr = &mut wake as *mut Iocb;
                         // SAFETY: one live iocb, copied by the kernel.
                         // Room was just made; should it fail, the reaper
