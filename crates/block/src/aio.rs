@@ -217,19 +217,10 @@ impl Aio {
                     Some(libc::EAGAIN) => {
                         let mut got = Vec::new();
                         self.get_events(1, &mut |ud, res| got.push((ud, res)))?;
-                        self.early.lock().extend(got);
-                        // A reaper may be waiting for what was just taken:
-                        // a no-op (skipped by the reap) wakes it, and
-                        // signals the eventfd of one that polls.
-                        let mut wake = self.nop(WAKE);
-                        let mut ptr = &mut wake as *mut Iocb;
-                        // SAFETY: one live iocb, copied by the kernel.
-                        // Room was just made; should it fail, the reaper
-                        // still wakes at the next completion.
-                        unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, 1, &mut ptr) };
+                        self.keep_for_reaper(got);
                     }
                     Some(errno) => {
-                        self.early.lock().push_back((q[at].data, -errno));
+                        self.keep_for_reaper([(q[at].data, -errno)]);
                         at += 1;
                     }
                     None => return Err(e),
@@ -238,6 +229,19 @@ impl Aio {
         }
         q.clear();
         Ok(())
+    }
+
+    /// Keep completions that a submission took (to make room) or made up
+    /// (an operation refused) for the next reap, and wake a reaper that
+    /// may be asleep in `io_getevents` waiting for them: a no-op (skipped
+    /// by the reap), which also signals the eventfd of one that polls.
+    fn keep_for_reaper(&self, got: impl IntoIterator<Item = (u64, i32)>) {
+        self.early.lock().extend(got);
+        let mut wake = self.nop(WAKE);
+        let mut ptr = &mut wake as *mut Iocb;
+        // SAFETY: one live iocb, copied by the kernel. Should it fail (a
+        // full context), the reaper still wakes at the next completion.
+        unsafe { libc::syscall(libc::SYS_io_submit, self.ctx, 1, &mut ptr) };
     }
 
     /// Take up to [`BATCH`] completions, waiting for at least `min`: how

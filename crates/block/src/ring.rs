@@ -346,4 +346,36 @@ mod tests {
         // when a submission takes what it waits for: the wake-up no-op.
         reads_complete_on_another_thread(&ring, 300, false);
     }
+
+    #[test]
+    fn a_native_operation_the_kernel_refuses_completes_with_its_error_and_wakes_the_reaper() {
+        let ring = Ring::native(4).expect("native AIO");
+        let mut buf = AlignedBuf::zeroed(4096);
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let ring = &ring;
+            // Asleep in io_getevents before the refused read is submitted.
+            s.spawn(move || {
+                let mut got = Vec::new();
+                ring.reap(|u, r| got.push((u, r))).unwrap();
+                tx.send(got).unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // SAFETY: the buffer outlives the scope; the kernel refuses
+            // the read before touching it.
+            unsafe { ring.push_io(false, -1, buf[..].as_mut_ptr(), 4096, 0, 7) }.unwrap();
+            ring.submit().unwrap();
+            // A minute is only the bound on noticing a reaper that was
+            // never woken; a no-op then releases it, so the test fails
+            // rather than hangs.
+            match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                Ok(got) => assert_eq!(got, vec![(7, -libc::EBADF)]),
+                Err(_) => {
+                    ring.push_nop(8).unwrap();
+                    ring.submit().unwrap();
+                    panic!("the reaper was never woken for the refused read");
+                }
+            }
+        });
+    }
 }
