@@ -90,6 +90,18 @@ impl<T: Send> RingIo<T> {
         Ok(Self::over(Ring::native(depth)?))
     }
 
+    /// A transport's ring for `entries` requests' pieces at a time: an
+    /// io_uring, or with `native` a native AIO context (twice as deep: it
+    /// holds completions too). The error says which could not be set up.
+    pub fn open(entries: u32, native: bool) -> io::Result<RingIo<T>> {
+        let (made, what) = if native {
+            (Self::native(entries * 2), "native AIO context")
+        } else {
+            (Self::new(entries), "io_uring")
+        };
+        made.map_err(|e| io::Error::new(e.kind(), format!("no {what} ({e})")))
+    }
+
     fn over(ring: Ring) -> RingIo<T> {
         RingIo {
             ring,

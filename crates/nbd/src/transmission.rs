@@ -215,24 +215,12 @@ fn ring(shared: &Shared) -> Option<Arc<RingIo<RingReq>>> {
     if !shared.opts.ring_io {
         return None;
     }
-    let made = if shared.opts.native_aio {
-        RingIo::native(RING_ENTRIES * 2)
-    } else {
-        RingIo::new(RING_ENTRIES)
-    };
-    match made {
+    match RingIo::open(RING_ENTRIES, shared.opts.native_aio) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                tracing::warn!(
-                    "NBD: no {} ({e}); worker threads serve every request instead",
-                    if shared.opts.native_aio {
-                        "native AIO context"
-                    } else {
-                        "io_uring"
-                    }
-                )
+                tracing::warn!("NBD: {e}; worker threads serve every request instead")
             });
             None
         }

@@ -74,12 +74,7 @@ impl QueueRing {
     /// None where the ring cannot be set up (warned once): the queue then
     /// works as without it.
     fn new(native: bool) -> Option<QueueRing> {
-        let io = if native {
-            RingIo::native(RING_ENTRIES * 2)
-        } else {
-            RingIo::new(RING_ENTRIES)
-        };
-        let made = io.and_then(|io| {
+        let made = RingIo::open(RING_ENTRIES, native).and_then(|io| {
             let done = EventFd::new(libc::EFD_NONBLOCK)?;
             use std::os::fd::AsRawFd;
             io.register_eventfd(done.as_raw_fd())?;
@@ -90,14 +85,7 @@ impl QueueRing {
             Err(e) => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
-                    tracing::warn!(
-                        "vhost-user-blk: no {} ({e}); requests are served without it",
-                        if native {
-                            "native AIO context"
-                        } else {
-                            "io_uring"
-                        }
-                    )
+                    tracing::warn!("vhost-user-blk: {e}; requests are served without it")
                 });
                 None
             }
