@@ -991,7 +991,7 @@ impl strata_block::IoHold for Install {
         self.store.fail_stop(Error::new(
             ErrorKind::Io,
             format!(
-                "an io_uring failed with a write to {} new grain(s) in flight",
+                "a ring (io_uring or native AIO) failed with a write to {} new grain(s) in flight",
                 self.pieces.iter().filter(|p| p.new).count()
             ),
         ));

@@ -149,6 +149,16 @@ fn issued_by_a_ring(tid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{tid}/comm")).is_ok_and(|c| c.starts_with("iou-wrk"))
 }
 
+/// The state, or (the power being cut) an EIO reply and a return.
+macro_rules! state_or_reply {
+    ($fs:ident, $reply:ident) => {
+        match $fs.state() {
+            Ok(st) => st,
+            Err(e) => return $reply.error(e),
+        }
+    };
+}
+
 impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.set_max_write(1 << 20);
@@ -156,10 +166,7 @@ impl Filesystem for Fs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let st = state_or_reply!(self, reply);
         let found = (parent == INodeNo::ROOT)
             .then(|| name.to_str().and_then(|n| st.names.get(n)))
             .flatten();
@@ -170,10 +177,7 @@ impl Filesystem for Fs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let st = state_or_reply!(self, reply);
         match st.nodes.get(&ino.0) {
             Some(n) => reply.attr(&TTL, &self.attr(ino.0, n)),
             None => reply.error(Errno::ENOENT),
@@ -198,10 +202,7 @@ impl Filesystem for Fs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         let Some(node) = st.nodes.get_mut(&ino.0) else {
             return reply.error(Errno::ENOENT);
         };
@@ -255,10 +256,7 @@ impl Filesystem for Fs {
     }
 
     fn unlink(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         match name.to_str().and_then(|n| st.names.remove(n)) {
             Some(_) => reply.ok(),
             None => reply.error(Errno::ENOENT),
@@ -275,10 +273,7 @@ impl Filesystem for Fs {
         _flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         let (Some(from), Some(to)) = (name.to_str(), newname.to_str()) else {
             return reply.error(Errno::EINVAL);
         };
@@ -292,10 +287,7 @@ impl Filesystem for Fs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         let Some(node) = st.nodes.get_mut(&ino.0) else {
             return reply.error(Errno::ENOENT);
         };
@@ -316,10 +308,7 @@ impl Filesystem for Fs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let st = state_or_reply!(self, reply);
         let Some(node) = st.nodes.get(&ino.0) else {
             return reply.error(Errno::ENOENT);
         };
@@ -341,10 +330,7 @@ impl Filesystem for Fs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         let ring = issued_by_a_ring(req.pid());
         if ring {
             st.ring_writes += 1;
@@ -378,10 +364,7 @@ impl Filesystem for Fs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         match st.nodes.get_mut(&ino.0) {
             Some(node) => {
                 node.file.sync();
@@ -417,10 +400,7 @@ impl Filesystem for Fs {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
-        let st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let st = state_or_reply!(self, reply);
         let mut all = vec![
             (1, FileType::Directory, ".".to_string()),
             (1, FileType::Directory, "..".to_string()),
@@ -460,10 +440,7 @@ impl Filesystem for Fs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let mut st = match self.state() {
-            Ok(st) => st,
-            Err(e) => return reply.error(e),
-        };
+        let mut st = state_or_reply!(self, reply);
         let Some(node) = st.nodes.get_mut(&ino.0) else {
             return reply.error(Errno::ENOENT);
         };
