@@ -9,12 +9,11 @@ mod common;
 #[path = "../../vhost/tests/common/mod.rs"]
 mod vfront;
 
+use common::nbd::Pipelined;
 use common::*;
 
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,17 +29,14 @@ const MAGIC: u32 = 0x5347_5250;
 
 // ------------------------------------------------------------ a small NBD client
 
-/// Just enough NBD (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies)
-/// to write and read: the writer waits for each reply, as a guest waits
-/// for a completion before a dependent write.
-struct Nbd {
-    s: UnixStream,
-    cookie: u64,
-}
+/// Just enough NBD (the tests' pipelined client, one request at a time):
+/// the writer waits for each reply, as a guest waits for a completion
+/// before a dependent write.
+struct Nbd(Pipelined);
 
 impl Nbd {
     fn connect(sock: &Path, export: &str) -> Nbd {
-        let mut s = UnixStream::connect(sock).unwrap_or_else(|e| {
+        let c = Pipelined::open(sock, export).unwrap_or_else(|e| {
             // What was there: the socket file, and who listens where.
             let out = |cmd: &str, args: &[&str]| {
                 std::process::Command::new(cmd)
@@ -51,7 +47,7 @@ impl Nbd {
             };
             let dir = sock.parent().unwrap().to_str().unwrap();
             panic!(
-                "connect {}: {e}\n{}\n{}",
+                "open {export} on {}: {e}\n{}\n{}",
                 sock.display(),
                 out("ls", &["-la", "--time-style=full-iso", dir]),
                 out("ss", &["-xlp"])
@@ -61,50 +57,20 @@ impl Nbd {
                     .join("\n"),
             )
         });
-        let mut hello = [0u8; 18];
-        s.read_exact(&mut hello).unwrap();
-        assert_eq!(&hello[..16], b"NBDMAGICIHAVEOPT");
-        s.write_all(&3u32.to_be_bytes()).unwrap(); // fixed newstyle, no zeroes
-        s.write_all(b"IHAVEOPT").unwrap();
-        s.write_all(&1u32.to_be_bytes()).unwrap(); // NBD_OPT_EXPORT_NAME
-        s.write_all(&(export.len() as u32).to_be_bytes()).unwrap();
-        s.write_all(export.as_bytes()).unwrap();
-        let mut info = [0u8; 10];
-        s.read_exact(&mut info)
-            .unwrap_or_else(|e| panic!("export {export}: {e}"));
-        Nbd { s, cookie: 0 }
-    }
-
-    fn request(&mut self, ty: u16, offset: u64, len: usize, data: &[u8]) {
-        self.cookie += 1;
-        let mut h = Vec::with_capacity(28 + data.len());
-        h.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        h.extend_from_slice(&0u16.to_be_bytes());
-        h.extend_from_slice(&ty.to_be_bytes());
-        h.extend_from_slice(&self.cookie.to_be_bytes());
-        h.extend_from_slice(&offset.to_be_bytes());
-        h.extend_from_slice(&(len as u32).to_be_bytes());
-        h.extend_from_slice(data);
-        self.s.write_all(&h).unwrap();
-        let mut r = [0u8; 16];
-        self.s.read_exact(&mut r).unwrap();
-        assert_eq!(u32::from_be_bytes(r[0..4].try_into().unwrap()), 0x6744_6698);
-        let error = u32::from_be_bytes(r[4..8].try_into().unwrap());
-        assert_eq!(error, 0, "NBD error {error} at {offset}");
-        assert_eq!(
-            u64::from_be_bytes(r[8..16].try_into().unwrap()),
-            self.cookie
-        );
+        Nbd(c)
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        self.request(1, offset, data.len(), data);
+        self.0
+            .write_at(data, offset)
+            .unwrap_or_else(|e| panic!("NBD write at {offset}: {e}"));
     }
 
     fn read(&mut self, offset: u64, len: usize) -> Vec<u8> {
-        self.request(0, offset, len, &[]);
         let mut v = vec![0u8; len];
-        self.s.read_exact(&mut v).unwrap();
+        self.0
+            .read_at(&mut v, offset)
+            .unwrap_or_else(|e| panic!("NBD read at {offset}: {e}"));
         v
     }
 }

@@ -65,6 +65,9 @@ impl Pipelined {
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello)?;
+        if &hello[..16] != b"NBDMAGICIHAVEOPT" {
+            return Err(std::io::Error::other("not a fixed-newstyle NBD greeting"));
+        }
         let size = export_name(&mut s, export)?;
         Ok(Pipelined { s, size })
     }
@@ -106,18 +109,38 @@ impl Pipelined {
         Ok(Reply { handle, error })
     }
 
-    /// Read `buf.len()` bytes at `offset`, waiting for the answer (nothing
-    /// else may be in flight).
-    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.send(CMD_READ, u64::MAX, offset, buf.len() as u32, &[])?;
+    /// Send one request and wait for its reply (nothing else may be in
+    /// flight): an error if it failed or the reply is another request's.
+    fn one(&mut self, cmd: u16, offset: u64, data: &[u8], buf: &mut [u8]) -> std::io::Result<()> {
+        let len = (data.len() + buf.len()) as u32;
+        self.send(cmd, u64::MAX, offset, len, data)?;
         let r = self.reply(buf)?;
+        if r.handle != u64::MAX {
+            return Err(std::io::Error::other(format!(
+                "a reply to handle {} where only {} was in flight",
+                r.handle,
+                u64::MAX
+            )));
+        }
         if r.error != 0 {
             return Err(std::io::Error::other(format!(
-                "READ at {offset} failed: error {}",
+                "command {cmd} at {offset} failed: error {}",
                 r.error
             )));
         }
         Ok(())
+    }
+
+    /// Read `buf.len()` bytes at `offset`, waiting for the answer (nothing
+    /// else may be in flight).
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.one(CMD_READ, offset, &[], buf)
+    }
+
+    /// Write `data` at `offset`, waiting for the answer (nothing else may
+    /// be in flight).
+    pub fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        self.one(CMD_WRITE, offset, data, &mut [])
     }
 
     /// Write and flush, waiting for both.
