@@ -135,15 +135,10 @@ impl Ring {
 }
 
 impl Uring {
-    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`, or
-    /// with `write` a write of `ptr[..len]` there; it starts at the next
-    /// [`Ring::submit`] (or earlier, when the queue is full and is
-    /// submitted to make room). Its completion carries `user_data`.
+    /// [`Ring::push_io`] on the io_uring.
     ///
     /// # Safety
-    /// `ptr[..len]` must stay valid, and be neither written (nor, for a
-    /// read, read) by anyone else, until this completion has been reaped;
-    /// `fd` must stay open until then.
+    /// As [`Ring::push_io`].
     unsafe fn push_io(
         &self,
         write: bool,
@@ -166,8 +161,7 @@ impl Uring {
         self.push(&e)
     }
 
-    /// Queue a no-op whose completion carries `user_data` (a wake-up for
-    /// the reaping thread).
+    /// [`Ring::push_nop`] on the io_uring.
     fn push_nop(&self, user_data: u64) -> io::Result<()> {
         let e = opcode::Nop::new().build().user_data(user_data);
         // SAFETY: a no-op points at no memory.
@@ -221,8 +215,7 @@ impl Uring {
         }
     }
 
-    /// Hand every completion in to `f` (as [`Ring::reap`]); with `wait`,
-    /// first wait until there is one. Returns how many were handed over.
+    /// [`Ring::reap_some`] on the io_uring.
     fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
         loop {
             let mut n = 0;
@@ -257,8 +250,7 @@ impl Uring {
         }
     }
 
-    /// Have the kernel signal the eventfd `fd` whenever a completion is
-    /// posted (for a thread that waits for other events too, in epoll).
+    /// [`Ring::register_eventfd`] on the io_uring.
     fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
         self.ring.submitter().register_eventfd(fd)
     }

@@ -382,7 +382,6 @@ impl BlkDevice {
                     // write's stripes) must be released first, or this
                     // could wait for them, and they for it.
                     if let Some(r) = ring {
-                        r.io.submit()?;
                         r.io.reap_until_idle(finish_ring_req, || {})?;
                     }
                     request::execute(
@@ -414,10 +413,9 @@ impl BlkDevice {
                 .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
             used = true;
         }
-        // The requests this batch queued start now, with one system call;
-        // any already in go back with this batch's signal.
+        // Requests of the ring already done go back with this batch's
+        // signal (each was started as it was planned: `ring_request`).
         if let Some(r) = ring {
-            r.io.submit()?;
             used |= r.io.reap_ready(finish_ring_req, || {})? > 0;
         }
         Ok(used)
@@ -463,7 +461,6 @@ impl BlkDevice {
         let mut planned = plan_io(dev, write, buf, off, false);
         let mut returned = false;
         if let Some(Ok(Planned::Busy)) = planned {
-            ring.io.submit()?;
             returned = ring.io.reap_until_idle(finish_ring_req, || {})? > 0;
             planned = plan_io(dev, write, buf, off, true);
         }
@@ -483,7 +480,9 @@ impl BlkDevice {
                 }
                 // Started at once, not with the rest of the kick's batch: a
                 // frontend kicks about once per request, the device works
-                // the first while the next is planned (PERFORMANCE.md).
+                // the first while the next is planned (PERFORMANCE.md). So
+                // nothing queued waits unsubmitted when this worker reaps
+                // (a wait for the ring to empty needs no submit first).
                 ring.io.submit()?;
                 Ok(Some(returned))
             }
