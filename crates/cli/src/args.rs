@@ -449,7 +449,7 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         json: JsonFlag,
     },
     /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Import a VMDK chain (snapshots = its links), a raw image or a qcow2 image as a new disk
     Import {
         /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2

@@ -65,6 +65,14 @@ pub struct ServeArgs {
     /// use fewer)
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub vhost_queues: u16,
+    /// How long, at most, a vhost-user-blk queue's worker keeps looking for the guest's next
+    /// request (and its ring's next completion) after the last one before it sleeps,
+    /// microseconds. A busy queue is served without a wake-up or a guest kick per request, for
+    /// some CPU (QEMU's iothread poll-max-ns). Adaptive: a queue polls while at least a quarter
+    /// of its recent polls found something, else it sleeps at once and tries again now and
+    /// then, so an idle or lightly used queue spends nothing on it. 0 turns polling off
+    #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub vhost_poll_us: u32,
     /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
     /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
     /// socket stays 0600 whatever this says)
@@ -275,6 +283,7 @@ impl From<&ServeArgs> for ServeConfig {
                 .then(|| std::time::Duration::from_secs(a.handshake_timeout.into())),
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
+            vhost_poll: std::time::Duration::from_micros(a.vhost_poll_us.into()),
             socket_mode: a.socket_mode,
             socket_owner: a.socket_owner.clone(),
             fuse: a.fuse.clone(),

@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub vhost_user_blk: Vec<String>,
     /// Queues per vhost-user-blk device.
     pub vhost_queues: u16,
+    /// How long a vhost-user-blk queue's worker polls at most (zero: never).
+    pub vhost_poll: std::time::Duration,
     /// Mode of the NBD and vhost-user sockets.
     pub socket_mode: Option<u32>,
     /// Owner of the NBD and vhost-user sockets: `USER[:GROUP]`.
@@ -1325,6 +1327,7 @@ fn listen_vhost(
             io_threads: io_threads(args, 0),
             ring_io: args.aio_uring && args.direct_io,
             native_aio: args.aio_native,
+            poll: args.vhost_poll,
             ..Default::default()
         };
         private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))

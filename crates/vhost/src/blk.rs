@@ -6,6 +6,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use strata_block::ring_io::{Pending, RingIo};
 use strata_block::{plan_io, BlockDevice, Planned, SECTOR_BYTES};
@@ -56,6 +57,61 @@ pub struct BlkDevice {
     /// With `Options::ring_io`, per queue: the ring its reads and writes
     /// go through (None where io_uring cannot be set up).
     rings: Vec<Option<QueueRing>>,
+    /// Per queue: whether its worker polls before it sleeps.
+    polls: Vec<Mutex<PollWindow>>,
+}
+
+/// Adaptive polling of one queue (`Options::poll`): after its last
+/// request or completion the queue's worker keeps looking at the virtqueue
+/// and its ring for `Options::poll` before it sleeps in epoll, while
+/// polling pays: while at least a quarter of its recent polls (a moving
+/// average over about eight) found a request or a completion before the
+/// window ran out. Below that it sleeps at once, and polls again every
+/// `POLL_PROBE`th time to see whether the guest got busier. So a queue
+/// whose guest is idle or sends a request now and then costs no CPU in
+/// polling, and a busy one is served without a wake-up or a kick for each
+/// request (the frontend does not kick a queue whose worker is looking).
+struct PollWindow {
+    /// Polls that found something, a moving average in 1/256ths.
+    paid: u32,
+    /// Wake-ups since the last poll.
+    idle: u32,
+}
+
+impl Default for PollWindow {
+    fn default() -> Self {
+        Self {
+            paid: POLL_PAID_FULL,
+            idle: 0,
+        }
+    }
+}
+
+/// `PollWindow::paid` of a queue whose every poll found something.
+const POLL_PAID_FULL: u32 = 256;
+/// A queue polls while at least this share (of 256) of its polls paid.
+const POLL_PAID_MIN: u32 = POLL_PAID_FULL / 4;
+/// A queue that stopped polling polls again at this many wake-ups.
+const POLL_PROBE: u32 = 64;
+
+impl PollWindow {
+    /// Whether to poll at this wake-up.
+    fn polls(&self) -> bool {
+        self.paid >= POLL_PAID_MIN || self.idle + 1 >= POLL_PROBE
+    }
+
+    /// Account a wake-up: `polled` is None if it did not poll, else
+    /// whether the poll found something.
+    fn record(&mut self, polled: Option<bool>) {
+        match polled {
+            Some(found) => {
+                let target = if found { POLL_PAID_FULL } else { 0 };
+                self.paid = (self.paid * 7 + target) / 8;
+                self.idle = 0;
+            }
+            None => self.idle += 1,
+        }
+    }
 }
 
 /// A queue's ring (an io_uring, or with `Options::native_aio` a Linux
@@ -269,6 +325,9 @@ impl BlkDevice {
     pub fn new(dev: Arc<dyn BlockDevice>, opts: Options) -> Self {
         let pool = (opts.io_threads > 0).then(|| IoPool::new(opts.io_threads));
         let signalled = (0..opts.queues).map(|_| AtomicBool::new(false)).collect();
+        let polls = (0..opts.queues)
+            .map(|_| Mutex::new(PollWindow::default()))
+            .collect();
         let rings = (0..opts.queues)
             .map(|_| {
                 opts.ring_io
@@ -293,6 +352,7 @@ impl BlkDevice {
             pool,
             signalled,
             rings,
+            polls,
             limits: Limits {
                 max_discard_sectors: MAX_RANGE_SECTORS,
                 max_discard_seg: MAX_RANGES,
@@ -328,9 +388,15 @@ impl BlkDevice {
     /// Take every available request of `vring`, carry it out, return it
     /// used; `Ok(true)` if anything was returned.
     fn process(&self, queue: usize, vring: &VringRwLock) -> io::Result<bool> {
+        self.process_counting(queue, vring).map(|(used, _)| used)
+    }
+
+    /// [`BlkDevice::process`], and whether any request was taken.
+    fn process_counting(&self, queue: usize, vring: &VringRwLock) -> io::Result<(bool, bool)> {
         let atomic = self.mem.lock().unwrap().clone();
         let mem = atomic.memory();
         let mut used = false;
+        let mut took = false;
         let ring = self.rings.get(queue).and_then(Option::as_ref);
         let mut descs: Vec<Desc> = Vec::with_capacity(8);
         loop {
@@ -339,6 +405,7 @@ impl BlkDevice {
                 .get_queue_mut()
                 .pop_descriptor_chain(mem.clone());
             let Some(chain) = next else { break };
+            took = true;
             let head = chain.head_index();
             descs.clear();
             descs.extend(chain.map(|d| Desc {
@@ -418,7 +485,7 @@ impl BlkDevice {
         if let Some(r) = ring {
             used |= r.io.reap_ready(finish_ring_req, || {})? > 0;
         }
-        Ok(used)
+        Ok((used, took))
     }
 
     /// A read, or a write without FUA, through the ring: plan it, queue
@@ -507,6 +574,53 @@ impl BlkDevice {
 
     fn signal(&self, vring: &VringRwLock) -> io::Result<()> {
         signal(vring, self.event_idx.load(Ordering::Relaxed))
+    }
+
+    /// How long `queue`'s worker polls this time it woke (`PollWindow`).
+    fn window(&self, queue: usize) -> Duration {
+        match self.polls.get(queue) {
+            Some(p) if p.lock().unwrap().polls() => self.opts.poll,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// `queue`'s worker goes back to sleep; if it polled, whether that
+    /// found anything.
+    fn sleeps(&self, queue: usize, polled: Option<bool>) {
+        if let Some(p) = self.polls.get(queue) {
+            p.lock().unwrap().record(polled);
+        }
+    }
+
+    /// Keep serving `vring` without sleeping until nothing new (a
+    /// request, or a completion of the ring) has come for `window`;
+    /// whether anything came.
+    fn poll(&self, queue: usize, vring: &VringRwLock, window: Duration) -> io::Result<bool> {
+        if window.is_zero() {
+            return Ok(false);
+        }
+        let mut hit = false;
+        let mut until = Instant::now() + window;
+        loop {
+            let (used, took) = self.process_counting(queue, vring)?;
+            if used {
+                self.signal(vring)?;
+            }
+            if used || took {
+                hit = true;
+                until = Instant::now() + window;
+            } else if Instant::now() >= until {
+                return Ok(hit);
+            } else {
+                // Not a bare spin: the CPU may be wanted by the io-wq
+                // threads that carry out this queue's large writes, or by
+                // another queue's worker (pinned to one CPU, a spinning
+                // worker lost a quarter of the 512 KiB writes and 6 % of
+                // the cold reads that a yielding one made: PERFORMANCE.md).
+                // With nothing else to run, the yield returns at once.
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// The epoll event number of the rings' completions (past the queues'
@@ -671,8 +785,32 @@ impl VhostUserBackend for BlkDevice {
         // index is the queue's, and its queue is `vrings[0]` (events are
         // numbered within the thread).
         let queue = thread_id;
+        let window = self.window(queue);
+        let mut hit = false;
+        let r = self.serve_event(queue, device_event, vrings, window, &mut hit);
+        self.sleeps(queue, (!window.is_zero()).then_some(hit));
+        r
+    }
+}
+
+impl BlkDevice {
+    /// `handle_event` for `queue`'s worker, which then polls for `window`.
+    fn serve_event(
+        &self,
+        queue: usize,
+        device_event: u16,
+        vrings: &[VringRwLock],
+        window: Duration,
+        hit: &mut bool,
+    ) -> io::Result<()> {
+        let mut device_event = device_event;
         if u64::from(device_event) == self.ring_event() {
-            return self.reap_ring(queue, vrings);
+            self.reap_ring(queue, vrings)?;
+            if window.is_zero() {
+                return Ok(());
+            }
+            // Polling: on to the queue, as if the guest had kicked.
+            device_event = 0;
         }
         let Some(vring) = vrings.get(device_event as usize) else {
             return Err(io::Error::other(format!(
@@ -690,6 +828,7 @@ impl VhostUserBackend for BlkDevice {
                 if self.process(queue, vring)? {
                     self.signal(vring)?;
                 }
+                *hit |= self.poll(queue, vring, window)?;
                 let more = vring
                     .enable_notification()
                     .map_err(|e| io::Error::other(format!("{e:?}")))?;
@@ -697,8 +836,11 @@ impl VhostUserBackend for BlkDevice {
                     break;
                 }
             }
-        } else if self.process(queue, vring)? {
-            self.signal(vring)?;
+        } else {
+            if self.process(queue, vring)? {
+                self.signal(vring)?;
+            }
+            *hit |= self.poll(queue, vring, window)?;
         }
         let first = self
             .signalled
@@ -710,5 +852,48 @@ impl VhostUserBackend for BlkDevice {
             vring.signal_used_queue()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_polls_while_polling_pays_and_probes_after_it_stops() {
+        let mut w = PollWindow::default();
+        assert!(w.polls(), "a new queue polls");
+        // Polls that find something a third of the time keep it polling.
+        for i in 0..300 {
+            assert!(w.polls(), "stopped at poll {i} with a third paying");
+            w.record(Some(i % 3 == 0));
+        }
+        // Polls that find nothing: it stops within a dozen.
+        let mut misses = 0;
+        while w.polls() {
+            w.record(Some(false));
+            misses += 1;
+            assert!(misses <= 12, "still polling after {misses} misses");
+        }
+        // Asleep, it polls again at the POLL_PROBE-th wake-up, not before.
+        for _ in 0..POLL_PROBE - 1 {
+            assert!(!w.polls());
+            w.record(None);
+        }
+        assert!(w.polls(), "no probe after {POLL_PROBE} wake-ups");
+        // A probe that finds nothing: asleep again.
+        w.record(Some(false));
+        assert!(!w.polls());
+        // Probes that keep finding something bring it back.
+        let mut probes = 0;
+        while !w.polls() {
+            for _ in 0..POLL_PROBE - 1 {
+                w.record(None);
+            }
+            assert!(w.polls());
+            w.record(Some(true));
+            probes += 1;
+            assert!(probes <= 2, "not back after {probes} paying probes");
+        }
     }
 }

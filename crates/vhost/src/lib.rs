@@ -104,6 +104,13 @@ pub struct Options {
     /// With `ring_io`, a Linux native AIO context per queue instead of an
     /// io_uring (`serve --aio native`, QEMU's aio=native).
     pub native_aio: bool,
+    /// Polling: after its last request or completion a queue's worker
+    /// keeps looking for the next this long before it sleeps (no wake-up,
+    /// and no kick from the guest, while it looks; QEMU's iothread
+    /// `poll-max-ns`), while polling pays (at least a quarter of its
+    /// recent polls found something; else it polls now and then to see).
+    /// Zero: never.
+    pub poll: std::time::Duration,
 }
 
 impl Default for Options {
@@ -117,6 +124,7 @@ impl Default for Options {
             io_threads: 0,
             ring_io: false,
             native_aio: false,
+            poll: std::time::Duration::from_micros(32),
         }
     }
 }

@@ -423,6 +423,14 @@ fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_through_io_uring() 
     queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(ringed());
 }
 
+#[test]
+fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_without_polling() {
+    queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(Options {
+        poll: std::time::Duration::ZERO,
+        ..ringed()
+    });
+}
+
 fn queues_work_side_by_side_and_a_new_frontend_sees_the_data_with(o: Options) {
     let s = setup("d", o);
     let mut g = Guest::connect(&s.sock, 2, 0);
@@ -492,6 +500,14 @@ fn many_requests_in_flight_complete_once_each_on_io_threads() {
 #[test]
 fn many_requests_in_flight_complete_once_each_through_io_uring() {
     many_requests_in_flight_complete_once_each_with(ringed());
+}
+
+#[test]
+fn many_requests_in_flight_complete_once_each_through_io_uring_without_polling() {
+    many_requests_in_flight_complete_once_each_with(Options {
+        poll: std::time::Duration::ZERO,
+        ..ringed()
+    });
 }
 
 #[test]
