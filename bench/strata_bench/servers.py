@@ -154,15 +154,18 @@ def drive_vhost(harness, sock, rw, bs, iodepth, runtime, *extra):
     return json.loads(o.strip().splitlines()[-1])
 
 
-def qsd_vhost(raw, sock, file_opts, queues=1):
+def qsd_vhost(raw, sock, file_opts, queues=1, iothread=False):
     """qemu-storage-daemon on CPU 1 exporting the raw file RAW as
     vhost-user-blk on SOCK, its file node opened with FILE_OPTS (e.g.
-    "cache.direct=on,aio=native"); returned once the socket is there."""
+    "cache.direct=on,aio=native"); with IOTHREAD the export runs in an
+    iothread (QEMU's adaptive polling, poll-max-ns 32768 by default)
+    instead of the main loop. Returned once the socket is there."""
+    io = ["--object", "iothread,id=io0"] if iothread else []
     proc = subprocess.Popen(
-        ["taskset", "-c", "1", "qemu-storage-daemon",
+        ["taskset", "-c", "1", "qemu-storage-daemon", *io,
          "--blockdev", f"driver=file,node-name=f,filename={raw},{file_opts}",
          "--export", f"type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path={sock},"
-                     f"writable=on,num-queues={queues}"],
+                     f"writable=on,num-queues={queues}" + (",iothread=io0" if iothread else "")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_path(sock, proc=proc)

@@ -111,6 +111,9 @@ def _cachenone_vhost(work, q, size, rt, passes):
     backends on CPU 1). Both disks are written full first; then, with
     the host's caches dropped before each run, a 4k random read and a
     512k sequential write that ends with a FLUSH (counted in its time).
+    qsd runs aio=native twice: in its main loop, and with the export in
+    an iothread, whose adaptive polling is QEMU's answer to the wake-ups
+    strata's `--vhost-poll-us` saves.
     The limit: fio with io_uring and O_DIRECT on the raw file, on CPU 0
     as the harness, the same block size and depth (its write ends with an
     fsync). strata runs twice: with its default `--aio io_uring` (reads
@@ -139,17 +142,23 @@ def _cachenone_vhost(work, q, size, rt, passes):
             wait_path(sock)
             fill(srv.uri("d"), size)
         random_raw(raw, size)
-        for aio in ("threads", "native"):
+        for aio in ("threads", "native", "native_iothread"):
             sock = os.path.join(d, f"qsd_{aio}.vhost")
-            qsds[aio] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio},locking=off"), sock)
+            qsds[aio] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio.split('_')[0]},locking=off",
+                                   iothread=aio.endswith("iothread")), sock)
         # One qsd at a time holds the file open for writing; both are
         # started, and the raw file's writes from either are the same bytes.
         who_all = {"strata": (s.proc.pid, vsock),
                    "strata_threads": (st.proc.pid, tsock),
                    "qsd_threads": (qsds["threads"][0].pid, qsds["threads"][1]),
-                   "qsd_native": (qsds["native"][0].pid, qsds["native"][1])}
+                   "qsd_native": (qsds["native"][0].pid, qsds["native"][1]),
+                   "qsd_native_iothread": (qsds["native_iothread"][0].pid,
+                                           qsds["native_iothread"][1])}
         out = {"params": {"cpus": "harness on CPU 0, backend on CPU 1", "queues": 1, "iodepth": 16,
-                          "qsd": "driver=file, cache.direct=on, aio=threads|native"}}
+                          "qsd": "driver=file, cache.direct=on, aio=threads|native; "
+                                 "native_iothread: the export in an iothread (its adaptive "
+                                 "polling, poll-max-ns 32768)",
+                          "strata": "serve --cache none, default --vhost-poll-us 32"}}
         for tag, rw, bs, extra in (("randread_4k_cold", "randread", 4096, []),
                                    ("seqwrite_512k_durable", "write", 524288, ["flush"])):
             runs = {w: [] for w in who_all}
@@ -176,7 +185,7 @@ def _cachenone_vhost(work, q, size, rt, passes):
             row["limit"] = {"iops": round(median(r["iops"] for r in lim)),
                             "iops_passes": [round(r["iops"]) for r in lim],
                             "mib_s": round(median(r["bw_mib"] for r in lim), 1)}
-            for peer in ("qsd_threads", "qsd_native", "limit"):
+            for peer in ("qsd_threads", "qsd_native", "qsd_native_iothread", "limit"):
                 row[f"ratio_vs_{peer}"] = ratio(row["strata"]["iops"], row[peer]["iops"])
             row["ratio_threads_vs_qsd_native"] = ratio(row["strata_threads"]["iops"],
                                                        row["qsd_native"]["iops"])

@@ -20,7 +20,8 @@ def case_queues(work, q):
     order of the servers alternating).
 
     vhost-user-blk: strata `serve --vhost-queues 4` and qsd
-    `num-queues=4`; the frontend harness (`vhost_bench ... queues=N`)
+    `num-queues=4` (in its main loop, and in an iothread with QEMU's
+    adaptive polling); the frontend harness (`vhost_bench ... queues=N`)
     sets up N of them and drives them all from one thread (one vCPU's
     worth), pinned to CPU 0, the backends to CPU 1.
     NBD: fio's nbd engine with N jobs, each its own connection (qemu-nbd
@@ -41,8 +42,8 @@ def case_queues(work, q):
             "nbd": _nbd(work, size, rt, passes)}
 
 
-def _summary(runs, peer):
-    """Per count: medians, ratio to `peer`, gain over count 1."""
+def _summary(runs, *peers):
+    """Per count: medians, ratio to each of `peers`, gain over count 1."""
     out = {}
     for n in COUNTS:
         row = {}
@@ -51,7 +52,8 @@ def _summary(runs, peer):
             row[who] = {"iops": round(median(r["iops"] for r in rs)),
                         "iops_passes": [round(r["iops"]) for r in rs],
                         "server_cpu_us_per_io": median(r["cpu"] for r in rs)}
-        row["ratio_vs_" + peer] = ratio(row["strata"]["iops"], row[peer]["iops"])
+        for peer in peers:
+            row["ratio_vs_" + peer] = ratio(row["strata"]["iops"], row[peer]["iops"])
         out[str(n)] = row
     for who in runs:
         one = out["1"][who]["iops"]
@@ -92,25 +94,30 @@ def _vhost(work, size, rt, passes):
                            "--vhost-queues", str(max(COUNTS))])
     s.cli("create", "d", "--size", size)
     s.start()
-    qsd = None
+    qsd = qsdi = None
     try:
         sh("taskset", "-pac", "1", str(s.proc.pid))
         wait_path(vsock)
         fill(s.uri("d"), size)
         random_raw(raw, size)
         qsd = qsd_vhost(raw, qsock, "cache.direct=on,aio=native,locking=off", max(COUNTS))
-        who_all = {"strata": (s.proc.pid, vsock), "qsd_native": (qsd.pid, qsock)}
+        isock = os.path.join(d, "qsd_iothread.vhost")
+        qsdi = qsd_vhost(raw, isock, "cache.direct=on,aio=native,locking=off", max(COUNTS),
+                         iothread=True)
+        who_all = {"strata": (s.proc.pid, vsock), "qsd_native": (qsd.pid, qsock),
+                   "qsd_native_iothread": (qsdi.pid, isock)}
 
         def run(sock, n):
             r = drive_vhost(harness, sock, "randread", 4096, 16, rt, f"queues={n}")
             assert r["errors"] == 0, f"{sock}, {n} queues: requests failed"
             return r, r["ops"]
 
-        return _summary(_alternating(who_all, passes, run), "qsd_native")
+        return _summary(_alternating(who_all, passes, run), "qsd_native", "qsd_native_iothread")
     finally:
-        if qsd is not None:
-            qsd.terminate()
-            qsd.wait()
+        for p in (qsd, qsdi):
+            if p is not None:
+                p.terminate()
+                p.wait()
         s.stop()
         shutil.rmtree(d, ignore_errors=True)
 
