@@ -142,18 +142,17 @@ def _cachenone_vhost(work, q, size, rt, passes):
             wait_path(sock)
             fill(srv.uri("d"), size)
         random_raw(raw, size)
-        for aio in ("threads", "native", "native_iothread"):
-            sock = os.path.join(d, f"qsd_{aio}.vhost")
-            qsds[aio] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio.split('_')[0]},locking=off",
-                                   iothread=aio.endswith("iothread")), sock)
-        # One qsd at a time holds the file open for writing; both are
-        # started, and the raw file's writes from either are the same bytes.
+        for name, aio, iothread in (("qsd_threads", "threads", False),
+                                    ("qsd_native", "native", False),
+                                    ("qsd_native_iothread", "native", True)):
+            sock = os.path.join(d, f"{name}.vhost")
+            qsds[name] = (qsd_vhost(raw, sock, f"cache.direct=on,aio={aio},locking=off",
+                                    iothread=iothread), sock)
+        # One qsd at a time holds the file open for writing; all are
+        # started, and the raw file's writes from any are the same bytes.
         who_all = {"strata": (s.proc.pid, vsock),
                    "strata_threads": (st.proc.pid, tsock),
-                   "qsd_threads": (qsds["threads"][0].pid, qsds["threads"][1]),
-                   "qsd_native": (qsds["native"][0].pid, qsds["native"][1]),
-                   "qsd_native_iothread": (qsds["native_iothread"][0].pid,
-                                           qsds["native_iothread"][1])}
+                   **{name: (proc.pid, sock) for name, (proc, sock) in qsds.items()}}
         out = {"params": {"cpus": "harness on CPU 0, backend on CPU 1", "queues": 1, "iodepth": 16,
                           "qsd": "driver=file, cache.direct=on, aio=threads|native; "
                                  "native_iothread: the export in an iothread (its adaptive "

@@ -398,7 +398,9 @@ impl BlkDevice {
         let mut used = false;
         let mut took = false;
         let ring = self.rings.get(queue).and_then(Option::as_ref);
-        let mut descs: Vec<Desc> = Vec::with_capacity(8);
+        // Allocated at the first request: a polling worker calls this
+        // often with none.
+        let mut descs: Vec<Desc> = Vec::new();
         loop {
             let next = vring
                 .get_mut()
@@ -786,28 +788,29 @@ impl VhostUserBackend for BlkDevice {
         // numbered within the thread).
         let queue = thread_id;
         let window = self.window(queue);
-        let mut hit = false;
-        let r = self.serve_event(queue, device_event, vrings, window, &mut hit);
+        let r = self.serve_event(queue, device_event, vrings, window);
+        let hit = matches!(r, Ok(true));
         self.sleeps(queue, (!window.is_zero()).then_some(hit));
-        r
+        r.map(|_| ())
     }
 }
 
 impl BlkDevice {
-    /// `handle_event` for `queue`'s worker, which then polls for `window`.
+    /// `handle_event` for `queue`'s worker, which then polls for `window`;
+    /// whether polling found anything.
     fn serve_event(
         &self,
         queue: usize,
         device_event: u16,
         vrings: &[VringRwLock],
         window: Duration,
-        hit: &mut bool,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
+        let mut hit = false;
         let mut device_event = device_event;
         if u64::from(device_event) == self.ring_event() {
             self.reap_ring(queue, vrings)?;
             if window.is_zero() {
-                return Ok(());
+                return Ok(false);
             }
             // Polling: on to the queue, as if the guest had kicked.
             device_event = 0;
@@ -828,7 +831,7 @@ impl BlkDevice {
                 if self.process(queue, vring)? {
                     self.signal(vring)?;
                 }
-                *hit |= self.poll(queue, vring, window)?;
+                hit |= self.poll(queue, vring, window)?;
                 let more = vring
                     .enable_notification()
                     .map_err(|e| io::Error::other(format!("{e:?}")))?;
@@ -840,7 +843,7 @@ impl BlkDevice {
             if self.process(queue, vring)? {
                 self.signal(vring)?;
             }
-            *hit |= self.poll(queue, vring, window)?;
+            hit |= self.poll(queue, vring, window)?;
         }
         let first = self
             .signalled
@@ -851,7 +854,7 @@ impl BlkDevice {
             // guest before, maybe never signalled.
             vring.signal_used_queue()?;
         }
-        Ok(())
+        Ok(hit)
     }
 }
 
