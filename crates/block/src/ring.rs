@@ -30,6 +30,9 @@ struct Uring {
     /// Held while taking completions off the queue (not while waiting
     /// for one), so one thread may take what is in while another waits.
     cq: Mutex<()>,
+    /// Made by [`Ring::for_one_thread`]: completions are posted only
+    /// when the thread enters the kernel asking for them.
+    deferred: bool,
 }
 
 fn again(e: &io::Error) -> bool {
@@ -53,6 +56,31 @@ impl Ring {
                 ring: IoUring::new(entries)?,
                 sq: Mutex::new(0),
                 cq: Mutex::new(()),
+                deferred: false,
+            }),
+        })
+    }
+
+    /// A ring that one thread both submits to and reaps, and the one
+    /// that makes it (`IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN`): the
+    /// kernel posts completions only when that thread asks for them
+    /// ([`Ring::reap_some`]), not by interrupting it at each one. Where
+    /// the kernel cannot (before 6.1), an ordinary ring.
+    pub fn for_one_thread(entries: u32) -> io::Result<Ring> {
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(entries);
+        let (ring, deferred) = match ring {
+            Ok(r) => (r, true),
+            Err(_) => (IoUring::new(entries)?, false),
+        };
+        Ok(Ring {
+            kind: Kind::Uring(Uring {
+                ring,
+                sq: Mutex::new(0),
+                cq: Mutex::new(()),
+                deferred,
             }),
         })
     }
@@ -217,6 +245,10 @@ impl Uring {
 
     /// [`Ring::reap_some`] on the io_uring.
     fn reap_some(&self, wait: bool, mut f: impl FnMut(u64, i32)) -> io::Result<usize> {
+        if self.deferred && !wait {
+            // Have the kernel post what has completed.
+            self.enter(0)?;
+        }
         loop {
             let mut n = 0;
             {
@@ -233,20 +265,27 @@ impl Uring {
                 return Ok(n);
             }
             // Submit nothing (the queuing thread decides when), wait for one.
-            // SAFETY: no argument structure is passed.
-            let r = unsafe {
-                self.ring.submitter().enter::<libc::sigset_t>(
-                    0,
-                    1,
-                    EnterFlags::GETEVENTS.bits(),
-                    None,
-                )
-            };
-            match r {
-                Ok(_) => {}
-                Err(e) if again(&e) || e.raw_os_error() == Some(libc::EBUSY) => {}
-                Err(e) => return Err(e),
-            }
+            self.enter(1)?;
+        }
+    }
+
+    /// Enter the kernel to have at least `min` completions posted (run
+    /// the completion work of a deferred ring, then wait), submitting
+    /// nothing.
+    fn enter(&self, min: u32) -> io::Result<()> {
+        // SAFETY: no argument structure is passed.
+        let r = unsafe {
+            self.ring.submitter().enter::<libc::sigset_t>(
+                0,
+                min,
+                EnterFlags::GETEVENTS.bits(),
+                None,
+            )
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if again(&e) || e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

@@ -22,6 +22,15 @@ const PIECE_BITS: u32 = 20;
 /// User data of the no-op that tells the reaping thread to end.
 const STOP: u64 = u64::MAX;
 
+/// What one batch of completions held.
+#[derive(Default)]
+struct Batch {
+    /// The stop no-op was among them.
+    stop: bool,
+    /// Requests handed over.
+    handed: usize,
+}
+
 /// Where a read's data goes, or a write's comes from: memory the
 /// transport keeps alive (in the request's context) until the request is
 /// handed back.
@@ -92,10 +101,15 @@ impl<T: Send> RingIo<T> {
 
     /// A transport's ring for `entries` requests' pieces at a time: an
     /// io_uring, or with `native` a native AIO context (twice as deep: it
-    /// holds completions too). The error says which could not be set up.
-    pub fn open(entries: u32, native: bool) -> io::Result<RingIo<T>> {
+    /// holds completions too). With `one_thread`, the calling thread is
+    /// the only one that will queue and reap (an io_uring then posts
+    /// completions only when it asks: [`Ring::for_one_thread`]). The
+    /// error says which could not be set up.
+    pub fn open(entries: u32, native: bool, one_thread: bool) -> io::Result<RingIo<T>> {
         let (made, what) = if native {
             (Self::native(entries * 2), "native AIO context")
+        } else if one_thread {
+            (Ring::for_one_thread(entries).map(Self::over), "io_uring")
         } else {
             (Self::new(entries), "io_uring")
         };
@@ -200,6 +214,24 @@ impl<T: Send> RingIo<T> {
         self.ring.submit()
     }
 
+    /// Whether requests are in the ring (started and not handed back).
+    pub fn busy(&self) -> bool {
+        !self.state.lock().pending.is_empty()
+    }
+
+    /// Hand over finished requests as [`RingIo::reap_ready`] does, but
+    /// first wait for one to finish (for a thread that reaps its own ring
+    /// and has nothing else to do until one does); how many were.
+    pub fn reap_waiting(
+        &self,
+        mut finish: impl FnMut(Pending<T>),
+        mut batch_done: impl FnMut(),
+    ) -> io::Result<usize> {
+        self.reap_batch(true, &mut finish, &mut batch_done)
+            .map(|b| b.handed)
+            .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
+    }
+
     /// Have the kernel signal the eventfd `fd` at each completion, for a
     /// transport whose own event loop reaps ([`RingIo::reap_ready`])
     /// rather than a thread of its own.
@@ -218,8 +250,8 @@ impl<T: Send> RingIo<T> {
     ) -> io::Result<()> {
         loop {
             match self.reap_batch(true, &mut finish, &mut batch_done) {
-                Ok((true, _)) => return Ok(()),
-                Ok((false, _)) => {}
+                Ok(b) if b.stop => return Ok(()),
+                Ok(_) => {}
                 Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
             }
         }
@@ -234,7 +266,7 @@ impl<T: Send> RingIo<T> {
         mut batch_done: impl FnMut(),
     ) -> io::Result<usize> {
         self.reap_batch(false, &mut finish, &mut batch_done)
-            .map(|(_, handed)| handed)
+            .map(|b| b.handed)
             .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
     }
 
@@ -249,7 +281,7 @@ impl<T: Send> RingIo<T> {
         let mut handed = 0;
         while !self.state.lock().pending.is_empty() {
             match self.reap_batch(true, &mut finish, &mut batch_done) {
-                Ok((_, n)) => handed += n,
+                Ok(b) => handed += b.handed,
                 Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
             }
         }
@@ -284,14 +316,13 @@ impl<T: Send> RingIo<T> {
     }
 
     /// Take the completions in (waiting for one with `wait`), queue short
-    /// transfers again, hand over the requests that are over: whether the stop
-    /// no-op was seen, and how many requests were handed over.
+    /// transfers again, hand over the requests that are over.
     fn reap_batch(
         &self,
         wait: bool,
         finish: &mut impl FnMut(Pending<T>),
         batch_done: &mut impl FnMut(),
-    ) -> io::Result<(bool, usize)> {
+    ) -> io::Result<Batch> {
         let mut stop = false;
         let mut finished = Vec::new();
         // Short transfers to queue again: (user data, write, fd, where,
@@ -348,8 +379,9 @@ impl<T: Send> RingIo<T> {
                 finished.extend(end_pieces(&mut s.pending, token, 1, failed));
             }
         })?;
+        let mut batch = Batch { stop, handed: 0 };
         if n == 0 {
-            return Ok((stop, 0));
+            return Ok(batch);
         }
         for (ud, write, fd, ptr, len, offset) in again.drain(..) {
             // SAFETY: as in `start`: the buffer is the request's until
@@ -374,7 +406,8 @@ impl<T: Send> RingIo<T> {
             s.finishing -= handed;
             self.notify_if_idle(&s);
         }
-        Ok((stop, handed))
+        batch.handed = handed;
+        Ok(batch)
     }
 }
 

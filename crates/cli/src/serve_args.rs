@@ -73,6 +73,13 @@ pub struct ServeArgs {
     /// then, so an idle or lightly used queue spends nothing on it. 0 turns polling off
     #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub vhost_poll_us: u32,
+    /// How long, at most, an NBD connection keeps looking for the client's next request and
+    /// its ring's next completion before it sleeps while reads or writes are in its ring,
+    /// microseconds (under --cache none with `--aio io_uring` or `native`, over a plain
+    /// socket, where the connection's one thread reads, starts and answers requests). Costs
+    /// CPU while the disk works, none while the connection is idle; 0 turns polling off
+    #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub nbd_poll_us: u32,
     /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
     /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
     /// socket stays 0600 whatever this says)
@@ -106,7 +113,9 @@ pub struct ServeArgs {
     /// completions returned by the transport (under writeback a read the page cache holds is
     /// answered by the connection's own thread; where the kernel refuses io_uring, threads
     /// serve them); native does the same through Linux native AIO (io_submit; needs --cache
-    /// none), whose completions wake the server straight from the device's interrupt;
+    /// none), whose completions wake the server straight from the device's interrupt. Under
+    /// --cache none, over a plain socket, an NBD connection is one thread that reads, starts
+    /// and answers (--nbd-poll-us); otherwise a second thread answers;
     /// threads runs each request on an I/O thread (--io-threads). FUA writes, misaligned ones
     /// and writes to disks with I/O limits always run on the threads
     #[arg(long = "aio", value_name = "io_uring|native|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
@@ -284,6 +293,7 @@ impl From<&ServeArgs> for ServeConfig {
             vhost_user_blk: a.vhost_user_blk.clone(),
             vhost_queues: a.vhost_queues,
             vhost_poll: std::time::Duration::from_micros(a.vhost_poll_us.into()),
+            nbd_poll: std::time::Duration::from_micros(a.nbd_poll_us.into()),
             socket_mode: a.socket_mode,
             socket_owner: a.socket_owner.clone(),
             fuse: a.fuse.clone(),

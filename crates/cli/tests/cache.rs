@@ -107,13 +107,25 @@ fn assert_same(reference: &Path, uri: &str, what: &str) {
     );
 }
 
-/// Thread names of process `pid`.
-fn thread_names(pid: i32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
+/// How many rings of kind `aio` process `pid` has: io_uring
+/// descriptors, or mapped native AIO contexts.
+fn rings(pid: i32, aio: &str) -> usize {
+    if aio == "native" {
+        return std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("[aio]"))
+            .count();
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect()
+        .filter(|f| {
+            f.as_ref().is_ok_and(|f| {
+                std::fs::read_link(f.path())
+                    .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+            })
+        })
+        .count()
 }
 
 #[test]
@@ -163,8 +175,9 @@ fn reads_through_io_uring(cache: &str, aio: &str) {
             "write -P 0x5a 12583936 512",
         ],
     );
-    // A connection that stays open shows the ring's reaping thread (the
-    // reads above went through it, not through a worker each).
+    // A connection that stays open has a ring of the kind asked for (the
+    // reads above went through one, not through a worker each).
+    let before = rings(srv.pid(), aio);
     let mut held = std::process::Command::new("qemu-io")
         .args([
             "-f",
@@ -179,17 +192,17 @@ fn reads_through_io_uring(cache: &str, aio: &str) {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut names = Vec::new();
+    let mut now = before;
     for _ in 0..50 {
-        names = thread_names(srv.pid());
-        if names.iter().any(|n| n == "nbd-reap") {
+        now = rings(srv.pid(), aio);
+        if now > before {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(
-        names.iter().any(|n| n == "nbd-reap"),
-        "no ring on an open connection: {names:?}"
+        now > before,
+        "no {aio} ring on an open connection ({before} before it, {now} with it)"
     );
     // Snapshots take the I/O gate exclusively while reads hold it from the
     // ring: both go on (the ring never waits for the gate while its own
@@ -344,6 +357,75 @@ fn overwrites_keep_each_snapshot_one_moment(aio: &str) {
         .collect();
     std::fs::write(&out, want).unwrap();
     assert_same(&out, &uri, "the disk after the last round");
+    srv.stop();
+    s.ok(&["check"]);
+}
+
+/// A client that keeps far more requests in flight than a connection
+/// takes (64 requests, 64 MiB), one thread sending them all while another
+/// reads the replies. Over a plain socket the connection's own thread is
+/// its ring's only reaper: while the budget is full it must answer the
+/// ring's requests rather than wait for room only it can make. Every
+/// write, then every read, is answered, with the data written.
+#[test]
+fn cache_none_ring_answers_a_client_far_past_the_in_flight_budget() {
+    for aio in ["io_uring", "native"] {
+        past_the_budget(aio);
+    }
+}
+
+/// The data of block `i` of `past_the_budget`.
+fn budget_block(i: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (i as usize * 31 + j / 4096) as u8)
+        .collect()
+}
+
+fn past_the_budget(aio: &str) {
+    use common::nbd::{Pipelined, CMD_READ, CMD_WRITE};
+    const N: u64 = 300;
+    const LEN: usize = 256 << 10;
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "128M"]);
+    let srv = s.serve_with(&["--cache", "none", "--aio", aio]);
+    for cmd in [CMD_WRITE, CMD_READ] {
+        let mut c = Pipelined::open(&s.sock(), "d").unwrap();
+        let mut tx = c.try_clone().unwrap();
+        // Not joined on failure: a server that stopped answering leaves
+        // it blocked, and the replies below time out (60 s) instead.
+        let sender = std::thread::spawn(move || {
+            for i in 0..N {
+                let data = if cmd == CMD_WRITE {
+                    budget_block(i, LEN)
+                } else {
+                    Vec::new()
+                };
+                tx.send(cmd, i, i * LEN as u64, LEN as u32, &data).unwrap();
+            }
+        });
+        let mut buf = vec![0u8; if cmd == CMD_READ { LEN } else { 0 }];
+        let mut seen = vec![false; N as usize];
+        for _ in 0..N {
+            let r = c
+                .reply(&mut buf)
+                .unwrap_or_else(|e| panic!("{aio}, command {cmd}: no reply: {e}"));
+            assert_eq!(
+                r.error, 0,
+                "{aio}: request {} of command {cmd} failed",
+                r.handle
+            );
+            if cmd == CMD_READ {
+                assert!(
+                    buf == budget_block(r.handle, LEN),
+                    "{aio}: read {} returned other data",
+                    r.handle
+                );
+            }
+            seen[r.handle as usize] = true;
+        }
+        assert!(seen.iter().all(|&x| x), "{aio}: a request went unanswered");
+        sender.join().unwrap();
+    }
     srv.stop();
     s.ok(&["check"]);
 }

@@ -45,6 +45,13 @@
 //!   data is read from the device straight into the buffer that is sent).
 //!   WRITE payloads and READ data live in page-aligned buffers
 //!   ([`AlignedBuf`]), recycled through a small per-connection pool.
+//! - With [`ServerOptions::ring_io`], READs and WRITEs (without FUA) that
+//!   the device plans skip the workers: the connection's thread starts
+//!   them on a ring of its own, and a reaping thread answers them. With
+//!   [`ServerOptions::one_thread`], over a plain socket, the connection's
+//!   thread takes their completions and answers them itself, waiting in
+//!   `poll(2)` on its socket and the ring's eventfd (after polling both
+//!   for up to [`ServerOptions::poll`]), as QEMU's main loop does.
 //!
 //! # Bounds
 //!
@@ -54,7 +61,11 @@
 //! of data per READ/WRITE, advertised as the maximum block size; per
 //! connection at most [`ServerOptions::max_inflight_requests`] requests
 //! and [`ServerOptions::max_inflight_bytes`] of READ/WRITE data queued or
-//! executing (the reader stops reading until replies free room). Handshake:
+//! executing (the reader stops reading until replies free room; one that
+//! answers its own ring's requests answers them meanwhile). A connection
+//! that answers on its reading thread reads no request while a reply
+//! waits for the client to take it: clients read replies while they send,
+//! as libnbd, QEMU and the kernel's client do. Handshake:
 //! option payloads of at most [`OPTION_BYTES_MAX`] (larger ones are read,
 //! discarded and refused with `ERR_TOO_BIG`, huge ones close the
 //! connection), a bounded number of options, and an idle timeout
@@ -301,16 +312,34 @@ pub struct ServerOptions {
     /// each (`serve --aio io_uring`, the server's default). The reader
     /// answers those already done when it has submitted (reads the page
     /// cache held complete inside the submission); a reaping thread
-    /// answers the rest. Where a ring cannot be set up the workers serve
-    /// them. Default false.
+    /// answers the rest, unless `one_thread`. Where a ring cannot be set
+    /// up the workers serve them. Default false.
     pub ring_io: bool,
+    /// With `ring_io` over a plain socket, the connection's reader
+    /// answers every request of its ring itself, waiting for its socket
+    /// and its ring at once: one thread per connection, as QEMU's main
+    /// loop (serve sets it under `--cache none`, where it removed the
+    /// two-thread hand-over's bimodal cold reads; under writeback, 64
+    /// connections on two cores showed a longer read tail with it).
+    /// Over TLS, whose session may hold bytes the socket does not
+    /// announce, a reaping thread answers whatever this says. Default
+    /// false.
+    pub one_thread: bool,
     /// With `ring_io`, a Linux native AIO context per connection instead
     /// of an io_uring (`serve --aio native`, QEMU's aio=native): a
-    /// completion wakes the reaping thread straight from the device's
-    /// interrupt, where an io_uring's first runs as task work of the
-    /// reader. Only for direct I/O (elsewhere its submissions block).
+    /// completion signals the connection straight from the device's
+    /// interrupt, where an io_uring's is posted by the connection's
+    /// thread when it asks. Only for direct I/O (elsewhere its
+    /// submissions block).
     /// Default false.
     pub native_aio: bool,
+    /// With `one_thread`: how long, at most, the
+    /// connection's thread keeps looking for the client's next request
+    /// and the ring's next completion each time it would sleep with
+    /// requests in the ring (never while the ring is empty, so an idle
+    /// connection costs nothing). Zero: it sleeps at once. Default 32 µs.
+    /// Default 32 µs.
+    pub poll: Duration,
     /// WRITEs of at most this many bytes without FUA are carried out by
     /// the connection's reader itself, between reading one request and
     /// the next, instead of being handed to a worker. For a device whose
@@ -341,7 +370,9 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_secs(5),
             read_ahead_bytes: 8 << 20,
             ring_io: false,
+            one_thread: false,
             native_aio: false,
+            poll: Duration::from_micros(32),
             inline_write_bytes: 0,
             tls: None,
         }
@@ -381,6 +412,13 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn set_wake_bytes(&self, _bytes: usize) -> io::Result<()> {
         Ok(())
     }
+    /// The descriptor to poll for the next bytes, when everything read
+    /// comes straight from it (no layer that holds bytes back, as TLS
+    /// does): the connection then waits for its socket and its ring at
+    /// once.
+    fn poll_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl NbdStream for UnixStream {
@@ -393,6 +431,9 @@ impl NbdStream for UnixStream {
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(read)?;
         self.set_write_timeout(write)
+    }
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
 }
 
@@ -409,6 +450,9 @@ impl NbdStream for TcpStream {
     }
     fn tune(&self) -> io::Result<()> {
         self.set_nodelay(true)
+    }
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
     fn set_wake_bytes(&self, bytes: usize) -> io::Result<()> {
         use std::os::fd::AsRawFd;

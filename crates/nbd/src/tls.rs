@@ -261,6 +261,18 @@ impl<S: NbdStream> Link<S> {
         }
     }
 
+    /// The socket to poll for what the reader reads next
+    /// ([`NbdStream::poll_fd`]), its wake threshold set for that as a
+    /// blocking read would set it; none over TLS, whose session may hold
+    /// plaintext the socket will not announce.
+    pub(crate) fn fd_to_poll(&mut self) -> Option<std::os::fd::RawFd> {
+        if self.tls.get().is_some() {
+            return None;
+        }
+        Self::before_blocking(&self.sock, &mut self.wake, self.expected);
+        self.sock.poll_fd()
+    }
+
     /// Whether TLS is up on this connection.
     pub(crate) fn is_tls(&self) -> bool {
         self.tls.get().is_some()

@@ -5,10 +5,12 @@ use std::collections::VecDeque;
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use strata_block::ring_io::{self, Reaper, RingIo};
@@ -112,6 +114,12 @@ fn serve_inner<S: NbdStream>(
             .find(|(_, c)| matches!(c, Context::Allocation))
             .map(|(id, _)| (*id, None))
     });
+    // With `one_thread`, over a plain socket, this thread reaps the ring
+    // too, waiting for the socket and the ring at once; otherwise (and
+    // over TLS, whose session may hold plaintext the socket does not
+    // announce) a thread of its own does.
+    let self_reaps =
+        shared.opts.ring_io && shared.opts.one_thread && reader.get_mut().fd_to_poll().is_some();
     let conn = Arc::new(Conn {
         out: Mutex::new(writer),
         broken: AtomicBool::new(false),
@@ -126,29 +134,51 @@ fn serve_inner<S: NbdStream>(
         guide,
         plan: Mutex::new(Plan::new(shared.opts.read_ahead_bytes)),
         prefetcher: Mutex::new(None),
-        ring: ring(shared),
+        ring: ring(shared, self_reaps),
+        self_reaps,
     });
-    // Takes the completions of the ring's reads and answers them; ended
-    // and joined (after the reads in the ring) when this is dropped.
+    // Takes the completions of the ring's reads and answers them, unless
+    // this thread does; ended and joined (after the reads in the ring)
+    // when this is dropped.
     let _reaper = match &conn.ring {
-        Some(r) => {
+        Some(r) if !self_reaps => {
             let c = conn.clone();
             Some(Reaper::spawn("nbd-reap", r.clone(), move || c.reap_loop())?)
         }
-        None => None,
+        _ => None,
     };
     let mut workers = Workers {
         conn: conn.clone(),
         threads: Vec::new(),
         max: shared.opts.workers_per_connection,
     };
-    let result = read_requests(shared, &conn, &mut reader, &mut workers).inspect_err(|e| {
+    // The reader waits for its socket and this eventfd, which the ring
+    // signals at each completion.
+    let ready = match (&conn.ring, self_reaps) {
+        (Some(r), true) => {
+            let fd = new_eventfd()?;
+            r.register_eventfd(fd.as_raw_fd())?;
+            Some(fd)
+        }
+        _ => None,
+    };
+    let wait = Wait {
+        ready,
+        window: shared.opts.poll,
+    };
+    let result = read_requests(shared, &conn, &mut reader, &mut workers, &wait).inspect_err(|e| {
         if e.kind() == io::ErrorKind::InvalidData {
             shared
                 .refusals
                 .note(Refusal::ProtocolError, &format!("in transmission: {e}"));
         }
     });
+    if let (Some(r), true) = (&conn.ring, self_reaps) {
+        // What is still in the ring is answered (or, the client gone,
+        // released) before the ring and the buffers go.
+        let _ = r.submit();
+        conn.reap_until_idle(r);
+    }
     // Dropping `workers` closes the queue and waits for every queued
     // request to be executed and answered.
     drop(workers);
@@ -208,14 +238,38 @@ struct Conn<S> {
     prefetcher: Mutex<Option<Prefetcher>>,
     /// READs and WRITEs through an io_uring (`ServerOptions::ring_io`).
     ring: Option<Arc<RingIo<RingReq>>>,
+    /// The reader reaps the ring itself (no reaping thread).
+    self_reaps: bool,
 }
 
-/// A connection's ring, when asked for and available.
-fn ring(shared: &Shared) -> Option<Arc<RingIo<RingReq>>> {
+/// How a connection that reaps its own ring waits for its socket and its
+/// ring at once (`read_requests`).
+struct Wait {
+    /// The eventfd the ring signals at each completion (None: a reaping
+    /// thread answers the ring's requests).
+    ready: Option<OwnedFd>,
+    /// `ServerOptions::poll`.
+    window: Duration,
+}
+
+/// A new non-blocking eventfd.
+fn new_eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: no pointer is passed; a descriptor returned is new and ours.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just made, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A connection's ring, when asked for and available; with `one_thread`,
+/// for the calling thread alone to queue and reap.
+fn ring(shared: &Shared, one_thread: bool) -> Option<Arc<RingIo<RingReq>>> {
     if !shared.opts.ring_io {
         return None;
     }
-    match RingIo::open(RING_ENTRIES, shared.opts.native_aio) {
+    match RingIo::open(RING_ENTRIES, shared.opts.native_aio, one_thread) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
             static WARNED: std::sync::Once = std::sync::Once::new();
@@ -275,6 +329,7 @@ fn read_requests<S: NbdStream>(
     conn: &Conn<Link<S>>,
     reader: &mut BufReader<Link<S>>,
     workers: &mut Workers<Link<S>>,
+    wait: &Wait,
 ) -> io::Result<()> {
     let mut head = [0u8; REQUEST_BYTES];
     loop {
@@ -285,10 +340,25 @@ fn read_requests<S: NbdStream>(
         // another request is already here to join them.
         if let Some(r) = &conn.ring {
             if reader.buffer().len() < REQUEST_BYTES {
-                r.submit()?;
-                // Reads the page cache answered are in already: answer
-                // them here rather than wake the reaping thread.
-                if let Err(e) = r.reap_ready(|p| conn.finish_ring_req(p), || {}) {
+                let fd = match (&wait.ready, r.busy()) {
+                    (Some(ready), true) => reader
+                        .get_mut()
+                        .fd_to_poll()
+                        .map(|fd| (fd, ready.as_raw_fd())),
+                    _ => None,
+                };
+                let reaped = match fd {
+                    // Answer what completes until the next request is
+                    // here (the socket has input, or was shut down).
+                    Some((fd, ready)) => wait_for_input(conn, r, fd, ready, wait.window),
+                    None => r.submit().and_then(|()| {
+                        // Reads the page cache answered are in already:
+                        // answer them here rather than wake the reaping
+                        // thread.
+                        r.reap_ready(|p| conn.finish_ring_req(p), || {}).map(|_| ())
+                    }),
+                };
+                if let Err(e) = reaped {
                     conn.mark_broken(&e);
                     return Err(e);
                 }
@@ -324,6 +394,15 @@ fn read_requests<S: NbdStream>(
             CMD_READ | CMD_WRITE => req.len as u64,
             _ => 0,
         };
+        if let (Some(r), Some(_)) = (&conn.ring, &wait.ready) {
+            // Nothing but this thread answers the ring's requests: while
+            // they fill the budget, it answers them instead of waiting
+            // for room that only it could make.
+            if let Err(e) = conn.reap_for_room(r, cost, shared) {
+                conn.mark_broken(&e);
+                return Err(e);
+            }
+        }
         conn.admit(cost, shared);
         if req.ty == CMD_READ {
             if let Some(r) = &conn.ring {
@@ -367,6 +446,125 @@ fn read_requests<S: NbdStream>(
             workers.grow()?;
         }
     }
+}
+
+/// Answer what completes in the ring until the socket `fd` has input
+/// (or was shut down): each time it would sleep, keep looking at both
+/// for up to `window` first, then sleep in `poll(2)` on the socket and
+/// the ring's eventfd `ready`. (The window pays even where a poll seldom
+/// finds anything in it: a CPU left idle between completions draws the
+/// client's wake-ups onto the connection's CPU, and on two cores that
+/// halved cold reads: PERFORMANCE.md, "NBD's two modes".) A wake-up for
+/// input is checked by a look at
+/// the socket itself: a readiness report has been seen a moment before
+/// there was anything to read, and a reader blocked on an empty socket
+/// would leave the requests in the ring unanswered, and its client
+/// waiting for them, for ever.
+fn wait_for_input<S: NbdStream>(
+    conn: &Conn<S>,
+    r: &RingIo<RingReq>,
+    fd: RawFd,
+    ready: RawFd,
+    window: Duration,
+) -> io::Result<()> {
+    r.submit()?;
+    loop {
+        r.reap_ready(|p| conn.finish_ring_req(p), || {})?;
+        if !r.busy() || has_input(fd) {
+            return Ok(());
+        }
+        if !window.is_zero() {
+            match poll_for_input(conn, r, fd, window)? {
+                Some(Found::Input) => return Ok(()),
+                Some(Found::Completion) => continue,
+                None => {}
+            }
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: ready,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two live pollfds, for the length given.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if fds[1].revents != 0 {
+            // Consumed before the reap at the top: a completion posted
+            // from here on signals it again.
+            let mut count = 0u64;
+            // SAFETY: an 8-byte read into a live u64; the descriptor is
+            // non-blocking.
+            unsafe { libc::read(ready, (&mut count as *mut u64).cast(), 8) };
+        }
+    }
+}
+
+/// What a poll found.
+enum Found {
+    /// The client's next request (or the end of the connection).
+    Input,
+    /// Requests of the ring finished, and were answered.
+    Completion,
+}
+
+/// Keep answering the ring's completions and looking at the socket `fd`,
+/// without sleeping, for up to `window`; what came first, if anything.
+fn poll_for_input<S: NbdStream>(
+    conn: &Conn<S>,
+    r: &RingIo<RingReq>,
+    fd: RawFd,
+    window: Duration,
+) -> io::Result<Option<Found>> {
+    let until = Instant::now() + window;
+    loop {
+        if r.reap_ready(|p| conn.finish_ring_req(p), || {})? > 0 {
+            return Ok(Some(Found::Completion));
+        }
+        if !r.busy() || has_input(fd) {
+            return Ok(Some(Found::Input));
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        // Not a bare spin: on a machine with few cores the client (or
+        // the kernel's workers for this ring) may want this CPU.
+        std::thread::yield_now();
+    }
+}
+
+/// Whether a read of socket `fd` would not block: bytes (or the end, or
+/// an error) are waiting.
+fn has_input(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a live byte; nothing is consumed.
+    let r = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
+}
+
+/// Whether the in-flight budget `q` has no room for a request of `cost`
+/// (one request is always admitted when nothing else is in flight).
+fn no_room(q: &Queue, cost: u64, shared: &Shared) -> bool {
+    q.inflight > 0
+        && (q.inflight >= shared.opts.max_inflight_requests
+            || q.inflight_bytes + cost > shared.opts.max_inflight_bytes)
 }
 
 fn errno_of(e: &BlockError) -> u32 {
@@ -437,15 +635,24 @@ impl<S: NbdStream> Conn<S> {
     /// Wait until the in-flight budget has room for a request of `cost`
     /// bytes, then charge it. A lone request is always admitted.
     fn admit(&self, cost: u64, shared: &Shared) {
-        let max_requests = shared.opts.max_inflight_requests;
-        let max_bytes = shared.opts.max_inflight_bytes;
         let mut q = self.queue.lock();
-        while q.inflight > 0 && (q.inflight >= max_requests || q.inflight_bytes + cost > max_bytes)
-        {
+        while no_room(&q, cost, shared) {
             self.room.wait(&mut q);
         }
         q.inflight += 1;
         q.inflight_bytes += cost;
+    }
+
+    /// For a connection whose reader is its ring's only reaper: while the
+    /// budget has no room for a request of `cost` and requests are in the
+    /// ring, wait for them and answer them ([`admit`](Self::admit) would
+    /// wait for ever for room that only this thread can make).
+    fn reap_for_room(&self, ring: &RingIo<RingReq>, cost: u64, shared: &Shared) -> io::Result<()> {
+        while no_room(&self.queue.lock(), cost, shared) && ring.busy() {
+            ring.submit()?;
+            ring.reap_waiting(|p| self.finish_ring_req(p), || {})?;
+        }
+        Ok(())
     }
 
     /// Release what [`admit`](Self::admit) charged.
@@ -667,7 +874,11 @@ impl<S: NbdStream> Conn<S> {
         let mut planned = plan_io(dev, write, &mut data, req.offset, false);
         if let Some(Ok(Planned::Busy)) = planned {
             ring.submit()?;
-            ring.wait_idle();
+            if self.self_reaps {
+                self.reap_until_idle(ring);
+            } else {
+                ring.wait_idle();
+            }
             planned = plan_io(dev, write, &mut data, req.offset, true);
         }
         match planned {
@@ -694,6 +905,14 @@ impl<S: NbdStream> Conn<S> {
                 r.map(|()| None)
             }
             None | Some(Ok(Planned::Busy)) => Ok(Some(data)),
+        }
+    }
+
+    /// Answer every request in the ring, on the thread that reaps it.
+    fn reap_until_idle(&self, ring: &RingIo<RingReq>) {
+        if let Err(e) = ring.reap_until_idle(|p| self.finish_ring_req(p), || {}) {
+            tracing::error!("NBD: the connection's ring failed: {e}; dropping the connection");
+            self.mark_broken(&e);
         }
     }
 

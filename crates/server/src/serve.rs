@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub vhost_queues: u16,
     /// How long a vhost-user-blk queue's worker polls at most (zero: never).
     pub vhost_poll: std::time::Duration,
+    /// How long an NBD connection polls at most (zero: never).
+    pub nbd_poll: std::time::Duration,
     /// Mode of the NBD and vhost-user sockets.
     pub socket_mode: Option<u32>,
     /// Owner of the NBD and vhost-user sockets: `USER[:GROUP]`.
@@ -140,6 +142,10 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         // inside the submission, and the reader answers it itself.
         ring_io: args.aio_uring,
         native_aio: args.aio_native,
+        // Under --cache none the ring's requests go to the device and the
+        // connection is one thread (PERFORMANCE.md, "NBD's two modes").
+        one_thread: args.direct_io,
+        poll: args.nbd_poll,
         // Under writeback a small write is a copy into the page cache:
         // cheaper on the reader than handed to a worker.
         inline_write_bytes: if args.direct_io {

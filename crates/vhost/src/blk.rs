@@ -130,7 +130,7 @@ impl QueueRing {
     /// None where the ring cannot be set up (warned once): the queue then
     /// works as without it.
     fn new(native: bool) -> Option<QueueRing> {
-        let made = RingIo::open(RING_ENTRIES, native).and_then(|io| {
+        let made = RingIo::open(RING_ENTRIES, native, false).and_then(|io| {
             let done = EventFd::new(libc::EFD_NONBLOCK)?;
             use std::os::fd::AsRawFd;
             io.register_eventfd(done.as_raw_fd())?;

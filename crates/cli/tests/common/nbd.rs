@@ -72,6 +72,16 @@ impl Pipelined {
         Ok(Pipelined { s, size })
     }
 
+    /// A second handle on the same connection, so that one thread can send
+    /// while another reads the replies.
+    #[allow(dead_code)]
+    pub fn try_clone(&self) -> std::io::Result<Pipelined> {
+        Ok(Pipelined {
+            s: self.s.try_clone()?,
+            size: self.size,
+        })
+    }
+
     /// Send one request (`data` is a WRITE's payload); does not wait.
     pub fn send(
         &mut self,
