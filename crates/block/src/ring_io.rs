@@ -23,7 +23,6 @@ const PIECE_BITS: u32 = 20;
 const STOP: u64 = u64::MAX;
 
 /// What one batch of completions held.
-#[derive(Default)]
 struct Batch {
     /// The stop no-op was among them.
     stop: bool,
@@ -224,12 +223,10 @@ impl<T: Send> RingIo<T> {
     /// and has nothing else to do until one does); how many were.
     pub fn reap_waiting(
         &self,
-        mut finish: impl FnMut(Pending<T>),
-        mut batch_done: impl FnMut(),
+        finish: impl FnMut(Pending<T>),
+        batch_done: impl FnMut(),
     ) -> io::Result<usize> {
-        self.reap_batch(true, &mut finish, &mut batch_done)
-            .map(|b| b.handed)
-            .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
+        self.reap_handing(true, finish, batch_done)
     }
 
     /// Have the kernel signal the eventfd `fd` at each completion, for a
@@ -262,10 +259,21 @@ impl<T: Send> RingIo<T> {
     /// eventfd of [`RingIo::register_eventfd`]); how many were.
     pub fn reap_ready(
         &self,
+        finish: impl FnMut(Pending<T>),
+        batch_done: impl FnMut(),
+    ) -> io::Result<usize> {
+        self.reap_handing(false, finish, batch_done)
+    }
+
+    /// One batch (waiting for a completion with `wait`): how many requests
+    /// were handed over; on a ring error the rest are abandoned.
+    fn reap_handing(
+        &self,
+        wait: bool,
         mut finish: impl FnMut(Pending<T>),
         mut batch_done: impl FnMut(),
     ) -> io::Result<usize> {
-        self.reap_batch(false, &mut finish, &mut batch_done)
+        self.reap_batch(wait, &mut finish, &mut batch_done)
             .map(|b| b.handed)
             .map_err(|e| self.abandon(e, &mut finish, &mut batch_done))
     }
@@ -279,7 +287,7 @@ impl<T: Send> RingIo<T> {
         mut batch_done: impl FnMut(),
     ) -> io::Result<usize> {
         let mut handed = 0;
-        while !self.state.lock().pending.is_empty() {
+        while self.busy() {
             match self.reap_batch(true, &mut finish, &mut batch_done) {
                 Ok(b) => handed += b.handed,
                 Err(e) => return Err(self.abandon(e, &mut finish, &mut batch_done)),
@@ -379,9 +387,8 @@ impl<T: Send> RingIo<T> {
                 finished.extend(end_pieces(&mut s.pending, token, 1, failed));
             }
         })?;
-        let mut batch = Batch { stop, handed: 0 };
         if n == 0 {
-            return Ok(batch);
+            return Ok(Batch { stop, handed: 0 });
         }
         for (ud, write, fd, ptr, len, offset) in again.drain(..) {
             // SAFETY: as in `start`: the buffer is the request's until
@@ -406,8 +413,7 @@ impl<T: Send> RingIo<T> {
             s.finishing -= handed;
             self.notify_if_idle(&s);
         }
-        batch.handed = handed;
-        Ok(batch)
+        Ok(Batch { stop, handed })
     }
 }
 

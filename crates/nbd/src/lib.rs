@@ -338,7 +338,6 @@ pub struct ServerOptions {
     /// and the ring's next completion each time it would sleep with
     /// requests in the ring (never while the ring is empty, so an idle
     /// connection costs nothing). Zero: it sleeps at once. Default 32 µs.
-    /// Default 32 µs.
     pub poll: Duration,
     /// WRITEs of at most this many bytes without FUA are carried out by
     /// the connection's reader itself, between reading one request and
