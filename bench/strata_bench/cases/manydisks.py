@@ -51,7 +51,7 @@ def case_manydisks(work, q):
     two sides alternates."""
     size = smoke("16M", "32M" if q else "64M")
     rt = smoke(2, 5 if q else 10)
-    passes = 1 if q else 3
+    passes = 1 if q else 5
     runs = {"strata": {"randread": [], "randwrite": []},
             "qemu_nbd": {"randread": [], "randwrite": []}}
     mem = {"strata": [], "qemu_nbd": []}

@@ -33,6 +33,7 @@ mod fill;
 pub mod plan;
 pub mod ring;
 pub mod ring_io;
+pub mod sched;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;

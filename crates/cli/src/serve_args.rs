@@ -80,6 +80,14 @@ pub struct ServeArgs {
     /// CPU while the disk works, none while the connection is idle; 0 turns polling off
     #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub nbd_poll_us: u32,
+    /// The CPU-scheduler time slice each NBD connection's threads ask for, microseconds
+    /// (Linux 6.12 or later; older kernels keep their default). A short slice marks them as
+    /// latency-sensitive: run soon after a wake-up, preempted soon when they run long. With
+    /// many clients on few cores it shortens the latency tail (64 disks at QD 4 on two cores:
+    /// p99 about a third for reads, half for writes) for some throughput (about a tenth
+    /// there); with few clients it changes nothing measurable. 0: the kernel's default slice
+    #[arg(long, value_name = "US", default_value_t = 100, value_parser = parse_slice_us)]
+    pub nbd_sched_slice_us: u32,
     /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
     /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
     /// socket stays 0600 whatever this says)
@@ -244,6 +252,16 @@ fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
+/// 0, or a slice the kernel accepts as it is (100 µs to 100 ms).
+fn parse_slice_us(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(us) if us == 0 || (100..=100_000).contains(&us) => Ok(us),
+        _ => Err(format!(
+            "'{s}': expected 0 (the kernel's default) or 100 to 100000 microseconds"
+        )),
+    }
+}
+
 fn parse_auto_off(s: &str) -> Result<bool, String> {
     match s {
         "auto" => Ok(true),
@@ -294,6 +312,8 @@ impl From<&ServeArgs> for ServeConfig {
             vhost_queues: a.vhost_queues,
             vhost_poll: std::time::Duration::from_micros(a.vhost_poll_us.into()),
             nbd_poll: std::time::Duration::from_micros(a.nbd_poll_us.into()),
+            nbd_sched_slice: (a.nbd_sched_slice_us > 0)
+                .then(|| std::time::Duration::from_micros(a.nbd_sched_slice_us.into())),
             socket_mode: a.socket_mode,
             socket_owner: a.socket_owner.clone(),
             fuse: a.fuse.clone(),

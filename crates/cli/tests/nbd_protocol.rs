@@ -1106,3 +1106,65 @@ fn concurrent_connections_each_read_back_their_own_writes() {
     let check = s.json(&["check"]);
     assert_eq!(check["errors"].as_array().unwrap().len(), 0, "{check}");
 }
+
+/// The `se.slice` of every `nbd-conn` thread of process `pid`.
+fn connection_slices(pid: i32) -> Vec<u64> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "nbd-conn" {
+            continue;
+        }
+        let sched = std::fs::read_to_string(t.path().join("sched")).unwrap_or_default();
+        if let Some(l) = sched.lines().find(|l| l.starts_with("se.slice")) {
+            out.push(l.rsplit(':').next().unwrap().trim().parse().unwrap());
+        }
+    }
+    out
+}
+
+/// `--nbd-sched-slice-us`: a connection's thread runs with the slice asked
+/// for (where the kernel has per-thread slices: Linux 6.12+), 0 leaves the
+/// kernel's default, and a slice the kernel would clamp is refused.
+#[test]
+fn connection_threads_ask_for_the_scheduler_slice_given() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut v = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (6, 12) {
+        eprintln!("skipped: Linux {release} has no per-thread slices");
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let err = s.fails(&["serve", "--nbd-sched-slice-us", "50"]);
+    assert!(err.contains("100 to 100000"), "{err}");
+
+    // The kernel's default, as the main thread of any process has it.
+    let default = std::fs::read_to_string("/proc/self/sched").unwrap();
+    let default: u64 = default
+        .lines()
+        .find(|l| l.starts_with("se.slice"))
+        .map(|l| l.rsplit(':').next().unwrap().trim().parse().unwrap())
+        .expect("se.slice in /proc/self/sched");
+    for (arg, want) in [("250", 250_000), ("0", default)] {
+        let srv = s.serve_with(&["--nbd-sched-slice-us", arg]);
+        let mut c = common::nbd::Pipelined::open(&s.sock(), "d").unwrap();
+        // A request answered: the connection's thread is up and settled.
+        c.send(common::nbd::CMD_READ, 1, 0, 4096, &[]).unwrap();
+        c.reply(&mut [0u8; 4096]).unwrap();
+        let slices = connection_slices(srv.pid());
+        assert!(!slices.is_empty(), "no nbd-conn thread found");
+        assert!(
+            slices.iter().all(|&s| s == want),
+            "--nbd-sched-slice-us {arg}: {slices:?}"
+        );
+        drop(c);
+        srv.stop();
+    }
+}

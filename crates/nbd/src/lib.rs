@@ -349,6 +349,13 @@ pub struct ServerOptions {
     /// woken per request make the tail (PERFORMANCE.md, "Many disks").
     /// 0: every request goes to the workers. Default 0.
     pub inline_write_bytes: u32,
+    /// The CPU-scheduler slice each connection's threads ask for
+    /// (`strata_block::sched`; Linux 6.12+, ignored before): short
+    /// slices bring a preempted connection thread back sooner, which
+    /// shortens the tail when many clients share few cores and every
+    /// disk's writes meet in one pool file. `None`: the kernel's default.
+    /// Default `None`.
+    pub sched_slice: Option<Duration>,
     /// TLS credentials and whether TLS is required (`STARTTLS`); `None`
     /// refuses `STARTTLS`. Replaced while serving by
     /// [`NbdServer::set_tls`]; each connection uses what was set when it
@@ -373,6 +380,7 @@ impl Default for ServerOptions {
             native_aio: false,
             poll: Duration::from_micros(32),
             inline_write_bytes: 0,
+            sched_slice: None,
             tls: None,
         }
     }
@@ -790,6 +798,11 @@ fn spawn_connection<S: NbdStream>(shared: &Arc<Shared>, stream: S) {
     let spawned = thread::Builder::new()
         .name("nbd-conn".into())
         .spawn(move || {
+            // Before anything else: the workers and the reaping thread
+            // this one starts inherit it.
+            if let Some(slice) = s.opts.sched_slice {
+                strata_block::sched::ask_for_slice(slice);
+            }
             if let Err(e) = run_connection(&s, id, stream) {
                 tracing::debug!("NBD connection ended: {e}");
             }

@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub vhost_poll: std::time::Duration,
     /// How long an NBD connection polls at most (zero: never).
     pub nbd_poll: std::time::Duration,
+    /// The scheduler slice NBD connection threads ask for (None: the
+    /// kernel's default).
+    pub nbd_sched_slice: Option<std::time::Duration>,
     /// Mode of the NBD and vhost-user sockets.
     pub socket_mode: Option<u32>,
     /// Owner of the NBD and vhost-user sockets: `USER[:GROUP]`.
@@ -146,6 +149,7 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         // connection is one thread (PERFORMANCE.md, "NBD's two modes").
         one_thread: args.direct_io,
         poll: args.nbd_poll,
+        sched_slice: args.nbd_sched_slice,
         // Under writeback a small write is a copy into the page cache:
         // cheaper on the reader than handed to a worker.
         inline_write_bytes: if args.direct_io {
