@@ -51,14 +51,7 @@ impl Ring {
     /// queues and lost once they submit each request as it is planned
     /// (PERFORMANCE.md).
     pub fn new(entries: u32) -> io::Result<Ring> {
-        Ok(Ring {
-            kind: Kind::Uring(Uring {
-                ring: IoUring::new(entries)?,
-                sq: Mutex::new(0),
-                cq: Mutex::new(()),
-                deferred: false,
-            }),
-        })
+        Ok(Self::uring(IoUring::new(entries)?, false))
     }
 
     /// A ring that one thread both submits to and reaps, and the one
@@ -75,14 +68,20 @@ impl Ring {
             Ok(r) => (r, true),
             Err(_) => (IoUring::new(entries)?, false),
         };
-        Ok(Ring {
+        Ok(Self::uring(ring, deferred))
+    }
+
+    /// A `Ring` over the io_uring `ring` (`deferred`: set up with
+    /// `DEFER_TASKRUN`).
+    fn uring(ring: IoUring, deferred: bool) -> Ring {
+        Ring {
             kind: Kind::Uring(Uring {
                 ring,
                 sq: Mutex::new(0),
                 cq: Mutex::new(()),
                 deferred,
             }),
-        })
+        }
     }
 
     /// A Linux native AIO context for `depth` operations in flight (QEMU's

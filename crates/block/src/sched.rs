@@ -107,6 +107,16 @@ pub fn slice_of(sched: &str) -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
+/// Whether the running kernel honours per-thread slices (Linux 6.12 or
+/// later).
+pub fn kernel_has_thread_slices() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (6, 12)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,7 +135,7 @@ mod tests {
         .unwrap();
         match (before, got) {
             // A kernel with EEVDF slices (6.12+) honours and passes it on.
-            (Some(_), Some((mine, child))) if supports_custom_slices() => {
+            (Some(_), Some((mine, child))) if kernel_has_thread_slices() => {
                 assert_eq!(mine, Some(Duration::from_micros(250)));
                 assert_eq!(child, Some(Duration::from_micros(250)));
             }
@@ -143,7 +153,7 @@ mod tests {
         })
         .join()
         .unwrap();
-        if supports_custom_slices() {
+        if kernel_has_thread_slices() {
             assert_eq!(got, Some(MIN_SLICE));
         }
     }
@@ -153,14 +163,5 @@ mod tests {
         let text = "se.exec_start    :   12.5\nse.slice                                     :              1400000\n";
         assert_eq!(slice_of(text), Some(Duration::from_micros(1400)));
         assert_eq!(slice_of("nothing here"), None);
-    }
-
-    /// Linux 6.12 or later.
-    fn supports_custom_slices() -> bool {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let mut parts = release.trim().split(['.', '-']);
-        let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        (major, minor) >= (6, 12)
     }
 }

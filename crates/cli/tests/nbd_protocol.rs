@@ -11,6 +11,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use strata_block::sched::{kernel_has_thread_slices, slice_of};
+
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -1108,7 +1110,7 @@ fn concurrent_connections_each_read_back_their_own_writes() {
 }
 
 /// The `se.slice` of every `nbd-conn` thread of process `pid`.
-fn connection_slices(pid: i32) -> Vec<u64> {
+fn connection_slices(pid: i32) -> Vec<Duration> {
     let mut out = Vec::new();
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -1119,9 +1121,7 @@ fn connection_slices(pid: i32) -> Vec<u64> {
             continue;
         }
         let sched = std::fs::read_to_string(t.path().join("sched")).unwrap_or_default();
-        if let Some(l) = sched.lines().find(|l| l.starts_with("se.slice")) {
-            out.push(l.rsplit(':').next().unwrap().trim().parse().unwrap());
-        }
+        out.extend(slice_of(&sched));
     }
     out
 }
@@ -1131,13 +1131,8 @@ fn connection_slices(pid: i32) -> Vec<u64> {
 /// kernel's default, and a slice the kernel would clamp is refused.
 #[test]
 fn connection_threads_ask_for_the_scheduler_slice_given() {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut v = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (6, 12) {
-        eprintln!("skipped: Linux {release} has no per-thread slices");
+    if !kernel_has_thread_slices() {
+        eprintln!("skipped: this kernel has no per-thread slices");
         return;
     }
     let s = Store::new();
@@ -1146,13 +1141,9 @@ fn connection_threads_ask_for_the_scheduler_slice_given() {
     assert!(err.contains("100 to 100000"), "{err}");
 
     // The kernel's default, as the main thread of any process has it.
-    let default = std::fs::read_to_string("/proc/self/sched").unwrap();
-    let default: u64 = default
-        .lines()
-        .find(|l| l.starts_with("se.slice"))
-        .map(|l| l.rsplit(':').next().unwrap().trim().parse().unwrap())
+    let default = slice_of(&std::fs::read_to_string("/proc/self/sched").unwrap())
         .expect("se.slice in /proc/self/sched");
-    for (arg, want) in [("250", 250_000), ("0", default)] {
+    for (arg, want) in [("250", Duration::from_micros(250)), ("0", default)] {
         let srv = s.serve_with(&["--nbd-sched-slice-us", arg]);
         let mut c = common::nbd::Pipelined::open(&s.sock(), "d").unwrap();
         // A request answered: the connection's thread is up and settled.
