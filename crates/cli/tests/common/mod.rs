@@ -227,7 +227,19 @@ impl Server {
         let mut c = self.child.take().unwrap();
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let st = c.wait().unwrap();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > STOP_LIMIT {
+                let stacks = server_stacks();
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("the server still ran {STOP_LIMIT:?} after SIGTERM; its stacks:\n{stacks}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         assert!(st.success(), "server exit status {st}");
     }
     /// Wait up to `limit` for the server to end by itself (a crash point
@@ -263,9 +275,106 @@ impl Drop for Server {
     }
 }
 
+/// How long a server may take to stop after SIGTERM (its flush included).
+pub const STOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// How long a client command of a test may run before it counts as hung.
+pub const RUN_LIMIT: Duration = Duration::from_secs(600);
+
+/// Run `cmd` to its end and take its output (at most [`RUN_LIMIT`]).
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let o = Command::new(cmd).args(args).output().unwrap();
-    o
+    run_within(cmd, args, RUN_LIMIT)
+}
+
+/// Run `cmd` to its end and take its output; one still running after
+/// `limit` (a server that never answers it) fails the test with the
+/// stacks of this test's servers, instead of hanging the whole suite.
+pub fn run_within(cmd: &str, args: &[&str], limit: Duration) -> Output {
+    let child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let stacks = server_stacks();
+            // SAFETY: kill(2) of our own child, which has not been reaped
+            // (its waiting thread is still waiting).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let o = rx.recv().unwrap().unwrap();
+            panic!(
+                "{cmd} {args:?} still ran after {limit:?}; it printed: {}{}\n\
+                 the stacks of this test's servers then:\n{stacks}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}
+
+/// The thread stacks of every `strata` process this test started (gdb's,
+/// or where each thread sleeps in the kernel when gdb is not there).
+pub fn server_stacks() -> String {
+    let me = std::process::id().to_string();
+    let mut out = String::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, not ')'.
+        let Some((comm, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+        else {
+            continue;
+        };
+        if comm != "strata" || rest.split(' ').nth(1) != Some(me.as_str()) {
+            continue;
+        }
+        let cmdline = std::fs::read_to_string(e.path().join("cmdline"))
+            .unwrap_or_default()
+            .replace('\0', " ");
+        out.push_str(&format!("=== pid {pid}: {cmdline}\n"));
+        let gdb = Command::new("timeout")
+            .args([
+                "120",
+                "gdb",
+                "-p",
+                &pid,
+                "-batch",
+                "-ex",
+                "thread apply all bt",
+            ])
+            .output();
+        match gdb {
+            Ok(o) if o.status.success() => out.push_str(&String::from_utf8_lossy(&o.stdout)),
+            _ => {
+                for t in std::fs::read_dir(e.path().join("task"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let read =
+                        |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+                    out.push_str(&format!(
+                        "thread {} {}: waits in {}\n{}",
+                        t.file_name().to_string_lossy(),
+                        read("comm").trim(),
+                        read("wchan"),
+                        read("stack")
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `qemu-img compare` of two raw images (paths or NBD URIs); the caller
