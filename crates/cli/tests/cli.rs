@@ -210,6 +210,23 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
     });
 }
 
+/// A server whose datastore directory is deleted under it still stops on
+/// SIGTERM, saying what it could not save. Its control thread once waited
+/// in accept(2) for ever: it was woken by a connection to the socket's
+/// path, and the path was gone.
+#[test]
+fn a_server_whose_directory_was_deleted_stops_on_sigterm() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    let srv = s.serve();
+    std::fs::remove_dir_all(s.path()).unwrap();
+    // SAFETY: plain kill(2) of the test's own child.
+    unsafe { libc::kill(srv.pid(), libc::SIGTERM) };
+    let st = srv.wait_exit(std::time::Duration::from_secs(60));
+    let st = st.expect("the server did not stop within 60 s of SIGTERM");
+    assert_eq!(st.code(), Some(1), "{st}");
+}
+
 #[test]
 fn check_reports_damage_and_corrupt_metadata_gets_a_clear_error() {
     use std::os::unix::fs::FileExt;

@@ -3,6 +3,7 @@
 //! holds open, so snapshots and clones work while disks are served.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,10 +67,11 @@ pub(crate) fn accept(
     name: &str,
     stop: Arc<AtomicBool>,
     on_conn: impl Fn(UnixStream) + Send + Sync + 'static,
-) -> thread::JoinHandle<()> {
+) -> Acceptor {
     let on_conn = Arc::new(on_conn);
     let conn_name = format!("{name}-conn");
-    thread::Builder::new()
+    let waker = listener.try_clone().ok();
+    let thread = thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             for conn in listener.incoming() {
@@ -83,7 +85,34 @@ pub(crate) fn accept(
                     .spawn(move || f(conn));
             }
         })
-        .expect("spawn control thread")
+        .expect("spawn control thread");
+    Acceptor { thread, waker }
+}
+
+/// A control socket's accepting thread.
+pub struct Acceptor {
+    thread: thread::JoinHandle<()>,
+    /// The listening socket, to wake the thread with.
+    waker: Option<UnixListener>,
+}
+
+impl Acceptor {
+    /// With the loop's `stop` set: wake it and wait for it to end. The
+    /// listening socket is shut down rather than connected to, so that a
+    /// socket file deleted under the server (its datastore directory
+    /// removed) does not leave the thread waiting in accept(2) and the
+    /// server unable to stop.
+    pub fn stop(self) {
+        match &self.waker {
+            // SAFETY: shutdown(2) on a descriptor the listener owns; on
+            // Linux it ends a blocked accept(2) with EINVAL.
+            Some(l) => unsafe {
+                libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR);
+            },
+            None => return,
+        }
+        let _ = self.thread.join();
+    }
 }
 
 /// What a server with a datastore runs requests against: its datastore,
@@ -159,7 +188,7 @@ pub fn spawn_server(
     listener: UnixListener,
     handler: Arc<Handler>,
     stop: Arc<AtomicBool>,
-) -> thread::JoinHandle<()> {
+) -> Acceptor {
     accept(listener, "control", stop, move |conn| {
         let start = |req: Request| handler.start_job(req);
         handle(conn, Some(&start), &mut |req, progress| {
@@ -176,7 +205,7 @@ pub fn spawn_vmdk_server(
     status: VmdkServerStatus,
     export: VmdkExport,
     stop: Arc<AtomicBool>,
-) -> thread::JoinHandle<()> {
+) -> Acceptor {
     accept(listener, "control-vmdk", stop, move |conn| {
         let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
         handle(conn, None, &mut |req, progress| {

@@ -888,9 +888,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     if let Some(f) = fuse {
         f.shutdown();
     }
-    // Wake the control thread so it sees the stop flag.
-    let _ = std::os::unix::net::UnixStream::connect(&ctl_path);
-    let _ = ctl_thread.join();
+    ctl_thread.stop();
     background.stop();
     let _ = std::fs::remove_file(&ctl_path);
     flush_vmdks(&vmdk_list);
@@ -1608,12 +1606,8 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     if let Some(f) = fuse {
         f.shutdown();
     }
-    for s in sockets.iter().flatten() {
-        // Wake the control thread so it sees the stop flag.
-        let _ = std::os::unix::net::UnixStream::connect(s);
-    }
     for t in ctl_threads {
-        let _ = t.join();
+        t.stop();
     }
     for s in sockets.iter().flatten() {
         let _ = std::fs::remove_file(s);
