@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use parking_lot::Mutex;
@@ -102,21 +102,20 @@ impl Aio {
         let mut ctx: libc::c_ulong = 0;
         // SAFETY: io_setup writes the context id into `ctx`.
         syscall_result(unsafe { libc::syscall(libc::SYS_io_setup, depth, &mut ctx) })?;
-        // SAFETY: a new eventfd; its descriptor is ours.
-        let fd = unsafe { libc::eventfd(1, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: the context was set up above and holds nothing.
-            unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
-            return Err(e);
-        }
+        let ready = match crate::ring::new_eventfd(1) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // SAFETY: the context was set up above and holds nothing.
+                unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+                return Err(e);
+            }
+        };
         Ok(Aio {
             ctx,
             queued: Mutex::new(Vec::new()),
             early: Mutex::new(VecDeque::new()),
             resfd: AtomicI32::new(-1),
-            // SAFETY: `fd` was just made and is owned by nothing else.
-            ready: unsafe { OwnedFd::from_raw_fd(fd) },
+            ready,
             depth: depth as usize,
         })
     }

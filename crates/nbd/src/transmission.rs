@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::Shutdown;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -156,7 +156,7 @@ fn serve_inner<S: NbdStream>(
     // signals at each completion.
     let ready = match (&conn.ring, self_reaps) {
         (Some(r), true) => {
-            let fd = new_eventfd()?;
+            let fd = strata_block::ring::new_eventfd(0)?;
             r.register_eventfd(fd.as_raw_fd())?;
             Some(fd)
         }
@@ -250,17 +250,6 @@ struct Wait {
     ready: Option<OwnedFd>,
     /// `ServerOptions::poll`.
     window: Duration,
-}
-
-/// A new non-blocking eventfd.
-fn new_eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: no pointer is passed; a descriptor returned is new and ours.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: just made, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A connection's ring, when asked for and available; with `one_thread`,
