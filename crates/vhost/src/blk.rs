@@ -87,6 +87,10 @@ impl Default for PollWindow {
     }
 }
 
+/// Writes of at least this many bytes are started with the rest of
+/// their batch, not one by one (`ring_request`).
+const DEFER_WRITE_BYTES: usize = 64 << 10;
+
 /// `PollWindow::paid` of a queue whose every poll found something.
 const POLL_PAID_FULL: u32 = 256;
 /// A queue polls while at least this share (of 256) of its polls paid.
@@ -451,6 +455,7 @@ impl BlkDevice {
                     // write's stripes) must be released first, or this
                     // could wait for them, and they for it.
                     if let Some(r) = ring {
+                        r.io.submit()?;
                         r.io.reap_until_idle(finish_ring_req, || {})?;
                     }
                     request::execute(
@@ -482,9 +487,11 @@ impl BlkDevice {
                 .map_err(|e| io::Error::other(format!("add_used: {e:?}")))?;
             used = true;
         }
-        // Requests of the ring already done go back with this batch's
-        // signal (each was started as it was planned: `ring_request`).
+        // Large writes queued by `ring_request` start now, together;
+        // requests of the ring already done go back with this batch's
+        // signal.
         if let Some(r) = ring {
+            r.io.submit()?;
             used |= r.io.reap_ready(finish_ring_req, || {})? > 0;
         }
         Ok((used, took))
@@ -530,6 +537,7 @@ impl BlkDevice {
         let mut planned = plan_io(dev, write, buf, off, false);
         let mut returned = false;
         if let Some(Ok(Planned::Busy)) = planned {
+            ring.io.submit()?;
             returned = ring.io.reap_until_idle(finish_ring_req, || {})? > 0;
             planned = plan_io(dev, write, buf, off, true);
         }
@@ -549,10 +557,15 @@ impl BlkDevice {
                 }
                 // Started at once, not with the rest of the kick's batch: a
                 // frontend kicks about once per request, the device works
-                // the first while the next is planned (PERFORMANCE.md). So
-                // nothing queued waits unsubmitted when this worker reaps
-                // (a wait for the ring to empty needs no submit first).
-                ring.io.submit()?;
+                // the first while the next is planned (PERFORMANCE.md).
+                // Large writes wait for the end of the batch instead
+                // (`process_counting` submits them, and before any wait
+                // for the ring): sequential ones started with one call are
+                // merged into larger device requests by the block layer's
+                // plug, which is what a 512 KiB stream's speed follows.
+                if !(write && len >= DEFER_WRITE_BYTES) {
+                    ring.io.submit()?;
+                }
                 Ok(Some(returned))
             }
             Some(Err(e)) => {
@@ -661,6 +674,8 @@ impl BlkDevice {
         // The queue workers are gone: what is left in the rings is
         // reaped here (and not signalled: the frontend went away).
         for r in self.rings.iter().flatten() {
+            // A batch cut short by an error may have left writes queued.
+            let _ = r.io.submit();
             if let Err(e) = r.io.reap_until_idle(finish_ring_req, || {}) {
                 tracing::error!("vhost-user-blk: a queue's io_uring failed: {e}");
             }
