@@ -102,7 +102,7 @@ impl Aio {
         let mut ctx: libc::c_ulong = 0;
         // SAFETY: io_setup writes the context id into `ctx`.
         syscall_result(unsafe { libc::syscall(libc::SYS_io_setup, depth, &mut ctx) })?;
-        let ready = match crate::ring::new_eventfd(1) {
+        let ready = match crate::eventfd::new_eventfd(1) {
             Ok(fd) => fd,
             Err(e) => {
                 // SAFETY: the context was set up above and holds nothing.

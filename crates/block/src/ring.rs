@@ -3,7 +3,7 @@
 //! ARCHITECTURE.md, "Direct I/O through io_uring".
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 
 use io_uring::{opcode, types, EnterFlags, IoUring};
 use parking_lot::Mutex;
@@ -292,19 +292,6 @@ impl Uring {
     fn register_eventfd(&self, fd: RawFd) -> io::Result<()> {
         self.ring.submitter().register_eventfd(fd)
     }
-}
-
-/// A new non-blocking, close-on-exec eventfd holding `initial`: what a
-/// ring signals its completions to (its reaper waits for it in poll(2)
-/// or epoll).
-pub fn new_eventfd(initial: u32) -> io::Result<OwnedFd> {
-    // SAFETY: no pointer is passed; a descriptor returned is new and ours.
-    let fd = unsafe { libc::eventfd(initial, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: just made, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ fn serve_inner<S: NbdStream>(
     // signals at each completion.
     let ready = match (&conn.ring, self_reaps) {
         (Some(r), true) => {
-            let fd = strata_block::ring::new_eventfd(0)?;
+            let fd = strata_block::eventfd::new_eventfd(0)?;
             r.register_eventfd(fd.as_raw_fd())?;
             Some(fd)
         }
