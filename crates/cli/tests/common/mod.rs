@@ -227,18 +227,11 @@ impl Server {
         let mut c = self.child.take().unwrap();
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        let st = loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                break st;
-            }
-            if t.elapsed() > STOP_LIMIT {
-                let stacks = server_stacks();
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("the server still ran {STOP_LIMIT:?} after SIGTERM; its stacks:\n{stacks}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(st) = exit_within(&mut c, STOP_LIMIT) else {
+            let stacks = server_stacks();
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("the server still ran {STOP_LIMIT:?} after SIGTERM; its stacks:\n{stacks}");
         };
         assert!(st.success(), "server exit status {st}");
     }
@@ -247,16 +240,12 @@ impl Server {
     /// is killed).
     pub fn wait_exit(mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take().unwrap();
-        let t = std::time::Instant::now();
-        while t.elapsed() < limit {
-            if let Ok(Some(st)) = c.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let st = exit_within(&mut c, limit);
+        if st.is_none() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
-        let _ = c.kill();
-        let _ = c.wait();
-        None
+        st
     }
     /// kill -9.
     pub fn kill9(mut self) {
@@ -273,6 +262,18 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// `c`'s exit status once it ends, if that is within `limit`.
+fn exit_within(c: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 /// How long a server may take to stop after SIGTERM (its flush included).
