@@ -6,7 +6,7 @@ NBD_SOCK   ?= $(RUN_DIR)/nbd.sock
 NBD_TCP    ?= 127.0.0.1:10809
 STRATA     := target/release/strata
 
-.PHONY: all build run test deps lint bench fuzz fuzz-cpu fuzz-tools clean
+.PHONY: all build run test deps lint bench deb fuzz fuzz-cpu fuzz-tools clean
 
 all: build
 
@@ -31,6 +31,11 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
 	$(CARGO) deny --offline check licenses bans sources
+
+## The Debian package: target/debian/strata_VERSION_ARCH.deb (the binary,
+## the strata@.service template, man pages, completions, docs).
+deb:
+	@scripts/make-deb.sh
 
 ## Benchmarks against qemu-nbd (raw, qcow2 chains) with fio; prints ratios.
 bench: deps build

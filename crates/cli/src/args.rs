@@ -17,7 +17,7 @@ use strata_server::vmdk_ops::absolute;
 #[derive(Parser)]
 #[command(
     name = "strata",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("STRATA_COMMIT"), ")"),
     about = "strata: thin/thick virtual disks with O(1) snapshots and clones, served over NBD",
     long_about = "strata stores virtual disks in a datastore (a directory) and serves them over NBD.\n\
 Every disk and snapshot has its own map, so I/O costs the same at any snapshot depth;\n\
@@ -450,6 +450,22 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
     },
     /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
     Serve(Box<ServeArgs>),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell)
+    #[command(
+        long_about = "Print the completion script of a shell on stdout, e.g.\n\
+  strata completions bash > ~/.local/share/bash-completion/completions/strata\n\
+The Debian package installs the bash, zsh and fish scripts."
+    )]
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (strata.1, and strata-COMMAND.1 for each command) into DIR
+    #[command(hide = true)]
+    Manpages {
+        /// Where to write them (created if missing)
+        dir: PathBuf,
+    },
     /// Import a VMDK chain (snapshots = its links), a raw image or a qcow2 image as a new disk
     Import {
         /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2
@@ -672,6 +688,10 @@ pub enum Action<'a> {
     },
     /// `serve`
     Serve(&'a ServeArgs),
+    /// `completions SHELL`
+    Completions(clap_complete::Shell),
+    /// `manpages DIR`
+    Manpages(&'a std::path::Path),
     /// A datastore request, run here or by the server holding the datastore.
     Datastore {
         request: Request,
@@ -734,6 +754,8 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 format: json.into(),
             },
             Cmd::Serve(args) => Action::Serve(args),
+            Cmd::Completions { shell } => Action::Completions(*shell),
+            Cmd::Manpages { dir } => Action::Manpages(dir),
             Cmd::Claim {
                 name,
                 handover,

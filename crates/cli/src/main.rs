@@ -11,7 +11,7 @@ mod serve_args;
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use strata_engine::{Datastore, Error, ErrorKind, InitOptions};
 use strata_storage::FileBackend;
 
@@ -56,6 +56,20 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(args)),
+        Action::Completions(shell) => {
+            // Into memory first: clap_complete panics on a failed write.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "strata", &mut script);
+            use std::io::Write;
+            match std::io::stdout().write_all(&script) {
+                // Its reader went away (`| head`): nothing more to say.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(Error::new(ErrorKind::Io, format!("stdout: {e}")))
+                }
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Action::Manpages(out) => manpages(out),
         Action::Vmdk { request, format } => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),
@@ -297,4 +311,39 @@ fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
         req.shows_progress(),
         "{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     )
+}
+
+/// `strata manpages DIR`: strata.1, and strata-COMMAND.1 (strata-alarm-set.1
+/// for a command's command) for every command clap knows, hidden ones
+/// left out. The package (scripts/make-deb.sh) installs them.
+fn manpages(out: &Path) -> Result<ExitCode, Error> {
+    let io = |e: std::io::Error, what: &Path| {
+        Error::new(ErrorKind::Io, format!("{}: {e}", what.display()))
+    };
+    std::fs::create_dir_all(out).map_err(|e| io(e, out))?;
+    let mut cmd = Cli::command();
+    // Sets each command's display name (strata-serve) and usage line.
+    cmd.build();
+    let mut stack = vec![cmd];
+    let mut written = 0;
+    while let Some(c) = stack.pop() {
+        let name = c
+            .get_display_name()
+            .unwrap_or_else(|| c.get_name())
+            .to_string();
+        let path = out.join(format!("{name}.1"));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(c.clone())
+            .render(&mut page)
+            .map_err(|e| io(e, &path))?;
+        std::fs::write(&path, page).map_err(|e| io(e, &path))?;
+        written += 1;
+        stack.extend(
+            c.get_subcommands()
+                .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+                .cloned(),
+        );
+    }
+    println!("{written} man pages in {}", out.display());
+    Ok(ExitCode::SUCCESS)
 }

@@ -239,6 +239,9 @@ fn fio(jobs: &[(String, String)], extra: &[&str]) -> std::process::Output {
         "--size=4M",
         "--verify=crc32c",
         "--verify_fatal=1",
+        // No verify state files left in the working directory (the
+        // crate's source tree).
+        "--verify_state_save=0",
         "--randseed=2718",
         "--group_reporting",
     ]

@@ -1474,6 +1474,14 @@ fn https_config(dir: &std::path::Path) -> Result<Arc<rustls::ServerConfig>, Erro
         .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("--tls-creds: {e}")))
 }
 
+/// Tell systemd (the NOTIFY_SOCKET of a Type=notify service) `states`;
+/// a failure is logged, never fatal: the server works the same without.
+fn notify_systemd(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::warn!("cannot notify systemd (NOTIFY_SOCKET): {e}");
+    }
+}
+
 /// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
 pub(crate) fn wait_and_shut_down(
     stop: &AtomicBool,
@@ -1481,6 +1489,10 @@ pub(crate) fn wait_and_shut_down(
     http: HttpThread,
     args: &ServeConfig,
 ) {
+    // Every listener is up: a systemd unit of Type=notify (the package's
+    // strata@.service) counts the server started from here. Without
+    // NOTIFY_SOCKET this does nothing.
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
     // SIGHUP reloads the TLS credentials (renewed certificates) for the
     // connections that come next.
     let reload = Arc::new(AtomicBool::new(false));
@@ -1511,6 +1523,7 @@ pub(crate) fn wait_and_shut_down(
         }
     }
     eprintln!("strata: shutting down");
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
     server.shutdown();
     if let Some(h) = http {
         h.stop();
