@@ -227,3 +227,98 @@ fn make_deb_builds_a_package_dpkg_installs() {
         "purge left the binary"
     );
 }
+
+/// What the journal would hold, on stderr where no systemd runs: a
+/// server's start, each alarm change at the level its new state calls for
+/// (alarm an error, warning a warning, back to ok info), and its clean
+/// stop, each one line with its fields. (Under systemd, JOURNAL_STREAM
+/// names stderr and the same events go to the journal with priorities
+/// 3, 4 and 5 and STRATA_* fields: checked by hand with journald, see
+/// docs/OPERATIONS.md.)
+#[test]
+fn a_server_logs_its_start_alarm_changes_and_stop_with_their_fields() {
+    let s = Store::empty();
+    s.ok(&["init", "--capacity", "1G"]);
+    // 1000 % provisioned: over the default overcommit alarm (200 %).
+    s.ok(&["create", "d", "--size", "10G"]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args(["serve", "--nbd-unix"])
+        .arg(s.sock())
+        .env_remove("STRATA_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for(&s.sock());
+    let read = || std::fs::read_to_string(&log).unwrap();
+    let line_with = |text: &str| {
+        read()
+            .lines()
+            .find(|l| l.contains(text))
+            .map(str::to_string)
+    };
+    let seen = |what: &str, text: &str| {
+        eventually(what, Duration::from_secs(30), || line_with(text).is_some());
+        line_with(text).unwrap()
+    };
+    let start = seen("the start", "event=\"start\"");
+    assert!(
+        start.contains(" INFO ") && start.contains("kind=\"local\""),
+        "{start}"
+    );
+    assert!(
+        start.contains(&format!("datastore={}", s.path().display())),
+        "{start}"
+    );
+    let alarm = seen("the alarm", "state=\"alarm\"");
+    assert!(
+        alarm.contains("ERROR") && alarm.contains("event=\"alarm\""),
+        "{alarm}"
+    );
+    assert!(
+        alarm.contains("kind=\"overcommit\"")
+            && alarm.contains("previous=\"ok\"")
+            && alarm.contains("percent=1000"),
+        "{alarm}"
+    );
+    s.ok(&[
+        "alarm",
+        "set",
+        "overcommit",
+        "--warning",
+        "500",
+        "--alarm",
+        "2000",
+    ]);
+    let warning = seen("the warning", "state=\"warning\"");
+    assert!(
+        warning.contains(" WARN ") && warning.contains("previous=\"alarm\""),
+        "{warning}"
+    );
+    s.ok(&[
+        "alarm",
+        "set",
+        "overcommit",
+        "--warning",
+        "1500",
+        "--alarm",
+        "2000",
+    ]);
+    let ok = seen("the way back", "state=\"ok\"");
+    assert!(
+        ok.contains(" INFO ") && ok.contains("previous=\"warning\""),
+        "{ok}"
+    );
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let stop = line_with("event=\"stop\"").unwrap_or_else(|| panic!("no stop line:\n{}", read()));
+    assert!(stop.contains("datastore flushed and closed"), "{stop}");
+    // One line per event, no colour codes in a file.
+    assert!(!read().contains('\u{1b}'), "escape codes in the log file");
+}

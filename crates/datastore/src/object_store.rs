@@ -590,7 +590,7 @@ impl Datastore for ObjectStoreDatastore {
         let disks = match self.ds.disks() {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("strata: listing the store's disks failed: {e}");
+                tracing::warn!("listing the store's disks failed: {e}");
                 return Vec::new();
             }
         };
@@ -618,7 +618,7 @@ impl Datastore for ObjectStoreDatastore {
             // The next host to serve these disks starts from what was read
             // here (FORMAT.md §11.5b).
             if let Err(e) = d.record_hot_set() {
-                eprintln!("strata: recording the hot set of '{name}': {e}");
+                tracing::warn!("recording the hot set of '{name}': {e}");
             }
             // A clean stop lets go of the disks this process writes, so
             // another host's first write takes them without a 'strata

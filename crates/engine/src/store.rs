@@ -296,7 +296,7 @@ impl Store {
         {
             let mut why = self.fail.why.lock();
             if why.is_none() {
-                tracing::error!("fail-stop: {e}");
+                tracing::error!(event = "fail_stop", "fail-stop: {e}");
                 *why = Some(FailStop {
                     cause: e.message.clone(),
                     since_unix: now_unix(),

@@ -871,8 +871,8 @@ impl FuseServer {
             } else {
                 // SAFETY: as above.
                 let lazy = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0;
-                eprintln!(
-                    "strata: FUSE mount {} is busy ({e}); {}",
+                tracing::warn!(
+                    "FUSE mount {} is busy ({e}); {}",
                     self.mountpoint.display(),
                     if lazy {
                         "detached it lazily (open files get errors)"
@@ -895,8 +895,8 @@ impl FuseServer {
                 let _ = tx.send(session.join());
             });
         if joiner.is_ok() && rx.recv_timeout(Duration::from_secs(5)).is_err() {
-            eprintln!(
-                "strata: FUSE threads of {} did not stop in 5 s; leaving them \
+            tracing::warn!(
+                "FUSE threads of {} did not stop in 5 s; leaving them \
                  (they hold no disk)",
                 self.mountpoint.display()
             );
@@ -930,7 +930,9 @@ fn abort_connection(c: u64) {
         };
     }
     if std::fs::write(&abort, "1").is_err() {
-        eprintln!("strata: could not abort FUSE connection {c} ({abort}); it ends when its files are closed");
+        tracing::warn!(
+            "could not abort FUSE connection {c} ({abort}); it ends when its files are closed"
+        );
     }
 }
 

@@ -262,7 +262,13 @@ impl Refusals {
             1 => String::new(),
             n => format!(" ({} more of this kind since the last line)", n - 1),
         };
-        tracing::warn!("NBD: refused ({}): {what}{more}", cause.name());
+        tracing::warn!(
+            event = "refused",
+            cause = cause.name(),
+            since_last = *since,
+            "NBD: refused ({}): {what}{more}",
+            cause.name()
+        );
         *at = Some(std::time::Instant::now());
         *since = 0;
     }

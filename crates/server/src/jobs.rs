@@ -155,9 +155,12 @@ impl Jobs {
             }
         }
         if let Some(e) = refused {
-            tracing::warn!("job {id} ({}) refused: {}", job.what, e.message);
+            tracing::warn!(event = "job", job = id, what = %job.what, state = "refused",
+                "job {id} ({}) refused: {}", job.what, e.message);
             return job;
         }
+        tracing::info!(event = "job", job = id, what = %job.what, state = "started",
+            "job {id} ({}) started", job.what);
         let j = job.clone();
         let jobs = self.clone();
         std::thread::Builder::new()
@@ -184,9 +187,11 @@ impl Jobs {
                 };
                 let r = execute(&ctx, &req, &mut progress);
                 if let Err(e) = &r {
-                    tracing::warn!("job {id} ({}) ended with an error: {}", j.what, e.message);
+                    tracing::warn!(event = "job", job = id, what = %j.what, state = "failed",
+                        "job {id} ({}) ended with an error: {}", j.what, e.message);
                 } else {
-                    tracing::info!("job {id} ({}) done", j.what);
+                    tracing::info!(event = "job", job = id, what = %j.what, state = "done",
+                        "job {id} ({}) done", j.what);
                 }
                 {
                     let mut st = j.state.lock();

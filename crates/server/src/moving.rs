@@ -210,8 +210,8 @@ fn run_locked(
     let undo = |e: Error| -> Error {
         if dst.exists(name) {
             if let Err(u) = dst.remove(name) {
-                eprintln!(
-                    "strata: removing the partial copy of {name} in {} failed (retried at the \
+                tracing::warn!(
+                    "removing the partial copy of {name} in {} failed (retried at the \
                      next start): {}",
                     to.dir.display(),
                     u.message
@@ -261,8 +261,8 @@ fn run_locked(
     crash_point("cleanup");
     // The target is the disk now; the source goes.
     if let Err(e) = src.remove(name) {
-        eprintln!(
-            "strata: the move of {name} is done but removing the source in {} failed (retried \
+        tracing::warn!(
+            "the move of {name} is done but removing the source in {} failed (retried \
              at the next start): {}",
             from.dir.display(),
             e.message

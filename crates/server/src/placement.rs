@@ -148,8 +148,8 @@ impl Places {
         let placed: Vec<(String, Location)> = p.file.lock().disks.clone().into_iter().collect();
         for (name, loc) in placed {
             if let Err(e) = p.store(&loc) {
-                eprintln!(
-                    "strata: disk {name} lives in {}, which could not be opened: {}",
+                tracing::warn!(
+                    "disk {name} lives in {}, which could not be opened: {}",
                     loc.dir.display(),
                     e.message
                 );
@@ -176,8 +176,8 @@ impl Places {
             });
             match r {
                 Ok(()) => {
-                    eprintln!(
-                        "strata: the move of disk {name} to {} was cut; {verb} in {}",
+                    tracing::warn!(
+                        "the move of disk {name} to {} was cut; {verb} in {}",
                         m.to.dir.display(),
                         gone.dir.display()
                     );
@@ -185,8 +185,8 @@ impl Places {
                         f.moves.remove(&name);
                     })?;
                 }
-                Err(e) => eprintln!(
-                    "strata: the move of disk {name} was cut and its clean-up in {} failed \
+                Err(e) => tracing::warn!(
+                    "the move of disk {name} was cut and its clean-up in {} failed \
                      (retried at the next start): {}",
                     gone.dir.display(),
                     e.message
@@ -527,8 +527,8 @@ impl Places {
 /// Close a datastore this server opened, saying on stderr what failed.
 fn close(s: &dyn AnyDatastore) {
     if let Err(e) = s.close() {
-        eprintln!(
-            "strata: closing {} {} failed: {}",
+        tracing::warn!(
+            "closing {} {} failed: {}",
             s.kind().noun(),
             s.dir().display(),
             e.message

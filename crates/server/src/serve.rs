@@ -401,8 +401,8 @@ fn listen_fuse(
     let what = format!("--fuse {}", dir.display());
     match strata_fuse::prepare_mountpoint(dir) {
         Ok(strata_fuse::Prepared::Ready) => {}
-        Ok(strata_fuse::Prepared::StaleUnmounted) => eprintln!(
-            "strata: {} was a stale FUSE mount (its server had died); unmounted it lazily",
+        Ok(strata_fuse::Prepared::StaleUnmounted) => tracing::warn!(
+            "{} was a stale FUSE mount (its server had died); unmounted it lazily",
             dir.display()
         ),
         Err(msg) => {
@@ -836,6 +836,17 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         }
         None => println!("strata: serving datastore {}", dir.display()),
     }
+    tracing::info!(
+        event = "start",
+        datastore = %dir.display(),
+        kind = match home.kind() {
+            Kind::Local => "local",
+            Kind::ObjectStore => "object-store",
+        },
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "serving"
+    );
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
@@ -894,7 +905,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     flush_vmdks(&vmdk_list);
     places.close();
     home.close()?;
-    eprintln!("strata: datastore flushed and closed");
+    tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1049,12 +1060,16 @@ fn spawn_gc(
                 if wanted || std::time::Instant::now() >= next {
                     last = std::time::Instant::now();
                     match x.gc(false) {
-                        Ok(r) if r.deleted_segments > 0 => eprintln!(
-                            "strata: gc deleted {} segments ({} bytes)",
-                            r.deleted_segments, r.garbage_bytes
+                        Ok(r) if r.deleted_segments > 0 => tracing::info!(
+                            event = "gc",
+                            deleted_segments = r.deleted_segments,
+                            garbage_bytes = r.garbage_bytes,
+                            "gc deleted {} segments ({} bytes)",
+                            r.deleted_segments,
+                            r.garbage_bytes
                         ),
                         Ok(_) => {}
-                        Err(e) => eprintln!("strata: gc: {e}"),
+                        Err(e) => tracing::warn!(event = "gc", "gc: {e}"),
                     }
                     next = std::time::Instant::now() + Duration::from_secs(interval_s);
                 }
@@ -1154,8 +1169,9 @@ fn spawn_free_space_policy(
                     control: Some(control.clone()),
                 };
                 match ds.consolidate_free_space(&work, &mut |_, _| {}) {
-                    Ok(r) => eprintln!(
-                        "strata: free space consolidated in the background: pool {} -> {} MiB, \
+                    Ok(r) => tracing::info!(
+                        event = "free_space",
+                        "free space consolidated in the background: pool {} -> {} MiB, \
                          on the host {} -> {} MiB, {} MiB used",
                         r.pool_bytes_before >> 20,
                         r.pool_bytes_after >> 20,
@@ -1164,9 +1180,9 @@ fn spawn_free_space_policy(
                         r.used_bytes >> 20
                     ),
                     Err(e) if stop.load(Ordering::Acquire) => {
-                        eprintln!("strata: background free-space consolidation stopped: {e}")
+                        tracing::info!("background free-space consolidation stopped: {e}")
                     }
-                    Err(e) => eprintln!("strata: background free-space consolidation: {e}"),
+                    Err(e) => tracing::warn!("background free-space consolidation: {e}"),
                 }
             }
         })
@@ -1190,8 +1206,30 @@ fn alarm_changed(
         a.warning_percent,
         a.alarm_percent
     );
-    // At warn, so the default log filter shows it (with its timestamp).
-    tracing::warn!("{msg}");
+    // One event with its figures as fields; its level follows the new
+    // state (a journal shows an alarm as an error, a warning as one, the
+    // way back to ok as a notice).
+    let (state, was) = (a.state.as_str(), previous.as_str());
+    let (percent, warning_percent, alarm_percent) = (a.percent, a.warning_percent, a.alarm_percent);
+    macro_rules! alarm_event {
+        ($level:ident) => {
+            tracing::$level!(
+                event = "alarm",
+                kind,
+                state,
+                previous = was,
+                percent,
+                warning_percent,
+                alarm_percent,
+                "{msg}"
+            )
+        };
+    }
+    match a.state {
+        AlarmState::Ok => alarm_event!(info),
+        AlarmState::Warning => alarm_event!(warn),
+        AlarmState::Alarm => alarm_event!(error),
+    }
     let Some(cmd) = exec else { return };
     let spawned = std::process::Command::new("sh")
         .arg("-c")
@@ -1498,7 +1536,7 @@ pub(crate) fn wait_and_shut_down(
     let reload = Arc::new(AtomicBool::new(false));
     if args.tls_creds.is_some() {
         if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()) {
-            eprintln!("strata: no SIGHUP handler, TLS credentials cannot be reloaded: {e}");
+            tracing::warn!("no SIGHUP handler, TLS credentials cannot be reloaded: {e}");
         }
     }
     while !stop.load(Ordering::Acquire) {
@@ -1510,19 +1548,19 @@ pub(crate) fn wait_and_shut_down(
             };
             match (load_tls(args), https) {
                 (Err(e), _) | (_, Some(Err(e))) => {
-                    eprintln!("strata: TLS credentials not reloaded, the old ones stay: {e}")
+                    tracing::warn!("TLS credentials not reloaded, the old ones stay: {e}")
                 }
                 (Ok(tls), https) => {
                     server.set_tls(tls);
                     if let (Some(h), Some(Ok(c))) = (&http, https) {
                         h.set_tls(c);
                     }
-                    eprintln!("strata: TLS credentials reloaded");
+                    tracing::info!(event = "tls_reload", "TLS credentials reloaded");
                 }
             }
         }
     }
-    eprintln!("strata: shutting down");
+    tracing::info!(event = "stopping", "shutting down");
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
     server.shutdown();
     if let Some(h) = http {
@@ -1536,7 +1574,7 @@ pub(crate) fn wait_and_shut_down(
 fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
     for (n, img) in vmdks {
         if let Err(e) = img.flush() {
-            eprintln!("strata: flushing VMDK export {n} failed: {e}");
+            tracing::error!(export = %n, "flushing VMDK export {n} failed: {e}");
         }
     }
 }
@@ -1571,8 +1609,8 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
                 sockets.push(Some(p));
             }
             Err(e) => {
-                eprintln!(
-                    "strata: no control socket for export {} ({}: {e}); refusals will name only the pid",
+                tracing::warn!(
+                    "no control socket for export {} ({}: {e}); refusals will name only the pid",
                     o.name,
                     p.display()
                 );
@@ -1589,6 +1627,12 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     });
     let server = NbdServer::new(exports.clone(), nbd_options(args)?);
     println!("strata: serving VMDK files (no datastore)");
+    tracing::info!(
+        event = "start",
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "serving VMDK files"
+    );
     for ((n, img), sock) in list.iter().zip(&sockets) {
         println!(
             "  export {n}: {} ({}, {} links{})",
@@ -1627,6 +1671,6 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     }
     flush_vmdks(&list);
     drop(held);
-    eprintln!("strata: VMDK files flushed");
+    tracing::info!(event = "stop", "VMDK files flushed");
     Ok(ExitCode::SUCCESS)
 }

@@ -293,7 +293,7 @@ pub(crate) fn start(
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
-                        eprintln!("strata: http listener: {e}");
+                        tracing::warn!("http listener: {e}");
                         return;
                     }
                 };

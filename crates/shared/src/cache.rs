@@ -727,8 +727,8 @@ impl SegmentCache {
     /// A cached file failed verification (`why`): say so, forget it and
     /// delete it; the read goes to the store.
     fn drop_damaged(&self, id: SegId, why: &str) {
-        eprintln!(
-            "strata: cached copy {} {why}: deleted, reading from the store",
+        tracing::warn!(
+            "cached copy {} {why}: deleted, reading from the store",
             self.path(id).display()
         );
         self.segments.write().unwrap().remove(&id);
@@ -755,7 +755,7 @@ impl SegmentCache {
             .name("segment-fetch".into())
             .spawn(move || {
                 if let Err(e) = me.segment(&store, id) {
-                    eprintln!("strata: background fetch of {}: {e}", id.key());
+                    tracing::warn!("background fetch of {}: {e}", id.key());
                 }
                 me.prefetching.lock().unwrap().remove(&id);
             });
@@ -888,8 +888,8 @@ impl SegmentCache {
         match &r {
             Err(e) => {
                 if u.is_none() {
-                    eprintln!(
-                        "strata: {e}: reads go to the store, and no object is fetched whole \
+                    tracing::warn!(
+                        "{e}: reads go to the store, and no object is fetched whole \
                          for {} s at a time, until the cache directory takes files again",
                         UNWRITABLE_RETRY.as_secs()
                     );
@@ -899,8 +899,8 @@ impl SegmentCache {
             // Told only once the pause is over (a failure can be one
             // directory's, and others take files meanwhile).
             Ok(_) if u.is_some_and(|t| t.elapsed() >= UNWRITABLE_RETRY) => {
-                eprintln!(
-                    "strata: the cache directory {} takes files again",
+                tracing::warn!(
+                    "the cache directory {} takes files again",
                     self.dir.display()
                 );
                 *u = None;

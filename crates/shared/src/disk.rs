@@ -614,10 +614,11 @@ fn put_manifest(
         return Ok(Landed::Orphan);
     };
     if is_orphan(store, &there)? {
-        eprintln!(
-            "strata: disk {:08x}: {key} is an orphan of a fenced pipeline (FORMAT.md §11.4b): \
+        tracing::warn!(
+            "disk {:08x}: {key} is an orphan of a fenced pipeline (FORMAT.md §11.4b): \
              manifest {} goes one key higher",
-            next.disk, next.seq
+            next.disk,
+            next.seq
         );
         return Ok(Landed::Orphan);
     }
@@ -679,6 +680,14 @@ fn claim(
             ..newest.clone()
         };
         if commit_manifest(store, &newest, &mut next)? {
+            tracing::info!(
+                event = "claim",
+                disk = name,
+                generation = next.generation,
+                previous = %describe_owner(&newest),
+                "disk '{name}' claimed by this host (generation {})",
+                next.generation
+            );
             return Ok(next);
         }
         // Only the keys from the one lost on (a busy writer's disk has
@@ -726,6 +735,17 @@ fn wait_for_release(ds: &SharedDatastore, name: &str, id: u32, wait: Duration) -
 }
 
 type Batch = BTreeMap<u64, Option<Box<[u8]>>>;
+
+impl State {
+    /// This host lost the disk to another host's claim: every I/O fails
+    /// from now on with `msg`. Logged once, as an error event.
+    fn fence(&mut self, disk: &str, msg: &str) {
+        if self.fenced.is_none() {
+            tracing::error!(event = "fenced", disk, "{msg}");
+        }
+        self.fenced = Some(msg.to_string());
+    }
+}
 
 struct State {
     man: Arc<Manifest>,
@@ -1425,7 +1445,7 @@ impl SharedDisk {
             .name("strata-hot-set".into())
             .spawn(move || {
                 if let Err(e) = me.record_hot_set() {
-                    eprintln!("strata: recording the hot set of '{}': {e}", me.name);
+                    tracing::warn!("recording the hot set of '{}': {e}", me.name);
                 }
                 me.reads.end();
             });
@@ -1447,7 +1467,7 @@ impl SharedDisk {
                     Ok(Some(h)) => h,
                     Ok(None) => return,
                     Err(e) => {
-                        eprintln!("strata: the hot set of '{}' is not used: {e}", me.name);
+                        tracing::warn!("the hot set of '{}' is not used: {e}", me.name);
                         return;
                     }
                 };
@@ -1484,10 +1504,7 @@ impl SharedDisk {
                 Err(e) if e.kind == ErrorKind::NotFound => {}
                 Err(e) => {
                     if !stop.swap(true, Relaxed) {
-                        eprintln!(
-                            "strata: fetching the hot set of '{}' stopped: {e}",
-                            self.name
-                        );
+                        tracing::warn!("fetching the hot set of '{}' stopped: {e}", self.name);
                     }
                     return;
                 }
@@ -1614,7 +1631,7 @@ impl SharedDisk {
         }
         // The next writer starts from what this one read (§11.5b).
         if let Err(e) = self.record_hot_set() {
-            eprintln!("strata: recording the hot set of '{disk}': {e}");
+            tracing::warn!("recording the hot set of '{disk}': {e}");
         }
         loop {
             self.commit()?;
@@ -1648,13 +1665,19 @@ impl SharedDisk {
                     st.owner = false;
                     st.man = Arc::new(next.clone());
                     st.refreshed = Instant::now();
+                    tracing::info!(
+                        event = "release",
+                        disk = %disk,
+                        generation = next.generation,
+                        "disk '{disk}' released by this host for a hand-over"
+                    );
                     Ok(next)
                 }
                 Ok(false) => {
                     let msg = format!(
                         "disk '{disk}' is fenced on this host: it was claimed before the release"
                     );
-                    st.fenced = Some(msg.clone());
+                    st.fence(&disk, &msg);
                     Err(Error::new(ErrorKind::Fenced, msg))
                 }
                 Err(e) => {
@@ -1927,7 +1950,7 @@ impl SharedDisk {
                 .map(|m| describe_owner(&m))
                 .unwrap_or_else(|e| format!("another host ({e})"));
             let msg = format!("disk '{disk}' is fenced on this host: it was claimed by {who}");
-            self.state.lock().unwrap().fenced = Some(msg.clone());
+            self.state.lock().unwrap().fence(&disk, &msg);
             return Err(Error::new(ErrorKind::Fenced, msg));
         }
         self.state.lock().unwrap().man = Arc::new(next.clone());
@@ -2237,10 +2260,11 @@ impl SharedDisk {
         let newest = newest_manifest(self.store(), self.id)?;
         let mut st = self.state.lock().unwrap();
         if newest.seq > st.man.seq && st.mine.contains(&(newest.seq, newest.nonce)) {
-            eprintln!(
-                "strata: disk '{}': manifest {} landed although its PUT failed; the next commit \
+            tracing::warn!(
+                "disk '{}': manifest {} landed although its PUT failed; the next commit \
                  builds on it",
-                self.name, newest.seq
+                self.name,
+                newest.seq
             );
             self.ds.cache.seed_root(&newest);
             st.man = Arc::new(newest);
@@ -2445,8 +2469,7 @@ impl SharedDisk {
                     let mut failed: Vec<InFlight> = st.inflight.drain(..).collect();
                     failed.insert(0, f);
                     if e.kind == ErrorKind::Fenced {
-                        eprintln!("strata: {}", e.message);
-                        st.fenced = Some(e.message.clone());
+                        st.fence(&self.name, &e.message);
                     } else {
                         st.unsettled = true;
                     }
@@ -2830,8 +2853,8 @@ impl SharedDisk {
                 st.folding = None;
                 match r {
                     Ok(f) => st.fold = Some(f),
-                    Err(e) => eprintln!(
-                        "strata: disk '{}': a background fold failed (a later one retries): {e}",
+                    Err(e) => tracing::warn!(
+                        "disk '{}': a background fold failed (a later one retries): {e}",
                         me.name
                     ),
                 }

@@ -482,7 +482,7 @@ fn auto_passes(me: std::sync::Weak<SharedDisk>) {
         });
         if let Err(e) = r {
             if e.kind != ErrorKind::Fenced && e.kind != ErrorKind::Released {
-                eprintln!("strata: disk '{}': compaction: {e}", d.name);
+                tracing::warn!("disk '{}': compaction: {e}", d.name);
             }
         }
     }
