@@ -836,17 +836,6 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         }
         None => println!("strata: serving datastore {}", dir.display()),
     }
-    tracing::info!(
-        event = "start",
-        datastore = %dir.display(),
-        kind = match home.kind() {
-            Kind::Local => "local",
-            Kind::ObjectStore => "object-store",
-        },
-        version = env!("CARGO_PKG_VERSION"),
-        pid = std::process::id(),
-        "serving"
-    );
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
@@ -892,6 +881,19 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
             Kind::Local => "flushes and checkpoints",
             Kind::ObjectStore => "flushes",
         }
+    );
+    // Logged once every listener is up (a failed one ends the server
+    // before this with its error), as READY=1 is sent next.
+    tracing::info!(
+        event = "start",
+        datastore = %dir.display(),
+        kind = match home.kind() {
+            Kind::Local => "local",
+            Kind::ObjectStore => "object-store",
+        },
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "serving"
     );
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();
@@ -1627,12 +1629,6 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     });
     let server = NbdServer::new(exports.clone(), nbd_options(args)?);
     println!("strata: serving VMDK files (no datastore)");
-    tracing::info!(
-        event = "start",
-        version = env!("CARGO_PKG_VERSION"),
-        pid = std::process::id(),
-        "serving VMDK files"
-    );
     for ((n, img), sock) in list.iter().zip(&sockets) {
         println!(
             "  export {n}: {} ({}, {} links{})",
@@ -1658,6 +1654,12 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
     listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
     let fuse = listen_fuse(&exports, args)?;
     println!("  stop with Ctrl-C or SIGTERM (flushes)");
+    tracing::info!(
+        event = "start",
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "serving VMDK files"
+    );
     wait_and_shut_down(&stop, &server, http, args);
     vhost.shutdown();
     if let Some(f) = fuse {
