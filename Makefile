@@ -6,7 +6,7 @@ NBD_SOCK   ?= $(RUN_DIR)/nbd.sock
 NBD_TCP    ?= 127.0.0.1:10809
 STRATA     := target/release/strata
 
-.PHONY: all build run test deps lint bench deb fuzz fuzz-cpu fuzz-tools clean
+.PHONY: all build run test deps lint bench paper deb fuzz fuzz-cpu fuzz-tools clean
 
 all: build
 
@@ -31,6 +31,12 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
 	$(CARGO) deny --offline check licenses bans sources
+
+## The seeds' figures reproduced: runs the paper's experiments (about an
+## hour; PAPER_ARGS=--quick for minutes) into bench/paper.json and writes
+## docs/SEEDS.md with a plot and a verdict per figure (docs/seeds/*.svg).
+paper: deps build
+	python3 bench/bench.py --paper $(PAPER_ARGS)
 
 ## The Debian package: target/debian/strata_VERSION_ARCH.deb (the binary,
 ## the strata@.service template, man pages, completions, docs).

@@ -82,6 +82,26 @@ Paper suites (figures, no targets; each cell also measured on the peer):
               before/after, 4k randwrite IOPS and server CPU before, during and
               after the shrink; every clone fsck-clean with its files after
 
+make paper (--paper): every seed figure measured in the paper's shape and set
+beside the paper's numbers in docs/SEEDS.md (plots in docs/seeds/), from
+bench/paper.json. It runs these cases (--only picks some of them, merged
+into an existing --out file of the same mode):
+  paper_matrix  seed 000 figures 1-4: the Iometer matrix at 4k-512k, empty and full,
+              iodepth 16 and 32, strata thin / linked clone / SEsparse / VMFSsparse vs
+              qemu-nbd raw and VMFSsparse
+  tera        seed 000 figure 6: TeraGen / TeraSort / TeraValidate I/O phases as fio
+              jobs on several disks at once, elapsed time per phase
+  thinprov    seed 001: over-commit, zeroing vs post-zeroing (nb/tbz), scaling over
+              disks, a thick disk beside a growing thin one, file copies, throughput
+              vs fragments
+  snapchain   seed 002: six workloads (4k randrw and readwrite, 16k mixed, 512k read
+              and write, an OLTP analog) vs snapshot depth on native, VMDK and qcow2
+              chains; 16k mixed after each delete
+  timeline    seed 003: 32k writes at 2,000 IOPS, latency per second until the disk is
+              allocated, thin / zeroedthick / eagerzeroedthick vs raw images, and across
+              a snapshot create and delete
+  and vdi, fragmentation and clone above (seeds 000, 004, 002).
+
 Besides --out (JSON), every run writes results.md and SVG plots (chain.svg,
 clone.svg, matrix.svg) next to it; --render JSON redraws them from a file.
 """
@@ -98,8 +118,9 @@ import tempfile
 import time
 
 from . import common
-from .cases import CASES
+from .cases import CASES, PAPER_ONLY
 from .common import ROOT, STRATA
+from .paper import PAPER_CASES, commit, render_paper
 from .report import render
 
 
@@ -114,6 +135,11 @@ def main():
     ap.add_argument("--workdir", help="where to put datastores and images (default: a temp dir)")
     ap.add_argument("--render", metavar="JSON",
                     help="only rewrite results.md and the SVGs next to JSON from its contents")
+    ap.add_argument("--paper", action="store_true",
+                    help="make paper: the seeds' experiments into --out (default bench/paper.json) and "
+                         "docs/SEEDS.md (--doc); with --render, only rewrite the page from JSON")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "SEEDS.md"),
+                    help="--paper: the page to write (its plots go to seeds/ next to it)")
     ap.add_argument("--chain-max", type=int, help="chain: stop at this depth (default quick 4, full 32)")
     a = ap.parse_args()
     common.CHAIN_MAX = a.chain_max
@@ -121,19 +147,33 @@ def main():
     a.quick = a.quick or a.smoke
     if a.render:
         with open(a.render) as f:
-            render(json.load(f), a.render)
+            if a.paper:
+                render_paper(json.load(f), a.doc, partial=True)
+            else:
+                render(json.load(f), a.render)
         return
+    if a.paper and a.out == ap.get_default("out"):
+        a.out = os.path.join(ROOT, "bench", "paper.json")
     for tool in ("fio", "qemu-nbd", "qemu-img"):
         if not shutil.which(tool):
             sys.exit(f"bench: {tool} is missing (run scripts/install-deps.sh)")
     if not os.path.exists(STRATA):
         sys.exit(f"bench: {STRATA} not built (make build)")
-    cases = a.only.split(",") if a.only else list(CASES)
+    if a.only:
+        cases = a.only.split(",")
+        unknown = [c for c in cases if c not in CASES]
+        if unknown:
+            sys.exit(f"bench: no case {', '.join(unknown)} (--help lists them)")
+    else:
+        # The paper's own cases run only under --paper (or when named).
+        cases = PAPER_CASES if a.paper else [c for c in CASES if c not in PAPER_ONLY]
     # Fail now, not after an hour of measuring, if the results cannot be written.
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     work = a.workdir or tempfile.mkdtemp(prefix="strata-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     results = {"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
                "quick": a.quick, "smoke": a.smoke, "case_s": {}, "cases": {}}
+    if a.paper:
+        results.update(commit=commit(), date=time.strftime("%Y-%m-%d"))
     try:
         for c in cases:
             print(f"== {c}", flush=True)
@@ -160,8 +200,16 @@ def main():
             before["cases"].update(results["cases"])
             before.setdefault("case_s", {}).update(results["case_s"])
             before["machine"] = results["machine"]
+            for k in ("commit", "date"):
+                if k in results:
+                    before[k] = results[k]
             results = before
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results in {a.out}")
-    render(results, a.out)
+    if a.paper:
+        # A run of some cases writes what it can; a whole run must have
+        # every figure's data (make test checks that).
+        render_paper(results, a.doc, partial=bool(a.only))
+    else:
+        render(results, a.out)

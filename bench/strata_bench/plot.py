@@ -63,10 +63,13 @@ def _svg(w, h, body):
             + "\n".join(body) + "\n</svg>\n")
 
 
-def _panel(ox, oy, pw, ph, title, xlabel, ylabel, series, xticks=None, ymin0=True):
+def _panel(ox, oy, pw, ph, title, xlabel, ylabel, series, xticks=None, ymin0=True,
+           xlabels=None):
     """One line-chart panel at (ox, oy) of size pw x ph; returns SVG elements.
 
-    series: list of {"name", "points": [(x, y), ...], "color"?, "dash"?}.
+    series: list of {"name", "points": [(x, y), ...], "color"?, "dash"?};
+    xlabels: {x: label} printed at those ticks instead of the numbers
+    (e.g. I/O sizes on a log2 axis).
     """
     body = []
     ml, mr, mt, mb = 70, 15, 30, 70
@@ -84,7 +87,7 @@ def _panel(ox, oy, pw, ph, title, xlabel, ylabel, series, xticks=None, ymin0=Tru
     yt = _ticks(ylo, yhi)
     ylo, yhi = min(yt[0], ylo), max(yt[-1], yhi)
     xint = all(float(x).is_integer() for x in xs)
-    xt = xticks or _ticks(xlo, xhi, 8, integer=xint)
+    xt = sorted(xlabels) if xlabels else (xticks or _ticks(xlo, xhi, 8, integer=xint))
 
     def X(v):
         return x0 + (v - xlo) / (xhi - xlo) * (x1 - x0)
@@ -99,7 +102,7 @@ def _panel(ox, oy, pw, ph, title, xlabel, ylabel, series, xticks=None, ymin0=Tru
     for t in xt:
         if xlo <= t <= xhi:
             body.append(f'<line x1="{X(t):.1f}" y1="{y1}" x2="{X(t):.1f}" y2="{y1 + 5}" stroke="black"/>')
-            body.append(_text(X(t), y1 + 18, _fmt(t), 11))
+            body.append(_text(X(t), y1 + 18, xlabels[t] if xlabels else _fmt(t), 11))
     body.append(f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}" stroke="black"/>')
     body.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
     body.append(_text((x0 + x1) / 2, y1 + 36, xlabel, 12))
@@ -139,7 +142,60 @@ def line_chart(path, title, panels, cols=2, pw=520, ph=340):
     for i, p in enumerate(panels):
         ox, oy = (i % cols) * pw, 36 + (i // cols) * ph
         body += _panel(ox, oy, pw, ph, p["title"], p["xlabel"], p["ylabel"], p["series"],
-                       p.get("xticks"))
+                       p.get("xticks"), xlabels=p.get("xlabels"))
+    with open(path, "w") as f:
+        f.write(_svg(w, h, body))
+
+
+def bar_chart(path, title, ylabel, groups, names, values, note="", w=None, h=380, xlabel=""):
+    """Grouped bars: one group per label in `groups`, one bar per series
+    in `names` (a colour each, legend below); values[i][j] is group i's
+    bar j (None: no bar). Each bar carries its value on top."""
+    ml, mr, mt, mb = 70, 15, 44, 96
+    per = max(1, len(names))
+    gw = max(60, 18 * per + 24)
+    w = w or max(420, ml + mr + gw * len(groups), 9 * len(title) + 40)
+    x0, y0, x1, y1 = ml, mt, w - mr, h - mb
+    vals = [v for row in values for v in row if v is not None]
+    yhi = max(vals) * 1.12 if vals and max(vals) > 0 else 1
+    yt = _ticks(0, yhi)
+    yhi = max(yt[-1], yhi)
+
+    def Y(v):
+        return y1 - v / yhi * (y1 - y0)
+    body = [_text(w / 2, 24, title, 15, extra='font-weight="bold"')]
+    for t in yt:
+        body.append(f'<line x1="{x0}" y1="{Y(t):.1f}" x2="{x1}" y2="{Y(t):.1f}" stroke="#e5e5e5"/>')
+        body.append(_text(x0 - 6, Y(t) + 4, _fmt(t), 11, "end"))
+    body.append(f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}" stroke="black"/>')
+    body.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
+    body.append(_text(16, (y0 + y1) / 2, ylabel, 12, extra=f'transform="rotate(-90 16 {(y0 + y1) / 2:.1f})"'))
+    slot = (x1 - x0) / max(1, len(groups))
+    bw = min(18, (slot - 12) / per)
+    for i, g in enumerate(groups):
+        gx = x0 + slot * i + (slot - bw * per) / 2
+        for j in range(per):
+            v = values[i][j]
+            if v is None:
+                continue
+            bx = gx + bw * j
+            body.append(f'<rect x="{bx:.1f}" y="{Y(v):.1f}" width="{bw - 1:.1f}" '
+                        f'height="{max(0.5, y1 - Y(v)):.1f}" fill="{PALETTE[j % len(PALETTE)]}"/>')
+            if per <= 8:
+                body.append(_text(bx + bw / 2, Y(v) - 3, _fmt(round(v, 2) if v < 100 else round(v)),
+                                  8))
+        body.append(_text(x0 + slot * i + slot / 2, y1 + 16, g, 11))
+    if xlabel:
+        body.append(_text((x0 + x1) / 2, y1 + 32, xlabel, 12))
+    lx, yy = x0, y1 + 50
+    for j, n in enumerate(names):
+        if lx + 30 + 7 * len(n) > w:
+            lx, yy = x0, yy + 18
+        body.append(f'<rect x="{lx}" y="{yy - 10}" width="14" height="12" fill="{PALETTE[j % len(PALETTE)]}"/>')
+        body.append(_text(lx + 20, yy, n, 11, "start"))
+        lx += 30 + 7 * len(n)
+    if note:
+        body.append(_text(w / 2, h - 8, note, 11))
     with open(path, "w") as f:
         f.write(_svg(w, h, body))
 

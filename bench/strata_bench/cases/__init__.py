@@ -29,6 +29,11 @@ from .vdi import case_vdi
 from .vhost import case_vhost
 from .zerodetect import case_zerodetect
 from .zeroing import case_zeroing
+from .paper_matrix import case_paper_matrix
+from .snapchain import case_snapchain
+from .tera import case_tera
+from .thinprov import case_thinprov
+from .timeline import case_timeline
 
 CASES = {
     "depth": case_depth,
@@ -62,4 +67,13 @@ CASES = {
     "groupsnap": case_groupsnap,
     "tls": case_tls,
     "hostile": case_hostile,
+    # make paper's own (bench.py --paper): not in a run without --only.
+    "paper_matrix": case_paper_matrix,
+    "tera": case_tera,
+    "thinprov": case_thinprov,
+    "snapchain": case_snapchain,
+    "timeline": case_timeline,
 }
+
+# Cases only `make paper` runs (bench.py --paper) unless --only names them.
+PAPER_ONLY = {"paper_matrix", "tera", "thinprov", "snapchain", "timeline"}

@@ -6,7 +6,7 @@ import os
 from statistics import median
 
 from ..busy import busy_summary, job_trial
-from ..common import drop_caches, ratio, sh, size_bytes
+from ..common import drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fill, fio
 from ..servers import Strata
 
@@ -71,7 +71,8 @@ def case_fragmentation(work, q):
     (1M, iodepth 4) and a copy-like read (64k, iodepth 1) of `frag` and
     `seq` (median MiB/s of three passes in full mode, each cold, the two
     disks' passes in turn so that drift hits both alike), with
-    `strata stats` latency and seek-distance histograms; then
+    `strata stats` latency, seek-distance and I/O-length histograms and
+    the read commands counted; then
     `strata defrag frag` as a job while fio writes 64k random to another
     disk (vs the same job idle: `busy_trial`), and the reads of `frag`
     again, beside `seq` read again; then free space made by overwriting half of `frag` after a
@@ -83,9 +84,9 @@ def case_fragmentation(work, q):
     datastore of its own: fragments after random first writes, overwrites
     after a snapshot, a diverging clone, and per disk vs the number of disks
     growing together (fragmentation.svg)."""
-    size = "256M" if q else "2G"
-    rt = 4 if q else 8
-    ks = [1, 2, 4] if q else [1, 2, 4, 8]
+    size = smoke("64M", "256M" if q else "2G")
+    rt = smoke(2, 4 if q else 8)
+    ks = smoke([1, 2], [1, 2, 4] if q else [1, 2, 4, 8])
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     s = Strata(os.path.join(work, "frag")).start()
@@ -117,7 +118,9 @@ def case_fragmentation(work, q):
                              "mib_s_passes": [round(x["bw_mib"], 1) for x in p],
                              "iops": round(median(x["iops"] for x in p)),
                              "latency_us": _hist(st, "latency", "read"),
-                             "seek_distance": _hist(st, "seek_distance", "read")}
+                             "seek_distance": _hist(st, "seek_distance", "read"),
+                             "io_length": _hist(st, "io_length", "read"),
+                             "commands": st["read"]["commands"]}
         return r
     try:
         s.cli("create", "seq", "--size", size)

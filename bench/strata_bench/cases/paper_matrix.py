@@ -1,0 +1,73 @@
+"""The `paper_matrix` case (make paper, seed 000 figures 1-4): the SEsparse
+paper's Iometer matrix at all its I/O sizes, first writes to empty disks
+and reads and writes of full ones, at 16 ("local") and 32 ("SAN") I/Os in
+flight, on strata thin disks, linked clones, strata's SEsparse and
+VMFSsparse deltas, and qemu-nbd on a raw file and on a VMFSsparse delta."""
+
+from ..common import smoke
+from ..fio import fio
+from ..vmdks import SERIES, Fresh
+
+FIO_RW = {("seq", "read"): "read", ("seq", "write"): "write",
+          ("rand", "read"): "randread", ("rand", "write"): "randwrite"}
+
+
+def _cell(uri, cell, qd, rt, size=None):
+    """One cell: time-based for RT s, or with SIZE a bounded pass over a
+    fresh disk capped at RT s (every I/O a first write; random ones each
+    block once)."""
+    bs, pat, op = cell.split("_")
+    if size:
+        r = fio(uri, FIO_RW[(pat, op)], bs, iodepth=qd, size=size,
+                extra=[f"--runtime={rt}", "--randrepeat=0"])
+    else:
+        r = fio(uri, FIO_RW[(pat, op)], bs, iodepth=qd, runtime=rt, extra=["--randrepeat=0"])
+    if r["ios"] <= 0:
+        raise RuntimeError(f"paper_matrix: {cell} did no I/O on {uri}")
+    return {"iops": round(r["iops"], 1), "mib_s": round(r["bw_mib"], 1)}
+
+
+def case_paper_matrix(work, q):
+    """Seed 000's Table 2 cells: on empty disks, sequential and random
+    writes, each cell on a fresh disk, bounded to one pass over it (capped
+    at the cell's run time), so every write is a first write; on full
+    disks (filled once per series with 1M writes through its own server),
+    sequential and random reads and writes, time-based. One fio job. The
+    deltas hang off an eager-zeroed thick parent, as in the paper: strata's
+    linked clones off an eagerzeroedthick disk filled and snapshotted, the
+    VMDK deltas off its export (a flat file). Between strata cells, removed
+    disks are left to be reclaimed first."""
+    size = smoke("32M", "256M" if q else "1G")
+    rt = smoke(1, 1 if q else 2)
+    local = smoke(["4k", "512k"], ["4k", "64k", "512k"] if q else
+                  ["4k", "8k", "16k", "32k", "64k", "128k", "256k", "512k"])
+    san = smoke(["4k"], ["4k", "512k"] if q else ["4k", "32k", "512k"])
+    qd = {"local": 16, "san": 32}
+    res = {"params": {"disk": size, "runtime_s": rt, "local_sizes": local, "san_sizes": san, "qd": qd,
+                      "series": SERIES}}
+    fr = Fresh(work, size, "eagerzeroedthick", filled=True)
+    try:
+        for bed, sizes in (("local", local), ("san", san)):
+            res[bed] = {}
+            empty = [f"{b}_{p}_write" for b in sizes for p in ("seq", "rand")]
+            full = [f"{b}_{p}_{o}" for b in sizes for p in ("seq", "rand") for o in ("read", "write")]
+            for s in SERIES:
+                out = {"empty": {}, "full": {}}
+                for c in empty:
+                    uris, close = fr.open(s, 1)
+                    try:
+                        out["empty"][c] = _cell(uris[0], c, qd[bed], rt, size=size)
+                    finally:
+                        close()
+                uris, close = fr.open(s, 1, filled=True)
+                try:
+                    for c in full:
+                        # --smoke: one bounded pass, not whole seconds.
+                        out["full"][c] = _cell(uris[0], c, qd[bed], rt, size=smoke(size, None))
+                finally:
+                    close()
+                res[bed][s] = out
+                print(f"   {bed} {s} done", flush=True)
+    finally:
+        fr.stop()
+    return res

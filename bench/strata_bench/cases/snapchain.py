@@ -1,0 +1,206 @@
+"""The `snapchain` case (make paper, seed 002): six workloads of the
+snapshot paper vs snapshot depth, on one disk history kept as a native
+strata disk, as the VMDK chains strata exports and serves, and as a qcow2
+backing chain under qemu-nbd; then the 16k mixed job after each delete."""
+import json
+import os
+import shutil
+
+from ..chains import fio_write_slice, qcow_chain_step
+from ..common import ratio, sh, size_bytes, smoke, timed
+from ..fio import fill
+from ..servers import QemuNbd, Strata, VmdkServe
+
+
+def workloads(size):
+    """name -> fio job options (after the global ones): 4 jobs, each its own
+    NBD connection, iodepth 8 each (32 in flight, as the paper's fio);
+    the sequential ones start each job at its own quarter of the disk."""
+    quarter = f"{size_bytes(size) >> 22}M"
+    seq = [f"--size={quarter}", f"--offset_increment={quarter}"]
+    four = ["--numjobs=4", "--iodepth=8", "--group_reporting"]
+    return {
+        "randrw_4k": ["--name=w", "--rw=randrw", "--bs=4k", *four],
+        "readwrite_4k": ["--name=w", "--rw=readwrite", "--bs=4k", *four, *seq],
+        "mixed_16k": ["--name=w", "--rw=randrw", "--percentage_random=50", "--bs=16k", *four],
+        "read_512k": ["--name=w", "--rw=read", "--bs=512k", *four, *seq],
+        "write_512k": ["--name=w", "--rw=write", "--bs=512k", *four, *seq],
+        # HammerDB's analog: 70/30 8k random data I/O over three quarters of
+        # the disk beside a log written 4k at a time with a flush after each
+        # write over the last quarter; the log's writes/s are "transactions".
+        "oltp": ["--name=data", "--rw=randrw", "--rwmixread=70", "--bs=8k", "--iodepth=8",
+                 f"--size={3 * (size_bytes(size) >> 22)}M",
+                 "--name=log", "--rw=write", "--bs=4k", "--iodepth=1", "--fsync=1",
+                 f"--offset={3 * (size_bytes(size) >> 22)}M", f"--size={quarter}"],
+    }
+
+
+def _run(uri, name, args, rt):
+    """One workload: both sides' IOPS (the jobs of a name summed)."""
+    out = sh("fio", "--ioengine=nbd", f"--uri={uri}", "--output-format=json", "--time_based",
+             f"--runtime={rt}", "--randrepeat=0", *args)
+    jobs = json.loads(out[out.index("{"):])["jobs"]
+    if name == "oltp":
+        data = next(j for j in jobs if j["jobname"] == "data")
+        log = next(j for j in jobs if j["jobname"] == "log")
+        lw = round(log["write"]["iops"], 1)
+        return {"log_writes_s": lw, "data_iops": round(data["read"]["iops"] + data["write"]["iops"], 1),
+                "iops": lw}
+    r = sum(j["read"]["iops"] for j in jobs)
+    w = sum(j["write"]["iops"] for j in jobs)
+    if r + w <= 0:
+        raise RuntimeError(f"snapchain: {name} did no I/O on {uri}")
+    return {"read_iops": round(r, 1), "write_iops": round(w, 1), "iops": round(r + w, 1)}
+
+
+def _measure(uri, wl, rt, only=None):
+    return {n: _run(uri, n, a, rt) for n, a in wl.items() if only is None or n in only}
+
+
+def _export(s, path, sub):
+    """`strata export --chain` of d's live head (empty: just after the
+    throwaway snapshot) as SUB links: the flat base, a delta per later
+    snapshot and an empty delta on top, the link a VM would write into.
+    Returns that top link's descriptor (the "open" line)."""
+    out = s.cli("export", "d", path, "--chain", "--subformat", sub)
+    tops = [ln.split(None, 1)[1].strip() for ln in out.splitlines() if ln.startswith("open ")]
+    if not tops or not os.path.exists(tops[-1]):
+        raise RuntimeError(f"snapchain: no top link in the output of export: {out!r}")
+    return tops[-1]
+
+
+def case_snapchain(work, q):
+    """Seed 002's workloads at snapshot depths 0..12: 4k random and
+    sequential read/write (figures 1, 2), 16k half-random read/write
+    (5, 6), 512k sequential reads and writes (7, 8) and an OLTP analog of
+    HammerDB (4), each 4 fio jobs at iodepth 8, time-based. The history:
+    the disk filled, then each snapshot followed by a slice overwritten in
+    1M writes. Native: measured on the live disk after a throwaway
+    snapshot, then reverted to it and the snapshot deleted, so the history
+    stays as built; vmfsSparse and seSparse: `strata export --chain` of
+    that throwaway snapshot served by `strata serve --vmdk` (a copy);
+    qcow2: a throwaway overlay on the chain. Then, on the native disk and
+    the qcow2 chain, snapshots deleted oldest first (qcow2: commit of the
+    first overlay and rebase of the next), the 16k job on a throwaway head
+    as above after each delete that leaves a measured depth, with the
+    delete's time."""
+    size = smoke("64M", "256M" if q else "1G")
+    rt = smoke(1, 1 if q else 2)
+    depths = smoke([0, 1], [0, 1, 2, 4] if q else [0, 1, 2, 4, 8, 12])
+    maxd = depths[-1]
+    size_mib = size_bytes(size) >> 20
+    sl = max(1, size_mib // max(maxd, 1))
+    wl = workloads(size)
+    fmts = ["native", "vmfsSparse", "seSparse", "qcow2"]
+    res = {"params": {"disk": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
+                      "formats": fmts, "workloads": {n: " ".join(a) for n, a in wl.items()}}}
+    for f in fmts:
+        res[f] = {"growing": {}}
+    exports = os.path.join(work, "exports")
+    tops = {}
+    os.makedirs(exports, exist_ok=True)
+    s = Strata(os.path.join(work, "strata")).start()
+    try:
+        s.cli("create", "d", "--size", size)
+        fill(s.uri("d"), size)
+        for n in range(maxd + 1):
+            if n > 0:
+                s.cli("snapshot", "create", "d", f"s{n}")
+                fio_write_slice(s.uri("d"), ((n - 1) * sl) % size_mib, sl)
+            if n not in depths:
+                continue
+            s.cli("snapshot", "create", "d", f"x{n}")
+            # Export before measuring: the measurement writes to the disk.
+            for sub in ("vmfsSparse", "seSparse"):
+                tops[sub, n] = _export(s, os.path.join(exports, f"{sub}-{n}.vmdk"), sub)
+            res["native"]["growing"][n] = _on_native(s, n, wl, rt, exported=True)
+        print("   native growing done", flush=True)
+        shrink = {}
+        for n in range(1, maxd + 1):
+            ms = timed(lambda: s.cli("snapshot", "delete", "d", f"s{n}"))
+            if maxd - n in depths:
+                shrink[maxd - n] = dict(_on_native(s, maxd - n, wl, rt, only=("mixed_16k",)),
+                                        delete_ms=ms)
+        res["native"]["after_delete"] = shrink
+        print("   native deleting done", flush=True)
+    finally:
+        s.stop()
+    shutil.rmtree(s.ds, ignore_errors=True)
+    for sub in ("vmfsSparse", "seSparse"):
+        for n in depths:
+            v = VmdkServe(os.path.join(work, sub), tops[sub, n])
+            os.makedirs(v.work, exist_ok=True)
+            v.start()
+            try:
+                res[sub]["growing"][n] = _measure(v.uri(), wl, rt)
+            finally:
+                v.stop()
+        print(f"   {sub} done", flush=True)
+    shutil.rmtree(exports, ignore_errors=True)
+    d = os.path.join(work, "qcow2")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "q.sock")
+    chain = [qcow_chain_step(d, None, 0, size)]
+    for n in range(maxd + 1):
+        if n > 0:
+            chain.append(qcow_chain_step(d, chain[-1], n, size))
+        qn = QemuNbd(chain[-1], "qcow2", sock).start()
+        try:
+            if n == 0:
+                fill(qn.uri(), size)
+            else:
+                fio_write_slice(qn.uri(), ((n - 1) * sl) % size_mib, sl)
+        finally:
+            qn.stop()
+        if n in depths:
+            res["qcow2"]["growing"][n] = _on_overlay(d, chain[-1], sock, wl, rt)
+    shrink = {}
+    for n in range(1, maxd + 1):
+        base, victim = chain[0], chain[1]
+        nxt = chain[2] if len(chain) > 2 else None
+
+        def delete():
+            sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
+            if nxt:
+                sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
+        ms = timed(delete)
+        os.unlink(victim)
+        chain.pop(1)
+        if maxd - n in depths:
+            shrink[maxd - n] = dict(_on_overlay(d, chain[-1], sock, wl, rt, only=("mixed_16k",)),
+                                    delete_ms=ms)
+    res["qcow2"]["after_delete"] = shrink
+    shutil.rmtree(d, ignore_errors=True)
+    print("   qcow2 done", flush=True)
+    d0, d1 = depths[0], depths[1]
+    res["loss_at_1"] = {f: {w: round(1 - ratio(res[f]["growing"][d1][w]["iops"],
+                                               res[f]["growing"][d0][w]["iops"]), 3) for w in wl}
+                        for f in fmts}
+    return res
+
+
+def _on_overlay(d, top, sock, wl, rt, only=None):
+    """The workloads on a throwaway qcow2 overlay over `top` (the chain
+    stays as built)."""
+    m = os.path.join(d, "measure.qcow2")
+    sh("qemu-img", "create", "-f", "qcow2", "-b", top, "-F", "qcow2", m)
+    qm = QemuNbd(m, "qcow2", sock).start()
+    try:
+        return _measure(qm.uri(), wl, rt, only)
+    finally:
+        qm.stop()
+        os.unlink(m)
+
+
+def _on_native(s, n, wl, rt, only=None, exported=False):
+    """The workloads on the live disk over a throwaway snapshot x{n} (made
+    here unless `exported` says the caller made it to export it), then the
+    disk reverted to it and the snapshot deleted: the history stays as
+    built."""
+    if not exported:
+        s.cli("snapshot", "create", "d", f"x{n}")
+    try:
+        return _measure(s.uri("d"), wl, rt, only)
+    finally:
+        s.cli("snapshot", "revert", "d", f"x{n}")
+        s.cli("snapshot", "delete", "d", f"x{n}")

@@ -1,0 +1,251 @@
+"""The `thinprov` case (make paper, seed 001): the thin-provisioning
+study's experiments at this machine's scale: over-commitment, the zeroing
+phase against the post-zeroing phase (with nb/tbz), scaling over disks
+written at once, a thick disk beside a growing thin one, file copies, and
+throughput against the number of fragments."""
+import json
+import os
+import time
+
+from ..common import STRATA, drop_caches, ratio, sh, size_bytes, smoke
+from ..fio import fill, fio
+from ..servers import QemuNbd, Strata
+
+TYPES = ("thin", "zeroedthick", "eagerzeroedthick")
+
+
+def _fio_jobs(uris, opts, per_job=None):
+    """One fio with a job per URI (OPTS global; PER_JOB(i) -> that job's own
+    options); its JSON jobs and the wall time in seconds."""
+    args = ["fio", "--ioengine=nbd", "--output-format=json", *opts]
+    for i, u in enumerate(uris):
+        args += [f"--name=j{i}", f"--uri={u}", *(per_job(i) if per_job else [])]
+    t = time.perf_counter()
+    out = sh(*args)
+    took = time.perf_counter() - t
+    return json.loads(out[out.index("{"):])["jobs"], took
+
+
+def _pass(uri, size, halves=False, info=None):
+    """64k sequential writes over the whole disk (iodepth 16, flushed at the
+    end): MiB/s of the wall time; with HALVES, in two runs with INFO()
+    called between them (nb/tbz half-way)."""
+    mib = size_bytes(size) >> 20
+    parts = [(0, mib // 2), (mib // 2, mib - mib // 2)] if halves else [(0, mib)]
+    took, mid = 0.0, None
+    for k, (off, n) in enumerate(parts):
+        _, t = _fio_jobs([uri], ["--rw=write", "--bs=64k", "--iodepth=16", f"--offset={off}M",
+                                 f"--size={n}M", "--end_fsync=1"])
+        took += t
+        if k == 0 and halves and info:
+            mid = info()
+    return round(mib / took, 1), mid
+
+
+def _overcommit(work, cap):
+    ds = os.path.join(work, "ds")
+    sh(STRATA, "--datastore", ds, "init", "--capacity", cap)
+    s = Strata(work).start()
+    try:
+        c = size_bytes(cap)
+        plan = [("thick", "zeroedthick", c // 5, 0), ("thin1", "thin", 2 * c // 5, c // 5),
+                ("thin2", "thin", 4 * c // 5, 2 * c // 5)]
+        for name, typ, size, written in plan:
+            s.cli("create", name, "--size", f"{size >> 20}M", "--type", typ)
+            if written:
+                fio(s.uri(name), "write", "1M", iodepth=8, size=f"{written >> 20}M", extra=["--end_fsync=1"])
+        disks = []
+        for name, typ, size, written in plan:
+            i = json.loads(s.cli("info", name, "--json"))
+            disks.append({"name": name, "type": typ, "size_bytes": i["size_bytes"], "written_bytes": written,
+                          "allocated_bytes": i["allocated_bytes"]})
+        st = json.loads(s.cli("status", "--json"))
+        keep = ("capacity_bytes", "provisioned_bytes", "used_bytes", "reserved_bytes", "free_bytes",
+                "used_percent", "overcommit_percent")
+        return {"capacity_bytes": c, "disks": disks, "status": {k: st[k] for k in keep},
+                "alarms": json.loads(s.cli("alarm", "list", "--json"))}
+    finally:
+        s.stop()
+
+
+def _zerophase(work, size):
+    out = {}
+    for typ in TYPES:
+        s = Strata(os.path.join(work, typ)).start()
+        try:
+            s.cli("create", "d", "--size", size, "--type", typ)
+
+            def info():
+                i = json.loads(s.cli("info", "d", "--json"))
+                return {"nb": i["nb"], "tbz": i["tbz"]}
+            before = info()
+            p1, mid = _pass(s.uri("d"), size, halves=True, info=info)
+            after = info()
+            p2, _ = _pass(s.uri("d"), size)
+            out[typ] = {"pass1_mib_s": p1, "pass2_mib_s": p2, "ratio": ratio(p1, p2),
+                        "nb_tbz": {"before": before, "mid": mid, "after": after},
+                        "nb_unit": f"{(size_bytes(size) // max(1, after['nb'])) >> 20} MiB"}
+        finally:
+            s.stop()
+    for pre in ("off", "falloc", "full"):
+        d = os.path.join(work, "raw_" + pre)
+        os.makedirs(d, exist_ok=True)
+        f = os.path.join(d, "disk.raw")
+        sh("qemu-img", "create", "-q", "-f", "raw", "-o", f"preallocation={pre}", f, size)
+        sh("sync")
+        drop_caches()
+        qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
+        try:
+            p1, _ = _pass(qn.uri(), size)
+            p2, _ = _pass(qn.uri(), size)
+        finally:
+            qn.stop()
+            os.unlink(f)
+        out[f"qemu_raw_{pre}"] = {"pass1_mib_s": p1, "pass2_mib_s": p2, "ratio": ratio(p1, p2)}
+    return out
+
+
+def _scaling(work, ns, each):
+    out = {}
+    for typ in ("thin", "zeroedthick"):
+        s = Strata(os.path.join(work, typ)).start()
+        out[typ] = {}
+        try:
+            for n in ns:
+                names = [f"s{n}_{i}" for i in range(n)]
+                for x in names:
+                    s.cli("create", x, "--size", each, "--type", typ)
+                r = {}
+                for p in ("pass1_mib_s", "pass2_mib_s"):
+                    _, t = _fio_jobs([s.uri(x) for x in names],
+                                     ["--rw=write", "--bs=64k", "--iodepth=4", f"--size={each}",
+                                      "--end_fsync=1"])
+                    r[p] = round(n * (size_bytes(each) >> 20) / t, 1)
+                out[typ][n] = r
+                for x in names:
+                    s.cli("rm", x)
+        finally:
+            s.stop()
+    return out
+
+
+def _coexist(work, size, grow, rt):
+    s = Strata(work).start()
+    try:
+        s.cli("create", "a", "--size", size, "--type", "eagerzeroedthick")
+        fill(s.uri("a"), size)
+        s.cli("create", "b", "--size", grow)
+        opts = ["--rw=write", "--bs=64k", "--iodepth=16"]
+        alone, _ = _fio_jobs([s.uri("a")], opts + ["--time_based", f"--runtime={rt}", f"--size={size}"])
+        both, _ = _fio_jobs([s.uri("a"), s.uri("b")], opts + [f"--runtime={rt}"],
+                            lambda i: ["--time_based", f"--size={size}"] if i == 0 else [f"--size={grow}"])
+        a1 = alone[0]["write"]["bw_bytes"] / 2**20
+        a2, b = both[0]["write"]["bw_bytes"] / 2**20, both[1]["write"]["bw_bytes"] / 2**20
+        return {"alone_mib_s": round(a1, 1), "beside_growth_mib_s": round(a2, 1), "ratio": ratio(a2, a1),
+                "b_first_write_mib_s": round(b, 1),
+                "b_written_mib": round(both[1]["write"]["io_bytes"] / 2**20),
+                "b_disk_mib": size_bytes(grow) >> 20}
+    finally:
+        s.stop()
+
+
+def _filecopy(work, clients, each):
+    out = {}
+    step = size_bytes(each) // 8 >> 20
+    s = Strata(work).start()
+    try:
+        for state in ("thin_first", "thin_rewrite", "zeroedthick", "eagerzeroedthick"):
+            typ = "thin" if state.startswith("thin") else state
+            names = [f"{typ}{i}" for i in range(clients)]
+            if state != "thin_rewrite":
+                for x in names:
+                    s.cli("create", x, "--size", each, "--type", typ)
+            its = []
+            for it in range(8):
+                _, t = _fio_jobs([s.uri(x) for x in names],
+                                 ["--rw=write", "--bs=1M", "--iodepth=4", f"--size={step}M",
+                                  f"--offset={it * step}M", "--end_fsync=1"])
+                its.append(round(t, 3))
+            out[state] = {"mean_s": round(sum(its) / len(its), 3), "iterations_s": its}
+            if state != "thin_first":
+                for x in names:
+                    s.cli("rm", x)
+    finally:
+        s.stop()
+    return out
+
+
+def _fraggrow(work, total, floor, ks, rt):
+    out = {}
+    growths = {"1m_seq": ["--rw=write", "--bs=1M"], "64k_rand": ["--rw=randwrite", "--bs=64k"],
+               "4k_rand": ["--rw=randwrite", "--bs=4k"]}
+    for pl in ("arrival", "regions"):
+        s = Strata(os.path.join(work, pl), serve_args=["--placement", pl]).start()
+        pts = []
+        try:
+            plan = [(g, 1) for g in growths] + [("4k_rand", k) for k in ks if k != 1]
+            for n, (g, k) in enumerate(plan):
+                size = f"{max(size_bytes(floor), size_bytes(total) // k) >> 20}M"
+                names = [f"g{n}_{i}" for i in range(k)]
+                for x in names:
+                    s.cli("create", x, "--size", size)
+                _fio_jobs([s.uri(x) for x in names],
+                          growths[g] + ["--iodepth=16", f"--size={size}", "--randrepeat=0"])
+                frag = json.loads(s.cli("info", names[0], "--json"))["fragments"]
+                w = fio(s.uri(names[0]), "randwrite", "64k", runtime=rt, extra=["--randrepeat=0"])
+                drop_caches()
+                r = fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)
+                pts.append({"growth": g, "k": k, "disk": size, "fragments": frag,
+                            "randwrite_64k_iops": round(w["iops"], 1),
+                            "seqread_1m_cold_mib_s": round(r["bw_mib"], 1)})
+                for x in names:
+                    s.cli("rm", x)
+        finally:
+            s.stop()
+        out[pl] = pts
+    return out
+
+
+def case_thinprov(work, q):
+    """Seed 001 at this machine's scale, each part in a datastore of its own.
+    overcommit (figure 1): `init --capacity C`, a zeroedthick disk of C/5 and
+    thin disks of 2C/5 and 4C/5 with C/5 and 2C/5 written; `status` and the
+    alarms. zerophase (figures 3, 10-11, table 2): 64k sequential writes
+    (iodepth 16, flushed) over a fresh disk of each type, twice: the first
+    pass is the zeroing phase, the second the post-zeroing phase (MiB/s of
+    wall time), nb/tbz before, half-way through and after the first pass;
+    raw files of each preallocation under qemu-nbd as peers. scaling
+    (figure 4): N disks written at once by one fio (a job each, 64k,
+    iodepth 4), two passes, aggregate MiB/s. coexist (figure 7): 64k writes
+    to a filled eagerzeroedthick disk alone, then beside first writes to a
+    large thin disk. filecopy (figure 9): clients each copying 1/8 of its
+    own disk per iteration (1M writes, flushed), 8 iterations, in four
+    states of the disks. fraggrow (figure 6): disks grown by 1M
+    sequential, 64k random and 4k random writes, and k disks grown together
+    by 4k random writes, under both placements; then one disk's fragments,
+    64k random write IOPS and a cold 1M sequential read."""
+    cap = smoke("256M", "1G")
+    zsize = smoke("32M", "256M" if q else "1G")
+    ns = smoke([1, 2], [1, 4] if q else [1, 2, 4, 8, 16])
+    each = smoke("16M", "64M" if q else "256M")
+    rt = smoke(1, 3 if q else 6)
+    grow = smoke("256M", "4G" if q else "8G")
+    clients = smoke(2, 2 if q else 4)
+    fc = smoke("32M", "256M" if q else "512M")
+    ks = smoke([1, 2], [1, 4] if q else [1, 4, 16])
+    total, floor = smoke(("32M", "16M"), ("256M", "32M") if q else ("1G", "64M"))
+    res = {"params": {"overcommit_capacity": cap, "zerophase_disk": zsize, "scaling_disks": ns,
+                      "scaling_disk": each, "coexist": {"thick": zsize, "thin": grow, "runtime_s": rt},
+                      "filecopy": {"clients": clients, "disk": fc, "iterations": 8},
+                      "fraggrow": {"disks_together": ks, "total": total, "min_disk": floor, "runtime_s": rt}}}
+    parts = [("overcommit", lambda d: _overcommit(d, cap)), ("zerophase", lambda d: _zerophase(d, zsize)),
+             ("scaling", lambda d: _scaling(d, ns, each)), ("coexist", lambda d: _coexist(d, zsize, grow, rt)),
+             ("filecopy", lambda d: _filecopy(d, clients, fc)),
+             ("fraggrow", lambda d: _fraggrow(d, total, floor, ks, rt))]
+    for name, f in parts:
+        d = os.path.join(work, name)
+        os.makedirs(d, exist_ok=True)
+        res[name] = f(d)
+        sh("rm", "-rf", d)
+        print(f"   {name} done", flush=True)
+    return res
