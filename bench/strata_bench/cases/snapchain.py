@@ -78,8 +78,11 @@ def case_snapchain(work, q):
     1M writes. Native: measured on the live disk after a throwaway
     snapshot, then reverted to it and the snapshot deleted, so the history
     stays as built; vmfsSparse and seSparse: `strata export --chain` of
-    that throwaway snapshot served by `strata serve --vmdk` (a copy);
-    qcow2: a throwaway overlay on the chain. Then, on the native disk and
+    the live head right after that throwaway snapshot (a delta per
+    snapshot over the flat base, and an empty delta on top that takes
+    the writes, as the native head and the qcow2 overlay do) served by
+    `strata serve --vmdk` (a copy); qcow2: a throwaway overlay on the
+    chain. Then, on the native disk and
     the qcow2 chain, snapshots deleted oldest first (qcow2: commit of the
     first overlay and rebase of the next), the 16k job on a throwaway head
     as above after each delete that leaves a measured depth, with the
