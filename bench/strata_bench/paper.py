@@ -455,19 +455,24 @@ def fig_001_6(res, path):
 def fig_001_7(res, path):
     c = _g(res, "thinprov", "coexist")
     plot.bar_chart(path, "001 F7: a thick disk's writes beside a growing thin disk", "MiB/s",
-                   ["thick alone", "thick beside thin's first writes"], ["eagerzeroedthick"],
-                   [[_g(c, "alone_mib_s")], [_g(c, "beside_growth_mib_s")]])
-    lines = _table(["thick alone MiB/s", "beside MiB/s", "ratio", "thin's first writes MiB/s"],
-                   [[_n(c["alone_mib_s"], 1), _n(c["beside_growth_mib_s"], 1), _n(c["ratio"], 2),
-                     _n(c["b_first_write_mib_s"], 1)]])
+                   ["thick alone", "beside thin's first writes", "beside thin's rewrites"],
+                   ["eagerzeroedthick"],
+                   [[_g(c, "alone_mib_s")], [_g(c, "beside_growth_mib_s")], [_g(c, "beside_rewrites_mib_s")]])
+    lines = _table(["thick alone", "beside first writes", "beside rewrites", "thin's first writes",
+                    "thin's rewrites"],
+                   [[_n(c["alone_mib_s"], 1), _n(c["beside_growth_mib_s"], 1), _n(c["beside_rewrites_mib_s"], 1),
+                     _n(c["b_first_write_mib_s"], 1), _n(c["b_rewrite_mib_s"], 1)]])
+    lines += ["", "MiB/s, 64k writes at iodepth 16 each."]
     paper = ("A thick disk's throughput next to a thin disk in its zeroing phase: \"only slightly "
              "impacted\".")
-    share = (c["beside_growth_mib_s"] + c["b_first_write_mib_s"]) / c["alone_mib_s"]
-    cls = "reproduces" if share >= 0.8 else "does not reproduce"
-    verdict = (f"{cls}: the thick disk keeps {c['ratio']:.2f}× its throughput while sharing the "
-               f"device with the thin disk's first writes; the two together move {share:.2f}× what "
-               "the thick disk moved alone, so the thin disk's allocation costs the other disk "
-               "only its share of the device.")
+    alloc = c["ratio_vs_rewrites"]
+    cls = "reproduces" if alloc >= 0.8 else "does not reproduce"
+    verdict = (f"{cls}: beside the thin disk's first writes the thick disk keeps {c['ratio']:.2f}× "
+               f"its throughput alone, and {alloc:.2f}× what it keeps beside the same disk rewriting "
+               "(the device shared alike, nothing allocated): "
+               + ("the thin disk's allocation itself costs its neighbour little; sharing the device "
+                  "costs the rest." if alloc >= 0.8 else
+                  "the thin disk's allocation costs its neighbour more than sharing the device does."))
     return paper, lines, verdict
 
 
@@ -564,16 +569,16 @@ def _snapfig(res, path, w):
              f"{p['slice_mib']} MiB overwritten after each snapshot.", ""]
     lines += _table(["snapshots"] + [LABEL.get(f, f) for f in fmts],
                     [[d] + [_n(_g(s, f, "growing", d, w, key)) for f in fmts] for d in depths])
-    loss = {f: _g(s, "loss_at_1", f, w) for f in fmts}
-    deep = {f: _r(_g(s, f, "growing", depths[-1], w, key), _g(s, f, "growing", depths[0], w, key))
-            for f in fmts}
-    n = loss["native"]
-    cls = "removes the cause" if n <= 0.1 and deep["native"] >= 0.9 else \
-        "beats" if n < 0.35 else "reproduces the effect"
-    verdict = (f"{cls}: the native disk changes by {-n:+.0%} at one snapshot and runs at "
-               f"{deep['native']:.2f}× at {depths[-1]} (the vVol line: one map per version, nothing "
-               "to walk); " + ", ".join(f"{LABEL[f]} {-loss[f]:+.0%} and {deep[f]:.2f}×" for f in fmts
-                                        if f != "native") + ".")
+    # One run per depth is noisy here: the verdict takes the median, over
+    # every depth with snapshots, of the speed relative to depth 0.
+    keep = {f: median(_r(_g(s, f, "growing", d, w, key), _g(s, f, "growing", depths[0], w, key))
+                      for d in depths[1:]) for f in fmts}
+    n = keep["native"]
+    cls = "removes the cause" if n >= 0.9 else "beats" if n >= 0.65 else "reproduces the effect"
+    verdict = (f"{cls}: with 1 to {depths[-1]} snapshots the native disk runs at {n:.2f}× its speed "
+               "without (median over the depths; the paper's VMFS kept 0.35×, vVol 1×: one map per "
+               "version, nothing to walk); " + ", ".join(f"{LABEL[f]} {keep[f]:.2f}×" for f in fmts
+                                                        if f != "native") + ".")
     return f"{title}. {quote}", lines, verdict
 
 
@@ -671,11 +676,13 @@ def fig_002_t1(res, path):
              "FIO random \"65% loss\" on VMFS; FIO large sequential \"70 % loss\"; vSAN loses 35 % on "
              "random I/O only; vVol \"No impact\" anywhere. (SPECjbb does no storage I/O: not run.)")
     nat = [_g(s, "loss_at_1", "native", w) for w in ws]
-    worst = max(nat)
-    cls = "removes the cause" if worst <= 0.1 else "beats" if worst < 0.35 else "reproduces in part"
-    verdict = (f"{cls}: the native disk's worst loss at one snapshot is {max(worst, 0):.0%} "
-               f"({ws[nat.index(worst)]}); the VMDK chains strata serves lose up to "
-               f"{max(_g(s, 'loss_at_1', f, w) for f in fmts if f != 'native' for w in ws):.0%}.")
+    typical = median(nat)
+    cls = "removes the cause" if typical <= 0.1 else "beats" if typical < 0.35 else "reproduces in part"
+    others = {f: median(_g(s, "loss_at_1", f, w) for w in ws) for f in fmts if f != "native"}
+    verdict = (f"{cls}: the native disk's median loss over the six workloads at one snapshot is "
+               f"{typical:.0%} (worst {max(nat):.0%}, {ws[nat.index(max(nat))]}; one run each, so "
+               "single cells carry this machine's noise); "
+               + ", ".join(f"{LABEL[f]} {v:.0%}" for f, v in others.items()) + ".")
     return paper, ["", *lines], verdict
 
 

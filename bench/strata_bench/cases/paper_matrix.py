@@ -4,6 +4,8 @@ and reads and writes of full ones, at 16 ("local") and 32 ("SAN") I/Os in
 flight, on strata thin disks, linked clones, strata's SEsparse and
 VMFSsparse deltas, and qemu-nbd on a raw file and on a VMFSsparse delta."""
 
+import time
+
 from ..common import smoke
 from ..fio import fio
 from ..vmdks import SERIES, Fresh
@@ -28,15 +30,20 @@ def _cell(uri, cell, qd, rt, size=None):
 
 
 def case_paper_matrix(work, q):
-    """Seed 000's Table 2 cells: on empty disks, sequential and random
-    writes, each cell on a fresh disk, bounded to one pass over it (capped
-    at the cell's run time), so every write is a first write; on full
-    disks (filled once per series with 1M writes through its own server),
-    sequential and random reads and writes, time-based. One fio job. The
-    deltas hang off an eager-zeroed thick parent, as in the paper: strata's
-    linked clones off an eagerzeroedthick disk filled and snapshotted, the
-    VMDK deltas off its export (a flat file). Between strata cells, removed
-    disks are left to be reclaimed first."""
+    """Seed 000's Table 2 cells at iodepth 16 ("local") and 32 ("san"),
+    one fio job. Empty disks: sequential and random writes, each cell on a
+    fresh disk, bounded to one pass over it (capped at the cell's run
+    time, random offsets each once), so every write is a first write.
+    Full disks: filled once per series with 1M writes through its own
+    server, then sequential and random reads and writes of both depths,
+    time-based. The deltas hang off an eager-zeroed thick parent, as in
+    the paper: strata's linked clones off an eagerzeroedthick disk filled
+    and snapshotted, the VMDK deltas copies of the empty delta of its
+    export (over a fully written flat file). Before every cell the
+    datastore is left to finish reclaiming removed disks (`strata status
+    --json`: reclaiming 0). QEMU's VMFSsparse deltas are filled through
+    strata's driver (the same files), as QEMU writes new grains at about
+    2 MiB/s."""
     size = smoke("32M", "256M" if q else "1G")
     rt = smoke(1, 1 if q else 2)
     local = smoke(["4k", "512k"], ["4k", "64k", "512k"] if q else
@@ -45,29 +52,33 @@ def case_paper_matrix(work, q):
     qd = {"local": 16, "san": 32}
     res = {"params": {"disk": size, "runtime_s": rt, "local_sizes": local, "san_sizes": san, "qd": qd,
                       "series": SERIES}}
+    beds = {"local": local, "san": san}
+    for bed in beds:
+        res[bed] = {x: {"empty": {}, "full": {}} for x in SERIES}
     fr = Fresh(work, size, "eagerzeroedthick", filled=True)
     try:
-        for bed, sizes in (("local", local), ("san", san)):
-            res[bed] = {}
-            empty = [f"{b}_{p}_write" for b in sizes for p in ("seq", "rand")]
-            full = [f"{b}_{p}_{o}" for b in sizes for p in ("seq", "rand") for o in ("read", "write")]
-            for s in SERIES:
-                out = {"empty": {}, "full": {}}
-                for c in empty:
+        for s in SERIES:
+            t = time.perf_counter()
+            for bed, sizes in beds.items():
+                for c in [f"{b}_{p}_write" for b in sizes for p in ("seq", "rand")]:
                     uris, close = fr.open(s, 1)
                     try:
-                        out["empty"][c] = _cell(uris[0], c, qd[bed], rt, size=size)
+                        fr.settle()
+                        res[bed][s]["empty"][c] = _cell(uris[0], c, qd[bed], rt, size=size)
                     finally:
                         close()
-                uris, close = fr.open(s, 1, filled=True)
-                try:
-                    for c in full:
+            # One fill per series; both beds' cells on it.
+            uris, close = fr.open(s, 1, filled=True)
+            try:
+                for bed, sizes in beds.items():
+                    for c in [f"{b}_{p}_{o}" for b in sizes for p in ("seq", "rand")
+                              for o in ("read", "write")]:
+                        fr.settle()
                         # --smoke: one bounded pass, not whole seconds.
-                        out["full"][c] = _cell(uris[0], c, qd[bed], rt, size=smoke(size, None))
-                finally:
-                    close()
-                res[bed][s] = out
-                print(f"   {bed} {s} done", flush=True)
+                        res[bed][s]["full"][c] = _cell(uris[0], c, qd[bed], rt, size=smoke(size, None))
+            finally:
+                close()
+            print(f"   {s} done ({time.perf_counter() - t:.0f} s)", flush=True)
     finally:
         fr.stop()
     return res

@@ -48,23 +48,26 @@ def _phase(uris, jobs):
 
 def case_tera(work, q):
     """Seed 000 figure 6 (Hadoop on 6 VMs x 3 VMDKs, never run before here):
-    DISKS disks per series written at once, one fio job per disk and
-    phase, each phase's wall time with the host page cache dropped before
-    it (writers flush at their end, so the data is durable). Each
-    repetition on fresh disks; the median over repetitions. Series as
-    vmdks.SERIES but QEMU's VMFSsparse, plus a qcow2 overlay over an
-    empty raw base; the deltas
+    DISKS disks per series at once, one fio process per phase with its
+    jobs on every disk (one NBD connection each: TeraSort and TeraValidate
+    run a reader and a writer per disk), the phase's wall time end to end
+    with the host page cache dropped before it (writers flush at their
+    end, so the data is durable). Each repetition on fresh disks; the
+    median over repetitions. Series: vmdks.SERIES but QEMU's VMFSsparse,
+    plus qemu-nbd on a qcow2 overlay over an empty raw base. The deltas
     (strata linked clones, the VMDK deltas of its export) hang off an
-    empty thin base, as the paper's sparse disks hung off a thin one."""
+    empty thin base (a sparse flat file), as the paper's sparse disks
+    hung off a thin one."""
     disks = smoke(1, 2 if q else 3)
     reps = smoke(1, 1 if q else 3)
     g = smoke(32, 256 if q else 768)
     size = smoke("128M", "1G" if q else "2G")
     if 2 * g + g // 24 > size_bytes(size) >> 20:
         raise ValueError("tera: the regions do not fit the disk")
-    # Not QEMU's VMFSsparse: it writes new grains at a few MiB/s here (a
-    # 32 MiB smoke phase took 13 s), hours for the full run; paper_matrix
-    # has it, and strata's VMFSsparse driver serves the same files.
+    # Not QEMU's VMFSsparse: it writes new grains at about 2 MiB/s here
+    # (64 MiB of 1M first writes took 33 s), hours for the full run;
+    # paper_matrix has it, and strata's VMFSsparse driver serves the same
+    # files.
     series = [x for x in SERIES if x != "qemu_vmfsSparse"] + ["qemu_qcow2"]
     jobs = _jobs(g)
     res = {"params": {"disks": disks, "region": f"{g}M", "disk": size, "repetitions": reps,
@@ -80,6 +83,7 @@ def case_tera(work, q):
                 try:
                     run = {}
                     for ph in PHASES:
+                        fr.settle()
                         drop_caches()
                         run[ph] = round(_phase(uris, jobs[ph]), 3)
                     runs.append(run)

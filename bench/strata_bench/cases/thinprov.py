@@ -5,7 +5,7 @@ written at once, a thick disk beside a growing thin one, file copies, and
 throughput against the number of fragments."""
 import json
 import os
-import time
+import re
 
 from ..common import STRATA, drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fill, fio
@@ -16,19 +16,23 @@ TYPES = ("thin", "zeroedthick", "eagerzeroedthick")
 
 def _fio_jobs(uris, opts, per_job=None):
     """One fio with a job per URI (OPTS global; PER_JOB(i) -> that job's own
-    options); its JSON jobs and the wall time in seconds."""
+    options); its JSON jobs and the seconds the slowest job ran, as fio
+    counts them (from its start to the end of its end_fsync, without fio's
+    own start-up and the NBD connections, which would weigh on short runs)."""
     args = ["fio", "--ioengine=nbd", "--output-format=json", *opts]
     for i, u in enumerate(uris):
         args += [f"--name=j{i}", f"--uri={u}", *(per_job(i) if per_job else [])]
-    t = time.perf_counter()
     out = sh(*args)
-    took = time.perf_counter() - t
-    return json.loads(out[out.index("{"):])["jobs"], took
+    jobs = json.loads(out[out.index("{"):])["jobs"]
+    took = max(j["job_runtime"] for j in jobs) / 1000
+    if len(jobs) != len(uris) or took <= 0:
+        raise RuntimeError(f"fio reported {len(jobs)} jobs of {len(uris)}, {took} s")
+    return jobs, took
 
 
 def _pass(uri, size, halves=False, info=None):
     """64k sequential writes over the whole disk (iodepth 16, flushed at the
-    end): MiB/s of the wall time; with HALVES, in two runs with INFO()
+    end): MiB/s of fio's run time; with HALVES, in two runs with INFO()
     called between them (nb/tbz half-way)."""
     mib = size_bytes(size) >> 20
     parts = [(0, mib // 2), (mib // 2, mib - mib // 2)] if halves else [(0, mib)]
@@ -48,17 +52,19 @@ def _overcommit(work, cap):
     s = Strata(work).start()
     try:
         c = size_bytes(cap)
-        plan = [("thick", "zeroedthick", c // 5, 0), ("thin1", "thin", 2 * c // 5, c // 5),
-                ("thin2", "thin", 4 * c // 5, 2 * c // 5)]
+        m = c >> 20
+        # (name, type, MiB, MiB written): the seed's 100 GB datastore / 100.
+        plan = [("thick", "zeroedthick", m // 5, 0), ("thin1", "thin", 2 * m // 5, m // 5),
+                ("thin2", "thin", 4 * m // 5, 2 * m // 5)]
         for name, typ, size, written in plan:
-            s.cli("create", name, "--size", f"{size >> 20}M", "--type", typ)
+            s.cli("create", name, "--size", f"{size}M", "--type", typ)
             if written:
-                fio(s.uri(name), "write", "1M", iodepth=8, size=f"{written >> 20}M", extra=["--end_fsync=1"])
+                fill(s.uri(name), f"{written}M")
         disks = []
         for name, typ, size, written in plan:
             i = json.loads(s.cli("info", name, "--json"))
-            disks.append({"name": name, "type": typ, "size_bytes": i["size_bytes"], "written_bytes": written,
-                          "allocated_bytes": i["allocated_bytes"]})
+            disks.append({"name": name, "type": typ, "size_bytes": i["size_bytes"],
+                          "written_bytes": written << 20, "allocated_bytes": i["allocated_bytes"]})
         st = json.loads(s.cli("status", "--json"))
         keep = ("capacity_bytes", "provisioned_bytes", "used_bytes", "reserved_bytes", "free_bytes",
                 "used_percent", "overcommit_percent")
@@ -66,6 +72,14 @@ def _overcommit(work, cap):
                 "alarms": json.loads(s.cli("alarm", "list", "--json"))}
     finally:
         s.stop()
+
+
+def _nb_unit(s):
+    """The block nb and tbz count in, as `strata info` prints it ("1 MiB")."""
+    m = re.search(r"nb / tbz:.*\((.+?) blocks\)", s.cli("info", "d"))
+    if not m:
+        raise RuntimeError("strata info does not say the unit of nb/tbz")
+    return m.group(1)
 
 
 def _zerophase(work, size):
@@ -84,7 +98,7 @@ def _zerophase(work, size):
             p2, _ = _pass(s.uri("d"), size)
             out[typ] = {"pass1_mib_s": p1, "pass2_mib_s": p2, "ratio": ratio(p1, p2),
                         "nb_tbz": {"before": before, "mid": mid, "after": after},
-                        "nb_unit": f"{(size_bytes(size) // max(1, after['nb'])) >> 20} MiB"}
+                        "nb_unit": _nb_unit(s)}
         finally:
             s.stop()
     for pre in ("off", "falloc", "full"):
@@ -141,8 +155,17 @@ def _coexist(work, size, grow, rt):
                             lambda i: ["--time_based", f"--size={size}"] if i == 0 else [f"--size={grow}"])
         a1 = alone[0]["write"]["bw_bytes"] / 2**20
         a2, b = both[0]["write"]["bw_bytes"] / 2**20, both[1]["write"]["bw_bytes"] / 2**20
+        # The same pair again with B rewriting what it just wrote: the
+        # device shared alike, nothing allocated. What A loses beside B's
+        # first writes beyond this is what B's allocation costs it.
+        b_mib = max(1, both[1]["write"]["io_bytes"] >> 20)
+        again, _ = _fio_jobs([s.uri("a"), s.uri("b")], opts + [f"--runtime={rt}", "--time_based"],
+                             lambda i: [f"--size={size}"] if i == 0 else [f"--size={b_mib}M"])
+        a3 = again[0]["write"]["bw_bytes"] / 2**20
         return {"alone_mib_s": round(a1, 1), "beside_growth_mib_s": round(a2, 1), "ratio": ratio(a2, a1),
                 "b_first_write_mib_s": round(b, 1),
+                "beside_rewrites_mib_s": round(a3, 1), "ratio_vs_rewrites": ratio(a2, a3),
+                "b_rewrite_mib_s": round(again[1]["write"]["bw_bytes"] / 2**20, 1),
                 "b_written_mib": round(both[1]["write"]["io_bytes"] / 2**20),
                 "b_disk_mib": size_bytes(grow) >> 20}
     finally:
@@ -208,27 +231,41 @@ def _fraggrow(work, total, floor, ks, rt):
 
 def case_thinprov(work, q):
     """Seed 001 at this machine's scale, each part in a datastore of its own.
-    overcommit (figure 1): `init --capacity C`, a zeroedthick disk of C/5 and
-    thin disks of 2C/5 and 4C/5 with C/5 and 2C/5 written; `status` and the
-    alarms. zerophase (figures 3, 10-11, table 2): 64k sequential writes
-    (iodepth 16, flushed) over a fresh disk of each type, twice: the first
-    pass is the zeroing phase, the second the post-zeroing phase (MiB/s of
-    wall time), nb/tbz before, half-way through and after the first pass;
-    raw files of each preallocation under qemu-nbd as peers. scaling
-    (figure 4): N disks written at once by one fio (a job each, 64k,
-    iodepth 4), two passes, aggregate MiB/s. coexist (figure 7): 64k writes
-    to a filled eagerzeroedthick disk alone, then beside first writes to a
-    large thin disk. filecopy (figure 9): clients each copying 1/8 of its
-    own disk per iteration (1M writes, flushed), 8 iterations, in four
-    states of the disks. fraggrow (figure 6): disks grown by 1M
-    sequential, 64k random and 4k random writes, and k disks grown together
-    by 4k random writes, under both placements; then one disk's fragments,
-    64k random write IOPS and a cold 1M sequential read."""
+
+    overcommit (figure 1): `init --capacity C`, a zeroedthick disk of C/5
+    and thin disks of 2C/5 and 4C/5 with C/5 and 2C/5 written (about half
+    of each); `status` and the alarms.
+
+    zerophase (figures 3, 10-11, table 2): 64k sequential writes (iodepth
+    16, flushed) over a fresh disk of each type, twice: the first pass is
+    the zeroing phase, the second the post-zeroing phase (MiB/s of fio's
+    run time, end_fsync included), nb/tbz before, half-way through and
+    after the first pass; raw files of each preallocation under qemu-nbd as
+    peers.
+
+    scaling (figure 4): N disks written at once by one fio (a job each,
+    64k, iodepth 4), two passes, aggregate MiB/s.
+
+    coexist (figure 7): 64k writes to a filled eagerzeroedthick disk alone,
+    then beside first writes to a large empty thin disk, then beside that
+    disk rewriting what it wrote (the device shared alike, nothing
+    allocated), for the same time each (fio's bandwidths).
+
+    filecopy (figure 9): clients each copying 1/8 of its own disk per
+    iteration (1M writes, flushed), 8 iterations (the slowest client's fio
+    run time each), in four states of the disks: thin fresh, thin written
+    once, zeroedthick, eagerzeroedthick.
+
+    fraggrow (figure 6): disks grown by 1M sequential, 64k random and 4k
+    random writes, and k disks grown together by 4k random writes, under
+    both placements; then one disk's fragments, 64k random write IOPS and a
+    cold 1M sequential read."""
     cap = smoke("256M", "1G")
     zsize = smoke("32M", "256M" if q else "1G")
     ns = smoke([1, 2], [1, 4] if q else [1, 2, 4, 8, 16])
     each = smoke("16M", "64M" if q else "256M")
-    rt = smoke(1, 3 if q else 6)
+    rt = smoke(1, 4 if q else 8)
+    frt = smoke(1, 3)
     grow = smoke("256M", "4G" if q else "8G")
     clients = smoke(2, 2 if q else 4)
     fc = smoke("32M", "256M" if q else "512M")
@@ -237,11 +274,11 @@ def case_thinprov(work, q):
     res = {"params": {"overcommit_capacity": cap, "zerophase_disk": zsize, "scaling_disks": ns,
                       "scaling_disk": each, "coexist": {"thick": zsize, "thin": grow, "runtime_s": rt},
                       "filecopy": {"clients": clients, "disk": fc, "iterations": 8},
-                      "fraggrow": {"disks_together": ks, "total": total, "min_disk": floor, "runtime_s": rt}}}
+                      "fraggrow": {"disks_together": ks, "total": total, "min_disk": floor, "runtime_s": frt}}}
     parts = [("overcommit", lambda d: _overcommit(d, cap)), ("zerophase", lambda d: _zerophase(d, zsize)),
              ("scaling", lambda d: _scaling(d, ns, each)), ("coexist", lambda d: _coexist(d, zsize, grow, rt)),
              ("filecopy", lambda d: _filecopy(d, clients, fc)),
-             ("fraggrow", lambda d: _fraggrow(d, total, floor, ks, rt))]
+             ("fraggrow", lambda d: _fraggrow(d, total, floor, ks, frt))]
     for name, f in parts:
         d = os.path.join(work, name)
         os.makedirs(d, exist_ok=True)
