@@ -4,7 +4,7 @@ qcow2 backing chain (the peer), and the 4k random read/write pair measured
 at a depth."""
 import os
 
-from .common import sh
+from .common import sh, timed
 from .fio import fio
 
 
@@ -26,3 +26,22 @@ def qcow_chain_step(d, prev, i, size):
     else:
         sh("qemu-img", "create", "-f", "qcow2", "-b", prev, "-F", "qcow2", nxt)
     return nxt
+
+
+def qcow_delete_oldest(chain):
+    """Deletes the oldest snapshot of a qcow2 backing CHAIN (paths, base
+    first): commits the first overlay into the base and rebases the next
+    onto the base (what blockcommit does offline), removes the overlay
+    from the list and the disk; the milliseconds the two qemu-img calls
+    took."""
+    base, victim = chain[0], chain[1]
+    nxt = chain[2] if len(chain) > 2 else None
+
+    def delete():
+        sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
+        if nxt:
+            sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
+    ms = timed(delete)
+    os.unlink(victim)
+    chain.pop(1)
+    return ms

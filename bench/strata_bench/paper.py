@@ -20,6 +20,7 @@ from statistics import median
 
 from . import plot
 from .common import ROOT, size_bytes
+from .report import _n
 
 PAPER_CASES = ["paper_matrix", "tera", "vdi", "thinprov", "fragmentation", "snapchain", "clone",
                "timeline"]
@@ -56,14 +57,6 @@ def _g(d, *path):
         else:
             raise Missing(".".join(map(str, path[:i + 1])))
     return cur
-
-
-def _n(v, nd=0):
-    if v is None:
-        return "—"
-    if isinstance(v, (int, float)):
-        return f"{v:,.{nd}f}"
-    return str(v)
 
 
 def _table(headers, rows):
@@ -766,8 +759,18 @@ def fig_004_t1(res, path):
     return paper, lines, verdict
 
 
-def _phase_hist(f, key):
-    return {ph: _g(f, ph, "seqread_1m", key) for ph in ("frag_before", "frag_after")}
+def _hist_figure(f, key, path, title, bucket):
+    """One vscsiStats histogram of the cold 1M read, fragmented and
+    defragmented: the bar chart at PATH and its table; returns
+    ({"frag_before": {bucket: count}, "frag_after": ...}, table lines)."""
+    h = {ph: _g(f, ph, "seqread_1m", key) for ph in ("frag_before", "frag_after")}
+    labels = _labels(h)
+    rows = [[h["frag_before"].get(lab, 0), h["frag_after"].get(lab, 0)] for lab in labels]
+    plot.bar_chart(path, title, "commands", labels, ["fragmented", "defragmented"], rows,
+                   xlabel=bucket)
+    lines = _table([bucket, "fragmented", "defragmented"],
+                   [[lab, _n(a), _n(b)] for lab, (a, b) in zip(labels, rows)])
+    return h, lines
 
 
 def fig_004_t3(res, path):
@@ -791,13 +794,9 @@ def fig_004_t3(res, path):
 
 def fig_004_t4(res, path):
     f = _frag(res)
-    h = _phase_hist(f, "io_length")
-    labels = _labels(h)
-    plot.bar_chart(path, "004 T4/T7: I/O lengths of the 1M read, before and after defrag", "commands",
-                   labels, ["fragmented", "defragmented"], xlabel="I/O length bucket (bytes)", values=
-                   [[h["frag_before"].get(lab, 0), h["frag_after"].get(lab, 0)] for lab in labels])
-    lines = _table(["I/O length bucket", "fragmented", "defragmented"],
-                   [[lab, _n(h["frag_before"].get(lab, 0)), _n(h["frag_after"].get(lab, 0))] for lab in labels])
+    h, lines = _hist_figure(f, "io_length", path,
+                            "004 T4/T7: I/O lengths of the 1M read, before and after defrag",
+                            "I/O length bucket (bytes)")
     paper = ("vscsiStats I/O lengths (18 buckets, 512 B to >512 KB): I/Os above 512 KB grow "
              "\"18.7 times\" for Office (81 → 1514) and \"11.9 times\" for SQL (247 → 2959) after "
              "defragmentation.")
@@ -813,13 +812,9 @@ def fig_004_t4(res, path):
 
 def fig_004_t5(res, path):
     f = _frag(res)
-    h = _phase_hist(f, "latency_us")
-    labels = _labels(h)
-    plot.bar_chart(path, "004 T5/T8: latency of the 1M cold read, before and after defrag", "commands",
-                   labels, ["fragmented", "defragmented"], xlabel="latency bucket (µs)", values=
-                   [[h["frag_before"].get(lab, 0), h["frag_after"].get(lab, 0)] for lab in labels])
-    lines = _table(["latency bucket", "fragmented", "defragmented"],
-                   [[lab, _n(h["frag_before"].get(lab, 0)), _n(h["frag_after"].get(lab, 0))] for lab in labels])
+    h, lines = _hist_figure(f, "latency_us", path,
+                            "004 T5/T8: latency of the 1M cold read, before and after defrag",
+                            "latency bucket (µs)")
 
     def slow(d):
         # Buckets wholly above 15 ms: '<=30000' and up, and the overflow.
@@ -852,19 +847,15 @@ def _labels(h):
 
 def fig_004_seek(res, path):
     f = _frag(res)
-    h = _phase_hist(f, "seek_distance")
+    h, lines = _hist_figure(f, "seek_distance", path,
+                            "004: seek distance of the 1M read, before and after defrag",
+                            "seek distance bucket (sectors)")
 
     def share(d):
         tot = sum(d.values())
         near = d.get("<=1", 0)
         return near / tot if tot else 0.0
     sb, sa = share(h["frag_before"]), share(h["frag_after"])
-    labels = _labels(h)
-    plot.bar_chart(path, "004: seek distance of the 1M read, before and after defrag", "commands",
-                   labels, ["fragmented", "defragmented"], xlabel="seek distance bucket (sectors)", values=
-                   [[h["frag_before"].get(lab, 0), h["frag_after"].get(lab, 0)] for lab in labels])
-    lines = _table(["seek distance bucket (sectors)", "fragmented", "defragmented"],
-                   [[lab, _n(h["frag_before"].get(lab, 0)), _n(h["frag_after"].get(lab, 0))] for lab in labels])
     paper = ("vscsiStats seek distance: the share of I/Os one LBN from the last grows from \"23%\" to "
              "\"33%\" (Office) and from \"19.6%\" to \"31.6%\" (SQL) after defragmentation.")
     verdict = (f"removes the cause differently: the guest's seek distances are its own LBAs, "

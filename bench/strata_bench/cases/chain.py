@@ -4,8 +4,8 @@ of the same depth."""
 import os
 
 from .. import common
-from ..chains import fio_write_slice, measure_rw, qcow_chain_step
-from ..common import sh, size_bytes, smoke, timed
+from ..chains import fio_write_slice, measure_rw, qcow_chain_step, qcow_delete_oldest
+from ..common import size_bytes, smoke, timed
 from ..fio import fill
 from ..servers import QemuNbd, Strata
 
@@ -74,20 +74,10 @@ def case_chain(work, q):
         finally:
             qn.stop()
     print("   qcow2 growing done", flush=True)
-    # Deleting the oldest snapshot of a qcow2 chain = committing the first
-    # overlay into the base and rebasing the next overlay onto the base
-    # (what blockcommit does offline); its time is recorded as delete_ms.
+    # Deleting the oldest snapshot of a qcow2 chain (chains.qcow_delete_oldest);
+    # its time is recorded as delete_ms.
     for n in range(1, maxd + 1):
-        base, victim = chain[0], chain[1]
-        nxt = chain[2] if len(chain) > 2 else None
-
-        def delete():
-            sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
-            if nxt:
-                sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
-        ms = timed(delete)
-        os.unlink(victim)
-        chain.pop(1)
+        ms = qcow_delete_oldest(chain)
         left = maxd - n
         if left in depths:
             qn = QemuNbd(chain[-1], "qcow2", sock).start()

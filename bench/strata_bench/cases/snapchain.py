@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 
-from ..chains import fio_write_slice, qcow_chain_step
+from ..chains import fio_write_slice, qcow_chain_step, qcow_delete_oldest
 from ..common import ratio, sh, size_bytes, smoke, timed
 from ..fio import fill
 from ..servers import QemuNbd, Strata, VmdkServe
@@ -149,16 +149,7 @@ def case_snapchain(work, q):
             res["qcow2"]["growing"][n] = _on_overlay(d, chain[-1], sock, wl, rt)
     shrink = {}
     for n in range(1, maxd + 1):
-        base, victim = chain[0], chain[1]
-        nxt = chain[2] if len(chain) > 2 else None
-
-        def delete():
-            sh("qemu-img", "commit", "-f", "qcow2", "-d", victim)
-            if nxt:
-                sh("qemu-img", "rebase", "-u", "-f", "qcow2", "-b", base, "-F", "qcow2", nxt)
-        ms = timed(delete)
-        os.unlink(victim)
-        chain.pop(1)
+        ms = qcow_delete_oldest(chain)
         if maxd - n in depths:
             shrink[maxd - n] = dict(_on_overlay(d, chain[-1], sock, wl, rt, only=("mixed_16k",)),
                                     delete_ms=ms)
