@@ -567,10 +567,13 @@ def _snapfig(res, path, w):
     keep = {f: median(_r(_g(s, f, "growing", d, w, key), _g(s, f, "growing", depths[0], w, key))
                       for d in depths[1:]) for f in fmts}
     n = keep["native"]
-    cls = "removes the cause" if n >= 0.9 else "beats" if n >= 0.65 else "reproduces the effect"
+    # vVol kept its speed: only that is the cause removed; a drop smaller
+    # than VMFS's is the effect in part, not better than every system.
+    cls = ("removes the cause" if n >= 0.9 else "reproduces in part" if n >= 0.65
+           else "reproduces the effect")
     verdict = (f"{cls}: with 1 to {depths[-1]} snapshots the native disk runs at {n:.2f}× its speed "
-               "without (median over the depths; the paper's VMFS kept 0.35×, vVol 1×: one map per "
-               "version, nothing to walk); " + ", ".join(f"{LABEL[f]} {keep[f]:.2f}×" for f in fmts
+               "without (median over the depths; the paper's VMFS kept 0.35×, vVol 1×; strata "
+               "keeps one map per version, nothing to walk); " + ", ".join(f"{LABEL[f]} {keep[f]:.2f}×" for f in fmts
                                                         if f != "native") + ".")
     return f"{title}. {quote}", lines, verdict
 
@@ -962,7 +965,7 @@ def render_paper(results, doc, partial=False):
         "snapshots → strata's native snapshots and linked clones (one map per version); vSAN → a "
         "qcow2 backing chain under qemu-nbd. Hosts and VMs → NBD clients of one server; Iometer, "
         "VDBench, HammerDB → fio jobs of the same shape. Verdicts: **reproduces** (the effect shows "
-        "here too), **beats** (strata does better than every system in the paper), **removes the "
+        "here too; **in part** when it is smaller than the paper's worst), **beats** (strata does better than every system in the paper), **removes the "
         "cause** (the mechanism behind the effect does not exist in strata, and the measurement "
         "shows it), **does not reproduce**.",
         "",

@@ -138,7 +138,10 @@ def line_chart(path, title, panels, cols=2, pw=520, ph=340):
     rows = (len(panels) + cols - 1) // cols
     cols = min(cols, len(panels))
     w, h = pw * cols, ph * rows + 36
-    body = [_text(w / 2, 24, title, 16, extra='font-weight="bold"')]
+    # A long title gets a smaller font rather than running off both edges
+    # (bold sans: about 0.62 em a character).
+    size = max(9, min(16, int((w - 20) / (0.62 * max(1, len(title))))))
+    body = [_text(w / 2, 24, title, size, extra='font-weight="bold"')]
     for i, p in enumerate(panels):
         ox, oy = (i % cols) * pw, 36 + (i // cols) * ph
         body += _panel(ox, oy, pw, ph, p["title"], p["xlabel"], p["ylabel"], p["series"],
