@@ -115,7 +115,7 @@ def _matrix(res, qd, state, path, title):
             lines += ["", f"{pat} {op}, IOPS at iodepth {_g(m, 'params', 'qd', qd)}:", ""]
             lines += _table(["size"] + [LABEL.get(s, s) for s in names], rows)
     plot.line_chart(path, title, panels, cols=2, pw=560, ph=360)
-    return m, sizes, names, lines
+    return m, sizes, lines
 
 
 def _cell(m, qd, s, state, cell):
@@ -150,7 +150,7 @@ def _verdict_empty(m, qd, sizes):
             f"{'reproduced' if sv >= 1.5 else 'reproduced in direction only' if sv > 1.05 else 'not reproduced'}.")
 
 
-def _verdict_full(m, qd, sizes, gap_expected=True):
+def _verdict_full(m, qd, sizes, gap_expected):
     cells = [f"{b}_{p}_{o}" for b in sizes for p in ("seq", "rand") for o in ("read", "write")]
     delta = _gmean([_r(_cell(m, qd, "native_delta", "full", c), _cell(m, qd, "thin", "full", c))
                     for c in cells])
@@ -171,44 +171,50 @@ def _verdict_full(m, qd, sizes, gap_expected=True):
             f"(SEsparse {sev} VMFSsparse; the paper has SEsparse ahead).")
 
 
+def _matrix_fig(res, path, qd, state, title, paper):
+    """Figures 1-4: the matrix of one bed (QD) and STATE, and its verdict.
+    The paper expects sparse metadata to cost random I/O on full disks on
+    the local bed; on the SAN it calls the gap to thin "minimal"."""
+    m, sizes, lines = _matrix(res, qd, state, path, title)
+    verdict = (_verdict_empty(m, qd, sizes) if state == "empty"
+               else _verdict_full(m, qd, sizes, gap_expected=qd == "local"))
+    return paper, lines, verdict
+
+
 def fig_000_1(res, path):
-    m, sizes, names, lines = _matrix(res, "local", "empty", path,
-                                     "000 F1: first writes to empty disks, iodepth 16")
-    paper = ("Iometer, 1 worker, 16 outstanding I/Os, on empty disks (a fresh one per cell), "
-             "sequential and random writes at 4 KB to 512 KB. SEsparse leads, except that VMFSsparse "
-             "is ahead at 512 KB random and thin at 4 KB sequential; thin's random writes are the "
-             "lowest, because VMFS \"allocates blocks at a 1MB granularity\" and zeroes each block "
-             "first. SEsparse random writes are \"about 2x better\" than VMFSsparse.")
-    return paper, lines, _verdict_empty(m, "local", sizes)
+    return _matrix_fig(
+        res, path, "local", "empty", "000 F1: first writes to empty disks, iodepth 16",
+        "Iometer, 1 worker, 16 outstanding I/Os, on empty disks (a fresh one per cell), "
+        "sequential and random writes at 4 KB to 512 KB. SEsparse leads, except that VMFSsparse "
+        "is ahead at 512 KB random and thin at 4 KB sequential; thin's random writes are the "
+        "lowest, because VMFS \"allocates blocks at a 1MB granularity\" and zeroes each block "
+        "first. SEsparse random writes are \"about 2x better\" than VMFSsparse.")
 
 
 def fig_000_2(res, path):
-    m, sizes, names, lines = _matrix(res, "local", "full", path,
-                                     "000 F2: full disks, reads and writes, iodepth 16")
-    paper = ("The same cells on disks pre-filled with random data, reads and writes. Thin beats both "
-             "sparse formats on random I/O, which needs their extra metadata; thin and SEsparse are "
-             "level on sequential I/O; SEsparse beats VMFSsparse on random I/O and on sequential "
-             "writes (VMFSsparse writes synchronously). The paper gives no numbers for this figure.")
-    return paper, lines, _verdict_full(m, "local", sizes)
+    return _matrix_fig(
+        res, path, "local", "full", "000 F2: full disks, reads and writes, iodepth 16",
+        "The same cells on disks pre-filled with random data, reads and writes. Thin beats both "
+        "sparse formats on random I/O, which needs their extra metadata; thin and SEsparse are "
+        "level on sequential I/O; SEsparse beats VMFSsparse on random I/O and on sequential "
+        "writes (VMFSsparse writes synchronously). The paper gives no numbers for this figure.")
 
 
 def fig_000_3(res, path):
-    m, sizes, names, lines = _matrix(res, "san", "empty", path,
-                                     "000 F3: first writes to empty disks, iodepth 32 (SAN analog)")
-    paper = ("Figure 1 on a SAN (EMC VNX 5700, RAID 5 over 5 FC drives) at 32 outstanding I/Os: "
-             "\"very similar\" to the local disk; thin is worst on random writes; SEsparse is "
-             "\"significantly better\" than VMFSsparse. This machine has one virtio disk: the analog is "
-             "the same cells at iodepth 32.")
-    return paper, lines, _verdict_empty(m, "san", sizes)
+    return _matrix_fig(
+        res, path, "san", "empty", "000 F3: first writes to empty disks, iodepth 32 (SAN analog)",
+        "Figure 1 on a SAN (EMC VNX 5700, RAID 5 over 5 FC drives) at 32 outstanding I/Os: "
+        "\"very similar\" to the local disk; thin is worst on random writes; SEsparse is "
+        "\"significantly better\" than VMFSsparse. This machine has one virtio disk: the analog is "
+        "the same cells at iodepth 32.")
 
 
 def fig_000_4(res, path):
-    m, sizes, names, lines = _matrix(res, "san", "full", path,
-                                     "000 F4: full disks, reads and writes, iodepth 32 (SAN analog)")
-    paper = ("Figure 2 on the SAN: SEsparse \"performs on par with or better than\" VMFSsparse, and the "
-             "gap between thin and the sparse formats is \"minimal\" (many spindles absorb the "
-             "metadata seeks).")
-    return paper, lines, _verdict_full(m, "san", sizes, gap_expected=False)
+    return _matrix_fig(
+        res, path, "san", "full", "000 F4: full disks, reads and writes, iodepth 32 (SAN analog)",
+        "Figure 2 on the SAN: SEsparse \"performs on par with or better than\" VMFSsparse, and the "
+        "gap between thin and the sparse formats is \"minimal\" (many spindles absorb the "
+        "metadata seeks).")
 
 
 def fig_000_6(res, path):
