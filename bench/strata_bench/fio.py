@@ -50,13 +50,21 @@ def fio_iops_log(uri, rw, bs, iodepth, runtime, size, logdir, tag):
     prefix = os.path.join(logdir, tag)
     r = fio(uri, rw, bs, iodepth=iodepth, runtime=runtime, size=size,
             extra=["--randrepeat=0", f"--write_iops_log={prefix}", "--log_avg_msec=250"])
-    samples = []
-    with open(f"{prefix}_iops.1.log") as f:
+    return r, fio_log(f"{prefix}_iops.1.log")
+
+
+def fio_log(path, per=None):
+    """The entries of a fio log file (`--write_iops_log`, `--write_lat_log`):
+    [(t in seconds from fio's start, value)], the value divided by PER
+    when given (1e6: a latency in ns as ms)."""
+    out = []
+    with open(path) as f:
         for line in f:
-            parts = [x.strip() for x in line.split(",")]
+            parts = line.split(",", 2)
             if len(parts) >= 2:
-                samples.append((int(parts[0]) / 1000.0, int(parts[1])))
-    return r, samples
+                v = int(parts[1])
+                out.append((int(parts[0]) / 1000.0, v / per if per else v))
+    return out
 
 
 def window_iops(samples, t_from, t_to):

@@ -8,7 +8,7 @@ import time
 from statistics import median
 
 from ..common import STRATA, drop_caches, ratio, sh, smoke
-from ..fio import fill
+from ..fio import fill, fio_log
 from ..servers import Strata
 
 
@@ -21,17 +21,6 @@ def _fio_load(uri, size, logprefix, runtime, rate_iops=None):
          "--iodepth=16", f"--size={size}", f"--runtime={runtime}", "--time_based",
          "--randrepeat=0", "--output-format=json", f"--write_lat_log={logprefix}"] + rate,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
-def _fio_completions(prefix):
-    """[(t_s, clat_ms)] of every write of a `_fio_load` run."""
-    out = []
-    with open(f"{prefix}_clat.1.log") as f:
-        for line in f:
-            parts = line.split(",", 2)
-            if len(parts) >= 2:
-                out.append((int(parts[0]) / 1000.0, int(parts[1]) / 1e6))
-    return out
 
 
 def _window(done, t_from, t_to):
@@ -51,7 +40,7 @@ def _loaded_move(s, size, logs, tag, base_rt, to, rate_iops=None):
     p = _fio_load(s.uri("d"), size, os.path.join(logs, f"{tag}base"), base_rt, rate_iops)
     p.communicate()
     # Past fio's first second (start-up), like the loaded run's window.
-    base = _window(_fio_completions(os.path.join(logs, f"{tag}base")), 1.0, base_rt)
+    base = _window(fio_log(os.path.join(logs, f"{tag}base_clat.1.log"), 1e6), 1.0, base_rt)
     drop_caches()
     t0 = time.perf_counter()
     p = _fio_load(s.uri("d"), size, os.path.join(logs, f"{tag}move"), 900, rate_iops)
@@ -63,7 +52,7 @@ def _loaded_move(s, size, logs, tag, base_rt, to, rate_iops=None):
     p.send_signal(signal.SIGINT)
     p.communicate()
     # fio's clock starts a little after Popen: the window is its move.
-    during = _window(_fio_completions(os.path.join(logs, f"{tag}move")), t_from, t_to)
+    during = _window(fio_log(os.path.join(logs, f"{tag}move_clat.1.log"), 1e6), t_from, t_to)
     return moved, base, during
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 
 from ..common import drop_caches, sh, smoke
+from ..fio import fio_log
 from ..servers import QemuNbd, Strata
 
 RATE_IOPS = 2000
@@ -29,19 +30,6 @@ def _fio_paced(uri, size, runtime, prefix):
          "--randrepeat=0", "--time_based", f"--runtime={runtime}", f"--size={size}",
          f"--write_lat_log={prefix}", "--output-format=json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _completions(prefix):
-    """[(t_s from fio's start, total latency ms)] of every write."""
-    out = []
-    with open(f"{prefix}_lat.1.log") as f:
-        for line in f:
-            parts = line.split(",", 2)
-            if len(parts) >= 2:
-                out.append((int(parts[0]) / 1000.0, int(parts[1]) / 1e6))
-    if not out:
-        raise RuntimeError(f"{prefix}_lat.1.log has no completions")
-    return out
 
 
 def _pct(sorted_xs, q):
@@ -114,7 +102,9 @@ def _run(uri, size, runtime, prefix, sample, events=()):
         raise RuntimeError(f"polling the allocation failed: {poll.error}")
     poll.points.append((time.time() - t0, sample()))
     fio_iops = json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"]
-    done = _completions(prefix)
+    done = fio_log(f"{prefix}_lat.1.log", 1e6)
+    if not done:
+        raise RuntimeError(f"{prefix}_lat.1.log has no completions")
     bins = [[] for _ in range(runtime)]
     for t, ms in done:
         # Second t covers [t-1, t) of fio's clock; the few that complete as
