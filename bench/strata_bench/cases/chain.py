@@ -4,8 +4,9 @@ of the same depth."""
 import os
 
 from .. import common
-from ..chains import fio_write_slice, measure_rw, qcow_chain_step, qcow_delete_oldest
-from ..common import size_bytes, smoke, timed
+from ..chains import (fio_write_slice, measure_rw, qcow_chain_step, qcow_delete_oldest, slice_mib,
+                      slice_off, strata_history)
+from ..common import smoke, timed
 from ..fio import fill
 from ..servers import QemuNbd, Strata
 
@@ -22,12 +23,7 @@ def case_chain(work, q):
     rt = smoke(1, 2 if q else 5)
     depths = chain_depths(q)
     maxd = depths[-1]
-    size_mib = size_bytes(size) >> 20
-    sl = max(1, size_mib // max(maxd, 1))
-
-    def slice_off(n):
-        return ((n - 1) * sl) % size_mib
-
+    sl = slice_mib(size, maxd)
     res = {"params": {"size": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
                       "workload": "fio 4k randread then randwrite, iodepth 16, time-based"}}
     # strata: one disk, snapshots on top of it.
@@ -35,11 +31,7 @@ def case_chain(work, q):
     s = Strata(os.path.join(work, "strata")).start()
     try:
         s.cli("create", "d", "--size", size)
-        fill(s.uri("d"), size)
-        grow[0] = measure_rw(s.uri("d"), rt)
-        for n in range(1, maxd + 1):
-            s.cli("snapshot", "create", "d", f"s{n}")
-            fio_write_slice(s.uri("d"), slice_off(n), sl)
+        for n in strata_history(s, "d", size, maxd):
             if n in depths:
                 grow[n] = measure_rw(s.uri("d"), rt)
         print("   strata growing done", flush=True)
@@ -68,7 +60,7 @@ def case_chain(work, q):
         chain.append(qcow_chain_step(d, chain[-1], n, size))
         qn = QemuNbd(chain[-1], "qcow2", sock).start()
         try:
-            fio_write_slice(qn.uri(), slice_off(n), sl)
+            fio_write_slice(qn.uri(), slice_off(size, maxd, n), sl)
             if n in depths:
                 qgrow[n] = measure_rw(qn.uri(), rt)
         finally:

@@ -3,18 +3,16 @@ source's snapshot count, vs `qemu-img convert -O qcow2` of a chain of the
 same depth."""
 import os
 
-from ..chains import fio_write_slice, qcow_chain_step
-from ..common import ratio, sh, size_bytes, smoke, timed
-from ..fio import fill
-from ..servers import QemuNbd, Strata
+from ..chains import qcow_history, slice_mib, strata_history
+from ..common import ratio, sh, smoke, timed
+from ..servers import Strata
 
 
 def case_clone(work, q):
     size = smoke("64M", "256M" if q else "1G")
     counts = [0, 2, 4] if q else list(range(13))
     maxk = counts[-1]
-    size_mib = size_bytes(size) >> 20
-    sl = max(1, size_mib // max(maxk, 1))
+    sl = slice_mib(size, maxk)
     res = {"params": {"size": size, "snapshot_counts": counts, "slice_mib": sl,
                       "strata": "strata clone --full SRC NEW (thin), wall time of the CLI",
                       "qcow2": "qemu-img convert -O qcow2 TOP new.qcow2"}}
@@ -22,11 +20,7 @@ def case_clone(work, q):
     s = Strata(os.path.join(work, "strata")).start()
     try:
         s.cli("create", "src", "--size", size)
-        fill(s.uri("src"), size)
-        for k in range(maxk + 1):
-            if k > 0:
-                s.cli("snapshot", "create", "src", f"s{k}")
-                fio_write_slice(s.uri("src"), ((k - 1) * sl) % size_mib, sl)
+        for k in strata_history(s, "src", size, maxk):
             if k in counts:
                 st[k] = round(timed(lambda: s.cli("clone", "--full", "src", f"c{k}")) / 1000, 3)
                 s.cli("rm", f"c{k}")
@@ -36,18 +30,7 @@ def case_clone(work, q):
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "q.sock")
     qc = {}
-    chain = [qcow_chain_step(d, None, 0, size)]
-    for k in range(maxk + 1):
-        if k > 0:
-            chain.append(qcow_chain_step(d, chain[-1], k, size))
-        qn = QemuNbd(chain[-1], "qcow2", sock).start()
-        try:
-            if k == 0:
-                fill(qn.uri(), size)
-            else:
-                fio_write_slice(qn.uri(), ((k - 1) * sl) % size_mib, sl)
-        finally:
-            qn.stop()
+    for k, chain in qcow_history(d, sock, size, maxk):
         if k in counts:
             out = os.path.join(d, "out.qcow2")
             qc[k] = round(timed(lambda: sh("qemu-img", "convert", "-O", "qcow2", chain[-1], out)) / 1000, 3)

@@ -3,10 +3,9 @@ VMDK chains strata exports and serves (vmfsSparse, seSparse), and as a
 qcow2 backing chain under qemu-nbd."""
 import os
 
-from ..chains import fio_write_slice, measure_rw, qcow_chain_step
-from ..common import ratio, sh, size_bytes, smoke
-from ..fio import fill
-from ..servers import QemuNbd, Strata, VmdkServe
+from ..chains import measure_rw, on_overlay, qcow_history, slice_mib, strata_history
+from ..common import ratio, smoke
+from ..servers import Strata, VmdkServe
 
 
 def case_formats(work, q):
@@ -19,8 +18,7 @@ def case_formats(work, q):
     rt = smoke(1, 2 if q else 5)
     depths = [0, 2] if q else [0, 1, 2, 4, 8, 12]
     maxd = depths[-1]
-    size_mib = size_bytes(size) >> 20
-    sl = max(1, size_mib // max(maxd, 1))
+    sl = slice_mib(size, maxd)
     res = {"params": {"size": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
                       "workload": "fio 4k randread then randwrite, iodepth 16, time-based"},
            "native": {}, "vmfsSparse": {}, "seSparse": {}, "qcow2": {}}
@@ -29,11 +27,7 @@ def case_formats(work, q):
     os.makedirs(exports, exist_ok=True)
     try:
         s.cli("create", "d", "--size", size)
-        fill(s.uri("d"), size)
-        for n in range(0, maxd + 1):
-            if n > 0:
-                s.cli("snapshot", "create", "d", f"s{n}")
-                fio_write_slice(s.uri("d"), ((n - 1) * sl) % size_mib, sl)
+        for n in strata_history(s, "d", size, maxd):
             if n not in depths:
                 continue
             # Export before measuring: the measurement writes to the disk.
@@ -67,29 +61,9 @@ def case_formats(work, q):
     d = os.path.join(work, "qcow2")
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "q.sock")
-    chain = [qcow_chain_step(d, None, 0, size)]
-    for n in range(0, maxd + 1):
-        if n > 0:
-            chain.append(qcow_chain_step(d, chain[-1], n, size))
-        qn = QemuNbd(chain[-1], "qcow2", sock).start()
-        try:
-            if n == 0:
-                fill(qn.uri(), size)
-            else:
-                fio_write_slice(qn.uri(), ((n - 1) * sl) % size_mib, sl)
-            if n in depths:
-                # Measure on a throwaway overlay so the chain stays as built.
-                qn.stop()
-                m = os.path.join(d, "measure.qcow2")
-                sh("qemu-img", "create", "-f", "qcow2", "-b", chain[-1], "-F", "qcow2", m)
-                qm = QemuNbd(m, "qcow2", sock).start()
-                try:
-                    res["qcow2"][n] = measure_rw(qm.uri(), rt)
-                finally:
-                    qm.stop()
-                    os.unlink(m)
-        finally:
-            qn.stop()
+    for n, chain in qcow_history(d, sock, size, maxd):
+        if n in depths:
+            res["qcow2"][n] = on_overlay(d, chain[-1], sock, lambda uri: measure_rw(uri, rt))
     print("   qcow2 done", flush=True)
     res["relative_to_depth0"] = {
         k: {n: ratio(res[k][n]["randread_iops"], res[k][depths[0]]["randread_iops"]) for n in depths}

@@ -6,10 +6,9 @@ import json
 import os
 import shutil
 
-from ..chains import fio_write_slice, qcow_chain_step, qcow_delete_oldest
+from ..chains import on_overlay, qcow_delete_oldest, qcow_history, slice_mib, strata_history
 from ..common import ratio, sh, size_bytes, smoke, timed
-from ..fio import fill
-from ..servers import QemuNbd, Strata, VmdkServe
+from ..servers import Strata, VmdkServe
 
 
 def workloads(size):
@@ -101,8 +100,7 @@ def case_snapchain(work, q):
     rt = smoke(0, 2 if q else 3)
     depths = smoke([0, 1], [0, 1, 2, 4] if q else [0, 1, 2, 4, 8, 12])
     maxd = depths[-1]
-    size_mib = size_bytes(size) >> 20
-    sl = max(1, size_mib // max(maxd, 1))
+    sl = slice_mib(size, maxd)
     wl = workloads(size)
     fmts = ["native", "vmfsSparse", "seSparse", "qcow2"]
     res = {"params": {"disk": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
@@ -112,11 +110,7 @@ def case_snapchain(work, q):
     s = Strata(os.path.join(work, "strata")).start()
     try:
         s.cli("create", "d", "--size", size)
-        fill(s.uri("d"), size)
-        for n in range(maxd + 1):
-            if n > 0:
-                s.cli("snapshot", "create", "d", f"s{n}")
-                fio_write_slice(s.uri("d"), ((n - 1) * sl) % size_mib, sl)
+        for n in strata_history(s, "d", size, maxd):
             if n not in depths:
                 continue
             s.cli("snapshot", "create", "d", f"x{n}")
@@ -141,18 +135,7 @@ def case_snapchain(work, q):
     d = os.path.join(work, "qcow2")
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "q.sock")
-    chain = [qcow_chain_step(d, None, 0, size)]
-    for n in range(maxd + 1):
-        if n > 0:
-            chain.append(qcow_chain_step(d, chain[-1], n, size))
-        qn = QemuNbd(chain[-1], "qcow2", sock).start()
-        try:
-            if n == 0:
-                fill(qn.uri(), size)
-            else:
-                fio_write_slice(qn.uri(), ((n - 1) * sl) % size_mib, sl)
-        finally:
-            qn.stop()
+    for n, chain in qcow_history(d, sock, size, maxd):
         if n in depths:
             res["qcow2"]["growing"][n] = _on_overlay(d, chain[-1], sock, wl, rt)
     shrink = {}
@@ -174,14 +157,7 @@ def case_snapchain(work, q):
 def _on_overlay(d, top, sock, wl, rt, only=None):
     """The workloads on a throwaway qcow2 overlay over `top` (the chain
     stays as built)."""
-    m = os.path.join(d, "measure.qcow2")
-    sh("qemu-img", "create", "-f", "qcow2", "-b", top, "-F", "qcow2", m)
-    qm = QemuNbd(m, "qcow2", sock).start()
-    try:
-        return _measure(qm.uri(), wl, rt, only)
-    finally:
-        qm.stop()
-        os.unlink(m)
+    return on_overlay(d, top, sock, lambda uri: _measure(uri, wl, rt, only))
 
 
 def _on_native(s, n, wl, rt, only=None, exported=False):
