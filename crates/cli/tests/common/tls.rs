@@ -60,12 +60,46 @@ impl Ca {
     }
 
     /// A directory holding this CA's certificate and, for `role` "server"
-    /// or "client", a certificate and key it signed for `cn`.
+    /// or "client", a certificate and (ECDSA P-256) key it signed for `cn`.
     pub fn creds(&self, dir_name: &str, role: Option<&str>, cn: &str) -> PathBuf {
+        let dir = self.dir_with_ca(dir_name);
+        let Some(role) = role else { return dir };
+        openssl(
+            &dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                &format!("{role}-key.pem"),
+            ],
+        );
+        self.sign(&dir, role, cn);
+        dir
+    }
+
+    /// Server credentials for `localhost` whose `server-key.pem` is `key`
+    /// (PEM, any kind openssl signs a request with), as written.
+    pub fn server_creds_with_key(&self, dir_name: &str, key: &[u8]) -> PathBuf {
+        let dir = self.dir_with_ca(dir_name);
+        std::fs::write(dir.join("server-key.pem"), key).unwrap();
+        self.sign(&dir, "server", "localhost");
+        dir
+    }
+
+    /// `root/DIR_NAME`, holding this CA's certificate.
+    fn dir_with_ca(&self, dir_name: &str) -> PathBuf {
         let dir = self.root.join(dir_name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(self.ca_dir().join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
-        let Some(role) = role else { return dir };
+        dir
+    }
+
+    /// `dir/ROLE-cert.pem`: this CA's certificate for `cn` and the key in
+    /// `dir/ROLE-key.pem`.
+    fn sign(&self, dir: &Path, role: &str, cn: &str) {
         let ext = if role == "server" {
             "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
         } else {
@@ -73,15 +107,11 @@ impl Ca {
         };
         std::fs::write(dir.join("ext"), format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
         openssl(
-            &dir,
+            dir,
             &[
                 "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
+                "-new",
+                "-key",
                 &format!("{role}-key.pem"),
                 "-out",
                 "req.csr",
@@ -91,7 +121,7 @@ impl Ca {
         );
         let ca = self.ca_dir();
         openssl(
-            &dir,
+            dir,
             &[
                 "x509",
                 "-req",
@@ -110,7 +140,6 @@ impl Ca {
                 "ext",
             ],
         );
-        dir
     }
 }
 
