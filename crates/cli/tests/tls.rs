@@ -316,6 +316,204 @@ fn bad_credentials_are_named_at_start() {
     assert!(err.contains("--tls-creds"), "{err}");
 }
 
+/// How a test key is written: as `openssl genpkey` does (PKCS#8), as
+/// `openssl pkey -traditional` rewrites it (PKCS#1 for RSA, SEC1 for EC),
+/// or as `openssl ecparam -genkey` writes a P-256 key (SEC1 behind an
+/// `EC PARAMETERS` block).
+#[derive(Clone, Copy)]
+enum KeyForm {
+    Pkcs8,
+    Traditional,
+    EcparamP256,
+}
+
+/// A private key openssl makes in `dir` with `genpkey -algorithm
+/// ALGORITHM [-pkeyopt OPT]`, written as `form`, checked to be in that
+/// form by its PEM label.
+fn openssl_key(dir: &Path, algorithm: &str, opt: &str, form: KeyForm) -> Vec<u8> {
+    use common::tls::openssl;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut args = match form {
+        KeyForm::EcparamP256 => vec!["ecparam", "-name", "prime256v1", "-genkey"],
+        KeyForm::Pkcs8 | KeyForm::Traditional => vec!["genpkey", "-algorithm", algorithm],
+    };
+    if !opt.is_empty() {
+        args.extend(["-pkeyopt", opt]);
+    }
+    args.extend(["-out", "gen.pem"]);
+    openssl(dir, &args);
+    if let KeyForm::Traditional = form {
+        let args = ["pkey", "-in", "gen.pem", "-traditional", "-out", "key.pem"];
+        openssl(dir, &args);
+    } else {
+        std::fs::rename(dir.join("gen.pem"), dir.join("key.pem")).unwrap();
+    }
+    let label = match form {
+        KeyForm::Pkcs8 => "PRIVATE KEY".to_string(),
+        KeyForm::Traditional | KeyForm::EcparamP256 => format!("{algorithm} PRIVATE KEY"),
+    };
+    let pem = std::fs::read(dir.join("key.pem")).unwrap();
+    let text = String::from_utf8_lossy(&pem);
+    assert!(text.contains(&format!("-----BEGIN {label}-----")), "{text}");
+    pem
+}
+
+/// Every kind of key QEMU's x509 credentials load serves NBD over TLS
+/// (QEMU and libnbd, both GnuTLS) and HTTPS (curl, OpenSSL): RSA of sizes
+/// ring refused (2432, 2560) and those it took, ECDSA on each NIST curve,
+/// Ed25519, in each PEM form openssl writes.
+#[test]
+fn every_key_kind_qemu_loads_serves_nbd_and_https() {
+    if !have_all() || !have("curl") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let cli = ca.creds("cli", None, "");
+    use KeyForm::*;
+    // (name, genpkey's algorithm and option, form)
+    let cases = [
+        ("rsa2048-pkcs1", "RSA", "rsa_keygen_bits:2048", Traditional),
+        ("rsa2432-pkcs8", "RSA", "rsa_keygen_bits:2432", Pkcs8),
+        ("rsa2560-pkcs1", "RSA", "rsa_keygen_bits:2560", Traditional),
+        ("rsa4096-pkcs8", "RSA", "rsa_keygen_bits:4096", Pkcs8),
+        ("p256-sec1-ecparam", "EC", "", EcparamP256),
+        ("p256-pkcs8", "EC", "ec_paramgen_curve:P-256", Pkcs8),
+        ("p384-sec1", "EC", "ec_paramgen_curve:P-384", Traditional),
+        ("p521-pkcs8", "EC", "ec_paramgen_curve:P-521", Pkcs8),
+        ("ed25519-pkcs8", "ED25519", "", Pkcs8),
+    ];
+    let keys = s.dir.path().join("keys");
+    for (i, (name, algorithm, opt, form)) in cases.into_iter().enumerate() {
+        let key = openssl_key(&keys.join(name), algorithm, opt, form);
+        let srv = ca.server_creds_with_key(name, &key);
+        let addr = free_addr();
+        let web = free_addr();
+        let server = s.serve_with(&[
+            "--nbd-tcp",
+            &addr,
+            "--tls-creds",
+            srv.to_str().unwrap(),
+            "--http",
+            &web,
+        ]);
+        // QEMU writes a pattern and reads it back; libnbd reads the export.
+        let pattern = format!("{}", i + 1);
+        let qemu = qemu_tls(&cli, &tcp_server(&addr));
+        let mut args = strs(&qemu);
+        let write = format!("write -P {pattern} 0 64k");
+        let read = format!("read -P {pattern} 0 64k");
+        args.extend(["-c", &write, "-c", &read]);
+        let o = run("qemu-io", &args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("read 65536/65536"),
+            "{name}: qemu-io: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let o = nbdinfo_tls(&addr, &cli);
+        assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("with TLS"),
+            "{name}: nbdinfo: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let url = format!("https://{web}/metrics");
+        let (status, _) = common::tls::curl(&srv.join("ca-cert.pem"), &url, None, None);
+        assert_eq!(status, 200, "{name}: HTTPS");
+        server.stop();
+    }
+}
+
+/// A key that cannot serve is refused at start by its cause, naming the
+/// file: too small (with its size), encrypted, not a key at all, or not
+/// the certificate's (naming both files and both keys).
+#[test]
+fn keys_that_cannot_serve_are_refused_by_cause() {
+    if !have("openssl") {
+        return;
+    }
+    let s = Store::new();
+    let ca = Ca::new(s.dir.path(), "ca");
+    let sock = s.sock();
+    let serve = |dir: &Path| {
+        s.fails(&[
+            "serve",
+            "--nbd-unix",
+            sock.to_str().unwrap(),
+            "--tls-creds",
+            dir.to_str().unwrap(),
+        ])
+    };
+    let keys = s.dir.path().join("keys");
+
+    let opt = "rsa_keygen_bits:1024";
+    let rsa1024 = openssl_key(&keys.join("rsa1024"), "RSA", opt, KeyForm::Traditional);
+    let small = ca.server_creds_with_key("small", &rsa1024);
+    let err = serve(&small);
+    assert!(
+        err.contains(small.join("server-key.pem").to_str().unwrap())
+            && err.contains("RSA 1024 bits")
+            && err.contains("at least 2048 bits"),
+        "{err}"
+    );
+
+    // Encrypted (as `openssl pkey -aes256` writes it): strata reads keys
+    // in the clear, and says so.
+    let enc = ca.creds("enc", Some("server"), "localhost");
+    std::fs::rename(enc.join("server-key.pem"), enc.join("clear.pem")).unwrap();
+    common::tls::openssl(
+        &enc,
+        &[
+            "pkey",
+            "-in",
+            "clear.pem",
+            "-aes256",
+            "-passout",
+            "pass:secret",
+            "-out",
+            "server-key.pem",
+        ],
+    );
+    let err = serve(&enc);
+    assert!(
+        err.contains(enc.join("server-key.pem").to_str().unwrap()) && err.contains("encrypted"),
+        "{err}"
+    );
+
+    // Not a key at all.
+    let garbage = ca.creds("garbage", Some("server"), "localhost");
+    std::fs::write(garbage.join("server-key.pem"), "not a key\n").unwrap();
+    let err = serve(&garbage);
+    assert!(
+        err.contains(garbage.join("server-key.pem").to_str().unwrap())
+            && err.contains("cannot parse")
+            && err.contains("no private key"),
+        "{err}"
+    );
+
+    // Another server's key: of the same kind, then of another.
+    let mine = ca.creds("mine", Some("server"), "localhost");
+    let other = ca.creds("other", Some("server"), "localhost");
+    std::fs::copy(other.join("server-key.pem"), mine.join("server-key.pem")).unwrap();
+    let err = serve(&mine);
+    assert!(
+        err.contains(mine.join("server-key.pem").to_str().unwrap())
+            && err.contains("does not match")
+            && err.contains(mine.join("server-cert.pem").to_str().unwrap())
+            && err.contains("both are ECDSA P-256"),
+        "{err}"
+    );
+    let ed25519 = openssl_key(&keys.join("ed25519"), "ED25519", "", KeyForm::Pkcs8);
+    std::fs::write(mine.join("server-key.pem"), ed25519).unwrap();
+    let err = serve(&mine);
+    assert!(
+        err.contains("does not match")
+            && err.contains("the key is Ed25519, the certificate's ECDSA P-256"),
+        "{err}"
+    );
+}
+
 /// Bytes sent right behind STARTTLS, before the server's answer, would be
 /// read as if they came over TLS (the STARTTLS injection attack): the
 /// server must drop the connection instead of answering.

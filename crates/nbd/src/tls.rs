@@ -24,11 +24,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
+use rustls::sign::SingleCertAndKey;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 
 use crate::{Authz, NbdStream};
+
+mod keys;
+use keys::creds_error;
 
 /// Whether a server that has credentials insists on TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,13 +69,6 @@ impl fmt::Debug for TlsOptions {
     }
 }
 
-fn creds_error(path: &Path, what: impl fmt::Display) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("{}: {what}", path.display()),
-    )
-}
-
 impl TlsOptions {
     /// Load credentials from `dir`, laid out as QEMU's `tls-creds-x509`
     /// expects for a server: `server-cert.pem` (the server's certificate,
@@ -96,29 +93,34 @@ impl TlsOptions {
 /// A TLS server configuration from the credentials in `dir`, laid out as
 /// QEMU's `tls-creds-x509` expects for a server (see [`TlsOptions::load`]);
 /// with `verify_peer`, clients must present a certificate `ca-cert.pem`
-/// signed. rustls with ring as its provider, chosen explicitly. The HTTPS
-/// listener uses it too.
+/// signed. The HTTPS listener uses it too.
+///
+/// rustls with aws-lc-rs as its provider, chosen explicitly: it signs with
+/// RSA keys of any size from 2048 to 8192 bits (ring took only some sizes),
+/// ECDSA P-256, P-384 and P-521 keys and Ed25519 keys, in PKCS#1, SEC1 or
+/// PKCS#8 PEM. A key it cannot use is refused by cause (see `keys`).
 pub fn server_config(dir: &Path, verify_peer: bool) -> io::Result<ServerConfig> {
     let cert_path = dir.join("server-cert.pem");
     let key_path = dir.join("server-key.pem");
+    let pem_error = |path: &Path, e| creds_error(path, keys::pem_problem(&e));
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
-        .map_err(|e| creds_error(&cert_path, e))?
+        .map_err(|e| pem_error(&cert_path, e))?
         .collect::<Result<_, _>>()
-        .map_err(|e| creds_error(&cert_path, e))?;
+        .map_err(|e| pem_error(&cert_path, e))?;
     if certs.is_empty() {
         return Err(creds_error(&cert_path, "no certificate in it"));
     }
-    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| creds_error(&key_path, e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let key = keys::certified_key(&provider, certs, &cert_path, &key_path)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| creds_error(dir, e))?;
     let builder = if verify_peer {
         let ca_path = dir.join("ca-cert.pem");
         let mut roots = RootCertStore::empty();
-        for c in CertificateDer::pem_file_iter(&ca_path).map_err(|e| creds_error(&ca_path, e))? {
+        for c in CertificateDer::pem_file_iter(&ca_path).map_err(|e| pem_error(&ca_path, e))? {
             roots
-                .add(c.map_err(|e| creds_error(&ca_path, e))?)
+                .add(c.map_err(|e| pem_error(&ca_path, e))?)
                 .map_err(|e| creds_error(&ca_path, e))?;
         }
         if roots.is_empty() {
@@ -131,9 +133,7 @@ pub fn server_config(dir: &Path, verify_peer: bool) -> io::Result<ServerConfig> 
     } else {
         builder.with_no_client_auth()
     };
-    builder
-        .with_single_cert(certs, key)
-        .map_err(|e| creds_error(dir, format!("the key does not suit the certificate: {e}")))
+    Ok(builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(key))))
 }
 
 /// One TLS session shared by every handle on a connection.
