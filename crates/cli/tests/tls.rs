@@ -425,6 +425,63 @@ fn every_key_kind_qemu_loads_serves_nbd_and_https() {
     }
 }
 
+/// An X.509 version 1 server certificate (what `openssl x509 -req` makes
+/// without extensions: no subjectAltName, the host name in the CN) is
+/// served, as qemu-nbd serves it; the client decides whether to trust it,
+/// and GnuTLS's do.
+#[test]
+fn a_version_1_certificate_serves_as_it_does_with_qemu_nbd() {
+    if !have_all() {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "d", "--size", "16M"]);
+    let ca = Ca::new(s.dir.path(), "ca");
+    let cli = ca.creds("cli", None, "");
+    let srv = ca.creds("srv", Some("server"), "localhost");
+    // Signed again as it was, without the extensions.
+    let (ca_cert, ca_key) = (
+        ca.ca_dir().join("ca-cert.pem"),
+        ca.ca_dir().join("ca-key.pem"),
+    );
+    let args = [
+        "x509",
+        "-req",
+        "-in",
+        "req.csr",
+        "-CA",
+        ca_cert.to_str().unwrap(),
+        "-CAkey",
+        ca_key.to_str().unwrap(),
+        "-CAcreateserial",
+        "-out",
+        "server-cert.pem",
+        "-days",
+        "30",
+    ];
+    common::tls::openssl(&srv, &args);
+    let text = run_ok(
+        "openssl",
+        &[
+            "x509",
+            "-noout",
+            "-text",
+            "-in",
+            srv.join("server-cert.pem").to_str().unwrap(),
+        ],
+    );
+    assert!(text.contains("Version: 1 (0x0)"), "{text}");
+    let addr = free_addr();
+    let _server = s.serve_with(&["--nbd-tcp", &addr, "--tls-creds", srv.to_str().unwrap()]);
+    let qemu = qemu_tls(&cli, &tcp_server(&addr));
+    let mut args = strs(&qemu);
+    args.extend(["-c", "write -P 3 0 64k", "-c", "read -P 3 0 64k"]);
+    let o = run_ok("qemu-io", &args);
+    assert!(o.contains("read 65536/65536"), "{o}");
+    let o = nbdinfo_tls(&addr, &cli);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// A key that cannot serve is refused at start by its cause, naming the
 /// file: too small (with its size), encrypted, not a key at all, or not
 /// the certificate's (naming both files and both keys).

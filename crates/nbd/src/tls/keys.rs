@@ -4,9 +4,11 @@
 //! key of a kind or size the provider does not sign with (which kind,
 //! which size), or a key that is not the certificate's.
 //!
-//! The provider only says that it could not use a key, not why; the kind
-//! and size are read here from the key's DER (PKCS#1, SEC1 or PKCS#8) and
-//! the certificate's SubjectPublicKeyInfo, only to tell people.
+//! The key is the certificate's when the public key the provider derives
+//! from it is the certificate's SubjectPublicKeyInfo, byte for byte. The
+//! provider only says that it could not use a key, not why; the kind and
+//! size are read here from the key's DER (PKCS#1, SEC1 or PKCS#8) and the
+//! certificate's SubjectPublicKeyInfo, only to tell people.
 
 use std::fmt;
 use std::io;
@@ -17,8 +19,8 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use x509_cert::der::asn1::{AnyRef, ContextSpecific, ObjectIdentifier, OctetStringRef, UintRef};
-use x509_cert::der::{Decode, SliceReader, Tag, TagNumber, Tagged};
-use x509_cert::spki::AlgorithmIdentifierRef;
+use x509_cert::der::{Decode, Encode, SliceReader, Tag, TagNumber, Tagged};
+use x509_cert::spki::{AlgorithmIdentifierRef, SubjectPublicKeyInfoOwned};
 
 /// A problem with the credentials file `path`, for people.
 pub(super) fn creds_error(path: &Path, what: impl fmt::Display) -> io::Error {
@@ -128,15 +130,22 @@ pub(super) fn certified_key(
         .load_private_key(key.clone_key())
         .map_err(|e| unusable(key_path, &key, e))?;
     let certified = CertifiedKey::new(certs, signer);
-    match certified.keys_match() {
-        // Unknown: a signer that cannot tell its public key (none of the
-        // provider's); rustls's own loading takes those as they are.
-        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
-            Ok(certified)
-        }
-        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+    // Not rustls's CertifiedKey::keys_match, which compares the same bytes
+    // but has webpki parse the certificate, and webpki refuses X.509 v1
+    // certificates: 'openssl x509 -req' without extensions makes those,
+    // and qemu-nbd serves them.
+    let cert = x509_cert::Certificate::from_der(&certified.cert[0])
+        .map_err(|e| creds_error(cert_path, format!("cannot parse the certificate: {e}")))?;
+    let spki = &cert.tbs_certificate.subject_public_key_info;
+    let spki_der = spki.to_der().map_err(|e| creds_error(cert_path, e))?;
+    match certified.key.public_key() {
+        // A signer that cannot tell its public key (none of the
+        // provider's): taken as it is, as rustls's own loading does.
+        None => Ok(certified),
+        Some(ours) if ours.as_ref() == spki_der.as_slice() => Ok(certified),
+        Some(_) => {
             let ours = private_key_kind(&key).map(|k| k.to_string());
-            let theirs = certificate_key_kind(&certified.cert[0]).map(|k| k.to_string());
+            let theirs = spki_kind(spki).map(|k| k.to_string());
             let kinds = match (ours, theirs) {
                 (Ok(a), Ok(b)) if a == b => format!(" (both are {a}, but not the same key)"),
                 (Ok(a), Ok(b)) => format!(" (the key is {a}, the certificate's {b})"),
@@ -150,10 +159,6 @@ pub(super) fn certified_key(
                 ),
             ))
         }
-        Err(e) => Err(creds_error(
-            cert_path,
-            format!("cannot parse the certificate: {e}"),
-        )),
     }
 }
 
@@ -244,10 +249,8 @@ fn private_key_kind(key: &PrivateKeyDer<'_>) -> Parsed<KeyKind> {
     }
 }
 
-/// The kind of the public key a certificate (DER) certifies.
-fn certificate_key_kind(cert: &CertificateDer<'_>) -> Parsed<KeyKind> {
-    let cert = x509_cert::Certificate::from_der(cert).map_err(der_error)?;
-    let spki = &cert.tbs_certificate.subject_public_key_info;
+/// The kind of the public key a certificate certifies.
+fn spki_kind(spki: &SubjectPublicKeyInfoOwned) -> Parsed<KeyKind> {
     let params = spki.algorithm.parameters.as_ref().map(AnyRef::from);
     let key = spki.subject_public_key.raw_bytes();
     kind(
