@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Crash-test soak: run the seeded crash simulation (crates/engine/tests/crash.rs)
+# Soak: run the seeded crash simulation (crates/engine/tests/crash.rs)
 # for a given time and print how many crash points it covered, then the
-# threaded crash test (concurrent_crash.rs) for the same time in runs of 50.
+# threaded crash test (concurrent_crash.rs) for the same time in runs of 50,
+# then the NBD deep-queue stress (nbd_stress.rs) at a twentieth of it per run.
 #
 #   bench/soak.sh [SECONDS] [FIRST_SEED]      (default 600 s, seed 1000000)
 #
@@ -25,3 +26,11 @@ while [ "$(date +%s)" -lt "$end" ]; do
   runs=$((runs + 50))
 done
 echo "soak: threaded crash test: ${runs} power cuts, all recovered"
+# Deep NBD queues (issue 58): fio, nbdcopy and the byte-checking libnbd
+# client at depths 1 to 1,024 in every cache/aio mode over Unix and TCP,
+# plain and TLS; each client run gets a twentieth of the soak's seconds.
+per=$(( secs / 20 > 1 ? secs / 20 : 1 ))
+echo "soak: NBD deep-queue stress, ${per}s per client run (crates/cli/tests/nbd_stress.rs)"
+STRATA_STRESS_SECONDS=$per STRATA_REQUIRE_TOOLS=1 cargo test --release -q -p strata \
+  --test nbd_stress -- --nocapture 2>&1 | grep -E "read=|test result|panicked|FAIL" \
+  || { echo "soak: NBD stress FAILED"; exit 1; }

@@ -198,8 +198,16 @@ impl<T: Send> RingIo<T> {
     }
 
     /// Wait until every request started has been handed back (and `finish`
-    /// returned for it).
+    /// returned for it). What is queued is submitted first: no wait here
+    /// is for a request the kernel was never given. A submission that
+    /// fails leaves the queued requests to fail with the ring (their
+    /// reaping thread sees the error), so this returns rather than wait
+    /// for them.
     pub fn wait_idle(&self) {
+        if let Err(e) = self.ring.submit() {
+            tracing::error!("io_uring: cannot submit before waiting for the ring: {e}");
+            return;
+        }
         let mut s = self.state.lock();
         while !s.pending.is_empty() || s.finishing > 0 {
             self.idle.wait(&mut s);
@@ -226,6 +234,7 @@ impl<T: Send> RingIo<T> {
         finish: impl FnMut(Pending<T>),
         batch_done: impl FnMut(),
     ) -> io::Result<usize> {
+        self.ring.submit()?;
         self.reap_handing(true, finish, batch_done)
     }
 
@@ -286,6 +295,7 @@ impl<T: Send> RingIo<T> {
         mut finish: impl FnMut(Pending<T>),
         mut batch_done: impl FnMut(),
     ) -> io::Result<usize> {
+        self.ring.submit()?;
         let mut handed = 0;
         while self.busy() {
             match self.reap_batch(true, &mut finish, &mut batch_done) {

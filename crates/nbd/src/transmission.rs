@@ -54,6 +54,9 @@ const HOLE_READ_MIN: u32 = 64 * 1024;
 /// part of the data around them (a chunk header costs a client more than
 /// a few hundred bytes of zeros).
 const HOLE_CHUNK_MIN: u64 = 4096;
+/// How often a reader waiting for room in its in-flight budget looks
+/// whether the server is stopping or the connection broke.
+const ADMIT_RECHECK: Duration = Duration::from_millis(100);
 /// Most descriptors in one BLOCK_STATUS reply; the rest of the range is
 /// left for the client to ask again.
 const DESCRIPTORS_MAX: usize = 128 * 1024;
@@ -326,9 +329,20 @@ fn read_requests<S: NbdStream>(
             return Ok(());
         }
         // Reads queued on the ring start now, all with one call, unless
-        // another request is already here to join them.
+        // another READ is already here to join them. Nothing on the way
+        // from here to queueing that READ waits (`admit` submits before
+        // it does), and every other request starts with the ring
+        // submitted: no thread ever waits for a completion of a read
+        // that was queued and not submitted (ARCHITECTURE.md, "Direct
+        // I/O through io_uring").
         if let Some(r) = &conn.ring {
-            if reader.buffer().len() < REQUEST_BYTES {
+            let buffered = reader.buffer();
+            if buffered.len() >= REQUEST_BYTES && !read_is_buffered(buffered) {
+                if let Err(e) = r.submit() {
+                    conn.mark_broken(&e);
+                    return Err(e);
+                }
+            } else if buffered.len() < REQUEST_BYTES {
                 let fd = match (&wait.ready, r.busy()) {
                     (Some(ready), true) => reader
                         .get_mut()
@@ -392,7 +406,16 @@ fn read_requests<S: NbdStream>(
                 return Err(e);
             }
         }
-        conn.admit(cost, shared);
+        match conn.admit(cost, shared) {
+            Ok(true) => {}
+            // Stopping, or the client is gone: this request is not
+            // answered (nor, for a WRITE, its payload read).
+            Ok(false) => return Ok(()),
+            Err(e) => {
+                conn.mark_broken(&e);
+                return Err(e);
+            }
+        }
         if req.ty == CMD_READ {
             if let Some(r) = &conn.ring {
                 let data = conn.take_buffer(req.len as usize);
@@ -435,6 +458,12 @@ fn read_requests<S: NbdStream>(
             workers.grow()?;
         }
     }
+}
+
+/// Whether the next request is a READ whose header is already in the
+/// receive buffer `b` (it can join the reads queued before it).
+fn read_is_buffered(b: &[u8]) -> bool {
+    b.len() >= REQUEST_BYTES && u16::from_be_bytes([b[6], b[7]]) == CMD_READ
 }
 
 /// Answer what completes in the ring until the socket `fd` has input
@@ -622,14 +651,30 @@ impl<S: NbdStream> Conn<S> {
     }
 
     /// Wait until the in-flight budget has room for a request of `cost`
-    /// bytes, then charge it. A lone request is always admitted.
-    fn admit(&self, cost: u64, shared: &Shared) {
+    /// bytes, then charge it (true). A lone request is always admitted.
+    /// Before it waits, what the reader queued on the ring starts: the
+    /// room it waits for may be what those requests hold. Gives up
+    /// (false) when the server stops or the connection breaks meanwhile.
+    fn admit(&self, cost: u64, shared: &Shared) -> io::Result<bool> {
         let mut q = self.queue.lock();
+        if no_room(&q, cost, shared) {
+            if let Some(r) = &self.ring {
+                drop(q);
+                r.submit()?;
+                q = self.queue.lock();
+            }
+        }
         while no_room(&q, cost, shared) {
-            self.room.wait(&mut q);
+            if shared.stopping() || self.broken.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            // Woken by each answer; the timeout only bounds how late a
+            // shutdown is noticed (it has no handle on this condvar).
+            self.room.wait_for(&mut q, ADMIT_RECHECK);
         }
         q.inflight += 1;
         q.inflight_bytes += cost;
+        Ok(true)
     }
 
     /// For a connection whose reader is its ring's only reaper: while the
