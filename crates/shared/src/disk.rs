@@ -820,6 +820,41 @@ struct State {
 }
 
 impl State {
+    /// A handle's state as it opens on `man`: not the writer, nothing
+    /// unflushed.
+    fn new(man: Manifest) -> State {
+        State {
+            man: Arc::new(man),
+            refreshed: Instant::now(),
+            owner: false,
+            fenced: None,
+            released: None,
+            incoming: None,
+            next_ctr: 0,
+            dirty: Batch::new(),
+            dirty_bytes: 0,
+            inflight: Default::default(),
+            commit_no: 0,
+            settled: HashMap::new(),
+            pipeline_ok: false,
+            unsettled: false,
+            mine: Default::default(),
+            last_failure: None,
+            markers_listed: None,
+            marker_seen: 0,
+            fold: None,
+            folding: None,
+            compacting: None,
+            client_bytes: 0,
+            last_write: Instant::now(),
+            write_seq: 0,
+            durable_seq: 0,
+            sealed: BTreeMap::new(),
+            seal_no: 0,
+            sealing: HashMap::new(),
+        }
+    }
+
     /// Remember a manifest this process issues (the newest 16).
     fn note_mine(&mut self, m: &Manifest) {
         self.mine.push_back((m.seq, m.nonce));
@@ -1050,36 +1085,7 @@ impl SharedDisk {
             id,
             read_only: read_only || snapshot.is_some(),
             snapshot,
-            state: Mutex::new(State {
-                man: Arc::new(man),
-                refreshed: Instant::now(),
-                owner: false,
-                fenced: None,
-                released: None,
-                incoming: None,
-                next_ctr: 0,
-                dirty: Batch::new(),
-                dirty_bytes: 0,
-                inflight: Default::default(),
-                commit_no: 0,
-                settled: HashMap::new(),
-                pipeline_ok: false,
-                unsettled: false,
-                mine: Default::default(),
-                last_failure: None,
-                markers_listed: None,
-                marker_seen: 0,
-                fold: None,
-                folding: None,
-                compacting: None,
-                client_bytes: 0,
-                last_write: Instant::now(),
-                write_seq: 0,
-                durable_seq: 0,
-                sealed: BTreeMap::new(),
-                seal_no: 0,
-                sealing: HashMap::new(),
-            }),
+            state: Mutex::new(State::new(man)),
             uploaded: Condvar::new(),
             landed: Condvar::new(),
             commit: Mutex::new(()),
