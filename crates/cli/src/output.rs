@@ -477,6 +477,10 @@ fn disk_table(out: &mut String, disks: &[DiskView]) {
 /// Who writes an object-store disk, in a few words.
 fn writer(w: &StoreDisk) -> String {
     let who = match &w.owner {
+        Some(o) if o.is_host() => format!(
+            "{} (host {}, no process: claimed with no server running; its next server writes it)",
+            o.name, o.host
+        ),
         Some(o) => format!("{} (host {}, pid {})", o.name, o.host, o.pid),
         None => "none yet (the first host to write claims it)".into(),
     };
@@ -561,11 +565,17 @@ fn claim(out: &mut String, v: &DiskView, claimed: bool) {
         fenced: None,
     });
     let _ = if claimed {
+        let host = w.owner.as_ref().is_some_and(|o| o.is_host());
         let who = w.owner.map(|o| o.name).unwrap_or_default();
         writeln!(
             out,
-            "claimed disk {name}: this host ({who}) is its writer, generation {}",
-            w.generation
+            "claimed disk {name}: this host ({who}) is its writer, generation {}{}",
+            w.generation,
+            if host {
+                " (no server runs here: the claim is the host's, and its next server writes the disk)"
+            } else {
+                ""
+            }
         )
     } else {
         writeln!(

@@ -449,6 +449,25 @@ fn an_object_store_disk_shows_its_writer_and_no_allocation_it_does_not_know() {
 }
 
 #[test]
+fn a_claim_made_without_a_server_shows_the_host_as_the_writer() {
+    let mut v = store_disk();
+    v.object_store.as_mut().unwrap().owner.as_mut().unwrap().pid = 0;
+    let info = render(&Response::Disk(v.clone()), Format::Human);
+    assert!(
+        info.contains(
+            "writer:          alpha (host h1, no process: claimed with no server running; its \
+             next server writes it)"
+        ),
+        "{info}"
+    );
+    assert_eq!(
+        render(&Response::Claimed(v), Format::Human),
+        "claimed disk db: this host (alpha) is its writer, generation 3 (no server runs here: \
+         the claim is the host's, and its next server writes the disk)\n"
+    );
+}
+
+#[test]
 fn a_check_with_problems_fails_the_command() {
     assert!(every_response()[7].found_problems());
     assert!(!Response::Check(CheckReport::default()).found_problems());

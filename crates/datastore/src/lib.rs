@@ -437,6 +437,9 @@ pub struct OpenOptions {
     /// An object-store datastore's segment cache bound, recorded in its
     /// directory (None: keep the recorded one).
     pub store_cache: Option<u64>,
+    /// Who opens it: what becomes of the object-store disks this process
+    /// claims (a local datastore ignores it).
+    pub role: Role,
 }
 
 impl Default for OpenOptions {
@@ -446,8 +449,22 @@ impl Default for OpenOptions {
             direct_io: false,
             store_timeout: Duration::from_secs(30),
             store_cache: None,
+            role: Role::Command,
         }
     }
+}
+
+/// The process that opens a datastore, as far as an object store's
+/// claims go (FORMAT.md §11.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A command run with no server: `claim` is made for the host and
+    /// outlives the command; a disk the command takes over for a change
+    /// goes back at its end to whom it was taken from.
+    Command,
+    /// A server: its claims are its own, and a clean stop releases every
+    /// disk it writes.
+    Server,
 }
 
 /// Which kind of datastore `dir` is: the one probe of what a directory

@@ -22,8 +22,8 @@ use crate::alarms::AlarmSettings;
 use crate::{
     capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DatastoreView,
     DiskInfo, DiskView, Error, ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
-    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
-    StoreDisk,
+    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, Role, SnapshotInfo,
+    SpaceWork, StoreDisk,
 };
 
 /// The object-store crate's error with its kind kept as far as the
@@ -60,11 +60,14 @@ pub struct ObjectStoreDatastore {
     last_gc: Mutex<Option<GcReport>>,
     /// Disks opened from now on fetch their hot set (a server's).
     hot_prefetch: std::sync::atomic::AtomicBool,
+    /// Whether this process is a server, or a command run without one.
+    role: Role,
 }
 
 impl ObjectStoreDatastore {
-    pub fn new(ds: Arc<SharedDatastore>, dir: &Path) -> Self {
+    pub fn new(ds: Arc<SharedDatastore>, dir: &Path, role: Role) -> Self {
         ObjectStoreDatastore {
+            role,
             ds,
             dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
             handles: Mutex::new(HashMap::new()),
@@ -84,7 +87,7 @@ impl ObjectStoreDatastore {
             strata_shared::set_cache_bound(dir, bytes).map_err(from_shared)?;
         }
         let ds = SharedDatastore::open(dir, &o).map_err(from_shared)?;
-        Ok(ObjectStoreDatastore::new(Arc::new(ds), dir))
+        Ok(ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role))
     }
 
     pub fn shared(&self) -> &Arc<SharedDatastore> {
@@ -160,6 +163,45 @@ impl ObjectStoreDatastore {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// `strata claim DISK` (`handover`: only once its writer released it,
+    /// waiting up to that long): the newest manifest after it. A server
+    /// claims for itself, through the handle its clients use; a command
+    /// run without one claims for the host (FORMAT.md §11.6, "The host's
+    /// claim"), which its end does not undo.
+    pub fn claim(&self, name: &str, handover: Option<Duration>) -> Result<Manifest> {
+        if self.role == Role::Command {
+            return self.ds.claim_for_host(name, handover).map_err(from_shared);
+        }
+        let mut d = self.disk(name)?;
+        if d.ownership().1.is_some() {
+            // Fenced here before: taking it back starts afresh.
+            d = self.reopen(name)?;
+        }
+        match handover {
+            Some(wait) => d.claim_handover(wait),
+            None => d.claim(),
+        }
+        .map_err(from_shared)?;
+        Ok((*d.manifest()).clone())
+    }
+
+    /// `strata release DISK`: this process's writes committed, then a
+    /// manifest with no owner. A disk no process of this host writes but
+    /// that is this host's (its claim, or a process that is gone) is
+    /// released without a handle of its own.
+    pub fn release(&self, name: &str) -> Result<Manifest> {
+        let d = self.disk(name)?;
+        let (writer, fenced) = d.ownership();
+        if !writer && fenced.is_none() && !d.is_released() {
+            let m = self.manifest(name)?;
+            let me = self.ds.me_as_owner();
+            if m.owner.as_ref().is_some_and(|o| o.host == me.host) {
+                return self.ds.release(name).map_err(from_shared);
+            }
+        }
+        d.release().map_err(from_shared)
     }
 
     /// Commit every disk this process writes; the disks that failed, with
@@ -620,13 +662,18 @@ impl Datastore for ObjectStoreDatastore {
             if let Err(e) = d.record_hot_set() {
                 tracing::warn!("recording the hot set of '{name}': {e}");
             }
-            // A clean stop lets go of the disks this process writes, so
+            // A server's clean stop lets go of the disks it writes, so
             // another host's first write takes them without a 'strata
             // claim' (a first write never fences a writer on another host,
-            // FORMAT.md §11.6).
+            // FORMAT.md §11.6). A command gives back what it took over:
+            // to its host if it took it from its host, else to nobody.
             let (writer, fenced) = d.ownership();
             if writer && fenced.is_none() && !name.contains('@') {
-                if let Err(e) = d.release() {
+                let r = match self.role {
+                    Role::Server => d.release(),
+                    Role::Command => d.give_back(),
+                };
+                if let Err(e) = r {
                     failed.push((name, from_shared(e)));
                 }
             }

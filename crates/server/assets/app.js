@@ -540,8 +540,13 @@ function renderDiskFacts(d) {
     fact('fragments', d.fragments ?? '-'),
     fact('parent', d.parent || '-'),
     fact('created', age(d.created_unix)),
-    d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + ' (pid ' + d.object_store.owner.pid + ')') : null,
+    d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + writerPid(d.object_store.owner)) : null,
     d.object_store ? fact('generation', d.object_store.generation) : null].filter(Boolean));
+}
+
+// pid 0: the host's own claim, made with no server running (FORMAT.md §11.6).
+function writerPid(owner) {
+  return owner.pid ? ' (pid ' + owner.pid + ')' : ' (the host: claimed with no server running)';
 }
 
 // ---- refresh loop ----------------------------------------------------------

@@ -42,20 +42,11 @@ pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, 
             wait_seconds,
         } => {
             let wait = std::time::Duration::from_secs(wait_seconds.unwrap_or(60));
-            let mut d = x.disk(name)?;
-            if d.ownership().1.is_some() {
-                // Fenced here before: taking it back starts afresh.
-                d = x.reopen(name)?;
-            }
-            if *handover {
-                d.claim_handover(wait).map_err(e)?;
-            } else {
-                d.claim().map_err(e)?;
-            }
-            Response::Claimed(x.view(name, &d.manifest()))
+            let m = x.claim(name, handover.then_some(wait))?;
+            Response::Claimed(x.view(name, &m))
         }
         Request::Release { name } => {
-            let m = x.disk(name)?.release().map_err(e)?;
+            let m = x.release(name)?;
             Response::Released(x.view(name, &m))
         }
         Request::Check => Response::StoreCheck(ds.check().map_err(e)?),

@@ -243,6 +243,8 @@ impl Places {
             direct_io: self.cfg.direct_io,
             store_timeout: self.cfg.store_timeout,
             store_cache: None,
+            // Its disks are served here: their claims are this server's.
+            role: strata_datastore::Role::Server,
         };
         let s: Store = match loc.kind {
             Kind::Local => match LocalDatastore::open(&loc.dir, &opts) {

@@ -924,6 +924,7 @@ fn open_home(
         let opts = strata_datastore::OpenOptions {
             store_timeout: Duration::from_secs(args.store_timeout),
             store_cache: args.store_cache,
+            role: strata_datastore::Role::Server,
             ..Default::default()
         };
         let store = ObjectStoreDatastore::open(dir, &opts)?;

@@ -219,12 +219,29 @@ impl SharedDatastore {
         }
     }
 
+    /// This host, as a manifest names the host's own claim (§11.6): no
+    /// process of it writes the disk.
+    pub fn me_as_host(&self) -> Owner {
+        Owner {
+            pid: Owner::HOST_PID,
+            ..self.me_as_owner()
+        }
+    }
+
+    /// Whether `o` is this host's claim, or a process of this host that
+    /// is this one or is gone: nobody on this host writes the disk but
+    /// this process, and no other host may.
+    fn is_this_host_idle(&self, o: &Owner) -> bool {
+        o.host == self.cfg.me.host
+            && (o.is_host() || o.pid == std::process::id() || !pid_alive(o.pid))
+    }
+
     /// Claim disk `name` for this process (a manifest with the next
     /// generation naming it): of claims from one generation exactly one
     /// succeeds.
     pub fn claim(&self, name: &str) -> Result<Manifest> {
         let id = self.disk_id(name)?;
-        claim(&self.store, name, id, self.me_as_owner(), None)
+        claim(&self.store, name, id, self.me_as_owner(), None).map(|c| c.man)
     }
 
     /// Claim disk `name` once its writer released it (waiting up to
@@ -232,7 +249,23 @@ impl SharedDatastore {
     pub fn claim_handover(&self, name: &str, wait: Duration) -> Result<Manifest> {
         let id = self.disk_id(name)?;
         wait_for_release(self, name, id, wait)?;
-        claim(&self.store, name, id, self.me_as_owner(), None)
+        claim(&self.store, name, id, self.me_as_owner(), None).map(|c| c.man)
+    }
+
+    /// Claim disk `name` for this host, not this process (§11.6, "The
+    /// host's claim": `strata claim` with no server running): the claim
+    /// outlives the process; the host's next server takes the disk over
+    /// at its first write, and every other host is refused. With
+    /// `handover`, only once the writer released the disk (waiting up to
+    /// that long), as [`Self::claim_handover`].
+    pub fn claim_for_host(&self, name: &str, handover: Option<Duration>) -> Result<Manifest> {
+        let id = self.disk_id(name)?;
+        if let Some(wait) = handover {
+            wait_for_release(self, name, id, wait)?;
+        }
+        let c = claim(&self.store, name, id, self.me_as_host(), None)?;
+        assert!(c.man.owner.as_ref().is_some_and(Owner::is_host));
+        Ok(c.man)
     }
 
     /// Release disk `name` when no live process writes it (its writer on
@@ -286,6 +319,9 @@ impl Hold {
 }
 
 fn pid_alive(pid: u32) -> bool {
+    // kill(0, 0) would check our own process group: pid 0 is the host's
+    // claim, which no process holds.
+    assert_ne!(pid, Owner::HOST_PID, "the host's claim has no process");
     // SAFETY: kill(2) with signal 0 sends nothing; it only checks.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
@@ -293,18 +329,15 @@ fn pid_alive(pid: u32) -> bool {
 
 impl SharedDatastore {
     /// Whether this process may act as disk `name`'s owner without
-    /// fencing a live writer: nobody owns it, this process does, or its
-    /// owner is a process of this host that is gone (e.g. `strata claim`).
+    /// fencing a live writer: nobody owns it, this process does, this
+    /// host claimed it (`strata claim` with no server running), or its
+    /// owner is a process of this host that is gone (a server that
+    /// crashed).
     /// Any other owner must hand it over first (`strata claim`).
     pub fn may_take_over(&self, name: &str, m: &Manifest) -> Result<()> {
         match &m.owner {
             None => Ok(()),
-            Some(o)
-                if o.host == self.cfg.me.host
-                    && (o.pid == std::process::id() || !pid_alive(o.pid)) =>
-            {
-                Ok(())
-            }
+            Some(o) if self.is_this_host_idle(o) => Ok(()),
             Some(_) => Err(Error::new(
                 ErrorKind::Fenced,
                 format!(
@@ -566,6 +599,13 @@ pub(crate) fn claim_marker_of_key(key: &str) -> Option<u64> {
 
 fn describe_owner(m: &Manifest) -> String {
     match &m.owner {
+        Some(o) if o.is_host() => format!(
+            "host {} ({}; claimed with no server running there), generation {} since {}",
+            o.host,
+            o.name,
+            m.generation,
+            utc(m.written_ms)
+        ),
         Some(o) => format!(
             "{} (host {}, pid {}), generation {} since {}",
             o.name,
@@ -647,6 +687,13 @@ fn commit_manifest(store: &ObjectStore, prev: &Manifest, next: &mut Manifest) ->
     ))
 }
 
+/// A claim that landed: the claiming manifest, and the owner of the
+/// manifest it was written on (whom the disk was taken from).
+struct Claimed {
+    man: Manifest,
+    from: Option<Owner>,
+}
+
 /// Claim disk `name` (id `id`) for `me`. With `unless_live`, only if no
 /// live writer elsewhere holds it (a first write's claim, §11.6): a host
 /// that comes back after a crash must not take a disk another host
@@ -657,7 +704,7 @@ fn claim(
     id: u32,
     me: Owner,
     unless_live: Option<&SharedDatastore>,
-) -> Result<Manifest> {
+) -> Result<Claimed> {
     let mut newest = newest_manifest(store, id)?;
     let first_gen = newest.generation;
     for _ in 0..64 {
@@ -688,7 +735,10 @@ fn claim(
                 "disk '{name}' claimed by this host (generation {})",
                 next.generation
             );
-            return Ok(next);
+            return Ok(Claimed {
+                man: next,
+                from: newest.owner,
+            });
         }
         // Only the keys from the one lost on (a busy writer's disk has
         // thousands of manifests until GC runs).
@@ -757,6 +807,13 @@ struct State {
     /// Set once this host released the disk for a hand-over (§11.5a):
     /// writes are refused, reads follow the next writer.
     released: Option<String>,
+    /// This process took the disk from its own host (the host's claim,
+    /// or a process of this host that is gone): a command gives it back
+    /// to the host at its end (§11.6, "What a command gives back").
+    from_host: bool,
+    /// The last refusal of a first write's claim that was logged (once
+    /// per writer elsewhere, §11.6).
+    refusal_logged: Option<String>,
     /// Incoming (§11.5a): the first write waits up to this long for the
     /// writer to release the disk instead of claiming it from a live one.
     incoming: Option<Duration>,
@@ -829,6 +886,8 @@ impl State {
             owner: false,
             fenced: None,
             released: None,
+            from_host: false,
+            refusal_logged: None,
             incoming: None,
             next_ctr: 0,
             dirty: Batch::new(),
@@ -1565,12 +1624,20 @@ impl SharedDisk {
             wait_for_release(&self.ds, disk, self.id, wait)?;
         }
         let guard = (!explicit && incoming.is_none()).then_some(&*self.ds);
-        let m = claim(self.store(), disk, self.id, self.ds.me_as_owner(), guard)?;
+        let c = match claim(self.store(), disk, self.id, self.ds.me_as_owner(), guard) {
+            Err(e) if guard.is_some() && e.kind == ErrorKind::Fenced => {
+                self.log_refusal(&e);
+                return Err(e);
+            }
+            r => r?,
+        };
+        let m = c.man;
         self.ds.cache.seed_root(&m);
         let mut st = self.state.lock().unwrap();
         st.marker_seen = m.seq;
         st.man = Arc::new(m);
         st.owner = true;
+        st.from_host = c.from.is_some_and(|o| self.ds.is_this_host_idle(&o));
         // The first commit after a claim may pass over an orphan: none
         // is issued on top of it (§11.4b rule 2).
         st.pipeline_ok = false;
@@ -1580,6 +1647,22 @@ impl SharedDisk {
         drop(st);
         self.start_compactor();
         Ok(())
+    }
+
+    /// A client's write could not claim the disk: another host writes it
+    /// (§11.6). Said once per refusal text (it names the writer and its
+    /// generation), as an error event: the client sees only EIO.
+    fn log_refusal(&self, e: &Error) {
+        let mut st = self.state.lock().unwrap();
+        if st.refusal_logged.as_deref() != Some(e.message.as_str()) {
+            tracing::error!(
+                event = "writer_elsewhere",
+                disk = self.disk_name(),
+                "writes refused: {}",
+                e.message
+            );
+            st.refusal_logged = Some(e.message.clone());
+        }
     }
 
     /// Mark the disk incoming (§11.5a): until this host writes it, its
@@ -1616,24 +1699,46 @@ impl SharedDisk {
     /// error saying so, not a fence) and reads what the next writer
     /// commits; `claim` takes it back.
     pub fn release(&self) -> Result<Manifest> {
+        self.let_go(None)
+    }
+
+    /// A command's end (§11.6, "What a command gives back"): commit, then
+    /// give the disk back to whom this process took it from: its host
+    /// (the host's claim) if it took it from its own host, else nobody
+    /// (as [`Self::release`]).
+    pub fn give_back(&self) -> Result<Manifest> {
+        let from_host = self.state.lock().unwrap().from_host;
+        self.let_go(from_host.then(|| self.ds.me_as_host()))
+    }
+
+    /// Before [`Self::let_go`]: the manifest if this host released the
+    /// disk already (nothing to do), an error if it does not write it.
+    fn released_already(&self, disk: &str) -> Result<Option<Manifest>> {
+        let st = self.state.lock().unwrap();
+        if st.released.is_some() {
+            return Ok(Some((*st.man).clone()));
+        }
+        if let Some(f) = &st.fenced {
+            return Err(Error::new(ErrorKind::Fenced, f.clone()));
+        }
+        if !st.owner {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "this host does not write disk '{disk}' ({}): there is nothing to release",
+                    describe_owner(&st.man)
+                ),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// [`Self::release`] to `to` instead of nobody (only the host's claim).
+    fn let_go(&self, to: Option<Owner>) -> Result<Manifest> {
+        assert!(to.as_ref().is_none_or(Owner::is_host));
         let disk = self.disk_name().to_string();
-        {
-            let st = self.state.lock().unwrap();
-            if st.released.is_some() {
-                return Ok((*st.man).clone());
-            }
-            if let Some(f) = &st.fenced {
-                return Err(Error::new(ErrorKind::Fenced, f.clone()));
-            }
-            if !st.owner {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "this host does not write disk '{disk}' ({}): there is nothing to release",
-                        describe_owner(&st.man)
-                    ),
-                ));
-            }
+        if let Some(m) = self.released_already(&disk)? {
+            return Ok(m);
         }
         // The next writer starts from what this one read (§11.5b).
         if let Err(e) = self.record_hot_set() {
@@ -1659,7 +1764,7 @@ impl SharedDisk {
             };
             let mut next = Manifest {
                 seq: man.seq + 1,
-                owner: None,
+                owner: to.clone(),
                 written_ms: now_ms(),
                 nonce: rand::random(),
                 ..(*man).clone()
@@ -1671,11 +1776,15 @@ impl SharedDisk {
                     st.owner = false;
                     st.man = Arc::new(next.clone());
                     st.refreshed = Instant::now();
+                    let what = match to {
+                        Some(_) => "given back to this host (its claim, no process)",
+                        None => "released by this host for a hand-over",
+                    };
                     tracing::info!(
                         event = "release",
                         disk = %disk,
                         generation = next.generation,
-                        "disk '{disk}' released by this host for a hand-over"
+                        "disk '{disk}' {what}"
                     );
                     Ok(next)
                 }
