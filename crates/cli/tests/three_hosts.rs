@@ -5,8 +5,10 @@
 //! host is killed under load; the other two `claim` its disks and serve
 //! them; everything fio flushed verifies on the new writers; the killed
 //! host comes back fenced (its writes fail naming the writer), and GC and
-//! check are clean. Without network namespaces (not root, no `ip`) the
-//! hosts share loopback and the test says so.
+//! check are clean. A second, smaller test claims a killed host's disk
+//! from a host with no server running (issue 58 item 6): the claim holds,
+//! and the killed host, restarted, is refused. Without network namespaces
+//! (not root, no `ip`) the hosts share loopback and the tests say so.
 
 mod common;
 
@@ -29,7 +31,8 @@ struct Ns {
 
 impl Ns {
     fn make(net: u8, k: usize) -> Option<Ns> {
-        let tag = format!("{:x}{k}", std::process::id() & 0xffff);
+        // Unique per test of this process (each has its own `net`).
+        let tag = format!("{:x}{net}{k}", std::process::id() & 0xffff);
         let ns = Ns {
             name: format!("strata-t3-{tag}"),
             outer: format!("10.{net}.{k}.1"),
@@ -109,6 +112,8 @@ struct Node {
     /// The store's endpoint as seen from its namespace.
     endpoint: String,
     server: Option<Child>,
+    /// Where its server's stderr goes (None: this test's stderr).
+    log: Option<std::path::PathBuf>,
 }
 
 impl Node {
@@ -173,11 +178,21 @@ impl Node {
             }
         };
         // `ip netns exec` execs the server: the child's pid is the server's.
+        let stderr = match &self.log {
+            Some(p) => Stdio::from(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .unwrap(),
+            ),
+            None => Stdio::inherit(),
+        };
         let child = cmd
             .env("AWS_ENDPOINT_URL", &self.endpoint)
             .env("STRATA_COMPACT", "0")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         self.server = Some(child);
@@ -266,20 +281,36 @@ fn fio_ok(what: &str, jobs: &[(String, String)], extra: &[&str]) {
     );
 }
 
-#[test]
-fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
-    let Some(shared) = testing::shared() else {
-        return;
-    };
-    if !common::have("fio") || !common::have("qemu-io") {
-        return;
+/// qemu-io's commands on a raw NBD export: whether it succeeded, and
+/// what it printed.
+fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
+    let mut args = vec!["-f", "raw"];
+    for c in cmds {
+        args.extend(["-c", c]);
     }
+    args.push(uri);
+    let o = Command::new("qemu-io").args(&args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A failed command prints "failed"; the exit status alone does not
+    // always say so.
+    (o.status.success() && !text.contains("failed"), text)
+}
+
+/// Three hosts of one new datastore (the first `init`s it, the others
+/// `attach`), each in a network namespace of its own when it can be made
+/// (addresses `10.NET.K.*`, `NET` from `net` to `net + 49`), no server
+/// started; and the proxies their store traffic goes through.
+fn hosts(shared: &testing::Shared, net: u8) -> (Vec<Node>, Vec<FaultProxy>) {
     let upstream = shared.endpoint.trim_start_matches("http://").to_string();
     let url = format!(
         "s3://strata-cli-test/three-hosts-{:08x}",
         rand::random::<u32>()
     );
-    let net = 100 + rand::random::<u8>() % 100;
+    let net = net + rand::random::<u8>() % 50;
     let mut proxies = Vec::new();
     let mut nodes: Vec<Node> = Vec::new();
     for k in 1..=3 {
@@ -306,12 +337,25 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
             nbd,
             endpoint,
             server: None,
+            log: None,
         });
     }
     nodes[0].ok(&["init", "--object-store", &url]);
     for n in &nodes[1..] {
         n.ok(&["attach", "--object-store", &url]);
     }
+    (nodes, proxies)
+}
+
+#[test]
+fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
+    let Some(shared) = testing::shared() else {
+        return;
+    };
+    if !common::have("fio") || !common::have("qemu-io") {
+        return;
+    }
+    let (mut nodes, proxies) = hosts(shared, 100);
     for i in 0..DISKS {
         nodes[0].ok(&["create", &name(i), "--size", "8M"]);
     }
@@ -429,23 +473,7 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
     nodes[2].start();
     let c = &nodes[2];
     let d = name(2 * PER_HOST);
-    let o = Command::new("qemu-io")
-        .args([
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x77 0 4k",
-            "-c",
-            "flush",
-            &c.uri(&d),
-        ])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (_, text) = qemu_io(&c.uri(&d), &["write -P 0x77 0 4k", "flush"]);
     assert!(
         text.contains("failed"),
         "a write through the host that came back must fail: {text}"
@@ -476,6 +504,100 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
             &["--rw=randwrite", "--verify_only"],
         );
     }
+    drop(nodes);
+    drop(proxies);
+}
+
+/// Issue 58 item 6: `strata claim` on a host with no server running makes
+/// that host the writer, as the manifest records it, and the old writer,
+/// killed and restarted, is refused (naming the new one) instead of
+/// taking the disk back with its first write.
+#[test]
+fn a_claim_without_a_server_holds_against_the_writer_that_comes_back() {
+    let Some(shared) = testing::shared() else {
+        return;
+    };
+    if !common::have("qemu-io") {
+        return;
+    }
+    let (mut nodes, proxies) = hosts(shared, 150);
+    let logs = tempfile::tempdir().unwrap();
+    let a_log = logs.path().join("a.log");
+    nodes[0].log = Some(a_log.clone());
+    nodes[0].ok(&["create", "d", "--size", "8M"]);
+
+    // Host A writes the disk (and so claims it), flushes, and dies.
+    nodes[0].start();
+    let (ok, text) = qemu_io(&nodes[0].uri("d"), &["write -P 0x5a 0 1M", "flush"]);
+    assert!(ok, "A's first write: {text}");
+    let a_gen = nodes[2].json(&["info", "d"])["object_store"]["generation"].clone();
+    nodes[0].kill9();
+
+    // Host B claims it with no server running there.
+    let b = nodes[1].host();
+    let claimed = nodes[1].json(&["claim", "d"]);
+    let gen = claimed["object_store"]["generation"].as_u64().unwrap();
+    assert!(gen > a_gen.as_u64().unwrap(), "{claimed} after {a_gen}");
+    assert_eq!(claimed["object_store"]["owner"]["host"], b, "{claimed}");
+    for (who, n) in [("B", &nodes[1]), ("C", &nodes[2])] {
+        let info = n.json(&["info", "d"]);
+        let w = &info["object_store"];
+        assert_eq!(w["owner"]["host"], b, "{who} sees B as the writer: {info}");
+        assert_eq!(w["generation"], gen, "{who} sees B's generation: {info}");
+        assert_eq!(w["owner"]["pid"], 0, "the host's claim, no process: {info}");
+    }
+    // A command on B without a server takes the disk over for its change
+    // and gives it back to B, not to the next host's first write.
+    nodes[1].ok(&["snapshot", "create", "d", "claimed"]);
+    let info = nodes[2].json(&["info", "d"]);
+    let w = &info["object_store"];
+    assert_eq!(w["owner"]["host"], b, "still B's after a command: {info}");
+    assert_eq!(w["owner"]["pid"], 0, "{info}");
+    let gen = w["generation"].as_u64().unwrap();
+
+    // A comes back: its writes fail, and it says who has the disk.
+    nodes[0].start();
+    let (ok, text) = qemu_io(&nodes[0].uri("d"), &["write -P 0x77 0 4k", "flush"]);
+    assert!(
+        !ok,
+        "a write through the host that came back must fail: {text}"
+    );
+    let o = nodes[0].strata(&["snapshot", "create", "d", "s"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "A may not change B's disk: {err}");
+    let b_host = b.as_str().unwrap();
+    assert!(
+        err.contains(b_host) && err.contains(&format!("generation {gen}")),
+        "A's refusal names B ({b_host}) and generation {gen}: {err}"
+    );
+    let log = std::fs::read_to_string(&a_log).unwrap();
+    assert!(
+        log.contains(b_host),
+        "A's server says why its write failed, naming B: {log}"
+    );
+    for (who, n) in [("A", &nodes[0]), ("C", &nodes[2])] {
+        let info = n.json(&["info", "d"]);
+        let w = &info["object_store"];
+        assert_eq!(w["owner"]["host"], b, "{who} still sees B: {info}");
+        assert_eq!(w["generation"], gen, "{who}: nothing moved: {info}");
+    }
+
+    // B serves the disk: what A flushed is there, and B writes it.
+    nodes[1].start();
+    let (ok, text) = qemu_io(
+        &nodes[1].uri("d"),
+        &["read -P 0x5a 0 1M", "write -P 0x33 1M 64k", "flush"],
+    );
+    assert!(ok, "B reads A's data and writes: {text}");
+    let info = nodes[2].json(&["info", "d"]);
+    assert_eq!(info["object_store"]["owner"]["host"], b, "{info}");
+    // C reads the same through its own server (reading claims nothing).
+    nodes[2].start();
+    let (ok, text) = qemu_io(
+        &nodes[2].uri("d"),
+        &["read -P 0x5a 0 1M", "read -P 0x33 1M 64k"],
+    );
+    assert!(ok, "C reads what A and B flushed: {text}");
     drop(nodes);
     drop(proxies);
 }
