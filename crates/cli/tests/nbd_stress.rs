@@ -207,3 +207,78 @@ fn direct_native_aio() {
 fn direct_threads() {
     stress(&["--cache", "none", "--aio", "threads"]);
 }
+
+/// SIGTERM stops a server whatever its clients do: one sends 256 READs
+/// of 1 MiB and never reads a reply (every thread that answers it ends
+/// up blocked in a send), one stops half-way through a WRITE's payload,
+/// one stops half-way through its handshake. The server exits, cleanly,
+/// within [`SHUTDOWN_BOUND`]; what was acknowledged before, flushed or
+/// not, is there when it serves again.
+#[test]
+fn sigterm_stops_a_server_whose_clients_stop_reading_or_sending() {
+    use common::nbd::{Pipelined, CMD_READ, CMD_WRITE};
+    use std::io::Write;
+    for mode in [&[][..], &["--cache", "none"], &["--aio", "threads"]] {
+        let s = Store::new();
+        s.ok(&["create", "d", "--size", "64M"]);
+        let server = s.serve_with(mode);
+        let mut good = Pipelined::open(&s.sock(), "d").unwrap();
+        let flushed = vec![0x5au8; 1 << 20];
+        let acked = vec![0xa5u8; 1 << 20];
+        good.write_flush(&flushed, 0).unwrap();
+        good.write_at(&acked, 8 << 20).unwrap();
+        let mut deaf = Pipelined::open(&s.sock(), "d").unwrap();
+        for i in 0..256u64 {
+            deaf.send(CMD_READ, i, (i % 64) << 20, 1 << 20, &[])
+                .unwrap();
+        }
+        let mut halting = Pipelined::open(&s.sock(), "d").unwrap();
+        let mut header = Vec::new();
+        header.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        header.extend_from_slice(&0u16.to_be_bytes());
+        header.extend_from_slice(&CMD_WRITE.to_be_bytes());
+        header.extend_from_slice(&7u64.to_be_bytes());
+        header.extend_from_slice(&(16u64 << 20).to_be_bytes());
+        header.extend_from_slice(&(1u32 << 20).to_be_bytes());
+        halting.send_raw(&header).unwrap();
+        halting.send_raw(&[0xee; 4096]).unwrap();
+        let mut shy = std::os::unix::net::UnixStream::connect(s.sock()).unwrap();
+        // Client flags (fixed newstyle, no zeroes), then half an option.
+        shy.write_all(&3u32.to_be_bytes()).unwrap();
+        shy.write_all(b"IHAVEOPT").unwrap();
+        // The deaf client's replies have filled its socket: its
+        // connection's threads are blocked sending.
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = server.pid();
+        let t = std::time::Instant::now();
+        // SAFETY: kill(2) of the server this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let st = server.wait_exit(SHUTDOWN_BOUND);
+        let took = t.elapsed();
+        let st = st.unwrap_or_else(|| {
+            panic!("{mode:?}: the server still ran {SHUTDOWN_BOUND:?} after SIGTERM")
+        });
+        assert!(st.success(), "{mode:?}: exit status {st}");
+        eprintln!("{mode:?}: stopped {took:?} after SIGTERM");
+        drop((deaf, halting, shy, good));
+        let again = s.serve();
+        let mut c = Pipelined::open(&s.sock(), "d").unwrap();
+        let mut got = vec![0u8; 1 << 20];
+        c.read_at(&mut got, 0).unwrap();
+        assert!(got == flushed, "{mode:?}: the flushed write is lost");
+        c.read_at(&mut got, 8 << 20).unwrap();
+        assert!(got == acked, "{mode:?}: the acknowledged write is lost");
+        c.read_at(&mut got, 16 << 20).unwrap();
+        assert!(
+            got.iter().all(|&b| b == 0),
+            "{mode:?}: the half-sent write was applied"
+        );
+        drop(c);
+        again.stop();
+    }
+}
+
+/// How long after SIGTERM a server with stuck clients may still run: the
+/// documented bound (twice the NBD shutdown grace of 5 s, then the
+/// flush), with room for a slow machine.
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(60);

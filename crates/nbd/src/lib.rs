@@ -88,7 +88,11 @@
 //! send their replies (bounded by [`ServerOptions::shutdown_grace`] for
 //! clients that do not read), closes the sockets, and returns once every
 //! connection has released its device handle. The caller can then flush
-//! and close the devices.
+//! and close the devices. It returns within twice the grace whatever the
+//! clients do: connections still busy after one grace (a reply that was
+//! already blocked on a client that stopped reading when the timeout was
+//! set) are closed both ways, and any still there after a second one (a
+//! device that never answers) are left behind, with an error logged.
 //!
 //! [`BlockError::errno`]: strata_block::BlockError::errno
 //! [`ReadFill`]: strata_block::ReadFill
@@ -117,9 +121,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use strata_block::BlockDevice;
 
 /// Largest option payload accepted during the handshake.
@@ -912,8 +916,9 @@ impl NbdServer {
 
     /// Stop accepting, stop reading requests, let requests already read
     /// finish and get their replies, close every connection, and return
-    /// when all of them have released their devices. Idempotent; the
-    /// server cannot be restarted.
+    /// when all of them have released their devices, or at the latest
+    /// after twice [`ServerOptions::shutdown_grace`] (see the crate's
+    /// "Shutdown"). Idempotent; the server cannot be restarted.
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         let threads = {
@@ -926,13 +931,44 @@ impl NbdServer {
         for t in threads {
             let _ = t.join();
         }
+        let grace = self.shared.opts.shutdown_grace;
         let mut reg = self.shared.conns.lock();
         for c in reg.live.values() {
-            c.stop.stop(self.shared.opts.shutdown_grace);
+            c.stop.stop(grace);
         }
+        if self.wait_for_connections(&mut reg, grace) {
+            return;
+        }
+        // A reply that was already being sent when the timeout was set
+        // keeps waiting (the timeout counts from the start of a send):
+        // closing the socket both ways ends it.
+        tracing::warn!(
+            "NBD: {} connection(s) still busy {grace:?} into the shutdown \
+             (clients not reading their replies?): closing them",
+            reg.live.len()
+        );
+        for c in reg.live.values() {
+            c.stop.close();
+        }
+        if !self.wait_for_connections(&mut reg, grace) {
+            tracing::error!(
+                "NBD: {} connection(s) did not end {:?} after being closed \
+                 (a device that does not answer?): stopping without them",
+                reg.live.len(),
+                grace * 2
+            );
+        }
+    }
+
+    /// Wait up to `limit` for every connection to end; whether they did.
+    fn wait_for_connections(&self, reg: &mut MutexGuard<'_, Registry>, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
         while !reg.live.is_empty() {
-            self.shared.conn_gone.wait(&mut reg);
+            if self.shared.conn_gone.wait_until(reg, until).timed_out() {
+                return reg.live.is_empty();
+            }
         }
+        true
     }
 }
 

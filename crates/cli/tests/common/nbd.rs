@@ -102,6 +102,11 @@ impl Pipelined {
         self.s.write_all(&m)
     }
 
+    /// Send bytes as they are (a request cut short, say).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.s.write_all(bytes)
+    }
+
     /// The next reply; a successful READ's payload (`read_len` bytes) is
     /// read into `buf`.
     pub fn reply(&mut self, buf: &mut [u8]) -> std::io::Result<Reply> {
