@@ -153,42 +153,13 @@ fn literal_zero_writes_to_a_thin_disk_allocate_nothing() {
     srv.stop();
 }
 
-/// A small tmpfs, so that "the host file system is full" is real.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if ok {
-            return Some(Tmpfs { dir });
-        }
-        // Containers without CAP_SYS_ADMIN cannot mount even as root; the
-        // same guarantee is also tested on a simulated full host
-        // (crates/engine/tests/convert.rs), which runs everywhere.
-        eprintln!("skipping: cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)");
-        None
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
 #[test]
 fn a_zeroedthick_disk_keeps_its_space_when_another_file_fills_the_host() {
     if !have("qemu-io") {
         return;
     }
+    // Where no tmpfs can be mounted, the same guarantee is still tested on
+    // a simulated full host (crates/engine/tests/convert.rs).
     let Some(fs) = Tmpfs::mount("400M") else {
         return;
     };

@@ -454,3 +454,33 @@ pub fn evict(path: &Path) {
     // SAFETY: plain syscall on an owned descriptor; only a hint.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
+
+/// A small tmpfs, so that "the host file system is full" is real;
+/// unmounted when dropped.
+pub struct Tmpfs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(Tmpfs { dir });
+        }
+        // Containers without CAP_SYS_ADMIN cannot mount even as root.
+        eprintln!("skipping: cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
