@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::nbd::{Pipelined, CMD_FLUSH, CMD_WRITE};
+use common::nbd::{Pipelined, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -62,31 +62,62 @@ fn block(block: usize, gen: u32) -> Vec<u8> {
         .collect()
 }
 
+/// What the client mixes into its stream of writes.
+#[derive(Clone, Copy, Default)]
+struct Load {
+    /// Every this many writes one carries FUA: once answered, it is
+    /// durable by itself.
+    fua_every: Option<usize>,
+    /// FLUSHes go over a second connection to the same export, which the
+    /// server's CAN_MULTI_CONN says covers writes answered on the first.
+    flush_elsewhere: bool,
+}
+
 /// What the client did: per block, the generations it wrote in order
-/// (index 0: the state before the run), and how many of them the last
-/// completed FLUSH covered.
+/// (index 0: the state before the run), and how many of them were durable
+/// by the last completed FLUSH or a FUA write.
 struct History {
     gens: Vec<Vec<u32>>,
     durable: Vec<usize>,
     writes: u64,
+    fua_writes: u64,
     flushes: u64,
 }
 
+impl History {
+    /// A FLUSH completed that covered, per block, `covered` generations.
+    fn flushed(&mut self, covered: &[usize]) {
+        for (d, &c) in self.durable.iter_mut().zip(covered) {
+            *d = (*d).max(c);
+        }
+        self.flushes += 1;
+    }
+}
+
 enum Op {
-    Write(usize),
+    /// A write of one block, with FUA or not.
+    Write(usize, bool),
     /// A FLUSH, with how many writes of each block were answered when it
     /// was sent.
     Flush(Vec<usize>),
 }
 
-/// Random writes at depth QD with a FLUSH every FLUSH_EVERY writes, never
-/// two in flight on one block, until `stop` or the connection fails.
-fn run(mut c: Pipelined, stop: &AtomicBool, seed: u64) -> History {
+/// Random writes at depth QD with a FLUSH every FLUSH_EVERY writes (and
+/// FUA and a second connection as `load` says), never two in flight on
+/// one block, until `stop` or a connection fails.
+fn run(
+    mut c: Pipelined,
+    mut flusher: Option<Pipelined>,
+    load: Load,
+    stop: &AtomicBool,
+    seed: u64,
+) -> History {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut h = History {
         gens: vec![vec![0]; BLOCKS],
         durable: vec![1; BLOCKS],
         writes: 0,
+        fua_writes: 0,
         flushes: 0,
     };
     let mut answered = vec![1usize; BLOCKS];
@@ -100,6 +131,19 @@ fn run(mut c: Pipelined, stop: &AtomicBool, seed: u64) -> History {
             next += 1;
             if since_flush >= FLUSH_EVERY {
                 since_flush = 0;
+                if let Some(f) = &mut flusher {
+                    // On the other connection, waited for here: it covers
+                    // what this one had answered when it was sent.
+                    let covered = answered.clone();
+                    match f
+                        .send(CMD_FLUSH, next, 0, 0, &[])
+                        .and_then(|()| f.reply(&mut []))
+                    {
+                        Ok(r) if r.error == 0 => h.flushed(&covered),
+                        _ => return h,
+                    }
+                    continue;
+                }
                 if c.send(CMD_FLUSH, next, 0, 0, &[]).is_err() {
                     return h;
                 }
@@ -117,12 +161,17 @@ fn run(mut c: Pipelined, stop: &AtomicBool, seed: u64) -> History {
             busy[b] = true;
             since_flush += 1;
             let data = block(b, gen);
-            if c.send(CMD_WRITE, next, (b * BLOCK) as u64, BLOCK as u32, &data)
+            let fua = load
+                .fua_every
+                .is_some_and(|n| (gen as usize).is_multiple_of(n));
+            let flags = if fua { CMD_FLAG_FUA } else { 0 };
+            let at = (b * BLOCK) as u64;
+            if c.send_flagged(CMD_WRITE, flags, next, at, BLOCK as u32, &data)
                 .is_err()
             {
                 return h;
             }
-            flight.insert(next, Op::Write(b));
+            flight.insert(next, Op::Write(b, fua));
         }
         if flight.is_empty() {
             return h;
@@ -139,17 +188,16 @@ fn run(mut c: Pipelined, stop: &AtomicBool, seed: u64) -> History {
             return h;
         }
         match op {
-            Op::Write(b) => {
+            Op::Write(b, fua) => {
                 answered[b] = h.gens[b].len();
+                if fua {
+                    h.durable[b] = h.durable[b].max(answered[b]);
+                    h.fua_writes += 1;
+                }
                 busy[b] = false;
                 h.writes += 1;
             }
-            Op::Flush(covered) => {
-                for (d, c) in h.durable.iter_mut().zip(covered) {
-                    *d = (*d).max(c);
-                }
-                h.flushes += 1;
-            }
+            Op::Flush(covered) => h.flushed(&covered),
         }
     }
 }
@@ -166,7 +214,7 @@ fn describe(s: &[u8]) -> String {
     )
 }
 
-fn one_cut(round: u64, serve: &[&str]) -> crashfs::CutReport {
+fn one_cut(round: u64, serve: &[&str], load: Load) -> crashfs::CutReport {
     let s = Store::empty();
     std::fs::create_dir(s.path()).unwrap();
     let fs = crashfs::CrashFs::mount(&s.path());
@@ -181,10 +229,14 @@ fn one_cut(round: u64, serve: &[&str]) -> crashfs::CutReport {
         c.write_flush(chunk, (i << 20) as u64).unwrap();
     }
 
+    let flusher = load
+        .flush_elsewhere
+        .then(|| Pipelined::open(&s.sock(), "d").unwrap());
+
     let stop = Arc::new(AtomicBool::new(false));
     let client = {
         let stop = stop.clone();
-        std::thread::spawn(move || run(c, &stop, round))
+        std::thread::spawn(move || run(c, flusher, load, &stop, round))
     };
     let mut rng = StdRng::seed_from_u64(round ^ 0x5eed);
     std::thread::sleep(Duration::from_millis(rng.gen_range(300..1500)));
@@ -193,12 +245,16 @@ fn one_cut(round: u64, serve: &[&str]) -> crashfs::CutReport {
     stop.store(true, Ordering::Relaxed);
     let h = client.join().unwrap();
     eprintln!(
-        "round {round}: {} writes and {} flushes answered; at the cut {report:?}",
-        h.writes, h.flushes
+        "round {round}: {} writes ({} with FUA) and {} flushes answered; at the cut {report:?}",
+        h.writes, h.fua_writes, h.flushes
     );
     assert!(
         h.flushes > 0,
         "round {round}: no FLUSH completed before the cut"
+    );
+    assert!(
+        load.fua_every.is_none() || h.fua_writes > 0,
+        "round {round}: no FUA write answered before the cut"
     );
 
     // A new server on what survived.
@@ -217,7 +273,8 @@ fn one_cut(round: u64, serve: &[&str]) -> crashfs::CutReport {
                 assert!(
                     may.iter().any(|&g| sector(b, g, n)[..] == *sec),
                     "round {round}: block {b} sector {n} holds {} where only \
-                     generations {may:?} may be (the last FLUSH covered gen {})",
+                     generations {may:?} may be (the last FLUSH or FUA write \
+                     covered gen {})",
                     describe(sec),
                     h.gens[b][h.durable[b] - 1]
                 );
@@ -235,8 +292,10 @@ fn one_cut(round: u64, serve: &[&str]) -> crashfs::CutReport {
     report
 }
 
-fn cuts(serve: &[&str]) -> Vec<crashfs::CutReport> {
-    (1..=ROUNDS).map(|round| one_cut(round, serve)).collect()
+fn cuts(serve: &[&str], load: Load, rounds: u64) -> Vec<crashfs::CutReport> {
+    (1..=rounds)
+        .map(|round| one_cut(round, serve, load))
+        .collect()
 }
 
 #[test]
@@ -250,7 +309,7 @@ fn power_cuts_with_writes_in_the_ring_keep_every_flushed_write() {
 /// Cuts under `serve` with `args`, whose writes go through rings: they
 /// were in use, and held writes when the power went.
 fn ring_cuts(args: &[&str]) {
-    let reports = cuts(args);
+    let reports = cuts(args, Load::default(), ROUNDS);
     let through_ring: u64 = reports.iter().map(|r| r.ring_writes).sum();
     let in_ring: usize = reports.iter().map(|r| r.from_rings).sum();
     assert!(through_ring > 0, "no write went through a ring");
@@ -267,7 +326,7 @@ fn power_cuts_under_writeback_keep_every_flushed_write() {
     if !have_fuse() {
         return;
     }
-    let reports = cuts(&[]);
+    let reports = cuts(&[], Load::default(), ROUNDS);
     let pending: usize = reports
         .iter()
         .map(|r| r.changes.kept + r.changes.dropped + r.changes.torn)
@@ -282,4 +341,22 @@ fn power_cuts_with_writes_in_native_aio_keep_every_flushed_write() {
         return;
     }
     ring_cuts(&["--cache", "none", "--aio", "native"]);
+}
+
+/// A write with FUA is durable once answered (the NBD protocol's MUST),
+/// and a FLUSH on a second connection covers the writes answered on the
+/// first (the server advertises CAN_MULTI_CONN), under the host page
+/// cache and under `--cache none` (where FUA writes skip the rings).
+#[test]
+fn power_cuts_keep_every_answered_fua_write_and_what_another_connection_flushed() {
+    if !have_fuse() {
+        return;
+    }
+    let load = Load {
+        fua_every: Some(4),
+        flush_elsewhere: true,
+    };
+    for serve in [&[][..], &["--cache", "none"]] {
+        cuts(serve, load, ROUNDS / 2);
+    }
 }

@@ -42,6 +42,8 @@ fn export_name(s: &mut (impl Read + Write), export: &str) -> std::io::Result<u64
 pub const CMD_READ: u16 = 0;
 pub const CMD_WRITE: u16 = 1;
 pub const CMD_FLUSH: u16 = 3;
+/// Command flag: answer only once the command's writes are durable.
+pub const CMD_FLAG_FUA: u16 = 1;
 
 /// A client of one export over a Unix socket that keeps several requests
 /// in flight (simple replies only: it asks for no structured replies), for
@@ -91,9 +93,22 @@ impl Pipelined {
         len: u32,
         data: &[u8],
     ) -> std::io::Result<()> {
+        self.send_flagged(cmd, 0, handle, offset, len, data)
+    }
+
+    /// [`send`](Self::send) with command flags (`CMD_FLAG_FUA`).
+    pub fn send_flagged(
+        &mut self,
+        cmd: u16,
+        flags: u16,
+        handle: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) -> std::io::Result<()> {
         let mut m = Vec::with_capacity(28 + data.len());
         m.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        m.extend_from_slice(&0u16.to_be_bytes());
+        m.extend_from_slice(&flags.to_be_bytes());
         m.extend_from_slice(&cmd.to_be_bytes());
         m.extend_from_slice(&handle.to_be_bytes());
         m.extend_from_slice(&offset.to_be_bytes());
