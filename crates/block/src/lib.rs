@@ -29,6 +29,7 @@
 
 mod aio;
 mod aligned;
+pub mod bytes;
 pub mod eventfd;
 mod fill;
 pub mod plan;

@@ -35,8 +35,6 @@
 //!
 //! [`BlockError::errno`]: strata_block::BlockError::errno
 
-mod rmw;
-
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -54,7 +52,7 @@ use fuser::{
 use parking_lot::{Mutex, RwLock};
 use strata_block::{BlockDevice, BlockError};
 
-use rmw::ByteIo;
+use strata_block::bytes::{self as rmw, ByteIo};
 
 /// One export as the directory shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -31,10 +31,15 @@ pub(crate) enum Context {
 pub(crate) struct Negotiated {
     pub device: Arc<dyn BlockDevice>,
     /// The connection's place on its export, held while it is served.
-    pub _slot: ExportSlot,
+    pub slot: ExportSlot,
     pub structured: bool,
     /// The metadata contexts selected for this export, with their ids.
     pub contexts: Vec<(u32, Context)>,
+    /// The client did not ask for the block sizes (GO without
+    /// INFO_BLOCK_SIZE, or EXPORT_NAME): the spec's defaults hold for it,
+    /// a minimum block of 1 byte, so its requests may start and end
+    /// anywhere (served by read-modify-write where they cut a sector).
+    pub byte_granular: bool,
 }
 
 /// Whether LIST_META_CONTEXT query `q` names context `c`: the name itself,
@@ -195,10 +200,17 @@ impl<S: NbdStream> Haggle<'_, S> {
         Ok(slot)
     }
 
-    fn negotiated(&self, name: &str, device: Arc<dyn BlockDevice>, slot: ExportSlot) -> Negotiated {
+    fn negotiated(
+        &self,
+        name: &str,
+        device: Arc<dyn BlockDevice>,
+        slot: ExportSlot,
+        byte_granular: bool,
+    ) -> Negotiated {
         Negotiated {
             device,
-            _slot: slot,
+            slot,
+            byte_granular,
             structured: self.structured,
             contexts: match &self.meta {
                 Some((export, selected)) if self.structured && export == name => selected.clone(),
@@ -291,6 +303,12 @@ impl<S: NbdStream> Haggle<'_, S> {
             )?;
         }
         // Always sent: clients that did not ask still learn our limits.
+        // Only a client that asked is held to 512-byte blocks (the spec:
+        // a server may assume a client abides by sizes only once it asked
+        // for them in GO); one that did not gets the default minimum of
+        // 1, which it is served with.
+        let asked = items.contains(&INFO_BLOCK_SIZE);
+        let min: u32 = if asked { 512 } else { 1 };
         let max = self.shared.opts.max_request_bytes;
         let preferred = dev
             .preferred_block_bytes()
@@ -302,13 +320,13 @@ impl<S: NbdStream> Haggle<'_, S> {
             REP_INFO,
             &[
                 &INFO_BLOCK_SIZE.to_be_bytes(),
-                &512u32.to_be_bytes(),
+                &min.to_be_bytes(),
                 &preferred.to_be_bytes(),
                 &max.to_be_bytes(),
             ],
         )?;
         self.reply(opt, REP_ACK, &[])?;
-        Ok(slot.map(|slot| self.negotiated(&name, dev, slot)))
+        Ok(slot.map(|slot| self.negotiated(&name, dev, slot, !asked)))
     }
 
     fn meta_context(&mut self, opt: u32, data: &[u8]) -> io::Result<()> {
@@ -394,7 +412,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());
         let n = if no_zeroes { 10 } else { b.len() };
         self.conn.get_mut().write_all(&b[..n])?;
-        Ok(self.negotiated(&name, dev, slot))
+        Ok(self.negotiated(&name, dev, slot, true))
     }
 }
 

@@ -588,22 +588,33 @@ pub(crate) struct Shared {
     /// The TLS setup new connections get (see [`ServerOptions::tls`]).
     tls: Mutex<Option<TlsOptions>>,
     pub(crate) refusals: Arc<Refusals>,
-    /// Connections each export is open on.
-    export_conns: Arc<Mutex<HashMap<String, usize>>>,
+    /// The exports open on connections.
+    export_conns: Arc<Mutex<HashMap<String, OpenExport>>>,
+}
+
+/// An export some connections are open on.
+#[derive(Default)]
+struct OpenExport {
+    /// How many.
+    conns: usize,
+    /// Orders the writes of its byte-granular clients (`bytes::ByteIo`).
+    rmw: Arc<parking_lot::RwLock<()>>,
 }
 
 /// One connection's hold on an export, given back when dropped.
 pub(crate) struct ExportSlot {
-    conns: Arc<Mutex<HashMap<String, usize>>>,
+    conns: Arc<Mutex<HashMap<String, OpenExport>>>,
     name: String,
+    /// The export's read-modify-write lock, shared by its connections.
+    pub(crate) rmw: Arc<parking_lot::RwLock<()>>,
 }
 
 impl Drop for ExportSlot {
     fn drop(&mut self) {
         let mut m = self.conns.lock();
-        if let Some(n) = m.get_mut(&self.name) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(e) = m.get_mut(&self.name) {
+            e.conns -= 1;
+            if e.conns == 0 {
                 m.remove(&self.name);
             }
         }
@@ -615,16 +626,18 @@ impl Shared {
     pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, String> {
         let limit = self.opts.max_connections_per_export;
         let mut m = self.export_conns.lock();
-        let n = m.entry(name.to_string()).or_insert(0);
-        if limit > 0 && *n >= limit {
+        let e = m.entry(name.to_string()).or_default();
+        let n = e.conns;
+        if limit > 0 && n >= limit {
             let why = format!("export '{name}' is open on {n} connections already (the limit)");
             self.refusals.note(Refusal::ExportFull, &why);
             return Err(why);
         }
-        *n += 1;
+        e.conns += 1;
         Ok(ExportSlot {
             conns: self.export_conns.clone(),
             name: name.to_string(),
+            rmw: e.rmw.clone(),
         })
     }
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
+use strata_block::bytes::{self, ByteIo};
 use strata_block::ring_io::{self, Reaper, RingIo};
 use strata_block::{
     check_range, plan_io, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
@@ -139,6 +140,7 @@ fn serve_inner<S: NbdStream>(
         prefetcher: Mutex::new(None),
         ring: ring(shared, self_reaps),
         self_reaps,
+        bytes: session.byte_granular.then(|| session.slot.rmw.clone()),
     });
     // Takes the completions of the ring's reads and answers them, unless
     // this thread does; ended and joined (after the reads in the ring)
@@ -243,6 +245,11 @@ struct Conn<S> {
     ring: Option<Arc<RingIo<RingReq>>>,
     /// The reader reaps the ring itself (no reaping thread).
     self_reaps: bool,
+    /// For a client that did not agree to the block sizes (it may send
+    /// any alignment): its export's lock that orders the writes of such
+    /// clients, so a read-modify-write of a sector is not undone by
+    /// another (`strata_block::bytes`).
+    bytes: Option<Arc<RwLock<()>>>,
 }
 
 /// How a connection that reaps its own ring waits for its socket and its
@@ -416,7 +423,7 @@ fn read_requests<S: NbdStream>(
                 return Err(e);
             }
         }
-        if req.ty == CMD_READ {
+        if req.ty == CMD_READ && conn.ring_may_take(&req) {
             if let Some(r) = &conn.ring {
                 let data = conn.take_buffer(req.len as usize);
                 match conn.ring_request(r, req, data, cost)? {
@@ -442,7 +449,7 @@ fn read_requests<S: NbdStream>(
                 conn.finished(cost);
                 return Err(e);
             }
-            if let Some(r) = &conn.ring {
+            if let (Some(r), true) = (&conn.ring, conn.ring_may_take(&req)) {
                 match conn.ring_request(r, req, payload, cost)? {
                     None => continue,
                     Some(p) => payload = p,
@@ -646,8 +653,36 @@ impl<S: NbdStream> Conn<S> {
         if matches!(r.ty, CMD_READ | CMD_WRITE) && r.len > self.max_request {
             return fail(EOVERFLOW, "request longer than the maximum block size");
         }
-        check_range(r.offset, r.len as u64, self.dev.size_bytes())
-            .map_err(|e| (EINVAL, e.to_string()))
+        let size = self.dev.size_bytes();
+        if self.bytes.is_some() {
+            // Any alignment, within the export.
+            return match r.offset.checked_add(r.len as u64) {
+                Some(end) if end <= size => Ok(()),
+                _ => Err((
+                    EINVAL,
+                    format!(
+                        "request [{}, +{}) ends past the export's size {size}",
+                        r.offset, r.len
+                    ),
+                )),
+            };
+        }
+        check_range(r.offset, r.len as u64, size).map_err(|e| (EINVAL, e.to_string()))
+    }
+
+    /// Whether `req` may go through the ring: anything, except for a
+    /// byte-granular client its writes (which take its export's lock,
+    /// held while they run) and its misaligned reads.
+    fn ring_may_take(&self, req: &Request) -> bool {
+        self.bytes.is_none() || (req.ty == CMD_READ && bytes::aligned(req.offset, req.len as u64))
+    }
+
+    /// The byte-level view of the device for a byte-granular client.
+    fn byte_io<'a>(&'a self, lock: &'a RwLock<()>) -> ByteIo<'a> {
+        ByteIo {
+            dev: &*self.dev,
+            lock,
+        }
     }
 
     /// Wait until the in-flight budget has room for a request of `cost`
@@ -847,6 +882,12 @@ impl<S: NbdStream> Conn<S> {
     /// Run a validated request and send its reply. `Err` only when the
     /// reply could not be written.
     fn execute(&self, req: &Request, payload: AlignedBuf) -> io::Result<()> {
+        if let Some(lock) = &self.bytes {
+            if let Some(r) = self.execute_bytes(req, &payload, lock) {
+                self.recycle(payload);
+                return r;
+            }
+        }
         let dev = &*self.dev;
         let fua = req.flags & FLAG_FUA != 0;
         let len = req.len as usize;
@@ -884,6 +925,68 @@ impl<S: NbdStream> Conn<S> {
             // validate() let nothing else through.
             _ => self.reply_error(req, EINVAL, "unknown command"),
         }
+    }
+
+    /// For a byte-granular client, what differs from [`Conn::execute`]:
+    /// writes, trims and zeroes under its export's lock (a write that
+    /// cuts a sector by read-modify-write), misaligned reads through a
+    /// bounce buffer, misaligned CACHE and BLOCK_STATUS rounded out to
+    /// sectors. None: served as any other request.
+    fn execute_bytes(
+        &self,
+        req: &Request,
+        payload: &AlignedBuf,
+        lock: &RwLock<()>,
+    ) -> Option<io::Result<()>> {
+        let io = self.byte_io(lock);
+        let dev = &*self.dev;
+        let (off, len) = (req.offset, req.len as u64);
+        let fua = req.flags & FLAG_FUA != 0;
+        let then_flush = |r: Result<(), BlockError>| match r {
+            Ok(()) if fua => dev.flush(),
+            r => r,
+        };
+        let r = match req.ty {
+            CMD_WRITE => io.write(&payload[..len as usize], off, fua),
+            CMD_TRIM => {
+                // Only whole sectors are released; the edges keep their
+                // bytes (a trim promises nothing about what reads back).
+                let (from, to) = (bytes::up(off), bytes::down(off + len));
+                let r = if from < to {
+                    let _shared = lock.read();
+                    dev.unmap(from, to - from)
+                } else {
+                    Ok(())
+                };
+                then_flush(r)
+            }
+            CMD_WRITE_ZEROES => {
+                let opts = ZeroOptions {
+                    may_unmap: req.flags & FLAG_NO_HOLE == 0,
+                    fast_only: req.flags & FLAG_FAST_ZERO != 0,
+                    fua: false,
+                };
+                then_flush(io.zero(off, len, &|d, o, l| d.write_zeroes(o, l, opts)))
+            }
+            _ if bytes::aligned(off, len) => return None,
+            CMD_READ => {
+                let mut data = self.take_buffer(len as usize);
+                let r = match io.read(&mut data, off) {
+                    Ok(()) => self.send_read(req, &data, &ReadFill::all_data(len)),
+                    Err(e) => self.reply_error(req, errno_of(&e), &e.to_string()),
+                };
+                self.recycle(data);
+                return Some(r);
+            }
+            CMD_CACHE => {
+                let from = bytes::down(off);
+                dev.prefetch(from, bytes::up(off + len) - from);
+                Ok(())
+            }
+            CMD_BLOCK_STATUS => return Some(self.block_status(req)),
+            _ => return None,
+        };
+        Some(self.reply_result(req, r))
     }
 
     /// READ, or WRITE without FUA, through the ring: plan it into or from
@@ -1087,10 +1190,17 @@ impl<S: NbdStream> Conn<S> {
     /// context is asked before anything is sent, so a failure is one error
     /// reply.
     fn block_status(&self, req: &Request) -> io::Result<()> {
+        // A byte-granular client's range, rounded out to sectors for the
+        // device; what lies before its offset is cut off the runs.
+        let from = bytes::down(req.offset);
+        let (skip, span) = (
+            req.offset - from,
+            bytes::up(req.offset + req.len as u64) - from,
+        );
         let mut chunks = Vec::with_capacity(self.contexts.len());
         for (id, ctx) in &self.contexts {
             let runs = match ctx {
-                Context::Allocation => match self.dev.block_status(req.offset, req.len as u64) {
+                Context::Allocation => match self.dev.block_status(from, span) {
                     Ok(extents) => extents
                         .iter()
                         .map(|x| {
@@ -1101,11 +1211,12 @@ impl<S: NbdStream> Conn<S> {
                         .collect(),
                     Err(e) => return self.reply_error(req, errno_of(&e), &e.to_string()),
                 },
-                Context::Other(c) => match c.extents(req.offset, req.len as u64) {
+                Context::Other(c) => match c.extents(from, span) {
                     Ok(runs) => runs,
                     Err(e) => return self.reply_error(req, EIO, &e.to_string()),
                 },
             };
+            let runs = skip_runs(runs, skip);
             let descs = descriptors(&runs, req.len as u64, req.flags & FLAG_REQ_ONE != 0);
             if descs.is_empty() {
                 return self.reply_error(req, EIO, "the device reported no extent");
@@ -1141,6 +1252,20 @@ impl<S: NbdStream> Conn<S> {
         }
         self.send(&b)
     }
+}
+
+/// `runs` of `(length, flags)` without their first `skip` bytes.
+fn skip_runs(mut runs: Vec<(u64, u32)>, mut skip: u64) -> Vec<(u64, u32)> {
+    if skip == 0 {
+        return runs;
+    }
+    runs.retain_mut(|(len, _)| {
+        let cut = skip.min(*len);
+        *len -= cut;
+        skip -= cut;
+        *len > 0
+    });
+    runs
 }
 
 /// A BLOCK_STATUS chunk's descriptors from runs of `(length, flags)`:

@@ -179,7 +179,9 @@ impl Client {
             assert_eq!(ids.len(), 1, "base:allocation selected");
             assert_eq!(ids[0].1, BASE_ALLOCATION);
         }
-        let e = self.info(OPT_GO, name, &[]).expect("GO");
+        // As qemu and libnbd do: asking for the block sizes holds this
+        // client to them (512-byte alignment, EINVAL otherwise).
+        let e = self.info(OPT_GO, name, &[INFO_BLOCK_SIZE]).expect("GO");
         (self, e)
     }
 

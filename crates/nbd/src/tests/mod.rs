@@ -1139,3 +1139,25 @@ fn shutdown_answers_requests_in_flight_then_closes_everything() {
         .is_err());
     h.server.shutdown(); // idempotent
 }
+
+/// A client that did not ask for the block sizes is told the spec's
+/// default minimum of 1 and served at any alignment (the device only
+/// ever sees whole sectors); one that asked is told 512.
+#[test]
+fn a_go_without_block_size_request_is_served_byte_granular() {
+    let h = Harness::new();
+    let mut c = Client::negotiating(&h.sock);
+    let e = c.info(OPT_GO, "disk", &[]).expect("GO");
+    assert_eq!(e.block.map(|b| b.0), Some(1));
+    assert_eq!(c.write(0, &pattern(3, 1024)), 0);
+    assert_eq!(c.write(1, b"abc"), 0);
+    assert_eq!(c.write(510, b"across"), 0);
+    let mut want = pattern(3, 1024);
+    want[1..4].copy_from_slice(b"abc");
+    want[510..516].copy_from_slice(b"across");
+    assert_eq!(c.read(0, 1024).unwrap(), want);
+    assert_eq!(c.read(511, 3).unwrap(), &want[511..514]);
+    assert_eq!(c.read(MIB - 1, 2), Err(EINVAL), "past the end");
+    let (_, asked) = h.open("disk", false, false);
+    assert_eq!(asked.block.map(|b| b.0), Some(512));
+}

@@ -1,7 +1,8 @@
 //! Byte-granular I/O on a sector-granular [`BlockDevice`].
 //!
-//! A file read or written through FUSE may start and end anywhere; the
-//! device takes only whole 512-byte sectors. Aligned requests go straight
+//! A file read or written through FUSE, or a request of an NBD client
+//! that did not agree to the server's block sizes, may start and end
+//! anywhere; the device takes only whole 512-byte sectors. Aligned requests go straight
 //! to the device. An unaligned write reads the partial first and last
 //! sectors into an aligned bounce buffer, lays the new bytes over them and
 //! writes the whole sectors back (read-modify-write).
@@ -11,31 +12,38 @@
 //! write takes the file's lock: shared for an aligned write (it reads
 //! nothing, and aligned writes to one sector are ordinary overlapping
 //! writes), exclusive for a read-modify-write (no other write may land in
-//! its sectors between its read and its write). Reads take no lock.
+//! its sectors between its read and its write). Reads take no lock. The
+//! lock orders the writes of those who take it: one per exported file
+//! for FUSE, one per export for NBD's byte-granular clients (NBD clients
+//! that agreed to 512-byte blocks, whose writes are always whole sectors,
+//! do not take it).
 //!
 //! Callers clamp requests to the device size first; the device size is a
 //! multiple of 512, so rounding out to whole sectors never passes the end.
 
+use crate::{AlignedBuf, BlockDevice, BlockResult, ZeroOptions, SECTOR_BYTES};
 use parking_lot::RwLock;
-use strata_block::{AlignedBuf, BlockDevice, BlockResult, ZeroOptions, SECTOR_BYTES};
 
 const S: u64 = SECTOR_BYTES;
 
-fn down(x: u64) -> u64 {
+/// `x` rounded down to a sector boundary.
+pub fn down(x: u64) -> u64 {
     x - x % S
 }
 
-fn up(x: u64) -> u64 {
+/// `x` rounded up to a sector boundary.
+pub fn up(x: u64) -> u64 {
     down(x + S - 1)
 }
 
-fn aligned(off: u64, len: u64) -> bool {
+/// Whether `[off, off+len)` is whole sectors.
+pub fn aligned(off: u64, len: u64) -> bool {
     off.is_multiple_of(S) && len.is_multiple_of(S)
 }
 
 /// The byte-level view of one device, with the lock that orders its
 /// read-modify-writes (one lock per exported file, shared by its handles).
-pub(crate) struct ByteIo<'a> {
+pub struct ByteIo<'a> {
     pub dev: &'a dyn BlockDevice,
     pub lock: &'a RwLock<()>,
 }
@@ -133,23 +141,23 @@ impl ByteIo<'_> {
 }
 
 /// Zero whole sectors by unmapping them (`fallocate(PUNCH_HOLE)`).
-pub(crate) fn unmap_whole(dev: &dyn BlockDevice, off: u64, len: u64) -> BlockResult<()> {
+pub fn unmap_whole(dev: &dyn BlockDevice, off: u64, len: u64) -> BlockResult<()> {
     dev.unmap(off, len)
 }
 
 /// Zero whole sectors with `write_zeroes` (`fallocate(ZERO_RANGE)`).
-pub(crate) fn write_zeroes_whole(dev: &dyn BlockDevice, off: u64, len: u64) -> BlockResult<()> {
+pub fn write_zeroes_whole(dev: &dyn BlockDevice, off: u64, len: u64) -> BlockResult<()> {
     dev.write_zeroes(off, len, ZeroOptions::default())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{check_range, Extent, Fill, ReadFill};
     use parking_lot::Mutex;
     use rand::{Rng, SeedableRng};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use strata_block::{check_range, Extent, Fill, ReadFill};
 
     /// A RAM device that enforces the sector rule, counts unmaps, and can
     /// be slowed between the read and the write of a read-modify-write (to
