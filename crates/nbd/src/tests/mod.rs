@@ -1,6 +1,7 @@
 //! Protocol tests: a raw client against a server exporting in-memory disks.
 
 mod client;
+mod conformance;
 mod memdisk;
 mod tools;
 
