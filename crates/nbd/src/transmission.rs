@@ -34,7 +34,13 @@ struct RingReq {
     req: Request,
     data: AlignedBuf,
     cost: u64,
+    /// A byte-granular client's write holds its export's lock shared
+    /// until it is done, as on a worker (`strata_block::bytes`).
+    _hold: Option<BytesHold>,
 }
+
+/// A shared hold on an export's read-modify-write lock.
+type BytesHold = parking_lot::ArcRwLockReadGuard<parking_lot::RawRwLock, ()>;
 
 type Pending = ring_io::Pending<RingReq>;
 
@@ -426,7 +432,7 @@ fn read_requests<S: NbdStream>(
         if req.ty == CMD_READ && conn.ring_may_take(&req) {
             if let Some(r) = &conn.ring {
                 let data = conn.take_buffer(req.len as usize);
-                match conn.ring_request(r, req, data, cost)? {
+                match conn.ring_request(r, req, data, cost, None)? {
                     None => continue,
                     Some(data) => conn.recycle(data),
                 }
@@ -450,9 +456,20 @@ fn read_requests<S: NbdStream>(
                 return Err(e);
             }
             if let (Some(r), true) = (&conn.ring, conn.ring_may_take(&req)) {
-                match conn.ring_request(r, req, payload, cost)? {
-                    None => continue,
-                    Some(p) => payload = p,
+                // A byte-granular client's write goes on the ring only
+                // with its export's lock held shared, taken without
+                // waiting (a read-modify-write waiting for it may be
+                // waiting for this ring's writes, which only this
+                // thread may be there to answer); else a worker runs it.
+                let hold = match &conn.bytes {
+                    Some(lock) => lock.try_read_arc().map(Some),
+                    None => Some(None),
+                };
+                if let Some(hold) = hold {
+                    match conn.ring_request(r, req, payload, cost, hold)? {
+                        None => continue,
+                        Some(p) => payload = p,
+                    }
                 }
             }
         }
@@ -671,10 +688,9 @@ impl<S: NbdStream> Conn<S> {
     }
 
     /// Whether `req` may go through the ring: anything, except for a
-    /// byte-granular client its writes (which take its export's lock,
-    /// held while they run) and its misaligned reads.
+    /// byte-granular client what cuts a sector.
     fn ring_may_take(&self, req: &Request) -> bool {
-        self.bytes.is_none() || (req.ty == CMD_READ && bytes::aligned(req.offset, req.len as u64))
+        self.bytes.is_none() || bytes::aligned(req.offset, req.len as u64)
     }
 
     /// The byte-level view of the device for a byte-granular client.
@@ -767,8 +783,11 @@ impl<S: NbdStream> Conn<S> {
     /// Whether the reader carries `req` out itself
     /// (`ServerOptions::inline_write_bytes`): a WRITE without FUA of at
     /// most `limit` bytes (a FUA write waits for the medium).
+    /// Never for a byte-granular client: its writes wait for its
+    /// export's lock, which may wait for the writes in this ring that
+    /// the reader answers.
     fn runs_inline(&self, req: &Request, limit: u32) -> bool {
-        req.ty == CMD_WRITE && req.flags & FLAG_FUA == 0 && req.len <= limit
+        req.ty == CMD_WRITE && req.flags & FLAG_FUA == 0 && req.len <= limit && self.bytes.is_none()
     }
 
     /// Carry out an admitted request and answer it (on a worker, or on
@@ -1002,6 +1021,7 @@ impl<S: NbdStream> Conn<S> {
         req: Request,
         mut data: AlignedBuf,
         cost: u64,
+        hold: Option<BytesHold>,
     ) -> io::Result<Option<AlignedBuf>> {
         let write = req.ty == CMD_WRITE;
         if write && req.flags & FLAG_FUA != 0 {
@@ -1027,7 +1047,12 @@ impl<S: NbdStream> Conn<S> {
                 // that owns it: the pointer stays good while it waits in
                 // the ring (and nothing else touches it meanwhile).
                 let at = data.as_mut_ptr();
-                let ring_req = RingReq { req, data, cost };
+                let ring_req = RingReq {
+                    req,
+                    data,
+                    cost,
+                    _hold: hold,
+                };
                 // SAFETY: as said above; `ring_req` owns the buffer until
                 // the request is handed back.
                 if let Some(p) = unsafe { ring.start(ring_req, at, plan) } {
@@ -1066,7 +1091,9 @@ impl<S: NbdStream> Conn<S> {
     /// answer.
     fn finish_ring_req(&self, mut p: Pending) {
         p.finish_plan();
-        let RingReq { req, data, cost } = &p.ctx;
+        let RingReq {
+            req, data, cost, ..
+        } = &p.ctx;
         if !self.broken.load(Ordering::Relaxed) {
             let write = p.plan.write;
             let r = match p.failed {

@@ -78,8 +78,14 @@ seq = 0
 def issue(i):
     global seq
     h = handles[i]
-    ln = rng.choice([1, 2, 3, 100, 511, 512, 513, 1000, 4095, 4097, 9000])
-    off = rng.randrange(0, size - ln)
+    if rng.random() < 0.3:
+        # Whole 4 KiB blocks, which go through the ring where there is
+        # one, beside read-modify-writes of their neighbours' sectors.
+        ln = 4096 * rng.randint(1, 4)
+        off = 4096 * rng.randrange(0, (size - ln) // 4096)
+    else:
+        ln = rng.choice([1, 2, 3, 100, 511, 512, 513, 1000, 4095, 4097, 9000])
+        off = rng.randrange(0, size - ln)
     if any(busy[off:off + ln]):
         return False
     seq += 1
