@@ -2497,7 +2497,6 @@ fn serve_with_file_size_limit(s: &Store, limit_bytes: u64) -> Server {
 /// limit; EDQUOT would do the same) is out of space as far as the client
 /// can tell: the protocol asks the server to answer ENOSPC.
 #[test]
-#[ignore = "issue 58: EFBIG (and EDQUOT) from the host reach the client as EIO; the protocol asks ENOSPC"]
 fn a_host_file_size_limit_reaches_the_client_as_enospc() {
     let s = Store::new();
     s.ok(&["create", "disk", "--size", "64M"]);

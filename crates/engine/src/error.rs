@@ -55,12 +55,29 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A host file system that will not grow a file (full, a file-size limit,
+/// a quota) leaves the datastore out of space, not broken: the NBD protocol
+/// asks that EFBIG and EDQUOT reach the client as ENOSPC. The message keeps
+/// the host's own reason.
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        if e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull {
-            return Error::new(ErrorKind::NoSpace, format!("file system full: {e}"));
+        use std::io::ErrorKind as Io;
+        // By kind, not only errno: the storage layer adds context to its
+        // errors, which keeps the kind but drops the raw errno.
+        let cause = match (e.raw_os_error(), e.kind()) {
+            (Some(libc::ENOSPC), _) | (_, Io::StorageFull) => Some("file system full"),
+            (Some(libc::EFBIG), _) | (_, Io::FileTooLarge) => {
+                Some("file too large (EFBIG) on the host")
+            }
+            (Some(libc::EDQUOT), _) | (_, Io::QuotaExceeded) => {
+                Some("disk quota exceeded (EDQUOT) on the host")
+            }
+            _ => None,
+        };
+        match cause {
+            Some(cause) => Error::new(ErrorKind::NoSpace, format!("{cause}: {e}")),
+            None => Error::new(ErrorKind::Io, e.to_string()),
         }
-        Error::new(ErrorKind::Io, e.to_string())
     }
 }
 
@@ -95,5 +112,33 @@ impl From<BlockError> for Error {
             BlockKind::Gone => ErrorKind::Gone,
         };
         Error::new(kind, e.context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_that_will_not_grow_a_file_is_out_of_space() {
+        for errno in [libc::ENOSPC, libc::EFBIG, libc::EDQUOT] {
+            let e = Error::from(std::io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind, ErrorKind::NoSpace, "errno {errno}: {e}");
+            assert_eq!(BlockError::from(e).errno(), libc::ENOSPC, "errno {errno}");
+        }
+        let e = Error::from(std::io::Error::from_raw_os_error(libc::EFBIG));
+        assert!(e.message.contains("EFBIG"), "{e}");
+        // With context added, as the storage layer does: the kind remains.
+        for errno in [libc::ENOSPC, libc::EFBIG, libc::EDQUOT] {
+            let raw = std::io::Error::from_raw_os_error(errno);
+            let e = Error::from(std::io::Error::new(raw.kind(), format!("write x: {raw}")));
+            assert_eq!(
+                e.kind,
+                ErrorKind::NoSpace,
+                "errno {errno} with context: {e}"
+            );
+        }
+        let e = Error::from(std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(e.kind, ErrorKind::Io);
     }
 }

@@ -117,8 +117,13 @@ pub const HOLE_CHUNK_BYTES: usize = CHUNK_HEADER_BYTES + 12;
 /// Longest string (export name, query) the protocol allows.
 pub const STRING_BYTES_MAX: usize = 4096;
 
-/// Keep only errno values a client is required to understand.
+/// Keep only errno values a client is required to understand. A host file
+/// that may not grow (EFBIG: a file-size limit; EDQUOT: a quota) is out of
+/// space to the client: the protocol asks for ENOSPC there.
 pub fn wire_errno(errno: i32) -> u32 {
+    if errno == libc::EFBIG || errno == libc::EDQUOT {
+        return ENOSPC;
+    }
     match errno as u32 {
         e @ (EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN) => e,
         _ => EIO,
@@ -190,6 +195,13 @@ mod tests {
         assert_eq!(wire_errno(108), ESHUTDOWN);
         assert_eq!(wire_errno(2), EIO);
         assert_eq!(wire_errno(-1), EIO);
+    }
+
+    #[test]
+    fn a_host_file_that_may_not_grow_is_out_of_space() {
+        assert_eq!(wire_errno(libc::EFBIG), ENOSPC);
+        assert_eq!(wire_errno(libc::EDQUOT), ENOSPC);
+        assert_eq!(wire_errno(libc::ENOSPC), ENOSPC);
     }
 
     #[test]
