@@ -436,6 +436,13 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn poll_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Once the connection is over, before it is shut down and closed:
+    /// wait up to `limit` for what was sent to be delivered, reading and
+    /// dropping what the client still sends meanwhile. For TCP, where
+    /// closing with unread bytes, or bytes arriving once both ways are
+    /// shut down, resets the connection, and a reset discards the
+    /// replies the client has not received yet.
+    fn linger(&self, _limit: Duration) {}
 }
 
 impl NbdStream for UnixStream {
@@ -470,6 +477,34 @@ impl NbdStream for TcpStream {
     }
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.as_raw_fd())
+    }
+    fn linger(&self, limit: Duration) {
+        let fd = self.as_raw_fd();
+        let until = Instant::now() + limit;
+        let mut wait = Duration::from_micros(100);
+        let mut scratch = [0u8; 16 * 1024];
+        loop {
+            // Requests of a client that was still sending when the
+            // server stopped are dropped (nothing unread at the close).
+            // SAFETY: a read into a live buffer of its length.
+            while unsafe {
+                libc::recv(
+                    fd,
+                    scratch.as_mut_ptr().cast(),
+                    scratch.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            } > 0
+            {}
+            let mut unsent: libc::c_int = 0;
+            // SAFETY: SIOCOUTQ writes one c_int, into a live one.
+            let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) };
+            if r != 0 || unsent == 0 || Instant::now() >= until {
+                return;
+            }
+            thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_millis(20));
+        }
     }
     fn set_wake_bytes(&self, bytes: usize) -> io::Result<()> {
         use std::os::fd::AsRawFd;

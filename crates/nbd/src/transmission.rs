@@ -71,11 +71,15 @@ const DESCRIPTORS_MAX: usize = 128 * 1024;
 /// Negotiate, then serve requests until the client leaves, sends DISC,
 /// breaks the protocol, or the server shuts down.
 pub(crate) fn serve<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Result<()> {
+    // The socket itself, under any TLS: what was sent is delivered
+    // before it is shut down (`NbdStream::linger`).
+    let raw = stream.clone_stream()?;
     // Plain until the client asks for TLS; every clone follows it there.
     let stream = Link::new(stream);
     let writer = stream.clone_stream()?;
     let closer = stream.clone_stream()?;
     let result = serve_inner(shared, id, stream, writer);
+    raw.linger(shared.opts.shutdown_grace);
     let _ = closer.shutdown_stream(Shutdown::Both);
     result
 }
@@ -654,9 +658,30 @@ impl<S: NbdStream> Conn<S> {
         }
         let writes = matches!(r.ty, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
         match r.ty {
-            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {}
-            CMD_FLUSH => return Ok(()),
+            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS
+            | CMD_FLUSH => {}
             _ => return fail(EINVAL, "unknown command"),
+        }
+        // FUA goes with any command; each other flag with one (clients
+        // must not send it elsewhere; qemu-nbd refuses it too).
+        let valid = FLAG_FUA
+            | match r.ty {
+                CMD_READ if self.structured => FLAG_DF,
+                CMD_WRITE_ZEROES => FLAG_NO_HOLE | FLAG_FAST_ZERO,
+                CMD_BLOCK_STATUS => FLAG_REQ_ONE,
+                _ => 0,
+            };
+        if r.flags & !valid != 0 {
+            return Err((
+                EINVAL,
+                format!(
+                    "command flags {:#x} do not apply to this command",
+                    r.flags & !valid
+                ),
+            ));
+        }
+        if r.ty == CMD_FLUSH {
+            return Ok(());
         }
         if writes && self.dev.read_only() {
             return fail(EPERM, "the export is read-only");
@@ -668,15 +693,22 @@ impl<S: NbdStream> Conn<S> {
             return fail(EINVAL, "zero-length request");
         }
         if matches!(r.ty, CMD_READ | CMD_WRITE) && r.len > self.max_request {
-            return fail(EOVERFLOW, "request longer than the maximum block size");
+            // EOVERFLOW is the protocol's answer for a READ only.
+            let errno = if r.ty == CMD_READ { EOVERFLOW } else { EINVAL };
+            return fail(errno, "request longer than the maximum block size");
         }
+        // A write past the end is out of space, anything else invalid.
+        let past_end = match r.ty {
+            CMD_WRITE | CMD_WRITE_ZEROES => ENOSPC,
+            _ => EINVAL,
+        };
         let size = self.dev.size_bytes();
         if self.bytes.is_some() {
             // Any alignment, within the export.
             return match r.offset.checked_add(r.len as u64) {
                 Some(end) if end <= size => Ok(()),
                 _ => Err((
-                    EINVAL,
+                    past_end,
                     format!(
                         "request [{}, +{}) ends past the export's size {size}",
                         r.offset, r.len
@@ -684,7 +716,13 @@ impl<S: NbdStream> Conn<S> {
                 )),
             };
         }
-        check_range(r.offset, r.len as u64, size).map_err(|e| (EINVAL, e.to_string()))
+        check_range(r.offset, r.len as u64, size).map_err(|e| {
+            let errno = match e.kind {
+                strata_block::ErrorKind::OutOfRange => past_end,
+                _ => EINVAL,
+            };
+            (errno, e.to_string())
+        })
     }
 
     /// Whether `req` may go through the ring: anything, except for a
