@@ -1957,7 +1957,6 @@ fn fast_zero_zeroes_or_refuses_with_enotsup_and_changes_nothing_then() {
 /// of a WRITE of that length, which is what FAST_ZERO asks the server to
 /// refuse at once with ENOTSUP.
 #[test]
-#[ignore = "issue 58: FAST_ZERO on an eagerzeroedthick disk writes zeros in place instead of failing with ENOTSUP"]
 fn fast_zero_on_an_eager_zeroed_disk_is_refused_with_enotsup() {
     let s = Store::new();
     s.ok(&[

@@ -487,7 +487,7 @@ impl DiskHandle {
                 .load(std::sync::atomic::Ordering::Relaxed)
             && is_zero(buf)
         {
-            return self.zero_impl(offset, buf.len() as u64, fua);
+            return self.zero_impl(offset, buf.len() as u64, prov, fua);
         }
         self.inner.maybe_checkpoint()?;
         let first = offset >> GRAIN_SHIFT;
@@ -515,8 +515,12 @@ impl DiskHandle {
 
     // ------------------------------------------------------------ zero / unmap
 
-    fn zero_impl(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        let prov = self.begin(offset, len, true)?;
+    /// Make `[offset, offset+len)` read as zeros on a disk of `prov` (the
+    /// caller's `begin`) through the map: whole grains are given back (an
+    /// eager-zeroed disk writes zeros into its private grains instead) and
+    /// mapped partial grains are written with zeros. FAST_ZERO is the
+    /// caller's to check first ([`Self::slow_zeroing`]).
+    fn zero_impl(&self, offset: u64, len: u64, prov: Provisioning, fua: bool) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -549,6 +553,45 @@ impl DiskHandle {
             self.inner.commit(false)?;
         }
         Ok(())
+    }
+
+    /// Why zeroing `[offset, offset+len)` on a disk of `prov` would write
+    /// data blocks (the work of a WRITE, which FAST_ZERO asks to refuse),
+    /// or None when it only changes the map. Looks without the stripes: a
+    /// write racing with it can at worst make the zeroing write one more
+    /// partial grain.
+    fn slow_zeroing(&self, offset: u64, len: u64, prov: Provisioning) -> Result<Option<String>> {
+        if prov == Provisioning::Eagerzeroedthick {
+            return Ok(Some(
+                "an eagerzeroedthick disk zeroes by writing zeros into its grains".into(),
+            ));
+        }
+        if len == 0 {
+            return Ok(None);
+        }
+        let end = offset + len;
+        let last = (end - 1) >> GRAIN_SHIFT;
+        let mut partial = Vec::with_capacity(2);
+        if !offset.is_multiple_of(GRAIN_BYTES) {
+            partial.push(offset >> GRAIN_SHIFT);
+        }
+        if !end.is_multiple_of(GRAIN_BYTES) && partial.last() != Some(&last) {
+            partial.push(last);
+        }
+        let _gate = self.inner.gate.read();
+        for v in partial {
+            let mut g = Vec::with_capacity(1);
+            self.inner
+                .meta
+                .lock()
+                .lookup_range(self.version, v, 1, &mut g)?;
+            if g.first().is_some_and(|&g| g != 0) {
+                return Ok(Some(format!(
+                    "grain {v} is zeroed in part and holds data, which takes a write"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// Zero `[s, t)` inside one or two grains: only mapped grains need work.
@@ -1072,19 +1115,30 @@ impl BlockDevice for DiskHandle {
 
     fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
         self.throttle.admit(0);
-        to_block(self.zero_impl(offset_bytes, len_bytes, false))
+        let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
+        to_block(self.zero_impl(offset_bytes, len_bytes, prov, false))
     }
 
+    /// Fast (FAST_ZERO) only where the map does the work; a zeroing that
+    /// would write data blocks is then refused before anything changes.
     fn write_zeroes(
         &self,
         offset_bytes: u64,
         len_bytes: u64,
         opts: ZeroOptions,
     ) -> BlockResult<()> {
-        // Zeroing is a metadata operation here (or in-place zeros for an
-        // eager-zeroed disk), so it is always "fast".
         self.throttle.admit(0);
-        to_block(self.zero_impl(offset_bytes, len_bytes, opts.fua))
+        let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
+        if opts.fast_only {
+            let slow = to_block(self.slow_zeroing(offset_bytes, len_bytes, prov))?;
+            if let Some(why) = slow {
+                return Err(BlockError::new(
+                    strata_block::ErrorKind::NotSupported,
+                    format!("'{}': no fast zeroing here: {why}", self.name),
+                ));
+            }
+        }
+        to_block(self.zero_impl(offset_bytes, len_bytes, prov, opts.fua))
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {

@@ -1991,7 +1991,9 @@ impl SharedDisk {
         self.put_grains(grains)
     }
 
-    /// Zero `len` bytes at `offset`: whole grains become holes.
+    /// Zero `len` bytes at `offset`: whole grains become holes; a partial
+    /// grain is written with zeros only where it holds data (over a hole it
+    /// reads as zeros already).
     fn zero_bytes(&self, offset: u64, len: u64) -> Result<()> {
         self.ensure_owner(false)?;
         let end = offset + len;
@@ -2005,8 +2007,10 @@ impl SharedDisk {
                 at = g_end;
             } else {
                 let upto = g_end.min(end);
-                let zeros = vec![0u8; (upto - at) as usize];
-                self.write_bytes(&zeros, at)?;
+                if self.holds_data(vg)? {
+                    let zeros = vec![0u8; (upto - at) as usize];
+                    self.write_bytes(&zeros, at)?;
+                }
                 at = upto;
             }
             if holes.len() >= 4096 {
@@ -2014,6 +2018,47 @@ impl SharedDisk {
             }
         }
         self.put_grains(holes)
+    }
+
+    /// Why zeroing `[offset, offset+len)` would write data (the work of a
+    /// WRITE, which FAST_ZERO asks to refuse), or None when it only puts
+    /// holes in the map: a partial grain that holds data.
+    fn slow_zeroing(&self, offset: u64, len: u64) -> Result<Option<String>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let end = offset + len;
+        let last = (end - 1) / G;
+        let mut partial = Vec::with_capacity(2);
+        if !offset.is_multiple_of(G) {
+            partial.push(offset / G);
+        }
+        if !end.is_multiple_of(G) && partial.last() != Some(&last) {
+            partial.push(last);
+        }
+        for vg in partial {
+            if self.holds_data(vg)? {
+                return Ok(Some(format!(
+                    "grain {vg} is zeroed in part and holds data, which takes a write"
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether grain `vg` of this handle's version holds data, as block
+    /// status reports it (written and not yet committed, the tail, or the
+    /// map).
+    fn holds_data(&self, vg: u64) -> Result<bool> {
+        let (overlay, man) = {
+            let st = self.state.lock().unwrap();
+            (self.overlay(&st, vg..vg + 1), st.man.clone())
+        };
+        if let Some(present) = overlay.get(&vg) {
+            return Ok(*present);
+        }
+        let (root, levels) = self.root(&man);
+        Ok(self.lookup(root, levels, vg)?.is_some())
     }
 
     /// An owner-only change of the manifest (snapshot, revert, delete a
@@ -3237,12 +3282,26 @@ impl BlockDevice for SharedDisk {
         Ok(())
     }
 
+    /// Zeros are holes here whatever `may_unmap` says (FORMAT.md §11.4a: a
+    /// commit stores no zero grain), and an object store has no space to
+    /// provision ahead. `fast_only` refuses only a partial grain over data.
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOptions) -> BlockResult<()> {
         if self.read_only {
             return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
         }
         check_range(offset, len, self.size_bytes())?;
         self.throttle.admit(0);
+        if opts.fast_only {
+            if let Some(why) = self
+                .slow_zeroing(offset, len)
+                .map_err(|e| self.to_block(e))?
+            {
+                return Err(BlockError::new(
+                    BErr::NotSupported,
+                    format!("'{}': no fast zeroing here: {why}", self.name),
+                ));
+            }
+        }
         self.zero_bytes(offset, len).map_err(|e| self.to_block(e))?;
         if opts.fua {
             self.flush()?;

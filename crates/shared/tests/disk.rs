@@ -245,6 +245,43 @@ fn random_io_matches_a_model_through_commits_and_reopenings() {
     assert_eq!(read(&other, 0, size as usize), model, "from another host");
 }
 
+/// Whether block status reports a hole anywhere in the range.
+fn has_hole(d: &SharedDisk, off: u64, len: u64) -> bool {
+    d.block_status(off, len).unwrap().iter().any(|x| x.hole)
+}
+
+#[test]
+fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
+    let Some(url) = store("fast-zero") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = init(dir.path(), &url);
+    a.create_disk("z", 4 * MIB).unwrap();
+    let disk = SharedDisk::open(a.clone(), "z", false).unwrap();
+    let data = pattern(5, MIB as usize);
+    disk.write_at(&data, 0, false).unwrap();
+    let fast = ZeroOptions {
+        may_unmap: true,
+        fast_only: true,
+        fua: false,
+    };
+    // Whole grains become holes; a partial grain over a hole reads as
+    // zeros already.
+    disk.write_zeroes(0, 256 * 1024, fast).unwrap();
+    assert!(has_hole(&disk, 0, 256 * 1024));
+    disk.write_zeroes(2 * MIB + 512, 8192, fast).unwrap();
+    assert!(has_hole(&disk, 2 * MIB, 12288));
+    // A partial grain over data takes a write: refused, nothing changed.
+    let e = disk.write_zeroes(512 * 1024, 4096 + 512, fast).unwrap_err();
+    assert_eq!(e.kind, strata_block::ErrorKind::NotSupported, "{e}");
+    let mut want = data.clone();
+    want[..256 * 1024].fill(0);
+    assert_eq!(read(&disk, 0, MIB as usize), want);
+    disk.flush().unwrap();
+    assert_eq!(read(&disk, 0, MIB as usize), want, "after a commit");
+}
+
 fn store_of(url: &StoreUrl) -> strata_objstore::ObjectStore {
     strata_objstore::ObjectStore::connect(url, &Options::default()).unwrap()
 }
