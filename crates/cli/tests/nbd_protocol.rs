@@ -1981,7 +1981,6 @@ fn fast_zero_on_an_eager_zeroed_disk_is_refused_with_enotsup() {
 /// later writes to it cannot fail for want of space: base:allocation must
 /// not report it as a hole afterwards (it reads as zeros either way).
 #[test]
-#[ignore = "issue 58: WRITE_ZEROES with NO_HOLE deallocates on a thin disk (the engine ignores may_unmap)"]
 fn write_zeroes_with_no_hole_leaves_the_range_allocated() {
     let s = Store::new();
     s.ok(&["create", "disk", "--size", "4M"]);

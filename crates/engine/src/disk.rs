@@ -27,6 +27,13 @@ const STATUS_GRAINS_MAX: u64 = 1 << 20;
 /// Largest single zero-fill write.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 static ZEROS: [u8; ZERO_CHUNK_BYTES] = [0; ZERO_CHUNK_BYTES];
+/// A trim, and zero detection's WRITE_ZEROES: the map may give the
+/// grains back.
+const UNMAP: ZeroOptions = ZeroOptions {
+    may_unmap: true,
+    fast_only: false,
+    fua: false,
+};
 /// Work unit of eager zeroing and of `punchzero`: one region's stripes are
 /// held at a time, so a client write waits for one region at most.
 const REGION_BYTES: u64 = 1 << 20;
@@ -487,8 +494,19 @@ impl DiskHandle {
                 .load(std::sync::atomic::Ordering::Relaxed)
             && is_zero(buf)
         {
-            return self.zero_impl(offset, buf.len() as u64, prov, fua);
+            let opts = ZeroOptions { fua, ..UNMAP };
+            return self.zero_impl(offset, buf.len() as u64, prov, opts);
         }
+        self.write_guarded(buf, offset, prov)?;
+        if fua {
+            self.inner.commit(false)?;
+        }
+        Ok(())
+    }
+
+    /// Write `buf` (not empty) at `offset` under the gate and the range's
+    /// write stripes.
+    fn write_guarded(&self, buf: &[u8], offset: u64, prov: Provisioning) -> Result<()> {
         self.inner.maybe_checkpoint()?;
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
@@ -503,64 +521,60 @@ impl DiskHandle {
             // (outside the gate), then try once more before saying ENOSPC.
             Err(e) if e.kind == ErrorKind::NoSpace && self.inner.space_to_come() => {
                 self.inner.make_space()?;
-                attempt()?;
+                attempt()
             }
-            r => r?,
+            r => r,
         }
-        if fua {
-            self.inner.commit(false)?;
-        }
-        Ok(())
     }
 
     // ------------------------------------------------------------ zero / unmap
 
     /// Make `[offset, offset+len)` read as zeros on a disk of `prov` (the
-    /// caller's `begin`) through the map: whole grains are given back (an
-    /// eager-zeroed disk writes zeros into its private grains instead) and
-    /// mapped partial grains are written with zeros. FAST_ZERO is the
-    /// caller's to check first ([`Self::slow_zeroing`]).
-    fn zero_impl(&self, offset: u64, len: u64, prov: Provisioning, fua: bool) -> Result<()> {
+    /// caller's `begin`). With `may_unmap` the map does the work: whole
+    /// grains are given back (an eager-zeroed disk writes zeros into its
+    /// private grains instead) and mapped partial grains are written with
+    /// zeros. Without it (NBD's NO_HOLE) zeros are written through the
+    /// write path, so every grain of the range ends up mapped and
+    /// block status reports no hole there. `fast_only` is the caller's to
+    /// check first ([`Self::slow_zeroing`]).
+    fn zero_impl(
+        &self,
+        offset: u64,
+        len: u64,
+        prov: Provisioning,
+        opts: ZeroOptions,
+    ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
-        self.inner.maybe_checkpoint()?;
-        {
-            let _gate = self.inner.gate.read();
-            let end = offset + len;
-            let first = offset >> GRAIN_SHIFT;
-            let last = (end - 1) >> GRAIN_SHIFT;
-            let _stripes = self.inner.lock_stripes(self.version, first, last);
-            // Whole grains in [a, b); partial grains at the edges are written with zeros.
-            let a = offset.div_ceil(GRAIN_BYTES);
-            let b = end >> GRAIN_SHIFT;
-            if a >= b {
-                self.zero_partial(offset, end, prov)?;
-            } else {
-                if offset < a << GRAIN_SHIFT {
-                    self.zero_partial(offset, a << GRAIN_SHIFT, prov)?;
-                }
-                if end > b << GRAIN_SHIFT {
-                    self.zero_partial(b << GRAIN_SHIFT, end, prov)?;
-                }
-                self.zero_grains(a, b, prov)?;
-            }
-            self.inner
-                .mutations
-                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        if !opts.may_unmap {
+            self.zero_by_writing(offset, len, prov)?;
+        } else {
+            self.zero_by_map(offset, len, prov)?;
         }
-        if fua {
+        if opts.fua {
             self.inner.commit(false)?;
         }
         Ok(())
     }
 
-    /// Why zeroing `[offset, offset+len)` on a disk of `prov` would write
-    /// data blocks (the work of a WRITE, which FAST_ZERO asks to refuse),
-    /// or None when it only changes the map. Looks without the stripes: a
-    /// write racing with it can at worst make the zeroing write one more
-    /// partial grain.
-    fn slow_zeroing(&self, offset: u64, len: u64, prov: Provisioning) -> Result<Option<String>> {
+    /// Why zeroing `[offset, offset+len)` with `opts` on a disk of `prov`
+    /// would write data blocks (the work of a WRITE, which FAST_ZERO asks
+    /// to refuse), or None when it only changes the map. Looks without
+    /// the stripes: a write racing with it can at worst make the zeroing
+    /// write one more partial grain.
+    fn slow_zeroing(
+        &self,
+        offset: u64,
+        len: u64,
+        prov: Provisioning,
+        opts: ZeroOptions,
+    ) -> Result<Option<String>> {
+        if !opts.may_unmap {
+            return Ok(Some(
+                "the range must stay allocated (NO_HOLE), which takes writing zeros into it".into(),
+            ));
+        }
         if prov == Provisioning::Eagerzeroedthick {
             return Ok(Some(
                 "an eagerzeroedthick disk zeroes by writing zeros into its grains".into(),
@@ -592,6 +606,54 @@ impl DiskHandle {
             }
         }
         Ok(None)
+    }
+
+    /// Write zeros over `[offset, offset+len)` a chunk at a time through
+    /// the write path: unmapped and shared grains get new grains, private
+    /// ones are overwritten in place.
+    fn zero_by_writing(&self, offset: u64, len: u64, prov: Provisioning) -> Result<()> {
+        let chunk = ZERO_CHUNK_BYTES as u64;
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            // A long zeroing stops at a fail-stop as a run of writes would.
+            self.inner.check_writable()?;
+            let n = (end - pos).min(chunk - pos % chunk);
+            self.write_guarded(&ZEROS[..n as usize], pos, prov)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Zero `[offset, offset+len)` (not empty) through the map (see
+    /// [`Self::zero_impl`]), under the gate and the range's write stripes.
+    fn zero_by_map(&self, offset: u64, len: u64, prov: Provisioning) -> Result<()> {
+        self.inner.maybe_checkpoint()?;
+        {
+            let _gate = self.inner.gate.read();
+            let end = offset + len;
+            let first = offset >> GRAIN_SHIFT;
+            let last = (end - 1) >> GRAIN_SHIFT;
+            let _stripes = self.inner.lock_stripes(self.version, first, last);
+            // Whole grains in [a, b); partial grains at the edges are written with zeros.
+            let a = offset.div_ceil(GRAIN_BYTES);
+            let b = end >> GRAIN_SHIFT;
+            if a >= b {
+                self.zero_partial(offset, end, prov)?;
+            } else {
+                if offset < a << GRAIN_SHIFT {
+                    self.zero_partial(offset, a << GRAIN_SHIFT, prov)?;
+                }
+                if end > b << GRAIN_SHIFT {
+                    self.zero_partial(b << GRAIN_SHIFT, end, prov)?;
+                }
+                self.zero_grains(a, b, prov)?;
+            }
+            self.inner
+                .mutations
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Zero `[s, t)` inside one or two grains: only mapped grains need work.
@@ -1116,7 +1178,7 @@ impl BlockDevice for DiskHandle {
     fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
         self.throttle.admit(0);
         let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
-        to_block(self.zero_impl(offset_bytes, len_bytes, prov, false))
+        to_block(self.zero_impl(offset_bytes, len_bytes, prov, UNMAP))
     }
 
     /// Fast (FAST_ZERO) only where the map does the work; a zeroing that
@@ -1127,10 +1189,9 @@ impl BlockDevice for DiskHandle {
         len_bytes: u64,
         opts: ZeroOptions,
     ) -> BlockResult<()> {
-        self.throttle.admit(0);
         let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
         if opts.fast_only {
-            let slow = to_block(self.slow_zeroing(offset_bytes, len_bytes, prov))?;
+            let slow = to_block(self.slow_zeroing(offset_bytes, len_bytes, prov, opts))?;
             if let Some(why) = slow {
                 return Err(BlockError::new(
                     strata_block::ErrorKind::NotSupported,
@@ -1138,7 +1199,10 @@ impl BlockDevice for DiskHandle {
                 ));
             }
         }
-        to_block(self.zero_impl(offset_bytes, len_bytes, prov, opts.fua))
+        // Zeros written (NO_HOLE) count against the I/O limits as a WRITE.
+        self.throttle
+            .admit(if opts.may_unmap { 0 } else { len_bytes });
+        to_block(self.zero_impl(offset_bytes, len_bytes, prov, opts))
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {

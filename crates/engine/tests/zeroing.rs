@@ -1,6 +1,7 @@
 //! WRITE_ZEROES options against each provisioning, on the simulator:
 //! `fast_only` zeroes through the map or is refused with NotSupported
-//! before anything changes.
+//! before anything changes, and without `may_unmap` the range stays
+//! allocated (block status reports no hole) while it reads as zeros.
 
 mod common;
 
@@ -17,6 +18,11 @@ const SIZE: u64 = 4 * MIB;
 const FAST: ZeroOptions = ZeroOptions {
     may_unmap: true,
     fast_only: true,
+    fua: false,
+};
+const NO_HOLE: ZeroOptions = ZeroOptions {
+    may_unmap: false,
+    fast_only: false,
     fua: false,
 };
 
@@ -87,5 +93,50 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
     h.write_zeroes(0, SIZE, slow).unwrap();
     assert_eq!(read(&h, 0, MIB), vec![0u8; MIB as usize]);
     assert!(!has_hole(&h, 0, SIZE));
+    assert!(ds.check().unwrap().is_clean());
+}
+
+#[test]
+fn zeroes_without_unmap_leave_the_range_allocated_on_every_provisioning() {
+    let ds = new_store();
+    for prov in [
+        Provisioning::Thin,
+        Provisioning::Zeroedthick,
+        Provisioning::Eagerzeroedthick,
+    ] {
+        let name = format!("{prov:?}");
+        let h = disk_with_data(&ds, &name, prov);
+        // Over data shared with a snapshot, over data of the disk alone,
+        // over a range never written, with partial grains at both ends.
+        ds.snapshot_create(&name, "s", "").unwrap();
+        h.write_at(&pattern(256 * KIB as usize), 512 * KIB, false)
+            .unwrap();
+        for (offset, len) in [
+            (0, 256 * KIB),
+            (512 * KIB, 256 * KIB),
+            (2 * MIB, 256 * KIB),
+            (3 * MIB + 512, 64 * KIB),
+        ] {
+            h.write_zeroes(offset, len, NO_HOLE).unwrap();
+            let zeros = vec![0u8; len as usize];
+            assert_eq!(read(&h, offset, len), zeros, "{prov:?} at {offset}");
+            assert!(!has_hole(&h, offset, len), "{prov:?}: a hole at {offset}");
+        }
+        // Fast zeroing cannot keep a range allocated: refused.
+        let fast = ZeroOptions {
+            fast_only: true,
+            ..NO_HOLE
+        };
+        let e = h.write_zeroes(256 * KIB, 4 * KIB, fast).unwrap_err();
+        assert_eq!(e.kind, BlockKind::NotSupported, "{prov:?}: {e}");
+        let data = pattern(MIB as usize);
+        assert_eq!(read(&h, 256 * KIB, 4 * KIB), data[256 * 1024..260 * 1024]);
+        let snap = ds.open_disk(&format!("{name}@s")).unwrap();
+        assert_eq!(read(&snap, 0, MIB), pattern(MIB as usize), "{prov:?}");
+    }
+    // The zeros take space on a thin disk: the 1 MiB written, the 256 KiB
+    // never written, and the 17 grains the last range touches.
+    let thin = ds.disk_info("Thin").unwrap().allocated_bytes.unwrap();
+    assert_eq!(thin, MIB + 256 * KIB + 17 * 4 * KIB, "thin allocated");
     assert!(ds.check().unwrap().is_clean());
 }
