@@ -2506,7 +2506,6 @@ fn a_host_file_size_limit_reaches_the_client_as_enospc() {
 /// the connection, as the protocol requires; a client that checks sees
 /// a clean end, not a truncation (scripts/nbd_tls_disc.py).
 #[test]
-#[ignore = "issue 58: DISC over TLS closes the socket without sending the TLS close_notify"]
 fn disc_over_tls_ends_the_tls_session_before_the_connection() {
     if !have("python3") || !have("openssl") {
         return;

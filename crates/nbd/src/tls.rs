@@ -14,11 +14,18 @@
 //!   hands it to the session under `state`; anything the session must
 //!   answer by itself (an alert, a key update) goes out through the
 //!   writers' path (`wire` first, then `state`: one order everywhere).
+//!
+//! A connection that ends ends its TLS session first: shutting down a
+//! [`Link`]'s sending side sends the session's close_notify, unless a
+//! send already failed (a record may be cut off: more records would be
+//! garbage) or a writer is still at the socket (it may be stuck there;
+//! the shutdown is what frees it).
 
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -141,6 +148,8 @@ struct Session {
     /// Held from sealing records to sending them.
     wire: Mutex<()>,
     state: Mutex<ServerConnection>,
+    /// A send failed: what reached the socket may end inside a record.
+    broken: AtomicBool,
 }
 
 impl Session {
@@ -163,7 +172,7 @@ impl Session {
         for chunk in parts.iter().flat_map(|p| p.chunks(SEAL_BYTES)) {
             out.clear();
             self.seal(chunk, &mut out)?;
-            sock.write_all(&out)?;
+            self.write_records(sock, &out)?;
             total += chunk.len();
         }
         Ok(total)
@@ -174,7 +183,35 @@ impl Session {
         let _wire = self.wire.lock();
         let mut out = Vec::new();
         self.seal(&[], &mut out)?;
-        sock.write_all(&out)
+        self.write_records(sock, &out)
+    }
+
+    /// End the session: seal its close_notify and send it on `sock`, as
+    /// one writer. Nothing when a send failed before or another writer
+    /// holds the socket; sent once however often it is asked.
+    fn close(&self, sock: &mut impl Write) -> io::Result<()> {
+        if self.broken.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(_wire) = self.wire.try_lock() else {
+            return Ok(());
+        };
+        let mut out = Vec::new();
+        {
+            let mut c = self.state.lock();
+            c.send_close_notify();
+            while c.wants_write() {
+                c.write_tls(&mut out)?;
+            }
+        }
+        self.write_records(sock, &out)?;
+        sock.flush()
+    }
+
+    /// Write sealed records whole, or mark the session broken.
+    fn write_records(&self, sock: &mut impl Write, records: &[u8]) -> io::Result<()> {
+        sock.write_all(records)
+            .inspect_err(|_| self.broken.store(true, Ordering::Release))
     }
 }
 
@@ -278,6 +315,18 @@ impl<S: NbdStream> Link<S> {
         self.tls.get().is_some()
     }
 
+    /// End the TLS session, if one is up, with its close_notify (see the
+    /// module's doc for when it is left out): the protocol wants it before
+    /// the connection ends. Best done before waiting for what was sent to
+    /// be delivered ([`NbdStream::linger`]), so that the wait covers it;
+    /// [`NbdStream::shutdown_stream`] does it too, for a caller that did not.
+    pub(crate) fn end_tls(&self) -> io::Result<()> {
+        let Some(s) = self.tls.get() else {
+            return Ok(());
+        };
+        s.close(&mut self.sock.clone_stream()?)
+    }
+
     /// Run the server side of a TLS handshake on the socket (under the
     /// socket's current timeouts) and carry every later byte over it.
     /// The client certificate's subject, if it presented one.
@@ -307,6 +356,7 @@ impl<S: NbdStream> Link<S> {
         let _ = self.tls.set(Session {
             wire: Mutex::new(()),
             state: Mutex::new(c),
+            broken: AtomicBool::new(false),
         });
         Ok(peer)
     }
@@ -419,7 +469,13 @@ impl<S: NbdStream> NbdStream for Link<S> {
     fn clone_stream(&self) -> io::Result<Self> {
         Ok(Link::on(self.sock.clone_stream()?, self.tls.clone()))
     }
+    /// Shutting down the sending side ends the TLS session first.
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
+        if how != Shutdown::Read {
+            if let Err(e) = self.end_tls() {
+                tracing::debug!("NBD: the TLS close_notify was not sent: {e}");
+            }
+        }
         self.sock.shutdown_stream(how)
     }
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
