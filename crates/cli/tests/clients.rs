@@ -100,7 +100,10 @@ fn qemu_img_round_trip_and_block_status_map_on(kind: Kind) {
         m
     };
     assert_eq!(data_ranges(&map(&uri)), merged);
-    // Trim 1 MiB of data and zero another 1 MiB: both become holes and read as zeros.
+    // Trim 1 MiB of data and zero another 1 MiB letting the server
+    // unmap it (-u): both become holes and read as zeros. Zeroing without
+    // -u (NBD's NO_HOLE) leaves the range allocated on a local datastore
+    // (an object store keeps no grain of zeros: CLIENTS.md F3).
     run_ok(
         "qemu-io",
         &[
@@ -109,7 +112,9 @@ fn qemu_img_round_trip_and_block_status_map_on(kind: Kind) {
             "-c",
             "discard 0 1M",
             "-c",
-            "write -z 3M 1M",
+            "write -z -u 3M 1M",
+            "-c",
+            "write -z 5M 1M",
             &uri,
         ],
     );
@@ -122,6 +127,12 @@ fn qemu_img_round_trip_and_block_status_map_on(kind: Kind) {
         !after.iter().any(|&(o, l)| o < 4 << 20 && o + l > 3 << 20),
         "zeroed range still mapped: {after:?}"
     );
+    if kind == Kind::Local {
+        assert!(
+            after.iter().any(|&(o, l)| o <= 5 << 20 && o + l >= 6 << 20),
+            "a range zeroed with NO_HOLE is not allocated: {after:?}"
+        );
+    }
     let r = run_ok(
         "qemu-io",
         &[
@@ -131,6 +142,8 @@ fn qemu_img_round_trip_and_block_status_map_on(kind: Kind) {
             "read -P 0 0 1M",
             "-c",
             "read -P 0 3M 1M",
+            "-c",
+            "read -P 0 5M 1M",
             &uri,
         ],
     );

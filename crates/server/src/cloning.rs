@@ -117,7 +117,7 @@ fn copy(
     let ranges = src.changed_ranges(None, from)?;
     dst.create(name, size, provisioning, &mut |_, _| {})?;
     let target = dst.open(name)?;
-    let mut copier = Copier::new(provisioning, control, None, progress);
+    let mut copier = Copier::new(control, None, progress);
     copier.total = ranges.iter().map(|r| r.len).sum();
     copier.copy(&*source, &*target, &ranges, true, None)?;
     target

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_datastore::ChangedRange as Changed;
-use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
+use strata_engine::{Error, ErrorKind, WorkControl};
 
 /// Copy unit (a range lock's span, so a chunk takes one lock).
 pub(crate) const CHUNK: u64 = crate::slot::LOCK_BYTES;
@@ -21,7 +21,6 @@ pub(crate) fn io(what: &str, e: strata_block::BlockError) -> Error {
 
 /// Copies ranges from one device to another, counting and pacing.
 pub(crate) struct Copier<'a> {
-    thin: bool,
     pub(crate) control: Option<Arc<WorkControl>>,
     rate: Option<u64>,
     started: Instant,
@@ -36,16 +35,13 @@ pub(crate) struct Copier<'a> {
 }
 
 impl<'a> Copier<'a> {
-    /// A copier into a disk of `provisioning` (thin: zeros unmap), obeying
-    /// `control`'s pause and cancel.
+    /// A copier obeying `control`'s pause and cancel.
     pub(crate) fn new(
-        provisioning: Provisioning,
         control: Option<Arc<WorkControl>>,
         rate: Option<u64>,
         progress: &'a mut dyn FnMut(u64, u64),
     ) -> Self {
         Copier {
-            thin: provisioning == Provisioning::Thin,
             control,
             rate,
             started: Instant::now(),
@@ -98,8 +94,13 @@ impl<'a> Copier<'a> {
                 let t = Instant::now();
                 let n = (CHUNK - off % CHUNK).min(end - off);
                 let _ranges = slot.map(|s| s.lock_range(off, n));
+                // Zeros unmap into every kind of disk: a thick one keeps
+                // its reservation (an eager-zeroed one writes zeros into
+                // its own grains), while zeros written through the write
+                // path (no unmap) would cost the copy a WRITE of every
+                // empty range and map it.
                 let zero = ZeroOptions {
-                    may_unmap: self.thin,
+                    may_unmap: true,
                     ..Default::default()
                 };
                 if !r.mapped {

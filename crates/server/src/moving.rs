@@ -241,7 +241,7 @@ fn run_locked(
         Err(e) => return Err(undo(e)),
     };
     let dirty = slot.track();
-    let mut copier = Copier::new(prov, control, a.rate, progress);
+    let mut copier = Copier::new(control, a.rate, progress);
     copier.seen = slot.requests();
     let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
     let (snapshots, passes, switch, mirrored) = match r {
