@@ -94,6 +94,13 @@
 //! set) are closed both ways, and any still there after a second one (a
 //! device that never answers) are left behind, with an error logged.
 //!
+//! Every connection ends with a lingering close: its TLS session's
+//! close_notify, then a wait (up to the grace) until the client has
+//! acknowledged everything sent, reading and dropping what it still
+//! sends, and only then the shutdown both ways. Over TCP, data that
+//! arrives once a socket has shut down reading and sent its FIN resets
+//! the connection, and a reset discards replies not yet delivered.
+//!
 //! [`BlockError::errno`]: strata_block::BlockError::errno
 //! [`ReadFill`]: strata_block::ReadFill
 //! [`AlignedBuf`]: strata_block::AlignedBuf
@@ -499,7 +506,9 @@ impl NbdStream for TcpStream {
             let mut unsent: libc::c_int = 0;
             // SAFETY: SIOCOUTQ writes one c_int, into a live one.
             let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) };
-            if r != 0 || unsent == 0 || Instant::now() >= until {
+            // A connection the client reset keeps counting what it never
+            // acknowledged: nothing more will be delivered.
+            if r != 0 || unsent == 0 || tcp_closed(fd) || Instant::now() >= until {
                 return;
             }
             thread::sleep(wait);
@@ -526,6 +535,25 @@ impl NbdStream for TcpStream {
             Err(io::Error::last_os_error())
         }
     }
+}
+
+/// Whether the TCP connection of socket `fd` is closed (reset, or over).
+fn tcp_closed(fd: RawFd) -> bool {
+    // The first byte of `struct tcp_info` is the state; TCP_CLOSE is 7.
+    const TCP_CLOSE: u8 = 7;
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    r != 0 || info[0] == TCP_CLOSE
 }
 
 /// What shutdown needs to stop one live connection.

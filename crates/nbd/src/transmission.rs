@@ -79,6 +79,8 @@ pub(crate) fn serve<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Re
     let writer = stream.clone_stream()?;
     let closer = stream.clone_stream()?;
     let result = serve_inner(shared, id, stream, writer);
+    // The TLS session's close_notify first, so the wait covers it too.
+    let _ = closer.end_tls();
     raw.linger(shared.opts.shutdown_grace);
     let _ = closer.shutdown_stream(Shutdown::Both);
     result
