@@ -107,15 +107,16 @@ fn a_diff_is_exact_through_trims_zeroes_an_extend_and_kill_9() {
         let mut srv = s.serve();
         io(&s.uri("vm"), &["write -P 0x11 0 4M", "flush"]);
         s.ok(&["snapshot", "create", "vm", "s1"]);
-        // Data, a trim, WRITE_ZEROES, data far off, and the same bytes
-        // written again over a grain (a rewrite counts: never a false
-        // negative).
+        // Data, a trim, WRITE_ZEROES that may unmap (-u; without it qemu
+        // sends NO_HOLE, and the zeros stay allocated: data), data far
+        // off, and the same bytes written again over a grain (a rewrite
+        // counts: never a false negative).
         io(
             &s.uri("vm"),
             &[
                 "write -P 0x22 1M 64k",
                 "discard 2M 64k",
-                "write -z 3M 8k",
+                "write -z -u 3M 8k",
                 "write -P 0x33 10M 4k",
                 "write -P 0x11 0 4k",
                 "flush",
@@ -599,7 +600,7 @@ fn export_diff_and_import_diff_round_trip_through_files_pipes_and_rbd() {
             &[
                 "write -P 0x22 1M 100k",
                 "discard 2M 1M",
-                "write -z 5M 64k",
+                "write -z -u 5M 64k",
                 "flush",
             ],
         );
