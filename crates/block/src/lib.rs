@@ -293,6 +293,12 @@ pub fn check_range(offset_bytes: u64, len_bytes: u64, size_bytes: u64) -> BlockR
             format!("offset {offset_bytes} and length {len_bytes} must be multiples of 512"),
         ));
     }
+    check_extent(offset_bytes, len_bytes, size_bytes)
+}
+
+/// Check only the range of a request against a device size, at any
+/// alignment (a byte-granular view's requests: [`bytes`]).
+pub fn check_extent(offset_bytes: u64, len_bytes: u64, size_bytes: u64) -> BlockResult<()> {
     let end = offset_bytes
         .checked_add(len_bytes)
         .ok_or_else(|| BlockError::new(ErrorKind::OutOfRange, "offset + length overflows"))?;

@@ -303,11 +303,17 @@ impl<S: NbdStream> Haggle<'_, S> {
             )?;
         }
         // Always sent: clients that did not ask still learn our limits.
-        // Only a client that asked is held to 512-byte blocks (the spec:
-        // a server may assume a client abides by sizes only once it asked
-        // for them in GO); one that did not gets the default minimum of
-        // 1, which it is served with.
         let asked = items.contains(&INFO_BLOCK_SIZE);
+        self.block_sizes(opt, &*dev, asked)?;
+        self.reply(opt, REP_ACK, &[])?;
+        Ok(slot.map(|slot| self.negotiated(&name, dev, slot, !asked)))
+    }
+
+    /// The INFO_BLOCK_SIZE reply for `dev`. Only a client that `asked`
+    /// is held to 512-byte blocks (the spec: a server may assume a client
+    /// abides by sizes only once it asked for them in GO); one that did
+    /// not gets the default minimum of 1, which it is served with.
+    fn block_sizes(&mut self, opt: u32, dev: &dyn BlockDevice, asked: bool) -> io::Result<()> {
         let min: u32 = if asked { 512 } else { 1 };
         let max = self.shared.opts.max_request_bytes;
         let preferred = dev
@@ -324,9 +330,7 @@ impl<S: NbdStream> Haggle<'_, S> {
                 &preferred.to_be_bytes(),
                 &max.to_be_bytes(),
             ],
-        )?;
-        self.reply(opt, REP_ACK, &[])?;
-        Ok(slot.map(|slot| self.negotiated(&name, dev, slot, !asked)))
+        )
     }
 
     fn meta_context(&mut self, opt: u32, data: &[u8]) -> io::Result<()> {

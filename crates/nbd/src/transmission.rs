@@ -117,19 +117,7 @@ fn serve_inner<S: NbdStream>(
     if shared.stopping() {
         return Ok(());
     }
-    // The context whose replies guide read-ahead: one that marks what a
-    // copying client reads next, else base:allocation's data.
-    let guide = session.contexts.iter().find_map(|(id, c)| match c {
-        Context::Other(c) => c.read_next_flags().map(|f| (*id, Some(f))),
-        Context::Allocation => None,
-    });
-    let guide = guide.or_else(|| {
-        session
-            .contexts
-            .iter()
-            .find(|(_, c)| matches!(c, Context::Allocation))
-            .map(|(id, _)| (*id, None))
-    });
+    let guide = read_ahead_guide(&session.contexts);
     // With `one_thread`, over a plain socket, this thread reaps the ring
     // too, waiting for the socket and the ring at once; otherwise (and
     // over TLS, whose session may hold plaintext the socket does not
@@ -200,6 +188,21 @@ fn serve_inner<S: NbdStream>(
     // request to be executed and answered.
     drop(workers);
     result
+}
+
+/// The context whose replies guide read-ahead (`Conn::guide`): one that
+/// marks what a copying client reads next, else base:allocation's data.
+fn read_ahead_guide(contexts: &[(u32, Context)]) -> Option<(u32, Option<u32>)> {
+    let marked = contexts.iter().find_map(|(id, c)| match c {
+        Context::Other(c) => c.read_next_flags().map(|f| (*id, Some(f))),
+        Context::Allocation => None,
+    });
+    marked.or_else(|| {
+        contexts
+            .iter()
+            .find(|(_, c)| matches!(c, Context::Allocation))
+            .map(|(id, _)| (*id, None))
+    })
 }
 
 /// One request handed to a worker.
@@ -347,43 +350,10 @@ fn read_requests<S: NbdStream>(
         if shared.stopping() || conn.broken.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // Reads queued on the ring start now, all with one call, unless
-        // another READ is already here to join them. Nothing on the way
-        // from here to queueing that READ waits (`admit` submits before
-        // it does), and every other request starts with the ring
-        // submitted: no thread ever waits for a completion of a read
-        // that was queued and not submitted (ARCHITECTURE.md, "Direct
-        // I/O through io_uring").
         if let Some(r) = &conn.ring {
-            let buffered = reader.buffer();
-            if buffered.len() >= REQUEST_BYTES && !read_is_buffered(buffered) {
-                if let Err(e) = r.submit() {
-                    conn.mark_broken(&e);
-                    return Err(e);
-                }
-            } else if buffered.len() < REQUEST_BYTES {
-                let fd = match (&wait.ready, r.busy()) {
-                    (Some(ready), true) => reader
-                        .get_mut()
-                        .fd_to_poll()
-                        .map(|fd| (fd, ready.as_raw_fd())),
-                    _ => None,
-                };
-                let reaped = match fd {
-                    // Answer what completes until the next request is
-                    // here (the socket has input, or was shut down).
-                    Some((fd, ready)) => wait_for_input(conn, r, fd, ready, wait.window),
-                    None => r.submit().and_then(|()| {
-                        // Reads the page cache answered are in already:
-                        // answer them here rather than wake the reaping
-                        // thread.
-                        r.reap_ready(|p| conn.finish_ring_req(p), || {}).map(|_| ())
-                    }),
-                };
-                if let Err(e) = reaped {
-                    conn.mark_broken(&e);
-                    return Err(e);
-                }
+            if let Err(e) = start_queued(conn, r, reader, wait) {
+                conn.mark_broken(&e);
+                return Err(e);
             }
         }
         if let Err(e) = reader.read_exact(&mut head) {
@@ -446,10 +416,8 @@ fn read_requests<S: NbdStream>(
         }
         let mut payload = AlignedBuf::zeroed(0);
         if req.ty == CMD_WRITE {
-            // Reads queued on the ring do not wait for a payload to arrive.
-            if let Some(r) = &conn.ring {
-                r.submit()?;
-            }
+            // The ring was submitted before this header was read
+            // (`start_queued`): no read waits for the payload to arrive.
             payload = conn.take_buffer(req.len as usize);
             // The whole payload is on its way: the socket need not wake
             // the reader for each piece of it.
@@ -461,21 +429,10 @@ fn read_requests<S: NbdStream>(
                 conn.finished(cost);
                 return Err(e);
             }
-            if let (Some(r), true) = (&conn.ring, conn.ring_may_take(&req)) {
-                // A byte-granular client's write goes on the ring only
-                // with its export's lock held shared, taken without
-                // waiting (a read-modify-write waiting for it may be
-                // waiting for this ring's writes, which only this
-                // thread may be there to answer); else a worker runs it.
-                let hold = match &conn.bytes {
-                    Some(lock) => lock.try_read_arc().map(Some),
-                    None => Some(None),
-                };
-                if let Some(hold) = hold {
-                    match conn.ring_request(r, req, payload, cost, hold)? {
-                        None => continue,
-                        Some(p) => payload = p,
-                    }
+            if let Some(r) = &conn.ring {
+                match conn.ring_write(r, req, payload, cost)? {
+                    None => continue,
+                    Some(p) => payload = p,
                 }
             }
         }
@@ -486,6 +443,47 @@ fn read_requests<S: NbdStream>(
         }
         if conn.push(job) {
             workers.grow()?;
+        }
+    }
+}
+
+/// Before the reader reads the next request: start the reads queued on
+/// the ring, all with one call, unless another READ is already in the
+/// receive buffer to join them. Nothing on the way from there to queueing
+/// that READ waits (`admit` submits before it does), and every other
+/// request starts with the ring submitted: no thread ever waits for a
+/// completion of a read that was queued and not submitted
+/// (ARCHITECTURE.md, "Direct I/O through io_uring"). With nothing
+/// buffered, a connection that reaps its own ring answers completions
+/// until the next request is here.
+fn start_queued<S: NbdStream>(
+    conn: &Conn<Link<S>>,
+    r: &RingIo<RingReq>,
+    reader: &mut BufReader<Link<S>>,
+    wait: &Wait,
+) -> io::Result<()> {
+    if reader.buffer().len() >= REQUEST_BYTES {
+        if read_is_buffered(reader.buffer()) {
+            return Ok(());
+        }
+        return r.submit();
+    }
+    let fd = match (&wait.ready, r.busy()) {
+        (Some(ready), true) => reader
+            .get_mut()
+            .fd_to_poll()
+            .map(|fd| (fd, ready.as_raw_fd())),
+        _ => None,
+    };
+    match fd {
+        // Answer what completes until the next request is here (the
+        // socket has input, or was shut down).
+        Some((fd, ready)) => wait_for_input(conn, r, fd, ready, wait.window),
+        None => {
+            r.submit()?;
+            // Reads the page cache answered are in already: answer them
+            // here rather than wake the reaping thread.
+            r.reap_ready(|p| conn.finish_ring_req(p), || {}).map(|_| ())
         }
     }
 }
@@ -664,24 +662,7 @@ impl<S: NbdStream> Conn<S> {
             | CMD_FLUSH => {}
             _ => return fail(EINVAL, "unknown command"),
         }
-        // FUA goes with any command; each other flag with one (clients
-        // must not send it elsewhere; qemu-nbd refuses it too).
-        let valid = FLAG_FUA
-            | match r.ty {
-                CMD_READ if self.structured => FLAG_DF,
-                CMD_WRITE_ZEROES => FLAG_NO_HOLE | FLAG_FAST_ZERO,
-                CMD_BLOCK_STATUS => FLAG_REQ_ONE,
-                _ => 0,
-            };
-        if r.flags & !valid != 0 {
-            return Err((
-                EINVAL,
-                format!(
-                    "command flags {:#x} do not apply to this command",
-                    r.flags & !valid
-                ),
-            ));
-        }
+        self.check_flags(r.ty, r.flags)?;
         if r.ty == CMD_FLUSH {
             return Ok(());
         }
@@ -699,28 +680,41 @@ impl<S: NbdStream> Conn<S> {
             let errno = if r.ty == CMD_READ { EOVERFLOW } else { EINVAL };
             return fail(errno, "request longer than the maximum block size");
         }
-        // A write past the end is out of space, anything else invalid.
-        let past_end = match r.ty {
-            CMD_WRITE | CMD_WRITE_ZEROES => ENOSPC,
-            _ => EINVAL,
-        };
-        let size = self.dev.size_bytes();
-        if self.bytes.is_some() {
-            // Any alignment, within the export.
-            return match r.offset.checked_add(r.len as u64) {
-                Some(end) if end <= size => Ok(()),
-                _ => Err((
-                    past_end,
-                    format!(
-                        "request [{}, +{}) ends past the export's size {size}",
-                        r.offset, r.len
-                    ),
-                )),
+        self.check_extent(r)
+    }
+
+    /// Whether command flags `flags` go with command `ty`: FUA with any
+    /// command, each other flag with one (clients must not send it
+    /// elsewhere; qemu-nbd refuses it too). `Err` names the strays.
+    fn check_flags(&self, ty: u16, flags: u16) -> Result<(), (u32, String)> {
+        let valid = FLAG_FUA
+            | match ty {
+                CMD_READ if self.structured => FLAG_DF,
+                CMD_WRITE_ZEROES => FLAG_NO_HOLE | FLAG_FAST_ZERO,
+                CMD_BLOCK_STATUS => FLAG_REQ_ONE,
+                _ => 0,
             };
+        match flags & !valid {
+            0 => Ok(()),
+            stray => Err((
+                EINVAL,
+                format!("command flags {stray:#x} do not apply to this command"),
+            )),
         }
-        check_range(r.offset, r.len as u64, size).map_err(|e| {
-            let errno = match e.kind {
-                strata_block::ErrorKind::OutOfRange => past_end,
+    }
+
+    /// Whether `r` lies inside the export, on sector boundaries unless
+    /// the client is byte-granular. A write past the end is out of
+    /// space (ENOSPC), anything else invalid.
+    fn check_extent(&self, r: &Request) -> Result<(), (u32, String)> {
+        let (len, size) = (r.len as u64, self.dev.size_bytes());
+        let checked = match self.bytes {
+            Some(_) => strata_block::check_extent(r.offset, len, size),
+            None => check_range(r.offset, len, size),
+        };
+        checked.map_err(|e| {
+            let errno = match (e.kind, r.ty) {
+                (strata_block::ErrorKind::OutOfRange, CMD_WRITE | CMD_WRITE_ZEROES) => ENOSPC,
                 _ => EINVAL,
             };
             (errno, e.to_string())
@@ -959,22 +953,12 @@ impl<S: NbdStream> Conn<S> {
             }
             CMD_FLUSH => self.reply_result(req, dev.flush()),
             CMD_TRIM => {
-                let r = dev.unmap(req.offset, req.len as u64).and_then(|()| {
-                    if fua {
-                        dev.flush()
-                    } else {
-                        Ok(())
-                    }
-                });
-                self.reply_result(req, r)
+                let r = dev.unmap(req.offset, req.len as u64);
+                self.reply_result(req, flush_if_fua(dev, req, r))
             }
             CMD_WRITE_ZEROES => {
-                let opts = ZeroOptions {
-                    may_unmap: req.flags & FLAG_NO_HOLE == 0,
-                    fast_only: req.flags & FLAG_FAST_ZERO != 0,
-                    fua,
-                };
-                self.reply_result(req, dev.write_zeroes(req.offset, req.len as u64, opts))
+                let r = dev.write_zeroes(req.offset, req.len as u64, zero_options(req));
+                self.reply_result(req, r)
             }
             CMD_CACHE => {
                 dev.prefetch(req.offset, req.len as u64);
@@ -1000,13 +984,8 @@ impl<S: NbdStream> Conn<S> {
         let io = self.byte_io(lock);
         let dev = &*self.dev;
         let (off, len) = (req.offset, req.len as u64);
-        let fua = req.flags & FLAG_FUA != 0;
-        let then_flush = |r: Result<(), BlockError>| match r {
-            Ok(()) if fua => dev.flush(),
-            r => r,
-        };
         let r = match req.ty {
-            CMD_WRITE => io.write(&payload[..len as usize], off, fua),
+            CMD_WRITE => io.write(&payload[..len as usize], off, req.flags & FLAG_FUA != 0),
             CMD_TRIM => {
                 // Only whole sectors are released; the edges keep their
                 // bytes (a trim promises nothing about what reads back).
@@ -1017,15 +996,16 @@ impl<S: NbdStream> Conn<S> {
                 } else {
                     Ok(())
                 };
-                then_flush(r)
+                flush_if_fua(dev, req, r)
             }
             CMD_WRITE_ZEROES => {
+                // Durable once all of it is done, edges included.
                 let opts = ZeroOptions {
-                    may_unmap: req.flags & FLAG_NO_HOLE == 0,
-                    fast_only: req.flags & FLAG_FAST_ZERO != 0,
                     fua: false,
+                    ..zero_options(req)
                 };
-                then_flush(io.zero(off, len, &|d, o, l| d.write_zeroes(o, l, opts)))
+                let r = io.zero(off, len, &|d, o, l| d.write_zeroes(o, l, opts));
+                flush_if_fua(dev, req, r)
             }
             _ if bytes::aligned(off, len) => return None,
             CMD_READ => {
@@ -1046,6 +1026,32 @@ impl<S: NbdStream> Conn<S> {
             _ => return None,
         };
         Some(self.reply_result(req, r))
+    }
+
+    /// A WRITE through the ring ([`Conn::ring_request`]), or its payload
+    /// back for a worker. A byte-granular client's write goes on the
+    /// ring only with its export's lock held shared, taken without
+    /// waiting: a read-modify-write waiting for the lock may be waiting
+    /// for this ring's writes, which only the reader may be there to
+    /// answer.
+    fn ring_write(
+        &self,
+        ring: &RingIo<RingReq>,
+        req: Request,
+        payload: AlignedBuf,
+        cost: u64,
+    ) -> io::Result<Option<AlignedBuf>> {
+        if !self.ring_may_take(&req) {
+            return Ok(Some(payload));
+        }
+        let hold = match &self.bytes {
+            Some(lock) => match lock.try_read_arc() {
+                Some(h) => Some(h),
+                None => return Ok(Some(payload)),
+            },
+            None => None,
+        };
+        self.ring_request(ring, req, payload, cost, hold)
     }
 
     /// READ, or WRITE without FUA, through the ring: plan it into or from
@@ -1318,6 +1324,27 @@ impl<S: NbdStream> Conn<S> {
             }
         }
         self.send(&b)
+    }
+}
+
+/// What a WRITE_ZEROES request's flags ask of the device.
+fn zero_options(req: &Request) -> ZeroOptions {
+    ZeroOptions {
+        may_unmap: req.flags & FLAG_NO_HOLE == 0,
+        fast_only: req.flags & FLAG_FAST_ZERO != 0,
+        fua: req.flags & FLAG_FUA != 0,
+    }
+}
+
+/// `r`, then a flush of `dev` if it succeeded and `req` has FUA.
+fn flush_if_fua(
+    dev: &dyn BlockDevice,
+    req: &Request,
+    r: Result<(), BlockError>,
+) -> Result<(), BlockError> {
+    match r {
+        Ok(()) if req.flags & FLAG_FUA != 0 => dev.flush(),
+        r => r,
     }
 }
 
