@@ -61,6 +61,17 @@ Cases (issue #2 targets in brackets):
               an unsent 32 MiB WRITE) come and go, strata and qemu-nbd: under the
               storm vs alone [>= 0.9]
 
+  firstwrite  issue 59: the first-write penalty in one run, each disk's first pass vs a
+              rewrite of it (fio, all disks at once, flushed; MiB/s and server CPU per
+              GiB; rounds alternate, median / min / max): 3 disks 512k sequential beyond
+              the page cache and within it (teragen), 16 disks 64k random (randfill),
+              1, 4 and 16 disks (scaling), each type vs qemu-nbd sparse / falloc / full
+              raw and fio on a file (kinds), a filled disk beside a growing one
+              (neighbour); writeback and --cache none. [thin first vs qemu-nbd sparse
+              >= 1.0, first / rewrite >= 0.85 (zeroedthick 0.9, 16 disks 0.8), 16 disks
+              vs 1 >= 0.9, beside first writes vs beside rewrites >= 0.8, CPU first /
+              rewrite <= 1.3]
+
 Paper suites (figures, no targets; each cell also measured on the peer):
   matrix      SEsparse Iometer matrix: 4k/64k/512k x seq/rand x read/write on
               thin, zeroedthick, eagerzeroedthick and delta disks, empty and

@@ -11,6 +11,7 @@ from .ckpt import case_ckpt
 from .claims import case_claims
 from .clone import case_clone
 from .depth import case_depth
+from .firstwrite import case_firstwrite
 from .formats import case_formats
 from .fragmentation import case_fragmentation
 from .manydisks import case_manydisks
@@ -67,6 +68,7 @@ CASES = {
     "groupsnap": case_groupsnap,
     "tls": case_tls,
     "hostile": case_hostile,
+    "firstwrite": case_firstwrite,
     # make paper's own (bench.py --paper): not in a run without --only.
     "paper_matrix": case_paper_matrix,
     "tera": case_tera,

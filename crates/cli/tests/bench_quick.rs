@@ -1,5 +1,5 @@
 //! The benchmark cases with targets (`bench/bench.py --smoke --only
-//! stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile`:
+//! stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile,firstwrite`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest run)
 //! run end to end against the test-built `strata`, and their JSON has every
 //! case and every cell. It proves the benchmarks still work; the figures
@@ -54,7 +54,7 @@ fn bench_quick_cases_with_targets() {
         .args([
             "--smoke",
             "--only",
-            "stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile",
+            "stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile,firstwrite",
             "--out",
         ])
         .arg(&out)
@@ -262,6 +262,87 @@ fn bench_quick_cases_with_targets() {
     // How many hostile connections got in or were refused depends on how
     // the nice-19 storm is scheduled: not checked here (tests/hostile.rs
     // checks the refusals themselves).
+
+    // firstwrite: every config of every group measured its first and
+    // rewrite passes (median, min and max of MiB/s and their ratio), and
+    // so did each server's CPU per GiB (the limit, fio on a file, has no
+    // server: its CPU may be below what can be measured at this size);
+    // the neighbour's three runs; and every target has a value.
+    let fw = get(&j, &["cases", "firstwrite"]);
+    for (group, count) in [
+        ("teragen", 8),
+        ("teragen_cached", 8),
+        ("randfill", 4),
+        ("scaling", 3),
+        ("kinds", 32),
+    ] {
+        let configs = get(fw, &[group, "configs"])
+            .as_object()
+            .unwrap_or_else(|| panic!("results.json: firstwrite.{group}.configs is no object"));
+        assert_eq!(configs.len(), count, "firstwrite.{group}: configs");
+        for (name, c) in configs {
+            let limit = get(c, &["kind"]).as_str() == Some("limit");
+            for k in [
+                "first_mib_s",
+                "rewrite_mib_s",
+                "ratio",
+                "cpu_s_per_gib_first",
+                "cpu_s_per_gib_rewrite",
+                "cpu_ratio",
+            ] {
+                if limit && k.starts_with("cpu") {
+                    continue;
+                }
+                for s in ["median", "min", "max"] {
+                    positive(fw, &[group, "configs", name, k, s]);
+                }
+            }
+        }
+        let ratios = get(fw, &[group, "ratios"]).as_object().unwrap();
+        assert!(!ratios.is_empty(), "firstwrite.{group}: no ratios");
+        for k in ratios.keys() {
+            positive(fw, &[group, "ratios", k]);
+        }
+    }
+    for run in ["alone", "beside_first", "beside_rewrite"] {
+        for s in ["median", "min", "max"] {
+            positive(fw, &["neighbour", "configs", run, "thick_mib_s", s]);
+        }
+    }
+    for run in ["beside_first", "beside_rewrite"] {
+        positive(fw, &["neighbour", "configs", run, "thin_mib_s", "median"]);
+    }
+    positive(fw, &["neighbour", "ratios", "b_over_a"]);
+    positive(fw, &["neighbour", "ratios", "b_over_c"]);
+    let targets = get(fw, &["targets"]).as_object().unwrap();
+    for t in [
+        "teragen_thin_vs_qemu_sparse_wb",
+        "teragen_thin_vs_qemu_sparse_none",
+        "teragen_thin_first_over_rewrite_wb",
+        "teragen_thin_first_over_rewrite_none",
+        "randfill_thin_first_over_rewrite",
+        "randfill_zeroedthick_first_over_rewrite",
+        "randfill_thin_vs_qemu_sparse",
+        "randfill_zeroedthick_vs_qemu_falloc",
+        "scaling_aggN_over_agg1",
+        "scaling_firstN_over_rewriteN",
+        "neighbour_b_over_c",
+        "kinds_seq_strata_thin_wb_cpu_first_over_rewrite",
+        "kinds_rand_strata_thin_wb_cpu_first_over_rewrite",
+    ] {
+        assert!(
+            targets.contains_key(t),
+            "results.json: no firstwrite.targets.{t}"
+        );
+    }
+    for (name, t) in targets {
+        positive(fw, &["targets", name, "value"]);
+        positive(fw, &["targets", name, "target"]);
+        assert!(
+            get(t, &["met"]).is_boolean(),
+            "firstwrite.targets.{name}.met"
+        );
+    }
 
     // The report next to the JSON.
     let md = tmp.path().join("results.md");
