@@ -304,6 +304,13 @@ fn datastore_figures(out: &mut String, v: &DatastoreView) {
         human(i.reserved_bytes),
         human(i.reserved_held_bytes)
     );
+    if i.readied_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "readied:      {} (held on the host ahead of first writes)",
+            human(i.readied_bytes)
+        );
+    }
     let _ = writeln!(out, "free:         {}", human(i.free_bytes));
     let _ = writeln!(
         out,

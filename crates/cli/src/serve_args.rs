@@ -169,6 +169,11 @@ pub struct ServeArgs {
     /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
     #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
     pub placement: bool,
+    /// Host space kept allocated ahead of the pool's end, so that thin disks' first writes do
+    /// not wait for the host file system to allocate (docs/FORMAT.md §7.1, "Readied space"):
+    /// follows the rate the pool grows, up to SIZE; 0 turns it off
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
+    pub ready_ahead: u64,
     /// Free-space consolidation in the background (auto): every 10 s, when the pool file holds
     /// more on the host than the used (and reserved) space by --free-space-threshold plus a
     /// quarter of the used space, run
@@ -328,6 +333,7 @@ impl From<&ServeArgs> for ServeConfig {
             no_stats: a.no_stats,
             detect_zeroes: a.detect_zeroes,
             placement: a.placement,
+            ready_ahead: a.ready_ahead,
             free_space_policy: a.free_space_policy,
             free_space_threshold: a.free_space_threshold,
             init: a.init,

@@ -94,6 +94,7 @@ fn every_response() -> Vec<Response> {
                 used_bytes: 1 << 20,
                 reserved_bytes: 0,
                 reserved_held_bytes: 0,
+                readied_bytes: 0,
                 free_bytes: (1 << 30) - (1 << 20),
                 provisioned_bytes: 64 << 20,
                 overcommit_percent: 6,
@@ -192,7 +193,7 @@ fn every_response() -> Vec<Response> {
         Response::Datastore(
             serde_json::from_value(json!({
                 "location": "s3://bucket/ds", "capacity_bytes": 0, "used_bytes": 3u64 << 20,
-                "reserved_bytes": 0, "reserved_held_bytes": 0, "free_bytes": 0,
+                "reserved_bytes": 0, "reserved_held_bytes": 0, "readied_bytes": 0, "free_bytes": 0,
                 "provisioned_bytes": 1u64 << 30, "overcommit_percent": 0, "used_percent": 0,
                 "alarms": [], "disks": 1, "snapshots": 1, "metadata_cache_bytes": 0,
                 "cache_mode": "", "reclaiming": 0, "fail_stop": null, "checkpoints": 0,

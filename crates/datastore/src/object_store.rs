@@ -277,6 +277,7 @@ impl ObjectStoreDatastore {
             used_bytes: used,
             reserved_bytes: 0,
             reserved_held_bytes: 0,
+            readied_bytes: 0,
             free_bytes: cap.saturating_sub(used),
             provisioned_bytes: provisioned,
             overcommit_percent: figures.overcommit_percent(),

@@ -185,6 +185,10 @@ pub struct DatastoreInfo {
     /// file's reserved tail (FORMAT.md §7.1).
     #[serde(default)]
     pub reserved_held_bytes: u64,
+    /// Bytes held on the host past the pool's end beyond the reservations,
+    /// readied for first writes (FORMAT.md §7.1, "Readied space").
+    #[serde(default)]
+    pub readied_bytes: u64,
     pub free_bytes: u64,
     pub provisioned_bytes: u64,
     /// Provisioned bytes over capacity, in percent.
@@ -628,7 +632,8 @@ impl Datastore {
             capacity_follows_fs: self.inner.configured_capacity_bytes() == 0,
             used_bytes: used,
             reserved_bytes: reserved,
-            reserved_held_bytes: (m.tail_end() - m.hwm()) * GRAIN_BYTES,
+            reserved_held_bytes: (m.tail_end() - m.hwm() - m.readied_grains()) * GRAIN_BYTES,
+            readied_bytes: m.readied_grains() * GRAIN_BYTES,
             free_bytes: capacity.saturating_sub(used + reserved),
             provisioned_bytes: provisioned,
             overcommit_percent: figures.overcommit_percent(),
@@ -1067,6 +1072,42 @@ impl Datastore {
     /// with `false` in the order writes arrive (for comparison).
     pub fn set_placement_regions(&self, on: bool) {
         self.inner.meta.lock().set_placement_regions(on);
+    }
+
+    /// Keep up to `bytes` of host space allocated ahead of the pool's
+    /// end, so that first writes do not wait for the host file system to
+    /// allocate (FORMAT.md §7.1, "Readied space"); 0 turns it off. The
+    /// readying is done by [`Datastore::ready_space`], which a background
+    /// thread started by [`Datastore::start_readier`] calls when the pool
+    /// grows near the readied end.
+    pub fn set_ready_bytes(&self, bytes: u64) {
+        let grains = bytes.div_ceil(GRAIN_BYTES).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
+        self.inner.meta.lock().set_ready_grains(grains);
+    }
+
+    /// One step of readying pool space, if one is due; whether it ran.
+    pub fn ready_space(&self) -> bool {
+        self.inner.check_writable().is_ok() && self.inner.ready_space()
+    }
+
+    /// Start the thread that readies pool space ahead (once), woken by
+    /// writes that grow the pool near the readied end.
+    pub fn start_readier(&self) {
+        if self.inner.readier.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let kick = self.inner.readier.clone();
+        let store = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name("ready".into())
+            .spawn(move || loop {
+                let kicked = kick.wait(std::time::Duration::from_secs(1));
+                let Some(store) = store.upgrade() else { break };
+                if kicked && store.check_writable().is_ok() {
+                    store.ready_space();
+                }
+            })
+            .expect("spawn readier");
     }
 
     /// Turn zero detection on thin disks' writes on or off (FORMAT.md §7.4).
@@ -1760,6 +1801,9 @@ impl Datastore {
             pace(8 * BLOCK_GRAINS * GRAIN_BYTES)?;
             progress((done + b * BLOCK_GRAINS).min(total), total);
         }
+        // Space readied ahead of first writes (FORMAT.md §7.1) goes back
+        // too; a writer that grows the pool readies it again.
+        r.punched_bytes += self.inner.meta.lock().drop_readied()?;
         let after = self.pool_layout()?;
         r.used_bytes = self.info().used_bytes;
         r.pool_bytes_after = after.pool_bytes;

@@ -396,6 +396,9 @@ impl DiskHandle {
             }
             prev = Some(pieces[i].grain);
         }
+        if m.take_ready_wanted() {
+            self.inner.readier.kick();
+        }
         Ok(())
     }
 

@@ -179,6 +179,8 @@ pub(crate) struct Store {
     /// Wakes the background committer, when one runs (see
     /// `Datastore::start_background_commits`).
     pub background: Arc<Kick>,
+    /// Wakes the readier of pool space (FORMAT.md §7.1), when one runs.
+    pub readier: Arc<Kick>,
     /// In `Arc`s so a planned write can own its guards (`hold_stripes`).
     pub stripes: Vec<Arc<Mutex<()>>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
@@ -244,6 +246,7 @@ impl Store {
             deferred_frees: Mutex::new(Vec::new()),
             checkpoints: AtomicU64::new(0),
             background: Arc::new(Kick::default()),
+            readier: Arc::new(Kick::default()),
             direct_io: p.direct_io,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             mutations: AtomicU64::new(0),
@@ -816,6 +819,26 @@ impl Store {
             self.commit(false)?;
         }
         Ok(())
+    }
+
+    /// One step of readying pool space ahead (FORMAT.md §7.1, "Readied
+    /// space"), if one is due: the range is noted under the metadata lock,
+    /// allocated on the host without it, and taken as tail under it again.
+    /// Returns whether a step ran.
+    pub fn ready_space(&self) -> bool {
+        let now = Instant::now();
+        let Some(step) = self.meta.lock().ready_plan(now) else {
+            return false;
+        };
+        let outcome = self.pool.allocate(
+            step.from * GRAIN_BYTES,
+            (step.to - step.from) * GRAIN_BYTES,
+            false,
+        );
+        self.meta.lock().ready_done(step, &outcome, now);
+        // The capacity follows the file system: it changed.
+        self.capacity_cache.lock().0 = None;
+        true
     }
 
     /// Whether freeing in progress could make room (pending frees, orphans).

@@ -26,7 +26,11 @@ const WRITERS: u64 = 3;
 const GRAINS_PER_WRITER: u64 = 96;
 
 fn open(b: &SimBackend) -> Datastore {
-    common::open_sim(b)
+    let ds = common::open_sim(b);
+    // Readied space (FORMAT.md §7.1) by its own thread, beside the writers.
+    ds.set_ready_bytes(1 << 20);
+    ds.start_readier();
+    ds
 }
 
 fn stamp(gen: u64) -> Vec<u8> {

@@ -98,7 +98,11 @@ impl World {
 }
 
 fn open(b: &SimBackend) -> Datastore {
-    common::open_sim(b)
+    let ds = common::open_sim(b);
+    // Readied space (FORMAT.md §7.1), a block at a time: extensions of the
+    // pool file in flight at every power cut.
+    ds.set_ready_bytes(1 << 20);
+    ds
 }
 
 fn try_read_all(ds: &Datastore, name: &str) -> strata_engine::Result<Vec<u8>> {
@@ -198,12 +202,14 @@ fn round(
                     // Recorded first: a failed write may have landed in part.
                     w.disks[i].write(sector, &data);
                     trace(|| format!("  write {} sectors {sector}+{n}", DISKS[i]));
-                    block_failed(
+                    let f = block_failed(
                         h.write_at(&data, sector * 512, false),
                         faulty,
                         seed,
                         "write",
-                    )
+                    );
+                    ds.ready_space();
+                    f
                 }
                 70..=84 => {
                     let sector = rng.gen_range(0..SECTORS);

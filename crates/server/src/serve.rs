@@ -78,6 +78,8 @@ pub struct ServeConfig {
     pub detect_zeroes: bool,
     /// Region placement of new grains (false: in arrival order).
     pub placement: bool,
+    /// Host space readied ahead of the pool's end, at most (0: none).
+    pub ready_ahead: u64,
     /// Free-space consolidation in the background.
     pub free_space_policy: bool,
     /// Its threshold, in bytes.
@@ -978,6 +980,10 @@ fn open_home(
     // Flags the writes and allocations of clients read (none yet).
     local.engine().set_detect_zeroes(args.detect_zeroes);
     local.engine().set_placement_regions(args.placement);
+    if args.ready_ahead > 0 {
+        local.engine().set_ready_bytes(args.ready_ahead);
+        local.engine().start_readier();
+    }
     Ok(Some(Arc::new(local)))
 }
 

@@ -4,6 +4,7 @@
 //! system (docs/FORMAT.md §7.1).
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use strata_format::BLOCK_GRAINS;
 
@@ -72,6 +73,46 @@ pub struct Allocator {
     /// Placement off (`serve --placement arrival`): data grains by hint
     /// and cursor only, in the order writes arrive.
     pub(super) arrival_order: bool,
+    /// Readied space (FORMAT.md §7.1).
+    pub(super) ready: Ready,
+}
+
+/// Host space kept allocated past the pool end beyond the reserved tail's
+/// target, so that a growing pool finds it ready (FORMAT.md §7.1,
+/// "Readied space").
+#[derive(Default)]
+pub(super) struct Ready {
+    /// The most readied at once, in grains (`serve --ready-ahead`); 0: off.
+    pub(super) max: u64,
+    /// The amount readied now (`R`): follows the rate the pool grows.
+    pub(super) amount: u64,
+    /// When the last amount was readied.
+    pub(super) last: Option<Instant>,
+    /// The end a readying in flight extends the tail to.
+    pub(super) in_flight: Option<u64>,
+    /// Bumped by every truncation of the pool file: a readying that
+    /// started under an older epoch is not taken as tail.
+    pub(super) epoch: u64,
+    /// The pool grew close to the tail's end: the readier should run.
+    pub(super) wanted: bool,
+    /// After the host refused: not asked again before this.
+    pub(super) retry: Option<Instant>,
+}
+
+/// Where the readied amount starts (64 MiB), and how soon it must have
+/// been used up to double, or idle to fall back.
+const READY_START_GRAINS: u64 = 64 << 8;
+const READY_FAST: Duration = Duration::from_secs(1);
+const READY_IDLE: Duration = Duration::from_secs(10);
+
+/// A readying for the readier to carry out outside the metadata lock:
+/// allocate grains `[from, to)` of the pool file, then report with
+/// [`Meta::ready_done`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyStep {
+    pub from: u64,
+    pub to: u64,
+    epoch: u64,
 }
 
 impl Allocator {
@@ -240,17 +281,116 @@ impl Meta {
     /// Truncate a tail that has grown more than a step past its target (a
     /// thick disk removed or converted to thin). Returns whether it did.
     pub fn trim_tail(&mut self) -> std::io::Result<bool> {
-        let want = self.alloc.hwm + self.tail_target(0, 0);
-        if self.alloc.tail_end <= want + TAIL_STEP_GRAINS {
+        let want = self.alloc.hwm + self.tail_target(0, 0) + self.alloc.ready.amount;
+        if self.alloc.tail_end <= want + TAIL_STEP_GRAINS || self.alloc.ready.in_flight.is_some() {
             return Ok(false);
         }
-        self.pool.set_len(want * strata_format::GRAIN_BYTES)?;
-        self.alloc.tail_end = want;
+        self.truncate_tail(want)?;
         Ok(true)
+    }
+
+    /// Truncate the pool file to `end` grains, which becomes the tail's end.
+    fn truncate_tail(&mut self, end: u64) -> std::io::Result<()> {
+        self.alloc.ready.epoch += 1;
+        self.pool.set_len(end * strata_format::GRAIN_BYTES)?;
+        self.alloc.tail_end = end;
+        Ok(())
+    }
+
+    /// Give readied space back to the host (free-space return): truncate
+    /// the file to the pool end plus the reserved tail's target. Returns
+    /// the bytes given back.
+    pub fn drop_readied(&mut self) -> std::io::Result<u64> {
+        let want = self.alloc.hwm + self.tail_target(0, 0);
+        if self.alloc.tail_end <= want || self.alloc.ready.in_flight.is_some() {
+            return Ok(0);
+        }
+        let given = self.alloc.tail_end - want;
+        self.truncate_tail(want)?;
+        self.alloc.ready.amount = 0;
+        Ok(given * strata_format::GRAIN_BYTES)
+    }
+
+    /// Grains of the tail past its target: readied space.
+    pub fn readied_grains(&self) -> u64 {
+        (self.tail_end() - self.alloc.hwm).saturating_sub(self.tail_target(0, 0))
+    }
+
+    /// Keep at most `grains` of host space readied past the pool end and
+    /// the reserved tail's target (FORMAT.md §7.1); 0 turns it off.
+    pub fn set_ready_grains(&mut self, grains: u64) {
+        let r = &mut self.alloc.ready;
+        r.max = grains;
+        r.amount = r.amount.min(grains);
+    }
+
+    /// Whether the readier should run (and forget the wish).
+    pub fn take_ready_wanted(&mut self) -> bool {
+        std::mem::take(&mut self.alloc.ready.wanted)
+    }
+
+    /// The next readying, if one is due at `now` (none in flight, the tail
+    /// less than half the readied amount past its target, no refusal
+    /// within the last second). Sizes the amount by how fast the last one
+    /// was used up.
+    pub fn ready_plan(&mut self, now: Instant) -> Option<ReadyStep> {
+        let target = self.tail_target(0, 0);
+        let (hwm, tail_end) = (self.alloc.hwm, self.tail_end());
+        let r = &mut self.alloc.ready;
+        if r.max == 0 || r.in_flight.is_some() || r.retry.is_some_and(|t| now < t) {
+            return None;
+        }
+        let start = READY_START_GRAINS.min(r.max);
+        if r.amount == 0 {
+            r.amount = start;
+        }
+        if tail_end >= hwm + target + r.amount / 2 {
+            return None;
+        }
+        match r.last.map(|t| now.saturating_duration_since(t)) {
+            Some(d) if d < READY_FAST => r.amount = (2 * r.amount).min(r.max),
+            Some(d) if d > READY_IDLE => r.amount = start,
+            _ => {}
+        }
+        r.last = Some(now);
+        let to = pool_end_covering(hwm + target + r.amount - 1);
+        r.in_flight = Some(to);
+        Some(ReadyStep {
+            from: tail_end,
+            to,
+            epoch: r.epoch,
+        })
+    }
+
+    /// The readier's report on `step`: the host allocated it (the tail now
+    /// reaches its end, unless a truncation came in between), or refused
+    /// (retry in a second; never, when the file system has no
+    /// `fallocate`).
+    pub fn ready_done(&mut self, step: ReadyStep, outcome: &std::io::Result<()>, now: Instant) {
+        let r = &mut self.alloc.ready;
+        r.in_flight = None;
+        match outcome {
+            Ok(()) if r.epoch == step.epoch => {
+                self.alloc.tail_end = self.alloc.tail_end.max(step.to);
+            }
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                tracing::warn!(
+                    "the host file system cannot allocate ahead (fallocate: {e}); \
+                     first writes will wait for it to allocate"
+                );
+                r.max = 0;
+            }
+            Err(e) => {
+                tracing::debug!("pool space not readied ahead: {e}");
+                r.retry = Some(now + READY_FAST);
+            }
+        }
     }
 
     /// Take the tail as the pool file's length finds it (open).
     pub fn set_tail_end(&mut self, end: u64) {
+        self.alloc.ready.epoch += 1;
         self.alloc.tail_end = end.max(self.alloc.hwm);
     }
 
@@ -310,6 +450,10 @@ impl Meta {
                     ),
                 }
             }
+        }
+        let r = &mut self.alloc.ready;
+        if r.max > 0 && self.alloc.tail_end < end + target + r.amount.max(BLOCK_GRAINS) / 2 {
+            r.wanted = true;
         }
         let b = old / BLOCK_GRAINS;
         let backed = self.tail_end() >= end;

@@ -380,6 +380,8 @@ impl Meta {
         self.alloc.cursors.retain(|_, (b, _)| *b < b0);
         self.alloc.hwm = end;
         self.alloc.tail_end = end;
+        // The file is truncated there next: a readying in flight is not tail.
+        self.alloc.ready.epoch += 1;
         true
     }
 
