@@ -29,12 +29,18 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
-def _cfg(kind, var, cache, shape, n, size, name=None):
+def _cfg(kind, var, cache, shape, n, size, name=None, serve=()):
     """One configuration: KIND strata (VAR a provisioning type), qemu
     (qemu-nbd on a raw file, VAR sparse / falloc / full) or limit (fio on
-    the raw file itself); CACHE wb or none; N disks of SIZE at once."""
+    the raw file itself); CACHE wb or none; N disks of SIZE at once;
+    SERVE: more `strata serve` options."""
     return {"name": name or f"{kind}_{var}_{cache}", "kind": kind, "var": var, "cache": cache,
-            "shape": shape, "n": n, "size": size}
+            "shape": shape, "n": n, "size": size, "serve": list(serve)}
+
+
+# Strata as it was before readied space (FORMAT.md §7.1): the "before"
+# series of the same run.
+NOREADY = ["--ready-ahead", "0"]
 
 
 def _mib(b):
@@ -129,7 +135,8 @@ def _round(c, d):
     os.makedirs(d, exist_ok=True)
     try:
         if c["kind"] == "strata":
-            s = Strata(d, serve_args=["--cache", "none"] if c["cache"] == "none" else [])
+            s = Strata(d, serve_args=(["--cache", "none"] if c["cache"] == "none" else [])
+                       + c["serve"])
             for i in range(n):
                 s.cli("create", f"d{i}", "--size", _mib(size), "--type", c["var"])
             servers.append(s)
@@ -231,6 +238,8 @@ def _teragen(n, size, caches):
     for cache in caches:
         out += [_cfg("strata", "thin", cache, "seq", n, size),
                 _cfg("qemu", "sparse", cache, "seq", n, size),
+                _cfg("strata", "thin", cache, "seq", n, size, name=f"strata_thin_noready_{cache}",
+                     serve=NOREADY),
                 _cfg("strata", "zeroedthick", cache, "seq", n, size),
                 _cfg("qemu", "falloc", cache, "seq", n, size)]
     return out
@@ -243,6 +252,9 @@ def _teragen_ratios(c):
         r[f"zeroedthick_vs_qemu_falloc_first_{cache}"] = _vs(c, f"strata_zeroedthick_{cache}",
                                                             f"qemu_falloc_{cache}")
         r[f"thin_first_over_rewrite_{cache}"] = _fw(c, f"strata_thin_{cache}")
+        r[f"thin_noready_first_over_rewrite_{cache}"] = _fw(c, f"strata_thin_noready_{cache}")
+        r[f"thin_noready_vs_qemu_sparse_first_{cache}"] = _vs(c, f"strata_thin_noready_{cache}",
+                                                              f"qemu_sparse_{cache}")
         r[f"zeroedthick_first_over_rewrite_{cache}"] = _fw(c, f"strata_zeroedthick_{cache}")
     return r
 
@@ -341,12 +353,13 @@ def case_firstwrite(work, q):
     matching strata's `--cache none`); the limit: fio with io_uring
     straight on a sparse or fallocated file, direct=0 (wb) or 1 (none).
 
-    Groups: teragen (3 disks of BIG/3, seq, thin and zeroedthick vs
+    Groups: teragen (3 disks of BIG/3, seq, thin (also with
+    `--ready-ahead 0`: the series before readied space) and zeroedthick vs
     sparse and falloc raw, wb and none), teragen_cached (the same at 768
     MiB in all: what the page cache absorbs), randfill (16 disks of
     MID/16, rand, wb), scaling (strata thin, seq, 1, 4 and 16 disks
     sharing MID), kinds (1 disk of MID, seq and rand, every provisioning
-    type and peer, wb and none), neighbour (a filled zeroedthick disk
+    type and peer, wb and none; MID/2 each), neighbour (a filled zeroedthick disk
     rewritten at random beside a thin disk's first writes, vs alone and
     vs beside its rewrites; T s each, no flush at the end, the cache
     dropped before each; the thin disk large enough that its first
@@ -368,7 +381,9 @@ def case_firstwrite(work, q):
     if 2 * mid > budget or big < 3 * 16 * MIB:
         raise RuntimeError(f"firstwrite: {free >> 20} MiB free in {work} is too little")
     cached = smoke(48 * MIB, 768 * MIB)
-    kinds_size = smoke(64 * MIB, mid)
+    # One disk per config and 32 configs: half of MID keeps a full run
+    # within the hour (each round writes every config twice).
+    kinds_size = smoke(64 * MIB, mid // 2)
     rand_disks = smoke(4, 16)
     counts = smoke([1, 2, 4], [1, 4, 16])
     rounds = smoke(1, 3 if q else 5)
@@ -401,12 +416,15 @@ def case_firstwrite(work, q):
     rs = _per(mid, rand_disks)
     rf = _group(work, "randfill", [
         _cfg("strata", "thin", "wb", "rand", rand_disks, rs),
+        _cfg("strata", "thin", "wb", "rand", rand_disks, rs, name="strata_thin_noready_wb",
+             serve=NOREADY),
         _cfg("qemu", "sparse", "wb", "rand", rand_disks, rs),
         _cfg("strata", "zeroedthick", "wb", "rand", rand_disks, rs),
         _cfg("qemu", "falloc", "wb", "rand", rand_disks, rs)], rounds)
     res["randfill"] = {"disks": rand_disks, "per_disk": _mib(rs), "shape": "rand", "configs": rf,
                        "ratios": {
                            "thin_first_over_rewrite": _fw(rf, "strata_thin_wb"),
+                           "thin_noready_first_over_rewrite": _fw(rf, "strata_thin_noready_wb"),
                            "zeroedthick_first_over_rewrite": _fw(rf, "strata_zeroedthick_wb"),
                            "thin_vs_qemu_sparse_first": _vs(rf, "strata_thin_wb", "qemu_sparse_wb"),
                            "zeroedthick_vs_qemu_falloc_first": _vs(rf, "strata_zeroedthick_wb",

@@ -270,9 +270,9 @@ fn bench_quick_cases_with_targets() {
     // the neighbour's three runs; and every target has a value.
     let fw = get(&j, &["cases", "firstwrite"]);
     for (group, count) in [
-        ("teragen", 8),
-        ("teragen_cached", 8),
-        ("randfill", 4),
+        ("teragen", 10),
+        ("teragen_cached", 10),
+        ("randfill", 5),
         ("scaling", 3),
         ("kinds", 32),
     ] {
