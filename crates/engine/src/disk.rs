@@ -1054,9 +1054,28 @@ fn install_pieces(store: &Store, version: u64, pieces: &[Piece]) -> Result<()> {
         // in the map: fail-stop rather than log half a write.
         let _fence = store.fail_on_panic();
         let mut m = store.meta.lock();
-        for p in pieces.iter().filter(|p| p.new) {
-            m.install(version, p.v, p.grain)
+        // By leaf: new pieces of consecutive virtual grains under one leaf
+        // are installed (and logged) together. (The pieces of an eager
+        // fill are the holes only: not always consecutive.)
+        let mut i = 0;
+        while i < pieces.len() {
+            if !pieces[i].new {
+                i += 1;
+                continue;
+            }
+            let leaf = pieces[i].v >> MAP_FANOUT_SHIFT;
+            let mut j = i + 1;
+            while j < pieces.len()
+                && pieces[j].new
+                && pieces[j].v == pieces[j - 1].v + 1
+                && pieces[j].v >> MAP_FANOUT_SHIFT == leaf
+            {
+                j += 1;
+            }
+            let grains: Vec<u64> = pieces[i..j].iter().map(|p| p.grain).collect();
+            m.install_run(version, pieces[i].v, &grains)
                 .map_err(|e| store.fail_stop(e))?;
+            i = j;
         }
     }
     store

@@ -43,8 +43,14 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const FORMAT_VERSION_V1: u32 = 1;
 /// Meaningful bytes of a superblock slot in format version 1.
 pub const SUPER_HEADER_BYTES: u32 = 128;
-/// Feature bits this build understands (none are defined yet).
-pub const INCOMPAT_KNOWN: u32 = 0;
+/// Incompatible feature bit 0: the logs may hold MAP_RUN and REF_RUN
+/// records (docs/FORMAT.md §2, §5). Every superblock this build writes
+/// sets it.
+pub const INCOMPAT_RUN_RECORDS: u32 = 1;
+/// Feature bits this build understands.
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS;
+/// The longest REF_RUN record, in grains.
+pub const REF_RUN_MAX: u32 = 1 << 20;
 pub const RO_COMPAT_KNOWN: u32 = 0;
 
 /// Log batch header.
@@ -189,7 +195,7 @@ impl Superblock {
         let mut b = vec![0u8; SUPER_SLOT_BYTES];
         b[MAGIC..MAGIC + 8].copy_from_slice(SUPER_MAGIC);
         b[VERSION..VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[INCOMPAT..INCOMPAT + 4].copy_from_slice(&0u32.to_le_bytes());
+        b[INCOMPAT..INCOMPAT + 4].copy_from_slice(&INCOMPAT_RUN_RECORDS.to_le_bytes());
         b[RO_COMPAT..RO_COMPAT + 4].copy_from_slice(&self.ro_compat.to_le_bytes());
         b[COMPAT..COMPAT + 4].copy_from_slice(&self.compat.to_le_bytes());
         b[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&SUPER_HEADER_BYTES.to_le_bytes());
@@ -348,6 +354,19 @@ pub enum Record {
         grain: u64,
         count: u32,
     },
+    /// Entries `index .. index + n` of node `grain` := value, value + 1, …
+    MapRun {
+        grain: u64,
+        index: u16,
+        n: u16,
+        value: u64,
+    },
+    /// Counts of grains `grain .. grain + n` := count.
+    RefRun {
+        grain: u64,
+        n: u32,
+        count: u32,
+    },
     Version(VersionState),
     Catalog(Vec<u8>),
     /// A whole encoded count page (checkpoint page images).
@@ -382,6 +401,8 @@ pub mod tag {
     pub const CATALOG: u8 = 6;
     pub const REF_PAGE_IMAGE: u8 = 7;
     pub const GENERATION_END: u8 = 8;
+    pub const MAP_RUN: u8 = 9;
+    pub const REF_RUN: u8 = 10;
 }
 
 impl Record {
@@ -414,6 +435,24 @@ impl Record {
             Record::RefSet { grain, count } => {
                 out.push(tag::REF_SET);
                 out.extend_from_slice(&grain.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+            Record::MapRun {
+                grain,
+                index,
+                n,
+                value,
+            } => {
+                out.push(tag::MAP_RUN);
+                out.extend_from_slice(&grain.to_le_bytes());
+                out.extend_from_slice(&index.to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
+                out.extend_from_slice(&value.to_le_bytes());
+            }
+            Record::RefRun { grain, n, count } => {
+                out.push(tag::REF_RUN);
+                out.extend_from_slice(&grain.to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
             }
             Record::Version(v) => {
@@ -505,6 +544,42 @@ impl Record {
                     grain: u64_(&mut p)?,
                     count: u32_(&mut p)?,
                 },
+                tag::MAP_RUN if version >= FORMAT_VERSION => {
+                    let grain = u64_(&mut p)?;
+                    let index = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
+                    let n = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
+                    let value = u64_(&mut p)?;
+                    if n == 0 || index as usize + n as usize > MAP_FANOUT {
+                        return Err(invalid(
+                            WHAT,
+                            format!("map run of {n} entries from index {index} out of range"),
+                        ));
+                    }
+                    if value == 0 || value.checked_add(n as u64).is_none() {
+                        return Err(invalid(
+                            WHAT,
+                            format!("map run of {n} grains from grain {value} out of range"),
+                        ));
+                    }
+                    Record::MapRun {
+                        grain,
+                        index,
+                        n,
+                        value,
+                    }
+                }
+                tag::REF_RUN if version >= FORMAT_VERSION => {
+                    let grain = u64_(&mut p)?;
+                    let n = u32_(&mut p)?;
+                    let count = u32_(&mut p)?;
+                    if n == 0 || n > REF_RUN_MAX || grain.checked_add(n as u64).is_none() {
+                        return Err(invalid(
+                            WHAT,
+                            format!("count run of {n} grains from grain {grain} out of range"),
+                        ));
+                    }
+                    Record::RefRun { grain, n, count }
+                }
                 tag::VERSION => {
                     let version = u64_(&mut p)?;
                     let root = u64_(&mut p)?;
@@ -909,6 +984,16 @@ mod tests {
                 }
             }),
             (any::<u64>(), any::<u32>()).prop_map(|(grain, count)| Record::RefSet { grain, count }),
+            (any::<u64>(), 0u16..512, 1u16..=512, 1u64..1 << 48).prop_map(
+                |(grain, index, n, value)| Record::MapRun {
+                    grain,
+                    index: index.min(512 - n),
+                    n,
+                    value,
+                }
+            ),
+            (0u64..1 << 48, 1u32..=REF_RUN_MAX, any::<u32>())
+                .prop_map(|(grain, n, count)| Record::RefRun { grain, n, count }),
             (
                 any::<u64>(),
                 any::<u64>(),
@@ -927,6 +1012,77 @@ mod tests {
                 ),
             proptest::collection::vec(any::<u8>(), 0..100).prop_map(Record::Catalog),
         ]
+    }
+
+    #[test]
+    fn run_records_out_of_range_are_refused_by_name() {
+        let enc = |r: Record| {
+            let mut b = Vec::new();
+            r.encode_into(&mut b);
+            b
+        };
+        let bad = [
+            enc(Record::MapRun {
+                grain: 9,
+                index: 500,
+                n: 13,
+                value: 1,
+            }),
+            enc(Record::MapRun {
+                grain: 9,
+                index: 0,
+                n: 0,
+                value: 1,
+            }),
+            enc(Record::MapRun {
+                grain: 9,
+                index: 0,
+                n: 2,
+                value: 0,
+            }),
+            enc(Record::MapRun {
+                grain: 9,
+                index: 0,
+                n: 2,
+                value: u64::MAX,
+            }),
+            enc(Record::RefRun {
+                grain: 9,
+                n: 0,
+                count: 1,
+            }),
+            enc(Record::RefRun {
+                grain: 9,
+                n: REF_RUN_MAX + 1,
+                count: 1,
+            }),
+            enc(Record::RefRun {
+                grain: u64::MAX,
+                n: 2,
+                count: 1,
+            }),
+        ];
+        for b in bad {
+            let e = Record::decode_all(&b).unwrap_err().to_string();
+            assert!(e.contains("run of"), "{e}");
+        }
+        // A version-1 log has no run records.
+        let b = enc(Record::RefRun {
+            grain: 9,
+            n: 2,
+            count: 1,
+        });
+        assert!(Record::decode_all_v1(&b).is_err());
+    }
+
+    #[test]
+    fn superblocks_this_build_writes_say_they_may_hold_run_records() {
+        let b = sb().encode();
+        assert_eq!(
+            u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            INCOMPAT_RUN_RECORDS
+        );
+        assert!(Superblock::decode(&b).is_ok());
     }
 
     #[test]

@@ -134,6 +134,71 @@ impl Meta {
         Ok(old)
     }
 
+    /// Set entries `at ..` of leaf `g` to `values` (data grains, none 0),
+    /// logged as MAP_RUN records of consecutive grains (docs/FORMAT.md
+    /// §5); the old entries are appended to `old`.
+    pub(super) fn leaf_set_run(
+        &mut self,
+        g: u64,
+        at: usize,
+        values: &[u64],
+        old: &mut Vec<u64>,
+    ) -> Result<()> {
+        assert!(at + values.len() <= MAP_FANOUT, "leaf {g}: run at {at}");
+        let hwm = self.alloc.hwm;
+        assert!(
+            values.iter().all(|&v| v != 0 && v < hwm),
+            "leaf {g}: a run points outside the pool ({hwm})"
+        );
+        self.load_node(g, 0)?;
+        match self.cache.get_dirty(PageKey::Map(g)) {
+            Some(PageMut::Map(n)) => {
+                for (e, &v) in n.entries[at..at + values.len()].iter_mut().zip(values) {
+                    old.push(std::mem::replace(e, v));
+                }
+            }
+            _ => unreachable!("map page just loaded"),
+        }
+        for (a, b) in consecutive_runs(values) {
+            let rec = if b - a == 1 {
+                Record::MapSet {
+                    grain: g,
+                    index: (at + a) as u16,
+                    value: values[a],
+                }
+            } else {
+                Record::MapRun {
+                    grain: g,
+                    index: (at + a) as u16,
+                    n: (b - a) as u16,
+                    value: values[a],
+                }
+            };
+            self.log_record(&rec);
+        }
+        Ok(())
+    }
+
+    /// Log counts of 1 for freshly allocated grains (their counts are
+    /// already 1 in memory): REF_RUN records of consecutive grains.
+    pub(super) fn log_new_counts(&mut self, grains: &[u64]) {
+        for (a, b) in consecutive_runs(grains) {
+            let rec = if b - a == 1 {
+                Record::RefSet {
+                    grain: grains[a],
+                    count: 1,
+                }
+            } else {
+                Record::RefRun {
+                    grain: grains[a],
+                    n: (b - a) as u32,
+                    count: 1,
+                }
+            };
+            self.log_record(&rec);
+        }
+    }
+
     /// Cache a node created in memory (dirty) and log its creation.
     pub(super) fn create_node(&mut self, g: u64, level: u8, entries: &[u64; MAP_FANOUT]) {
         if entries.iter().all(|&e| e == 0) {
@@ -331,6 +396,23 @@ impl Meta {
         self.cache.mark_clean_upto(cut.0);
         self.durable_hwm = cut.1;
     }
+}
+
+/// The maximal runs `[a, b)` of `xs` whose values go up by one.
+fn consecutive_runs(xs: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut a = 0;
+    std::iter::from_fn(move || {
+        if a >= xs.len() {
+            return None;
+        }
+        let mut b = a + 1;
+        while b < xs.len() && xs[b] == xs[b - 1] + 1 {
+            b += 1;
+        }
+        let r = (a, b);
+        a = b;
+        Some(r)
+    })
 }
 
 #[cfg(test)]

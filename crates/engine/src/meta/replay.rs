@@ -73,6 +73,43 @@ impl Meta {
         Ok(self.replay.ref_pages.get_mut(&p).expect("inserted"))
     }
 
+    /// The map node `grain` as replay holds it, read from the pool (and
+    /// checked) when replay does not hold it yet.
+    fn replay_node(&mut self, grain: u64) -> Result<&mut ReplayNode> {
+        if !self.replay.nodes.contains_key(&grain) {
+            self.check_grain(grain, "a log record")?;
+            let mut buf = vec![0u8; GRAIN_BYTES as usize];
+            self.pool.read_at(&mut buf, grain * GRAIN_BYTES)?;
+            let node = match decode_map_node(&buf, grain) {
+                Ok(n) => ReplayNode {
+                    level: Some(n.level),
+                    entries: n.entries,
+                    unverified: None,
+                },
+                Err(e) => ReplayNode {
+                    level: None,
+                    entries: decode_map_node_v1(&buf)?,
+                    unverified: Some(e.to_string()),
+                },
+            };
+            self.replay.nodes.insert(grain, node);
+        }
+        Ok(self.replay.nodes.get_mut(&grain).expect("inserted"))
+    }
+
+    /// Replay a count: `grain`'s := `count`; a node dropped to 0 is no
+    /// longer a node (replay must never write over data).
+    fn replay_count(&mut self, grain: u64, count: u32) -> Result<()> {
+        bump(&mut self.alloc.hwm, grain);
+        let p = grain / REFS_PER_PAGE as u64;
+        self.replay_ref_page(p)?.counts[(grain % REFS_PER_PAGE as u64) as usize] = count;
+        if count == 0 {
+            self.replay.nodes.remove(&grain);
+            self.cache.remove(PageKey::Map(grain));
+        }
+        Ok(())
+    }
+
     /// Apply one replayed record (docs/FORMAT.md §5).
     pub fn replay(&mut self, rec: Record) -> Result<()> {
         match rec {
@@ -111,34 +148,24 @@ impl Meta {
                 index,
                 value,
             } => {
-                if !self.replay.nodes.contains_key(&grain) {
-                    self.check_grain(grain, "a log record")?;
-                    let mut buf = vec![0u8; GRAIN_BYTES as usize];
-                    self.pool.read_at(&mut buf, grain * GRAIN_BYTES)?;
-                    let node = match decode_map_node(&buf, grain) {
-                        Ok(n) => ReplayNode {
-                            level: Some(n.level),
-                            entries: n.entries,
-                            unverified: None,
-                        },
-                        Err(e) => ReplayNode {
-                            level: None,
-                            entries: decode_map_node_v1(&buf)?,
-                            unverified: Some(e.to_string()),
-                        },
-                    };
-                    self.replay.nodes.insert(grain, node);
-                }
-                self.replay.nodes.get_mut(&grain).expect("inserted").entries[index as usize] =
-                    value;
+                self.replay_node(grain)?.entries[index as usize] = value;
             }
-            Record::RefSet { grain, count } => {
-                bump(&mut self.alloc.hwm, grain);
-                let p = grain / REFS_PER_PAGE as u64;
-                self.replay_ref_page(p)?.counts[(grain % REFS_PER_PAGE as u64) as usize] = count;
-                if count == 0 {
-                    self.replay.nodes.remove(&grain);
-                    self.cache.remove(PageKey::Map(grain));
+            Record::MapRun {
+                grain,
+                index,
+                n,
+                value,
+            } => {
+                let node = self.replay_node(grain)?;
+                let at = index as usize;
+                for (i, e) in node.entries[at..at + n as usize].iter_mut().enumerate() {
+                    *e = value + i as u64;
+                }
+            }
+            Record::RefSet { grain, count } => self.replay_count(grain, count)?,
+            Record::RefRun { grain, n, count } => {
+                for g in grain..grain + n as u64 {
+                    self.replay_count(g, count)?;
                 }
             }
             Record::RefPageImage { page, data } => {

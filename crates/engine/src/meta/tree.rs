@@ -166,6 +166,53 @@ impl Meta {
         Ok(())
     }
 
+    /// Point virtual grains `v0 ..` of `ver`, all under one leaf, at the
+    /// freshly written grains `grains` (each from `alloc_data_grain`):
+    /// `install` for each, with the leaf's path walked once and the
+    /// changes logged as runs (docs/FORMAT.md §5, MAP_RUN and REF_RUN).
+    pub fn install_run(&mut self, ver: u64, v0: u64, grains: &[u64]) -> Result<()> {
+        let at = (v0 as usize) & (MAP_FANOUT - 1);
+        assert!(
+            !grains.is_empty() && at + grains.len() <= MAP_FANOUT,
+            "a run of {} grains at {v0} crosses a leaf",
+            grains.len()
+        );
+        if grains.len() == 1 {
+            return self.install(ver, v0, grains[0]);
+        }
+        self.log_new_counts(grains);
+        let leaf = self.writable_node(ver, v0, 0)?;
+        let mut old = Vec::with_capacity(grains.len());
+        self.leaf_set_run(leaf, at, grains, &mut old)?;
+        // The version's counters: grains mapped where there were holes,
+        // and blocks of the leaf that had no grain mapped before.
+        let entries = self.node(leaf, 0)?;
+        let block = BLOCK_GRAINS as usize;
+        let mut new_blocks = 0;
+        let mut h = at / block * block;
+        while h < at + grains.len() {
+            let had = (h..h + block).any(|i| {
+                if (at..at + grains.len()).contains(&i) {
+                    old[i - at] != 0
+                } else {
+                    entries[i] != 0
+                }
+            });
+            if !had {
+                new_blocks += 1;
+            }
+            h += block;
+        }
+        let mut st = self.version(ver)?;
+        st.mapped_grains += old.iter().filter(|&&o| o == 0).count() as u64;
+        st.nb += new_blocks;
+        self.put_version(st);
+        for o in old.into_iter().filter(|&o| o != 0) {
+            self.decref(o, None)?;
+        }
+        Ok(())
+    }
+
     /// Unmap one virtual grain.
     pub fn unmap_grain(&mut self, ver: u64, v: u64) -> Result<()> {
         if self.lookup_for_write(ver, v)?.0 == 0 {
