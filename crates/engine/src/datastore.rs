@@ -25,7 +25,7 @@ use crate::layout::{
     DefragReport, FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES, FREE_STEP_BLOCKS,
 };
 use crate::meta::{FreeExtents, Meta, ZoneGrain};
-use crate::store::{now_unix, CheckpointState, CommitState, SpaceRequest, Store, StoreParts};
+use crate::store::{now_unix, CheckpointState, CommitState, Kick, SpaceRequest, Store, StoreParts};
 use crate::throttle::IoLimits;
 use crate::work::{Pacer, WorkControl};
 
@@ -582,24 +582,33 @@ impl Datastore {
     /// writer that crosses the bound commits). Writers still wait past
     /// twice the bounds. The thread ends when the datastore is dropped.
     pub fn start_background_commits(&self) {
-        if self.inner.background.running.swap(true, Ordering::AcqRel) {
+        self.start_kicked(&self.inner.background, "commit", 200, |store| {
+            if let Err(e) = store.commit(false) {
+                tracing::error!("background commit: {e}");
+            }
+        });
+    }
+
+    /// Start (once) the thread `name` that runs `step` each time `kick`
+    /// wakes it (looking every `poll_ms` whether the datastore is still
+    /// there), while the datastore takes writes. It ends when the
+    /// datastore is dropped.
+    fn start_kicked(&self, kick: &Arc<Kick>, name: &str, poll_ms: u64, step: fn(&Store)) {
+        if kick.running.swap(true, Ordering::AcqRel) {
             return;
         }
-        let kick = self.inner.background.clone();
+        let kick = kick.clone();
         let store = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
-            .name("commit".into())
+            .name(name.into())
             .spawn(move || loop {
-                let kicked = kick.wait(std::time::Duration::from_millis(200));
+                let kicked = kick.wait(std::time::Duration::from_millis(poll_ms));
                 let Some(store) = store.upgrade() else { break };
-                if !kicked || store.check_writable().is_err() {
-                    continue;
-                }
-                if let Err(e) = store.commit(false) {
-                    tracing::error!("background commit: {e}");
+                if kicked && store.check_writable().is_ok() {
+                    step(&store);
                 }
             })
-            .expect("spawn committer");
+            .unwrap_or_else(|e| panic!("spawn the {name} thread: {e}"));
     }
 
     fn stop_reclaimer(&self) {
@@ -620,6 +629,7 @@ impl Datastore {
         let used = m.used_grains() * GRAIN_BYTES;
         let reserved = m.reserved_grains() * GRAIN_BYTES;
         let provisioned: u64 = m.catalog.disks.iter().map(|d| d.size_bytes).sum();
+        let readied = m.readied_grains();
         let figures = SpaceFigures {
             capacity_bytes: capacity,
             used_bytes: used,
@@ -632,8 +642,8 @@ impl Datastore {
             capacity_follows_fs: self.inner.configured_capacity_bytes() == 0,
             used_bytes: used,
             reserved_bytes: reserved,
-            reserved_held_bytes: (m.tail_end() - m.hwm() - m.readied_grains()) * GRAIN_BYTES,
-            readied_bytes: m.readied_grains() * GRAIN_BYTES,
+            reserved_held_bytes: (m.tail_end() - m.hwm() - readied) * GRAIN_BYTES,
+            readied_bytes: readied * GRAIN_BYTES,
             free_bytes: capacity.saturating_sub(used + reserved),
             provisioned_bytes: provisioned,
             overcommit_percent: figures.overcommit_percent(),
@@ -1093,21 +1103,9 @@ impl Datastore {
     /// Start the thread that readies pool space ahead (once), woken by
     /// writes that grow the pool near the readied end.
     pub fn start_readier(&self) {
-        if self.inner.readier.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let kick = self.inner.readier.clone();
-        let store = Arc::downgrade(&self.inner);
-        std::thread::Builder::new()
-            .name("ready".into())
-            .spawn(move || loop {
-                let kicked = kick.wait(std::time::Duration::from_secs(1));
-                let Some(store) = store.upgrade() else { break };
-                if kicked && store.check_writable().is_ok() {
-                    store.ready_space();
-                }
-            })
-            .expect("spawn readier");
+        self.start_kicked(&self.inner.readier, "ready", 1000, |store| {
+            store.ready_space();
+        });
     }
 
     /// Turn zero detection on thin disks' writes on or off (FORMAT.md §7.4).
@@ -1776,7 +1774,8 @@ impl Datastore {
                 // Under the lock: a client may have grown the pool again
                 // since; everything below the tail's end stays.
                 let mut m = self.inner.meta.lock();
-                self.inner.pool.set_len(m.tail_end() * GRAIN_BYTES)?;
+                let end = m.tail_end();
+                m.truncate_tail(end)?;
                 self.inner.hold_reservation(&mut m, 0, 0)?;
             } else {
                 r.note = Some(if lifted {
@@ -1788,27 +1787,40 @@ impl Datastore {
                 });
             }
         }
-        // Free grains left inside the pool: give their space to the host.
-        let blocks = self.inner.meta.lock().pool_blocks();
-        let mut b = 0;
-        while b < blocks {
-            let mut held = Vec::new();
-            // A few blocks at a time: clients find the rest allocatable.
-            b = self.inner.meta.lock().hold_free_step(b, b + 8, &mut held)?;
-            let punched = self.punch_runs(&held);
-            self.inner.meta.lock().release(&held);
-            r.punched_bytes += punched?;
-            pace(8 * BLOCK_GRAINS * GRAIN_BYTES)?;
-            progress((done + b * BLOCK_GRAINS).min(total), total);
-        }
-        // Space readied ahead of first writes (FORMAT.md §7.1) goes back
-        // too; a writer that grows the pool readies it again.
-        r.punched_bytes += self.inner.meta.lock().drop_readied()?;
+        r.punched_bytes +=
+            self.punch_free_grains(&mut pace, &mut |g| progress((done + g).min(total), total))?;
         let after = self.pool_layout()?;
         r.used_bytes = self.info().used_bytes;
         r.pool_bytes_after = after.pool_bytes;
         r.pool_file_bytes_after = after.pool_file_bytes;
         Ok(r)
+    }
+
+    /// Consolidation's last step (FORMAT.md §10.4, "Punch"): the free
+    /// grains left below the pool end give their space to the host, a few
+    /// blocks at a time (clients find the rest allocatable), and so does
+    /// the space readied ahead of first writes (§7.1; a writer that grows
+    /// the pool readies it again). `progress` gets the grains looked at.
+    /// Returns the bytes given back.
+    fn punch_free_grains(
+        &self,
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64> {
+        let mut bytes = 0;
+        let blocks = self.inner.meta.lock().pool_blocks();
+        let mut b = 0;
+        while b < blocks {
+            let mut held = Vec::new();
+            b = self.inner.meta.lock().hold_free_step(b, b + 8, &mut held)?;
+            let punched = self.punch_runs(&held);
+            self.inner.meta.lock().release(&held);
+            bytes += punched?;
+            pace(8 * BLOCK_GRAINS * GRAIN_BYTES)?;
+            progress(b * BLOCK_GRAINS);
+        }
+        bytes += self.inner.meta.lock().drop_readied()?;
+        Ok(bytes)
     }
 
     /// What consolidation could give back, cheaply (no scan): bytes of the

@@ -19,7 +19,7 @@ use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use crate::catalog::Provisioning;
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::meta::{Meta, Place};
+use crate::meta::{grain_runs, Meta, Place};
 use crate::store::{SpaceRequest, Store};
 
 /// Most grains a block-status call looks at (bounds the work per request).
@@ -985,25 +985,6 @@ fn runs_of(grains: &[u64], offset: u64, len: u64) -> Vec<Run> {
             }
         })
         .collect()
-}
-
-fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
-    let mut i = 0usize;
-    std::iter::from_fn(move || {
-        if i >= grains.len() {
-            return None;
-        }
-        let g0 = grains[i];
-        let mut j = i + 1;
-        while j < grains.len()
-            && ((g0 == 0 && grains[j] == 0) || (g0 != 0 && grains[j] == g0 + (j - i) as u64))
-        {
-            j += 1;
-        }
-        let run = (i, j, g0);
-        i = j;
-        Some(run)
-    })
 }
 
 /// Whether `buf` at `offset` may be read or written with direct I/O as

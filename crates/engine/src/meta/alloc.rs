@@ -289,8 +289,10 @@ impl Meta {
         Ok(true)
     }
 
-    /// Truncate the pool file to `end` grains, which becomes the tail's end.
-    fn truncate_tail(&mut self, end: u64) -> std::io::Result<()> {
+    /// Truncate the pool file to `end` grains, which becomes the tail's
+    /// end. Every truncation of the pool goes through here, so a readying
+    /// in flight is never taken as tail past it.
+    pub fn truncate_tail(&mut self, end: u64) -> std::io::Result<()> {
         self.alloc.ready.epoch += 1;
         self.pool.set_len(end * strata_format::GRAIN_BYTES)?;
         self.alloc.tail_end = end;

@@ -82,6 +82,27 @@ pub struct Meta {
     replay: replay::ReplayState,
 }
 
+/// The runs of `grains` in order, as `(start, end, first grain)`: holes
+/// (0) together, or grains that go up by one (physically adjacent).
+pub(crate) fn grain_runs(grains: &[u64]) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
+    let mut i = 0usize;
+    std::iter::from_fn(move || {
+        if i >= grains.len() {
+            return None;
+        }
+        let g0 = grains[i];
+        let mut j = i + 1;
+        while j < grains.len()
+            && ((g0 == 0 && grains[j] == 0) || (g0 != 0 && grains[j] == g0 + (j - i) as u64))
+        {
+            j += 1;
+        }
+        let run = (i, j, g0);
+        i = j;
+        Some(run)
+    })
+}
+
 pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use strata_storage::Storage;
 
-use super::{corrupt, Meta};
+use super::{corrupt, grain_runs, Meta};
 use crate::cache::{PageData, PageKey, PageMut};
 use crate::error::Result;
 
@@ -159,7 +159,7 @@ impl Meta {
             }
             _ => unreachable!("map page just loaded"),
         }
-        for (a, b) in consecutive_runs(values) {
+        for (a, b, _) in grain_runs(values) {
             let rec = if b - a == 1 {
                 Record::MapSet {
                     grain: g,
@@ -182,7 +182,7 @@ impl Meta {
     /// Log counts of 1 for freshly allocated grains (their counts are
     /// already 1 in memory): REF_RUN records of consecutive grains.
     pub(super) fn log_new_counts(&mut self, grains: &[u64]) {
-        for (a, b) in consecutive_runs(grains) {
+        for (a, b, _) in grain_runs(grains) {
             let rec = if b - a == 1 {
                 Record::RefSet {
                     grain: grains[a],
@@ -396,23 +396,6 @@ impl Meta {
         self.cache.mark_clean_upto(cut.0);
         self.durable_hwm = cut.1;
     }
-}
-
-/// The maximal runs `[a, b)` of `xs` whose values go up by one.
-fn consecutive_runs(xs: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut a = 0;
-    std::iter::from_fn(move || {
-        if a >= xs.len() {
-            return None;
-        }
-        let mut b = a + 1;
-        while b < xs.len() && xs[b] == xs[b - 1] + 1 {
-            b += 1;
-        }
-        let r = (a, b);
-        a = b;
-        Some(r)
-    })
 }
 
 #[cfg(test)]
