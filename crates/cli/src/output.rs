@@ -288,6 +288,40 @@ fn datastore_figures(out: &mut String, v: &DatastoreView) {
         return;
     }
     let _ = writeln!(out, "datastore:    {}", i.location);
+    local_space(out, i);
+    let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    if i.cache_mode == "none" {
+        let _ = writeln!(
+            out,
+            "cache:        none (the pool is read and written with O_DIRECT)"
+        );
+    }
+    if let Some(l) = &i.layout {
+        pool_layout(out, l);
+    }
+    for a in &i.alarms {
+        alarm_line(out, a);
+    }
+    if i.reclaiming > 0 {
+        let _ = writeln!(
+            out,
+            "reclaiming:   space of {} deleted snapshots or disks",
+            i.reclaiming
+        );
+    }
+    if let Some(f) = &i.fail_stop {
+        let _ = writeln!(
+            out,
+            "FAIL-STOPPED: {} (writes are refused; restart the server to recover \
+             from the log)",
+            f.cause
+        );
+    }
+}
+
+/// A local datastore's space: capacity, used, reserved (and held on the
+/// host), readied ahead of first writes, free, provisioned.
+fn local_space(out: &mut String, i: &DatastoreInfo) {
     if i.capacity_follows_fs {
         let _ = writeln!(
             out,
@@ -318,46 +352,24 @@ fn datastore_figures(out: &mut String, v: &DatastoreView) {
         human(i.provisioned_bytes),
         i.overcommit_percent
     );
-    let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
-    if i.cache_mode == "none" {
-        let _ = writeln!(
-            out,
-            "cache:        none (the pool is read and written with O_DIRECT)"
-        );
-    }
-    if let Some(l) = &i.layout {
-        let _ = writeln!(
-            out,
-            "pool:         {} ({} free in {} extents), {} on the host",
-            human(l.pool_bytes),
-            human(l.free_in_pool_bytes),
-            l.free_extents,
-            human(l.pool_file_bytes)
-        );
-        let classes: Vec<String> = strata_engine::layout::FREE_EXTENT_CLASSES
-            .iter()
-            .filter_map(|(c, _)| l.free_extent_histogram.get(*c).map(|n| format!("{c} {n}")))
-            .collect();
-        let _ = writeln!(out, "free extents: {}", classes.join(", "));
-    }
-    for a in &i.alarms {
-        alarm_line(out, a);
-    }
-    if i.reclaiming > 0 {
-        let _ = writeln!(
-            out,
-            "reclaiming:   space of {} deleted snapshots or disks",
-            i.reclaiming
-        );
-    }
-    if let Some(f) = &i.fail_stop {
-        let _ = writeln!(
-            out,
-            "FAIL-STOPPED: {} (writes are refused; restart the server to recover \
-             from the log)",
-            f.cause
-        );
-    }
+}
+
+/// The pool's layout, when the answer carries it: its size, free extents and what
+/// the host holds.
+fn pool_layout(out: &mut String, l: &strata_engine::PoolLayout) {
+    let _ = writeln!(
+        out,
+        "pool:         {} ({} free in {} extents), {} on the host",
+        human(l.pool_bytes),
+        human(l.free_in_pool_bytes),
+        l.free_extents,
+        human(l.pool_file_bytes)
+    );
+    let classes: Vec<String> = strata_engine::layout::FREE_EXTENT_CLASSES
+        .iter()
+        .filter_map(|(c, _)| l.free_extent_histogram.get(*c).map(|n| format!("{c} {n}")))
+        .collect();
+    let _ = writeln!(out, "free extents: {}", classes.join(", "));
 }
 
 /// `ok`, or the state in capitals so it stands out.

@@ -491,21 +491,7 @@ impl Record {
     }
 
     fn decode_versioned(mut p: &[u8], version: u32) -> Result<Vec<Record>, FormatError> {
-        const WHAT: &str = "log record";
-        fn take<'a>(p: &mut &'a [u8], n: usize) -> Result<&'a [u8], FormatError> {
-            if p.len() < n {
-                return Err(FormatError::Truncated { what: WHAT });
-            }
-            let (a, b) = p.split_at(n);
-            *p = b;
-            Ok(a)
-        }
-        fn u64_(p: &mut &[u8]) -> Result<u64, FormatError> {
-            Ok(u64::from_le_bytes(take(p, 8)?.try_into().expect("8")))
-        }
-        fn u32_(p: &mut &[u8]) -> Result<u32, FormatError> {
-            Ok(u32::from_le_bytes(take(p, 4)?.try_into().expect("4")))
-        }
+        use record_fields::*;
         let mut out = Vec::new();
         while !p.is_empty() {
             let t = take(&mut p, 1)?[0];
@@ -529,7 +515,7 @@ impl Record {
                 }
                 tag::MAP_SET => {
                     let grain = u64_(&mut p)?;
-                    let index = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
+                    let index = u16_(&mut p)?;
                     if index as usize >= MAP_FANOUT {
                         return Err(invalid(WHAT, format!("map index {index} out of range")));
                     }
@@ -544,42 +530,8 @@ impl Record {
                     grain: u64_(&mut p)?,
                     count: u32_(&mut p)?,
                 },
-                tag::MAP_RUN if version >= FORMAT_VERSION => {
-                    let grain = u64_(&mut p)?;
-                    let index = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
-                    let n = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2"));
-                    let value = u64_(&mut p)?;
-                    if n == 0 || index as usize + n as usize > MAP_FANOUT {
-                        return Err(invalid(
-                            WHAT,
-                            format!("map run of {n} entries from index {index} out of range"),
-                        ));
-                    }
-                    if value == 0 || value.checked_add(n as u64).is_none() {
-                        return Err(invalid(
-                            WHAT,
-                            format!("map run of {n} grains from grain {value} out of range"),
-                        ));
-                    }
-                    Record::MapRun {
-                        grain,
-                        index,
-                        n,
-                        value,
-                    }
-                }
-                tag::REF_RUN if version >= FORMAT_VERSION => {
-                    let grain = u64_(&mut p)?;
-                    let n = u32_(&mut p)?;
-                    let count = u32_(&mut p)?;
-                    if n == 0 || n > REF_RUN_MAX || grain.checked_add(n as u64).is_none() {
-                        return Err(invalid(
-                            WHAT,
-                            format!("count run of {n} grains from grain {grain} out of range"),
-                        ));
-                    }
-                    Record::RefRun { grain, n, count }
-                }
+                tag::MAP_RUN if version >= FORMAT_VERSION => map_run(&mut p)?,
+                tag::REF_RUN if version >= FORMAT_VERSION => ref_run(&mut p)?,
                 tag::VERSION => {
                     let version = u64_(&mut p)?;
                     let root = u64_(&mut p)?;
@@ -613,6 +565,76 @@ impl Record {
             out.push(rec);
         }
         Ok(out)
+    }
+}
+
+/// Reading a log record's fields (`Record::decode_all`).
+mod record_fields {
+    use super::*;
+
+    pub(super) const WHAT: &str = "log record";
+
+    pub(super) fn take<'a>(p: &mut &'a [u8], n: usize) -> Result<&'a [u8], FormatError> {
+        if p.len() < n {
+            return Err(FormatError::Truncated { what: WHAT });
+        }
+        let (a, b) = p.split_at(n);
+        *p = b;
+        Ok(a)
+    }
+
+    pub(super) fn u64_(p: &mut &[u8]) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(take(p, 8)?.try_into().expect("8")))
+    }
+
+    pub(super) fn u32_(p: &mut &[u8]) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(take(p, 4)?.try_into().expect("4")))
+    }
+
+    pub(super) fn u16_(p: &mut &[u8]) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(take(p, 2)?.try_into().expect("2")))
+    }
+
+    /// MAP_RUN's fields, its entries within one node and its grains
+    /// within the u64 range.
+    pub(super) fn map_run(p: &mut &[u8]) -> Result<Record, FormatError> {
+        let grain = u64_(p)?;
+        let index = u16_(p)?;
+        let n = u16_(p)?;
+        let value = u64_(p)?;
+        if n == 0 || index as usize + n as usize > MAP_FANOUT {
+            return Err(invalid(
+                WHAT,
+                format!("map run of {n} entries from index {index} out of range"),
+            ));
+        }
+        if value == 0 || value.checked_add(n as u64).is_none() {
+            return Err(invalid(
+                WHAT,
+                format!("map run of {n} grains from grain {value} out of range"),
+            ));
+        }
+        Ok(Record::MapRun {
+            grain,
+            index,
+            n,
+            value,
+        })
+    }
+
+    /// REF_RUN's fields, its length within `REF_RUN_MAX` and its grains
+    /// within the u64 range.
+    pub(super) fn ref_run(p: &mut &[u8]) -> Result<Record, FormatError> {
+        let grain = u64_(p)?;
+        let n = u32_(p)?;
+        let count = u32_(p)?;
+        if n == 0 || n > REF_RUN_MAX || grain.checked_add(n as u64).is_none() {
+            return Err(invalid(
+                WHAT,
+                format!("count run of {n} grains from grain {grain} out of range"),
+            ));
+        }
+        Ok(Record::RefRun { grain, n, count })
     }
 }
 
