@@ -193,8 +193,10 @@ def _group(work, gname, cfgs, rounds):
     median, min and max of each figure, and the rounds."""
     runs = {c["name"]: [] for c in cfgs}
     for r in range(rounds):
-        for c in (cfgs if r % 2 == 0 else cfgs[::-1]):
-            x = _round(c, os.path.join(work, gname, f"{c['name']}_{r}"))
+        for ci, c in (list(enumerate(cfgs)) if r % 2 == 0 else list(enumerate(cfgs))[::-1]):
+            # Short names: a datastore's control socket path must fit in
+            # sun_path (108 bytes) under CI's temporary directories.
+            x = _round(c, os.path.join(work, gname, f"{ci}_{r}"))
             runs[c["name"]].append(x)
             print(f"   {gname} round {r + 1} {c['name']}: first {x['first_mib_s']} MiB/s, "
                   f"rewrite {x['rewrite_mib_s']} MiB/s ({x['ratio']}), CPU "
