@@ -260,16 +260,18 @@ def _teragen_ratios(c):
     return r
 
 
-def _neighbour(work, rounds, thick, thin, t):
+def _neighbour(work, rounds, thick, thin, t, cache="wb"):
     """A filled zeroedthick disk rewritten at random (64k, QD 16) for T s:
     (a) alone, (b) beside a thin disk's first writes (512k sequential,
     QD 16, started together in one fio, stopped after T s), (c) beside
     rewrites of what (b) wrote (time based, T s). Rounds alternate
-    a, b, c and b, c, a; each round a fresh datastore."""
+    a, b, c and b, c, a; each round a fresh datastore, served with
+    `--cache none` when CACHE is "none"."""
     runs = {k: [] for k in ("alone", "beside_first", "beside_rewrite")}
+    group = "neighbour" if cache == "wb" else f"neighbour_{cache}"
     for r in range(rounds):
-        d = os.path.join(work, "neighbour", str(r))
-        s = Strata(d)
+        d = os.path.join(work, group, str(r))
+        s = Strata(d, serve_args=["--cache", "none"] if cache == "none" else [])
         try:
             s.cli("create", "thick", "--size", _mib(thick), "--type", "zeroedthick")
             s.cli("create", "thin", "--size", _mib(thin), "--type", "thin")
@@ -308,12 +310,12 @@ def _neighbour(work, rounds, thick, thin, t):
             for name, f in (steps if r % 2 == 0 else steps[1:] + steps[:1]):
                 x = {k: round(v, 2) for k, v in f().items()}
                 runs[name].append(x)
-                print(f"   neighbour round {r + 1} {name}: thick {x['thick_mib_s']} MiB/s"
+                print(f"   {group} round {r + 1} {name}: thick {x['thick_mib_s']} MiB/s"
                       + (f", thin {x['thin_mib_s']} MiB/s" if "thin_mib_s" in x else ""), flush=True)
         finally:
             s.stop()
             shutil.rmtree(d, ignore_errors=True)
-    out = {"thick": _mib(thick), "thin_disk": _mib(thin), "runtime_s": t,
+    out = {"thick": _mib(thick), "thin_disk": _mib(thin), "runtime_s": t, "cache": cache,
            "thick_job": "64k randwrite QD 16, time based", "thin_job": "512k sequential write QD 16",
            "configs": {}}
     for k, rs in runs.items():
@@ -322,7 +324,7 @@ def _neighbour(work, rounds, thick, thin, t):
     th = {k: out["configs"][k]["thick_mib_s"]["median"] for k in runs}
     out["ratios"] = {"b_over_a": ratio(th["beside_first"], th["alone"]),
                      "b_over_c": ratio(th["beside_first"], th["beside_rewrite"])}
-    print(f"   neighbour: thick alone {th['alone']}, beside first writes {th['beside_first']}, "
+    print(f"   {group}: thick alone {th['alone']}, beside first writes {th['beside_first']}, "
           f"beside rewrites {th['beside_rewrite']} MiB/s (b/a {out['ratios']['b_over_a']}, "
           f"b/c {out['ratios']['b_over_c']})", flush=True)
     return out
@@ -466,6 +468,11 @@ def case_firstwrite(work, q):
                     "ratios": kr}
 
     res["neighbour"] = _neighbour(work, rounds, thick, thin, t)
+    # Under writeback the rewrite pass (c) rewrites what the page cache
+    # still holds, and the first-write stream's page-cache cost falls on
+    # every writer (PERFORMANCE.md, "First writes"); under `--cache none`
+    # neither side goes through the page cache.
+    res["neighbour_none"] = _neighbour(work, rounds, thick, thin, t, "none")
 
     T = {}
     for cache in ("wb", "none"):
@@ -482,6 +489,7 @@ def case_firstwrite(work, q):
     T["scaling_aggN_over_agg1"] = _target(r["aggN_over_agg1_first"], ">=", 0.9)
     T["scaling_firstN_over_rewriteN"] = _target(r["firstN_over_rewriteN"], ">=", 0.8)
     T["neighbour_b_over_c"] = _target(res["neighbour"]["ratios"]["b_over_c"], ">=", 0.8)
+    T["neighbour_none_b_over_c"] = _target(res["neighbour_none"]["ratios"]["b_over_c"], ">=", 0.8)
     for k, v in kr.items():
         if k.endswith("_cpu_first_over_rewrite"):
             T["kinds_" + k] = _target(v, "<=", 1.3)

@@ -304,16 +304,19 @@ fn bench_quick_cases_with_targets() {
             positive(fw, &[group, "ratios", k]);
         }
     }
-    for run in ["alone", "beside_first", "beside_rewrite"] {
-        for s in ["median", "min", "max"] {
-            positive(fw, &["neighbour", "configs", run, "thick_mib_s", s]);
+    // The neighbour under writeback and under `--cache none`.
+    for group in ["neighbour", "neighbour_none"] {
+        for run in ["alone", "beside_first", "beside_rewrite"] {
+            for s in ["median", "min", "max"] {
+                positive(fw, &[group, "configs", run, "thick_mib_s", s]);
+            }
         }
+        for run in ["beside_first", "beside_rewrite"] {
+            positive(fw, &[group, "configs", run, "thin_mib_s", "median"]);
+        }
+        positive(fw, &[group, "ratios", "b_over_a"]);
+        positive(fw, &[group, "ratios", "b_over_c"]);
     }
-    for run in ["beside_first", "beside_rewrite"] {
-        positive(fw, &["neighbour", "configs", run, "thin_mib_s", "median"]);
-    }
-    positive(fw, &["neighbour", "ratios", "b_over_a"]);
-    positive(fw, &["neighbour", "ratios", "b_over_c"]);
     let targets = get(fw, &["targets"]).as_object().unwrap();
     for t in [
         "teragen_thin_vs_qemu_sparse_wb",
@@ -327,6 +330,7 @@ fn bench_quick_cases_with_targets() {
         "scaling_aggN_over_agg1",
         "scaling_firstN_over_rewriteN",
         "neighbour_b_over_c",
+        "neighbour_none_b_over_c",
         "kinds_seq_strata_thin_wb_cpu_first_over_rewrite",
         "kinds_rand_strata_thin_wb_cpu_first_over_rewrite",
     ] {
