@@ -29,10 +29,9 @@ fn pattern(tag: u8, len: usize) -> Vec<u8> {
 /// A stopped datastore with a snapshot, checkpointed pages and two flushed
 /// batches in its log. Returns what "d" and "d@s" hold.
 fn build(dir: &Path) -> (Vec<u8>, Vec<u8>) {
-    Datastore::init(Arc::new(FileBackend::new(dir)), &InitOptions::default()).unwrap();
     let mut d = vec![0u8; DISK_BYTES as usize];
     {
-        let ds = common::open_dir(dir).unwrap();
+        let ds = common::init_dir(dir);
         ds.create_disk("d", DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
         let h = ds.open_disk("d").unwrap();

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, OpenOptions, Provisioning};
-use strata_storage::FileBackend;
+use strata_engine::Provisioning;
+
+mod common;
 
 const DISK_BYTES: u64 = 32 << 20;
 const LAST: u64 = DISK_BYTES - 4096;
@@ -27,9 +28,7 @@ fn generation(h: &dyn BlockDevice, at: u64) -> u64 {
 #[test]
 fn a_full_clone_of_a_disk_under_writes_is_one_instant_of_it() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = Arc::new(FileBackend::new(dir.path()));
-    Datastore::init(backend.clone(), &InitOptions::default()).unwrap();
-    let ds = Datastore::open(backend, &OpenOptions::default(), None).unwrap();
+    let ds = common::init_dir(dir.path());
     ds.create_disk("d", DISK_BYTES, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     let d = ds.open_disk("d").unwrap();

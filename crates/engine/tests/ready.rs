@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
+use strata_engine::{Datastore, Provisioning, SpaceWork};
 
 mod common;
 
@@ -29,9 +29,7 @@ fn write_mib(ds: &Datastore, disk: &str, from_mib: u64, mib: u64, tag: u8) {
 #[test]
 fn readied_space_leads_the_pool_and_goes_back_with_free_space_return() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = std::sync::Arc::new(strata_storage::FileBackend::new(dir.path()));
-    Datastore::init(backend, &InitOptions::default()).unwrap();
-    let ds = common::open_dir(dir.path()).unwrap();
+    let ds = common::init_dir(dir.path());
     ds.create_disk("t", 256 * MIB, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     // Off: nothing is readied, however the pool grows.
@@ -99,9 +97,7 @@ fn readied_space_leads_the_pool_and_goes_back_with_free_space_return() {
 #[test]
 fn readied_space_is_apart_from_what_thick_disks_hold() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = std::sync::Arc::new(strata_storage::FileBackend::new(dir.path()));
-    Datastore::init(backend, &InitOptions::default()).unwrap();
-    let ds = common::open_dir(dir.path()).unwrap();
+    let ds = common::init_dir(dir.path());
     ds.create_disk("z", 8 * MIB, Provisioning::Zeroedthick, &mut |_, _| {})
         .unwrap();
     ds.create_disk("t", 64 * MIB, Provisioning::Thin, &mut |_, _| {})

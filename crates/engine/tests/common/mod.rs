@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_engine::{Datastore, OpenOptions};
+use strata_engine::{Datastore, InitOptions, OpenOptions};
 use strata_storage::{Backend, FileBackend, SimBackend};
 
 /// Metadata cache of the simulated tests: 64 pages, so eviction, reloading
@@ -31,4 +31,11 @@ pub fn open_dir(dir: &Path) -> strata_engine::Result<Datastore> {
         &OpenOptions::default(),
         None,
     )
+}
+
+/// A new datastore in directory `dir` (default options), open.
+pub fn init_dir(dir: &Path) -> Datastore {
+    Datastore::init(Arc::new(FileBackend::new(dir)), &InitOptions::default())
+        .expect("init the datastore");
+    open_dir(dir).expect("open the new datastore")
 }
