@@ -408,15 +408,20 @@ pub mod tag {
 impl Record {
     /// Append the encoding of this record to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
+        /// A record's first bytes: its tag, then the 8-byte field every
+        /// record but the catalog starts with (the grain, page, version
+        /// or next generation it concerns).
+        fn head(out: &mut Vec<u8>, tag: u8, first: u64) {
+            out.push(tag);
+            out.extend_from_slice(&first.to_le_bytes());
+        }
         match self {
             Record::PageImage { grain, data } => {
-                out.push(tag::PAGE_IMAGE);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::PAGE_IMAGE, *grain);
                 out.extend_from_slice(&data[..]);
             }
             Record::PageNew { grain, level } => {
-                out.push(tag::PAGE_NEW);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::PAGE_NEW, *grain);
                 out.push(*level);
             }
             Record::PageZeroV1 { .. } => {
@@ -427,14 +432,12 @@ impl Record {
                 index,
                 value,
             } => {
-                out.push(tag::MAP_SET);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::MAP_SET, *grain);
                 out.extend_from_slice(&index.to_le_bytes());
                 out.extend_from_slice(&value.to_le_bytes());
             }
             Record::RefSet { grain, count } => {
-                out.push(tag::REF_SET);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::REF_SET, *grain);
                 out.extend_from_slice(&count.to_le_bytes());
             }
             Record::MapRun {
@@ -443,21 +446,18 @@ impl Record {
                 n,
                 value,
             } => {
-                out.push(tag::MAP_RUN);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::MAP_RUN, *grain);
                 out.extend_from_slice(&index.to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
                 out.extend_from_slice(&value.to_le_bytes());
             }
             Record::RefRun { grain, n, count } => {
-                out.push(tag::REF_RUN);
-                out.extend_from_slice(&grain.to_le_bytes());
+                head(out, tag::REF_RUN, *grain);
                 out.extend_from_slice(&n.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
             }
             Record::Version(v) => {
-                out.push(tag::VERSION);
-                out.extend_from_slice(&v.version.to_le_bytes());
+                head(out, tag::VERSION, v.version);
                 out.extend_from_slice(&v.root.to_le_bytes());
                 out.push(v.levels);
                 out.extend_from_slice(&v.mapped_grains.to_le_bytes());
@@ -469,13 +469,11 @@ impl Record {
                 out.extend_from_slice(bytes);
             }
             Record::RefPageImage { page, data } => {
-                out.push(tag::REF_PAGE_IMAGE);
-                out.extend_from_slice(&page.to_le_bytes());
+                head(out, tag::REF_PAGE_IMAGE, *page);
                 out.extend_from_slice(&data[..]);
             }
             Record::GenerationEnd { next } => {
-                out.push(tag::GENERATION_END);
-                out.extend_from_slice(&next.to_le_bytes());
+                head(out, tag::GENERATION_END, *next);
             }
         }
     }
