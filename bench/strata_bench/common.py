@@ -95,6 +95,13 @@ def random_raw(path, size):
        "conv=fsync", "status=none")
 
 
+def prealloc_raw(path, size, prealloc):
+    """A raw file of `size` (bytes, or '2G' as qemu-img takes it) with
+    qemu-img's `preallocation` PREALLOC: off (sparse), falloc (allocated,
+    unwritten) or full (written with zeros)."""
+    sh("qemu-img", "create", "-q", "-f", "raw", "-o", f"preallocation={prealloc}", path, str(size))
+
+
 def drop_caches():
     """Cold host page cache (the datastore's files); the server's metadata
     cache stays, as it would on a running host."""

@@ -10,7 +10,7 @@ import resource
 import shutil
 from statistics import median
 
-from ..common import cpu_of, drop_caches, ratio, sh, size_bytes, smoke
+from ..common import cpu_of, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
 from ..fio import fill
 from ..servers import QemuNbd, Strata
 
@@ -113,16 +113,9 @@ def _fio_fixed(opts, d, n):
 
 
 def _raw(d, i, size, how):
-    """A raw file of SIZE bytes: sparse, fallocated, or written with zeros
-    (on the disk, synced)."""
+    """A raw file of SIZE bytes: sparse, fallocated, or written with zeros."""
     f = os.path.join(d, f"d{i}.raw")
-    with open(f, "wb") as fh:
-        fh.truncate(size)
-    if how in ("falloc", "full"):
-        sh("fallocate", "-l", str(size), f)
-    if how == "full":
-        sh("dd", "if=/dev/zero", f"of={f}", "bs=1M", f"count={size // MIB}", "conv=notrunc,fsync",
-           "status=none")
+    prealloc_raw(f, size, {"sparse": "off"}.get(how, how))
     return f
 
 
@@ -192,8 +185,9 @@ def _group(work, gname, cfgs, rounds):
     (strata and peers interleaved) and in reverse the next round; the
     median, min and max of each figure, and the rounds."""
     runs = {c["name"]: [] for c in cfgs}
+    order = list(enumerate(cfgs))
     for r in range(rounds):
-        for ci, c in (list(enumerate(cfgs)) if r % 2 == 0 else list(enumerate(cfgs))[::-1]):
+        for ci, c in (order if r % 2 == 0 else order[::-1]):
             # Short names: a datastore's control socket path must fit in
             # sun_path (108 bytes) under CI's temporary directories.
             x = _round(c, os.path.join(work, gname, f"{ci}_{r}"))

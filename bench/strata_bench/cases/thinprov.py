@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from ..common import STRATA, drop_caches, ratio, sh, size_bytes, smoke
+from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
 from ..fio import fill, fio
 from ..servers import QemuNbd, Strata
 
@@ -105,7 +105,7 @@ def _zerophase(work, size):
         d = os.path.join(work, "raw_" + pre)
         os.makedirs(d, exist_ok=True)
         f = os.path.join(d, "disk.raw")
-        sh("qemu-img", "create", "-q", "-f", "raw", "-o", f"preallocation={pre}", f, size)
+        prealloc_raw(f, size, pre)
         sh("sync")
         drop_caches()
         qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()

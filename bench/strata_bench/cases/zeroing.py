@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from ..common import ratio, sh
+from ..common import prealloc_raw, ratio, sh
 from ..fio import fio
 from ..servers import QemuNbd, Strata
 
@@ -43,7 +43,7 @@ def case_zeroing(work, q):
         os.makedirs(d, exist_ok=True)
         f = os.path.join(d, "disk.raw")
         t = time.perf_counter()
-        sh("qemu-img", "create", "-f", "raw", "-o", f"preallocation={prealloc}", f, size)
+        prealloc_raw(f, size, prealloc)
         peer_create_s = round(time.perf_counter() - t, 2)
         qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
         peer = []
@@ -80,7 +80,7 @@ def case_zeroing(work, q):
             os.makedirs(d, exist_ok=True)
             f = os.path.join(d, "e.raw")
             t = time.perf_counter()
-            sh("qemu-img", "create", "-f", "raw", "-o", "preallocation=full", f, f"{g}G")
+            prealloc_raw(f, f"{g}G", "full")
             sh("sync", f)
             qtook = time.perf_counter() - t
             os.unlink(f)
