@@ -899,6 +899,14 @@ fn free_space(out: &mut String, r: &FreeSpaceReport) {
         human(r.moved_bytes),
         human(r.punched_bytes)
     );
+    if r.short_runs_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "{} of free space lies in runs under 64 KiB, left alone while clients were writing \
+             (some of it may be holes already); run it again when they are quieter",
+            human(r.short_runs_bytes)
+        );
+    }
     if let Some(n) = &r.note {
         let _ = writeln!(out, "note: {n}");
     }

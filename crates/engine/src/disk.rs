@@ -111,6 +111,12 @@ impl DiskHandle {
             }
             self.inner.check_writable()?;
         }
+        if len > 0 {
+            // A client's command (a region of background work asks with 0).
+            self.inner
+                .client_ops
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let m = self.inner.meta.lock();
         let (size, prov) = self.state(&m)?;
         check_range(offset, len, size)?;

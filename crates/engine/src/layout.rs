@@ -51,6 +51,11 @@ pub struct FreeSpaceReport {
     pub moved_bytes: u64,
     /// Free space inside the pool given back to the host file system.
     pub punched_bytes: u64,
+    /// Free space in runs shorter than 64 KiB, not punched because clients
+    /// were doing I/O (FORMAT.md §10.4, "Punch"; some of it may be holes
+    /// already); a run with the clients quiet gives it back.
+    #[serde(default)]
+    pub short_runs_bytes: u64,
     /// Grains left in place because a reference to them could not be
     /// accounted for; 0 in a healthy datastore.
     pub grains_kept: u64,

@@ -185,6 +185,9 @@ pub(crate) struct Store {
     pub stripes: Vec<Arc<Mutex<()>>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
+    /// Client commands begun (reads, writes, zeroing, block status), so
+    /// background work can tell whether clients are doing I/O.
+    pub client_ops: AtomicU64,
     pub fail: FailState,
     /// Problems found at open that did not stop it (a damaged superblock
     /// slot); `check` reports them.
@@ -250,6 +253,7 @@ impl Store {
             direct_io: p.direct_io,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             mutations: AtomicU64::new(0),
+            client_ops: AtomicU64::new(0),
             fail: FailState::default(),
             open_warnings: p.open_warnings,
             capacity_cache: Mutex::new((None, 0)),
@@ -860,9 +864,20 @@ impl Store {
         r
     }
 
-    /// Whether client I/O is in flight now (a reader holds the gate).
-    pub fn clients_busy(&self) -> bool {
-        self.gate.is_locked()
+    /// Whether clients are doing I/O: a command is in flight now (it holds
+    /// the gate), or one began since the last look (`seen`: the count of
+    /// [`Store::client_ops`] then, updated). Between two commands of a busy
+    /// client the gate is free for a moment, and under writeback a write
+    /// holds it only for its copy: a look at the gate alone took clients
+    /// writing at 30k IOPS for idle most of the time.
+    pub fn clients_busy(&self, seen: &mut u64) -> bool {
+        let n = self.client_ops.load(Ordering::Relaxed);
+        n != std::mem::replace(seen, n) || self.gate.is_locked()
+    }
+
+    /// The count of client commands begun, for a first `seen`.
+    pub fn client_ops_now(&self) -> u64 {
+        self.client_ops.load(Ordering::Relaxed)
     }
 
     /// Reclaim a bounded amount and commit, so freed grains are allocatable.

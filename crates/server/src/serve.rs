@@ -1146,7 +1146,10 @@ fn spawn_alarm_watcher(
 /// every 10 s, when the pool file on the host exceeds the used (and
 /// reserved) space by more than `threshold` and a quarter of it, run a
 /// free-space consolidation (FORMAT.md §10.4) with the default pacing,
-/// which rests while clients do I/O. `control` cancels it at shutdown.
+/// which rests while clients do I/O. A run that leaves the excess over the
+/// trigger (clients needed the room, or kept writing while free space lay
+/// in short runs) doubles the wait before the next look, up to 10 minutes;
+/// one that brings it under resets it. `control` cancels it at shutdown.
 fn spawn_free_space_policy(
     ds: Datastore,
     stop: Arc<AtomicBool>,
@@ -1156,21 +1159,24 @@ fn spawn_free_space_policy(
     std::thread::Builder::new()
         .name("free-space".into())
         .spawn(move || {
-            let mut waited = 0u32;
+            const LOOK: u32 = 100; // tenths of a second
+            let (mut waited, mut wait) = (0u32, LOOK);
+            // The pool's end alone is no reason: above the used grains it
+            // holds blocks placement claimed, holes on the host.
+            let over = || {
+                let used = ds.info().used_bytes;
+                ds.free_space_gap()
+                    .is_ok_and(|(_, file_gap)| file_gap >= threshold + used / 4)
+            };
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
                 waited += 1;
-                if waited < 100 {
+                if waited < wait {
                     continue;
                 }
                 waited = 0;
-                let used = ds.info().used_bytes;
-                // The pool's end alone is no reason: above the used grains
-                // it holds blocks placement claimed, holes on the host.
-                let Ok((_, file_gap)) = ds.free_space_gap() else {
-                    continue;
-                };
-                if file_gap < threshold + used / 4 {
+                if !over() {
+                    wait = LOOK;
                     continue;
                 }
                 let work = strata_engine::SpaceWork {
@@ -1193,6 +1199,11 @@ fn spawn_free_space_policy(
                     }
                     Err(e) => tracing::warn!("background free-space consolidation: {e}"),
                 }
+                wait = if over() {
+                    (2 * wait).min(60 * LOOK)
+                } else {
+                    LOOK
+                };
             }
         })
         .expect("spawn free-space policy")
