@@ -924,6 +924,24 @@ def commit():
         return "unknown"
 
 
+def _provenance(results):
+    """Which run measured which case: one sentence when a single run
+    measured them all, else the cases of each commit and date (a run of
+    some cases, `--only`, keeps the others from the run before)."""
+    runs = results.get("case_runs") or {}
+    by = {}
+    for case in results["cases"]:
+        r = runs.get(case, {})
+        by.setdefault((r.get("commit", results.get("commit")), r.get("date", results.get("date"))),
+                      []).append(case)
+    if len(by) <= 1:
+        return "Every number below was measured in that run (bench/paper.json). "
+    parts = [f"{', '.join(f'`{c}`' for c in cases)} at `{c}` on {d}"
+             for (c, d), cases in sorted(by.items(), key=lambda x: x[0][1] or "", reverse=True)]
+    return ("Not every case ran in that run: " + "; ".join(parts) +
+            " (bench/paper.json, `case_runs`). ")
+
+
 def render_paper(results, doc, partial=False):
     """docs/SEEDS.md (or `doc`) and its plots in a `seeds/` directory next
     to it, from a paper run's results; returns {figure id: {"verdict",
@@ -959,8 +977,8 @@ def render_paper(results, doc, partial=False):
         "",
         f"Written by `make paper` ({mode} mode) at commit `{results.get('commit', commit())}` on "
         f"{results['machine']['cpus']} CPUs (`{results['machine']['uname']}`), "
-        f"{results.get('date', time.strftime('%Y-%m-%d'))}. Every number below was measured in that run "
-        "(bench/paper.json); every verdict is computed from those numbers by "
+        f"{results.get('date', time.strftime('%Y-%m-%d'))}. " + _provenance(results) +
+        "Every verdict is computed from the numbers by "
         "bench/strata_bench/paper.py. Rerun with `make paper` (about an hour) or "
         "`python3 bench/bench.py --paper --quick` (minutes).",
         "",
