@@ -549,8 +549,9 @@ impl Datastore {
                 .name("reclaim".into())
                 .spawn(move || {
                     let mut pace = ReclaimPace::default();
+                    let mut clients = ds.inner.client_watch();
                     while !ds.inner.reclaim_stop.load(Ordering::Acquire) {
-                        let busy = pace.clients_busy(&ds.inner);
+                        let busy = clients.busy();
                         let t0 = std::time::Instant::now();
                         let budget = pace.budget(busy);
                         let worked = ds.inner.meta.lock().orphans() > 0;
@@ -1018,7 +1019,7 @@ impl Datastore {
     ) -> Result<DiskInfo> {
         self.inner.check_writable()?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
-        let mut seen = self.inner.client_ops_now();
+        let mut clients = self.inner.client_watch();
         let from = self.disk_info(name)?.provisioning;
         match to {
             Provisioning::Thin => {
@@ -1026,9 +1027,7 @@ impl Datastore {
                     self.set_provisioning(name, Provisioning::Thin)?;
                 }
                 let h = self.open_disk(name)?;
-                h.punch_zero(progress, &mut |n| {
-                    pacer.pace(n, self.inner.clients_busy(&mut seen))
-                })?;
+                h.punch_zero(progress, &mut |n| pacer.pace(n, clients.busy()))?;
             }
             Provisioning::Zeroedthick => {
                 if from != Provisioning::Zeroedthick {
@@ -1070,11 +1069,9 @@ impl Datastore {
             );
         }
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
-        let mut seen = self.inner.client_ops_now();
+        let mut clients = self.inner.client_watch();
         let h = self.open_disk(name)?;
-        let (scanned, released) = h.punch_zero(progress, &mut |n| {
-            pacer.pace(n, self.inner.clients_busy(&mut seen))
-        })?;
+        let (scanned, released) = h.punch_zero(progress, &mut |n| pacer.pace(n, clients.busy()))?;
         Ok(PunchZeroReport {
             disk: name.to_string(),
             scanned_bytes: scanned,
@@ -1152,10 +1149,8 @@ impl Datastore {
     ) -> Result<()> {
         let h = self.open_disk(name)?;
         let size = strata_block::BlockDevice::size_bytes(&*h);
-        let mut seen = self.inner.client_ops_now();
-        h.fill_zeros(0, size, progress, &mut |n| {
-            pacer.pace(n, self.inner.clients_busy(&mut seen))
-        })?;
+        let mut clients = self.inner.client_watch();
+        h.fill_zeros(0, size, progress, &mut |n| pacer.pace(n, clients.busy()))?;
         self.set_provisioning(name, Provisioning::Eagerzeroedthick)
     }
 
@@ -1580,8 +1575,6 @@ impl Datastore {
 struct ReclaimPace {
     /// Work done since the last commit (grains, as `Meta::reclaim` counts).
     since_commit: u64,
-    /// The store's count of client commands at the last look.
-    seen_ops: u64,
 }
 
 impl ReclaimPace {
@@ -1591,11 +1584,6 @@ impl ReclaimPace {
     const BUSY_STEP: u64 = 512;
     /// Rest after a step while clients are busy, in multiples of the step.
     const BUSY_REST: u32 = 3;
-
-    /// Whether clients are doing I/O (see [`Store::clients_busy`]).
-    fn clients_busy(&mut self, store: &Store) -> bool {
-        store.clients_busy(&mut self.seen_ops)
-    }
 
     fn budget(&self, busy: bool) -> u64 {
         if busy {
@@ -1691,10 +1679,8 @@ impl Datastore {
         let (fragments_before, mapped) = h.fragments()?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
             .resting(crate::work::LAYOUT_BUSY_REST);
-        let mut seen = self.inner.client_ops_now();
-        let t = h.defrag(dry_run, progress, &mut |n| {
-            pacer.pace(n, self.inner.clients_busy(&mut seen))
-        })?;
+        let mut clients = self.inner.client_watch();
+        let t = h.defrag(dry_run, progress, &mut |n| pacer.pace(n, clients.busy()))?;
         let fragments_after = if dry_run {
             fragments_before
         } else {
@@ -1743,8 +1729,8 @@ impl Datastore {
         let before = self.pool_layout()?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
             .resting(crate::work::LAYOUT_BUSY_REST);
-        let mut seen = self.inner.client_ops_now();
-        let mut pace = |n: u64| pacer.pace(n, self.inner.clients_busy(&mut seen));
+        let mut clients = self.inner.client_watch();
+        let mut pace = |n: u64| pacer.pace(n, clients.busy());
         let mut r = FreeSpaceReport {
             pool_bytes_before: before.pool_bytes,
             pool_file_bytes_before: before.pool_file_bytes,
@@ -1759,71 +1745,72 @@ impl Datastore {
         let end = (used + slack + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
         let total = hwm.saturating_sub(end) + hwm;
         let mut done = 0u64;
-        let t = std::time::Instant::now();
         if end < hwm {
-            self.inner.meta.lock().set_alloc_limit(Some(end));
-            let moved = self.evacuate(end, &mut r, &mut pace, &mut |n| {
+            self.lower_pool_end_to(end, &mut r, &mut pace, &mut |n| {
                 done = n;
                 progress(done.min(total), total)
-            });
-            let lifted = self.inner.meta.lock().set_alloc_limit(None);
-            moved?;
-            // The moved grains' old places become free once committed.
-            self.inner.commit(false)?;
-            self.inner.commit(false)?;
-            let lowered = !lifted && self.inner.meta.lock().lower_pool_end(end);
-            if lowered {
-                // The superblock takes the new end; only then the file
-                // shrinks, and the reserved tail is held again past it.
-                self.inner.checkpoint(true)?;
-                // Under the lock: a client may have grown the pool again
-                // since; everything below the tail's end stays.
-                let mut m = self.inner.meta.lock();
-                let end = m.tail_end();
-                m.truncate_tail(end)?;
-                self.inner.hold_reservation(&mut m, 0, 0)?;
-            } else {
-                r.note = Some(if lifted {
-                    "clients needed room above the planned end while grains moved; \
-                     run it again when writes are quieter"
-                        .to_string()
-                } else {
-                    "grains above the planned end are still in use; run it again".to_string()
-                });
-            }
+            })?;
         }
-        tracing::info!(
-            "free space: {} MiB moved below grain {end} in {:.1} s{}",
-            r.moved_bytes >> 20,
-            t.elapsed().as_secs_f64(),
-            if r.note.is_some() {
-                "; the end stays"
-            } else {
-                ""
-            }
-        );
-        let t = std::time::Instant::now();
-        let mut seen_punch = self.inner.client_ops_now();
-        let (punched, short) = self.punch_free_grains(
-            &mut pace,
-            &mut || self.inner.clients_busy(&mut seen_punch),
-            &mut |g| progress((done + g).min(total), total),
-        )?;
-        r.punched_bytes += punched;
-        r.short_runs_bytes = short;
-        tracing::info!(
-            "free space: {} MiB given back to the host in {:.1} s; {} MiB of free runs under {} KiB \
-             left alone while clients wrote",
-            r.punched_bytes >> 20,
-            t.elapsed().as_secs_f64(),
-            short >> 20,
-            (PUNCH_MIN_GRAINS as u64 * GRAIN_BYTES) >> 10
-        );
+        let mut watch = self.inner.client_watch();
+        (r.punched_bytes, r.short_runs_bytes) =
+            self.punch_free_grains(&mut pace, &mut || watch.busy(), &mut |g| {
+                progress((done + g).min(total), total)
+            })?;
         let after = self.pool_layout()?;
         r.used_bytes = self.info().used_bytes;
         r.pool_bytes_after = after.pool_bytes;
         r.pool_file_bytes_after = after.pool_file_bytes;
         Ok(r)
+    }
+
+    /// Consolidation's second step (FORMAT.md §10.4, "Evacuate the top"):
+    /// with allocations held below `end`, the live grains at or above it
+    /// move down; when none is left there and no client needed the room,
+    /// the pool end comes down to `end`, the superblock takes it and the
+    /// file is cut there (the reserved tail held again past it). Otherwise
+    /// `r.note` says why the end stays. `progress` gets the grains moved.
+    fn lower_pool_end_to(
+        &self,
+        end: u64,
+        r: &mut FreeSpaceReport,
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let t = std::time::Instant::now();
+        self.inner.meta.lock().set_alloc_limit(Some(end));
+        let moved = self.evacuate(end, r, pace, progress);
+        let lifted = self.inner.meta.lock().set_alloc_limit(None);
+        moved?;
+        // The moved grains' old places become free once committed.
+        self.inner.commit(false)?;
+        self.inner.commit(false)?;
+        let lowered = !lifted && self.inner.meta.lock().lower_pool_end(end);
+        if lowered {
+            // The superblock takes the new end; only then the file
+            // shrinks, and the reserved tail is held again past it.
+            self.inner.checkpoint(true)?;
+            // Under the lock: a client may have grown the pool again
+            // since; everything below the tail's end stays.
+            let mut m = self.inner.meta.lock();
+            let end = m.tail_end();
+            m.truncate_tail(end)?;
+            self.inner.hold_reservation(&mut m, 0, 0)?;
+        } else {
+            r.note = Some(if lifted {
+                "clients needed room above the planned end while grains moved; \
+                 run it again when writes are quieter"
+                    .to_string()
+            } else {
+                "grains above the planned end are still in use; run it again".to_string()
+            });
+        }
+        tracing::info!(
+            "free space: {} MiB moved below grain {end} in {:.1} s{}",
+            r.moved_bytes >> 20,
+            t.elapsed().as_secs_f64(),
+            if lowered { "" } else { "; the end stays" }
+        );
+        Ok(())
     }
 
     /// Consolidation's last step (FORMAT.md §10.4, "Punch"): the free
@@ -1843,6 +1830,7 @@ impl Datastore {
         clients_busy: &mut dyn FnMut() -> bool,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(u64, u64)> {
+        let t = std::time::Instant::now();
         let (mut bytes, mut short) = (0, 0);
         let blocks = self.inner.meta.lock().pool_blocks();
         let mut b = 0;
@@ -1863,6 +1851,14 @@ impl Datastore {
             progress(b * BLOCK_GRAINS);
         }
         bytes += self.inner.meta.lock().drop_readied()?;
+        tracing::info!(
+            "free space: {} MiB given back to the host in {:.1} s; {} MiB of free runs under {} KiB \
+             left alone while clients wrote",
+            bytes >> 20,
+            t.elapsed().as_secs_f64(),
+            short >> 20,
+            (PUNCH_MIN_GRAINS as u64 * GRAIN_BYTES) >> 10
+        );
         Ok((bytes, short))
     }
 
@@ -2037,11 +2033,17 @@ mod tests {
     use super::*;
     use strata_storage::SimBackend;
 
-    #[test]
-    fn an_implicit_clone_snapshot_left_by_a_crash_is_dropped_on_open() {
+    /// A new datastore on a simulated backend, opened.
+    fn sim_store() -> (SimBackend, Datastore) {
         let b = SimBackend::new();
         Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
         let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        (b, ds)
+    }
+
+    #[test]
+    fn an_implicit_clone_snapshot_left_by_a_crash_is_dropped_on_open() {
+        let (b, ds) = sim_store();
         ds.create_disk("d", 4 << 20, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
         let held = ds.hold("d").unwrap();
@@ -2067,9 +2069,7 @@ mod tests {
     #[test]
     fn short_free_runs_are_punched_only_while_clients_are_quiet() {
         use strata_block::BlockDevice;
-        let b = SimBackend::new();
-        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
-        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        let (_, ds) = sim_store();
         ds.create_disk("d", 4 << 20, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
         let h = ds.open_disk("d").unwrap();
@@ -2109,9 +2109,7 @@ mod tests {
     #[test]
     fn ranged_write_lookup_matches_a_lookup_per_grain() {
         use strata_block::BlockDevice;
-        let b = SimBackend::new();
-        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
-        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        let (_, ds) = sim_store();
         ds.create_disk("d", 8 << 20, Provisioning::Thin, &mut |_, _| {})
             .unwrap();
         let d = ds.open_disk("d").unwrap();
@@ -2155,9 +2153,7 @@ mod tests {
 
     #[test]
     fn a_panic_inside_a_change_fail_stops_the_datastore() {
-        let b = SimBackend::new();
-        Datastore::init(Arc::new(b.clone()), &InitOptions::default()).unwrap();
-        let ds = Datastore::open(Arc::new(b.clone()), &OpenOptions::default(), None).unwrap();
+        let (_, ds) = sim_store();
         let inner = ds.inner.clone();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _fence = inner.fail_on_panic();
