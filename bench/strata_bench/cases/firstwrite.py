@@ -254,37 +254,62 @@ def _teragen_ratios(c):
     return r
 
 
-def _neighbour(work, rounds, thick, thin, t, cache="wb"):
+def _neighbour_setup(d, who, thick, thin, cache, stop):
+    """The two disks of a neighbour round in D, the thick one filled: fio's
+    target options for each. WHO strata (served, `--cache none` when CACHE
+    is "none"; STOP[0] set to stop it) or limit (two files of the same file
+    system, written with io_uring, O_DIRECT when CACHE is "none"; the thin
+    one sparse) or limit_onefile (both in one file, the thin disk's range
+    after the thick one's, as strata's disks share `pool.data`)."""
+    if who.startswith("limit"):
+        os.makedirs(d, exist_ok=True)
+        io = ["--ioengine=io_uring", f"--direct={int(cache == 'none')}"]
+        a = os.path.join(d, "thick")
+        _fio([*io, "--rw=write", "--bs=1M", "--iodepth=8", f"--size={_mib(thick)}", "--end_fsync=1"],
+             [[f"--filename={a}"]])
+        if who == "limit_onefile":
+            sh("truncate", "-s", str(thick + thin), a)
+            return [*io, f"--filename={a}"], [*io, f"--filename={a}", f"--offset={thick}"]
+        b = os.path.join(d, "thin")
+        sh("truncate", "-s", str(thin), b)
+        return [*io, f"--filename={a}"], [*io, f"--filename={b}"]
+    s = Strata(d, serve_args=["--cache", "none"] if cache == "none" else [])
+    s.cli("create", "thick", "--size", _mib(thick), "--type", "zeroedthick")
+    s.cli("create", "thin", "--size", _mib(thin), "--type", "thin")
+    s.start()
+    stop[0] = s.stop
+    fill(s.uri("thick"), _mib(thick))
+    return ["--ioengine=nbd", f"--uri={s.uri('thick')}"], ["--ioengine=nbd", f"--uri={s.uri('thin')}"]
+
+
+def _neighbour(work, rounds, thick, thin, t, cache="wb", who="strata"):
     """A filled zeroedthick disk rewritten at random (64k, QD 16) for T s:
     (a) alone, (b) beside a thin disk's first writes (512k sequential,
     QD 16, started together in one fio, stopped after T s), (c) beside
     rewrites of what (b) wrote (time based, T s). Rounds alternate
     a, b, c and b, c, a; each round a fresh datastore, served with
-    `--cache none` when CACHE is "none"."""
+    `--cache none` when CACHE is "none". WHO limit or limit_onefile: the
+    same on two files or in one (`_neighbour_setup`), the host's own cost
+    of new data to a neighbour."""
     runs = {k: [] for k in ("alone", "beside_first", "beside_rewrite")}
-    group = "neighbour" if cache == "wb" else f"neighbour_{cache}"
+    group = ("neighbour" if cache == "wb" else f"neighbour_{cache}") + ("" if who == "strata" else f"_{who}")
     for r in range(rounds):
         d = os.path.join(work, group, str(r))
-        s = Strata(d, serve_args=["--cache", "none"] if cache == "none" else [])
+        stop = [None]
         try:
-            s.cli("create", "thick", "--size", _mib(thick), "--type", "zeroedthick")
-            s.cli("create", "thin", "--size", _mib(thin), "--type", "thin")
-            s.start()
-            fill(s.uri("thick"), _mib(thick))
-            tj = [f"--uri={s.uri('thick')}", *SHAPES["rand"], f"--size={_mib(thick)}", "--time_based",
-                  f"--runtime={t}"]
+            ta, tb = _neighbour_setup(d, who, thick, thin, cache, stop)
+            tj = [*ta, *SHAPES["rand"], f"--size={_mib(thick)}", "--time_based", f"--runtime={t}"]
             written = [0]
 
             def alone():
                 drop_caches()
-                j = _fio(["--ioengine=nbd"], [tj], group=False)
+                j = _fio([], [tj], group=False)
                 return {"thick_mib_s": j[0]["write"]["bw_bytes"] / MIB}
 
             def beside_first():
                 drop_caches()
-                j = _fio(["--ioengine=nbd"],
-                         [tj, [f"--uri={s.uri('thin')}", *SHAPES["seq"], f"--size={_mib(thin)}",
-                               f"--runtime={t}"]], group=False)
+                j = _fio([], [tj, [*tb, *SHAPES["seq"], f"--size={_mib(thin)}", f"--runtime={t}"]],
+                         group=False)
                 w = j[1]["write"]
                 written[0] = w["io_bytes"] // MIB * MIB
                 return {"thick_mib_s": j[0]["write"]["bw_bytes"] / MIB, "thin_mib_s": w["bw_bytes"] / MIB,
@@ -294,9 +319,8 @@ def _neighbour(work, rounds, thick, thin, t, cache="wb"):
                 drop_caches()
                 if written[0] < MIB:
                     raise RuntimeError("firstwrite: the thin disk got no first writes to rewrite")
-                j = _fio(["--ioengine=nbd"],
-                         [tj, [f"--uri={s.uri('thin')}", *SHAPES["seq"], f"--size={_mib(written[0])}",
-                               "--time_based", f"--runtime={t}"]], group=False)
+                j = _fio([], [tj, [*tb, *SHAPES["seq"], f"--size={_mib(written[0])}", "--time_based",
+                                   f"--runtime={t}"]], group=False)
                 return {"thick_mib_s": j[0]["write"]["bw_bytes"] / MIB,
                         "thin_mib_s": j[1]["write"]["bw_bytes"] / MIB}
 
@@ -307,9 +331,10 @@ def _neighbour(work, rounds, thick, thin, t, cache="wb"):
                 print(f"   {group} round {r + 1} {name}: thick {x['thick_mib_s']} MiB/s"
                       + (f", thin {x['thin_mib_s']} MiB/s" if "thin_mib_s" in x else ""), flush=True)
         finally:
-            s.stop()
+            if stop[0]:
+                stop[0]()
             shutil.rmtree(d, ignore_errors=True)
-    out = {"thick": _mib(thick), "thin_disk": _mib(thin), "runtime_s": t, "cache": cache,
+    out = {"thick": _mib(thick), "thin_disk": _mib(thin), "runtime_s": t, "cache": cache, "who": who,
            "thick_job": "64k randwrite QD 16, time based", "thin_job": "512k sequential write QD 16",
            "configs": {}}
     for k, rs in runs.items():
@@ -360,7 +385,8 @@ def case_firstwrite(work, q):
     rewritten at random beside a thin disk's first writes, vs alone and
     vs beside its rewrites; T s each, no flush at the end, the cache
     dropped before each; the thin disk large enough that its first
-    writes last the T s).
+    writes last the T s; wb and none; the limit's own on two files, wb
+    and none, and in one file, wb).
 
     Rounds: every config of a group once per round, strata and peers
     interleaved, the next round in reverse order. Each figure: median,
@@ -467,6 +493,13 @@ def case_firstwrite(work, q):
     # every writer (PERFORMANCE.md, "First writes"); under `--cache none`
     # neither side goes through the page cache.
     res["neighbour_none"] = _neighbour(work, rounds, thick, thin, t, "none")
+    # The host's own: the same three runs on two files (a server with a
+    # file per disk) and in one file (strata's disks share pool.data, and
+    # buffered writes to one file take its inode lock in turn): the
+    # bounds on b/c on this file system (PERFORMANCE.md, "First writes").
+    res["neighbour_limit"] = _neighbour(work, rounds, thick, thin, t, who="limit")
+    res["neighbour_limit_onefile"] = _neighbour(work, rounds, thick, thin, t, who="limit_onefile")
+    res["neighbour_none_limit"] = _neighbour(work, rounds, thick, thin, t, "none", "limit")
 
     T = {}
     for cache in ("wb", "none"):

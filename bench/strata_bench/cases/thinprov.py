@@ -14,19 +14,30 @@ from ..servers import QemuNbd, Strata
 TYPES = ("thin", "zeroedthick", "eagerzeroedthick")
 
 
-def _fio_jobs(uris, opts, per_job=None):
-    """One fio with a job per URI (OPTS global; PER_JOB(i) -> that job's own
-    options); its JSON jobs and the seconds the slowest job ran, as fio
-    counts them (from its start to the end of its end_fsync, without fio's
-    own start-up and the NBD connections, which would weigh on short runs)."""
-    args = ["fio", "--ioengine=nbd", "--output-format=json", *opts]
-    for i, u in enumerate(uris):
-        args += [f"--name=j{i}", f"--uri={u}", *(per_job(i) if per_job else [])]
+def _target(t):
+    """fio's options for one target: an NBD URI, or a file of the
+    datastore's file system written through the host's page cache
+    (io_uring, buffered: the host's own cost of the same writes, which
+    bounds what any server on that file system can do)."""
+    if t.startswith("nbd"):
+        return ["--ioengine=nbd", f"--uri={t}"]
+    return ["--ioengine=io_uring", "--direct=0", f"--filename={t}"]
+
+
+def _fio_jobs(targets, opts, per_job=None):
+    """One fio with a job per target (an NBD URI or a file; OPTS global;
+    PER_JOB(i) -> that job's own options); its JSON jobs and the seconds
+    the slowest job ran, as fio counts them (from its start to the end of
+    its end_fsync, without fio's own start-up and the NBD connections,
+    which would weigh on short runs)."""
+    args = ["fio", "--output-format=json", *opts]
+    for i, t in enumerate(targets):
+        args += [f"--name=j{i}", *_target(t), *(per_job(i) if per_job else [])]
     out = sh(*args)
     jobs = json.loads(out[out.index("{"):])["jobs"]
     took = max(j["job_runtime"] for j in jobs) / 1000
-    if len(jobs) != len(uris) or took <= 0:
-        raise RuntimeError(f"fio reported {len(jobs)} jobs of {len(uris)}, {took} s")
+    if len(jobs) != len(targets) or took <= 0:
+        raise RuntimeError(f"fio reported {len(jobs)} jobs of {len(targets)}, {took} s")
     return jobs, took
 
 
@@ -119,6 +130,15 @@ def _zerophase(work, size):
     return out
 
 
+def _scaling_passes(targets, n, each):
+    r = {}
+    for p in ("pass1_mib_s", "pass2_mib_s"):
+        _, t = _fio_jobs(targets, ["--rw=write", "--bs=64k", "--iodepth=4", f"--size={each}",
+                                   "--end_fsync=1"])
+        r[p] = round(n * (size_bytes(each) >> 20) / t, 1)
+    return r
+
+
 def _scaling(work, ns, each):
     out = {}
     for typ in ("thin", "zeroedthick"):
@@ -129,18 +149,48 @@ def _scaling(work, ns, each):
                 names = [f"s{n}_{i}" for i in range(n)]
                 for x in names:
                     s.cli("create", x, "--size", each, "--type", typ)
-                r = {}
-                for p in ("pass1_mib_s", "pass2_mib_s"):
-                    _, t = _fio_jobs([s.uri(x) for x in names],
-                                     ["--rw=write", "--bs=64k", "--iodepth=4", f"--size={each}",
-                                      "--end_fsync=1"])
-                    r[p] = round(n * (size_bytes(each) >> 20) / t, 1)
-                out[typ][n] = r
+                out[typ][n] = _scaling_passes([s.uri(x) for x in names], n, each)
                 for x in names:
                     s.cli("rm", x)
         finally:
             s.stop()
+    # The host: the same jobs on sparse files of the same file system.
+    d = os.path.join(work, "host")
+    os.makedirs(d, exist_ok=True)
+    out["host"] = {}
+    for n in ns:
+        files = [os.path.join(d, f"s{n}_{i}") for i in range(n)]
+        for f in files:
+            sh("truncate", "-s", each, f)
+        out["host"][n] = _scaling_passes(files, n, each)
+        for f in files:
+            os.unlink(f)
     return out
+
+
+def _coexist_runs(a, b, size, grow, rt, b_at=()):
+    """Targets A (filled, SIZE) and B (empty, GROW; B_AT: fio options that
+    place it, when it shares A's file): A's 64k writes alone, beside B's
+    first writes, and beside B rewriting what it just wrote."""
+    opts = ["--rw=write", "--bs=64k", "--iodepth=16"]
+    alone, _ = _fio_jobs([a], opts + ["--time_based", f"--runtime={rt}", f"--size={size}"])
+    both, _ = _fio_jobs([a, b], opts + [f"--runtime={rt}"],
+                        lambda i: ["--time_based", f"--size={size}"] if i == 0 else [f"--size={grow}", *b_at])
+    a1 = alone[0]["write"]["bw_bytes"] / 2**20
+    a2, bw = both[0]["write"]["bw_bytes"] / 2**20, both[1]["write"]["bw_bytes"] / 2**20
+    # The same pair again with B rewriting what it just wrote: the
+    # device shared alike, nothing allocated. What A loses beside B's
+    # first writes beyond this is what B's allocation costs it.
+    b_mib = max(1, both[1]["write"]["io_bytes"] >> 20)
+    again, _ = _fio_jobs([a, b], opts + [f"--runtime={rt}", "--time_based"],
+                         lambda i: [f"--size={size}"] if i == 0 else [f"--size={b_mib}M", *b_at])
+    a3 = again[0]["write"]["bw_bytes"] / 2**20
+    return {"alone_mib_s": round(a1, 1), "beside_growth_mib_s": round(a2, 1), "ratio": ratio(a2, a1),
+            "b_first_write_mib_s": round(bw, 1),
+            "beside_rewrites_mib_s": round(a3, 1), "ratio_vs_rewrites": ratio(a2, a3),
+            "b_rewrite_mib_s": round(again[1]["write"]["bw_bytes"] / 2**20, 1),
+            "b_written_mib": round(both[1]["write"]["io_bytes"] / 2**20),
+            "b_disk_mib": size_bytes(grow) >> 20}
 
 
 def _coexist(work, size, grow, rt):
@@ -149,27 +199,25 @@ def _coexist(work, size, grow, rt):
         s.cli("create", "a", "--size", size, "--type", "eagerzeroedthick")
         fill(s.uri("a"), size)
         s.cli("create", "b", "--size", grow)
-        opts = ["--rw=write", "--bs=64k", "--iodepth=16"]
-        alone, _ = _fio_jobs([s.uri("a")], opts + ["--time_based", f"--runtime={rt}", f"--size={size}"])
-        both, _ = _fio_jobs([s.uri("a"), s.uri("b")], opts + [f"--runtime={rt}"],
-                            lambda i: ["--time_based", f"--size={size}"] if i == 0 else [f"--size={grow}"])
-        a1 = alone[0]["write"]["bw_bytes"] / 2**20
-        a2, b = both[0]["write"]["bw_bytes"] / 2**20, both[1]["write"]["bw_bytes"] / 2**20
-        # The same pair again with B rewriting what it just wrote: the
-        # device shared alike, nothing allocated. What A loses beside B's
-        # first writes beyond this is what B's allocation costs it.
-        b_mib = max(1, both[1]["write"]["io_bytes"] >> 20)
-        again, _ = _fio_jobs([s.uri("a"), s.uri("b")], opts + [f"--runtime={rt}", "--time_based"],
-                             lambda i: [f"--size={size}"] if i == 0 else [f"--size={b_mib}M"])
-        a3 = again[0]["write"]["bw_bytes"] / 2**20
-        return {"alone_mib_s": round(a1, 1), "beside_growth_mib_s": round(a2, 1), "ratio": ratio(a2, a1),
-                "b_first_write_mib_s": round(b, 1),
-                "beside_rewrites_mib_s": round(a3, 1), "ratio_vs_rewrites": ratio(a2, a3),
-                "b_rewrite_mib_s": round(again[1]["write"]["bw_bytes"] / 2**20, 1),
-                "b_written_mib": round(both[1]["write"]["io_bytes"] / 2**20),
-                "b_disk_mib": size_bytes(grow) >> 20}
+        out = _coexist_runs(s.uri("a"), s.uri("b"), size, grow, rt)
     finally:
         s.stop()
+    # The host: a written file beside a sparse one, and both in one file
+    # (as strata's disks share pool.data), the same jobs, so the page
+    # shows what the file system's own allocation costs a neighbour.
+    for key, one in (("host", False), ("host_onefile", True)):
+        a, b = os.path.join(work, key + "_a"), os.path.join(work, key + "_b")
+        _fio_jobs([a], ["--rw=write", "--bs=1M", "--iodepth=8", f"--size={size}", "--end_fsync=1"])
+        if one:
+            sh("truncate", "-s", str(size_bytes(size) + size_bytes(grow)), a)
+        else:
+            sh("truncate", "-s", grow, b)
+        sh("sync")
+        drop_caches()
+        out[key] = _coexist_runs(a, a if one else b, size, grow, rt,
+                                 [f"--offset={size_bytes(size)}"] if one else [])
+        sh("rm", "-f", a, b)
+    return out
 
 
 def _filecopy(work, clients, each):
@@ -244,12 +292,15 @@ def case_thinprov(work, q):
     peers.
 
     scaling (figure 4): N disks written at once by one fio (a job each,
-    64k, iodepth 4), two passes, aggregate MiB/s.
+    64k, iodepth 4), two passes, aggregate MiB/s; the same jobs on N
+    sparse files of the datastore's file system (host).
 
     coexist (figure 7): 64k writes to a filled eagerzeroedthick disk alone,
     then beside first writes to a large empty thin disk, then beside that
     disk rewriting what it wrote (the device shared alike, nothing
-    allocated), for the same time each (fio's bandwidths).
+    allocated), for the same time each (fio's bandwidths); the same three
+    runs on a written file beside a sparse one (host) and on the two in
+    one file, the thin one's range after the thick one's (host_onefile).
 
     filecopy (figure 9): clients each copying 1/8 of its own disk per
     iteration (1M writes, flushed), 8 iterations (the slowest client's fio
