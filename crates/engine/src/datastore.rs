@@ -1743,19 +1743,20 @@ impl Datastore {
         // Room kept below the new end for clients' writes meanwhile.
         let slack = (1u64 << 10).max(used / 32);
         let end = (used + slack + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS;
+        // Progress counts grains (moved, then looked at) and is reported
+        // in bytes, as every job's is.
         let total = hwm.saturating_sub(end) + hwm;
+        let mut report = |g: u64| progress(g.min(total) * GRAIN_BYTES, total * GRAIN_BYTES);
         let mut done = 0u64;
         if end < hwm {
             self.lower_pool_end_to(end, &mut r, &mut pace, &mut |n| {
                 done = n;
-                progress(done.min(total), total)
+                report(done)
             })?;
         }
         let mut watch = self.inner.client_watch();
         (r.punched_bytes, r.short_runs_bytes) =
-            self.punch_free_grains(&mut pace, &mut || watch.busy(), &mut |g| {
-                progress((done + g).min(total), total)
-            })?;
+            self.punch_free_grains(&mut pace, &mut || watch.busy(), &mut |g| report(done + g))?;
         let after = self.pool_layout()?;
         r.used_bytes = self.info().used_bytes;
         r.pool_bytes_after = after.pool_bytes;

@@ -356,10 +356,23 @@ fn free_space_consolidation_lowers_the_pool_end_to_what_is_used() {
         before.pool_bytes >= 2 * used - (4 << 20),
         "the deleted snapshot's grains leave the pool twice the used size: {before:?}"
     );
+    let mut last = (0, 0);
     let r = ds
-        .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
+        .consolidate_free_space(&SpaceWork::default(), &mut |done, total| {
+            assert!(
+                done >= last.0 && done <= total,
+                "{done}/{total} after {last:?}"
+            );
+            last = (done, total);
+        })
         .unwrap();
     eprintln!("{r:?}");
+    // Progress is in bytes, as every job's: at least the bytes moved, and
+    // the whole pool looked at.
+    assert!(
+        last.0 >= r.moved_bytes + r.pool_bytes_after && last.1 >= before.pool_bytes,
+        "progress {last:?}: {r:?}"
+    );
     assert_eq!(r.grains_kept, 0, "{r:?}");
     assert!(r.moved_bytes > 0, "{r:?}");
     assert!(r.note.is_none(), "{r:?}");
