@@ -45,6 +45,12 @@ def fill(uri, size):
     fio(uri, "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
 
 
+def fill_file(path, size, direct=False):
+    """`fill` for a file of the host's file system (the peers' and limits'
+    side of a case), created at SIZE if it is not there."""
+    fio_file(path, "write", "1M", iodepth=8, size=size, direct=direct, extra=["--end_fsync=1"])
+
+
 def fio_iops_log(uri, rw, bs, iodepth, runtime, size, logdir, tag):
     """fio as `fio()`, plus IOPS per 250 ms: [(t_seconds_from_fio_start, iops)]."""
     prefix = os.path.join(logdir, tag)

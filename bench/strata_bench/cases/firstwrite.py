@@ -11,7 +11,7 @@ import shutil
 from statistics import median
 
 from ..common import cpu_of, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
-from ..fio import fill
+from ..fio import fill, fill_file
 from ..servers import QemuNbd, Strata
 
 # The two shapes of a pass (fio options). fio's random map (on by
@@ -265,8 +265,7 @@ def _neighbour_setup(d, who, thick, thin, cache, stop):
         os.makedirs(d, exist_ok=True)
         io = ["--ioengine=io_uring", f"--direct={int(cache == 'none')}"]
         a = os.path.join(d, "thick")
-        _fio([*io, "--rw=write", "--bs=1M", "--iodepth=8", f"--size={_mib(thick)}", "--end_fsync=1"],
-             [[f"--filename={a}"]])
+        fill_file(a, _mib(thick), direct=cache == "none")
         if who == "limit_onefile":
             sh("truncate", "-s", str(thick + thin), a)
             return [*io, f"--filename={a}"], [*io, f"--filename={a}", f"--offset={thick}"]

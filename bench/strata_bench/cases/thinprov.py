@@ -8,7 +8,7 @@ import os
 import re
 
 from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
-from ..fio import fill, fio
+from ..fio import fill, fill_file, fio
 from ..servers import QemuNbd, Strata
 
 TYPES = ("thin", "zeroedthick", "eagerzeroedthick")
@@ -207,7 +207,7 @@ def _coexist(work, size, grow, rt):
     # shows what the file system's own allocation costs a neighbour.
     for key, one in (("host", False), ("host_onefile", True)):
         a, b = os.path.join(work, key + "_a"), os.path.join(work, key + "_b")
-        _fio_jobs([a], ["--rw=write", "--bs=1M", "--iodepth=8", f"--size={size}", "--end_fsync=1"])
+        fill_file(a, size)
         if one:
             sh("truncate", "-s", str(size_bytes(size) + size_bytes(grow)), a)
         else:
