@@ -185,8 +185,8 @@ def main():
                "quick": a.quick, "smoke": a.smoke, "case_s": {}, "cases": {}}
     if a.paper:
         results.update(commit=commit(), date=time.strftime("%Y-%m-%d"))
-        results["case_runs"] = {c: {"commit": results["commit"], "date": results["date"]}
-                                for c in cases}
+        results["case_runs"] = {c: {"commit": results["commit"], "date": results["date"],
+                                    "machine": results["machine"]} for c in cases}
     try:
         for c in cases:
             print(f"== {c}", flush=True)
@@ -211,11 +211,12 @@ def main():
             before = json.load(f)
         if before.get("quick") == a.quick and before.get("smoke", False) == a.smoke:
             if a.paper:
-                # Each kept case keeps the commit and date of the run that
-                # measured it.
+                # Each kept case keeps the commit, date and machine of the
+                # run that measured it.
                 runs = before.setdefault("case_runs", {})
                 for c in before["cases"]:
-                    runs.setdefault(c, {k: before.get(k) for k in ("commit", "date")})
+                    runs.setdefault(c, {k: before.get(k) for k in ("commit", "date", "machine")})
+                    runs[c].setdefault("machine", before.get("machine"))
                 runs.update(results["case_runs"])
                 results.pop("case_runs")
             before["cases"].update(results["cases"])

@@ -429,7 +429,12 @@ fn paper_smoke_writes_every_figure() {
     let sections: Vec<&str> = page.split("\n## ").skip(1).collect();
     assert_eq!(sections.len(), figures.len(), "one section per figure");
     for (fig, sec) in figures.iter().zip(&sections) {
-        for part in ["**The paper.**", "**strata.**", "| ", "**Verdict: "] {
+        for part in [
+            "**The paper** (seed ",
+            "**strata.** *Measured by ",
+            "| ",
+            "**Verdict: ",
+        ] {
             assert!(sec.contains(part), "{fig}: no {part:?} in its section");
         }
         let img = format!("![{fig}](seeds/{fig}.svg)");
@@ -441,4 +446,41 @@ fn paper_smoke_writes_every_figure() {
             "{fig}: the plot draws nothing"
         );
     }
+    // Every plot readable (no text over text, nothing off the canvas, as
+    // headless Chromium lays them out) and every quote found in its seed
+    // (where the seed texts are at hand).
+    let svgs: Vec<_> = figures
+        .iter()
+        .map(|f| tmp.path().join("seeds").join(format!("{f}.svg")))
+        .collect();
+    python_module(&root, "strata_bench.svgcheck", &svgs);
+    python_module(&root, "strata_bench.quotes", &[doc]);
+}
+
+/// `python3 -m MODULE ARGS...` from bench/, which must exit 0.
+fn python_module(root: &Path, module: &str, args: &[std::path::PathBuf]) {
+    let status = Command::new("python3")
+        .args(["-m", module])
+        .args(args)
+        .current_dir(root.join("bench"))
+        .status()
+        .unwrap_or_else(|e| panic!("run python3 -m {module}: {e}"));
+    assert!(status.success(), "python3 -m {module} exited with {status}");
+}
+
+/// The seeds page's machinery, without measuring anything
+/// (bench/strata_bench/test_paper.py): every verdict rule flips on either
+/// side of its threshold, figures take their class from the rules
+/// (bench/paper.json with one quantity pushed across), the quote check
+/// finds misquotes and passes docs/SEEDS.md against the seeds, and the
+/// plot check finds overlapping and clipped text and passes the charts.
+#[test]
+fn paper_rules_quotes_and_plots() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let status = Command::new("python3")
+        .args(["-m", "unittest", "-v", "strata_bench.test_paper"])
+        .current_dir(root.join("bench"))
+        .status()
+        .expect("run python3 -m unittest");
+    assert!(status.success(), "strata_bench.test_paper: {status}");
 }
