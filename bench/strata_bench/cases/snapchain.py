@@ -1,23 +1,32 @@
 """The `snapchain` case (make paper, seed 002): six workloads of the
 snapshot paper vs snapshot depth, on one disk history kept as a native
 strata disk, as the VMDK chains strata exports and serves, and as a qcow2
-backing chain under qemu-nbd; then the 16k mixed job after each delete."""
+backing chain under qemu-nbd; then the 16k mixed job after each delete.
+Depth 0 is a disk with no snapshot at all; depth n has exactly n, and the
+benchmark writes into the newest level, as the paper's VMs did. Every
+cell runs REPEATS times, the workloads taking turns (so a drift of the
+machine spreads over all of them): the median, and the runs beside it as
+KEY_runs."""
 import json
 import os
 import shutil
+from statistics import median
 
-from ..chains import on_overlay, qcow_delete_oldest, qcow_history, slice_mib, strata_history
+from ..chains import qcow_delete_oldest, qcow_history, slice_mib, strata_history
 from ..common import ratio, sh, size_bytes, smoke, timed
-from ..servers import Strata, VmdkServe
+from ..servers import QemuNbd, Strata, VmdkServe
+
+REPEATS = 3
 
 
 def workloads(size):
     """name -> fio job options (after the global ones): 4 jobs, each its own
-    NBD connection, iodepth 8 each (32 in flight, as the paper's fio);
-    the sequential ones start each job at its own quarter of the disk."""
+    NBD connection, iodepth 32 each (128 in flight: the paper's fio had
+    `-iodepth=32 -numjobs=4`, and fio's iodepth is per job); the
+    sequential ones start each job at its own quarter of the disk."""
     quarter = f"{size_bytes(size) >> 22}M"
     seq = [f"--size={quarter}", f"--offset_increment={quarter}"]
-    four = ["--numjobs=4", "--iodepth=8", "--group_reporting"]
+    four = ["--numjobs=4", "--iodepth=32", "--group_reporting"]
     return {
         "randrw_4k": ["--name=w", "--rw=randrw", "--bs=4k", *four],
         "readwrite_4k": ["--name=w", "--rw=readwrite", "--bs=4k", *four, *seq],
@@ -27,7 +36,7 @@ def workloads(size):
         # HammerDB's analog: 70/30 8k random data I/O over three quarters of
         # the disk beside a log written 4k at a time with a flush after each
         # write over the last quarter; the log's writes/s are "transactions".
-        "oltp": ["--name=data", "--rw=randrw", "--rwmixread=70", "--bs=8k", "--iodepth=8",
+        "oltp": ["--name=data", "--rw=randrw", "--rwmixread=70", "--bs=8k", "--iodepth=32",
                  f"--size={3 * (size_bytes(size) >> 22)}M",
                  "--name=log", "--rw=write", "--bs=4k", "--iodepth=1", "--fsync=1",
                  f"--offset={3 * (size_bytes(size) >> 22)}M", f"--size={quarter}"],
@@ -55,23 +64,41 @@ def _run(uri, name, args, rt):
 
 
 def _measure(uri, wl, rt, only=None):
-    """Each workload in turn, after the host has written back what came
-    before (the fill, the exports, the last workload's writes): a cell
-    never shares the device with an earlier one's writeback."""
+    """Each workload REPEATS times, the workloads taking turns, each run
+    after the host has written back what came before (the fill, the
+    exports, the last run's writes): a cell never shares the device with
+    an earlier one's writeback. Per workload: the median of each figure
+    and its runs as KEY_runs."""
+    runs = {}
+    for _ in range(smoke(1, REPEATS)):
+        for n, a in wl.items():
+            if only is None or n in only:
+                os.sync()
+                runs.setdefault(n, []).append(_run(uri, n, a, rt))
     out = {}
-    for n, a in wl.items():
-        if only is None or n in only:
-            os.sync()
-            out[n] = _run(uri, n, a, rt)
+    for n, rs in runs.items():
+        out[n] = {}
+        for k in rs[0]:
+            vals = [r[k] for r in rs]
+            out[n][k] = round(median(vals), 1)
+            out[n][f"{k}_runs"] = vals
     return out
 
 
-def _export(s, path, sub):
-    """`strata export --chain` of d's live head (empty: just after the
-    throwaway snapshot) as SUB links: the flat base, a delta per later
-    snapshot and an empty delta on top, the link a VM would write into.
-    Returns that top link's descriptor (the "open" line)."""
-    out = s.cli("export", "d", path, "--chain", "--subformat", sub)
+def _export(s, path, sub, chain=True):
+    """`strata export --chain` of d's live head as SUB links: the flat
+    base, a delta per later snapshot and the head's delta on top, the link
+    a VM would write into (n snapshots: n deltas over the base, as a VMFS
+    VM's). Without CHAIN (a disk with no snapshot): one monolithicFlat
+    file. Returns the descriptor to open (the last "open" line)."""
+    if chain:
+        out = s.cli("export", "d", path, "--chain", "--subformat", sub)
+    else:
+        out = s.cli("export", "d", path, "--subformat", "monolithicFlat")
+    return _open_line(out)
+
+
+def _open_line(out):
     tops = [ln.split(None, 1)[1].strip() for ln in out.splitlines() if ln.startswith("open ")]
     if not tops or not os.path.exists(tops[-1]):
         raise RuntimeError(f"snapchain: no top link in the output of export: {out!r}")
@@ -82,29 +109,27 @@ def case_snapchain(work, q):
     """Seed 002's workloads at snapshot depths 0..12: 4k random and
     sequential read/write (figures 1, 2), 16k half-random read/write
     (5, 6), 512k sequential reads and writes (7, 8) and an OLTP analog of
-    HammerDB (4), each 4 fio jobs at iodepth 8, time-based. The history:
+    HammerDB (4), each 4 fio jobs at iodepth 32, time-based. The history:
     the disk filled, then each snapshot followed by a slice overwritten in
-    1M writes. Native: measured on the live disk after a throwaway
-    snapshot, then reverted to it and the snapshot deleted, so the history
-    stays as built; vmfsSparse and seSparse: `strata export --chain` of
-    the live head right after that throwaway snapshot (a delta per
-    snapshot over the flat base, and an empty delta on top that takes
-    the writes, as the native head and the qcow2 overlay do) served by
-    `strata serve --vmdk` (a copy); qcow2: a throwaway overlay on the
-    chain. Then, on the native disk and
-    the qcow2 chain, snapshots deleted oldest first (qcow2: commit of the
-    first overlay and rebase of the next), the 16k job on a throwaway head
-    as above after each delete that leaves a measured depth, with the
-    delete's time."""
+    1M writes. At depth n (n snapshots; 0: none) every format is measured
+    as a VM would be, the benchmark writing into the newest level: native,
+    on the live disk; vmfsSparse and seSparse, `strata export --chain` of
+    the live head (at depth 0 one monolithicFlat file) served by `strata
+    serve --vmdk` (a copy, removed after); qcow2, the chain's top under
+    qemu-nbd (at depth 0 the base alone). Then, on the native disk and the
+    qcow2 chain, snapshots deleted oldest first (qcow2: commit of the
+    first overlay and rebase of the next), the 16k job after each delete
+    that leaves a measured depth, with the delete's time."""
     size = smoke("64M", "256M" if q else "1G")
-    rt = smoke(0, 2 if q else 3)
+    rt = smoke(0, 1 if q else 2)
     depths = smoke([0, 1], [0, 1, 2, 4] if q else [0, 1, 2, 4, 8, 12])
     maxd = depths[-1]
     sl = slice_mib(size, maxd)
     wl = workloads(size)
     fmts = ["native", "vmfsSparse", "seSparse", "qcow2"]
     res = {"params": {"disk": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
-                      "formats": fmts, "workloads": {n: " ".join(a) for n, a in wl.items()}}}
+                      "formats": fmts, "repeats": smoke(1, REPEATS), "baseline": "with no snapshot",
+                      "workloads": {n: " ".join(a) for n, a in wl.items()}}}
     for f in fmts:
         res[f] = {"growing": {}}
     s = Strata(os.path.join(work, "strata")).start()
@@ -113,19 +138,18 @@ def case_snapchain(work, q):
         for n in strata_history(s, "d", size, maxd):
             if n not in depths:
                 continue
-            s.cli("snapshot", "create", "d", f"x{n}")
             # Export before measuring: the measurement writes to the disk.
             # Each depth's chains are measured and removed before the next
             # (a full-size flat base each).
             for sub in ("vmfsSparse", "seSparse"):
-                res[sub]["growing"][n] = _on_vmdk(s, work, sub, wl, rt)
-            res["native"]["growing"][n] = _on_native(s, n, wl, rt, exported=True)
+                res[sub]["growing"][n] = _on_vmdk(s, work, sub, wl, rt, chain=n > 0)
+            res["native"]["growing"][n] = _measure(s.uri("d"), wl, rt)
         print("   native, vmfsSparse, seSparse growing done", flush=True)
         shrink = {}
         for n in range(1, maxd + 1):
             ms = timed(lambda: s.cli("snapshot", "delete", "d", f"s{n}"))
             if maxd - n in depths:
-                shrink[maxd - n] = dict(_on_native(s, maxd - n, wl, rt, only=("mixed_16k",)),
+                shrink[maxd - n] = dict(_measure(s.uri("d"), wl, rt, only=("mixed_16k",)),
                                         delete_ms=ms)
         res["native"]["after_delete"] = shrink
         print("   native deleting done", flush=True)
@@ -137,12 +161,12 @@ def case_snapchain(work, q):
     sock = os.path.join(d, "q.sock")
     for n, chain in qcow_history(d, sock, size, maxd):
         if n in depths:
-            res["qcow2"]["growing"][n] = _on_overlay(d, chain[-1], sock, wl, rt)
+            res["qcow2"]["growing"][n] = _on_qcow2(chain[-1], sock, wl, rt)
     shrink = {}
     for n in range(1, maxd + 1):
         ms = qcow_delete_oldest(chain)
         if maxd - n in depths:
-            shrink[maxd - n] = dict(_on_overlay(d, chain[-1], sock, wl, rt, only=("mixed_16k",)),
+            shrink[maxd - n] = dict(_on_qcow2(chain[-1], sock, wl, rt, only=("mixed_16k",)),
                                     delete_ms=ms)
     res["qcow2"]["after_delete"] = shrink
     shutil.rmtree(d, ignore_errors=True)
@@ -154,33 +178,22 @@ def case_snapchain(work, q):
     return res
 
 
-def _on_overlay(d, top, sock, wl, rt, only=None):
-    """The workloads on a throwaway qcow2 overlay over `top` (the chain
-    stays as built)."""
-    return on_overlay(d, top, sock, lambda uri: _measure(uri, wl, rt, only))
-
-
-def _on_native(s, n, wl, rt, only=None, exported=False):
-    """The workloads on the live disk over a throwaway snapshot x{n} (made
-    here unless `exported` says the caller made it to export it), then the
-    disk reverted to it and the snapshot deleted: the history stays as
-    built."""
-    if not exported:
-        s.cli("snapshot", "create", "d", f"x{n}")
+def _on_qcow2(top, sock, wl, rt, only=None):
+    """The workloads on the chain's top `top` under qemu-nbd, writing into it."""
+    qn = QemuNbd(top, "qcow2", sock).start()
     try:
-        return _measure(s.uri("d"), wl, rt, only)
+        return _measure(qn.uri(), wl, rt, only)
     finally:
-        s.cli("snapshot", "revert", "d", f"x{n}")
-        s.cli("snapshot", "delete", "d", f"x{n}")
+        qn.stop()
 
 
-def _on_vmdk(s, work, sub, wl, rt):
+def _on_vmdk(s, work, sub, wl, rt, chain=True):
     """The workloads on `strata serve --vmdk` of d's history exported as a
-    SUB chain; the files removed after."""
+    SUB chain (without CHAIN: one flat file); the files removed after."""
     exports = os.path.join(work, f"export-{sub}")
     os.makedirs(exports)
     try:
-        v = VmdkServe(exports, _export(s, os.path.join(exports, "d.vmdk"), sub)).start()
+        v = VmdkServe(exports, _export(s, os.path.join(exports, "d.vmdk"), sub, chain)).start()
         try:
             return _measure(v.uri(), wl, rt)
         finally:

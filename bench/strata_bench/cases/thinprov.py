@@ -6,6 +6,7 @@ throughput against the number of fragments."""
 import json
 import os
 import re
+from statistics import median
 
 from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
 from ..fio import fill, fill_file, fio
@@ -41,15 +42,15 @@ def _fio_jobs(targets, opts, per_job=None):
     return jobs, took
 
 
-def _pass(uri, size, halves=False, info=None):
-    """64k sequential writes over the whole disk (iodepth 16, flushed at the
-    end): MiB/s of fio's run time; with HALVES, in two runs with INFO()
-    called between them (nb/tbz half-way)."""
+def _pass(uri, size, halves=False, info=None, bs="64k"):
+    """Sequential writes of BS (64k) over the whole disk (iodepth 16,
+    flushed at the end): MiB/s of fio's run time; with HALVES, in two runs
+    with INFO() called between them (nb/tbz half-way)."""
     mib = size_bytes(size) >> 20
     parts = [(0, mib // 2), (mib // 2, mib - mib // 2)] if halves else [(0, mib)]
     took, mid = 0.0, None
     for k, (off, n) in enumerate(parts):
-        _, t = _fio_jobs([uri], ["--rw=write", "--bs=64k", "--iodepth=16", f"--offset={off}M",
+        _, t = _fio_jobs([uri], ["--rw=write", f"--bs={bs}", "--iodepth=16", f"--offset={off}M",
                                  f"--size={n}M", "--end_fsync=1"])
         took += t
         if k == 0 and halves and info:
@@ -93,40 +94,88 @@ def _nb_unit(s):
     return m.group(1)
 
 
-def _zerophase(work, size):
-    out = {}
-    for typ in TYPES:
-        s = Strata(os.path.join(work, typ)).start()
-        try:
-            s.cli("create", "d", "--size", size, "--type", typ)
+# Each zerophase cell runs this many times on a fresh disk, the kinds
+# taking turns; the other write sizes (the seed: "the same" trend from 1K
+# through 512K) for thin against eagerzeroedthick and a sparse raw file.
+REPEATS = 3
+SIZE_KINDS = ("thin", "eagerzeroedthick", "qemu_raw_off")
 
-            def info():
-                i = json.loads(s.cli("info", "d", "--json"))
-                return {"nb": i["nb"], "tbz": i["tbz"]}
-            before = info()
-            p1, mid = _pass(s.uri("d"), size, halves=True, info=info)
-            after = info()
-            p2, _ = _pass(s.uri("d"), size)
-            out[typ] = {"pass1_mib_s": p1, "pass2_mib_s": p2, "ratio": ratio(p1, p2),
-                        "nb_tbz": {"before": before, "mid": mid, "after": after},
-                        "nb_unit": _nb_unit(s)}
-        finally:
-            s.stop()
-    for pre in ("off", "falloc", "full"):
-        d = os.path.join(work, "raw_" + pre)
-        os.makedirs(d, exist_ok=True)
-        f = os.path.join(d, "disk.raw")
-        prealloc_raw(f, size, pre)
-        sh("sync")
-        drop_caches()
-        qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
-        try:
-            p1, _ = _pass(qn.uri(), size)
-            p2, _ = _pass(qn.uri(), size)
-        finally:
-            qn.stop()
-            os.unlink(f)
-        out[f"qemu_raw_{pre}"] = {"pass1_mib_s": p1, "pass2_mib_s": p2, "ratio": ratio(p1, p2)}
+
+def _zero_strata(work, typ, size, bs, with_nb):
+    """Two passes of BS over a fresh disk of TYPE (nb/tbz around the first
+    when WITH_NB)."""
+    s = Strata(os.path.join(work, typ)).start()
+    try:
+        s.cli("create", "d", "--size", size, "--type", typ)
+
+        def info():
+            i = json.loads(s.cli("info", "d", "--json"))
+            return {"nb": i["nb"], "tbz": i["tbz"]}
+        before = info() if with_nb else None
+        p1, mid = _pass(s.uri("d"), size, halves=with_nb, info=info, bs=bs)
+        out = {"pass1_mib_s": p1}
+        if with_nb:
+            out["nb_tbz"] = {"before": before, "mid": mid, "after": info()}
+            out["nb_unit"] = _nb_unit(s)
+        out["pass2_mib_s"], _ = _pass(s.uri("d"), size, bs=bs)
+        return out
+    finally:
+        s.stop()
+        sh("rm", "-rf", os.path.join(work, typ))
+
+
+def _zero_raw(work, pre, size, bs):
+    """Two passes of BS over a fresh raw file of preallocation PRE under
+    qemu-nbd."""
+    d = os.path.join(work, "raw_" + pre)
+    os.makedirs(d, exist_ok=True)
+    f = os.path.join(d, "disk.raw")
+    prealloc_raw(f, size, pre)
+    sh("sync")
+    drop_caches()
+    qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
+    try:
+        p1, _ = _pass(qn.uri(), size, bs=bs)
+        p2, _ = _pass(qn.uri(), size, bs=bs)
+    finally:
+        qn.stop()
+        os.unlink(f)
+    return {"pass1_mib_s": p1, "pass2_mib_s": p2}
+
+
+def _zero_runs(runs):
+    """A kind's runs -> its medians with the runs beside them (KEY_runs),
+    the ratio from each run's own two passes, nb/tbz of the first run."""
+    out = {}
+    for k in ("pass1_mib_s", "pass2_mib_s"):
+        vals = [r[k] for r in runs]
+        out[k], out[f"{k}_runs"] = median(vals), vals
+    rs = [ratio(r["pass1_mib_s"], r["pass2_mib_s"]) for r in runs]
+    out["ratio"], out["ratio_runs"] = median(rs), rs
+    for k in ("nb_tbz", "nb_unit"):
+        if k in runs[0]:
+            out[k] = runs[0][k]
+    return out
+
+
+def _zerophase(work, size, sizes):
+    """Figure 3's 64k passes on every kind, then the other SIZES on
+    SIZE_KINDS (a "by_size" entry: {bs: {kind: ...}}); every cell
+    REPEATS times on a fresh disk, the kinds taking turns."""
+    runs, by = {}, {}
+    kinds = [(typ, lambda t=typ, bs="64k", nb=False: _zero_strata(work, t, size, bs, nb))
+             for typ in TYPES]
+    kinds += [(f"qemu_raw_{pre}", lambda p=pre, bs="64k", nb=False: _zero_raw(work, p, size, bs))
+              for pre in ("off", "falloc", "full")]
+    for r in range(smoke(1, REPEATS)):
+        for name, f in kinds:
+            runs.setdefault(name, []).append(f(nb=r == 0) if name in TYPES else f())
+        for bs in sizes:
+            for name, f in kinds:
+                if name in SIZE_KINDS:
+                    by.setdefault(bs, {}).setdefault(name, []).append(f(bs=bs))
+    out = {name: _zero_runs(rs) for name, rs in runs.items()}
+    out["by_size"] = {bs: {name: _zero_runs(rs) for name, rs in d.items()} for bs, d in by.items()}
     return out
 
 
@@ -289,7 +338,9 @@ def case_thinprov(work, q):
     the zeroing phase, the second the post-zeroing phase (MiB/s of fio's
     run time, end_fsync included), nb/tbz before, half-way through and
     after the first pass; raw files of each preallocation under qemu-nbd as
-    peers.
+    peers; each REPEATS times, the kinds taking turns; then the same at
+    other write sizes (by_size) for thin, eagerzeroedthick and the sparse
+    raw file.
 
     scaling (figure 4): N disks written at once by one fio (a job each,
     64k, iodepth 4), two passes, aggregate MiB/s; the same jobs on N
@@ -313,6 +364,7 @@ def case_thinprov(work, q):
     cold 1M sequential read."""
     cap = smoke("256M", "1G")
     zsize = smoke("32M", "256M" if q else "1G")
+    zsizes = smoke(["4k"], ["4k", "512k"] if q else ["4k", "16k", "256k", "512k"])
     ns = smoke([1, 2], [1, 4] if q else [1, 2, 4, 8, 16])
     each = smoke("16M", "64M" if q else "256M")
     rt = smoke(1, 4 if q else 8)
@@ -322,11 +374,12 @@ def case_thinprov(work, q):
     fc = smoke("32M", "256M" if q else "512M")
     ks = smoke([1, 2], [1, 4] if q else [1, 4, 16])
     total, floor = smoke(("32M", "16M"), ("256M", "32M") if q else ("1G", "64M"))
-    res = {"params": {"overcommit_capacity": cap, "zerophase_disk": zsize, "scaling_disks": ns,
+    res = {"params": {"overcommit_capacity": cap, "zerophase_disk": zsize, "zerophase_sizes": zsizes,
+                      "zerophase_repeats": smoke(1, REPEATS), "scaling_disks": ns,
                       "scaling_disk": each, "coexist": {"thick": zsize, "thin": grow, "runtime_s": rt},
                       "filecopy": {"clients": clients, "disk": fc, "iterations": 8},
                       "fraggrow": {"disks_together": ks, "total": total, "min_disk": floor, "runtime_s": frt}}}
-    parts = [("overcommit", lambda d: _overcommit(d, cap)), ("zerophase", lambda d: _zerophase(d, zsize)),
+    parts = [("overcommit", lambda d: _overcommit(d, cap)), ("zerophase", lambda d: _zerophase(d, zsize, zsizes)),
              ("scaling", lambda d: _scaling(d, ns, each)), ("coexist", lambda d: _coexist(d, zsize, grow, rt)),
              ("filecopy", lambda d: _filecopy(d, clients, fc)),
              ("fraggrow", lambda d: _fraggrow(d, total, floor, ks, frt))]
