@@ -97,6 +97,10 @@ def _snapfig(res, path, w):
     why = ("strata keeps one map per version, so there is no chain to walk"
            if cls == rules.REMOVES else
            "a cost strata's one map per version does not explain: see the spread and the peers")
+    if rules.difference(n) == "higher":
+        why += ("; it is faster with snapshots than without: its writes then go to new grains, "
+                "while on the never-snapshotted disk they overwrite grains in place, which runs "
+                "slower here (an open performance question, not a cost of snapshots)")
     verdict = (f"{cls}: with 1 to {depths[-1]} snapshots the native disk runs at {n.fmt()} its speed "
                f"at depth 0 (median over the depths"
                + (f"; the paper's VMFS kept ≈{paper_keep:.2f}×, vVol 1×" if paper_keep else "; vVol 1×")
