@@ -143,6 +143,20 @@ def _zero_raw(work, pre, size, bs):
     return {"pass1_mib_s": p1, "pass2_mib_s": p2}
 
 
+def _merged(runs):
+    """Runs of one cell (dicts of the same keys) -> the median of each
+    number with its runs beside it (KEY_runs); other values from the
+    first run."""
+    out = {}
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in runs]
+            out[k], out[f"{k}_runs"] = median(vals), vals
+        else:
+            out[k] = v
+    return out
+
+
 def _zero_runs(runs):
     """A kind's runs -> its medians with the runs beside them (KEY_runs),
     the ratio from each run's own two passes, nb/tbz of the first run."""
@@ -189,31 +203,36 @@ def _scaling_passes(targets, n, each):
 
 
 def _scaling(work, ns, each):
-    out = {}
-    for typ in ("thin", "zeroedthick"):
-        s = Strata(os.path.join(work, typ)).start()
-        out[typ] = {}
-        try:
-            for n in ns:
-                names = [f"s{n}_{i}" for i in range(n)]
-                for x in names:
-                    s.cli("create", x, "--size", each, "--type", typ)
-                out[typ][n] = _scaling_passes([s.uri(x) for x in names], n, each)
-                for x in names:
-                    s.cli("rm", x)
-        finally:
-            s.stop()
-    # The host: the same jobs on sparse files of the same file system.
+    """Per kind and count: REPEATS pairs of passes, each on fresh disks
+    (files for the host), the counts taking turns."""
+    out = {"thin": {}, "zeroedthick": {}, "host": {}}
+    runs = {}
     d = os.path.join(work, "host")
     os.makedirs(d, exist_ok=True)
-    out["host"] = {}
-    for n in ns:
-        files = [os.path.join(d, f"s{n}_{i}") for i in range(n)]
-        for f in files:
-            sh("truncate", "-s", each, f)
-        out["host"][n] = _scaling_passes(files, n, each)
-        for f in files:
-            os.unlink(f)
+    servers = {typ: Strata(os.path.join(work, typ)).start() for typ in ("thin", "zeroedthick")}
+    try:
+        for r in range(smoke(1, REPEATS)):
+            for n in ns:
+                for typ, s in servers.items():
+                    names = [f"s{n}_{r}_{i}" for i in range(n)]
+                    for x in names:
+                        s.cli("create", x, "--size", each, "--type", typ)
+                    runs.setdefault((typ, n), []).append(
+                        _scaling_passes([s.uri(x) for x in names], n, each))
+                    for x in names:
+                        s.cli("rm", x)
+                # The host: the same jobs on sparse files of the same file system.
+                files = [os.path.join(d, f"s{n}_{i}") for i in range(n)]
+                for f in files:
+                    sh("truncate", "-s", each, f)
+                runs.setdefault(("host", n), []).append(_scaling_passes(files, n, each))
+                for f in files:
+                    os.unlink(f)
+    finally:
+        for s in servers.values():
+            s.stop()
+    for (who, n), rs in runs.items():
+        out[who][n] = _merged(rs)
     return out
 
 
@@ -243,29 +262,40 @@ def _coexist_runs(a, b, size, grow, rt, b_at=()):
 
 
 def _coexist(work, size, grow, rt):
+    """REPEATS rounds of the three runs on strata, the host's two files and
+    its one file, taking turns; the thin side fresh in every run."""
+    runs = {}
     s = Strata(work).start()
     try:
         s.cli("create", "a", "--size", size, "--type", "eagerzeroedthick")
         fill(s.uri("a"), size)
-        s.cli("create", "b", "--size", grow)
-        out = _coexist_runs(s.uri("a"), s.uri("b"), size, grow, rt)
+        for r in range(smoke(1, REPEATS)):
+            s.cli("create", f"b{r}", "--size", grow)
+            runs.setdefault("strata", []).append(
+                _coexist_runs(s.uri("a"), s.uri(f"b{r}"), size, grow, rt))
+            s.cli("rm", f"b{r}")
+            # The host: a written file beside a sparse one, and both in one
+            # file (as strata's disks share pool.data), the same jobs, so
+            # the page shows what the file system's own allocation costs a
+            # neighbour.
+            for key, one in (("host", False), ("host_onefile", True)):
+                a, b = os.path.join(work, key + "_a"), os.path.join(work, key + "_b")
+                fill_file(a, size)
+                if one:
+                    sh("truncate", "-s", str(size_bytes(size) + size_bytes(grow)), a)
+                else:
+                    sh("truncate", "-s", grow, b)
+                sh("sync")
+                drop_caches()
+                runs.setdefault(key, []).append(
+                    _coexist_runs(a, a if one else b, size, grow, rt,
+                                  [f"--offset={size_bytes(size)}"] if one else []))
+                sh("rm", "-f", a, b)
     finally:
         s.stop()
-    # The host: a written file beside a sparse one, and both in one file
-    # (as strata's disks share pool.data), the same jobs, so the page
-    # shows what the file system's own allocation costs a neighbour.
-    for key, one in (("host", False), ("host_onefile", True)):
-        a, b = os.path.join(work, key + "_a"), os.path.join(work, key + "_b")
-        fill_file(a, size)
-        if one:
-            sh("truncate", "-s", str(size_bytes(size) + size_bytes(grow)), a)
-        else:
-            sh("truncate", "-s", grow, b)
-        sh("sync")
-        drop_caches()
-        out[key] = _coexist_runs(a, a if one else b, size, grow, rt,
-                                 [f"--offset={size_bytes(size)}"] if one else [])
-        sh("rm", "-f", a, b)
+    out = _merged(runs["strata"])
+    for key in ("host", "host_onefile"):
+        out[key] = _merged(runs[key])
     return out
 
 
@@ -312,12 +342,18 @@ def _fraggrow(work, total, floor, ks, rt):
                 _fio_jobs([s.uri(x) for x in names],
                           growths[g] + ["--iodepth=16", f"--size={size}", "--randrepeat=0"])
                 frag = json.loads(s.cli("info", names[0], "--json"))["fragments"]
-                w = fio(s.uri(names[0]), "randwrite", "64k", runtime=rt, extra=["--randrepeat=0"])
-                drop_caches()
-                r = fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)
+                # REPEATS of each measurement (random overwrites of mapped
+                # grains do not move them: the layout stays).
+                ws, rs = [], []
+                for _ in range(smoke(1, REPEATS)):
+                    os.sync()
+                    ws.append(round(fio(s.uri(names[0]), "randwrite", "64k", runtime=rt,
+                                        extra=["--randrepeat=0"])["iops"], 1))
+                    drop_caches()
+                    rs.append(round(fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)["bw_mib"], 1))
                 pts.append({"growth": g, "k": k, "disk": size, "fragments": frag,
-                            "randwrite_64k_iops": round(w["iops"], 1),
-                            "seqread_1m_cold_mib_s": round(r["bw_mib"], 1)})
+                            "randwrite_64k_iops": median(ws), "randwrite_64k_iops_runs": ws,
+                            "seqread_1m_cold_mib_s": median(rs), "seqread_1m_cold_mib_s_runs": rs})
                 for x in names:
                     s.cli("rm", x)
         finally:
@@ -344,14 +380,16 @@ def case_thinprov(work, q):
 
     scaling (figure 4): N disks written at once by one fio (a job each,
     64k, iodepth 4), two passes, aggregate MiB/s; the same jobs on N
-    sparse files of the datastore's file system (host).
+    sparse files of the datastore's file system (host); REPEATS times on
+    fresh disks, the counts taking turns.
 
     coexist (figure 7): 64k writes to a filled eagerzeroedthick disk alone,
     then beside first writes to a large empty thin disk, then beside that
     disk rewriting what it wrote (the device shared alike, nothing
     allocated), for the same time each (fio's bandwidths); the same three
     runs on a written file beside a sparse one (host) and on the two in
-    one file, the thin one's range after the thick one's (host_onefile).
+    one file, the thin one's range after the thick one's (host_onefile);
+    REPEATS rounds, the three setups taking turns.
 
     filecopy (figure 9): clients each copying 1/8 of its own disk per
     iteration (1M writes, flushed), 8 iterations (the slowest client's fio
@@ -360,8 +398,8 @@ def case_thinprov(work, q):
 
     fraggrow (figure 6): disks grown by 1M sequential, 64k random and 4k
     random writes, and k disks grown together by 4k random writes, under
-    both placements; then one disk's fragments, 64k random write IOPS and a
-    cold 1M sequential read."""
+    both placements; then one disk's fragments, and REPEATS times its 64k
+    random write IOPS and a cold 1M sequential read."""
     cap = smoke("256M", "1G")
     zsize = smoke("32M", "256M" if q else "1G")
     zsizes = smoke(["4k"], ["4k", "512k"] if q else ["4k", "16k", "256k", "512k"])
