@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import time
+from statistics import median
 
 # The repository (this file is bench/strata_bench/common.py).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,6 +118,22 @@ def drop_caches():
 # Run-wide options, set by main() before any case runs.
 CHAIN_MAX = None  # --chain-max
 SMOKE = False  # --smoke
+
+
+def with_runs(runs, nd=None):
+    """Runs of one cell (dicts of the same keys) -> the median of each
+    number, rounded to ND places when given, with the runs beside it as
+    KEY_runs (what the paper's figures read as a median and its range);
+    any other value as the first run has it."""
+    out = {}
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in runs]
+            m = median(vals)
+            out[k], out[f"{k}_runs"] = (m if nd is None else round(m, nd)), vals
+        else:
+            out[k] = v
+    return out
 
 
 def smoke(value, otherwise):

@@ -1,8 +1,6 @@
 """What the figures of `make paper` share: reading a case's results
 (with a path in every error), quantities with their runs (rules.Q),
 tables, series and labels."""
-import math
-
 from . import plot
 from .common import size_bytes
 from .report import _n
@@ -66,10 +64,6 @@ def _table(headers, rows):
         ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
-def _r(a, b):
-    return a / b if b else None
-
-
 def _kib(bs):
     return size_bytes(bs.upper()) >> 10
 
@@ -84,7 +78,3 @@ def _series(i, name, points, dash=None, **kw):
 def _keys_int(d):
     """The integer keys of D, in order (KEY_runs beside them left out)."""
     return sorted((k for k in d if str(k).lstrip("-").isdigit()), key=lambda k: int(k))
-
-
-def _log2(x):
-    return math.log2(x)

@@ -84,13 +84,6 @@ class Q:
         o = Q.of(o)
         return Q(self.m * o.m, self.lo * o.lo, self.hi * o.hi, min(self.n, o.n))
 
-    def inv(self):
-        return Q(1) / self
-
-    def spread(self):
-        """The range as a share of the median (0 for one run)."""
-        return (self.hi - self.lo) / self.m if self.m else 0.0
-
     def fmt(self, nd=2, unit="×"):
         s = f"{self.m:.{nd}f}{unit}"
         if self.hi > self.lo:

@@ -68,6 +68,7 @@ def fig_001_3(res, path):
     host = _ratio(z, "qemu_raw_off") if "qemu_raw_off" in z else Q(1)
     own = {k: _ratio(z, k) / host for k in ("thin", "zeroedthick", "eagerzeroedthick")}
     cls = rules.cost(own["thin"], 60 / 180)
+    vs_ezt = {k: rules.difference(own[k] / own["eagerzeroedthick"]) for k in ("thin", "zeroedthick")}
     sizes = ""
     if by and all("thin" in by[bs] and "qemu_raw_off" in by[bs] for bs in by):
         sizes = (" At other sizes thin's own cost is "
@@ -78,11 +79,10 @@ def fig_001_3(res, path):
                f"first-write cost, the host's taken out, is {own['thin'].fmt()}; zeroedthick "
                f"{own['zeroedthick'].fmt()} and eagerzeroedthick, which has nothing left to zero, "
                f"{own['eagerzeroedthick'].fmt()}. "
-               + ("The kinds differ: " if any(rules.difference(own[k] / own["eagerzeroedthick"]) != "level"
-                                              for k in ("thin", "zeroedthick"))
+               + ("The kinds differ: " if any(d != "level" for d in vs_ezt.values())
                   else "The kinds are level: ")
-               + ", ".join(f"{k} {rules.word(rules.difference(own[k] / own['eagerzeroedthick']), 'ahead of', 'behind', 'level with')} eagerzeroedthick"
-                           for k in ("thin", "zeroedthick")) + "." + sizes)
+               + ", ".join(f"{k} {rules.word(d, 'ahead of', 'behind', 'level with')} eagerzeroedthick"
+                           for k, d in vs_ezt.items()) + "." + sizes)
     return paper, lines, verdict
 
 

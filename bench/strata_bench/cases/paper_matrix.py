@@ -6,9 +6,8 @@ VMFSsparse deltas, and qemu-nbd on a raw file and on a VMFSsparse delta."""
 
 import os
 import time
-from statistics import median
 
-from ..common import smoke
+from ..common import smoke, with_runs
 from ..fio import fio
 from ..vmdks import SERIES, Fresh
 
@@ -35,15 +34,6 @@ def _cell(uri, cell, qd, rt, size=None):
 # Every cell runs this many times; a size list of the paper's Table 2.
 REPEATS = 3
 SIZES = ["4k", "8k", "16k", "32k", "64k", "128k", "256k", "512k"]
-
-
-def _median_runs(rs):
-    """A cell's runs -> the median of each figure and its runs (KEY_runs)."""
-    out = {}
-    for k in rs[0]:
-        vals = [r[k] for r in rs]
-        out[k], out[f"{k}_runs"] = round(median(vals), 1), vals
-    return out
 
 
 def case_paper_matrix(work, q):
@@ -109,7 +99,7 @@ def case_paper_matrix(work, q):
             finally:
                 close()
             for (bed, state, c), rs in runs.items():
-                res[bed][s][state][c] = _median_runs(rs)
+                res[bed][s][state][c] = with_runs(rs, 1)
             print(f"   {s} done ({time.perf_counter() - t:.0f} s)", flush=True)
     finally:
         fr.stop()

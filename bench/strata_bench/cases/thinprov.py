@@ -6,9 +6,8 @@ throughput against the number of fragments."""
 import json
 import os
 import re
-from statistics import median
 
-from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
+from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke, with_runs
 from ..fio import fill, fill_file, fio
 from ..servers import QemuNbd, Strata
 
@@ -143,33 +142,10 @@ def _zero_raw(work, pre, size, bs):
     return {"pass1_mib_s": p1, "pass2_mib_s": p2}
 
 
-def _merged(runs):
-    """Runs of one cell (dicts of the same keys) -> the median of each
-    number with its runs beside it (KEY_runs); other values from the
-    first run."""
-    out = {}
-    for k, v in runs[0].items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            vals = [r[k] for r in runs]
-            out[k], out[f"{k}_runs"] = median(vals), vals
-        else:
-            out[k] = v
-    return out
-
-
 def _zero_runs(runs):
-    """A kind's runs -> its medians with the runs beside them (KEY_runs),
-    the ratio from each run's own two passes, nb/tbz of the first run."""
-    out = {}
-    for k in ("pass1_mib_s", "pass2_mib_s"):
-        vals = [r[k] for r in runs]
-        out[k], out[f"{k}_runs"] = median(vals), vals
-    rs = [ratio(r["pass1_mib_s"], r["pass2_mib_s"]) for r in runs]
-    out["ratio"], out["ratio_runs"] = median(rs), rs
-    for k in ("nb_tbz", "nb_unit"):
-        if k in runs[0]:
-            out[k] = runs[0][k]
-    return out
+    """A kind's runs -> their medians with the runs beside them, the ratio
+    from each run's own two passes, nb/tbz of the first run."""
+    return with_runs([dict(r, ratio=ratio(r["pass1_mib_s"], r["pass2_mib_s"])) for r in runs])
 
 
 def _zerophase(work, size, sizes):
@@ -232,7 +208,7 @@ def _scaling(work, ns, each):
         for s in servers.values():
             s.stop()
     for (who, n), rs in runs.items():
-        out[who][n] = _merged(rs)
+        out[who][n] = with_runs(rs)
     return out
 
 
@@ -293,9 +269,9 @@ def _coexist(work, size, grow, rt):
                 sh("rm", "-f", a, b)
     finally:
         s.stop()
-    out = _merged(runs["strata"])
+    out = with_runs(runs["strata"])
     for key in ("host", "host_onefile"):
-        out[key] = _merged(runs[key])
+        out[key] = with_runs(runs[key])
     return out
 
 
@@ -344,16 +320,15 @@ def _fraggrow(work, total, floor, ks, rt):
                 frag = json.loads(s.cli("info", names[0], "--json"))["fragments"]
                 # REPEATS of each measurement (random overwrites of mapped
                 # grains do not move them: the layout stays).
-                ws, rs = [], []
+                runs = []
                 for _ in range(smoke(1, REPEATS)):
                     os.sync()
-                    ws.append(round(fio(s.uri(names[0]), "randwrite", "64k", runtime=rt,
-                                        extra=["--randrepeat=0"])["iops"], 1))
+                    w = fio(s.uri(names[0]), "randwrite", "64k", runtime=rt, extra=["--randrepeat=0"])
                     drop_caches()
-                    rs.append(round(fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)["bw_mib"], 1))
-                pts.append({"growth": g, "k": k, "disk": size, "fragments": frag,
-                            "randwrite_64k_iops": median(ws), "randwrite_64k_iops_runs": ws,
-                            "seqread_1m_cold_mib_s": median(rs), "seqread_1m_cold_mib_s_runs": rs})
+                    r = fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)
+                    runs.append({"randwrite_64k_iops": round(w["iops"], 1),
+                                 "seqread_1m_cold_mib_s": round(r["bw_mib"], 1)})
+                pts.append({"growth": g, "k": k, "disk": size, "fragments": frag, **with_runs(runs)})
                 for x in names:
                     s.cli("rm", x)
         finally:
