@@ -83,15 +83,18 @@ Paper suites (figures, no targets; each cell also measured on the peer):
   fragmentation  issue 10 / seed 004: fragments of a sequentially written disk and
               of one overwritten at random after snapshots; cold sequential and
               copy-like reads with latency/seek histograms before and after defrag
-              vs the sequential disk [>= 0.9]; client writes during defrag [>= 0.8];
+              vs the sequential disk [>= 0.9]; client writes during defrag and
+              free-space consolidation [>= 0.8]; an install-like I/O trace
+              replayed on the fragmented disk and after consolidation + defrag;
               placement vs arrival order: fragments after random first writes,
               overwrites, a diverging clone, k disks growing together
               (fragmentation.svg)
   vdi         seed 000 figure 10: seSparse linked clones of a golden image made by a
               TCG guest, each desktop (a guest) installs and uninstalls files and
               trims; then online vmdk shrink of all clones: space per clone
-              before/after, 4k randwrite IOPS and server CPU before, during and
-              after the shrink; every clone fsck-clean with its files after
+              before/after; 4k randwrite clients closed-loop (capacity), then
+              paced: IOPS, latency and server CPU before, during and after the
+              shrink; every clone fsck-clean with its files after
 
 make paper (--paper): every seed figure measured in the paper's shape and set
 beside the paper's numbers in docs/SEEDS.md (plots in docs/seeds/), from

@@ -4,7 +4,7 @@ with one snapshot. Each figure function writes its plot and returns (the
 paper, strata's lines, the verdict); verdicts come from rules.py."""
 from . import plot, rules
 from .paperlib import LABEL, _g, _keys_int, _nq, _q, _series, _table
-from .rules import Q, qmedian
+from .rules import qmedian
 
 # Per workload: the figure's number, its title, what the paper says, and
 # what its worst system (VMFS) kept with snapshots (None: no figure).

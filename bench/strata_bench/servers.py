@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 from .common import (RELEASE, ROOT, STRATA, cpu_of, proc_status_kib, sh, size_bytes, wait_path,
                      wait_port)
@@ -50,6 +51,16 @@ class Strata:
 
     def uri(self, name):
         return f"nbd+unix:///{name}?socket={self.sock}"
+
+    def settle(self):
+        """Waits until the datastore reclaims nothing (removed disks' space
+        going back to the pool disturbs a measurement): polled every 10 ms,
+        at most 60 s."""
+        t = time.monotonic()
+        while json.loads(self.cli("status", "--json"))["reclaiming"]:
+            if time.monotonic() - t > 60:
+                raise RuntimeError("strata status: still reclaiming after 60 s")
+            time.sleep(0.01)
 
     def cpu_seconds(self):
         """User + system CPU time of the server so far (exited threads included)."""

@@ -9,11 +9,9 @@ the paper_matrix and tera cases.
 snapshot, gives a flat base and an empty delta), then a factory of
 independent linked clones, each a copy of the empty delta whose
 descriptor names its own extent under a fresh CID, all on the one base."""
-import json
 import os
 import random
 import re
-import time
 
 from .common import sh, size_bytes
 from .fio import fill
@@ -89,14 +87,8 @@ class Fresh:
         self.raw_base = None
 
     def settle(self):
-        """Waits until the datastore reclaims nothing (removed disks' space
-        going back to the pool disturbs a measurement): polled every 10 ms,
-        at most 60 s."""
-        t = time.monotonic()
-        while json.loads(self.s.cli("status", "--json"))["reclaiming"]:
-            if time.monotonic() - t > 60:
-                raise RuntimeError("strata status: still reclaiming after 60 s")
-            time.sleep(0.01)
+        """The datastore's `Strata.settle`."""
+        self.s.settle()
 
     def open(self, series, count, filled=False):
         """COUNT fresh disks of SERIES, FILLED (1M writes) or empty: (their

@@ -3,6 +3,7 @@ and cold reads before and after defrag, client writes during defrag and
 free-space consolidation, and the allocator's placement vs arrival order."""
 import json
 import os
+import time
 from statistics import median
 
 from ..busy import busy_summary, job_trial
@@ -59,6 +60,53 @@ def _placement_layouts(work, placement, size, ks):
     return r
 
 
+# The install-like I/O trace (seed 004 timed its Office and SQL installs):
+# fio's seeded random generators make the same commands every run, so the
+# trace replays identically on the fragmented and on the defragmented disk.
+INSTALL = ["--rw=randrw", "--rwmixread=40", "--percentage_random=20",
+           "--bssplit=4k/30:64k/40:1m/30", "--iodepth=4", "--randseed=4004",
+           "--end_fsync=1"]
+
+
+def _slow(lat):
+    """Commands of a latency histogram slower than 15 ms (the paper's "fast
+    IO" bound): its buckets wholly above 15,000 us."""
+    return sum(v for lab, v in lat.items() if float(lab.lstrip("<=>")) > 15000
+               or (lab.startswith(">") and float(lab[1:]) >= 15000))
+
+
+def _install(s, disk, size, n):
+    """N replays of the install-like trace on DISK, each cold, each on a
+    snapshot taken first and reverted to after (the replay's writes land in
+    new grains placed in the datastore's free space, as an install's new
+    files do; the revert gives them back, so every replay starts from the
+    same layout): per replay its seconds to the last write made durable
+    (fio's end_fsync), commands, and those slower than 15 ms, from
+    `strata stats`."""
+    reps = []
+    for i in range(n):
+        s.cli("snapshot", "create", disk, "install")
+        s.cli("stats", disk, "--reset")
+        drop_caches()
+        t = time.perf_counter()
+        out = sh("fio", "--name=install", "--ioengine=nbd", f"--uri={s.uri(disk)}",
+                 f"--size={size}", f"--io_size={size_bytes(size) >> 22}M",
+                 "--output-format=json", *INSTALL)
+        secs = time.perf_counter() - t
+        job = json.loads(out[out.index("{"):])["jobs"][0]
+        st = json.loads(s.cli("stats", disk, "--json"))[disk]
+        s.cli("snapshot", "revert", disk, "install")
+        s.cli("snapshot", "delete", disk, "install")
+        s.settle()
+        reps.append({"s": round(secs, 2), "reads": job["read"]["total_ios"],
+                     "writes": job["write"]["total_ios"],
+                     "commands": st["read"]["commands"] + st["write"]["commands"],
+                     "slow_15ms": _slow(_hist(st, "latency"))})
+    return {"s": round(median(r["s"] for r in reps), 2), "s_runs": [r["s"] for r in reps],
+            "replays": reps, "fragments": json.loads(s.cli("info", disk, "--json"))["fragments"],
+            "free_extents": json.loads(s.cli("status", "--json"))["free_extents"]}
+
+
 def case_fragmentation(work, q):
     """Issue 10 / seed 004 (guest defragmentation) and seed 001 figure 6
     (thin disks growing together), with strata's own layout figures and
@@ -72,13 +120,17 @@ def case_fragmentation(work, q):
     `seq` (median MiB/s of three passes in full mode, each cold, the two
     disks' passes in turn so that drift hits both alike), with
     `strata stats` latency, seek-distance and I/O-length histograms and
-    the read commands counted; then
+    the read commands counted, and the install-like trace (`_install`,
+    three replays in full mode); then
     `strata defrag frag` as a job while fio writes 64k random to another
     disk (vs the same job idle: `busy_trial`), and the reads of `frag`
-    again, beside `seq` read again; then free space made by overwriting half of `frag` after a
-    snapshot that is then deleted, and `defrag --free-space` beside the
-    same client writes (three trials in full mode, each with its own free
-    space). The histograms are the client's view (virtual LBAs): seek
+    again, beside `seq` read again; in full mode two more defrag trials,
+    each on `frag` fragmented again the same way; then free space made by
+    overwriting half of `frag` after a snapshot that is then deleted, and
+    `defrag --free-space` beside the same client writes (three trials in
+    full mode, each with its own free space); last `frag` defragmented and
+    the free space consolidated once more, as the paper's PerfectDisk disk
+    was, and the install trace replayed again. The histograms are the client's view (virtual LBAs): seek
     distances do not change with the layout underneath, latencies do.
     Last, the allocator's placement against arrival order, each in a
     datastore of its own: fragments after random first writes, overwrites
@@ -87,6 +139,7 @@ def case_fragmentation(work, q):
     size = smoke("64M", "256M" if q else "2G")
     rt = smoke(2, 4 if q else 8)
     ks = smoke([1, 2], [1, 2, 4] if q else [1, 2, 4, 8])
+    reps = smoke(1, 1 if q else 3)
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     s = Strata(os.path.join(work, "frag")).start()
@@ -128,29 +181,40 @@ def case_fragmentation(work, q):
         fill(s.uri("seq"), size)
         fio(s.uri("frag"), "randwrite", "4k", size=size, extra=["--randrepeat=0"])
         out["fragments"] = {"seq": frag("seq"), "frag_random_first_writes": frag("frag")}
-        rounds = 8
-        for i in range(rounds):
-            s.cli("snapshot", "create", "frag", f"r{i}")
-            fio(s.uri("frag"), "randwrite", "4k", size=size,
-                extra=["--randrepeat=0", f"--randseed={i + 1}",
-                       f"--io_size={size_bytes(size) // (2 * rounds) >> 20}M"])
-        for i in range(rounds):
-            s.cli("snapshot", "delete", "frag", f"r{i}")
+        def fragment(seed0):
+            # Eight rounds of a snapshot and random overwrites of a
+            # sixteenth of the disk, the snapshots deleted after.
+            rounds = 8
+            for i in range(rounds):
+                s.cli("snapshot", "create", "frag", f"r{i}")
+                fio(s.uri("frag"), "randwrite", "4k", size=size,
+                    extra=["--randrepeat=0", f"--randseed={seed0 + i}",
+                           f"--io_size={size_bytes(size) // (2 * rounds) >> 20}M"])
+            for i in range(rounds):
+                s.cli("snapshot", "delete", "frag", f"r{i}")
+            s.settle()
+        fragment(1)
         out["fragments"]["frag"] = frag("frag")
         before = reads(["seq", "frag"])
         out["seq"], out["frag_before"] = before["seq"], before["frag"]
-        trial = job_trial(s, 0, "defrag", rt, size, logs, "defrag", "frag")
-        out["client_writes_during_defrag"] = busy_summary([trial], "defrag")
+        out["install_before"] = _install(s, "frag", size, reps)
+        trials = [job_trial(s, 0, "defrag", rt, size, logs, "defrag", "frag")]
         out["fragments"]["frag_after_defrag"] = frag("frag")
         after = reads(["seq", "frag"])
         out["seq_beside_after"], out["frag_after"] = after["seq"], after["frag"]
+        # More defrag trials, each on the disk fragmented again the same
+        # way (other seeds).
+        for k in range(1, reps):
+            fragment(1 + 8 * k)
+            trials.append(job_trial(s, 10 + k, "defrag", rt, size, logs, "defrag", "frag"))
+        out["client_writes_during_defrag"] = busy_summary(trials, "defrag")
         # Free space to consolidate: half of `frag` overwritten at random
         # after a snapshot, which is then deleted (its grains come free in
         # runs too short to punch), then `defrag --free-space` as a job
         # beside the same client writes.
         # Each trial makes its own free space first.
         runs = []
-        for k in range(1 if q else 3):
+        for k in range(reps):
             s.cli("snapshot", "create", "frag", "fs")
             fio(s.uri("frag"), "randwrite", "4k", size=size,
                 extra=["--randrepeat=0", f"--randseed={100 + k}",
@@ -163,6 +227,14 @@ def case_fragmentation(work, q):
             runs.append(job_trial(s, 1 + k, "consolidate", rt, size, logs, "defrag",
                                   "--free-space"))
         out["client_writes_during_consolidation"] = busy_summary(runs, "consolidation")
+        # The paper's defragmented disk had both done: the free space
+        # consolidated (which moves grains down and so splits the disk's
+        # runs), then the disk laid out; the install trace again.
+        s.cli("defrag", "--free-space")
+        s.settle()
+        s.cli("defrag", "frag")
+        s.settle()
+        out["install_after"] = _install(s, "frag", size, reps)
         for tag in ("seqread_1m", "copy_64k"):
             out[f"ratio_{tag}_fragmented_vs_seq"] = ratio(out["frag_before"][tag]["mib_s"],
                                                           out["seq"][tag]["mib_s"])

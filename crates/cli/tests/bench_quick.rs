@@ -418,13 +418,24 @@ fn paper_smoke_writes_every_figure() {
     for w in ["before", "during", "after"] {
         positive(vdi, &["server_cpu_pct", w]);
     }
+    // fragmentation: the install-like trace replayed before and after, the
+    // same commands both times (fio's seeded generators).
+    let frag = get(&j, &["cases", "fragmentation"]);
+    for ph in ["install_before", "install_after"] {
+        positive(frag, &[ph, "s"]);
+    }
+    assert_eq!(
+        get(frag, &["install_before", "replays"])[0]["commands"],
+        get(frag, &["install_after", "replays"])[0]["commands"],
+        "the install trace replays the same commands"
+    );
 
     let page = std::fs::read_to_string(&doc).unwrap();
     let figures = [
         "000-f1", "000-f2", "000-f3", "000-f4", "000-f6", "000-f8", "000-f9", "000-f10", "001-f1",
         "001-f3", "001-f4", "001-f6", "001-f7", "001-f9", "001-f10", "002-f1", "002-f2", "002-f4",
         "002-f5", "002-f6", "002-f7", "002-f8", "002-f9", "002-t1", "002-t5", "003", "004-t1",
-        "004-t3", "004-t4", "004-t5", "004-seek",
+        "004-t3", "004-t4", "004-t5", "004-seek", "004-install",
     ];
     let sections: Vec<&str> = page.split("\n## ").skip(1).collect();
     assert_eq!(sections.len(), figures.len(), "one section per figure");
