@@ -123,6 +123,17 @@ def commit():
         return "unknown"
 
 
+def _took(results):
+    """' (this run: N minutes, the longest cases ...)' from the cases'
+    times, or nothing when they are not recorded."""
+    t = results.get("case_s") or {}
+    if not t:
+        return ""
+    top = sorted(t.items(), key=lambda kv: -kv[1])[:3]
+    return (f" (this run: {sum(t.values()) / 60:.0f} minutes; longest "
+            + ", ".join(f"{c} {s / 60:.0f}" for c, s in top) + ")")
+
+
 def _run_of(results, case):
     """The commit, date and machine of the run that measured CASE."""
     r = (results.get("case_runs") or {}).get(case, {})
@@ -197,7 +208,7 @@ def render_paper(results, doc, partial=False):
         f"Written by `make paper` ({mode} mode) at commit `{results.get('commit', commit())}` on "
         f"{results['machine']['cpus']} CPUs (`{results['machine']['uname']}`), "
         f"{results.get('date', time.strftime('%Y-%m-%d'))}. " + _provenance(results) +
-        "Rerun with `make paper` (about an hour) or `python3 bench/bench.py --paper --quick` "
+        f"Rerun with `make paper`{_took(results)} or `python3 bench/bench.py --paper --quick` "
         "(minutes).",
         "",
         "What stands for what: VMFS thin VMDK → a strata `thin` disk (and qemu-nbd on a sparse raw "
