@@ -33,12 +33,14 @@ LEGEND = [
      f"{MATERIAL:.0%} from 1 and the ratio's whole range (from the runs' minima and maxima) "
      "lies on the same side of 1; otherwise they are level, \"within noise\"."),
     ("cost", "A cost the paper measured (a system with its cause against the same system "
-     "without): **removes the cause** when strata shows no cost by the difference rule; "
-     "**reproduces in part** when it shows one smaller than the paper's; **reproduces the "
-     "effect** when it is as large or larger."),
+     "without): **removes the cause** when strata shows no cost by the difference rule and "
+     f"its median keeps at least {1 - MATERIAL:.0%}; **within noise** when the median shows a "
+     "cost the spread cannot confirm; **reproduces in part** when it shows one smaller than the "
+     "paper's; **reproduces the effect** when it is as large or larger."),
     ("no effect", "Where the paper found no effect (\"very little\", \"only slightly\", "
      "\"virtually no\"): **reproduces** when strata's two sides are level by the difference "
-     "rule, **does not reproduce** otherwise."),
+     f"rule and their median ratio within {MATERIAL:.0%} of 1; **within noise** when the median "
+     "differs more but the spread cannot confirm it; **does not reproduce** otherwise."),
     ("ranking", "Where the paper ranks two systems (A ahead of B by a factor): **reproduces** "
      "when A is ahead by the difference rule and by at least the paper's factor (less "
      f"{MATERIAL:.0%}), **reproduces in part** when ahead by less, **within noise** when level, "
@@ -128,7 +130,11 @@ def cost(keep, paper_keep):
     against without (a ratio, 1 = no cost); PAPER_KEEP: what the paper's
     worst system kept. Returns the class."""
     keep = Q.of(keep)
-    if difference(keep) != "lower":
+    d = difference(keep)
+    if d == "level" and keep.m < 1 - MATERIAL:
+        # A cost by the median that the spread cannot confirm: no claim.
+        return NOISE
+    if d != "lower":
         return REMOVES
     if paper_keep is not None and keep.m > paper_keep * (1 + MATERIAL):
         return IN_PART
@@ -137,7 +143,10 @@ def cost(keep, paper_keep):
 
 def no_effect(r):
     """The no-effect rule on a ratio of the two sides the paper found level."""
-    return REPRODUCES if difference(r) == "level" else NOT_REPRODUCED
+    r = Q.of(r)
+    if difference(r) != "level":
+        return NOT_REPRODUCED
+    return REPRODUCES if abs(r.m - 1) <= MATERIAL else NOISE
 
 
 def ranking(r, paper_factor):

@@ -39,13 +39,17 @@ class Rules(unittest.TestCase):
         self.assertEqual(rules.cost(Q(0.36), 0.35), rules.REPRODUCES_EFFECT)
         self.assertEqual(rules.cost(Q(0.3), 0.35), rules.REPRODUCES_EFFECT)
         self.assertEqual(rules.cost(Q(0.6), None), rules.REPRODUCES_EFFECT)
-        # A cost inside the spread is no cost.
-        self.assertEqual(rules.cost(Q(0.6, 0.4, 1.2, 3), 0.35), rules.REMOVES)
+        # A cost inside the spread is no cost when the median is level too;
+        # a median cost the spread cannot confirm is no claim either way.
+        self.assertEqual(rules.cost(Q(0.95, 0.7, 1.2, 3), 0.35), rules.REMOVES)
+        self.assertEqual(rules.cost(Q(0.6, 0.4, 1.2, 3), 0.35), rules.NOISE)
 
     def test_no_effect(self):
         self.assertEqual(rules.no_effect(Q(1.02)), rules.REPRODUCES)
         self.assertEqual(rules.no_effect(Q(0.7)), rules.NOT_REPRODUCED)
         self.assertEqual(rules.no_effect(Q(1.4)), rules.NOT_REPRODUCED)
+        self.assertEqual(rules.no_effect(Q(1.05, 0.8, 1.3, 3)), rules.REPRODUCES)
+        self.assertEqual(rules.no_effect(Q(1.4, 0.9, 1.9, 3)), rules.NOISE)
 
     def test_ranking(self):
         self.assertEqual(rules.ranking(Q(2.1), 2.0), rules.REPRODUCES)
