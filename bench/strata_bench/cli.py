@@ -159,6 +159,7 @@ def main():
     common.CHAIN_MAX = a.chain_max
     common.SMOKE = a.smoke
     a.quick = a.quick or a.smoke
+    common.QUICK = a.quick
     if a.render:
         with open(a.render) as f:
             if a.paper:

@@ -118,6 +118,7 @@ def drop_caches():
 # Run-wide options, set by main() before any case runs.
 CHAIN_MAX = None  # --chain-max
 SMOKE = False  # --smoke
+QUICK = False  # --quick (and --smoke)
 
 
 def with_runs(runs, nd=None):
@@ -141,3 +142,9 @@ def smoke(value, otherwise):
     shortest run: proof that it still produces every figure, as `make test`
     needs, not a measurement), else `otherwise`."""
     return value if SMOKE else otherwise
+
+
+def repeats(n):
+    """How many times a cell runs: N in a full run, once under --quick
+    (minutes for the whole paper; its figures carry no spread)."""
+    return 1 if QUICK else n

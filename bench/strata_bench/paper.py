@@ -209,7 +209,7 @@ def render_paper(results, doc, partial=False):
         f"{results['machine']['cpus']} CPUs (`{results['machine']['uname']}`), "
         f"{results.get('date', time.strftime('%Y-%m-%d'))}. " + _provenance(results) +
         f"Rerun with `make paper`{_took(results)} or `python3 bench/bench.py --paper --quick` "
-        "(minutes).",
+        "(about 20 minutes, one run per cell).",
         "",
         "What stands for what: VMFS thin VMDK → a strata `thin` disk (and qemu-nbd on a sparse raw "
         "file as the peer); VMFSsparse and SEsparse deltas → strata's own VMDK drivers "

@@ -7,7 +7,7 @@ import os
 from statistics import median
 
 from ..chains import qcow_history, slice_mib, strata_history
-from ..common import ratio, sh, smoke, timed
+from ..common import ratio, repeats, sh, smoke, timed
 from ..servers import Strata
 
 
@@ -17,7 +17,7 @@ REPEATS = 3
 def _timed_runs(copy, remove):
     """The seconds of REPEATS copies, each after a sync, each removed after."""
     runs = []
-    for _ in range(smoke(1, REPEATS)):
+    for _ in range(repeats(REPEATS)):
         os.sync()
         runs.append(round(timed(copy) / 1000, 3))
         remove()
@@ -39,7 +39,7 @@ def case_clone(work, q):
                       "qcow2": "qemu-img convert -t writeback -O qcow2 TOP new.qcow2 (flushed at "
                                "the end, as strata's clone is; convert's default cache, unsafe, "
                                "is not)",
-                      "repeats": smoke(1, REPEATS)}}
+                      "repeats": repeats(REPEATS)}}
     st = {}
     s = Strata(os.path.join(work, "strata")).start()
     try:

@@ -7,7 +7,7 @@ VMFSsparse deltas, and qemu-nbd on a raw file and on a VMFSsparse delta."""
 import os
 import time
 
-from ..common import smoke, with_runs
+from ..common import repeats, smoke, with_runs
 from ..fio import fio
 from ..vmdks import SERIES, Fresh
 
@@ -58,7 +58,7 @@ def case_paper_matrix(work, q):
     rt = smoke(0.3, 0.5)
     local = smoke(["4k", "512k"], ["4k", "64k", "512k"] if q else SIZES)
     san = smoke(["4k"], ["4k", "64k", "512k"] if q else SIZES)
-    reps = smoke(1, REPEATS)
+    reps = repeats(REPEATS)
     qd = {"local": 16, "san": 32}
     res = {"params": {"disk": size, "runtime_s": rt, "local_sizes": local, "san_sizes": san, "qd": qd,
                       "series": SERIES, "repeats": reps}}

@@ -12,7 +12,7 @@ import os
 import shutil
 
 from ..chains import qcow_delete_oldest, qcow_history, slice_mib, strata_history
-from ..common import ratio, sh, size_bytes, smoke, timed, with_runs
+from ..common import ratio, repeats, sh, size_bytes, smoke, timed, with_runs
 from ..servers import QemuNbd, Strata, VmdkServe
 
 REPEATS = 3
@@ -86,7 +86,7 @@ def _measure(uri, wl, rt, only=None):
     an earlier one's writeback. Per workload: the median of each figure
     and its runs as KEY_runs."""
     runs = {}
-    for _ in range(smoke(1, REPEATS)):
+    for _ in range(repeats(REPEATS)):
         for n, a in wl.items():
             if only is None or n in only:
                 os.sync()
@@ -138,7 +138,7 @@ def case_snapchain(work, q):
     wl = workloads(size)
     fmts = ["native", "vmfsSparse", "seSparse", "qcow2"]
     res = {"params": {"disk": size, "runtime_s": rt, "depths": depths, "slice_mib": sl,
-                      "formats": fmts, "repeats": smoke(1, REPEATS), "baseline": "with no snapshot",
+                      "formats": fmts, "repeats": repeats(REPEATS), "baseline": "with no snapshot",
                       "workloads": {n: " ".join(a) for n, a in wl.items()}}}
     for f in fmts:
         res[f] = {"growing": {}}

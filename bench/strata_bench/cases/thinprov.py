@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from ..common import STRATA, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke, with_runs
+from ..common import STRATA, drop_caches, prealloc_raw, ratio, repeats, sh, size_bytes, smoke, with_runs
 from ..fio import fill, fill_file, fio
 from ..servers import QemuNbd, Strata
 
@@ -157,7 +157,7 @@ def _zerophase(work, size, sizes):
              for typ in TYPES]
     kinds += [(f"qemu_raw_{pre}", lambda p=pre, bs="64k", nb=False: _zero_raw(work, p, size, bs))
               for pre in ("off", "falloc", "full")]
-    for r in range(smoke(1, REPEATS)):
+    for r in range(repeats(REPEATS)):
         for name, f in kinds:
             runs.setdefault(name, []).append(f(nb=r == 0) if name in TYPES else f())
         for bs in sizes:
@@ -187,7 +187,7 @@ def _scaling(work, ns, each):
     os.makedirs(d, exist_ok=True)
     servers = {typ: Strata(os.path.join(work, typ)).start() for typ in ("thin", "zeroedthick")}
     try:
-        for r in range(smoke(1, REPEATS)):
+        for r in range(repeats(REPEATS)):
             for n in ns:
                 for typ, s in servers.items():
                     names = [f"s{n}_{r}_{i}" for i in range(n)]
@@ -245,7 +245,7 @@ def _coexist(work, size, grow, rt):
     try:
         s.cli("create", "a", "--size", size, "--type", "eagerzeroedthick")
         fill(s.uri("a"), size)
-        for r in range(smoke(1, REPEATS)):
+        for r in range(repeats(REPEATS)):
             s.cli("create", f"b{r}", "--size", grow)
             runs.setdefault("strata", []).append(
                 _coexist_runs(s.uri("a"), s.uri(f"b{r}"), size, grow, rt))
@@ -321,7 +321,7 @@ def _fraggrow(work, total, floor, ks, rt):
                 # REPEATS of each measurement (random overwrites of mapped
                 # grains do not move them: the layout stays).
                 runs = []
-                for _ in range(smoke(1, REPEATS)):
+                for _ in range(repeats(REPEATS)):
                     os.sync()
                     w = fio(s.uri(names[0]), "randwrite", "64k", runtime=rt, extra=["--randrepeat=0"])
                     drop_caches()
@@ -388,7 +388,7 @@ def case_thinprov(work, q):
     ks = smoke([1, 2], [1, 4] if q else [1, 4, 16])
     total, floor = smoke(("32M", "16M"), ("256M", "32M") if q else ("1G", "64M"))
     res = {"params": {"overcommit_capacity": cap, "zerophase_disk": zsize, "zerophase_sizes": zsizes,
-                      "zerophase_repeats": smoke(1, REPEATS), "scaling_disks": ns,
+                      "zerophase_repeats": repeats(REPEATS), "scaling_disks": ns,
                       "scaling_disk": each, "coexist": {"thick": zsize, "thin": grow, "runtime_s": rt},
                       "filecopy": {"clients": clients, "disk": fc, "iterations": 8},
                       "fraggrow": {"disks_together": ks, "total": total, "min_disk": floor, "runtime_s": frt}}}
