@@ -144,6 +144,20 @@ def smoke(value, otherwise):
     return value if SMOKE else otherwise
 
 
+def bucket_edge(label):
+    """A `strata stats` histogram bucket's edge ('<=15000' -> 15000.0,
+    '>100000' -> 100000.0) and whether it is the overflow bucket above it."""
+    return float(label.lstrip("<=>")), label.startswith(">")
+
+
+def slower_than(hist, us):
+    """Commands of a latency histogram ({bucket label: count}) in buckets
+    wholly above US microseconds: '<=E' buckets past the one US closes,
+    and the overflow bucket from US up."""
+    return sum(v for lab, v in hist.items()
+               if bucket_edge(lab)[0] > us or (bucket_edge(lab)[1] and bucket_edge(lab)[0] >= us))
+
+
 def repeats(n):
     """How many times a cell runs: N in a full run, once under --quick
     (minutes for the whole paper; its figures carry no spread)."""

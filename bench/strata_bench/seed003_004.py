@@ -3,6 +3,7 @@ and seed 004 (defragmentation measured with vscsiStats). Each figure
 function writes its plot and returns (the paper, strata's lines, the
 verdict); verdicts come from rules.py."""
 from . import plot, rules
+from .common import bucket_edge, slower_than
 from .paperlib import _g, _nq, _q, _series, _table
 from .rules import Q
 
@@ -116,13 +117,12 @@ def fig_004_t1(res, path):
     # Like the paper's PerfectDisk run (no client beside it): the defrag
     # that ran alone, after the free-space consolidation, before the
     # second install replay.
-    alone = f.get("install_after", {}).get("fragments")
-    if alone is not None:
-        lines += ["", f"Run alone (after the free-space consolidation, before the install trace "
-                  f"of 004-install) `strata defrag` leaves {alone:,} fragments; beside the client "
-                  f"writing to another disk it left {b:,}, its new runs interleaved with that "
-                  "disk's first writes in the pool."]
-        b = alone
+    alone = _g(f, "install_after", "fragments")
+    lines += ["", f"Run alone (after the free-space consolidation, before the install trace "
+              f"of 004-install) `strata defrag` leaves {alone:,} fragments; beside the client "
+              f"writing to another disk it left {b:,}, its new runs interleaved with that "
+              "disk's first writes in the pool."]
+    b = alone
     cls, failed = rules.function([
         ("fewer fragments after defrag", rules.difference(Q(b) / Q(a)) == "lower"),
         ("no more than a disk written in order", rules.difference(Q(b) / Q(s)) != "higher"),
@@ -178,7 +178,7 @@ def fig_004_t4(res, path):
                             "I/O length bucket (bytes)")
     paper = ("vscsiStats I/O lengths (512 B to >512 KB): I/Os above 512 KB grow \"18.7 times\" for "
              "Office and \"11.9\" times for SQL after defragmentation.")
-    big = {ph: sum(v for lab, v in d.items() if _edge(lab)[0] >= 524288) for ph, d in h.items()}
+    big = {ph: sum(v for lab, v in d.items() if bucket_edge(lab)[0] >= 524288) for ph, d in h.items()}
     cls = rules.host_layer(h["frag_before"], h["frag_after"])
     verdict = (f"{cls}: strata records the same vscsiStats buckets; the guest's I/O lengths are "
                f"{'the same' if cls == rules.NOT_APPLICABLE else 'not the same'} before and after a "
@@ -193,12 +193,7 @@ def fig_004_t5(res, path):
     h, lines = _hist_figure(f, "latency_us", path,
                             "004 T5/T8: latency of the 1M cold read, before and after defrag",
                             "latency bucket (µs)")
-
-    def slow(d):
-        # Buckets wholly above 15 ms: '<=30000' and up, and the overflow.
-        return sum(v for lab, v in d.items()
-                   if _edge(lab)[0] > 15000 or (_edge(lab)[1] and _edge(lab)[0] >= 15000))
-    a, b = slow(h["frag_before"]), slow(h["frag_after"])
+    a, b = slower_than(h["frag_before"], 15000), slower_than(h["frag_after"], 15000)
     speed = {ph: _q(f, ph, "seqread_1m", "mib_s") for ph in ("seq", "frag_before", "frag_after")}
     gain = speed["frag_after"] / speed["frag_before"]
     lines += ["", f"Cold 1M sequential read, MiB/s (median, min–max of its passes): in order "
@@ -215,15 +210,9 @@ def fig_004_t5(res, path):
     return paper, lines, verdict
 
 
-def _edge(label):
-    """A histogram bucket's edge ('<=15000' -> 15000.0, '>100000' ->
-    100000.0) and whether it is the overflow bucket above it."""
-    return float(label.lstrip("<=>")), label.startswith(">")
-
-
 def _labels(h):
     """The buckets of both phases' histograms, in the histogram's order."""
-    return sorted(set(h["frag_before"]) | set(h["frag_after"]), key=_edge)
+    return sorted(set(h["frag_before"]) | set(h["frag_after"]), key=bucket_edge)
 
 
 def fig_004_seek(res, path):

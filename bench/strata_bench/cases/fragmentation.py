@@ -7,7 +7,7 @@ import time
 from statistics import median
 
 from ..busy import busy_summary, job_trial
-from ..common import drop_caches, ratio, sh, size_bytes, smoke
+from ..common import drop_caches, ratio, repeats, sh, size_bytes, slower_than, smoke
 from ..fio import fill, fio
 from ..servers import Strata
 
@@ -68,13 +68,6 @@ INSTALL = ["--rw=randrw", "--rwmixread=40", "--percentage_random=20",
            "--end_fsync=1"]
 
 
-def _slow(lat):
-    """Commands of a latency histogram slower than 15 ms (the paper's "fast
-    IO" bound): its buckets wholly above 15,000 us."""
-    return sum(v for lab, v in lat.items() if float(lab.lstrip("<=>")) > 15000
-               or (lab.startswith(">") and float(lab[1:]) >= 15000))
-
-
 def _install(s, disk, size, n):
     """N replays of the install-like trace on DISK, each cold, each on a
     snapshot taken first and reverted to after (the replay's writes land in
@@ -101,7 +94,7 @@ def _install(s, disk, size, n):
         reps.append({"s": round(secs, 2), "reads": job["read"]["total_ios"],
                      "writes": job["write"]["total_ios"],
                      "commands": st["read"]["commands"] + st["write"]["commands"],
-                     "slow_15ms": _slow(_hist(st, "latency"))})
+                     "slow_15ms": slower_than(_hist(st, "latency"), 15000)})
     return {"s": round(median(r["s"] for r in reps), 2), "s_runs": [r["s"] for r in reps],
             "replays": reps, "fragments": json.loads(s.cli("info", disk, "--json"))["fragments"],
             "free_extents": json.loads(s.cli("status", "--json"))["free_extents"]}
@@ -139,7 +132,7 @@ def case_fragmentation(work, q):
     size = smoke("64M", "256M" if q else "2G")
     rt = smoke(2, 4 if q else 8)
     ks = smoke([1, 2], [1, 2, 4] if q else [1, 2, 4, 8])
-    reps = smoke(1, 1 if q else 3)
+    reps = repeats(3)
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     s = Strata(os.path.join(work, "frag")).start()
@@ -158,7 +151,7 @@ def case_fragmentation(work, q):
             passes = {d: [] for d in disks}
             for d in disks:
                 s.cli("stats", d, "--reset")
-            for _ in range(1 if q else 3):
+            for _ in range(reps):
                 for d in disks:
                     out["cold_cache"] = drop_caches()
                     # One pass over the disk, not time-based: a second pass

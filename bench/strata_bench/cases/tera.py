@@ -6,7 +6,7 @@ files, VMFSsparse deltas and qcow2 overlays."""
 import time
 from statistics import median
 
-from ..common import drop_caches, sh, size_bytes, smoke
+from ..common import drop_caches, repeats, sh, size_bytes, smoke
 from ..vmdks import SERIES, Fresh
 
 PHASES = ["teragen", "terasort", "teravalidate"]
@@ -59,7 +59,7 @@ def case_tera(work, q):
     empty thin base (a sparse flat file), as the paper's sparse disks
     hung off a thin one."""
     disks = smoke(1, 2 if q else 3)
-    reps = smoke(1, 1 if q else 3)
+    reps = repeats(3)
     g = smoke(32, 256 if q else 768)
     size = smoke("128M", "1G" if q else "2G")
     if 2 * g + g // 24 > size_bytes(size) >> 20:
