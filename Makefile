@@ -24,7 +24,7 @@ test: deps
 deps:
 	@scripts/install-deps.sh
 
-## Formatting, clippy, and cargo deny's licence, ban and source checks
+## Formatting, clippy (with the length ratchet of clippy.toml), and cargo deny's licence, ban and source checks
 ## (deny.toml; advisories need GitHub: `cargo deny check advisories`).
 lint:
 	$(CARGO) fmt --all -- --check

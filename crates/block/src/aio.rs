@@ -147,6 +147,7 @@ impl Aio {
     /// # Safety
     /// `ptr[..len]` must stay valid, and be touched by no one else, until
     /// this completion has been reaped; `fd` must stay open until then.
+    #[expect(clippy::too_many_arguments)]
     pub unsafe fn push_io(
         &self,
         write: bool,

@@ -26,6 +26,7 @@
 //! the default (one bounce buffer per multi-segment request) overrides the
 //! vectored calls. [`AlignedBuf`] is a page-aligned buffer for transports
 //! that own their I/O buffers, so a device may hand them to direct I/O.
+#![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 mod aio;
 mod aligned;

@@ -102,6 +102,7 @@ impl Ring {
     /// `ptr[..len]` must stay valid, and be neither written (nor, for a
     /// read, read) by anyone else, until this completion has been reaped;
     /// `fd` must stay open until then.
+    #[expect(clippy::too_many_arguments)]
     pub unsafe fn push_io(
         &self,
         write: bool,
@@ -166,6 +167,7 @@ impl Uring {
     ///
     /// # Safety
     /// As [`Ring::push_io`].
+    #[expect(clippy::too_many_arguments)]
     unsafe fn push_io(
         &self,
         write: bool,

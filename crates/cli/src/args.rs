@@ -717,6 +717,7 @@ pub enum Action<'a> {
 impl<'a> TryFrom<&'a Cmd> for Action<'a> {
     type Error = Error;
 
+    #[expect(clippy::too_many_lines)]
     fn try_from(cmd: &'a Cmd) -> Result<Action<'a>, Error> {
         let datastore = |request: Request, format: Format| Action::Datastore {
             request,

@@ -142,6 +142,7 @@ fn parse_rename(s: &str) -> Result<(String, String), String> {
 
 impl GroupCmd {
     /// The request, and whether its answer is printed as JSON.
+    #[expect(clippy::too_many_lines)]
     pub fn request(&self) -> (Request, bool) {
         let s = String::clone;
         match self {

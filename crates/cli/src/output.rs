@@ -132,6 +132,7 @@ fn or_dash(s: &Option<String>) -> &str {
 }
 
 impl Render for Response {
+    #[expect(clippy::too_many_lines)]
     fn human(&self, out: &mut String) {
         match self {
             Response::Datastore(i) => datastore(out, i),

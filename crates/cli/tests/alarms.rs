@@ -3,6 +3,7 @@
 //! imported and disks are created, and back after `grow`, runs the alarms'
 //! commands with their environment, and exports the alarm gauges the
 //! example Prometheus rules use (checked with promtool).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -2,6 +2,7 @@
 //! comparison of what real clients wrote and read, through trims,
 //! WRITE_ZEROES, an extend, kill -9 of the server, revert and clones, and
 //! snapshot ids that survive a reused name; on each kind of datastore.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use std::path::Path;

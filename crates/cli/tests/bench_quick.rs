@@ -10,6 +10,7 @@
 //! cases run only under `make bench`. Opt-in: set `STRATA_BENCH_QUICK=1`
 //! (takes several minutes and needs fio, qemu-img and qemu-nbd). No timing
 //! thresholds: only that each figure was measured.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::Path;
 use std::process::Command;

@@ -3,6 +3,7 @@
 //! read it back, and find it again after a kill -9 of a server that had
 //! flushed; the pool's pages stay out of the host page cache, as they do not
 //! under `--cache writeback`.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -1,5 +1,6 @@
 //! The CLI through its public interface: every command, errors, locking,
 //! provisioning accounting, and commands against a running server.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -1,5 +1,6 @@
 //! Real clients nobody here wrote: qemu-img, qemu-io, nbdinfo and fio, over
 //! NBD against `strata serve`, including a kill -9 in the middle of fio.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -1,5 +1,6 @@
 //! `clone --full` on both kinds of datastore and between them, while a
 //! client writes the source: the clone is one instant of it.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 

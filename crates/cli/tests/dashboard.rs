@@ -2,6 +2,7 @@
 //! WebDriver by chromedriver) and the JSON API it uses (docs/API.md),
 //! against a running `strata serve --http`. Screenshots of each view go to
 //! `target/tmp/artefacts/dashboard/` (or `$STRATA_ARTEFACTS/dashboard/`).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! `strata serve --fuse DIR`: disks as files, checked against what NBD
 //! clients (qemu-io, qemu-img) see of the same disks, and the mount's life
 //! cycle (appearing exports, SIGTERM, a stale mount after kill -9).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -4,6 +4,7 @@
 //! show out of order in one, while plain snapshots taken 10 ms apart do),
 //! kill -9 leaves all of a group snapshot or none, the quiesce hook's
 //! contract, and the rules.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 #[path = "../../vhost/tests/common/mod.rs"]

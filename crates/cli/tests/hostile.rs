@@ -2,6 +2,7 @@
 //! clients that stall, send garbage or announce huge lengths, while a
 //! real client (fio) keeps being served and the server's memory stays
 //! bounded. (How fast that client stays is a bench case: `hostile`.)
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::http::{free_addr, metrics, sample};

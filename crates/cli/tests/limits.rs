@@ -2,6 +2,7 @@
 //! kept across a restart, and obeyed by a real client (fio over NBD), on
 //! both kinds of datastore. The limit lives under every transport: in the
 //! engine's disk handle, or the object-store disk's.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

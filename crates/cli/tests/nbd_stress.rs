@@ -12,6 +12,7 @@
 //!
 //! Each client runs `STRATA_STRESS_SECONDS` (default 1) per transport;
 //! bench/soak.sh runs it for minutes.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::http::free_addr;

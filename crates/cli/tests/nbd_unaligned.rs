@@ -5,6 +5,7 @@
 //! is told 512 and its misaligned requests fail with EINVAL. The clients
 //! are libnbd (scripts/nbd_unaligned.py: two connections, 64 commands in
 //! flight each, every byte checked) and a raw EXPORT_NAME client.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::nbd::Pipelined;

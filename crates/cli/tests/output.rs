@@ -2,6 +2,7 @@
 //! a decoded answer prints as the local one, and the shapes scripts parse
 //! keep their field names (the CLI's `output` module, through its library
 //! target).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use serde_json::{json, Value};
 use strata_cli::output::*;

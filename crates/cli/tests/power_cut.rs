@@ -16,6 +16,7 @@
 //! Every 512-byte sector must then hold what a write to its block put
 //! there that the last completed FLUSH covered, or what a later write
 //! (answered or not) put there; nothing else. And `check` is clean.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 #[path = "power_cut/crashfs.rs"]

@@ -1,6 +1,7 @@
 //! Per-disk I/O statistics through the real server: a known fio workload
 //! gives the expected vscsiStats histograms, and /metrics parses as
 //! Prometheus text with a real parser.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -1,6 +1,7 @@
 //! NBD over TLS (`serve --tls-creds`) against clients nobody here wrote:
 //! qemu-img and qemu-io (GnuTLS through QEMU's tls-creds-x509), nbdinfo
 //! (libnbd), with credentials openssl makes in QEMU's directory layout.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::http::free_addr;

@@ -2,6 +2,7 @@
 //! socket's owner and mode, and the socket going away at shutdown. The
 //! protocol itself is tested in crates/vhost/tests (a test frontend) and
 //! with a QEMU guest in guest.rs.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::*;

@@ -3,6 +3,7 @@
 //! locks on the parents', so `vmdk check --repair` and a second writer are
 //! refused with the server named (`vmdk shrink` is handed to the server), readers can share a
 //! base, and everything works again once the server stops or is killed.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 use common::vmdk::*;

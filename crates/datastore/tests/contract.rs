@@ -2,6 +2,7 @@
 //! written once and run against each kind: a local datastore in a
 //! temporary directory, and a directory attached to an object store on a
 //! real SeaweedFS.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::Path;
 use std::sync::Arc;

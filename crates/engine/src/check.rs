@@ -45,6 +45,7 @@ struct Walk {
     counts: HashMap<u64, (u64, u64)>,
 }
 
+#[expect(clippy::too_many_arguments)]
 fn visit(
     m: &mut Meta,
     w: &mut Walk,
@@ -131,6 +132,7 @@ fn check_groups(m: &Meta, r: &mut CheckReport) {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 pub fn run(m: &mut Meta) -> Result<CheckReport> {
     let mut r = CheckReport::default();
     let hwm = m.hwm();

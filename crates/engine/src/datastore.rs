@@ -227,6 +227,7 @@ pub struct Datastore {
 
 /// Record snapshot `id` of `d`'s live state: a new version sharing the
 /// head's map (O(1)), and its catalog entry under `parent` in the tree.
+#[expect(clippy::too_many_arguments)]
 fn add_snapshot(
     m: &mut Meta,
     d: &DiskRec,
@@ -379,6 +380,7 @@ impl Datastore {
     /// Open a datastore, recovering from its log (docs/FORMAT.md §5,
     /// "Recovery"), and upgrading a version-1 datastore first (§8). `lock`
     /// is held for the lifetime of the datastore (the caller took it).
+    #[expect(clippy::too_many_lines)]
     pub fn open(backend: Arc<dyn Backend>, opts: &OpenOptions, lock: Option<File>) -> Result<Self> {
         if !backend.exists(FILE_SUPER) {
             return err(
@@ -1919,6 +1921,7 @@ impl Datastore {
     /// no write is in flight, so none can write a grain in place while it
     /// is copied). Stops early, leaving the end where it is, when a client
     /// lifted the allocation limit or no free grain is left below `zone`.
+    #[expect(clippy::too_many_lines)]
     fn evacuate(
         &self,
         zone: u64,

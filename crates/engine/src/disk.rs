@@ -767,6 +767,7 @@ impl DiskHandle {
     /// (the versions a client may write), `each` gets their list, and the
     /// gate is `each`'s to take (defrag reads scattered grains first,
     /// without it, so a commit draining the gate does not wait for them).
+    #[expect(clippy::too_many_arguments)]
     pub(crate) fn in_regions(
         &self,
         offset: u64,

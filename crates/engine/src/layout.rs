@@ -184,6 +184,7 @@ impl DiskHandle {
     /// part, and a commit draining the gate must not wait for them); then,
     /// with the gate, check the plan still holds, allocate, write the copy
     /// in runs and move each grain (FORMAT.md §10.2-10.3).
+    #[expect(clippy::too_many_arguments, clippy::too_many_lines)]
     fn defrag_region(
         &self,
         first: u64,

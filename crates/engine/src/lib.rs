@@ -15,6 +15,7 @@
 //! version 1 → 2), `store` (commit, checkpoint, space rule, fail-stop),
 //! `disk` (the I/O path, a [`strata_block::BlockDevice`]), `datastore`
 //! (open, recovery, catalog operations).
+#![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 pub mod alarm;
 mod cache;

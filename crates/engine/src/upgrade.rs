@@ -123,6 +123,7 @@ fn replay_v1_log(file: &dyn Storage, generation: u64, v1: &mut V1) -> Result<usi
 
 /// Upgrade the version-1 datastore in `backend`, whose current superblock
 /// is `sb`, to version 2. Crash-safe at every step (see the module docs).
+#[expect(clippy::too_many_lines)]
 pub fn upgrade_v1(backend: &dyn Backend, sb: &Superblock, catalog: Catalog) -> Result<()> {
     tracing::info!(
         "upgrading {} from format version 1 to 2",

@@ -2,6 +2,7 @@
 //! write is a read-modify-write of a grain someone else is writing too),
 //! while another thread takes, deletes and reclaims snapshots and trims.
 //! Every sector must end with its owner's last write, and `check` be clean.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::{Arc, Barrier};
 

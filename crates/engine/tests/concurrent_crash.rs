@@ -12,6 +12,7 @@
 //!
 //! The threads are real, so interleavings vary from run to run; the
 //! deterministic single-thread crash test (crash.rs) replays from seeds.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 

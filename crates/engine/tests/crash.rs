@@ -14,6 +14,7 @@
 //! `STRATA_CRASH_RUNS` (default 250 runs × 4 rounds = 1,000 crash points)
 //! or `STRATA_CRASH_SECONDS` (soak: run seeds until the time is up; bench/
 //! soak.sh) set the amount; the count covered is printed.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! cannot be read while a write copies a shared map node) stops every
 //! further write, flush and metadata command with an error that gives the
 //! cause, `info()` shows it, and reopening recovers everything flushed.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
 

@@ -6,6 +6,7 @@
 //! deadlock ARCHITECTURE.md's io_uring design closes). Writes are planned
 //! (`plan_write`) under `--cache none`: in place, or to new grains that
 //! the plan installs when it is finished.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 //! a cut in the middle of their flush loses nothing that was flushed
 //! before, and a later partial overwrite after a snapshot redirects only
 //! the grains it touches.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::Arc;
 

@@ -34,6 +34,7 @@
 //! by [`prepare_mountpoint`] before mounting again.
 //!
 //! [`BlockError::errno`]: strata_block::BlockError::errno
+#![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};

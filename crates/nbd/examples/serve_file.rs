@@ -1,6 +1,7 @@
 //! Serve one raw file over NBD, to measure the transport on its own:
 //! `cargo run --release -p strata-nbd --example serve_file -- FILE|null:MIB SOCKET`
 //! (`NBD_WORKERS=N` sets the worker threads per connection).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;

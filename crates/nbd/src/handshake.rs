@@ -445,6 +445,7 @@ pub(crate) fn discard(r: &mut impl Read, n: u64) -> io::Result<()> {
 
 /// Run the handshake. `Ok(None)` when the client ended it without picking
 /// an export (ABORT, or the server is shutting down).
+#[expect(clippy::too_many_lines)]
 pub(crate) fn negotiate<S: NbdStream>(
     shared: &Shared,
     id: u64,

@@ -86,6 +86,7 @@ pub(crate) fn serve<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Re
     result
 }
 
+#[expect(clippy::too_many_lines)]
 fn serve_inner<S: NbdStream>(
     shared: &Shared,
     id: u64,
@@ -338,6 +339,7 @@ impl<S: NbdStream> Drop for Workers<S> {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 fn read_requests<S: NbdStream>(
     shared: &Shared,
     conn: &Conn<Link<S>>,
@@ -1061,6 +1063,7 @@ impl<S: NbdStream> Conn<S> {
     /// plans only aligned writes, under `--cache none`). Never waits
     /// for the gate while requests of this connection are in the ring
     /// (they may hold it): a busy device is asked again once they are done.
+    #[expect(clippy::too_many_arguments)]
     fn ring_request(
         &self,
         ring: &RingIo<RingReq>,

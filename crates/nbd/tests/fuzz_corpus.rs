@@ -7,6 +7,7 @@
 //!
 //! `cargo test -p strata-nbd --test fuzz_corpus -- --ignored write_seeds`
 //! writes the pipelined seeds again.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -8,6 +8,7 @@
 //! create_race -- [ROUNDS] [RACERS...]`; with `AWS_ENDPOINT_URL` unset it
 //! starts its own SeaweedFS (testing feature), else it uses that store and
 //! `STRATA_RACE_URL` (default s3://strata-race/race).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;

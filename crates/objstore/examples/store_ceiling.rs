@@ -20,6 +20,7 @@
 //! store_ceiling -- [SECONDS] [DEPTH] [SEGMENT_MIB]`; with
 //! `AWS_ENDPOINT_URL` unset it starts its own SeaweedFS, else it uses that
 //! store and `STRATA_CEILING_URL` (default s3://strata-ceiling/c).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

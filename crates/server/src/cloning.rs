@@ -15,6 +15,7 @@ use crate::copier::Copier;
 
 /// `clone --full source name` from `src` into `dst` (None: `src` itself):
 /// the engine's copy within one local datastore, else [`clone_full`].
+#[expect(clippy::too_many_arguments)]
 pub fn run(
     src: &dyn Datastore,
     dst: Option<&dyn Datastore>,
@@ -43,6 +44,7 @@ pub fn run(
 /// Copy `source` (`DISK` or `DISK@SNAP` of `src`) into a new disk `name`
 /// of `dst` with `provisioning`; pause and cancel through `control`. A
 /// failed or cancelled clone leaves no disk `name` behind.
+#[expect(clippy::too_many_arguments)]
 pub fn clone_full(
     src: &dyn Datastore,
     source: &str,
@@ -103,6 +105,7 @@ pub fn clone_full(
     r
 }
 
+#[expect(clippy::too_many_arguments)]
 fn copy(
     src: &dyn Datastore,
     from: &str,

@@ -74,6 +74,7 @@ impl<'a> Copier<'a> {
     /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
     /// copied under its range lock (client writes mirrored into `dst` are
     /// ordered before or after it, never between its read and its write).
+    #[expect(clippy::too_many_arguments)]
     pub(crate) fn copy(
         &mut self,
         src: &dyn BlockDevice,

@@ -29,6 +29,7 @@ fn check(control: &Option<Arc<WorkControl>>) -> Result<(), Error> {
 
 /// Write `target`'s changes since `from` (None: everything it maps) to
 /// `out` as an rbd diff v1 stream.
+#[expect(clippy::too_many_arguments)]
 pub fn export(
     ds: &dyn Datastore,
     target: &str,
@@ -111,6 +112,7 @@ pub fn export(
 /// disk has, an `f` it lacks, a disk that differs from `f` (unless
 /// `force`), a size smaller than the disk's. A stream found bad later
 /// leaves the disk as it was (it is reverted to a snapshot taken first).
+#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
 pub fn import(
     ds: &dyn Datastore,
     path: &Path,
@@ -246,6 +248,7 @@ impl From<Error> for Failure {
 
 /// Grow `disk` to `size` and write the stream's records into it: the
 /// bytes of data and of zeros applied.
+#[expect(clippy::too_many_arguments)]
 fn apply<R: std::io::Read>(
     ds: &dyn Datastore,
     disk: &str,

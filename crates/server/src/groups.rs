@@ -183,6 +183,7 @@ pub fn recover(dir: &Path, only_group: Option<&str>) {
 }
 
 /// `group snapshot`: quiesce (if a hook is set), cut, unquiesce.
+#[expect(clippy::too_many_lines)]
 fn snapshot(ds: &dyn Datastore, req: &Request) -> Result<GroupSnapshotReport, Error> {
     let Request::GroupSnapshotCreate {
         group,
@@ -269,6 +270,7 @@ struct Hook<'a> {
 impl Hook<'_> {
     /// `sh -c 'CMD "$1"' strata-hook PHASE`, killed with its process
     /// group past the timeout; stdout discarded, stderr kept for errors.
+    #[expect(clippy::too_many_lines)]
     fn run(&self, phase: &str) -> QuiesceReport {
         let t0 = Instant::now();
         let report = |result, error: Option<String>| QuiesceReport {

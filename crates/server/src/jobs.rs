@@ -99,6 +99,7 @@ impl Jobs {
     }
 
     /// Start `req` as a job in its own thread.
+    #[expect(clippy::too_many_lines)]
     pub fn start(
         self: &Arc<Self>,
         req: Request,

@@ -160,7 +160,8 @@ fn run_marked(
     r
 }
 
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments)]
+#[expect(clippy::too_many_lines)]
 fn run_locked(
     places: &Places,
     a: &Args<'_>,
@@ -290,7 +291,8 @@ fn run_locked(
 /// Snapshots, head, converging passes, switch. Returns the snapshots
 /// re-created, the passes, how long I/O was held and whether client
 /// writes were mirrored.
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments)]
+#[expect(clippy::too_many_lines)]
 fn copy_and_switch(
     places: &Places,
     a: &Args<'_>,

@@ -7,6 +7,7 @@ use strata_datastore::ObjectStoreDatastore;
 use strata_stats::Gauge;
 
 /// The metrics of the disks this server has open and of its last GC.
+#[expect(clippy::too_many_lines)]
 pub(crate) fn gauges(store: &ObjectStoreDatastore) -> Vec<Gauge> {
     let mut out = Vec::new();
     let g =

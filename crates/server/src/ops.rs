@@ -91,6 +91,7 @@ pub trait JobList: Sync {
 /// here (moves, jobs, statistics), the rest by the datastore's kind
 /// (`object_store` for object stores, until both kinds answer through the
 /// one interface).
+#[expect(clippy::too_many_lines)]
 pub fn execute(
     ctx: &Ctx<'_>,
     req: &Request,

@@ -441,6 +441,7 @@ fn listen_fuse(
 }
 
 /// Datastore and per-disk space figures as Prometheus gauges.
+#[expect(clippy::too_many_lines)]
 fn gauges(ds: &Datastore) -> Vec<Gauge> {
     let i = ds.info();
     let mut g = vec![
@@ -737,6 +738,7 @@ fn vmdk_socket_path(top: &Path) -> PathBuf {
     plain
 }
 
+#[expect(clippy::too_many_lines)]
 pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCode, Error> {
     if args.nbd_unix.is_none()
         && args.nbd_tcp.is_none()
@@ -1428,6 +1430,7 @@ fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
 
 /// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
 /// given; `backend` None: a server without a datastore (metrics only).
+#[expect(clippy::too_many_lines)]
 pub(crate) fn start_http(
     args: &ServeConfig,
     gauges: crate::web::GaugeFn,
@@ -1603,6 +1606,7 @@ fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
 /// Each export gets a control socket next to its top file, which answers
 /// `status` (so that a refused open can name this server) and
 /// `vmdk_shrink` (online shrink of that export).
+#[expect(clippy::too_many_lines)]
 fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
     let stop = stop_flag()?;
     let registry = Arc::new(StatsRegistry::new());

@@ -189,6 +189,7 @@ fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Res
 /// Import `path` as disk `name`. A VMDK chain becomes a disk whose
 /// snapshots are the chain's links below the top (base first, named after
 /// the files); the top link is the disk's live state.
+#[expect(clippy::too_many_arguments)]
 pub fn import(
     ds: &dyn Datastore,
     path: &Path,
@@ -219,6 +220,7 @@ pub fn import(
     }
 }
 
+#[expect(clippy::too_many_arguments)]
 fn import_raw(
     ds: &dyn Datastore,
     path: &Path,
@@ -317,6 +319,7 @@ fn import_qcow2(
     })
 }
 
+#[expect(clippy::too_many_lines)]
 fn import_vmdk(
     ds: &dyn Datastore,
     path: &Path,
@@ -406,6 +409,7 @@ fn import_vmdk(
 /// Export `target` (DISK or DISK@SNAP) to `out`. With `chain`, write the
 /// snapshot path as a base and deltas named like VMware's (`NAME.vmdk`,
 /// `NAME-000001.vmdk`, ...); the last file is `target`.
+#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
 pub fn export(
     ds: &dyn Datastore,
     target: &str,

@@ -260,6 +260,7 @@ impl HttpServer {
 
 /// Bind `bind` and answer on it until stopped; HTTPS only when `tls` is
 /// given (see [`https_config`]).
+#[expect(clippy::too_many_lines)]
 pub(crate) fn start(
     bind: &str,
     web: Web,
@@ -411,6 +412,7 @@ async fn handshakes(
 
 /// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
 /// more get 503).
+#[expect(clippy::too_many_arguments)]
 async fn dispatch(
     web: Arc<Web>,
     in_flight: Arc<AtomicUsize>,
@@ -703,6 +705,7 @@ fn flag(body: &Value, name: &str) -> bool {
     body.get(name).and_then(Value::as_bool).unwrap_or(false)
 }
 
+#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
 fn api(
     web: &Web,
     backend: &dyn Backend,
@@ -825,6 +828,7 @@ fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
     })
 }
 
+#[expect(clippy::too_many_lines)]
 fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
     let status = action_status(method, segs).expect("checked by the caller");
     let req = match segs {

@@ -443,6 +443,7 @@ impl SegmentCache {
     /// grains (a shrink); if it was evicted, the sparse file enters the
     /// main FIFO (or its grains join the one a miss made meanwhile); if
     /// it arrived whole again meanwhile, nothing changes.
+    #[expect(clippy::too_many_lines)]
     fn keep_read_grains(&self, id: SegId, seg: &CachedSegment) {
         if !worth_keeping(seg) {
             return;

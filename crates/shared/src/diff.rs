@@ -64,6 +64,7 @@ pub fn diff_maps(
     walk(top, side(a), side(b), 0, end, node, visit)
 }
 
+#[expect(clippy::too_many_arguments)]
 fn walk(
     h: u8,
     a: Side,

@@ -2842,7 +2842,8 @@ impl SharedDisk {
 
     /// [`Self::build`] once the base map and tail are known: the uploads,
     /// then the manifest (not yet `PUT`; None: nothing changed).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_lines)]
     fn commit_on(
         &self,
         man: &Arc<Manifest>,
@@ -2962,6 +2963,7 @@ impl SharedDisk {
     /// Apply `tail` to the map at `root` (`levels` levels), copy-on-write,
     /// new nodes into `b` (and `made`); grows the tree for grains past
     /// what it maps (§11.5). The new root and levels.
+    #[expect(clippy::too_many_arguments)]
     fn fold_tail(
         &self,
         man: &Manifest,
@@ -3098,7 +3100,7 @@ impl SharedDisk {
 
     /// Copy-on-write the subtree at `level` covering from `first` (entry
     /// `at`) with `items` (sorted, all inside it); new nodes go into `b`.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments)]
     fn apply(
         &self,
         man: &Manifest,
@@ -3119,7 +3121,7 @@ impl SharedDisk {
     /// [`apply`](Self::apply) on a tree grown to `level + 1` levels from
     /// `root`'s `root_levels` (FORMAT.md §11.5): each new level a node
     /// whose entry 0 is the level below, the old root at the bottom.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments)]
     fn apply_grown(
         &self,
         man: &Manifest,
@@ -3146,7 +3148,7 @@ impl SharedDisk {
     /// Set `items` (sorted, inside `node`'s span) in `node`, copying on
     /// write the subtrees they fall in; the node goes into `b` (None: it
     /// maps nothing).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments)]
     fn fill(
         &self,
         man: &Manifest,

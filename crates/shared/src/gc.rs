@@ -184,6 +184,7 @@ impl SharedDatastore {
     /// for `owner`; `visit` sees every node and grain entry reached. A
     /// grain `shadow` (the head's tail) holds is not reached through the
     /// map: the tail wins, so that map entry is never read (§11.4a).
+    #[expect(clippy::too_many_arguments)]
     fn walk(
         &self,
         root: Option<Entry>,
@@ -272,6 +273,7 @@ impl SharedDatastore {
 
     /// Mark from every live root and (unless `dry_run`) delete what
     /// nothing reaches and no writer may still name.
+    #[expect(clippy::too_many_lines)]
     pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
         let t = std::time::Instant::now();
         let claim = if dry_run {

@@ -169,6 +169,7 @@ impl Reads {
     /// Write the hot set of `disk` at manifest `seq`: `segments` with
     /// their weights (create-only; a key already there is left alone).
     /// `total` is [`Self::total`] when the segments were found.
+    #[expect(clippy::too_many_arguments)]
     pub fn record(
         &self,
         store: &ObjectStore,

@@ -97,6 +97,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// is a ghost (or `main`: a key found at a restart); `read` if a read
     /// brought it rather than a write. A key held already is only used.
     /// Returns the keys evicted to stay within the bound.
+    #[expect(clippy::too_many_arguments)]
     pub fn insert(&mut self, k: K, bytes: u64, main: bool, read: bool, now: Instant) -> Vec<K> {
         if self.entries.contains_key(&k) {
             self.touch(&k, now);
@@ -172,6 +173,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         }
     }
 
+    #[expect(clippy::too_many_arguments)]
     fn place(&mut self, k: K, bytes: u64, main: bool, uses: u8, read: bool, used: Instant) {
         self.gen += 1;
         let gen = self.gen;

@@ -3,6 +3,7 @@
 //! concurrent claims one wins, nothing acknowledged by a FLUSH depends on
 //! the local directory, and random I/O matches a model through commits and
 //! reopenings.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 //! The seeds are objects a datastore wrote into a real SeaweedFS, written
 //! by `write_seeds` (ignored; it needs SeaweedFS):
 //! `cargo test -p strata-shared --test fuzz_corpus -- --ignored write_seeds`.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

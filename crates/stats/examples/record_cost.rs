@@ -5,6 +5,7 @@
 //! `cargo run --release -p strata-stats --example record_cost [-- --json]`;
 //! bench's `stats` case (bench/strata_bench/cases/stats.py) runs it and sets the result against the
 //! server's CPU time per I/O.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -17,6 +17,7 @@ pub const BAR_WIDTH: u64 = 40;
 /// A terminal report of one disk: the per-op counters, then every histogram
 /// as a table of bucket, count, percent and a bar of `#` scaled so the
 /// fullest bucket gets [`BAR_WIDTH`] characters.
+#[expect(clippy::too_many_lines)]
 pub fn render_text(s: &StatsSnapshot) -> String {
     let mut out = String::new();
     let secs = s.elapsed_ns as f64 / 1e9;
@@ -200,6 +201,7 @@ pub fn render_prometheus(disks: &[(String, StatsSnapshot)], extra_gauges: &[Gaug
     out
 }
 
+#[expect(clippy::too_many_lines)]
 fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     const BYTE_OPS: [Op; 4] = [Op::Read, Op::Write, Op::Unmap, Op::WriteZeroes];
     const RW: [Op; 2] = [Op::Read, Op::Write];
@@ -435,6 +437,7 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: &str) {
 /// `_bucket` lines (cumulative, ending with `+Inf`), `_sum` and `_count`.
 /// `le_decimals` / `sum_decimals` shift the decimal point of the edges and
 /// the sum (to turn µs and ns into seconds).
+#[expect(clippy::too_many_arguments)]
 fn prom_histogram(
     out: &mut String,
     name: &str,

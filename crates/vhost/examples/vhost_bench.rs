@@ -13,6 +13,7 @@
 //!   flush: end with a FLUSH, counted in the time and the rates (a
 //!   durable figure, like fio's end_fsync)
 //!   queues=N: drive N queues (default 1); the backend must offer them
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 #[path = "../tests/common/mod.rs"]
 mod common;

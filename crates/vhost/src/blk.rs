@@ -396,6 +396,7 @@ impl BlkDevice {
     }
 
     /// [`BlkDevice::process`], and whether any request was taken.
+    #[expect(clippy::too_many_lines)]
     fn process_counting(&self, queue: usize, vring: &VringRwLock) -> io::Result<(bool, bool)> {
         let atomic = self.mem.lock().unwrap().clone();
         let mem = atomic.memory();
@@ -504,6 +505,7 @@ impl BlkDevice {
     /// requests this waited for). Never waits for the device's gate while
     /// this queue's requests are in the ring (they may hold it): a busy
     /// device is asked again once they are done.
+    #[expect(clippy::too_many_arguments)]
     fn ring_request(
         &self,
         ring: &QueueRing,

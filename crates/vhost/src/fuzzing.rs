@@ -276,6 +276,7 @@ pub struct Outcome {
 
 /// Decode `input` (see the module documentation), run its chain and check
 /// the result; panics when a check fails.
+#[expect(clippy::too_many_lines)]
 pub fn chain(input: &[u8]) -> Outcome {
     let mut r = Reader { data: input, at: 0 };
     let flags = r.u8();
@@ -396,6 +397,7 @@ fn status_byte(mem: &GuestMemoryMmap, at: GuestAddress) -> u8 {
     mem.read_obj::<u8>(at).expect("status byte in memory")
 }
 
+#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
 fn run(
     mem: &GuestMemoryMmap,
     regions: &[Region],

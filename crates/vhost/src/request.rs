@@ -284,6 +284,7 @@ pub struct Done {
 
 /// Carry out `req` on `dev`, write its status byte, and say how many
 /// bytes went into guest memory.
+#[expect(clippy::too_many_arguments)]
 pub fn execute(
     mem: &GuestMemoryMmap,
     dev: &dyn BlockDevice,
@@ -303,6 +304,7 @@ pub fn execute(
     }
 }
 
+#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
 fn run(
     mem: &GuestMemoryMmap,
     dev: &dyn BlockDevice,

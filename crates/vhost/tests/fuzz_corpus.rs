@@ -11,6 +11,7 @@
 //!
 //! `cargo test -p strata-vhost --test fuzz_corpus -- --ignored` writes the
 //! seeds again after a change of the input format.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::{Path, PathBuf};
 

@@ -174,6 +174,7 @@ fn split_word(s: &str) -> (&str, &str) {
 impl Descriptor {
     /// Parse descriptor text. Text after a NUL byte (the padding of an
     /// embedded descriptor) is ignored.
+    #[expect(clippy::too_many_lines)]
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         if bytes.len() > MAX_DESCRIPTOR_BYTES {
             return Err(format!(

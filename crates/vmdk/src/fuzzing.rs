@@ -185,6 +185,7 @@ pub fn open_image(data: &[u8]) -> ImageSummary {
 /// chain and each link, and check it. Any error is fine; a panic is not,
 /// and a read that succeeds must describe exactly its buffer and hold
 /// zeros where it says so; a read past the end must fail.
+#[expect(clippy::too_many_lines)]
 pub fn exercise(img: &VmdkImage, whole_up_to: u64, window: u64) -> ImageSummary {
     let size = img.size_bytes();
     let mut s = ImageSummary {

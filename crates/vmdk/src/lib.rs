@@ -5,6 +5,7 @@
 //!
 //! The layouts are in docs/FORMAT.md ("VMDK") and
 //! ../shared/reference/vmdk-formats.md.
+#![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 pub mod chain;
 pub mod create;

@@ -27,6 +27,7 @@
 //! found). The seeds made by this crate's writer are compared with the
 //! committed ones on every run; qemu's and the CLI's only when
 //! `STRATA_COMPARE_TOOL_SEEDS=1` (they depend on the tools' versions).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,6 +5,7 @@
 //! test binary with "memory allocation of N bytes failed").
 //!
 //! Cases per property: `STRATA_FUZZ_CASES` (default 300).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ops::Range;

@@ -10,6 +10,7 @@
 //!
 //! The tests skip (with a message) when qemu-img or qemu-io is missing,
 //! unless STRATA_REQUIRE_TOOLS=1, when they fail instead.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;

@@ -10,6 +10,7 @@
 //! type: 0x0 (unallocated), 0x1 (unmapped, with and without stale low bits
 //! naming a grain that still holds data), 0x2 (zero) and 0x3 (allocated,
 //! including grain indexes past 4096, where the rotated encoding matters).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

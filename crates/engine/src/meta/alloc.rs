@@ -505,6 +505,7 @@ impl Meta {
     /// (FORMAT.md §10.5): after `hint` (the grain mapping `v - 1`), else
     /// where the region's anchor puts it, else at `v`'s offset in a fresh
     /// block, else by the owner's cursor. As `alloc_grain` otherwise.
+    #[expect(clippy::too_many_arguments)]
     pub fn alloc_data_grain(
         &mut self,
         owner: u64,
@@ -572,6 +573,7 @@ impl Meta {
     /// A wholly free block for a region without an anchor (FORMAT.md
     /// §10.5): the one after the previous region's block, the lowest, or
     /// one added at the pool's end within the bounds; None otherwise.
+    #[expect(clippy::too_many_arguments)]
     fn region_block(
         &mut self,
         owner: u64,
@@ -704,6 +706,7 @@ impl Meta {
         }
     }
 
+    #[expect(clippy::too_many_arguments)]
     fn alloc_at(
         &mut self,
         owner: u64,

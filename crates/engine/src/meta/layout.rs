@@ -187,6 +187,7 @@ impl Meta {
     /// Record the grains at or above `zone` that version `ver` reaches over
     /// virtual grains `[start, end)`: data grains, and map nodes (the root
     /// with the first step of a walk).
+    #[expect(clippy::too_many_arguments)]
     pub fn zone_scan_step(
         &mut self,
         ver: u64,
@@ -211,7 +212,7 @@ impl Meta {
         self.zone_node(st.root, st.levels - 1, 0, start, end, zone, out)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_arguments)]
     fn zone_node(
         &mut self,
         node: u64,

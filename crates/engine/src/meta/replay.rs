@@ -111,6 +111,7 @@ impl Meta {
     }
 
     /// Apply one replayed record (docs/FORMAT.md §5).
+    #[expect(clippy::too_many_lines)]
     pub fn replay(&mut self, rec: Record) -> Result<()> {
         match rec {
             Record::PageImage { grain, data } => {

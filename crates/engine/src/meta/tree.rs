@@ -287,6 +287,7 @@ impl Meta {
         self.walk_node(st.root, st.levels - 1, 0, start, end, f)
     }
 
+    #[expect(clippy::too_many_arguments)]
     fn walk_node(
         &mut self,
         node: u64,
@@ -367,6 +368,7 @@ impl Meta {
         Ok(v)
     }
 
+    #[expect(clippy::too_many_arguments)]
     fn diff_node(
         &mut self,
         a: (u64, u8),

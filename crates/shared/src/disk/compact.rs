@@ -152,6 +152,7 @@ impl SharedDisk {
 
     /// One compaction pass (§11.7a). The disk's writer only: a handle that
     /// does not write the disk yet claims it (as a write would).
+    #[expect(clippy::too_many_lines)]
     pub fn compact(&self, opts: CompactOptions) -> Result<CompactReport> {
         if self.read_only {
             return Err(Error::new(
@@ -417,6 +418,7 @@ impl SharedDisk {
     /// In a commit on `man` (map `root`, `levels`; tail `tail` with the
     /// sealed grains set): set each move whose grain is still where the
     /// pass found it and that `batch` does not write. How many it set.
+    #[expect(clippy::too_many_arguments)]
     pub(super) fn relocate(
         &self,
         man: &Manifest,

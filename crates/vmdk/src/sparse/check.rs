@@ -31,6 +31,7 @@ impl SparseExtent {
     }
 
     /// Verify tables and grains; with `repair`, fix what needs no guessing.
+    #[expect(clippy::too_many_lines)]
     pub fn check(&self, repair: bool) -> Result<ExtentCheck> {
         let mut r = ExtentCheck::default();
         let len = self.file.len().map_err(|e| VmdkError::io(&self.name, e))?;

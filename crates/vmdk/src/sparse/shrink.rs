@@ -24,6 +24,7 @@ impl SparseExtent {
     /// Turn all-zero grains into zero entries, move the last grains into
     /// the holes, and truncate the file. Crash-safe: copies are synced
     /// before entries change, entries before truncation.
+    #[expect(clippy::too_many_lines)]
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<ShrinkReport> {
         let Header::SeSparse(se) = self.header else {
             return Err(VmdkError::unsupported(
@@ -193,6 +194,7 @@ impl SparseExtent {
 
     /// One bounded step. Returns the bytes it read or copied, or `None`
     /// once the file is truncated and the shrink is over.
+    #[expect(clippy::too_many_lines)]
     pub fn online_shrink_step(
         &self,
         sh: &mut OnlineShrink,
