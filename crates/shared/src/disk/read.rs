@@ -1,0 +1,341 @@
+//! Opening a disk and reading it: the overlay of unflushed writes, the
+//! tail, then the map walk (§11.4a).
+
+use super::*;
+
+impl SharedDisk {
+    /// Open `name` (a disk, or `DISK@SNAP`: read-only). Reads nothing but
+    /// the name and the newest manifest; claims nothing.
+    pub fn open(ds: Arc<SharedDatastore>, name: &str, read_only: bool) -> Result<Arc<SharedDisk>> {
+        let (disk, snap) = split_target(name);
+        let id = ds.disk_id(disk)?;
+        let man = ds.newest_manifest(id)?;
+        if man.removed {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("disk '{disk}' was removed"),
+            ));
+        }
+        let snapshot = match snap {
+            None => None,
+            Some(s) => Some(
+                man.snapshots
+                    .iter()
+                    .find(|r| r.name == s)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::NotFound,
+                            format!("disk '{disk}' has no snapshot '{s}'"),
+                        )
+                    })?,
+            ),
+        };
+        let throttle = ds.throttle(id, man.limits);
+        ds.cache.seed_root(&man);
+        let reads = crate::hot::Reads::new(man.size_bytes.div_ceil(G));
+        Ok(Arc::new_cyclic(|me| SharedDisk {
+            compactor: Default::default(),
+            me: me.clone(),
+            ds,
+            name: name.to_string(),
+            id,
+            read_only: read_only || snapshot.is_some(),
+            snapshot,
+            state: Mutex::new(State::new(man)),
+            uploaded: Condvar::new(),
+            landed: Condvar::new(),
+            commit: Mutex::new(()),
+            rmw: Mutex::new(()),
+            stats: Mutex::new(CommitStats::default()),
+            throttle,
+            reads,
+        }))
+    }
+
+    pub(super) fn store(&self) -> &ObjectStore {
+        &self.ds.store
+    }
+
+    /// The disk's name (without `@SNAP`).
+    pub(super) fn disk_name(&self) -> &str {
+        split_target(&self.name).0
+    }
+
+    /// The manifest this disk reads from now.
+    pub fn manifest(&self) -> Arc<Manifest> {
+        self.state.lock().unwrap().man.clone()
+    }
+
+    /// Whether this process owns the disk, and the fencing message if it
+    /// lost it.
+    pub fn ownership(&self) -> (bool, Option<String>) {
+        let st = self.state.lock().unwrap();
+        (st.owner, st.fenced.clone())
+    }
+
+    pub fn commit_stats(&self) -> CommitStats {
+        *self.stats.lock().unwrap()
+    }
+
+    /// Bytes acknowledged to writers and not yet committed to the store.
+    pub fn unflushed_bytes(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        let flushing: usize = st.inflight.iter().map(|f| f.batch.len()).sum();
+        (st.dirty.len() + flushing + st.sealed.len()) as u64 * G
+    }
+
+    pub(super) fn root(&self, man: &Manifest) -> (Option<Entry>, u8) {
+        match &self.snapshot {
+            Some(s) => (s.root, s.levels),
+            None => (man.root, man.levels),
+        }
+    }
+
+    /// The grains in `grains` that this handle's version holds outside
+    /// its map: the head's tail (§11.4a), then the acknowledged writes not
+    /// yet committed (the batch being committed, then the newer one over
+    /// it), with whether each holds data.
+    pub(super) fn overlay(&self, st: &State, grains: std::ops::Range<u64>) -> BTreeMap<u64, bool> {
+        let mut v: BTreeMap<u64, bool> = BTreeMap::new();
+        if self.snapshot.is_none() {
+            v.extend(
+                st.man
+                    .tail
+                    .range(grains.clone())
+                    .map(|(k, e)| (*k, e.is_some())),
+            );
+        }
+        v.extend(st.sealed.range(grains.clone()).map(|(k, _)| (*k, true)));
+        // Batches in flight, oldest first; a grain sealed after a batch
+        // was taken is newer than it.
+        for f in &st.inflight {
+            for (k, d) in f.batch.range(grains.clone()) {
+                if st.sealed.get(k).is_none_or(|(n, _)| *n <= f.at) {
+                    v.insert(*k, d.is_some());
+                }
+            }
+        }
+        v.extend(st.dirty.range(grains).map(|(k, d)| (*k, d.is_some())));
+        v
+    }
+
+    /// Where grain `vg` of this handle's version (at `man`) lives: the
+    /// head's tail, else its map (the segments of the nodes walked go to
+    /// `used`).
+    pub(super) fn locate(
+        &self,
+        man: &Manifest,
+        vg: u64,
+        used: &mut Vec<SegId>,
+    ) -> Result<Option<Entry>> {
+        if self.snapshot.is_none() {
+            if let Some(e) = man.tail.get(&vg) {
+                return Ok(*e);
+            }
+        }
+        let (root, levels) = self.root(man);
+        self.lookup_noting(root, levels, vg, used)
+    }
+
+    /// Walk the map to grain `vg`'s entry.
+    pub(super) fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
+        self.lookup_noting(root, levels, vg, &mut Vec::new())
+    }
+
+    /// [`Self::lookup`], adding to `used` the segments of the nodes it
+    /// walked (a read's hot set counts them, §11.5b).
+    pub(super) fn lookup_noting(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        vg: u64,
+        used: &mut Vec<SegId>,
+    ) -> Result<Option<Entry>> {
+        if !maps(levels, vg) {
+            // Extended since anything was written here (FORMAT.md §11.5).
+            return Ok(None);
+        }
+        let mut e = root;
+        let mut first = 0u64;
+        for level in (0..levels).rev() {
+            let Some(here) = e else { return Ok(None) };
+            let node = self.ds.cache.node(&self.ds.store, &here, level, first)?;
+            if used.last() != Some(&here.seg) {
+                used.push(here.seg);
+            }
+            let span = MapNode::span_of_entry(level);
+            let idx = ((vg - first) / span) as usize;
+            if idx >= FANOUT {
+                return Err(corrupt(format!(
+                    "disk '{}': grain {vg} lies outside its map",
+                    self.name
+                )));
+            }
+            first += idx as u64 * span;
+            e = node.entries[idx];
+        }
+        Ok(e)
+    }
+
+    /// The grains where this handle's version differs from `base`'s (None:
+    /// an empty disk), ascending, with whether this version maps each
+    /// (docs/BACKUP.md): a walk of the two maps that skips what they
+    /// share, then the acknowledged writes not yet committed (either
+    /// handle's overlay; a snapshot has none).
+    pub fn changes_since(&self, base: Option<&SharedDisk>) -> Result<Vec<(u64, bool)>> {
+        let end = self.size_bytes().div_ceil(G);
+        let (mine, man) = {
+            let st = self.state.lock().unwrap();
+            (self.overlay(&st, 0..end), st.man.clone())
+        };
+        let (theirs, their_root) = match base {
+            Some(b) => {
+                let (ov, m) = {
+                    let st = b.state.lock().unwrap();
+                    (b.overlay(&st, 0..end), st.man.clone())
+                };
+                (ov, b.root(&m))
+            }
+            None => (BTreeMap::new(), (None, 0)),
+        };
+        let mut walked = Vec::new();
+        diff::diff_maps(
+            their_root,
+            self.root(&man),
+            end,
+            &mut |e, level, first| self.ds.cache.node(&self.ds.store, e, level, first),
+            &mut |g, present| walked.push((g, present)),
+        )?;
+        if mine.is_empty() && theirs.is_empty() {
+            return Ok(walked);
+        }
+        // Overlay grains count as changed whatever they hold.
+        let (root, levels) = self.root(&man);
+        let mut all: BTreeMap<u64, bool> = walked.into_iter().collect();
+        for &g in theirs.keys() {
+            if !all.contains_key(&g) && !mine.contains_key(&g) {
+                let present = self.lookup(root, levels, g)?.is_some();
+                all.insert(g, present);
+            }
+        }
+        all.extend(mine);
+        Ok(all.into_iter().collect())
+    }
+
+    /// Read the newest manifest now, if the disk is not ours; whether it
+    /// changed.
+    pub(super) fn refresh_now(&self) -> bool {
+        if self.snapshot.is_some() || self.state.lock().unwrap().owner {
+            return false;
+        }
+        let newest = newest_manifest(self.store(), self.id);
+        let mut st = self.state.lock().unwrap();
+        st.refreshed = Instant::now();
+        match newest {
+            Ok(m) if !st.owner && m.seq > st.man.seq => {
+                self.ds.cache.seed_root(&m);
+                st.man = Arc::new(m);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A disk that is not ours follows its owner's commits: at most a
+    /// second behind, except an incoming disk whose writer has not released
+    /// it yet (§11.6b), which reads the newest manifest before every read:
+    /// a migrated guest that resumes here must read what it wrote on the
+    /// source, which flushed it just before it stopped.
+    pub(super) fn refresh_if_stale(&self) {
+        {
+            let st = self.state.lock().unwrap();
+            let handing_over = st.incoming.is_some() && st.man.owner.is_some();
+            if st.owner
+                || self.snapshot.is_some()
+                || (st.refreshed.elapsed() < REFRESH && !handing_over)
+            {
+                return;
+            }
+        }
+        self.refresh_now();
+    }
+
+    /// Read whole grains from `first`, `n` of them, into `out`.
+    pub(super) fn read_grains(&self, first: u64, out: &mut [u8]) -> Result<()> {
+        let n = out.len() / GRAIN;
+        let mut sources = Vec::with_capacity(n);
+        let man = {
+            let st = self.state.lock().unwrap();
+            if let Some(f) = &st.fenced {
+                return Err(Error::new(ErrorKind::Fenced, f.clone()));
+            }
+            let overlay = !st.dirty.is_empty() || !st.inflight.is_empty() || !st.sealed.is_empty();
+            for i in 0..n as u64 {
+                if !overlay {
+                    sources.push(Source::Map);
+                    continue;
+                }
+                let vg = first + i;
+                let at = i as usize * GRAIN;
+                // Newest first: unsealed writes, then the newest batch in
+                // flight that holds the grain unless it was sealed after
+                // that batch was taken, then the seal.
+                let sealed = st.sealed.get(&vg);
+                let hit = match st.dirty.get(&vg) {
+                    Some(d) => Some(d),
+                    None => st
+                        .inflight
+                        .iter()
+                        .rev()
+                        .find_map(|f| f.batch.get(&vg).map(|d| (f.at, d)))
+                        .filter(|(at, _)| sealed.is_none_or(|(n, _)| n <= at))
+                        .map(|(_, d)| d),
+                };
+                sources.push(match (hit, sealed) {
+                    (Some(Some(d)), _) => {
+                        out[at..at + GRAIN].copy_from_slice(d);
+                        Source::Data
+                    }
+                    (Some(None), _) => Source::Zero,
+                    (None, Some((_, e))) => match st.sealing.get(&e.seg) {
+                        Some(s) => {
+                            let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
+                            out[at..at + GRAIN].copy_from_slice(&s.bytes[off..off + GRAIN]);
+                            Source::Data
+                        }
+                        None => Source::Sealed(*e),
+                    },
+                    (None, None) => Source::Map,
+                });
+            }
+            st.man.clone()
+        };
+        self.reads.count(first, n as u64);
+        // The segments of the nodes walked: only a hot set's record (which
+        // walks again, at its own manifest) needs them.
+        let mut walked = Vec::new();
+        for (i, s) in sources.into_iter().enumerate() {
+            let at = i * GRAIN;
+            let e = match s {
+                Source::Data => continue,
+                Source::Zero => None,
+                Source::Sealed(e) => Some(e),
+                Source::Map => self.locate(&man, first + i as u64, &mut walked)?,
+            };
+            walked.clear();
+            match e {
+                None => out[at..at + GRAIN].fill(0),
+                Some(e) => {
+                    self.ds.cache.read_grain(
+                        &self.ds.store,
+                        &e,
+                        first + i as u64,
+                        &mut out[at..at + GRAIN],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
