@@ -12,7 +12,7 @@
 //! that is no longer needed; this test flags it too, without clippy.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-use strata_tidy::{scan, workspace_root, Facts, FILE_LINES, FN_ARGS, FN_LINES};
+use strata_tidy::{scan, workspace_root, Facts, Func, FILE_LINES, FN_ARGS, FN_LINES};
 
 /// Functions allowed over 70 code lines (each with its `expect`).
 const LONG_FUNCTIONS: usize = 48;
@@ -66,72 +66,93 @@ fn ratchet(name: &str, count: usize, ceiling: usize) -> Option<String> {
     }
 }
 
-#[test]
-fn long_functions_are_marked_and_only_get_fewer() {
+/// One clippy lint held by the ratchet: what a function is measured by,
+/// whether it is over, and whether it carries the lint's `expect` or
+/// `allow`.
+struct Lint {
+    name: &'static str,
+    /// "code lines" or "arguments", for the messages.
+    unit: &'static str,
+    limit: usize,
+    advice: &'static str,
+    ceiling: usize,
+    measure: fn(&Func) -> usize,
+    over: fn(&Func) -> bool,
+    expects: fn(&Func) -> bool,
+    allows: fn(&Func) -> bool,
+}
+
+/// Every function over the lint's limit is marked `expect` where it is,
+/// no mark is stale, none is `allow`, and the marks number the ceiling.
+fn marked_and_only_fewer(lint: &Lint, what: &str) {
     let f = facts();
     let mut problems = Vec::new();
+    let (name, unit) = (lint.name, lint.unit);
     for func in &f.funcs {
-        if func.allows_lines {
+        if (lint.allows)(func) {
             problems.push(format!(
-                "{}: #[allow(clippy::too_many_lines)]; use expect, which says when it is no longer needed",
+                "{}: #[allow(clippy::{name})]; use expect, which says when it is no longer needed",
                 func.place()
             ));
         }
-        match (func.too_long(), func.expects_lines) {
+        let n = (lint.measure)(func);
+        match ((lint.over)(func), (lint.expects)(func)) {
             (true, false) => problems.push(format!(
-                "{}: {} code lines, over {FN_LINES}: split it",
+                "{}: {n} {unit}, over {}: {}",
                 func.place(),
-                func.body_lines
+                lint.limit,
+                lint.advice
             )),
             (false, true) => problems.push(format!(
-                "{}: {} code lines now; remove its #[expect(clippy::too_many_lines)]",
-                func.place(),
-                func.body_lines
+                "{}: {n} {unit} now; remove its #[expect(clippy::{name})]",
+                func.place()
             )),
             _ => {}
         }
     }
-    let marked = f.funcs.iter().filter(|x| x.expects_lines).count();
+    let marked = f.funcs.iter().filter(|x| (lint.expects)(x)).count();
     problems.extend(ratchet(
-        "functions marked too_many_lines",
+        &format!("functions marked {name}"),
         marked,
-        LONG_FUNCTIONS,
+        lint.ceiling,
     ));
-    report(&problems, "long functions");
+    report(&problems, what);
+}
+
+#[test]
+fn long_functions_are_marked_and_only_get_fewer() {
+    marked_and_only_fewer(
+        &Lint {
+            name: "too_many_lines",
+            unit: "code lines",
+            limit: FN_LINES,
+            advice: "split it",
+            ceiling: LONG_FUNCTIONS,
+            measure: |f| f.body_lines,
+            over: Func::too_long,
+            expects: |f| f.expects_lines,
+            allows: |f| f.allows_lines,
+        },
+        "long functions",
+    );
 }
 
 #[test]
 fn long_argument_lists_are_marked_and_only_get_fewer() {
-    let f = facts();
-    let mut problems = Vec::new();
-    for func in &f.funcs {
-        if func.allows_args {
-            problems.push(format!(
-                "{}: #[allow(clippy::too_many_arguments)]; use expect, which says when it is no longer needed",
-                func.place()
-            ));
-        }
-        match (func.too_many_args(), func.expects_args) {
-            (true, false) => problems.push(format!(
-                "{}: {} arguments, over {FN_ARGS}: pass a struct",
-                func.place(),
-                func.args
-            )),
-            (false, true) => problems.push(format!(
-                "{}: {} arguments now; remove its #[expect(clippy::too_many_arguments)]",
-                func.place(),
-                func.args
-            )),
-            _ => {}
-        }
-    }
-    let marked = f.funcs.iter().filter(|x| x.expects_args).count();
-    problems.extend(ratchet(
-        "functions marked too_many_arguments",
-        marked,
-        MANY_ARGUMENTS,
-    ));
-    report(&problems, "long argument lists");
+    marked_and_only_fewer(
+        &Lint {
+            name: "too_many_arguments",
+            unit: "arguments",
+            limit: FN_ARGS,
+            advice: "pass a struct",
+            ceiling: MANY_ARGUMENTS,
+            measure: |f| f.args,
+            over: Func::too_many_args,
+            expects: |f| f.expects_args,
+            allows: |f| f.allows_args,
+        },
+        "long argument lists",
+    );
 }
 
 #[test]
