@@ -31,6 +31,7 @@
 mod aio;
 mod aligned;
 pub mod bytes;
+pub mod error;
 pub mod eventfd;
 mod fill;
 pub mod plan;
@@ -40,88 +41,18 @@ pub mod sched;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;
+pub use error::{Cause, Error, Kind, Place};
 pub use fill::{Fill, FillRuns, ReadFill};
 pub use plan::{hold_read, FilePiece, Held, IoHold, IoPlan, Planned};
-
-use std::fmt;
 
 /// The addressing unit of every request.
 pub const SECTOR_BYTES: u64 = 512;
 
-/// What went wrong, in a form a transport can map to its own error codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// Misaligned offset or length, or an argument that makes no sense.
-    InvalidArgument,
-    /// The request reaches past the end of the device.
-    OutOfRange,
-    /// The datastore has no space left for the allocation a write needs.
-    NoSpace,
-    /// The device is read-only (a snapshot export, a read-only open).
-    ReadOnly,
-    /// The operation is not supported by this device (e.g. fast zero).
-    NotSupported,
-    /// Stored metadata failed a check; the device refuses to guess.
-    Corrupt,
-    /// The underlying storage failed.
-    Io,
-    /// The device was closed or deleted while the request was in flight.
-    Gone,
-}
-
-/// An error with a kind for callers to match on and context for people.
-#[derive(Debug, Clone)]
-pub struct BlockError {
-    pub kind: ErrorKind,
-    pub context: String,
-}
-
-impl BlockError {
-    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
-        Self {
-            kind,
-            context: context.into(),
-        }
-    }
-
-    /// The Linux errno a transport should report for this error.
-    pub fn errno(&self) -> i32 {
-        match self.kind {
-            ErrorKind::InvalidArgument => 22, // EINVAL
-            ErrorKind::OutOfRange => 22,      // EINVAL (NBD spec: out of range is EINVAL)
-            ErrorKind::NoSpace => 28,         // ENOSPC
-            ErrorKind::ReadOnly => 1,         // EPERM
-            ErrorKind::NotSupported => 95,    // ENOTSUP
-            ErrorKind::Corrupt => 5,          // EIO
-            ErrorKind::Io => 5,               // EIO
-            ErrorKind::Gone => 108,           // ESHUTDOWN
-        }
-    }
-}
-
-impl fmt::Display for BlockError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            ErrorKind::InvalidArgument => "invalid argument",
-            ErrorKind::OutOfRange => "out of range",
-            ErrorKind::NoSpace => "no space left in datastore",
-            ErrorKind::ReadOnly => "device is read-only",
-            ErrorKind::NotSupported => "not supported",
-            ErrorKind::Corrupt => "metadata corrupt",
-            ErrorKind::Io => "I/O error",
-            ErrorKind::Gone => "device is gone",
-        };
-        if self.context.is_empty() {
-            write!(f, "{what}")
-        } else {
-            write!(f, "{what}: {}", self.context)
-        }
-    }
-}
-
-impl std::error::Error for BlockError {}
-
-pub type BlockResult<T> = Result<T, BlockError>;
+/// The names transports and drivers used before there was one error
+/// (docs/ERRORS.md); the same type.
+pub type BlockError = Error;
+pub type ErrorKind = Kind;
+pub type BlockResult<T> = std::result::Result<T, Error>;
 
 /// How a range is stored, as block-status queries report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +69,7 @@ pub struct Extent {
 pub struct ZeroOptions {
     /// The device may deallocate the range instead of writing zeros.
     pub may_unmap: bool,
-    /// Fail with [`ErrorKind::NotSupported`] rather than zero slowly.
+    /// Fail with [`ErrorKind::Unsupported`] rather than zero slowly.
     pub fast_only: bool,
     /// Make the result durable before returning.
     pub fua: bool,

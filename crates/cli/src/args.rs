@@ -14,6 +14,24 @@ use strata_server::api::{ImageFormat, JobAction, Request, VmdkRequest};
 use strata_server::units::parse_size;
 use strata_server::vmdk_ops::absolute;
 
+/// The exit codes, one per kind of failure (docs/ERRORS.md), so a script
+/// or a unit file can tell "try again later" from "this will never work".
+pub const EXIT_CODES: &str = "Exit status:
+  0   success
+  1   the command ran and found problems (check, vmdk check)
+  2   a usage error, an invalid argument or a request out of range
+  3   not found
+  4   already exists
+  5   in use by another process (a lock): try again
+  6   refused in this state, or read-only
+  7   no space left
+  8   another host holds the disk (fenced), or this host handed it over
+  9   the object store cannot be reached, or refused the credentials
+  10  not supported
+  11  stored data failed a check (corrupt)
+  12  I/O error
+  13  removed or closed while in use";
+
 #[derive(Parser)]
 #[command(
     name = "strata",
@@ -22,7 +40,8 @@ use strata_server::vmdk_ops::absolute;
     long_about = "strata stores virtual disks in a datastore (a directory) and serves them over NBD.\n\
 Every disk and snapshot has its own map, so I/O costs the same at any snapshot depth;\n\
 snapshots and linked clones are O(1); deleting a snapshot moves no data.\n\n\
-While `strata serve` runs, the other commands talk to it through its control socket."
+While `strata serve` runs, the other commands talk to it through its control socket.",
+    after_long_help = EXIT_CODES
 )]
 pub struct Cli {
     /// Datastore directory [default: $STRATA_DATASTORE, else ~/.local/share/strata/datastore]
@@ -605,23 +624,24 @@ pub enum SnapCmd {
     Delete { disk: String, snapshot: String },
 }
 
-fn parse_prov(s: &str) -> Result<Provisioning, String> {
-    Provisioning::parse(s).map_err(|e| e.message)
+fn parse_prov(s: &str) -> Result<Provisioning, Error> {
+    Provisioning::parse(s)
 }
 
-fn parse_alarm_kind(s: &str) -> Result<AlarmKind, String> {
-    AlarmKind::parse(s).map_err(|e| e.message)
+fn parse_alarm_kind(s: &str) -> Result<AlarmKind, Error> {
+    AlarmKind::parse(s)
 }
 
 /// A size, or `fs` (0: follow the file system).
-fn parse_capacity(s: &str) -> Result<u64, String> {
+fn parse_capacity(s: &str) -> Result<u64, Error> {
     if s.eq_ignore_ascii_case("fs") {
         return Ok(0);
     }
     match parse_size(s)? {
-        0 => Err(
-            "a capacity of 0 makes no sense; use `--capacity fs` to follow the file system".into(),
-        ),
+        0 => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "a capacity of 0 makes no sense; use `--capacity fs` to follow the file system",
+        )),
         n => Ok(n),
     }
 }
@@ -1105,11 +1125,7 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                     path: absolute(path)?,
                     name: name.clone(),
                     provisioning: *provisioning,
-                    format: format
-                        .as_deref()
-                        .map(ImageFormat::parse)
-                        .transpose()
-                        .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?,
+                    format: format.as_deref().map(ImageFormat::parse).transpose()?,
                 },
                 json.into(),
             ),
@@ -1124,8 +1140,7 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 Request::Export {
                     target: target.clone(),
                     out: absolute(out)?,
-                    subformat: strata_vmdk::Subformat::parse(subformat)
-                        .map_err(|e| Error::new(ErrorKind::InvalidArgument, e))?,
+                    subformat: strata_vmdk::Subformat::parse(subformat)?,
                     chain: *chain,
                     adapter: adapter.clone(),
                 },

@@ -7,7 +7,8 @@ use clap::{Args, Subcommand};
 use strata_engine::{GroupInfo, GroupSnapshotInfo};
 use strata_server::api::{GroupSnapshotReport, Request, Response};
 
-use strata_server::units::human;
+use strata_engine::Error;
+use strata_server::units::{human, invalid};
 
 #[derive(Subcommand)]
 pub enum GroupCmd {
@@ -133,10 +134,10 @@ enum GroupSnapCmd {
     Delete { group: String, snapshot: String },
 }
 
-fn parse_rename(s: &str) -> Result<(String, String), String> {
+fn parse_rename(s: &str) -> Result<(String, String), Error> {
     match s.split_once('=') {
         Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
-        _ => Err(format!("'{s}' is not DISK=NAME")),
+        _ => Err(invalid(format!("'{s}' is not DISK=NAME"))),
     }
 }
 

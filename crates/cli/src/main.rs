@@ -30,9 +30,27 @@ fn main() -> ExitCode {
     match run(&cli, &dir) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("strata: error: {}", e.message);
-            ExitCode::from(1)
+            eprintln!("strata: error: {e}");
+            ExitCode::from(failure_code(e.kind))
         }
+    }
+}
+
+/// The exit code of a command that failed, by kind (`args::EXIT_CODES`).
+fn failure_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::OutOfRange => 2,
+        ErrorKind::NotFound => 3,
+        ErrorKind::AlreadyExists => 4,
+        ErrorKind::Locked => 5,
+        ErrorKind::Refused | ErrorKind::ReadOnly => 6,
+        ErrorKind::NoSpace => 7,
+        ErrorKind::Fenced | ErrorKind::Released => 8,
+        ErrorKind::Unavailable => 9,
+        ErrorKind::Unsupported => 10,
+        ErrorKind::Corrupt => 11,
+        ErrorKind::Io => 12,
+        ErrorKind::Gone => 13,
     }
 }
 

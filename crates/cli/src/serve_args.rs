@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use strata_engine::Error;
 use strata_server::serve::ServeConfig;
-use strata_server::units::parse_size;
+use strata_server::units::{invalid, parse_size};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -225,11 +226,11 @@ pub struct ServeArgs {
 }
 
 /// `--cache`: whether the pool uses direct I/O (none) or not (writeback).
-fn parse_cache_mode(s: &str) -> Result<bool, String> {
+fn parse_cache_mode(s: &str) -> Result<bool, Error> {
     match s {
         "none" => Ok(true),
         "writeback" => Ok(false),
-        _ => Err(format!("'{s}': expected none or writeback")),
+        _ => Err(invalid(format!("'{s}': expected none or writeback"))),
     }
 }
 
@@ -241,61 +242,65 @@ pub enum Aio {
     Threads,
 }
 
-fn parse_aio(s: &str) -> Result<Aio, String> {
+fn parse_aio(s: &str) -> Result<Aio, Error> {
     match s {
         "io_uring" => Ok(Aio::IoUring),
         "native" => Ok(Aio::Native),
         "threads" => Ok(Aio::Threads),
-        _ => Err(format!("'{s}': expected io_uring, native or threads")),
+        _ => Err(invalid(format!(
+            "'{s}': expected io_uring, native or threads"
+        ))),
     }
 }
 
-fn parse_mode(s: &str) -> Result<u32, String> {
+fn parse_mode(s: &str) -> Result<u32, Error> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(m) if m <= 0o7777 => Ok(m),
-        _ => Err(format!("'{s}': expected an octal mode such as 0660")),
+        _ => Err(invalid(format!(
+            "'{s}': expected an octal mode such as 0660"
+        ))),
     }
 }
 
 /// 0, or a slice the kernel accepts as it is (100 µs to 100 ms).
-fn parse_slice_us(s: &str) -> Result<u32, String> {
+fn parse_slice_us(s: &str) -> Result<u32, Error> {
     match s.parse::<u32>() {
         Ok(us) if us == 0 || (100..=100_000).contains(&us) => Ok(us),
-        _ => Err(format!(
+        _ => Err(invalid(format!(
             "'{s}': expected 0 (the kernel's default) or 100 to 100000 microseconds"
-        )),
+        ))),
     }
 }
 
-fn parse_auto_off(s: &str) -> Result<bool, String> {
+fn parse_auto_off(s: &str) -> Result<bool, Error> {
     match s {
         "auto" => Ok(true),
         "off" => Ok(false),
-        _ => Err(format!("'{s}': expected auto or off")),
+        _ => Err(invalid(format!("'{s}': expected auto or off"))),
     }
 }
 
-fn parse_placement(s: &str) -> Result<bool, String> {
+fn parse_placement(s: &str) -> Result<bool, Error> {
     match s {
         "regions" => Ok(true),
         "arrival" => Ok(false),
-        _ => Err(format!("'{s}': expected regions or arrival")),
+        _ => Err(invalid(format!("'{s}': expected regions or arrival"))),
     }
 }
 
-fn parse_tls_mode(s: &str) -> Result<bool, String> {
+fn parse_tls_mode(s: &str) -> Result<bool, Error> {
     match s {
         "require" => Ok(true),
         "allow" => Ok(false),
-        _ => Err(format!("'{s}': expected require or allow")),
+        _ => Err(invalid(format!("'{s}': expected require or allow"))),
     }
 }
 
-fn parse_on_off(s: &str) -> Result<bool, String> {
+fn parse_on_off(s: &str) -> Result<bool, Error> {
     match s {
         "on" => Ok(true),
         "off" => Ok(false),
-        other => Err(format!("expected on or off, not {other:?}")),
+        other => Err(invalid(format!("expected on or off, not {other:?}"))),
     }
 }
 

@@ -8,31 +8,35 @@ use common::*;
 #[test]
 fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
     let s = Store::new();
-    for (args, needle) in [
-        (vec!["create", "a", "--size", "10X"], "unknown size unit"),
+    // Each kind of failure has its exit status (`strata --help`).
+    for (code, args, needle) in [
+        (2, vec!["create", "a", "--size", "10X"], "unknown size unit"),
         (
+            2,
             vec!["create", "a", "--size", "1G", "--type", "fat"],
             "unknown provisioning type",
         ),
         (
+            2,
             vec!["create", "bad/name", "--size", "1G"],
             "invalid disk name",
         ),
-        (vec!["info", "nope"], "no disk named 'nope'"),
+        (3, vec!["info", "nope"], "no disk named 'nope'"),
         (
+            3,
             vec!["snapshot", "create", "nope", "s"],
             "no disk named 'nope'",
         ),
-        (vec!["clone", "nope", "x"], "needs a snapshot"),
-        (vec!["create", "a", "--size", "1000"], "multiple of 512"),
+        (2, vec!["clone", "nope", "x"], "needs a snapshot"),
+        (2, vec!["create", "a", "--size", "1000"], "multiple of 512"),
     ] {
-        let err = s.fails(&args);
+        let err = s.fails_with(code, &args);
         assert!(err.contains(needle), "{args:?}: '{err}' lacks '{needle}'");
         assert!(err.lines().count() <= 3, "{args:?}: too chatty: {err}");
     }
     s.ok(&["create", "a", "--size", "1M"]);
     assert!(s
-        .fails(&["create", "a", "--size", "1M"])
+        .fails_with(4, &["create", "a", "--size", "1M"])
         .contains("already exists"));
     assert!(s
         .fails(&["extend", "a", "--size", "512K"])
@@ -42,10 +46,17 @@ fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
         .args(["--datastore", "/nonexistent/strata", "list"])
         .output()
         .unwrap();
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(3), "no datastore is not found");
     assert!(String::from_utf8_lossy(&o.stderr).contains("no datastore"));
     // init twice.
-    assert!(s.fails(&["init"]).contains("already holds a datastore"));
+    assert!(s
+        .fails_with(4, &["init"])
+        .contains("already holds a datastore"));
+    let help = s.ok(&["--help"]);
+    assert!(
+        help.contains("Exit status:") && help.contains("9   the object store"),
+        "{help}"
+    );
 }
 
 /// Disks, snapshots and clones without a server, on each kind of datastore.
@@ -184,12 +195,15 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
         let s = Store::of(kind);
         s.ok(&["create", "vm", "--size", "8M"]);
         let srv = s.serve();
-        // Another server on the same datastore is refused.
-        let e = s.fails(&[
-            "serve",
-            "--nbd-unix",
-            s.dir.path().join("x.sock").to_str().unwrap(),
-        ]);
+        // Another server on the same datastore is refused: it is locked.
+        let e = s.fails_with(
+            5,
+            &[
+                "serve",
+                "--nbd-unix",
+                s.dir.path().join("x.sock").to_str().unwrap(),
+            ],
+        );
         assert!(
             e.contains("already served") || e.contains("one server per directory"),
             "{kind:?}: {e}"
@@ -201,7 +215,7 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
         s.ok(&["extend", "vm", "--size", "16M"]);
         assert_eq!(s.json(&["info", "vm"])["size_bytes"], 16 << 20);
         assert!(s
-            .fails(&["info", "ghost"])
+            .fails_with(3, &["info", "ghost"])
             .contains("no disk named 'ghost'"));
         let c = s.json(&["check"]);
         assert_eq!(c["errors"].as_array().unwrap().len(), 0);
@@ -225,7 +239,8 @@ fn a_server_whose_directory_was_deleted_stops_on_sigterm() {
     unsafe { libc::kill(srv.pid(), libc::SIGTERM) };
     let st = srv.wait_exit(std::time::Duration::from_secs(60));
     let st = st.expect("the server did not stop within 60 s of SIGTERM");
-    assert_eq!(st.code(), Some(1), "{st}");
+    // 12: an I/O error (docs/ERRORS.md), what it could not save.
+    assert_eq!(st.code(), Some(12), "{st}");
 }
 
 #[test]

@@ -574,8 +574,8 @@ fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
     );
     assert!(text.contains("wrote 65536/65536"), "{text}");
     assert!(
-        text.contains("read failed: Input/output error"),
-        "A was fenced at its FLUSH and serves nothing after: {text}"
+        text.contains("read failed: Operation not permitted"),
+        "A was fenced at its FLUSH and serves nothing after (EPERM, docs/ERRORS.md): {text}"
     );
     let (ok, r) = qemu_io(
         &b.uri("vm"),
@@ -657,6 +657,75 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     assert!(ok && !r.contains("verification failed"), "{r}");
     drop(sb);
     sa.stop();
+}
+
+/// An export opened while the store does not answer is refused with the
+/// reason, not as "not found": each client (nbdinfo, qemu-io, the CLI's
+/// exit code, the HTTP API's status) is told the server cannot reach its
+/// store; once the store is back, the same disk opens (docs/ERRORS.md).
+#[test]
+fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
+    use testing::{Fault, FaultProxy};
+    let Some(u) = url("opendown") else { return };
+    if !common::have("qemu-io") || !common::have("nbdinfo") {
+        return;
+    }
+    let fs = testing::shared().unwrap();
+    let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
+    let a = Host::empty();
+    a.ok(&["init", "--object-store", &u]);
+    a.ok(&["create", "vm", "--size", "16M"]);
+    let http = common::http::free_addr();
+    let srv = Server::start_env(
+        &a,
+        &["--store-timeout", "3", "--http", &http],
+        &[("AWS_ENDPOINT_URL", &proxy.endpoint)],
+    );
+    common::http::wait_http(&http);
+    proxy.set(Fault::Unavailable);
+    let said = "the server cannot reach its object store";
+    // libnbd prints the server's reason in its debug output only.
+    let nbdinfo = |export: &str| {
+        let o = common::run_within(
+            "env",
+            &["LIBNBD_DEBUG=1", "nbdinfo", &a.uri(export)],
+            Duration::from_secs(120),
+        );
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, text) = nbdinfo("vm");
+    assert!(!ok, "nbdinfo opened it: {text}");
+    assert!(text.contains(said), "nbdinfo: {text}");
+    let (ok, text) = qemu_io(&a.uri("vm"), &["read 0 4k"]);
+    assert!(!ok && text.contains(said), "qemu-io: {text}");
+    // Through the control socket: the kind reaches the CLI's exit code.
+    let o = a.cmd(&["info", "vm"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(9), "strata info: {err}");
+    let r = common::http::get(&http, "/api/v1/disks/vm");
+    assert_eq!(r.status, 503, "{}", r.body);
+    let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["error"]["kind"], "unavailable", "{body}");
+    // Whether a name is there is the store's to say: while it is down, a
+    // name that was never there is not called "not found" either.
+    let (ok, text) = nbdinfo("nosuch");
+    assert!(!ok && text.contains(said), "{text}");
+    proxy.set(Fault::Pass);
+    let (ok, text) = qemu_io(
+        &a.uri("vm"),
+        &["write -P 0x5a 0 4k", "flush", "read -P 0x5a 0 4k"],
+    );
+    assert!(
+        ok && !text.contains("verification failed"),
+        "the store is back: {text}"
+    );
+    let (ok, text) = nbdinfo("nosuch");
+    assert!(!ok && !text.contains(said), "{text}");
+    assert_eq!(a.cmd(&["info", "nosuch"]).status.code(), Some(3));
+    srv.stop();
 }
 
 /// The local cache is a copy: a host whose cache cannot take a file (here

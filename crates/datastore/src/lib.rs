@@ -35,7 +35,7 @@ use strata_block::BlockDevice;
 
 pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
-pub use object_store::{clone_source, from_shared, Incoming, ObjectStoreDatastore};
+pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
     AlarmRule, ChangedRange, Consistency, DatastoreInfo, DiskInfo, Error, ErrorKind, GroupInfo,
     GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,

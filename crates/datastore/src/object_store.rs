@@ -26,22 +26,6 @@ use crate::{
     SpaceWork, StoreDisk,
 };
 
-/// The object-store crate's error with its kind kept as far as the
-/// engine's kinds go: a store that is unreachable is `Io`, never "not
-/// found"; a fenced or released writer is `Refused`.
-pub fn from_shared(e: strata_shared::Error) -> Error {
-    use strata_shared::ErrorKind as K;
-    let kind = match e.kind {
-        K::NotFound => ErrorKind::NotFound,
-        K::AlreadyExists => ErrorKind::AlreadyExists,
-        K::InvalidArgument => ErrorKind::InvalidArgument,
-        K::Corrupt => ErrorKind::Corrupt,
-        K::Unsupported | K::Fenced | K::Released => ErrorKind::Refused,
-        K::Unavailable | K::Io => ErrorKind::Io,
-    };
-    Error::new(kind, e.message)
-}
-
 /// Disks served "incoming" (a hand-over: their first write waits for the
 /// writer elsewhere to release them), and how long it waits.
 #[derive(Debug, Clone, Default)]
@@ -84,9 +68,9 @@ impl ObjectStoreDatastore {
             ..Default::default()
         };
         if let Some(bytes) = opts.store_cache {
-            strata_shared::set_cache_bound(dir, bytes).map_err(from_shared)?;
+            strata_shared::set_cache_bound(dir, bytes)?;
         }
-        let ds = SharedDatastore::open(dir, &o).map_err(from_shared)?;
+        let ds = SharedDatastore::open(dir, &o)?;
         Ok(ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role))
     }
 
@@ -115,7 +99,7 @@ impl ObjectStoreDatastore {
         if let Some(d) = handles.get(target) {
             return Ok(d.clone());
         }
-        let d = SharedDisk::open(self.ds.clone(), target, false).map_err(from_shared)?;
+        let d = SharedDisk::open(self.ds.clone(), target, false)?;
         if self.hot_prefetch.load(std::sync::atomic::Ordering::Relaxed) && !target.contains('@') {
             // What the disk's last writer read most, in the background.
             d.prefetch_hot_set();
@@ -143,7 +127,7 @@ impl ObjectStoreDatastore {
     /// Collect what no live root reaches (`dry_run`: only say what), and
     /// remember the report for [`Self::last_gc`].
     pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
-        let r = self.ds.gc(dry_run).map_err(from_shared)?;
+        let r = self.ds.gc(dry_run)?;
         *self.last_gc.lock() = Some(r.clone());
         Ok(r)
     }
@@ -172,7 +156,7 @@ impl ObjectStoreDatastore {
     /// claim"), which its end does not undo.
     pub fn claim(&self, name: &str, handover: Option<Duration>) -> Result<Manifest> {
         if self.role == Role::Command {
-            return self.ds.claim_for_host(name, handover).map_err(from_shared);
+            return self.ds.claim_for_host(name, handover);
         }
         let mut d = self.disk(name)?;
         if d.ownership().1.is_some() {
@@ -182,8 +166,7 @@ impl ObjectStoreDatastore {
         match handover {
             Some(wait) => d.claim_handover(wait),
             None => d.claim(),
-        }
-        .map_err(from_shared)?;
+        }?;
         Ok((*d.manifest()).clone())
     }
 
@@ -198,10 +181,10 @@ impl ObjectStoreDatastore {
             let m = self.manifest(name)?;
             let me = self.ds.me_as_owner();
             if m.owner.as_ref().is_some_and(|o| o.host == me.host) {
-                return self.ds.release(name).map_err(from_shared);
+                return self.ds.release(name);
             }
         }
-        d.release().map_err(from_shared)
+        d.release()
     }
 
     /// Commit every disk this process writes; the disks that failed, with
@@ -214,15 +197,15 @@ impl ObjectStoreDatastore {
                 continue;
             }
             if let Err(e) = d.commit() {
-                failed.push((name, from_shared(e)));
+                failed.push((name, e));
             }
         }
         failed
     }
 
     fn manifest(&self, disk: &str) -> Result<Manifest> {
-        let id = self.ds.disk_id(disk).map_err(from_shared)?;
-        let m = self.ds.newest_manifest(id).map_err(from_shared)?;
+        let id = self.ds.disk_id(disk)?;
+        let m = self.ds.newest_manifest(id)?;
         if m.removed {
             return Err(Error::new(
                 ErrorKind::NotFound,
@@ -381,7 +364,7 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn list(&self) -> Result<Vec<DiskView>> {
-        let disks = self.ds.disks().map_err(from_shared)?;
+        let disks = self.ds.disks()?;
         let open: HashMap<String, Arc<SharedDisk>> = self.handles.lock().clone();
         Ok(disks
             .iter()
@@ -394,8 +377,8 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn status(&self) -> Result<DatastoreView> {
-        let summary = self.ds.summary().map_err(from_shared)?;
-        let disks = self.ds.disks().map_err(from_shared)?;
+        let summary = self.ds.summary()?;
+        let disks = self.ds.disks()?;
         Ok(DatastoreView::new(
             Kind::ObjectStore,
             self.space_of(&summary, &disks)?,
@@ -413,7 +396,7 @@ impl Datastore for ObjectStoreDatastore {
         if provisioning != Provisioning::Thin {
             capability::check(Kind::ObjectStore, Capability::Thick)?;
         }
-        let m = self.ds.create_disk(disk, size_bytes).map_err(from_shared)?;
+        let m = self.ds.create_disk(disk, size_bytes)?;
         Ok(self.view(disk, &m))
     }
 
@@ -423,7 +406,7 @@ impl Datastore for ObjectStoreDatastore {
         self.handles
             .lock()
             .retain(|n, _| n != disk && !n.starts_with(&prefix));
-        self.ds.remove_disk(disk).map_err(from_shared)
+        self.ds.remove_disk(disk)
     }
 
     fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
@@ -441,9 +424,7 @@ impl Datastore for ObjectStoreDatastore {
         description: &str,
     ) -> Result<SnapshotInfo> {
         let d = self.disk(disk)?;
-        let rec = d
-            .snapshot_create(snapshot, description)
-            .map_err(from_shared)?;
+        let rec = d.snapshot_create(snapshot, description)?;
         let m = d.manifest();
         self.snapshot_infos(&m)
             .into_iter()
@@ -472,27 +453,23 @@ impl Datastore for ObjectStoreDatastore {
                 ),
             ));
         }
-        self.disk(disk)?
-            .snapshot_delete(snapshot)
-            .map_err(from_shared)?;
+        self.disk(disk)?.snapshot_delete(snapshot)?;
         self.forget(&format!("{disk}@{snapshot}"));
         Ok(())
     }
 
     fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()> {
-        self.disk(disk)?
-            .snapshot_revert(snapshot)
-            .map_err(from_shared)
+        self.disk(disk)?.snapshot_revert(snapshot)
     }
 
     fn extend(&self, disk: &str, size_bytes: u64) -> Result<DiskView> {
         // Through this process's handle, which its clients are reading.
-        let m = self.disk(disk)?.extend(size_bytes).map_err(from_shared)?;
+        let m = self.disk(disk)?.extend(size_bytes)?;
         Ok(self.view(disk, &m))
     }
 
     fn set_limits(&self, disk: &str, limits: IoLimits) -> Result<DiskView> {
-        let m = self.disk(disk)?.set_limits(limits).map_err(from_shared)?;
+        let m = self.disk(disk)?.set_limits(limits)?;
         Ok(self.view(disk, &m))
     }
 
@@ -515,8 +492,8 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn space(&self) -> Result<DatastoreInfo> {
-        let summary = self.ds.summary().map_err(from_shared)?;
-        let disks = self.ds.disks().map_err(from_shared)?;
+        let summary = self.ds.summary()?;
+        let disks = self.ds.disks()?;
         self.space_of(&summary, &disks)
     }
 
@@ -540,10 +517,7 @@ impl Datastore for ObjectStoreDatastore {
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {
         let (disk, snap) = clone_source(source)?;
-        let m = self
-            .ds
-            .clone_linked(disk, snap, name)
-            .map_err(from_shared)?;
+        let m = self.ds.clone_linked(disk, snap, name)?;
         Ok(self.view(name, &m))
     }
 
@@ -553,7 +527,7 @@ impl Datastore for ObjectStoreDatastore {
         // acknowledged writes count).
         let base = from.map(|f| self.disk(f)).transpose()?;
         let target = self.disk(to)?;
-        let grains = target.changes_since(base.as_deref()).map_err(from_shared)?;
+        let grains = target.changes_since(base.as_deref())?;
         let g = strata_shared::layout::GRAIN as u64;
         let mut out: Vec<ChangedRange> = Vec::new();
         for (grain, mapped) in grains {
@@ -675,7 +649,7 @@ impl Datastore for ObjectStoreDatastore {
                     Role::Command => d.give_back(),
                 };
                 if let Err(e) = r {
-                    failed.push((name, from_shared(e)));
+                    failed.push((name, e));
                 }
             }
         }

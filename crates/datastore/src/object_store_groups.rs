@@ -16,7 +16,7 @@ use strata_shared::groups::{GroupDef, GroupMember, GroupSnap};
 use strata_shared::layout::{GroupRef, Manifest, SnapshotRec};
 use strata_shared::SharedDisk;
 
-use crate::object_store::{from_shared, ObjectStoreDatastore};
+use crate::object_store::ObjectStoreDatastore;
 use crate::{
     Consistency, Datastore, Error, ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
     QuiesceResult, Result,
@@ -40,8 +40,7 @@ impl ObjectStoreDatastore {
     fn names_by_id(&self) -> Result<HashMap<u32, String>> {
         Ok(self
             .shared()
-            .disk_ids()
-            .map_err(from_shared)?
+            .disk_ids()?
             .into_iter()
             .map(|(n, id)| (id, n))
             .collect())
@@ -63,22 +62,18 @@ impl ObjectStoreDatastore {
             created_unix: def.created_ms / 1000,
             quiesce_hook: def.quiesce_hook.clone(),
             quiesce_timeout_s: def.quiesce_timeout_s,
-            snapshots: self
-                .shared()
-                .group_snapshots(def.group)
-                .map_err(from_shared)?
-                .len(),
+            snapshots: self.shared().group_snapshots(def.group)?.len(),
         })
     }
 
     fn def_of(&self, name: &str) -> Result<GroupDef> {
-        let id = self.shared().group_id(name).map_err(from_shared)?;
-        self.shared().group_def(id).map_err(from_shared)
+        let id = self.shared().group_id(name)?;
+        self.shared().group_def(id)
     }
 
     /// Refuse `disk` (id) if a group holds it already.
     fn in_no_group(&self, disk: &str, id: u32) -> Result<()> {
-        for g in self.shared().groups().map_err(from_shared)? {
+        for g in self.shared().groups()? {
             if g.disks.contains(&id) {
                 return Err(refused(format!(
                     "disk '{disk}' is in group '{}' already (a disk is in one group at most)",
@@ -99,7 +94,7 @@ impl ObjectStoreDatastore {
         check_group_size(disks.len())?;
         let mut ids = Vec::new();
         for d in disks {
-            let id = self.shared().disk_id(d).map_err(from_shared)?;
+            let id = self.shared().disk_id(d)?;
             if ids.contains(&id) {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
@@ -111,17 +106,13 @@ impl ObjectStoreDatastore {
         }
         let def = self
             .shared()
-            .group_create(name, ids, quiesce_hook, quiesce_timeout_s)
-            .map_err(from_shared)?;
+            .group_create(name, ids, quiesce_hook, quiesce_timeout_s)?;
         self.group_view(&def, &self.names_by_id()?)
     }
 
     pub(crate) fn og_delete(&self, name: &str) -> Result<()> {
         let def = self.def_of(name)?;
-        let snaps = self
-            .shared()
-            .group_snapshots(def.group)
-            .map_err(from_shared)?;
+        let snaps = self.shared().group_snapshots(def.group)?;
         if let Some(s) = snaps.first() {
             return Err(refused(format!(
                 "group '{name}' has {} snapshot(s) ('{}' ...): delete them first ('strata \
@@ -130,12 +121,12 @@ impl ObjectStoreDatastore {
                 s.name
             )));
         }
-        self.shared().group_remove(name).map_err(from_shared)
+        self.shared().group_remove(name)
     }
 
     pub(crate) fn og_member(&self, name: &str, disk: &str, add: bool) -> Result<GroupInfo> {
         let def = self.def_of(name)?;
-        let id = self.shared().disk_id(disk).map_err(from_shared)?;
+        let id = self.shared().disk_id(disk)?;
         if add {
             if def.disks.len() >= GROUP_DISKS_MAX {
                 return Err(group_full(name));
@@ -152,26 +143,22 @@ impl ObjectStoreDatastore {
                 return Err(last_disk(name, disk));
             }
         }
-        let def = self
-            .shared()
-            .group_update(def.group, |d| {
-                let mut next = d.clone();
-                if add {
-                    next.disks.push(id);
-                } else {
-                    next.disks.retain(|x| *x != id);
-                }
-                Ok(next)
-            })
-            .map_err(from_shared)?;
+        let def = self.shared().group_update(def.group, |d| {
+            let mut next = d.clone();
+            if add {
+                next.disks.push(id);
+            } else {
+                next.disks.retain(|x| *x != id);
+            }
+            Ok(next)
+        })?;
         self.group_view(&def, &self.names_by_id()?)
     }
 
     pub(crate) fn og_groups(&self) -> Result<Vec<GroupInfo>> {
         let names = self.names_by_id()?;
         self.shared()
-            .groups()
-            .map_err(from_shared)?
+            .groups()?
             .iter()
             .map(|d| self.group_view(d, &names))
             .collect()
@@ -193,7 +180,7 @@ impl ObjectStoreDatastore {
             let name = name_of(names, *id)?;
             let d = self.disk(&name)?;
             if !d.ownership().0 {
-                let newest = self.shared().newest_manifest(*id).map_err(from_shared)?;
+                let newest = self.shared().newest_manifest(*id)?;
                 if let Err(e) = self.shared().may_take_over(&name, &newest) {
                     return Err(refused(format!(
                         "a group snapshot needs one writer for every member, and {}",
@@ -219,12 +206,8 @@ impl ObjectStoreDatastore {
                 .collect();
             for s in stale {
                 let g = s.group.expect("filtered");
-                if !self
-                    .shared()
-                    .group_snapshot_exists(g.group, g.snapshot)
-                    .map_err(from_shared)?
-                {
-                    d.snapshot_delete(&s.name).map_err(from_shared)?;
+                if !self.shared().group_snapshot_exists(g.group, g.snapshot)? {
+                    d.snapshot_delete(&s.name)?;
                     self.forget(&format!("{name}@{}", s.name));
                 }
             }
@@ -241,8 +224,7 @@ impl ObjectStoreDatastore {
         let def = self.def_of(group)?;
         if self
             .shared()
-            .group_snapshots(def.group)
-            .map_err(from_shared)?
+            .group_snapshots(def.group)?
             .iter()
             .any(|s| s.name == snap)
         {
@@ -269,8 +251,7 @@ impl ObjectStoreDatastore {
                 group: def.group,
                 snapshot: id,
             },
-        )
-        .map_err(from_shared)?;
+        )?;
         let consistency = match &opts.quiesce {
             Some(q) if q.result == QuiesceResult::Ok => Consistency::Application,
             _ => Consistency::Crash,
@@ -298,12 +279,12 @@ impl ObjectStoreDatastore {
                 .collect(),
         };
         crash_point("before-group-object");
-        self.shared().group_snapshot_put(&gs).map_err(from_shared)?;
+        self.shared().group_snapshot_put(&gs)?;
         self.info_of(&gs, &names)
     }
 
     fn info_of(&self, gs: &GroupSnap, names: &HashMap<u32, String>) -> Result<GroupSnapshotInfo> {
-        let def = self.shared().group_def(gs.group).map_err(from_shared)?;
+        let def = self.shared().group_def(gs.group)?;
         let mut members = Vec::new();
         for m in &gs.members {
             let disk = names.get(&m.disk).cloned().unwrap_or_default();
@@ -348,8 +329,7 @@ impl ObjectStoreDatastore {
         let def = self.def_of(group)?;
         let names = self.names_by_id()?;
         self.shared()
-            .group_snapshots(def.group)
-            .map_err(from_shared)?
+            .group_snapshots(def.group)?
             .iter()
             .map(|gs| self.info_of(gs, &names))
             .collect()
@@ -357,8 +337,7 @@ impl ObjectStoreDatastore {
 
     fn group_snapshot(&self, def: &GroupDef, snap: &str) -> Result<GroupSnap> {
         self.shared()
-            .group_snapshots(def.group)
-            .map_err(from_shared)?
+            .group_snapshots(def.group)?
             .into_iter()
             .find(|s| s.name == snap)
             .ok_or_else(|| {
@@ -382,13 +361,11 @@ impl ObjectStoreDatastore {
             };
             let d = self.disk(name)?;
             if d.manifest().snapshots.iter().any(|s| s.id == m.snapshot) {
-                d.snapshot_delete(&gs.name).map_err(from_shared)?;
+                d.snapshot_delete(&gs.name)?;
             }
             self.forget(&format!("{name}@{}", gs.name));
         }
-        self.shared()
-            .group_snapshot_drop(def.group, gs.id)
-            .map_err(from_shared)
+        self.shared().group_snapshot_drop(def.group, gs.id)
     }
 
     pub(crate) fn og_snapshot_revert(&self, group: &str, snap: &str) -> Result<()> {
@@ -413,8 +390,7 @@ impl ObjectStoreDatastore {
         }
         for m in &gs.members {
             self.disk(&name_of(&names, m.disk)?)?
-                .snapshot_revert(&gs.name)
-                .map_err(from_shared)?;
+                .snapshot_revert(&gs.name)?;
         }
         Ok(())
     }
@@ -451,21 +427,15 @@ impl ObjectStoreDatastore {
         let plan: Vec<(String, String)> = members.into_iter().zip(new).collect();
         let mut ids = Vec::new();
         for (name, new) in &plan {
-            let m = self
-                .shared()
-                .clone_linked(name, snap, new)
-                .map_err(from_shared)?;
+            let m = self.shared().clone_linked(name, snap, new)?;
             ids.push(m.disk);
         }
-        let d = self
-            .shared()
-            .group_create(
-                new_group,
-                ids,
-                def.quiesce_hook.clone(),
-                def.quiesce_timeout_s,
-            )
-            .map_err(from_shared)?;
+        let d = self.shared().group_create(
+            new_group,
+            ids,
+            def.quiesce_hook.clone(),
+            def.quiesce_timeout_s,
+        )?;
         self.group_view(&d, &self.names_by_id()?)
     }
 

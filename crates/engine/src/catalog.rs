@@ -333,5 +333,5 @@ pub use strata_format::split_target;
 
 /// Names of disks and snapshots ([`strata_format::check_name`]).
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    strata_format::check_name(what, name).or_else(|m| err(ErrorKind::InvalidArgument, m))
+    strata_format::check_name(what, name)
 }

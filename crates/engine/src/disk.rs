@@ -1123,10 +1123,6 @@ impl Drop for Counted {
     }
 }
 
-fn to_block<T>(r: Result<T>) -> BlockResult<T> {
-    r.map_err(BlockError::from)
-}
-
 impl BlockDevice for DiskHandle {
     fn size_bytes(&self) -> u64 {
         let m = self.inner.meta.lock();
@@ -1139,12 +1135,12 @@ impl BlockDevice for DiskHandle {
 
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> BlockResult<strata_block::ReadFill> {
         self.throttle.admit(buf.len() as u64);
-        to_block(self.read_impl(buf, offset_bytes))
+        self.read_impl(buf, offset_bytes)
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64, fua: bool) -> BlockResult<()> {
         self.throttle.admit(buf.len() as u64);
-        to_block(self.write_impl(buf, offset_bytes, fua))
+        self.write_impl(buf, offset_bytes, fua)
     }
 
     fn plan_read(
@@ -1161,7 +1157,7 @@ impl BlockDevice for DiskHandle {
             return None;
         }
         self.throttle.admit(buf.len() as u64);
-        Some(to_block(self.plan_read_impl(fd, buf, offset_bytes, wait)))
+        Some(self.plan_read_impl(fd, buf, offset_bytes, wait))
     }
 
     fn plan_write(
@@ -1177,18 +1173,17 @@ impl BlockDevice for DiskHandle {
             return None;
         }
         self.plan_write_impl(fd, buf, offset_bytes, wait)
-            .map_err(BlockError::from)
             .transpose()
     }
 
     fn flush(&self) -> BlockResult<()> {
-        to_block(self.inner.commit(false))
+        self.inner.commit(false)
     }
 
     fn unmap(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<()> {
         self.throttle.admit(0);
-        let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
-        to_block(self.zero_impl(offset_bytes, len_bytes, prov, UNMAP))
+        let prov = self.begin(offset_bytes, len_bytes, true)?;
+        self.zero_impl(offset_bytes, len_bytes, prov, UNMAP)
     }
 
     /// Fast (FAST_ZERO) only where the map does the work; a zeroing that
@@ -1199,12 +1194,12 @@ impl BlockDevice for DiskHandle {
         len_bytes: u64,
         opts: ZeroOptions,
     ) -> BlockResult<()> {
-        let prov = to_block(self.begin(offset_bytes, len_bytes, true))?;
+        let prov = self.begin(offset_bytes, len_bytes, true)?;
         if opts.fast_only {
-            let slow = to_block(self.slow_zeroing(offset_bytes, len_bytes, prov, opts))?;
+            let slow = self.slow_zeroing(offset_bytes, len_bytes, prov, opts)?;
             if let Some(why) = slow {
                 return Err(BlockError::new(
-                    strata_block::ErrorKind::NotSupported,
+                    strata_block::ErrorKind::Unsupported,
                     format!("'{}': no fast zeroing here: {why}", self.name),
                 ));
             }
@@ -1212,11 +1207,11 @@ impl BlockDevice for DiskHandle {
         // Zeros written (NO_HOLE) count against the I/O limits as a WRITE.
         self.throttle
             .admit(if opts.may_unmap { 0 } else { len_bytes });
-        to_block(self.zero_impl(offset_bytes, len_bytes, prov, opts))
+        self.zero_impl(offset_bytes, len_bytes, prov, opts)
     }
 
     fn block_status(&self, offset_bytes: u64, len_bytes: u64) -> BlockResult<Vec<Extent>> {
-        to_block(self.status_impl(offset_bytes, len_bytes))
+        self.status_impl(offset_bytes, len_bytes)
     }
 
     fn prefetch(&self, offset_bytes: u64, len_bytes: u64) {
@@ -1244,7 +1239,7 @@ pub(crate) fn copy_mapped(
     let mut buf = vec![0u8; ZERO_CHUNK_BYTES];
     while offset < size {
         let len = (size - offset).min(64 << 20);
-        let extents = to_block_err(src.block_status(offset, len))?;
+        let extents = src.block_status(offset, len)?;
         let mut pos = offset;
         for x in extents {
             if !x.hole {
@@ -1267,8 +1262,4 @@ pub(crate) fn copy_mapped(
     }
     progress(total, total);
     Ok(())
-}
-
-fn to_block_err<T>(r: BlockResult<T>) -> Result<T> {
-    r.map_err(Error::from)
 }

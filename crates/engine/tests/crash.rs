@@ -166,7 +166,7 @@ fn failed<T>(r: strata_engine::Result<T>, faulty: bool, seed: u64, what: &str) -
 }
 
 fn block_failed(r: strata_block::BlockResult<()>, faulty: bool, seed: u64, what: &str) -> bool {
-    failed(r.map_err(strata_engine::Error::from), faulty, seed, what)
+    failed(r, faulty, seed, what)
 }
 
 /// One round: interleaved operations until the round ends or a fault hits

@@ -56,7 +56,7 @@ fn an_error_inside_a_change_stops_writes_and_loses_nothing_flushed() {
                 assert!(f.cause.contains("injected read failure"), "{f:?}");
                 // Everything that would extend the log is refused now.
                 let e = h.write_at(&[1; 4096], 0, false).unwrap_err();
-                assert!(e.context.contains("stopped accepting writes"), "{e}");
+                assert!(e.message.contains("stopped accepting writes"), "{e}");
                 assert!(h.flush().is_err());
                 assert!(ds.snapshot_create("d", "t", "").is_err());
                 // Reads go on.

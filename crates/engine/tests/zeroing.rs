@@ -1,5 +1,5 @@
 //! WRITE_ZEROES options against each provisioning, on the simulator:
-//! `fast_only` zeroes through the map or is refused with NotSupported
+//! `fast_only` zeroes through the map or is refused with Unsupported
 //! before anything changes, and without `may_unmap` the range stays
 //! allocated (block status reports no hole) while it reads as zeros.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
@@ -75,7 +75,7 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
         // A partial grain over data would take a write: refused, the
         // whole grains next to it untouched too.
         let e = h.write_zeroes(512 * KIB, 4 * KIB + 512, FAST).unwrap_err();
-        assert_eq!(e.kind, BlockKind::NotSupported, "{prov:?}: {e}");
+        assert_eq!(e.kind, BlockKind::Unsupported, "{prov:?}: {e}");
         assert_eq!(read(&h, 0, MIB)[256 * 1024..], data[256 * 1024..]);
         // A partial grain over a hole already reads as zeros.
         h.write_zeroes(2 * MIB + 512, 8 * KIB, FAST).unwrap();
@@ -83,7 +83,7 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
     // An eager-zeroed disk zeroes by writing zeros into its grains.
     let h = disk_with_data(&ds, "eager", Provisioning::Eagerzeroedthick);
     let e = h.write_zeroes(0, SIZE, FAST).unwrap_err();
-    assert_eq!(e.kind, BlockKind::NotSupported, "{e}");
+    assert_eq!(e.kind, BlockKind::Unsupported, "{e}");
     assert!(e.to_string().contains("eagerzeroedthick"), "{e}");
     assert_eq!(read(&h, 0, MIB), data);
     // Without fast_only it zeroes and stays allocated.
@@ -129,7 +129,7 @@ fn zeroes_without_unmap_leave_the_range_allocated_on_every_provisioning() {
             ..NO_HOLE
         };
         let e = h.write_zeroes(256 * KIB, 4 * KIB, fast).unwrap_err();
-        assert_eq!(e.kind, BlockKind::NotSupported, "{prov:?}: {e}");
+        assert_eq!(e.kind, BlockKind::Unsupported, "{prov:?}: {e}");
         let data = pattern(MIB as usize);
         assert_eq!(read(&h, 256 * KIB, 4 * KIB), data[256 * 1024..260 * 1024]);
         let snap = ds.open_disk(&format!("{name}@s")).unwrap();

@@ -72,8 +72,8 @@ pub fn split_target(s: &str) -> (&str, Option<&str>) {
 
 /// Names of disks and snapshots, in a local datastore and an object-store
 /// one alike: 1–128 of `[A-Za-z0-9._-]`, not starting with '.' or '-'.
-/// The error is the message for the user.
-pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+/// A bad name is `InvalidArgument`, with the rule in the message.
+pub fn check_name(what: &str, name: &str) -> Result<(), strata_block::Error> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && !name.starts_with('.')
@@ -84,8 +84,11 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+        Err(strata_block::Error::new(
+            strata_block::Kind::InvalidArgument,
+            format!(
+                "invalid {what} name '{name}': use 1-128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+            ),
         ))
     }
 }
@@ -914,3 +917,10 @@ pub fn disk_bytes_max() -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+/// Bytes that fail the format's checks are corrupt: nothing is guessed.
+impl From<FormatError> for strata_block::Error {
+    fn from(e: FormatError) -> Self {
+        strata_block::Error::new(strata_block::Kind::Corrupt, e.to_string())
+    }
+}

@@ -90,7 +90,7 @@ pub trait FuseProvider: Send + Sync {
     }
     /// Open an export for one open file; `Err(message)` if there is no such
     /// export. The handle is dropped when the file is released.
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error>;
     /// Capacity and free space of the store behind the exports, for
     /// `statfs`; None: zeros.
     fn space(&self) -> Option<FsSpace> {
@@ -175,8 +175,25 @@ struct Shared {
     born: SystemTime,
 }
 
+/// The errno of a failed request: NBD's numbers (`Error::errno`), except
+/// where a file system has a better one (docs/ERRORS.md): a write to a
+/// read-only export is EROFS, a disk another process holds EBUSY.
 fn errno(e: &BlockError) -> Errno {
-    Errno::from_i32(e.errno())
+    match e.kind {
+        strata_block::Kind::ReadOnly => Errno::EROFS,
+        strata_block::Kind::Locked => Errno::EBUSY,
+        _ => Errno::from_i32(e.errno()),
+    }
+}
+
+/// The errno of an export that cannot be opened: ENOENT when there is no
+/// such export, else the request errno (a store that does not answer is
+/// EIO, a disk another host holds EPERM).
+fn open_errno(e: &BlockError) -> Errno {
+    match e.kind {
+        strata_block::Kind::NotFound | strata_block::Kind::Gone => Errno::ENOENT,
+        _ => errno(e),
+    }
 }
 
 fn eshutdown() -> Errno {
@@ -413,9 +430,9 @@ impl Filesystem for Fs {
         };
         let dev = match p.open(&name) {
             Ok(d) => d,
-            Err(msg) => {
-                tracing::debug!("fuse: open {name}: {msg}");
-                return reply.error(Errno::ENOENT);
+            Err(e) => {
+                tracing::debug!("fuse: open {name}: {e}");
+                return reply.error(open_errno(&e));
             }
         };
         let read_only = dev.read_only();
@@ -960,48 +977,66 @@ pub enum Prepared {
 /// left by a server that died (its directory answers `ENOTCONN`) and
 /// unmount it lazily; refuse a live mount or a non-directory with a
 /// message that says what to do.
-pub fn prepare_mountpoint(dir: &Path) -> Result<Prepared, String> {
+pub fn prepare_mountpoint(dir: &Path) -> Result<Prepared, BlockError> {
+    use strata_block::Kind;
     let abs = absolute(dir)?;
     let mounted = mount_fstype(&abs);
+    let fail = |kind, message: String| Err(BlockError::new(kind, message));
     match (std::fs::metadata(&abs), mounted) {
         (Err(e), Some(fstype)) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            let c = CString::new(abs.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+            let Ok(c) = CString::new(abs.as_os_str().as_bytes()) else {
+                return fail(
+                    Kind::InvalidArgument,
+                    format!("{} has a NUL byte", abs.display()),
+                );
+            };
             // SAFETY: umount2 with a valid C string.
             if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-                return Err(format!(
-                    "{} is a stale {fstype} mount (its server is gone) and unmounting it failed: {}; \
-                     run 'umount -l {}'",
-                    abs.display(),
-                    io::Error::last_os_error(),
-                    abs.display()
-                ));
+                return fail(
+                    Kind::Io,
+                    format!(
+                        "{} is a stale {fstype} mount (its server is gone) and unmounting it \
+                         failed: {}; run 'umount -l {}'",
+                        abs.display(),
+                        io::Error::last_os_error(),
+                        abs.display()
+                    ),
+                );
             }
             Ok(Prepared::StaleUnmounted)
         }
-        (Ok(_), Some(fstype)) => Err(format!(
-            "{} is already a mount point ({fstype}); is another 'strata serve --fuse' using it? \
-             Unmount it first (umount {})",
-            abs.display(),
-            abs.display()
-        )),
+        (Ok(_), Some(fstype)) => fail(
+            Kind::Locked,
+            format!(
+                "{} is already a mount point ({fstype}); is another 'strata serve --fuse' using \
+                 it? Unmount it first (umount {})",
+                abs.display(),
+                abs.display()
+            ),
+        ),
         (Err(e), _) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&abs).map_err(|e| format!("create {}: {e}", abs.display()))?;
+            std::fs::create_dir_all(&abs).map_err(|e| {
+                BlockError::from(e).context(format_args!("create {}", abs.display()))
+            })?;
             Ok(Prepared::Ready)
         }
-        (Err(e), _) => Err(format!("{}: {e}", abs.display())),
-        (Ok(m), None) if !m.is_dir() => Err(format!("{} is not a directory", abs.display())),
+        (Err(e), _) => Err(BlockError::from(e).at(abs.display().to_string())),
+        (Ok(m), None) if !m.is_dir() => fail(
+            Kind::InvalidArgument,
+            format!("{} is not a directory", abs.display()),
+        ),
         (Ok(_), None) => Ok(Prepared::Ready),
     }
 }
 
 /// `dir` as an absolute path, its parent resolved (the last component may
 /// be a dead mount that cannot be resolved).
-fn absolute(dir: &Path) -> Result<PathBuf, String> {
+fn absolute(dir: &Path) -> Result<PathBuf, BlockError> {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(|e| format!("current directory: {e}"))?
+            .map_err(|e| BlockError::from(e).context("current directory"))?
             .join(dir)
     };
     match (abs.parent(), abs.file_name()) {

@@ -62,7 +62,7 @@ impl BlockDevice for RawFile {
     fn write_zeroes(&self, off: u64, len: u64, o: ZeroOptions) -> BlockResult<()> {
         check_range(off, len, self.size)?;
         if o.fast_only {
-            return Err(BlockError::new(ErrorKind::NotSupported, "no fast zero"));
+            return Err(BlockError::new(ErrorKind::Unsupported, "no fast zero"));
         }
         let Some(f) = &self.f else { return Ok(()) };
         let z = vec![0u8; 1 << 20];
@@ -93,11 +93,14 @@ impl ExportProvider for One {
             description: String::new(),
         }]
     }
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         if name == "d" || name.is_empty() {
             Ok(self.0.clone())
         } else {
-            Err("no such export".into())
+            Err(strata_block::Error::new(
+                strata_block::Kind::NotFound,
+                "no such export",
+            ))
         }
     }
 }

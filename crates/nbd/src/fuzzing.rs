@@ -295,12 +295,15 @@ impl ExportProvider for Exports {
             })
             .collect()
     }
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         match name {
             "a" => Ok(self.a.clone()),
             "b" => Ok(self.b.clone()),
             "c" => Ok(self.c.clone()),
-            _ => Err(format!("no export '{name}'")),
+            _ => Err(strata_block::Error::new(
+                strata_block::Kind::NotFound,
+                format!("no export '{name}'"),
+            )),
         }
     }
     fn contexts(&self, export: &str) -> Vec<String> {

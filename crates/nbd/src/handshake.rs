@@ -3,7 +3,7 @@
 use std::io::{self, BufReader, Read, Write};
 use std::sync::Arc;
 
-use strata_block::BlockDevice;
+use strata_block::{BlockDevice, Error, Kind};
 
 use crate::authz::{subject, ReadOnly};
 use crate::proto::*;
@@ -185,7 +185,7 @@ impl<S: NbdStream> Haggle<'_, S> {
                 Ok((name, Arc::new(ReadOnly(dev))))
             }
             Ok(dev) => Ok((name, dev)),
-            Err(e) => Err((REP_ERR_UNKNOWN, format!("cannot open export '{name}': {e}"))),
+            Err(e) => Err((open_refusal(e.kind), refusal_message(&name, &e))),
         }
     }
 
@@ -194,7 +194,7 @@ impl<S: NbdStream> Haggle<'_, S> {
     /// that tells the client, so that a client that opens another
     /// connection as soon as it has the reply never finds this one taken
     /// for a stalled handshake and closed to make room.
-    fn take_slot(&self, name: &str) -> Result<ExportSlot, String> {
+    fn take_slot(&self, name: &str) -> Result<ExportSlot, Error> {
         let slot = self.shared.export_slot(name)?;
         self.shared.negotiated(self.id);
         Ok(slot)
@@ -267,7 +267,7 @@ impl<S: NbdStream> Haggle<'_, S> {
             OPT_GO => match self.take_slot(&name) {
                 Ok(slot) => Some(slot),
                 Err(why) => {
-                    self.error(opt, REP_ERR_POLICY, &why)?;
+                    self.error(opt, open_refusal(why.kind), &why.message)?;
                     return Ok(None);
                 }
             },
@@ -417,6 +417,38 @@ impl<S: NbdStream> Haggle<'_, S> {
         let n = if no_zeroes { 10 } else { b.len() };
         self.conn.get_mut().write_all(&b[..n])?;
         Ok(self.negotiated(&name, dev, slot, true))
+    }
+}
+
+/// The option reply for an export that cannot be opened, by the error's
+/// kind (docs/ERRORS.md): `INVALID` for a request that makes no sense,
+/// `POLICY` for what the server will not do for this client now,
+/// `UNKNOWN` ("the export is not available") for the rest. `UNSUP` is
+/// never used here: a client would take it to mean the option itself is
+/// unknown.
+fn open_refusal(kind: Kind) -> u32 {
+    match kind {
+        Kind::InvalidArgument | Kind::OutOfRange => REP_ERR_INVALID,
+        Kind::ReadOnly | Kind::Refused | Kind::Fenced | Kind::Released => REP_ERR_POLICY,
+        Kind::NotFound
+        | Kind::AlreadyExists
+        | Kind::NoSpace
+        | Kind::Unsupported
+        | Kind::Locked
+        | Kind::Corrupt
+        | Kind::Io
+        | Kind::Unavailable
+        | Kind::Gone => REP_ERR_UNKNOWN,
+    }
+}
+
+/// What a client prints when `name` cannot be opened: the kind's sentence
+/// first (`the server cannot reach its object store`), then the error. A
+/// missing export's own message already says it is not there.
+fn refusal_message(name: &str, e: &Error) -> String {
+    match e.kind {
+        Kind::NotFound => format!("cannot open export '{name}': {e}"),
+        kind => format!("cannot open export '{name}': {}: {e}", kind.sentence()),
     }
 }
 

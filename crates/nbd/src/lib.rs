@@ -150,10 +150,12 @@ pub trait ExportProvider: Send + Sync {
     /// Every export, in order; the first one is the default export (the
     /// one a client gets when it asks for the empty name).
     fn list(&self) -> Vec<ExportInfo>;
-    /// Open an export by name for one client connection; `Err(message)`
-    /// if there is no such export. The handle is dropped when the
-    /// connection ends.
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+    /// Open an export by name for one client connection, or say why not:
+    /// the error's kind decides the option reply a client gets (no such
+    /// export, a store the server cannot reach, a disk another host
+    /// holds), its message is what the client prints. The handle is
+    /// dropped when the connection ends.
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error>;
 
     /// The metadata contexts `export` offers besides `base:allocation`
     /// (full names, such as `qemu:dirty-bitmap:s1`), for
@@ -687,7 +689,7 @@ impl Drop for ExportSlot {
 
 impl Shared {
     /// Take a place on export `name`, or say why not (its limit is full).
-    pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, String> {
+    pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, strata_block::Error> {
         let limit = self.opts.max_connections_per_export;
         let mut m = self.export_conns.lock();
         let e = m.entry(name.to_string()).or_default();
@@ -695,7 +697,7 @@ impl Shared {
         if limit > 0 && n >= limit {
             let why = format!("export '{name}' is open on {n} connections already (the limit)");
             self.refusals.note(Refusal::ExportFull, &why);
-            return Err(why);
+            return Err(strata_block::Error::new(strata_block::Kind::Refused, why));
         }
         e.conns += 1;
         Ok(ExportSlot {

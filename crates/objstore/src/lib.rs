@@ -40,48 +40,11 @@ use object_store::{
     RetryConfig,
 };
 
-/// What went wrong, as far as a caller decides anything by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// No object under the key.
-    NotFound,
-    /// A create-only write found the key taken.
-    Exists,
-    /// The store did not answer in time, or answered with a server error.
-    Unavailable,
-    /// Credentials missing or refused.
-    Denied,
-    /// The store lacks something strata needs (conditional writes).
-    Unsupported,
-    /// A bad URL or setting.
-    Invalid,
-    /// Anything else the store said.
-    Other,
-}
-
-/// An error that names the store, the key and what happened.
-#[derive(Debug, Clone)]
-pub struct Error {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-impl Error {
-    fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Error {}
+/// The object-store client returns strata's one error (docs/ERRORS.md):
+/// a key that is not there is `NotFound`, a create-only write that finds
+/// the key taken `AlreadyExists`, a store that does not answer or refuses
+/// the credentials `Unavailable` (the message tells which).
+pub use strata_block::{Error, Kind as ErrorKind};
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -97,7 +60,7 @@ impl StoreUrl {
     pub fn parse(s: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::new(
-                ErrorKind::Invalid,
+                ErrorKind::InvalidArgument,
                 format!("'{s}' is not an object-store URL ({why}; expected s3://BUCKET/PREFIX)"),
             )
         };
@@ -289,7 +252,7 @@ impl ObjectStore {
             .build()
             .map_err(|e| {
                 Error::new(
-                    ErrorKind::Other,
+                    ErrorKind::Io,
                     format!("cannot start the S3 client runtime: {e}"),
                 )
             })?;
@@ -357,17 +320,21 @@ impl ObjectStore {
 
     fn error(&self, what: &str, key: &str, e: object_store::Error) -> Error {
         use object_store::Error as E;
+        let denied = matches!(&e, E::PermissionDenied { .. } | E::Unauthenticated { .. });
         let kind = match &e {
             E::NotFound { .. } => ErrorKind::NotFound,
-            E::AlreadyExists { .. } | E::Precondition { .. } => ErrorKind::Exists,
-            E::PermissionDenied { .. } | E::Unauthenticated { .. } => ErrorKind::Denied,
+            E::AlreadyExists { .. } | E::Precondition { .. } => ErrorKind::AlreadyExists,
             E::NotImplemented { .. } | E::NotSupported { .. } => ErrorKind::Unsupported,
-            E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => ErrorKind::Invalid,
-            // Connection refused, timeouts and 5xx after the retries.
+            E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => ErrorKind::InvalidArgument,
+            // Refused credentials, connection refused, timeouts and 5xx
+            // after the retries: the server cannot use its store.
             _ => ErrorKind::Unavailable,
         };
         let hint = match kind {
-            ErrorKind::Denied => " (check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".to_string(),
+            _ if denied => {
+                " (credentials refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+                    .to_string()
+            }
             ErrorKind::Unavailable => format!(" (endpoint {})", self.endpoint),
             _ => String::new(),
         };
@@ -404,7 +371,7 @@ impl ObjectStore {
         let r = retry_server_errors(|| self.put_create_watched(key, body.clone()));
         match r {
             Ok(put) => Ok(put),
-            Err(e) if e.kind == ErrorKind::Exists => match self.get_opt(key)? {
+            Err(e) if e.kind == ErrorKind::AlreadyExists => match self.get_opt(key)? {
                 Some(there) if there == body => Ok(Put::Created),
                 _ => Ok(Put::Exists),
             },
@@ -495,7 +462,7 @@ impl ObjectStore {
         })?;
         if b.len() as u64 != want {
             return Err(Error::new(
-                ErrorKind::Other,
+                ErrorKind::Unavailable,
                 format!(
                     "read {}: asked for {want} bytes at {}, got {}",
                     self.describe(key),
@@ -629,7 +596,7 @@ impl ObjectStore {
                     e if is_server_error(&e) => {
                         let again =
                             retry_server_errors(|| self.put_create_once(&key, bodies[i].clone()));
-                        if matches!(&again, Err(e) if e.kind == ErrorKind::Exists) {
+                        if matches!(&again, Err(e) if e.kind == ErrorKind::AlreadyExists) {
                             undecided.push(i);
                         }
                         again
@@ -639,7 +606,7 @@ impl ObjectStore {
             };
             match r {
                 Ok(()) => accepted.push(i),
-                Err(e) if e.kind == ErrorKind::Exists => {}
+                Err(e) if e.kind == ErrorKind::AlreadyExists => {}
                 Err(e) => return cleanup(Err(e)),
             }
         }
@@ -689,7 +656,7 @@ impl ObjectStore {
                     "it accepted a create of a key that exists".into(),
                 ))
             }
-            Err(e) if e.kind == ErrorKind::Exists => {}
+            Err(e) if e.kind == ErrorKind::AlreadyExists => {}
             Err(e) => return cleanup(Err(e)),
         }
         cleanup(Ok(ProbeReport {
@@ -758,7 +725,7 @@ fn s3_client(
     }
     b.build().map_err(|e| {
         Error::new(
-            ErrorKind::Invalid,
+            ErrorKind::InvalidArgument,
             format!("cannot set up the S3 client for {url}: {e}"),
         )
     })
@@ -799,7 +766,7 @@ mod tests {
             "s3://ok-bucket/a//b",
         ] {
             let e = StoreUrl::parse(bad).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Invalid, "{bad}");
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{bad}");
             assert!(e.message.contains(bad), "{}", e.message);
         }
     }

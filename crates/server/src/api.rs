@@ -631,13 +631,14 @@ pub enum ImageFormat {
 }
 
 impl ImageFormat {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, strata_engine::Error> {
         match s {
             "vmdk" => Ok(ImageFormat::Vmdk),
             "raw" => Ok(ImageFormat::Raw),
             "qcow2" => Ok(ImageFormat::Qcow2),
-            other => Err(format!(
-                "unknown import format {other:?}: vmdk, raw or qcow2"
+            other => Err(strata_engine::Error::new(
+                strata_engine::ErrorKind::InvalidArgument,
+                format!("unknown import format {other:?}: vmdk, raw or qcow2"),
             )),
         }
     }

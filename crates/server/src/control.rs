@@ -52,10 +52,7 @@ fn vmdk_shrink(
             format!("this server does not serve {}", path.display()),
         ));
     };
-    let reps = x
-        .img
-        .shrink_online(rate, progress)
-        .map_err(crate::vmdk_ops::verr)?;
+    let reps = x.img.shrink_online(rate, progress)?;
     Ok(Response::VmdkShrink(reps))
 }
 

@@ -10,19 +10,16 @@ use strata_shared::SharedDatastore;
 
 use crate::api::{Request, Response};
 
-pub(crate) use strata_datastore::from_shared as engine_error;
-
 /// `init --object-store URL` (`attach`: `attach --object-store URL`): the
 /// datastore's summary.
 pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<Response, Error> {
-    let url = strata_objstore::StoreUrl::parse(url).map_err(|e| engine_error(e.into()))?;
+    let url = strata_objstore::StoreUrl::parse(url)?;
     let opts = strata_objstore::Options::default();
     let (_, summary) = if attach {
         SharedDatastore::attach(dir, &url, &opts)
     } else {
         SharedDatastore::init(dir, &url, &opts)
-    }
-    .map_err(engine_error)?;
+    }?;
     Ok(Response::Joined {
         attached: attach,
         summary,
@@ -33,7 +30,6 @@ pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<
 /// handles of its disks (`x`: in a server, the ones its clients use, so
 /// that owner-only changes are made by the process that writes the disk).
 pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, Error> {
-    let e = engine_error;
     let ds = x.shared();
     Ok(match request {
         Request::Claim {
@@ -49,7 +45,7 @@ pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, 
             let m = x.release(name)?;
             Response::Released(x.view(name, &m))
         }
-        Request::Check => Response::StoreCheck(ds.check().map_err(e)?),
+        Request::Check => Response::StoreCheck(ds.check()?),
         Request::Gc { dry_run } => Response::Gc(x.gc(*dry_run)?),
         Request::Compact {
             name,
@@ -68,7 +64,7 @@ pub fn execute(x: &ObjectStoreDatastore, request: &Request) -> Result<Response, 
                 dry_run: *dry_run,
                 ..Default::default()
             };
-            Response::Compact(x.disk(name)?.compact(opts).map_err(e)?)
+            Response::Compact(x.disk(name)?.compact(opts)?)
         }
         other => {
             return Err(Error::new(

@@ -286,7 +286,7 @@ impl ExportProvider for Exports {
         out
     }
 
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         let dev = self.open_raw(name)?;
         Ok(match &self.stats {
             // Every connection to the same export shares one set of statistics.
@@ -320,15 +320,15 @@ impl Exports {
 
     /// The device behind an export, without statistics (for looking at its
     /// size and mode; I/O goes through [`ExportProvider::open`]).
-    fn open_raw(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open_raw(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         match (self.vmdks.iter().find(|(n, _)| n == name), &self.places) {
             (Some((_, img)), _) => Ok(img.clone() as Arc<dyn BlockDevice>),
             // Through the disk's slot, so that a move can switch it.
-            (None, Some(p)) => p
-                .slot(name)
-                .map(|s| s as Arc<dyn BlockDevice>)
-                .map_err(|e| e.message),
-            (None, None) => Err(format!("no export named '{name}'")),
+            (None, Some(p)) => p.slot(name).map(|s| s as Arc<dyn BlockDevice>),
+            (None, None) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("no export named '{name}'"),
+            )),
         }
     }
 }
@@ -379,7 +379,7 @@ impl strata_fuse::FuseProvider for FuseExports {
         })
     }
 
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         ExportProvider::open(&*self.0, name)
     }
 
@@ -407,12 +407,7 @@ fn listen_fuse(
             "{} was a stale FUSE mount (its server had died); unmounted it lazily",
             dir.display()
         ),
-        Err(msg) => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{what}: {msg}"),
-            ))
-        }
+        Err(e) => return Err(e.context(what)),
     }
     let opts = strata_fuse::Options {
         allow_other: args.fuse_allow_other,
@@ -934,10 +929,7 @@ fn open_home(
         let store = ObjectStoreDatastore::open(dir, &opts)?;
         store.set_hot_prefetch(true);
         for name in &args.incoming {
-            store
-                .shared()
-                .disk_id(name)
-                .map_err(strata_datastore::from_shared)?;
+            store.shared().disk_id(name)?;
         }
         store.set_incoming(strata_datastore::Incoming {
             disks: args.incoming.clone(),

@@ -1,14 +1,23 @@
 //! Sizes on the command line and in output.
 
+use strata_engine::{Error, ErrorKind};
+
+/// A value on the command line or in a request that makes no sense.
+pub fn invalid(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidArgument, message)
+}
+
 /// Parse `512`, `64K`, `256M`, `10G`, `1T`, `1.5G`, `4KiB`, `2GB` (binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, Error> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)"));
+        return Err(invalid(format!(
+            "'{s}' is not a size (examples: 512, 64K, 10G, 1T)"
+        )));
     }
     let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
@@ -18,22 +27,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "T" | "TB" | "TIB" => 1 << 40,
         "P" | "PB" | "PIB" => 1 << 50,
         other => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "unknown size unit '{other}' in '{s}' (use K, M, G, T or P)"
-            ))
+            )))
         }
     };
     if let Ok(n) = num.parse::<u64>() {
         return n
             .checked_mul(mult)
-            .ok_or_else(|| format!("size '{s}' is too large"));
+            .ok_or_else(|| invalid(format!("size '{s}' is too large")));
     }
     let f: f64 = num
         .parse()
-        .map_err(|_| format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)"))?;
+        .map_err(|_| invalid(format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)")))?;
     let v = f * mult as f64;
     if !(0.0..1.8e19).contains(&v) {
-        return Err(format!("size '{s}' is out of range"));
+        return Err(invalid(format!("size '{s}' is out of range")));
     }
     Ok(v.round() as u64)
 }

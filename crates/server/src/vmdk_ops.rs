@@ -31,22 +31,6 @@ const UNMAP_OK: ZeroOptions = ZeroOptions {
     fua: false,
 };
 
-pub(crate) fn verr(e: strata_vmdk::VmdkError) -> Error {
-    let kind = match e.kind {
-        strata_vmdk::VmdkErrorKind::InUse => ErrorKind::Locked,
-        strata_vmdk::VmdkErrorKind::Io => ErrorKind::Io,
-        strata_vmdk::VmdkErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-        strata_vmdk::VmdkErrorKind::ReadOnly => ErrorKind::Refused,
-        strata_vmdk::VmdkErrorKind::Unsupported => ErrorKind::InvalidArgument,
-        _ => ErrorKind::Corrupt,
-    };
-    Error::new(kind, e.to_string())
-}
-
-fn berr(e: strata_block::BlockError) -> Error {
-    Error::new(ErrorKind::Io, e.to_string())
-}
-
 fn io(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
@@ -77,10 +61,13 @@ pub fn open_vmdk(path: &Path, access: Access) -> Result<VmdkImage, Error> {
         },
     )
     .map_err(|e| {
-        if e.kind != strata_vmdk::VmdkErrorKind::InUse {
-            return verr(e);
+        if e.kind != strata_vmdk::VmdkErrorKind::Locked {
+            return e;
         }
-        in_use(&folder(path).join(&e.file), access)
+        in_use(
+            &folder(path).join(e.place.object.unwrap_or_default()),
+            access,
+        )
     })
 }
 
@@ -176,10 +163,9 @@ fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Res
         let n = (GRAIN as usize).min(buf.len() - p);
         let piece = &buf[p..p + n];
         if !is_zero(piece) {
-            h.write_at(piece, off + p as u64, false).map_err(berr)?;
+            h.write_at(piece, off + p as u64, false)?;
         } else if zero_mask {
-            h.write_zeroes(off + p as u64, n as u64, UNMAP_OK)
-                .map_err(berr)?;
+            h.write_zeroes(off + p as u64, n as u64, UNMAP_OK)?;
         }
         p += n;
     }
@@ -258,7 +244,7 @@ fn import_raw(
             off += n as u64;
             progress(off, size);
         }
-        h.flush().map_err(berr)
+        h.flush()
     })();
     if r.is_err() {
         let _ = ds.remove(name);
@@ -343,22 +329,20 @@ fn import_vmdk(
             let link_size = (img.links[level].sectors * 512).min(size);
             let mut off = 0u64;
             while off < link_size {
-                let runs = img
-                    .link_status(level, off, link_size - off, 1024)
-                    .map_err(verr)?;
+                let runs = img.link_status(level, off, link_size - off, 1024)?;
                 for (len, st) in runs {
                     match st {
                         RangeState::Unallocated => {}
                         RangeState::Zero => {
                             if !base {
-                                h.write_zeroes(off, len, UNMAP_OK).map_err(berr)?;
+                                h.write_zeroes(off, len, UNMAP_OK)?;
                             }
                         }
                         RangeState::Data => {
                             let mut p = 0u64;
                             while p < len {
                                 let n = CHUNK.min(len - p) as usize;
-                                img.read_link(level, &mut buf[..n], off + p).map_err(verr)?;
+                                img.read_link(level, &mut buf[..n], off + p)?;
                                 put_grains(&*h, &buf[..n], off + p, !base)?;
                                 p += n as u64;
                                 progress(done + off + p, total);
@@ -384,7 +368,7 @@ fn import_vmdk(
                 snaps.push(sn);
             }
         }
-        h.flush().map_err(berr)
+        h.flush()
     })();
     if let Err(e) = r {
         let _ = ds.remove(name);
@@ -513,7 +497,7 @@ pub fn export(
         let this_sub = subs[i];
         let name = &names[i];
         if this_sub == Subformat::StreamOptimized {
-            let mut w = StreamWriter::create(&*backend, name, size / 512, adapter).map_err(verr)?;
+            let mut w = StreamWriter::create(&*backend, name, size / 512, adapter)?;
             let gb = w.grain_bytes();
             let mut buf = vec![0u8; gb as usize];
             let mut last: Option<u64> = None;
@@ -525,25 +509,25 @@ pub fn export(
                         continue;
                     }
                     let n = gb.min(size - g * gb) as usize;
-                    h.read_at(&mut buf[..n], g * gb).map_err(berr)?;
-                    w.write_grain(g, &buf[..n]).map_err(verr)?;
+                    h.read_at(&mut buf[..n], g * gb)?;
+                    w.write_grain(g, &buf[..n])?;
                     last = Some(g);
                 }
                 step(r.len);
             }
-            w.finish().map_err(verr)?;
+            w.finish()?;
         } else {
             let mut spec = ImageSpec::new(this_sub, size / 512);
             spec.parent = parent.clone();
             spec.adapter = adapter.to_string();
-            let img = create_image(backend.clone(), name, &spec).map_err(verr)?;
+            let img = create_image(backend.clone(), name, &spec)?;
             let mut buf = vec![0u8; CHUNK as usize];
             // Zero grains of a delta must hide the parent's data there.
             let delta = i > 0;
             for r in ranges {
                 if !r.mapped {
                     if delta {
-                        img.write_zeroes(r.offset, r.len, UNMAP_OK).map_err(berr)?;
+                        img.write_zeroes(r.offset, r.len, UNMAP_OK)?;
                     }
                     step(r.len);
                     continue;
@@ -551,13 +535,13 @@ pub fn export(
                 let mut p = 0u64;
                 while p < r.len {
                     let n = CHUNK.min(r.len - p) as usize;
-                    h.read_at(&mut buf[..n], r.offset + p).map_err(berr)?;
+                    h.read_at(&mut buf[..n], r.offset + p)?;
                     put_grains(&img, &buf[..n], r.offset + p, delta)?;
                     p += n as u64;
                     step(n as u64);
                 }
             }
-            img.flush().map_err(berr)?;
+            img.flush()?;
             let cid = img.current_cid();
             drop(img);
             parent = Some((name.clone(), cid));
@@ -651,7 +635,7 @@ fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
     )?;
     let held = repair
         .then(|| crate::holders::record(&img, folder(path), "strata vmdk check --repair", None));
-    let res = img.check(repair).map_err(verr)?;
+    let res = img.check(repair)?;
     let errors = res.iter().map(|(_, c)| c.errors.len()).sum();
     let files = res
         .into_iter()
@@ -661,9 +645,7 @@ fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
     let remaining_errors = if repair {
         drop(img);
         drop(held);
-        let again = open_vmdk(path, Access::Inspect)?
-            .check(false)
-            .map_err(verr)?;
+        let again = open_vmdk(path, Access::Inspect)?.check(false)?;
         again.iter().map(|(_, c)| c.errors.len()).sum()
     } else {
         errors
@@ -692,8 +674,7 @@ fn shrink(
     let reps = match rate {
         Some(_) => img.shrink_online(rate, progress),
         None => img.shrink(progress),
-    }
-    .map_err(verr)?;
+    }?;
     Ok(reps)
 }
 

@@ -475,15 +475,33 @@ fn error_response(status: u16, kind: &str, message: &str) -> Resp {
     )
 }
 
-fn engine_error(e: &Error) -> Resp {
-    let status = match e.kind {
-        ErrorKind::InvalidArgument => 400,
+/// The HTTP status of each kind (docs/ERRORS.md): 503 for a store that
+/// does not answer (a retry may succeed), 507 for no space, 501 for what
+/// is not done here, 410 for what went away.
+fn http_status(kind: ErrorKind) -> u16 {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::OutOfRange => 400,
         ErrorKind::NotFound => 404,
-        ErrorKind::AlreadyExists | ErrorKind::Locked | ErrorKind::Refused | ErrorKind::Gone => 409,
-        ErrorKind::NoSpace => 507,
+        ErrorKind::AlreadyExists
+        | ErrorKind::Locked
+        | ErrorKind::Refused
+        | ErrorKind::ReadOnly
+        | ErrorKind::Fenced
+        | ErrorKind::Released => 409,
+        ErrorKind::Gone => 410,
         ErrorKind::Corrupt | ErrorKind::Io => 500,
-    };
-    error_response(status, crate::wire::kind_name(e.kind), &e.message)
+        ErrorKind::Unsupported => 501,
+        ErrorKind::Unavailable => 503,
+        ErrorKind::NoSpace => 507,
+    }
+}
+
+fn engine_error(e: &Error) -> Resp {
+    let mut body = json!({ "kind": e.kind.name(), "message": e.message });
+    if let Some(object) = &e.place.object {
+        body["place"] = json!({ "object": object, "offset": e.place.offset, "op": e.place.op });
+    }
+    json_response(http_status(e.kind), &json!({ "error": body }))
 }
 
 fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -669,13 +687,18 @@ fn body(headers: &HeaderMap, raw: &[u8]) -> Result<Value, Refusal> {
 }
 
 /// A query string's `name=value` pairs, percent-decoded (`+` is a space).
-fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, String> {
+fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Refusal> {
     let mut out = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let dec = |s: &str| {
-            percent_decode(&s.replace('+', " "))
-                .ok_or_else(|| format!("bad percent-encoding in the query: {pair}"))
+            percent_decode(&s.replace('+', " ")).ok_or_else(|| {
+                Refusal::new(
+                    400,
+                    "invalid_argument",
+                    &format!("bad percent-encoding in the query: {pair}"),
+                )
+            })
         };
         out.push((dec(k)?, dec(v)?));
     }
@@ -752,7 +775,7 @@ fn api(
             ["disks", d, "changes"] => {
                 let q = match query_params(query) {
                     Ok(q) => q,
-                    Err(e) => return error_response(400, "invalid_argument", &e),
+                    Err(e) => return e.response(),
                 };
                 let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let Some(from) = get("from") else {
@@ -872,7 +895,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["disks", d, "extend"] => {
             let size = match b.get("size") {
                 Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
-                Some(Value::String(s)) => parse_size(s),
+                Some(Value::String(s)) => parse_size(s).map_err(|e| e.message),
                 _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
             }
             .map_err(|e| Refusal::new(400, "invalid_argument", &e))?;

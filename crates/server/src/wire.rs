@@ -32,7 +32,7 @@ pub enum Reply {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ReplyError {
-    /// The [`ErrorKind`] by name (see [`kind_name`]).
+    /// The [`ErrorKind`] by name (see [`ErrorKind::name`]).
     kind: String,
     message: String,
 }
@@ -40,41 +40,13 @@ pub struct ReplyError {
 impl Reply {
     pub fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
         Reply::Error(ReplyError {
-            kind: kind_name(kind).to_string(),
+            kind: kind.name().to_string(),
             message: message.into(),
         })
     }
 
     pub fn line(&self) -> String {
         serde_json::to_string(self).expect("serialisable")
-    }
-}
-
-pub fn kind_name(k: ErrorKind) -> &'static str {
-    match k {
-        ErrorKind::NotFound => "not_found",
-        ErrorKind::AlreadyExists => "already_exists",
-        ErrorKind::InvalidArgument => "invalid_argument",
-        ErrorKind::NoSpace => "no_space",
-        ErrorKind::Locked => "locked",
-        ErrorKind::Refused => "refused",
-        ErrorKind::Corrupt => "corrupt",
-        ErrorKind::Io => "io",
-        ErrorKind::Gone => "gone",
-    }
-}
-
-pub fn kind_from(s: &str) -> ErrorKind {
-    match s {
-        "not_found" => ErrorKind::NotFound,
-        "already_exists" => ErrorKind::AlreadyExists,
-        "invalid_argument" => ErrorKind::InvalidArgument,
-        "no_space" => ErrorKind::NoSpace,
-        "locked" => ErrorKind::Locked,
-        "refused" => ErrorKind::Refused,
-        "corrupt" => ErrorKind::Corrupt,
-        "gone" => ErrorKind::Gone,
-        _ => ErrorKind::Io,
     }
 }
 
@@ -117,7 +89,7 @@ pub fn request(
             }
             Reply::Progress([done, total]) => progress(done, total),
             Reply::Ok(r) => return Ok(*r),
-            Reply::Error(e) => return Err(Error::new(kind_from(&e.kind), e.message)),
+            Reply::Error(e) => return Err(Error::new(ErrorKind::from_name(&e.kind), e.message)),
         }
     }
     Err(Error::new(
@@ -150,19 +122,12 @@ mod tests {
 
     #[test]
     fn every_error_kind_survives_the_socket() {
-        use ErrorKind::*;
-        for k in [
-            NotFound,
-            AlreadyExists,
-            InvalidArgument,
-            NoSpace,
-            Locked,
-            Refused,
-            Corrupt,
-            Io,
-            Gone,
-        ] {
-            assert_eq!(kind_from(kind_name(k)), k);
+        for k in ErrorKind::ALL {
+            let line = Reply::error(k, "m").line();
+            match serde_json::from_str::<Reply>(&line).unwrap() {
+                Reply::Error(e) => assert_eq!(ErrorKind::from_name(&e.kind), k, "{line}"),
+                other => panic!("decoded as {other:?}"),
+            }
         }
     }
 }

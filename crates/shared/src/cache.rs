@@ -31,7 +31,7 @@ use crate::layout::{
     SegmentInfo, GRAIN, NODE_BYTES, SEG_DATA_OFFSET, SEG_HEADER_BYTES, SEG_TRAILER_BYTES,
 };
 use crate::s3fifo::{S3Fifo, USE_GAP};
-use crate::{Error, ErrorKind, Result};
+use crate::{corrupt, Error, ErrorKind, Result};
 
 struct CachedSegment {
     file: File,
@@ -227,10 +227,6 @@ fn prefetch_on() -> bool {
     *ON.get_or_init(|| std::env::var("STRATA_STORE_PREFETCH").map_or(true, |v| v != "0"))
 }
 
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg)
-}
-
 impl SegmentCache {
     /// The cache in `dir`, holding at most `bound` bytes of files. The
     /// files an earlier process left are counted when the cache is first
@@ -344,7 +340,7 @@ impl SegmentCache {
             Ok((len, head, trailer))
         };
         let checked = ends()
-            .map_err(|e| e.to_string())
+            .map_err(Error::from)
             .and_then(|(len, h, t)| check_segment_ends(&id.key(), &h, &t, len).map(|i| (i, len)));
         let (info, len) = match checked {
             Ok(x) => x,
@@ -778,10 +774,8 @@ impl SegmentCache {
             return Ok(*i);
         }
         let key = id.key();
-        let h = store
-            .get_range(&key, 0..SEG_HEADER_BYTES as u64)
-            .map_err(Error::from)?;
-        let info = decode_segment_header(&key, &h).map_err(corrupt)?;
+        let h = store.get_range(&key, 0..SEG_HEADER_BYTES as u64)?;
+        let info = decode_segment_header(&key, &h)?;
         self.headers.write().unwrap().insert(id, info);
         Ok(info)
     }
@@ -797,7 +791,7 @@ impl SegmentCache {
 
     /// Keep a segment this host has just uploaded (its bytes are in hand).
     pub fn insert(&self, id: SegId, bytes: &[u8]) -> Result<()> {
-        let info = decode_segment_header(&id.key(), bytes).map_err(corrupt)?;
+        let info = decode_segment_header(&id.key(), bytes)?;
         let file = self.write_file(id, bytes, true)?;
         self.replace_partial(id, self.cached(file, info, false));
         self.admit(id, bytes.len() as u64, false, false);
@@ -1157,9 +1151,7 @@ impl SegmentCache {
         // that it is wanted whole.
         let unmet = want && !self.prefetch(store, e.seg);
         let at = SegmentInfo::grain_offset(e.slot);
-        let b = store
-            .get_range(&e.seg.key(), at..at + GRAIN as u64)
-            .map_err(Error::from)?;
+        let b = store.get_range(&e.seg.key(), at..at + GRAIN as u64)?;
         out.copy_from_slice(&b);
         if crc32c::crc32c(out) != e.crc {
             return Err(corrupt(format!(
@@ -1226,11 +1218,7 @@ impl SegmentCache {
                     let info = self.header(store, e.seg)?;
                     check_node_slot(e, &info)?;
                     let at = info.node_offset(e.slot);
-                    b.copy_from_slice(
-                        &store
-                            .get_range(&e.seg.key(), at..at + NODE_BYTES as u64)
-                            .map_err(Error::from)?,
-                    );
+                    b.copy_from_slice(&store.get_range(&e.seg.key(), at..at + NODE_BYTES as u64)?);
                 }
             }
             if crc32c::crc32c(&b) != e.crc {
@@ -1242,7 +1230,7 @@ impl SegmentCache {
             }
         }
         let place = format!("{} node {}", e.seg.key(), e.slot);
-        let node = Arc::new(MapNode::decode(&place, &b, level, first).map_err(corrupt)?);
+        let node = Arc::new(MapNode::decode(&place, &b, level, first)?);
         self.keep_node(e, node.clone());
         Ok(node)
     }
@@ -1328,14 +1316,14 @@ fn write_direct(path: &Path, bytes: &[u8], bufs: &Mutex<Vec<Vec<u8>>>) -> std::i
 /// manifest's payload without the manifest that follows it, §11.5).
 pub(crate) fn get_verified(store: &ObjectStore, id: SegId) -> Result<(Bytes, SegmentInfo)> {
     let key = id.key();
-    let mut bytes = store.get(&key).map_err(Error::from)?;
+    let mut bytes = store.get(&key)?;
     if id.payload_of().is_some() {
-        let info = decode_segment_header(&key, &bytes).map_err(corrupt)?;
+        let info = decode_segment_header(&key, &bytes)?;
         if info.len() <= bytes.len() as u64 {
             bytes.truncate(info.len() as usize);
         }
     }
-    let info = verify_segment(&key, &bytes).map_err(corrupt)?;
+    let info = verify_segment(&key, &bytes)?;
     Ok((bytes, info))
 }
 

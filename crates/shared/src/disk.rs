@@ -15,7 +15,7 @@ use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, PrevRef, SegId,
     SegmentBuilder, SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
 };
-use crate::{diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
+use crate::{corrupt, diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
 
 const G: u64 = GRAIN as u64;
 /// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
@@ -99,7 +99,7 @@ fn manifests_dir(disk: u32) -> String {
 
 /// Names of disks and snapshots: as in a local datastore.
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    strata_format::check_name(what, name).map_err(|m| Error::new(ErrorKind::InvalidArgument, m))
+    strata_format::check_name(what, name)
 }
 
 /// A disk's size: a non-zero number of 512-byte sectors.
@@ -126,10 +126,6 @@ pub fn levels_for(size: u64) -> u8 {
         levels += 1;
     }
     levels
-}
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg)
 }
 
 type Batch = BTreeMap<u64, Option<Box<[u8]>>>;

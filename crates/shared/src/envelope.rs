@@ -4,6 +4,8 @@
 //! CRC-32C (u32 LE), then the body. A short, long or altered object fails
 //! with a message that names its key.
 
+use crate::corrupt;
+
 pub const HEADER_BYTES: usize = 16;
 
 /// Wrap `body` for storing under the kind `magic`.
@@ -17,34 +19,34 @@ pub fn seal(magic: &[u8; 8], body: &[u8]) -> Vec<u8> {
 }
 
 /// The body of `obj` (stored under `key`), checked against `magic`.
-pub fn open<'a>(magic: &[u8; 8], key: &str, obj: &'a [u8]) -> Result<&'a [u8], String> {
+pub fn open<'a>(magic: &[u8; 8], key: &str, obj: &'a [u8]) -> crate::Result<&'a [u8]> {
     if obj.len() < HEADER_BYTES {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: {} bytes, shorter than the 16-byte header (torn or not strata's)",
             obj.len()
-        ));
+        )));
     }
     if &obj[..8] != magic {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: magic {:?} where {:?} belongs (not this kind of object)",
             String::from_utf8_lossy(&obj[..8]),
             String::from_utf8_lossy(magic)
-        ));
+        )));
     }
     let len = u32::from_le_bytes(obj[8..12].try_into().unwrap()) as usize;
     let crc = u32::from_le_bytes(obj[12..16].try_into().unwrap());
     let body = &obj[HEADER_BYTES..];
     if body.len() != len {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: the header gives a {len}-byte body, the object has {} (torn)",
             body.len()
-        ));
+        )));
     }
     let actual = crc32c::crc32c(body);
     if actual != crc {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
-        ));
+        )));
     }
     Ok(body)
 }
@@ -58,11 +60,11 @@ mod tests {
         let s = seal(b"STRTEST1", b"{\"a\": 1}");
         assert_eq!(open(b"STRTEST1", "k", &s).unwrap(), b"{\"a\": 1}");
         let e = open(b"STRMAN01", "k", &s).unwrap_err();
-        assert!(e.contains("magic"), "{e}");
+        assert!(e.message.contains("magic"), "{e}");
         let e = open(b"STRTEST1", "k", &s[..s.len() - 1]).unwrap_err();
-        assert!(e.contains("torn"), "{e}");
+        assert!(e.message.contains("torn"), "{e}");
         let e = open(b"STRTEST1", "k", &s[..7]).unwrap_err();
-        assert!(e.contains("shorter"), "{e}");
+        assert!(e.message.contains("shorter"), "{e}");
         for i in 8..s.len() {
             let mut d = s.clone();
             d[i] ^= 0x10;

@@ -7,7 +7,7 @@ use strata_objstore::{Bytes, Put};
 
 use crate::disk::check_name;
 use crate::envelope;
-use crate::{now_ms, Error, ErrorKind, Result, SharedDatastore};
+use crate::{corrupt, now_ms, Error, ErrorKind, Result, SharedDatastore};
 
 const DIR_GNAMES: &str = "gnames/";
 const MAGIC_DEF: &[u8; 8] = b"STRGRPD1";
@@ -78,12 +78,8 @@ fn snap_key(group: u32, id: u64) -> String {
 
 /// A group snapshot object stored under `key`, checked.
 fn decode_snap(key: &str, obj: &[u8]) -> Result<GroupSnap> {
-    let body = envelope::open(MAGIC_SNAP, key, obj).map_err(corrupt)?;
+    let body = envelope::open(MAGIC_SNAP, key, obj)?;
     serde_json::from_slice(body).map_err(|e| corrupt(format!("{key}: {e}")))
-}
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg)
 }
 
 impl SharedDatastore {
@@ -110,7 +106,7 @@ impl SharedDatastore {
             .max()
             .ok_or_else(|| corrupt(format!("group {id:08x} has no definition under {dir}")))?;
         let obj = self.store.get(&newest)?;
-        let body = envelope::open(MAGIC_DEF, &newest, &obj).map_err(corrupt)?;
+        let body = envelope::open(MAGIC_DEF, &newest, &obj)?;
         serde_json::from_slice(body).map_err(|e| corrupt(format!("{newest}: {e}")))
     }
 

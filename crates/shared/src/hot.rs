@@ -212,8 +212,7 @@ pub fn newest(store: &ObjectStore, disk: u32) -> Result<Option<HotSet>> {
         // Collected since the listing: a newer one exists, next time.
         return Ok(None);
     };
-    let body =
-        envelope::open(MAGIC_HOT, &l.key, &obj).map_err(|e| Error::new(ErrorKind::Corrupt, e))?;
+    let body = envelope::open(MAGIC_HOT, &l.key, &obj)?;
     let h: HotSet = serde_json::from_slice(body)
         .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{}: {e}", l.key)))?;
     if h.disk != disk {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use strata_block::throttle::IoLimits;
 
-use crate::envelope;
+use crate::{corrupt, envelope};
 
 pub const GRAIN: usize = 4096;
 pub const FANOUT: usize = 256;
@@ -148,17 +148,17 @@ impl Entry {
         }
     }
 
-    pub fn decode(b: &[u8]) -> Result<Option<Entry>, String> {
+    pub fn decode(b: &[u8]) -> crate::Result<Option<Entry>> {
         let Some(b) = b.get(..ENTRY_BYTES) else {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "an entry of {} bytes ({ENTRY_BYTES} expected)",
                 b.len()
-            ));
+            )));
         };
         let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         match w(20) {
             0 if b[..ENTRY_BYTES].iter().all(|&x| x == 0) => Ok(None),
-            0 => Err("a hole entry with non-zero fields".into()),
+            0 => Err(corrupt("a hole entry with non-zero fields")),
             ENTRY_PRESENT => Ok(Some(Entry {
                 seg: SegId {
                     disk: w(0),
@@ -168,7 +168,9 @@ impl Entry {
                 slot: w(12),
                 crc: w(16),
             })),
-            f => Err(format!("entry flags {f:#x} (only bit 0 is defined)")),
+            f => Err(corrupt(format!(
+                "entry flags {f:#x} (only bit 0 is defined)"
+            ))),
         }
     }
 }
@@ -220,40 +222,42 @@ impl MapNode {
 
     /// Decode a node found at `place` (for messages), checking that it is
     /// the node of `level` covering `first` its referrer expects.
-    pub fn decode(place: &str, b: &[u8], level: u8, first: u64) -> Result<MapNode, String> {
+    pub fn decode(place: &str, b: &[u8], level: u8, first: u64) -> crate::Result<MapNode> {
         if b.len() != NODE_BYTES {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{place}: map node of {} bytes, not {NODE_BYTES}",
                 b.len()
-            ));
+            )));
         }
         if &b[0..8] != MAGIC_NODE {
-            return Err(format!("{place}: not a map node (bad magic)"));
+            return Err(corrupt(format!("{place}: not a map node (bad magic)")));
         }
         let stored = u32::from_le_bytes(b[8..12].try_into().unwrap());
         let mut c = b.to_vec();
         c[8..12].fill(0);
         let actual = crc32c::crc32c(&c);
         if stored != actual {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{place}: checksum mismatch in map node (stored {stored:#010x}, computed {actual:#010x})"
-            ));
+            )));
         }
         if b[13..16] != [0, 0, 0] {
-            return Err(format!("{place}: reserved map node bytes are not zero"));
+            return Err(corrupt(format!(
+                "{place}: reserved map node bytes are not zero"
+            )));
         }
         let got_first = u64::from_le_bytes(b[24..32].try_into().unwrap());
         if b[12] != level || got_first != first {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{place}: map node of level {} covering grain {got_first} where level {level} covering {first} belongs",
                 b[12]
-            ));
+            )));
         }
         let entries = (0..FANOUT)
             .map(|i| {
                 let at = NODE_HEADER_BYTES + i * ENTRY_BYTES;
                 Entry::decode(&b[at..at + ENTRY_BYTES])
-                    .map_err(|m| format!("{place}: entry {i}: {m}"))
+                    .map_err(|m| m.context(format_args!("{place}: entry {i}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(MapNode {
@@ -407,31 +411,31 @@ impl SegmentBuilder {
 }
 
 /// Read a segment's header (the first 64 bytes), checking it names `key`.
-pub fn decode_segment_header(key: &str, h: &[u8]) -> Result<SegmentInfo, String> {
+pub fn decode_segment_header(key: &str, h: &[u8]) -> crate::Result<SegmentInfo> {
     if h.len() < SEG_HEADER_BYTES {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: {} bytes, shorter than a segment header (torn)",
             h.len()
-        ));
+        )));
     }
     if &h[0..8] != MAGIC_SEGMENT {
-        return Err(format!("{key}: not a segment (bad magic)"));
+        return Err(corrupt(format!("{key}: not a segment (bad magic)")));
     }
     let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
     let mut c = h[..SEG_HEADER_BYTES].to_vec();
     c[12..16].fill(0);
     let actual = crc32c::crc32c(&c);
     if w(12) != actual {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: checksum mismatch in segment header (stored {:#010x}, computed {actual:#010x})",
             w(12)
-        ));
+        )));
     }
     if w(8) != SEGMENT_VERSION {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: segment version {} (this build reads {SEGMENT_VERSION})",
             w(8)
-        ));
+        )));
     }
     let info = SegmentInfo {
         id: SegId {
@@ -444,10 +448,10 @@ pub fn decode_segment_header(key: &str, h: &[u8]) -> Result<SegmentInfo, String>
         created_ms: u64::from_le_bytes(h[40..48].try_into().unwrap()),
     };
     if SegId::from_key(key).or_else(|| SegId::payload_from_key(key)) != Some(info.id) {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: the segment says it is {}, not this key",
             info.id.key()
-        ));
+        )));
     }
     Ok(info)
 }
@@ -461,13 +465,13 @@ pub fn check_segment_ends(
     head: &[u8],
     trailer: &[u8],
     len: u64,
-) -> Result<SegmentInfo, String> {
+) -> crate::Result<SegmentInfo> {
     let info = decode_segment_header(key, head)?;
     if len != info.len() {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: {len} bytes where its header gives {} (torn)",
             info.len()
-        ));
+        )));
     }
     let t = trailer;
     let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
@@ -475,35 +479,41 @@ pub fn check_segment_ends(
         || &t[0..8] != MAGIC_SEGMENT_END
         || w(28) != crc32c::crc32c(&t[..28])
     {
-        return Err(format!("{key}: the segment trailer is damaged (torn)"));
+        return Err(corrupt(format!(
+            "{key}: the segment trailer is damaged (torn)"
+        )));
     }
     if u64::from_le_bytes(t[8..16].try_into().unwrap()) != info.len()
         || w(20) != info.grains
         || w(24) != info.nodes
     {
-        return Err(format!(
+        return Err(corrupt(format!(
             "{key}: the segment trailer disagrees with its header"
-        ));
+        )));
     }
     Ok(info)
 }
 
 /// Check a whole segment object: header, length, trailer and index.
-pub fn verify_segment(key: &str, b: &[u8]) -> Result<SegmentInfo, String> {
+pub fn verify_segment(key: &str, b: &[u8]) -> crate::Result<SegmentInfo> {
     let head = &b[..b.len().min(SEG_HEADER_BYTES)];
     let t = &b[b.len().saturating_sub(SEG_TRAILER_BYTES)..];
     let info = check_segment_ends(key, head, t, b.len() as u64)?;
     let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
     let index = &b[info.index_offset() as usize..b.len() - SEG_TRAILER_BYTES];
     if crc32c::crc32c(index) != w(16) {
-        return Err(format!("{key}: checksum mismatch in the segment index"));
+        return Err(corrupt(format!(
+            "{key}: checksum mismatch in the segment index"
+        )));
     }
     for i in 0..info.grains {
         let at = i as usize * SEG_INDEX_ENTRY_BYTES;
         let crc = u32::from_le_bytes(index[at + 8..at + 12].try_into().unwrap());
         let off = SegmentInfo::grain_offset(i) as usize;
         if crc32c::crc32c(&b[off..off + GRAIN]) != crc {
-            return Err(format!("{key}: grain {i} does not match its checksum"));
+            return Err(corrupt(format!(
+                "{key}: grain {i} does not match its checksum"
+            )));
         }
     }
     Ok(info)
@@ -648,7 +658,7 @@ impl Footer {
     /// The footer in the last 32 bytes of `end`: None if they are too few
     /// or do not start with `STRMAN02` or `STRMAN03` (format 1), an error
     /// if its own CRC fails.
-    fn read(key: &str, end: &[u8]) -> Result<Option<Footer>, String> {
+    fn read(key: &str, end: &[u8]) -> crate::Result<Option<Footer>> {
         let Some(at) = end.len().checked_sub(MANIFEST_FOOTER_BYTES) else {
             return Ok(None);
         };
@@ -660,7 +670,9 @@ impl Footer {
         };
         let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
         if w(28) != crc32c::crc32c(&f[..28]) {
-            return Err(format!("{key}: the manifest footer is damaged (torn)"));
+            return Err(corrupt(format!(
+                "{key}: the manifest footer is damaged (torn)"
+            )));
         }
         Ok(Some(Footer {
             payload: u64::from_le_bytes(f[8..16].try_into().unwrap()),
@@ -776,7 +788,7 @@ impl Manifest {
     /// How many bytes at the end of a manifest object of `size` bytes hold
     /// its tail and body, given its last bytes `end` (at least the
     /// footer; None: it is format 1, read it whole).
-    pub fn needs(key: &str, size: u64, end: &[u8]) -> Result<Option<u64>, String> {
+    pub fn needs(key: &str, size: u64, end: &[u8]) -> crate::Result<Option<u64>> {
         if size < MANIFEST_FOOTER_BYTES as u64 {
             return Ok(None);
         }
@@ -785,10 +797,10 @@ impl Manifest {
         };
         let want = f.tail as u64 * TAIL_ENTRY_BYTES as u64 + f.body as u64;
         if f.payload.checked_add(want + MANIFEST_FOOTER_BYTES as u64) != Some(size) {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{key}: the manifest footer gives {} + {want} + 32 bytes, the object has {size} (torn)",
                 f.payload
-            ));
+            )));
         }
         Ok(Some(want + MANIFEST_FOOTER_BYTES as u64))
     }
@@ -796,31 +808,36 @@ impl Manifest {
     /// Decode a manifest from its object: `obj` is the whole object (format
     /// 1 or 2) or, for format 2, at least its last
     /// [`Manifest::needs`] bytes (the payload is not needed).
-    pub fn decode(key: &str, obj: &[u8]) -> Result<Manifest, String> {
+    pub fn decode(key: &str, obj: &[u8]) -> crate::Result<Manifest> {
         if obj.starts_with(MAGIC_MANIFEST) {
             let body = envelope::open(MAGIC_MANIFEST, key, obj)?;
             return Self::decode_body(key, body, Tail::new());
         }
         if obj.len() < MANIFEST_FOOTER_BYTES {
-            return Err(format!("{key}: {} bytes: not a manifest (torn)", obj.len()));
+            return Err(corrupt(format!(
+                "{key}: {} bytes: not a manifest (torn)",
+                obj.len()
+            )));
         }
         let Some(f) = Footer::read(key, obj)? else {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 or STRMAN03 at its end)"
-            ));
+            )));
         };
         let (t, b) = (f.tail as usize, f.body as usize);
         let len = t * TAIL_ENTRY_BYTES + b;
         let Some(start) = (obj.len() - MANIFEST_FOOTER_BYTES).checked_sub(len) else {
-            return Err(format!("{key}: shorter than its footer says (torn)"));
+            return Err(corrupt(format!(
+                "{key}: shorter than its footer says (torn)"
+            )));
         };
         let rest = &obj[start..obj.len() - MANIFEST_FOOTER_BYTES];
         let actual = crc32c::crc32c(rest);
         if actual != f.crc {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{key}: checksum mismatch in the manifest's tail and body (stored {:#010x}, computed {actual:#010x})",
                 f.crc
-            ));
+            )));
         }
         let mut tail = Tail::new();
         let mut last = None;
@@ -830,27 +847,30 @@ impl Manifest {
         {
             let vg = u64::from_le_bytes(e[..8].try_into().unwrap());
             if last.is_some_and(|l| l >= vg) {
-                return Err(format!("{key}: tail entry {i} is out of order"));
+                return Err(corrupt(format!("{key}: tail entry {i} is out of order")));
             }
             last = Some(vg);
-            let entry =
-                Entry::decode(&e[8..]).map_err(|why| format!("{key}: tail entry {i}: {why}"))?;
+            let entry = Entry::decode(&e[8..])
+                .map_err(|why| why.context(format_args!("{key}: tail entry {i}")))?;
             tail.insert(vg, entry);
         }
         let m = Self::decode_body(key, &rest[t * TAIL_ENTRY_BYTES..], tail)?;
         if m.pipelined != f.pipelined || (m.pipelined && m.prev.is_none()) {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "{key}: its footer and its body disagree on whether it is pipelined (damaged)"
-            ));
+            )));
         }
         Ok(m)
     }
 
-    fn decode_body(key: &str, body: &[u8], tail: Tail) -> Result<Manifest, String> {
-        let mut m: Manifest =
-            serde_json::from_slice(body).map_err(|e| format!("{key}: not a manifest: {e}"))?;
+    fn decode_body(key: &str, body: &[u8], tail: Tail) -> crate::Result<Manifest> {
+        let mut m: Manifest = serde_json::from_slice(body)
+            .map_err(|e| corrupt(format!("{key}: not a manifest: {e}")))?;
         if m.key() != key {
-            return Err(format!("{key}: the manifest says it is {}", m.key()));
+            return Err(corrupt(format!(
+                "{key}: the manifest says it is {}",
+                m.key()
+            )));
         }
         m.tail = Arc::new(tail);
         Ok(m)
@@ -887,9 +907,9 @@ mod tests {
     fn a_short_entry_is_an_error_not_a_panic() {
         for n in [0, 1, 20, ENTRY_BYTES - 1] {
             let e = Entry::decode(&vec![0u8; n]).unwrap_err();
-            assert!(e.contains("24 expected"), "{e}");
+            assert!(e.message.contains("24 expected"), "{e}");
         }
-        assert_eq!(Entry::decode(&[0u8; ENTRY_BYTES + 3]), Ok(None));
+        assert!(matches!(Entry::decode(&[0u8; ENTRY_BYTES + 3]), Ok(None)));
     }
 
     #[test]
@@ -909,9 +929,12 @@ mod tests {
         assert_eq!(b.len(), NODE_BYTES);
         assert_eq!(MapNode::decode("k", &b, 1, 65536).unwrap(), n);
         let e = MapNode::decode("k", &b, 0, 65536).unwrap_err();
-        assert!(e.contains("where level 0 covering 65536 belongs"), "{e}");
+        assert!(
+            e.message.contains("where level 0 covering 65536 belongs"),
+            "{e}"
+        );
         let e = MapNode::decode("k", &b, 1, 0).unwrap_err();
-        assert!(e.contains("covering grain 65536"), "{e}");
+        assert!(e.message.contains("covering grain 65536"), "{e}");
         for byte in (0..NODE_BYTES).step_by(7) {
             let mut d = b.clone();
             d[byte] ^= 0x04;
@@ -948,13 +971,13 @@ mod tests {
         );
 
         let e = verify_segment(&key, &b[..b.len() - 1]).unwrap_err();
-        assert!(e.contains("torn"), "{e}");
+        assert!(e.message.contains("torn"), "{e}");
         let e = verify_segment("disks/deadbeef/s/000000070000000d", &b).unwrap_err();
-        assert!(e.contains("not this key"), "{e}");
+        assert!(e.message.contains("not this key"), "{e}");
         let mut d = b.clone();
         d[SegmentInfo::grain_offset(1) as usize + 3] ^= 1;
         let e = verify_segment(&key, &d).unwrap_err();
-        assert!(e.contains("grain 1 does not match"), "{e}");
+        assert!(e.message.contains("grain 1 does not match"), "{e}");
         let mut d = b.clone();
         let last = d.len() - 40;
         d[last] ^= 1;
@@ -971,9 +994,9 @@ mod tests {
         d[SegmentInfo::grain_offset(1) as usize + 3] ^= 1;
         assert!(ends(&d, d.len() as u64).is_ok());
         let e = ends(&b, b.len() as u64 - 1).unwrap_err();
-        assert!(e.contains("torn"), "{e}");
+        assert!(e.message.contains("torn"), "{e}");
         let e = ends(&b[..b.len() - 1], b.len() as u64 - 1).unwrap_err();
-        assert!(e.contains("torn"), "{e}");
+        assert!(e.message.contains("torn"), "{e}");
         let mut d = b.clone();
         let end = d.len() - 1;
         d[end] ^= 1;
@@ -1003,7 +1026,7 @@ mod tests {
         let b = m.encode_v1();
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
         let e = Manifest::decode(&manifest_key(3, 43), &b).unwrap_err();
-        assert!(e.contains("the manifest says it is"), "{e}");
+        assert!(e.message.contains("the manifest says it is"), "{e}");
 
         // Format 2, with a payload and a tail; read whole or from its end.
         let mut m = m;
@@ -1041,7 +1064,7 @@ mod tests {
             assert!(Manifest::decode(&m.key(), &d).is_err(), "flip at {i}");
         }
         let e = Manifest::needs(&m.key(), b.len() as u64 + 1, &b).unwrap_err();
-        assert!(e.contains("torn"), "{e}");
+        assert!(e.message.contains("torn"), "{e}");
         assert_eq!(SegId::payload(3, 42).key(), m.key());
         assert_eq!(SegId::payload(3, 42).payload_of(), Some(42));
         assert_eq!(SegId::from_key(&m.key()), None);
@@ -1055,7 +1078,8 @@ mod tests {
         let b = m.encode(&[]);
         let e = Manifest::decode(&manifest_key(3, 43), &b).unwrap_err();
         assert!(
-            e.contains("the manifest says it is disks/00000003/m/000000000000002a"),
+            e.message
+                .contains("the manifest says it is disks/00000003/m/000000000000002a"),
             "{e}"
         );
         let mut d = b.clone();
@@ -1133,12 +1157,15 @@ mod tests {
             relabel(&plain, MAGIC_MANIFEST_3),
         ] {
             let e = Manifest::decode(&m.key(), &d).unwrap_err();
-            assert!(e.contains("disagree on whether it is pipelined"), "{e}");
+            assert!(
+                e.message.contains("disagree on whether it is pipelined"),
+                "{e}"
+            );
         }
         // Pipelined without a predecessor is damage too.
         m.prev = None;
         let e = Manifest::decode(&m.key(), &m.encode(&[])).unwrap_err();
-        assert!(e.contains("pipelined"), "{e}");
+        assert!(e.message.contains("pipelined"), "{e}");
         // Builds before §11.4b read the body without the two fields.
         let mut old = serde_json::to_value(Manifest::first(3, 1 << 30, 3)).unwrap();
         old.as_object_mut().unwrap().remove("prev");

@@ -23,7 +23,6 @@ pub mod s3fifo;
 pub use cache::CacheStats;
 pub use disk::SharedDisk;
 
-use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,62 +95,18 @@ pub fn cache_bound(dir: &Path) -> u64 {
         .map_or(CACHE_DEFAULT_BYTES, |b| b.max(CACHE_MIN_BYTES))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    NotFound,
-    AlreadyExists,
-    InvalidArgument,
-    /// The store or local directory holds something this build refuses.
-    Corrupt,
-    /// The store lacks what strata needs (conditional writes).
-    Unsupported,
-    /// The store did not answer, or refused the credentials.
-    Unavailable,
-    Io,
-    /// Another host claimed the disk: this one may not write it.
-    Fenced,
-    /// This host released the disk for a hand-over: it writes no more.
-    Released,
-}
-
-#[derive(Debug, Clone)]
-pub struct Error {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-impl Error {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<strata_objstore::Error> for Error {
-    fn from(e: strata_objstore::Error) -> Self {
-        use strata_objstore::ErrorKind as K;
-        let kind = match e.kind {
-            K::NotFound => ErrorKind::NotFound,
-            K::Exists => ErrorKind::AlreadyExists,
-            K::Invalid => ErrorKind::InvalidArgument,
-            K::Unsupported => ErrorKind::Unsupported,
-            K::Unavailable | K::Denied | K::Other => ErrorKind::Unavailable,
-        };
-        Error::new(kind, e.message)
-    }
-}
+/// The object-store datastore returns strata's one error (docs/ERRORS.md):
+/// its own kinds are `Fenced` (another host claimed the disk) and
+/// `Released` (this host handed it over); the store's `Unavailable` passes
+/// through unchanged.
+pub use strata_block::{Error, Kind as ErrorKind};
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Stored bytes that failed a check (the message names the key).
+pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Corrupt, msg)
+}
 
 /// A host, as objects name it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,8 +248,7 @@ pub fn utc(ms: u64) -> String {
 
 impl RootObject {
     fn decode(obj: &[u8]) -> Result<RootObject> {
-        let body = envelope::open(MAGIC_ROOT, KEY_ROOT, obj)
-            .map_err(|m| Error::new(ErrorKind::Corrupt, m))?;
+        let body = envelope::open(MAGIC_ROOT, KEY_ROOT, obj)?;
         let r: RootObject = serde_json::from_slice(body).map_err(|e| {
             Error::new(
                 ErrorKind::Corrupt,

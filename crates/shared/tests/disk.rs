@@ -102,7 +102,7 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
     // B's write does not take the disk from a writer that may be live
     // elsewhere (FORMAT.md §11.6); B claims, and A's next commit is fenced.
     let e = disk_b.write_at(&pattern(5, 4096), 0, false).unwrap_err();
-    assert!(e.context.contains("strata claim vm"), "{e}");
+    assert!(e.message.contains("strata claim vm"), "{e}");
     assert_eq!(disk_b.ownership(), (false, None));
     disk_b.claim().unwrap();
     disk_b.write_at(&pattern(5, 4096), 0, false).unwrap();
@@ -110,7 +110,7 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
     disk_a.write_at(&pattern(6, 4096), 8192, false).unwrap();
     let err = disk_a.flush().unwrap_err();
     assert!(
-        err.context.contains("fenced") && err.context.contains("generation 3"),
+        err.message.contains("fenced") && err.message.contains("generation 3"),
         "{err}"
     );
     let mut buf = vec![0u8; 4096];
@@ -275,7 +275,7 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
     assert!(has_hole(&disk, 2 * MIB, 12288));
     // A partial grain over data takes a write: refused, nothing changed.
     let e = disk.write_zeroes(512 * 1024, 4096 + 512, fast).unwrap_err();
-    assert_eq!(e.kind, strata_block::ErrorKind::NotSupported, "{e}");
+    assert_eq!(e.kind, strata_block::ErrorKind::Unsupported, "{e}");
     let mut want = data.clone();
     want[..256 * 1024].fill(0);
     assert_eq!(read(&disk, 0, MIB as usize), want);
@@ -496,7 +496,7 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
     // its entry's CRC says, so it is served.
     let mut buf = vec![0u8; 65536];
     let err = disk_c.read_at(&mut buf, 0).unwrap_err();
-    assert!(err.context.contains(&left[0]), "{err}");
+    assert!(err.message.contains(&left[0]), "{err}");
     assert_eq!(read(&disk_c, 0, 4096), pattern(1, 4096));
     let chk = c.check().unwrap();
     assert_eq!(chk.errors.len(), 1, "{chk:?}");

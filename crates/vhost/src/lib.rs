@@ -131,7 +131,7 @@ impl Default for Options {
 }
 
 /// Opens a fresh handle on the served device for each frontend connection.
-pub type Opener = Arc<dyn Fn() -> Result<Arc<dyn BlockDevice>, String> + Send + Sync>;
+pub type Opener = Arc<dyn Fn() -> Result<Arc<dyn BlockDevice>, strata_block::Error> + Send + Sync>;
 
 /// vhost-user-blk sockets served by this process.
 #[derive(Default)]

@@ -316,10 +316,7 @@ fn run(
     let size = dev.size_bytes();
     let err = |e: strata_block::BlockError| {
         tracing::debug!("virtio-blk request failed: {e}");
-        match e.kind {
-            ErrorKind::NotSupported => status::UNSUPP,
-            _ => status::IOERR,
-        }
+        status_of(e.kind)
     };
     match req.kind {
         kind::IN | kind::OUT => {
@@ -451,6 +448,28 @@ fn run(
             (status::OK, 0)
         }
         _ => (status::UNSUPP, 0),
+    }
+}
+
+/// The status byte of a failed request (docs/ERRORS.md): virtio-blk has
+/// only `IOERR` and `UNSUPP`, so every kind but `Unsupported` is `IOERR`.
+fn status_of(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::Unsupported => status::UNSUPP,
+        ErrorKind::NotFound
+        | ErrorKind::AlreadyExists
+        | ErrorKind::InvalidArgument
+        | ErrorKind::OutOfRange
+        | ErrorKind::NoSpace
+        | ErrorKind::ReadOnly
+        | ErrorKind::Locked
+        | ErrorKind::Refused
+        | ErrorKind::Corrupt
+        | ErrorKind::Io
+        | ErrorKind::Unavailable
+        | ErrorKind::Fenced
+        | ErrorKind::Released
+        | ErrorKind::Gone => status::IOERR,
     }
 }
 

@@ -19,7 +19,7 @@ use strata_block::{
 use strata_storage::{Backend, Storage};
 
 use crate::descriptor::{Access, Descriptor, ExtentType, NO_PARENT_CID};
-use crate::error::{Result, VmdkError, VmdkErrorKind};
+use crate::error::{Result, VmdkErrorKind};
 use crate::lock::LockingBackend;
 mod maintain;
 
@@ -119,7 +119,7 @@ impl Link {
     fn piece(&self, cur: u64, remaining: u64) -> Result<(&LinkExtent, u64, u64)> {
         let ext = self
             .extent_at(cur / SECTOR)
-            .ok_or_else(|| VmdkError::malformed(&self.name, "extent map has a gap"))?;
+            .ok_or_else(|| crate::error::malformed(&self.name, "extent map has a gap"))?;
         let n = ((ext.start + ext.sectors) * SECTOR - cur).min(remaining);
         Ok((ext, cur - ext.start * SECTOR, n))
     }
@@ -128,14 +128,14 @@ impl Link {
         for e in &self.extents {
             match &e.imp {
                 ExtentImpl::Flat { file, name, .. } => {
-                    file.sync().map_err(|x| VmdkError::io(name, x))?
+                    file.sync().map_err(|x| crate::error::io(name, x))?
                 }
                 ExtentImpl::Sparse(s) => s.sync()?,
                 ExtentImpl::Zero => {}
             }
         }
         if let DescriptorHome::File(f) = &self.home {
-            f.sync().map_err(|x| VmdkError::io(&self.name, x))?;
+            f.sync().map_err(|x| crate::error::io(&self.name, x))?;
         }
         Ok(())
     }
@@ -233,7 +233,7 @@ impl VmdkImage {
         let name = path
             .file_name()
             .ok_or_else(|| {
-                VmdkError::new(
+                crate::error::new(
                     VmdkErrorKind::InvalidArgument,
                     path.display().to_string(),
                     "not a file name",
@@ -257,13 +257,13 @@ impl VmdkImage {
         let mut next = Some((normalize(name), None::<(String, u32)>));
         while let Some((n, child)) = next.take() {
             if !seen.insert(n.clone()) {
-                return Err(VmdkError::chain(
+                return Err(crate::error::chain(
                     &n,
                     "the chain loops back to this file (a cycle of parentFileNameHint)",
                 ));
             }
             if links.len() >= opts.max_depth {
-                return Err(VmdkError::chain(
+                return Err(crate::error::chain(
                     &n,
                     format!(
                         "chain is deeper than {} links; refusing to follow it further",
@@ -274,13 +274,13 @@ impl VmdkImage {
             let writable = opts.writable && links.is_empty();
             let link = Self::open_link(&*files, &n, writable).map_err(|e| match &child {
                 Some((c, _)) if e.kind == VmdkErrorKind::Io => {
-                    VmdkError::chain(c, format!("cannot open its parent {n}: {}", e.what))
+                    crate::error::chain(c, format!("cannot open its parent {n}: {}", e.message))
                 }
                 _ => e,
             })?;
             if let Some((c, want)) = &child {
                 if link.descriptor.cid != *want {
-                    return Err(VmdkError::chain(
+                    return Err(crate::error::chain(
                         c,
                         format!(
                             "parentCID is {want:08x} but its parent {n} has CID {:08x}: the parent changed after this delta was made",
@@ -291,7 +291,7 @@ impl VmdkImage {
             }
             if link.descriptor.parent_cid != NO_PARENT_CID {
                 let hint = link.descriptor.parent_hint.clone().ok_or_else(|| {
-                    VmdkError::chain(
+                    crate::error::chain(
                         &n,
                         "has a parentCID but no parentFileNameHint to find the parent by",
                     )
@@ -321,18 +321,18 @@ impl VmdkImage {
             backend.open_read_only(name)
         }
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => VmdkError::in_use(name, writable),
-            _ => VmdkError::io(name, e),
+            std::io::ErrorKind::WouldBlock => crate::error::in_use(name, writable),
+            _ => crate::error::io(name, e),
         })
     }
 
     #[expect(clippy::too_many_lines)]
     fn open_link(backend: &dyn Backend, name: &str, writable: bool) -> Result<Link> {
         let f = Self::open_file(backend, name, writable)?;
-        let len = f.len().map_err(|e| VmdkError::io(name, e))?;
+        let len = f.len().map_err(|e| crate::error::io(name, e))?;
         let mut head = [0u8; 512];
         f.read_at(&mut head, 0)
-            .map_err(|e| VmdkError::io(name, e))?;
+            .map_err(|e| crate::error::io(name, e))?;
         let m32 = u32::from_le_bytes(head[0..4].try_into().expect("4"));
         let m64 = u64::from_le_bytes(head[0..8].try_into().expect("8"));
         if m32 == KDMV_MAGIC || m32 == COWD_MAGIC || m64 == SESPARSE_MAGIC {
@@ -348,15 +348,16 @@ impl VmdkImage {
                         .min(MAX_EMBEDDED_DESCRIPTOR);
                     let off = desc_offset.saturating_mul(SECTOR);
                     if off >= len {
-                        return Err(VmdkError::malformed(
+                        return Err(crate::error::malformed(
                             name,
                             "embedded descriptor lies past the end of the file",
                         ));
                     }
                     let mut b = vec![0u8; bytes as usize];
-                    f.read_at(&mut b, off).map_err(|e| VmdkError::io(name, e))?;
+                    f.read_at(&mut b, off)
+                        .map_err(|e| crate::error::io(name, e))?;
                     let d = Descriptor::parse(&b).map_err(|e| {
-                        VmdkError::malformed(name, format!("embedded descriptor: {e}"))
+                        crate::error::malformed(name, format!("embedded descriptor: {e}"))
                     })?;
                     let end = b.iter().position(|&x| x == 0).unwrap_or(b.len());
                     let text = String::from_utf8_lossy(&b[..end]).to_string();
@@ -385,22 +386,23 @@ impl VmdkImage {
             });
         }
         if len > crate::descriptor::MAX_DESCRIPTOR_BYTES as u64 {
-            return Err(VmdkError::malformed(
+            return Err(crate::error::malformed(
                 name,
                 "not a VMDK: no sparse magic, and too large to be a text descriptor",
             ));
         }
         let mut b = vec![0u8; len as usize];
-        f.read_at(&mut b, 0).map_err(|e| VmdkError::io(name, e))?;
+        f.read_at(&mut b, 0)
+            .map_err(|e| crate::error::io(name, e))?;
         let descriptor = Descriptor::parse(&b)
-            .map_err(|e| VmdkError::malformed(name, format!("not a VMDK descriptor: {e}")))?;
+            .map_err(|e| crate::error::malformed(name, format!("not a VMDK descriptor: {e}")))?;
         let text = String::from_utf8_lossy(&b).to_string();
         let mut extents = Vec::new();
         let mut start = 0u64;
         let mut link_writable = writable;
         for line in &descriptor.extents {
             if line.access == Access::NoAccess {
-                return Err(VmdkError::unsupported(
+                return Err(crate::error::unsupported(
                     name,
                     format!("extent {:?} is NOACCESS", line.file),
                 ));
@@ -426,7 +428,7 @@ impl VmdkImage {
                             .filter(|&o| o <= 1u64 << 48)
                             .map(|o| o * SECTOR)
                             .ok_or_else(|| {
-                                VmdkError::malformed(
+                                crate::error::malformed(
                                     name,
                                     format!(
                                         "extent {:?}: offset of {} sectors is impossible",
@@ -445,7 +447,7 @@ impl VmdkImage {
                         _ => sp.format() != SparseFormat::SeSparse,
                     };
                     if !ok {
-                        return Err(VmdkError::malformed(
+                        return Err(crate::error::malformed(
                             name,
                             format!(
                                 "extent {:?} is declared {} but the file is {}",
@@ -458,7 +460,7 @@ impl VmdkImage {
                     ExtentImpl::Sparse(Arc::new(sp))
                 }
                 ExtentType::VmfsRdm | ExtentType::VmfsRaw => {
-                    return Err(VmdkError::unsupported(
+                    return Err(crate::error::unsupported(
                         name,
                         format!(
                             "extent {:?} is a raw device mapping ({}), which strata does not open",
@@ -478,7 +480,7 @@ impl VmdkImage {
                 .checked_add(line.sectors)
                 .filter(|&s| s <= 1u64 << 48)
                 .ok_or_else(|| {
-                    VmdkError::malformed(name, "extents add up to an impossible size")
+                    crate::error::malformed(name, "extents add up to an impossible size")
                 })?;
         }
         Ok(Link {
@@ -569,7 +571,7 @@ impl VmdkImage {
                 }
                 ExtentImpl::Flat { file, name, offset } => {
                     file.read_at(piece, offset + ext_off)
-                        .map_err(|e| VmdkError::io(name, e))?;
+                        .map_err(|e| crate::error::io(name, e))?;
                     fill.push(n as u64, Fill::Data);
                 }
                 ExtentImpl::Sparse(s) => self.read_sparse(level, s, piece, ext_off, cur, fill)?,
@@ -772,10 +774,10 @@ impl VmdkImage {
             bytes.resize(room as usize, 0);
         }
         file.write_at(&bytes, off)
-            .map_err(|e| VmdkError::io(&top.name, e))?;
+            .map_err(|e| crate::error::io(&top.name, e))?;
         if let DescriptorHome::File(_) = top.home {
             file.set_len(bytes.len() as u64)
-                .map_err(|e| VmdkError::io(&top.name, e))?;
+                .map_err(|e| crate::error::io(&top.name, e))?;
         }
         std::mem::swap(&mut *text, &mut new_text);
         Ok(())
@@ -799,7 +801,7 @@ impl VmdkImage {
             let piece = &buf[pos..pos + n];
             match &ext.imp {
                 ExtentImpl::Zero => {
-                    return Err(VmdkError::new(
+                    return Err(crate::error::new(
                         VmdkErrorKind::ReadOnly,
                         &link.name,
                         format!(
@@ -808,9 +810,10 @@ impl VmdkImage {
                         ),
                     ))
                 }
-                ExtentImpl::Flat { file, name, offset } => file
-                    .write_at(piece, offset + ext_off)
-                    .map_err(|e| VmdkError::io(name, e))?,
+                ExtentImpl::Flat { file, name, offset } => {
+                    file.write_at(piece, offset + ext_off)
+                        .map_err(|e| crate::error::io(name, e))?
+                }
                 ExtentImpl::Sparse(s) => self.write_sparse(s, piece, ext_off, cur, None)?,
             }
             pos += n;
@@ -831,7 +834,7 @@ impl VmdkImage {
     ) -> Result<()> {
         let gb = s.grain_bytes();
         if gb > crate::sparse::MAX_BUFFERED_GRAIN {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 s.name(),
                 format!("writes to grains of {gb} bytes"),
             ));
@@ -842,7 +845,7 @@ impl VmdkImage {
         while pos < total {
             let o = ext_off + pos;
             if o >= cap {
-                return Err(VmdkError::new(
+                return Err(crate::error::new(
                     VmdkErrorKind::InvalidArgument,
                     s.name(),
                     format!("byte {o} is past the extent's capacity of {cap} bytes"),
@@ -903,7 +906,7 @@ impl VmdkImage {
                 ExtentImpl::Zero => {}
                 ExtentImpl::Flat { file, name, offset } => file
                     .punch_hole(offset + ext_off, n)
-                    .map_err(|e| VmdkError::io(name, e))?,
+                    .map_err(|e| crate::error::io(name, e))?,
                 ExtentImpl::Sparse(s) => {
                     let gb = s.grain_bytes();
                     let mut p = 0u64;
@@ -930,7 +933,7 @@ impl VmdkImage {
                                 tx.set(target)
                             })?;
                         } else if fast_only {
-                            return Err(VmdkError::unsupported(
+                            return Err(crate::error::unsupported(
                                 s.name(),
                                 "zeroing these grains needs data writes",
                             ));
@@ -952,10 +955,6 @@ impl VmdkImage {
     }
 }
 
-fn to_block(e: VmdkError) -> BlockError {
-    e.into()
-}
-
 impl BlockDevice for VmdkImage {
     fn size_bytes(&self) -> u64 {
         self.size_sectors() * SECTOR
@@ -970,8 +969,7 @@ impl BlockDevice for VmdkImage {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let _g = self.io.read();
         let mut fill = ReadFill::new();
-        self.read_level(0, buf, offset, &mut fill)
-            .map_err(to_block)?;
+        self.read_level(0, buf, offset, &mut fill)?;
         Ok(fill)
     }
 
@@ -980,10 +978,10 @@ impl BlockDevice for VmdkImage {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
-        self.bump_cid().map_err(to_block)?;
-        self.write_top(buf, offset).map_err(to_block)?;
+        self.bump_cid()?;
+        self.write_top(buf, offset)?;
         if fua {
-            self.sync().map_err(to_block)?;
+            self.sync()?;
         }
         Ok(())
     }
@@ -992,7 +990,7 @@ impl BlockDevice for VmdkImage {
         if self.read_only() {
             return Ok(());
         }
-        self.sync().map_err(to_block)
+        self.sync()
     }
 
     fn unmap(&self, offset: u64, len: u64) -> BlockResult<()> {
@@ -1000,8 +998,8 @@ impl BlockDevice for VmdkImage {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
-        self.bump_cid().map_err(to_block)?;
-        self.zero_top(offset, len, true, false).map_err(to_block)
+        self.bump_cid()?;
+        self.zero_top(offset, len, true, false)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOptions) -> BlockResult<()> {
@@ -1009,17 +1007,10 @@ impl BlockDevice for VmdkImage {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.top_writable()?;
         let _g = self.io.read();
-        self.bump_cid().map_err(to_block)?;
-        self.zero_top(offset, len, false, opts.fast_only)
-            .map_err(|e| {
-                if e.kind == VmdkErrorKind::Unsupported && opts.fast_only {
-                    BlockError::new(ErrorKind::NotSupported, e.to_string())
-                } else {
-                    to_block(e)
-                }
-            })?;
+        self.bump_cid()?;
+        self.zero_top(offset, len, false, opts.fast_only)?;
         if opts.fua {
-            self.sync().map_err(to_block)?;
+            self.sync()?;
         }
         Ok(())
     }
@@ -1027,7 +1018,7 @@ impl BlockDevice for VmdkImage {
     fn block_status(&self, offset: u64, len: u64) -> BlockResult<Vec<Extent>> {
         strata_block::check_range(offset, len, self.size_bytes())?;
         let _g = self.io.read();
-        let runs = self.status(offset, len, 4096).map_err(to_block)?;
+        let runs = self.status(offset, len, 4096)?;
         Ok(runs
             .into_iter()
             .map(|(n, st)| Extent {

@@ -13,7 +13,7 @@ use strata_storage::{Backend, Storage};
 
 use crate::chain::{OpenOptions, VmdkImage};
 use crate::descriptor::{Access, Descriptor, ExtentLine, ExtentType, NO_PARENT_CID};
-use crate::error::{Result, VmdkError, VmdkErrorKind};
+use crate::error::{Result, VmdkErrorKind};
 use crate::sparse::{
     create_cowd, create_kdmv, create_sesparse, KdmvHeader, FLAG_COMPRESS, FLAG_MARKER,
     FLAG_NL_DETECT, GD_AT_END, MARKER_EOS, MARKER_FOOTER, MARKER_GD, MARKER_GT, SECTOR,
@@ -48,14 +48,18 @@ impl Subformat {
         }
     }
 
-    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self> {
         Self::ALL
             .into_iter()
             .find(|f| f.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
-                format!(
-                    "unknown subformat {s:?}; one of: {}",
-                    Self::ALL.map(|f| f.name()).join(", ")
+                crate::error::new(
+                    VmdkErrorKind::InvalidArgument,
+                    "",
+                    format!(
+                        "unknown subformat {s:?}; one of: {}",
+                        Self::ALL.map(|f| f.name()).join(", ")
+                    ),
                 )
             })
     }
@@ -137,7 +141,7 @@ fn descriptor(spec: &ImageSpec, create_type: &str, kind: ExtentType, file: Strin
 
 fn open_new(backend: &dyn Backend, name: &str) -> Result<Arc<dyn Storage>> {
     if backend.exists(name) {
-        return Err(VmdkError::new(
+        return Err(crate::error::new(
             VmdkErrorKind::InvalidArgument,
             name,
             "already exists; refusing to overwrite it",
@@ -145,12 +149,12 @@ fn open_new(backend: &dyn Backend, name: &str) -> Result<Arc<dyn Storage>> {
     }
     let f = backend
         .open(name, true)
-        .map_err(|e| VmdkError::io(name, e))?;
+        .map_err(|e| crate::error::io(name, e))?;
     Ok(f)
 }
 
 fn put(f: &dyn Storage, name: &str, b: &[u8], off: u64) -> Result<()> {
-    f.write_at(b, off).map_err(|e| VmdkError::io(name, e))
+    f.write_at(b, off).map_err(|e| crate::error::io(name, e))
 }
 
 /// Names of the files an image of `subformat` called `name` consists of.
@@ -172,7 +176,7 @@ pub fn image_files(name: &str, subformat: Subformat) -> Vec<String> {
 /// created here (see [`StreamWriter`]).
 pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> Result<VmdkImage> {
     if spec.parent.is_some() && !spec.subformat.can_be_delta() {
-        return Err(VmdkError::unsupported(
+        return Err(crate::error::unsupported(
             name,
             format!(
                 "{} images cannot be deltas on a parent",
@@ -181,7 +185,7 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
         ));
     }
     if spec.sectors == 0 {
-        return Err(VmdkError::new(
+        return Err(crate::error::new(
             VmdkErrorKind::InvalidArgument,
             name,
             "size must be at least one sector",
@@ -194,17 +198,17 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
             let d = descriptor(spec, "monolithicSparse", ExtentType::Sparse, ext_name(0));
             let f = open_new(&*backend, name)?;
             create_kdmv(&*f, name, spec.sectors, spec.zero_grain, &d.render())?;
-            f.sync().map_err(|e| VmdkError::io(name, e))?;
+            f.sync().map_err(|e| crate::error::io(name, e))?;
         }
         Subformat::MonolithicFlat => {
             let d = descriptor(spec, "monolithicFlat", ExtentType::Flat, ext_name(1));
             let flat = open_new(&*backend, &files[1])?;
             flat.set_len(spec.sectors * SECTOR)
-                .map_err(|e| VmdkError::io(&files[1], e))?;
-            flat.sync().map_err(|e| VmdkError::io(&files[1], e))?;
+                .map_err(|e| crate::error::io(&files[1], e))?;
+            flat.sync().map_err(|e| crate::error::io(&files[1], e))?;
             let f = open_new(&*backend, name)?;
             put(&*f, name, d.render().as_bytes(), 0)?;
-            f.sync().map_err(|e| VmdkError::io(name, e))?;
+            f.sync().map_err(|e| crate::error::io(name, e))?;
         }
         Subformat::VmfsSparse | Subformat::SeSparse => {
             let (ct, kind) = if spec.subformat == Subformat::VmfsSparse {
@@ -219,13 +223,13 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
             } else {
                 create_sesparse(&*ext, &files[1], spec.sectors)?;
             }
-            ext.sync().map_err(|e| VmdkError::io(&files[1], e))?;
+            ext.sync().map_err(|e| crate::error::io(&files[1], e))?;
             let f = open_new(&*backend, name)?;
             put(&*f, name, d.render().as_bytes(), 0)?;
-            f.sync().map_err(|e| VmdkError::io(name, e))?;
+            f.sync().map_err(|e| crate::error::io(name, e))?;
         }
         Subformat::StreamOptimized => {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 name,
                 "streamOptimized images are written with StreamWriter",
             ))
@@ -299,7 +303,7 @@ impl StreamWriter {
         put(&*file, name, &t, SECTOR)?;
         let grains = sectors.div_ceil(STREAM_GRAIN);
         if grains > u32::MAX as u64 {
-            return Err(VmdkError::unsupported(name, "too large for a stream"));
+            return Err(crate::error::unsupported(name, "too large for a stream"));
         }
         Ok(Self {
             file,
@@ -320,7 +324,7 @@ impl StreamWriter {
     /// left out (they read as zeros). The last grain may be short.
     pub fn write_grain(&mut self, index: u64, data: &[u8]) -> Result<()> {
         if self.last.is_some_and(|l| index <= l) || index >= self.gtes.len() as u64 {
-            return Err(VmdkError::new(
+            return Err(crate::error::new(
                 VmdkErrorKind::InvalidArgument,
                 &self.name,
                 format!("grain {index} out of order or past the end"),
@@ -332,8 +336,8 @@ impl StreamWriter {
         }
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
         z.write_all(data)
-            .map_err(|e| VmdkError::io(&self.name, e))?;
-        let z = z.finish().map_err(|e| VmdkError::io(&self.name, e))?;
+            .map_err(|e| crate::error::io(&self.name, e))?;
+        let z = z.finish().map_err(|e| crate::error::io(&self.name, e))?;
         let mut rec = Vec::with_capacity(12 + z.len() + 512);
         rec.extend_from_slice(&(index * STREAM_GRAIN).to_le_bytes());
         rec.extend_from_slice(&(z.len() as u32).to_le_bytes());
@@ -341,7 +345,7 @@ impl StreamWriter {
         rec.resize(rec.len().div_ceil(512) * 512, 0);
         put(&*self.file, &self.name, &rec, self.pos)?;
         self.gtes[index as usize] = u32::try_from(self.pos / SECTOR).map_err(|_| {
-            VmdkError::unsupported(&self.name, "stream grows past 2 TiB of compressed data")
+            crate::error::unsupported(&self.name, "stream grows past 2 TiB of compressed data")
         })?;
         self.pos += rec.len() as u64;
         Ok(())
@@ -395,7 +399,9 @@ impl StreamWriter {
         self.pos += SECTOR;
         self.file
             .set_len(self.pos)
-            .map_err(|e| VmdkError::io(&self.name, e))?;
-        self.file.sync().map_err(|e| VmdkError::io(&self.name, e))
+            .map_err(|e| crate::error::io(&self.name, e))?;
+        self.file
+            .sync()
+            .map_err(|e| crate::error::io(&self.name, e))
     }
 }

@@ -7,6 +7,13 @@
 
 use std::fmt::Write as _;
 
+use crate::error::{Result, VmdkError};
+
+/// Descriptor text that does not follow the format (the caller names the file).
+fn corrupt(message: impl Into<String>) -> VmdkError {
+    crate::error::malformed("", message)
+}
+
 /// Larger descriptors are refused (QEMU reads at most 1 MiB).
 pub const MAX_DESCRIPTOR_BYTES: usize = 1 << 20;
 /// More extents than this are refused.
@@ -108,7 +115,7 @@ fn parse_hex_u32(v: &str) -> Option<u32> {
     u32::from_str_radix(v.trim(), 16).ok()
 }
 
-fn parse_extent(line: &str) -> Result<Option<ExtentLine>, String> {
+fn parse_extent(line: &str) -> Result<Option<ExtentLine>> {
     let mut rest = line.trim();
     let (word, tail) = split_word(rest);
     let access = match word {
@@ -119,39 +126,46 @@ fn parse_extent(line: &str) -> Result<Option<ExtentLine>, String> {
     };
     rest = tail;
     let (sectors, tail) = split_word(rest);
-    let sectors: u64 = sectors
-        .parse()
-        .map_err(|_| format!("extent line {line:?}: size {sectors:?} is not a number"))?;
+    let sectors: u64 = sectors.parse().map_err(|_| {
+        corrupt(format!(
+            "extent line {line:?}: size {sectors:?} is not a number"
+        ))
+    })?;
     rest = tail;
     let (kind_s, tail) = split_word(rest);
-    let kind = ExtentType::parse(kind_s)
-        .ok_or_else(|| format!("extent line {line:?}: unknown extent type {kind_s:?}"))?;
+    let kind = ExtentType::parse(kind_s).ok_or_else(|| {
+        corrupt(format!(
+            "extent line {line:?}: unknown extent type {kind_s:?}"
+        ))
+    })?;
     rest = tail.trim();
     let mut file = String::new();
     if kind != ExtentType::Zero || rest.starts_with('"') {
         let body = rest
             .strip_prefix('"')
-            .ok_or_else(|| format!("extent line {line:?}: file name must be quoted"))?;
+            .ok_or_else(|| corrupt(format!("extent line {line:?}: file name must be quoted")))?;
         let end = body
             .find('"')
-            .ok_or_else(|| format!("extent line {line:?}: unterminated file name"))?;
+            .ok_or_else(|| corrupt(format!("extent line {line:?}: unterminated file name")))?;
         file = body[..end].to_string();
         rest = body[end + 1..].trim();
         if file.is_empty() {
-            return Err(format!("extent line {line:?}: empty file name"));
+            return Err(corrupt(format!("extent line {line:?}: empty file name")));
         }
     }
     let mut offset = 0;
     if !rest.is_empty() {
         let (o, tail) = split_word(rest);
-        offset = o
-            .parse()
-            .map_err(|_| format!("extent line {line:?}: offset {o:?} is not a number"))?;
+        offset = o.parse().map_err(|_| {
+            corrupt(format!(
+                "extent line {line:?}: offset {o:?} is not a number"
+            ))
+        })?;
         if !tail.trim().is_empty() {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "extent line {line:?}: unexpected {:?}",
                 tail.trim()
-            ));
+            )));
         }
     }
     Ok(Some(ExtentLine {
@@ -175,17 +189,17 @@ impl Descriptor {
     /// Parse descriptor text. Text after a NUL byte (the padding of an
     /// embedded descriptor) is ignored.
     #[expect(clippy::too_many_lines)]
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
         if bytes.len() > MAX_DESCRIPTOR_BYTES {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "descriptor of {} bytes is larger than the {} bytes allowed",
                 bytes.len(),
                 MAX_DESCRIPTOR_BYTES
-            ));
+            )));
         }
         let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
         let text = std::str::from_utf8(&bytes[..end])
-            .map_err(|e| format!("descriptor is not UTF-8 text ({e})"))?;
+            .map_err(|e| corrupt(format!("descriptor is not UTF-8 text ({e})")))?;
         let mut d = Descriptor {
             version: 0,
             cid: 0,
@@ -204,13 +218,15 @@ impl Descriptor {
             }
             if let Some(ext) = parse_extent(line)? {
                 if d.extents.len() >= MAX_EXTENTS {
-                    return Err(format!("more than {MAX_EXTENTS} extents"));
+                    return Err(corrupt(format!("more than {MAX_EXTENTS} extents")));
                 }
                 d.extents.push(ext);
                 continue;
             }
             let Some((k, v)) = line.split_once('=') else {
-                return Err(format!("line {line:?} is neither key=value nor an extent"));
+                return Err(corrupt(format!(
+                    "line {line:?} is neither key=value nor an extent"
+                )));
             };
             let key = k.trim();
             let value = unquote(v);
@@ -218,17 +234,17 @@ impl Descriptor {
                 "version" => {
                     d.version = value
                         .parse()
-                        .map_err(|_| format!("version {value:?} is not a number"))?;
+                        .map_err(|_| corrupt(format!("version {value:?} is not a number")))?;
                     saw_version = true;
                 }
                 "CID" => {
-                    d.cid =
-                        parse_hex_u32(value).ok_or_else(|| format!("CID {value:?} is not hex"))?;
+                    d.cid = parse_hex_u32(value)
+                        .ok_or_else(|| corrupt(format!("CID {value:?} is not hex")))?;
                     saw_cid = true;
                 }
                 "parentCID" => {
                     d.parent_cid = parse_hex_u32(value)
-                        .ok_or_else(|| format!("parentCID {value:?} is not hex"))?
+                        .ok_or_else(|| corrupt(format!("parentCID {value:?} is not hex")))?
                 }
                 "createType" => d.create_type = value.to_string(),
                 "parentFileNameHint" => d.parent_hint = Some(value.to_string()),
@@ -237,22 +253,22 @@ impl Descriptor {
             }
         }
         if !saw_version {
-            return Err("no version= line".into());
+            return Err(corrupt("no version= line"));
         }
         if !(1..=3).contains(&d.version) {
-            return Err(format!(
+            return Err(corrupt(format!(
                 "descriptor version {} (1, 2 or 3 expected)",
                 d.version
-            ));
+            )));
         }
         if !saw_cid {
-            return Err("no CID= line".into());
+            return Err(corrupt("no CID= line"));
         }
         if d.create_type.is_empty() {
-            return Err("no createType= line".into());
+            return Err(corrupt("no createType= line"));
         }
         if d.extents.is_empty() {
-            return Err("no extent lines".into());
+            return Err(corrupt("no extent lines"));
         }
         Ok(d)
     }
@@ -384,10 +400,11 @@ mod tests {
             ("\u{ff}", "neither"),
         ] {
             let e = Descriptor::parse(text.as_bytes()).unwrap_err();
-            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.message.contains(want), "{text:?}: {e}");
         }
         assert!(Descriptor::parse(&[0xff, 0xfe])
             .unwrap_err()
+            .message
             .contains("UTF-8"));
     }
 }

@@ -1,98 +1,52 @@
-//! Errors of the VMDK drivers: what is wrong, and in which file.
+//! The VMDK drivers return strata's one error (docs/ERRORS.md), with the
+//! file it concerns as its place. The constructors here name the cases
+//! the drivers raise: a file that does not follow the format and a broken
+//! snapshot chain are `Corrupt`, a lock held by another open is `Locked`.
 
-use std::fmt;
 use std::io;
 
-use strata_block::{BlockError, ErrorKind};
-
-/// What kind of problem a VMDK operation ran into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmdkErrorKind {
-    /// Reading or writing a file failed.
-    Io,
-    /// A header, descriptor or table does not follow the format.
-    Malformed,
-    /// Valid VMDK, but a kind or feature strata does not handle.
-    Unsupported,
-    /// The snapshot chain is broken: missing parent, CID mismatch, cycle, too deep.
-    Chain,
-    /// A write to a read-only link or format.
-    ReadOnly,
-    /// An argument out of range (offset past the end, misaligned).
-    InvalidArgument,
-    /// Another open of the file holds a lock that conflicts with ours
-    /// (a server is writing it, or reading it while we want to write).
-    InUse,
-}
-
-/// An error with the file it concerns and a sentence for people.
-#[derive(Debug, Clone)]
-pub struct VmdkError {
-    pub kind: VmdkErrorKind,
-    pub file: String,
-    pub what: String,
-}
+pub use strata_block::{Error as VmdkError, Kind as VmdkErrorKind};
 
 pub type Result<T> = std::result::Result<T, VmdkError>;
 
-impl VmdkError {
-    pub fn new(kind: VmdkErrorKind, file: impl Into<String>, what: impl Into<String>) -> Self {
-        Self {
-            kind,
-            file: file.into(),
-            what: what.into(),
-        }
-    }
-
-    pub fn malformed(file: &str, what: impl Into<String>) -> Self {
-        Self::new(VmdkErrorKind::Malformed, file, what)
-    }
-
-    pub fn unsupported(file: &str, what: impl Into<String>) -> Self {
-        Self::new(VmdkErrorKind::Unsupported, file, what)
-    }
-
-    pub fn chain(file: &str, what: impl Into<String>) -> Self {
-        Self::new(VmdkErrorKind::Chain, file, what)
-    }
-
-    /// `file` is locked by another open (see `crate::lock`).
-    pub fn in_use(file: &str, for_writing: bool) -> Self {
-        let why = if for_writing {
-            "in use: another process has it open (locked), so it cannot be opened for writing"
-        } else {
-            "in use: another process is writing it (locked), so it cannot be opened for reading"
-        };
-        Self::new(VmdkErrorKind::InUse, file, why)
-    }
-
-    pub fn io(file: &str, e: io::Error) -> Self {
-        Self::new(VmdkErrorKind::Io, file, e.to_string())
+/// An error of `kind` about `file` (none when `file` is empty).
+pub fn new(kind: VmdkErrorKind, file: impl Into<String>, what: impl Into<String>) -> VmdkError {
+    let e = VmdkError::new(kind, what);
+    let file = file.into();
+    if file.is_empty() {
+        e
+    } else {
+        e.at(file)
     }
 }
 
-impl fmt::Display for VmdkError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.file.is_empty() {
-            write!(f, "{}", self.what)
-        } else {
-            write!(f, "{}: {}", self.file, self.what)
-        }
-    }
+/// A header, descriptor or table that does not follow the format.
+pub fn malformed(file: &str, what: impl Into<String>) -> VmdkError {
+    new(VmdkErrorKind::Corrupt, file, what)
 }
 
-impl std::error::Error for VmdkError {}
+/// Valid VMDK, but a kind or feature strata does not handle.
+pub fn unsupported(file: &str, what: impl Into<String>) -> VmdkError {
+    new(VmdkErrorKind::Unsupported, file, what)
+}
 
-impl From<VmdkError> for BlockError {
-    fn from(e: VmdkError) -> Self {
-        let kind = match e.kind {
-            VmdkErrorKind::Io => ErrorKind::Io,
-            VmdkErrorKind::Malformed | VmdkErrorKind::Chain => ErrorKind::Corrupt,
-            VmdkErrorKind::Unsupported => ErrorKind::NotSupported,
-            VmdkErrorKind::ReadOnly => ErrorKind::ReadOnly,
-            VmdkErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-            VmdkErrorKind::InUse => ErrorKind::Io,
-        };
-        BlockError::new(kind, e.to_string())
-    }
+/// A broken snapshot chain: a missing parent, a CID mismatch, a cycle.
+pub fn chain(file: &str, what: impl Into<String>) -> VmdkError {
+    new(VmdkErrorKind::Corrupt, file, what)
+}
+
+/// `file` is locked by another open (see `crate::lock`).
+pub fn in_use(file: &str, for_writing: bool) -> VmdkError {
+    let why = if for_writing {
+        "in use: another process has it open (locked), so it cannot be opened for writing"
+    } else {
+        "in use: another process is writing it (locked), so it cannot be opened for reading"
+    };
+    new(VmdkErrorKind::Locked, file, why)
+}
+
+/// Reading or writing `file` failed (a full host file system is `NoSpace`).
+pub fn io(file: &str, e: io::Error) -> VmdkError {
+    let e = VmdkError::from(e);
+    new(e.kind, file, e.message)
 }

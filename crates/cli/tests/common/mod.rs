@@ -141,6 +141,14 @@ impl Store {
         assert!(!o.status.success(), "strata {args:?} should have failed");
         String::from_utf8(o.stderr).unwrap()
     }
+    /// Run and require exit status `code` (docs/ERRORS.md: one per kind
+    /// of failure); returns stderr.
+    pub fn fails_with(&self, code: i32, args: &[&str]) -> String {
+        let o = self.cmd(args);
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(o.status.code(), Some(code), "strata {args:?}: {err}");
+        err
+    }
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let mut a = args.to_vec();
         a.push("--json");

@@ -80,10 +80,13 @@ impl ExportProvider for OneExport {
             description: String::new(),
         }]
     }
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         match name {
             "striped" => Ok(self.0.clone()),
-            _ => Err(format!("no export named '{name}'")),
+            _ => Err(strata_block::Error::new(
+                strata_block::Kind::NotFound,
+                format!("no export named '{name}'"),
+            )),
         }
     }
 }

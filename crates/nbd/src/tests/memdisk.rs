@@ -250,10 +250,7 @@ impl BlockDevice for MemDisk {
         self.check(offset, len, true)?;
         self.calls.lock().push(Call::Zero { offset, len, opts });
         if opts.fast_only && !self.fast_zero {
-            return Err(BlockError::new(
-                ErrorKind::NotSupported,
-                "no fast zero here",
-            ));
+            return Err(BlockError::new(ErrorKind::Unsupported, "no fast zero here"));
         }
         if opts.may_unmap {
             self.deallocate(offset, len);

@@ -43,12 +43,17 @@ impl ExportProvider for Exports {
         self.0.iter().map(|(i, _)| i.clone()).collect()
     }
 
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> {
         self.0
             .iter()
             .find(|(i, _)| i.name == name)
             .map(|(_, d)| d.clone() as Arc<dyn BlockDevice>)
-            .ok_or_else(|| format!("no export named '{name}'"))
+            .ok_or_else(|| {
+                strata_block::Error::new(
+                    strata_block::Kind::NotFound,
+                    format!("no export named '{name}'"),
+                )
+            })
     }
 }
 

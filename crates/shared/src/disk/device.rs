@@ -35,10 +35,8 @@ impl BlockDevice for SharedDisk {
         match read(buf) {
             // Rule 5: what an older manifest named was collected; the
             // newest one names where it is now.
-            Err(e) if e.kind == ErrorKind::NotFound && self.refresh_now() => {
-                read(buf).map_err(|e| self.to_block(e))?
-            }
-            r => r.map_err(|e| self.to_block(e))?,
+            Err(e) if e.kind == ErrorKind::NotFound && self.refresh_now() => read(buf)?,
+            r => r?,
         }
         Ok(ReadFill::all_data(buf.len() as u64))
     }
@@ -49,8 +47,7 @@ impl BlockDevice for SharedDisk {
         }
         check_range(offset, buf.len() as u64, self.size_bytes())?;
         self.throttle.admit(buf.len() as u64);
-        self.write_bytes(buf, offset)
-            .map_err(|e| self.to_block(e))?;
+        self.write_bytes(buf, offset)?;
         if fua {
             self.flush()?;
         }
@@ -62,7 +59,7 @@ impl BlockDevice for SharedDisk {
             return Ok(());
         }
         // A fenced disk's commit fails with the fencing message.
-        self.commit().map_err(|e| self.to_block(e))
+        self.commit()
     }
 
     fn unmap(&self, offset: u64, len: u64) -> BlockResult<()> {
@@ -76,9 +73,8 @@ impl BlockDevice for SharedDisk {
         let first = offset.div_ceil(G);
         let end = (offset + len) / G;
         if first < end {
-            self.ensure_owner(false).map_err(|e| self.to_block(e))?;
-            self.put_grains((first..end).map(|vg| (vg, None)).collect())
-                .map_err(|e| self.to_block(e))?;
+            self.ensure_owner(false)?;
+            self.put_grains((first..end).map(|vg| (vg, None)).collect())?;
         }
         Ok(())
     }
@@ -93,17 +89,14 @@ impl BlockDevice for SharedDisk {
         check_range(offset, len, self.size_bytes())?;
         self.throttle.admit(0);
         if opts.fast_only {
-            if let Some(why) = self
-                .slow_zeroing(offset, len)
-                .map_err(|e| self.to_block(e))?
-            {
+            if let Some(why) = self.slow_zeroing(offset, len)? {
                 return Err(BlockError::new(
-                    BErr::NotSupported,
+                    BErr::Unsupported,
                     format!("'{}': no fast zeroing here: {why}", self.name),
                 ));
             }
         }
-        self.zero_bytes(offset, len).map_err(|e| self.to_block(e))?;
+        self.zero_bytes(offset, len)?;
         if opts.fua {
             self.flush()?;
         }
@@ -128,10 +121,7 @@ impl BlockDevice for SharedDisk {
             let next = ((vg + 1) * G).min(end);
             let present = match overlay.get(&vg) {
                 Some(p) => *p,
-                None => self
-                    .lookup(root, levels, vg)
-                    .map_err(|e| self.to_block(e))?
-                    .is_some(),
+                None => self.lookup(root, levels, vg)?.is_some(),
             };
             let piece = next - at;
             match out.last_mut() {
@@ -145,17 +135,5 @@ impl BlockDevice for SharedDisk {
             at = next;
         }
         Ok(out)
-    }
-}
-
-impl SharedDisk {
-    pub(super) fn to_block(&self, e: Error) -> BlockError {
-        let kind = match e.kind {
-            ErrorKind::Corrupt => BErr::Corrupt,
-            ErrorKind::InvalidArgument => BErr::InvalidArgument,
-            ErrorKind::Released => BErr::ReadOnly,
-            _ => BErr::Io,
-        };
-        BlockError::new(kind, e.message)
     }
 }

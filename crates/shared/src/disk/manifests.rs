@@ -92,24 +92,22 @@ pub(crate) fn read_manifest(store: &ObjectStore, key: &str, size: u64) -> Result
     // makes it torn, whatever its size.
     let whole = || {
         let obj = store.get(key)?;
-        Manifest::needs(key, obj.len() as u64, &obj).map_err(corrupt)?;
-        Manifest::decode(key, &obj).map_err(corrupt)
+        Manifest::needs(key, obj.len() as u64, &obj)?;
+        Manifest::decode(key, &obj)
     };
     let start = size.saturating_sub(MANIFEST_READ);
     if start == 0 {
         return whole();
     }
     let end = store.get_range(key, start..size)?;
-    match Manifest::needs(key, size, &end).map_err(corrupt)? {
+    match Manifest::needs(key, size, &end)? {
         // Format 1, longer than the first read: read it whole.
         None => whole(),
-        Some(n) if n <= end.len() as u64 => {
-            Manifest::decode(key, &end[end.len() - n as usize..]).map_err(corrupt)
-        }
+        Some(n) if n <= end.len() as u64 => Manifest::decode(key, &end[end.len() - n as usize..]),
         Some(n) => {
             let mut all = store.get_range(key, size - n..start)?.to_vec();
             all.extend_from_slice(&end);
-            Manifest::decode(key, &all).map_err(corrupt)
+            Manifest::decode(key, &all)
         }
     }
 }

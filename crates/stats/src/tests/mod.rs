@@ -90,7 +90,7 @@ impl BlockDevice for MemDisk {
         opts: ZeroOptions,
     ) -> BlockResult<()> {
         if opts.fast_only {
-            return Err(BlockError::new(ErrorKind::NotSupported, "no fast zero"));
+            return Err(BlockError::new(ErrorKind::Unsupported, "no fast zero"));
         }
         self.unmap(offset_bytes, len_bytes)
     }

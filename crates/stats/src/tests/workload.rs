@@ -213,7 +213,7 @@ fn errors_are_counted_per_op_and_the_command_still_recorded() {
         ..ZeroOptions::default()
     };
     let err = dev.write_zeroes(0, 4096, fast).unwrap_err();
-    assert_eq!(err.kind, ErrorKind::NotSupported);
+    assert_eq!(err.kind, ErrorKind::Unsupported);
     dev.read_at(&mut buf, 0).unwrap();
 
     let s = stats.snapshot();

@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ExtentImpl, VmdkImage, SHRINK_PAUSE_FACTOR};
-use crate::error::{Result, VmdkError, VmdkErrorKind};
+use crate::error::{Result, VmdkErrorKind};
 use crate::sparse::{ExtentCheck, ShrinkReport, SparseExtent, SparseFormat, SECTOR};
 
 impl VmdkImage {
     /// Shrink every SEsparse extent of the top link (see [`SparseExtent::shrink`]).
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<ShrinkReport>> {
         if !self.writable {
-            return Err(VmdkError::new(
+            return Err(crate::error::new(
                 VmdkErrorKind::ReadOnly,
                 &self.links[0].name,
                 "open read-only",
@@ -26,7 +26,7 @@ impl VmdkImage {
             }
         }
         if out.is_empty() {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 &self.links[0].name,
                 format!(
                     "shrink needs an SEsparse link; this one is {}",
@@ -49,22 +49,22 @@ impl VmdkImage {
     ) -> Result<Vec<ShrinkReport>> {
         let name = &self.links[0].name;
         if !self.writable || !self.links[0].writable {
-            return Err(VmdkError::new(
+            return Err(crate::error::new(
                 VmdkErrorKind::ReadOnly,
                 name,
                 "served read-only; only a writable server can shrink it",
             ));
         }
         if rate_bytes_per_sec == Some(0) {
-            return Err(VmdkError::new(
+            return Err(crate::error::new(
                 VmdkErrorKind::InvalidArgument,
                 name,
                 "a rate of 0 bytes/s would never finish",
             ));
         }
         if self.shrinking.swap(true, Ordering::AcqRel) {
-            return Err(VmdkError::new(
-                VmdkErrorKind::InUse,
+            return Err(crate::error::new(
+                VmdkErrorKind::Locked,
                 name,
                 "a shrink of this image is already running",
             ));
@@ -84,7 +84,7 @@ impl VmdkImage {
             out.push(self.shrink_extent_online(s, rate_bytes_per_sec, progress)?);
         }
         if out.is_empty() {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 name,
                 format!(
                     "shrink needs an SEsparse link; this one is {}",
@@ -110,7 +110,7 @@ impl VmdkImage {
             }
             for e in &link.extents {
                 if let ExtentImpl::Flat { file, name, offset } = &e.imp {
-                    let flen = file.len().map_err(|x| VmdkError::io(name, x))?;
+                    let flen = file.len().map_err(|x| crate::error::io(name, x))?;
                     if flen < offset + e.sectors * SECTOR {
                         lc.warnings.push(format!(
                             "flat extent {name} is {flen} bytes, shorter than the {} its extent line declares; the rest reads as zeros",

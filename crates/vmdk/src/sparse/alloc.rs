@@ -9,7 +9,7 @@ use super::extent::SparseExtent;
 use super::header::{CowdHeader, Header, SeSparseHeader, SECTOR};
 use super::held::{AllocState, MAX_DIRTY_TABLES, MAX_PENDING_META};
 use super::io::wr;
-use crate::error::{Result, VmdkError};
+use crate::error::Result;
 
 /// At most this many free SEsparse slots are collected by one scan.
 const SE_FREE_SCAN_MAX: usize = 1 << 16;
@@ -101,7 +101,11 @@ impl SparseExtent {
     /// write the entries, directory and header updates that point at it,
     /// then sync again.
     pub(super) fn flush_meta(&self, st: &mut AllocState) -> Result<()> {
-        let sync = || self.file.sync().map_err(|e| VmdkError::io(&self.name, e));
+        let sync = || {
+            self.file
+                .sync()
+                .map_err(|e| crate::error::io(&self.name, e))
+        };
         if st.held() == 0 {
             return sync();
         }

@@ -7,7 +7,7 @@ use super::entry::Gte;
 use super::extent::SparseExtent;
 use super::header::{Header, KdmvHeader, SECTOR};
 use super::io::{rd, wr};
-use crate::error::{Result, VmdkError};
+use crate::error::Result;
 
 /// What `check` found in one extent (serialised as is by `vmdk check --json`).
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -34,7 +34,10 @@ impl SparseExtent {
     #[expect(clippy::too_many_lines)]
     pub fn check(&self, repair: bool) -> Result<ExtentCheck> {
         let mut r = ExtentCheck::default();
-        let len = self.file.len().map_err(|e| VmdkError::io(&self.name, e))?;
+        let len = self
+            .file
+            .len()
+            .map_err(|e| crate::error::io(&self.name, e))?;
         let gb = self.grain_bytes();
         let data_start = self.data_start_bytes();
         if let Header::Kdmv(h) = self.header {
@@ -68,7 +71,7 @@ impl SparseExtent {
                 Ok(Some(o)) => o,
                 Ok(None) => continue,
                 Err(e) => {
-                    r.errors.push(e.what);
+                    r.errors.push(e.message);
                     continue;
                 }
             };
@@ -104,7 +107,7 @@ impl SparseExtent {
                 let g = match self.decode(e) {
                     Ok(g) => g,
                     Err(err) => {
-                        r.errors.push(format!("grain {grain}: {}", err.what));
+                        r.errors.push(format!("grain {grain}: {}", err.message));
                         continue;
                     }
                 };
@@ -151,7 +154,7 @@ impl SparseExtent {
                             if repair && self.writable {
                                 self.file
                                     .set_len(end)
-                                    .map_err(|e| VmdkError::io(&self.name, e))?;
+                                    .map_err(|e| crate::error::io(&self.name, e))?;
                                 r.repaired.push(format!(
                                     "grain {grain}: extended the file with zeros to hold it"
                                 ));

@@ -8,7 +8,7 @@ use super::header::{
     FLAG_ZERO_GRAIN, SECTOR,
 };
 use super::io::wr;
-use crate::error::{Result, VmdkError};
+use crate::error::Result;
 
 /// qemu-img's hosted sparse grain and table size.
 const KDMV_GRAIN_SECTORS: u64 = 128;
@@ -62,7 +62,7 @@ pub fn create_kdmv(
         wr(file, name, &d, dir * SECTOR)?;
     }
     file.set_len(overhead * SECTOR)
-        .map_err(|e| VmdkError::io(name, e))?;
+        .map_err(|e| crate::error::io(name, e))?;
     Ok(h)
 }
 
@@ -70,7 +70,7 @@ pub fn create_kdmv(
 /// writes only into existing tables). Grain size 1 sector, as ESX uses.
 pub fn create_cowd(file: &dyn Storage, name: &str, capacity_sectors: u64) -> Result<()> {
     let sectors = u32::try_from(capacity_sectors)
-        .map_err(|_| VmdkError::unsupported(name, "VMFSsparse extents hold at most 2 TiB"))?;
+        .map_err(|_| crate::error::unsupported(name, "VMFSsparse extents hold at most 2 TiB"))?;
     let n_gd = (capacity_sectors.div_ceil(CowdHeader::GT_ENTRIES)).max(1);
     let gd_sectors = (n_gd * 4).div_ceil(SECTOR);
     let gd_offset = 4u64;
@@ -85,7 +85,7 @@ pub fn create_cowd(file: &dyn Storage, name: &str, capacity_sectors: u64) -> Res
         gd_offset: gd_offset as u32,
         num_gd_entries: n_gd as u32,
         free_sector: u32::try_from(end)
-            .map_err(|_| VmdkError::unsupported(name, "COWD metadata past 2 TiB"))?,
+            .map_err(|_| crate::error::unsupported(name, "COWD metadata past 2 TiB"))?,
     };
     wr(file, name, &h.encode(), 0)?;
     let mut d = Vec::with_capacity((gd_sectors * SECTOR) as usize);
@@ -95,7 +95,7 @@ pub fn create_cowd(file: &dyn Storage, name: &str, capacity_sectors: u64) -> Res
     d.resize((gd_sectors * SECTOR) as usize, 0);
     wr(file, name, &d, gd_offset * SECTOR)?;
     file.set_len(end * SECTOR)
-        .map_err(|e| VmdkError::io(name, e))?;
+        .map_err(|e| crate::error::io(name, e))?;
     Ok(())
 }
 
@@ -114,7 +114,7 @@ pub fn create_sesparse(
         h.volatile.0 * SECTOR,
     )?;
     file.set_len(h.grains.0 * SECTOR)
-        .map_err(|e| VmdkError::io(name, e))?;
+        .map_err(|e| crate::error::io(name, e))?;
     Ok(h)
 }
 

@@ -61,9 +61,9 @@ pub fn open_extent(src: ExtentFile, geometry: Geometry, header: Header) -> Resul
             let mut vb = [0u8; 512];
             rd(&*file, &name, &mut vb, h.volatile.0 * SECTOR)?;
             let v = SeSparseVolatile::decode(&vb)
-                .map_err(|e| VmdkError::malformed(&name, e.to_string()))?;
+                .map_err(|e| crate::error::malformed(&name, e.to_string()))?;
             if v.replay_journal != 0 {
-                return Err(VmdkError::unsupported(
+                return Err(crate::error::unsupported(
                     &name,
                     "SEsparse image is dirty: its journal needs replaying, which no public tool can do (open it in ESXi first)",
                 ));
@@ -74,7 +74,7 @@ pub fn open_extent(src: ExtentFile, geometry: Geometry, header: Header) -> Resul
     };
     geometry
         .check_fits(len_bytes)
-        .map_err(|e| VmdkError::malformed(&name, e.to_string()))?;
+        .map_err(|e| crate::error::malformed(&name, e.to_string()))?;
     let gd = read_table(
         &*file,
         &name,
@@ -124,27 +124,30 @@ pub fn open_extent(src: ExtentFile, geometry: Geometry, header: Header) -> Resul
 /// The header of a hosted sparse extent; for a stream (GD at the end), the
 /// footer's copy, which holds the real grain directory offset.
 fn kdmv_header(file: &dyn Storage, name: &str, len: u64, s0: &[u8; 512]) -> Result<KdmvHeader> {
-    let h = KdmvHeader::decode(s0).map_err(|e| VmdkError::malformed(name, e.to_string()))?;
+    let h = KdmvHeader::decode(s0).map_err(|e| crate::error::malformed(name, e.to_string()))?;
     if h.gd_offset != GD_AT_END {
         return Ok(h);
     }
     if len < 1536 + 512 {
-        return Err(VmdkError::malformed(name, "stream too short for a footer"));
+        return Err(crate::error::malformed(
+            name,
+            "stream too short for a footer",
+        ));
     }
     let mut tail = [0u8; 1536];
     rd(file, name, &mut tail, len - 1536)?;
     let ty = u32::from_le_bytes(tail[12..16].try_into().expect("4"));
     if ty != MARKER_FOOTER {
-        return Err(VmdkError::malformed(
+        return Err(crate::error::malformed(
             name,
             "gdOffset says the grain directory is at the end, but there is no footer marker 1536 bytes before the end",
         ));
     }
     let footer: [u8; 512] = tail[512..1024].try_into().expect("512");
     let h = KdmvHeader::decode(&footer)
-        .map_err(|e| VmdkError::malformed(name, format!("footer: {e}")))?;
+        .map_err(|e| crate::error::malformed(name, format!("footer: {e}")))?;
     if h.gd_offset == GD_AT_END {
-        return Err(VmdkError::malformed(
+        return Err(crate::error::malformed(
             name,
             "footer has no grain directory offset either",
         ));
@@ -155,9 +158,9 @@ fn kdmv_header(file: &dyn Storage, name: &str, len: u64, s0: &[u8; 512]) -> Resu
 impl SparseExtent {
     /// Open the extent in `file`, whose first bytes decide the format.
     pub fn open(file: Arc<dyn Storage>, name: &str, writable: bool) -> Result<Self> {
-        let len = file.len().map_err(|e| VmdkError::io(name, e))?;
+        let len = file.len().map_err(|e| crate::error::io(name, e))?;
         if len < 512 {
-            return Err(VmdkError::malformed(
+            return Err(crate::error::malformed(
                 name,
                 format!("only {len} bytes, too short for a sparse header"),
             ));
@@ -166,7 +169,7 @@ impl SparseExtent {
         rd(&*file, name, &mut s0, 0)?;
         let magic32 = u32::from_le_bytes(s0[0..4].try_into().expect("4"));
         let magic64 = u64::from_le_bytes(s0[0..8].try_into().expect("8"));
-        let bad = |e: super::header::HeaderError| VmdkError::malformed(name, e.to_string());
+        let bad = |e: super::header::HeaderError| crate::error::malformed(name, e.to_string());
         let header = if magic32 == KDMV_MAGIC {
             Header::Kdmv(kdmv_header(&*file, name, len, &s0)?)
         } else if magic32 == COWD_MAGIC {
@@ -176,13 +179,13 @@ impl SparseExtent {
         } else if magic64 == SESPARSE_MAGIC {
             Header::SeSparse(SeSparseHeader::decode(&s0).map_err(bad)?)
         } else {
-            return Err(VmdkError::malformed(
+            return Err(crate::error::malformed(
                 name,
                 format!("unknown sparse extent magic 0x{magic32:08x}"),
             ));
         };
         let geometry =
-            Geometry::of(&header).map_err(|e| VmdkError::malformed(name, e.to_string()))?;
+            Geometry::of(&header).map_err(|e| crate::error::malformed(name, e.to_string()))?;
         let src = ExtentFile {
             file,
             name: name.to_string(),
@@ -247,7 +250,7 @@ impl SparseExtent {
     }
 
     pub(super) fn err(&self, what: impl Into<String>) -> VmdkError {
-        VmdkError::malformed(&self.name, what)
+        crate::error::malformed(&self.name, what)
     }
 
     pub(super) fn readonly(&self) -> VmdkError {
@@ -256,7 +259,7 @@ impl SparseExtent {
         } else {
             "extent is open read-only"
         };
-        VmdkError::new(VmdkErrorKind::ReadOnly, &self.name, why)
+        crate::error::new(VmdkErrorKind::ReadOnly, &self.name, why)
     }
 
     /// Byte offset of grain table `l1` (GD value `raw`), if it exists.
@@ -334,7 +337,7 @@ impl SparseExtent {
     fn inflate_grain(&self, off: u64) -> Result<Vec<u8>> {
         let gb = self.grain_bytes();
         if gb > MAX_BUFFERED_GRAIN {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 &self.name,
                 format!("compressed grains of {gb} bytes are too large"),
             ));

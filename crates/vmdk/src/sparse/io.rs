@@ -2,14 +2,16 @@
 
 use strata_storage::Storage;
 
-use crate::error::{Result, VmdkError};
+use crate::error::Result;
 
 pub fn rd(file: &dyn Storage, name: &str, buf: &mut [u8], off: u64) -> Result<()> {
-    file.read_at(buf, off).map_err(|e| VmdkError::io(name, e))
+    file.read_at(buf, off)
+        .map_err(|e| crate::error::io(name, e))
 }
 
 pub fn wr(file: &dyn Storage, name: &str, buf: &[u8], off: u64) -> Result<()> {
-    file.write_at(buf, off).map_err(|e| VmdkError::io(name, e))
+    file.write_at(buf, off)
+        .map_err(|e| crate::error::io(name, e))
 }
 
 /// `entries` little-endian entries of `width` bytes (4 or 8) at byte `off`.

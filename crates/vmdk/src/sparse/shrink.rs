@@ -7,7 +7,7 @@ use super::entry::Gte;
 use super::extent::SparseExtent;
 use super::header::{Header, SECTOR};
 use super::io::{rd, wr};
-use crate::error::{Result, VmdkError};
+use crate::error::Result;
 
 /// What `shrink` did (serialised as is by `vmdk shrink --json`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -27,7 +27,7 @@ impl SparseExtent {
     #[expect(clippy::too_many_lines)]
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<ShrinkReport> {
         let Header::SeSparse(se) = self.header else {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 &self.name,
                 "shrink is for SEsparse extents",
             ));
@@ -39,7 +39,10 @@ impl SparseExtent {
         let gb = self.grain_bytes();
         let gstart = se.grains.0 * SECTOR;
         let mut rep = ShrinkReport {
-            bytes_before: self.file.len().map_err(|e| VmdkError::io(&self.name, e))?,
+            bytes_before: self
+                .file
+                .len()
+                .map_err(|e| crate::error::io(&self.name, e))?,
             ..Default::default()
         };
         // 1. Find allocated grains; zero ones become zero entries.
@@ -107,7 +110,7 @@ impl SparseExtent {
         let new_len = gstart + n * gb;
         self.file
             .set_len(new_len)
-            .map_err(|e| VmdkError::io(&self.name, e))?;
+            .map_err(|e| crate::error::io(&self.name, e))?;
         self.flush_meta(&mut st)?;
         st.next_bytes = new_len;
         st.se_free.clear();
@@ -160,7 +163,7 @@ impl SparseExtent {
     /// Start an online shrink: from now on allocations are logged for it.
     pub fn online_shrink_begin(&self) -> Result<OnlineShrink> {
         let Header::SeSparse(se) = self.header else {
-            return Err(VmdkError::unsupported(
+            return Err(crate::error::unsupported(
                 &self.name,
                 "shrink is for SEsparse extents",
             ));
@@ -171,7 +174,10 @@ impl SparseExtent {
         let mut st = self.alloc.lock();
         let gstart = se.grains.0 * SECTOR;
         let rep = ShrinkReport {
-            bytes_before: self.file.len().map_err(|e| VmdkError::io(&self.name, e))?,
+            bytes_before: self
+                .file
+                .len()
+                .map_err(|e| crate::error::io(&self.name, e))?,
             grains_before: st.next_bytes.saturating_sub(gstart) / self.grain_bytes(),
             ..Default::default()
         };
@@ -330,12 +336,15 @@ impl SparseExtent {
         let gb = self.grain_bytes();
         let n = sh.slots.len() as u64;
         let new_len = gstart + n * gb;
-        let len = self.file.len().map_err(|e| VmdkError::io(&self.name, e))?;
+        let len = self
+            .file
+            .len()
+            .map_err(|e| crate::error::io(&self.name, e))?;
         self.flush_meta(st)?;
         if new_len < len {
             self.file
                 .set_len(new_len)
-                .map_err(|e| VmdkError::io(&self.name, e))?;
+                .map_err(|e| crate::error::io(&self.name, e))?;
             self.flush_meta(st)?;
         }
         st.next_bytes = new_len;
