@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{raw_compare, run_ok, save, Kind, Server, Store};
+use common::{qemu_io, qemu_io_ok, raw_compare, run_ok, save, Kind, Server, Store, RAW_WRITEBACK};
 use strata_objstore::testing;
 
 fn url(name: &str) -> Option<String> {
@@ -19,15 +19,6 @@ fn url(name: &str) -> Option<String> {
         "s3://strata-cli-test/{name}-{:08x}",
         rand::random::<u32>()
     ))
-}
-
-fn qemu_io(uri: &str, cmds: &[&str]) {
-    let mut args = vec!["-f", "raw", "-t", "writeback"];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(uri);
-    run_ok("qemu-io", &args);
 }
 
 fn same(uri: &str, img: &Path) {
@@ -120,14 +111,22 @@ fn finish(child: Child) -> String {
 /// Build a disk with a snapshot tree: s1 -> {s2, s3}, the head on s3.
 fn tree_disk(home: &Store) {
     let u = home.uri("d");
-    qemu_io(&u, &["write -P 0x11 0 4M", "write -P 0x12 40M 1M"]);
+    qemu_io_ok(
+        RAW_WRITEBACK,
+        &u,
+        &["write -P 0x11 0 4M", "write -P 0x12 40M 1M"],
+    );
     home.ok(&["snapshot", "create", "d", "s1", "--description", "base"]);
-    qemu_io(&u, &["write -P 0x22 1M 1M", "write -z 40M 512k"]);
+    qemu_io_ok(
+        RAW_WRITEBACK,
+        &u,
+        &["write -P 0x22 1M 1M", "write -z 40M 512k"],
+    );
     home.ok(&["snapshot", "create", "d", "s2"]);
     home.ok(&["snapshot", "revert", "d", "s1"]);
-    qemu_io(&u, &["write -P 0x33 2M 64k"]);
+    qemu_io_ok(RAW_WRITEBACK, &u, &["write -P 0x33 2M 64k"]);
     home.ok(&["snapshot", "create", "d", "s3"]);
-    qemu_io(&u, &["write -P 0x44 8M 64k", "flush"]);
+    qemu_io_ok(RAW_WRITEBACK, &u, &["write -P 0x44 8M 64k", "flush"]);
 }
 
 /// The images of `d`'s snapshots s1..s3 and of its head's first 64 MiB
@@ -258,12 +257,17 @@ fn wait_exit(s: &mut Server) {
 fn disk_with_data(home: &Store, img: &Path) {
     home.ok(&["create", "d", "--size", "64M"]);
     let server = home.serve();
-    qemu_io(
+    qemu_io_ok(
+        RAW_WRITEBACK,
         &home.uri("d"),
         &["write -P 0x5a 0 8M", "write -P 0x6b 20M 3M", "flush"],
     );
     home.ok(&["snapshot", "create", "d", "snap"]);
-    qemu_io(&home.uri("d"), &["write -P 0x7c 1M 1M", "flush"]);
+    qemu_io_ok(
+        RAW_WRITEBACK,
+        &home.uri("d"),
+        &["write -P 0x7c 1M 1M", "flush"],
+    );
     save(&home.uri("d"), img);
     save(&home.uri("d@snap"), &img.with_extension("snap"));
     server.stop();
@@ -374,7 +378,11 @@ fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
     let e = home.fails(&["move", "d@x", "--to", dest_s]);
     assert!(e.contains("snapshot"), "{e}");
 
-    qemu_io(&home.uri("d"), &["write -P 0x21 0 2M", "flush"]);
+    qemu_io_ok(
+        RAW_WRITEBACK,
+        &home.uri("d"),
+        &["write -P 0x21 0 2M", "flush"],
+    );
     let img = plain.path().join("d.img");
     save(&home.uri("d"), &img);
     // Thick to thin on the way (the paper's Storage vMotion conversion).
@@ -492,23 +500,6 @@ impl Guest {
     }
 }
 
-fn qemu_io_out(uri: &str, cmds: &[&str]) -> (bool, String) {
-    let mut args = vec!["-f", "raw", "-t", "writeback"];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(uri);
-    let o = common::run("qemu-io", &args);
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
-}
-
 /// Issue 13's hand-over case: a writer on host A, host B serving the disk
 /// incoming; A releases (committing what it acknowledged, flushed or
 /// not); B's first write, which waited for the release, goes through; A
@@ -536,7 +527,7 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     guest.send("write -P 0x22 1M 64k");
     std::thread::sleep(Duration::from_millis(500));
     // B reads what A committed, without claiming.
-    let (ok, r) = qemu_io_out(&b.uri("vm"), &["read -P 0x11 0 1M"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["read -P 0x11 0 1M"]);
     assert!(ok && !r.contains("fail"), "{r}");
     assert_eq!(
         a.json(&["info", "vm"])["object_store"]["owner"]["pid"].as_u64(),
@@ -545,7 +536,9 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     // The VM resumes on B before the source let go: its first write
     // waits for the release rather than fencing A.
     let b_uri = b.uri("vm");
-    let early = std::thread::spawn(move || qemu_io_out(&b_uri, &["write -P 0x33 2M 64k", "flush"]));
+    let early = std::thread::spawn(move || {
+        qemu_io(RAW_WRITEBACK, &b_uri, &["write -P 0x33 2M 64k", "flush"])
+    });
     std::thread::sleep(Duration::from_millis(1000));
     assert!(!early.is_finished(), "B's write waits for the release");
     let out = a.ok(&["release", "vm"]);
@@ -573,7 +566,8 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     let m = common::http::metrics(&ha);
     assert!(m.contains("strata_shared_fenced{disk=\"vm\"} 0"), "{m}");
     // Nothing A acknowledged is missing on B.
-    let (ok, r) = qemu_io_out(
+    let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("vm"),
         &[
             "read -P 0x11 0 1M",
@@ -589,9 +583,13 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     assert!(e.contains("still written by"), "{e}");
     b.ok(&["release", "vm"]);
     a.ok(&["claim", "vm", "--handover", "--wait", "10"]);
-    let (ok, w) = qemu_io_out(&a.uri("vm"), &["write -P 0x55 4M 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x55 4M 4k", "flush"],
+    );
     assert!(ok, "{w}");
-    let (ok, w) = qemu_io_out(&b.uri("vm"), &["write -P 0x66 5M 4k"]);
+    let (ok, w) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["write -P 0x66 5M 4k"]);
     assert!(!ok || w.contains("Operation not permitted"), "{w}");
     assert!(common::http::metrics(&hb).contains("strata_shared_fenced{disk=\"vm\"} 0"));
     assert!(common::http::metrics(&ha).contains("strata_shared_fenced{disk=\"vm\"} 0"));
@@ -694,7 +692,11 @@ fn a_move_that_mirrors_client_writes_loses_none() {
     let dest = Store::new();
     home.ok(&["create", "d", "--size", "128M"]);
     let _server = Server::start_env(&home, &[], &[("STRATA_MOVE_MIRROR", "always")]);
-    qemu_io(&home.uri("d"), &["write -P 0x17 0 32M", "flush"]);
+    qemu_io_ok(
+        RAW_WRITEBACK,
+        &home.uri("d"),
+        &["write -P 0x17 0 32M", "flush"],
+    );
     let mut writer = fio(&home.uri("d"), false).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let r = home.json(&["move", "d", "--to", dest.path().to_str().unwrap()]);
@@ -706,7 +708,7 @@ fn a_move_that_mirrors_client_writes_loses_none() {
     assert_eq!(back["mirrored"], true, "{back}");
     finish(writer);
     finish(fio(&home.uri("d"), true).spawn().unwrap());
-    let (ok, r) = qemu_io_out(&home.uri("d"), &["read -P 0x17 0 32M"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &home.uri("d"), &["read -P 0x17 0 32M"]);
     assert!(ok && !r.contains("fail"), "{r}");
 }
 
@@ -744,6 +746,6 @@ fn a_head_only_move_leaves_the_snapshots() {
     let text = snap_reader.finish();
     assert!(text.contains("read 65536/65536"), "{text}");
     assert!(text.contains("read failed"), "{text}");
-    let (ok, _) = qemu_io_out(&home.uri("d@s1"), &["read 0 4k"]);
+    let (ok, _) = qemu_io(RAW_WRITEBACK, &home.uri("d@s1"), &["read 0 4k"]);
     assert!(!ok, "the snapshot export is gone");
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::http::sample as gauge;
-use common::{strata, Server};
+use common::{qemu_io, strata, Server, RAW_WRITEBACK};
 use strata_objstore::{testing, Bytes, ObjectStore, Options, StoreUrl};
 
 /// One host: its own local directory (`Host::empty()`).
@@ -171,29 +171,6 @@ fn what_a_kind_cannot_do_is_refused_with_the_reason() {
     }
 }
 
-/// qemu-io's output; `ok` whether it exited 0 (a failed `flush` prints
-/// nothing, it only sets the exit status).
-fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
-    qemu_io_with(&[], uri, cmds)
-}
-
-fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> (bool, String) {
-    // writeback, as a guest runs: writes are not FUA, FLUSH makes them durable.
-    let mut args = vec!["-f", "raw", "-t", "writeback"];
-    args.extend(opts);
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(uri);
-    let o = common::run_within("qemu-io", &args, Duration::from_secs(180));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    (o.status.success(), text)
-}
-
 fn owner_pid(h: &Host, disk: &str) -> Option<u64> {
     h.json(&["info", disk])["object_store"]["owner"]["pid"].as_u64()
 }
@@ -214,7 +191,11 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
         "{out}"
     );
     let sa = a.serve();
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x11 0 1M", "flush"],
+    );
     assert!(ok && w.contains("wrote 1048576/1048576"), "{w}");
     assert_eq!(
         owner_pid(&a, "vm"),
@@ -227,7 +208,11 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
     let sb = b.serve();
     let info = common::run_ok("nbdinfo", &[&b.uri("vm")]);
     assert!(info.contains("67108864"), "{info}");
-    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x11 0 1M", "read -P 0 1M 1M"]);
+    let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["read -P 0x11 0 1M", "read -P 0 1M 1M"],
+    );
     assert!(ok && !r.contains("Pattern verification failed"), "{r}");
     assert_eq!(
         owner_pid(&a, "vm"),
@@ -237,13 +222,21 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
 
     // B's writes do not take the disk from a writer that may be live on
     // another host (FORMAT.md §11.6): refused, naming it.
-    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x22 1M 1M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["write -P 0x22 1M 1M", "flush"],
+    );
     assert!(!ok || w.contains("write failed"), "{w}");
     assert_eq!(owner_pid(&a, "vm"), Some(sa.pid() as u64), "{w}");
     // 'strata claim' there takes it, and A's next flush is refused.
     let out = b.ok(&["claim", "vm"]);
     assert!(out.contains("claimed disk vm: this host"), "{out}");
-    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x22 1M 1M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["write -P 0x22 1M 1M", "flush"],
+    );
     assert!(ok && w.contains("wrote 1048576/1048576"), "{w}");
     let j = b.json(&["info", "vm"]);
     assert_eq!(
@@ -252,12 +245,16 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
         "{j}"
     );
     assert_eq!(j["object_store"]["generation"], 3, "created 1, A 2, B 3");
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 2M 64k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x33 2M 64k", "flush"],
+    );
     assert!(
         !ok && w.contains("wrote 65536/65536"),
         "the flush fails: {w}"
     );
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x44 3M 4k"]);
+    let (ok, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["write -P 0x44 3M 4k"]);
     assert!(
         !ok && w.contains("write failed"),
         "A acknowledges nothing after: {w}"
@@ -271,6 +268,7 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
     b.ok(&["attach", "--object-store", &u]);
     let sb = b.serve();
     let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("vm"),
         &["read -P 0x11 0 1M", "read -P 0x22 1M 1M", "read -P 0 2M 2M"],
     );
@@ -278,12 +276,20 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
     assert_eq!(r.matches("read ").count(), 3, "{r}");
 
     // 'strata claim' hands the disk to A's host while B writes it.
-    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x55 0 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["write -P 0x55 0 4k", "flush"],
+    );
     assert!(ok, "B claims again (generation 4): {w}");
     let out = a.ok(&["claim", "vm"]);
     assert!(out.contains("claimed disk vm: this host"), "{out}");
     assert!(out.contains("generation 5"), "{out}");
-    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x66 0 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["write -P 0x66 0 4k", "flush"],
+    );
     assert!(!ok, "B was fenced by the claim: {w}");
     drop(sb);
     let l = a.ok(&["list"]);
@@ -316,7 +322,11 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
         return;
     };
     let sa = a.serve();
-    let (ok, w) = qemu_io(&a.uri("golden"), &["write -P 0x61 0 4M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("golden"),
+        &["write -P 0x61 0 4M", "flush"],
+    );
     assert!(ok, "{w}");
     // Through A's control socket: the server that writes takes it.
     let out = a.ok(&[
@@ -331,7 +341,11 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
     // Twice: the first overwrite's grains are reached by nothing after
     // the second (GC deletes whole objects).
     for p in ["0x64", "0x62"] {
-        let (ok, w) = qemu_io(&a.uri("golden"), &[&format!("write -P {p} 0 1M"), "flush"]);
+        let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("golden"),
+            &[&format!("write -P {p} 0 1M"), "flush"],
+        );
         assert!(ok, "{w}");
     }
 
@@ -352,14 +366,26 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
         "{out}"
     );
     let sb = b.serve();
-    let (ok, r) = qemu_io(&b.uri("vm1"), &["read -P 0x61 0 4M", "read -P 0 4M 1M"]);
+    let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm1"),
+        &["read -P 0x61 0 4M", "read -P 0 4M 1M"],
+    );
     assert!(ok && !r.contains("verification failed"), "{r}");
-    let (ok, r) = qemu_io_with(&["-r"], &b.uri("golden@base"), &["read -P 0x61 0 4M"]);
+    let (ok, r) = qemu_io(
+        &["-f", "raw", "-r"],
+        &b.uri("golden@base"),
+        &["read -P 0x61 0 4M"],
+    );
     assert!(
         ok && !r.contains("verification failed"),
         "snapshots are served everywhere: {r}"
     );
-    let (ok, w) = qemu_io(&b.uri("vm1"), &["write -P 0x63 1M 64k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm1"),
+        &["write -P 0x63 1M 64k", "flush"],
+    );
     assert!(ok, "{w}");
 
     let out = a.ok(&["snapshot", "delete", "golden", "base"]);
@@ -381,6 +407,7 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
     );
     assert!(chk.contains("no problems found"), "{chk}");
     let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("vm1"),
         &[
             "read -P 0x61 0 1M",
@@ -390,6 +417,7 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
     );
     assert!(ok && !r.contains("verification failed"), "{r}");
     let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &a.uri("golden"),
         &["read -P 0x62 0 1M", "read -P 0x61 1M 3M"],
     );
@@ -431,11 +459,19 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         // uploaded before it.
         let len = if step == "after-segment" { "9M" } else { "64k" };
         let s = a.serve();
-        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+        let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("vm"),
+            &["write -P 0x11 0 1M", "flush"],
+        );
         assert!(ok, "{w}");
         s.stop();
         let s = Server::start_env(&a, &[], &[("STRATA_SHARED_CRASH_AT", step)]);
-        let (ok, w) = qemu_io(&a.uri("vm"), &[&format!("write -P 0x22 0 {len}"), "flush"]);
+        let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("vm"),
+            &[&format!("write -P 0x22 0 {len}"), "flush"],
+        );
         assert!(!ok, "{step}: the flush cannot have been acknowledged: {w}");
         s.kill9();
 
@@ -446,6 +482,7 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
             "0x11"
         };
         let (ok, r) = qemu_io(
+            RAW_WRITEBACK,
             &a.uri("vm"),
             &[&format!("read -P {want} 0 64k"), "read -P 0x11 64k 960k"],
         );
@@ -463,7 +500,11 @@ fn a_server_killed_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         );
         // The restarted server's first write claims a new generation: the
         // orphan of the old one may go now.
-        let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 8M 4k", "flush"]);
+        let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("vm"),
+            &["write -P 0x33 8M 4k", "flush"],
+        );
         assert!(ok, "{w}");
         let g = a.json(&["gc"]);
         assert_eq!(g["deleted_segments"], orphan, "{step}: {g}");
@@ -492,7 +533,7 @@ fn a_server_killed_during_a_fold_loses_nothing_flushed() {
         cmds.push("flush".to_string());
     }
     let args: Vec<&str> = cmds.iter().map(String::as_str).collect();
-    let (_, w) = qemu_io(&a.uri("vm"), &args);
+    let (_, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &args);
     // (qemu-io may have finished before the fold did.)
     let st = s.wait_exit(Duration::from_secs(60));
     use std::os::unix::process::ExitStatusExt as _;
@@ -508,7 +549,7 @@ fn a_server_killed_during_a_fold_loses_nothing_flushed() {
         .map(|i| format!("read -P 0x{:x} {i}M 1M", 0x40 + i))
         .collect();
     let args: Vec<&str> = reads.iter().map(String::as_str).collect();
-    let (ok, r) = qemu_io(&a.uri("vm"), &args);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &args);
     assert!(ok && !r.contains("verification failed"), "{r}");
     let chk = a.ok(&["check"]);
     assert!(chk.contains("no problems found"), "{chk}");
@@ -516,13 +557,17 @@ fn a_server_killed_during_a_fold_loses_nothing_flushed() {
     assert_eq!(g["in_flight_segments"], 1, "the fold's nodes: {g}");
     assert_eq!(g["deleted_segments"], 0, "{g}");
     // The restarted server claims at its first write: the orphan may go.
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 15M 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x33 15M 4k", "flush"],
+    );
     assert!(ok, "{w}");
     let g = a.json(&["gc"]);
     assert_eq!(g["deleted_segments"], 1, "{g}");
     // (The new writer's tail is long enough to start a fold of its own,
     // which is an upload in flight until a commit names it.)
-    let (ok, r) = qemu_io(&a.uri("vm"), &args);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &args);
     assert!(ok && !r.contains("verification failed"), "{r}");
     let chk = a.ok(&["check"]);
     assert!(chk.contains("no problems found"), "{chk}");
@@ -540,7 +585,11 @@ fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
     let b = Host::empty();
     b.ok(&["attach", "--object-store", &u]);
     let (sa, sb) = (a.serve(), b.serve());
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 64k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x11 0 64k", "flush"],
+    );
     assert!(ok, "{w}");
     // A guest on A (qemu-io reading commands as they come): a write, then
     // its FLUSH only after the takeover.
@@ -559,7 +608,11 @@ fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
     unsafe { libc::kill(sa.pid(), libc::SIGSTOP) };
     // (A stopped writer may be live: B takes over by 'strata claim'.)
     b.ok(&["claim", "vm"]);
-    let (ok, w) = qemu_io(&b.uri("vm"), &["write -P 0x55 0 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &b.uri("vm"),
+        &["write -P 0x55 0 4k", "flush"],
+    );
     assert!(ok, "B takes over while A is stopped: {w}");
     unsafe { libc::kill(sa.pid(), libc::SIGCONT) };
     writeln!(cmds, "flush").unwrap();
@@ -578,6 +631,7 @@ fn a_paused_writer_that_resumes_after_a_takeover_is_fenced() {
         "A was fenced at its FLUSH and serves nothing after (EPERM, docs/ERRORS.md): {text}"
     );
     let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("vm"),
         &[
             "read -P 0x55 0 4k",
@@ -617,16 +671,24 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
         &["--store-timeout", "3", "--http", &http],
         &[("AWS_ENDPOINT_URL", &proxy.endpoint)],
     );
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x11 0 1M", "flush"],
+    );
     assert!(ok, "{w}");
     for (fault, at) in [(Fault::Unavailable, "1M"), (Fault::Stall, "2M")] {
         proxy.set(fault);
         let t0 = std::time::Instant::now();
-        let (ok, w) = qemu_io(&a.uri("vm"), &[&format!("write -P 0x22 {at} 64k"), "flush"]);
+        let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("vm"),
+            &[&format!("write -P 0x22 {at} 64k"), "flush"],
+        );
         assert!(!ok && w.contains("wrote 65536/65536"), "{fault:?}: {w}");
         eprintln!("{fault:?}: the flush failed after {:?}", t0.elapsed());
         // What this host has read or written is cached: reads go on.
-        let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x11 0 1M"]);
+        let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x11 0 1M"]);
         assert!(ok && !r.contains("verification failed"), "{fault:?}: {r}");
     }
     // The metrics show the backlog: 2 × 64 KiB acknowledged, not stored.
@@ -637,7 +699,11 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     );
     assert!(m.contains("strata_shared_writer{disk=\"vm\"} 1"), "{m}");
     proxy.set(Fault::Pass);
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 3M 4k", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x33 3M 4k", "flush"],
+    );
     assert!(ok, "the store is back: {w}");
     let m = common::http::metrics(&http);
     assert!(
@@ -646,6 +712,7 @@ fn a_store_outage_fails_flushes_cleanly_and_loses_nothing() {
     );
     let sb = b.serve();
     let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("vm"),
         &[
             "read -P 0x11 0 1M",
@@ -676,14 +743,29 @@ fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
     a.ok(&["init", "--object-store", &u]);
     a.ok(&["create", "vm", "--size", "16M"]);
     let http = common::http::free_addr();
-    let srv = Server::start_env(
-        &a,
-        &["--store-timeout", "3", "--http", &http],
-        &[("AWS_ENDPOINT_URL", &proxy.endpoint)],
-    );
+    let mnt = a.path().join("mnt");
+    let fuse = common::have_fuse();
+    let mut args = vec!["--store-timeout", "3", "--http", &http];
+    if fuse {
+        args.extend(["--fuse", mnt.to_str().unwrap()]);
+    }
+    let srv = Server::start_env(&a, &args, &[("AWS_ENDPOINT_URL", &proxy.endpoint)]);
     common::http::wait_http(&http);
+    let mounted = || {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .contains(mnt.to_str().unwrap())
+    };
+    if fuse {
+        common::eventually("the FUSE mount", Duration::from_secs(30), mounted);
+    }
     proxy.set(Fault::Unavailable);
     let said = "the server cannot reach its object store";
+    if fuse {
+        // Looked up while the store is down: an I/O error, not "no such file".
+        let e = std::fs::metadata(mnt.join("vm")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "FUSE lookup: {e}");
+    }
     // libnbd prints the server's reason in its debug output only.
     let nbdinfo = |export: &str| {
         let o = common::run_within(
@@ -699,7 +781,7 @@ fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
     let (ok, text) = nbdinfo("vm");
     assert!(!ok, "nbdinfo opened it: {text}");
     assert!(text.contains(said), "nbdinfo: {text}");
-    let (ok, text) = qemu_io(&a.uri("vm"), &["read 0 4k"]);
+    let (ok, text) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read 0 4k"]);
     assert!(!ok && text.contains(said), "qemu-io: {text}");
     // Through the control socket: the kind reaches the CLI's exit code.
     let o = a.cmd(&["info", "vm"]);
@@ -715,6 +797,7 @@ fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
     assert!(!ok && text.contains(said), "{text}");
     proxy.set(Fault::Pass);
     let (ok, text) = qemu_io(
+        RAW_WRITEBACK,
         &a.uri("vm"),
         &["write -P 0x5a 0 4k", "flush", "read -P 0x5a 0 4k"],
     );
@@ -725,6 +808,11 @@ fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
     let (ok, text) = nbdinfo("nosuch");
     assert!(!ok && !text.contains(said), "{text}");
     assert_eq!(a.cmd(&["info", "nosuch"]).status.code(), Some(3));
+    if fuse {
+        assert_eq!(std::fs::metadata(mnt.join("vm")).unwrap().len(), 16 << 20);
+        let e = std::fs::metadata(mnt.join("nosuch")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    }
     srv.stop();
 }
 
@@ -743,7 +831,11 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     };
     let http = common::http::free_addr();
     let srv = a.serve_with(&["--http", &http]);
-    let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 64k", "flush"]);
+    let (ok, out) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("d"),
+        &["write -P 0x11 0 64k", "flush"],
+    );
     assert!(ok, "{out}");
     // The FLUSH is answered before the cache's copy of the upload is
     // written (a thread of its own, FORMAT.md §11.8): wait for the disk's
@@ -768,7 +860,11 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     let _ = std::fs::rename(&segs, disk.join("s.away"));
     std::fs::write(&segs, b"not a directory").unwrap();
     for at in [1, 11] {
-        let (ok, out) = qemu_io(&a.uri("d"), &[&format!("write -P 0x22 {at}M 10M"), "flush"]);
+        let (ok, out) = qemu_io(
+            RAW_WRITEBACK,
+            &a.uri("d"),
+            &[&format!("write -P 0x22 {at}M 10M"), "flush"],
+        );
         assert!(ok, "{out}");
     }
     // Reads of what the cache could not keep go to the store, grain by
@@ -776,7 +872,7 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     // cannot be kept (once about 1,000 GETs of 8 MiB for these reads).
     let gets = |m: &str| gauge(m, "strata_shared_store_requests_total{op=\"get\"}");
     let before = gets(&common::http::metrics(&http));
-    let (ok, out) = qemu_io(&a.uri("d"), &["read -P 0x22 1M 20M"]);
+    let (ok, out) = qemu_io(RAW_WRITEBACK, &a.uri("d"), &["read -P 0x22 1M 20M"]);
     assert!(ok && !out.contains("fail"), "{out}");
     let whole = gets(&common::http::metrics(&http)) - before;
     assert!(whole <= 4.0, "{whole} whole GETs for 20 MiB of reads");
@@ -786,6 +882,7 @@ fn a_cache_that_cannot_write_does_not_fail_a_flush() {
     b.ok(&["attach", "--object-store", &u]);
     let sb = b.serve();
     let (ok, out) = qemu_io(
+        RAW_WRITEBACK,
         &b.uri("d"),
         &[
             "read -P 0x11 0 64k",
@@ -807,6 +904,7 @@ fn zeros_are_never_stored_and_punchzero_scans_what_is() {
     };
     let srv = a.serve();
     let (ok, out) = qemu_io(
+        RAW_WRITEBACK,
         &a.uri("d"),
         &["write -P 0x11 0 1M", "write -P 0 1M 2M", "flush"],
     );
@@ -817,7 +915,11 @@ fn zeros_are_never_stored_and_punchzero_scans_what_is() {
     // Only the MiB of data is stored, not the 2 MiB of zeros written.
     assert_eq!(r["allocated_bytes"], 1 << 20, "{r}");
     assert!(r["scanned_bytes"].as_u64().unwrap() >= 1 << 20, "{r}");
-    let (ok, out) = qemu_io(&a.uri("d"), &["read -P 0x11 0 1M", "read -P 0 1M 15M"]);
+    let (ok, out) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("d"),
+        &["read -P 0x11 0 1M", "read -P 0 1M 15M"],
+    );
     assert!(ok && !out.contains("fail"), "{out}");
     let e = a.fails(&["punchzero", "d@nope"]);
     assert!(e.contains("snapshot"), "{e}");
@@ -841,7 +943,7 @@ fn alarms_measure_a_capacity_set_for_the_store_and_run_their_commands() {
     assert_eq!(g["capacity_bytes"], 0, "{g}");
     a.ok(&["create", "d", "--size", "16M"]);
     let srv = a.serve();
-    let (ok, out) = qemu_io(&a.uri("d"), &["write -P 0x11 0 2M", "flush"]);
+    let (ok, out) = qemu_io(RAW_WRITEBACK, &a.uri("d"), &["write -P 0x11 0 2M", "flush"]);
     assert!(ok, "{out}");
     srv.stop();
     let g = a.json(&["grow", "--capacity", "4M"]);
@@ -928,6 +1030,7 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     let http = common::http::free_addr();
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
     let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
         &a.uri("vm"),
         &["write -P 0x11 0 16M", "write -P 0x22 16M 176M", "flush"],
     );
@@ -950,7 +1053,7 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     // The hot set: read until every read hits, with pauses (uses closer
     // than a second count once), then once more so it is seen used.
     let hot = |uri: &str| {
-        let (ok, r) = qemu_io(uri, &["read -P 0x11 0 16M"]);
+        let (ok, r) = qemu_io(RAW_WRITEBACK, uri, &["read -P 0x11 0 16M"]);
         assert!(ok && !r.contains("verification failed"), "{r}");
     };
     let misses = |http: &str| {
@@ -973,7 +1076,7 @@ fn a_bounded_cache_keeps_a_hot_set_through_a_scan_and_survives_a_restart() {
     std::thread::sleep(Duration::from_millis(1100));
     hot(&a.uri("vm"));
     // A scan of 176 MiB through a 64 MiB cache.
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x22 16M 176M"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x22 16M 176M"]);
     assert!(ok && !r.contains("verification failed"), "{r}");
     assert!(tree_bytes(&cache) <= 64 << 20, "{}", tree_bytes(&cache));
     let before = misses(&http);
@@ -1046,7 +1149,11 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
     };
     let http = common::http::free_addr();
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 0 256M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x33 0 256M", "flush"],
+    );
     assert!(ok, "{w}");
     let reads = |http: &str| {
         let m = common::http::metrics(http);
@@ -1097,7 +1204,11 @@ fn a_cache_smaller_than_the_disk_keeps_scattered_hot_grains() {
         "{m}"
     );
     // Kept grains are read back as written.
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x33 0 4k", "read -P 0x33 96M 4k"]);
+    let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["read -P 0x33 0 4k", "read -P 0x33 96M 4k"],
+    );
     assert!(ok && !r.contains("verification failed"), "{r}");
     sa.stop();
 
@@ -1136,7 +1247,11 @@ fn grains_kept_before_an_object_arrives_whole_survive_its_shrink() {
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
     // 32 segments of 8 MiB written in order; the cache keeps the last
     // few, so it is past half its bound and the first ones are gone.
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x5a 0 256M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x5a 0 256M", "flush"],
+    );
     assert!(ok, "{w}");
     let misses = || {
         gauge(
@@ -1151,15 +1266,15 @@ fn grains_kept_before_an_object_arrives_whole_survive_its_shrink() {
         .map(|k| format!("read -P 0x5a {} 4k", k * 32768))
         .collect();
     let strided: Vec<&str> = strided.iter().map(String::as_str).collect();
-    let (ok, r) = qemu_io(&a.uri("vm"), &strided);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &strided);
     assert!(ok, "{r}");
     let m0 = misses();
-    let (ok, r) = qemu_io(&a.uri("vm"), &strided);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &strided);
     assert!(ok, "{r}");
     assert_eq!(misses(), m0, "the strided grains were not kept");
     // A scan of the segment's last 256 KiB: misses next to each other,
     // so the whole segment is fetched and replaces the sparse file.
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x5a 7936k 256k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x5a 7936k 256k"]);
     assert!(ok, "{r}");
     // Past 5 s a read that hits it shrinks it to the grains read.
     std::thread::sleep(Duration::from_millis(5500));
@@ -1170,7 +1285,7 @@ fn grains_kept_before_an_object_arrives_whole_survive_its_shrink() {
         )
     };
     let s0 = shrunk(&http);
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x5a 8000k 4k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x5a 8000k 4k"]);
     assert!(ok, "{r}");
     // The keeper thread shrinks it, after the read.
     common::eventually(
@@ -1179,7 +1294,7 @@ fn grains_kept_before_an_object_arrives_whole_survive_its_shrink() {
         || shrunk(&http) > s0,
     );
     let m1 = misses();
-    let (ok, r) = qemu_io(&a.uri("vm"), &strided);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &strided);
     assert!(ok, "{r}");
     assert_eq!(
         misses(),
@@ -1203,14 +1318,18 @@ fn an_evicted_object_keeps_the_grains_reads_used() {
     let sa = a.serve_with(&["--store-cache", "64M", "--http", &http]);
     // 32 segments of 8 MiB written in order; the cache holds the last
     // ones, which no read has used.
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x6b 0 256M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x6b 0 256M", "flush"],
+    );
     assert!(ok, "{w}");
     let metric = |name: &str| gauge(&common::http::metrics(&http), name);
     // A scan of the first segment's first 256 KiB: misses next to each
     // other, so the segment is fetched whole (64 of its 2,048 grains
     // read). The cache is full of uploads: when it arrives, one goes.
     let evicted = metric("strata_shared_cache_evictions_total");
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x6b 0 256k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x6b 0 256k"]);
     assert!(ok, "{r}");
     common::eventually(
         "the first segment was not fetched whole",
@@ -1223,7 +1342,7 @@ fn an_evicted_object_keeps_the_grains_reads_used() {
         .map(|k| format!("read -P 0x6b {}M 256k", k * 8))
         .collect();
     let scans: Vec<&str> = scans.iter().map(String::as_str).collect();
-    let (ok, r) = qemu_io(&a.uri("vm"), &scans);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &scans);
     assert!(ok, "{r}");
     common::eventually(
         "no evicted object's read grains were kept",
@@ -1233,7 +1352,7 @@ fn an_evicted_object_keeps_the_grains_reads_used() {
     assert!(metric("strata_shared_cache_evictions_total") >= 1.0);
     // The grains the first scan read are still here.
     let m0 = metric("strata_shared_cache_misses_total");
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x6b 0 256k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read -P 0x6b 0 256k"]);
     assert!(ok, "{r}");
     assert_eq!(
         metric("strata_shared_cache_misses_total"),
@@ -1258,7 +1377,11 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
     let sa = a.serve();
     // 32 MiB in one FLUSH: more than a tail holds, so the commit folds it
     // into the map.
-    let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x11 0 32M", "flush"]);
+    let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["write -P 0x11 0 32M", "flush"],
+    );
     assert!(ok, "{w}");
     sa.stop();
 
@@ -1274,7 +1397,7 @@ fn a_new_host_reads_a_mapped_grain_in_three_round_trips() {
     // Open the disk (the handshake reads its newest manifest), read nothing.
     common::run_ok("nbdinfo", &["--size", &b.uri("vm")]);
     let before = ranged(&http);
-    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x11 20M 4k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["read -P 0x11 20M 4k"]);
     assert!(ok && !r.contains("verification failed"), "{r}");
     let trips = ranged(&http) - before;
     eprintln!("first read of a mapped grain: {trips} ranged GETs");
@@ -1310,16 +1433,25 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
     for (pattern, round) in [("0x11", 0), ("0x22", 1)] {
         let sa = a.serve();
         let (ok, w) = qemu_io(
+            RAW_WRITEBACK,
             &a.uri("vm"),
             &[&format!("write -P {pattern} 0 64M"), "flush"],
         );
         assert!(ok, "{w}");
         for _ in 0..3 {
-            let (ok, r) = qemu_io(&a.uri("vm"), &[&format!("read -P {pattern} 8M 8M")]);
+            let (ok, r) = qemu_io(
+                RAW_WRITEBACK,
+                &a.uri("vm"),
+                &[&format!("read -P {pattern} 8M 8M")],
+            );
             assert!(ok && !r.contains("verification failed"), "{r}");
         }
         if round == 1 {
-            let (ok, w) = qemu_io(&a.uri("vm"), &["write -P 0x33 8M 8M", "flush"]);
+            let (ok, w) = qemu_io(
+                RAW_WRITEBACK,
+                &a.uri("vm"),
+                &["write -P 0x33 8M 8M", "flush"],
+            );
             assert!(ok, "{w}");
         }
         sa.stop();
@@ -1350,7 +1482,7 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let before = gauge(&m(), "strata_shared_cache_misses_total");
-    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x33 8M 8M"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["read -P 0x33 8M 8M"]);
     assert!(ok && !r.contains("verification failed"), "{r}");
     let after = m();
     assert_eq!(
@@ -1359,7 +1491,7 @@ fn the_next_host_fetches_the_hot_set_the_last_writer_recorded() {
         "the hot set's reads went to the store:\n{after}"
     );
     // What was not hot was not fetched: a read elsewhere misses.
-    let (ok, r) = qemu_io(&b.uri("vm"), &["read -P 0x22 40M 4k"]);
+    let (ok, r) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["read -P 0x22 40M 4k"]);
     assert!(ok && !r.contains("verification failed"), "{r}");
     assert!(gauge(&m(), "strata_shared_cache_misses_total") > before);
     sb.stop();
@@ -1378,7 +1510,7 @@ fn gc_reports_partly_live_objects() {
         ["write -P 0x11 0 8M", "flush"],
         ["write -P 0x22 0 6M", "flush"],
     ] {
-        let (ok, w) = qemu_io(&a.uri("vm"), &cmds);
+        let (ok, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &cmds);
         assert!(ok, "{w}");
     }
     // An owner-only change folds the tail into the map first (§11.4a):
@@ -1396,7 +1528,11 @@ fn gc_reports_partly_live_objects() {
     let out = a.ok(&["gc", "--dry-run"]);
     let want = format!("partly live: {sparse} objects under half live");
     assert!(out.contains(&want), "{out}");
-    let (ok, r) = qemu_io(&a.uri("vm"), &["read -P 0x22 0 6M", "read -P 0x11 6M 2M"]);
+    let (ok, r) = qemu_io(
+        RAW_WRITEBACK,
+        &a.uri("vm"),
+        &["read -P 0x22 0 6M", "read -P 0x11 6M 2M"],
+    );
     assert!(ok && !r.contains("verification failed"), "{r}");
     sa.stop();
 }
@@ -1437,14 +1573,14 @@ fn compaction_through_the_server_survives_a_kill_and_frees_partly_live_objects()
     }
     cmds.push("flush".into());
     let args: Vec<&str> = cmds.iter().map(String::as_str).collect();
-    let (ok, w) = qemu_io(&a.uri("vm"), &args);
+    let (ok, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &args);
     assert!(ok, "{}", &w[w.len().saturating_sub(2000)..]);
     let reads: Vec<String> = (0..grains)
         .map(|g| format!("read -P {} {} 4k", last[g as usize], g * 4096))
         .collect();
     let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
     let verify = |what: &str| {
-        let (ok, r) = qemu_io(&a.uri("vm"), &reads);
+        let (ok, r) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &reads);
         assert!(ok && !r.contains("verification failed"), "{what}: {r}");
     };
     let dry = a.json(&["compact", "vm", "--dry-run"]);
@@ -1468,7 +1604,7 @@ fn compaction_through_the_server_survives_a_kill_and_frees_partly_live_objects()
     assert_eq!(g["in_flight_segments"], 1, "the compaction segment: {g}");
     // The restarted server claims at its first write: the orphan may go.
     let rewrite = format!("write -P {} 0 4k", last[0]);
-    let (ok, w) = qemu_io(&a.uri("vm"), &[&rewrite, "flush"]);
+    let (ok, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &[&rewrite, "flush"]);
     assert!(ok, "{w}");
     let g = a.json(&["gc"]);
     assert_eq!(g["in_flight_segments"], 0, "{g}");
@@ -1537,7 +1673,7 @@ fn a_server_killed_with_commits_in_flight_keeps_every_answered_flush() {
                     cmds.push("flush".to_string());
                 }
                 let refs: Vec<&str> = cmds.iter().map(|c| c.as_str()).collect();
-                qemu_io(&uri, &refs).1
+                qemu_io(RAW_WRITEBACK, &uri, &refs).1
             })
         })
         .collect();
@@ -1576,6 +1712,7 @@ fn a_server_killed_with_commits_in_flight_keeps_every_answered_flush() {
     for t in 0..CLIENTS {
         let found = (answered[t as usize].max(1)..=ROUNDS).find(|&v| {
             let (ok, r) = qemu_io(
+                RAW_WRITEBACK,
                 &a.uri("vm"),
                 &[&format!("read -P {} {} 64k", value(t, v), t << 20)],
             );
@@ -1591,6 +1728,7 @@ fn a_server_killed_with_commits_in_flight_keeps_every_answered_flush() {
     assert!(chk.contains("no problems found"), "{chk}");
     a.json(&["gc"]);
     let (ok, w) = qemu_io(
+        RAW_WRITEBACK,
         &a.uri("vm"),
         &["write -P 0x33 8M 4k", "flush", "read -P 0x33 8M 4k"],
     );

@@ -21,10 +21,6 @@ fn du(path: &Path) -> u64 {
     total
 }
 
-fn qemu_io(uri: &str, cmd: &str) {
-    run_ok("qemu-io", &["-f", "raw", "-c", cmd, uri]);
-}
-
 #[test]
 fn online_convert_of_a_served_disk_keeps_its_bytes() {
     if !have("qemu-img") || !have("qemu-io") {
@@ -36,10 +32,10 @@ fn online_convert_of_a_served_disk_keeps_its_bytes() {
     let uri = s.uri("vm");
     // Data, literal zeros (stored: zero detection is for new writes, these
     // land on data), and holes.
-    qemu_io(&uri, "write -P 0x5a 0 8M");
-    qemu_io(&uri, "write -P 0x00 2M 2M");
-    qemu_io(&uri, "write -P 0xc3 40M 4M");
-    qemu_io(&uri, "write -P 0x11 63M 512k");
+    qemu_io_ok(RAW, &uri, &["write -P 0x5a 0 8M"]);
+    qemu_io_ok(RAW, &uri, &["write -P 0x00 2M 2M"]);
+    qemu_io_ok(RAW, &uri, &["write -P 0xc3 40M 4M"]);
+    qemu_io_ok(RAW, &uri, &["write -P 0x11 63M 512k"]);
     let reference = s.dir.path().join("ref.raw");
     save(&uri, &reference);
     let same = || {
@@ -78,7 +74,7 @@ fn online_convert_of_a_served_disk_keeps_its_bytes() {
     assert_eq!(st["reserved_bytes"].as_u64().unwrap(), (64 << 20) - data);
     same();
     // The client keeps writing through all of it.
-    qemu_io(&uri, "write -P 0x77 20M 1M");
+    qemu_io_ok(RAW, &uri, &["write -P 0x77 20M 1M"]);
     run_ok("qemu-io", &["-f", "raw", "-c", "read -P 0x77 20M 1M", &uri]);
     let c = s.json(&["check"]);
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
@@ -132,20 +128,20 @@ fn literal_zero_writes_to_a_thin_disk_allocate_nothing() {
     let srv = s.serve();
     let uri = s.uri("t");
     // qemu-io's write -P 0 sends the zeros as data (not WRITE_ZEROES).
-    qemu_io(&uri, "write -P 0 0 128M");
+    qemu_io_ok(RAW, &uri, &["write -P 0 0 128M"]);
     let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
     assert!(a < 1 << 20, "128 MiB of zeros allocated {a} bytes");
-    qemu_io(&uri, "write -P 0xab 128M 32M");
+    qemu_io_ok(RAW, &uri, &["write -P 0xab 128M 32M"]);
     let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
     assert_eq!(a, 32 << 20);
-    qemu_io(&uri, "write -P 0 128M 32M");
+    qemu_io_ok(RAW, &uri, &["write -P 0 128M 32M"]);
     let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
     assert_eq!(a, 0, "zeros over data free it");
     srv.stop();
 
     // With detection off the zeros are stored; punchzero gives them back.
     let srv = s.serve_with(&["--detect-zeroes", "off"]);
-    qemu_io(&uri, "write -P 0 0 16M");
+    qemu_io_ok(RAW, &uri, &["write -P 0 0 16M"]);
     let a = s.json(&["info", "t"])["allocated_bytes"].as_u64().unwrap();
     assert_eq!(a, 16 << 20);
     let r = s.json(&["punchzero", "t"]);
@@ -184,7 +180,7 @@ fn a_zeroedthick_disk_keeps_its_space_when_another_file_fills_the_host() {
     assert!(!o.status.success(), "the filler should have hit ENOSPC");
     let srv = s.serve();
     // Every byte of the thick disk can still be written.
-    qemu_io(&s.uri("zt"), "write -P 0x3c 0 64M");
+    qemu_io_ok(RAW, &s.uri("zt"), &["write -P 0x3c 0 64M"]);
     run_ok(
         "qemu-io",
         &["-f", "raw", "-c", "read -P 0x3c 0 64M", &s.uri("zt")],

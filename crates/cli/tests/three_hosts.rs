@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::Store as Host;
+use common::{qemu_io, RAW};
 use strata_objstore::testing::{self, FaultProxy};
 
 const DISKS: usize = 30;
@@ -247,58 +248,22 @@ fn jobs(
         .collect()
 }
 
-fn fio(jobs: &[(String, String)], extra: &[&str]) -> std::process::Output {
-    let mut args: Vec<String> = [
-        "--ioengine=nbd",
-        "--bs=4k",
-        "--iodepth=8",
-        "--size=4M",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        // No verify state files left in the working directory (the
-        // crate's source tree).
-        "--verify_state_save=0",
-        "--randseed=2718",
-        "--group_reporting",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    for (job, uri) in jobs {
-        args.push(format!("--name={job}"));
-        args.push(format!("--uri={uri}"));
-    }
-    Command::new("fio").args(&args).output().unwrap()
-}
-
+/// fio with this file's settings (4 KiB blocks, 8 deep, 4 MiB a disk,
+/// fatal verification, one seed) and `extra`, one job per disk.
 fn fio_ok(what: &str, jobs: &[(String, String)], extra: &[&str]) {
-    let o = fio(jobs, extra);
-    assert!(
-        o.status.success(),
-        "{what}: fio failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// qemu-io's commands on a raw NBD export: whether it succeeded, and
-/// what it printed.
-fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
-    let mut args = vec!["-f", "raw"];
-    for c in cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(uri);
-    let o = Command::new("qemu-io").args(&args).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    // A failed command prints "failed"; the exit status alone does not
-    // always say so.
-    (o.status.success() && !text.contains("failed"), text)
+    let args = [
+        &[
+            "--bs=4k",
+            "--iodepth=8",
+            "--size=4M",
+            "--verify_fatal=1",
+            "--randseed=2718",
+            "--group_reporting",
+        ][..],
+        extra,
+    ]
+    .concat();
+    common::fio_ok(what, jobs, &args);
 }
 
 /// Three hosts of one new datastore (the first `init`s it, the others
@@ -474,7 +439,7 @@ fn three_hosts_serve_thirty_disks_one_is_lost_and_the_others_take_its_disks() {
     nodes[2].start();
     let c = &nodes[2];
     let d = name(2 * PER_HOST);
-    let (_, text) = qemu_io(&c.uri(&d), &["write -P 0x77 0 4k", "flush"]);
+    let (_, text) = qemu_io(RAW, &c.uri(&d), &["write -P 0x77 0 4k", "flush"]);
     assert!(
         text.contains("failed"),
         "a write through the host that came back must fail: {text}"
@@ -529,7 +494,7 @@ fn a_claim_without_a_server_holds_against_the_writer_that_comes_back() {
 
     // Host A writes the disk (and so claims it), flushes, and dies.
     nodes[0].start();
-    let (ok, text) = qemu_io(&nodes[0].uri("d"), &["write -P 0x5a 0 1M", "flush"]);
+    let (ok, text) = qemu_io(RAW, &nodes[0].uri("d"), &["write -P 0x5a 0 1M", "flush"]);
     assert!(ok, "A's first write: {text}");
     let a_gen = nodes[2].json(&["info", "d"])["object_store"]["generation"].clone();
     nodes[0].kill9();
@@ -558,7 +523,7 @@ fn a_claim_without_a_server_holds_against_the_writer_that_comes_back() {
 
     // A comes back: its writes fail, and it says who has the disk.
     nodes[0].start();
-    let (ok, text) = qemu_io(&nodes[0].uri("d"), &["write -P 0x77 0 4k", "flush"]);
+    let (ok, text) = qemu_io(RAW, &nodes[0].uri("d"), &["write -P 0x77 0 4k", "flush"]);
     assert!(
         !ok,
         "a write through the host that came back must fail: {text}"
@@ -586,6 +551,7 @@ fn a_claim_without_a_server_holds_against_the_writer_that_comes_back() {
     // B serves the disk: what A flushed is there, and B writes it.
     nodes[1].start();
     let (ok, text) = qemu_io(
+        RAW,
         &nodes[1].uri("d"),
         &["read -P 0x5a 0 1M", "write -P 0x33 1M 64k", "flush"],
     );
@@ -595,6 +561,7 @@ fn a_claim_without_a_server_holds_against_the_writer_that_comes_back() {
     // C reads the same through its own server (reading claims nothing).
     nodes[2].start();
     let (ok, text) = qemu_io(
+        RAW,
         &nodes[2].uri("d"),
         &["read -P 0x5a 0 1M", "read -P 0x33 1M 64k"],
     );

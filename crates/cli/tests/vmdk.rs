@@ -19,16 +19,6 @@ fn to_raw(fmt: &str, src: &str, dst: &Path) -> Vec<u8> {
     std::fs::read(dst).unwrap()
 }
 
-fn qemu_io(fmt: &str, target: &str, cmds: &[&str]) {
-    let mut a = vec!["-f", fmt];
-    for c in cmds {
-        a.push("-c");
-        a.push(c);
-    }
-    a.push(target);
-    run_ok("qemu-io", &a);
-}
-
 /// base.vmdk <- base-000001.vmdk <- base-000002.vmdk made by qemu-img, with
 /// sub-grain writes, zeroed grains (zeroed_grain=on) and untouched grains.
 fn qemu_chain(dir: &Path) -> Vec<PathBuf> {
@@ -46,8 +36,8 @@ fn qemu_chain(dir: &Path) -> Vec<PathBuf> {
             "16M",
         ],
     );
-    qemu_io(
-        "vmdk",
+    qemu_io_ok(
+        &["-f", "vmdk"],
         p(&base),
         &[
             "write -P 0x11 0 1M",
@@ -77,7 +67,11 @@ fn qemu_chain(dir: &Path) -> Vec<PathBuf> {
         );
         let pat = format!("write -P 0x{}0 {}k 4k", i + 2, 64 * i + 4);
         let zero = format!("write -z {}M 64k", 8 * (i - 1) as u64);
-        qemu_io("vmdk", p(&child), &[&pat, &zero, "write -P 0x77 3M 512"]);
+        qemu_io_ok(
+            &["-f", "vmdk"],
+            p(&child),
+            &[&pat, &zero, "write -P 0x77 3M 512"],
+        );
         links.push(child);
     }
     links
@@ -202,9 +196,9 @@ fn serve_a_sesparse_chain_as_it_is_and_qemu_reads_what_nbd_clients_wrote() {
     s.ok(&["create", "d", "--size", "8M"]);
     {
         let srv = s.serve();
-        qemu_io("raw", &s.uri("d"), &["write -P 0x5a 0 2M"]);
+        qemu_io_ok(RAW, &s.uri("d"), &["write -P 0x5a 0 2M"]);
         s.ok(&["snapshot", "create", "d", "s1"]);
-        qemu_io("raw", &s.uri("d"), &["write -P 0x6b 1M 4k"]);
+        qemu_io_ok(RAW, &s.uri("d"), &["write -P 0x6b 1M 4k"]);
         srv.stop();
     }
     s.ok(&[
@@ -235,8 +229,8 @@ fn serve_a_sesparse_chain_as_it_is_and_qemu_reads_what_nbd_clients_wrote() {
     let uri = format!("nbd+unix:///vm?socket={}", p(&sock));
     // Sub-grain writes (read-modify-write of 4 KiB grains over the parent),
     // zeroes and a discard.
-    qemu_io(
-        "raw",
+    qemu_io_ok(
+        RAW,
         &uri,
         &[
             "write -P 0x01 512 512",
@@ -293,8 +287,8 @@ fn raw_and_qcow2_import_keep_data_and_thinness() {
     let dir = s.dir.path();
     let q = dir.join("a.qcow2");
     run_ok("qemu-img", &["create", "-q", "-f", "qcow2", p(&q), "32M"]);
-    qemu_io(
-        "qcow2",
+    qemu_io_ok(
+        &["-f", "qcow2"],
         p(&q),
         &["write -P 0x42 3M 128k", "write -P 0x43 31M 4k"],
     );
@@ -335,7 +329,7 @@ fn vmdk_check_finds_and_repairs_damage() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("d.vmdk");
     run_ok("qemu-img", &["create", "-q", "-f", "vmdk", p(&img), "4M"]);
-    qemu_io("vmdk", p(&img), &["write -P 0x33 0 128k"]);
+    qemu_io_ok(&["-f", "vmdk"], p(&img), &["write -P 0x33 0 128k"]);
     let good = to_raw("vmdk", p(&img), &dir.path().join("good.raw"));
     let o = Command::new(strata())
         .args(["vmdk", "check", p(&img)])

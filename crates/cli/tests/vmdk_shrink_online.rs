@@ -59,19 +59,9 @@ fn serve(s: &Store, top: &Path) -> (Server, String) {
     )
 }
 
-fn qemu_io(uri: &str, cmds: &[String]) {
-    let mut a: Vec<&str> = vec!["-f", "raw"];
-    for c in cmds {
-        a.push("-c");
-        a.push(c);
-    }
-    a.push(uri);
-    run_ok("qemu-io", &a);
-}
-
 /// Write `pat` at [off, off+len) through NBD and into the model.
 fn write(uri: &str, model: &mut [u8], pat: u8, off: usize, len: usize) {
-    qemu_io(uri, &[format!("write -P {pat} {off} {len}")]);
+    qemu_io_ok(RAW, uri, &[&format!("write -P {pat} {off} {len}")]);
     model[off..off + len].fill(pat);
 }
 
@@ -115,12 +105,13 @@ fn a_served_sesparse_file_shrinks_online_while_a_client_writes() {
     write(&uri, &mut model, 0x22, 30 * MIB, 8 * MIB);
     write(&uri, &mut model, 0x00, 40 * MIB, 4 * MIB);
     write(&uri, &mut model, 0x44, 44 * MIB, 2 * MIB);
-    qemu_io(
+    qemu_io_ok(
+        RAW,
         &uri,
         &[
-            format!("discard 0 {}", 16 * MIB),
-            format!("write -z {} {}", 32 * MIB, 2 * MIB),
-            "flush".into(),
+            &format!("discard 0 {}", 16 * MIB),
+            &format!("write -z {} {}", 32 * MIB, 2 * MIB),
+            "flush",
         ],
     );
     model[..16 * MIB].fill(0);
@@ -148,7 +139,7 @@ fn a_served_sesparse_file_shrinks_online_while_a_client_writes() {
                     format!("write -P 0xee {o} 65536"),
                     format!("write -P {p} {o} 65536"),
                 ];
-                qemu_io(&uri, &w);
+                qemu_io_ok(RAW, &uri, &[&w[0], &w[1]]);
                 rounds += 1;
                 if done.load(std::sync::atomic::Ordering::Acquire) {
                     return rounds;
@@ -196,7 +187,7 @@ fn a_server_killed_mid_shrink_leaves_the_file_consistent() {
     let mut model = vec![0u8; 64 * MIB];
     // Holes at the bottom, data above: the shrink moves every data grain.
     write(&uri, &mut model, 0x66, 0, 40 * MIB);
-    qemu_io(&uri, &[format!("discard 0 {}", 28 * MIB), "flush".into()]);
+    qemu_io_ok(RAW, &uri, &[&format!("discard 0 {}", 28 * MIB), "flush"]);
     model[..28 * MIB].fill(0);
     let before = len(&ext);
     // A slow shrink (12 MiB read by the scan, 3072 grains moved: 36 MiB at
@@ -276,7 +267,7 @@ fn a_datastore_server_shrinks_its_vmdk_export_through_its_control_socket() {
     let mut model = vec![0u8; 16 * MIB];
     write(&uri, &mut model, 0x21, 0, 8 * MIB);
     write(&uri, &mut model, 0x22, 8 * MIB, 4 * MIB);
-    qemu_io(&uri, &[format!("discard 0 {}", 6 * MIB), "flush".into()]);
+    qemu_io_ok(RAW, &uri, &[&format!("discard 0 {}", 6 * MIB), "flush"]);
     model[..6 * MIB].fill(0);
     let before = len(&ext);
     let v: serde_json::Value =

@@ -84,9 +84,20 @@ pub struct FsSpace {
 pub trait FuseProvider: Send + Sync {
     /// Every export, in the order to list them.
     fn list(&self) -> Vec<FuseExport>;
-    /// One export by name, or None. The default searches [`Self::list`].
-    fn stat(&self, name: &str) -> Option<FuseExport> {
-        self.list().into_iter().find(|e| e.name == name)
+    /// One export by name, or why not: `NotFound` when there is no such
+    /// export (ENOENT), another kind when it cannot be looked at now (a
+    /// store that does not answer is EIO, not "no such file"). The
+    /// default searches [`Self::list`].
+    fn stat(&self, name: &str) -> Result<FuseExport, BlockError> {
+        self.list()
+            .into_iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| {
+                BlockError::new(
+                    strata_block::Kind::NotFound,
+                    format!("no export named '{name}'"),
+                )
+            })
     }
     /// Open an export for one open file; `Err(message)` if there is no such
     /// export. The handle is dropped when the file is released.
@@ -265,7 +276,7 @@ impl Shared {
     fn stat(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
         let (name, _) = self.name_of(ino).ok_or(Errno::ENOENT)?;
         let p = self.provider().ok_or_else(eshutdown)?;
-        let e = p.stat(&name).ok_or(Errno::ENOENT)?;
+        let e = p.stat(&name).map_err(|e| open_errno(&e))?;
         Ok(self.file_attr(ino.0, e.size_bytes, Some(&e), e.read_only))
     }
 
@@ -323,8 +334,12 @@ impl Filesystem for Fs {
         let Some(p) = self.sh.provider() else {
             return reply.error(eshutdown());
         };
-        let Some(e) = p.stat(name) else {
-            return reply.error(Errno::ENOENT);
+        let e = match p.stat(name) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("fuse: lookup {name}: {e}");
+                return reply.error(open_errno(&e));
+            }
         };
         let ino = self.sh.inodes.lock().ino(name);
         let attr = self.sh.file_attr(ino, e.size_bytes, Some(&e), e.read_only);
@@ -367,7 +382,7 @@ impl Filesystem for Fs {
             let e = self
                 .sh
                 .name_of(ino)
-                .and_then(|(name, _)| self.sh.provider()?.stat(&name));
+                .and_then(|(name, _)| self.sh.provider()?.stat(&name).ok());
             let attr = self
                 .sh
                 .file_attr(ino.0, h.dev.size_bytes(), e.as_ref(), h.read_only);

@@ -341,14 +341,14 @@ impl strata_fuse::FuseProvider for FuseExports {
     fn list(&self) -> Vec<strata_fuse::FuseExport> {
         ExportProvider::list(&*self.0)
             .into_iter()
-            .filter_map(|e| self.stat(&e.name))
+            .filter_map(|e| self.stat(&e.name).ok())
             .collect()
     }
 
-    fn stat(&self, name: &str) -> Option<strata_fuse::FuseExport> {
+    fn stat(&self, name: &str) -> Result<strata_fuse::FuseExport, Error> {
         // Opening a disk handle is O(1) (no I/O): it gives the current
         // size and whether the export is read-only.
-        let dev = self.0.open_raw(name).ok()?;
+        let dev = self.0.open_raw(name)?;
         // A disk's allocated grains are a counter (O(1)); snapshots and
         // VMDK images show their size.
         let stored_bytes = match &self.0.ds {
@@ -370,7 +370,7 @@ impl strata_fuse::FuseProvider for FuseExports {
             .and_then(|r| r.get(name))
             .and_then(|d| d.modified_ms())
             .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
-        Some(strata_fuse::FuseExport {
+        Ok(strata_fuse::FuseExport {
             name: name.to_string(),
             read_only: dev.read_only(),
             size_bytes: dev.size_bytes(),

@@ -413,6 +413,68 @@ pub fn run_ok(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// qemu-io's options for a raw NBD export.
+pub const RAW: &[&str] = &["-f", "raw"];
+/// The same, cached as a guest runs: writes are not FUA, FLUSH makes
+/// them durable.
+pub const RAW_WRITEBACK: &[&str] = &["-f", "raw", "-t", "writeback"];
+
+/// qemu-io with `opts` (the format first), then `cmds` one `-c` each, on
+/// `target`: whether it exited 0 with no command failing, and what it
+/// printed (stdout, then stderr). A failed `flush` prints nothing (only
+/// the status says so); a failed read or pattern check prints "failed"
+/// and may still exit 0.
+pub fn qemu_io(opts: &[&str], target: &str, cmds: &[&str]) -> (bool, String) {
+    let mut args = opts.to_vec();
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(target);
+    let o = run("qemu-io", &args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success() && !text.contains("failed"), text)
+}
+
+/// qemu-io that must succeed ([`qemu_io`]'s `ok`): what it printed.
+pub fn qemu_io_ok(opts: &[&str], target: &str, cmds: &[&str]) -> String {
+    let (ok, text) = qemu_io(opts, target, cmds);
+    assert!(ok, "qemu-io {opts:?} {target} {cmds:?}: {text}");
+    text
+}
+
+/// fio over NBD: `args` for every job, then one job per `(name, uri)`.
+/// It writes crc32c verify headers and never saves verify state (the
+/// file would land in the crate's source tree).
+pub fn fio(jobs: &[(String, String)], args: &[&str]) -> Output {
+    let mut all: Vec<String> = ["--ioengine=nbd", "--verify=crc32c", "--verify_state_save=0"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    for (name, uri) in jobs {
+        all.push(format!("--name={name}"));
+        all.push(format!("--uri={uri}"));
+    }
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    run("fio", &all)
+}
+
+/// [`fio`] that must succeed (`what` names the run): what it printed.
+pub fn fio_ok(what: &str, jobs: &[(String, String)], args: &[&str]) -> String {
+    let o = fio(jobs, args);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{what}: fio {args:?} failed: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// Save what export `uri` reads to the raw file `path`.
 pub fn save(uri: &str, path: &Path) {
     run_ok(
