@@ -130,15 +130,6 @@ pub struct Place {
     pub op: Option<&'static str>,
 }
 
-impl Place {
-    fn is_empty(&self) -> bool {
-        self.object.is_none() && self.offset.is_none() && self.op.is_none()
-    }
-}
-
-/// The cause an error keeps: shared, so the error stays `Clone`.
-pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
-
 /// An error with a kind to decide by, where it happened, a sentence, and
 /// its cause.
 ///
@@ -150,7 +141,8 @@ pub struct Error {
     pub kind: Kind,
     pub place: Place,
     pub message: String,
-    source: Option<Cause>,
+    /// The cause, shared so that the error stays `Clone`.
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -195,13 +187,6 @@ impl Error {
         self
     }
 
-    /// The same error with another kind (a layer that knows better: a
-    /// missing parent file is a broken chain).
-    pub fn with_kind(mut self, kind: Kind) -> Self {
-        self.kind = kind;
-        self
-    }
-
     /// The Linux errno NBD and FUSE report for this error (the NBD spec's
     /// list: EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP,
     /// ESHUTDOWN). FUSE refines a few (see the fuse crate).
@@ -221,22 +206,15 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.place.is_empty() {
-            if let Some(object) = &self.place.object {
-                f.write_str(object)?;
-                if let Some(offset) = self.place.offset {
-                    write!(f, " at {offset}")?;
-                }
-            } else if let Some(offset) = self.place.offset {
-                write!(f, "at {offset}")?;
-            }
-            if let Some(op) = self.place.op {
-                if self.place.object.is_some() || self.place.offset.is_some() {
-                    f.write_str(": ")?;
-                }
-                f.write_str(op)?;
-            }
-            f.write_str(": ")?;
+        let Place { object, offset, op } = &self.place;
+        match (object, offset) {
+            (Some(object), Some(offset)) => write!(f, "{object} at {offset}: ")?,
+            (Some(object), None) => write!(f, "{object}: ")?,
+            (None, Some(offset)) => write!(f, "at {offset}: ")?,
+            (None, None) => {}
+        }
+        if let Some(op) = op {
+            write!(f, "{op}: ")?;
         }
         f.write_str(&self.message)?;
         if let Some(cause) = &self.source {
@@ -331,6 +309,5 @@ mod tests {
         );
         assert!(std::error::Error::source(&e).is_some());
         assert_eq!(Error::new(Kind::Gone, "closed").to_string(), "closed");
-        assert_eq!(e.clone().with_kind(Kind::Corrupt).kind, Kind::Corrupt);
     }
 }

@@ -41,7 +41,7 @@ pub mod sched;
 pub mod throttle;
 
 pub use aligned::AlignedBuf;
-pub use error::{Cause, Error, Kind, Place};
+pub use error::{Error, Kind, Place};
 pub use fill::{Fill, FillRuns, ReadFill};
 pub use plan::{hold_read, FilePiece, Held, IoHold, IoPlan, Planned};
 

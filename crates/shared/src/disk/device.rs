@@ -42,9 +42,7 @@ impl BlockDevice for SharedDisk {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> BlockResult<()> {
-        if self.read_only {
-            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
-        }
+        self.refuse_if_read_only()?;
         check_range(offset, buf.len() as u64, self.size_bytes())?;
         self.throttle.admit(buf.len() as u64);
         self.write_bytes(buf, offset)?;
@@ -63,9 +61,7 @@ impl BlockDevice for SharedDisk {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> BlockResult<()> {
-        if self.read_only {
-            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
-        }
+        self.refuse_if_read_only()?;
         check_range(offset, len, self.size_bytes())?;
         self.throttle.admit(0);
         // Only whole grains are released; a partial grain keeps its data
@@ -83,9 +79,7 @@ impl BlockDevice for SharedDisk {
     /// commit stores no zero grain), and an object store has no space to
     /// provision ahead. `fast_only` refuses only a partial grain over data.
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOptions) -> BlockResult<()> {
-        if self.read_only {
-            return Err(BlockError::new(BErr::ReadOnly, self.name.clone()));
-        }
+        self.refuse_if_read_only()?;
         check_range(offset, len, self.size_bytes())?;
         self.throttle.admit(0);
         if opts.fast_only {
@@ -135,5 +129,19 @@ impl BlockDevice for SharedDisk {
             at = next;
         }
         Ok(out)
+    }
+}
+
+impl SharedDisk {
+    /// A write, unmap or zeroing of a read-only open (a snapshot, a disk
+    /// served read-only) is refused, naming the disk.
+    fn refuse_if_read_only(&self) -> BlockResult<()> {
+        if self.read_only {
+            return Err(BlockError::new(
+                BErr::ReadOnly,
+                format!("'{}' is read-only", self.name),
+            ));
+        }
+        Ok(())
     }
 }
