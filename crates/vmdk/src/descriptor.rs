@@ -185,21 +185,26 @@ fn split_word(s: &str) -> (&str, &str) {
     }
 }
 
+/// The text of a descriptor: at most [`MAX_DESCRIPTOR_BYTES`], up to the
+/// first NUL, UTF-8.
+fn descriptor_text(bytes: &[u8]) -> Result<&str> {
+    if bytes.len() > MAX_DESCRIPTOR_BYTES {
+        return Err(corrupt(format!(
+            "descriptor of {} bytes is larger than the {} bytes allowed",
+            bytes.len(),
+            MAX_DESCRIPTOR_BYTES
+        )));
+    }
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::str::from_utf8(&bytes[..end])
+        .map_err(|e| corrupt(format!("descriptor is not UTF-8 text ({e})")))
+}
+
 impl Descriptor {
     /// Parse descriptor text. Text after a NUL byte (the padding of an
     /// embedded descriptor) is ignored.
-    #[expect(clippy::too_many_lines)]
     pub fn parse(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() > MAX_DESCRIPTOR_BYTES {
-            return Err(corrupt(format!(
-                "descriptor of {} bytes is larger than the {} bytes allowed",
-                bytes.len(),
-                MAX_DESCRIPTOR_BYTES
-            )));
-        }
-        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-        let text = std::str::from_utf8(&bytes[..end])
-            .map_err(|e| corrupt(format!("descriptor is not UTF-8 text ({e})")))?;
+        let text = descriptor_text(bytes)?;
         let mut d = Descriptor {
             version: 0,
             cid: 0,
@@ -229,48 +234,61 @@ impl Descriptor {
                 )));
             };
             let key = k.trim();
-            let value = unquote(v);
-            match key {
-                "version" => {
-                    d.version = value
-                        .parse()
-                        .map_err(|_| corrupt(format!("version {value:?} is not a number")))?;
-                    saw_version = true;
-                }
-                "CID" => {
-                    d.cid = parse_hex_u32(value)
-                        .ok_or_else(|| corrupt(format!("CID {value:?} is not hex")))?;
-                    saw_cid = true;
-                }
-                "parentCID" => {
-                    d.parent_cid = parse_hex_u32(value)
-                        .ok_or_else(|| corrupt(format!("parentCID {value:?} is not hex")))?
-                }
-                "createType" => d.create_type = value.to_string(),
-                "parentFileNameHint" => d.parent_hint = Some(value.to_string()),
-                k if k.starts_with("ddb.") => d.ddb.push((k.to_string(), value.to_string())),
-                _ => {} // encoding, changeTrackPath, isNativeSnapshot, ...
-            }
+            d.set(key, unquote(v))?;
+            saw_version |= key == "version";
+            saw_cid |= key == "CID";
         }
+        d.check_complete(saw_version, saw_cid)?;
+        Ok(d)
+    }
+
+    /// One `key=value` line; keys strata does not use (encoding,
+    /// changeTrackPath, isNativeSnapshot, ...) are skipped.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "version" => {
+                self.version = value
+                    .parse()
+                    .map_err(|_| corrupt(format!("version {value:?} is not a number")))?;
+            }
+            "CID" => {
+                self.cid = parse_hex_u32(value)
+                    .ok_or_else(|| corrupt(format!("CID {value:?} is not hex")))?;
+            }
+            "parentCID" => {
+                self.parent_cid = parse_hex_u32(value)
+                    .ok_or_else(|| corrupt(format!("parentCID {value:?} is not hex")))?
+            }
+            "createType" => self.create_type = value.to_string(),
+            "parentFileNameHint" => self.parent_hint = Some(value.to_string()),
+            k if k.starts_with("ddb.") => self.ddb.push((k.to_string(), value.to_string())),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The lines every descriptor must have were there, and its version is
+    /// one strata reads.
+    fn check_complete(&self, saw_version: bool, saw_cid: bool) -> Result<()> {
         if !saw_version {
             return Err(corrupt("no version= line"));
         }
-        if !(1..=3).contains(&d.version) {
+        if !(1..=3).contains(&self.version) {
             return Err(corrupt(format!(
                 "descriptor version {} (1, 2 or 3 expected)",
-                d.version
+                self.version
             )));
         }
         if !saw_cid {
             return Err(corrupt("no CID= line"));
         }
-        if d.create_type.is_empty() {
+        if self.create_type.is_empty() {
             return Err(corrupt("no createType= line"));
         }
-        if d.extents.is_empty() {
+        if self.extents.is_empty() {
             return Err(corrupt("no extent lines"));
         }
-        Ok(d)
+        Ok(())
     }
 
     /// Total size of the extents, in sectors.
