@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use super::entry::Gte;
 use super::extent::SparseExtent;
 use super::header::{Header, SECTOR};
+use super::held::AllocState;
 use super::io::{rd, wr};
 use crate::error::Result;
 
@@ -24,7 +25,6 @@ impl SparseExtent {
     /// Turn all-zero grains into zero entries, move the last grains into
     /// the holes, and truncate the file. Crash-safe: copies are synced
     /// before entries change, entries before truncation.
-    #[expect(clippy::too_many_lines)]
     pub fn shrink(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<ShrinkReport> {
         let Header::SeSparse(se) = self.header else {
             return Err(crate::error::unsupported(
@@ -46,35 +46,9 @@ impl SparseExtent {
             ..Default::default()
         };
         // 1. Find allocated grains; zero ones become zero entries.
-        let mut used: Vec<(u64, u64)> = Vec::new(); // (index, grain)
         let total = self.grains();
+        let mut used = self.shrink_scan(&mut st, gstart, &mut rep, progress)?;
         let mut buf = vec![0u8; gb as usize];
-        let mut seen: HashMap<u64, u64> = HashMap::new();
-        for grain in 0..total {
-            if grain % 4096 == 0 {
-                progress(grain, total * 2);
-            }
-            let raw = self.raw_entry(grain)?;
-            if raw >> 60 == 1 && raw != 1 << 60 {
-                // An unmapped entry still naming its old grain: forget it.
-                self.set_entry(&mut st, grain, Gte::Unmapped)?;
-            }
-            if let Gte::Data(o) = self.decode(raw)? {
-                rd(&*self.file, &self.name, &mut buf, o)?;
-                if buf.iter().all(|&b| b == 0) {
-                    self.set_entry(&mut st, grain, Gte::Zero)?;
-                    rep.zero_grains_found += 1;
-                    continue;
-                }
-                let idx = (o - gstart) / gb;
-                if let Some(other) = seen.insert(idx, grain) {
-                    return Err(self.err(format!(
-                        "grains {other} and {grain} share grain index {idx}; run `strata vmdk check --repair` first"
-                    )));
-                }
-                used.push((idx, grain));
-            }
-        }
         rep.grains_before = st.next_bytes.saturating_sub(gstart) / gb;
         self.flush_meta(&mut st)?;
         // 2. Move the highest grains into the lowest holes.
@@ -119,6 +93,51 @@ impl SparseExtent {
         rep.bytes_after = new_len;
         progress(total * 2, total * 2);
         Ok(rep)
+    }
+
+    /// Shrink's first pass over the grain table: every data grain as (its
+    /// index in the grain area, its grain number). An all-zero grain
+    /// becomes a zero entry (counted in `rep`), an unmapped entry still
+    /// naming its old grain forgets it, and two grains on one index are
+    /// refused (`check --repair` first).
+    fn shrink_scan(
+        &self,
+        st: &mut AllocState,
+        gstart: u64,
+        rep: &mut ShrinkReport,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Vec<(u64, u64)>> {
+        let gb = self.grain_bytes();
+        let total = self.grains();
+        let mut used = Vec::new();
+        let mut buf = vec![0u8; gb as usize];
+        let mut seen: HashMap<u64, u64> = HashMap::new();
+        for grain in 0..total {
+            if grain % 4096 == 0 {
+                progress(grain, total * 2);
+            }
+            let raw = self.raw_entry(grain)?;
+            if raw >> 60 == 1 && raw != 1 << 60 {
+                // An unmapped entry still naming its old grain: forget it.
+                self.set_entry(st, grain, Gte::Unmapped)?;
+            }
+            if let Gte::Data(o) = self.decode(raw)? {
+                rd(&*self.file, &self.name, &mut buf, o)?;
+                if buf.iter().all(|&b| b == 0) {
+                    self.set_entry(st, grain, Gte::Zero)?;
+                    rep.zero_grains_found += 1;
+                    continue;
+                }
+                let idx = (o - gstart) / gb;
+                if let Some(other) = seen.insert(idx, grain) {
+                    return Err(self.err(format!(
+                        "grains {other} and {grain} share grain index {idx}; run `strata vmdk check --repair` first"
+                    )));
+                }
+                used.push((idx, grain));
+            }
+        }
+        Ok(used)
     }
 }
 
