@@ -17,9 +17,10 @@ build:
 run: build
 	@STRATA=$(STRATA) DATASTORE=$(DATASTORE) NBD_SOCK=$(NBD_SOCK) NBD_TCP=$(NBD_TCP) scripts/run.sh
 
-## Install what the tests need (qemu-img, qemu-nbd, fio, nbdinfo), then run every test.
+## Install what the tests need (qemu-img, qemu-nbd, fio, nbdinfo), then run every test
+## (scripts/test.sh: the benchmark smoke runs beside the rest).
 test: deps
-	STRATA_REQUIRE_TOOLS=1 STRATA_MODEL_CASES=2000 STRATA_BENCH_QUICK=1 $(CARGO) test --workspace --all-targets --no-fail-fast
+	CARGO=$(CARGO) scripts/test.sh
 
 deps:
 	@scripts/install-deps.sh
