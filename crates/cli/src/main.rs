@@ -13,12 +13,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use strata_engine::{Datastore, Error, ErrorKind, InitOptions};
-use strata_storage::FileBackend;
+use strata_engine::{Error, ErrorKind, InitOptions};
 
 use crate::args::{default_datastore, Action, Cli, Pipe};
 use strata_cli::output::{self, progress_bar, Format};
-use strata_datastore::{try_lock, LockOutcome};
 use strata_server::api::{Request, Response, VmdkRequest};
 use strata_server::serve::ServeConfig;
 use strata_server::{object_store, ops, serve, vmdk_ops, wire};
@@ -209,44 +207,9 @@ fn exit_code(found_problems: bool) -> ExitCode {
 }
 
 fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
-    if strata_shared::is_shared(dir) {
-        return Err(Error::new(
-            ErrorKind::AlreadyExists,
-            format!(
-                "{} is the local directory of an object-store datastore: a local datastore needs \
-                 a directory of its own (--datastore)",
-                dir.display()
-            ),
-        ));
-    }
-    std::fs::create_dir_all(dir).map_err(|e| {
-        Error::new(
-            ErrorKind::Io,
-            format!("cannot create {}: {e}", dir.display()),
-        )
-    })?;
-    let lock = match try_lock(dir)? {
-        LockOutcome::Locked(f) => f,
-        LockOutcome::Held(pid) => return Err(held(dir, pid)),
-    };
-    Datastore::init(
-        std::sync::Arc::new(FileBackend::new(dir)),
-        &InitOptions { capacity_bytes },
-    )?;
-    drop(lock);
+    strata_datastore::init(dir, &InitOptions { capacity_bytes })?;
     println!("initialised datastore {}", dir.display());
     Ok(ExitCode::SUCCESS)
-}
-
-fn held(dir: &Path, pid: Option<u32>) -> Error {
-    let who = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
-    Error::new(
-        ErrorKind::Locked,
-        format!(
-            "datastore {} is in use by another process{who}",
-            dir.display()
-        ),
-    )
 }
 
 /// Run a request in this process, or through the server that holds the
@@ -254,15 +217,17 @@ fn held(dir: &Path, pid: Option<u32>) -> Error {
 /// this host's server, so that a disk's owner-only changes are made by
 /// the process that writes it).
 fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
-    let object_store = strata_shared::is_shared(dir);
-    if !object_store && !dir.join(strata_format::FILE_SUPER).exists() {
-        return Err(Error::new(
-            ErrorKind::NotFound,
-            format!(
-                "no datastore at {} (run 'strata init' or pass --datastore)",
-                dir.display()
+    if let Err(e) = strata_datastore::probe(dir) {
+        return Err(match e.kind {
+            ErrorKind::NotFound => Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no datastore at {} (run 'strata init' or pass --datastore)",
+                    dir.display()
+                ),
             ),
-        ));
+            _ => e,
+        });
     }
     let bar = make_bar(req);
     let mut progress = |done: u64, total: u64| {
@@ -273,32 +238,17 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
     };
     let opts = strata_datastore::OpenOptions {
         cache_bytes: cache,
+        background: false,
         ..Default::default()
     };
+    // A server of the directory answers on its control socket (it holds a
+    // local datastore's lock; an object store's disks are written by it);
+    // a socket file nobody answers is a stopped server's.
     let sock = dir.join(strata_format::FILE_CONTROL);
-    let r = if object_store {
-        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            wire::request(&sock, req, detach, &mut progress)
-        } else {
-            here(&*strata_datastore::open(dir, &opts)?, req, &mut progress)
-        }
+    let r = if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+        wire::request(&sock, req, detach, &mut progress)
     } else {
-        match try_lock(dir)? {
-            LockOutcome::Locked(lock) => {
-                let ds = strata_datastore::open_locked(dir, lock, &opts)?;
-                here(
-                    &strata_datastore::LocalDatastore::new(ds, dir),
-                    req,
-                    &mut progress,
-                )
-            }
-            LockOutcome::Held(pid) => {
-                if !sock.exists() {
-                    return Err(held(dir, pid));
-                }
-                wire::request(&sock, req, detach, &mut progress)
-            }
-        }
+        here(&*strata_datastore::open(dir, &opts)?, req, &mut progress)
     };
     if let Some(b) = bar {
         b.finish_and_clear();

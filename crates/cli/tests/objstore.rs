@@ -985,19 +985,52 @@ fn alarms_measure_a_capacity_set_for_the_store_and_run_their_commands() {
     // Kept on this host, in its directory.
     assert!(a.path().join("alarms.json").exists());
     // A server says so at start, and runs the usage alarm's command.
-    let srv = a.serve();
+    let http = common::http::free_addr();
+    let mnt = a.path().join("mnt");
+    let srv = a.serve_with(&["--http", &http, "--fuse", mnt.to_str().unwrap()]);
     let t = std::time::Instant::now();
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.lines().any(|l| l == "usage ok warning") {
+        if text.lines().any(|l| l == "usage ok warning") && mnt.join("d").exists() {
             break;
         }
         assert!(
             t.elapsed() < std::time::Duration::from_secs(30),
-            "no alarm command ran: {text:?}"
+            "no alarm command ran, or no FUSE file: {text:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // Its metrics carry the datastore's space and alarms, as a local
+    // datastore's do.
+    let m = common::http::metrics(&http);
+    let sample = |s: &str| common::http::sample(&m, s);
+    assert_eq!(
+        sample("strata_datastore_capacity_bytes"),
+        f64::from(4u32 << 20)
+    );
+    assert_eq!(
+        sample("strata_datastore_provisioned_bytes"),
+        f64::from(16u32 << 20)
+    );
+    assert_eq!(sample("strata_alarm_state{kind=\"usage\"}"), 1.0, "{m}");
+    assert_eq!(
+        sample("strata_alarm_state{kind=\"overcommit\"}"),
+        2.0,
+        "{m}"
+    );
+    // df on its FUSE mount: the capacity set, and what is left of it.
+    let cpath = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs fills the zeroed struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath.as_ptr(), &mut st) }, 0);
+    let total = st.f_blocks * st.f_frsize;
+    let free = st.f_bavail * st.f_frsize;
+    assert_eq!(total, 4 << 20, "df total");
+    let left = (4 << 20) - used;
+    assert!(
+        free <= left && left - free < 64 << 10,
+        "df free {free}: capacity {total}, {used} used"
+    );
     srv.stop();
     let e = a.fails(&["alarm", "set", "usage", "--warning", "95", "--alarm", "90"]);
     assert!(e.contains("warning must come first"), "{e}");

@@ -93,6 +93,23 @@ pub fn check(kind: Kind, what: Capability) -> Result<()> {
     }
 }
 
+/// The error of a maintenance call `kind` does not answer: its refusal
+/// from the table, or (a kind the table says can, that does not
+/// implement it) `Unsupported`.
+pub fn refused(kind: Kind, what: Capability) -> Error {
+    match check(kind, what) {
+        Err(e) => e,
+        Ok(()) => Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{} on this {} is not implemented",
+                what.command(),
+                kind.noun()
+            ),
+        ),
+    }
+}
+
 /// Every refusal of `kind`, for documentation and `status`.
 pub fn refusals(kind: Kind) -> &'static [(Capability, &'static str)] {
     match kind {

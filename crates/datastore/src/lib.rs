@@ -20,27 +20,45 @@
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 mod alarms;
+mod background;
 pub mod capability;
+mod gauges;
 mod local;
 mod object_store;
 mod object_store_groups;
 mod punch;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use strata_block::BlockDevice;
 
+pub use background::Background;
 pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    AlarmRule, ChangedRange, Consistency, DatastoreInfo, DiskInfo, Error, ErrorKind, GroupInfo,
-    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,
-    PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
+    AlarmRule, ChangedRange, Consistency, DatastoreInfo, DefragReport, DiskInfo, Error, ErrorKind,
+    FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
+    Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
 };
+pub use strata_shared::disk::{CompactOptions, CompactReport};
+pub use strata_shared::gc::GcReport;
+pub use strata_stats::Gauge;
+
+/// What `check` found, by kind: their layouts have nothing in common, so
+/// neither do their findings.
+#[derive(Debug)]
+pub enum CheckReport {
+    /// A local datastore's pool, log, maps and refcounts.
+    Local(strata_engine::CheckReport),
+    /// An object store's manifests, roots and segments.
+    ObjectStore(strata_shared::gc::CheckReport),
+}
 
 /// The two kinds of datastore. For display, records and the capability
 /// table, never for control flow above this crate.
@@ -62,6 +80,23 @@ impl Kind {
         match self {
             Kind::Local => "local datastore",
             Kind::ObjectStore => "object-store datastore",
+        }
+    }
+
+    /// For logs and JSON: "local", "object-store".
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::ObjectStore => "object-store",
+        }
+    }
+
+    /// What a server's clean stop does to a datastore of this kind, for
+    /// its banner.
+    pub fn on_stop(self) -> &'static str {
+        match self {
+            Kind::Local => "flushes and checkpoints",
+            Kind::ObjectStore => "flushes",
         }
     }
 }
@@ -280,8 +315,55 @@ pub trait Datastore: Send + Sync {
     ) -> Result<PunchZeroReport>;
 
     /// The datastore's space and its alarms as evaluated now (`grow`,
-    /// `alarm list`, the server's alarm watcher).
+    /// `alarm list`, `status`).
     fn space(&self) -> Result<DatastoreInfo>;
+
+    /// [`Self::space`], or figures evaluated no longer than `max_age` ago
+    /// where evaluating them costs requests (an object store lists its
+    /// disks and reads each one's manifest): for what asks often, the
+    /// server's alarm watcher, metrics scrapes and `statfs` of its FUSE
+    /// mount. A local datastore's figures are counters, always current.
+    fn space_recent(&self, max_age: Duration) -> Result<DatastoreInfo> {
+        let _ = max_age;
+        self.space()
+    }
+
+    /// The datastore's Prometheus gauges: its space and alarms (from
+    /// [`Self::space_recent`]), and what its kind measures besides (a
+    /// local pool's layout and each disk's fragments; an object store's
+    /// open disks, segment cache, store requests and last GC).
+    fn gauges(&self) -> Vec<Gauge>;
+
+    /// The bytes `disk` holds where that is a counter read without I/O
+    /// (a local disk's allocated grains), else None: what a file system
+    /// listing of the disk shows as its blocks.
+    fn stored_bytes(&self, disk: &str) -> Option<u64> {
+        let _ = disk;
+        None
+    }
+
+    /// Start what a server runs in the background for this kind (see
+    /// [`Background`]) until `stop` is set; the caller joins the threads.
+    fn start_background(
+        self: Arc<Self>,
+        background: &Background,
+        stop: &Arc<AtomicBool>,
+    ) -> Vec<JoinHandle<()>> {
+        let _ = (background, stop);
+        Vec::new()
+    }
+
+    /// How a server's banner names it ("datastore DIR", "object-store
+    /// datastore URL as host NAME (ADDRESS)").
+    fn describe(&self) -> String {
+        format!("datastore {}", self.dir().display())
+    }
+
+    /// What a server's banner says about serving this datastore, line by
+    /// line (an object store: that a disk is claimed by its first write).
+    fn serving_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// Set the capacity alarms measure against: a local datastore's size
     /// (0: follow the file system again), an object store's figure set by
@@ -405,6 +487,91 @@ pub trait Datastore: Send + Sync {
         Ok(())
     }
 
+    /// A full copy of `source` (`DISK` or `DISK@SNAP`) as a new disk
+    /// `name` of this datastore by the kind's own means (a local datastore
+    /// copies its grains, skipping what is unmapped); None where the kind
+    /// has none, and the caller copies through devices.
+    fn clone_full_within(
+        &self,
+        source: &str,
+        name: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Option<Result<DiskView>> {
+        let _ = (source, name, provisioning, progress);
+        None
+    }
+
+    /// Verify the datastore's metadata and say what is wrong, if anything.
+    fn check(&self) -> Result<CheckReport>;
+
+    // Maintenance that only one kind does; the other refuses it with the
+    // reason from the capability table ([`capability::refused`]).
+
+    /// Change `disk`'s provisioning in place (`convert`, [`Capability::Convert`]).
+    fn convert_disk(
+        &self,
+        disk: &str,
+        to: Provisioning,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        let _ = (disk, to, work, progress);
+        Err(capability::refused(self.kind(), Capability::Convert))
+    }
+
+    /// Lay `disk` out in logical order (`defrag`; `dry_run`: only
+    /// measure), [`Capability::Defrag`].
+    fn defrag_disk(
+        &self,
+        disk: &str,
+        dry_run: bool,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DefragReport> {
+        let _ = (disk, dry_run, work, progress);
+        Err(capability::refused(self.kind(), Capability::Defrag))
+    }
+
+    /// Move data down into free runs and give the tail back to the host
+    /// (`defrag --free-space`), [`Capability::Defrag`].
+    fn consolidate_free_space(
+        &self,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FreeSpaceReport> {
+        let _ = (work, progress);
+        Err(capability::refused(self.kind(), Capability::Defrag))
+    }
+
+    /// Make this process `disk`'s writer (`claim`; `handover`: wait this
+    /// long for the writer elsewhere to release it), [`Capability::Claims`].
+    fn claim_disk(&self, disk: &str, handover: Option<Duration>) -> Result<DiskView> {
+        let _ = (disk, handover);
+        Err(capability::refused(self.kind(), Capability::Claims))
+    }
+
+    /// Stop being `disk`'s writer, everything committed (`release`),
+    /// [`Capability::Claims`].
+    fn release_disk(&self, disk: &str) -> Result<DiskView> {
+        let _ = disk;
+        Err(capability::refused(self.kind(), Capability::Claims))
+    }
+
+    /// Delete what no live root reaches (`gc`; `dry_run`: only say what),
+    /// [`Capability::Gc`].
+    fn collect_garbage(&self, dry_run: bool) -> Result<GcReport> {
+        let _ = dry_run;
+        Err(capability::refused(self.kind(), Capability::Gc))
+    }
+
+    /// Rewrite the live grains of `disk`'s partly live objects
+    /// (`compact`), [`Capability::Compact`].
+    fn compact_disk(&self, disk: &str, opts: CompactOptions) -> Result<CompactReport> {
+        let _ = (disk, opts);
+        Err(capability::refused(self.kind(), Capability::Compact))
+    }
+
     /// Every export a server of this datastore offers (`DISK`,
     /// `DISK@SNAP`) with a few words about it, sorted.
     fn export_names(&self) -> Vec<(String, String)>;
@@ -413,17 +580,6 @@ pub trait Datastore: Send + Sync {
     /// checkpoints and unlocks; an object store commits what this process
     /// writes).
     fn close(&self) -> Result<()>;
-
-    /// The engine behind a local datastore, for what only it does (while
-    /// requests are still dispatched per kind; see ARCHITECTURE.md).
-    fn as_local(&self) -> Option<&strata_engine::Datastore> {
-        None
-    }
-
-    /// The object-store adapter, for what only it does (claims, GC).
-    fn as_object_store(&self) -> Option<&ObjectStoreDatastore> {
-        None
-    }
 }
 
 /// How [`open`] opens a datastore.
@@ -441,6 +597,31 @@ pub struct OpenOptions {
     /// Who opens it: what becomes of the object-store disks this process
     /// claims (a local datastore ignores it).
     pub role: Role,
+    /// A server's settings for the datastore it serves ([`Serving`]);
+    /// None for commands, and for a datastore a disk moves into.
+    pub serving: Option<Serving>,
+    /// A local datastore reclaims freed space and commits in background
+    /// threads (on by default); a command that opens it, does one thing
+    /// and closes it leaves them off and commits at close.
+    pub background: bool,
+}
+
+/// What a server asks of the datastore it serves, each for one kind; the
+/// other kind ignores it, except that a local datastore refuses
+/// `incoming` disks (it has one server, which moves disks itself).
+#[derive(Debug, Clone, Default)]
+pub struct Serving {
+    /// Local: detect all-zero writes and store them as zero ranges.
+    pub detect_zeroes: bool,
+    /// Local: place each disk's grains in regions of their own.
+    pub placement_regions: bool,
+    /// Local: keep this many bytes of grains readied ahead of first
+    /// writes (0: none).
+    pub ready_ahead: u64,
+    /// Object store: disks opened fetch their last writer's hot set.
+    pub hot_prefetch: bool,
+    /// Object store: disks served incoming (a hand-over).
+    pub incoming: Incoming,
 }
 
 impl Default for OpenOptions {
@@ -451,6 +632,8 @@ impl Default for OpenOptions {
             store_timeout: Duration::from_secs(30),
             store_cache: None,
             role: Role::Command,
+            serving: None,
+            background: true,
         }
     }
 }
@@ -492,6 +675,36 @@ pub fn probe(dir: &Path) -> Result<(Kind, PathBuf)> {
         ));
     };
     Ok((kind, dir))
+}
+
+/// Create a local datastore in `dir` (the directory made if missing),
+/// under its lock: `AlreadyExists` where one is, or where an object store
+/// is attached; `Locked` while another process holds the directory.
+pub fn init(dir: &Path, opts: &strata_engine::InitOptions) -> Result<()> {
+    if strata_shared::is_shared(dir) {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} is the local directory of an object-store datastore: a local datastore needs \
+                 a directory of its own",
+                dir.display()
+            ),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot create {}: {e}", dir.display()),
+        )
+        .caused_by(e)
+    })?;
+    let lock = match try_lock(dir)? {
+        LockOutcome::Locked(f) => f,
+        LockOutcome::Held(pid) => return Err(local::held(dir, pid)),
+    };
+    strata_engine::Datastore::init(Arc::new(strata_storage::FileBackend::new(dir)), opts)?;
+    drop(lock);
+    Ok(())
 }
 
 /// Open the datastore in `dir`, whichever its kind. A local one is taken

@@ -4,15 +4,18 @@ use std::fs::{File, OpenOptions as FsOpen};
 use std::io::{Read, Seek, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    AlarmRule, ChangedRange, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView, Error,
-    ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions,
-    Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    gauges, AlarmRule, Background, ChangedRange, CheckReport, Datastore, DatastoreInfo,
+    DatastoreView, DefragReport, DiskInfo, DiskView, Error, ErrorKind, FreeSpaceReport, Gauge,
+    GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning,
+    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -52,6 +55,19 @@ pub fn try_lock(dir: &Path) -> Result<LockOutcome> {
     Ok(LockOutcome::Locked(f))
 }
 
+/// `Locked`: another process (a server, or a command run without one)
+/// holds the datastore in `dir`, named by its pid where it wrote one.
+pub(crate) fn held(dir: &Path, pid: Option<u32>) -> Error {
+    let who = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    Error::new(
+        ErrorKind::Locked,
+        format!(
+            "datastore {} is in use by another process{who}",
+            dir.display()
+        ),
+    )
+}
+
 /// Open a local datastore whose lock the caller holds.
 pub fn open_locked(dir: &Path, lock: File, opts: &OpenOptions) -> Result<strata_engine::Datastore> {
     strata_engine::Datastore::open(
@@ -75,24 +91,33 @@ impl LocalDatastore {
 
     /// Take the lock of the datastore in `dir` (`Locked`, naming the
     /// holder, if another process has it), open it, and start its
-    /// background reclaim and commits.
+    /// background reclaim and commits (unless [`OpenOptions::background`]
+    /// is off); a server's settings
+    /// ([`OpenOptions::serving`]) apply from the first client on.
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        let serving = opts.serving.clone().unwrap_or_default();
+        if !serving.incoming.disks.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                "--incoming is for object-store datastores (a local datastore has one server, \
+                 which moves disks with 'strata move')",
+            ));
+        }
         let lock = match try_lock(dir)? {
             LockOutcome::Locked(f) => f,
-            LockOutcome::Held(pid) => {
-                return Err(Error::new(
-                    ErrorKind::Locked,
-                    format!(
-                        "datastore {} is already served or in use{}",
-                        dir.display(),
-                        pid.map(|p| format!(" by pid {p}")).unwrap_or_default()
-                    ),
-                ))
-            }
+            LockOutcome::Held(pid) => return Err(held(dir, pid)),
         };
         let ds = open_locked(dir, lock, opts)?;
-        ds.start_reclaimer();
-        ds.start_background_commits();
+        if opts.background {
+            ds.start_reclaimer();
+            ds.start_background_commits();
+        }
+        ds.set_detect_zeroes(serving.detect_zeroes);
+        ds.set_placement_regions(serving.placement_regions);
+        if serving.ready_ahead > 0 {
+            ds.set_ready_bytes(serving.ready_ahead);
+            ds.start_readier();
+        }
         Ok(LocalDatastore::new(ds, dir))
     }
 
@@ -293,7 +318,82 @@ impl Datastore for LocalDatastore {
         self.ds.close()
     }
 
-    fn as_local(&self) -> Option<&strata_engine::Datastore> {
-        Some(&self.ds)
+    fn clone_full_within(
+        &self,
+        source: &str,
+        name: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Option<Result<DiskView>> {
+        Some(
+            self.ds
+                .clone_full(source, name, provisioning, progress)
+                .map(DiskView::from),
+        )
+    }
+
+    fn check(&self) -> Result<CheckReport> {
+        self.ds.check().map(CheckReport::Local)
+    }
+
+    fn convert_disk(
+        &self,
+        disk: &str,
+        to: Provisioning,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        Ok(self.ds.convert_disk(disk, to, work, progress)?.into())
+    }
+
+    fn defrag_disk(
+        &self,
+        disk: &str,
+        dry_run: bool,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DefragReport> {
+        self.ds.defrag_disk(disk, dry_run, work, progress)
+    }
+
+    fn consolidate_free_space(
+        &self,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FreeSpaceReport> {
+        self.ds.consolidate_free_space(work, progress)
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        let i = self.ds.info();
+        let mut g = gauges::space(&i);
+        g.extend(gauges::local(&self.ds, &i));
+        g
+    }
+
+    fn stored_bytes(&self, disk: &str) -> Option<u64> {
+        if disk.contains('@') {
+            return None;
+        }
+        self.ds.disk_info(disk).ok().and_then(|d| d.allocated_bytes)
+    }
+
+    fn start_background(
+        self: Arc<Self>,
+        background: &Background,
+        stop: &Arc<AtomicBool>,
+    ) -> Vec<JoinHandle<()>> {
+        background
+            .free_space_threshold
+            .map(|threshold| {
+                crate::background::spawn_free_space_policy(
+                    self.ds.clone(),
+                    stop.clone(),
+                    background.control.clone(),
+                    threshold,
+                )
+            })
+            .into_iter()
+            .collect()
     }
 }

@@ -9,22 +9,28 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_block::BlockDevice;
-use strata_shared::gc::GcReport;
 use strata_shared::layout::Manifest;
 use strata_shared::{SharedDatastore, SharedDisk};
 
 use crate::alarms::AlarmSettings;
 use crate::{
-    capability, AlarmRule, Capability, ChangedRange, Datastore, DatastoreInfo, DatastoreView,
-    DiskInfo, DiskView, Error, ErrorKind, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+    capability, gauges, AlarmRule, Background, Capability, ChangedRange, CheckReport,
+    CompactOptions, CompactReport, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView,
+    Error, ErrorKind, Gauge, GcReport, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
     IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, Role, SnapshotInfo,
     SpaceWork, StoreDisk,
 };
+
+/// How old the figures of [`Datastore::space_recent`] may be for a
+/// metrics scrape.
+const SPACE_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Disks served "incoming" (a hand-over: their first write waits for the
 /// writer elsewhere to release them), and how long it waits.
@@ -46,6 +52,11 @@ pub struct ObjectStoreDatastore {
     hot_prefetch: std::sync::atomic::AtomicBool,
     /// Whether this process is a server, or a command run without one.
     role: Role,
+    /// How long a store operation may take (the banner says it).
+    store_timeout: Duration,
+    /// The last figures of [`Datastore::space`] and when they were
+    /// evaluated, for [`Datastore::space_recent`].
+    recent_space: Mutex<Option<(Instant, DatastoreInfo)>>,
 }
 
 impl ObjectStoreDatastore {
@@ -58,6 +69,8 @@ impl ObjectStoreDatastore {
             incoming: Mutex::new(Incoming::default()),
             last_gc: Mutex::new(None),
             hot_prefetch: Default::default(),
+            store_timeout: OpenOptions::default().store_timeout,
+            recent_space: Mutex::new(None),
         }
     }
 
@@ -71,7 +84,16 @@ impl ObjectStoreDatastore {
             strata_shared::set_cache_bound(dir, bytes)?;
         }
         let ds = SharedDatastore::open(dir, &o)?;
-        Ok(ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role))
+        let mut x = ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role);
+        x.store_timeout = opts.store_timeout;
+        if let Some(serving) = &opts.serving {
+            for name in &serving.incoming.disks {
+                x.ds.disk_id(name)?;
+            }
+            x.set_incoming(serving.incoming.clone());
+            x.set_hot_prefetch(serving.hot_prefetch);
+        }
+        Ok(x)
     }
 
     pub fn shared(&self) -> &Arc<SharedDatastore> {
@@ -494,7 +516,80 @@ impl Datastore for ObjectStoreDatastore {
     fn space(&self) -> Result<DatastoreInfo> {
         let summary = self.ds.summary()?;
         let disks = self.ds.disks()?;
-        self.space_of(&summary, &disks)
+        let i = self.space_of(&summary, &disks)?;
+        *self.recent_space.lock() = Some((Instant::now(), i.clone()));
+        Ok(i)
+    }
+
+    fn space_recent(&self, max_age: Duration) -> Result<DatastoreInfo> {
+        if let Some((at, i)) = &*self.recent_space.lock() {
+            if at.elapsed() <= max_age {
+                return Ok(i.clone());
+            }
+        }
+        self.space()
+    }
+
+    fn check(&self) -> Result<CheckReport> {
+        self.ds.check().map(CheckReport::ObjectStore)
+    }
+
+    fn claim_disk(&self, disk: &str, handover: Option<Duration>) -> Result<DiskView> {
+        let m = self.claim(disk, handover)?;
+        Ok(self.view(disk, &m))
+    }
+
+    fn release_disk(&self, disk: &str) -> Result<DiskView> {
+        let m = self.release(disk)?;
+        Ok(self.view(disk, &m))
+    }
+
+    fn collect_garbage(&self, dry_run: bool) -> Result<GcReport> {
+        self.gc(dry_run)
+    }
+
+    fn compact_disk(&self, disk: &str, opts: CompactOptions) -> Result<CompactReport> {
+        self.disk(disk)?.compact(opts)
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        // A scrape pays for a LIST and a GET per disk at most once per
+        // SPACE_MAX_AGE; a store that does not answer leaves the space
+        // gauges out, not the rest.
+        let mut g = match self.space_recent(SPACE_MAX_AGE) {
+            Ok(i) => gauges::space(&i),
+            Err(_) => Vec::new(),
+        };
+        g.extend(gauges::object_store(self));
+        g
+    }
+
+    fn start_background(
+        self: Arc<Self>,
+        background: &Background,
+        stop: &Arc<AtomicBool>,
+    ) -> Vec<JoinHandle<()>> {
+        background
+            .gc_interval
+            .filter(|i| !i.is_zero())
+            .map(|interval| crate::background::spawn_gc(self, stop.clone(), interval))
+            .into_iter()
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        let c = self.ds.config();
+        format!(
+            "object-store datastore {} as host {} ({})",
+            c.url, c.me.name, c.me.host
+        )
+    }
+
+    fn serving_notes(&self) -> Vec<String> {
+        vec![format!(
+            "a disk is claimed by its first write; FLUSH waits up to {} s for the store",
+            self.store_timeout.as_secs()
+        )]
     }
 
     fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
@@ -665,9 +760,5 @@ impl Datastore for ObjectStoreDatastore {
                 ),
             )),
         }
-    }
-
-    fn as_object_store(&self) -> Option<&ObjectStoreDatastore> {
-        Some(self)
     }
 }

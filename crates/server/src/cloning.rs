@@ -14,7 +14,8 @@ use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 use crate::copier::Copier;
 
 /// `clone --full source name` from `src` into `dst` (None: `src` itself):
-/// the engine's copy within one local datastore, else [`clone_full`].
+/// the kind's own copy within one datastore where it has one
+/// (`Datastore::clone_full_within`), else [`clone_full`].
 #[expect(clippy::too_many_arguments)]
 pub fn run(
     src: &dyn Datastore,
@@ -25,20 +26,20 @@ pub fn run(
     control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<DiskView, Error> {
-    match (dst, src.as_local()) {
-        (None, Some(engine)) => engine
-            .clone_full(source, name, provisioning, progress)
-            .map(DiskView::from),
-        (dst, _) => clone_full(
-            src,
-            source,
-            dst.unwrap_or(src),
-            name,
-            provisioning,
-            control,
-            progress,
-        ),
+    if dst.is_none() {
+        if let Some(r) = src.clone_full_within(source, name, provisioning, progress) {
+            return r;
+        }
     }
+    clone_full(
+        src,
+        source,
+        dst.unwrap_or(src),
+        name,
+        provisioning,
+        control,
+        progress,
+    )
 }
 
 /// Copy `source` (`DISK` or `DISK@SNAP` of `src`) into a new disk `name`

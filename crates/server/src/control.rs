@@ -176,7 +176,10 @@ impl crate::web::Backend for Handler {
         Handler::run(self, &req, &mut |_, _| {})
     }
     fn shared(&self) -> bool {
-        self.ds.kind() == strata_datastore::Kind::ObjectStore
+        // Disks with writers (the dashboard's writer and generation).
+        self.ds
+            .supports(strata_datastore::Capability::Claims)
+            .is_ok()
     }
 }
 

@@ -26,7 +26,6 @@ pub mod holders;
 pub mod jobs;
 pub mod moving;
 pub mod object_store;
-mod object_store_gauges;
 pub mod ops;
 pub mod placement;
 pub mod rbd_diff;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
-use strata_engine::{Datastore, Error, ErrorKind, SpaceWork, WorkControl};
+use strata_engine::{Error, ErrorKind, SpaceWork, WorkControl};
 
 use crate::api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
 
@@ -259,15 +259,7 @@ pub fn execute(
     if let Some(r) = common(ctx.ds, req, progress) {
         return r;
     }
-    match (ctx.ds.as_local(), ctx.ds.as_object_store()) {
-        (Some(ds), _) => execute_local(ctx, ds, req, progress),
-        // The adapter holds this process's one handle per disk.
-        (None, Some(x)) => crate::object_store::execute(x, req),
-        (None, None) => Err(Error::new(
-            ErrorKind::Refused,
-            format!("a {} answers no requests here", ctx.ds.kind().noun()),
-        )),
-    }
+    maintenance(ctx, req, progress)
 }
 
 /// The requests every kind answers through the datastore trait; None for
@@ -323,27 +315,25 @@ fn common(
     })
 }
 
-/// A request only a local datastore answers.
-fn execute_local(
+/// Maintenance, which one kind does and the other refuses with its
+/// reason (the datastore trait answers from the capability table).
+fn maintenance(
     ctx: &Ctx<'_>,
-    ds: &Datastore,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
+    let ds = ctx.ds;
     Ok(match req {
         Request::Convert {
             name,
             provisioning,
             rate_bytes_per_sec,
-        } => Response::Disk(
-            ds.convert_disk(
-                name,
-                *provisioning,
-                &ctx.work(*rate_bytes_per_sec),
-                progress,
-            )?
-            .into(),
-        ),
+        } => Response::Disk(ds.convert_disk(
+            name,
+            *provisioning,
+            &ctx.work(*rate_bytes_per_sec),
+            progress,
+        )?),
         Request::Defrag {
             name,
             dry_run,
@@ -357,7 +347,25 @@ fn execute_local(
         Request::DefragFreeSpace { rate_bytes_per_sec } => Response::FreeSpace(
             ds.consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)?,
         ),
-        Request::Check => Response::Check(ds.check()?),
+        Request::Check => match ds.check()? {
+            strata_datastore::CheckReport::Local(r) => Response::Check(r),
+            strata_datastore::CheckReport::ObjectStore(r) => Response::StoreCheck(r),
+        },
+        Request::Claim {
+            name,
+            handover,
+            wait_seconds,
+        } => {
+            let wait = std::time::Duration::from_secs(wait_seconds.unwrap_or(60));
+            Response::Claimed(ds.claim_disk(name, handover.then_some(wait))?)
+        }
+        Request::Release { name } => Response::Released(ds.release_disk(name)?),
+        Request::Gc { dry_run } => Response::Gc(ds.collect_garbage(*dry_run)?),
+        Request::Compact {
+            name,
+            below_pct,
+            dry_run,
+        } => Response::Compact(compact(ds, name, *below_pct, *dry_run)?),
         Request::VmdkShrink { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,
@@ -367,10 +375,33 @@ fn execute_local(
         other => {
             return Err(Error::new(
                 ErrorKind::Refused,
-                format!("a local datastore does not answer {other:?} here"),
+                format!("a {} does not answer {other:?} here", ds.kind().noun()),
             ))
         }
     })
+}
+
+/// `compact DISK [--below PCT] [--dry-run]`: rewrite the live grains of
+/// objects less than PCT % live (default 85).
+fn compact(
+    ds: &dyn AnyDatastore,
+    name: &str,
+    below_pct: Option<u32>,
+    dry_run: bool,
+) -> Result<strata_datastore::CompactReport, Error> {
+    let below = below_pct.unwrap_or(85);
+    if below == 0 || below > 100 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("--below is a percentage from 1 to 100, not {below}"),
+        ));
+    }
+    let opts = strata_datastore::CompactOptions {
+        below: f64::from(below) / 100.0,
+        dry_run,
+        ..Default::default()
+    };
+    ds.compact_disk(name, opts)
 }
 
 /// `stats`: the statistics of one export (or all, in name order), reset

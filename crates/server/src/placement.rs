@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use strata_datastore::{
-    Datastore as AnyDatastore, LocalDatastore, ObjectStoreDatastore, OpenOptions,
-};
+use strata_datastore::{Datastore as AnyDatastore, OpenOptions};
 use strata_engine::{Error, ErrorKind, WorkControl};
 
 use crate::api::{Request, Response};
@@ -242,39 +240,34 @@ impl Places {
             cache_bytes: self.cfg.metadata_cache,
             direct_io: self.cfg.direct_io,
             store_timeout: self.cfg.store_timeout,
-            store_cache: None,
             // Its disks are served here: their claims are this server's.
             role: strata_datastore::Role::Server,
+            ..Default::default()
         };
-        let s: Store = match loc.kind {
-            Kind::Local => match LocalDatastore::open(&loc.dir, &opts) {
-                Ok(ds) => Arc::new(ds),
-                Err(e) if e.kind == ErrorKind::Locked => {
-                    return Err(Error::new(
-                        ErrorKind::Locked,
-                        format!(
-                            "{}: a disk can move only into a datastore no other process holds \
-                             (stop its server)",
-                            e.message
-                        ),
-                    ))
-                }
-                Err(e) => return Err(e),
-            },
-            Kind::ObjectStore => {
-                let ctl = loc.dir.join(strata_format::FILE_CONTROL);
-                if std::os::unix::net::UnixStream::connect(&ctl).is_ok() {
-                    return Err(Error::new(
-                        ErrorKind::Locked,
-                        format!(
-                            "{} is served by another strata server on this host (its control \
-                             socket answers): move into it from that server's side, or stop it",
-                            loc.dir.display()
-                        ),
-                    ));
-                }
-                Arc::new(ObjectStoreDatastore::open(&loc.dir, &opts)?)
+        // Another server of the directory answers on its control socket
+        // (and holds a local datastore's lock).
+        let ctl = loc.dir.join(strata_format::FILE_CONTROL);
+        if std::os::unix::net::UnixStream::connect(&ctl).is_ok() {
+            return Err(Error::new(
+                ErrorKind::Locked,
+                format!(
+                    "{} is served by another strata server on this host (its control socket \
+                     answers): move into it from that server's side, or stop it",
+                    loc.dir.display()
+                ),
+            ));
+        }
+        let s: Store = match strata_datastore::open(&loc.dir, &opts) {
+            Err(e) if e.kind == ErrorKind::Locked => {
+                return Err(Error::new(
+                    ErrorKind::Locked,
+                    format!(
+                        "{}: a disk can move only into a datastore no other process holds",
+                        e.message
+                    ),
+                ))
             }
+            r => r?,
         };
         g.push((loc.dir.clone(), s.clone()));
         Ok(s)

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_block::BlockDevice;
-use strata_datastore::{Kind, LocalDatastore, ObjectStoreDatastore};
-use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Datastore, Error, ErrorKind};
+use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Error, ErrorKind};
 use strata_nbd::{
     Authz, ExportInfo, ExportProvider, NbdServer, ServerOptions, TlsMode, TlsOptions,
 };
@@ -352,13 +351,7 @@ impl strata_fuse::FuseProvider for FuseExports {
         // A disk's allocated grains are a counter (O(1)); snapshots and
         // VMDK images show their size.
         let stored_bytes = match &self.0.ds {
-            Some(ds)
-                if ds.kind() == Kind::Local
-                    && !name.contains('@')
-                    && !self.0.vmdks.iter().any(|(n, _)| n == name) =>
-            {
-                ds.disk_info(name).ok().and_then(|d| d.allocated_bytes)
-            }
+            Some(ds) if !self.0.vmdks.iter().any(|(n, _)| n == name) => ds.stored_bytes(name),
             _ => None,
         };
         // Changes through any transport of this server (they all count in
@@ -384,13 +377,21 @@ impl strata_fuse::FuseProvider for FuseExports {
     }
 
     fn space(&self) -> Option<strata_fuse::FsSpace> {
-        let i = self.0.ds.as_ref()?.as_local()?.info();
+        // An object store's figures cost requests: statfs takes them at
+        // most FS_SPACE_MAX_AGE old. One with no capacity set has none.
+        let i = self.0.ds.as_ref()?.space_recent(FS_SPACE_MAX_AGE).ok()?;
+        if i.capacity_bytes == 0 {
+            return None;
+        }
         Some(strata_fuse::FsSpace {
             total_bytes: i.capacity_bytes,
             free_bytes: i.free_bytes,
         })
     }
 }
+
+/// How old the space figures `statfs` of the FUSE mount shows may be.
+const FS_SPACE_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// Mount `--fuse DIR` when given.
 fn listen_fuse(
@@ -433,157 +434,6 @@ fn listen_fuse(
     );
     println!("    e.g. qemu-img info {}/DISK", dir.display());
     Ok(Some(server))
-}
-
-/// Datastore and per-disk space figures as Prometheus gauges.
-#[expect(clippy::too_many_lines)]
-fn gauges(ds: &Datastore) -> Vec<Gauge> {
-    let i = ds.info();
-    let mut g = vec![
-        Gauge::new(
-            "strata_datastore_capacity_bytes",
-            "Bytes the datastore may hold",
-            i.capacity_bytes as f64,
-        ),
-        Gauge::new(
-            "strata_datastore_used_bytes",
-            "Bytes held by data and map nodes",
-            i.used_bytes as f64,
-        ),
-        Gauge::new(
-            "strata_datastore_reserved_bytes",
-            "Bytes reserved by thick disks and not yet written",
-            i.reserved_bytes as f64,
-        ),
-        Gauge::new(
-            "strata_datastore_provisioned_bytes",
-            "Sum of the virtual sizes of all disks",
-            i.provisioned_bytes as f64,
-        ),
-        Gauge::new(
-            "strata_datastore_checkpoints",
-            "Checkpoints completed since the datastore was opened",
-            i.checkpoints as f64,
-        ),
-        Gauge::new(
-            "strata_datastore_fail_stopped",
-            "1 when the datastore stopped accepting writes after an error (see strata status)",
-            if i.fail_stop.is_some() { 1.0 } else { 0.0 },
-        ),
-        Gauge::new(
-            "strata_datastore_overcommit_ratio",
-            "Provisioned bytes over capacity",
-            if i.capacity_bytes == 0 {
-                0.0
-            } else {
-                i.provisioned_bytes as f64 / i.capacity_bytes as f64
-            },
-        ),
-    ];
-    g.push(Gauge::new(
-        "strata_datastore_used_percent",
-        "Used plus reserved bytes over capacity, in percent (the usage alarm's figure)",
-        i.used_percent as f64,
-    ));
-    for a in &i.alarms {
-        let kind = a.kind.as_str();
-        g.push(
-            Gauge::new(
-                "strata_alarm_state",
-                "State of the datastore alarm: 0 ok, 1 warning, 2 alarm (strata alarm list)",
-                f64::from(a.state.level()),
-            )
-            .label("kind", kind),
-        );
-        g.push(
-            Gauge::new(
-                "strata_alarm_percent",
-                "The figure the alarm watches, in percent",
-                a.percent as f64,
-            )
-            .label("kind", kind),
-        );
-        g.push(
-            Gauge::new(
-                "strata_alarm_warning_percent",
-                "The alarm's warning threshold, in percent",
-                a.warning_percent as f64,
-            )
-            .label("kind", kind),
-        );
-        g.push(
-            Gauge::new(
-                "strata_alarm_alarm_percent",
-                "The alarm's alarm threshold, in percent",
-                a.alarm_percent as f64,
-            )
-            .label("kind", kind),
-        );
-    }
-    // The pool's layout and each disk's fragments are walked in bounded
-    // steps (docs/FORMAT.md §10.1); a scrape pays for them, the I/O path
-    // waits for one step at most.
-    if let Ok(l) = ds.pool_layout() {
-        g.push(Gauge::new(
-            "strata_datastore_pool_file_bytes",
-            "Bytes pool.data occupies on the host file system (allocated blocks)",
-            l.pool_file_bytes as f64,
-        ));
-        g.push(Gauge::new(
-            "strata_datastore_free_extents",
-            "Runs of free grains below the pool end",
-            l.free_extents as f64,
-        ));
-        for (class, _) in strata_engine::layout::FREE_EXTENT_CLASSES {
-            g.push(
-                Gauge::new(
-                    "strata_datastore_free_extents_by_size",
-                    "Runs of free grains below the pool end, by run length",
-                    l.free_extent_histogram.get(class).copied().unwrap_or(0) as f64,
-                )
-                .label("size", class),
-            );
-        }
-    }
-    for d in ds.list_disks() {
-        if let Ok(f) = ds.disk_fragments(&d.name) {
-            g.push(
-                Gauge::new(
-                    "strata_disk_fragments",
-                    "Physical runs of the disk's data in logical order (1 = one run)",
-                    f as f64,
-                )
-                .label("disk", d.name.clone()),
-            );
-        }
-        let p = d.provisioning.as_str();
-        g.push(
-            Gauge::new(
-                "strata_disk_size_bytes",
-                "Virtual size of the disk",
-                d.size_bytes as f64,
-            )
-            .label("disk", d.name.clone())
-            .label("provisioning", p),
-        );
-        g.push(
-            Gauge::new(
-                "strata_disk_allocated_bytes",
-                "Bytes mapped in the disk's live state",
-                d.allocated_bytes.unwrap_or_default() as f64,
-            )
-            .label("disk", d.name.clone()),
-        );
-        g.push(
-            Gauge::new(
-                "strata_disk_snapshots",
-                "Snapshots of the disk",
-                d.snapshots as f64,
-            )
-            .label("disk", d.name.clone()),
-        );
-    }
-    g
 }
 
 /// Remove a leftover socket file; refuse to touch anything that is not a socket.
@@ -825,16 +675,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         .chain(places.export_names().into_iter().map(|(n, _)| n))
         .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
-    match home.as_object_store() {
-        Some(x) => {
-            let c = x.shared().config();
-            println!(
-                "strata: serving object-store datastore {} as host {} ({})",
-                c.url, c.me.name, c.me.host
-            );
-        }
-        None => println!("strata: serving datastore {}", dir.display()),
-    }
+    println!("strata: serving {}", home.describe());
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
@@ -842,11 +683,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     let http = start_http(
         args,
         Box::new(move || {
-            let mut g = match (gauge_ds.as_local(), gauge_ds.as_object_store()) {
-                (Some(ds), _) => gauges(ds),
-                (None, Some(x)) => crate::object_store_gauges::gauges(x),
-                (None, None) => Vec::new(),
-            };
+            let mut g = gauge_ds.gauges();
             g.extend(refusal_gauges(&refusals));
             g
         }),
@@ -868,28 +705,16 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         "  control socket {} (strata commands use it automatically)",
         ctl_path.display()
     );
-    if home.kind() == Kind::ObjectStore {
-        println!(
-            "  a disk is claimed by its first write; FLUSH waits up to {} s for the store",
-            args.store_timeout
-        );
+    for note in home.serving_notes() {
+        println!("  {note}");
     }
-    println!(
-        "  stop with Ctrl-C or SIGTERM ({})",
-        match home.kind() {
-            Kind::Local => "flushes and checkpoints",
-            Kind::ObjectStore => "flushes",
-        }
-    );
+    println!("  stop with Ctrl-C or SIGTERM ({})", home.kind().on_stop());
     // Logged once every listener is up (a failed one ends the server
     // before this with its error), as READY=1 is sent next.
     tracing::info!(
         event = "start",
         datastore = %dir.display(),
-        kind = match home.kind() {
-            Kind::Local => "local",
-            Kind::ObjectStore => "object-store",
-        },
+        kind = home.kind().name(),
         version = env!("CARGO_PKG_VERSION"),
         pid = std::process::id(),
         "serving"
@@ -919,42 +744,15 @@ fn open_home(
     args: &ServeConfig,
     opened: &[OpenedVmdk],
 ) -> Result<Option<crate::placement::Store>, Error> {
-    if strata_shared::is_shared(dir) {
-        let opts = strata_datastore::OpenOptions {
-            store_timeout: Duration::from_secs(args.store_timeout),
-            store_cache: args.store_cache,
-            role: strata_datastore::Role::Server,
-            ..Default::default()
-        };
-        let store = ObjectStoreDatastore::open(dir, &opts)?;
-        store.set_hot_prefetch(true);
-        for name in &args.incoming {
-            store.shared().disk_id(name)?;
+    let found = match strata_datastore::probe(dir) {
+        Ok(_) => true,
+        Err(e) if e.kind == ErrorKind::NotFound => false,
+        Err(e) => return Err(e),
+    };
+    if !found && !args.init {
+        if !opened.is_empty() {
+            return Ok(None);
         }
-        store.set_incoming(strata_datastore::Incoming {
-            disks: args.incoming.clone(),
-            wait: Duration::from_secs(args.incoming_wait),
-        });
-        return Ok(Some(Arc::new(store)));
-    }
-    if !args.incoming.is_empty() {
-        return Err(Error::new(
-            ErrorKind::Refused,
-            "--incoming is for object-store datastores (a local datastore has one server, \
-             which moves disks with 'strata move')",
-        ));
-    }
-    if !args.init && !dir.join(strata_format::FILE_SUPER).exists() && !opened.is_empty() {
-        return Ok(None);
-    }
-    if args.init && !dir.join(strata_format::FILE_SUPER).exists() {
-        std::fs::create_dir_all(dir).map_err(|e| io_err("create datastore directory", e))?;
-        Datastore::init(
-            Arc::new(strata_storage::FileBackend::new(dir)),
-            &Default::default(),
-        )?;
-    }
-    if !dir.join(strata_format::FILE_SUPER).exists() {
         return Err(Error::new(
             ErrorKind::NotFound,
             format!(
@@ -963,30 +761,37 @@ fn open_home(
             ),
         ));
     }
-    let local = LocalDatastore::open(
-        dir,
-        &strata_datastore::OpenOptions {
-            cache_bytes: metadata_cache,
-            direct_io: args.direct_io,
-            ..Default::default()
-        },
-    )?;
-    // Flags the writes and allocations of clients read (none yet).
-    local.engine().set_detect_zeroes(args.detect_zeroes);
-    local.engine().set_placement_regions(args.placement);
-    if args.ready_ahead > 0 {
-        local.engine().set_ready_bytes(args.ready_ahead);
-        local.engine().start_readier();
+    if !found {
+        strata_datastore::init(dir, &Default::default())?;
     }
-    Ok(Some(Arc::new(local)))
+    let opts = strata_datastore::OpenOptions {
+        cache_bytes: metadata_cache,
+        direct_io: args.direct_io,
+        store_timeout: Duration::from_secs(args.store_timeout),
+        store_cache: args.store_cache,
+        role: strata_datastore::Role::Server,
+        serving: Some(strata_datastore::Serving {
+            detect_zeroes: args.detect_zeroes,
+            placement_regions: args.placement,
+            ready_ahead: args.ready_ahead,
+            hot_prefetch: true,
+            incoming: strata_datastore::Incoming {
+                disks: args.incoming.clone(),
+                wait: Duration::from_secs(args.incoming_wait),
+            },
+        }),
+        background: true,
+    };
+    strata_datastore::open(dir, &opts).map(Some)
 }
 
-/// A server's background work, by the kind of its datastore: alarms and
-/// the free-space policy of a local one, garbage collection of an object
-/// store.
+/// A server's background work: the alarm watcher, and what the
+/// datastore's kind runs ([`strata_datastore::Background`]: the
+/// free-space policy of a local one, garbage collection of an object
+/// store).
 struct Background {
     threads: Vec<std::thread::JoinHandle<()>>,
-    space_control: Arc<strata_engine::WorkControl>,
+    control: Arc<strata_engine::WorkControl>,
 }
 
 impl Background {
@@ -996,93 +801,38 @@ impl Background {
         args: &ServeConfig,
         stop: &Arc<AtomicBool>,
     ) -> Background {
-        let space_control = Arc::new(strata_engine::WorkControl::default());
-        let mut threads = Vec::new();
-        // An object store's figures cost a LIST and a GET per disk.
-        let every = match home.kind() {
-            Kind::Local => Duration::from_secs(1),
-            Kind::ObjectStore => Duration::from_secs(30),
+        let work = strata_datastore::Background {
+            free_space_threshold: args.free_space_policy.then_some(args.free_space_threshold),
+            gc_interval: Some(Duration::from_secs(args.gc_interval)),
+            control: Arc::default(),
         };
+        let mut threads = home.clone().start_background(&work, stop);
         threads.push(spawn_alarm_watcher(
             home.clone(),
             dir.to_path_buf(),
             stop.clone(),
-            every,
         ));
-        if let Some(ds) = home.as_local() {
-            if args.free_space_policy {
-                threads.push(spawn_free_space_policy(
-                    ds.clone(),
-                    stop.clone(),
-                    space_control.clone(),
-                    args.free_space_threshold,
-                ));
-            }
-        }
-        if home.as_object_store().is_some() && args.gc_interval > 0 {
-            let (home, stop) = (home.clone(), stop.clone());
-            threads.push(spawn_gc(home, stop, args.gc_interval));
-        }
         Background {
             threads,
-            space_control,
+            control: work.control,
         }
     }
 
     fn stop(self) {
-        self.space_control.cancel();
+        self.control.cancel();
         for t in self.threads {
             let _ = t.join();
         }
     }
 }
 
-/// The shortest gap between two background GC runs that compaction asks
-/// for.
-const GC_SOONEST: Duration = Duration::from_secs(5);
+/// How often the alarm watcher evaluates the alarms, and how old the
+/// figures it evaluates may be (an object store's cost a LIST and a GET
+/// per disk; a local datastore's are always current).
+const ALARM_EVERY: Duration = Duration::from_secs(1);
+const ALARM_MAX_AGE: Duration = Duration::from_secs(30);
 
-/// Garbage collection of an object store every `interval_s` seconds
-/// until `stop`, and after a compaction emptied objects.
-fn spawn_gc(
-    home: crate::placement::Store,
-    stop: Arc<AtomicBool>,
-    interval_s: u64,
-) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("gc".into())
-        .spawn(move || {
-            let Some(x) = home.as_object_store() else {
-                return;
-            };
-            let mut last = std::time::Instant::now();
-            let mut next = last + Duration::from_secs(interval_s);
-            while !stop.load(Ordering::Acquire) {
-                // Sooner when a compaction emptied objects (FORMAT.md
-                // §11.7a), but not more than once per GC_SOONEST.
-                let wanted = last.elapsed() >= GC_SOONEST && x.shared().take_gc_wanted();
-                if wanted || std::time::Instant::now() >= next {
-                    last = std::time::Instant::now();
-                    match x.gc(false) {
-                        Ok(r) if r.deleted_segments > 0 => tracing::info!(
-                            event = "gc",
-                            deleted_segments = r.deleted_segments,
-                            garbage_bytes = r.garbage_bytes,
-                            "gc deleted {} segments ({} bytes)",
-                            r.deleted_segments,
-                            r.garbage_bytes
-                        ),
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(event = "gc", "gc: {e}"),
-                    }
-                    next = std::time::Instant::now() + Duration::from_secs(interval_s);
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        })
-        .expect("spawn gc thread")
-}
-
-/// Evaluate the datastore's alarms `every` so often until `stop`; log
+/// Evaluate the datastore's alarms every ALARM_EVERY until `stop`; log
 /// each change of state and run the alarm's `--exec` command for it.
 /// States start as ok, so an alarm already raised when the server starts
 /// is reported at once.
@@ -1090,7 +840,6 @@ fn spawn_alarm_watcher(
     ds: crate::placement::Store,
     dir: PathBuf,
     stop: Arc<AtomicBool>,
-    every: Duration,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("alarms".into())
@@ -1099,7 +848,9 @@ fn spawn_alarm_watcher(
             let mut children: Vec<(String, std::process::Child)> = Vec::new();
             let mut failing = false;
             while !stop.load(Ordering::Acquire) {
-                let figures = ds.space().and_then(|i| Ok((i.alarms, ds.alarm_rules()?)));
+                let figures = ds
+                    .space_recent(ALARM_MAX_AGE)
+                    .and_then(|i| Ok((i.alarms, ds.alarm_rules()?)));
                 let (alarms, rules) = match figures {
                     Ok(x) => {
                         failing = false;
@@ -1126,7 +877,7 @@ fn spawn_alarm_watcher(
                 }
                 reap(&mut children);
                 // Wake often to stop promptly.
-                let next = std::time::Instant::now() + every;
+                let next = std::time::Instant::now() + ALARM_EVERY;
                 while std::time::Instant::now() < next && !stop.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -1134,73 +885,6 @@ fn spawn_alarm_watcher(
             reap(&mut children);
         })
         .expect("spawn alarm watcher")
-}
-
-/// The background free-space policy (`serve --free-space-policy auto`):
-/// every 10 s, when the pool file on the host exceeds the used (and
-/// reserved) space by more than `threshold` and a quarter of it, run a
-/// free-space consolidation (FORMAT.md §10.4) with the default pacing,
-/// which rests while clients do I/O. A run that leaves the excess over the
-/// trigger (clients needed the room, or kept writing while free space lay
-/// in short runs) doubles the wait before the next look, up to 10 minutes;
-/// one that brings it under resets it. `control` cancels it at shutdown.
-fn spawn_free_space_policy(
-    ds: Datastore,
-    stop: Arc<AtomicBool>,
-    control: Arc<strata_engine::WorkControl>,
-    threshold: u64,
-) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("free-space".into())
-        .spawn(move || {
-            const LOOK: u32 = 100; // tenths of a second
-            let (mut waited, mut wait) = (0u32, LOOK);
-            // The pool's end alone is no reason: above the used grains it
-            // holds blocks placement claimed, holes on the host.
-            let over = || {
-                let used = ds.info().used_bytes;
-                ds.free_space_gap()
-                    .is_ok_and(|(_, file_gap)| file_gap >= threshold + used / 4)
-            };
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(100));
-                waited += 1;
-                if waited < wait {
-                    continue;
-                }
-                waited = 0;
-                if !over() {
-                    wait = LOOK;
-                    continue;
-                }
-                let work = strata_engine::SpaceWork {
-                    rate_bytes_per_sec: None,
-                    control: Some(control.clone()),
-                };
-                match ds.consolidate_free_space(&work, &mut |_, _| {}) {
-                    Ok(r) => tracing::info!(
-                        event = "free_space",
-                        "free space consolidated in the background: pool {} -> {} MiB, \
-                         on the host {} -> {} MiB, {} MiB used",
-                        r.pool_bytes_before >> 20,
-                        r.pool_bytes_after >> 20,
-                        r.pool_file_bytes_before >> 20,
-                        r.pool_file_bytes_after >> 20,
-                        r.used_bytes >> 20
-                    ),
-                    Err(e) if stop.load(Ordering::Acquire) => {
-                        tracing::info!("background free-space consolidation stopped: {e}")
-                    }
-                    Err(e) => tracing::warn!("background free-space consolidation: {e}"),
-                }
-                wait = if over() {
-                    (2 * wait).min(60 * LOOK)
-                } else {
-                    LOOK
-                };
-            }
-        })
-        .expect("spawn free-space policy")
 }
 
 /// Log one alarm's change of state and start its command (not waited for).

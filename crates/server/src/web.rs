@@ -42,7 +42,8 @@ pub(crate) trait Backend: Send + Sync {
     /// Run `req`; a long one (`Request::is_job`) starts as a job and
     /// answers `Response::JobStarted`.
     fn run(&self, req: Request) -> Result<Response, Error>;
-    /// Whether the datastore is an object-store one.
+    /// Whether its disks have writers (an object store's: the dashboard shows
+    /// each disk's writer and generation).
     fn shared(&self) -> bool;
 }
 

@@ -15,7 +15,7 @@
 use strata_tidy::{scan, workspace_root, Facts, Func, FILE_LINES, FN_ARGS, FN_LINES};
 
 /// Functions allowed over 70 code lines (each with its `expect`).
-const LONG_FUNCTIONS: usize = 45;
+const LONG_FUNCTIONS: usize = 44;
 /// Functions allowed over 5 arguments (each with its `expect`).
 const MANY_ARGUMENTS: usize = 49;
 /// Files allowed over 1,200 physical lines, each no longer than it is now.
@@ -29,14 +29,7 @@ const LONG_FILES: &[(&str, usize)] = &[
 ];
 /// Back doors above crates/datastore, per file: (downcasts, kind
 /// branches, directory probes). The interface is to grow what these ask.
-const BACK_DOORS: &[(&str, [usize; 3])] = &[
-    ("crates/cli/src/main.rs", [0, 0, 3]),
-    ("crates/server/src/cloning.rs", [1, 0, 0]),
-    ("crates/server/src/control.rs", [0, 1, 0]),
-    ("crates/server/src/ops.rs", [1, 0, 0]),
-    ("crates/server/src/placement.rs", [0, 2, 0]),
-    ("crates/server/src/serve.rs", [6, 8, 4]),
-];
+const BACK_DOORS: &[(&str, [usize; 3])] = &[];
 /// Signatures returning `Result<_, String>`, which lose the error's kind.
 const STRING_ERRORS: usize = 0;
 
