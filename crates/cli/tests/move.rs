@@ -403,12 +403,13 @@ fn moves_refuse_what_they_cannot_do_and_route_commands_to_the_new_place() {
     other.ok(&["create", "e", "--size", "1M"]);
     let e = home.fails(&["move", "e", "--to", other.path().to_str().unwrap()]);
     assert!(e.contains("has a disk named 'e'"), "{e}");
-    // A datastore another process holds is refused by its pid.
-    let _other_server = other.serve();
+    // A datastore another server holds is refused, saying so.
+    let other_server = other.serve();
     home.ok(&["rm", "e"]);
     home.ok(&["create", "f", "--size", "1M"]);
     let e = home.fails(&["move", "f", "--to", other.path().to_str().unwrap()]);
-    assert!(e.contains("in use"), "{e}");
+    assert!(e.contains("served by another strata server"), "{e}");
+    drop(other_server);
     // rm of a placed disk removes it there and stops serving it.
     home.ok(&["rm", "d"]);
     let p: serde_json::Value = placement(&home);

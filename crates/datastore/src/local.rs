@@ -62,7 +62,7 @@ pub(crate) fn held(dir: &Path, pid: Option<u32>) -> Error {
     Error::new(
         ErrorKind::Locked,
         format!(
-            "datastore {} is in use by another process{who}",
+            "datastore {} is already served or in use by another process{who}",
             dir.display()
         ),
     )
