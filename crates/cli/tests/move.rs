@@ -77,10 +77,14 @@ fn fio(uri: &str, verify_only: bool) -> Command {
         &format!("--uri={uri}"),
         "--rw=randwrite",
         "--bs=4k",
-        // 64 MiB at 1,200 writes a second: about 14 s of writing, several
-        // times what the two moves and the pauses between them take here.
+        // 32 MiB of random writes over 64 MiB at 1,200 writes a second:
+        // about 7 s of writing, which a move started 1.5 s in falls within
+        // however loaded the machine (fio can only be slower). Each move
+        // gets a writer of its own, so nothing depends on how long the
+        // moves and the checks between them take.
         "--offset=64M",
         "--size=64M",
+        "--io_size=32M",
         "--verify=crc32c",
         "--verify_backlog=512",
         "--verify_fatal=1",
@@ -204,13 +208,12 @@ fn a_served_disk_moves_to_the_other_kind_and_back_under_fio_verify() {
             (other_kind == Kind::Local, other_kind == Kind::ObjectStore),
             "{info}"
         );
-        std::thread::sleep(Duration::from_millis(1000));
-        // The first move ran under fio's writes and the second starts under
-        // them (else the test shows nothing); if fio ended, say how.
-        let mut writer = writer;
-        if writer.try_wait().unwrap().is_some() {
-            panic!("fio stopped before the disk came back: {}", finish(writer));
-        }
+        // The first move ran under fio's writes: they all verified.
+        let text = finish(writer);
+        assert!(text.contains("mv: (groupid"), "{text}");
+        // The move back starts under the same writes again.
+        let writer = fio(&home.uri("d"), false).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
         let back = home.json(&["move", "d", "--to", home.path().to_str().unwrap()]);
         assert_eq!(back["snapshots"], serde_json::json!(["s1", "s2", "s3"]));
         let text = finish(writer);
@@ -698,13 +701,14 @@ fn a_move_that_mirrors_client_writes_loses_none() {
         &home.uri("d"),
         &["write -P 0x17 0 32M", "flush"],
     );
-    let mut writer = fio(&home.uri("d"), false).spawn().unwrap();
+    // Each move under a writer of its own (see `fio`).
+    let writer = fio(&home.uri("d"), false).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let r = home.json(&["move", "d", "--to", dest.path().to_str().unwrap()]);
     assert_eq!(r["mirrored"], true, "{r}");
-    if writer.try_wait().unwrap().is_some() {
-        panic!("fio stopped before the move back: {}", finish(writer));
-    }
+    finish(writer);
+    let writer = fio(&home.uri("d"), false).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
     let back = home.json(&["move", "d", "--to", home.path().to_str().unwrap()]);
     assert_eq!(back["mirrored"], true, "{back}");
     finish(writer);
