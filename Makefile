@@ -18,8 +18,8 @@ run: build
 	@STRATA=$(STRATA) DATASTORE=$(DATASTORE) NBD_SOCK=$(NBD_SOCK) NBD_TCP=$(NBD_TCP) scripts/run.sh
 
 ## Install what the tests need (qemu-img, qemu-nbd, fio, nbdinfo), then run every test
-## (scripts/run-tests.py: the test binaries in LANES lanes, the benchmark smoke in one more).
-LANES ?= 2
+## (scripts/run-tests.py: the benchmark smoke and the test binaries in LANES lanes, longest first).
+LANES ?= 3
 test: deps
 	STRATA_REQUIRE_TOOLS=1 STRATA_MODEL_CASES=2000 STRATA_BENCH_QUICK=1 STRATA_TEST_LANES=$(LANES) \
 		CARGO=$(CARGO) python3 scripts/run-tests.py
