@@ -143,7 +143,6 @@ fn parse_rename(s: &str) -> Result<(String, String), Error> {
 
 impl GroupCmd {
     /// The request, and whether its answer is printed as JSON.
-    #[expect(clippy::too_many_lines)]
     pub fn request(&self) -> (Request, bool) {
         let s = String::clone;
         match self {
@@ -173,34 +172,7 @@ impl GroupCmd {
             GroupCmd::Rm { name } => (Request::GroupDelete { name: s(name) }, false),
             GroupCmd::List { json } => (Request::GroupList, *json),
             GroupCmd::Info { name, json } => (Request::GroupInfo { name: s(name) }, *json),
-            GroupCmd::Snapshot(a) => match &a.action {
-                Some(GroupSnapCmd::List { group, json }) => {
-                    (Request::GroupSnapshotList { group: s(group) }, *json)
-                }
-                Some(GroupSnapCmd::Delete { group, snapshot }) => (
-                    Request::GroupSnapshotDelete {
-                        group: s(group),
-                        snapshot: s(snapshot),
-                    },
-                    false,
-                ),
-                None => {
-                    let c = &a.create;
-                    (
-                        Request::GroupSnapshotCreate {
-                            group: c.group.clone().unwrap_or_default(),
-                            snapshot: c.snapshot.clone().unwrap_or_default(),
-                            description: s(&c.description),
-                            quiesce_hook: c.quiesce_hook.clone(),
-                            no_quiesce: c.no_quiesce,
-                            ignore_quiesce_error: c.ignore_quiesce_error,
-                            timeout_s: c.timeout,
-                            max_pause_ms: c.max_pause,
-                        },
-                        c.json,
-                    )
-                }
-            },
+            GroupCmd::Snapshot(a) => a.request(),
             GroupCmd::Revert { name, snapshot } => (
                 Request::GroupSnapshotRevert {
                     group: s(name),
@@ -221,6 +193,41 @@ impl GroupCmd {
                 },
                 *json,
             ),
+        }
+    }
+}
+
+impl GroupSnapArgs {
+    /// `group snapshot` (create), `group snapshot list|delete`.
+    fn request(&self) -> (Request, bool) {
+        let s = String::clone;
+        match &self.action {
+            Some(GroupSnapCmd::List { group, json }) => {
+                (Request::GroupSnapshotList { group: s(group) }, *json)
+            }
+            Some(GroupSnapCmd::Delete { group, snapshot }) => (
+                Request::GroupSnapshotDelete {
+                    group: s(group),
+                    snapshot: s(snapshot),
+                },
+                false,
+            ),
+            None => {
+                let c = &self.create;
+                (
+                    Request::GroupSnapshotCreate {
+                        group: c.group.clone().unwrap_or_default(),
+                        snapshot: c.snapshot.clone().unwrap_or_default(),
+                        description: s(&c.description),
+                        quiesce_hook: c.quiesce_hook.clone(),
+                        no_quiesce: c.no_quiesce,
+                        ignore_quiesce_error: c.ignore_quiesce_error,
+                        timeout_s: c.timeout,
+                        max_pause_ms: c.max_pause,
+                    },
+                    c.json,
+                )
+            }
         }
     }
 }

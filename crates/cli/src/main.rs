@@ -6,6 +6,7 @@
 //! and the answer text (`output`). `serve` runs strata-server's server.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
+mod action;
 mod args;
 mod serve_args;
 
@@ -15,7 +16,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 use strata_engine::{Error, ErrorKind, InitOptions};
 
-use crate::args::{default_datastore, Action, Cli, Pipe};
+use crate::action::{Action, Pipe};
+use crate::args::{default_datastore, Cli};
 use strata_cli::output::{self, progress_bar, Format};
 use strata_server::api::{Request, Response, VmdkRequest};
 use strata_server::serve::ServeConfig;

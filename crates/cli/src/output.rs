@@ -126,37 +126,80 @@ fn moved(out: &mut String, r: &strata_server::api::MoveReport) {
     }
 }
 
+/// `init|attach --object-store`.
+fn joined(out: &mut String, attached: bool, summary: &strata_shared::Summary) {
+    if attached {
+        line(
+            out,
+            format_args!(
+                "attached {} to {}",
+                summary.local_dir.display(),
+                summary.url
+            ),
+        );
+    } else {
+        line(
+            out,
+            format_args!("initialised object-store datastore {}", summary.url),
+        );
+    }
+    store_summary(out, summary);
+}
+
+/// `export-diff`.
+fn export_diff(out: &mut String, r: &strata_server::api::ExportDiffReport) {
+    line(
+        out,
+        format_args!(
+            "exported {}{} to {}: {} of data, {} of zeros, {} bytes of stream",
+            r.target,
+            r.base
+                .as_ref()
+                .map(|b| format!(" since {b}"))
+                .unwrap_or_default(),
+            r.file,
+            human(r.data_bytes),
+            human(r.zero_bytes),
+            r.stream_bytes
+        ),
+    )
+}
+
+/// `import-diff`.
+fn import_diff(out: &mut String, r: &strata_server::api::ImportDiffReport) {
+    line(
+        out,
+        format_args!(
+            "applied to {}: {} of data, {} of zeros{}{}",
+            r.disk,
+            human(r.data_bytes),
+            human(r.zero_bytes),
+            if r.extended {
+                format!("; grown to {}", human(r.size_bytes))
+            } else {
+                String::new()
+            },
+            r.snapshot
+                .as_ref()
+                .map(|t| format!("; snapshot {}@{t} taken", r.disk))
+                .unwrap_or_default()
+        ),
+    )
+}
+
 /// An optional name, `-` when there is none.
 fn or_dash(s: &Option<String>) -> &str {
     s.as_deref().unwrap_or("-")
 }
 
 impl Render for Response {
-    #[expect(clippy::too_many_lines)]
     fn human(&self, out: &mut String) {
         match self {
             Response::Datastore(i) => datastore(out, i),
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
             Response::Removed { name } => line(out, format_args!("removed {name}")),
-            Response::Joined { attached, summary } => {
-                if *attached {
-                    line(
-                        out,
-                        format_args!(
-                            "attached {} to {}",
-                            summary.local_dir.display(),
-                            summary.url
-                        ),
-                    );
-                } else {
-                    line(
-                        out,
-                        format_args!("initialised object-store datastore {}", summary.url),
-                    );
-                }
-                store_summary(out, summary);
-            }
+            Response::Joined { attached, summary } => joined(out, *attached, summary),
             Response::Claimed(d) => claim(out, d, true),
             Response::Released(d) => claim(out, d, false),
             Response::StoreCheck(r) => store_check(out, r),
@@ -209,39 +252,8 @@ impl Render for Response {
             | Response::GroupReverted { .. }) => {
                 crate::group::render(out, r);
             }
-            Response::ExportDiff(r) => line(
-                out,
-                format_args!(
-                    "exported {}{} to {}: {} of data, {} of zeros, {} bytes of stream",
-                    r.target,
-                    r.base
-                        .as_ref()
-                        .map(|b| format!(" since {b}"))
-                        .unwrap_or_default(),
-                    r.file,
-                    human(r.data_bytes),
-                    human(r.zero_bytes),
-                    r.stream_bytes
-                ),
-            ),
-            Response::ImportDiff(r) => line(
-                out,
-                format_args!(
-                    "applied to {}: {} of data, {} of zeros{}{}",
-                    r.disk,
-                    human(r.data_bytes),
-                    human(r.zero_bytes),
-                    if r.extended {
-                        format!("; grown to {}", human(r.size_bytes))
-                    } else {
-                        String::new()
-                    },
-                    r.snapshot
-                        .as_ref()
-                        .map(|t| format!("; snapshot {}@{t} taken", r.disk))
-                        .unwrap_or_default()
-                ),
-            ),
+            Response::ExportDiff(r) => export_diff(out, r),
+            Response::ImportDiff(r) => import_diff(out, r),
         }
     }
 

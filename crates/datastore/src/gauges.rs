@@ -6,7 +6,7 @@
 
 use strata_stats::Gauge;
 
-use crate::{DatastoreInfo, ObjectStoreDatastore};
+use crate::{DatastoreInfo, GcReport, ObjectStoreDatastore};
 
 /// A datastore's space and alarms as gauges, either kind.
 pub(crate) fn space(i: &DatastoreInfo) -> Vec<Gauge> {
@@ -127,112 +127,121 @@ pub(crate) fn local(ds: &strata_engine::Datastore, i: &DatastoreInfo) -> Vec<Gau
 
 /// The metrics of the disks this process has open in an object store, of
 /// its cache and store requests, and of its last GC.
-#[expect(clippy::too_many_lines)]
 pub(crate) fn object_store(store: &ObjectStoreDatastore) -> Vec<Gauge> {
     let mut out = Vec::new();
-    let g =
-        |name: &str, help: &str, disk: &str, v: f64| Gauge::new(name, help, v).label("disk", disk);
     for (name, d) in store.handles() {
-        let m = d.manifest();
-        let (writer, fenced) = d.ownership();
-        let c = d.commit_stats();
-        out.push(g(
+        out.extend(open_disk(&name, &d));
+    }
+    out.extend(store_and_cache(store));
+    if let Some(r) = &store.last_gc() {
+        out.extend(last_gc(r));
+    }
+    out
+}
+
+/// One open disk's upload backlog, ownership, commits and compaction.
+fn open_disk(name: &str, d: &strata_shared::SharedDisk) -> Vec<Gauge> {
+    let m = d.manifest();
+    let (writer, fenced) = d.ownership();
+    let c = d.commit_stats();
+    [
+        (
             "strata_shared_unflushed_bytes",
             "Bytes acknowledged to clients and not yet in the object store (the upload backlog)",
-            &name,
             d.unflushed_bytes() as f64,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_writer",
             "1 if this server is the disk's writer (its generation is the newest)",
-            &name,
             f64::from(u8::from(writer && fenced.is_none())),
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_fenced",
             "1 if another host claimed the disk from this server",
-            &name,
             f64::from(u8::from(fenced.is_some())),
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_generation",
             "The disk's generation in the newest manifest this server knows",
-            &name,
             f64::from(m.generation),
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_manifest_seq",
             "Sequence number of that manifest",
-            &name,
             m.seq as f64,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_commits_total",
             "FLUSHes that uploaded a segment and committed a manifest",
-            &name,
             c.commits as f64,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_commits_pipelined_total",
             "Commits issued while the one before them was still in flight (FORMAT.md §11.4b)",
-            &name,
             c.pipelined as f64,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_commit_failures_total",
             "Commits that failed (store unavailable, or fenced)",
-            &name,
             c.failed as f64,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_commit_seconds_total",
             "Time spent in successful commits",
-            &name,
             c.seconds_total,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_commit_seconds_max",
             "The longest successful commit",
-            &name,
             c.seconds_max,
-        ));
-        out.push(g(
+        ),
+        (
             "strata_shared_uploaded_bytes_total",
             "Bytes of segments uploaded",
-            &name,
             c.uploaded_bytes as f64,
-        ));
-        let k = d.compact_stats();
-        for (n, h, v) in [
-            (
-                "strata_shared_client_bytes_total",
-                "Bytes of grains clients wrote to the disk through this server",
-                d.client_bytes(),
-            ),
-            (
-                "strata_shared_compact_passes_total",
-                "Compaction passes run on the disk (FORMAT.md §11.7a)",
-                k.passes,
-            ),
-            (
-                "strata_shared_compact_rewritten_bytes_total",
-                "Bytes of live grains compaction rewrote (its write amplification over client bytes)",
-                k.rewritten_bytes,
-            ),
-            (
-                "strata_shared_compact_dropped_grains_total",
-                "Rewritten grains a client wrote again before their move was committed",
-                k.dropped_grains,
-            ),
-            (
-                "strata_shared_compact_emptied_bytes_total",
-                "Bytes of objects compaction emptied for GC to free",
-                k.emptied_bytes,
-            ),
-        ] {
-            out.push(g(n, h, &name, v as f64));
-        }
-    }
+        ),
+    ]
+    .into_iter()
+    .chain(compaction(d))
+    .map(|(n, h, v)| Gauge::new(n, h, v).label("disk", name))
+    .collect()
+}
+
+/// What compaction did to an open disk: (name, help, value).
+fn compaction(d: &strata_shared::SharedDisk) -> [(&'static str, &'static str, f64); 5] {
+    let k = d.compact_stats();
+    [
+        (
+            "strata_shared_client_bytes_total",
+            "Bytes of grains clients wrote to the disk through this server",
+            d.client_bytes() as f64,
+        ),
+        (
+            "strata_shared_compact_passes_total",
+            "Compaction passes run on the disk (FORMAT.md §11.7a)",
+            k.passes as f64,
+        ),
+        (
+            "strata_shared_compact_rewritten_bytes_total",
+            "Bytes of live grains compaction rewrote (its write amplification over client bytes)",
+            k.rewritten_bytes as f64,
+        ),
+        (
+            "strata_shared_compact_dropped_grains_total",
+            "Rewritten grains a client wrote again before their move was committed",
+            k.dropped_grains as f64,
+        ),
+        (
+            "strata_shared_compact_emptied_bytes_total",
+            "Bytes of objects compaction emptied for GC to free",
+            k.emptied_bytes as f64,
+        ),
+    ]
+}
+
+/// This process's requests to the object store, and its segment cache.
+fn store_and_cache(store: &ObjectStoreDatastore) -> Vec<Gauge> {
+    let mut out = Vec::new();
     let r = store.shared().store_requests();
     for (op, v) in [
         ("put", r.puts),
@@ -252,6 +261,13 @@ pub(crate) fn object_store(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             .label("op", op),
         );
     }
+    out.extend(cache(store));
+    out
+}
+
+/// This host's segment cache.
+fn cache(store: &ObjectStoreDatastore) -> Vec<Gauge> {
+    let mut out = Vec::new();
     let c = store.shared().cache_stats();
     for (n, h, v) in [
         (
@@ -307,31 +323,35 @@ pub(crate) fn object_store(store: &ObjectStoreDatastore) -> Vec<Gauge> {
     ] {
         out.push(Gauge::new(n, h, v as f64));
     }
-    if let Some(r) = &store.last_gc() {
-        for (n, h, v) in [
-            (
-                "strata_shared_stored_bytes",
-                "Bytes of all segments in the store, at the last GC",
-                r.stored_bytes,
-            ),
-            (
-                "strata_shared_live_bytes",
-                "Bytes reached from a live root, at the last GC",
-                r.live_bytes,
-            ),
-            (
-                "strata_shared_garbage_bytes",
-                "Bytes in segments nothing reaches (the GC backlog), at the last GC",
-                r.garbage_bytes,
-            ),
-            (
-                "strata_shared_gc_deleted_segments",
-                "Segments the last GC deleted",
-                r.deleted_segments,
-            ),
-        ] {
-            out.push(Gauge::new(n, h, v as f64));
-        }
+    out
+}
+
+/// The figures of the last garbage collection this process ran.
+fn last_gc(r: &GcReport) -> Vec<Gauge> {
+    let mut out = Vec::new();
+    for (n, h, v) in [
+        (
+            "strata_shared_stored_bytes",
+            "Bytes of all segments in the store, at the last GC",
+            r.stored_bytes,
+        ),
+        (
+            "strata_shared_live_bytes",
+            "Bytes reached from a live root, at the last GC",
+            r.live_bytes,
+        ),
+        (
+            "strata_shared_garbage_bytes",
+            "Bytes in segments nothing reaches (the GC backlog), at the last GC",
+            r.garbage_bytes,
+        ),
+        (
+            "strata_shared_gc_deleted_segments",
+            "Segments the last GC deleted",
+            r.deleted_segments,
+        ),
+    ] {
+        out.push(Gauge::new(n, h, v as f64));
     }
     out
 }

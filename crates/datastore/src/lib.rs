@@ -692,11 +692,7 @@ pub fn init(dir: &Path, opts: &strata_engine::InitOptions) -> Result<()> {
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| {
-        Error::new(
-            ErrorKind::Io,
-            format!("cannot create {}: {e}", dir.display()),
-        )
-        .caused_by(e)
+        Error::new(ErrorKind::Io, format!("cannot create {}", dir.display())).caused_by(e)
     })?;
     let lock = match try_lock(dir)? {
         LockOutcome::Locked(f) => f,

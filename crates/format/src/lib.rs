@@ -492,7 +492,6 @@ impl Record {
         Self::decode_versioned(p, FORMAT_VERSION)
     }
 
-    #[expect(clippy::too_many_lines)]
     fn decode_versioned(mut p: &[u8], version: u32) -> Result<Vec<Record>, FormatError> {
         use record_fields::*;
         let mut out = Vec::new();
@@ -535,21 +534,7 @@ impl Record {
                 },
                 tag::MAP_RUN if version >= FORMAT_VERSION => map_run(&mut p)?,
                 tag::REF_RUN if version >= FORMAT_VERSION => ref_run(&mut p)?,
-                tag::VERSION => {
-                    let version = u64_(&mut p)?;
-                    let root = u64_(&mut p)?;
-                    let levels = take(&mut p, 1)?[0];
-                    if levels == 0 || levels > MAP_LEVELS_MAX {
-                        return Err(invalid(WHAT, format!("map depth {levels} out of range")));
-                    }
-                    Record::Version(VersionState {
-                        version,
-                        root,
-                        levels,
-                        mapped_grains: u64_(&mut p)?,
-                        nb: u64_(&mut p)?,
-                    })
-                }
+                tag::VERSION => version_state(&mut p)?,
                 tag::CATALOG => {
                     let len = u32_(&mut p)? as usize;
                     Record::Catalog(take(&mut p, len)?.to_vec())
@@ -596,6 +581,23 @@ mod record_fields {
 
     pub(super) fn u16_(p: &mut &[u8]) -> Result<u16, FormatError> {
         Ok(u16::from_le_bytes(take(p, 2)?.try_into().expect("2")))
+    }
+
+    /// VERSION's fields, its map depth within range.
+    pub(super) fn version_state(p: &mut &[u8]) -> Result<Record, FormatError> {
+        let version = u64_(p)?;
+        let root = u64_(p)?;
+        let levels = take(p, 1)?[0];
+        if levels == 0 || levels > MAP_LEVELS_MAX {
+            return Err(invalid(WHAT, format!("map depth {levels} out of range")));
+        }
+        Ok(Record::Version(VersionState {
+            version,
+            root,
+            levels,
+            mapped_grains: u64_(p)?,
+            nb: u64_(p)?,
+        }))
     }
 
     /// MAP_RUN's fields, its entries within one node and its grains

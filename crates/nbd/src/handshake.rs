@@ -475,6 +475,24 @@ pub(crate) fn discard(r: &mut impl Read, n: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Count a handshake that timed out or broke the protocol among the
+/// server's refusals (the rest are the client's to end).
+pub(crate) fn note_handshake(shared: &Shared, e: &io::Error) {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => shared.refusals.note(
+            Refusal::HandshakeTimeout,
+            &format!(
+                "a client did not finish its handshake within {:?}",
+                shared.opts.handshake_timeout.unwrap_or_default()
+            ),
+        ),
+        io::ErrorKind::InvalidData => shared
+            .refusals
+            .note(Refusal::ProtocolError, &format!("in a handshake: {e}")),
+        _ => {}
+    }
+}
+
 /// Run the handshake. `Ok(None)` when the client ended it without picking
 /// an export (ABORT, or the server is shutting down).
 #[expect(clippy::too_many_lines)]

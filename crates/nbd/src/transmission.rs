@@ -19,7 +19,7 @@ use strata_block::{
     check_range, plan_io, AlignedBuf, BlockDevice, BlockError, Fill, Planned, ReadFill, ZeroOptions,
 };
 
-use crate::handshake::{discard, io_invalid, negotiate, Context};
+use crate::handshake::{discard, io_invalid, negotiate, note_handshake, Context};
 use crate::proto::*;
 use crate::readahead::{Plan, Prefetcher};
 use crate::tls::Link;
@@ -86,7 +86,6 @@ pub(crate) fn serve<S: NbdStream>(shared: &Shared, id: u64, stream: S) -> io::Re
     result
 }
 
-#[expect(clippy::too_many_lines)]
 fn serve_inner<S: NbdStream>(
     shared: &Shared,
     id: u64,
@@ -96,19 +95,7 @@ fn serve_inner<S: NbdStream>(
     let timeout = shared.opts.handshake_timeout;
     stream.set_timeouts(timeout, timeout)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let negotiated = negotiate(shared, id, &mut reader).inspect_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => shared.refusals.note(
-            Refusal::HandshakeTimeout,
-            &format!(
-                "a client did not finish its handshake within {:?}",
-                shared.opts.handshake_timeout.unwrap_or_default()
-            ),
-        ),
-        io::ErrorKind::InvalidData => shared
-            .refusals
-            .note(Refusal::ProtocolError, &format!("in a handshake: {e}")),
-        _ => {}
-    });
+    let negotiated = negotiate(shared, id, &mut reader).inspect_err(|e| note_handshake(shared, e));
     let Some(session) = negotiated? else {
         return Ok(());
     };

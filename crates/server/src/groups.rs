@@ -183,7 +183,6 @@ pub fn recover(dir: &Path, only_group: Option<&str>) {
 }
 
 /// `group snapshot`: quiesce (if a hook is set), cut, unquiesce.
-#[expect(clippy::too_many_lines)]
 fn snapshot(ds: &dyn Datastore, req: &Request) -> Result<GroupSnapshotReport, Error> {
     let Request::GroupSnapshotCreate {
         group,
@@ -246,18 +245,52 @@ fn snapshot(ds: &dyn Datastore, req: &Request) -> Result<GroupSnapshotReport, Er
         opts.quiesce = Some(quiesced);
         ds.group_snapshot_create(group, snapshot, &opts)
     };
-    let unquiesced = pending.hook(timeout).run("unquiesce");
-    pending.clear();
-    if unquiesced.result != QuiesceResult::Ok {
-        tracing::warn!(
-            "group '{group}': unquiesce failed: {}",
-            unquiesced.error.clone().unwrap_or_default()
-        );
-    }
+    let unquiesced = unquiesce(&pending, timeout);
     r.map(|snapshot| GroupSnapshotReport {
         snapshot,
         unquiesce: Some(unquiesced),
     })
+}
+
+/// Run the hook's unquiesce and forget the pending record, whatever the
+/// snapshot's outcome; a failure is logged and reported, not an error.
+fn unquiesce(pending: &Pending, timeout: Duration) -> QuiesceReport {
+    let unquiesced = pending.hook(timeout).run("unquiesce");
+    pending.clear();
+    if unquiesced.result != QuiesceResult::Ok {
+        tracing::warn!(
+            "group '{}': unquiesce failed: {}",
+            pending.group,
+            unquiesced.error.clone().unwrap_or_default()
+        );
+    }
+    unquiesced
+}
+
+/// How a hook's `phase` ended, from its exit and the end of its stderr.
+fn outcome(
+    phase: &str,
+    status: std::io::Result<std::process::ExitStatus>,
+    stderr: &str,
+) -> (QuiesceResult, Option<String>) {
+    match status {
+        Ok(s) if s.success() => (QuiesceResult::Ok, None),
+        Ok(s) => {
+            let tail = if stderr.is_empty() {
+                String::new()
+            } else {
+                format!(": {stderr}")
+            };
+            (
+                QuiesceResult::Failed,
+                Some(format!("failed '{phase}' ({s}){tail}")),
+            )
+        }
+        Err(e) => (
+            QuiesceResult::Failed,
+            Some(format!("could not be waited for ({phase}): {e}")),
+        ),
+    }
 }
 
 /// One hook command and its environment.
@@ -270,7 +303,6 @@ struct Hook<'a> {
 impl Hook<'_> {
     /// `sh -c 'CMD "$1"' strata-hook PHASE`, killed with its process
     /// group past the timeout; stdout discarded, stderr kept for errors.
-    #[expect(clippy::too_many_lines)]
     fn run(&self, phase: &str) -> QuiesceReport {
         let t0 = Instant::now();
         let report = |result, error: Option<String>| QuiesceReport {
@@ -328,24 +360,7 @@ impl Hook<'_> {
                 );
             }
         };
-        let err_text = reader.join().unwrap_or_default();
-        match status {
-            Ok(s) if s.success() => report(QuiesceResult::Ok, None),
-            Ok(s) => report(
-                QuiesceResult::Failed,
-                Some(format!(
-                    "failed '{phase}' ({s}){}",
-                    if err_text.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {err_text}")
-                    }
-                )),
-            ),
-            Err(e) => report(
-                QuiesceResult::Failed,
-                Some(format!("could not be waited for ({phase}): {e}")),
-            ),
-        }
+        let (result, error) = outcome(phase, status, &reader.join().unwrap_or_default());
+        report(result, error)
     }
 }

@@ -98,8 +98,70 @@ impl Jobs {
         }
     }
 
+    /// Run job `j` (`req`) in this thread, recording its progress and
+    /// result.
+    fn run(
+        &self,
+        j: &Job,
+        req: &Request,
+        ds: &dyn strata_datastore::Datastore,
+        stats: Option<&strata_stats::StatsRegistry>,
+    ) {
+        let ctx = Ctx {
+            ds,
+            stats,
+            jobs: Some(self),
+            control: Some(j.control.clone()),
+            mover: self.mover.as_deref().map(|m| m as &dyn Mover),
+        };
+        let mut progress = |done: u64, total: u64| {
+            {
+                let mut st = j.state.lock();
+                st.done = done;
+                st.total = total;
+            }
+            j.changed.notify_all();
+            // Operations without pause points of their own wait here.
+            if !j.cancellable {
+                let _ = j.control.checkpoint();
+            }
+        };
+        let r = execute(&ctx, req, &mut progress);
+        if let Err(e) = &r {
+            tracing::warn!(event = "job", job = j.id, what = %j.what, state = "failed",
+                "job {} ({}) ended with an error: {}", j.id, j.what, e.message);
+        } else {
+            tracing::info!(event = "job", job = j.id, what = %j.what, state = "done",
+                "job {} ({}) done", j.id, j.what);
+        }
+        {
+            let mut st = j.state.lock();
+            st.result = Some(r);
+            st.finished_unix = Some(now_unix());
+        }
+        j.changed.notify_all();
+    }
+
+    /// List `job`, forgetting the oldest finished ones past FINISHED_KEPT.
+    fn list_and_trim(&self, job: &Arc<Job>) {
+        let mut list = self.list.lock();
+        list.push(job.clone());
+        let finished = list
+            .iter()
+            .filter(|j| j.state.lock().result.is_some())
+            .count();
+        let mut drop_n = finished.saturating_sub(FINISHED_KEPT);
+        list.retain(|j| {
+            if drop_n > 0 && j.state.lock().result.is_some() {
+                drop_n -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+
     /// Start `req` as a job in its own thread.
-    #[expect(clippy::too_many_lines)]
     pub fn start(
         self: &Arc<Self>,
         req: Request,
@@ -135,26 +197,7 @@ impl Jobs {
             }),
             changed: Condvar::new(),
         });
-        {
-            let mut list = self.list.lock();
-            list.push(job.clone());
-            // Forget the oldest finished ones.
-            let finished = list
-                .iter()
-                .filter(|j| j.state.lock().result.is_some())
-                .count();
-            if finished > FINISHED_KEPT {
-                let mut drop_n = finished - FINISHED_KEPT;
-                list.retain(|j| {
-                    if drop_n > 0 && j.state.lock().result.is_some() {
-                        drop_n -= 1;
-                        false
-                    } else {
-                        true
-                    }
-                });
-            }
-        }
+        self.list_and_trim(&job);
         if let Some(e) = refused {
             tracing::warn!(event = "job", job = id, what = %job.what, state = "refused",
                 "job {id} ({}) refused: {}", job.what, e.message);
@@ -166,41 +209,7 @@ impl Jobs {
         let jobs = self.clone();
         std::thread::Builder::new()
             .name(format!("job-{id}"))
-            .spawn(move || {
-                let ctx = Ctx {
-                    ds: &*ds,
-                    stats: stats.as_deref(),
-                    jobs: Some(&*jobs),
-                    control: Some(j.control.clone()),
-                    mover: jobs.mover.as_deref().map(|m| m as &dyn Mover),
-                };
-                let mut progress = |done: u64, total: u64| {
-                    {
-                        let mut st = j.state.lock();
-                        st.done = done;
-                        st.total = total;
-                    }
-                    j.changed.notify_all();
-                    // Operations without pause points of their own wait here.
-                    if !j.cancellable {
-                        let _ = j.control.checkpoint();
-                    }
-                };
-                let r = execute(&ctx, &req, &mut progress);
-                if let Err(e) = &r {
-                    tracing::warn!(event = "job", job = id, what = %j.what, state = "failed",
-                        "job {id} ({}) ended with an error: {}", j.what, e.message);
-                } else {
-                    tracing::info!(event = "job", job = id, what = %j.what, state = "done",
-                        "job {id} ({}) done", j.what);
-                }
-                {
-                    let mut st = j.state.lock();
-                    st.result = Some(r);
-                    st.finished_unix = Some(now_unix());
-                }
-                j.changed.notify_all();
-            })
+            .spawn(move || jobs.run(&j, &req, &*ds, stats.as_deref()))
             .expect("spawn job thread");
         job
     }

@@ -150,7 +150,15 @@ fn run_marked(
             format!("{} has a disk named '{name}' already", to.dir.display()),
         ))
     } else {
-        run_locked(places, a, &from, &src, &to, &dst, control, progress)
+        Move {
+            places,
+            a,
+            from: &from,
+            src: &src,
+            to: &to,
+            dst: &dst,
+        }
+        .run(control, progress)
     };
     // The datastore left (or not reached) is closed if nothing else
     // lives there.
@@ -160,219 +168,296 @@ fn run_marked(
     r
 }
 
-#[expect(clippy::too_many_arguments)]
-#[expect(clippy::too_many_lines)]
-fn run_locked(
-    places: &Places,
-    a: &Args<'_>,
-    from: &Location,
-    src: &Store,
-    to: &Location,
-    dst: &Store,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<MoveReport, Error> {
-    let name = a.name;
-    let started = Instant::now();
-    let info = src.disk_info(name)?;
-    let (size, src_prov) = (info.size_bytes, info.provisioning);
-    let mut notes = Vec::new();
-    let thick = dst.supports(Capability::Thick);
-    let prov = match (thick, a.provisioning) {
-        (Err(e), Some(p)) if p.is_thick() => {
-            return Err(Error::new(
-                e.kind,
-                format!("--type {}: {}", p.as_str(), e.message),
-            ))
-        }
-        (Err(_), _) => {
-            if src_prov.is_thick() {
-                notes.push(format!(
-                    "'{name}' was {}; {} disks are thin, so it is thin now",
-                    src_prov.as_str(),
-                    to.kind.noun()
-                ));
-            }
-            Provisioning::Thin
-        }
-        (Ok(()), p) => p.unwrap_or(src_prov),
-    };
-    // The record first, so that a crash from here on is undone at start.
-    places.update(|f| {
-        f.moves.insert(
-            name.to_string(),
-            MoveEntry {
-                from: from.clone(),
-                to: to.clone(),
-                phase: Phase::Copying,
+/// One move under way: what was asked, and where from and to.
+struct Move<'a> {
+    places: &'a Places,
+    a: &'a Args<'a>,
+    from: &'a Location,
+    src: &'a Store,
+    to: &'a Location,
+    dst: &'a Store,
+}
+
+impl Move<'_> {
+    /// The provisioning of the copy: the one asked for, else the
+    /// source's; thin where the target has no thick disks (noted).
+    fn provisioning(
+        &self,
+        src_prov: Provisioning,
+        notes: &mut Vec<String>,
+    ) -> Result<Provisioning, Error> {
+        let name = self.a.name;
+        Ok(
+            match (self.dst.supports(Capability::Thick), self.a.provisioning) {
+                (Err(e), Some(p)) if p.is_thick() => {
+                    return Err(Error::new(
+                        e.kind,
+                        format!("--type {}: {}", p.as_str(), e.message),
+                    ))
+                }
+                (Err(_), _) => {
+                    if src_prov.is_thick() {
+                        notes.push(format!(
+                            "'{name}' was {}; {} disks are thin, so it is thin now",
+                            src_prov.as_str(),
+                            self.to.kind.noun()
+                        ));
+                    }
+                    Provisioning::Thin
+                }
+                (Ok(()), p) => p.unwrap_or(src_prov),
             },
-        );
-    })?;
-    let undo = |e: Error| -> Error {
-        if dst.exists(name) {
-            if let Err(u) = dst.remove(name) {
+        )
+    }
+
+    /// After a failure: remove the partial copy and the move's record
+    /// (both retried at the next start if this fails), and return `e`.
+    fn undo(&self, e: Error) -> Error {
+        let name = self.a.name;
+        if self.dst.exists(name) {
+            if let Err(u) = self.dst.remove(name) {
                 tracing::warn!(
                     "removing the partial copy of {name} in {} failed (retried at the \
                      next start): {}",
-                    to.dir.display(),
+                    self.to.dir.display(),
                     u.message
                 );
                 return e;
             }
         }
-        let _ = places.update(|f| {
+        let _ = self.places.update(|f| {
             f.moves.remove(name);
         });
         e
-    };
-    // Created at the size of the first version copied into it (each
-    // snapshot keeps its own size: a revert there restores it, and a
-    // diff from it counts what lies past it).
-    let first_size = match a.head_only {
-        true => Ok(size),
-        false => src
-            .snapshots(name)
-            .map(|s| s.first().map_or(size, |f| f.size_bytes.min(size))),
-    };
-    if let Err(e) = first_size.and_then(|n| dst.create(name, n, prov, &mut |_, _| {})) {
-        return Err(undo(e));
     }
-    let slot = match places.slot(name) {
-        Ok(s) => s,
-        Err(e) => return Err(undo(e)),
-    };
-    let dirty = slot.track();
-    let mut copier = Copier::new(control, a.rate, progress);
-    copier.seen = slot.requests();
-    let r = copy_and_switch(places, a, src, dst, to, &slot, &dirty, &mut copier);
-    let (snapshots, passes, switch, mirrored) = match r {
-        Ok(x) => x,
-        Err(mut e) => {
-            slot.untrack();
-            if copier.control.as_ref().is_some_and(|c| c.is_cancelled()) {
-                e.message = format!(
-                    "move cancelled: '{name}' stays in {}, the partial copy in {} was removed",
-                    from.dir.display(),
-                    to.dir.display()
-                );
-            }
-            return Err(undo(e));
-        }
-    };
-    crash_point("cleanup");
-    // The target is the disk now; the source goes.
-    if let Err(e) = src.remove(name) {
-        tracing::warn!(
-            "the move of {name} is done but removing the source in {} failed (retried \
-             at the next start): {}",
-            from.dir.display(),
-            e.message
-        );
-    } else {
-        places.update(|f| {
-            f.moves.remove(name);
+
+    /// The target disk, created at the size of the first version copied
+    /// into it (each snapshot keeps its own size: a revert there restores
+    /// it, and a diff from it counts what lies past it).
+    fn create_target(&self, size: u64, prov: Provisioning) -> Result<(), Error> {
+        let name = self.a.name;
+        let first_size = match self.a.head_only {
+            true => size,
+            false => self
+                .src
+                .snapshots(name)?
+                .first()
+                .map_or(size, |f| f.size_bytes.min(size)),
+        };
+        self.dst.create(name, first_size, prov, &mut |_, _| {})?;
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        control: Option<Arc<WorkControl>>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<MoveReport, Error> {
+        let (name, from, to) = (self.a.name, self.from, self.to);
+        let started = Instant::now();
+        let info = self.src.disk_info(name)?;
+        let mut notes = Vec::new();
+        let prov = self.provisioning(info.provisioning, &mut notes)?;
+        // The record first, so that a crash from here on is undone at start.
+        self.places.update(|f| {
+            f.moves.insert(
+                name.to_string(),
+                MoveEntry {
+                    from: from.clone(),
+                    to: to.clone(),
+                    phase: Phase::Copying,
+                },
+            );
         })?;
+        let slot = self
+            .create_target(info.size_bytes, prov)
+            .and_then(|()| self.places.slot(name))
+            .map_err(|e| self.undo(e))?;
+        let dirty = slot.track();
+        let mut copier = Copier::new(control, self.a.rate, progress);
+        copier.seen = slot.requests();
+        let (snapshots, passes, switch, mirrored) =
+            match self.copy_and_switch(&slot, &dirty, &mut copier) {
+                Ok(x) => x,
+                Err(mut e) => {
+                    slot.untrack();
+                    if copier.control.as_ref().is_some_and(|c| c.is_cancelled()) {
+                        e.message = format!(
+                        "move cancelled: '{name}' stays in {}, the partial copy in {} was removed",
+                        from.dir.display(),
+                        to.dir.display()
+                    );
+                    }
+                    return Err(self.undo(e));
+                }
+            };
+        crash_point("cleanup");
+        // The target is the disk now; the source goes.
+        if let Err(e) = self.src.remove(name) {
+            tracing::warn!(
+                "the move of {name} is done but removing the source in {} failed (retried \
+                 at the next start): {}",
+                from.dir.display(),
+                e.message
+            );
+        } else {
+            self.places.update(|f| {
+                f.moves.remove(name);
+            })?;
+        }
+        Ok(MoveReport {
+            disk: name.to_string(),
+            from: from.dir.clone(),
+            to: to.dir.clone(),
+            provisioning: prov,
+            snapshots,
+            copied_bytes: copier.copied,
+            passes,
+            mirrored,
+            switch_ms: switch.as_secs_f64() * 1e3,
+            seconds: started.elapsed().as_secs_f64(),
+            notes,
+        })
     }
-    Ok(MoveReport {
-        disk: name.to_string(),
-        from: from.dir.clone(),
-        to: to.dir.clone(),
-        provisioning: prov,
-        snapshots,
-        copied_bytes: copier.copied,
-        passes,
-        mirrored,
-        switch_ms: switch.as_secs_f64() * 1e3,
-        seconds: started.elapsed().as_secs_f64(),
-        notes,
-    })
+    /// Snapshots, head, converging passes, switch. Returns the snapshots
+    /// re-created, the passes, how long I/O was held and whether client
+    /// writes were mirrored.
+    fn copy_and_switch(
+        &self,
+        slot: &crate::slot::Slot,
+        dirty: &crate::slot::DirtyMap,
+        copier: &mut Copier<'_>,
+    ) -> Result<(Vec<String>, u32, std::time::Duration, bool), Error> {
+        let (places, name, src, dst, to) = (self.places, self.a.name, self.src, self.dst, self.to);
+        let target = dst.open(name)?;
+        let (recreated, head_base) = self.copy_snapshots(&target, copier)?;
+        // The head: what differs from its base now (tracking is on, so what
+        // changes after this is copied again).
+        let source = slot.device();
+        let ranges = src.changed_ranges(
+            head_base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
+            name,
+        )?;
+        copier.total += bytes(&ranges);
+        copier.copy(&*source, &*target, &ranges, true, Some(slot))?;
+        crash_point("copy");
+        let (mut passes, mirrored) = converge(slot, dirty, copier, &target, bytes(&ranges))?;
+        target.flush().map_err(|e| io("flush the target", e))?;
+        crash_point("converge");
+        copier.checkpoint()?;
+        let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
+            let d = dirty_ranges(dirty.take());
+            copier.total += bytes(&d);
+            copier.copy(&*source, &*target, &d, false, None)?;
+            target.flush().map_err(|e| io("flush the target", e))?;
+            crash_point("switch");
+            // The commit point.
+            places.update(|f| {
+                if to.dir == places.home_dir() {
+                    f.disks.remove(name);
+                } else {
+                    f.disks.insert(name.to_string(), to.clone());
+                }
+                if let Some(m) = f.moves.get_mut(name) {
+                    m.phase = Phase::Switched;
+                }
+            })?;
+            Ok(target.clone())
+        })?;
+        passes += 1;
+        // Connections to the disk's snapshots follow it (or, with
+        // --head-only, find them gone).
+        for (export, s) in places.snapshot_slots(name) {
+            let next = dst
+                .open(&export)
+                .unwrap_or_else(|e| Arc::new(Gone(e.message)));
+            let _ = s.switch(|| Ok::<_, Error>(next));
+        }
+        Ok((recreated, passes, held, mirrored))
+    }
+
+    /// Re-create the disk's snapshots in the target, each from a state the
+    /// target has (its parent, or for a root after the first, the first one
+    /// copied), then bring the target to the head's base at the head's
+    /// size. Returns the snapshots made and the head's base.
+    fn copy_snapshots(
+        &self,
+        target: &Arc<dyn BlockDevice>,
+        copier: &mut Copier<'_>,
+    ) -> Result<(Vec<String>, Option<String>), Error> {
+        let (name, src, dst) = (self.a.name, self.src, self.dst);
+        let (snaps, current) = if self.a.head_only {
+            (Vec::new(), None)
+        } else {
+            let snaps = src.snapshots(name)?;
+            let current = snaps.iter().find(|s| s.current).map(|s| s.name.clone());
+            (snaps, current)
+        };
+        let mut plan: Vec<(Option<String>, &str, u64, Vec<Changed>)> = Vec::new();
+        let mut copied: HashSet<&str> = HashSet::new();
+        let mut first: Option<&str> = None;
+        for s in &snaps {
+            let base = match &s.parent {
+                Some(p) if copied.contains(p.as_str()) => Some(p.clone()),
+                _ => first.map(str::to_string),
+            };
+            let ranges = src.changed_ranges(
+                base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
+                &format!("{name}@{}", s.name),
+            )?;
+            copier.total += bytes(&ranges);
+            plan.push((base, &s.name, s.size_bytes, ranges));
+            copied.insert(&s.name);
+            first.get_or_insert(&s.name);
+        }
+        let head_base = match &current {
+            Some(c) if copied.contains(c.as_str()) => Some(c.clone()),
+            _ => first.map(str::to_string),
+        };
+        let mut at: Option<String> = None;
+        let mut recreated = Vec::new();
+        // A version larger than the state it is built from was extended
+        // since: so is the copy (a revert restores a snapshot's size).
+        let grow = |to: u64| -> Result<(), Error> {
+            if dst.disk_info(name)?.size_bytes < to {
+                dst.extend(name, to)?;
+            }
+            Ok(())
+        };
+        for (base, snap, snap_size, ranges) in plan {
+            if base.is_some() && base != at {
+                dst.snapshot_revert(name, base.as_deref().expect("some"))?;
+            }
+            grow(snap_size)?;
+            let sdev = src.open(&format!("{name}@{snap}"))?;
+            copier.copy(&*sdev, &**target, &ranges, true, None)?;
+            dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
+            at = Some(snap.to_string());
+            recreated.push(snap.to_string());
+        }
+        if head_base.is_some() && head_base != at {
+            dst.snapshot_revert(name, head_base.as_deref().expect("some"))?;
+        }
+        grow(src.disk_info(name)?.size_bytes)?;
+        Ok((recreated, head_base))
+    }
 }
 
-/// Snapshots, head, converging passes, switch. Returns the snapshots
-/// re-created, the passes, how long I/O was held and whether client
-/// writes were mirrored.
-#[expect(clippy::too_many_arguments)]
-#[expect(clippy::too_many_lines)]
-fn copy_and_switch(
-    places: &Places,
-    a: &Args<'_>,
-    src: &Store,
-    dst: &Store,
-    to: &Location,
+/// Copy again what clients changed (`dirty`) until a pass finds little,
+/// or, when passes do not shrink, mirror client writes into `target` and
+/// copy once more what they changed before; then copy what the last look
+/// found. `previous`: what the head's copy copied. Returns the passes and
+/// whether writes are mirrored.
+fn converge(
     slot: &crate::slot::Slot,
     dirty: &crate::slot::DirtyMap,
     copier: &mut Copier<'_>,
-) -> Result<(Vec<String>, u32, std::time::Duration, bool), Error> {
-    let name = a.name;
-    let (snaps, current) = if a.head_only {
-        (Vec::new(), None)
-    } else {
-        let snaps = src.snapshots(name)?;
-        let current = snaps.iter().find(|s| s.current).map(|s| s.name.clone());
-        (snaps, current)
-    };
-    // Each snapshot is built from a state the target has: its parent, or
-    // (a root after the first) the first one copied.
-    let mut plan: Vec<(Option<String>, &str, u64, Vec<Changed>)> = Vec::new();
-    let mut copied: HashSet<&str> = HashSet::new();
-    let mut first: Option<&str> = None;
-    for s in &snaps {
-        let base = match &s.parent {
-            Some(p) if copied.contains(p.as_str()) => Some(p.clone()),
-            _ => first.map(str::to_string),
-        };
-        let ranges = src.changed_ranges(
-            base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
-            &format!("{name}@{}", s.name),
-        )?;
-        copier.total += bytes(&ranges);
-        plan.push((base, &s.name, s.size_bytes, ranges));
-        copied.insert(&s.name);
-        first.get_or_insert(&s.name);
-    }
-    let head_base = match &current {
-        Some(c) if copied.contains(c.as_str()) => Some(c.clone()),
-        _ => first.map(str::to_string),
-    };
-    let target = dst.open(name)?;
-    let mut at: Option<String> = None;
-    let mut recreated = Vec::new();
-    // A version larger than the state it is built from was extended
-    // since: so is the copy (a revert restores a snapshot's size).
-    let grow = |to: u64| -> Result<(), Error> {
-        if dst.disk_info(name)?.size_bytes < to {
-            dst.extend(name, to)?;
-        }
-        Ok(())
-    };
-    for (base, snap, snap_size, ranges) in plan {
-        if base.is_some() && base != at {
-            dst.snapshot_revert(name, base.as_deref().expect("some"))?;
-        }
-        grow(snap_size)?;
-        let sdev = src.open(&format!("{name}@{snap}"))?;
-        copier.copy(&*sdev, &*target, &ranges, true, None)?;
-        dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
-        at = Some(snap.to_string());
-        recreated.push(snap.to_string());
-    }
-    if head_base.is_some() && head_base != at {
-        dst.snapshot_revert(name, head_base.as_deref().expect("some"))?;
-    }
-    grow(src.disk_info(name)?.size_bytes)?;
-    // The head: what differs from its base now (tracking is on, so what
-    // changes after this is copied again).
+    target: &Arc<dyn BlockDevice>,
+    mut previous: u64,
+) -> Result<(u32, bool), Error> {
     let source = slot.device();
-    let ranges = src.changed_ranges(
-        head_base.as_ref().map(|b| format!("{name}@{b}")).as_deref(),
-        name,
-    )?;
-    copier.total += bytes(&ranges);
-    copier.copy(&*source, &*target, &ranges, true, Some(slot))?;
-    crash_point("copy");
     let mut passes = 0;
     let mut mirrored = false;
-    let mut previous = bytes(&ranges);
     let mut last = loop {
         let d = dirty_ranges(dirty.take());
         let small = bytes(&d) <= CONVERGED_BYTES;
@@ -393,48 +478,17 @@ fn copy_and_switch(
         passes += 1;
         previous = bytes(&d);
         copier.total += previous;
-        copier.copy(&*source, &*target, &d, true, Some(slot))?;
+        copier.copy(&*source, &**target, &d, true, Some(slot))?;
     };
     // Again what the last look found, then flush the bulk before holding
     // I/O so the switch's flush is small.
     last.sort_by_key(|r| r.offset);
     copier.total += bytes(&last);
-    copier.copy(&*source, &*target, &last, true, Some(slot))?;
+    copier.copy(&*source, &**target, &last, true, Some(slot))?;
     if mirrored {
         passes += 1;
     }
-    target.flush().map_err(|e| io("flush the target", e))?;
-    crash_point("converge");
-    copier.checkpoint()?;
-    let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
-        let d = dirty_ranges(dirty.take());
-        copier.total += bytes(&d);
-        copier.copy(&*source, &*target, &d, false, None)?;
-        target.flush().map_err(|e| io("flush the target", e))?;
-        crash_point("switch");
-        // The commit point.
-        places.update(|f| {
-            if to.dir == places.home_dir() {
-                f.disks.remove(name);
-            } else {
-                f.disks.insert(name.to_string(), to.clone());
-            }
-            if let Some(m) = f.moves.get_mut(name) {
-                m.phase = Phase::Switched;
-            }
-        })?;
-        Ok(target.clone())
-    })?;
-    passes += 1;
-    // Connections to the disk's snapshots follow it (or, with
-    // --head-only, find them gone).
-    for (export, s) in places.snapshot_slots(name) {
-        let next = dst
-            .open(&export)
-            .unwrap_or_else(|e| Arc::new(Gone(e.message)));
-        let _ = s.switch(|| Ok::<_, Error>(next));
-    }
-    Ok((recreated, passes, held, mirrored))
+    Ok((passes, mirrored))
 }
 
 fn description_of(snaps: &[SnapshotInfo], name: &str) -> String {

@@ -87,11 +87,9 @@ pub trait JobList: Sync {
     fn act(&self, id: u64, action: JobAction) -> Result<JobInfo, Error>;
 }
 
-/// Run one request: what a server answers the same way for every kind
-/// here (moves, jobs, statistics), the rest by the datastore's kind
-/// (`object_store` for object stores, until both kinds answer through the
-/// one interface).
-#[expect(clippy::too_many_lines)]
+/// Run one request: routed where the server placed its disk, refused
+/// where the kind cannot do it, else answered through the datastore
+/// trait.
 pub fn execute(
     ctx: &Ctx<'_>,
     req: &Request,
@@ -102,16 +100,44 @@ pub fn execute(
     }
     refuse_unsupported(ctx.ds, req)?;
     match req {
-        Request::Move { .. } => {
-            return match ctx.mover {
-                Some(m) => m.run_move(req, ctx.control.clone(), progress),
-                None => Err(Error::new(
-                    ErrorKind::Refused,
-                    "a move runs in the server that serves the disk: start 'strata serve' for \
+        Request::Move { .. }
+        | Request::CloneFull { .. }
+        | Request::Jobs
+        | Request::JobControl { .. }
+        | Request::Stats { .. } => server_request(ctx, req, progress),
+        Request::Import { .. }
+        | Request::Export { .. }
+        | Request::ExportDiff { .. }
+        | Request::ImportDiff { .. } => file_request(ctx, req, progress),
+        Request::Extend { .. }
+        | Request::Limit { .. }
+        | Request::Grow { .. }
+        | Request::AlarmSet { .. }
+        | Request::AlarmList
+        | Request::PunchZero { .. } => space_request(ctx, req, progress),
+        _ => match common(ctx.ds, req, progress) {
+            Some(r) => r,
+            None => maintenance(ctx, req, progress),
+        },
+    }
+}
+
+/// What a server answers the same for every kind: moves, full clones, jobs and
+/// statistics.
+fn server_request(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    match req {
+        Request::Move { .. } => match ctx.mover {
+            Some(m) => m.run_move(req, ctx.control.clone(), progress),
+            None => Err(Error::new(
+                ErrorKind::Refused,
+                "a move runs in the server that serves the disk: start 'strata serve' for \
                      this datastore (the disk may be idle; clients connect as usual)",
-                )),
-            }
-        }
+            )),
+        },
         Request::CloneFull {
             source,
             name,
@@ -141,96 +167,7 @@ pub fn execute(
             if let Some(o) = other {
                 o.close()?;
             }
-            return Ok(Response::Disk(r?));
-        }
-        Request::Extend { name, size_bytes } => {
-            return Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
-        }
-        Request::Limit { name, limits } => {
-            return Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?))
-        }
-        Request::Grow { capacity_bytes } => {
-            return Ok(match capacity_bytes {
-                Some(bytes) => Response::Capacity {
-                    info: ctx.ds.set_capacity(*bytes)?,
-                    changed: true,
-                },
-                None => Response::Capacity {
-                    info: ctx.ds.space()?,
-                    changed: false,
-                },
-            })
-        }
-        Request::AlarmSet { rule, keep_exec } => {
-            let mut rule = rule.clone();
-            if *keep_exec {
-                rule.exec = ctx
-                    .ds
-                    .alarm_rules()?
-                    .into_iter()
-                    .find(|r| r.kind == rule.kind)
-                    .and_then(|r| r.exec);
-            } else if rule.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
-                rule.exec = None;
-            }
-            ctx.ds.set_alarm(rule)?;
-            return alarms(ctx.ds);
-        }
-        Request::AlarmList => return alarms(ctx.ds),
-        Request::PunchZero {
-            name,
-            rate_bytes_per_sec,
-        } => {
-            let work = ctx.work(*rate_bytes_per_sec);
-            return Ok(Response::PunchZero(
-                ctx.ds.punch_zero(name, &work, progress)?,
-            ));
-        }
-        Request::Import {
-            path,
-            name,
-            provisioning,
-            format,
-        } => {
-            return Ok(Response::Import(crate::vmdk_ops::import(
-                ctx.ds,
-                path,
-                name,
-                *provisioning,
-                *format,
-                progress,
-            )?))
-        }
-        Request::Export {
-            target,
-            out,
-            subformat,
-            chain,
-            adapter,
-        } => {
-            return Ok(Response::Export(crate::vmdk_ops::export(
-                ctx.ds, target, out, *subformat, *chain, adapter, progress,
-            )?))
-        }
-        Request::ExportDiff { target, from, out } => {
-            return Ok(Response::ExportDiff(crate::diff_files::export(
-                ctx.ds,
-                target,
-                from.as_deref(),
-                out,
-                ctx.control.clone(),
-                progress,
-            )?))
-        }
-        Request::ImportDiff { path, disk, force } => {
-            return Ok(Response::ImportDiff(crate::diff_files::import(
-                ctx.ds,
-                path,
-                disk,
-                *force,
-                ctx.control.clone(),
-                progress,
-            )?))
+            Ok(Response::Disk(r?))
         }
         Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
         Request::JobControl { id, action } => {
@@ -252,14 +189,115 @@ pub fn execute(
                     ctx.ds.open(d)?; // a clear error for a name that does not exist
                 }
             }
-            return Ok(stats(reg, disk.as_deref(), *reset, *recording));
+            Ok(stats(reg, disk.as_deref(), *reset, *recording))
         }
-        _ => {}
+        other => Err(Error::new(
+            ErrorKind::Refused,
+            format!("{other:?} is not answered here"),
+        )),
     }
-    if let Some(r) = common(ctx.ds, req, progress) {
-        return r;
+}
+
+/// Import and export of images and diff streams.
+fn file_request(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    match req {
+        Request::Import {
+            path,
+            name,
+            provisioning,
+            format,
+        } => Ok(Response::Import(crate::vmdk_ops::import(
+            ctx.ds,
+            path,
+            name,
+            *provisioning,
+            *format,
+            progress,
+        )?)),
+        Request::Export {
+            target,
+            out,
+            subformat,
+            chain,
+            adapter,
+        } => Ok(Response::Export(crate::vmdk_ops::export(
+            ctx.ds, target, out, *subformat, *chain, adapter, progress,
+        )?)),
+        Request::ExportDiff { target, from, out } => {
+            Ok(Response::ExportDiff(crate::diff_files::export(
+                ctx.ds,
+                target,
+                from.as_deref(),
+                out,
+                ctx.control.clone(),
+                progress,
+            )?))
+        }
+        Request::ImportDiff { path, disk, force } => Ok(Response::ImportDiff(
+            crate::diff_files::import(ctx.ds, path, disk, *force, ctx.control.clone(), progress)?,
+        )),
+        other => Err(Error::new(
+            ErrorKind::Refused,
+            format!("{other:?} is not answered here"),
+        )),
     }
-    maintenance(ctx, req, progress)
+}
+
+/// Sizes, limits, capacity, alarms and zero reclaim.
+fn space_request(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    match req {
+        Request::Extend { name, size_bytes } => {
+            Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
+        }
+        Request::Limit { name, limits } => Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?)),
+        Request::Grow { capacity_bytes } => Ok(match capacity_bytes {
+            Some(bytes) => Response::Capacity {
+                info: ctx.ds.set_capacity(*bytes)?,
+                changed: true,
+            },
+            None => Response::Capacity {
+                info: ctx.ds.space()?,
+                changed: false,
+            },
+        }),
+        Request::AlarmSet { rule, keep_exec } => {
+            let mut rule = rule.clone();
+            if *keep_exec {
+                rule.exec = ctx
+                    .ds
+                    .alarm_rules()?
+                    .into_iter()
+                    .find(|r| r.kind == rule.kind)
+                    .and_then(|r| r.exec);
+            } else if rule.exec.as_deref().is_some_and(|c| c.trim().is_empty()) {
+                rule.exec = None;
+            }
+            ctx.ds.set_alarm(rule)?;
+            alarms(ctx.ds)
+        }
+        Request::AlarmList => alarms(ctx.ds),
+        Request::PunchZero {
+            name,
+            rate_bytes_per_sec,
+        } => {
+            let work = ctx.work(*rate_bytes_per_sec);
+            Ok(Response::PunchZero(
+                ctx.ds.punch_zero(name, &work, progress)?,
+            ))
+        }
+        other => Err(Error::new(
+            ErrorKind::Refused,
+            format!("{other:?} is not answered here"),
+        )),
+    }
 }
 
 /// The requests every kind answers through the datastore trait; None for

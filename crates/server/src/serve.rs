@@ -585,25 +585,7 @@ fn vmdk_socket_path(top: &Path) -> PathBuf {
 
 #[expect(clippy::too_many_lines)]
 pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCode, Error> {
-    if args.nbd_unix.is_none()
-        && args.nbd_tcp.is_none()
-        && args.vhost_user_blk.is_empty()
-        && args.fuse.is_none()
-    {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT, \
-             --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
-        ));
-    }
-    if args.aio_native && !args.direct_io {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O \
-             (through the page cache each request would block its connection); use \
-             --aio io_uring, or add --cache none",
-        ));
-    }
+    check_listeners(args)?;
     let vhost_specs = vhost_specs(args)?;
     socket_owner(args)?;
     let opened = open_vmdks(args)?;
@@ -614,22 +596,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     let vmdks = export_list(&opened);
     let stop = stop_flag()?;
 
-    // The control socket: a local datastore's lock is ours and another
-    // server of an attached directory would answer, so a file left is stale.
-    let ctl_path = dir.join(strata_format::FILE_CONTROL);
-    if std::os::unix::net::UnixStream::connect(&ctl_path).is_ok() {
-        return Err(Error::new(
-            ErrorKind::Locked,
-            format!(
-                "another server of this directory answers at {}: one server per directory",
-                ctl_path.display()
-            ),
-        ));
-    }
-    let _ = std::fs::remove_file(&ctl_path);
+    let (ctl_path, ctl) = bind_control(dir)?;
     // A quiesce hook whose unquiesce a dead server skipped runs it now.
     crate::groups::recover(home.dir(), None);
-    let ctl = bind_listening(&ctl_path)?;
     let registry = Arc::new(StatsRegistry::new());
     let places = crate::placement::Places::open(
         dir,
@@ -733,6 +702,50 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     home.close()?;
     tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse a server with nothing to listen on, or with native AIO through
+/// the page cache.
+fn check_listeners(args: &ServeConfig) -> Result<(), Error> {
+    if args.nbd_unix.is_none()
+        && args.nbd_tcp.is_none()
+        && args.vhost_user_blk.is_empty()
+        && args.fuse.is_none()
+    {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT, \
+             --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
+        ));
+    }
+    if args.aio_native && !args.direct_io {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O \
+             (through the page cache each request would block its connection); use \
+             --aio io_uring, or add --cache none",
+        ));
+    }
+    Ok(())
+}
+
+/// The control socket of the datastore in `dir`. A local datastore's lock
+/// is this server's and another server of an attached directory would
+/// answer, so a socket file nobody answers is stale.
+fn bind_control(dir: &Path) -> Result<(PathBuf, UnixListener), Error> {
+    let ctl_path = dir.join(strata_format::FILE_CONTROL);
+    if std::os::unix::net::UnixStream::connect(&ctl_path).is_ok() {
+        return Err(Error::new(
+            ErrorKind::Locked,
+            format!(
+                "another server of this directory answers at {}: one server per directory",
+                ctl_path.display()
+            ),
+        ));
+    }
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = bind_listening(&ctl_path)?;
+    Ok((ctl_path, ctl))
 }
 
 /// Open the datastore `serve` serves, either kind (a local one under its
@@ -1104,9 +1117,61 @@ fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
         .collect()
 }
 
+/// Whether `--http ADDR` (`bind`: HOST:PORT as the listener will bind it)
+/// is loopback only, every address the host resolves to; beyond loopback
+/// it needs HTTPS (or --insecure) and a token for reads.
+fn loopback_only(args: &ServeConfig, a: &str, bind: &str) -> Result<bool, Error> {
+    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
+    // HOST:PORT as the listener will bind it: loopback only if every
+    // address the host resolves to is.
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(bind)
+        .map_err(|e| invalid(format!("--http {a}: {e}")))?
+        .collect();
+    let local = !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback());
+    if !local && args.tls_creds.is_none() && !args.insecure {
+        return Err(invalid(format!(
+            "--http {a} is not a loopback address: beyond loopback the dashboard, API and \
+             metrics go over HTTPS only, with the server's --tls-creds DIR (docs/SECURITY.md); \
+             bind a loopback address, or pass --insecure to serve plain HTTP to the network"
+        )));
+    }
+    if !local && args.http_token.is_none() && args.http_read_token.is_none() {
+        return Err(invalid(format!(
+            "--http {a} is not a loopback address: beyond loopback reads need a token too; give \
+             --http-read-token FILE (for dashboards and scrapers) and/or --http-token FILE (for \
+             actions); a missing file is made with a new random token"
+        )));
+    }
+    Ok(local)
+}
+
+/// The tokens `--http-token` and `--http-read-token` name (a missing file
+/// is made with a new token); reads need one beyond loopback.
+fn http_tokens(args: &ServeConfig, local: bool) -> Result<crate::web::Tokens, Error> {
+    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
+    let tokens = crate::web::Tokens {
+        action: match &args.http_token {
+            Some(p) => Some(crate::web::load_or_make_token("--http-token", p)?),
+            None => None,
+        },
+        read: match &args.http_read_token {
+            Some(p) => Some(crate::web::load_or_make_token("--http-read-token", p)?),
+            None => None,
+        },
+        reads_need_token: !local || args.http_read_token.is_some(),
+    };
+    if tokens.action.is_some() && tokens.action == tokens.read {
+        return Err(invalid(
+            "--http-token and --http-read-token hold the same token: a read token must not \
+             grant actions"
+                .into(),
+        ));
+    }
+    Ok(tokens)
+}
+
 /// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
 /// given; `backend` None: a server without a datastore (metrics only).
-#[expect(clippy::too_many_lines)]
 pub(crate) fn start_http(
     args: &ServeConfig,
     gauges: crate::web::GaugeFn,
@@ -1128,45 +1193,8 @@ pub(crate) fn start_http(
         return Ok(None);
     };
     let bind = crate::web::bind_address(a);
-    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
-    // HOST:PORT as the listener will bind it: loopback only if every
-    // address the host resolves to is.
-    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&bind)
-        .map_err(|e| invalid(format!("--http {a}: {e}")))?
-        .collect();
-    let local = !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback());
-    if !local && args.tls_creds.is_none() && !args.insecure {
-        return Err(invalid(format!(
-            "--http {a} is not a loopback address: beyond loopback the dashboard, API and \
-             metrics go over HTTPS only, with the server's --tls-creds DIR (docs/SECURITY.md); \
-             bind a loopback address, or pass --insecure to serve plain HTTP to the network"
-        )));
-    }
-    if !local && args.http_token.is_none() && args.http_read_token.is_none() {
-        return Err(invalid(format!(
-            "--http {a} is not a loopback address: beyond loopback reads need a token too; give \
-             --http-read-token FILE (for dashboards and scrapers) and/or --http-token FILE (for \
-             actions); a missing file is made with a new random token"
-        )));
-    }
-    let tokens = crate::web::Tokens {
-        action: match &args.http_token {
-            Some(p) => Some(crate::web::load_or_make_token("--http-token", p)?),
-            None => None,
-        },
-        read: match &args.http_read_token {
-            Some(p) => Some(crate::web::load_or_make_token("--http-read-token", p)?),
-            None => None,
-        },
-        reads_need_token: !local || args.http_read_token.is_some(),
-    };
-    if tokens.action.is_some() && tokens.action == tokens.read {
-        return Err(invalid(
-            "--http-token and --http-read-token hold the same token: a read token must not \
-             grant actions"
-                .into(),
-        ));
-    }
+    let local = loopback_only(args, a, &bind)?;
+    let tokens = http_tokens(args, local)?;
     let tls = match &args.tls_creds {
         Some(dir) => Some(https_config(dir)?),
         None => None,
@@ -1278,18 +1306,16 @@ fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
     }
 }
 
-/// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
-/// Each export gets a control socket next to its top file, which answers
-/// `status` (so that a refused open can name this server) and
-/// `vmdk_shrink` (online shrink of that export).
-#[expect(clippy::too_many_lines)]
-fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
-    let stop = stop_flag()?;
-    let registry = Arc::new(StatsRegistry::new());
-    let list = export_list(&opened);
+/// A control socket beside each served VMDK file (`strata vmdk` commands
+/// find the server through it); None where it cannot be bound, and
+/// refusals then name only the pid.
+fn vmdk_control_sockets(
+    opened: &[OpenedVmdk],
+    stop: &Arc<AtomicBool>,
+) -> (Vec<Option<PathBuf>>, Vec<control::Acceptor>) {
     let mut sockets: Vec<Option<PathBuf>> = Vec::new();
     let mut ctl_threads = Vec::new();
-    for o in &opened {
+    for o in opened {
         let p = vmdk_socket_path(&o.path);
         match bind_listening(&p) {
             Ok(l) => {
@@ -1318,6 +1344,18 @@ fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitC
             }
         }
     }
+    (sockets, ctl_threads)
+}
+
+/// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
+/// Each export gets a control socket next to its top file, which answers
+/// `status` (so that a refused open can name this server) and
+/// `vmdk_shrink` (online shrink of that export).
+fn serve_only_vmdks(args: &ServeConfig, opened: Vec<OpenedVmdk>) -> Result<ExitCode, Error> {
+    let stop = stop_flag()?;
+    let registry = Arc::new(StatsRegistry::new());
+    let list = export_list(&opened);
+    let (sockets, ctl_threads) = vmdk_control_sockets(&opened, &stop);
     let held = record_holders(&opened, &sockets);
     let exports = Arc::new(Exports {
         ds: None,

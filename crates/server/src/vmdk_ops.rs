@@ -305,7 +305,205 @@ fn import_qcow2(
     })
 }
 
-#[expect(clippy::too_many_lines)]
+/// The directory and file name of an export's first link (`out`, which
+/// must end in .vmdk).
+fn output_name(out: &Path) -> Result<(PathBuf, String), Error> {
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file = out
+        .file_name()
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{} is not a file name", out.display()),
+            )
+        })?
+        .to_string_lossy()
+        .to_string();
+    if !file.ends_with(".vmdk") {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "the output name must end in .vmdk",
+        ));
+    }
+    Ok((dir.to_path_buf(), file))
+}
+
+/// The links an export writes, one per version.
+struct Links {
+    /// The versions (with `--chain`, every snapshot on the target's path
+    /// first).
+    versions: Vec<String>,
+    /// Each link's file name: the one asked for, then `STEM-000001.vmdk`...
+    names: Vec<String>,
+    /// Each link's subformat (a chain of vmfsSparse/seSparse deltas sits
+    /// on a flat base, as on ESX).
+    subs: Vec<Subformat>,
+}
+
+/// Plan an export's links (see [`Links`]).
+fn plan_links(
+    ds: &dyn Datastore,
+    target: &str,
+    file: &str,
+    sub: Subformat,
+    chain: bool,
+) -> Result<Links, Error> {
+    let (disk, _) = strata_engine::split_target(target);
+    let mut versions: Vec<String> = Vec::new();
+    if chain {
+        if !sub.can_be_delta() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "--chain needs a subformat that can be a delta (monolithicSparse, vmfsSparse or seSparse), not {}",
+                    sub.name()
+                ),
+            ));
+        }
+        versions = ds
+            .snapshot_path(target)?
+            .into_iter()
+            .map(|s| format!("{disk}@{s}"))
+            .collect();
+    }
+    versions.push(target.to_string());
+    let stem = file.strip_suffix(".vmdk").unwrap_or(file);
+    let names = (0..versions.len())
+        .map(|i| match i {
+            0 => file.to_string(),
+            _ => format!("{stem}-{i:06}.vmdk"),
+        })
+        .collect();
+    let subs = (0..versions.len())
+        .map(|i| match i {
+            0 if chain && sub != Subformat::MonolithicSparse => Subformat::MonolithicFlat,
+            _ => sub,
+        })
+        .collect();
+    Ok(Links {
+        versions,
+        names,
+        subs,
+    })
+}
+
+/// Refuse an export that would overwrite any file of its links.
+fn refuse_existing(dir: &Path, names: &[String], subs: &[Subformat]) -> Result<(), Error> {
+    for (n, &s) in names.iter().zip(subs) {
+        for f in image_files(n, s) {
+            if dir.join(&f).exists() {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} already exists; refusing to overwrite it",
+                        dir.join(&f).display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write the mapped `ranges` of `h` into a streamOptimized link, grain
+/// by grain in order, and finish it.
+fn write_stream(
+    mut w: StreamWriter,
+    h: &dyn BlockDevice,
+    ranges: &[strata_datastore::ChangedRange],
+    step: &mut dyn FnMut(u64),
+) -> Result<(), Error> {
+    let size = h.size_bytes();
+    let gb = w.grain_bytes();
+    let mut buf = vec![0u8; gb as usize];
+    let mut last: Option<u64> = None;
+    for r in ranges.iter().filter(|r| r.mapped) {
+        let first = r.offset / gb;
+        let end = (r.offset + r.len).div_ceil(gb);
+        for g in first..end {
+            if last.is_some_and(|l| g <= l) {
+                continue;
+            }
+            let n = gb.min(size - g * gb) as usize;
+            h.read_at(&mut buf[..n], g * gb)?;
+            w.write_grain(g, &buf[..n])?;
+            last = Some(g);
+        }
+        step(r.len);
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// Write `ranges` of `h` into a sparse or flat link: data as grains, and
+/// in a `delta` zeroed ranges as zero grains (they hide the parent's data).
+fn write_sparse(
+    img: &VmdkImage,
+    h: &dyn BlockDevice,
+    ranges: &[strata_datastore::ChangedRange],
+    delta: bool,
+    step: &mut dyn FnMut(u64),
+) -> Result<(), Error> {
+    let mut buf = vec![0u8; CHUNK as usize];
+    for r in ranges {
+        if !r.mapped {
+            if delta {
+                img.write_zeroes(r.offset, r.len, UNMAP_OK)?;
+            }
+            step(r.len);
+            continue;
+        }
+        let mut p = 0u64;
+        while p < r.len {
+            let n = CHUNK.min(r.len - p) as usize;
+            h.read_at(&mut buf[..n], r.offset + p)?;
+            put_grains(img, &buf[..n], r.offset + p, delta)?;
+            p += n as u64;
+            step(n as u64);
+        }
+    }
+    Ok(())
+}
+
+/// Copy what link `level` of `img` holds onto `dev`: its data grains,
+/// and its zeroed ranges unless it is the base (a new disk reads zeros).
+/// `progress` gets the offset reached.
+fn copy_link(
+    img: &VmdkImage,
+    level: usize,
+    dev: &dyn BlockDevice,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), Error> {
+    let base = level == img.links.len() - 1;
+    let link_size = (img.links[level].sectors * 512).min(img.size_bytes());
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut off = 0u64;
+    while off < link_size {
+        for (len, st) in img.link_status(level, off, link_size - off, 1024)? {
+            match st {
+                RangeState::Unallocated => {}
+                RangeState::Zero if base => {}
+                RangeState::Zero => dev.write_zeroes(off, len, UNMAP_OK)?,
+                RangeState::Data => {
+                    let mut p = 0u64;
+                    while p < len {
+                        let n = CHUNK.min(len - p) as usize;
+                        img.read_link(level, &mut buf[..n], off + p)?;
+                        put_grains(dev, &buf[..n], off + p, !base)?;
+                        p += n as u64;
+                        progress(off + p);
+                    }
+                }
+            }
+            off += len;
+        }
+    }
+    Ok(())
+}
+
 fn import_vmdk(
     ds: &dyn Datastore,
     path: &Path,
@@ -323,35 +521,8 @@ fn import_vmdk(
         let h = ds.open(name)?;
         let total = size * levels as u64;
         let mut done = 0u64;
-        let mut buf = vec![0u8; CHUNK as usize];
         for level in (0..levels).rev() {
-            let base = level == levels - 1;
-            let link_size = (img.links[level].sectors * 512).min(size);
-            let mut off = 0u64;
-            while off < link_size {
-                let runs = img.link_status(level, off, link_size - off, 1024)?;
-                for (len, st) in runs {
-                    match st {
-                        RangeState::Unallocated => {}
-                        RangeState::Zero => {
-                            if !base {
-                                h.write_zeroes(off, len, UNMAP_OK)?;
-                            }
-                        }
-                        RangeState::Data => {
-                            let mut p = 0u64;
-                            while p < len {
-                                let n = CHUNK.min(len - p) as usize;
-                                img.read_link(level, &mut buf[..n], off + p)?;
-                                put_grains(&*h, &buf[..n], off + p, !base)?;
-                                p += n as u64;
-                                progress(done + off + p, total);
-                            }
-                        }
-                    }
-                    off += len;
-                }
-            }
+            copy_link(&img, level, &*h, &mut |at| progress(done + at, total))?;
             done += size;
             progress(done, total);
             if level > 0 {
@@ -393,7 +564,7 @@ fn import_vmdk(
 /// Export `target` (DISK or DISK@SNAP) to `out`. With `chain`, write the
 /// snapshot path as a base and deltas named like VMware's (`NAME.vmdk`,
 /// `NAME-000001.vmdk`, ...); the last file is `target`.
-#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
+#[expect(clippy::too_many_arguments)]
 pub fn export(
     ds: &dyn Datastore,
     target: &str,
@@ -403,79 +574,15 @@ pub fn export(
     adapter: &str,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ExportReport, Error> {
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file = out
-        .file_name()
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{} is not a file name", out.display()),
-            )
-        })?
-        .to_string_lossy()
-        .to_string();
-    if !file.ends_with(".vmdk") {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "the output name must end in .vmdk",
-        ));
-    }
+    let (dir, file) = output_name(out)?;
+    let dir = dir.as_path();
     let backend: Arc<dyn Backend> = Arc::new(FileBackend::new(dir));
-    let (disk, _) = strata_engine::split_target(target);
-    let mut versions: Vec<String> = Vec::new();
-    if chain {
-        if !sub.can_be_delta() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "--chain needs a subformat that can be a delta (monolithicSparse, vmfsSparse or seSparse), not {}",
-                    sub.name()
-                ),
-            ));
-        }
-        versions = ds
-            .snapshot_path(target)?
-            .into_iter()
-            .map(|s| format!("{disk}@{s}"))
-            .collect();
-    }
-    versions.push(target.to_string());
-    let stem = file.strip_suffix(".vmdk").unwrap_or(&file).to_string();
-    let names: Vec<String> = (0..versions.len())
-        .map(|i| {
-            if i == 0 {
-                file.clone()
-            } else {
-                format!("{stem}-{i:06}.vmdk")
-            }
-        })
-        .collect();
-    // A chain of vmfsSparse/seSparse deltas sits on a flat base, as on ESX.
-    let subs: Vec<Subformat> = (0..versions.len())
-        .map(|i| {
-            if i == 0 && chain && sub != Subformat::MonolithicSparse {
-                Subformat::MonolithicFlat
-            } else {
-                sub
-            }
-        })
-        .collect();
-    for (n, &s) in names.iter().zip(&subs) {
-        for f in image_files(n, s) {
-            if dir.join(&f).exists() {
-                return Err(Error::new(
-                    ErrorKind::AlreadyExists,
-                    format!(
-                        "{} already exists; refusing to overwrite it",
-                        dir.join(&f).display()
-                    ),
-                ));
-            }
-        }
-    }
+    let Links {
+        versions,
+        names,
+        subs,
+    } = plan_links(ds, target, &file, sub, chain)?;
+    refuse_existing(dir, &names, &subs)?;
     // What each link holds: the changes from the version below it.
     let deltas = versions
         .iter()
@@ -493,58 +600,19 @@ pub fn export(
     for (i, v) in versions.iter().enumerate() {
         let h = ds.open(v)?;
         let size = h.size_bytes();
-        let ranges = &deltas[i];
-        let this_sub = subs[i];
-        let name = &names[i];
+        let (name, this_sub) = (&names[i], subs[i]);
         if this_sub == Subformat::StreamOptimized {
-            let mut w = StreamWriter::create(&*backend, name, size / 512, adapter)?;
-            let gb = w.grain_bytes();
-            let mut buf = vec![0u8; gb as usize];
-            let mut last: Option<u64> = None;
-            for r in ranges.iter().filter(|r| r.mapped) {
-                let first = r.offset / gb;
-                let end = (r.offset + r.len).div_ceil(gb);
-                for g in first..end {
-                    if last.is_some_and(|l| g <= l) {
-                        continue;
-                    }
-                    let n = gb.min(size - g * gb) as usize;
-                    h.read_at(&mut buf[..n], g * gb)?;
-                    w.write_grain(g, &buf[..n])?;
-                    last = Some(g);
-                }
-                step(r.len);
-            }
-            w.finish()?;
+            let w = StreamWriter::create(&*backend, name, size / 512, adapter)?;
+            write_stream(w, &*h, &deltas[i], &mut step)?;
         } else {
             let mut spec = ImageSpec::new(this_sub, size / 512);
             spec.parent = parent.clone();
             spec.adapter = adapter.to_string();
             let img = create_image(backend.clone(), name, &spec)?;
-            let mut buf = vec![0u8; CHUNK as usize];
             // Zero grains of a delta must hide the parent's data there.
-            let delta = i > 0;
-            for r in ranges {
-                if !r.mapped {
-                    if delta {
-                        img.write_zeroes(r.offset, r.len, UNMAP_OK)?;
-                    }
-                    step(r.len);
-                    continue;
-                }
-                let mut p = 0u64;
-                while p < r.len {
-                    let n = CHUNK.min(r.len - p) as usize;
-                    h.read_at(&mut buf[..n], r.offset + p)?;
-                    put_grains(&img, &buf[..n], r.offset + p, delta)?;
-                    p += n as u64;
-                    step(n as u64);
-                }
-            }
+            write_sparse(&img, &*h, &deltas[i], i > 0, &mut step)?;
             img.flush()?;
-            let cid = img.current_cid();
-            drop(img);
-            parent = Some((name.clone(), cid));
+            parent = Some((name.clone(), img.current_cid()));
         }
         written.push(ExportedLink {
             file: dir.join(name).display().to_string(),

@@ -259,9 +259,23 @@ impl HttpServer {
     }
 }
 
+fn http_io(what: &str, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, what).caused_by(e)
+}
+
+/// A non-blocking listener on `bind` (HOST:PORT) and the address it got.
+fn bind_listener(bind: &str) -> Result<(std::net::TcpListener, std::net::SocketAddr), Error> {
+    let what = format!("bind http {bind}");
+    let listener = std::net::TcpListener::bind(bind).map_err(|e| http_io(&what, e))?;
+    let addr = listener.local_addr().map_err(|e| http_io(&what, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| http_io("http listener", e))?;
+    Ok((listener, addr))
+}
+
 /// Bind `bind` and answer on it until stopped; HTTPS only when `tls` is
 /// given (see [`https_config`]).
-#[expect(clippy::too_many_lines)]
 pub(crate) fn start(
     bind: &str,
     web: Web,
@@ -269,22 +283,14 @@ pub(crate) fn start(
 ) -> Result<HttpServer, Error> {
     let tls = tls.map(|c| Arc::new(parking_lot::RwLock::new(c)));
     let handshake_config = tls.clone();
-    let io = |what: String, e: std::io::Error| Error::new(ErrorKind::Io, format!("{what}: {e}"));
-    let listener =
-        std::net::TcpListener::bind(bind).map_err(|e| io(format!("bind http {bind}"), e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| io(format!("bind http {bind}"), e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io("http listener".into(), e))?;
+    let (listener, addr) = bind_listener(bind)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .max_blocking_threads(IN_FLIGHT_MAX)
         .thread_name("http")
         .enable_all()
         .build()
-        .map_err(|e| io("http runtime".into(), e))?;
+        .map_err(|e| http_io("http runtime", e))?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let web = Arc::new(web);
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -338,7 +344,7 @@ pub(crate) fn start(
             });
             rt.shutdown_timeout(std::time::Duration::from_millis(500));
         })
-        .map_err(|e| io("spawn http thread".into(), e))?;
+        .map_err(|e| http_io("spawn http thread", e))?;
     Ok(HttpServer {
         addr,
         stop: Some(tx),
@@ -729,7 +735,85 @@ fn flag(body: &Value, name: &str) -> bool {
     body.get(name).and_then(Value::as_bool).unwrap_or(false)
 }
 
-#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
+/// A GET of the API: its request, or the answer itself (the API's index,
+/// a refusal).
+fn get_request(
+    web: &Web,
+    backend: &dyn Backend,
+    headers: &HeaderMap,
+    segs: &[&str],
+    query: Option<&str>,
+) -> Result<Request, Box<Resp>> {
+    web.authorize_read(headers)
+        .map_err(|r| Box::new(r.response()))?;
+    Ok(match segs {
+        [] => {
+            return Err(Box::new(json_response(
+                200,
+                &json!({
+                    "api": 1,
+                    "server": concat!("strata ", env!("CARGO_PKG_VERSION")),
+                    "actions": web.token.is_some(),
+                    "reads_need_token": web.reads_need_token,
+                    "granted": web.grant(headers).name(),
+                    "shared": backend.shared(),
+                }),
+            )))
+        }
+        ["status"] => Request::Status,
+        ["disks"] => Request::List,
+        ["disks", d] => Request::Info {
+            name: d.to_string(),
+        },
+        ["disks", d, "snapshots"] => Request::SnapshotList {
+            disk: d.to_string(),
+        },
+        ["disks", d, "changes"] => changes_request(d, query)?,
+        ["stats"] => Request::Stats {
+            disk: None,
+            reset: false,
+            recording: None,
+        },
+        ["stats", e] => Request::Stats {
+            disk: Some(e.to_string()),
+            reset: false,
+            recording: None,
+        },
+        ["alarms"] => Request::AlarmList,
+        ["jobs"] => Request::Jobs,
+        ["groups"] => Request::GroupList,
+        ["groups", g] => Request::GroupInfo {
+            name: g.to_string(),
+        },
+        ["groups", g, "snapshots"] => Request::GroupSnapshotList {
+            group: g.to_string(),
+        },
+        _ => return Err(Box::new(not_found_or_method(segs))),
+    })
+}
+
+/// `GET /api/v1/disks/D/changes?from=BASE[&to=SNAP][&totals=1]`.
+fn changes_request(d: &str, query: Option<&str>) -> Result<Request, Box<Resp>> {
+    let q = query_params(query).map_err(|e| Box::new(e.response()))?;
+    let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let Some(from) = get("from") else {
+        return Err(Box::new(error_response(
+            400,
+            "invalid_argument",
+            "changes need ?from=BASE (a snapshot name, id:N, or another version)",
+        )));
+    };
+    Ok(Request::Diff {
+        target: match get("to") {
+            Some(snap) => format!("{d}@{snap}"),
+            None => d.to_string(),
+        },
+        from,
+        totals: get("totals").is_some_and(|v| v != "0" && v != "false"),
+    })
+}
+
+#[expect(clippy::too_many_arguments)]
 fn api(
     web: &Web,
     backend: &dyn Backend,
@@ -748,75 +832,10 @@ fn api(
     }
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     if method == Method::GET {
-        if let Err(r) = web.authorize_read(headers) {
-            return r.response();
-        }
-        let r = match segs.as_slice() {
-            [] => {
-                return json_response(
-                    200,
-                    &json!({
-                        "api": 1,
-                        "server": concat!("strata ", env!("CARGO_PKG_VERSION")),
-                        "actions": web.token.is_some(),
-                        "reads_need_token": web.reads_need_token,
-                        "granted": web.grant(headers).name(),
-                        "shared": backend.shared(),
-                    }),
-                )
-            }
-            ["status"] => Request::Status,
-            ["disks"] => Request::List,
-            ["disks", d] => Request::Info {
-                name: d.to_string(),
-            },
-            ["disks", d, "snapshots"] => Request::SnapshotList {
-                disk: d.to_string(),
-            },
-            ["disks", d, "changes"] => {
-                let q = match query_params(query) {
-                    Ok(q) => q,
-                    Err(e) => return e.response(),
-                };
-                let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-                let Some(from) = get("from") else {
-                    return error_response(
-                        400,
-                        "invalid_argument",
-                        "changes need ?from=BASE (a snapshot name, id:N, or another version)",
-                    );
-                };
-                Request::Diff {
-                    target: match get("to") {
-                        Some(snap) => format!("{d}@{snap}"),
-                        None => d.to_string(),
-                    },
-                    from,
-                    totals: get("totals").is_some_and(|v| v != "0" && v != "false"),
-                }
-            }
-            ["stats"] => Request::Stats {
-                disk: None,
-                reset: false,
-                recording: None,
-            },
-            ["stats", e] => Request::Stats {
-                disk: Some(e.to_string()),
-                reset: false,
-                recording: None,
-            },
-            ["alarms"] => Request::AlarmList,
-            ["jobs"] => Request::Jobs,
-            ["groups"] => Request::GroupList,
-            ["groups", g] => Request::GroupInfo {
-                name: g.to_string(),
-            },
-            ["groups", g, "snapshots"] => Request::GroupSnapshotList {
-                group: g.to_string(),
-            },
-            _ => return not_found_or_method(&segs),
+        return match get_request(web, backend, headers, &segs, query) {
+            Ok(r) => run(backend, r, 200),
+            Err(resp) => *resp,
         };
-        return run(backend, r, 200);
     }
     if method != Method::POST && method != Method::DELETE {
         return error_response(405, "invalid_argument", "GET, POST or DELETE");
@@ -852,7 +871,16 @@ fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
     })
 }
 
-#[expect(clippy::too_many_lines)]
+/// The body's "size": bytes, or a size with a unit ("20G").
+fn size_field(b: &Value) -> Result<u64, Refusal> {
+    match b.get("size") {
+        Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
+        Some(Value::String(s)) => parse_size(s).map_err(|e| e.message),
+        _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
+    }
+    .map_err(|e| Refusal::new(400, "invalid_argument", &e))
+}
+
 fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
     let status = action_status(method, segs).expect("checked by the caller");
     let req = match segs {
@@ -893,18 +921,10 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
             source: format!("{d}@{}", field(b, "snapshot")?),
             name: field(b, "name")?.to_string(),
         },
-        ["disks", d, "extend"] => {
-            let size = match b.get("size") {
-                Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
-                Some(Value::String(s)) => parse_size(s).map_err(|e| e.message),
-                _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
-            }
-            .map_err(|e| Refusal::new(400, "invalid_argument", &e))?;
-            Request::Extend {
-                name: d.to_string(),
-                size_bytes: size,
-            }
-        }
+        ["disks", d, "extend"] => Request::Extend {
+            name: d.to_string(),
+            size_bytes: size_field(b)?,
+        },
         ["disks", d, "convert"] => Request::Convert {
             name: d.to_string(),
             provisioning: Provisioning::parse(field(b, "type")?)

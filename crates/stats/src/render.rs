@@ -14,25 +14,8 @@ pub const BAR_WIDTH: u64 = 40;
 // ---------------------------------------------------------------------------
 // Text
 
-/// A terminal report of one disk: the per-op counters, then every histogram
-/// as a table of bucket, count, percent and a bar of `#` scaled so the
-/// fullest bucket gets [`BAR_WIDTH`] characters.
-#[expect(clippy::too_many_lines)]
-pub fn render_text(s: &StatsSnapshot) -> String {
-    let mut out = String::new();
-    let secs = s.elapsed_ns as f64 / 1e9;
-    let _ = writeln!(
-        out,
-        "Statistics over {secs:.3} s; {} command(s) in flight now",
-        s.in_flight
-    );
-    if !s.recording {
-        let _ = writeln!(
-            out,
-            "Recording is paused (strata stats --resume): new commands are not counted"
-        );
-    }
-    out.push('\n');
+/// The per-op table of commands, bytes and errors, with their totals.
+fn text_counters(out: &mut String, s: &StatsSnapshot) {
     let _ = writeln!(
         out,
         "{:<14} {:>14} {:>20} {:>10}",
@@ -58,6 +41,27 @@ pub fn render_text(s: &StatsSnapshot) -> String {
         "{:<14} {:>14} {:>20} {:>10}",
         "total", total.0, total.1, total.2
     );
+}
+
+/// A terminal report of one disk: the per-op counters, then every histogram
+/// as a table of bucket, count, percent and a bar of `#` scaled so the
+/// fullest bucket gets [`BAR_WIDTH`] characters.
+pub fn render_text(s: &StatsSnapshot) -> String {
+    let mut out = String::new();
+    let secs = s.elapsed_ns as f64 / 1e9;
+    let _ = writeln!(
+        out,
+        "Statistics over {secs:.3} s; {} command(s) in flight now",
+        s.in_flight
+    );
+    if !s.recording {
+        let _ = writeln!(
+            out,
+            "Recording is paused (strata stats --resume): new commands are not counted"
+        );
+    }
+    out.push('\n');
+    text_counters(&mut out, s);
 
     for (family, hs) in [
         ("I/O length", &s.io_length),

@@ -179,13 +179,40 @@ pub fn open_image(data: &[u8]) -> ImageSummary {
     s
 }
 
+/// One read of `buf.len()` bytes at `off`, counted in `s`: an error is
+/// fine, and a read that succeeds must describe exactly its buffer and
+/// hold zeros where it says so.
+fn checked_read(img: &VmdkImage, s: &mut ImageSummary, buf: &mut [u8], off: u64) {
+    buf.fill(0xa5);
+    let Ok(fill) = img.read_at(buf, off) else {
+        s.read_errors += 1;
+        return;
+    };
+    assert_eq!(
+        fill.len_bytes(),
+        buf.len() as u64,
+        "read of {} at {off}: {fill:?}",
+        buf.len()
+    );
+    for (r, f) in fill.runs() {
+        if f == Fill::Zeros {
+            let run = &buf[r.start as usize..r.end as usize];
+            assert!(
+                run.iter().all(|&x| x == 0),
+                "read at {off}: {r:?} reported as zeros holds data"
+            );
+            s.zero_bytes += r.end - r.start;
+        }
+    }
+    s.bytes_read += buf.len() as u64;
+}
+
 /// Read an opened image (all of it up to `whole_up_to` bytes, else
 /// `window` bytes at both ends and 1 MiB in the middle, and odd-sized
 /// reads across grain edges), ask for block status and status of the
 /// chain and each link, and check it. Any error is fine; a panic is not,
 /// and a read that succeeds must describe exactly its buffer and hold
 /// zeros where it says so; a read past the end must fail.
-#[expect(clippy::too_many_lines)]
 pub fn exercise(img: &VmdkImage, whole_up_to: u64, window: u64) -> ImageSummary {
     let size = img.size_bytes();
     let mut s = ImageSummary {
@@ -203,31 +230,7 @@ pub fn exercise(img: &VmdkImage, whole_up_to: u64, window: u64) -> ImageSummary 
         ]
     };
     let mut buf = vec![0u8; MIB as usize];
-    let read = |s: &mut ImageSummary, buf: &mut [u8], off: u64| {
-        buf.fill(0xa5);
-        match img.read_at(buf, off) {
-            Ok(fill) => {
-                assert_eq!(
-                    fill.len_bytes(),
-                    buf.len() as u64,
-                    "read of {} at {off}: {fill:?}",
-                    buf.len()
-                );
-                for (r, f) in fill.runs() {
-                    if f == Fill::Zeros {
-                        let run = &buf[r.start as usize..r.end as usize];
-                        assert!(
-                            run.iter().all(|&x| x == 0),
-                            "read at {off}: {r:?} reported as zeros holds data"
-                        );
-                        s.zero_bytes += r.end - r.start;
-                    }
-                }
-                s.bytes_read += buf.len() as u64;
-            }
-            Err(_) => s.read_errors += 1,
-        }
-    };
+    let read = |s: &mut ImageSummary, buf: &mut [u8], off: u64| checked_read(img, s, buf, off);
     for &(start, len) in &windows {
         let mut p = 0;
         while p < len {

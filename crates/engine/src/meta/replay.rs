@@ -110,34 +110,31 @@ impl Meta {
         Ok(())
     }
 
+    /// A map node whose whole content a record gives (an image, or a new
+    /// node of zeros).
+    fn replay_whole_node(&mut self, grain: u64, level: u8, entries: Box<[u64; MAP_FANOUT]>) {
+        bump(&mut self.alloc.hwm, grain);
+        self.replay.nodes.insert(
+            grain,
+            ReplayNode {
+                level: Some(level),
+                entries,
+                unverified: None,
+            },
+        );
+    }
+
     /// Apply one replayed record (docs/FORMAT.md §5).
-    #[expect(clippy::too_many_lines)]
     pub fn replay(&mut self, rec: Record) -> Result<()> {
         match rec {
             Record::PageImage { grain, data } => {
-                bump(&mut self.alloc.hwm, grain);
                 let n = decode_map_node(&data[..], grain).map_err(|e| {
                     corrupt(format!("log: the image of {}: {e}", node_place(grain)))
                 })?;
-                self.replay.nodes.insert(
-                    grain,
-                    ReplayNode {
-                        level: Some(n.level),
-                        entries: n.entries,
-                        unverified: None,
-                    },
-                );
+                self.replay_whole_node(grain, n.level, n.entries);
             }
             Record::PageNew { grain, level } => {
-                bump(&mut self.alloc.hwm, grain);
-                self.replay.nodes.insert(
-                    grain,
-                    ReplayNode {
-                        level: Some(level),
-                        entries: Box::new([0; MAP_FANOUT]),
-                        unverified: None,
-                    },
-                );
+                self.replay_whole_node(grain, level, Box::new([0; MAP_FANOUT]));
             }
             Record::PageZeroV1 { grain } => {
                 return Err(corrupt(format!(
