@@ -1,8 +1,9 @@
-//! The benchmark cases with targets (`bench/bench.py --smoke --only
-//! stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile,firstwrite`:
-//! `--quick`'s cases and cells at each case's smallest size and shortest run)
-//! run end to end against the test-built `strata`, and their JSON has every
-//! case and every cell. It proves the benchmarks still work; the figures
+//! The benchmark cases with targets (`bench/bench.py --smoke --only ...`:
+//! `--quick`'s cases and cells at each case's smallest size and shortest
+//! run, in two runs: the serving cases stats, reclaim, vhost, cachenone,
+//! tls and hostile; the store cases multihost, compaction, move, backup,
+//! groupsnap and firstwrite) run end to end against the test-built
+//! `strata`, and their JSON has every case and every cell. It proves the benchmarks still work; the figures
 //! worth keeping come from `make bench` (`--quick` or full). The paper's
 //! suites (seed figures, with vdi booting TCG guests from the guest test's
 //! kernel and initramfs) run in `paper_smoke_writes_every_figure`, through
@@ -18,7 +19,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-/// Under `cargo test` the two benchmark runs take turns, each with the
+/// Under `cargo test` the benchmark runs take turns, each with the
 /// machine to itself but for the tests of this binary. `make test`
 /// (scripts/run-tests.py) runs each in a process of its own beside other
 /// tests, for the suite's wall time: no case has a timing threshold, so
@@ -43,11 +44,14 @@ fn positive(v: &Value, path: &[&str]) {
     assert!(n > 0.0, "results.json: {} is {n}", path.join("."));
 }
 
-#[test]
-fn bench_quick_cases_with_targets() {
+/// Run `bench.py --smoke --only CASES` against the test-built `strata`
+/// when STRATA_BENCH_QUICK=1 (else None, saying so), taking its turn:
+/// its JSON (checked to be a quick run that wrote its report too) and
+/// the directory that holds it.
+fn bench_smoke(cases: &str) -> Option<(Value, tempfile::TempDir)> {
     if std::env::var("STRATA_BENCH_QUICK").as_deref() != Ok("1") {
-        println!("skipped (set STRATA_BENCH_QUICK=1 to run bench.py --quick)");
-        return;
+        println!("skipped (set STRATA_BENCH_QUICK=1 to run bench.py --smoke)");
+        return None;
     }
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -55,12 +59,7 @@ fn bench_quick_cases_with_targets() {
     let out = tmp.path().join("results.json");
     let status = Command::new("python3")
         .arg(root.join("bench/bench.py"))
-        .args([
-            "--smoke",
-            "--only",
-            "stats,reclaim,vhost,cachenone,multihost,compaction,move,backup,groupsnap,tls,hostile,firstwrite",
-            "--out",
-        ])
+        .args(["--smoke", "--only", cases, "--out"])
         .arg(&out)
         .env("STRATA", env!("CARGO_BIN_EXE_strata"))
         .env("TMPDIR", tmp.path())
@@ -70,11 +69,51 @@ fn bench_quick_cases_with_targets() {
     assert!(status.success(), "bench.py exited with {status}");
     let j: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(j["quick"], Value::Bool(true));
+    // The report next to the JSON.
+    let md = tmp.path().join("results.md");
+    let len = std::fs::metadata(&md)
+        .unwrap_or_else(|_| panic!("results.md not written"))
+        .len();
+    assert!(len > 0, "results.md is empty");
+    Some((j, tmp))
+}
 
+/// The serving cases: statistics, reclaim under load, vhost-user-blk,
+/// `--cache none`, TLS and hostile clients.
+#[test]
+fn bench_quick_serving_cases() {
+    let Some((j, _tmp)) = bench_smoke("stats,reclaim,vhost,cachenone,tls,hostile") else {
+        return;
+    };
+    check_stats(&j);
+    check_reclaim(&j);
+    check_vhost(&j);
+    check_cachenone(&j);
+    check_tls(&j);
+    check_hostile(&j);
+}
+
+/// The store and data cases: object stores (multihost, compaction),
+/// moves, backups, group snapshots and first writes.
+#[test]
+fn bench_quick_store_cases() {
+    let Some((j, _tmp)) = bench_smoke("multihost,compaction,move,backup,groupsnap,firstwrite")
+    else {
+        return;
+    };
+    check_multihost(&j);
+    check_compaction(&j);
+    check_move(&j);
+    check_backup(&j);
+    check_groupsnap(&j);
+    check_firstwrite(&j);
+}
+
+fn check_stats(j: &Value) {
     // stats: recording vs paused blocks, the A/A control, the in-process
     // cost. (The case itself fails unless recording phases were counted and
     // paused ones were not.)
-    let st = get(&j, &["cases", "stats"]);
+    let st = get(j, &["cases", "stats"]);
     for k in [
         "ratio",
         "control_ratio_aa",
@@ -88,10 +127,12 @@ fn bench_quick_cases_with_targets() {
     ] {
         positive(st, &[k]);
     }
+}
 
+fn check_reclaim(j: &Value) {
     // reclaim: IOPS with and without a reclaim running, over the whole
     // job and over the reclaim's span, and how long the reclaim took.
-    let rc = get(&j, &["cases", "reclaim"]);
+    let rc = get(j, &["cases", "reclaim"]);
     for k in [
         "reclaim_s",
         "idle_iops",
@@ -101,10 +142,12 @@ fn bench_quick_cases_with_targets() {
     ] {
         positive(rc, &[k]);
     }
+}
 
+fn check_vhost(j: &Value) {
     // vhost: strata's vhost-user-blk, qemu-storage-daemon's and strata's
     // NBD each served every workload with no failed request.
-    let vh = get(&j, &["cases", "vhost"]);
+    let vh = get(j, &["cases", "vhost"]);
     for tag in [
         "randread_4k",
         "randwrite_4k",
@@ -116,13 +159,15 @@ fn bench_quick_cases_with_targets() {
         }
         positive(vh, &[tag, "ratio_strata_vs_qsd"]);
     }
+}
 
+fn check_cachenone(j: &Value) {
     // cachenone: serve --cache none and QEMU's cache=none peers, over NBD
     // and vhost-user-blk, each did its reads and durable writes (the
     // vhost harness fails the case on any failed request), and so did
     // strata reading through io_uring (`--aio io_uring`) and native AIO
     // (`--aio native`), and fio on a raw file, the device's limit.
-    let cn = get(&j, &["cases", "cachenone"]);
+    let cn = get(j, &["cases", "cachenone"]);
     for who in [
         "strata",
         "strata_uring",
@@ -150,11 +195,13 @@ fn bench_quick_cases_with_targets() {
         }
         positive(cn, &["vhost", tag, "ratio_vs_limit"]);
     }
+}
 
+fn check_multihost(j: &Value) {
     // multihost: a disk on SeaweedFS was written, flushed every 64 writes,
     // read warm, read again after its cache was deleted, after a restart
     // that kept it, and over a hot quarter with the cache at half the disk.
-    let mh = get(&j, &["cases", "multihost"]);
+    let mh = get(j, &["cases", "multihost"]);
     for path in [
         &["seq_write_512k", "shared_mib_s"][..],
         &["rand_read_4k_warm", "shared_iops"],
@@ -175,9 +222,11 @@ fn bench_quick_cases_with_targets() {
     ] {
         positive(mh, path);
     }
+}
 
+fn check_compaction(j: &Value) {
     // compaction: the same churn without and with compaction, sampled.
-    let cp = get(&j, &["cases", "compaction"]);
+    let cp = get(j, &["cases", "compaction"]);
     for path in [
         &["churn", "iops_without"][..],
         &["churn", "iops_with"],
@@ -189,9 +238,11 @@ fn bench_quick_cases_with_targets() {
     ] {
         positive(cp, path);
     }
+}
 
+fn check_move(j: &Value) {
     // move: a served disk moved idle and under two write loads.
-    let mv = get(&j, &["cases", "move"]);
+    let mv = get(j, &["cases", "move"]);
     for path in [
         &["loaded_move_s"][..],
         &["iops_without_move"],
@@ -202,9 +253,11 @@ fn bench_quick_cases_with_targets() {
     ] {
         positive(mv, path);
     }
+}
 
+fn check_backup(j: &Value) {
     // backup: diff, dirty-bitmap map and incremental read of a 1% change.
-    let bk = get(&j, &["cases", "backup"]);
+    let bk = get(j, &["cases", "backup"]);
     for path in [
         &["diff", "seconds"][..],
         &["diff", "data_bytes"],
@@ -222,10 +275,12 @@ fn bench_quick_cases_with_targets() {
         get(bk, &["incremental_read", "dirty_bytes"]),
         "the backup client reads what strata diff reports"
     );
+}
 
+fn check_groupsnap(j: &Value) {
     // groupsnap: client latency with and without group snapshots, on
     // strata and on qemu-storage-daemon's transaction, for 2 and 8 disks.
-    let gs = get(&j, &["cases", "groupsnap"]);
+    let gs = get(j, &["cases", "groupsnap"]);
     for n in ["2_disks", "8_disks"] {
         for path in [
             &["strata", "without", "p99_9_us"][..],
@@ -240,10 +295,12 @@ fn bench_quick_cases_with_targets() {
             positive(get(gs, &[n]), path);
         }
     }
+}
 
+fn check_tls(j: &Value) {
     // tls: strata and qemu-nbd over TLS with the same credentials, and
     // strata without it.
-    let tl = get(&j, &["cases", "tls"]);
+    let tl = get(j, &["cases", "tls"]);
     for job in ["randread_4k", "read_1M", "write_512k"] {
         for k in [
             "strata_tls_iops",
@@ -254,10 +311,12 @@ fn bench_quick_cases_with_targets() {
             positive(get(tl, &[job]), &[k]);
         }
     }
+}
 
+fn check_hostile(j: &Value) {
     // hostile: one good client alone and under a storm of hostile
     // connections, strata and qemu-nbd.
-    let ho = get(&j, &["cases", "hostile"]);
+    let ho = get(j, &["cases", "hostile"]);
     for server in ["strata", "qemu_nbd"] {
         for k in ["alone_iops", "storm_iops", "storm_over_alone"] {
             positive(get(ho, &[server]), &[k]);
@@ -266,13 +325,15 @@ fn bench_quick_cases_with_targets() {
     // How many hostile connections got in or were refused depends on how
     // the nice-19 storm is scheduled: not checked here (tests/hostile.rs
     // checks the refusals themselves).
+}
 
+fn check_firstwrite(j: &Value) {
     // firstwrite: every config of every group measured its first and
     // rewrite passes (median, min and max of MiB/s and their ratio), and
     // so did each server's CPU per GiB (the limit, fio on a file, has no
     // server: its CPU may be below what can be measured at this size);
     // the neighbour's three runs; and every target has a value.
-    let fw = get(&j, &["cases", "firstwrite"]);
+    let fw = get(j, &["cases", "firstwrite"]);
     for (group, count) in [
         ("teragen", 10),
         ("teragen_cached", 10),
@@ -351,13 +412,6 @@ fn bench_quick_cases_with_targets() {
             "firstwrite.targets.{name}.met"
         );
     }
-
-    // The report next to the JSON.
-    let md = tmp.path().join("results.md");
-    let len = std::fs::metadata(&md)
-        .unwrap_or_else(|_| panic!("results.md not written"))
-        .len();
-    assert!(len > 0, "results.md is empty");
 }
 
 /// `make paper` at its smallest (`bench.py --paper --smoke`): every seed

@@ -11,50 +11,45 @@ use std::sync::Arc;
 use strata_datastore::{capability, Capability, Datastore, DiskView};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
-use crate::copier::Copier;
+use crate::copier::{Copier, Pass};
+
+/// What a full clone copies: `source` (`DISK` or `DISK@SNAP`) into a new
+/// disk `name` with `provisioning`.
+pub struct FullClone<'a> {
+    pub source: &'a str,
+    pub name: &'a str,
+    pub provisioning: Provisioning,
+}
 
 /// `clone --full source name` from `src` into `dst` (None: `src` itself):
 /// the kind's own copy within one datastore where it has one
 /// (`Datastore::clone_full_within`), else [`clone_full`].
-#[expect(clippy::too_many_arguments)]
 pub fn run(
     src: &dyn Datastore,
     dst: Option<&dyn Datastore>,
-    source: &str,
-    name: &str,
-    provisioning: Provisioning,
+    c: &FullClone<'_>,
     control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<DiskView, Error> {
     if dst.is_none() {
-        if let Some(r) = src.clone_full_within(source, name, provisioning, progress) {
+        if let Some(r) = src.clone_full_within(c.source, c.name, c.provisioning, progress) {
             return r;
         }
     }
-    clone_full(
-        src,
-        source,
-        dst.unwrap_or(src),
-        name,
-        provisioning,
-        control,
-        progress,
-    )
+    let mut copier = Copier::new(control, None, progress);
+    clone_full(src, dst.unwrap_or(src), c, &mut copier)
 }
 
-/// Copy `source` (`DISK` or `DISK@SNAP` of `src`) into a new disk `name`
-/// of `dst` with `provisioning`; pause and cancel through `control`. A
-/// failed or cancelled clone leaves no disk `name` behind.
-#[expect(clippy::too_many_arguments)]
-pub fn clone_full(
+/// Copy `c.source` of `src` into a new disk `c.name` of `dst`, paced,
+/// paused and cancelled through `copier`. A failed or cancelled clone
+/// leaves no disk `c.name` behind.
+pub(crate) fn clone_full(
     src: &dyn Datastore,
-    source: &str,
     dst: &dyn Datastore,
-    name: &str,
-    provisioning: Provisioning,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
+    c: &FullClone<'_>,
+    copier: &mut Copier<'_>,
 ) -> Result<DiskView, Error> {
+    let (source, name, provisioning) = (c.source, c.name, c.provisioning);
     if provisioning.is_thick() {
         capability::check(dst.kind(), Capability::Thick).map_err(|e| {
             Error::new(
@@ -88,7 +83,7 @@ pub fn clone_full(
         (None, Some(s)) => format!("{disk}@{s}"),
         (None, None) => unreachable!("held when no snapshot is named"),
     };
-    let r = copy(src, &from, dst, name, provisioning, control, progress);
+    let r = copy(src, &from, dst, c, copier);
     if r.is_err() && dst.exists(name) {
         if let Err(e) = dst.remove(name) {
             tracing::warn!(
@@ -106,24 +101,22 @@ pub fn clone_full(
     r
 }
 
-#[expect(clippy::too_many_arguments)]
+/// Copy version `from` of `src` into the new disk `c.name` of `dst`.
 fn copy(
     src: &dyn Datastore,
     from: &str,
     dst: &dyn Datastore,
-    name: &str,
-    provisioning: Provisioning,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
+    c: &FullClone<'_>,
+    copier: &mut Copier<'_>,
 ) -> Result<DiskView, Error> {
+    let name = c.name;
     let source = src.open(from)?;
     let size = source.size_bytes();
     let ranges = src.changed_ranges(None, from)?;
-    dst.create(name, size, provisioning, &mut |_, _| {})?;
+    dst.create(name, size, c.provisioning, &mut |_, _| {})?;
     let target = dst.open(name)?;
-    let mut copier = Copier::new(control, None, progress);
     copier.total = ranges.iter().map(|r| r.len).sum();
-    copier.copy(&*source, &*target, &ranges, true, None)?;
+    copier.copy(&*source, &*target, &ranges, Pass::Paced)?;
     target
         .flush()
         .map_err(|e| Error::new(ErrorKind::Io, format!("flush the clone '{name}': {e}")))?;

@@ -19,6 +19,38 @@ pub(crate) fn io(what: &str, e: strata_block::BlockError) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
+/// How [`Copier::copy`] copies.
+#[derive(Clone, Copy)]
+pub(crate) enum Pass<'s> {
+    /// Paced to the rate, paused and cancelled through the job's control:
+    /// no client writes the target.
+    Paced,
+    /// Paced too, each chunk under its range lock of the slot whose
+    /// clients write the source (and, mirrored, the target): their writes
+    /// are ordered before or after the chunk, never between its read and
+    /// its write.
+    Locked(&'s crate::slot::Slot),
+    /// At the switch, client I/O held: neither paced nor locked.
+    Held,
+}
+
+/// What long work reports to: a job's control (pause and cancel; None
+/// outside a job) and its progress callback (done, total).
+pub struct Work<'a> {
+    pub control: Option<Arc<WorkControl>>,
+    pub progress: &'a mut dyn FnMut(u64, u64),
+}
+
+impl Work<'_> {
+    /// Waits while the job is paused; `Err` once it is cancelled.
+    pub fn checkpoint(&self) -> Result<(), Error> {
+        match &self.control {
+            Some(c) => c.checkpoint(),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Copies ranges from one device to another, counting and pacing.
 pub(crate) struct Copier<'a> {
     pub(crate) control: Option<Arc<WorkControl>>,
@@ -70,19 +102,21 @@ impl<'a> Copier<'a> {
         }
     }
 
-    /// Make `dst` read like `src` over `ranges`; `paced` (not at the
-    /// switch) obeys the rate and pause/cancel. With `slot`, each chunk is
-    /// copied under its range lock (client writes mirrored into `dst` are
-    /// ordered before or after it, never between its read and its write).
-    #[expect(clippy::too_many_arguments)]
+    /// Make `dst` read like `src` over `ranges`, as `pass` says (paced
+    /// and pausable, under a slot's range locks, or neither at the
+    /// switch).
     pub(crate) fn copy(
         &mut self,
         src: &dyn BlockDevice,
         dst: &dyn BlockDevice,
         ranges: &[Changed],
-        paced: bool,
-        slot: Option<&crate::slot::Slot>,
+        pass: Pass<'_>,
     ) -> Result<(), Error> {
+        let (paced, slot) = match pass {
+            Pass::Paced => (true, None),
+            Pass::Locked(s) => (true, Some(s)),
+            Pass::Held => (false, None),
+        };
         let size = dst.size_bytes().min(src.size_bytes());
         for r in ranges {
             let end = (r.offset + r.len).min(size);

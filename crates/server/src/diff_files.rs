@@ -6,37 +6,28 @@
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::path::Path;
-use std::sync::Arc;
 
 use strata_block::ZeroOptions;
 use strata_datastore::Datastore;
-use strata_engine::{Error, ErrorKind, WorkControl};
+use strata_engine::{Error, ErrorKind};
 use strata_format::split_target;
 
 use crate::api::{ExportDiffReport, ImportDiffReport, RangeKind};
+use crate::copier::Work;
 use crate::rbd_diff::{Reader, Record, Writer, WRITE_MAX};
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
-fn check(control: &Option<Arc<WorkControl>>) -> Result<(), Error> {
-    match control {
-        Some(c) => c.checkpoint(),
-        None => Ok(()),
-    }
-}
-
 /// Write `target`'s changes since `from` (None: everything it maps) to
 /// `out` as an rbd diff v1 stream.
-#[expect(clippy::too_many_arguments)]
 pub fn export(
     ds: &dyn Datastore,
     target: &str,
     from: Option<&str>,
     out: &Path,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<ExportDiffReport, Error> {
     let (disk, snap) = split_target(target);
     let dev = ds.open(target)?;
@@ -75,7 +66,7 @@ pub fn export(
     let (mut data, mut zero) = (0u64, 0u64);
     let mut buf = vec![0u8; WRITE_MAX];
     for &(offset, len, is_data) in &ranges {
-        check(&control)?;
+        work.checkpoint()?;
         if !is_data {
             w.zero(offset, len)
                 .map_err(|e| io_err("write the diff", e))?;
@@ -91,7 +82,7 @@ pub fn export(
                 .map_err(|e| io_err("write the diff", e))?;
             at += n as u64;
             data += n as u64;
-            progress(data, total);
+            (work.progress)(data, total);
         }
     }
     let stream_bytes = w.written + 1;
@@ -178,14 +169,12 @@ fn check_applies(
 /// disk has, an `f` it lacks, a disk that differs from `f` (unless
 /// `force`), a size smaller than the disk's. A stream found bad later
 /// leaves the disk as it was (it is reverted to a snapshot taken first).
-#[expect(clippy::too_many_arguments)]
 pub fn import(
     ds: &dyn Datastore,
     path: &Path,
     disk: &str,
     force: bool,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<ImportDiffReport, Error> {
     let name = path.display().to_string();
     let file = File::open(path).map_err(|e| io_err(&name, e))?;
@@ -210,10 +199,17 @@ pub fn import(
     // What the disk is now, to go back to if the stream turns out bad.
     let undo = format!("import-diff-undo-{:08x}", rand::random::<u32>());
     ds.snapshot_create(disk, &undo, "taken by import-diff; removed when it ends")?;
-    let applied = apply(ds, disk, size, &mut r, total, control, progress).map_err(|e| match e {
-        Failure::Stream(d) => bad(d),
-        Failure::Other(e) => e,
-    });
+    let grown = match size > info.size_bytes {
+        true => ds.extend(disk, size).map(drop),
+        false => Ok(()),
+    };
+    let applied = grown
+        .map_err(Failure::Other)
+        .and_then(|()| apply(ds, disk, &mut r, total, work))
+        .map_err(|e| match e {
+            Failure::Stream(d) => bad(d),
+            Failure::Other(e) => e,
+        });
     let result = applied.and_then(|(data, zero)| {
         ds.snapshot_delete(disk, &undo)?;
         if let Some(t) = &h.to {
@@ -261,21 +257,16 @@ impl From<Error> for Failure {
     }
 }
 
-/// Grow `disk` to `size` and write the stream's records into it: the
-/// bytes of data and of zeros applied.
-#[expect(clippy::too_many_arguments)]
+/// Write the stream's records into `disk` (grown to the stream's size
+/// already); `total`: the stream's length, for progress (0: unknown).
+/// Returns the bytes of data and of zeros applied.
 fn apply<R: std::io::Read>(
     ds: &dyn Datastore,
     disk: &str,
-    size: u64,
     r: &mut Reader<R>,
     total: u64,
-    control: Option<Arc<WorkControl>>,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<(u64, u64), Failure> {
-    if size > ds.disk_info(disk)?.size_bytes {
-        ds.extend(disk, size)?;
-    }
     let dev = ds.open(disk)?;
     let dev_err = |what: &str, at: u64, e: strata_block::BlockError| {
         Failure::Other(io_err(&format!("{what} {disk} at {at}"), e))
@@ -283,7 +274,7 @@ fn apply<R: std::io::Read>(
     let (mut data, mut zero) = (0u64, 0u64);
     let mut buf = vec![0u8; WRITE_MAX];
     loop {
-        check(&control)?;
+        work.checkpoint()?;
         match r.record().map_err(Failure::Stream)? {
             Record::Data { offset, len } => {
                 let mut at = offset;
@@ -308,7 +299,7 @@ fn apply<R: std::io::Read>(
             }
             Record::End => break,
         }
-        progress(r.position(), total.max(r.position()));
+        (work.progress)(r.position(), total.max(r.position()));
     }
     dev.flush().map_err(|e| dev_err("flush", 0, e))?;
     Ok((data, zero))

@@ -11,7 +11,7 @@ use strata_block::{BlockDevice, ZeroOptions};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
 use crate::api::{MoveReport, Request, Response};
-use crate::copier::{io, Copier};
+use crate::copier::{io, Copier, Pass};
 use crate::ops::Mover;
 use strata_datastore::{Capability, ChangedRange as Changed, SnapshotInfo};
 
@@ -339,7 +339,7 @@ impl Move<'_> {
             name,
         )?;
         copier.total += bytes(&ranges);
-        copier.copy(&*source, &*target, &ranges, true, Some(slot))?;
+        copier.copy(&*source, &*target, &ranges, Pass::Locked(slot))?;
         crash_point("copy");
         let (mut passes, mirrored) = converge(slot, dirty, copier, &target, bytes(&ranges))?;
         target.flush().map_err(|e| io("flush the target", e))?;
@@ -348,7 +348,7 @@ impl Move<'_> {
         let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
             let d = dirty_ranges(dirty.take());
             copier.total += bytes(&d);
-            copier.copy(&*source, &*target, &d, false, None)?;
+            copier.copy(&*source, &*target, &d, Pass::Held)?;
             target.flush().map_err(|e| io("flush the target", e))?;
             crash_point("switch");
             // The commit point.
@@ -430,7 +430,7 @@ impl Move<'_> {
             }
             grow(snap_size)?;
             let sdev = src.open(&format!("{name}@{snap}"))?;
-            copier.copy(&*sdev, &**target, &ranges, true, None)?;
+            copier.copy(&*sdev, &**target, &ranges, Pass::Paced)?;
             dst.snapshot_create(name, snap, &description_of(&snaps, snap))?;
             at = Some(snap.to_string());
             recreated.push(snap.to_string());
@@ -478,13 +478,13 @@ fn converge(
         passes += 1;
         previous = bytes(&d);
         copier.total += previous;
-        copier.copy(&*source, &**target, &d, true, Some(slot))?;
+        copier.copy(&*source, &**target, &d, Pass::Locked(slot))?;
     };
     // Again what the last look found, then flush the bulk before holding
     // I/O so the switch's flush is small.
     last.sort_by_key(|r| r.offset);
     copier.total += bytes(&last);
-    copier.copy(&*source, &**target, &last, true, Some(slot))?;
+    copier.copy(&*source, &**target, &last, Pass::Locked(slot))?;
     if mirrored {
         passes += 1;
     }

@@ -155,15 +155,13 @@ fn server_request(
                 )?),
                 _ => None,
             };
-            let r = crate::cloning::run(
-                ctx.ds,
-                other.as_deref(),
+            let c = crate::cloning::FullClone {
                 source,
                 name,
-                *provisioning,
-                ctx.control.clone(),
-                progress,
-            );
+                provisioning: *provisioning,
+            };
+            let r =
+                crate::cloning::run(ctx.ds, other.as_deref(), &c, ctx.control.clone(), progress);
             if let Some(o) = other {
                 o.close()?;
             }
@@ -224,22 +222,31 @@ fn file_request(
             subformat,
             chain,
             adapter,
-        } => Ok(Response::Export(crate::vmdk_ops::export(
-            ctx.ds, target, out, *subformat, *chain, adapter, progress,
-        )?)),
-        Request::ExportDiff { target, from, out } => {
-            Ok(Response::ExportDiff(crate::diff_files::export(
-                ctx.ds,
-                target,
-                from.as_deref(),
-                out,
-                ctx.control.clone(),
-                progress,
-            )?))
+        } => {
+            let how = crate::vmdk_ops::ExportFormat {
+                subformat: *subformat,
+                chain: *chain,
+                adapter,
+            };
+            let r = crate::vmdk_ops::export(ctx.ds, target, out, &how, progress)?;
+            Ok(Response::Export(r))
         }
-        Request::ImportDiff { path, disk, force } => Ok(Response::ImportDiff(
-            crate::diff_files::import(ctx.ds, path, disk, *force, ctx.control.clone(), progress)?,
-        )),
+        Request::ExportDiff { target, from, out } => {
+            let mut work = crate::copier::Work {
+                control: ctx.control.clone(),
+                progress,
+            };
+            let r = crate::diff_files::export(ctx.ds, target, from.as_deref(), out, &mut work)?;
+            Ok(Response::ExportDiff(r))
+        }
+        Request::ImportDiff { path, disk, force } => {
+            let mut work = crate::copier::Work {
+                control: ctx.control.clone(),
+                progress,
+            };
+            let r = crate::diff_files::import(ctx.ds, path, disk, *force, &mut work)?;
+            Ok(Response::ImportDiff(r))
+        }
         other => Err(Error::new(
             ErrorKind::Refused,
             format!("{other:?} is not answered here"),

@@ -388,7 +388,12 @@ impl Places {
         };
         let r = self.store(&to).and_then(|dst| {
             let other = (to != from).then_some(&*dst);
-            crate::cloning::run(&*src, other, source, name, *provisioning, control, progress)
+            let c = crate::cloning::FullClone {
+                source,
+                name,
+                provisioning: *provisioning,
+            };
+            crate::cloning::run(&*src, other, &c, control, progress)
         });
         let r = match r {
             Ok(info) if to.dir != self.home_dir => self

@@ -191,10 +191,7 @@ pub fn import(
     match format {
         ImageFormat::Vmdk => import_vmdk(ds, path, name, prov, progress),
         ImageFormat::Raw => {
-            let size = std::fs::metadata(path)
-                .map_err(|e| io(&path.display().to_string(), e))?
-                .len();
-            import_raw(ds, path, name, size, prov, progress)?;
+            import_raw(ds, path, name, prov, progress)?;
             Ok(ImportReport {
                 disk: ds.disk_view(name, false)?,
                 format,
@@ -206,15 +203,18 @@ pub fn import(
     }
 }
 
-#[expect(clippy::too_many_arguments)]
+/// Copy the raw image `path` (its length the disk's size) into a new
+/// disk `name`, skipping the holes of a sparse file.
 fn import_raw(
     ds: &dyn Datastore,
     path: &Path,
     name: &str,
-    size: u64,
     prov: Provisioning,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), Error> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| io(&path.display().to_string(), e))?
+        .len();
     if !size.is_multiple_of(512) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
@@ -291,10 +291,7 @@ fn import_qcow2(
             ),
         ));
     }
-    let size = std::fs::metadata(&tmp)
-        .map_err(|e| io("converted image", e))?
-        .len();
-    let r = import_raw(ds, &tmp, name, size, prov, progress);
+    let r = import_raw(ds, &tmp, name, prov, progress);
     let _ = std::fs::remove_file(&tmp);
     r?;
     Ok(ImportReport {
@@ -303,6 +300,14 @@ fn import_qcow2(
         links: None,
         snapshots: Vec::new(),
     })
+}
+
+/// How `export` writes a version: the subformat, whether as a chain of
+/// links (one per snapshot on its path), and the descriptor's adapter.
+pub struct ExportFormat<'a> {
+    pub subformat: Subformat,
+    pub chain: bool,
+    pub adapter: &'a str,
 }
 
 /// The directory and file name of an export's first link (`out`, which
@@ -564,16 +569,14 @@ fn import_vmdk(
 /// Export `target` (DISK or DISK@SNAP) to `out`. With `chain`, write the
 /// snapshot path as a base and deltas named like VMware's (`NAME.vmdk`,
 /// `NAME-000001.vmdk`, ...); the last file is `target`.
-#[expect(clippy::too_many_arguments)]
 pub fn export(
     ds: &dyn Datastore,
     target: &str,
     out: &Path,
-    sub: Subformat,
-    chain: bool,
-    adapter: &str,
+    how: &ExportFormat<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ExportReport, Error> {
+    let (sub, chain, adapter) = (how.subformat, how.chain, how.adapter);
     let (dir, file) = output_name(out)?;
     let dir = dir.as_path();
     let backend: Arc<dyn Backend> = Arc::new(FileBackend::new(dir));

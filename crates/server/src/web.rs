@@ -600,18 +600,17 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
         (&Method::GET, "/" | "/index.html") => text(200, "text/html; charset=utf-8", INDEX_HTML),
         (&Method::GET, "/app.js") => text(200, "text/javascript; charset=utf-8", APP_JS),
         (&Method::GET, "/style.css") => text(200, "text/css; charset=utf-8", STYLE_CSS),
-        (_, p) if p == "/api/v1" || p.starts_with("/api/v1/") => {
-            let rest = p.strip_prefix("/api/v1").unwrap_or("");
-            api(
-                web,
-                backend.as_ref(),
+        (_, p) if p == "/api/v1" || p.starts_with("/api/v1/") => api(
+            web,
+            backend.as_ref(),
+            &Call {
                 method,
                 headers,
                 body,
-                rest,
-                uri.query(),
-            )
-        }
+                rest: p.strip_prefix("/api/v1").unwrap_or(""),
+                query: uri.query(),
+            },
+        ),
         _ => error_response(
             404,
             "not_found",
@@ -813,16 +812,19 @@ fn changes_request(d: &str, query: Option<&str>) -> Result<Request, Box<Resp>> {
     })
 }
 
-#[expect(clippy::too_many_arguments)]
-fn api(
-    web: &Web,
-    backend: &dyn Backend,
-    method: &Method,
-    headers: &HeaderMap,
-    raw: &[u8],
-    rest: &str,
-    query: Option<&str>,
-) -> Resp {
+/// One request to the API: its method, headers and body, and its path
+/// below `/api/v1` with the query.
+struct Call<'a> {
+    method: &'a Method,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+    rest: &'a str,
+    query: Option<&'a str>,
+}
+
+fn api(web: &Web, backend: &dyn Backend, call: &Call<'_>) -> Resp {
+    let (method, headers, raw) = (call.method, call.headers, call.body);
+    let (rest, query) = (call.rest, call.query);
     let mut segs = Vec::new();
     for s in rest.split('/').filter(|s| !s.is_empty()) {
         match percent_decode(s) {

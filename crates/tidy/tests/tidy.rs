@@ -17,7 +17,7 @@ use strata_tidy::{scan, workspace_root, Facts, Func, FILE_LINES, FN_ARGS, FN_LIN
 /// Functions allowed over 70 code lines (each with its `expect`).
 const LONG_FUNCTIONS: usize = 20;
 /// Functions allowed over 5 arguments (each with its `expect`).
-const MANY_ARGUMENTS: usize = 47;
+const MANY_ARGUMENTS: usize = 33;
 /// Files allowed over 1,200 physical lines, each no longer than it is now.
 const LONG_FILES: &[(&str, usize)] = &[
     ("crates/engine/src/datastore.rs", 2173),

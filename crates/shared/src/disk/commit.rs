@@ -2,6 +2,7 @@
 //! manifest with its payload and lands it, up to two in flight, settled in
 //! order.
 
+use super::fold::Folder;
 use super::*;
 
 impl SharedDisk {
@@ -606,7 +607,8 @@ impl SharedDisk {
             let node_ctr = ctrs.start + sealed.len() as u32;
             debug_assert!(node_ctr < ctrs.end);
             let mut b = SegmentBuilder::new(seg(node_ctr));
-            (root, levels) = self.fold_tail(man, root, levels, &tail, &mut b, &mut nodes)?;
+            (root, levels) =
+                Folder::new(self, man, &mut b, &mut nodes).fold_tail(root, levels, &tail)?;
             if !nodes.is_empty() {
                 sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
             }

@@ -4,33 +4,6 @@
 use super::*;
 
 impl SharedDisk {
-    /// Apply `tail` to the map at `root` (`levels` levels), copy-on-write,
-    /// new nodes into `b` (and `made`); grows the tree for grains past
-    /// what it maps (§11.5). The new root and levels.
-    #[expect(clippy::too_many_arguments)]
-    pub(super) fn fold_tail(
-        &self,
-        man: &Manifest,
-        root: Option<Entry>,
-        levels: u8,
-        tail: &Tail,
-        b: &mut SegmentBuilder,
-        made: &mut Vec<(Entry, MapNode)>,
-    ) -> Result<(Option<Entry>, u8)> {
-        let items: Vec<(u64, Option<Entry>)> = tail.iter().map(|(k, e)| (*k, *e)).collect();
-        let items = &items[..];
-        let mut grown = levels;
-        while items.last().is_some_and(|(vg, _)| !maps(grown, *vg)) {
-            grown += 1;
-        }
-        let root = if grown == levels {
-            self.apply(man, grown - 1, 0, root, items, b, made)?
-        } else {
-            self.apply_grown(man, grown - 1, levels, root, items, b, made)?
-        };
-        Ok((root, grown))
-    }
-
     /// After a commit: once the tail is [`TAIL_FOLD`] long, fold it in
     /// the background (one fold at a time); the next commit after it is
     /// uploaded names it.
@@ -78,8 +51,8 @@ impl SharedDisk {
             ctr,
         });
         let mut nodes = Vec::new();
-        let (root, levels) =
-            self.fold_tail(man, man.root, man.levels, &man.tail, &mut b, &mut nodes)?;
+        let (root, levels) = Folder::new(self, man, &mut b, &mut nodes)
+            .fold_tail(man.root, man.levels, &man.tail)?;
         if !nodes.is_empty() {
             self.upload(&[(b.id, Bytes::from(b.seal(now_ms())))])?;
             crash_point("after-fold");
@@ -96,70 +69,102 @@ impl SharedDisk {
             levels,
         })
     }
+}
+
+/// One fold's copy-on-write of a map: the disk and manifest it folds
+/// for, and where its new nodes go (the segment being built, and the list
+/// of nodes made, for the cache once it is uploaded).
+pub(super) struct Folder<'a> {
+    disk: &'a SharedDisk,
+    man: &'a Manifest,
+    b: &'a mut SegmentBuilder,
+    made: &'a mut Vec<(Entry, MapNode)>,
+}
+
+impl<'a> Folder<'a> {
+    pub(super) fn new(
+        disk: &'a SharedDisk,
+        man: &'a Manifest,
+        b: &'a mut SegmentBuilder,
+        made: &'a mut Vec<(Entry, MapNode)>,
+    ) -> Self {
+        Folder { disk, man, b, made }
+    }
+
+    /// Apply `tail` to the map at `root` (`levels` levels), copy-on-write;
+    /// grows the tree for grains past what it maps (§11.5). The new root
+    /// and levels.
+    pub(super) fn fold_tail(
+        &mut self,
+        root: Option<Entry>,
+        levels: u8,
+        tail: &Tail,
+    ) -> Result<(Option<Entry>, u8)> {
+        let items: Vec<(u64, Option<Entry>)> = tail.iter().map(|(k, e)| (*k, *e)).collect();
+        let items = &items[..];
+        let mut grown = levels;
+        while items.last().is_some_and(|(vg, _)| !maps(grown, *vg)) {
+            grown += 1;
+        }
+        let root = if grown == levels {
+            self.apply(grown - 1, 0, root, items)?
+        } else {
+            self.apply_grown(grown - 1, levels, root, items)?
+        };
+        Ok((root, grown))
+    }
 
     /// Copy-on-write the subtree at `level` covering from `first` (entry
     /// `at`) with `items` (sorted, all inside it); new nodes go into `b`.
-    #[expect(clippy::too_many_arguments)]
-    pub(super) fn apply(
-        &self,
-        man: &Manifest,
+    fn apply(
+        &mut self,
         level: u8,
         first: u64,
         at: Option<Entry>,
         items: &[(u64, Option<Entry>)],
-        b: &mut SegmentBuilder,
-        made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
+        let d = self.disk;
         let node = match at {
-            Some(e) => (*self.ds.cache.node(&self.ds.store, &e, level, first)?).clone(),
-            None => MapNode::empty(level, self.id, man.generation, first),
+            Some(e) => (*d.ds.cache.node(&d.ds.store, &e, level, first)?).clone(),
+            None => MapNode::empty(level, d.id, self.man.generation, first),
         };
-        self.fill(man, node, level, first, items, b, made)
+        self.fill(node, level, first, items)
     }
 
     /// [`apply`](Self::apply) on a tree grown to `level + 1` levels from
     /// `root`'s `root_levels` (FORMAT.md §11.5): each new level a node
     /// whose entry 0 is the level below, the old root at the bottom.
-    #[expect(clippy::too_many_arguments)]
-    pub(super) fn apply_grown(
-        &self,
-        man: &Manifest,
+    fn apply_grown(
+        &mut self,
         level: u8,
         root_levels: u8,
         root: Option<Entry>,
         items: &[(u64, Option<Entry>)],
-        b: &mut SegmentBuilder,
-        made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
         if level + 1 == root_levels {
             if items.is_empty() {
                 return Ok(root);
             }
-            return self.apply(man, level, 0, root, items, b, made);
+            return self.apply(level, 0, root, items);
         }
         let below = items.partition_point(|(vg, _)| *vg < MapNode::span_of_entry(level));
-        let mut node = MapNode::empty(level, self.id, man.generation, 0);
-        node.entries[0] =
-            self.apply_grown(man, level - 1, root_levels, root, &items[..below], b, made)?;
-        self.fill(man, node, level, 0, &items[below..], b, made)
+        let mut node = MapNode::empty(level, self.disk.id, self.man.generation, 0);
+        node.entries[0] = self.apply_grown(level - 1, root_levels, root, &items[..below])?;
+        self.fill(node, level, 0, &items[below..])
     }
 
     /// Set `items` (sorted, inside `node`'s span) in `node`, copying on
     /// write the subtrees they fall in; the node goes into `b` (None: it
     /// maps nothing).
-    #[expect(clippy::too_many_arguments)]
-    pub(super) fn fill(
-        &self,
-        man: &Manifest,
+    fn fill(
+        &mut self,
         mut node: MapNode,
         level: u8,
         first: u64,
         items: &[(u64, Option<Entry>)],
-        b: &mut SegmentBuilder,
-        made: &mut Vec<(Entry, MapNode)>,
     ) -> Result<Option<Entry>> {
-        node.disk = self.id;
-        node.gen = man.generation;
+        node.disk = self.disk.id;
+        node.gen = self.man.generation;
         let span = MapNode::span_of_entry(level);
         let mut i = 0;
         while i < items.len() {
@@ -172,23 +177,15 @@ impl SharedDisk {
                 items[i].1
             } else {
                 let child_first = first + idx as u64 * span;
-                self.apply(
-                    man,
-                    level - 1,
-                    child_first,
-                    node.entries[idx],
-                    &items[i..j],
-                    b,
-                    made,
-                )?
+                self.apply(level - 1, child_first, node.entries[idx], &items[i..j])?
             };
             i = j;
         }
         if node.entries.iter().all(Option::is_none) {
             return Ok(None);
         }
-        let e = b.add_node(&node);
-        made.push((e, node));
+        let e = self.b.add_node(&node);
+        self.made.push((e, node));
         Ok(Some(e))
     }
 }
