@@ -73,3 +73,18 @@ def start_seaweedfs(work):
     os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
                        "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_REGION": "us-east-1"})
     return proc, endpoint
+
+
+def stop_seaweedfs(proc, grace=20):
+    """Stop a server `start_seaweedfs` started: SIGTERM, then SIGKILL if it
+    has not exited within `grace` seconds. (`weed server` can hang in its
+    shutdown: its filer stops while the master keeps retrying to reach it,
+    so a bare terminate-and-wait never returned; the tests' harness kills it
+    for the same reason.)"""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+

@@ -6,7 +6,7 @@ import random
 import subprocess
 
 from ..common import RELEASE, ROOT, sh, smoke
-from ..seaweedfs import start_seaweedfs
+from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 
 
 def case_claims(work, q):
@@ -28,8 +28,7 @@ def case_claims(work, q):
             raise RuntimeError(f"create_race failed: {out.stderr[-2000:]}")
         rows = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
-        weed.terminate()
-        weed.wait()
+        stop_seaweedfs(weed)
     res = {"params": {"rounds": rounds, "store": f"SeaweedFS on loopback ({endpoint})"}}
     for r in rows:
         res[f"racers_{r['racers']}"] = r

@@ -9,7 +9,7 @@ import time
 
 from ..common import RELEASE, ROOT, STRATA, drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fio, fio_iops_log
-from ..seaweedfs import start_seaweedfs
+from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 from ..servers import Strata
 
 
@@ -228,8 +228,7 @@ def case_multihost(work, q):
             "first_pass_misses_per_s": round((c1["misses"] - c0["misses"]) / rt),
             "misses_per_s": round((c2["misses"] - c1["misses"]) / rt)}
     finally:
-        weed.terminate()
-        weed.wait()
+        stop_seaweedfs(weed)
     return out
 
 
@@ -353,6 +352,5 @@ def case_compaction(work, q):
             "write_amplification": ratio(client + rewritten, client) if client else None,
             "target": "<= 2"}
     finally:
-        weed.terminate()
-        weed.wait()
+        stop_seaweedfs(weed)
     return out
