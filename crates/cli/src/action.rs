@@ -119,6 +119,24 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
     }
 }
 
+/// A datastore request, run here or by the server holding the datastore.
+fn datastore<'a>(request: Request, format: Format) -> Action<'a> {
+    Action::Datastore {
+        request,
+        format,
+        watch: false,
+    }
+}
+
+/// What a family's function answers for a command of another family
+/// (`try_from` sends each command to its own).
+fn not_this_family() -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        "this command has no action here",
+    )
+}
+
 /// What runs here without a datastore: init and attach, serve, completions, man
 /// pages.
 fn local_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
@@ -155,12 +173,7 @@ fn local_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         Cmd::Serve(args) => Action::Serve(args),
         Cmd::Completions { shell } => Action::Completions(*shell),
         Cmd::Manpages { dir } => Action::Manpages(dir),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
@@ -190,22 +203,12 @@ fn vmdk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                 format: json.into(),
             }
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// An object store's own commands: claim, release, gc, compact.
 fn object_store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Claim {
             name,
@@ -237,22 +240,12 @@ fn object_store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// The datastore as a whole: status, capacity, alarms, check, jobs.
 fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Status(json) => datastore(Request::Status, json.into()),
         Cmd::Grow { capacity, json } => datastore(
@@ -304,22 +297,12 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             json.into(),
         ),
         Cmd::Check(json) => datastore(Request::Check, json.into()),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// One disk: list, info, create, rm, extend, convert.
 fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::List(json) => datastore(Request::List, json.into()),
         Cmd::Info { name, json } => datastore(Request::Info { name: name.clone() }, json.into()),
@@ -357,22 +340,12 @@ fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// A disk's I/O limits and zero reclaim.
 fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Limit {
             name,
@@ -407,22 +380,12 @@ fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// Where a disk lives and how it is laid out: move, defrag.
 fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Move {
             name,
@@ -460,22 +423,12 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// Snapshots and groups.
 fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Snapshot(SnapCmd::Create {
             disk,
@@ -511,22 +464,12 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             Format::Human,
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// Linked and full clones.
 fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Clone {
             source,
@@ -566,22 +509,12 @@ fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                 json.into(),
             )
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// Changes between versions: diff, export-diff, import-diff.
 fn diff_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::ExportDiff {
             target,
@@ -616,22 +549,12 @@ fn diff_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }
 
 /// Statistics, import and export.
 fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let datastore = |request: Request, format: Format| Action::Datastore {
-        request,
-        format,
-        watch: false,
-    };
     Ok(match cmd {
         Cmd::Stats {
             disk,
@@ -685,11 +608,6 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             },
             json.into(),
         ),
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "this command has no action here",
-            ))
-        }
+        _ => return Err(not_this_family()),
     })
 }

@@ -132,7 +132,8 @@ pub(crate) fn object_store(store: &ObjectStoreDatastore) -> Vec<Gauge> {
     for (name, d) in store.handles() {
         out.extend(open_disk(&name, &d));
     }
-    out.extend(store_and_cache(store));
+    out.extend(store_requests(store));
+    out.extend(cache(store));
     if let Some(r) = &store.last_gc() {
         out.extend(last_gc(r));
     }
@@ -239,8 +240,8 @@ fn compaction(d: &strata_shared::SharedDisk) -> [(&'static str, &'static str, f6
     ]
 }
 
-/// This process's requests to the object store, and its segment cache.
-fn store_and_cache(store: &ObjectStoreDatastore) -> Vec<Gauge> {
+/// This process's requests to the object store, by kind.
+fn store_requests(store: &ObjectStoreDatastore) -> Vec<Gauge> {
     let mut out = Vec::new();
     let r = store.shared().store_requests();
     for (op, v) in [
@@ -261,7 +262,6 @@ fn store_and_cache(store: &ObjectStoreDatastore) -> Vec<Gauge> {
             .label("op", op),
         );
     }
-    out.extend(cache(store));
     out
 }
 

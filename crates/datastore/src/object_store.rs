@@ -571,7 +571,6 @@ impl Datastore for ObjectStoreDatastore {
     ) -> Vec<JoinHandle<()>> {
         background
             .gc_interval
-            .filter(|i| !i.is_zero())
             .map(|interval| crate::background::spawn_gc(self, stop.clone(), interval))
             .into_iter()
             .collect()

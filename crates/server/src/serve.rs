@@ -816,7 +816,7 @@ impl Background {
     ) -> Background {
         let work = strata_datastore::Background {
             free_space_threshold: args.free_space_policy.then_some(args.free_space_threshold),
-            gc_interval: Some(Duration::from_secs(args.gc_interval)),
+            gc_interval: (args.gc_interval > 0).then(|| Duration::from_secs(args.gc_interval)),
             control: Arc::default(),
         };
         let mut threads = home.clone().start_background(&work, stop);
