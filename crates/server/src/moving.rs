@@ -210,6 +210,21 @@ impl Move<'_> {
         )
     }
 
+    /// Record the move as copying in the placement file (a start after a
+    /// crash finds it and undoes the move).
+    fn record(&self) -> Result<(), Error> {
+        self.places.update(|f| {
+            f.moves.insert(
+                self.a.name.to_string(),
+                MoveEntry {
+                    from: self.from.clone(),
+                    to: self.to.clone(),
+                    phase: Phase::Copying,
+                },
+            );
+        })
+    }
+
     /// After a failure: remove the partial copy and the move's record
     /// (both retried at the next start if this fails), and return `e`.
     fn undo(&self, e: Error) -> Error {
@@ -259,16 +274,7 @@ impl Move<'_> {
         let mut notes = Vec::new();
         let prov = self.provisioning(info.provisioning, &mut notes)?;
         // The record first, so that a crash from here on is undone at start.
-        self.places.update(|f| {
-            f.moves.insert(
-                name.to_string(),
-                MoveEntry {
-                    from: from.clone(),
-                    to: to.clone(),
-                    phase: Phase::Copying,
-                },
-            );
-        })?;
+        self.record()?;
         let slot = self
             .create_target(info.size_bytes, prov)
             .and_then(|()| self.places.slot(name))

@@ -33,6 +33,15 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// This request's job control with `progress`, for work that reports
+    /// and pauses as it goes.
+    fn reporting<'p>(&self, progress: &'p mut dyn FnMut(u64, u64)) -> crate::copier::Work<'p> {
+        crate::copier::Work {
+            control: self.control.clone(),
+            progress,
+        }
+    }
+
     /// A request on `ds` alone: no server around it (no statistics, jobs
     /// or placement).
     pub fn only(ds: &'a dyn AnyDatastore) -> Self {
@@ -122,6 +131,12 @@ pub fn execute(
     }
 }
 
+/// What a family's function answers for a request of another family
+/// (`execute` sends each request to its own).
+fn not_answered(req: &Request) -> Error {
+    Error::new(ErrorKind::Refused, format!("{req:?} is not answered here"))
+}
+
 /// What a server answers the same for every kind: moves, full clones, jobs and
 /// statistics.
 fn server_request(
@@ -175,25 +190,31 @@ fn server_request(
             disk,
             reset,
             recording,
-        } => {
-            let Some(reg) = ctx.stats else {
-                return Err(Error::new(
-                    ErrorKind::Refused,
-                    "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
-                ));
-            };
-            if let Some(d) = disk {
-                if !ctx.mover.is_some_and(|m| m.serves(d)) {
-                    ctx.ds.open(d)?; // a clear error for a name that does not exist
-                }
-            }
-            Ok(stats(reg, disk.as_deref(), *reset, *recording))
-        }
-        other => Err(Error::new(
-            ErrorKind::Refused,
-            format!("{other:?} is not answered here"),
-        )),
+        } => stats_request(ctx, disk.as_deref(), *reset, *recording),
+        other => Err(not_answered(other)),
     }
+}
+
+/// `stats [DISK]`: the server's statistics, refused without a server; a
+/// disk that does not exist is named so.
+fn stats_request(
+    ctx: &Ctx<'_>,
+    disk: Option<&str>,
+    reset: bool,
+    recording: Option<bool>,
+) -> Result<Response, Error> {
+    let Some(reg) = ctx.stats else {
+        return Err(Error::new(
+            ErrorKind::Refused,
+            "I/O statistics are kept by a running server: start 'strata serve' for this datastore",
+        ));
+    };
+    if let Some(d) = disk {
+        if !ctx.mover.is_some_and(|m| m.serves(d)) {
+            ctx.ds.open(d)?; // a clear error for a name that does not exist
+        }
+    }
+    Ok(stats(reg, disk, reset, recording))
 }
 
 /// Import and export of images and diff streams.
@@ -232,25 +253,26 @@ fn file_request(
             Ok(Response::Export(r))
         }
         Request::ExportDiff { target, from, out } => {
-            let mut work = crate::copier::Work {
-                control: ctx.control.clone(),
-                progress,
-            };
-            let r = crate::diff_files::export(ctx.ds, target, from.as_deref(), out, &mut work)?;
+            let r = crate::diff_files::export(
+                ctx.ds,
+                target,
+                from.as_deref(),
+                out,
+                &mut ctx.reporting(progress),
+            )?;
             Ok(Response::ExportDiff(r))
         }
         Request::ImportDiff { path, disk, force } => {
-            let mut work = crate::copier::Work {
-                control: ctx.control.clone(),
-                progress,
-            };
-            let r = crate::diff_files::import(ctx.ds, path, disk, *force, &mut work)?;
+            let r = crate::diff_files::import(
+                ctx.ds,
+                path,
+                disk,
+                *force,
+                &mut ctx.reporting(progress),
+            )?;
             Ok(Response::ImportDiff(r))
         }
-        other => Err(Error::new(
-            ErrorKind::Refused,
-            format!("{other:?} is not answered here"),
-        )),
+        other => Err(not_answered(other)),
     }
 }
 
@@ -300,10 +322,7 @@ fn space_request(
                 ctx.ds.punch_zero(name, &work, progress)?,
             ))
         }
-        other => Err(Error::new(
-            ErrorKind::Refused,
-            format!("{other:?} is not answered here"),
-        )),
+        other => Err(not_answered(other)),
     }
 }
 

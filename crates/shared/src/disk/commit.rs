@@ -5,6 +5,9 @@
 use super::fold::Folder;
 use super::*;
 
+/// A batch's grains that hold data: (virtual grain, its bytes).
+type DataGrains<'b> = Vec<(u64, &'b [u8])>;
+
 impl SharedDisk {
     /// Upload every acknowledged write and commit the next manifest. A
     /// FLUSH whose writes a commit in flight covers waits for that one;
@@ -536,6 +539,30 @@ impl SharedDisk {
         Some((b.id, Bytes::from(b.seal(now_ms()))))
     }
 
+    /// The batch's grains that hold data, and those that become holes.
+    /// Zeros are holes: they need no grain. A hole where the map (at `root`,
+    /// `levels` deep) has one already, and `tail` says nothing of it,
+    /// changes nothing and is left out.
+    fn data_and_holes<'b>(
+        &self,
+        batch: &'b Batch,
+        tail: &Tail,
+        root: Option<Entry>,
+        levels: u8,
+    ) -> Result<(DataGrains<'b>, Vec<u64>)> {
+        let mut data = Vec::new();
+        let mut holes = Vec::new();
+        for (vg, d) in batch.iter() {
+            match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
+                Some(d) => data.push((*vg, d)),
+                None if tail.contains_key(vg) => holes.push(*vg),
+                None if self.lookup(root, levels, *vg)?.is_some() => holes.push(*vg),
+                None => {}
+            }
+        }
+        Ok((data, holes))
+    }
+
     /// [`Self::build`] once the base map and tail are known: the uploads,
     /// then the manifest (not yet `PUT`; None: nothing changed).
     #[expect(clippy::too_many_arguments)]
@@ -558,18 +585,7 @@ impl SharedDisk {
             gen: man.generation,
             ctr,
         };
-        // Zeros are holes: they need no grain. A hole where the map has
-        // one already (and the tail says nothing) changes nothing.
-        let mut data: Vec<(u64, &[u8])> = Vec::new();
-        let mut holes: Vec<u64> = Vec::new();
-        for (vg, d) in batch.iter() {
-            match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
-                Some(d) => data.push((*vg, d)),
-                None if tail.contains_key(vg) => holes.push(*vg),
-                None if self.lookup(root, levels, *vg)?.is_some() => holes.push(*vg),
-                None => {}
-            }
-        }
+        let (data, holes) = self.data_and_holes(&batch, &tail, root, levels)?;
         let fold = fold || {
             let new = data
                 .iter()
