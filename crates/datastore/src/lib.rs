@@ -604,6 +604,9 @@ pub struct OpenOptions {
     /// threads (on by default); a command that opens it, does one thing
     /// and closes it leaves them off and commits at close.
     pub background: bool,
+    /// An object-store datastore's requests go here instead of the S3
+    /// endpoint its URL names (tests: the in-memory fault store).
+    pub store_backend: Option<strata_objstore::Backend>,
 }
 
 /// What a server asks of the datastore it serves, each for one kind; the
@@ -634,6 +637,7 @@ impl Default for OpenOptions {
             role: Role::Command,
             serving: None,
             background: true,
+            store_backend: None,
         }
     }
 }

@@ -78,6 +78,7 @@ impl ObjectStoreDatastore {
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
         let o = strata_objstore::Options {
             op_timeout: opts.store_timeout,
+            backend: opts.store_backend.clone(),
             ..Default::default()
         };
         if let Some(bytes) = opts.store_cache {

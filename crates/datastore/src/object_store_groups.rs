@@ -278,7 +278,6 @@ impl ObjectStoreDatastore {
                 })
                 .collect(),
         };
-        crash_point("before-group-object");
         self.shared().group_snapshot_put(&gs)?;
         self.info_of(&gs, &names)
     }
@@ -449,16 +448,6 @@ impl ObjectStoreDatastore {
                 _ => (false, None),
             },
         }
-    }
-}
-
-/// Crash tests: `STRATA_SHARED_CRASH_AT=before-group-object` aborts the
-/// process (as kill -9) after every member's record, before the group
-/// snapshot's object.
-fn crash_point(step: &str) {
-    if std::env::var("STRATA_SHARED_CRASH_AT").as_deref() == Ok(step) {
-        eprintln!("strata: STRATA_SHARED_CRASH_AT={step}: aborting");
-        std::process::abort();
     }
 }
 

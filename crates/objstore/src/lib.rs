@@ -31,6 +31,8 @@ use std::time::Duration;
 pub use bytes::Bytes;
 
 #[cfg(feature = "testing")]
+pub mod fault;
+#[cfg(feature = "testing")]
 pub mod testing;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
@@ -112,6 +114,20 @@ pub struct Options {
     /// Access key id and secret, instead of `AWS_ACCESS_KEY_ID` and
     /// `AWS_SECRET_ACCESS_KEY`.
     pub credentials: Option<(String, String)>,
+    /// Where requests go instead of S3 at the URL's bucket (tests give the
+    /// in-memory store of `testing::fault` here). The URL's prefix still
+    /// applies.
+    pub backend: Option<Backend>,
+}
+
+/// An `object_store` implementation that takes the place of S3.
+#[derive(Clone)]
+pub struct Backend(pub Arc<dyn object_store::ObjectStore>);
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Backend({})", self.0)
+    }
 }
 
 impl Default for Options {
@@ -122,6 +138,7 @@ impl Default for Options {
             retries: 4,
             endpoint: None,
             credentials: None,
+            backend: None,
         }
     }
 }
@@ -232,19 +249,27 @@ impl ObjectStore {
     /// Connect to `url` with credentials and endpoint from the environment.
     /// No request is sent yet.
     pub fn connect(url: &StoreUrl, opts: &Options) -> Result<Self> {
-        let endpoint = opts
-            .endpoint
-            .clone()
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            .or_else(|| std::env::var("AWS_ENDPOINT").ok())
-            .unwrap_or_default();
-        let store = s3_client(url, &endpoint, opts, opts.request_timeout, opts.retries)?;
-        // The probe hears every racer's answer (an unanswered one may have
-        // been accepted), and a retried create would be refused as a second
-        // create of the key: no retries, and time for a store that queues
-        // conflicting creates (see PROBE_WAIT_PER_RACER).
-        let probe_timeout = opts.request_timeout + PROBE_WAIT_PER_RACER * PROBE_RACERS as u32;
-        let probe_store = s3_client(url, &endpoint, opts, probe_timeout, 0)?;
+        let (store, probe_store, endpoint): (Arc<dyn object_store::ObjectStore>, _, _) =
+            if let Some(Backend(b)) = &opts.backend {
+                (b.clone(), b.clone(), b.to_string())
+            } else {
+                let endpoint = opts
+                    .endpoint
+                    .clone()
+                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                    .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+                    .unwrap_or_default();
+                let store = s3_client(url, &endpoint, opts, opts.request_timeout, opts.retries)?;
+                // The probe hears every racer's answer (an unanswered one may
+                // have been accepted), and a retried create would be refused
+                // as a second create of the key: no retries, and time for a
+                // store that queues conflicting creates (see
+                // PROBE_WAIT_PER_RACER).
+                let probe_timeout =
+                    opts.request_timeout + PROBE_WAIT_PER_RACER * PROBE_RACERS as u32;
+                let probe_store = s3_client(url, &endpoint, opts, probe_timeout, 0)?;
+                (Arc::new(store), Arc::new(probe_store), endpoint)
+            };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("strata-s3")
@@ -259,8 +284,8 @@ impl ObjectStore {
         Ok(ObjectStore {
             requests: RequestCounters::default(),
             rt,
-            store: Arc::new(store),
-            probe_store: Arc::new(probe_store),
+            store,
+            probe_store,
             url: url.clone(),
             endpoint: if endpoint.is_empty() {
                 "AWS S3".to_string()

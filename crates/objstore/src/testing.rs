@@ -189,6 +189,7 @@ impl SeaweedFs {
                 retries: 0,
                 endpoint: Some(self.endpoint.clone()),
                 credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())),
+                backend: None,
             },
         ) else {
             return false;

@@ -138,6 +138,7 @@ fn a_store_that_is_down_is_a_prompt_named_error() {
             retries: 2,
             endpoint: Some(endpoint.clone()),
             credentials: None,
+            backend: None,
         },
     )
     .unwrap();
@@ -162,6 +163,7 @@ fn an_outage_is_a_prompt_error_and_the_client_recovers_after_it() {
             retries: 2,
             endpoint: Some(proxy.endpoint.clone()),
             credentials: None,
+            backend: None,
         },
     )
     .unwrap();

@@ -793,7 +793,7 @@ fn open_home(
                 wait: Duration::from_secs(args.incoming_wait),
             },
         }),
-        background: true,
+        ..strata_datastore::OpenOptions::default()
     };
     strata_datastore::open(dir, &opts).map(Some)
 }

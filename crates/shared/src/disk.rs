@@ -65,24 +65,6 @@ use manifests::{
     commit_manifest, describe_owner, newest_manifest, newest_manifest_from, put_manifest, Landed,
 };
 
-/// Crash tests: `STRATA_SHARED_CRASH_AT=STEP` makes a commit abort the
-/// process (no cleanup, as kill -9) at STEP: `before-segment`,
-/// `after-segment` (uploaded, no manifest), `after-manifest` (committed,
-/// not acknowledged), `after-fold` (a background fold's nodes uploaded,
-/// not named), `after-compact-upload` (a compaction segment uploaded, not
-/// named).
-fn crash_point(step: &str) {
-    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
-        .get_or_init(|| std::env::var("STRATA_SHARED_CRASH_AT").ok())
-        .as_deref()
-        == Some(step)
-    {
-        eprintln!("strata: STRATA_SHARED_CRASH_AT={step}: aborting");
-        std::process::abort();
-    }
-}
-
 /// `names/NAME` (§11.2).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct NameObject {

@@ -395,9 +395,6 @@ impl SharedDisk {
         if let Err(e) = self.wait_sealed(&ids) {
             return (Err(e), t.fold);
         }
-        if !ids.is_empty() {
-            crash_point("after-segment");
-        }
         let Taken {
             id: _,
             batch,
@@ -472,7 +469,6 @@ impl SharedDisk {
                 Err(e) => return (Err(e), ready),
                 Ok(Landed::Created) => {
                     uploaded += body.len() as u64;
-                    crash_point("after-manifest");
                     if let Some((id, b)) = &payload {
                         // Kept as any segment this host wrote, once the
                         // FLUSH is answered; a cache that cannot keep it
@@ -631,10 +627,8 @@ impl SharedDisk {
             tail.clear();
         }
         let uploaded: u64 = sealed.iter().map(|(_, b)| b.len() as u64).sum();
-        crash_point("before-segment");
         if !sealed.is_empty() {
             self.upload(&sealed)?;
-            crash_point("after-segment");
             for (e, n) in nodes {
                 self.ds.cache.insert_node(&e, n);
             }

@@ -394,7 +394,6 @@ impl SharedDisk {
             });
         }
         self.put_moved(id, &Bytes::from(b.seal(now_ms())), &hot)?;
-        super::crash_point("after-compact-upload");
         Ok(moves)
     }
 

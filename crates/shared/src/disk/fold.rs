@@ -55,7 +55,6 @@ impl SharedDisk {
             .fold_tail(man.root, man.levels, &man.tail)?;
         if !nodes.is_empty() {
             self.upload(&[(b.id, Bytes::from(b.seal(now_ms())))])?;
-            crash_point("after-fold");
             for (e, n) in nodes {
                 self.ds.cache.insert_node(&e, n);
             }
