@@ -247,6 +247,30 @@ pub fn utc(ms: u64) -> String {
 }
 
 impl RootObject {
+    /// The rule of this build's for a datastore's root (§11.3) it breaks,
+    /// if any: checked before one is written and after one is read.
+    fn broken(&self) -> Option<String> {
+        if self.format != FORMAT {
+            return Some(format!(
+                "layout version {} (this build reads version {FORMAT})",
+                self.format
+            ));
+        }
+        if self.grain_bytes != GRAIN_BYTES || self.map_fanout != MAP_FANOUT {
+            return Some(format!(
+                "grain {} bytes and map fan-out {} (this build uses {GRAIN_BYTES} and {MAP_FANOUT})",
+                self.grain_bytes, self.map_fanout
+            ));
+        }
+        if self.segment_max_bytes < u64::from(GRAIN_BYTES) || self.uuid.is_empty() {
+            return Some(format!(
+                "segments of at most {} bytes, uuid '{}'",
+                self.segment_max_bytes, self.uuid
+            ));
+        }
+        None
+    }
+
     fn decode(obj: &[u8]) -> Result<RootObject> {
         let body = envelope::open(MAGIC_ROOT, KEY_ROOT, obj)?;
         let r: RootObject = serde_json::from_slice(body).map_err(|e| {
@@ -255,28 +279,19 @@ impl RootObject {
                 format!("{KEY_ROOT}: not a root object: {e}"),
             )
         })?;
-        if r.format != FORMAT {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "{KEY_ROOT}: layout version {} (this build reads version {FORMAT})",
-                    r.format
-                ),
-            ));
-        }
-        if r.grain_bytes != GRAIN_BYTES || r.map_fanout != MAP_FANOUT {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "{KEY_ROOT}: grain {} bytes and map fan-out {} (this build uses {GRAIN_BYTES} and {MAP_FANOUT})",
-                    r.grain_bytes, r.map_fanout
-                ),
-            ));
+        if let Some(why) = r.broken() {
+            return Err(Error::new(ErrorKind::Corrupt, format!("{KEY_ROOT}: {why}")));
         }
         Ok(r)
     }
 
+    /// # Panics
+    /// On a root that breaks a rule of [`RootObject::broken`] (a bug in
+    /// this build).
     fn encode(&self) -> Vec<u8> {
+        if let Some(why) = self.broken() {
+            panic!("refusing to write a bad root object: {why}");
+        }
         envelope::seal(MAGIC_ROOT, &serde_json::to_vec(self).expect("json"))
     }
 }
