@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::ring::Io;
+
 const IOCB_CMD_PREAD: u16 = 0;
 const IOCB_CMD_PWRITE: u16 = 1;
 const IOCB_CMD_POLL: u16 = 5;
@@ -141,33 +143,24 @@ impl Aio {
         Ok(())
     }
 
-    /// Queue a read (or write) of `len` bytes of `fd` at `offset`; as
-    /// the io_uring ring's `push_io`.
+    /// Queue the read (or write) `io`; as the io_uring ring's `push_io`.
     ///
     /// # Safety
-    /// `ptr[..len]` must stay valid, and be touched by no one else, until
-    /// this completion has been reaped; `fd` must stay open until then.
-    #[expect(clippy::too_many_arguments)]
-    pub unsafe fn push_io(
-        &self,
-        write: bool,
-        fd: RawFd,
-        ptr: *mut u8,
-        len: u32,
-        offset: u64,
-        user_data: u64,
-    ) -> io::Result<()> {
+    /// `io.ptr[..io.len]` must stay valid, and be touched by no one else,
+    /// until this completion has been reaped; `io.fd` must stay open
+    /// until then.
+    pub unsafe fn push_io(&self, io: Io) -> io::Result<()> {
         self.queue(self.with_resfd(Iocb {
-            data: user_data,
-            opcode: if write {
+            data: io.user_data,
+            opcode: if io.write {
                 IOCB_CMD_PWRITE
             } else {
                 IOCB_CMD_PREAD
             },
-            fildes: fd as u32,
-            buf: ptr as u64,
-            nbytes: len as u64,
-            offset: offset as i64,
+            fildes: io.fd as u32,
+            buf: io.ptr as u64,
+            nbytes: io.len as u64,
+            offset: io.offset as i64,
             ..Iocb::default()
         }))
     }

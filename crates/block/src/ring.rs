@@ -10,6 +10,25 @@ use parking_lot::Mutex;
 
 use crate::aio::Aio;
 
+/// One read or write to queue on a [`Ring`]: `len` bytes of the file
+/// `fd` at `offset`, read into `ptr` or, with `write`, written from it.
+/// Its completion carries `user_data`.
+#[derive(Clone, Copy, Debug)]
+pub struct Io {
+    /// A write of `ptr[..len]` (else a read into it).
+    pub write: bool,
+    /// The file.
+    pub fd: RawFd,
+    /// The memory read into or written from.
+    pub ptr: *mut u8,
+    /// Bytes to transfer.
+    pub len: u32,
+    /// Where in the file.
+    pub offset: u64,
+    /// What its completion carries.
+    pub user_data: u64,
+}
+
 /// A ring: submission side behind one lock, completion side behind another,
 /// so one thread may queue while another reaps. Or, made by
 /// [`Ring::native`], a Linux native AIO context behind the same calls.
@@ -93,29 +112,19 @@ impl Ring {
         })
     }
 
-    /// Queue a read of `len` bytes of `fd` at `offset` into `ptr`, or
-    /// with `write` a write of `ptr[..len]` there; it starts at the next
+    /// Queue the read or write `io`; it starts at the next
     /// [`Ring::submit`] (or earlier, when the queue is full and is
-    /// submitted to make room). Its completion carries `user_data`.
+    /// submitted to make room). Its completion carries `io.user_data`.
     ///
     /// # Safety
-    /// `ptr[..len]` must stay valid, and be neither written (nor, for a
+    /// `io.ptr[..io.len]` must stay valid, and be neither written (nor, for a
     /// read, read) by anyone else, until this completion has been reaped;
-    /// `fd` must stay open until then.
-    #[expect(clippy::too_many_arguments)]
-    pub unsafe fn push_io(
-        &self,
-        write: bool,
-        fd: RawFd,
-        ptr: *mut u8,
-        len: u32,
-        offset: u64,
-        user_data: u64,
-    ) -> io::Result<()> {
+    /// `io.fd` must stay open until then.
+    pub unsafe fn push_io(&self, io: Io) -> io::Result<()> {
         match &self.kind {
             // SAFETY: the caller's contract, passed on.
-            Kind::Uring(r) => unsafe { r.push_io(write, fd, ptr, len, offset, user_data) },
-            Kind::Native(a) => unsafe { a.push_io(write, fd, ptr, len, offset, user_data) },
+            Kind::Uring(r) => unsafe { r.push_io(io) },
+            Kind::Native(a) => unsafe { a.push_io(io) },
         }
     }
 
@@ -167,16 +176,15 @@ impl Uring {
     ///
     /// # Safety
     /// As [`Ring::push_io`].
-    #[expect(clippy::too_many_arguments)]
-    unsafe fn push_io(
-        &self,
-        write: bool,
-        fd: RawFd,
-        ptr: *mut u8,
-        len: u32,
-        offset: u64,
-        user_data: u64,
-    ) -> io::Result<()> {
+    unsafe fn push_io(&self, io: Io) -> io::Result<()> {
+        let Io {
+            write,
+            fd,
+            ptr,
+            len,
+            offset,
+            user_data,
+        } = io;
         let e = if write {
             opcode::Write::new(types::Fd(fd), ptr, len)
                 .offset(offset)
@@ -323,14 +331,14 @@ mod tests {
             for (i, b) in bufs.iter_mut().enumerate() {
                 // SAFETY: the buffers outlive the scope, which joins the reaper.
                 unsafe {
-                    ring.push_io(
-                        false,
-                        f.as_raw_fd(),
-                        b[..].as_mut_ptr(),
-                        4096,
-                        (i % 16) as u64 * 4096,
-                        i as u64,
-                    )
+                    ring.push_io(Io {
+                        write: false,
+                        fd: f.as_raw_fd(),
+                        ptr: b[..].as_mut_ptr(),
+                        len: 4096,
+                        offset: (i % 16) as u64 * 4096,
+                        user_data: i as u64,
+                    })
                     .unwrap();
                 }
             }
@@ -395,7 +403,15 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(100));
             // SAFETY: the buffer outlives the scope; the kernel refuses
             // the read before touching it.
-            unsafe { ring.push_io(false, -1, buf[..].as_mut_ptr(), 4096, 0, 7) }.unwrap();
+            let io = Io {
+                write: false,
+                fd: -1,
+                ptr: buf[..].as_mut_ptr(),
+                len: 4096,
+                offset: 0,
+                user_data: 7,
+            };
+            unsafe { ring.push_io(io) }.unwrap();
             ring.submit().unwrap();
             // A minute is only the bound on noticing a reaper that was
             // never woken; a no-op then releases it, so the test fails

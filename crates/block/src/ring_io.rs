@@ -14,7 +14,7 @@ use std::io;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::ring::Ring;
+use crate::ring::{Io, Ring};
 use crate::IoPlan;
 
 /// The low bits of a completion's user data: which piece of its request.
@@ -66,6 +66,23 @@ impl<T> Pending<T> {
             self.failed.get_or_insert(libc::EIO);
         }
         self.failed.is_none()
+    }
+
+    /// The part of piece `i` not transferred yet, to queue again with
+    /// `user_data`.
+    fn rest_of_piece(&self, i: usize, user_data: u64) -> Io {
+        let piece = self.plan.pieces[i];
+        let done = self.done[i];
+        Io {
+            write: self.plan.write,
+            fd: self.plan.fd,
+            // SAFETY: a piece lies inside the destination, and `done` is
+            // less than its length.
+            ptr: unsafe { self.dest.0.add(piece.buf_offset + done) },
+            len: (piece.len - done) as u32,
+            offset: piece.file_offset + done as u64,
+            user_data,
+        }
     }
 }
 
@@ -165,14 +182,14 @@ impl<T: Send> RingIo<T> {
             // reaped; the plan holds the device (and so `fd`) until it is
             // finished.
             let r = unsafe {
-                self.ring.push_io(
+                self.ring.push_io(Io {
                     write,
                     fd,
-                    dest.add(piece.buf_offset),
-                    piece.len as u32,
-                    piece.file_offset,
-                    token << PIECE_BITS | i as u64,
-                )
+                    ptr: dest.add(piece.buf_offset),
+                    len: piece.len as u32,
+                    offset: piece.file_offset,
+                    user_data: token << PIECE_BITS | i as u64,
+                })
             };
             if let Err(e) = r {
                 // The pieces not queued fail the read; the ones queued
@@ -343,9 +360,8 @@ impl<T: Send> RingIo<T> {
     ) -> io::Result<Batch> {
         let mut stop = false;
         let mut finished = Vec::new();
-        // Short transfers to queue again: (user data, write, fd, where,
-        // length, file offset).
-        let mut again: Vec<(u64, bool, i32, *mut u8, u32, u64)> = Vec::new();
+        // Short transfers to queue again: what is left of each.
+        let mut again: Vec<Io> = Vec::new();
         let n = self.ring.reap_some(wait, |ud, res| {
             if ud == STOP {
                 stop = true;
@@ -383,12 +399,8 @@ impl<T: Send> RingIo<T> {
                     true
                 }
                 r if (r as usize) < rest => {
-                    let r = r as usize;
-                    p.done[i] += r;
-                    // SAFETY: still inside the piece (r < rest).
-                    let ptr = unsafe { at.add(r) };
-                    let offset = piece.file_offset + p.done[i] as u64;
-                    again.push((ud, p.plan.write, p.plan.fd, ptr, (rest - r) as u32, offset));
+                    p.done[i] += r as usize;
+                    again.push(p.rest_of_piece(i, ud));
                     false
                 }
                 _ => true,
@@ -400,13 +412,13 @@ impl<T: Send> RingIo<T> {
         if n == 0 {
             return Ok(Batch { stop, handed: 0 });
         }
-        for (ud, write, fd, ptr, len, offset) in again.drain(..) {
+        for io in again.drain(..) {
             // SAFETY: as in `start`: the buffer is the request's until
             // this piece's last completion.
-            if let Err(e) = unsafe { self.ring.push_io(write, fd, ptr, len, offset, ud) } {
+            if let Err(e) = unsafe { self.ring.push_io(io) } {
                 // The piece fails; its read is answered with the error.
                 let mut s = self.state.lock();
-                let token = ud >> PIECE_BITS;
+                let token = io.user_data >> PIECE_BITS;
                 finished.extend(end_pieces(&mut s.pending, token, 1, Some(errno_of(&e))));
             }
         }

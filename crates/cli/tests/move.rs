@@ -198,7 +198,7 @@ fn a_served_disk_moves_to_the_other_kind_and_back_under_fio_verify() {
         let kind_name = if other_kind == Kind::Local {
             "local"
         } else {
-            "shared"
+            "object-store"
         };
         assert_eq!(placement(&home)["disks"]["d"]["kind"], kind_name);
         let info = home.json(&["info", "d"]);

@@ -68,9 +68,9 @@ pub enum Kind {
     #[serde(rename = "local")]
     Local,
     /// A directory attached to an object store (`strata init|attach
-    /// --object-store URL`). Serialised as "shared", the name placement
-    /// files written before this crate use.
-    #[serde(rename = "shared")]
+    /// --object-store URL`). Serialised as "object-store"; "shared", the
+    /// name placement files of earlier builds carry, reads as it too.
+    #[serde(rename = "object-store", alias = "shared")]
     ObjectStore,
 }
 

@@ -376,3 +376,21 @@ fn an_extended_disk_grows_under_an_open_device_and_keeps_its_data() {
         assert_eq!(read(&*small, 4096, 8192), pattern(5, 8192));
     });
 }
+
+/// A kind is written by its name and read by it or by the name placement
+/// files of earlier builds gave an object store ("shared").
+#[test]
+fn kinds_are_written_by_name_and_read_by_their_old_one() {
+    assert_eq!(
+        serde_json::to_string(&Kind::ObjectStore).unwrap(),
+        "\"object-store\""
+    );
+    assert_eq!(serde_json::to_string(&Kind::Local).unwrap(), "\"local\"");
+    for name in ["\"object-store\"", "\"shared\""] {
+        assert_eq!(
+            serde_json::from_str::<Kind>(name).unwrap(),
+            Kind::ObjectStore
+        );
+    }
+    assert!(serde_json::from_str::<Kind>("\"remote\"").is_err());
+}

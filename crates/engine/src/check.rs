@@ -37,7 +37,11 @@ impl CheckReport {
     }
 }
 
+/// The recount's walk over every version's map: what it has found so far,
+/// and the pool end every entry must lie below.
 struct Walk {
+    /// The pool end (high-water mark): an entry at or past it is damage.
+    hwm: u64,
     expected: HashMap<u64, u32>,
     nodes: HashSet<u64>,
     data: HashSet<u64>,
@@ -45,61 +49,64 @@ struct Walk {
     counts: HashMap<u64, (u64, u64)>,
 }
 
-#[expect(clippy::too_many_arguments)]
-fn visit(
-    m: &mut Meta,
-    w: &mut Walk,
-    r: &mut CheckReport,
-    node: u64,
-    level: u8,
-    hwm: u64,
-) -> Result<(u64, u64)> {
-    if let Some(c) = w.counts.get(&node) {
-        return Ok(*c);
-    }
-    w.nodes.insert(node);
-    let entries: [u64; MAP_FANOUT] = match m.node(node, level) {
-        Ok(e) => *e,
-        Err(e) => {
-            r.damaged_pages += 1;
-            r.error(e.message);
-            return Ok((0, 0));
+impl Walk {
+    /// Count the references under map node `node` at `level` (0: a leaf);
+    /// returns its (mapped grains, non-empty blocks), memoised per node.
+    fn visit(
+        &mut self,
+        m: &mut Meta,
+        r: &mut CheckReport,
+        node: u64,
+        level: u8,
+    ) -> Result<(u64, u64)> {
+        let hwm = self.hwm;
+        if let Some(c) = self.counts.get(&node) {
+            return Ok(*c);
         }
-    };
-    let mut mapped = 0;
-    let mut blocks = 0;
-    for (i, e) in entries.iter().copied().enumerate() {
-        if e == 0 {
-            continue;
-        }
-        if e >= hwm {
-            r.error(format!(
-                "map node {node} entry {i} points at grain {e}, past the pool end {hwm}"
-            ));
-            continue;
-        }
-        *w.expected.entry(e).or_insert(0) += 1;
-        if level == 0 {
-            w.data.insert(e);
-            mapped += 1;
-        } else {
-            if w.data.contains(&e) {
-                r.error(format!("grain {e} is used both as data and as a map node"));
+        self.nodes.insert(node);
+        let entries: [u64; MAP_FANOUT] = match m.node(node, level) {
+            Ok(e) => *e,
+            Err(e) => {
+                r.damaged_pages += 1;
+                r.error(e.message);
+                return Ok((0, 0));
+            }
+        };
+        let mut mapped = 0;
+        let mut blocks = 0;
+        for (i, e) in entries.iter().copied().enumerate() {
+            if e == 0 {
                 continue;
             }
-            let (cm, cb) = visit(m, w, r, e, level - 1, hwm)?;
-            mapped += cm;
-            blocks += cb;
+            if e >= hwm {
+                r.error(format!(
+                    "map node {node} entry {i} points at grain {e}, past the pool end {hwm}"
+                ));
+                continue;
+            }
+            *self.expected.entry(e).or_insert(0) += 1;
+            if level == 0 {
+                self.data.insert(e);
+                mapped += 1;
+            } else {
+                if self.data.contains(&e) {
+                    r.error(format!("grain {e} is used both as data and as a map node"));
+                    continue;
+                }
+                let (cm, cb) = self.visit(m, r, e, level - 1)?;
+                mapped += cm;
+                blocks += cb;
+            }
         }
+        if level == 0 {
+            blocks = entries
+                .chunks(BLOCK_GRAINS as usize)
+                .filter(|c| c.iter().any(|&e| e != 0))
+                .count() as u64;
+        }
+        self.counts.insert(node, (mapped, blocks));
+        Ok((mapped, blocks))
     }
-    if level == 0 {
-        blocks = entries
-            .chunks(BLOCK_GRAINS as usize)
-            .filter(|c| c.iter().any(|&e| e != 0))
-            .count() as u64;
-    }
-    w.counts.insert(node, (mapped, blocks));
-    Ok((mapped, blocks))
 }
 
 /// Groups: members exist and are in one group each; a group snapshot
@@ -138,6 +145,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
     let hwm = m.hwm();
     r.pool_grains = hwm;
     let mut w = Walk {
+        hwm,
         expected: HashMap::new(),
         nodes: HashSet::new(),
         data: HashSet::new(),
@@ -191,7 +199,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             (0, 0)
         } else {
             *w.expected.entry(st.root).or_insert(0) += 1;
-            visit(m, &mut w, &mut r, st.root, st.levels - 1, hwm)?
+            w.visit(m, &mut r, st.root, st.levels - 1)?
         };
         // An orphan's counters froze when it was dropped; its map shrinks.
         if orphans.contains(&id) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use strata_format::GRAIN_BYTES;
 
-use super::{add_snapshot, clone_locked, delete_snapshot_locked, Datastore};
+use super::{add_snapshot, clone_locked, delete_snapshot_locked, Datastore, NewSnapshot};
 use crate::catalog::{
     check_name, split_target, Consistency, GroupMemberRec, GroupRec, GroupSnapRec, QuiesceReport,
     GROUP_DISKS_MAX,
@@ -223,14 +223,13 @@ impl Datastore {
             let mut recs = Vec::new();
             for d in members {
                 let id = m.catalog.alloc_id();
-                add_snapshot(
-                    m,
-                    &d,
+                let new = NewSnapshot {
                     id,
-                    snap.to_string(),
-                    &opts.description,
-                    d.current_snapshot,
-                )?;
+                    name: snap.to_string(),
+                    description: &opts.description,
+                    parent: d.current_snapshot,
+                };
+                add_snapshot(m, &d, new)?;
                 m.catalog.disk_mut(&d.name)?.current_snapshot = Some(id);
                 recs.push(GroupMemberRec {
                     disk: d.id,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use strata_block::BlockDevice;
 use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT};
 
-use crate::disk::DiskHandle;
+use crate::disk::{DiskHandle, RegionWalk};
 use crate::error::Result;
 pub use crate::meta::FREE_EXTENT_CLASSES;
 use crate::meta::{Fragments, Meta, Place};
@@ -94,6 +94,15 @@ pub(crate) struct Tally {
     pub kept: u64,
 }
 
+/// What a defrag pass carries from one region to the next.
+struct DefragPass {
+    /// The last grain of the region before, where it ended up: the next
+    /// region should follow it.
+    hint: Option<u64>,
+    /// What the pass moved, kept and skipped so far.
+    tally: Tally,
+}
+
 /// Number of physical runs in `grains` (in logical order).
 fn runs(grains: impl Iterator<Item = u64>) -> u64 {
     let mut f = Fragments::default();
@@ -144,16 +153,21 @@ impl DiskHandle {
             }
             return Ok(t);
         }
-        let mut hint: Option<u64> = None;
-        self.in_regions(
-            0,
-            size,
-            true,
+        let mut pass = DefragPass {
+            hint: None,
+            tally: t,
+        };
+        let walk = RegionWalk {
+            offset: 0,
+            len: size,
+            all_heads: true,
             progress,
             pace,
-            &mut |first, last, _, held| self.defrag_region(first, last, held, &mut hint, &mut t),
-        )?;
-        Ok(t)
+        };
+        self.in_regions(walk, &mut |first, last, _, held| {
+            self.defrag_region(first, last, held, &mut pass)
+        })?;
+        Ok(pass.tally)
     }
 
     /// The mapped grains of `[first, last]` as (virtual, pool) pairs, and
@@ -184,14 +198,13 @@ impl DiskHandle {
     /// part, and a commit draining the gate must not wait for them); then,
     /// with the gate, check the plan still holds, allocate, write the copy
     /// in runs and move each grain (FORMAT.md §10.2-10.3).
-    #[expect(clippy::too_many_arguments, clippy::too_many_lines)]
+    #[expect(clippy::too_many_lines)]
     fn defrag_region(
         &self,
         first: u64,
         last: u64,
         held: &[u64],
-        hint: &mut Option<u64>,
-        t: &mut Tally,
+        pass: &mut DefragPass,
     ) -> Result<()> {
         let _fence = self.inner.fail_on_panic();
         let (mapped, runs_in) = self.region_plan(&mut self.inner.meta.lock(), first, last)?;
@@ -200,12 +213,12 @@ impl DiskHandle {
         };
         // The region's share of the disk's fragments: breaks inside it, and
         // one where it does not follow the region before.
-        let prev = *hint;
+        let prev = pass.hint;
         let breaks =
             |first: u64, runs: u64| runs - 1 + u64::from(prev.is_some_and(|h| first != h + 1));
         let before = breaks(first_g, runs_in);
         // Where the region ends up staying, the next one follows it.
-        *hint = Some(last_g);
+        pass.hint = Some(last_g);
         if before == 0 {
             return Ok(());
         }
@@ -243,7 +256,7 @@ impl DiskHandle {
         // The head still maps what was read, grain for grain: with every
         // head's stripes held, nothing wrote those grains meanwhile.
         if self.region_plan(&mut m, first, last)?.0 != mapped {
-            t.skipped += 1;
+            pass.tally.skipped += 1;
             return Ok(());
         }
         let n = mapped.len() as u64;
@@ -294,7 +307,7 @@ impl DiskHandle {
         if breaks(targets[0], runs(targets.iter().copied())) >= before {
             // No better place: free space lies in short runs (10.4 makes runs).
             self.give_back(&mut m, &targets)?;
-            t.skipped += 1;
+            pass.tally.skipped += 1;
             return Ok(());
         }
         drop(m);
@@ -307,7 +320,7 @@ impl DiskHandle {
         // what was read: leave the region for the next pass.
         if m.head_versions().iter().any(|h| !held.contains(h)) {
             self.give_back(&mut m, &targets)?;
-            t.skipped += 1;
+            pass.tally.skipped += 1;
             return Ok(());
         }
         let mut kept = Vec::new();
@@ -321,10 +334,10 @@ impl DiskHandle {
         })?;
         self.give_back(&mut m, &kept)?;
         drop(m);
-        t.kept += kept.len() as u64;
-        t.moved += (n - kept.len() as u64) * GRAIN_BYTES;
-        t.regions_moved += 1;
-        *hint = targets.last().copied();
+        pass.tally.kept += kept.len() as u64;
+        pass.tally.moved += (n - kept.len() as u64) * GRAIN_BYTES;
+        pass.tally.regions_moved += 1;
+        pass.hint = targets.last().copied();
         self.inner
             .mutations
             .fetch_add(1, std::sync::atomic::Ordering::Release);

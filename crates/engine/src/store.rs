@@ -468,6 +468,18 @@ impl Store {
         Ok(())
     }
 
+    /// Reserve `grains` more for one more thick disk (a new one, or one
+    /// converted): refused unless they fit the capacity, then held.
+    pub fn reserve_thick(&self, m: &mut Meta, grains: u64) -> Result<()> {
+        let req = SpaceRequest {
+            reserve: true,
+            grains,
+            own_reserved: 0,
+        };
+        self.check_space(m, req)?;
+        self.hold_reservation(m, grains, 1)
+    }
+
     /// The one space rule (FORMAT.md §7): used + reserved + what is asked,
     /// less what fills the asker's own reservation, must fit the capacity.
     pub fn check_space(&self, m: &Meta, req: SpaceRequest) -> Result<()> {

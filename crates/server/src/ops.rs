@@ -229,14 +229,17 @@ fn file_request(
             name,
             provisioning,
             format,
-        } => Ok(Response::Import(crate::vmdk_ops::import(
-            ctx.ds,
-            path,
-            name,
-            *provisioning,
-            *format,
-            progress,
-        )?)),
+        } => {
+            let what = crate::vmdk_ops::Import {
+                path,
+                name,
+                prov: *provisioning,
+                format: *format,
+            };
+            Ok(Response::Import(crate::vmdk_ops::import(
+                ctx.ds, what, progress,
+            )?))
+        }
         Request::Export {
             target,
             out,

@@ -172,18 +172,29 @@ fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Res
     Ok(())
 }
 
+/// What to import: the image at `path` (its format, or None to tell it
+/// by its bytes) as disk `name`, provisioned `prov`.
+pub struct Import<'a> {
+    pub path: &'a Path,
+    pub name: &'a str,
+    pub prov: Provisioning,
+    pub format: Option<ImageFormat>,
+}
+
 /// Import `path` as disk `name`. A VMDK chain becomes a disk whose
 /// snapshots are the chain's links below the top (base first, named after
 /// the files); the top link is the disk's live state.
-#[expect(clippy::too_many_arguments)]
 pub fn import(
     ds: &dyn Datastore,
-    path: &Path,
-    name: &str,
-    prov: Provisioning,
-    format: Option<ImageFormat>,
+    what: Import,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, Error> {
+    let Import {
+        path,
+        name,
+        prov,
+        format,
+    } = what;
     let format = match format {
         Some(f) => f,
         None => sniff(path)?,

@@ -311,8 +311,11 @@ pub(crate) fn start(
                               uri: Uri,
                               headers: HeaderMap,
                               body: Result<Bytes, axum::extract::rejection::BytesRejection>| {
-                            let (web, n) = (web.clone(), in_flight.clone());
-                            async move { dispatch(web, n, method, uri, headers, body).await }
+                            let served = Served {
+                                web: web.clone(),
+                                in_flight: in_flight.clone(),
+                            };
+                            async move { dispatch(served, method, uri, headers, body).await }
                         },
                     )
                     .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX));
@@ -417,12 +420,17 @@ async fn handshakes(
     }
 }
 
-/// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
-/// more get 503).
-#[expect(clippy::too_many_arguments)]
-async fn dispatch(
+/// What every request is served with: the server's state and how many
+/// requests are being answered.
+struct Served {
     web: Arc<Web>,
     in_flight: Arc<AtomicUsize>,
+}
+
+/// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
+/// more get 503).
+async fn dispatch(
+    served: Served,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -435,6 +443,7 @@ async fn dispatch(
         }
         Err(e) => return error_response(400, "invalid_argument", &format!("body: {e}")),
     };
+    let Served { web, in_flight } = served;
     if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT_MAX {
         in_flight.fetch_sub(1, Ordering::AcqRel);
         return error_response(503, "busy", "too many requests at once; try again");

@@ -33,7 +33,7 @@ use crate::layout::{
     check_segment_ends, decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId,
     SegmentInfo, GRAIN, NODE_BYTES, SEG_DATA_OFFSET, SEG_HEADER_BYTES, SEG_TRAILER_BYTES,
 };
-use crate::s3fifo::{S3Fifo, USE_GAP};
+use crate::s3fifo::{Arrival, S3Fifo, USE_GAP};
 use crate::{corrupt, Error, ErrorKind, Result};
 
 struct CachedSegment {
@@ -282,7 +282,7 @@ impl SegmentCache {
                     let _ = std::fs::remove_file(self.partial_path(id));
                     continue;
                 }
-                for old in policy.insert(id, bytes, false, true, now) {
+                for old in policy.insert(id, Arrival::read(bytes), now) {
                     let _ = std::fs::remove_file(self.path(old));
                     let _ = std::fs::remove_file(self.partial_path(old));
                 }
@@ -372,11 +372,11 @@ impl SegmentCache {
     /// an upload; `main`: into the main FIFO) and evict what no longer
     /// fits.
     fn admit(&self, id: SegId, bytes: u64, read: bool, main: bool) {
-        let out = self
-            .policy()
-            .lock()
-            .unwrap()
-            .insert(id, bytes, main, read, Instant::now());
+        let out =
+            self.policy()
+                .lock()
+                .unwrap()
+                .insert(id, Arrival { bytes, main, read }, Instant::now());
         self.evict(out);
     }
 
@@ -877,13 +877,16 @@ impl SegmentCache {
             .unwrap()
             .insert(id, Partial::new(file, self.clock_ms(), None));
         // Into the main FIFO: these grains were kept where they were.
-        let out = self.policy().lock().unwrap().insert(
-            id,
-            (hot.len() * GRAIN) as u64,
-            true,
-            true,
-            Instant::now(),
-        );
+        let kept = Arrival {
+            bytes: (hot.len() * GRAIN) as u64,
+            main: true,
+            read: true,
+        };
+        let out = self
+            .policy()
+            .lock()
+            .unwrap()
+            .insert(id, kept, Instant::now());
         self.evict(out);
         Ok(())
     }

@@ -61,33 +61,37 @@ pub fn diff_maps(
 ) -> Result<()> {
     let top = a.1.max(b.1);
     let side = |(entry, height): (Option<Entry>, u8)| Side { entry, height };
-    walk(top, side(a), side(b), 0, end, node, visit)
+    Differ { end, node, visit }.walk(top, side(a), side(b), 0)
 }
 
-#[expect(clippy::too_many_arguments)]
-fn walk(
-    h: u8,
-    a: Side,
-    b: Side,
-    first: u64,
+/// One comparison of two maps: the grain it stops at, how nodes are read
+/// and who is told of each difference.
+struct Differ<'n, 'r, 'v> {
     end: u64,
-    node: &mut NodeReader<'_>,
-    visit: &mut dyn FnMut(u64, bool),
-) -> Result<()> {
-    if first >= end || (a.entry == b.entry && (a.entry.is_none() || a.height == b.height)) {
-        return Ok(());
+    node: &'n mut NodeReader<'r>,
+    visit: &'v mut dyn FnMut(u64, bool),
+}
+
+impl Differ<'_, '_, '_> {
+    /// Compare subtrees `a` and `b` of height `h` whose first grain is
+    /// `first`.
+    fn walk(&mut self, h: u8, a: Side, b: Side, first: u64) -> Result<()> {
+        if first >= self.end || (a.entry == b.entry && (a.entry.is_none() || a.height == b.height))
+        {
+            return Ok(());
+        }
+        if h == 0 {
+            (self.visit)(first, b.entry.is_some());
+            return Ok(());
+        }
+        let span = MapNode::span_of_entry(h - 1);
+        let ca = a.children(h, first, self.node)?;
+        let cb = b.children(h, first, self.node)?;
+        for (i, (x, y)) in ca.into_iter().zip(cb).enumerate() {
+            self.walk(h - 1, x, y, first + i as u64 * span)?;
+        }
+        Ok(())
     }
-    if h == 0 {
-        visit(first, b.entry.is_some());
-        return Ok(());
-    }
-    let span = MapNode::span_of_entry(h - 1);
-    let ca = a.children(h, first, node)?;
-    let cb = b.children(h, first, node)?;
-    for (i, (x, y)) in ca.into_iter().zip(cb).enumerate() {
-        walk(h - 1, x, y, first + i as u64 * span, end, node, visit)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -128,7 +128,28 @@ type Visit<'a> = dyn FnMut(&Entry, Option<u8>, u64) -> Result<()> + 'a;
 
 /// A tree `check` walks: what it is, root, levels, owner, and the tail
 /// that shadows its map (the head's).
-type Tree<'a> = (String, Option<Entry>, u8, u32, Option<&'a Tail>);
+type Tree<'a> = (String, Reach<'a>);
+
+/// A map walked for an owner: its root and depth, the disk it is walked
+/// for, and the tail that shadows it (the head's, §11.4a).
+#[derive(Clone, Copy)]
+struct Reach<'a> {
+    root: Option<Entry>,
+    levels: u8,
+    owner: u32,
+    shadow: Option<&'a Tail>,
+}
+
+impl<'a> Reach<'a> {
+    fn new(root: Option<Entry>, levels: u8, owner: u32, shadow: Option<&'a Tail>) -> Self {
+        Reach {
+            root,
+            levels,
+            owner,
+            shadow,
+        }
+    }
+}
 
 /// The live roots of the store at one moment.
 struct Roots {
@@ -184,16 +205,13 @@ impl SharedDatastore {
     /// for `owner`; `visit` sees every node and grain entry reached. A
     /// grain `shadow` (the head's tail) holds is not reached through the
     /// map: the tail wins, so that map entry is never read (§11.4a).
-    #[expect(clippy::too_many_arguments)]
-    fn walk(
-        &self,
-        root: Option<Entry>,
-        levels: u8,
-        owner: u32,
-        shadow: Option<&Tail>,
-        marks: &mut Marks,
-        visit: &mut Visit,
-    ) -> Result<()> {
+    fn walk(&self, r: Reach, marks: &mut Marks, visit: &mut Visit) -> Result<()> {
+        let Reach {
+            root,
+            levels,
+            owner,
+            shadow,
+        } = r;
         let Some(root) = root else { return Ok(()) };
         let mut stack: Vec<(Entry, u8, u64)> = vec![(root, levels - 1, 0)];
         while let Some((e, level, first)) = stack.pop() {
@@ -230,15 +248,23 @@ impl SharedDatastore {
         shadow: Option<&Tail>,
         visit: &mut Visit,
     ) -> Result<()> {
-        self.walk(root, levels, 0, shadow, &mut Marks::default(), visit)
+        self.walk(
+            Reach::new(root, levels, 0, shadow),
+            &mut Marks::default(),
+            visit,
+        )
     }
 
     /// Walk everything disk `m` (id `id`) reaches: its map, its
     /// snapshots' maps and its tail's grains (§11.4a).
     fn walk_disk(&self, m: &Manifest, id: u32, marks: &mut Marks, visit: &mut Visit) -> Result<()> {
-        self.walk(m.root, m.levels, id, Some(&m.tail), marks, visit)?;
+        self.walk(
+            Reach::new(m.root, m.levels, id, Some(&m.tail)),
+            marks,
+            visit,
+        )?;
         for s in &m.snapshots {
-            self.walk(s.root, s.levels, id, None, marks, visit)?;
+            self.walk(Reach::new(s.root, s.levels, id, None), marks, visit)?;
         }
         for (vg, e) in m.tail.iter() {
             if let Some(e) = e {
@@ -260,10 +286,7 @@ impl SharedDatastore {
         for h in &roots.holds {
             // A hold keeps its snapshot for the clone.
             self.walk(
-                h.root,
-                h.levels,
-                h.clone,
-                None,
+                Reach::new(h.root, h.levels, h.clone, None),
                 marks,
                 &mut |_, _, _| Ok(()),
             )?;
@@ -505,11 +528,17 @@ impl SharedDatastore {
             rep.disks += 1;
             for s in &m.snapshots {
                 rep.snapshots += 1;
-                trees.push((format!("{name}@{}", s.name), s.root, s.levels, *id, None));
+                trees.push((
+                    format!("{name}@{}", s.name),
+                    Reach::new(s.root, s.levels, *id, None),
+                ));
             }
             // After its snapshots: a grain it skips (shadowed) that they
             // reach is checked through them.
-            trees.push((name.clone(), m.root, m.levels, *id, Some(&m.tail)));
+            trees.push((
+                name.clone(),
+                Reach::new(m.root, m.levels, *id, Some(&m.tail)),
+            ));
             // Its tail (§11.4a): every grain it names, against its CRC.
             for (vg, e) in m.tail.iter() {
                 let Some(e) = e else { continue };
@@ -527,33 +556,26 @@ impl SharedDatastore {
             }
         }
         for h in &roots.holds {
-            trees.push((h.key(), h.root, h.levels, h.clone, None));
+            trees.push((h.key(), Reach::new(h.root, h.levels, h.clone, None)));
         }
-        for (what, root, levels, owner, tail) in trees {
+        for (what, reach) in trees {
             let mut nodes = 0u64;
             let mut grains = 0u64;
             // A map named after a fold (or a compaction) may hold entries
             // its tail shadows: never read, maybe collected (§11.4a).
-            let r = self.walk(
-                root,
-                levels,
-                owner,
-                tail,
-                &mut marks,
-                &mut |e, level, vg| {
-                    match level {
-                        Some(_) => nodes += 1,
-                        None => {
-                            grains += 1;
-                            // Whole segments: verified end to end, and one GET
-                            // each rather than one per grain.
-                            self.cache.fetch(&self.store, e.seg)?;
-                            self.cache.read_grain(&self.store, e, vg, &mut buf)?;
-                        }
+            let r = self.walk(reach, &mut marks, &mut |e, level, vg| {
+                match level {
+                    Some(_) => nodes += 1,
+                    None => {
+                        grains += 1;
+                        // Whole segments: verified end to end, and one GET
+                        // each rather than one per grain.
+                        self.cache.fetch(&self.store, e.seg)?;
+                        self.cache.read_grain(&self.store, e, vg, &mut buf)?;
                     }
-                    Ok(())
-                },
-            );
+                }
+                Ok(())
+            });
             rep.nodes += nodes;
             rep.grains += grains;
             if let Err(e) = r {

@@ -38,6 +38,22 @@ pub struct HotSet {
     pub segments: Vec<HotSeg>,
 }
 
+impl HotSet {
+    /// The hot set `host` writes of `disk` at manifest `seq`: the
+    /// [`HOT_MAX`] heaviest of `segments`, heaviest first.
+    pub fn new(disk: u32, seq: u64, host: &str, mut segments: Vec<HotSeg>) -> HotSet {
+        segments.sort_by(|a, b| b.reads.cmp(&a.reads).then(a.seg.cmp(&b.seg)));
+        segments.truncate(HOT_MAX);
+        HotSet {
+            disk,
+            seq,
+            written_ms: now_ms(),
+            host: host.to_string(),
+            segments,
+        }
+    }
+}
+
 pub fn hot_dir(disk: u32) -> String {
     format!("disks/{disk:08x}/h/")
 }
@@ -166,29 +182,11 @@ impl Reads {
                 .is_some_and(|(s, t, _)| s == seq && t == total)
     }
 
-    /// Write the hot set of `disk` at manifest `seq`: `segments` with
-    /// their weights (create-only; a key already there is left alone).
-    /// `total` is [`Self::total`] when the segments were found.
-    #[expect(clippy::too_many_arguments)]
-    pub fn record(
-        &self,
-        store: &ObjectStore,
-        disk: u32,
-        seq: u64,
-        host: &str,
-        mut segments: Vec<HotSeg>,
-        total: u64,
-    ) -> Result<()> {
-        segments.sort_by(|a, b| b.reads.cmp(&a.reads).then(a.seg.cmp(&b.seg)));
-        segments.truncate(HOT_MAX);
-        let h = HotSet {
-            disk,
-            seq,
-            written_ms: now_ms(),
-            host: host.to_string(),
-            segments,
-        };
-        let body = serde_json::to_vec(&h).expect("json");
+    /// Write hot set `h` (create-only; a key already there is left
+    /// alone). `total` is [`Self::total`] when its segments were found.
+    pub fn record(&self, store: &ObjectStore, h: &HotSet, total: u64) -> Result<()> {
+        let (disk, seq) = (h.disk, h.seq);
+        let body = serde_json::to_vec(h).expect("json");
         store.put_create(
             &hot_key(disk, seq),
             Bytes::from(envelope::seal(MAGIC_HOT, &body)),

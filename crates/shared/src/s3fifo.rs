@@ -35,6 +35,40 @@ struct Meta {
     gen: u64,
 }
 
+impl Meta {
+    /// `m` queued again in the main FIFO with `uses` left, as read.
+    fn promoted(m: &Meta, uses: u8) -> Meta {
+        Meta {
+            uses,
+            main: true,
+            read: true,
+            ..*m
+        }
+    }
+}
+
+/// A key's arrival ([`S3Fifo::insert`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub bytes: u64,
+    /// Into the main FIFO: a key found at a restart, or grains kept where
+    /// they were.
+    pub main: bool,
+    /// A read brought it rather than a write.
+    pub read: bool,
+}
+
+impl Arrival {
+    /// `bytes` a read brought.
+    pub fn read(bytes: u64) -> Arrival {
+        Arrival {
+            bytes,
+            main: false,
+            read: true,
+        }
+    }
+}
+
 /// The policy's state.
 pub struct S3Fifo<K> {
     bound: u64,
@@ -97,14 +131,23 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// is a ghost (or `main`: a key found at a restart); `read` if a read
     /// brought it rather than a write. A key held already is only used.
     /// Returns the keys evicted to stay within the bound.
-    #[expect(clippy::too_many_arguments)]
-    pub fn insert(&mut self, k: K, bytes: u64, main: bool, read: bool, now: Instant) -> Vec<K> {
+    pub fn insert(&mut self, k: K, a: Arrival, now: Instant) -> Vec<K> {
         if self.entries.contains_key(&k) {
             self.touch(&k, now);
             return Vec::new();
         }
-        let main = main || self.unghost(&k);
-        self.place(k, bytes, main, 0, read, now);
+        let main = a.main || self.unghost(&k);
+        self.place(
+            k,
+            Meta {
+                bytes: a.bytes,
+                uses: 0,
+                main,
+                read: a.read,
+                used: now,
+                gen: 0,
+            },
+        );
         self.evict_over()
     }
 
@@ -114,7 +157,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     /// the bound (it may be `k` itself).
     pub fn grow(&mut self, k: K, delta: u64, read: bool, now: Instant) -> Vec<K> {
         let Some(m) = self.entries.get_mut(&k) else {
-            return self.insert(k, delta, false, read, now);
+            let a = Arrival {
+                bytes: delta,
+                main: false,
+                read,
+            };
+            return self.insert(k, a, now);
         };
         m.bytes += delta;
         let main = m.main;
@@ -173,21 +221,12 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
         }
     }
 
-    #[expect(clippy::too_many_arguments)]
-    fn place(&mut self, k: K, bytes: u64, main: bool, uses: u8, read: bool, used: Instant) {
+    /// Queue `k` as `m` says (a new queue place: its `gen` is set here).
+    fn place(&mut self, k: K, mut m: Meta) {
         self.gen += 1;
-        let gen = self.gen;
-        self.entries.insert(
-            k,
-            Meta {
-                bytes,
-                uses,
-                main,
-                read,
-                used,
-                gen,
-            },
-        );
+        m.gen = self.gen;
+        let (bytes, main, gen) = (m.bytes, m.main, m.gen);
+        self.entries.insert(k, m);
         *self.bytes_of(main) += bytes;
         if main {
             self.main.push_back((k, gen));
@@ -221,7 +260,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     fn evict_small(&mut self) -> Option<K> {
         let (k, m) = self.pop(false)?;
         if m.uses > 0 {
-            self.place(k, m.bytes, true, 0, true, m.used);
+            self.place(k, Meta::promoted(&m, 0));
             return None;
         }
         if !m.read {
@@ -240,7 +279,7 @@ impl<K: Copy + Eq + Hash> S3Fifo<K> {
     fn evict_main(&mut self) -> Option<K> {
         let (k, m) = self.pop(true)?;
         if m.uses > 0 {
-            self.place(k, m.bytes, true, m.uses - 1, true, m.used);
+            self.place(k, Meta::promoted(&m, m.uses - 1));
             return None;
         }
         Some(k)
@@ -274,7 +313,7 @@ mod tests {
         let mut c = S3Fifo::new(64 * MB);
         let mut evicted = Vec::new();
         for k in 0..20u32 {
-            evicted.extend(c.insert(k, 8 * MB, false, true, t));
+            evicted.extend(c.insert(k, Arrival::read(8 * MB), t));
             assert!(c.bytes() <= 64 * MB);
         }
         assert_eq!(c.len(), 8);
@@ -287,7 +326,7 @@ mod tests {
         let mut c = S3Fifo::new(80 * MB);
         // A hot set of 6 segments, used again a while later.
         for k in 0..6u32 {
-            c.insert(k, 8 * MB, false, true, t);
+            c.insert(k, Arrival::read(8 * MB), t);
         }
         t += USE_GAP;
         for k in 0..6u32 {
@@ -295,7 +334,7 @@ mod tests {
         }
         // A scan of 100 segments, each read all over within a moment.
         for k in 1000..1100u32 {
-            c.insert(k, 8 * MB, false, true, t);
+            c.insert(k, Arrival::read(8 * MB), t);
             for _ in 0..50 {
                 c.touch(&k, t);
             }
@@ -329,13 +368,13 @@ mod tests {
     fn uses_close_together_count_once() {
         let t = Instant::now();
         let mut c = S3Fifo::new(16 * MB);
-        c.insert(1u32, 8 * MB, false, true, t);
+        c.insert(1u32, Arrival::read(8 * MB), t);
         for _ in 0..100 {
             c.touch(&1, t + Duration::from_millis(10));
         }
         // Not used again after a gap: the next arrivals push it out.
-        c.insert(2, 8 * MB, false, true, t);
-        let out = c.insert(3, 8 * MB, false, true, t);
+        c.insert(2, Arrival::read(8 * MB), t);
+        let out = c.insert(3, Arrival::read(8 * MB), t);
         assert_eq!(out, [1]);
     }
 
@@ -344,14 +383,14 @@ mod tests {
         let t = Instant::now();
         let mut c = S3Fifo::new(40 * MB);
         for k in 0..6u32 {
-            c.insert(k, 8 * MB, false, true, t);
+            c.insert(k, Arrival::read(8 * MB), t);
         }
         assert!(!c.contains(&0) && c.is_ghost(&0));
         // 0 comes back: main, so six newcomers pass it by.
-        c.insert(0, 8 * MB, false, true, t);
+        c.insert(0, Arrival::read(8 * MB), t);
         assert!(!c.is_ghost(&0));
         for k in 10..16u32 {
-            c.insert(k, 8 * MB, false, true, t);
+            c.insert(k, Arrival::read(8 * MB), t);
         }
         assert!(c.contains(&0));
     }
@@ -360,13 +399,13 @@ mod tests {
     fn removing_a_key_frees_its_bytes_and_stale_places_are_skipped() {
         let t = Instant::now();
         let mut c = S3Fifo::new(32 * MB);
-        c.insert(1u32, 8 * MB, false, true, t);
-        c.insert(2, 8 * MB, false, true, t);
+        c.insert(1u32, Arrival::read(8 * MB), t);
+        c.insert(2, Arrival::read(8 * MB), t);
         assert!(c.remove(&1));
         assert_eq!(c.bytes(), 8 * MB);
-        c.insert(1, 8 * MB, false, true, t);
+        c.insert(1, Arrival::read(8 * MB), t);
         for k in 3..6u32 {
-            c.insert(k, 8 * MB, false, true, t);
+            c.insert(k, Arrival::read(8 * MB), t);
         }
         assert_eq!(c.bytes(), 32 * MB);
         assert_eq!(c.len(), 4);

@@ -181,6 +181,25 @@ impl Gauge {
 const US_DECIMALS: u32 = 6;
 const NS_DECIMALS: u32 = 9;
 
+/// How a histogram's numbers are written: how many places the decimal
+/// point of its bucket edges (`le`) and of its `_sum` moves left.
+#[derive(Clone, Copy)]
+struct Scale {
+    le_decimals: u32,
+    sum_decimals: u32,
+}
+
+/// Counts, lengths and distances: written as they are.
+const AS_IS: Scale = Scale {
+    le_decimals: 0,
+    sum_decimals: 0,
+};
+/// Times: edges in µs and a sum in ns, written in seconds.
+const SECONDS: Scale = Scale {
+    le_decimals: US_DECIMALS,
+    sum_decimals: NS_DECIMALS,
+};
+
 /// Every disk's statistics, then `extra_gauges`, in the Prometheus text
 /// exposition format 0.0.4.
 ///
@@ -281,7 +300,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     for (disk, s) in disks {
         for op in RW {
             let h = s.io_length.get(op).expect("read or write");
-            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, 0, 0);
+            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, AS_IS);
         }
     }
 
@@ -295,14 +314,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     for (disk, s) in disks {
         for op in Op::ALL {
             let labels = [("disk", disk.as_str()), ("op", op.name())];
-            prom_histogram(
-                out,
-                name,
-                &labels,
-                s.latency.get(op),
-                US_DECIMALS,
-                NS_DECIMALS,
-            );
+            prom_histogram(out, name, &labels, s.latency.get(op), SECONDS);
         }
     }
 
@@ -316,7 +328,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     for (disk, s) in disks {
         for op in RW {
             let h = s.seek_distance.get(op).expect("read or write");
-            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, 0, 0);
+            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, AS_IS);
         }
     }
 
@@ -330,7 +342,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     for (disk, s) in disks {
         for op in RW {
             let h = s.seek_distance_closest.get(op).expect("read or write");
-            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, 0, 0);
+            prom_histogram(out, name, &[("disk", disk), ("op", op.name())], h, AS_IS);
         }
     }
 
@@ -343,7 +355,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     );
     for (disk, s) in disks {
         for (op, h) in arrival_series(&s.outstanding) {
-            prom_histogram(out, name, &[("disk", disk), ("op", op)], h, 0, 0);
+            prom_histogram(out, name, &[("disk", disk), ("op", op)], h, AS_IS);
         }
     }
 
@@ -357,7 +369,7 @@ fn render_disks(out: &mut String, disks: &[(String, StatsSnapshot)]) {
     for (disk, s) in disks {
         for (op, h) in arrival_series(&s.interarrival) {
             let labels = [("disk", disk.as_str()), ("op", op)];
-            prom_histogram(out, name, &labels, h, US_DECIMALS, NS_DECIMALS);
+            prom_histogram(out, name, &labels, h, SECONDS);
         }
     }
 }
@@ -438,24 +450,22 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: &str) {
     out.push('\n');
 }
 
-/// `_bucket` lines (cumulative, ending with `+Inf`), `_sum` and `_count`.
-/// `le_decimals` / `sum_decimals` shift the decimal point of the edges and
-/// the sum (to turn µs and ns into seconds).
-#[expect(clippy::too_many_arguments)]
+/// `_bucket` lines (cumulative, ending with `+Inf`), `_sum` and `_count`,
+/// the edges and the sum written at `scale` (to turn µs and ns into
+/// seconds).
 fn prom_histogram(
     out: &mut String,
     name: &str,
     labels: &[(&str, &str)],
     h: &HistogramSnapshot,
-    le_decimals: u32,
-    sum_decimals: u32,
+    scale: Scale,
 ) {
     let bucket_name = format!("{name}_bucket");
     let mut cumulative = 0u64;
     for b in &h.buckets {
         cumulative += b.count;
         let le = match b.le {
-            Some(edge) => format_decimal(edge as i128, le_decimals),
+            Some(edge) => format_decimal(edge as i128, scale.le_decimals),
             None => "+Inf".to_string(),
         };
         let mut with_le = labels.to_vec();
@@ -466,7 +476,7 @@ fn prom_histogram(
         out,
         &format!("{name}_sum"),
         labels,
-        &format_decimal(h.sum, sum_decimals),
+        &format_decimal(h.sum, scale.sum_decimals),
     );
     sample(
         out,

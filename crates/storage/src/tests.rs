@@ -1,4 +1,11 @@
-//! Unit tests of storage/src/lib.rs.
+//! Unit tests of the storage crate (lib.rs, file.rs, sim.rs).
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use strata_block::AlignedBuf;
 
 use super::*;
 

@@ -17,15 +17,9 @@ use strata_tidy::{scan, workspace_root, Facts, Func, FILE_LINES, FN_ARGS, FN_LIN
 /// Functions allowed over 70 code lines (each with its `expect`).
 const LONG_FUNCTIONS: usize = 20;
 /// Functions allowed over 5 arguments (each with its `expect`).
-const MANY_ARGUMENTS: usize = 33;
+const MANY_ARGUMENTS: usize = 0;
 /// Files allowed over 1,200 physical lines, each no longer than it is now.
-const LONG_FILES: &[(&str, usize)] = &[
-    ("crates/engine/src/datastore.rs", 2173),
-    ("crates/engine/src/disk.rs", 1265),
-    ("crates/nbd/src/transmission.rs", 1399),
-    ("crates/server/src/serve.rs", 1414),
-    ("crates/storage/src/lib.rs", 1214),
-];
+const LONG_FILES: &[(&str, usize)] = &[];
 /// Back doors above crates/datastore, per file: (downcasts, kind
 /// branches, directory probes). The interface is to grow what these ask.
 const BACK_DOORS: &[(&str, [usize; 3])] = &[];

@@ -153,6 +153,16 @@ impl QueueRing {
     }
 }
 
+/// A request taken off a queue: where its buffers lie (the guest memory,
+/// as loaded for this batch), the queue it goes back to once used, and its
+/// head descriptor's index there.
+#[derive(Clone, Copy)]
+struct Taken<'a> {
+    mem: &'a Arc<GuestMemoryMmap>,
+    vring: &'a VringRwLock,
+    head: u16,
+}
+
 /// A read or write in a queue's ring.
 struct RingReq {
     /// Keeps the guest memory the data goes to (or comes from) mapped
@@ -423,7 +433,12 @@ impl BlkDevice {
             let parsed = request::parse(&mem, &descs);
             if let (Some(ring), Ok(req)) = (ring, &parsed) {
                 let shared = mem.clone().into_inner();
-                if let Some(returned) = self.ring_request(ring, &shared, req, head, vring)? {
+                let taken = Taken {
+                    mem: &shared,
+                    vring,
+                    head,
+                };
+                if let Some(returned) = self.ring_request(ring, req, taken)? {
                     used |= returned;
                     continue;
                 }
@@ -440,8 +455,13 @@ impl BlkDevice {
                     let id = self.id;
                     let vring = vring.clone();
                     pool.submit(Box::new(move || {
-                        let done =
-                            request::execute(&mem, dev.as_ref(), &req, &limits, &writethrough, &id);
+                        let t = request::Target {
+                            dev: dev.as_ref(),
+                            limits: &limits,
+                            writethrough: &writethrough,
+                            id: &id,
+                        };
+                        let done = request::execute(&mem, t, &req);
                         let idx = event_idx.load(Ordering::Relaxed);
                         if let Err(e) = complete(&vring, idx, head, done.written) {
                             // The frontend reset the queue or went away.
@@ -459,15 +479,13 @@ impl BlkDevice {
                         r.io.submit()?;
                         r.io.reap_until_idle(finish_ring_req, || {})?;
                     }
-                    request::execute(
-                        &mem,
-                        self.dev.as_ref(),
-                        &req,
-                        &self.limits,
-                        &self.writethrough,
-                        &self.id,
-                    )
-                    .written
+                    let t = request::Target {
+                        dev: self.dev.as_ref(),
+                        limits: &self.limits,
+                        writethrough: &self.writethrough,
+                        id: &self.id,
+                    };
+                    request::execute(&mem, t, &req).written
                 }
                 Err(Malformed::NoStatus) => {
                     tracing::warn!(
@@ -498,22 +516,21 @@ impl BlkDevice {
         Ok((used, took))
     }
 
-    /// A read, or a write without FUA, through the ring: plan it, queue
-    /// its pieces (returned used once they are done). None when the
+    /// A read, or a write without FUA, through the ring: plan `req` (the
+    /// request `taken`), queue its pieces (returned used once they are
+    /// done). None when the
     /// device does not plan this request (the caller carries it out as
     /// any other); else whether anything was returned used now (it, or
     /// requests this waited for). Never waits for the device's gate while
     /// this queue's requests are in the ring (they may hold it): a busy
     /// device is asked again once they are done.
-    #[expect(clippy::too_many_arguments)]
     fn ring_request(
         &self,
         ring: &QueueRing,
-        mem: &Arc<GuestMemoryMmap>,
         req: &request::Parsed,
-        head: u16,
-        vring: &VringRwLock,
+        taken: Taken<'_>,
     ) -> io::Result<Option<bool>> {
+        let Taken { mem, vring, head } = taken;
         let Some(request::Single {
             ptr,
             len,

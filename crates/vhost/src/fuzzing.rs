@@ -390,203 +390,236 @@ pub fn chain(input: &[u8]) -> Outcome {
         flushes: AtomicUsize::new(0),
     };
     let writethrough = AtomicBool::new(flags & F_WRITETHROUGH != 0);
-    run(&mem, &regions, &descs, &dev, &limits, &writethrough)
+    Case {
+        mem,
+        regions,
+        descs,
+        dev,
+        limits,
+        writethrough,
+    }
+    .run()
 }
 
 fn status_byte(mem: &GuestMemoryMmap, at: GuestAddress) -> u8 {
     mem.read_obj::<u8>(at).expect("status byte in memory")
 }
 
-#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
-fn run(
-    mem: &GuestMemoryMmap,
-    regions: &[Region],
-    descs: &[Desc],
-    dev: &Mem,
-    limits: &Limits,
-    writethrough: &AtomicBool,
-) -> Outcome {
-    // Where the status must go, worked out here independently: the last
-    // byte of the last non-empty device-writable descriptor, if it is in
-    // guest memory.
-    let expect_status = descs
-        .iter()
-        .rposition(|d| d.write_only && d.len > 0)
-        .and_then(|i| descs[i].addr.0.checked_add(u64::from(descs[i].len) - 1))
-        .map(GuestAddress)
-        .filter(|&a| GuestMemoryBackend::check_range(mem, a, 1));
-    let first_write = descs.iter().position(|d| d.write_only);
-    let readable_after_writable =
-        first_write.is_some_and(|i| descs[i..].iter().any(|d| !d.write_only));
-    let writable: u64 = descs
-        .iter()
-        .filter(|d| d.write_only)
-        .map(|d| u64::from(d.len))
-        .sum();
+/// One case built from the fuzzer's input: the guest's memory and the
+/// regions it was filled from, the descriptor chain, and the device with
+/// its limits and write cache mode.
+struct Case {
+    mem: GuestMemoryMmap,
+    regions: Vec<Region>,
+    descs: Vec<Desc>,
+    dev: Mem,
+    limits: Limits,
+    writethrough: AtomicBool,
+}
 
-    let req = match request::parse(mem, descs) {
-        Ok(req) => req,
-        Err(Malformed::NoStatus) => {
-            assert_eq!(
-                expect_status, None,
-                "NoStatus for a chain with a writable last byte in memory"
-            );
-            assert_eq!(dev.mutations.load(Ordering::Relaxed), 0);
-            return Outcome {
-                parse: Parse::NoStatus,
-                status: None,
-                used: 0,
-                checked_bytes: 0,
-            };
+impl Case {
+    /// Parse and carry out the chain, and check what it did.
+    #[expect(clippy::too_many_lines)]
+    fn run(&self) -> Outcome {
+        let Case {
+            mem,
+            regions,
+            descs,
+            dev,
+            limits,
+            writethrough,
+        } = self;
+        // Where the status must go, worked out here independently: the last
+        // byte of the last non-empty device-writable descriptor, if it is in
+        // guest memory.
+        let expect_status = descs
+            .iter()
+            .rposition(|d| d.write_only && d.len > 0)
+            .and_then(|i| descs[i].addr.0.checked_add(u64::from(descs[i].len) - 1))
+            .map(GuestAddress)
+            .filter(|&a| GuestMemoryBackend::check_range(mem, a, 1));
+        let first_write = descs.iter().position(|d| d.write_only);
+        let readable_after_writable =
+            first_write.is_some_and(|i| descs[i..].iter().any(|d| !d.write_only));
+        let writable: u64 = descs
+            .iter()
+            .filter(|d| d.write_only)
+            .map(|d| u64::from(d.len))
+            .sum();
+
+        let req = match request::parse(mem, descs) {
+            Ok(req) => req,
+            Err(Malformed::NoStatus) => {
+                assert_eq!(
+                    expect_status, None,
+                    "NoStatus for a chain with a writable last byte in memory"
+                );
+                assert_eq!(dev.mutations.load(Ordering::Relaxed), 0);
+                return Outcome {
+                    parse: Parse::NoStatus,
+                    status: None,
+                    used: 0,
+                    checked_bytes: 0,
+                };
+            }
+            Err(Malformed::Bad(at, _why)) => {
+                assert_eq!(
+                    Some(at),
+                    expect_status,
+                    "refused chain's status byte is not its last writable byte"
+                );
+                // As the backend does: IOERR there, used length 1.
+                mem.write_slice(&[status::IOERR], at)
+                    .expect("status byte of a refused chain in memory");
+                assert_eq!(dev.mutations.load(Ordering::Relaxed), 0);
+                return Outcome {
+                    parse: Parse::Refused,
+                    status: Some(status::IOERR),
+                    used: 1,
+                    checked_bytes: 0,
+                };
+            }
+        };
+        assert_eq!(
+            Some(req.status_at),
+            expect_status,
+            "status byte is not the last byte of the last device-writable descriptor"
+        );
+        assert!(
+            !readable_after_writable,
+            "a chain with a device-readable descriptor after a writable one was accepted"
+        );
+        let inp_total: u64 = req.inp.iter().map(|&(_, l)| u64::from(l)).sum();
+        let out_total: u64 = req.out.iter().map(|&(_, l)| u64::from(l)).sum();
+        assert_eq!(
+            inp_total + 1,
+            writable,
+            "data + status bytes are not the chain's writable bytes"
+        );
+
+        let t = request::Target {
+            dev,
+            limits,
+            writethrough,
+            id: &ID,
+        };
+        let done = request::execute(mem, t, &req);
+        let st = done.status;
+        assert!(
+            matches!(st, status::OK | status::IOERR | status::UNSUPP),
+            "status {st}"
+        );
+        assert_eq!(
+            status_byte(mem, req.status_at),
+            st,
+            "status byte not written"
+        );
+        assert!(
+            done.written >= 1 && u64::from(done.written) <= writable,
+            "used length {} with {writable} writable bytes",
+            done.written
+        );
+        let mutations = dev.mutations.load(Ordering::Relaxed);
+        let may_change = st == status::OK
+            && !dev.read_only
+            && matches!(req.kind, kind::OUT | kind::DISCARD | kind::WRITE_ZEROES);
+        assert!(
+            mutations == 0 || may_change,
+            "disk changed by type {} with status {st} (read-only: {})",
+            req.kind,
+            dev.read_only
+        );
+        if st != status::OK {
+            assert_eq!(done.written, 1, "data reported for a failed request");
         }
-        Err(Malformed::Bad(at, _why)) => {
-            assert_eq!(
-                Some(at),
-                expect_status,
-                "refused chain's status byte is not its last writable byte"
-            );
-            // As the backend does: IOERR there, used length 1.
-            mem.write_slice(&[status::IOERR], at)
-                .expect("status byte of a refused chain in memory");
-            assert_eq!(dev.mutations.load(Ordering::Relaxed), 0);
-            return Outcome {
-                parse: Parse::Refused,
-                status: Some(status::IOERR),
-                used: 1,
-                checked_bytes: 0,
-            };
-        }
-    };
-    assert_eq!(
-        Some(req.status_at),
-        expect_status,
-        "status byte is not the last byte of the last device-writable descriptor"
-    );
-    assert!(
-        !readable_after_writable,
-        "a chain with a device-readable descriptor after a writable one was accepted"
-    );
-    let inp_total: u64 = req.inp.iter().map(|&(_, l)| u64::from(l)).sum();
-    let out_total: u64 = req.out.iter().map(|&(_, l)| u64::from(l)).sum();
-    assert_eq!(
-        inp_total + 1,
-        writable,
-        "data + status bytes are not the chain's writable bytes"
-    );
 
-    let done = request::execute(mem, dev, &req, limits, writethrough, &ID);
-    let st = done.status;
-    assert!(
-        matches!(st, status::OK | status::IOERR | status::UNSUPP),
-        "status {st}"
-    );
-    assert_eq!(
-        status_byte(mem, req.status_at),
-        st,
-        "status byte not written"
-    );
-    assert!(
-        done.written >= 1 && u64::from(done.written) <= writable,
-        "used length {} with {writable} writable bytes",
-        done.written
-    );
-    let mutations = dev.mutations.load(Ordering::Relaxed);
-    let may_change = st == status::OK
-        && !dev.read_only
-        && matches!(req.kind, kind::OUT | kind::DISCARD | kind::WRITE_ZEROES);
-    assert!(
-        mutations == 0 || may_change,
-        "disk changed by type {} with status {st} (read-only: {})",
-        req.kind,
-        dev.read_only
-    );
-    if st != status::OK {
-        assert_eq!(done.written, 1, "data reported for a failed request");
-    }
-
-    let mut checked = 0u64;
-    let disk = dev.bytes.lock().unwrap();
-    let sector_off = req.sector.checked_mul(SECTOR_BYTES);
-    match req.kind {
-        kind::IN if st == status::OK => {
-            assert_eq!(u64::from(done.written), inp_total + 1);
-            let off = sector_off.expect("read at an overflowing sector succeeded");
-            assert!(inp_total.is_multiple_of(SECTOR_BYTES) && off + inp_total <= DISK_BYTES as u64);
-            let mut at = off as usize;
-            for &(a, l) in &req.inp {
-                // Inside memory and not overlapping: the read succeeded.
-                let mut got = vec![0u8; l as usize];
-                mem.read_slice(&mut got, a).expect("read buffer in memory");
-                for (i, &g) in got.iter().enumerate() {
-                    if a.0 + i as u64 != req.status_at.0 {
-                        assert_eq!(g, disk[at + i], "read byte {} wrong", at + i);
+        let mut checked = 0u64;
+        let disk = dev.bytes.lock().unwrap();
+        let sector_off = req.sector.checked_mul(SECTOR_BYTES);
+        match req.kind {
+            kind::IN if st == status::OK => {
+                assert_eq!(u64::from(done.written), inp_total + 1);
+                let off = sector_off.expect("read at an overflowing sector succeeded");
+                assert!(
+                    inp_total.is_multiple_of(SECTOR_BYTES) && off + inp_total <= DISK_BYTES as u64
+                );
+                let mut at = off as usize;
+                for &(a, l) in &req.inp {
+                    // Inside memory and not overlapping: the read succeeded.
+                    let mut got = vec![0u8; l as usize];
+                    mem.read_slice(&mut got, a).expect("read buffer in memory");
+                    for (i, &g) in got.iter().enumerate() {
+                        if a.0 + i as u64 != req.status_at.0 {
+                            assert_eq!(g, disk[at + i], "read byte {} wrong", at + i);
+                        }
                     }
+                    at += l as usize;
+                    checked += u64::from(l);
                 }
-                at += l as usize;
-                checked += u64::from(l);
             }
-        }
-        kind::OUT if st == status::OK => {
-            let off = sector_off.expect("write at an overflowing sector succeeded") as usize;
-            assert!(
-                out_total.is_multiple_of(SECTOR_BYTES)
-                    && off as u64 + out_total <= DISK_BYTES as u64
-            );
-            assert_eq!(done.written, 1);
-            let mut expect = initial_disk().to_vec();
-            if !dev.read_only {
-                let mut at = off;
+            kind::OUT if st == status::OK => {
+                let off = sector_off.expect("write at an overflowing sector succeeded") as usize;
+                assert!(
+                    out_total.is_multiple_of(SECTOR_BYTES)
+                        && off as u64 + out_total <= DISK_BYTES as u64
+                );
+                assert_eq!(done.written, 1);
+                let mut expect = initial_disk().to_vec();
+                if !dev.read_only {
+                    let mut at = off;
+                    for &(a, l) in &req.out {
+                        let data =
+                            initial(regions, a.0, u64::from(l)).expect("write data in memory");
+                        expect[at..at + data.len()].copy_from_slice(&data);
+                        at += data.len();
+                    }
+                } else {
+                    assert_eq!(out_total, 0, "write to a read-only disk succeeded");
+                }
+                assert!(*disk == expect, "disk after a write");
+                checked += out_total;
+            }
+            kind::DISCARD | kind::WRITE_ZEROES if st == status::OK => {
+                assert!(!dev.read_only, "discard on a read-only disk succeeded");
+                assert_eq!(done.written, 1);
+                let mut raw = Vec::new();
                 for &(a, l) in &req.out {
-                    let data = initial(regions, a.0, u64::from(l)).expect("write data in memory");
-                    expect[at..at + data.len()].copy_from_slice(&data);
-                    at += data.len();
+                    raw.extend(initial(regions, a.0, u64::from(l)).expect("ranges in memory"));
                 }
-            } else {
-                assert_eq!(out_total, 0, "write to a read-only disk succeeded");
+                assert!(!raw.is_empty() && raw.len().is_multiple_of(RANGE_BYTES));
+                let mut expect = initial_disk().to_vec();
+                for rg in raw.chunks_exact(RANGE_BYTES) {
+                    let sector = u64::from_le_bytes(rg[0..8].try_into().unwrap());
+                    let n = u64::from(u32::from_le_bytes(rg[8..12].try_into().unwrap()));
+                    let start = (sector * SECTOR_BYTES) as usize;
+                    let end = ((sector + n) * SECTOR_BYTES) as usize;
+                    expect[start..end].fill(0);
+                    checked += (end - start) as u64;
+                }
+                assert!(*disk == expect, "disk after a discard / write-zeroes");
             }
-            assert!(*disk == expect, "disk after a write");
-            checked += out_total;
-        }
-        kind::DISCARD | kind::WRITE_ZEROES if st == status::OK => {
-            assert!(!dev.read_only, "discard on a read-only disk succeeded");
-            assert_eq!(done.written, 1);
-            let mut raw = Vec::new();
-            for &(a, l) in &req.out {
-                raw.extend(initial(regions, a.0, u64::from(l)).expect("ranges in memory"));
+            kind::FLUSH => {
+                assert_eq!(done.written, 1);
+                if st == status::OK {
+                    assert_eq!(dev.flushes.load(Ordering::Relaxed), 1);
+                }
             }
-            assert!(!raw.is_empty() && raw.len().is_multiple_of(RANGE_BYTES));
-            let mut expect = initial_disk().to_vec();
-            for rg in raw.chunks_exact(RANGE_BYTES) {
-                let sector = u64::from_le_bytes(rg[0..8].try_into().unwrap());
-                let n = u64::from(u32::from_le_bytes(rg[8..12].try_into().unwrap()));
-                let start = (sector * SECTOR_BYTES) as usize;
-                let end = ((sector + n) * SECTOR_BYTES) as usize;
-                expect[start..end].fill(0);
-                checked += (end - start) as u64;
+            kind::GET_ID if st == status::OK => {
+                assert_eq!(
+                    u64::from(done.written),
+                    inp_total.min(ID_BYTES as u64) + 1,
+                    "GET_ID used length"
+                );
             }
-            assert!(*disk == expect, "disk after a discard / write-zeroes");
+            kind::IN | kind::OUT | kind::DISCARD | kind::WRITE_ZEROES | kind::GET_ID => {}
+            other => assert_eq!(st, status::UNSUPP, "unknown type {other}"),
         }
-        kind::FLUSH => {
-            assert_eq!(done.written, 1);
-            if st == status::OK {
-                assert_eq!(dev.flushes.load(Ordering::Relaxed), 1);
-            }
+        Outcome {
+            parse: Parse::Request(req.kind),
+            status: Some(st),
+            used: done.written,
+            checked_bytes: checked,
         }
-        kind::GET_ID if st == status::OK => {
-            assert_eq!(
-                u64::from(done.written),
-                inp_total.min(ID_BYTES as u64) + 1,
-                "GET_ID used length"
-            );
-        }
-        kind::IN | kind::OUT | kind::DISCARD | kind::WRITE_ZEROES | kind::GET_ID => {}
-        other => assert_eq!(st, status::UNSUPP, "unknown type {other}"),
-    }
-    Outcome {
-        parse: Parse::Request(req.kind),
-        status: Some(st),
-        used: done.written,
-        checked_bytes: checked,
     }
 }
 

@@ -186,7 +186,18 @@ impl VhostBlkServer {
         let name = path.display().to_string();
         let thread = std::thread::Builder::new()
             .name("vhost-accept".into())
-            .spawn(move || accept_loop(listener, wake_rx, stop, a, open, opts, name))?;
+            .spawn(move || {
+                Acceptor {
+                    listener,
+                    wake: wake_rx,
+                    stop,
+                    active: a,
+                    open,
+                    opts,
+                    name,
+                }
+                .run()
+            })?;
         self.inner.lock().unwrap().sockets.push(Socket {
             path: path.to_path_buf(),
             wake,
@@ -246,34 +257,53 @@ fn wait_readable(fd: i32, wake: &UnixStream, stop: &AtomicBool) -> bool {
     }
 }
 
-#[expect(clippy::too_many_arguments)]
-fn accept_loop(
+/// The accept loop of one socket, on a thread of its own: the listening
+/// socket, what wakes it for shutdown, where it records the frontend it
+/// serves (to cut it off), and how it opens the device for each.
+struct Acceptor {
     listener: UnixListener,
+    /// Readable when the server shuts down.
     wake: UnixStream,
     stop: Arc<AtomicBool>,
+    /// The connected frontend ([`Socket::active`]).
     active: Arc<Mutex<Option<UnixStream>>>,
     open: Opener,
     opts: Options,
+    /// The socket's path, for messages.
     name: String,
-) {
-    while wait_readable(listener.as_raw_fd(), &wake, &stop) {
-        let front = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("vhost-user-blk {name}: accept: {e}");
-                continue;
+}
+
+impl Acceptor {
+    /// Serve one frontend at a time until the server shuts down.
+    fn run(self) {
+        let Acceptor {
+            listener,
+            wake,
+            stop,
+            active,
+            open,
+            opts,
+            name,
+        } = self;
+        while wait_readable(listener.as_raw_fd(), &wake, &stop) {
+            let front = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("vhost-user-blk {name}: accept: {e}");
+                    continue;
+                }
+            };
+            let dev = match open() {
+                Ok(d) => d,
+                Err(e) => {
+                    // Closing the connection tells the frontend; it may retry.
+                    tracing::error!("vhost-user-blk {name}: cannot open the disk: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = serve_one(front, dev, &opts, &active, &stop) {
+                tracing::warn!("vhost-user-blk {name}: {e}");
             }
-        };
-        let dev = match open() {
-            Ok(d) => d,
-            Err(e) => {
-                // Closing the connection tells the frontend; it may retry.
-                tracing::error!("vhost-user-blk {name}: cannot open the disk: {e}");
-                continue;
-            }
-        };
-        if let Err(e) = serve_one(front, dev, &opts, &active, &stop) {
-            tracing::warn!("vhost-user-blk {name}: {e}");
         }
     }
 }

@@ -282,18 +282,20 @@ pub struct Done {
     pub written: u32,
 }
 
-/// Carry out `req` on `dev`, write its status byte, and say how many
+/// The disk a request runs on, as the guest sees it: the device, its
+/// limits, whether writes are write-through, and its serial.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub dev: &'a dyn BlockDevice,
+    pub limits: &'a Limits,
+    pub writethrough: &'a AtomicBool,
+    pub id: &'a [u8; ID_BYTES],
+}
+
+/// Carry out `req` on `t`, write its status byte, and say how many
 /// bytes went into guest memory.
-#[expect(clippy::too_many_arguments)]
-pub fn execute(
-    mem: &GuestMemoryMmap,
-    dev: &dyn BlockDevice,
-    req: &Parsed,
-    limits: &Limits,
-    writethrough: &AtomicBool,
-    id: &[u8; ID_BYTES],
-) -> Done {
-    let (st, data) = run(mem, dev, req, limits, writethrough, id);
+pub fn execute(mem: &GuestMemoryMmap, t: Target, req: &Parsed) -> Done {
+    let (st, data) = run(mem, t, req);
     let status = match mem.write_slice(&[st], req.status_at) {
         Ok(()) => st,
         Err(_) => status::IOERR,
@@ -304,15 +306,14 @@ pub fn execute(
     }
 }
 
-#[expect(clippy::too_many_arguments, clippy::too_many_lines)]
-fn run(
-    mem: &GuestMemoryMmap,
-    dev: &dyn BlockDevice,
-    req: &Parsed,
-    limits: &Limits,
-    writethrough: &AtomicBool,
-    id: &[u8; ID_BYTES],
-) -> (u8, u32) {
+#[expect(clippy::too_many_lines)]
+fn run(mem: &GuestMemoryMmap, t: Target, req: &Parsed) -> (u8, u32) {
+    let Target {
+        dev,
+        limits,
+        writethrough,
+        id,
+    } = t;
     let size = dev.size_bytes();
     let err = |e: strata_block::BlockError| {
         tracing::debug!("virtio-blk request failed: {e}");

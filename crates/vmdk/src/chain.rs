@@ -574,7 +574,14 @@ impl VmdkImage {
                         .map_err(|e| crate::error::io(name, e))?;
                     fill.push(n as u64, Fill::Data);
                 }
-                ExtentImpl::Sparse(s) => self.read_sparse(level, s, piece, ext_off, cur, fill)?,
+                ExtentImpl::Sparse(s) => {
+                    let at = InExtent {
+                        s,
+                        ext_off,
+                        virt: cur,
+                    };
+                    self.read_sparse(level, at, piece, fill)?
+                }
             }
             pos += n;
         }
@@ -583,16 +590,14 @@ impl VmdkImage {
 
     /// Read from a sparse extent, merging runs of grains that fall through
     /// or sit next to each other in the file into single reads.
-    #[expect(clippy::too_many_arguments)]
     fn read_sparse(
         &self,
         level: usize,
-        s: &SparseExtent,
+        at: InExtent,
         buf: &mut [u8],
-        ext_off: u64,
-        virt: u64,
         fill: &mut ReadFill,
     ) -> Result<()> {
+        let InExtent { s, ext_off, virt } = at;
         let gb = s.grain_bytes();
         let cap = s.capacity_sectors() * SECTOR;
         let mut pos = 0usize;
@@ -642,9 +647,9 @@ impl VmdkImage {
 
     /// How `[off, off+len)` resolves, as runs; stops after `max_runs`.
     pub fn status(&self, off: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, RangeState)>> {
-        let mut out: Vec<(u64, RangeState)> = Vec::new();
-        self.status_level(0, off, len, &mut out, max_runs, true)?;
-        Ok(out)
+        let mut runs = Runs::new(max_runs, true);
+        self.status_level(0, off, len, &mut runs)?;
+        Ok(runs.out)
     }
 
     /// What link `level` alone holds for `[off, off+len)`, as runs:
@@ -656,9 +661,9 @@ impl VmdkImage {
         len: u64,
         max_runs: usize,
     ) -> Result<Vec<(u64, RangeState)>> {
-        let mut out: Vec<(u64, RangeState)> = Vec::new();
-        self.status_level(level, off, len, &mut out, max_runs, false)?;
-        Ok(out)
+        let mut runs = Runs::new(max_runs, false);
+        self.status_level(level, off, len, &mut runs)?;
+        Ok(runs.out)
     }
 
     /// Read what link `level` shows at `off` (falling through to its parents).
@@ -674,37 +679,30 @@ impl VmdkImage {
         }
     }
 
-    #[expect(clippy::too_many_arguments)]
-    fn status_level(
-        &self,
-        level: usize,
-        off: u64,
-        len: u64,
-        out: &mut Vec<(u64, RangeState)>,
-        max_runs: usize,
-        recurse: bool,
-    ) -> Result<u64> {
+    /// Add to `runs` how `[off, off+len)` resolves from link `level`; how
+    /// many bytes it covered before `runs` was full.
+    fn status_level(&self, level: usize, off: u64, len: u64, runs: &mut Runs) -> Result<u64> {
         let Some(link) = self.links.get(level) else {
-            Self::push(out, len, RangeState::Unallocated);
+            Self::push(&mut runs.out, len, RangeState::Unallocated);
             return Ok(len);
         };
         let end_link = link.sectors * SECTOR;
         let mut pos = 0u64;
-        while pos < len && out.len() < max_runs {
+        while pos < len && runs.out.len() < runs.max {
             let cur = off + pos;
             if cur >= end_link {
-                Self::push(out, len - pos, RangeState::Unallocated);
+                Self::push(&mut runs.out, len - pos, RangeState::Unallocated);
                 return Ok(len);
             }
             let (ext, ext_off, n) = link.piece(cur, len - pos)?;
             match &ext.imp {
-                ExtentImpl::Zero => Self::push(out, n, RangeState::Zero),
-                ExtentImpl::Flat { .. } => Self::push(out, n, RangeState::Data),
+                ExtentImpl::Zero => Self::push(&mut runs.out, n, RangeState::Zero),
+                ExtentImpl::Flat { .. } => Self::push(&mut runs.out, n, RangeState::Data),
                 ExtentImpl::Sparse(s) => {
                     let gb = s.grain_bytes();
                     let cap = s.capacity_sectors() * SECTOR;
                     let mut p = 0u64;
-                    while p < n && out.len() < max_runs {
+                    while p < n && runs.out.len() < runs.max {
                         let o = ext_off + p;
                         // Past the extent's capacity, or in a missing
                         // table: one step for the whole span.
@@ -715,16 +713,19 @@ impl VmdkImage {
                         };
                         let m = span.saturating_mul(gb).saturating_sub(o % gb).min(n - p);
                         match g {
-                            Gte::Unalloc if !recurse => Self::push(out, m, RangeState::Unallocated),
+                            Gte::Unalloc if !runs.recurse => {
+                                Self::push(&mut runs.out, m, RangeState::Unallocated)
+                            }
                             Gte::Unalloc => {
-                                let done =
-                                    self.status_level(level + 1, cur + p, m, out, max_runs, true)?;
+                                let done = self.status_level(level + 1, cur + p, m, runs)?;
                                 if done < m {
                                     return Ok(pos + p + done);
                                 }
                             }
-                            Gte::Zero | Gte::Unmapped => Self::push(out, m, RangeState::Zero),
-                            _ => Self::push(out, m, RangeState::Data),
+                            Gte::Zero | Gte::Unmapped => {
+                                Self::push(&mut runs.out, m, RangeState::Zero)
+                            }
+                            _ => Self::push(&mut runs.out, m, RangeState::Data),
                         }
                         p += m;
                     }
@@ -814,7 +815,14 @@ impl VmdkImage {
                     file.write_at(piece, offset + ext_off)
                         .map_err(|e| crate::error::io(name, e))?
                 }
-                ExtentImpl::Sparse(s) => self.write_sparse(s, piece, ext_off, cur, None)?,
+                ExtentImpl::Sparse(s) => {
+                    let at = InExtent {
+                        s,
+                        ext_off,
+                        virt: cur,
+                    };
+                    self.write_sparse(at, piece, None)?
+                }
             }
             pos += n;
         }
@@ -823,15 +831,8 @@ impl VmdkImage {
 
     /// Write `buf` (or zeros of its length when `zeros` says so) into a
     /// sparse extent of the top link.
-    #[expect(clippy::too_many_arguments)]
-    fn write_sparse(
-        &self,
-        s: &SparseExtent,
-        buf: &[u8],
-        ext_off: u64,
-        virt: u64,
-        zero_len: Option<u64>,
-    ) -> Result<()> {
+    fn write_sparse(&self, at: InExtent, buf: &[u8], zero_len: Option<u64>) -> Result<()> {
+        let InExtent { s, ext_off, virt } = at;
         let gb = s.grain_bytes();
         if gb > crate::sparse::MAX_BUFFERED_GRAIN {
             return Err(crate::error::unsupported(
@@ -938,7 +939,12 @@ impl VmdkImage {
                                 "zeroing these grains needs data writes",
                             ));
                         } else {
-                            self.write_sparse(s, &[], o, cur + p, Some(m))?;
+                            let at = InExtent {
+                                s,
+                                ext_off: o,
+                                virt: cur + p,
+                            };
+                            self.write_sparse(at, &[], Some(m))?;
                         }
                         p += m;
                     }
@@ -1036,5 +1042,32 @@ impl BlockDevice for VmdkImage {
             .max()
             .unwrap_or(SECTOR_BYTES)
             .min(1 << 20) as u32
+    }
+}
+
+/// Where a piece of a request falls in a sparse extent: the extent, the
+/// offset in it, and the piece's virtual offset.
+#[derive(Clone, Copy)]
+struct InExtent<'a> {
+    s: &'a SparseExtent,
+    ext_off: u64,
+    virt: u64,
+}
+
+/// A block-status answer being built: its runs, how many it may have,
+/// and whether what a link does not hold is looked up in its parents.
+struct Runs {
+    out: Vec<(u64, RangeState)>,
+    max: usize,
+    recurse: bool,
+}
+
+impl Runs {
+    fn new(max: usize, recurse: bool) -> Runs {
+        Runs {
+            out: Vec::new(),
+            max,
+            recurse,
+        }
     }
 }

@@ -29,8 +29,9 @@
 //! `STRATA_COMPARE_TOOL_SEEDS=1` (they depend on the tools' versions).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
@@ -296,25 +297,8 @@ fn strata_seeds() -> Seeds {
 
 // ---------------------------------------------------------------- qemu
 
-fn tool(prog: &str) -> bool {
-    Command::new(prog)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn run(dir: &Path, prog: &str, args: &[&str]) {
-    let o = Command::new(prog)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"));
-    assert!(
-        o.status.success(),
-        "{prog} {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    common::ok(dir, prog, args);
 }
 
 fn read(dir: &Path, name: &str) -> Vec<u8> {
@@ -323,8 +307,7 @@ fn read(dir: &Path, name: &str) -> Vec<u8> {
 
 /// Images qemu-img makes and qemu-io writes into; None without them.
 fn qemu_seeds() -> Option<Seeds> {
-    if !tool("qemu-img") || !tool("qemu-io") {
-        eprintln!("qemu-img or qemu-io not found: no qemu seeds");
+    if !common::have(&["qemu-img", "qemu-io"]) {
         return None;
     }
     let t = tempfile::tempdir().unwrap();

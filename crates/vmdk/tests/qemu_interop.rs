@@ -12,9 +12,11 @@
 //! unless STRATA_REQUIRE_TOOLS=1, when they fail instead.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
+mod common;
+use common::{describe, ok, run};
+
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ZeroOptions};
@@ -25,50 +27,8 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// Whether qemu-img and qemu-io are installed. Under STRATA_REQUIRE_TOOLS=1
-/// a missing tool fails the test instead of skipping it.
 fn have_qemu() -> bool {
-    for tool in ["qemu-img", "qemu-io"] {
-        let ok = Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            if std::env::var("STRATA_REQUIRE_TOOLS").as_deref() == Ok("1") {
-                panic!("{tool} is required (run scripts/install-deps.sh)");
-            }
-            eprintln!("skipping: {tool} not installed");
-            return false;
-        }
-    }
-    true
-}
-
-fn run(dir: &Path, prog: &str, args: &[&str]) -> Output {
-    Command::new(prog)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {prog}: {e}"))
-}
-
-fn describe(prog: &str, args: &[&str], o: &Output) -> String {
-    format!(
-        "{prog} {args:?} exited {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Run and require exit 0; returns stdout.
-fn ok(dir: &Path, prog: &str, args: &[&str]) -> String {
-    let o = run(dir, prog, args);
-    assert!(o.status.success(), "{}", describe(prog, args, &o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::have(&["qemu-img", "qemu-io"])
 }
 
 /// Deterministic, non-repeating bytes (never a whole zero sector).

@@ -3,6 +3,8 @@
 //! and qemu-img reads the result.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
+mod common;
+
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ZeroOptions};
@@ -64,19 +66,19 @@ fn a_full_grains_region_reuses_unmapped_slots() {
     assert!(buf == model, "content differs after reopen");
     let c = img.check(false).unwrap();
     assert!(c.iter().all(|(_, r)| r.errors.is_empty()), "{c:?}");
-    if std::process::Command::new("qemu-img")
-        .arg("--version")
-        .output()
-        .is_ok()
-    {
+    if common::have(&["qemu-img"]) {
         let raw = dir.path().join("out.raw");
-        let st = std::process::Command::new("qemu-img")
-            .args(["convert", "-f", "vmdk", "-O", "raw"])
-            .arg(dir.path().join("d.vmdk"))
-            .arg(&raw)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let (vmdk, out) = (dir.path().join("d.vmdk"), raw.to_str().unwrap());
+        let args = [
+            "convert",
+            "-f",
+            "vmdk",
+            "-O",
+            "raw",
+            vmdk.to_str().unwrap(),
+            out,
+        ];
+        common::ok(dir.path(), "qemu-img", &args);
         assert!(
             std::fs::read(&raw).unwrap() == model,
             "qemu-img reads something else"

@@ -41,6 +41,25 @@ pub enum Place {
     Node,
 }
 
+/// A data grain to place (FORMAT.md §10.5): virtual grain `v` of version
+/// `owner`, and `hint`, the grain that maps `v - 1` (if any).
+#[derive(Debug, Clone, Copy)]
+pub struct DataSlot {
+    pub owner: u64,
+    pub v: u64,
+    pub hint: Option<u64>,
+}
+
+/// Where one allocation may take its grain: below `capacity_grains`, in
+/// blocks `place` allows, keeping the reserved tail free when `reserving`
+/// (FORMAT.md §7.1).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    capacity_grains: u64,
+    place: Place,
+    reserving: bool,
+}
+
 /// The smallest pool end (a whole number of blocks) that holds `grain`:
 /// what replaying a record that names `grain` raises the pool end to.
 pub fn pool_end_covering(grain: u64) -> u64 {
@@ -505,19 +524,22 @@ impl Meta {
     /// (FORMAT.md §10.5): after `hint` (the grain mapping `v - 1`), else
     /// where the region's anchor puts it, else at `v`'s offset in a fresh
     /// block, else by the owner's cursor. As `alloc_grain` otherwise.
-    #[expect(clippy::too_many_arguments)]
     pub fn alloc_data_grain(
         &mut self,
-        owner: u64,
-        v: u64,
-        hint: Option<u64>,
+        at: DataSlot,
         capacity_grains: u64,
         place: Place,
     ) -> Result<u64> {
+        let DataSlot { owner, v, hint } = at;
         if self.alloc.arrival_order {
             return self.alloc_grain(owner, hint, capacity_grains, place);
         }
         let reserving = place != Place::Any && self.tail_target(0, 0) > 0;
+        let bounds = Bounds {
+            capacity_grains,
+            place,
+            reserving,
+        };
         let region = v / BLOCK_GRAINS;
         let anchor = self.alloc.anchors.get(&(owner, region)).copied();
         let goals = [
@@ -532,14 +554,14 @@ impl Meta {
             }
         }
         if anchor.is_none() {
-            let mut block = self.region_block(owner, region, capacity_grains, place, reserving)?;
+            let mut block = self.region_block(owner, region, bounds)?;
             if block.is_none() && self.alloc.limit.is_some() {
                 // Consolidation's limit (FORMAT.md §10.4) gives way rather
                 // than send a new region into the single free grains left
                 // below it: slow to write one by one, and they fragment.
                 self.alloc.limit = None;
                 self.alloc.limit_lifted = true;
-                block = self.region_block(owner, region, capacity_grains, place, reserving)?;
+                block = self.region_block(owner, region, bounds)?;
             }
             if let Some(b) = block {
                 let g = b * BLOCK_GRAINS + v % BLOCK_GRAINS;
@@ -573,15 +595,12 @@ impl Meta {
     /// A wholly free block for a region without an anchor (FORMAT.md
     /// §10.5): the one after the previous region's block, the lowest, or
     /// one added at the pool's end within the bounds; None otherwise.
-    #[expect(clippy::too_many_arguments)]
-    fn region_block(
-        &mut self,
-        owner: u64,
-        region: u64,
-        capacity_grains: u64,
-        place: Place,
-        reserving: bool,
-    ) -> Result<Option<u64>> {
+    fn region_block(&mut self, owner: u64, region: u64, bounds: Bounds) -> Result<Option<u64>> {
+        let Bounds {
+            capacity_grains,
+            place,
+            reserving,
+        } = bounds;
         let after_prev = region
             .checked_sub(1)
             .and_then(|r| self.alloc.anchors.get(&(owner, r)))
@@ -688,10 +707,19 @@ impl Meta {
         place: Place,
     ) -> Result<u64> {
         let reserving = place != Place::Any && self.tail_target(0, 0) > 0;
-        let r = match self.alloc_at(owner, hint, capacity_grains, place, reserving) {
+        let bounds = Bounds {
+            capacity_grains,
+            place,
+            reserving,
+        };
+        let r = match self.alloc_at(owner, hint, bounds) {
             // A node goes anywhere rather than fail a change half made.
             Err(e) if place == Place::Node && reserving && e.kind == ErrorKind::NoSpace => {
-                self.alloc_at(owner, hint, capacity_grains, place, false)
+                let anywhere = Bounds {
+                    reserving: false,
+                    ..bounds
+                };
+                self.alloc_at(owner, hint, anywhere)
             }
             r => r,
         };
@@ -706,15 +734,14 @@ impl Meta {
         }
     }
 
-    #[expect(clippy::too_many_arguments)]
-    fn alloc_at(
-        &mut self,
-        owner: u64,
-        hint: Option<u64>,
-        capacity_grains: u64,
-        place: Place,
-        reserving: bool,
-    ) -> Result<u64> {
+    /// `alloc_grain` within `bounds`: after `hint`, else by the owner's
+    /// cursor (a new block when it runs out), else in any partial block.
+    fn alloc_at(&mut self, owner: u64, hint: Option<u64>, bounds: Bounds) -> Result<u64> {
+        let Bounds {
+            capacity_grains,
+            place,
+            reserving,
+        } = bounds;
         if let Some(h) = hint {
             let g = h + 1;
             if g % BLOCK_GRAINS != 0

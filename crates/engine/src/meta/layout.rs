@@ -4,6 +4,7 @@
 
 use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
+use super::tree::Slot;
 use super::Meta;
 use crate::error::Result;
 
@@ -183,18 +184,23 @@ impl ZoneGrain {
     }
 }
 
+/// A scan for the live grains of the zone being emptied (FORMAT.md §10.4):
+/// the zone's first grain, and the list the grains found are added to.
+pub struct ZoneScan<'a> {
+    pub zone: u64,
+    pub found: &'a mut Vec<ZoneGrain>,
+}
+
 impl Meta {
-    /// Record the grains at or above `zone` that version `ver` reaches over
-    /// virtual grains `[start, end)`: data grains, and map nodes (the root
-    /// with the first step of a walk).
-    #[expect(clippy::too_many_arguments)]
+    /// Record the grains at or above `scan.zone` that version `ver` reaches
+    /// over virtual grains `[start, end)`: data grains, and map nodes (the
+    /// root with the first step of a walk).
     pub fn zone_scan_step(
         &mut self,
         ver: u64,
         start: u64,
         end: u64,
-        zone: u64,
-        out: &mut Vec<ZoneGrain>,
+        scan: &mut ZoneScan<'_>,
     ) -> Result<()> {
         let st = self.version(ver)?;
         let reach = 1u64 << (MAP_FANOUT_SHIFT * st.levels as u32);
@@ -202,28 +208,30 @@ impl Meta {
         if st.root == 0 || start >= end {
             return Ok(());
         }
-        if start == 0 && st.root >= zone {
-            out.push(ZoneGrain::Node {
+        if start == 0 && st.root >= scan.zone {
+            scan.found.push(ZoneGrain::Node {
                 base: 0,
                 level: st.levels - 1,
                 g: st.root,
             });
         }
-        self.zone_node(st.root, st.levels - 1, 0, start, end, zone, out)
+        let at = Slot {
+            level: st.levels - 1,
+            base: 0,
+        };
+        self.zone_node(scan, st.root, at, start..end)
     }
 
-    #[expect(clippy::too_many_arguments)]
+    /// `zone_scan_step` below `node`, which sits at `at`, over `range`.
     fn zone_node(
         &mut self,
+        scan: &mut ZoneScan<'_>,
         node: u64,
-        level: u8,
-        base: u64,
-        start: u64,
-        end: u64,
-        zone: u64,
-        out: &mut Vec<ZoneGrain>,
+        at: Slot,
+        range: std::ops::Range<u64>,
     ) -> Result<()> {
-        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let (start, end) = (range.start, range.end);
+        let (level, base, span, zone) = (at.level, at.base, at.span(), scan.zone);
         let lo = ((start - base) / span) as usize;
         let hi = (((end - 1 - base) / span) as usize).min(MAP_FANOUT - 1);
         let entries: Vec<u64> = self.node(node, level)?[lo..=hi].to_vec();
@@ -234,7 +242,7 @@ impl Meta {
             let child_base = base + (lo + i) as u64 * span;
             if level == 0 {
                 if e >= zone {
-                    out.push(ZoneGrain::Data {
+                    scan.found.push(ZoneGrain::Data {
                         v: child_base,
                         g: e,
                     });
@@ -242,7 +250,7 @@ impl Meta {
                 continue;
             }
             if e >= zone {
-                out.push(ZoneGrain::Node {
+                scan.found.push(ZoneGrain::Node {
                     base: child_base,
                     level: level - 1,
                     g: e,
@@ -250,7 +258,11 @@ impl Meta {
             }
             let s = start.max(child_base);
             let t = end.min(child_base + span);
-            self.zone_node(e, level - 1, child_base, s, t, zone, out)?;
+            let child = Slot {
+                level: level - 1,
+                base: child_base,
+            };
+            self.zone_node(scan, e, child, s..t)?;
         }
         Ok(())
     }

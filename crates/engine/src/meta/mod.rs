@@ -46,8 +46,8 @@ use crate::cache::PageCache;
 use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
-pub use alloc::{pool_end_covering, Allocator, Place};
-pub use layout::{Fragments, FreeExtents, ZoneGrain, FREE_EXTENT_CLASSES};
+pub use alloc::{pool_end_covering, Allocator, DataSlot, Place};
+pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan, FREE_EXTENT_CLASSES};
 pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.

@@ -8,6 +8,30 @@ use super::alloc::{Place, META_OWNER};
 use super::{corrupt, Meta};
 use crate::error::Result;
 
+/// Where a map node sits in a version's tree: its height (0: a leaf) and
+/// the first virtual grain it covers.
+#[derive(Clone, Copy)]
+pub(super) struct Slot {
+    pub level: u8,
+    pub base: u64,
+}
+
+impl Slot {
+    /// Virtual grains one entry of a node here covers.
+    pub(super) fn span(self) -> u64 {
+        1u64 << (MAP_FANOUT_SHIFT * self.level as u32)
+    }
+}
+
+/// What stays the same through a diff's recursion: where it stops and
+/// what it reports.
+struct DiffWalk<'a> {
+    /// First virtual grain not compared.
+    end: u64,
+    /// `f(v, mapped_in_b)` for each grain that differs.
+    f: &'a mut dyn FnMut(u64, bool),
+}
+
 impl Meta {
     /// Allocate a node of `level` holding `entries` (their references are the
     /// caller's); it is dirty in the cache and logged whole.
@@ -284,20 +308,23 @@ impl Meta {
             f(start, end - start, 0);
             return Ok(());
         }
-        self.walk_node(st.root, st.levels - 1, 0, start, end, f)
+        let at = Slot {
+            level: st.levels - 1,
+            base: 0,
+        };
+        self.walk_node(st.root, at, start..end, f)
     }
 
-    #[expect(clippy::too_many_arguments)]
+    /// `walk` below `node`, which sits at `at`, over `range` (inside it).
     fn walk_node(
         &mut self,
         node: u64,
-        level: u8,
-        base: u64,
-        start: u64,
-        end: u64,
+        at: Slot,
+        range: std::ops::Range<u64>,
         f: &mut dyn FnMut(u64, u64, u64),
     ) -> Result<()> {
-        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let (start, end) = (range.start, range.end);
+        let (level, base, span) = (at.level, at.base, at.span());
         let lo = ((start - base) / span) as usize;
         let hi = ((end - 1 - base) / span) as usize;
         if hi >= MAP_FANOUT {
@@ -315,7 +342,11 @@ impl Meta {
             } else if level == 0 {
                 f(s, 1, e);
             } else {
-                self.walk_node(e, level - 1, child_base, s, t, f)?;
+                let child = Slot {
+                    level: level - 1,
+                    base: child_base,
+                };
+                self.walk_node(e, child, s..t, f)?;
             }
         }
         Ok(())
@@ -343,13 +374,16 @@ impl Meta {
             None => (0, 1),
         };
         let levels = sb.levels.max(la);
+        let at = Slot {
+            level: levels - 1,
+            base: 0,
+        };
+        let mut w = DiffWalk { end, f };
         self.diff_node(
+            &mut w,
             (ra, la.saturating_sub(1)),
             (sb.root, sb.levels - 1),
-            levels - 1,
-            0,
-            end,
-            f,
+            at,
         )
     }
 
@@ -368,22 +402,22 @@ impl Meta {
         Ok(v)
     }
 
-    #[expect(clippy::too_many_arguments)]
+    /// `diff` below nodes `a` and `b` (each a node and its real height),
+    /// both seen at `at`.
     fn diff_node(
         &mut self,
+        w: &mut DiffWalk<'_>,
         a: (u64, u8),
         b: (u64, u8),
-        level: u8,
-        base: u64,
-        end: u64,
-        f: &mut dyn FnMut(u64, bool),
+        at: Slot,
     ) -> Result<()> {
+        let (level, base, end) = (at.level, at.base, w.end);
         if a == b || base >= end {
             return Ok(());
         }
         let ea = self.entries_at(a.0, a.1, level)?;
         let eb = self.entries_at(b.0, b.1, level)?;
-        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let span = at.span();
         let child = |n: (u64, u8)| {
             if level > n.1 {
                 n.1
@@ -400,9 +434,13 @@ impl Meta {
                 continue;
             }
             if level == 0 {
-                f(cb, eb[i] != 0);
+                (w.f)(cb, eb[i] != 0);
             } else {
-                self.diff_node((ea[i], child(a)), (eb[i], child(b)), level - 1, cb, end, f)?;
+                let below = Slot {
+                    level: level - 1,
+                    base: cb,
+                };
+                self.diff_node(w, (ea[i], child(a)), (eb[i], child(b)), below)?;
             }
         }
         Ok(())

@@ -100,7 +100,12 @@ impl SegmentCache {
                         }
                         self.evicted_kept.fetch_add(1, Relaxed);
                         let mut pol = self.policy().lock().unwrap();
-                        pol.insert(id, bytes, true, true, Instant::now())
+                        let kept = Arrival {
+                            bytes,
+                            main: true,
+                            read: true,
+                        };
+                        pol.insert(id, kept, Instant::now())
                     }
                 }
             }

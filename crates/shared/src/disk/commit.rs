@@ -419,20 +419,32 @@ impl SharedDisk {
             // Overtaken (a revert, an inline fold): its nodes are garbage.
             _ => None,
         };
-        let mut named = ready.is_some() || !sealed.is_empty();
+        let named = ready.is_some() || !sealed.is_empty();
         // Sealed grains are older than the batch: set first.
         for (vg, e) in sealed {
             tail.insert(vg, Some(e));
         }
+        let mut onto = Onto {
+            root,
+            levels,
+            tail,
+            named,
+        };
         // Then compaction's, where nothing moved them since (§11.7a).
-        let relocated = match self.relocate(&man, root, levels, &mut tail, &batch, relocate) {
+        let relocated = match self.relocate(&man, &mut onto, &batch, relocate) {
             Ok(n) => n,
             Err(e) => return (Err(e), ready),
         };
-        named |= relocated > 0;
-        let r = self.commit_on(
-            &man, batch, ctrs, folding, force_fold, tail_bound, root, levels, tail, named,
-        );
+        onto.named |= relocated > 0;
+        let plan = Plan {
+            man: &man,
+            batch,
+            ctrs,
+            folding,
+            force_fold,
+            tail_bound,
+        };
+        let r = self.commit_on(plan, onto);
         match r {
             Ok(Some(mut b)) => {
                 b.relocated = relocated;
@@ -561,21 +573,22 @@ impl SharedDisk {
 
     /// [`Self::build`] once the base map and tail are known: the uploads,
     /// then the manifest (not yet `PUT`; None: nothing changed).
-    #[expect(clippy::too_many_arguments)]
     #[expect(clippy::too_many_lines)]
-    pub(super) fn commit_on(
-        &self,
-        man: &Arc<Manifest>,
-        batch: Arc<Batch>,
-        ctrs: std::ops::Range<u32>,
-        folding: Option<u32>,
-        fold: bool,
-        tail_bound: usize,
-        root: Option<Entry>,
-        levels: u8,
-        mut tail: Tail,
-        named: bool,
-    ) -> Result<Option<Box<NextManifest>>> {
+    pub(super) fn commit_on(&self, plan: Plan, onto: Onto) -> Result<Option<Box<NextManifest>>> {
+        let Plan {
+            man,
+            batch,
+            ctrs,
+            folding,
+            force_fold: fold,
+            tail_bound,
+        } = plan;
+        let Onto {
+            root,
+            levels,
+            mut tail,
+            named,
+        } = onto;
         let seg = |ctr| SegId {
             disk: self.id,
             gen: man.generation,
@@ -666,4 +679,29 @@ impl SharedDisk {
             ready: None,
         })))
     }
+}
+
+/// What a commit is made of: its base manifest, the batch, the segment
+/// counters it may use, and when it folds.
+pub(super) struct Plan<'a> {
+    pub(super) man: &'a Arc<Manifest>,
+    pub(super) batch: Arc<Batch>,
+    pub(super) ctrs: std::ops::Range<u32>,
+    /// The counter of a fold still being made, held "in flight" (§11.7).
+    pub(super) folding: Option<u32>,
+    /// Fold the tail into the map in this commit.
+    pub(super) force_fold: bool,
+    /// Fold when the tail would grow past this many entries.
+    pub(super) tail_bound: usize,
+}
+
+/// The map and tail a commit builds on: the base manifest's, with a
+/// finished fold, sealed grains and compaction's moves applied.
+pub(super) struct Onto {
+    pub(super) root: Option<Entry>,
+    pub(super) levels: u8,
+    pub(super) tail: Tail,
+    /// Something already changed (a fold or sealed grains to name): a
+    /// manifest is written even with an empty batch.
+    pub(super) named: bool,
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use strata_objstore::Bytes;
 
 use super::{Batch, SharedDisk, G, SEGMENT_GRAINS};
-use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, Tail, GRAIN};
+use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, GRAIN};
 use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 
 /// A busy pass runs once this many client bytes were written since the
@@ -414,19 +414,17 @@ impl SharedDisk {
         Ok((applied, n - applied))
     }
 
-    /// In a commit on `man` (map `root`, `levels`; tail `tail` with the
-    /// sealed grains set): set each move whose grain is still where the
-    /// pass found it and that `batch` does not write. How many it set.
-    #[expect(clippy::too_many_arguments)]
+    /// In a commit on `man` (onto its map and its tail with the sealed
+    /// grains set): set each move whose grain is still where the pass
+    /// found it and that `batch` does not write. How many it set.
     pub(super) fn relocate(
         &self,
         man: &Manifest,
-        root: Option<Entry>,
-        levels: u8,
-        tail: &mut Tail,
+        onto: &mut super::commit::Onto,
         batch: &Batch,
         moves: Vec<Relocation>,
     ) -> Result<u64> {
+        let (root, levels, tail) = (onto.root, onto.levels, &mut onto.tail);
         let mut applied = 0;
         for m in moves {
             if m.new.seg.gen != man.generation || batch.contains_key(&m.vg) {

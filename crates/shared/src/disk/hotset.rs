@@ -26,8 +26,8 @@ impl SharedDisk {
             return Ok(false);
         }
         let host = &self.ds.config().me.name;
-        self.reads
-            .record(self.store(), self.id, man.seq, host, segments, total)?;
+        let h = crate::hot::HotSet::new(self.id, man.seq, host, segments);
+        self.reads.record(self.store(), &h, total)?;
         Ok(true)
     }
 

@@ -1,0 +1,154 @@
+//! Clones: a linked clone shares a snapshot's map (O(1)); a full clone
+//! copies the mapped data of a disk or snapshot into a new disk, holding
+//! the source still in a hidden snapshot while it copies.
+
+use crate::catalog::{
+    check_name, split_target, DiskRec, Provisioning, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX,
+};
+use crate::error::{err, ErrorKind, Result};
+use crate::meta::Meta;
+use crate::store::now_unix;
+
+use super::{add_snapshot, Datastore, DiskInfo, NewSnapshot};
+
+/// A linked clone of snapshot `s` named `new` within a change (its name
+/// checked free by the caller); `parent` is what it shows as its origin.
+/// Returns the new disk's id.
+pub(super) fn clone_locked(m: &mut Meta, s: &SnapshotRec, new: &str, parent: &str) -> Result<u64> {
+    let id = m.catalog.alloc_id();
+    let head = m.catalog.alloc_id();
+    m.new_version_from(head, s.version)?;
+    m.catalog.disks.push(DiskRec {
+        id,
+        name: new.to_string(),
+        size_bytes: s.size_bytes,
+        provisioning: Provisioning::Thin,
+        head,
+        current_snapshot: None,
+        created_unix: now_unix(),
+        parent: Some(parent.to_string()),
+        limits: Default::default(),
+    });
+    m.mark_catalog_dirty();
+    Ok(id)
+}
+
+impl Datastore {
+    /// Linked clone of `DISK@SNAP`: O(1); shares all data with the snapshot.
+    pub fn clone_linked(&self, src: &str, new: &str) -> Result<DiskInfo> {
+        check_name("disk", new)?;
+        let (disk, Some(snap)) = split_target(src) else {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT' (or --full)"),
+            );
+        };
+        self.inner.check_writable()?;
+        self.change(|m| {
+            if m.catalog.disk(new).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{new}' already exists"),
+                );
+            }
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            clone_locked(m, &s, new, src)?;
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
+    /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
+    /// mapped grains; time depends on data size, not on snapshot count. A
+    /// live disk is copied as it was when the clone began (point in time),
+    /// through an implicit snapshot held for the copy's duration.
+    pub fn clone_full(
+        &self,
+        src: &str,
+        new: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        let held = match split_target(src) {
+            (disk, None) => Some((disk.to_string(), self.hold(disk)?)),
+            (_, Some(_)) => None,
+        };
+        let from = match &held {
+            Some((disk, snap)) => format!("{disk}@{snap}"),
+            None => src.to_string(),
+        };
+        let r = self.copy_into_new(&from, new, provisioning, progress);
+        if let Some((disk, snap)) = held {
+            let dropped = self.snapshot_delete(&disk, &snap);
+            if r.is_ok() {
+                dropped?;
+            }
+        }
+        r
+    }
+
+    fn copy_into_new(
+        &self,
+        src: &str,
+        new: &str,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        let source = self.open_disk(src)?;
+        let size = strata_block::BlockDevice::size_bytes(&*source);
+        self.create_disk(new, size, provisioning, &mut |_, _| {})?;
+        let target = self.open_disk(new)?;
+        let r = crate::disk::copy_mapped(&source, &target, progress);
+        if let Err(e) = r {
+            let _ = self.remove_disk(new);
+            return Err(e);
+        }
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
+    /// Hold `disk`'s live state still in an implicit snapshot (O(1)), hidden
+    /// from lists, exports and the snapshot tree; returns its name.
+    pub(super) fn hold(&self, disk: &str) -> Result<String> {
+        let name = self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            let id = m.catalog.alloc_id();
+            let name = format!("{HIDDEN_SNAPSHOT_PREFIX}{id}");
+            let why = "held while a full clone copies the disk";
+            let new = NewSnapshot {
+                id,
+                name: name.clone(),
+                description: why,
+                parent: None,
+            };
+            add_snapshot(m, &d, new)?;
+            m.mark_catalog_dirty();
+            Ok(name)
+        })?;
+        self.inner.commit(false)?;
+        Ok(name)
+    }
+
+    /// Drop implicit snapshots left by full clones a crash interrupted.
+    pub(super) fn drop_held(&self) -> Result<()> {
+        let held: Vec<(String, String)> = {
+            let m = self.inner.meta.lock();
+            m.catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.is_hidden())
+                .filter_map(|s| {
+                    let d = m.catalog.disk_by_id(s.disk)?;
+                    Some((d.name.clone(), s.name.clone()))
+                })
+                .collect()
+        };
+        for (disk, snap) in held {
+            tracing::info!("dropping {disk}@{snap}, left by an interrupted full clone");
+            self.snapshot_delete(&disk, &snap)?;
+        }
+        Ok(())
+    }
+}

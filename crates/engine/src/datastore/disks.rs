@@ -1,0 +1,306 @@
+//! Disk operations: create, remove, limits, extend, convert between
+//! provisioning types, and punchzero. Each is one or a few catalog changes;
+//! the zero fill itself runs on the disk's I/O path.
+
+use strata_format::GRAIN_BYTES;
+
+use crate::catalog::{check_name, DiskRec, Provisioning, SnapshotRec};
+use crate::error::{err, ErrorKind, Result};
+use crate::store::{now_unix, SpaceRequest};
+use crate::throttle::IoLimits;
+use crate::work::Pacer;
+
+use super::{Datastore, DiskInfo, PunchZeroReport, SpaceWork};
+
+impl Datastore {
+    fn check_size(size_bytes: u64) -> Result<()> {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("disk size {size_bytes} must be a positive multiple of 512 bytes"),
+            );
+        }
+        if size_bytes > strata_format::disk_bytes_max() {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "disk size {size_bytes} exceeds the largest supported ({})",
+                    strata_format::disk_bytes_max()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Create a disk. `progress(done, total)` reports zeroing of an
+    /// eager-zeroed thick disk.
+    pub fn create_disk(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        provisioning: Provisioning,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        check_name("disk", name)?;
+        Self::check_size(size_bytes)?;
+        self.inner.check_writable()?;
+        self.change(|m| {
+            if m.catalog.disk(name).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{name}' already exists"),
+                );
+            }
+            if provisioning.is_thick() {
+                let grains = size_bytes.div_ceil(GRAIN_BYTES);
+                self.inner.reserve_thick(m, grains)?;
+            }
+            let id = m.catalog.alloc_id();
+            let head = m.catalog.alloc_id();
+            m.new_empty_version(head, size_bytes.div_ceil(GRAIN_BYTES));
+            m.catalog.disks.push(DiskRec {
+                id,
+                name: name.to_string(),
+                size_bytes,
+                provisioning: match provisioning {
+                    Provisioning::Eagerzeroedthick => Provisioning::Zeroedthick,
+                    p => p,
+                },
+                head,
+                current_snapshot: None,
+                created_unix: now_unix(),
+                parent: None,
+                limits: Default::default(),
+            });
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        if provisioning == Provisioning::Eagerzeroedthick {
+            // Created zeroedthick, filled, then marked eager (as convert
+            // does, FORMAT.md §7.3): a crash part-way leaves a consistent
+            // zeroedthick disk that `convert` finishes.
+            self.fill_and_mark_eager(name, progress, &mut Pacer::new(None, None))?;
+        }
+        self.disk_info(name)
+    }
+
+    /// Remove a disk and all its snapshots. Linked clones keep what they share.
+    pub fn remove_disk(&self, name: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        self.change(|m| {
+            let d = m.catalog.disk(name)?.clone();
+            if let Some(g) = m.catalog.group_of(d.id) {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{name}' is in group '{}': take it out first ('strata group \
+                         remove {} {name}')",
+                        g.name, g.name
+                    ),
+                );
+            }
+            if let Some((g, gs)) = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id)
+                .find_map(|s| m.catalog.group_snapshot_of(s.id))
+            {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{name}' has snapshot '{}' of group snapshot '{}@{}': delete \
+                         that first ('strata group snapshot delete {} {}')",
+                        gs.name, g.name, gs.name, g.name, gs.name
+                    ),
+                );
+            }
+            let snaps: Vec<SnapshotRec> = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id)
+                .cloned()
+                .collect();
+            for s in &snaps {
+                m.drop_version(s.version)?;
+            }
+            m.drop_version(d.head)?;
+            m.catalog.snapshots.retain(|s| s.disk != d.id);
+            m.catalog.disks.retain(|x| x.id != d.id);
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)
+    }
+
+    /// Set a disk's I/O limits (`IoLimits::default()` clears them). They
+    /// apply at once to every open handle of the disk and its snapshots,
+    /// whatever transport serves them, and are kept in the catalog.
+    pub fn set_limits(&self, name: &str, limits: IoLimits) -> Result<DiskInfo> {
+        if let Err(why) = limits.check() {
+            return err(ErrorKind::InvalidArgument, why);
+        }
+        let id = self.change(|m| {
+            let d = m.catalog.disk_mut(name)?;
+            d.limits = limits;
+            let id = d.id;
+            m.mark_catalog_dirty();
+            Ok(id)
+        })?;
+        self.inner.commit(false)?;
+        self.inner.throttle(id, limits).set(limits);
+        self.disk_info(name)
+    }
+
+    /// Grow a disk (also while it is served).
+    pub fn extend_disk(&self, name: &str, size_bytes: u64) -> Result<DiskInfo> {
+        Self::check_size(size_bytes)?;
+        self.inner.check_writable()?;
+        let old = self.change(|m| {
+            let d = m.catalog.disk(name)?.clone();
+            if size_bytes < d.size_bytes {
+                return err(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "'{name}' is {} bytes; extend only grows a disk",
+                        d.size_bytes
+                    ),
+                );
+            }
+            if d.provisioning.is_thick() {
+                let grains = (size_bytes - d.size_bytes).div_ceil(GRAIN_BYTES);
+                self.inner.check_space(
+                    m,
+                    SpaceRequest {
+                        reserve: true,
+                        grains,
+                        own_reserved: 0,
+                    },
+                )?;
+                self.inner.hold_reservation(m, grains, 0)?;
+            }
+            m.grow_version(d.head, size_bytes.div_ceil(GRAIN_BYTES))?;
+            m.catalog.disk_mut(name)?.size_bytes = size_bytes;
+            m.mark_catalog_dirty();
+            Ok(d)
+        })?;
+        self.inner.commit(false)?;
+        if old.provisioning == Provisioning::Eagerzeroedthick {
+            let h = self.open_disk(name)?;
+            let from = old.size_bytes / GRAIN_BYTES * GRAIN_BYTES;
+            h.fill_zeros(from, size_bytes - from, &mut |_, _| {}, &mut |_| Ok(()))?;
+        }
+        self.disk_info(name)
+    }
+
+    // ------------------------------------------------------------ provisioning
+
+    /// Change a disk's provisioning type online (FORMAT.md §7.3): to
+    /// eagerzeroedthick every unmapped grain is allocated and written with
+    /// zeros; to zeroedthick the rest of the size is reserved; to thin the
+    /// reservation is released and so are grains that read all zeros.
+    /// Each step leaves a consistent disk; after a crash, converting again
+    /// finishes the job. `progress(done, total)` reports the fill or scan.
+    pub fn convert_disk(
+        &self,
+        name: &str,
+        to: Provisioning,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        self.inner.check_writable()?;
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut clients = self.inner.client_watch();
+        let from = self.disk_info(name)?.provisioning;
+        match to {
+            Provisioning::Thin => {
+                if from.is_thick() {
+                    self.set_provisioning(name, Provisioning::Thin)?;
+                }
+                let h = self.open_disk(name)?;
+                h.punch_zero(progress, &mut |n| pacer.pace(n, clients.busy()))?;
+            }
+            Provisioning::Zeroedthick => {
+                if from != Provisioning::Zeroedthick {
+                    self.set_provisioning(name, Provisioning::Zeroedthick)?;
+                }
+            }
+            Provisioning::Eagerzeroedthick => {
+                if from == Provisioning::Thin {
+                    self.set_provisioning(name, Provisioning::Zeroedthick)?;
+                }
+                self.fill_and_mark_eager(name, progress, &mut pacer)?;
+            }
+        }
+        // Like every metadata command, durable when it returns (also when
+        // there was nothing to change).
+        self.inner.commit(false)?;
+        self.disk_info(name)
+    }
+
+    /// Release the grains of a thin disk that read all zeros (vmkfstools'
+    /// punchzero). Thick disks keep their blocks: converting one to thin
+    /// releases them.
+    pub fn punch_zero(
+        &self,
+        name: &str,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<PunchZeroReport> {
+        self.inner.check_writable()?;
+        let info = self.disk_info(name)?;
+        if info.provisioning.is_thick() {
+            return err(
+                ErrorKind::Refused,
+                format!(
+                    "'{name}' is {}: a thick disk keeps its blocks; 'convert --type thin' \
+                     releases its reservation and its zero grains",
+                    info.provisioning.as_str()
+                ),
+            );
+        }
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut clients = self.inner.client_watch();
+        let h = self.open_disk(name)?;
+        let (scanned, released) = h.punch_zero(progress, &mut |n| pacer.pace(n, clients.busy()))?;
+        Ok(PunchZeroReport {
+            disk: name.to_string(),
+            scanned_bytes: scanned,
+            released_bytes: released,
+            allocated_bytes: self.disk_info(name)?.allocated_bytes.unwrap_or(0),
+        })
+    }
+
+    /// One catalog step of a conversion: a thick type reserves what is not
+    /// mapped (the host space first), thin releases it.
+    fn set_provisioning(&self, name: &str, to: Provisioning) -> Result<()> {
+        self.change(|m| {
+            let d = m.catalog.disk(name)?.clone();
+            if to.is_thick() && !d.provisioning.is_thick() {
+                let grains = m.unwritten_grains(&d);
+                self.inner.reserve_thick(m, grains)?;
+            }
+            m.catalog.disk_mut(name)?.provisioning = to;
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)
+    }
+
+    /// Fill a zeroedthick disk's unmapped grains with zeros, then mark it
+    /// eagerzeroedthick.
+    fn fill_and_mark_eager(
+        &self,
+        name: &str,
+        progress: &mut dyn FnMut(u64, u64),
+        pacer: &mut Pacer<'_>,
+    ) -> Result<()> {
+        let h = self.open_disk(name)?;
+        let size = strata_block::BlockDevice::size_bytes(&*h);
+        let mut clients = self.inner.client_watch();
+        h.fill_zeros(0, size, progress, &mut |n| pacer.pace(n, clients.busy()))?;
+        self.set_provisioning(name, Provisioning::Eagerzeroedthick)
+    }
+}

@@ -1,0 +1,229 @@
+//! Snapshots: take, list, revert and delete. Taking one is O(1): a new
+//! version shares the head's map. Deleting one drops its version and hands
+//! its children to its parent; nothing is moved.
+
+use strata_format::GRAIN_BYTES;
+
+use crate::catalog::{check_name, DiskRec, SnapshotRec};
+use crate::error::{err, Error, ErrorKind, Result};
+use crate::meta::Meta;
+use crate::store::now_unix;
+
+use super::{Datastore, SnapshotInfo};
+
+/// A snapshot to record: its catalog id, name and description, and its
+/// parent in the disk's snapshot tree.
+pub(super) struct NewSnapshot<'a> {
+    pub id: u64,
+    pub name: String,
+    pub description: &'a str,
+    pub parent: Option<u64>,
+}
+
+/// Record snapshot `s` of `d`'s live state: a new version sharing the
+/// head's map (O(1)), and its catalog entry under `s.parent` in the tree.
+pub(super) fn add_snapshot(m: &mut Meta, d: &DiskRec, s: NewSnapshot<'_>) -> Result<()> {
+    let version = m.catalog.alloc_id();
+    m.new_version_from(version, d.head)?;
+    m.catalog.snapshots.push(SnapshotRec {
+        id: s.id,
+        disk: d.id,
+        name: s.name,
+        description: s.description.to_string(),
+        created_unix: now_unix(),
+        parent: s.parent,
+        version,
+        size_bytes: d.size_bytes,
+    });
+    Ok(())
+}
+
+/// Delete snapshot `id` within a change: drop its version, hand its
+/// children to its parent.
+pub(super) fn delete_snapshot_locked(m: &mut Meta, id: u64) -> Result<()> {
+    let s = m
+        .catalog
+        .snapshots
+        .iter()
+        .find(|s| s.id == id)
+        .cloned()
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no snapshot with id {id}")))?;
+    m.drop_version(s.version)?;
+    for c in m
+        .catalog
+        .snapshots
+        .iter_mut()
+        .filter(|c| c.parent == Some(s.id))
+    {
+        c.parent = s.parent;
+    }
+    m.catalog.snapshots.retain(|x| x.id != s.id);
+    if let Some(dm) = m.catalog.disks.iter_mut().find(|d| d.id == s.disk) {
+        if dm.current_snapshot == Some(s.id) {
+            dm.current_snapshot = s.parent;
+        }
+    }
+    m.mark_catalog_dirty();
+    Ok(())
+}
+
+impl Datastore {
+    /// Take a snapshot: O(1), whatever the disk holds.
+    pub fn snapshot_create(
+        &self,
+        disk: &str,
+        snap: &str,
+        description: &str,
+    ) -> Result<SnapshotInfo> {
+        check_name("snapshot", snap)?;
+        self.inner.check_writable()?;
+        self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            if m.catalog.snapshot(d.id, disk, snap).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("disk '{disk}' already has a snapshot named '{snap}'"),
+                );
+            }
+            let id = m.catalog.alloc_id();
+            let new = NewSnapshot {
+                id,
+                name: snap.to_string(),
+                description,
+                parent: d.current_snapshot,
+            };
+            add_snapshot(m, &d, new)?;
+            m.catalog.disk_mut(disk)?.current_snapshot = Some(id);
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        self.snapshots_of(disk, false)?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| Error::new(ErrorKind::Gone, "snapshot vanished"))
+    }
+
+    /// Snapshots of a disk, parents before children (a tree by `parent`).
+    /// Each with `exclusive_bytes`: what deleting it would free (a read-only
+    /// simulation per snapshot, whose cost follows its exclusive data).
+    pub fn snapshot_list(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {
+        self.snapshots_of(disk, true)
+    }
+
+    /// Snapshots of `disk`; `exclusive_bytes` is computed when `space`
+    /// (else 0, true of a snapshot just taken: it shares the head's root).
+    fn snapshots_of(&self, disk: &str, space: bool) -> Result<Vec<SnapshotInfo>> {
+        let mut guard = self.inner.meta.lock();
+        let m: &mut Meta = &mut guard;
+        let mut exclusive = std::collections::HashMap::new();
+        let d = m.catalog.disk(disk)?.clone();
+        if space {
+            let base = m.drop_baseline()?;
+            let versions: Vec<u64> = m
+                .catalog
+                .snapshots
+                .iter()
+                .filter(|s| s.disk == d.id && !s.is_hidden())
+                .map(|s| s.version)
+                .collect();
+            for v in versions {
+                exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+            }
+        }
+        let snaps: Vec<&SnapshotRec> = m
+            .catalog
+            .snapshots
+            .iter()
+            .filter(|s| s.disk == d.id && !s.is_hidden())
+            .collect();
+        let name_of = |id: Option<u64>| {
+            id.and_then(|i| snaps.iter().find(|s| s.id == i))
+                .map(|s| s.name.clone())
+        };
+        // Order: depth-first from the roots, children by creation.
+        let mut out = Vec::new();
+        let mut stack: Vec<Option<u64>> = vec![None];
+        let mut visited = std::collections::HashSet::new();
+        fn children<'a>(snaps: &[&'a SnapshotRec], parent: Option<u64>) -> Vec<&'a SnapshotRec> {
+            let mut c: Vec<&SnapshotRec> = snaps
+                .iter()
+                .copied()
+                .filter(|s| s.parent == parent)
+                .collect();
+            c.sort_by_key(|s| std::cmp::Reverse(s.id));
+            c
+        }
+        while let Some(p) = stack.pop() {
+            if let Some(id) = p {
+                if !visited.insert(id) {
+                    continue;
+                }
+                let s = snaps
+                    .iter()
+                    .find(|s| s.id == id)
+                    .expect("child of a listed snapshot");
+                let v = m.version_state(s.version).unwrap_or_default();
+                out.push(SnapshotInfo {
+                    id: s.id,
+                    name: s.name.clone(),
+                    description: s.description.clone(),
+                    created_unix: s.created_unix,
+                    parent: name_of(s.parent),
+                    size_bytes: s.size_bytes,
+                    mapped_bytes: Some(v.mapped_grains * GRAIN_BYTES),
+                    exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
+                    current: d.current_snapshot == Some(s.id),
+                    group: m
+                        .catalog
+                        .group_snapshot_of(s.id)
+                        .map(|(g, _)| g.name.clone()),
+                });
+            }
+            for c in children(&snaps, p) {
+                stack.push(Some(c.id));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Make the disk's live state equal to the snapshot again. The live
+    /// state's changes since are discarded.
+    pub fn snapshot_revert(&self, disk: &str, snap: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            m.replace_version(d.head, s.version)?;
+            let dm = m.catalog.disk_mut(disk)?;
+            dm.current_snapshot = Some(s.id);
+            dm.size_bytes = s.size_bytes;
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)
+    }
+
+    /// Delete a snapshot. Moves no data: what others still share stays.
+    /// Refused for a member of a group snapshot (deleted with the group
+    /// snapshot, as one).
+    pub fn snapshot_delete(&self, disk: &str, snap: &str) -> Result<()> {
+        self.inner.check_writable()?;
+        self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            if let Some((g, gs)) = m.catalog.group_snapshot_of(s.id) {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "snapshot '{disk}@{snap}' is a member of group snapshot '{}@{}': delete \
+                         the group snapshot ('strata group snapshot delete {} {}')",
+                        g.name, gs.name, g.name, gs.name
+                    ),
+                );
+            }
+            delete_snapshot_locked(m, s.id)
+        })?;
+        self.inner.commit(false)
+    }
+}

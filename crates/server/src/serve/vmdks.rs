@@ -1,0 +1,216 @@
+//! VMDK images served beside a datastore or alone (`serve --vmdk`): opening
+//! them, their exports and holder records, a control socket each, and
+//! serving them with no datastore.
+
+use super::*;
+
+/// One `--vmdk` export as opened.
+pub(super) struct OpenedVmdk {
+    pub(super) name: String,
+    pub(super) path: PathBuf,
+    pub(super) img: Arc<VmdkImage>,
+}
+
+pub(super) fn export_list(v: &[OpenedVmdk]) -> Vec<(String, Arc<VmdkImage>)> {
+    v.iter().map(|o| (o.name.clone(), o.img.clone())).collect()
+}
+
+/// The exports the control socket may shrink (`vmdk_shrink`).
+pub(super) fn vmdk_exports(v: &[OpenedVmdk]) -> Vec<control::VmdkExport> {
+    v.iter().map(vmdk_export).collect()
+}
+
+pub(super) fn vmdk_export(o: &OpenedVmdk) -> control::VmdkExport {
+    control::VmdkExport {
+        path: o.path.clone(),
+        img: o.img.clone(),
+    }
+}
+
+/// Record this server as the holder of every file it locked (see holders.rs).
+pub(super) fn record_holders(
+    v: &[OpenedVmdk],
+    sockets: &[Option<PathBuf>],
+) -> Vec<holders::Records> {
+    v.iter()
+        .zip(sockets)
+        .map(|(o, sock)| {
+            holders::record(
+                &o.img,
+                crate::vmdk_ops::folder(&o.path),
+                "strata serve --vmdk",
+                sock.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// Open every `--vmdk [NAME=]PATH`, locked (docs/FORMAT.md §9.5).
+pub(super) fn open_vmdks(args: &ServeConfig) -> Result<Vec<OpenedVmdk>, Error> {
+    let mut out: Vec<OpenedVmdk> = Vec::new();
+    for spec in &args.vmdk {
+        let (name, path) = match spec.split_once('=') {
+            Some((n, p)) if !n.contains('/') => (n.to_string(), PathBuf::from(p)),
+            _ => {
+                let p = PathBuf::from(spec);
+                let stem = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().to_string())
+                    .unwrap_or_else(|| spec.clone());
+                (stem, p)
+            }
+        };
+        if out.iter().any(|o| o.name == name) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("two --vmdk exports are named '{name}'; name them with NAME=PATH"),
+            ));
+        }
+        let access = if args.vmdk_read_only {
+            Access::Read
+        } else {
+            Access::Write
+        };
+        let img = crate::vmdk_ops::open_vmdk(&path, access)?;
+        out.push(OpenedVmdk {
+            name,
+            path,
+            img: Arc::new(img),
+        });
+    }
+    Ok(out)
+}
+
+/// The control socket of a VMDK-only server for the export opened from
+/// `top`: `<top>.strata.sock`, or `<top>.strata-<pid>.sock` when another
+/// live server (a read-only one of the same file) answers there already.
+pub(super) fn vmdk_socket_path(top: &Path) -> PathBuf {
+    let plain = PathBuf::from(format!("{}.strata.sock", top.display()));
+    if std::os::unix::net::UnixStream::connect(&plain).is_ok() {
+        return PathBuf::from(format!(
+            "{}.strata-{}.sock",
+            top.display(),
+            std::process::id()
+        ));
+    }
+    let _ = std::fs::remove_file(&plain); // left by a killed server
+    plain
+}
+
+pub(super) fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
+    for (n, img) in vmdks {
+        if let Err(e) = img.flush() {
+            tracing::error!(export = %n, "flushing VMDK export {n} failed: {e}");
+        }
+    }
+}
+
+/// A control socket beside each served VMDK file (`strata vmdk` commands
+/// find the server through it); None where it cannot be bound, and
+/// refusals then name only the pid.
+fn vmdk_control_sockets(
+    opened: &[OpenedVmdk],
+    stop: &Arc<AtomicBool>,
+) -> (Vec<Option<PathBuf>>, Vec<control::Acceptor>) {
+    let mut sockets: Vec<Option<PathBuf>> = Vec::new();
+    let mut ctl_threads = Vec::new();
+    for o in opened {
+        let p = vmdk_socket_path(&o.path);
+        match bind_listening(&p) {
+            Ok(l) => {
+                let status = VmdkServerStatus {
+                    server: "strata serve --vmdk".into(),
+                    pid: std::process::id(),
+                    export: o.name.clone(),
+                    file: o.path.display().to_string(),
+                    read_only: o.img.read_only(),
+                };
+                ctl_threads.push(control::spawn_vmdk_server(
+                    l,
+                    status,
+                    vmdk_export(o),
+                    stop.clone(),
+                ));
+                sockets.push(Some(p));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "no control socket for export {} ({}: {e}); refusals will name only the pid",
+                    o.name,
+                    p.display()
+                );
+                sockets.push(None);
+            }
+        }
+    }
+    (sockets, ctl_threads)
+}
+
+/// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
+/// Each export gets a control socket next to its top file, which answers
+/// `status` (so that a refused open can name this server) and
+/// `vmdk_shrink` (online shrink of that export).
+pub(super) fn serve_only_vmdks(
+    args: &ServeConfig,
+    opened: Vec<OpenedVmdk>,
+) -> Result<ExitCode, Error> {
+    let stop = stop_flag()?;
+    let registry = Arc::new(StatsRegistry::new());
+    let list = export_list(&opened);
+    let (sockets, ctl_threads) = vmdk_control_sockets(&opened, &stop);
+    let held = record_holders(&opened, &sockets);
+    let exports = Arc::new(Exports {
+        ds: None,
+        places: None,
+        vmdks: list.clone(),
+        stats: (!args.no_stats).then(|| registry.clone()),
+    });
+    let server = NbdServer::new(exports.clone(), nbd_options(args)?);
+    println!("strata: serving VMDK files (no datastore)");
+    for ((n, img), sock) in list.iter().zip(&sockets) {
+        println!(
+            "  export {n}: {} ({}, {} links{})",
+            img.links[0].name,
+            img.links[0].create_type(),
+            img.links.len(),
+            if img.read_only() { ", read-only" } else { "" }
+        );
+        if let Some(s) = sock {
+            println!("    control socket {}", s.display());
+        }
+    }
+    // HTTP first, as for a datastore.
+    let refusals = server.refusals();
+    let http = start_http(
+        args,
+        Box::new(move || refusal_gauges(&refusals)),
+        registry,
+        None,
+    )?;
+    listen(&server, args, &list[0].0)?;
+    let vhost = VhostBlkServer::new();
+    listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
+    let fuse = listen_fuse(&exports, args)?;
+    println!("  stop with Ctrl-C or SIGTERM (flushes)");
+    tracing::info!(
+        event = "start",
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        "serving VMDK files"
+    );
+    wait_and_shut_down(&stop, &server, http, args);
+    vhost.shutdown();
+    if let Some(f) = fuse {
+        f.shutdown();
+    }
+    for t in ctl_threads {
+        t.stop();
+    }
+    for s in sockets.iter().flatten() {
+        let _ = std::fs::remove_file(s);
+    }
+    flush_vmdks(&list);
+    drop(held);
+    tracing::info!(event = "stop", "VMDK files flushed");
+    Ok(ExitCode::SUCCESS)
+}
