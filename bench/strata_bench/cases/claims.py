@@ -14,10 +14,10 @@ def case_claims(work, q):
     claim one disk send them (each claim is a create-only PUT of the next
     manifest). Per racer count (2, 8, 32), rounds of that many threads
     creating one fresh key at the same instant (the create_race example of
-    strata-objstore, SeaweedFS on loopback): p50/p99/max latency over
+    strata-s3, SeaweedFS on loopback): p50/p99/max latency over
     every create, the winners' and the losers' apart, and the errors."""
     rounds = smoke(2, 10 if q else 20)
-    sh("cargo", "build", "--release", "-q", "-p", "strata-objstore", "--features", "testing",
+    sh("cargo", "build", "--release", "-q", "-p", "strata-s3", "--features", "testing",
        "--example", "create_race", cwd=ROOT)
     weed, endpoint = start_seaweedfs(work)
     try:

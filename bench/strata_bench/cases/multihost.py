@@ -13,7 +13,7 @@ from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 from ..servers import Strata
 
 
-# Segment uploads a commit keeps in flight (crates/shared: the upload
+# Segment uploads a commit keeps in flight (crates/objstore: the upload
 # pipeline's depth), the depth the raw PUT ceiling is measured at.
 UPLOAD_DEPTH = 2
 
@@ -59,10 +59,10 @@ def fio_flush_every(uri, bs, n, runtime, size):
 
 def store_ceiling(seconds, depth):
     """What the same SeaweedFS takes without strata (the store_ceiling
-    example of strata-objstore, against the endpoint in AWS_ENDPOINT_URL):
+    example of strata-s3, against the endpoint in AWS_ENDPOINT_URL):
     8 MiB PUTs and GETs with `depth` in flight, and one create-only PUT of
     256 KiB / 16 KiB at a time."""
-    sh("cargo", "build", "--release", "-q", "-p", "strata-objstore", "--features", "testing",
+    sh("cargo", "build", "--release", "-q", "-p", "strata-s3", "--features", "testing",
        "--example", "store_ceiling", cwd=ROOT)
     env = dict(os.environ,
                STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")

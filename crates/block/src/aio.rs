@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::ring::Io;
+use crate::ring_req::Io;
 
 const IOCB_CMD_PREAD: u16 = 0;
 const IOCB_CMD_PWRITE: u16 = 1;

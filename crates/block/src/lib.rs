@@ -37,6 +37,7 @@ mod fill;
 pub mod plan;
 pub mod ring;
 pub mod ring_io;
+mod ring_req;
 pub mod sched;
 pub mod throttle;
 

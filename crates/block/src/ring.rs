@@ -10,24 +10,7 @@ use parking_lot::Mutex;
 
 use crate::aio::Aio;
 
-/// One read or write to queue on a [`Ring`]: `len` bytes of the file
-/// `fd` at `offset`, read into `ptr` or, with `write`, written from it.
-/// Its completion carries `user_data`.
-#[derive(Clone, Copy, Debug)]
-pub struct Io {
-    /// A write of `ptr[..len]` (else a read into it).
-    pub write: bool,
-    /// The file.
-    pub fd: RawFd,
-    /// The memory read into or written from.
-    pub ptr: *mut u8,
-    /// Bytes to transfer.
-    pub len: u32,
-    /// Where in the file.
-    pub offset: u64,
-    /// What its completion carries.
-    pub user_data: u64,
-}
+pub use crate::ring_req::Io;
 
 /// A ring: submission side behind one lock, completion side behind another,
 /// so one thread may queue while another reaps. Or, made by

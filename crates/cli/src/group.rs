@@ -346,7 +346,7 @@ fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
             s.name,
             s.id,
             s.consistency.as_str(),
-            strata_shared::utc(s.created_unix * 1000),
+            strata_objstore::utc(s.created_unix * 1000),
             held(s.pause_us),
             s.exclusive_bytes
                 .map(|x| format!(", deleting it frees {}", human(x)))

@@ -15,8 +15,8 @@ use strata_engine::{
     AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
     SnapshotInfo,
 };
-use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
-use strata_shared::Summary;
+use strata_objstore::gc::{CheckReport as StoreCheckReport, GcReport};
+use strata_objstore::Summary;
 
 use strata_server::api::{
     AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
@@ -127,7 +127,7 @@ fn moved(out: &mut String, r: &strata_server::api::MoveReport) {
 }
 
 /// `init|attach --object-store`.
-fn joined(out: &mut String, attached: bool, summary: &strata_shared::Summary) {
+fn joined(out: &mut String, attached: bool, summary: &strata_objstore::Summary) {
     if attached {
         line(
             out,
@@ -576,7 +576,7 @@ fn disk(out: &mut String, v: &DiskView) {
             out,
             "manifest:        {} (written {})",
             w.manifest,
-            strata_shared::utc(w.written_ms)
+            strata_objstore::utc(w.written_ms)
         );
         let _ = writeln!(
             out,
@@ -628,7 +628,7 @@ fn store_summary(out: &mut String, s: &Summary) {
         "created by:   {} (host {}) at {}",
         s.root.created_by.name,
         s.root.created_by.host,
-        strata_shared::utc(s.root.created_ms)
+        strata_objstore::utc(s.root.created_ms)
     );
     let _ = writeln!(
         out,
@@ -770,7 +770,7 @@ fn store_check(out: &mut String, r: &StoreCheckReport) {
     }
 }
 
-fn compact(out: &mut String, r: &strata_shared::disk::CompactReport) {
+fn compact(out: &mut String, r: &strata_objstore::disk::CompactReport) {
     let _ = writeln!(
         out,
         "{}: {} objects hold {} of which {} live; {} under {} % live ({})",
@@ -958,7 +958,7 @@ fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
                 _ => format!(
                     "{}, taken {}",
                     human(sn.size_bytes),
-                    strata_shared::utc(sn.created_unix * 1000)
+                    strata_objstore::utc(sn.created_unix * 1000)
                 ),
             },
             if sn.description.is_empty() {

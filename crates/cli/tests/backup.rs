@@ -99,7 +99,7 @@ fn a_diff_is_exact_through_trims_zeroes_an_extend_and_kill_9() {
     }
     // SeaweedFS first: servers started from here on know its endpoint
     // (a local disk moves to it below).
-    let _ = strata_objstore::testing::shared();
+    let _ = strata_s3::testing::shared();
     each_kind(|kind| {
         let s = Store::of(kind);
         let img = tempfile::tempdir().unwrap();
@@ -194,7 +194,7 @@ fn a_diff_is_exact_through_trims_zeroes_an_extend_and_kill_9() {
 
         // A move to a datastore of the other kind and back keeps every
         // diff exact (the maps are rebuilt there, sharing as they did).
-        if strata_objstore::testing::shared().is_some() {
+        if strata_s3::testing::shared().is_some() {
             let other = Store::of(match kind {
                 Kind::Local => Kind::ObjectStore,
                 Kind::ObjectStore => Kind::Local,

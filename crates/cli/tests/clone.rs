@@ -67,7 +67,7 @@ fn a_full_clone_under_client_writes_is_one_instant_within_and_between_kinds() {
         return;
     }
     let mut cases = vec![(Kind::Local, None)];
-    if strata_objstore::testing::shared().is_some() {
+    if strata_s3::testing::shared().is_some() {
         cases.extend([
             (Kind::ObjectStore, None),
             (Kind::Local, Some(Kind::ObjectStore)),

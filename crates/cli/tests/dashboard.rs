@@ -741,7 +741,7 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
 /// alarms read as the CLI's.
 #[test]
 fn the_api_acts_on_an_object_store_as_on_a_local_datastore() {
-    if strata_objstore::testing::shared().is_none() {
+    if strata_s3::testing::shared().is_none() {
         return;
     }
     let s = Store::of(common::Kind::ObjectStore);
@@ -807,7 +807,7 @@ fn the_api_acts_on_an_object_store_as_on_a_local_datastore() {
 /// snapshot tree (ids and milliseconds in that datastore's listing).
 #[test]
 fn the_dashboard_reads_an_object_store_datastore() {
-    if strata_objstore::testing::shared().is_none()
+    if strata_s3::testing::shared().is_none()
         || !have("qemu-io")
         || !have("chromium")
         || !have("chromedriver")

@@ -725,7 +725,7 @@ fn attach(s: &Store) -> Store {
 
 #[test]
 fn on_an_object_store_one_host_writes_every_member_and_the_group_object_commits() {
-    if strata_objstore::testing::shared().is_none() {
+    if strata_s3::testing::shared().is_none() {
         return;
     }
     let a = Store::of(Kind::ObjectStore);

@@ -647,7 +647,7 @@ fn a_guest_migrates_between_two_hosts_and_keeps_writing_and_verifying() {
     let Some(img) = guest_image() else {
         return;
     };
-    if strata_objstore::testing::shared().is_none() {
+    if strata_s3::testing::shared().is_none() {
         return;
     }
     let a = Store::of(Kind::ObjectStore);

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{qemu_io, qemu_io_ok, raw_compare, run_ok, save, Kind, Server, Store, RAW_WRITEBACK};
-use strata_objstore::testing;
+use strata_s3::testing;
 
 fn url(name: &str) -> Option<String> {
     testing::shared()?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::http::sample as gauge;
 use common::{qemu_io, strata, Server, RAW_WRITEBACK};
-use strata_objstore::{testing, Bytes, ObjectStore, Options, StoreUrl};
+use strata_s3::{testing, Bytes, ObjectStore, Options, StoreUrl};
 
 /// One host: its own local directory (`Host::empty()`).
 use common::Store as Host;
@@ -1439,7 +1439,7 @@ fn gc_reports_partly_live_objects() {
 /// `strata compact` through a server (FORMAT.md §11.7a): a dry run names
 /// the candidates, a whole pass moves the live grains of the partly live
 /// payloads, gc frees them, and every byte reads back. (A crash in the
-/// middle of a pass: crates/shared/tests/crash.rs.)
+/// middle of a pass: crates/objstore/tests/crash.rs.)
 #[test]
 fn compaction_through_the_server_frees_partly_live_objects() {
     let Some((_, a)) = host_with_disk("compact", &["qemu-io"], "vm", "8M") else {

@@ -11,12 +11,12 @@ use strata_engine::{
     AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FailStop, Provisioning,
     SnapshotInfo,
 };
+use strata_objstore::gc::CheckReport as StoreCheckReport;
+use strata_objstore::Summary;
 use strata_server::api::{
     AlarmEntry, ExportReport, ExportStats, ExportedLink, ImageFormat, ImportReport, Response,
     VmdkServerStatus,
 };
-use strata_shared::gc::CheckReport as StoreCheckReport;
-use strata_shared::Summary;
 
 fn disk_info() -> DiskView {
     strata_engine::DiskInfo {

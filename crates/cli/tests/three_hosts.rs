@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::Store as Host;
 use common::{qemu_io, RAW};
-use strata_objstore::testing::{self, FaultProxy};
+use strata_s3::testing::{self, FaultProxy};
 
 const DISKS: usize = 30;
 const PER_HOST: usize = DISKS / 3;

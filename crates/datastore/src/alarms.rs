@@ -43,7 +43,7 @@ impl AlarmSettings {
     /// Write them whole, durably (temporary file, fsync, rename).
     pub fn save(&self, dir: &Path) -> Result<()> {
         let body = serde_json::to_vec_pretty(self).expect("json");
-        strata_shared::write_durably(dir, FILE, &body)
+        strata_objstore::write_durably(dir, FILE, &body)
             .map_err(|e| Error::new(ErrorKind::Io, e.message))
     }
 

@@ -2,7 +2,7 @@
 //!
 //! A datastore is a local one (`strata-engine`: a pool file, one
 //! refcounted map per disk version) or a directory attached to an object
-//! store (`strata-shared`: segments and create-only manifests in a bucket,
+//! store (`strata-objstore`: segments and create-only manifests in a bucket,
 //! one writer per disk). Their layouts have nothing in common, and neither
 //! crate knows the other or this one. Everything above them — the server,
 //! jobs, moves, transports, statistics — reaches disks through the
@@ -46,8 +46,8 @@ pub use strata_engine::{
     FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
     Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
 };
-pub use strata_shared::disk::{CompactOptions, CompactReport};
-pub use strata_shared::gc::GcReport;
+pub use strata_objstore::disk::{CompactOptions, CompactReport};
+pub use strata_objstore::gc::GcReport;
 pub use strata_stats::Gauge;
 
 /// What `check` found, by kind: their layouts have nothing in common, so
@@ -57,7 +57,7 @@ pub enum CheckReport {
     /// A local datastore's pool, log, maps and refcounts.
     Local(strata_engine::CheckReport),
     /// An object store's manifests, roots and segments.
-    ObjectStore(strata_shared::gc::CheckReport),
+    ObjectStore(strata_objstore::gc::CheckReport),
 }
 
 /// The two kinds of datastore. For display, records and the capability
@@ -131,7 +131,7 @@ pub struct StoreDisk {
     /// Bumped by every claim: the writer's fencing token.
     pub generation: u32,
     /// The writer (None: no host has written the disk yet).
-    pub owner: Option<strata_shared::layout::Owner>,
+    pub owner: Option<strata_objstore::layout::Owner>,
     /// The manifest's key and when it was written (ms since the epoch).
     pub manifest: String,
     pub written_ms: u64,
@@ -151,7 +151,7 @@ pub struct DatastoreView {
     #[serde(default)]
     pub cannot: Vec<Refusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object_store: Option<strata_shared::Summary>,
+    pub object_store: Option<strata_objstore::Summary>,
 }
 
 /// A command a kind of datastore refuses, with the reason.
@@ -166,7 +166,7 @@ impl DatastoreView {
     pub fn new(
         kind: Kind,
         info: DatastoreInfo,
-        object_store: Option<strata_shared::Summary>,
+        object_store: Option<strata_objstore::Summary>,
     ) -> Self {
         DatastoreView {
             info,
@@ -606,7 +606,7 @@ pub struct OpenOptions {
     pub background: bool,
     /// An object-store datastore's requests go here instead of the S3
     /// endpoint its URL names (tests: the in-memory fault store).
-    pub store_backend: Option<strata_objstore::Backend>,
+    pub store_backend: Option<strata_s3::Backend>,
 }
 
 /// What a server asks of the datastore it serves, each for one kind; the
@@ -664,7 +664,7 @@ pub fn probe(dir: &Path) -> Result<(Kind, PathBuf)> {
             format!("datastore directory {}: {e}", dir.display()),
         )
     })?;
-    let kind = if strata_shared::is_shared(&dir) {
+    let kind = if strata_objstore::is_shared(&dir) {
         Kind::ObjectStore
     } else if dir.join(strata_format::FILE_SUPER).exists() {
         Kind::Local
@@ -685,7 +685,7 @@ pub fn probe(dir: &Path) -> Result<(Kind, PathBuf)> {
 /// under its lock: `AlreadyExists` where one is, or where an object store
 /// is attached; `Locked` while another process holds the directory.
 pub fn init(dir: &Path, opts: &strata_engine::InitOptions) -> Result<()> {
-    if strata_shared::is_shared(dir) {
+    if strata_objstore::is_shared(dir) {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(

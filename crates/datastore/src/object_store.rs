@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_block::BlockDevice;
-use strata_shared::layout::Manifest;
-use strata_shared::{SharedDatastore, SharedDisk};
+use strata_objstore::layout::Manifest;
+use strata_objstore::{SharedDatastore, SharedDisk};
 
 use crate::alarms::AlarmSettings;
 use crate::{
@@ -76,13 +76,13 @@ impl ObjectStoreDatastore {
 
     /// Open the attached directory `dir` (its store is not contacted yet).
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
-        let o = strata_objstore::Options {
+        let o = strata_s3::Options {
             op_timeout: opts.store_timeout,
             backend: opts.store_backend.clone(),
             ..Default::default()
         };
         if let Some(bytes) = opts.store_cache {
-            strata_shared::set_cache_bound(dir, bytes)?;
+            strata_objstore::set_cache_bound(dir, bytes)?;
         }
         let ds = SharedDatastore::open(dir, &o)?;
         let mut x = ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role);
@@ -268,7 +268,7 @@ impl ObjectStoreDatastore {
     /// Space and alarms from the store's summary and its disks' manifests.
     fn space_of(
         &self,
-        summary: &strata_shared::Summary,
+        summary: &strata_objstore::Summary,
         disks: &[(String, Manifest)],
     ) -> Result<DatastoreInfo> {
         let settings = AlarmSettings::load(&self.dir)?;
@@ -623,7 +623,7 @@ impl Datastore for ObjectStoreDatastore {
         let base = from.map(|f| self.disk(f)).transpose()?;
         let target = self.disk(to)?;
         let grains = target.changes_since(base.as_deref())?;
-        let g = strata_shared::layout::GRAIN as u64;
+        let g = strata_objstore::layout::GRAIN as u64;
         let mut out: Vec<ChangedRange> = Vec::new();
         for (grain, mapped) in grains {
             let offset = grain * g;

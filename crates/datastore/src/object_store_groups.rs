@@ -12,9 +12,9 @@ use strata_engine::catalog::GROUP_DISKS_MAX;
 use strata_engine::{
     check_group_size, clone_plan, group_full, last_disk, membership_changed, GroupMemberInfo,
 };
-use strata_shared::groups::{GroupDef, GroupMember, GroupSnap};
-use strata_shared::layout::{GroupRef, Manifest, SnapshotRec};
-use strata_shared::SharedDisk;
+use strata_objstore::groups::{GroupDef, GroupMember, GroupSnap};
+use strata_objstore::layout::{GroupRef, Manifest, SnapshotRec};
+use strata_objstore::SharedDisk;
 
 use crate::object_store::ObjectStoreDatastore;
 use crate::{

@@ -13,7 +13,7 @@ use strata_datastore::{
     capability, open, Capability, ChangedRange, Datastore, ErrorKind, Kind, OpenOptions,
     Provisioning,
 };
-use strata_objstore::{testing, StoreUrl};
+use strata_s3::{testing, StoreUrl};
 
 const MIB: u64 = 1 << 20;
 
@@ -34,7 +34,7 @@ fn object_store(dir: &Path) -> Option<Arc<dyn Datastore>> {
         rand::random::<u32>()
     ))
     .unwrap();
-    strata_shared::SharedDatastore::init(dir, &url, &strata_objstore::Options::default()).unwrap();
+    strata_objstore::SharedDatastore::init(dir, &url, &strata_s3::Options::default()).unwrap();
     Some(open(dir, &OpenOptions::default()).unwrap())
 }
 

@@ -1,14 +1,14 @@
 //! Crashes of an object-store datastore in the middle of what the
 //! datastore interface does in several store requests, with the store in
-//! memory (`strata_objstore::fault`): no S3 server needed.
+//! memory (`strata_s3::fault`): no S3 server needed.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::Path;
 use std::sync::Arc;
 
 use strata_datastore::{open, Datastore, GroupSnapshotOptions, OpenOptions, Provisioning};
-use strata_objstore::fault::{Crash, FaultStore};
-use strata_objstore::StoreUrl;
+use strata_s3::fault::{Crash, FaultStore};
+use strata_s3::StoreUrl;
 
 const MIB: u64 = 1 << 20;
 
@@ -35,11 +35,11 @@ fn a_group_snapshot_cut_before_its_group_object_is_absent_everywhere() {
     let f = FaultStore::new(5);
     let dir = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://memory/ds").unwrap();
-    let o = strata_objstore::Options {
+    let o = strata_s3::Options {
         backend: Some(f.backend()),
         ..Default::default()
     };
-    strata_shared::SharedDatastore::init(dir.path(), &url, &o).unwrap();
+    strata_objstore::SharedDatastore::init(dir.path(), &url, &o).unwrap();
     let ds = datastore(dir.path(), &f);
     for d in ["d1", "d2"] {
         ds.create(d, MIB, Provisioning::Thin, &mut |_, _| {})

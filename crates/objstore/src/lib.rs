@@ -1,798 +1,617 @@
-//! A blocking client for S3-compatible object stores, for strata's
-//! object-store datastores (docs/FORMAT.md §11).
+//! Object-store datastores: one datastore in an S3-compatible bucket,
+//! shared by many hosts (docs/FORMAT.md §11, docs/MULTIHOST.md).
 //!
-//! The engine is synchronous; the S3 client (`object_store`) is async. An
-//! [`ObjectStore`] owns a small tokio runtime of its own and runs every
-//! request on it, so any engine thread can call in and wait. Requests are
-//! bounded twice: each HTTP attempt by `Options::request_timeout`, the
-//! whole operation (retries included) by `Options::op_timeout`; a store that
-//! is down is an [`ErrorKind::Unavailable`] error, never a hang.
-//!
-//! Create-only writes ([`ObjectStore::put_create`]) are the fencing
-//! primitive of §11.6. They are safe to retry: when the store says the key
-//! exists, the object is read back, and if it holds exactly the bytes this
-//! call wrote (the first attempt succeeded but its answer was lost), the
-//! write counts as done. [`ObjectStore::probe`] checks, before a store is
-//! used, that it refuses a second create of one key even under concurrency.
-//!
-//! Credentials and endpoint come from the standard variables
-//! (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-//! `AWS_REGION`); an `http://` endpoint is allowed (a local SeaweedFS or
-//! MinIO).
+//! Each host keeps a local directory with its identity and a cache; what
+//! must survive lives in the store. This crate creates a datastore in a
+//! store (`init`), joins one from another host (`attach`) and describes it
+//! (`summary`); both first check that the store honours create-only
+//! writes, which the fencing of §11.6 rests on.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
-use std::fmt;
-use std::future::Future;
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod cache;
+pub mod diff;
+pub mod disk;
+pub mod envelope;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod gc;
+pub mod groups;
+pub mod hot;
+pub mod layout;
+pub mod s3fifo;
+
+pub use cache::CacheStats;
+pub use disk::SharedDisk;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use strata_block::throttle::{IoLimits, Throttle};
+use strata_s3::{Bytes, ObjectStore, Options, ProbeReport, Put, StoreUrl};
 
-#[cfg(feature = "testing")]
-pub mod fault;
-#[cfg(feature = "testing")]
-pub mod testing;
-use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::path::Path;
-use object_store::{
-    ClientOptions, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload,
-    RetryConfig,
-};
+/// The local directory's file naming the store this host uses.
+pub const FILE_LOCAL: &str = "strata.objstore";
+/// The root object's key (§11.3).
+pub const KEY_ROOT: &str = "strata-store";
+/// Disk names (§11.2).
+pub const DIR_NAMES: &str = "names/";
+/// Per-disk manifests and segments (§11.2).
+pub const DIR_DISKS: &str = "disks/";
+/// The root object's envelope magic.
+pub const MAGIC_ROOT: &[u8; 8] = b"STRROOT1";
+/// The layout version this build reads and writes.
+pub const FORMAT: u32 = 1;
+pub const GRAIN_BYTES: u32 = 4096;
+pub const MAP_FANOUT: u32 = 256;
+pub const SEGMENT_MAX_BYTES: u64 = 8 << 20;
+/// This host's segment cache holds at most this many bytes unless
+/// `--store-cache` says otherwise (§11.8).
+pub const CACHE_DEFAULT_BYTES: u64 = 8 << 30;
+/// The smallest cache bound: eight whole segments.
+pub const CACHE_MIN_BYTES: u64 = 64 << 20;
+/// The file in the local directory that records the cache bound.
+pub const FILE_CACHE_BOUND: &str = "store-cache.json";
 
-/// The object-store client returns strata's one error (docs/ERRORS.md):
-/// a key that is not there is `NotFound`, a create-only write that finds
-/// the key taken `AlreadyExists`, a store that does not answer or refuses
-/// the credentials `Unavailable` (the message tells which).
+/// Record `bytes` as the bound of the segment cache of the host directory
+/// `dir` (every process that opens `dir` keeps to it).
+pub fn set_cache_bound(dir: &Path, bytes: u64) -> Result<()> {
+    if bytes < CACHE_MIN_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "a store cache of {bytes} bytes is too small: it must hold at least eight segments ({CACHE_MIN_BYTES} bytes, 64M)"
+            ),
+        ));
+    }
+    let body = serde_json::json!({ "bytes": bytes }).to_string();
+    write_durably(dir, FILE_CACHE_BOUND, body.as_bytes())
+}
+
+/// Write `bytes` as `dir/name` whole and durably: a temporary file,
+/// fsync'd, renamed over it, the directory fsync'd.
+pub fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io("rename", &tmp, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync", dir, e))
+}
+
+/// The segment cache bound recorded for `dir`, or the default.
+pub fn cache_bound(dir: &Path) -> u64 {
+    std::fs::read(dir.join(FILE_CACHE_BOUND))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["bytes"].as_u64())
+        .map_or(CACHE_DEFAULT_BYTES, |b| b.max(CACHE_MIN_BYTES))
+}
+
+/// The object-store datastore returns strata's one error (docs/ERRORS.md):
+/// its own kinds are `Fenced` (another host claimed the disk) and
+/// `Released` (this host handed it over); the store's `Unavailable` passes
+/// through unchanged.
 pub use strata_block::{Error, Kind as ErrorKind};
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// `s3://BUCKET/PREFIX`: where a datastore lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreUrl {
-    pub bucket: String,
-    /// Without leading or trailing `/`; may be empty.
-    pub prefix: String,
+/// Stored bytes that failed a check (the message names the key).
+pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Corrupt, msg)
 }
 
-impl StoreUrl {
-    pub fn parse(s: &str) -> Result<Self> {
-        let bad = |why: &str| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("'{s}' is not an object-store URL ({why}; expected s3://BUCKET/PREFIX)"),
-            )
-        };
-        let rest = s
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("it does not start with s3://"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-        if bucket.len() < 3 || bucket.len() > 63 || !bucket.chars().all(ok) {
-            return Err(bad(
-                "a bucket name has 3 to 63 lower-case letters, digits, '-' and '.'",
-            ));
-        }
-        let prefix = prefix.trim_matches('/');
-        if prefix.split('/').any(|p| p == "." || p == "..")
-            || prefix.contains("//")
-            || prefix.chars().any(|c| c.is_control())
-        {
-            return Err(bad("the prefix has an empty, '.' or '..' part"));
-        }
-        Ok(StoreUrl {
-            bucket: bucket.to_string(),
-            prefix: prefix.to_string(),
-        })
-    }
+/// A host, as objects name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRef {
+    /// Random, made at `init` / `attach`, kept in the local directory.
+    pub host: String,
+    /// The host name, for people.
+    pub name: String,
 }
 
-impl fmt::Display for StoreUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.prefix.is_empty() {
-            write!(f, "s3://{}", self.bucket)
-        } else {
-            write!(f, "s3://{}/{}", self.bucket, self.prefix)
-        }
-    }
+/// The root object (§11.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootObject {
+    pub format: u32,
+    pub uuid: String,
+    pub created_ms: u64,
+    pub created_by: HostRef,
+    pub grain_bytes: u32,
+    pub map_fanout: u32,
+    pub segment_max_bytes: u64,
 }
 
-/// Time limits and retries.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// One HTTP attempt.
-    pub request_timeout: Duration,
-    /// One operation, retries included.
-    pub op_timeout: Duration,
-    /// Retries of a failed attempt (server errors, timeouts).
-    pub retries: usize,
-    /// The endpoint, instead of `AWS_ENDPOINT_URL`.
-    pub endpoint: Option<String>,
-    /// Access key id and secret, instead of `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY`.
-    pub credentials: Option<(String, String)>,
-    /// Where requests go instead of S3 at the URL's bucket (tests give the
-    /// in-memory store of `testing::fault` here). The URL's prefix still
-    /// applies.
-    pub backend: Option<Backend>,
+/// `DIR/strata.objstore` (§11.8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalConfig {
+    pub url: String,
+    pub store_uuid: String,
+    pub me: HostRef,
+    /// When this directory was made by `init` or `attach`, ms.
+    pub joined_ms: u64,
 }
 
-/// An `object_store` implementation that takes the place of S3.
-#[derive(Clone)]
-pub struct Backend(pub Arc<dyn object_store::ObjectStore>);
-
-impl fmt::Debug for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Backend({})", self.0)
-    }
+/// What `init`, `attach` and `status` show.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub url: String,
+    pub endpoint: String,
+    pub local_dir: PathBuf,
+    pub me: HostRef,
+    pub root: RootObject,
+    /// Disk names (§11.2), sorted.
+    pub disks: Vec<String>,
+    /// Objects under `disks/` and their bytes.
+    pub disk_objects: u64,
+    pub disk_bytes: u64,
+    /// The conditional-write probe, when this call ran it.
+    pub probe: Option<ProbeSummary>,
+    /// This process's segment cache (§11.8).
+    #[serde(default)]
+    pub cache: Option<Box<CacheStats>>,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            request_timeout: Duration::from_secs(10),
-            op_timeout: Duration::from_secs(30),
-            retries: 4,
-            endpoint: None,
-            credentials: None,
-            backend: None,
-        }
-    }
-}
-
-/// Concurrent creates of one key that [`ObjectStore::probe`] sends.
-pub const PROBE_RACERS: usize = 8;
-
-/// How long each probe racer may add to the probe's wait. A store may
-/// queue conflicting creates of one key behind a per-key lock: SeaweedFS
-/// (4.x) makes a waiting create poll that lock once a second, so the k-th
-/// of N racers answers after about k seconds (PERFORMANCE.md, "Create-only
-/// writes under contention"); twice that is left for a loaded host.
-pub const PROBE_WAIT_PER_RACER: Duration = Duration::from_secs(2);
-
-/// How often a create-only write that has no answer yet reads its key
-/// (see [`ObjectStore::put_create`]).
-pub const CREATE_WATCH_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The outcome of a create-only write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Put {
-    /// The object is ours.
-    Created,
-    /// Another writer's object was there first.
-    Exists,
-}
-
-/// One object of a listing; `key` is relative to the datastore's prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    pub key: String,
-    pub size: u64,
-    /// Last modified, ms since the Unix epoch.
-    pub modified_ms: i64,
-}
-
-/// What [`ObjectStore::probe`] found.
-#[derive(Debug, Clone)]
-pub struct ProbeReport {
-    /// Concurrent create-only writes of one key that were sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeSummary {
     pub racers: usize,
-    /// How many of them the store accepted (must be 1).
     pub accepted: usize,
-    /// How long the race of creates took, ms (a store that serialises
-    /// conflicting creates makes the losers wait).
-    pub put_ms: f64,
+    pub ms: f64,
 }
 
-/// A connection to one datastore's prefix in one bucket.
-pub struct ObjectStore {
-    /// Requests made, by kind (a retried request counts once).
-    requests: RequestCounters,
-    rt: tokio::runtime::Runtime,
-    store: Arc<dyn object_store::ObjectStore>,
-    /// The same store with the probe's time limit and no retries.
-    probe_store: Arc<dyn object_store::ObjectStore>,
-    url: StoreUrl,
-    endpoint: String,
-    opts: Options,
+impl From<ProbeReport> for ProbeSummary {
+    fn from(p: ProbeReport) -> Self {
+        ProbeSummary {
+            racers: p.racers,
+            accepted: p.accepted,
+            ms: p.put_ms,
+        }
+    }
 }
 
-/// Requests an [`ObjectStore`] made, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Requests {
-    /// Plain PUTs and create-only PUTs.
-    pub puts: u64,
-    pub creates: u64,
-    /// GETs of whole objects and of byte ranges.
-    pub gets: u64,
-    pub range_gets: u64,
-    /// HEADs (an object's size).
-    pub heads: u64,
-    pub lists: u64,
-    pub deletes: u64,
+/// An object-store datastore as this host sees it.
+pub struct SharedDatastore {
+    dir: PathBuf,
+    cfg: LocalConfig,
+    root: RootObject,
+    store: Arc<ObjectStore>,
+    cache: Arc<cache::SegmentCache>,
+    /// Each disk's I/O limits in this process, shared by all its handles
+    /// (snapshots too), by disk id.
+    throttles: std::sync::Mutex<std::collections::HashMap<u32, Arc<Throttle>>>,
+    /// Group snapshot objects read (they never change), by key.
+    group_snaps: std::sync::Mutex<std::collections::HashMap<String, groups::GroupSnap>>,
+    /// Group names by id (they never change).
+    group_names: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+    /// A compaction emptied objects since the last GC asked (§11.7a).
+    gc_wanted: std::sync::atomic::AtomicBool,
 }
 
-#[derive(Default)]
-struct RequestCounters {
-    puts: AtomicU64,
-    creates: AtomicU64,
-    gets: AtomicU64,
-    range_gets: AtomicU64,
-    heads: AtomicU64,
-    lists: AtomicU64,
-    deletes: AtomicU64,
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
-fn count(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+fn random_id() -> String {
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
 }
 
-impl ObjectStore {
-    /// The requests made so far, by kind.
-    pub fn requests(&self) -> Requests {
-        let c = &self.requests;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Requests {
-            puts: l(&c.puts),
-            creates: l(&c.creates),
-            gets: l(&c.gets),
-            range_gets: l(&c.range_gets),
-            heads: l(&c.heads),
-            lists: l(&c.lists),
-            deletes: l(&c.deletes),
-        }
-    }
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
 
-    /// Connect to `url` with credentials and endpoint from the environment.
-    /// No request is sent yet.
-    pub fn connect(url: &StoreUrl, opts: &Options) -> Result<Self> {
-        let (store, probe_store, endpoint): (Arc<dyn object_store::ObjectStore>, _, _) =
-            if let Some(Backend(b)) = &opts.backend {
-                (b.clone(), b.clone(), b.to_string())
-            } else {
-                let endpoint = opts
-                    .endpoint
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-                    .or_else(|| std::env::var("AWS_ENDPOINT").ok())
-                    .unwrap_or_default();
-                let store = s3_client(url, &endpoint, opts, opts.request_timeout, opts.retries)?;
-                // The probe hears every racer's answer (an unanswered one may
-                // have been accepted), and a retried create would be refused
-                // as a second create of the key: no retries, and time for a
-                // store that queues conflicting creates (see
-                // PROBE_WAIT_PER_RACER).
-                let probe_timeout =
-                    opts.request_timeout + PROBE_WAIT_PER_RACER * PROBE_RACERS as u32;
-                let probe_store = s3_client(url, &endpoint, opts, probe_timeout, 0)?;
-                (Arc::new(store), Arc::new(probe_store), endpoint)
-            };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("strata-s3")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("cannot start the S3 client runtime: {e}"),
-                )
-            })?;
-        Ok(ObjectStore {
-            requests: RequestCounters::default(),
-            rt,
-            store,
-            probe_store,
-            url: url.clone(),
-            endpoint: if endpoint.is_empty() {
-                "AWS S3".to_string()
-            } else {
-                endpoint
-            },
-            opts: opts.clone(),
-        })
-    }
+fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("cannot {what} {}: {e}", p.display()))
+}
 
-    pub fn url(&self) -> &StoreUrl {
-        &self.url
-    }
+/// Whether `dir` is the local directory of an object-store datastore.
+pub fn is_shared(dir: &Path) -> bool {
+    dir.join(FILE_LOCAL).exists()
+}
 
-    /// The endpoint requests go to, for messages.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
 
-    fn path(&self, key: &str) -> Path {
-        if self.url.prefix.is_empty() {
-            Path::from(key)
-        } else {
-            Path::from(format!("{}/{key}", self.url.prefix))
-        }
-    }
-
-    /// Run `f` on the client's runtime and wait, at most `op_timeout`.
-    fn run<T>(
-        &self,
-        what: &str,
-        key: &str,
-        f: impl Future<Output = object_store::Result<T>>,
-    ) -> Result<T> {
-        let limit = self.opts.op_timeout;
-        match self
-            .rt
-            .block_on(async { tokio::time::timeout(limit, f).await })
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.error(what, key, e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "{what} {} at {}: no answer within {} s",
-                    self.describe(key),
-                    self.endpoint,
-                    limit.as_secs_f64()
-                ),
-            )),
-        }
-    }
-
-    fn describe(&self, key: &str) -> String {
-        format!("{}/{key}", self.url)
-    }
-
-    fn error(&self, what: &str, key: &str, e: object_store::Error) -> Error {
-        use object_store::Error as E;
-        let denied = matches!(&e, E::PermissionDenied { .. } | E::Unauthenticated { .. });
-        let kind = match &e {
-            E::NotFound { .. } => ErrorKind::NotFound,
-            E::AlreadyExists { .. } | E::Precondition { .. } => ErrorKind::AlreadyExists,
-            E::NotImplemented { .. } | E::NotSupported { .. } => ErrorKind::Unsupported,
-            E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => ErrorKind::InvalidArgument,
-            // Refused credentials, connection refused, timeouts and 5xx
-            // after the retries: the server cannot use its store.
-            _ => ErrorKind::Unavailable,
-        };
-        let hint = match kind {
-            _ if denied => {
-                " (credentials refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
-                    .to_string()
-            }
-            ErrorKind::Unavailable => format!(" (endpoint {})", self.endpoint),
-            _ => String::new(),
-        };
-        Error::new(
-            kind,
-            format!("{what} {}: {}{hint}", self.describe(key), flatten(&e)),
-        )
-    }
-
-    /// Write `body` under `key`, replacing what is there.
-    pub fn put(&self, key: &str, body: Bytes) -> Result<()> {
-        count(&self.requests.puts);
-        let path = self.path(key);
-        self.run("write", key, async {
-            self.store.put(&path, PutPayload::from_bytes(body)).await
-        })
-        .map(|_| ())
-    }
-
-    /// Write `body` under `key` only if no object is there. A retried
-    /// request that finds its own earlier success counts as [`Put::Created`].
-    ///
-    /// A store may hold a create that conflicts with another one in a queue
-    /// for seconds (SeaweedFS polls a per-key lock once a second), though
-    /// the answer is already decided once the other writer's object is
-    /// there. So while the request waits, the key is read every
-    /// [`CREATE_WATCH_INTERVAL`]: other bytes under it mean this create has
-    /// lost, and the request is dropped. That is safe because a create-only
-    /// request can never replace an object: the store still refuses it
-    /// whenever it gets to it (FORMAT.md §11.1, rule 2).
-    pub fn put_create(&self, key: &str, body: Bytes) -> Result<Put> {
-        // A server error is retried: safe for the reason above, as an
-        // earlier attempt that took effect makes the next find its bytes.
-        let r = retry_server_errors(|| self.put_create_watched(key, body.clone()));
-        match r {
-            Ok(put) => Ok(put),
-            Err(e) if e.kind == ErrorKind::AlreadyExists => match self.get_opt(key)? {
-                Some(there) if there == body => Ok(Put::Created),
-                _ => Ok(Put::Exists),
-            },
-            Err(e) => Err(e),
-        }
-    }
-
-    fn put_create_watched(&self, key: &str, body: Bytes) -> Result<Put> {
-        count(&self.requests.creates);
-        let path = self.path(key);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        let put = self
-            .store
-            .put_opts(&path, PutPayload::from_bytes(body.clone()), opts);
-        let watch = async {
-            loop {
-                tokio::time::sleep(CREATE_WATCH_INTERVAL).await;
-                // A failed read decides nothing: the request still may.
-                if let Ok(got) = self.store.get(&path).await {
-                    if let Ok(there) = got.bytes().await {
-                        return there == body;
-                    }
-                }
-            }
-        };
-        self.run("create", key, async {
-            tokio::select! {
-                r = put => r.map(|_| Put::Created),
-                ours = watch => Ok(if ours { Put::Created } else { Put::Exists }),
-            }
-        })
-    }
-
-    fn put_create_once(&self, key: &str, body: Bytes) -> Result<()> {
-        count(&self.requests.creates);
-        let path = self.path(key);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        self.run("create", key, async {
-            self.store
-                .put_opts(&path, PutPayload::from_bytes(body), opts)
-                .await
-        })
-        .map(|_| ())
-    }
-
-    /// The whole object under `key`.
-    pub fn get(&self, key: &str) -> Result<Bytes> {
-        count(&self.requests.gets);
-        let path = self.path(key);
-        self.run("read", key, async {
-            self.store.get(&path).await?.bytes().await
-        })
-    }
-
-    /// The size of the object under `key`, or None if there is none.
-    pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
-        count(&self.requests.heads);
-        let path = self.path(key);
-        match self.run("stat", key, async { self.store.head(&path).await }) {
-            Ok(m) => Ok(Some(m.size)),
-            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The whole object under `key`, or None if there is none.
-    pub fn get_opt(&self, key: &str) -> Result<Option<Bytes>> {
-        match self.get(key) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Bytes `range` of the object under `key`.
-    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        count(&self.requests.range_gets);
-        let path = self.path(key);
-        let want = range.end - range.start;
-        let b = self.run("read", key, async {
-            self.store.get_range(&path, range.clone()).await
-        })?;
-        if b.len() as u64 != want {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "read {}: asked for {want} bytes at {}, got {}",
-                    self.describe(key),
-                    range.start,
-                    b.len()
-                ),
+impl RootObject {
+    /// The rule of this build's for a datastore's root (§11.3) it breaks,
+    /// if any: checked before one is written and after one is read.
+    fn broken(&self) -> Option<String> {
+        if self.format != FORMAT {
+            return Some(format!(
+                "layout version {} (this build reads version {FORMAT})",
+                self.format
             ));
         }
-        Ok(b)
+        if self.grain_bytes != GRAIN_BYTES || self.map_fanout != MAP_FANOUT {
+            return Some(format!(
+                "grain {} bytes and map fan-out {} (this build uses {GRAIN_BYTES} and {MAP_FANOUT})",
+                self.grain_bytes, self.map_fanout
+            ));
+        }
+        if self.segment_max_bytes < u64::from(GRAIN_BYTES) || self.uuid.is_empty() {
+            return Some(format!(
+                "segments of at most {} bytes, uuid '{}'",
+                self.segment_max_bytes, self.uuid
+            ));
+        }
+        None
     }
 
-    /// Objects whose keys start with `prefix` (a "directory" ends with
-    /// `/`), after `after` if given, in key order.
-    pub fn list(&self, prefix: &str, after: Option<&str>) -> Result<Vec<Listed>> {
-        self.list_limited(prefix, after, usize::MAX)
-    }
-
-    /// The first `n` objects (in key order) whose keys start with `prefix`.
-    pub fn list_first(&self, prefix: &str, n: usize) -> Result<Vec<Listed>> {
-        self.list_limited(prefix, None, n)
-    }
-
-    fn list_limited(&self, prefix: &str, after: Option<&str>, n: usize) -> Result<Vec<Listed>> {
-        count(&self.requests.lists);
-        let dir = prefix.trim_end_matches('/');
-        let base = self.path(dir);
-        let offset = after.map(|a| self.path(a));
-        let strip = if self.url.prefix.is_empty() {
-            0
-        } else {
-            self.url.prefix.len() + 1
-        };
-        let mut out: Vec<Listed> = self.run("list", prefix, async {
-            let stream = match &offset {
-                Some(o) => self.store.list_with_offset(Some(&base), o),
-                None => self.store.list(Some(&base)),
-            };
-            let mut out = Vec::new();
-            let mut stream = std::pin::pin!(stream);
-            while let Some(m) = stream.try_next().await? {
-                let key = m.location.as_ref().get(strip..).unwrap_or("").to_string();
-                // `list` is by path segments; keep exact prefix matches only.
-                if key.starts_with(prefix) {
-                    out.push(Listed {
-                        key,
-                        size: m.size,
-                        modified_ms: m.last_modified.timestamp_millis(),
-                    });
-                }
-                if out.len() >= n {
-                    break;
-                }
-            }
-            Ok(out)
+    fn decode(obj: &[u8]) -> Result<RootObject> {
+        let body = envelope::open(MAGIC_ROOT, KEY_ROOT, obj)?;
+        let r: RootObject = serde_json::from_slice(body).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{KEY_ROOT}: not a root object: {e}"),
+            )
         })?;
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
+        if let Some(why) = r.broken() {
+            return Err(Error::new(ErrorKind::Corrupt, format!("{KEY_ROOT}: {why}")));
+        }
+        Ok(r)
     }
 
-    /// Delete the object under `key` (no error if there is none).
-    pub fn delete(&self, key: &str) -> Result<()> {
-        count(&self.requests.deletes);
-        let path = self.path(key);
-        match self.run("delete", key, async { self.store.delete(&path).await }) {
-            Err(e) if e.kind == ErrorKind::NotFound => Ok(()),
-            r => r,
+    /// # Panics
+    /// On a root that breaks a rule of [`RootObject::broken`] (a bug in
+    /// this build).
+    fn encode(&self) -> Vec<u8> {
+        if let Some(why) = self.broken() {
+            panic!("refusing to write a bad root object: {why}");
+        }
+        envelope::seal(MAGIC_ROOT, &serde_json::to_vec(self).expect("json"))
+    }
+}
+
+impl HostRef {
+    /// A new identity for this host.
+    fn new() -> HostRef {
+        HostRef {
+            host: random_id(),
+            name: host_name(),
         }
     }
+}
 
-    /// Check that the store honours create-only writes (§11.9): 8
-    /// concurrent creates of one key with different bodies must leave
-    /// exactly one, the one a read returns; one more create must be
-    /// refused. The probe object is deleted afterwards.
-    #[expect(clippy::too_many_lines)]
-    pub fn probe(&self) -> Result<ProbeReport> {
-        let key = format!(
-            "probe/{:016x}{:016x}",
-            rand::random::<u64>(),
-            rand::random::<u64>()
-        );
-        let path = self.path(&key);
-        let bodies: Vec<Bytes> = (0..PROBE_RACERS)
-            .map(|i| Bytes::from(format!("strata probe {key} racer {i}")))
-            .collect();
-        let t0 = std::time::Instant::now();
-        let results: Vec<object_store::Result<()>> = self.rt.block_on(async {
-            let tasks: Vec<_> = bodies
-                .iter()
-                .map(|b| {
-                    let store = self.probe_store.clone();
-                    let path = path.clone();
-                    let body = b.clone();
-                    tokio::spawn(async move {
-                        let opts = PutOptions {
-                            mode: PutMode::Create,
-                            ..PutOptions::default()
-                        };
-                        store
-                            .put_opts(&path, PutPayload::from_bytes(body), opts)
-                            .await
-                            .map(|_| ())
-                    })
-                })
-                .collect();
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(t.await.unwrap_or_else(|e| {
-                    Err(object_store::Error::Generic {
-                        store: "probe",
-                        source: Box::new(e),
-                    })
-                }))
-            }
-            out
-        });
-        let put_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let cleanup = |r: Result<ProbeReport>| {
-            let _ = self.delete(&key);
-            r
-        };
-        // A racer answered with a server error is undecided: the store
-        // may have carried it out. It is sent again (as put_create does);
-        // a 412 then leaves it undecided, and the object read back says
-        // whether it was the winner.
-        let mut accepted = Vec::new();
-        let mut undecided = Vec::new();
-        for (i, r) in results.into_iter().enumerate() {
-            let r = match r {
-                Ok(()) => Ok(()),
-                Err(e) => match self.error("create", &key, e) {
-                    e if is_server_error(&e) => {
-                        let again =
-                            retry_server_errors(|| self.put_create_once(&key, bodies[i].clone()));
-                        if matches!(&again, Err(e) if e.kind == ErrorKind::AlreadyExists) {
-                            undecided.push(i);
-                        }
-                        again
-                    }
-                    e => Err(e),
-                },
-            };
-            match r {
-                Ok(()) => accepted.push(i),
-                Err(e) if e.kind == ErrorKind::AlreadyExists => {}
-                Err(e) => return cleanup(Err(e)),
-            }
-        }
-        let unsupported = |why: String| {
-            Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "the store at {} ({}) does not honour create-only writes (If-None-Match: *): \
-                     {why}; strata's fencing depends on them, so it cannot use this store",
-                    self.endpoint, self.url
-                ),
-            ))
-        };
-        if accepted.len() > 1 {
-            return cleanup(unsupported(format!(
-                "it accepted {} of {PROBE_RACERS} concurrent creates of one key",
-                accepted.len()
-            )));
-        }
-        let there = match self.get(&key) {
+impl LocalConfig {
+    /// The settings in `dir`, if it is a local directory of one.
+    fn read(dir: &Path) -> Result<Option<LocalConfig>> {
+        let path = dir.join(FILE_LOCAL);
+        let b = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) => return cleanup(Err(e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read", &path, e)),
         };
-        let Some(winner) = bodies.iter().position(|b| *b == there) else {
-            return cleanup(unsupported(
-                "the object read back is none of the racers' bodies".into(),
+        serde_json::from_slice(&b).map(Some).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{}: not an object-store datastore's settings: {e}",
+                    path.display()
+                ),
+            )
+        })
+    }
+
+    /// Write the settings of a new local directory for `root` at `url`.
+    fn create(dir: &Path, url: &StoreUrl, root: &RootObject, me: HostRef) -> Result<LocalConfig> {
+        let cfg = LocalConfig {
+            url: url.to_string(),
+            store_uuid: root.uuid.clone(),
+            me,
+            joined_ms: now_ms(),
+        };
+        write_local(dir, &cfg)?;
+        Ok(cfg)
+    }
+}
+
+/// Refuse a local directory that holds another datastore.
+fn check_local_dir(dir: &Path, url: &StoreUrl) -> Result<Option<LocalConfig>> {
+    // A local datastore's superblock: a directory holds one kind or the other.
+    if dir.join(strata_format::FILE_SUPER).exists() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} holds a local datastore: give an object-store datastore a directory of its own (--datastore)",
+                dir.display()
+            ),
+        ));
+    }
+    match LocalConfig::read(dir)? {
+        Some(cfg) => {
+            if cfg.url != url.to_string() {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} is already the local directory of {}: use another --datastore",
+                        dir.display(),
+                        cfg.url
+                    ),
+                ));
+            }
+            Ok(Some(cfg))
+        }
+        None => Ok(None),
+    }
+}
+
+fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
+    let mut body = serde_json::to_vec_pretty(cfg).expect("json");
+    body.push(b'\n');
+    write_durably(dir, FILE_LOCAL, &body)
+}
+
+impl SharedDatastore {
+    /// Say that a GC would free something now (a compaction emptied
+    /// objects): a server's background GC runs sooner (§11.7a).
+    pub fn want_gc(&self) {
+        self.gc_wanted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a GC was wanted since the last call (and forget it).
+    pub fn take_gc_wanted(&self) -> bool {
+        self.gc_wanted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Disk `id`'s throttle in this process, made with `limits` if it has
+    /// none yet.
+    pub(crate) fn throttle(&self, id: u32, limits: IoLimits) -> Arc<Throttle> {
+        self.throttles
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Throttle::new(limits)))
+            .clone()
+    }
+
+    /// Create a datastore in the store at `url`, with `dir` as this host's
+    /// local directory. Refuses a prefix that already holds anything, and a
+    /// store that does not honour create-only writes.
+    pub fn init(dir: &Path, url: &StoreUrl, opts: &Options) -> Result<(Self, Summary)> {
+        if check_local_dir(dir, url)?.is_some() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} is already attached to {url}", dir.display()),
+            ));
+        }
+        let store = ObjectStore::connect(url, opts)?;
+        let probe = store.probe()?;
+        if let Some(obj) = store.get_opt(KEY_ROOT)? {
+            let what = match RootObject::decode(&obj) {
+                Ok(r) => format!(
+                    "strata datastore {} (created by {} at {})",
+                    r.uuid,
+                    r.created_by.name,
+                    utc(r.created_ms)
+                ),
+                Err(e) => format!("a damaged root object ({e})"),
+            };
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{url} already holds {what}: join it with 'strata attach --object-store {url}'"
+                ),
+            ));
+        }
+        let there = store.list_first("", 3)?;
+        if !there.is_empty() {
+            let keys: Vec<&str> = there.iter().map(|l| l.key.as_str()).collect();
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{url} is not empty (it holds {}{}): choose an empty prefix",
+                    keys.join(", "),
+                    if there.len() == 3 { ", ..." } else { "" }
+                ),
+            ));
+        }
+        let me = HostRef::new();
+        let root = RootObject {
+            format: FORMAT,
+            uuid: random_id(),
+            created_ms: now_ms(),
+            created_by: me.clone(),
+            grain_bytes: GRAIN_BYTES,
+            map_fanout: MAP_FANOUT,
+            segment_max_bytes: SEGMENT_MAX_BYTES,
+        };
+        if store.put_create(KEY_ROOT, Bytes::from(root.encode()))? == Put::Exists {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("another host created a datastore at {url} at the same time: attach to it"),
+            ));
+        }
+        let cfg = LocalConfig::create(dir, url, &root, me)?;
+        Self::joined(dir, cfg, root, store, probe)
+    }
+
+    /// The datastore at `dir`, its cache and per-process state new.
+    fn assemble(dir: &Path, cfg: LocalConfig, root: RootObject, store: ObjectStore) -> Self {
+        SharedDatastore {
+            cache: cache::SegmentCache::new(dir.join("cache"), cache_bound(dir)),
+            throttles: Default::default(),
+            group_snaps: Default::default(),
+            group_names: Default::default(),
+            gc_wanted: Default::default(),
+            dir: dir.to_path_buf(),
+            cfg,
+            root,
+            store: Arc::new(store),
+        }
+    }
+
+    /// The datastore and its summary at the end of `init` or `attach`.
+    fn joined(
+        dir: &Path,
+        cfg: LocalConfig,
+        root: RootObject,
+        store: ObjectStore,
+        probe: ProbeReport,
+    ) -> Result<(Self, Summary)> {
+        let ds = Self::assemble(dir, cfg, root, store);
+        let mut s = ds.summary()?;
+        s.probe = Some(probe.into());
+        Ok((ds, s))
+    }
+
+    /// Join the datastore at `url` from this host, with `dir` as its local
+    /// directory (a new one, or this host's own for the same store).
+    pub fn attach(dir: &Path, url: &StoreUrl, opts: &Options) -> Result<(Self, Summary)> {
+        let existing = check_local_dir(dir, url)?;
+        let store = ObjectStore::connect(url, opts)?;
+        let probe = store.probe()?;
+        let Some(obj) = store.get_opt(KEY_ROOT)? else {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no strata datastore at {url} (no '{KEY_ROOT}' object): create one with 'strata init --object-store {url}'"
+                ),
             ));
         };
-        match accepted.first() {
-            Some(&a) if a != winner => {
-                return cleanup(unsupported(
-                    "the object read back is not the one whose create was accepted".into(),
+        let root = RootObject::decode(&obj)
+            .map_err(|e| Error::new(e.kind, format!("{url}: {}", e.message)))?;
+        let cfg = match existing {
+            Some(c) if c.store_uuid == root.uuid => c,
+            Some(c) => {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "{} belongs to datastore {} that was at {url}; the one there now is {}: use a new --datastore",
+                        dir.display(),
+                        c.store_uuid,
+                        root.uuid
+                    ),
                 ))
             }
-            None if !undecided.contains(&winner) => {
-                return cleanup(unsupported(format!(
-                    "it refused all {PROBE_RACERS} concurrent creates of one key, yet one is there"
-                )))
-            }
-            _ => {}
-        }
-        match retry_server_errors(|| {
-            self.put_create_once(&key, Bytes::from_static(b"strata probe: late"))
-        }) {
-            Ok(()) => {
-                return cleanup(unsupported(
-                    "it accepted a create of a key that exists".into(),
-                ))
-            }
-            Err(e) if e.kind == ErrorKind::AlreadyExists => {}
-            Err(e) => return cleanup(Err(e)),
-        }
-        cleanup(Ok(ProbeReport {
-            racers: PROBE_RACERS,
-            accepted: 1,
-            put_ms,
-        }))
+            None => LocalConfig::create(dir, url, &root, HostRef::new())?,
+        };
+        Self::joined(dir, cfg, root, store, probe)
     }
-}
 
-/// Whether `e` is a store's answer of a server error (5xx): the request
-/// may or may not have been carried out.
-fn is_server_error(e: &Error) -> bool {
-    e.kind == ErrorKind::Unavailable && e.message.contains("status code: 5")
-}
-
-/// Run `f` again while it fails with a server error, up to 3 more times
-/// with a growing pause. The HTTP client retries only idempotent
-/// requests, and a create-only PUT is not one to it; SeaweedFS answers
-/// some of them with a passing 500. (A store that does not answer at all
-/// is not retried here: that is an outage, and the callers say so.)
-fn retry_server_errors<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut pause = Duration::from_millis(50);
-    for _ in 0..3 {
-        match f() {
-            Err(e) if is_server_error(&e) => {
-                std::thread::sleep(pause);
-                pause *= 2;
-            }
-            r => return r,
+    /// Open the datastore `dir` was attached to.
+    pub fn open(dir: &Path, opts: &Options) -> Result<Self> {
+        let cfg = LocalConfig::read(dir)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} is not attached to an object-store datastore",
+                    dir.display()
+                ),
+            )
+        })?;
+        let url = StoreUrl::parse(&cfg.url)?;
+        let store = ObjectStore::connect(&url, opts)?;
+        let obj = store.get_opt(KEY_ROOT)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("{url}: the datastore is gone (no '{KEY_ROOT}' object)"),
+            )
+        })?;
+        let root = RootObject::decode(&obj)?;
+        if root.uuid != cfg.store_uuid {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{url} now holds datastore {}, not {} that {} was attached to",
+                    root.uuid,
+                    cfg.store_uuid,
+                    dir.display()
+                ),
+            ));
         }
+        Ok(Self::assemble(dir, cfg, root, store))
     }
-    f()
-}
 
-/// An S3 client for `url` whose HTTP attempts last at most `timeout`.
-fn s3_client(
-    url: &StoreUrl,
-    endpoint: &str,
-    opts: &Options,
-    timeout: Duration,
-    retries: usize,
-) -> Result<object_store::aws::AmazonS3> {
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
-    if !endpoint.is_empty() {
-        b = b.with_endpoint(endpoint);
+    pub fn config(&self) -> &LocalConfig {
+        &self.cfg
     }
-    if let Some((id, secret)) = &opts.credentials {
-        b = b.with_access_key_id(id).with_secret_access_key(secret);
+
+    pub fn root(&self) -> &RootObject {
+        &self.root
     }
-    let mut b = b
-        .with_conditional_put(S3ConditionalPut::ETagMatch)
-        .with_retry(RetryConfig {
-            max_retries: retries,
-            retry_timeout: opts.op_timeout.max(timeout),
-            ..RetryConfig::default()
+
+    /// The requests this process made to the store, by kind.
+    pub fn store_requests(&self) -> strata_s3::Requests {
+        self.store.requests()
+    }
+
+    /// What this process's segment cache holds and how it served reads.
+    /// Wait until the objects whose cache files are written in the
+    /// background are written (before a clean stop).
+    pub fn drain_cache(&self) {
+        self.cache.drain();
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// What is in the store now.
+    pub fn summary(&self) -> Result<Summary> {
+        let disks = self
+            .store
+            .list(DIR_NAMES, None)?
+            .into_iter()
+            .filter_map(|l| l.key.strip_prefix(DIR_NAMES).map(str::to_string))
+            .collect();
+        let objs = self.store.list(DIR_DISKS, None)?;
+        Ok(Summary {
+            url: self.cfg.url.clone(),
+            endpoint: self.store.endpoint().to_string(),
+            local_dir: self.dir.clone(),
+            me: self.cfg.me.clone(),
+            root: self.root.clone(),
+            disks,
+            disk_objects: objs.len() as u64,
+            disk_bytes: objs.iter().map(|l| l.size).sum(),
+            probe: None,
+            cache: Some(Box::new(self.cache.stats())),
         })
-        .with_client_options(
-            ClientOptions::new()
-                .with_timeout(timeout)
-                .with_connect_timeout(Duration::from_secs(5))
-                .with_allow_http(endpoint.starts_with("http://")),
-        );
-    if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
-        b = b.with_region("us-east-1");
     }
-    b.build().map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidArgument,
-            format!("cannot set up the S3 client for {url}: {e}"),
-        )
-    })
-}
-
-/// An error and its sources on one line.
-fn flatten(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        let t = x.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = x.source();
-    }
-    s
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn urls_parse_and_print_back() {
-        let u = StoreUrl::parse("s3://strata-test/a/b/").unwrap();
-        assert_eq!(u.bucket, "strata-test");
-        assert_eq!(u.prefix, "a/b");
-        assert_eq!(u.to_string(), "s3://strata-test/a/b");
-        let u = StoreUrl::parse("s3://bkt").unwrap();
-        assert_eq!((u.bucket.as_str(), u.prefix.as_str()), ("bkt", ""));
-        for bad in [
-            "http://x/y",
-            "s3://",
-            "s3://A_B/x",
-            "s3://ok-bucket/a/../b",
-            "s3://ok-bucket/a//b",
-        ] {
-            let e = StoreUrl::parse(bad).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{bad}");
-            assert!(e.message.contains(bad), "{}", e.message);
-        }
+    fn utc_dates() {
+        assert_eq!(crate::utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(crate::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(crate::utc(1_795_000_000_123), "2026-11-18 11:06:40 UTC");
     }
 }

@@ -18,7 +18,7 @@ use strata_engine::{
     AlarmRule, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport, GroupInfo,
     GroupSnapshotInfo, Provisioning, PunchZeroReport, QuiesceReport, SnapshotInfo,
 };
-use strata_shared::gc::{CheckReport as StoreCheckReport, GcReport};
+use strata_objstore::gc::{CheckReport as StoreCheckReport, GcReport};
 use strata_stats::StatsSnapshot;
 use strata_vmdk::Subformat;
 
@@ -430,7 +430,7 @@ pub enum Response {
     Joined {
         /// `attach` (true) or `init`.
         attached: bool,
-        summary: strata_shared::Summary,
+        summary: strata_objstore::Summary,
     },
     /// `claim`: the disk with this host as its writer.
     Claimed(DiskView),
@@ -439,7 +439,7 @@ pub enum Response {
     /// `gc [--dry-run]`
     Gc(GcReport),
     /// `compact DISK`
-    Compact(strata_shared::disk::CompactReport),
+    Compact(strata_objstore::disk::CompactReport),
     /// `stats`: one entry per export, in name order.
     Stats(Vec<ExportStats>),
     /// `import`

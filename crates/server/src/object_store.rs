@@ -3,15 +3,15 @@
 //! `compact` included, goes through the datastore trait in `ops`.
 
 use strata_engine::Error;
-use strata_shared::SharedDatastore;
+use strata_objstore::SharedDatastore;
 
 use crate::api::Response;
 
 /// `init --object-store URL` (`attach`: `attach --object-store URL`): the
 /// datastore's summary.
 pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<Response, Error> {
-    let url = strata_objstore::StoreUrl::parse(url)?;
-    let opts = strata_objstore::Options::default();
+    let url = strata_s3::StoreUrl::parse(url)?;
+    let opts = strata_s3::Options::default();
     let (_, summary) = if attach {
         SharedDatastore::attach(dir, &url, &opts)
     } else {

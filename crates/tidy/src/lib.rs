@@ -33,7 +33,7 @@ pub const FILE_LINES: usize = 1200;
 
 /// Crates that may tell the datastore kinds apart: the interface itself and
 /// what lies under it.
-pub const BELOW_THE_INTERFACE: &[&str] = &["datastore", "engine", "shared", "format"];
+pub const BELOW_THE_INTERFACE: &[&str] = &["datastore", "engine", "objstore", "format"];
 
 #[derive(Debug, Clone)]
 pub struct Func {

@@ -79,7 +79,7 @@ pub enum Kind {
 /// missing and tools are optional.
 pub fn each_kind(case: impl Fn(Kind)) {
     for kind in [Kind::Local, Kind::ObjectStore] {
-        if kind == Kind::ObjectStore && strata_objstore::testing::shared().is_none() {
+        if kind == Kind::ObjectStore && strata_s3::testing::shared().is_none() {
             continue;
         }
         eprintln!("--- on a {kind:?} datastore");
@@ -99,7 +99,7 @@ impl Store {
         match kind {
             Kind::Local => Store::new(),
             Kind::ObjectStore => {
-                strata_objstore::testing::shared().expect("SeaweedFS");
+                strata_s3::testing::shared().expect("SeaweedFS");
                 let s = Store::empty();
                 let url = format!("s3://strata-cli-test/{:016x}", rand::random::<u64>());
                 s.ok(&["init", "--object-store", &url]);

@@ -66,6 +66,17 @@ pub fn pool_end_covering(grain: u64) -> u64 {
     (grain + 1).div_ceil(BLOCK_GRAINS) * BLOCK_GRAINS
 }
 
+/// Where a readying step of `amount` (at least 1) grains ends, for a pool
+/// that needs `need` grains (used, and held for reservations) and is
+/// readied up to `tail_end`; None while half of it or more is readied.
+/// Always past `tail_end`.
+fn ready_end(need: u64, tail_end: u64, amount: u64) -> Option<u64> {
+    if tail_end >= need + amount / 2 {
+        return None;
+    }
+    Some(pool_end_covering(need + amount - 1))
+}
+
 /// Free-space summary of the pool, rebuilt at open from the counts.
 #[derive(Default)]
 pub struct Allocator {
@@ -362,19 +373,18 @@ impl Meta {
             return None;
         }
         let start = READY_START_GRAINS.min(r.max);
-        if r.amount == 0 {
-            r.amount = start;
-        }
-        if tail_end >= hwm + target + r.amount / 2 {
-            return None;
-        }
-        match r.last.map(|t| now.saturating_duration_since(t)) {
-            Some(d) if d < READY_FAST => r.amount = (2 * r.amount).min(r.max),
-            Some(d) if d > READY_IDLE => r.amount = start,
-            _ => {}
-        }
+        // The step's size first, then whether it is due: an amount that
+        // shrank after an idle spell must not plan a step that ends below
+        // what is readied already.
+        let amount = match r.last.map(|t| now.saturating_duration_since(t)) {
+            _ if r.amount == 0 => start,
+            Some(d) if d < READY_FAST => (2 * r.amount).min(r.max),
+            Some(d) if d > READY_IDLE => start,
+            _ => r.amount,
+        };
+        let to = ready_end(hwm + target, tail_end, amount)?;
+        r.amount = amount;
         r.last = Some(now);
-        let to = pool_end_covering(hwm + target + r.amount - 1);
         r.in_flight = Some(to);
         Some(ReadyStep {
             from: tail_end,
@@ -806,5 +816,38 @@ impl Meta {
         self.alloc.adjust(g, 1);
         self.used_grains -= 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step always ends past what is readied, whatever the amount did
+    /// meanwhile (an idle spell brings it back to its start: a server
+    /// panicked on the subtraction when a smaller amount planned a step
+    /// ending below the readied end).
+    #[test]
+    fn a_readying_step_never_ends_below_what_is_readied() {
+        for need in [0, 1, BLOCK_GRAINS - 1, 5 * BLOCK_GRAINS] {
+            for amount in [
+                1,
+                2,
+                3,
+                255,
+                256,
+                READY_START_GRAINS,
+                4 * READY_START_GRAINS,
+            ] {
+                for tail_end in need..need + 5 * amount + 2 * BLOCK_GRAINS {
+                    if let Some(to) = ready_end(need, tail_end, amount) {
+                        assert!(to > tail_end, "{need} {amount} {tail_end}: {to}");
+                        assert!(to >= need + amount && to % BLOCK_GRAINS == 0);
+                    } else {
+                        assert!(tail_end >= need + amount / 2);
+                    }
+                }
+            }
+        }
     }
 }

@@ -528,10 +528,10 @@ mod manifest;
 pub use manifest::*;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn id() -> SegId {
+    pub(crate) fn id() -> SegId {
         SegId {
             disk: 0xdead_beef,
             gen: 7,

@@ -430,14 +430,7 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn id() -> SegId {
-        SegId {
-            disk: 0xdead_beef,
-            gen: 7,
-            ctr: 12,
-        }
-    }
+    use crate::layout::tests::id;
 
     #[test]
     fn manifests_round_trip_and_name_their_key() {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
 
-use strata_objstore::{Bytes, ObjectStore};
+use strata_s3::{Bytes, ObjectStore};
 
 mod files;
 use files::{held_slots, list_files, read_ahead};

@@ -106,15 +106,21 @@ pub(super) fn wait_for_release(
 }
 
 impl SharedDisk {
-    /// Make this process the disk's writer now (`strata claim` through a
-    /// server), fencing the previous one (also after a release here).
-    pub fn claim(&self) -> Result<()> {
+    /// A handle opened read-only here never claims the disk.
+    fn claimable(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!("'{}' is read-only here", self.name),
             ));
         }
+        Ok(())
+    }
+
+    /// Make this process the disk's writer now (`strata claim` through a
+    /// server), fencing the previous one (also after a release here).
+    pub fn claim(&self) -> Result<()> {
+        self.claimable()?;
         {
             let mut st = self.state.lock().unwrap();
             st.released = None;
@@ -207,12 +213,7 @@ impl SharedDisk {
     /// Become the writer once the current one has released the disk
     /// (waiting up to `wait`); never fences a live writer.
     pub fn claim_handover(&self, wait: Duration) -> Result<()> {
-        if self.read_only {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("'{}' is read-only here", self.name),
-            ));
-        }
+        self.claimable()?;
         {
             let mut st = self.state.lock().unwrap();
             st.released = None;

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
-use strata_objstore::{Bytes, Put};
+use strata_s3::{Bytes, Put};
 
 use crate::disk::Hold;
 use crate::layout::{manifest_of_key, Entry, Manifest, MapNode, SegId, Tail, GRAIN, NODE_BYTES};

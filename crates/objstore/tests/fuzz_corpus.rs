@@ -1,21 +1,21 @@
 //! Replays the committed corpus of the fuzz target `objstore_objects`
-//! (fuzz/corpus/objstore_objects) through `strata_shared::fuzzing`, as the
+//! (fuzz/corpus/objstore_objects) through `strata_objstore::fuzzing`, as the
 //! fuzz target does: none may panic, and the objects a real datastore
 //! wrote (`valid_*`) must decode.
 //!
 //! The seeds are objects a datastore wrote into a real SeaweedFS, written
 //! by `write_seeds` (ignored; it needs SeaweedFS):
-//! `cargo test -p strata-shared --test fuzz_corpus -- --ignored write_seeds`.
+//! `cargo test -p strata-objstore --test fuzz_corpus -- --ignored write_seeds`.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_objstore::{testing, ObjectStore, Options, StoreUrl};
-use strata_shared::fuzzing::{self, ObjectKind};
-use strata_shared::layout::{manifest_of_key, Manifest, SegId, NODE_BYTES, SEG_HEADER_BYTES};
-use strata_shared::{SharedDatastore, SharedDisk, KEY_ROOT};
+use strata_objstore::fuzzing::{self, ObjectKind};
+use strata_objstore::layout::{manifest_of_key, Manifest, SegId, NODE_BYTES, SEG_HEADER_BYTES};
+use strata_objstore::{SharedDatastore, SharedDisk, KEY_ROOT};
+use strata_s3::{testing, ObjectStore, Options, StoreUrl};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/objstore_objects")
@@ -43,7 +43,7 @@ fn with(kind: ObjectKind, parts: &[&[u8]]) -> Vec<u8> {
 fn write_seeds() {
     testing::shared().expect("SeaweedFS");
     let url = StoreUrl::parse(&format!(
-        "s3://strata-shared-test/fuzz-seeds-{:08x}",
+        "s3://strata-objstore-test/fuzz-seeds-{:08x}",
         rand::random::<u32>()
     ))
     .unwrap();
@@ -113,7 +113,7 @@ fn write_seeds() {
             }
             if let Some((_, Some(e))) = m.tail.iter().next() {
                 let mut b = [0u8; 24];
-                strata_shared::layout::Entry::encode(Some(e), &mut b);
+                strata_objstore::layout::Entry::encode(Some(e), &mut b);
                 write(format!("valid_entry_{tag}"), with(ObjectKind::Entry, &[&b]));
             }
         } else if SegId::from_key(&l.key).is_some() {
@@ -125,7 +125,7 @@ fn write_seeds() {
                 format!("valid_segment_header_{tag}"),
                 with(ObjectKind::SegmentHeader, &[&obj[..SEG_HEADER_BYTES]]),
             );
-            let info = strata_shared::layout::verify_segment(&l.key, &obj).unwrap();
+            let info = strata_objstore::layout::verify_segment(&l.key, &obj).unwrap();
             for j in 0..info.nodes.min(2) {
                 let at = info.node_offset(j) as usize;
                 let node = &obj[at..at + NODE_BYTES];

@@ -4,7 +4,7 @@
 //! one JSON object: per racer count, the winners' and the losers' latency
 //! percentiles (ms), and any errors.
 //!
-//! `cargo run --release -p strata-objstore --features testing --example
+//! `cargo run --release -p strata-s3 --features testing --example
 //! create_race -- [ROUNDS] [RACERS...]`; with `AWS_ENDPOINT_URL` unset it
 //! starts its own SeaweedFS (testing feature), else it uses that store and
 //! `STRATA_RACE_URL` (default s3://strata-race/race).
@@ -13,7 +13,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use strata_objstore::{Bytes, Put};
+use strata_s3::{Bytes, Put};
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -35,7 +35,7 @@ fn main() {
         vec![2, 8, 32]
     };
     let (_weed, store) =
-        strata_objstore::testing::example_store("STRATA_RACE_URL", "s3://strata-race/race");
+        strata_s3::testing::example_store("STRATA_RACE_URL", "s3://strata-race/race");
     let mut report = Vec::new();
     for &n in &racers {
         let (mut won, mut lost, mut errors) = (Vec::new(), Vec::new(), Vec::new());

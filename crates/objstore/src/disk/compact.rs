@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use strata_objstore::Bytes;
+use strata_s3::Bytes;
 
 use super::{Batch, SharedDisk, G, SEGMENT_GRAINS};
 use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, GRAIN};

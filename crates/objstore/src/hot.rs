@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use strata_objstore::{Bytes, ObjectStore};
+use strata_s3::{Bytes, ObjectStore};
 
 use crate::envelope;
 use crate::layout::SegId;

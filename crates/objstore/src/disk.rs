@@ -9,7 +9,7 @@ use strata_block::{
     ZeroOptions,
 };
 use strata_format::split_target;
-use strata_objstore::{Bytes, Listed, ObjectStore, Put};
+use strata_s3::{Bytes, Listed, ObjectStore, Put};
 
 use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, PrevRef, SegId,

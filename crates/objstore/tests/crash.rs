@@ -1,5 +1,5 @@
 //! Crash tests of object-store disks with the store in memory
-//! (`strata_objstore::fault`): no S3 server, so every request of a
+//! (`strata_s3::fault`): no S3 server, so every request of a
 //! workload can be the one a crash cuts, before it takes effect or after
 //! (its answer lost), in thousands of runs.
 //!
@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_objstore::fault::{Crash, FaultStore};
-use strata_objstore::{Options, StoreUrl};
-use strata_shared::disk::CompactOptions;
-use strata_shared::{SharedDatastore, SharedDisk};
+use strata_objstore::disk::CompactOptions;
+use strata_objstore::{SharedDatastore, SharedDisk};
+use strata_s3::fault::{Crash, FaultStore};
+use strata_s3::{Options, StoreUrl};
 
 const SECTOR: usize = 512;
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_objstore::{testing, Options, StoreUrl};
-use strata_shared::{ErrorKind, SharedDatastore, SharedDisk};
+use strata_objstore::{ErrorKind, SharedDatastore, SharedDisk};
+use strata_s3::{testing, Options, StoreUrl};
 
 const MIB: u64 = 1 << 20;
 
@@ -19,7 +19,7 @@ fn store(name: &str) -> Option<StoreUrl> {
     testing::shared()?;
     Some(
         StoreUrl::parse(&format!(
-            "s3://strata-shared-test/{name}-{:08x}",
+            "s3://strata-objstore-test/{name}-{:08x}",
             rand::random::<u32>()
         ))
         .unwrap(),
@@ -283,8 +283,8 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
     assert_eq!(read(&disk, 0, MIB as usize), want, "after a commit");
 }
 
-fn store_of(url: &StoreUrl) -> strata_objstore::ObjectStore {
-    strata_objstore::ObjectStore::connect(url, &Options::default()).unwrap()
+fn store_of(url: &StoreUrl) -> strata_s3::ObjectStore {
+    strata_s3::ObjectStore::connect(url, &Options::default()).unwrap()
 }
 
 /// Bytes of every object under `disks/`.
@@ -509,7 +509,7 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
 /// clean, and another host reads the result.
 #[test]
 fn a_format_1_datastore_reads_and_takes_new_commits() {
-    use strata_shared::layout::{Entry, Manifest, MapNode, SegId, SegmentBuilder};
+    use strata_objstore::layout::{Entry, Manifest, MapNode, SegId, SegmentBuilder};
     let Some(url) = store("format1") else { return };
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
@@ -719,7 +719,7 @@ fn same_everywhere(
     name: &str,
     b: &Arc<SharedDatastore>,
     model: &[u8],
-) -> strata_shared::gc::GcReport {
+) -> strata_objstore::gc::GcReport {
     assert!(read(d, 0, model.len()) == model, "the writer's view");
     let on_b = SharedDisk::open(b.clone(), name, true).unwrap();
     assert!(read(&on_b, 0, model.len()) == model, "another host's view");
@@ -742,7 +742,7 @@ fn same_everywhere(
 #[test]
 fn compaction_empties_partly_live_objects_and_loses_no_newer_write() {
     use std::sync::Mutex;
-    use strata_shared::disk::CompactOptions;
+    use strata_objstore::disk::CompactOptions;
     let Some(url) = store("compact") else { return };
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
@@ -876,7 +876,7 @@ fn an_incoming_host_reads_the_writers_last_commit_at_once() {
 /// it an orphan; a valid pipelined manifest is read as the newest.
 #[test]
 fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
-    use strata_shared::layout::{manifest_key, Manifest, PrevRef};
+    use strata_objstore::layout::{manifest_key, Manifest, PrevRef};
     let Some(url) = store("orphans") else { return };
     let (da, db, dc) = (
         tempfile::tempdir().unwrap(),

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_objstore::testing;
-use strata_objstore::{Bytes, ErrorKind, ObjectStore, Options, Put, StoreUrl};
+use strata_s3::testing;
+use strata_s3::{Bytes, ErrorKind, ObjectStore, Options, Put, StoreUrl};
 
 fn store(prefix: &str) -> Option<ObjectStore> {
     testing::shared()?;
-    let url = StoreUrl::parse(&format!("s3://strata-objstore-test/{prefix}")).unwrap();
+    let url = StoreUrl::parse(&format!("s3://strata-s3-test/{prefix}")).unwrap();
     Some(ObjectStore::connect(&url, &Options::default()).unwrap())
 }
 
@@ -73,7 +73,7 @@ fn listings_ranges_and_deletes_are_exact() {
     for k in ["d/m/0003", "d/m/0001", "d/m/0002", "d/mx", "d/s/0001"] {
         s.put(k, Bytes::from(k.as_bytes().to_vec())).unwrap();
     }
-    let keys = |v: Vec<strata_objstore::Listed>| v.into_iter().map(|l| l.key).collect::<Vec<_>>();
+    let keys = |v: Vec<strata_s3::Listed>| v.into_iter().map(|l| l.key).collect::<Vec<_>>();
     assert_eq!(
         keys(s.list("d/m/", None).unwrap()),
         ["d/m/0001", "d/m/0002", "d/m/0003"]
@@ -94,8 +94,7 @@ fn listings_ranges_and_deletes_are_exact() {
     let e = s.get("d/m/0002").unwrap_err();
     assert_eq!(e.kind, ErrorKind::NotFound);
     assert!(
-        e.message
-            .contains("s3://strata-objstore-test/list/d/m/0002"),
+        e.message.contains("s3://strata-s3-test/list/d/m/0002"),
         "{}",
         e.message
     );
@@ -104,7 +103,7 @@ fn listings_ranges_and_deletes_are_exact() {
 #[test]
 fn wrong_credentials_are_refused_by_name() {
     let Some(fs) = testing::shared() else { return };
-    let url = StoreUrl::parse("s3://strata-objstore-test/denied").unwrap();
+    let url = StoreUrl::parse("s3://strata-s3-test/denied").unwrap();
     // Signed with a secret the store does not know.
     let s = ObjectStore::connect(
         &url,
@@ -129,7 +128,7 @@ fn a_store_that_is_down_is_a_prompt_named_error() {
         .unwrap()
         .port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let url = StoreUrl::parse("s3://strata-objstore-test/down").unwrap();
+    let url = StoreUrl::parse("s3://strata-s3-test/down").unwrap();
     let s = ObjectStore::connect(
         &url,
         &Options {
@@ -154,7 +153,7 @@ fn an_outage_is_a_prompt_error_and_the_client_recovers_after_it() {
     use testing::{Fault, FaultProxy};
     let Some(fs) = testing::shared() else { return };
     let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
-    let url = StoreUrl::parse("s3://strata-objstore-test/outage").unwrap();
+    let url = StoreUrl::parse("s3://strata-s3-test/outage").unwrap();
     let s = ObjectStore::connect(
         &url,
         &Options {
@@ -202,7 +201,7 @@ fn creates_answered_500_after_they_took_effect_are_decided_by_the_object() {
     use testing::{Fault, FaultProxy};
     let Some(fs) = testing::shared() else { return };
     let proxy = FaultProxy::start(fs.endpoint.trim_start_matches("http://"));
-    let url = StoreUrl::parse("s3://strata-objstore-test/passing-500").unwrap();
+    let url = StoreUrl::parse("s3://strata-s3-test/passing-500").unwrap();
     let s = ObjectStore::connect(
         &url,
         &Options {

@@ -16,7 +16,7 @@
 //!   16 reads in flight, as the bench's fio does): per second, and each
 //!   one's latency.
 //!
-//! `cargo run --release -p strata-objstore --features testing --example
+//! `cargo run --release -p strata-s3 --features testing --example
 //! store_ceiling -- [SECONDS] [DEPTH] [SEGMENT_MIB]`; with
 //! `AWS_ENDPOINT_URL` unset it starts its own SeaweedFS, else it uses that
 //! store and `STRATA_CEILING_URL` (default s3://strata-ceiling/c).
@@ -25,7 +25,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use strata_objstore::{Bytes, Put};
+use strata_s3::{Bytes, Put};
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -85,7 +85,7 @@ fn main() {
     let depth: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4);
     let seg_mib: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
     let (_weed, store) =
-        strata_objstore::testing::example_store("STRATA_CEILING_URL", "s3://strata-ceiling/c");
+        strata_s3::testing::example_store("STRATA_CEILING_URL", "s3://strata-ceiling/c");
     let run = format!("{:08x}", rand::random::<u32>());
 
     // Segment-sized PUTs, DEPTH in flight.

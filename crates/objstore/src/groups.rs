@@ -3,7 +3,7 @@
 //! whose create-only object is the commit point of one.
 
 use serde::{Deserialize, Serialize};
-use strata_objstore::{Bytes, Put};
+use strata_s3::{Bytes, Put};
 
 use crate::disk::check_name;
 use crate::envelope;
