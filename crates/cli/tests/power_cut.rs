@@ -22,7 +22,7 @@ mod common;
 #[path = "power_cut/crashfs.rs"]
 mod crashfs;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +83,8 @@ struct History {
     writes: u64,
     fua_writes: u64,
     flushes: u64,
+    /// FLUSHes answered so far, for the thread that cuts the power.
+    answered: Arc<AtomicU64>,
 }
 
 impl History {
@@ -92,6 +94,7 @@ impl History {
             *d = (*d).max(c);
         }
         self.flushes += 1;
+        self.answered.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -112,6 +115,7 @@ fn run(
     load: Load,
     stop: &AtomicBool,
     seed: u64,
+    answered: Arc<AtomicU64>,
 ) -> History {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut h = History {
@@ -120,6 +124,7 @@ fn run(
         writes: 0,
         fua_writes: 0,
         flushes: 0,
+        answered,
     };
     let mut answered = vec![1usize; BLOCKS];
     let mut busy = vec![false; BLOCKS];
@@ -235,10 +240,22 @@ fn one_cut(round: u64, serve: &[&str], load: Load) -> crashfs::CutReport {
         .then(|| Pipelined::open(&s.sock(), "d").unwrap());
 
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
     let client = {
-        let stop = stop.clone();
-        std::thread::spawn(move || run(c, flusher, load, &stop, round))
+        let (stop, answered) = (stop.clone(), answered.clone());
+        std::thread::spawn(move || run(c, flusher, load, &stop, round, answered))
     };
+    // The cut falls at a random moment once a FLUSH has been answered:
+    // on a loaded host the first one can take longer than any fixed
+    // sleep, and a cut before it checks nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while answered.load(Ordering::Relaxed) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline && !client.is_finished(),
+            "round {round}: no FLUSH answered in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut rng = StdRng::seed_from_u64(round ^ 0x5eed);
     std::thread::sleep(Duration::from_millis(rng.gen_range(300..1500)));
     let report = fs.cut(round);
