@@ -595,15 +595,7 @@ impl SharedDisk {
             ctr,
         };
         let (data, holes) = self.data_and_holes(&batch, &tail, root, levels)?;
-        let fold = fold || {
-            let new = data
-                .iter()
-                .map(|(vg, _)| vg)
-                .chain(&holes)
-                .filter(|vg| !tail.contains_key(vg))
-                .count();
-            tail.len() + new > tail_bound
-        };
+        let fold = folds(fold, tail_bound, &tail, &data, &holes);
         let changed = named || fold || !data.is_empty() || !holes.is_empty();
         if !changed {
             return Ok(None);
@@ -615,14 +607,7 @@ impl SharedDisk {
         } else {
             data.len().saturating_sub(SEGMENT_GRAINS)
         };
-        let mut sealed: Vec<(SegId, Bytes)> = Vec::new();
-        for (j, chunk) in data[..spill].chunks(SEGMENT_GRAINS).enumerate() {
-            let mut b = SegmentBuilder::new(seg(ctrs.start + j as u32));
-            for (vg, d) in chunk {
-                tail.insert(*vg, Some(b.add_grain(*vg, d)));
-            }
-            sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
-        }
+        let mut sealed = seal_grains(seg(ctrs.start), &data[..spill], &mut tail);
         for vg in holes {
             tail.insert(vg, None);
         }
@@ -679,6 +664,39 @@ impl SharedDisk {
             ready: None,
         })))
     }
+}
+
+/// Whether a commit folds its tail into the map: asked to (`force`), or
+/// the grains and holes it writes would grow the tail past `bound`
+/// entries.
+fn folds(force: bool, bound: usize, tail: &Tail, data: &DataGrains, holes: &[u64]) -> bool {
+    force || {
+        let new = data
+            .iter()
+            .map(|(vg, _)| vg)
+            .chain(holes)
+            .filter(|vg| !tail.contains_key(vg))
+            .count();
+        tail.len() + new > bound
+    }
+}
+
+/// Seal `grains` into segments of up to [`SEGMENT_GRAINS`], the first
+/// with id `first` and each next one the next counter, naming every grain
+/// in `tail`.
+fn seal_grains(first: SegId, grains: &[(u64, &[u8])], tail: &mut Tail) -> Vec<(SegId, Bytes)> {
+    let mut sealed = Vec::new();
+    for (j, chunk) in grains.chunks(SEGMENT_GRAINS).enumerate() {
+        let mut b = SegmentBuilder::new(SegId {
+            ctr: first.ctr + j as u32,
+            ..first
+        });
+        for (vg, d) in chunk {
+            tail.insert(*vg, Some(b.add_grain(*vg, d)));
+        }
+        sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
+    }
+    sealed
 }
 
 /// What a commit is made of: its base manifest, the batch, the segment
