@@ -56,7 +56,11 @@ print_lock = threading.Lock()
 
 
 def build(cargo):
-    """Build every test target; [(label, executable, package dir)]."""
+    """Build every test target; [(label, executable, package dir)]. The
+    examples are built too: their directory goes to the benchmark smoke as
+    STRATA_BENCH_EXAMPLES, so it runs these builds of store_ceiling,
+    vhost_bench and friends instead of compiling them again in release
+    mode (bench/strata_bench/common.py `example`)."""
     cmd = [cargo, "test", "--workspace", "--all-targets", "--no-run",
            "--message-format=json-render-diagnostics"]
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -69,6 +73,9 @@ def build(cargo):
         except ValueError:
             continue
         if (m.get("reason") == "compiler-artifact" and m.get("executable")
+                and m["target"]["kind"] == ["example"]):
+            os.environ["STRATA_BENCH_EXAMPLES"] = os.path.dirname(m["executable"])
+        elif (m.get("reason") == "compiler-artifact" and m.get("executable")
                 and m.get("profile", {}).get("test")):
             t = m["target"]
             pkg = os.path.dirname(m["manifest_path"])

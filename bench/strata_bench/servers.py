@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from .common import (RELEASE, ROOT, STRATA, cpu_of, proc_status_kib, sh, size_bytes, wait_path,
+from .common import (STRATA, cpu_of, example, proc_status_kib, sh, size_bytes, wait_path,
                      wait_port)
 
 
@@ -153,9 +153,7 @@ class VmdkServe:
 def vhost_harness():
     """Build the vhost-user-blk load generator
     (crates/vhost/examples/vhost_bench.rs); its path."""
-    sh("cargo", "build", "--release", "-q", "-p", "strata-vhost", "--example", "vhost_bench",
-       cwd=ROOT)
-    return os.path.join(RELEASE, "examples", "vhost_bench")
+    return example("strata-vhost", "vhost_bench")
 
 
 def drive_vhost(harness, sock, rw, bs, iodepth, runtime, *extra):

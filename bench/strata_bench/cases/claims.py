@@ -5,7 +5,7 @@ import os
 import random
 import subprocess
 
-from ..common import RELEASE, ROOT, sh, smoke
+from ..common import example, smoke
 from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 
 
@@ -17,12 +17,11 @@ def case_claims(work, q):
     strata-s3, SeaweedFS on loopback): p50/p99/max latency over
     every create, the winners' and the losers' apart, and the errors."""
     rounds = smoke(2, 10 if q else 20)
-    sh("cargo", "build", "--release", "-q", "-p", "strata-s3", "--features", "testing",
-       "--example", "create_race", cwd=ROOT)
+    race = example("strata-s3", "create_race", ["testing"])
     weed, endpoint = start_seaweedfs(work)
     try:
         env = dict(os.environ, STRATA_RACE_URL=f"s3://strata-bench/claims-{random.randrange(1 << 32):08x}")
-        out = subprocess.run([os.path.join(RELEASE, "examples", "create_race"), str(rounds),
+        out = subprocess.run([race, str(rounds),
                               "2", "8", "32"], env=env, capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
             raise RuntimeError(f"create_race failed: {out.stderr[-2000:]}")

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from ..common import RELEASE, ROOT, STRATA, drop_caches, ratio, sh, size_bytes, smoke
+from ..common import STRATA, example, drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fio, fio_iops_log
 from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 from ..servers import Strata
@@ -18,7 +18,7 @@ from ..servers import Strata
 UPLOAD_DEPTH = 2
 
 
-class SharedStrata(Strata):
+class ObjectStoreStrata(Strata):
     """`strata serve` of a directory attached to an object-store datastore
     (started, stopped and addressed as a local one)."""
 
@@ -62,11 +62,10 @@ def store_ceiling(seconds, depth):
     example of strata-s3, against the endpoint in AWS_ENDPOINT_URL):
     8 MiB PUTs and GETs with `depth` in flight, and one create-only PUT of
     256 KiB / 16 KiB at a time."""
-    sh("cargo", "build", "--release", "-q", "-p", "strata-s3", "--features", "testing",
-       "--example", "store_ceiling", cwd=ROOT)
+    ceiling = example("strata-s3", "store_ceiling", ["testing"])
     env = dict(os.environ,
                STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")
-    out = subprocess.run([os.path.join(RELEASE, "examples", "store_ceiling"), str(seconds),
+    out = subprocess.run([ceiling, str(seconds),
                           str(depth), "8"], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"store_ceiling failed: {out.stderr[-2000:]}")
@@ -122,7 +121,7 @@ def case_multihost(work, q):
         finally:
             local.stop()
         url = f"s3://strata-bench/multihost-{random.randrange(1 << 32):08x}"
-        sh_ = SharedStrata(os.path.join(work, "host-a"), url)
+        sh_ = ObjectStoreStrata(os.path.join(work, "host-a"), url)
         sh_.cli("create", "d", "--size", size)
         sh_.start()
         try:
@@ -306,7 +305,7 @@ def case_compaction(work, q):
         for mode in ("off", "on"):
             port = _free_port()
             url = f"s3://strata-bench/compaction-{mode}-{random.randrange(1 << 32):08x}"
-            s = SharedStrata(os.path.join(work, f"host-{mode}"), url)
+            s = ObjectStoreStrata(os.path.join(work, f"host-{mode}"), url)
             s.serve_args = ["--http", f"127.0.0.1:{port}", "--gc-interval", "5"]
             s.cli("create", "d", "--size", size)
             s.start(env=dict(os.environ, STRATA_COMPACT="0" if mode == "off" else "1"))

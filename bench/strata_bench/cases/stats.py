@@ -7,7 +7,7 @@ import subprocess
 import time
 from statistics import median
 
-from ..common import ROOT, sh, smoke
+from ..common import example, sh, smoke
 from ..fio import fill, fio
 from ..servers import Strata
 
@@ -114,8 +114,7 @@ def case_stats(work, q):
 
     on_w = [x for w, f in zip(phases, flips) if f[1] and f[3] == "ab" for x in w]
     off_w = [x for w, f in zip(phases, flips) if not f[1] for x in w]
-    cost = json.loads(sh("cargo", "run", "--release", "-q", "-p", "strata-stats",
-                         "--example", "record_cost", "--", "--json", cwd=ROOT))
+    cost = json.loads(sh(example("strata-stats", "record_cost"), "--json"))
     cpu_ns_per_io = cpu / total_ios * 1e9
     quart = sorted(ratios)
     return {
