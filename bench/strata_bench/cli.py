@@ -130,6 +130,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 from . import common
 from .cases import CASES, PAPER_ONLY
@@ -191,6 +192,9 @@ def main():
         results.update(commit=commit(), date=time.strftime("%Y-%m-%d"))
         results["case_runs"] = {c: {"commit": results["commit"], "date": results["date"],
                                     "machine": results["machine"]} for c in cases}
+    # A case that fails is reported and the run goes on: an hour of other
+    # cases' figures is not thrown away for one, and the run still fails.
+    failed = {}
     try:
         for c in cases:
             print(f"== {c}", flush=True)
@@ -200,6 +204,11 @@ def main():
             try:
                 results["cases"][c] = CASES[c](case_dir, a.quick)
                 results["case_s"][c] = round(time.time() - t_case, 1)
+            except Exception:  # noqa: BLE001 (any failure of a case is reported the same way)
+                failed[c] = traceback.format_exc()
+                print(f"== {c} FAILED after {time.time() - t_case:.0f} s:\n{failed[c]}",
+                      file=sys.stderr, flush=True)
+                continue
             finally:
                 # Each case's images go before the next: the full run needs
                 # 64 GiB for the RSS case alone.
@@ -208,6 +217,9 @@ def main():
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        if not results["cases"]:
+            sys.exit(f"bench: every case failed: {', '.join(failed)}")
     if a.only and os.path.exists(a.out):
         # A run of some cases updates those cases in the file and keeps the
         # others (from a run of the same kind: quick or full).
@@ -230,12 +242,19 @@ def main():
                 if k in results:
                     before[k] = results[k]
             results = before
+    # The report of the others is written; the failed cases are named in
+    # the JSON (their last line of traceback) and the exit status is 1.
+    results.pop("failed", None)
+    if failed:
+        results["failed"] = {c: t.strip().splitlines()[-1] for c, t in failed.items()}
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results in {a.out}")
     if a.paper:
         # A run of some cases writes what it can; a whole run must have
         # every figure's data (make test checks that).
-        render_paper(results, a.doc, partial=bool(a.only))
+        render_paper(results, a.doc, partial=bool(a.only or failed))
     else:
         render(results, a.out)
+    if failed:
+        sys.exit(f"bench: {len(failed)} case(s) failed: {', '.join(failed)}")
