@@ -287,10 +287,10 @@ def case_compaction(work, q):
     overwrites of twice the disk's size with a FLUSH every 64 writes (each
     FLUSH a 256 KiB payload that later overwrites leave partly live), on a
     disk first filled sequentially, in two runs on two stores: the server
-    with its automatic passes off (STRATA_COMPACT=0: what overwrites cost
-    the store with GC alone), then on (busy passes at 50 %, idle passes at
-    85 % after 30 s without a write; GC at most every 5 s while passes move
-    grains). Stored / live sampled every few seconds during the churn
+    with its automatic passes off (--compact-policy off: what overwrites
+    cost the store with GC alone), then on (busy passes at 50 %, idle
+    passes at 85 % after --compact-idle, 30 s without a write, 5 s in a
+    smoke run; GC at most every 5 s while passes move grains). Stored / live sampled every few seconds during the churn
     [<= 1.5] and, with compaction, after it while idle [<= 1.2 within five
     minutes]; the churn's IOPS with compaction / without; compaction's
     write amplification = (client + rewritten) / client bytes [<= 2]."""
@@ -306,9 +306,11 @@ def case_compaction(work, q):
             port = _free_port()
             url = f"s3://strata-bench/compaction-{mode}-{random.randrange(1 << 32):08x}"
             s = ObjectStoreStrata(os.path.join(work, f"host-{mode}"), url)
-            s.serve_args = ["--http", f"127.0.0.1:{port}", "--gc-interval", "5"]
+            s.serve_args = ["--http", f"127.0.0.1:{port}", "--gc-interval", "5",
+                            "--compact-policy", "auto" if mode == "on" else "off",
+                            "--compact-idle", str(smoke(5, 30))]
             s.cli("create", "d", "--size", size)
-            s.start(env=dict(os.environ, STRATA_COMPACT="0" if mode == "off" else "1"))
+            s.start()
             try:
                 fio(s.uri("d"), "write", "1M", iodepth=8, size=size, extra=["--end_fsync=1"])
                 nbytes = int(json.loads(s.cli("info", "d", "--json"))["size_bytes"])

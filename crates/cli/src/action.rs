@@ -5,13 +5,15 @@
 
 use std::path::PathBuf;
 
-use strata_engine::{AlarmRule, Error, ErrorKind, Provisioning};
+use strata_api::request::absolute;
+use strata_api::{
+    AlarmRule, Error, ErrorKind, ImageFormat, IoLimits, JobAction, Provisioning, Request,
+    Subformat, VmdkRequest,
+};
 
 use crate::args::{AlarmCmd, Cmd, JobCmd, SnapCmd, VmdkCmd};
 use crate::serve_args::ServeArgs;
 use strata_cli::output::Format;
-use strata_server::api::{ImageFormat, JobAction, Request, VmdkRequest};
-use strata_server::vmdk_ops::absolute;
 
 /// The action of a command whose FILE may be `-`: a stream through
 /// stdin or stdout (`main` makes the pipe and fills in its path), else a
@@ -364,7 +366,7 @@ fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             datastore(
                 Request::Limit {
                     name: name.clone(),
-                    limits: strata_engine::IoLimits {
+                    limits: IoLimits {
                         iops: *iops,
                         bps: *bps,
                         burst_seconds: *burst,
@@ -602,7 +604,7 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             Request::Export {
                 target: target.clone(),
                 out: absolute(out)?,
-                subformat: strata_vmdk::Subformat::parse(subformat)?,
+                subformat: Subformat::parse(subformat)?,
                 chain: *chain,
                 adapter: adapter.clone(),
             },

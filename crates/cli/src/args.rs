@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use strata_engine::{AlarmKind, Error, ErrorKind, Provisioning};
+use strata_api::units::parse_size;
+use strata_api::{AlarmKind, Error, ErrorKind, Provisioning};
 
 use crate::serve_args::ServeArgs;
 use strata_cli::output::Format;
-use strata_server::units::parse_size;
 
 /// The exit codes, one per kind of failure (docs/ERRORS.md), so a script
 /// or a unit file can tell "try again later" from "this will never work".
@@ -168,7 +168,8 @@ it (its server, online, while clients write); run here on a disk nobody serves, 
 claims it as any write would. Objects a snapshot reaches are left alone. A server also\n\
 compacts by itself: at 50 % while clients write (at most as many bytes as they wrote; up to\n\
 67 % while the disk's objects hold more than 1.4 times its live bytes) and at 85 % once a disk\n\
-has been idle for 30 s (STRATA_COMPACT=0 turns that off)."
+has been idle for 30 s ('strata serve --compact-idle' sets that delay; --compact-policy off\n\
+turns both kinds of pass off)."
     )]
     Compact {
         /// The disk

@@ -4,11 +4,8 @@
 use std::fmt::Write;
 
 use clap::{Args, Subcommand};
-use strata_engine::{GroupInfo, GroupSnapshotInfo};
-use strata_server::api::{GroupSnapshotReport, Request, Response};
-
-use strata_engine::Error;
-use strata_server::units::{human, invalid};
+use strata_api::units::{human, invalid, utc};
+use strata_api::{Error, GroupInfo, GroupSnapshotInfo, GroupSnapshotReport, Request, Response};
 
 #[derive(Subcommand)]
 pub enum GroupCmd {
@@ -346,7 +343,7 @@ fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
             s.name,
             s.id,
             s.consistency.as_str(),
-            strata_objstore::utc(s.created_unix * 1000),
+            utc(s.created_unix * 1000),
             held(s.pause_us),
             s.exclusive_bytes
                 .map(|x| format!(", deleting it frees {}", human(x)))

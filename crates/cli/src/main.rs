@@ -14,14 +14,14 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use strata_engine::{Error, ErrorKind, InitOptions};
+use strata_api::{wire, Error, ErrorKind, Request, Response, VmdkRequest};
+use strata_engine::InitOptions;
 
 use crate::action::{Action, Pipe};
 use crate::args::{default_datastore, Cli};
 use strata_cli::output::{self, progress_bar, Format};
-use strata_server::api::{Request, Response, VmdkRequest};
 use strata_server::serve::ServeConfig;
-use strata_server::{object_store, ops, serve, vmdk_ops, wire};
+use strata_server::{object_store, ops, serve, vmdk_ops};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

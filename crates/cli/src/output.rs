@@ -5,24 +5,23 @@
 //! The `--json` shapes are the payloads of the answers (no enum tag), with
 //! object keys in sorted order as they have always been printed; scripts
 //! and tests parse them, so a field keeps its name.
+//!
+//! It knows the answers only as strata-api's types (and strata-stats'
+//! renderers for a `stats` answer), never the datastore or the server.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
 use serde_json::Value;
-use strata_datastore::{DatastoreView, DiskView, StoreDisk};
-use strata_engine::{
-    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport,
-    SnapshotInfo,
+use strata_api::store::{CheckReport as StoreCheckReport, CompactReport, GcReport, Summary};
+use strata_api::units::{human, limits_text, utc};
+use strata_api::{
+    AlarmEntry, AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DatastoreView, DefragReport,
+    DiffReport, DiskView, ExportDiffReport, ExportReport, ExportStats, FreeSpaceReport,
+    ImportDiffReport, ImportReport, JobInfo, MoveReport, PoolLayout, RangeKind, Response,
+    ShrinkResult, SnapshotInfo, StoreDisk, VmdkCheckReport, VmdkInfo, VmdkResponse,
+    VmdkServerStatus, FREE_EXTENT_CLASSES,
 };
-use strata_objstore::gc::{CheckReport as StoreCheckReport, GcReport};
-use strata_objstore::Summary;
-
-use strata_server::api::{
-    AlarmEntry, ExportReport, ExportStats, ImportReport, Response, ShrinkResult, VmdkCheckReport,
-    VmdkInfo, VmdkResponse, VmdkServerStatus,
-};
-use strata_server::units::human;
 
 /// How to print an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +58,7 @@ pub fn print(r: &dyn Render, format: Format) {
     print!("{}", render(r, format));
 }
 
-fn job_table(out: &mut String, jobs: &[strata_server::api::JobInfo]) {
+fn job_table(out: &mut String, jobs: &[JobInfo]) {
     if jobs.is_empty() {
         line(out, format_args!("no jobs"));
         return;
@@ -92,7 +91,7 @@ fn job_table(out: &mut String, jobs: &[strata_server::api::JobInfo]) {
 }
 
 /// `move`: where the disk went, what was copied and how long I/O waited.
-fn moved(out: &mut String, r: &strata_server::api::MoveReport) {
+fn moved(out: &mut String, r: &MoveReport) {
     line(
         out,
         format_args!(
@@ -127,7 +126,7 @@ fn moved(out: &mut String, r: &strata_server::api::MoveReport) {
 }
 
 /// `init|attach --object-store`.
-fn joined(out: &mut String, attached: bool, summary: &strata_objstore::Summary) {
+fn joined(out: &mut String, attached: bool, summary: &Summary) {
     if attached {
         line(
             out,
@@ -147,7 +146,7 @@ fn joined(out: &mut String, attached: bool, summary: &strata_objstore::Summary) 
 }
 
 /// `export-diff`.
-fn export_diff(out: &mut String, r: &strata_server::api::ExportDiffReport) {
+fn export_diff(out: &mut String, r: &ExportDiffReport) {
     line(
         out,
         format_args!(
@@ -166,7 +165,7 @@ fn export_diff(out: &mut String, r: &strata_server::api::ExportDiffReport) {
 }
 
 /// `import-diff`.
-fn import_diff(out: &mut String, r: &strata_server::api::ImportDiffReport) {
+fn import_diff(out: &mut String, r: &ImportDiffReport) {
     line(
         out,
         format_args!(
@@ -369,7 +368,7 @@ fn local_space(out: &mut String, i: &DatastoreInfo) {
 
 /// The pool's layout, when the answer carries it: its size, free extents and what
 /// the host holds.
-fn pool_layout(out: &mut String, l: &strata_engine::PoolLayout) {
+fn pool_layout(out: &mut String, l: &PoolLayout) {
     let _ = writeln!(
         out,
         "pool:         {} ({} free in {} extents), {} on the host",
@@ -378,7 +377,7 @@ fn pool_layout(out: &mut String, l: &strata_engine::PoolLayout) {
         l.free_extents,
         human(l.pool_file_bytes)
     );
-    let classes: Vec<String> = strata_engine::layout::FREE_EXTENT_CLASSES
+    let classes: Vec<String> = FREE_EXTENT_CLASSES
         .iter()
         .filter_map(|(c, _)| l.free_extent_histogram.get(*c).map(|n| format!("{c} {n}")))
         .collect();
@@ -562,11 +561,7 @@ fn disk(out: &mut String, v: &DiskView) {
     let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
     let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
     if !d.limits.is_none() {
-        let _ = writeln!(
-            out,
-            "limits:          {}",
-            strata_server::units::limits_text(&d.limits)
-        );
+        let _ = writeln!(out, "limits:          {}", limits_text(&d.limits));
     }
     if let Some(w) = &v.object_store {
         let _ = writeln!(out, "object store:    disk id {}", w.id);
@@ -576,7 +571,7 @@ fn disk(out: &mut String, v: &DiskView) {
             out,
             "manifest:        {} (written {})",
             w.manifest,
-            strata_objstore::utc(w.written_ms)
+            utc(w.written_ms)
         );
         let _ = writeln!(
             out,
@@ -628,7 +623,7 @@ fn store_summary(out: &mut String, s: &Summary) {
         "created by:   {} (host {}) at {}",
         s.root.created_by.name,
         s.root.created_by.host,
-        strata_objstore::utc(s.root.created_ms)
+        utc(s.root.created_ms)
     );
     let _ = writeln!(
         out,
@@ -719,7 +714,7 @@ fn store_space(out: &mut String, i: &DatastoreInfo) {
 
 /// `diff`: a summary line, then one range per line (exact byte figures:
 /// what a backup script would read).
-fn diff(out: &mut String, r: &strata_server::api::DiffReport) {
+fn diff(out: &mut String, r: &DiffReport) {
     let id = |i: Option<u64>| i.map(|i| format!(" (id {i})")).unwrap_or_default();
     let _ = writeln!(
         out,
@@ -748,8 +743,8 @@ fn diff(out: &mut String, r: &strata_server::api::DiffReport) {
     let _ = writeln!(out, "{:>16} {:>14}  TYPE", "OFFSET", "LENGTH");
     for x in ranges {
         let kind = match x.kind {
-            strata_server::api::RangeKind::Data => "data",
-            strata_server::api::RangeKind::Zero => "zero",
+            RangeKind::Data => "data",
+            RangeKind::Zero => "zero",
         };
         let _ = writeln!(out, "{:>16} {:>14}  {kind}", x.offset, x.length);
     }
@@ -770,7 +765,7 @@ fn store_check(out: &mut String, r: &StoreCheckReport) {
     }
 }
 
-fn compact(out: &mut String, r: &strata_objstore::disk::CompactReport) {
+fn compact(out: &mut String, r: &CompactReport) {
     let _ = writeln!(
         out,
         "{}: {} objects hold {} of which {} live; {} under {} % live ({})",
@@ -958,7 +953,7 @@ fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
                 _ => format!(
                     "{}, taken {}",
                     human(sn.size_bytes),
-                    strata_objstore::utc(sn.created_unix * 1000)
+                    utc(sn.created_unix * 1000)
                 ),
             },
             if sn.description.is_empty() {

@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use strata_api::units::{invalid, parse_size};
+use strata_datastore::AutoCompact;
 use strata_engine::Error;
+use strata_server::moving::Mirror;
 use strata_server::serve::ServeConfig;
-use strata_server::units::{invalid, parse_size};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -214,6 +216,25 @@ pub struct ServeArgs {
     /// do not collide
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
     pub gc_interval: u64,
+    /// Object-store datastores: a read that misses in this host's cache also fetches its
+    /// object whole in the background (two at a time, while the cache is under half its bound
+    /// or the misses look like a scan; docs/FORMAT.md §11.8), so that the reads after it hit
+    /// the cache; off: each read makes only its own requests to the store (a ranged GET per
+    /// grain or map node missed), which then can be counted exactly
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub store_prefetch: bool,
+    /// Object-store datastores: compaction in the background (auto; docs/FORMAT.md §11.7a):
+    /// the writer of a disk rewrites the live grains of its partly live objects, so that gc
+    /// can free them, while clients write (objects under 50 % live, 67 % while the disk's
+    /// objects hold more than 1.4 times its live bytes, at most as many bytes as they wrote)
+    /// and once the disk is idle (--compact-idle); off: only 'strata compact' compacts
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
+    pub compact_policy: bool,
+    /// Object-store datastores, with --compact-policy auto: compact a disk's objects under
+    /// 85 % live once it has had no write for this many seconds, after each burst of writes
+    /// (0: no idle passes)
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub compact_idle: u64,
     /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):
     /// reads follow what its writer on another host commits, and the first write waits for
     /// that writer's 'strata release DISK' (up to --incoming-wait) instead of fencing it.
@@ -223,6 +244,12 @@ pub struct ServeArgs {
     /// How long an incoming disk's first write waits for the release before it fails
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub incoming_wait: u64,
+    /// How 'strata move' converges (docs/MOVE.md): auto copies again what clients changed
+    /// until a pass finds little, and mirrors client writes into the target only once the
+    /// passes stop shrinking; always mirrors right after the first pass, so a move under
+    /// writes ends sooner while each client write until the switch is made twice
+    #[arg(long, value_name = "auto|always", default_value = "auto", value_parser = parse_mirror, action = clap::ArgAction::Set)]
+    pub move_mirror: Mirror,
 }
 
 /// `--cache`: whether the pool uses direct I/O (none) or not (writeback).
@@ -277,6 +304,14 @@ fn parse_auto_off(s: &str) -> Result<bool, Error> {
         "auto" => Ok(true),
         "off" => Ok(false),
         _ => Err(invalid(format!("'{s}': expected auto or off"))),
+    }
+}
+
+fn parse_mirror(s: &str) -> Result<Mirror, Error> {
+    match s {
+        "auto" => Ok(Mirror::Auto),
+        "always" => Ok(Mirror::Always),
+        _ => Err(invalid(format!("'{s}': expected auto or always"))),
     }
 }
 
@@ -347,6 +382,17 @@ impl From<&ServeArgs> for ServeConfig {
             store_timeout: a.store_timeout,
             store_cache: a.store_cache,
             gc_interval: a.gc_interval,
+            store_prefetch: a.store_prefetch,
+            store_compact: if a.compact_policy {
+                AutoCompact {
+                    busy: true,
+                    idle_after: (a.compact_idle > 0)
+                        .then(|| std::time::Duration::from_secs(a.compact_idle)),
+                }
+            } else {
+                AutoCompact::OFF
+            },
+            move_mirror: a.move_mirror,
             incoming: a.incoming.clone(),
             incoming_wait: a.incoming_wait,
             nbd_read_ahead: a.nbd_read_ahead,

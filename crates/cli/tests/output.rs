@@ -5,21 +5,16 @@
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 use serde_json::{json, Value};
+use strata_api::store::{CheckReport as StoreCheckReport, Summary};
+use strata_api::{
+    AlarmEntry, AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DatastoreView, DefragReport,
+    DiskView, ExportReport, ExportStats, ExportedLink, FailStop, ImageFormat, ImportReport,
+    Provisioning, Response, SnapshotInfo, VmdkServerStatus,
+};
 use strata_cli::output::*;
-use strata_datastore::{DatastoreView, DiskView};
-use strata_engine::{
-    AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DefragReport, FailStop, Provisioning,
-    SnapshotInfo,
-};
-use strata_objstore::gc::CheckReport as StoreCheckReport;
-use strata_objstore::Summary;
-use strata_server::api::{
-    AlarmEntry, ExportReport, ExportStats, ExportedLink, ImageFormat, ImportReport, Response,
-    VmdkServerStatus,
-};
 
 fn disk_info() -> DiskView {
-    strata_engine::DiskInfo {
+    strata_api::DiskInfo {
         name: "vm".into(),
         size_bytes: 64 << 20,
         provisioning: Provisioning::Zeroedthick,
@@ -102,7 +97,7 @@ fn every_response() -> Vec<Response> {
                 capacity_follows_fs: false,
                 used_percent: 0,
                 alarms: vec![AlarmStatus {
-                    kind: strata_engine::AlarmKind::Usage,
+                    kind: strata_api::AlarmKind::Usage,
                     state: AlarmState::Warning,
                     percent: 80,
                     warning_percent: 75,
@@ -118,7 +113,7 @@ fn every_response() -> Vec<Response> {
                     since_unix: 1_700_000_000,
                 }),
                 checkpoints: 3,
-                layout: Some(strata_engine::PoolLayout {
+                layout: Some(strata_api::PoolLayout {
                     free_extents: 2,
                     free_extent_histogram: [("4k".to_string(), 1), ("16m+".to_string(), 1)]
                         .into_iter()
@@ -180,7 +175,7 @@ fn every_response() -> Vec<Response> {
         }),
         Response::Alarms(vec![AlarmEntry {
             status: AlarmStatus {
-                kind: strata_engine::AlarmKind::Overcommit,
+                kind: strata_api::AlarmKind::Overcommit,
                 state: AlarmState::Alarm,
                 percent: 250,
                 warning_percent: 100,
@@ -238,7 +233,7 @@ fn every_response() -> Vec<Response> {
             regions_skipped: 1,
             grains_kept: 0,
         }),
-        Response::Groups(vec![strata_engine::GroupInfo {
+        Response::Groups(vec![strata_api::GroupInfo {
             name: "vm1".into(),
             disks: vec!["vm1-os".into(), "vm1-data".into()],
             created_unix: 1_700_000_000,
@@ -246,23 +241,23 @@ fn every_response() -> Vec<Response> {
             quiesce_timeout_s: Some(30),
             snapshots: 1,
         }]),
-        Response::GroupSnapshotCreated(strata_server::api::GroupSnapshotReport {
-            snapshot: strata_engine::GroupSnapshotInfo {
+        Response::GroupSnapshotCreated(strata_api::GroupSnapshotReport {
+            snapshot: strata_api::GroupSnapshotInfo {
                 group: "vm1".into(),
                 name: "nightly".into(),
                 id: 17,
                 description: String::new(),
                 created_unix: 1_700_000_000,
                 ready_to_use: true,
-                consistency: strata_engine::Consistency::Application,
-                quiesce: Some(strata_engine::QuiesceReport {
+                consistency: strata_api::Consistency::Application,
+                quiesce: Some(strata_api::QuiesceReport {
                     hook: "/usr/local/bin/freeze dom1".into(),
-                    result: strata_engine::QuiesceResult::Ok,
+                    result: strata_api::QuiesceResult::Ok,
                     duration_ms: 812,
                     error: None,
                 }),
                 pause_us: 640,
-                members: vec![strata_engine::GroupMemberInfo {
+                members: vec![strata_api::GroupMemberInfo {
                     disk: "vm1-os".into(),
                     snapshot: "nightly".into(),
                     id: 15,

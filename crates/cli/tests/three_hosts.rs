@@ -166,6 +166,9 @@ impl Node {
             "--insecure",
             "--gc-interval",
             "0",
+            // Compaction only on request, as this test has always run.
+            "--compact-policy",
+            "off",
         ];
         let mut cmd = match &self.ns {
             Some(ns) => {
@@ -192,7 +195,6 @@ impl Node {
         };
         let child = cmd
             .env("AWS_ENDPOINT_URL", &self.endpoint)
-            .env("STRATA_COMPACT", "0")
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

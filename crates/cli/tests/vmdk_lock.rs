@@ -47,6 +47,31 @@ fn serve_vmdk(s: &Store, file: &Path, tag: &str, read_only: bool) -> Server {
     Server { child: Some(child) }
 }
 
+/// A qemu-io session holding `file` open writable, and so its lock, once
+/// it has the image open (it answers a command only then; racing a fixed
+/// window failed once under load). Kill it to let go.
+fn qemu_holding(file: &Path) -> std::process::Child {
+    use std::io::{BufRead as _, Write as _};
+    let mut q = Command::new("qemu-io")
+        .args(["-f", "vmdk", p(file)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(q.stdin.as_ref().unwrap(), "info").unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(q.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if first.is_empty() {
+        let mut e = String::new();
+        std::io::Read::read_to_string(q.stderr.as_mut().unwrap(), &mut e).unwrap();
+        panic!("qemu-io could not open {}: {e}", p(file));
+    }
+    q
+}
+
 /// The refusal names the lock conflict and the server holding the file.
 fn assert_in_use_by(err: &str, srv: &Server, socket: &Path) {
     assert!(err.contains("in use"), "{err}");
@@ -195,29 +220,7 @@ fn qemu_and_strata_see_each_others_locks() {
     srv.stop();
     // A qemu-io session holding the base writable (QEMU cannot write
     // seSparse) keeps strata from writing it.
-    let mut q = Command::new("qemu-io")
-        .args(["-f", "vmdk", p(&base)])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until it has the image open (and so its lock): it answers a
-    // command only then. (Racing a fixed window failed once under load.)
-    {
-        use std::io::{BufRead as _, Write as _};
-        let mut stdin = q.stdin.as_ref().unwrap();
-        writeln!(stdin, "info").unwrap();
-        let mut first = String::new();
-        std::io::BufReader::new(q.stdout.as_mut().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        if first.is_empty() {
-            let mut e = String::new();
-            std::io::Read::read_to_string(q.stderr.as_mut().unwrap(), &mut e).unwrap();
-            panic!("qemu-io could not open the base: {e}");
-        }
-    }
+    let mut q = qemu_holding(&base);
     let mut refused = String::new();
     for _ in 0..100 {
         let o = strata_cmd(&s, &["vmdk", "check", "--repair", p(&base)]);
@@ -231,4 +234,74 @@ fn qemu_and_strata_see_each_others_locks() {
     let _ = q.wait();
     assert!(refused.contains("in use by another process"), "{refused}");
     ok(&s, &["vmdk", "shrink", p(&top)]);
+}
+
+/// `strata ARGS` (VMDK commands, no datastore) is refused as Locked: exit
+/// code 5 (docs/ERRORS.md); its stderr.
+fn locked(s: &Store, args: &[&str]) -> String {
+    let o = strata_cmd(s, args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(5), "strata {args:?}: {err}");
+    err
+}
+
+/// A VMDK whose lock another process holds, a second strata or QEMU, is
+/// refused with Locked's exit code (5) and sentence ("in use by another
+/// process" when no strata process recorded holding it), by `serve --vmdk`
+/// (writable or read-only) and `vmdk check --repair`; the refused server
+/// never listens. No NBD client can meet the lock in a handshake: a
+/// server opens and locks its `--vmdk` files when it starts, before it
+/// listens, and holds them until it stops (docs/FORMAT.md §9.5), so an
+/// export is never there without its lock.
+#[test]
+fn a_locked_vmdk_is_refused_with_the_kind_of_a_lock() {
+    let (s, base, top) = chain();
+    let none = s.dir.path().join("none");
+    let sock = s.dir.path().join("b.sock");
+    let serve = |file: &Path, read_only: bool| {
+        let mut args = vec!["--datastore", p(&none), "serve", "--nbd-unix", p(&sock)];
+        if read_only {
+            args.push("--vmdk-read-only");
+        }
+        args.extend(["--vmdk", p(file)]);
+        let err = locked(&s, &args);
+        assert!(!sock.exists(), "the refused server must not listen");
+        err
+    };
+    // Held by another strata server: it is named.
+    let srv = serve_vmdk(&s, &top, "a", false);
+    let ctl = PathBuf::from(format!("{}.strata.sock", p(&top)));
+    wait_for(&ctl);
+    for read_only in [false, true] {
+        assert_in_use_by(&serve(&top, read_only), &srv, &ctl);
+    }
+    assert_in_use_by(
+        &locked(&s, &["vmdk", "check", "--repair", p(&top)]),
+        &srv,
+        &ctl,
+    );
+    srv.stop();
+    if !have("qemu-io") {
+        return;
+    }
+    // Held by QEMU, which records nothing: "in use by another process".
+    let mut q = qemu_holding(&base);
+    let said = "in use by another process";
+    for read_only in [false, true] {
+        let e = serve(&base, read_only);
+        assert!(e.contains(said) && e.contains(p(&base)), "{e}");
+    }
+    let e = locked(&s, &["vmdk", "check", "--repair", p(&base)]);
+    assert!(e.contains(said), "{e}");
+    // A child of the base needs the base unwritten, as QEMU writes it.
+    let e = serve(&top, false);
+    assert!(e.contains(said) && e.contains(p(&base)), "{e}");
+    let _ = q.kill();
+    let _ = q.wait();
+    let srv = serve_vmdk(&s, &top, "a", false);
+    if have("nbdinfo") {
+        let uri = format!("nbd+unix:///a?socket={}", p(&s.dir.path().join("a.sock")));
+        run_ok("nbdinfo", &["--size", &uri]);
+    }
+    srv.stop();
 }

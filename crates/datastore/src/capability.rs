@@ -82,20 +82,22 @@ pub fn refusal(kind: Kind, what: Capability) -> Option<&'static str> {
         .map(|(_, why)| *why)
 }
 
-/// Ok, or a `Refused` error naming the command, the kind and the reason.
+/// Ok, or an `Unsupported` error naming the command, the kind and the
+/// reason (docs/ERRORS.md: valid, but this kind does not do it; never
+/// `Refused`, which says "not now" to a caller that may then retry).
 pub fn check(kind: Kind, what: Capability) -> Result<()> {
     match refusal(kind, what) {
         None => Ok(()),
         Some(why) => Err(Error::new(
-            ErrorKind::Refused,
+            ErrorKind::Unsupported,
             format!("{} on this {}: {why}", what.command(), kind.noun()),
         )),
     }
 }
 
 /// The error of a maintenance call `kind` does not answer: its refusal
-/// from the table, or (a kind the table says can, that does not
-/// implement it) `Unsupported`.
+/// from the table with the reason, or (a kind the table says can, that
+/// does not implement it) one that says so; `Unsupported` either way.
 pub fn refused(kind: Kind, what: Capability) -> Error {
     match check(kind, what) {
         Err(e) => e,
@@ -125,7 +127,7 @@ mod tests {
     #[test]
     fn every_refusal_names_the_command_and_the_kind() {
         let e = check(Kind::ObjectStore, Capability::Thick).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Refused);
+        assert_eq!(e.kind, ErrorKind::Unsupported);
         assert!(
             e.message
                 .starts_with("thick provisioning on this object-store datastore: "),

@@ -141,7 +141,7 @@ pub(crate) fn object_store(store: &ObjectStoreDatastore) -> Vec<Gauge> {
 }
 
 /// One open disk's upload backlog, ownership, commits and compaction.
-fn open_disk(name: &str, d: &strata_objstore::SharedDisk) -> Vec<Gauge> {
+fn open_disk(name: &str, d: &strata_objstore::ObjectDisk) -> Vec<Gauge> {
     let m = d.manifest();
     let (writer, fenced) = d.ownership();
     let c = d.commit_stats();
@@ -209,7 +209,7 @@ fn open_disk(name: &str, d: &strata_objstore::SharedDisk) -> Vec<Gauge> {
 }
 
 /// What compaction did to an open disk: (name, help, value).
-fn compaction(d: &strata_objstore::SharedDisk) -> [(&'static str, &'static str, f64); 5] {
+fn compaction(d: &strata_objstore::ObjectDisk) -> [(&'static str, &'static str, f64); 5] {
     let k = d.compact_stats();
     [
         (

@@ -46,7 +46,7 @@ pub use strata_engine::{
     FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
     Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
 };
-pub use strata_objstore::disk::{CompactOptions, CompactReport};
+pub use strata_objstore::disk::{AutoCompact, CompactOptions, CompactReport};
 pub use strata_objstore::gc::GcReport;
 pub use strata_stats::Gauge;
 
@@ -188,7 +188,7 @@ fn groups_refused(kind: Kind) -> Error {
         .err()
         .unwrap_or_else(|| {
             Error::new(
-                ErrorKind::Refused,
+                ErrorKind::Unsupported,
                 format!("consistency groups are not built for a {}", kind.noun()),
             )
         })
@@ -202,7 +202,7 @@ pub trait Datastore: Send + Sync {
     /// The directory it was opened from (canonical).
     fn dir(&self) -> &Path;
 
-    /// Ok if this kind can do `what`, else a `Refused` error that says why
+    /// Ok if this kind can do `what`, else an `Unsupported` error that says why
     /// (one table: [`capability::refusal`]).
     fn supports(&self, what: Capability) -> Result<()> {
         capability::check(self.kind(), what)
@@ -607,6 +607,13 @@ pub struct OpenOptions {
     /// An object-store datastore's requests go here instead of the S3
     /// endpoint its URL names (tests: the in-memory fault store).
     pub store_backend: Option<strata_s3::Backend>,
+    /// An object-store datastore's reads that miss in the segment cache
+    /// also fetch their objects whole in the background (on by default;
+    /// off, a read's round trips to the store are its own).
+    pub store_prefetch: bool,
+    /// The compaction passes an object-store datastore's disks run by
+    /// themselves while this process writes them (FORMAT.md §11.7a).
+    pub store_compact: AutoCompact,
 }
 
 /// What a server asks of the datastore it serves, each for one kind; the
@@ -638,6 +645,8 @@ impl Default for OpenOptions {
             serving: None,
             background: true,
             store_backend: None,
+            store_prefetch: true,
+            store_compact: AutoCompact::default(),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! An object-store datastore as a [`Datastore`]: the attached directory's
-//! `SharedDatastore` and this process's one handle per disk.
+//! [`strata_objstore::ObjectStoreDatastore`] and this process's one
+//! handle per disk.
 //!
 //! A disk of an object store has one writer, and a process's unflushed
-//! writes and claim live in its `SharedDisk` handle; so every user in the
+//! writes and claim live in its `ObjectDisk` handle; so every user in the
 //! process (each client connection, the control socket, a move) must get
 //! the same handle. This adapter keeps them, by target (`DISK` or
 //! `DISK@SNAP`), until the disk is removed or taken back after a fence.
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use strata_block::BlockDevice;
 use strata_objstore::layout::Manifest;
-use strata_objstore::{SharedDatastore, SharedDisk};
+use strata_objstore::ObjectDisk;
 
 use crate::alarms::AlarmSettings;
 use crate::{
@@ -42,9 +43,9 @@ pub struct Incoming {
 
 /// A directory attached to an object store, with this process's handles.
 pub struct ObjectStoreDatastore {
-    ds: Arc<SharedDatastore>,
+    ds: Arc<strata_objstore::ObjectStoreDatastore>,
     dir: PathBuf,
-    handles: Mutex<HashMap<String, Arc<SharedDisk>>>,
+    handles: Mutex<HashMap<String, Arc<ObjectDisk>>>,
     incoming: Mutex<Incoming>,
     /// The last garbage collection this process ran, for metrics.
     last_gc: Mutex<Option<GcReport>>,
@@ -60,7 +61,7 @@ pub struct ObjectStoreDatastore {
 }
 
 impl ObjectStoreDatastore {
-    pub fn new(ds: Arc<SharedDatastore>, dir: &Path, role: Role) -> Self {
+    pub fn new(ds: Arc<strata_objstore::ObjectStoreDatastore>, dir: &Path, role: Role) -> Self {
         ObjectStoreDatastore {
             role,
             ds,
@@ -84,7 +85,11 @@ impl ObjectStoreDatastore {
         if let Some(bytes) = opts.store_cache {
             strata_objstore::set_cache_bound(dir, bytes)?;
         }
-        let ds = SharedDatastore::open(dir, &o)?;
+        let behaviour = strata_objstore::OpenOptions {
+            prefetch: opts.store_prefetch,
+            compact: opts.store_compact,
+        };
+        let ds = strata_objstore::ObjectStoreDatastore::open(dir, &o, behaviour)?;
         let mut x = ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role);
         x.store_timeout = opts.store_timeout;
         if let Some(serving) = &opts.serving {
@@ -97,7 +102,7 @@ impl ObjectStoreDatastore {
         Ok(x)
     }
 
-    pub fn shared(&self) -> &Arc<SharedDatastore> {
+    pub fn shared(&self) -> &Arc<strata_objstore::ObjectStoreDatastore> {
         &self.ds
     }
 
@@ -117,12 +122,12 @@ impl ObjectStoreDatastore {
     /// This process's handle of `target`: one per target, shared by every
     /// user. A handle that was fenced stays fenced (this host acknowledges
     /// nothing more for the disk) until [`Self::reopen`].
-    pub fn disk(&self, target: &str) -> Result<Arc<SharedDisk>> {
+    pub fn disk(&self, target: &str) -> Result<Arc<ObjectDisk>> {
         let mut handles = self.handles.lock();
         if let Some(d) = handles.get(target) {
             return Ok(d.clone());
         }
-        let d = SharedDisk::open(self.ds.clone(), target, false)?;
+        let d = ObjectDisk::open(self.ds.clone(), target, false)?;
         if self.hot_prefetch.load(std::sync::atomic::Ordering::Relaxed) && !target.contains('@') {
             // What the disk's last writer read most, in the background.
             d.prefetch_hot_set();
@@ -137,7 +142,7 @@ impl ObjectStoreDatastore {
 
     /// A new handle of `target` for users from now on (after a fence,
     /// when `claim` takes the disk back).
-    pub fn reopen(&self, target: &str) -> Result<Arc<SharedDisk>> {
+    pub fn reopen(&self, target: &str) -> Result<Arc<ObjectDisk>> {
         self.forget(target);
         self.disk(target)
     }
@@ -161,7 +166,7 @@ impl ObjectStoreDatastore {
     }
 
     /// The handles open now, by target, for metrics.
-    pub fn handles(&self) -> Vec<(String, Arc<SharedDisk>)> {
+    pub fn handles(&self) -> Vec<(String, Arc<ObjectDisk>)> {
         let mut v: Vec<_> = self
             .handles
             .lock()
@@ -388,7 +393,7 @@ impl Datastore for ObjectStoreDatastore {
 
     fn list(&self) -> Result<Vec<DiskView>> {
         let disks = self.ds.disks()?;
-        let open: HashMap<String, Arc<SharedDisk>> = self.handles.lock().clone();
+        let open: HashMap<String, Arc<ObjectDisk>> = self.handles.lock().clone();
         Ok(disks
             .iter()
             .map(|(name, m)| match open.get(name) {

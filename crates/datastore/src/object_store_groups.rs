@@ -1,6 +1,6 @@
 //! Consistency groups of an object-store datastore (FORMAT.md §11.11),
 //! for [`ObjectStoreDatastore`]'s `Datastore` methods: version 1, one
-//! host writes every member; the cut is `SharedDisk::group_cut` over this
+//! host writes every member; the cut is `ObjectDisk::group_cut` over this
 //! process's handles; the group snapshot's create-only object is the
 //! commit point, and a member record whose object does not exist is
 //! incomplete (listed nowhere, cleaned at the group's next snapshot).
@@ -14,7 +14,7 @@ use strata_engine::{
 };
 use strata_objstore::groups::{GroupDef, GroupMember, GroupSnap};
 use strata_objstore::layout::{GroupRef, Manifest, SnapshotRec};
-use strata_objstore::SharedDisk;
+use strata_objstore::ObjectDisk;
 
 use crate::object_store::ObjectStoreDatastore;
 use crate::{
@@ -174,7 +174,7 @@ impl ObjectStoreDatastore {
         &self,
         def: &GroupDef,
         names: &HashMap<u32, String>,
-    ) -> Result<Vec<(String, Arc<SharedDisk>)>> {
+    ) -> Result<Vec<(String, Arc<ObjectDisk>)>> {
         let mut out = Vec::new();
         for id in &def.disks {
             let name = name_of(names, *id)?;
@@ -195,7 +195,7 @@ impl ObjectStoreDatastore {
 
     /// Delete the member records of `def`'s group snapshots that never
     /// got their group snapshot object (a crash before the commit point).
-    fn drop_incomplete(&self, def: &GroupDef, members: &[(String, Arc<SharedDisk>)]) -> Result<()> {
+    fn drop_incomplete(&self, def: &GroupDef, members: &[(String, Arc<ObjectDisk>)]) -> Result<()> {
         for (name, d) in members {
             let stale: Vec<SnapshotRec> = d
                 .manifest()
@@ -242,8 +242,8 @@ impl ObjectStoreDatastore {
                 break id;
             }
         };
-        let handles: Vec<Arc<SharedDisk>> = members.iter().map(|(_, d)| d.clone()).collect();
-        let (seqs, held) = SharedDisk::group_cut(
+        let handles: Vec<Arc<ObjectDisk>> = members.iter().map(|(_, d)| d.clone()).collect();
+        let (seqs, held) = ObjectDisk::group_cut(
             &handles,
             snap,
             &opts.description,

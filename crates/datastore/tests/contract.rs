@@ -34,7 +34,7 @@ fn object_store(dir: &Path) -> Option<Arc<dyn Datastore>> {
         rand::random::<u32>()
     ))
     .unwrap();
-    strata_objstore::SharedDatastore::init(dir, &url, &strata_s3::Options::default()).unwrap();
+    strata_objstore::ObjectStoreDatastore::init(dir, &url, &strata_s3::Options::default()).unwrap();
     Some(open(dir, &OpenOptions::default()).unwrap())
 }
 
@@ -308,7 +308,7 @@ fn what_a_kind_cannot_do_is_refused_from_its_table() {
             None => assert_eq!(thick.unwrap().info.provisioning, Provisioning::Zeroedthick),
             Some(why) => {
                 let e = thick.unwrap_err();
-                assert_eq!(e.kind, ErrorKind::Refused);
+                assert_eq!(e.kind, ErrorKind::Unsupported);
                 assert!(e.message.contains(why), "{}", e.message);
                 assert!(!ds.exists("t"));
             }

@@ -39,7 +39,7 @@ fn a_group_snapshot_cut_before_its_group_object_is_absent_everywhere() {
         backend: Some(f.backend()),
         ..Default::default()
     };
-    strata_objstore::SharedDatastore::init(dir.path(), &url, &o).unwrap();
+    strata_objstore::ObjectStoreDatastore::init(dir.path(), &url, &o).unwrap();
     let ds = datastore(dir.path(), &f);
     for d in ["d1", "d2"] {
         ds.create(d, MIB, Provisioning::Thin, &mut |_, _| {})

@@ -3,44 +3,9 @@
 use serde::{Deserialize, Serialize};
 use strata_format::VersionState;
 
-use crate::alarm::AlarmRule;
 use crate::error::{err, ErrorKind, Result};
-
-/// How a disk's space is provisioned (DESIGN.md §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provisioning {
-    /// Nothing reserved; grains allocated on first write.
-    Thin,
-    /// Full size reserved at create; grains written (zeroed) lazily.
-    Zeroedthick,
-    /// Full size allocated and zeroed at create.
-    Eagerzeroedthick,
-}
-
-impl Provisioning {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "thin" => Ok(Self::Thin),
-            "zeroedthick" => Ok(Self::Zeroedthick),
-            "eagerzeroedthick" => Ok(Self::Eagerzeroedthick),
-            other => err(
-                ErrorKind::InvalidArgument,
-                format!("unknown provisioning type '{other}' (use thin, zeroedthick or eagerzeroedthick)"),
-            ),
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Thin => "thin",
-            Self::Zeroedthick => "zeroedthick",
-            Self::Eagerzeroedthick => "eagerzeroedthick",
-        }
-    }
-    pub fn is_thick(self) -> bool {
-        self != Self::Thin
-    }
-}
+use strata_api::alarm::AlarmRule;
+use strata_api::{Consistency, Provisioning, QuiesceReport};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskRec {
@@ -178,51 +143,6 @@ pub struct GroupSnapRec {
 pub struct GroupMemberRec {
     pub disk: u64,
     pub snapshot: u64,
-}
-
-/// What a group snapshot holds: what the disks were told (crash), or that
-/// too after a quiesce hook froze the applications (application).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Consistency {
-    Crash,
-    Application,
-}
-
-impl Consistency {
-    /// As JSON and people see it: "crash" or "application".
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Consistency::Crash => "crash",
-            Consistency::Application => "application",
-        }
-    }
-
-    /// The other way round; None for a word that is neither.
-    pub fn parse(s: &str) -> Option<Self> {
-        [Consistency::Crash, Consistency::Application]
-            .into_iter()
-            .find(|c| c.as_str() == s)
-    }
-}
-
-/// How a quiesce hook went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QuiesceResult {
-    Ok,
-    Failed,
-    Timeout,
-    Skipped,
-}
-
-/// A quiesce hook's run, kept with the group snapshot it preceded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QuiesceReport {
-    pub hook: String,
-    pub result: QuiesceResult,
-    pub duration_ms: u64,
-    pub error: Option<String>,
 }
 
 impl Catalog {

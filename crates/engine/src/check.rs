@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
+use strata_api::CheckReport;
 use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE};
 
 use crate::error::Result;
@@ -12,24 +12,12 @@ use crate::meta::Meta;
 /// Problems reported before the list is cut short.
 const ERRORS_MAX: usize = 1000;
 
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
-pub struct CheckReport {
-    pub versions: usize,
-    pub map_nodes: u64,
-    pub data_grains: u64,
-    pub used_bytes: u64,
-    pub pool_grains: u64,
-    pub leaked_grains: u64,
-    pub overshared_grains: u64,
-    /// Metadata pages that failed their checks (each is named in `errors`).
-    pub damaged_pages: u64,
-    pub errors: Vec<String>,
+/// A problem the recount found, noted in its report (up to [`ERRORS_MAX`]).
+trait Note {
+    fn error(&mut self, e: String);
 }
 
-impl CheckReport {
-    pub fn is_clean(&self) -> bool {
-        self.errors.is_empty()
-    }
+impl Note for CheckReport {
     fn error(&mut self, e: String) {
         if self.errors.len() < ERRORS_MAX {
             self.errors.push(e);

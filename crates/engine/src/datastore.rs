@@ -15,18 +15,19 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use strata_api::alarm::{self, AlarmKind, AlarmRule, SpaceFigures};
+use strata_api::{
+    CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo,
+};
 use strata_format::{BLOCK_BYTES, BLOCK_GRAINS, GRAIN_BYTES};
 
-use crate::alarm::{self, AlarmKind, AlarmRule, AlarmStatus, SpaceFigures};
-use crate::catalog::{DiskRec, Provisioning};
-use crate::check::{self, CheckReport};
+use crate::catalog::DiskRec;
+use crate::check;
 use crate::disk::DiskHandle;
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::layout::PoolLayout;
 use crate::meta::Meta;
 use crate::store::Store;
-use crate::throttle::IoLimits;
 use crate::work::WorkControl;
 
 mod background;
@@ -43,11 +44,11 @@ pub(crate) use open::read_catalog;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 
 pub use crate::store::{
-    FailStop, LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
+    LOG_BUFFER_BYTES_MAX, LOG_BYTES_MAX, PUNCH_MIN_GRAINS, RECLAIM_STEP_GRAINS,
 };
 pub use groups::{
-    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed, GroupInfo,
-    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
+    GroupSnapshotOptions,
 };
 
 /// Default metadata cache budget.
@@ -80,50 +81,6 @@ impl Default for OpenOptions {
     }
 }
 
-/// What `info` reports about a disk.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DiskInfo {
-    pub name: String,
-    pub size_bytes: u64,
-    pub provisioning: Provisioning,
-    /// Bytes the disk's head maps. This and `nb`, `tbz` and
-    /// `created_unix` are None where a datastore's kind does not know them
-    /// without reading the disk's whole map (an object store's disks:
-    /// docs/MULTIHOST.md); the engine always fills them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allocated_bytes: Option<u64>,
-    /// 1 MiB blocks allocated (thick disks: all of them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nb: Option<u64>,
-    /// Blocks allocated but still to be zeroed (zeroedthick).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tbz: Option<u64>,
-    pub snapshots: usize,
-    pub current_snapshot: Option<String>,
-    pub parent: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_unix: Option<u64>,
-    /// What removing the disk would free once reclaiming ends: grains that
-    /// only its head and its snapshots reference (linked clones keep what
-    /// they share). Computed by `disk_info`, not by `list_disks` (its cost
-    /// follows the disk's exclusive data; docs/FORMAT.md §7).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exclusive_bytes: Option<u64>,
-    /// What deleting all the disk's snapshots (keeping its head) would free.
-    /// Not the sum of the snapshots' `exclusive_bytes`: grains two
-    /// snapshots share are exclusive to neither.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot_space_bytes: Option<u64>,
-    /// The head's fragments (docs/FORMAT.md §10.1): 1 plus the number of
-    /// times a mapped grain is not stored right after the one before it.
-    /// Computed by `disk_info_with_space`, not by `list_disks`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fragments: Option<u64>,
-    /// I/O limits (`strata limit`), absent when there are none.
-    #[serde(default, skip_serializing_if = "IoLimits::is_none")]
-    pub limits: IoLimits,
-}
-
 /// How background space work (convert, punchzero) runs.
 #[derive(Clone, Default)]
 pub struct SpaceWork {
@@ -134,16 +91,6 @@ pub struct SpaceWork {
     pub control: Option<Arc<WorkControl>>,
 }
 
-/// What `punchzero` did.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PunchZeroReport {
-    pub disk: String,
-    pub scanned_bytes: u64,
-    pub released_bytes: u64,
-    /// The disk's allocated bytes afterwards.
-    pub allocated_bytes: u64,
-}
-
 /// A byte range where two versions differ (see `Datastore::changed_ranges`).
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 pub struct ChangedRange {
@@ -151,82 +98,6 @@ pub struct ChangedRange {
     pub len: u64,
     /// The newer version maps data here (false: it reads zeros).
     pub mapped: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SnapshotInfo {
-    /// Never given to another snapshot of the disk, even once this one is
-    /// deleted and its name reused (docs/BACKUP.md).
-    #[serde(default)]
-    pub id: u64,
-    pub name: String,
-    pub description: String,
-    pub created_unix: u64,
-    pub parent: Option<String>,
-    pub size_bytes: u64,
-    /// Bytes mapped in the snapshot (shared or not). This and
-    /// `exclusive_bytes` are None where a datastore's kind does not know
-    /// them without reading whole maps (an object store's snapshots).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mapped_bytes: Option<u64>,
-    /// What deleting this snapshot alone would free once reclaiming ends:
-    /// data grains and map nodes only it references (docs/FORMAT.md §7).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exclusive_bytes: Option<u64>,
-    /// Whether the disk's live state descends directly from this snapshot.
-    pub current: bool,
-    /// The group whose group snapshot this is one member of (deleted with
-    /// it, not alone).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DatastoreInfo {
-    pub location: String,
-    pub capacity_bytes: u64,
-    /// The capacity follows the file system (its free space plus what the
-    /// datastore holds) rather than a configured size (`strata grow`).
-    #[serde(default)]
-    pub capacity_follows_fs: bool,
-    pub used_bytes: u64,
-    pub reserved_bytes: u64,
-    /// Bytes held on the host file system for reservations: the pool
-    /// file's reserved tail (FORMAT.md §7.1).
-    #[serde(default)]
-    pub reserved_held_bytes: u64,
-    /// Bytes held on the host past the pool's end beyond the reservations,
-    /// readied for first writes (FORMAT.md §7.1, "Readied space").
-    #[serde(default)]
-    pub readied_bytes: u64,
-    pub free_bytes: u64,
-    pub provisioned_bytes: u64,
-    /// Provisioned bytes over capacity, in percent.
-    pub overcommit_percent: u64,
-    /// Used plus reserved bytes over capacity, in percent.
-    #[serde(default)]
-    pub used_percent: u64,
-    /// Every alarm (usage, overcommit) as evaluated now.
-    #[serde(default)]
-    pub alarms: Vec<AlarmStatus>,
-    pub disks: usize,
-    pub snapshots: usize,
-    pub metadata_cache_bytes: u64,
-    /// How the pool uses the host page cache: "writeback" or "none"
-    /// (direct I/O; `serve --cache none`).
-    #[serde(default)]
-    pub cache_mode: String,
-    /// Deleted snapshots and disks whose space is still being given back.
-    pub reclaiming: usize,
-    /// Set when the datastore stopped accepting writes after an error
-    /// (reads go on); reopening it recovers from its log.
-    pub fail_stop: Option<FailStop>,
-    /// Checkpoints completed since the datastore was opened.
-    pub checkpoints: u64,
-    /// How the pool's space lies (free extents, what the pool file holds
-    /// on the host): computed by `info_with_layout`, not by `info`.
-    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
-    pub layout: Option<PoolLayout>,
 }
 
 /// A datastore opened for reading and writing. Cheap to clone.

@@ -16,13 +16,13 @@ mod zero;
 
 use std::sync::Arc;
 
+use strata_api::Provisioning;
 use strata_block::{
     check_range, hold_read, BlockDevice, BlockError, BlockResult, Extent, FilePiece, Held, IoPlan,
     Planned, ZeroOptions,
 };
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT_SHIFT};
 
-use crate::catalog::Provisioning;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::{grain_runs, DataSlot, Meta, Place};
 use crate::store::{SpaceRequest, Store};

@@ -5,62 +5,18 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use strata_api::{
+    Consistency, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, QuiesceReport, QuiesceResult,
+};
 use strata_format::GRAIN_BYTES;
 
 use super::{add_snapshot, clone_locked, delete_snapshot_locked, Datastore, NewSnapshot};
 use crate::catalog::{
-    check_name, split_target, Consistency, GroupMemberRec, GroupRec, GroupSnapRec, QuiesceReport,
-    GROUP_DISKS_MAX,
+    check_name, split_target, GroupMemberRec, GroupRec, GroupSnapRec, GROUP_DISKS_MAX,
 };
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::store::now_unix;
-
-/// A group as commands answer it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct GroupInfo {
-    pub name: String,
-    pub disks: Vec<String>,
-    pub created_unix: u64,
-    pub quiesce_hook: Option<String>,
-    pub quiesce_timeout_s: Option<u64>,
-    /// Group snapshots it has.
-    pub snapshots: usize,
-}
-
-/// One member's snapshot in a group snapshot.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct GroupMemberInfo {
-    pub disk: String,
-    pub snapshot: String,
-    /// The member snapshot's id (`--from id:N`).
-    pub id: u64,
-    pub size_bytes: u64,
-    /// What deleting this member's snapshot alone would free.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exclusive_bytes: Option<u64>,
-}
-
-/// A group snapshot as commands answer it (docs/BACKUP.md).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct GroupSnapshotInfo {
-    pub group: String,
-    pub name: String,
-    pub id: u64,
-    pub description: String,
-    pub created_unix: u64,
-    /// Every member snapshot exists and is durable.
-    pub ready_to_use: bool,
-    pub consistency: Consistency,
-    pub quiesce: Option<QuiesceReport>,
-    /// How long client I/O was held for the cut.
-    pub pause_us: u64,
-    pub members: Vec<GroupMemberInfo>,
-    /// What deleting the group snapshot frees on all members together.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exclusive_bytes: Option<u64>,
-}
 
 /// How a group snapshot is taken.
 #[derive(Debug, Clone, Default)]
@@ -238,9 +194,7 @@ impl Datastore {
             }
             let id = m.catalog.alloc_id();
             let consistency = match &opts.quiesce {
-                Some(q) if q.result == crate::catalog::QuiesceResult::Ok => {
-                    Consistency::Application
-                }
+                Some(q) if q.result == QuiesceResult::Ok => Consistency::Application,
                 _ => Consistency::Crash,
             };
             group_mut(m, group).snapshots.push(GroupSnapRec {

@@ -1,19 +1,18 @@
 //! Layout work on a disk (docs/FORMAT.md §10): measuring its fragments in
 //! bounded steps, and `defrag`, which lays its grains out in logical order
-//! while every snapshot and clone that shares them follows; and the types
-//! the datastore reports them in (`Datastore::defrag_disk`, `pool_layout`).
+//! while every snapshot and clone that shares them follows. What they
+//! report (`DefragReport`, `FreeSpaceReport`, `PoolLayout`) is strata-api's
+//! vocabulary.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
 use strata_block::BlockDevice;
 use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT};
 
 use crate::disk::{DiskHandle, RegionWalk};
 use crate::error::Result;
-pub use crate::meta::FREE_EXTENT_CLASSES;
+// The datastore crate names the classes through this path.
 use crate::meta::{Fragments, Meta, Place};
 use crate::store::SpaceRequest;
+pub use strata_api::FREE_EXTENT_CLASSES;
 
 /// Leaves walked per hold of the metadata lock when counting fragments.
 const FRAGMENT_STEP_GRAINS: u64 = 64 * MAP_FANOUT as u64;
@@ -23,68 +22,6 @@ pub(crate) const FREE_STEP_BLOCKS: u64 = 64;
 const DEFRAG_OWNER: u64 = u64::MAX - 1;
 /// Defragmentation's unit: 1 MiB of virtual grains (the stripes' region).
 const REGION_GRAINS: u64 = 256;
-
-/// How the pool's space lies (FORMAT.md §10.1).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PoolLayout {
-    /// Maximal runs of free grains below the pool end.
-    pub free_extents: u64,
-    /// Runs per size class (4k, 8k-60k, 64k-1020k, 1m-16m, 16m+).
-    pub free_extent_histogram: BTreeMap<String, u64>,
-    /// Free grains below the pool end, in bytes.
-    pub free_in_pool_bytes: u64,
-    /// The pool end (high-water mark), in bytes.
-    pub pool_bytes: u64,
-    /// What `pool.data` occupies on the host file system (allocated blocks).
-    pub pool_file_bytes: u64,
-}
-
-/// What `defrag --free-space` did (FORMAT.md §10.4).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FreeSpaceReport {
-    pub used_bytes: u64,
-    pub pool_bytes_before: u64,
-    pub pool_bytes_after: u64,
-    pub pool_file_bytes_before: u64,
-    pub pool_file_bytes_after: u64,
-    /// Live grains (data and map nodes) moved down, in bytes.
-    pub moved_bytes: u64,
-    /// Free space inside the pool given back to the host file system.
-    pub punched_bytes: u64,
-    /// Free space in runs shorter than 64 KiB, not punched because clients
-    /// were doing I/O (FORMAT.md §10.4, "Punch"; some of it may be holes
-    /// already); a run with the clients quiet gives it back.
-    #[serde(default)]
-    pub short_runs_bytes: u64,
-    /// Grains left in place because a reference to them could not be
-    /// accounted for; 0 in a healthy datastore.
-    pub grains_kept: u64,
-    /// Why the pool end could not come down as far as planned (clients
-    /// needed the room), if it could not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-/// What `defrag` did, or with `dry_run` would do.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DefragReport {
-    pub disk: String,
-    pub dry_run: bool,
-    pub fragments_before: u64,
-    /// After the run (equal to `fragments_before` for a dry run).
-    pub fragments_after: u64,
-    pub mapped_bytes: u64,
-    /// Bytes moved (dry run: bytes in regions with breaks inside; regions
-    /// that move only to join the one before are not counted).
-    pub moved_bytes: u64,
-    /// Regions (1 MiB) moved, or that would move.
-    pub regions_moved: u64,
-    /// Regions left as they were for want of free space in runs.
-    pub regions_skipped: u64,
-    /// Grains left in place because a reference to them could not be
-    /// accounted for (FORMAT.md §10.2); 0 in a healthy datastore.
-    pub grains_kept: u64,
-}
 
 #[derive(Default)]
 pub(crate) struct Tally {

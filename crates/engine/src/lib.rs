@@ -8,8 +8,13 @@
 //! no data. Metadata changes go to an absolute-value redo log, committed at
 //! client flush; checkpoints write pages in place (docs/FORMAT.md §5).
 //!
+//! What it answers (disk, snapshot, group and datastore info, reports,
+//! alarm rules and their evaluation) is written in strata-api's
+//! vocabulary, which both kinds of datastore share; the engine re-exports
+//! those types where its own signatures use them.
+//!
 //! Modules, each depending only on those listed before it (ARCHITECTURE.md
-//! draws them): `error`, `alarm` (thresholds and their evaluation), `catalog` (disks, snapshots, versions as stored),
+//! draws them): `error`, `catalog` (disks, snapshots, versions as stored),
 //! `cache` (bounded page cache), `journal` (the log files), `meta` (pages,
 //! counts, allocation, trees, versions, replay), `check`, `upgrade` (format
 //! version 1 → 2), `store` (commit, checkpoint, space rule, fail-stop),
@@ -17,7 +22,8 @@
 //! (open, recovery, catalog operations).
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
-pub mod alarm;
+// The datastore crate evaluates an object store's alarms through this path.
+pub use strata_api::alarm;
 mod cache;
 pub mod catalog;
 pub mod check;
@@ -34,17 +40,19 @@ pub use strata_block::throttle;
 mod upgrade;
 mod work;
 
-pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
-pub use catalog::{split_target, Consistency, Provisioning, QuiesceReport, QuiesceResult};
-pub use check::CheckReport;
+pub use catalog::split_target;
 pub use datastore::{
     check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
-    ChangedRange, Datastore, DatastoreInfo, DiskInfo, FailStop, GroupInfo, GroupMemberInfo,
-    GroupSnapshotInfo, GroupSnapshotOptions, InitOptions, OpenOptions, PunchZeroReport,
-    SnapshotInfo, SpaceWork,
+    ChangedRange, Datastore, GroupSnapshotOptions, InitOptions, OpenOptions, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
-pub use layout::{DefragReport, FreeSpaceReport, PoolLayout};
+// strata-api's vocabulary, in the engine's signatures.
+pub use strata_api::alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
+pub use strata_api::{
+    CheckReport, Consistency, DatastoreInfo, DefragReport, DiskInfo, FailStop, FreeSpaceReport,
+    GroupInfo, GroupMemberInfo, GroupSnapshotInfo, PoolLayout, Provisioning, PunchZeroReport,
+    QuiesceReport, QuiesceResult, SnapshotInfo,
+};
 pub use throttle::IoLimits;
 pub use work::{Pacer, WorkControl};

@@ -25,6 +25,8 @@ pub type StripeGuard = parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>;
 use strata_format::{catalog_file, Superblock, GRAIN_BYTES, SUPER_SLOT_BYTES};
 use strata_storage::{Backend, Storage};
 
+use strata_api::FailStop;
+
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::journal::{LogFiles, LogWriter};
 use crate::meta::{DirtyPages, EncodedPage, Meta};
@@ -86,13 +88,6 @@ impl Kick {
         }
         std::mem::take(&mut *w)
     }
-}
-
-/// Why a datastore stopped accepting writes (see [`Store::fail_stop`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FailStop {
-    pub cause: String,
-    pub since_unix: u64,
 }
 
 /// Fail-stop state. Held per datastore today; nothing in it is global, so a

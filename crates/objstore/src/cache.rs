@@ -129,6 +129,10 @@ pub struct SegmentCache {
     prefetching: Mutex<HashSet<SegId>>,
     /// Which files to delete when they exceed the bound.
     bound: u64,
+    /// Reads that miss fetch whole segments in the background (off: a
+    /// read's round trips to the store are its own, and can be counted
+    /// exactly; `strata serve --store-prefetch`, docs/MULTIHOST.md).
+    prefetch_on: bool,
     /// Made at first use: see [`Self::policy`].
     policy: std::sync::OnceLock<Mutex<S3Fifo<SegId>>>,
     hits: AtomicU64,
@@ -222,19 +226,12 @@ const KEEP_QUEUE: usize = 64;
 /// files.
 const PENDING_MAX: u64 = 64 << 20;
 
-/// Whether reads that miss fetch whole segments in the background:
-/// `STRATA_STORE_PREFETCH=0` turns that off, so that a read's round trips
-/// to the store can be counted exactly (docs/MULTIHOST.md).
-fn prefetch_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("STRATA_STORE_PREFETCH").map_or(true, |v| v != "0"))
-}
-
 impl SegmentCache {
-    /// The cache in `dir`, holding at most `bound` bytes of files. The
-    /// files an earlier process left are counted when the cache is first
-    /// used (a command that reads no disk does not list them).
-    pub fn new(dir: PathBuf, bound: u64) -> Arc<Self> {
+    /// The cache in `dir`, holding at most `bound` bytes of files, its
+    /// misses fetching whole segments in the background if `prefetch`.
+    /// The files an earlier process left are counted when the cache is
+    /// first used (a command that reads no disk does not list them).
+    pub fn new(dir: PathBuf, bound: u64, prefetch: bool) -> Arc<Self> {
         let now = Instant::now();
         Arc::new_cyclic(|me| SegmentCache {
             dir,
@@ -246,6 +243,7 @@ impl SegmentCache {
             headers: RwLock::new(HashMap::new()),
             prefetching: Mutex::new(HashSet::new()),
             bound,
+            prefetch_on: prefetch,
             policy: std::sync::OnceLock::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -591,7 +589,7 @@ impl SegmentCache {
     /// Fetch segment `id` whole in the background (at most
     /// [`PREFETCH_MAX`] at once; a later miss asks again).
     fn prefetch(self: &Arc<Self>, store: &Arc<ObjectStore>, id: SegId) -> bool {
-        if !prefetch_on() || self.cannot_write() {
+        if !self.prefetch_on || self.cannot_write() {
             return false;
         }
         {

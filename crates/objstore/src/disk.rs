@@ -15,7 +15,9 @@ use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, PrevRef, SegId,
     SegmentBuilder, SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
 };
-use crate::{corrupt, diff, now_ms, utc, Error, ErrorKind, Result, SharedDatastore, DIR_NAMES};
+use crate::{
+    corrupt, diff, now_ms, utc, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_NAMES,
+};
 
 const G: u64 = GRAIN as u64;
 /// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
@@ -56,7 +58,7 @@ mod manifests;
 mod read;
 mod write;
 pub use catalog::{Hold, DIR_HOLDS};
-pub use compact::{CompactOptions, CompactReport};
+pub use compact::{AutoCompact, CompactOptions, CompactReport};
 pub use manifests::claim_marker_key;
 pub(crate) use manifests::{claim_marker_of_key, is_orphan, read_manifest};
 
@@ -342,10 +344,10 @@ pub struct CommitStats {
 
 /// A disk (or `DISK@SNAP`, read-only) of an object-store datastore, served
 /// by this host.
-pub struct SharedDisk {
+pub struct ObjectDisk {
     /// This disk itself, for the background folds it starts.
-    me: Weak<SharedDisk>,
-    ds: Arc<SharedDatastore>,
+    me: Weak<ObjectDisk>,
+    ds: Arc<ObjectStoreDatastore>,
     name: String,
     id: u32,
     snapshot: Option<SnapshotRec>,

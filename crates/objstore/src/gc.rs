@@ -18,7 +18,7 @@ use strata_s3::{Bytes, Put};
 
 use crate::disk::Hold;
 use crate::layout::{manifest_of_key, Entry, Manifest, MapNode, SegId, Tail, GRAIN, NODE_BYTES};
-use crate::{now_ms, Error, ErrorKind, Result, SharedDatastore, DIR_DISKS};
+use crate::{now_ms, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_DISKS};
 
 const DIR_GC: &str = "gc/";
 
@@ -158,7 +158,7 @@ struct Roots {
     holds: Vec<Hold>,
 }
 
-impl SharedDatastore {
+impl ObjectStoreDatastore {
     /// Whether manifest `key` (`size` bytes) is a proven orphan (§11.4b);
     /// one that cannot be read is not (it is kept).
     fn orphan(&self, key: &str, size: u64) -> bool {

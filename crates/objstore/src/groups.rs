@@ -7,7 +7,7 @@ use strata_s3::{Bytes, Put};
 
 use crate::disk::check_name;
 use crate::envelope;
-use crate::{corrupt, now_ms, Error, ErrorKind, Result, SharedDatastore};
+use crate::{corrupt, now_ms, Error, ErrorKind, ObjectStoreDatastore, Result};
 
 const DIR_GNAMES: &str = "gnames/";
 const MAGIC_DEF: &[u8; 8] = b"STRGRPD1";
@@ -82,7 +82,7 @@ fn decode_snap(key: &str, obj: &[u8]) -> Result<GroupSnap> {
     serde_json::from_slice(body).map_err(|e| corrupt(format!("{key}: {e}")))
 }
 
-impl SharedDatastore {
+impl ObjectStoreDatastore {
     /// The id group `name` stands for.
     pub fn group_id(&self, name: &str) -> Result<u32> {
         let key = format!("{DIR_GNAMES}{name}");

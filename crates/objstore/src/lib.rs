@@ -21,7 +21,7 @@ pub mod layout;
 pub mod s3fifo;
 
 pub use cache::CacheStats;
-pub use disk::SharedDisk;
+pub use disk::{AutoCompact, ObjectDisk};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -176,8 +176,32 @@ impl From<ProbeReport> for ProbeSummary {
     }
 }
 
+/// What a process opening an object-store datastore does by itself,
+/// besides what it is asked (`strata serve --store-prefetch`,
+/// `--compact-policy`, `--compact-idle`). [`ObjectStoreDatastore::init`]
+/// and [`ObjectStoreDatastore::attach`] use the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Reads that miss in the segment cache also fetch their objects
+    /// whole in the background (§11.8); off, a read's round trips to the
+    /// store are its own, which tests count exactly. On by default.
+    pub prefetch: bool,
+    /// The compaction passes the disks this process writes run by
+    /// themselves (§11.7a).
+    pub compact: AutoCompact,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            prefetch: true,
+            compact: AutoCompact::default(),
+        }
+    }
+}
+
 /// An object-store datastore as this host sees it.
-pub struct SharedDatastore {
+pub struct ObjectStoreDatastore {
     dir: PathBuf,
     cfg: LocalConfig,
     root: RootObject,
@@ -192,6 +216,7 @@ pub struct SharedDatastore {
     group_names: std::sync::Mutex<std::collections::HashMap<u32, String>>,
     /// A compaction emptied objects since the last GC asked (§11.7a).
     gc_wanted: std::sync::atomic::AtomicBool,
+    opts: OpenOptions,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -375,7 +400,7 @@ fn write_local(dir: &Path, cfg: &LocalConfig) -> Result<()> {
     write_durably(dir, FILE_LOCAL, &body)
 }
 
-impl SharedDatastore {
+impl ObjectStoreDatastore {
     /// Say that a GC would free something now (a compaction emptied
     /// objects): a server's background GC runs sooner (§11.7a).
     pub fn want_gc(&self) {
@@ -462,9 +487,16 @@ impl SharedDatastore {
     }
 
     /// The datastore at `dir`, its cache and per-process state new.
-    fn assemble(dir: &Path, cfg: LocalConfig, root: RootObject, store: ObjectStore) -> Self {
-        SharedDatastore {
-            cache: cache::SegmentCache::new(dir.join("cache"), cache_bound(dir)),
+    fn assemble(
+        dir: &Path,
+        cfg: LocalConfig,
+        root: RootObject,
+        store: ObjectStore,
+        opts: OpenOptions,
+    ) -> Self {
+        ObjectStoreDatastore {
+            cache: cache::SegmentCache::new(dir.join("cache"), cache_bound(dir), opts.prefetch),
+            opts,
             throttles: Default::default(),
             group_snaps: Default::default(),
             group_names: Default::default(),
@@ -484,7 +516,7 @@ impl SharedDatastore {
         store: ObjectStore,
         probe: ProbeReport,
     ) -> Result<(Self, Summary)> {
-        let ds = Self::assemble(dir, cfg, root, store);
+        let ds = Self::assemble(dir, cfg, root, store, OpenOptions::default());
         let mut s = ds.summary()?;
         s.probe = Some(probe.into());
         Ok((ds, s))
@@ -524,8 +556,9 @@ impl SharedDatastore {
         Self::joined(dir, cfg, root, store, probe)
     }
 
-    /// Open the datastore `dir` was attached to.
-    pub fn open(dir: &Path, opts: &Options) -> Result<Self> {
+    /// Open the datastore `dir` was attached to, reaching its store with
+    /// `store` and using it as `opts` say.
+    pub fn open(dir: &Path, store: &Options, opts: OpenOptions) -> Result<Self> {
         let cfg = LocalConfig::read(dir)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
@@ -536,7 +569,7 @@ impl SharedDatastore {
             )
         })?;
         let url = StoreUrl::parse(&cfg.url)?;
-        let store = ObjectStore::connect(&url, opts)?;
+        let store = ObjectStore::connect(&url, store)?;
         let obj = store.get_opt(KEY_ROOT)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
@@ -555,11 +588,16 @@ impl SharedDatastore {
                 ),
             ));
         }
-        Ok(Self::assemble(dir, cfg, root, store))
+        Ok(Self::assemble(dir, cfg, root, store, opts))
     }
 
     pub fn config(&self) -> &LocalConfig {
         &self.cfg
+    }
+
+    /// What this process does by itself with the datastore.
+    pub fn options(&self) -> &OpenOptions {
+        &self.opts
     }
 
     pub fn root(&self) -> &RootObject {

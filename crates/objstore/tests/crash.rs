@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_objstore::disk::CompactOptions;
-use strata_objstore::{SharedDatastore, SharedDisk};
+use strata_objstore::{ObjectDisk, ObjectStoreDatastore, OpenOptions};
 use strata_s3::fault::{Crash, FaultStore};
 use strata_s3::{Options, StoreUrl};
 
@@ -82,7 +82,7 @@ impl Model {
 
     /// Each sector's tag as `disk` holds it, or the first sector that
     /// holds what no history allows.
-    fn observe(&self, disk: &SharedDisk) -> Result<Vec<u16>, String> {
+    fn observe(&self, disk: &ObjectDisk) -> Result<Vec<u16>, String> {
         let mut buf = vec![0u8; self.acked.len() * SECTOR];
         disk.read_at(&mut buf, 0)
             .map_err(|e| format!("read: {e}"))?;
@@ -184,8 +184,8 @@ fn step(
     shape: Shape,
     rng: &mut Rng,
     tag: u16,
-    ds: &SharedDatastore,
-    disk: &SharedDisk,
+    ds: &ObjectStoreDatastore,
+    disk: &ObjectDisk,
     model: &mut Model,
 ) -> Result<(), String> {
     let sectors = model.now.len();
@@ -235,13 +235,13 @@ fn run(shape: Shape, seed: u64, faults: Faults) -> u64 {
     let f = FaultStore::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let ds = Arc::new(
-        SharedDatastore::init(dir.path(), &url(), &opts(&f))
+        ObjectStoreDatastore::init(dir.path(), &url(), &opts(&f))
             .unwrap()
             .0,
     );
     ds.create_disk("vm", shape.disk_bytes).unwrap();
     let mut model = Model::new((shape.disk_bytes as usize) / SECTOR);
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     let base = f.mutations();
     match faults {
         Faults::Crash(n, how) => f.crash_at_mutation(base + n, how),
@@ -291,8 +291,8 @@ fn run(shape: Shape, seed: u64, faults: Faults) -> u64 {
 /// finds nothing wrong, the disk takes writes (fencing its dead self) and
 /// garbage collection keeps everything reached.
 fn comes_back(f: &FaultStore, dir: &std::path::Path, model: &mut Model, what: &str) {
-    let ds = Arc::new(SharedDatastore::open(dir, &opts(f)).unwrap());
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let ds = Arc::new(ObjectStoreDatastore::open(dir, &opts(f), OpenOptions::default()).unwrap());
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     let found = model
         .observe(&disk)
         .unwrap_or_else(|wrong| panic!("{what}: {wrong}"));
@@ -308,7 +308,7 @@ fn comes_back(f: &FaultStore, dir: &std::path::Path, model: &mut Model, what: &s
     model.flushed();
     let gc = ds.gc(false).unwrap();
     drop(disk);
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     if let Err(wrong) = model.observe(&disk) {
         panic!("{what}: after GC ({gc:?}): {wrong}");
     }
@@ -369,10 +369,10 @@ const MIB: usize = 1 << 20;
 
 /// A new datastore in `f` with disk "vm" of `bytes`, and its local
 /// directory.
-fn fresh(f: &FaultStore, bytes: u64) -> (tempfile::TempDir, Arc<SharedDatastore>) {
+fn fresh(f: &FaultStore, bytes: u64) -> (tempfile::TempDir, Arc<ObjectStoreDatastore>) {
     let dir = tempfile::tempdir().unwrap();
     let ds = Arc::new(
-        SharedDatastore::init(dir.path(), &url(), &opts(f))
+        ObjectStoreDatastore::init(dir.path(), &url(), &opts(f))
             .unwrap()
             .0,
     );
@@ -381,20 +381,22 @@ fn fresh(f: &FaultStore, bytes: u64) -> (tempfile::TempDir, Arc<SharedDatastore>
 }
 
 /// The host of `dir` again, on `f` after its crash.
-fn again(f: &FaultStore, dir: &std::path::Path) -> (Arc<SharedDatastore>, Arc<SharedDisk>) {
-    let ds = Arc::new(SharedDatastore::open(dir, &opts(&f.restart())).unwrap());
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+fn again(f: &FaultStore, dir: &std::path::Path) -> (Arc<ObjectStoreDatastore>, Arc<ObjectDisk>) {
+    let ds = Arc::new(
+        ObjectStoreDatastore::open(dir, &opts(&f.restart()), OpenOptions::default()).unwrap(),
+    );
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     (ds, disk)
 }
 
 /// Whether `len` bytes at `off` all hold `byte`.
-fn holds(disk: &SharedDisk, off: usize, len: usize, byte: u8) -> bool {
+fn holds(disk: &ObjectDisk, off: usize, len: usize, byte: u8) -> bool {
     let mut b = vec![0u8; len];
     disk.read_at(&mut b, off as u64).unwrap();
     b.iter().all(|&x| x == byte)
 }
 
-fn clean(ds: &SharedDatastore, what: &str) {
+fn clean(ds: &ObjectStoreDatastore, what: &str) {
     let rep = ds.check().unwrap();
     assert!(rep.errors.is_empty(), "{what}: {:?}", rep.errors);
 }
@@ -416,7 +418,7 @@ fn a_crash_at_each_step_of_a_commit_loses_nothing_acknowledged() {
         let what = format!("{how:?} {part}");
         let f = FaultStore::new(1);
         let (dir, ds) = fresh(&f, 16 << 20);
-        let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+        let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
         disk.write_at(&vec![0x11; MIB], 0, false).unwrap();
         disk.flush().unwrap();
         f.crash_at_key(part, 0, how);
@@ -459,7 +461,7 @@ fn a_crash_at_each_step_of_a_commit_loses_nothing_acknowledged() {
 fn a_crash_during_a_fold_loses_nothing_flushed() {
     let f = FaultStore::new(2);
     let (dir, ds) = fresh(&f, 16 << 20);
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     f.crash_at_key("/s/", 0, Crash::After);
     // 256 grains per flush: the 8th commit's tail (2,048 entries) starts
     // a fold.
@@ -510,7 +512,7 @@ fn a_crash_during_compaction_loses_nothing_and_a_pass_then_frees_space() {
     // 1,024 grains: a tail never long enough to fold.
     let grains = 1024u64;
     let (dir, ds) = fresh(&f, grains * 4096);
-    let disk = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     // Three rounds of 4 KiB writes in random order, a FLUSH every 64:
     // each payload ends partly live.
     let mut last = vec![0u8; grains as usize];
@@ -525,7 +527,7 @@ fn a_crash_during_compaction_loses_nothing_and_a_pass_then_frees_space() {
         }
     }
     disk.flush().unwrap();
-    let verify = |disk: &SharedDisk, what: &str| {
+    let verify = |disk: &ObjectDisk, what: &str| {
         for (g, &p) in last.iter().enumerate() {
             assert!(holds(disk, g * 4096, 4096, p), "{what}: grain {g}");
         }

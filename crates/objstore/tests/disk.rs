@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_objstore::{ErrorKind, SharedDatastore, SharedDisk};
+use strata_objstore::{ErrorKind, ObjectDisk, ObjectStoreDatastore};
 use strata_s3::{testing, Options, StoreUrl};
 
 const MIB: u64 = 1 << 20;
@@ -26,17 +26,17 @@ fn store(name: &str) -> Option<StoreUrl> {
     )
 }
 
-fn init(dir: &Path, url: &StoreUrl) -> Arc<SharedDatastore> {
+fn init(dir: &Path, url: &StoreUrl) -> Arc<ObjectStoreDatastore> {
     Arc::new(
-        SharedDatastore::init(dir, url, &Options::default())
+        ObjectStoreDatastore::init(dir, url, &Options::default())
             .unwrap()
             .0,
     )
 }
 
-fn attach(dir: &Path, url: &StoreUrl) -> Arc<SharedDatastore> {
+fn attach(dir: &Path, url: &StoreUrl) -> Arc<ObjectStoreDatastore> {
     Arc::new(
-        SharedDatastore::attach(dir, url, &Options::default())
+        ObjectStoreDatastore::attach(dir, url, &Options::default())
             .unwrap()
             .0,
     )
@@ -48,7 +48,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn read(d: &SharedDisk, off: u64, len: usize) -> Vec<u8> {
+fn read(d: &ObjectDisk, off: u64, len: usize) -> Vec<u8> {
     let mut b = vec![0u8; len];
     d.read_at(&mut b, off).unwrap();
     b
@@ -65,7 +65,7 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
     let err = a.create_disk("vm", MIB).unwrap_err();
     assert_eq!(err.kind, ErrorKind::AlreadyExists, "{err}");
 
-    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    let disk_a = ObjectDisk::open(a.clone(), "vm", false).unwrap();
     assert_eq!(disk_a.ownership(), (false, None), "opening claims nothing");
     // Whole grains, a sub-grain write, a write across a leaf (1 MiB)
     // boundary and one far out in the map.
@@ -87,7 +87,7 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
 
     // Host B: a directory of its own.
     let b = attach(db.path(), &url);
-    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    let disk_b = ObjectDisk::open(b.clone(), "vm", false).unwrap();
     assert_eq!(read(&disk_b, 0, 8192), expect);
     assert_eq!(read(&disk_b, MIB - 4096, 12288), pattern(3, 12288));
     assert_eq!(read(&disk_b, 60 * MIB, 4096), pattern(4, 4096));
@@ -128,7 +128,7 @@ fn what_one_host_flushes_another_reads_and_a_claim_fences_the_writer() {
     drop(b);
     std::fs::remove_dir_all(db.path()).unwrap();
     let b = attach(db.path(), &url);
-    let disk_b = SharedDisk::open(b, "vm", true).unwrap();
+    let disk_b = ObjectDisk::open(b, "vm", true).unwrap();
     assert_eq!(read(&disk_b, 0, 4096), pattern(5, 4096));
     assert_eq!(read(&disk_b, 4096, 4096), expect[4096..].to_vec());
     assert_eq!(
@@ -193,7 +193,7 @@ fn random_io_matches_a_model_through_commits_and_reopenings() {
     let size = 3 * MIB + 512 * 3; // not a whole grain: the last one is partial
     a.create_disk("m", size).unwrap();
     let mut model = vec![0u8; size as usize];
-    let mut disk = SharedDisk::open(a.clone(), "m", false).unwrap();
+    let mut disk = ObjectDisk::open(a.clone(), "m", false).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = |n: u64| {
         rng ^= rng << 13;
@@ -236,18 +236,18 @@ fn random_io_matches_a_model_through_commits_and_reopenings() {
         }
         if step % 100 == 99 {
             disk.flush().unwrap();
-            disk = SharedDisk::open(a.clone(), "m", false).unwrap();
+            disk = ObjectDisk::open(a.clone(), "m", false).unwrap();
             assert_eq!(read(&disk, 0, size as usize), model, "after reopening");
         }
     }
     disk.flush().unwrap();
     let b = attach(db.path(), &url);
-    let other = SharedDisk::open(b, "m", true).unwrap();
+    let other = ObjectDisk::open(b, "m", true).unwrap();
     assert_eq!(read(&other, 0, size as usize), model, "from another host");
 }
 
 /// Whether block status reports a hole anywhere in the range.
-fn has_hole(d: &SharedDisk, off: u64, len: u64) -> bool {
+fn has_hole(d: &ObjectDisk, off: u64, len: u64) -> bool {
     d.block_status(off, len).unwrap().iter().any(|x| x.hole)
 }
 
@@ -259,7 +259,7 @@ fn fast_zero_changes_only_the_map_or_is_refused_leaving_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let a = init(dir.path(), &url);
     a.create_disk("z", 4 * MIB).unwrap();
-    let disk = SharedDisk::open(a.clone(), "z", false).unwrap();
+    let disk = ObjectDisk::open(a.clone(), "z", false).unwrap();
     let data = pattern(5, MIB as usize);
     disk.write_at(&data, 0, false).unwrap();
     let fast = ZeroOptions {
@@ -316,7 +316,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
     a.create_disk("golden", 8 * MIB).unwrap();
-    let golden = SharedDisk::open(a.clone(), "golden", false).unwrap();
+    let golden = ObjectDisk::open(a.clone(), "golden", false).unwrap();
     let base = pattern(7, 4 * MIB as usize);
     golden.write_at(&base, 0, false).unwrap();
     golden.flush().unwrap();
@@ -336,7 +336,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     let err = b.clone_linked("golden", "nope", "vm1").unwrap_err();
     assert_eq!(err.kind, ErrorKind::NotFound, "{err}");
     b.clone_linked("golden", "base", "vm1").unwrap();
-    let vm1 = SharedDisk::open(b.clone(), "vm1", false).unwrap();
+    let vm1 = ObjectDisk::open(b.clone(), "vm1", false).unwrap();
     assert_eq!(read(&vm1, 0, 4 * MIB as usize), base);
     let mut vm1_now = base.clone();
     vm1_now[2 * MIB as usize..2 * MIB as usize + 8192].copy_from_slice(&pattern(10, 8192));
@@ -349,7 +349,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     vm1.flush().unwrap();
 
     // Only the owner deletes a snapshot; B is refused, naming A.
-    let on_b = SharedDisk::open(b.clone(), "golden", false).unwrap();
+    let on_b = ObjectDisk::open(b.clone(), "golden", false).unwrap();
     let err = on_b.snapshot_delete("base").unwrap_err();
     assert_eq!(err.kind, ErrorKind::Fenced, "{err}");
     assert!(err.message.contains("is written by"), "{err}");
@@ -400,7 +400,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     let c = attach(dc.path(), &url);
     assert_eq!(
         read(
-            &SharedDisk::open(c.clone(), "vm1", true).unwrap(),
+            &ObjectDisk::open(c.clone(), "vm1", true).unwrap(),
             0,
             4 * MIB as usize
         ),
@@ -408,7 +408,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     );
     assert_eq!(
         read(
-            &SharedDisk::open(c.clone(), "golden", true).unwrap(),
+            &ObjectDisk::open(c.clone(), "golden", true).unwrap(),
             0,
             4 * MIB as usize
         ),
@@ -438,7 +438,7 @@ fn snapshot_on_one_host_clone_on_another_and_gc_while_both_read() {
     let d = attach(dd.path(), &url);
     assert_eq!(
         read(
-            &SharedDisk::open(d, "golden", true).unwrap(),
+            &ObjectDisk::open(d, "golden", true).unwrap(),
             0,
             4 * MIB as usize
         ),
@@ -454,7 +454,7 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
     a.create_disk("vm", 16 * MIB).unwrap();
-    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    let disk_a = ObjectDisk::open(a.clone(), "vm", false).unwrap();
     disk_a.write_at(&pattern(1, 65536), 0, false).unwrap();
     disk_a.flush().unwrap();
     // One PUT per commit (§11.4a): the grains rode in the manifest.
@@ -491,12 +491,12 @@ fn fenced_uploads_are_collected_and_torn_segments_named() {
     st.put(&left[0], whole.slice(..whole.len() / 2)).unwrap();
     let dc = tempfile::tempdir().unwrap();
     let c = attach(dc.path(), &url);
-    let disk_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let disk_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     // A grain past the cut cannot be read; one before it is still what
     // its entry's CRC says, so it is served.
     let mut buf = vec![0u8; 65536];
     let err = disk_c.read_at(&mut buf, 0).unwrap_err();
-    assert!(err.message.contains(&left[0]), "{err}");
+    assert!(err.to_string().contains(&left[0]), "{err}");
     assert_eq!(read(&disk_c, 0, 4096), pattern(1, 4096));
     let chk = c.check().unwrap();
     assert_eq!(chk.errors.len(), 1, "{chk:?}");
@@ -544,7 +544,7 @@ fn a_format_1_datastore_reads_and_takes_new_commits() {
     st.put("names/old", br#"{"disk":7}"#.to_vec().into())
         .unwrap();
 
-    let d = SharedDisk::open(a.clone(), "old", false).unwrap();
+    let d = ObjectDisk::open(a.clone(), "old", false).unwrap();
     assert_eq!(read(&d, 0, old.len()), old);
     let mut want = old.clone();
     want[8192..12288].copy_from_slice(&pattern(4, 4096));
@@ -554,9 +554,9 @@ fn a_format_1_datastore_reads_and_takes_new_commits() {
     // A snapshot folds the tail into the old map (copy-on-write).
     d.snapshot_create("s", "").unwrap();
     let b_host = attach(db.path(), &url);
-    let on_b = SharedDisk::open(b_host.clone(), "old", true).unwrap();
+    let on_b = ObjectDisk::open(b_host.clone(), "old", true).unwrap();
     assert_eq!(read(&on_b, 0, want.len()), want);
-    let snap = SharedDisk::open(b_host.clone(), "old@s", true).unwrap();
+    let snap = ObjectDisk::open(b_host.clone(), "old@s", true).unwrap();
     assert_eq!(read(&snap, 0, want.len()), want);
     let rep = b_host.gc(false).unwrap();
     assert_eq!(
@@ -580,7 +580,7 @@ fn random_writes_fold_their_tail_and_read_back_everywhere() {
     let a = init(da.path(), &url);
     let size = 64 * MIB;
     a.create_disk("f", size).unwrap();
-    let d = SharedDisk::open(a.clone(), "f", false).unwrap();
+    let d = ObjectDisk::open(a.clone(), "f", false).unwrap();
     let mut model = vec![0u8; size as usize];
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = |n: u64| {
@@ -634,7 +634,7 @@ fn streamed_writes_upload_before_a_flush_and_stay_exact_through_commits() {
     let a = init(da.path(), &url);
     let size = 48 * MIB;
     a.create_disk("s", size).unwrap();
-    let d = SharedDisk::open(a.clone(), "s", false).unwrap();
+    let d = ObjectDisk::open(a.clone(), "s", false).unwrap();
     for i in 0..24u64 {
         let data = pattern(i as u8, MIB as usize);
         d.write_at(&data, i * MIB, false).unwrap();
@@ -715,18 +715,18 @@ fn streamed_writes_upload_before_a_flush_and_stay_exact_through_commits() {
 /// reads before and after a GC (whose report is returned), with check
 /// clean both times.
 fn same_everywhere(
-    d: &SharedDisk,
+    d: &ObjectDisk,
     name: &str,
-    b: &Arc<SharedDatastore>,
+    b: &Arc<ObjectStoreDatastore>,
     model: &[u8],
 ) -> strata_objstore::gc::GcReport {
     assert!(read(d, 0, model.len()) == model, "the writer's view");
-    let on_b = SharedDisk::open(b.clone(), name, true).unwrap();
+    let on_b = ObjectDisk::open(b.clone(), name, true).unwrap();
     assert!(read(&on_b, 0, model.len()) == model, "another host's view");
     let chk = b.check().unwrap();
     assert!(chk.errors.is_empty(), "{chk:?}");
     let rep = b.gc(false).unwrap();
-    let fresh = SharedDisk::open(b.clone(), name, true).unwrap();
+    let fresh = ObjectDisk::open(b.clone(), name, true).unwrap();
     assert!(read(&fresh, 0, model.len()) == model, "after GC");
     assert!(read(d, 0, model.len()) == model, "the writer after GC");
     let chk = b.check().unwrap();
@@ -749,10 +749,10 @@ fn compaction_empties_partly_live_objects_and_loses_no_newer_write() {
     let size = 16 * MIB;
     let grains = size / 4096;
     a.create_disk("c", size).unwrap();
-    let d = SharedDisk::open(a.clone(), "c", false).unwrap();
+    let d = ObjectDisk::open(a.clone(), "c", false).unwrap();
     let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
     // Random 4 KiB writes, a FLUSH every 64 (one payload each).
-    let churn = move |d: &SharedDisk, model: &Mutex<Vec<u8>>, n: u64, seed: u64| {
+    let churn = move |d: &ObjectDisk, model: &Mutex<Vec<u8>>, n: u64, seed: u64| {
         let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
         for i in 0..n {
             // xorshift: uniform over the disk, overwrites at random.
@@ -842,11 +842,11 @@ fn an_incoming_host_reads_the_writers_last_commit_at_once() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
     a.create_disk("m", 4 * MIB).unwrap();
-    let w = SharedDisk::open(a.clone(), "m", false).unwrap();
+    let w = ObjectDisk::open(a.clone(), "m", false).unwrap();
     w.write_at(&pattern(1, 65536), 0, false).unwrap();
     w.flush().unwrap();
     let b = attach(db.path(), &url);
-    let inc = SharedDisk::open(b.clone(), "m", false).unwrap();
+    let inc = ObjectDisk::open(b.clone(), "m", false).unwrap();
     inc.set_incoming(Some(std::time::Duration::from_secs(30)));
     assert!(read(&inc, 0, 65536) == pattern(1, 65536));
     // Commits right before the guest stops on the source: read here at
@@ -887,7 +887,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     a.create_disk("vm", 16 * MIB).unwrap();
     let id = a.disk_id("vm").unwrap();
     let st = store_of(&url);
-    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    let disk_a = ObjectDisk::open(a.clone(), "vm", false).unwrap();
     disk_a.write_at(&pattern(1, 8192), 0, false).unwrap();
     disk_a.flush().unwrap();
     let man_a = a.newest_manifest(id).unwrap();
@@ -895,7 +895,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     // B claims (manifest s+1, with its marker); A, pipelining, had s+2
     // in flight on its own s+1, which lost the key: an orphan.
     let b = attach(db.path(), &url);
-    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    let disk_b = ObjectDisk::open(b.clone(), "vm", false).unwrap();
     disk_b.claim().unwrap();
     let claim = b.newest_manifest(id).unwrap();
     assert_eq!(claim.seq, man_a.seq + 1);
@@ -926,7 +926,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     let c = attach(dc.path(), &url);
     let newest = c.newest_manifest(id).unwrap();
     assert_eq!((newest.seq, newest.nonce), (claim.seq, claim.nonce));
-    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let on_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     assert_eq!(
         on_c.size_bytes(),
         16 * MIB,
@@ -942,7 +942,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     assert_eq!(after.prev, Some(PrevRef::of(&claim)));
     let mut want = pattern(1, 8192);
     want[4096..].copy_from_slice(&pattern(2, 4096));
-    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let on_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     assert_eq!(read(&on_c, 0, 8192), want);
 
     // A pipelined manifest whose predecessor is missing (still in
@@ -984,9 +984,9 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     assert!(last.seq > gap.seq, "{} over {}", last.seq, gap.seq);
     want[..4096].copy_from_slice(&pattern(3, 4096));
     want.extend_from_slice(&pattern(4, 4096));
-    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let on_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     assert_eq!(read(&on_c, 0, 12288), want);
-    let snap = SharedDisk::open(c.clone(), "vm@s", true).unwrap();
+    let snap = ObjectDisk::open(c.clone(), "vm@s", true).unwrap();
     assert_eq!(read(&snap, 0, 12288), want);
     c.gc(false).unwrap();
     assert_eq!(
@@ -995,7 +995,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
         "an orphan now: collected"
     );
     assert_eq!(
-        read(&SharedDisk::open(c.clone(), "vm", true).unwrap(), 0, 12288),
+        read(&ObjectDisk::open(c.clone(), "vm", true).unwrap(), 0, 12288),
         want
     );
 
@@ -1011,7 +1011,7 @@ fn orphans_of_a_fenced_pipeline_are_read_past_skipped_and_collected() {
     };
     st.put_create(&valid.key(), valid.encode(&[]).into())
         .unwrap();
-    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let on_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     assert_eq!(on_c.size_bytes(), 32 * MIB);
     assert_eq!(read(&on_c, 0, 12288), want);
 }
@@ -1030,7 +1030,7 @@ fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = init(da.path(), &url);
     a.create_disk("vm", 64 * MIB).unwrap();
-    let disk_a = SharedDisk::open(a.clone(), "vm", false).unwrap();
+    let disk_a = ObjectDisk::open(a.clone(), "vm", false).unwrap();
     disk_a.write_at(&pattern(0, 4096), 0, false).unwrap();
     disk_a.flush().unwrap();
     const THREADS: u64 = 4;
@@ -1069,7 +1069,7 @@ fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let b = attach(db.path(), &url);
-    let disk_b = SharedDisk::open(b.clone(), "vm", false).unwrap();
+    let disk_b = ObjectDisk::open(b.clone(), "vm", false).unwrap();
     disk_b.claim().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
@@ -1086,7 +1086,7 @@ fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
         assert!(v >= acked);
     }
     let c = attach(tempfile::tempdir().unwrap().path(), &url);
-    let on_c = SharedDisk::open(c.clone(), "vm", true).unwrap();
+    let on_c = ObjectDisk::open(c.clone(), "vm", true).unwrap();
     for t in 0..THREADS {
         assert_eq!(read(&on_c, t * MIB, 65536), read(&disk_b, t * MIB, 65536));
     }
@@ -1096,7 +1096,7 @@ fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
     disk_b.write_at(&pattern(9, 4096), 0, false).unwrap();
     disk_b.flush().unwrap();
     assert_eq!(
-        read(&SharedDisk::open(c, "vm", true).unwrap(), 0, 4096),
+        read(&ObjectDisk::open(c, "vm", true).unwrap(), 0, 4096),
         pattern(9, 4096)
     );
 }

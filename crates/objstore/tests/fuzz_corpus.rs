@@ -14,7 +14,7 @@ use std::sync::Arc;
 use strata_block::BlockDevice;
 use strata_objstore::fuzzing::{self, ObjectKind};
 use strata_objstore::layout::{manifest_of_key, Manifest, SegId, NODE_BYTES, SEG_HEADER_BYTES};
-use strata_objstore::{SharedDatastore, SharedDisk, KEY_ROOT};
+use strata_objstore::{ObjectDisk, ObjectStoreDatastore, KEY_ROOT};
 use strata_s3::{testing, ObjectStore, Options, StoreUrl};
 
 fn corpus() -> PathBuf {
@@ -49,12 +49,12 @@ fn write_seeds() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ds = Arc::new(
-        SharedDatastore::init(dir.path(), &url, &Options::default())
+        ObjectStoreDatastore::init(dir.path(), &url, &Options::default())
             .unwrap()
             .0,
     );
     ds.create_disk("vm", 64 << 20).unwrap();
-    let d = SharedDisk::open(ds.clone(), "vm", false).unwrap();
+    let d = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
     d.write_at(&pattern(1, 16384), 0, false).unwrap();
     d.write_at(&pattern(2, 4096), 3 << 20, false).unwrap();
     d.flush().unwrap();

@@ -45,7 +45,10 @@ use object_store::{
 /// The object-store client returns strata's one error (docs/ERRORS.md):
 /// a key that is not there is `NotFound`, a create-only write that finds
 /// the key taken `AlreadyExists`, a store that does not answer or refuses
-/// the credentials `Unavailable` (the message tells which).
+/// the credentials `Unavailable` (the message tells which). An error of a
+/// request names its object (`s3://BUCKET/PREFIX/KEY`, or the listed
+/// prefix) as its place and the request as its op: "put", "create" (a
+/// create-only PUT), "get", "head", "list" or "delete".
 pub use strata_block::{Error, Kind as ErrorKind};
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -276,10 +279,10 @@ impl ObjectStore {
             .enable_all()
             .build()
             .map_err(|e| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("cannot start the S3 client runtime: {e}"),
-                )
+                Error::new(ErrorKind::Io, "cannot start the S3 client runtime")
+                    .at(url.to_string())
+                    .op("connect")
+                    .caused_by(e)
             })?;
         Ok(ObjectStore {
             requests: RequestCounters::default(),
@@ -313,10 +316,11 @@ impl ObjectStore {
         }
     }
 
-    /// Run `f` on the client's runtime and wait, at most `op_timeout`.
+    /// Run request `op` of `key` on the client's runtime and wait, at most
+    /// `op_timeout`.
     fn run<T>(
         &self,
-        what: &str,
+        op: &'static str,
         key: &str,
         f: impl Future<Output = object_store::Result<T>>,
     ) -> Result<T> {
@@ -326,24 +330,33 @@ impl ObjectStore {
             .block_on(async { tokio::time::timeout(limit, f).await })
         {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.error(what, key, e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "{what} {} at {}: no answer within {} s",
-                    self.describe(key),
-                    self.endpoint,
-                    limit.as_secs_f64()
+            Ok(Err(e)) => Err(self.error(op, key, e)),
+            Err(_) => Err(self.placed(
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "no answer from {} within {} s",
+                        self.endpoint,
+                        limit.as_secs_f64()
+                    ),
                 ),
+                op,
+                key,
             )),
         }
     }
 
+    /// `key` as people name it: `s3://BUCKET/PREFIX/KEY`.
     fn describe(&self, key: &str) -> String {
         format!("{}/{key}", self.url)
     }
 
-    fn error(&self, what: &str, key: &str, e: object_store::Error) -> Error {
+    /// `e`, about `key`, raised by request `op`.
+    fn placed(&self, e: Error, op: &'static str, key: &str) -> Error {
+        e.at(self.describe(key)).op(op)
+    }
+
+    fn error(&self, op: &'static str, key: &str, e: object_store::Error) -> Error {
         use object_store::Error as E;
         let denied = matches!(&e, E::PermissionDenied { .. } | E::Unauthenticated { .. });
         let kind = match &e {
@@ -363,17 +376,14 @@ impl ObjectStore {
             ErrorKind::Unavailable => format!(" (endpoint {})", self.endpoint),
             _ => String::new(),
         };
-        Error::new(
-            kind,
-            format!("{what} {}: {}{hint}", self.describe(key), flatten(&e)),
-        )
+        self.placed(Error::new(kind, format!("{}{hint}", flatten(&e))), op, key)
     }
 
     /// Write `body` under `key`, replacing what is there.
     pub fn put(&self, key: &str, body: Bytes) -> Result<()> {
         count(&self.requests.puts);
         let path = self.path(key);
-        self.run("write", key, async {
+        self.run("put", key, async {
             self.store.put(&path, PutPayload::from_bytes(body)).await
         })
         .map(|_| ())
@@ -452,7 +462,7 @@ impl ObjectStore {
     pub fn get(&self, key: &str) -> Result<Bytes> {
         count(&self.requests.gets);
         let path = self.path(key);
-        self.run("read", key, async {
+        self.run("get", key, async {
             self.store.get(&path).await?.bytes().await
         })
     }
@@ -461,7 +471,7 @@ impl ObjectStore {
     pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
         count(&self.requests.heads);
         let path = self.path(key);
-        match self.run("stat", key, async { self.store.head(&path).await }) {
+        match self.run("head", key, async { self.store.head(&path).await }) {
             Ok(m) => Ok(Some(m.size)),
             Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -482,19 +492,17 @@ impl ObjectStore {
         count(&self.requests.range_gets);
         let path = self.path(key);
         let want = range.end - range.start;
-        let b = self.run("read", key, async {
-            self.store.get_range(&path, range.clone()).await
-        })?;
+        let b = self
+            .run("get", key, async {
+                self.store.get_range(&path, range.clone()).await
+            })
+            .map_err(|e| e.offset(range.start))?;
         if b.len() as u64 != want {
-            return Err(Error::new(
+            let e = Error::new(
                 ErrorKind::Unavailable,
-                format!(
-                    "read {}: asked for {want} bytes at {}, got {}",
-                    self.describe(key),
-                    range.start,
-                    b.len()
-                ),
-            ));
+                format!("asked for {want} bytes, got {}", b.len()),
+            );
+            return Err(self.placed(e, "get", key).offset(range.start));
         }
         Ok(b)
     }
@@ -639,11 +647,13 @@ impl ObjectStore {
             Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
-                    "the store at {} ({}) does not honour create-only writes (If-None-Match: *): \
+                    "the store at {} does not honour create-only writes (If-None-Match: *): \
                      {why}; strata's fencing depends on them, so it cannot use this store",
-                    self.endpoint, self.url
+                    self.endpoint
                 ),
-            ))
+            )
+            .at(self.url.to_string())
+            .op("probe"))
         };
         if accepted.len() > 1 {
             return cleanup(unsupported(format!(
@@ -749,10 +759,10 @@ fn s3_client(
         b = b.with_region("us-east-1");
     }
     b.build().map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidArgument,
-            format!("cannot set up the S3 client for {url}: {e}"),
-        )
+        Error::new(ErrorKind::InvalidArgument, "cannot set up the S3 client")
+            .at(url.to_string())
+            .op("connect")
+            .caused_by(e)
     })
 }
 
@@ -774,6 +784,75 @@ fn flatten(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fault::{Crash, FaultStore};
+
+    /// A client of `backend` for `s3://bkt/pre`.
+    fn client(backend: Backend) -> ObjectStore {
+        let url = StoreUrl::parse("s3://bkt/pre").unwrap();
+        let opts = Options {
+            backend: Some(backend),
+            op_timeout: Duration::from_secs(5),
+            ..Options::default()
+        };
+        ObjectStore::connect(&url, &opts).unwrap()
+    }
+
+    #[test]
+    fn a_request_that_fails_names_its_object_and_request() {
+        let s = client(Backend(Arc::new(object_store::memory::InMemory::new())));
+        let e = s.get("disks/0000002a/m/1").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+        assert_eq!(
+            e.place.object.as_deref(),
+            Some("s3://bkt/pre/disks/0000002a/m/1")
+        );
+        assert_eq!((e.place.op, e.place.offset), (Some("get"), None));
+        // Display: the object and the request once, then the store's words.
+        let text = e.to_string();
+        assert!(
+            text.starts_with("s3://bkt/pre/disks/0000002a/m/1: get: "),
+            "{text}"
+        );
+        assert_eq!(text.matches("s3://").count(), 1, "{text}");
+        // A short range: where in the object.
+        s.put("seg", Bytes::from_static(b"12345678")).unwrap();
+        let e = s.get_range("seg", 2..500).unwrap_err();
+        assert_eq!(e.place.object.as_deref(), Some("s3://bkt/pre/seg"), "{e}");
+        assert_eq!(e.place.op, Some("get"), "{e}");
+        assert_eq!(e.place.offset, Some(2), "{e}");
+    }
+
+    #[test]
+    fn every_request_that_finds_the_store_gone_names_its_object_and_request() {
+        let f = FaultStore::new(1);
+        let s = client(f.backend());
+        f.crash_when(|_| Some(Crash::Before));
+        let b = || Bytes::from_static(b"x");
+        let cases: [(&str, &str, Result<()>); 6] = [
+            ("put", "k/put", s.put("k/put", b())),
+            (
+                "create",
+                "k/create",
+                s.put_create("k/create", b()).map(|_| ()),
+            ),
+            ("get", "k/get", s.get("k/get").map(|_| ())),
+            ("head", "k/head", s.size_of("k/head").map(|_| ())),
+            ("list", "k/", s.list("k/", None).map(|_| ())),
+            ("delete", "k/delete", s.delete("k/delete")),
+        ];
+        for (op, key, r) in cases {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Unavailable, "{op}: {e}");
+            assert_eq!(e.place.op, Some(op), "{e}");
+            let object = format!("s3://bkt/pre/{key}");
+            assert_eq!(e.place.object.as_deref(), Some(object.as_str()), "{e}");
+            assert!(
+                e.to_string().starts_with(&format!("{object}: {op}: ")),
+                "{e}"
+            );
+            assert!(e.message.contains("(endpoint "), "{e}");
+        }
+    }
 
     #[test]
     fn urls_parse_and_print_back() {

@@ -21,11 +21,10 @@
 use std::io;
 use std::sync::Arc;
 
+use strata_api::DiffRange;
 use strata_datastore::{Datastore, Error};
 use strata_format::split_target;
 use strata_nbd::MetaContext;
-
-use crate::api::DiffRange;
 
 /// The prefix of the dirty-bitmap contexts.
 pub const PREFIX: &str = "qemu:dirty-bitmap:";

@@ -4,11 +4,10 @@
 //! or id, or another version that shares history), refuses one that does
 //! not exist, and counts everything past the base's size as changed.
 
+use strata_api::{DiffRange, DiffReport, RangeKind};
 use strata_datastore::{ChangedRange, Datastore};
 use strata_engine::{Error, ErrorKind};
 use strata_format::split_target;
-
-use crate::api::{DiffRange, DiffReport, RangeKind};
 
 /// A version as the diff names it: its target string, snapshot id and
 /// size.

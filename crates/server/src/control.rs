@@ -1,6 +1,7 @@
 //! The control socket of a running server (its side; the protocol and
-//! the client are in `wire`): CLI commands reach the datastore the server
-//! holds open, so snapshots and clones work while disks are served.
+//! the client are strata-api's `wire`): CLI commands reach the datastore
+//! the server holds open, so snapshots and clones work while disks are
+//! served.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -10,13 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use strata_api::wire::Reply;
+use strata_api::{Request, Response, VmdkServerStatus};
 use strata_engine::{Error, ErrorKind};
 use strata_vmdk::VmdkImage;
 
-use crate::api::{Request, Response, VmdkServerStatus};
 use crate::jobs::Jobs;
 use crate::ops::{execute, Ctx, Mover};
-use crate::wire::Reply;
 
 /// Longest request line accepted.
 const REQUEST_BYTES_MAX: u64 = 1 << 20;

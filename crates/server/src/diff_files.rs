@@ -7,12 +7,12 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::path::Path;
 
+use strata_api::{ExportDiffReport, ImportDiffReport, RangeKind};
 use strata_block::ZeroOptions;
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind};
 use strata_format::split_target;
 
-use crate::api::{ExportDiffReport, ImportDiffReport, RangeKind};
 use crate::copier::Work;
 use crate::rbd_diff::{Reader, Record, Writer, WRITE_MAX};
 

@@ -11,11 +11,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use strata_api::{GroupSnapshotReport, Request, Response};
 use strata_datastore::{
     Datastore, Error, ErrorKind, GroupSnapshotOptions, QuiesceReport, QuiesceResult,
 };
 
-use crate::api::{GroupSnapshotReport, Request, Response};
+use crate::views::Api;
 
 /// A hook's `quiesce` that has not finished by then is killed.
 pub const QUIESCE_TIMEOUT_DEFAULT_S: u64 = 60;
@@ -65,7 +66,7 @@ pub fn execute(ds: &dyn Datastore, req: &Request) -> Option<Result<Response, Err
             .map(|disks| Response::GroupReverted {
                 group: group.clone(),
                 snapshot: snapshot.clone(),
-                disks,
+                disks: disks.api(),
             }),
         Request::GroupClone {
             source,

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+use strata_api::{JobAction, JobInfo, JobState, Request, Response};
 use strata_engine::{Error, ErrorKind, WorkControl};
 
-use crate::api::{JobAction, JobInfo, JobState, Request, Response};
 use crate::ops::{execute, Ctx, JobList, Mover};
 
 /// Finished jobs kept for `strata jobs`, at most.

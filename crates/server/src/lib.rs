@@ -1,8 +1,11 @@
 //! strata's server: what a datastore of either kind answers, and the
 //! process that serves it.
 //!
-//! - [`api`]: the requests and answers (the control protocol's types and
-//!   the `--json` documents), [`wire`] their framing on the control socket.
+//! The requests and answers (the control protocol's types, their framing
+//! and client, the `--json` documents) are strata-api's: a client links
+//! that, not this crate. `views` brings the datastore's answers into
+//! its types.
+//!
 //! - [`ops`]: one request against one datastore, through
 //!   `strata_datastore::Datastore` (the CLI runs it in its own process when
 //!   no server holds the datastore); [`vmdk_ops`] the VMDK files';
@@ -14,7 +17,6 @@
 //!   API), and a clean shutdown.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
-pub mod api;
 pub mod bitmaps;
 pub mod changes;
 pub mod cloning;
@@ -24,6 +26,7 @@ pub mod diff_files;
 pub mod groups;
 pub mod holders;
 pub mod jobs;
+mod move_settings;
 pub mod moving;
 pub mod object_store;
 pub mod ops;
@@ -31,7 +34,6 @@ pub mod placement;
 pub mod rbd_diff;
 pub mod serve;
 pub mod slot;
-pub mod units;
+mod views;
 pub mod vmdk_ops;
 pub mod web;
-pub mod wire;

@@ -7,10 +7,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use strata_api::{MoveReport, Request, Response};
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
-use crate::api::{MoveReport, Request, Response};
 use crate::copier::{io, Copier, Pass};
 use crate::ops::Mover;
 use strata_datastore::{Capability, ChangedRange as Changed, SnapshotInfo};
@@ -29,20 +29,7 @@ const CONVERGED_BYTES: u64 = 8 << 20;
 const PASSES_MIN: u32 = 2;
 const PASSES_MAX: u32 = 6;
 
-/// Abort here (`STRATA_MOVE_CRASH_AT=copy|converge|switch|cleanup`), for
-/// the crash tests: the process dies as by kill -9.
-fn crash_point(at: &str) {
-    if std::env::var("STRATA_MOVE_CRASH_AT").as_deref() == Ok(at) {
-        eprintln!("strata: STRATA_MOVE_CRASH_AT={at}: aborting");
-        std::process::abort();
-    }
-}
-
-/// `STRATA_MOVE_MIRROR=always`: mirror after the first pass whatever it
-/// left (for the tests of active mirroring under a light load).
-fn mirror_always() -> bool {
-    std::env::var("STRATA_MOVE_MIRROR").as_deref() == Ok("always")
-}
+pub use crate::move_settings::{Mirror, MoveSettings, MoveStep, StepHook};
 
 fn bytes(r: &[Changed]) -> u64 {
     r.iter().map(|r| r.len).sum()
@@ -297,7 +284,7 @@ impl Move<'_> {
                     return Err(self.undo(e));
                 }
             };
-        crash_point("cleanup");
+        self.places.moves().reached(name, MoveStep::Switched);
         // The target is the disk now; the source goes.
         if let Err(e) = self.src.remove(name) {
             tracing::warn!(
@@ -346,17 +333,22 @@ impl Move<'_> {
         )?;
         copier.total += bytes(&ranges);
         copier.copy(&*source, &*target, &ranges, Pass::Locked(slot))?;
-        crash_point("copy");
-        let (mut passes, mirrored) = converge(slot, dirty, copier, &target, bytes(&ranges))?;
+        let moves = places.moves();
+        moves.reached(name, MoveStep::Copied);
+        let first = Converging {
+            previous: bytes(&ranges),
+            mirror: moves.mirror,
+        };
+        let (mut passes, mirrored) = converge(slot, dirty, copier, &target, first)?;
         target.flush().map_err(|e| io("flush the target", e))?;
-        crash_point("converge");
+        moves.reached(name, MoveStep::Converged);
         copier.checkpoint()?;
         let held = slot.switch(|| -> Result<Arc<dyn BlockDevice>, Error> {
             let d = dirty_ranges(dirty.take());
             copier.total += bytes(&d);
             copier.copy(&*source, &*target, &d, Pass::Held)?;
             target.flush().map_err(|e| io("flush the target", e))?;
-            crash_point("switch");
+            moves.reached(name, MoveStep::Switching);
             // The commit point.
             places.update(|f| {
                 if to.dir == places.home_dir() {
@@ -449,29 +441,39 @@ impl Move<'_> {
     }
 }
 
+/// How converging starts: what the head's first pass copied, and when
+/// to mirror.
+#[derive(Clone, Copy)]
+struct Converging {
+    previous: u64,
+    mirror: Mirror,
+}
+
 /// Copy again what clients changed (`dirty`) until a pass finds little,
-/// or, when passes do not shrink, mirror client writes into `target` and
-/// copy once more what they changed before; then copy what the last look
-/// found. `previous`: what the head's copy copied. Returns the passes and
+/// or, when passes do not shrink (or `first.mirror` says always), mirror
+/// client writes into `target` and copy once more what they changed
+/// before; then copy what the last look found. Returns the passes and
 /// whether writes are mirrored.
 fn converge(
     slot: &crate::slot::Slot,
     dirty: &crate::slot::DirtyMap,
     copier: &mut Copier<'_>,
     target: &Arc<dyn BlockDevice>,
-    mut previous: u64,
+    first: Converging,
 ) -> Result<(u32, bool), Error> {
     let source = slot.device();
+    let always = first.mirror == Mirror::Always;
+    let mut previous = first.previous;
     let mut passes = 0;
     let mut mirrored = false;
     let mut last = loop {
         let d = dirty_ranges(dirty.take());
         let small = bytes(&d) <= CONVERGED_BYTES;
-        if small && !mirror_always() {
+        if small && !always {
             break d;
         }
         let shrinking = bytes(&d) <= previous / 2;
-        if (!shrinking && passes >= PASSES_MIN) || passes >= PASSES_MAX || mirror_always() {
+        if (!shrinking && passes >= PASSES_MIN) || passes >= PASSES_MAX || always {
             // Writes outpace the copy: from here clients write both
             // copies, and what they changed before is copied once more.
             slot.mirror(target.clone());

@@ -2,10 +2,11 @@
 //! to an object store. Everything else, `claim`, `release`, `gc` and
 //! `compact` included, goes through the datastore trait in `ops`.
 
+use strata_api::Response;
 use strata_engine::Error;
-use strata_objstore::SharedDatastore;
+use strata_objstore::ObjectStoreDatastore;
 
-use crate::api::Response;
+use crate::views::Api;
 
 /// `init --object-store URL` (`attach`: `attach --object-store URL`): the
 /// datastore's summary.
@@ -13,12 +14,12 @@ pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<
     let url = strata_s3::StoreUrl::parse(url)?;
     let opts = strata_s3::Options::default();
     let (_, summary) = if attach {
-        SharedDatastore::attach(dir, &url, &opts)
+        ObjectStoreDatastore::attach(dir, &url, &opts)
     } else {
-        SharedDatastore::init(dir, &url, &opts)
+        ObjectStoreDatastore::init(dir, &url, &opts)
     }?;
     Ok(Response::Joined {
         attached: attach,
-        summary,
+        summary: summary.api(),
     })
 }

@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use strata_api::{Request, Response};
 use strata_datastore::{Datastore as AnyDatastore, OpenOptions};
 use strata_engine::{Error, ErrorKind, WorkControl};
 
-use crate::api::{Request, Response};
+use crate::move_settings::MoveSettings;
 use crate::ops::{self, Ctx};
 use crate::slot::Slot;
+use crate::views::Api;
 
 pub use strata_datastore::Kind;
 
@@ -107,11 +109,34 @@ impl PlacementFile {
     }
 }
 
-/// How the server opens other datastores for moves.
+/// How the server opens other datastores for moves, and how its moves
+/// run.
+#[derive(Debug, Clone)]
 pub struct Config {
     pub metadata_cache: u64,
     pub direct_io: bool,
     pub store_timeout: Duration,
+    /// Object stores: whole-object prefetch and automatic compaction
+    /// (`strata_datastore::OpenOptions`).
+    pub store_prefetch: bool,
+    pub store_compact: strata_datastore::AutoCompact,
+    pub moves: MoveSettings,
+}
+
+impl Default for Config {
+    /// A datastore's defaults ([`OpenOptions`]), and moves that mirror
+    /// when they must.
+    fn default() -> Self {
+        let o = OpenOptions::default();
+        Config {
+            metadata_cache: o.cache_bytes,
+            direct_io: o.direct_io,
+            store_timeout: o.store_timeout,
+            store_prefetch: o.store_prefetch,
+            store_compact: o.store_compact,
+            moves: MoveSettings::default(),
+        }
+    }
 }
 
 /// A server's disks and where they live.
@@ -198,6 +223,11 @@ impl Places {
         &self.home_dir
     }
 
+    /// How this server's moves run.
+    pub fn moves(&self) -> &MoveSettings {
+        &self.cfg.moves
+    }
+
     pub fn home_location(&self) -> Location {
         Location {
             kind: self.home.kind(),
@@ -240,6 +270,8 @@ impl Places {
             cache_bytes: self.cfg.metadata_cache,
             direct_io: self.cfg.direct_io,
             store_timeout: self.cfg.store_timeout,
+            store_prefetch: self.cfg.store_prefetch,
+            store_compact: self.cfg.store_compact,
             // Its disks are served here: their claims are this server's.
             role: strata_datastore::Role::Server,
             ..Default::default()
@@ -405,7 +437,7 @@ impl Places {
         };
         drop(src);
         self.release_unused(&to);
-        r.map(Response::Disk)
+        r.map(|d| Response::Disk(d.api()))
     }
 
     /// Refuse a change to `disk` while it is being moved.

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_api::VmdkServerStatus;
 use strata_block::BlockDevice;
 use strata_engine::{AlarmKind, AlarmState, AlarmStatus, Error, ErrorKind};
 use strata_nbd::{
@@ -24,7 +25,6 @@ use strata_stats::{Gauge, StatsDevice, StatsRegistry};
 use strata_vhost::VhostBlkServer;
 use strata_vmdk::VmdkImage;
 
-use crate::api::VmdkServerStatus;
 use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
@@ -104,6 +104,13 @@ pub struct ServeConfig {
     pub store_cache: Option<u64>,
     /// Object stores: seconds between background collections (0: none).
     pub gc_interval: u64,
+    /// Object stores: reads that miss in the segment cache also fetch
+    /// their objects whole in the background.
+    pub store_prefetch: bool,
+    /// Object stores: the compaction passes disks run by themselves.
+    pub store_compact: strata_datastore::AutoCompact,
+    /// When a move mirrors client writes into its target.
+    pub move_mirror: crate::move_settings::Mirror,
     /// Object stores: disks served incoming (a live migration's target).
     pub incoming: Vec<String>,
     /// How long an incoming disk's first write waits for the release, in seconds.
@@ -340,6 +347,12 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
             metadata_cache,
             direct_io: args.direct_io,
             store_timeout: Duration::from_secs(args.store_timeout),
+            store_prefetch: args.store_prefetch,
+            store_compact: args.store_compact,
+            moves: crate::move_settings::MoveSettings {
+                mirror: args.move_mirror,
+                on_step: None,
+            },
         },
     )?;
     let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
@@ -515,6 +528,8 @@ fn open_home(
         direct_io: args.direct_io,
         store_timeout: Duration::from_secs(args.store_timeout),
         store_cache: args.store_cache,
+        store_prefetch: args.store_prefetch,
+        store_compact: args.store_compact,
         role: strata_datastore::Role::Server,
         serving: Some(strata_datastore::Serving {
             detect_zeroes: args.detect_zeroes,

@@ -6,6 +6,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use strata_api::request::absolute;
+use strata_api::{
+    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, Request, Response,
+    ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
+    VmdkRequest, VmdkResponse,
+};
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind, Provisioning};
@@ -16,11 +22,7 @@ use strata_vmdk::{
     create_image, ImageSpec, OpenOptions, RangeState, StreamWriter, Subformat, VmdkImage,
 };
 
-use crate::api::{
-    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, Request, Response,
-    ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
-    VmdkRequest, VmdkResponse,
-};
+use crate::views::Api;
 
 const GRAIN: u64 = 4096;
 const CHUNK: u64 = 1 << 20;
@@ -204,7 +206,7 @@ pub fn import(
         ImageFormat::Raw => {
             import_raw(ds, path, name, prov, progress)?;
             Ok(ImportReport {
-                disk: ds.disk_view(name, false)?,
+                disk: ds.disk_view(name, false)?.api(),
                 format,
                 links: None,
                 snapshots: Vec::new(),
@@ -306,7 +308,7 @@ fn import_qcow2(
     let _ = std::fs::remove_file(&tmp);
     r?;
     Ok(ImportReport {
-        disk: ds.disk_view(name, false)?,
+        disk: ds.disk_view(name, false)?.api(),
         format: ImageFormat::Qcow2,
         links: None,
         snapshots: Vec::new(),
@@ -562,7 +564,7 @@ fn import_vmdk(
         return Err(e);
     }
     Ok(ImportReport {
-        disk: ds.disk_view(name, false)?,
+        disk: ds.disk_view(name, false)?.api(),
         format: ImageFormat::Vmdk,
         links: Some(
             img.links
@@ -775,7 +777,7 @@ fn shrink_served(
         path: absolute(path)?,
         rate_bytes_per_sec: rate,
     };
-    match crate::wire::request(socket, &req, false, progress) {
+    match strata_api::wire::request(socket, &req, false, progress) {
         Ok(Response::VmdkShrink(r)) => Ok(r),
         Ok(other) => Err(Error::new(
             ErrorKind::Io,
@@ -800,14 +802,4 @@ fn shrink_served(
             ),
         )),
     }
-}
-
-/// Make a path absolute so a server in another directory finds it.
-pub fn absolute(p: &Path) -> Result<PathBuf, Error> {
-    if p.is_absolute() {
-        return Ok(p.to_path_buf());
-    }
-    Ok(std::env::current_dir()
-        .map_err(|e| io("current directory", e))?
-        .join(p))
 }

@@ -17,11 +17,10 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Uri};
 use serde_json::{json, Value};
+use strata_api::units::parse_size;
+use strata_api::{JobAction, Request, Response};
 use strata_engine::{Error, ErrorKind, Provisioning};
 use strata_stats::{Gauge, StatsRegistry};
-
-use crate::api::{JobAction, Request, Response};
-use crate::units::parse_size;
 
 /// Requests answered at once, at most (more get 503).
 const IN_FLIGHT_MAX: usize = 32;

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use strata_block::{BlockDevice, BlockResult, Extent, IoHold, Planned, ReadFill, ZeroOptions};
 
-use crate::disk::{Command, DiskStats, Op};
+use strata_api::stats::Op;
+
+use crate::disk::{Command, DiskStats};
 
 /// A planned read's command, finished when the read is over.
 struct Recording(Command<Arc<DiskStats>>);

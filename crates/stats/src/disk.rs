@@ -6,15 +6,14 @@ use std::sync::{Arc, OnceLock};
 
 use quanta::Clock;
 
+use strata_api::stats::{
+    ArrivalHistograms, HistogramSnapshot, LatencyHistograms, Op, OpCounters, ReadWriteHistograms,
+    StatsSnapshot, OP_COUNT,
+};
 use strata_block::SECTOR_BYTES;
 
 use crate::histogram::{
-    shard, Histogram, HistogramSnapshot, INTERARRIVAL, IO_LENGTH, LATENCY, OUTSTANDING,
-    SEEK_DISTANCE,
-};
-pub use crate::op::{Op, OP_COUNT};
-use crate::snapshot::{
-    ArrivalHistograms, LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot,
+    shard, Histogram, INTERARRIVAL, IO_LENGTH, LATENCY, OUTSTANDING, SEEK_DISTANCE,
 };
 
 /// "No previous command" marker for the seek and interarrival trackers.

@@ -6,8 +6,7 @@ use std::sync::atomic::{
 };
 
 use parking_lot::Mutex;
-
-use serde::{Deserialize, Serialize};
+use strata_api::stats::{BucketSnapshot, HistogramSnapshot};
 
 /// I/O length edges, in bytes.
 pub const IO_LENGTH_EDGES: &[i64] = &[
@@ -108,6 +107,11 @@ impl HistogramSpec {
     /// Number of buckets, the overflow bucket included.
     pub fn buckets(&self) -> usize {
         self.edges.len() + 1
+    }
+
+    /// An all-zero snapshot shaped like this spec.
+    pub fn empty_snapshot(&'static self) -> HistogramSnapshot {
+        Histogram::new(self).snapshot()
     }
 
     /// The bucket a raw value lands in: the first whose edge (in raw units)
@@ -347,69 +351,5 @@ impl Histogram {
             sum,
             buckets,
         }
-    }
-}
-
-/// One bucket of a [`HistogramSnapshot`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BucketSnapshot {
-    /// Inclusive upper edge in the histogram's `unit`; `None` for the
-    /// overflow bucket.
-    pub le: Option<i64>,
-    /// `"<=EDGE"` or `">LAST_EDGE"`.
-    pub label: String,
-    /// Values in this bucket alone (not cumulative).
-    pub count: u64,
-}
-
-/// A point-in-time copy of a [`Histogram`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HistogramSnapshot {
-    /// Unit of the bucket edges.
-    pub unit: String,
-    /// Unit of `sum`.
-    pub sum_unit: String,
-    /// How many `sum_unit`s make one `unit` (1000 for the time histograms).
-    pub sum_scale: i64,
-    /// Total of all buckets.
-    pub count: u64,
-    /// Exact sum of recorded values in `sum_unit` (wraps after 2^64).
-    pub sum: i128,
-    /// Every bucket in edge order, the overflow bucket last.
-    pub buckets: Vec<BucketSnapshot>,
-}
-
-impl HistogramSnapshot {
-    /// An all-zero snapshot shaped like `spec`.
-    pub fn empty(spec: &'static HistogramSpec) -> Self {
-        Histogram::new(spec).snapshot()
-    }
-
-    /// Count of the bucket whose edge is `le` (`None`: the overflow bucket).
-    pub fn bucket_count(&self, le: Option<i64>) -> Option<u64> {
-        self.buckets.iter().find(|b| b.le == le).map(|b| b.count)
-    }
-
-    /// Mean of the recorded values in `unit`, if any were recorded.
-    pub fn mean(&self) -> Option<f64> {
-        (self.count > 0).then(|| self.sum as f64 / self.sum_scale as f64 / self.count as f64)
-    }
-
-    /// Add `other`'s buckets, count and sum to this one.
-    ///
-    /// # Panics
-    /// If the two snapshots do not have the same edges.
-    pub fn absorb(&mut self, other: &HistogramSnapshot) {
-        assert_eq!(
-            self.buckets.len(),
-            other.buckets.len(),
-            "histogram shapes differ"
-        );
-        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
-            assert_eq!(mine.le, theirs.le, "histogram edges differ");
-            mine.count += theirs.count;
-        }
-        self.count += other.count;
-        self.sum += other.sum;
     }
 }

@@ -43,7 +43,9 @@
 //!   is taken when a connection looks its disk up, never per I/O.
 //! - [`DiskStats::snapshot`] copies everything into a [`StatsSnapshot`]
 //!   (serde, for `--json`), which [`render_text`], [`render_prometheus`]
-//!   and [`render_json`] turn into output.
+//!   and [`render_json`] turn into output. The snapshot's types and [`Op`]
+//!   are strata-api's (`strata_api::stats`: a `stats` answer carries
+//!   them), re-exported here.
 //!
 //! # What is recorded
 //!
@@ -132,25 +134,23 @@
 mod device;
 mod disk;
 mod histogram;
-mod op;
 mod registry;
 mod render;
-mod snapshot;
 
 #[cfg(test)]
 mod tests;
 
 pub use device::StatsDevice;
-pub use disk::{Command, DiskStats, Op, CLOSEST_OF, OP_COUNT};
+pub use disk::{Command, DiskStats, CLOSEST_OF};
 pub use histogram::{
-    BucketSnapshot, Histogram, HistogramSnapshot, HistogramSpec, INTERARRIVAL,
-    INTERARRIVAL_EDGES_US, IO_LENGTH, IO_LENGTH_EDGES, LATENCY, LATENCY_EDGES_US, OUTSTANDING,
-    OUTSTANDING_EDGES, SEEK_DISTANCE, SEEK_DISTANCE_EDGES,
+    Histogram, HistogramSpec, INTERARRIVAL, INTERARRIVAL_EDGES_US, IO_LENGTH, IO_LENGTH_EDGES,
+    LATENCY, LATENCY_EDGES_US, OUTSTANDING, OUTSTANDING_EDGES, SEEK_DISTANCE, SEEK_DISTANCE_EDGES,
 };
 pub use registry::StatsRegistry;
 pub use render::{
     escape_label_value, render_json, render_prometheus, render_text, Gauge, BAR_WIDTH,
 };
-pub use snapshot::{
-    ArrivalHistograms, LatencyHistograms, OpCounters, ReadWriteHistograms, StatsSnapshot,
+pub use strata_api::stats::{
+    ArrivalHistograms, BucketSnapshot, HistogramSnapshot, LatencyHistograms, Op, OpCounters,
+    ReadWriteHistograms, StatsSnapshot, OP_COUNT,
 };

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use strata_api::stats::StatsSnapshot;
 
 use crate::disk::DiskStats;
-use crate::snapshot::StatsSnapshot;
 
 /// Maps a disk or export name to its [`DiskStats`].
 ///

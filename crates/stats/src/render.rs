@@ -3,10 +3,7 @@
 use std::fmt::Write as _;
 
 use serde::{Serialize, Serializer};
-
-use crate::disk::Op;
-use crate::histogram::HistogramSnapshot;
-use crate::snapshot::{ArrivalHistograms, StatsSnapshot};
+use strata_api::stats::{ArrivalHistograms, HistogramSnapshot, Op, StatsSnapshot};
 
 /// Width of the longest bar in [`render_text`].
 pub const BAR_WIDTH: u64 = 40;

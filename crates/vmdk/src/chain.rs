@@ -13,8 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use strata_block::{
-    BlockDevice, BlockError, BlockResult, ErrorKind, Extent, Fill, ReadFill, ZeroOptions,
-    SECTOR_BYTES,
+    BlockDevice, BlockResult, ErrorKind, Extent, Fill, ReadFill, ZeroOptions, SECTOR_BYTES,
 };
 use strata_storage::{Backend, Storage};
 
@@ -225,6 +224,7 @@ fn new_cid(old: u32) -> u32 {
 
 impl VmdkImage {
     /// Open `path` (a descriptor or a bare sparse file) and its parents.
+    /// An error names the file it concerns by its absolute path.
     pub fn open(path: &std::path::Path, opts: &OpenOptions) -> Result<Self> {
         let dir = path
             .parent()
@@ -238,15 +238,29 @@ impl VmdkImage {
                     path.display().to_string(),
                     "not a file name",
                 )
+                .op("open")
             })?
             .to_string_lossy()
             .to_string();
+        // Absolute, so that the place of an error is the file's path
+        // whatever the caller's working directory.
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         let backend: Arc<dyn Backend> = Arc::new(strata_storage::FileBackend::new(dir));
         Self::open_in(backend, &name, opts)
     }
 
     /// Open `name` in `backend` (parents are looked up in the same backend).
+    /// An error names the file it concerns in the backend
+    /// (`describe()/NAME`), with op "open".
     pub fn open_in(backend: Arc<dyn Backend>, name: &str, opts: &OpenOptions) -> Result<Self> {
+        let folder = backend.describe();
+        Self::open_chain(backend, name, opts)
+            .map_err(|e| crate::error::in_folder(e, &folder, "open"))
+    }
+
+    /// [`Self::open_in`], its errors naming files by their names in the
+    /// backend.
+    fn open_chain(backend: Arc<dyn Backend>, name: &str, opts: &OpenOptions) -> Result<Self> {
         let files: Arc<dyn Backend> = if opts.lock {
             Arc::new(LockingBackend::new(backend.clone()))
         } else {
@@ -351,13 +365,15 @@ impl VmdkImage {
                         return Err(crate::error::malformed(
                             name,
                             "embedded descriptor lies past the end of the file",
-                        ));
+                        )
+                        .offset(off));
                     }
                     let mut b = vec![0u8; bytes as usize];
                     f.read_at(&mut b, off)
                         .map_err(|e| crate::error::io(name, e))?;
                     let d = Descriptor::parse(&b).map_err(|e| {
                         crate::error::malformed(name, format!("embedded descriptor: {e}"))
+                            .offset(off)
                     })?;
                     let end = b.iter().position(|&x| x == 0).unwrap_or(b.len());
                     let text = String::from_utf8_lossy(&b[..end]).to_string();
@@ -528,9 +544,10 @@ impl VmdkImage {
 
     fn top_writable(&self) -> BlockResult<()> {
         if !self.writable || !self.links[0].writable {
-            return Err(BlockError::new(
+            return Err(crate::error::new(
                 ErrorKind::ReadOnly,
-                format!("{} is open read-only", self.links[0].name),
+                &self.links[0].name,
+                "open read-only",
             ));
         }
         Ok(())

@@ -9,6 +9,7 @@
 use std::io::Write as _;
 use std::sync::Arc;
 
+use strata_api::Subformat;
 use strata_storage::{Backend, Storage};
 
 use crate::chain::{OpenOptions, VmdkImage};
@@ -18,60 +19,6 @@ use crate::sparse::{
     create_cowd, create_kdmv, create_sesparse, KdmvHeader, FLAG_COMPRESS, FLAG_MARKER,
     FLAG_NL_DETECT, GD_AT_END, MARKER_EOS, MARKER_FOOTER, MARKER_GD, MARKER_GT, SECTOR,
 };
-
-/// What `export --subformat` can write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subformat {
-    MonolithicSparse,
-    MonolithicFlat,
-    StreamOptimized,
-    VmfsSparse,
-    SeSparse,
-}
-
-impl Subformat {
-    pub const ALL: [Subformat; 5] = [
-        Subformat::MonolithicSparse,
-        Subformat::MonolithicFlat,
-        Subformat::StreamOptimized,
-        Subformat::VmfsSparse,
-        Subformat::SeSparse,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Subformat::MonolithicSparse => "monolithicSparse",
-            Subformat::MonolithicFlat => "monolithicFlat",
-            Subformat::StreamOptimized => "streamOptimized",
-            Subformat::VmfsSparse => "vmfsSparse",
-            Subformat::SeSparse => "seSparse",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                crate::error::new(
-                    VmdkErrorKind::InvalidArgument,
-                    "",
-                    format!(
-                        "unknown subformat {s:?}; one of: {}",
-                        Self::ALL.map(|f| f.name()).join(", ")
-                    ),
-                )
-            })
-    }
-
-    /// Whether an image of this subformat can have a parent.
-    pub fn can_be_delta(self) -> bool {
-        matches!(
-            self,
-            Subformat::MonolithicSparse | Subformat::VmfsSparse | Subformat::SeSparse
-        )
-    }
-}
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -173,8 +120,24 @@ pub fn image_files(name: &str, subformat: Subformat) -> Vec<String> {
 }
 
 /// Create an empty image and open it for writing. streamOptimized is not
-/// created here (see [`StreamWriter`]).
+/// created here (see [`StreamWriter`]). An error names the file it
+/// concerns in the backend (`describe()/NAME`), with op "create" (or
+/// "open" for the open that ends it).
 pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> Result<VmdkImage> {
+    write_image(&*backend, name, spec)
+        .map_err(|e| crate::error::in_folder(e, &backend.describe(), "create"))?;
+    VmdkImage::open_in(
+        backend,
+        name,
+        &OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )
+}
+
+/// The files of a new image, errors naming them by their names in `backend`.
+fn write_image(backend: &dyn Backend, name: &str, spec: &ImageSpec) -> Result<()> {
     if spec.parent.is_some() && !spec.subformat.can_be_delta() {
         return Err(crate::error::unsupported(
             name,
@@ -196,17 +159,17 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
     match spec.subformat {
         Subformat::MonolithicSparse => {
             let d = descriptor(spec, "monolithicSparse", ExtentType::Sparse, ext_name(0));
-            let f = open_new(&*backend, name)?;
+            let f = open_new(backend, name)?;
             create_kdmv(&*f, name, spec.sectors, spec.zero_grain, &d.render())?;
             f.sync().map_err(|e| crate::error::io(name, e))?;
         }
         Subformat::MonolithicFlat => {
             let d = descriptor(spec, "monolithicFlat", ExtentType::Flat, ext_name(1));
-            let flat = open_new(&*backend, &files[1])?;
+            let flat = open_new(backend, &files[1])?;
             flat.set_len(spec.sectors * SECTOR)
                 .map_err(|e| crate::error::io(&files[1], e))?;
             flat.sync().map_err(|e| crate::error::io(&files[1], e))?;
-            let f = open_new(&*backend, name)?;
+            let f = open_new(backend, name)?;
             put(&*f, name, d.render().as_bytes(), 0)?;
             f.sync().map_err(|e| crate::error::io(name, e))?;
         }
@@ -217,14 +180,14 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
                 ("seSparse", ExtentType::SeSparse)
             };
             let d = descriptor(spec, ct, kind, ext_name(1));
-            let ext = open_new(&*backend, &files[1])?;
+            let ext = open_new(backend, &files[1])?;
             if spec.subformat == Subformat::VmfsSparse {
                 create_cowd(&*ext, &files[1], spec.sectors)?;
             } else {
                 create_sesparse(&*ext, &files[1], spec.sectors)?;
             }
             ext.sync().map_err(|e| crate::error::io(&files[1], e))?;
-            let f = open_new(&*backend, name)?;
+            let f = open_new(backend, name)?;
             put(&*f, name, d.render().as_bytes(), 0)?;
             f.sync().map_err(|e| crate::error::io(name, e))?;
         }
@@ -235,14 +198,7 @@ pub fn create_image(backend: Arc<dyn Backend>, name: &str, spec: &ImageSpec) -> 
             ))
         }
     }
-    VmdkImage::open_in(
-        backend,
-        name,
-        &OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
+    Ok(())
 }
 
 /// Writes a streamOptimized image front to back: header and descriptor,
@@ -270,7 +226,15 @@ fn marker(val: u64, size: u32, ty: u32) -> [u8; 512] {
 }
 
 impl StreamWriter {
+    /// Start a stream of `sectors` in a new file `name` of `backend`. An
+    /// error names the file in the backend (`describe()/NAME`), with op
+    /// "create".
     pub fn create(backend: &dyn Backend, name: &str, sectors: u64, adapter: &str) -> Result<Self> {
+        Self::start(backend, name, sectors, adapter)
+            .map_err(|e| crate::error::in_folder(e, &backend.describe(), "create"))
+    }
+
+    fn start(backend: &dyn Backend, name: &str, sectors: u64, adapter: &str) -> Result<Self> {
         let mut spec = ImageSpec::new(Subformat::StreamOptimized, sectors);
         spec.adapter = adapter.into();
         let d = descriptor(

@@ -17,6 +17,9 @@ pub mod lock;
 pub mod sparse;
 
 pub use chain::{OpenOptions, RangeState, VmdkImage};
-pub use create::{create_image, ImageSpec, StreamWriter, Subformat};
+pub use create::{create_image, ImageSpec, StreamWriter};
 pub use descriptor::Descriptor;
 pub use error::{Result, VmdkError, VmdkErrorKind};
+
+// What `export --subformat` writes: strata-api's vocabulary.
+pub use strata_api::Subformat;

@@ -2,9 +2,9 @@
 //! copies the mapped data of a disk or snapshot into a new disk, holding
 //! the source still in a hidden snapshot while it copies.
 
-use crate::catalog::{
-    check_name, split_target, DiskRec, Provisioning, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX,
-};
+use strata_api::Provisioning;
+
+use crate::catalog::{check_name, split_target, DiskRec, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX};
 use crate::error::{err, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::store::now_unix;

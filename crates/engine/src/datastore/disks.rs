@@ -4,7 +4,9 @@
 
 use strata_format::GRAIN_BYTES;
 
-use crate::catalog::{check_name, DiskRec, Provisioning, SnapshotRec};
+use strata_api::Provisioning;
+
+use crate::catalog::{check_name, DiskRec, SnapshotRec};
 use crate::error::{err, ErrorKind, Result};
 use crate::store::{now_unix, SpaceRequest};
 use crate::throttle::IoLimits;

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use strata_format::{BLOCK_GRAINS, GRAIN_BYTES};
 
 use crate::error::{err, ErrorKind, Result};
-use crate::layout::{
-    DefragReport, FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES, FREE_STEP_BLOCKS,
-};
+use strata_api::{DefragReport, FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES};
+
+use crate::layout::FREE_STEP_BLOCKS;
 use crate::meta::{FreeExtents, ZoneGrain, ZoneScan};
 use crate::work::Pacer;
 

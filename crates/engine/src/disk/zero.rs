@@ -4,10 +4,10 @@
 //! region at a time under its write stripes (`in_regions`), so a client
 //! write waits for one region at most.
 
+use strata_api::Provisioning;
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
-use crate::catalog::Provisioning;
 use crate::error::{ErrorKind, Result};
 
 use super::{abort_pieces, install_pieces, is_zero, DiskHandle, Piece, ZERO_CHUNK_BYTES};

@@ -4,19 +4,11 @@
 
 use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
+use strata_api::FREE_EXTENT_CLASSES;
+
 use super::tree::Slot;
 use super::Meta;
 use crate::error::Result;
-
-/// Free-run size classes of `free_extent_histogram`, in grains: 1, 2–15
-/// (< 64 KiB, never punched), 16–255 (< 1 MiB), 256–4095 (< 16 MiB), more.
-pub const FREE_EXTENT_CLASSES: [(&str, u64); 5] = [
-    ("4k", 1),
-    ("8k-60k", 2),
-    ("64k-1020k", 16),
-    ("1m-16m", 256),
-    ("16m+", 4096),
-];
 
 /// Running state of a fragments walk (FORMAT.md §10.1).
 #[derive(Debug, Default, Clone, Copy)]

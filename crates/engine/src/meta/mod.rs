@@ -47,7 +47,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::{pool_end_covering, Allocator, DataSlot, Place};
-pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan, FREE_EXTENT_CLASSES};
+pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan};
 pub use pages::{DirtyPages, EncodedPage};
 
 /// What a commit takes out of the metadata state.

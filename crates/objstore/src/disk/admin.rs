@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// An owner-only change of the manifest (snapshot, revert, delete a
     /// snapshot): takes the disk over if no live writer holds it, commits
     /// the unflushed writes, then commits `change(newest)`.
@@ -116,7 +116,7 @@ impl SharedDisk {
     /// were held. A failure leaves no group snapshot (the caller writes
     /// none); member records already written are incomplete (§11.11).
     pub fn group_cut(
-        members: &[Arc<SharedDisk>],
+        members: &[Arc<ObjectDisk>],
         snap: &str,
         description: &str,
         group: GroupRef,

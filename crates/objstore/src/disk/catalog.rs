@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SharedDatastore {
+impl ObjectStoreDatastore {
     /// The disk id a name stands for.
     pub fn disk_id(&self, name: &str) -> Result<u32> {
         let key = name_key(name);
@@ -200,7 +200,7 @@ pub(super) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-impl SharedDatastore {
+impl ObjectStoreDatastore {
     /// Whether this process may act as disk `name`'s owner without
     /// fencing a live writer: nobody owns it, this process does, this
     /// host claimed it (`strata claim` with no server running), or its

@@ -19,7 +19,7 @@ pub(super) fn claim(
     name: &str,
     id: u32,
     me: Owner,
-    unless_live: Option<&SharedDatastore>,
+    unless_live: Option<&ObjectStoreDatastore>,
 ) -> Result<Claimed> {
     let mut newest = newest_manifest(store, id)?;
     let first_gen = newest.generation;
@@ -79,7 +79,7 @@ pub(super) fn claim(
 /// Wait up to `wait` until disk `name` may be taken without fencing a
 /// live writer (released, or its writer gone; §11.5a).
 pub(super) fn wait_for_release(
-    ds: &SharedDatastore,
+    ds: &ObjectStoreDatastore,
     name: &str,
     id: u32,
     wait: Duration,
@@ -105,7 +105,7 @@ pub(super) fn wait_for_release(
     }
 }
 
-impl SharedDisk {
+impl ObjectDisk {
     /// A handle opened read-only here never claims the disk.
     fn claimable(&self) -> Result<()> {
         if self.read_only {

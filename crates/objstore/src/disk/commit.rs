@@ -8,7 +8,7 @@ use super::*;
 /// A batch's grains that hold data: (virtual grain, its bytes).
 type DataGrains<'b> = Vec<(u64, &'b [u8])>;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// Upload every acknowledged write and commit the next manifest. A
     /// FLUSH whose writes a commit in flight covers waits for that one;
     /// otherwise its commit is issued at once, on top of one still in

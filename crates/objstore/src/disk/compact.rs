@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use strata_s3::Bytes;
 
-use super::{Batch, SharedDisk, G, SEGMENT_GRAINS};
+use super::{Batch, ObjectDisk, G, SEGMENT_GRAINS};
 use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, GRAIN};
 use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 
@@ -20,8 +20,6 @@ use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 const BUSY_BYTES: u64 = 16 << 20;
 /// ... and this long after it.
 const BUSY_GAP: Duration = Duration::from_secs(3);
-/// An idle pass runs once the disk had no write for this long.
-const IDLE_AFTER: Duration = Duration::from_secs(30);
 /// Thresholds (live share of an object's bytes) of the automatic passes.
 const BUSY_BELOW: f64 = 0.5;
 const IDLE_BELOW: f64 = 0.85;
@@ -31,6 +29,45 @@ pub const PRESS_ABOVE: f64 = 1.4;
 pub const PRESS_BELOW: f64 = 0.67;
 /// An automatic pass that would give back less than this does nothing.
 const MIN_RECLAIM: u64 = 4 << 20;
+
+/// The compaction passes a disk's writer runs by itself (§11.7a): busy
+/// passes while clients write, an idle pass once they stopped. A pass
+/// that would give back less than 4 MiB does nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoCompact {
+    /// Once clients wrote 16 MiB since the last pass and at least 3 s
+    /// after it: a pass at 50 % live (67 % while the disk's objects hold
+    /// more than [`PRESS_ABOVE`] times its live bytes), within the bytes
+    /// they wrote.
+    pub busy: bool,
+    /// A pass at 85 % once the disk had no write for this long, after
+    /// each burst of writes (None: no idle passes).
+    pub idle_after: Option<Duration>,
+}
+
+impl AutoCompact {
+    /// The idle delay unless told otherwise (`strata serve --compact-idle`).
+    pub const IDLE_AFTER: Duration = Duration::from_secs(30);
+    /// No automatic passes: `strata compact` alone compacts.
+    pub const OFF: AutoCompact = AutoCompact {
+        busy: false,
+        idle_after: None,
+    };
+
+    /// Whether any pass runs by itself.
+    pub fn any(&self) -> bool {
+        self.busy || self.idle_after.is_some()
+    }
+}
+
+impl Default for AutoCompact {
+    fn default() -> Self {
+        AutoCompact {
+            busy: true,
+            idle_after: Some(Self::IDLE_AFTER),
+        }
+    }
+}
 
 /// A grain compaction rewrote: it moves from `old` to `new` only if it is
 /// still at `old` in the manifest the commit builds on.
@@ -122,7 +159,7 @@ pub(super) struct Compactor {
     stats: Mutex<CompactStats>,
 }
 
-impl SharedDisk {
+impl ObjectDisk {
     /// What compaction did on this handle.
     pub fn compact_stats(&self) -> CompactStats {
         *self.compactor.stats.lock().unwrap()
@@ -133,18 +170,18 @@ impl SharedDisk {
         self.state.lock().unwrap().client_bytes
     }
 
-    /// Start the automatic passes (§11.7a) once this handle writes the
-    /// disk: a thread that ends with the handle, a release or a fence.
+    /// Start the automatic passes (§11.7a) the datastore's options ask
+    /// for once this handle writes the disk: a thread that ends with the
+    /// handle, a release or a fence.
     pub(super) fn start_compactor(&self) {
-        if std::env::var("STRATA_COMPACT").is_ok_and(|v| v == "0")
-            || self.compactor.running.swap(true, Ordering::AcqRel)
-        {
+        let auto = self.ds.options().compact;
+        if !auto.any() || self.compactor.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let me = self.me.clone();
         let spawned = std::thread::Builder::new()
             .name("strata-compact".into())
-            .spawn(move || auto_passes(me));
+            .spawn(move || auto_passes(me, auto));
         if spawned.is_err() {
             self.compactor.running.store(false, Ordering::Release);
         }
@@ -445,7 +482,7 @@ impl SharedDisk {
 
 /// The automatic passes of one handle (§11.7a), until it is dropped,
 /// released or fenced.
-fn auto_passes(me: std::sync::Weak<SharedDisk>) {
+fn auto_passes(me: std::sync::Weak<ObjectDisk>, auto: AutoCompact) {
     let mut last_pass = Instant::now();
     let mut bytes_then = 0u64;
     let mut idle_then = 0u64;
@@ -460,15 +497,18 @@ fn auto_passes(me: std::sync::Weak<SharedDisk>) {
             }
             (st.client_bytes, st.last_write)
         };
-        let (below, budget) =
-            if client - bytes_then >= BUSY_BYTES && last_pass.elapsed() >= BUSY_GAP {
-                (BUSY_BELOW, Some(client - bytes_then))
-            } else if client != idle_then && last_write.elapsed() >= IDLE_AFTER {
-                idle_then = client;
-                (IDLE_BELOW, None)
-            } else {
-                continue;
-            };
+        let busy = client - bytes_then >= BUSY_BYTES && last_pass.elapsed() >= BUSY_GAP;
+        let idle = auto
+            .idle_after
+            .is_some_and(|after| client != idle_then && last_write.elapsed() >= after);
+        let (below, budget) = if auto.busy && busy {
+            (BUSY_BELOW, Some(client - bytes_then))
+        } else if idle {
+            idle_then = client;
+            (IDLE_BELOW, None)
+        } else {
+            continue;
+        };
         bytes_then = client;
         last_pass = Instant::now();
         let r = d.compact(CompactOptions {

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl BlockDevice for SharedDisk {
+impl BlockDevice for ObjectDisk {
     fn size_bytes(&self) -> u64 {
         match &self.snapshot {
             Some(s) => s.size_bytes,
@@ -132,7 +132,7 @@ impl BlockDevice for SharedDisk {
     }
 }
 
-impl SharedDisk {
+impl ObjectDisk {
     /// A write, unmap or zeroing of a read-only open (a snapshot, a disk
     /// served read-only) is refused, naming the disk.
     fn refuse_if_read_only(&self) -> BlockResult<()> {

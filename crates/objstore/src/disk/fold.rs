@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// After a commit: once the tail is [`TAIL_FOLD`] long, fold it in
     /// the background (one fold at a time); the next commit after it is
     /// uploaded names it.
@@ -74,7 +74,7 @@ impl SharedDisk {
 /// for, and where its new nodes go (the segment being built, and the list
 /// of nodes made, for the cache once it is uploaded).
 pub(super) struct Folder<'a> {
-    disk: &'a SharedDisk,
+    disk: &'a ObjectDisk,
     man: &'a Manifest,
     b: &'a mut SegmentBuilder,
     made: &'a mut Vec<(Entry, MapNode)>,
@@ -82,7 +82,7 @@ pub(super) struct Folder<'a> {
 
 impl<'a> Folder<'a> {
     pub(super) fn new(
-        disk: &'a SharedDisk,
+        disk: &'a ObjectDisk,
         man: &'a Manifest,
         b: &'a mut SegmentBuilder,
         made: &'a mut Vec<(Entry, MapNode)>,

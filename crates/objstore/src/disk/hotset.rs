@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// Record the disk's hot set (§11.5b) if this process writes it: the
     /// objects that hold, at the newest manifest, the data of the regions
     /// this handle's reads went to most, with the segments of the map

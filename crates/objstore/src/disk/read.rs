@@ -3,10 +3,14 @@
 
 use super::*;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// Open `name` (a disk, or `DISK@SNAP`: read-only). Reads nothing but
     /// the name and the newest manifest; claims nothing.
-    pub fn open(ds: Arc<SharedDatastore>, name: &str, read_only: bool) -> Result<Arc<SharedDisk>> {
+    pub fn open(
+        ds: Arc<ObjectStoreDatastore>,
+        name: &str,
+        read_only: bool,
+    ) -> Result<Arc<ObjectDisk>> {
         let (disk, snap) = split_target(name);
         let id = ds.disk_id(disk)?;
         let man = ds.newest_manifest(id)?;
@@ -34,7 +38,7 @@ impl SharedDisk {
         let throttle = ds.throttle(id, man.limits);
         ds.cache.seed_root(&man);
         let reads = crate::hot::Reads::new(man.size_bytes.div_ceil(G));
-        Ok(Arc::new_cyclic(|me| SharedDisk {
+        Ok(Arc::new_cyclic(|me| ObjectDisk {
             compactor: Default::default(),
             me: me.clone(),
             ds,
@@ -183,7 +187,7 @@ impl SharedDisk {
     /// (docs/BACKUP.md): a walk of the two maps that skips what they
     /// share, then the acknowledged writes not yet committed (either
     /// handle's overlay; a snapshot has none).
-    pub fn changes_since(&self, base: Option<&SharedDisk>) -> Result<Vec<(u64, bool)>> {
+    pub fn changes_since(&self, base: Option<&ObjectDisk>) -> Result<Vec<(u64, bool)>> {
         let end = self.size_bytes().div_ceil(G);
         let (mine, man) = {
             let st = self.state.lock().unwrap();

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl SharedDisk {
+impl ObjectDisk {
     /// Put whole grains (`None`: zeros) into the unflushed writes.
     pub(super) fn put_grains(&self, grains: Vec<(u64, Option<Box<[u8]>>)>) -> Result<()> {
         let over = {

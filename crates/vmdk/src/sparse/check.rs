@@ -3,22 +3,13 @@
 
 use std::collections::HashMap;
 
+use strata_api::ExtentCheck;
+
 use super::entry::Gte;
 use super::extent::SparseExtent;
 use super::header::{Header, KdmvHeader, SECTOR};
 use super::io::{rd, wr};
 use crate::error::Result;
-
-/// What `check` found in one extent (serialised as is by `vmdk check --json`).
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct ExtentCheck {
-    pub errors: Vec<String>,
-    pub warnings: Vec<String>,
-    pub repaired: Vec<String>,
-    pub allocated_grains: u64,
-    pub zero_grains: u64,
-    pub unmapped_grains: u64,
-}
 
 impl SparseExtent {
     /// Byte offset where grain data may start (below: headers and tables).

@@ -60,8 +60,9 @@ pub fn open_extent(src: ExtentFile, geometry: Geometry, header: Header) -> Resul
         Header::SeSparse(h) => {
             let mut vb = [0u8; 512];
             rd(&*file, &name, &mut vb, h.volatile.0 * SECTOR)?;
-            let v = SeSparseVolatile::decode(&vb)
-                .map_err(|e| crate::error::malformed(&name, e.to_string()))?;
+            let v = SeSparseVolatile::decode(&vb).map_err(|e| {
+                crate::error::malformed(&name, e.to_string()).offset(h.volatile.0 * SECTOR)
+            })?;
             if v.replay_journal != 0 {
                 return Err(crate::error::unsupported(
                     &name,
@@ -124,7 +125,8 @@ pub fn open_extent(src: ExtentFile, geometry: Geometry, header: Header) -> Resul
 /// The header of a hosted sparse extent; for a stream (GD at the end), the
 /// footer's copy, which holds the real grain directory offset.
 fn kdmv_header(file: &dyn Storage, name: &str, len: u64, s0: &[u8; 512]) -> Result<KdmvHeader> {
-    let h = KdmvHeader::decode(s0).map_err(|e| crate::error::malformed(name, e.to_string()))?;
+    let h = KdmvHeader::decode(s0)
+        .map_err(|e| crate::error::malformed(name, e.to_string()).offset(0))?;
     if h.gd_offset != GD_AT_END {
         return Ok(h);
     }
@@ -141,16 +143,17 @@ fn kdmv_header(file: &dyn Storage, name: &str, len: u64, s0: &[u8; 512]) -> Resu
         return Err(crate::error::malformed(
             name,
             "gdOffset says the grain directory is at the end, but there is no footer marker 1536 bytes before the end",
-        ));
+        )
+        .offset(len - 1536));
     }
     let footer: [u8; 512] = tail[512..1024].try_into().expect("512");
+    let at = len - 1024;
     let h = KdmvHeader::decode(&footer)
-        .map_err(|e| crate::error::malformed(name, format!("footer: {e}")))?;
+        .map_err(|e| crate::error::malformed(name, format!("footer: {e}")).offset(at))?;
     if h.gd_offset == GD_AT_END {
-        return Err(crate::error::malformed(
-            name,
-            "footer has no grain directory offset either",
-        ));
+        return Err(
+            crate::error::malformed(name, "footer has no grain directory offset either").offset(at),
+        );
     }
     Ok(h)
 }
@@ -169,7 +172,9 @@ impl SparseExtent {
         rd(&*file, name, &mut s0, 0)?;
         let magic32 = u32::from_le_bytes(s0[0..4].try_into().expect("4"));
         let magic64 = u64::from_le_bytes(s0[0..8].try_into().expect("8"));
-        let bad = |e: super::header::HeaderError| crate::error::malformed(name, e.to_string());
+        // Each header starts the file.
+        let bad =
+            |e: super::header::HeaderError| crate::error::malformed(name, e.to_string()).offset(0);
         let header = if magic32 == KDMV_MAGIC {
             Header::Kdmv(kdmv_header(&*file, name, len, &s0)?)
         } else if magic32 == COWD_MAGIC {
@@ -182,7 +187,8 @@ impl SparseExtent {
             return Err(crate::error::malformed(
                 name,
                 format!("unknown sparse extent magic 0x{magic32:08x}"),
-            ));
+            )
+            .offset(0));
         };
         let geometry =
             Geometry::of(&header).map_err(|e| crate::error::malformed(name, e.to_string()))?;

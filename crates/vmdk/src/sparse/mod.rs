@@ -35,10 +35,12 @@ mod shrink;
 mod table;
 
 pub use alloc::GrainTx;
-pub use check::ExtentCheck;
 pub use create::{create_cowd, create_kdmv, create_sesparse};
 pub use entry::{se_decode_index, se_encode_index, EntryError, Gte};
 pub use extent::{open_extent, ExtentFile, SparseExtent, MAX_BUFFERED_GRAIN};
 pub use geometry::{Geometry, GeometryError};
 pub use header::*;
-pub use shrink::{OnlineShrink, ShrinkReport, ONLINE_MOVE_GRAINS, ONLINE_SCAN_GRAINS};
+pub use shrink::{OnlineShrink, ONLINE_MOVE_GRAINS, ONLINE_SCAN_GRAINS};
+
+// What `check` and `shrink` report: strata-api's vocabulary.
+pub use strata_api::{ExtentCheck, ShrinkReport};

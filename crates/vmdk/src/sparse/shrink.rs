@@ -3,23 +3,14 @@
 
 use std::collections::{HashMap, HashSet};
 
+use strata_api::ShrinkReport;
+
 use super::entry::Gte;
 use super::extent::SparseExtent;
 use super::header::{Header, SECTOR};
 use super::held::AllocState;
 use super::io::{rd, wr};
 use crate::error::Result;
-
-/// What `shrink` did (serialised as is by `vmdk shrink --json`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ShrinkReport {
-    pub grains_before: u64,
-    pub grains_after: u64,
-    pub zero_grains_found: u64,
-    pub moved: u64,
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-}
 
 impl SparseExtent {
     /// Turn all-zero grains into zero entries, move the last grains into

@@ -1,6 +1,7 @@
-//! Sizes on the command line and in output.
+//! Sizes and times on the command line and in output.
 
-use strata_engine::{Error, ErrorKind};
+use strata_block::throttle::IoLimits;
+use strata_block::{Error, Kind as ErrorKind};
 
 /// A value on the command line or in a request that makes no sense.
 pub fn invalid(message: impl Into<String>) -> Error {
@@ -66,7 +67,7 @@ pub fn human(bytes: u64) -> String {
 }
 
 /// I/O limits for people: `200 IOPS, 4 MiB/s, burst 1 s`.
-pub fn limits_text(l: &strata_engine::IoLimits) -> String {
+pub fn limits_text(l: &IoLimits) -> String {
     let mut parts = Vec::new();
     if let Some(n) = l.iops {
         parts.push(format!("{n} IOPS"));
@@ -76,6 +77,28 @@ pub fn limits_text(l: &strata_engine::IoLimits) -> String {
     }
     parts.push(format!("burst {} s", l.burst_seconds.unwrap_or(1)));
     parts.join(", ")
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -95,5 +118,12 @@ mod tests {
         assert!(parse_size("99999999999P").is_err());
         assert_eq!(human(1 << 30), "1 GiB");
         assert_eq!(human(1536 << 20), "1.5 GiB");
+    }
+
+    #[test]
+    fn times_are_civil_dates_in_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_795_000_000_123), "2026-11-18 11:06:40 UTC");
     }
 }

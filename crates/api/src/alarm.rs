@@ -1,11 +1,18 @@
 //! Datastore alarms: thresholds on space usage and over-allocation, kept in
-//! the catalog (docs/FORMAT.md §6), and the one pure function that turns
-//! space figures and thresholds into states, shared by `status`, `alarm
-//! list` and the server's periodic evaluation.
+//! the catalog (docs/FORMAT.md §6: an [`AlarmRule`]'s serde shape is the
+//! catalog's, so it changes only with the format), and the one pure
+//! function that turns space figures and thresholds into states, shared by
+//! `status`, `alarm list` and the server's periodic evaluation, on both
+//! kinds of datastore.
 
 use serde::{Deserialize, Serialize};
+use strata_block::{Error, Kind as ErrorKind};
 
-use crate::error::{err, ErrorKind, Result};
+type Result<T> = std::result::Result<T, Error>;
+
+fn err<T>(kind: ErrorKind, message: impl Into<String>) -> Result<T> {
+    Err(Error::new(kind, message))
+}
 
 /// What an alarm watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]

@@ -1,4 +1,4 @@
-//! The control socket's protocol, and its client.
+//! The control socket's protocol, and its client ([`request`]).
 //!
 //! Protocol: one JSON request line from the client (a [`Request`]); the
 //! server answers, for a long request it runs as a job (`jobs`), with one
@@ -14,9 +14,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use strata_engine::{Error, ErrorKind};
+use strata_block::{Error, Kind as ErrorKind};
 
-use crate::api::{JobInfo, Request, Response};
+use crate::job::JobInfo;
+use crate::request::Request;
+use crate::response::Response;
 
 /// One line from the server.
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,9 +1,53 @@
-//! Serializable point-in-time copies of a disk's statistics.
+//! I/O statistics as `stats` answers them (vscsiStats' histograms,
+//! docs/OPERATIONS.md): a disk's counters and histograms as plain data.
+//! strata-stats records them and renders them (text, JSON, Prometheus).
 
 use serde::{Deserialize, Serialize};
 
-use crate::histogram::HistogramSnapshot;
-use crate::op::Op;
+/// The kinds of command strata-stats tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Unmap,
+    WriteZeroes,
+    BlockStatus,
+}
+
+/// Number of [`Op`] variants.
+pub const OP_COUNT: usize = 6;
+
+impl Op {
+    /// Every op, in the order they are reported.
+    pub const ALL: [Op; OP_COUNT] = [
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Unmap,
+        Op::WriteZeroes,
+        Op::BlockStatus,
+    ];
+
+    /// The name used in JSON, text output and the Prometheus `op` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Unmap => "unmap",
+            Op::WriteZeroes => "write_zeroes",
+            Op::BlockStatus => "block_status",
+        }
+    }
+
+    /// Its place in [`Op::ALL`].
+    #[inline]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// Totals for one kind of command.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,7 +72,8 @@ pub struct ReadWriteHistograms {
 }
 
 impl ReadWriteHistograms {
-    pub(crate) fn new(read: HistogramSnapshot, write: HistogramSnapshot) -> Self {
+    /// `read` and `write`, with `all` their sum.
+    pub fn new(read: HistogramSnapshot, write: HistogramSnapshot) -> Self {
         let mut all = read.clone();
         all.absorb(&write);
         Self { read, write, all }
@@ -85,7 +130,7 @@ pub struct LatencyHistograms {
 
 impl LatencyHistograms {
     /// From one snapshot per op, in [`Op::ALL`] order.
-    pub(crate) fn from_ops(per_op: Vec<HistogramSnapshot>) -> Self {
+    pub fn from_ops(per_op: Vec<HistogramSnapshot>) -> Self {
         let mut all = per_op[0].clone();
         for h in &per_op[1..] {
             all.absorb(h);
@@ -116,7 +161,8 @@ impl LatencyHistograms {
     }
 }
 
-/// Everything a [`crate::DiskStats`] holds, as plain data. Serializes to the
+/// Everything a disk's statistics (strata-stats' `DiskStats`) hold, as
+/// plain data. Serializes to the
 /// JSON shape used by `--json` output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsSnapshot {
@@ -175,4 +221,63 @@ impl StatsSnapshot {
 
 fn recording_default() -> bool {
     true
+}
+
+/// One bucket of a [`HistogramSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketSnapshot {
+    /// Inclusive upper edge in the histogram's `unit`; `None` for the
+    /// overflow bucket.
+    pub le: Option<i64>,
+    /// `"<=EDGE"` or `">LAST_EDGE"`.
+    pub label: String,
+    /// Values in this bucket alone (not cumulative).
+    pub count: u64,
+}
+
+/// A point-in-time copy of a histogram (strata-stats' `Histogram`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistogramSnapshot {
+    /// Unit of the bucket edges.
+    pub unit: String,
+    /// Unit of `sum`.
+    pub sum_unit: String,
+    /// How many `sum_unit`s make one `unit` (1000 for the time histograms).
+    pub sum_scale: i64,
+    /// Total of all buckets.
+    pub count: u64,
+    /// Exact sum of recorded values in `sum_unit` (wraps after 2^64).
+    pub sum: i128,
+    /// Every bucket in edge order, the overflow bucket last.
+    pub buckets: Vec<BucketSnapshot>,
+}
+
+impl HistogramSnapshot {
+    /// Count of the bucket whose edge is `le` (`None`: the overflow bucket).
+    pub fn bucket_count(&self, le: Option<i64>) -> Option<u64> {
+        self.buckets.iter().find(|b| b.le == le).map(|b| b.count)
+    }
+
+    /// Mean of the recorded values in `unit`, if any were recorded.
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum as f64 / self.sum_scale as f64 / self.count as f64)
+    }
+
+    /// Add `other`'s buckets, count and sum to this one.
+    ///
+    /// # Panics
+    /// If the two snapshots do not have the same edges.
+    pub fn absorb(&mut self, other: &HistogramSnapshot) {
+        assert_eq!(
+            self.buckets.len(),
+            other.buckets.len(),
+            "histogram shapes differ"
+        );
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            assert_eq!(mine.le, theirs.le, "histogram edges differ");
+            mine.count += theirs.count;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+    }
 }

@@ -1,0 +1,160 @@
+//! A datastore as commands answer it (its space, alarms and state), and
+//! the reports of what only a local datastore does: `check`'s recount,
+//! `defrag`, `defrag --free-space` and the pool's layout (docs/FORMAT.md
+//! §10).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::alarm::AlarmStatus;
+
+/// A datastore's space, alarms and state, as `status` answers them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DatastoreInfo {
+    pub location: String,
+    pub capacity_bytes: u64,
+    /// The capacity follows the file system (its free space plus what the
+    /// datastore holds) rather than a configured size (`strata grow`).
+    #[serde(default)]
+    pub capacity_follows_fs: bool,
+    pub used_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Bytes held on the host file system for reservations: the pool
+    /// file's reserved tail (FORMAT.md §7.1).
+    #[serde(default)]
+    pub reserved_held_bytes: u64,
+    /// Bytes held on the host past the pool's end beyond the reservations,
+    /// readied for first writes (FORMAT.md §7.1, "Readied space").
+    #[serde(default)]
+    pub readied_bytes: u64,
+    pub free_bytes: u64,
+    pub provisioned_bytes: u64,
+    /// Provisioned bytes over capacity, in percent.
+    pub overcommit_percent: u64,
+    /// Used plus reserved bytes over capacity, in percent.
+    #[serde(default)]
+    pub used_percent: u64,
+    /// Every alarm (usage, overcommit) as evaluated now.
+    #[serde(default)]
+    pub alarms: Vec<AlarmStatus>,
+    pub disks: usize,
+    pub snapshots: usize,
+    pub metadata_cache_bytes: u64,
+    /// How the pool uses the host page cache: "writeback" or "none"
+    /// (direct I/O; `serve --cache none`).
+    #[serde(default)]
+    pub cache_mode: String,
+    /// Deleted snapshots and disks whose space is still being given back.
+    pub reclaiming: usize,
+    /// Set when the datastore stopped accepting writes after an error
+    /// (reads go on); reopening it recovers from its log.
+    pub fail_stop: Option<FailStop>,
+    /// Checkpoints completed since the datastore was opened.
+    pub checkpoints: u64,
+    /// How the pool's space lies (free extents, what the pool file holds
+    /// on the host): computed by `info_with_layout`, not by `info`.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<PoolLayout>,
+}
+
+/// Why a datastore stopped accepting writes (the engine's fail-stop).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailStop {
+    pub cause: String,
+    pub since_unix: u64,
+}
+
+/// How the pool's space lies (FORMAT.md §10.1).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Maximal runs of free grains below the pool end.
+    pub free_extents: u64,
+    /// Runs per size class (4k, 8k-60k, 64k-1020k, 1m-16m, 16m+).
+    pub free_extent_histogram: BTreeMap<String, u64>,
+    /// Free grains below the pool end, in bytes.
+    pub free_in_pool_bytes: u64,
+    /// The pool end (high-water mark), in bytes.
+    pub pool_bytes: u64,
+    /// What `pool.data` occupies on the host file system (allocated blocks).
+    pub pool_file_bytes: u64,
+}
+
+/// Free-run size classes of `free_extent_histogram`, in grains: 1, 2–15
+/// (< 64 KiB, never punched), 16–255 (< 1 MiB), 256–4095 (< 16 MiB), more.
+pub const FREE_EXTENT_CLASSES: [(&str, u64); 5] = [
+    ("4k", 1),
+    ("8k-60k", 2),
+    ("64k-1020k", 16),
+    ("1m-16m", 256),
+    ("16m+", 4096),
+];
+
+/// What `defrag --free-space` did (FORMAT.md §10.4).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FreeSpaceReport {
+    pub used_bytes: u64,
+    pub pool_bytes_before: u64,
+    pub pool_bytes_after: u64,
+    pub pool_file_bytes_before: u64,
+    pub pool_file_bytes_after: u64,
+    /// Live grains (data and map nodes) moved down, in bytes.
+    pub moved_bytes: u64,
+    /// Free space inside the pool given back to the host file system.
+    pub punched_bytes: u64,
+    /// Free space in runs shorter than 64 KiB, not punched because clients
+    /// were doing I/O (FORMAT.md §10.4, "Punch"; some of it may be holes
+    /// already); a run with the clients quiet gives it back.
+    #[serde(default)]
+    pub short_runs_bytes: u64,
+    /// Grains left in place because a reference to them could not be
+    /// accounted for; 0 in a healthy datastore.
+    pub grains_kept: u64,
+    /// Why the pool end could not come down as far as planned (clients
+    /// needed the room), if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What `defrag` did, or with `dry_run` would do.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DefragReport {
+    pub disk: String,
+    pub dry_run: bool,
+    pub fragments_before: u64,
+    /// After the run (equal to `fragments_before` for a dry run).
+    pub fragments_after: u64,
+    pub mapped_bytes: u64,
+    /// Bytes moved (dry run: bytes in regions with breaks inside; regions
+    /// that move only to join the one before are not counted).
+    pub moved_bytes: u64,
+    /// Regions (1 MiB) moved, or that would move.
+    pub regions_moved: u64,
+    /// Regions left as they were for want of free space in runs.
+    pub regions_skipped: u64,
+    /// Grains left in place because a reference to them could not be
+    /// accounted for (FORMAT.md §10.2); 0 in a healthy datastore.
+    pub grains_kept: u64,
+}
+
+/// What `check` of a local datastore found: every reference count and
+/// counter recomputed from the maps (DESIGN.md invariant 3).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct CheckReport {
+    pub versions: usize,
+    pub map_nodes: u64,
+    pub data_grains: u64,
+    pub used_bytes: u64,
+    pub pool_grains: u64,
+    pub leaked_grains: u64,
+    pub overshared_grains: u64,
+    /// Metadata pages that failed their checks (each is named in `errors`).
+    pub damaged_pages: u64,
+    pub errors: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty()
+    }
+}

@@ -1,0 +1,42 @@
+//! A server's jobs (the long requests it runs in threads of their own) as
+//! `jobs` answers them, and what `jobs pause|resume|cancel` asks.
+
+use serde::{Deserialize, Serialize};
+
+/// What `jobs pause|resume|cancel` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Running,
+    Paused,
+    /// Cancel asked; stops at the end of its current region.
+    Cancelling,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// One job of a server (`strata jobs --json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub id: u64,
+    pub what: String,
+    pub state: JobState,
+    /// Work done, out of `total` (bytes for every job today).
+    pub done: u64,
+    pub total: u64,
+    pub percent: u64,
+    pub started_unix: u64,
+    pub finished_unix: Option<u64>,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
+}

@@ -1,0 +1,397 @@
+//! What a datastore command asks: a [`Request`], built from the command
+//! line in one place (the CLI's `action`), run by strata-server's `ops` in
+//! the CLI's process or by a server over the control socket (see the
+//! `wire` module).
+//!
+//! It serialises internally tagged by `op` (`{"op":"info","name":"vm"}`):
+//! one JSON line on the control socket.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use strata_block::throttle::IoLimits;
+use strata_block::{Error, Kind as ErrorKind};
+
+use crate::alarm::AlarmRule;
+use crate::disk::Provisioning;
+use crate::job::JobAction;
+use crate::vmdk::{subformat_name, Subformat};
+
+/// A datastore command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    List,
+    Info {
+        name: String,
+    },
+    Create {
+        name: String,
+        size_bytes: u64,
+        provisioning: Provisioning,
+    },
+    Remove {
+        name: String,
+    },
+    Extend {
+        name: String,
+        size_bytes: u64,
+    },
+    /// Set (or clear) a disk's I/O limits.
+    Limit {
+        name: String,
+        limits: IoLimits,
+    },
+    /// Change a disk's provisioning (online).
+    Convert {
+        name: String,
+        provisioning: Provisioning,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Release a thin disk's zero grains.
+    PunchZero {
+        name: String,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Lay a disk's grains out in logical order (online), or with
+    /// `dry_run` say what that would move.
+    Defrag {
+        name: String,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Consolidate free space: move live grains down, lower the pool's
+    /// end, punch free grains out of the host file.
+    DefragFreeSpace {
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// The server's jobs (long operations).
+    Jobs,
+    /// Pause, resume or cancel a job.
+    JobControl {
+        id: u64,
+        action: JobAction,
+    },
+    SnapshotCreate {
+        disk: String,
+        snapshot: String,
+        description: String,
+    },
+    SnapshotList {
+        disk: String,
+    },
+    SnapshotRevert {
+        disk: String,
+        snapshot: String,
+    },
+    SnapshotDelete {
+        disk: String,
+        snapshot: String,
+    },
+    CloneLinked {
+        source: String,
+        name: String,
+    },
+    /// `group create NAME DISK...` (docs/BACKUP.md, consistency groups)
+    GroupCreate {
+        name: String,
+        disks: Vec<String>,
+        #[serde(default)]
+        quiesce_hook: Option<String>,
+        #[serde(default)]
+        quiesce_timeout_s: Option<u64>,
+    },
+    /// `group rm NAME`
+    GroupDelete {
+        name: String,
+    },
+    /// `group add|remove NAME DISK`
+    GroupMember {
+        name: String,
+        disk: String,
+        add: bool,
+    },
+    /// `group list`
+    GroupList,
+    /// `group info NAME`
+    GroupInfo {
+        name: String,
+    },
+    /// `group snapshot NAME SNAP`: one cut across the members, with the
+    /// group's quiesce hook (or `quiesce_hook`) around it.
+    GroupSnapshotCreate {
+        group: String,
+        snapshot: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default)]
+        quiesce_hook: Option<String>,
+        /// Skip the hook.
+        #[serde(default)]
+        no_quiesce: bool,
+        /// Take the snapshot (crash-consistent) when the hook fails.
+        #[serde(default)]
+        ignore_quiesce_error: bool,
+        #[serde(default)]
+        timeout_s: Option<u64>,
+        #[serde(default)]
+        max_pause_ms: Option<u64>,
+    },
+    /// `group snapshot list NAME`
+    GroupSnapshotList {
+        group: String,
+    },
+    /// `group snapshot delete NAME SNAP`
+    GroupSnapshotDelete {
+        group: String,
+        snapshot: String,
+    },
+    /// `group revert NAME SNAP`
+    GroupSnapshotRevert {
+        group: String,
+        snapshot: String,
+    },
+    /// `group clone NAME@SNAP NEW [--rename OLD=NEW]`
+    GroupClone {
+        source: String,
+        name: String,
+        #[serde(default)]
+        renames: Vec<(String, String)>,
+    },
+    /// `diff TARGET --from BASE`: where version TARGET (`DISK` or
+    /// `DISK@SNAP`) differs from BASE (docs/BACKUP.md).
+    Diff {
+        target: String,
+        from: String,
+        /// Only the totals, no ranges.
+        #[serde(default)]
+        totals: bool,
+    },
+    /// `export-diff TARGET [--from BASE] FILE`: the changes as an rbd diff
+    /// v1 stream written to `out` (absolute; a file or a pipe).
+    ExportDiff {
+        target: String,
+        #[serde(default)]
+        from: Option<String>,
+        out: PathBuf,
+    },
+    /// `import-diff FILE DISK [--force]`: apply an rbd diff stream read
+    /// from `path` (absolute; a file or a pipe).
+    ImportDiff {
+        path: PathBuf,
+        disk: String,
+        #[serde(default)]
+        force: bool,
+    },
+    CloneFull {
+        source: String,
+        name: String,
+        provisioning: Provisioning,
+        /// The datastore the clone goes to (None: the source's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<PathBuf>,
+    },
+    Check,
+    /// `claim DISK` (object-store datastores): this host becomes its writer.
+    Claim {
+        name: String,
+        /// Only once the writer released it (waiting up to `wait_seconds`),
+        /// never fencing a live one.
+        #[serde(default)]
+        handover: bool,
+        #[serde(default)]
+        wait_seconds: Option<u64>,
+    },
+    /// `release DISK` (object-store datastores): this host's server
+    /// commits what it acknowledged and stops writing the disk, for a
+    /// hand-over.
+    Release {
+        name: String,
+    },
+    /// `gc [--dry-run]` (object-store datastores): collect what no live
+    /// root reaches.
+    Gc {
+        dry_run: bool,
+    },
+    /// `compact DISK` (object-store datastores): rewrite the live grains
+    /// of the disk's partly live objects (FORMAT.md §11.7a).
+    Compact {
+        name: String,
+        /// Objects under this share live, in percent (None: 85).
+        below_pct: Option<u32>,
+        dry_run: bool,
+    },
+    /// `grow`: set the capacity (Some(0): follow the file system again), or
+    /// with None only say what it is and how it can change.
+    Grow {
+        capacity_bytes: Option<u64>,
+    },
+    /// `alarm set`: one alarm's thresholds and command.
+    AlarmSet {
+        rule: AlarmRule,
+        /// Keep the command set before (no --exec given).
+        #[serde(default)]
+        keep_exec: bool,
+    },
+    /// `alarm list`
+    AlarmList,
+    /// I/O statistics of one export (or all), optionally reset after
+    /// reading, and recording paused (false) or resumed (true) after that.
+    Stats {
+        disk: Option<String>,
+        reset: bool,
+        #[serde(default)]
+        recording: Option<bool>,
+    },
+    /// Import a VMDK chain, raw or qcow2 image as a new disk.
+    Import {
+        /// Absolute, so that a server in another directory finds it.
+        path: PathBuf,
+        name: String,
+        provisioning: Provisioning,
+        /// None: detected from the content.
+        format: Option<ImageFormat>,
+    },
+    /// Export a disk or snapshot as VMDK (optionally its snapshot path as a chain).
+    Export {
+        target: String,
+        /// Absolute, so that a server in another directory writes it there.
+        out: PathBuf,
+        #[serde(with = "subformat_name")]
+        subformat: Subformat,
+        chain: bool,
+        adapter: String,
+    },
+    /// Move a disk (its snapshots too unless `head_only`) to another
+    /// datastore while it is served (docs/MOVE.md).
+    Move {
+        name: String,
+        /// The target datastore's directory (a local datastore, or one
+        /// attached to an object store); absolute.
+        to: PathBuf,
+        #[serde(default)]
+        head_only: bool,
+        /// The target's provisioning (None: the source's).
+        #[serde(default)]
+        provisioning: Option<Provisioning>,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+    /// Shrink a served SEsparse VMDK file online: asked of the server that
+    /// serves it (docs/FORMAT.md §9.5), found through its holder records.
+    VmdkShrink {
+        /// Absolute; the server matches it to an export by device and inode.
+        path: PathBuf,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
+}
+
+impl Request {
+    /// What a job running this request does, for `strata jobs`.
+    pub fn describe(&self) -> String {
+        match self {
+            Request::Create {
+                name, provisioning, ..
+            } => {
+                format!("create {name} ({})", provisioning.as_str())
+            }
+            Request::Convert {
+                name, provisioning, ..
+            } => {
+                format!("convert {name} to {}", provisioning.as_str())
+            }
+            Request::PunchZero { name, .. } => format!("punchzero {name}"),
+            Request::Defrag { name, .. } => format!("defrag {name}"),
+            Request::Compact { name, .. } => format!("compact {name}"),
+            Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
+            Request::CloneFull {
+                source,
+                name,
+                to: Some(to),
+                ..
+            } => format!("clone --full {source} {name} --to {}", to.display()),
+            Request::CloneFull { source, name, .. } => format!("clone --full {source} {name}"),
+            Request::Import { path, name, .. } => format!("import {} as {name}", path.display()),
+            Request::Export { target, out, .. } => format!("export {target} to {}", out.display()),
+            Request::Move { name, to, .. } => format!("move {name} to {}", to.display()),
+            Request::ExportDiff {
+                target,
+                from: Some(f),
+                ..
+            } => format!("export-diff {target} --from {f}"),
+            Request::ExportDiff { target, .. } => format!("export-diff {target}"),
+            Request::ImportDiff { path, disk, .. } => {
+                format!("import-diff {} into {disk}", path.display())
+            }
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// Whether a server runs the request as a job (see `jobs`): the long ones.
+    pub fn is_job(&self) -> bool {
+        self.shows_progress()
+    }
+
+    /// Whether the request may take long enough to deserve a progress bar.
+    pub fn shows_progress(&self) -> bool {
+        matches!(
+            self,
+            Request::CloneFull { .. }
+                | Request::Convert { .. }
+                | Request::PunchZero { .. }
+                | Request::Defrag { dry_run: false, .. }
+                | Request::DefragFreeSpace { .. }
+                | Request::Import { .. }
+                | Request::Export { .. }
+                | Request::Move { .. }
+                | Request::ExportDiff { .. }
+                | Request::ImportDiff { .. }
+                | Request::Create {
+                    provisioning: Provisioning::Eagerzeroedthick,
+                    ..
+                }
+        )
+    }
+}
+
+/// An image format `import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    Vmdk,
+    Raw,
+    /// Read through `qemu-img convert`.
+    Qcow2,
+}
+
+impl ImageFormat {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "vmdk" => Ok(ImageFormat::Vmdk),
+            "raw" => Ok(ImageFormat::Raw),
+            "qcow2" => Ok(ImageFormat::Qcow2),
+            other => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("unknown import format {other:?}: vmdk, raw or qcow2"),
+            )),
+        }
+    }
+}
+
+/// Make a path absolute so a server in another directory finds it: the
+/// paths in a [`Request`] are.
+pub fn absolute(p: &Path) -> Result<PathBuf, Error> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .map_err(|e| Error::new(ErrorKind::Io, format!("current directory: {e}")))?
+        .join(p))
+}

@@ -1,0 +1,76 @@
+//! A disk and a datastore as commands answer them whichever their kind:
+//! the kind-neutral figures ([`DiskInfo`], [`DatastoreInfo`]) with, for an
+//! object store, its own record beside them. docs/API.md shows the JSON.
+//!
+//! For now these mirror strata-datastore's `DiskView`, `StoreDisk`,
+//! `DatastoreView` and `Refusal` (the `Datastore` trait answers in those),
+//! and strata-server converts them in its `views` module; once
+//! strata-datastore takes them from here, the copies and the conversion go.
+
+use serde::{Deserialize, Serialize};
+
+use crate::datastore::DatastoreInfo;
+use crate::disk::DiskInfo;
+use crate::store::{Owner, Summary};
+
+/// A disk as commands answer it (`info`, `list`, and the commands that
+/// change a disk), whichever its kind: the figures of [`DiskInfo`] (those
+/// a kind does not know without reading a whole map are absent), and for a
+/// disk of an object store its writer record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskView {
+    #[serde(flatten)]
+    pub info: DiskInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<StoreDisk>,
+}
+
+impl From<DiskInfo> for DiskView {
+    fn from(info: DiskInfo) -> Self {
+        DiskView {
+            info,
+            object_store: None,
+        }
+    }
+}
+
+/// Who writes a disk of an object store, from its newest manifest as the
+/// answering process knows it (docs/FORMAT.md §11.5).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoreDisk {
+    /// The disk's id in the store, 8 hex digits (its objects' prefix).
+    pub id: String,
+    /// Bumped by every claim: the writer's fencing token.
+    pub generation: u32,
+    /// The writer (None: no host has written the disk yet).
+    pub owner: Option<Owner>,
+    /// The manifest's key and when it was written (ms since the epoch).
+    pub manifest: String,
+    pub written_ms: u64,
+    /// The answering process's handle was fenced: why (another host
+    /// writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
+}
+
+/// A datastore as `status` answers it: space and alarms as for every
+/// kind, what its kind cannot do, and for an object store the store's own
+/// summary.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DatastoreView {
+    #[serde(flatten)]
+    pub info: DatastoreInfo,
+    /// What this kind of datastore cannot do, and why (strata-datastore's
+    /// capability table).
+    #[serde(default)]
+    pub cannot: Vec<Refusal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<Summary>,
+}
+
+/// A command a kind of datastore refuses, with the reason.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Refusal {
+    pub command: String,
+    pub reason: String,
+}
