@@ -29,10 +29,12 @@ use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
 mod exports;
+mod running;
 mod vmdks;
 use exports::{listen_fuse, Exports};
+use running::Running;
 use vmdks::{
-    export_list, flush_vmdks, open_vmdks, record_holders, serve_only_vmdks, vmdk_exports,
+    export_list, flush_vmdks, open_vmdks, record_holders, vmdk_control_sockets, vmdk_exports,
     OpenedVmdk,
 };
 
@@ -329,86 +331,198 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     let vhost_specs = vhost_specs(args)?;
     socket_owner(args)?;
     let opened = open_vmdks(args)?;
-    let home = match open_home(dir, metadata_cache, args, &opened)? {
-        Some(home) => home,
-        None => return serve_only_vmdks(args, opened),
-    };
-    let vmdks = export_list(&opened);
-    let stop = stop_flag()?;
-
-    let (ctl_path, ctl) = bind_control(dir)?;
-    // A quiesce hook whose unquiesce a dead server skipped runs it now.
-    crate::groups::recover(home.dir(), None);
-    let registry = Arc::new(StatsRegistry::new());
-    let places = crate::placement::Places::open(
-        dir,
-        home.clone(),
-        crate::placement::Config {
-            metadata_cache,
-            direct_io: args.direct_io,
-            store_timeout: Duration::from_secs(args.store_timeout),
-            store_prefetch: args.store_prefetch,
-            store_compact: args.store_compact,
-            moves: crate::move_settings::MoveSettings {
-                mirror: args.move_mirror,
-                on_step: None,
-            },
-        },
-    )?;
-    let jobs = Arc::new(crate::jobs::Jobs::with_mover(places.clone()));
-    let handler = Arc::new(control::Handler {
-        ds: home.clone(),
-        vmdks: vmdk_exports(&opened),
-        stats: registry.clone(),
-        jobs,
-        mover: Some(places.clone()),
-    });
-    let ctl_thread = control::spawn_server(ctl, handler.clone(), stop.clone());
-    let _held = record_holders(&opened, &vec![Some(ctl_path.clone()); opened.len()]);
-
-    let background = Background::start(&home, dir, args, &stop);
-    let stats = (!args.no_stats).then(|| registry.clone());
-    for (n, _) in &vmdks {
-        if home.exists(n) {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("--vmdk export '{n}' has the name of a disk; name it with NAME=PATH"),
-            ));
-        }
+    let home = open_home(dir, metadata_cache, args, &opened)?;
+    if let Some(home) = &home {
+        refuse_vmdk_names_of_disks(home, &opened)?;
     }
-    let vmdk_list = vmdks.clone();
+    // From here each part is recorded as it starts, and stopped in the
+    // reverse order: by `stop` below, or by drop if a later one fails.
+    let mut up = Running::new(stop_flag()?);
+    up.home = home.clone();
+    up.vmdks = export_list(&opened);
+    let registry = Arc::new(StatsRegistry::new());
+    let handler = match &home {
+        Some(home) => Some(start_datastore(
+            dir,
+            Home {
+                ds: home,
+                metadata_cache,
+                opened: &opened,
+                registry: &registry,
+            },
+            args,
+            &mut up,
+        )?),
+        None => {
+            start_vmdk_controls(&opened, &mut up);
+            None
+        }
+    };
     let exports = Arc::new(Exports {
-        ds: Some(home.clone()),
-        places: Some(places.clone()),
-        vmdks,
-        stats,
+        ds: home.clone(),
+        places: up.places.clone(),
+        vmdks: up.vmdks.clone(),
+        stats: (!args.no_stats).then(|| registry.clone()),
     });
     let server = NbdServer::new(exports.clone(), nbd_options(args)?);
-    let names: Vec<String> = vmdk_list
-        .iter()
-        .map(|(n, _)| n.clone())
-        .chain(places.export_names().into_iter().map(|(n, _)| n))
-        .collect();
-    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
-    println!("strata: serving {}", home.describe());
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
     let refusals = server.refusals();
-    let http = start_http(
+    up.http = start_http(
         args,
         Box::new(move || {
-            let mut g = gauge_ds.gauges();
+            let mut g = gauge_ds.as_ref().map(|d| d.gauges()).unwrap_or_default();
             g.extend(refusal_gauges(&refusals));
             g
         }),
         registry,
-        Some(handler),
+        handler.map(|h| h as Arc<dyn crate::web::Backend>),
     )?;
-    listen(&server, args, &example)?;
-    let vhost = VhostBlkServer::new();
-    listen_vhost(&vhost, &exports, &vhost_specs, args)?;
-    let fuse = listen_fuse(&exports, args)?;
+    let names: Vec<String> = (up.vmdks.iter().map(|(n, _)| n.clone()))
+        .chain(
+            up.places
+                .iter()
+                .flat_map(|p| p.export_names())
+                .map(|(n, _)| n),
+        )
+        .collect();
+    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
+    listen(up.nbd.insert(server), args, &example, &mut up.nbd_socket)?;
+    listen_vhost(
+        up.vhost.insert(VhostBlkServer::new()),
+        &exports,
+        &vhost_specs,
+        args,
+    )?;
+    up.fuse = listen_fuse(&exports, args)?;
+    started(dir, home.as_ref(), &names);
+    up.wait(args);
+    up.stop()?;
+    match home {
+        Some(_) => {
+            tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed")
+        }
+        None => tracing::info!(event = "stop", "VMDK files flushed"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What starting a datastore's server needs besides its directory.
+struct Home<'a> {
+    ds: &'a crate::placement::Store,
+    metadata_cache: u64,
+    opened: &'a [OpenedVmdk],
+    registry: &'a Arc<StatsRegistry>,
+}
+
+/// A `--vmdk` export may not take the name of one of the datastore's disks.
+fn refuse_vmdk_names_of_disks(
+    home: &crate::placement::Store,
+    opened: &[OpenedVmdk],
+) -> Result<(), Error> {
+    match opened.iter().find(|o| home.exists(&o.name)) {
+        Some(o) => Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "--vmdk export '{}' has the name of a disk; name it with NAME=PATH",
+                o.name
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The parts only a server of a datastore has, started in order: its
+/// control socket (one server per directory), placement (which finishes
+/// or undoes a move a dead server left), the control thread, the VMDK
+/// holder records, and the background work. The handler the HTTP API
+/// shares with the control socket.
+fn start_datastore(
+    dir: &Path,
+    home: Home<'_>,
+    args: &ServeConfig,
+    up: &mut Running,
+) -> Result<Arc<control::Handler>, Error> {
+    let (ctl_path, ctl) = bind_control(dir)?;
+    // A quiesce hook whose unquiesce a dead server skipped runs it now.
+    crate::groups::recover(home.ds.dir(), None);
+    let config = crate::placement::Config {
+        metadata_cache: home.metadata_cache,
+        direct_io: args.direct_io,
+        store_timeout: Duration::from_secs(args.store_timeout),
+        store_prefetch: args.store_prefetch,
+        store_compact: args.store_compact,
+        moves: crate::move_settings::MoveSettings {
+            mirror: args.move_mirror,
+            on_step: None,
+        },
+    };
+    let places = match crate::placement::Places::open(dir, home.ds.clone(), config) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_file(&ctl_path);
+            return Err(e);
+        }
+    };
+    up.places = Some(places.clone());
+    let handler = Arc::new(control::Handler {
+        ds: home.ds.clone(),
+        vmdks: vmdk_exports(home.opened),
+        stats: home.registry.clone(),
+        jobs: Arc::new(crate::jobs::Jobs::with_mover(places.clone())),
+        mover: Some(places),
+    });
+    let acceptor = control::spawn_server(ctl, handler.clone(), up.stop.clone());
+    up.control.push((acceptor, Some(ctl_path.clone())));
+    up.held = record_holders(
+        home.opened,
+        &vec![Some(ctl_path.clone()); home.opened.len()],
+    );
+    up.background = Some(Background::start(home.ds, dir, args, &up.stop));
+    println!("strata: serving {}", home.ds.describe());
+    Ok(handler)
+}
+
+/// A server of VMDK files alone: a control socket beside each file (which
+/// answers `status`, so that a refused open can name this server, and
+/// `vmdk_shrink`) and their holder records.
+fn start_vmdk_controls(opened: &[OpenedVmdk], up: &mut Running) {
+    let (sockets, acceptors) = vmdk_control_sockets(opened, &up.stop);
+    up.held = record_holders(opened, &sockets);
+    // An acceptor runs for each socket that could be bound, in order.
+    let bound = sockets.iter().flatten().cloned().map(Some);
+    up.control = acceptors.into_iter().zip(bound).collect();
+    println!("strata: serving VMDK files (no datastore)");
+    for (o, sock) in opened.iter().zip(&sockets) {
+        println!(
+            "  export {}: {} ({}, {} links{})",
+            o.name,
+            o.img.links[0].name,
+            o.img.links[0].create_type(),
+            o.img.links.len(),
+            if o.img.read_only() { ", read-only" } else { "" }
+        );
+        if let Some(s) = sock {
+            println!("    control socket {}", s.display());
+        }
+    }
+}
+
+/// Say what is served and how to stop it, once every listener is up (a
+/// failed one ends the server before this with its error), and log it as
+/// READY=1 is sent next.
+fn started(dir: &Path, home: Option<&crate::placement::Store>, names: &[String]) {
+    let Some(home) = home else {
+        println!("  stop with Ctrl-C or SIGTERM (flushes)");
+        tracing::info!(
+            event = "start",
+            version = env!("CARGO_PKG_VERSION"),
+            pid = std::process::id(),
+            "serving VMDK files"
+        );
+        return;
+    };
     if names.is_empty() {
         println!(
             "  no disks yet: create one with 'strata create NAME --size 10G' (works while serving)"
@@ -418,14 +532,12 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     }
     println!(
         "  control socket {} (strata commands use it automatically)",
-        ctl_path.display()
+        dir.join(strata_format::FILE_CONTROL).display()
     );
     for note in home.serving_notes() {
         println!("  {note}");
     }
     println!("  stop with Ctrl-C or SIGTERM ({})", home.kind().on_stop());
-    // Logged once every listener is up (a failed one ends the server
-    // before this with its error), as READY=1 is sent next.
     tracing::info!(
         event = "start",
         datastore = %dir.display(),
@@ -434,20 +546,6 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         pid = std::process::id(),
         "serving"
     );
-    wait_and_shut_down(&stop, &server, http, args);
-    vhost.shutdown();
-    // Unmounts and drops every device handle the mount held.
-    if let Some(f) = fuse {
-        f.shutdown();
-    }
-    ctl_thread.stop();
-    background.stop();
-    let _ = std::fs::remove_file(&ctl_path);
-    flush_vmdks(&vmdk_list);
-    places.close();
-    home.close()?;
-    tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed");
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Refuse a server with nothing to listen on, or with native AIO through
@@ -737,10 +835,17 @@ pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, Error> {
 }
 
 /// Bind the NBD listeners the arguments ask for and say how to connect.
-pub(crate) fn listen(server: &NbdServer, args: &ServeConfig, example: &str) -> Result<(), Error> {
+pub(crate) fn listen(
+    server: &NbdServer,
+    args: &ServeConfig,
+    example: &str,
+    bound: &mut Option<PathBuf>,
+) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = bind_listening(p)?;
+        // Ours from here: removed when the server stops.
+        *bound = Some(p.clone());
         own_socket(p, args)?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         println!("  NBD on unix socket {}", p.display());
@@ -992,56 +1097,5 @@ fn https_config(dir: &std::path::Path) -> Result<Arc<rustls::ServerConfig>, Erro
 fn notify_systemd(states: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(false, states) {
         tracing::warn!("cannot notify systemd (NOTIFY_SOCKET): {e}");
-    }
-}
-
-/// Block until a signal, then stop NBD and HTTP and remove the NBD socket.
-pub(crate) fn wait_and_shut_down(
-    stop: &AtomicBool,
-    server: &NbdServer,
-    http: HttpThread,
-    args: &ServeConfig,
-) {
-    // Every listener is up: a systemd unit of Type=notify (the package's
-    // strata@.service) counts the server started from here. Without
-    // NOTIFY_SOCKET this does nothing.
-    notify_systemd(&[sd_notify::NotifyState::Ready]);
-    // SIGHUP reloads the TLS credentials (renewed certificates) for the
-    // connections that come next.
-    let reload = Arc::new(AtomicBool::new(false));
-    if args.tls_creds.is_some() {
-        if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()) {
-            tracing::warn!("no SIGHUP handler, TLS credentials cannot be reloaded: {e}");
-        }
-    }
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
-        if reload.swap(false, Ordering::AcqRel) {
-            let https = match (&http, &args.tls_creds) {
-                (Some(_), Some(dir)) => Some(https_config(dir)),
-                _ => None,
-            };
-            match (load_tls(args), https) {
-                (Err(e), _) | (_, Some(Err(e))) => {
-                    tracing::warn!("TLS credentials not reloaded, the old ones stay: {e}")
-                }
-                (Ok(tls), https) => {
-                    server.set_tls(tls);
-                    if let (Some(h), Some(Ok(c))) = (&http, https) {
-                        h.set_tls(c);
-                    }
-                    tracing::info!(event = "tls_reload", "TLS credentials reloaded");
-                }
-            }
-        }
-    }
-    tracing::info!(event = "stopping", "shutting down");
-    notify_systemd(&[sd_notify::NotifyState::Stopping]);
-    server.shutdown();
-    if let Some(h) = http {
-        h.stop();
-    }
-    if let Some(p) = &args.nbd_unix {
-        let _ = std::fs::remove_file(p);
     }
 }

@@ -108,7 +108,7 @@ pub(super) fn flush_vmdks(vmdks: &[(String, Arc<VmdkImage>)]) {
 /// A control socket beside each served VMDK file (`strata vmdk` commands
 /// find the server through it); None where it cannot be bound, and
 /// refusals then name only the pid.
-fn vmdk_control_sockets(
+pub(super) fn vmdk_control_sockets(
     opened: &[OpenedVmdk],
     stop: &Arc<AtomicBool>,
 ) -> (Vec<Option<PathBuf>>, Vec<control::Acceptor>) {
@@ -144,73 +144,4 @@ fn vmdk_control_sockets(
         }
     }
     (sockets, ctl_threads)
-}
-
-/// `serve --vmdk` without a datastore: NBD exports of the VMDK files only.
-/// Each export gets a control socket next to its top file, which answers
-/// `status` (so that a refused open can name this server) and
-/// `vmdk_shrink` (online shrink of that export).
-pub(super) fn serve_only_vmdks(
-    args: &ServeConfig,
-    opened: Vec<OpenedVmdk>,
-) -> Result<ExitCode, Error> {
-    let stop = stop_flag()?;
-    let registry = Arc::new(StatsRegistry::new());
-    let list = export_list(&opened);
-    let (sockets, ctl_threads) = vmdk_control_sockets(&opened, &stop);
-    let held = record_holders(&opened, &sockets);
-    let exports = Arc::new(Exports {
-        ds: None,
-        places: None,
-        vmdks: list.clone(),
-        stats: (!args.no_stats).then(|| registry.clone()),
-    });
-    let server = NbdServer::new(exports.clone(), nbd_options(args)?);
-    println!("strata: serving VMDK files (no datastore)");
-    for ((n, img), sock) in list.iter().zip(&sockets) {
-        println!(
-            "  export {n}: {} ({}, {} links{})",
-            img.links[0].name,
-            img.links[0].create_type(),
-            img.links.len(),
-            if img.read_only() { ", read-only" } else { "" }
-        );
-        if let Some(s) = sock {
-            println!("    control socket {}", s.display());
-        }
-    }
-    // HTTP first, as for a datastore.
-    let refusals = server.refusals();
-    let http = start_http(
-        args,
-        Box::new(move || refusal_gauges(&refusals)),
-        registry,
-        None,
-    )?;
-    listen(&server, args, &list[0].0)?;
-    let vhost = VhostBlkServer::new();
-    listen_vhost(&vhost, &exports, &vhost_specs(args)?, args)?;
-    let fuse = listen_fuse(&exports, args)?;
-    println!("  stop with Ctrl-C or SIGTERM (flushes)");
-    tracing::info!(
-        event = "start",
-        version = env!("CARGO_PKG_VERSION"),
-        pid = std::process::id(),
-        "serving VMDK files"
-    );
-    wait_and_shut_down(&stop, &server, http, args);
-    vhost.shutdown();
-    if let Some(f) = fuse {
-        f.shutdown();
-    }
-    for t in ctl_threads {
-        t.stop();
-    }
-    for s in sockets.iter().flatten() {
-        let _ = std::fs::remove_file(s);
-    }
-    flush_vmdks(&list);
-    drop(held);
-    tracing::info!(event = "stop", "VMDK files flushed");
-    Ok(ExitCode::SUCCESS)
 }
