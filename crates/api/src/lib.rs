@@ -20,13 +20,16 @@
 //!   [`view`]; [`vmdk`] for VMDK files.
 //!
 //! Layering: this crate knows `strata-block` (the one error, I/O limits)
-//! and nothing else of strata. The engine, the VMDK driver and the
-//! statistics (`strata-stats`) depend on it and answer in its types, so a
-//! type both they and a client need lives here, below them all, and the
-//! client links none of them. Some of it is also written
+//! and nothing else of strata. The engine, the VMDK driver, the
+//! statistics (`strata-stats`), the object store (`strata-objstore`) and
+//! the either-kind layer (`strata-datastore`) depend on it and answer in
+//! its types, so a type both they and a client need lives here, below them
+//! all, and the client links none of them. Some of it is also written
 //! to disk: [`Provisioning`], [`AlarmRule`], [`Consistency`] and
 //! [`QuiesceReport`] are fields of the local datastore's catalog records
-//! (docs/FORMAT.md §6), so their serde shapes change only with the format.
+//! (docs/FORMAT.md §6), and [`store::Owner`], [`store::RootObject`] and
+//! [`store::HostRef`] are written to an object store (§11), so their serde
+//! shapes change only with the format.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 use serde::Serialize;

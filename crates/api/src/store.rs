@@ -2,11 +2,11 @@
 //! as this host joined it ([`Summary`], `status`, `init`, `attach`), who
 //! writes a disk ([`Owner`]), `gc`, `check` and `compact`.
 //!
-//! For now these mirror the types strata-objstore reports in, field for
-//! field and with the same serde shapes, and strata-server converts them
-//! (its `views` module, which names every field, so a field added on one
-//! side and not the other does not compile). Once strata-objstore takes
-//! them from here, the copies and the conversion go.
+//! strata-objstore answers in these types, and the server passes them on
+//! as they are. Some are also written to the store: [`Owner`] is a field of
+//! every manifest (docs/FORMAT.md §11.5), [`RootObject`] is the root object
+//! (§11.3) and [`HostRef`] is in it and in the local directory's settings,
+//! so their serde shapes change only with the format.
 
 use std::path::PathBuf;
 

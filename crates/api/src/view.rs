@@ -2,10 +2,8 @@
 //! the kind-neutral figures ([`DiskInfo`], [`DatastoreInfo`]) with, for an
 //! object store, its own record beside them. docs/API.md shows the JSON.
 //!
-//! For now these mirror strata-datastore's `DiskView`, `StoreDisk`,
-//! `DatastoreView` and `Refusal` (the `Datastore` trait answers in those),
-//! and strata-server converts them in its `views` module; once
-//! strata-datastore takes them from here, the copies and the conversion go.
+//! strata-datastore's `Datastore` trait answers in these (and fills
+//! [`DatastoreView::cannot`] from its capability table).
 
 use serde::{Deserialize, Serialize};
 

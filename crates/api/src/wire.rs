@@ -5,16 +5,18 @@
 //! `{"job":JOBINFO}` line first; then zero or more
 //! `{"progress":[done,total]}` lines, then one line that is
 //! `{"ok":RESPONSE}` (a [`Response`], tagged by its kind) or
-//! `{"error":{"kind":K,"message":M}}`, and closes. Each line is a
-//! [`Reply`], so both ends read and write the same types. A client that
-//! closes the connection early leaves the job running.
+//! `{"error":{"kind":K,"message":M}}` (a [`ReplyError`], with
+//! `"place":{"object":O,"offset":N,"op":P}` when the error names where,
+//! each member only when known), and closes. Each line is a [`Reply`], so
+//! both ends read and write the same types. A client that closes the
+//! connection early leaves the job running.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use strata_block::{Error, Kind as ErrorKind};
+use strata_block::{Error, Kind as ErrorKind, Place};
 
 use crate::job::JobInfo;
 use crate::request::Request;
@@ -32,11 +34,38 @@ pub enum Reply {
     Error(ReplyError),
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+/// An error as the control socket and the HTTP API answer it (the body
+/// of `{"error":...}`): strata's [`Error`] but for its cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplyError {
     /// The [`ErrorKind`] by name (see [`ErrorKind::name`]).
     kind: String,
     message: String,
+    /// Where (the object key, file or disk; the offset; the operation):
+    /// absent when nothing of it is known, and in the answers of servers
+    /// older than this member.
+    #[serde(default, skip_serializing_if = "Place::is_empty")]
+    place: Place,
+}
+
+impl From<&Error> for ReplyError {
+    fn from(e: &Error) -> Self {
+        ReplyError {
+            kind: e.kind.name().to_string(),
+            message: e.message.clone(),
+            place: e.place.clone(),
+        }
+    }
+}
+
+impl From<ReplyError> for Error {
+    /// The error again, on the client: a kind this build does not know is
+    /// `Io` ([`ErrorKind::from_name`]).
+    fn from(e: ReplyError) -> Self {
+        let mut err = Error::new(ErrorKind::from_name(&e.kind), e.message);
+        err.place = e.place;
+        err
+    }
 }
 
 impl Reply {
@@ -44,7 +73,13 @@ impl Reply {
         Reply::Error(ReplyError {
             kind: kind.name().to_string(),
             message: message.into(),
+            place: Place::default(),
         })
+    }
+
+    /// `e` answered: its kind, message and place.
+    pub fn failed(e: &Error) -> Reply {
+        Reply::Error(e.into())
     }
 
     pub fn line(&self) -> String {
@@ -91,7 +126,7 @@ pub fn request(
             }
             Reply::Progress([done, total]) => progress(done, total),
             Reply::Ok(r) => return Ok(*r),
-            Reply::Error(e) => return Err(Error::new(ErrorKind::from_name(&e.kind), e.message)),
+            Reply::Error(e) => return Err(e.into()),
         }
     }
     Err(Error::new(
@@ -120,6 +155,43 @@ mod tests {
             },
             other => panic!("decoded as {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_errors_place_survives_the_socket() {
+        let sent = Error::new(ErrorKind::Unavailable, "no answer in 5 s")
+            .at("s3://b/p/disks/0000000a/m/0000000000000002")
+            .offset(4096)
+            .op("get");
+        let line = Reply::failed(&sent).line();
+        assert_eq!(
+            line,
+            r#"{"error":{"kind":"unavailable","message":"no answer in 5 s","place":{"object":"s3://b/p/disks/0000000a/m/0000000000000002","offset":4096,"op":"get"}}}"#
+        );
+        let Reply::Error(e) = serde_json::from_str::<Reply>(&line).unwrap() else {
+            panic!("{line}");
+        };
+        let got = Error::from(e);
+        assert_eq!((got.kind, &got.message), (sent.kind, &sent.message));
+        assert_eq!(got.place, sent.place);
+        assert_eq!(got.to_string(), sent.to_string());
+
+        // Only what is known of the place is sent, and none of it when
+        // nothing is: the line an older server sends, which still reads.
+        let line = Reply::failed(&Error::new(ErrorKind::Corrupt, "bad").at("vm.vmdk")).line();
+        assert_eq!(
+            line,
+            r#"{"error":{"kind":"corrupt","message":"bad","place":{"object":"vm.vmdk"}}}"#
+        );
+        let line = Reply::failed(&Error::new(ErrorKind::NotFound, "no disk named 'x'")).line();
+        assert_eq!(
+            line,
+            r#"{"error":{"kind":"not_found","message":"no disk named 'x'"}}"#
+        );
+        let Reply::Error(e) = serde_json::from_str::<Reply>(&line).unwrap() else {
+            panic!("{line}");
+        };
+        assert!(Error::from(e).place.is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! with one exhaustive `match` in the crate that owns the wire; the errno
 //! shared by NBD and FUSE is here ([`Error::errno`]).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -120,14 +121,30 @@ impl Kind {
 }
 
 /// Where an error happened: for people and logs, never decided by.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// On the control socket and in HTTP error bodies it is the member
+/// `"place"`, with each of `object`, `offset` and `op` only when known
+/// (strata-api's `wire::ReplyError`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Place {
     /// A disk, `DISK@SNAP`, export, object key or file path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
     /// Bytes into it, when one request failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
     /// What was being done: "read", "commit", "claim", "open", ...
-    pub op: Option<&'static str>,
+    /// (owned when it came over a wire: the control socket's client
+    /// rebuilds a server's error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<Cow<'static, str>>,
+}
+
+impl Place {
+    /// Whether nothing of the place is known.
+    pub fn is_empty(&self) -> bool {
+        *self == Place::default()
+    }
 }
 
 /// An error with a kind to decide by, where it happened, a sentence, and
@@ -170,8 +187,8 @@ impl Error {
     }
 
     /// The same error, raised while doing `op`.
-    pub fn op(mut self, op: &'static str) -> Self {
-        self.place.op = Some(op);
+    pub fn op(mut self, op: impl Into<Cow<'static, str>>) -> Self {
+        self.place.op = Some(op.into());
         self
     }
 

@@ -217,11 +217,59 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
         assert!(s
             .fails_with(3, &["info", "ghost"])
             .contains("no disk named 'ghost'"));
+        // An error the server answers keeps its place: the file, where in
+        // it and what was being done (the message alone names none).
+        let bad = s.dir.path().join("bad.vmdk");
+        let mut header = b"KDMV\x01\0\0\0".to_vec();
+        header.resize(4096, 0);
+        std::fs::write(&bad, header).unwrap();
+        let e = s.fails_with(11, &["import", bad.to_str().unwrap(), "bad"]);
+        assert!(
+            e.contains(&format!("{} at 0: open: KDMV grain size", bad.display())),
+            "{kind:?}: {e}"
+        );
         let c = s.json(&["check"]);
         assert_eq!(c["errors"].as_array().unwrap().len(), 0);
         srv.stop();
         // After a clean stop the datastore opens directly again.
         assert_eq!(s.disk_names(), ["c1", "new", "vm"]);
+    });
+}
+
+/// A server that fails part-way through starting stops what it had
+/// started, in reverse: here its NBD TCP address is taken, after its
+/// control socket, placement, background work and NBD Unix socket were
+/// up. Nothing is left behind (no socket file, no lock), so the same
+/// command works once the address is free, on both kinds.
+#[test]
+fn a_server_that_fails_to_start_leaves_nothing_behind() {
+    common::each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "vm", "--size", "8M"]);
+        let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = busy.local_addr().unwrap().to_string();
+        let sock = s.dir.path().join("nbd.sock");
+        let args = [
+            "serve",
+            "--nbd-unix",
+            sock.to_str().unwrap(),
+            "--nbd-tcp",
+            &tcp,
+        ];
+        let e = s.fails(&args);
+        assert!(e.contains(&tcp), "{kind:?}: {e}");
+        assert!(!sock.exists(), "{kind:?}: the NBD socket was left behind");
+        let ctl = s.path().join("control.sock");
+        assert!(
+            !ctl.exists(),
+            "{kind:?}: the control socket was left behind"
+        );
+        // The datastore was closed: opened directly, then served.
+        assert_eq!(s.disk_names(), ["vm"], "{kind:?}");
+        drop(busy);
+        let srv = s.serve();
+        s.ok(&["snapshot", "create", "vm", "s1"]);
+        srv.stop();
     });
 }
 

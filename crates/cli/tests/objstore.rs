@@ -256,9 +256,10 @@ fn two_hosts_serve_one_disk_and_the_second_writer_fences_the_first() {
         !ok && w.contains("wrote 65536/65536"),
         "the flush fails: {w}"
     );
+    // A acknowledges nothing after: a new client is refused (ERRORS.md).
     let (ok, w) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["write -P 0x44 3M 4k"]);
     assert!(
-        !ok && w.contains("write failed"),
+        !ok && w.contains("another host holds the disk") && !w.contains("wrote"),
         "A acknowledges nothing after: {w}"
     );
     // A's server was fenced, not killed: it says so when it stops.
@@ -692,6 +693,8 @@ fn a_disk_opened_while_the_store_is_down_says_so_to_every_client() {
 struct FencedHost {
     a: Host,
     srv: Server,
+    /// A's FUSE mount (None where FUSE cannot mount).
+    mnt: Option<std::path::PathBuf>,
     http: String,
     /// `Bearer TOKEN` for actions on A's HTTP API.
     bearer: String,
@@ -707,8 +710,21 @@ fn fenced_host(name: &str) -> Option<FencedHost> {
     let (u, a) = host_with_disk(name, &["qemu-io", "nbdinfo"], "vm", "16M")?;
     let http = common::http::free_addr();
     let tok = a.path().join("http-token");
-    let srv = a.serve_with(&["--http", &http, "--http-token", tok.to_str().unwrap()]);
+    let mnt = common::have_fuse().then(|| a.path().join("mnt"));
+    let mut args = vec!["--http", &http, "--http-token", tok.to_str().unwrap()];
+    if let Some(m) = &mnt {
+        args.extend(["--fuse", m.to_str().unwrap()]);
+    }
+    let srv = a.serve_with(&args);
     common::http::wait_http(&http);
+    if let Some(m) = &mnt {
+        let m = m.to_str().unwrap().to_string();
+        common::eventually("the FUSE mount", Duration::from_secs(30), || {
+            std::fs::read_to_string("/proc/mounts")
+                .unwrap()
+                .contains(&m)
+        });
+    }
     let bearer = format!("Bearer {}", std::fs::read_to_string(&tok).unwrap().trim());
     let (ok, w) = qemu_io(
         RAW_WRITEBACK,
@@ -744,6 +760,7 @@ fn fenced_host(name: &str) -> Option<FencedHost> {
     Some(FencedHost {
         a,
         srv,
+        mnt,
         http,
         bearer,
         guest,
@@ -752,6 +769,18 @@ fn fenced_host(name: &str) -> Option<FencedHost> {
 }
 
 impl FencedHost {
+    /// Have the guest (connected since before the claim) run `cmd`: the
+    /// line it answers.
+    fn guest_runs(&mut self, cmd: &str) -> String {
+        use std::io::{BufRead as _, Write as _};
+        writeln!(self.guest.stdin.as_ref().unwrap(), "{cmd}").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(self.guest.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line
+    }
+
     /// Disconnect the guest (end of its commands) and wait for it.
     fn close_guest(&mut self) {
         drop(self.guest.stdin.take());
@@ -774,23 +803,24 @@ fn nbdinfo_debug(uri: &str) -> (bool, String) {
 }
 
 /// What a fenced host answers today, each as docs/ERRORS.md, API.md and
-/// MULTIHOST.md say: I/O of the disk is refused with Fenced's errno
-/// (EPERM), `info` and the API's GET show the disk with the fence's reason
-/// (`object_store.fenced`, docs/API.md), a change only the writer makes is
-/// refused with Fenced's exit code (8) and HTTP status and kind (409,
-/// `fenced`), its snapshots are still served, and `strata claim` on A
-/// takes the disk back.
+/// MULTIHOST.md say: I/O of a connection open since before the fence is
+/// refused with Fenced's errno (EPERM; a new connection is refused in the
+/// handshake, the next test), `info` and the API's GET show the disk with
+/// the fence's reason (`object_store.fenced`, docs/API.md), a change only
+/// the writer makes is refused with Fenced's exit code (8) and HTTP status
+/// and kind (409, `fenced`), its snapshots are still served, and `strata
+/// claim` on A takes the disk back.
 #[test]
 fn a_fenced_disk_says_so_to_its_clients_until_it_is_claimed_back() {
     let Some(mut f) = fenced_host("fenced") else {
         return;
     };
-    let a = &f.a;
-    let (ok, text) = qemu_io(RAW_WRITEBACK, &a.uri("vm"), &["read 0 4k"]);
+    let line = f.guest_runs("read 0 4k");
     assert!(
-        !ok && text.contains("read failed: Operation not permitted"),
-        "a new connection's read: {text}"
+        line.contains("read failed: Operation not permitted"),
+        "the guest's read: {line}"
     );
+    let a = &f.a;
     let (ok, text) = qemu_io(
         &["-f", "raw", "-r"],
         &a.uri("vm@base"),
@@ -846,6 +876,9 @@ fn a_fenced_disk_says_so_to_its_clients_until_it_is_claimed_back() {
     assert!(a.json(&["info", "vm"])["object_store"]["fenced"].is_null());
     let (ok, text) = nbdinfo_debug(&a.uri("vm"));
     assert!(ok, "{text}");
+    if let Some(m) = &f.mnt {
+        assert_eq!(std::fs::metadata(m.join("vm")).unwrap().len(), 16 << 20);
+    }
     f.srv.stop();
 }
 
@@ -853,14 +886,9 @@ fn a_fenced_disk_says_so_to_its_clients_until_it_is_claimed_back() {
 /// Fenced's sentence (docs/ERRORS.md: `REP_ERR_POLICY`, "... another host
 /// holds the disk: ..."), as one that opens a disk while the store is
 /// down is refused with Unavailable's: whether another connection to the
-/// disk is still open or not. Its snapshots still open.
+/// disk is still open or not. That connection's I/O keeps failing with
+/// EPERM; the disk's snapshots still open.
 #[test]
-#[ignore = "product gap: new NBD connections to a fenced disk get its fenced handle; the \
-            handshake succeeds (nbdinfo exits 0, qemu-io opens) and only each read fails \
-            (EPERM). ObjectStoreDatastore::open (crates/datastore/src/object_store.rs) \
-            returns the handle disk() keeps without looking at whether it was fenced, and \
-            Places::slot (crates/server/src/placement.rs) reuses the open slot of a \
-            connected client without asking"]
 fn a_fenced_disk_is_refused_to_every_client_that_opens_it() {
     let Some(mut f) = fenced_host("fencedopen") else {
         return;
@@ -872,15 +900,50 @@ fn a_fenced_disk_is_refused_to_every_client_that_opens_it() {
         }
         let (ok, text) = nbdinfo_debug(&f.a.uri("vm"));
         assert!(!ok, "nbdinfo opened it (guest {guest}): {text}");
-        assert!(text.contains(said), "nbdinfo (guest {guest}): {text}");
-        let (ok, text) = qemu_io(RAW_WRITEBACK, &f.a.uri("vm"), &["read 0 4k"]);
         assert!(
-            !ok && text.contains(said),
+            text.contains(said) && text.contains("is fenced on this host: it was claimed by host"),
+            "nbdinfo (guest {guest}): {text}"
+        );
+        let (ok, text) = qemu_io(RAW_WRITEBACK, &f.a.uri("vm"), &["read 0 4k"]);
+        // QEMU names REP_ERR_POLICY "Denied by server".
+        assert!(
+            !ok && text.contains(said)
+                && text.contains("Denied by server")
+                && !text.contains("read failed"),
             "qemu-io (guest {guest}): {text}"
         );
+        if guest == "connected" {
+            let line = f.guest_runs("read 0 4k");
+            assert!(
+                line.contains("read failed: Operation not permitted"),
+                "the guest's read: {line}"
+            );
+        }
+        if let Some(m) = &f.mnt {
+            // FUSE's lookup: Fenced's errno (docs/ERRORS.md).
+            let e = std::fs::metadata(m.join("vm")).unwrap_err();
+            assert_eq!(
+                e.raw_os_error(),
+                Some(libc::EPERM),
+                "FUSE (guest {guest}): {e}"
+            );
+            assert_eq!(
+                std::fs::metadata(m.join("vm@base")).unwrap().len(),
+                16 << 20
+            );
+        }
+        let (ok, text) = nbdinfo_debug(&f.a.uri("vm@base"));
+        assert!(ok, "vm@base (guest {guest}): {text}");
+        let (ok, text) = qemu_io(
+            &["-f", "raw", "-r"],
+            &f.a.uri("vm@base"),
+            &["read -P 0x11 0 64k"],
+        );
+        assert!(
+            ok && !text.contains("verification failed"),
+            "vm@base (guest {guest}): {text}"
+        );
     }
-    let (ok, text) = nbdinfo_debug(&f.a.uri("vm@base"));
-    assert!(ok, "{text}");
     f.srv.stop();
 }
 

@@ -35,6 +35,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use strata_api::store::Summary;
 use strata_block::BlockDevice;
 
 pub use background::Background;
@@ -46,8 +47,11 @@ pub use strata_engine::{
     FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
     Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
 };
-pub use strata_objstore::disk::{AutoCompact, CompactOptions, CompactReport};
-pub use strata_objstore::gc::GcReport;
+// strata-api's vocabulary, in the trait's signatures: a disk and a
+// datastore of either kind, and an object store's own answers.
+pub use strata_api::store::{CompactReport, GcReport};
+pub use strata_api::view::{DatastoreView, DiskView, Refusal, StoreDisk};
+pub use strata_objstore::disk::{AutoCompact, CompactOptions};
 pub use strata_stats::Gauge;
 
 /// What `check` found, by kind: their layouts have nothing in common, so
@@ -57,7 +61,7 @@ pub enum CheckReport {
     /// A local datastore's pool, log, maps and refcounts.
     Local(strata_engine::CheckReport),
     /// An object store's manifests, roots and segments.
-    ObjectStore(strata_objstore::gc::CheckReport),
+    ObjectStore(strata_api::store::CheckReport),
 }
 
 /// The two kinds of datastore. For display, records and the capability
@@ -101,84 +105,23 @@ impl Kind {
     }
 }
 
-/// A disk as commands answer it (`info`, `list`, and the commands that
-/// change a disk), whichever its kind: the figures of [`DiskInfo`] (those
-/// a kind does not know without reading a whole map are absent), and for a
-/// disk of an object store its writer record. docs/API.md shows the JSON.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DiskView {
-    #[serde(flatten)]
-    pub info: DiskInfo,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object_store: Option<StoreDisk>,
-}
-
-impl From<DiskInfo> for DiskView {
-    fn from(info: DiskInfo) -> Self {
-        DiskView {
-            info,
-            object_store: None,
-        }
-    }
-}
-
-/// Who writes a disk of an object store, from its newest manifest as this
-/// process knows it (docs/FORMAT.md §11.5).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StoreDisk {
-    /// The disk's id in the store, 8 hex digits (its objects' prefix).
-    pub id: String,
-    /// Bumped by every claim: the writer's fencing token.
-    pub generation: u32,
-    /// The writer (None: no host has written the disk yet).
-    pub owner: Option<strata_objstore::layout::Owner>,
-    /// The manifest's key and when it was written (ms since the epoch).
-    pub manifest: String,
-    pub written_ms: u64,
-    /// This process's handle was fenced: why (another host writes it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fenced: Option<String>,
-}
-
-/// A datastore as `status` answers it: space and alarms as for every
-/// kind, and for an object store the store's own summary.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DatastoreView {
-    #[serde(flatten)]
-    pub info: DatastoreInfo,
-    /// What this kind of datastore cannot do, and why (the capability
-    /// table, [`capability::refusals`]).
-    #[serde(default)]
-    pub cannot: Vec<Refusal>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object_store: Option<strata_objstore::Summary>,
-}
-
-/// A command a kind of datastore refuses, with the reason.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Refusal {
-    pub command: String,
-    pub reason: String,
-}
-
-impl DatastoreView {
-    /// `info` of a datastore of `kind`, with what the kind cannot do.
-    pub fn new(
-        kind: Kind,
-        info: DatastoreInfo,
-        object_store: Option<strata_objstore::Summary>,
-    ) -> Self {
-        DatastoreView {
-            info,
-            cannot: capability::refusals(kind)
-                .iter()
-                .map(|(c, why)| Refusal {
-                    command: c.command().to_string(),
-                    reason: why.to_string(),
-                })
-                .collect(),
-            object_store,
-        }
+/// `info` of a datastore of `kind` as `status` answers it, with what the
+/// kind cannot do (the capability table, [`capability::refusals`]).
+pub fn datastore_view(
+    kind: Kind,
+    info: DatastoreInfo,
+    object_store: Option<Summary>,
+) -> DatastoreView {
+    DatastoreView {
+        info,
+        cannot: capability::refusals(kind)
+            .iter()
+            .map(|(c, why)| Refusal {
+                command: c.command().to_string(),
+                reason: why.to_string(),
+            })
+            .collect(),
+        object_store,
     }
 }
 

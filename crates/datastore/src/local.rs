@@ -12,10 +12,10 @@ use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    gauges, AlarmRule, Background, ChangedRange, CheckReport, Datastore, DatastoreInfo,
-    DatastoreView, DefragReport, DiskInfo, DiskView, Error, ErrorKind, FreeSpaceReport, Gauge,
-    GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning,
-    PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    datastore_view, gauges, AlarmRule, Background, ChangedRange, CheckReport, Datastore,
+    DatastoreInfo, DatastoreView, DefragReport, DiskInfo, DiskView, Error, ErrorKind,
+    FreeSpaceReport, Gauge, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind,
+    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -158,7 +158,7 @@ impl Datastore for LocalDatastore {
     }
 
     fn status(&self) -> Result<DatastoreView> {
-        Ok(DatastoreView::new(
+        Ok(datastore_view(
             Kind::Local,
             self.ds.info_with_layout()?,
             None,

@@ -22,11 +22,11 @@ use strata_objstore::ObjectDisk;
 
 use crate::alarms::AlarmSettings;
 use crate::{
-    capability, gauges, AlarmRule, Background, Capability, ChangedRange, CheckReport,
-    CompactOptions, CompactReport, Datastore, DatastoreInfo, DatastoreView, DiskInfo, DiskView,
-    Error, ErrorKind, Gauge, GcReport, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
-    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, Role, SnapshotInfo,
-    SpaceWork, StoreDisk,
+    capability, datastore_view, gauges, AlarmRule, Background, Capability, ChangedRange,
+    CheckReport, CompactOptions, CompactReport, Datastore, DatastoreInfo, DatastoreView, DiskInfo,
+    DiskView, Error, ErrorKind, Gauge, GcReport, GroupInfo, GroupSnapshotInfo,
+    GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, Role,
+    SnapshotInfo, SpaceWork, StoreDisk,
 };
 
 /// How old the figures of [`Datastore::space_recent`] may be for a
@@ -273,7 +273,7 @@ impl ObjectStoreDatastore {
     /// Space and alarms from the store's summary and its disks' manifests.
     fn space_of(
         &self,
-        summary: &strata_objstore::Summary,
+        summary: &strata_api::store::Summary,
         disks: &[(String, Manifest)],
     ) -> Result<DatastoreInfo> {
         let settings = AlarmSettings::load(&self.dir)?;
@@ -407,7 +407,7 @@ impl Datastore for ObjectStoreDatastore {
     fn status(&self) -> Result<DatastoreView> {
         let summary = self.ds.summary()?;
         let disks = self.ds.disks()?;
-        Ok(DatastoreView::new(
+        Ok(datastore_view(
             Kind::ObjectStore,
             self.space_of(&summary, &disks)?,
             Some(summary),
@@ -437,8 +437,18 @@ impl Datastore for ObjectStoreDatastore {
         self.ds.remove_disk(disk)
     }
 
+    /// The shared handle of `target`; the head of a disk whose handle was
+    /// fenced is refused with the fence's reason (naming the disk and who
+    /// claimed it) until `claim` takes it back: a client that opens it
+    /// learns why at once, not at its first read. Its snapshots open.
     fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
-        Ok(self.disk(target)? as Arc<dyn BlockDevice>)
+        let d = self.disk(target)?;
+        if strata_format::split_target(target).1.is_none() {
+            if let Some(why) = d.ownership().1 {
+                return Err(Error::new(ErrorKind::Fenced, why));
+            }
+        }
+        Ok(d as Arc<dyn BlockDevice>)
     }
 
     fn snapshots(&self, disk: &str) -> Result<Vec<SnapshotInfo>> {

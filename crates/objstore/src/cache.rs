@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
 
+use strata_api::store::CacheStats;
 use strata_s3::{Bytes, ObjectStore};
 
 mod files;
@@ -178,32 +179,6 @@ enum Keep {
     /// Evicted (its file unlinked, still open here): its read grains
     /// come back as a sparse file in the main FIFO.
     Evicted(SegId, Arc<CachedSegment>),
-}
-
-/// What the cache holds and how it served reads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CacheStats {
-    /// Bytes of the segment files held, and their bound.
-    pub bytes: u64,
-    pub bound_bytes: u64,
-    pub segments: u64,
-    /// Grain and node reads a cached file served.
-    pub hits: u64,
-    /// Grain and node reads that went to the store.
-    pub misses: u64,
-    /// Files deleted to stay within the bound.
-    pub evictions: u64,
-    /// Cached files that failed verification (deleted, read from the store).
-    pub damaged: u64,
-    /// Segments fetched ahead because a disk's hot set named them.
-    #[serde(default)]
-    pub hot_fetched: u64,
-    /// Whole objects turned into sparse files of the grains read (§11.8).
-    #[serde(default)]
-    pub shrunk: u64,
-    /// Whole objects evicted whose read grains were kept as sparse files.
-    #[serde(default)]
-    pub evicted_kept: u64,
 }
 
 /// Background fetches of whole segments at once.

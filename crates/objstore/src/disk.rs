@@ -3,6 +3,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use strata_api::store::Owner;
+use strata_api::units::utc;
 use strata_block::throttle::{IoLimits, Throttle};
 use strata_block::{
     check_range, BlockDevice, BlockError, BlockResult, ErrorKind as BErr, Extent, ReadFill,
@@ -12,12 +14,10 @@ use strata_format::split_target;
 use strata_s3::{Bytes, Listed, ObjectStore, Put};
 
 use crate::layout::{
-    manifest_key, Entry, GroupRef, Manifest, MapNode, Owner, ParentRef, PrevRef, SegId,
-    SegmentBuilder, SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
+    manifest_key, Entry, GroupRef, Manifest, MapNode, ParentRef, PrevRef, SegId, SegmentBuilder,
+    SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
 };
-use crate::{
-    corrupt, diff, now_ms, utc, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_NAMES,
-};
+use crate::{corrupt, diff, now_ms, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_NAMES};
 
 const G: u64 = GRAIN as u64;
 /// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
@@ -58,7 +58,7 @@ mod manifests;
 mod read;
 mod write;
 pub use catalog::{Hold, DIR_HOLDS};
-pub use compact::{AutoCompact, CompactOptions, CompactReport};
+pub use compact::{AutoCompact, CompactOptions};
 pub use manifests::claim_marker_key;
 pub(crate) use manifests::{claim_marker_of_key, is_orphan, read_manifest};
 

@@ -15,7 +15,8 @@ use crate::layout::{
     MapNode, SegmentBuilder, SegmentInfo, ENTRY_BYTES, GRAIN, NODE_BYTES, SEG_HEADER_BYTES,
     SEG_INDEX_ENTRY_BYTES, SEG_TRAILER_BYTES,
 };
-use crate::{RootObject, KEY_ROOT};
+use crate::{RootCodec, KEY_ROOT};
+use strata_api::store::RootObject;
 
 /// What [`objects`] decoded, picked by the input's first byte (modulo the
 /// number of kinds).

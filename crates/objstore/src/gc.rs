@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
+use strata_api::store::{CheckReport, DiskSpace, GcReport};
 use strata_s3::{Bytes, Put};
 
 use crate::disk::Hold;
@@ -21,66 +21,6 @@ use crate::layout::{manifest_of_key, Entry, Manifest, MapNode, SegId, Tail, GRAI
 use crate::{now_ms, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_DISKS};
 
 const DIR_GC: &str = "gc/";
-
-/// One disk's space, as the mark found it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DiskSpace {
-    pub name: String,
-    pub id: String,
-    /// Grains and nodes reached from this disk's roots (its snapshots'
-    /// included) and from no other disk's or hold's.
-    pub exclusive_bytes: u64,
-    /// Everything reached from this disk's roots.
-    pub referenced_bytes: u64,
-}
-
-/// What `gc` (or `gc --dry-run`) found and did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GcReport {
-    pub dry_run: bool,
-    /// The run's claim, `gc/SEQ16` (none for a dry run).
-    pub claim: Option<String>,
-    /// Bytes and count of every segment in the store.
-    pub stored_bytes: u64,
-    pub segments: u64,
-    /// Bytes of the grains and nodes reached from a live root.
-    pub live_bytes: u64,
-    /// Segments nothing reaches that may go (fenced or sealed before the
-    /// newest manifest), and their bytes.
-    pub garbage_segments: u64,
-    pub garbage_bytes: u64,
-    /// Unreached segments kept because they may be uploads in flight.
-    pub in_flight_segments: u64,
-    pub deleted_segments: u64,
-    pub deleted_manifests: u64,
-    pub disks: Vec<DiskSpace>,
-    pub holds: u64,
-    pub ms: u64,
-    /// Objects holding grains or nodes (segments, and manifests by their
-    /// payload) by the share of their bytes a live root reaches: `[0]`
-    /// under 10 %, `[1]` 10–20 %, ..., `[9]` 90 % and more. GC frees only
-    /// objects nothing reaches; the partly live ones are what compaction
-    /// rewrites (§11.7).
-    #[serde(default)]
-    pub live_share: Vec<u64>,
-    /// Objects reached but less than half live, and the bytes in them
-    /// nothing reaches: what compacting them would give back.
-    #[serde(default)]
-    pub sparse_objects: u64,
-    #[serde(default)]
-    pub sparse_dead_bytes: u64,
-}
-
-/// What `check` found.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckReport {
-    pub disks: u64,
-    pub snapshots: u64,
-    pub holds: u64,
-    pub nodes: u64,
-    pub grains: u64,
-    pub errors: Vec<String>,
-}
 
 /// Where each reached grain or node is, and which roots reached it.
 #[derive(Default)]

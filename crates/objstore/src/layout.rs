@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use strata_api::store::Owner;
 use strata_block::throttle::IoLimits;
 
 use crate::{corrupt, envelope};

@@ -20,7 +20,6 @@ pub mod hot;
 pub mod layout;
 pub mod s3fifo;
 
-pub use cache::CacheStats;
 pub use disk::{AutoCompact, ObjectDisk};
 
 use std::io::Write;
@@ -29,6 +28,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use strata_api::store::{CacheStats, HostRef, ProbeSummary, RootObject, Summary};
+use strata_api::units::utc;
 use strata_block::throttle::{IoLimits, Throttle};
 use strata_s3::{Bytes, ObjectStore, Options, ProbeReport, Put, StoreUrl};
 
@@ -108,27 +109,6 @@ pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
 
-/// A host, as objects name it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostRef {
-    /// Random, made at `init` / `attach`, kept in the local directory.
-    pub host: String,
-    /// The host name, for people.
-    pub name: String,
-}
-
-/// The root object (§11.3).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RootObject {
-    pub format: u32,
-    pub uuid: String,
-    pub created_ms: u64,
-    pub created_by: HostRef,
-    pub grain_bytes: u32,
-    pub map_fanout: u32,
-    pub segment_max_bytes: u64,
-}
-
 /// `DIR/strata.objstore` (§11.8).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalConfig {
@@ -137,43 +117,6 @@ pub struct LocalConfig {
     pub me: HostRef,
     /// When this directory was made by `init` or `attach`, ms.
     pub joined_ms: u64,
-}
-
-/// What `init`, `attach` and `status` show.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Summary {
-    pub url: String,
-    pub endpoint: String,
-    pub local_dir: PathBuf,
-    pub me: HostRef,
-    pub root: RootObject,
-    /// Disk names (§11.2), sorted.
-    pub disks: Vec<String>,
-    /// Objects under `disks/` and their bytes.
-    pub disk_objects: u64,
-    pub disk_bytes: u64,
-    /// The conditional-write probe, when this call ran it.
-    pub probe: Option<ProbeSummary>,
-    /// This process's segment cache (§11.8).
-    #[serde(default)]
-    pub cache: Option<Box<CacheStats>>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProbeSummary {
-    pub racers: usize,
-    pub accepted: usize,
-    pub ms: f64,
-}
-
-impl From<ProbeReport> for ProbeSummary {
-    fn from(p: ProbeReport) -> Self {
-        ProbeSummary {
-            racers: p.racers,
-            accepted: p.accepted,
-            ms: p.put_ms,
-        }
-    }
 }
 
 /// What a process opening an object-store datastore does by itself,
@@ -249,31 +192,21 @@ pub fn is_shared(dir: &Path) -> bool {
     dir.join(FILE_LOCAL).exists()
 }
 
-/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
-pub fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+/// The root object (§11.3, strata-api's [`RootObject`]) as this build
+/// checks, reads and writes it.
+pub(crate) trait RootCodec: Sized {
+    /// The rule of this build's for a datastore's root it breaks, if any:
+    /// checked before one is written and after one is read.
+    fn broken(&self) -> Option<String>;
+    /// The root object's bytes, checked.
+    fn decode(obj: &[u8]) -> Result<Self>;
+    /// # Panics
+    /// On a root that breaks a rule of [`RootCodec::broken`] (a bug in
+    /// this build).
+    fn encode(&self) -> Vec<u8>;
 }
 
-impl RootObject {
-    /// The rule of this build's for a datastore's root (§11.3) it breaks,
-    /// if any: checked before one is written and after one is read.
+impl RootCodec for RootObject {
     fn broken(&self) -> Option<String> {
         if self.format != FORMAT {
             return Some(format!(
@@ -310,9 +243,6 @@ impl RootObject {
         Ok(r)
     }
 
-    /// # Panics
-    /// On a root that breaks a rule of [`RootObject::broken`] (a bug in
-    /// this build).
     fn encode(&self) -> Vec<u8> {
         if let Some(why) = self.broken() {
             panic!("refusing to write a bad root object: {why}");
@@ -321,13 +251,11 @@ impl RootObject {
     }
 }
 
-impl HostRef {
-    /// A new identity for this host.
-    fn new() -> HostRef {
-        HostRef {
-            host: random_id(),
-            name: host_name(),
-        }
+/// A new identity for this host.
+fn new_host() -> HostRef {
+    HostRef {
+        host: random_id(),
+        name: host_name(),
     }
 }
 
@@ -466,7 +394,7 @@ impl ObjectStoreDatastore {
                 ),
             ));
         }
-        let me = HostRef::new();
+        let me = new_host();
         let root = RootObject {
             format: FORMAT,
             uuid: random_id(),
@@ -518,7 +446,11 @@ impl ObjectStoreDatastore {
     ) -> Result<(Self, Summary)> {
         let ds = Self::assemble(dir, cfg, root, store, OpenOptions::default());
         let mut s = ds.summary()?;
-        s.probe = Some(probe.into());
+        s.probe = Some(ProbeSummary {
+            racers: probe.racers,
+            accepted: probe.accepted,
+            ms: probe.put_ms,
+        });
         Ok((ds, s))
     }
 
@@ -551,7 +483,7 @@ impl ObjectStoreDatastore {
                     ),
                 ))
             }
-            None => LocalConfig::create(dir, url, &root, HostRef::new())?,
+            None => LocalConfig::create(dir, url, &root, new_host())?,
         };
         Self::joined(dir, cfg, root, store, probe)
     }
@@ -641,15 +573,5 @@ impl ObjectStoreDatastore {
             probe: None,
             cache: Some(Box::new(self.cache.stats())),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_dates() {
-        assert_eq!(crate::utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(crate::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
-        assert_eq!(crate::utc(1_795_000_000_123), "2026-11-18 11:06:40 UTC");
     }
 }

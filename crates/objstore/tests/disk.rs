@@ -719,7 +719,7 @@ fn same_everywhere(
     name: &str,
     b: &Arc<ObjectStoreDatastore>,
     model: &[u8],
-) -> strata_objstore::gc::GcReport {
+) -> strata_api::store::GcReport {
     assert!(read(d, 0, model.len()) == model, "the writer's view");
     let on_b = ObjectDisk::open(b.clone(), name, true).unwrap();
     assert!(read(&on_b, 0, model.len()) == model, "another host's view");

@@ -806,7 +806,7 @@ mod tests {
             e.place.object.as_deref(),
             Some("s3://bkt/pre/disks/0000002a/m/1")
         );
-        assert_eq!((e.place.op, e.place.offset), (Some("get"), None));
+        assert_eq!((e.place.op.as_deref(), e.place.offset), (Some("get"), None));
         // Display: the object and the request once, then the store's words.
         let text = e.to_string();
         assert!(
@@ -818,7 +818,7 @@ mod tests {
         s.put("seg", Bytes::from_static(b"12345678")).unwrap();
         let e = s.get_range("seg", 2..500).unwrap_err();
         assert_eq!(e.place.object.as_deref(), Some("s3://bkt/pre/seg"), "{e}");
-        assert_eq!(e.place.op, Some("get"), "{e}");
+        assert_eq!(e.place.op.as_deref(), Some("get"), "{e}");
         assert_eq!(e.place.offset, Some(2), "{e}");
     }
 
@@ -843,7 +843,7 @@ mod tests {
         for (op, key, r) in cases {
             let e = r.unwrap_err();
             assert_eq!(e.kind, ErrorKind::Unavailable, "{op}: {e}");
-            assert_eq!(e.place.op, Some(op), "{e}");
+            assert_eq!(e.place.op.as_deref(), Some(op), "{e}");
             let object = format!("s3://bkt/pre/{key}");
             assert_eq!(e.place.object.as_deref(), Some(object.as_str()), "{e}");
             assert!(

@@ -88,7 +88,11 @@ fn listings_ranges_and_deletes_are_exact() {
     assert_eq!(&s.get_range("d/m/0002", 2..5).unwrap()[..], b"m/0");
     let e = s.get_range("d/m/0002", 2..500).unwrap_err();
     assert_eq!(
-        (e.place.object.as_deref(), e.place.op, e.place.offset),
+        (
+            e.place.object.as_deref(),
+            e.place.op.as_deref(),
+            e.place.offset
+        ),
         (
             Some("s3://strata-s3-test/list/d/m/0002"),
             Some("get"),

@@ -268,7 +268,7 @@ pub(crate) fn handle(
                 if let Some(r) = result {
                     break match r {
                         Ok(r) => Reply::Ok(Box::new(r)),
-                        Err(e) => Reply::error(e.kind, e.message),
+                        Err(e) => Reply::failed(&e),
                     };
                 }
                 if last != Some(p) {
@@ -289,7 +289,7 @@ pub(crate) fn handle(
             };
             match run(&req, &mut progress) {
                 Ok(r) => Reply::Ok(Box::new(r)),
-                Err(e) => Reply::error(e.kind, e.message),
+                Err(e) => Reply::failed(&e),
             }
         }
     };

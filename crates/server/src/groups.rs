@@ -16,8 +16,6 @@ use strata_datastore::{
     Datastore, Error, ErrorKind, GroupSnapshotOptions, QuiesceReport, QuiesceResult,
 };
 
-use crate::views::Api;
-
 /// A hook's `quiesce` that has not finished by then is killed.
 pub const QUIESCE_TIMEOUT_DEFAULT_S: u64 = 60;
 /// Kept of a failing hook's stderr for the error.
@@ -66,7 +64,7 @@ pub fn execute(ds: &dyn Datastore, req: &Request) -> Option<Result<Response, Err
             .map(|disks| Response::GroupReverted {
                 group: group.clone(),
                 snapshot: snapshot.clone(),
-                disks: disks.api(),
+                disks,
             }),
         Request::GroupClone {
             source,

@@ -54,7 +54,7 @@ impl Job {
             started_unix: self.started_unix,
             finished_unix: st.finished_unix,
             error: match &st.result {
-                Some(Err(e)) => Some(e.message.clone()),
+                Some(Err(e)) => Some(e.to_string()),
                 _ => None,
             },
         }
@@ -129,7 +129,7 @@ impl Jobs {
         let r = execute(&ctx, req, &mut progress);
         if let Err(e) = &r {
             tracing::warn!(event = "job", job = j.id, what = %j.what, state = "failed",
-                "job {} ({}) ended with an error: {}", j.id, j.what, e.message);
+                "job {} ({}) ended with an error: {}", j.id, j.what, e);
         } else {
             tracing::info!(event = "job", job = j.id, what = %j.what, state = "done",
                 "job {} ({}) done", j.id, j.what);
@@ -200,7 +200,7 @@ impl Jobs {
         self.list_and_trim(&job);
         if let Some(e) = refused {
             tracing::warn!(event = "job", job = id, what = %job.what, state = "refused",
-                "job {id} ({}) refused: {}", job.what, e.message);
+                "job {id} ({}) refused: {}", job.what, e);
             return job;
         }
         tracing::info!(event = "job", job = id, what = %job.what, state = "started",

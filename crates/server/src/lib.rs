@@ -34,6 +34,5 @@ pub mod placement;
 pub mod rbd_diff;
 pub mod serve;
 pub mod slot;
-mod views;
 pub mod vmdk_ops;
 pub mod web;

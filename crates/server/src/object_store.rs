@@ -6,8 +6,6 @@ use strata_api::Response;
 use strata_engine::Error;
 use strata_objstore::ObjectStoreDatastore;
 
-use crate::views::Api;
-
 /// `init --object-store URL` (`attach`: `attach --object-store URL`): the
 /// datastore's summary.
 pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<Response, Error> {
@@ -20,6 +18,6 @@ pub fn init_or_attach(dir: &std::path::Path, url: &str, attach: bool) -> Result<
     }?;
     Ok(Response::Joined {
         attached: attach,
-        summary: summary.api(),
+        summary,
     })
 }

@@ -9,8 +9,6 @@ use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
 use strata_engine::{Error, ErrorKind, SpaceWork, WorkControl};
 
-use crate::views::Api;
-
 /// What a request runs against: the datastore (either kind) and, inside a
 /// server, the I/O statistics of its exports.
 pub struct Ctx<'a> {
@@ -181,7 +179,7 @@ fn server_request(
             if let Some(o) = other {
                 o.close()?;
             }
-            Ok(Response::Disk(r?.api()))
+            Ok(Response::Disk(r?))
         }
         Request::Jobs => return Ok(Response::Jobs(jobs(ctx)?.list())),
         Request::JobControl { id, action } => {
@@ -288,11 +286,9 @@ fn space_request(
 ) -> Result<Response, Error> {
     match req {
         Request::Extend { name, size_bytes } => {
-            Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?.api()))
+            Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
         }
-        Request::Limit { name, limits } => {
-            Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?.api()))
-        }
+        Request::Limit { name, limits } => Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?)),
         Request::Grow { capacity_bytes } => Ok(match capacity_bytes {
             Some(bytes) => Response::Capacity {
                 info: ctx.ds.set_capacity(*bytes)?,
@@ -340,16 +336,16 @@ fn common(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Option<Result<Response, Error>> {
     Some(match req {
-        Request::Status => ds.status().map(|s| Response::Datastore(s.api())),
-        Request::List => ds.list().map(|d| Response::Disks(d.api())),
-        Request::Info { name } => ds.disk_view(name, true).map(|d| Response::Disk(d.api())),
+        Request::Status => ds.status().map(Response::Datastore),
+        Request::List => ds.list().map(Response::Disks),
+        Request::Info { name } => ds.disk_view(name, true).map(Response::Disk),
         Request::Create {
             name,
             size_bytes,
             provisioning,
         } => ds
             .create(name, *size_bytes, *provisioning, progress)
-            .map(|d| Response::Disk(d.api())),
+            .map(Response::Disk),
         Request::Remove { name } => ds
             .remove(name)
             .map(|()| Response::Removed { name: name.clone() }),
@@ -367,7 +363,7 @@ fn common(
         Request::SnapshotRevert { disk, snapshot } => ds
             .snapshot_revert(disk, snapshot)
             .and_then(|()| ds.disk_view(disk, false))
-            .map(|d| Response::Disk(d.api())),
+            .map(Response::Disk),
         Request::SnapshotDelete { disk, snapshot } => {
             ds.snapshot_delete(disk, snapshot)
                 .map(|()| Response::SnapshotDeleted {
@@ -375,9 +371,7 @@ fn common(
                     snapshot: snapshot.clone(),
                 })
         }
-        Request::CloneLinked { source, name } => ds
-            .clone_linked(source, name)
-            .map(|d| Response::Disk(d.api())),
+        Request::CloneLinked { source, name } => ds.clone_linked(source, name).map(Response::Disk),
         Request::Diff {
             target,
             from,
@@ -400,15 +394,12 @@ fn maintenance(
             name,
             provisioning,
             rate_bytes_per_sec,
-        } => Response::Disk(
-            ds.convert_disk(
-                name,
-                *provisioning,
-                &ctx.work(*rate_bytes_per_sec),
-                progress,
-            )?
-            .api(),
-        ),
+        } => Response::Disk(ds.convert_disk(
+            name,
+            *provisioning,
+            &ctx.work(*rate_bytes_per_sec),
+            progress,
+        )?),
         Request::Defrag {
             name,
             dry_run,
@@ -424,7 +415,7 @@ fn maintenance(
         ),
         Request::Check => match ds.check()? {
             strata_datastore::CheckReport::Local(r) => Response::Check(r),
-            strata_datastore::CheckReport::ObjectStore(r) => Response::StoreCheck(r.api()),
+            strata_datastore::CheckReport::ObjectStore(r) => Response::StoreCheck(r),
         },
         Request::Claim {
             name,
@@ -432,15 +423,15 @@ fn maintenance(
             wait_seconds,
         } => {
             let wait = std::time::Duration::from_secs(wait_seconds.unwrap_or(60));
-            Response::Claimed(ds.claim_disk(name, handover.then_some(wait))?.api())
+            Response::Claimed(ds.claim_disk(name, handover.then_some(wait))?)
         }
-        Request::Release { name } => Response::Released(ds.release_disk(name)?.api()),
-        Request::Gc { dry_run } => Response::Gc(ds.collect_garbage(*dry_run)?.api()),
+        Request::Release { name } => Response::Released(ds.release_disk(name)?),
+        Request::Gc { dry_run } => Response::Gc(ds.collect_garbage(*dry_run)?),
         Request::Compact {
             name,
             below_pct,
             dry_run,
-        } => Response::Compact(compact(ds, name, *below_pct, *dry_run)?.api()),
+        } => Response::Compact(compact(ds, name, *below_pct, *dry_run)?),
         Request::VmdkShrink { .. } => {
             return Err(Error::new(
                 ErrorKind::Refused,

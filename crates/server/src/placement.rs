@@ -18,7 +18,6 @@ use strata_engine::{Error, ErrorKind, WorkControl};
 use crate::move_settings::MoveSettings;
 use crate::ops::{self, Ctx};
 use crate::slot::Slot;
-use crate::views::Api;
 
 pub use strata_datastore::Kind;
 
@@ -331,13 +330,19 @@ impl Places {
     }
 
     /// The slot of export `name` (`DISK` or `DISK@SNAP`): one per export
-    /// while anything holds it, opened from the disk's place.
+    /// while anything holds it, opened from the disk's place. A new user
+    /// of a disk's head asks its datastore even while the slot is open,
+    /// so that what the datastore refuses now (a fenced object-store disk)
+    /// is refused to it too; the users already in keep their slot.
     pub fn slot(&self, name: &str) -> Result<Arc<Slot>, Error> {
         let mut slots = self.slots.lock();
+        let (disk, snap) = strata_format::split_target(name);
         if let Some(s) = slots.get(name).and_then(Weak::upgrade) {
+            if snap.is_none() {
+                self.store(&self.place_of(disk))?.open(name)?;
+            }
             return Ok(s);
         }
-        let disk = strata_format::split_target(name).0;
         let dev = self.store(&self.place_of(disk))?.open(name)?;
         let s = Arc::new(Slot::new(dev));
         slots.retain(|_, w| w.strong_count() > 0);
@@ -437,7 +442,7 @@ impl Places {
         };
         drop(src);
         self.release_unused(&to);
-        r.map(|d| Response::Disk(d.api()))
+        r.map(Response::Disk)
     }
 
     /// Refuse a change to `disk` while it is being moved.

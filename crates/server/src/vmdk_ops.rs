@@ -22,8 +22,6 @@ use strata_vmdk::{
     create_image, ImageSpec, OpenOptions, RangeState, StreamWriter, Subformat, VmdkImage,
 };
 
-use crate::views::Api;
-
 const GRAIN: u64 = 4096;
 const CHUNK: u64 = 1 << 20;
 /// Zero a range, deallocating it where the target can.
@@ -206,7 +204,7 @@ pub fn import(
         ImageFormat::Raw => {
             import_raw(ds, path, name, prov, progress)?;
             Ok(ImportReport {
-                disk: ds.disk_view(name, false)?.api(),
+                disk: ds.disk_view(name, false)?,
                 format,
                 links: None,
                 snapshots: Vec::new(),
@@ -308,7 +306,7 @@ fn import_qcow2(
     let _ = std::fs::remove_file(&tmp);
     r?;
     Ok(ImportReport {
-        disk: ds.disk_view(name, false)?.api(),
+        disk: ds.disk_view(name, false)?,
         format: ImageFormat::Qcow2,
         links: None,
         snapshots: Vec::new(),
@@ -564,7 +562,7 @@ fn import_vmdk(
         return Err(e);
     }
     Ok(ImportReport {
-        disk: ds.disk_view(name, false)?.api(),
+        disk: ds.disk_view(name, false)?,
         format: ImageFormat::Vmdk,
         links: Some(
             img.links

@@ -511,12 +511,13 @@ fn http_status(kind: ErrorKind) -> u16 {
     }
 }
 
+/// `e` as the control socket answers it too (strata-api's `ReplyError`:
+/// kind, message, and the place when one is known).
 fn engine_error(e: &Error) -> Resp {
-    let mut body = json!({ "kind": e.kind.name(), "message": e.message });
-    if let Some(object) = &e.place.object {
-        body["place"] = json!({ "object": object, "offset": e.place.offset, "op": e.place.op });
-    }
-    json_response(http_status(e.kind), &json!({ "error": body }))
+    json_response(
+        http_status(e.kind),
+        &json!({ "error": strata_api::wire::ReplyError::from(e) }),
+    )
 }
 
 fn header_value<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {

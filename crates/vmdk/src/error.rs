@@ -102,7 +102,11 @@ mod tests {
         assert_eq!(e.kind, VmdkErrorKind::Corrupt, "{e}");
         let file = path.display().to_string();
         assert_eq!(e.place.object.as_deref(), Some(file.as_str()), "{e}");
-        assert_eq!((e.place.offset, e.place.op), (Some(0), Some("open")), "{e}");
+        assert_eq!(
+            (e.place.offset, e.place.op.as_deref()),
+            (Some(0), Some("open")),
+            "{e}"
+        );
         assert_eq!(
             e.to_string(),
             format!("{file} at 0: open: KDMV version 9 (1, 2 or 3 expected)")
@@ -119,7 +123,7 @@ mod tests {
             .expect("refused");
         let want = gone.display().to_string();
         assert_eq!(e.place.object.as_deref(), Some(want.as_str()), "{e}");
-        assert_eq!(e.place.op, Some("open"), "{e}");
+        assert_eq!(e.place.op.as_deref(), Some("open"), "{e}");
         // A path with `..` in it: the file as opened.
         let odd = dir.path().join("sub/../vm.vmdk");
         std::fs::create_dir(dir.path().join("sub")).unwrap();
@@ -137,7 +141,7 @@ mod tests {
             .expect("refused");
         let want = path.display().to_string();
         assert_eq!(e.place.object.as_deref(), Some(want.as_str()), "{e}");
-        assert_eq!(e.place.op, Some("create"), "{e}");
+        assert_eq!(e.place.op.as_deref(), Some("create"), "{e}");
         assert_eq!(
             e.to_string(),
             format!("{want}: create: already exists; refusing to overwrite it")
@@ -146,7 +150,7 @@ mod tests {
             .err()
             .expect("refused");
         assert_eq!(e.place.object.as_deref(), Some(want.as_str()), "{e}");
-        assert_eq!(e.place.op, Some("create"), "{e}");
+        assert_eq!(e.place.op.as_deref(), Some("create"), "{e}");
     }
 
     #[test]
@@ -168,6 +172,6 @@ mod tests {
             Some("sim/dir/orphan.vmdk"),
             "{e}"
         );
-        assert_eq!(e.place.op, Some("open"), "{e}");
+        assert_eq!(e.place.op.as_deref(), Some("open"), "{e}");
     }
 }

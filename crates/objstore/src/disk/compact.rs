@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use strata_api::store::CompactReport;
 use strata_s3::Bytes;
 
 use super::{Batch, ObjectDisk, G, SEGMENT_GRAINS};
@@ -109,36 +110,6 @@ impl Default for CompactOptions {
             press: false,
         }
     }
-}
-
-/// What a compaction pass found and did.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CompactReport {
-    pub disk: String,
-    pub dry_run: bool,
-    /// The threshold, in percent of an object's bytes.
-    pub below_pct: u32,
-    /// Objects holding the head's grains, their bytes and the head's
-    /// bytes in them.
-    pub objects: u64,
-    pub stored_bytes: u64,
-    pub live_bytes: u64,
-    /// Objects under the threshold (a snapshot reaches none of them), and
-    /// their bytes.
-    pub candidates: u64,
-    pub candidate_bytes: u64,
-    /// Grains rewritten (a dry run: that would be) and their bytes.
-    pub rewritten_grains: u64,
-    pub rewritten_bytes: u64,
-    /// Rewritten grains whose new place a commit took, and those that
-    /// were written again meanwhile (their copies are garbage).
-    pub relocated_grains: u64,
-    pub dropped_grains: u64,
-    /// Segments uploaded.
-    pub segments: u64,
-    /// Bytes of the objects emptied (GC frees them).
-    pub emptied_bytes: u64,
-    pub ms: u64,
 }
 
 /// What compaction did on one handle, for `status` and `/metrics`.

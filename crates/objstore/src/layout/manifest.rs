@@ -42,26 +42,6 @@ pub struct ParentRef {
     pub name: String,
 }
 
-/// Who may write a disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Owner {
-    pub host: String,
-    pub name: String,
-    /// The writing process, or [`Owner::HOST_PID`].
-    pub pid: u32,
-}
-
-impl Owner {
-    /// `pid` of the host's own claim (§11.6): the host writes the disk,
-    /// no process of it does (`strata claim` with no server running).
-    pub const HOST_PID: u32 = 0;
-
-    /// Whether this is the host's claim rather than a process's.
-    pub fn is_host(&self) -> bool {
-        self.pid == Self::HOST_PID
-    }
-}
-
 /// A disk's whole state at one point (§11.5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
