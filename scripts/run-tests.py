@@ -57,8 +57,8 @@ print_lock = threading.Lock()
 
 def build(cargo):
     """Build every test target; [(label, executable, package dir)]. The
-    examples are built too: their directory goes to the benchmark smoke as
-    STRATA_BENCH_EXAMPLES, so it runs these builds of store_ceiling,
+    examples are built too: their paths go to the benchmark smoke as
+    STRATA_BENCH_EXAMPLES (NAME=PATH:...), so it runs these builds of store_ceiling,
     vhost_bench and friends instead of compiling them again in release
     mode (bench/strata_bench/common.py `example`)."""
     cmd = [cargo, "test", "--workspace", "--all-targets", "--no-run",
@@ -73,9 +73,6 @@ def build(cargo):
         except ValueError:
             continue
         if (m.get("reason") == "compiler-artifact" and m.get("executable")
-                and m["target"]["kind"] == ["example"]):
-            os.environ["STRATA_BENCH_EXAMPLES"] = os.path.dirname(m["executable"])
-        elif (m.get("reason") == "compiler-artifact" and m.get("executable")
                 and m.get("profile", {}).get("test")):
             t = m["target"]
             pkg = os.path.dirname(m["manifest_path"])
@@ -83,7 +80,29 @@ def build(cargo):
             kind = t["kind"][0]
             label = f"unittests {src}" if kind in ("lib", "bin", "proc-macro") else src
             found.append((t["name"], label, m["executable"], pkg))
+    os.environ["STRATA_BENCH_EXAMPLES"] = os.pathsep.join(examples(cargo))
     return found
+
+
+def examples(cargo):
+    """Build the examples as programs (`--all-targets` built them as test
+    harnesses) with the same profile, on the dependencies just built;
+    ["NAME=PATH"]."""
+    cmd = [cargo, "build", "--workspace", "--examples", "--profile", "test",
+           "--message-format=json-render-diagnostics"]
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(p.returncode)
+    out = []
+    for line in p.stdout.splitlines():
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if (m.get("reason") == "compiler-artifact" and m.get("executable")
+                and m["target"]["kind"] == ["example"]):
+            out.append(f"{m['target']['name']}={m['executable']}")
+    return out
 
 
 def order(binaries):

@@ -15,18 +15,20 @@ RELEASE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR", "target"), "rele
 STRATA = os.environ.get("STRATA", os.path.join(RELEASE, "strata"))
 # The examples a few cases drive (store_ceiling, create_race, vhost_bench,
 # record_cost), already built: `make test` (scripts/run-tests.py) builds
-# every target before it runs the smoke, and names their directory here so
-# that the smoke does not compile them again in release mode (minutes on a
-# fresh clone, on the suite's longest path). Unset, they are built with
-# `cargo build --release`, as `make bench` and `make paper` measure them.
-EXAMPLES = os.environ.get("STRATA_BENCH_EXAMPLES")
+# every target before it runs the smoke, and names each example's
+# executable here (NAME=PATH, separated by ':'), so that the smoke does not
+# compile them again in release mode (minutes on a fresh clone, on the
+# suite's longest path). Unset, they are built with `cargo build
+# --release`, as `make bench` and `make paper` measure them.
+EXAMPLES = dict(e.split("=", 1) for e in os.environ.get("STRATA_BENCH_EXAMPLES", "").split(os.pathsep)
+                if "=" in e)
 
 
 def example(package, name, features=()):
     """The path of example NAME of PACKAGE (built with FEATURES): the one
-    in $STRATA_BENCH_EXAMPLES when that has it, else a release build."""
-    if EXAMPLES and os.path.isfile(os.path.join(EXAMPLES, name)):
-        return os.path.join(EXAMPLES, name)
+    $STRATA_BENCH_EXAMPLES names, else a release build."""
+    if os.path.isfile(EXAMPLES.get(name, "")):
+        return EXAMPLES[name]
     feat = ["--features", ",".join(features)] if features else []
     sh("cargo", "build", "--release", "-q", "-p", package, *feat, "--example", name, cwd=ROOT)
     return os.path.join(RELEASE, "examples", name)
