@@ -55,25 +55,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 print_lock = threading.Lock()
 
 
-def build(cargo):
-    """Build every test target; [(label, executable, package dir)]. The
-    examples are built too: their paths go to the benchmark smoke as
-    STRATA_BENCH_EXAMPLES (NAME=PATH:...), so it runs these builds of store_ceiling,
-    vhost_bench and friends instead of compiling them again in release
-    mode (bench/strata_bench/common.py `example`)."""
-    cmd = [cargo, "test", "--workspace", "--all-targets", "--no-run",
-           "--message-format=json-render-diagnostics"]
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+def artifacts(cmd):
+    """Run a cargo build with JSON messages (exit if it fails); each
+    compiled artifact that has an executable, as cargo describes it."""
+    p = subprocess.run(cmd + ["--message-format=json-render-diagnostics"], cwd=ROOT,
+                       stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(p.returncode)
-    found = []
     for line in p.stdout.splitlines():
         try:
             m = json.loads(line)
         except ValueError:
             continue
-        if (m.get("reason") == "compiler-artifact" and m.get("executable")
-                and m.get("profile", {}).get("test")):
+        if m.get("reason") == "compiler-artifact" and m.get("executable"):
+            yield m
+
+
+def build(cargo):
+    """Build every test target; [(label, executable, package dir)]. The
+    examples are then built as programs too (`examples`) and their paths
+    go to the benchmark smoke as STRATA_BENCH_EXAMPLES (NAME=PATH:...), so
+    it runs these builds of store_ceiling, vhost_bench and friends instead
+    of compiling them again in release mode (bench/strata_bench/common.py
+    `example`)."""
+    found = []
+    for m in artifacts([cargo, "test", "--workspace", "--all-targets", "--no-run"]):
+        if m.get("profile", {}).get("test"):
             t = m["target"]
             pkg = os.path.dirname(m["manifest_path"])
             src = os.path.relpath(t["src_path"], pkg)
@@ -88,21 +95,9 @@ def examples(cargo):
     """Build the examples as programs (`--all-targets` built them as test
     harnesses) with the same profile, on the dependencies just built;
     ["NAME=PATH"]."""
-    cmd = [cargo, "build", "--workspace", "--examples", "--profile", "test",
-           "--message-format=json-render-diagnostics"]
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        sys.exit(p.returncode)
-    out = []
-    for line in p.stdout.splitlines():
-        try:
-            m = json.loads(line)
-        except ValueError:
-            continue
-        if (m.get("reason") == "compiler-artifact" and m.get("executable")
-                and m["target"]["kind"] == ["example"]):
-            out.append(f"{m['target']['name']}={m['executable']}")
-    return out
+    cmd = [cargo, "build", "--workspace", "--examples", "--profile", "test"]
+    return [f"{m['target']['name']}={m['executable']}" for m in artifacts(cmd)
+            if m["target"]["kind"] == ["example"]]
 
 
 def order(binaries):
