@@ -2,6 +2,8 @@
 //! version shares the head's map. Deleting one drops its version and hands
 //! its children to its parent; nothing is moved.
 
+use std::collections::{HashMap, HashSet};
+
 use strata_format::GRAIN_BYTES;
 
 use crate::catalog::{check_name, DiskRec, SnapshotRec};
@@ -116,21 +118,11 @@ impl Datastore {
     fn snapshots_of(&self, disk: &str, space: bool) -> Result<Vec<SnapshotInfo>> {
         let mut guard = self.inner.meta.lock();
         let m: &mut Meta = &mut guard;
-        let mut exclusive = std::collections::HashMap::new();
         let d = m.catalog.disk(disk)?.clone();
-        if space {
-            let base = m.drop_baseline()?;
-            let versions: Vec<u64> = m
-                .catalog
-                .snapshots
-                .iter()
-                .filter(|s| s.disk == d.id && !s.is_hidden())
-                .map(|s| s.version)
-                .collect();
-            for v in versions {
-                exclusive.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
-            }
-        }
+        let exclusive = match space {
+            true => exclusive_by_version(m, d.id)?,
+            false => HashMap::new(),
+        };
         let snaps: Vec<&SnapshotRec> = m
             .catalog
             .snapshots
@@ -141,50 +133,24 @@ impl Datastore {
             id.and_then(|i| snaps.iter().find(|s| s.id == i))
                 .map(|s| s.name.clone())
         };
-        // Order: depth-first from the roots, children by creation.
-        let mut out = Vec::new();
-        let mut stack: Vec<Option<u64>> = vec![None];
-        let mut visited = std::collections::HashSet::new();
-        fn children<'a>(snaps: &[&'a SnapshotRec], parent: Option<u64>) -> Vec<&'a SnapshotRec> {
-            let mut c: Vec<&SnapshotRec> = snaps
-                .iter()
-                .copied()
-                .filter(|s| s.parent == parent)
-                .collect();
-            c.sort_by_key(|s| std::cmp::Reverse(s.id));
-            c
-        }
-        while let Some(p) = stack.pop() {
-            if let Some(id) = p {
-                if !visited.insert(id) {
-                    continue;
-                }
-                let s = snaps
-                    .iter()
-                    .find(|s| s.id == id)
-                    .expect("child of a listed snapshot");
-                let v = m.version_state(s.version).unwrap_or_default();
-                out.push(SnapshotInfo {
-                    id: s.id,
-                    name: s.name.clone(),
-                    description: s.description.clone(),
-                    created_unix: s.created_unix,
-                    parent: name_of(s.parent),
-                    size_bytes: s.size_bytes,
-                    mapped_bytes: Some(v.mapped_grains * GRAIN_BYTES),
-                    exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
-                    current: d.current_snapshot == Some(s.id),
-                    group: m
-                        .catalog
-                        .group_snapshot_of(s.id)
-                        .map(|(g, _)| g.name.clone()),
-                });
-            }
-            for c in children(&snaps, p) {
-                stack.push(Some(c.id));
-            }
-        }
-        Ok(out)
+        let info = |s: &SnapshotRec| SnapshotInfo {
+            id: s.id,
+            name: s.name.clone(),
+            description: s.description.clone(),
+            created_unix: s.created_unix,
+            parent: name_of(s.parent),
+            size_bytes: s.size_bytes,
+            mapped_bytes: Some(
+                m.version_state(s.version).unwrap_or_default().mapped_grains * GRAIN_BYTES,
+            ),
+            exclusive_bytes: Some(exclusive.get(&s.version).copied().unwrap_or(0)),
+            current: d.current_snapshot == Some(s.id),
+            group: m
+                .catalog
+                .group_snapshot_of(s.id)
+                .map(|(g, _)| g.name.clone()),
+        };
+        Ok(tree_order(&snaps).into_iter().map(info).collect())
     }
 
     /// Make the disk's live state equal to the snapshot again. The live
@@ -226,4 +192,49 @@ impl Datastore {
         })?;
         self.inner.commit(false)
     }
+}
+
+/// What deleting each of the disk's (visible) snapshots alone would free,
+/// in bytes, by the snapshot's version.
+fn exclusive_by_version(m: &mut Meta, disk_id: u64) -> Result<HashMap<u64, u64>> {
+    let base = m.drop_baseline()?;
+    let versions: Vec<u64> = m
+        .catalog
+        .snapshots
+        .iter()
+        .filter(|s| s.disk == disk_id && !s.is_hidden())
+        .map(|s| s.version)
+        .collect();
+    let mut out = HashMap::new();
+    for v in versions {
+        out.insert(v, m.exclusive_grains(&base, &[v])? * GRAIN_BYTES);
+    }
+    Ok(out)
+}
+
+/// `snaps` in the order `snapshot list` shows them: depth-first from the
+/// roots, each one's children in order of creation.
+fn tree_order<'a>(snaps: &[&'a SnapshotRec]) -> Vec<&'a SnapshotRec> {
+    let children = |parent: Option<u64>| {
+        let mut c: Vec<&'a SnapshotRec> = snaps
+            .iter()
+            .copied()
+            .filter(|s| s.parent == parent)
+            .collect();
+        c.sort_by_key(|s| std::cmp::Reverse(s.id));
+        c
+    };
+    let mut out = Vec::new();
+    let mut visited = HashSet::new();
+    let mut stack: Vec<Option<&'a SnapshotRec>> = vec![None];
+    while let Some(p) = stack.pop() {
+        if let Some(s) = p {
+            if !visited.insert(s.id) {
+                continue;
+            }
+            out.push(s);
+        }
+        stack.extend(children(p.map(|s| s.id)).into_iter().map(Some));
+    }
+    out
 }
