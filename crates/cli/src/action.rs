@@ -2,6 +2,8 @@
 //! one function per family of commands. Checks that need no datastore (a
 //! subformat's name, `--type` on a linked clone, an alarm's thresholds)
 //! happen here, so a remote server sees only requests that make sense.
+//! How the answer is printed (`--json`) is the command line's, not the
+//! action's: every answer has both forms.
 
 use std::path::PathBuf;
 
@@ -13,7 +15,6 @@ use strata_api::{
 
 use crate::args::{AlarmCmd, Cmd, JobCmd, SnapCmd, VmdkCmd};
 use crate::serve_args::ServeArgs;
-use strata_cli::output::Format;
 
 /// The action of a command whose FILE may be `-`: a stream through
 /// stdin or stdout (`main` makes the pipe and fills in its path), else a
@@ -21,21 +22,15 @@ use strata_cli::output::Format;
 fn stream_or_file<'a>(
     file: &str,
     pipe: Pipe,
-    format: Format,
     request: impl FnOnce(PathBuf) -> Request,
 ) -> Result<Action<'a>, Error> {
     Ok(if file == "-" {
         Action::Stream {
             request: request(PathBuf::new()),
-            format,
             pipe,
         }
     } else {
-        Action::Datastore {
-            request: request(absolute(std::path::Path::new(file))?),
-            format,
-            watch: false,
-        }
+        datastore(request(absolute(std::path::Path::new(file))?))
     })
 }
 
@@ -53,11 +48,7 @@ pub enum Action<'a> {
     /// `init`: make a datastore (0: the file system's free space).
     Init { capacity_bytes: u64 },
     /// `init --object-store URL` and `attach --object-store URL`.
-    Shared {
-        url: &'a str,
-        attach: bool,
-        format: Format,
-    },
+    Shared { url: &'a str, attach: bool },
     /// `serve`
     Serve(&'a ServeArgs),
     /// `completions SHELL`
@@ -67,23 +58,26 @@ pub enum Action<'a> {
     /// A datastore request, run here or by the server holding the datastore.
     Datastore {
         request: Request,
-        format: Format,
         /// Run again every second until interrupted (`stats --watch`).
         watch: bool,
     },
     /// `export-diff ... -` / `import-diff - ...`: a datastore request whose
     /// stream is this process's stdout (`Out`) or stdin (`In`), through a
     /// pipe the request names.
-    Stream {
-        request: Request,
-        format: Format,
-        pipe: Pipe,
-    },
+    Stream { request: Request, pipe: Pipe },
     /// A command on VMDK files, run here.
-    Vmdk {
-        request: VmdkRequest,
-        format: Format,
-    },
+    Vmdk(VmdkRequest),
+}
+
+impl Action<'_> {
+    /// Whether the action answers with something `--json` can print
+    /// (a local `init`, `serve`, `completions` and `manpages` do not).
+    pub fn has_answer(&self) -> bool {
+        !matches!(
+            self,
+            Action::Init { .. } | Action::Serve(_) | Action::Completions(_) | Action::Manpages(_)
+        )
+    }
 }
 
 impl<'a> TryFrom<&'a Cmd> for Action<'a> {
@@ -100,12 +94,10 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             Cmd::Claim { .. } | Cmd::Release { .. } | Cmd::Gc { .. } | Cmd::Compact { .. } => {
                 object_store_action(cmd)
             }
-            Cmd::Status(_)
-            | Cmd::Grow { .. }
-            | Cmd::Alarm(_)
-            | Cmd::Check(_)
-            | Cmd::Jobs { .. } => store_action(cmd),
-            Cmd::List(_)
+            Cmd::Status | Cmd::Grow { .. } | Cmd::Alarm(_) | Cmd::Check | Cmd::Jobs { .. } => {
+                store_action(cmd)
+            }
+            Cmd::List
             | Cmd::Info { .. }
             | Cmd::Create { .. }
             | Cmd::Rm { .. }
@@ -122,10 +114,9 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
 }
 
 /// A datastore request, run here or by the server holding the datastore.
-fn datastore<'a>(request: Request, format: Format) -> Action<'a> {
+fn datastore<'a>(request: Request) -> Action<'a> {
     Action::Datastore {
         request,
-        format,
         watch: false,
     }
 }
@@ -146,31 +137,16 @@ fn local_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         Cmd::Init {
             capacity,
             object_store: None,
-            json,
-        } => {
-            if json.json {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    "--json goes with --object-store (a local init prints one line)",
-                ));
-            }
-            Action::Init {
-                capacity_bytes: capacity.unwrap_or(0),
-            }
-        }
+        } => Action::Init {
+            capacity_bytes: capacity.unwrap_or(0),
+        },
         Cmd::Init {
             object_store: Some(url),
-            json,
             ..
-        } => Action::Shared {
-            url,
-            attach: false,
-            format: json.into(),
-        },
-        Cmd::Attach { object_store, json } => Action::Shared {
+        } => Action::Shared { url, attach: false },
+        Cmd::Attach { object_store } => Action::Shared {
             url: object_store,
             attach: true,
-            format: json.into(),
         },
         Cmd::Serve(args) => Action::Serve(args),
         Cmd::Completions { shell } => Action::Completions(*shell),
@@ -181,87 +157,59 @@ fn local_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
 
 /// `strata vmdk`: commands on VMDK files, run here.
 fn vmdk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
-        Cmd::Vmdk(v) => {
-            let (request, json) = match v {
-                VmdkCmd::Info { path, json } => (VmdkRequest::Info { path: path.clone() }, json),
-                VmdkCmd::Check { path, repair, json } => (
-                    VmdkRequest::Check {
-                        path: path.clone(),
-                        repair: *repair,
-                    },
-                    json,
-                ),
-                VmdkCmd::Shrink { path, rate, json } => (
-                    VmdkRequest::Shrink {
-                        path: path.clone(),
-                        rate_bytes_per_sec: *rate,
-                    },
-                    json,
-                ),
-            };
-            Action::Vmdk {
-                request,
-                format: json.into(),
-            }
-        }
+    Ok(Action::Vmdk(match cmd {
+        Cmd::Vmdk(VmdkCmd::Info { path }) => VmdkRequest::Info { path: path.clone() },
+        Cmd::Vmdk(VmdkCmd::Check { path, repair }) => VmdkRequest::Check {
+            path: path.clone(),
+            repair: *repair,
+        },
+        Cmd::Vmdk(VmdkCmd::Shrink { path, rate }) => VmdkRequest::Shrink {
+            path: path.clone(),
+            rate_bytes_per_sec: *rate,
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// An object store's own commands: claim, release, gc, compact.
 fn object_store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
+    Ok(datastore(match cmd {
         Cmd::Claim {
             name,
             handover,
             wait,
-            json,
-        } => datastore(
-            Request::Claim {
-                name: name.clone(),
-                handover: *handover,
-                wait_seconds: handover.then_some(*wait),
-            },
-            json.into(),
-        ),
-        Cmd::Release { name, json } => {
-            datastore(Request::Release { name: name.clone() }, json.into())
-        }
-        Cmd::Gc { dry_run, json } => datastore(Request::Gc { dry_run: *dry_run }, json.into()),
+        } => Request::Claim {
+            name: name.clone(),
+            handover: *handover,
+            wait_seconds: handover.then_some(*wait),
+        },
+        Cmd::Release { name } => Request::Release { name: name.clone() },
+        Cmd::Gc { dry_run } => Request::Gc { dry_run: *dry_run },
         Cmd::Compact {
             name,
             below,
             dry_run,
-            json,
-        } => datastore(
-            Request::Compact {
-                name: name.clone(),
-                below_pct: Some(*below),
-                dry_run: *dry_run,
-            },
-            json.into(),
-        ),
+        } => Request::Compact {
+            name: name.clone(),
+            below_pct: Some(*below),
+            dry_run: *dry_run,
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// The datastore as a whole: status, capacity, alarms, check, jobs.
 fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
-        Cmd::Status(json) => datastore(Request::Status, json.into()),
-        Cmd::Grow { capacity, json } => datastore(
-            Request::Grow {
-                capacity_bytes: *capacity,
-            },
-            json.into(),
-        ),
+    Ok(datastore(match cmd {
+        Cmd::Status => Request::Status,
+        Cmd::Grow { capacity } => Request::Grow {
+            capacity_bytes: *capacity,
+        },
         Cmd::Alarm(AlarmCmd::Set {
             kind,
             warning,
             alarm,
             exec,
-            json,
         }) => {
             let rule = AlarmRule {
                 kind: *kind,
@@ -271,91 +219,69 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             };
             // Checked here too, so a mistake needs no datastore.
             rule.validate()?;
-            datastore(
-                Request::AlarmSet {
-                    rule,
-                    keep_exec: exec.is_none(),
-                },
-                json.into(),
-            )
+            Request::AlarmSet {
+                rule,
+                keep_exec: exec.is_none(),
+            }
         }
-        Cmd::Alarm(AlarmCmd::List(json)) => datastore(Request::AlarmList, json.into()),
-        Cmd::Jobs { action, json } => datastore(
-            match action {
-                None => Request::Jobs,
-                Some(JobCmd::Pause { id }) => Request::JobControl {
-                    id: *id,
-                    action: JobAction::Pause,
-                },
-                Some(JobCmd::Resume { id }) => Request::JobControl {
-                    id: *id,
-                    action: JobAction::Resume,
-                },
-                Some(JobCmd::Cancel { id }) => Request::JobControl {
-                    id: *id,
-                    action: JobAction::Cancel,
-                },
-            },
-            json.into(),
-        ),
-        Cmd::Check(json) => datastore(Request::Check, json.into()),
+        Cmd::Alarm(AlarmCmd::List) => Request::AlarmList,
+        Cmd::Jobs { action: None } => Request::Jobs,
+        Cmd::Jobs {
+            action: Some(job), ..
+        } => {
+            let (id, action) = match job {
+                JobCmd::Pause { id } => (id, JobAction::Pause),
+                JobCmd::Resume { id } => (id, JobAction::Resume),
+                JobCmd::Cancel { id } => (id, JobAction::Cancel),
+            };
+            Request::JobControl { id: *id, action }
+        }
+        Cmd::Check => Request::Check,
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// One disk: list, info, create, rm, extend, convert.
 fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
-        Cmd::List(json) => datastore(Request::List, json.into()),
-        Cmd::Info { name, json } => datastore(Request::Info { name: name.clone() }, json.into()),
+    Ok(datastore(match cmd {
+        Cmd::List => Request::List,
+        Cmd::Info { name } => Request::Info { name: name.clone() },
         Cmd::Create {
             name,
             size,
             provisioning,
-            json,
-        } => datastore(
-            Request::Create {
-                name: name.clone(),
-                size_bytes: *size,
-                provisioning: *provisioning,
-            },
-            json.into(),
-        ),
-        Cmd::Rm { name } => datastore(Request::Remove { name: name.clone() }, Format::Human),
-        Cmd::Extend { name, size, json } => datastore(
-            Request::Extend {
-                name: name.clone(),
-                size_bytes: *size,
-            },
-            json.into(),
-        ),
+        } => Request::Create {
+            name: name.clone(),
+            size_bytes: *size,
+            provisioning: *provisioning,
+        },
+        Cmd::Rm { name } => Request::Remove { name: name.clone() },
+        Cmd::Extend { name, size } => Request::Extend {
+            name: name.clone(),
+            size_bytes: *size,
+        },
         Cmd::Convert {
             name,
             provisioning,
             rate,
-            json,
-        } => datastore(
-            Request::Convert {
-                name: name.clone(),
-                provisioning: *provisioning,
-                rate_bytes_per_sec: *rate,
-            },
-            json.into(),
-        ),
+        } => Request::Convert {
+            name: name.clone(),
+            provisioning: *provisioning,
+            rate_bytes_per_sec: *rate,
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// A disk's I/O limits and zero reclaim.
 fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
+    Ok(datastore(match cmd {
         Cmd::Limit {
             name,
             iops,
             bps,
             burst,
             clear,
-            json,
         } => {
             if !clear && iops.is_none() && bps.is_none() {
                 return Err(Error::new(
@@ -363,194 +289,140 @@ fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                     "give --iops N and/or --bps SIZE (and optionally --burst SECONDS), or --clear",
                 ));
             }
-            datastore(
-                Request::Limit {
-                    name: name.clone(),
-                    limits: IoLimits {
-                        iops: *iops,
-                        bps: *bps,
-                        burst_seconds: *burst,
-                    },
-                },
-                json.into(),
-            )
-        }
-        Cmd::Punchzero { name, rate, json } => datastore(
-            Request::PunchZero {
+            Request::Limit {
                 name: name.clone(),
-                rate_bytes_per_sec: *rate,
-            },
-            json.into(),
-        ),
+                limits: IoLimits {
+                    iops: *iops,
+                    bps: *bps,
+                    burst_seconds: *burst,
+                },
+            }
+        }
+        Cmd::Punchzero { name, rate } => Request::PunchZero {
+            name: name.clone(),
+            rate_bytes_per_sec: *rate,
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// Where a disk lives and how it is laid out: move, defrag.
 fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
+    Ok(datastore(match cmd {
         Cmd::Move {
             name,
             to,
             provisioning,
             head_only,
             rate,
-            json,
-        } => datastore(
-            Request::Move {
-                name: name.clone(),
-                to: absolute(to)?,
-                head_only: *head_only,
-                provisioning: *provisioning,
-                rate_bytes_per_sec: *rate,
-            },
-            json.into(),
-        ),
+        } => Request::Move {
+            name: name.clone(),
+            to: absolute(to)?,
+            head_only: *head_only,
+            provisioning: *provisioning,
+            rate_bytes_per_sec: *rate,
+        },
         Cmd::Defrag {
-            name,
-            free_space,
+            name: Some(name),
+            free_space: false,
             dry_run,
             rate,
-            json,
-        } => datastore(
-            match name {
-                Some(name) if !*free_space => Request::Defrag {
-                    name: name.clone(),
-                    dry_run: *dry_run,
-                    rate_bytes_per_sec: *rate,
-                },
-                _ => Request::DefragFreeSpace {
-                    rate_bytes_per_sec: *rate,
-                },
-            },
-            json.into(),
-        ),
+        } => Request::Defrag {
+            name: name.clone(),
+            dry_run: *dry_run,
+            rate_bytes_per_sec: *rate,
+        },
+        Cmd::Defrag { rate, .. } => Request::DefragFreeSpace {
+            rate_bytes_per_sec: *rate,
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// Snapshots and groups.
 fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
+    let s = String::clone;
+    Ok(datastore(match cmd {
         Cmd::Snapshot(SnapCmd::Create {
             disk,
             snapshot,
             description,
-            json,
-        }) => datastore(
-            Request::SnapshotCreate {
-                disk: disk.clone(),
-                snapshot: snapshot.clone(),
-                description: description.clone(),
-            },
-            json.into(),
-        ),
-        Cmd::Group(g) => {
-            let (request, json) = g.request();
-            datastore(request, if json { Format::Json } else { Format::Human })
-        }
-        Cmd::Snapshot(SnapCmd::List { disk, json }) => {
-            datastore(Request::SnapshotList { disk: disk.clone() }, json.into())
-        }
-        Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => datastore(
-            Request::SnapshotRevert {
-                disk: disk.clone(),
-                snapshot: snapshot.clone(),
-            },
-            Format::Human,
-        ),
-        Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => datastore(
-            Request::SnapshotDelete {
-                disk: disk.clone(),
-                snapshot: snapshot.clone(),
-            },
-            Format::Human,
-        ),
+        }) => Request::SnapshotCreate {
+            disk: s(disk),
+            snapshot: s(snapshot),
+            description: s(description),
+        },
+        Cmd::Group(g) => g.request(),
+        Cmd::Snapshot(SnapCmd::List { disk }) => Request::SnapshotList { disk: s(disk) },
+        Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => Request::SnapshotRevert {
+            disk: s(disk),
+            snapshot: s(snapshot),
+        },
+        Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => Request::SnapshotDelete {
+            disk: s(disk),
+            snapshot: s(snapshot),
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// Linked and full clones.
 fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    Ok(match cmd {
+    Ok(datastore(match cmd {
         Cmd::Clone {
             source,
             name,
             full: true,
             provisioning,
             to,
-            json,
-        } => datastore(
-            Request::CloneFull {
-                source: source.clone(),
-                name: name.clone(),
-                provisioning: *provisioning,
-                to: to.as_deref().map(absolute).transpose()?,
-            },
-            json.into(),
-        ),
+        } => Request::CloneFull {
+            source: source.clone(),
+            name: name.clone(),
+            provisioning: *provisioning,
+            to: to.as_deref().map(absolute).transpose()?,
+        },
         Cmd::Clone {
-            source,
-            name,
-            full: false,
-            provisioning,
-            json,
-            ..
-        } => {
-            if *provisioning != Provisioning::Thin {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    "--type applies to full clones only (a linked clone is thin); add --full",
-                ));
-            }
-            datastore(
-                Request::CloneLinked {
-                    source: source.clone(),
-                    name: name.clone(),
-                },
-                json.into(),
-            )
+            provisioning: p, ..
+        } if *p != Provisioning::Thin => {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "--type applies to full clones only (a linked clone is thin); add --full",
+            ));
         }
+        Cmd::Clone { source, name, .. } => Request::CloneLinked {
+            source: source.clone(),
+            name: name.clone(),
+        },
         _ => return Err(not_this_family()),
-    })
+    }))
 }
 
 /// Changes between versions: diff, export-diff, import-diff.
 fn diff_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
     Ok(match cmd {
-        Cmd::ExportDiff {
-            target,
-            from,
-            file,
-            json,
-        } => stream_or_file(file, Pipe::Out, json.into(), |out| Request::ExportDiff {
-            target: target.clone(),
-            from: from.clone(),
-            out,
-        })?,
-        Cmd::ImportDiff {
-            file,
-            disk,
-            force,
-            json,
-        } => stream_or_file(file, Pipe::In, json.into(), |path| Request::ImportDiff {
-            path,
-            disk: disk.clone(),
-            force: *force,
-        })?,
+        Cmd::ExportDiff { target, from, file } => {
+            stream_or_file(file, Pipe::Out, |out| Request::ExportDiff {
+                target: target.clone(),
+                from: from.clone(),
+                out,
+            })?
+        }
+        Cmd::ImportDiff { file, disk, force } => {
+            stream_or_file(file, Pipe::In, |path| Request::ImportDiff {
+                path,
+                disk: disk.clone(),
+                force: *force,
+            })?
+        }
         Cmd::Diff {
             target,
             from,
             totals,
-            json,
-        } => datastore(
-            Request::Diff {
-                target: target.clone(),
-                from: from.clone(),
-                totals: *totals,
-            },
-            json.into(),
-        ),
+        } => datastore(Request::Diff {
+            target: target.clone(),
+            from: from.clone(),
+            totals: *totals,
+        }),
         _ => return Err(not_this_family()),
     })
 }
@@ -564,7 +436,6 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             pause,
             resume,
             watch,
-            json,
         } => Action::Datastore {
             request: Request::Stats {
                 disk: disk.clone(),
@@ -575,7 +446,6 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                     _ => None,
                 },
             },
-            format: json.into(),
             watch: *watch,
         },
         Cmd::Import {
@@ -583,33 +453,25 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             name,
             provisioning,
             format,
-            json,
-        } => datastore(
-            Request::Import {
-                path: absolute(path)?,
-                name: name.clone(),
-                provisioning: *provisioning,
-                format: format.as_deref().map(ImageFormat::parse).transpose()?,
-            },
-            json.into(),
-        ),
+        } => datastore(Request::Import {
+            path: absolute(path)?,
+            name: name.clone(),
+            provisioning: *provisioning,
+            format: format.as_deref().map(ImageFormat::parse).transpose()?,
+        }),
         Cmd::Export {
             target,
             out,
             subformat,
             chain,
             adapter,
-            json,
-        } => datastore(
-            Request::Export {
-                target: target.clone(),
-                out: absolute(out)?,
-                subformat: Subformat::parse(subformat)?,
-                chain: *chain,
-                adapter: adapter.clone(),
-            },
-            json.into(),
-        ),
+        } => datastore(Request::Export {
+            target: target.clone(),
+            out: absolute(out)?,
+            subformat: Subformat::parse(subformat)?,
+            chain: *chain,
+            adapter: adapter.clone(),
+        }),
         _ => return Err(not_this_family()),
     })
 }

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use strata_api::units::parse_size;
 use strata_api::{AlarmKind, Error, ErrorKind, Provisioning};
 
@@ -54,15 +54,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub detach: bool,
 
+    /// Print the answer as JSON instead of text (before or after the command)
+    #[arg(long, global = true)]
+    pub json: bool,
+
     #[command(subcommand)]
     pub cmd: Cmd,
-}
-
-#[derive(Args)]
-pub struct JsonFlag {
-    /// Print JSON instead of a table
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Subcommand)]
@@ -81,8 +78,6 @@ credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
         /// Create the datastore in this object store: s3://BUCKET/PREFIX
         #[arg(long, value_name = "URL")]
         object_store: Option<String>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Join an object-store datastore from this host (the directory becomes its local directory)
     #[command(
@@ -95,11 +90,9 @@ Prints what it found: the datastore's id, who created it, and its disks."
         /// The datastore: s3://BUCKET/PREFIX
         #[arg(long, value_name = "URL")]
         object_store: String,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Show the datastore's capacity, use, over-commit and alarms
-    Status(JsonFlag),
+    Status,
     /// Object-store datastores: make this host a disk's writer now (fencing the previous one)
     #[command(
         long_about = "Make this host the writer of DISK of an object-store datastore now, fencing the\n\
@@ -123,8 +116,6 @@ generation, exactly one wins; the others fail naming it."
             requires = "handover"
         )]
         wait: u64,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Object-store datastores: stop writing a disk on this host so another takes it without a fence
     #[command(
@@ -138,8 +129,6 @@ with 'strata claim DISK --handover', or by its first write when it serves the di
     Release {
         /// The disk
         name: String,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Object-store datastores: delete what no disk, snapshot or clone reaches any more
     #[command(
@@ -155,8 +144,6 @@ free). A run that another run overtakes deletes nothing."
         /// Only count: delete nothing
         #[arg(long)]
         dry_run: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Object-store datastores: rewrite what overwrites left partly live, so gc can free it
     #[command(
@@ -181,8 +168,6 @@ turns both kinds of pass off)."
         /// Only say what would be rewritten
         #[arg(long)]
         dry_run: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Set the datastore's capacity (also while it is served)
     #[command(
@@ -199,8 +184,6 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         /// New capacity (e.g. 500G), or `fs` to follow the file system
         #[arg(long, value_parser = parse_capacity, value_name = "SIZE|fs")]
         capacity: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Datastore alarms on usage and over-allocation: set, list
     #[command(subcommand)]
@@ -214,18 +197,12 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         /// Provisioning: thin, zeroedthick or eagerzeroedthick
         #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
         provisioning: Provisioning,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// List disks
-    List(JsonFlag),
+    List,
     /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots, and what removing it
     /// (exclusive) and deleting all its snapshots (snapshot space) would free
-    Info {
-        name: String,
-        #[command(flatten)]
-        json: JsonFlag,
-    },
+    Info { name: String },
     /// Remove a disk and its snapshots (linked clones keep what they share)
     Rm { name: String },
     /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream, to FILE or - (stdout)
@@ -246,8 +223,6 @@ Runs as a job with progress (docs/BACKUP.md)."
         from: Option<String>,
         /// The file to write, or - for standard output
         file: String,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Apply a Ceph 'rbd diff' stream (FILE or - for stdin) to a disk and take its snapshot
     #[command(
@@ -267,8 +242,6 @@ the byte offset, and the disk is put back as it was. FILE '-' is standard input.
         /// Apply it even if the disk differs from the stream's base snapshot
         #[arg(long)]
         force: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// The ranges where a disk or snapshot differs from a base, for incremental backups
     #[command(
@@ -290,8 +263,6 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
         /// Only the totals (bytes of data and of zeros), not the ranges
         #[arg(long)]
         totals: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Grow a disk (also while it is served)
     Extend {
@@ -299,8 +270,6 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
         /// New virtual size
         #[arg(long, value_parser = parse_size)]
         size: u64,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Limit a disk's I/O rate (also while it is served): operations and/or bytes per second,
     /// in every transport (NBD, vhost-user-blk), for the disk and its snapshots
@@ -321,8 +290,6 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
         /// Remove the disk's limits
         #[arg(long, conflicts_with_all = ["iops", "bps", "burst"])]
         clear: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Change a disk's provisioning online (also while it is served)
     #[command(
@@ -336,8 +303,6 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
         /// Scan or fill at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Move a disk to another datastore while it is served (Storage vMotion)
     #[command(
@@ -368,8 +333,6 @@ source serving and removes the partial copy."
         /// Copy at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Release a thin disk's blocks that read all zeros (vmkfstools' punchzero)
     Punchzero {
@@ -377,8 +340,6 @@ source serving and removes the partial copy."
         /// Scan at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Lay a disk's grains out in logical order, online (what snapshots and clones share moves once, for all of them)
     #[command(
@@ -405,22 +366,18 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// Move at most this much per second (e.g. 100M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// A running server's long operations: list, pause, resume, cancel
     Jobs {
         #[command(subcommand)]
         action: Option<JobCmd>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Snapshots: create, list, revert, delete
     #[command(subcommand)]
     Snapshot(SnapCmd),
     /// Consistency groups: disks snapshotted, reverted and cloned together at one instant
     #[command(subcommand)]
-    Group(strata_cli::group::GroupCmd),
+    Group(crate::group::GroupCmd),
     /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
     Clone {
         /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full
@@ -437,11 +394,9 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// store) instead of the source's; the server serves it from there
         #[arg(long, value_name = "DIR", requires = "full")]
         to: Option<PathBuf>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Verify reference counts, ownership and accounting; non-zero exit on problems
-    Check(JsonFlag),
+    Check,
     /// I/O statistics of a served disk (vscsiStats histograms), from the running server
     Stats {
         /// Disk or DISK@SNAP export (default: every export with statistics)
@@ -461,8 +416,6 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// Redraw every second until interrupted
         #[arg(long)]
         watch: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
     Serve(Box<ServeArgs>),
@@ -494,8 +447,6 @@ The Debian package installs the bash, zsh and fish scripts."
         /// Image format [default: detected from the content]: vmdk, raw or qcow2 (needs qemu-img)
         #[arg(long)]
         format: Option<String>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Export DISK or DISK@SNAP as a VMDK
     Export {
@@ -513,8 +464,6 @@ The Debian package installs the bash, zsh and fish scripts."
         /// ddb.adapterType of the descriptor
         #[arg(long, default_value = "lsilogic", value_parser = ["ide", "buslogic", "lsilogic", "legacyESX"])]
         adapter: String,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Work on VMDK files directly (no datastore needed): info, check [--repair], shrink
     #[command(subcommand)]
@@ -525,11 +474,7 @@ The Debian package installs the bash, zsh and fish scripts."
 pub enum VmdkCmd {
     /// Show a VMDK chain link by link: create type, CIDs, extents (takes no lock: works on served
     /// files)
-    Info {
-        path: PathBuf,
-        #[command(flatten)]
-        json: JsonFlag,
-    },
+    Info { path: PathBuf },
     /// Check grain directories and tables of every link: out-of-file, doubly used and bad
     /// entries; exits 1 when errors remain. Without --repair it takes no lock (works on served
     /// files, which may be mid-update); with --repair a file in use is refused
@@ -539,8 +484,6 @@ pub enum VmdkCmd {
         /// used grains their own copies, extend cut-short files, clear the unclean flag
         #[arg(long)]
         repair: bool,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system;
     /// a file `strata serve --vmdk` serves is shrunk by that server, online and throttled
@@ -550,8 +493,6 @@ pub enum VmdkCmd {
         /// server pauses eight times as long as each step took while clients send requests
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
 }
 
@@ -591,11 +532,9 @@ command set before is kept; --exec '' removes it.")]
         /// Shell command a server runs when the alarm's state changes
         #[arg(long, value_name = "CMD")]
         exec: Option<String>,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// List the alarms: state now, percent, thresholds, command
-    List(JsonFlag),
+    List,
 }
 
 #[derive(Subcommand)]
@@ -606,15 +545,9 @@ pub enum SnapCmd {
         snapshot: String,
         #[arg(long, default_value = "")]
         description: String,
-        #[command(flatten)]
-        json: JsonFlag,
     },
     /// List a disk's snapshots as a tree, each with what deleting it would free (exclusive)
-    List {
-        disk: String,
-        #[command(flatten)]
-        json: JsonFlag,
-    },
+    List { disk: String },
     /// Make the disk equal to a snapshot again (discards changes since)
     Revert { disk: String, snapshot: String },
     /// Delete a snapshot (moves no data)
@@ -650,9 +583,10 @@ pub fn default_datastore() -> PathBuf {
     home.join(".local/share/strata/datastore")
 }
 
-impl From<&JsonFlag> for Format {
-    fn from(j: &JsonFlag) -> Format {
-        if j.json {
+impl Cli {
+    /// How to print the answer (`--json`).
+    pub fn format(&self) -> Format {
+        if self.json {
             Format::Json
         } else {
             Format::Human

@@ -1,11 +1,9 @@
-//! `strata group`: consistency groups (docs/BACKUP.md) — the command
-//! line as requests, and their answers for people.
-
-use std::fmt::Write;
+//! `strata group`: consistency groups (docs/BACKUP.md), the command
+//! line as requests (`output` prints their answers).
 
 use clap::{Args, Subcommand};
-use strata_api::units::{human, invalid, utc};
-use strata_api::{Error, GroupInfo, GroupSnapshotInfo, GroupSnapshotReport, Request, Response};
+use strata_api::units::invalid;
+use strata_api::{Error, Request};
 
 #[derive(Subcommand)]
 pub enum GroupCmd {
@@ -21,9 +19,6 @@ pub enum GroupCmd {
         /// Seconds the hook may take (default 60)
         #[arg(long, value_name = "S")]
         timeout: Option<u64>,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
     },
     /// Add a disk to a group
     Add { name: String, disk: String },
@@ -32,18 +27,9 @@ pub enum GroupCmd {
     /// Remove a group; its disks stay. Refused while it has snapshots
     Rm { name: String },
     /// List the groups
-    List {
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Show a group: its disks, its hook, how many snapshots
-    Info {
-        name: String,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Info { name: String },
     /// Snapshot every disk of a group at one instant; list or delete group snapshots
     #[command(
         args_conflicts_with_subcommands = true,
@@ -74,9 +60,6 @@ group of them in one change. A clone is named like its disk with the group's nam
         /// DISK=NAME: the clone of DISK is NAME (repeatable)
         #[arg(long = "rename", value_name = "DISK=NAME", value_parser = parse_rename)]
         renames: Vec<(String, String)>,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -113,20 +96,12 @@ pub struct TakeArgs {
     /// Longest wait, in ms, for the requests in flight to finish; past it nothing is created
     #[arg(long, value_name = "MS")]
     max_pause: Option<u64>,
-    /// Print JSON instead of text
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Subcommand)]
 enum GroupSnapCmd {
     /// A group's snapshots, with what deleting each frees on its members
-    List {
-        group: String,
-        /// Print JSON instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    List { group: String },
     /// Delete a group snapshot: every member's snapshot, in one change
     Delete { group: String, snapshot: String },
 }
@@ -139,8 +114,8 @@ fn parse_rename(s: &str) -> Result<(String, String), Error> {
 }
 
 impl GroupCmd {
-    /// The request, and whether its answer is printed as JSON.
-    pub fn request(&self) -> (Request, bool) {
+    /// The request.
+    pub fn request(&self) -> Request {
         let s = String::clone;
         match self {
             GroupCmd::Create {
@@ -148,225 +123,63 @@ impl GroupCmd {
                 disks,
                 quiesce_hook,
                 timeout,
-                json,
-            } => (
-                Request::GroupCreate {
-                    name: s(name),
-                    disks: disks.clone(),
-                    quiesce_hook: quiesce_hook.clone(),
-                    quiesce_timeout_s: *timeout,
-                },
-                *json,
-            ),
-            GroupCmd::Add { name, disk } | GroupCmd::Remove { name, disk } => (
+            } => Request::GroupCreate {
+                name: s(name),
+                disks: disks.clone(),
+                quiesce_hook: quiesce_hook.clone(),
+                quiesce_timeout_s: *timeout,
+            },
+            GroupCmd::Add { name, disk } | GroupCmd::Remove { name, disk } => {
                 Request::GroupMember {
                     name: s(name),
                     disk: s(disk),
                     add: matches!(self, GroupCmd::Add { .. }),
-                },
-                false,
-            ),
-            GroupCmd::Rm { name } => (Request::GroupDelete { name: s(name) }, false),
-            GroupCmd::List { json } => (Request::GroupList, *json),
-            GroupCmd::Info { name, json } => (Request::GroupInfo { name: s(name) }, *json),
+                }
+            }
+            GroupCmd::Rm { name } => Request::GroupDelete { name: s(name) },
+            GroupCmd::List => Request::GroupList,
+            GroupCmd::Info { name } => Request::GroupInfo { name: s(name) },
             GroupCmd::Snapshot(a) => a.request(),
-            GroupCmd::Revert { name, snapshot } => (
-                Request::GroupSnapshotRevert {
-                    group: s(name),
-                    snapshot: s(snapshot),
-                },
-                false,
-            ),
+            GroupCmd::Revert { name, snapshot } => Request::GroupSnapshotRevert {
+                group: s(name),
+                snapshot: s(snapshot),
+            },
             GroupCmd::Clone {
                 source,
                 name,
                 renames,
-                json,
-            } => (
-                Request::GroupClone {
-                    source: s(source),
-                    name: s(name),
-                    renames: renames.clone(),
-                },
-                *json,
-            ),
+            } => Request::GroupClone {
+                source: s(source),
+                name: s(name),
+                renames: renames.clone(),
+            },
         }
     }
 }
 
 impl GroupSnapArgs {
     /// `group snapshot` (create), `group snapshot list|delete`.
-    fn request(&self) -> (Request, bool) {
+    fn request(&self) -> Request {
         let s = String::clone;
         match &self.action {
-            Some(GroupSnapCmd::List { group, json }) => {
-                (Request::GroupSnapshotList { group: s(group) }, *json)
-            }
-            Some(GroupSnapCmd::Delete { group, snapshot }) => (
-                Request::GroupSnapshotDelete {
-                    group: s(group),
-                    snapshot: s(snapshot),
-                },
-                false,
-            ),
+            Some(GroupSnapCmd::List { group }) => Request::GroupSnapshotList { group: s(group) },
+            Some(GroupSnapCmd::Delete { group, snapshot }) => Request::GroupSnapshotDelete {
+                group: s(group),
+                snapshot: s(snapshot),
+            },
             None => {
                 let c = &self.create;
-                (
-                    Request::GroupSnapshotCreate {
-                        group: c.group.clone().unwrap_or_default(),
-                        snapshot: c.snapshot.clone().unwrap_or_default(),
-                        description: s(&c.description),
-                        quiesce_hook: c.quiesce_hook.clone(),
-                        no_quiesce: c.no_quiesce,
-                        ignore_quiesce_error: c.ignore_quiesce_error,
-                        timeout_s: c.timeout,
-                        max_pause_ms: c.max_pause,
-                    },
-                    c.json,
-                )
+                Request::GroupSnapshotCreate {
+                    group: c.group.clone().unwrap_or_default(),
+                    snapshot: c.snapshot.clone().unwrap_or_default(),
+                    description: s(&c.description),
+                    quiesce_hook: c.quiesce_hook.clone(),
+                    no_quiesce: c.no_quiesce,
+                    ignore_quiesce_error: c.ignore_quiesce_error,
+                    timeout_s: c.timeout,
+                    max_pause_ms: c.max_pause,
+                }
             }
         }
-    }
-}
-
-/// A group answer for people; None for any other answer.
-pub fn render(out: &mut String, r: &Response) -> Option<()> {
-    match r {
-        Response::Groups(gs) if gs.is_empty() => line(out, "no groups".into()),
-        Response::Groups(gs) => {
-            for g in gs {
-                line(
-                    out,
-                    format!(
-                        "{}  {} disk(s): {}  {} snapshot(s){}",
-                        g.name,
-                        g.disks.len(),
-                        g.disks.join(", "),
-                        g.snapshots,
-                        hook(g)
-                    ),
-                );
-            }
-        }
-        Response::Group(g) => {
-            line(out, format!("group {}", g.name));
-            line(out, format!("  disks: {}", g.disks.join(", ")));
-            line(out, format!("  snapshots: {}", g.snapshots));
-            if let Some(h) = &g.quiesce_hook {
-                line(out, format!("  quiesce hook: {h}{}", timeout(g)));
-            }
-        }
-        Response::GroupDeleted { name } => line(out, format!("removed group {name}")),
-        Response::GroupSnapshotCreated(r) => created(out, r),
-        Response::GroupSnapshots(ss) if ss.is_empty() => line(out, "no group snapshots".into()),
-        Response::GroupSnapshots(ss) => ss.iter().for_each(|s| snapshot(out, s)),
-        Response::GroupSnapshotDeleted { group, snapshot } => line(
-            out,
-            format!("deleted group snapshot {group}@{snapshot} (every member's)"),
-        ),
-        Response::GroupReverted {
-            group,
-            snapshot,
-            disks,
-        } => line(
-            out,
-            format!(
-                "reverted {} disk(s) of group {group} to {snapshot}: {}",
-                disks.len(),
-                disks
-                    .iter()
-                    .map(|d| d.info.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
-        _ => return None,
-    }
-    Some(())
-}
-
-/// A pause for people: µs below a millisecond.
-fn held(us: u64) -> String {
-    if us < 1000 {
-        format!("{us} µs")
-    } else {
-        format!("{:.1} ms", us as f64 / 1000.0)
-    }
-}
-
-fn line(out: &mut String, s: String) {
-    let _ = writeln!(out, "{s}");
-}
-
-fn hook(g: &GroupInfo) -> String {
-    match &g.quiesce_hook {
-        Some(h) => format!("  hook: {h}{}", timeout(g)),
-        None => String::new(),
-    }
-}
-
-fn timeout(g: &GroupInfo) -> String {
-    g.quiesce_timeout_s
-        .map(|t| format!(" (timeout {t} s)"))
-        .unwrap_or_default()
-}
-
-fn created(out: &mut String, r: &GroupSnapshotReport) {
-    let s = &r.snapshot;
-    line(
-        out,
-        format!(
-            "created group snapshot {}@{} on {} disk(s): {} consistent, I/O held {}",
-            s.group,
-            s.name,
-            s.members.len(),
-            s.consistency.as_str(),
-            held(s.pause_us)
-        ),
-    );
-    if let Some(q) = &s.quiesce {
-        if let Some(e) = &q.error {
-            line(out, format!("  quiesce hook: {e}"));
-        }
-    }
-    if let Some(e) = r.unquiesce.as_ref().and_then(|u| u.error.as_ref()) {
-        line(out, format!("  warning: unquiesce: {e}"));
-    }
-}
-
-fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
-    line(
-        out,
-        format!(
-            "{}@{} (id {})  {} consistent, taken {}, I/O held {}{}{}",
-            s.group,
-            s.name,
-            s.id,
-            s.consistency.as_str(),
-            utc(s.created_unix * 1000),
-            held(s.pause_us),
-            s.exclusive_bytes
-                .map(|x| format!(", deleting it frees {}", human(x)))
-                .unwrap_or_default(),
-            if s.description.is_empty() {
-                String::new()
-            } else {
-                format!(", {}", s.description)
-            }
-        ),
-    );
-    for m in &s.members {
-        line(
-            out,
-            format!(
-                "  {}@{} (id {}){}",
-                m.disk,
-                m.snapshot,
-                m.id,
-                m.exclusive_bytes
-                    .map(|x| format!(", {} exclusive", human(x)))
-                    .unwrap_or_default()
-            ),
-        );
     }
 }

@@ -1,7 +1,6 @@
-//! The parts of the `strata` command line that its tests reach from
-//! outside the binary: how answers print (`output`, and `group` for the
-//! group commands' answers). Everything else is in the binary (`main.rs`).
+//! The part of the `strata` command line that its tests reach from
+//! outside the binary: how answers print (`output`). Everything else is
+//! in the binary (`main.rs`).
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
-pub mod group;
 pub mod output;

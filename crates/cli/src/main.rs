@@ -8,13 +8,15 @@
 
 mod action;
 mod args;
+mod group;
 mod serve_args;
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use strata_api::{wire, Error, ErrorKind, Request, Response, VmdkRequest};
+use strata_api::units::invalid;
+use strata_api::{Error, ErrorKind, Request, Response, VmdkRequest};
 use strata_engine::InitOptions;
 
 use crate::action::{Action, Pipe};
@@ -25,7 +27,7 @@ use strata_server::{object_store, ops, serve, vmdk_ops};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(matches!(cli.cmd, args::Cmd::Serve(_)));
+    strata_server::logging::init(matches!(cli.cmd, args::Cmd::Serve(_)));
     let dir = cli.datastore.clone().unwrap_or_else(default_datastore);
     match run(&cli, &dir) {
         Ok(code) => code,
@@ -56,17 +58,20 @@ fn failure_code(kind: ErrorKind) -> u8 {
 
 fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
     let action = Action::try_from(&cli.cmd)?;
+    let format = cli.format();
+    if format == Format::Json && !action.has_answer() {
+        return Err(invalid(
+            "--json: this command has no answer to print as JSON (a local init prints one line; \
+             --json goes with init --object-store)",
+        ));
+    }
     match action {
         Action::Init { capacity_bytes } => init(dir, capacity_bytes),
-        Action::Shared {
-            url,
-            attach,
-            format,
-        } => {
+        Action::Shared { url, attach } => {
             output::print(&object_store::init_or_attach(dir, url, attach)?, format);
             Ok(ExitCode::SUCCESS)
         }
-        Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::from(args)),
+        Action::Serve(args) => serve::run(dir, cli.metadata_cache, &ServeConfig::try_from(args)?),
         Action::Completions(shell) => {
             // Into memory first: clap_complete panics on a failed write.
             let mut script = Vec::new();
@@ -81,7 +86,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             }
         }
         Action::Manpages(out) => manpages(out),
-        Action::Vmdk { request, format } => {
+        Action::Vmdk(request) => {
             let bar = progress_bar(
                 format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),
                 "{spinner} [{bar:40}] {percent}% eta {eta}",
@@ -99,14 +104,9 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
         }
-        Action::Stream {
-            request,
-            format,
-            pipe,
-        } => stream(cli, dir, request, format, pipe),
+        Action::Stream { request, pipe } => stream(cli, dir, request, format, pipe),
         Action::Datastore {
             request,
-            format,
             watch: true,
         } => loop {
             let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
@@ -116,7 +116,6 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
         },
         Action::Datastore {
             request,
-            format,
             watch: false,
         } => {
             let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
@@ -201,11 +200,7 @@ fn stream(
 
 /// 1 for a command that ran and found problems (`check`), else success.
 fn exit_code(found_problems: bool) -> ExitCode {
-    if found_problems {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
+    ExitCode::from(u8::from(found_problems))
 }
 
 fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
@@ -214,58 +209,34 @@ fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Run a request in this process, or through the server that holds the
-/// datastore (a local one: the server holds its lock; an object store:
-/// this host's server, so that a disk's owner-only changes are made by
-/// the process that writes it).
+/// Run a request at the datastore in `dir`, through its server if one
+/// runs (strata-server's `ops::at_dir`), with a progress bar for people.
 fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
-    if let Err(e) = strata_datastore::probe(dir) {
-        return Err(match e.kind {
-            ErrorKind::NotFound => Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "no datastore at {} (run 'strata init' or pass --datastore)",
-                    dir.display()
-                ),
-            ),
-            _ => e,
-        });
-    }
-    let bar = make_bar(req);
-    let mut progress = |done: u64, total: u64| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
+    strata_datastore::probe(dir).map_err(|e| match e.kind {
+        ErrorKind::NotFound => {
+            let hint = "run 'strata init' or pass --datastore";
+            Error::new(
+                e.kind,
+                format!("no datastore at {} ({hint})", dir.display()),
+            )
         }
-    };
+        _ => e,
+    })?;
+    let bar = make_bar(req);
     let opts = strata_datastore::OpenOptions {
         cache_bytes: cache,
         background: false,
         ..Default::default()
     };
-    // A server of the directory answers on its control socket (it holds a
-    // local datastore's lock; an object store's disks are written by it);
-    // a socket file nobody answers is a stopped server's.
-    let sock = dir.join(strata_format::FILE_CONTROL);
-    let r = if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-        wire::request(&sock, req, detach, &mut progress)
-    } else {
-        here(&*strata_datastore::open(dir, &opts)?, req, &mut progress)
-    };
+    let r = ops::at_dir(dir, &opts, detach, req, &mut |done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    });
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    r
-}
-
-/// Run a request on a datastore opened by this process, then close it.
-fn here(
-    ds: &dyn strata_datastore::Datastore,
-    req: &Request,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Response, Error> {
-    let r = ops::execute(&ops::Ctx::only(ds), req, progress);
-    ds.close()?;
     r
 }
 
@@ -278,104 +249,11 @@ fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
 
 /// `strata manpages DIR`: strata.1, and strata-COMMAND.1 (strata-alarm-set.1
 /// for a command's command) for every command clap knows, hidden ones
-/// left out. The package (scripts/make-deb.sh) installs them.
+/// and clap's `help` left out. The package (scripts/make-deb.sh) installs them.
 fn manpages(out: &Path) -> Result<ExitCode, Error> {
-    let io = |e: std::io::Error, what: &Path| {
-        Error::new(ErrorKind::Io, format!("{}: {e}", what.display()))
-    };
-    std::fs::create_dir_all(out).map_err(|e| io(e, out))?;
-    let mut cmd = Cli::command();
-    // Sets each command's display name (strata-serve) and usage line.
-    cmd.build();
-    let mut stack = vec![cmd];
-    let mut written = 0;
-    while let Some(c) = stack.pop() {
-        let name = c
-            .get_display_name()
-            .unwrap_or_else(|| c.get_name())
-            .to_string();
-        let path = out.join(format!("{name}.1"));
-        let mut page = Vec::new();
-        clap_mangen::Man::new(c.clone())
-            .render(&mut page)
-            .map_err(|e| io(e, &path))?;
-        std::fs::write(&path, page).map_err(|e| io(e, &path))?;
-        written += 1;
-        stack.extend(
-            c.get_subcommands()
-                .filter(|s| !s.is_hide_set() && s.get_name() != "help")
-                .cloned(),
-        );
-    }
-    println!("{written} man pages in {}", out.display());
+    let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("{}: {e}", out.display()));
+    std::fs::create_dir_all(out).map_err(io)?;
+    clap_mangen::generate_to(Cli::command(), out).map_err(io)?;
+    println!("man pages in {}", out.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Log events (`tracing`) go to the systemd journal when stderr is the
-/// service's journal stream (systemd sets JOURNAL_STREAM to its device and
-/// inode): each with its priority (error 3, warn 4, info 5) and its fields
-/// as STRATA_* journal fields (STRATA_EVENT=alarm, STRATA_KIND=usage...).
-/// Otherwise to stderr, one line each: time, level, where, message and
-/// fields. STRATA_LOG sets the filter; by default a server logs at info
-/// (its start, stop, alarm changes, claims, fences, jobs, refused clients)
-/// and the other commands only warnings and errors.
-fn init_logging(serving: bool) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    // fuser warns when its own unmount at the end finds the mount gone:
-    // strata-fuse unmounts first (lazily when busy).
-    let default = if serving {
-        "warn,fuser=error,strata=info"
-    } else {
-        "warn,fuser=error"
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let registry = tracing_subscriber::registry().with(filter);
-    if stderr_is_journal() {
-        match tracing_journald::layer() {
-            Ok(j) => {
-                registry
-                    .with(
-                        j.with_field_prefix(Some("STRATA".into()))
-                            .with_syslog_identifier("strata".into()),
-                    )
-                    .init();
-                return;
-            }
-            Err(e) => eprintln!("strata: no journal ({e}); logging to stderr"),
-        }
-    }
-    registry
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                // Colours only for a person at a terminal, not in a file.
-                .with_ansi(
-                    std::io::IsTerminal::is_terminal(&std::io::stderr())
-                        && std::env::var_os("NO_COLOR").is_none(),
-                ),
-        )
-        .init();
-}
-
-/// Whether stderr is the journal stream systemd connected this service
-/// to (JOURNAL_STREAM is "DEVICE:INODE" of it; a child whose stderr was
-/// redirected elsewhere inherits the variable but not the stream).
-fn stderr_is_journal() -> bool {
-    use std::os::fd::AsFd;
-    let Ok(stream) = std::env::var("JOURNAL_STREAM") else {
-        return false;
-    };
-    let Some((dev, ino)) = stream.split_once(':') else {
-        return false;
-    };
-    let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() else {
-        return false;
-    };
-    let Ok(meta) = std::fs::File::from(fd).metadata() else {
-        return false;
-    };
-    use std::os::unix::fs::MetadataExt;
-    dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
 }

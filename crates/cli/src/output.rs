@@ -11,16 +11,17 @@
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
+use std::iter::successors;
 
 use serde_json::Value;
 use strata_api::store::{CheckReport as StoreCheckReport, CompactReport, GcReport, Summary};
 use strata_api::units::{human, limits_text, utc};
 use strata_api::{
     AlarmEntry, AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DatastoreView, DefragReport,
-    DiffReport, DiskView, ExportDiffReport, ExportReport, ExportStats, FreeSpaceReport,
-    ImportDiffReport, ImportReport, JobInfo, MoveReport, PoolLayout, RangeKind, Response,
-    ShrinkResult, SnapshotInfo, StoreDisk, VmdkCheckReport, VmdkInfo, VmdkResponse,
-    VmdkServerStatus, FREE_EXTENT_CLASSES,
+    DiffReport, DiskView, ExportDiffReport, ExportReport, ExportStats, FreeSpaceReport, GroupInfo,
+    GroupSnapshotInfo, GroupSnapshotReport, ImportDiffReport, ImportReport, JobInfo, MoveReport,
+    PoolLayout, PunchZeroReport, RangeKind, Response, ShrinkResult, SnapshotInfo, StoreDisk,
+    VmdkCheckReport, VmdkInfo, VmdkResponse, VmdkServerStatus, FREE_EXTENT_CLASSES,
 };
 
 /// How to print an answer.
@@ -58,137 +59,66 @@ pub fn print(r: &dyn Render, format: Format) {
     print!("{}", render(r, format));
 }
 
-fn job_table(out: &mut String, jobs: &[JobInfo]) {
-    if jobs.is_empty() {
-        line(out, format_args!("no jobs"));
-        return;
+/// `writeln!` into a `String`, which cannot fail (with `std::fmt::Write`
+/// in scope, as for `writeln!`).
+macro_rules! outln {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// A block of `key: value` lines whose values start in one column; a key
+/// too long for it keeps one space (`current snapshot: `).
+struct Fields<'a> {
+    out: &'a mut String,
+    column: usize,
+}
+
+impl<'a> Fields<'a> {
+    /// `status`, `init`, `attach`: values from column 14 (`provisioned:  `).
+    fn status(out: &'a mut String) -> Self {
+        Fields { out, column: 14 }
     }
-    line(
-        out,
-        format_args!(
-            "{:>4}  {:<10} {:>5}  {:>21}  WHAT",
-            "ID", "STATE", "DONE", "PROGRESS"
-        ),
-    );
-    for j in jobs {
-        let state = format!("{:?}", j.state).to_lowercase();
-        line(
-            out,
-            format_args!(
-                "{:>4}  {:<10} {:>4}%  {:>21}  {}{}",
-                j.id,
-                state,
-                j.percent,
-                format!("{}/{}", human(j.done), human(j.total)),
-                j.what,
-                j.error
-                    .as_ref()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            ),
-        );
+
+    /// `info`: values from column 17 (`snapshot space:  `).
+    fn disk(out: &'a mut String) -> Self {
+        Fields { out, column: 17 }
+    }
+
+    fn put(&mut self, key: &str, value: std::fmt::Arguments<'_>) {
+        outln!(self.out, "{key:<w$} {value}", w = self.column - 1);
     }
 }
 
-/// `move`: where the disk went, what was copied and how long I/O waited.
-fn moved(out: &mut String, r: &MoveReport) {
-    line(
-        out,
-        format_args!(
-            "moved {} from {} to {} ({}) in {:.1} s",
-            r.disk,
-            r.from.display(),
-            r.to.display(),
-            r.provisioning.as_str(),
-            r.seconds
-        ),
-    );
-    line(
-        out,
-        format_args!(
-            "  copied {} in {} passes{}; client I/O held {:.1} ms at the switch",
-            human(r.copied_bytes),
-            r.passes,
-            if r.mirrored {
-                " (the last with client writes mirrored)"
-            } else {
-                ""
-            },
-            r.switch_ms
-        ),
-    );
-    if !r.snapshots.is_empty() {
-        line(out, format_args!("  snapshots: {}", r.snapshots.join(", ")));
-    }
-    for n in &r.notes {
-        line(out, format_args!("  note: {n}"));
-    }
-}
-
-/// `init|attach --object-store`.
-fn joined(out: &mut String, attached: bool, summary: &Summary) {
-    if attached {
-        line(
-            out,
-            format_args!(
-                "attached {} to {}",
-                summary.local_dir.display(),
-                summary.url
-            ),
-        );
-    } else {
-        line(
-            out,
-            format_args!("initialised object-store datastore {}", summary.url),
-        );
-    }
-    store_summary(out, summary);
-}
-
-/// `export-diff`.
-fn export_diff(out: &mut String, r: &ExportDiffReport) {
-    line(
-        out,
-        format_args!(
-            "exported {}{} to {}: {} of data, {} of zeros, {} bytes of stream",
-            r.target,
-            r.base
-                .as_ref()
-                .map(|b| format!(" since {b}"))
-                .unwrap_or_default(),
-            r.file,
-            human(r.data_bytes),
-            human(r.zero_bytes),
-            r.stream_bytes
-        ),
-    )
-}
-
-/// `import-diff`.
-fn import_diff(out: &mut String, r: &ImportDiffReport) {
-    line(
-        out,
-        format_args!(
-            "applied to {}: {} of data, {} of zeros{}{}",
-            r.disk,
-            human(r.data_bytes),
-            human(r.zero_bytes),
-            if r.extended {
-                format!("; grown to {}", human(r.size_bytes))
-            } else {
-                String::new()
-            },
-            r.snapshot
-                .as_ref()
-                .map(|t| format!("; snapshot {}@{t} taken", r.disk))
-                .unwrap_or_default()
-        ),
-    )
+/// One line of a [`Fields`] block: `field!(f, "used:", "{used}")`.
+macro_rules! field {
+    ($fields:expr, $key:expr, $($value:tt)+) => {
+        $fields.put($key, format_args!($($value)+))
+    };
 }
 
 /// An optional name, `-` when there is none.
 fn or_dash(s: &Option<String>) -> &str {
     s.as_deref().unwrap_or("-")
+}
+
+/// An optional part of a line: `part(x)`, or nothing without an `x`.
+fn opt<T>(x: Option<T>, part: impl FnOnce(T) -> String) -> String {
+    x.map(part).unwrap_or_default()
+}
+
+/// `text` if `cond`, else nothing: an optional remark on a line.
+fn when(cond: bool, text: &str) -> &str {
+    if cond {
+        text
+    } else {
+        ""
+    }
+}
+
+/// `, TEXT` after a line's figures; nothing for an empty text.
+fn comma(text: &str) -> String {
+    opt((!text.is_empty()).then_some(text), |t| format!(", {t}"))
 }
 
 impl Render for Response {
@@ -197,7 +127,7 @@ impl Render for Response {
             Response::Datastore(i) => datastore(out, i),
             Response::Disks(disks) => disk_table(out, disks),
             Response::Disk(d) => disk(out, d),
-            Response::Removed { name } => line(out, format_args!("removed {name}")),
+            Response::Removed { name } => outln!(out, "removed {name}"),
             Response::Joined { attached, summary } => joined(out, *attached, summary),
             Response::Claimed(d) => claim(out, d, true),
             Response::Released(d) => claim(out, d, false),
@@ -206,32 +136,19 @@ impl Render for Response {
             Response::Gc(r) => gc(out, r),
             Response::Compact(r) => compact(out, r),
             Response::Jobs(jobs) => job_table(out, jobs),
-            Response::JobStarted(j) => line(
+            Response::JobStarted(JobInfo { id, what, .. }) => outln!(
                 out,
-                format_args!(
-                    "job {} started: {} (follow it with 'strata jobs')",
-                    j.id, j.what
-                ),
+                "job {id} started: {what} (follow it with 'strata jobs')"
             ),
-            Response::PunchZero(r) => line(
-                out,
-                format_args!(
-                    "{}: scanned {}, released {} of zero blocks; {} allocated",
-                    r.disk,
-                    human(r.scanned_bytes),
-                    human(r.released_bytes),
-                    human(r.allocated_bytes)
-                ),
-            ),
+            Response::PunchZero(r) => punch_zero(out, r),
             Response::Defrag(r) => defrag(out, r),
             Response::FreeSpace(r) => free_space(out, r),
-            Response::SnapshotCreated { disk, snapshot } => line(
-                out,
-                format_args!("created snapshot {disk}@{}", snapshot.name),
-            ),
+            Response::SnapshotCreated { disk, snapshot } => {
+                outln!(out, "created snapshot {disk}@{}", snapshot.name)
+            }
             Response::Snapshots(snaps) => snapshot_tree(out, snaps),
             Response::SnapshotDeleted { disk, snapshot } => {
-                line(out, format_args!("deleted snapshot {disk}@{snapshot}"))
+                outln!(out, "deleted snapshot {disk}@{snapshot}")
             }
             Response::Check(r) => check(out, r),
             Response::Stats(exports) => stats(out, exports),
@@ -249,7 +166,7 @@ impl Render for Response {
             | Response::GroupSnapshots(_)
             | Response::GroupSnapshotDeleted { .. }
             | Response::GroupReverted { .. }) => {
-                crate::group::render(out, r);
+                group(out, r);
             }
             Response::ExportDiff(r) => export_diff(out, r),
             Response::ImportDiff(r) => import_diff(out, r),
@@ -275,23 +192,111 @@ impl Render for VmdkResponse {
     }
 }
 
-fn line(out: &mut String, args: std::fmt::Arguments<'_>) {
-    let _ = writeln!(out, "{args}");
+/// `jobs`: a job a line, how far it got, and why it stopped.
+fn job_table(out: &mut String, jobs: &[JobInfo]) {
+    if jobs.is_empty() {
+        return outln!(out, "no jobs");
+    }
+    outln!(out, "  ID  STATE       DONE               PROGRESS  WHAT");
+    for j in jobs {
+        let (id, percent, what) = (j.id, j.percent, &j.what);
+        let state = format!("{:?}", j.state).to_lowercase();
+        let progress = format!("{}/{}", human(j.done), human(j.total));
+        let error = opt(j.error.as_ref(), |e| format!(" ({e})"));
+        outln!(
+            out,
+            "{id:>4}  {state:<10} {percent:>4}%  {progress:>21}  {what}{error}"
+        );
+    }
 }
 
+/// `punchzero`: what was scanned and given back.
+fn punch_zero(out: &mut String, r: &PunchZeroReport) {
+    let [scanned, released] = [r.scanned_bytes, r.released_bytes].map(human);
+    let (disk, allocated) = (&r.disk, human(r.allocated_bytes));
+    outln!(
+        out,
+        "{disk}: scanned {scanned}, released {released} of zero blocks; \
+         {allocated} allocated"
+    );
+}
+
+/// `move`: where the disk went, what was copied and how long I/O waited.
+fn moved(out: &mut String, r: &MoveReport) {
+    let MoveReport { disk, seconds, .. } = r;
+    let (from, to, how) = (r.from.display(), r.to.display(), r.provisioning.as_str());
+    outln!(
+        out,
+        "moved {disk} from {from} to {to} ({how}) in {seconds:.1} s"
+    );
+    let (copied, passes, held) = (human(r.copied_bytes), r.passes, r.switch_ms);
+    let mirrored = when(r.mirrored, " (the last with client writes mirrored)");
+    outln!(
+        out,
+        "  copied {copied} in {passes} passes{mirrored}; client I/O held {held:.1} ms at the switch"
+    );
+    if !r.snapshots.is_empty() {
+        outln!(out, "  snapshots: {}", r.snapshots.join(", "));
+    }
+    for n in &r.notes {
+        outln!(out, "  note: {n}");
+    }
+}
+
+/// `init|attach --object-store`.
+fn joined(out: &mut String, attached: bool, s: &Summary) {
+    if attached {
+        outln!(out, "attached {} to {}", s.local_dir.display(), s.url);
+    } else {
+        outln!(out, "initialised object-store datastore {}", s.url);
+    }
+    store_summary(out, s);
+}
+
+/// `export-diff`.
+fn export_diff(out: &mut String, r: &ExportDiffReport) {
+    let ExportDiffReport { target, file, .. } = r;
+    let since = opt(r.base.as_ref(), |b| format!(" since {b}"));
+    let [data, zeros] = [r.data_bytes, r.zero_bytes].map(human);
+    let stream = r.stream_bytes;
+    outln!(
+        out,
+        "exported {target}{since} to {file}: {data} of data, {zeros} of zeros, {stream} bytes \
+         of stream"
+    );
+}
+
+/// `import-diff`.
+fn import_diff(out: &mut String, r: &ImportDiffReport) {
+    let disk = &r.disk;
+    let [data, zeros] = [r.data_bytes, r.zero_bytes].map(human);
+    let grown = format!("; grown to {}", human(r.size_bytes));
+    let grown = when(r.extended, &grown);
+    let taken = opt(r.snapshot.as_ref(), |t| {
+        format!("; snapshot {disk}@{t} taken")
+    });
+    outln!(
+        out,
+        "applied to {disk}: {data} of data, {zeros} of zeros{grown}{taken}"
+    );
+}
+
+/// `status`: the datastore's figures, then what its kind cannot do.
 fn datastore(out: &mut String, v: &DatastoreView) {
     datastore_figures(out, v);
     // Last: what the kind never does is not news.
     if !v.cannot.is_empty() {
         let what: Vec<&str> = v.cannot.iter().map(|r| r.command.as_str()).collect();
-        let _ = writeln!(
+        let what = what.join(", ");
+        outln!(
             out,
-            "not on this kind: {} ('strata status --json' says why)",
-            what.join(", ")
+            "not on this kind: {what} ('strata status --json' says why)"
         );
     }
 }
 
+/// An object store's summary and space, or a local datastore's space,
+/// pool, alarms and state.
 fn datastore_figures(out: &mut String, v: &DatastoreView) {
     let i = &v.info;
     if let Some(s) = &v.object_store {
@@ -299,89 +304,60 @@ fn datastore_figures(out: &mut String, v: &DatastoreView) {
         store_space(out, i);
         return;
     }
-    let _ = writeln!(out, "datastore:    {}", i.location);
-    local_space(out, i);
-    let _ = writeln!(out, "disks:        {} ({} snapshots)", i.disks, i.snapshots);
+    let f = &mut Fields::status(out);
+    field!(f, "datastore:", "{}", i.location);
+    local_space(f, i);
+    field!(f, "disks:", "{} ({} snapshots)", i.disks, i.snapshots);
     if i.cache_mode == "none" {
-        let _ = writeln!(
-            out,
-            "cache:        none (the pool is read and written with O_DIRECT)"
-        );
+        let how = "the pool is read and written with O_DIRECT";
+        field!(f, "cache:", "none ({how})");
     }
     if let Some(l) = &i.layout {
-        pool_layout(out, l);
+        pool_layout(f, l);
     }
     for a in &i.alarms {
-        alarm_line(out, a);
+        alarm_line(f.out, a);
     }
     if i.reclaiming > 0 {
-        let _ = writeln!(
-            out,
-            "reclaiming:   space of {} deleted snapshots or disks",
-            i.reclaiming
-        );
+        let n = i.reclaiming;
+        field!(f, "reclaiming:", "space of {n} deleted snapshots or disks");
     }
-    if let Some(f) = &i.fail_stop {
-        let _ = writeln!(
-            out,
-            "FAIL-STOPPED: {} (writes are refused; restart the server to recover \
-             from the log)",
-            f.cause
-        );
+    if let Some(stop) = &i.fail_stop {
+        let then = "writes are refused; restart the server to recover from the log";
+        field!(f, "FAIL-STOPPED:", "{} ({then})", stop.cause);
     }
 }
 
 /// A local datastore's space: capacity, used, reserved (and held on the
 /// host), readied ahead of first writes, free, provisioned.
-fn local_space(out: &mut String, i: &DatastoreInfo) {
-    if i.capacity_follows_fs {
-        let _ = writeln!(
-            out,
-            "capacity:     {} (capacity follows the file system)",
-            human(i.capacity_bytes)
-        );
-    } else {
-        let _ = writeln!(out, "capacity:     {}", human(i.capacity_bytes));
-    }
-    let _ = writeln!(out, "used:         {}", human(i.used_bytes));
-    let _ = writeln!(
-        out,
-        "reserved:     {} (thick disks, not yet written; {} held on the host)",
-        human(i.reserved_bytes),
-        human(i.reserved_held_bytes)
-    );
+fn local_space(f: &mut Fields, i: &DatastoreInfo) {
+    let [capacity, used, free] = [i.capacity_bytes, i.used_bytes, i.free_bytes].map(human);
+    let [reserved, held] = [i.reserved_bytes, i.reserved_held_bytes].map(human);
+    let follows = when(i.capacity_follows_fs, " (capacity follows the file system)");
+    field!(f, "capacity:", "{capacity}{follows}");
+    field!(f, "used:", "{used}");
+    let how = format!("thick disks, not yet written; {held} held on the host");
+    field!(f, "reserved:", "{reserved} ({how})");
     if i.readied_bytes > 0 {
-        let _ = writeln!(
-            out,
-            "readied:      {} (held on the host ahead of first writes)",
-            human(i.readied_bytes)
-        );
+        let how = "held on the host ahead of first writes";
+        field!(f, "readied:", "{} ({how})", human(i.readied_bytes));
     }
-    let _ = writeln!(out, "free:         {}", human(i.free_bytes));
-    let _ = writeln!(
-        out,
-        "provisioned:  {} ({}% of capacity)",
-        human(i.provisioned_bytes),
-        i.overcommit_percent
-    );
+    field!(f, "free:", "{free}");
+    let (provisioned, pct) = (human(i.provisioned_bytes), i.overcommit_percent);
+    field!(f, "provisioned:", "{provisioned} ({pct}% of capacity)");
 }
 
 /// The pool's layout, when the answer carries it: its size, free extents and what
 /// the host holds.
-fn pool_layout(out: &mut String, l: &PoolLayout) {
-    let _ = writeln!(
-        out,
-        "pool:         {} ({} free in {} extents), {} on the host",
-        human(l.pool_bytes),
-        human(l.free_in_pool_bytes),
-        l.free_extents,
-        human(l.pool_file_bytes)
-    );
+fn pool_layout(f: &mut Fields, l: &PoolLayout) {
+    let [pool, free, file] = [l.pool_bytes, l.free_in_pool_bytes, l.pool_file_bytes].map(human);
+    let free = format!("{free} free in {} extents", l.free_extents);
+    field!(f, "pool:", "{pool} ({free}), {file} on the host");
     let classes: Vec<String> = FREE_EXTENT_CLASSES
         .iter()
         .filter_map(|(c, _)| l.free_extent_histogram.get(*c).map(|n| format!("{c} {n}")))
         .collect();
-    let _ = writeln!(out, "free extents: {}", classes.join(", "));
+    field!(f, "free extents:", "{}", classes.join(", "));
 }
 
 /// `ok`, or the state in capitals so it stands out.
@@ -395,113 +371,78 @@ fn alarm_state(s: AlarmState) -> String {
 /// One alarm at a glance: `usage alarm:  WARNING 78% (warning 75%, alarm 85%)`.
 fn alarm_line(out: &mut String, a: &AlarmStatus) {
     let label = format!("{} alarm:", a.kind.as_str());
-    let _ = writeln!(
+    let (state, percent) = (alarm_state(a.state), a.percent);
+    let (warning, alarm) = (a.warning_percent, a.alarm_percent);
+    outln!(
         out,
-        "{label:<18}{:<8}{}% (warning at {}%, alarm at {}%)",
-        alarm_state(a.state),
-        a.percent,
-        a.warning_percent,
-        a.alarm_percent
+        "{label:<18}{state:<8}{percent}% (warning at {warning}%, alarm at {alarm}%)"
     );
 }
 
+/// `alarm list`: every alarm with its state, thresholds and command.
 fn alarm_list(out: &mut String, alarms: &[AlarmEntry]) {
-    let _ = writeln!(
-        out,
-        "{:<12}{:<9}{:>8}{:>9}{:>7}  EXEC",
-        "ALARM", "STATE", "PERCENT", "WARNING", "ALARM"
-    );
-    for a in alarms {
-        let s = &a.status;
-        let _ = writeln!(
+    outln!(out, "ALARM       STATE     PERCENT  WARNING  ALARM  EXEC");
+    for AlarmEntry { status: s, exec } in alarms {
+        let (kind, state, exec) = (s.kind.as_str(), alarm_state(s.state), or_dash(exec));
+        let (percent, warning, alarm) = (s.percent, s.warning_percent, s.alarm_percent);
+        outln!(
             out,
-            "{:<12}{:<9}{:>7}%{:>8}%{:>6}%  {}",
-            s.kind.as_str(),
-            alarm_state(s.state),
-            s.percent,
-            s.warning_percent,
-            s.alarm_percent,
-            a.exec.as_deref().unwrap_or("-")
+            "{kind:<12}{state:<9}{percent:>7}%{warning:>8}%{alarm:>6}%  {exec}"
         );
     }
 }
 
+/// `grow`: the capacity as set, or as it is and how to change it.
 fn capacity(out: &mut String, i: &DatastoreInfo, changed: bool) {
-    let used = i.used_bytes + i.reserved_bytes;
+    let [cap, used] = [i.capacity_bytes, i.used_bytes + i.reserved_bytes].map(human);
+    let pct = i.used_percent;
     match (changed, i.capacity_follows_fs) {
-        (true, true) => line(
+        (true, true) => outln!(
             out,
-            format_args!(
-                "capacity follows the file system again: {} now ({}% used)",
-                human(i.capacity_bytes),
-                i.used_percent
-            ),
+            "capacity follows the file system again: {cap} now ({pct}% used)"
         ),
-        (true, false) => line(
+        (true, false) => outln!(
             out,
-            format_args!(
-                "capacity set to {} ({} used or reserved, {}%)",
-                human(i.capacity_bytes),
-                human(used),
-                i.used_percent
-            ),
+            "capacity set to {cap} ({used} used or reserved, {pct}%)"
         ),
-        (false, true) => line(
+        (false, true) => outln!(
             out,
-            format_args!(
-                "capacity follows the file system: {} now (what the datastore holds plus the \
-                 file system's free space); growing the file system grows it, or set an \
-                 explicit capacity with 'strata grow --capacity SIZE'",
-                human(i.capacity_bytes)
-            ),
+            "capacity follows the file system: {cap} now (what the datastore holds plus the \
+             file system's free space); growing the file system grows it, or set an \
+             explicit capacity with 'strata grow --capacity SIZE'"
         ),
-        (false, false) => line(
+        (false, false) => outln!(
             out,
-            format_args!(
-                "capacity is {} (explicit; {} used or reserved, {}%): change it with \
-                 'strata grow --capacity SIZE', or follow the file system with \
-                 'strata grow --capacity fs'",
-                human(i.capacity_bytes),
-                human(used),
-                i.used_percent
-            ),
+            "capacity is {cap} (explicit; {used} used or reserved, {pct}%): change it with \
+             'strata grow --capacity SIZE', or follow the file system with \
+             'strata grow --capacity fs'"
         ),
     }
 }
 
+/// `list`: a disk a line; an object store's disks with their writer.
 fn disk_table(out: &mut String, disks: &[DiskView]) {
     // An object store's disks have a writer, and their allocation is
     // known to a GC mark ('strata gc --dry-run'), not to a listing.
     let store = disks.iter().any(|d| d.object_store.is_some());
-    let mut row = |cells: [&str; 6], extra: String| {
+    let mut row = |cells: [&str; 6], extra: &str| {
+        let [name, size, kind, allocated, snaps, parent] = cells;
         let r = format!(
-            "{:<24} {:>10} {:<17} {:>10} {:>5}  {:<16}{extra}",
-            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
+            "{name:<24} {size:>10} {kind:<17} {allocated:>10} {snaps:>5}  {parent:<16}{extra}"
         );
-        let _ = writeln!(out, "{}", r.trim_end());
+        outln!(out, "{}", r.trim_end());
     };
-    let head = if store { "  GEN  WRITER" } else { "" };
-    row(
-        ["NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS", "PARENT"],
-        head.into(),
-    );
+    let head = ["NAME", "SIZE", "TYPE", "ALLOCATED", "SNAPS", "PARENT"];
+    row(head, when(store, "  GEN  WRITER"));
     for v in disks {
         let d = &v.info;
-        let extra = match &v.object_store {
-            Some(w) => format!("  {:>3}  {}", w.generation, writer(w)),
-            None => String::new(),
-        };
-        row(
-            [
-                &d.name,
-                &human(d.size_bytes),
-                d.provisioning.as_str(),
-                &d.allocated_bytes.map(human).unwrap_or_else(|| "-".into()),
-                &d.snapshots.to_string(),
-                or_dash(&d.parent),
-            ],
-            extra,
-        );
+        let (size, snaps) = (human(d.size_bytes), d.snapshots.to_string());
+        let (kind, parent) = (d.provisioning.as_str(), or_dash(&d.parent));
+        let allocated = d.allocated_bytes.map_or_else(|| "-".into(), human);
+        let extra = opt(v.object_store.as_ref(), |w| {
+            format!("  {:>3}  {}", w.generation, writer(w))
+        });
+        row([&d.name, &size, kind, &allocated, &snaps, parent], &extra);
     }
 }
 
@@ -521,159 +462,109 @@ fn writer(w: &StoreDisk) -> String {
     }
 }
 
+/// `info`: a disk's figures, and an object-store disk's writer record.
 fn disk(out: &mut String, v: &DiskView) {
     let d = &v.info;
-    let _ = writeln!(out, "name:            {}", d.name);
-    let _ = writeln!(
-        out,
-        "size:            {} ({} bytes)",
-        human(d.size_bytes),
-        d.size_bytes
-    );
-    let _ = writeln!(out, "provisioning:    {}", d.provisioning.as_str());
+    // A size for people, then exact.
+    let bytes = |b: u64, what: &str| format!("{} ({b} bytes{what})", human(b));
+    let f = &mut Fields::disk(out);
+    field!(f, "name:", "{}", d.name);
+    field!(f, "size:", "{}", bytes(d.size_bytes, ""));
+    field!(f, "provisioning:", "{}", d.provisioning.as_str());
     if let Some(a) = d.allocated_bytes {
-        let _ = writeln!(out, "allocated:       {} ({a} bytes)", human(a));
+        field!(f, "allocated:", "{}", bytes(a, ""));
     }
     if let (Some(nb), Some(tbz)) = (d.nb, d.tbz) {
-        let _ = writeln!(out, "nb / tbz:        {nb} / {tbz} (1 MiB blocks)");
+        field!(f, "nb / tbz:", "{nb} / {tbz} (1 MiB blocks)");
     }
-    if let Some(f) = d.fragments {
-        let _ = writeln!(
-            out,
-            "fragments:       {f} (1 = laid out in one run; 'strata defrag' lays it out)"
-        );
+    if let Some(n) = d.fragments {
+        let how = "1 = laid out in one run; 'strata defrag' lays it out";
+        field!(f, "fragments:", "{n} ({how})");
     }
     if let Some(x) = d.exclusive_bytes {
-        let _ = writeln!(
-            out,
-            "exclusive:       {} ({x} bytes, freed by rm)",
-            human(x)
-        );
+        field!(f, "exclusive:", "{}", bytes(x, ", freed by rm"));
     }
-    let _ = writeln!(out, "snapshots:       {}", d.snapshots);
+    field!(f, "snapshots:", "{}", d.snapshots);
     if let Some(x) = d.snapshot_space_bytes {
-        let _ = writeln!(
-            out,
-            "snapshot space:  {} ({x} bytes, freed by deleting every snapshot)",
-            human(x)
-        );
+        let x = bytes(x, ", freed by deleting every snapshot");
+        field!(f, "snapshot space:", "{x}");
     }
-    let _ = writeln!(out, "current snapshot: {}", or_dash(&d.current_snapshot));
-    let _ = writeln!(out, "parent:          {}", or_dash(&d.parent));
+    field!(f, "current snapshot:", "{}", or_dash(&d.current_snapshot));
+    field!(f, "parent:", "{}", or_dash(&d.parent));
     if !d.limits.is_none() {
-        let _ = writeln!(out, "limits:          {}", limits_text(&d.limits));
+        field!(f, "limits:", "{}", limits_text(&d.limits));
     }
     if let Some(w) = &v.object_store {
-        let _ = writeln!(out, "object store:    disk id {}", w.id);
-        let _ = writeln!(out, "writer:          {}", writer(w));
-        let _ = writeln!(out, "generation:      {}", w.generation);
-        let _ = writeln!(
-            out,
-            "manifest:        {} (written {})",
-            w.manifest,
-            utc(w.written_ms)
-        );
-        let _ = writeln!(
-            out,
-            "allocated:       known to a GC mark: 'strata gc --dry-run' shows each disk's bytes"
-        );
+        field!(f, "object store:", "disk id {}", w.id);
+        field!(f, "writer:", "{}", writer(w));
+        field!(f, "generation:", "{}", w.generation);
+        let (manifest, written) = (&w.manifest, utc(w.written_ms));
+        field!(f, "manifest:", "{manifest} (written {written})");
+        let how = "'strata gc --dry-run' shows each disk's bytes";
+        field!(f, "allocated:", "known to a GC mark: {how}");
     }
 }
 
 /// `claim` (`claimed`) and `release`: the disk's writer record now.
 fn claim(out: &mut String, v: &DiskView, claimed: bool) {
     let name = &v.info.name;
-    let w = v.object_store.clone().unwrap_or_else(|| StoreDisk {
-        id: String::new(),
-        generation: 0,
-        owner: None,
-        manifest: String::new(),
-        written_ms: 0,
-        fenced: None,
-    });
-    let _ = if claimed {
-        let host = w.owner.as_ref().is_some_and(|o| o.is_host());
-        let who = w.owner.map(|o| o.name).unwrap_or_default();
-        writeln!(
-            out,
-            "claimed disk {name}: this host ({who}) is its writer, generation {}{}",
-            w.generation,
-            if host {
-                " (no server runs here: the claim is the host's, and its next server writes the disk)"
-            } else {
-                ""
-            }
-        )
-    } else {
-        writeln!(
-            out,
-            "released disk {name} at generation {} (manifest {}): this host writes it no more; \
-             another takes it with 'strata claim {name} --handover'",
-            w.generation, w.manifest
-        )
+    let (generation, owner, manifest) = match &v.object_store {
+        Some(w) => (w.generation, w.owner.as_ref(), w.manifest.as_str()),
+        None => (0, None, ""),
     };
+    if !claimed {
+        return outln!(
+            out,
+            "released disk {name} at generation {generation} (manifest {manifest}): this host \
+             writes it no more; another takes it with 'strata claim {name} --handover'"
+        );
+    }
+    let who = owner.map_or("", |o| o.name.as_str());
+    let no_server = when(
+        owner.is_some_and(|o| o.is_host()),
+        " (no server runs here: the claim is the host's, and its next server writes the disk)",
+    );
+    outln!(
+        out,
+        "claimed disk {name}: this host ({who}) is its writer, generation {generation}{no_server}"
+    );
 }
 
 /// The object store as this host sees it (`status`, `init`, `attach`).
 fn store_summary(out: &mut String, s: &Summary) {
-    let _ = writeln!(out, "datastore:    {} (id {})", s.url, s.root.uuid);
-    let _ = writeln!(out, "endpoint:     {}", s.endpoint);
-    let _ = writeln!(
-        out,
-        "created by:   {} (host {}) at {}",
-        s.root.created_by.name,
-        s.root.created_by.host,
-        utc(s.root.created_ms)
-    );
-    let _ = writeln!(
-        out,
-        "this host:    {} (host {}), local directory {}",
-        s.me.name,
-        s.me.host,
-        s.local_dir.display()
-    );
+    let f = &mut Fields::status(out);
+    field!(f, "datastore:", "{} (id {})", s.url, s.root.uuid);
+    field!(f, "endpoint:", "{}", s.endpoint);
+    let (by, at) = (&s.root.created_by, utc(s.root.created_ms));
+    field!(f, "created by:", "{} (host {}) at {at}", by.name, by.host);
+    let (me, host, dir) = (&s.me.name, &s.me.host, s.local_dir.display());
+    field!(f, "this host:", "{me} (host {host}), local directory {dir}");
     if let Some(p) = &s.probe {
-        let _ = writeln!(
-            out,
-            "conditional writes: honoured ({} of {} concurrent creates of one key accepted; the race took {:.1} s)",
-            p.accepted,
-            p.racers,
-            p.ms / 1000.0
+        let (accepted, racers, secs) = (p.accepted, p.racers, p.ms / 1000.0);
+        field!(
+            f,
+            "conditional writes:",
+            "honoured ({accepted} of {racers} concurrent creates of one key accepted; the race \
+             took {secs:.1} s)"
         );
     }
-    if s.disks.is_empty() {
-        let _ = writeln!(out, "disks:        none");
-    } else {
-        let _ = writeln!(
-            out,
-            "disks:        {} ({})",
-            s.disks.len(),
-            s.disks.join(", ")
-        );
+    match s.disks.len() {
+        0 => field!(f, "disks:", "none"),
+        n => field!(f, "disks:", "{n} ({})", s.disks.join(", ")),
     }
-    let _ = writeln!(
-        out,
-        "stored:       {} in {} objects",
-        human(s.disk_bytes),
-        s.disk_objects
-    );
+    let (bytes, objects) = (human(s.disk_bytes), s.disk_objects);
+    field!(f, "stored:", "{bytes} in {objects} objects");
     if let Some(c) = &s.cache {
-        let reads = c.hits + c.misses;
-        let _ = writeln!(
-            out,
-            "cache:        {} of {} in {} segments; {} of {} reads hit{}; {} evicted, {} damaged",
-            human(c.bytes),
-            human(c.bound_bytes),
-            c.segments,
-            c.hits,
-            reads,
-            if reads > 0 {
-                format!(" ({:.1} %)", c.hits as f64 * 100.0 / reads as f64)
-            } else {
-                String::new()
-            },
-            c.evictions,
-            c.damaged
+        let [bytes, bound] = [c.bytes, c.bound_bytes].map(human);
+        let (segments, hits, reads) = (c.segments, c.hits, c.hits + c.misses);
+        let rate = format!(" ({:.1} %)", hits as f64 * 100.0 / reads as f64);
+        let rate = when(reads > 0, &rate);
+        let (evictions, damaged) = (c.evictions, c.damaged);
+        field!(
+            f,
+            "cache:",
+            "{bytes} of {bound} in {segments} segments; {hits} of {reads} reads hit{rate}; \
+             {evictions} evicted, {damaged} damaged"
         );
     }
 }
@@ -681,414 +572,337 @@ fn store_summary(out: &mut String, s: &Summary) {
 /// An object store's capacity (the user's figure), provisioned space and
 /// alarms.
 fn store_space(out: &mut String, i: &DatastoreInfo) {
+    let f = &mut Fields::status(out);
+    let (cap, pct) = (human(i.capacity_bytes), i.used_percent);
     if i.capacity_bytes == 0 {
-        let _ = writeln!(
-            out,
-            "capacity:     none set (the usage alarm measures against one: \
-             'strata grow --capacity SIZE')"
-        );
+        let how = "the usage alarm measures against one: 'strata grow --capacity SIZE'";
+        field!(f, "capacity:", "none set ({how})");
     } else {
-        let _ = writeln!(
-            out,
-            "capacity:     {} (set by 'strata grow'; {}% used)",
-            human(i.capacity_bytes),
-            i.used_percent
-        );
+        field!(f, "capacity:", "{cap} (set by 'strata grow'; {pct}% used)");
     }
-    let _ = writeln!(
-        out,
-        "provisioned:  {} in {} disks ({} snapshots){}",
-        human(i.provisioned_bytes),
-        i.disks,
-        i.snapshots,
-        if i.capacity_bytes > 0 {
-            format!(", {}% of capacity", i.overcommit_percent)
-        } else {
-            String::new()
-        }
-    );
+    let share = format!(", {}% of capacity", i.overcommit_percent);
+    let share = when(i.capacity_bytes > 0, &share);
+    let disks = format!("{} disks ({} snapshots)", i.disks, i.snapshots);
+    let provisioned = human(i.provisioned_bytes);
+    field!(f, "provisioned:", "{provisioned} in {disks}{share}");
     for a in &i.alarms {
-        alarm_line(out, a);
+        alarm_line(f.out, a);
     }
 }
 
 /// `diff`: a summary line, then one range per line (exact byte figures:
 /// what a backup script would read).
 fn diff(out: &mut String, r: &DiffReport) {
-    let id = |i: Option<u64>| i.map(|i| format!(" (id {i})")).unwrap_or_default();
-    let _ = writeln!(
+    let (target, base) = (&r.target, &r.base);
+    let id = |i: Option<u64>| opt(i, |i| format!(" (id {i})"));
+    let (target_id, base_id) = (id(r.target_id), id(r.base_id));
+    let [data, zeros] = [r.data_bytes, r.zero_bytes].map(human);
+    let [from, to] = [r.base_size_bytes, r.size_bytes].map(human);
+    let extended = format!(" (extended from {from} to {to}: all of it counts)");
+    let extended = when(r.base_size_bytes < r.size_bytes, &extended);
+    outln!(
         out,
-        "{}{} against {}{}: {} of data, {} of zeros{}",
-        r.target,
-        id(r.target_id),
-        r.base,
-        id(r.base_id),
-        human(r.data_bytes),
-        human(r.zero_bytes),
-        if r.base_size_bytes < r.size_bytes {
-            format!(
-                " (extended from {} to {}: all of it counts)",
-                human(r.base_size_bytes),
-                human(r.size_bytes)
-            )
-        } else {
-            String::new()
-        }
+        "{target}{target_id} against {base}{base_id}: {data} of data, {zeros} of zeros{extended}"
     );
     let Some(ranges) = &r.ranges else { return };
     if ranges.is_empty() {
-        let _ = writeln!(out, "no changes");
-        return;
+        return outln!(out, "no changes");
     }
-    let _ = writeln!(out, "{:>16} {:>14}  TYPE", "OFFSET", "LENGTH");
+    outln!(out, "          OFFSET         LENGTH  TYPE");
     for x in ranges {
         let kind = match x.kind {
             RangeKind::Data => "data",
             RangeKind::Zero => "zero",
         };
-        let _ = writeln!(out, "{:>16} {:>14}  {kind}", x.offset, x.length);
+        outln!(out, "{:>16} {:>14}  {kind}", x.offset, x.length);
     }
 }
 
+/// `check` of an object store: what was read, and every error.
 fn store_check(out: &mut String, r: &StoreCheckReport) {
-    let _ = writeln!(
+    let (disks, snapshots, holds) = (r.disks, r.snapshots, r.holds);
+    let (nodes, grains) = (r.nodes, r.grains);
+    outln!(
         out,
-        "checked {} disks, {} snapshots, {} holds: {} map nodes and {} grains read against \
-         their checksums",
-        r.disks, r.snapshots, r.holds, r.nodes, r.grains
+        "checked {disks} disks, {snapshots} snapshots, {holds} holds: {nodes} map nodes and \
+         {grains} grains read against their checksums"
     );
     for err in &r.errors {
-        let _ = writeln!(out, "error: {err}");
+        outln!(out, "error: {err}");
     }
     if r.errors.is_empty() {
-        out.push_str("no problems found\n");
+        outln!(out, "no problems found");
     }
 }
 
+/// `compact DISK`: the disk's objects, and what was (or would be) rewritten.
 fn compact(out: &mut String, r: &CompactReport) {
-    let _ = writeln!(
+    let (disk, objects, candidates, pct) = (&r.disk, r.objects, r.candidates, r.below_pct);
+    let [stored, live, candidate] = [r.stored_bytes, r.live_bytes, r.candidate_bytes].map(human);
+    let [rewritten, emptied] = [r.rewritten_bytes, r.emptied_bytes].map(human);
+    let (grains, segments, ms) = (r.rewritten_grains, r.segments, r.ms);
+    let (moved, dropped) = (r.relocated_grains, r.dropped_grains);
+    outln!(
         out,
-        "{}: {} objects hold {} of which {} live; {} under {} % live ({})",
-        r.disk,
-        r.objects,
-        human(r.stored_bytes),
-        human(r.live_bytes),
-        r.candidates,
-        r.below_pct,
-        human(r.candidate_bytes)
+        "{disk}: {objects} objects hold {stored} of which {live} live; {candidates} under {pct} % \
+         live ({candidate})"
     );
     if r.dry_run {
-        let _ = writeln!(
+        outln!(
             out,
-            "would rewrite {} in {} grains, emptying {} for gc to free",
-            human(r.rewritten_bytes),
-            r.rewritten_grains,
-            human(r.emptied_bytes)
+            "would rewrite {rewritten} in {grains} grains, emptying {emptied} for gc to free"
         );
-    } else if r.rewritten_grains == 0 {
-        out.push_str("nothing to rewrite\n");
+    } else if grains == 0 {
+        outln!(out, "nothing to rewrite");
     } else {
-        let _ = writeln!(
+        outln!(
             out,
-            "rewrote {} ({} grains) into {} segments in {} ms: {} moved, {} written again meanwhile \
-             (kept where the newer write put them); 'strata gc' frees what they emptied",
-            human(r.rewritten_bytes),
-            r.rewritten_grains,
-            r.segments,
-            r.ms,
-            r.relocated_grains,
-            r.dropped_grains
+            "rewrote {rewritten} ({grains} grains) into {segments} segments in {ms} ms: {moved} \
+             moved, {dropped} written again meanwhile (kept where the newer write put them); \
+             'strata gc' frees what they emptied"
         );
     }
 }
 
+/// `gc [--dry-run]`: the store's garbage, what was deleted, each disk's space.
 fn gc(out: &mut String, r: &GcReport) {
-    let _ = writeln!(
+    let [stored, live, garbage] = [r.stored_bytes, r.live_bytes, r.garbage_bytes].map(human);
+    let (segments, garbage_segments, in_flight) =
+        (r.segments, r.garbage_segments, r.in_flight_segments);
+    let kept = format!(" ({in_flight} more may be uploads in flight: kept)");
+    let kept = when(in_flight > 0, &kept);
+    outln!(
         out,
-        "stored {} in {} segments; live {}; garbage {} in {} segments{}",
-        human(r.stored_bytes),
-        r.segments,
-        human(r.live_bytes),
-        human(r.garbage_bytes),
-        r.garbage_segments,
-        if r.in_flight_segments > 0 {
-            format!(
-                " ({} more may be uploads in flight: kept)",
-                r.in_flight_segments
-            )
-        } else {
-            String::new()
-        }
+        "stored {stored} in {segments} segments; live {live}; garbage {garbage} in \
+         {garbage_segments} segments{kept}"
     );
     if r.sparse_objects > 0 {
-        let _ = writeln!(
+        let (sparse, dead) = (r.sparse_objects, human(r.sparse_dead_bytes));
+        outln!(
             out,
-            "partly live: {} objects under half live hold {} nothing reaches (compaction would give it back)",
-            r.sparse_objects,
-            human(r.sparse_dead_bytes)
+            "partly live: {sparse} objects under half live hold {dead} nothing reaches \
+             (compaction would give it back)"
         );
     }
-    if r.live_share.iter().any(|n| *n > 0) {
-        let shares: Vec<String> = r
-            .live_share
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(i, n)| format!("{}-{}%: {n}", i * 10, i * 10 + 10))
-            .collect();
-        let _ = writeln!(out, "objects by live share: {}", shares.join(", "));
+    let shares: Vec<String> = (r.live_share.iter().enumerate())
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, n)| format!("{}-{}%: {n}", i * 10, i * 10 + 10))
+        .collect();
+    if !shares.is_empty() {
+        outln!(out, "objects by live share: {}", shares.join(", "));
     }
     if r.dry_run {
-        out.push_str("dry run: nothing deleted\n");
+        outln!(out, "dry run: nothing deleted");
     } else {
-        let _ = writeln!(
-            out,
-            "deleted {} segments and {} old manifests",
-            r.deleted_segments, r.deleted_manifests
-        );
+        let (segs, manifests) = (r.deleted_segments, r.deleted_manifests);
+        outln!(out, "deleted {segs} segments and {manifests} old manifests");
     }
     for d in &r.disks {
-        let _ = writeln!(
+        let [exclusive, referenced] = [d.exclusive_bytes, d.referenced_bytes].map(human);
+        let name = &d.name;
+        outln!(
             out,
-            "  {:<24} exclusive {:>10}  referenced {:>10}",
-            d.name,
-            human(d.exclusive_bytes),
-            human(d.referenced_bytes)
+            "  {name:<24} exclusive {exclusive:>10}  referenced {referenced:>10}"
         );
     }
 }
 
+/// `defrag [--dry-run]`: fragments before and after, what moved or stayed.
 fn defrag(out: &mut String, r: &DefragReport) {
+    let (disk, before, after) = (&r.disk, r.fragments_before, r.fragments_after);
+    let (moved, regions) = (human(r.moved_bytes), r.regions_moved);
     if r.dry_run {
-        let _ = writeln!(
+        return outln!(
             out,
-            "{}: {} fragments; defrag would move {} in {} regions of 1 MiB",
-            r.disk,
-            r.fragments_before,
-            human(r.moved_bytes),
-            r.regions_moved
+            "{disk}: {before} fragments; defrag would move {moved} in {regions} regions of 1 MiB"
         );
-        return;
     }
-    let _ = writeln!(
+    outln!(
         out,
-        "{}: {} -> {} fragments; moved {} in {} regions of 1 MiB",
-        r.disk,
-        r.fragments_before,
-        r.fragments_after,
-        human(r.moved_bytes),
-        r.regions_moved
+        "{disk}: {before} -> {after} fragments; moved {moved} in {regions} regions of 1 MiB"
     );
     if r.regions_skipped > 0 {
-        let _ = writeln!(
+        let n = r.regions_skipped;
+        outln!(
             out,
-            "{} regions left as they were: free space lies in short runs",
-            r.regions_skipped
+            "{n} regions left as they were: free space lies in short runs"
         );
     }
     if r.grains_kept > 0 {
-        let _ = writeln!(
+        let n = r.grains_kept;
+        outln!(
             out,
-            "{} grains left in place: a reference to them could not be accounted for (run 'strata check')",
-            r.grains_kept
+            "{n} grains left in place: a reference to them could not be accounted for (run \
+             'strata check')"
         );
     }
 }
 
+/// `defrag --free-space`: the pool and its file before and after.
 fn free_space(out: &mut String, r: &FreeSpaceReport) {
-    let _ = writeln!(
+    let [pool, pool_after] = [r.pool_bytes_before, r.pool_bytes_after].map(human);
+    let [file, file_after] = [r.pool_file_bytes_before, r.pool_file_bytes_after].map(human);
+    let [used, moved, punched] = [r.used_bytes, r.moved_bytes, r.punched_bytes].map(human);
+    outln!(
         out,
-        "pool {} -> {}; on the host {} -> {} (used {}); moved {}, punched {}",
-        human(r.pool_bytes_before),
-        human(r.pool_bytes_after),
-        human(r.pool_file_bytes_before),
-        human(r.pool_file_bytes_after),
-        human(r.used_bytes),
-        human(r.moved_bytes),
-        human(r.punched_bytes)
+        "pool {pool} -> {pool_after}; on the host {file} -> {file_after} (used {used}); moved \
+         {moved}, punched {punched}"
     );
     if r.short_runs_bytes > 0 {
-        let _ = writeln!(
+        let short = human(r.short_runs_bytes);
+        outln!(
             out,
-            "{} of free space lies in runs under 64 KiB, left alone while clients were writing \
-             (some of it may be holes already); run it again when they are quieter",
-            human(r.short_runs_bytes)
+            "{short} of free space lies in runs under 64 KiB, left alone while clients were \
+             writing (some of it may be holes already); run it again when they are quieter"
         );
     }
     if let Some(n) = &r.note {
-        let _ = writeln!(out, "note: {n}");
+        outln!(out, "note: {n}");
     }
 }
 
 /// Snapshots as an indented tree; a mark says where the live state is.
 fn snapshot_tree(out: &mut String, snaps: &[SnapshotInfo]) {
     if snaps.is_empty() {
-        let _ = writeln!(out, "no snapshots");
-        return;
+        return outln!(out, "no snapshots");
     }
     // Parents above the snapshot; bounded in case the list has a loop.
-    let depth = |name: &str| {
-        let mut d = 0;
-        let mut cur = name;
-        while let Some(parent) = snaps.iter().find(|s| s.name == cur).map(|s| &s.parent) {
-            let Some(p) = parent else { break };
-            if d > snaps.len() {
-                break;
-            }
-            d += 1;
-            cur = p;
-        }
-        d
-    };
+    let parent = |name: &str| snaps.iter().find(|s| s.name == name)?.parent.as_deref();
+    let parents = |name| successors(parent(name), |p| parent(p)).take(snaps.len() + 1);
     for sn in snaps {
-        let _ = writeln!(
-            out,
-            "{}{}  ({}{}){}",
-            "  ".repeat(depth(&sn.name)),
-            sn.name,
-            match (sn.mapped_bytes, sn.exclusive_bytes) {
-                (Some(m), Some(x)) => format!("{}, {} exclusive", human(m), human(x)),
-                // An object store's snapshot: what it holds is known to a
-                // GC mark.
-                _ => format!(
-                    "{}, taken {}",
-                    human(sn.size_bytes),
-                    utc(sn.created_unix * 1000)
-                ),
-            },
-            if sn.description.is_empty() {
-                String::new()
-            } else {
-                format!(", {}", sn.description)
-            },
-            if sn.current { "  <- you are here" } else { "" }
-        );
+        let (indent, name) = ("  ".repeat(parents(&sn.name).count()), &sn.name);
+        let held = match (sn.mapped_bytes, sn.exclusive_bytes) {
+            (Some(m), Some(x)) => format!("{}, {} exclusive", human(m), human(x)),
+            // An object store's snapshot: what it holds is known to a
+            // GC mark.
+            _ => {
+                let taken = utc(sn.created_unix * 1000);
+                format!("{}, taken {taken}", human(sn.size_bytes))
+            }
+        };
+        let description = comma(&sn.description);
+        let here = when(sn.current, "  <- you are here");
+        outln!(out, "{indent}{name}  ({held}{description}){here}");
     }
 }
 
+/// `check`: what was recounted, and the problems found.
 fn check(out: &mut String, r: &CheckReport) {
-    let _ = writeln!(
+    let (versions, nodes, grains) = (r.versions, r.map_nodes, r.data_grains);
+    let used = human(r.used_bytes);
+    outln!(
         out,
-        "checked {} versions, {} map nodes, {} data grains; {} used",
-        r.versions,
-        r.map_nodes,
-        r.data_grains,
-        human(r.used_bytes)
+        "checked {versions} versions, {nodes} map nodes, {grains} data grains; {used} used"
     );
     if r.is_clean() {
-        let _ = writeln!(
-            out,
-            "clean: no leaked or doubly owned grain, accounting exact"
-        );
-        return;
+        let why = "no leaked or doubly owned grain, accounting exact";
+        return outln!(out, "clean: {why}");
     }
-    let _ = writeln!(
+    let (n, leaked, low) = (r.errors.len(), r.leaked_grains, r.overshared_grains);
+    outln!(
         out,
-        "{} problems ({} leaked grains, {} counted too low):",
-        r.errors.len(),
-        r.leaked_grains,
-        r.overshared_grains
+        "{n} problems ({leaked} leaked grains, {low} counted too low):"
     );
     for e in &r.errors {
-        let _ = writeln!(out, "  {e}");
+        outln!(out, "  {e}");
     }
 }
 
+/// `stats`: each export's statistics under its name.
 fn stats(out: &mut String, exports: &[ExportStats]) {
     if exports.is_empty() {
-        let _ = writeln!(
-            out,
-            "no statistics yet: no client has used a disk since the server started"
-        );
+        let why = "no client has used a disk since the server started";
+        outln!(out, "no statistics yet: {why}");
     }
     for e in exports {
-        let _ = writeln!(out, "=== {}", e.export);
+        outln!(out, "=== {}", e.export);
         out.push_str(&strata_stats::render_text(&e.stats));
     }
 }
 
+/// `import`: the new disk, and the snapshots a VMDK chain's links became.
 fn import(out: &mut String, r: &ImportReport) {
     disk(out, &r.disk);
     if !r.snapshots.is_empty() {
-        let _ = writeln!(
+        let (links, snaps) = (r.snapshots.len() + 1, r.snapshots.join(", "));
+        outln!(
             out,
-            "imported {} links; snapshots (base first): {}",
-            r.snapshots.len() + 1,
-            r.snapshots.join(", ")
+            "imported {links} links; snapshots (base first): {snaps}"
         );
     }
 }
 
+/// `export`: the files written, and the one to open.
 fn export(out: &mut String, r: &ExportReport) {
     for l in &r.links {
-        let _ = writeln!(out, "wrote {} ({}) from {}", l.file, l.subformat, l.version);
+        outln!(out, "wrote {} ({}) from {}", l.file, l.subformat, l.version);
     }
-    let _ = writeln!(out, "open {}", r.open);
+    outln!(out, "open {}", r.open);
 }
 
+/// `status` of a VMDK-only server: who it is and what it serves.
 fn vmdk_server(out: &mut String, s: &VmdkServerStatus) {
-    let _ = writeln!(out, "server:       {} (pid {})", s.server, s.pid);
-    let _ = writeln!(
-        out,
-        "export:       {} ({}{})",
-        s.export,
-        s.file,
-        if s.read_only { ", read-only" } else { "" }
-    );
+    let f = &mut Fields::status(out);
+    field!(f, "server:", "{} (pid {})", s.server, s.pid);
+    let ro = when(s.read_only, ", read-only");
+    field!(f, "export:", "{} ({}{ro})", s.export, s.file);
 }
 
+/// `vmdk info`: the chain, each parent indented below its child, with
+/// their extents.
 fn vmdk_info(out: &mut String, i: &VmdkInfo) {
-    let _ = writeln!(out, "size: {} ({} links)", human(i.size_bytes), i.depth);
+    outln!(out, "size: {} ({} links)", human(i.size_bytes), i.depth);
     for (depth, l) in i.links.iter().enumerate() {
-        let indent = "  ".repeat(depth);
-        let _ = writeln!(
+        let (indent, file, kind) = ("  ".repeat(depth), &l.file, &l.create_type);
+        let (cid, parent) = (l.cid, l.parent_cid);
+        outln!(
             out,
-            "{indent}{}  {}  CID {:08x} parentCID {:08x}",
-            l.file, l.create_type, l.cid, l.parent_cid
+            "{indent}{file}  {kind}  CID {cid:08x} parentCID {parent:08x}"
         );
         for e in &l.extents {
-            let _ = writeln!(
+            let (kind, sectors, format, file) = (&e.line_type, e.sectors, &e.format, &e.file);
+            outln!(
                 out,
-                "{indent}  extent {} {} sectors: {} {}",
-                e.line_type, e.sectors, e.format, e.file
+                "{indent}  extent {kind} {sectors} sectors: {format} {file}"
             );
         }
     }
 }
 
+/// `vmdk check [--repair]`: each file's grains and messages.
 fn vmdk_check(out: &mut String, r: &VmdkCheckReport) {
     for f in &r.files {
-        let _ = writeln!(
+        let (file, c) = (&f.file, &f.check);
+        let (allocated, zero, unmapped) = (c.allocated_grains, c.zero_grains, c.unmapped_grains);
+        outln!(
             out,
-            "{}: {} allocated, {} zero, {} unmapped grains",
-            f.file, f.check.allocated_grains, f.check.zero_grains, f.check.unmapped_grains
+            "{file}: {allocated} allocated, {zero} zero, {unmapped} unmapped grains"
         );
         for (label, messages) in [
-            ("error", &f.check.errors),
-            ("warning", &f.check.warnings),
-            ("repaired", &f.check.repaired),
+            ("error", &c.errors),
+            ("warning", &c.warnings),
+            ("repaired", &c.repaired),
         ] {
             for m in messages {
-                let _ = writeln!(out, "  {label}: {m}");
+                outln!(out, "  {label}: {m}");
             }
         }
     }
-    if r.remaining_errors == 0 {
-        let _ = writeln!(out, "no errors remain");
-    } else {
-        let _ = writeln!(out, "{} errors remain", r.remaining_errors);
+    match r.remaining_errors {
+        0 => outln!(out, "no errors remain"),
+        n => outln!(out, "{n} errors remain"),
     }
 }
 
+/// `vmdk shrink`: an SEsparse extent a line.
 fn vmdk_shrink(out: &mut String, rs: &[ShrinkResult]) {
     for r in rs {
-        let _ = writeln!(
+        let [before, after] = [r.bytes_before, r.bytes_after].map(human);
+        let (moved, zeros) = (r.moved, r.zero_grains_found);
+        outln!(
             out,
-            "shrunk from {} to {} ({} grains moved, {} all-zero grains turned into zero entries)",
-            human(r.bytes_before),
-            human(r.bytes_after),
-            r.moved,
-            r.zero_grains_found
+            "shrunk from {before} to {after} ({moved} grains moved, {zeros} all-zero grains \
+             turned into zero entries)"
         );
     }
 }
@@ -1105,4 +919,105 @@ pub fn progress_bar(show: bool, template: &str) -> Option<indicatif::ProgressBar
             .progress_chars("=> "),
     );
     Some(b)
+}
+
+/// A consistency group answer for people; None for any other answer.
+fn group(out: &mut String, r: &Response) -> Option<()> {
+    match r {
+        Response::Groups(gs) if gs.is_empty() => outln!(out, "no groups"),
+        Response::Groups(gs) => {
+            for g in gs {
+                let (name, n, disks) = (&g.name, g.disks.len(), g.disks.join(", "));
+                let (snaps, hook) = (g.snapshots, opt(hook(g), |h| format!("  hook: {h}")));
+                outln!(
+                    out,
+                    "{name}  {n} disk(s): {disks}  {snaps} snapshot(s){hook}"
+                );
+            }
+        }
+        Response::Group(g) => {
+            outln!(out, "group {}", g.name);
+            outln!(out, "  disks: {}", g.disks.join(", "));
+            outln!(out, "  snapshots: {}", g.snapshots);
+            if let Some(h) = hook(g) {
+                outln!(out, "  quiesce hook: {h}");
+            }
+        }
+        Response::GroupDeleted { name } => outln!(out, "removed group {name}"),
+        Response::GroupSnapshotCreated(r) => created(out, r),
+        Response::GroupSnapshots(ss) if ss.is_empty() => outln!(out, "no group snapshots"),
+        Response::GroupSnapshots(ss) => ss.iter().for_each(|s| snapshot(out, s)),
+        Response::GroupSnapshotDeleted { group, snapshot } => outln!(
+            out,
+            "deleted group snapshot {group}@{snapshot} (every member's)"
+        ),
+        Response::GroupReverted {
+            group,
+            snapshot,
+            disks,
+        } => {
+            let names: Vec<&str> = disks.iter().map(|d| d.info.name.as_str()).collect();
+            let (n, names) = (names.len(), names.join(", "));
+            outln!(
+                out,
+                "reverted {n} disk(s) of group {group} to {snapshot}: {names}"
+            )
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// A pause for people: µs below a millisecond.
+fn held(us: u64) -> String {
+    if us < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+/// The group's quiesce hook and its timeout, if it has one.
+fn hook(g: &GroupInfo) -> Option<String> {
+    let timeout = opt(g.quiesce_timeout_s, |t| format!(" (timeout {t} s)"));
+    g.quiesce_hook.as_ref().map(|h| format!("{h}{timeout}"))
+}
+
+/// `group snapshot`: the cut, and what the hook reported.
+fn created(out: &mut String, r: &GroupSnapshotReport) {
+    let s = &r.snapshot;
+    let (group, name, n) = (&s.group, &s.name, s.members.len());
+    let (consistency, held) = (s.consistency.as_str(), held(s.pause_us));
+    outln!(
+        out,
+        "created group snapshot {group}@{name} on {n} disk(s): {consistency} consistent, I/O held \
+         {held}"
+    );
+    if let Some(e) = s.quiesce.as_ref().and_then(|q| q.error.as_ref()) {
+        outln!(out, "  quiesce hook: {e}");
+    }
+    if let Some(e) = r.unquiesce.as_ref().and_then(|u| u.error.as_ref()) {
+        outln!(out, "  warning: unquiesce: {e}");
+    }
+}
+
+/// `group snapshot list`: a group snapshot, then each member's snapshot.
+fn snapshot(out: &mut String, s: &GroupSnapshotInfo) {
+    let (group, name, id) = (&s.group, &s.name, s.id);
+    let (consistency, taken) = (s.consistency.as_str(), utc(s.created_unix * 1000));
+    let held = held(s.pause_us);
+    let frees = opt(s.exclusive_bytes, |x| {
+        format!(", deleting it frees {}", human(x))
+    });
+    let description = comma(&s.description);
+    outln!(
+        out,
+        "{group}@{name} (id {id})  {consistency} consistent, taken {taken}, I/O held \
+         {held}{frees}{description}"
+    );
+    for m in &s.members {
+        let (disk, snapshot, id) = (&m.disk, &m.snapshot, m.id);
+        let exclusive = opt(m.exclusive_bytes, |x| format!(", {} exclusive", human(x)));
+        outln!(out, "  {disk}@{snapshot} (id {id}){exclusive}");
+    }
 }

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use strata_api::units::{invalid, parse_size};
+use strata_api::Error;
 use strata_datastore::AutoCompact;
-use strata_engine::Error;
 use strata_server::moving::Mirror;
-use strata_server::serve::ServeConfig;
+use strata_server::serve::{loopback_only, Aio, ServeConfig, SocketOwner, VhostDevice, VmdkExport};
+use strata_server::web::bind_address;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -25,7 +26,7 @@ pub struct ServeArgs {
     pub tls_creds: Option<PathBuf>,
     /// With --tls-creds: require TLS (every option but STARTTLS is refused before it, the NBD
     /// spec's FORCEDTLS) or allow clients without it
-    #[arg(long = "tls", value_name = "require|allow", default_value = "require", value_parser = parse_tls_mode, action = clap::ArgAction::Set, requires = "tls_creds")]
+    #[arg(long = "tls", value_name = "require|allow", default_value = "require", value_parser = either("require", "allow"), action = clap::ArgAction::Set, requires = "tls_creds")]
     pub tls_require: bool,
     /// With --tls-creds: clients must present a certificate signed by the CA in
     /// DIR/ca-cert.pem (QEMU's verify-peer=on)
@@ -63,7 +64,7 @@ pub struct ServeArgs {
     /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
     /// can reconnect to the same socket
     #[arg(long, value_name = "DISK=SOCKET")]
-    pub vhost_user_blk: Vec<String>,
+    pub vhost_user_blk: Vec<VhostDevice>,
     /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
     /// use fewer)
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -98,7 +99,7 @@ pub struct ServeArgs {
     pub socket_mode: Option<u32>,
     /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
     #[arg(long, value_name = "USER[:GROUP]")]
-    pub socket_owner: Option<String>,
+    pub socket_owner: Option<SocketOwner>,
     /// Mount a FUSE file system on DIR (created if missing) showing each disk as the file
     /// DIR/DISK (read-write) and each snapshot as DIR/DISK@SNAP (read-only, mode 0444),
     /// appearing and disappearing with them; the file size is the disk size. Direct I/O (no
@@ -115,7 +116,7 @@ pub struct ServeArgs {
     /// the guest, and the host's memory is not spent on a second copy (what QEMU, libvirt and
     /// Proxmox run production disks with). Durability is the same in both: a FLUSH makes
     /// every acknowledged write durable. --vmdk images keep the page cache
-    #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = parse_cache_mode, action = clap::ArgAction::Set)]
+    #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = either("none", "writeback"), action = clap::ArgAction::Set)]
     pub direct_io: bool,
     /// How reads and writes reach the disk, as QEMU's aio= option: io_uring (the default) has
     /// each NBD connection (and, under --cache none, each vhost-user-blk queue) put its reads,
@@ -129,7 +130,7 @@ pub struct ServeArgs {
     /// and answers (--nbd-poll-us); otherwise a second thread answers;
     /// threads runs each request on an I/O thread (--io-threads). FUA writes, misaligned ones
     /// and writes to disks with I/O limits always run on the threads
-    #[arg(long = "aio", value_name = "io_uring|native|threads", default_value = "io_uring", value_parser = parse_aio, action = clap::ArgAction::Set)]
+    #[arg(long = "aio", value_name = "io_uring|native|threads", default_value = "io_uring", action = clap::ArgAction::Set)]
     pub aio: Aio,
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
     /// this many are on the disk at once [default: 16 with --cache none, where each waits for
@@ -165,12 +166,12 @@ pub struct ServeArgs {
     pub no_stats: bool,
     /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
     /// what it overwrites (on), or is stored like any other data (off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
     pub detect_zeroes: bool,
     /// Where new data grains go: regions (each 1 MiB of a disk's virtual space at its offsets
     /// in a block of its own, so random and concurrent writes are laid out in order) or
     /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
-    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = parse_placement, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = either("regions", "arrival"), action = clap::ArgAction::Set)]
     pub placement: bool,
     /// Host space kept allocated ahead of the pool's end, so that thin disks' first writes do
     /// not wait for the host file system to allocate (docs/FORMAT.md §7.1, "Readied space"):
@@ -181,7 +182,7 @@ pub struct ServeArgs {
     /// more on the host than the used (and reserved) space by --free-space-threshold plus a
     /// quarter of the used space, run
     /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
     pub free_space_policy: bool,
     /// See --free-space-policy
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
@@ -195,7 +196,7 @@ pub struct ServeArgs {
     /// control socket PATH.strata.sock. The files are locked while served: the top link's
     /// exclusively, its parents' shared (other servers may share a base)
     #[arg(long, value_name = "[NAME=]PATH")]
-    pub vmdk: Vec<String>,
+    pub vmdk: Vec<VmdkExport>,
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
     #[arg(long)]
     pub vmdk_read_only: bool,
@@ -221,14 +222,14 @@ pub struct ServeArgs {
     /// or the misses look like a scan; docs/FORMAT.md §11.8), so that the reads after it hit
     /// the cache; off: each read makes only its own requests to the store (a ranged GET per
     /// grain or map node missed), which then can be counted exactly
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
     pub store_prefetch: bool,
     /// Object-store datastores: compaction in the background (auto; docs/FORMAT.md §11.7a):
     /// the writer of a disk rewrites the live grains of its partly live objects, so that gc
     /// can free them, while clients write (objects under 50 % live, 67 % while the disk's
     /// objects hold more than 1.4 times its live bytes, at most as many bytes as they wrote)
     /// and once the disk is idle (--compact-idle); off: only 'strata compact' compacts
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = parse_auto_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
     pub compact_policy: bool,
     /// Object-store datastores, with --compact-policy auto: compact a disk's objects under
     /// 85 % live once it has had no write for this many seconds, after each burst of writes
@@ -248,35 +249,16 @@ pub struct ServeArgs {
     /// until a pass finds little, and mirrors client writes into the target only once the
     /// passes stop shrinking; always mirrors right after the first pass, so a move under
     /// writes ends sooner while each client write until the switch is made twice
-    #[arg(long, value_name = "auto|always", default_value = "auto", value_parser = parse_mirror, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "auto|always", default_value = "auto", action = clap::ArgAction::Set)]
     pub move_mirror: Mirror,
 }
 
-/// `--cache`: whether the pool uses direct I/O (none) or not (writeback).
-fn parse_cache_mode(s: &str) -> Result<bool, Error> {
-    match s {
-        "none" => Ok(true),
-        "writeback" => Ok(false),
-        _ => Err(invalid(format!("'{s}': expected none or writeback"))),
-    }
-}
-
-/// `--aio`: what carries planned reads and writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Aio {
-    IoUring,
-    Native,
-    Threads,
-}
-
-fn parse_aio(s: &str) -> Result<Aio, Error> {
-    match s {
-        "io_uring" => Ok(Aio::IoUring),
-        "native" => Ok(Aio::Native),
-        "threads" => Ok(Aio::Threads),
-        _ => Err(invalid(format!(
-            "'{s}': expected io_uring, native or threads"
-        ))),
+/// A choice of two words: `yes` parses as true, `no` as false.
+fn either(yes: &'static str, no: &'static str) -> impl Fn(&str) -> Result<bool, Error> + Clone {
+    move |s| match s {
+        _ if s == yes => Ok(true),
+        _ if s == no => Ok(false),
+        _ => Err(invalid(format!("expected {yes} or {no}"))),
     }
 }
 
@@ -299,49 +281,13 @@ fn parse_slice_us(s: &str) -> Result<u32, Error> {
     }
 }
 
-fn parse_auto_off(s: &str) -> Result<bool, Error> {
-    match s {
-        "auto" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(invalid(format!("'{s}': expected auto or off"))),
-    }
-}
-
-fn parse_mirror(s: &str) -> Result<Mirror, Error> {
-    match s {
-        "auto" => Ok(Mirror::Auto),
-        "always" => Ok(Mirror::Always),
-        _ => Err(invalid(format!("'{s}': expected auto or always"))),
-    }
-}
-
-fn parse_placement(s: &str) -> Result<bool, Error> {
-    match s {
-        "regions" => Ok(true),
-        "arrival" => Ok(false),
-        _ => Err(invalid(format!("'{s}': expected regions or arrival"))),
-    }
-}
-
-fn parse_tls_mode(s: &str) -> Result<bool, Error> {
-    match s {
-        "require" => Ok(true),
-        "allow" => Ok(false),
-        _ => Err(invalid(format!("'{s}': expected require or allow"))),
-    }
-}
-
-fn parse_on_off(s: &str) -> Result<bool, Error> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        other => Err(invalid(format!("expected on or off, not {other:?}"))),
-    }
-}
-
-impl From<&ServeArgs> for ServeConfig {
-    fn from(a: &ServeArgs) -> ServeConfig {
-        ServeConfig {
+/// The server configuration `strata serve`'s options make, refused where
+/// they do not go together (the server trusts it: see [`ServeConfig`]).
+impl TryFrom<&ServeArgs> for ServeConfig {
+    type Error = Error;
+    fn try_from(a: &ServeArgs) -> Result<ServeConfig, Error> {
+        check(a)?;
+        Ok(ServeConfig {
             nbd_unix: a.nbd_unix.clone(),
             nbd_tcp: a.nbd_tcp.clone(),
             tls_creds: a.tls_creds.clone(),
@@ -360,13 +306,12 @@ impl From<&ServeArgs> for ServeConfig {
             nbd_sched_slice: (a.nbd_sched_slice_us > 0)
                 .then(|| std::time::Duration::from_micros(a.nbd_sched_slice_us.into())),
             socket_mode: a.socket_mode,
-            socket_owner: a.socket_owner.clone(),
+            socket_owner: a.socket_owner,
             fuse: a.fuse.clone(),
             fuse_allow_other: a.fuse_allow_other,
             direct_io: a.direct_io,
             io_threads: a.io_threads,
-            aio_uring: a.aio != Aio::Threads,
-            aio_native: a.aio == Aio::Native,
+            aio: a.aio,
             http: a.http.clone(),
             http_token: a.http_token.clone(),
             http_read_token: a.http_read_token.clone(),
@@ -396,6 +341,104 @@ impl From<&ServeArgs> for ServeConfig {
             incoming: a.incoming.clone(),
             incoming_wait: a.incoming_wait,
             nbd_read_ahead: a.nbd_read_ahead,
-        }
+        })
     }
+}
+
+/// How the options go together, checked before anything is opened.
+fn check(a: &ServeArgs) -> Result<(), Error> {
+    if a.nbd_unix.is_none()
+        && a.nbd_tcp.is_none()
+        && a.vhost_user_blk.is_empty()
+        && a.fuse.is_none()
+    {
+        return Err(invalid(
+            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT, \
+             --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
+        ));
+    }
+    if a.aio == Aio::Native && !a.direct_io {
+        return Err(invalid(
+            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O \
+             (through the page cache each request would block its connection); use \
+             --aio io_uring, or add --cache none",
+        ));
+    }
+    if let Some(sock) = twice(&a.vhost_user_blk, |d| &d.socket) {
+        let sock = sock.display();
+        return Err(invalid(format!(
+            "--vhost-user-blk: socket {sock} given twice"
+        )));
+    }
+    if let Some(name) = twice(&a.vmdk, |v| &v.name) {
+        return Err(invalid(format!(
+            "two --vmdk exports are named '{name}'; name them with NAME=PATH"
+        )));
+    }
+    check_http(a)?;
+    check_nbd_tcp(a)
+}
+
+/// The first key two of `v` have.
+fn twice<T, K: PartialEq>(v: &[T], key: impl Fn(&T) -> &K) -> Option<&K> {
+    (1..v.len()).find_map(|i| {
+        let k = key(&v[i]);
+        v[..i].iter().any(|x| key(x) == k).then_some(k)
+    })
+}
+
+/// `--http` beyond loopback: HTTPS (or --insecure) and a token for reads.
+fn check_http(a: &ServeArgs) -> Result<(), Error> {
+    let Some(addr) = &a.http else {
+        for (set, flag) in [
+            (a.http_token.is_some(), "--http-token"),
+            (a.http_read_token.is_some(), "--http-read-token"),
+        ] {
+            if set {
+                return Err(invalid(format!("{flag} goes with --http ADDR")));
+            }
+        }
+        return Ok(());
+    };
+    if loopback_only(&bind_address(addr)).map_err(|e| invalid(format!("--http {addr}: {e}")))? {
+        return Ok(());
+    }
+    if a.tls_creds.is_none() && !a.insecure {
+        return Err(invalid(format!(
+            "--http {addr} is not a loopback address: beyond loopback the dashboard, API and \
+             metrics go over HTTPS only, with the server's --tls-creds DIR (docs/SECURITY.md); \
+             bind a loopback address, or pass --insecure to serve plain HTTP to the network"
+        )));
+    }
+    if a.http_token.is_none() && a.http_read_token.is_none() {
+        return Err(invalid(format!(
+            "--http {addr} is not a loopback address: beyond loopback reads need a token too; \
+             give --http-read-token FILE (for dashboards and scrapers) and/or --http-token FILE \
+             (for actions); a missing file is made with a new random token"
+        )));
+    }
+    Ok(())
+}
+
+/// `--nbd-tcp` beyond loopback: only with TLS required, or --insecure.
+fn check_nbd_tcp(a: &ServeArgs) -> Result<(), Error> {
+    let Some(addr) = &a.nbd_tcp else {
+        return Ok(());
+    };
+    if a.insecure || (a.tls_creds.is_some() && a.tls_require) {
+        return Ok(());
+    }
+    if loopback_only(addr).map_err(|e| invalid(format!("--nbd-tcp {addr}: {e}")))? {
+        return Ok(());
+    }
+    let why = if a.tls_creds.is_some() {
+        "--tls allow lets clients in without TLS"
+    } else {
+        "TLS is off (no --tls-creds)"
+    };
+    Err(invalid(format!(
+        "--nbd-tcp {addr} is reachable from other hosts and {why}: anyone who reaches it could \
+         read and write every disk. Give --tls-creds DIR (docs/SECURITY.md), bind a loopback \
+         address, or pass --insecure to serve in the clear anyway"
+    )))
 }

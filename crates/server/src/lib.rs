@@ -3,8 +3,7 @@
 //!
 //! The requests and answers (the control protocol's types, their framing
 //! and client, the `--json` documents) are strata-api's: a client links
-//! that, not this crate. `views` brings the datastore's answers into
-//! its types.
+//! that, not this crate.
 //!
 //! - [`ops`]: one request against one datastore, through
 //!   `strata_datastore::Datastore` (the CLI runs it in its own process when
@@ -14,7 +13,7 @@
 //! - [`serve`]: the running server: exports over NBD, vhost-user-blk and
 //!   FUSE, the control socket ([`control`]), jobs ([`jobs`]), placement and
 //!   moves ([`placement`], [`moving`]), HTTP ([`web`]: metrics, dashboard,
-//!   API), and a clean shutdown.
+//!   API), and a clean shutdown; [`logging`] where its log events go.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 pub mod bitmaps;
@@ -26,6 +25,7 @@ pub mod diff_files;
 pub mod groups;
 pub mod holders;
 pub mod jobs;
+pub mod logging;
 mod move_settings;
 pub mod moving;
 pub mod object_store;

@@ -17,6 +17,19 @@ pub enum Mirror {
     Always,
 }
 
+impl std::str::FromStr for Mirror {
+    type Err = strata_engine::Error;
+    fn from_str(s: &str) -> Result<Mirror, Self::Err> {
+        match s {
+            "auto" => Ok(Mirror::Auto),
+            "always" => Ok(Mirror::Always),
+            _ => Err(strata_api::units::invalid(format!(
+                "'{s}': expected auto or always"
+            ))),
+        }
+    }
+}
+
 /// A step of a move, reached with something for a start after a crash
 /// there to undo or finish (docs/MOVE.md, "Crash analysis").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,6 +54,29 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Run `req` at the datastore in `dir`: through the server that holds it
+/// when one answers on its control socket (it holds a local datastore's
+/// lock; an object store's disks are written by it, so a disk's
+/// owner-only changes are made by the process that writes it; a socket
+/// file nobody answers is a stopped server's), else in this process, on
+/// the datastore opened for this one request and closed after it.
+pub fn at_dir(
+    dir: &std::path::Path,
+    opts: &strata_datastore::OpenOptions,
+    detach: bool,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let sock = dir.join(strata_format::FILE_CONTROL);
+    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+        return strata_api::wire::request(&sock, req, detach, progress);
+    }
+    let ds = strata_datastore::open(dir, opts)?;
+    let r = execute(&Ctx::only(&*ds), req, progress);
+    ds.close()?;
+    r
+}
+
 /// A server's placement of disks in datastores other than its own, and
 /// the moves between them (docs/MOVE.md), as requests see it.
 pub trait Mover: Sync {

@@ -28,115 +28,17 @@ use strata_vmdk::VmdkImage;
 use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
+mod config;
 mod exports;
 mod running;
 mod vmdks;
+pub use config::{loopback_only, Aio, ServeConfig, SocketOwner, VhostDevice, VmdkExport};
 use exports::{listen_fuse, Exports};
 use running::Running;
 use vmdks::{
     export_list, flush_vmdks, open_vmdks, record_holders, vmdk_control_sockets, vmdk_exports,
     OpenedVmdk,
 };
-
-/// What `serve` serves and how (the CLI builds it from `strata serve`'s
-/// options; each field is documented with its option there).
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    /// NBD on this Unix socket.
-    pub nbd_unix: Option<PathBuf>,
-    /// NBD on this TCP address.
-    pub nbd_tcp: Option<String>,
-    /// vhost-user-blk devices, each `DISK=SOCKET`.
-    pub vhost_user_blk: Vec<String>,
-    /// Queues per vhost-user-blk device.
-    pub vhost_queues: u16,
-    /// How long a vhost-user-blk queue's worker polls at most (zero: never).
-    pub vhost_poll: std::time::Duration,
-    /// How long an NBD connection polls at most (zero: never).
-    pub nbd_poll: std::time::Duration,
-    /// The scheduler slice NBD connection threads ask for (None: the
-    /// kernel's default).
-    pub nbd_sched_slice: Option<std::time::Duration>,
-    /// Mode of the NBD and vhost-user sockets.
-    pub socket_mode: Option<u32>,
-    /// Owner of the NBD and vhost-user sockets: `USER[:GROUP]`.
-    pub socket_owner: Option<String>,
-    /// Where to mount the FUSE file system of disks and snapshots.
-    pub fuse: Option<PathBuf>,
-    /// The FUSE mount's allow_other.
-    pub fuse_allow_other: bool,
-    /// The pool uses direct I/O (`--cache none`).
-    pub direct_io: bool,
-    /// Threads per client connection; None: the transport's default.
-    pub io_threads: Option<u16>,
-    /// `--aio io_uring` or `native`: planned reads and writes (NBD, and
-    /// vhost-user-blk under `--cache none`) through a ring.
-    pub aio_uring: bool,
-    /// `--aio native`: that ring is a Linux native AIO context (only with
-    /// `--cache none`).
-    pub aio_native: bool,
-    /// The dashboard, API and metrics on this address.
-    pub http: Option<String>,
-    /// The HTTP actions' token file.
-    pub http_token: Option<PathBuf>,
-    /// The HTTP reads' token file (dashboards, scrapers).
-    pub http_read_token: Option<PathBuf>,
-    /// No per-disk I/O statistics.
-    pub no_stats: bool,
-    /// Zero detection on writes.
-    pub detect_zeroes: bool,
-    /// Region placement of new grains (false: in arrival order).
-    pub placement: bool,
-    /// Host space readied ahead of the pool's end, at most (0: none).
-    pub ready_ahead: u64,
-    /// Free-space consolidation in the background.
-    pub free_space_policy: bool,
-    /// Its threshold, in bytes.
-    pub free_space_threshold: u64,
-    /// Create the datastore first if the directory has none.
-    pub init: bool,
-    /// VMDK images also served, each `[NAME=]PATH`.
-    pub vmdk: Vec<String>,
-    /// The VMDK images read-only.
-    pub vmdk_read_only: bool,
-    /// Object stores: how long a FLUSH waits for the store, in seconds.
-    pub store_timeout: u64,
-    /// Object stores: the bound of this host's segment cache, in bytes
-    /// (None: the one recorded in the directory, or the default).
-    pub store_cache: Option<u64>,
-    /// Object stores: seconds between background collections (0: none).
-    pub gc_interval: u64,
-    /// Object stores: reads that miss in the segment cache also fetch
-    /// their objects whole in the background.
-    pub store_prefetch: bool,
-    /// Object stores: the compaction passes disks run by themselves.
-    pub store_compact: strata_datastore::AutoCompact,
-    /// When a move mirrors client writes into its target.
-    pub move_mirror: crate::move_settings::Mirror,
-    /// Object stores: disks served incoming (a live migration's target).
-    pub incoming: Vec<String>,
-    /// How long an incoming disk's first write waits for the release, in seconds.
-    pub incoming_wait: u64,
-    /// NBD read-ahead along what BLOCK_STATUS told a client, in bytes (0: off).
-    pub nbd_read_ahead: u64,
-    /// NBD over TLS: x509 credentials in QEMU's layout (`server-cert.pem`,
-    /// `server-key.pem`, `ca-cert.pem`).
-    pub tls_creds: Option<PathBuf>,
-    /// With credentials: TLS required (else clients choose).
-    pub tls_require: bool,
-    /// With credentials: clients must present a certificate the CA signed.
-    pub tls_verify_peer: bool,
-    /// Serve NBD without TLS on an address other hosts can reach.
-    pub insecure: bool,
-    /// Who may open which export over TLS (client certificate subjects).
-    pub tls_authz: Option<PathBuf>,
-    /// NBD connections served at once.
-    pub max_connections: usize,
-    /// NBD connections one export may be open on at once (0: no limit).
-    pub max_connections_per_export: usize,
-    /// How long an NBD client may take over its handshake (None: for ever).
-    pub handshake_timeout: Option<std::time::Duration>,
-}
 
 /// Threads per connection that run its requests (`--io-threads`): 16
 /// under `--cache none`, where each waits for the disk, else the
@@ -161,8 +63,8 @@ pub(crate) fn nbd_options(args: &ServeConfig) -> Result<ServerOptions, Error> {
         read_ahead_bytes: args.nbd_read_ahead,
         // Under writeback too: a read the page cache holds completes
         // inside the submission, and the reader answers it itself.
-        ring_io: args.aio_uring,
-        native_aio: args.aio_native,
+        ring_io: args.aio.ring(),
+        native_aio: args.aio == Aio::Native,
         // Under --cache none the ring's requests go to the device and the
         // connection is one thread (PERFORMANCE.md, "NBD's two modes").
         one_thread: args.direct_io,
@@ -193,77 +95,33 @@ pub(crate) fn load_tls(args: &ServeConfig) -> Result<Option<TlsOptions>, Error> 
     } else {
         TlsMode::Allow
     };
-    let bad = |opt: &str, e: std::io::Error| {
-        Error::new(ErrorKind::InvalidArgument, format!("{opt}: {e}"))
+    let bad = |what: &str, p: &Path, e: std::io::Error| {
+        let msg = format!("{what} in {}: {e}", p.display());
+        Error::new(ErrorKind::InvalidArgument, msg)
     };
     // Access by identity means nothing unless identities are verified.
     let verify = args.tls_verify_peer || args.tls_authz.is_some();
-    let mut tls = TlsOptions::load(dir, mode, verify).map_err(|e| bad("--tls-creds", e))?;
+    let mut tls =
+        TlsOptions::load(dir, mode, verify).map_err(|e| bad("TLS credentials", dir, e))?;
     if let Some(p) = &args.tls_authz {
-        tls.authz = Some(Arc::new(Authz::load(p).map_err(|e| bad("--tls-authz", e))?));
+        let authz = Authz::load(p).map_err(|e| bad("TLS access rules", p, e))?;
+        tls.authz = Some(Arc::new(authz));
     }
     Ok(Some(tls))
 }
 
-/// A user or group given by name or number.
-fn lookup_id(name: &str, group: bool) -> Result<u32, Error> {
-    if let Ok(n) = name.parse::<u32>() {
-        return Ok(n);
-    }
-    let c = std::ffi::CString::new(name)
-        .map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("bad name {name:?}")))?;
-    // SAFETY: getpwnam/getgrnam with a valid C string; the result is read
-    // at once (serve is single-threaded at this point).
-    let id = unsafe {
-        if group {
-            let g = libc::getgrnam(c.as_ptr());
-            (!g.is_null()).then(|| (*g).gr_gid)
-        } else {
-            let u = libc::getpwnam(c.as_ptr());
-            (!u.is_null()).then(|| (*u).pw_uid)
-        }
-    };
-    id.ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!(
-                "--socket-owner: no {} named {name:?}",
-                if group { "group" } else { "user" }
-            ),
-        )
-    })
-}
-
-/// `--socket-owner` resolved to ids, checked before anything is bound.
-fn socket_owner(args: &ServeConfig) -> Result<(Option<u32>, Option<u32>), Error> {
-    let Some(o) = &args.socket_owner else {
-        return Ok((None, None));
-    };
-    let (u, g) = o.split_once(':').unwrap_or((o.as_str(), ""));
-    let uid = if u.is_empty() {
-        None
-    } else {
-        Some(lookup_id(u, false)?)
-    };
-    let gid = if g.is_empty() {
-        None
-    } else {
-        Some(lookup_id(g, true)?)
-    };
-    Ok((uid, gid))
-}
-
 /// Apply `--socket-mode` and `--socket-owner` to a socket file just bound.
 fn own_socket(p: &Path, args: &ServeConfig) -> Result<(), Error> {
-    let (uid, gid) = socket_owner(args)?;
-    if uid.is_some() || gid.is_some() {
-        std::os::unix::fs::chown(p, uid, gid)
-            .map_err(|e| io_err(&format!("--socket-owner on {}", p.display()), e))?;
+    if let Some(SocketOwner { uid, gid }) = args.socket_owner {
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::chown(p, uid, gid)
+                .map_err(|e| io_err(&format!("setting the owner of socket {}", p.display()), e))?;
+        }
     }
     if let Some(m) = args.socket_mode {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
-            .map_err(|e| io_err(&format!("--socket-mode on {}", p.display()), e))?;
+            .map_err(|e| io_err(&format!("setting the mode of socket {}", p.display()), e))?;
     }
     Ok(())
 }
@@ -325,11 +183,7 @@ fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
-#[expect(clippy::too_many_lines)]
 pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCode, Error> {
-    check_listeners(args)?;
-    let vhost_specs = vhost_specs(args)?;
-    socket_owner(args)?;
     let opened = open_vmdks(args)?;
     let home = open_home(dir, metadata_cache, args, &opened)?;
     if let Some(home) = &home {
@@ -389,12 +243,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     listen(up.nbd.insert(server), args, &example, &mut up.nbd_socket)?;
-    listen_vhost(
-        up.vhost.insert(VhostBlkServer::new()),
-        &exports,
-        &vhost_specs,
-        args,
-    )?;
+    listen_vhost(up.vhost.insert(VhostBlkServer::new()), &exports, args)?;
     up.fuse = listen_fuse(&exports, args)?;
     started(dir, home.as_ref(), &names);
     up.wait(args);
@@ -425,8 +274,9 @@ fn refuse_vmdk_names_of_disks(
         Some(o) => Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
-                "--vmdk export '{}' has the name of a disk; name it with NAME=PATH",
-                o.name
+                "VMDK export '{}' ({}) has the name of a disk; name it with NAME=PATH",
+                o.name,
+                o.path.display()
             ),
         )),
         None => Ok(()),
@@ -548,31 +398,6 @@ fn started(dir: &Path, home: Option<&crate::placement::Store>, names: &[String])
     );
 }
 
-/// Refuse a server with nothing to listen on, or with native AIO through
-/// the page cache.
-fn check_listeners(args: &ServeConfig) -> Result<(), Error> {
-    if args.nbd_unix.is_none()
-        && args.nbd_tcp.is_none()
-        && args.vhost_user_blk.is_empty()
-        && args.fuse.is_none()
-    {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "nothing to serve on: give --nbd-unix PATH, --nbd-tcp HOST:PORT, \
-             --vhost-user-blk DISK=SOCKET and/or --fuse DIR",
-        ));
-    }
-    if args.aio_native && !args.direct_io {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "--aio native needs --cache none: native AIO is asynchronous only for direct I/O \
-             (through the page cache each request would block its connection); use \
-             --aio io_uring, or add --cache none",
-        ));
-    }
-    Ok(())
-}
-
 /// The control socket of the datastore in `dir`. A local datastore's lock
 /// is this server's and another server of an attached directory would
 /// answer, so a socket file nobody answers is stale.
@@ -613,7 +438,7 @@ fn open_home(
         return Err(Error::new(
             ErrorKind::NotFound,
             format!(
-                "no datastore at {} (run 'strata init' or pass --init)",
+                "no datastore at {} (create one with 'strata init')",
                 dir.display()
             ),
         ));
@@ -861,23 +686,6 @@ pub(crate) fn listen(
     if let Some(a) = &args.nbd_tcp {
         let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
         let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
-        let tls_required = args.tls_creds.is_some() && args.tls_require;
-        if !addr.ip().is_loopback() && !args.insecure && !tls_required {
-            let why = if args.tls_creds.is_some() {
-                "--tls allow lets clients in without TLS"
-            } else {
-                "TLS is off (no --tls-creds)"
-            };
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "--nbd-tcp {addr} is reachable from other hosts and {why}: anyone who \
-                     reaches it could read and write every disk. Give --tls-creds DIR \
-                     (docs/SECURITY.md), bind a loopback address, or pass --insecure to serve \
-                     in the clear anyway"
-                ),
-            ));
-        }
         server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
         println!("  NBD on tcp {addr}");
         match &args.tls_creds {
@@ -890,43 +698,18 @@ pub(crate) fn listen(
     Ok(())
 }
 
-/// `--vhost-user-blk DISK=SOCKET` arguments, checked for form.
-fn vhost_specs(args: &ServeConfig) -> Result<Vec<(String, PathBuf)>, Error> {
-    let mut out: Vec<(String, PathBuf)> = Vec::new();
-    for a in &args.vhost_user_blk {
-        let Some((disk, sock)) = a
-            .split_once('=')
-            .filter(|(d, s)| !d.is_empty() && !s.is_empty())
-        else {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("--vhost-user-blk {a:?}: expected DISK=SOCKET (e.g. vm1=/run/vm1.sock)"),
-            ));
-        };
-        let sock = PathBuf::from(sock);
-        if out.iter().any(|(_, p)| p == &sock) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("--vhost-user-blk: socket {} given twice", sock.display()),
-            ));
-        }
-        out.push((disk.to_string(), sock));
-    }
-    Ok(out)
-}
-
 /// Listen on each vhost-user-blk socket; each frontend connection opens
 /// its disk through `exports` (the same statistics as NBD).
 fn listen_vhost(
     vhost: &VhostBlkServer,
     exports: &Arc<Exports>,
-    specs: &[(String, PathBuf)],
     args: &ServeConfig,
 ) -> Result<(), Error> {
-    for (disk, sock) in specs {
+    for VhostDevice { disk, socket: sock } in &args.vhost_user_blk {
         // Refuse a disk that does not exist now rather than at connect time.
         exports.open(disk).map_err(|e| {
-            Error::new(ErrorKind::NotFound, format!("--vhost-user-blk {disk}: {e}"))
+            let msg = format!("vhost-user-blk {disk} on {}: {e}", sock.display());
+            Error::new(ErrorKind::NotFound, msg)
         })?;
         remove_stale_socket(sock)?;
         let e = exports.clone();
@@ -935,8 +718,8 @@ fn listen_vhost(
             queues: args.vhost_queues,
             serial: disk.chars().take(20).collect(),
             io_threads: io_threads(args, 0),
-            ring_io: args.aio_uring && args.direct_io,
-            native_aio: args.aio_native,
+            ring_io: args.aio.ring() && args.direct_io,
+            native_aio: args.aio == Aio::Native,
             poll: args.vhost_poll,
             ..Default::default()
         };
@@ -970,55 +753,30 @@ fn refusal_gauges(r: &strata_nbd::Refusals) -> Vec<Gauge> {
         .collect()
 }
 
-/// Whether `--http ADDR` (`bind`: HOST:PORT as the listener will bind it)
-/// is loopback only, every address the host resolves to; beyond loopback
-/// it needs HTTPS (or --insecure) and a token for reads.
-fn loopback_only(args: &ServeConfig, a: &str, bind: &str) -> Result<bool, Error> {
-    let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
-    // HOST:PORT as the listener will bind it: loopback only if every
-    // address the host resolves to is.
-    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(bind)
-        .map_err(|e| invalid(format!("--http {a}: {e}")))?
-        .collect();
-    let local = !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback());
-    if !local && args.tls_creds.is_none() && !args.insecure {
-        return Err(invalid(format!(
-            "--http {a} is not a loopback address: beyond loopback the dashboard, API and \
-             metrics go over HTTPS only, with the server's --tls-creds DIR (docs/SECURITY.md); \
-             bind a loopback address, or pass --insecure to serve plain HTTP to the network"
-        )));
-    }
-    if !local && args.http_token.is_none() && args.http_read_token.is_none() {
-        return Err(invalid(format!(
-            "--http {a} is not a loopback address: beyond loopback reads need a token too; give \
-             --http-read-token FILE (for dashboards and scrapers) and/or --http-token FILE (for \
-             actions); a missing file is made with a new random token"
-        )));
-    }
-    Ok(local)
-}
-
 /// The tokens `--http-token` and `--http-read-token` name (a missing file
 /// is made with a new token); reads need one beyond loopback.
 fn http_tokens(args: &ServeConfig, local: bool) -> Result<crate::web::Tokens, Error> {
     let invalid = |m: String| Error::new(ErrorKind::InvalidArgument, m);
     let tokens = crate::web::Tokens {
         action: match &args.http_token {
-            Some(p) => Some(crate::web::load_or_make_token("--http-token", p)?),
+            Some(p) => Some(crate::web::load_or_make_token("action token", p)?),
             None => None,
         },
         read: match &args.http_read_token {
-            Some(p) => Some(crate::web::load_or_make_token("--http-read-token", p)?),
+            Some(p) => Some(crate::web::load_or_make_token("read token", p)?),
             None => None,
         },
         reads_need_token: !local || args.http_read_token.is_some(),
     };
-    if tokens.action.is_some() && tokens.action == tokens.read {
-        return Err(invalid(
-            "--http-token and --http-read-token hold the same token: a read token must not \
-             grant actions"
-                .into(),
-        ));
+    if let (Some(a), Some(r)) = (&args.http_token, &args.http_read_token) {
+        if tokens.action == tokens.read {
+            return Err(invalid(format!(
+                "the action token in {} and the read token in {} are the same: a read token \
+                 must not grant actions",
+                a.display(),
+                r.display()
+            )));
+        }
     }
     Ok(tokens)
 }
@@ -1032,21 +790,11 @@ pub(crate) fn start_http(
     backend: Option<Arc<dyn crate::web::Backend>>,
 ) -> Result<HttpThread, Error> {
     let Some(a) = &args.http else {
-        for (set, flag) in [
-            (args.http_token.is_some(), "--http-token"),
-            (args.http_read_token.is_some(), "--http-read-token"),
-        ] {
-            if set {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("{flag} goes with --http ADDR"),
-                ));
-            }
-        }
         return Ok(None);
     };
     let bind = crate::web::bind_address(a);
-    let local = loopback_only(args, a, &bind)?;
+    let local = loopback_only(&bind)
+        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("HTTP address {a}: {e}")))?;
     let tokens = http_tokens(args, local)?;
     let tls = match &args.tls_creds {
         Some(dir) => Some(https_config(dir)?),
@@ -1089,7 +837,10 @@ pub(crate) fn start_http(
 fn https_config(dir: &std::path::Path) -> Result<Arc<rustls::ServerConfig>, Error> {
     strata_nbd::server_config(dir, false)
         .map(crate::web::https_config)
-        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("--tls-creds: {e}")))
+        .map_err(|e| {
+            let msg = format!("TLS credentials in {}: {e}", dir.display());
+            Error::new(ErrorKind::InvalidArgument, msg)
+        })
 }
 
 /// Tell systemd (the NOTIFY_SOCKET of a Type=notify service) `states`;

@@ -158,7 +158,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Read the token in `path`, or make a new random one there (0600).
-/// `option` names the flag that gave `path`, for messages.
+/// `option` says what the token is for, in messages.
 pub(crate) fn load_or_make_token(option: &str, path: &Path) -> Result<String, Error> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -205,7 +205,7 @@ pub(crate) fn load_or_make_token(option: &str, path: &Path) -> Result<String, Er
 }
 
 /// The address `--http` binds: `PORT` alone means loopback.
-pub(crate) fn bind_address(a: &str) -> String {
+pub fn bind_address(a: &str) -> String {
     let a = a.trim();
     let port = a.strip_prefix(':').unwrap_or(a);
     if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {

@@ -154,7 +154,7 @@ pub(super) fn listen_fuse(
     let Some(dir) = &args.fuse else {
         return Ok(None);
     };
-    let what = format!("--fuse {}", dir.display());
+    let what = format!("FUSE mount point {}", dir.display());
     match strata_fuse::prepare_mountpoint(dir) {
         Ok(strata_fuse::Prepared::Ready) => {}
         Ok(strata_fuse::Prepared::StaleUnmounted) => tracing::warn!(

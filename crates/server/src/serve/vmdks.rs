@@ -47,38 +47,19 @@ pub(super) fn record_holders(
 
 /// Open every `--vmdk [NAME=]PATH`, locked (docs/FORMAT.md §9.5).
 pub(super) fn open_vmdks(args: &ServeConfig) -> Result<Vec<OpenedVmdk>, Error> {
-    let mut out: Vec<OpenedVmdk> = Vec::new();
-    for spec in &args.vmdk {
-        let (name, path) = match spec.split_once('=') {
-            Some((n, p)) if !n.contains('/') => (n.to_string(), PathBuf::from(p)),
-            _ => {
-                let p = PathBuf::from(spec);
-                let stem = p
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().to_string())
-                    .unwrap_or_else(|| spec.clone());
-                (stem, p)
-            }
-        };
-        if out.iter().any(|o| o.name == name) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("two --vmdk exports are named '{name}'; name them with NAME=PATH"),
-            ));
-        }
-        let access = if args.vmdk_read_only {
-            Access::Read
-        } else {
-            Access::Write
-        };
-        let img = crate::vmdk_ops::open_vmdk(&path, access)?;
-        out.push(OpenedVmdk {
-            name,
-            path,
-            img: Arc::new(img),
-        });
-    }
-    Ok(out)
+    let access = if args.vmdk_read_only {
+        Access::Read
+    } else {
+        Access::Write
+    };
+    let open = |VmdkExport { name, path }: &VmdkExport| {
+        Ok(OpenedVmdk {
+            name: name.clone(),
+            path: path.clone(),
+            img: Arc::new(crate::vmdk_ops::open_vmdk(path, access)?),
+        })
+    };
+    args.vmdk.iter().map(open).collect()
 }
 
 /// The control socket of a VMDK-only server for the export opened from
