@@ -710,7 +710,7 @@ fn export_diff_and_import_diff_round_trip_through_files_pipes_and_rbd() {
         cases.push((
             "bad tag",
             bad_tag,
-            format!("byte {header}: unknown record tag"),
+            format!("/bad at {header}: unknown record tag"),
         ));
         // Swap the first two records' offsets: out of order.
         let mut order = d.clone();
@@ -721,7 +721,7 @@ fn export_diff_and_import_diff_round_trip_through_files_pipes_and_rbd() {
         cases.push((
             "out of order",
             order,
-            format!("byte {second}: records out of order"),
+            format!("/bad at {second}: records out of order"),
         ));
         for (what, bytes, want) in &cases {
             std::fs::write(file("bad"), bytes).unwrap();

@@ -185,15 +185,7 @@ pub fn import(
         .filter(|m| m.is_file())
         .map(|m| m.len())
         .unwrap_or(0);
-    let bad = |e: crate::rbd_diff::DiffError| {
-        let kind = if e.io {
-            ErrorKind::Io
-        } else {
-            ErrorKind::InvalidArgument
-        };
-        Error::new(kind, format!("{name}: {e}"))
-    };
-    let (mut r, h) = Reader::open(BufReader::with_capacity(1 << 20, file)).map_err(bad)?;
+    let (mut r, h) = Reader::open(BufReader::with_capacity(1 << 20, file), &name)?;
     let info = ds.disk_info(disk)?;
     let size = check_applies(ds, disk, &h, info.size_bytes, force)?;
     // What the disk is now, to go back to if the stream turns out bad.
@@ -203,13 +195,7 @@ pub fn import(
         true => ds.extend(disk, size).map(drop),
         false => Ok(()),
     };
-    let applied = grown
-        .map_err(Failure::Other)
-        .and_then(|()| apply(ds, disk, &mut r, total, work))
-        .map_err(|e| match e {
-            Failure::Stream(d) => bad(d),
-            Failure::Other(e) => e,
-        });
+    let applied = grown.and_then(|()| apply(ds, disk, &mut r, total, work));
     let result = applied.and_then(|(data, zero)| {
         ds.snapshot_delete(disk, &undo)?;
         if let Some(t) = &h.to {
@@ -246,17 +232,6 @@ pub fn import(
     })
 }
 
-enum Failure {
-    Stream(crate::rbd_diff::DiffError),
-    Other(Error),
-}
-
-impl From<Error> for Failure {
-    fn from(e: Error) -> Self {
-        Failure::Other(e)
-    }
-}
-
 /// Write the stream's records into `disk` (grown to the stream's size
 /// already); `total`: the stream's length, for progress (0: unknown).
 /// Returns the bytes of data and of zeros applied.
@@ -266,21 +241,21 @@ fn apply<R: std::io::Read>(
     r: &mut Reader<R>,
     total: u64,
     work: &mut Work<'_>,
-) -> Result<(u64, u64), Failure> {
+) -> Result<(u64, u64), Error> {
     let dev = ds.open(disk)?;
     let dev_err = |what: &str, at: u64, e: strata_block::BlockError| {
-        Failure::Other(io_err(&format!("{what} {disk} at {at}"), e))
+        io_err(&format!("{what} {disk} at {at}"), e)
     };
     let (mut data, mut zero) = (0u64, 0u64);
     let mut buf = vec![0u8; WRITE_MAX];
     loop {
         work.checkpoint()?;
-        match r.record().map_err(Failure::Stream)? {
+        match r.record()? {
             Record::Data { offset, len } => {
                 let mut at = offset;
                 while at < offset + len {
                     let n = (offset + len - at).min(WRITE_MAX as u64) as usize;
-                    r.read_data(&mut buf[..n]).map_err(Failure::Stream)?;
+                    r.read_data(&mut buf[..n])?;
                     dev.write_at(&buf[..n], at, false)
                         .map_err(|e| dev_err("write", at, e))?;
                     at += n as u64;

@@ -16,28 +16,14 @@
 
 use std::io::{self, Read, Write};
 
+use strata_engine::{Error, ErrorKind};
+
 pub const BANNER_V1: &[u8; 12] = b"rbd diff v1\n";
 pub const BANNER_V2: &[u8; 12] = b"rbd diff v2\n";
 /// Longest snapshot name read.
 const NAME_MAX: u32 = 4096;
 /// Most bytes one `w` record is written with.
 pub const WRITE_MAX: usize = 4 << 20;
-
-/// What is wrong with a stream, and where.
-#[derive(Debug)]
-pub struct DiffError {
-    /// Byte offset in the stream.
-    pub at: u64,
-    pub message: String,
-    /// The stream itself failed (not its content).
-    pub io: bool,
-}
-
-impl std::fmt::Display for DiffError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "byte {}: {}", self.at, self.message)
-    }
-}
 
 /// Writes a v1 stream: header, then data in ascending order, then [`Writer::end`].
 pub struct Writer<W: Write> {
@@ -126,6 +112,8 @@ pub enum Record {
 /// Reads and checks a stream.
 pub struct Reader<R: Read> {
     r: R,
+    /// What the errors name as the stream (its file).
+    name: String,
     at: u64,
     v2: bool,
     size: Option<u64>,
@@ -139,10 +127,11 @@ pub struct Reader<R: Read> {
 }
 
 impl<R: Read> Reader<R> {
-    /// Read the banner and the metadata records.
-    pub fn open(r: R) -> Result<(Self, Header), DiffError> {
+    /// Read the banner and the metadata records of stream `name`.
+    pub fn open(r: R, name: &str) -> Result<(Self, Header), Error> {
         let mut rd = Reader {
             r,
+            name: name.to_string(),
             at: 0,
             v2: false,
             size: None,
@@ -177,18 +166,7 @@ impl<R: Read> Reader<R> {
                     if field.is_some() {
                         return Err(rd.bad(start, &format!("a second '{}' record", tag as char)));
                     }
-                    if rd.v2 {
-                        rd.u64("a record length")?;
-                    }
-                    let n = rd.u32("a name length")?;
-                    if n > NAME_MAX {
-                        return Err(rd.bad(start, &format!("a snapshot name of {n} bytes")));
-                    }
-                    let mut b = vec![0u8; n as usize];
-                    rd.exact(&mut b, "a snapshot name")?;
-                    let name = String::from_utf8(b)
-                        .map_err(|_| rd.bad(start, "a snapshot name that is not UTF-8"))?;
-                    *field = Some(name);
+                    *field = Some(rd.snapshot_name(start)?);
                 }
                 b's' => {
                     if h.size.is_some() {
@@ -216,7 +194,7 @@ impl<R: Read> Reader<R> {
 
     /// The next data record (after the previous `w` record's bytes were
     /// read), or `End` once, after which the stream must end.
-    pub fn record(&mut self) -> Result<Record, DiffError> {
+    pub fn record(&mut self) -> Result<Record, Error> {
         if self.pending > 0 {
             return Err(self.bad(self.at, "the data of the last 'w' record was not read"));
         }
@@ -284,7 +262,7 @@ impl<R: Read> Reader<R> {
     }
 
     /// Read the next `buf.len()` bytes of the current `w` record.
-    pub fn read_data(&mut self, buf: &mut [u8]) -> Result<(), DiffError> {
+    pub fn read_data(&mut self, buf: &mut [u8]) -> Result<(), Error> {
         if buf.len() as u64 > self.pending {
             return Err(self.bad(self.at, "reading past a 'w' record's data"));
         }
@@ -298,7 +276,7 @@ impl<R: Read> Reader<R> {
         self.at
     }
 
-    fn check_range(&self, start: u64, tag: u8, offset: u64, len: u64) -> Result<(), DiffError> {
+    fn check_range(&self, start: u64, tag: u8, offset: u64, len: u64) -> Result<(), Error> {
         let t = tag as char;
         if len == 0 {
             return Err(self.bad(start, &format!("a '{t}' record of length 0")));
@@ -327,23 +305,37 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    fn bad(&self, at: u64, what: &str) -> DiffError {
-        DiffError {
-            at,
-            message: what.to_string(),
-            io: false,
+    /// The rest of an `f` or `t` record that started at byte `start`: its
+    /// snapshot name.
+    fn snapshot_name(&mut self, start: u64) -> Result<String, Error> {
+        if self.v2 {
+            self.u64("a record length")?;
         }
+        let n = self.u32("a name length")?;
+        if n > NAME_MAX {
+            return Err(self.bad(start, &format!("a snapshot name of {n} bytes")));
+        }
+        let mut b = vec![0u8; n as usize];
+        self.exact(&mut b, "a snapshot name")?;
+        String::from_utf8(b).map_err(|_| self.bad(start, "a snapshot name that is not UTF-8"))
     }
 
-    fn io(&self, e: io::Error) -> DiffError {
-        DiffError {
-            at: self.at,
-            message: format!("reading the stream: {e}"),
-            io: true,
-        }
+    /// What is wrong with the stream's content, at byte `at` of it.
+    fn bad(&self, at: u64, what: &str) -> Error {
+        Error::new(ErrorKind::InvalidArgument, what)
+            .at(self.name.clone())
+            .offset(at)
     }
 
-    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), DiffError> {
+    /// The stream itself failed (not its content).
+    fn io(&self, e: io::Error) -> Error {
+        Error::new(ErrorKind::Io, "reading the stream")
+            .at(self.name.clone())
+            .offset(self.at)
+            .caused_by(e)
+    }
+
+    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), Error> {
         let mut got = 0;
         while got < buf.len() {
             match self.r.read(&mut buf[got..]) {
@@ -362,7 +354,7 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    fn skip(&mut self, mut n: u64, what: &str) -> Result<(), DiffError> {
+    fn skip(&mut self, mut n: u64, what: &str) -> Result<(), Error> {
         let mut b = [0u8; 8192];
         while n > 0 {
             let k = n.min(b.len() as u64) as usize;
@@ -372,19 +364,19 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    fn u8(&mut self, what: &str) -> Result<u8, DiffError> {
+    fn u8(&mut self, what: &str) -> Result<u8, Error> {
         let mut b = [0u8; 1];
         self.exact(&mut b, what)?;
         Ok(b[0])
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, DiffError> {
+    fn u32(&mut self, what: &str) -> Result<u32, Error> {
         let mut b = [0u8; 4];
         self.exact(&mut b, what)?;
         Ok(u32::from_le_bytes(b))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64, DiffError> {
+    fn u64(&mut self, what: &str) -> Result<u64, Error> {
         let mut b = [0u8; 8];
         self.exact(&mut b, what)?;
         Ok(u64::from_le_bytes(b))
@@ -402,8 +394,13 @@ mod tests {
         w.end().unwrap()
     }
 
-    fn read_all(b: &[u8]) -> Result<(Header, Vec<Record>), DiffError> {
-        let (mut r, h) = Reader::open(b)?;
+    /// The byte of the stream an error names.
+    fn at(e: &Error) -> u64 {
+        e.place.offset.expect("an offset")
+    }
+
+    fn read_all(b: &[u8]) -> Result<(Header, Vec<Record>), Error> {
+        let (mut r, h) = Reader::open(b, "s")?;
         let mut out = Vec::new();
         loop {
             let rec = r.record()?;
@@ -468,17 +465,17 @@ mod tests {
         for cut in 0..b.len() {
             let e = read_all(&b[..cut]).unwrap_err();
             assert!(e.message.contains("truncated"), "cut {cut}: {e}");
-            assert!(e.at <= cut as u64, "cut {cut}: {e}");
+            assert!(at(&e) <= cut as u64, "cut {cut}: {e}");
         }
         // A bad banner; an unknown tag; a trailing byte.
         let mut x = b.clone();
         x[5] = b'X';
-        assert_eq!(read_all(&x).unwrap_err().at, 0);
+        assert_eq!(at(&read_all(&x).unwrap_err()), 0);
         let data_at = 12 + 7 + 7 + 9;
         let mut x = b.clone();
         x[data_at] = b'q';
         let e = read_all(&x).unwrap_err();
-        assert_eq!(e.at, data_at as u64, "{e}");
+        assert_eq!(at(&e), data_at as u64, "{e}");
         assert!(e.message.contains("unknown record tag 0x71"), "{e}");
         let mut x = b.clone();
         x.push(0);
@@ -488,7 +485,7 @@ mod tests {
         let z_at = data_at + 17 + 8192;
         x[z_at + 1..z_at + 9].copy_from_slice(&8192u64.to_le_bytes());
         let e = read_all(&x).unwrap_err();
-        assert_eq!(e.at, z_at as u64);
+        assert_eq!(at(&e), z_at as u64);
         assert!(e.message.contains("out of order"), "{e}");
         // Past the image size, and a length of zero.
         let mut x = b.clone();
