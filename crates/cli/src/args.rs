@@ -195,7 +195,7 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         #[arg(long, value_parser = parse_size)]
         size: u64,
         /// Provisioning: thin, zeroedthick or eagerzeroedthick
-        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
     },
     /// List disks
@@ -298,7 +298,7 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
     Convert {
         name: String,
         /// Target type: thin, zeroedthick or eagerzeroedthick
-        #[arg(long = "type", value_parser = parse_prov)]
+        #[arg(long = "type", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
         /// Scan or fill at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size)]
@@ -324,7 +324,7 @@ source serving and removes the partial copy."
         /// The target's provisioning (default: the source's; object-store disks are thin):
         /// thin, zeroedthick or eagerzeroedthick. A thick disk moved with --type thin stores no
         /// zeros
-        #[arg(long = "type", value_parser = parse_prov)]
+        #[arg(long = "type", value_parser = Provisioning::parse)]
         provisioning: Option<Provisioning>,
         /// Move the disk's live state only: its snapshots are not copied, and are deleted with
         /// the source
@@ -388,7 +388,7 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         #[arg(long)]
         full: bool,
         /// Provisioning of a full clone
-        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
         /// With --full: make the clone in the datastore in DIR (local or attached to an object
         /// store) instead of the source's; the server serves it from there
@@ -442,7 +442,7 @@ The Debian package installs the bash, zsh and fish scripts."
         /// Name of the new disk
         name: String,
         /// Provisioning of the new disk
-        #[arg(long = "type", default_value = "thin", value_parser = parse_prov)]
+        #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
         /// Image format [default: detected from the content]: vmdk, raw or qcow2 (needs qemu-img)
         #[arg(long)]
@@ -521,7 +521,7 @@ STRATA_ALARM_ALARM_PERCENT and STRATA_DATASTORE in its environment. Without --ex
 command set before is kept; --exec '' removes it.")]
     Set {
         /// usage or overcommit
-        #[arg(value_parser = parse_alarm_kind)]
+        #[arg(value_parser = AlarmKind::parse)]
         kind: AlarmKind,
         /// Warning at or above this percent
         #[arg(long, value_name = "PCT")]
@@ -552,14 +552,6 @@ pub enum SnapCmd {
     Revert { disk: String, snapshot: String },
     /// Delete a snapshot (moves no data)
     Delete { disk: String, snapshot: String },
-}
-
-fn parse_prov(s: &str) -> Result<Provisioning, Error> {
-    Provisioning::parse(s)
-}
-
-fn parse_alarm_kind(s: &str) -> Result<AlarmKind, Error> {
-    AlarmKind::parse(s)
 }
 
 /// A size, or `fs` (0: follow the file system).

@@ -76,14 +76,8 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             // Into memory first: clap_complete panics on a failed write.
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "strata", &mut script);
-            use std::io::Write;
-            match std::io::stdout().write_all(&script) {
-                // Its reader went away (`| head`): nothing more to say.
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    Err(Error::new(ErrorKind::Io, format!("stdout: {e}")))
-                }
-                _ => Ok(ExitCode::SUCCESS),
-            }
+            output::stdout(&String::from_utf8_lossy(&script));
+            Ok(ExitCode::SUCCESS)
         }
         Action::Manpages(out) => manpages(out),
         Action::Vmdk(request) => {
@@ -110,7 +104,7 @@ fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
             watch: true,
         } => loop {
             let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
-            print!("\x1b[2J\x1b[H");
+            output::stdout("\x1b[2J\x1b[H");
             output::print(&response, format);
             std::thread::sleep(std::time::Duration::from_secs(1));
         },
@@ -193,7 +187,7 @@ fn stream(
     let text = output::render(&response, format);
     match pipe {
         Pipe::Out => eprint!("{text}"),
-        Pipe::In => print!("{text}"),
+        Pipe::In => output::stdout(&text),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -205,7 +199,7 @@ fn exit_code(found_problems: bool) -> ExitCode {
 
 fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
     strata_datastore::init(dir, &InitOptions { capacity_bytes })?;
-    println!("initialised datastore {}", dir.display());
+    output::stdout(&format!("initialised datastore {}\n", dir.display()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -254,6 +248,6 @@ fn manpages(out: &Path) -> Result<ExitCode, Error> {
     let io = |e: std::io::Error| Error::new(ErrorKind::Io, format!("{}: {e}", out.display()));
     std::fs::create_dir_all(out).map_err(io)?;
     clap_mangen::generate_to(Cli::command(), out).map_err(io)?;
-    println!("man pages in {}", out.display());
+    output::stdout(&format!("man pages in {}\n", out.display()));
     Ok(ExitCode::SUCCESS)
 }

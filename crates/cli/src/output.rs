@@ -56,7 +56,23 @@ pub fn render(r: &dyn Render, format: Format) -> String {
 
 /// Print the answer on stdout.
 pub fn print(r: &dyn Render, format: Format) {
-    print!("{}", render(r, format));
+    stdout(&render(r, format));
+}
+
+/// Write `text` on stdout. A reader that went away (`strata list | head
+/// -1`) ends the command quietly and successfully, as SIGPIPE ends a
+/// shell tool (Rust ignores the signal, so the write fails instead);
+/// another failure is an I/O error (exit 12).
+pub fn stdout(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        let gone = e.kind() == std::io::ErrorKind::BrokenPipe;
+        if !gone {
+            eprintln!("strata: error: stdout: {e}");
+        }
+        std::process::exit(if gone { 0 } else { 12 });
+    }
 }
 
 /// `writeln!` into a `String`, which cannot fail (with `std::fmt::Write`

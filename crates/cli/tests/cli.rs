@@ -242,7 +242,7 @@ fn commands_work_against_a_running_server_and_lock_is_exclusive() {
 /// up. Nothing is left behind (no socket file, no lock), so the same
 /// command works once the address is free, on both kinds.
 #[test]
-fn a_server_that_fails_to_start_leaves_nothing_behind() {
+fn a_server_that_fails_to_start_leaves_nothing_behind_and_announces_nothing() {
     common::each_kind(|kind| {
         let s = Store::of(kind);
         s.ok(&["create", "vm", "--size", "8M"]);
@@ -256,8 +256,20 @@ fn a_server_that_fails_to_start_leaves_nothing_behind() {
             "--nbd-tcp",
             &tcp,
         ];
-        let e = s.fails(&args);
+        let o = s.cmd(&args);
+        assert!(
+            !o.status.success(),
+            "{kind:?}: serve with a taken port started"
+        );
+        let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains(&tcp), "{kind:?}: {e}");
+        // Nothing was announced: a server that fails to start never said
+        // it was serving (nor listed the NBD socket it bound and removed).
+        let said = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            said.is_empty(),
+            "{kind:?}: announced before failing: {said}"
+        );
         assert!(!sock.exists(), "{kind:?}: the NBD socket was left behind");
         let ctl = s.path().join("control.sock");
         assert!(
@@ -473,4 +485,38 @@ fn exclusive_bytes_of_a_snapshot_is_what_its_deletion_frees() {
         "rm freed {freed}, figure {rm}"
     );
     srv.stop();
+}
+
+/// `strata list | head -1`: a reader that went away ends the command
+/// quietly and successfully. It once panicked on the broken pipe (exit
+/// 101, "failed printing to stdout"). The pipe's read end is closed
+/// before the command starts, so its first write fails every time.
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["status"],
+        &["info", "vm"],
+    ] {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) fills two new descriptors, owned below.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: each descriptor was just made and is owned once.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let o = std::process::Command::new(common::strata())
+            .arg("--datastore")
+            .arg(s.path())
+            .args(args)
+            .stdout(std::process::Stdio::from(write))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "strata {args:?}: {err}");
+        assert!(!err.contains("panicked"), "strata {args:?}: {err}");
+    }
 }

@@ -179,6 +179,15 @@ fn private<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// A line of what the server will announce once it is up ([`Running`]'s
+/// banner).
+macro_rules! say {
+    ($banner:expr, $($arg:tt)*) => {
+        $banner.push(format!($($arg)*))
+    };
+}
+pub(crate) use say;
+
 fn io_err(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
@@ -232,6 +241,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         }),
         registry,
         handler.map(|h| h as Arc<dyn crate::web::Backend>),
+        &mut up.banner,
     )?;
     let names: Vec<String> = (up.vmdks.iter().map(|(n, _)| n.clone()))
         .chain(
@@ -242,10 +252,12 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         )
         .collect();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
-    listen(up.nbd.insert(server), args, &example, &mut up.nbd_socket)?;
-    listen_vhost(up.vhost.insert(VhostBlkServer::new()), &exports, args)?;
-    up.fuse = listen_fuse(&exports, args)?;
-    started(dir, home.as_ref(), &names);
+    let nbd = up.nbd.insert(server);
+    listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
+    let vhost = up.vhost.insert(VhostBlkServer::new());
+    listen_vhost(vhost, &exports, args, &mut up.banner)?;
+    up.fuse = listen_fuse(&exports, args, &mut up.banner)?;
+    started(dir, home.as_ref(), &names, &up.banner);
     up.wait(args);
     up.stop()?;
     match home {
@@ -330,7 +342,7 @@ fn start_datastore(
         &vec![Some(ctl_path.clone()); home.opened.len()],
     );
     up.background = Some(Background::start(home.ds, dir, args, &up.stop));
-    println!("strata: serving {}", home.ds.describe());
+    say!(up.banner, "strata: serving {}", home.ds.describe());
     Ok(handler)
 }
 
@@ -343,9 +355,10 @@ fn start_vmdk_controls(opened: &[OpenedVmdk], up: &mut Running) {
     // An acceptor runs for each socket that could be bound, in order.
     let bound = sockets.iter().flatten().cloned().map(Some);
     up.control = acceptors.into_iter().zip(bound).collect();
-    println!("strata: serving VMDK files (no datastore)");
+    say!(up.banner, "strata: serving VMDK files (no datastore)");
     for (o, sock) in opened.iter().zip(&sockets) {
-        println!(
+        say!(
+            up.banner,
             "  export {}: {} ({}, {} links{})",
             o.name,
             o.img.links[0].name,
@@ -354,15 +367,23 @@ fn start_vmdk_controls(opened: &[OpenedVmdk], up: &mut Running) {
             if o.img.read_only() { ", read-only" } else { "" }
         );
         if let Some(s) = sock {
-            println!("    control socket {}", s.display());
+            say!(up.banner, "    control socket {}", s.display());
         }
     }
 }
 
 /// Say what is served and how to stop it, once every listener is up (a
-/// failed one ends the server before this with its error), and log it as
-/// READY=1 is sent next.
-fn started(dir: &Path, home: Option<&crate::placement::Store>, names: &[String]) {
+/// failed one ends the server before this with its error, and nothing
+/// was announced), and log it as READY=1 is sent next.
+fn started(
+    dir: &Path,
+    home: Option<&crate::placement::Store>,
+    names: &[String],
+    banner: &[String],
+) {
+    for line in banner {
+        println!("{line}");
+    }
     let Some(home) = home else {
         println!("  stop with Ctrl-C or SIGTERM (flushes)");
         tracing::info!(
@@ -665,6 +686,7 @@ pub(crate) fn listen(
     args: &ServeConfig,
     example: &str,
     bound: &mut Option<PathBuf>,
+    banner: &mut Vec<String>,
 ) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
@@ -673,12 +695,14 @@ pub(crate) fn listen(
         *bound = Some(p.clone());
         own_socket(p, args)?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
-        println!("  NBD on unix socket {}", p.display());
-        println!(
+        say!(banner, "  NBD on unix socket {}", p.display());
+        say!(
+            banner,
             "    e.g. nbdinfo 'nbd+unix:///{example}?socket={}'",
             p.display()
         );
-        println!(
+        say!(
+            banner,
             "         qemu-img info 'nbd+unix:///{example}?socket={}'",
             p.display()
         );
@@ -687,10 +711,11 @@ pub(crate) fn listen(
         let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
         let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
         server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
-        println!("  NBD on tcp {addr}");
+        say!(banner, "  NBD on tcp {addr}");
         match &args.tls_creds {
-            None => println!("    e.g. nbdinfo nbd://{addr}/{example}"),
-            Some(_) => println!(
+            None => say!(banner, "    e.g. nbdinfo nbd://{addr}/{example}"),
+            Some(_) => say!(
+                banner,
                 "    e.g. nbdinfo 'nbds://{addr}/{example}?tls-certificates=CLIENT_CREDS_DIR'"
             ),
         }
@@ -704,6 +729,7 @@ fn listen_vhost(
     vhost: &VhostBlkServer,
     exports: &Arc<Exports>,
     args: &ServeConfig,
+    banner: &mut Vec<String>,
 ) -> Result<(), Error> {
     for VhostDevice { disk, socket: sock } in &args.vhost_user_blk {
         // Refuse a disk that does not exist now rather than at connect time.
@@ -726,8 +752,9 @@ fn listen_vhost(
         private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))
             .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
         own_socket(sock, args)?;
-        println!("  vhost-user-blk {disk} on {}", sock.display());
-        println!(
+        say!(banner, "  vhost-user-blk {disk} on {}", sock.display());
+        say!(
+            banner,
             "    e.g. qemu-system-x86_64 -object memory-backend-memfd,id=mem,size=1G,share=on \\
          -machine memory-backend=mem -chardev socket,id=c0,path={},reconnect=1 \\
          -device vhost-user-blk-pci,chardev=c0",
@@ -788,6 +815,7 @@ pub(crate) fn start_http(
     gauges: crate::web::GaugeFn,
     registry: Arc<StatsRegistry>,
     backend: Option<Arc<dyn crate::web::Backend>>,
+    banner: &mut Vec<String>,
 ) -> Result<HttpThread, Error> {
     let Some(a) = &args.http else {
         return Ok(None);
@@ -808,13 +836,17 @@ pub(crate) fn start_http(
     let h = crate::web::start(&bind, web, tls)?;
     let addr = h.addr;
     if has_backend {
-        println!("  dashboard on {scheme}://{addr}/ (API: {scheme}://{addr}/api/v1, docs/API.md)");
+        say!(
+            banner,
+            "  dashboard on {scheme}://{addr}/ (API: {scheme}://{addr}/api/v1, docs/API.md)"
+        );
         match &args.http_token {
-            Some(p) => println!(
+            Some(p) => say!(
+                banner,
                 "    actions need the token in {} (open {scheme}://{addr}/#token=TOKEN)",
                 p.display()
             ),
-            None => println!("    read-only: actions need --http-token FILE"),
+            None => say!(banner, "    read-only: actions need --http-token FILE"),
         }
     }
     if reads_need_token {
@@ -823,12 +855,15 @@ pub(crate) fn start_http(
             .flatten()
             .map(|p| p.display().to_string())
             .collect();
-        println!("    reads need a token (in {})", files.join(" or "));
+        say!(banner, "    reads need a token (in {})", files.join(" or "));
     }
     if !local && !https {
-        println!("    note: {addr} is not loopback and --insecure serves it as plain HTTP");
+        say!(
+            banner,
+            "    note: {addr} is not loopback and --insecure serves it as plain HTTP"
+        );
     }
-    println!("  metrics on {scheme}://{addr}/metrics");
+    say!(banner, "  metrics on {scheme}://{addr}/metrics");
     Ok(Some(h))
 }
 

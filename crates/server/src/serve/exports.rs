@@ -150,6 +150,7 @@ const FS_SPACE_MAX_AGE: Duration = Duration::from_secs(10);
 pub(super) fn listen_fuse(
     exports: &Arc<Exports>,
     args: &ServeConfig,
+    banner: &mut Vec<String>,
 ) -> Result<Option<strata_fuse::FuseServer>, Error> {
     let Some(dir) = &args.fuse else {
         return Ok(None);
@@ -176,7 +177,8 @@ pub(super) fn listen_fuse(
         };
         io_err(&format!("{what}: mount{hint}"), e)
     })?;
-    println!(
+    say!(
+        banner,
         "  FUSE on {}: one file per disk (DISK) and snapshot (DISK@SNAP, read-only){}",
         dir.display(),
         if args.fuse_allow_other {
@@ -185,6 +187,6 @@ pub(super) fn listen_fuse(
             ""
         }
     );
-    println!("    e.g. qemu-img info {}/DISK", dir.display());
+    say!(banner, "    e.g. qemu-img info {}/DISK", dir.display());
     Ok(Some(server))
 }

@@ -33,6 +33,9 @@ pub(super) struct Running {
     pub(super) vhost: Option<VhostBlkServer>,
     /// 10. The FUSE mount.
     pub(super) fuse: Option<strata_fuse::FuseServer>,
+    /// What each part will say it serves, printed once every part is up
+    /// (a server that fails to start announces nothing).
+    pub(super) banner: Vec<String>,
 }
 
 impl Running {
@@ -50,6 +53,7 @@ impl Running {
             nbd_socket: None,
             vhost: None,
             fuse: None,
+            banner: Vec::new(),
         }
     }
 
