@@ -582,6 +582,37 @@ fn names(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// `group snapshot` reads `list`, `delete` and `help` as commands of its
+/// own: a group so named could never be snapshotted, and `group snapshot
+/// app list` once took a snapshot called "list". Both are refused, by
+/// either kind of datastore, naming the command meant.
+#[test]
+fn names_that_are_group_snapshot_commands_are_refused() {
+    each_kind(|kind| {
+        let s = Store::of(kind);
+        s.ok(&["create", "vm", "--size", "8M"]);
+        for word in ["list", "delete", "help"] {
+            let e = s.fails_with(2, &["group", "create", word, "vm"]);
+            assert!(
+                e.contains(&format!("'{word}' cannot name a group")),
+                "{kind:?}: {e}"
+            );
+        }
+        assert!(s.json(&["group", "list"]).as_array().unwrap().is_empty());
+        s.ok(&["group", "create", "app", "vm"]);
+        let e = s.fails_with(2, &["group", "snapshot", "app", "list"]);
+        assert!(
+            e.contains("'strata group snapshot list GROUP'"),
+            "{kind:?}: {e}"
+        );
+        s.ok(&["group", "snapshot", "app", "s1"]);
+        let e = s.fails_with(2, &["group", "clone", "app@s1", "delete"]);
+        assert!(e.contains("'delete' cannot name a group"), "{kind:?}: {e}");
+        let snaps = s.json(&["group", "snapshot", "list", "app"]);
+        assert_eq!(snaps.as_array().unwrap().len(), 1, "{kind:?}: {snaps}");
+    });
+}
+
 #[test]
 fn group_rules_membership_revert_clone_and_space() {
     each_kind(group_rules);

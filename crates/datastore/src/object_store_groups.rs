@@ -221,6 +221,7 @@ impl ObjectStoreDatastore {
         snap: &str,
         opts: &GroupSnapshotOptions,
     ) -> Result<GroupSnapshotInfo> {
+        strata_format::check_group_name("group snapshot", snap)?;
         let def = self.def_of(group)?;
         if self
             .shared()

@@ -38,7 +38,7 @@ impl Datastore {
         quiesce_hook: Option<String>,
         quiesce_timeout_s: Option<u64>,
     ) -> Result<GroupInfo> {
-        check_name("group", name)?;
+        strata_format::check_group_name("group", name)?;
         check_group_size(disks.len())?;
         self.change(|m| {
             if m.catalog.group(name).is_ok() {
@@ -151,7 +151,7 @@ impl Datastore {
         snap: &str,
         opts: &GroupSnapshotOptions,
     ) -> Result<GroupSnapshotInfo> {
-        check_name("snapshot", snap)?;
+        strata_format::check_group_name("group snapshot", snap)?;
         self.inner.check_writable()?;
         // Validated before the gate, so a refusal holds no I/O; again
         // under it, where it counts.
@@ -336,7 +336,7 @@ impl Datastore {
                 format!("a group clone needs a group snapshot: use '{source}@SNAPSHOT'"),
             );
         };
-        check_name("group", new_group)?;
+        strata_format::check_group_name("group", new_group)?;
         self.inner.check_writable()?;
         self.change(|m| {
             if m.catalog.group(new_group).is_ok() {

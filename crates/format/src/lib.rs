@@ -93,6 +93,35 @@ pub fn check_name(what: &str, name: &str) -> Result<(), strata_block::Error> {
     }
 }
 
+/// Words `strata group snapshot` reads as commands of its own (`group
+/// snapshot list GROUP`, `group snapshot delete GROUP SNAP`, clap's
+/// `help`): a group named so could never be snapshotted from the command
+/// line, and `group snapshot app list` would take a snapshot called
+/// "list" where its user meant to list them.
+pub const GROUP_WORDS: [&str; 3] = ["list", "delete", "help"];
+
+/// Names of groups (`what` "group") and group snapshots (`what` "group
+/// snapshot"): [`check_name`], and none of [`GROUP_WORDS`].
+pub fn check_group_name(what: &str, name: &str) -> Result<(), strata_block::Error> {
+    check_name(what, name)?;
+    if !GROUP_WORDS.contains(&name) {
+        return Ok(());
+    }
+    let hint = match (what, name) {
+        ("group snapshot", "list") => {
+            " (to list a group's snapshots: 'strata group snapshot list GROUP')".to_string()
+        }
+        _ => String::new(),
+    };
+    Err(strata_block::Error::new(
+        strata_block::Kind::InvalidArgument,
+        format!(
+            "'{name}' cannot name a {what}: 'strata group snapshot {name}' is a command of its \
+             own{hint}"
+        ),
+    ))
+}
+
 /// Object names inside a datastore.
 pub const FILE_SUPER: &str = "strata.super";
 pub const FILE_POOL: &str = "pool.data";

@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 use strata_s3::{Bytes, Put};
 
-use crate::disk::check_name;
 use crate::envelope;
 use crate::{corrupt, now_ms, Error, ErrorKind, ObjectStoreDatastore, Result};
 
@@ -136,7 +135,7 @@ impl ObjectStoreDatastore {
         quiesce_hook: Option<String>,
         quiesce_timeout_s: Option<u64>,
     ) -> Result<GroupDef> {
-        check_name("group", name)?;
+        strata_format::check_group_name("group", name)?;
         if self
             .store
             .get_opt(&format!("{DIR_GNAMES}{name}"))?
