@@ -8,7 +8,6 @@ use strata_api::units::parse_size;
 use strata_api::{AlarmKind, Error, ErrorKind, Provisioning};
 
 use crate::serve_args::ServeArgs;
-use strata_cli::output::Format;
 
 /// The exit codes, one per kind of failure (docs/ERRORS.md), so a script
 /// or a unit file can tell "try again later" from "this will never work".
@@ -573,15 +572,4 @@ pub fn default_datastore() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/share/strata/datastore")
-}
-
-impl Cli {
-    /// How to print the answer (`--json`).
-    pub fn format(&self) -> Format {
-        if self.json {
-            Format::Json
-        } else {
-            Format::Human
-        }
-    }
 }

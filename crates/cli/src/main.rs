@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use strata_api::units::invalid;
+use strata_api::wire::ReplyError;
 use strata_api::{Error, ErrorKind, Request, Response, VmdkRequest};
 use strata_engine::InitOptions;
 
@@ -29,10 +30,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     strata_server::logging::init(matches!(cli.cmd, args::Cmd::Serve(_)));
     let dir = cli.datastore.clone().unwrap_or_else(default_datastore);
-    match run(&cli, &dir) {
+    let format = if cli.json {
+        Format::Json
+    } else {
+        Format::Human
+    };
+    match run(&cli, &dir, format) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("strata: error: {e}");
+            match format {
+                // Shaped as the API's error body (docs/API.md).
+                Format::Json => {
+                    eprintln!("{:#}", serde_json::json!({ "error": ReplyError::from(&e) }))
+                }
+                Format::Human => eprintln!("strata: error: {e}"),
+            }
             ExitCode::from(failure_code(e.kind))
         }
     }
@@ -56,9 +68,8 @@ fn failure_code(kind: ErrorKind) -> u8 {
     }
 }
 
-fn run(cli: &Cli, dir: &Path) -> Result<ExitCode, Error> {
+fn run(cli: &Cli, dir: &Path, format: Format) -> Result<ExitCode, Error> {
     let action = Action::try_from(&cli.cmd)?;
-    let format = cli.format();
     if format == Format::Json && !action.has_answer() {
         return Err(invalid(
             "--json: this command has no answer to print as JSON (a local init prints one line; \

@@ -520,3 +520,23 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
         assert!(!err.contains("panicked"), "strata {args:?}: {err}");
     }
 }
+
+/// Under `--json` (before or after the command) an error is JSON too, on
+/// stderr, shaped as the API's error body, with the same exit code.
+#[test]
+fn under_json_errors_are_json_shaped_like_the_api() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    for args in [&["info", "nope", "--json"][..], &["--json", "rm", "nope"]] {
+        let e = s.fails_with(3, args);
+        let v: serde_json::Value = serde_json::from_str(&e).unwrap_or_else(|x| panic!("{x}: {e}"));
+        assert_eq!(v["error"]["kind"], "not_found", "{e}");
+        assert_eq!(v["error"]["message"], "no disk named 'nope'", "{e}");
+    }
+    // A command with an answer of no JSON form refuses the flag, in JSON.
+    let e = s.fails_with(2, &["serve", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&e).unwrap_or_else(|x| panic!("{x}: {e}"));
+    assert_eq!(v["error"]["kind"], "invalid_argument", "{e}");
+    // rm has a JSON answer now.
+    assert_eq!(s.json(&["rm", "vm"])["removed"], "vm");
+}
