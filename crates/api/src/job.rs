@@ -34,9 +34,12 @@ pub struct JobInfo {
     /// Work done, out of `total` (bytes for every job today).
     pub done: u64,
     pub total: u64,
+    /// `done` × 100 / `total`; 100 once the job is done (its `done` then
+    /// equals its `total`, also when it made no progress reports).
     pub percent: u64,
     pub started_unix: u64,
     pub finished_unix: Option<u64>,
-    /// Why it failed or was cancelled.
+    /// Why it failed; for a cancelled job, who stopped it and what it
+    /// left ("stopped by 'strata jobs cancel'; ...").
     pub error: Option<String>,
 }

@@ -852,3 +852,52 @@ fn allocation_depth_is_what_qemu_reports_for_the_same_layers() {
         );
     });
 }
+
+/// An rbd diff v1 stream of a `size`-byte image: `data` as one `w`
+/// record at 0, a `z` record after it, and the end.
+fn rbd_diff_v1(size: u64, data: &[u8]) -> Vec<u8> {
+    let mut b = b"rbd diff v1\n".to_vec();
+    b.push(b's');
+    b.extend_from_slice(&size.to_le_bytes());
+    b.push(b'w');
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    b.extend_from_slice(data);
+    b.push(b'z');
+    b.extend_from_slice(&(2 * MIB).to_le_bytes());
+    b.extend_from_slice(&MIB.to_le_bytes());
+    b.push(b'e');
+    b
+}
+
+/// Jobs that ended well read 100 %, their done equal to their total, in
+/// `jobs --json` and in the table: an import-diff (whose progress counts
+/// the stream's bytes), and an export-diff of a disk with no data (no
+/// progress at all).
+#[test]
+fn finished_diff_jobs_read_100_percent() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("d");
+    std::fs::write(&stream, rbd_diff_v1(8 * MIB, &vec![0x5a; MIB as usize])).unwrap();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&["create", "empty", "--size", "8M"]);
+    let _srv = s.serve();
+    let r = s.json(&["import-diff", stream.to_str().unwrap(), "vm"]);
+    assert_eq!(r["data_bytes"], MIB, "{r}");
+    let out = dir.path().join("e");
+    s.ok(&["export-diff", "empty", out.to_str().unwrap()]);
+    let jobs = s.json(&["jobs"]);
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for j in jobs {
+        assert_eq!(j["state"], "done", "{j}");
+        assert_eq!(j["percent"], 100, "{j}");
+        assert_eq!(j["done"], j["total"], "{j}");
+    }
+    let table = s.ok(&["jobs"]);
+    for what in ["import-diff", "export-diff"] {
+        let line = table.lines().find(|l| l.contains(what)).unwrap();
+        assert!(line.contains(" 100%"), "{table}");
+    }
+}

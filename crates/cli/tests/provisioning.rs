@@ -262,7 +262,8 @@ fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cl
     s.ok(&["jobs", "cancel", &id.to_string()]);
     let j = wait_state(&s, id, "cancelled");
     assert!(j["done"].as_u64().unwrap() < 64 << 20, "{j}");
-    assert!(j["error"].as_str().unwrap().contains("cancelled"), "{j}");
+    let e = j["error"].as_str().unwrap();
+    assert!(e.contains("'vm' is zeroedthick now"), "{j}");
     // Cancelled part-way: a consistent zeroedthick disk; running it again finishes.
     assert_eq!(s.json(&["info", "vm"])["provisioning"], "zeroedthick");
     let e = s.fails(&["jobs", "cancel", &id.to_string()]);
@@ -304,4 +305,179 @@ fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cl
     srv.stop();
     let e = s.fails(&["jobs"]);
     assert!(e.contains("jobs run in a server"), "{e}");
+}
+
+/// `serve` with its log (stderr) going to `log`.
+fn serve_logging(s: &Store, log: &Path) -> Server {
+    let _ = std::fs::remove_file(s.sock());
+    let child = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .arg("serve")
+        .arg("--nbd-unix")
+        .arg(s.sock())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for(&s.sock());
+    wait_for(&s.path().join("control.sock"));
+    Server { child: Some(child) }
+}
+
+/// Pause job `id`, then cancel it: paused, it cannot end by itself before
+/// the cancel; it ends cancelled. Returns its `jobs --json` entry.
+fn pause_then_cancel(s: &Store, id: u64) -> serde_json::Value {
+    s.ok(&["jobs", "pause", &id.to_string()]);
+    wait_state(s, id, "paused");
+    s.ok(&["jobs", "cancel", &id.to_string()]);
+    wait_state(s, id, "cancelled")
+}
+
+/// The line of `jobs`' table for job `id`.
+fn job_line(s: &Store, id: u64) -> String {
+    let table = s.ok(&["jobs"]);
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id.to_string().as_str()))
+        .unwrap_or_else(|| panic!("job {id} not in the table:\n{table}"))
+        .to_string()
+}
+
+/// A cancelled job reads `cancelled` once, in its state: its error (in
+/// `jobs`, `jobs --json` and the server's log) says who stopped it and
+/// what stays, not "cancelled" again.
+#[test]
+fn a_cancelled_job_says_what_stays_without_repeating_cancelled() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let log = s.dir.path().join("serve.log");
+    let srv = serve_logging(&s, &log);
+    let started = s.json(&["punchzero", "vm", "--rate", "1M", "--detach"]);
+    let id = started["id"].as_u64().unwrap();
+    let j = pause_then_cancel(&s, id);
+    let want =
+        "stopped by 'strata jobs cancel'; what was done so far stays (run it again to finish)";
+    assert_eq!(j["error"], want, "{j}");
+    let line = job_line(&s, id);
+    assert_eq!(line.matches("cancelled").count(), 1, "{line}");
+    assert!(line.contains(want), "{line}");
+    let logged = format!("job {id} (punchzero vm) ended: {want}");
+    let mut text = String::new();
+    eventually(
+        "the job's end in the server's log",
+        std::time::Duration::from_secs(30),
+        || {
+            text = std::fs::read_to_string(&log).unwrap();
+            text.contains(&logged)
+        },
+    );
+    let l = text.lines().find(|l| l.contains(&logged)).unwrap();
+    assert!(l.contains("state=\"cancelled\""), "{l}");
+    assert_eq!(
+        l.matches("cancelled").count(),
+        1,
+        "only in the state field: {l}"
+    );
+    srv.stop();
+}
+
+/// Percent of `vm`'s blocks zeroed (or written), as `info` counts them.
+fn zeroed_pct(s: &Store) -> u64 {
+    let i = s.json(&["info", "vm"]);
+    let (nb, tbz) = (i["nb"].as_u64().unwrap(), i["tbz"].as_u64().unwrap());
+    (nb - tbz) * 100 / nb
+}
+
+/// A conversion stopped part-way (cancelled, in the foreground or
+/// detached) says what the disk is now and how to finish: thin to
+/// eagerzeroedthick leaves it zeroedthick with part of its blocks zeroed;
+/// to thin leaves it thin with part of it scanned.
+#[test]
+fn a_cancelled_convert_says_what_the_disk_is_now() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve();
+    let again = "run 'strata convert vm --type eagerzeroedthick' again to finish";
+
+    // In the foreground: the command's error says it.
+    let cli = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args([
+            "convert",
+            "vm",
+            "--type",
+            "eagerzeroedthick",
+            "--rate",
+            "2M",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut id = 0;
+    eventually(
+        "the convert's job",
+        std::time::Duration::from_secs(30),
+        || {
+            let jobs = s.json(&["jobs"]);
+            id = jobs[0]["id"].as_u64().unwrap_or(0);
+            id != 0
+        },
+    );
+    let j = pause_then_cancel(&s, id);
+    let o = cli.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "{err}");
+    assert_eq!(s.json(&["info", "vm"])["provisioning"], "zeroedthick");
+    let pct = zeroed_pct(&s);
+    assert!(pct < 100, "{pct}");
+    let want = format!(
+        "stopped by 'strata jobs cancel': 'vm' is zeroedthick now (its blocks reserved, \
+         {pct} % of them zeroed); {again}"
+    );
+    assert!(err.contains(&want), "{err}");
+    assert_eq!(j["error"], want.as_str(), "{j}");
+    let line = job_line(&s, id);
+    assert_eq!(line.matches("cancelled").count(), 1, "{line}");
+
+    // Again, detached, from zeroedthick: it stays zeroedthick.
+    let started = s.json(&[
+        "convert",
+        "vm",
+        "--type",
+        "eagerzeroedthick",
+        "--rate",
+        "2M",
+        "--detach",
+    ]);
+    let j = pause_then_cancel(&s, started["id"].as_u64().unwrap());
+    let want = format!(
+        "stopped by 'strata jobs cancel': 'vm' stays zeroedthick (its blocks reserved, {} % \
+         of them zeroed); {again}",
+        zeroed_pct(&s)
+    );
+    assert_eq!(j["error"], want.as_str(), "{j}");
+    // Run again, it finishes.
+    let i = s.json(&["convert", "vm", "--type", "eagerzeroedthick"]);
+    assert_eq!(
+        (&i["provisioning"], &i["tbz"]),
+        (&"eagerzeroedthick".into(), &0.into())
+    );
+
+    // To thin: the reservation goes first, then the scan for zero blocks.
+    let started = s.json(&[
+        "convert", "vm", "--type", "thin", "--rate", "2M", "--detach",
+    ]);
+    let j = pause_then_cancel(&s, started["id"].as_u64().unwrap());
+    assert_eq!(s.json(&["info", "vm"])["provisioning"], "thin");
+    let want = format!(
+        "stopped by 'strata jobs cancel': 'vm' is thin now (no space reserved for it any more, {} % of \
+         it scanned for zero blocks to release); run 'strata convert vm --type thin' again to \
+         finish",
+        j["percent"]
+    );
+    assert_eq!(j["error"], want.as_str(), "{j}");
+    srv.stop();
 }

@@ -17,7 +17,14 @@ pub struct WorkControl {
     paused: Mutex<bool>,
     cv: Condvar,
     cancelled: AtomicBool,
+    /// What the error of a cancelled operation starts with: who stopped
+    /// it (None: [`STOPPED`]).
+    why: Mutex<Option<String>>,
 }
+
+/// What a cancelled operation's error starts with when whoever cancelled
+/// it did not say who they are.
+pub const STOPPED: &str = "stopped on request";
 
 impl WorkControl {
     pub fn pause(&self) {
@@ -33,6 +40,31 @@ impl WorkControl {
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
         self.cv.notify_all();
+    }
+
+    /// [`cancel`](Self::cancel), the operation's error starting with `why`
+    /// ("stopped by 'strata jobs cancel'") rather than [`STOPPED`].
+    pub fn cancel_with(&self, why: &str) {
+        *self.why.lock() = Some(why.to_string());
+        self.cancel();
+    }
+
+    /// What a cancelled operation's error starts with.
+    fn why(&self) -> String {
+        self.why
+            .lock()
+            .clone()
+            .unwrap_or_else(|| STOPPED.to_string())
+    }
+
+    /// Whether `e` is how a cancelled operation stopped (its error starts
+    /// with who stopped it, as `checkpoint`'s does): then that start,
+    /// which an operation saying what it leaves behind puts first too.
+    /// None: not cancelled, or `e` is a failure of its own.
+    pub fn stopped_by(&self, e: &Error) -> Option<String> {
+        let why = self.why();
+        (self.is_cancelled() && e.kind == ErrorKind::Refused && e.message.starts_with(&why))
+            .then_some(why)
     }
 
     pub fn is_paused(&self) -> bool {
@@ -52,7 +84,10 @@ impl WorkControl {
         if self.is_cancelled() {
             return Err(Error::new(
                 ErrorKind::Refused,
-                "cancelled; what was done so far stays (run it again to finish)",
+                format!(
+                    "{}; what was done so far stays (run it again to finish)",
+                    self.why()
+                ),
             ));
         }
         Ok(())

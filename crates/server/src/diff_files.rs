@@ -277,5 +277,7 @@ fn apply<R: std::io::Read>(
         (work.progress)(r.position(), total.max(r.position()));
     }
     dev.flush().map_err(|e| dev_err("flush", 0, e))?;
+    // The end record is read too: all of the stream.
+    (work.progress)(r.position(), total.max(r.position()));
     Ok((data, zero))
 }

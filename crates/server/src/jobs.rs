@@ -41,8 +41,14 @@ impl Job {
             None if self.control.is_paused() => JobState::Paused,
             None => JobState::Running,
             Some(Ok(_)) => JobState::Done,
-            Some(Err(_)) if self.control.is_cancelled() => JobState::Cancelled,
+            Some(Err(e)) if self.control.stopped_by(e).is_some() => JobState::Cancelled,
             Some(Err(_)) => JobState::Failed,
+        };
+        // A job that ended well did all of its work, whatever its last
+        // progress report said (or if it made none).
+        let percent = match state {
+            JobState::Done => 100,
+            _ => (st.done * 100).checked_div(st.total).unwrap_or(0),
         };
         JobInfo {
             id: self.id,
@@ -50,7 +56,7 @@ impl Job {
             state,
             done: st.done,
             total: st.total,
-            percent: (st.done * 100).checked_div(st.total).unwrap_or(0),
+            percent,
             started_unix: self.started_unix,
             finished_unix: st.finished_unix,
             error: match &st.result {
@@ -73,6 +79,25 @@ impl Job {
         ((st.done, st.total), st.result.clone())
     }
 }
+
+/// Log how job `j` ended with `r`: done, cancelled (its error says what
+/// it leaves) or failed.
+fn log_end(j: &Job, r: &Result<Response, Error>) {
+    let (id, what) = (j.id, &j.what);
+    match r {
+        Ok(_) => tracing::info!(event = "job", job = id, what = %what, state = "done",
+            "job {id} ({what}) done"),
+        Err(e) if j.control.stopped_by(e).is_some() => {
+            tracing::info!(event = "job", job = id, what = %what, state = "cancelled",
+                "job {id} ({what}) ended: {e}")
+        }
+        Err(e) => tracing::warn!(event = "job", job = id, what = %what, state = "failed",
+            "job {id} ({what}) ended with an error: {e}"),
+    }
+}
+
+/// What the error of a cancelled job starts with.
+const STOPPED_BY_CANCEL: &str = "stopped by 'strata jobs cancel'";
 
 /// The server's jobs.
 #[derive(Default)]
@@ -127,15 +152,14 @@ impl Jobs {
             }
         };
         let r = execute(&ctx, req, &mut progress);
-        if let Err(e) = &r {
-            tracing::warn!(event = "job", job = j.id, what = %j.what, state = "failed",
-                "job {} ({}) ended with an error: {}", j.id, j.what, e);
-        } else {
-            tracing::info!(event = "job", job = j.id, what = %j.what, state = "done",
-                "job {} ({}) done", j.id, j.what);
-        }
+        log_end(j, &r);
         {
             let mut st = j.state.lock();
+            if r.is_ok() {
+                // All of it done: its total, also past the last report.
+                st.total = st.total.max(st.done);
+                st.done = st.total;
+            }
             st.result = Some(r);
             st.finished_unix = Some(now_unix());
         }
@@ -252,7 +276,7 @@ impl JobList for Jobs {
                     ),
                 ))
             }
-            JobAction::Cancel => job.control.cancel(),
+            JobAction::Cancel => job.control.cancel_with(STOPPED_BY_CANCEL),
         }
         Ok(job.info())
     }

@@ -274,12 +274,12 @@ impl Move<'_> {
                 Ok(x) => x,
                 Err(mut e) => {
                     slot.untrack();
-                    if copier.control.as_ref().is_some_and(|c| c.is_cancelled()) {
+                    if let Some(why) = copier.control.as_ref().and_then(|c| c.stopped_by(&e)) {
                         e.message = format!(
-                        "move cancelled: '{name}' stays in {}, the partial copy in {} was removed",
-                        from.dir.display(),
-                        to.dir.display()
-                    );
+                            "{why}: '{name}' stays in {}, the partial copy in {} was removed",
+                            from.dir.display(),
+                            to.dir.display()
+                        );
                     }
                     return Err(self.undo(e));
                 }

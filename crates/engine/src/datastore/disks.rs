@@ -14,6 +14,14 @@ use crate::work::Pacer;
 
 use super::{Datastore, DiskInfo, PunchZeroReport, SpaceWork};
 
+/// A change of disk `name`'s provisioning from `from` to `to`.
+#[derive(Clone, Copy)]
+struct Conversion<'n> {
+    name: &'n str,
+    from: Provisioning,
+    to: Provisioning,
+}
+
 impl Datastore {
     fn check_size(size_bytes: u64) -> Result<()> {
         if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
@@ -214,14 +222,39 @@ impl Datastore {
     ) -> Result<DiskInfo> {
         self.inner.check_writable()?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
-        let mut clients = self.inner.client_watch();
         let from = self.disk_info(name)?.provisioning;
+        // The scan's last progress, for what a stopped one leaves.
+        let mut scanned = (0, 0);
+        let mut seen = |done, total| {
+            scanned = (done, total);
+            progress(done, total)
+        };
+        let c = Conversion { name, from, to };
+        if let Err(e) = self.convert_steps(&c, &mut seen, &mut pacer) {
+            let stopped = opts.control.as_deref().and_then(|w| w.stopped_by(&e));
+            return Err(self.convert_left(&c, scanned, e, stopped));
+        }
+        // Like every metadata command, durable when it returns (also when
+        // there was nothing to change).
+        self.inner.commit(false)?;
+        self.disk_info(name)
+    }
+
+    /// The steps of conversion `c`, each leaving a consistent disk.
+    fn convert_steps(
+        &self,
+        c: &Conversion<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+        pacer: &mut Pacer<'_>,
+    ) -> Result<()> {
+        let Conversion { name, from, to } = *c;
         match to {
             Provisioning::Thin => {
                 if from.is_thick() {
                     self.set_provisioning(name, Provisioning::Thin)?;
                 }
                 let h = self.open_disk(name)?;
+                let mut clients = self.inner.client_watch();
                 h.punch_zero(progress, &mut |n| pacer.pace(n, clients.busy()))?;
             }
             Provisioning::Zeroedthick => {
@@ -233,13 +266,57 @@ impl Datastore {
                 if from == Provisioning::Thin {
                     self.set_provisioning(name, Provisioning::Zeroedthick)?;
                 }
-                self.fill_and_mark_eager(name, progress, &mut pacer)?;
+                self.fill_and_mark_eager(name, progress, pacer)?;
             }
         }
-        // Like every metadata command, durable when it returns (also when
-        // there was nothing to change).
-        self.inner.commit(false)?;
-        self.disk_info(name)
+        Ok(())
+    }
+
+    /// The error of conversion `c` that stopped with `e` (cancelled:
+    /// `stopped` says by whom): what the disk is now, each step having
+    /// left a consistent disk, and how to finish. `scanned`: the last
+    /// progress of a scan for zero blocks.
+    fn convert_left(
+        &self,
+        c: &Conversion<'_>,
+        scanned: (u64, u64),
+        e: crate::Error,
+        stopped: Option<String>,
+    ) -> crate::Error {
+        let Conversion { name, from, to } = *c;
+        let Ok(now) = self.disk_info(name) else {
+            return e;
+        };
+        let is = match now.provisioning {
+            p if p == from => format!("'{name}' stays {}", p.as_str()),
+            p => format!("'{name}' is {} now", p.as_str()),
+        };
+        let pct = |done: u64, total: u64| (done * 100).checked_div(total).unwrap_or(100);
+        let what = match (now.provisioning, to) {
+            (Provisioning::Thin, Provisioning::Thin) => {
+                let released = if from.is_thick() {
+                    "no space reserved for it any more, "
+                } else {
+                    ""
+                };
+                let part = pct(scanned.0, scanned.1);
+                format!(" ({released}{part} % of it scanned for zero blocks to release)")
+            }
+            (Provisioning::Zeroedthick, Provisioning::Eagerzeroedthick) => {
+                let (nb, tbz) = (now.nb.unwrap_or(0), now.tbz.unwrap_or(0));
+                let part = pct(nb - tbz.min(nb), nb);
+                format!(" (its blocks reserved, {part} % of them zeroed)")
+            }
+            _ => String::new(),
+        };
+        let again = format!(
+            "run 'strata convert {name} --type {}' again to finish",
+            to.as_str()
+        );
+        match stopped {
+            Some(why) => crate::Error::new(e.kind, format!("{why}: {is}{what}; {again}")),
+            None => crate::Error::new(e.kind, format!("{e}; {is}{what}; {again}")),
+        }
     }
 
     /// Release the grains of a thin disk that read all zeros (vmkfstools'

@@ -266,7 +266,7 @@ impl DiskHandle {
     /// range a region at a time, with the gate and the region's write
     /// stripes held (a client write waits for one region at most). Between
     /// regions: bounded metadata, a commit every `COMMIT_EVERY_BYTES`,
-    /// `walk.pace` with the bytes covered, `walk.progress`; a commit at the
+    /// `walk.progress`, `walk.pace` with the bytes covered; a commit at the
     /// end. A region that meets ENOSPC while freed space is on its way is
     /// tried once more after making room. (See [`RegionWalk::all_heads`].)
     pub(crate) fn in_regions(&self, walk: RegionWalk<'_>, each: &mut RegionWork<'_>) -> Result<()> {
@@ -308,9 +308,10 @@ impl DiskHandle {
                 self.inner.commit(false)?;
                 since_commit = 0;
             }
+            // The region is done (also for a pace that stops here).
+            progress(region_end - offset, len);
             pace(region_end - pos)?;
             pos = region_end;
-            progress(pos - offset, len);
         }
         self.inner.commit(false)
     }
