@@ -5,6 +5,8 @@
 //! `status`, `alarm list` and the server's periodic evaluation, on both
 //! kinds of datastore.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use strata_block::{Error, Kind as ErrorKind};
 
@@ -153,6 +155,47 @@ impl AlarmRule {
         } else {
             AlarmState::Ok
         }
+    }
+}
+
+/// The state each alarm was in when a server last reported it (logged its
+/// change and ran its command), as the catalog and an object store's
+/// `alarms.json` keep it (docs/FORMAT.md §6 `alarms_reported`): a JSON
+/// object of kind names to state names, ok left out. A server that
+/// starts reports only what differs from it. Names this build does not
+/// know are kept as they are and read as nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ReportedAlarms(BTreeMap<String, String>);
+
+impl ReportedAlarms {
+    /// Nothing reported but ok (or nothing ever reported).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The state `kind` was last reported in (ok when it never was).
+    pub fn get(&self, kind: AlarmKind) -> AlarmState {
+        match self.0.get(kind.as_str()).map(String::as_str) {
+            Some("warning") => AlarmState::Warning,
+            Some("alarm") => AlarmState::Alarm,
+            _ => AlarmState::Ok,
+        }
+    }
+
+    /// Record that `kind` was reported in `state`; whether that changed
+    /// what is recorded.
+    pub fn set(&mut self, kind: AlarmKind, state: AlarmState) -> bool {
+        let key = kind.as_str();
+        let want = (state != AlarmState::Ok).then(|| state.as_str());
+        if self.0.get(key).map(String::as_str) == want {
+            return false;
+        }
+        match want {
+            Some(v) => self.0.insert(key.into(), v.into()),
+            None => self.0.remove(key),
+        };
+        true
     }
 }
 
@@ -332,6 +375,32 @@ mod tests {
             assert!(e.message.contains(says), "{}", e.message);
         }
         rule(AlarmKind::Overcommit, 150, 400).validate().unwrap();
+    }
+
+    #[test]
+    fn reported_states_leave_ok_out_and_keep_what_they_do_not_know() {
+        let mut r = ReportedAlarms::default();
+        assert_eq!(r.get(AlarmKind::Overcommit), AlarmState::Ok);
+        assert!(!r.set(AlarmKind::Overcommit, AlarmState::Ok));
+        assert!(r.set(AlarmKind::Overcommit, AlarmState::Alarm));
+        assert!(!r.set(AlarmKind::Overcommit, AlarmState::Alarm));
+        assert!(r.set(AlarmKind::Usage, AlarmState::Warning));
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"overcommit":"alarm","usage":"warning"}"#
+        );
+        assert!(r.set(AlarmKind::Overcommit, AlarmState::Ok));
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"usage":"warning"}"#);
+        // A later build's kind or state: kept, read as nothing.
+        let mut r: ReportedAlarms =
+            serde_json::from_str(r#"{"inodes":"alarm","usage":"critical"}"#).unwrap();
+        assert_eq!(r.get(AlarmKind::Usage), AlarmState::Ok);
+        assert!(r.set(AlarmKind::Usage, AlarmState::Ok));
+        assert!(r.set(AlarmKind::Overcommit, AlarmState::Warning));
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"inodes":"alarm","overcommit":"warning"}"#
+        );
     }
 
     #[test]

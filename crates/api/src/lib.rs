@@ -49,7 +49,7 @@ pub mod view;
 pub mod vmdk;
 pub mod wire;
 
-pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
+pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use datastore::{
     CheckReport, DatastoreInfo, DefragReport, FailStop, FreeSpaceReport, PoolLayout,
     FREE_EXTENT_CLASSES,

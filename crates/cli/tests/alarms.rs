@@ -325,6 +325,115 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
     assert_eq!(text.lines().count(), 6, "{text}");
 }
 
+/// The lines of the alarm log (none before its first).
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// Wait (up to a minute: a deadline, not a measurement) until the alarm
+/// log has `n` lines; they.
+fn wait_for_lines(log: &Path, n: usize) -> Vec<String> {
+    let t = Instant::now();
+    loop {
+        let lines = log_lines(log);
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the alarm command wrote {} lines, not {n}: {lines:?}",
+            lines.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Long enough for a server's alarm watcher to have evaluated its alarms
+/// a few times (it does at its start, then every second).
+const WATCHED: Duration = Duration::from_secs(3);
+
+#[test]
+fn a_restarted_server_reports_only_what_changed_since_the_last_one_reported() {
+    each_kind(a_restarted_server_reports_only_changes_on);
+}
+
+fn a_restarted_server_reports_only_changes_on(kind: Kind) {
+    let s = Store::of(kind);
+    s.ok(&["grow", "--capacity", "64M"]);
+    let log = s.dir.path().join("alarms.log");
+    let exec = format!(
+        "echo \"$STRATA_ALARM_KIND $STRATA_ALARM_PREVIOUS $STRATA_ALARM_STATE\" >> '{}'",
+        log.display()
+    );
+    s.ok(&[
+        "alarm",
+        "set",
+        "overcommit",
+        "--warning",
+        "50",
+        "--alarm",
+        "100",
+        "--exec",
+        &exec,
+    ]);
+    // 80 MiB provisioned on 64: 125%, in alarm before any server ran.
+    s.ok(&["create", "a", "--size", "80M"]);
+    assert_eq!(states(&s).1, "alarm");
+
+    // The first server reports it, once.
+    let srv = s.serve();
+    assert_eq!(wait_for_lines(&log, 1), ["overcommit ok alarm"]);
+    std::thread::sleep(WATCHED);
+    srv.stop();
+    assert_eq!(log_lines(&log), ["overcommit ok alarm"]);
+
+    // Nothing changed: the next server's watcher runs, says nothing until
+    // the state changes while it serves, then reports that change.
+    let srv = s.serve();
+    std::thread::sleep(WATCHED);
+    assert_eq!(
+        log_lines(&log),
+        ["overcommit ok alarm"],
+        "a restart with nothing changed ran the command again"
+    );
+    s.ok(&["rm", "a"]);
+    // (`alarm list` through the server also refreshes an object store's
+    // figures, which the watcher otherwise takes up to 30 s old.)
+    assert_eq!(s.json(&["alarm", "list"])[1]["state"], "ok");
+    assert_eq!(
+        wait_for_lines(&log, 2),
+        ["overcommit ok alarm", "overcommit alarm ok"]
+    );
+    srv.stop();
+
+    // Changed while no server ran (ok -> warning): reported once at the
+    // start; then warning -> alarm, from the state last reported.
+    s.ok(&["create", "b", "--size", "40M"]);
+    let srv = s.serve();
+    assert_eq!(wait_for_lines(&log, 3)[2], "overcommit ok warning");
+    std::thread::sleep(WATCHED);
+    srv.stop();
+    s.ok(&["create", "c", "--size", "40M"]);
+    let srv = s.serve();
+    assert_eq!(wait_for_lines(&log, 4)[3], "overcommit warning alarm");
+    std::thread::sleep(WATCHED);
+    srv.stop();
+    assert_eq!(
+        log_lines(&log),
+        [
+            "overcommit ok alarm",
+            "overcommit alarm ok",
+            "overcommit ok warning",
+            "overcommit warning alarm"
+        ]
+    );
+    s.ok(&["check"]);
+}
+
 #[test]
 fn example_alerting_rules_pass_promtool() {
     if !have("promtool") {

@@ -252,3 +252,134 @@ fn sequential_4k_writes_fill_the_expected_buckets_on(kind: Kind) {
 
     srv.stop();
 }
+
+/// The export names `names` lists (the CLI's and the API's `stats` are one
+/// document, keyed by export).
+fn stat_names(v: &serde_json::Value) -> Vec<String> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// The `disk` labels /metrics names.
+fn metric_disks(addr: &str) -> Vec<String> {
+    let mut out: Vec<String> = common::http::metrics(addr)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once("disk=\"")?.1.split_once('"').map(|(d, _)| d))
+        .map(String::from)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn a_removed_disk_leaves_no_statistics_and_a_new_one_of_its_name_starts_at_zero() {
+    each_kind(a_removed_disk_leaves_no_statistics_on);
+}
+
+fn a_removed_disk_leaves_no_statistics_on(kind: Kind) {
+    let s = Store::of(kind);
+    s.ok(&["create", "vm", "--size", "4M"]);
+    s.ok(&["create", "other", "--size", "4M"]);
+    let addr = common::http::free_addr();
+    let srv = s.serve_with(&["--http", &addr]);
+    let mut vm = nbd::Pipelined::open(&s.sock(), "vm").unwrap();
+    vm.write_at(&[1u8; 65536], 0).unwrap();
+    s.ok(&["snapshot", "create", "vm", "s1"]);
+    let mut snap = nbd::Pipelined::open(&s.sock(), "vm@s1").unwrap();
+    snap.read_at(&mut [0u8; 4096], 0).unwrap();
+    drop(snap);
+    nbd::Pipelined::open(&s.sock(), "other")
+        .unwrap()
+        .read_at(&mut [0u8; 4096], 0)
+        .unwrap();
+    let all = ["other", "vm", "vm@s1"];
+    assert_eq!(stat_names(&s.json(&["stats"])), all);
+    let api = |path: &str| {
+        let (status, body) = common::http::http(&addr, "GET", path, &[], "");
+        (
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).ok(),
+        )
+    };
+    assert_eq!(stat_names(&api("/api/v1/stats").1.unwrap()), all);
+    assert_eq!(metric_disks(&addr), all);
+
+    // Removed while a client still has it open (`vm` stays connected).
+    s.ok(&["rm", "vm"]);
+    let gone = |when: &str| {
+        assert_eq!(stat_names(&s.json(&["stats"])), ["other"], "stats {when}");
+        let all = api("/api/v1/stats").1.unwrap();
+        assert_eq!(stat_names(&all), ["other"], "/api/v1/stats {when}");
+        assert_eq!(metric_disks(&addr), ["other"], "/metrics {when}");
+        assert!(s.fails(&["stats", "vm"]).contains("no disk named 'vm'"));
+        assert_eq!(api("/api/v1/stats/vm").0, 404, "/api/v1/stats/vm {when}");
+    };
+    gone("after rm");
+    // The old client's I/O (whatever the removed disk answers it) does not
+    // bring the statistics back under the old name.
+    let _ = vm.write_at(&[2u8; 4096], 0);
+    let _ = vm.read_at(&mut [0u8; 4096], 0);
+    gone("after the removed disk's client did I/O");
+
+    // A new disk of the same name starts at zero, and only its own I/O
+    // counts, not the old client's.
+    s.ok(&["create", "vm", "--size", "4M"]);
+    let zero = |v: &serde_json::Value, what: &str| {
+        let d = &v["vm"];
+        for op in ["read", "write", "flush"] {
+            assert_eq!(d[op]["commands"], 0, "{what}: {op} {d}");
+        }
+        assert_eq!(d["latency"]["all"]["count"], 0, "{what}: {d}");
+    };
+    zero(&s.json(&["stats", "vm"]), "stats vm after create");
+    zero(&api("/api/v1/stats/vm").1.unwrap(), "/api/v1/stats/vm");
+    let _ = vm.write_at(&[3u8; 4096], 0);
+    zero(&s.json(&["stats", "vm"]), "after the old client's write");
+    // A new client, while the old one is still connected, reaches the new
+    // disk.
+    let mut new = nbd::Pipelined::open(&s.sock(), "vm").unwrap();
+    let mut buf = [9u8; 65536];
+    new.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the new disk reads as zeros");
+    new.write_at(&[4u8; 4096], 0).unwrap();
+    drop(vm);
+    let d = s.json(&["stats", "vm"])["vm"].clone();
+    assert_eq!(d["write"]["commands"], 1, "{d}");
+    assert_eq!(d["read"]["commands"], 1, "{d}");
+    let body = common::http::metrics(&addr);
+    assert!(
+        body.lines()
+            .any(|l| l == "strata_disk_commands_total{disk=\"vm\",op=\"write\"} 1"),
+        "{body}"
+    );
+    drop(new);
+
+    // A deleted snapshot's export goes too, even with a client on it; a
+    // new snapshot of its name is read afresh, from the new snapshot.
+    s.ok(&["snapshot", "create", "vm", "s2"]);
+    let mut old = nbd::Pipelined::open(&s.sock(), "vm@s2").unwrap();
+    old.read_at(&mut [0u8; 4096], 0).unwrap();
+    assert_eq!(stat_names(&s.json(&["stats"])), ["other", "vm", "vm@s2"]);
+    s.ok(&["snapshot", "delete", "vm", "s2"]);
+    assert_eq!(stat_names(&s.json(&["stats"])), ["other", "vm"]);
+    assert_eq!(metric_disks(&addr), ["other", "vm"]);
+    let _ = old.read_at(&mut [0u8; 4096], 0);
+    assert_eq!(stat_names(&s.json(&["stats"])), ["other", "vm"]);
+    let mut new = nbd::Pipelined::open(&s.sock(), "vm").unwrap();
+    new.write_at(&[5u8; 4096], 0).unwrap();
+    drop(new);
+    s.ok(&["snapshot", "create", "vm", "s2"]);
+    let mut again = nbd::Pipelined::open(&s.sock(), "vm@s2").unwrap();
+    let mut buf = [0u8; 4096];
+    again.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [5u8; 4096], "the new vm@s2 reads the new snapshot");
+    let d = s.json(&["stats", "vm@s2"])["vm@s2"].clone();
+    assert_eq!(d["read"]["commands"], 1, "{d}");
+    drop((old, again));
+    srv.stop();
+}

@@ -1,12 +1,14 @@
-//! An object-store datastore's capacity and alarm rules, kept per host in
-//! its local directory (`DIR/alarms.json`, FORMAT.md §11.8): an object
-//! store has no size of its own, and an alarm's command runs on the host
-//! that set it.
+//! An object-store datastore's capacity, alarm rules and reported alarm
+//! states, kept per host in its local directory (`DIR/alarms.json`,
+//! FORMAT.md §11.8): an object store has no size of its own, and an
+//! alarm's command runs on the host that set it.
 
 use std::path::Path;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_engine::alarm::{effective_rules, evaluate, SpaceFigures};
+use strata_engine::ReportedAlarms;
 use strata_engine::{AlarmRule, AlarmStatus};
 
 use crate::{Error, ErrorKind, Result};
@@ -22,7 +24,15 @@ pub(crate) struct AlarmSettings {
     /// Rules set with `strata alarm set` (the others are the defaults).
     #[serde(default)]
     pub alarms: Vec<AlarmRule>,
+    /// What this host's server last reported of each alarm (ok left out).
+    #[serde(default, skip_serializing_if = "ReportedAlarms::is_empty")]
+    pub alarms_reported: ReportedAlarms,
 }
+
+/// Held around a read, change and write of the file, so that two changes
+/// in one process (a server's `alarm set` and its watcher's record of a
+/// report) do not lose each other's.
+static UPDATING: Mutex<()> = Mutex::new(());
 
 impl AlarmSettings {
     /// The settings in `dir` (the defaults when it has none).
@@ -45,6 +55,20 @@ impl AlarmSettings {
         let body = serde_json::to_vec_pretty(self).expect("json");
         strata_objstore::write_durably(dir, FILE, &body)
             .map_err(|e| Error::new(ErrorKind::Io, e.message))
+    }
+
+    /// Change the settings in `dir` with `change`, and write them back
+    /// when it says it changed them.
+    pub fn update(
+        dir: &Path,
+        change: impl FnOnce(&mut AlarmSettings) -> Result<bool>,
+    ) -> Result<()> {
+        let _g = UPDATING.lock();
+        let mut settings = AlarmSettings::load(dir)?;
+        if change(&mut settings)? {
+            settings.save(dir)?;
+        }
+        Ok(())
     }
 
     /// Every alarm's rule (the default where none was set).

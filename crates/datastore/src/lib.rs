@@ -43,9 +43,10 @@ pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    AlarmRule, ChangedRange, Consistency, DatastoreInfo, DefragReport, DiskInfo, Error, ErrorKind,
-    FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
-    Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, Result, SnapshotInfo, SpaceWork,
+    AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DefragReport,
+    DiskInfo, Error, ErrorKind, FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo,
+    GroupSnapshotOptions, IoLimits, Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult,
+    ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 // strata-api's vocabulary, in the trait's signatures: a disk and a
 // datastore of either kind, and an object store's own answers.
@@ -318,6 +319,15 @@ pub trait Datastore: Send + Sync {
 
     /// Set one alarm's thresholds and command; durable when this returns.
     fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule>;
+
+    /// The state each alarm was in when a server last reported it (kept
+    /// with the rules: FORMAT.md §6, §11.8), so that the next server
+    /// reports only what changed since.
+    fn alarms_reported(&self) -> Result<ReportedAlarms>;
+
+    /// Record that a server reported alarm `kind` in `state`; durable
+    /// when this returns.
+    fn set_alarm_reported(&self, kind: AlarmKind, state: AlarmState) -> Result<()>;
 
     /// A new disk `name` that shares `source`'s data (`DISK@SNAP`; a local
     /// datastore also takes a plain `DISK`).

@@ -12,10 +12,11 @@ use strata_block::BlockDevice;
 use strata_storage::FileBackend;
 
 use crate::{
-    datastore_view, gauges, AlarmRule, Background, ChangedRange, CheckReport, Datastore,
-    DatastoreInfo, DatastoreView, DefragReport, DiskInfo, DiskView, Error, ErrorKind,
-    FreeSpaceReport, Gauge, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind,
-    OpenOptions, Provisioning, PunchZeroReport, Result, SnapshotInfo, SpaceWork,
+    datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, ChangedRange,
+    CheckReport, Datastore, DatastoreInfo, DatastoreView, DefragReport, DiskInfo, DiskView, Error,
+    ErrorKind, FreeSpaceReport, Gauge, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
+    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, ReportedAlarms, Result,
+    SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -243,6 +244,14 @@ impl Datastore for LocalDatastore {
 
     fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule> {
         self.ds.set_alarm(rule)
+    }
+
+    fn alarms_reported(&self) -> Result<ReportedAlarms> {
+        Ok(self.ds.alarms_reported())
+    }
+
+    fn set_alarm_reported(&self, kind: AlarmKind, state: AlarmState) -> Result<()> {
+        self.ds.set_alarm_reported(kind, state)
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {

@@ -22,11 +22,11 @@ use strata_objstore::ObjectDisk;
 
 use crate::alarms::AlarmSettings;
 use crate::{
-    capability, datastore_view, gauges, AlarmRule, Background, Capability, ChangedRange,
-    CheckReport, CompactOptions, CompactReport, Datastore, DatastoreInfo, DatastoreView, DiskInfo,
-    DiskView, Error, ErrorKind, Gauge, GcReport, GroupInfo, GroupSnapshotInfo,
-    GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, Result, Role,
-    SnapshotInfo, SpaceWork, StoreDisk,
+    capability, datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, Capability,
+    ChangedRange, CheckReport, CompactOptions, CompactReport, Datastore, DatastoreInfo,
+    DatastoreView, DiskInfo, DiskView, Error, ErrorKind, Gauge, GcReport, GroupInfo,
+    GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning,
+    PunchZeroReport, ReportedAlarms, Result, Role, SnapshotInfo, SpaceWork, StoreDisk,
 };
 
 /// How old the figures of [`Datastore::space_recent`] may be for a
@@ -608,9 +608,10 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn set_capacity(&self, bytes: u64) -> Result<DatastoreInfo> {
-        let mut settings = AlarmSettings::load(&self.dir)?;
-        settings.capacity_bytes = bytes;
-        settings.save(&self.dir)?;
+        AlarmSettings::update(&self.dir, |s| {
+            s.capacity_bytes = bytes;
+            Ok(true)
+        })?;
         self.space()
     }
 
@@ -619,10 +620,16 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn set_alarm(&self, rule: AlarmRule) -> Result<AlarmRule> {
-        let mut settings = AlarmSettings::load(&self.dir)?;
-        settings.set(rule.clone())?;
-        settings.save(&self.dir)?;
+        AlarmSettings::update(&self.dir, |s| s.set(rule.clone()).map(|()| true))?;
         Ok(rule)
+    }
+
+    fn alarms_reported(&self) -> Result<ReportedAlarms> {
+        Ok(AlarmSettings::load(&self.dir)?.alarms_reported)
+    }
+
+    fn set_alarm_reported(&self, kind: AlarmKind, state: AlarmState) -> Result<()> {
+        AlarmSettings::update(&self.dir, |s| Ok(s.alarms_reported.set(kind, state)))
     }
 
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {

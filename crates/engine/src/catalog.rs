@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use strata_format::VersionState;
 
 use crate::error::{err, ErrorKind, Result};
-use strata_api::alarm::AlarmRule;
+use strata_api::alarm::{AlarmRule, ReportedAlarms};
 use strata_api::{Consistency, Provisioning, QuiesceReport};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +98,10 @@ pub struct Catalog {
     /// listed has its default. Absent in catalogs written before alarms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alarms: Vec<AlarmRule>,
+    /// The state each alarm was in when a server last reported it (ok
+    /// left out); absent when none is raised or none was reported.
+    #[serde(default, skip_serializing_if = "ReportedAlarms::is_empty")]
+    pub alarms_reported: ReportedAlarms,
     /// Consistency groups (docs/BACKUP.md); absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRec>,

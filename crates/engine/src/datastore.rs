@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::Serialize;
-use strata_api::alarm::{self, AlarmKind, AlarmRule, SpaceFigures};
+use strata_api::alarm::{self, AlarmKind, AlarmRule, AlarmState, ReportedAlarms, SpaceFigures};
 use strata_api::{
     CheckReport, DatastoreInfo, DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo,
 };
@@ -205,6 +205,28 @@ impl Datastore {
         })?;
         self.inner.commit(false)?;
         Ok(rule)
+    }
+
+    /// The state each alarm was in when a server last reported it.
+    pub fn alarms_reported(&self) -> ReportedAlarms {
+        self.inner.meta.lock().catalog.alarms_reported.clone()
+    }
+
+    /// Record that a server reported alarm `kind` in `state`, in the
+    /// catalog (FORMAT.md §6 `alarms_reported`); durable when this
+    /// returns. Nothing is written when that is what is recorded.
+    pub fn set_alarm_reported(&self, kind: AlarmKind, state: AlarmState) -> Result<()> {
+        let mut now = self.alarms_reported();
+        if !now.set(kind, state) {
+            return Ok(());
+        }
+        self.change(|m| {
+            if m.catalog.alarms_reported.set(kind, state) {
+                m.mark_catalog_dirty();
+            }
+            Ok(())
+        })?;
+        self.inner.commit(false)
     }
 
     /// Run a catalog operation under the gate (exclusive, so no I/O acts

@@ -48,7 +48,7 @@ pub use datastore::{
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};
 // strata-api's vocabulary, in the engine's signatures.
-pub use strata_api::alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus};
+pub use strata_api::alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use strata_api::{
     CheckReport, Consistency, DatastoreInfo, DefragReport, DiskInfo, FailStop, FreeSpaceReport,
     GroupInfo, GroupMemberInfo, GroupSnapshotInfo, PoolLayout, Provisioning, PunchZeroReport,

@@ -16,6 +16,7 @@
 //!   API), and a clean shutdown; [`logging`] where its log events go.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
+mod alarm_reports;
 pub mod bitmaps;
 pub mod changes;
 pub mod cloning;

@@ -586,6 +586,10 @@ impl Mover for Places {
     fn serves(&self, name: &str) -> bool {
         self.serves_placed(name)
     }
+
+    fn forget(&self, name: &str, with_snapshots: bool) {
+        self.forget_slots(name, with_snapshots);
+    }
 }
 
 #[cfg(test)]

@@ -108,6 +108,11 @@ pub trait Mover: Sync {
     ) -> Result<Response, Error>;
     /// Whether the server serves an export of this name from elsewhere.
     fn serves(&self, name: &str) -> bool;
+    /// Forget the open export `name` (and its snapshots' when
+    /// `with_snapshots`), which a request took away: its next client
+    /// opens whatever then bears the name; clients still connected keep
+    /// what they have.
+    fn forget(&self, name: &str, with_snapshots: bool);
 }
 
 /// A server's jobs, as requests see them (the server's `jobs` module keeps
@@ -120,8 +125,63 @@ pub trait JobList: Sync {
 
 /// Run one request: routed where the server placed its disk, refused
 /// where the kind cannot do it, else answered through the datastore
-/// trait.
+/// trait. Inside a server, the exports a request took away are forgotten
+/// ([`gone_exports`]).
 pub fn execute(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let r = execute_here(ctx, req, progress);
+    if r.is_ok() && (ctx.stats.is_some() || ctx.mover.is_some()) {
+        for (name, with_snapshots) in gone_exports(ctx.ds, req) {
+            forget_export(ctx, &name, with_snapshots);
+        }
+    }
+    r
+}
+
+/// The exports a request that succeeded took away, each with whether its
+/// snapshots (`NAME@SNAP`) went too: a removed disk (and its snapshots),
+/// a deleted snapshot, a deleted group snapshot's member snapshots.
+fn gone_exports(ds: &dyn AnyDatastore, req: &Request) -> Vec<(String, bool)> {
+    match req {
+        Request::Remove { name } => vec![(name.clone(), true)],
+        Request::SnapshotDelete { disk, snapshot } => vec![(format!("{disk}@{snapshot}"), false)],
+        // The members' snapshots of that name (the group is still there).
+        Request::GroupSnapshotDelete { group, snapshot } => ds
+            .group_info(group)
+            .map(|g| g.disks)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|disk| (format!("{disk}@{snapshot}"), false))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Forget export `name` (and its snapshots' when `with_snapshots`): its
+/// statistics leave the registry (the API, /metrics, the dashboard) and
+/// its slot the server's table, so that whatever bears the name next (a
+/// new disk, a new snapshot) starts at zero with a device of its own. A
+/// client still connected to the old one keeps its device and records
+/// into statistics nobody lists any more
+/// ([`strata_stats::StatsRegistry::remove`]): never under the name again.
+fn forget_export(ctx: &Ctx<'_>, name: &str, with_snapshots: bool) {
+    if let Some(reg) = ctx.stats {
+        if with_snapshots {
+            reg.remove_disk(name);
+        } else {
+            reg.remove(name);
+        }
+    }
+    if let Some(m) = ctx.mover {
+        m.forget(name, with_snapshots);
+    }
+}
+
+/// [`execute`], the forgetting of what went aside.
+fn execute_here(
     ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),

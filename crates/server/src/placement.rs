@@ -350,6 +350,18 @@ impl Places {
         Ok(s)
     }
 
+    /// Forget the slot of export `name` (and those of its snapshots when
+    /// `with_snapshots`): it was removed or deleted. Its clients keep it
+    /// (and the device of what was removed); the next client of the name
+    /// opens a slot of its own on what the name then is (a new disk or
+    /// snapshot of the same name, never the old one's device).
+    pub fn forget_slots(&self, name: &str, with_snapshots: bool) {
+        let prefix = format!("{name}@");
+        self.slots
+            .lock()
+            .retain(|n, _| n != name && !(with_snapshots && n.starts_with(&prefix)));
+    }
+
     /// The open slots of `disk`'s snapshots (`DISK@SNAP`).
     pub fn snapshot_slots(&self, disk: &str) -> Vec<(String, Arc<Slot>)> {
         let prefix = format!("{disk}@");

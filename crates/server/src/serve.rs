@@ -539,8 +539,8 @@ const ALARM_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Evaluate the datastore's alarms every ALARM_EVERY until `stop`; log
 /// each change of state and run the alarm's `--exec` command for it.
-/// States start as ok, so an alarm already raised when the server starts
-/// is reported at once.
+/// States start as the last server reported them (`alarm_reports`), so an
+/// alarm that changed since is reported at once, one already reported not.
 fn spawn_alarm_watcher(
     ds: crate::placement::Store,
     dir: PathBuf,
@@ -549,7 +549,7 @@ fn spawn_alarm_watcher(
     std::thread::Builder::new()
         .name("alarms".into())
         .spawn(move || {
-            let mut last: HashMap<AlarmKind, AlarmState> = HashMap::new();
+            let mut last: HashMap<AlarmKind, AlarmState> = crate::alarm_reports::load(&*ds);
             let mut children: Vec<(String, std::process::Child)> = Vec::new();
             let mut failing = false;
             while !stop.load(Ordering::Acquire) {
@@ -579,6 +579,7 @@ fn spawn_alarm_watcher(
                         .find(|r| r.kind == a.kind)
                         .and_then(|r| r.exec.clone());
                     alarm_changed(&dir, a, previous, exec, &mut children);
+                    crate::alarm_reports::record(&*ds, a.kind, a.state);
                 }
                 reap(&mut children);
                 // Wake often to stop promptly.

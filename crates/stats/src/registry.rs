@@ -114,4 +114,14 @@ impl StatsRegistry {
     pub fn remove(&self, name: &str) -> Option<Arc<DiskStats>> {
         self.disks.write().remove(name)
     }
+
+    /// Forget disk `disk` and its snapshots' exports (`DISK@SNAP`), as
+    /// [`StatsRegistry::remove`] forgets one name: for a removed disk, or
+    /// a new one whose name an old disk had.
+    pub fn remove_disk(&self, disk: &str) {
+        let prefix = format!("{disk}@");
+        self.disks
+            .write()
+            .retain(|name, _| name != disk && !name.starts_with(&prefix));
+    }
 }

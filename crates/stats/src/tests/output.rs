@@ -541,3 +541,27 @@ fn strict_parse(text: &str) -> HashMap<String, String> {
     }
     types
 }
+
+#[test]
+fn a_removed_disk_leaves_the_registry_with_its_snapshots_and_its_devices_record_unseen() {
+    let registry = StatsRegistry::new();
+    let inner: Arc<dyn BlockDevice> = Arc::new(MemDisk::new(1 << 20));
+    let disk = StatsDevice::new(inner, registry.get_or_create("vm"));
+    for name in ["vm@s1", "vm@s2", "vm2", "vm2@s1", "v"] {
+        registry.get_or_create(name);
+    }
+    disk.write_at(&[1; 4096], 0, false).unwrap();
+    registry.remove_disk("vm");
+    assert_eq!(registry.list(), ["v", "vm2", "vm2@s1"]);
+    // The old device records into statistics nobody lists any more.
+    disk.write_at(&[1; 4096], 0, false).unwrap();
+    assert_eq!(
+        disk.stats().snapshot().counters(crate::Op::Write).commands,
+        2
+    );
+    assert_eq!(registry.list(), ["v", "vm2", "vm2@s1"]);
+    // A new disk of the name starts at zero.
+    let new = registry.get_or_create("vm");
+    assert_eq!(new.snapshot().counters(crate::Op::Write).commands, 0);
+    assert!(!Arc::ptr_eq(&new, disk.stats()));
+}
