@@ -68,7 +68,7 @@ pub use response::{
 };
 pub use strata_block::throttle::IoLimits;
 pub use strata_block::{Error, Kind as ErrorKind};
-pub use view::{DatastoreView, DiskView, Refusal, StoreDisk};
+pub use view::{ClientInfo, DatastoreView, DiskView, Refusal, StoreDisk};
 pub use vmdk::{
     ExtentCheck, ShrinkReport, ShrinkResult, Subformat, VmdkCheckReport, VmdkExtentInfo,
     VmdkFileCheck, VmdkInfo, VmdkLinkInfo, VmdkRequest, VmdkResponse,

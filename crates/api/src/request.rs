@@ -37,6 +37,10 @@ pub enum Request {
     Extend {
         name: String,
         size_bytes: u64,
+        /// `size_bytes` is how much to add (`extend --size +1G`), not the
+        /// new size.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by: bool,
     },
     /// Set (or clear) a disk's I/O limits.
     Limit {
@@ -196,6 +200,10 @@ pub enum Request {
         /// The datastore the clone goes to (None: the source's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         to: Option<PathBuf>,
+        /// Copy at most this many bytes per second (None: as fast as
+        /// clients leave room for).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate_bytes_per_sec: Option<u64>,
     },
     Check,
     /// `claim DISK` (object-store datastores): this host becomes its writer.

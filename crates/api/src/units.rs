@@ -8,44 +8,87 @@ pub fn invalid(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidArgument, message)
 }
 
-/// Parse `512`, `64K`, `256M`, `10G`, `1T`, `1.5G`, `4KiB`, `2GB` (binary units).
+/// The bytes of a size as qemu-img reads it: a number, a fraction too
+/// (`1.5G`), with an optional suffix in powers of 1024: `K`, `M`, `G`, `T`,
+/// `P`, `E` (any case), also written `KiB`..`EiB`, or `B` for bytes. `KB`,
+/// `GB` and the like are refused: they mean 1000s to some readers and
+/// 1024s to others, and qemu-img refuses them too.
 pub fn parse_size(s: &str) -> Result<u64, Error> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
+    let not_a_size = || {
+        invalid(format!(
+            "'{s}' is not a size (examples: 512, 64K, 10G, 1.5T)"
+        ))
+    };
     if num.is_empty() {
-        return Err(invalid(format!(
-            "'{s}' is not a size (examples: 512, 64K, 10G, 1T)"
-        )));
+        return Err(not_a_size());
     }
-    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        "T" | "TB" | "TIB" => 1 << 40,
-        "P" | "PB" | "PIB" => 1 << 50,
-        other => {
+    let upper = unit.trim().to_ascii_uppercase();
+    let power = match upper.trim_end_matches("IB") {
+        _ if upper == "B" || upper.is_empty() => 0,
+        "K" => 1,
+        "M" => 2,
+        "G" => 3,
+        "T" => 4,
+        "P" => 5,
+        "E" => 6,
+        _ if upper.len() == 2 && upper.ends_with('B') => {
+            let p = &upper[..1];
             return Err(invalid(format!(
-                "unknown size unit '{other}' in '{s}' (use K, M, G, T or P)"
+                "'{s}': sizes are in powers of 1024, as qemu-img reads them: write {num}{p} \
+                 ({num} {p}iB), or the size in bytes for decimal units"
+            )));
+        }
+        _ => {
+            return Err(invalid(format!(
+                "unknown size unit '{unit}' in '{s}' (use K, M, G, T, P or E: powers of 1024)"
             )))
         }
     };
+    let mult = 1u64 << (10 * power);
     if let Ok(n) = num.parse::<u64>() {
         return n
             .checked_mul(mult)
             .ok_or_else(|| invalid(format!("size '{s}' is too large")));
     }
-    let f: f64 = num
-        .parse()
-        .map_err(|_| invalid(format!("'{s}' is not a size (examples: 512, 64K, 10G, 1T)")))?;
+    let f: f64 = num.parse().map_err(|_| not_a_size())?;
     let v = f * mult as f64;
     if !(0.0..1.8e19).contains(&v) {
         return Err(invalid(format!("size '{s}' is out of range")));
     }
     Ok(v.round() as u64)
+}
+
+/// A disk's new size on the command line: `SIZE`, or `+SIZE` for that
+/// much more than it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewSize {
+    To(u64),
+    By(u64),
+}
+
+impl NewSize {
+    /// `10G` or `+1G` ([`parse_size`]).
+    pub fn parse(s: &str) -> Result<NewSize, Error> {
+        match s.trim().strip_prefix('+') {
+            Some(more) => parse_size(more).map(NewSize::By),
+            None => parse_size(s).map(NewSize::To),
+        }
+    }
+}
+
+/// A disk size rounded up to whole 512-byte sectors, with a note saying so
+/// when it was not one (`1.3G`); None when it is 0 or too large.
+pub fn sectors_up(bytes: u64) -> Option<(u64, Option<String>)> {
+    let up = bytes.checked_next_multiple_of(512).filter(|&b| b > 0)?;
+    let note = (up != bytes).then(|| {
+        format!("note: {bytes} bytes is not a whole number of 512-byte sectors; rounded up to {up}")
+    });
+    Some((up, note))
 }
 
 /// `1.5 GiB`-style rendering.
@@ -113,6 +156,22 @@ mod tests {
         assert_eq!(parse_size("1T").unwrap(), 1 << 40);
         assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
         assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("2E").unwrap(), 2 << 60);
+        assert_eq!(parse_size("7b").unwrap(), 7);
+        // Decimal-looking units are refused, as qemu-img refuses them.
+        let e = parse_size("10GB").unwrap_err().message;
+        assert!(e.contains("write 10G (10 GiB)"), "{e}");
+        assert!(parse_size("1kb").is_err());
+        assert_eq!(NewSize::parse("+1G").unwrap(), NewSize::By(1 << 30));
+        assert_eq!(NewSize::parse("64M").unwrap(), NewSize::To(64 << 20));
+        assert!(NewSize::parse("+").is_err());
+        assert_eq!(sectors_up(4096), Some((4096, None)));
+        let (up, note) = sectors_up(parse_size("1.3G").unwrap()).unwrap();
+        assert_eq!(up, 1_395_864_576);
+        assert!(note.unwrap().contains("rounded up to 1395864576"));
+        assert_eq!(sectors_up(0), None);
+        assert_eq!(sectors_up(u64::MAX), None);
         assert!(parse_size("abc").is_err());
         assert!(parse_size("10X").is_err());
         assert!(parse_size("99999999999P").is_err());

@@ -21,6 +21,10 @@ pub struct DiskView {
     pub info: DiskInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_store: Option<StoreDisk>,
+    /// Who has the disk or one of its snapshots open through the server
+    /// that answered (`info` only; docs/INTERLOCKS.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientInfo>,
 }
 
 impl From<DiskInfo> for DiskView {
@@ -28,8 +32,24 @@ impl From<DiskInfo> for DiskView {
         DiskView {
             info,
             object_store: None,
+            clients: Vec::new(),
         }
     }
+}
+
+/// One client's hold on an export of a served disk: a session
+/// (docs/INTERLOCKS.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// `vm`, or `vm@s1` for a snapshot's export.
+    pub export: String,
+    /// `nbd` (vhost-user-blk and FUSE are not listed yet).
+    pub transport: String,
+    /// `ip:port`, or `local pid N` over a Unix socket; under TLS the
+    /// certificate's subject first.
+    pub peer: String,
+    pub read_only: bool,
+    pub since_unix: u64,
 }
 
 /// Who writes a disk of an object store, from its newest manifest as the

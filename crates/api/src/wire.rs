@@ -87,7 +87,25 @@ impl Reply {
     }
 }
 
-/// Send a request to a running server and wait for its answer.
+/// What a client sees of a request while the server runs it.
+pub trait Watch {
+    /// The server runs the request as job `job` (said once, at its start).
+    fn started(&mut self, job: &JobInfo) {
+        let _ = job;
+    }
+    /// `done` of `total` (bytes, or the work's own unit).
+    fn progress(&mut self, done: u64, total: u64);
+}
+
+/// A closure watches the progress alone.
+impl<F: FnMut(u64, u64)> Watch for F {
+    fn progress(&mut self, done: u64, total: u64) {
+        self(done, total)
+    }
+}
+
+/// Send a request to a running server and wait for its answer, telling
+/// `watch` of its job and progress.
 ///
 /// A long request runs as a job of the server: with `detach`, this returns
 /// as soon as the job has started (`Response::JobStarted`).
@@ -95,7 +113,7 @@ pub fn request(
     socket: &Path,
     req: &Request,
     detach: bool,
-    progress: &mut dyn FnMut(u64, u64),
+    watch: &mut dyn Watch,
 ) -> Result<Response, Error> {
     let mut s = UnixStream::connect(socket).map_err(|e| {
         Error::new(
@@ -115,16 +133,8 @@ pub fn request(
             .map_err(|e| Error::new(ErrorKind::Io, format!("bad answer from server: {e}")))?;
         match reply {
             Reply::Job(info) if detach => return Ok(Response::JobStarted(info)),
-            Reply::Job(info) => {
-                use std::io::IsTerminal;
-                if std::io::stderr().is_terminal() {
-                    eprintln!(
-                        "job {}: {} (Ctrl-C detaches; the server goes on: 'strata jobs')",
-                        info.id, info.what
-                    );
-                }
-            }
-            Reply::Progress([done, total]) => progress(done, total),
+            Reply::Job(info) => watch.started(&info),
+            Reply::Progress([done, total]) => watch.progress(done, total),
             Reply::Ok(r) => return Ok(*r),
             Reply::Error(e) => return Err(e.into()),
         }

@@ -8,13 +8,15 @@
 use std::path::PathBuf;
 
 use strata_api::request::absolute;
+use strata_api::units::{invalid, sectors_up, NewSize};
 use strata_api::{
-    AlarmRule, Error, ErrorKind, ImageFormat, IoLimits, JobAction, Provisioning, Request,
-    Subformat, VmdkRequest,
+    AlarmRule, Error, ImageFormat, IoLimits, JobAction, Provisioning, Request, Subformat,
+    VmdkRequest,
 };
 
 use crate::args::{AlarmCmd, Cmd, JobCmd, SnapCmd, VmdkCmd};
 use crate::serve_args::ServeArgs;
+use crate::target::names;
 
 /// The action of a command whose FILE may be `-`: a stream through
 /// stdin or stdout (`main` makes the pipe and fills in its path), else a
@@ -67,6 +69,8 @@ pub enum Action<'a> {
     Stream { request: Request, pipe: Pipe },
     /// A command on VMDK files, run here.
     Vmdk(VmdkRequest),
+    /// `info DISK@SNAP`: the snapshot, out of its disk's snapshot list.
+    Snapshot { request: Request, name: &'a str },
 }
 
 impl Action<'_> {
@@ -124,10 +128,7 @@ fn datastore<'a>(request: Request) -> Action<'a> {
 /// What a family's function answers for a command of another family
 /// (`try_from` sends each command to its own).
 fn not_this_family() -> Error {
-    Error::new(
-        ErrorKind::InvalidArgument,
-        "this command has no action here",
-    )
+    invalid("this command has no action here")
 }
 
 /// What runs here without a datastore: init and attach, serve, completions, man
@@ -245,21 +246,34 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
 fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
     Ok(datastore(match cmd {
         Cmd::List => Request::List,
-        Cmd::Info { name } => Request::Info { name: name.clone() },
+        Cmd::Info { name } => match strata_engine::split_target(name) {
+            (disk, Some(_)) => {
+                let request = Request::SnapshotList { disk: disk.into() };
+                return Ok(Action::Snapshot { request, name });
+            }
+            _ => Request::Info { name: name.clone() },
+        },
         Cmd::Create {
             name,
             size,
             provisioning,
         } => Request::Create {
             name: name.clone(),
-            size_bytes: *size,
+            size_bytes: sectors(*size)?,
             provisioning: *provisioning,
         },
         Cmd::Rm { name } => Request::Remove { name: name.clone() },
-        Cmd::Extend { name, size } => Request::Extend {
-            name: name.clone(),
-            size_bytes: *size,
-        },
+        Cmd::Extend { name, size } => {
+            let (bytes, by) = match *size {
+                NewSize::To(b) => (b, false),
+                NewSize::By(b) => (b, true),
+            };
+            Request::Extend {
+                name: name.clone(),
+                size_bytes: sectors(bytes)?,
+                by,
+            }
+        }
         Cmd::Convert {
             name,
             provisioning,
@@ -284,8 +298,7 @@ fn limit_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             clear,
         } => {
             if !clear && iops.is_none() && bps.is_none() {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
+                return Err(invalid(
                     "give --iops N and/or --bps SIZE (and optionally --burst SECONDS), or --clear",
                 ));
             }
@@ -341,27 +354,26 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
 
 /// Snapshots and groups.
 fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
-    let s = String::clone;
     Ok(datastore(match cmd {
-        Cmd::Snapshot(SnapCmd::Create {
-            disk,
-            snapshot,
-            description,
-        }) => Request::SnapshotCreate {
-            disk: s(disk),
-            snapshot: s(snapshot),
-            description: s(description),
-        },
-        Cmd::Group(g) => g.request(),
-        Cmd::Snapshot(SnapCmd::List { disk }) => Request::SnapshotList { disk: s(disk) },
-        Cmd::Snapshot(SnapCmd::Revert { disk, snapshot }) => Request::SnapshotRevert {
-            disk: s(disk),
-            snapshot: s(snapshot),
-        },
-        Cmd::Snapshot(SnapCmd::Delete { disk, snapshot }) => Request::SnapshotDelete {
-            disk: s(disk),
-            snapshot: s(snapshot),
-        },
+        Cmd::Snapshot(SnapCmd::Create { at, description }) => {
+            let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
+            let description = description.clone();
+            Request::SnapshotCreate {
+                disk,
+                snapshot,
+                description,
+            }
+        }
+        Cmd::Group(g) => g.request()?,
+        Cmd::Snapshot(SnapCmd::List { disk }) => Request::SnapshotList { disk: disk.clone() },
+        Cmd::Snapshot(SnapCmd::Revert(at)) => {
+            let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
+            Request::SnapshotRevert { disk, snapshot }
+        }
+        Cmd::Snapshot(SnapCmd::Delete(at)) => {
+            let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
+            Request::SnapshotDelete { disk, snapshot }
+        }
         _ => return Err(not_this_family()),
     }))
 }
@@ -375,17 +387,18 @@ fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             full: true,
             provisioning,
             to,
+            rate,
         } => Request::CloneFull {
             source: source.clone(),
             name: name.clone(),
             provisioning: *provisioning,
             to: to.as_deref().map(absolute).transpose()?,
+            rate_bytes_per_sec: *rate,
         },
         Cmd::Clone {
             provisioning: p, ..
         } if *p != Provisioning::Thin => {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
+            return Err(invalid(
                 "--type applies to full clones only (a linked clone is thin); add --full",
             ));
         }
@@ -474,4 +487,18 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         }),
         _ => return Err(not_this_family()),
     })
+}
+
+/// A disk size in whole sectors: rounded up with a note, as qemu-img
+/// rounds an image's size.
+fn sectors(bytes: u64) -> Result<u64, Error> {
+    let (up, note) = sectors_up(bytes).ok_or_else(|| {
+        invalid(format!(
+            "a disk of {bytes} bytes: give at least 512 (1 sector)"
+        ))
+    })?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    Ok(up)
 }

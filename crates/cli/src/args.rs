@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use strata_api::units::parse_size;
-use strata_api::{AlarmKind, Error, ErrorKind, Provisioning};
+use strata_api::units::{invalid, parse_size, NewSize};
+use strata_api::{AlarmKind, Error, Provisioning};
 
 use crate::serve_args::ServeArgs;
+use crate::target::At;
 
 /// The exit codes, one per kind of failure (docs/ERRORS.md), so a script
 /// or a unit file can tell "try again later" from "this will never work".
@@ -198,11 +199,13 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         provisioning: Provisioning,
     },
     /// List disks
+    #[command(visible_alias = "ls")]
     List,
     /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots, and what removing it
     /// (exclusive) and deleting all its snapshots (snapshot space) would free
     Info { name: String },
     /// Remove a disk and its snapshots (linked clones keep what they share)
+    #[command(visible_alias = "delete")]
     Rm { name: String },
     /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream, to FILE or - (stdout)
     #[command(
@@ -266,9 +269,9 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
     /// Grow a disk (also while it is served)
     Extend {
         name: String,
-        /// New virtual size
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
+        /// New virtual size (e.g. 20G), or +SIZE for that much more
+        #[arg(long, value_parser = NewSize::parse)]
+        size: NewSize,
     },
     /// Limit a disk's I/O rate (also while it is served): operations and/or bytes per second,
     /// in every transport (NBD, vhost-user-blk), for the disk and its snapshots
@@ -393,6 +396,9 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// store) instead of the source's; the server serves it from there
         #[arg(long, value_name = "DIR", requires = "full")]
         to: Option<PathBuf>,
+        /// With --full: copy at most this much per second (e.g. 200M), to leave room for clients
+        #[arg(long, value_parser = parse_size, requires = "full")]
+        rate: Option<u64>,
     },
     /// Verify reference counts, ownership and accounting; non-zero exit on problems
     Check,
@@ -533,24 +539,27 @@ command set before is kept; --exec '' removes it.")]
         exec: Option<String>,
     },
     /// List the alarms: state now, percent, thresholds, command
+    #[command(visible_alias = "ls")]
     List,
 }
 
 #[derive(Subcommand)]
 pub enum SnapCmd {
-    /// Take a snapshot (O(1), whatever the disk holds)
+    /// Take a snapshot (O(1), whatever the disk holds): DISK@SNAP or DISK SNAP
     Create {
-        disk: String,
-        snapshot: String,
+        #[command(flatten)]
+        at: At,
         #[arg(long, default_value = "")]
         description: String,
     },
     /// List a disk's snapshots as a tree, each with what deleting it would free (exclusive)
+    #[command(visible_alias = "ls")]
     List { disk: String },
-    /// Make the disk equal to a snapshot again (discards changes since)
-    Revert { disk: String, snapshot: String },
-    /// Delete a snapshot (moves no data)
-    Delete { disk: String, snapshot: String },
+    /// Make the disk equal to a snapshot again (discards changes since): DISK@SNAP or DISK SNAP
+    Revert(At),
+    /// Delete a snapshot (moves no data): DISK@SNAP or DISK SNAP
+    #[command(visible_alias = "rm")]
+    Delete(At),
 }
 
 /// A size, or `fs` (0: follow the file system).
@@ -559,8 +568,7 @@ fn parse_capacity(s: &str) -> Result<u64, Error> {
         return Ok(0);
     }
     match parse_size(s)? {
-        0 => Err(Error::new(
-            ErrorKind::InvalidArgument,
+        0 => Err(invalid(
             "a capacity of 0 makes no sense; use `--capacity fs` to follow the file system",
         )),
         n => Ok(n),

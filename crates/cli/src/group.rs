@@ -5,6 +5,8 @@ use clap::{Args, Subcommand};
 use strata_api::units::invalid;
 use strata_api::{Error, Request};
 
+use crate::target::names;
+
 #[derive(Subcommand)]
 pub enum GroupCmd {
     /// Make a group of disks that are snapshotted together (a disk is in one group at most)
@@ -25,8 +27,10 @@ pub enum GroupCmd {
     /// Take a disk out of a group (its snapshots stay; 'group revert' of older ones is refused)
     Remove { name: String, disk: String },
     /// Remove a group; its disks stay. Refused while it has snapshots
+    #[command(visible_alias = "delete")]
     Rm { name: String },
     /// List the groups
+    #[command(visible_alias = "ls")]
     List,
     /// Show a group: its disks, its hook, how many snapshots
     Info { name: String },
@@ -35,7 +39,7 @@ pub enum GroupCmd {
         args_conflicts_with_subcommands = true,
         subcommand_negates_reqs = true,
         long_about = "Snapshot every disk of a group at one instant: 'strata group snapshot \
-GROUP SNAP'.\n\n\
+GROUP@SNAP' (or GROUP SNAP).\n\n\
 Requests in flight finish, new ones wait (none fails), every member gets snapshot SNAP in one \
 change, then I/O goes on; the snapshot holds every write any member acknowledged before the \
 cut, flushed or not, and none after it. All or nothing. With a quiesce hook (the group's, or \
@@ -44,8 +48,9 @@ failing or late hook creates nothing unless --ignore-quiesce-error. --json repor
 I/O was held (pause_us)."
     )]
     Snapshot(GroupSnapArgs),
-    /// Revert every disk of a group to a group snapshot (one change; discards changes since)
-    Revert { name: String, snapshot: String },
+    /// Revert every disk of a group to a group snapshot (one change; discards changes since):
+    /// GROUP@SNAP or GROUP SNAP
+    Revert(GroupAt),
     /// Linked clones of every disk of GROUP@SNAP, as a new group
     #[command(
         long_about = "Linked clones of every disk of GROUP@SNAP (O(1) each), made with a new \
@@ -73,11 +78,10 @@ pub struct GroupSnapArgs {
 
 #[derive(Args)]
 pub struct TakeArgs {
-    /// The group
-    #[arg(required = true)]
+    /// GROUP@SNAP, or GROUP followed by SNAP: the snapshot's name on the group and every member
+    #[arg(required = true, value_name = "GROUP[@SNAP]")]
     group: Option<String>,
-    /// The snapshot's name on the group and on every member
-    #[arg(required = true)]
+    #[arg(value_name = "SNAP")]
     snapshot: Option<String>,
     #[arg(long, default_value = "")]
     description: String,
@@ -102,8 +106,8 @@ pub struct TakeArgs {
 enum GroupSnapCmd {
     /// A group's snapshots, with what deleting each frees on its members
     List { group: String },
-    /// Delete a group snapshot: every member's snapshot, in one change
-    Delete { group: String, snapshot: String },
+    /// Delete a group snapshot, every member's, in one change: GROUP@SNAP or GROUP SNAP
+    Delete(GroupAt),
 }
 
 fn parse_rename(s: &str) -> Result<(String, String), Error> {
@@ -113,11 +117,21 @@ fn parse_rename(s: &str) -> Result<(String, String), Error> {
     }
 }
 
+/// A group snapshot named `GROUP@SNAP` or `GROUP SNAP`.
+#[derive(Args)]
+pub struct GroupAt {
+    /// GROUP@SNAP, or GROUP followed by SNAP
+    #[arg(value_name = "GROUP[@SNAP]")]
+    group: String,
+    #[arg(value_name = "SNAP")]
+    snapshot: Option<String>,
+}
+
 impl GroupCmd {
     /// The request.
-    pub fn request(&self) -> Request {
+    pub fn request(&self) -> Result<Request, Error> {
         let s = String::clone;
-        match self {
+        Ok(match self {
             GroupCmd::Create {
                 name,
                 disks,
@@ -139,11 +153,11 @@ impl GroupCmd {
             GroupCmd::Rm { name } => Request::GroupDelete { name: s(name) },
             GroupCmd::List => Request::GroupList,
             GroupCmd::Info { name } => Request::GroupInfo { name: s(name) },
-            GroupCmd::Snapshot(a) => a.request(),
-            GroupCmd::Revert { name, snapshot } => Request::GroupSnapshotRevert {
-                group: s(name),
-                snapshot: s(snapshot),
-            },
+            GroupCmd::Snapshot(a) => a.request()?,
+            GroupCmd::Revert(at) => {
+                let (group, snapshot) = names(&at.group, at.snapshot.as_deref())?;
+                Request::GroupSnapshotRevert { group, snapshot }
+            }
             GroupCmd::Clone {
                 source,
                 name,
@@ -153,26 +167,29 @@ impl GroupCmd {
                 name: s(name),
                 renames: renames.clone(),
             },
-        }
+        })
     }
 }
 
 impl GroupSnapArgs {
     /// `group snapshot` (create), `group snapshot list|delete`.
-    fn request(&self) -> Request {
-        let s = String::clone;
-        match &self.action {
-            Some(GroupSnapCmd::List { group }) => Request::GroupSnapshotList { group: s(group) },
-            Some(GroupSnapCmd::Delete { group, snapshot }) => Request::GroupSnapshotDelete {
-                group: s(group),
-                snapshot: s(snapshot),
+    fn request(&self) -> Result<Request, Error> {
+        Ok(match &self.action {
+            Some(GroupSnapCmd::List { group }) => Request::GroupSnapshotList {
+                group: group.clone(),
             },
+            Some(GroupSnapCmd::Delete(at)) => {
+                let (group, snapshot) = names(&at.group, at.snapshot.as_deref())?;
+                Request::GroupSnapshotDelete { group, snapshot }
+            }
             None => {
                 let c = &self.create;
+                let target = c.group.as_deref().unwrap_or_default();
+                let (group, snapshot) = names(target, c.snapshot.as_deref())?;
                 Request::GroupSnapshotCreate {
-                    group: c.group.clone().unwrap_or_default(),
-                    snapshot: c.snapshot.clone().unwrap_or_default(),
-                    description: s(&c.description),
+                    group,
+                    snapshot,
+                    description: c.description.clone(),
                     quiesce_hook: c.quiesce_hook.clone(),
                     no_quiesce: c.no_quiesce,
                     ignore_quiesce_error: c.ignore_quiesce_error,
@@ -180,6 +197,6 @@ impl GroupSnapArgs {
                     max_pause_ms: c.max_pause,
                 }
             }
-        }
+        })
     }
 }

@@ -10,6 +10,8 @@ mod action;
 mod args;
 mod group;
 mod serve_args;
+mod target;
+mod watch;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,9 +24,10 @@ use strata_engine::InitOptions;
 
 use crate::action::{Action, Pipe};
 use crate::args::{default_datastore, Cli};
-use strata_cli::output::{self, progress_bar, Format};
+use strata_cli::output::{self, Format};
 use strata_server::serve::ServeConfig;
 use strata_server::{object_store, ops, serve, vmdk_ops};
+use watch::Reporter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -92,29 +95,25 @@ fn run(cli: &Cli, dir: &Path, format: Format) -> Result<ExitCode, Error> {
         }
         Action::Manpages(out) => manpages(out),
         Action::Vmdk(request) => {
-            let bar = progress_bar(
-                format == Format::Human && matches!(request, VmdkRequest::Shrink { .. }),
-                "{spinner} [{bar:40}] {percent}% eta {eta}",
-            );
-            let response = vmdk_ops::execute(&request, &mut |done, total| {
-                if let Some(b) = &bar {
-                    b.set_length(total);
-                    b.set_position(done);
-                }
-            });
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
+            let shrink = matches!(request, VmdkRequest::Shrink { .. });
+            let mut watch = Reporter::new(shrink, "vmdk shrink".into(), false, format);
+            let response = vmdk_ops::execute(&request, &mut watch);
+            watch.finish();
             let response = response?;
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
+        }
+        Action::Snapshot { request, name } => {
+            let list = dispatch(cli, dir, &request, format, false)?;
+            output::print(&output::OneSnapshot::of(list, name)?, format);
+            Ok(ExitCode::SUCCESS)
         }
         Action::Stream { request, pipe } => stream(cli, dir, request, format, pipe),
         Action::Datastore {
             request,
             watch: true,
         } => loop {
-            let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
+            let response = dispatch(cli, dir, &request, format, cli.detach)?;
             output::stdout("\x1b[2J\x1b[H");
             output::print(&response, format);
             std::thread::sleep(std::time::Duration::from_secs(1));
@@ -123,7 +122,7 @@ fn run(cli: &Cli, dir: &Path, format: Format) -> Result<ExitCode, Error> {
             request,
             watch: false,
         } => {
-            let response = dispatch(dir, cli.metadata_cache, cli.detach, &request)?;
+            let response = dispatch(cli, dir, &request, format, cli.detach)?;
             output::print(&response, format);
             Ok(exit_code(response.found_problems()))
         }
@@ -178,7 +177,7 @@ fn stream(
             }
         }
     });
-    let r = dispatch(dir, cli.metadata_cache, false, &request);
+    let r = dispatch(cli, dir, &request, format, false);
     // Once the request ended, the other end of the pipe is closed; a
     // failed one may never have opened it (the thread then waits in
     // open(2) until this process exits).
@@ -216,7 +215,14 @@ fn init(dir: &Path, capacity_bytes: u64) -> Result<ExitCode, Error> {
 
 /// Run a request at the datastore in `dir`, through its server if one
 /// runs (strata-server's `ops::at_dir`), with a progress bar for people.
-fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Response, Error> {
+fn dispatch(
+    cli: &Cli,
+    dir: &Path,
+    req: &Request,
+    format: Format,
+    detach: bool,
+) -> Result<Response, Error> {
+    let cache = cli.metadata_cache;
     strata_datastore::probe(dir).map_err(|e| match e.kind {
         ErrorKind::NotFound => {
             let hint = "run 'strata init' or pass --datastore";
@@ -227,29 +233,15 @@ fn dispatch(dir: &Path, cache: u64, detach: bool, req: &Request) -> Result<Respo
         }
         _ => e,
     })?;
-    let bar = make_bar(req);
+    let mut watch = Reporter::new(req.shows_progress(), req.describe(), true, format);
     let opts = strata_datastore::OpenOptions {
         cache_bytes: cache,
         background: false,
         ..Default::default()
     };
-    let r = ops::at_dir(dir, &opts, detach, req, &mut |done, total| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
-    });
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    let r = ops::at_dir(dir, &opts, detach, req, &mut watch);
+    watch.finish();
     r
-}
-
-fn make_bar(req: &Request) -> Option<indicatif::ProgressBar> {
-    progress_bar(
-        req.shows_progress(),
-        "{spinner} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    )
 }
 
 /// `strata manpages DIR`: strata.1, and strata-COMMAND.1 (strata-alarm-set.1

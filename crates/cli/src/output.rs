@@ -18,10 +18,11 @@ use strata_api::store::{CheckReport as StoreCheckReport, CompactReport, GcReport
 use strata_api::units::{human, limits_text, utc};
 use strata_api::{
     AlarmEntry, AlarmState, AlarmStatus, CheckReport, DatastoreInfo, DatastoreView, DefragReport,
-    DiffReport, DiskView, ExportDiffReport, ExportReport, ExportStats, FreeSpaceReport, GroupInfo,
-    GroupSnapshotInfo, GroupSnapshotReport, ImportDiffReport, ImportReport, JobInfo, MoveReport,
-    PoolLayout, PunchZeroReport, RangeKind, Response, ShrinkResult, SnapshotInfo, StoreDisk,
-    VmdkCheckReport, VmdkInfo, VmdkResponse, VmdkServerStatus, FREE_EXTENT_CLASSES,
+    DiffReport, DiskView, Error, ErrorKind, ExportDiffReport, ExportReport, ExportStats,
+    FreeSpaceReport, GroupInfo, GroupSnapshotInfo, GroupSnapshotReport, ImportDiffReport,
+    ImportReport, JobInfo, MoveReport, PoolLayout, PunchZeroReport, RangeKind, Response,
+    ShrinkResult, SnapshotInfo, StoreDisk, VmdkCheckReport, VmdkInfo, VmdkResponse,
+    VmdkServerStatus, FREE_EXTENT_CLASSES,
 };
 
 /// How to print an answer.
@@ -518,6 +519,70 @@ fn disk(out: &mut String, v: &DiskView) {
         field!(f, "manifest:", "{manifest} (written {written})");
         let how = "'strata gc --dry-run' shows each disk's bytes";
         field!(f, "allocated:", "known to a GC mark: {how}");
+    }
+    for c in &v.clients {
+        let mode = if c.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        };
+        let (export, transport, peer, since) =
+            (&c.export, &c.transport, &c.peer, utc(c.since_unix * 1000));
+        field!(
+            f,
+            "open by:",
+            "{export} over {transport} from {peer} ({mode}, since {since})"
+        );
+    }
+}
+
+/// `info DISK@SNAP`: one snapshot of its disk's `snapshot list`, for
+/// people as `info` shows a disk, as JSON as that list's entry.
+pub struct OneSnapshot(String, SnapshotInfo);
+
+impl OneSnapshot {
+    /// Snapshot `target` (`DISK@SNAP`) in `list`, the answer of `snapshot list DISK`.
+    pub fn of(list: Response, target: &str) -> Result<OneSnapshot, Error> {
+        let (disk, name) = target.split_once('@').unwrap_or((target, ""));
+        let found = match list {
+            Response::Snapshots(all) => all.into_iter().find(|s| s.name == name),
+            _ => None,
+        };
+        let missing = format!("disk '{disk}' has no snapshot named '{name}'");
+        let info = found.ok_or_else(|| Error::new(ErrorKind::NotFound, missing))?;
+        Ok(OneSnapshot(disk.into(), info))
+    }
+}
+
+impl Render for OneSnapshot {
+    fn human(&self, out: &mut String) {
+        let (disk, s, f) = (&self.0, &self.1, &mut Fields::disk(out));
+        let bytes = |b: u64| format!("{} ({b} bytes)", human(b));
+        field!(f, "name:", "{disk}@{} (id {})", s.name, s.id);
+        field!(f, "size:", "{}", bytes(s.size_bytes));
+        if let (Some(m), Some(x)) = (s.mapped_bytes, s.exclusive_bytes) {
+            field!(f, "mapped:", "{}", bytes(m));
+            field!(f, "exclusive:", "{}, freed by deleting it", bytes(x));
+        }
+        field!(f, "taken:", "{}", utc(s.created_unix * 1000));
+        field!(f, "parent:", "{}", or_dash(&s.parent));
+        if !s.description.is_empty() {
+            field!(f, "description:", "{}", s.description);
+        }
+        if let Some(g) = &s.group {
+            field!(f, "group:", "{g} (its group snapshot deletes it)");
+        }
+        if s.current {
+            field!(
+                f,
+                "current:",
+                "yes (the disk's live state descends from it)"
+            );
+        }
+    }
+
+    fn json(&self) -> Value {
+        serde_json::to_value(&self.1).expect("json")
     }
 }
 

@@ -28,7 +28,7 @@ fn cli_mistakes_get_one_clear_line_and_nonzero_exit() {
             "no disk named 'nope'",
         ),
         (2, vec!["clone", "nope", "x"], "needs a snapshot"),
-        (2, vec!["create", "a", "--size", "1000"], "multiple of 512"),
+        (2, vec!["create", "a", "--size", "0"], "give at least 512"),
     ] {
         let err = s.fails_with(code, &args);
         assert!(err.contains(needle), "{args:?}: '{err}' lacks '{needle}'");
@@ -539,4 +539,208 @@ fn under_json_errors_are_json_shaped_like_the_api() {
     assert_eq!(v["error"]["kind"], "invalid_argument", "{e}");
     // rm has a JSON answer now.
     assert_eq!(s.json(&["rm", "vm"])["removed"], "vm");
+}
+
+/// Snapshot commands name a snapshot as `DISK@SNAP` (as clone, diff and
+/// export do) or as `DISK SNAP`; both at once is a usage error that says
+/// which two were given. Group snapshot commands likewise (`GROUP@SNAP`).
+#[test]
+fn snapshot_commands_take_disk_at_snap_or_two_names() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    assert!(s.ok(&["snapshot", "create", "vm@s1"]).contains("vm@s1"));
+    s.ok(&["snapshot", "create", "vm", "s2"]);
+    let names = |s: &Store| -> Vec<String> {
+        let list = s.json(&["snapshot", "list", "vm"]);
+        let names = list.as_array().unwrap().iter();
+        names
+            .map(|x| x["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&s), ["s1", "s2"]);
+    assert_eq!(
+        s.json(&["snapshot", "revert", "vm@s1"])["current_snapshot"],
+        "s1"
+    );
+    assert_eq!(
+        s.json(&["snapshot", "revert", "vm", "s2"])["current_snapshot"],
+        "s2"
+    );
+    s.ok(&["snapshot", "delete", "vm@s1"]);
+    assert_eq!(names(&s), ["s2"]);
+    for args in [
+        &["snapshot", "delete", "vm@s2", "s1"][..],
+        &["snapshot", "create", "vm@s3", "s4"],
+        &["snapshot", "revert", "vm@s2", "s2"],
+    ] {
+        let e = s.fails_with(2, args);
+        assert!(
+            e.contains("names two snapshots") && e.contains("not both"),
+            "{args:?}: {e}"
+        );
+    }
+    assert!(s
+        .fails_with(2, &["snapshot", "delete", "vm"])
+        .contains("which snapshot"));
+    assert_eq!(names(&s), ["s2"], "a refused command changed nothing");
+    // Groups: GROUP@SNAP for snapshot, revert and delete.
+    s.ok(&["group", "create", "app", "vm"]);
+    s.ok(&["group", "snapshot", "app@n1"]);
+    s.ok(&["group", "snapshot", "app", "n2"]);
+    let e = s.fails_with(2, &["group", "snapshot", "app@n3", "n4"]);
+    assert!(e.contains("give app@n3 or app n4, not both"), "{e}");
+    assert!(s.ok(&["group", "revert", "app@n1"]).contains("to n1"));
+    s.ok(&["group", "snapshot", "delete", "app@n1"]);
+    s.ok(&["group", "snapshot", "delete", "app", "n2"]);
+    assert_eq!(names(&s), ["s2"]);
+    let help = s.ok(&["snapshot", "delete", "--help"]);
+    assert!(help.contains("<DISK[@SNAP]> [SNAP]"), "{help}");
+}
+
+/// `rm` and `delete` name one command, and so do `list` and `ls`: for
+/// disks, snapshots, groups and alarms; `--help` shows the other name.
+#[test]
+fn rm_and_delete_list_and_ls_are_one_command() {
+    let s = Store::new();
+    for d in ["a", "b"] {
+        s.ok(&["create", d, "--size", "1M"]);
+    }
+    assert_eq!(s.json(&["ls"]), s.json(&["list"]));
+    s.ok(&["snapshot", "create", "a@s1"]);
+    s.ok(&["snapshot", "create", "a@s2"]);
+    assert_eq!(
+        s.json(&["snapshot", "ls", "a"]).as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(s.json(&["snapshot", "rm", "a@s1"])["deleted"], "a@s1");
+    assert_eq!(
+        s.json(&["snapshot", "delete", "a", "s2"])["deleted"],
+        "a@s2"
+    );
+    s.ok(&["group", "create", "g", "a"]);
+    assert_eq!(s.json(&["group", "ls"]), s.json(&["group", "list"]));
+    assert_eq!(s.json(&["group", "delete", "g"])["deleted"], "g");
+    assert_eq!(s.json(&["alarm", "ls"]), s.json(&["alarm", "list"]));
+    assert_eq!(s.json(&["delete", "b"])["removed"], "b");
+    assert_eq!(s.disk_names(), ["a"]);
+    let help = s.ok(&["--help"]);
+    assert!(
+        help.contains("[alias: ls]") && help.contains("[alias: delete]"),
+        "{help}"
+    );
+    assert!(s.ok(&["snapshot", "--help"]).contains("[alias: rm]"));
+}
+
+/// Every command with an answer prints it as JSON under `--json` (the
+/// answer's API shape), the ones that change something too; only those
+/// with nothing to answer (`serve`, `completions`, `manpages`, a local
+/// `init`) refuse the flag.
+#[test]
+fn every_command_with_an_answer_prints_it_under_json() {
+    let s = Store::new();
+    let out = s.path().with_file_name("out.vmdk");
+    let out = out.to_str().unwrap();
+    for (args, key, want) in [
+        (&["create", "vm", "--size", "8M"][..], "name", "vm"),
+        (&["create", "vm2", "--size", "8M"], "name", "vm2"),
+        (&["snapshot", "create", "vm@s1"], "name", "s1"),
+        (&["snapshot", "revert", "vm@s1"], "current_snapshot", "s1"),
+        (&["extend", "vm", "--size", "16M"], "name", "vm"),
+        (&["limit", "vm", "--iops", "100"], "name", "vm"),
+        (&["punchzero", "vm"], "disk", "vm"),
+        (
+            &["convert", "vm", "--type", "zeroedthick"],
+            "provisioning",
+            "zeroedthick",
+        ),
+        (&["defrag", "vm"], "disk", "vm"),
+        (&["clone", "vm@s1", "c"], "name", "c"),
+        (&["export", "vm@s1", out], "open", out),
+        (&["group", "create", "app", "vm"], "name", "app"),
+        (&["group", "snapshot", "app@n"], "name", "n"),
+        (
+            &["group", "snapshot", "delete", "app@n"],
+            "deleted",
+            "app@n",
+        ),
+        (&["group", "rm", "app"], "deleted", "app"),
+        (&["snapshot", "create", "vm", "s2"], "name", "s2"),
+        (&["snapshot", "delete", "vm@s2"], "deleted", "vm@s2"),
+        (&["rm", "vm2"], "removed", "vm2"),
+    ] {
+        let v = s.json(args);
+        let got = v
+            .get(key)
+            .or_else(|| v.get("snapshot").and_then(|x| x.get(key)));
+        assert_eq!(got.and_then(|g| g.as_str()), Some(want), "{args:?}: {v:#}");
+    }
+    s.ok(&["group", "create", "app", "vm"]);
+    s.ok(&["group", "snapshot", "app", "n"]);
+    let reverted = s.json(&["group", "revert", "app@n"]);
+    assert_eq!(reverted[0]["current_snapshot"], "n", "{reverted:#}");
+    for args in [
+        &["status"][..],
+        &["check"],
+        &["grow"],
+        &["alarm", "list"],
+        &["jobs"],
+    ] {
+        let o = s.cmd(&[args, &["--json"]].concat());
+        let text = String::from_utf8_lossy(if o.status.success() {
+            &o.stdout
+        } else {
+            &o.stderr
+        });
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+            "{args:?}: {text}"
+        );
+    }
+    for args in [&["serve"][..], &["completions", "bash"], &["init"]] {
+        let e = s.fails_with(2, &[args, &["--json"]].concat());
+        assert!(e.contains("no answer to print as JSON"), "{args:?}: {e}");
+    }
+}
+
+/// `info DISK@SNAP` shows the snapshot (its entry of `snapshot list`,
+/// also under `--json`); a snapshot the disk lacks is not found.
+#[test]
+fn info_of_disk_at_snap_shows_the_snapshot() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&["snapshot", "create", "vm@s1", "--description", "pre 2.0"]);
+    s.ok(&["snapshot", "create", "vm@s2"]);
+    let text = s.ok(&["info", "vm@s1"]);
+    assert!(
+        text.contains("vm@s1 (id ") && text.contains("pre 2.0"),
+        "{text}"
+    );
+    assert!(s.ok(&["info", "vm@s2"]).contains("current:"));
+    let list = s.json(&["snapshot", "list", "vm"]);
+    assert_eq!(s.json(&["info", "vm@s1"]), list[0]);
+    let e = s.fails_with(3, &["info", "vm@nope"]);
+    assert!(e.contains("disk 'vm' has no snapshot named 'nope'"), "{e}");
+    assert!(s
+        .fails_with(3, &["info", "nope@s1"])
+        .contains("no disk named 'nope'"));
+}
+
+/// Sizes read as qemu-img reads them: powers of 1024, `GB` refused, a
+/// size that is not whole sectors rounded up with a note, `+SIZE` to grow.
+#[test]
+fn sizes_read_as_qemu_img_reads_them() {
+    let s = Store::new();
+    let e = s.fails(&["create", "vm", "--size", "10GB"]);
+    assert!(e.contains("write 10G (10 GiB)"), "{e}");
+    let o = s.cmd(&["create", "vm", "--size", "1.3M"]);
+    assert!(o.status.success());
+    let note = String::from_utf8_lossy(&o.stderr);
+    assert!(note.contains("rounded up to 1363456"), "{note}");
+    assert_eq!(s.json(&["info", "vm"])["size_bytes"], 1_363_456);
+    s.ok(&["extend", "vm", "--size", "+1m"]);
+    assert_eq!(s.json(&["info", "vm"])["size_bytes"], 1_363_456 + (1 << 20));
+    s.ok(&["extend", "vm", "--size", "4M"]);
+    assert_eq!(s.json(&["info", "vm"])["size_bytes"], 4 << 20);
+    let e = s.fails(&["extend", "vm", "--size", "+1KB"]);
+    assert!(e.contains("powers of 1024"), "{e}");
 }

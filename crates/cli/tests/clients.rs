@@ -410,3 +410,79 @@ fn nb_and_tbz_move_with_writes() {
     assert_eq!(s.json(&["info", "thin"])["nb"], 3);
     srv.stop();
 }
+
+/// `info` names who has the disk or one of its snapshots open (qemu-io
+/// held open on its stdin), read-only or not, and forgets them once they
+/// disconnect (docs/INTERLOCKS.md).
+#[test]
+fn info_names_the_clients_that_have_a_disk_open() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&["snapshot", "create", "vm@s1"]);
+    let _srv = s.serve();
+    assert!(s.json(&["info", "vm"]).get("clients").is_none());
+    let hold = |export: &str, opts: &[&str]| {
+        std::process::Command::new("qemu-io")
+            .args(opts)
+            .args(["-f", "raw", &s.uri(export)])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut rw = hold("vm", &[]);
+    let mut ro = hold("vm@s1", &["-r"]);
+    let mut clients = serde_json::Value::Null;
+    eventually(
+        "two clients listed",
+        std::time::Duration::from_secs(30),
+        || {
+            clients = s.json(&["info", "vm"])["clients"].clone();
+            clients.as_array().is_some_and(|c| c.len() == 2)
+        },
+    );
+    let mut got: Vec<(String, bool, u64)> = clients
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["transport"], "nbd", "{c}");
+            let peer = c["peer"].as_str().unwrap();
+            let pid = peer
+                .strip_prefix("local pid ")
+                .unwrap_or_else(|| panic!("{c}"));
+            let pid = pid.parse().unwrap();
+            (
+                c["export"].as_str().unwrap().to_string(),
+                c["read_only"].as_bool().unwrap(),
+                pid,
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("vm".to_string(), false, u64::from(rw.id())),
+            ("vm@s1".to_string(), true, u64::from(ro.id()))
+        ]
+    );
+    let text = s.ok(&["info", "vm"]);
+    assert!(
+        text.contains("open by:") && text.contains("vm@s1 over nbd from"),
+        "{text}"
+    );
+    assert!(text.contains("(read-write, since "), "{text}");
+    for c in [&mut rw, &mut ro] {
+        drop(c.stdin.take());
+        c.wait().unwrap();
+    }
+    eventually(
+        "the clients gone",
+        std::time::Duration::from_secs(30),
+        || s.json(&["info", "vm"]).get("clients").is_none(),
+    );
+}

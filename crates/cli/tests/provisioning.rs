@@ -481,3 +481,107 @@ fn a_cancelled_convert_says_what_the_disk_is_now() {
     assert_eq!(j["error"], want.as_str(), "{j}");
     srv.stop();
 }
+
+/// The percentages of `job N: WHAT: P %` lines in `text`, in order.
+fn progress_lines(text: &str, prefix: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.split(" %").next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn off_a_terminal_a_long_command_says_its_job_at_once_and_its_progress_now_and_then() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let _srv = s.serve();
+    // stderr to a file (a cron log): no terminal. Paced to take ~4 s.
+    let log = s.path().join("cron.log");
+    let mut cli = Command::new(strata())
+        .arg("--datastore")
+        .arg(s.path())
+        .args([
+            "convert",
+            "vm",
+            "--type",
+            "eagerzeroedthick",
+            "--rate",
+            "16M",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The job's id is in the log while the job still runs.
+    let mut seen = String::new();
+    eventually(
+        "the job line in the log",
+        std::time::Duration::from_secs(30),
+        || {
+            seen = std::fs::read_to_string(&log).unwrap();
+            seen.contains(": started (")
+        },
+    );
+    let id: u64 = seen
+        .strip_prefix("job ")
+        .and_then(|r| r.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no job line first: {seen}"));
+    assert!(
+        seen.starts_with(&format!(
+            "job {id}: convert vm to eagerzeroedthick: started ('strata jobs' shows it, \
+             'strata jobs cancel {id}' stops it)"
+        )),
+        "{seen}"
+    );
+    assert_eq!(job_state(&s, id)["state"], "running", "{seen}");
+    assert!(cli.wait().unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let p = progress_lines(
+        &text,
+        &format!("job {id}: convert vm to eagerzeroedthick: "),
+    );
+    // A line a tenth at most, rising, sizes named.
+    assert!(p.len() >= 2 && p.len() <= 10, "{text}");
+    assert!(p.windows(2).all(|w| w[0] < w[1]), "{text}");
+    assert!(text.contains(" MiB of 64 MiB)"), "{text}");
+
+    // --json: stderr stays for the answer's error alone.
+    let o = s.cmd(&["--json", "convert", "vm", "--type", "thin"]);
+    assert!(o.status.success());
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_full_clone_takes_a_rate_and_a_cancelled_one_leaves_no_disk() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let _srv = s.serve();
+    qemu_io_ok(&["-f", "raw"], &s.uri("vm"), &["write -P 7 0 32M"]);
+    // 32 MiB at 4 MiB/s: ~8 s, long enough to cancel part-way.
+    let started = s.json(&["clone", "vm", "c", "--full", "--rate", "4M", "--detach"]);
+    let id = started["id"].as_u64().unwrap();
+    wait_state(&s, id, "running");
+    s.ok(&["jobs", "cancel", &id.to_string()]);
+    let j = wait_state(&s, id, "cancelled");
+    let e = j["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("stopped by 'strata jobs cancel': no disk 'c' was made"),
+        "{j}"
+    );
+    assert!(j["done"].as_u64().unwrap() < 32 << 20, "{j}");
+    assert!(s.fails(&["info", "c"]).contains("no disk"));
+    assert_eq!(s.disk_names(), ["vm"]);
+    // --rate goes with --full only.
+    let e = s.fails(&["clone", "vm@x", "c", "--rate", "4M"]);
+    assert!(e.contains("--full"), "{e}");
+    // Unhindered, the clone has the bytes.
+    s.ok(&["clone", "vm", "c", "--full", "--rate", "1G"]);
+    qemu_io_ok(&["-f", "raw"], &s.uri("c"), &["read -P 7 0 32M"]);
+}

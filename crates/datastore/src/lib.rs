@@ -44,9 +44,9 @@ pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
     AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DefragReport,
-    DiskInfo, Error, ErrorKind, FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo,
-    GroupSnapshotOptions, IoLimits, Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult,
-    ReportedAlarms, Result, SnapshotInfo, SpaceWork,
+    DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo, GroupMemberInfo,
+    GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning, PunchZeroReport,
+    QuiesceReport, QuiesceResult, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 // strata-api's vocabulary, in the trait's signatures: a disk and a
 // datastore of either kind, and an object store's own answers.
@@ -440,18 +440,16 @@ pub trait Datastore: Send + Sync {
         Ok(())
     }
 
-    /// A full copy of `source` (`DISK` or `DISK@SNAP`) as a new disk
-    /// `name` of this datastore by the kind's own means (a local datastore
+    /// A full copy of `c.source` (`DISK` or `DISK@SNAP`) as a new disk
+    /// `c.name` of this datastore by the kind's own means (a local datastore
     /// copies its grains, skipping what is unmapped); None where the kind
     /// has none, and the caller copies through devices.
     fn clone_full_within(
         &self,
-        source: &str,
-        name: &str,
-        provisioning: Provisioning,
+        c: &FullClone<'_>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Option<Result<DiskView>> {
-        let _ = (source, name, provisioning, progress);
+        let _ = (c, progress);
         None
     }
 

@@ -14,9 +14,9 @@ use strata_storage::FileBackend;
 use crate::{
     datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, ChangedRange,
     CheckReport, Datastore, DatastoreInfo, DatastoreView, DefragReport, DiskInfo, DiskView, Error,
-    ErrorKind, FreeSpaceReport, Gauge, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions,
-    IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport, ReportedAlarms, Result,
-    SnapshotInfo, SpaceWork,
+    ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo, GroupSnapshotInfo,
+    GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport,
+    ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -329,16 +329,10 @@ impl Datastore for LocalDatastore {
 
     fn clone_full_within(
         &self,
-        source: &str,
-        name: &str,
-        provisioning: Provisioning,
+        c: &FullClone<'_>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Option<Result<DiskView>> {
-        Some(
-            self.ds
-                .clone_full(source, name, provisioning, progress)
-                .map(DiskView::from),
-        )
+        Some(self.ds.clone_full(c, progress).map(DiskView::from))
     }
 
     fn check(&self) -> Result<CheckReport> {

@@ -267,6 +267,7 @@ impl ObjectStoreDatastore {
                 written_ms: m.written_ms,
                 fenced,
             }),
+            clients: Vec::new(),
         }
     }
 

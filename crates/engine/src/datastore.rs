@@ -40,6 +40,7 @@ mod pool;
 mod snapshots;
 
 use clones::clone_locked;
+pub use clones::{stopped_clone, FullClone};
 pub(crate) use open::read_catalog;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 

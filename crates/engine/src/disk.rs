@@ -837,6 +837,7 @@ pub(crate) fn copy_mapped(
     src: &DiskHandle,
     dst: &DiskHandle,
     progress: &mut dyn FnMut(u64, u64),
+    pace: &mut dyn FnMut(u64) -> Result<()>,
 ) -> Result<()> {
     let size = src.size_bytes();
     let total = {
@@ -863,6 +864,7 @@ pub(crate) fn copy_mapped(
                     p += n as u64;
                     copied += n as u64;
                     progress(copied.min(total), total);
+                    pace(n as u64)?;
                 }
             }
             pos += x.len_bytes;

@@ -67,6 +67,15 @@ impl WorkControl {
             .then_some(why)
     }
 
+    /// `e`, when it is how this operation was cancelled, saying instead
+    /// what the stop leaves: "{who stopped it}: {left}".
+    pub fn stopped_leaving(&self, mut e: Error, left: &str) -> Error {
+        if let Some(why) = self.stopped_by(&e) {
+            e.message = format!("{why}: {left}");
+        }
+        e
+    }
+
     pub fn is_paused(&self) -> bool {
         *self.paused.lock()
     }

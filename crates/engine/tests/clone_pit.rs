@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_engine::Provisioning;
+use strata_engine::{FullClone, Provisioning};
 
 mod common;
 
@@ -53,8 +53,16 @@ fn a_full_clone_of_a_disk_under_writes_is_one_instant_of_it() {
     };
     for i in 0..4 {
         let name = format!("c{i}");
-        ds.clone_full("d", &name, Provisioning::Thin, &mut |_, _| {})
-            .unwrap();
+        ds.clone_full(
+            &FullClone {
+                source: "d",
+                name: &name,
+                provisioning: Provisioning::Thin,
+                work: Default::default(),
+            },
+            &mut |_, _| {},
+        )
+        .unwrap();
         let c = ds.open_disk(&name).unwrap();
         let (first, last) = (generation(&*c, 0), generation(&*c, LAST));
         assert!(

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
+use strata_engine::{Datastore, FullClone, InitOptions, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 const DISK_BYTES: u64 = 3 << 20;
@@ -336,7 +336,15 @@ fn admin(
         75..=82 => {
             // A full clone of the live disk is the live state at that instant.
             let r = ds
-                .clone_full(disk, "tmpfull", Provisioning::Thin, &mut |_, _| {})
+                .clone_full(
+                    &FullClone {
+                        source: disk,
+                        name: "tmpfull",
+                        provisioning: Provisioning::Thin,
+                        work: Default::default(),
+                    },
+                    &mut |_, _| {},
+                )
                 .and_then(|_| try_read_all(ds, "tmpfull"))
                 .and_then(|copy| {
                     assert!(copy == w.disks[i].live, "seed {seed}: full clone differs");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use strata_block::{BlockDevice, Fill, ReadFill, ZeroOptions};
-use strata_engine::{Datastore, InitOptions, Provisioning, SpaceWork};
+use strata_engine::{Datastore, FullClone, InitOptions, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 #[derive(Debug, Clone)]
@@ -359,7 +359,13 @@ fn run(ops: Vec<Op>) {
                 } else {
                     Provisioning::Thin
                 };
-                ds.clone_full(&src, &new, prov, &mut |_, _| {}).unwrap();
+                let c = FullClone {
+                    source: &src,
+                    name: &new,
+                    provisioning: prov,
+                    work: Default::default(),
+                };
+                ds.clone_full(&c, &mut |_, _| {}).unwrap();
                 model.disks.insert(new.clone(), data);
                 model.snaps.insert(new, vec![]);
             }

@@ -194,9 +194,10 @@ impl<S: NbdStream> Haggle<'_, S> {
     /// that tells the client, so that a client that opens another
     /// connection as soon as it has the reply never finds this one taken
     /// for a stalled handshake and closed to make room.
-    fn take_slot(&self, name: &str) -> Result<ExportSlot, Error> {
+    fn take_slot(&self, name: &str, read_only: bool) -> Result<ExportSlot, Error> {
         let slot = self.shared.export_slot(name)?;
-        self.shared.negotiated(self.id);
+        self.shared
+            .negotiated(self.id, name, read_only, self.who.as_deref());
         Ok(slot)
     }
 
@@ -264,7 +265,7 @@ impl<S: NbdStream> Haggle<'_, S> {
         };
         // GO takes its place on the export before it answers anything.
         let slot = match opt {
-            OPT_GO => match self.take_slot(&name) {
+            OPT_GO => match self.take_slot(&name, dev.read_only()) {
                 Ok(slot) => Some(slot),
                 Err(why) => {
                     self.error(opt, open_refusal(why.kind), &why.message)?;
@@ -410,7 +411,9 @@ impl<S: NbdStream> Haggle<'_, S> {
         let (name, dev) = self
             .open(name)
             .map_err(|(_, msg)| io::Error::new(io::ErrorKind::NotFound, msg))?;
-        let slot = self.take_slot(&name).map_err(io::Error::other)?;
+        let slot = self
+            .take_slot(&name, dev.read_only())
+            .map_err(io::Error::other)?;
         let mut b = [0u8; 8 + 2 + 124];
         b[..8].copy_from_slice(&dev.size_bytes().to_be_bytes());
         b[8..10].copy_from_slice(&transmission_flags(&*dev, self.structured).to_be_bytes());

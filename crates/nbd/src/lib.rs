@@ -426,6 +426,11 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn clone_stream(&self) -> io::Result<Self>;
     /// `shutdown(2)` the socket.
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()>;
+    /// Who is at the other end, for people: `ip:port`, or `local pid N`
+    /// over a Unix socket.
+    fn peer(&self) -> String {
+        "unknown".to_string()
+    }
     /// Set `SO_RCVTIMEO` / `SO_SNDTIMEO` (`None` blocks forever).
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()>;
     /// Tune a freshly accepted socket (e.g. `TCP_NODELAY`).
@@ -455,9 +460,38 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn linger(&self, _limit: Duration) {}
 }
 
+/// The pid of the process at the other end of Unix socket `fd`.
+fn peer_pid(fd: RawFd) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
 impl NbdStream for UnixStream {
     fn clone_stream(&self) -> io::Result<Self> {
         self.try_clone()
+    }
+    fn peer(&self) -> String {
+        // Not the socket's path: a server may bind a temporary name and
+        // rename it into place.
+        match peer_pid(self.as_raw_fd()) {
+            Some(pid) => format!("local pid {pid}"),
+            None => "a local process".into(),
+        }
     }
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
@@ -474,6 +508,10 @@ impl NbdStream for UnixStream {
 impl NbdStream for TcpStream {
     fn clone_stream(&self) -> io::Result<Self> {
         self.try_clone()
+    }
+    fn peer(&self) -> String {
+        self.peer_addr()
+            .map_or("a TCP client".into(), |a| a.to_string())
     }
     fn shutdown_stream(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
@@ -634,6 +672,32 @@ struct Live {
     /// Still in its handshake (it may be evicted for a new client).
     negotiating: bool,
     evicted: bool,
+    /// Who it is ([`NbdStream::peer`]) and since when (Unix seconds).
+    peer: String,
+    since_unix: u64,
+    /// The export it opened, once it has (past its handshake).
+    open: Option<OpenedBy>,
+}
+
+/// What a connection opened: the export, read-only or not, and the
+/// client's certificate subject under TLS.
+struct OpenedBy {
+    export: String,
+    read_only: bool,
+    who: Option<String>,
+}
+
+/// A client connection with an export open (see [`NbdServer::sessions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The connection's id, unique in this server's life.
+    pub id: u64,
+    pub export: String,
+    /// `ip:port`, or `local pid N` over a Unix socket; under TLS with a
+    /// client certificate, its subject first.
+    pub peer: String,
+    pub read_only: bool,
+    pub since_unix: u64,
 }
 
 #[derive(Default)]
@@ -687,7 +751,42 @@ impl Drop for ExportSlot {
     }
 }
 
+/// The sessions of a server (see [`NbdServer::session_list`]).
+#[derive(Clone)]
+pub struct SessionList(std::sync::Weak<Shared>);
+
+impl SessionList {
+    /// The server's sessions now; none once it is gone.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.0.upgrade().map(|s| s.sessions()).unwrap_or_default()
+    }
+}
+
 impl Shared {
+    fn sessions(&self) -> Vec<Session> {
+        let reg = self.conns.lock();
+        let mut out: Vec<Session> = reg
+            .live
+            .iter()
+            .filter(|(_, c)| !c.evicted)
+            .filter_map(|(&id, c)| {
+                let o = c.open.as_ref()?;
+                Some(Session {
+                    id,
+                    export: o.export.clone(),
+                    peer: match &o.who {
+                        Some(who) => format!("{who} at {}", c.peer),
+                        None => c.peer.clone(),
+                    },
+                    read_only: o.read_only,
+                    since_unix: c.since_unix,
+                })
+            })
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
+
     /// Take a place on export `name`, or say why not (its limit is full).
     pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, strata_block::Error> {
         let limit = self.opts.max_connections_per_export;
@@ -747,19 +846,29 @@ impl Shared {
         reg.live.insert(
             id,
             Live {
+                peer: stream.peer(),
                 stop: Box::new(handle),
                 negotiating: true,
                 evicted: false,
+                since_unix: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                open: None,
             },
         );
         Ok(id)
     }
 
-    /// Connection `id` has picked its export (its handshake is decided): it
-    /// keeps its place now.
-    pub(crate) fn negotiated(&self, id: u64) {
+    /// Connection `id` has picked its export `export` (its handshake is
+    /// decided): it keeps its place now, and is a [`Session`].
+    pub(crate) fn negotiated(&self, id: u64, export: &str, read_only: bool, who: Option<&str>) {
         if let Some(c) = self.conns.lock().live.get_mut(&id) {
             c.negotiating = false;
+            c.open = Some(OpenedBy {
+                export: export.to_string(),
+                read_only,
+                who: who.map(str::to_string),
+            });
         }
     }
 }
@@ -991,6 +1100,18 @@ impl NbdServer {
     /// Number of connections being served (including those negotiating).
     pub fn connections(&self) -> usize {
         self.shared.conns.lock().live.len()
+    }
+
+    /// The connections past their handshake, each with the export it has
+    /// open, oldest first.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.shared.sessions()
+    }
+
+    /// A handle that lists [`sessions`](Self::sessions) for as long as the
+    /// server runs (nothing after), without keeping it alive.
+    pub fn session_list(&self) -> SessionList {
+        SessionList(Arc::downgrade(&self.shared))
     }
 
     /// Stop accepting, stop reading requests, let requests already read

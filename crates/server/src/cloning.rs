@@ -6,37 +6,27 @@
 //! trait (`full-clone-NAME-XXXXXXXX`, deleted at the end; one a crash
 //! leaves is an ordinary snapshot, removed with `snapshot delete`).
 
-use std::sync::Arc;
-
 use strata_datastore::{capability, Capability, Datastore, DiskView};
-use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
+use strata_engine::{stopped_clone, Error, ErrorKind, FullClone};
 
 use crate::copier::{Copier, Pass};
 
-/// What a full clone copies: `source` (`DISK` or `DISK@SNAP`) into a new
-/// disk `name` with `provisioning`.
-pub struct FullClone<'a> {
-    pub source: &'a str,
-    pub name: &'a str,
-    pub provisioning: Provisioning,
-}
-
-/// `clone --full source name` from `src` into `dst` (None: `src` itself):
-/// the kind's own copy within one datastore where it has one
-/// (`Datastore::clone_full_within`), else [`clone_full`].
+/// `clone --full c.source c.name` from `src` into `dst` (None: `src`
+/// itself): the kind's own copy within one datastore where it has one
+/// (`Datastore::clone_full_within`), else [`clone_full`]; paced, paused and
+/// cancelled by `c.work` either way.
 pub fn run(
     src: &dyn Datastore,
     dst: Option<&dyn Datastore>,
     c: &FullClone<'_>,
-    control: Option<Arc<WorkControl>>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<DiskView, Error> {
     if dst.is_none() {
-        if let Some(r) = src.clone_full_within(c.source, c.name, c.provisioning, progress) {
+        if let Some(r) = src.clone_full_within(c, progress) {
             return r;
         }
     }
-    let mut copier = Copier::new(control, None, progress);
+    let mut copier = Copier::new(c.work.control.clone(), c.work.rate_bytes_per_sec, progress);
     clone_full(src, dst.unwrap_or(src), c, &mut copier)
 }
 
@@ -83,13 +73,18 @@ pub(crate) fn clone_full(
         (None, Some(s)) => format!("{disk}@{s}"),
         (None, None) => unreachable!("held when no snapshot is named"),
     };
-    let r = copy(src, &from, dst, c, copier);
+    let mut r = copy(src, &from, dst, c, copier);
     if r.is_err() && dst.exists(name) {
         if let Err(e) = dst.remove(name) {
             tracing::warn!(
                 "clone --full of {source}: the partial copy '{name}' stays: {}",
                 e.message
             );
+        }
+    }
+    if let (Err(e), Some(w)) = (&mut r, c.work.control.as_deref()) {
+        if !dst.exists(name) {
+            *e = w.stopped_leaving(e.clone(), &stopped_clone(c));
         }
     }
     if let Some(h) = held {

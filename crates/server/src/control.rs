@@ -123,6 +123,8 @@ pub struct Handler {
     pub stats: Arc<strata_stats::StatsRegistry>,
     pub jobs: Arc<Jobs>,
     pub mover: Option<Arc<dyn Mover + Send + Sync>>,
+    /// Who has which disk open.
+    pub clients: Arc<crate::clients::Clients>,
 }
 
 impl Handler {
@@ -144,6 +146,7 @@ impl Handler {
                     jobs: Some(&*self.jobs),
                     control: None,
                     mover: self.mover.as_deref().map(|m| m as &dyn Mover),
+                    clients: Some(&self.clients),
                 },
                 req,
                 progress,

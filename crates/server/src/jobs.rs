@@ -138,6 +138,7 @@ impl Jobs {
             jobs: Some(self),
             control: Some(j.control.clone()),
             mover: self.mover.as_deref().map(|m| m as &dyn Mover),
+            clients: None,
         };
         let mut progress = |done: u64, total: u64| {
             {
@@ -212,6 +213,7 @@ impl Jobs {
                     | Request::Defrag { .. }
                     | Request::DefragFreeSpace { .. }
                     | Request::Move { .. }
+                    | Request::CloneFull { .. }
             ),
             state: Mutex::new(JobStatus {
                 done: 0,

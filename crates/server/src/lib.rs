@@ -19,6 +19,7 @@
 mod alarm_reports;
 pub mod bitmaps;
 pub mod changes;
+pub mod clients;
 pub mod cloning;
 pub mod control;
 mod copier;

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
+use strata_api::wire::Watch;
 use strata_api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
 use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
-use strata_engine::{Error, ErrorKind, SpaceWork, WorkControl};
+use strata_engine::{Error, ErrorKind, FullClone, SpaceWork, WorkControl};
 
 /// What a request runs against: the datastore (either kind) and, inside a
 /// server, the I/O statistics of its exports.
@@ -21,6 +22,8 @@ pub struct Ctx<'a> {
     /// Disks placed in other datastores and moves (inside a server:
     /// `placement`; None when the CLI runs the request itself).
     pub mover: Option<&'a dyn Mover>,
+    /// Who has which disk open (inside a server).
+    pub clients: Option<&'a crate::clients::Clients>,
 }
 
 impl<'a> Ctx<'a> {
@@ -50,6 +53,7 @@ impl<'a> Ctx<'a> {
             jobs: None,
             control: None,
             mover: None,
+            clients: None,
         }
     }
 }
@@ -65,14 +69,14 @@ pub fn at_dir(
     opts: &strata_datastore::OpenOptions,
     detach: bool,
     req: &Request,
-    progress: &mut dyn FnMut(u64, u64),
+    watch: &mut dyn Watch,
 ) -> Result<Response, Error> {
     let sock = dir.join(strata_format::FILE_CONTROL);
     if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-        return strata_api::wire::request(&sock, req, detach, progress);
+        return strata_api::wire::request(&sock, req, detach, watch);
     }
     let ds = strata_datastore::open(dir, opts)?;
-    let r = execute(&Ctx::only(&*ds), req, progress);
+    let r = execute(&Ctx::only(&*ds), req, &mut |d, t| watch.progress(d, t));
     ds.close()?;
     r
 }
@@ -132,7 +136,10 @@ pub fn execute(
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
-    let r = execute_here(ctx, req, progress);
+    let mut r = execute_here(ctx, req, progress);
+    if let (Ok(Response::Disk(v)), Request::Info { name }, Some(c)) = (&mut r, req, ctx.clients) {
+        v.clients = c.of_disk(name);
+    }
     if r.is_ok() && (ctx.stats.is_some() || ctx.mover.is_some()) {
         for (name, with_snapshots) in gone_exports(ctx.ds, req) {
             forget_export(ctx, &name, with_snapshots);
@@ -240,6 +247,7 @@ fn server_request(
             name,
             provisioning,
             to,
+            rate_bytes_per_sec,
         } => {
             if let Some(m) = ctx.mover {
                 return m.clone_full(req, ctx.control.clone(), progress);
@@ -252,13 +260,13 @@ fn server_request(
                 )?),
                 _ => None,
             };
-            let c = crate::cloning::FullClone {
+            let c = FullClone {
                 source,
                 name,
                 provisioning: *provisioning,
+                work: ctx.work(*rate_bytes_per_sec),
             };
-            let r =
-                crate::cloning::run(ctx.ds, other.as_deref(), &c, ctx.control.clone(), progress);
+            let r = crate::cloning::run(ctx.ds, other.as_deref(), &c, progress);
             if let Some(o) = other {
                 o.close()?;
             }
@@ -368,8 +376,22 @@ fn space_request(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
     match req {
-        Request::Extend { name, size_bytes } => {
-            Ok(Response::Disk(ctx.ds.extend(name, *size_bytes)?))
+        Request::Extend {
+            name,
+            size_bytes,
+            by,
+        } => {
+            let size = match by {
+                true => ctx.ds.disk_info(name)?.size_bytes.checked_add(*size_bytes),
+                false => Some(*size_bytes),
+            };
+            let size = size.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("'{name}' cannot grow that much"),
+                )
+            })?;
+            Ok(Response::Disk(ctx.ds.extend(name, size)?))
         }
         Request::Limit { name, limits } => Ok(Response::Disk(ctx.ds.set_limits(name, *limits)?)),
         Request::Grow { capacity_bytes } => Ok(match capacity_bytes {

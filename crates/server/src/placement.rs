@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_api::{Request, Response};
 use strata_datastore::{Datastore as AnyDatastore, OpenOptions};
-use strata_engine::{Error, ErrorKind, WorkControl};
+use strata_engine::{Error, ErrorKind, SpaceWork, WorkControl};
 
 use crate::move_settings::MoveSettings;
 use crate::ops::{self, Ctx};
@@ -417,6 +417,7 @@ impl Places {
             name,
             provisioning,
             to,
+            rate_bytes_per_sec,
         } = req
         else {
             unreachable!("Places::clone_full is given clone --full requests")
@@ -437,12 +438,16 @@ impl Places {
         };
         let r = self.store(&to).and_then(|dst| {
             let other = (to != from).then_some(&*dst);
-            let c = crate::cloning::FullClone {
+            let c = strata_engine::FullClone {
                 source,
                 name,
                 provisioning: *provisioning,
+                work: SpaceWork {
+                    rate_bytes_per_sec: *rate_bytes_per_sec,
+                    control,
+                },
             };
-            crate::cloning::run(&*src, other, &c, control, progress)
+            crate::cloning::run(&*src, other, &c, progress)
         });
         let r = match r {
             Ok(info) if to.dir != self.home_dir => self

@@ -228,6 +228,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         stats: (!args.no_stats).then(|| registry.clone()),
     });
     let server = NbdServer::new(exports.clone(), nbd_options(args)?);
+    if let Some(h) = &handler {
+        h.clients.add_nbd(server.session_list());
+    }
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
     let gauge_ds = home.clone();
@@ -243,14 +246,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         handler.map(|h| h as Arc<dyn crate::web::Backend>),
         &mut up.banner,
     )?;
-    let names: Vec<String> = (up.vmdks.iter().map(|(n, _)| n.clone()))
-        .chain(
-            up.places
-                .iter()
-                .flat_map(|p| p.export_names())
-                .map(|(n, _)| n),
-        )
-        .collect();
+    let names = up.export_names();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     let nbd = up.nbd.insert(server);
     listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
@@ -334,6 +330,7 @@ fn start_datastore(
         stats: home.registry.clone(),
         jobs: Arc::new(crate::jobs::Jobs::with_mover(places.clone())),
         mover: Some(places),
+        clients: Arc::default(),
     });
     let acceptor = control::spawn_server(ctl, handler.clone(), up.stop.clone());
     up.control.push((acceptor, Some(ctl_path.clone())));

@@ -5,6 +5,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use strata_api::wire::Watch;
 
 use strata_api::request::absolute;
 use strata_api::{
@@ -646,17 +647,14 @@ pub fn export(
 }
 
 /// Run a `vmdk` command.
-pub fn execute(
-    req: &VmdkRequest,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<VmdkResponse, Error> {
+pub fn execute(req: &VmdkRequest, watch: &mut dyn Watch) -> Result<VmdkResponse, Error> {
     Ok(match req {
         VmdkRequest::Info { path } => VmdkResponse::Info(info(path)?),
         VmdkRequest::Check { path, repair } => VmdkResponse::Check(check(path, *repair)?),
         VmdkRequest::Shrink {
             path,
             rate_bytes_per_sec,
-        } => VmdkResponse::Shrink(shrink(path, *rate_bytes_per_sec, progress)?),
+        } => VmdkResponse::Shrink(shrink(path, *rate_bytes_per_sec, watch)?),
     })
 }
 
@@ -744,15 +742,16 @@ fn check(path: &Path, repair: bool) -> Result<VmdkCheckReport, Error> {
 fn shrink(
     path: &Path,
     rate: Option<u64>,
-    progress: &mut dyn FnMut(u64, u64),
+    watch: &mut dyn Watch,
 ) -> Result<Vec<ShrinkResult>, Error> {
     let img = match open_vmdk(path, Access::Write) {
         Ok(img) => img,
-        Err(e) if e.kind == ErrorKind::Locked => return shrink_served(path, rate, e, progress),
+        Err(e) if e.kind == ErrorKind::Locked => return shrink_served(path, rate, e, watch),
         Err(e) => return Err(e),
     };
     let _held = crate::holders::record(&img, folder(path), "strata vmdk shrink", None);
     // A rate asks for the stepped shrink here too (paced, nobody to wait for).
+    let progress = &mut |d, t| watch.progress(d, t);
     let reps = match rate {
         Some(_) => img.shrink_online(rate, progress),
         None => img.shrink(progress),
@@ -765,7 +764,7 @@ fn shrink_served(
     path: &Path,
     rate: Option<u64>,
     refused: Error,
-    progress: &mut dyn FnMut(u64, u64),
+    watch: &mut dyn Watch,
 ) -> Result<Vec<ShrinkResult>, Error> {
     let servers = crate::holders::servers(path);
     let Some((pid, socket)) = servers.first() else {
@@ -775,7 +774,7 @@ fn shrink_served(
         path: absolute(path)?,
         rate_bytes_per_sec: rate,
     };
-    match strata_api::wire::request(socket, &req, false, progress) {
+    match strata_api::wire::request(socket, &req, false, watch) {
         Ok(Response::VmdkShrink(r)) => Ok(r),
         Ok(other) => Err(Error::new(
             ErrorKind::Io,

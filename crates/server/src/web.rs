@@ -892,6 +892,23 @@ fn size_field(b: &Value) -> Result<u64, Refusal> {
     .map_err(|e| Refusal::new(400, "invalid_argument", &e))
 }
 
+/// `POST /api/disks/{d}/extend`: `"size"` the new size, or `"+1G"` for
+/// that much more (the CLI's `extend --size +1G`).
+fn extend(d: &str, b: &Value) -> Result<Request, Refusal> {
+    let more = match b.get("size") {
+        Some(Value::String(s)) => s.trim().strip_prefix('+'),
+        _ => None,
+    };
+    Ok(Request::Extend {
+        name: d.to_string(),
+        size_bytes: match more {
+            Some(m) => size_field(&serde_json::json!({ "size": m }))?,
+            None => size_field(b)?,
+        },
+        by: more.is_some(),
+    })
+}
+
 fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
     let status = action_status(method, segs).expect("checked by the caller");
     let req = match segs {
@@ -932,10 +949,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
             source: format!("{d}@{}", field(b, "snapshot")?),
             name: field(b, "name")?.to_string(),
         },
-        ["disks", d, "extend"] => Request::Extend {
-            name: d.to_string(),
-            size_bytes: size_field(b)?,
-        },
+        ["disks", d, "extend"] => extend(d, b)?,
         ["disks", d, "convert"] => Request::Convert {
             name: d.to_string(),
             provisioning: Provisioning::parse(field(b, "type")?)

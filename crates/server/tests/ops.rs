@@ -189,8 +189,15 @@ fn a_disk_lives_the_same_life_on_both_kinds() {
         let v = disk(h.ok(Request::Extend {
             name: "vm".into(),
             size_bytes: 16 * MIB,
+            by: false,
         }));
         assert_eq!(v.info.size_bytes, 16 * MIB, "{k}");
+        let v = disk(h.ok(Request::Extend {
+            name: "vm".into(),
+            size_bytes: 8 * MIB,
+            by: true,
+        }));
+        assert_eq!(v.info.size_bytes, 24 * MIB, "{k}");
 
         for name in ["c", "vm"] {
             match h.ok(Request::Remove { name: name.into() }) {
@@ -234,7 +241,8 @@ fn failures_keep_their_kind_through_execute() {
         assert_eq!(
             h.fails(Request::Extend {
                 name: "vm".into(),
-                size_bytes: MIB
+                size_bytes: MIB,
+                by: false,
             }),
             Kind::InvalidArgument,
             "{k}: shrinking"

@@ -9,7 +9,27 @@ use crate::error::{err, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::store::now_unix;
 
-use super::{add_snapshot, Datastore, DiskInfo, NewSnapshot};
+use crate::work::Pacer;
+
+use super::{add_snapshot, Datastore, DiskInfo, NewSnapshot, SpaceWork};
+
+/// A full clone to make: of `source` (`DISK` or `DISK@SNAP`), a new disk
+/// `name` of type `provisioning`, copied as `work` paces and controls it.
+#[derive(Clone)]
+pub struct FullClone<'a> {
+    pub source: &'a str,
+    pub name: &'a str,
+    pub provisioning: Provisioning,
+    pub work: SpaceWork,
+}
+
+/// What a stopped full clone leaves: the source as it was, no new disk.
+pub fn stopped_clone(c: &FullClone<'_>) -> String {
+    format!(
+        "no disk '{}' was made (the partial copy was removed); {} is as it was",
+        c.name, c.source
+    )
+}
 
 /// A linked clone of snapshot `s` named `new` within a change (its name
 /// checked free by the caller); `parent` is what it shows as its origin.
@@ -60,26 +80,26 @@ impl Datastore {
         self.disk_info(new)
     }
 
-    /// Full clone of `DISK` or `DISK@SNAP`: an independent copy. Copies only
-    /// mapped grains; time depends on data size, not on snapshot count. A
-    /// live disk is copied as it was when the clone began (point in time),
-    /// through an implicit snapshot held for the copy's duration.
+    /// Full clone `c.source` (`DISK` or `DISK@SNAP`) → `c.name`: an
+    /// independent copy. Copies only mapped grains; time depends on data
+    /// size, not on snapshot count. A live disk is copied as it was when
+    /// the clone began (point in time), through an implicit snapshot held
+    /// for the copy's duration. Paced, paused and cancelled by `c.work`;
+    /// one that stops leaves no disk `c.name`.
     pub fn clone_full(
         &self,
-        src: &str,
-        new: &str,
-        provisioning: Provisioning,
+        c: &FullClone<'_>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskInfo> {
-        let held = match split_target(src) {
+        let held = match split_target(c.source) {
             (disk, None) => Some((disk.to_string(), self.hold(disk)?)),
             (_, Some(_)) => None,
         };
         let from = match &held {
             Some((disk, snap)) => format!("{disk}@{snap}"),
-            None => src.to_string(),
+            None => c.source.to_string(),
         };
-        let r = self.copy_into_new(&from, new, provisioning, progress);
+        let r = self.copy_into_new(&from, c, progress);
         if let Some((disk, snap)) = held {
             let dropped = self.snapshot_delete(&disk, &snap);
             if r.is_ok() {
@@ -92,18 +112,25 @@ impl Datastore {
     fn copy_into_new(
         &self,
         src: &str,
-        new: &str,
-        provisioning: Provisioning,
+        c: &FullClone<'_>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskInfo> {
+        let new = c.name;
         let source = self.open_disk(src)?;
         let size = strata_block::BlockDevice::size_bytes(&*source);
-        self.create_disk(new, size, provisioning, &mut |_, _| {})?;
+        self.create_disk(new, size, c.provisioning, &mut |_, _| {})?;
         let target = self.open_disk(new)?;
-        let r = crate::disk::copy_mapped(&source, &target, progress);
+        let mut pacer = Pacer::new(c.work.rate_bytes_per_sec, c.work.control.as_deref());
+        let mut clients = self.inner.client_watch();
+        let mut pace = |n| pacer.pace(n, clients.busy());
+        let r = crate::disk::copy_mapped(&source, &target, progress, &mut pace);
         if let Err(e) = r {
+            drop(target);
             let _ = self.remove_disk(new);
-            return Err(e);
+            return Err(match c.work.control.as_deref() {
+                Some(w) => w.stopped_leaving(e, &stopped_clone(c)),
+                None => e,
+            });
         }
         self.inner.commit(false)?;
         self.disk_info(new)

@@ -1174,3 +1174,36 @@ fn a_go_without_block_size_request_is_served_byte_granular() {
     let (_, asked) = h.open("disk", false, false);
     assert_eq!(asked.block.map(|b| b.0), Some(512));
 }
+
+/// Connections past their handshake are sessions: their export, whether
+/// it is read-only, and who the client is; they go when it disconnects.
+#[test]
+fn sessions_name_each_clients_export_and_go_with_it() {
+    let h = Harness::with(ServerOptions::default(), default_disks());
+    assert!(h.server.sessions().is_empty());
+    let (mut rw, _) = h.open("disk", false, false);
+    let (mut ro, _) = h.open("ro", false, false);
+    // Negotiating, with no export yet: not a session.
+    let mut idle = Client::unix(&h.sock).hello(CLIENT_FIXED_NEWSTYLE);
+    let s = h.server.sessions();
+    assert_eq!(
+        s.iter()
+            .map(|s| (s.export.as_str(), s.read_only))
+            .collect::<Vec<_>>(),
+        [("disk", false), ("ro", true)],
+        "{s:?}"
+    );
+    let me = format!("local pid {}", std::process::id());
+    assert!(s.iter().all(|s| s.peer == me), "{s:?}");
+    assert!(s[0].id < s[1].id && s[0].since_unix > 0, "{s:?}");
+    rw.disc();
+    assert!(rw.closed());
+    let deadline = Instant::now() + TIMEOUT;
+    while h.server.sessions().len() != 1 {
+        assert!(Instant::now() < deadline, "the session never went");
+        std::thread::yield_now();
+    }
+    assert_eq!(h.server.sessions()[0].export, "ro");
+    ro.disc();
+    idle.disc();
+}

@@ -39,6 +39,14 @@ pub(super) struct Running {
 }
 
 impl Running {
+    /// The names of what is served: the `--vmdk` exports, then the
+    /// datastore's disks and snapshots.
+    pub(super) fn export_names(&self) -> Vec<String> {
+        let vmdks = self.vmdks.iter().map(|(n, _)| n.clone());
+        let disks = self.places.iter().flat_map(|p| p.export_names());
+        vmdks.chain(disks.map(|(n, _)| n)).collect()
+    }
+
     pub(super) fn new(stop: Arc<AtomicBool>) -> Running {
         Running {
             stop,
