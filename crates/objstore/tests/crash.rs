@@ -573,3 +573,34 @@ fn a_crash_during_compaction_loses_nothing_and_a_pass_then_frees_space() {
     verify(&disk, "after compaction and GC");
     clean(&ds, "after compaction and GC");
 }
+
+/// A store whose listings take longer than the writer's claim-marker
+/// period (100 ms: a distant region's LIST, or a store that hangs until
+/// the timeout) still takes flushes: the writer lists the markers, then
+/// commits. It listed again after every listing before, since each one
+/// took longer than the period, and a flush never returned (found as a
+/// hang of `a_store_outage_fails_flushes_cleanly_and_loses_nothing`).
+#[test]
+fn a_flush_completes_when_the_stores_listings_are_slow() {
+    let f = FaultStore::new(7);
+    let (_dir, ds) = fresh(&f, MIB as u64);
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
+    f.crash_when(|r| {
+        if r.op == strata_s3::fault::Op::List {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        None
+    });
+    disk.write_at(&[7u8; 4096], 0, false).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = disk.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(d.flush());
+    });
+    // A bound for a hang, not a measure: the flush takes well under 1 s.
+    let flushed = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the flush never returned: the writer kept listing claim markers");
+    flushed.unwrap();
+    assert!(holds(&disk, 0, 4096, 7));
+}

@@ -48,10 +48,15 @@ impl ObjectDisk {
                 .markers_listed
                 .is_none_or(|t| t.elapsed() >= MARKER_LIST_EVERY)
             {
-                st.markers_listed = Some(Instant::now());
                 let seen = st.marker_seen;
                 drop(st);
                 self.yield_to_claim(seen);
+                // The next listing is due a period after this one ended,
+                // not after it began: a listing slower than the period (a
+                // distant store, or one that hangs until the timeout)
+                // would otherwise be followed by another for ever, and no
+                // commit would be issued.
+                self.state.lock().unwrap().markers_listed = Some(Instant::now());
                 continue;
             }
             let Some(t) = self.take_batch(&mut st)? else {
