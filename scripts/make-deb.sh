@@ -35,7 +35,8 @@ chmod 0755 "$stage"
 install -d "$stage/usr/bin" "$stage/lib/systemd/system" "$stage/etc/default" \
     "$stage/usr/share/man/man1" "$stage/usr/share/bash-completion/completions" \
     "$stage/usr/share/zsh/vendor-completions" "$stage/usr/share/fish/vendor_completions.d" \
-    "$stage/usr/share/doc/strata/docs" "$stage/etc/strata" "$stage/DEBIAN"
+    "$stage/usr/share/doc/strata/docs" "$stage/usr/share/strata/quiesce-hooks" \
+    "$stage/etc/strata" "$stage/DEBIAN"
 # The release profile keeps line tables for backtraces (debug = 1): the
 # package ships the stripped binary, as dh_strip would.
 objcopy --strip-debug "$bin" "$stage/usr/bin/strata"
@@ -63,6 +64,8 @@ License: Apache-2.0
 COPYRIGHT
 find "$stage/usr/share" -type d -exec chmod 0755 {} +
 find "$stage/usr/share" -type f -exec chmod 0644 {} +
+# The group snapshot quiesce hooks (docs/BACKUP.md), run by the server.
+install -m 0755 scripts/quiesce-hooks/* "$stage/usr/share/strata/quiesce-hooks/"
 
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 cat > "$stage/DEBIAN/control" <<CONTROL

@@ -33,6 +33,10 @@ pub enum Request {
     },
     Remove {
         name: String,
+        /// Even while clients have it open: they are disconnected first
+        /// (docs/INTERLOCKS.md).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     Extend {
         name: String,
@@ -93,10 +97,18 @@ pub enum Request {
     SnapshotRevert {
         disk: String,
         snapshot: String,
+        /// Even while clients have it open: they are disconnected first
+        /// (docs/INTERLOCKS.md).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     SnapshotDelete {
         disk: String,
         snapshot: String,
+        /// Even while clients have it open: they are disconnected first
+        /// (docs/INTERLOCKS.md).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     CloneLinked {
         source: String,
@@ -160,6 +172,10 @@ pub enum Request {
     GroupSnapshotRevert {
         group: String,
         snapshot: String,
+        /// Even while clients have it open: they are disconnected first
+        /// (docs/INTERLOCKS.md).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// `group clone NAME@SNAP NEW [--rename OLD=NEW]`
     GroupClone {

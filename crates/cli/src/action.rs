@@ -262,7 +262,10 @@ fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             size_bytes: sectors(*size)?,
             provisioning: *provisioning,
         },
-        Cmd::Rm { name } => Request::Remove { name: name.clone() },
+        Cmd::Rm { name, force } => Request::Remove {
+            name: name.clone(),
+            force: *force,
+        },
         Cmd::Extend { name, size } => {
             let (bytes, by) = match *size {
                 NewSize::To(b) => (b, false),
@@ -366,13 +369,23 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         }
         Cmd::Group(g) => g.request()?,
         Cmd::Snapshot(SnapCmd::List { disk }) => Request::SnapshotList { disk: disk.clone() },
-        Cmd::Snapshot(SnapCmd::Revert(at)) => {
+        Cmd::Snapshot(SnapCmd::Revert { at, force }) => {
             let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
-            Request::SnapshotRevert { disk, snapshot }
+            let force = *force;
+            Request::SnapshotRevert {
+                disk,
+                snapshot,
+                force,
+            }
         }
-        Cmd::Snapshot(SnapCmd::Delete(at)) => {
+        Cmd::Snapshot(SnapCmd::Delete { at, force }) => {
             let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
-            Request::SnapshotDelete { disk, snapshot }
+            let force = *force;
+            Request::SnapshotDelete {
+                disk,
+                snapshot,
+                force,
+            }
         }
         _ => return Err(not_this_family()),
     }))

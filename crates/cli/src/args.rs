@@ -206,7 +206,12 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     Info { name: String },
     /// Remove a disk and its snapshots (linked clones keep what they share)
     #[command(visible_alias = "delete")]
-    Rm { name: String },
+    Rm {
+        name: String,
+        /// Even while clients have it open: they are disconnected (docs/INTERLOCKS.md)
+        #[arg(long)]
+        force: bool,
+    },
     /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream, to FILE or - (stdout)
     #[command(
         name = "export-diff",
@@ -556,10 +561,22 @@ pub enum SnapCmd {
     #[command(visible_alias = "ls")]
     List { disk: String },
     /// Make the disk equal to a snapshot again (discards changes since): DISK@SNAP or DISK SNAP
-    Revert(At),
+    Revert {
+        #[command(flatten)]
+        at: At,
+        /// Even while clients have it open: they are disconnected (docs/INTERLOCKS.md)
+        #[arg(long)]
+        force: bool,
+    },
     /// Delete a snapshot (moves no data): DISK@SNAP or DISK SNAP
     #[command(visible_alias = "rm")]
-    Delete(At),
+    Delete {
+        #[command(flatten)]
+        at: At,
+        /// Even while clients have it open: they are disconnected (docs/INTERLOCKS.md)
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// A size, or `fs` (0: follow the file system).

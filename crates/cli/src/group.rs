@@ -50,7 +50,13 @@ I/O was held (pause_us)."
     Snapshot(GroupSnapArgs),
     /// Revert every disk of a group to a group snapshot (one change; discards changes since):
     /// GROUP@SNAP or GROUP SNAP
-    Revert(GroupAt),
+    Revert {
+        #[command(flatten)]
+        at: GroupAt,
+        /// Even while clients have a member open: they are disconnected (docs/INTERLOCKS.md)
+        #[arg(long)]
+        force: bool,
+    },
     /// Linked clones of every disk of GROUP@SNAP, as a new group
     #[command(
         long_about = "Linked clones of every disk of GROUP@SNAP (O(1) each), made with a new \
@@ -154,9 +160,14 @@ impl GroupCmd {
             GroupCmd::List => Request::GroupList,
             GroupCmd::Info { name } => Request::GroupInfo { name: s(name) },
             GroupCmd::Snapshot(a) => a.request()?,
-            GroupCmd::Revert(at) => {
+            GroupCmd::Revert { at, force } => {
                 let (group, snapshot) = names(&at.group, at.snapshot.as_deref())?;
-                Request::GroupSnapshotRevert { group, snapshot }
+                let force = *force;
+                Request::GroupSnapshotRevert {
+                    group,
+                    snapshot,
+                    force,
+                }
             }
             GroupCmd::Clone {
                 source,

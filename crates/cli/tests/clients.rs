@@ -424,17 +424,8 @@ fn info_names_the_clients_that_have_a_disk_open() {
     s.ok(&["snapshot", "create", "vm@s1"]);
     let _srv = s.serve();
     assert!(s.json(&["info", "vm"]).get("clients").is_none());
-    let hold = |export: &str, opts: &[&str]| {
-        std::process::Command::new("qemu-io")
-            .args(opts)
-            .args(["-f", "raw", &s.uri(export)])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut rw = hold("vm", &[]);
-    let mut ro = hold("vm@s1", &["-r"]);
+    let rw = held_open(&s, "vm", &[]);
+    let ro = held_open(&s, "vm@s1", &["-r"]);
     let mut clients = serde_json::Value::Null;
     eventually(
         "two clients listed",
@@ -476,13 +467,85 @@ fn info_names_the_clients_that_have_a_disk_open() {
         "{text}"
     );
     assert!(text.contains("(read-write, since "), "{text}");
-    for c in [&mut rw, &mut ro] {
-        drop(c.stdin.take());
-        c.wait().unwrap();
+    for c in [rw, ro] {
+        c.wait_with_output().unwrap();
     }
     eventually(
         "the clients gone",
         std::time::Duration::from_secs(30),
         || s.json(&["info", "vm"]).get("clients").is_none(),
     );
+}
+
+/// qemu-io on `export` of `s`, held open on its stdin (its output piped).
+fn held_open(s: &Store, export: &str, opts: &[&str]) -> std::process::Child {
+    std::process::Command::new("qemu-io")
+        .args(opts)
+        .args(["-f", "raw", &s.uri(export)])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `rm`, `snapshot revert` and `snapshot delete` refuse while clients
+/// have open what they would take away, naming them (exit 6); with
+/// `--force` those clients are disconnected first (docs/INTERLOCKS.md).
+#[test]
+fn what_clients_have_open_is_not_taken_from_them_unless_forced() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&["snapshot", "create", "vm@s1"]);
+    let _srv = s.serve();
+    let mut rw = held_open(&s, "vm", &[]);
+    let ro = held_open(&s, "vm@s1", &["-r"]);
+    eventually(
+        "two clients listed",
+        std::time::Duration::from_secs(30),
+        || {
+            let c = s.json(&["info", "vm"])["clients"].clone();
+            c.as_array().is_some_and(|c| c.len() == 2)
+        },
+    );
+    let rw_peer = format!("vm over nbd from local pid {}", rw.id());
+    let ro_peer = format!("vm@s1 over nbd from local pid {}", ro.id());
+    let e = s.fails_with(6, &["rm", "vm"]);
+    assert!(e.contains("'vm' is open: ") && e.contains(&rw_peer), "{e}");
+    assert!(e.contains(&ro_peer) && e.contains("pass --force"), "{e}");
+    let e = s.fails_with(6, &["snapshot", "revert", "vm@s1"]);
+    assert!(e.contains(&rw_peer) && !e.contains(&ro_peer), "{e}");
+    let e = s.fails_with(6, &["snapshot", "delete", "vm@s1"]);
+    assert!(e.contains(&ro_peer) && !e.contains(&rw_peer), "{e}");
+    assert_eq!(
+        s.json(&["snapshot", "list", "vm"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Forced: the writer is disconnected (its next read fails), the
+    // revert is done, the reader of the snapshot stays.
+    s.ok(&["snapshot", "revert", "vm@s1", "--force"]);
+    let mut w = rw.stdin.take().unwrap();
+    let _ = writeln!(w, "read 0 512");
+    drop(w);
+    let o = rw.wait_with_output().unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("read failed"), "{out}");
+    let left = s.json(&["info", "vm"])["clients"].clone();
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "{left}");
+    assert_eq!(left[0]["export"], "vm@s1");
+    s.ok(&["rm", "vm", "--force"]);
+    assert!(s.disk_names().is_empty());
+    // Its reader went with it (closing stdin ends qemu-io).
+    ro.wait_with_output().unwrap();
 }

@@ -170,6 +170,8 @@ fn make_deb_builds_a_package_dpkg_installs() {
         "./usr/share/doc/strata/README.md",
         "./usr/share/doc/strata/docs/FORMAT.md",
         "./usr/share/doc/strata/copyright",
+        "./usr/share/strata/quiesce-hooks/virsh-fsfreeze",
+        "./usr/share/strata/quiesce-hooks/host-fsfreeze",
     ] {
         assert!(
             contents.contains(f),
@@ -197,6 +199,12 @@ fn make_deb_builds_a_package_dpkg_installs() {
         .arg(&deb));
     let installed = inst.join("usr/bin/strata");
     assert_eq!(out(Command::new(&installed).arg("--version")), version);
+    // The quiesce hooks run as programs.
+    for hook in ["virsh-fsfreeze", "host-fsfreeze"] {
+        let p = inst.join("usr/share/strata/quiesce-hooks").join(hook);
+        let mode = std::os::unix::fs::PermissionsExt::mode(&p.metadata().unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o755, "{}", p.display());
+    }
 
     // And into this system for real, when that harms nothing: as root, no
     // strata package installed before (a fresh CI machine). Purged after.

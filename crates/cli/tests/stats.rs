@@ -309,8 +309,10 @@ fn a_removed_disk_leaves_no_statistics_on(kind: Kind) {
     assert_eq!(stat_names(&api("/api/v1/stats").1.unwrap()), all);
     assert_eq!(metric_disks(&addr), all);
 
-    // Removed while a client still has it open (`vm` stays connected).
-    s.ok(&["rm", "vm"]);
+    // Removed while a client has it open: refused, then forced (the
+    // clients of `vm` and `vm@s1` are disconnected).
+    assert!(s.fails(&["rm", "vm"]).contains("pass --force"));
+    s.ok(&["rm", "vm", "--force"]);
     let gone = |when: &str| {
         assert_eq!(stat_names(&s.json(&["stats"])), ["other"], "stats {when}");
         let all = api("/api/v1/stats").1.unwrap();
@@ -340,8 +342,7 @@ fn a_removed_disk_leaves_no_statistics_on(kind: Kind) {
     zero(&api("/api/v1/stats/vm").1.unwrap(), "/api/v1/stats/vm");
     let _ = vm.write_at(&[3u8; 4096], 0);
     zero(&s.json(&["stats", "vm"]), "after the old client's write");
-    // A new client, while the old one is still connected, reaches the new
-    // disk.
+    // A new client reaches the new disk.
     let mut new = nbd::Pipelined::open(&s.sock(), "vm").unwrap();
     let mut buf = [9u8; 65536];
     new.read_at(&mut buf, 0).unwrap();
@@ -359,13 +360,13 @@ fn a_removed_disk_leaves_no_statistics_on(kind: Kind) {
     );
     drop(new);
 
-    // A deleted snapshot's export goes too, even with a client on it; a
-    // new snapshot of its name is read afresh, from the new snapshot.
+    // A deleted snapshot's export goes too, even with a client on it (forced);
+    // a new snapshot of its name is read afresh, from the new snapshot.
     s.ok(&["snapshot", "create", "vm", "s2"]);
     let mut old = nbd::Pipelined::open(&s.sock(), "vm@s2").unwrap();
     old.read_at(&mut [0u8; 4096], 0).unwrap();
     assert_eq!(stat_names(&s.json(&["stats"])), ["other", "vm", "vm@s2"]);
-    s.ok(&["snapshot", "delete", "vm", "s2"]);
+    s.ok(&["snapshot", "delete", "vm", "s2", "--force"]);
     assert_eq!(stat_names(&s.json(&["stats"])), ["other", "vm"]);
     assert_eq!(metric_disks(&addr), ["other", "vm"]);
     let _ = old.read_at(&mut [0u8; 4096], 0);

@@ -760,6 +760,23 @@ impl SessionList {
     pub fn sessions(&self) -> Vec<Session> {
         self.0.upgrade().map(|s| s.sessions()).unwrap_or_default()
     }
+
+    /// End sessions `ids` now: their sockets are shut down both ways, so
+    /// their clients see the connection go and requests they had not sent
+    /// are not run (a forced `rm` or revert, docs/INTERLOCKS.md). They are
+    /// no longer listed; their threads finish as for any disconnect.
+    pub fn close(&self, ids: &[u64]) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let mut reg = shared.conns.lock();
+        for id in ids {
+            if let Some(c) = reg.live.get_mut(id) {
+                c.evicted = true;
+                c.stop.close();
+            }
+        }
+    }
 }
 
 impl Shared {

@@ -52,7 +52,9 @@ pub fn execute(ds: &dyn Datastore, req: &Request) -> Option<Result<Response, Err
                 group: group.clone(),
                 snapshot: snapshot.clone(),
             }),
-        Request::GroupSnapshotRevert { group, snapshot } => ds
+        Request::GroupSnapshotRevert {
+            group, snapshot, ..
+        } => ds
             .group_snapshot_revert(group, snapshot)
             .and_then(|()| ds.group_info(group))
             .and_then(|g| {

@@ -136,6 +136,10 @@ pub fn execute(
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
+    if let Some(c) = ctx.clients {
+        let members = |g: &str| ctx.ds.group_info(g).map(|g| g.disks).unwrap_or_default();
+        c.interlock(req, &members)?;
+    }
     let mut r = execute_here(ctx, req, progress);
     if let (Ok(Response::Disk(v)), Request::Info { name }, Some(c)) = (&mut r, req, ctx.clients) {
         v.clients = c.of_disk(name);
@@ -153,8 +157,10 @@ pub fn execute(
 /// a deleted snapshot, a deleted group snapshot's member snapshots.
 fn gone_exports(ds: &dyn AnyDatastore, req: &Request) -> Vec<(String, bool)> {
     match req {
-        Request::Remove { name } => vec![(name.clone(), true)],
-        Request::SnapshotDelete { disk, snapshot } => vec![(format!("{disk}@{snapshot}"), false)],
+        Request::Remove { name, .. } => vec![(name.clone(), true)],
+        Request::SnapshotDelete { disk, snapshot, .. } => {
+            vec![(format!("{disk}@{snapshot}"), false)]
+        }
         // The members' snapshots of that name (the group is still there).
         Request::GroupSnapshotDelete { group, snapshot } => ds
             .group_info(group)
@@ -451,7 +457,7 @@ fn common(
         } => ds
             .create(name, *size_bytes, *provisioning, progress)
             .map(Response::Disk),
-        Request::Remove { name } => ds
+        Request::Remove { name, .. } => ds
             .remove(name)
             .map(|()| Response::Removed { name: name.clone() }),
         Request::SnapshotCreate {
@@ -465,11 +471,11 @@ fn common(
                 snapshot,
             }),
         Request::SnapshotList { disk } => ds.snapshots(disk).map(Response::Snapshots),
-        Request::SnapshotRevert { disk, snapshot } => ds
+        Request::SnapshotRevert { disk, snapshot, .. } => ds
             .snapshot_revert(disk, snapshot)
             .and_then(|()| ds.disk_view(disk, false))
             .map(Response::Disk),
-        Request::SnapshotDelete { disk, snapshot } => {
+        Request::SnapshotDelete { disk, snapshot, .. } => {
             ds.snapshot_delete(disk, snapshot)
                 .map(|()| Response::SnapshotDeleted {
                     disk: disk.clone(),

@@ -504,7 +504,7 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
         | Request::Diff { target, .. }
         | Request::ExportDiff { target, .. } => (base(target), true),
         Request::ImportDiff { disk, .. } => (disk.as_str(), false),
-        Request::Remove { name }
+        Request::Remove { name, .. }
         | Request::Extend { name, .. }
         | Request::Limit { name, .. }
         | Request::Convert { name, .. }
@@ -558,7 +558,7 @@ impl Places {
         // What a request adds or takes away in that datastore, this
         // server serves or stops serving.
         let after = match (req, &r) {
-            (Request::Remove { name }, Ok(_)) => self.update(|f| {
+            (Request::Remove { name, .. }, Ok(_)) => self.update(|f| {
                 f.disks.remove(name);
             }),
             (Request::CloneLinked { name, .. }, Ok(_)) => self.update(|f| {

@@ -932,6 +932,7 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["groups", g, "snapshots", s, "revert"] => Request::GroupSnapshotRevert {
             group: g.to_string(),
             snapshot: s.to_string(),
+            force: flag(b, "force"),
         },
         ["groups", g, "snapshots", s] => Request::GroupSnapshotDelete {
             group: g.to_string(),
@@ -940,10 +941,12 @@ fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), R
         ["disks", d, "snapshots", s, "revert"] => Request::SnapshotRevert {
             disk: d.to_string(),
             snapshot: s.to_string(),
+            force: flag(b, "force"),
         },
         ["disks", d, "snapshots", s] => Request::SnapshotDelete {
             disk: d.to_string(),
             snapshot: s.to_string(),
+            force: flag(b, "force"),
         },
         ["disks", d, "clones"] => Request::CloneLinked {
             source: format!("{d}@{}", field(b, "snapshot")?),

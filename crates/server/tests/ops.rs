@@ -177,6 +177,7 @@ fn a_disk_lives_the_same_life_on_both_kinds() {
         h.ok(Request::SnapshotRevert {
             disk: "vm".into(),
             snapshot: "s1".into(),
+            force: false,
         });
         assert_eq!(h.read("vm", MIB, 4096), vec![0; 4096], "{k}");
         assert_eq!(h.read("vm", 0, 4096), vec![0xa1; 4096], "{k}");
@@ -200,7 +201,10 @@ fn a_disk_lives_the_same_life_on_both_kinds() {
         assert_eq!(v.info.size_bytes, 24 * MIB, "{k}");
 
         for name in ["c", "vm"] {
-            match h.ok(Request::Remove { name: name.into() }) {
+            match h.ok(Request::Remove {
+                name: name.into(),
+                force: false,
+            }) {
                 Response::Removed { name: n } => assert_eq!(n, name, "{k}"),
                 other => panic!("{k}: {other:?}"),
             }
@@ -233,7 +237,8 @@ fn failures_keep_their_kind_through_execute() {
         assert_eq!(
             h.fails(Request::SnapshotRevert {
                 disk: "vm".into(),
-                snapshot: "never".into()
+                snapshot: "never".into(),
+                force: false,
             }),
             Kind::NotFound,
             "{k}"
