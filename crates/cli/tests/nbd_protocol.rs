@@ -1476,9 +1476,16 @@ fn use_each_advertised_feature(c: &mut Nbd, flags: u16, structured: bool) {
 #[test]
 fn transmission_flags_advertise_only_what_is_served_by_every_route() {
     let s = store_with_snapshot();
-    // Export sizes are whole sectors, the advertised minimum block size.
-    let err = s.fails(&["create", "odd", "--size", "1000"]);
-    assert!(err.contains("multiple of 512"), "{err}");
+    // Export sizes are whole sectors, the advertised minimum block size:
+    // a size that is not is rounded up, with a note.
+    let o = s.cmd(&["create", "odd", "--size", "1000"]);
+    let note = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && note.contains("rounded up to 1024"),
+        "{note}"
+    );
+    assert_eq!(s.json(&["info", "odd"])["size_bytes"], 1024);
+    s.ok(&["rm", "odd"]);
     let srv = s.serve();
     let sock = s.sock();
     for structured in [false, true] {
