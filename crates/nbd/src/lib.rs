@@ -602,9 +602,25 @@ trait Stop: Send {
     fn stop(&self, grace: Duration);
     /// Close at once, both ways (a handshake evicted for a new client).
     fn close(&self);
+    /// Whether the client has hung up (its end is closed), though this
+    /// side may not have read that yet.
+    fn hung_up(&self) -> bool;
 }
 
 impl<S: NbdStream> Stop for S {
+    fn hung_up(&self) -> bool {
+        let Some(fd) = self.poll_fd() else {
+            return false;
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, for a descriptor this stream owns; no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
     fn stop(&self, grace: Duration) {
         // Writes of replies to a client that does not read give up after
         // the grace period; a reader blocked on the socket sees EOF.
@@ -785,7 +801,9 @@ impl Shared {
         let mut out: Vec<Session> = reg
             .live
             .iter()
-            .filter(|(_, c)| !c.evicted)
+            // A client that hung up is gone, though its thread may not
+            // have seen it yet (a command run right after it exited).
+            .filter(|(_, c)| !c.evicted && !c.stop.hung_up())
             .filter_map(|(&id, c)| {
                 let o = c.open.as_ref()?;
                 Some(Session {
