@@ -112,10 +112,13 @@ pub mod fuzzing;
 mod handshake;
 mod proto;
 mod readahead;
+mod sessions;
 mod tls;
 mod transmission;
 
 pub use authz::{Access, Authz};
+use sessions::{peer_pid, OpenedBy};
+pub use sessions::{Session, SessionList};
 pub use tls::{server_config, TlsMode, TlsOptions};
 
 #[cfg(test)]
@@ -460,27 +463,6 @@ pub trait NbdStream: Read + Write + Send + Sized + 'static {
     fn linger(&self, _limit: Duration) {}
 }
 
-/// The pid of the process at the other end of Unix socket `fd`.
-fn peer_pid(fd: RawFd) -> Option<i32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the length given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && cred.pid > 0).then_some(cred.pid)
-}
-
 impl NbdStream for UnixStream {
     fn clone_stream(&self) -> io::Result<Self> {
         self.try_clone()
@@ -695,27 +677,6 @@ struct Live {
     open: Option<OpenedBy>,
 }
 
-/// What a connection opened: the export, read-only or not, and the
-/// client's certificate subject under TLS.
-struct OpenedBy {
-    export: String,
-    read_only: bool,
-    who: Option<String>,
-}
-
-/// A client connection with an export open (see [`NbdServer::sessions`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
-    /// The connection's id, unique in this server's life.
-    pub id: u64,
-    pub export: String,
-    /// `ip:port`, or `local pid N` over a Unix socket; under TLS with a
-    /// client certificate, its subject first.
-    pub peer: String,
-    pub read_only: bool,
-    pub since_unix: u64,
-}
-
 #[derive(Default)]
 struct Listeners {
     /// Both ends of the wake-up socket: accept threads poll the first,
@@ -767,61 +728,7 @@ impl Drop for ExportSlot {
     }
 }
 
-/// The sessions of a server (see [`NbdServer::session_list`]).
-#[derive(Clone)]
-pub struct SessionList(std::sync::Weak<Shared>);
-
-impl SessionList {
-    /// The server's sessions now; none once it is gone.
-    pub fn sessions(&self) -> Vec<Session> {
-        self.0.upgrade().map(|s| s.sessions()).unwrap_or_default()
-    }
-
-    /// End sessions `ids` now: their sockets are shut down both ways, so
-    /// their clients see the connection go and requests they had not sent
-    /// are not run (a forced `rm` or revert, docs/INTERLOCKS.md). They are
-    /// no longer listed; their threads finish as for any disconnect.
-    pub fn close(&self, ids: &[u64]) {
-        let Some(shared) = self.0.upgrade() else {
-            return;
-        };
-        let mut reg = shared.conns.lock();
-        for id in ids {
-            if let Some(c) = reg.live.get_mut(id) {
-                c.evicted = true;
-                c.stop.close();
-            }
-        }
-    }
-}
-
 impl Shared {
-    fn sessions(&self) -> Vec<Session> {
-        let reg = self.conns.lock();
-        let mut out: Vec<Session> = reg
-            .live
-            .iter()
-            // A client that hung up is gone, though its thread may not
-            // have seen it yet (a command run right after it exited).
-            .filter(|(_, c)| !c.evicted && !c.stop.hung_up())
-            .filter_map(|(&id, c)| {
-                let o = c.open.as_ref()?;
-                Some(Session {
-                    id,
-                    export: o.export.clone(),
-                    peer: match &o.who {
-                        Some(who) => format!("{who} at {}", c.peer),
-                        None => c.peer.clone(),
-                    },
-                    read_only: o.read_only,
-                    since_unix: c.since_unix,
-                })
-            })
-            .collect();
-        out.sort_by_key(|s| s.id);
-        out
-    }
-
     /// Take a place on export `name`, or say why not (its limit is full).
     pub(crate) fn export_slot(&self, name: &str) -> Result<ExportSlot, strata_block::Error> {
         let limit = self.opts.max_connections_per_export;

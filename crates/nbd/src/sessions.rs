@@ -1,0 +1,105 @@
+//! Sessions: the connections past their handshake, each with the export
+//! it opened and who the client is, listed for a server's `info` and
+//! ended by a forced `rm` or revert (docs/INTERLOCKS.md).
+
+use std::os::fd::RawFd;
+
+use crate::Shared;
+
+/// What a connection opened: the export, read-only or not, and the
+/// client's certificate subject under TLS.
+pub(crate) struct OpenedBy {
+    pub(crate) export: String,
+    pub(crate) read_only: bool,
+    pub(crate) who: Option<String>,
+}
+
+/// A client connection with an export open (see [`crate::NbdServer::sessions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The connection's id, unique in this server's life.
+    pub id: u64,
+    pub export: String,
+    /// `ip:port`, or `local pid N` over a Unix socket; under TLS with a
+    /// client certificate, its subject first.
+    pub peer: String,
+    pub read_only: bool,
+    pub since_unix: u64,
+}
+
+/// The sessions of a server (see [`crate::NbdServer::session_list`]).
+#[derive(Clone)]
+pub struct SessionList(pub(crate) std::sync::Weak<Shared>);
+
+impl SessionList {
+    /// The server's sessions now; none once it is gone.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.0.upgrade().map(|s| s.sessions()).unwrap_or_default()
+    }
+
+    /// End sessions `ids` now: their sockets are shut down both ways, so
+    /// their clients see the connection go and requests they had not sent
+    /// are not run (a forced `rm` or revert, docs/INTERLOCKS.md). They are
+    /// no longer listed; their threads finish as for any disconnect.
+    pub fn close(&self, ids: &[u64]) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let mut reg = shared.conns.lock();
+        for id in ids {
+            if let Some(c) = reg.live.get_mut(id) {
+                c.evicted = true;
+                c.stop.close();
+            }
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn sessions(&self) -> Vec<Session> {
+        let reg = self.conns.lock();
+        let mut out: Vec<Session> = reg
+            .live
+            .iter()
+            // A client that hung up is gone, though its thread may not
+            // have seen it yet (a command run right after it exited).
+            .filter(|(_, c)| !c.evicted && !c.stop.hung_up())
+            .filter_map(|(&id, c)| {
+                let o = c.open.as_ref()?;
+                Some(Session {
+                    id,
+                    export: o.export.clone(),
+                    peer: match &o.who {
+                        Some(who) => format!("{who} at {}", c.peer),
+                        None => c.peer.clone(),
+                    },
+                    read_only: o.read_only,
+                    since_unix: c.since_unix,
+                })
+            })
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
+}
+
+/// The pid of the process at the other end of Unix socket `fd`.
+pub(crate) fn peer_pid(fd: RawFd) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
+}
