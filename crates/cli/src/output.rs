@@ -521,18 +521,7 @@ fn disk(out: &mut String, v: &DiskView) {
         field!(f, "allocated:", "known to a GC mark: {how}");
     }
     for c in &v.clients {
-        let mode = if c.read_only {
-            "read-only"
-        } else {
-            "read-write"
-        };
-        let (export, transport, peer, since) =
-            (&c.export, &c.transport, &c.peer, utc(c.since_unix * 1000));
-        field!(
-            f,
-            "open by:",
-            "{export} over {transport} from {peer} ({mode}, since {since})"
-        );
+        field!(f, "open by:", "{}", strata_server::clients::describe(c));
     }
 }
 

@@ -325,15 +325,6 @@ fn served_alarms_rise_with_usage_and_overcommit_fall_after_grow_and_run_commands
     assert_eq!(text.lines().count(), 6, "{text}");
 }
 
-/// The lines of the alarm log (none before its first).
-fn log_lines(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(String::from)
-        .collect()
-}
-
 /// Wait (up to a minute: a deadline, not a measurement) until the alarm
 /// log has `n` lines; they.
 fn wait_for_lines(log: &Path, n: usize) -> Vec<String> {

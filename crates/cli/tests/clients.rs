@@ -419,22 +419,8 @@ fn info_names_the_clients_that_have_a_disk_open() {
     if !have("qemu-io") {
         return;
     }
-    let s = Store::new();
-    s.ok(&["create", "vm", "--size", "8M"]);
-    s.ok(&["snapshot", "create", "vm@s1"]);
-    let _srv = s.serve();
-    assert!(s.json(&["info", "vm"]).get("clients").is_none());
-    let rw = held_open(&s, "vm", &[]);
-    let ro = held_open(&s, "vm@s1", &["-r"]);
-    let mut clients = serde_json::Value::Null;
-    eventually(
-        "two clients listed",
-        std::time::Duration::from_secs(30),
-        || {
-            clients = s.json(&["info", "vm"])["clients"].clone();
-            clients.as_array().is_some_and(|c| c.len() == 2)
-        },
-    );
+    let (s, _srv, rw, ro) = two_clients();
+    let clients = s.json(&["info", "vm"])["clients"].clone();
     let mut got: Vec<(String, bool, u64)> = clients
         .as_array()
         .unwrap()
@@ -497,20 +483,7 @@ fn what_clients_have_open_is_not_taken_from_them_unless_forced() {
     if !have("qemu-io") {
         return;
     }
-    let s = Store::new();
-    s.ok(&["create", "vm", "--size", "8M"]);
-    s.ok(&["snapshot", "create", "vm@s1"]);
-    let _srv = s.serve();
-    let mut rw = held_open(&s, "vm", &[]);
-    let ro = held_open(&s, "vm@s1", &["-r"]);
-    eventually(
-        "two clients listed",
-        std::time::Duration::from_secs(30),
-        || {
-            let c = s.json(&["info", "vm"])["clients"].clone();
-            c.as_array().is_some_and(|c| c.len() == 2)
-        },
-    );
+    let (s, _srv, mut rw, ro) = two_clients();
     let rw_peer = format!("vm over nbd from local pid {}", rw.id());
     let ro_peer = format!("vm@s1 over nbd from local pid {}", ro.id());
     let e = s.fails_with(6, &["rm", "vm"]);
@@ -548,4 +521,26 @@ fn what_clients_have_open_is_not_taken_from_them_unless_forced() {
     assert!(s.disk_names().is_empty());
     // Its reader went with it (closing stdin ends qemu-io).
     ro.wait_with_output().unwrap();
+}
+
+/// A datastore with disk `vm` and its snapshot `vm@s1`, served, no client
+/// listed at first; then qemu-io held open read-write on `vm` and
+/// read-only on `vm@s1`, both listed by `info`.
+fn two_clients() -> (Store, Server, std::process::Child, std::process::Child) {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&["snapshot", "create", "vm@s1"]);
+    let srv = s.serve();
+    assert!(s.json(&["info", "vm"]).get("clients").is_none());
+    let rw = held_open(&s, "vm", &[]);
+    let ro = held_open(&s, "vm@s1", &["-r"]);
+    eventually(
+        "two clients listed",
+        std::time::Duration::from_secs(30),
+        || {
+            let c = s.json(&["info", "vm"])["clients"].clone();
+            c.as_array().is_some_and(|c| c.len() == 2)
+        },
+    );
+    (s, srv, rw, ro)
 }

@@ -413,14 +413,6 @@ fn hook_script(dir: &Path, name: &str, quiesce: &str) -> (PathBuf, PathBuf) {
     (path, log)
 }
 
-fn log_lines(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(String::from)
-        .collect()
-}
-
 #[test]
 fn the_quiesce_hook_runs_around_the_cut_and_unquiesce_always_follows() {
     let s = Store::new();

@@ -554,3 +554,12 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg(self.dir.path()).status();
     }
 }
+
+/// The lines of a log file a command appends to (none before its first).
+pub fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
