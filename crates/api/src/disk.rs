@@ -65,7 +65,13 @@ pub struct DiskInfo {
     pub tbz: Option<u64>,
     pub snapshots: usize,
     pub current_snapshot: Option<String>,
+    /// `DISK@SNAP` a linked clone was made from.
     pub parent: Option<String>,
+    /// The parent snapshot (or its disk) was deleted since: the clone
+    /// keeps its data (docs/INTERLOCKS.md). Found by looking the parent up
+    /// when answering, not stored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parent_deleted: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_unix: Option<u64>,
     /// What removing the disk would free once reclaiming ends: grains that

@@ -15,7 +15,8 @@
 //!   datastore share: [`disk`] (provisioning, disk and snapshot info),
 //!   [`datastore`] (space, state, a local datastore's reports), [`group`]
 //!   (consistency groups), [`alarm`] (thresholds and their evaluation),
-//!   [`job`], [`stats`] (a disk's I/O statistics); an object store's own
+//!   [`job`], [`event`] (the event log's entries), [`stats`] (a disk's I/O
+//!   statistics); an object store's own
 //!   answers in [`store`], and a disk or datastore of either kind in
 //!   [`view`]; [`vmdk`] for VMDK files.
 //!
@@ -38,6 +39,7 @@ use serde_json::Value;
 pub mod alarm;
 pub mod datastore;
 pub mod disk;
+pub mod event;
 pub mod group;
 pub mod job;
 pub mod request;
@@ -55,6 +57,7 @@ pub use datastore::{
     FREE_EXTENT_CLASSES,
 };
 pub use disk::{DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo};
+pub use event::Event;
 pub use group::{
     Consistency, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotReport, QuiesceReport,
     QuiesceResult,
@@ -68,7 +71,7 @@ pub use response::{
 };
 pub use strata_block::throttle::IoLimits;
 pub use strata_block::{Error, Kind as ErrorKind};
-pub use view::{ClientInfo, DatastoreView, DiskView, Refusal, StoreDisk};
+pub use view::{ClientInfo, DatastoreView, DiskView, Refusal, StoreDisk, VhostExport};
 pub use vmdk::{
     ExtentCheck, ShrinkReport, ShrinkResult, Subformat, VmdkCheckReport, VmdkExtentInfo,
     VmdkFileCheck, VmdkInfo, VmdkLinkInfo, VmdkRequest, VmdkResponse,

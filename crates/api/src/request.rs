@@ -265,6 +265,17 @@ pub enum Request {
     },
     /// `alarm list`
     AlarmList,
+    /// `events [--limit N] [--target NAME]`: the event log, newest first
+    /// (docs/FORMAT.md §13).
+    Events {
+        /// None: `event::EVENTS_LIMIT_DEFAULT`.
+        #[serde(default)]
+        limit: Option<u32>,
+        /// Only the events about this disk (and its snapshots), snapshot
+        /// or group.
+        #[serde(default)]
+        target: Option<String>,
+    },
     /// I/O statistics of one export (or all), optionally reset after
     /// reading, and recording paused (false) or resumed (true) after that.
     Stats {
@@ -314,6 +325,34 @@ pub enum Request {
         path: PathBuf,
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
+    },
+    /// Serve `disk` (or `DISK@SNAP`) to a vhost-user-blk frontend on a
+    /// new socket, on a running server (`strata vhost add`).
+    VhostAdd {
+        disk: String,
+        /// Absolute.
+        socket: PathBuf,
+    },
+    /// Stop serving a vhost-user-blk socket (`strata vhost remove`);
+    /// refused while a frontend is connected unless `force`.
+    VhostRemove {
+        /// Absolute.
+        socket: PathBuf,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
+    },
+    /// The vhost-user-blk sockets a server serves (`strata vhost ls`).
+    VhostList,
+    /// Rename a disk (`strata rename`), also while it is served.
+    Rename {
+        name: String,
+        to: String,
+    },
+    /// Rename a snapshot (`strata snapshot rename DISK@SNAP NEW`).
+    SnapshotRename {
+        disk: String,
+        snapshot: String,
+        to: String,
     },
 }
 

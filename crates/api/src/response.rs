@@ -114,8 +114,17 @@ pub enum Response {
     Capacity { info: DatastoreInfo, changed: bool },
     /// `alarm list`, `alarm set`: every alarm, evaluated now.
     Alarms(Vec<AlarmEntry>),
+    /// `events`: the event log, newest first.
+    Events(Vec<crate::event::Event>),
     /// `move`
     Moved(MoveReport),
+    /// `vhost ls`, `vhost add`: the sockets served.
+    VhostExports(Vec<crate::view::VhostExport>),
+    /// `vhost remove`
+    VhostRemoved(crate::view::VhostExport),
+    /// `rename`, `snapshot rename`: the old and the new name (`DISK` or
+    /// `DISK@SNAP`).
+    Renamed { from: String, to: String },
 }
 
 /// What `diff` found (docs/BACKUP.md).
@@ -338,10 +347,14 @@ impl Response {
             Response::Import(r) => value(r),
             Response::Export(r) => value(r),
             Response::Moved(r) => value(r),
+            Response::VhostExports(v) => value(v),
+            Response::VhostRemoved(v) => json!({ "removed": value(v) }),
+            Response::Renamed { from, to } => json!({ "renamed": from, "to": to }),
             Response::VmdkServer(s) => value(s),
             Response::VmdkShrink(rs) => value(rs),
             Response::Capacity { info, .. } => value(info),
             Response::Alarms(a) => value(a),
+            Response::Events(e) => value(e),
         }
     }
 }

@@ -109,6 +109,16 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// A size in a message where the exact figure matters: `8 MiB (8388608
+/// bytes)`; a whole number of bytes under 1 KiB is just `512 B`. Every
+/// message writes sizes with [`human`] or this, so units are one style.
+pub fn human_exact(bytes: u64) -> String {
+    if bytes < 1024 {
+        return human(bytes);
+    }
+    format!("{} ({bytes} bytes)", human(bytes))
+}
+
 /// I/O limits for people: `200 IOPS, 4 MiB/s, burst 1 s`.
 pub fn limits_text(l: &IoLimits) -> String {
     let mut parts = Vec::new();

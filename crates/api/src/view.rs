@@ -43,13 +43,25 @@ impl From<DiskInfo> for DiskView {
 pub struct ClientInfo {
     /// `vm`, or `vm@s1` for a snapshot's export.
     pub export: String,
-    /// `nbd` (vhost-user-blk and FUSE are not listed yet).
+    /// `nbd`, `vhost-user-blk` or `fuse`.
     pub transport: String,
-    /// `ip:port`, or `local pid N` over a Unix socket; under TLS the
-    /// certificate's subject first.
+    /// NBD: `ip:port`, or `local pid N` over a Unix socket, under TLS the
+    /// certificate's subject first; vhost-user-blk: `SOCKET (pid N)`;
+    /// FUSE: `pid N` (the process with the export's file open).
     pub peer: String,
     pub read_only: bool,
     pub since_unix: u64,
+}
+
+/// A vhost-user-blk socket a server serves, and the frontend connected
+/// to it, if any.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VhostExport {
+    pub socket: std::path::PathBuf,
+    /// What it serves: `vm`, or `vm@s1`.
+    pub export: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientInfo>,
 }
 
 /// Who writes a disk of an object store, from its newest manifest as the
@@ -84,6 +96,9 @@ pub struct DatastoreView {
     pub cannot: Vec<Refusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_store: Option<Summary>,
+    /// Every session on the server that answered (docs/INTERLOCKS.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientInfo>,
 }
 
 /// A command a kind of datastore refuses, with the reason.

@@ -34,6 +34,7 @@ pub mod bytes;
 pub mod error;
 pub mod eventfd;
 mod fill;
+pub mod peer;
 pub mod plan;
 pub mod ring;
 pub mod ring_io;

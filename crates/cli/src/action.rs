@@ -14,7 +14,7 @@ use strata_api::{
     VmdkRequest,
 };
 
-use crate::args::{AlarmCmd, Cmd, JobCmd, SnapCmd, VmdkCmd};
+use crate::args::{AlarmCmd, Cmd, JobCmd, SnapCmd, VhostCmd, VmdkCmd};
 use crate::serve_args::ServeArgs;
 use crate::target::names;
 
@@ -98,13 +98,18 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             Cmd::Claim { .. } | Cmd::Release { .. } | Cmd::Gc { .. } | Cmd::Compact { .. } => {
                 object_store_action(cmd)
             }
-            Cmd::Status | Cmd::Grow { .. } | Cmd::Alarm(_) | Cmd::Check | Cmd::Jobs { .. } => {
-                store_action(cmd)
-            }
+            Cmd::Status
+            | Cmd::Grow { .. }
+            | Cmd::Alarm(_)
+            | Cmd::Check
+            | Cmd::Jobs { .. }
+            | Cmd::Events { .. }
+            | Cmd::Vhost(_) => store_action(cmd),
             Cmd::List
             | Cmd::Info { .. }
             | Cmd::Create { .. }
             | Cmd::Rm { .. }
+            | Cmd::Rename { .. }
             | Cmd::Extend { .. }
             | Cmd::Convert { .. } => disk_action(cmd),
             Cmd::Limit { .. } | Cmd::Punchzero { .. } => limit_action(cmd),
@@ -238,6 +243,19 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             Request::JobControl { id: *id, action }
         }
         Cmd::Check => Request::Check,
+        Cmd::Events { limit, target } => Request::Events {
+            limit: Some(*limit),
+            target: target.clone(),
+        },
+        Cmd::Vhost(VhostCmd::Add { disk, socket }) => Request::VhostAdd {
+            disk: disk.clone(),
+            socket: absolute(socket)?,
+        },
+        Cmd::Vhost(VhostCmd::Remove { socket, force }) => Request::VhostRemove {
+            socket: absolute(socket)?,
+            force: *force,
+        },
+        Cmd::Vhost(VhostCmd::List) => Request::VhostList,
         _ => return Err(not_this_family()),
     }))
 }
@@ -266,6 +284,7 @@ fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             name: name.clone(),
             force: *force,
         },
+        Cmd::Rename { name, to } => rename(name, to)?,
         Cmd::Extend { name, size } => {
             let (bytes, by) = match *size {
                 NewSize::To(b) => (b, false),
@@ -378,6 +397,14 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                 force,
             }
         }
+        Cmd::Snapshot(SnapCmd::Rename { target, to }) => {
+            if !target.contains('@') {
+                return Err(invalid(format!(
+                    "which snapshot of '{target}'? give {target}@SNAP NEW"
+                )));
+            }
+            rename(target, to)?
+        }
         Cmd::Snapshot(SnapCmd::Delete { at, force }) => {
             let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
             let force = *force;
@@ -389,6 +416,31 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         }
         _ => return Err(not_this_family()),
     }))
+}
+
+/// `rename DISK NEW`, `rename DISK@SNAP NEW` (or `DISK@NEW`).
+fn rename(name: &str, to: &str) -> Result<Request, Error> {
+    let (disk, snap) = strata_engine::split_target(name);
+    let Some(snapshot) = snap else {
+        return Ok(Request::Rename {
+            name: name.into(),
+            to: to.into(),
+        });
+    };
+    let to = match strata_engine::split_target(to) {
+        (new, None) => new,
+        (d, Some(new)) if d == disk => new,
+        (d, Some(_)) => {
+            return Err(invalid(format!(
+                "a snapshot stays with its disk: rename {name} to SNAP or {disk}@SNAP, not {d}@..."
+            )))
+        }
+    };
+    Ok(Request::SnapshotRename {
+        disk: disk.into(),
+        snapshot: snapshot.into(),
+        to: to.into(),
+    })
 }
 
 /// Linked and full clones.

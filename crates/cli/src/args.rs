@@ -40,20 +40,28 @@ While `strata serve` runs, the other commands talk to it through its control soc
     after_long_help = EXIT_CODES
 )]
 pub struct Cli {
+    /// Datastore directory
+    ///
     /// Datastore directory [default: $STRATA_DATASTORE, else ~/.local/share/strata/datastore]
     #[arg(long, short = 'd', global = true, env = "STRATA_DATASTORE")]
     pub datastore: Option<PathBuf>,
 
+    /// Budget of the metadata cache
+    ///
     /// Budget of the engine's metadata cache (map and refcount pages), e.g. 128M
     #[arg(long, global = true, value_parser = parse_size, default_value = "128M")]
     pub metadata_cache: u64,
 
+    /// Return once a long command's job has started
+    ///
     /// For a long command (convert, punchzero, defrag, move, clone --full, import, export,
     /// export-diff, import-diff, eager create) on a running server: return once its job has
     /// started instead of following it
     #[arg(long, global = true)]
     pub detach: bool,
 
+    /// Print the answer as JSON
+    ///
     /// Print the answer as JSON instead of text (before or after the command)
     #[arg(long, global = true)]
     pub json: bool,
@@ -79,7 +87,7 @@ credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
         #[arg(long, value_name = "URL")]
         object_store: Option<String>,
     },
-    /// Join an object-store datastore from this host (the directory becomes its local directory)
+    /// Join an object-store datastore from this host (DIR becomes its local directory)
     #[command(
         long_about = "Join an object-store datastore made by 'strata init --object-store' on another host.\n\n\
 The directory (--datastore) becomes this host's local directory: a new one, or this host's own\n\
@@ -93,7 +101,7 @@ Prints what it found: the datastore's id, who created it, and its disks."
     },
     /// Show the datastore's capacity, use, over-commit and alarms
     Status,
-    /// Object-store datastores: make this host a disk's writer now (fencing the previous one)
+    /// Object store: make this host a disk's writer now (fencing the previous one)
     #[command(
         long_about = "Make this host the writer of DISK of an object-store datastore now, fencing the\n\
 previous writer: its next FLUSH fails with an error naming this host, and it acknowledges no\n\
@@ -104,6 +112,8 @@ generation, exactly one wins; the others fail naming it."
     Claim {
         /// The disk
         name: String,
+        /// Hand-over: wait for the writer's release, then claim
+        ///
         /// Hand-over (live migration): wait until the writer has released the disk ('strata
         /// release' on its host), then claim it; never fence a live writer
         #[arg(long)]
@@ -117,7 +127,7 @@ generation, exactly one wins; the others fail naming it."
         )]
         wait: u64,
     },
-    /// Object-store datastores: stop writing a disk on this host so another takes it without a fence
+    /// Object store: stop writing a disk here, so another host takes it unfenced
     #[command(
         long_about = "Release DISK of an object-store datastore for a hand-over (VM live migration;\n\
 docs/MOVE.md): this host's server commits every write it acknowledged, then writes a manifest\n\
@@ -188,6 +198,9 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     /// Datastore alarms on usage and over-allocation: set, list
     #[command(subcommand)]
     Alarm(AlarmCmd),
+    /// A running server's vhost-user-blk sockets: add, remove, list
+    #[command(subcommand)]
+    Vhost(VhostCmd),
     /// Create a disk
     Create {
         name: String,
@@ -201,6 +214,8 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     /// List disks
     #[command(visible_alias = "ls")]
     List,
+    /// Show one disk: size, allocation, snapshots, and what removing it would free
+    ///
     /// Show one disk: size, provisioning, allocation, nb/tbz, snapshots, and what removing it
     /// (exclusive) and deleting all its snapshots (snapshot space) would free
     Info { name: String },
@@ -212,7 +227,24 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         #[arg(long)]
         force: bool,
     },
-    /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream, to FILE or - (stdout)
+    /// Rename a disk (DISK NEW) or a snapshot (DISK@SNAP NEW), also while it is served
+    #[command(
+        long_about = "Rename a disk (DISK NEW) or a snapshot (DISK@SNAP NEW or DISK@NEW), also \
+while it is served.\n\n\
+Clients connected go on and are listed under the new name; the next client opens the export by\n\
+its new name (vhost-user-blk sockets follow). Linked clones made from the disk's snapshots show\n\
+the new name as their parent. One catalog change: after a crash the disk or snapshot has one\n\
+name or the other. Local datastores only for now."
+    )]
+    Rename {
+        /// The disk, or DISK@SNAP
+        #[arg(value_name = "DISK[@SNAP]")]
+        name: String,
+        /// Its new name (for a snapshot: SNAP, or DISK@SNAP of the same disk)
+        #[arg(value_name = "NEW")]
+        to: String,
+    },
+    /// Write a version's changes (or all its data) as a Ceph 'rbd diff v1' stream
     #[command(
         name = "export-diff",
         long_about = "Write DISK[@SNAP]'s changes since BASE (without --from: everything it maps) as\n\
@@ -278,8 +310,7 @@ Everything past BASE's size counts as changed (docs/BACKUP.md)."
         #[arg(long, value_parser = NewSize::parse)]
         size: NewSize,
     },
-    /// Limit a disk's I/O rate (also while it is served): operations and/or bytes per second,
-    /// in every transport (NBD, vhost-user-blk), for the disk and its snapshots
+    /// Limit a disk's I/O rate: operations and/or bytes per second, online
     #[command(
         long_about = "Limit a disk's I/O rate, also while it is served.\n\nReads, writes and unmaps of the disk (and of its snapshots' exports), whatever transport they\ncome through, take one operation each and their bytes from two token buckets that refill at\n--iops and --bps and hold --burst seconds of their rate. A request that finds a bucket\nempty waits; none is refused. The limits are kept with the disk. 'strata info' shows them;\n--clear removes them."
     )]
@@ -328,11 +359,15 @@ source serving and removes the partial copy."
         /// The datastore directory to move it to
         #[arg(long, value_name = "DEST")]
         to: PathBuf,
+        /// The target's provisioning [default: the source's]
+        ///
         /// The target's provisioning (default: the source's; object-store disks are thin):
         /// thin, zeroedthick or eagerzeroedthick. A thick disk moved with --type thin stores no
         /// zeros
         #[arg(long = "type", value_parser = Provisioning::parse)]
         provisioning: Option<Provisioning>,
+        /// Move the live state only, not the snapshots
+        ///
         /// Move the disk's live state only: its snapshots are not copied, and are deleted with
         /// the source
         #[arg(long)]
@@ -348,7 +383,7 @@ source serving and removes the partial copy."
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
     },
-    /// Lay a disk's grains out in logical order, online (what snapshots and clones share moves once, for all of them)
+    /// Lay a disk's grains out in logical order, online
     #[command(
         long_about = "Lay a disk's grains out in logical order, also while it is served.\n\n\
 A region (1 MiB) whose data is not one physical run is copied to grains allocated one after\n\
@@ -379,6 +414,26 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         #[command(subcommand)]
         action: Option<JobCmd>,
     },
+    /// The event log: who changed what, when (create, rm, snapshots, jobs, alarms...)
+    #[command(
+        long_about = "The datastore's event log, newest first: every change of state \
+(create, rm, snapshot, revert,\n\
+clone, convert, extend, claims, jobs started and finished, alarms, forced interlocks, logins\n\
+to the dashboard's actions, recovery after an unclean stop, server start and stop), each with\n\
+its time, who asked (the CLI's user, the HTTP API's token and address, or the server itself)\n\
+and how it ended (ok, or the error). Reads (info, list, status, stats) are not logged. The log\n\
+is kept in the datastore's directory (an object store's: this host's local directory) across\n\
+restarts, at most about 2 MiB, the last several thousand events (docs/OPERATIONS.md).\n\
+Read through the running server, or from the file when none runs."
+    )]
+    Events {
+        /// Show at most this many (the newest)
+        #[arg(long, value_name = "N", default_value_t = strata_api::event::EVENTS_LIMIT_DEFAULT)]
+        limit: u32,
+        /// Only the events about this disk (and its snapshots), DISK@SNAP, or group
+        #[arg(long, value_name = "NAME")]
+        target: Option<String>,
+    },
     /// Snapshots: create, list, revert, delete
     #[command(subcommand)]
     Snapshot(SnapCmd),
@@ -397,6 +452,8 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// Provisioning of a full clone
         #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
+        /// With --full: make the clone in the datastore in DIR
+        ///
         /// With --full: make the clone in the datastore in DIR (local or attached to an object
         /// store) instead of the source's; the server serves it from there
         #[arg(long, value_name = "DIR", requires = "full")]
@@ -414,11 +471,15 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         /// Zero the statistics after reading them
         #[arg(long)]
         reset: bool,
+        /// Stop recording after reading (vscsiStats -x)
+        ///
         /// Stop recording after reading (vscsiStats -x); commands are then
         /// only forwarded, and the figures so far stay readable. Without
         /// DISK: every disk, and disks first used later
         #[arg(long, conflicts_with = "resume")]
         pause: bool,
+        /// Start recording again after a --pause (vscsiStats -s)
+        ///
         /// Start recording again after a --pause (vscsiStats -s); combine
         /// with --reset to start afresh
         #[arg(long)]
@@ -427,7 +488,11 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         #[arg(long)]
         watch: bool,
     },
-    /// Serve every disk over NBD (exports DISK and read-only DISK@SNAP), and VMDK files as they are
+    /// Serve every disk (DISK, and DISK@SNAP read-only) and VMDK files as they are
+    #[command(
+        after_help = "See 'strata serve --help' for each option in full, and examples.",
+        after_long_help = crate::serve_args::SERVE_EXAMPLES
+    )]
     Serve(Box<ServeArgs>),
     /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell)
     #[command(
@@ -445,7 +510,7 @@ The Debian package installs the bash, zsh and fish scripts."
         /// Where to write them (created if missing)
         dir: PathBuf,
     },
-    /// Import a VMDK chain (snapshots = its links), a raw image or a qcow2 image as a new disk
+    /// Import a VMDK chain (its links as snapshots), a raw or a qcow2 image as a disk
     Import {
         /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2
         path: PathBuf,
@@ -464,9 +529,13 @@ The Debian package installs the bash, zsh and fish scripts."
         target: String,
         /// Output file, ending in .vmdk (never overwritten)
         out: PathBuf,
+        /// monolithicSparse/Flat, streamOptimized, vmfsSparse or seSparse
+        ///
         /// monolithicSparse, monolithicFlat, streamOptimized, vmfsSparse or seSparse
         #[arg(long, default_value = "monolithicSparse")]
         subformat: String,
+        /// Write the snapshot path as a chain of files, base first
+        ///
         /// Write the snapshot path as a chain: OUT.vmdk is the base, OUT-000001.vmdk... the
         /// deltas (vmfsSparse/seSparse chains get a monolithicFlat base); the last file is TARGET
         #[arg(long)]
@@ -482,23 +551,33 @@ The Debian package installs the bash, zsh and fish scripts."
 
 #[derive(Subcommand)]
 pub enum VmdkCmd {
+    /// Show a VMDK chain link by link: create type, CIDs, extents
+    ///
     /// Show a VMDK chain link by link: create type, CIDs, extents (takes no lock: works on served
     /// files)
     Info { path: PathBuf },
+    /// Check every link's grain directories and tables (--repair fixes)
+    ///
     /// Check grain directories and tables of every link: out-of-file, doubly used and bad
     /// entries; exits 1 when errors remain. Without --repair it takes no lock (works on served
     /// files, which may be mid-update); with --repair a file in use is refused
     Check {
         path: PathBuf,
+        /// Fix what needs no guessing, in the top link
+        ///
         /// Fix what needs no guessing (in the top link): clear never-written grains, give doubly
         /// used grains their own copies, extend cut-short files, clear the unclean flag
         #[arg(long)]
         repair: bool,
     },
+    /// Give an SEsparse delta's unmapped and zero grains' space back
+    ///
     /// Give the space of unmapped and all-zero grains of an SEsparse delta back to the file system;
     /// a file `strata serve --vmdk` serves is shrunk by that server, online and throttled
     Shrink {
         path: PathBuf,
+        /// Read and copy at most this much per second (e.g. 50M)
+        ///
         /// Read and copy at most this much per second (e.g. 50M), served or not; without it a
         /// server pauses eight times as long as each step took while clients send requests
         #[arg(long, value_parser = parse_size)]
@@ -518,8 +597,7 @@ pub enum JobCmd {
 
 #[derive(Subcommand)]
 pub enum AlarmCmd {
-    /// Set an alarm's thresholds (kept in the datastore). usage = (used + reserved) / capacity,
-    /// default 75/85; overcommit = provisioned / capacity, default 100/200
+    /// Set an alarm's thresholds (usage default 75/85, overcommit 100/200)
     #[command(long_about = "Set an alarm's thresholds, kept in the datastore.\n\n\
 usage: (used + reserved bytes) / capacity, in percent (default warning 75, alarm 85).\n\
 overcommit: provisioned bytes (sum of disk sizes) / capacity (default warning 100, alarm 200).\n\
@@ -549,6 +627,36 @@ command set before is kept; --exec '' removes it.")]
 }
 
 #[derive(Subcommand)]
+pub enum VhostCmd {
+    /// Serve DISK (or DISK@SNAP, read-only) on a new vhost-user-blk socket, without a restart
+    #[command(
+        long_about = "Serve DISK (or DISK@SNAP, read-only) to a vhost-user-blk frontend \
+(QEMU, cloud-hypervisor) on a new Unix socket at SOCKET, on the running server of this datastore,\n\
+without restarting it. The socket is served as those of 'serve --vhost-user-blk' are: the same\n\
+queues, I/O threads, polling, --socket-mode and --socket-owner. A stale socket file at SOCKET is\n\
+replaced; anything else there is refused. It lasts until 'strata vhost remove' or the server\n\
+stops (add it to the server's --vhost-user-blk options to have it at the next start)."
+    )]
+    Add {
+        /// The disk, or DISK@SNAP
+        disk: String,
+        /// Where the socket goes
+        socket: std::path::PathBuf,
+    },
+    /// Stop serving a vhost-user-blk socket; refused while a frontend is connected
+    #[command(visible_alias = "rm")]
+    Remove {
+        socket: std::path::PathBuf,
+        /// Even while a frontend is connected: it is cut off first
+        #[arg(long)]
+        force: bool,
+    },
+    /// List the sockets served and the frontend connected to each
+    #[command(visible_alias = "ls")]
+    List,
+}
+
+#[derive(Subcommand)]
 pub enum SnapCmd {
     /// Take a snapshot (O(1), whatever the disk holds): DISK@SNAP or DISK SNAP
     Create {
@@ -557,6 +665,8 @@ pub enum SnapCmd {
         #[arg(long, default_value = "")]
         description: String,
     },
+    /// List a disk's snapshots as a tree, with what deleting each would free
+    ///
     /// List a disk's snapshots as a tree, each with what deleting it would free (exclusive)
     #[command(visible_alias = "ls")]
     List { disk: String },
@@ -567,6 +677,13 @@ pub enum SnapCmd {
         /// Even while clients have it open: they are disconnected (docs/INTERLOCKS.md)
         #[arg(long)]
         force: bool,
+    },
+    /// Rename a snapshot: DISK@SNAP NEW (also while it is served)
+    Rename {
+        #[arg(value_name = "DISK@SNAP")]
+        target: String,
+        #[arg(value_name = "NEW")]
+        to: String,
     },
     /// Delete a snapshot (moves no data): DISK@SNAP or DISK SNAP
     #[command(visible_alias = "rm")]

@@ -48,6 +48,8 @@ failing or late hook creates nothing unless --ignore-quiesce-error. --json repor
 I/O was held (pause_us)."
     )]
     Snapshot(GroupSnapArgs),
+    /// Revert every member to a group snapshot: GROUP@SNAP or GROUP SNAP
+    ///
     /// Revert every disk of a group to a group snapshot (one change; discards changes since):
     /// GROUP@SNAP or GROUP SNAP
     Revert {
@@ -84,7 +86,7 @@ pub struct GroupSnapArgs {
 
 #[derive(Args)]
 pub struct TakeArgs {
-    /// GROUP@SNAP, or GROUP followed by SNAP: the snapshot's name on the group and every member
+    /// GROUP@SNAP, or GROUP then SNAP (the name on the group and every member)
     #[arg(required = true, value_name = "GROUP[@SNAP]")]
     group: Option<String>,
     #[arg(value_name = "SNAP")]

@@ -175,7 +175,17 @@ impl Render for Response {
             Response::VmdkShrink(rs) => vmdk_shrink(out, rs),
             Response::Capacity { info, changed } => capacity(out, info, *changed),
             Response::Alarms(a) => alarm_list(out, a),
+            Response::Events(es) if es.is_empty() => outln!(out, "no events"),
+            Response::Events(es) => es.iter().for_each(|e| outln!(out, "{}", e.line())),
             Response::Moved(r) => moved(out, r),
+            Response::Renamed { from, to } => outln!(out, "renamed {from} to {to}"),
+            Response::VhostExports(v) => vhost_exports(out, v),
+            Response::VhostRemoved(v) => outln!(
+                out,
+                "removed vhost-user-blk socket {} (it served {})",
+                v.socket.display(),
+                v.export
+            ),
             r @ (Response::Groups(_)
             | Response::Group(_)
             | Response::GroupDeleted { .. }
@@ -298,9 +308,42 @@ fn import_diff(out: &mut String, r: &ImportDiffReport) {
     );
 }
 
-/// `status`: the datastore's figures, then what its kind cannot do.
+/// `vhost ls`: a socket a line, with its frontend.
+fn vhost_exports(out: &mut String, v: &[strata_api::VhostExport]) {
+    if v.is_empty() {
+        return outln!(
+            out,
+            "no vhost-user-blk sockets ('strata vhost add DISK SOCKET' adds one)"
+        );
+    }
+    for x in v {
+        let who = match &x.client {
+            Some(c) => format!("connected: {}", strata_server::clients::describe(c)),
+            None => "no frontend connected".into(),
+        };
+        outln!(out, "{}  {}  {who}", x.socket.display(), x.export);
+    }
+}
+
+/// `status`: the datastore's figures, who has disks open, then what its
+/// kind cannot do.
 fn datastore(out: &mut String, v: &DatastoreView) {
     datastore_figures(out, v);
+    if !v.clients.is_empty() {
+        let mut disks: Vec<&str> = v
+            .clients
+            .iter()
+            .map(|c| c.export.split('@').next().unwrap_or_default())
+            .collect();
+        disks.sort_unstable();
+        disks.dedup();
+        let (n, d) = (v.clients.len(), disks.len());
+        let s = |n: usize| if n == 1 { "" } else { "s" };
+        outln!(out, "clients: {n} session{} on {d} disk{}", s(n), s(d));
+        for c in &v.clients {
+            outln!(out, "  {}", strata_server::clients::describe(c));
+        }
+    }
     // Last: what the kind never does is not news.
     if !v.cannot.is_empty() {
         let what: Vec<&str> = v.cannot.iter().map(|r| r.command.as_str()).collect();
@@ -454,12 +497,21 @@ fn disk_table(out: &mut String, disks: &[DiskView]) {
     for v in disks {
         let d = &v.info;
         let (size, snaps) = (human(d.size_bytes), d.snapshots.to_string());
-        let (kind, parent) = (d.provisioning.as_str(), or_dash(&d.parent));
+        let (kind, parent) = (d.provisioning.as_str(), &parent_text(d));
         let allocated = d.allocated_bytes.map_or_else(|| "-".into(), human);
         let extra = opt(v.object_store.as_ref(), |w| {
             format!("  {:>3}  {}", w.generation, writer(w))
         });
         row([&d.name, &size, kind, &allocated, &snaps, parent], &extra);
+    }
+}
+
+/// A linked clone's parent, `vm@base (deleted)` once it went; `-` for none.
+fn parent_text(d: &strata_api::DiskInfo) -> String {
+    match &d.parent {
+        Some(p) if d.parent_deleted => format!("{p} (deleted)"),
+        Some(p) => p.clone(),
+        None => "-".into(),
     }
 }
 
@@ -507,7 +559,7 @@ fn disk(out: &mut String, v: &DiskView) {
         field!(f, "snapshot space:", "{x}");
     }
     field!(f, "current snapshot:", "{}", or_dash(&d.current_snapshot));
-    field!(f, "parent:", "{}", or_dash(&d.parent));
+    field!(f, "parent:", "{}", parent_text(d));
     if !d.limits.is_none() {
         field!(f, "limits:", "{}", limits_text(&d.limits));
     }

@@ -10,114 +10,212 @@ use strata_server::moving::Mirror;
 use strata_server::serve::{loopback_only, Aio, ServeConfig, SocketOwner, VhostDevice, VmdkExport};
 use strata_server::web::bind_address;
 
+// The groups of `strata serve -h`, in the order they are listed.
+const NBD: &str = "NBD";
+const LOCAL: &str = "vhost-user-blk and FUSE";
+const ACCESS: &str = "TLS and access";
+const HTTP: &str = "HTTP dashboard, API and metrics";
+const IO: &str = "I/O, caching and space";
+const SOURCES: &str = "Datastore and VMDK files";
+const STORE: &str = "Object-store datastores";
+
+/// Examples at the end of `strata serve --help`.
+pub const SERVE_EXAMPLES: &str = "Examples:
+  # A local datastore (made if missing): NBD on a Unix socket, the dashboard on 127.0.0.1:9100
+  strata -d /srv/strata serve --init --nbd-unix /run/strata/nbd.sock --http 9100
+  qemu-img info 'nbd+unix:///vm1?socket=/run/strata/nbd.sock'
+
+  # Disk vm1 to a QEMU guest over vhost-user-blk (the guest's memory must be shared)
+  strata serve --cache none --vhost-user-blk vm1=/run/strata/vm1.vhost
+  qemu-system-x86_64 -m 4G \\
+    -object memory-backend-memfd,id=mem,size=4G,share=on -machine memory-backend=mem \\
+    -chardev socket,id=vm1,path=/run/strata/vm1.vhost,reconnect=1 \\
+    -device vhost-user-blk-pci,chardev=vm1,num-queues=2 ...
+
+  # Every disk as a file DIR/DISK, every snapshot as DIR/DISK@SNAP (FUSE)
+  strata serve --fuse /mnt/strata
+  qemu-img compare /mnt/strata/vm1 /mnt/strata/vm1@s1";
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// Serve NBD on this Unix socket path
-    #[arg(long)]
+    #[arg(long, help_heading = NBD, value_name = "PATH")]
     pub nbd_unix: Option<PathBuf>,
     /// Serve NBD on this TCP address (e.g. 127.0.0.1:10809)
-    #[arg(long)]
+    #[arg(long, help_heading = NBD, value_name = "HOST:PORT")]
     pub nbd_tcp: Option<String>,
-    /// NBD over TLS (STARTTLS, on --nbd-tcp and --nbd-unix alike) with the x509 credentials in
-    /// DIR, laid out as QEMU's tls-creds-x509 wants them: server-cert.pem, server-key.pem, and
-    /// ca-cert.pem (the CA of client certificates, for --tls-verify-peer). The same files serve
-    /// qemu-nbd, so clients' setups carry over. SIGHUP reloads them for new connections
-    #[arg(long, value_name = "DIR")]
-    pub tls_creds: Option<PathBuf>,
-    /// With --tls-creds: require TLS (every option but STARTTLS is refused before it, the NBD
-    /// spec's FORCEDTLS) or allow clients without it
-    #[arg(long = "tls", value_name = "require|allow", default_value = "require", value_parser = either("require", "allow"), action = clap::ArgAction::Set, requires = "tls_creds")]
-    pub tls_require: bool,
-    /// With --tls-creds: clients must present a certificate signed by the CA in
-    /// DIR/ca-cert.pem (QEMU's verify-peer=on)
-    #[arg(long, requires = "tls_creds")]
-    pub tls_verify_peer: bool,
-    /// With --tls-creds: which client may open which export, read-write or read-only, by the
-    /// subject of its certificate (implies --tls-verify-peer). One rule per line:
-    /// `ACCESS EXPORTS IDENTITY`, e.g. `ro vm1@*,vm2 CN=backup1,O=Example` or `rw * *`; the
-    /// first rule naming both decides, no rule means no access (docs/SECURITY.md). SIGHUP
-    /// reloads it
-    #[arg(long, value_name = "FILE", requires = "tls_creds")]
-    pub tls_authz: Option<PathBuf>,
+    /// NBD connections served at once
+    ///
     /// NBD connections served at once, counting those still negotiating. When all are taken,
     /// a new connection takes the place of the one that has been negotiating longest (counted
     /// in strata_nbd_refused_total{cause="handshake_evicted"}), so stalled handshakes cannot
     /// lock clients out; only when every place is past its handshake is it closed at once
     /// (cause="too_many_connections")
-    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, help_heading = NBD, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
+    /// NBD connections per export (0: no own limit)
+    ///
     /// NBD connections one export may be open on at once; one more is refused in its
     /// handshake with a reason the client prints (0: only --max-connections limits them)
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65536))]
+    #[arg(long, help_heading = NBD, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub max_export_connections: u32,
+    /// Handshake timeout per read or write, seconds
+    ///
     /// Seconds the server waits for each read or write of an NBD client's handshake (TLS
     /// included) before it closes the connection and counts it in
     /// strata_nbd_refused_total{cause="handshake_timeout"} (0: wait for ever)
-    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86400))]
+    #[arg(long, help_heading = NBD, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=86400))]
     pub handshake_timeout: u32,
-    /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused
-    /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
-    #[arg(long)]
-    pub insecure: bool,
-    /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
-    /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
-    /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
-    /// can reconnect to the same socket
-    #[arg(long, value_name = "DISK=SOCKET")]
-    pub vhost_user_blk: Vec<VhostDevice>,
-    /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
-    /// use fewer)
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub vhost_queues: u16,
-    /// How long, at most, a vhost-user-blk queue's worker keeps looking for the guest's next
-    /// request (and its ring's next completion) after the last one before it sleeps,
-    /// microseconds. A busy queue is served without a wake-up or a guest kick per request, for
-    /// some CPU (QEMU's iothread poll-max-ns). Adaptive: a queue polls while at least a quarter
-    /// of its recent polls found something, else it sleeps at once and tries again now and
-    /// then, so an idle or lightly used queue spends nothing on it. 0 turns polling off
-    #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
-    pub vhost_poll_us: u32,
+    /// Read-ahead along a client's BLOCK_STATUS plan
+    ///
+    /// NBD read-ahead along a client's plan: the ranges a BLOCK_STATUS reply marked as what it
+    /// reads next (the dirty ones of qemu:dirty-bitmap:SNAP, else base:allocation's data) are
+    /// prefetched this far ahead of its reads into the host page cache, so a backup reading
+    /// scattered changes one request at a time keeps the disk busy; 0 turns it off (no effect
+    /// with --cache none)
+    #[arg(long, help_heading = NBD, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
+    pub nbd_read_ahead: u64,
+    /// Busy-poll time per connection, microseconds
+    ///
     /// How long, at most, an NBD connection keeps looking for the client's next request and
     /// its ring's next completion before it sleeps while reads or writes are in its ring,
     /// microseconds (under --cache none with `--aio io_uring` or `native`, over a plain
     /// socket, where the connection's one thread reads, starts and answers requests). Costs
     /// CPU while the disk works, none while the connection is idle; 0 turns polling off
-    #[arg(long, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    #[arg(long, help_heading = NBD, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub nbd_poll_us: u32,
+    /// CPU time slice of NBD threads, microseconds
+    ///
     /// The CPU-scheduler time slice each NBD connection's threads ask for, microseconds
     /// (Linux 6.12 or later; older kernels keep their default). A short slice marks them as
     /// latency-sensitive: run soon after a wake-up, preempted soon when they run long. With
     /// many clients on few cores it shortens the latency tail (64 disks at QD 4 on two cores:
     /// p99 about a third for reads, half for writes) for some throughput (about a tenth
     /// there); with few clients it changes nothing measurable. 0: the kernel's default slice
-    #[arg(long, value_name = "US", default_value_t = 100, value_parser = parse_slice_us)]
+    #[arg(long, help_heading = NBD, value_name = "US", default_value_t = 100, value_parser = parse_slice_us)]
     pub nbd_sched_slice_us: u32,
-    /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
-    /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
-    /// socket stays 0600 whatever this says)
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
-    pub socket_mode: Option<u32>,
-    /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
-    #[arg(long, value_name = "USER[:GROUP]")]
-    pub socket_owner: Option<SocketOwner>,
+    /// Serve DISK on a vhost-user-blk SOCKET; repeatable
+    ///
+    /// Serve DISK (or DISK@SNAP, read-only) to a vhost-user frontend (QEMU's
+    /// vhost-user-blk-pci, cloud-hypervisor) on this Unix socket; the guest's memory must be
+    /// shared (memory-backend-memfd,share=on). Repeatable. A frontend that disconnects
+    /// can reconnect to the same socket
+    #[arg(long, help_heading = LOCAL, value_name = "DISK=SOCKET")]
+    pub vhost_user_blk: Vec<VhostDevice>,
+    /// Queues each vhost-user-blk device offers
+    ///
+    /// Queues each vhost-user-blk device offers (one worker thread each; the frontend may
+    /// use fewer)
+    #[arg(long, help_heading = LOCAL, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub vhost_queues: u16,
+    /// Adaptive polling per queue, microseconds
+    ///
+    /// How long, at most, a vhost-user-blk queue's worker keeps looking for the guest's next
+    /// request (and its ring's next completion) after the last one before it sleeps,
+    /// microseconds. A busy queue is served without a wake-up or a guest kick per request, for
+    /// some CPU (QEMU's iothread poll-max-ns). Adaptive: a queue polls while at least a quarter
+    /// of its recent polls found something, else it sleeps at once and tries again now and
+    /// then, so an idle or lightly used queue spends nothing on it. 0 turns polling off
+    #[arg(long, help_heading = LOCAL, value_name = "US", default_value_t = 32, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub vhost_poll_us: u32,
+    /// Mount the disks and snapshots as files on DIR (FUSE)
+    ///
     /// Mount a FUSE file system on DIR (created if missing) showing each disk as the file
     /// DIR/DISK (read-write) and each snapshot as DIR/DISK@SNAP (read-only, mode 0444),
     /// appearing and disappearing with them; the file size is the disk size. Direct I/O (no
     /// page cache), any offset and length; fsync flushes, fallocate --punch-hole unmaps.
     /// Unmounted on shutdown; a stale mount left by a crashed server is unmounted first
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, help_heading = LOCAL, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
+    /// Let other users use the --fuse files (allow_other)
+    ///
     /// Let other users than the one running the server use the --fuse files (the allow_other
     /// mount option; non-root needs user_allow_other in /etc/fuse.conf)
-    #[arg(long, requires = "fuse")]
+    #[arg(long, help_heading = LOCAL, requires = "fuse")]
     pub fuse_allow_other: bool,
+    /// NBD (and HTTP) over TLS with the x509 files in DIR
+    ///
+    /// NBD over TLS (STARTTLS, on --nbd-tcp and --nbd-unix alike) with the x509 credentials in
+    /// DIR, laid out as QEMU's tls-creds-x509 wants them: server-cert.pem, server-key.pem, and
+    /// ca-cert.pem (the CA of client certificates, for --tls-verify-peer). The same files serve
+    /// qemu-nbd, so clients' setups carry over. SIGHUP reloads them for new connections
+    #[arg(long, help_heading = ACCESS, value_name = "DIR")]
+    pub tls_creds: Option<PathBuf>,
+    /// Require TLS, or allow clients without it
+    ///
+    /// With --tls-creds: require TLS (every option but STARTTLS is refused before it, the NBD
+    /// spec's FORCEDTLS) or allow clients without it
+    #[arg(long = "tls", help_heading = ACCESS, value_name = "require|allow", default_value = "require", value_parser = either("require", "allow"), action = clap::ArgAction::Set, requires = "tls_creds")]
+    pub tls_require: bool,
+    /// Require client certificates signed by the CA
+    ///
+    /// With --tls-creds: clients must present a certificate signed by the CA in
+    /// DIR/ca-cert.pem (QEMU's verify-peer=on)
+    #[arg(long, help_heading = ACCESS, requires = "tls_creds")]
+    pub tls_verify_peer: bool,
+    /// Which client certificate may open which export
+    ///
+    /// With --tls-creds: which client may open which export, read-write or read-only, by the
+    /// subject of its certificate (implies --tls-verify-peer). One rule per line:
+    /// `ACCESS EXPORTS IDENTITY`, e.g. `ro vm1@*,vm2 CN=backup1,O=Example` or `rw * *`; the
+    /// first rule naming both decides, no rule means no access (docs/SECURITY.md). SIGHUP
+    /// reloads it
+    #[arg(long, help_heading = ACCESS, value_name = "FILE", requires = "tls_creds")]
+    pub tls_authz: Option<PathBuf>,
+    /// Serve in the clear beyond loopback (--nbd-tcp, --http)
+    ///
+    /// Serve --nbd-tcp or --http in the clear on an address other hosts can reach (refused
+    /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
+    #[arg(long, help_heading = ACCESS)]
+    pub insecure: bool,
+    /// Mode of the NBD and vhost-user sockets [default: 0600]
+    ///
+    /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
+    /// as libvirt's qemu user can connect); default 0600: only the server's user (the control
+    /// socket stays 0600 whatever this says)
+    #[arg(long, help_heading = ACCESS, value_name = "MODE", value_parser = parse_mode)]
+    pub socket_mode: Option<u32>,
+    /// Owner of the NBD and vhost-user sockets
+    ///
+    /// Owner of the NBD and vhost-user sockets: USER, USER:GROUP or :GROUP (names or ids)
+    #[arg(long, help_heading = ACCESS, value_name = "USER[:GROUP]")]
+    pub socket_owner: Option<SocketOwner>,
+    /// Serve the dashboard, JSON API and /metrics on ADDR
+    ///
+    /// Serve the dashboard at ADDR/, its JSON API at /api/v1 (docs/API.md) and Prometheus
+    /// metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT. With
+    /// --tls-creds it is HTTPS (the same certificate). An address beyond loopback needs HTTPS
+    /// (or --insecure) and a token for reads too (--http-read-token or --http-token)
+    #[arg(long, help_heading = HTTP, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// Token file for actions (and reads)
+    ///
+    /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
+    /// defrag), which grants reads too: read, or created with a random token (mode 0600) when
+    /// missing. Without it the HTTP views are read-only
+    #[arg(long, help_heading = HTTP, value_name = "FILE")]
+    pub http_token: Option<PathBuf>,
+    /// Token file for reads only (dashboards, scrapers)
+    ///
+    /// Token file for reads only (the dashboard's views, the API's GETs, /metrics: for
+    /// dashboards and scrapers): read, or created with a random token (mode 0600) when
+    /// missing. Once given, reads need a token on loopback too
+    #[arg(long, help_heading = HTTP, value_name = "FILE")]
+    pub http_read_token: Option<PathBuf>,
+    /// Do not collect per-disk I/O statistics
+    #[arg(long, help_heading = HTTP)]
+    pub no_stats: bool,
+    /// Host page cache use (QEMU's cache=)
+    ///
     /// How the datastore's pool uses the host page cache, as QEMU's cache= option: writeback
     /// reads and writes through it; none uses direct I/O (O_DIRECT), so data is cached once, by
     /// the guest, and the host's memory is not spent on a second copy (what QEMU, libvirt and
     /// Proxmox run production disks with). Durability is the same in both: a FLUSH makes
     /// every acknowledged write durable. --vmdk images keep the page cache
-    #[arg(long = "cache", value_name = "none|writeback", default_value = "writeback", value_parser = either("none", "writeback"), action = clap::ArgAction::Set)]
+    #[arg(long = "cache", help_heading = IO, value_name = "none|writeback", default_value = "writeback", value_parser = either("none", "writeback"), action = clap::ArgAction::Set)]
     pub direct_io: bool,
+    /// I/O submission (QEMU's aio=)
+    ///
     /// How reads and writes reach the disk, as QEMU's aio= option: io_uring (the default) has
     /// each NBD connection (and, under --cache none, each vhost-user-blk queue) put its reads,
     /// and under --cache none its 4 KiB-aligned writes (in place, or to new grains installed
@@ -130,127 +228,135 @@ pub struct ServeArgs {
     /// and answers (--nbd-poll-us); otherwise a second thread answers;
     /// threads runs each request on an I/O thread (--io-threads). FUA writes, misaligned ones
     /// and writes to disks with I/O limits always run on the threads
-    #[arg(long = "aio", value_name = "io_uring|native|threads", default_value = "io_uring", action = clap::ArgAction::Set)]
+    #[arg(long = "aio", help_heading = IO, value_name = "io_uring|native|threads", default_value = "io_uring", action = clap::ArgAction::Set)]
     pub aio: Aio,
+    /// Request threads per connection [default: by --cache]
+    ///
     /// Threads per client connection (NBD or vhost-user-blk) that run its requests, so that
     /// this many are on the disk at once [default: 16 with --cache none, where each waits for
     /// the disk; under writeback 4 for NBD, and none for vhost-user-blk, whose queue workers
     /// then run requests themselves]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, help_heading = IO, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub io_threads: Option<u16>,
-    /// NBD read-ahead along a client's plan: the ranges a BLOCK_STATUS reply marked as what it
-    /// reads next (the dirty ones of qemu:dirty-bitmap:SNAP, else base:allocation's data) are
-    /// prefetched this far ahead of its reads into the host page cache, so a backup reading
-    /// scattered changes one request at a time keeps the disk busy; 0 turns it off (no effect
-    /// with --cache none)
-    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = parse_size)]
-    pub nbd_read_ahead: u64,
-    /// Serve the dashboard at ADDR/, its JSON API at /api/v1 (docs/API.md) and Prometheus
-    /// metrics at /metrics; ADDR is HOST:PORT, or PORT alone for 127.0.0.1:PORT. With
-    /// --tls-creds it is HTTPS (the same certificate). An address beyond loopback needs HTTPS
-    /// (or --insecure) and a token for reads too (--http-read-token or --http-token)
-    #[arg(long, value_name = "ADDR")]
-    pub http: Option<String>,
-    /// Token file for the dashboard's and API's actions (snapshot, clone, extend, convert,
-    /// defrag), which grants reads too: read, or created with a random token (mode 0600) when
-    /// missing. Without it the HTTP views are read-only
-    #[arg(long, value_name = "FILE")]
-    pub http_token: Option<PathBuf>,
-    /// Token file for reads only (the dashboard's views, the API's GETs, /metrics: for
-    /// dashboards and scrapers): read, or created with a random token (mode 0600) when
-    /// missing. Once given, reads need a token on loopback too
-    #[arg(long, value_name = "FILE")]
-    pub http_read_token: Option<PathBuf>,
-    /// Do not collect per-disk I/O statistics
-    #[arg(long)]
-    pub no_stats: bool,
+    /// Zero writes allocate nothing on thin disks
+    ///
     /// Zero detection: a write of all zeros to a thin disk allocates nothing and releases
     /// what it overwrites (on), or is stored like any other data (off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
+    #[arg(long, help_heading = IO, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
     pub detect_zeroes: bool,
+    /// Where new data grains go
+    ///
     /// Where new data grains go: regions (each 1 MiB of a disk's virtual space at its offsets
     /// in a block of its own, so random and concurrent writes are laid out in order) or
     /// arrival (next to the previous grain, else in the order writes arrive; for comparison)
-    #[arg(long, value_name = "regions|arrival", default_value = "regions", value_parser = either("regions", "arrival"), action = clap::ArgAction::Set)]
+    #[arg(long, help_heading = IO, value_name = "regions|arrival", default_value = "regions", value_parser = either("regions", "arrival"), action = clap::ArgAction::Set)]
     pub placement: bool,
+    /// Space kept allocated past the pool's end
+    ///
     /// Host space kept allocated ahead of the pool's end, so that thin disks' first writes do
     /// not wait for the host file system to allocate (docs/FORMAT.md §7.1, "Readied space"):
     /// follows the rate the pool grows, up to SIZE; 0 turns it off
-    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
+    #[arg(long, help_heading = IO, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
     pub ready_ahead: u64,
+    /// Consolidate free space in the background
+    ///
     /// Free-space consolidation in the background (auto): every 10 s, when the pool file holds
     /// more on the host than the used (and reserved) space by --free-space-threshold plus a
     /// quarter of the used space, run
     /// what 'strata defrag --free-space' does, paced against client I/O; off: only on request
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
+    #[arg(long, help_heading = IO, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
     pub free_space_policy: bool,
+    /// Excess host space that starts consolidation
+    ///
     /// See --free-space-policy
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    #[arg(long, help_heading = IO, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub free_space_threshold: u64,
+    /// When 'strata move' mirrors client writes
+    ///
+    /// How 'strata move' converges (docs/MOVE.md): auto copies again what clients changed
+    /// until a pass finds little, and mirrors client writes into the target only once the
+    /// passes stop shrinking; always mirrors right after the first pass, so a move under
+    /// writes ends sooner while each client write until the switch is made twice
+    #[arg(long, help_heading = IO, value_name = "auto|always", default_value = "auto", action = clap::ArgAction::Set)]
+    pub move_mirror: Mirror,
     /// Create the datastore first if the directory has none
-    #[arg(long)]
+    #[arg(long, help_heading = SOURCES)]
     pub init: bool,
+    /// Also serve a VMDK file (and its parents) as it is
+    ///
     /// Also serve a VMDK (a descriptor or sparse file; its parent chain is followed) as it is,
     /// read-write where the format allows, as export NAME (default: the file's stem).
     /// Repeatable. Without a datastore in the directory, only the VMDKs are served, each with a
     /// control socket PATH.strata.sock. The files are locked while served: the top link's
     /// exclusively, its parents' shared (other servers may share a base)
-    #[arg(long, value_name = "[NAME=]PATH")]
+    #[arg(long, help_heading = SOURCES, value_name = "[NAME=]PATH")]
     pub vmdk: Vec<VmdkExport>,
+    /// Serve the --vmdk images read-only (shared locks)
+    ///
     /// Serve the --vmdk images read-only (shared locks only: several readers may serve one file)
-    #[arg(long)]
+    #[arg(long, help_heading = SOURCES)]
     pub vmdk_read_only: bool,
-    /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
-    /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub store_timeout: u64,
+    /// Bound of this host's cache of store data
+    ///
     /// Object-store datastores: keep at most SIZE of segments in this host's cache (DIR/cache;
     /// at least 64M). Recorded in the directory, so later commands keep to it too; without it,
     /// the size recorded before, else 8G. Eviction is S3-FIFO: a scan (a backup, a full read)
     /// does not push out what VMs read again and again. Only data already in the store is
     /// cached, so nothing is lost by evicting; the cache survives a restart and is verified
     /// again before use
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, help_heading = STORE, value_name = "SIZE", value_parser = parse_size)]
     pub store_cache: Option<u64>,
-    /// Object-store datastores: collect garbage in the background every this many seconds,
-    /// and 5 s after a compaction emptied objects (0: only 'strata gc'); any host may, runs
-    /// do not collide
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
-    pub gc_interval: u64,
+    /// Fetch a missed object whole in the background
+    ///
     /// Object-store datastores: a read that misses in this host's cache also fetches its
     /// object whole in the background (two at a time, while the cache is under half its bound
     /// or the misses look like a scan; docs/FORMAT.md §11.8), so that the reads after it hit
     /// the cache; off: each read makes only its own requests to the store (a ranged GET per
     /// grain or map node missed), which then can be counted exactly
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
+    #[arg(long, help_heading = STORE, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
     pub store_prefetch: bool,
+    /// How long a FLUSH waits for the store, seconds
+    ///
+    /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
+    /// fails (the writes stay acknowledged and in memory; a later FLUSH uploads them)
+    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub store_timeout: u64,
+    /// Seconds between background gc runs (0: none)
+    ///
+    /// Object-store datastores: collect garbage in the background every this many seconds,
+    /// and 5 s after a compaction emptied objects (0: only 'strata gc'); any host may, runs
+    /// do not collide
+    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 3600)]
+    pub gc_interval: u64,
+    /// Compaction in the background
+    ///
     /// Object-store datastores: compaction in the background (auto; docs/FORMAT.md §11.7a):
     /// the writer of a disk rewrites the live grains of its partly live objects, so that gc
     /// can free them, while clients write (objects under 50 % live, 67 % while the disk's
     /// objects hold more than 1.4 times its live bytes, at most as many bytes as they wrote)
     /// and once the disk is idle (--compact-idle); off: only 'strata compact' compacts
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
+    #[arg(long, help_heading = STORE, value_name = "auto|off", default_value = "auto", value_parser = either("auto", "off"), action = clap::ArgAction::Set)]
     pub compact_policy: bool,
+    /// Idle seconds before a disk's idle compaction
+    ///
     /// Object-store datastores, with --compact-policy auto: compact a disk's objects under
     /// 85 % live once it has had no write for this many seconds, after each burst of writes
     /// (0: no idle passes)
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
     pub compact_idle: u64,
+    /// Serve DISK incoming, for a live migration; repeatable
+    ///
     /// Object-store datastores: serve DISK incoming, for a VM live migration (docs/MOVE.md):
     /// reads follow what its writer on another host commits, and the first write waits for
     /// that writer's 'strata release DISK' (up to --incoming-wait) instead of fencing it.
     /// Repeatable
-    #[arg(long, value_name = "DISK")]
+    #[arg(long, help_heading = STORE, value_name = "DISK")]
     pub incoming: Vec<String>,
+    /// How long an incoming disk's first write waits
+    ///
     /// How long an incoming disk's first write waits for the release before it fails
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 60)]
     pub incoming_wait: u64,
-    /// How 'strata move' converges (docs/MOVE.md): auto copies again what clients changed
-    /// until a pass finds little, and mirrors client writes into the target only once the
-    /// passes stop shrinking; always mirrors right after the first pass, so a move under
-    /// writes ends sooner while each client write until the switch is made twice
-    #[arg(long, value_name = "auto|always", default_value = "auto", action = clap::ArgAction::Set)]
-    pub move_mirror: Mirror,
 }
 
 /// A choice of two words: `yes` parses as true, `no` as false.

@@ -311,6 +311,24 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     assert!(group().contains("crash"), "{}", group());
     b.js("document.querySelector('#groups').scrollIntoView()");
     b.screenshot("groups");
+    // The event log's table: the page's own action, by its token, and
+    // no cell's text wider than its cell.
+    b.wait(
+        "the group snapshot in the events",
+        "document.querySelector('#events tbody').textContent.includes('group_snapshot')",
+    );
+    let events = b.text("#events");
+    assert!(
+        events.contains("pair@web-cut") && events.contains("api action-token from 127.0.0.1:"),
+        "{events}"
+    );
+    assert_eq!(
+        b.js("return Array.from(document.querySelectorAll('#events td')).filter((td) => td.scrollWidth > td.clientWidth + 1).length"),
+        json!(0),
+        "{events}"
+    );
+    b.js("document.querySelector('#events').scrollIntoView()");
+    b.screenshot("events");
     for d in ["vm2", "lab"] {
         assert!(snapshot_names(&s, d).contains(&"web-cut".to_string()));
     }
@@ -654,11 +672,21 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         200
     );
     assert_eq!(s.json(&["info", "d"])["current_snapshot"], "s2");
-    // Deleting a snapshot with a linked clone is allowed (the clone keeps
-    // what it shares).
-    assert_eq!(act("DELETE", "/disks/d/snapshots/s3", json!(null)).0, 200);
+    // Deleting a snapshot with a linked clone is refused, naming it
+    // (docs/INTERLOCKS.md), unless forced (the clone keeps what it
+    // shares, its parent shown as deleted).
+    let (st, body) = act("DELETE", "/disks/d/snapshots/s3", json!(null));
+    assert_eq!(st, 409, "{body}");
+    assert!(body.contains("c2"), "{body}");
+    let force = json!({"force": true});
+    assert_eq!(act("DELETE", "/disks/d/snapshots/s3", force).0, 200);
     assert_eq!(snapshot_names(&s, "d"), ["s1", "s2"]);
     assert_eq!(s.json(&["info", "c2"])["parent"], "d@s3");
+    assert_eq!(s.json(&["info", "c2"])["parent_deleted"], true);
+    // A rename over HTTP; the clone's parent follows.
+    let (st, body) = act("POST", "/disks/d/snapshots/s2/rename", json!({"to": "s4"}));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(snapshot_names(&s, "d"), ["s1", "s4"]);
     assert_eq!(
         act("POST", "/disks/d/extend", json!({"size": "lots"})).0,
         400

@@ -24,6 +24,7 @@ fn disk_info() -> DiskView {
         snapshots: 2,
         current_snapshot: Some("base".into()),
         parent: None,
+        parent_deleted: false,
         created_unix: Some(1_700_000_000),
         exclusive_bytes: Some(1 << 20),
         snapshot_space_bytes: Some(512 << 10),
@@ -84,6 +85,7 @@ fn every_response() -> Vec<Response> {
         Response::Datastore(DatastoreView {
             object_store: None,
             cannot: vec![],
+            clients: vec![],
             info: DatastoreInfo {
                 location: "/ds".into(),
                 capacity_bytes: 1 << 30,

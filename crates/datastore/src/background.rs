@@ -54,9 +54,9 @@ pub(crate) fn spawn_gc(
                             event = "gc",
                             deleted_segments = r.deleted_segments,
                             garbage_bytes = r.garbage_bytes,
-                            "gc deleted {} segments ({} bytes)",
+                            "gc deleted {} segments ({})",
                             r.deleted_segments,
-                            r.garbage_bytes
+                            strata_api::units::human_exact(r.garbage_bytes)
                         ),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(event = "gc", "gc: {e}"),

@@ -136,6 +136,16 @@ impl Datastore for LocalDatastore {
         &self.dir
     }
 
+    fn recovered(&self) -> Option<String> {
+        match self.ds.replayed_batches() {
+            0 => None,
+            n => Some(format!(
+                "replayed {n} log batches: the last process that had the datastore open did not \
+                 close it cleanly"
+            )),
+        }
+    }
+
     fn disk_info(&self, disk: &str) -> Result<DiskInfo> {
         self.ds.disk_info(disk)
     }
@@ -207,6 +217,14 @@ impl Datastore for LocalDatastore {
 
     fn snapshot_delete(&self, disk: &str, snapshot: &str) -> Result<()> {
         self.ds.snapshot_delete(disk, snapshot)
+    }
+
+    fn rename(&self, disk: &str, new: &str) -> Result<DiskView> {
+        Ok(self.ds.rename_disk(disk, new)?.into())
+    }
+
+    fn snapshot_rename(&self, disk: &str, snapshot: &str, new: &str) -> Result<()> {
+        self.ds.snapshot_rename(disk, snapshot, new)
     }
 
     fn snapshot_revert(&self, disk: &str, snapshot: &str) -> Result<()> {

@@ -340,6 +340,7 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
         snapshots: m.snapshots.len(),
         current_snapshot: snapshot_name(m, m.current),
         parent: m.parent.as_ref().map(|p| p.name.clone()),
+        parent_deleted: false,
         created_unix: None,
         exclusive_bytes: None,
         snapshot_space_bytes: None,

@@ -268,6 +268,7 @@ impl Datastore {
                 .and_then(|id| m.catalog.snapshots.iter().find(|s| s.id == id))
                 .map(|s| s.name.clone()),
             parent: d.parent.clone(),
+            parent_deleted: false,
             created_unix: Some(d.created_unix),
             exclusive_bytes: None,
             snapshot_space_bytes: None,
@@ -449,7 +450,11 @@ impl Datastore {
         for d in disks {
             out.push((
                 d.name.clone(),
-                format!("{} disk, {} bytes", d.provisioning.as_str(), d.size_bytes),
+                format!(
+                    "{} disk, {}",
+                    d.provisioning.as_str(),
+                    strata_api::units::human(d.size_bytes)
+                ),
             ));
             for s in m
                 .catalog

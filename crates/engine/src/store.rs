@@ -207,6 +207,9 @@ pub(crate) struct Store {
     /// Problems found at open that did not stop it (a damaged superblock
     /// slot); `check` reports them.
     pub open_warnings: Vec<String>,
+    /// Log batches open replayed: not 0 when the last process that had
+    /// the datastore open did not close it (FORMAT.md §5, §13 `recovery`).
+    pub replayed_batches: usize,
     capacity_cache: Mutex<(Option<Instant>, u64)>,
     /// Background reclaimer of orphaned maps, when started.
     pub reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -237,6 +240,7 @@ pub(crate) struct StoreParts {
     pub commit: CommitState,
     pub checkpoint: CheckpointState,
     pub open_warnings: Vec<String>,
+    pub replayed_batches: usize,
     pub lock: Option<File>,
     pub direct_io: bool,
 }
@@ -271,6 +275,7 @@ impl Store {
             client_ops: AtomicU64::new(0),
             fail: FailState::default(),
             open_warnings: p.open_warnings,
+            replayed_batches: p.replayed_batches,
             capacity_cache: Mutex::new((None, 0)),
             reclaimer: Mutex::new(None),
             reclaim_stop: AtomicBool::new(false),

@@ -55,6 +55,9 @@ use strata_block::{BlockDevice, BlockError};
 
 use strata_block::bytes::{self as rmw, ByteIo};
 
+mod sessions;
+pub use sessions::Session;
+
 /// One export as the directory shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FuseExport {
@@ -143,6 +146,11 @@ struct Handle {
     /// The file's read-modify-write lock (shared by all its handles).
     lock: Arc<RwLock<()>>,
     read_only: bool,
+    /// Who opened it and when, for [`FuseServer::sessions`]; the export's
+    /// name changes with a rename.
+    export: Mutex<String>,
+    pid: u32,
+    since_unix: u64,
 }
 
 /// Inode numbers by name, never reused while mounted (root is 1).
@@ -179,6 +187,8 @@ struct Shared {
     closed: RwLock<bool>,
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Handles a forced `rm` or revert took away: EIO until released.
+    revoked: Mutex<std::collections::HashSet<u64>>,
     dirs: Mutex<HashMap<u64, DirList>>,
     next_fh: AtomicU64,
     uid: u32,
@@ -268,8 +278,14 @@ impl Shared {
         self.inodes.lock().by_ino.get(&ino.0).cloned()
     }
 
-    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
-        self.handles.lock().get(&fh.0).cloned()
+    /// The open file `fh`: EBADF when there is none, EIO when it was
+    /// revoked ([`FuseServer::revoke`]).
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        match self.handles.lock().get(&fh.0) {
+            Some(h) => Ok(h.clone()),
+            None if self.revoked.lock().contains(&fh.0) => Err(Errno::EIO),
+            None => Err(Errno::EBADF),
+        }
     }
 
     /// The attributes of a file as its provider sees them now.
@@ -378,7 +394,7 @@ impl Filesystem for Fs {
         }
         // An open file answers from its own handle (it may outlive the name),
         // with what the provider says it holds while the name is there.
-        if let Some(h) = fh.and_then(|fh| self.sh.handle(fh)) {
+        if let Some(h) = fh.and_then(|fh| self.sh.handle(fh).ok()) {
             let e = self
                 .sh
                 .name_of(ino)
@@ -432,7 +448,7 @@ impl Filesystem for Fs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         gate!(self, reply);
         if ino == INodeNo::ROOT {
             return reply.error(Errno::EISDIR);
@@ -465,6 +481,9 @@ impl Filesystem for Fs {
                 dev,
                 lock,
                 read_only,
+                export: Mutex::new(name),
+                pid: sessions::process_of(req.pid()),
+                since_unix: sessions::now_unix(),
             }),
         );
         reply.opened(
@@ -485,8 +504,9 @@ impl Filesystem for Fs {
         reply: ReplyData,
     ) {
         gate!(self, reply);
-        let Some(h) = self.sh.handle(fh) else {
-            return reply.error(Errno::EBADF);
+        let h = match self.sh.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
         };
         let end = h.dev.size_bytes();
         if offset >= end {
@@ -517,8 +537,9 @@ impl Filesystem for Fs {
         reply: ReplyWrite,
     ) {
         gate!(self, reply);
-        let Some(h) = self.sh.handle(fh) else {
-            return reply.error(Errno::EBADF);
+        let h = match self.sh.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
         };
         if h.read_only {
             return reply.error(Errno::EROFS);
@@ -567,6 +588,7 @@ impl Filesystem for Fs {
     ) {
         // No gate: after shutdown the handle is gone already, which is fine.
         self.sh.handles.lock().remove(&fh.0);
+        self.sh.revoked.lock().remove(&fh.0);
         reply.ok();
     }
 
@@ -705,8 +727,9 @@ impl Filesystem for Fs {
         reply: ReplyEmpty,
     ) {
         gate!(self, reply);
-        let Some(h) = self.sh.handle(fh) else {
-            return reply.error(Errno::EBADF);
+        let h = match self.sh.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
         };
         if h.read_only {
             return reply.error(Errno::EROFS);
@@ -748,8 +771,9 @@ impl Filesystem for Fs {
         reply: ReplyLseek,
     ) {
         gate!(self, reply);
-        let Some(h) = self.sh.handle(fh) else {
-            return reply.error(Errno::EBADF);
+        let h = match self.sh.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
         };
         let data = match whence {
             libc::SEEK_DATA => true,
@@ -800,8 +824,9 @@ fn seek(dev: &dyn BlockDevice, offset: i64, data: bool) -> Result<i64, Errno> {
 
 impl Fs {
     fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
-        let Some(h) = self.sh.handle(fh) else {
-            return reply.error(Errno::EBADF);
+        let h = match self.sh.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
         };
         if h.read_only {
             return reply.ok();
@@ -837,6 +862,7 @@ impl FuseServer {
             closed: RwLock::new(false),
             inodes: Mutex::new(Inodes::default()),
             handles: Mutex::new(HashMap::new()),
+            revoked: Mutex::default(),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             uid,

@@ -117,8 +117,9 @@ mod tls;
 mod transmission;
 
 pub use authz::{Access, Authz};
-use sessions::{peer_pid, OpenedBy};
+use sessions::OpenedBy;
 pub use sessions::{Session, SessionList};
+use strata_block::peer::peer_pid;
 pub use tls::{server_config, TlsMode, TlsOptions};
 
 #[cfg(test)]

@@ -2,8 +2,6 @@
 //! it opened and who the client is, listed for a server's `info` and
 //! ended by a forced `rm` or revert (docs/INTERLOCKS.md).
 
-use std::os::fd::RawFd;
-
 use crate::Shared;
 
 /// What a connection opened: the export, read-only or not, and the
@@ -55,6 +53,25 @@ impl SessionList {
     }
 }
 
+impl SessionList {
+    /// Sessions follow a rename (`strata rename`, `snapshot rename`): each
+    /// export `rename` maps to a new name is listed by that name from now
+    /// on (the connection keeps its device).
+    pub fn rename_exports(&self, rename: &dyn Fn(&str) -> Option<String>) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let mut reg = shared.conns.lock();
+        for c in reg.live.values_mut() {
+            if let Some(o) = c.open.as_mut() {
+                if let Some(new) = rename(&o.export) {
+                    o.export = new;
+                }
+            }
+        }
+    }
+}
+
 impl Shared {
     pub(crate) fn sessions(&self) -> Vec<Session> {
         let reg = self.conns.lock();
@@ -81,25 +98,4 @@ impl Shared {
         out.sort_by_key(|s| s.id);
         out
     }
-}
-
-/// The pid of the process at the other end of Unix socket `fd`.
-pub(crate) fn peer_pid(fd: RawFd) -> Option<i32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the length given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && cred.pid > 0).then_some(cred.pid)
 }

@@ -116,7 +116,8 @@ function askToken() {
       sessionStorage.setItem(TOKEN_KEY, t);
       // A page that could not read the server starts over with it.
       if (!info.api) { location.reload(); return; }
-      get('').then((i) => { info = i; showLock(); })
+      // ?login: the server's event log records the unlock (and a wrong token).
+      get('?login=1').then((i) => { info = i; showLock(); })
         .catch((e) => say('cannot read the server: ' + e.message, 'error'));
     }
   }, { once: true });
@@ -369,6 +370,26 @@ function renderJobs(jobs) {
   if (!jobs.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 5, text: 'no jobs' })));
 }
 
+// The event log's newest entries (GET /api/v1/events): who changed what.
+const EVENTS_SHOWN = 50;
+function renderEvents(events) {
+  const tb = $('#events tbody');
+  tb.replaceChildren();
+  for (const e of events) {
+    const failed = e.result !== 'ok';
+    const when = new Date(e.time_unix_ms);
+    tb.append(h('tr', { 'data-event': e.seq },
+      h('td', { class: 'when', text: when.toLocaleString(), title: when.toISOString() }),
+      h('td', { text: e.kind }),
+      h('td', { text: e.target || '-' }),
+      h('td', { text: e.actor }),
+      h('td', { class: failed ? 'state-alarm' : 'state-ok',
+        text: failed ? e.result + (e.error ? ': ' + e.error : '') : 'ok',
+        title: e.detail || '' })));
+  }
+  if (!events.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 5, text: 'no events yet' })));
+}
+
 // ---- live I/O ------------------------------------------------------------
 
 // The smallest bucket edge at or above fraction q of a histogram's count.
@@ -578,11 +599,13 @@ async function refresh(all) {
     if (route.view === 'overview') {
       renderIoTable(r);
       if (slow) {
-        const [status, disks, alarms, jobs] = await Promise.all([
-          get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => [])]);
+        const [status, disks, alarms, jobs, events] = await Promise.all([
+          get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => []),
+          get('/events?limit=' + EVENTS_SHOWN).catch(() => [])]);
         if (changed('status', [status, alarms])) renderGauges(status, alarms);
         if (changed('alarms', alarms)) renderAlarms(alarms);
         if (changed('jobs', jobs)) renderJobs(jobs);
+        if (changed('events', events)) renderEvents(events);
         // Exclusive bytes and fragments cost a walk of each disk's map: read
         // again when 30 s old (or after an action), not at every poll.
         const stale = disks.filter((d) => all || !diskDetail.has(d.name) || Date.now() - diskDetail.get(d.name).at > DETAIL_MS);

@@ -128,17 +128,23 @@ pub struct Handler {
 }
 
 impl Handler {
-    /// Run one request here (a job's too, in this thread).
+    /// Run one request here (a job's too, in this thread), asked by
+    /// `actor` (the event log's: `events`).
     pub fn run(
         &self,
         req: &Request,
+        actor: &str,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Response, Error> {
         match req {
             Request::VmdkShrink {
                 path,
                 rate_bytes_per_sec,
-            } => vmdk_shrink(&self.vmdks, path, *rate_bytes_per_sec, progress),
+            } => {
+                let r = vmdk_shrink(&self.vmdks, path, *rate_bytes_per_sec, progress);
+                crate::events::request(self.ds.dir(), req, actor, r.as_ref().map(|_| ()));
+                r
+            }
             req => execute(
                 &Ctx {
                     ds: &*self.ds,
@@ -147,6 +153,7 @@ impl Handler {
                     control: None,
                     mover: self.mover.as_deref().map(|m| m as &dyn Mover),
                     clients: Some(&self.clients),
+                    actor: Some(actor),
                 },
                 req,
                 progress,
@@ -154,15 +161,15 @@ impl Handler {
         }
     }
 
-    /// Start a long request as a job of the server.
-    pub fn start_job(&self, req: Request) -> Arc<crate::jobs::Job> {
+    /// Start a long request as a job of the server, asked by `actor`.
+    pub fn start_job(&self, req: Request, actor: &str) -> Arc<crate::jobs::Job> {
         self.jobs
-            .start(req, self.ds.clone(), Some(self.stats.clone()))
+            .start(req, self.ds.clone(), Some(self.stats.clone()), actor)
     }
 }
 
 impl crate::web::Backend for Handler {
-    fn run(&self, req: Request) -> Result<Response, Error> {
+    fn run(&self, req: Request, actor: &str) -> Result<Response, Error> {
         if req.is_job() {
             // Refused at once rather than as a failed job, unless the disk
             // lives in another datastore (its kind decides there).
@@ -173,11 +180,17 @@ impl crate::web::Backend for Handler {
                 _ => false,
             };
             if !placed {
-                crate::ops::refuse_unsupported(&*self.ds, &req)?;
+                if let Err(e) = crate::ops::refuse_unsupported(&*self.ds, &req) {
+                    crate::events::request(self.ds.dir(), &req, actor, Err(&e));
+                    return Err(e);
+                }
             }
-            return Ok(Response::JobStarted(self.start_job(req).info()));
+            return Ok(Response::JobStarted(self.start_job(req, actor).info()));
         }
-        Handler::run(self, &req, &mut |_, _| {})
+        Handler::run(self, &req, actor, &mut |_, _| {})
+    }
+    fn record(&self, e: &crate::events::Entry<'_>) {
+        crate::events::record(self.ds.dir(), e);
     }
     fn shared(&self) -> bool {
         // Disks with writers (the dashboard's writer and generation).
@@ -194,9 +207,10 @@ pub fn spawn_server(
     stop: Arc<AtomicBool>,
 ) -> Acceptor {
     accept(listener, "control", stop, move |conn| {
-        let start = |req: Request| handler.start_job(req);
+        let actor = crate::events::peer_actor(&conn);
+        let start = |req: Request| handler.start_job(req, &actor);
         handle(conn, Some(&start), &mut |req, progress| {
-            handler.run(req, progress)
+            handler.run(req, &actor, progress)
         })
     })
 }

@@ -155,9 +155,10 @@ fn check_applies(
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "the diff's image is {size} bytes, smaller than disk '{disk}' ({}): strata disks \
-                 do not shrink",
-                disk_bytes
+                "the diff's image is {}, smaller than disk '{disk}' ({}): strata disks do not \
+                 shrink",
+                strata_api::units::human_exact(size),
+                strata_api::units::human_exact(disk_bytes)
             ),
         ));
     }

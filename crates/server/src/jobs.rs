@@ -18,6 +18,8 @@ const FINISHED_KEPT: usize = 32;
 pub struct Job {
     pub id: u64,
     what: String,
+    /// Who started it (the event log's `job_started` and `job_finished`).
+    actor: String,
     started_unix: u64,
     control: Arc<WorkControl>,
     /// Whether the operation obeys cancel (the others only pause).
@@ -96,6 +98,29 @@ fn log_end(j: &Job, r: &Result<Response, Error>) {
     }
 }
 
+/// Log `kind` (`job_started`, `job_finished`) of job `j` running `req`
+/// in the event log in `dir`, with how it went.
+fn job_event(
+    dir: &std::path::Path,
+    j: &Job,
+    req: &Request,
+    kind: &str,
+    result: Result<(), &Error>,
+) {
+    let target = req.event_target();
+    let detail = Some(format!("job {}: {}", j.id, j.what));
+    crate::events::record(
+        dir,
+        &crate::events::Entry {
+            kind,
+            target: &target,
+            actor: &j.actor,
+            result,
+            detail,
+        },
+    );
+}
+
 /// What the error of a cancelled job starts with.
 const STOPPED_BY_CANCEL: &str = "stopped by 'strata jobs cancel'";
 
@@ -139,6 +164,8 @@ impl Jobs {
             control: Some(j.control.clone()),
             mover: self.mover.as_deref().map(|m| m as &dyn Mover),
             clients: None,
+            // Logged as the job's end, below.
+            actor: None,
         };
         let mut progress = |done: u64, total: u64| {
             {
@@ -154,6 +181,7 @@ impl Jobs {
         };
         let r = execute(&ctx, req, &mut progress);
         log_end(j, &r);
+        job_event(ds.dir(), j, req, "job_finished", r.as_ref().map(|_| ()));
         {
             let mut st = j.state.lock();
             if r.is_ok() {
@@ -186,12 +214,13 @@ impl Jobs {
         });
     }
 
-    /// Start `req` as a job in its own thread.
+    /// Start `req`, asked by `actor`, as a job in its own thread.
     pub fn start(
         self: &Arc<Self>,
         req: Request,
         ds: crate::placement::Store,
         stats: Option<Arc<strata_stats::StatsRegistry>>,
+        actor: &str,
     ) -> Arc<Job> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         // A move marks its disk before it is listed: once a client has
@@ -204,6 +233,7 @@ impl Jobs {
         let job = Arc::new(Job {
             id,
             what: req.describe(),
+            actor: actor.to_string(),
             started_unix: now_unix(),
             control: Arc::new(WorkControl::default()),
             cancellable: matches!(
@@ -224,6 +254,13 @@ impl Jobs {
             changed: Condvar::new(),
         });
         self.list_and_trim(&job);
+        job_event(
+            ds.dir(),
+            &job,
+            &req,
+            "job_started",
+            refused.as_ref().map_or(Ok(()), Err),
+        );
         if let Some(e) = refused {
             tracing::warn!(event = "job", job = id, what = %job.what, state = "refused",
                 "job {id} ({}) refused: {}", job.what, e);

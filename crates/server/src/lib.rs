@@ -13,7 +13,8 @@
 //! - [`serve`]: the running server: exports over NBD, vhost-user-blk and
 //!   FUSE, the control socket ([`control`]), jobs ([`jobs`]), placement and
 //!   moves ([`placement`], [`moving`]), HTTP ([`web`]: metrics, dashboard,
-//!   API), and a clean shutdown; [`logging`] where its log events go.
+//!   API), and a clean shutdown; [`logging`] where its log events go;
+//!   [`events`] the event log (who changed what, kept in the datastore).
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
 mod alarm_reports;
@@ -23,7 +24,9 @@ pub mod clients;
 pub mod cloning;
 pub mod control;
 mod copier;
+mod dependents;
 pub mod diff_files;
+pub mod events;
 pub mod groups;
 pub mod holders;
 pub mod jobs;

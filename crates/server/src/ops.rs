@@ -24,6 +24,11 @@ pub struct Ctx<'a> {
     pub mover: Option<&'a dyn Mover>,
     /// Who has which disk open (inside a server).
     pub clients: Option<&'a crate::clients::Clients>,
+    /// Who asks, for the event log (`events`): a change of state is
+    /// logged with it in the datastore's directory. None: not logged (a
+    /// job's run, which its job logs; a request routed to another
+    /// datastore, which its home's log has).
+    pub actor: Option<&'a str>,
 }
 
 impl<'a> Ctx<'a> {
@@ -54,6 +59,7 @@ impl<'a> Ctx<'a> {
             control: None,
             mover: None,
             clients: None,
+            actor: None,
         }
     }
 }
@@ -75,8 +81,21 @@ pub fn at_dir(
     if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
         return strata_api::wire::request(&sock, req, detach, watch);
     }
+    if let Request::Events { limit, target } = req {
+        // Without opening the datastore: the log is read where opening
+        // fails too.
+        return crate::events::answer(dir, *limit, target.as_deref()).map(Response::Events);
+    }
     let ds = strata_datastore::open(dir, opts)?;
-    let r = execute(&Ctx::only(&*ds), req, &mut |d, t| watch.progress(d, t));
+    let actor = crate::events::own_actor();
+    if let Some(what) = ds.recovered() {
+        crate::events::recovery(ds.dir(), &actor, &what);
+    }
+    let ctx = Ctx {
+        actor: Some(&actor),
+        ..Ctx::only(&*ds)
+    };
+    let r = execute(&ctx, req, &mut |d, t| watch.progress(d, t));
     ds.close()?;
     r
 }
@@ -130,19 +149,33 @@ pub trait JobList: Sync {
 /// Run one request: routed where the server placed its disk, refused
 /// where the kind cannot do it, else answered through the datastore
 /// trait. Inside a server, the exports a request took away are forgotten
-/// ([`gone_exports`]).
+/// ([`gone_exports`]). With an actor, a change of state is logged with
+/// how it ended (`events`), refused ones too.
 pub fn execute(
     ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
-    if let Some(c) = ctx.clients {
-        let members = |g: &str| ctx.ds.group_info(g).map(|g| g.disks).unwrap_or_default();
-        c.interlock(req, &members)?;
+    let r = execute_checked(ctx, req, progress);
+    if let Some(actor) = ctx.actor {
+        crate::events::request(ctx.ds.dir(), req, actor, r.as_ref().map(|_| ()));
     }
+    r
+}
+
+/// [`execute`] but for its event.
+fn execute_checked(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    interlocks(ctx, req)?;
     let mut r = execute_here(ctx, req, progress);
-    if let (Ok(Response::Disk(v)), Request::Info { name }, Some(c)) = (&mut r, req, ctx.clients) {
-        v.clients = c.of_disk(name);
+    if let Ok(resp) = &mut r {
+        annotate(ctx, req, resp);
+        if let Response::Renamed { from, to } = &*resp {
+            follow_rename(ctx, from, to);
+        }
     }
     if r.is_ok() && (ctx.stats.is_some() || ctx.mover.is_some()) {
         for (name, with_snapshots) in gone_exports(ctx.ds, req) {
@@ -150,6 +183,42 @@ pub fn execute(
         }
     }
     r
+}
+
+/// What a request passes before it runs (docs/INTERLOCKS.md): linked
+/// clones of what it would delete, then clients that have it open (so
+/// that a request refused for its clones disconnects nobody).
+fn interlocks(ctx: &Ctx<'_>, req: &Request) -> Result<(), Error> {
+    crate::dependents::refuse(ctx.ds, req)?;
+    let Some(c) = ctx.clients else {
+        return Ok(());
+    };
+    let members = |g: &str| ctx.ds.group_info(g).map(|g| g.disks).unwrap_or_default();
+    let frees = |d: &str| ctx.ds.disk_view(d, true).ok()?.info.exclusive_bytes;
+    if let (Some(actor), Some(ended)) = (ctx.actor, c.forced_over(req, &members)) {
+        crate::events::interlock(ctx.ds.dir(), req, actor, &ended);
+    }
+    c.interlock(req, &members, &frees)
+}
+
+/// What answers gain here: who has a disk open (`info`) or any disk
+/// (`status`), and clones whose parent went (`info`, `list`).
+fn annotate(ctx: &Ctx<'_>, req: &Request, resp: &mut Response) {
+    match (resp, req) {
+        (Response::Disk(v), Request::Info { name }) => {
+            if let Some(c) = ctx.clients {
+                v.clients = c.of_disk(name);
+            }
+            crate::dependents::mark_deleted_parents(ctx.ds, std::slice::from_mut(v));
+        }
+        (Response::Disks(v), _) => crate::dependents::mark_deleted_parents(ctx.ds, v),
+        (Response::Datastore(v), _) => {
+            if let Some(c) = ctx.clients {
+                v.clients = c.list();
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The exports a request that succeeded took away, each with whether its
@@ -170,6 +239,30 @@ fn gone_exports(ds: &dyn AnyDatastore, req: &Request) -> Vec<(String, bool)> {
             .map(|disk| (format!("{disk}@{snapshot}"), false))
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// What a rename of `from` (`DISK`, with its snapshots, or `DISK@SNAP`)
+/// to `to` changes in the server: clients connected keep their device
+/// and are listed under the new name, as are the export's statistics and
+/// vhost-user-blk sockets; the old name's export slot goes, so its next
+/// client opens the disk under its new name.
+fn follow_rename(ctx: &Ctx<'_>, from: &str, to: &str) {
+    let rename = |e: &str| -> Option<String> {
+        if e == from {
+            return Some(to.to_string());
+        }
+        let snap = e.strip_prefix(from)?.strip_prefix('@')?;
+        (!from.contains('@')).then(|| format!("{to}@{snap}"))
+    };
+    if let Some(c) = ctx.clients {
+        c.renamed(&rename);
+    }
+    if let Some(reg) = ctx.stats {
+        reg.rename(&rename);
+    }
+    if let Some(m) = ctx.mover {
+        m.forget(from, !from.contains('@'));
     }
 }
 
@@ -208,7 +301,10 @@ fn execute_here(
         | Request::CloneFull { .. }
         | Request::Jobs
         | Request::JobControl { .. }
-        | Request::Stats { .. } => server_request(ctx, req, progress),
+        | Request::Stats { .. }
+        | Request::VhostAdd { .. }
+        | Request::VhostRemove { .. }
+        | Request::VhostList => server_request(ctx, req, progress),
         Request::Import { .. }
         | Request::Export { .. }
         | Request::ExportDiff { .. }
@@ -219,6 +315,9 @@ fn execute_here(
         | Request::AlarmSet { .. }
         | Request::AlarmList
         | Request::PunchZero { .. } => space_request(ctx, req, progress),
+        Request::Events { limit, target } => {
+            crate::events::answer(ctx.ds.dir(), *limit, target.as_deref()).map(Response::Events)
+        }
         _ => match common(ctx.ds, req, progress) {
             Some(r) => r,
             None => maintenance(ctx, req, progress),
@@ -287,6 +386,16 @@ fn server_request(
             reset,
             recording,
         } => stats_request(ctx, disk.as_deref(), *reset, *recording),
+        Request::VhostAdd { .. } | Request::VhostRemove { .. } | Request::VhostList => {
+            match ctx.clients {
+                Some(c) => c.vhost_request(req),
+                None => Err(Error::new(
+                    ErrorKind::Refused,
+                    "vhost-user-blk exports are added to a running server: start 'strata \
+                     serve' for this datastore",
+                )),
+            }
+        }
         other => Err(not_answered(other)),
     }
 }
@@ -483,6 +592,16 @@ fn common(
                 })
         }
         Request::CloneLinked { source, name } => ds.clone_linked(source, name).map(Response::Disk),
+        Request::Rename { name, to } => ds.rename(name, to).map(|_| Response::Renamed {
+            from: name.clone(),
+            to: to.clone(),
+        }),
+        Request::SnapshotRename { disk, snapshot, to } => ds
+            .snapshot_rename(disk, snapshot, to)
+            .map(|()| Response::Renamed {
+                from: format!("{disk}@{snapshot}"),
+                to: format!("{disk}@{to}"),
+            }),
         Request::Diff {
             target,
             from,

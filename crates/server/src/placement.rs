@@ -512,9 +512,11 @@ fn request_disk(req: &Request) -> Option<(&str, bool)> {
         | Request::Defrag { name, .. }
         | Request::Compact { name, .. }
         | Request::Claim { name, .. }
+        | Request::Rename { name, .. }
         | Request::Release { name } => (name.as_str(), false),
         Request::SnapshotCreate { disk, .. }
         | Request::SnapshotRevert { disk, .. }
+        | Request::SnapshotRename { disk, .. }
         | Request::SnapshotDelete { disk, .. } => (disk.as_str(), false),
         Request::CloneLinked { source, .. } => (base(source), false),
         _ => return None,
@@ -530,6 +532,12 @@ impl Places {
         req: &Request,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Option<Result<Response, Error>> {
+        if let Request::Rename { name, to } = req {
+            // The new name is free here and in every datastore served.
+            if let Some(e) = self.name_taken(to, name) {
+                return Some(Err(e));
+            }
+        }
         if let Request::Create { name, .. } | Request::Import { name, .. } = req {
             if let Some(loc) = self.file.lock().disks.get(name) {
                 return Some(Err(Error::new(
@@ -564,9 +572,34 @@ impl Places {
             (Request::CloneLinked { name, .. }, Ok(_)) => self.update(|f| {
                 f.disks.insert(name.clone(), loc.clone());
             }),
+            (Request::Rename { name, to }, Ok(_)) => self.update(|f| {
+                f.disks.remove(name);
+                f.disks.insert(to.clone(), loc.clone());
+            }),
             _ => Ok(()),
         };
         Some(r.and_then(|r| after.map(|_| r)))
+    }
+
+    /// Why disk `from` cannot be renamed `to`: a disk of that name is
+    /// placed elsewhere, or `from` is and `to` is at home.
+    fn name_taken(&self, to: &str, from: &str) -> Option<Error> {
+        if to == from {
+            return None;
+        }
+        // At home, the datastore itself refuses it.
+        let placed = self.file.lock().disks.get(to).map(|l| l.dir.clone());
+        let at = match placed {
+            Some(dir) => dir,
+            None if self.file.lock().disks.contains_key(from) && self.home.exists(to) => {
+                self.home_dir.clone()
+            }
+            None => return None,
+        };
+        Some(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a disk named '{to}' already exists (in {})", at.display()),
+        ))
     }
 
     /// Whether export `name` is a disk placed elsewhere (or its snapshot).

@@ -31,10 +31,12 @@ use crate::{control, holders};
 mod config;
 mod exports;
 mod running;
+mod vhost;
 mod vmdks;
 pub use config::{loopback_only, Aio, ServeConfig, SocketOwner, VhostDevice, VmdkExport};
 use exports::{listen_fuse, Exports};
 use running::Running;
+use vhost::listen_vhost;
 use vmdks::{
     export_list, flush_vmdks, open_vmdks, record_holders, vmdk_control_sockets, vmdk_exports,
     OpenedVmdk,
@@ -228,8 +230,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
         stats: (!args.no_stats).then(|| registry.clone()),
     });
     let server = NbdServer::new(exports.clone(), nbd_options(args)?);
-    if let Some(h) = &handler {
-        h.clients.add_nbd(server.session_list());
+    let clients = handler.as_ref().map(|h| h.clients.clone());
+    if let Some(c) = &clients {
+        c.add_nbd(server.session_list());
     }
     // HTTP first: a client that waits for the NBD socket to appear may
     // ask for /metrics at once.
@@ -250,19 +253,45 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
     let nbd = up.nbd.insert(server);
     listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
-    let vhost = up.vhost.insert(VhostBlkServer::new());
-    listen_vhost(vhost, &exports, args, &mut up.banner)?;
-    up.fuse = listen_fuse(&exports, args, &mut up.banner)?;
+    listen_local(&mut up, &exports, args, clients.as_deref())?;
     started(dir, home.as_ref(), &names, &up.banner);
     up.wait(args);
     up.stop()?;
     match home {
-        Some(_) => {
-            tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed")
-        }
+        Some(_) => stopped(dir),
         None => tracing::info!(event = "stop", "VMDK files flushed"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serve `exports` on the vhost-user-blk sockets and the FUSE mount
+/// asked for; their sessions count in `clients` (a datastore's server),
+/// which can add and remove sockets from then on.
+fn listen_local(
+    up: &mut Running,
+    exports: &Arc<Exports>,
+    args: &ServeConfig,
+    clients: Option<&crate::clients::Clients>,
+) -> Result<(), Error> {
+    let vhost = up
+        .vhost
+        .insert(Arc::new(vhost::VhostExports::new(exports.clone(), args)));
+    listen_vhost(vhost, args, &mut up.banner)?;
+    up.fuse = listen_fuse(exports, args, &mut up.banner)?;
+    if let Some(c) = clients {
+        c.set_vhost(vhost.clone());
+        if let Some(f) = &up.fuse {
+            c.set_fuse(f.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Log a datastore's server's clean stop: the journal's `stop`, the event
+/// log's `server_stop`.
+fn stopped(dir: &Path) {
+    tracing::info!(event = "stop", datastore = %dir.display(), "datastore flushed and closed");
+    crate::events::server_stopped(dir);
 }
 
 /// What starting a datastore's server needs besides its directory.
@@ -406,6 +435,7 @@ fn started(
         println!("  {note}");
     }
     println!("  stop with Ctrl-C or SIGTERM ({})", home.kind().on_stop());
+    crate::events::server_started(dir, home.recovered());
     tracing::info!(
         event = "start",
         datastore = %dir.display(),
@@ -631,6 +661,7 @@ fn alarm_changed(
         AlarmState::Warning => alarm_event!(warn),
         AlarmState::Alarm => alarm_event!(error),
     }
+    crate::events::alarm(dir, kind, msg);
     let Some(cmd) = exec else { return };
     let spawned = std::process::Command::new("sh")
         .arg("-c")
@@ -717,47 +748,6 @@ pub(crate) fn listen(
                 "    e.g. nbdinfo 'nbds://{addr}/{example}?tls-certificates=CLIENT_CREDS_DIR'"
             ),
         }
-    }
-    Ok(())
-}
-
-/// Listen on each vhost-user-blk socket; each frontend connection opens
-/// its disk through `exports` (the same statistics as NBD).
-fn listen_vhost(
-    vhost: &VhostBlkServer,
-    exports: &Arc<Exports>,
-    args: &ServeConfig,
-    banner: &mut Vec<String>,
-) -> Result<(), Error> {
-    for VhostDevice { disk, socket: sock } in &args.vhost_user_blk {
-        // Refuse a disk that does not exist now rather than at connect time.
-        exports.open(disk).map_err(|e| {
-            let msg = format!("vhost-user-blk {disk} on {}: {e}", sock.display());
-            Error::new(ErrorKind::NotFound, msg)
-        })?;
-        remove_stale_socket(sock)?;
-        let e = exports.clone();
-        let name = disk.clone();
-        let opts = strata_vhost::Options {
-            queues: args.vhost_queues,
-            serial: disk.chars().take(20).collect(),
-            io_threads: io_threads(args, 0),
-            ring_io: args.aio.ring() && args.direct_io,
-            native_aio: args.aio == Aio::Native,
-            poll: args.vhost_poll,
-            ..Default::default()
-        };
-        private(|| vhost.serve(sock, Arc::new(move || e.open(&name)), opts))
-            .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
-        own_socket(sock, args)?;
-        say!(banner, "  vhost-user-blk {disk} on {}", sock.display());
-        say!(
-            banner,
-            "    e.g. qemu-system-x86_64 -object memory-backend-memfd,id=mem,size=1G,share=on \\
-         -machine memory-backend=mem -chardev socket,id=c0,path={},reconnect=1 \\
-         -device vhost-user-blk-pci,chardev=c0",
-            sock.display()
-        );
     }
     Ok(())
 }

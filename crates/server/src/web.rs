@@ -17,9 +17,8 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, Uri};
 use serde_json::{json, Value};
-use strata_api::units::parse_size;
-use strata_api::{JobAction, Request, Response};
-use strata_engine::{Error, ErrorKind, Provisioning};
+use strata_api::{Request, Response};
+use strata_engine::{Error, ErrorKind};
 use strata_stats::{Gauge, StatsRegistry};
 
 /// Requests answered at once, at most (more get 503).
@@ -35,12 +34,20 @@ const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 
+mod actions;
+mod audit;
+use actions::{action, action_status};
+use audit::Peer;
+
 /// Runs the API's requests: the server's datastore, as its control socket
 /// does.
 pub(crate) trait Backend: Send + Sync {
-    /// Run `req`; a long one (`Request::is_job`) starts as a job and
-    /// answers `Response::JobStarted`.
-    fn run(&self, req: Request) -> Result<Response, Error>;
+    /// Run `req`, asked by `actor` (the event log's: `events`); a long
+    /// one (`Request::is_job`) starts as a job and answers
+    /// `Response::JobStarted`.
+    fn run(&self, req: Request, actor: &str) -> Result<Response, Error>;
+    /// Append `e` to the datastore's event log (a dashboard's login).
+    fn record(&self, e: &crate::events::Entry<'_>);
     /// Whether its disks have writers (an object store's: the dashboard shows
     /// each disk's writer and generation).
     fn shared(&self) -> bool;
@@ -291,8 +298,7 @@ pub(crate) fn start(
         .build()
         .map_err(|e| http_io("http runtime", e))?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let web = Arc::new(web);
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let app = router(Arc::new(web));
     let thread = std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
@@ -304,20 +310,6 @@ pub(crate) fn start(
                         return;
                     }
                 };
-                let app = axum::Router::new()
-                    .fallback(
-                        move |method: Method,
-                              uri: Uri,
-                              headers: HeaderMap,
-                              body: Result<Bytes, axum::extract::rejection::BytesRejection>| {
-                            let served = Served {
-                                web: web.clone(),
-                                in_flight: in_flight.clone(),
-                            };
-                            async move { dispatch(served, method, uri, headers, body).await }
-                        },
-                    )
-                    .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX));
                 // On stop: no new connections, requests being answered
                 // finish, idle keep-alive connections close; half a second
                 // at most.
@@ -353,6 +345,31 @@ pub(crate) fn start(
         thread: Some(thread),
         tls,
     })
+}
+
+/// What the listener answers with: every request goes to [`dispatch`],
+/// with the address it came from.
+fn router(
+    web: Arc<Web>,
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<axum::Router, Peer> {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    axum::Router::new()
+        .fallback(
+            move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<Peer>,
+                  method: Method,
+                  uri: Uri,
+                  headers: HeaderMap,
+                  body: Result<Bytes, axum::extract::rejection::BytesRejection>| {
+                let served = Served {
+                    web: web.clone(),
+                    in_flight: in_flight.clone(),
+                    peer: peer.0,
+                };
+                async move { dispatch(served, method, uri, headers, body).await }
+            },
+        )
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .into_make_service_with_connect_info::<Peer>()
 }
 
 type TlsStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
@@ -424,6 +441,8 @@ async fn handshakes(
 struct Served {
     web: Arc<Web>,
     in_flight: Arc<AtomicUsize>,
+    /// Where the request came from.
+    peer: SocketAddr,
 }
 
 /// One request, on a blocking thread (at most [`IN_FLIGHT_MAX`] at once;
@@ -442,13 +461,28 @@ async fn dispatch(
         }
         Err(e) => return error_response(400, "invalid_argument", &format!("body: {e}")),
     };
-    let Served { web, in_flight } = served;
+    let Served {
+        web,
+        in_flight,
+        peer,
+    } = served;
     if in_flight.fetch_add(1, Ordering::AcqRel) >= IN_FLIGHT_MAX {
         in_flight.fetch_sub(1, Ordering::AcqRel);
         return error_response(503, "busy", "too many requests at once; try again");
     }
     let n = in_flight.clone();
-    let r = tokio::task::spawn_blocking(move || answer(&web, &method, &uri, &headers, &body)).await;
+    let r = tokio::task::spawn_blocking(move || {
+        let (method, uri, headers, body) = (&method, &uri, &headers, &body[..]);
+        let asked = Incoming {
+            method,
+            uri,
+            headers,
+            body,
+            peer,
+        };
+        answer(&web, asked)
+    })
+    .await;
     n.fetch_sub(1, Ordering::AcqRel);
     r.unwrap_or_else(|_| error_response(500, "io", "the request failed inside the server"))
 }
@@ -572,7 +606,24 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resp {
+/// One HTTP request, as [`answer`] takes it.
+#[derive(Clone, Copy)]
+struct Incoming<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+    peer: SocketAddr,
+}
+
+fn answer(web: &Web, asked: Incoming<'_>) -> Resp {
+    let Incoming {
+        method,
+        uri,
+        headers,
+        body,
+        peer,
+    } = asked;
     let path = uri.path();
     if path == "/metrics" {
         if let Err(r) = web.authorize_read(headers) {
@@ -618,6 +669,7 @@ fn answer(web: &Web, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
                 body,
                 rest: p.strip_prefix("/api/v1").unwrap_or(""),
                 query: uri.query(),
+                peer,
             },
         ),
         _ => error_response(
@@ -720,29 +772,6 @@ fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Refusal> {
     Ok(out)
 }
 
-fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
-    body.get(name).and_then(Value::as_str).ok_or_else(|| {
-        Refusal::new(
-            400,
-            "invalid_argument",
-            &format!("the body needs \"{name}\" (a string)"),
-        )
-    })
-}
-
-/// An optional string member of a body (absent: empty).
-fn optional_text(body: &Value, name: &str) -> String {
-    body.get(name)
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
-}
-
-/// An optional boolean member of a body (absent: false).
-fn flag(body: &Value, name: &str) -> bool {
-    body.get(name).and_then(Value::as_bool).unwrap_or(false)
-}
-
 /// A GET of the API: its request, or the answer itself (the API's index,
 /// a refusal).
 fn get_request(
@@ -788,7 +817,9 @@ fn get_request(
             recording: None,
         },
         ["alarms"] => Request::AlarmList,
+        ["events"] => audit::events_request(query).map_err(|r| Box::new(r.response()))?,
         ["jobs"] => Request::Jobs,
+        ["vhost"] => Request::VhostList,
         ["groups"] => Request::GroupList,
         ["groups", g] => Request::GroupInfo {
             name: g.to_string(),
@@ -829,6 +860,9 @@ struct Call<'a> {
     body: &'a [u8],
     rest: &'a str,
     query: Option<&'a str>,
+    /// Where it came from (with the token it showed: who asks, for the
+    /// event log).
+    peer: SocketAddr,
 }
 
 fn api(web: &Web, backend: &dyn Backend, call: &Call<'_>) -> Resp {
@@ -842,9 +876,13 @@ fn api(web: &Web, backend: &dyn Backend, call: &Call<'_>) -> Resp {
         }
     }
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let actor = audit::actor(web.grant(headers), call.peer);
     if method == Method::GET {
+        if segs.is_empty() {
+            audit::login(web, backend, headers, query, &actor);
+        }
         return match get_request(web, backend, headers, &segs, query) {
-            Ok(r) => run(backend, r, 200),
+            Ok(r) => run(backend, r, 200, &actor),
             Err(resp) => *resp,
         };
     }
@@ -859,124 +897,9 @@ fn api(web: &Web, backend: &dyn Backend, call: &Call<'_>) -> Resp {
         .and_then(|()| body(headers, raw))
         .and_then(|b| action(method, &segs, &b));
     match checked {
-        Ok((r, status)) => run(backend, r, status),
+        Ok((r, status)) => run(backend, r, status, &actor),
         Err(refusal) => refusal.response(),
     }
-}
-
-/// The status an action answers on success, None when `segs` names none.
-fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
-    let (post, delete) = (method == Method::POST, method == Method::DELETE);
-    Some(match segs {
-        ["disks", _, "snapshots"] if post => 201,
-        ["disks", _, "snapshots", _, "revert"] if post => 200,
-        ["disks", _, "snapshots", _] if delete => 200,
-        ["disks", _, "clones"] if post => 201,
-        ["disks", _, "extend"] if post => 200,
-        ["disks", _, "convert" | "defrag"] if post => 202,
-        ["jobs", _, "pause" | "resume" | "cancel"] if post => 200,
-        ["groups", _, "snapshots"] if post => 201,
-        ["groups", _, "snapshots", _, "revert"] if post => 200,
-        ["groups", _, "snapshots", _] if delete => 200,
-        _ => return None,
-    })
-}
-
-/// The body's "size": bytes, or a size with a unit ("20G").
-fn size_field(b: &Value) -> Result<u64, Refusal> {
-    match b.get("size") {
-        Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
-        Some(Value::String(s)) => parse_size(s).map_err(|e| e.message),
-        _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
-    }
-    .map_err(|e| Refusal::new(400, "invalid_argument", &e))
-}
-
-/// `POST /api/disks/{d}/extend`: `"size"` the new size, or `"+1G"` for
-/// that much more (the CLI's `extend --size +1G`).
-fn extend(d: &str, b: &Value) -> Result<Request, Refusal> {
-    let more = match b.get("size") {
-        Some(Value::String(s)) => s.trim().strip_prefix('+'),
-        _ => None,
-    };
-    Ok(Request::Extend {
-        name: d.to_string(),
-        size_bytes: match more {
-            Some(m) => size_field(&serde_json::json!({ "size": m }))?,
-            None => size_field(b)?,
-        },
-        by: more.is_some(),
-    })
-}
-
-fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
-    let status = action_status(method, segs).expect("checked by the caller");
-    let req = match segs {
-        ["disks", d, "snapshots"] => Request::SnapshotCreate {
-            disk: d.to_string(),
-            snapshot: field(b, "name")?.to_string(),
-            description: optional_text(b, "description"),
-        },
-        // The group's own quiesce hook only: a command named over HTTP
-        // would let a token run programs as the server.
-        ["groups", g, "snapshots"] => Request::GroupSnapshotCreate {
-            group: g.to_string(),
-            snapshot: field(b, "name")?.to_string(),
-            description: optional_text(b, "description"),
-            quiesce_hook: None,
-            no_quiesce: flag(b, "no_quiesce"),
-            ignore_quiesce_error: flag(b, "ignore_quiesce_error"),
-            timeout_s: b.get("timeout_s").and_then(Value::as_u64),
-            max_pause_ms: b.get("max_pause_ms").and_then(Value::as_u64),
-        },
-        ["groups", g, "snapshots", s, "revert"] => Request::GroupSnapshotRevert {
-            group: g.to_string(),
-            snapshot: s.to_string(),
-            force: flag(b, "force"),
-        },
-        ["groups", g, "snapshots", s] => Request::GroupSnapshotDelete {
-            group: g.to_string(),
-            snapshot: s.to_string(),
-        },
-        ["disks", d, "snapshots", s, "revert"] => Request::SnapshotRevert {
-            disk: d.to_string(),
-            snapshot: s.to_string(),
-            force: flag(b, "force"),
-        },
-        ["disks", d, "snapshots", s] => Request::SnapshotDelete {
-            disk: d.to_string(),
-            snapshot: s.to_string(),
-            force: flag(b, "force"),
-        },
-        ["disks", d, "clones"] => Request::CloneLinked {
-            source: format!("{d}@{}", field(b, "snapshot")?),
-            name: field(b, "name")?.to_string(),
-        },
-        ["disks", d, "extend"] => extend(d, b)?,
-        ["disks", d, "convert"] => Request::Convert {
-            name: d.to_string(),
-            provisioning: Provisioning::parse(field(b, "type")?)
-                .map_err(|e| Refusal::new(400, "invalid_argument", &e.message))?,
-            rate_bytes_per_sec: None,
-        },
-        ["disks", d, "defrag"] => Request::Defrag {
-            name: d.to_string(),
-            dry_run: false,
-            rate_bytes_per_sec: None,
-        },
-        ["jobs", id, act] => Request::JobControl {
-            id: id
-                .parse()
-                .map_err(|_| Refusal::new(400, "invalid_argument", "a job id is a number"))?,
-            action: match *act {
-                "pause" => JobAction::Pause,
-                "resume" => JobAction::Resume,
-                _ => JobAction::Cancel,
-            },
-        },
-        _ => unreachable!("action_status matched"),
-    };
-    Ok((req, status))
 }
 
 fn not_found_or_method(segs: &[&str]) -> Resp {
@@ -998,8 +921,8 @@ fn not_found_or_method(segs: &[&str]) -> Resp {
     }
 }
 
-fn run(backend: &dyn Backend, req: Request, status: u16) -> Resp {
-    match backend.run(req) {
+fn run(backend: &dyn Backend, req: Request, status: u16, actor: &str) -> Resp {
+    match backend.run(req, actor) {
         Ok(r) => {
             let status = if matches!(r, Response::JobStarted(_)) {
                 202
@@ -1098,5 +1021,21 @@ mod tests {
         )
         .is_err());
         assert!(action_status(&Method::POST, &["disks", "d"]).is_none());
+        let (r, _) = action(
+            &Method::POST,
+            &["disks", "d", "snapshots", "s1", "rename"],
+            &json!({"to": "s2"}),
+        )
+        .ok()
+        .unwrap();
+        assert!(
+            matches!(r, Request::SnapshotRename { ref disk, ref snapshot, ref to }
+            if disk == "d" && snapshot == "s1" && to == "s2")
+        );
+        assert!(action(&Method::POST, &["disks", "d", "rename"], &json!({})).is_err());
+        assert!(
+            action_status(&Method::POST, &["vhost"]).is_none(),
+            "not over HTTP"
+        );
     }
 }

@@ -115,6 +115,22 @@ impl StatsRegistry {
         self.disks.write().remove(name)
     }
 
+    /// The statistics of each name `rename` maps to a new one are listed
+    /// under that name from now on (a renamed disk or snapshot: its
+    /// devices keep recording into them).
+    pub fn rename(&self, rename: &dyn Fn(&str) -> Option<String>) {
+        let mut disks = self.disks.write();
+        let moved: Vec<(String, String)> = disks
+            .keys()
+            .filter_map(|k| Some((k.clone(), rename(k)?)))
+            .collect();
+        for (old, new) in moved {
+            if let Some(s) = disks.remove(&old) {
+                disks.insert(new, s);
+            }
+        }
+    }
+
     /// Forget disk `disk` and its snapshots' exports (`DISK@SNAP`), as
     /// [`StatsRegistry::remove`] forgets one name: for a removed disk, or
     /// a new one whose name an old disk had.

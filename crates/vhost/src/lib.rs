@@ -44,6 +44,11 @@
 //! write is lost, because a flush completes only after it is durable.
 //! `VHOST_USER_GET_INFLIGHT_FD` is not implemented.
 //!
+//! Sockets can be added ([`VhostBlkServer::serve`]) and removed
+//! ([`VhostBlkServer::remove`]) while others serve; each lists its
+//! frontend ([`VhostBlkServer::sessions`]: the export, the frontend's pid,
+//! since when), which [`VhostBlkServer::disconnect`] cuts off.
+//!
 //! The frontend's control messages pass through a relay (`relay.rs`) on
 //! their way to the rust-vmm daemon, unchanged; it keeps the backend
 //! channel the frontend offers (`BACKEND_REQ`), so that when the disk's
@@ -112,6 +117,8 @@ pub struct Options {
     /// recent polls found something; else it polls now and then to see).
     /// Zero: never.
     pub poll: std::time::Duration,
+    /// The export's name (`vm`, `vm@s1`), for [`VhostBlkServer::sessions`].
+    pub export: String,
 }
 
 impl Default for Options {
@@ -126,16 +133,21 @@ impl Default for Options {
             ring_io: false,
             native_aio: false,
             poll: std::time::Duration::from_micros(32),
+            export: String::new(),
         }
     }
 }
 
-/// Opens a fresh handle on the served device for each frontend connection.
-pub type Opener = Arc<dyn Fn() -> Result<Arc<dyn BlockDevice>, strata_block::Error> + Send + Sync>;
+/// Opens a fresh handle on the served device for each frontend
+/// connection, given the export's name as it is then (a rename changes it:
+/// [`VhostBlkServer::rename_exports`]).
+pub type Opener =
+    Arc<dyn Fn(&str) -> Result<Arc<dyn BlockDevice>, strata_block::Error> + Send + Sync>;
 
 /// vhost-user-blk sockets served by this process.
 #[derive(Default)]
 pub struct VhostBlkServer {
+    /// Set by [`VhostBlkServer::shutdown`]: no socket is served after it.
     stop: Arc<AtomicBool>,
     inner: Mutex<Inner>,
 }
@@ -147,11 +159,42 @@ struct Inner {
 
 struct Socket {
     path: PathBuf,
+    /// The export's name, which a rename changes.
+    export: Arc<Mutex<String>>,
+    /// This socket's own stop (a `remove`, or the server's shutdown).
+    stop: Arc<AtomicBool>,
     /// Written to wake the accept loop for shutdown.
     wake: UnixStream,
-    /// The connected frontend, to cut it off at shutdown.
-    active: Arc<Mutex<Option<UnixStream>>>,
+    /// The connected frontend, to list it and to cut it off.
+    active: Arc<Mutex<Option<Active>>>,
     thread: JoinHandle<()>,
+}
+
+/// The frontend a socket serves now.
+struct Active {
+    stream: UnixStream,
+    pid: Option<i32>,
+    read_only: bool,
+    since_unix: u64,
+}
+
+/// A frontend connected to one of the server's sockets: a session
+/// (docs/INTERLOCKS.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub socket: PathBuf,
+    pub export: String,
+    /// The frontend's process (`SO_PEERCRED`), when the kernel says.
+    pub pid: Option<i32>,
+    pub read_only: bool,
+    pub since_unix: u64,
+}
+
+/// A socket the server listens on and the export it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listening {
+    pub socket: PathBuf,
+    pub export: String,
 }
 
 impl VhostBlkServer {
@@ -177,12 +220,31 @@ impl VhostBlkServer {
                 std::fs::remove_file(path)?;
             }
         }
+        if self.stop.load(Ordering::Acquire) {
+            return Err(io::Error::other("the vhost-user-blk server is shut down"));
+        }
+        if self
+            .inner
+            .lock()
+            .unwrap()
+            .sockets
+            .iter()
+            .any(|s| s.path == path)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} is served already", path.display()),
+            ));
+        }
         let listener = UnixListener::bind(path)
             .map_err(|e| io::Error::new(e.kind(), format!("listen on {}: {e}", path.display())))?;
         let (wake_rx, wake) = UnixStream::pair()?;
-        let active: Arc<Mutex<Option<UnixStream>>> = Arc::default();
-        let stop = self.stop.clone();
+        let active: Arc<Mutex<Option<Active>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let export = Arc::new(Mutex::new(opts.export.clone()));
+        let e = export.clone();
         let a = active.clone();
+        let s = stop.clone();
         let name = path.display().to_string();
         let thread = std::thread::Builder::new()
             .name("vhost-accept".into())
@@ -190,9 +252,10 @@ impl VhostBlkServer {
                 Acceptor {
                     listener,
                     wake: wake_rx,
-                    stop,
+                    stop: s,
                     active: a,
                     open,
+                    export: e,
                     opts,
                     name,
                 }
@@ -200,6 +263,8 @@ impl VhostBlkServer {
             })?;
         self.inner.lock().unwrap().sockets.push(Socket {
             path: path.to_path_buf(),
+            export,
+            stop,
             wake,
             active,
             thread,
@@ -207,21 +272,111 @@ impl VhostBlkServer {
         Ok(())
     }
 
+    /// The sockets served now, in the order they were added.
+    pub fn listening(&self) -> Vec<Listening> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .sockets
+            .iter()
+            .map(|s| Listening {
+                socket: s.path.clone(),
+                export: s.export.lock().unwrap().clone(),
+            })
+            .collect()
+    }
+
+    /// The frontends connected now, one per socket at most.
+    pub fn sessions(&self) -> Vec<Session> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .sockets
+            .iter()
+            .filter_map(|s| {
+                let a = s.active.lock().unwrap();
+                let a = a.as_ref()?;
+                Some(Session {
+                    socket: s.path.clone(),
+                    export: s.export.lock().unwrap().clone(),
+                    pid: a.pid,
+                    read_only: a.read_only,
+                    since_unix: a.since_unix,
+                })
+            })
+            .collect()
+    }
+
+    /// Cut off the frontend of `socket` (a forced `rm` or revert): its
+    /// connection is shut down once the requests its workers took are
+    /// done; the socket accepts the next frontend as after any
+    /// disconnect. False when nobody is connected there.
+    pub fn disconnect(&self, socket: &Path) -> bool {
+        let inner = self.inner.lock().unwrap();
+        let Some(s) = inner.sockets.iter().find(|s| s.path == socket) else {
+            return false;
+        };
+        let a = s.active.lock().unwrap();
+        match a.as_ref() {
+            Some(a) => {
+                let _ = a.stream.shutdown(std::net::Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stop serving `socket` (`strata vhost remove`): as [`Self::shutdown`]
+    /// does for every socket, for this one alone. Its export; NotFound
+    /// when the server does not serve that socket.
+    pub fn remove(&self, socket: &Path) -> io::Result<String> {
+        let s = {
+            let mut inner = self.inner.lock().unwrap();
+            let Some(i) = inner.sockets.iter().position(|s| s.path == socket) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no vhost-user-blk export on {}", socket.display()),
+                ));
+            };
+            inner.sockets.remove(i)
+        };
+        let export = s.export.lock().unwrap().clone();
+        stop_sockets(vec![s]);
+        Ok(export)
+    }
+
+    /// Sockets follow a rename (`strata rename`, `snapshot rename`): each
+    /// export `rename` maps to a new name is served and listed under it
+    /// from now on (a connected frontend keeps its device).
+    pub fn rename_exports(&self, rename: &dyn Fn(&str) -> Option<String>) {
+        for s in &self.inner.lock().unwrap().sockets {
+            let mut e = s.export.lock().unwrap();
+            if let Some(new) = rename(&e) {
+                *e = new;
+            }
+        }
+    }
+
     /// Stop accepting, cut off every frontend once the requests its
     /// workers took are done, and remove the socket files.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         let sockets = std::mem::take(&mut self.inner.lock().unwrap().sockets);
-        for s in &sockets {
-            let _ = (&s.wake).write_all(&[1]);
-            if let Some(f) = s.active.lock().unwrap().as_ref() {
-                let _ = f.shutdown(std::net::Shutdown::Both);
-            }
+        stop_sockets(sockets);
+    }
+}
+
+/// Stop `sockets`' accept loops and frontends, wait for them, and remove
+/// the socket files.
+fn stop_sockets(sockets: Vec<Socket>) {
+    for s in &sockets {
+        s.stop.store(true, Ordering::Release);
+        let _ = (&s.wake).write_all(&[1]);
+        if let Some(a) = s.active.lock().unwrap().as_ref() {
+            let _ = a.stream.shutdown(std::net::Shutdown::Both);
         }
-        for s in sockets {
-            let _ = s.thread.join();
-            let _ = std::fs::remove_file(&s.path);
-        }
+    }
+    for s in sockets {
+        let _ = s.thread.join();
+        let _ = std::fs::remove_file(&s.path);
     }
 }
 
@@ -266,8 +421,10 @@ struct Acceptor {
     wake: UnixStream,
     stop: Arc<AtomicBool>,
     /// The connected frontend ([`Socket::active`]).
-    active: Arc<Mutex<Option<UnixStream>>>,
+    active: Arc<Mutex<Option<Active>>>,
     open: Opener,
+    /// The export's name ([`Socket::export`]).
+    export: Arc<Mutex<String>>,
     opts: Options,
     /// The socket's path, for messages.
     name: String,
@@ -282,6 +439,7 @@ impl Acceptor {
             stop,
             active,
             open,
+            export,
             opts,
             name,
         } = self;
@@ -293,7 +451,8 @@ impl Acceptor {
                     continue;
                 }
             };
-            let dev = match open() {
+            let current = export.lock().unwrap().clone();
+            let dev = match open(&current) {
                 Ok(d) => d,
                 Err(e) => {
                     // Closing the connection tells the frontend; it may retry.
@@ -313,7 +472,7 @@ fn serve_one(
     front: UnixStream,
     dev: Arc<dyn BlockDevice>,
     opts: &Options,
-    active: &Mutex<Option<UnixStream>>,
+    active: &Mutex<Option<Active>>,
     stop: &AtomicBool,
 ) -> io::Result<()> {
     let backend = Arc::new(BlkDevice::new(dev.clone(), opts.clone()));
@@ -330,7 +489,14 @@ fn serve_one(
     daemon
         .start(&mut Listener::from(inner))
         .map_err(|e| io::Error::other(format!("start: {e}")))?;
-    *active.lock().unwrap() = Some(front.try_clone()?);
+    *active.lock().unwrap() = Some(Active {
+        stream: front.try_clone()?,
+        pid: strata_block::peer::peer_pid(front.as_raw_fd()),
+        read_only: dev.read_only(),
+        since_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
     if stop.load(Ordering::Acquire) {
         let _ = front.shutdown(std::net::Shutdown::Both);
     }

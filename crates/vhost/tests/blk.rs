@@ -50,7 +50,7 @@ fn setup(target: &str, opts: Options) -> Setup {
     server
         .serve(
             &sock,
-            Arc::new(move || ds2.open_disk(&target).map(|h| h as Arc<dyn BlockDevice>)),
+            Arc::new(move |_: &str| ds2.open_disk(&target).map(|h| h as Arc<dyn BlockDevice>)),
             opts,
         )
         .unwrap();
@@ -716,7 +716,7 @@ fn a_snapshot_is_served_read_only() {
     s0.server
         .serve(
             &sock2,
-            Arc::new(move || ds2.open_disk("d@s1").map(|h| h as Arc<dyn BlockDevice>)),
+            Arc::new(move |_: &str| ds2.open_disk("d@s1").map(|h| h as Arc<dyn BlockDevice>)),
             opts(),
         )
         .unwrap();

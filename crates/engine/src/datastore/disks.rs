@@ -164,6 +164,36 @@ impl Datastore {
         self.disk_info(name)
     }
 
+    /// Rename disk `old` to `new`, also while it is served: open handles
+    /// hold the disk by its id, so its clients go on. Linked clones made
+    /// from its snapshots show the new name in their parent. One catalog
+    /// change (FORMAT.md §6): after a crash the disk has one name or the
+    /// other.
+    pub fn rename_disk(&self, old: &str, new: &str) -> Result<DiskInfo> {
+        check_name("disk", new)?;
+        self.inner.check_writable()?;
+        self.change(|m| {
+            m.catalog.disk(old)?;
+            if old != new && m.catalog.disk(new).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{new}' already exists"),
+                );
+            }
+            m.catalog.disk_mut(old)?.name = new.to_string();
+            let from = |p: &str| p.strip_prefix(old)?.strip_prefix('@').map(str::to_string);
+            for d in &mut m.catalog.disks {
+                if let Some(snap) = d.parent.as_deref().and_then(from) {
+                    d.parent = Some(format!("{new}@{snap}"));
+                }
+            }
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
     /// Grow a disk (also while it is served).
     pub fn extend_disk(&self, name: &str, size_bytes: u64) -> Result<DiskInfo> {
         Self::check_size(size_bytes)?;
@@ -174,8 +204,8 @@ impl Datastore {
                 return err(
                     ErrorKind::InvalidArgument,
                     format!(
-                        "'{name}' is {} bytes; extend only grows a disk",
-                        d.size_bytes
+                        "'{name}' is {}; extend only grows a disk",
+                        strata_api::units::human_exact(d.size_bytes)
                     ),
                 );
             }

@@ -219,6 +219,7 @@ impl Datastore {
                 images: Vec::new(),
             },
             open_warnings,
+            replayed_batches: replayed,
             lock,
         }));
         if replayed > 0 {
@@ -235,6 +236,13 @@ impl Datastore {
         // Make the recovered state a checkpoint, so the log starts empty.
         ds.inner.commit(true)?;
         Ok(ds)
+    }
+
+    /// How many log batches open replayed: not 0 when the last process
+    /// that had the datastore open did not close it cleanly (a clean close
+    /// ends with a checkpoint, which leaves the log empty).
+    pub fn replayed_batches(&self) -> usize {
+        self.inner.replayed_batches
     }
 
     /// Finish reclaiming, flush everything and checkpoint (clean shutdown).

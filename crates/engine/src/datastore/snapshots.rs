@@ -173,6 +173,49 @@ impl Datastore {
     /// Delete a snapshot. Moves no data: what others still share stays.
     /// Refused for a member of a group snapshot (deleted with the group
     /// snapshot, as one).
+    /// Rename snapshot `disk@old` to `disk@new`, also while it is
+    /// served (handles hold it by id). Linked clones made from it show the
+    /// new name in their parent. A member of a group snapshot keeps the
+    /// group snapshot's name. One catalog change.
+    pub fn snapshot_rename(&self, disk: &str, old: &str, new: &str) -> Result<()> {
+        check_name("snapshot", new)?;
+        self.inner.check_writable()?;
+        self.change(|m| {
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, old)?.clone();
+            if let Some((g, gs)) = m.catalog.group_snapshot_of(s.id) {
+                return err(
+                    ErrorKind::Refused,
+                    format!(
+                        "snapshot '{disk}@{old}' is a member of group snapshot '{}@{}', whose \
+                         members bear its name",
+                        g.name, gs.name
+                    ),
+                );
+            }
+            if old != new && m.catalog.snapshot(d.id, disk, new).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("disk '{disk}' has a snapshot named '{new}' already"),
+                );
+            }
+            let (was, now) = (format!("{disk}@{old}"), format!("{disk}@{new}"));
+            for r in &mut m.catalog.snapshots {
+                if r.id == s.id {
+                    r.name = new.to_string();
+                }
+            }
+            for c in &mut m.catalog.disks {
+                if c.parent.as_deref() == Some(was.as_str()) {
+                    c.parent = Some(now.clone());
+                }
+            }
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)
+    }
+
     pub fn snapshot_delete(&self, disk: &str, snap: &str) -> Result<()> {
         self.inner.check_writable()?;
         self.change(|m| {

@@ -185,8 +185,9 @@ impl ObjectDisk {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
                     format!(
-                        "'{}' is {} bytes; extend only grows a disk",
-                        self.name, man.size_bytes
+                        "'{}' is {}; extend only grows a disk",
+                        self.name,
+                        strata_api::units::human_exact(man.size_bytes)
                     ),
                 ));
             }

@@ -151,7 +151,7 @@ pub(super) fn listen_fuse(
     exports: &Arc<Exports>,
     args: &ServeConfig,
     banner: &mut Vec<String>,
-) -> Result<Option<strata_fuse::FuseServer>, Error> {
+) -> Result<Option<Arc<strata_fuse::FuseServer>>, Error> {
     let Some(dir) = &args.fuse else {
         return Ok(None);
     };
@@ -188,5 +188,5 @@ pub(super) fn listen_fuse(
         }
     );
     say!(banner, "    e.g. qemu-img info {}/DISK", dir.display());
-    Ok(Some(server))
+    Ok(Some(Arc::new(server)))
 }

@@ -30,9 +30,9 @@ pub(super) struct Running {
     pub(super) nbd: Option<NbdServer>,
     pub(super) nbd_socket: Option<PathBuf>,
     /// 9. vhost-user-blk.
-    pub(super) vhost: Option<VhostBlkServer>,
+    pub(super) vhost: Option<Arc<super::vhost::VhostExports>>,
     /// 10. The FUSE mount.
-    pub(super) fuse: Option<strata_fuse::FuseServer>,
+    pub(super) fuse: Option<Arc<strata_fuse::FuseServer>>,
     /// What each part will say it serves, printed once every part is up
     /// (a server that fails to start announces nothing).
     pub(super) banner: Vec<String>,
@@ -81,7 +81,7 @@ impl Running {
             f.shutdown();
         }
         if let Some(v) = self.vhost.take() {
-            v.shutdown();
+            v.server.shutdown();
         }
         if let Some(s) = self.nbd.take() {
             s.shutdown();

@@ -1,0 +1,172 @@
+//! The API's actions (POST, DELETE): which path is which request, and
+//! what it answers on success (docs/API.md). A vhost-user-blk socket is
+//! added and removed through the control socket only: over HTTP a token
+//! would let its holder bind sockets, and replace those of other
+//! programs, anywhere the server may write.
+
+use axum::http::Method;
+use serde_json::Value;
+use strata_api::units::parse_size;
+use strata_api::{JobAction, Request};
+use strata_engine::Provisioning;
+
+use super::Refusal;
+
+pub(super) fn field<'a>(body: &'a Value, name: &str) -> Result<&'a str, Refusal> {
+    body.get(name).and_then(Value::as_str).ok_or_else(|| {
+        Refusal::new(
+            400,
+            "invalid_argument",
+            &format!("the body needs \"{name}\" (a string)"),
+        )
+    })
+}
+
+/// An optional string member of a body (absent: empty).
+pub(super) fn optional_text(body: &Value, name: &str) -> String {
+    body.get(name)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+/// An optional boolean member of a body (absent: false).
+pub(super) fn flag(body: &Value, name: &str) -> bool {
+    body.get(name).and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// The status an action answers on success, None when `segs` names none.
+pub(super) fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
+    let (post, delete) = (method == Method::POST, method == Method::DELETE);
+    Some(match segs {
+        ["disks", _, "snapshots"] if post => 201,
+        ["disks", _, "snapshots", _, "revert"] if post => 200,
+        ["disks", _, "snapshots", _] if delete => 200,
+        ["disks", _, "clones"] if post => 201,
+        ["disks", _, "extend"] if post => 200,
+        ["disks", _, "rename"] if post => 200,
+        ["disks", _, "snapshots", _, "rename"] if post => 200,
+        ["disks", _, "convert" | "defrag"] if post => 202,
+        ["jobs", _, "pause" | "resume" | "cancel"] if post => 200,
+        ["groups", _, "snapshots"] if post => 201,
+        ["groups", _, "snapshots", _, "revert"] if post => 200,
+        ["groups", _, "snapshots", _] if delete => 200,
+        _ => return None,
+    })
+}
+
+/// The body's "size": bytes, or a size with a unit ("20G").
+fn size_field(b: &Value) -> Result<u64, Refusal> {
+    match b.get("size") {
+        Some(Value::Number(n)) => n.as_u64().ok_or("a size in bytes".to_string()),
+        Some(Value::String(s)) => parse_size(s).map_err(|e| e.message),
+        _ => Err("the body needs \"size\" (\"20G\" or bytes)".to_string()),
+    }
+    .map_err(|e| Refusal::new(400, "invalid_argument", &e))
+}
+
+/// `POST /api/disks/{d}/extend`: `"size"` the new size, or `"+1G"` for
+/// that much more (the CLI's `extend --size +1G`).
+fn extend(d: &str, b: &Value) -> Result<Request, Refusal> {
+    let more = match b.get("size") {
+        Some(Value::String(s)) => s.trim().strip_prefix('+'),
+        _ => None,
+    };
+    Ok(Request::Extend {
+        name: d.to_string(),
+        size_bytes: match more {
+            Some(m) => size_field(&serde_json::json!({ "size": m }))?,
+            None => size_field(b)?,
+        },
+        by: more.is_some(),
+    })
+}
+
+/// The request of action `segs` (which [`action_status`] matched) with
+/// body `b`, and the status it answers on success.
+pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
+    let status = action_status(method, segs).expect("checked by the caller");
+    let req = match segs {
+        ["disks", d, rest @ ..] => disk_action(d, rest, b)?,
+        // The group's own quiesce hook only: a command named over HTTP
+        // would let a token run programs as the server.
+        ["groups", g, "snapshots"] => Request::GroupSnapshotCreate {
+            group: g.to_string(),
+            snapshot: field(b, "name")?.to_string(),
+            description: optional_text(b, "description"),
+            quiesce_hook: None,
+            no_quiesce: flag(b, "no_quiesce"),
+            ignore_quiesce_error: flag(b, "ignore_quiesce_error"),
+            timeout_s: b.get("timeout_s").and_then(Value::as_u64),
+            max_pause_ms: b.get("max_pause_ms").and_then(Value::as_u64),
+        },
+        ["groups", g, "snapshots", s, "revert"] => Request::GroupSnapshotRevert {
+            group: g.to_string(),
+            snapshot: s.to_string(),
+            force: flag(b, "force"),
+        },
+        ["groups", g, "snapshots", s] => Request::GroupSnapshotDelete {
+            group: g.to_string(),
+            snapshot: s.to_string(),
+        },
+        ["jobs", id, act] => Request::JobControl {
+            id: id
+                .parse()
+                .map_err(|_| Refusal::new(400, "invalid_argument", "a job id is a number"))?,
+            action: match *act {
+                "pause" => JobAction::Pause,
+                "resume" => JobAction::Resume,
+                _ => JobAction::Cancel,
+            },
+        },
+        _ => unreachable!("action_status matched"),
+    };
+    Ok((req, status))
+}
+
+/// An action on disk `d`: `rest` is the path after `/disks/{d}`.
+fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
+    Ok(match rest {
+        ["snapshots"] => Request::SnapshotCreate {
+            disk: d.to_string(),
+            snapshot: field(b, "name")?.to_string(),
+            description: optional_text(b, "description"),
+        },
+        ["snapshots", s, "revert"] => Request::SnapshotRevert {
+            disk: d.to_string(),
+            snapshot: s.to_string(),
+            force: flag(b, "force"),
+        },
+        ["snapshots", s, "rename"] => Request::SnapshotRename {
+            disk: d.to_string(),
+            snapshot: s.to_string(),
+            to: field(b, "to")?.to_string(),
+        },
+        ["snapshots", s] => Request::SnapshotDelete {
+            disk: d.to_string(),
+            snapshot: s.to_string(),
+            force: flag(b, "force"),
+        },
+        ["clones"] => Request::CloneLinked {
+            source: format!("{d}@{}", field(b, "snapshot")?),
+            name: field(b, "name")?.to_string(),
+        },
+        ["extend"] => extend(d, b)?,
+        ["rename"] => Request::Rename {
+            name: d.to_string(),
+            to: field(b, "to")?.to_string(),
+        },
+        ["convert"] => Request::Convert {
+            name: d.to_string(),
+            provisioning: Provisioning::parse(field(b, "type")?)
+                .map_err(|e| Refusal::new(400, "invalid_argument", &e.message))?,
+            rate_bytes_per_sec: None,
+        },
+        ["defrag"] => Request::Defrag {
+            name: d.to_string(),
+            dry_run: false,
+            rate_bytes_per_sec: None,
+        },
+        _ => unreachable!("action_status matched"),
+    })
+}
