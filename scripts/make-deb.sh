@@ -36,6 +36,7 @@ install -d "$stage/usr/bin" "$stage/lib/systemd/system" "$stage/etc/default" \
     "$stage/usr/share/man/man1" "$stage/usr/share/bash-completion/completions" \
     "$stage/usr/share/zsh/vendor-completions" "$stage/usr/share/fish/vendor_completions.d" \
     "$stage/usr/share/doc/strata/docs" "$stage/usr/share/strata/quiesce-hooks" \
+    "$stage/usr/share/strata/backup" \
     "$stage/etc/strata" "$stage/DEBIAN"
 # The release profile keeps line tables for backtraces (debug = 1): the
 # package ships the stripped binary, as dh_strip would.
@@ -66,6 +67,8 @@ find "$stage/usr/share" -type d -exec chmod 0755 {} +
 find "$stage/usr/share" -type f -exec chmod 0644 {} +
 # The group snapshot quiesce hooks (docs/BACKUP.md), run by the server.
 install -m 0755 scripts/quiesce-hooks/* "$stage/usr/share/strata/quiesce-hooks/"
+# The nightly incremental backup and its restore (docs/BACKUP.md).
+install -m 0755 scripts/backup-nightly scripts/restore "$stage/usr/share/strata/backup/"
 
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 cat > "$stage/DEBIAN/control" <<CONTROL

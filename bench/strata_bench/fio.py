@@ -74,5 +74,11 @@ def fio_log(path, per=None):
 
 
 def window_iops(samples, t_from, t_to):
+    """Mean IOPS of fio's 250 ms samples in (t_from, t_to]. fio logs no
+    sample for an interval in which nothing completed, so a job whose first
+    sample comes after the window stalled through it: 0, not unknown. None
+    only when fio logged nothing at all."""
     xs = [v for t, v in samples if t_from < t <= t_to + 0.25]
-    return round(sum(xs) / len(xs)) if xs else None
+    if xs:
+        return round(sum(xs) / len(xs))
+    return 0 if any(t > t_to for t, _ in samples) else None

@@ -103,8 +103,10 @@ def fig_004_t1(res, path):
                              "(free-space consolidation, the paper's other half)", "consolidation")):
         if key in f:
             t = _g(f, key, "trials")
-            keep = Q.of([x["busy_iops_window"] / x["idle_iops_window"] for x in t])
-            busy.append(f"during {what} a client's 4k random writes keep {keep.fmt()} of their "
+            ratios = [x["busy_iops_window"] / x["idle_iops_window"] for x in t
+                      if x["busy_iops_window"] is not None and x["idle_iops_window"]]
+            keep = Q.of(ratios).fmt() if ratios else "no measure (fio logged nothing)"
+            busy.append(f"during {what} a client's 4k random writes keep {keep} of their "
                         f"rate on the idle disk over the same span ({len(t)} trials; the job took "
                         f"{_g(f, key, span + '_s'):.1f} s)")
     if busy:

@@ -131,6 +131,9 @@ impl Request {
             Request::VmdkShrink { .. } => "vmdk_shrink",
             Request::VhostAdd { .. } => "vhost_add",
             Request::VhostRemove { .. } => "vhost_remove",
+            Request::ScheduleAdd { .. } => "schedule_add",
+            Request::ScheduleRemove { .. } => "schedule_remove",
+            Request::ScheduleRun { .. } => "schedule_run",
             Request::Status
             | Request::List
             | Request::Info { .. }
@@ -144,6 +147,7 @@ impl Request {
             | Request::AlarmList
             | Request::Events { .. }
             | Request::VhostList
+            | Request::ScheduleList
             | Request::Defrag { dry_run: true, .. }
             | Request::Gc { dry_run: true }
             | Request::Compact { dry_run: true, .. }
@@ -192,6 +196,8 @@ impl Request {
             Request::Stats { disk, .. } => disk.clone().unwrap_or_default(),
             Request::AlarmSet { rule, .. } => rule.kind.as_str().to_string(),
             Request::JobControl { id, .. } => format!("job {id}"),
+            Request::ScheduleAdd { schedule } => schedule.name.clone(),
+            Request::ScheduleRemove { name } | Request::ScheduleRun { name } => name.clone(),
             Request::VmdkShrink { path, .. } | Request::VhostRemove { socket: path, .. } => {
                 path.display().to_string()
             }

@@ -23,6 +23,10 @@ pub enum JobState {
     Done,
     Failed,
     Cancelled,
+    /// The server stopped (or died) while it ran, as a job of an earlier
+    /// server's life lists it: what it did stays (each step of a long
+    /// operation is its own change), the rest was not done.
+    Interrupted,
 }
 
 /// One job of a server (`strata jobs --json`).
@@ -30,6 +34,10 @@ pub enum JobState {
 pub struct JobInfo {
     pub id: u64,
     pub what: String,
+    /// What it works on: `DISK`, `DISK@SNAP`, a group, `""` for the
+    /// datastore (as the event log names it).
+    #[serde(default)]
+    pub target: String,
     pub state: JobState,
     /// Work done, out of `total` (bytes for every job today).
     pub done: u64,

@@ -44,6 +44,7 @@ pub mod group;
 pub mod job;
 pub mod request;
 pub mod response;
+pub mod schedule;
 pub mod stats;
 pub mod store;
 pub mod units;
@@ -69,6 +70,7 @@ pub use response::{
     ImportDiffReport, ImportReport, ImportedLink, MoveReport, RangeKind, Response,
     VmdkServerStatus,
 };
+pub use schedule::{ScheduleInfo, ScheduleSpec, TargetKind};
 pub use strata_block::throttle::IoLimits;
 pub use strata_block::{Error, Kind as ErrorKind};
 pub use view::{ClientInfo, DatastoreView, DiskView, Refusal, StoreDisk, VhostExport};

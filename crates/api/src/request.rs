@@ -354,6 +354,20 @@ pub enum Request {
         snapshot: String,
         to: String,
     },
+    /// `schedule add` (docs/OPERATIONS.md, "Scheduled snapshots").
+    ScheduleAdd {
+        schedule: crate::schedule::ScheduleSpec,
+    },
+    /// `schedule ls`
+    ScheduleList,
+    /// `schedule rm NAME` (its snapshots stay).
+    ScheduleRemove {
+        name: String,
+    },
+    /// `schedule run NAME`: one run now (snapshot, then expiry).
+    ScheduleRun {
+        name: String,
+    },
 }
 
 impl Request {

@@ -125,6 +125,14 @@ pub enum Response {
     /// `rename`, `snapshot rename`: the old and the new name (`DISK` or
     /// `DISK@SNAP`).
     Renamed { from: String, to: String },
+    /// `schedule ls|add|run`; `served`: a server runs them (false: the
+    /// CLI edited the file, nothing runs them until `serve` starts).
+    Schedules {
+        schedules: Vec<crate::schedule::ScheduleInfo>,
+        served: bool,
+    },
+    /// `schedule rm`
+    ScheduleRemoved { name: String },
 }
 
 /// What `diff` found (docs/BACKUP.md).
@@ -355,6 +363,8 @@ impl Response {
             Response::Capacity { info, .. } => value(info),
             Response::Alarms(a) => value(a),
             Response::Events(e) => value(e),
+            Response::Schedules { schedules, .. } => value(schedules),
+            Response::ScheduleRemoved { name } => json!({ "removed": name }),
         }
     }
 }

@@ -114,7 +114,7 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             | Cmd::Convert { .. } => disk_action(cmd),
             Cmd::Limit { .. } | Cmd::Punchzero { .. } => limit_action(cmd),
             Cmd::Move { .. } | Cmd::Defrag { .. } => layout_action(cmd),
-            Cmd::Snapshot(_) | Cmd::Group(_) => snapshot_action(cmd),
+            Cmd::Snapshot(_) | Cmd::Group(_) | Cmd::Schedule(_) => snapshot_action(cmd),
             Cmd::Clone { .. } => clone_action(cmd),
             Cmd::ExportDiff { .. } | Cmd::ImportDiff { .. } | Cmd::Diff { .. } => diff_action(cmd),
             Cmd::Stats { .. } | Cmd::Import { .. } | Cmd::Export { .. } => data_action(cmd),
@@ -249,10 +249,10 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         },
         Cmd::Vhost(VhostCmd::Add { disk, socket }) => Request::VhostAdd {
             disk: disk.clone(),
-            socket: absolute(socket)?,
+            socket: socket_path(socket)?,
         },
         Cmd::Vhost(VhostCmd::Remove { socket, force }) => Request::VhostRemove {
-            socket: absolute(socket)?,
+            socket: socket_path(socket)?,
             force: *force,
         },
         Cmd::Vhost(VhostCmd::List) => Request::VhostList,
@@ -387,6 +387,7 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             }
         }
         Cmd::Group(g) => g.request()?,
+        Cmd::Schedule(s) => s.request()?,
         Cmd::Snapshot(SnapCmd::List { disk }) => Request::SnapshotList { disk: disk.clone() },
         Cmd::Snapshot(SnapCmd::Revert { at, force }) => {
             let (disk, snapshot) = names(&at.target, at.snapshot.as_deref())?;
@@ -416,6 +417,20 @@ fn snapshot_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         }
         _ => return Err(not_this_family()),
     }))
+}
+
+/// A socket path as the server matches it: absolute, its directory
+/// resolved (`./a.sock`, `../run/a.sock` and a symlinked directory name
+/// the same socket).
+fn socket_path(p: &std::path::Path) -> Result<std::path::PathBuf, Error> {
+    let p = absolute(p)?;
+    let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
+        return Err(invalid(format!("{} is not a socket path", p.display())));
+    };
+    match std::fs::canonicalize(dir) {
+        Ok(dir) => Ok(dir.join(name)),
+        Err(e) => Err(invalid(format!("{}: {e}", dir.display()))),
+    }
 }
 
 /// `rename DISK NEW`, `rename DISK@SNAP NEW` (or `DISK@NEW`).

@@ -440,6 +440,9 @@ Read through the running server, or from the file when none runs."
     /// Consistency groups: disks snapshotted, reverted and cloned together at one instant
     #[command(subcommand)]
     Group(crate::group::GroupCmd),
+    /// Scheduled snapshots with retention, run by the server: add, ls, rm, run
+    #[command(subcommand)]
+    Schedule(crate::schedule::ScheduleCmd),
     /// Clone a disk: linked from DISK@SNAP (O(1)), or --full into an independent copy
     Clone {
         /// DISK@SNAP for a linked clone; DISK or DISK@SNAP with --full

@@ -9,6 +9,7 @@
 mod action;
 mod args;
 mod group;
+mod schedule;
 mod serve_args;
 mod target;
 mod watch;

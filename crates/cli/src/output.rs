@@ -84,6 +84,8 @@ macro_rules! outln {
     }};
 }
 
+mod schedules;
+
 /// A block of `key: value` lines whose values start in one column; a key
 /// too long for it keeps one space (`current snapshot: `).
 struct Fields<'a> {
@@ -197,6 +199,10 @@ impl Render for Response {
             }
             Response::ExportDiff(r) => export_diff(out, r),
             Response::ImportDiff(r) => import_diff(out, r),
+            Response::Schedules { schedules, served } => schedules::list(out, schedules, *served),
+            Response::ScheduleRemoved { name } => {
+                outln!(out, "removed schedule {name} (its snapshots stay)")
+            }
         }
     }
 
@@ -219,20 +225,31 @@ impl Render for VmdkResponse {
     }
 }
 
-/// `jobs`: a job a line, how far it got, and why it stopped.
+/// `jobs`: a job a line, newest first: when it started (UTC) and how
+/// long it took, how far it got, and why it stopped.
 fn job_table(out: &mut String, jobs: &[JobInfo]) {
     if jobs.is_empty() {
         return outln!(out, "no jobs");
     }
-    outln!(out, "  ID  STATE       DONE               PROGRESS  WHAT");
+    outln!(
+        out,
+        "  ID  STARTED (UTC)   TOOK  STATE        DONE               PROGRESS  WHAT"
+    );
     for j in jobs {
         let (id, percent, what) = (j.id, j.percent, &j.what);
         let state = format!("{:?}", j.state).to_lowercase();
         let progress = format!("{}/{}", human(j.done), human(j.total));
         let error = opt(j.error.as_ref(), |e| format!(" ({e})"));
+        // `MM-DD HH:MM:SS` of `YYYY-MM-DD HH:MM:SS UTC`.
+        let started = utc(j.started_unix * 1000);
+        let started = started.get(5..19).unwrap_or(&started);
+        let took = j.finished_unix.map_or_else(
+            || "-".to_string(),
+            |f| format!("{} s", f.saturating_sub(j.started_unix)),
+        );
         outln!(
             out,
-            "{id:>4}  {state:<10} {percent:>4}%  {progress:>21}  {what}{error}"
+            "{id:>4}  {started}  {took:>5}  {state:<11} {percent:>4}%  {progress:>21}  {what}{error}"
         );
     }
 }

@@ -1070,3 +1070,197 @@ fn beyond_loopback_the_dashboard_is_https_and_reads_need_a_token() {
     assert_eq!(curl(&cacert, &url("/"), None, None).0, 0);
     srv.stop();
 }
+
+/// Text boxes of the visible view under `scopes` (CSS selectors) that
+/// overlap another: each text node's line boxes (an SVG `<text>`'s box),
+/// hidden ones left out; answers the overlapping pairs' texts.
+const OVERLAPS_JS: &str = r#"
+const scopes = arguments[0];
+const boxes = [];
+for (const sel of scopes) {
+  for (const root of document.querySelectorAll(sel)) {
+    if (!root.offsetParent && root.tagName !== 'svg') continue;
+    const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      const el = n.parentElement;
+      if (!n.textContent.trim() || el.closest('title')) continue;
+      const cs = getComputedStyle(el);
+      if (cs.visibility === 'hidden' || cs.display === 'none' || !el.getClientRects().length) continue;
+      let rects;
+      if (el instanceof SVGElement) rects = [el.getBoundingClientRect()];
+      else { const r = document.createRange(); r.selectNodeContents(n); rects = [...r.getClientRects()]; }
+      for (const r of rects) if (r.width > 0 && r.height > 0) boxes.push({ t: n.textContent.trim(), r });
+    }
+  }
+}
+const out = [];
+for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+  const a = boxes[i].r, b = boxes[j].r;
+  const ix = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+  const iy = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+  if (ix > 0.5 && iy > 0.5) out.push(boxes[i].t + ' / ' + boxes[j].t);
+}
+return { boxes: boxes.length, overlaps: out };
+"#;
+
+impl Browser {
+    fn set_width(&self, width: u32) {
+        self.call(
+            "POST",
+            &self.s("/window/rect"),
+            Some(json!({"width": width, "height": 1400})),
+        );
+    }
+
+    /// Wait for the page's next update (a redraw at the current size).
+    fn next_update(&self) {
+        let n = self.js("return Number(document.body.dataset.updates || 0)");
+        let n = n.as_f64().unwrap_or(0.0) + 3.0;
+        self.wait(
+            "three more updates",
+            &format!("Number(document.body.dataset.updates) >= {n}"),
+        );
+    }
+
+    /// No two text boxes under `scopes` overlap.
+    fn assert_no_overlap(&self, scopes: &[&str], what: &str) {
+        let v = self.call(
+            "POST",
+            &self.s("/execute/sync"),
+            Some(json!({"script": OVERLAPS_JS, "args": [scopes]})),
+        );
+        assert!(
+            v["boxes"].as_u64().unwrap() > 10,
+            "{what}: too few text boxes: {v}"
+        );
+        assert_eq!(v["overlaps"], json!([]), "{what}: overlapping text");
+    }
+}
+
+/// Performance charts drawn from a fio run (a fast sampling interval),
+/// on the overview and on the disk's page, with no text over other text
+/// at 800 and 1,400 px; the charts' API; no action form on a server
+/// without an action token.
+#[test]
+fn the_dashboard_charts_performance_without_overlapping_text() {
+    if !have("chromium") || !have("chromedriver") || !have("fio") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "vm1", "--size", "64M"]);
+    let addr = free_addr();
+    let _srv = common::Server::start_env(
+        &s,
+        &["--http", &addr],
+        &[("STRATA_CHART_INTERVAL_MS", "200")],
+    );
+    wait_http(&addr);
+    let fio = Command::new("fio")
+        .args([
+            "--name=charts",
+            "--ioengine=nbd",
+            &format!("--uri={}", s.uri("vm1")),
+            "--rw=randrw",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=4",
+            "--time_based",
+            "--runtime=4",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(fio.success());
+    std::thread::sleep(Duration::from_millis(500));
+
+    // The API: points at the interval, with rates, latencies and space.
+    let c = api_get(&addr, "/charts?range=hour&export=vm1");
+    assert_eq!(c["interval_s"], json!(0.2), "{c}");
+    let pts = c["points"].as_array().unwrap();
+    assert!(pts.len() > 10, "{c}");
+    assert!(pts.iter().any(|p| p["write_iops"].as_f64().unwrap() > 0.0
+        && p["read_iops"].as_f64().unwrap() > 0.0
+        && p["write_p99_us"].as_u64().is_some()));
+    assert!(
+        pts.last().unwrap()["used_bytes"].as_u64().unwrap() > 0,
+        "{c}"
+    );
+    let total = api_get(&addr, "/charts");
+    assert!(total["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["write_bps"].as_f64().unwrap() > 0.0));
+    assert!(
+        total["points"][0]["used_bytes"].as_u64().is_some(),
+        "{total}"
+    );
+    assert_eq!(
+        api_get(&addr, "/charts?range=day")["interval_s"],
+        json!(6.0)
+    );
+    let (st, _) = http(&addr, "GET", "/api/v1/charts?export=nope", &[], "");
+    assert_eq!(st, 404);
+    let (st, _) = http(&addr, "GET", "/api/v1/charts?range=week", &[], "");
+    assert_eq!(st, 400);
+    let w = api_get(&addr, "/stats/vm1?window=300");
+    assert!(w["vm1"]["write"]["commands"].as_u64().unwrap() > 0, "{w}");
+    assert!(
+        w["vm1"]["latency"]["write"]["count"].as_u64().unwrap() > 0,
+        "{w}"
+    );
+
+    let b = Browser::start();
+    b.go(&format!("http://{addr}/"));
+    let drawn = "document.querySelector('#chart-iops svg') && Number(document.querySelector('#chart-iops svg').dataset.points) > 10 && Number(document.querySelector('#chart-iops path[data-series=\"write_iops\"]').dataset.n) > 10 && Number(document.querySelector('#chart-latency path[data-series=\"write_p99_us\"]').dataset.n) > 3";
+    b.wait("the datastore's charts", drawn);
+    assert!(
+        b.text("#chart-space").contains("iB"),
+        "{}",
+        b.text("#chart-space")
+    );
+    // No action form on a read-only server.
+    assert!(b.text("#lock").contains("read-only"));
+    for width in [800, 1400] {
+        b.set_width(width);
+        b.js("location.hash = '#/'");
+        b.wait(
+            "the overview",
+            "!document.querySelector('#overview-view').hidden",
+        );
+        b.wait("the datastore's charts", drawn);
+        b.next_update();
+        b.assert_no_overlap(
+            &["#perf-overview", "#gauges"],
+            &format!("overview at {width} px"),
+        );
+        b.js("document.querySelector('#perf-overview').scrollIntoView()");
+        b.screenshot(&format!("charts-overview-{width}"));
+        b.js("location.hash = '#/disk/vm1'");
+        b.wait("the disk's charts", &format!("!document.querySelector('#disk-view').hidden && document.querySelector('#perf-disk #chart-iops') && {drawn}"));
+        b.wait("the histograms", "document.querySelector('#hist-latency')");
+        assert_eq!(
+            b.js("return [...document.querySelectorAll('form.action, #tree button')].filter((e) => e.offsetParent).length"),
+            json!(0),
+            "an action form on a read-only server"
+        );
+        b.next_update();
+        b.assert_no_overlap(
+            &["#perf-disk", "#histograms", "#live"],
+            &format!("disk page at {width} px"),
+        );
+        b.js("document.querySelector('#perf-disk').scrollIntoView()");
+        b.screenshot(&format!("charts-disk-{width}"));
+    }
+    // The day's range and the last 5 minutes' histograms.
+    b.click("#perf-disk button[data-range=\"day\"]");
+    b.wait(
+        "the day's chart",
+        "document.querySelector('#perf-disk button.on').dataset.range === 'day'",
+    );
+    b.js("const s = document.querySelector('#hist-window'); s.value = '300'; s.dispatchEvent(new Event('change'));");
+    b.wait(
+        "the window's histograms",
+        "document.querySelector('#histograms').dataset.source === 'window' && document.querySelector('#hist-latency')",
+    );
+}

@@ -391,7 +391,8 @@ fn snapshot_clone_gc_and_check_across_two_serving_hosts() {
     );
     assert!(ok, "{w}");
 
-    let out = a.ok(&["snapshot", "delete", "golden", "base"]);
+    // vm1 came from it: forced (it keeps its data; docs/INTERLOCKS.md).
+    let out = a.ok(&["snapshot", "delete", "golden", "base", "--force"]);
     assert!(out.contains("deleted snapshot golden@base"), "{out}");
     // A's 0x64 write, overwritten: its commit's manifest, which carried
     // its grains (FORMAT.md §11.4a), is reached by nothing.

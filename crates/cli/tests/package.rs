@@ -172,6 +172,8 @@ fn make_deb_builds_a_package_dpkg_installs() {
         "./usr/share/doc/strata/copyright",
         "./usr/share/strata/quiesce-hooks/virsh-fsfreeze",
         "./usr/share/strata/quiesce-hooks/host-fsfreeze",
+        "./usr/share/strata/backup/backup-nightly",
+        "./usr/share/strata/backup/restore",
     ] {
         assert!(
             contents.contains(f),
@@ -200,8 +202,13 @@ fn make_deb_builds_a_package_dpkg_installs() {
     let installed = inst.join("usr/bin/strata");
     assert_eq!(out(Command::new(&installed).arg("--version")), version);
     // The quiesce hooks run as programs.
-    for hook in ["virsh-fsfreeze", "host-fsfreeze"] {
-        let p = inst.join("usr/share/strata/quiesce-hooks").join(hook);
+    for hook in [
+        "quiesce-hooks/virsh-fsfreeze",
+        "quiesce-hooks/host-fsfreeze",
+        "backup/backup-nightly",
+        "backup/restore",
+    ] {
+        let p = inst.join("usr/share/strata").join(hook);
         let mode = std::os::unix::fs::PermissionsExt::mode(&p.metadata().unwrap().permissions());
         assert_eq!(mode & 0o777, 0o755, "{}", p.display());
     }

@@ -585,3 +585,61 @@ fn a_full_clone_takes_a_rate_and_a_cancelled_one_leaves_no_disk() {
     s.ok(&["clone", "vm", "c", "--full", "--rate", "1G"]);
     qemu_io_ok(&["-f", "raw"], &s.uri("c"), &["read -P 7 0 32M"]);
 }
+
+/// The jobs list outlives its server (jobs.json): finished jobs are
+/// listed after a restart, newest first with their times and target, a
+/// job that was running when the server was killed reads interrupted,
+/// ids go on from the last, and an earlier server's job cannot be acted
+/// on.
+#[test]
+fn jobs_are_kept_across_restarts_and_a_killed_servers_job_reads_interrupted() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "64M"]);
+    let srv = s.serve();
+    let done = s.json(&["punchzero", "vm"]);
+    assert_eq!(done["disk"], "vm", "{done}");
+    let first = s.json(&["jobs"])[0].clone();
+    assert_eq!(first["state"], "done", "{first}");
+    let slow = [
+        "convert",
+        "vm",
+        "--type",
+        "eagerzeroedthick",
+        "--rate",
+        "4M",
+    ];
+    let started = s.json(&[&slow[..], &["--detach"]].concat());
+    let id = started["id"].as_u64().unwrap();
+    assert!(id > first["id"].as_u64().unwrap());
+    wait_state(&s, id, "running");
+    srv.kill9();
+
+    let srv = s.serve();
+    let jobs = s.json(&["jobs"]);
+    let j = jobs[0].clone();
+    assert_eq!(j["id"], id, "newest first: {jobs}");
+    assert_eq!(j["state"], "interrupted", "{j}");
+    assert_eq!(j["target"], "vm", "{j}");
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("stopped while it ran"),
+        "{j}"
+    );
+    assert_eq!(jobs[1]["id"], first["id"]);
+    assert!(jobs[1]["finished_unix"].as_u64().is_some(), "{jobs}");
+    let e = s.fails(&["jobs", "cancel", &id.to_string()]);
+    assert!(e.contains("earlier server"), "{e}");
+    let table = s.ok(&["jobs"]);
+    assert!(table.contains("interrupted"), "{table}");
+    // A new job's id goes on from the last one's.
+    // (vm is zeroedthick now: the convert's first step was done.)
+    s.ok(&["create", "other", "--size", "8M"]);
+    let again = s.json(&["punchzero", "other", "--detach"]);
+    assert!(again["id"].as_u64().unwrap() > id, "{again}");
+    wait_state(&s, again["id"].as_u64().unwrap(), "done");
+    srv.stop();
+    let _srv = s.serve();
+    assert_eq!(s.json(&["jobs"]).as_array().unwrap().len(), 3);
+}

@@ -128,6 +128,8 @@ function askToken() {
 function showLock() {
   const l = $('#lock');
   l.replaceChildren();
+  // No action can succeed here: no action form is shown.
+  document.body.classList.toggle('read-only', !info.actions || info.granted === 'read');
   const forget = () => {
     token = null;
     sessionStorage.removeItem(TOKEN_KEY);
@@ -168,6 +170,8 @@ async function perform(what, method, path, body, confirmText) {
 let info = { actions: false, shared: false };
 let route = { view: 'overview' };
 let lastStats = null;  // { t, data }
+let histWindow = 'since';  // the histograms: 'since' start or reset, or '300' s
+let windowStats = null;
 let tick = 0;
 
 function parseRoute() {
@@ -459,12 +463,15 @@ function histogram(key, title, pair) {
     rb.style.height = (100 * b.count / max) + '%';
     wb.style.height = (100 * wc / max) + '%';
     bars.append(h('div', { class: 'bucket' }, rb, wb));
-    labels.append(h('span', { text: i % every === 0 || i === r.buckets.length - 1 ? b.label : '', title: b.label }));
+    const lastOne = i === r.buckets.length - 1;
+    labels.append(h('span', { text: i % every === 0 || lastOne ? b.label : '', title: b.label, class: lastOne ? 'last' : '' }));
   });
+  const yaxis = h('div', { class: 'yaxis' }, h('span', { text: String(max) }), h('span', { text: String(Math.round(max / 2)) }), h('span', { text: '0' }));
   return h('div', { class: 'hist', id: 'hist-' + key, 'data-total': r.count + w.count },
     h('h4', { text: title }),
-    h('div', { class: 'legend' }, h('span', { class: 'r', text: 'read ' + r.count }), h('span', { class: 'w', text: 'write ' + w.count })),
-    bars, labels);
+    h('div', { class: 'legend' }, h('span', { class: 'r', text: 'read ' + r.count }), h('span', { class: 'w', text: 'write ' + w.count }),
+      h('span', { class: 'muted', text: ' (commands per bucket)' })),
+    h('div', { class: 'plot' }, yaxis, h('div', { class: 'plotarea' }, bars, labels)));
 }
 
 function renderLive(name, s, x) {
@@ -488,7 +495,151 @@ function renderLive(name, s, x) {
     fact('ops-total', 'reads / writes', s.read.commands + ' / ' + s.write.commands),
     fact('errors', 'errors', s.errors));
   const hs = $('#histograms');
-  hs.replaceChildren(...HISTOGRAMS.map(([k, t]) => histogram(k, t, s[k])));
+  const hsrc = histWindow === 'since' ? s : (windowStats || s);
+  hs.replaceChildren(...HISTOGRAMS.map(([k, t]) => histogram(k, t, hsrc[k])));
+  hs.dataset.source = hsrc === s ? 'since' : 'window';
+  thinLabels(hs);
+}
+
+// ---- performance charts ------------------------------------------------------
+
+// Line charts of GET /api/v1/charts, drawn as inline SVG. The SVG's
+// coordinates are fixed (W x H) and it scales as a whole, so its text never
+// crowds whatever the window's width.
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const CW = 360, CH = 150, LEFT = 62, RIGHT = 8, TOP = 8, BOTTOM = 20;
+let chartRange = 'hour';
+
+function svg(tag, attrs, ...kids) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === 'text') el.textContent = v; else el.setAttribute(k, v);
+  }
+  for (const kid of kids) if (kid) el.append(kid);
+  return el;
+}
+
+// A round ceiling: 1, 2 or 5 times a power of ten.
+function niceCeil(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+// Axis formats: each takes the axis's top value and gives a function of a value.
+const AXES = {
+  count: () => (v) => v >= 1e6 ? (v / 1e6) + 'M' : v >= 1e3 ? (v / 1e3) + 'k' : String(+v.toFixed(2)),
+  rate: (top) => {
+    const u = [['B/s', 1], ['KiB/s', 1024], ['MiB/s', 1048576], ['GiB/s', 1073741824]];
+    let i = 0;
+    while (i < u.length - 1 && top >= u[i + 1][1]) i++;
+    return (v) => +(v / u[i][1]).toFixed(2) + ' ' + u[i][0];
+  },
+  us: (top) => top >= 1000 ? (v) => +(v / 1000).toFixed(2) + ' ms' : (v) => +v.toFixed(1) + ' µs',
+  bytes: () => (v) => bytes(v),
+};
+
+// The top of a chart's y axis: a round number of the axis's own unit.
+function axisTop(kind, max) {
+  if (kind === 'rate' || kind === 'bytes') {
+    let unit = 1;
+    while (max / unit >= 1024) unit *= 1024;
+    return niceCeil(max / unit) * unit;
+  }
+  return niceCeil(max);
+}
+
+function hhmm(unix, seconds) {
+  const d = new Date(unix * 1000);
+  const two = (n) => String(n).padStart(2, '0');
+  return two(d.getHours()) + ':' + two(d.getMinutes()) + (seconds ? ':' + two(d.getSeconds()) : '');
+}
+
+// One chart: `lines` are [label, class, key]; `kind` an AXES key.
+function lineChart(id, title, points, lines, kind) {
+  const pw = CW - LEFT - RIGHT, ph = CH - TOP - BOTTOM;
+  let max = 0;
+  for (const p of points) for (const [, , k] of lines) if (p[k] !== null && p[k] !== undefined) max = Math.max(max, p[k]);
+  const top = axisTop(kind, max);
+  const fmt = AXES[kind](top);
+  // Points are one interval apart: placed by their index (t_unix is whole
+  // seconds, coarser than a test's interval).
+  const last = Math.max(1, points.length - 1);
+  const x = (i) => LEFT + (points.length > 1 ? i / last : 1) * pw;
+  const secs = points.length > 1 && points[points.length - 1].t_unix - points[0].t_unix < 120;
+  const y = (v) => TOP + ph - (v / top) * ph;
+  const g = svg('svg', { viewBox: '0 0 ' + CW + ' ' + CH, class: 'chart', role: 'img', 'aria-label': title,
+    'data-points': points.length });
+  for (const f of [0, 0.5, 1]) {
+    const yy = y(top * f);
+    g.append(svg('line', { x1: LEFT, x2: CW - RIGHT, y1: yy, y2: yy, class: f ? 'grid' : 'axis' }));
+    g.append(svg('text', { x: LEFT - 4, y: yy + 3.5, 'text-anchor': 'end', class: 'tick', text: fmt(top * f) }));
+  }
+  g.append(svg('line', { x1: LEFT, x2: LEFT, y1: TOP, y2: TOP + ph, class: 'axis' }));
+  if (points.length) {
+    const n = points.length - 1;
+    const ticks = n > 1 ? [[0, 'start'], [Math.round(n / 2), 'middle'], [n, 'end']] : [[n, 'end']];
+    for (const [i, anchor] of ticks) {
+      g.append(svg('text', { x: x(i), y: CH - 5, 'text-anchor': anchor, class: 'tick', text: hhmm(points[i].t_unix, secs) }));
+    }
+  }
+  for (const [label, cls, k] of lines) {
+    let d = '', n = 0;
+    points.forEach((p, i) => {
+      const v = p[k];
+      if (v === null || v === undefined) return;
+      d += (n ? 'L' : 'M') + x(i).toFixed(1) + ' ' + y(v).toFixed(1);
+      n++;
+    });
+    if (n === 1) d += 'h1';
+    g.append(svg('path', { d: d || 'M0 0', class: 'line ' + cls, 'data-n': n, 'data-series': k },
+      svg('title', { text: label })));
+  }
+  const legend = h('div', { class: 'legend' }, ...lines.map(([label, cls]) => h('span', { class: 'key ' + cls, text: label })));
+  return h('div', { class: 'chart-box', id }, h('h4', { text: title }), g, legend);
+}
+
+function renderPerf(box, charts, what) {
+  const pts = (charts && charts.points) || [];
+  const per = charts ? (charts.interval_s >= 60 ? (charts.interval_s / 60) + ' min' : charts.interval_s + ' s') : '-';
+  const toggle = h('span', { class: 'range' },
+    ...['hour', 'day'].map((r) => h('button', { text: 'last ' + r, class: r === chartRange ? 'on' : '', 'data-range': r,
+      onclick: () => { chartRange = r; drawn.delete('perf'); refresh(true); } })));
+  const note = h('span', { class: 'muted', text: pts.length ? what + ', one point per ' + per : 'no points yet (one every ' + per + ')' });
+  box.replaceChildren(h('div', { class: 'perf-head' }, toggle, note),
+    h('div', { class: 'charts' },
+      lineChart('chart-iops', 'IOPS', pts, [['read', 'read', 'read_iops'], ['write', 'write', 'write_iops']], 'count'),
+      lineChart('chart-bps', 'throughput', pts, [['read', 'read', 'read_bps'], ['write', 'write', 'write_bps']], 'rate'),
+      lineChart('chart-latency', 'latency', pts, [['read p50', 'read', 'read_p50_us'], ['read p99', 'read p99', 'read_p99_us'],
+        ['write p50', 'write', 'write_p50_us'], ['write p99', 'write p99', 'write_p99_us']], 'us'),
+      lineChart('chart-space', what === 'datastore' ? 'space used' : 'allocated', pts, [['bytes', 'space', 'used_bytes']], 'bytes')));
+}
+
+async function refreshPerf(box, exportName) {
+  const q = '/charts?range=' + chartRange + (exportName ? '&export=' + enc(exportName) : '');
+  const c = await get(q).catch(() => null);
+  if (changed('perf', [q, c])) renderPerf(box, c, exportName ? 'this disk' : 'datastore');
+}
+
+// Hide the labels under a histogram that would overlap the one before.
+function thinLabels(root) {
+  for (const row of root.querySelectorAll('.labels')) {
+    let right = -Infinity;
+    for (const span of row.children) {
+      span.style.visibility = '';
+      if (!span.textContent) continue;
+      const r = textBox(span);
+      if (r.left < right + 4) { span.style.visibility = 'hidden'; continue; }
+      right = r.right;
+    }
+  }
+}
+
+function textBox(span) {
+  const range = document.createRange();
+  range.selectNodeContents(span);
+  return range.getBoundingClientRect();
 }
 
 // ---- one disk -------------------------------------------------------------
@@ -599,6 +750,7 @@ async function refresh(all) {
     if (route.view === 'overview') {
       renderIoTable(r);
       if (slow) {
+        await refreshPerf($('#perf-overview'), null);
         const [status, disks, alarms, jobs, events] = await Promise.all([
           get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => []),
           get('/events?limit=' + EVENTS_SHOWN).catch(() => [])]);
@@ -618,8 +770,12 @@ async function refresh(all) {
       }
     } else {
       const name = route.disk;
+      if (histWindow !== 'since' && slow) {
+        windowStats = await get('/stats/' + enc(name) + '?window=' + histWindow).then((w) => w[name]).catch(() => null);
+      }
       renderLive(name, statsNow[name], r[name]);
       if (slow) {
+        await refreshPerf($('#perf-disk'), name);
         const [d, snaps] = await Promise.all([get('/disks/' + enc(name)), get('/disks/' + enc(name) + '/snapshots')]);
         if (changed('disk', d)) renderDiskFacts(d);
         if (changed('tree', [name, snaps, d.current_snapshot])) renderTree(name, snaps, d.current_snapshot ?? undefined);
@@ -681,6 +837,7 @@ async function main() {
   document.body.classList.toggle('shared', !!info.shared);
   showLock();
   wireForms();
+  $('#hist-window').addEventListener('change', (ev) => { histWindow = ev.target.value; windowStats = null; refresh(true); });
   parseRoute();
   window.addEventListener('hashchange', () => { parseRoute(); lastStats = null; drawn.clear(); refresh(true); });
   await refresh(true);

@@ -130,6 +130,20 @@ pub struct Handler {
 impl Handler {
     /// Run one request here (a job's too, in this thread), asked by
     /// `actor` (the event log's: `events`).
+    /// Run `f` with this handler's request context, without an actor (a
+    /// request `f` runs logs its own).
+    pub fn with_ctx(&self, f: &mut dyn FnMut(&Ctx<'_>)) {
+        f(&Ctx {
+            ds: &*self.ds,
+            stats: Some(&self.stats),
+            jobs: Some(&*self.jobs),
+            control: None,
+            mover: self.mover.as_deref().map(|m| m as &dyn Mover),
+            clients: Some(&self.clients),
+            actor: None,
+        })
+    }
+
     pub fn run(
         &self,
         req: &Request,

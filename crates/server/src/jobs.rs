@@ -1,8 +1,10 @@
 //! Long operations of a running server as jobs: each runs in its own
 //! thread, outlives the command that started it (a CLI that goes away, by
 //! Ctrl-C or `--detach`, leaves it running), and can be listed, paused,
-//! resumed and cancelled (`strata jobs`).
+//! resumed and cancelled (`strata jobs`). The list outlives the server:
+//! `jobs.json` keeps it across restarts (docs/FORMAT.md §14).
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -12,12 +14,26 @@ use strata_engine::{Error, ErrorKind, WorkControl};
 
 use crate::ops::{execute, Ctx, JobList, Mover};
 
-/// Finished jobs kept for `strata jobs`, at most.
-const FINISHED_KEPT: usize = 32;
+/// Finished jobs kept for `strata jobs` (and in `jobs.json`), at most.
+const FINISHED_KEPT: usize = 100;
+
+/// The file in the datastore's (local) directory that keeps the jobs.
+const FILE: &str = "jobs.json";
+
+/// What `jobs.json` holds.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct JobsFile {
+    /// Below the next job's id: ids are never reused.
+    last_id: u64,
+    /// Newest first.
+    jobs: Vec<JobInfo>,
+}
 
 pub struct Job {
     pub id: u64,
     what: String,
+    /// What it works on (the event log's target).
+    target: String,
     /// Who started it (the event log's `job_started` and `job_finished`).
     actor: String,
     started_unix: u64,
@@ -55,6 +71,7 @@ impl Job {
         JobInfo {
             id: self.id,
             what: self.what.clone(),
+            target: self.target.clone(),
             state,
             done: st.done,
             total: st.total,
@@ -129,6 +146,13 @@ const STOPPED_BY_CANCEL: &str = "stopped by 'strata jobs cancel'";
 pub struct Jobs {
     next: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
+    /// Jobs of the servers before this one (from `jobs.json`), newest
+    /// first, trimmed with this server's.
+    earlier: Mutex<Vec<JobInfo>>,
+    /// Where `jobs.json` is (None: kept in memory only).
+    dir: Option<PathBuf>,
+    /// One writer of `jobs.json` at a time.
+    saving: Mutex<()>,
     /// The server's placement of disks (moves run through it).
     mover: Option<Arc<dyn Mover + Send + Sync>>,
 }
@@ -141,10 +165,41 @@ fn now_unix() -> u64 {
 }
 
 impl Jobs {
-    pub fn with_mover(mover: Arc<dyn Mover + Send + Sync>) -> Jobs {
+    /// The jobs of a server of the datastore in `dir` (its local
+    /// directory): those of earlier servers from `jobs.json`, a job that
+    /// was running when its server stopped listed as interrupted.
+    pub fn open(dir: &Path, mover: Arc<dyn Mover + Send + Sync>) -> Jobs {
+        let file = load(dir);
         Jobs {
+            next: AtomicU64::new(file.last_id),
+            earlier: Mutex::new(file.jobs),
+            dir: Some(dir.to_path_buf()),
             mover: Some(mover),
             ..Default::default()
+        }
+    }
+
+    /// Every job, newest first: this server's, then earlier servers'.
+    fn infos(&self) -> Vec<JobInfo> {
+        let mut all: Vec<JobInfo> = self.list.lock().iter().map(|j| j.info()).collect();
+        all.extend(self.earlier.lock().iter().cloned());
+        all.sort_by_key(|j| std::cmp::Reverse(j.id));
+        all
+    }
+
+    /// Write `jobs.json` (all jobs as listed now); a failure is logged
+    /// and the list kept in memory.
+    fn save(&self) {
+        let Some(dir) = &self.dir else {
+            return;
+        };
+        let _one = self.saving.lock();
+        let file = JobsFile {
+            last_id: self.next.load(Ordering::Relaxed),
+            jobs: self.infos(),
+        };
+        if let Err(e) = write_atomically(&dir.join(FILE), &file) {
+            tracing::warn!("jobs: cannot write {}: {e}", dir.join(FILE).display());
         }
     }
 
@@ -193,25 +248,33 @@ impl Jobs {
             st.finished_unix = Some(now_unix());
         }
         j.changed.notify_all();
+        self.save();
     }
 
-    /// List `job`, forgetting the oldest finished ones past FINISHED_KEPT.
+    /// List `job`, forgetting the oldest finished ones past FINISHED_KEPT
+    /// (earlier servers' first), and save the list.
     fn list_and_trim(&self, job: &Arc<Job>) {
-        let mut list = self.list.lock();
-        list.push(job.clone());
-        let finished = list
-            .iter()
-            .filter(|j| j.state.lock().result.is_some())
-            .count();
-        let mut drop_n = finished.saturating_sub(FINISHED_KEPT);
-        list.retain(|j| {
-            if drop_n > 0 && j.state.lock().result.is_some() {
-                drop_n -= 1;
-                false
-            } else {
-                true
-            }
-        });
+        {
+            let mut list = self.list.lock();
+            list.push(job.clone());
+            let finished = list
+                .iter()
+                .filter(|j| j.state.lock().result.is_some())
+                .count();
+            let mut earlier = self.earlier.lock();
+            let room = FINISHED_KEPT.saturating_sub(finished);
+            earlier.truncate(room);
+            let mut drop_n = finished.saturating_sub(FINISHED_KEPT);
+            list.retain(|j| {
+                if drop_n > 0 && j.state.lock().result.is_some() {
+                    drop_n -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.save();
     }
 
     /// Start `req`, asked by `actor`, as a job in its own thread.
@@ -233,6 +296,7 @@ impl Jobs {
         let job = Arc::new(Job {
             id,
             what: req.describe(),
+            target: req.event_target(),
             actor: actor.to_string(),
             started_unix: now_unix(),
             control: Arc::new(WorkControl::default()),
@@ -280,7 +344,7 @@ impl Jobs {
 
 impl JobList for Jobs {
     fn list(&self) -> Vec<JobInfo> {
-        self.list.lock().iter().map(|j| j.info()).collect()
+        self.infos()
     }
 
     /// Pause, resume or cancel job `id`.
@@ -291,11 +355,18 @@ impl JobList for Jobs {
             .iter()
             .find(|j| j.id == id)
             .cloned()
-            .ok_or_else(|| {
-                Error::new(
+            .ok_or_else(|| match self.earlier.lock().iter().find(|j| j.id == id) {
+                Some(j) => Error::new(
+                    ErrorKind::Refused,
+                    format!(
+                        "job {id} ({}) ran under an earlier server and has ended",
+                        j.what
+                    ),
+                ),
+                None => Error::new(
                     ErrorKind::NotFound,
                     format!("no job {id} (see 'strata jobs')"),
-                )
+                ),
             })?;
         if job.state.lock().result.is_some() {
             return Err(Error::new(
@@ -319,4 +390,63 @@ impl JobList for Jobs {
         }
         Ok(job.info())
     }
+}
+
+/// `jobs.json` in `dir`: none (or an unreadable one, set aside with a
+/// warning) is an empty list; jobs an earlier server was running when it
+/// stopped are interrupted.
+fn load(dir: &Path) -> JobsFile {
+    let path = dir.join(FILE);
+    let mut file: JobsFile = match std::fs::read(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return JobsFile::default(),
+        Err(e) => {
+            tracing::warn!(
+                "jobs: cannot read {}: {e}; earlier jobs not listed",
+                path.display()
+            );
+            return JobsFile::default();
+        }
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                let aside = dir.join(format!("{FILE}.bad"));
+                let _ = std::fs::rename(&path, &aside);
+                tracing::warn!(
+                    "jobs: {} is unreadable ({e}); set aside as {}",
+                    path.display(),
+                    aside.display()
+                );
+                return JobsFile::default();
+            }
+        },
+    };
+    for j in &mut file.jobs {
+        if matches!(
+            j.state,
+            JobState::Running | JobState::Paused | JobState::Cancelling
+        ) {
+            j.state = JobState::Interrupted;
+            j.error = Some(
+                "the server stopped while it ran; what it did stays, run it again for the rest"
+                    .into(),
+            );
+        }
+    }
+    file.last_id = file.jobs.iter().map(|j| j.id).fold(file.last_id, u64::max);
+    file
+}
+
+/// Write `value` as JSON to `path` so that a crash leaves the old file or
+/// the new one: a temporary file beside it, synced, renamed over it.
+fn write_atomically(path: &Path, value: &JobsFile) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
 }

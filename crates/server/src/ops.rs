@@ -8,6 +8,8 @@ use strata_api::wire::Watch;
 use strata_api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
 use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
+
+pub mod schedules;
 use strata_engine::{Error, ErrorKind, FullClone, SpaceWork, WorkControl};
 
 /// What a request runs against: the datastore (either kind) and, inside a
@@ -318,6 +320,10 @@ fn execute_here(
         Request::Events { limit, target } => {
             crate::events::answer(ctx.ds.dir(), *limit, target.as_deref()).map(Response::Events)
         }
+        Request::ScheduleAdd { .. }
+        | Request::ScheduleList
+        | Request::ScheduleRemove { .. }
+        | Request::ScheduleRun { .. } => crate::ops::schedules::request(ctx, req),
         _ => match common(ctx.ds, req, progress) {
             Some(r) => r,
             None => maintenance(ctx, req, progress),

@@ -246,7 +246,9 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
             g
         }),
         registry,
-        handler.map(|h| h as Arc<dyn crate::web::Backend>),
+        handler
+            .map(|h| h as Arc<dyn crate::web::Backend>)
+            .zip(home.clone()),
         &mut up.banner,
     )?;
     let names = up.export_names();
@@ -357,7 +359,7 @@ fn start_datastore(
         ds: home.ds.clone(),
         vmdks: vmdk_exports(home.opened),
         stats: home.registry.clone(),
-        jobs: Arc::new(crate::jobs::Jobs::with_mover(places.clone())),
+        jobs: Arc::new(crate::jobs::Jobs::open(home.ds.dir(), places.clone())),
         mover: Some(places),
         clients: Arc::default(),
     });
@@ -367,7 +369,13 @@ fn start_datastore(
         home.opened,
         &vec![Some(ctl_path.clone()); home.opened.len()],
     );
-    up.background = Some(Background::start(home.ds, dir, args, &up.stop));
+    let mut background = Background::start(home.ds, dir, args, &up.stop);
+    // Scheduled snapshots, through the handler's request path.
+    let h = handler.clone();
+    let with_ctx: crate::ops::schedules::WithCtx = Arc::new(move |f| h.with_ctx(f));
+    let runner = crate::ops::schedules::spawn(with_ctx, up.stop.clone());
+    background.threads.push(runner);
+    up.background = Some(background);
     say!(up.banner, "strata: serving {}", home.ds.describe());
     Ok(handler)
 }
@@ -797,14 +805,16 @@ fn http_tokens(args: &ServeConfig, local: bool) -> Result<crate::web::Tokens, Er
 }
 
 /// Serve `/metrics`, the dashboard and the API (`web`) when `--http` is
-/// given; `backend` None: a server without a datastore (metrics only).
+/// given; `backend` None: a server without a datastore (metrics only),
+/// else with the datastore whose exports the charts sample.
 pub(crate) fn start_http(
     args: &ServeConfig,
     gauges: crate::web::GaugeFn,
     registry: Arc<StatsRegistry>,
-    backend: Option<Arc<dyn crate::web::Backend>>,
+    backend: Option<(Arc<dyn crate::web::Backend>, crate::placement::Store)>,
     banner: &mut Vec<String>,
 ) -> Result<HttpThread, Error> {
+    let (backend, charts_of) = backend.unzip();
     let Some(a) = &args.http else {
         return Ok(None);
     };
@@ -820,8 +830,19 @@ pub(crate) fn start_http(
     let scheme = if https { "https" } else { "http" };
     let reads_need_token = tokens.reads_need_token;
     let has_backend = backend.is_some();
-    let web = crate::web::Web::new(gauges, registry, backend, tokens, https);
-    let h = crate::web::start(&bind, web, tls)?;
+    let mut web = crate::web::Web::new(gauges, registry.clone(), backend, tokens, https);
+    // Charts of a datastore's exports, sampled while the listener runs.
+    let sampler = match charts_of {
+        Some(ds) => {
+            let (charts, sampler) = crate::web::charts::start(registry, ds)
+                .map_err(|e| io_err("spawn the charts' sampler", e))?;
+            web.charts = Some(charts);
+            Some(sampler)
+        }
+        _ => None,
+    };
+    let mut h = crate::web::start(&bind, web, tls)?;
+    h.sampler = sampler;
     let addr = h.addr;
     if has_backend {
         say!(

@@ -36,6 +36,7 @@ const STYLE_CSS: &str = include_str!("../assets/style.css");
 
 mod actions;
 mod audit;
+pub(crate) mod charts;
 use actions::{action, action_status};
 use audit::Peer;
 
@@ -72,6 +73,8 @@ pub(crate) struct Web {
     pub https: bool,
     /// This machine's name, accepted in `Host` headers besides addresses.
     pub host_name: String,
+    /// Performance over time (None: none kept, no datastore).
+    pub charts: Option<Arc<strata_stats::Charts>>,
 }
 
 /// The tokens a listener checks.
@@ -119,6 +122,7 @@ impl Web {
             reads_need_token: tokens.reads_need_token,
             https,
             host_name: own_host_name(),
+            charts: None,
         }
     }
 
@@ -231,6 +235,8 @@ pub(crate) struct HttpServer {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The TLS configuration new connections get (HTTPS only).
     tls: Option<Arc<parking_lot::RwLock<Arc<rustls::ServerConfig>>>>,
+    /// The charts' sampler, stopped with the listener.
+    pub sampler: Option<strata_stats::Sampler>,
 }
 
 /// The configuration of an HTTPS listener: `config` (from
@@ -256,6 +262,7 @@ impl HttpServer {
     /// Stop listening; requests being answered finish, idle connections
     /// close (waiting about a second at most).
     pub fn stop(mut self) {
+        self.sampler = None;
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -344,6 +351,7 @@ pub(crate) fn start(
         stop: Some(tx),
         thread: Some(thread),
         tls,
+        sampler: None,
     })
 }
 
@@ -811,6 +819,10 @@ fn get_request(
             reset: false,
             recording: None,
         },
+        ["charts"] => return Err(Box::new(charts::chart_response(web, query))),
+        ["stats", e] if charts::window_asked(query) => {
+            return Err(Box::new(charts::window_response(web, e, query)))
+        }
         ["stats", e] => Request::Stats {
             disk: Some(e.to_string()),
             reset: false,

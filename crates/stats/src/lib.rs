@@ -131,6 +131,7 @@
 //! not reset, so commands running across a reset still balance.
 #![cfg_attr(test, allow(clippy::too_many_lines, clippy::too_many_arguments))] // unit tests are outside the ratchet
 
+pub mod charts;
 mod device;
 mod disk;
 mod histogram;
@@ -140,6 +141,7 @@ mod render;
 #[cfg(test)]
 mod tests;
 
+pub use charts::{ChartPoint, Charts, Sampler};
 pub use device::StatsDevice;
 pub use disk::{Command, DiskStats, CLOSEST_OF};
 pub use histogram::{

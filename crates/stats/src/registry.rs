@@ -62,6 +62,15 @@ impl StatsRegistry {
         self.disks.read().keys().cloned().collect()
     }
 
+    /// Every name with its statistics, sorted by name.
+    pub fn entries(&self) -> Vec<(String, Arc<DiskStats>)> {
+        self.disks
+            .read()
+            .iter()
+            .map(|(name, stats)| (name.clone(), Arc::clone(stats)))
+            .collect()
+    }
+
     /// A snapshot of `name`, if it has statistics.
     pub fn snapshot(&self, name: &str) -> Option<StatsSnapshot> {
         self.get(name).map(|s| s.snapshot())

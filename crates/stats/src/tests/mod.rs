@@ -1,5 +1,6 @@
 //! Tests of the stats crate, with a small in-memory device to wrap.
 
+mod charts;
 mod edges;
 mod output;
 mod workload;
