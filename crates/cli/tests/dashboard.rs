@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::http::{free_addr, free_port, http, request, wait_http};
 use common::tls::{curl, Ca};
-use common::{have, Store};
+use common::{eventually, have, Store};
 use serde_json::{json, Value};
 
 fn api_get(addr: &str, path: &str) -> Value {
@@ -687,6 +687,24 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     let (st, body) = act("POST", "/disks/d/snapshots/s2/rename", json!({"to": "s4"}));
     assert_eq!(st, 200, "{body}");
     assert_eq!(snapshot_names(&s, "d"), ["s1", "s4"]);
+    // Disks made, copied and removed over HTTP as with the CLI.
+    let (st, body) = act("POST", "/disks", json!({"name": "web1", "size": "8M"}));
+    assert_eq!(st, 201, "{body}");
+    assert_eq!(s.json(&["info", "web1"])["size_bytes"], 8 << 20);
+    let (st, body) = act(
+        "POST",
+        "/disks/web1/clones",
+        json!({"name": "web2", "full": true}),
+    );
+    assert_eq!(st, 202, "a full clone is a job: {body}");
+    eventually("the full clone", std::time::Duration::from_secs(30), || {
+        s.cmd(&["info", "web2"]).status.success()
+    });
+    for d in ["web1", "web2"] {
+        let (st, body) = act("DELETE", &format!("/disks/{d}"), json!(null));
+        assert_eq!(st, 200, "{body}");
+    }
+    assert!(!s.disk_names().contains(&"web1".to_string()));
     assert_eq!(
         act("POST", "/disks/d/extend", json!({"size": "lots"})).0,
         400

@@ -1049,5 +1049,29 @@ mod tests {
             action_status(&Method::POST, &["vhost"]).is_none(),
             "not over HTTP"
         );
+        // Disks made, removed, copied and imported (item 7 of issue 62).
+        let b = json!({"name": "n", "size": "1000", "type": "zeroedthick"});
+        let (r, s) = action(&Method::POST, &["disks"], &b).ok().unwrap();
+        assert_eq!(s, 201);
+        assert!(
+            matches!(r, Request::Create { size_bytes: 1024, provisioning, .. }
+            if provisioning == strata_engine::Provisioning::Zeroedthick)
+        );
+        let force = json!({"force": true});
+        let (r, _) = action(&Method::DELETE, &["disks", "d"], &force)
+            .ok()
+            .unwrap();
+        assert!(matches!(r, Request::Remove { force: true, .. }));
+        let full = json!({"name": "c", "full": true});
+        let (r, _) = action(&Method::POST, &["disks", "d", "clones"], &full)
+            .ok()
+            .unwrap();
+        assert!(matches!(r, Request::CloneFull { ref source, .. } if source == "d"));
+        let imp = json!({"path": "/srv/a.vmdk", "name": "a", "format": "vmdk"});
+        let (r, s) = action(&Method::POST, &["imports"], &imp).ok().unwrap();
+        assert_eq!(s, 202);
+        assert!(matches!(r, Request::Import { .. }));
+        let rel = json!({"path": "a.vmdk", "name": "a"});
+        assert!(action(&Method::POST, &["imports"], &rel).is_err());
     }
 }

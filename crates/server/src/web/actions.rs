@@ -39,6 +39,9 @@ pub(super) fn flag(body: &Value, name: &str) -> bool {
 pub(super) fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
     let (post, delete) = (method == Method::POST, method == Method::DELETE);
     Some(match segs {
+        ["disks"] if post => 201,
+        ["disks", _] if delete => 200,
+        ["imports"] if post => 202,
         ["disks", _, "snapshots"] if post => 201,
         ["disks", _, "snapshots", _, "revert"] if post => 200,
         ["disks", _, "snapshots", _] if delete => 200,
@@ -87,6 +90,12 @@ fn extend(d: &str, b: &Value) -> Result<Request, Refusal> {
 pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
     let status = action_status(method, segs).expect("checked by the caller");
     let req = match segs {
+        ["disks"] => Request::Create {
+            name: field(b, "name")?.to_string(),
+            size_bytes: whole_sectors(size_field(b)?),
+            provisioning: provisioning(b)?,
+        },
+        ["imports"] => import(b)?,
         ["disks", d, rest @ ..] => disk_action(d, rest, b)?,
         // The group's own quiesce hook only: a command named over HTTP
         // would let a token run programs as the server.
@@ -127,6 +136,10 @@ pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Reque
 /// An action on disk `d`: `rest` is the path after `/disks/{d}`.
 fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
     Ok(match rest {
+        [] => Request::Remove {
+            name: d.to_string(),
+            force: flag(b, "force"),
+        },
         ["snapshots"] => Request::SnapshotCreate {
             disk: d.to_string(),
             snapshot: field(b, "name")?.to_string(),
@@ -146,6 +159,17 @@ fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
             disk: d.to_string(),
             snapshot: s.to_string(),
             force: flag(b, "force"),
+        },
+        // A full clone is a job (202): of the disk, or of a snapshot.
+        ["clones"] if flag(b, "full") => Request::CloneFull {
+            source: match b.get("snapshot").and_then(Value::as_str) {
+                Some(s) => format!("{d}@{s}"),
+                None => d.to_string(),
+            },
+            name: field(b, "name")?.to_string(),
+            provisioning: provisioning(b)?,
+            to: None,
+            rate_bytes_per_sec: None,
         },
         ["clones"] => Request::CloneLinked {
             source: format!("{d}@{}", field(b, "snapshot")?),
@@ -168,5 +192,42 @@ fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
             rate_bytes_per_sec: None,
         },
         _ => unreachable!("action_status matched"),
+    })
+}
+
+/// A body's `type` (absent: thin), as the CLI's `--type`.
+fn provisioning(b: &Value) -> Result<Provisioning, Refusal> {
+    match b.get("type").and_then(Value::as_str) {
+        None => Ok(Provisioning::Thin),
+        Some(t) => {
+            Provisioning::parse(t).map_err(|e| Refusal::new(400, "invalid_argument", &e.message))
+        }
+    }
+}
+
+/// A size rounded up to whole 512-byte sectors, as the CLI rounds it.
+fn whole_sectors(bytes: u64) -> u64 {
+    strata_api::units::sectors_up(bytes).map_or(bytes, |(b, _)| b)
+}
+
+/// `POST /imports`: an image at a path the server reads (absolute), as a
+/// new disk; a job.
+fn import(b: &Value) -> Result<Request, Refusal> {
+    let path = std::path::PathBuf::from(field(b, "path")?);
+    if !path.is_absolute() {
+        let why = "\"path\" is a path on the server, absolute (e.g. /srv/images/vm.vmdk)";
+        return Err(Refusal::new(400, "invalid_argument", why));
+    }
+    Ok(Request::Import {
+        path,
+        name: field(b, "name")?.to_string(),
+        provisioning: provisioning(b)?,
+        format: match b.get("format").and_then(Value::as_str) {
+            Some(f) => Some(
+                strata_api::ImageFormat::parse(f)
+                    .map_err(|e| Refusal::new(400, "invalid_argument", &e.message))?,
+            ),
+            None => None,
+        },
     })
 }
