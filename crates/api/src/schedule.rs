@@ -1,6 +1,6 @@
 //! Scheduled snapshots (`strata schedule`, docs/OPERATIONS.md): what a
 //! schedule is, as kept in the datastore's `schedules.json`
-//! (docs/FORMAT.md §14) and as `schedule ls` shows it.
+//! (docs/FORMAT.md §15) and as `schedule ls` shows it.
 
 use serde::{Deserialize, Serialize};
 use strata_block::{Error, Kind as ErrorKind};

@@ -113,8 +113,10 @@ pub struct TakeArgs {
 #[derive(Subcommand)]
 enum GroupSnapCmd {
     /// A group's snapshots, with what deleting each frees on its members
+    #[command(visible_alias = "ls")]
     List { group: String },
     /// Delete a group snapshot, every member's, in one change: GROUP@SNAP or GROUP SNAP
+    #[command(visible_alias = "rm")]
     Delete(GroupAt),
 }
 

@@ -17,7 +17,7 @@ mod watch;
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 use strata_api::units::invalid;
 use strata_api::wire::ReplyError;
 use strata_api::{Error, ErrorKind, Request, Response, VmdkRequest};
@@ -31,7 +31,10 @@ use strata_server::{object_store, ops, serve, vmdk_ops};
 use watch::Reporter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match <Cli as clap::Parser>::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     strata_server::logging::init(matches!(cli.cmd, args::Cmd::Serve(_)));
     let dir = cli.datastore.clone().unwrap_or_else(default_datastore);
     let format = if cli.json {
@@ -52,6 +55,28 @@ fn main() -> ExitCode {
             ExitCode::from(failure_code(e.kind))
         }
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): as clap prints
+/// it, or under `--json` shaped as the API's error body, exit code 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind as Clap;
+    let json = std::env::args_os().any(|a| a == "--json");
+    if !json || matches!(e.kind(), Clap::DisplayHelp | Clap::DisplayVersion) {
+        e.exit()
+    }
+    let text = e.render().to_string();
+    // What clap says before its usage lines, on one line.
+    let said = text.split("\n\nUsage:").next().unwrap_or_default();
+    let said = said
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or_default();
+    let said = said.trim_start_matches("error: ");
+    let message = said.split_whitespace().collect::<Vec<_>>().join(" ");
+    let error = serde_json::json!({ "error": { "kind": "invalid_argument", "message": message } });
+    eprintln!("{error:#}");
+    ExitCode::from(2)
 }
 
 /// The exit code of a command that failed, by kind (`args::EXIT_CODES`).

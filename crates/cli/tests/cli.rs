@@ -539,6 +539,22 @@ fn under_json_errors_are_json_shaped_like_the_api() {
         assert_eq!(v["error"]["kind"], "not_found", "{e}");
         assert_eq!(v["error"]["message"], "no disk named 'nope'", "{e}");
     }
+    // A command line clap refuses is JSON too under --json, exit 2.
+    for args in [
+        &["create", "--json"][..],
+        &["--json", "bogus"],
+        &["create", "x", "--size", "10GB", "--json"],
+    ] {
+        let e = s.fails_with(2, args);
+        let v: serde_json::Value = serde_json::from_str(&e).unwrap_or_else(|x| panic!("{x}: {e}"));
+        assert_eq!(v["error"]["kind"], "invalid_argument", "{e}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(!m.contains("Usage:") && !m.contains("--help"), "{m}");
+    }
+    assert!(
+        s.fails_with(2, &["create"]).contains("Usage:"),
+        "plain without --json"
+    );
     // A command with an answer of no JSON form refuses the flag, in JSON.
     let e = s.fails_with(2, &["serve", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&e).unwrap_or_else(|x| panic!("{x}: {e}"));

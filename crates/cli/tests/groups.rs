@@ -583,7 +583,7 @@ fn names_that_are_group_snapshot_commands_are_refused() {
     each_kind(|kind| {
         let s = Store::of(kind);
         s.ok(&["create", "vm", "--size", "8M"]);
-        for word in ["list", "delete", "help"] {
+        for word in ["list", "ls", "delete", "rm", "help"] {
             let e = s.fails_with(2, &["group", "create", word, "vm"]);
             assert!(
                 e.contains(&format!("'{word}' cannot name a group")),
@@ -602,6 +602,11 @@ fn names_that_are_group_snapshot_commands_are_refused() {
         assert!(e.contains("'delete' cannot name a group"), "{kind:?}: {e}");
         let snaps = s.json(&["group", "snapshot", "list", "app"]);
         assert_eq!(snaps.as_array().unwrap().len(), 1, "{kind:?}: {snaps}");
+        // ls and rm, as for disks and snapshots.
+        assert_eq!(s.json(&["group", "snapshot", "ls", "app"]), snaps);
+        s.ok(&["group", "snapshot", "rm", "app@s1"]);
+        let snaps = s.json(&["group", "snapshot", "ls", "app"]);
+        assert!(snaps.as_array().unwrap().is_empty(), "{kind:?}: {snaps}");
     });
 }
 

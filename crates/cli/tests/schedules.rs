@@ -271,3 +271,20 @@ fn bad_schedules_are_refused_clearly() {
     let j: serde_json::Value = serde_json::from_str(e.trim()).unwrap_or_else(|_| panic!("{e}"));
     assert!(j.to_string().contains("no schedule"), "{j}");
 }
+
+/// The dashboard's API lists the schedules as `schedule ls --json` does.
+#[test]
+fn the_api_lists_the_schedules() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    s.ok(&[
+        "schedule", "add", "daily", "--target", "vm", "--every", "1d",
+    ]);
+    let addr = common::http::free_addr();
+    let _srv = s.serve_with(&["--http", &addr]);
+    common::http::wait_http(&addr);
+    let (st, body) = common::http::http(&addr, "GET", "/api/v1/schedules", &[], "");
+    assert_eq!(st, 200, "{body}");
+    let api: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(api, s.json(&["schedule", "ls"]), "{body}");
+}

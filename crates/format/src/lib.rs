@@ -94,11 +94,11 @@ pub fn check_name(what: &str, name: &str) -> Result<(), strata_block::Error> {
 }
 
 /// Words `strata group snapshot` reads as commands of its own (`group
-/// snapshot list GROUP`, `group snapshot delete GROUP SNAP`, clap's
-/// `help`): a group named so could never be snapshotted from the command
-/// line, and `group snapshot app list` would take a snapshot called
-/// "list" where its user meant to list them.
-pub const GROUP_WORDS: [&str; 3] = ["list", "delete", "help"];
+/// snapshot list GROUP` or `ls`, `group snapshot delete GROUP SNAP` or
+/// `rm`, clap's `help`): a group named so could never be snapshotted from
+/// the command line, and `group snapshot app list` would take a snapshot
+/// called "list" where its user meant to list them.
+pub const GROUP_WORDS: [&str; 5] = ["list", "ls", "delete", "rm", "help"];
 
 /// Names of groups (`what` "group") and group snapshots (`what` "group
 /// snapshot"): [`check_name`], and none of [`GROUP_WORDS`].
@@ -108,7 +108,7 @@ pub fn check_group_name(what: &str, name: &str) -> Result<(), strata_block::Erro
         return Ok(());
     }
     let hint = match (what, name) {
-        ("group snapshot", "list") => {
+        ("group snapshot", "list" | "ls") => {
             " (to list a group's snapshots: 'strata group snapshot list GROUP')".to_string()
         }
         _ => String::new(),

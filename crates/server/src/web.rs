@@ -832,6 +832,7 @@ fn get_request(
         ["events"] => audit::events_request(query).map_err(|r| Box::new(r.response()))?,
         ["jobs"] => Request::Jobs,
         ["vhost"] => Request::VhostList,
+        ["schedules"] => Request::ScheduleList,
         ["groups"] => Request::GroupList,
         ["groups", g] => Request::GroupInfo {
             name: g.to_string(),

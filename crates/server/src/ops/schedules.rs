@@ -1,6 +1,6 @@
 //! Scheduled snapshots (docs/OPERATIONS.md, "Scheduled snapshots"): the
 //! schedules kept in the datastore's `schedules.json` (docs/FORMAT.md
-//! §14), the `schedule` requests, and the server's thread that runs them.
+//! §15), the `schedule` requests, and the server's thread that runs them.
 //!
 //! A run takes its snapshot and deletes the schedule's surplus ones
 //! through [`ops::execute`] with the actor `schedule NAME`, the path a
