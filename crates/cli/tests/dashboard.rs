@@ -1237,8 +1237,14 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
         "{}",
         b.text("#chart-space")
     );
-    // No action form on a read-only server.
+    // No action form on a read-only server: the new disk and import
+    // forms hidden, not just disabled.
     assert!(b.text("#lock").contains("read-only"));
+    assert_eq!(
+        b.js("return [...document.querySelectorAll('#f-create, #f-import, .new-disk')].filter((e) => e.offsetParent).length"),
+        json!(0),
+        "a new-disk form on a read-only server"
+    );
     for width in [800, 1400] {
         b.set_width(width);
         b.js("location.hash = '#/'");
@@ -1262,9 +1268,25 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
             json!(0),
             "an action form on a read-only server"
         );
+        assert_eq!(
+            b.js("return [...document.querySelectorAll('#f-rename, #f-fullclone, #f-delete, #delete-refusal, #delete-force')].filter((e) => e.offsetParent).length"),
+            json!(0),
+            "a disk action on a read-only server"
+        );
+        // Who has it open and its jobs show without actions too.
+        b.wait(
+            "'Open by' and the jobs",
+            "document.querySelector('#clients').offsetParent && document.querySelector('#disk-jobs').offsetParent && document.querySelector('#clients tbody').textContent === 'nobody'",
+        );
         b.next_update();
         b.assert_no_overlap(
-            &["#perf-disk", "#histograms", "#live"],
+            &[
+                "#perf-disk",
+                "#histograms",
+                "#live",
+                "#clients",
+                "#disk-jobs",
+            ],
             &format!("disk page at {width} px"),
         );
         b.js("document.querySelector('#perf-disk').scrollIntoView()");
@@ -1281,4 +1303,230 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
         "the window's histograms",
         "document.querySelector('#histograms').dataset.source === 'window' && document.querySelector('#hist-latency')",
     );
+}
+
+/// The disk actions of the page (issue 62 item 7): a disk made with the
+/// overview's form; on its page a snapshot, a linked and a full clone, a
+/// rename; "Open by" naming a qemu-io that holds it, whose delete is
+/// refused with the server's words until "Delete anyway"; the linked
+/// clone then shows its parent deleted; the jobs of a disk on its page;
+/// the new forms' text not overlapping at 800 and 1,400 px.
+#[test]
+fn the_dashboard_creates_renames_clones_and_deletes_disks() {
+    if !have("chromium") || !have("chromedriver") {
+        return;
+    }
+    let s = Store::new();
+    s.ok(&["create", "seed", "--size", "16M"]);
+    let tok = s.dir.path().join("http.token");
+    let addr = free_addr();
+    let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+    let b = Browser::start();
+    b.go(&format!("http://{addr}/#token={token}"));
+    b.wait(
+        "the disk table",
+        "document.querySelector('#disks tr[data-disk=\"seed\"]')",
+    );
+    assert!(b.text("#lock").contains("unlocked"));
+
+    // A new disk through the overview's form.
+    b.type_into("#create-name", "web");
+    b.type_into("#create-size", "32M");
+    b.click("#create-go");
+    b.wait(
+        "the new disk in the list",
+        "document.querySelector('#disks tr[data-disk=\"web\"]')",
+    );
+    assert!(b.text("#disks tr[data-disk=\"web\"]").contains("32.0 MiB"));
+    assert!(s.disk_names().contains(&"web".to_string()));
+    for width in [800, 1400] {
+        b.set_width(width);
+        b.next_update();
+        b.assert_no_overlap(
+            &["#disks", ".new-disk"],
+            &format!("the overview's forms at {width} px"),
+        );
+    }
+    b.js("document.querySelector('.new-disk').scrollIntoView()");
+    b.screenshot("new-disk-forms");
+
+    // Its page: nobody has it open, no jobs yet.
+    b.js("location.hash = '#/disk/web'");
+    b.wait(
+        "web's page",
+        "document.querySelector('#disk-title').textContent === 'web' && document.querySelector('#clients tbody').textContent === 'nobody'",
+    );
+    assert!(
+        b.text("#disk-jobs").contains("no jobs"),
+        "{}",
+        b.text("#disk-jobs")
+    );
+
+    // A snapshot and a linked clone of it (the existing forms), a full
+    // clone (a job: listed on the clone's page and the overview).
+    b.type_into("#snap-name", "s1");
+    b.click("#snap-create");
+    b.wait(
+        "the snapshot",
+        "document.querySelector('#tree li[data-snapshot=\"s1\"]') && document.querySelector('#clone-snap').value === 's1'",
+    );
+    b.type_into("#clone-name", "kid");
+    b.click("#clone-create");
+    b.wait(
+        "the linked clone",
+        "document.querySelector('#msg').textContent.includes('linked clone kid: done')",
+    );
+    b.type_into("#fullclone-name", "copy");
+    b.click("#fullclone-go");
+    b.wait(
+        "the full clone's job",
+        "document.querySelector('#msg').textContent.includes('job')",
+    );
+    eventually("the full clone", Duration::from_secs(60), || {
+        s.disk_names().contains(&"copy".to_string())
+    });
+
+    // Rename through the form: the page follows the disk.
+    b.type_into("#rename-to", "web2");
+    b.click("#rename-go");
+    b.wait(
+        "the renamed disk's page",
+        "document.querySelector('#disk-title').textContent === 'web2' && location.hash === '#/disk/web2'",
+    );
+    let names = s.disk_names();
+    assert!(
+        names.contains(&"web2".to_string()) && !names.contains(&"web".to_string()),
+        "{names:?}"
+    );
+
+    for width in [800, 1400] {
+        b.set_width(width);
+        b.next_update();
+        b.assert_no_overlap(
+            &["#disk-view .columns", "#disk-facts"],
+            &format!("the disk page's forms at {width} px"),
+        );
+    }
+    b.screenshot("disk-actions");
+
+    // A delete refused for the linked clone made from it, in the server's
+    // words; "Delete anyway" removes it, and the clone keeps its parent,
+    // marked deleted.
+    b.click("#delete-go");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
+    assert!(b.text("#confirm-text").contains("web2"));
+    b.click("#confirm-ok");
+    b.wait(
+        "the refusal",
+        "!document.querySelector('#delete-refusal').hidden",
+    );
+    let why = b.text("#delete-refusal-text");
+    assert!(
+        why.contains("linked clones") && why.contains("kid (from web2@s1)"),
+        "{why}"
+    );
+    b.screenshot("delete-refused");
+    assert!(s.disk_names().contains(&"web2".to_string()));
+    b.click("#delete-force");
+    b.wait(
+        "the overview without web2",
+        "location.hash === '#/' && document.querySelector('#disks tr[data-disk=\"seed\"]') && !document.querySelector('#disks tr[data-disk=\"web2\"]')",
+    );
+    assert!(!s.disk_names().contains(&"web2".to_string()));
+    b.js("location.hash = '#/disk/kid'");
+    b.wait(
+        "kid's parent, deleted",
+        "document.querySelector('#disk-title').textContent === 'kid' && document.querySelector('#disk-facts').textContent.includes('(deleted)')",
+    );
+    assert!(
+        b.text("#disk-facts").contains("web2@s1"),
+        "{}",
+        b.text("#disk-facts")
+    );
+
+    // The full clone's job on the clone's page, and on the overview.
+    b.js("location.hash = '#/disk/copy'");
+    b.wait(
+        "the clone's job on its page",
+        "document.querySelector('#disk-title').textContent === 'copy' && document.querySelector('#disk-jobs tr[data-job]') && document.querySelector('#disk-jobs tbody').textContent.includes('done')",
+    );
+    assert!(
+        b.text("#disk-jobs").contains("clone"),
+        "{}",
+        b.text("#disk-jobs")
+    );
+
+    // Held open by qemu-io (when there is one): "Open by" names it, and
+    // the delete is refused naming it, until "Delete anyway".
+    if have("qemu-io") {
+        let mut q = Command::new("qemu-io")
+            .args(["-f", "raw", &s.uri("copy")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let peer = format!("local pid {}", q.id());
+        b.wait(
+            "the client in 'Open by'",
+            &format!("document.querySelector('#clients tbody').textContent.includes('{peer}')"),
+        );
+        let open_by = b.text("#clients");
+        assert!(
+            open_by.contains("nbd") && open_by.contains("read-write"),
+            "{open_by}"
+        );
+        b.screenshot("disk-open-by");
+        b.click("#delete-go");
+        b.wait(
+            "the confirmation",
+            "document.querySelector('#confirm').open",
+        );
+        b.click("#confirm-ok");
+        b.wait(
+            "the refusal",
+            "!document.querySelector('#delete-refusal').hidden",
+        );
+        let why = b.text("#delete-refusal-text");
+        assert!(
+            why.contains("'copy' is open") && why.contains(&peer) && why.contains("--force"),
+            "{why}"
+        );
+        b.click("#delete-force");
+        b.wait(
+            "the overview without copy",
+            "location.hash === '#/' && document.querySelector('#disks tr[data-disk=\"kid\"]') && !document.querySelector('#disks tr[data-disk=\"copy\"]')",
+        );
+        assert!(!s.disk_names().contains(&"copy".to_string()));
+        let _ = q.kill();
+        let _ = q.wait();
+    }
+    b.js("location.hash = '#/'");
+    b.wait(
+        "the clone's job in the jobs table",
+        "[...document.querySelectorAll('#jobs tr[data-job]')].some(r => r.textContent.includes('clone --full web copy'))",
+    );
+
+    // A delete with nothing in the way: confirmed, and gone.
+    b.js("location.hash = '#/disk/seed'");
+    b.wait(
+        "seed's page",
+        "document.querySelector('#disk-title').textContent === 'seed'",
+    );
+    b.click("#delete-go");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
+    b.click("#confirm-ok");
+    b.wait(
+        "the overview without seed",
+        "location.hash === '#/' && document.querySelector('#disks tr[data-disk=\"kid\"]') && !document.querySelector('#disks tr[data-disk=\"seed\"]')",
+    );
+    assert!(!s.disk_names().contains(&"seed".to_string()));
 }

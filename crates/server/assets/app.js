@@ -180,6 +180,8 @@ function parseRoute() {
   route = m ? { view: 'disk', disk: decodeURIComponent(m[1]) } : { view: 'overview' };
   $('#overview-view').hidden = route.view !== 'overview';
   $('#disk-view').hidden = route.view !== 'disk';
+  const refusal = $('#delete-refusal');
+  if (refusal && refusal.dataset.disk !== route.disk) refusal.hidden = true;
 }
 
 // A token handed over in the URL fragment (#token=...) goes into this
@@ -710,10 +712,44 @@ function renderDiskFacts(d) {
     fact('exclusive', bytes(d.exclusive_bytes)),
     fact('in snapshots', bytes(d.snapshot_space_bytes)),
     fact('fragments', d.fragments ?? '-'),
-    fact('parent', d.parent || '-'),
+    fact('parent', d.parent ? d.parent + (d.parent_deleted ? ' (deleted)' : '') : '-'),
     fact('created', age(d.created_unix)),
     d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + writerPid(d.object_store.owner)) : null,
     d.object_store ? fact('generation', d.object_store.generation) : null].filter(Boolean));
+}
+
+// Who has this disk (or one of its snapshots) open: `clients` of
+// GET /disks/{d}, absent when nobody has.
+function renderClients(clients) {
+  const tb = $('#clients tbody');
+  tb.replaceChildren();
+  for (const c of clients || []) {
+    tb.append(h('tr', { 'data-client': c.export + ' ' + c.peer },
+      h('td', { text: c.export }),
+      h('td', { text: c.transport }),
+      h('td', { text: c.peer }),
+      h('td', { text: c.read_only ? 'read-only' : 'read-write' }),
+      h('td', { text: age(c.since_unix) })));
+  }
+  if (!tb.children.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 5, text: 'nobody' })));
+}
+
+// The jobs on this disk or its snapshots (GET /jobs is newest first).
+function renderDiskJobs(disk, jobs) {
+  const tb = $('#disk-jobs tbody');
+  tb.replaceChildren();
+  const mine = (jobs || []).filter((j) => j.target === disk || String(j.target || '').startsWith(disk + '@'));
+  mine.sort((a, b) => (b.started_unix || 0) - (a.started_unix || 0) || b.id - a.id);
+  for (const j of mine) {
+    tb.append(h('tr', { 'data-job': j.id },
+      h('td', { class: 'num', text: j.id }),
+      h('td', { text: j.what }),
+      h('td', { text: j.state + (j.error ? ': ' + j.error : '') }),
+      h('td', { class: 'num', text: j.percent + ' %' }),
+      h('td', { text: age(j.started_unix) }),
+      h('td', { text: j.finished_unix ? age(j.finished_unix) : '-' })));
+  }
+  if (!mine.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 6, text: 'no jobs on this disk' })));
 }
 
 // pid 0: the host's own claim, made with no server running (FORMAT.md §11.6).
@@ -776,8 +812,11 @@ async function refresh(all) {
       renderLive(name, statsNow[name], r[name]);
       if (slow) {
         await refreshPerf($('#perf-disk'), name);
-        const [d, snaps] = await Promise.all([get('/disks/' + enc(name)), get('/disks/' + enc(name) + '/snapshots')]);
+        const [d, snaps, jobs] = await Promise.all([get('/disks/' + enc(name)), get('/disks/' + enc(name) + '/snapshots'),
+          get('/jobs').catch(() => [])]);
         if (changed('disk', d)) renderDiskFacts(d);
+        if (changed('clients', d.clients || [])) renderClients(d.clients);
+        if (changed('disk-jobs', [name, jobs])) renderDiskJobs(name, jobs);
         if (changed('tree', [name, snaps, d.current_snapshot])) renderTree(name, snaps, d.current_snapshot ?? undefined);
       }
     }
@@ -815,6 +854,78 @@ function wireForms() {
     const type = $('#convert-type').value;
     perform('convert ' + disk() + ' to ' + type, 'POST', '/disks/' + enc(disk()) + '/convert', { type },
       'Convert ' + disk() + ' to ' + type + '? It runs as a job while the disk stays online.');
+  });
+  $('#f-rename').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const from = disk(), to = $('#rename-to').value.trim();
+    perform('rename ' + from + ' to ' + to, 'POST', '/disks/' + enc(from) + '/rename', { to })
+      .then((r) => { if (r) { $('#rename-to').value = ''; location.hash = '#/disk/' + enc(to); } });
+  });
+  $('#f-fullclone').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const name = $('#fullclone-name').value.trim();
+    perform('full clone ' + disk() + ' as ' + name, 'POST', '/disks/' + enc(disk()) + '/clones',
+      { name, full: true, type: $('#fullclone-type').value })
+      .then((r) => { if (r) $('#fullclone-name').value = ''; });
+  });
+  // Delete: a confirmation; a refusal (409: clients have it open, or
+  // clones depend on it) is shown as the server words it, with
+  // "Delete anyway" to send {"force": true}.
+  const refusal = $('#delete-refusal');
+  const removed = (name) => {
+    refusal.hidden = true;
+    say('delete ' + name + ': done', 'ok');
+    diskDetail.delete(name);
+    location.hash = '#/';
+  };
+  $('#f-delete').addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    const name = disk();
+    refusal.hidden = true;
+    if (!(await confirmDialog('Delete disk ' + name + ' and all its snapshots? This cannot be undone.'))) {
+      say('delete ' + name + ': not done (cancelled)', '');
+      return;
+    }
+    try {
+      await act('DELETE', '/disks/' + enc(name));
+      removed(name);
+    } catch (e) {
+      if (e.status === 409) {
+        $('#delete-refusal-text').textContent = e.message;
+        refusal.dataset.disk = name;
+        refusal.hidden = false;
+        say('delete ' + name + ': refused (see below)', 'error');
+      } else {
+        const hint = e.status === 401 ? ' — unlock the actions with the token' : '';
+        say('delete ' + name + ': refused: ' + e.message + hint, 'error');
+      }
+    }
+  });
+  $('#delete-force').addEventListener('click', async () => {
+    const name = refusal.dataset.disk;
+    if (!name || name !== disk()) { refusal.hidden = true; return; }
+    try {
+      await act('DELETE', '/disks/' + enc(name), { force: true });
+      removed(name);
+    } catch (e) {
+      say('delete ' + name + ' (forced): refused: ' + e.message, 'error');
+    }
+  });
+  $('#delete-keep').addEventListener('click', () => { refusal.hidden = true; say('delete: not done', ''); });
+  $('#f-create').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const name = $('#create-name').value.trim();
+    perform('create ' + name, 'POST', '/disks',
+      { name, size: $('#create-size').value.trim(), type: $('#create-type').value })
+      .then((r) => { if (r) { $('#create-name').value = ''; $('#create-size').value = ''; } });
+  });
+  $('#f-import').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const name = $('#import-name').value.trim();
+    const body = { path: $('#import-path').value.trim(), name };
+    if ($('#import-format').value) body.format = $('#import-format').value;
+    perform('import ' + name, 'POST', '/imports', body)
+      .then((r) => { if (r) { $('#import-path').value = ''; $('#import-name').value = ''; } });
   });
   $('#f-defrag').addEventListener('submit', (ev) => {
     ev.preventDefault();
