@@ -1166,6 +1166,9 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
     }
     let s = Store::new();
     s.ok(&["create", "vm1", "--size", "64M"]);
+    s.ok(&[
+        "schedule", "add", "hourly", "--target", "vm1", "--every", "1h", "--keep", "24",
+    ]);
     let addr = free_addr();
     let _srv = common::Server::start_env(
         &s,
@@ -1237,6 +1240,16 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
         "{}",
         b.text("#chart-space")
     );
+    // The schedules, listed (issue 62 item 9).
+    b.wait(
+        "the schedules table",
+        "document.querySelector('#schedules tr[data-schedule=\"hourly\"]')",
+    );
+    let row = b.text("#schedules tbody");
+    assert!(
+        row.contains("vm1") && row.contains("1 h") && row.contains("24"),
+        "{row}"
+    );
     // No action form on a read-only server: the new disk and import
     // forms hidden, not just disabled.
     assert!(b.text("#lock").contains("read-only"));
@@ -1255,7 +1268,7 @@ fn the_dashboard_charts_performance_without_overlapping_text() {
         b.wait("the datastore's charts", drawn);
         b.next_update();
         b.assert_no_overlap(
-            &["#perf-overview", "#gauges"],
+            &["#perf-overview", "#gauges", "#schedules"],
             &format!("overview at {width} px"),
         );
         b.js("document.querySelector('#perf-overview').scrollIntoView()");

@@ -376,6 +376,32 @@ function renderJobs(jobs) {
   if (!jobs.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 5, text: 'no jobs' })));
 }
 
+// Bytes in a MiB: every rate on the page is in powers of 1024, as the
+// CLI's sizes are.
+const MIB = 1048576;
+
+// Scheduled snapshots (GET /api/v1/schedules): what the server takes and
+// expires, when it last ran and how, and when it runs next.
+function renderSchedules(list) {
+  const tb = $('#schedules tbody');
+  tb.replaceChildren();
+  const at = (ms) => (ms ? new Date(ms).toLocaleString() : '-');
+  const every = (s) => (s % 86400 === 0 ? s / 86400 + ' d' : s % 3600 === 0 ? s / 3600 + ' h'
+    : s % 60 === 0 ? s / 60 + ' min' : s + ' s');
+  for (const x of list) {
+    const failed = x.last_result && x.last_result !== 'ok';
+    tb.append(h('tr', { 'data-schedule': x.name },
+      h('td', { text: x.name }),
+      h('td', { text: x.target }),
+      h('td', { class: 'num', text: every(x.every_s) }),
+      h('td', { class: 'num', text: x.keep == null ? 'all' : String(x.keep) }),
+      h('td', { class: failed ? 'state-alarm' : '',
+        text: at(x.last_run_unix_ms) + (x.last_result ? ' (' + x.last_result + ')' : '') }),
+      h('td', { text: at(x.next_run_unix_ms) })));
+  }
+  if (!list.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 6, text: 'none' })));
+}
+
 // The event log's newest entries (GET /api/v1/events): who changed what.
 const EVENTS_SHOWN = 50;
 function renderEvents(events) {
@@ -434,8 +460,8 @@ function renderIoTable(r) {
       h('td', { text: name }),
       h('td', { class: 'num', text: rate(x.riops) }),
       h('td', { class: 'num', text: rate(x.wiops) }),
-      h('td', { class: 'num', text: rate(x.rbps / 1e6) }),
-      h('td', { class: 'num', text: rate(x.wbps / 1e6) }),
+      h('td', { class: 'num', text: rate(x.rbps / MIB) }),
+      h('td', { class: 'num', text: rate(x.wbps / MIB) }),
       h('td', { class: 'num', text: usLabel(x.p50) }),
       h('td', { class: 'num', text: usLabel(x.p99) }),
       h('td', { class: 'num', text: x.inflight })));
@@ -489,8 +515,8 @@ function renderLive(name, s, x) {
   live.append(
     fact('iops-read', 'read IOPS', rate(x.riops)),
     fact('iops-write', 'write IOPS', rate(x.wiops)),
-    fact('mbps-read', 'read MB/s', rate(x.rbps / 1e6)),
-    fact('mbps-write', 'write MB/s', rate(x.wbps / 1e6)),
+    fact('mbps-read', 'read MiB/s', rate(x.rbps / MIB)),
+    fact('mbps-write', 'write MiB/s', rate(x.wbps / MIB)),
     fact('lat-p50', 'latency p50', usLabel(x.p50)),
     fact('lat-p99', 'latency p99', usLabel(x.p99)),
     fact('lat-p999', 'latency p99.9', usLabel(percentile(s.latency.all, 0.999))),
@@ -787,9 +813,10 @@ async function refresh(all) {
       renderIoTable(r);
       if (slow) {
         await refreshPerf($('#perf-overview'), null);
-        const [status, disks, alarms, jobs, events] = await Promise.all([
+        const [status, disks, alarms, jobs, events, schedules] = await Promise.all([
           get('/status'), get('/disks'), get('/alarms').catch(() => []), get('/jobs').catch(() => []),
-          get('/events?limit=' + EVENTS_SHOWN).catch(() => [])]);
+          get('/events?limit=' + EVENTS_SHOWN).catch(() => []), get('/schedules').catch(() => [])]);
+        if (changed('schedules', schedules)) renderSchedules(schedules);
         if (changed('status', [status, alarms])) renderGauges(status, alarms);
         if (changed('alarms', alarms)) renderAlarms(alarms);
         if (changed('jobs', jobs)) renderJobs(jobs);
