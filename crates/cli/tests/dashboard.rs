@@ -705,6 +705,18 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         assert_eq!(st, 200, "{body}");
     }
     assert!(!s.disk_names().contains(&"web1".to_string()));
+    // An image at a path the server reads, imported as a job.
+    let img = s.dir.path().join("img.raw");
+    std::fs::write(&img, vec![7u8; 1 << 20]).unwrap();
+    let body = json!({"path": img.to_str().unwrap(), "name": "imp", "format": "raw"});
+    let (st, body) = act("POST", "/imports", body);
+    assert_eq!(st, 202, "an import is a job: {body}");
+    eventually("the import", std::time::Duration::from_secs(30), || {
+        s.cmd(&["info", "imp"]).status.success()
+    });
+    assert_eq!(s.json(&["info", "imp"])["size_bytes"], 1 << 20);
+    let (st, body) = act("POST", "/imports", json!({"path": "img.raw", "name": "x"}));
+    assert_eq!(st, 400, "a relative path: {body}");
     assert_eq!(
         act("POST", "/disks/d/extend", json!({"size": "lots"})).0,
         400
