@@ -1425,6 +1425,21 @@ fn the_dashboard_creates_renames_clones_and_deletes_disks() {
         names.contains(&"web2".to_string()) && !names.contains(&"web".to_string()),
         "{names:?}"
     );
+    // A snapshot renamed through its form (the clone's parent, s1, is left
+    // as it is for what follows).
+    b.type_into("#snap-name", "tmp");
+    b.click("#snap-create");
+    b.wait(
+        "the second snapshot",
+        "document.querySelector('#tree li[data-snapshot=\"tmp\"]') && [...document.querySelectorAll('#snaprename-snap option')].some((o) => o.value === 'tmp')",
+    );
+    b.js("document.querySelector('#snaprename-snap').value = 'tmp'");
+    b.type_into("#snaprename-to", "kept");
+    b.click("#snaprename-go");
+    b.wait(
+        "the renamed snapshot",
+        "document.querySelector('#tree li[data-snapshot=\"kept\"]') && !document.querySelector('#tree li[data-snapshot=\"tmp\"]')",
+    );
 
     for width in [800, 1400] {
         b.set_width(width);

@@ -722,10 +722,11 @@ function renderTree(disk, rawSnaps, currentName) {
   };
   for (const li of build('')) ul.append(li);
   if (!current) ul.append(here());
-  const sel = $('#clone-snap');
-  const keep = sel.value;
-  sel.replaceChildren(...snaps.map((s) => h('option', { value: s.name, text: disk + '@' + s.name })));
-  if (snaps.some((s) => s.name === keep)) sel.value = keep;
+  for (const sel of [$('#clone-snap'), $('#snaprename-snap')]) {
+    const keep = sel.value;
+    sel.replaceChildren(...snaps.map((s) => h('option', { value: s.name, text: disk + '@' + s.name })));
+    if (snaps.some((s) => s.name === keep)) sel.value = keep;
+  }
 }
 
 function renderDiskFacts(d) {
@@ -887,6 +888,13 @@ function wireForms() {
     const from = disk(), to = $('#rename-to').value.trim();
     perform('rename ' + from + ' to ' + to, 'POST', '/disks/' + enc(from) + '/rename', { to })
       .then((r) => { if (r) { $('#rename-to').value = ''; location.hash = '#/disk/' + enc(to); } });
+  });
+  $('#f-snaprename').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const from = $('#snaprename-snap').value, to = $('#snaprename-to').value.trim();
+    perform('rename ' + disk() + '@' + from + ' to ' + to, 'POST',
+      '/disks/' + enc(disk()) + '/snapshots/' + enc(from) + '/rename', { to })
+      .then((r) => { if (r) $('#snaprename-to').value = ''; });
   });
   $('#f-fullclone').addEventListener('submit', (ev) => {
     ev.preventDefault();
