@@ -53,9 +53,13 @@ pub fn weed_binary() -> Option<PathBuf> {
 }
 
 fn free_base() -> u16 {
-    // HTTP ports base..base+4 and their gRPC twins (+10000) must be free.
+    // HTTP ports base..base+4 and their gRPC twins (+10000) must be free,
+    // and all below the kernel's ephemeral range (32768 and up, where an
+    // outgoing connection of any test may take a port between this check
+    // and SeaweedFS's bind: a filer once died on "bind: address already
+    // in use" for its gRPC port 38766 that way).
     for _ in 0..200 {
-        let base = 20000 + (rand::random::<u16>() % 9000);
+        let base = 10000 + (rand::random::<u16>() % 6000);
         let all_free = (0..4u16)
             .flat_map(|i| [base + i, base + i + 10000])
             .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
@@ -124,6 +128,11 @@ impl SeaweedFs {
             .arg(format!("-filer.port={}", base + 2))
             .arg("-s3")
             .arg(format!("-s3.port={s3}"))
+            // The gRPC twins named, as `free_base` checked them.
+            .arg(format!("-master.port.grpc={}", base + 10000))
+            .arg(format!("-volume.port.grpc={}", base + 10001))
+            .arg(format!("-filer.port.grpc={}", base + 10002))
+            .arg(format!("-s3.port.grpc={}", s3 + 10000))
             .arg(format!("-s3.config={}", config.display()))
             // No Iceberg or Lance catalogs: they listen on fixed ports.
             .arg("-s3.port.iceberg=0")
