@@ -238,15 +238,6 @@ impl Drop for Browser {
     }
 }
 
-fn snapshot_names(s: &Store, disk: &str) -> Vec<String> {
-    s.json(&["snapshot", "list", disk])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Two disks, a snapshot tree three levels deep and a linked clone, seen
 /// in Chromium: names, sizes and the tree; live I/O and histograms that
 /// change under fio without a reload; a snapshot taken from the page with
@@ -330,7 +321,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     b.js("document.querySelector('#events').scrollIntoView()");
     b.screenshot("events");
     for d in ["vm2", "lab"] {
-        assert!(snapshot_names(&s, d).contains(&"web-cut".to_string()));
+        assert!(s.snapshot_names(d).contains(&"web-cut".to_string()));
     }
 
     // One disk: the tree, three levels deep, the live state under 'tested'.
@@ -402,7 +393,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
         "the action's answer",
         "document.querySelector('#msg').textContent.includes('done')",
     );
-    assert!(snapshot_names(&s, "vm1").contains(&"from-web".to_string()));
+    assert!(s.snapshot_names("vm1").contains(&"from-web".to_string()));
     b.wait(
         "the new snapshot in the tree",
         "document.querySelector('#tree li[data-snapshot=\"from-web\"]')",
@@ -435,7 +426,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     );
     assert!(b.text("#msg").contains("token"), "{}", b.text("#msg"));
     b.screenshot("refused-without-token");
-    assert!(!snapshot_names(&s, "vm1").contains(&"no-token".to_string()));
+    assert!(!s.snapshot_names("vm1").contains(&"no-token".to_string()));
 
     // Unlocked again with the token pasted in; a confirmed convert runs
     // as a job, which the overview lists with its progress.
@@ -626,7 +617,7 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         .0,
         421
     );
-    assert_eq!(snapshot_names(&s, "d"), ["s1", "s2"]);
+    assert_eq!(s.snapshot_names("d"), ["s1", "s2"]);
 
     // With the token: snapshot, clone, extend, delete, revert; each as the CLI.
     let (st, body) = snap(
@@ -680,13 +671,13 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     assert!(body.contains("c2"), "{body}");
     let force = json!({"force": true});
     assert_eq!(act("DELETE", "/disks/d/snapshots/s3", force).0, 200);
-    assert_eq!(snapshot_names(&s, "d"), ["s1", "s2"]);
+    assert_eq!(s.snapshot_names("d"), ["s1", "s2"]);
     assert_eq!(s.json(&["info", "c2"])["parent"], "d@s3");
     assert_eq!(s.json(&["info", "c2"])["parent_deleted"], true);
     // A rename over HTTP; the clone's parent follows.
     let (st, body) = act("POST", "/disks/d/snapshots/s2/rename", json!({"to": "s4"}));
     assert_eq!(st, 200, "{body}");
-    assert_eq!(snapshot_names(&s, "d"), ["s1", "s4"]);
+    assert_eq!(s.snapshot_names("d"), ["s1", "s4"]);
     // Disks made, copied and removed over HTTP as with the CLI.
     let (st, body) = act("POST", "/disks", json!({"name": "web1", "size": "8M"}));
     assert_eq!(st, 201, "{body}");
@@ -732,14 +723,14 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
     let gs = serde_json::from_str::<Value>(&body).unwrap();
     assert_eq!(gs["members"].as_array().unwrap().len(), 2, "{gs}");
     assert!(gs["quiesce"].is_null(), "{gs}");
-    assert_eq!(snapshot_names(&s, "e"), ["gs1", "gs2"]);
+    assert_eq!(s.snapshot_names("e"), ["gs1", "gs2"]);
     assert_eq!(
         act("POST", "/groups/g/snapshots/gs1/revert", json!({})).0,
         200
     );
     assert_eq!(s.json(&["info", "e"])["current_snapshot"], "gs1");
     assert_eq!(act("DELETE", "/groups/g/snapshots/gs2", json!(null)).0, 200);
-    assert_eq!(snapshot_names(&s, "e"), ["gs1"]);
+    assert_eq!(s.snapshot_names("e"), ["gs1"]);
     let (st, body) = act("DELETE", "/disks/e/snapshots/gs1", json!(null));
     assert_eq!(st, 409, "{body}");
     assert!(body.contains("group snapshot 'g@gs1'"), "{body}");
@@ -1056,7 +1047,7 @@ fn beyond_loopback_the_dashboard_is_https_and_reads_need_a_token() {
     assert!(st == 403 && body.contains("reads only"), "{st} {body}");
     let (st, body) = curl(&cacert, &snap, Some(&act), Some(r#"{"name":"by-admin"}"#));
     assert_eq!(st, 201, "{body}");
-    let names = snapshot_names(&s, "vm1");
+    let names = s.snapshot_names("vm1");
     assert!(names.contains(&"by-admin".to_string()) && !names.contains(&"by-reader".to_string()));
 
     // Another CA's client does not trust this server.

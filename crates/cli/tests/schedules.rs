@@ -28,15 +28,6 @@ fn events_by(s: &Store, kind: &str, actor: &str) -> Vec<serde_json::Value> {
     v
 }
 
-fn snapshot_names(s: &Store, disk: &str) -> Vec<String> {
-    s.json(&["snapshot", "list", disk])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Names of the form a schedule with `prefix` gives.
 fn owned(names: &[String], prefix: &str) -> Vec<String> {
     let mut v: Vec<String> = names
@@ -92,9 +83,9 @@ fn a_fast_schedule_takes_and_expires_snapshots_on_time() {
     );
     // The oldest expired: two of the schedule's left, the user's kept.
     eventually("two kept", LIMIT, || {
-        owned(&snapshot_names(&s, "vm"), "fast").len() == 2
+        owned(&s.snapshot_names("vm"), "fast").len() == 2
     });
-    let names = snapshot_names(&s, "vm");
+    let names = s.snapshot_names("vm");
     assert!(names.contains(&"base".to_string()), "{names:?}");
     assert!(names.contains(&"fast-mine".to_string()), "{names:?}");
     let deleted = events_by(&s, "snapshot_delete", "schedule fast");
@@ -125,14 +116,14 @@ fn a_fast_schedule_takes_and_expires_snapshots_on_time() {
     );
 
     // A snapshot a linked clone came from is kept, with a warning.
-    let oldest = owned(&snapshot_names(&s, "vm"), "fast")[0].clone();
+    let oldest = owned(&s.snapshot_names("vm"), "fast")[0].clone();
     s.ok(&["clone", &format!("vm@{oldest}"), "c1"]);
     eventually("the cloned snapshot reported kept", LIMIT, || {
         schedule(&s, "fast")["kept"]
             .as_array()
             .is_some_and(|k| k.iter().any(|n| n == oldest.as_str()))
     });
-    assert!(snapshot_names(&s, "vm").contains(&oldest));
+    assert!(s.snapshot_names("vm").contains(&oldest));
     let refused = events_by(&s, "snapshot_delete", "schedule fast");
     assert!(
         refused
@@ -174,8 +165,8 @@ fn a_group_schedule_takes_group_snapshots() {
     let name = snaps[0]["name"].as_str().unwrap();
     assert!(name.starts_with("g-"), "{snaps}");
     assert_eq!(
-        owned(&snapshot_names(&s, "a"), "g"),
-        owned(&snapshot_names(&s, "b"), "g")
+        owned(&s.snapshot_names("a"), "g"),
+        owned(&s.snapshot_names("b"), "g")
     );
     assert_eq!(schedule(&s, "g")["kind"], "group");
     s.ok(&["schedule", "rm", "g"]);
@@ -206,7 +197,7 @@ fn schedules_survive_a_restart_and_an_overdue_one_runs_once() {
     });
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        owned(&snapshot_names(&s, "vm"), "hourly").len(),
+        owned(&s.snapshot_names("vm"), "hourly").len(),
         1,
         "one run, not five"
     );
@@ -227,11 +218,11 @@ fn schedules_survive_a_restart_and_an_overdue_one_runs_once() {
     assert_eq!(schedule(&s, "nightly")["at_s"], 7200);
     // Not due again after the restart.
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(owned(&snapshot_names(&s, "vm"), "hourly").len(), 1);
+    assert_eq!(owned(&s.snapshot_names("vm"), "hourly").len(), 1);
     // run: now, through the server.
     let r = s.json(&["schedule", "run", "nightly"]);
     assert_eq!(r[0]["last_result"], "ok", "{r}");
-    assert_eq!(owned(&snapshot_names(&s, "vm"), "nightly").len(), 1);
+    assert_eq!(owned(&s.snapshot_names("vm"), "nightly").len(), 1);
     srv.stop();
 }
 

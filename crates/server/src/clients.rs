@@ -100,16 +100,11 @@ impl Clients {
                 out.push((Holder::Nbd(list.clone(), s.id), c));
             }
         }
-        if let Some(v) = self.vhost.lock().clone() {
-            for s in v.server().sessions() {
-                let peer = match s.pid {
-                    Some(pid) => format!("{} ({})", s.socket.display(), process(pid as u32)),
-                    None => s.socket.display().to_string(),
-                };
-                let c = client(s.export, "vhost-user-blk", peer, s.read_only, s.since_unix);
-                out.push((Holder::Vhost(s.socket), c));
-            }
-        }
+        out.extend(
+            self.vhost_sessions()
+                .into_iter()
+                .map(|(socket, c)| (Holder::Vhost(socket), c)),
+        );
         if let Some(f) = self.fuse.lock().clone() {
             for s in f.sessions() {
                 let c = client(
@@ -124,6 +119,25 @@ impl Clients {
         }
         out.sort_by_key(|(_, c)| c.since_unix);
         out
+    }
+
+    /// The vhost-user-blk frontends connected now, by socket.
+    fn vhost_sessions(&self) -> Vec<(PathBuf, ClientInfo)> {
+        let Some(v) = self.vhost.lock().clone() else {
+            return Vec::new();
+        };
+        v.server()
+            .sessions()
+            .into_iter()
+            .map(|s| {
+                let peer = match s.pid {
+                    Some(pid) => format!("{} ({})", s.socket.display(), process(pid as u32)),
+                    None => s.socket.display().to_string(),
+                };
+                let c = client(s.export, "vhost-user-blk", peer, s.read_only, s.since_unix);
+                (s.socket, c)
+            })
+            .collect()
     }
 
     /// The sessions on `exports` (each with its snapshots' when its flag
@@ -249,12 +263,11 @@ impl Clients {
         let Some(v) = self.vhost.lock().clone() else {
             return Vec::new();
         };
-        let sessions = self.all();
+        let sessions = self.vhost_sessions();
         let frontend = |p: &Path| {
-            sessions.iter().find_map(|(h, c)| match h {
-                Holder::Vhost(s) if s == p => Some(c.clone()),
-                _ => None,
-            })
+            sessions
+                .iter()
+                .find_map(|(s, c)| (s == p).then(|| c.clone()))
         };
         v.server()
             .listening()

@@ -128,22 +128,28 @@ pub struct Handler {
 }
 
 impl Handler {
-    /// Run one request here (a job's too, in this thread), asked by
-    /// `actor` (the event log's: `events`).
-    /// Run `f` with this handler's request context, without an actor (a
-    /// request `f` runs logs its own).
-    pub fn with_ctx(&self, f: &mut dyn FnMut(&Ctx<'_>)) {
-        f(&Ctx {
+    /// What requests run against here, logged as `actor`'s when it is
+    /// given.
+    fn ctx<'a>(&'a self, actor: Option<&'a str>) -> Ctx<'a> {
+        Ctx {
             ds: &*self.ds,
             stats: Some(&self.stats),
             jobs: Some(&*self.jobs),
             control: None,
             mover: self.mover.as_deref().map(|m| m as &dyn Mover),
             clients: Some(&self.clients),
-            actor: None,
-        })
+            actor,
+        }
     }
 
+    /// Run `f` with this handler's request context, without an actor (a
+    /// request `f` runs logs its own).
+    pub fn with_ctx(&self, f: &mut dyn FnMut(&Ctx<'_>)) {
+        f(&self.ctx(None))
+    }
+
+    /// Run one request here (a job's too, in this thread), asked by
+    /// `actor` (the event log's: `events`).
     pub fn run(
         &self,
         req: &Request,
@@ -159,19 +165,7 @@ impl Handler {
                 crate::events::request(self.ds.dir(), req, actor, r.as_ref().map(|_| ()));
                 r
             }
-            req => execute(
-                &Ctx {
-                    ds: &*self.ds,
-                    stats: Some(&self.stats),
-                    jobs: Some(&*self.jobs),
-                    control: None,
-                    mover: self.mover.as_deref().map(|m| m as &dyn Mover),
-                    clients: Some(&self.clients),
-                    actor: Some(actor),
-                },
-                req,
-                progress,
-            ),
+            req => execute(&self.ctx(Some(actor)), req, progress),
         }
     }
 

@@ -16,7 +16,7 @@ use strata_engine::{Error, ErrorKind};
 pub fn refuse(ds: &dyn Datastore, req: &Request) -> Result<(), Error> {
     let (from, what, doing, force) = match req {
         Request::Remove { name, force } => (
-            From::Disk(name),
+            Source::Disk(name),
             format!("'{name}' has snapshots that linked clones"),
             "removing it",
             *force,
@@ -26,7 +26,7 @@ pub fn refuse(ds: &dyn Datastore, req: &Request) -> Result<(), Error> {
             snapshot,
             force,
         } => (
-            From::Snapshot(format!("{disk}@{snapshot}")),
+            Source::Snapshot(format!("{disk}@{snapshot}")),
             format!("linked clones of '{disk}@{snapshot}'"),
             "deleting it",
             *force,
@@ -40,17 +40,17 @@ pub fn refuse(ds: &dyn Datastore, req: &Request) -> Result<(), Error> {
     // A disk's snapshots now: a clone whose parent went already holds
     // nothing back.
     let live: Vec<String> = match &from {
-        From::Disk(d) => ds
+        Source::Disk(d) => ds
             .snapshots(d)
             .map(|s| s.into_iter().map(|s| format!("{d}@{}", s.name)).collect())
             .unwrap_or_default(),
-        From::Snapshot(s) => vec![s.clone()],
+        Source::Snapshot(s) => vec![s.clone()],
     };
     let clones: Vec<String> = disks
         .iter()
         .filter(|d| d.info.parent.as_ref().is_some_and(|p| live.contains(p)))
         .map(|d| match &d.info.parent {
-            Some(p) if matches!(from, From::Disk(_)) => format!("{} (from {p})", d.info.name),
+            Some(p) if matches!(from, Source::Disk(_)) => format!("{} (from {p})", d.info.name),
             _ => d.info.name.clone(),
         })
         .collect();
@@ -67,8 +67,8 @@ pub fn refuse(ds: &dyn Datastore, req: &Request) -> Result<(), Error> {
         return Ok(());
     }
     let subject = match from {
-        From::Disk(_) => format!("{what} were made from: {list}"),
-        From::Snapshot(_) => format!("{what} exist: {list}"),
+        Source::Disk(_) => format!("{what} were made from: {list}"),
+        Source::Snapshot(_) => format!("{what} exist: {list}"),
     };
     Err(Error::new(
         ErrorKind::Refused,
@@ -80,32 +80,39 @@ pub fn refuse(ds: &dyn Datastore, req: &Request) -> Result<(), Error> {
 }
 
 /// What a refusal is about: a disk (any of its snapshots) or one snapshot.
-enum From<'a> {
+enum Source<'a> {
     Disk(&'a str),
     Snapshot(String),
 }
 
+/// What answering finds of a clone's parent disk.
+enum ParentDisk {
+    /// There, with these snapshots.
+    Snapshots(Vec<String>),
+    /// Removed.
+    Gone,
+    /// Not known now (a store that does not answer): nothing is marked.
+    Unknown,
+}
+
 /// Mark each view whose parent snapshot (or its disk) no longer exists.
-/// A parent that cannot be looked up now (a store that does not answer)
-/// is not marked.
 pub fn mark_deleted_parents(ds: &dyn Datastore, views: &mut [DiskView]) {
-    // Per parent disk: its snapshots' names, None when the disk is gone.
-    let mut known: HashMap<String, Option<Option<Vec<String>>>> = HashMap::new();
+    let mut known: HashMap<String, ParentDisk> = HashMap::new();
     for v in views.iter_mut() {
         let Some(parent) = &v.info.parent else {
             continue;
         };
         let (disk, snap) = strata_format::split_target(parent);
-        let names = known
+        let found = known
             .entry(disk.to_string())
             .or_insert_with(|| match ds.snapshots(disk) {
-                Ok(s) => Some(Some(s.into_iter().map(|s| s.name).collect())),
-                Err(e) if e.kind == ErrorKind::NotFound => Some(None),
-                Err(_) => None,
+                Ok(s) => ParentDisk::Snapshots(s.into_iter().map(|s| s.name).collect()),
+                Err(e) if e.kind == ErrorKind::NotFound => ParentDisk::Gone,
+                Err(_) => ParentDisk::Unknown,
             });
-        v.info.parent_deleted = match (names, snap) {
-            (Some(Some(names)), Some(snap)) => !names.iter().any(|n| n == snap),
-            (Some(None), _) => true,
+        v.info.parent_deleted = match (found, snap) {
+            (ParentDisk::Snapshots(names), Some(snap)) => !names.iter().any(|n| n == snap),
+            (ParentDisk::Gone, _) => true,
             _ => false,
         };
     }

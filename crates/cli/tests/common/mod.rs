@@ -164,6 +164,16 @@ impl Store {
             .collect()
     }
 
+    /// The names of `disk`'s snapshots, as `snapshot list` gives them.
+    pub fn snapshot_names(&self, disk: &str) -> Vec<String> {
+        self.json(&["snapshot", "list", disk])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn sock(&self) -> PathBuf {
         self.dir.path().join("nbd.sock")
     }
