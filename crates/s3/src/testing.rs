@@ -83,6 +83,49 @@ fn write_s3_config(dir: &std::path::Path) -> std::path::PathBuf {
     config
 }
 
+/// `weed server`'s arguments for one test instance: every port from
+/// `base` (HTTP `base..base+4`, gRPC `+10000`), its data and sockets in
+/// `dir`.
+fn server_args(
+    cmd: &mut Command,
+    base: u16,
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    data: &std::path::Path,
+) {
+    let s3 = base + 3;
+    cmd.arg("server")
+        .arg("-ip=127.0.0.1")
+        .arg("-ip.bind=127.0.0.1")
+        .arg(format!("-dir={}", data.display()))
+        .arg(format!("-master.port={base}"))
+        .arg(format!("-volume.port={}", base + 1))
+        .arg("-filer")
+        .arg(format!("-filer.port={}", base + 2))
+        .arg("-s3")
+        .arg(format!("-s3.port={s3}"))
+        // The gRPC twins named, as `free_base` checked them.
+        .arg(format!("-master.port.grpc={}", base + 10000))
+        .arg(format!("-volume.port.grpc={}", base + 10001))
+        .arg(format!("-filer.port.grpc={}", base + 10002))
+        .arg(format!("-s3.port.grpc={}", s3 + 10000))
+        .arg(format!("-s3.config={}", config.display()))
+        // No Iceberg or Lance catalogs: they listen on fixed ports.
+        .arg("-s3.port.iceberg=0")
+        .arg("-s3.port.lance=0")
+        // Its filer's and S3 gateway's local sockets in the directory
+        // that goes with it, not left in /tmp by every run (its gRPC
+        // sockets always go to the temporary directory, no flag moves
+        // them: see `grpc_sockets`).
+        .arg(format!(
+            "-filer.localSocket={}",
+            dir.join("filer.sock").display()
+        ))
+        .arg(format!("-s3.localSocket={}", dir.join("s3.sock").display()))
+        .arg("-master.volumeSizeLimitMB=256")
+        .arg("-volume.max=0");
+}
+
 impl SeaweedFs {
     /// Start one, or return None (after saying why) when `weed` is missing
     /// and tools are not required.
@@ -108,6 +151,7 @@ impl SeaweedFs {
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
         let s3 = base + 3;
         let mut cmd = Command::new(&weed);
+        server_args(&mut cmd, base, dir.path(), &config, &data);
         // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -118,39 +162,6 @@ impl SeaweedFs {
             });
         }
         let child = cmd
-            .arg("server")
-            .arg("-ip=127.0.0.1")
-            .arg("-ip.bind=127.0.0.1")
-            .arg(format!("-dir={}", data.display()))
-            .arg(format!("-master.port={base}"))
-            .arg(format!("-volume.port={}", base + 1))
-            .arg("-filer")
-            .arg(format!("-filer.port={}", base + 2))
-            .arg("-s3")
-            .arg(format!("-s3.port={s3}"))
-            // The gRPC twins named, as `free_base` checked them.
-            .arg(format!("-master.port.grpc={}", base + 10000))
-            .arg(format!("-volume.port.grpc={}", base + 10001))
-            .arg(format!("-filer.port.grpc={}", base + 10002))
-            .arg(format!("-s3.port.grpc={}", s3 + 10000))
-            .arg(format!("-s3.config={}", config.display()))
-            // No Iceberg or Lance catalogs: they listen on fixed ports.
-            .arg("-s3.port.iceberg=0")
-            .arg("-s3.port.lance=0")
-            // Its filer's and S3 gateway's local sockets in the directory
-            // that goes with it, not left in /tmp by every run (its gRPC
-            // sockets always go to the temporary directory, no flag moves
-            // them: see `grpc_sockets`).
-            .arg(format!(
-                "-filer.localSocket={}",
-                dir.path().join("filer.sock").display()
-            ))
-            .arg(format!(
-                "-s3.localSocket={}",
-                dir.path().join("s3.sock").display()
-            ))
-            .arg("-master.volumeSizeLimitMB=256")
-            .arg("-volume.max=0")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -5,14 +5,14 @@ use std::fs::File;
 use std::sync::Arc;
 
 use strata_format::{
-    catalog_file, journal_file, Superblock, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
+    catalog_file, journal_file, SuperPick, Superblock, FILE_POOL, FILE_REFCOUNT, FILE_SUPER,
     FORMAT_VERSION_V1, GRAIN_BYTES, SUPER_SLOT_BYTES,
 };
-use strata_storage::Backend;
+use strata_storage::{Backend, Storage};
 
 use crate::catalog::Catalog;
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::journal::LogFiles;
+use crate::journal::{GenerationLog, LogFiles};
 use crate::meta::Meta;
 use crate::store::{now_unix, CheckpointState, CommitState, Store, StoreParts};
 
@@ -98,23 +98,8 @@ impl Datastore {
     /// is held for the lifetime of the datastore (the caller took it).
     #[expect(clippy::too_many_lines)]
     pub fn open(backend: Arc<dyn Backend>, opts: &OpenOptions, lock: Option<File>) -> Result<Self> {
-        if !backend.exists(FILE_SUPER) {
-            return err(
-                ErrorKind::NotFound,
-                format!(
-                    "no datastore in {} (run 'strata init' first)",
-                    backend.describe()
-                ),
-            );
-        }
         let where_ = backend.describe();
-        let super_file = backend.open(FILE_SUPER, false)?;
-        let mut slots = vec![0u8; 2 * SUPER_SLOT_BYTES];
-        super_file.read_at(&mut slots, 0)?;
-        let pick = Superblock::pick_slots(&slots[..SUPER_SLOT_BYTES], &slots[SUPER_SLOT_BYTES..])
-            .map_err(|e| {
-            Error::new(ErrorKind::Corrupt, format!("{where_}: {FILE_SUPER}: {e}"))
-        })?;
+        let (super_file, pick) = read_superblock(backend.as_ref())?;
         let sb = pick.current;
         if sb.version == FORMAT_VERSION_V1 {
             let catalog = read_catalog(backend.as_ref(), &sb)?;
@@ -128,13 +113,7 @@ impl Datastore {
         // the only one, FORMAT.md §2); a never-written slot does not.
         let slot_valid = pick.valid;
         if let Some((slot, e)) = &pick.damaged {
-            let w = format!(
-                "{FILE_SUPER} slot {slot} (byte {}) is damaged: {e}; opened from slot {} \
-                 (generation {})",
-                slot * SUPER_SLOT_BYTES,
-                sb.generation % 2,
-                sb.generation
-            );
+            let w = damaged_slot(*slot, e, &sb);
             tracing::error!("{where_}: {w}");
             open_warnings.push(w);
         }
@@ -157,46 +136,9 @@ impl Datastore {
             backend.open(journal_file(1), true)?,
         ];
         let logs = LogFiles::new(journal_files);
-        // The log of the superblock's generation, then the next ones while
-        // each log ends by naming the next (a checkpoint that did not finish
-        // writing its superblock, or a damaged newer slot).
-        let mut gen = sb.generation;
-        let mut replayed = 0;
-        let mut log = logs.read_generation(gen)?;
-        loop {
-            replayed += log.batches.len();
-            for recs in std::mem::take(&mut log.batches) {
-                for r in recs {
-                    meta.replay(r)?;
-                }
-            }
-            let Some(next) = log.ended_for else { break };
-            if next <= gen || next % 2 == gen % 2 {
-                break;
-            }
-            let following = logs.read_generation(next)?;
-            if following.batches.is_empty() {
-                break;
-            }
-            gen = next;
-            log = following;
-        }
+        let (gen, log, replayed) = replay_chain(&logs, &mut meta, sb.generation)?;
         let writer = logs.resume(gen, &log);
-        for (file, first) in logs.first_generations()?.into_iter().enumerate() {
-            if let Some(g) = first {
-                if g > gen {
-                    return err(
-                        ErrorKind::Corrupt,
-                        format!(
-                            "{where_}: {} begins with a valid log of generation {g}, newer than \
-                             what the superblock leads to ({gen}): a newer superblock was lost; \
-                             refusing to open without it",
-                            journal_file(file as u64)
-                        ),
-                    );
-                }
-            }
-        }
+        refuse_newer_logs(&logs, gen, &where_)?;
         meta.finish_open()
             .map_err(|e| Error::new(e.kind, format!("{where_}: {}", e.message)))?;
         // The reserved tail as the pool file's length finds it (§7.1).
@@ -253,4 +195,86 @@ impl Datastore {
         }
         self.inner.commit(true)
     }
+}
+
+/// Replay the log of generation `gen` (the superblock's), then the next
+/// ones while each log ends by naming the next (a checkpoint that did not
+/// finish writing its superblock, or a damaged newer slot): the last
+/// generation replayed, its log (emptied of its batches; where writing
+/// resumes), and how many batches were replayed.
+fn replay_chain(
+    logs: &LogFiles,
+    meta: &mut Meta,
+    mut gen: u64,
+) -> Result<(u64, GenerationLog, usize)> {
+    let mut replayed = 0;
+    let mut log = logs.read_generation(gen)?;
+    loop {
+        replayed += log.batches.len();
+        for recs in std::mem::take(&mut log.batches) {
+            for r in recs {
+                meta.replay(r)?;
+            }
+        }
+        let Some(next) = log.ended_for else { break };
+        if next <= gen || next % 2 == gen % 2 {
+            break;
+        }
+        let following = logs.read_generation(next)?;
+        if following.batches.is_empty() {
+            break;
+        }
+        gen = next;
+        log = following;
+    }
+    Ok((gen, log, replayed))
+}
+
+/// Refuse to open when a log file begins with a generation newer than
+/// `gen`, the last the superblock leads to: a newer superblock was lost,
+/// and opening without it would drop flushed writes (FORMAT.md §2).
+fn refuse_newer_logs(logs: &LogFiles, gen: u64, where_: &str) -> Result<()> {
+    for (file, first) in logs.first_generations()?.into_iter().enumerate() {
+        if let Some(g) = first.filter(|&g| g > gen) {
+            return err(
+                ErrorKind::Corrupt,
+                format!(
+                    "{where_}: {} begins with a valid log of generation {g}, newer than what \
+                     the superblock leads to ({gen}): a newer superblock was lost; refusing to \
+                     open without it",
+                    journal_file(file as u64)
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The superblock file and its two slots' verdict (FORMAT.md §2); no
+/// datastore here when there is no such file.
+fn read_superblock(backend: &dyn Backend) -> Result<(Arc<dyn Storage>, SuperPick)> {
+    let where_ = backend.describe();
+    if !backend.exists(FILE_SUPER) {
+        return err(
+            ErrorKind::NotFound,
+            format!("no datastore in {where_} (run 'strata init' first)"),
+        );
+    }
+    let super_file = backend.open(FILE_SUPER, false)?;
+    let mut slots = vec![0u8; 2 * SUPER_SLOT_BYTES];
+    super_file.read_at(&mut slots, 0)?;
+    let pick = Superblock::pick_slots(&slots[..SUPER_SLOT_BYTES], &slots[SUPER_SLOT_BYTES..])
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{where_}: {FILE_SUPER}: {e}")))?;
+    Ok((super_file, pick))
+}
+
+/// What `check` reports of a damaged superblock slot when the datastore
+/// opened from the other one, `sb`.
+fn damaged_slot(slot: usize, e: &impl std::fmt::Display, sb: &Superblock) -> String {
+    format!(
+        "{FILE_SUPER} slot {slot} (byte {}) is damaged: {e}; opened from slot {} (generation {})",
+        slot * SUPER_SLOT_BYTES,
+        sb.generation % 2,
+        sb.generation
+    )
 }
