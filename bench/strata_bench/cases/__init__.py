@@ -10,6 +10,7 @@ from .chain import case_chain
 from .ckpt import case_ckpt
 from .claims import case_claims
 from .clone import case_clone
+from .crypto import case_crypto
 from .depth import case_depth
 from .firstwrite import case_firstwrite
 from .formats import case_formats
@@ -69,6 +70,7 @@ CASES = {
     "tls": case_tls,
     "hostile": case_hostile,
     "firstwrite": case_firstwrite,
+    "crypto": case_crypto,
     # make paper's own (bench.py --paper): not in a run without --only.
     "paper_matrix": case_paper_matrix,
     "tera": case_tera,

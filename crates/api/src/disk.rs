@@ -93,6 +93,37 @@ pub struct DiskInfo {
     /// I/O limits (`strata limit`), absent when there are none.
     #[serde(default, skip_serializing_if = "IoLimits::is_none")]
     pub limits: IoLimits,
+    /// How the disk is encrypted (docs/SECURITY.md, "Encryption at
+    /// rest"); absent for a plain disk. Never holds a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
+}
+
+/// An encrypted disk's cipher, whether this process holds its keys, and
+/// its keyslots (FORMAT.md §16): what may be shown, never a key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Encryption {
+    /// `aes-xts-plain64`.
+    pub cipher: String,
+    /// No key for it has been given to this process (`strata unlock`):
+    /// its data cannot be read or written.
+    pub locked: bool,
+    /// The keyring, shared with the disk's linked clones.
+    pub keyring: u64,
+    pub slots: Vec<KeySlotInfo>,
+}
+
+/// One keyslot: a secret that opens the disk's keys.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeySlotInfo {
+    pub slot: u32,
+    /// How its secret was given: `file`, `keyring`, `helper`.
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// `hkdf-sha256` (key material) or `argon2id` (a passphrase).
+    pub kdf: String,
+    pub created_unix: u64,
 }
 
 /// A snapshot of a disk as commands answer it.

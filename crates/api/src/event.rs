@@ -134,6 +134,7 @@ impl Request {
             Request::ScheduleAdd { .. } => "schedule_add",
             Request::ScheduleRemove { .. } => "schedule_remove",
             Request::ScheduleRun { .. } => "schedule_run",
+            Request::Key(k) => return k.event_kind(),
             Request::Status
             | Request::List
             | Request::Info { .. }
@@ -198,6 +199,7 @@ impl Request {
             Request::JobControl { id, .. } => format!("job {id}"),
             Request::ScheduleAdd { schedule } => schedule.name.clone(),
             Request::ScheduleRemove { name } | Request::ScheduleRun { name } => name.clone(),
+            Request::Key(k) => k.name().to_string(),
             Request::VmdkShrink { path, .. } | Request::VhostRemove { socket: path, .. } => {
                 path.display().to_string()
             }
@@ -212,8 +214,15 @@ impl Request {
             Request::Create {
                 size_bytes,
                 provisioning,
+                encrypt,
                 ..
-            } => format!("{}, {}", human(*size_bytes), provisioning.as_str()),
+            } => format!(
+                "{}, {}{}",
+                human(*size_bytes),
+                provisioning.as_str(),
+                if encrypt.is_some() { ", encrypted" } else { "" }
+            ),
+            Request::Key(k) => return k.event_detail(),
             Request::Extend {
                 size_bytes,
                 by: true,

@@ -42,6 +42,7 @@ pub mod disk;
 pub mod event;
 pub mod group;
 pub mod job;
+pub mod key;
 pub mod request;
 pub mod response;
 pub mod schedule;
@@ -57,14 +58,15 @@ pub use datastore::{
     CheckReport, DatastoreInfo, DefragReport, FailStop, FreeSpaceReport, PoolLayout,
     FREE_EXTENT_CLASSES,
 };
-pub use disk::{DiskInfo, Provisioning, PunchZeroReport, SnapshotInfo};
+pub use disk::{DiskInfo, Encryption, KeySlotInfo, Provisioning, PunchZeroReport, SnapshotInfo};
 pub use event::Event;
 pub use group::{
     Consistency, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotReport, QuiesceReport,
     QuiesceResult,
 };
 pub use job::{JobAction, JobInfo, JobState};
-pub use request::{ImageFormat, Request};
+pub use key::{KeyGrant, Secret};
+pub use request::{ImageFormat, KeyRequest, Request};
 pub use response::{
     AlarmEntry, DiffRange, DiffReport, ExportDiffReport, ExportReport, ExportStats, ExportedLink,
     ImportDiffReport, ImportReport, ImportedLink, MoveReport, RangeKind, Response,

@@ -15,6 +15,7 @@ use strata_block::{Error, Kind as ErrorKind};
 use crate::alarm::AlarmRule;
 use crate::disk::Provisioning;
 use crate::job::JobAction;
+use crate::key::{KeyGrant, Secret};
 use crate::vmdk::{subformat_name, Subformat};
 
 /// A datastore command.
@@ -30,6 +31,9 @@ pub enum Request {
         name: String,
         size_bytes: u64,
         provisioning: Provisioning,
+        /// Encrypted, with a first keyslot for this secret (FORMAT.md §16).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        encrypt: Option<KeyGrant>,
     },
     Remove {
         name: String,
@@ -368,6 +372,8 @@ pub enum Request {
     ScheduleRun {
         name: String,
     },
+    /// `unlock`, `key list|add|remove`, `rekey` (docs/SECURITY.md).
+    Key(KeyRequest),
 }
 
 impl Request {
@@ -435,6 +441,77 @@ impl Request {
                     ..
                 }
         )
+    }
+}
+
+/// A request about an encrypted disk's keys, tagged by `key_op` beside
+/// the request's `op` of `key`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "key_op", rename_all = "snake_case")]
+pub enum KeyRequest {
+    /// `unlock DISK`: open an encrypted disk's keys with `key` and keep
+    /// them where the datastore is held (a server: until it stops).
+    Unlock { name: String, key: Secret },
+    /// `key list DISK`: its cipher and keyslots (never a key).
+    List { name: String },
+    /// `key add DISK`: a keyslot for `new`. `key` opens the disk first
+    /// when it is not unlocked already.
+    Add {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Secret>,
+        new: KeyGrant,
+    },
+    /// `key remove DISK SLOT` (the last slot is refused).
+    Remove {
+        name: String,
+        slot: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Secret>,
+    },
+    /// `rekey DISK`: every keyslot replaced by one for `new`; `deep` also
+    /// replaces the data key (re-encrypting the data).
+    Rekey {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Secret>,
+        new: KeyGrant,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        deep: bool,
+    },
+}
+
+impl KeyRequest {
+    /// The disk it is about.
+    pub fn name(&self) -> &str {
+        match self {
+            KeyRequest::Unlock { name, .. }
+            | KeyRequest::List { name }
+            | KeyRequest::Add { name, .. }
+            | KeyRequest::Remove { name, .. }
+            | KeyRequest::Rekey { name, .. } => name,
+        }
+    }
+
+    /// Its event kind: who unlocked a disk and who changed its keyslots
+    /// (never a key: a `Secret` does not print); None for `key list`.
+    pub fn event_kind(&self) -> Option<&'static str> {
+        Some(match self {
+            KeyRequest::Unlock { .. } => "unlock",
+            KeyRequest::Add { .. } => "key_add",
+            KeyRequest::Remove { .. } => "key_remove",
+            KeyRequest::Rekey { .. } => "rekey",
+            KeyRequest::List { .. } => return None,
+        })
+    }
+
+    /// More about its event (None when nothing).
+    pub fn event_detail(&self) -> Option<String> {
+        match self {
+            KeyRequest::Remove { slot, .. } => Some(format!("slot {slot}")),
+            KeyRequest::Rekey { deep: true, .. } => Some("--deep".into()),
+            _ => None,
+        }
     }
 }
 

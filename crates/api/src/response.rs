@@ -133,6 +133,17 @@ pub enum Response {
     },
     /// `schedule rm`
     ScheduleRemoved { name: String },
+    /// `unlock`: the keyslot that opened; `kept` false when no server
+    /// holds the datastore (the key was only checked).
+    Unlocked { name: String, slot: u32, kept: bool },
+    /// `key list|add|remove`, `rekey`: the disk's keyslots as they are
+    /// now; `slot` the one `key add` made.
+    Keys {
+        name: String,
+        encryption: crate::disk::Encryption,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slot: Option<u32>,
+    },
 }
 
 /// What `diff` found (docs/BACKUP.md).
@@ -365,6 +376,20 @@ impl Response {
             Response::Events(e) => value(e),
             Response::Schedules { schedules, .. } => value(schedules),
             Response::ScheduleRemoved { name } => json!({ "removed": name }),
+            Response::Unlocked { name, slot, kept } => {
+                json!({ "disk": name, "slot": slot, "kept": kept })
+            }
+            Response::Keys {
+                name,
+                encryption,
+                slot,
+            } => {
+                let mut v = json!({ "disk": name, "encryption": value(encryption) });
+                if let Some(s) = slot {
+                    v["slot"] = json!(s);
+                }
+                v
+            }
         }
     }
 }

@@ -45,7 +45,7 @@ pub mod throttle;
 pub use aligned::AlignedBuf;
 pub use error::{Error, Kind, Place};
 pub use fill::{Fill, FillRuns, ReadFill};
-pub use plan::{hold_read, FilePiece, Held, IoHold, IoPlan, Planned};
+pub use plan::{hold_read, AfterRead, FilePiece, Held, IoHold, IoPlan, Planned};
 
 /// The addressing unit of every request.
 pub const SECTOR_BYTES: u64 = 512;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::lock_api::ArcRwLockReadGuard;
 use parking_lot::{RawRwLock, RwLock};
 
-use crate::ReadFill;
+use crate::{AlignedBuf, ReadFill};
 
 /// The read side of `lock`, for a plan to hold until its read is over.
 /// Waited for only with `wait` (the caller holds no plan); otherwise None
@@ -93,7 +93,19 @@ pub struct IoPlan {
     pub fill: ReadFill,
     /// What the I/O holds until its pieces are done; released in order.
     pub holds: Vec<Box<dyn IoHold>>,
+    /// A write's bytes when they are not the request's own (an encrypted
+    /// disk's ciphertext, FORMAT.md §16.1): the pieces' `buf_offset`s
+    /// are into this buffer, which the plan keeps until it is dropped, and
+    /// the request's buffer is not read.
+    pub source: Option<AlignedBuf>,
+    /// What a read's buffer needs once every piece is in, before it is
+    /// answered (an encrypted disk decrypts it in place), given the
+    /// whole buffer; skipped when a piece failed.
+    pub after_read: Option<AfterRead>,
 }
+
+/// [`IoPlan::after_read`].
+pub type AfterRead = Box<dyn FnOnce(&mut [u8]) + Send>;
 
 impl IoPlan {
     /// The I/O is over: release what it holds, innermost first. Returns

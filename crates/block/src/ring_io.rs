@@ -62,6 +62,13 @@ impl<T> Pending<T> {
     /// install among them); a step that fails the request fails it with
     /// EIO. Returns whether the request succeeded: what to answer.
     pub fn finish_plan(&mut self) -> bool {
+        if let (None, Some(f)) = (self.failed, self.plan.after_read.take()) {
+            let len = self.plan.fill.len_bytes() as usize;
+            // SAFETY: `dest` is the request's buffer of `len` bytes (a
+            // read has no `source`), every piece of it is in, and it is
+            // ours until the request is handed back.
+            f(unsafe { std::slice::from_raw_parts_mut(self.dest.0, len) });
+        }
         if !self.plan.finish(self.failed.is_none()) {
             self.failed.get_or_insert(libc::EIO);
         }
@@ -155,6 +162,12 @@ impl<T: Send> RingIo<T> {
     /// call or to the reaping thread's `finish`); `ctx` may own it.
     pub unsafe fn start(&self, ctx: T, dest: *mut u8, plan: IoPlan) -> Option<Pending<T>> {
         let n = plan.pieces.len();
+        // A write of bytes the plan made itself goes out from its buffer
+        // (the kernel only reads a write's memory).
+        let dest = match &plan.source {
+            Some(b) if plan.write => b.as_ptr().cast_mut(),
+            _ => dest,
+        };
         let p = Pending {
             ctx,
             plan,
@@ -521,6 +534,8 @@ mod tests {
             pieces: vec![piece(0, first), piece(4096, second)],
             fill: ReadFill::all_data(8192),
             holds: Vec::new(),
+            source: None,
+            after_read: None,
         }
     }
 

@@ -115,6 +115,14 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             Cmd::Limit { .. } | Cmd::Punchzero { .. } => limit_action(cmd),
             Cmd::Move { .. } | Cmd::Defrag { .. } => layout_action(cmd),
             Cmd::Snapshot(_) | Cmd::Group(_) | Cmd::Schedule(_) => snapshot_action(cmd),
+            Cmd::Unlock { disk, key } => Ok(datastore(crate::keys::unlock(disk, key)?)),
+            Cmd::Key(k) => Ok(datastore(crate::keys::key(k)?)),
+            Cmd::Rekey {
+                disk,
+                key,
+                new,
+                deep,
+            } => Ok(datastore(crate::keys::rekey(disk, key, new, *deep)?)),
             Cmd::Clone { .. } => clone_action(cmd),
             Cmd::ExportDiff { .. } | Cmd::ImportDiff { .. } | Cmd::Diff { .. } => diff_action(cmd),
             Cmd::Stats { .. } | Cmd::Import { .. } | Cmd::Export { .. } => data_action(cmd),
@@ -275,10 +283,20 @@ fn disk_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             name,
             size,
             provisioning,
+            encrypt,
+            key,
+            key_label,
         } => Request::Create {
             name: name.clone(),
             size_bytes: sectors(*size)?,
             provisioning: *provisioning,
+            encrypt: match encrypt {
+                true => key.grant(key_label.as_ref())?,
+                false if key.secret_given() => {
+                    return Err(invalid("a key for a new disk goes with --encrypt"))
+                }
+                false => None,
+            },
         },
         Cmd::Rm { name, force } => Request::Remove {
             name: name.clone(),

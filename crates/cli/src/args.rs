@@ -202,6 +202,11 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
     #[command(subcommand)]
     Vhost(VhostCmd),
     /// Create a disk
+    #[command(long_about = "Create a disk.\n\n\
+With --encrypt its data is encrypted with AES-256-XTS under a data key of its own, which the \
+datastore keeps only wrapped by the secret given with --key-file, --key-keyring or --key-helper \
+(docs/SECURITY.md). The secret is never stored; after a restart the disk stays locked until \
+'strata unlock' (or 'serve --unlock') gives it again.")]
     Create {
         name: String,
         /// Virtual size (e.g. 10G)
@@ -210,6 +215,47 @@ figure the usage and over-commit alarms measure against, kept for this host (`fs
         /// Provisioning: thin, zeroedthick or eagerzeroedthick
         #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
+        /// Encrypt the disk's data (with the key given by --key-*)
+        #[arg(long, requires = "key")]
+        encrypt: bool,
+        #[command(flatten)]
+        key: crate::keys::KeyArgs,
+        /// A label for the first keyslot ('strata key list' shows it)
+        #[arg(long, value_name = "TEXT", requires = "encrypt")]
+        key_label: Option<String>,
+    },
+    /// Give a running server an encrypted disk's key, so it serves the disk
+    #[command(
+        long_about = "Open an encrypted disk's keys with its secret and hand them to the \
+running server, which then serves the disk until it stops (docs/SECURITY.md). Without a \
+server, checks that the secret opens the disk and changes nothing. A wrong secret is refused \
+and the disk stays locked."
+    )]
+    Unlock {
+        disk: String,
+        #[command(flatten)]
+        key: crate::keys::KeyArgs,
+    },
+    /// An encrypted disk's keyslots: list, add, remove
+    #[command(subcommand)]
+    Key(crate::keys::KeyCmd),
+    /// Replace every keyslot of an encrypted disk by one for a new secret
+    #[command(
+        long_about = "Replace every keyslot of an encrypted disk by one for the new \
+secret (--new-key-*): the old secrets stop opening it. The data key stays, so no data is \
+written and it takes the same time with any number of snapshots. The disk must be unlocked \
+or opened here with a current secret (--key-*). --deep (a new data key, the data \
+re-encrypted) is not built yet."
+    )]
+    Rekey {
+        disk: String,
+        #[command(flatten)]
+        key: crate::keys::KeyArgs,
+        #[command(flatten)]
+        new: crate::keys::NewKeyArgs,
+        /// Also replace the data key, re-encrypting the data (not built yet)
+        #[arg(long)]
+        deep: bool,
     },
     /// List disks
     #[command(visible_alias = "ls")]

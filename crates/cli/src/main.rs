@@ -9,6 +9,7 @@
 mod action;
 mod args;
 mod group;
+mod keys;
 mod schedule;
 mod serve_args;
 mod target;

@@ -84,6 +84,7 @@ macro_rules! outln {
     }};
 }
 
+mod keys;
 mod schedules;
 
 /// A block of `key: value` lines whose values start in one column; a key
@@ -203,6 +204,12 @@ impl Render for Response {
             Response::ScheduleRemoved { name } => {
                 outln!(out, "removed schedule {name} (its snapshots stay)")
             }
+            Response::Unlocked { name, slot, kept } => keys::unlocked(out, name, *slot, *kept),
+            Response::Keys {
+                name,
+                encryption,
+                slot,
+            } => keys::list(out, name, encryption, *slot),
         }
     }
 
@@ -557,6 +564,9 @@ fn disk(out: &mut String, v: &DiskView) {
     field!(f, "name:", "{}", d.name);
     field!(f, "size:", "{}", bytes(d.size_bytes, ""));
     field!(f, "provisioning:", "{}", d.provisioning.as_str());
+    if let Some(e) = &d.encryption {
+        field!(f, "encrypted:", "{}", keys::summary(e));
+    }
     if let Some(a) = d.allocated_bytes {
         field!(f, "allocated:", "{}", bytes(a, ""));
     }

@@ -168,6 +168,13 @@ pub struct ServeArgs {
     /// otherwise: whoever reaches it could read and write every disk; loopback needs no flag)
     #[arg(long, help_heading = ACCESS)]
     pub insecure: bool,
+    /// Unlock an encrypted disk at start with its key file; repeatable
+    ///
+    /// Unlock an encrypted disk at start with the secret in FILE (its raw bytes; mode 0600 or
+    /// stricter), so the server serves it; a secret that opens no keyslot stops the start.
+    /// Repeatable. Once the server runs, 'strata unlock' does the same with any key source
+    #[arg(long, help_heading = ACCESS, value_name = "DISK=FILE")]
+    pub unlock: Vec<String>,
     /// Mode of the NBD and vhost-user sockets [default: 0600]
     ///
     /// Permissions of the NBD and vhost-user sockets, octal (e.g. 0660 so that a group such
@@ -355,7 +362,7 @@ pub struct ServeArgs {
     /// How long an incoming disk's first write waits
     ///
     /// How long an incoming disk's first write waits for the release before it fails
-    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, help_heading = STORE, value_name = "SECONDS", default_value_t = 60, hide_short_help = true)]
     pub incoming_wait: u64,
 }
 
@@ -389,11 +396,29 @@ fn parse_slice_us(s: &str) -> Result<u32, Error> {
 
 /// The server configuration `strata serve`'s options make, refused where
 /// they do not go together (the server trusts it: see [`ServeConfig`]).
+/// `--unlock DISK=FILE`: the disk and the secret read from the file.
+fn unlock_arg(arg: &str) -> Result<(String, strata_api::Secret), Error> {
+    let Some((disk, file)) = arg.split_once('=') else {
+        return Err(invalid(format!("--unlock {arg:?}: give DISK=FILE")));
+    };
+    let keys = crate::keys::KeyArgs {
+        key_file: Some(file.into()),
+        ..Default::default()
+    };
+    let secret = keys.secret()?.expect("a file was given");
+    Ok((disk.to_string(), secret))
+}
+
 impl TryFrom<&ServeArgs> for ServeConfig {
     type Error = Error;
     fn try_from(a: &ServeArgs) -> Result<ServeConfig, Error> {
         check(a)?;
         Ok(ServeConfig {
+            unlock: a
+                .unlock
+                .iter()
+                .map(|u| unlock_arg(u))
+                .collect::<Result<_, _>>()?,
             nbd_unix: a.nbd_unix.clone(),
             nbd_tcp: a.nbd_tcp.clone(),
             tls_creds: a.tls_creds.clone(),

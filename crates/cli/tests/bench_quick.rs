@@ -1,7 +1,7 @@
 //! The benchmark cases with targets (`bench/bench.py --smoke --only ...`:
 //! `--quick`'s cases and cells at each case's smallest size and shortest
 //! run, in two runs: the serving cases stats, reclaim, vhost, cachenone,
-//! tls and hostile; the store cases multihost, compaction, move, backup,
+//! tls, hostile and crypto; the store cases multihost, compaction, move, backup,
 //! groupsnap and firstwrite) run end to end against the test-built
 //! `strata`, and their JSON has every case and every cell. It proves the benchmarks still work; the figures
 //! worth keeping come from `make bench` (`--quick` or full). The paper's
@@ -79,12 +79,13 @@ fn bench_smoke(cases: &str) -> Option<(Value, tempfile::TempDir)> {
 }
 
 /// The serving cases: statistics, reclaim under load, vhost-user-blk,
-/// `--cache none`, TLS and hostile clients.
+/// `--cache none`, TLS, hostile clients and encryption at rest.
 #[test]
 fn bench_quick_serving_cases() {
-    let Some((j, _tmp)) = bench_smoke("stats,reclaim,vhost,cachenone,tls,hostile") else {
+    let Some((j, _tmp)) = bench_smoke("stats,reclaim,vhost,cachenone,tls,hostile,crypto") else {
         return;
     };
+    check_crypto(&j);
     check_stats(&j);
     check_reclaim(&j);
     check_vhost(&j);
@@ -311,6 +312,37 @@ fn check_tls(j: &Value) {
             positive(get(tl, &[job]), &[k]);
         }
     }
+}
+
+fn check_crypto(j: &Value) {
+    // crypto: encrypted against plain disks of one server over NBD and
+    // vhost-user-blk, the cipher alone, snapshot and clone times, and a
+    // shallow rekey that writes no data.
+    let c = get(j, &["cases", "crypto"]);
+    for transport in ["nbd", "vhost"] {
+        for job in ["randread_4k", "randwrite_4k", "seqread_1m", "seqwrite_1m"] {
+            for k in ["plain_iops", "enc_iops", "ratio"] {
+                positive(get(c, &[transport, job]), &[k]);
+            }
+        }
+    }
+    positive(c, &["cipher_4k_one_core", "encrypt_gb_s"]);
+    positive(c, &["cipher_4k_one_core", "decrypt_gb_s"]);
+    for k in [
+        "snapshot_ms_enc",
+        "clone_ms_enc",
+        "snapshot_ms_plain",
+        "clone_ms_plain",
+    ] {
+        positive(c, &[k]);
+    }
+    positive(c, &["rekey_shallow", "ms"]);
+    assert_eq!(get(c, &["rekey_shallow", "snapshots"]), 101);
+    // Not a timing: a shallow rekey writes no data grain.
+    assert_eq!(
+        get(c, &["rekey_shallow", "pool_unchanged"]),
+        &Value::Bool(true)
+    );
 }
 
 fn check_hostile(j: &Value) {

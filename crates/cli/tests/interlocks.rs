@@ -15,28 +15,9 @@ use std::os::unix::fs::FileExt;
 use std::time::Duration;
 use vhost::VhostBackend;
 
-/// One request through the test frontend: `ty` at `sector` with the
-/// buffer at `buf` of `len` bytes; the status byte.
+/// One request through the test frontend (`Guest::blk_io`).
 fn vhost_io(g: &mut vfront::Guest, ty: u32, sector: u64, len: u32) -> u8 {
-    let (hdr, buf, status) = (vfront::DATA_BASE, vfront::DATA_BASE + 0x1000, 0x0f_0000);
-    g.write(hdr, &vfront::header(ty, sector));
-    g.write(status, &[0xff]);
-    let data_flags = if ty == vfront::T_IN {
-        vfront::F_WRITE
-    } else {
-        0
-    };
-    let head = g.submit(
-        0,
-        &[
-            (hdr, 16, 0),
-            (buf, len, data_flags),
-            (status, 1, vfront::F_WRITE),
-        ],
-    );
-    let (id, _) = g.wait_used(0);
-    assert_eq!(id, head);
-    g.read(status, 1)[0]
+    g.blk_io(ty, sector, len)
 }
 
 fn sessions(s: &Store, disk: &str) -> Vec<serde_json::Value> {

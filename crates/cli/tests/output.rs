@@ -30,6 +30,7 @@ fn disk_info() -> DiskView {
         snapshot_space_bytes: Some(512 << 10),
         fragments: Some(3),
         limits: Default::default(),
+        encryption: None,
     }
     .into()
 }

@@ -153,6 +153,33 @@ fn rename_not_built(kind: Kind) -> Error {
     )
 }
 
+/// Encryption is built for local datastores; an object store's segments
+/// and manifests need their own layout first (FORMAT.md §16.7).
+fn encryption_not_built(kind: Kind) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "encryption is not built yet for a {} (docs/FORMAT.md §16.7)",
+            kind.noun()
+        ),
+    )
+}
+
+fn not_encrypted(disk: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!("disk '{disk}' is not encrypted"),
+    )
+}
+
+/// An encrypted disk to create ([`Datastore::create_encrypted`]).
+pub struct EncryptedDisk<'a> {
+    pub disk: &'a str,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    pub key: &'a strata_api::KeyGrant,
+}
+
 /// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is
 /// `DISK@SNAP` wherever a target is asked for.
 pub trait Datastore: Send + Sync {
@@ -202,6 +229,49 @@ pub trait Datastore: Send + Sync {
         provisioning: Provisioning,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskView>;
+
+    /// Create an encrypted disk with a first keyslot for `key`
+    /// (docs/FORMAT.md §16); unlocked in this process once made.
+    fn create_encrypted(
+        &self,
+        spec: &EncryptedDisk<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        let _ = (spec, progress);
+        Err(encryption_not_built(self.kind()))
+    }
+
+    /// Open an encrypted disk's keys with `secret` and hold them in this
+    /// process; the keyslot that opened.
+    fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        let _ = secret;
+        Err(not_encrypted(disk))
+    }
+
+    /// An encrypted disk's cipher, keyslots and whether it is locked.
+    fn keys(&self, disk: &str) -> Result<strata_api::Encryption> {
+        self.disk_info(disk)?
+            .encryption
+            .ok_or_else(|| not_encrypted(disk))
+    }
+
+    /// Add a keyslot for `new` (the disk unlocked); its number.
+    fn key_add(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<u32> {
+        let _ = new;
+        Err(not_encrypted(disk))
+    }
+
+    /// Remove keyslot `slot` (the disk unlocked; never the last).
+    fn key_remove(&self, disk: &str, slot: u32) -> Result<()> {
+        let _ = slot;
+        Err(not_encrypted(disk))
+    }
+
+    /// Replace every keyslot by one for `new` (the disk unlocked).
+    fn rekey(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<()> {
+        let _ = new;
+        Err(not_encrypted(disk))
+    }
 
     /// Remove the disk and its snapshots.
     fn remove(&self, disk: &str) -> Result<()>;

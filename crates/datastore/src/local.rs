@@ -127,6 +127,21 @@ impl LocalDatastore {
     }
 }
 
+/// A keyslot for a secret given to a command (FORMAT.md §16.2: the KDF
+/// follows from the secret's length; Argon2id at its defaults).
+fn new_slot(key: &strata_api::KeyGrant) -> strata_crypt::NewSlot<'_> {
+    strata_crypt::NewSlot {
+        secret: key.secret.expose(),
+        source: &key.source,
+        label: key.label.as_deref(),
+        argon2: Default::default(),
+        now_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    }
+}
+
 impl Datastore for LocalDatastore {
     fn kind(&self) -> Kind {
         Kind::Local
@@ -187,6 +202,37 @@ impl Datastore for LocalDatastore {
             .ds
             .create_disk(disk, size_bytes, provisioning, progress)?
             .into())
+    }
+
+    fn create_encrypted(
+        &self,
+        spec: &crate::EncryptedDisk<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        let slot = new_slot(spec.key);
+        let new = strata_engine::NewDisk {
+            name: spec.disk,
+            size_bytes: spec.size_bytes,
+            provisioning: spec.provisioning,
+            keys: strata_engine::NewKeys::Fresh(&slot),
+        };
+        Ok(self.ds.create_disk_with(&new, progress)?.into())
+    }
+
+    fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        self.ds.unlock(disk, secret)
+    }
+
+    fn key_add(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<u32> {
+        self.ds.key_add(disk, &new_slot(new))
+    }
+
+    fn key_remove(&self, disk: &str, slot: u32) -> Result<()> {
+        self.ds.key_remove(disk, slot)
+    }
+
+    fn rekey(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<()> {
+        self.ds.rekey_shallow(disk, &new_slot(new))
     }
 
     fn remove(&self, disk: &str) -> Result<()> {

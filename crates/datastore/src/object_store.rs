@@ -346,6 +346,7 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
         snapshot_space_bytes: None,
         fragments: None,
         limits: m.limits,
+        encryption: None,
     }
 }
 

@@ -23,6 +23,10 @@ pub struct DiskRec {
     /// I/O limits (`strata limit`); absent when there are none.
     #[serde(default, skip_serializing_if = "crate::IoLimits::is_none")]
     pub limits: crate::IoLimits,
+    /// The keyring its data is encrypted under (FORMAT.md §16.3); absent
+    /// for a plain disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyring: Option<u64>,
 }
 
 /// Names of implicit snapshots that hold a served disk still while a full
@@ -105,6 +109,9 @@ pub struct Catalog {
     /// Consistency groups (docs/BACKUP.md); absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRec>,
+    /// Keyrings of encrypted disks (FORMAT.md §16.3); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyrings: Vec<strata_crypt::KeyringRec>,
 }
 
 /// Most disks in one consistency group (Kubernetes' VolumeGroupSnapshot
@@ -167,7 +174,57 @@ impl Catalog {
                 format!("catalog format {} is not 1", c.format),
             );
         }
+        c.check_keyrings()?;
         Ok(c)
+    }
+
+    /// Every keyring well formed, every disk's keyring present, and every
+    /// keyring some disk's (FORMAT.md §16.3): checked without any key.
+    fn check_keyrings(&self) -> Result<()> {
+        let corrupt = |m: String| crate::error::Error::new(ErrorKind::Corrupt, m);
+        for k in &self.keyrings {
+            k.validate()
+                .map_err(|e| corrupt(format!("catalog: keyring {}: {e}", k.id)))?;
+            if self.keyrings.iter().filter(|o| o.id == k.id).count() > 1 {
+                return Err(corrupt(format!(
+                    "catalog: keyring id {} appears twice",
+                    k.id
+                )));
+            }
+            if !self.disks.iter().any(|d| d.keyring == Some(k.id)) {
+                return Err(corrupt(format!(
+                    "catalog: keyring {} belongs to no disk",
+                    k.id
+                )));
+            }
+        }
+        for d in &self.disks {
+            if let Some(id) = d.keyring {
+                if self.keyring(id).is_none() {
+                    return Err(corrupt(format!(
+                        "catalog: disk '{}' names keyring {id}, which is not there",
+                        d.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The keyring with this id.
+    pub fn keyring(&self, id: u64) -> Option<&strata_crypt::KeyringRec> {
+        self.keyrings.iter().find(|k| k.id == id)
+    }
+
+    /// The keyring with this id, to change.
+    pub fn keyring_mut(&mut self, id: u64) -> Option<&mut strata_crypt::KeyringRec> {
+        self.keyrings.iter_mut().find(|k| k.id == id)
+    }
+
+    /// Drop keyrings that no disk names any more (after a disk's removal).
+    pub fn drop_unused_keyrings(&mut self) {
+        let used: Vec<u64> = self.disks.iter().filter_map(|d| d.keyring).collect();
+        self.keyrings.retain(|k| used.contains(&k.id));
     }
 
     pub fn encode(&self) -> Vec<u8> {

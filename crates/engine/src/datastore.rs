@@ -35,12 +35,15 @@ mod clones;
 mod disks;
 #[path = "groups.rs"]
 mod groups;
+mod keys;
 mod open;
 mod pool;
 mod snapshots;
 
 use clones::clone_locked;
 pub use clones::{stopped_clone, FullClone};
+pub use disks::NewDisk;
+pub use keys::NewKeys;
 pub(crate) use open::read_catalog;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 
@@ -242,7 +245,7 @@ impl Datastore {
 
     // ------------------------------------------------------------ disks
 
-    fn disk_info_locked(m: &Meta, d: &DiskRec) -> DiskInfo {
+    fn disk_info_locked(&self, m: &Meta, d: &DiskRec) -> DiskInfo {
         let v = m.version_state(d.head).unwrap_or_default();
         let blocks = d.size_bytes.div_ceil(BLOCK_BYTES);
         let (nb, tbz) = match d.provisioning {
@@ -274,6 +277,7 @@ impl Datastore {
             snapshot_space_bytes: None,
             limits: d.limits,
             fragments: None,
+            encryption: self.encryption_of(m, d),
         }
     }
 
@@ -283,7 +287,7 @@ impl Datastore {
             .catalog
             .disks
             .iter()
-            .map(|d| Self::disk_info_locked(&m, d))
+            .map(|d| self.disk_info_locked(&m, d))
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
@@ -294,7 +298,7 @@ impl Datastore {
     pub fn disk_info(&self, name: &str) -> Result<DiskInfo> {
         let m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?;
-        Ok(Self::disk_info_locked(&m, d))
+        Ok(self.disk_info_locked(&m, d))
     }
 
     /// A disk's figures with what removing it and deleting its snapshots
@@ -303,7 +307,7 @@ impl Datastore {
     pub fn disk_info_with_space(&self, name: &str) -> Result<DiskInfo> {
         let mut m = self.inner.meta.lock();
         let d = m.catalog.disk(name)?.clone();
-        let mut info = Self::disk_info_locked(&m, &d);
+        let mut info = self.disk_info_locked(&m, &d);
         let snaps = |hidden: bool| -> Vec<u64> {
             m.catalog
                 .snapshots
@@ -351,16 +355,36 @@ impl Datastore {
         self.inner.detect_zeroes.store(on, Ordering::Relaxed);
     }
 
-    /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O.
+    /// Open `DISK` (read-write) or `DISK@SNAP` (read-only) for I/O. An
+    /// encrypted disk whose keys this process does not hold is refused
+    /// (FORMAT.md §16).
     pub fn open_disk(&self, target: &str) -> Result<Arc<DiskHandle>> {
+        self.open_handle(target, true)
+    }
+
+    /// A handle for work on the disk's map and layout that reads no data
+    /// through it (fragments, defrag: they copy ciphertext as it is), so
+    /// a locked disk may be opened; its data path then refuses.
+    pub(crate) fn open_keyless(&self, target: &str) -> Result<Arc<DiskHandle>> {
+        self.open_handle(target, false)
+    }
+
+    fn open_handle(&self, target: &str, need_keys: bool) -> Result<Arc<DiskHandle>> {
         let m = self.inner.meta.lock();
         let (d, snap) = m.catalog.target(target)?;
         let (version, read_only, snapshot_id) = match snap {
             None => (d.head, false, None),
             Some(s) => (s.version, true, Some(s.id)),
         };
+        let cipher = match self.cipher_of(d) {
+            Err(e) if !need_keys && e.kind == ErrorKind::Refused => None,
+            r => r?,
+        };
+        let locked = d.keyring.is_some() && cipher.is_none();
         let throttle = self.inner.throttle(d.id, d.limits);
         Ok(Arc::new(DiskHandle {
+            cipher,
+            locked,
             inner: self.inner.clone(),
             throttle,
             disk_id: d.id,

@@ -383,6 +383,7 @@ fn catalog(b: &[u8]) -> bool {
         created_unix_secs: 0,
         ro_compat: 0,
         compat: 0,
+        incompat: 0,
     };
     let sim = SimBackend::new();
     let f = sim

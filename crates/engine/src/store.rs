@@ -221,6 +221,9 @@ pub(crate) struct Store {
     configured_capacity_bytes: AtomicU64,
     /// Thin disks' all-zero writes allocate nothing (FORMAT.md §7.4).
     pub detect_zeroes: AtomicBool,
+    /// The unwrapped keys of the keyrings unlocked in this process, by
+    /// keyring id (FORMAT.md §16); wiped when dropped.
+    pub keys: Mutex<std::collections::HashMap<u64, Arc<strata_crypt::Unlocked>>>,
     /// The log files have been preallocated for reservations (§7.1).
     logs_held: AtomicBool,
     /// A free-space consolidation runs (one at a time, FORMAT.md §10.4).
@@ -282,6 +285,7 @@ impl Store {
             throttles: Mutex::new(Default::default()),
             configured_capacity_bytes: AtomicU64::new(configured),
             detect_zeroes: AtomicBool::new(true),
+            keys: Mutex::new(Default::default()),
             logs_held: AtomicBool::new(false),
             consolidating: AtomicBool::new(false),
             _lock: p.lock,
@@ -437,6 +441,20 @@ impl Store {
         }
         *self.capacity_cache.lock() = (None, 0);
         Ok(())
+    }
+
+    /// Set incompatible feature `bit` in the superblock, if it is not set
+    /// yet, and return once a checkpoint has written it (FORMAT.md §16.3:
+    /// before the first keyring is logged).
+    pub fn ensure_incompat(&self, bit: u32) -> Result<()> {
+        let _fence = self.fail_on_panic();
+        let mut ck = self.checkpoint.lock();
+        if ck.sb.incompat & bit == bit {
+            return Ok(());
+        }
+        self.check_writable()?;
+        ck.sb.incompat |= bit;
+        self.checkpoint_held(ck)
     }
 
     /// Hold the host space a reservation of `extra` more grains by

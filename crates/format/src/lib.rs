@@ -48,8 +48,11 @@ pub const SUPER_HEADER_BYTES: u32 = 128;
 /// records (docs/FORMAT.md §2, §5). Every superblock this build writes
 /// sets it.
 pub const INCOMPAT_RUN_RECORDS: u32 = 1;
+/// Incompatible feature bit 1: the catalog may hold keyrings and encrypted
+/// disks (FORMAT.md §16.3). Set before the first keyring is logged.
+pub const INCOMPAT_ENCRYPTION: u32 = 1 << 1;
 /// Feature bits this build understands.
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION;
 /// The longest REF_RUN record, in grains.
 pub const REF_RUN_MAX: u32 = 1 << 20;
 pub const RO_COMPAT_KNOWN: u32 = 0;
@@ -201,6 +204,9 @@ pub struct Superblock {
     pub created_unix_secs: u64,
     pub ro_compat: u32,
     pub compat: u32,
+    /// Incompatible feature bits beyond [`INCOMPAT_RUN_RECORDS`], which
+    /// every slot this build writes carries anyway.
+    pub incompat: u32,
 }
 
 pub mod super_off {
@@ -228,7 +234,8 @@ impl Superblock {
         let mut b = vec![0u8; SUPER_SLOT_BYTES];
         b[MAGIC..MAGIC + 8].copy_from_slice(SUPER_MAGIC);
         b[VERSION..VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[INCOMPAT..INCOMPAT + 4].copy_from_slice(&INCOMPAT_RUN_RECORDS.to_le_bytes());
+        b[INCOMPAT..INCOMPAT + 4]
+            .copy_from_slice(&(INCOMPAT_RUN_RECORDS | self.incompat).to_le_bytes());
         b[RO_COMPAT..RO_COMPAT + 4].copy_from_slice(&self.ro_compat.to_le_bytes());
         b[COMPAT..COMPAT + 4].copy_from_slice(&self.compat.to_le_bytes());
         b[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&SUPER_HEADER_BYTES.to_le_bytes());
@@ -307,6 +314,7 @@ impl Superblock {
             created_unix_secs: u64_at(b, CREATED),
             ro_compat: u32_at(b, RO_COMPAT),
             compat: u32_at(b, COMPAT),
+            incompat: incompat & !INCOMPAT_RUN_RECORDS,
         })
     }
 

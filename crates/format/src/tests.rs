@@ -15,6 +15,7 @@ fn sb() -> Superblock {
         created_unix_secs: 42,
         ro_compat: 0,
         compat: 0,
+        incompat: 0,
     }
 }
 

@@ -178,6 +178,8 @@ impl MemFile {
             pieces,
             fill,
             holds: vec![Box::new(Held(self.file.clone()))],
+            source: None,
+            after_read: None,
         })
     }
 }

@@ -741,6 +741,10 @@ function renderDiskFacts(d) {
     fact('fragments', d.fragments ?? '-'),
     fact('parent', d.parent ? d.parent + (d.parent_deleted ? ' (deleted)' : '') : '-'),
     fact('created', age(d.created_unix)),
+    // Keyslots only, never a key (docs/SECURITY.md).
+    d.encryption ? fact('encrypted', (d.encryption.locked ? 'locked' : 'unlocked') + ', '
+      + d.encryption.slots.length + ' keyslot' + (d.encryption.slots.length === 1 ? '' : 's')
+      + ' (' + d.encryption.slots.map((k) => k.slot + ': ' + (k.label || k.source)).join(', ') + ')') : null,
     d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + writerPid(d.object_store.owner)) : null,
     d.object_store ? fact('generation', d.object_store.generation) : null].filter(Boolean));
 }

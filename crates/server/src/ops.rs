@@ -9,6 +9,7 @@ use strata_api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response}
 use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
 
+pub mod keys;
 pub mod schedules;
 use strata_engine::{Error, ErrorKind, FullClone, SpaceWork, WorkControl};
 
@@ -324,6 +325,21 @@ fn execute_here(
         | Request::ScheduleList
         | Request::ScheduleRemove { .. }
         | Request::ScheduleRun { .. } => crate::ops::schedules::request(ctx, req),
+        Request::Key(k) => crate::ops::keys::request(ctx, k),
+        Request::Create {
+            encrypt: Some(key),
+            name,
+            size_bytes,
+            provisioning,
+        } => {
+            let spec = strata_datastore::EncryptedDisk {
+                disk: name,
+                size_bytes: *size_bytes,
+                provisioning: *provisioning,
+                key,
+            };
+            ctx.ds.create_encrypted(&spec, progress).map(Response::Disk)
+        }
         _ => match common(ctx.ds, req, progress) {
             Some(r) => r,
             None => maintenance(ctx, req, progress),
@@ -569,6 +585,7 @@ fn common(
             name,
             size_bytes,
             provisioning,
+            encrypt: None,
         } => ds
             .create(name, *size_bytes, *provisioning, progress)
             .map(Response::Disk),

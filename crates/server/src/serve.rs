@@ -522,7 +522,14 @@ fn open_home(
         }),
         ..strata_datastore::OpenOptions::default()
     };
-    strata_datastore::open(dir, &opts).map(Some)
+    let ds = strata_datastore::open(dir, &opts)?;
+    // Keys given at start (`--unlock DISK=FILE`): a wrong one stops the
+    // start, naming the disk, rather than serve it locked.
+    for (disk, secret) in &args.unlock {
+        let slot = ds.unlock(disk, secret.expose())?;
+        tracing::info!("unlocked disk '{disk}' (keyslot {slot})");
+    }
+    Ok(Some(ds))
 }
 
 /// A server's background work: the alarm watcher, and what the

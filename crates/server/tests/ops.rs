@@ -100,6 +100,7 @@ fn create(name: &str, size_bytes: u64) -> Request {
         name: name.into(),
         size_bytes,
         provisioning: Provisioning::Thin,
+        encrypt: None,
     }
 }
 

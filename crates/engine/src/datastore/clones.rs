@@ -11,6 +11,8 @@ use crate::store::now_unix;
 
 use crate::work::Pacer;
 
+use super::disks::NewDisk;
+use super::keys::NewKeys;
 use super::{add_snapshot, Datastore, DiskInfo, NewSnapshot, SpaceWork};
 
 /// A full clone to make: of `source` (`DISK` or `DISK@SNAP`), a new disk
@@ -48,6 +50,8 @@ pub(super) fn clone_locked(m: &mut Meta, s: &SnapshotRec, new: &str, parent: &st
         created_unix: now_unix(),
         parent: Some(parent.to_string()),
         limits: Default::default(),
+        // The lineage's keys, shared (FORMAT.md §16.3): nothing is copied.
+        keyring: m.catalog.disk_by_id(s.disk).and_then(|d| d.keyring),
     });
     m.mark_catalog_dirty();
     Ok(id)
@@ -118,7 +122,17 @@ impl Datastore {
         let new = c.name;
         let source = self.open_disk(src)?;
         let size = strata_block::BlockDevice::size_bytes(&*source);
-        self.create_disk(new, size, c.provisioning, &mut |_, _| {})?;
+        let keyring = {
+            let m = self.inner.meta.lock();
+            m.catalog.disk_by_id(source.disk_id).and_then(|d| d.keyring)
+        };
+        let spec = NewDisk {
+            name: new,
+            size_bytes: size,
+            provisioning: c.provisioning,
+            keys: keyring.map_or(NewKeys::Plain, NewKeys::CopyOf),
+        };
+        self.create_disk_with(&spec, &mut |_, _| {})?;
         let target = self.open_disk(new)?;
         let mut pacer = Pacer::new(c.work.rate_bytes_per_sec, c.work.control.as_deref());
         let mut clients = self.inner.client_watch();

@@ -12,7 +12,16 @@ use crate::store::{now_unix, SpaceRequest};
 use crate::throttle::IoLimits;
 use crate::work::Pacer;
 
+use super::keys::NewKeys;
 use super::{Datastore, DiskInfo, PunchZeroReport, SpaceWork};
+
+/// A disk to create (`Datastore::create_disk_with`).
+pub struct NewDisk<'a> {
+    pub name: &'a str,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    pub keys: NewKeys<'a>,
+}
 
 /// A change of disk `name`'s provisioning from `from` to `to`.
 #[derive(Clone, Copy)]
@@ -51,10 +60,35 @@ impl Datastore {
         provisioning: Provisioning,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskInfo> {
+        let spec = NewDisk {
+            name,
+            size_bytes,
+            provisioning,
+            keys: NewKeys::Plain,
+        };
+        self.create_disk_with(&spec, progress)
+    }
+
+    /// Create a disk, encrypted when `spec.keys` says so (FORMAT.md §16):
+    /// the keyring and the disk enter the catalog in one record, and the
+    /// new disk's keys are held, so it is unlocked in this process.
+    pub fn create_disk_with(
+        &self,
+        spec: &NewDisk<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskInfo> {
+        let (name, size_bytes, provisioning) = (spec.name, spec.size_bytes, spec.provisioning);
         check_name("disk", name)?;
         Self::check_size(size_bytes)?;
         self.inner.check_writable()?;
-        self.change(|m| {
+        if self.inner.meta.lock().catalog.disk(name).is_ok() {
+            return err(
+                ErrorKind::AlreadyExists,
+                format!("a disk named '{name}' already exists"),
+            );
+        }
+        let mut keys = self.prepare_keys(spec.keys, name)?;
+        let held = self.change(|m| {
             if m.catalog.disk(name).is_ok() {
                 return err(
                     ErrorKind::AlreadyExists,
@@ -65,6 +99,7 @@ impl Datastore {
                 let grains = size_bytes.div_ceil(GRAIN_BYTES);
                 self.inner.reserve_thick(m, grains)?;
             }
+            let keyring = keys.take().map(|(k, u)| (Self::install_keyring(m, k), u));
             let id = m.catalog.alloc_id();
             let head = m.catalog.alloc_id();
             m.new_empty_version(head, size_bytes.div_ceil(GRAIN_BYTES));
@@ -81,10 +116,14 @@ impl Datastore {
                 created_unix: now_unix(),
                 parent: None,
                 limits: Default::default(),
+                keyring: keyring.as_ref().map(|k| k.0),
             });
             m.mark_catalog_dirty();
-            Ok(())
+            Ok(keyring)
         })?;
+        if let Some((id, u)) = held {
+            self.hold_keys(id, u);
+        }
         self.inner.commit(false)?;
         if provisioning == Provisioning::Eagerzeroedthick {
             // Created zeroedthick, filled, then marked eager (as convert
@@ -139,9 +178,12 @@ impl Datastore {
             m.drop_version(d.head)?;
             m.catalog.snapshots.retain(|s| s.disk != d.id);
             m.catalog.disks.retain(|x| x.id != d.id);
+            // Its keyring goes with it unless a linked clone shares it.
+            m.catalog.drop_unused_keyrings();
             m.mark_catalog_dirty();
             Ok(())
         })?;
+        self.forget_unused_keys();
         self.inner.commit(false)
     }
 

@@ -79,6 +79,7 @@ impl Datastore {
             created_unix_secs: now_unix(),
             ro_compat: 0,
             compat: 0,
+            incompat: 0,
         };
         for f in [FILE_POOL, FILE_REFCOUNT, journal_file(0), journal_file(1)] {
             backend.open(f, true)?.sync()?;

@@ -20,7 +20,7 @@ impl Datastore {
 
     /// The live disk's fragments (FORMAT.md §10.1).
     pub fn disk_fragments(&self, name: &str) -> Result<u64> {
-        Ok(self.open_disk(name)?.fragments()?.0)
+        Ok(self.open_keyless(name)?.fragments()?.0)
     }
 
     /// How the pool's space lies (FORMAT.md §10.1), scanned a few blocks
@@ -72,7 +72,8 @@ impl Datastore {
                 ),
             );
         }
-        let h = self.open_disk(name)?;
+        // Moves copy ciphertext as it is: a locked disk is defragmented too.
+        let h = self.open_keyless(name)?;
         let (fragments_before, mapped) = h.fragments()?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
             .resting(crate::work::LAYOUT_BUSY_REST);

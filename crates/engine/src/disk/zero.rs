@@ -222,7 +222,7 @@ impl DiskHandle {
                 for v in m.mapped_in(self.version, ls, lt)? {
                     let (g, exclusive) = m.lookup_for_write(self.version, v)?;
                     if exclusive {
-                        writes.push(g);
+                        writes.push((v, g));
                     } else {
                         m.unmap_grain(self.version, v)?;
                     }
@@ -230,12 +230,27 @@ impl DiskHandle {
                 Ok(())
             })?;
         }
-        for g in writes {
-            self.inner
-                .pool
-                .write_at(&ZEROS[..GRAIN_BYTES as usize], g << GRAIN_SHIFT)?;
+        for (v, g) in writes {
+            let zeros = self.zeros_at(v, 1);
+            self.inner.pool.write_at(&zeros, g << GRAIN_SHIFT)?;
         }
         Ok(())
+    }
+
+    /// `n` grains of zeros as stored at virtual grain `v`: the zeros
+    /// themselves, or their encryption on an encrypted disk (FORMAT.md
+    /// §16.1: a written zero is data, read back through the key).
+    fn zeros_at(&self, v: u64, n: u64) -> std::borrow::Cow<'static, [u8]> {
+        let len = (n * GRAIN_BYTES) as usize;
+        match &self.cipher {
+            None if len <= ZEROS.len() => std::borrow::Cow::Borrowed(&ZEROS[..len]),
+            None => std::borrow::Cow::Owned(vec![0; len]),
+            Some(x) => {
+                let mut b = vec![0u8; len];
+                x.encrypt(&mut b, (v << GRAIN_SHIFT) / super::SECTOR);
+                std::borrow::Cow::Owned(b)
+            }
+        }
     }
 
     /// Allocate every unmapped grain of `[offset, offset+len)` and write
@@ -349,10 +364,21 @@ impl DiskHandle {
             while j < pieces.len() && pieces[j].grain == pieces[j - 1].grain + 1 {
                 j += 1;
             }
-            let r = self
-                .inner
-                .pool
-                .write_zeros(pieces[i].grain << GRAIN_SHIFT, (j - i) as u64 * GRAIN_BYTES);
+            let at = pieces[i].grain << GRAIN_SHIFT;
+            let n = (j - i) as u64;
+            let r = match self.cipher {
+                None => self.inner.pool.write_zeros(at, n * GRAIN_BYTES),
+                // Virtually adjacent too: the holes were filled in order.
+                Some(_) if pieces[j - 1].v == pieces[i].v + n - 1 => {
+                    self.inner.pool.write_at(&self.zeros_at(pieces[i].v, n), at)
+                }
+                Some(_) => (i..j).try_for_each(|k| {
+                    let zeros = self.zeros_at(pieces[k].v, 1);
+                    self.inner
+                        .pool
+                        .write_at(&zeros, pieces[k].grain << GRAIN_SHIFT)
+                }),
+            };
             if let Err(e) = r {
                 abort_pieces(&self.inner, &pieces)?;
                 return Err(e.into());
@@ -423,6 +449,10 @@ impl DiskHandle {
             self.inner
                 .pool
                 .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
+            if let Some(x) = &self.cipher {
+                let v = first + i as u64;
+                x.decrypt(&mut buf[..n], (v << GRAIN_SHIFT) / super::SECTOR);
+            }
             for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
                 if is_zero(g) {
                     zero.push(first + (i + k) as u64);

@@ -16,6 +16,9 @@ use strata_engine::{Error, ErrorKind};
 /// token for reads), each vhost-user socket and VMDK export name given once.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
+    /// Encrypted disks to unlock at start, with their secrets (read by
+    /// the CLI: `--unlock DISK=FILE`).
+    pub unlock: Vec<(String, strata_api::Secret)>,
     /// NBD on this Unix socket.
     pub nbd_unix: Option<PathBuf>,
     /// NBD on this TCP address.

@@ -94,6 +94,9 @@ pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Reque
             name: field(b, "name")?.to_string(),
             size_bytes: whole_sectors(size_field(b)?),
             provisioning: provisioning(b)?,
+            // Secrets do not travel over HTTP: encrypted disks are made
+            // and unlocked on the control socket (docs/API.md).
+            encrypt: None,
         },
         ["imports"] => import(b)?,
         ["disks", d, rest @ ..] => disk_action(d, rest, b)?,

@@ -323,6 +323,22 @@ impl Guest {
     }
 }
 
+impl Guest {
+    /// One request on queue 0, waited for: `ty` at `sector` with the
+    /// header at `DATA_BASE` and a buffer of `len` bytes after it; the
+    /// status byte.
+    pub fn blk_io(&mut self, ty: u32, sector: u64, len: u32) -> u8 {
+        let (hdr, buf, status) = (DATA_BASE, DATA_BASE + 0x1000, 0x0f_0000);
+        self.write(hdr, &header(ty, sector));
+        self.write(status, &[0xff]);
+        let data = if ty == T_IN { F_WRITE } else { 0 };
+        let head = self.submit(0, &[(hdr, 16, 0), (buf, len, data), (status, 1, F_WRITE)]);
+        let (id, _) = self.wait_used(0);
+        assert_eq!(id, head);
+        self.read(status, 1)[0]
+    }
+}
+
 /// The 16-byte request header.
 pub fn header(ty: u32, sector: u64) -> [u8; 16] {
     let mut h = [0u8; 16];

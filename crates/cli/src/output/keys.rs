@@ -1,0 +1,58 @@
+//! `unlock`, `key list|add|remove`, `rekey` for people: keyslots, never
+//! keys.
+
+use std::fmt::Write as _;
+
+use strata_api::units::utc;
+use strata_api::Encryption;
+
+/// `encrypted: aes-xts-plain64, locked, 2 keyslots` (the `info` line's value).
+pub(super) fn summary(e: &Encryption) -> String {
+    let state = if e.locked {
+        "locked (strata unlock)"
+    } else {
+        "unlocked"
+    };
+    let n = e.slots.len();
+    let s = if n == 1 { "" } else { "s" };
+    format!("{}, {state}, {n} keyslot{s}", e.cipher)
+}
+
+/// The keyslots of a disk, one line each.
+pub(super) fn list(out: &mut String, name: &str, e: &Encryption, added: Option<u32>) {
+    if let Some(s) = added {
+        outln!(out, "added keyslot {s} to {name}");
+    }
+    outln!(out, "{name}: {}", summary(e));
+    for s in &e.slots {
+        let label = s
+            .label
+            .as_deref()
+            .map(|l| format!(" \"{l}\""))
+            .unwrap_or_default();
+        outln!(
+            out,
+            "  slot {}: {} ({}), added {}{label}",
+            s.slot,
+            s.source,
+            s.kdf,
+            utc(s.created_unix * 1000)
+        );
+    }
+}
+
+/// `unlock`: which keyslot opened, and whether anything keeps the keys.
+pub(super) fn unlocked(out: &mut String, name: &str, slot: u32, kept: bool) {
+    if kept {
+        outln!(
+            out,
+            "unlocked {name} (keyslot {slot}): the server serves it until it stops"
+        );
+    } else {
+        outln!(
+            out,
+            "the key opens {name} (keyslot {slot}); no server runs, so nothing stays unlocked \
+             (serve with --unlock {name}=FILE)"
+        );
+    }
+}

@@ -1,0 +1,480 @@
+//! Encrypted disks (docs/SECURITY.md "Encryption at rest", FORMAT.md §16)
+//! through the binary and clients nobody here wrote: qemu-img, qemu-io and
+//! nbdinfo read and write them over NBD; the datastore's files hold no
+//! plaintext; a locked disk or a wrong key serves nothing; keyslot changes
+//! write no data; layout work needs no key.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
+
+mod common;
+use common::*;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// A key file of `len` random bytes, mode 0600.
+fn key_file(dir: &Path, name: &str, len: usize) -> PathBuf {
+    let p = dir.join(name);
+    let bytes: Vec<u8> = (0..len).map(|_| rand::random::<u8>()).collect();
+    std::fs::write(&p, bytes).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+const MARKER: &[u8] = b"STRATA-PLAINTEXT-MARKER-7f3a9c";
+
+/// A raw image of `mib` MiB whose first `data_mib` MiB repeat `MARKER`
+/// (with the block number, so blocks differ), then zeros.
+fn marked_image(path: &Path, mib: u64, data_mib: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    for b in 0..data_mib * 256 {
+        let mut grain = Vec::with_capacity(4096);
+        while grain.len() < 4096 {
+            grain.extend_from_slice(MARKER);
+            grain.extend_from_slice(format!("{b:08}").as_bytes());
+        }
+        f.write_all(&grain[..4096]).unwrap();
+    }
+    f.set_len(mib << 20).unwrap();
+}
+
+/// Whether `needle` occurs in the file at `path` (read in chunks, with
+/// an overlap so no occurrence is split).
+fn file_contains(path: &Path, needle: &[u8]) -> bool {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return false;
+        }
+        let mut hay = std::mem::take(&mut carry);
+        hay.extend_from_slice(&buf[..n]);
+        if hay.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+        carry = hay[hay.len().saturating_sub(needle.len())..].to_vec();
+    }
+}
+
+/// Every file of the datastore directory.
+fn datastore_files(s: &Store) -> Vec<PathBuf> {
+    std::fs::read_dir(s.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+fn sha256(path: &Path) -> String {
+    run_ok("sha256sum", &[path.to_str().unwrap()])
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn unlock_arg(disk: &str, key: &Path) -> String {
+    format!("{disk}={}", key.display())
+}
+
+/// A datastore with an encrypted disk `vm` of `size` under a new key
+/// file: the store, the key file and what `create` printed.
+fn encrypted_vm(size: &str) -> (Store, PathBuf, String) {
+    let s = Store::new();
+    let k = key_file(s.dir.path(), "vm.key", 32);
+    let out = s.ok(&[
+        "create",
+        "vm",
+        "--size",
+        size,
+        "--encrypt",
+        "--key-file",
+        k.to_str().unwrap(),
+    ]);
+    (s, k, out)
+}
+
+#[test]
+fn an_encrypted_disk_serves_real_clients_and_its_datastore_holds_no_plaintext() {
+    if !have("qemu-img") || !have("qemu-io") || !have("nbdinfo") {
+        return;
+    }
+    let (s, k, out) = encrypted_vm("64M");
+    let dir = s.dir.path();
+    assert!(
+        out.contains("encrypted:") && out.contains("aes-xts-plain64"),
+        "{out}"
+    );
+    let img = dir.join("src.raw");
+    marked_image(&img, 64, 8);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    let uri = s.uri("vm");
+    raw_copy(img.to_str().unwrap(), &uri);
+    let o = raw_compare(img.to_str().unwrap(), &uri);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // Sub-grain writes: single sectors inside a grain, and a grain half
+    // written over a hole (the rest reads zeros).
+    qemu_io_ok(
+        RAW,
+        &uri,
+        &[
+            "write -P 0x5a 4608 512",
+            "write -P 0x3c 33554432 2048",
+            "flush",
+        ],
+    );
+    qemu_io_ok(
+        RAW,
+        &uri,
+        &[
+            "read -P 0x5a 4608 512",
+            "read -P 0x3c 33554432 2048",
+            "read -P 0 33556480 2048",
+        ],
+    );
+    // The map shows holes as holes: only what was written is data.
+    let info = run_ok("nbdinfo", &["--map", &uri]);
+    assert!(info.contains("hole"), "{info}");
+    // A snapshot and a linked clone share the keys.
+    s.ok(&["snapshot", "create", "vm@s1"]);
+    s.ok(&["clone", "vm@s1", "c1"]);
+    qemu_io_ok(
+        &["-r", "-f", "raw"],
+        &s.uri("vm@s1"),
+        &["read -P 0x5a 4608 512"],
+    );
+    qemu_io_ok(RAW, &s.uri("c1"), &["read -P 0x3c 33554432 2048"]);
+    srv.stop();
+    for f in datastore_files(&s) {
+        assert!(
+            !file_contains(&f, MARKER),
+            "{} holds the plaintext marker",
+            f.display()
+        );
+    }
+    // The same image in a plain disk does show it: the scan can fail.
+    let p = Store::new();
+    p.ok(&["create", "plain", "--size", "64M"]);
+    let srv = p.serve();
+    raw_copy(img.to_str().unwrap(), &p.uri("plain"));
+    srv.stop();
+    assert!(file_contains(&p.path().join("pool.data"), MARKER));
+}
+
+#[test]
+fn a_locked_disk_serves_nothing_and_a_wrong_key_changes_nothing() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("16M");
+    let wrong = key_file(s.dir.path(), "wrong.key", 32);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x77 0 1M", "flush"]);
+    srv.stop();
+    // Without a key the disk is listed as locked and refused to clients,
+    // with the reason they print.
+    let v = s.json(&["info", "vm"]);
+    assert_eq!(v["encryption"]["locked"], true, "{v}");
+    let srv = s.serve();
+    let (ok, text) = qemu_io(RAW, &s.uri("vm"), &["read -P 0x77 0 4096"]);
+    assert!(!ok && text.contains("encrypted and locked"), "{text}");
+    // A wrong key: refused (exit 2, invalid argument), still locked.
+    let err = s.fails_with(2, &["unlock", "vm", "--key-file", wrong.to_str().unwrap()]);
+    assert!(err.contains("wrong key"), "{err}");
+    let (ok, _) = qemu_io(RAW, &s.uri("vm"), &["read -P 0x77 0 4096"]);
+    assert!(!ok);
+    // The right one, handed to the running server.
+    let out = s.ok(&["unlock", "vm", "--key-file", k.to_str().unwrap()]);
+    assert!(out.contains("unlocked vm"), "{out}");
+    qemu_io_ok(RAW, &s.uri("vm"), &["read -P 0x77 0 1M"]);
+    assert_eq!(s.json(&["info", "vm"])["encryption"]["locked"], false);
+    srv.stop();
+    // A server given a wrong key does not start.
+    let o = s.cmd(&[
+        "serve",
+        "--nbd-unix",
+        s.sock().to_str().unwrap(),
+        "--unlock",
+        &unlock_arg("vm", &wrong),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("wrong key"), "{err}");
+    // A key file others can read is refused before it is used.
+    std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = s.fails(&["unlock", "vm", "--key-file", k.to_str().unwrap()]);
+    assert!(err.contains("chmod 600"), "{err}");
+    // The events name who unlocked and who failed, never a key.
+    let events = s.ok(&["events", "--target", "vm"]);
+    assert!(events.contains("unlock"), "{events}");
+    let key_hex: String = std::fs::read(&wrong)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let log = std::fs::read_to_string(s.path().join("events.jsonl")).unwrap();
+    assert!(!log.contains(&key_hex[..16]), "a key reached the event log");
+}
+
+#[test]
+fn keyslots_change_without_writing_data_and_a_rekey_retires_old_secrets() {
+    if !have("qemu-io") {
+        return;
+    }
+    let s = Store::new();
+    let dir = s.dir.path();
+    let (k1, k2, k3) = (
+        key_file(dir, "k1", 32),
+        key_file(dir, "k2", 64),
+        key_file(dir, "k3", 32),
+    );
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    s.ok(&[
+        "create",
+        "vm",
+        "--size",
+        "8M",
+        "--encrypt",
+        "--key-file",
+        &p(&k1),
+        "--key-label",
+        "first",
+    ]);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k1)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x11 0 8M", "flush"]);
+    srv.stop();
+    for i in 0..100 {
+        s.ok(&["snapshot", "create", &format!("vm@s{i}")]);
+    }
+    let pool = s.path().join("pool.data");
+    let before = sha256(&pool);
+    // Offline: each command opens the disk with a current key.
+    let v = s.json(&[
+        "key",
+        "add",
+        "vm",
+        "--key-file",
+        &p(&k1),
+        "--new-key-file",
+        &p(&k2),
+        "--label",
+        "second",
+    ]);
+    assert_eq!(v["slot"], 1, "{v}");
+    let slots = v["encryption"]["slots"].as_array().unwrap().clone();
+    assert_eq!(slots.len(), 2);
+    assert_eq!(slots[0]["label"], "first");
+    assert_eq!(slots[1]["label"], "second");
+    assert!(s
+        .ok(&["unlock", "vm", "--key-file", &p(&k2)])
+        .contains("keyslot 1"));
+    // A key opens; who holds it can remove another's slot, not the last.
+    s.ok(&["key", "remove", "vm", "0", "--key-file", &p(&k2)]);
+    s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k1)]);
+    let err = s.fails(&["key", "remove", "vm", "1", "--key-file", &p(&k2)]);
+    assert!(err.contains("last"), "{err}");
+    // A shallow rekey with 100 snapshots: one keyslot for the new secret.
+    s.ok(&[
+        "rekey",
+        "vm",
+        "--key-file",
+        &p(&k2),
+        "--new-key-file",
+        &p(&k3),
+    ]);
+    s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k2)]);
+    let v = s.json(&["key", "list", "vm"]);
+    assert_eq!(v["encryption"]["slots"].as_array().unwrap().len(), 1, "{v}");
+    let err = s.fails(&[
+        "rekey",
+        "vm",
+        "--deep",
+        "--key-file",
+        &p(&k3),
+        "--new-key-file",
+        &p(&k1),
+    ]);
+    assert!(err.contains("not built yet"), "{err}");
+    // None of it wrote a data grain.
+    assert_eq!(sha256(&pool), before, "a keyslot change wrote pool data");
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k3)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["read -P 0x11 0 8M"]);
+    qemu_io_ok(
+        &["-r", "-f", "raw"],
+        &s.uri("vm@s99"),
+        &["read -P 0x11 0 8M"],
+    );
+    srv.stop();
+}
+
+#[test]
+fn layout_work_and_checks_need_no_key_and_keep_the_data() {
+    if !have("qemu-io") || !have("qemu-img") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("32M");
+    let dir = s.dir.path();
+    s.ok(&["create", "filler", "--size", "32M"]);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    // Interleave the two disks' writes so the encrypted one is fragmented.
+    for i in 0..32u64 {
+        let off = format!("{}", i << 20);
+        qemu_io_ok(
+            RAW,
+            &s.uri("vm"),
+            &[&format!("write -P {} {off} 1M", i + 1)],
+        );
+        qemu_io_ok(
+            RAW,
+            &s.uri("filler"),
+            &[&format!("write -P 0xee {off} 512K")],
+        );
+    }
+    let copy = dir.join("before.raw");
+    save(&s.uri("vm"), &copy);
+    srv.stop();
+    // Locked (no server, no key): snapshot, delete filler, defrag, free
+    // space, check all run.
+    s.ok(&["snapshot", "create", "vm@keep"]);
+    s.ok(&["rm", "filler"]);
+    let frag = s.json(&["info", "vm"])["fragments"].as_u64().unwrap();
+    assert!(frag > 1, "not fragmented: {frag}");
+    s.ok(&["defrag", "vm"]);
+    let after = s.json(&["info", "vm"])["fragments"].as_u64().unwrap();
+    assert!(after < frag, "defrag left {after} of {frag} fragments");
+    s.ok(&["defrag", "--free-space"]);
+    s.ok(&["check"]);
+    // Data the key reads afterwards is what was written.
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    let o = raw_compare(copy.to_str().unwrap(), &s.uri("vm"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let o = raw_compare(copy.to_str().unwrap(), &s.uri("vm@keep"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    srv.stop();
+}
+
+#[test]
+fn a_full_clone_and_an_eager_zeroed_disk_are_encrypted_too() {
+    if !have("qemu-io") || !have("qemu-img") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("8M");
+    let kp = k.to_str().unwrap().to_string();
+    let ez = s.ok(&[
+        "create",
+        "ez",
+        "--size",
+        "8M",
+        "--type",
+        "eagerzeroedthick",
+        "--encrypt",
+        "--key-file",
+        &kp,
+    ]);
+    assert!(ez.contains("encrypted:"), "{ez}");
+    let srv = s.serve_with(&[
+        "--unlock",
+        &unlock_arg("vm", &k),
+        "--unlock",
+        &unlock_arg("ez", &k),
+    ]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x21 0 8M", "flush"]);
+    // Eager zeroing wrote encrypted zeros: they read back as zeros.
+    qemu_io_ok(RAW, &s.uri("ez"), &["read -P 0 0 8M"]);
+    s.ok(&["clone", "--full", "vm", "full"]);
+    srv.stop();
+    let v = s.json(&["info", "full"]);
+    assert_eq!(v["encryption"]["locked"], true, "{v}");
+    // The clone carries the keys: the same secret opens it.
+    let srv = s.serve_with(&["--unlock", &unlock_arg("full", &k)]);
+    qemu_io_ok(RAW, &s.uri("full"), &["read -P 0x21 0 8M"]);
+    srv.stop();
+    assert!(!file_contains(&s.path().join("pool.data"), &[0x21u8; 64]));
+    // A key for a disk that is not encrypted, a key without --encrypt, and
+    // --encrypt without a key are refused.
+    s.ok(&["create", "plain", "--size", "1M"]);
+    let err = s.fails(&["unlock", "plain", "--key-file", &kp]);
+    assert!(err.contains("not encrypted"), "{err}");
+    let err = s.fails(&["create", "x", "--size", "1M", "--key-file", &kp]);
+    assert!(err.contains("--encrypt"), "{err}");
+    s.fails(&["create", "x", "--size", "1M", "--encrypt"]);
+}
+
+#[test]
+fn a_passphrase_and_a_helper_open_the_same_disk() {
+    let s = Store::new();
+    let dir = s.dir.path();
+    let pass = dir.join("pass");
+    std::fs::write(&pass, b"correct horse").unwrap();
+    std::fs::set_permissions(&pass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let pp = pass.to_str().unwrap().to_string();
+    s.ok(&[
+        "create",
+        "vm",
+        "--size",
+        "1M",
+        "--encrypt",
+        "--key-file",
+        &pp,
+    ]);
+    let v = s.json(&["key", "list", "vm"]);
+    assert_eq!(v["encryption"]["slots"][0]["kdf"], "argon2id", "{v}");
+    let helper = format!("cat {pp}");
+    assert!(s
+        .ok(&["unlock", "vm", "--key-helper", &helper])
+        .contains("keyslot 0"));
+    let err = s.fails(&["unlock", "vm", "--key-helper", "exit 3"]);
+    assert!(err.contains("helper"), "{err}");
+    // --json: the answer names the slot and says nothing was kept.
+    let v = s.json(&["unlock", "vm", "--key-file", &pp]);
+    assert_eq!(v["kept"], false, "{v}");
+}
+
+#[path = "../../vhost/tests/common/mod.rs"]
+mod vfront;
+
+#[test]
+fn vhost_user_blk_reads_and_writes_plaintext_and_leaves_guest_memory_alone() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("8M");
+    let sock = s.dir.path().join("vm.vhost");
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 512) as u8).collect();
+    // The page cache (reads planned onto the ring), then --cache none
+    // (writes planned too, from the plan's own ciphertext buffer).
+    for (round, cache) in ["writeback", "none"].into_iter().enumerate() {
+        let vh = format!("vm={}", sock.display());
+        let srv = s.serve_with(&[
+            "--cache",
+            cache,
+            "--vhost-user-blk",
+            &vh,
+            "--unlock",
+            &unlock_arg("vm", &k),
+        ]);
+        wait_for(&sock);
+        let mut g = vfront::Guest::connect(&sock, 1, 0);
+        let sector = 8 + 16 * round as u64;
+        g.write(vfront::DATA_BASE + 0x1000, &data);
+        assert_eq!(g.blk_io(vfront::T_OUT, sector, 4096), 0);
+        // The guest's buffer still holds what it wrote.
+        assert_eq!(g.read(vfront::DATA_BASE + 0x1000, 4096), data, "{cache}");
+        g.write(vfront::DATA_BASE + 0x1000, &[0u8; 4096]);
+        assert_eq!(g.blk_io(vfront::T_IN, sector, 4096), 0);
+        assert_eq!(g.read(vfront::DATA_BASE + 0x1000, 4096), data, "{cache}");
+        drop(g);
+        srv.stop();
+    }
+    // NBD reads the same bytes.
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    let copy = s.dir.path().join("copy.raw");
+    save(&s.uri("vm"), &copy);
+    srv.stop();
+    let bytes = std::fs::read(&copy).unwrap();
+    assert_eq!(&bytes[8 * 512..8 * 512 + 4096], &data[..]);
+    assert_eq!(&bytes[24 * 512..24 * 512 + 4096], &data[..]);
+    assert!(!file_contains(&s.path().join("pool.data"), &data[..64]));
+}

@@ -1,0 +1,62 @@
+//! The cryptographic core of strata's encryption at rest.
+//!
+//! - [`Xts`]: AES-256-XTS over 512-byte sectors, the same construction as
+//!   LUKS1 / dm-crypt `aes-xts-plain64` (the tweak is the sector number,
+//!   little-endian, in the first 8 bytes of the IV), run by aws-lc.
+//! - [`SecretBytes`]: key material in locked, non-dumpable memory that is
+//!   wiped when dropped.
+//! - [`KeyringRec`]: the catalog record of one disk lineage's keys: a random
+//!   keyring key (KK) wrapped in up to [`MAX_SLOTS`] keyslots, one per user
+//!   secret, and the data keys (DEKs) wrapped by the KK. [`Unlocked`] holds
+//!   the unwrapped keys.
+//! - [`source::KeySource`]: where a user secret comes from (a file, the
+//!   kernel keyring, a helper command).
+//!
+//! Small secrets are wrapped with AES-256-GCM-SIV ([`wrap_secret`]); keyslot
+//! keys come from HKDF-SHA256 for key material (32 bytes or more) and from
+//! Argon2id for passphrases (anything shorter).
+
+#[doc(hidden)]
+pub mod fuzzing;
+mod hex;
+mod kdf;
+mod keyring;
+mod secret;
+pub mod source;
+mod wrap;
+mod xts;
+
+pub use kdf::{Argon2Params, KdfRec, KEY_MATERIAL_BYTES};
+pub use keyring::{
+    KeyringRec, Keyslot, NewSlot, Unlocked, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS, MAX_SLOTS,
+};
+pub use secret::SecretBytes;
+pub use wrap::{unwrap_secret, wrap_secret, WRAP_KEY_BYTES, WRAP_OVERHEAD};
+pub use xts::Xts;
+
+/// The data unit of the cipher: one disk sector.
+pub const SECTOR_BYTES: usize = 512;
+/// Length of a data encryption key: two AES-256 keys (XTS).
+pub const DEK_BYTES: usize = 64;
+/// The cipher's name as dm-crypt and LUKS spell it.
+pub const CIPHER_NAME: &str = "aes-xts-plain64";
+
+/// What can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum CryptError {
+    /// The secret opens no keyslot (or a wrapped value fails its tag).
+    #[error("wrong key: no keyslot opens with it")]
+    WrongKey,
+    /// A stored key record is malformed or inconsistent.
+    #[error("damaged key record: {0}")]
+    Damaged(String),
+    /// The caller asked for something that cannot be done.
+    #[error("{0}")]
+    Invalid(String),
+    /// The operating system or the crypto library failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// This crate's result type.
+pub type Result<T> = std::result::Result<T, CryptError>;

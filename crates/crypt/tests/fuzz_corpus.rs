@@ -1,0 +1,66 @@
+//! Replays the committed corpus of the fuzz target `keyring_parse`
+//! (fuzz/corpus/keyring_parse) through `strata_crypt::fuzzing`, as the
+//! fuzz target does: none may panic, and the seeds named `opens_*` must be
+//! opened by one of the target's two secrets (so the fuzzer starts from
+//! records that reach the unlock path).
+//!
+//! The seeds are written by `write_seeds` (ignored):
+//! `cargo test -p strata-crypt --test fuzz_corpus -- --ignored write_seeds`.
+
+use std::path::{Path, PathBuf};
+
+use strata_crypt::fuzzing::{keyring_parse, LONG_SECRET, SHORT_SECRET};
+use strata_crypt::{Argon2Params, KeyringRec, NewSlot};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/keyring_parse")
+}
+
+fn slot<'a>(secret: &'a [u8], source: &'a str) -> NewSlot<'a> {
+    NewSlot {
+        secret,
+        source,
+        label: Some("seed"),
+        // Small enough for the target's bound on each input's work.
+        argon2: Argon2Params {
+            m_kib: 8192,
+            t: 1,
+            p: 1,
+        },
+        now_unix: 1_796_000_000,
+    }
+}
+
+#[test]
+#[ignore = "writes the seeds; run by hand when the record changes"]
+fn write_seeds() {
+    let dir = corpus();
+    std::fs::create_dir_all(&dir).unwrap();
+    let (long, keys) = KeyringRec::create(7, &slot(LONG_SECRET, "file")).unwrap();
+    let (short, _) = KeyringRec::create(8, &slot(SHORT_SECRET, "file")).unwrap();
+    let mut both = long.clone();
+    both.add_slot(&keys, &slot(SHORT_SECRET, "helper")).unwrap();
+    for (name, rec) in [
+        ("opens_long_secret.json", &long),
+        ("opens_short_secret.json", &short),
+        ("opens_two_slots.json", &both),
+    ] {
+        std::fs::write(dir.join(name), serde_json::to_vec_pretty(rec).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn the_corpus_replays_and_its_seeds_open() {
+    let mut n = 0;
+    for e in std::fs::read_dir(corpus()).unwrap() {
+        let path = e.unwrap().path();
+        let data = std::fs::read(&path).unwrap();
+        let opened = keyring_parse(&data);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("opens_") {
+            assert!(opened > 0, "{name}: no secret opened it");
+        }
+        n += 1;
+    }
+    assert!(n >= 3, "only {n} seeds");
+}

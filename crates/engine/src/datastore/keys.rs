@@ -1,0 +1,237 @@
+//! Encrypted disks' keys (FORMAT.md §16): keyrings in the catalog, the
+//! keys this process holds unwrapped, and the commands that change
+//! keyslots. No data grain is read or written here.
+
+use std::sync::Arc;
+
+use strata_api::{Encryption, KeySlotInfo};
+use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked, Xts};
+use strata_format::INCOMPAT_ENCRYPTION;
+
+use crate::catalog::DiskRec;
+use crate::disk::locked_message;
+use crate::error::{err, Error, ErrorKind, Result};
+use crate::meta::Meta;
+
+use super::Datastore;
+
+/// How a new disk's data is keyed.
+#[derive(Clone, Copy)]
+pub enum NewKeys<'a> {
+    /// Not encrypted.
+    Plain,
+    /// A new keyring with one keyslot for this secret.
+    Fresh(&'a NewSlot<'a>),
+    /// A copy of keyring `id` (a full clone of an encrypted disk: the same
+    /// keys, still wrapped, under a new id; FORMAT.md §16.3).
+    CopyOf(u64),
+}
+
+/// A crypt error as the engine's: a wrong key or a bad argument is the
+/// user's to fix, a damaged record is corruption.
+pub(crate) fn crypt_error(disk: &str, e: CryptError) -> Error {
+    let kind = match e {
+        CryptError::WrongKey => ErrorKind::InvalidArgument,
+        CryptError::Damaged(_) => ErrorKind::Corrupt,
+        CryptError::Invalid(_) => ErrorKind::InvalidArgument,
+        CryptError::Io(_) => ErrorKind::Io,
+    };
+    Error::new(kind, format!("disk '{disk}': {e}"))
+}
+
+fn slot_info(k: &KeyringRec) -> Vec<KeySlotInfo> {
+    k.slots
+        .iter()
+        .map(|s| KeySlotInfo {
+            slot: s.slot,
+            source: s.source.clone(),
+            label: s.label.clone(),
+            kdf: match s.kdf {
+                KdfRec::HkdfSha256 { .. } => "hkdf-sha256".into(),
+                KdfRec::Argon2id { .. } => "argon2id".into(),
+            },
+            created_unix: s.created_unix,
+        })
+        .collect()
+}
+
+impl Datastore {
+    /// What `info` shows of disk `d`'s encryption.
+    pub(super) fn encryption_of(&self, m: &Meta, d: &DiskRec) -> Option<Encryption> {
+        let k = m.catalog.keyring(d.keyring?)?;
+        Some(Encryption {
+            cipher: k.cipher.clone(),
+            locked: !self.inner.keys.lock().contains_key(&k.id),
+            keyring: k.id,
+            slots: slot_info(k),
+        })
+    }
+
+    /// The cipher a handle of disk `d` reads and writes through: None for a
+    /// plain disk, an error naming the disk when it is locked.
+    pub(super) fn cipher_of(&self, d: &DiskRec) -> Result<Option<Arc<Xts>>> {
+        let Some(id) = d.keyring else {
+            return Ok(None);
+        };
+        match self.inner.keys.lock().get(&id) {
+            Some(u) => Ok(Some(u.current().clone())),
+            None => err(ErrorKind::Refused, locked_message(&d.name)),
+        }
+    }
+
+    /// The keyring record of `disk` (an error if the disk is plain).
+    fn keyring_of(m: &Meta, disk: &str) -> Result<KeyringRec> {
+        let d = m.catalog.disk(disk)?;
+        let Some(id) = d.keyring else {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("disk '{disk}' is not encrypted"),
+            );
+        };
+        m.catalog.keyring(id).cloned().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("disk '{disk}': keyring {id} is missing"),
+            )
+        })
+    }
+
+    /// Open `disk`'s keys with `secret` and hold them in this process, so
+    /// its data can be read and written until the datastore is closed.
+    /// Returns the keyslot that opened. A wrong secret changes nothing.
+    pub fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
+        // Outside the metadata lock: a passphrase's KDF takes seconds.
+        let (slot, keys) = k.unlock_slot(secret).map_err(|e| crypt_error(disk, e))?;
+        self.inner.keys.lock().insert(k.id, Arc::new(keys));
+        Ok(slot)
+    }
+
+    /// Whether `disk` is encrypted and its keys are not held here.
+    pub fn is_locked(&self, disk: &str) -> Result<bool> {
+        let m = self.inner.meta.lock();
+        let d = m.catalog.disk(disk)?;
+        Ok(d.keyring
+            .is_some_and(|id| !self.inner.keys.lock().contains_key(&id)))
+    }
+
+    /// The keys of `disk`'s keyring, which must be unlocked.
+    fn held_keys(&self, disk: &str, k: &KeyringRec) -> Result<Arc<Unlocked>> {
+        self.inner
+            .keys
+            .lock()
+            .get(&k.id)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))
+    }
+
+    /// Change `disk`'s keyring with `f` (given the unlocked keys), as one
+    /// CATALOG record, durable when this returns (FORMAT.md §16.5).
+    fn change_keyring<T>(
+        &self,
+        disk: &str,
+        f: impl FnOnce(&mut KeyringRec, &Unlocked) -> std::result::Result<T, CryptError>,
+    ) -> Result<T> {
+        self.inner.check_writable()?;
+        let mut k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
+        let keys = self.held_keys(disk, &k)?;
+        // The KDF runs outside the lock; the record goes in only if no
+        // other change of the keyring came in between.
+        let before = k.clone();
+        let out = f(&mut k, &keys).map_err(|e| crypt_error(disk, e))?;
+        self.change(|m| {
+            let cur = m
+                .catalog
+                .keyring_mut(k.id)
+                .ok_or_else(|| Error::new(ErrorKind::Gone, format!("disk '{disk}' was removed")))?;
+            if *cur != before {
+                return err(
+                    ErrorKind::Refused,
+                    format!("disk '{disk}': its keys changed meanwhile; try again"),
+                );
+            }
+            *cur = k;
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        Ok(out)
+    }
+
+    /// Add a keyslot for another secret (`strata key add`); the disk must be
+    /// unlocked. Returns the new slot's number.
+    pub fn key_add(&self, disk: &str, new: &NewSlot<'_>) -> Result<u32> {
+        self.change_keyring(disk, |k, keys| k.add_slot(keys, new))
+    }
+
+    /// Remove keyslot `slot` (`strata key remove`); the last is refused.
+    pub fn key_remove(&self, disk: &str, slot: u32) -> Result<()> {
+        self.change_keyring(disk, |k, _| k.remove_slot(slot))
+    }
+
+    /// The keyslot `secret` opens (for `key remove --key-file`).
+    pub fn key_slot_of(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
+        k.slot_of(secret).map_err(|e| crypt_error(disk, e))
+    }
+
+    /// Shallow rekey (`strata rekey`): every keyslot replaced by one for
+    /// `new`; the data keys and every grain stay as they are, so it costs
+    /// the same with any number of snapshots (FORMAT.md §16.5).
+    pub fn rekey_shallow(&self, disk: &str, new: &NewSlot<'_>) -> Result<()> {
+        self.change_keyring(disk, |k, keys| k.rekey_shallow(keys, new))
+    }
+
+    /// The keyring a new disk gets, made or copied before the catalog
+    /// change that adds the disk (a KDF takes time; the lock is not held),
+    /// with the keys to hold once it is in.
+    pub(super) fn prepare_keys(
+        &self,
+        keys: NewKeys<'_>,
+        name: &str,
+    ) -> Result<Option<(KeyringRec, Arc<Unlocked>)>> {
+        let made = match keys {
+            NewKeys::Plain => return Ok(None),
+            NewKeys::Fresh(slot) => {
+                let (k, u) = KeyringRec::create(0, slot).map_err(|e| crypt_error(name, e))?;
+                (k, Arc::new(u))
+            }
+            NewKeys::CopyOf(id) => {
+                let k = self.inner.meta.lock().catalog.keyring(id).cloned();
+                let k = k.ok_or_else(|| {
+                    Error::new(ErrorKind::NotFound, format!("no keyring {id} to copy"))
+                })?;
+                let u = self.inner.keys.lock().get(&id).cloned();
+                let u = u.ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(name)))?;
+                (k, u)
+            }
+        };
+        // Before the first keyring is logged, the superblock says the
+        // datastore may hold keyrings (FORMAT.md §16.3).
+        self.inner.ensure_incompat(INCOMPAT_ENCRYPTION)?;
+        Ok(Some(made))
+    }
+
+    /// Put a prepared keyring into the catalog under a new id, for the
+    /// disk being added in the same change; returns the id.
+    pub(super) fn install_keyring(m: &mut Meta, mut k: KeyringRec) -> u64 {
+        k.id = m.catalog.alloc_id();
+        let id = k.id;
+        m.catalog.keyrings.push(k);
+        id
+    }
+
+    /// Hold a new disk's keys once its keyring is in the catalog.
+    pub(super) fn hold_keys(&self, id: u64, keys: Arc<Unlocked>) {
+        self.inner.keys.lock().insert(id, keys);
+    }
+
+    /// Forget the keys of keyrings no disk names any more.
+    pub(super) fn forget_unused_keys(&self) {
+        let m = self.inner.meta.lock();
+        self.inner
+            .keys
+            .lock()
+            .retain(|id, _| m.catalog.keyring(*id).is_some());
+    }
+}
