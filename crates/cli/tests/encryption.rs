@@ -384,6 +384,15 @@ fn a_full_clone_and_an_eager_zeroed_disk_are_encrypted_too() {
     // Eager zeroing wrote encrypted zeros: they read back as zeros.
     qemu_io_ok(RAW, &s.uri("ez"), &["read -P 0 0 8M"]);
     s.ok(&["clone", "--full", "vm", "full"]);
+    // Into another datastore it would arrive decrypted: refused, nothing made.
+    let other = Store::new();
+    let to = other.path();
+    let to = to.to_str().unwrap();
+    let err = s.fails_with(10, &["move", "vm", "--to", to]);
+    assert!(err.contains("not built yet"), "{err}");
+    let err = s.fails_with(10, &["clone", "--full", "vm", "away", "--to", to]);
+    assert!(err.contains("decrypted"), "{err}");
+    assert!(other.disk_names().is_empty());
     srv.stop();
     let v = s.json(&["info", "full"]);
     assert_eq!(v["encryption"]["locked"], true, "{v}");

@@ -96,6 +96,23 @@ pub(crate) fn clone_full(
     r
 }
 
+/// An encrypted disk does not leave its datastore yet: the copy would be
+/// made through its keys into a plain disk, its data decrypted at the
+/// destination (the keyring going along is FORMAT.md §16.3's design, not
+/// built for another datastore).
+pub(crate) fn refuse_encrypted(src: &dyn Datastore, disk: &str, what: &str) -> Result<(), Error> {
+    if src.disk_info(disk)?.encryption.is_none() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "'{what}' of the encrypted disk '{disk}' into another datastore is not built yet: \
+             the copy would arrive decrypted (a full clone within the datastore keeps its keys)"
+        ),
+    ))
+}
+
 /// Copy version `from` of `src` into the new disk `c.name` of `dst`.
 fn copy(
     src: &dyn Datastore,
@@ -108,6 +125,7 @@ fn copy(
     let source = src.open(from)?;
     let size = source.size_bytes();
     let ranges = src.changed_ranges(None, from)?;
+    refuse_encrypted(src, strata_engine::split_target(from).0, "clone --full --to")?;
     dst.create(name, size, c.provisioning, &mut |_, _| {})?;
     let target = dst.open(name)?;
     copier.total = ranges.iter().map(|r| r.len).sum();

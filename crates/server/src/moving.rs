@@ -238,6 +238,7 @@ impl Move<'_> {
     /// it, and a diff from it counts what lies past it).
     fn create_target(&self, size: u64, prov: Provisioning) -> Result<(), Error> {
         let name = self.a.name;
+        crate::cloning::refuse_encrypted(&**self.src, name, "move")?;
         let first_size = match self.a.head_only {
             true => size,
             false => self
