@@ -37,6 +37,9 @@ command -v qemu-storage-daemon >/dev/null 2>&1 || need+=(qemu-system-common)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 # The initramfs needs busybox-static's /bin/busybox (the dynamic one won't do).
 if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybox-static); fi
+# cryptsetup reads and writes LUKS1 images on plain files (no device-mapper
+# needed): the second LUKS client of the encryption tests.
+command -v cryptsetup >/dev/null 2>&1 || need+=(cryptsetup-bin)
 command -v mke2fs   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v e2fsck   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v fstrim   >/dev/null 2>&1 || need+=(util-linux)

@@ -288,7 +288,7 @@ pub enum Request {
         #[serde(default)]
         recording: Option<bool>,
     },
-    /// Import a VMDK chain, raw or qcow2 image as a new disk.
+    /// Import a VMDK chain, raw, qcow2 or LUKS1 image as a new disk.
     Import {
         /// Absolute, so that a server in another directory finds it.
         path: PathBuf,
@@ -296,8 +296,13 @@ pub enum Request {
         provisioning: Provisioning,
         /// None: detected from the content.
         format: Option<ImageFormat>,
+        /// Make the disk encrypted with a first keyslot for this secret;
+        /// a LUKS1 image needs it (it is the image's passphrase too).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        encrypt: Option<KeyGrant>,
     },
-    /// Export a disk or snapshot as VMDK (optionally its snapshot path as a chain).
+    /// Export a disk or snapshot as VMDK (optionally its snapshot path as
+    /// a chain), or as a LUKS1 image when `luks` holds its passphrase.
     Export {
         target: String,
         /// Absolute, so that a server in another directory writes it there.
@@ -306,6 +311,10 @@ pub enum Request {
         subformat: Subformat,
         chain: bool,
         adapter: String,
+        /// A LUKS1 image whose keyslot opens with this secret (docs/FORMAT.md
+        /// §16.6); it also unlocks a locked encrypted target.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        luks: Option<Secret>,
     },
     /// Move a disk (its snapshots too unless `head_only`) to another
     /// datastore while it is served (docs/MOVE.md).
@@ -523,6 +532,8 @@ pub enum ImageFormat {
     Raw,
     /// Read through `qemu-img convert`.
     Qcow2,
+    /// LUKS1, AES-256-XTS (docs/FORMAT.md §16.6).
+    Luks,
 }
 
 impl ImageFormat {
@@ -531,9 +542,10 @@ impl ImageFormat {
             "vmdk" => Ok(ImageFormat::Vmdk),
             "raw" => Ok(ImageFormat::Raw),
             "qcow2" => Ok(ImageFormat::Qcow2),
+            "luks" => Ok(ImageFormat::Luks),
             other => Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("unknown import format {other:?}: vmdk, raw or qcow2"),
+                format!("unknown import format {other:?}: vmdk, raw, qcow2 or luks"),
             )),
         }
     }

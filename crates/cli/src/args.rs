@@ -559,25 +559,53 @@ The Debian package installs the bash, zsh and fish scripts."
         /// Where to write them (created if missing)
         dir: PathBuf,
     },
-    /// Import a VMDK chain (its links as snapshots), a raw or a qcow2 image as a disk
+    /// Import a VMDK chain (its links as snapshots), a raw, qcow2 or LUKS1 image as a disk
+    #[command(
+        long_about = "Import a VMDK chain (its links as snapshots), a raw, qcow2 or LUKS1 \
+image as a disk.\n\n\
+With --encrypt (or any image with --key-*) the new disk is encrypted, its first keyslot opened \
+by the given secret. A LUKS1 image (QEMU's 'luks' format, aes-xts-plain64) needs its \
+passphrase that way, and the disk it becomes opens with the same secret; the data is decrypted \
+and encrypted again under a new data key of the disk's own (docs/FORMAT.md §16.6)."
+    )]
     Import {
-        /// The image: a VMDK descriptor or sparse file (its parents are followed), raw, or qcow2
+        /// The image: VMDK (descriptor or sparse file; parents followed), raw, qcow2 or LUKS1
         path: PathBuf,
         /// Name of the new disk
         name: String,
         /// Provisioning of the new disk
         #[arg(long = "type", default_value = "thin", value_parser = Provisioning::parse)]
         provisioning: Provisioning,
-        /// Image format [default: detected from the content]: vmdk, raw or qcow2 (needs qemu-img)
+        /// Image format [default: detected]: vmdk, raw, qcow2 (needs qemu-img) or luks
         #[arg(long)]
         format: Option<String>,
+        /// Encrypt the new disk (with the key given by --key-*)
+        #[arg(long, requires = "key")]
+        encrypt: bool,
+        #[command(flatten)]
+        key: crate::keys::KeyArgs,
+        /// A label for the first keyslot ('strata key list' shows it)
+        #[arg(long, value_name = "TEXT", requires = "key")]
+        key_label: Option<String>,
     },
-    /// Export DISK or DISK@SNAP as a VMDK
+    /// Export DISK or DISK@SNAP as a VMDK or a LUKS1 image
+    #[command(
+        long_about = "Export DISK or DISK@SNAP as a VMDK (or a chain of them) or, with \
+--format luks, as a LUKS1 image (aes-xts-plain64) that QEMU's 'luks' driver and cryptsetup open \
+with the secret given by --key-*: the bytes of --key-file are the passphrase, so the same file \
+serves QEMU's 'secret,file='. The image gets a master key of its own, never the disk's data key. \
+A locked encrypted disk is unlocked with the same secret first."
+    )]
     Export {
         /// DISK or DISK@SNAP
         target: String,
-        /// Output file, ending in .vmdk (never overwritten)
+        /// Output file (never overwritten); a VMDK's name ends in .vmdk
         out: PathBuf,
+        /// Image format
+        #[arg(long, default_value = "vmdk", value_parser = ["vmdk", "luks"])]
+        format: String,
+        #[command(flatten)]
+        key: crate::keys::KeyArgs,
         /// monolithicSparse/Flat, streamOptimized, vmfsSparse or seSparse
         ///
         /// monolithicSparse, monolithicFlat, streamOptimized, vmfsSparse or seSparse

@@ -102,6 +102,26 @@ impl KeyArgs {
     }
 }
 
+/// The LUKS passphrase of `export --format luks`, which needs one; VMDK
+/// export takes none (and no chain goes with LUKS).
+pub fn export_key(format: &str, key: &KeyArgs, chain: bool) -> Result<Option<Secret>, Error> {
+    if format != "luks" {
+        if key.secret_given() {
+            return Err(invalid(
+                "a key goes with --format luks (to export a locked encrypted disk as VMDK, \
+                 'strata unlock' it on the running server first)",
+            ));
+        }
+        return Ok(None);
+    }
+    if chain {
+        return Err(invalid(
+            "a LUKS image holds one version: --chain goes with VMDK",
+        ));
+    }
+    key.required("export --format luks").map(Some)
+}
+
 impl NewKeyArgs {
     fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
         let src = source(

@@ -487,3 +487,284 @@ fn vhost_user_blk_reads_and_writes_plaintext_and_leaves_guest_memory_alone() {
     assert_eq!(&bytes[24 * 512..24 * 512 + 4096], &data[..]);
     assert!(!file_contains(&s.path().join("pool.data"), &data[..64]));
 }
+
+/// QEMU's `--image-opts` for the LUKS image `file` opened by key file `k`.
+fn luks_opts(file: &Path, k: &Path) -> (String, String) {
+    (
+        format!("secret,id=sec0,file={}", k.display()),
+        format!(
+            "driver=luks,key-secret=sec0,file.filename={}",
+            file.display()
+        ),
+    )
+}
+
+/// The arguments of `strata export TARGET OUT --format luks --key-file KEY`.
+fn luks_export<'a>(target: &'a str, out: &'a str, key: &'a str) -> [&'a str; 7] {
+    ["export", target, out, "--format", "luks", "--key-file", key]
+}
+
+/// `file` (LUKS, opened by `k`) through QEMU's luks driver, as raw `out`.
+fn qemu_luks_to_raw(file: &Path, k: &Path, out: &Path) {
+    let (object, opts) = luks_opts(file, k);
+    let o = run(
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            &object,
+            "--image-opts",
+            &opts,
+            "-O",
+            "raw",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn same_bytes(a: &Path, b: &Path) {
+    let o = run("cmp", &[a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
+    if !have("qemu-img") || !have("qemu-io") || !have("cryptsetup") {
+        return;
+    }
+    let s = Store::new();
+    let dir = s.dir.path();
+    // QEMU takes only text passphrases: a binary key cannot be an image's.
+    let binary = key_file(dir, "binary.key", 32);
+    let k = dir.join("vm.key");
+    let text: String = (0..44)
+        .map(|_| char::from(b'a' + rand::random::<u8>() % 26))
+        .collect();
+    std::fs::write(&k, text).unwrap();
+    std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ks = k.to_str().unwrap();
+    // import --encrypt: a raw image becomes an encrypted disk.
+    let src = dir.join("src.raw");
+    marked_image(&src, 16, 4);
+    s.ok(&[
+        "import",
+        src.to_str().unwrap(),
+        "vm",
+        "--encrypt",
+        "--key-file",
+        ks,
+    ]);
+    assert_eq!(s.json(&["info", "vm"])["encryption"]["locked"], true);
+    assert!(datastore_files(&s)
+        .iter()
+        .all(|f| !file_contains(f, MARKER)));
+
+    // Export offline: the disk's own key unlocks it and opens the image;
+    // QEMU's luks driver reads it back byte for byte; no plaintext in it.
+    let out = dir.join("vm.luks");
+    let o = s.ok(&luks_export("vm", out.to_str().unwrap(), ks));
+    assert!(o.contains("(luks1)"), "{o}");
+    assert!(!file_contains(&out, MARKER));
+    let info = run_ok("qemu-img", &["info", out.to_str().unwrap()]);
+    assert!(info.contains("file format: luks"), "{info}");
+    let back = dir.join("back.raw");
+    qemu_luks_to_raw(&out, &k, &back);
+    same_bytes(&src, &back);
+    // cryptsetup reads the header and opens the keyslot with the same
+    // file, and not with another.
+    let dump = run_ok("cryptsetup", &["luksDump", out.to_str().unwrap()]);
+    assert!(
+        dump.contains("xts-plain64") && dump.contains("MK bits:       \t512"),
+        "{dump}"
+    );
+    let test_key = |key: &Path| {
+        let args = [
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            key.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ];
+        run("cryptsetup", &args).status.success()
+    };
+    assert!(test_key(&k));
+    assert!(!test_key(&binary));
+    // Never over an existing file; a chain or a VMDK key is refused.
+    let err = s.fails(&luks_export("vm", out.to_str().unwrap(), ks));
+    assert!(err.contains("never overwrites"), "{err}");
+    let err = s.fails(&["export", "vm", "x.vmdk", "--key-file", ks]);
+    assert!(err.contains("--format luks"), "{err}");
+    let err = s.fails(&[
+        "export",
+        "vm",
+        "x.luks",
+        "--format",
+        "luks",
+        "--chain",
+        "--key-file",
+        ks,
+    ]);
+    assert!(err.contains("--chain goes with VMDK"), "{err}");
+    let bin_out = dir.join("bin.luks");
+    let err = s.fails_with(
+        2,
+        &luks_export("vm", bin_out.to_str().unwrap(), binary.to_str().unwrap()),
+    );
+    assert!(err.contains("UTF-8"), "{err}");
+    assert!(!bin_out.exists());
+
+    // A passphrase (a short secret) that is not the disk's key cannot
+    // unlock a locked disk; a server holding the disk's key exports a
+    // snapshot under it. QEMU opens that image with the passphrase.
+    let pass = dir.join("pass");
+    std::fs::write(&pass, b"correct horse").unwrap();
+    std::fs::set_permissions(&pass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ps = pass.to_str().unwrap();
+    s.ok(&["snapshot", "create", "vm", "s1"]);
+    let snap_out = dir.join("snap.luks");
+    let err = s.fails(&luks_export("vm@s1", snap_out.to_str().unwrap(), ps));
+    assert!(
+        err.contains("locked") && err.contains("strata unlock"),
+        "{err}"
+    );
+    assert!(!snap_out.exists());
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x11 0 1M", "flush"]);
+    s.ok(&luks_export("vm@s1", snap_out.to_str().unwrap(), ps));
+    let snap_back = dir.join("snap.raw");
+    qemu_luks_to_raw(&snap_out, &pass, &snap_back);
+    same_bytes(&src, &snap_back);
+    srv.stop();
+
+    // Our image comes back as a disk that opens with the passphrase.
+    s.ok(&[
+        "import",
+        snap_out.to_str().unwrap(),
+        "again",
+        "--key-file",
+        ps,
+    ]);
+    let v = s.json(&["info", "again"]);
+    assert_eq!(v["encryption"]["slots"][0]["kdf"], "argon2id", "{v}");
+
+    // An image QEMU made: a wrong key or none is refused and makes no
+    // disk; its passphrase imports it, and the disk reads what QEMU reads.
+    let q = dir.join("q.luks");
+    let (object, opts) = luks_opts(&q, &k);
+    run_ok(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "luks",
+            "--object",
+            &object,
+            "-o",
+            "key-secret=sec0,iter-time=200",
+            q.to_str().unwrap(),
+            "8M",
+        ],
+    );
+    let o = run(
+        "qemu-io",
+        &[
+            "--object",
+            &object,
+            "--image-opts",
+            &opts,
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "write -P 0xcd 4M 64k",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let qraw = dir.join("q.raw");
+    qemu_luks_to_raw(&q, &k, &qraw);
+    let wrong = key_file(dir, "wrong.key", 32);
+    let err = s.fails_with(
+        2,
+        &[
+            "import",
+            q.to_str().unwrap(),
+            "fromq",
+            "--key-file",
+            wrong.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        err.contains("wrong key: no keyslot of the image opens with it"),
+        "{err}"
+    );
+    let err = s.fails_with(2, &["import", q.to_str().unwrap(), "fromq"]);
+    assert!(
+        err.contains("is a LUKS image") && err.contains("--key-file"),
+        "{err}"
+    );
+    assert!(!s.disk_names().contains(&"fromq".to_string()));
+    let o = s.ok(&[
+        "import",
+        q.to_str().unwrap(),
+        "fromq",
+        "--key-file",
+        ks,
+        "--key-label",
+        "from qemu",
+    ]);
+    assert!(o.contains("encrypted:"), "{o}");
+    // One cryptsetup made (SHA-512, never written: QEMU reads its payload
+    // as noise, and so does the disk it becomes).
+    let c = dir.join("c.luks");
+    std::fs::write(&c, vec![0u8; 6 << 20]).unwrap();
+    let args = [
+        "luksFormat",
+        "--type",
+        "luks1",
+        "-q",
+        "--key-file",
+        ks,
+        "--key-size",
+        "512",
+        "--hash",
+        "sha512",
+        "--pbkdf-force-iterations",
+        "1000",
+        c.to_str().unwrap(),
+    ];
+    run_ok("cryptsetup", &args);
+    let craw = dir.join("c.raw");
+    qemu_luks_to_raw(&c, &k, &craw);
+    s.ok(&["import", c.to_str().unwrap(), "fromc", "--key-file", ks]);
+    let srv = s.serve_with(&[
+        "--unlock",
+        &unlock_arg("fromq", &k),
+        "--unlock",
+        &format!("again={ps}"),
+        "--unlock",
+        &unlock_arg("fromc", &k),
+    ]);
+    let cmp = raw_compare(qraw.to_str().unwrap(), &s.uri("fromq"));
+    assert!(
+        cmp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cmp.stdout)
+    );
+    let cmp = raw_compare(craw.to_str().unwrap(), &s.uri("fromc"));
+    assert!(
+        cmp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cmp.stdout)
+    );
+    let cmp = raw_compare(src.to_str().unwrap(), &s.uri("again"));
+    assert!(
+        cmp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cmp.stdout)
+    );
+    srv.stop();
+    assert!(datastore_files(&s)
+        .iter()
+        .all(|f| !file_contains(f, MARKER)));
+}

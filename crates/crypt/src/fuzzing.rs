@@ -1,6 +1,7 @@
-//! The body of the `keyring_parse` fuzz target (fuzz/fuzz_targets), here so
-//! that the crate's own tests run it too.
+//! The bodies of the `keyring_parse` and `luks_image` fuzz targets
+//! (fuzz/fuzz_targets), here so that the crate's own tests run them too.
 
+use crate::luks::{self, LuksHash, LuksHeader};
 use crate::{KdfRec, KeyringRec};
 
 /// The passphrase the fuzz target tries (an Argon2id-class secret).
@@ -53,6 +54,86 @@ pub fn keyring_parse(data: &[u8]) -> usize {
     opened
 }
 
+/// Most PBKDF2 rounds (any slot, and the digest) for which `luks_image`
+/// tries the secret: a bound on each input's time.
+const FUZZ_MAX_ROUNDS: u32 = 4000;
+
+/// The passphrase `luks_image` tries.
+pub const LUKS_SECRET: &[u8] = b"fuzz luks passphrase";
+
+/// Takes `data` as a whole LUKS1 image: a header that parses re-encodes
+/// to a header that parses the same; when its PBKDF2 costs are small the
+/// image is opened with [`LUKS_SECRET`] and, when it opens, its first
+/// payload sectors decrypt and encrypt back to themselves. Returns whether
+/// it opened. Panics only on a broken invariant.
+pub fn luks_image(data: &[u8]) -> bool {
+    let Some(head) = data.get(..luks::HEADER_BYTES) else {
+        assert!(LuksHeader::parse(data, data.len() as u64).is_err());
+        return false;
+    };
+    let Ok(h) = LuksHeader::parse(head, data.len() as u64) else {
+        return false;
+    };
+    let again =
+        LuksHeader::parse(&h.encode(), data.len() as u64).expect("a parsed header re-encodes");
+    assert_eq!(again, h, "encode and parse changed the header");
+    let cheap = h.mk_digest_iter <= FUZZ_MAX_ROUNDS
+        && h.slots
+            .iter()
+            .all(|s| !s.active || s.iterations <= FUZZ_MAX_ROUNDS);
+    if !cheap {
+        return false;
+    }
+    let mut read = |at: u64, buf: &mut [u8]| {
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        let src = data
+            .get(at..at.saturating_add(buf.len()))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    };
+    let Ok((payload, slot)) = h.open(LUKS_SECRET, &mut read) else {
+        return false;
+    };
+    assert!(h.slots[slot].active);
+    let start = h.payload_byte() as usize;
+    let sectors = (data.len() - start) / crate::SECTOR_BYTES;
+    let n = sectors.min(8) * crate::SECTOR_BYTES;
+    let mut buf = data[start..start + n].to_vec();
+    payload.decrypt(&mut buf, 0);
+    payload.encrypt(&mut buf, 0);
+    assert_eq!(
+        buf,
+        &data[start..start + n],
+        "the payload cipher does not round trip"
+    );
+    true
+}
+
+/// A small LUKS1 image that [`luks_image`] opens (4 stripes, the payload
+/// at sector 40, `sectors` of payload): the fuzz target's seeds.
+pub fn luks_seed(hash: &str, plain32: bool, sectors: usize) -> Vec<u8> {
+    let layout = luks::Layout {
+        hash: match hash {
+            "sha1" => LuksHash::Sha1,
+            "sha512" => LuksHash::Sha512,
+            _ => LuksHash::Sha256,
+        },
+        plain32,
+        stripes: 4,
+        step: 4,
+        payload: 40,
+    };
+    let new = luks::create_with(LUKS_SECRET, 1000, &layout).expect("a seed image");
+    let mut image = new.area;
+    let mut payload: Vec<u8> = (0..sectors * crate::SECTOR_BYTES)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    new.payload.encrypt(&mut payload, 0);
+    image.extend_from_slice(&payload);
+    image
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +175,21 @@ mod tests {
         }
         keyring_parse(b"{}");
         keyring_parse(b"\xff\x00");
+    }
+
+    #[test]
+    fn luks_seeds_open_and_damage_does_not_panic() {
+        for (hash, plain32) in [("sha1", false), ("sha256", true), ("sha512", false)] {
+            let img = luks_seed(hash, plain32, 4);
+            assert!(luks_image(&img), "{hash} seed does not open");
+            for i in (0..img.len()).step_by(97) {
+                let mut bad = img.clone();
+                bad[i] ^= 0x40;
+                luks_image(&bad);
+            }
+            for cut in [0, 100, luks::HEADER_BYTES, 20 * 512, img.len() - 1] {
+                luks_image(&img[..cut]);
+            }
+        }
     }
 }

@@ -9,6 +9,7 @@
 //!   keyring key (KK) wrapped in up to [`MAX_SLOTS`] keyslots, one per user
 //!   secret, and the data keys (DEKs) wrapped by the KK. [`Unlocked`] holds
 //!   the unwrapped keys.
+//! - [`luks`]: LUKS1 images, for `export --format luks` and `import`.
 //! - [`source::KeySource`]: where a user secret comes from (a file, the
 //!   kernel keyring, a helper command).
 //!
@@ -21,6 +22,7 @@ pub mod fuzzing;
 mod hex;
 mod kdf;
 mod keyring;
+pub mod luks;
 mod secret;
 pub mod source;
 mod wrap;

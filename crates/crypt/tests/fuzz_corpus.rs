@@ -1,15 +1,15 @@
-//! Replays the committed corpus of the fuzz target `keyring_parse`
-//! (fuzz/corpus/keyring_parse) through `strata_crypt::fuzzing`, as the
-//! fuzz target does: none may panic, and the seeds named `opens_*` must be
-//! opened by one of the target's two secrets (so the fuzzer starts from
-//! records that reach the unlock path).
+//! Replays the committed corpora of the fuzz targets `keyring_parse` and
+//! `luks_image` (fuzz/corpus/...) through `strata_crypt::fuzzing`, as the
+//! fuzz targets do: none may panic, and the seeds named `opens_*` must be
+//! opened by the target's secrets (so the fuzzer starts from inputs that
+//! reach the unlock path).
 //!
-//! The seeds are written by `write_seeds` (ignored):
-//! `cargo test -p strata-crypt --test fuzz_corpus -- --ignored write_seeds`.
+//! The seeds are written by `write_seeds` and `write_luks_seeds`
+//! (ignored): `cargo test -p strata-crypt --test fuzz_corpus -- --ignored`.
 
 use std::path::{Path, PathBuf};
 
-use strata_crypt::fuzzing::{keyring_parse, LONG_SECRET, SHORT_SECRET};
+use strata_crypt::fuzzing::{keyring_parse, luks_image, luks_seed, LONG_SECRET, SHORT_SECRET};
 use strata_crypt::{Argon2Params, KeyringRec, NewSlot};
 
 fn corpus() -> PathBuf {
@@ -60,6 +60,40 @@ fn the_corpus_replays_and_its_seeds_open() {
         if name.starts_with("opens_") {
             assert!(opened > 0, "{name}: no secret opened it");
         }
+        n += 1;
+    }
+    assert!(n >= 3, "only {n} seeds");
+}
+
+fn luks_corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/luks_image")
+}
+
+#[test]
+#[ignore = "writes the seeds; run by hand when the image layout changes"]
+fn write_luks_seeds() {
+    let dir = luks_corpus();
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, hash, plain32) in [
+        ("opens_sha1.luks", "sha1", false),
+        ("opens_sha256_plain32.luks", "sha256", true),
+        ("opens_sha512.luks", "sha512", false),
+    ] {
+        std::fs::write(dir.join(name), luks_seed(hash, plain32, 4)).unwrap();
+    }
+}
+
+#[test]
+fn the_luks_corpus_replays_and_its_seeds_open() {
+    let mut n = 0;
+    for e in std::fs::read_dir(luks_corpus()).unwrap() {
+        let path = e.unwrap().path();
+        let opened = luks_image(&std::fs::read(&path).unwrap());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            opened || !name.starts_with("opens_"),
+            "{name} does not open"
+        );
         n += 1;
     }
     assert!(n >= 3, "only {n} seeds");

@@ -125,7 +125,11 @@ fn copy(
     let source = src.open(from)?;
     let size = source.size_bytes();
     let ranges = src.changed_ranges(None, from)?;
-    refuse_encrypted(src, strata_engine::split_target(from).0, "clone --full --to")?;
+    refuse_encrypted(
+        src,
+        strata_engine::split_target(from).0,
+        "clone --full --to",
+    )?;
     dst.create(name, size, c.provisioning, &mut |_, _| {})?;
     let target = dst.open(name)?;
     copier.total = ranges.iter().map(|r| r.len).sum();

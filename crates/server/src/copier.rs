@@ -166,3 +166,40 @@ impl<'a> Copier<'a> {
         Ok(())
     }
 }
+
+/// The unit `put_grains` tests for zeros: one grain.
+const GRAIN_BYTES: u64 = 4096;
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+/// Write `buf` (at disk offset `off`) grain by grain, skipping zero grains
+/// (`zero_mask`: zero grains must mask what is below, so zero them).
+pub(crate) fn put_grains(
+    h: &dyn BlockDevice,
+    buf: &[u8],
+    off: u64,
+    zero_mask: bool,
+) -> Result<(), Error> {
+    let mut p = 0usize;
+    while p < buf.len() {
+        let n = (GRAIN_BYTES as usize).min(buf.len() - p);
+        let piece = &buf[p..p + n];
+        if !is_zero(piece) {
+            h.write_at(piece, off + p as u64, false)?;
+        } else if zero_mask {
+            h.write_zeroes(
+                off + p as u64,
+                n as u64,
+                ZeroOptions {
+                    may_unmap: true,
+                    fast_only: false,
+                    fua: false,
+                },
+            )?;
+        }
+        p += n;
+    }
+    Ok(())
+}

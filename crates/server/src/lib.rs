@@ -31,6 +31,7 @@ pub mod groups;
 pub mod holders;
 pub mod jobs;
 pub mod logging;
+mod luks_ops;
 mod move_settings;
 pub mod moving;
 pub mod object_store;

@@ -456,12 +456,14 @@ fn file_request(
             name,
             provisioning,
             format,
+            encrypt,
         } => {
             let what = crate::vmdk_ops::Import {
                 path,
                 name,
                 prov: *provisioning,
                 format: *format,
+                encrypt: encrypt.as_ref(),
             };
             Ok(Response::Import(crate::vmdk_ops::import(
                 ctx.ds, what, progress,
@@ -470,9 +472,19 @@ fn file_request(
         Request::Export {
             target,
             out,
+            luks: Some(secret),
+            ..
+        } => {
+            let r = crate::luks_ops::export(ctx.ds, target, out, secret, progress)?;
+            Ok(Response::Export(r))
+        }
+        Request::Export {
+            target,
+            out,
             subformat,
             chain,
             adapter,
+            luks: None,
         } => {
             let how = crate::vmdk_ops::ExportFormat {
                 subformat: *subformat,

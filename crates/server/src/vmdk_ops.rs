@@ -9,12 +9,14 @@ use strata_api::wire::Watch;
 
 use strata_api::request::absolute;
 use strata_api::{
-    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, Request, Response,
-    ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
+    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, KeyGrant, Request,
+    Response, ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
     VmdkRequest, VmdkResponse,
 };
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_datastore::Datastore;
+
+use crate::copier::put_grains;
+use strata_datastore::{Datastore, EncryptedDisk};
 use strata_engine::{Error, ErrorKind, Provisioning};
 use strata_storage::{Backend, FileBackend};
 use strata_vmdk::chain::ExtentImpl;
@@ -110,6 +112,9 @@ fn sniff(path: &Path) -> Result<ImageFormat, Error> {
     if h.starts_with(b"QFI\xfb") {
         return Ok(ImageFormat::Qcow2);
     }
+    if strata_crypt::luks::is_luks(h) {
+        return Ok(ImageFormat::Luks);
+    }
     if h.starts_with(b"KDMV")
         || h.starts_with(b"COWD")
         || h.starts_with(&0xcafe_babeu64.to_le_bytes())
@@ -152,34 +157,36 @@ fn snapshot_name(file: &str, taken: &mut Vec<String>) -> String {
     cand
 }
 
-fn is_zero(b: &[u8]) -> bool {
-    b.iter().all(|&x| x == 0)
-}
-
-/// Write `buf` (at disk offset `off`) grain by grain, skipping zero grains
-/// (`zero_mask`: zero grains must mask what is below, so zero them).
-fn put_grains(h: &dyn BlockDevice, buf: &[u8], off: u64, zero_mask: bool) -> Result<(), Error> {
-    let mut p = 0usize;
-    while p < buf.len() {
-        let n = (GRAIN as usize).min(buf.len() - p);
-        let piece = &buf[p..p + n];
-        if !is_zero(piece) {
-            h.write_at(piece, off + p as u64, false)?;
-        } else if zero_mask {
-            h.write_zeroes(off + p as u64, n as u64, UNMAP_OK)?;
-        }
-        p += n;
-    }
-    Ok(())
-}
-
 /// What to import: the image at `path` (its format, or None to tell it
-/// by its bytes) as disk `name`, provisioned `prov`.
+/// by its bytes) as disk `name`, provisioned `prov`, encrypted with a
+/// first keyslot for `encrypt` when given (a LUKS1 image's passphrase).
 pub struct Import<'a> {
     pub path: &'a Path,
     pub name: &'a str,
     pub prov: Provisioning,
     pub format: Option<ImageFormat>,
+    pub encrypt: Option<&'a KeyGrant>,
+}
+
+impl Import<'_> {
+    /// Create the new disk of `size` bytes, encrypted when a key was given.
+    fn create(&self, ds: &dyn Datastore, size: u64) -> Result<(), Error> {
+        match self.encrypt {
+            Some(key) => {
+                let spec = EncryptedDisk {
+                    disk: self.name,
+                    size_bytes: size,
+                    provisioning: self.prov,
+                    key,
+                };
+                ds.create_encrypted(&spec, &mut |_, _| {})?;
+            }
+            None => {
+                ds.create(self.name, size, self.prov, &mut |_, _| {})?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Import `path` as disk `name`. A VMDK chain becomes a disk whose
@@ -190,40 +197,53 @@ pub fn import(
     what: Import,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, Error> {
-    let Import {
-        path,
-        name,
-        prov,
-        format,
-    } = what;
-    let format = match format {
+    let format = match what.format {
         Some(f) => f,
-        None => sniff(path)?,
+        None => sniff(what.path)?,
     };
     match format {
-        ImageFormat::Vmdk => import_vmdk(ds, path, name, prov, progress),
+        ImageFormat::Vmdk => import_vmdk(ds, &what, progress),
         ImageFormat::Raw => {
-            import_raw(ds, path, name, prov, progress)?;
+            import_raw(ds, &what, what.path, progress)?;
             Ok(ImportReport {
-                disk: ds.disk_view(name, false)?,
+                disk: ds.disk_view(what.name, false)?,
                 format,
                 links: None,
                 snapshots: Vec::new(),
             })
         }
-        ImageFormat::Qcow2 => import_qcow2(ds, path, name, prov, progress),
+        ImageFormat::Qcow2 => import_qcow2(ds, &what, progress),
+        ImageFormat::Luks => {
+            let key = what.encrypt.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{} is a LUKS image: importing it needs its key (--key-file FILE, \
+                         --key-keyring NAME or --key-helper CMD)",
+                        what.path.display()
+                    ),
+                )
+            })?;
+            let luks = crate::luks_ops::LuksImport {
+                path: what.path,
+                name: what.name,
+                prov: what.prov,
+                key,
+            };
+            crate::luks_ops::import(ds, &luks, progress)
+        }
     }
 }
 
-/// Copy the raw image `path` (its length the disk's size) into a new
-/// disk `name`, skipping the holes of a sparse file.
+/// Copy the raw image `path` (its length the disk's size) into the new
+/// disk `what` asks for, skipping the holes of a sparse file.
 fn import_raw(
     ds: &dyn Datastore,
+    what: &Import<'_>,
     path: &Path,
-    name: &str,
-    prov: Provisioning,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), Error> {
+    let name = what.name;
     let size = std::fs::metadata(path)
         .map_err(|e| io(&path.display().to_string(), e))?
         .len();
@@ -237,7 +257,7 @@ fn import_raw(
         ));
     }
     let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
-    ds.create(name, size, prov, &mut |_, _| {})?;
+    what.create(ds, size)?;
     let h = ds.open(name)?;
     let r = (|| {
         let mut buf = vec![0u8; CHUNK as usize];
@@ -273,11 +293,10 @@ fn seek_data(f: &std::fs::File, off: u64) -> Option<u64> {
 
 fn import_qcow2(
     ds: &dyn Datastore,
-    path: &Path,
-    name: &str,
-    prov: Provisioning,
+    what: &Import<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, Error> {
+    let (path, name) = (what.path, what.name);
     let tmp = std::env::temp_dir().join(format!("strata-import-{}-{name}.raw", std::process::id()));
     let out = std::process::Command::new("qemu-img")
         .args(["convert", "-q", "-f", "qcow2", "-O", "raw"])
@@ -303,7 +322,7 @@ fn import_qcow2(
             ),
         ));
     }
-    let r = import_raw(ds, &tmp, name, prov, progress);
+    let r = import_raw(ds, what, &tmp, progress);
     let _ = std::fs::remove_file(&tmp);
     r?;
     Ok(ImportReport {
@@ -523,15 +542,14 @@ fn copy_link(
 
 fn import_vmdk(
     ds: &dyn Datastore,
-    path: &Path,
-    name: &str,
-    prov: Provisioning,
+    what: &Import<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, Error> {
-    let img = open_vmdk(path, Access::Read)?;
+    let name = what.name;
+    let img = open_vmdk(what.path, Access::Read)?;
     let size = img.size_bytes();
     let levels = img.links.len();
-    ds.create(name, size, prov, &mut |_, _| {})?;
+    what.create(ds, size)?;
     let mut taken = Vec::new();
     let mut snaps = Vec::new();
     let r = (|| -> Result<(), Error> {

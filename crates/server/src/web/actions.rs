@@ -232,5 +232,6 @@ fn import(b: &Value) -> Result<Request, Refusal> {
             ),
             None => None,
         },
+        encrypt: None,
     })
 }

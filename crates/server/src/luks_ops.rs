@@ -1,0 +1,215 @@
+//! LUKS1 images in and out (docs/FORMAT.md §16.6): `export --format luks`
+//! writes a disk or snapshot as an image QEMU's `luks` driver and
+//! cryptsetup open with the given secret; `import` of a LUKS1 image makes
+//! an encrypted disk whose first keyslot opens with the image's secret.
+//! Neither ever puts the disk's own data key in the image, nor the image's
+//! master key in the datastore.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use strata_api::{ExportReport, ExportedLink, ImageFormat, ImportReport, KeyGrant, Secret};
+use strata_block::BlockDevice;
+use strata_crypt::luks::{self, LuksHeader};
+use strata_crypt::CryptError;
+use strata_datastore::{Datastore, EncryptedDisk};
+use strata_engine::{Error, ErrorKind, Provisioning};
+
+use crate::copier::put_grains;
+
+/// Bytes moved per step: read, cipher, write.
+const CHUNK: usize = 1 << 20;
+
+fn io(what: &Path, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("{}: {e}", what.display()))
+}
+
+/// A LUKS problem as an error about `file`.
+fn luks_error(file: &Path, e: CryptError) -> Error {
+    let kind = match e {
+        CryptError::Io(_) => ErrorKind::Io,
+        _ => ErrorKind::InvalidArgument,
+    };
+    let what = match e {
+        CryptError::WrongKey => "wrong key: no keyslot of the image opens with it".to_string(),
+        CryptError::Damaged(why) => format!("damaged LUKS header: {why}"),
+        other => other.to_string(),
+    };
+    Error::new(kind, format!("{}: {what}", file.display()))
+}
+
+/// Open `target`'s disk with `secret` when it is encrypted and not held
+/// here yet, so that the same secret reads the disk and opens the image.
+fn readable(ds: &dyn Datastore, target: &str, secret: &Secret) -> Result<(), Error> {
+    let disk = target.split('@').next().unwrap_or(target);
+    let locked = ds.disk_info(disk)?.encryption.is_some_and(|e| e.locked);
+    if !locked {
+        return Ok(());
+    }
+    ds.unlock(disk, secret.expose()).map(|_| ()).map_err(|e| {
+        Error::new(
+            e.kind,
+            format!(
+                "{e}: '{disk}' is locked and the export's key does not open it; unlock it first \
+                 ('strata unlock {disk}'), then export with the image's key"
+            ),
+        )
+    })
+}
+
+/// QEMU's luks driver takes a passphrase only as UTF-8 text without NUL
+/// (it refuses the image otherwise), so an export's secret must be one.
+fn qemu_can_use(secret: &Secret) -> Result<(), Error> {
+    let text = std::str::from_utf8(secret.expose()).ok();
+    if text.is_some_and(|t| !t.contains('\0')) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::InvalidArgument,
+        "a LUKS image's secret must be UTF-8 text without NUL bytes, the only passphrases \
+         QEMU's luks driver accepts; make a text key file (e.g. 'openssl rand -base64 32 > \
+         FILE') and add it to the disk with 'strata key add' if it should open the disk too",
+    ))
+}
+
+/// Write `target` (DISK or DISK@SNAP) to the new file `out` as a LUKS1
+/// image opened by `secret`.
+pub fn export(
+    ds: &dyn Datastore,
+    target: &str,
+    out: &Path,
+    secret: &Secret,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ExportReport, Error> {
+    qemu_can_use(secret)?;
+    readable(ds, target, secret)?;
+    let h = ds.open(target)?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists; an export never overwrites a file",
+                    out.display()
+                ),
+            ),
+            _ => io(out, e),
+        })?;
+    let r = write_image(&*h, &f, out, secret, progress);
+    if r.is_err() {
+        let _ = std::fs::remove_file(out);
+    }
+    r?;
+    Ok(ExportReport {
+        target: target.to_string(),
+        open: out.display().to_string(),
+        links: vec![ExportedLink {
+            file: out.display().to_string(),
+            version: target.to_string(),
+            subformat: "luks1".to_string(),
+        }],
+    })
+}
+
+fn write_image(
+    h: &dyn BlockDevice,
+    f: &File,
+    out: &Path,
+    secret: &Secret,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), Error> {
+    let key = secret.expose();
+    let new =
+        luks::create(key, luks::slot_iterations(key.len())).map_err(|e| luks_error(out, e))?;
+    f.write_all_at(&new.area, 0).map_err(|e| io(out, e))?;
+    let base = new.header.payload_byte();
+    let size = h.size_bytes();
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < size {
+        let n = (CHUNK as u64).min(size - off) as usize;
+        let piece = &mut buf[..n];
+        h.read_at(piece, off)?;
+        new.payload.encrypt(piece, off / 512);
+        f.write_all_at(piece, base + off).map_err(|e| io(out, e))?;
+        off += n as u64;
+        progress(off, size);
+    }
+    f.sync_all().map_err(|e| io(out, e))
+}
+
+/// A LUKS1 image to import: the image at `path` as the encrypted disk
+/// `name`, provisioned `prov`, whose first keyslot is for `key` (the
+/// image's passphrase).
+pub struct LuksImport<'a> {
+    pub path: &'a Path,
+    pub name: &'a str,
+    pub prov: Provisioning,
+    pub key: &'a KeyGrant,
+}
+
+/// Import a LUKS1 image as a new encrypted disk.
+pub fn import(
+    ds: &dyn Datastore,
+    what: &LuksImport<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ImportReport, Error> {
+    let (path, key) = (what.path, what.key);
+    let f = File::open(path).map_err(|e| io(path, e))?;
+    let len = f.metadata().map_err(|e| io(path, e))?.len();
+    let mut head = [0u8; luks::HEADER_BYTES];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| luks_error(path, CryptError::Damaged(format!("header: {e}"))))?;
+    let header = LuksHeader::parse(&head, len).map_err(|e| luks_error(path, e))?;
+    let (payload, _) = header
+        .open(key.secret.expose(), &mut |at, buf| f.read_exact_at(buf, at))
+        .map_err(|e| luks_error(path, e))?;
+    let base = header.payload_byte();
+    let size = len - base;
+    if size == 0 || !size.is_multiple_of(512) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{}: its payload is {size} bytes, not a whole, non-zero number of 512-byte sectors",
+                path.display()
+            ),
+        ));
+    }
+    let spec = EncryptedDisk {
+        disk: what.name,
+        size_bytes: size,
+        provisioning: what.prov,
+        key,
+    };
+    ds.create_encrypted(&spec, &mut |_, _| {})?;
+    let r = (|| {
+        let h = ds.open(what.name)?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut off = 0u64;
+        while off < size {
+            let n = (CHUNK as u64).min(size - off) as usize;
+            let piece = &mut buf[..n];
+            f.read_exact_at(piece, base + off)
+                .map_err(|e| io(path, e))?;
+            payload.decrypt(piece, off / 512);
+            put_grains(&*h, piece, off, false)?;
+            off += n as u64;
+            progress(off, size);
+        }
+        h.flush()
+    })();
+    if let Err(e) = r {
+        let _ = ds.remove(what.name);
+        return Err(e);
+    }
+    Ok(ImportReport {
+        disk: ds.disk_view(what.name, false)?,
+        format: ImageFormat::Luks,
+        links: None,
+        snapshots: Vec::new(),
+    })
+}
