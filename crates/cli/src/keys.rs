@@ -22,6 +22,9 @@ pub struct KeyArgs {
     /// A command that prints the secret on stdout (a KMS or TPM client)
     #[arg(long, value_name = "CMD", group = "key")]
     pub key_helper: Option<String>,
+    /// Ask for a passphrase at the terminal (echo off; the newline is not part of it)
+    #[arg(long, group = "key")]
+    pub key_prompt: bool,
 }
 
 /// The secret of a keyslot being made (`key add`, `rekey`).
@@ -36,23 +39,39 @@ pub struct NewKeyArgs {
     /// A command that prints the new secret
     #[arg(long, value_name = "CMD", group = "new_key")]
     pub new_key_helper: Option<String>,
+    /// Ask for the new passphrase at the terminal, twice
+    #[arg(long, group = "new_key")]
+    pub new_key_prompt: bool,
     /// A label shown by 'key list' for the new keyslot
     #[arg(long, value_name = "TEXT")]
     pub label: Option<String>,
 }
 
-fn source(
-    file: &Option<std::path::PathBuf>,
-    keyring: &Option<String>,
-    helper: &Option<String>,
-) -> Option<KeySource> {
-    if let Some(f) = file {
+/// The one source given, of a file, a kernel key, a helper or a prompt.
+struct Given<'a> {
+    file: &'a Option<std::path::PathBuf>,
+    keyring: &'a Option<String>,
+    helper: &'a Option<String>,
+    /// The prompt's label, when a passphrase is to be typed.
+    prompt: Option<&'a str>,
+    /// Ask twice (a new secret).
+    confirm: bool,
+}
+
+fn source(g: &Given<'_>) -> Option<KeySource> {
+    if let Some(f) = g.file {
         return Some(KeySource::File(f.clone()));
     }
-    if let Some(k) = keyring {
+    if let Some(k) = g.keyring {
         return Some(KeySource::Keyring(k.clone()));
     }
-    helper.as_ref().map(|h| KeySource::Helper(h.clone()))
+    if let Some(h) = g.helper {
+        return Some(KeySource::Helper(h.clone()));
+    }
+    g.prompt.map(|label| KeySource::Prompt {
+        label: label.to_string(),
+        confirm: g.confirm,
+    })
 }
 
 /// Read a secret from its source, as the API carries it.
@@ -70,19 +89,31 @@ fn read(src: &KeySource) -> Result<Secret, Error> {
 impl KeyArgs {
     /// Whether a source was given (nothing read).
     pub fn secret_given(&self) -> bool {
-        self.key_file.is_some() || self.key_keyring.is_some() || self.key_helper.is_some()
+        self.given(false).is_some()
+    }
+
+    /// The source given; a prompt for a first keyslot asks twice.
+    fn given(&self, new: bool) -> Option<KeySource> {
+        source(&Given {
+            file: &self.key_file,
+            keyring: &self.key_keyring,
+            helper: &self.key_helper,
+            prompt: self
+                .key_prompt
+                .then_some(if new { "New passphrase" } else { "Passphrase" }),
+            confirm: new,
+        })
     }
 
     /// The secret, if a source was given.
     pub fn secret(&self) -> Result<Option<Secret>, Error> {
-        source(&self.key_file, &self.key_keyring, &self.key_helper)
-            .map(|s| read(&s))
-            .transpose()
+        self.given(false).map(|s| read(&s)).transpose()
     }
 
-    /// The secret and its source as a first keyslot (`create --encrypt`).
+    /// The secret and its source as a first keyslot (`create --encrypt`,
+    /// `import`): a typed one is asked for twice.
     pub fn grant(&self, label: Option<&String>) -> Result<Option<KeyGrant>, Error> {
-        let Some(src) = source(&self.key_file, &self.key_keyring, &self.key_helper) else {
+        let Some(src) = self.given(true) else {
             return Ok(None);
         };
         Ok(Some(KeyGrant {
@@ -95,8 +126,8 @@ impl KeyArgs {
     fn required(&self, what: &str) -> Result<Secret, Error> {
         self.secret()?.ok_or_else(|| {
             invalid(format!(
-                "{what} needs the disk's key: --key-file FILE, --key-keyring NAME or \
-                 --key-helper CMD"
+                "{what} needs the disk's key: --key-file FILE, --key-keyring NAME, \
+                 --key-helper CMD or --key-prompt"
             ))
         })
     }
@@ -124,15 +155,17 @@ pub fn export_key(format: &str, key: &KeyArgs, chain: bool) -> Result<Option<Sec
 
 impl NewKeyArgs {
     fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
-        let src = source(
-            &self.new_key_file,
-            &self.new_key_keyring,
-            &self.new_key_helper,
-        )
+        let src = source(&Given {
+            file: &self.new_key_file,
+            keyring: &self.new_key_keyring,
+            helper: &self.new_key_helper,
+            prompt: self.new_key_prompt.then_some("New passphrase"),
+            confirm: true,
+        })
         .ok_or_else(|| {
             invalid(format!(
-                "{what} needs the new secret: --new-key-file FILE, --new-key-keyring NAME or \
-                 --new-key-helper CMD"
+                "{what} needs the new secret: --new-key-file FILE, --new-key-keyring NAME, \
+                 --new-key-helper CMD or --new-key-prompt"
             ))
         })?;
         Ok(KeyGrant {

@@ -439,6 +439,56 @@ fn a_passphrase_and_a_helper_open_the_same_disk() {
     // --json: the answer names the slot and says nothing was kept.
     let v = s.json(&["unlock", "vm", "--key-file", &pp]);
     assert_eq!(v["kept"], false, "{v}");
+    // Typed at a terminal (script(1) gives the command one): the line
+    // without its newline is the same secret; a new one is asked twice.
+    let typed = |args: &str, input: &str| {
+        let cmd = format!("{} --datastore {} {args}", strata(), s.path().display());
+        let mut child = std::process::Command::new("script")
+            .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (ok, out) = typed("unlock vm --key-prompt", "correct horse\n");
+    assert!(
+        ok && out.contains("Passphrase:") && out.contains("keyslot 0"),
+        "{out}"
+    );
+    let (ok, out) = typed("unlock vm --key-prompt", "correct horsE\n");
+    assert!(!ok && out.contains("wrong key"), "{out}");
+    let add = "key add vm --key-file ".to_string() + &pp + " --new-key-prompt";
+    let (ok, out) = typed(&add, "battery staple\nbattery stapl\n");
+    assert!(!ok && out.contains("the two passphrases differ"), "{out}");
+    let (ok, out) = typed(&add, "battery staple\nbattery staple\n");
+    assert!(ok && out.contains("(again)"), "{out}");
+    let v = s.json(&["key", "list", "vm"]);
+    assert_eq!(v["encryption"]["slots"][1]["source"], "passphrase", "{v}");
+    let (ok, out) = typed("unlock vm --key-prompt", "battery staple\n");
+    assert!(ok && out.contains("keyslot 1"), "{out}");
+    // No terminal: refused, saying what to use instead.
+    let o = std::process::Command::new("setsid")
+        .args(["-w", strata(), "--datastore", s.path().to_str().unwrap()])
+        .args(["unlock", "vm", "--key-prompt"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("needs a terminal"),
+        "{err}"
+    );
 }
 
 #[path = "../../vhost/tests/common/mod.rs"]

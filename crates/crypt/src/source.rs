@@ -1,11 +1,11 @@
-//! Where a user secret comes from: a file, the Linux kernel keyring, or a
-//! helper command.
+//! Where a user secret comes from: a file, the Linux kernel keyring, a
+//! helper command, or a passphrase typed at the terminal.
 //!
 //! Every source reads straight into locked memory ([`SecretBytes`]): files
 //! and pipes through unbuffered `read` calls, keys through `KEYCTL_READ`,
 //! so no copy of the secret is left in ordinary heap buffers. A secret is
-//! taken byte for byte (no newline is stripped) and must hold 1 to
-//! [`MAX_SECRET_BYTES`] bytes.
+//! taken byte for byte (no newline is stripped, but for the one that ends
+//! a typed passphrase) and must hold 1 to [`MAX_SECRET_BYTES`] bytes.
 
 use std::ffi::CString;
 use std::io::{ErrorKind, Read};
@@ -32,15 +32,21 @@ pub enum KeySource {
     /// The standard output of `sh -c COMMAND` (stdin is /dev/null, stderr
     /// is passed through); the command must exit 0.
     Helper(String),
+    /// A line typed at the controlling terminal with echo off, its newline
+    /// dropped; `label` is the prompt, and `confirm` asks twice (a new
+    /// secret).
+    Prompt { label: String, confirm: bool },
 }
 
 impl KeySource {
-    /// "file", "keyring" or "helper" (what a keyslot records as its source).
+    /// "file", "keyring", "helper" or "passphrase" (what a keyslot records as
+    /// its source).
     pub fn kind(&self) -> &'static str {
         match self {
             KeySource::File(_) => "file",
             KeySource::Keyring(_) => "keyring",
             KeySource::Helper(_) => "helper",
+            KeySource::Prompt { .. } => "passphrase",
         }
     }
 
@@ -50,6 +56,7 @@ impl KeySource {
             KeySource::File(path) => read_file(path),
             KeySource::Keyring(key) => read_keyring(key),
             KeySource::Helper(cmd) => read_helper(cmd),
+            KeySource::Prompt { label, confirm } => prompt::read_prompt(label, *confirm),
         }
     }
 }
@@ -205,5 +212,6 @@ fn read_helper(cmd: &str) -> Result<SecretBytes> {
     finish(&scratch, len, &out_what)
 }
 
+mod prompt;
 #[cfg(test)]
 mod tests;

@@ -219,7 +219,7 @@ pub fn import(
                     ErrorKind::InvalidArgument,
                     format!(
                         "{} is a LUKS image: importing it needs its key (--key-file FILE, \
-                         --key-keyring NAME or --key-helper CMD)",
+                         --key-keyring NAME, --key-helper CMD or --key-prompt)",
                         what.path.display()
                     ),
                 )
