@@ -461,6 +461,14 @@ pub enum KeyRequest {
     /// `unlock DISK`: open an encrypted disk's keys with `key` and keep
     /// them where the datastore is held (a server: until it stops).
     Unlock { name: String, key: Secret },
+    /// `lock DISK`: forget the keys of the disk's keyring where they are
+    /// held; refused while clients have a disk of the keyring open, unless
+    /// `force` (which disconnects them).
+    Lock {
+        name: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
+    },
     /// `key list DISK`: its cipher and keyslots (never a key).
     List { name: String },
     /// `key add DISK`: a keyslot for `new`. `key` opens the disk first
@@ -495,6 +503,7 @@ impl KeyRequest {
     pub fn name(&self) -> &str {
         match self {
             KeyRequest::Unlock { name, .. }
+            | KeyRequest::Lock { name, .. }
             | KeyRequest::List { name }
             | KeyRequest::Add { name, .. }
             | KeyRequest::Remove { name, .. }
@@ -507,6 +516,7 @@ impl KeyRequest {
     pub fn event_kind(&self) -> Option<&'static str> {
         Some(match self {
             KeyRequest::Unlock { .. } => "unlock",
+            KeyRequest::Lock { .. } => "lock",
             KeyRequest::Add { .. } => "key_add",
             KeyRequest::Remove { .. } => "key_remove",
             KeyRequest::Rekey { .. } => "rekey",
@@ -519,6 +529,7 @@ impl KeyRequest {
         match self {
             KeyRequest::Remove { slot, .. } => Some(format!("slot {slot}")),
             KeyRequest::Rekey { deep: true, .. } => Some("--deep".into()),
+            KeyRequest::Lock { force: true, .. } => Some("--force".into()),
             _ => None,
         }
     }

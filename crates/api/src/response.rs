@@ -136,6 +136,13 @@ pub enum Response {
     /// `unlock`: the keyslot that opened; `kept` false when no server
     /// holds the datastore (the key was only checked).
     Unlocked { name: String, slot: u32, kept: bool },
+    /// `lock`: the disks whose keys were forgotten (all that share the
+    /// keyring), and whether any were held.
+    Locked {
+        name: String,
+        disks: Vec<String>,
+        held: bool,
+    },
     /// `key list|add|remove`, `rekey`: the disk's keyslots as they are
     /// now; `slot` the one `key add` made.
     Keys {
@@ -378,6 +385,9 @@ impl Response {
             Response::ScheduleRemoved { name } => json!({ "removed": name }),
             Response::Unlocked { name, slot, kept } => {
                 json!({ "disk": name, "slot": slot, "kept": kept })
+            }
+            Response::Locked { name, disks, held } => {
+                json!({ "disk": name, "disks": disks, "held": held })
             }
             Response::Keys {
                 name,

@@ -116,6 +116,12 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             Cmd::Move { .. } | Cmd::Defrag { .. } => layout_action(cmd),
             Cmd::Snapshot(_) | Cmd::Group(_) | Cmd::Schedule(_) => snapshot_action(cmd),
             Cmd::Unlock { disk, key } => Ok(datastore(crate::keys::unlock(disk, key)?)),
+            Cmd::Lock { disk, force } => {
+                Ok(datastore(Request::Key(strata_api::KeyRequest::Lock {
+                    name: disk.clone(),
+                    force: *force,
+                })))
+            }
             Cmd::Key(k) => Ok(datastore(crate::keys::key(k)?)),
             Cmd::Rekey {
                 disk,

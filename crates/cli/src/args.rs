@@ -236,6 +236,20 @@ and the disk stays locked."
         #[command(flatten)]
         key: crate::keys::KeyArgs,
     },
+    /// Make a running server forget an encrypted disk's keys
+    #[command(
+        long_about = "Make the running server forget the keys of an encrypted disk and of \
+every disk sharing them (its linked clones and the disk they came from): they read as \
+locked until 'strata unlock' gives a key again, and the keys are wiped from the server's \
+memory. Refused while clients have one of those disks (or a snapshot of it) open, naming \
+them; --force disconnects them first. Writes nothing to the datastore."
+    )]
+    Lock {
+        disk: String,
+        /// Disconnect the clients of those disks first
+        #[arg(long)]
+        force: bool,
+    },
     /// An encrypted disk's keyslots: list, add, remove
     #[command(subcommand)]
     Key(crate::keys::KeyCmd),

@@ -205,6 +205,7 @@ impl Render for Response {
                 outln!(out, "removed schedule {name} (its snapshots stay)")
             }
             Response::Unlocked { name, slot, kept } => keys::unlocked(out, name, *slot, *kept),
+            Response::Locked { name, disks, held } => keys::locked(out, name, disks, *held),
             Response::Keys {
                 name,
                 encryption,

@@ -818,3 +818,63 @@ fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
         .iter()
         .all(|f| !file_contains(f, MARKER)));
 }
+
+#[test]
+fn lock_forgets_a_lineages_keys_but_not_under_its_clients() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("16M");
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x42 0 1M", "flush"]);
+    s.ok(&["snapshot", "create", "vm", "s1"]);
+    s.ok(&["clone", "vm@s1", "c1"]);
+    // A client holds the clone (which shares vm's keys) open.
+    let mut held = std::process::Command::new("qemu-io")
+        .args(RAW)
+        .arg(s.uri("c1"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(
+        "the clone's client",
+        std::time::Duration::from_secs(10),
+        || {
+            s.json(&["info", "c1"])["clients"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())
+        },
+    );
+    let err = s.fails(&["lock", "vm"]);
+    assert!(
+        err.contains("is open") && err.contains("c1 over nbd"),
+        "{err}"
+    );
+    assert_eq!(s.json(&["info", "vm"])["encryption"]["locked"], false);
+    // Forced: the client is cut off, and both disks are locked.
+    let v = s.json(&["lock", "vm", "--force"]);
+    assert_eq!(v["held"], true, "{v}");
+    assert_eq!(v["disks"], serde_json::json!(["vm", "c1"]), "{v}");
+    let _ = held.kill();
+    let _ = held.wait();
+    for disk in ["vm", "c1", "vm@s1"] {
+        let (ok, text) = qemu_io(RAW, &s.uri(disk), &["read -P 0x42 0 4096"]);
+        assert!(
+            !ok && text.contains("encrypted and locked"),
+            "{disk}: {text}"
+        );
+    }
+    assert_eq!(s.json(&["info", "c1"])["encryption"]["locked"], true);
+    let out = s.ok(&["lock", "c1"]);
+    assert!(out.contains("locked already"), "{out}");
+    // A key brings the whole lineage back.
+    s.ok(&["unlock", "vm", "--key-file", k.to_str().unwrap()]);
+    qemu_io_ok(RAW, &s.uri("c1"), &["read -P 0x42 0 1M"]);
+    s.ok(&["create", "plain", "--size", "1M"]);
+    let err = s.fails(&["lock", "plain"]);
+    assert!(err.contains("not encrypted"), "{err}");
+    let events = s.ok(&["events", "--target", "vm"]);
+    assert!(events.contains("lock"), "{events}");
+    srv.stop();
+}

@@ -248,6 +248,17 @@ pub trait Datastore: Send + Sync {
         Err(not_encrypted(disk))
     }
 
+    /// The disks sharing an encrypted disk's keyring (its lineage).
+    fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
+        Err(not_encrypted(disk))
+    }
+
+    /// Forget an encrypted disk's keys in this process (`strata lock`):
+    /// the disks sharing its keyring, and whether keys were held.
+    fn lock(&self, disk: &str) -> Result<(Vec<String>, bool)> {
+        Err(not_encrypted(disk))
+    }
+
     /// An encrypted disk's cipher, keyslots and whether it is locked.
     fn keys(&self, disk: &str) -> Result<strata_api::Encryption> {
         self.disk_info(disk)?

@@ -223,6 +223,14 @@ impl Datastore for LocalDatastore {
         self.ds.unlock(disk, secret)
     }
 
+    fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
+        self.ds.keyring_disks(disk)
+    }
+
+    fn lock(&self, disk: &str) -> Result<(Vec<String>, bool)> {
+        self.ds.lock(disk)
+    }
+
     fn key_add(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<u32> {
         self.ds.key_add(disk, &new_slot(new))
     }

@@ -376,14 +376,15 @@ impl Datastore {
             None => (d.head, false, None),
             Some(s) => (s.version, true, Some(s.id)),
         };
-        let cipher = match self.cipher_of(d) {
-            Err(e) if !need_keys && e.kind == ErrorKind::Refused => None,
-            r => r?,
+        let (cipher, keys) = match self.cipher_of(d) {
+            Err(e) if !need_keys && e.kind == ErrorKind::Refused => (None, None),
+            r => r?.unzip(),
         };
         let locked = d.keyring.is_some() && cipher.is_none();
         let throttle = self.inner.throttle(d.id, d.limits);
         Ok(Arc::new(DiskHandle {
             cipher,
+            keys,
             locked,
             inner: self.inner.clone(),
             throttle,

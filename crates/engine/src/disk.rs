@@ -121,6 +121,10 @@ pub struct DiskHandle {
     /// every grain read is decrypted and every write encrypted with it,
     /// the sector's virtual number as tweak.
     pub(crate) cipher: Option<Arc<strata_crypt::Xts>>,
+    /// The keys `cipher` came from, held by the datastore until `lock`
+    /// drops them; the handle refuses its clients' I/O from then on (one
+    /// atomic load per request).
+    pub(crate) keys: Option<std::sync::Weak<()>>,
     /// Encrypted and opened without its keys (`open_keyless`): a client's
     /// read or write is refused.
     pub(crate) locked: bool,
@@ -171,7 +175,8 @@ impl DiskHandle {
             }
             self.inner.check_writable()?;
         }
-        if self.locked && len > 0 {
+        let dropped = || self.keys.as_ref().is_some_and(|k| k.strong_count() == 0);
+        if len > 0 && (self.locked || dropped()) {
             return err(ErrorKind::Refused, locked_message(&self.name));
         }
         if len > 0 {

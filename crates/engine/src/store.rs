@@ -223,7 +223,7 @@ pub(crate) struct Store {
     pub detect_zeroes: AtomicBool,
     /// The unwrapped keys of the keyrings unlocked in this process, by
     /// keyring id (FORMAT.md §16); wiped when dropped.
-    pub keys: Mutex<std::collections::HashMap<u64, Arc<strata_crypt::Unlocked>>>,
+    pub keys: Mutex<std::collections::HashMap<u64, HeldKeys>>,
     /// The log files have been preallocated for reservations (§7.1).
     logs_held: AtomicBool,
     /// A free-space consolidation runs (one at a time, FORMAT.md §10.4).
@@ -987,5 +987,23 @@ impl Store {
         idx.sort_unstable();
         idx.dedup();
         idx
+    }
+}
+
+/// One keyring's unlocked keys as this process holds them. A full clone's
+/// keyring may share the `Unlocked` of its source; `token` is this entry's
+/// own, so handles opened through it (which keep it weakly) are refused
+/// once this entry goes (`strata lock`), whatever else shares the keys.
+pub struct HeldKeys {
+    pub keys: Arc<strata_crypt::Unlocked>,
+    pub token: Arc<()>,
+}
+
+impl HeldKeys {
+    pub fn new(keys: Arc<strata_crypt::Unlocked>) -> HeldKeys {
+        HeldKeys {
+            keys,
+            token: Arc::new(()),
+        }
     }
 }

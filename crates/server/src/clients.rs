@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_api::units::{human, utc};
-use strata_api::{ClientInfo, Request, Response, VhostExport};
+use strata_api::{ClientInfo, KeyRequest, Request, Response, VhostExport};
 use strata_engine::{Error, ErrorKind};
 use strata_fuse::FuseServer;
 use strata_nbd::SessionList;
@@ -379,6 +379,15 @@ fn taken(req: &Request, members: &dyn Fn(&str) -> Vec<String>) -> Option<Taken> 
                 disks,
                 format!("a disk of group '{group}'"),
                 "reverting the group",
+                force,
+            )
+        }
+        Request::Key(KeyRequest::Lock { name, force }) => {
+            let disks = members(name).into_iter().map(|d| (d, true)).collect();
+            t(
+                disks,
+                format!("'{name}' (or a disk sharing its keys)"),
+                "locking it",
                 force,
             )
         }

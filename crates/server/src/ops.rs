@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use strata_api::wire::Watch;
-use strata_api::{AlarmEntry, ExportStats, JobAction, JobInfo, Request, Response};
+use strata_api::{AlarmEntry, ExportStats, JobAction, JobInfo, KeyRequest, Request, Response};
 use strata_datastore::Capability;
 use strata_datastore::Datastore as AnyDatastore;
 
@@ -196,7 +196,12 @@ fn interlocks(ctx: &Ctx<'_>, req: &Request) -> Result<(), Error> {
     let Some(c) = ctx.clients else {
         return Ok(());
     };
-    let members = |g: &str| ctx.ds.group_info(g).map(|g| g.disks).unwrap_or_default();
+    // The disks behind a name: a group's members, or (`lock`) the disks
+    // sharing an encrypted disk's keyring.
+    let members = |g: &str| match req {
+        Request::Key(KeyRequest::Lock { .. }) => ctx.ds.keyring_disks(g).unwrap_or_default(),
+        _ => ctx.ds.group_info(g).map(|g| g.disks).unwrap_or_default(),
+    };
     let frees = |d: &str| ctx.ds.disk_view(d, true).ok()?.info.exclusive_bytes;
     if let (Some(actor), Some(ended)) = (ctx.actor, c.forced_over(req, &members)) {
         crate::events::interlock(ctx.ds.dir(), req, actor, &ended);

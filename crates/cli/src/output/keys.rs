@@ -41,6 +41,27 @@ pub(super) fn list(out: &mut String, name: &str, e: &Encryption, added: Option<u
     }
 }
 
+/// `lock`: which disks are locked now, or that nothing held their keys.
+pub(super) fn locked(out: &mut String, name: &str, disks: &[String], held: bool) {
+    let others: Vec<&str> = disks
+        .iter()
+        .map(String::as_str)
+        .filter(|d| *d != name)
+        .collect();
+    let also = match others.is_empty() {
+        true => String::new(),
+        false => format!(" (and {}, which share its keys)", others.join(", ")),
+    };
+    if held {
+        outln!(out, "locked {name}{also}: its keys are forgotten");
+    } else {
+        outln!(
+            out,
+            "{name}{also} was locked already: nothing here held its keys"
+        );
+    }
+}
+
 /// `unlock`: which keyslot opened, and whether anything keeps the keys.
 pub(super) fn unlocked(out: &mut String, name: &str, slot: u32, kept: bool) {
     if kept {

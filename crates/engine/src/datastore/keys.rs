@@ -2,7 +2,7 @@
 //! keys this process holds unwrapped, and the commands that change
 //! keyslots. No data grain is read or written here.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use strata_api::{Encryption, KeySlotInfo};
 use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked, Xts};
@@ -12,6 +12,7 @@ use crate::catalog::DiskRec;
 use crate::disk::locked_message;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::Meta;
+use crate::store::HeldKeys;
 
 use super::Datastore;
 
@@ -67,14 +68,16 @@ impl Datastore {
         })
     }
 
-    /// The cipher a handle of disk `d` reads and writes through: None for a
-    /// plain disk, an error naming the disk when it is locked.
-    pub(super) fn cipher_of(&self, d: &DiskRec) -> Result<Option<Arc<Xts>>> {
+    /// The cipher a handle of disk `d` reads and writes through, with the
+    /// keys it came from (weakly: `lock` drops them, and the handle then
+    /// refuses): None for a plain disk, an error naming the disk when it
+    /// is locked.
+    pub(super) fn cipher_of(&self, d: &DiskRec) -> Result<Option<(Arc<Xts>, Weak<()>)>> {
         let Some(id) = d.keyring else {
             return Ok(None);
         };
         match self.inner.keys.lock().get(&id) {
-            Some(u) => Ok(Some(u.current().clone())),
+            Some(h) => Ok(Some((h.keys.current().clone(), Arc::downgrade(&h.token)))),
             None => err(ErrorKind::Refused, locked_message(&d.name)),
         }
     }
@@ -103,8 +106,40 @@ impl Datastore {
         let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
         // Outside the metadata lock: a passphrase's KDF takes seconds.
         let (slot, keys) = k.unlock_slot(secret).map_err(|e| crypt_error(disk, e))?;
-        self.inner.keys.lock().insert(k.id, Arc::new(keys));
+        // Keys already held stay: the handles opened with them keep working
+        // (a handle is refused once the keys it was opened with are dropped).
+        self.inner
+            .keys
+            .lock()
+            .entry(k.id)
+            .or_insert_with(|| HeldKeys::new(Arc::new(keys)));
         Ok(slot)
+    }
+
+    /// The disks that share `disk`'s keyring (its lineage: the disk and
+    /// the linked clones made from it or from what it was cloned from), by
+    /// name; an error when `disk` is plain.
+    pub fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
+        let m = self.inner.meta.lock();
+        let id = Self::keyring_of(&m, disk)?.id;
+        Ok(m.catalog
+            .disks
+            .iter()
+            .filter(|d| d.keyring == Some(id))
+            .map(|d| d.name.clone())
+            .collect())
+    }
+
+    /// Forget `disk`'s keys in this process (`strata lock`): every disk
+    /// sharing its keyring reads as locked again, and open handles of them
+    /// refuse their next read or write. The keys are wiped once the last
+    /// handle that still holds their cipher closes. Returns those disks
+    /// and whether keys were held.
+    pub fn lock(&self, disk: &str) -> Result<(Vec<String>, bool)> {
+        let disks = self.keyring_disks(disk)?;
+        let id = Self::keyring_of(&self.inner.meta.lock(), disk)?.id;
+        let held = self.inner.keys.lock().remove(&id).is_some();
+        Ok((disks, held))
     }
 
     /// Whether `disk` is encrypted and its keys are not held here.
@@ -121,7 +156,7 @@ impl Datastore {
             .keys
             .lock()
             .get(&k.id)
-            .cloned()
+            .map(|h| h.keys.clone())
             .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))
     }
 
@@ -201,7 +236,7 @@ impl Datastore {
                 let k = k.ok_or_else(|| {
                     Error::new(ErrorKind::NotFound, format!("no keyring {id} to copy"))
                 })?;
-                let u = self.inner.keys.lock().get(&id).cloned();
+                let u = self.inner.keys.lock().get(&id).map(|h| h.keys.clone());
                 let u = u.ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(name)))?;
                 (k, u)
             }
@@ -223,7 +258,7 @@ impl Datastore {
 
     /// Hold a new disk's keys once its keyring is in the catalog.
     pub(super) fn hold_keys(&self, id: u64, keys: Arc<Unlocked>) {
-        self.inner.keys.lock().insert(id, keys);
+        self.inner.keys.lock().insert(id, HeldKeys::new(keys));
     }
 
     /// Forget the keys of keyrings no disk names any more.

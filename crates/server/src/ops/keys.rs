@@ -1,5 +1,5 @@
 //! The key requests of encrypted disks (docs/SECURITY.md, "Encryption at
-//! rest"): `unlock`, `key list|add|remove` and `rekey`. The secrets arrive
+//! rest"): `unlock`, `lock`, `key list|add|remove` and `rekey`. The secrets arrive
 //! as bytes (the CLI read them) and are handed to the datastore; nothing
 //! here prints or logs them (a `Secret` does not print).
 
@@ -36,6 +36,14 @@ pub(crate) fn request(ctx: &Ctx<'_>, req: &KeyRequest) -> Result<Response, Error
                 slot,
                 // Only a server keeps what it was given.
                 kept: ctx.jobs.is_some(),
+            })
+        }
+        KeyRequest::Lock { name, .. } => {
+            let (disks, held) = ctx.ds.lock(name)?;
+            Ok(Response::Locked {
+                name: name.clone(),
+                disks,
+                held,
             })
         }
         KeyRequest::List { name } => keys(ctx, name, None),
