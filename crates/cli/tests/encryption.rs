@@ -384,16 +384,39 @@ fn a_full_clone_and_an_eager_zeroed_disk_are_encrypted_too() {
     // Eager zeroing wrote encrypted zeros: they read back as zeros.
     qemu_io_ok(RAW, &s.uri("ez"), &["read -P 0 0 8M"]);
     s.ok(&["clone", "--full", "vm", "full"]);
-    // Into another datastore it would arrive decrypted: refused, nothing made.
+    // Into another datastore the keyring goes along: a full clone there
+    // and a move arrive encrypted, opened by the same secret, with no
+    // plaintext in the other pool.
     let other = Store::new();
     let to = other.path();
     let to = to.to_str().unwrap();
-    let err = s.fails_with(10, &["move", "vm", "--to", to]);
-    assert!(err.contains("not built yet"), "{err}");
-    let err = s.fails_with(10, &["clone", "--full", "vm", "away", "--to", to]);
-    assert!(err.contains("decrypted"), "{err}");
-    assert!(other.disk_names().is_empty());
+    s.ok(&["clone", "--full", "vm", "away", "--to", to]);
+    s.ok(&["snapshot", "create", "vm", "before-move"]);
+    s.ok(&["move", "vm", "--to", to]);
+    assert!(!s.disk_names().contains(&"vm".to_string()));
     srv.stop();
+    for disk in ["away", "vm"] {
+        let v = other.json(&["key", "list", disk]);
+        assert_eq!(v["encryption"]["locked"], true, "{v}");
+        assert_eq!(v["encryption"]["slots"][0]["source"], "file", "{v}");
+    }
+    assert_eq!(other.snapshot_names("vm"), ["before-move"]);
+    let srv = other.serve_with(&[
+        "--unlock",
+        &unlock_arg("away", &k),
+        "--unlock",
+        &unlock_arg("vm", &k),
+    ]);
+    for target in ["away", "vm"] {
+        qemu_io_ok(RAW, &other.uri(target), &["read -P 0x21 0 8M"]);
+    }
+    let snap = other.uri("vm@before-move");
+    qemu_io_ok(&["-r", "-f", "raw"], &snap, &["read -P 0x21 0 8M"]);
+    srv.stop();
+    assert!(!file_contains(
+        &other.path().join("pool.data"),
+        &[0x21u8; 64]
+    ));
     let v = s.json(&["info", "full"]);
     assert_eq!(v["encryption"]["locked"], true, "{v}");
     // The clone carries the keys: the same secret opens it.
@@ -573,6 +596,42 @@ fn qemu_luks_to_raw(file: &Path, k: &Path, out: &Path) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// `qemu-img create -f luks` of 8 MiB at `file` with the secret object
+/// `object` (id sec0). Debian 12's QEMU (7.2, with the backport of its
+/// commit c72cab5) fails now and then with "Unable to get accurate CPU
+/// usage": its PBKDF2 benchmark's first round runs about 7 ms, and
+/// getrusage, updated from scheduler ticks, may count 0 ms of it (a bug
+/// QEMU fixed in 2025 by failing only after the round was scaled up five
+/// times, qemu-devel "crypto: fix bogus error benchmarking pbkdf on fast
+/// machines"). That message, and only it, is retried; ten in a row would
+/// mean the benchmark cannot work on this machine at all.
+fn qemu_img_create_luks(file: &Path, object: &str) {
+    let args = [
+        "create",
+        "-q",
+        "-f",
+        "luks",
+        "--object",
+        object,
+        "-o",
+        "key-secret=sec0,iter-time=200",
+        file.to_str().unwrap(),
+        "8M",
+    ];
+    for _ in 0..10 {
+        let o = run("qemu-img", &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if o.status.success() {
+            return;
+        }
+        assert!(
+            err.contains("Unable to get accurate CPU usage"),
+            "qemu-img {args:?}: {err}"
+        );
+    }
+    panic!("qemu-img create -f luks: its PBKDF2 benchmark failed ten times");
+}
+
 fn same_bytes(a: &Path, b: &Path) {
     let o = run("cmp", &[a.to_str().unwrap(), b.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
@@ -702,21 +761,7 @@ fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
     // disk; its passphrase imports it, and the disk reads what QEMU reads.
     let q = dir.join("q.luks");
     let (object, opts) = luks_opts(&q, &k);
-    run_ok(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "luks",
-            "--object",
-            &object,
-            "-o",
-            "key-secret=sec0,iter-time=200",
-            q.to_str().unwrap(),
-            "8M",
-        ],
-    );
+    qemu_img_create_luks(&q, &object);
     let o = run(
         "qemu-io",
         &[

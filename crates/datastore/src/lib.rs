@@ -180,6 +180,15 @@ pub struct EncryptedDisk<'a> {
     pub key: &'a strata_api::KeyGrant,
 }
 
+/// A disk created with the keys of a disk of another datastore
+/// ([`Datastore::create_carrying`]).
+pub struct CarriedDisk<'a> {
+    pub disk: &'a str,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    pub keys: &'a strata_engine::CarriedKeys,
+}
+
 /// A datastore, whichever its kind. Disks are named `DISK`; a snapshot is
 /// `DISK@SNAP` wherever a target is asked for.
 pub trait Datastore: Send + Sync {
@@ -246,6 +255,27 @@ pub trait Datastore: Send + Sync {
     fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
         let _ = secret;
         Err(not_encrypted(disk))
+    }
+
+    /// An encrypted disk's keys to carry into another datastore (`move`,
+    /// `clone --full --to`); None for a plain disk. A kind that cannot
+    /// encrypt has none to give.
+    fn carried_keys(&self, disk: &str) -> Result<Option<strata_engine::CarriedKeys>> {
+        match self.disk_info(disk)?.encryption {
+            None => Ok(None),
+            Some(_) => Err(encryption_not_built(self.kind())),
+        }
+    }
+
+    /// Create a disk that adopts carried keys: the same keyslots and data
+    /// keys as the disk they came from, unlocked in this process.
+    fn create_carrying(
+        &self,
+        spec: &CarriedDisk<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        let _ = (spec, progress);
+        Err(encryption_not_built(self.kind()))
     }
 
     /// The disks sharing an encrypted disk's keyring (its lineage).

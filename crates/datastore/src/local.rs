@@ -223,6 +223,24 @@ impl Datastore for LocalDatastore {
         self.ds.unlock(disk, secret)
     }
 
+    fn carried_keys(&self, disk: &str) -> Result<Option<strata_engine::CarriedKeys>> {
+        self.ds.carried_keys(disk)
+    }
+
+    fn create_carrying(
+        &self,
+        spec: &crate::CarriedDisk<'_>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        let new = strata_engine::NewDisk {
+            name: spec.disk,
+            size_bytes: spec.size_bytes,
+            provisioning: spec.provisioning,
+            keys: strata_engine::NewKeys::Adopt(spec.keys),
+        };
+        Ok(self.ds.create_disk_with(&new, progress)?.into())
+    }
+
     fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
         self.ds.keyring_disks(disk)
     }

@@ -43,7 +43,7 @@ mod snapshots;
 use clones::clone_locked;
 pub use clones::{stopped_clone, FullClone};
 pub use disks::NewDisk;
-pub use keys::NewKeys;
+pub use keys::{CarriedKeys, NewKeys};
 pub(crate) use open::read_catalog;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 

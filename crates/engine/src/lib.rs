@@ -43,8 +43,8 @@ mod work;
 pub use catalog::split_target;
 pub use datastore::{
     check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
-    stopped_clone, ChangedRange, Datastore, FullClone, GroupSnapshotOptions, InitOptions, NewDisk,
-    NewKeys, OpenOptions, SpaceWork,
+    stopped_clone, CarriedKeys, ChangedRange, Datastore, FullClone, GroupSnapshotOptions,
+    InitOptions, NewDisk, NewKeys, OpenOptions, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

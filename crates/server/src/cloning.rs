@@ -96,21 +96,38 @@ pub(crate) fn clone_full(
     r
 }
 
-/// An encrypted disk does not leave its datastore yet: the copy would be
-/// made through its keys into a plain disk, its data decrypted at the
-/// destination (the keyring going along is FORMAT.md §16.3's design, not
-/// built for another datastore).
-pub(crate) fn refuse_encrypted(src: &dyn Datastore, disk: &str, what: &str) -> Result<(), Error> {
-    if src.disk_info(disk)?.encryption.is_none() {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorKind::Unsupported,
-        format!(
-            "'{what}' of the encrypted disk '{disk}' into another datastore is not built yet: \
-             the copy would arrive decrypted (a full clone within the datastore keeps its keys)"
-        ),
-    ))
+/// The disk a copy into another datastore lands in (`move`, `clone --full
+/// --to`): `name` in `dst`, created like `src_disk` of `src`: encrypted
+/// under the same keyring (the same keyslots and data keys, so the same
+/// secrets open it and the data is written as the same ciphertext) when
+/// the source is encrypted, which then must be unlocked here; plain
+/// otherwise (FORMAT.md §16.3).
+pub(crate) struct Landing<'a> {
+    pub src_disk: &'a str,
+    pub name: &'a str,
+    pub size_bytes: u64,
+    pub provisioning: strata_engine::Provisioning,
+}
+
+/// Create the landing disk of a copy (see [`Landing`]).
+pub(crate) fn create_landing(
+    src: &dyn Datastore,
+    dst: &dyn Datastore,
+    l: &Landing<'_>,
+) -> Result<(), Error> {
+    match src.carried_keys(l.src_disk)? {
+        None => dst.create(l.name, l.size_bytes, l.provisioning, &mut |_, _| {})?,
+        Some(keys) => {
+            let spec = strata_datastore::CarriedDisk {
+                disk: l.name,
+                size_bytes: l.size_bytes,
+                provisioning: l.provisioning,
+                keys: &keys,
+            };
+            dst.create_carrying(&spec, &mut |_, _| {})?
+        }
+    };
+    Ok(())
 }
 
 /// Copy version `from` of `src` into the new disk `c.name` of `dst`.
@@ -125,12 +142,13 @@ fn copy(
     let source = src.open(from)?;
     let size = source.size_bytes();
     let ranges = src.changed_ranges(None, from)?;
-    refuse_encrypted(
-        src,
-        strata_engine::split_target(from).0,
-        "clone --full --to",
-    )?;
-    dst.create(name, size, c.provisioning, &mut |_, _| {})?;
+    let landing = Landing {
+        src_disk: strata_engine::split_target(from).0,
+        name,
+        size_bytes: size,
+        provisioning: c.provisioning,
+    };
+    create_landing(src, dst, &landing)?;
     let target = dst.open(name)?;
     copier.total = ranges.iter().map(|r| r.len).sum();
     copier.copy(&*source, &*target, &ranges, Pass::Paced)?;

@@ -238,7 +238,6 @@ impl Move<'_> {
     /// it, and a diff from it counts what lies past it).
     fn create_target(&self, size: u64, prov: Provisioning) -> Result<(), Error> {
         let name = self.a.name;
-        crate::cloning::refuse_encrypted(&**self.src, name, "move")?;
         let first_size = match self.a.head_only {
             true => size,
             false => self
@@ -247,8 +246,13 @@ impl Move<'_> {
                 .first()
                 .map_or(size, |f| f.size_bytes.min(size)),
         };
-        self.dst.create(name, first_size, prov, &mut |_, _| {})?;
-        Ok(())
+        let landing = crate::cloning::Landing {
+            src_disk: name,
+            name,
+            size_bytes: first_size,
+            provisioning: prov,
+        };
+        crate::cloning::create_landing(&**self.src, &**self.dst, &landing)
     }
 
     fn run(

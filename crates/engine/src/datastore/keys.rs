@@ -26,6 +26,19 @@ pub enum NewKeys<'a> {
     /// A copy of keyring `id` (a full clone of an encrypted disk: the same
     /// keys, still wrapped, under a new id; FORMAT.md §16.3).
     CopyOf(u64),
+    /// Another datastore's keyring, carried with its disk (`move`, `clone
+    /// --full --to`): the same keyslots and wrapped keys under a new id.
+    Adopt(&'a CarriedKeys),
+}
+
+/// An encrypted disk's keyring on its way to another datastore: the
+/// record as stored (keyslots and keys, wrapped) and its unlocked keys, so
+/// the copy is written under the same data key and opens with the same
+/// secrets ([`Datastore::carried_keys`]).
+#[derive(Clone)]
+pub struct CarriedKeys {
+    rec: KeyringRec,
+    keys: Arc<Unlocked>,
 }
 
 /// A crypt error as the engine's: a wrong key or a bad argument is the
@@ -204,6 +217,19 @@ impl Datastore {
         self.change_keyring(disk, |k, _| k.remove_slot(slot))
     }
 
+    /// `disk`'s keyring and keys to carry into another datastore: None
+    /// for a plain disk; refused while it is locked here.
+    pub fn carried_keys(&self, disk: &str) -> Result<Option<CarriedKeys>> {
+        let m = self.inner.meta.lock();
+        if m.catalog.disk(disk)?.keyring.is_none() {
+            return Ok(None);
+        }
+        let rec = Self::keyring_of(&m, disk)?;
+        drop(m);
+        let keys = self.held_keys(disk, &rec)?;
+        Ok(Some(CarriedKeys { rec, keys }))
+    }
+
     /// The keyslot `secret` opens (for `key remove --key-file`).
     pub fn key_slot_of(&self, disk: &str, secret: &[u8]) -> Result<u32> {
         let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
@@ -240,6 +266,7 @@ impl Datastore {
                 let u = u.ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(name)))?;
                 (k, u)
             }
+            NewKeys::Adopt(c) => (c.rec.clone(), c.keys.clone()),
         };
         // Before the first keyring is logged, the superblock says the
         // datastore may hold keyrings (FORMAT.md §16.3).
