@@ -24,12 +24,23 @@ impl Secret {
 
 impl Drop for Secret {
     fn drop(&mut self) {
-        for b in self.0.iter_mut() {
-            // SAFETY: a valid, aligned pointer to a byte we own; volatile
-            // so the wipe is not optimised away.
-            unsafe { std::ptr::write_volatile(b, 0) };
-        }
+        wipe(&mut self.0);
     }
+}
+
+/// Overwrite `bytes` with zeros, in writes the optimiser keeps.
+pub fn wipe(bytes: &mut [u8]) {
+    for b in bytes.iter_mut() {
+        // SAFETY: a valid, aligned pointer to a byte we own; volatile so
+        // the wipe is not optimised away.
+        unsafe { std::ptr::write_volatile(b, 0) };
+    }
+}
+
+/// Wipe, then drop, a string that held a secret (a control request's
+/// line, a secret's hex).
+pub fn wipe_string(s: String) {
+    wipe(&mut s.into_bytes());
 }
 
 impl std::fmt::Debug for Secret {
@@ -49,11 +60,7 @@ impl Serialize for Secret {
         }
         let r = s.serialize_str(&text);
         // The text copy is wiped like the secret.
-        let mut bytes = text.into_bytes();
-        for b in bytes.iter_mut() {
-            // SAFETY: as in `drop`.
-            unsafe { std::ptr::write_volatile(b, 0) };
-        }
+        wipe_string(text);
         r
     }
 }
@@ -61,25 +68,32 @@ impl Serialize for Secret {
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
         let text = String::deserialize(d)?;
+        let r = Self::from_hex(text.as_bytes());
+        wipe_string(text);
+        r.map_err(serde::de::Error::custom)
+    }
+}
+
+impl Secret {
+    /// The bytes `b` (lowercase hex) stand for.
+    fn from_hex(b: &[u8]) -> Result<Secret, &'static str> {
         let nibble = |c: u8| match c {
             b'0'..=b'9' => Some(c - b'0'),
             b'a'..=b'f' => Some(c - b'a' + 10),
             _ => None,
         };
-        let b = text.as_bytes();
         if !b.len().is_multiple_of(2) {
-            return Err(serde::de::Error::custom(
-                "a secret is an even number of hex digits",
-            ));
+            return Err("a secret is an even number of hex digits");
         }
-        let mut out = Vec::with_capacity(b.len() / 2);
+        // A Secret from the start, so a half-decoded one is wiped too.
+        let mut out = Secret(Vec::with_capacity(b.len() / 2));
         for pair in b.chunks(2) {
             match (nibble(pair[0]), nibble(pair[1])) {
-                (Some(h), Some(l)) => out.push(h << 4 | l),
-                _ => return Err(serde::de::Error::custom("a secret is lowercase hex")),
+                (Some(h), Some(l)) => out.0.push(h << 4 | l),
+                _ => return Err("a secret is lowercase hex"),
             }
         }
-        Ok(Secret(out))
+        Ok(out)
     }
 }
 

@@ -124,8 +124,12 @@ pub fn request(
             ),
         )
     })?;
-    let line = serde_json::to_string(req).expect("serialisable");
-    writeln!(s, "{line}").map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
+    let mut line = serde_json::to_string(req).expect("serialisable");
+    line.push('\n');
+    let sent = s.write_all(line.as_bytes());
+    // The line may hold a secret: wiped like the `Secret` it came from.
+    crate::key::wipe_string(line);
+    sent.map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;
     let reader = BufReader::new(s);
     for line in reader.lines() {
         let line = line.map_err(|e| Error::new(ErrorKind::Io, format!("control socket: {e}")))?;

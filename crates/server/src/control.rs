@@ -3,7 +3,7 @@
 //! the server holds open, so snapshots and clones work while disks are
 //! served.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -261,6 +261,39 @@ pub fn spawn_vmdk_server(
 pub(crate) type Run<'a> =
     dyn FnMut(&Request, &mut dyn FnMut(u64, u64)) -> Result<Response, Error> + 'a;
 
+/// The request line a client sent (up to its newline, at most
+/// `REQUEST_BYTES_MAX` bytes), read into a buffer of our own rather than
+/// a `BufReader`'s, so that nothing of it outlives the wipe in `handle`.
+/// The client sends its one line and waits for the answer, so nothing
+/// after the newline is read. None if the client went away first.
+fn request_line(mut conn: UnixStream) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut line = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let r = loop {
+        match conn.read(&mut chunk) {
+            Ok(0) => break !line.is_empty(),
+            Ok(n) => {
+                line.extend_from_slice(&chunk[..n]);
+                if chunk[..n].contains(&b'\n') {
+                    break true;
+                }
+                if line.len() as u64 > REQUEST_BYTES_MAX {
+                    break true; // the parse then refuses it
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    strata_api::key::wipe(&mut chunk);
+    if !r {
+        strata_api::key::wipe(&mut line);
+        return None;
+    }
+    Some(line)
+}
+
 pub(crate) fn handle(
     conn: UnixStream,
     start_job: Option<&dyn Fn(Request) -> Arc<crate::jobs::Job>>,
@@ -270,12 +303,15 @@ pub(crate) fn handle(
         Ok(c) => c,
         Err(_) => return,
     };
-    let mut reader = BufReader::new(std::io::Read::take(conn, REQUEST_BYTES_MAX));
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
+    let Some(mut line) = request_line(conn) else {
         return;
-    }
-    let reply = match serde_json::from_str::<Request>(&line) {
+    };
+    let parsed = serde_json::from_slice::<Request>(&line);
+    // The line may hold a secret (unlock, key add, create --encrypt): the
+    // parsed `Secret` wipes itself when dropped, the line here.
+    strata_api::key::wipe(&mut line);
+    drop(line);
+    let reply = match parsed {
         Err(e) => Reply::error(
             ErrorKind::InvalidArgument,
             format!("bad control request: {e}"),
@@ -319,4 +355,39 @@ pub(crate) fn handle(
         }
     };
     let _ = writeln!(out, "{}", reply.line());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_line_is_read_to_its_newline_and_no_further() {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        client.write_all(b"{\"op\":\"list\"}\n").unwrap();
+        assert_eq!(request_line(server).unwrap(), b"{\"op\":\"list\"}\n");
+        // A client gone before sending anything gives no line; one that
+        // sent part of a line and closed gives that part (which the
+        // parser then refuses).
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(client);
+        assert!(request_line(server).is_none());
+        let (mut client, server) = UnixStream::pair().unwrap();
+        client.write_all(b"{\"op\":").unwrap();
+        drop(client);
+        assert_eq!(request_line(server).unwrap(), b"{\"op\":");
+    }
+
+    #[test]
+    fn an_endless_line_stops_past_the_limit() {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            let junk = vec![b'x'; 64 * 1024];
+            while client.write_all(&junk).is_ok() {}
+        });
+        let line = request_line(server).unwrap();
+        assert!(line.len() as u64 > REQUEST_BYTES_MAX);
+        assert!(line.len() as u64 <= REQUEST_BYTES_MAX + 4096);
+        writer.join().unwrap();
+    }
 }
