@@ -393,13 +393,17 @@ impl Response {
                 name,
                 encryption,
                 slot,
-            } => {
-                let mut v = json!({ "disk": name, "encryption": value(encryption) });
-                if let Some(s) = slot {
-                    v["slot"] = json!(s);
-                }
-                v
-            }
+            } => keys_json(name, encryption, *slot),
         }
     }
+}
+
+/// `key list|add|remove`, `rekey` as JSON: the disk and its encryption,
+/// with the keyslot `key add` made.
+fn keys_json(name: &str, encryption: &crate::disk::Encryption, slot: Option<u32>) -> Value {
+    let mut v = json!({ "disk": name, "encryption": value(encryption) });
+    if let Some(s) = slot {
+        v["slot"] = json!(s);
+    }
+    v
 }

@@ -204,13 +204,9 @@ impl Render for Response {
             Response::ScheduleRemoved { name } => {
                 outln!(out, "removed schedule {name} (its snapshots stay)")
             }
-            Response::Unlocked { name, slot, kept } => keys::unlocked(out, name, *slot, *kept),
-            Response::Locked { name, disks, held } => keys::locked(out, name, disks, *held),
-            Response::Keys {
-                name,
-                encryption,
-                slot,
-            } => keys::list(out, name, encryption, *slot),
+            r @ (Response::Unlocked { .. } | Response::Locked { .. } | Response::Keys { .. }) => {
+                keys::answer(out, r);
+            }
         }
     }
 

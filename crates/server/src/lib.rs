@@ -29,6 +29,7 @@ pub mod diff_files;
 pub mod events;
 pub mod groups;
 pub mod holders;
+mod imports;
 pub mod jobs;
 pub mod logging;
 mod luks_ops;

@@ -9,14 +9,15 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use strata_api::{ExportReport, ExportedLink, ImageFormat, ImportReport, KeyGrant, Secret};
+use strata_api::{ExportReport, ExportedLink, ImageFormat, ImportReport, Secret};
 use strata_block::BlockDevice;
 use strata_crypt::luks::{self, LuksHeader};
 use strata_crypt::CryptError;
-use strata_datastore::{Datastore, EncryptedDisk};
-use strata_engine::{Error, ErrorKind, Provisioning};
+use strata_datastore::Datastore;
+use strata_engine::{Error, ErrorKind};
 
 use crate::copier::put_grains;
+use crate::imports::Import;
 
 /// Bytes moved per step: read, cipher, write.
 const CHUNK: usize = 1 << 20;
@@ -42,7 +43,7 @@ fn luks_error(file: &Path, e: CryptError) -> Error {
 /// Open `target`'s disk with `secret` when it is encrypted and not held
 /// here yet, so that the same secret reads the disk and opens the image.
 fn readable(ds: &dyn Datastore, target: &str, secret: &Secret) -> Result<(), Error> {
-    let disk = target.split('@').next().unwrap_or(target);
+    let disk = strata_engine::split_target(target).0;
     let locked = ds.disk_info(disk)?.encryption.is_some_and(|e| e.locked);
     if !locked {
         return Ok(());
@@ -142,23 +143,24 @@ fn write_image(
     f.sync_all().map_err(|e| io(out, e))
 }
 
-/// A LUKS1 image to import: the image at `path` as the encrypted disk
-/// `name`, provisioned `prov`, whose first keyslot is for `key` (the
-/// image's passphrase).
-pub struct LuksImport<'a> {
-    pub path: &'a Path,
-    pub name: &'a str,
-    pub prov: Provisioning,
-    pub key: &'a KeyGrant,
-}
-
-/// Import a LUKS1 image as a new encrypted disk.
+/// Import a LUKS1 image as a new encrypted disk whose first keyslot is
+/// for `what.encrypt`, the image's passphrase (which it needs).
 pub fn import(
     ds: &dyn Datastore,
-    what: &LuksImport<'_>,
+    what: &Import<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, Error> {
-    let (path, key) = (what.path, what.key);
+    let path = what.path;
+    let key = what.encrypt.ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} is a LUKS image: importing it needs its key (--key-file FILE, \
+                 --key-keyring NAME, --key-helper CMD or --key-prompt)",
+                path.display()
+            ),
+        )
+    })?;
     let f = File::open(path).map_err(|e| io(path, e))?;
     let len = f.metadata().map_err(|e| io(path, e))?.len();
     let mut head = [0u8; luks::HEADER_BYTES];
@@ -179,13 +181,7 @@ pub fn import(
             ),
         ));
     }
-    let spec = EncryptedDisk {
-        disk: what.name,
-        size_bytes: size,
-        provisioning: what.prov,
-        key,
-    };
-    ds.create_encrypted(&spec, &mut |_, _| {})?;
+    what.create(ds, size)?;
     let r = (|| {
         let h = ds.open(what.name)?;
         let mut buf = vec![0u8; CHUNK];
@@ -206,10 +202,5 @@ pub fn import(
         let _ = ds.remove(what.name);
         return Err(e);
     }
-    Ok(ImportReport {
-        disk: ds.disk_view(what.name, false)?,
-        format: ImageFormat::Luks,
-        links: None,
-        snapshots: Vec::new(),
-    })
+    what.one_disk(ds, ImageFormat::Luks)
 }

@@ -449,8 +449,9 @@ fn stats_request(
     Ok(stats(reg, disk, reset, recording))
 }
 
-/// Import and export of images and diff streams.
-fn file_request(
+/// Import of an image (VMDK, raw, qcow2, LUKS1) and export as VMDK or
+/// LUKS1.
+fn image_request(
     ctx: &Ctx<'_>,
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
@@ -463,7 +464,7 @@ fn file_request(
             format,
             encrypt,
         } => {
-            let what = crate::vmdk_ops::Import {
+            let what = crate::imports::Import {
                 path,
                 name,
                 prov: *provisioning,
@@ -499,6 +500,18 @@ fn file_request(
             let r = crate::vmdk_ops::export(ctx.ds, target, out, &how, progress)?;
             Ok(Response::Export(r))
         }
+        other => Err(not_answered(other)),
+    }
+}
+
+/// Import and export of images and diff streams.
+fn file_request(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    match req {
+        Request::Import { .. } | Request::Export { .. } => image_request(ctx, req, progress),
         Request::ExportDiff { target, from, out } => {
             let r = crate::diff_files::export(
                 ctx.ds,

@@ -9,15 +9,16 @@ use strata_api::wire::Watch;
 
 use strata_api::request::absolute;
 use strata_api::{
-    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, KeyGrant, Request,
-    Response, ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
+    ExportReport, ExportedLink, ImageFormat, ImportReport, ImportedLink, Request, Response,
+    ShrinkResult, VmdkCheckReport, VmdkExtentInfo, VmdkFileCheck, VmdkInfo, VmdkLinkInfo,
     VmdkRequest, VmdkResponse,
 };
 use strata_block::{BlockDevice, ZeroOptions};
 
 use crate::copier::put_grains;
-use strata_datastore::{Datastore, EncryptedDisk};
-use strata_engine::{Error, ErrorKind, Provisioning};
+use crate::imports::Import;
+use strata_datastore::Datastore;
+use strata_engine::{Error, ErrorKind};
 use strata_storage::{Backend, FileBackend};
 use strata_vmdk::chain::ExtentImpl;
 use strata_vmdk::create::image_files;
@@ -157,38 +158,6 @@ fn snapshot_name(file: &str, taken: &mut Vec<String>) -> String {
     cand
 }
 
-/// What to import: the image at `path` (its format, or None to tell it
-/// by its bytes) as disk `name`, provisioned `prov`, encrypted with a
-/// first keyslot for `encrypt` when given (a LUKS1 image's passphrase).
-pub struct Import<'a> {
-    pub path: &'a Path,
-    pub name: &'a str,
-    pub prov: Provisioning,
-    pub format: Option<ImageFormat>,
-    pub encrypt: Option<&'a KeyGrant>,
-}
-
-impl Import<'_> {
-    /// Create the new disk of `size` bytes, encrypted when a key was given.
-    fn create(&self, ds: &dyn Datastore, size: u64) -> Result<(), Error> {
-        match self.encrypt {
-            Some(key) => {
-                let spec = EncryptedDisk {
-                    disk: self.name,
-                    size_bytes: size,
-                    provisioning: self.prov,
-                    key,
-                };
-                ds.create_encrypted(&spec, &mut |_, _| {})?;
-            }
-            None => {
-                ds.create(self.name, size, self.prov, &mut |_, _| {})?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Import `path` as disk `name`. A VMDK chain becomes a disk whose
 /// snapshots are the chain's links below the top (base first, named after
 /// the files); the top link is the disk's live state.
@@ -205,33 +174,10 @@ pub fn import(
         ImageFormat::Vmdk => import_vmdk(ds, &what, progress),
         ImageFormat::Raw => {
             import_raw(ds, &what, what.path, progress)?;
-            Ok(ImportReport {
-                disk: ds.disk_view(what.name, false)?,
-                format,
-                links: None,
-                snapshots: Vec::new(),
-            })
+            what.one_disk(ds, format)
         }
         ImageFormat::Qcow2 => import_qcow2(ds, &what, progress),
-        ImageFormat::Luks => {
-            let key = what.encrypt.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "{} is a LUKS image: importing it needs its key (--key-file FILE, \
-                         --key-keyring NAME, --key-helper CMD or --key-prompt)",
-                        what.path.display()
-                    ),
-                )
-            })?;
-            let luks = crate::luks_ops::LuksImport {
-                path: what.path,
-                name: what.name,
-                prov: what.prov,
-                key,
-            };
-            crate::luks_ops::import(ds, &luks, progress)
-        }
+        ImageFormat::Luks => crate::luks_ops::import(ds, &what, progress),
     }
 }
 
@@ -325,12 +271,7 @@ fn import_qcow2(
     let r = import_raw(ds, what, &tmp, progress);
     let _ = std::fs::remove_file(&tmp);
     r?;
-    Ok(ImportReport {
-        disk: ds.disk_view(name, false)?,
-        format: ImageFormat::Qcow2,
-        links: None,
-        snapshots: Vec::new(),
-    })
+    what.one_disk(ds, ImageFormat::Qcow2)
 }
 
 /// How `export` writes a version: the subformat, whether as a chain of

@@ -4,7 +4,23 @@
 use std::fmt::Write as _;
 
 use strata_api::units::utc;
-use strata_api::Encryption;
+use strata_api::{Encryption, Response};
+
+/// An answer about keys for people (`unlock`, `lock`, `key ...`,
+/// `rekey`); None for any other answer.
+pub(super) fn answer(out: &mut String, r: &Response) -> Option<()> {
+    match r {
+        Response::Unlocked { name, slot, kept } => unlocked(out, name, *slot, *kept),
+        Response::Locked { name, disks, held } => locked(out, name, disks, *held),
+        Response::Keys {
+            name,
+            encryption,
+            slot,
+        } => list(out, name, encryption, *slot),
+        _ => return None,
+    }
+    Some(())
+}
 
 /// `encrypted: aes-xts-plain64, locked, 2 keyslots` (the `info` line's value).
 pub(super) fn summary(e: &Encryption) -> String {
@@ -19,7 +35,7 @@ pub(super) fn summary(e: &Encryption) -> String {
 }
 
 /// The keyslots of a disk, one line each.
-pub(super) fn list(out: &mut String, name: &str, e: &Encryption, added: Option<u32>) {
+fn list(out: &mut String, name: &str, e: &Encryption, added: Option<u32>) {
     if let Some(s) = added {
         outln!(out, "added keyslot {s} to {name}");
     }
@@ -42,7 +58,7 @@ pub(super) fn list(out: &mut String, name: &str, e: &Encryption, added: Option<u
 }
 
 /// `lock`: which disks are locked now, or that nothing held their keys.
-pub(super) fn locked(out: &mut String, name: &str, disks: &[String], held: bool) {
+fn locked(out: &mut String, name: &str, disks: &[String], held: bool) {
     let others: Vec<&str> = disks
         .iter()
         .map(String::as_str)
@@ -63,7 +79,7 @@ pub(super) fn locked(out: &mut String, name: &str, disks: &[String], held: bool)
 }
 
 /// `unlock`: which keyslot opened, and whether anything keeps the keys.
-pub(super) fn unlocked(out: &mut String, name: &str, slot: u32, kept: bool) {
+fn unlocked(out: &mut String, name: &str, slot: u32, kept: bool) {
     if kept {
         outln!(
             out,

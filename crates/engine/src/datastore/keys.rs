@@ -133,14 +133,20 @@ impl Datastore {
     /// the linked clones made from it or from what it was cloned from), by
     /// name; an error when `disk` is plain.
     pub fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
-        let m = self.inner.meta.lock();
-        let id = Self::keyring_of(&m, disk)?.id;
-        Ok(m.catalog
+        Ok(Self::lineage(&self.inner.meta.lock(), disk)?.1)
+    }
+
+    /// `disk`'s keyring id and the names of the disks sharing it.
+    fn lineage(m: &Meta, disk: &str) -> Result<(u64, Vec<String>)> {
+        let id = Self::keyring_of(m, disk)?.id;
+        let disks = m
+            .catalog
             .disks
             .iter()
             .filter(|d| d.keyring == Some(id))
             .map(|d| d.name.clone())
-            .collect())
+            .collect();
+        Ok((id, disks))
     }
 
     /// Forget `disk`'s keys in this process (`strata lock`): every disk
@@ -149,8 +155,7 @@ impl Datastore {
     /// handle that still holds their cipher closes. Returns those disks
     /// and whether keys were held.
     pub fn lock(&self, disk: &str) -> Result<(Vec<String>, bool)> {
-        let disks = self.keyring_disks(disk)?;
-        let id = Self::keyring_of(&self.inner.meta.lock(), disk)?.id;
+        let (id, disks) = Self::lineage(&self.inner.meta.lock(), disk)?;
         let held = self.inner.keys.lock().remove(&id).is_some();
         Ok((disks, held))
     }
