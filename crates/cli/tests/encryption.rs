@@ -561,6 +561,16 @@ fn vhost_user_blk_reads_and_writes_plaintext_and_leaves_guest_memory_alone() {
     assert!(!file_contains(&s.path().join("pool.data"), &data[..64]));
 }
 
+/// cryptsetup, which Debian installs in /usr/sbin: a PATH without the
+/// sbin directories (a non-root CI user's) still finds it there.
+fn cryptsetup() -> &'static str {
+    const SBIN: &str = "/usr/sbin/cryptsetup";
+    match Path::new(SBIN).exists() {
+        true => SBIN,
+        false => "cryptsetup",
+    }
+}
+
 /// QEMU's `--image-opts` for the LUKS image `file` opened by key file `k`.
 fn luks_opts(file: &Path, k: &Path) -> (String, String) {
     (
@@ -639,7 +649,7 @@ fn same_bytes(a: &Path, b: &Path) {
 
 #[test]
 fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
-    if !have("qemu-img") || !have("qemu-io") || !have("cryptsetup") {
+    if !have("qemu-img") || !have("qemu-io") || !have(cryptsetup()) {
         return;
     }
     let s = Store::new();
@@ -682,7 +692,7 @@ fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
     same_bytes(&src, &back);
     // cryptsetup reads the header and opens the keyslot with the same
     // file, and not with another.
-    let dump = run_ok("cryptsetup", &["luksDump", out.to_str().unwrap()]);
+    let dump = run_ok(cryptsetup(), &["luksDump", out.to_str().unwrap()]);
     assert!(
         dump.contains("xts-plain64") && dump.contains("MK bits:       \t512"),
         "{dump}"
@@ -695,7 +705,7 @@ fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
             key.to_str().unwrap(),
             out.to_str().unwrap(),
         ];
-        run("cryptsetup", &args).status.success()
+        run(cryptsetup(), &args).status.success()
     };
     assert!(test_key(&k));
     assert!(!test_key(&binary));
@@ -828,7 +838,7 @@ fn luks_images_go_out_to_qemu_and_come_back_byte_identical() {
         "1000",
         c.to_str().unwrap(),
     ];
-    run_ok("cryptsetup", &args);
+    run_ok(cryptsetup(), &args);
     let craw = dir.join("c.raw");
     qemu_luks_to_raw(&c, &k, &craw);
     s.ok(&["import", c.to_str().unwrap(), "fromc", "--key-file", ks]);
