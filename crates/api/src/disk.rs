@@ -111,6 +111,22 @@ pub struct Encryption {
     /// The keyring, shared with the disk's linked clones.
     pub keyring: u64,
     pub slots: Vec<KeySlotInfo>,
+    /// The number of the data key new writes use (it goes up by one with
+    /// each deep rekey).
+    #[serde(default)]
+    pub data_key: u32,
+    /// A deep rekey under way (`strata rekey --deep`), or one that was
+    /// interrupted and waits to be resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deep_rekey: Option<RekeyProgress>,
+}
+
+/// How far a deep rekey has come: the data below `done_bytes` (of every
+/// version of the lineage) is under the new data key.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RekeyProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// One keyslot: a secret that opens the disk's keys.

@@ -58,7 +58,9 @@ pub use datastore::{
     CheckReport, DatastoreInfo, DefragReport, FailStop, FreeSpaceReport, PoolLayout,
     FREE_EXTENT_CLASSES,
 };
-pub use disk::{DiskInfo, Encryption, KeySlotInfo, Provisioning, PunchZeroReport, SnapshotInfo};
+pub use disk::{
+    DiskInfo, Encryption, KeySlotInfo, Provisioning, PunchZeroReport, RekeyProgress, SnapshotInfo,
+};
 pub use event::Event;
 pub use group::{
     Consistency, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotReport, QuiesceReport,

@@ -403,6 +403,9 @@ impl Request {
             Request::Defrag { name, .. } => format!("defrag {name}"),
             Request::Compact { name, .. } => format!("compact {name}"),
             Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
+            Request::Key(KeyRequest::Rekey {
+                deep: true, name, ..
+            }) => format!("rekey --deep {name}"),
             Request::CloneFull {
                 source,
                 name,
@@ -440,6 +443,7 @@ impl Request {
                 | Request::PunchZero { .. }
                 | Request::Defrag { dry_run: false, .. }
                 | Request::DefragFreeSpace { .. }
+                | Request::Key(KeyRequest::Rekey { deep: true, .. })
                 | Request::Import { .. }
                 | Request::Export { .. }
                 | Request::Move { .. }
@@ -492,9 +496,14 @@ pub enum KeyRequest {
         name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<Secret>,
-        new: KeyGrant,
+        /// None only for `--deep`: resume the deep rekey under way.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        new: Option<KeyGrant>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         deep: bool,
+        /// `--deep --rate`: bytes re-encrypted per second at most.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate_bytes_per_sec: Option<u64>,
     },
 }
 

@@ -128,7 +128,11 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
                 key,
                 new,
                 deep,
-            } => Ok(datastore(crate::keys::rekey(disk, key, new, *deep)?)),
+                rate,
+            } => {
+                let deep = deep.then_some(*rate);
+                Ok(datastore(crate::keys::rekey(disk, key, new, deep)?))
+            }
             Cmd::Clone { .. } => clone_action(cmd),
             Cmd::ExportDiff { .. } | Cmd::ImportDiff { .. } | Cmd::Diff { .. } => diff_action(cmd),
             Cmd::Stats { .. } | Cmd::Import { .. } | Cmd::Export { .. } => data_action(cmd),

@@ -258,8 +258,10 @@ them; --force disconnects them first. Writes nothing to the datastore."
         long_about = "Replace every keyslot of an encrypted disk by one for the new \
 secret (--new-key-*): the old secrets stop opening it. The data key stays, so no data is \
 written and it takes the same time with any number of snapshots. The disk must be unlocked \
-or opened here with a current secret (--key-*). --deep (a new data key, the data \
-re-encrypted) is not built yet."
+or opened here with a current secret (--key-*). --deep also makes a new data key and \
+re-encrypts every grain of the disk, its snapshots and linked clones online, a job paced like \
+defrag; a copy of the datastore's files from before it no longer opens what was written \
+after. 'rekey --deep DISK' with no new secret resumes an interrupted one."
     )]
     Rekey {
         disk: String,
@@ -267,9 +269,12 @@ re-encrypted) is not built yet."
         key: crate::keys::KeyArgs,
         #[command(flatten)]
         new: crate::keys::NewKeyArgs,
-        /// Also replace the data key, re-encrypting the data (not built yet)
+        /// Also replace the data key, re-encrypting the data online (a job)
         #[arg(long)]
         deep: bool,
+        /// With --deep: re-encrypt at most this much per second (e.g. 100M)
+        #[arg(long, value_parser = parse_size, requires = "deep")]
+        rate: Option<u64>,
     },
     /// List disks
     #[command(visible_alias = "ls")]

@@ -154,6 +154,14 @@ pub fn export_key(format: &str, key: &KeyArgs, chain: bool) -> Result<Option<Sec
 }
 
 impl NewKeyArgs {
+    /// Whether a new secret's source was named.
+    fn given(&self) -> bool {
+        self.new_key_file.is_some()
+            || self.new_key_keyring.is_some()
+            || self.new_key_helper.is_some()
+            || self.new_key_prompt
+    }
+
     fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
         let src = source(&Given {
             file: &self.new_key_file,
@@ -230,11 +238,23 @@ pub fn key(cmd: &KeyCmd) -> Result<Request, Error> {
     }))
 }
 
-pub fn rekey(disk: &str, key: &KeyArgs, new: &NewKeyArgs, deep: bool) -> Result<Request, Error> {
+/// `rekey`; `deep`: Some(the pace in bytes per second, if any) for `--deep`.
+pub fn rekey(
+    disk: &str,
+    key: &KeyArgs,
+    new: &NewKeyArgs,
+    deep: Option<Option<u64>>,
+) -> Result<Request, Error> {
+    // `rekey --deep DISK` with no new secret resumes an interrupted one.
+    let new = match deep.is_some() && !new.given() {
+        true => None,
+        false => Some(new.grant("rekey")?),
+    };
     Ok(Request::Key(KeyRequest::Rekey {
         name: disk.to_string(),
         key: key.secret()?,
-        new: new.grant("rekey")?,
-        deep,
+        new,
+        deep: deep.is_some(),
+        rate_bytes_per_sec: deep.flatten(),
     }))
 }

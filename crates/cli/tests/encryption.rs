@@ -287,7 +287,11 @@ fn keyslots_change_without_writing_data_and_a_rekey_retires_old_secrets() {
     s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k2)]);
     let v = s.json(&["key", "list", "vm"]);
     assert_eq!(v["encryption"]["slots"].as_array().unwrap().len(), 1, "{v}");
-    let err = s.fails(&[
+    // None of it wrote a data grain.
+    assert_eq!(sha256(&pool), before, "a keyslot change wrote pool data");
+    // A deep rekey (FORMAT.md §16.4) with 100 snapshots: a new data key,
+    // every grain re-encrypted; only the new secret opens it.
+    let v = s.json(&[
         "rekey",
         "vm",
         "--deep",
@@ -296,10 +300,14 @@ fn keyslots_change_without_writing_data_and_a_rekey_retires_old_secrets() {
         "--new-key-file",
         &p(&k1),
     ]);
-    assert!(err.contains("not built yet"), "{err}");
-    // None of it wrote a data grain.
-    assert_eq!(sha256(&pool), before, "a keyslot change wrote pool data");
-    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k3)]);
+    assert_eq!(v["encryption"]["data_key"], 1, "{v}");
+    assert!(v["encryption"].get("deep_rekey").is_none(), "{v}");
+    assert_ne!(sha256(&pool), before, "a deep rekey wrote no data");
+    s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k3)]);
+    let err = s.fails(&["rekey", "vm", "--deep", "--key-file", &p(&k1)]);
+    assert!(err.contains("needs the new secret"), "{err}");
+    s.ok(&["check"]);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k1)]);
     qemu_io_ok(RAW, &s.uri("vm"), &["read -P 0x11 0 8M"]);
     qemu_io_ok(
         &["-r", "-f", "raw"],
@@ -307,6 +315,91 @@ fn keyslots_change_without_writing_data_and_a_rekey_retires_old_secrets() {
         &["read -P 0x11 0 8M"],
     );
     srv.stop();
+}
+
+/// A deep rekey through a running server while qemu-io writes to the
+/// disk: every version of the lineage (the disk, its snapshot, a linked
+/// clone) reads what was written, under the new key only.
+#[test]
+fn a_deep_rekey_runs_online_under_writes_with_snapshots_and_clones() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (s, k1, _) = encrypted_vm("64M");
+    let k2 = key_file(s.dir.path(), "k2", 32);
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k1)]);
+    let uri = s.uri("vm");
+    qemu_io_ok(RAW, &uri, &["write -P 0x11 0 56M", "flush"]);
+    s.ok(&["snapshot", "create", "vm@a"]);
+    s.ok(&["clone", "vm@a", "c"]);
+    qemu_io_ok(RAW, &s.uri("c"), &["write -P 0x55 16M 4M", "flush"]);
+    // A writer over the first 8 MiB of vm, going while the pass runs.
+    let writer = {
+        let uri = uri.clone();
+        std::thread::spawn(move || {
+            for i in 0..20u32 {
+                let pat = format!("write -P 0x{:02x} 0 8M", 0x20 + i);
+                qemu_io_ok(RAW, &uri, &[&pat, "write -P 0x44 30M 512", "flush"]);
+            }
+        })
+    };
+    // fio writes and verifies as it goes over 40..56 MiB meanwhile.
+    let fio = have("fio").then(|| {
+        let uri = uri.clone();
+        std::thread::spawn(move || {
+            fio_ok(
+                "rekey under fio",
+                &[("vm".to_string(), uri)],
+                &[
+                    "--rw=randwrite",
+                    "--bs=4k",
+                    "--size=16M",
+                    "--offset=40M",
+                    "--iodepth=16",
+                    "--loops=3",
+                    "--do_verify=1",
+                    "--verify_backlog=256",
+                ],
+            )
+        })
+    });
+    let v = s.json(&["rekey", "vm", "--deep", "--new-key-file", &p(&k2)]);
+    writer.join().unwrap();
+    if let Some(f) = fio {
+        let out = f.join().unwrap();
+        assert!(!out.contains("verify: bad"), "{out}");
+    }
+    assert_eq!(v["encryption"]["data_key"], 1, "{v}");
+    qemu_io_ok(
+        RAW,
+        &uri,
+        &[
+            "read -P 0x33 0 8M",
+            "read -P 0x11 8M 22M",
+            "read -P 0x44 30M 512",
+            "read -P 0x11 31M 9M",
+            "read -P 0 56M 8M",
+        ],
+    );
+    qemu_io_ok(
+        &["-r", "-f", "raw"],
+        &s.uri("vm@a"),
+        &["read -P 0x11 0 56M"],
+    );
+    qemu_io_ok(
+        RAW,
+        &s.uri("c"),
+        &[
+            "read -P 0x11 0 16M",
+            "read -P 0x55 16M 4M",
+            "read -P 0x11 20M 36M",
+        ],
+    );
+    srv.stop();
+    s.ok(&["check"]);
+    s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k1)]);
+    s.ok(&["unlock", "vm", "--key-file", &p(&k2)]);
 }
 
 #[test]
@@ -932,4 +1025,96 @@ fn lock_forgets_a_lineages_keys_but_not_under_its_clients() {
     let events = s.ok(&["events", "--target", "vm"]);
     assert!(events.contains("lock"), "{events}");
     srv.stop();
+}
+
+/// kill -9 of the server in the middle of a paced deep rekey: it comes
+/// back with the new secret only, its cursor part-way, every version
+/// reading what was written, and `rekey --deep` with no new secret ends it.
+#[test]
+fn a_deep_rekey_killed_part_way_resumes_with_every_byte() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (s, k1, _) = encrypted_vm("128M");
+    let k2 = key_file(s.dir.path(), "k2", 32);
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k1)]);
+    let uri = s.uri("vm");
+    qemu_io_ok(RAW, &uri, &["write -P 0x11 0 120M", "flush"]);
+    s.ok(&["snapshot", "create", "vm@a"]);
+    qemu_io_ok(RAW, &uri, &["write -P 0x22 0 16M", "flush"]);
+    // 16 MiB/s: the pass takes 8 seconds.
+    let rekey = {
+        let (dir, k2) = (s.path(), p(&k2));
+        std::thread::spawn(move || {
+            std::process::Command::new(strata())
+                .args(["--datastore", dir.to_str().unwrap()])
+                .args([
+                    "rekey",
+                    "vm",
+                    "--deep",
+                    "--new-key-file",
+                    &k2,
+                    "--rate",
+                    "16M",
+                ])
+                .output()
+                .unwrap()
+        })
+    };
+    eventually(
+        "the pass under way",
+        std::time::Duration::from_secs(60),
+        || {
+            let v = s.json(&["info", "vm"]);
+            v["encryption"]["deep_rekey"]["done_bytes"]
+                .as_u64()
+                .is_some_and(|d| d >= 72 << 20)
+        },
+    );
+    srv.kill9();
+    let out = rekey.join().unwrap();
+    assert!(!out.status.success(), "the rekey outlived its server");
+    // The first record was durable before the pass: the new secret opens.
+    s.fails_with(2, &["unlock", "vm", "--key-file", &p(&k1)]);
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k2)]);
+    let v = s.json(&["info", "vm"]);
+    let done = v["encryption"]["deep_rekey"]["done_bytes"]
+        .as_u64()
+        .unwrap();
+    // The pass commits every 64 MiB: that much is kept.
+    assert!((64 << 20..128 << 20).contains(&done), "{v}");
+    let reads = [
+        "read -P 0x22 0 16M",
+        "read -P 0x11 16M 104M",
+        "read -P 0 120M 8M",
+    ];
+    qemu_io_ok(RAW, &uri, &reads);
+    qemu_io_ok(
+        &["-r", "-f", "raw"],
+        &s.uri("vm@a"),
+        &["read -P 0x11 0 120M"],
+    );
+    // Written while half of it is under each key.
+    qemu_io_ok(RAW, &uri, &["write -P 0x33 60M 8M", "flush"]);
+    let v = s.json(&["rekey", "vm", "--deep"]);
+    assert_eq!(v["encryption"]["data_key"], 1, "{v}");
+    assert!(v["encryption"].get("deep_rekey").is_none(), "{v}");
+    qemu_io_ok(
+        RAW,
+        &uri,
+        &[
+            "read -P 0x22 0 16M",
+            "read -P 0x11 16M 44M",
+            "read -P 0x33 60M 8M",
+            "read -P 0x11 68M 52M",
+        ],
+    );
+    qemu_io_ok(
+        &["-r", "-f", "raw"],
+        &s.uri("vm@a"),
+        &["read -P 0x11 0 120M"],
+    );
+    srv.stop();
+    s.ok(&["check"]);
 }

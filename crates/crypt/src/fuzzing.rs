@@ -47,6 +47,18 @@ pub fn keyring_parse(data: &[u8]) -> usize {
             keys.current().encrypt(&mut sector, 1);
             keys.current().decrypt(&mut sector, 1);
             assert_eq!(sector, [0u8; crate::SECTOR_BYTES]);
+            // A valid record's deep rekey names keys it holds.
+            let c = rec.data_cipher(&keys).expect("a valid record's cipher");
+            let mut two = [5u8; 2 * crate::SECTOR_BYTES];
+            c.encrypt(
+                &mut two,
+                rec.deep_rekey.map_or(0, |d| d.next_grain.min(1 << 40) * 8),
+            );
+            c.decrypt(
+                &mut two,
+                rec.deep_rekey.map_or(0, |d| d.next_grain.min(1 << 40) * 8),
+            );
+            assert_eq!(two, [5u8; 2 * crate::SECTOR_BYTES]);
             assert!(rec.slot_of(secret).is_ok());
             opened += 1;
         }

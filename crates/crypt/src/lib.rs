@@ -17,6 +17,7 @@
 //! keys come from HKDF-SHA256 for key material (32 bytes or more) and from
 //! Argon2id for passphrases (anything shorter).
 
+mod data;
 #[doc(hidden)]
 pub mod fuzzing;
 mod hex;
@@ -28,9 +29,11 @@ pub mod source;
 mod wrap;
 mod xts;
 
+pub use data::DataCipher;
 pub use kdf::{Argon2Params, KdfRec, KEY_MATERIAL_BYTES};
 pub use keyring::{
-    KeyringRec, Keyslot, NewSlot, Unlocked, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS, MAX_SLOTS,
+    DeepRekey, KeyringRec, Keyslot, NewSlot, Unlocked, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS,
+    MAX_SLOTS,
 };
 pub use secret::SecretBytes;
 pub use wrap::{unwrap_secret, wrap_secret, WRAP_KEY_BYTES, WRAP_OVERHEAD};
@@ -38,6 +41,8 @@ pub use xts::Xts;
 
 /// The data unit of the cipher: one disk sector.
 pub const SECTOR_BYTES: usize = 512;
+/// Sectors per 4 KiB grain (the unit a deep rekey's cursor counts).
+pub const GRAIN_SECTORS: u64 = 4096 / SECTOR_BYTES as u64;
 /// Length of a data encryption key: two AES-256 keys (XTS).
 pub const DEK_BYTES: usize = 64;
 /// The cipher's name as dm-crypt and LUKS spell it.

@@ -314,6 +314,20 @@ pub trait Datastore: Send + Sync {
         Err(not_encrypted(disk))
     }
 
+    /// Deep rekey (FORMAT.md §16.4): with `new`, a new data key and one
+    /// keyslot for `new`, then the data re-encrypted online; without,
+    /// resume the one under way.
+    fn rekey_deep(
+        &self,
+        disk: &str,
+        new: Option<&strata_api::KeyGrant>,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<strata_engine::DeepRekeyReport> {
+        let _ = (new, work, progress);
+        Err(not_encrypted(disk))
+    }
+
     /// Remove the disk and its snapshots.
     fn remove(&self, disk: &str) -> Result<()>;
 

@@ -261,6 +261,17 @@ impl Datastore for LocalDatastore {
         self.ds.rekey_shallow(disk, &new_slot(new))
     }
 
+    fn rekey_deep(
+        &self,
+        disk: &str,
+        new: Option<&strata_api::KeyGrant>,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<strata_engine::DeepRekeyReport> {
+        let slot = new.map(new_slot);
+        self.ds.rekey_deep(disk, slot.as_ref(), work, progress)
+    }
+
     fn remove(&self, disk: &str) -> Result<()> {
         self.ds.remove_disk(disk)
     }

@@ -38,6 +38,7 @@ mod groups;
 mod keys;
 mod open;
 mod pool;
+mod rekey;
 mod snapshots;
 
 use clones::clone_locked;
@@ -45,6 +46,7 @@ pub use clones::{stopped_clone, FullClone};
 pub use disks::NewDisk;
 pub use keys::{CarriedKeys, NewKeys};
 pub(crate) use open::read_catalog;
+pub use rekey::DeepRekeyReport;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 
 pub use crate::store::{

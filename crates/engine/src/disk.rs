@@ -25,7 +25,8 @@ use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, MAP_FANOUT_SHIFT};
 
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::{grain_runs, DataSlot, Meta, Place};
-use crate::store::{SpaceRequest, Store};
+use crate::store::{CipherCell, SpaceRequest, Store};
+use strata_crypt::DataCipher;
 pub(crate) use zero::RegionWalk;
 
 /// Most grains a block-status call looks at (bounds the work per request).
@@ -60,7 +61,7 @@ const SECTOR: u64 = strata_crypt::SECTOR_BYTES as u64;
 /// The buffer is the thread's own, kept between writes up to
 /// [`SEAL_KEPT_BYTES`] (a fresh mapping per write cost a third of a
 /// 1 MiB write's time); a larger write gets one of its own.
-fn with_sealed<R>(x: &strata_crypt::Xts, buf: &[u8], offset: u64, f: impl FnOnce(&[u8]) -> R) -> R {
+fn with_sealed<R>(x: &DataCipher, buf: &[u8], offset: u64, f: impl FnOnce(&[u8]) -> R) -> R {
     use std::cell::RefCell;
     use strata_block::AlignedBuf;
     thread_local! {
@@ -81,11 +82,7 @@ fn with_sealed<R>(x: &strata_crypt::Xts, buf: &[u8], offset: u64, f: impl FnOnce
 
 /// A planned read's step once its pieces are in (`IoPlan::after_read`):
 /// decrypt each piece in place; holes were filled with zeros and stay so.
-fn decrypt_after(
-    x: Arc<strata_crypt::Xts>,
-    pieces: &[FilePiece],
-    offset: u64,
-) -> strata_block::AfterRead {
+fn decrypt_after(x: Arc<DataCipher>, pieces: &[FilePiece], offset: u64) -> strata_block::AfterRead {
     let runs: Vec<(usize, usize)> = pieces.iter().map(|p| (p.buf_offset, p.len)).collect();
     Box::new(move |buf: &mut [u8]| {
         for (at, len) in runs {
@@ -119,8 +116,10 @@ pub struct DiskHandle {
     pub(crate) name: String,
     /// The disk's data cipher when it is encrypted (FORMAT.md §16.1):
     /// every grain read is decrypted and every write encrypted with it,
-    /// the sector's virtual number as tweak.
-    pub(crate) cipher: Option<Arc<strata_crypt::Xts>>,
+    /// the sector's virtual number as tweak. Shared with the lineage's
+    /// held keys; a deep rekey moves its split (§16.4), so a read takes it
+    /// with its map lookup and a write while it holds its stripes.
+    pub(crate) cipher: Option<Arc<CipherCell>>,
     /// The keys `cipher` came from, held by the datastore until `lock`
     /// drops them; the handle refuses its clients' I/O from then on (one
     /// atomic load per request).
@@ -196,15 +195,22 @@ impl DiskHandle {
     /// The runs of `[offset, offset + len)` (`len` > 0) from one map
     /// lookup, in order: physically adjacent grains make one run, and so
     /// do adjacent holes. The caller holds the gate.
-    fn mapped_runs(&self, offset: u64, len: u64) -> Result<Vec<Run>> {
+    fn mapped_runs(&self, offset: u64, len: u64) -> Result<(Vec<Run>, Option<Arc<DataCipher>>)> {
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + len - 1) >> GRAIN_SHIFT;
         let mut grains = Vec::with_capacity((last - first + 1) as usize);
-        self.inner
-            .meta
-            .lock()
-            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
-        Ok(runs_of(&grains, offset, len))
+        let m = &mut self.inner.meta.lock();
+        m.lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        // With the lookup, under the same lock: the key the grains found
+        // were written under, even if a deep rekey moves them next.
+        let cipher = self.data_cipher();
+        Ok((runs_of(&grains, offset, len), cipher))
+    }
+
+    /// The data cipher as it stands (None: a plain disk). A write calls it
+    /// with its stripes held, a read with its map lookup (§16.4).
+    pub(crate) fn data_cipher(&self) -> Option<Arc<DataCipher>> {
+        self.cipher.as_ref().map(|c| c.lock().clone())
     }
 
     /// Read `buf` at `offset`; unmapped grains read as zeros and are
@@ -217,7 +223,7 @@ impl DiskHandle {
             return Ok(fill);
         }
         let _gate = self.inner.gate.read();
-        let runs = self.mapped_runs(offset, buf.len() as u64)?;
+        let (runs, cipher) = self.mapped_runs(offset, buf.len() as u64)?;
         // Runs of physically adjacent grains become one read; when there
         // are several, all are announced to the pool first, so a
         // fragmented range's reads reach the device together rather than
@@ -240,7 +246,7 @@ impl DiskHandle {
                 }
                 Some(at) => {
                     self.inner.pool.read_at(dst, at)?;
-                    if let Some(x) = &self.cipher {
+                    if let Some(x) = &cipher {
                         x.decrypt(dst, sector);
                     }
                     fill.push(len, Fill::Data);
@@ -282,7 +288,8 @@ impl DiskHandle {
         let Some(gate) = hold_read(&self.inner.gate, wait) else {
             return Ok(Planned::Busy);
         };
-        for r in self.mapped_runs(offset, len)? {
+        let (runs, cipher) = self.mapped_runs(offset, len)?;
+        for r in runs {
             let n = r.buf.len();
             match r.pool {
                 None => {
@@ -299,10 +306,7 @@ impl DiskHandle {
                 }
             }
         }
-        let after_read = self
-            .cipher
-            .clone()
-            .map(|x| decrypt_after(x, &pieces, offset));
+        let after_read = cipher.map(|x| decrypt_after(x, &pieces, offset));
         Ok(Planned::Plan(IoPlan {
             fd,
             write: false,
@@ -420,7 +424,7 @@ impl DiskHandle {
             .collect();
         // An encrypted disk's ciphertext, in the plan's own buffer: the
         // request's (a guest's memory) is not touched.
-        let source = self.cipher.as_ref().map(|x| {
+        let source = self.data_cipher().map(|x| {
             let mut b = strata_block::AlignedBuf::zeroed(buf.len());
             x.encrypt_to(buf, &mut b, offset / SECTOR);
             b
@@ -449,8 +453,8 @@ impl DiskHandle {
             self.allocate(&mut m, &mut pieces, prov)?;
             pieces
         };
-        let written = match &self.cipher {
-            Some(x) => with_sealed(x, buf, offset, |data| {
+        let written = match self.data_cipher() {
+            Some(x) => with_sealed(&x, buf, offset, |data| {
                 self.write_data(data, offset, &pieces)
             }),
             None => self.write_data(buf, offset, &pieces),
@@ -551,7 +555,7 @@ impl DiskHandle {
                 let mut g = vec![0u8; GRAIN_BYTES as usize];
                 if p.old != 0 {
                     self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
-                } else if let Some(x) = &self.cipher {
+                } else if let Some(x) = self.data_cipher() {
                     // The rest of a grain new over a hole reads zeros:
                     // encrypted zeros, as stored (FORMAT.md §16.1).
                     x.encrypt(&mut g, (p.v << GRAIN_SHIFT) / SECTOR);

@@ -123,7 +123,7 @@ impl DiskHandle {
     }
 
     /// Give back grains allocated for a move that will not happen.
-    fn give_back(&self, m: &mut Meta, grains: &[u64]) -> Result<()> {
+    pub(crate) fn give_back(&self, m: &mut Meta, grains: &[u64]) -> Result<()> {
         for &g in grains {
             m.abort_alloc(g).map_err(|e| self.inner.fail_stop(e))?;
         }
@@ -285,7 +285,7 @@ impl DiskHandle {
     /// adjacent grains are one read. Every run is announced first, so a
     /// fragmented region's scattered reads go to the device at once rather
     /// than one after another.
-    fn read_grains(&self, from: &[(u64, u64)], buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_grains(&self, from: &[(u64, u64)], buf: &mut [u8]) -> Result<()> {
         let mut i = 0;
         while i < from.len() {
             let mut j = i + 1;
@@ -311,7 +311,7 @@ impl DiskHandle {
     }
 
     /// Write `buf` to the grains `to[i]` in order, adjacent ones as one write.
-    fn write_grains(&self, to: &[u64], buf: &[u8]) -> Result<()> {
+    pub(crate) fn write_grains(&self, to: &[u64], buf: &[u8]) -> Result<()> {
         let mut i = 0;
         while i < to.len() {
             let mut j = i + 1;

@@ -35,6 +35,7 @@ pub mod fuzzing;
 mod journal;
 pub mod layout;
 mod meta;
+mod rekey;
 mod store;
 pub use strata_block::throttle;
 mod upgrade;
@@ -43,8 +44,8 @@ mod work;
 pub use catalog::split_target;
 pub use datastore::{
     check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
-    stopped_clone, CarriedKeys, ChangedRange, Datastore, FullClone, GroupSnapshotOptions,
-    InitOptions, NewDisk, NewKeys, OpenOptions, SpaceWork,
+    stopped_clone, CarriedKeys, ChangedRange, Datastore, DeepRekeyReport, FullClone,
+    GroupSnapshotOptions, InitOptions, NewDisk, NewKeys, OpenOptions, SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

@@ -990,6 +990,11 @@ impl Store {
     }
 }
 
+/// The cipher a lineage's data is under, shared by the keyring's held
+/// keys and every handle opened through them. It changes only during a
+/// deep rekey, under the metadata lock (FORMAT.md §16.4).
+pub type CipherCell = Mutex<Arc<strata_crypt::DataCipher>>;
+
 /// One keyring's unlocked keys as this process holds them. A full clone's
 /// keyring may share the `Unlocked` of its source; `token` is this entry's
 /// own, so handles opened through it (which keep it weakly) are refused
@@ -997,13 +1002,20 @@ impl Store {
 pub struct HeldKeys {
     pub keys: Arc<strata_crypt::Unlocked>,
     pub token: Arc<()>,
+    /// The data cipher of `keys` under the keyring's record as it stands.
+    pub cipher: Arc<CipherCell>,
 }
 
 impl HeldKeys {
-    pub fn new(keys: Arc<strata_crypt::Unlocked>) -> HeldKeys {
-        HeldKeys {
+    pub fn new(
+        keys: Arc<strata_crypt::Unlocked>,
+        rec: &strata_crypt::KeyringRec,
+    ) -> std::result::Result<HeldKeys, strata_crypt::CryptError> {
+        let cipher = Arc::new(Mutex::new(Arc::new(rec.data_cipher(&keys)?)));
+        Ok(HeldKeys {
             keys,
             token: Arc::new(()),
-        }
+            cipher,
+        })
     }
 }

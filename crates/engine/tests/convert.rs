@@ -15,16 +15,7 @@ use strata_storage::SimBackend;
 const SIZE: u64 = 8 << 20;
 
 fn new_store() -> (SimBackend, Datastore) {
-    let b = SimBackend::new();
-    Datastore::init(
-        Arc::new(b.clone()),
-        &InitOptions {
-            capacity_bytes: 256 << 20,
-        },
-    )
-    .unwrap();
-    let ds = common::open_sim(&b);
-    (b, ds)
+    common::new_sim(256 << 20)
 }
 
 /// A disk with data, literal zero grains (written with zero detection

@@ -7,26 +7,15 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use strata_block::BlockDevice;
-use strata_engine::{Datastore, DefragReport, InitOptions, Provisioning, SpaceWork};
+use strata_engine::{Datastore, DefragReport, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
 const SIZE: u64 = 16 << 20;
 const GRAIN: u64 = 4096;
 
 fn new_store() -> (SimBackend, Datastore) {
-    let b = SimBackend::new();
-    Datastore::init(
-        Arc::new(b.clone()),
-        &InitOptions {
-            capacity_bytes: 256 << 20,
-        },
-    )
-    .unwrap();
-    let ds = common::open_sim(&b);
-    (b, ds)
+    common::new_sim(256 << 20)
 }
 
 /// A deterministic shuffle of `0..n` (xorshift64, Fisher-Yates).

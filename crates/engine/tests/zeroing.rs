@@ -9,8 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use strata_block::{BlockDevice, ErrorKind as BlockKind, ZeroOptions};
-use strata_engine::{Datastore, DiskHandle, InitOptions, Provisioning};
-use strata_storage::SimBackend;
+use strata_engine::{Datastore, DiskHandle, Provisioning};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -28,15 +27,7 @@ const NO_HOLE: ZeroOptions = ZeroOptions {
 };
 
 fn new_store() -> Datastore {
-    let b = SimBackend::new();
-    Datastore::init(
-        Arc::new(b.clone()),
-        &InitOptions {
-            capacity_bytes: 256 << 20,
-        },
-    )
-    .unwrap();
-    common::open_sim(&b)
+    common::new_sim(256 << 20).1
 }
 
 /// A disk of `prov` named `name` with a pattern over its first MiB.

@@ -51,8 +51,11 @@ pub const INCOMPAT_RUN_RECORDS: u32 = 1;
 /// Incompatible feature bit 1: the catalog may hold keyrings and encrypted
 /// disks (FORMAT.md §16.3). Set before the first keyring is logged.
 pub const INCOMPAT_ENCRYPTION: u32 = 1 << 1;
+/// Incompatible feature bit 2: a keyring may carry a deep rekey's cursor
+/// (FORMAT.md §16.4). Set before the first such record is logged.
+pub const INCOMPAT_DEEP_REKEY: u32 = 1 << 2;
 /// Feature bits this build understands.
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION | INCOMPAT_DEEP_REKEY;
 /// The longest REF_RUN record, in grains.
 pub const REF_RUN_MAX: u32 = 1 << 20;
 pub const RO_COMPAT_KNOWN: u32 = 0;

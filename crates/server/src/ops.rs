@@ -36,7 +36,7 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// Background space work at `rate`, under this request's job control.
-    fn work(&self, rate_bytes_per_sec: Option<u64>) -> SpaceWork {
+    pub(crate) fn work(&self, rate_bytes_per_sec: Option<u64>) -> SpaceWork {
         SpaceWork {
             rate_bytes_per_sec,
             control: self.control.clone(),
@@ -330,6 +330,9 @@ fn execute_here(
         | Request::ScheduleList
         | Request::ScheduleRemove { .. }
         | Request::ScheduleRun { .. } => crate::ops::schedules::request(ctx, req),
+        Request::Key(k @ strata_api::KeyRequest::Rekey { deep: true, .. }) => {
+            crate::ops::keys::deep(ctx, k, progress)
+        }
         Request::Key(k) => crate::ops::keys::request(ctx, k),
         Request::Create {
             encrypt: Some(key),

@@ -31,7 +31,14 @@ pub(super) fn summary(e: &Encryption) -> String {
     };
     let n = e.slots.len();
     let s = if n == 1 { "" } else { "s" };
-    format!("{}, {state}, {n} keyslot{s}", e.cipher)
+    let rekey = match e.deep_rekey {
+        Some(r) => format!(
+            ", deep rekey at {}% (strata rekey --deep resumes it)",
+            r.done_bytes * 100 / r.total_bytes.max(1)
+        ),
+        None => String::new(),
+    };
+    format!("{}, {state}, {n} keyslot{s}{rekey}", e.cipher)
 }
 
 /// The keyslots of a disk, one line each.

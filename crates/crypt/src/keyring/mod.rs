@@ -44,6 +44,21 @@ pub struct KeyringRec {
     pub keys: Vec<WrappedKey>,
     /// The keyslots; 1 to [`MAX_SLOTS`].
     pub slots: Vec<Keyslot>,
+    /// A deep rekey under way (FORMAT.md §16.4): absent outside one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deep_rekey: Option<DeepRekey>,
+}
+
+/// Where a deep rekey stands: grains at virtual grain `v < next_grain` are
+/// under data key `to`, the others under `from` (FORMAT.md §16.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeepRekey {
+    /// The data key being replaced.
+    pub from: u32,
+    /// The new data key (the highest index).
+    pub to: u32,
+    /// The first virtual grain not re-encrypted yet.
+    pub next_grain: u64,
 }
 
 /// One data key wrapped by the keyring key.
@@ -221,6 +236,7 @@ impl KeyringRec {
                 wrapped: B64.encode(wrapped),
             }],
             slots: vec![slot],
+            deep_rekey: None,
         };
         Ok((
             rec,
@@ -395,6 +411,104 @@ impl KeyringRec {
         let slot = make_slot(&uuid, 0, &keys.kk, new)?;
         self.slots = vec![slot];
         Ok(())
+    }
+
+    /// The cipher the lineage's data is under now (FORMAT.md §16.4), from
+    /// this record and its unlocked keys.
+    pub fn data_cipher(&self, keys: &Unlocked) -> Result<crate::DataCipher> {
+        let key = |i: u32| {
+            keys.key(i).cloned().ok_or_else(|| {
+                CryptError::Damaged(format!("keyring {}: key {i} is not unlocked", self.uuid))
+            })
+        };
+        Ok(match self.deep_rekey {
+            None => crate::DataCipher::single(keys.current().clone()),
+            Some(d) => crate::DataCipher::split(
+                key(d.to)?,
+                key(d.from)?,
+                d.next_grain.saturating_mul(crate::GRAIN_SECTORS),
+            ),
+        })
+    }
+
+    /// Begin a deep rekey (FORMAT.md §16.4): a new keyring key, every data
+    /// key rewrapped under it, a new data key after the highest, and the
+    /// keyslots replaced by one for `new`; the cursor at grain 0. Returns
+    /// the keys as they now are. Invalid while one is under way.
+    pub fn begin_deep(&mut self, keys: &Unlocked, new: &NewSlot) -> Result<Unlocked> {
+        let uuid = self.check_keys(keys)?;
+        if self.deep_rekey.is_some() {
+            return Err(CryptError::Invalid(format!(
+                "keyring {}: a deep rekey is already under way",
+                self.uuid
+            )));
+        }
+        let from = keys.current_index();
+        let to = from
+            .checked_add(1)
+            .filter(|_| self.keys.len() < MAX_KEYS)
+            .ok_or_else(|| {
+                CryptError::Invalid(format!(
+                    "keyring {}: no room for another data key",
+                    self.uuid
+                ))
+            })?;
+        let kk = SecretBytes::random(KEYRING_KEY_BYTES)?;
+        let mut wrapped = Vec::with_capacity(self.keys.len() + 1);
+        let mut opened = Vec::with_capacity(self.keys.len() + 1);
+        for k in &self.keys {
+            let dek = unwrap_secret(
+                &keys.kk,
+                &decode_b64("key", &k.wrapped)?,
+                &dek_aad(&uuid, k.index),
+            )
+            .map_err(|_| CryptError::Damaged(format!("key {} does not open", k.index)))?;
+            wrapped.push(WrappedKey {
+                wrapped: B64.encode(wrap_secret(&kk, dek.expose(), &dek_aad(&uuid, k.index))?),
+                ..k.clone()
+            });
+            opened.push((k.index, Arc::new(Xts::new(&dek)?)));
+        }
+        let dek = SecretBytes::random(DEK_BYTES)?;
+        wrapped.push(WrappedKey {
+            index: to,
+            created_unix: new.now_unix,
+            wrapped: B64.encode(wrap_secret(&kk, dek.expose(), &dek_aad(&uuid, to))?),
+        });
+        opened.push((to, Arc::new(Xts::new(&dek)?)));
+        self.slots = vec![make_slot(&uuid, 0, &kk, new)?];
+        self.keys = wrapped;
+        self.deep_rekey = Some(DeepRekey {
+            from,
+            to,
+            next_grain: 0,
+        });
+        Ok(Unlocked {
+            uuid,
+            kk,
+            keys: opened,
+        })
+    }
+
+    /// End a deep rekey whose cursor has passed every grain: the old data
+    /// key leaves the record, and `keys` without it are returned.
+    pub fn finish_deep(&mut self, keys: &Unlocked) -> Result<Unlocked> {
+        let d = self.deep_rekey.ok_or_else(|| {
+            CryptError::Invalid(format!("keyring {}: no deep rekey is under way", self.uuid))
+        })?;
+        self.keys.retain(|k| k.index != d.from);
+        self.deep_rekey = None;
+        let mut kept = Vec::with_capacity(keys.keys.len());
+        for (i, x) in &keys.keys {
+            if *i != d.from {
+                kept.push((*i, x.clone()));
+            }
+        }
+        Ok(Unlocked {
+            uuid: keys.uuid,
+            kk: keys.kk.try_clone()?,
+            keys: kept,
+        })
     }
 }
 

@@ -401,3 +401,81 @@ fn json_round_trip_and_no_key_bytes() {
     let r: KeyringRec = serde_json::from_str(&stripped).unwrap();
     assert_eq!(r.slots[0].label, None);
 }
+
+/// A deep rekey: a new KK and DEK, one slot for the new secret; a copy of
+/// the record from before opens with the old secret only and holds only
+/// the old DEK; the cursor splits the data cipher; the end drops the old
+/// key.
+#[test]
+fn deep_rekey_begins_splits_and_ends() {
+    const NEW_KEY: &[u8; 32] = b"fedcba9876543210FEDCBA9876543210";
+    let (mut rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
+    let before = rec.clone();
+    let both = rec.begin_deep(&keys, &slot(NEW_KEY, "file")).unwrap();
+    rec.validate().unwrap();
+    assert_eq!(rec.keys.len(), 2);
+    assert_eq!(
+        rec.deep_rekey,
+        Some(DeepRekey {
+            from: 0,
+            to: 1,
+            next_grain: 0
+        })
+    );
+    assert!(matches!(rec.unlock(FILE_KEY), Err(CryptError::WrongKey)));
+    let reopened = rec.unlock(NEW_KEY).unwrap();
+    assert_eq!(cipher_of(&reopened), cipher_of(&both));
+    // The old key is kept, under the new KK; the new one is new.
+    let mut d = sample_data();
+    reopened.key(0).unwrap().encrypt(&mut d, 42);
+    assert_eq!(d, cipher_of(&keys));
+    assert_ne!(cipher_of(&both), cipher_of(&keys));
+    // The old record knows nothing of the new key.
+    assert!(before.unlock(FILE_KEY).unwrap().key(1).is_none());
+    assert!(matches!(
+        rec.begin_deep(&both, &slot(NEW_KEY, "file")),
+        Err(CryptError::Invalid(_))
+    ));
+
+    // Grain 3 onwards is still under the old key.
+    rec.deep_rekey.as_mut().unwrap().next_grain = 3;
+    let c = rec.data_cipher(&reopened).unwrap();
+    let mut below = sample_data();
+    c.encrypt(&mut below, 2 * crate::GRAIN_SECTORS);
+    let mut want = sample_data();
+    both.key(1)
+        .unwrap()
+        .encrypt(&mut want, 2 * crate::GRAIN_SECTORS);
+    assert_eq!(below, want);
+    let mut above = sample_data();
+    c.encrypt(&mut above, 3 * crate::GRAIN_SECTORS);
+    let mut want = sample_data();
+    keys.current().encrypt(&mut want, 3 * crate::GRAIN_SECTORS);
+    assert_eq!(above, want);
+
+    let after = rec.finish_deep(&reopened).unwrap();
+    rec.validate().unwrap();
+    assert_eq!(rec.deep_rekey, None);
+    assert_eq!(rec.keys.len(), 1);
+    assert!(after.key(0).is_none());
+    assert_eq!(rec.unlock(NEW_KEY).unwrap().current_index(), 1);
+    assert!(rec.finish_deep(&after).is_err());
+}
+
+#[test]
+fn a_deep_rekey_that_does_not_fit_its_keys_is_damage() {
+    let (mut rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
+    rec.begin_deep(&keys, &slot(FILE_KEY, "file")).unwrap();
+    for (from, to) in [(1, 0), (0, 0), (0, 2), (5, 1)] {
+        let mut r = rec.clone();
+        r.deep_rekey = Some(DeepRekey {
+            from,
+            to,
+            next_grain: 0,
+        });
+        assert!(
+            matches!(r.validate(), Err(CryptError::Damaged(_))),
+            "{from} -> {to}"
+        );
+    }
+}

@@ -109,6 +109,16 @@ impl KeyringRec {
             }
             check_key(k).map_err(|e| in_keyring(name, e))?;
         }
+        if let Some(d) = self.deep_rekey {
+            let highest = self.keys.iter().map(|k| k.index).max().unwrap_or(0);
+            if d.from >= d.to || d.to != highest || !seen.contains(&d.from) {
+                return damaged(format!(
+                    "keyring {name}: a deep rekey from key {} to key {} does not fit its keys \
+                     (the new one is the highest, the old one among them)",
+                    d.from, d.to
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -122,7 +122,7 @@ impl Datastore {
             Ok(keyring)
         })?;
         if let Some((id, u)) = held {
-            self.hold_keys(id, u);
+            self.hold_keys(name, id, u)?;
         }
         self.inner.commit(false)?;
         if provisioning == Provisioning::Eagerzeroedthick {

@@ -5,14 +5,14 @@
 use std::sync::{Arc, Weak};
 
 use strata_api::{Encryption, KeySlotInfo};
-use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked, Xts};
-use strata_format::INCOMPAT_ENCRYPTION;
+use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked};
+use strata_format::{GRAIN_BYTES, INCOMPAT_ENCRYPTION};
 
 use crate::catalog::DiskRec;
 use crate::disk::locked_message;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::Meta;
-use crate::store::HeldKeys;
+use crate::store::{CipherCell, HeldKeys};
 
 use super::Datastore;
 
@@ -53,6 +53,22 @@ pub(crate) fn crypt_error(disk: &str, e: CryptError) -> Error {
     Error::new(kind, format!("disk '{disk}': {e}"))
 }
 
+/// A copy of the data (a full clone, a move) copies ciphertext, which
+/// during a deep rekey is under two keys split at a cursor that moves: it
+/// waits for the rekey's end.
+fn settled(disk: &str, k: &KeyringRec) -> Result<()> {
+    match k.deep_rekey {
+        None => Ok(()),
+        Some(_) => err(
+            ErrorKind::Refused,
+            format!(
+                "disk '{disk}': a deep rekey of its keys is under way; copy it when that \
+                 ends ('strata rekey --deep {disk}' resumes one that was interrupted)"
+            ),
+        ),
+    }
+}
+
 fn slot_info(k: &KeyringRec) -> Vec<KeySlotInfo> {
     k.slots
         .iter()
@@ -78,6 +94,11 @@ impl Datastore {
             locked: !self.inner.keys.lock().contains_key(&k.id),
             keyring: k.id,
             slots: slot_info(k),
+            data_key: k.keys.iter().map(|w| w.index).max().unwrap_or(0),
+            deep_rekey: k.deep_rekey.map(|r| strata_api::RekeyProgress {
+                done_bytes: r.next_grain * GRAIN_BYTES,
+                total_bytes: crate::rekey::lineage_end(m, k.id) * GRAIN_BYTES,
+            }),
         })
     }
 
@@ -85,18 +106,18 @@ impl Datastore {
     /// keys it came from (weakly: `lock` drops them, and the handle then
     /// refuses): None for a plain disk, an error naming the disk when it
     /// is locked.
-    pub(super) fn cipher_of(&self, d: &DiskRec) -> Result<Option<(Arc<Xts>, Weak<()>)>> {
+    pub(super) fn cipher_of(&self, d: &DiskRec) -> Result<Option<(Arc<CipherCell>, Weak<()>)>> {
         let Some(id) = d.keyring else {
             return Ok(None);
         };
         match self.inner.keys.lock().get(&id) {
-            Some(h) => Ok(Some((h.keys.current().clone(), Arc::downgrade(&h.token)))),
+            Some(h) => Ok(Some((h.cipher.clone(), Arc::downgrade(&h.token)))),
             None => err(ErrorKind::Refused, locked_message(&d.name)),
         }
     }
 
     /// The keyring record of `disk` (an error if the disk is plain).
-    fn keyring_of(m: &Meta, disk: &str) -> Result<KeyringRec> {
+    pub(super) fn keyring_of(m: &Meta, disk: &str) -> Result<KeyringRec> {
         let d = m.catalog.disk(disk)?;
         let Some(id) = d.keyring else {
             return err(
@@ -119,13 +140,10 @@ impl Datastore {
         let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
         // Outside the metadata lock: a passphrase's KDF takes seconds.
         let (slot, keys) = k.unlock_slot(secret).map_err(|e| crypt_error(disk, e))?;
+        let held = HeldKeys::new(Arc::new(keys), &k).map_err(|e| crypt_error(disk, e))?;
         // Keys already held stay: the handles opened with them keep working
         // (a handle is refused once the keys it was opened with are dropped).
-        self.inner
-            .keys
-            .lock()
-            .entry(k.id)
-            .or_insert_with(|| HeldKeys::new(Arc::new(keys)));
+        self.inner.keys.lock().entry(k.id).or_insert(held);
         Ok(slot)
     }
 
@@ -169,7 +187,7 @@ impl Datastore {
     }
 
     /// The keys of `disk`'s keyring, which must be unlocked.
-    fn held_keys(&self, disk: &str, k: &KeyringRec) -> Result<Arc<Unlocked>> {
+    pub(super) fn held_keys(&self, disk: &str, k: &KeyringRec) -> Result<Arc<Unlocked>> {
         self.inner
             .keys
             .lock()
@@ -231,6 +249,7 @@ impl Datastore {
         }
         let rec = Self::keyring_of(&m, disk)?;
         drop(m);
+        settled(disk, &rec)?;
         let keys = self.held_keys(disk, &rec)?;
         Ok(Some(CarriedKeys { rec, keys }))
     }
@@ -267,6 +286,7 @@ impl Datastore {
                 let k = k.ok_or_else(|| {
                     Error::new(ErrorKind::NotFound, format!("no keyring {id} to copy"))
                 })?;
+                settled(name, &k)?;
                 let u = self.inner.keys.lock().get(&id).map(|h| h.keys.clone());
                 let u = u.ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(name)))?;
                 (k, u)
@@ -289,8 +309,13 @@ impl Datastore {
     }
 
     /// Hold a new disk's keys once its keyring is in the catalog.
-    pub(super) fn hold_keys(&self, id: u64, keys: Arc<Unlocked>) {
-        self.inner.keys.lock().insert(id, HeldKeys::new(keys));
+    pub(super) fn hold_keys(&self, name: &str, id: u64, keys: Arc<Unlocked>) -> Result<()> {
+        let rec = self.inner.meta.lock().catalog.keyring(id).cloned();
+        let rec =
+            rec.ok_or_else(|| Error::new(ErrorKind::Gone, format!("keyring {id} is gone")))?;
+        let held = HeldKeys::new(keys, &rec).map_err(|e| crypt_error(name, e))?;
+        self.inner.keys.lock().insert(id, held);
+        Ok(())
     }
 
     /// Forget the keys of keyrings no disk names any more.

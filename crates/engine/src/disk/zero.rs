@@ -242,7 +242,7 @@ impl DiskHandle {
     /// §16.1: a written zero is data, read back through the key).
     fn zeros_at(&self, v: u64, n: u64) -> std::borrow::Cow<'static, [u8]> {
         let len = (n * GRAIN_BYTES) as usize;
-        match &self.cipher {
+        match self.data_cipher() {
             None if len <= ZEROS.len() => std::borrow::Cow::Borrowed(&ZEROS[..len]),
             None => std::borrow::Cow::Owned(vec![0; len]),
             Some(x) => {
@@ -449,7 +449,8 @@ impl DiskHandle {
             self.inner
                 .pool
                 .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
-            if let Some(x) = &self.cipher {
+            // The region's stripes are held: a deep rekey cannot move it.
+            if let Some(x) = self.data_cipher() {
                 let v = first + i as u64;
                 x.decrypt(&mut buf[..n], (v << GRAIN_SHIFT) / super::SECTOR);
             }

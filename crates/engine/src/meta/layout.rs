@@ -135,6 +135,13 @@ impl Meta {
         Ok(out)
     }
 
+    /// Whether [`Meta::move_grain`] of `g` at `v` would move it (the leaves
+    /// naming it there account for its whole count), changing nothing.
+    pub fn can_move(&mut self, v: u64, g: u64) -> Result<bool> {
+        let count = self.ref_get(g)?;
+        Ok(count != 0 && self.leaves_naming(v, g)?.len() as u64 == u64::from(count))
+    }
+
     /// Move data grain `g`, mapped at virtual grain `v`, to `to` (allocated
     /// by `alloc_grain`, its bytes already a copy of `g`'s): every leaf that
     /// names `g` names `to` instead, `to` takes `g`'s count and `g` is

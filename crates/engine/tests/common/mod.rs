@@ -24,6 +24,19 @@ pub fn open_sim(b: &SimBackend) -> Datastore {
     .expect("open the simulated datastore")
 }
 
+/// A new datastore of `capacity_bytes` in a new simulated backend, open
+/// with the small cache, and the backend (to crash it).
+pub fn new_sim(capacity_bytes: u64) -> (SimBackend, Datastore) {
+    let b = SimBackend::new();
+    Datastore::init(
+        Arc::new(b.clone()) as Arc<dyn Backend>,
+        &InitOptions { capacity_bytes },
+    )
+    .expect("init the simulated datastore");
+    let ds = open_sim(&b);
+    (b, ds)
+}
+
 /// Open the datastore in directory `dir`, with the default options.
 pub fn open_dir(dir: &Path) -> strata_engine::Result<Datastore> {
     Datastore::open(

@@ -57,19 +57,40 @@ pub(crate) fn request(ctx: &Ctx<'_>, req: &KeyRequest) -> Result<Response, Error
             ctx.ds.key_remove(name, *slot)?;
             keys(ctx, name, None)
         }
-        KeyRequest::Rekey {
-            deep: true, name, ..
-        } => Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "'{name}': a deep rekey (a new data key, the data re-encrypted) is not built \
-                 yet; 'strata rekey {name}' without --deep replaces every keyslot"
-            ),
-        )),
+        KeyRequest::Rekey { deep: true, .. } => deep(ctx, req, &mut |_, _| {}),
         KeyRequest::Rekey { name, key, new, .. } => {
+            let new = new.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("'{name}': rekey needs the new secret"),
+                )
+            })?;
             open_with(ctx, name, key.as_ref())?;
             ctx.ds.rekey(name, new)?;
             keys(ctx, name, None)
         }
     }
+}
+
+/// `rekey --deep`: a job with progress (FORMAT.md §16.4); with no new
+/// secret it resumes the one under way.
+pub(crate) fn deep(
+    ctx: &Ctx<'_>,
+    req: &KeyRequest,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Response, Error> {
+    let KeyRequest::Rekey {
+        name,
+        key,
+        new,
+        rate_bytes_per_sec,
+        ..
+    } = req
+    else {
+        return Err(Error::new(ErrorKind::InvalidArgument, "not a rekey"));
+    };
+    open_with(ctx, name, key.as_ref())?;
+    ctx.ds
+        .rekey_deep(name, new.as_ref(), &ctx.work(*rate_bytes_per_sec), progress)?;
+    keys(ctx, name, None)
 }
