@@ -18,7 +18,18 @@ pub struct AlignedBuf {
     len: usize,
     /// Bytes allocated: 0, or a multiple of `ALIGN` at least `len`.
     capacity: usize,
+    /// From [`AlignedBuf::recycled`]: dropped, the storage goes back to
+    /// the shared pool rather than to the system.
+    pooled: bool,
 }
+
+/// Storage given back by recycled buffers: (address, capacity), at most
+/// [`RECYCLE_KEEP`] of at most [`RECYCLE_MAX`] bytes each.
+static RECYCLED: parking_lot::Mutex<Vec<(usize, usize)>> = parking_lot::Mutex::new(Vec::new());
+/// Most buffers the pool keeps.
+const RECYCLE_KEEP: usize = 64;
+/// Largest buffer the pool keeps.
+const RECYCLE_MAX: usize = 4 << 20;
 
 // SAFETY: the buffer owns its allocation outright, like a `Box<[u8]>`;
 // shared references only read it.
@@ -47,6 +58,7 @@ impl AlignedBuf {
                 ptr: NonNull::dangling(),
                 len: 0,
                 capacity: 0,
+                pooled: false,
             };
         }
         let layout = Self::layout(len);
@@ -76,6 +88,38 @@ impl AlignedBuf {
             ptr,
             len,
             capacity: layout.size(),
+            pooled: false,
+        }
+    }
+
+    /// A buffer of `len` bytes whose contents are unspecified (what an
+    /// earlier recycled buffer held, or zeros), taken from a pool shared by
+    /// the process and given back to it when dropped: for a buffer per
+    /// request that outlives the request's thread (a planned write's
+    /// ciphertext), where a fresh mapping and its page faults per request
+    /// cost more than filling it. The caller overwrites every byte.
+    pub fn recycled(len: usize) -> Self {
+        let found = {
+            let mut pool = RECYCLED.lock();
+            let at = pool.iter().position(|&(_, cap)| cap >= len);
+            at.map(|i| pool.swap_remove(i))
+        };
+        match found {
+            Some((addr, capacity)) if len > 0 => Self {
+                // The address came from a buffer's non-null storage.
+                ptr: NonNull::new(addr as *mut u8).expect("a recycled buffer's storage"),
+                len,
+                capacity,
+                pooled: true,
+            },
+            other => {
+                if let Some(x) = other {
+                    RECYCLED.lock().push(x);
+                }
+                let mut b = Self::zeroed(len);
+                b.pooled = true;
+                b
+            }
         }
     }
 
@@ -123,6 +167,13 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.pooled && self.capacity > 0 && self.capacity <= RECYCLE_MAX {
+            let mut pool = RECYCLED.lock();
+            if pool.len() < RECYCLE_KEEP {
+                pool.push((self.ptr.as_ptr() as usize, self.capacity));
+                return;
+            }
+        }
         if self.capacity >= Self::MAPPED_MIN {
             // SAFETY: mapped in `zeroed` with this very size and not
             // unmapped before.
@@ -171,6 +222,25 @@ mod tests {
         let empty = AlignedBuf::zeroed(0);
         assert!(empty.is_empty());
         assert_eq!(empty.capacity(), 0);
+    }
+
+    #[test]
+    fn a_recycled_buffer_takes_back_storage_given_back() {
+        let a = AlignedBuf::recycled(3 << 20);
+        let at = a.as_ptr();
+        assert_eq!(a.len(), 3 << 20);
+        drop(a);
+        // Another thread may take it first (tests run in parallel): then a
+        // new one comes, aligned and long enough all the same.
+        let b = AlignedBuf::recycled(2 << 20);
+        assert_eq!(b.len(), 2 << 20);
+        assert!(b.capacity() >= 2 << 20);
+        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
+        let _ = at;
+        let big = AlignedBuf::recycled(8 << 20);
+        assert_eq!(big.len(), 8 << 20);
+        drop(big); // past RECYCLE_MAX: unmapped, not kept
+        assert!(RECYCLED.lock().iter().all(|&(_, c)| c <= RECYCLE_MAX));
     }
 
     /// Pages of `b` that are in memory (mincore).
