@@ -404,6 +404,30 @@ impl DiskHandle {
             }
         }
         drop(m);
+        let (finish, pieces) = self.write_plan_steps(pieces, allocates, offset, len);
+        let source = self.sealed_source(buf, offset);
+        Ok(Some(Planned::Plan(IoPlan {
+            fd,
+            write: true,
+            pieces,
+            source,
+            after_read: None,
+            fill: strata_block::ReadFill::all_data(len),
+            // Released in this order: the finish step (install, or count
+            // an overwrite), then the stripes, then the gate.
+            holds: vec![finish, Box::new(Held(stripes)), Box::new(Held(gate))],
+        })))
+    }
+
+    /// A planned write's finish step (install the new grains, or count an
+    /// overwrite) and the pieces of the pool file its data goes to.
+    fn write_plan_steps(
+        &self,
+        pieces: Vec<Piece>,
+        allocates: bool,
+        offset: u64,
+        len: u64,
+    ) -> (Box<dyn strata_block::IoHold>, Vec<FilePiece>) {
         let grains: Vec<u64> = pieces.iter().map(|p| p.grain).collect();
         let finish: Box<dyn strata_block::IoHold> = if allocates {
             Box::new(Install {
@@ -422,26 +446,20 @@ impl DiskHandle {
                 len: r.buf.len(),
             })
             .collect();
-        // An encrypted disk's ciphertext, in the plan's own buffer: the
-        // request's (a guest's memory) is not touched.
-        let source = self.data_cipher().map(|x| {
+        (finish, pieces)
+    }
+
+    /// An encrypted disk's ciphertext of a planned write, in the plan's own
+    /// buffer (the request's, a guest's memory, is not touched); None for
+    /// a plain disk. Called with the write's stripes held (§16.4).
+    fn sealed_source(&self, buf: &[u8], offset: u64) -> Option<strata_block::AlignedBuf> {
+        self.data_cipher().map(|x| {
             // From the process's pool: a fresh 1 MiB mapping per write and
             // its page faults halved direct 1 MiB writes (PERFORMANCE.md).
             let mut b = strata_block::AlignedBuf::recycled(buf.len());
             x.encrypt_to(buf, &mut b, offset / SECTOR);
             b
-        });
-        Ok(Some(Planned::Plan(IoPlan {
-            fd,
-            write: true,
-            pieces,
-            source,
-            after_read: None,
-            fill: strata_block::ReadFill::all_data(len),
-            // Released in this order: the finish step (install, or count
-            // an overwrite), then the stripes, then the gate.
-            holds: vec![finish, Box::new(Held(stripes)), Box::new(Held(gate))],
-        })))
+        })
     }
 
     /// Write with the gate and stripes already held by the caller.
