@@ -162,9 +162,9 @@ impl DiskHandle {
     }
 
     /// Read the region's grains (without the gate, as defrag does), turn
-    /// them from the old key to the new, write them to new grains, then
-    /// with the gate move every one and advance the cursor. None: the
-    /// region changed meanwhile (nothing was changed).
+    /// them from the old key to the new, write them to new grains, then,
+    /// if the lineage still maps what was read, move every one and advance
+    /// the cursor. None: the region changed meanwhile (nothing was changed).
     fn rekey_region_once(
         &self,
         job: &Rekeying,
@@ -182,14 +182,12 @@ impl DiskHandle {
             job.to.encrypt(chunk, v * GRAIN_SECTORS);
         }
         // As in defrag: the stripes are held already, so a recursive read
-        // of the gate (it does not queue behind a waiting commit).
+        // of the gate (it does not queue behind a waiting commit). What was
+        // read is checked once, below, after the copy is written: the
+        // metadata lock is let go for the write, so a check here would
+        // have to be made again there.
         let _gate = self.inner.gate.read_recursive();
-        let mut m = self.inner.meta.lock();
-        if region_pairs(&mut m, job.keyring, first, last)? != mapped {
-            return Ok(None);
-        }
-        let targets = self.rekey_targets(&mut m, mapped.len() as u64)?;
-        drop(m);
+        let targets = self.rekey_targets(&mut self.inner.meta.lock(), mapped.len() as u64)?;
         if let Err(e) = self.write_grains(&targets, &buf) {
             self.give_back(&mut self.inner.meta.lock(), &targets)?;
             return Err(e);
