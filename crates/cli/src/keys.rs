@@ -154,23 +154,19 @@ pub fn export_key(format: &str, key: &KeyArgs, chain: bool) -> Result<Option<Sec
 }
 
 impl NewKeyArgs {
-    /// Whether a new secret's source was named.
-    fn given(&self) -> bool {
-        self.new_key_file.is_some()
-            || self.new_key_keyring.is_some()
-            || self.new_key_helper.is_some()
-            || self.new_key_prompt
-    }
-
-    fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
-        let src = source(&Given {
+    /// The new secret's source, if one was named (nothing read).
+    fn source(&self) -> Option<KeySource> {
+        source(&Given {
             file: &self.new_key_file,
             keyring: &self.new_key_keyring,
             helper: &self.new_key_helper,
             prompt: self.new_key_prompt.then_some("New passphrase"),
             confirm: true,
         })
-        .ok_or_else(|| {
+    }
+
+    fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
+        let src = self.source().ok_or_else(|| {
             invalid(format!(
                 "{what} needs the new secret: --new-key-file FILE, --new-key-keyring NAME, \
                  --new-key-helper CMD or --new-key-prompt"
@@ -246,7 +242,7 @@ pub fn rekey(
     deep: Option<Option<u64>>,
 ) -> Result<Request, Error> {
     // `rekey --deep DISK` with no new secret resumes an interrupted one.
-    let new = match deep.is_some() && !new.given() {
+    let new = match deep.is_some() && new.source().is_none() {
         true => None,
         false => Some(new.grant("rekey")?),
     };
