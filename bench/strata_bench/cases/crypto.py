@@ -16,7 +16,7 @@ import threading
 import time
 from statistics import median
 
-from ..common import example, ratio, sh, smoke, wait_path
+from ..common import example, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio
 from ..servers import Strata, drive_vhost, vhost_harness
 
@@ -114,11 +114,6 @@ def _deep_rekey(s, new, rt):
             "growth_bound_mib": 64,
             "note": "the pass rests while clients are busy (as defrag); fio's "
                     "runtime may end before the pass"}
-
-
-def _bytes(size):
-    units = {"M": 2**20, "G": 2**30}
-    return int(size[:-1]) * units[size[-1]]
 
 
 def _timed_once(f):
@@ -250,7 +245,7 @@ def case_crypto(work, q):
     # Offline, so nothing else writes the pool meanwhile; an offline
     # command first, so what the server's stop left (reclaiming, the
     # closing checkpoint's map nodes) is done before the pool is hashed.
-    out["luks"] = _luks_rates(s, work, key, _bytes(size))
+    out["luks"] = _luks_rates(s, work, key, size_bytes(size))
     snaps = len(json.loads(s.cli("snapshot", "list", "enc", "--json")))
     s.cli("check")
     pool = os.path.join(s.ds, "pool.data")
