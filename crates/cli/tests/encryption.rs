@@ -1118,3 +1118,253 @@ fn a_deep_rekey_killed_part_way_resumes_with_every_byte() {
     srv.stop();
     s.ok(&["check"]);
 }
+
+/// A fresh prefix of the test SeaweedFS bucket, or None (the test is
+/// skipped) when SeaweedFS is missing.
+fn store_url(name: &str) -> Option<String> {
+    strata_s3::testing::shared()?;
+    Some(format!(
+        "s3://strata-cli-test/{name}-{:08x}",
+        rand::random::<u32>()
+    ))
+}
+
+/// How many objects the datastore at `url` holds, and how many of them
+/// hold `needle` (every object read whole).
+fn bucket_scan(url: &str, needle: &[u8]) -> (usize, usize) {
+    use strata_s3::{ObjectStore, Options, StoreUrl};
+    let store = ObjectStore::connect(&StoreUrl::parse(url).unwrap(), &Options::default()).unwrap();
+    let objects = store.list("", None).unwrap();
+    let hits = objects
+        .iter()
+        .filter(|l| {
+            let b = store.get(&l.key).unwrap();
+            b.windows(needle.len()).any(|w| w == needle)
+        })
+        .count();
+    (objects.len(), hits)
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The disk at `uri` read whole into `out` by qemu-img; its sha256.
+fn read_out(uri: &str, out: &Path) -> String {
+    let _ = std::fs::remove_file(out);
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            uri,
+            out.to_str().unwrap(),
+        ],
+    );
+    sha256(out)
+}
+
+/// FORMAT.md §16.7: on an object-store datastore grains are encrypted as
+/// they enter a segment, so no object of the bucket and no file of the
+/// local cache holds plaintext; the keyring rides in the manifests; a
+/// linked clone opens with its parent's secret; layout work and checks
+/// need no key; key changes are commits; keys travel with `move` both
+/// ways.
+#[test]
+fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
+    if !have("qemu-io") || !have("qemu-img") {
+        return;
+    }
+    let Some(u) = store_url("encrypted") else {
+        return;
+    };
+    let a = Store::empty();
+    a.ok(&["init", "--object-store", &u]);
+    let dir = a.dir.path();
+    let (k, k2, k3, wrong) = (
+        key_file(dir, "k", 32),
+        key_file(dir, "k2", 32),
+        key_file(dir, "k3", 64),
+        key_file(dir, "wrong", 32),
+    );
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    let out = a.ok(&[
+        "create",
+        "vm",
+        "--size",
+        "64M",
+        "--encrypt",
+        "--key-file",
+        &p(&k),
+    ]);
+    assert!(out.contains("aes-xts-plain64"), "{out}");
+    let img = dir.join("src.raw");
+    marked_image(&img, 64, 8);
+    let srv = a.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    raw_copy(img.to_str().unwrap(), &a.uri("vm"));
+    let o = raw_compare(img.to_str().unwrap(), &a.uri("vm"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(a.json(&["info", "vm"])["encryption"]["locked"], false);
+    // A snapshot and a linked clone: the clone's record is a copy, held
+    // unlocked at once; it reads what it inherits and writes its own,
+    // sub-grain writes included.
+    a.ok(&["snapshot", "create", "vm@s1"]);
+    a.ok(&["clone", "vm@s1", "c1"]);
+    assert_eq!(a.json(&["info", "c1"])["encryption"]["locked"], false);
+    qemu_io_ok(
+        RAW,
+        &a.uri("c1"),
+        &[
+            "write -P 0x5a 4608 512",
+            "write -P 0x3c 33554432 2048",
+            "flush",
+        ],
+    );
+    qemu_io_ok(
+        RAW,
+        &a.uri("c1"),
+        &[
+            "read -P 0x5a 4608 512",
+            "read -P 0x3c 33554432 2048",
+            "read -P 0 33556480 2048",
+        ],
+    );
+    let o = raw_compare(img.to_str().unwrap(), &a.uri("vm@s1"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // Write 8 MiB past the snapshot, then half of it again: an object
+    // half live, for compaction.
+    qemu_io_ok(RAW, &a.uri("vm"), &["write -P 0x66 16M 8M", "flush"]);
+    qemu_io_ok(RAW, &a.uri("vm"), &["write -P 0x67 16M 4M", "flush"]);
+    let before = read_out(&a.uri("vm"), &dir.join("before.raw"));
+    srv.stop();
+
+    // Nothing in the bucket or the local cache holds the marker.
+    let (objects, hits) = bucket_scan(&u, MARKER);
+    assert!(objects > 5, "{objects} objects");
+    assert_eq!(
+        hits, 0,
+        "{hits} of {objects} objects hold the plaintext marker"
+    );
+    for f in files_under(&a.path()) {
+        assert!(
+            !file_contains(&f, MARKER),
+            "{} holds the marker",
+            f.display()
+        );
+    }
+
+    // No key: locked, refused to clients; check, compaction and GC work.
+    assert_eq!(a.json(&["info", "vm"])["encryption"]["locked"], true);
+    a.ok(&["check"]);
+    let c = a.json(&["compact", "vm"]);
+    assert!(c["relocated_grains"].as_u64().unwrap() > 0, "{c}");
+    a.ok(&["gc"]);
+    a.ok(&["check"]);
+    let srv = a.serve();
+    let (ok, text) = qemu_io(RAW, &a.uri("vm"), &["read 0 4096"]);
+    assert!(!ok && text.contains("encrypted and locked"), "{text}");
+    let err = a.fails_with(2, &["unlock", "vm", "--key-file", &p(&wrong)]);
+    assert!(err.contains("wrong key"), "{err}");
+    a.ok(&["unlock", "vm", "--key-file", &p(&k)]);
+    assert_eq!(read_out(&a.uri("vm"), &dir.join("after.raw")), before);
+    // A full clone within the store: a copy of the record, the same data
+    // key, held here at once.
+    a.ok(&["clone", "--full", "vm", "whole"]);
+    assert_eq!(read_out(&a.uri("whole"), &dir.join("whole.raw")), before);
+    // Key changes are owner commits; a deep rekey is not built here.
+    let v = a.json(&[
+        "key",
+        "add",
+        "vm",
+        "--key-file",
+        &p(&k),
+        "--new-key-file",
+        &p(&k2),
+    ]);
+    assert_eq!(v["slot"], 1, "{v}");
+    a.ok(&["key", "remove", "vm", "0", "--key-file", &p(&k2)]);
+    let err = a.fails_with(
+        10,
+        &[
+            "rekey",
+            "vm",
+            "--deep",
+            "--key-file",
+            &p(&k2),
+            "--new-key-file",
+            &p(&k3),
+        ],
+    );
+    assert!(err.contains("not built yet for an object-store"), "{err}");
+    srv.stop();
+    a.ok(&[
+        "rekey",
+        "vm",
+        "--key-file",
+        &p(&k2),
+        "--new-key-file",
+        &p(&k3),
+    ]);
+    a.fails_with(2, &["unlock", "vm", "--key-file", &p(&k2)]);
+    a.fails_with(2, &["unlock", "vm", "--key-file", &p(&k)]);
+    // The clone kept its own copy: the first secret still opens it.
+    a.ok(&["unlock", "c1", "--key-file", &p(&k)]);
+
+    // Keys travel with a move, both ways.
+    let local = Store::new();
+    let e = key_file(dir, "e", 32);
+    local.ok(&[
+        "create",
+        "e",
+        "--size",
+        "8M",
+        "--encrypt",
+        "--key-file",
+        &p(&e),
+    ]);
+    let lsrv = local.serve_with(&["--unlock", &unlock_arg("e", &e)]);
+    qemu_io_ok(RAW, &local.uri("e"), &["write -P 0x4e 0 8M", "flush"]);
+    local.ok(&["move", "e", "--to", a.path().to_str().unwrap()]);
+    lsrv.stop();
+    let srv = a.serve_with(&[
+        "--unlock",
+        &unlock_arg("vm", &k3),
+        "--unlock",
+        &unlock_arg("e", &e),
+    ]);
+    qemu_io_ok(RAW, &a.uri("e"), &["read -P 0x4e 0 8M"]);
+    a.ok(&["move", "vm", "--to", local.path().to_str().unwrap()]);
+    srv.stop();
+    let v = local.json(&["key", "list", "vm"]);
+    assert_eq!(v["encryption"]["locked"], true, "{v}");
+    let lsrv = local.serve_with(&["--unlock", &unlock_arg("vm", &k3)]);
+    assert_eq!(read_out(&local.uri("vm"), &dir.join("moved.raw")), before);
+    lsrv.stop();
+    assert!(!file_contains(&local.path().join("pool.data"), MARKER));
+    let (objects, hits) = bucket_scan(&u, &[0x4e; 64]);
+    assert_eq!(
+        hits, 0,
+        "{hits} of {objects} objects hold the moved disk's plaintext"
+    );
+
+    // The same image through a plain disk does show in the bucket: the
+    // scan can fail.
+    a.ok(&["create", "plain", "--size", "64M"]);
+    let srv = a.serve();
+    raw_copy(img.to_str().unwrap(), &a.uri("plain"));
+    srv.stop();
+    assert!(bucket_scan(&u, MARKER).1 > 0);
+}

@@ -48,6 +48,15 @@ pub const DEK_BYTES: usize = 64;
 /// The cipher's name as dm-crypt and LUKS spell it.
 pub const CIPHER_NAME: &str = "aes-xts-plain64";
 
+/// What a read or write of an encrypted disk whose keys this process does
+/// not hold is refused with (both kinds of datastore).
+pub fn locked_message(disk: &str) -> String {
+    format!(
+        "disk '{disk}' is encrypted and locked: unlock it first ('strata unlock {disk} \
+         --key-file FILE', or serve with '--unlock {disk}=FILE')"
+    )
+}
+
 /// What can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum CryptError {

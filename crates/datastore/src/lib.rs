@@ -26,6 +26,7 @@ mod gauges;
 mod local;
 mod object_store;
 mod object_store_groups;
+mod object_store_keys;
 mod punch;
 
 use std::path::{Path, PathBuf};
@@ -163,6 +164,21 @@ fn encryption_not_built(kind: Kind) -> Error {
             kind.noun()
         ),
     )
+}
+
+/// A keyslot for a secret given to a command (FORMAT.md §16.2: the KDF
+/// follows from the secret's length; Argon2id at its defaults).
+pub(crate) fn new_slot(key: &strata_api::KeyGrant) -> strata_crypt::NewSlot<'_> {
+    strata_crypt::NewSlot {
+        secret: key.secret.expose(),
+        source: &key.source,
+        label: key.label.as_deref(),
+        argon2: Default::default(),
+        now_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    }
 }
 
 fn not_encrypted(disk: &str) -> Error {

@@ -127,21 +127,6 @@ impl LocalDatastore {
     }
 }
 
-/// A keyslot for a secret given to a command (FORMAT.md §16.2: the KDF
-/// follows from the secret's length; Argon2id at its defaults).
-fn new_slot(key: &strata_api::KeyGrant) -> strata_crypt::NewSlot<'_> {
-    strata_crypt::NewSlot {
-        secret: key.secret.expose(),
-        source: &key.source,
-        label: key.label.as_deref(),
-        argon2: Default::default(),
-        now_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    }
-}
-
 impl Datastore for LocalDatastore {
     fn kind(&self) -> Kind {
         Kind::Local
@@ -209,7 +194,7 @@ impl Datastore for LocalDatastore {
         spec: &crate::EncryptedDisk<'_>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskView> {
-        let slot = new_slot(spec.key);
+        let slot = crate::new_slot(spec.key);
         let new = strata_engine::NewDisk {
             name: spec.disk,
             size_bytes: spec.size_bytes,
@@ -250,7 +235,7 @@ impl Datastore for LocalDatastore {
     }
 
     fn key_add(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<u32> {
-        self.ds.key_add(disk, &new_slot(new))
+        self.ds.key_add(disk, &crate::new_slot(new))
     }
 
     fn key_remove(&self, disk: &str, slot: u32) -> Result<()> {
@@ -258,7 +243,7 @@ impl Datastore for LocalDatastore {
     }
 
     fn rekey(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<()> {
-        self.ds.rekey_shallow(disk, &new_slot(new))
+        self.ds.rekey_shallow(disk, &crate::new_slot(new))
     }
 
     fn rekey_deep(
@@ -268,7 +253,7 @@ impl Datastore for LocalDatastore {
         work: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<strata_engine::DeepRekeyReport> {
-        let slot = new.map(new_slot);
+        let slot = new.map(crate::new_slot);
         self.ds.rekey_deep(disk, slot.as_ref(), work, progress)
     }
 

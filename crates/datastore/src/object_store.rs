@@ -246,7 +246,7 @@ impl ObjectStoreDatastore {
     /// The manifest this process reads `disk` from: its handle's if it has
     /// one (which may hold a newer one than the store lists yet), else the
     /// newest in the store.
-    fn current_manifest(&self, disk: &str) -> Result<Manifest> {
+    pub(crate) fn current_manifest(&self, disk: &str) -> Result<Manifest> {
         if let Some(d) = self.handles.lock().get(disk) {
             return Ok((*d.manifest()).clone());
         }
@@ -258,7 +258,7 @@ impl ObjectStoreDatastore {
     pub fn view(&self, disk: &str, m: &Manifest) -> DiskView {
         let fenced = self.handles.lock().get(disk).and_then(|d| d.ownership().1);
         DiskView {
-            info: disk_info(disk, m),
+            info: disk_info(disk, m, self.encryption_of(m)),
             object_store: Some(StoreDisk {
                 id: format!("{:08x}", m.disk),
                 generation: m.generation,
@@ -327,7 +327,7 @@ fn snapshot_name(m: &Manifest, id: Option<u64>) -> Option<String> {
         .map(|s| s.name.clone())
 }
 
-fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
+fn disk_info(name: &str, m: &Manifest, encryption: Option<strata_api::Encryption>) -> DiskInfo {
     DiskInfo {
         name: name.to_string(),
         size_bytes: m.size_bytes,
@@ -346,7 +346,7 @@ fn disk_info(name: &str, m: &Manifest) -> DiskInfo {
         snapshot_space_bytes: None,
         fragments: None,
         limits: m.limits,
-        encryption: None,
+        encryption,
     }
 }
 
@@ -387,7 +387,8 @@ impl Datastore for ObjectStoreDatastore {
     }
 
     fn disk_info(&self, disk: &str) -> Result<DiskInfo> {
-        Ok(disk_info(disk, &self.current_manifest(disk)?))
+        let m = self.current_manifest(disk)?;
+        Ok(disk_info(disk, &m, self.encryption_of(&m)))
     }
 
     fn disk_view(&self, disk: &str, _with_space: bool) -> Result<DiskView> {
@@ -431,6 +432,80 @@ impl Datastore for ObjectStoreDatastore {
         Ok(self.view(disk, &m))
     }
 
+    fn create_encrypted(
+        &self,
+        spec: &crate::EncryptedDisk<'_>,
+        _progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        if spec.provisioning != Provisioning::Thin {
+            capability::check(Kind::ObjectStore, Capability::Thick)?;
+        }
+        let m = self.create_fresh(spec.disk, spec.size_bytes, spec.key)?;
+        Ok(self.view(spec.disk, &m))
+    }
+
+    fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        self.ds.unlock(disk, secret)
+    }
+
+    fn carried_keys(&self, disk: &str) -> Result<Option<strata_engine::CarriedKeys>> {
+        self.carry(disk)
+    }
+
+    fn create_carrying(
+        &self,
+        spec: &crate::CarriedDisk<'_>,
+        _progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DiskView> {
+        if spec.provisioning != Provisioning::Thin {
+            capability::check(Kind::ObjectStore, Capability::Thick)?;
+        }
+        let (rec, keys) = (spec.keys.record().clone(), spec.keys.keys().clone());
+        let m = self.create_keyed(spec.disk, spec.size_bytes, rec, keys)?;
+        Ok(self.view(spec.disk, &m))
+    }
+
+    fn keyring_disks(&self, disk: &str) -> Result<Vec<String>> {
+        self.keyring_members(disk)
+    }
+
+    fn lock(&self, disk: &str) -> Result<(Vec<String>, bool)> {
+        self.lock_keys(disk)
+    }
+
+    fn key_add(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<u32> {
+        let slot = crate::new_slot(new);
+        self.disk(disk)?
+            .change_keyring(|k, keys| k.add_slot(keys, &slot))
+    }
+
+    fn key_remove(&self, disk: &str, slot: u32) -> Result<()> {
+        self.disk(disk)?.change_keyring(|k, _| k.remove_slot(slot))
+    }
+
+    fn rekey(&self, disk: &str, new: &strata_api::KeyGrant) -> Result<()> {
+        let slot = crate::new_slot(new);
+        self.disk(disk)?
+            .change_keyring(|k, keys| k.rekey_shallow(keys, &slot))
+    }
+
+    fn rekey_deep(
+        &self,
+        disk: &str,
+        _new: Option<&strata_api::KeyGrant>,
+        _work: &SpaceWork,
+        _progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<strata_engine::DeepRekeyReport> {
+        self.keyring_members(disk)?;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "disk '{disk}': a deep rekey is not built yet for an object-store datastore \
+                 (docs/FORMAT.md §16.7); 'strata rekey {disk}' replaces its keyslots"
+            ),
+        ))
+    }
+
     fn remove(&self, disk: &str) -> Result<()> {
         self.outside_groups(disk)?;
         let prefix = format!("{disk}@");
@@ -446,6 +521,7 @@ impl Datastore for ObjectStoreDatastore {
     /// learns why at once, not at its first read. Its snapshots open.
     fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
         let d = self.disk(target)?;
+        self.refuse_locked(target, &d.manifest())?;
         if strata_format::split_target(target).1.is_none() {
             if let Some(why) = d.ownership().1 {
                 return Err(Error::new(ErrorKind::Fenced, why));
@@ -638,6 +714,7 @@ impl Datastore for ObjectStoreDatastore {
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {
         let (disk, snap) = clone_source(source)?;
         let m = self.ds.clone_linked(disk, snap, name)?;
+        self.hold_for_clone(disk, name, &m)?;
         Ok(self.view(name, &m))
     }
 

@@ -44,7 +44,7 @@ mod snapshots;
 use clones::clone_locked;
 pub use clones::{stopped_clone, FullClone};
 pub use disks::NewDisk;
-pub use keys::{CarriedKeys, NewKeys};
+pub use keys::{slot_info, CarriedKeys, NewKeys};
 pub(crate) use open::read_catalog;
 pub use rekey::DeepRekeyReport;
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};

@@ -43,12 +43,7 @@ const UNMAP: ZeroOptions = ZeroOptions {
 
 /// The message of an encrypted disk whose keys this process does not
 /// hold (FORMAT.md §16), for a handle's refusal and for `open_disk`'s.
-pub(crate) fn locked_message(disk: &str) -> String {
-    format!(
-        "disk '{disk}' is encrypted and locked: unlock it first ('strata unlock {disk} \
-         --key-file FILE', or serve with '--unlock {disk}=FILE')"
-    )
-}
+pub(crate) use strata_crypt::locked_message;
 
 /// Bytes per unit of the data cipher (FORMAT.md §16.1).
 const SECTOR: u64 = strata_crypt::SECTOR_BYTES as u64;

@@ -43,7 +43,7 @@ mod work;
 
 pub use catalog::split_target;
 pub use datastore::{
-    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed,
+    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed, slot_info,
     stopped_clone, CarriedKeys, ChangedRange, Datastore, DeepRekeyReport, FullClone,
     GroupSnapshotOptions, InitOptions, NewDisk, NewKeys, OpenOptions, SpaceWork,
 };

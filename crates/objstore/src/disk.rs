@@ -20,6 +20,8 @@ use crate::layout::{
 use crate::{corrupt, diff, now_ms, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_NAMES};
 
 const G: u64 = GRAIN as u64;
+/// Cipher sectors per grain: a grain's tweak is its first virtual sector (§16.1).
+const SECTORS: u64 = strata_crypt::GRAIN_SECTORS;
 /// Grains per segment: 8 MiB (`segment_max_bytes` of the root object).
 const SEGMENT_GRAINS: usize = (crate::SEGMENT_MAX_BYTES as usize) / GRAIN;
 /// Unflushed bytes one disk keeps before a write commits them itself.
@@ -202,6 +204,10 @@ struct State {
     /// the last write came (compaction's budget and idle test).
     client_bytes: u64,
     last_write: Instant,
+    /// The cipher of the writes acknowledged and not yet in the store
+    /// (an encrypted disk's, §16.7): set by every write, so they are
+    /// sealed under the keys they were taken with also after `lock`.
+    cipher: Option<Arc<strata_crypt::DataCipher>>,
 }
 
 impl State {
@@ -239,6 +245,7 @@ impl State {
             sealed: BTreeMap::new(),
             seal_no: 0,
             sealing: HashMap::new(),
+            cipher: None,
         }
     }
 
@@ -352,6 +359,8 @@ pub struct ObjectDisk {
     id: u32,
     snapshot: Option<SnapshotRec>,
     read_only: bool,
+    /// Its manifests carry a keyring: grains are stored encrypted (§16.7).
+    encrypted: bool,
     state: Mutex<State>,
     /// Signalled when a sealed segment's upload ends.
     uploaded: Condvar,
@@ -391,6 +400,8 @@ struct Taken {
     sealed: Vec<(u64, Entry)>,
     /// Grains compaction rewrote (§11.7a), set only where still in place.
     relocate: Vec<compact::Relocation>,
+    /// The cipher the batch's grains are sealed under (§16.7).
+    cipher: Option<Arc<strata_crypt::DataCipher>>,
 }
 
 /// What building a commit made.
@@ -422,6 +433,8 @@ struct NextManifest {
     relocated: u64,
     /// The background fold it names.
     ready: Option<Fold>,
+    /// The cipher of its payload's grains (§16.7).
+    cipher: Option<Arc<strata_crypt::DataCipher>>,
 }
 
 /// Where one grain of a read comes from.

@@ -32,6 +32,10 @@ pub const MAGIC_MANIFEST_2: &[u8; 8] = b"STRMAN02";
 /// A pipelined manifest (§11.4b): the layout of `STRMAN02`, under a magic
 /// that builds which do not validate pipelined manifests refuse.
 pub const MAGIC_MANIFEST_3: &[u8; 8] = b"STRMAN03";
+/// `STRMAN02` and `STRMAN03` of an encrypted disk (§16.7): the layouts of
+/// those, under magics a build that does not know keyrings refuses.
+pub const MAGIC_MANIFEST_4: &[u8; 8] = b"STRMAN04";
+pub const MAGIC_MANIFEST_5: &[u8; 8] = b"STRMAN05";
 pub const MANIFEST_FOOTER_BYTES: usize = 32;
 pub const TAIL_ENTRY_BYTES: usize = 32;
 /// A segment id whose generation has this bit is a manifest's payload.
@@ -332,6 +336,33 @@ impl SegmentBuilder {
         let crc = crc32c::crc32c(data);
         let slot = self.vgrains.len() as u32;
         self.grains.extend_from_slice(data);
+        self.vgrains.push((vgrain, crc));
+        Entry {
+            seg: self.id,
+            slot,
+            crc,
+        }
+    }
+
+    /// Add a grain of plaintext `data`, encrypted on its way in when the
+    /// disk is (§16.7: the tweak is the grain's virtual sector, the CRC is
+    /// over what is stored); returns its entry.
+    pub fn add_data(
+        &mut self,
+        vgrain: u64,
+        data: &[u8],
+        cipher: Option<&strata_crypt::DataCipher>,
+    ) -> Entry {
+        let Some(c) = cipher else {
+            return self.add_grain(vgrain, data);
+        };
+        assert_eq!(data.len(), GRAIN);
+        let at = self.grains.len();
+        self.grains.resize(at + GRAIN, 0);
+        let stored = &mut self.grains[at..];
+        c.encrypt_to(data, stored, vgrain * strata_crypt::GRAIN_SECTORS);
+        let crc = crc32c::crc32c(stored);
+        let slot = self.vgrains.len() as u32;
         self.vgrains.push((vgrain, crc));
         Entry {
             seg: self.id,

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod gc;
 pub mod groups;
 pub mod hot;
+pub mod keys;
 pub mod layout;
 pub mod s3fifo;
 
@@ -160,6 +161,8 @@ pub struct ObjectStoreDatastore {
     /// A compaction emptied objects since the last GC asked (§11.7a).
     gc_wanted: std::sync::atomic::AtomicBool,
     opts: OpenOptions,
+    /// The keys of the encrypted disks this process unlocked (§16.7).
+    keys: keys::HeldKeys,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -429,6 +432,7 @@ impl ObjectStoreDatastore {
             group_snaps: Default::default(),
             group_names: Default::default(),
             gc_wanted: Default::default(),
+            keys: Default::default(),
             dir: dir.to_path_buf(),
             cfg,
             root,

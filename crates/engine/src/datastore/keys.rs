@@ -69,7 +69,26 @@ fn settled(disk: &str, k: &KeyringRec) -> Result<()> {
     }
 }
 
-fn slot_info(k: &KeyringRec) -> Vec<KeySlotInfo> {
+impl CarriedKeys {
+    /// A keyring `rec` and the keys that open it, to carry (a kind of
+    /// datastore that keeps its records elsewhere, FORMAT.md §16.7).
+    pub fn new(rec: KeyringRec, keys: Arc<Unlocked>) -> CarriedKeys {
+        CarriedKeys { rec, keys }
+    }
+
+    /// The record as stored (keyslots and data keys, wrapped).
+    pub fn record(&self) -> &KeyringRec {
+        &self.rec
+    }
+
+    /// The unlocked keys.
+    pub fn keys(&self) -> &Arc<Unlocked> {
+        &self.keys
+    }
+}
+
+/// What `info` shows of keyring `k`'s keyslots (never a key).
+pub fn slot_info(k: &KeyringRec) -> Vec<KeySlotInfo> {
     k.slots
         .iter()
         .map(|s| KeySlotInfo {

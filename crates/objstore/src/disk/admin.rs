@@ -2,6 +2,8 @@
 //! cuts, growth and I/O limits, each one committed manifest.
 
 use super::*;
+use crate::keys::{crypt_error, keyring_of, locked};
+use strata_crypt::{CryptError, KeyringRec, Unlocked};
 
 impl ObjectDisk {
     /// An owner-only change of the manifest (snapshot, revert, delete a
@@ -267,5 +269,36 @@ impl ObjectDisk {
             ErrorKind::NotFound,
             format!("disk '{}' has no snapshot '{snap}'", self.name),
         )
+    }
+}
+
+impl ObjectDisk {
+    /// Change the disk's keyring with `f` (given the keys this process
+    /// holds) as one owner commit (§16.7): the next manifest carries the
+    /// new record, or none is written. `f` (a KDF: seconds for a
+    /// passphrase) runs before the commit, on the newest record; the
+    /// commit is refused if another change came in between.
+    pub fn change_keyring<T>(
+        &self,
+        f: impl FnOnce(&mut KeyringRec, &Unlocked) -> std::result::Result<T, CryptError>,
+    ) -> Result<T> {
+        let disk = self.disk_name().to_string();
+        let keys = self.ds.held_keys(self.id).ok_or_else(|| locked(&disk))?;
+        let before = keyring_of(&disk, &self.ds.newest_manifest(self.id)?)?;
+        let mut k = before.clone();
+        let out = f(&mut k, &keys).map_err(|e| crypt_error(&disk, e))?;
+        self.admin(|man| {
+            if man.keyring.as_ref() != Some(&before) {
+                return Err(Error::new(
+                    ErrorKind::Refused,
+                    format!("disk '{disk}': its keys changed meanwhile; try again"),
+                ));
+            }
+            Ok(Manifest {
+                keyring: Some(k),
+                ..man.clone()
+            })
+        })?;
+        Ok(out)
     }
 }

@@ -49,6 +49,17 @@ impl ObjectStoreDatastore {
     /// hosts creating one name, one wins and the other removes its
     /// manifest and fails.
     pub fn create_disk(&self, name: &str, size: u64) -> Result<Manifest> {
+        self.create_disk_keyed(name, size, None)
+    }
+
+    /// [`Self::create_disk`], encrypted under `keyring` when given (every
+    /// manifest of the disk carries it, §16.7).
+    pub fn create_disk_keyed(
+        &self,
+        name: &str,
+        size: u64,
+        keyring: Option<strata_crypt::KeyringRec>,
+    ) -> Result<Manifest> {
         check_name("disk", name)?;
         check_size(size)?;
         if self.store.get_opt(&name_key(name))?.is_some() {
@@ -59,7 +70,10 @@ impl ObjectStoreDatastore {
             if id == 0 {
                 continue;
             }
-            let m = Manifest::first(id, size, levels_for(size));
+            let m = Manifest {
+                keyring: keyring.clone(),
+                ..Manifest::first(id, size, levels_for(size))
+            };
             if self
                 .store
                 .put_create(&m.key(), Bytes::from(m.encode(&[])))?
@@ -224,6 +238,9 @@ impl ObjectStoreDatastore {
 
     /// A linked clone `new` of `src@snap`, made on any host (§11.6a): a
     /// hold keeps the snapshot's map and grains while the clone lives.
+    /// An encrypted source's clone starts with a copy of its keyring
+    /// (§16.7: the same secrets open it, the same keys read what it
+    /// inherits; from then on the two records are separate).
     pub fn clone_linked(&self, src: &str, snap: &str, new: &str) -> Result<Manifest> {
         check_name("disk", new)?;
         if self.store.get_opt(&name_key(new))?.is_some() {
@@ -271,6 +288,7 @@ impl ObjectStoreDatastore {
                     snapshot: s.id,
                     name: format!("{src}@{snap}"),
                 }),
+                keyring: m.keyring.clone(),
                 ..Manifest::first(c, s.size_bytes, s.levels)
             };
             if self

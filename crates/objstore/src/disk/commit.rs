@@ -219,6 +219,7 @@ impl ObjectDisk {
             force_fold: false,
             sealed: Vec::new(),
             relocate: Vec::new(),
+            cipher: st.cipher.clone(),
         }
     }
 
@@ -411,6 +412,7 @@ impl ObjectDisk {
             force_fold,
             sealed,
             relocate,
+            cipher,
         } = t;
         let mut tail: Tail = (*man.tail).clone();
         let (mut root, mut levels) = (man.root, man.levels);
@@ -448,6 +450,7 @@ impl ObjectDisk {
             folding,
             force_fold,
             tail_bound,
+            cipher,
         };
         let r = self.commit_on(plan, onto);
         match r {
@@ -479,6 +482,7 @@ impl ObjectDisk {
             mut uploaded,
             relocated,
             ready,
+            cipher,
         } = *b;
         for _ in 0..8 {
             let body = payload.as_ref().map(|(_, b)| &b[..]).unwrap_or(&[]);
@@ -507,7 +511,8 @@ impl ObjectDisk {
                     next.nonce = rand::random();
                     next.written_ms = now_ms();
                     let tail = Arc::make_mut(&mut next.tail);
-                    payload = self.payload(next.seq, &batch, &payload_grains, tail);
+                    let grains = (&*batch, &payload_grains[..]);
+                    payload = self.payload(next.seq, grains, tail, cipher.as_deref());
                     self.state.lock().unwrap().note_mine(&next);
                 }
                 Ok(Landed::Taken) => break,
@@ -537,9 +542,9 @@ impl ObjectDisk {
     pub(super) fn payload(
         &self,
         seq: u64,
-        batch: &Batch,
-        grains: &[u64],
+        (batch, grains): (&Batch, &[u64]),
         tail: &mut Tail,
+        cipher: Option<&strata_crypt::DataCipher>,
     ) -> Option<(SegId, Bytes)> {
         if grains.is_empty() {
             return None;
@@ -547,7 +552,7 @@ impl ObjectDisk {
         let mut b = SegmentBuilder::new(SegId::payload(self.id, seq));
         for vg in grains {
             let d = batch[vg].as_deref().expect("payload grains hold data");
-            tail.insert(*vg, Some(b.add_grain(*vg, d)));
+            tail.insert(*vg, Some(b.add_data(*vg, d, cipher)));
         }
         Some((b.id, Bytes::from(b.seal(now_ms()))))
     }
@@ -587,6 +592,7 @@ impl ObjectDisk {
             folding,
             force_fold: fold,
             tail_bound,
+            cipher,
         } = plan;
         let Onto {
             root,
@@ -612,7 +618,8 @@ impl ObjectDisk {
         } else {
             data.len().saturating_sub(SEGMENT_GRAINS)
         };
-        let mut sealed = seal_grains(seg(ctrs.start), &data[..spill], &mut tail);
+        let c = cipher.as_deref();
+        let mut sealed = seal_grains(seg(ctrs.start), &data[..spill], &mut tail, c);
         for vg in holes {
             tail.insert(vg, None);
         }
@@ -641,7 +648,7 @@ impl ObjectDisk {
         let next_seq = man.seq + 1;
         let payload_grains: Vec<u64> = data[spill..].iter().map(|(vg, _)| *vg).collect();
         drop(data);
-        let payload = self.payload(next_seq, &batch, &payload_grains, &mut tail);
+        let payload = self.payload(next_seq, (&batch, &payload_grains), &mut tail, c);
         let mut next = Manifest {
             seq: next_seq,
             written_ms: now_ms(),
@@ -667,6 +674,7 @@ impl ObjectDisk {
             uploaded,
             relocated: 0,
             ready: None,
+            cipher,
         })))
     }
 }
@@ -689,7 +697,12 @@ fn folds(force: bool, bound: usize, tail: &Tail, data: &DataGrains, holes: &[u64
 /// Seal `grains` into segments of up to [`SEGMENT_GRAINS`], the first
 /// with id `first` and each next one the next counter, naming every grain
 /// in `tail`.
-fn seal_grains(first: SegId, grains: &[(u64, &[u8])], tail: &mut Tail) -> Vec<(SegId, Bytes)> {
+fn seal_grains(
+    first: SegId,
+    grains: &[(u64, &[u8])],
+    tail: &mut Tail,
+    cipher: Option<&strata_crypt::DataCipher>,
+) -> Vec<(SegId, Bytes)> {
     let mut sealed = Vec::new();
     for (j, chunk) in grains.chunks(SEGMENT_GRAINS).enumerate() {
         let mut b = SegmentBuilder::new(SegId {
@@ -697,7 +710,7 @@ fn seal_grains(first: SegId, grains: &[(u64, &[u8])], tail: &mut Tail) -> Vec<(S
             ..first
         });
         for (vg, d) in chunk {
-            tail.insert(*vg, Some(b.add_grain(*vg, d)));
+            tail.insert(*vg, Some(b.add_data(*vg, d, cipher)));
         }
         sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
     }
@@ -716,6 +729,8 @@ pub(super) struct Plan<'a> {
     pub(super) force_fold: bool,
     /// Fold when the tail would grow past this many entries.
     pub(super) tail_bound: usize,
+    /// The cipher the batch's grains are sealed under (§16.7).
+    pub(super) cipher: Option<Arc<strata_crypt::DataCipher>>,
 }
 
 /// The map and tail a commit builds on: the base manifest's, with a

@@ -45,6 +45,7 @@ impl ObjectDisk {
             name: name.to_string(),
             id,
             read_only: read_only || snapshot.is_some(),
+            encrypted: man.keyring.is_some(),
             snapshot,
             state: Mutex::new(State::new(man)),
             uploaded: Condvar::new(),
@@ -55,6 +56,18 @@ impl ObjectDisk {
             throttle,
             reads,
         }))
+    }
+
+    /// The cipher of this disk's grains now: None for a plain disk, a
+    /// refusal when it is encrypted and this process holds no keys for it.
+    pub(super) fn cipher_now(&self) -> Result<Option<Arc<strata_crypt::DataCipher>>> {
+        if !self.encrypted {
+            return Ok(None);
+        }
+        match self.ds.held_cipher(self.id) {
+            Some(c) => Ok(Some(c)),
+            None => Err(crate::keys::locked(self.disk_name())),
+        }
     }
 
     pub(super) fn store(&self) -> &ObjectStore {
@@ -265,9 +278,54 @@ impl ObjectDisk {
         self.refresh_now();
     }
 
+    /// Where grain `vg` of a read comes from when this handle holds
+    /// writes outside its map (`st`): newest first, the unsealed writes,
+    /// then the newest batch in flight that holds the grain unless it was
+    /// sealed after that batch was taken, then the seal. Data found in
+    /// memory is copied into `g` (a sealed segment's decrypted).
+    fn overlay_source(
+        &self,
+        st: &State,
+        vg: u64,
+        g: &mut [u8],
+        cipher: Option<&strata_crypt::DataCipher>,
+    ) -> Source {
+        let sealed = st.sealed.get(&vg);
+        let hit = match st.dirty.get(&vg) {
+            Some(d) => Some(d),
+            None => st
+                .inflight
+                .iter()
+                .rev()
+                .find_map(|f| f.batch.get(&vg).map(|d| (f.at, d)))
+                .filter(|(at, _)| sealed.is_none_or(|(n, _)| n <= at))
+                .map(|(_, d)| d),
+        };
+        match (hit, sealed) {
+            (Some(Some(d)), _) => {
+                g.copy_from_slice(d);
+                Source::Data
+            }
+            (Some(None), _) => Source::Zero,
+            (None, Some((_, e))) => match st.sealing.get(&e.seg) {
+                Some(s) => {
+                    let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
+                    g.copy_from_slice(&s.bytes[off..off + GRAIN]);
+                    if let Some(c) = cipher {
+                        c.decrypt(g, vg * SECTORS);
+                    }
+                    Source::Data
+                }
+                None => Source::Sealed(*e),
+            },
+            (None, None) => Source::Map,
+        }
+    }
+
     /// Read whole grains from `first`, `n` of them, into `out`.
     pub(super) fn read_grains(&self, first: u64, out: &mut [u8]) -> Result<()> {
         let n = out.len() / GRAIN;
+        let cipher = self.cipher_now()?;
         let mut sources = Vec::with_capacity(n);
         let man = {
             let st = self.state.lock().unwrap();
@@ -280,38 +338,9 @@ impl ObjectDisk {
                     sources.push(Source::Map);
                     continue;
                 }
-                let vg = first + i;
                 let at = i as usize * GRAIN;
-                // Newest first: unsealed writes, then the newest batch in
-                // flight that holds the grain unless it was sealed after
-                // that batch was taken, then the seal.
-                let sealed = st.sealed.get(&vg);
-                let hit = match st.dirty.get(&vg) {
-                    Some(d) => Some(d),
-                    None => st
-                        .inflight
-                        .iter()
-                        .rev()
-                        .find_map(|f| f.batch.get(&vg).map(|d| (f.at, d)))
-                        .filter(|(at, _)| sealed.is_none_or(|(n, _)| n <= at))
-                        .map(|(_, d)| d),
-                };
-                sources.push(match (hit, sealed) {
-                    (Some(Some(d)), _) => {
-                        out[at..at + GRAIN].copy_from_slice(d);
-                        Source::Data
-                    }
-                    (Some(None), _) => Source::Zero,
-                    (None, Some((_, e))) => match st.sealing.get(&e.seg) {
-                        Some(s) => {
-                            let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
-                            out[at..at + GRAIN].copy_from_slice(&s.bytes[off..off + GRAIN]);
-                            Source::Data
-                        }
-                        None => Source::Sealed(*e),
-                    },
-                    (None, None) => Source::Map,
-                });
+                let g = &mut out[at..at + GRAIN];
+                sources.push(self.overlay_source(&st, first + i, g, cipher.as_deref()));
             }
             st.man.clone()
         };
@@ -331,12 +360,12 @@ impl ObjectDisk {
             match e {
                 None => out[at..at + GRAIN].fill(0),
                 Some(e) => {
-                    self.ds.cache.read_grain(
-                        &self.ds.store,
-                        &e,
-                        first + i as u64,
-                        &mut out[at..at + GRAIN],
-                    )?;
+                    let vg = first + i as u64;
+                    let g = &mut out[at..at + GRAIN];
+                    self.ds.cache.read_grain(&self.ds.store, &e, vg, g)?;
+                    if let Some(c) = &cipher {
+                        c.decrypt(g, vg * SECTORS);
+                    }
                 }
             }
         }

@@ -6,6 +6,7 @@ use super::*;
 impl ObjectDisk {
     /// Put whole grains (`None`: zeros) into the unflushed writes.
     pub(super) fn put_grains(&self, grains: Vec<(u64, Option<Box<[u8]>>)>) -> Result<()> {
+        let cipher = self.cipher_now()?;
         let over = {
             let mut st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
@@ -13,6 +14,9 @@ impl ObjectDisk {
             }
             if let Some(r) = &st.released {
                 return Err(Error::new(ErrorKind::Released, r.clone()));
+            }
+            if cipher.is_some() {
+                st.cipher = cipher;
             }
             st.client_bytes += (grains.len() * GRAIN) as u64;
             st.last_write = Instant::now();
@@ -80,10 +84,11 @@ impl ObjectDisk {
             st.seal_no += 1;
             let n = st.seal_no;
             let mut b = SegmentBuilder::new(id);
+            let cipher = st.cipher.clone();
             for vg in &chunk {
                 let d = st.dirty.remove(vg).flatten().expect("a data grain");
                 st.dirty_bytes -= GRAIN;
-                let e = b.add_grain(*vg, &d);
+                let e = b.add_data(*vg, &d, cipher.as_deref());
                 st.sealed.insert(*vg, (n, e));
             }
             let bytes = Bytes::from(b.seal(now_ms()));

@@ -83,6 +83,10 @@ pub struct Manifest {
     /// the object at `prev.seq` carries `prev.nonce`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pipelined: bool,
+    /// The disk's keyring (§16.7), wrapped as on a local datastore;
+    /// absent for a plain disk. Its `id` is 0: no catalog numbers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyring: Option<strata_crypt::KeyringRec>,
     /// Where the grains written since the map was last folded live
     /// (§11.4a; None: a hole); they win over the map. Stored in binary
     /// beside the body, not in it.
@@ -116,23 +120,38 @@ struct Footer {
     body: u32,
     /// CRC-32C of tail and body.
     crc: u32,
-    /// `STRMAN03`: a pipelined manifest (§11.4b).
+    /// `STRMAN03` or `STRMAN05`: a pipelined manifest (§11.4b).
     pipelined: bool,
+    /// `STRMAN04` or `STRMAN05`: an encrypted disk's (§16.7).
+    encrypted: bool,
+}
+
+/// The footer magic of a manifest that is (or is not) pipelined and
+/// encrypted.
+fn footer_magic(pipelined: bool, encrypted: bool) -> &'static [u8; 8] {
+    match (pipelined, encrypted) {
+        (false, false) => MAGIC_MANIFEST_2,
+        (true, false) => MAGIC_MANIFEST_3,
+        (false, true) => MAGIC_MANIFEST_4,
+        (true, true) => MAGIC_MANIFEST_5,
+    }
 }
 
 impl Footer {
     /// The footer in the last 32 bytes of `end`: None if they are too few
-    /// or do not start with `STRMAN02` or `STRMAN03` (format 1), an error
+    /// or do not start with `STRMAN02` to `STRMAN05` (format 1), an error
     /// if its own CRC fails.
     fn read(key: &str, end: &[u8]) -> crate::Result<Option<Footer>> {
         let Some(at) = end.len().checked_sub(MANIFEST_FOOTER_BYTES) else {
             return Ok(None);
         };
         let f = &end[at..];
-        let pipelined = match &f[..8] {
-            m if m == MAGIC_MANIFEST_2 => false,
-            m if m == MAGIC_MANIFEST_3 => true,
-            _ => return Ok(None),
+        let kinds = [(false, false), (true, false), (false, true), (true, true)];
+        let Some((pipelined, encrypted)) = kinds
+            .into_iter()
+            .find(|&(p, e)| f[..8] == footer_magic(p, e)[..])
+        else {
+            return Ok(None);
         };
         let w = |i: usize| u32::from_le_bytes(f[i..i + 4].try_into().unwrap());
         if w(28) != crc32c::crc32c(&f[..28]) {
@@ -146,6 +165,7 @@ impl Footer {
             body: w(20),
             crc: w(24),
             pipelined,
+            encrypted,
         }))
     }
 }
@@ -173,6 +193,7 @@ impl Manifest {
             root_node: None,
             prev: None,
             pipelined: false,
+            keyring: None,
             tail: Default::default(),
         }
     }
@@ -259,6 +280,9 @@ impl Manifest {
                 "it descends from snapshot {c}, which it does not list"
             ));
         }
+        if let Some(Err(e)) = self.keyring.as_ref().map(|k| k.validate()) {
+            return Some(format!("its keyring: {e}"));
+        }
         None
     }
 
@@ -292,11 +316,7 @@ impl Manifest {
         out.extend_from_slice(&body);
         let crc = crc32c::crc32c(&out[payload.len()..]);
         let mut f = [0u8; MANIFEST_FOOTER_BYTES];
-        f[..8].copy_from_slice(if self.pipelined {
-            MAGIC_MANIFEST_3
-        } else {
-            MAGIC_MANIFEST_2
-        });
+        f[..8].copy_from_slice(footer_magic(self.pipelined, self.keyring.is_some()));
         f[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         f[16..20].copy_from_slice(&(t as u32).to_le_bytes());
         f[20..24].copy_from_slice(&(body.len() as u32).to_le_bytes());
@@ -350,7 +370,7 @@ impl Manifest {
         }
         let Some(f) = Footer::read(key, obj)? else {
             return Err(corrupt(format!(
-                "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 or STRMAN03 at its end)"
+                "{key}: not a manifest (neither STRMAN01 at its start nor STRMAN02 to STRMAN05 at its end)"
             )));
         };
         let (t, b) = (f.tail as usize, f.body as usize);
@@ -387,6 +407,11 @@ impl Manifest {
         if m.pipelined != f.pipelined || (m.pipelined && m.prev.is_none()) {
             return Err(corrupt(format!(
                 "{key}: its footer and its body disagree on whether it is pipelined (damaged)"
+            )));
+        }
+        if m.keyring.is_some() != f.encrypted {
+            return Err(corrupt(format!(
+                "{key}: its footer and its body disagree on whether the disk is encrypted (damaged)"
             )));
         }
         Ok(m)
@@ -598,6 +623,50 @@ mod tests {
         }
     }
 
+    /// `b` with its footer's magic replaced (and the footer's CRC fixed).
+    fn relabel(b: &[u8], magic: &[u8; 8]) -> Vec<u8> {
+        let mut d = b.to_vec();
+        let f = d.len() - 32;
+        d[f..f + 8].copy_from_slice(magic);
+        let crc = crc32c::crc32c(&d[f..f + 28]);
+        d[f + 28..].copy_from_slice(&crc.to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn encrypted_disks_manifests_carry_their_own_magics_and_keyring() {
+        let slot = strata_crypt::NewSlot {
+            secret: &[7u8; 32],
+            source: "file",
+            label: None,
+            argon2: Default::default(),
+            now_unix: 1,
+        };
+        let (rec, _) = strata_crypt::KeyringRec::create(0, &slot).unwrap();
+        let mut m = Manifest::first(3, 1 << 30, 3);
+        m.keyring = Some(rec);
+        let b = m.encode(&[]);
+        assert_eq!(&b[b.len() - 32..][..8], MAGIC_MANIFEST_4);
+        let back = Manifest::decode(&m.key(), &b).unwrap();
+        assert_eq!(back, m);
+        assert!(back.keyring.unwrap().unlock(&[7u8; 32]).is_ok());
+        let plain = Manifest::first(3, 1 << 30, 3).encode(&[]);
+        let e = Manifest::decode(&m.key(), &relabel(&b, MAGIC_MANIFEST_2)).unwrap_err();
+        assert!(e.message.contains("whether the disk is encrypted"), "{e}");
+        let e = Manifest::decode(&m.key(), &relabel(&plain, MAGIC_MANIFEST_4)).unwrap_err();
+        assert!(e.message.contains("whether the disk is encrypted"), "{e}");
+        m.seq = 2;
+        m.prev = Some(PrevRef { seq: 1, nonce: 5 });
+        m.pipelined = true;
+        let b = m.encode(&[]);
+        assert_eq!(&b[b.len() - 32..][..8], MAGIC_MANIFEST_5);
+        assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
+        // A damaged record is a damaged manifest.
+        m.keyring.as_mut().unwrap().uuid = "not hex".into();
+        let e = m.check().unwrap_err();
+        assert!(e.message.contains("its keyring"), "{e}");
+    }
+
     #[test]
     fn pipelined_manifests_carry_their_own_magic() {
         let mut m = Manifest::first(3, 1 << 30, 3);
@@ -616,14 +685,6 @@ mod tests {
         assert_eq!(Manifest::decode(&m.key(), &b).unwrap(), m);
         // A footer that says pipelined over a body that does not (or the
         // other way round) is damage, not a manifest.
-        let relabel = |b: &[u8], magic: &[u8; 8]| {
-            let mut d = b.to_vec();
-            let f = d.len() - 32;
-            d[f..f + 8].copy_from_slice(magic);
-            let crc = crc32c::crc32c(&d[f..f + 28]);
-            d[f + 28..].copy_from_slice(&crc.to_le_bytes());
-            d
-        };
         for d in [
             relabel(&b, MAGIC_MANIFEST_2),
             relabel(&plain, MAGIC_MANIFEST_3),

@@ -1,0 +1,98 @@
+//! Encrypted disks of an object-store datastore (FORMAT.md §16.7): every
+//! manifest of a disk carries its keyring; this process holds the keys of
+//! the disks it unlocked, by disk id. No grain is read or written here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use strata_crypt::{locked_message, CryptError, DataCipher, KeyringRec, Unlocked};
+
+use crate::layout::Manifest;
+use crate::{Error, ErrorKind, ObjectStoreDatastore, Result};
+
+/// One disk's unwrapped keys and the cipher its grains are under.
+struct Held {
+    keys: Arc<Unlocked>,
+    cipher: Arc<DataCipher>,
+}
+
+/// The keys this process holds, by disk id.
+#[derive(Default)]
+pub(crate) struct HeldKeys(Mutex<HashMap<u32, Held>>);
+
+/// A crypt error as this crate's: a wrong key or a bad argument is the
+/// user's to fix, a damaged record is corruption.
+pub fn crypt_error(disk: &str, e: CryptError) -> Error {
+    let kind = match e {
+        CryptError::WrongKey | CryptError::Invalid(_) => ErrorKind::InvalidArgument,
+        CryptError::Damaged(_) => ErrorKind::Corrupt,
+        CryptError::Io(_) => ErrorKind::Io,
+    };
+    Error::new(kind, format!("disk '{disk}': {e}"))
+}
+
+/// The keyring of `disk`'s manifest `m` (an error for a plain disk).
+pub fn keyring_of(disk: &str, m: &Manifest) -> Result<KeyringRec> {
+    m.keyring.clone().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("disk '{disk}' is not encrypted"),
+        )
+    })
+}
+
+/// The refusal of a read or write of a locked disk.
+pub(crate) fn locked(disk: &str) -> Error {
+    Error::new(ErrorKind::Refused, locked_message(disk))
+}
+
+impl ObjectStoreDatastore {
+    /// Hold `keys` (which open `rec`) for disk `id` in this process. Keys
+    /// already held stay (the same keys: a record's data keys never change
+    /// on an object store).
+    pub fn hold_keys(
+        &self,
+        disk: &str,
+        id: u32,
+        keys: Arc<Unlocked>,
+        rec: &KeyringRec,
+    ) -> Result<()> {
+        let cipher = Arc::new(rec.data_cipher(&keys).map_err(|e| crypt_error(disk, e))?);
+        let mut held = self.keys.0.lock().unwrap();
+        held.entry(id).or_insert(Held { keys, cipher });
+        Ok(())
+    }
+
+    /// Forget disk `id`'s keys (`strata lock`); whether they were held.
+    /// Handles refuse their next read or write; writes they acknowledged
+    /// before still reach the store under the cipher they were made with.
+    pub fn forget_keys(&self, id: u32) -> bool {
+        self.keys.0.lock().unwrap().remove(&id).is_some()
+    }
+
+    /// Disk `id`'s keys, if this process holds them.
+    pub fn held_keys(&self, id: u32) -> Option<Arc<Unlocked>> {
+        self.keys.0.lock().unwrap().get(&id).map(|h| h.keys.clone())
+    }
+
+    /// The cipher of disk `id`'s grains, if this process holds its keys.
+    pub(crate) fn held_cipher(&self, id: u32) -> Option<Arc<DataCipher>> {
+        self.keys
+            .0
+            .lock()
+            .unwrap()
+            .get(&id)
+            .map(|h| h.cipher.clone())
+    }
+
+    /// Open `disk`'s keys with `secret` (the record of its newest
+    /// manifest) and hold them; the keyslot that opened. A wrong secret
+    /// changes nothing.
+    pub fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {
+        let id = self.disk_id(disk)?;
+        let rec = keyring_of(disk, &self.newest_manifest(id)?)?;
+        let (slot, keys) = rec.unlock_slot(secret).map_err(|e| crypt_error(disk, e))?;
+        self.hold_keys(disk, id, Arc::new(keys), &rec)?;
+        Ok(slot)
+    }
+}
