@@ -8,7 +8,9 @@ crate's `xts_speed` example), snapshot and linked-clone times of both
 disks, a deep rekey of the encrypted disk online while fio reads it at
 random (its rate, the clients' IOPS against the same job just before,
 and the datastore's growth in use, polled), and a shallow rekey of the encrypted
-disk with 100 snapshots, timed, with the pool checked unchanged by it."""
+disk with 100 snapshots, timed, with the pool checked unchanged by it;
+and the same pairs on an object-store datastore (SeaweedFS on loopback),
+where grains are encrypted as they enter a segment (FORMAT.md §16.7)."""
 import hashlib
 import json
 import os
@@ -18,7 +20,9 @@ from statistics import median
 
 from ..common import example, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio
+from ..seaweedfs import start_seaweedfs, stop_seaweedfs
 from ..servers import Strata, drive_vhost, vhost_harness
+from .multihost import ObjectStoreStrata
 
 JOBS = (("randread_4k", "randread", 4096, 16), ("randwrite_4k", "randwrite", 4096, 16),
         ("seqread_1m", "read", 1 << 20, 8), ("seqwrite_1m", "write", 1 << 20, 8))
@@ -179,6 +183,39 @@ def _direct(work, key, size, rt, passes):
         s.stop()
 
 
+def _objstore(work, key, rt, passes):
+    """The pairs on an object-store datastore (SeaweedFS on loopback, the
+    server's segment cache warm): grains are encrypted as a segment is
+    sealed and decrypted as they leave one (FORMAT.md §16.7). 256 MiB
+    disks, NBD only; fio on CPU 0, the server on CPU 1 (SeaweedFS
+    unpinned)."""
+    size = smoke("32M", "256M")
+    weed, _ = start_seaweedfs(work)
+    try:
+        url = f"s3://strata-bench/crypto-{os.urandom(4).hex()}"
+        s = ObjectStoreStrata(os.path.join(work, "o"), url)
+        s.cli("create", "plain-o", "--size", size)
+        s.cli("create", "enc-o", "--size", size, "--encrypt", "--key-file", key)
+        s.serve_args = ["--unlock", f"enc-o={key}"]
+        s.start()
+        try:
+            sh("taskset", "-pac", "1", str(s.proc.pid))
+            for d in ("plain-o", "enc-o"):
+                fill(s.uri(d), size)
+
+            def nbd(disk, rw, bs, depth):
+                return fio(s.uri(disk + "-o"), rw, str(bs), iodepth=depth, runtime=rt,
+                           extra=["--cpus_allowed=0"])["iops"]
+
+            out = _pairs(nbd, passes)
+        finally:
+            s.stop()
+    finally:
+        stop_seaweedfs(weed)
+    out["params"] = {"size": size, "store": "SeaweedFS on loopback"}
+    return out
+
+
 def _pairs(run, passes):
     """Each job on both disks, alternated, PASSES times: the per-pass
     ratios' median and the medians of each side."""
@@ -242,6 +279,7 @@ def case_crypto(work, q):
     finally:
         s.stop()
     out["nbd_direct"] = _direct(work, key, size, rt, passes)
+    out["nbd_objstore"] = _objstore(work, key, rt, passes)
     # Offline, so nothing else writes the pool meanwhile; an offline
     # command first, so what the server's stop left (reclaiming, the
     # closing checkpoint's map nodes) is done before the pool is hashed.

@@ -1266,6 +1266,14 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
         );
     }
 
+    // Another host reads it with the same secret: the keyring is in the
+    // manifests, nowhere else.
+    let b = Store::empty();
+    b.ok(&["attach", "--object-store", &u]);
+    let bsrv = b.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    assert_eq!(read_out(&b.uri("vm"), &dir.join("b.raw")), before);
+    bsrv.stop();
+
     // No key: locked, refused to clients; check, compaction and GC work.
     assert_eq!(a.json(&["info", "vm"])["encryption"]["locked"], true);
     a.ok(&["check"]);
@@ -1296,6 +1304,17 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
     ]);
     assert_eq!(v["slot"], 1, "{v}");
     a.ok(&["key", "remove", "vm", "0", "--key-file", &p(&k2)]);
+    // A key change is the owner's: the other host is refused, told how.
+    let err = b.fails(&[
+        "key",
+        "add",
+        "vm",
+        "--key-file",
+        &p(&k2),
+        "--new-key-file",
+        &p(&k),
+    ]);
+    assert!(err.contains("strata claim vm"), "{err}");
     let err = a.fails_with(
         10,
         &[

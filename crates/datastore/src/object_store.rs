@@ -512,7 +512,10 @@ impl Datastore for ObjectStoreDatastore {
         self.handles
             .lock()
             .retain(|n, _| n != disk && !n.starts_with(&prefix));
-        self.ds.remove_disk(disk)
+        let id = self.ds.disk_id(disk)?;
+        self.ds.remove_disk(disk)?;
+        self.ds.forget_keys(id);
+        Ok(())
     }
 
     /// The shared handle of `target`; the head of a disk whose handle was

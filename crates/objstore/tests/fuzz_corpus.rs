@@ -37,7 +37,8 @@ fn with(kind: ObjectKind, parts: &[&[u8]]) -> Vec<u8> {
 
 /// Objects of a datastore built in SeaweedFS: the root object, manifests
 /// (format 2, with payloads and tails, before and after a snapshot folded
-/// the tail into the map), segments with grains and map nodes.
+/// the tail into the map), segments with grains and map nodes; and those
+/// of an encrypted disk.
 #[test]
 #[ignore = "writes fuzz/corpus; needs SeaweedFS; run by hand to regenerate the seeds"]
 fn write_seeds() {
@@ -63,6 +64,26 @@ fn write_seeds() {
     d.write_at(&pattern(4, 8192), 4096, false).unwrap();
     d.flush().unwrap();
     drop(d);
+    // An encrypted disk (FORMAT.md §16.7): manifests with a keyring
+    // (STRMAN04/05) and segments of ciphertext.
+    let slot = strata_crypt::NewSlot {
+        secret: &[9u8; 32],
+        source: "file",
+        label: None,
+        argon2: Default::default(),
+        now_unix: 1,
+    };
+    let (rec, keys) = strata_crypt::KeyringRec::create(0, &slot).unwrap();
+    let m = ds
+        .create_disk_keyed("enc", 16 << 20, Some(rec.clone()))
+        .unwrap();
+    ds.hold_keys("enc", m.disk, Arc::new(keys), &rec).unwrap();
+    let e = ObjectDisk::open(ds.clone(), "enc", false).unwrap();
+    e.write_at(&pattern(5, 16384), 0, false).unwrap();
+    e.flush().unwrap();
+    e.snapshot_create("s", "").unwrap();
+    e.write_at(&pattern(6, 4096), 8192, true).unwrap();
+    drop(e);
 
     let store = ObjectStore::connect(&url, &Options::default()).unwrap();
     let out = corpus();

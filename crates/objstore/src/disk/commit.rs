@@ -606,6 +606,9 @@ impl ObjectDisk {
             ctr,
         };
         let (data, holes) = self.data_and_holes(&batch, &tail, root, levels)?;
+        if !data.is_empty() {
+            self.sealing_cipher(&cipher)?;
+        }
         let fold = folds(fold, tail_bound, &tail, &data, &holes);
         let changed = named || fold || !data.is_empty() || !holes.is_empty();
         if !changed {

@@ -70,6 +70,26 @@ impl ObjectDisk {
         }
     }
 
+    /// The cipher grains taken with `c` are sealed under: an encrypted
+    /// disk's writes always carry one, so its absence is a bug here, and
+    /// the seal is refused rather than store plaintext.
+    pub(super) fn sealing_cipher(
+        &self,
+        c: &Option<Arc<strata_crypt::DataCipher>>,
+    ) -> Result<Option<Arc<strata_crypt::DataCipher>>> {
+        if self.encrypted && c.is_none() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "disk '{}': grains to seal without the cipher they were written under \
+                     (a bug: nothing was stored)",
+                    self.name
+                ),
+            ));
+        }
+        Ok(c.clone())
+    }
+
     pub(super) fn store(&self) -> &ObjectStore {
         &self.ds.store
     }

@@ -84,7 +84,7 @@ impl ObjectDisk {
             st.seal_no += 1;
             let n = st.seal_no;
             let mut b = SegmentBuilder::new(id);
-            let cipher = st.cipher.clone();
+            let cipher = self.sealing_cipher(&st.cipher)?;
             for vg in &chunk {
                 let d = st.dirty.remove(vg).flatten().expect("a data grain");
                 st.dirty_bytes -= GRAIN;
