@@ -59,6 +59,18 @@ pub fn keyring_parse(data: &[u8]) -> usize {
                 rec.deep_rekey.map_or(0, |d| d.next_grain.min(1 << 40) * 8),
             );
             assert_eq!(two, [5u8; 2 * crate::SECTOR_BYTES]);
+            // A valid record's own keys name keys it holds, and index 0
+            // is none of them.
+            for o in &rec.own {
+                let x = rec
+                    .own_cipher(&keys, o.bits)
+                    .expect("a valid record's own key");
+                x.encrypt(&mut sector, 2);
+                x.decrypt(&mut sector, 2);
+                assert_eq!(sector, [0u8; crate::SECTOR_BYTES]);
+            }
+            assert!(rec.own.iter().all(|o| o.key != rec.base_index()));
+            assert_eq!(usize::from(rec.write_bits()), rec.own.len());
             assert!(rec.slot_of(secret).is_ok());
             opened += 1;
         }

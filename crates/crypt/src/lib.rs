@@ -32,8 +32,8 @@ mod xts;
 pub use data::DataCipher;
 pub use kdf::{Argon2Params, KdfRec, KEY_MATERIAL_BYTES};
 pub use keyring::{
-    DeepRekey, KeyringRec, Keyslot, NewSlot, Unlocked, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS,
-    MAX_SLOTS,
+    DeepRekey, KeyringRec, Keyslot, NewSlot, OwnKey, Unlocked, WrappedKey, KEYRING_KEY_BYTES,
+    MAX_KEYS, MAX_OWN_KEYS, MAX_SLOTS,
 };
 pub use secret::SecretBytes;
 pub use wrap::{unwrap_secret, wrap_secret, WRAP_KEY_BYTES, WRAP_OVERHEAD};

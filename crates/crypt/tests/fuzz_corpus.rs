@@ -44,11 +44,17 @@ fn write_seeds() {
     let mut deep = long.clone();
     deep.begin_deep(&keys, &slot(LONG_SECRET, "file")).unwrap();
     deep.deep_rekey.as_mut().unwrap().next_grain = 12_345;
+    // An own-key clone of an own-key clone: key indexes 1 and 2.
+    let (own1, k1) = long
+        .own_key_clone(&keys, &slot(LONG_SECRET, "file"))
+        .unwrap();
+    let (own2, _) = own1.own_key_clone(&k1, &slot(LONG_SECRET, "file")).unwrap();
     for (name, rec) in [
         ("opens_long_secret.json", &long),
         ("opens_short_secret.json", &short),
         ("opens_two_slots.json", &both),
         ("opens_deep_rekey.json", &deep),
+        ("opens_own_keys.json", &own2),
     ] {
         // Seeds already committed stay as they are.
         if !dir.join(name).exists() {

@@ -57,6 +57,12 @@ impl ObjectStoreDatastore {
         keys: Arc<Unlocked>,
         rec: &KeyringRec,
     ) -> Result<()> {
+        if !rec.own.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("disk '{disk}': own-key clones are not built for object stores"),
+            ));
+        }
         let cipher = Arc::new(rec.data_cipher(&keys).map_err(|e| crypt_error(disk, e))?);
         let mut held = self.keys.0.lock().unwrap();
         held.entry(id).or_insert(Held { keys, cipher });

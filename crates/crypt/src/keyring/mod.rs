@@ -24,6 +24,9 @@ mod validate;
 pub const MAX_SLOTS: usize = 8;
 /// Most data keys a keyring holds (a bound for hostile records).
 pub const MAX_KEYS: usize = 4096;
+/// Most own keys a keyring holds: generations of own-key clones, key
+/// indexes 1 to 15 of a leaf entry (FORMAT.md §16.4).
+pub const MAX_OWN_KEYS: usize = 15;
 /// Length of the keyring key (KK).
 pub const KEYRING_KEY_BYTES: usize = 32;
 /// The keyslot sources a record may name.
@@ -47,6 +50,21 @@ pub struct KeyringRec {
     /// A deep rekey under way (FORMAT.md §16.4): absent outside one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deep_rekey: Option<DeepRekey>,
+    /// The own keys of an own-key clone and of the own-key clones it
+    /// descends from (FORMAT.md §16.4), by the key index a leaf entry
+    /// names them with; empty for every other keyring.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own: Vec<OwnKey>,
+}
+
+/// An own key (FORMAT.md §16.4): the grains whose leaf entry carries key
+/// index `bits` are under data key `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnKey {
+    /// The key index, 1 to [`MAX_OWN_KEYS`].
+    pub bits: u8,
+    /// The data key's index in `keys`.
+    pub key: u32,
 }
 
 /// Where a deep rekey stands: grains at virtual grain `v < next_grain` are
@@ -121,6 +139,9 @@ impl fmt::Debug for NewSlot<'_> {
             .finish()
     }
 }
+
+/// Data keys opened, by index.
+type OpenedKeys = Vec<(u32, Arc<Xts>)>;
 
 /// The unwrapped keys of a keyring (what an unlocked disk holds).
 pub struct Unlocked {
@@ -237,6 +258,7 @@ impl KeyringRec {
             }],
             slots: vec![slot],
             deep_rekey: None,
+            own: Vec::new(),
         };
         Ok((
             rec,
@@ -413,16 +435,44 @@ impl KeyringRec {
         Ok(())
     }
 
+    /// The data key of the grains whose entries carry key index 0: the
+    /// newest key that is no own key (during a deep rekey, its new one).
+    pub fn base_index(&self) -> u32 {
+        self.keys
+            .iter()
+            .map(|k| k.index)
+            .filter(|i| self.own.iter().all(|o| o.key != *i))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The key index a write through this keyring's disks gives its
+    /// grains: its newest own key's, or 0.
+    pub fn write_bits(&self) -> u8 {
+        self.own.iter().map(|o| o.bits).max().unwrap_or(0)
+    }
+
+    /// The cipher of the grains whose entries carry key index `bits` ≥ 1
+    /// (an own key, FORMAT.md §16.4); Damaged when the record has none.
+    pub fn own_cipher(&self, keys: &Unlocked, bits: u8) -> Result<Arc<Xts>> {
+        let o = self.own.iter().find(|o| o.bits == bits).ok_or_else(|| {
+            CryptError::Damaged(format!("keyring {}: no own key {bits}", self.uuid))
+        })?;
+        self.unlocked_key(keys, o.key)
+    }
+
+    fn unlocked_key(&self, keys: &Unlocked, i: u32) -> Result<Arc<Xts>> {
+        keys.key(i).cloned().ok_or_else(|| {
+            CryptError::Damaged(format!("keyring {}: key {i} is not unlocked", self.uuid))
+        })
+    }
+
     /// The cipher the lineage's data is under now (FORMAT.md §16.4), from
-    /// this record and its unlocked keys.
+    /// this record and its unlocked keys: the grains of key index 0.
     pub fn data_cipher(&self, keys: &Unlocked) -> Result<crate::DataCipher> {
-        let key = |i: u32| {
-            keys.key(i).cloned().ok_or_else(|| {
-                CryptError::Damaged(format!("keyring {}: key {i} is not unlocked", self.uuid))
-            })
-        };
+        let key = |i: u32| self.unlocked_key(keys, i);
         Ok(match self.deep_rekey {
-            None => crate::DataCipher::single(keys.current().clone()),
+            None => crate::DataCipher::single(key(self.base_index())?),
             Some(d) => crate::DataCipher::split(
                 key(d.to)?,
                 key(d.from)?,
@@ -443,7 +493,14 @@ impl KeyringRec {
                 self.uuid
             )));
         }
-        let from = keys.current_index();
+        if !self.own.is_empty() {
+            return Err(CryptError::Invalid(format!(
+                "keyring {}: a deep rekey of an own-key clone is not built yet \
+                 (FORMAT.md §16.4)",
+                self.uuid
+            )));
+        }
+        let from = self.base_index();
         let to = from
             .checked_add(1)
             .filter(|_| self.keys.len() < MAX_KEYS)
@@ -454,28 +511,7 @@ impl KeyringRec {
                 ))
             })?;
         let kk = SecretBytes::random(KEYRING_KEY_BYTES)?;
-        let mut wrapped = Vec::with_capacity(self.keys.len() + 1);
-        let mut opened = Vec::with_capacity(self.keys.len() + 1);
-        for k in &self.keys {
-            let dek = unwrap_secret(
-                &keys.kk,
-                &decode_b64("key", &k.wrapped)?,
-                &dek_aad(&uuid, k.index),
-            )
-            .map_err(|_| CryptError::Damaged(format!("key {} does not open", k.index)))?;
-            wrapped.push(WrappedKey {
-                wrapped: B64.encode(wrap_secret(&kk, dek.expose(), &dek_aad(&uuid, k.index))?),
-                ..k.clone()
-            });
-            opened.push((k.index, Arc::new(Xts::new(&dek)?)));
-        }
-        let dek = SecretBytes::random(DEK_BYTES)?;
-        wrapped.push(WrappedKey {
-            index: to,
-            created_unix: new.now_unix,
-            wrapped: B64.encode(wrap_secret(&kk, dek.expose(), &dek_aad(&uuid, to))?),
-        });
-        opened.push((to, Arc::new(Xts::new(&dek)?)));
+        let (wrapped, opened) = self.rewrap_with_new(keys, (&uuid, &kk), (to, new.now_unix))?;
         self.slots = vec![make_slot(&uuid, 0, &kk, new)?];
         self.keys = wrapped;
         self.deep_rekey = Some(DeepRekey {
@@ -488,6 +524,98 @@ impl KeyringRec {
             kk,
             keys: opened,
         })
+    }
+
+    /// Every data key of this record (opened with `keys`) wrapped under
+    /// `kk` for keyring `uuid`, with the same indexes, and a new random
+    /// data key `to` made at `now`; the keys wrapped and opened, by index.
+    fn rewrap_with_new(
+        &self,
+        keys: &Unlocked,
+        (uuid, kk): (&[u8; 16], &SecretBytes),
+        (to, now): (u32, u64),
+    ) -> Result<(Vec<WrappedKey>, OpenedKeys)> {
+        let old = self.uuid_bytes()?;
+        let mut wrapped = Vec::with_capacity(self.keys.len() + 1);
+        let mut opened = Vec::with_capacity(self.keys.len() + 1);
+        for k in &self.keys {
+            let dek = unwrap_secret(
+                &keys.kk,
+                &decode_b64("key", &k.wrapped)?,
+                &dek_aad(&old, k.index),
+            )
+            .map_err(|_| CryptError::Damaged(format!("key {} does not open", k.index)))?;
+            wrapped.push(WrappedKey {
+                wrapped: B64.encode(wrap_secret(kk, dek.expose(), &dek_aad(uuid, k.index))?),
+                ..k.clone()
+            });
+            opened.push((k.index, Arc::new(Xts::new(&dek)?)));
+        }
+        let dek = SecretBytes::random(DEK_BYTES)?;
+        wrapped.push(WrappedKey {
+            index: to,
+            created_unix: now,
+            wrapped: B64.encode(wrap_secret(kk, dek.expose(), &dek_aad(uuid, to))?),
+        });
+        opened.push((to, Arc::new(Xts::new(&dek)?)));
+        Ok((wrapped, opened))
+    }
+
+    /// The keyring of an own-key clone of a disk under this one (FORMAT.md
+    /// §16.4): a new uuid and keyring key, one keyslot for `new` (this
+    /// record's secrets do not open it), every data key of this record
+    /// with the same index (the inherited grains stay readable), and a new
+    /// data key, the clone's own, under the next key index. Its `id` is 0
+    /// (the caller numbers it). Invalid during a deep rekey and past
+    /// [`MAX_OWN_KEYS`] generations.
+    pub fn own_key_clone(&self, keys: &Unlocked, new: &NewSlot) -> Result<(KeyringRec, Unlocked)> {
+        self.check_keys(keys)?;
+        if self.deep_rekey.is_some() {
+            return Err(CryptError::Invalid(format!(
+                "keyring {}: a deep rekey is under way; make the clone when it ends",
+                self.uuid
+            )));
+        }
+        if self.own.len() >= MAX_OWN_KEYS {
+            return Err(CryptError::Invalid(format!(
+                "keyring {}: {MAX_OWN_KEYS} generations of own keys already",
+                self.uuid
+            )));
+        }
+        let to = self.keys.iter().map(|k| k.index).max().unwrap_or(0);
+        let to = to.checked_add(1).filter(|_| self.keys.len() < MAX_KEYS);
+        let to = to.ok_or_else(|| {
+            CryptError::Invalid(format!(
+                "keyring {}: no room for another data key",
+                self.uuid
+            ))
+        })?;
+        let uuid = random_uuid()?;
+        let kk = SecretBytes::random(KEYRING_KEY_BYTES)?;
+        let (wrapped, opened) = self.rewrap_with_new(keys, (&uuid, &kk), (to, new.now_unix))?;
+        let mut own = self.own.clone();
+        own.push(OwnKey {
+            bits: self.write_bits() + 1,
+            key: to,
+        });
+        let rec = KeyringRec {
+            id: 0,
+            uuid: hex::encode(&uuid),
+            cipher: self.cipher.clone(),
+            sector_bytes: self.sector_bytes,
+            keys: wrapped,
+            slots: vec![make_slot(&uuid, 0, &kk, new)?],
+            deep_rekey: None,
+            own,
+        };
+        Ok((
+            rec,
+            Unlocked {
+                uuid,
+                kk,
+                keys: opened,
+            },
+        ))
     }
 
     /// End a deep rekey whose cursor has passed every grain: the old data

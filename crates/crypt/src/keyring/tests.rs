@@ -479,3 +479,102 @@ fn a_deep_rekey_that_does_not_fit_its_keys_is_damage() {
         );
     }
 }
+
+/// What `c` makes of the sample data at grain 3.
+fn sealed_by(c: &crate::DataCipher) -> Vec<u8> {
+    let mut d = sample_data();
+    c.encrypt(&mut d, 3 * crate::GRAIN_SECTORS);
+    d
+}
+
+#[test]
+fn an_own_key_clone_reads_what_it_inherits_and_writes_under_its_own() {
+    const CLONE_KEY: &[u8; 32] = b"clone-key-000000clone-key-000000";
+    const GRAND_KEY: &[u8; 32] = b"grand-key-000000grand-key-000000";
+    let (rec, keys) = KeyringRec::create(4, &slot(FILE_KEY, "file")).unwrap();
+    assert_eq!((rec.base_index(), rec.write_bits()), (0, 0));
+    let (clone, ckeys) = rec.own_key_clone(&keys, &slot(CLONE_KEY, "file")).unwrap();
+    clone.validate().unwrap();
+    assert_eq!(clone.id, 0);
+    assert_ne!(clone.uuid, rec.uuid);
+    assert_eq!(clone.own, [OwnKey { bits: 1, key: 1 }]);
+    assert_eq!((clone.base_index(), clone.write_bits()), (0, 1));
+    // Index 0 is the source's data key in both records: what the source
+    // wrote reads the same through the clone.
+    let base = sealed_by(&rec.data_cipher(&keys).unwrap());
+    assert_eq!(sealed_by(&clone.data_cipher(&ckeys).unwrap()), base);
+    // The clone's own key is new, and only its secret opens the clone.
+    let own = clone.own_cipher(&ckeys, 1).unwrap();
+    let mine = sealed_by(&crate::DataCipher::single(own));
+    assert_ne!(mine, base);
+    assert!(matches!(clone.unlock(FILE_KEY), Err(CryptError::WrongKey)));
+    let reopened = clone.unlock(CLONE_KEY).unwrap();
+    assert_eq!(
+        sealed_by(&crate::DataCipher::single(
+            clone.own_cipher(&reopened, 1).unwrap()
+        )),
+        mine
+    );
+    assert!(matches!(
+        rec.own_cipher(&keys, 1),
+        Err(CryptError::Damaged(_))
+    ));
+    // A clone of the clone with a key of its own: index 2, and 0 and 1
+    // still mean what they meant.
+    let (grand, gkeys) = clone
+        .own_key_clone(&ckeys, &slot(GRAND_KEY, "file"))
+        .unwrap();
+    grand.validate().unwrap();
+    assert_eq!(grand.own.len(), 2);
+    assert_eq!(grand.write_bits(), 2);
+    assert_eq!(sealed_by(&grand.data_cipher(&gkeys).unwrap()), base);
+    let g1 = grand.own_cipher(&gkeys, 1).unwrap();
+    assert_eq!(sealed_by(&crate::DataCipher::single(g1)), mine);
+    // The record survives JSON; a plain record does not grow an `own`.
+    let back: KeyringRec = serde_json::from_str(&serde_json::to_string(&grand).unwrap()).unwrap();
+    assert_eq!(back, grand);
+    assert!(!serde_json::to_string(&rec).unwrap().contains("own"));
+}
+
+#[test]
+fn own_keys_and_deep_rekeys_do_not_mix_yet() {
+    const NEW_KEY: &[u8; 32] = b"fedcba9876543210FEDCBA9876543210";
+    let (mut rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
+    let (clone, ckeys) = rec.own_key_clone(&keys, &slot(NEW_KEY, "file")).unwrap();
+    let mut c = clone.clone();
+    let e = c.begin_deep(&ckeys, &slot(FILE_KEY, "file")).unwrap_err();
+    assert!(e.to_string().contains("own-key clone"), "{e}");
+    assert_eq!(c, clone, "a refused deep rekey changes nothing");
+    let both = rec.begin_deep(&keys, &slot(NEW_KEY, "file")).unwrap();
+    let e = rec
+        .own_key_clone(&both, &slot(FILE_KEY, "file"))
+        .unwrap_err();
+    assert!(e.to_string().contains("deep rekey is under way"), "{e}");
+}
+
+#[test]
+fn a_bad_own_table_is_damage() {
+    const NEW_KEY: &[u8; 32] = b"fedcba9876543210FEDCBA9876543210";
+    let (rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
+    let (good, _) = rec.own_key_clone(&keys, &slot(NEW_KEY, "file")).unwrap();
+    type Breaker = fn(&mut KeyringRec);
+    let cases: [(&str, Breaker); 5] = [
+        ("count from 1", |r| r.own[0].bits = 0),
+        ("count from 1", |r| r.own[0].bits = 2),
+        ("which it lacks", |r| r.own[0].key = 9),
+        ("none for key index 0", |r| r.keys.retain(|k| k.index == 1)),
+        ("deep rekey together", |r| {
+            r.deep_rekey = Some(DeepRekey {
+                from: 0,
+                to: 1,
+                next_grain: 0,
+            })
+        }),
+    ];
+    for (want, break_it) in cases {
+        let mut r = good.clone();
+        break_it(&mut r);
+        let msg = damaged_msg(&r);
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+}

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 
 use super::{
-    decode_b64, KeyringRec, Keyslot, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS, MAX_SLOTS, SOURCES,
+    decode_b64, KeyringRec, Keyslot, WrappedKey, KEYRING_KEY_BYTES, MAX_KEYS, MAX_OWN_KEYS,
+    MAX_SLOTS, SOURCES,
 };
 use crate::wrap::WRAP_OVERHEAD;
 use crate::{hex, CryptError, Result, CIPHER_NAME, DEK_BYTES, SECTOR_BYTES};
@@ -109,6 +110,7 @@ impl KeyringRec {
             }
             check_key(k).map_err(|e| in_keyring(name, e))?;
         }
+        self.check_own(&seen)?;
         if let Some(d) = self.deep_rekey {
             let highest = self.keys.iter().map(|k| k.index).max().unwrap_or(0);
             if d.from >= d.to || d.to != highest || !seen.contains(&d.from) {
@@ -118,6 +120,49 @@ impl KeyringRec {
                     d.from, d.to
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl KeyringRec {
+    /// The own keys (FORMAT.md §16.4): indexes 1, 2, … in order, each
+    /// naming a data key of the record (`indexes`), no two the same, and
+    /// none while a deep rekey runs.
+    fn check_own(&self, indexes: &HashSet<u32>) -> Result<()> {
+        let name = &self.uuid;
+        if self.own.len() > MAX_OWN_KEYS {
+            return damaged(format!(
+                "keyring {name}: {} own keys (at most {MAX_OWN_KEYS})",
+                self.own.len()
+            ));
+        }
+        let mut keys = HashSet::new();
+        for (n, o) in self.own.iter().enumerate() {
+            if usize::from(o.bits) != n + 1 {
+                return damaged(format!(
+                    "keyring {name}: own key {} where {} belongs (they count from 1 in order)",
+                    o.bits,
+                    n + 1
+                ));
+            }
+            if !indexes.contains(&o.key) || !keys.insert(o.key) {
+                return damaged(format!(
+                    "keyring {name}: own key {} names data key {}, which it lacks or another \
+                     own key names",
+                    o.bits, o.key
+                ));
+            }
+        }
+        if !self.own.is_empty() && self.deep_rekey.is_some() {
+            return damaged(format!(
+                "keyring {name}: own keys and a deep rekey together"
+            ));
+        }
+        if keys.len() == indexes.len() {
+            return damaged(format!(
+                "keyring {name}: every data key is an own key (none for key index 0)"
+            ));
         }
         Ok(())
     }
