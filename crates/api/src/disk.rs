@@ -108,7 +108,9 @@ pub struct Encryption {
     /// No key for it has been given to this process (`strata unlock`):
     /// its data cannot be read or written.
     pub locked: bool,
-    /// The keyring, shared with the disk's linked clones.
+    /// The keyring, shared with the disk's linked clones (on an
+    /// object-store datastore, where each disk has a record of its own:
+    /// the disk's id).
     pub keyring: u64,
     pub slots: Vec<KeySlotInfo>,
     /// The number of the data key new writes use (it goes up by one with
