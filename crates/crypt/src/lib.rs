@@ -57,6 +57,24 @@ pub fn locked_message(disk: &str) -> String {
     )
 }
 
+/// The refusal of a read or write of an encrypted disk whose keys this
+/// process does not hold ([`locked_message`]).
+pub fn locked_error(disk: &str) -> strata_block::Error {
+    strata_block::Error::new(strata_block::Kind::Refused, locked_message(disk))
+}
+
+/// `e`, met on disk `disk`, as a storage error: a wrong key or a bad
+/// argument is the user's to fix, a damaged record is corruption.
+pub fn disk_error(disk: &str, e: CryptError) -> strata_block::Error {
+    use strata_block::Kind;
+    let kind = match e {
+        CryptError::WrongKey | CryptError::Invalid(_) => Kind::InvalidArgument,
+        CryptError::Damaged(_) => Kind::Corrupt,
+        CryptError::Io(_) => Kind::Io,
+    };
+    strata_block::Error::new(kind, format!("disk '{disk}': {e}"))
+}
+
 /// What can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum CryptError {

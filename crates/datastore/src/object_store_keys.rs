@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use strata_api::{Encryption, KeyGrant};
-use strata_crypt::{locked_message, KeyringRec};
+use strata_crypt::{locked_error as locked, KeyringRec};
 use strata_engine::CarriedKeys;
 use strata_objstore::layout::Manifest;
 
 use crate::object_store::ObjectStoreDatastore;
-use crate::{new_slot, not_encrypted, Error, ErrorKind, Result};
+use crate::{new_slot, not_encrypted, Result};
 
 impl ObjectStoreDatastore {
     /// What `info` shows of the encryption of the disk whose manifest is
@@ -53,8 +53,8 @@ impl ObjectStoreDatastore {
         size_bytes: u64,
         key: &KeyGrant,
     ) -> Result<Manifest> {
-        let (rec, keys) = KeyringRec::create(0, &new_slot(key))
-            .map_err(|e| strata_objstore::keys::crypt_error(disk, e))?;
+        let (rec, keys) =
+            KeyringRec::create(0, &new_slot(key)).map_err(|e| strata_crypt::disk_error(disk, e))?;
         self.create_keyed(disk, size_bytes, rec, Arc::new(keys))
     }
 
@@ -116,8 +116,4 @@ impl ObjectStoreDatastore {
         }
         Ok(())
     }
-}
-
-fn locked(disk: &str) -> Error {
-    Error::new(ErrorKind::Refused, locked_message(disk))
 }

@@ -41,10 +41,6 @@ const UNMAP: ZeroOptions = ZeroOptions {
     fua: false,
 };
 
-/// The message of an encrypted disk whose keys this process does not
-/// hold (FORMAT.md §16), for a handle's refusal and for `open_disk`'s.
-pub(crate) use strata_crypt::locked_message;
-
 /// Bytes per unit of the data cipher (FORMAT.md §16.1).
 const SECTOR: u64 = strata_crypt::SECTOR_BYTES as u64;
 
@@ -171,7 +167,7 @@ impl DiskHandle {
         }
         let dropped = || self.keys.as_ref().is_some_and(|k| k.strong_count() == 0);
         if len > 0 && (self.locked || dropped()) {
-            return err(ErrorKind::Refused, locked_message(&self.name));
+            return Err(strata_crypt::locked_error(&self.name));
         }
         if len > 0 {
             // A client's command (a region of background work asks with 0).

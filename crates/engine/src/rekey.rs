@@ -140,7 +140,7 @@ impl DiskHandle {
     ) -> Result<Option<u64>> {
         // `strata lock` stops the pass at the next region.
         if self.keys.as_ref().is_some_and(|k| k.strong_count() == 0) {
-            return err(ErrorKind::Refused, crate::disk::locked_message(&self.name));
+            return Err(strata_crypt::locked_error(&self.name));
         }
         for _ in 0..REGION_TRIES {
             let heads = self.inner.meta.lock().head_versions();

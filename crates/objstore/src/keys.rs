@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use strata_crypt::{locked_message, CryptError, DataCipher, KeyringRec, Unlocked};
+use strata_crypt::{disk_error as crypt_error, DataCipher, KeyringRec, Unlocked};
 
 use crate::layout::Manifest;
 use crate::{Error, ErrorKind, ObjectStoreDatastore, Result};
@@ -20,17 +20,6 @@ struct Held {
 #[derive(Default)]
 pub(crate) struct HeldKeys(Mutex<HashMap<u32, Held>>);
 
-/// A crypt error as this crate's: a wrong key or a bad argument is the
-/// user's to fix, a damaged record is corruption.
-pub fn crypt_error(disk: &str, e: CryptError) -> Error {
-    let kind = match e {
-        CryptError::WrongKey | CryptError::Invalid(_) => ErrorKind::InvalidArgument,
-        CryptError::Damaged(_) => ErrorKind::Corrupt,
-        CryptError::Io(_) => ErrorKind::Io,
-    };
-    Error::new(kind, format!("disk '{disk}': {e}"))
-}
-
 /// The keyring of `disk`'s manifest `m` (an error for a plain disk).
 pub fn keyring_of(disk: &str, m: &Manifest) -> Result<KeyringRec> {
     m.keyring.clone().ok_or_else(|| {
@@ -39,11 +28,6 @@ pub fn keyring_of(disk: &str, m: &Manifest) -> Result<KeyringRec> {
             format!("disk '{disk}' is not encrypted"),
         )
     })
-}
-
-/// The refusal of a read or write of a locked disk.
-pub(crate) fn locked(disk: &str) -> Error {
-    Error::new(ErrorKind::Refused, locked_message(disk))
 }
 
 impl ObjectStoreDatastore {

@@ -9,10 +9,10 @@ use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked};
 use strata_format::{GRAIN_BYTES, INCOMPAT_ENCRYPTION};
 
 use crate::catalog::DiskRec;
-use crate::disk::locked_message;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::store::{CipherCell, HeldKeys};
+use strata_crypt::locked_error;
 
 use super::Datastore;
 
@@ -41,17 +41,9 @@ pub struct CarriedKeys {
     keys: Arc<Unlocked>,
 }
 
-/// A crypt error as the engine's: a wrong key or a bad argument is the
-/// user's to fix, a damaged record is corruption.
-pub(crate) fn crypt_error(disk: &str, e: CryptError) -> Error {
-    let kind = match e {
-        CryptError::WrongKey => ErrorKind::InvalidArgument,
-        CryptError::Damaged(_) => ErrorKind::Corrupt,
-        CryptError::Invalid(_) => ErrorKind::InvalidArgument,
-        CryptError::Io(_) => ErrorKind::Io,
-    };
-    Error::new(kind, format!("disk '{disk}': {e}"))
-}
+/// A crypt error as the engine's (the same mapping on both kinds of
+/// datastore).
+pub(crate) use strata_crypt::disk_error as crypt_error;
 
 /// A copy of the data (a full clone, a move) copies ciphertext, which
 /// during a deep rekey is under two keys split at a cursor that moves: it
@@ -131,7 +123,7 @@ impl Datastore {
         };
         match self.inner.keys.lock().get(&id) {
             Some(h) => Ok(Some((h.cipher.clone(), Arc::downgrade(&h.token)))),
-            None => err(ErrorKind::Refused, locked_message(&d.name)),
+            None => Err(locked_error(&d.name)),
         }
     }
 
@@ -212,7 +204,7 @@ impl Datastore {
             .lock()
             .get(&k.id)
             .map(|h| h.keys.clone())
-            .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))
+            .ok_or_else(|| locked_error(disk))
     }
 
     /// Change `disk`'s keyring with `f` (given the unlocked keys), as one
@@ -307,7 +299,7 @@ impl Datastore {
                 })?;
                 settled(name, &k)?;
                 let u = self.inner.keys.lock().get(&id).map(|h| h.keys.clone());
-                let u = u.ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(name)))?;
+                let u = u.ok_or_else(|| locked_error(name))?;
                 (k, u)
             }
             NewKeys::Adopt(c) => (c.rec.clone(), c.keys.clone()),

@@ -9,10 +9,10 @@ use strata_format::{GRAIN_BYTES, INCOMPAT_DEEP_REKEY};
 
 use super::keys::crypt_error;
 use super::{Datastore, SpaceWork};
-use crate::disk::locked_message;
 use crate::error::{err, Error, ErrorKind, Result};
 use crate::rekey::{lineage_end, Rekeying};
 use crate::work::Pacer;
+use strata_crypt::locked_error;
 
 /// What a deep rekey did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +111,7 @@ impl Datastore {
                 );
             }
             let mut held = self.inner.keys.lock();
-            let h = held
-                .get_mut(&k.id)
-                .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))?;
+            let h = held.get_mut(&k.id).ok_or_else(|| locked_error(disk))?;
             *cur = k;
             m.mark_catalog_dirty();
             h.keys = u;
@@ -131,9 +129,7 @@ impl Datastore {
             .deep_rekey
             .ok_or_else(|| Error::new(ErrorKind::Gone, format!("'{disk}': the rekey ended")))?;
         let held = self.inner.keys.lock();
-        let h = held
-            .get(&k.id)
-            .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))?;
+        let h = held.get(&k.id).ok_or_else(|| locked_error(disk))?;
         let key = |i: u32| {
             h.keys.key(i).cloned().ok_or_else(|| {
                 Error::new(
@@ -175,7 +171,7 @@ impl Datastore {
             let mut held = self.inner.keys.lock();
             let h = held
                 .get_mut(&job.keyring)
-                .ok_or_else(|| Error::new(ErrorKind::Refused, locked_message(disk)))?;
+                .ok_or_else(|| locked_error(disk))?;
             let mut rec = k.clone();
             let u = rec.finish_deep(&h.keys).map_err(|e| crypt_error(disk, e))?;
             let index = u.current_index();

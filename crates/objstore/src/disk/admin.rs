@@ -2,7 +2,8 @@
 //! cuts, growth and I/O limits, each one committed manifest.
 
 use super::*;
-use crate::keys::{crypt_error, keyring_of, locked};
+use crate::keys::keyring_of;
+use strata_crypt::{disk_error as crypt_error, locked_error as locked};
 use strata_crypt::{CryptError, KeyringRec, Unlocked};
 
 impl ObjectDisk {

@@ -66,7 +66,7 @@ impl ObjectDisk {
         }
         match self.ds.held_cipher(self.id) {
             Some(c) => Ok(Some(c)),
-            None => Err(crate::keys::locked(self.disk_name())),
+            None => Err(strata_crypt::locked_error(self.disk_name())),
         }
     }
 
