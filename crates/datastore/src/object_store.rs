@@ -307,6 +307,15 @@ impl ObjectStoreDatastore {
     }
 }
 
+/// An object store's disks are thin: other provisioning is refused with
+/// the capability table's reason.
+fn thin_only(provisioning: Provisioning) -> Result<()> {
+    if provisioning != Provisioning::Thin {
+        capability::check(Kind::ObjectStore, Capability::Thick)?;
+    }
+    Ok(())
+}
+
 /// The `DISK@SNAP` a linked clone of an object store is made from, split
 /// (a plain `DISK` is refused: its head changes under the clone).
 pub fn clone_source(source: &str) -> Result<(&str, &str)> {
@@ -425,9 +434,7 @@ impl Datastore for ObjectStoreDatastore {
         provisioning: Provisioning,
         _progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskView> {
-        if provisioning != Provisioning::Thin {
-            capability::check(Kind::ObjectStore, Capability::Thick)?;
-        }
+        thin_only(provisioning)?;
         let m = self.ds.create_disk(disk, size_bytes)?;
         Ok(self.view(disk, &m))
     }
@@ -437,9 +444,7 @@ impl Datastore for ObjectStoreDatastore {
         spec: &crate::EncryptedDisk<'_>,
         _progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskView> {
-        if spec.provisioning != Provisioning::Thin {
-            capability::check(Kind::ObjectStore, Capability::Thick)?;
-        }
+        thin_only(spec.provisioning)?;
         let m = self.create_fresh(spec.disk, spec.size_bytes, spec.key)?;
         Ok(self.view(spec.disk, &m))
     }
@@ -457,9 +462,7 @@ impl Datastore for ObjectStoreDatastore {
         spec: &crate::CarriedDisk<'_>,
         _progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DiskView> {
-        if spec.provisioning != Provisioning::Thin {
-            capability::check(Kind::ObjectStore, Capability::Thick)?;
-        }
+        thin_only(spec.provisioning)?;
         let (rec, keys) = (spec.keys.record().clone(), spec.keys.keys().clone());
         let m = self.create_keyed(spec.disk, spec.size_bytes, rec, keys)?;
         Ok(self.view(spec.disk, &m))
@@ -524,7 +527,8 @@ impl Datastore for ObjectStoreDatastore {
     /// learns why at once, not at its first read. Its snapshots open.
     fn open(&self, target: &str) -> Result<Arc<dyn BlockDevice>> {
         let d = self.disk(target)?;
-        self.refuse_locked(target, &d.manifest())?;
+        // An encrypted disk whose keys this process lacks serves nothing.
+        d.check_unlocked()?;
         if strata_format::split_target(target).1.is_none() {
             if let Some(why) = d.ownership().1 {
                 return Err(Error::new(ErrorKind::Fenced, why));

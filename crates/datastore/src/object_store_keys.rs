@@ -107,13 +107,4 @@ impl ObjectStoreDatastore {
             None => Ok(()),
         }
     }
-
-    /// Refuse the data of `target`'s disk (manifest `m`) while it is
-    /// encrypted and locked here.
-    pub(crate) fn refuse_locked(&self, target: &str, m: &Manifest) -> Result<()> {
-        if m.keyring.is_some() && self.shared().held_keys(m.disk).is_none() {
-            return Err(locked(strata_format::split_target(target).0));
-        }
-        Ok(())
-    }
 }

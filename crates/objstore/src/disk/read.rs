@@ -70,6 +70,12 @@ impl ObjectDisk {
         }
     }
 
+    /// Refused when the disk is encrypted and this process holds no keys
+    /// for it (what its reads and writes would be refused with).
+    pub fn check_unlocked(&self) -> Result<()> {
+        self.cipher_now().map(|_| ())
+    }
+
     /// The cipher grains taken with `c` are sealed under: an encrypted
     /// disk's writes always carry one, so its absence is a bug here, and
     /// the seal is refused rather than store plaintext.
