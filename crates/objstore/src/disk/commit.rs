@@ -583,7 +583,6 @@ impl ObjectDisk {
 
     /// [`Self::build`] once the base map and tail are known: the uploads,
     /// then the manifest (not yet `PUT`; None: nothing changed).
-    #[expect(clippy::too_many_lines)]
     pub(super) fn commit_on(&self, plan: Plan, onto: Onto) -> Result<Option<Box<NextManifest>>> {
         let Plan {
             man,
@@ -631,43 +630,21 @@ impl ObjectDisk {
         if fold {
             let node_ctr = ctrs.start + sealed.len() as u32;
             debug_assert!(node_ctr < ctrs.end);
-            let mut b = SegmentBuilder::new(seg(node_ctr));
-            (root, levels) =
-                Folder::new(self, man, &mut b, &mut nodes).fold_tail(root, levels, &tail)?;
-            if !nodes.is_empty() {
-                sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
-            }
+            let folded = self.fold_segment(man, seg(node_ctr), (root, levels), &tail)?;
+            (root, levels, nodes) = (folded.root, folded.levels, folded.nodes);
+            sealed.extend(folded.segment);
             tail.clear();
         }
-        let uploaded: u64 = sealed.iter().map(|(_, b)| b.len() as u64).sum();
-        if !sealed.is_empty() {
-            self.upload(&sealed)?;
-            for (e, n) in nodes {
-                self.ds.cache.insert_node(&e, n);
-            }
-        }
+        let uploaded = self.upload_with_nodes(&sealed, nodes)?;
         // The payload names the manifest's key (made again one key higher
         // past an orphan, in `land`).
         let next_seq = man.seq + 1;
         let payload_grains: Vec<u64> = data[spill..].iter().map(|(vg, _)| *vg).collect();
         drop(data);
         let payload = self.payload(next_seq, (&batch, &payload_grains), &mut tail, c);
-        let mut next = Manifest {
-            seq: next_seq,
-            written_ms: now_ms(),
-            nonce: rand::random(),
-            root,
-            levels,
-            // A fold still being made keeps its counter "in flight" (§11.7).
-            next_ctr: folding.map_or(ctrs.end, |f| f.min(ctrs.end)),
-            tail: Arc::new(tail),
-            ..(**man).clone()
-        };
-        // The root node's copy (§11.5); an unchanged root keeps the one
-        // `man` carries.
-        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
-            next.set_root_node(&n);
-        }
+        // A fold still being made keeps its counter "in flight" (§11.7).
+        let next_ctr = folding.map_or(ctrs.end, |f| f.min(ctrs.end));
+        let next = self.next_manifest(man, (root, levels), next_ctr, tail);
         Ok(Some(Box::new(NextManifest {
             base: man.clone(),
             next,
@@ -679,6 +656,84 @@ impl ObjectDisk {
             ready: None,
             cipher,
         })))
+    }
+}
+
+/// A tail folded into the map (`ObjectDisk::fold_segment`).
+struct Folded {
+    root: Option<Entry>,
+    levels: u8,
+    /// The nodes made, for the cache once their segment is uploaded.
+    nodes: Vec<(Entry, MapNode)>,
+    /// Their segment; None when the fold made no node.
+    segment: Option<(SegId, Bytes)>,
+}
+
+impl ObjectDisk {
+    /// Fold `tail` into the map at `(root, levels)` of `man`, the new
+    /// nodes in a segment with id `id`.
+    fn fold_segment(
+        &self,
+        man: &Manifest,
+        id: SegId,
+        (root, levels): (Option<Entry>, u8),
+        tail: &Tail,
+    ) -> Result<Folded> {
+        let mut nodes = Vec::new();
+        let mut b = SegmentBuilder::new(id);
+        let (root, levels) =
+            Folder::new(self, man, &mut b, &mut nodes).fold_tail(root, levels, tail)?;
+        let segment = (!nodes.is_empty()).then(|| (b.id, Bytes::from(b.seal(now_ms()))));
+        Ok(Folded {
+            root,
+            levels,
+            nodes,
+            segment,
+        })
+    }
+
+    /// Upload `sealed`, then put the map `nodes` they hold into the
+    /// cache; the bytes uploaded.
+    fn upload_with_nodes(
+        &self,
+        sealed: &[(SegId, Bytes)],
+        nodes: Vec<(Entry, MapNode)>,
+    ) -> Result<u64> {
+        if sealed.is_empty() {
+            return Ok(0);
+        }
+        self.upload(sealed)?;
+        for (e, n) in nodes {
+            self.ds.cache.insert_node(&e, n);
+        }
+        Ok(sealed.iter().map(|(_, b)| b.len() as u64).sum())
+    }
+
+    /// The manifest after `man` with map `(root, levels)`, segment counter
+    /// `next_ctr` and `tail`, written now (a fresh nonce), with a copy of
+    /// its root node when the cache has it (§11.5; an unchanged root keeps
+    /// the copy `man` carries).
+    fn next_manifest(
+        &self,
+        man: &Manifest,
+        (root, levels): (Option<Entry>, u8),
+        next_ctr: u32,
+        tail: Tail,
+    ) -> Manifest {
+        let mut next = Manifest {
+            seq: man.seq + 1,
+            written_ms: now_ms(),
+            nonce: rand::random(),
+            root,
+            levels,
+            next_ctr,
+            tail: Arc::new(tail),
+            ..man.clone()
+        };
+        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
+            next.set_root_node(&n);
+        }
+        next
     }
 }
 

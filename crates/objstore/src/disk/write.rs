@@ -48,20 +48,7 @@ impl ObjectDisk {
         mut st: MutexGuard<'a, State>,
     ) -> Result<MutexGuard<'a, State>> {
         loop {
-            while st.sealing.len() >= UPLOADS_IN_FLIGHT {
-                let failed = st
-                    .sealing
-                    .iter_mut()
-                    .find_map(|(id, s)| Some((*id, s.retry()?)));
-                match failed {
-                    Some((id, bytes)) => {
-                        drop(st);
-                        self.upload_sealed(id, bytes)?;
-                        st = self.state.lock().unwrap();
-                    }
-                    None => st = self.uploaded.wait(st).unwrap(),
-                }
-            }
+            st = self.room_to_upload(st)?;
             if st.fenced.is_some() || !st.owner {
                 return Ok(st);
             }
@@ -75,31 +62,7 @@ impl ObjectDisk {
             if chunk.len() < SEGMENT_GRAINS / 2 {
                 return Ok(st);
             }
-            let id = SegId {
-                disk: self.id,
-                gen: st.man.generation,
-                ctr: st.next_ctr,
-            };
-            st.next_ctr += 1;
-            st.seal_no += 1;
-            let n = st.seal_no;
-            let mut b = SegmentBuilder::new(id);
-            let cipher = self.sealing_cipher(&st.cipher)?;
-            for vg in &chunk {
-                let d = st.dirty.remove(vg).flatten().expect("a data grain");
-                st.dirty_bytes -= GRAIN;
-                let e = b.add_data(*vg, &d, cipher.as_deref());
-                st.sealed.insert(*vg, (n, e));
-            }
-            let bytes = Bytes::from(b.seal(now_ms()));
-            st.sealing.insert(
-                id,
-                Sealing {
-                    bytes: bytes.clone(),
-                    failed: None,
-                    in_flight: true,
-                },
-            );
+            let (id, bytes) = self.seal_chunk(&mut st, &chunk)?;
             let Some(me) = self.me.upgrade() else {
                 return Ok(st);
             };
@@ -116,6 +79,64 @@ impl ObjectDisk {
                 }
             }
         }
+    }
+
+    /// Wait (state lock let go meanwhile) until fewer than
+    /// [`UPLOADS_IN_FLIGHT`] sealed segments are not in the store yet,
+    /// uploading again those whose upload failed (the writer fails with
+    /// one that fails again).
+    fn room_to_upload<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>> {
+        while st.sealing.len() >= UPLOADS_IN_FLIGHT {
+            let failed = st
+                .sealing
+                .iter_mut()
+                .find_map(|(id, s)| Some((*id, s.retry()?)));
+            match failed {
+                Some((id, bytes)) => {
+                    drop(st);
+                    self.upload_sealed(id, bytes)?;
+                    st = self.state.lock().unwrap();
+                }
+                None => st = self.uploaded.wait(st).unwrap(),
+            }
+        }
+        Ok(st)
+    }
+
+    /// Move the data grains `chunk` of `dirty` into a new segment (under
+    /// the cipher their writes were taken with), note where each went in
+    /// `sealed`, and register the segment as being uploaded: its id and
+    /// bytes.
+    fn seal_chunk(&self, st: &mut State, chunk: &[u64]) -> Result<(SegId, Bytes)> {
+        let id = SegId {
+            disk: self.id,
+            gen: st.man.generation,
+            ctr: st.next_ctr,
+        };
+        st.next_ctr += 1;
+        st.seal_no += 1;
+        let n = st.seal_no;
+        let mut b = SegmentBuilder::new(id);
+        let cipher = self.sealing_cipher(&st.cipher)?;
+        for vg in chunk {
+            let d = st.dirty.remove(vg).flatten().expect("a data grain");
+            st.dirty_bytes -= GRAIN;
+            let e = b.add_data(*vg, &d, cipher.as_deref());
+            st.sealed.insert(*vg, (n, e));
+        }
+        let bytes = Bytes::from(b.seal(now_ms()));
+        st.sealing.insert(
+            id,
+            Sealing {
+                bytes: bytes.clone(),
+                failed: None,
+                in_flight: true,
+            },
+        );
+        Ok((id, bytes))
     }
 
     /// Upload sealed segment `id` (a thread of its own, or a commit
