@@ -12,15 +12,6 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// A key file of `len` random bytes, mode 0600.
-fn key_file(dir: &Path, name: &str, len: usize) -> PathBuf {
-    let p = dir.join(name);
-    let bytes: Vec<u8> = (0..len).map(|_| rand::random::<u8>()).collect();
-    std::fs::write(&p, bytes).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
 const MARKER: &[u8] = b"STRATA-PLAINTEXT-MARKER-7f3a9c";
 
 /// A raw image of `mib` MiB whose first `data_mib` MiB repeat `MARKER`
@@ -1161,19 +1152,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// The disk at `uri` read whole into `out` by qemu-img; its sha256.
 fn read_out(uri: &str, out: &Path) -> String {
-    let _ = std::fs::remove_file(out);
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            uri,
-            out.to_str().unwrap(),
-        ],
-    );
+    save(uri, out);
     sha256(out)
 }
 

@@ -1804,7 +1804,6 @@ fn a_server_killed_with_commits_in_flight_keeps_every_answered_flush() {
 /// back whole after a kill -9, opened by the same key.
 #[test]
 fn an_encrypted_disk_killed_with_commits_in_flight_keeps_every_answered_flush() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(u) = url("pipelined-kill-enc") else {
         return;
     };
@@ -1813,10 +1812,7 @@ fn an_encrypted_disk_killed_with_commits_in_flight_keeps_every_answered_flush() 
     }
     let a = Host::empty();
     a.ok(&["init", "--object-store", &u]);
-    let key = a.path().join("vm.key");
-    let bytes: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
-    std::fs::write(&key, bytes).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = common::key_file(&a.path(), "vm.key", 32);
     let k = key.to_str().unwrap();
     a.ok(&[
         "create",

@@ -485,6 +485,16 @@ pub fn fio_ok(what: &str, jobs: &[(String, String)], args: &[&str]) -> String {
     out
 }
 
+/// A key file of `len` random bytes, mode 0600, in `dir`.
+pub fn key_file(dir: &Path, name: &str, len: usize) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    let bytes: Vec<u8> = (0..len).map(|_| rand::random::<u8>()).collect();
+    std::fs::write(&p, bytes).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
 /// Save what export `uri` reads to the raw file `path`.
 pub fn save(uri: &str, path: &Path) {
     run_ok(
