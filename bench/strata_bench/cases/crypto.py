@@ -155,32 +155,40 @@ def _luks_rates(s, work, key, size):
     return rates
 
 
-def _direct(work, key, size, rt, passes):
-    """The same pairs with the server on `--cache none` (O_DIRECT): reads
-    come from the device and writes go to it, as at users' scale where a
-    datastore is larger than the host's page cache. Two new disks, filled
-    first (the first ones have snapshots and a rekey behind them). NBD
-    only."""
-    s = Strata(os.path.join(work, "s"), serve_args=["--cache", "none"])
-    s.cli("create", "plain-d", "--size", size)
-    s.cli("create", "enc-d", "--size", size, "--encrypt", "--key-file", key)
-    s.serve_args += ["--unlock", f"enc-d={key}"]
+def _served_pairs(s, tag, key, size, rt, passes, cold=False):
+    """Create disks `plain-TAG` and `enc-TAG` in the datastore of `s`
+    (not started), serve them with the encrypted one unlocked (the server
+    on CPU 1), fill both, and run the pairs over NBD with fio on CPU 0;
+    `cold`: the host's caches dropped before each job (as root)."""
+    s.cli("create", f"plain-{tag}", "--size", size)
+    s.cli("create", f"enc-{tag}", "--size", size, "--encrypt", "--key-file", key)
+    s.serve_args = s.serve_args + ["--unlock", f"enc-{tag}={key}"]
     s.start()
     try:
         sh("taskset", "-pac", "1", str(s.proc.pid))
-        for d in ("plain-d", "enc-d"):
+        for d in (f"plain-{tag}", f"enc-{tag}"):
             fill(s.uri(d), size)
 
         def nbd(disk, rw, bs, depth):
-            if os.geteuid() == 0:
+            if cold and os.geteuid() == 0:
                 with open("/proc/sys/vm/drop_caches", "w") as f:
                     f.write("3\n")
-            return fio(s.uri(disk + "-d"), rw, str(bs), iodepth=depth, runtime=rt,
+            return fio(s.uri(f"{disk}-{tag}"), rw, str(bs), iodepth=depth, runtime=rt,
                        extra=["--cpus_allowed=0"])["iops"]
 
         return _pairs(nbd, passes)
     finally:
         s.stop()
+
+
+def _direct(work, key, size, rt, passes):
+    """The same pairs with the server on `--cache none` (O_DIRECT): reads
+    come from the device and writes go to it, as at users' scale where a
+    datastore is larger than the host's page cache. Two new disks, filled
+    first (the first ones have snapshots and a rekey behind them), caches
+    dropped before each job. NBD only."""
+    s = Strata(os.path.join(work, "s"), serve_args=["--cache", "none"])
+    return _served_pairs(s, "d", key, size, rt, passes, cold=True)
 
 
 def _objstore(work, key, rt, passes):
@@ -194,22 +202,7 @@ def _objstore(work, key, rt, passes):
     try:
         url = f"s3://strata-bench/crypto-{os.urandom(4).hex()}"
         s = ObjectStoreStrata(os.path.join(work, "o"), url)
-        s.cli("create", "plain-o", "--size", size)
-        s.cli("create", "enc-o", "--size", size, "--encrypt", "--key-file", key)
-        s.serve_args = ["--unlock", f"enc-o={key}"]
-        s.start()
-        try:
-            sh("taskset", "-pac", "1", str(s.proc.pid))
-            for d in ("plain-o", "enc-o"):
-                fill(s.uri(d), size)
-
-            def nbd(disk, rw, bs, depth):
-                return fio(s.uri(disk + "-o"), rw, str(bs), iodepth=depth, runtime=rt,
-                           extra=["--cpus_allowed=0"])["iops"]
-
-            out = _pairs(nbd, passes)
-        finally:
-            s.stop()
+        out = _served_pairs(s, "o", key, size, rt, passes)
     finally:
         stop_seaweedfs(weed)
     out["params"] = {"size": size, "store": "SeaweedFS on loopback"}
