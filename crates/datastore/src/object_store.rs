@@ -515,10 +515,7 @@ impl Datastore for ObjectStoreDatastore {
         self.handles
             .lock()
             .retain(|n, _| n != disk && !n.starts_with(&prefix));
-        let id = self.ds.disk_id(disk)?;
-        self.ds.remove_disk(disk)?;
-        self.ds.forget_keys(id);
-        Ok(())
+        self.ds.remove_disk(disk)
     }
 
     /// The shared handle of `target`; the head of a disk whose handle was
@@ -721,7 +718,7 @@ impl Datastore for ObjectStoreDatastore {
     fn clone_linked(&self, source: &str, name: &str) -> Result<DiskView> {
         let (disk, snap) = clone_source(source)?;
         let m = self.ds.clone_linked(disk, snap, name)?;
-        self.hold_for_clone(disk, name, &m)?;
+        self.hold_for_clone(name, &m)?;
         Ok(self.view(name, &m))
     }
 

@@ -95,14 +95,17 @@ impl ObjectStoreDatastore {
         Ok(vec![disk.to_string()])
     }
 
-    /// A linked clone `clone` (manifest `m`) of an encrypted disk whose
-    /// keys this process holds gets them too: its record is a copy.
-    pub(crate) fn hold_for_clone(&self, src: &str, clone: &str, m: &Manifest) -> Result<()> {
+    /// A linked clone `clone` (its first manifest `m`, which names its
+    /// parent) of an encrypted disk whose keys this process holds gets
+    /// them too: its record is a copy.
+    pub(crate) fn hold_for_clone(&self, clone: &str, m: &Manifest) -> Result<()> {
         let Some(rec) = &m.keyring else {
             return Ok(());
         };
-        let src_id = self.shared().disk_id(src)?;
-        match self.shared().held_keys(src_id) {
+        let Some(parent) = &m.parent else {
+            return Ok(());
+        };
+        match self.shared().held_keys(parent.disk) {
             Some(keys) => self.shared().hold_keys(clone, m.disk, keys, rec),
             None => Ok(()),
         }

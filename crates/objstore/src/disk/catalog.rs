@@ -310,7 +310,8 @@ impl ObjectStoreDatastore {
     }
 
     /// Remove disk `name`: a last manifest marks it removed (a claim, so
-    /// a writer elsewhere is fenced), then its name and its hold go.
+    /// a writer elsewhere is fenced), then its name and its hold go, and
+    /// the keys this process held for it.
     /// Its objects are garbage collection's; its snapshots' clones keep
     /// what they hold.
     pub fn remove_disk(&self, name: &str) -> Result<()> {
@@ -339,6 +340,7 @@ impl ObjectStoreDatastore {
             }
         }
         self.store.delete(&name_key(name))?;
+        self.forget_keys(id);
         if let Some(p) = &m.parent {
             let hold = format!("{DIR_HOLDS}{:08x}/{:016x}/{id:08x}", p.disk, p.snapshot);
             self.store.delete(&hold)?;
