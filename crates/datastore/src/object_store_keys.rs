@@ -12,7 +12,7 @@ use strata_engine::CarriedKeys;
 use strata_objstore::layout::Manifest;
 
 use crate::object_store::ObjectStoreDatastore;
-use crate::{new_slot, not_encrypted, Result};
+use crate::{new_slot, Result};
 
 impl ObjectStoreDatastore {
     /// What `info` shows of the encryption of the disk whose manifest is
@@ -58,14 +58,12 @@ impl ObjectStoreDatastore {
         self.create_keyed(disk, size_bytes, rec, Arc::new(keys))
     }
 
-    /// `disk`'s record (newest manifest as this process sees it) and id;
-    /// an error when it is plain.
-    fn keyring(&self, disk: &str) -> Result<(KeyringRec, u32)> {
+    /// `disk`'s id (as this process sees its newest manifest); an error
+    /// when it is plain.
+    fn encrypted_id(&self, disk: &str) -> Result<u32> {
         let m = self.current_manifest(disk)?;
-        match m.keyring {
-            Some(k) => Ok((k, m.disk)),
-            None => Err(not_encrypted(disk)),
-        }
+        strata_objstore::keys::keyring_of(disk, &m)?;
+        Ok(m.disk)
     }
 
     /// `disk`'s keys to carry into another datastore (None: plain).
@@ -85,13 +83,13 @@ impl ObjectStoreDatastore {
     /// other disk shares them); the disks that are locked now, and whether
     /// keys were held.
     pub(crate) fn lock_keys(&self, disk: &str) -> Result<(Vec<String>, bool)> {
-        let (_, id) = self.keyring(disk)?;
+        let id = self.encrypted_id(disk)?;
         Ok((vec![disk.to_string()], self.shared().forget_keys(id)))
     }
 
     /// The disks sharing `disk`'s record: itself.
     pub(crate) fn keyring_members(&self, disk: &str) -> Result<Vec<String>> {
-        self.keyring(disk)?;
+        self.encrypted_id(disk)?;
         Ok(vec![disk.to_string()])
     }
 
