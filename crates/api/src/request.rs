@@ -117,6 +117,10 @@ pub enum Request {
     CloneLinked {
         source: String,
         name: String,
+        /// A key of its own for the clone's writes, with a first keyslot
+        /// for this secret (`clone --own-key`, FORMAT.md §16.4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        own_key: Option<KeyGrant>,
     },
     /// `group create NAME DISK...` (docs/BACKUP.md, consistency groups)
     GroupCreate {

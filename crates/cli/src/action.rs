@@ -490,12 +490,22 @@ fn rename(name: &str, to: &str) -> Result<Request, Error> {
 fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
     Ok(datastore(match cmd {
         Cmd::Clone {
+            own_key: false,
+            new,
+            ..
+        } if new.given() => {
+            return Err(invalid(
+                "--new-key-* and --label go with --own-key (a clone with a key of its own)",
+            ));
+        }
+        Cmd::Clone {
             source,
             name,
             full: true,
             provisioning,
             to,
             rate,
+            ..
         } => Request::CloneFull {
             source: source.clone(),
             name: name.clone(),
@@ -510,9 +520,16 @@ fn clone_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
                 "--type applies to full clones only (a linked clone is thin); add --full",
             ));
         }
-        Cmd::Clone { source, name, .. } => Request::CloneLinked {
+        Cmd::Clone {
+            source,
+            name,
+            own_key,
+            new,
+            ..
+        } => Request::CloneLinked {
             source: source.clone(),
             name: name.clone(),
+            own_key: own_key.then(|| new.grant("clone --own-key")).transpose()?,
         },
         _ => return Err(not_this_family()),
     }))

@@ -529,6 +529,17 @@ Read through the running server, or from the file when none runs."
         /// With --full: copy at most this much per second (e.g. 200M), to leave room for clients
         #[arg(long, value_parser = parse_size, requires = "full")]
         rate: Option<u64>,
+        /// A linked clone of an encrypted disk with a key of its own (--new-key-*)
+        ///
+        /// A linked clone of an encrypted disk with a key of its own: its writes go under a new
+        /// data key, and only the new secret (--new-key-file, --new-key-keyring, --new-key-helper
+        /// or --new-key-prompt) opens it; the source's secrets do not. Still O(1): what it
+        /// inherits is not copied and stays under the source's key (docs/FORMAT.md §16.4). The
+        /// source must be unlocked; a deep rekey of the source waits while the clone exists.
+        #[arg(long, conflicts_with = "full")]
+        own_key: bool,
+        #[command(flatten)]
+        new: crate::keys::NewKeyArgs,
     },
     /// Verify reference counts, ownership and accounting; non-zero exit on problems
     Check,

@@ -165,7 +165,12 @@ impl NewKeyArgs {
         })
     }
 
-    fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
+    /// Whether a new secret or a label was named (nothing read).
+    pub fn given(&self) -> bool {
+        self.source().is_some() || self.label.is_some()
+    }
+
+    pub fn grant(&self, what: &str) -> Result<KeyGrant, Error> {
         let src = self.source().ok_or_else(|| {
             invalid(format!(
                 "{what} needs the new secret: --new-key-file FILE, --new-key-keyring NAME, \

@@ -647,6 +647,137 @@ fn vhost_user_blk_reads_and_writes_plaintext_and_leaves_guest_memory_alone() {
 
 /// cryptsetup, which Debian installs in /usr/sbin: a PATH without the
 /// sbin directories (a non-root CI user's) still finds it there.
+/// `clone --own-key` (FORMAT.md §16.4): an O(1) linked clone that reads
+/// what it inherits and writes under a key of its own, opened by its own
+/// secret only, through qemu-io and qemu-img; the source's deep rekey
+/// waits for it; wrong combinations of flags are refused.
+#[test]
+fn an_own_key_clone_opens_with_its_own_secret_only() {
+    if !have("qemu-io") || !have("qemu-img") {
+        return;
+    }
+    let (s, k, _) = encrypted_vm("16M");
+    let k2 = key_file(s.dir.path(), "clone.key", 32);
+    let k3 = key_file(s.dir.path(), "k3", 32);
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    let srv = s.serve_with(&["--unlock", &unlock_arg("vm", &k)]);
+    qemu_io_ok(RAW, &s.uri("vm"), &["write -P 0x11 0 8M", "flush"]);
+    s.ok(&["snapshot", "create", "vm@s"]);
+    let used = s.json(&["status"])["used_bytes"].clone();
+    let v = s.json(&[
+        "clone",
+        "vm@s",
+        "c",
+        "--own-key",
+        "--new-key-file",
+        &p(&k2),
+        "--label",
+        "tenant",
+    ]);
+    assert_eq!(v["encryption"]["locked"], false, "{v}");
+    assert_eq!(v["encryption"]["slots"][0]["label"], "tenant", "{v}");
+    assert_ne!(
+        v["encryption"]["keyring"],
+        s.json(&["info", "vm"])["encryption"]["keyring"],
+        "a keyring of its own"
+    );
+    assert_eq!(s.json(&["status"])["used_bytes"], used, "nothing copied");
+    // It reads what it inherits, and writes whole grains, one sector
+    // inside an inherited grain and part of a grain over a hole.
+    let c = s.uri("c");
+    qemu_io_ok(RAW, &c, &["read -P 0x11 0 8M"]);
+    qemu_io_ok(
+        RAW,
+        &c,
+        &[
+            "write -P 0x22 1M 1M",
+            "write -P 0x33 4608 512",
+            "write -P 0x44 12M 2048",
+            "flush",
+        ],
+    );
+    let reads = [
+        "read -P 0x11 0 4608",
+        "read -P 0x33 4608 512",
+        "read -P 0x11 5120 3072",
+        "read -P 0x22 1M 1M",
+        "read -P 0x44 12M 2048",
+        "read -P 0 12584960 2048",
+    ];
+    qemu_io_ok(RAW, &c, &reads);
+    // The source is as it was.
+    qemu_io_ok(RAW, &s.uri("vm"), &["read -P 0x11 0 8M"]);
+    // A deep rekey of the source waits while the clone shares its data.
+    let err = s.fails(&["rekey", "--deep", "vm", "--new-key-file", &p(&k3)]);
+    assert!(
+        err.contains("own-key clones") && err.contains("(c)"),
+        "{err}"
+    );
+    srv.stop();
+    s.ok(&["check"]);
+    // Each opens with its own secret only.
+    let srv = s.serve();
+    let err = s.fails_with(2, &["unlock", "c", "--key-file", &p(&k)]);
+    assert!(err.contains("wrong key"), "{err}");
+    s.ok(&["unlock", "c", "--key-file", &p(&k2)]);
+    qemu_io_ok(RAW, &c, &reads);
+    let v = s.json(&["info", "vm"]);
+    assert_eq!(v["encryption"]["locked"], true, "{v}");
+    // qemu-img sees a whole disk: inherited and own data in one image.
+    let out = s.dir.path().join("c.raw");
+    save(&c, &out);
+    let bytes = std::fs::read(&out).unwrap();
+    let all = |r: std::ops::Range<usize>, b: u8| bytes[r].iter().all(|&x| x == b);
+    assert!(all(4608..5120, 0x33) && all(0..4608, 0x11) && all(5120..8192, 0x11));
+    assert!(all(1 << 20..2 << 20, 0x22) && all(2 << 20..8 << 20, 0x11));
+    assert!(all(12 << 20..(12 << 20) + 2048, 0x44) && all((12 << 20) + 2048..16 << 20, 0));
+    // The source cannot lend keys it does not hold here.
+    let err = s.fails(&["clone", "vm@s", "d", "--own-key", "--new-key-file", &p(&k2)]);
+    assert!(err.contains("locked"), "{err}");
+    srv.stop();
+    // Flags that do not go together.
+    let err = s.fails(&["clone", "vm@s", "x", "--new-key-file", &p(&k2)]);
+    assert!(err.contains("--own-key"), "{err}");
+    s.fails(&[
+        "clone",
+        "--full",
+        "vm",
+        "x",
+        "--own-key",
+        "--new-key-file",
+        &p(&k2),
+    ]);
+    let err = s.fails(&["clone", "vm@s", "x", "--own-key"]);
+    assert!(err.contains("--new-key-file"), "{err}");
+    s.ok(&["create", "plain", "--size", "1M"]);
+    s.ok(&["snapshot", "create", "plain@s"]);
+    let err = s.fails(&[
+        "clone",
+        "plain@s",
+        "x",
+        "--own-key",
+        "--new-key-file",
+        &p(&k2),
+    ]);
+    assert!(err.contains("not encrypted"), "{err}");
+    let help = s.ok(&["clone", "--help"]);
+    assert!(
+        help.contains("--own-key") && help.contains("--new-key-file"),
+        "{help}"
+    );
+    // The event log names the clone, never its secret.
+    let log = std::fs::read_to_string(s.path().join("events.jsonl")).unwrap();
+    let key_hex: String = std::fs::read(&k2)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        log.contains("\"c\"") && !log.contains(&key_hex[..16]),
+        "{log}"
+    );
+}
+
 fn cryptsetup() -> &'static str {
     const SBIN: &str = "/usr/sbin/cryptsetup";
     match Path::new(SBIN).exists() {
@@ -1302,6 +1433,18 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
             "--deep",
             "--key-file",
             &p(&k2),
+            "--new-key-file",
+            &p(&k3),
+        ],
+    );
+    assert!(err.contains("not built yet for an object-store"), "{err}");
+    let err = a.fails_with(
+        10,
+        &[
+            "clone",
+            "vm@s1",
+            "own",
+            "--own-key",
             "--new-key-file",
             &p(&k3),
         ],

@@ -13,6 +13,43 @@ pub struct DataCipher {
     above: Arc<Xts>,
     /// The first sector under `above`.
     split: u64,
+    /// The own keys of an own-key clone: `own[j - 1]` for key index `j`
+    /// (FORMAT.md §16.4); writes go under the last. Empty elsewhere.
+    own: Vec<Arc<Xts>>,
+}
+
+/// The key of the grains of one key index: the keyring's data cipher
+/// (index 0) or one own key.
+#[derive(Clone, Copy)]
+pub enum Keyed<'a> {
+    Base(&'a DataCipher),
+    Own(&'a Xts),
+}
+
+impl Keyed<'_> {
+    /// Encrypt in place, as [`Xts::encrypt`].
+    pub fn encrypt(&self, buf: &mut [u8], first_sector: u64) {
+        match self {
+            Keyed::Base(c) => c.encrypt(buf, first_sector),
+            Keyed::Own(x) => x.encrypt(buf, first_sector),
+        }
+    }
+
+    /// Decrypt in place, as [`Xts::decrypt`].
+    pub fn decrypt(&self, buf: &mut [u8], first_sector: u64) {
+        match self {
+            Keyed::Base(c) => c.decrypt(buf, first_sector),
+            Keyed::Own(x) => x.decrypt(buf, first_sector),
+        }
+    }
+
+    /// Encrypt `src` into `dst`, as [`Xts::encrypt_to`].
+    pub fn encrypt_to(&self, src: &[u8], dst: &mut [u8], first_sector: u64) {
+        match self {
+            Keyed::Base(c) => c.encrypt_to(src, dst, first_sector),
+            Keyed::Own(x) => x.encrypt_to(src, dst, first_sector),
+        }
+    }
 }
 
 impl DataCipher {
@@ -22,6 +59,7 @@ impl DataCipher {
             below: x.clone(),
             above: x,
             split: 0,
+            own: Vec::new(),
         }
     }
 
@@ -31,7 +69,33 @@ impl DataCipher {
             below,
             above,
             split,
+            own: Vec::new(),
         }
+    }
+
+    /// The same with the own keys of an own-key clone, by key index from 1.
+    pub fn with_own(self, own: Vec<Arc<Xts>>) -> DataCipher {
+        DataCipher { own, ..self }
+    }
+
+    /// The key index new grains get: the newest own key's, or 0.
+    pub fn write_bits(&self) -> u8 {
+        self.own.len() as u8
+    }
+
+    /// The key of the grains whose entries carry key index `bits`; None
+    /// when this keyring has no such key (the entry is damaged).
+    pub fn keyed(&self, bits: u8) -> Option<Keyed<'_>> {
+        match bits {
+            0 => Some(Keyed::Base(self)),
+            j => self.own.get(usize::from(j) - 1).map(|x| Keyed::Own(x)),
+        }
+    }
+
+    /// The key new grains are written under.
+    pub fn writer(&self) -> Keyed<'_> {
+        self.keyed(self.write_bits())
+            .expect("the newest own key is in the table")
     }
 
     /// The key of sectors `[first, first + n)` as (key, n) runs, at most two.
@@ -71,6 +135,7 @@ impl std::fmt::Debug for DataCipher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataCipher")
             .field("split", &self.split)
+            .field("own", &self.own.len())
             .finish_non_exhaustive()
     }
 }

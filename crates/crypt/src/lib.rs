@@ -29,7 +29,7 @@ pub mod source;
 mod wrap;
 mod xts;
 
-pub use data::DataCipher;
+pub use data::{DataCipher, Keyed};
 pub use kdf::{Argon2Params, KdfRec, KEY_MATERIAL_BYTES};
 pub use keyring::{
     DeepRekey, KeyringRec, Keyslot, NewSlot, OwnKey, Unlocked, WrappedKey, KEYRING_KEY_BYTES,

@@ -266,6 +266,19 @@ pub trait Datastore: Send + Sync {
         Err(encryption_not_built(self.kind()))
     }
 
+    /// A linked clone of `source` (`DISK@SNAP`, an encrypted disk) with a
+    /// key of its own for its writes and a first keyslot for `key`
+    /// (docs/FORMAT.md §16.4); unlocked in this process once made.
+    fn clone_own_key(
+        &self,
+        source: &str,
+        name: &str,
+        key: &strata_api::KeyGrant,
+    ) -> Result<DiskView> {
+        let _ = (source, name, key);
+        Err(encryption_not_built(self.kind()))
+    }
+
     /// Open an encrypted disk's keys with `secret` and hold them in this
     /// process; the keyslot that opened.
     fn unlock(&self, disk: &str, secret: &[u8]) -> Result<u32> {

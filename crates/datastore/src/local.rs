@@ -208,6 +208,16 @@ impl Datastore for LocalDatastore {
         self.ds.unlock(disk, secret)
     }
 
+    fn clone_own_key(
+        &self,
+        source: &str,
+        name: &str,
+        key: &strata_api::KeyGrant,
+    ) -> Result<DiskView> {
+        let slot = crate::new_slot(key);
+        Ok(self.ds.clone_linked_own_key(source, name, &slot)?.into())
+    }
+
     fn carried_keys(&self, disk: &str) -> Result<Option<strata_engine::CarriedKeys>> {
         self.ds.carried_keys(disk)
     }

@@ -492,6 +492,23 @@ impl Datastore for ObjectStoreDatastore {
             .change_keyring(|k, keys| k.rekey_shallow(keys, &slot))
     }
 
+    fn clone_own_key(
+        &self,
+        source: &str,
+        _name: &str,
+        _key: &strata_api::KeyGrant,
+    ) -> Result<DiskView> {
+        let (disk, _) = strata_engine::split_target(source);
+        self.keyring_members(disk)?;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "'{source}': a clone with a key of its own is not built yet for an object-store \
+                 datastore (docs/FORMAT.md §16.7); a linked clone shares the disk's keys"
+            ),
+        ))
+    }
+
     fn rekey_deep(
         &self,
         disk: &str,

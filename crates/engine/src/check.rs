@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use strata_api::CheckReport;
-use strata_format::{BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE};
+use strata_format::{leaf_grain, leaf_key, BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE};
 
 use crate::error::Result;
 use crate::meta::Meta;
@@ -33,20 +33,28 @@ struct Walk {
     expected: HashMap<u64, u32>,
     nodes: HashSet<u64>,
     data: HashSet<u64>,
-    /// (mapped grains, non-empty blocks) per node, memoised.
-    counts: HashMap<u64, (u64, u64)>,
+    /// The key index each data grain is mapped with (FORMAT.md §16.4):
+    /// every sharer maps a grain with the same.
+    keys: HashMap<u64, u8>,
+    /// (mapped grains, non-empty blocks, highest key index) per node,
+    /// memoised.
+    counts: HashMap<u64, Counted>,
 }
+
+/// What a subtree holds: mapped grains, non-empty blocks, and the highest
+/// key index of its leaf entries.
+type Counted = (u64, u64, u8);
 
 impl Walk {
     /// Count the references under map node `node` at `level` (0: a leaf);
-    /// returns its (mapped grains, non-empty blocks), memoised per node.
+    /// returns what it holds, memoised per node.
     fn visit(
         &mut self,
         m: &mut Meta,
         r: &mut CheckReport,
         node: u64,
         level: u8,
-    ) -> Result<(u64, u64)> {
+    ) -> Result<Counted> {
         let hwm = self.hwm;
         if let Some(c) = self.counts.get(&node) {
             return Ok(*c);
@@ -57,15 +65,24 @@ impl Walk {
             Err(e) => {
                 r.damaged_pages += 1;
                 r.error(e.message);
-                return Ok((0, 0));
+                return Ok((0, 0, 0));
             }
         };
         let mut mapped = 0;
         let mut blocks = 0;
+        let mut top_key = 0;
         for (i, e) in entries.iter().copied().enumerate() {
             if e == 0 {
                 continue;
             }
+            let e = if level == 0 {
+                let key = leaf_key(e);
+                top_key = top_key.max(key);
+                self.one_key(r, leaf_grain(e), key);
+                leaf_grain(e)
+            } else {
+                e
+            };
             if e >= hwm {
                 r.error(format!(
                     "map node {node} entry {i} points at grain {e}, past the pool end {hwm}"
@@ -81,9 +98,10 @@ impl Walk {
                     r.error(format!("grain {e} is used both as data and as a map node"));
                     continue;
                 }
-                let (cm, cb) = self.visit(m, r, e, level - 1)?;
+                let (cm, cb, ck) = self.visit(m, r, e, level - 1)?;
                 mapped += cm;
                 blocks += cb;
+                top_key = top_key.max(ck);
             }
         }
         if level == 0 {
@@ -92,9 +110,41 @@ impl Walk {
                 .filter(|c| c.iter().any(|&e| e != 0))
                 .count() as u64;
         }
-        self.counts.insert(node, (mapped, blocks));
-        Ok((mapped, blocks))
+        self.counts.insert(node, (mapped, blocks, top_key));
+        Ok((mapped, blocks, top_key))
     }
+
+    /// Note that data grain `g` is mapped under key index `key`; a sharer
+    /// that maps it under another is damage (one of them reads garbage).
+    fn one_key(&mut self, r: &mut CheckReport, g: u64, key: u8) {
+        let first = *self.keys.entry(g).or_insert(key);
+        if first != key {
+            r.error(format!(
+                "grain {g} is mapped under key index {first} and under {key}"
+            ));
+        }
+    }
+}
+
+/// The highest key index each version's map may hold: the own keys of its
+/// disk's keyring (FORMAT.md §16.4), 0 for a plain disk and for a keyring
+/// without own keys. Orphans are not listed: they are on their way out.
+fn key_limits(m: &Meta) -> HashMap<u64, (u8, String)> {
+    let mut out = HashMap::new();
+    for d in &m.catalog.disks {
+        let own = d
+            .keyring
+            .and_then(|k| m.catalog.keyring(k))
+            .map_or(0, |k| k.own.len() as u8);
+        out.insert(d.head, (own, format!("disk '{}'", d.name)));
+        for s in m.catalog.snapshots.iter().filter(|s| s.disk == d.id) {
+            out.insert(
+                s.version,
+                (own, format!("snapshot '{}@{}'", d.name, s.name)),
+            );
+        }
+    }
+    out
 }
 
 /// Groups: members exist and are in one group each; a group snapshot
@@ -137,8 +187,10 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         expected: HashMap::new(),
         nodes: HashSet::new(),
         data: HashSet::new(),
+        keys: HashMap::new(),
         counts: HashMap::new(),
     };
+    let limits = key_limits(m);
     // Catalog: every version has exactly one owner, every owner a version.
     let mut owners: HashMap<u64, u32> = HashMap::new();
     for d in &m.catalog.disks {
@@ -177,18 +229,24 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             ));
         }
         let st = m.version_state(id).expect("listed");
-        let (mapped, nb) = if st.root == 0 {
-            (0, 0)
+        let (mapped, nb, top_key) = if st.root == 0 {
+            (0, 0, 0)
         } else if st.root >= hwm {
             r.error(format!(
                 "version {id} root {} is past the pool end",
                 st.root
             ));
-            (0, 0)
+            (0, 0, 0)
         } else {
             *w.expected.entry(st.root).or_insert(0) += 1;
             w.visit(m, &mut r, st.root, st.levels - 1)?
         };
+        match limits.get(&id) {
+            Some((own, who)) if top_key > *own => r.error(format!(
+                "{who} maps a grain under key index {top_key}, which its keyring does not have"
+            )),
+            _ => {}
+        }
         // An orphan's counters froze when it was dropped; its map shrinks.
         if orphans.contains(&id) {
             continue;

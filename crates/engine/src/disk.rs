@@ -53,6 +53,7 @@ const SECTOR: u64 = strata_crypt::SECTOR_BYTES as u64;
 /// [`SEAL_KEPT_BYTES`] (a fresh mapping per write cost a third of a
 /// 1 MiB write's time); a larger write gets one of its own.
 fn with_sealed<R>(x: &DataCipher, buf: &[u8], offset: u64, f: impl FnOnce(&[u8]) -> R) -> R {
+    let x = x.writer();
     use std::cell::RefCell;
     use strata_block::AlignedBuf;
     thread_local! {
@@ -72,14 +73,53 @@ fn with_sealed<R>(x: &DataCipher, buf: &[u8], offset: u64, f: impl FnOnce(&[u8])
 }
 
 /// A planned read's step once its pieces are in (`IoPlan::after_read`):
-/// decrypt each piece in place; holes were filled with zeros and stay so.
-fn decrypt_after(x: Arc<DataCipher>, pieces: &[FilePiece], offset: u64) -> strata_block::AfterRead {
-    let runs: Vec<(usize, usize)> = pieces.iter().map(|p| (p.buf_offset, p.len)).collect();
+/// decrypt each piece in place under its key index (`keys`, one per
+/// piece, checked by `mapped_runs`); holes were filled with zeros and stay
+/// so.
+fn decrypt_after(
+    x: Arc<DataCipher>,
+    pieces: &[FilePiece],
+    keys: Vec<u8>,
+    offset: u64,
+) -> strata_block::AfterRead {
+    let runs: Vec<(usize, usize, u8)> = pieces
+        .iter()
+        .zip(keys)
+        .map(|(p, k)| (p.buf_offset, p.len, k))
+        .collect();
     Box::new(move |buf: &mut [u8]| {
-        for (at, len) in runs {
-            x.decrypt(&mut buf[at..at + len], (offset + at as u64) / SECTOR);
+        for (at, len, k) in runs {
+            let key = x.keyed(k).expect("mapped_runs checked every key index");
+            key.decrypt(&mut buf[at..at + len], (offset + at as u64) / SECTOR);
         }
     })
+}
+
+/// An encrypted disk's ciphertext of a planned write, in the plan's own
+/// buffer (the request's, a guest's memory, is not touched). Called with
+/// the write's stripes held (§16.4).
+fn sealed_source(x: &DataCipher, buf: &[u8], offset: u64) -> strata_block::AlignedBuf {
+    // From the process's pool: a fresh 1 MiB mapping per write and its
+    // page faults halved direct 1 MiB writes (PERFORMANCE.md).
+    let mut b = strata_block::AlignedBuf::recycled(buf.len());
+    x.writer().encrypt_to(buf, &mut b, offset / SECTOR);
+    b
+}
+
+/// Grain `g`, read from piece `p`'s old grain, from the key it was written
+/// under to the key of the write it goes into (sectors are independent
+/// and their tweak is virtual: only the key changes).
+fn rekey_grain(x: &DataCipher, g: &mut [u8], p: &Piece) -> Result<()> {
+    let sector = (p.v << GRAIN_SHIFT) / SECTOR;
+    let old = x.keyed(p.old_key).ok_or_else(|| {
+        crate::meta::corrupt(format!(
+            "virtual grain {}: the map names key index {}, which the keyring does not have",
+            p.v, p.old_key
+        ))
+    })?;
+    old.decrypt(g, sector);
+    x.writer().encrypt(g, sector);
+    Ok(())
 }
 
 /// Largest encrypted write whose buffer a thread keeps for the next.
@@ -126,6 +166,8 @@ struct Piece {
     grain: u64,
     /// Old grain to read for a sub-grain write to a new grain (0 = zeros).
     old: u64,
+    /// The key index the old grain was written under (FORMAT.md §16.4).
+    old_key: u8,
     new: bool,
 }
 
@@ -184,18 +226,36 @@ impl DiskHandle {
     // ------------------------------------------------------------ read
 
     /// The runs of `[offset, offset + len)` (`len` > 0) from one map
-    /// lookup, in order: physically adjacent grains make one run, and so
-    /// do adjacent holes. The caller holds the gate.
+    /// lookup, in order: physically adjacent grains under one key index
+    /// make one run, and so do adjacent holes. Every run's key index is
+    /// one the disk has (else the map is damaged: an error, nothing
+    /// read). The caller holds the gate.
     fn mapped_runs(&self, offset: u64, len: u64) -> Result<(Vec<Run>, Option<Arc<DataCipher>>)> {
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + len - 1) >> GRAIN_SHIFT;
-        let mut grains = Vec::with_capacity((last - first + 1) as usize);
+        let mut entries = Vec::with_capacity((last - first + 1) as usize);
         let m = &mut self.inner.meta.lock();
-        m.lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        m.lookup_entries(self.version, first, last - first + 1, &mut entries)?;
         // With the lookup, under the same lock: the key the grains found
         // were written under, even if a deep rekey moves them next.
         let cipher = self.data_cipher();
-        Ok((runs_of(&grains, offset, len), cipher))
+        let runs = runs_of(&entries, offset, len);
+        for r in runs.iter().filter(|r| r.key != 0) {
+            if cipher.as_ref().and_then(|x| x.keyed(r.key)).is_none() {
+                return Err(crate::meta::corrupt(format!(
+                    "'{}' at byte {}: the map names key index {}, which {} (a damaged map entry)",
+                    self.name,
+                    offset + r.buf.start as u64,
+                    r.key,
+                    if cipher.is_some() {
+                        "its keyring does not have"
+                    } else {
+                        "a plain disk never has"
+                    }
+                )));
+            }
+        }
+        Ok((runs, cipher))
     }
 
     /// The data cipher as it stands (None: a plain disk). A write calls it
@@ -238,7 +298,8 @@ impl DiskHandle {
                 Some(at) => {
                     self.inner.pool.read_at(dst, at)?;
                     if let Some(x) = &cipher {
-                        x.decrypt(dst, sector);
+                        let key = x.keyed(r.key).expect("mapped_runs checked every key index");
+                        key.decrypt(dst, sector);
                     }
                     fill.push(len, Fill::Data);
                 }
@@ -280,6 +341,7 @@ impl DiskHandle {
             return Ok(Planned::Busy);
         };
         let (runs, cipher) = self.mapped_runs(offset, len)?;
+        let mut keys = Vec::new();
         for r in runs {
             let n = r.buf.len();
             match r.pool {
@@ -288,6 +350,7 @@ impl DiskHandle {
                     fill.push(n as u64, Fill::Zeros);
                 }
                 Some(at) => {
+                    keys.push(r.key);
                     pieces.push(FilePiece {
                         buf_offset: r.buf.start,
                         file_offset: at,
@@ -297,7 +360,7 @@ impl DiskHandle {
                 }
             }
         }
-        let after_read = cipher.map(|x| decrypt_after(x, &pieces, offset));
+        let after_read = cipher.map(|x| decrypt_after(x, &pieces, keys, offset));
         Ok(Planned::Plan(IoPlan {
             fd,
             write: false,
@@ -380,10 +443,13 @@ impl DiskHandle {
         let Some(stripes) = self.inner.hold_stripes(self.version, first, last, wait) else {
             return Ok(None);
         };
+        // With the stripes held (§16.4): the key this write goes under.
+        let cipher = self.data_cipher();
+        let key = cipher.as_ref().map_or(0, |x| x.write_bits());
         let mut m = self.inner.meta.lock();
         // Planned writes are 4 KiB-aligned, so every grain they touch is
         // whole: a new grain needs nothing of the old one.
-        let mut pieces = pieces_for_write(&mut m, self.version, first, last)?;
+        let mut pieces = pieces_for_write(&mut m, self.version, (first, last), key)?;
         let allocates = pieces.iter().any(|p| p.new);
         if allocates {
             let _fence = self.inner.fail_on_panic();
@@ -395,8 +461,8 @@ impl DiskHandle {
             }
         }
         drop(m);
-        let (finish, pieces) = self.write_plan_steps(pieces, allocates, offset, len);
-        let source = self.sealed_source(buf, offset);
+        let (finish, pieces) = self.write_plan_steps(pieces, allocates, (offset, len), key);
+        let source = cipher.map(|x| sealed_source(&x, buf, offset));
         Ok(Some(Planned::Plan(IoPlan {
             fd,
             write: true,
@@ -412,12 +478,13 @@ impl DiskHandle {
 
     /// A planned write's finish step (install the new grains, or count an
     /// overwrite) and the pieces of the pool file its data goes to.
+    /// `key` is the key index the new grains are written under.
     fn write_plan_steps(
         &self,
         pieces: Vec<Piece>,
         allocates: bool,
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        key: u8,
     ) -> (Box<dyn strata_block::IoHold>, Vec<FilePiece>) {
         let grains: Vec<u64> = pieces.iter().map(|p| p.grain).collect();
         let finish: Box<dyn strata_block::IoHold> = if allocates {
@@ -425,6 +492,7 @@ impl DiskHandle {
                 store: self.inner.clone(),
                 version: self.version,
                 pieces,
+                key,
             })
         } else {
             Box::new(Counted(self.inner.clone()))
@@ -440,41 +508,30 @@ impl DiskHandle {
         (finish, pieces)
     }
 
-    /// An encrypted disk's ciphertext of a planned write, in the plan's own
-    /// buffer (the request's, a guest's memory, is not touched); None for
-    /// a plain disk. Called with the write's stripes held (§16.4).
-    fn sealed_source(&self, buf: &[u8], offset: u64) -> Option<strata_block::AlignedBuf> {
-        self.data_cipher().map(|x| {
-            // From the process's pool: a fresh 1 MiB mapping per write and
-            // its page faults halved direct 1 MiB writes (PERFORMANCE.md).
-            let mut b = strata_block::AlignedBuf::recycled(buf.len());
-            x.encrypt_to(buf, &mut b, offset / SECTOR);
-            b
-        })
-    }
-
     /// Write with the gate and stripes already held by the caller.
     fn write_locked(&self, buf: &[u8], offset: u64, prov: Provisioning) -> Result<()> {
         let _fence = self.inner.fail_on_panic();
         let first = offset >> GRAIN_SHIFT;
         let last = (offset + buf.len() as u64 - 1) >> GRAIN_SHIFT;
+        let cipher = self.data_cipher();
+        let key = cipher.as_ref().map_or(0, |x| x.write_bits());
         let pieces = {
             let mut m = self.inner.meta.lock();
-            let mut pieces = pieces_for_write(&mut m, self.version, first, last)?;
+            let mut pieces = pieces_for_write(&mut m, self.version, (first, last), key)?;
             self.allocate(&mut m, &mut pieces, prov)?;
             pieces
         };
-        let written = match self.data_cipher() {
-            Some(x) => with_sealed(&x, buf, offset, |data| {
-                self.write_data(data, offset, &pieces)
+        let written = match &cipher {
+            Some(x) => with_sealed(x, buf, offset, |data| {
+                self.write_data(data, offset, &pieces, Some(x))
             }),
-            None => self.write_data(buf, offset, &pieces),
+            None => self.write_data(buf, offset, &pieces, None),
         };
         if let Err(e) = written {
             abort_pieces(&self.inner, &pieces)?;
             return Err(e);
         }
-        install_pieces(&self.inner, self.version, &pieces)
+        install_pieces(&self.inner, self.version, &pieces, key)
     }
 
     /// Allocate the new pieces' grains (next to each other and to the grain
@@ -492,8 +549,8 @@ impl DiskHandle {
         let cap = self.inner.capacity_grains(m);
         let first = pieces[0].v;
         let mut prev: Option<u64> = if first > 0 {
-            let (g, _) = m.lookup_for_write(self.version, first - 1)?;
-            (g != 0).then_some(g)
+            let (e, _) = m.lookup_for_write(self.version, first - 1)?;
+            (e != 0).then_some(strata_format::leaf_grain(e))
         } else {
             None
         };
@@ -547,7 +604,15 @@ impl DiskHandle {
         Ok(own_reserved >= wanted)
     }
 
-    fn write_data(&self, buf: &[u8], offset: u64, pieces: &[Piece]) -> Result<()> {
+    /// Write `buf` (ciphertext under `cipher`'s writer on an encrypted
+    /// disk) into the pieces' grains.
+    fn write_data(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        pieces: &[Piece],
+        cipher: Option<&DataCipher>,
+    ) -> Result<()> {
         let end = offset + buf.len() as u64;
         // Each piece: physical byte offset and the bytes to put there.
         let mut segs: Vec<(u64, std::borrow::Cow<'_, [u8]>)> = Vec::with_capacity(pieces.len());
@@ -566,10 +631,16 @@ impl DiskHandle {
                 let mut g = vec![0u8; GRAIN_BYTES as usize];
                 if p.old != 0 {
                     self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
-                } else if let Some(x) = self.data_cipher() {
+                    if let Some(x) = cipher.filter(|x| x.write_bits() != p.old_key) {
+                        // The old grain is under another key (an own-key
+                        // clone's first write over what it inherited):
+                        // its rest goes under the key of this write.
+                        rekey_grain(x, &mut g, p)?;
+                    }
+                } else if let Some(x) = cipher {
                     // The rest of a grain new over a hole reads zeros:
                     // encrypted zeros, as stored (FORMAT.md §16.1).
-                    x.encrypt(&mut g, (p.v << GRAIN_SHIFT) / SECTOR);
+                    x.writer().encrypt(&mut g, (p.v << GRAIN_SHIFT) / SECTOR);
                 }
                 g[(s - gs) as usize..(t - gs) as usize].copy_from_slice(src);
                 segs.push((p.grain << GRAIN_SHIFT, std::borrow::Cow::Owned(g)));
@@ -696,29 +767,35 @@ const PREFETCH_MAX_BYTES: u64 = 64 << 20;
 
 /// `grains` (physical grain numbers, 0 = unmapped) as runs `(i, j, g)`:
 /// `grains[i..j]` are unmapped (`g == 0`) or physically adjacent from `g`.
-/// A run of a request: where it lies in the request's buffer, and at
-/// which byte of the pool its data is (None: a hole).
+/// A run of a request: where it lies in the request's buffer, at which
+/// byte of the pool its data is (None: a hole), and the key index its
+/// grains were written under (FORMAT.md §16.4).
 struct Run {
     buf: std::ops::Range<usize>,
     pool: Option<u64>,
+    key: u8,
 }
 
 /// Runs of `grains` (index range, first grain; 0 for a hole): physically
 /// adjacent grains make one run, and so do adjacent holes. An iterator, so
 /// the read path allocates only what it keeps.
-/// The runs of `[offset, offset + len)` whose grains, from the first
-/// grain it touches on, are `grains` (see `DiskHandle::mapped_runs`).
-fn runs_of(grains: &[u64], offset: u64, len: u64) -> Vec<Run> {
+/// The runs of `[offset, offset + len)` whose leaf entries, from the
+/// first grain it touches on, are `entries` (see
+/// `DiskHandle::mapped_runs`). Entries under different key indexes are
+/// never adjacent, so a run has one.
+fn runs_of(entries: &[u64], offset: u64, len: u64) -> Vec<Run> {
     let first = offset >> GRAIN_SHIFT;
     let end = offset + len;
-    grain_runs(grains)
-        .map(|(i, j, g0)| {
+    grain_runs(entries)
+        .map(|(i, j, e0)| {
             let v0 = first + i as u64;
             let s = offset.max(v0 << GRAIN_SHIFT);
             let t = end.min((first + j as u64) << GRAIN_SHIFT);
+            let g0 = strata_format::leaf_grain(e0);
             Run {
                 buf: (s - offset) as usize..(t - offset) as usize,
                 pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT))),
+                key: strata_format::leaf_key(e0),
             }
         })
         .collect()
@@ -736,20 +813,32 @@ fn direct_aligned(buf: &[u8], offset: u64) -> bool {
 /// after it syncs the pool.
 struct Counted(Arc<Store>);
 
-/// The pieces of a write to virtual grains `[first, last]` as `version`'s
-/// map stands: a grain the version holds alone is written in place; any
-/// other (a hole, a grain a snapshot shares) needs a new one, for
-/// `DiskHandle::allocate`, and `old` names what it held.
-fn pieces_for_write(m: &mut Meta, version: u64, first: u64, last: u64) -> Result<Vec<Piece>> {
+/// The pieces of a write under key index `key` to virtual grains
+/// `[first, last]` as `version`'s map stands: a grain the version holds
+/// alone, under the same key index, is written in place; any other (a
+/// hole, a grain a snapshot shares, one an own-key clone inherited)
+/// needs a new one, for `DiskHandle::allocate`, and `old` names what it
+/// held.
+fn pieces_for_write(
+    m: &mut Meta,
+    version: u64,
+    (first, last): (u64, u64),
+    key: u8,
+) -> Result<Vec<Piece>> {
+    use strata_format::{leaf_grain, leaf_key};
     let mut found = Vec::with_capacity((last - first + 1) as usize);
     m.lookup_range_for_write(version, first, last - first + 1, &mut found)?;
     Ok((first..=last)
         .zip(found)
-        .map(|(v, (e, exclusive))| Piece {
-            v,
-            grain: if exclusive { e } else { 0 },
-            old: e,
-            new: !exclusive,
+        .map(|(v, (e, exclusive))| {
+            let in_place = exclusive && leaf_key(e) == key;
+            Piece {
+                v,
+                grain: if in_place { leaf_grain(e) } else { 0 },
+                old: leaf_grain(e),
+                old_key: leaf_key(e),
+                new: !in_place,
+            }
         })
         .collect())
 }
@@ -764,9 +853,9 @@ fn abort_pieces(store: &Store, pieces: &[Piece]) -> Result<()> {
     Ok(())
 }
 
-/// Point `version`'s map at the new pieces' grains, whose data is written,
-/// and count the write in `mutations`.
-fn install_pieces(store: &Store, version: u64, pieces: &[Piece]) -> Result<()> {
+/// Point `version`'s map at the new pieces' grains, whose data is written
+/// under key index `key`, and count the write in `mutations`.
+fn install_pieces(store: &Store, version: u64, pieces: &[Piece], key: u8) -> Result<()> {
     if pieces.iter().any(|p| p.new) {
         // From the first install on, an error leaves part of the write
         // in the map: fail-stop rather than log half a write.
@@ -790,7 +879,10 @@ fn install_pieces(store: &Store, version: u64, pieces: &[Piece]) -> Result<()> {
             {
                 j += 1;
             }
-            let grains: Vec<u64> = pieces[i..j].iter().map(|p| p.grain).collect();
+            let grains: Vec<u64> = pieces[i..j]
+                .iter()
+                .map(|p| strata_format::leaf_entry(p.grain, key))
+                .collect();
             m.install_run(version, pieces[i].v, &grains)
                 .map_err(|e| store.fail_stop(e))?;
             i = j;
@@ -810,6 +902,8 @@ struct Install {
     store: Arc<Store>,
     version: u64,
     pieces: Vec<Piece>,
+    /// The key index the data went under.
+    key: u8,
 }
 
 impl strata_block::IoHold for Install {
@@ -820,7 +914,7 @@ impl strata_block::IoHold for Install {
             let _ = abort_pieces(&self.store, &self.pieces);
             return false;
         }
-        match install_pieces(&self.store, self.version, &self.pieces) {
+        match install_pieces(&self.store, self.version, &self.pieces, self.key) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!("a planned write's install failed: {e}");

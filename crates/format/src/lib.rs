@@ -35,6 +35,29 @@ pub mod ref_page_off {
 pub const REF_PAGE_MAGIC: u32 = 0x4645_5253;
 /// Bits of a map entry that hold a grain number.
 pub const ENTRY_GRAIN_MASK: u64 = (1 << 48) - 1;
+/// Where a leaf entry's key index starts (bits 44–47, FORMAT.md §16.4).
+pub const LEAF_KEY_SHIFT: u32 = 44;
+/// Bits of a leaf entry that hold the pool grain number.
+pub const LEAF_GRAIN_MASK: u64 = (1 << LEAF_KEY_SHIFT) - 1;
+
+/// The pool grain a leaf entry names (its key index left out).
+#[inline]
+pub fn leaf_grain(e: u64) -> u64 {
+    e & LEAF_GRAIN_MASK
+}
+
+/// The key index of a leaf entry (0: the keyring's data cipher).
+#[inline]
+pub fn leaf_key(e: u64) -> u8 {
+    ((e & ENTRY_GRAIN_MASK) >> LEAF_KEY_SHIFT) as u8
+}
+
+/// The leaf entry naming pool grain `g` under key index `key`.
+#[inline]
+pub fn leaf_entry(g: u64, key: u8) -> u64 {
+    debug_assert!(g <= LEAF_GRAIN_MASK && key < 16);
+    g | u64::from(key) << LEAF_KEY_SHIFT
+}
 
 /// Superblock slot size and count.
 pub const SUPER_SLOT_BYTES: usize = 4096;
@@ -54,8 +77,13 @@ pub const INCOMPAT_ENCRYPTION: u32 = 1 << 1;
 /// Incompatible feature bit 2: a keyring may carry a deep rekey's cursor
 /// (FORMAT.md §16.4). Set before the first such record is logged.
 pub const INCOMPAT_DEEP_REKEY: u32 = 1 << 2;
+/// Incompatible feature bit 3: leaf entries may carry a key index
+/// (bits 44–47) naming an own-key clone's key (FORMAT.md §16.4). Set
+/// before the first keyring with own keys is logged.
+pub const INCOMPAT_KEY_INDEX: u32 = 1 << 3;
 /// Feature bits this build understands.
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION | INCOMPAT_DEEP_REKEY;
+pub const INCOMPAT_KNOWN: u32 =
+    INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION | INCOMPAT_DEEP_REKEY | INCOMPAT_KEY_INDEX;
 /// The longest REF_RUN record, in grains.
 pub const REF_RUN_MAX: u32 = 1 << 20;
 pub const RO_COMPAT_KNOWN: u32 = 0;

@@ -647,7 +647,16 @@ fn common(
                     snapshot: snapshot.clone(),
                 })
         }
-        Request::CloneLinked { source, name } => ds.clone_linked(source, name).map(Response::Disk),
+        Request::CloneLinked {
+            source,
+            name,
+            own_key: None,
+        } => ds.clone_linked(source, name).map(Response::Disk),
+        Request::CloneLinked {
+            source,
+            name,
+            own_key: Some(key),
+        } => ds.clone_own_key(source, name, key).map(Response::Disk),
         Request::Rename { name, to } => ds.rename(name, to).map(|_| Response::Renamed {
             from: name.clone(),
             to: to.clone(),

@@ -169,6 +169,7 @@ fn a_disk_lives_the_same_life_on_both_kinds() {
         let c = disk(h.ok(Request::CloneLinked {
             source: "vm@s1".into(),
             name: "c".into(),
+            own_key: None,
         }));
         assert_eq!(c.info.size_bytes, 8 * MIB, "{k}");
         assert_eq!(h.read("c", 0, 4096), vec![0xa1; 4096], "{k}");

@@ -59,12 +59,16 @@ pub struct KeyringRec {
 
 /// An own key (FORMAT.md §16.4): the grains whose leaf entry carries key
 /// index `bits` are under data key `key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnKey {
     /// The key index, 1 to [`MAX_OWN_KEYS`].
     pub bits: u8,
     /// The data key's index in `keys`.
     pub key: u32,
+    /// The uuid of the keyring the clone was made from: a deep rekey of
+    /// that keyring would re-encrypt grains this one still reads under
+    /// their old key, so it waits while this record exists (§16.4).
+    pub from: String,
 }
 
 /// Where a deep rekey stands: grains at virtual grain `v < next_grain` are
@@ -469,16 +473,29 @@ impl KeyringRec {
 
     /// The cipher the lineage's data is under now (FORMAT.md §16.4), from
     /// this record and its unlocked keys: the grains of key index 0.
+    /// With the own keys of an own-key clone (key indexes 1, 2, …), and
+    /// its writes under the newest of them.
     pub fn data_cipher(&self, keys: &Unlocked) -> Result<crate::DataCipher> {
         let key = |i: u32| self.unlocked_key(keys, i);
-        Ok(match self.deep_rekey {
+        let base = match self.deep_rekey {
             None => crate::DataCipher::single(key(self.base_index())?),
             Some(d) => crate::DataCipher::split(
                 key(d.to)?,
                 key(d.from)?,
                 d.next_grain.saturating_mul(crate::GRAIN_SECTORS),
             ),
-        })
+        };
+        let mut own = self.own.clone();
+        own.sort_by_key(|o| o.bits);
+        let own = own.iter().map(|o| key(o.key)).collect::<Result<Vec<_>>>()?;
+        Ok(base.with_own(own))
+    }
+
+    /// Whether keyring `uuid`'s grains may be read through this record
+    /// under their old keys: this is an own-key clone made from it, or
+    /// from one made from it (FORMAT.md §16.4).
+    pub fn descends_from(&self, uuid: &str) -> bool {
+        self.own.iter().any(|o| o.from == uuid)
     }
 
     /// Begin a deep rekey (FORMAT.md §16.4): a new keyring key, every data
@@ -597,6 +614,7 @@ impl KeyringRec {
         own.push(OwnKey {
             bits: self.write_bits() + 1,
             key: to,
+            from: self.uuid.clone(),
         });
         let rec = KeyringRec {
             id: 0,

@@ -497,7 +497,15 @@ fn an_own_key_clone_reads_what_it_inherits_and_writes_under_its_own() {
     clone.validate().unwrap();
     assert_eq!(clone.id, 0);
     assert_ne!(clone.uuid, rec.uuid);
-    assert_eq!(clone.own, [OwnKey { bits: 1, key: 1 }]);
+    assert_eq!(
+        clone.own,
+        [OwnKey {
+            bits: 1,
+            key: 1,
+            from: rec.uuid.clone()
+        }]
+    );
+    assert!(clone.descends_from(&rec.uuid) && !rec.descends_from(&clone.uuid));
     assert_eq!((clone.base_index(), clone.write_bits()), (0, 1));
     // Index 0 is the source's data key in both records: what the source
     // wrote reads the same through the clone.
@@ -525,6 +533,7 @@ fn an_own_key_clone_reads_what_it_inherits_and_writes_under_its_own() {
         .own_key_clone(&ckeys, &slot(GRAND_KEY, "file"))
         .unwrap();
     grand.validate().unwrap();
+    assert!(grand.descends_from(&rec.uuid) && grand.descends_from(&clone.uuid));
     assert_eq!(grand.own.len(), 2);
     assert_eq!(grand.write_bits(), 2);
     assert_eq!(sealed_by(&grand.data_cipher(&gkeys).unwrap()), base);
@@ -558,8 +567,12 @@ fn a_bad_own_table_is_damage() {
     let (rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
     let (good, _) = rec.own_key_clone(&keys, &slot(NEW_KEY, "file")).unwrap();
     type Breaker = fn(&mut KeyringRec);
-    let cases: [(&str, Breaker); 5] = [
+    let cases: [(&str, Breaker); 7] = [
         ("count from 1", |r| r.own[0].bits = 0),
+        ("no other keyring's uuid", |r| {
+            r.own[0].from = r.uuid.clone()
+        }),
+        ("no other keyring's uuid", |r| r.own[0].from = "ABC".into()),
         ("count from 1", |r| r.own[0].bits = 2),
         ("which it lacks", |r| r.own[0].key = 9),
         ("none for key index 0", |r| r.keys.retain(|k| k.index == 1)),

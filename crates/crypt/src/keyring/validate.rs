@@ -146,6 +146,19 @@ impl KeyringRec {
                     n + 1
                 ));
             }
+            if o.from.len() != 32
+                || !o
+                    .from
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                || o.from == self.uuid
+            {
+                return damaged(format!(
+                    "keyring {name}: own key {} says it was made from keyring '{}', which is no \
+                     other keyring's uuid",
+                    o.bits, o.from
+                ));
+            }
             if !indexes.contains(&o.key) || !keys.insert(o.key) {
                 return damaged(format!(
                     "keyring {name}: own key {} names data key {}, which it lacks or another \

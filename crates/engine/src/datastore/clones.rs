@@ -5,9 +5,10 @@
 use strata_api::Provisioning;
 
 use crate::catalog::{check_name, split_target, DiskRec, SnapshotRec, HIDDEN_SNAPSHOT_PREFIX};
-use crate::error::{err, ErrorKind, Result};
+use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::store::now_unix;
+use strata_crypt::NewSlot;
 
 use crate::work::Pacer;
 
@@ -80,6 +81,68 @@ impl Datastore {
             clone_locked(m, &s, new, src)?;
             Ok(())
         })?;
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
+    /// Linked clone of `DISK@SNAP` with a key of its own (`clone --own-key`,
+    /// FORMAT.md §16.4): still O(1), nothing copied; what it inherits
+    /// stays under the source's key, its writes go under a new one, and
+    /// only `slot`'s secret opens it. The source must be encrypted and
+    /// unlocked; the clone is unlocked when this returns.
+    pub fn clone_linked_own_key(
+        &self,
+        src: &str,
+        new: &str,
+        slot: &NewSlot<'_>,
+    ) -> Result<DiskInfo> {
+        check_name("disk", new)?;
+        let (disk, Some(snap)) = split_target(src) else {
+            return err(
+                ErrorKind::InvalidArgument,
+                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT'"),
+            );
+        };
+        self.inner.check_writable()?;
+        let source = Self::keyring_of(&self.inner.meta.lock(), disk).map_err(|e| {
+            if e.kind == ErrorKind::InvalidArgument {
+                Error::new(
+                    e.kind,
+                    format!("{}: --own-key clones an encrypted disk", e.message),
+                )
+            } else {
+                e
+            }
+        })?;
+        // The KDF runs outside the lock.
+        let mut keys = self.prepare_keys(NewKeys::OwnKeyOf(source.id, slot), new)?;
+        let made = self.change(|m| {
+            if m.catalog.disk(new).is_ok() {
+                return err(
+                    ErrorKind::AlreadyExists,
+                    format!("a disk named '{new}' already exists"),
+                );
+            }
+            let d = m.catalog.disk(disk)?.clone();
+            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            // The data keys copied are the ones the source's grains are
+            // under: refused if a deep rekey began meanwhile.
+            let now = m.catalog.keyring(source.id);
+            if d.keyring != Some(source.id) || now.is_none_or(|k| k.deep_rekey.is_some()) {
+                return err(
+                    ErrorKind::Refused,
+                    format!("disk '{disk}': its keys changed meanwhile; try again"),
+                );
+            }
+            let (k, u) = keys.take().expect("an own-key keyring was prepared");
+            let id = clone_locked(m, &s, new, src)?;
+            let ring = Self::install_keyring(m, k);
+            if let Some(c) = m.catalog.disks.iter_mut().find(|c| c.id == id) {
+                c.keyring = Some(ring);
+            }
+            Ok((ring, u))
+        })?;
+        self.hold_keys(new, made.0, made.1)?;
         self.inner.commit(false)?;
         self.disk_info(new)
     }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 
 use strata_api::{Encryption, KeySlotInfo};
 use strata_crypt::{CryptError, KdfRec, KeyringRec, NewSlot, Unlocked};
-use strata_format::{GRAIN_BYTES, INCOMPAT_ENCRYPTION};
+use strata_format::{GRAIN_BYTES, INCOMPAT_ENCRYPTION, INCOMPAT_KEY_INDEX};
 
 use crate::catalog::DiskRec;
 use crate::error::{err, Error, ErrorKind, Result};
@@ -23,6 +23,10 @@ pub enum NewKeys<'a> {
     Plain,
     /// A new keyring with one keyslot for this secret.
     Fresh(&'a NewSlot<'a>),
+    /// A keyring of its own for a linked clone of a disk under keyring `id`
+    /// (FORMAT.md §16.4): one keyslot for this secret, the source's data
+    /// keys for what it inherits, and a new one for its writes.
+    OwnKeyOf(u64, &'a NewSlot<'a>),
     /// A copy of keyring `id` (a full clone of an encrypted disk: the same
     /// keys, still wrapped, under a new id; FORMAT.md §16.3).
     CopyOf(u64),
@@ -303,6 +307,21 @@ impl Datastore {
                 (k, u)
             }
             NewKeys::Adopt(c) => (c.rec.clone(), c.keys.clone()),
+            NewKeys::OwnKeyOf(id, slot) => {
+                let k = self.inner.meta.lock().catalog.keyring(id).cloned();
+                let k = k.ok_or_else(|| {
+                    Error::new(ErrorKind::NotFound, format!("no keyring {id} to clone"))
+                })?;
+                let u = self.inner.keys.lock().get(&id).map(|h| h.keys.clone());
+                let u = u.ok_or_else(|| locked_error(name))?;
+                let (k, u) = k
+                    .own_key_clone(&u, slot)
+                    .map_err(|e| crypt_error(name, e))?;
+                // Before the first keyring with own keys is logged, the
+                // superblock says leaf entries may carry key indexes.
+                self.inner.ensure_incompat(INCOMPAT_KEY_INDEX)?;
+                (k, Arc::new(u))
+            }
         };
         // Before the first keyring is logged, the superblock says the
         // datastore may hold keyrings (FORMAT.md §16.3).

@@ -215,14 +215,17 @@ impl DiskHandle {
     }
 
     fn zero_in_place(&self, ls: u64, lt: u64) -> Result<()> {
+        let key = self.data_cipher().map_or(0, |x| x.write_bits());
         let mut writes = Vec::new();
         {
             let mut m = self.inner.meta.lock();
             self.inner.guarded(&mut m, |m| {
                 for v in m.mapped_in(self.version, ls, lt)? {
-                    let (g, exclusive) = m.lookup_for_write(self.version, v)?;
-                    if exclusive {
-                        writes.push((v, g));
+                    let (e, exclusive) = m.lookup_for_write(self.version, v)?;
+                    // In place only under the key zeros are written with
+                    // (an own-key clone's inherited grain is not).
+                    if exclusive && strata_format::leaf_key(e) == key {
+                        writes.push((v, strata_format::leaf_grain(e)));
                     } else {
                         m.unmap_grain(self.version, v)?;
                     }
@@ -247,7 +250,8 @@ impl DiskHandle {
             None => std::borrow::Cow::Owned(vec![0; len]),
             Some(x) => {
                 let mut b = vec![0u8; len];
-                x.encrypt(&mut b, (v << GRAIN_SHIFT) / super::SECTOR);
+                x.writer()
+                    .encrypt(&mut b, (v << GRAIN_SHIFT) / super::SECTOR);
                 std::borrow::Cow::Owned(b)
             }
         }
@@ -348,6 +352,7 @@ impl DiskHandle {
                         v,
                         grain: 0,
                         old: 0,
+                        old_key: 0,
                         new: true,
                     });
                 }
@@ -385,7 +390,8 @@ impl DiskHandle {
             }
             i = j;
         }
-        install_pieces(&self.inner, self.version, &pieces)
+        let key = self.data_cipher().map_or(0, |x| x.write_bits());
+        install_pieces(&self.inner, self.version, &pieces, key)
     }
 
     /// Release the head's grains that read all zeros (`punchzero`, FORMAT.md
@@ -430,10 +436,13 @@ impl DiskHandle {
     /// physical grains are read at once into `buf` (one region long).
     fn zero_grains_in(&self, first: u64, last: u64, buf: &mut [u8]) -> Result<Vec<u64>> {
         let mut grains = Vec::with_capacity((last - first + 1) as usize);
-        self.inner
-            .meta
-            .lock()
-            .lookup_range(self.version, first, last - first + 1, &mut grains)?;
+        self.inner.meta.lock().lookup_entries(
+            self.version,
+            first,
+            last - first + 1,
+            &mut grains,
+        )?;
+        let cipher = self.data_cipher();
         let mut zero = Vec::new();
         let mut i = 0;
         while i < grains.len() {
@@ -445,14 +454,21 @@ impl DiskHandle {
             while j < grains.len() && grains[j] == grains[i] + (j - i) as u64 {
                 j += 1;
             }
+            // Leaf entries: a run is adjacent grains under one key index.
             let n = (j - i) * GRAIN_BYTES as usize;
-            self.inner
-                .pool
-                .read_at(&mut buf[..n], grains[i] << GRAIN_SHIFT)?;
+            let at = strata_format::leaf_grain(grains[i]) << GRAIN_SHIFT;
+            self.inner.pool.read_at(&mut buf[..n], at)?;
             // The region's stripes are held: a deep rekey cannot move it.
-            if let Some(x) = self.data_cipher() {
+            if let Some(x) = &cipher {
                 let v = first + i as u64;
-                x.decrypt(&mut buf[..n], (v << GRAIN_SHIFT) / super::SECTOR);
+                let k = strata_format::leaf_key(grains[i]);
+                let key = x.keyed(k).ok_or_else(|| {
+                    crate::meta::corrupt(format!(
+                        "virtual grain {v}: the map names key index {k}, which the keyring \
+                         does not have"
+                    ))
+                })?;
+                key.decrypt(&mut buf[..n], (v << GRAIN_SHIFT) / super::SECTOR);
             }
             for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
                 if is_zero(g) {

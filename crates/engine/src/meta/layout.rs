@@ -2,7 +2,7 @@
 //! (fragments), how the pool's free space lies (free extents), and moving a
 //! data grain to another place while every map that shares it follows.
 
-use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
+use strata_format::{leaf_entry, leaf_grain, leaf_key, BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use strata_api::FREE_EXTENT_CLASSES;
 
@@ -108,9 +108,10 @@ impl Meta {
     }
 
     /// The distinct leaves, over every version (heads, snapshots, orphans),
-    /// whose entry for virtual grain `v` is `g`: (leaf grain, index).
-    fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize)>> {
-        let mut out: Vec<(u64, usize)> = Vec::new();
+    /// whose entry for virtual grain `v` names grain `g`: (leaf grain,
+    /// index, the entry's key index).
+    fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+        let mut out: Vec<(u64, usize, u8)> = Vec::new();
         for ver in self.version_ids() {
             let st = self.version(ver)?;
             if st.root == 0 || v >> (MAP_FANOUT_SHIFT * st.levels as u32) != 0 {
@@ -128,8 +129,9 @@ impl Meta {
                 continue;
             }
             let idx = (v as usize) & (MAP_FANOUT - 1);
-            if self.node(node, 0)?[idx] == g && !out.contains(&(node, idx)) {
-                out.push((node, idx));
+            let e = self.node(node, 0)?[idx];
+            if e != 0 && leaf_grain(e) == g && !out.iter().any(|o| (o.0, o.1) == (node, idx)) {
+                out.push((node, idx, leaf_key(e)));
             }
         }
         Ok(out)
@@ -145,7 +147,8 @@ impl Meta {
     /// Move data grain `g`, mapped at virtual grain `v`, to `to` (allocated
     /// by `alloc_grain`, its bytes already a copy of `g`'s): every leaf that
     /// names `g` names `to` instead, `to` takes `g`'s count and `g` is
-    /// freed (FORMAT.md §10.2). Returns false, changing nothing, when the
+    /// freed (FORMAT.md §10.2); each entry keeps its key index. Returns
+    /// false, changing nothing, when the
     /// leaves found do not account for `g`'s whole count; the caller then
     /// gives `to` back.
     pub fn move_grain(&mut self, v: u64, g: u64, to: u64) -> Result<bool> {
@@ -154,8 +157,8 @@ impl Meta {
         if count == 0 || leaves.len() as u64 != u64::from(count) {
             return Ok(false);
         }
-        for &(leaf, idx) in &leaves {
-            self.node_set(leaf, 0, idx, to)?;
+        for &(leaf, idx, key) in &leaves {
+            self.node_set(leaf, 0, idx, leaf_entry(to, key))?;
         }
         self.ref_set(to, count)?;
         if count > 1 {
@@ -240,10 +243,10 @@ impl Meta {
             }
             let child_base = base + (lo + i) as u64 * span;
             if level == 0 {
-                if e >= zone {
+                if leaf_grain(e) >= zone {
                     scan.found.push(ZoneGrain::Data {
                         v: child_base,
-                        g: e,
+                        g: leaf_grain(e),
                     });
                 }
                 continue;

@@ -6,8 +6,8 @@
 //! offset, never a guess.
 
 use strata_format::{
-    decode_map_node, decode_ref_page, encode_map_node, encode_ref_page, MapNode, Record,
-    BATCH_HEADER_BYTES, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
+    decode_map_node, decode_ref_page, encode_map_node, encode_ref_page, leaf_grain, MapNode,
+    Record, BATCH_HEADER_BYTES, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE,
 };
 
 use std::sync::Arc;
@@ -46,15 +46,24 @@ pub(crate) fn ref_page_place(p: u64) -> String {
 }
 
 /// Check a node's entries against the pool (after a read, before a write).
-pub(super) fn check_entries(g: u64, entries: &[u64; MAP_FANOUT], hwm: u64) -> Result<()> {
+/// A leaf entry's key index (bits 44–47, FORMAT.md §16.4) is not part of
+/// its grain number; whether the disk has that key is for its reader.
+pub(super) fn check_entries(
+    g: u64,
+    entries: &[u64; MAP_FANOUT],
+    hwm: u64,
+    level: u8,
+) -> Result<()> {
+    let grain = |e: u64| if level == 0 { leaf_grain(e) } else { e };
     if let Some((i, e)) = entries
         .iter()
         .enumerate()
-        .find(|(_, &e)| e != 0 && e >= hwm)
+        .find(|(_, &e)| e != 0 && (grain(e) >= hwm || grain(e) == 0))
     {
         return Err(corrupt(format!(
-            "{}: entry {i} points at grain {e}, outside the pool (1..{hwm})",
-            node_place(g)
+            "{}: entry {i} points at grain {}, outside the pool (1..{hwm})",
+            node_place(g),
+            grain(*e)
         )));
     }
     Ok(())
@@ -84,7 +93,7 @@ impl Meta {
                 n.level
             )));
         }
-        check_entries(g, &n.entries, self.alloc.hwm)?;
+        check_entries(g, &n.entries, self.alloc.hwm, level)?;
         Ok(n)
     }
 
@@ -116,9 +125,10 @@ impl Meta {
     /// Set entry `index` of node `g` (at `level`); returns the old entry.
     pub(super) fn node_set(&mut self, g: u64, level: u8, index: usize, value: u64) -> Result<u64> {
         assert!(index < MAP_FANOUT, "node {g}: index {index}");
+        let grain = if level == 0 { leaf_grain(value) } else { value };
         assert!(
-            value == 0 || value < self.alloc.hwm,
-            "node {g} entry {index}: grain {value} outside the pool ({})",
+            value == 0 || (grain != 0 && grain < self.alloc.hwm),
+            "node {g} entry {index}: grain {grain} outside the pool ({})",
             self.alloc.hwm
         );
         self.load_node(g, level)?;
@@ -147,7 +157,9 @@ impl Meta {
         assert!(at + values.len() <= MAP_FANOUT, "leaf {g}: run at {at}");
         let hwm = self.alloc.hwm;
         assert!(
-            values.iter().all(|&v| v != 0 && v < hwm),
+            values
+                .iter()
+                .all(|&v| leaf_grain(v) != 0 && leaf_grain(v) < hwm),
             "leaf {g}: a run points outside the pool ({hwm})"
         );
         self.load_node(g, 0)?;
@@ -244,6 +256,7 @@ impl Meta {
     }
 
     pub fn ref_get(&mut self, g: u64) -> Result<u32> {
+        let g = leaf_grain(g);
         let page = g / REFS_PER_PAGE as u64;
         self.load_ref_page(page)?;
         match self.cache.get(PageKey::Ref(page)) {
@@ -309,7 +322,7 @@ impl Meta {
                 let mut bytes = Box::new([0u8; GRAIN_BYTES as usize]);
                 match (key, &data) {
                     (PageKey::Map(g), PageData::Map(n)) => {
-                        if let Err(e) = check_entries(g, &n.entries, dirty.hwm) {
+                        if let Err(e) = check_entries(g, &n.entries, dirty.hwm, n.level) {
                             panic!("refusing to write a bad map node: {e}");
                         }
                         encode_map_node(&n.entries, g, n.level, &mut bytes[..]);

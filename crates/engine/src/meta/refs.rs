@@ -2,15 +2,20 @@
 //! below zero and a grain is freed only when its count reaches zero: both
 //! are checked where counts change; a violation is an error the caller
 //! turns into a fail-stop.
+//!
+//! They take map entries as they are: a leaf entry's key index (bits
+//! 44–47, FORMAT.md §16.4) is left out, so a grain counts the same under
+//! any key.
 
 use super::{corrupt, Meta};
-use strata_format::REFS_PER_PAGE;
+use strata_format::{leaf_grain, REFS_PER_PAGE};
 
 use crate::cache::{PageData, PageKey};
 use crate::error::Result;
 
 impl Meta {
     pub(super) fn incref(&mut self, g: u64) -> Result<()> {
+        let g = leaf_grain(g);
         let c = self.ref_get(g)?;
         if c == 0 {
             return Err(corrupt(format!(
@@ -26,6 +31,7 @@ impl Meta {
     /// Drop one reference; free the grain (and, for a node, its subtree) at 0.
     /// `level` is Some(level) for a map node, None for a data grain.
     pub fn decref(&mut self, g: u64, level: Option<u8>) -> Result<()> {
+        let g = leaf_grain(g);
         let c = self.ref_get(g)?;
         if c == 0 {
             return Err(corrupt(format!(
@@ -72,22 +78,22 @@ impl Meta {
                 i += 1;
                 continue;
             }
-            let page = pieces[i].0 / per_page;
+            let page = leaf_grain(pieces[i].0) / per_page;
             self.load_ref_page(page)?;
             let Some(PageData::Ref(counts)) = self.cache.get(PageKey::Ref(page)) else {
                 unreachable!("ref page just loaded")
             };
-            while i < pieces.len() && (!pieces[i].1 || pieces[i].0 / per_page == page) {
+            while i < pieces.len() && (!pieces[i].1 || leaf_grain(pieces[i].0) / per_page == page) {
                 let (g, ok) = &mut pieces[i];
                 if *ok {
-                    *ok = counts[(*g % per_page) as usize] == 1;
+                    *ok = counts[(leaf_grain(*g) % per_page) as usize] == 1;
                 }
                 i += 1;
             }
         }
         if !self.decreased_current.is_empty() || !self.decreased_committing.is_empty() {
             for (g, ok) in pieces.iter_mut().filter(|p| p.1) {
-                *ok = !self.decreased_in_batch(*g);
+                *ok = !self.decreased_in_batch(leaf_grain(*g));
             }
         }
         Ok(())
@@ -102,6 +108,6 @@ impl Meta {
 
     /// Whether a write may go to grain `g` in place, as far as `g` itself goes.
     pub(super) fn sole_owner(&mut self, g: u64) -> Result<bool> {
-        Ok(self.ref_get(g)? == 1 && !self.decreased_in_batch(g))
+        Ok(self.ref_get(g)? == 1 && !self.decreased_in_batch(leaf_grain(g)))
     }
 }

@@ -206,7 +206,7 @@ impl Meta {
                 )));
             }
             let level = n.level.expect("a verified node has a level");
-            check_entries(g, &n.entries, self.alloc.hwm)?;
+            check_entries(g, &n.entries, self.alloc.hwm, level)?;
             self.cache.insert(
                 PageKey::Map(g),
                 PageData::map(MapNode {

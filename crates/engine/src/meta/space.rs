@@ -20,6 +20,8 @@
 
 use std::collections::HashMap;
 
+use strata_format::leaf_grain;
+
 use super::{corrupt, Meta};
 use crate::error::Result;
 
@@ -70,6 +72,12 @@ impl Meta {
             let entries = *self.node(node, level)?;
             let child_level = level.checked_sub(1);
             for e in entries.into_iter().filter(|&e| e != 0) {
+                // A data grain by its number, whatever key wrote it.
+                let e = if child_level.is_none() {
+                    leaf_grain(e)
+                } else {
+                    e
+                };
                 if self.sim_take(e, child_level, base, taken)? {
                     freed += 1;
                     if let Some(l) = child_level {

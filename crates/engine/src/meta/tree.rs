@@ -1,8 +1,13 @@
 //! Map trees (docs/FORMAT.md §3): lookups, copy-on-write of shared paths,
 //! unmap, walks and diffs. Every node is read through `Meta::node` with the
 //! level the walk expects, so a pointer to the wrong kind of page is caught.
+//!
+//! A leaf entry is a pool grain and, in bits 44–47, the key index of an
+//! own-key clone's grains (FORMAT.md §16.4). Entries go in and come out
+//! whole where a caller names them so (`lookup_for_write`, `install`,
+//! `lookup_entries`); `walk` and `lookup_range` give grain numbers.
 
-use strata_format::{BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
+use strata_format::{leaf_grain, BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
 
 use super::alloc::{Place, META_OWNER};
 use super::{corrupt, Meta};
@@ -55,8 +60,8 @@ impl Meta {
 
     // ------------------------------------------------------------ trees
 
-    /// Entry for virtual grain `v` of version `ver`, and whether a write may
-    /// overwrite that grain in place.
+    /// Leaf entry for virtual grain `v` of version `ver` (key index
+    /// included), and whether a write may overwrite that grain in place.
     pub fn lookup_for_write(&mut self, ver: u64, v: u64) -> Result<(u64, bool)> {
         let st = self.version(ver)?;
         let mut node = st.root;
@@ -180,10 +185,14 @@ impl Meta {
         Ok(old)
     }
 
-    /// Point `v` at freshly written grain `g` (allocated by `alloc_grain`).
-    pub fn install(&mut self, ver: u64, v: u64, g: u64) -> Result<()> {
-        self.log_record(&strata_format::Record::RefSet { grain: g, count: 1 });
-        let old = self.leaf_set(ver, v, g)?;
+    /// Point `v` at freshly written grain `e` (a leaf entry: a grain from
+    /// `alloc_grain` and its key index).
+    pub fn install(&mut self, ver: u64, v: u64, e: u64) -> Result<()> {
+        self.log_record(&strata_format::Record::RefSet {
+            grain: leaf_grain(e),
+            count: 1,
+        });
+        let old = self.leaf_set(ver, v, e)?;
         if old != 0 {
             self.decref(old, None)?;
         }
@@ -191,7 +200,8 @@ impl Meta {
     }
 
     /// Point virtual grains `v0 ..` of `ver`, all under one leaf, at the
-    /// freshly written grains `grains` (each from `alloc_data_grain`):
+    /// freshly written grains `grains` (leaf entries, each a grain from
+    /// `alloc_data_grain` with its key index):
     /// `install` for each, with the leaf's path walked once and the
     /// changes logged as runs (docs/FORMAT.md §5, MAP_RUN and REF_RUN).
     pub fn install_run(&mut self, ver: u64, v0: u64, grains: &[u64]) -> Result<()> {
@@ -204,7 +214,8 @@ impl Meta {
         if grains.len() == 1 {
             return self.install(ver, v0, grains[0]);
         }
-        self.log_new_counts(grains);
+        let counted: Vec<u64> = grains.iter().map(|&e| leaf_grain(e)).collect();
+        self.log_new_counts(&counted);
         let leaf = self.writable_node(ver, v0, 0)?;
         let mut old = Vec::with_capacity(grains.len());
         self.leaf_set_run(leaf, at, grains, &mut old)?;
@@ -294,6 +305,17 @@ impl Meta {
     /// where grain 0 means `count` unmapped grains and a mapped grain comes
     /// with count 1. Empty subtrees are skipped whole.
     pub fn walk(
+        &mut self,
+        ver: u64,
+        start: u64,
+        end: u64,
+        f: &mut dyn FnMut(u64, u64, u64),
+    ) -> Result<()> {
+        self.walk_entries(ver, start, end, &mut |v, n, e| f(v, n, leaf_grain(e)))
+    }
+
+    /// `walk` giving leaf entries whole (grain and key index).
+    pub fn walk_entries(
         &mut self,
         ver: u64,
         start: u64,
@@ -465,8 +487,24 @@ impl Meta {
         count: u64,
         out: &mut Vec<u64>,
     ) -> Result<()> {
+        self.lookup_entries(ver, start, count, out)?;
+        for e in out.iter_mut() {
+            *e = leaf_grain(*e);
+        }
+        Ok(())
+    }
+
+    /// Leaf entries (grain and key index) for `count` virtual grains from
+    /// `start` (0 = unmapped).
+    pub fn lookup_entries(
+        &mut self,
+        ver: u64,
+        start: u64,
+        count: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
         out.clear();
-        self.walk(ver, start, start + count, &mut |_, n, g| {
+        self.walk_entries(ver, start, start + count, &mut |_, n, g| {
             if g == 0 {
                 out.extend(std::iter::repeat_n(0, n as usize));
             } else {

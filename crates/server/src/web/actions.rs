@@ -177,6 +177,7 @@ fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
         ["clones"] => Request::CloneLinked {
             source: format!("{d}@{}", field(b, "snapshot")?),
             name: field(b, "name")?.to_string(),
+            own_key: None,
         },
         ["extend"] => extend(d, b)?,
         ["rename"] => Request::Rename {
