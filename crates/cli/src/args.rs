@@ -535,7 +535,8 @@ Read through the running server, or from the file when none runs."
         /// data key, and only the new secret (--new-key-file, --new-key-keyring, --new-key-helper
         /// or --new-key-prompt) opens it; the source's secrets do not. Still O(1): what it
         /// inherits is not copied and stays under the source's key (docs/FORMAT.md §16.4). The
-        /// source must be unlocked; a deep rekey of the source waits while the clone exists.
+        /// source must be unlocked; a later deep rekey of the source copies what the clone still
+        /// shares with it.
         #[arg(long, conflicts_with = "full")]
         own_key: bool,
         #[command(flatten)]

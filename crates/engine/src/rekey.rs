@@ -3,16 +3,19 @@
 //! order, one region per step, while clients read and write. Each step
 //! moves the region's grains to new ones (every sharer's map follows, as
 //! defrag's moves) and advances the keyring's cursor past the region in the
-//! same change of the metadata, so one log batch holds both.
+//! same change of the metadata, so one log batch holds both. A grain that
+//! a disk of another keyring (an own-key clone) maps too is copied
+//! instead: the lineage's maps, split from the other's first, name the
+//! copy; the other keeps the old grain under the old key.
 
 use std::sync::Arc;
 
 use strata_crypt::{DataCipher, Xts, GRAIN_SECTORS};
-use strata_format::GRAIN_BYTES;
+use strata_format::{GRAIN_BYTES, MAP_FANOUT_SHIFT};
 
 use crate::disk::{DiskHandle, RegionWalk};
 use crate::error::{err, ErrorKind, Result};
-use crate::meta::{Meta, Place};
+use crate::meta::{Meta, Moved, Place};
 use crate::store::{CipherCell, SpaceRequest};
 
 /// Allocation owner of the pass's new grains: a cursor of its own.
@@ -53,6 +56,26 @@ pub(crate) fn lineage(m: &Meta, keyring: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// The versions of every other keyring's disks (and of plain disks): the
+/// maps a copy leaves as they are.
+fn other_versions(m: &Meta, keyring: u64) -> std::collections::HashSet<u64> {
+    let others: Vec<&crate::catalog::DiskRec> = m
+        .catalog
+        .disks
+        .iter()
+        .filter(|d| d.keyring != Some(keyring))
+        .collect();
+    let mut out: std::collections::HashSet<u64> = others.iter().map(|d| d.head).collect();
+    out.extend(
+        m.catalog
+            .snapshots
+            .iter()
+            .filter(|s| others.iter().any(|d| d.id == s.disk))
+            .map(|s| s.version),
+    );
+    out
+}
+
 /// The grain just past the largest version of the lineage.
 pub(crate) fn lineage_end(m: &Meta, keyring: u64) -> u64 {
     lineage(m, keyring).iter().map(|l| l.1).max().unwrap_or(0)
@@ -82,14 +105,15 @@ fn region_pairs(m: &mut Meta, keyring: u64, first: u64, last: u64) -> Result<Vec
 
 impl DiskHandle {
     /// Re-encrypt the lineage's grains from the keyring's cursor to the
-    /// lineage's end, a region at a time; returns the bytes re-encrypted.
+    /// lineage's end, a region at a time; returns the bytes re-encrypted,
+    /// and of them the bytes copied (other keyrings' disks keep the old).
     pub(crate) fn rekey_pass(
         &self,
         job: &Rekeying,
         progress: &mut dyn FnMut(u64, u64),
         pace: &mut dyn FnMut(u64) -> Result<()>,
-    ) -> Result<u64> {
-        let mut moved = 0u64;
+    ) -> Result<(u64, u64)> {
+        let (mut moved, mut copied) = (0u64, 0u64);
         loop {
             // A disk of the lineage grown meanwhile is covered too.
             let (at, end) = {
@@ -97,7 +121,7 @@ impl DiskHandle {
                 (cursor(&m, job.keyring)?, lineage_end(&m, job.keyring))
             };
             if at >= end {
-                return Ok(moved);
+                return Ok((moved, copied));
             }
             let walk = RegionWalk {
                 offset: at * GRAIN_BYTES,
@@ -110,8 +134,9 @@ impl DiskHandle {
             let r = self.in_regions(walk, &mut |first, last, _, held| match self
                 .rekey_region(job, first, last, held)?
             {
-                Some(n) => {
+                Some((n, c)) => {
                     moved += n;
+                    copied += c;
                     Ok(())
                 }
                 None => {
@@ -137,7 +162,7 @@ impl DiskHandle {
         first: u64,
         last: u64,
         held: &[u64],
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<(u64, u64)>> {
         // `strata lock` stops the pass at the next region.
         if self.keys.as_ref().is_some_and(|k| k.strong_count() == 0) {
             return Err(strata_crypt::locked_error(&self.name));
@@ -171,7 +196,7 @@ impl DiskHandle {
         first: u64,
         last: u64,
         held: &[u64],
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<(u64, u64)>> {
         let _fence = self.inner.fail_on_panic();
         let mapped = region_pairs(&mut self.inner.meta.lock(), job.keyring, first, last)?;
         let g = GRAIN_BYTES as usize;
@@ -212,13 +237,19 @@ impl DiskHandle {
                 );
             }
         }
+        let mut copied = 0u64;
         self.inner.guarded(&mut m, |m| {
+            let theirs = split_from_others(m, job.keyring, &mapped)?;
             for (&(v, old), &to) in mapped.iter().zip(&targets) {
-                if !m.move_grain(v, old, to)? {
-                    return err(
-                        ErrorKind::Corrupt,
-                        format!("grain {old} at virtual grain {v} could not move"),
-                    );
+                match m.move_or_copy(v, old, to, &theirs)? {
+                    Some(Moved::Whole) => {}
+                    Some(Moved::Copied) => copied += GRAIN_BYTES,
+                    None => {
+                        return err(
+                            ErrorKind::Corrupt,
+                            format!("grain {old} at virtual grain {v} could not move"),
+                        )
+                    }
                 }
             }
             advance(m, job, first, last + 1)
@@ -227,7 +258,7 @@ impl DiskHandle {
         self.inner
             .mutations
             .fetch_add(1, std::sync::atomic::Ordering::Release);
-        Ok(Some(targets.len() as u64 * GRAIN_BYTES))
+        Ok(Some((targets.len() as u64 * GRAIN_BYTES, copied)))
     }
 
     /// `n` new grains for the region's copies, under the space rule; on
@@ -254,6 +285,28 @@ impl DiskHandle {
         }
         Ok(targets)
     }
+}
+
+/// Give the lineage maps of its own wherever they lead to `mapped`'s
+/// leaves through nodes another keyring's disks share, and return those
+/// disks' nodes there (the leaves a copy leaves alone).
+fn split_from_others(
+    m: &mut Meta,
+    keyring: u64,
+    mapped: &[(u64, u64)],
+) -> Result<std::collections::HashSet<u64>> {
+    let others = other_versions(m, keyring);
+    let list: Vec<u64> = others.iter().copied().collect();
+    let mut leaves: Vec<u64> = mapped.iter().map(|&(v, _)| v >> MAP_FANOUT_SHIFT).collect();
+    leaves.dedup();
+    let mut theirs = std::collections::HashSet::new();
+    for leaf in leaves {
+        let v = leaf << MAP_FANOUT_SHIFT;
+        let nodes = m.path_nodes(&list, v)?;
+        m.split_path(&others, &nodes, v)?;
+        theirs.extend(nodes);
+    }
+    Ok(theirs)
 }
 
 /// Where the keyring's deep rekey stands (its first grain not re-encrypted).

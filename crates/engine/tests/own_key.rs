@@ -4,7 +4,7 @@
 //! sector inside an inherited grain, holes, in place, zeros); every
 //! version keeps its bytes through snapshots, defrag, free-space return,
 //! a full clone, `check` and a power cut; and a deep rekey of the source
-//! waits while the clone exists.
+//! copies what the clone shares instead of moving it.
 #![allow(clippy::too_many_lines)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
@@ -204,45 +204,103 @@ fn an_own_key_clone_reads_what_it_inherits_and_writes_under_its_own_key() {
     clean(&ds, "after the full clone");
 }
 
+/// A deep rekey of the source copies what an own-key clone shares with it
+/// (the clone keeps reading the old grains under the old key) and moves
+/// the rest; every version reads its bytes, with each secret, after it.
 #[test]
-fn a_deep_rekey_waits_while_an_own_key_clone_shares_the_data() {
-    let (_b, ds) = common::new_sim(256 << 20);
+fn a_deep_rekey_of_the_source_copies_what_an_own_key_clone_shares() {
+    let (b, ds) = common::new_sim(256 << 20);
     let mut m = source_and_clone(&ds);
+    // A plain linked clone of the source (its lineage: moved with it) and
+    // a snapshot of the own-key clone (the other side: kept as it is).
+    ds.clone_linked("d@s", "e").unwrap();
+    copy(&mut m, "d@s", "e");
+    write(&ds, &mut m, "e", 3 * GRAIN, &pattern(3, 2, 21));
     write_every_kind(&ds, &mut m, "c", 5);
-    let e = ds
+    ds.snapshot_create("c", "t", "").unwrap();
+    copy(&mut m, "c", "c@t");
+    write(&ds, &mut m, "d", 500 * GRAIN, &pattern(500, 16, 6));
+    let used = ds.check().unwrap().data_grains;
+    let r = ds
         .rekey_deep(
             "d",
             Some(&slot(GRAND)),
             &SpaceWork::default(),
             &mut |_, _| {},
         )
-        .unwrap_err();
+        .unwrap();
+    assert!(r.copied_bytes > 0, "{r:?}");
+    assert!(r.copied_bytes < r.reencrypted_bytes, "{r:?}");
+    // Only what the other keyring shares is stored twice.
+    let grew = ds.check().unwrap().data_grains - used;
+    assert_eq!(grew * GRAIN, r.copied_bytes, "{r:?}");
+    same(&ds, &m, "after the deep rekey");
+    clean(&ds, "after the deep rekey");
+    assert_eq!(ds.disk_info("d").unwrap().encryption.unwrap().data_key, 1);
+    drop(ds);
+    let ds = common::open_sim(&b);
     assert!(
-        e.message.contains("own-key clones") && e.message.contains("(c)"),
-        "{e}"
+        ds.unlock("d", SOURCE).is_err(),
+        "the old secret opens the source"
     );
+    ds.unlock("d", GRAND).unwrap();
+    ds.unlock("c", CLONE).unwrap();
+    same(&ds, &m, "reopened");
+    clean(&ds, "reopened");
+    // A deep rekey of the own-key clone itself is not built yet.
     let e = ds
         .rekey_deep(
             "c",
-            Some(&slot(GRAND)),
+            Some(&slot(SOURCE)),
             &SpaceWork::default(),
             &mut |_, _| {},
         )
         .unwrap_err();
     assert!(e.message.contains("own-key clone"), "{e}");
-    // Neither refusal changed a key: both still open with their secrets.
-    assert_eq!(ds.disk_info("d").unwrap().encryption.unwrap().data_key, 0);
-    ds.remove_disk("c").unwrap();
-    m.remove("c");
-    ds.rekey_deep(
-        "d",
-        Some(&slot(GRAND)),
-        &SpaceWork::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    same(&ds, &m, "deep rekey after the clone went");
-    clean(&ds, "deep rekey after the clone went");
+}
+
+/// A power cut at any region of such a rekey leaves both sides reading
+/// their bytes; resumed, it ends with the same.
+#[test]
+fn a_power_cut_in_a_deep_rekey_that_copies_keeps_both_sides() {
+    for (seed, cut_at) in [(1u64, 1u32), (2, 2), (3, 3), (4, 5)] {
+        let (b, ds) = common::new_sim(256 << 20);
+        let mut m = source_and_clone(&ds);
+        write_every_kind(&ds, &mut m, "c", 8);
+        write(&ds, &mut m, "d", 700 * GRAIN, &pattern(700, 300, 2));
+        ds.flush().unwrap();
+        let ds = std::sync::Arc::new(ds);
+        let ds2 = ds.clone();
+        let b2 = b.clone();
+        let mut regions = 0;
+        let r = ds.rekey_deep(
+            "d",
+            Some(&slot(GRAND)),
+            &SpaceWork::default(),
+            &mut |_, _| {
+                regions += 1;
+                if regions % 2 == 0 && regions < cut_at {
+                    ds2.flush().unwrap();
+                }
+                if regions == cut_at {
+                    b2.crash(seed);
+                }
+            },
+        );
+        assert!(r.is_err(), "the cut after {cut_at} regions never came");
+        drop(ds2);
+        drop(ds);
+        let ds = common::open_sim(&b);
+        let what = format!("cut after {cut_at} regions (seed {seed})");
+        ds.unlock("d", GRAND).unwrap();
+        ds.unlock("c", CLONE).unwrap();
+        same(&ds, &m, &what);
+        clean(&ds, &what);
+        ds.rekey_deep("d", None, &SpaceWork::default(), &mut |_, _| {})
+            .unwrap();
+        same(&ds, &m, &format!("{what}, resumed"));
+        clean(&ds, &format!("{what}, resumed"));
+    }
 }
 
 #[test]

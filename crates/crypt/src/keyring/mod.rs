@@ -65,9 +65,8 @@ pub struct OwnKey {
     pub bits: u8,
     /// The data key's index in `keys`.
     pub key: u32,
-    /// The uuid of the keyring the clone was made from: a deep rekey of
-    /// that keyring would re-encrypt grains this one still reads under
-    /// their old key, so it waits while this record exists (§16.4).
+    /// The uuid of the keyring the clone was made from, whose grains it
+    /// may still read under the key they were written with (§16.4).
     pub from: String,
 }
 

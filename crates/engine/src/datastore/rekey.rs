@@ -10,7 +10,6 @@ use strata_format::{GRAIN_BYTES, INCOMPAT_DEEP_REKEY};
 use super::keys::crypt_error;
 use super::{Datastore, SpaceWork};
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::meta::Meta;
 use crate::rekey::{lineage_end, Rekeying};
 use crate::work::Pacer;
 use strata_crypt::locked_error;
@@ -22,6 +21,10 @@ pub struct DeepRekeyReport {
     pub resumed: bool,
     /// Bytes of grains re-encrypted by this run.
     pub reencrypted_bytes: u64,
+    /// Of them, bytes copied rather than moved: own-key clones made from
+    /// the lineage still read the old grains under the old key, so these
+    /// are stored twice from now on (FORMAT.md §16.4).
+    pub copied_bytes: u64,
     /// The data key the lineage is under now.
     pub data_key: u32,
 }
@@ -80,11 +83,13 @@ impl Datastore {
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
             .resting(crate::work::LAYOUT_BUSY_REST);
         let mut clients = self.inner.client_watch();
-        let moved = h.rekey_pass(&job, progress, &mut |n| pacer.pace(n, clients.busy()))?;
+        let (moved, copied) =
+            h.rekey_pass(&job, progress, &mut |n| pacer.pace(n, clients.busy()))?;
         let data_key = self.end_deep(disk, &job)?;
         Ok(DeepRekeyReport {
             resumed,
             reencrypted_bytes: moved,
+            copied_bytes: copied,
             data_key,
         })
     }
@@ -104,7 +109,6 @@ impl Datastore {
         // datastore before the first record with one is logged.
         self.inner.ensure_incompat(INCOMPAT_DEEP_REKEY)?;
         self.change(|m| {
-            own_key_clones_of(m, disk, &before)?;
             let cur = m.catalog.keyring_mut(k.id).ok_or_else(|| gone(disk))?;
             if *cur != before {
                 return err(
@@ -186,33 +190,4 @@ impl Datastore {
         self.inner.commit(false)?;
         Ok(index)
     }
-}
-
-/// Refuse a deep rekey of keyring `k` while an own-key clone made from it
-/// exists: the clone reads the grains it inherited under their old key,
-/// and the pass would move them from under it (FORMAT.md §16.4; copying
-/// them instead is designed, not built).
-fn own_key_clones_of(m: &Meta, disk: &str, k: &KeyringRec) -> Result<()> {
-    let clones: Vec<&str> = m
-        .catalog
-        .disks
-        .iter()
-        .filter(|d| {
-            d.keyring
-                .and_then(|id| m.catalog.keyring(id))
-                .is_some_and(|c| c.descends_from(&k.uuid))
-        })
-        .map(|d| d.name.as_str())
-        .collect();
-    if clones.is_empty() {
-        return Ok(());
-    }
-    err(
-        ErrorKind::Refused,
-        format!(
-            "disk '{disk}': own-key clones share its data under its current key ({}); a deep \
-             rekey of it waits until they are removed",
-            clones.join(", ")
-        ),
-    )
 }

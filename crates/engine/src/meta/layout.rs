@@ -110,7 +110,7 @@ impl Meta {
     /// The distinct leaves, over every version (heads, snapshots, orphans),
     /// whose entry for virtual grain `v` names grain `g`: (leaf grain,
     /// index, the entry's key index).
-    fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+    pub(super) fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
         let mut out: Vec<(u64, usize, u8)> = Vec::new();
         for ver in self.version_ids() {
             let st = self.version(ver)?;

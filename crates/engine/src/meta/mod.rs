@@ -31,6 +31,7 @@ mod pages;
 mod refs;
 mod replay;
 mod space;
+mod split;
 mod tree;
 mod versions;
 
@@ -49,6 +50,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub use alloc::{pool_end_covering, Allocator, DataSlot, Place};
 pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan};
 pub use pages::{DirtyPages, EncodedPage};
+pub use split::Moved;
 
 /// What a commit takes out of the metadata state.
 pub struct Batch {
