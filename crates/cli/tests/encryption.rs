@@ -732,10 +732,20 @@ fn an_own_key_clone_opens_with_its_own_secret_only() {
     assert!(all(4608..5120, 0x33) && all(0..4608, 0x11) && all(5120..8192, 0x11));
     assert!(all(1 << 20..2 << 20, 0x22) && all(2 << 20..8 << 20, 0x11));
     assert!(all(12 << 20..(12 << 20) + 2048, 0x44) && all((12 << 20) + 2048..16 << 20, 0));
+    // A deep rekey of the clone itself: one new key for what it inherited
+    // and what it wrote; its old secret opens nothing afterwards.
+    let k4 = key_file(s.dir.path(), "k4", 32);
+    s.ok(&["rekey", "--deep", "c", "--new-key-file", &p(&k4)]);
+    qemu_io_ok(RAW, &c, &reads);
+    let v = s.json(&["info", "c"]);
+    assert_eq!(v["encryption"]["data_key"], 2, "{v}");
     // The source cannot lend keys it does not hold here.
     let err = s.fails(&["clone", "vm@s", "d", "--own-key", "--new-key-file", &p(&k2)]);
     assert!(err.contains("locked"), "{err}");
     srv.stop();
+    let err = s.fails_with(2, &["unlock", "c", "--key-file", &p(&k2)]);
+    assert!(err.contains("wrong key"), "{err}");
+    s.ok(&["check"]);
     // Flags that do not go together.
     let err = s.fails(&["clone", "vm@s", "x", "--new-key-file", &p(&k2)]);
     assert!(err.contains("--own-key"), "{err}");

@@ -14,8 +14,10 @@ pub struct DataCipher {
     /// The first sector under `above`.
     split: u64,
     /// The own keys of an own-key clone: `own[j - 1]` for key index `j`
-    /// (FORMAT.md §16.4); writes go under the last. Empty elsewhere.
+    /// (FORMAT.md §16.4). Empty elsewhere.
     own: Vec<Arc<Xts>>,
+    /// The key index writes go under (0, or one of `own`'s).
+    write: u8,
 }
 
 /// The key of the grains of one key index: the keyring's data cipher
@@ -60,6 +62,7 @@ impl DataCipher {
             above: x,
             split: 0,
             own: Vec::new(),
+            write: 0,
         }
     }
 
@@ -70,17 +73,29 @@ impl DataCipher {
             above,
             split,
             own: Vec::new(),
+            write: 0,
         }
     }
 
-    /// The same with the own keys of an own-key clone, by key index from 1.
+    /// The same with the own keys of an own-key clone, by key index from
+    /// 1, writing under the newest.
     pub fn with_own(self, own: Vec<Arc<Xts>>) -> DataCipher {
-        DataCipher { own, ..self }
+        let write = own.len() as u8;
+        DataCipher { own, write, ..self }
     }
 
-    /// The key index new grains get: the newest own key's, or 0.
+    /// The same, writing under key index `bits` (0 during a deep rekey);
+    /// an index it has no key for is refused by `writer`.
+    pub fn writing(self, bits: u8) -> DataCipher {
+        DataCipher {
+            write: bits,
+            ..self
+        }
+    }
+
+    /// The key index new grains get.
     pub fn write_bits(&self) -> u8 {
-        self.own.len() as u8
+        self.write
     }
 
     /// The key of the grains whose entries carry key index `bits`; None
@@ -94,8 +109,8 @@ impl DataCipher {
 
     /// The key new grains are written under.
     pub fn writer(&self) -> Keyed<'_> {
-        self.keyed(self.write_bits())
-            .expect("the newest own key is in the table")
+        self.keyed(self.write)
+            .expect("the write key index names a key of the table")
     }
 
     /// The key of sectors `[first, first + n)` as (key, n) runs, at most two.

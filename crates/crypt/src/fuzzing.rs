@@ -70,7 +70,14 @@ pub fn keyring_parse(data: &[u8]) -> usize {
                 assert_eq!(sector, [0u8; crate::SECTOR_BYTES]);
             }
             assert!(rec.own.iter().all(|o| o.key != rec.base_index()));
-            assert_eq!(usize::from(rec.write_bits()), rec.own.len());
+            let writes = if rec.deep_rekey.is_some() {
+                0
+            } else {
+                rec.own.len()
+            };
+            assert_eq!(usize::from(rec.write_bits()), writes);
+            assert_eq!(c.write_bits(), rec.write_bits());
+            assert!(c.keyed(c.write_bits()).is_some());
             assert!(rec.slot_of(secret).is_ok());
             opened += 1;
         }

@@ -49,12 +49,19 @@ fn write_seeds() {
         .own_key_clone(&keys, &slot(LONG_SECRET, "file"))
         .unwrap();
     let (own2, _) = own1.own_key_clone(&k1, &slot(LONG_SECRET, "file")).unwrap();
+    // An own-key clone part-way through a deep rekey: its own key kept.
+    let mut own_deep = own1.clone();
+    own_deep
+        .begin_deep(&k1, &slot(LONG_SECRET, "file"))
+        .unwrap();
+    own_deep.deep_rekey.as_mut().unwrap().next_grain = 777;
     for (name, rec) in [
         ("opens_long_secret.json", &long),
         ("opens_short_secret.json", &short),
         ("opens_two_slots.json", &both),
         ("opens_deep_rekey.json", &deep),
         ("opens_own_keys.json", &own2),
+        ("opens_own_deep_rekey.json", &own_deep),
     ] {
         // Seeds already committed stay as they are.
         if !dir.join(name).exists() {

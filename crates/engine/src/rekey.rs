@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use strata_crypt::{DataCipher, Xts, GRAIN_SECTORS};
-use strata_format::{GRAIN_BYTES, MAP_FANOUT_SHIFT};
+use strata_format::{leaf_grain, leaf_key, GRAIN_BYTES, MAP_FANOUT_SHIFT};
 
 use crate::disk::{DiskHandle, RegionWalk};
 use crate::error::{err, ErrorKind, Result};
@@ -24,13 +24,34 @@ const REKEY_OWNER: u64 = u64::MAX - 2;
 /// changed it under the pass.
 const REGION_TRIES: u32 = 8;
 
-/// What the pass needs of the keyring: its id, the two keys, and the
-/// cipher cell that readers and writers take their key from.
+/// What the pass needs of the keyring: its id, the two keys, an own-key
+/// clone's own keys (by key index from 1: their grains are re-encrypted
+/// under `to` too, and their entries get index 0), and the cipher cell
+/// that readers and writers take their key from.
 pub(crate) struct Rekeying {
     pub keyring: u64,
     pub from: Arc<Xts>,
     pub to: Arc<Xts>,
+    pub own: Vec<Arc<Xts>>,
     pub cell: Arc<CipherCell>,
+}
+
+impl Rekeying {
+    /// The key the grains of leaf key index `bits` are under now.
+    fn key_of(&self, bits: u8) -> Result<&Xts> {
+        match bits {
+            0 => Ok(&self.from),
+            j => self
+                .own
+                .get(usize::from(j) - 1)
+                .map(|x| &**x)
+                .ok_or_else(|| {
+                    crate::meta::corrupt(format!(
+                        "the map names key index {j}, which the keyring does not have"
+                    ))
+                }),
+        }
+    }
 }
 
 /// The versions of a keyring's lineage (the heads and snapshots of every
@@ -81,7 +102,8 @@ pub(crate) fn lineage_end(m: &Meta, keyring: u64) -> u64 {
     lineage(m, keyring).iter().map(|l| l.1).max().unwrap_or(0)
 }
 
-/// The distinct (virtual, pool) grains the lineage maps in `[first, last]`.
+/// The distinct (virtual grain, leaf entry) pairs the lineage maps in
+/// `[first, last]`: the pool grain and the key index it is under.
 fn region_pairs(m: &mut Meta, keyring: u64, first: u64, last: u64) -> Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     let mut grains = Vec::new();
@@ -91,7 +113,7 @@ fn region_pairs(m: &mut Meta, keyring: u64, first: u64, last: u64) -> Result<Vec
             continue;
         }
         grains.clear();
-        m.lookup_range(ver, first, end - first, &mut grains)?;
+        m.lookup_entries(ver, first, end - first, &mut grains)?;
         for (i, &g) in grains.iter().enumerate() {
             if g != 0 {
                 out.push((first + i as u64, g));
@@ -201,9 +223,10 @@ impl DiskHandle {
         let mapped = region_pairs(&mut self.inner.meta.lock(), job.keyring, first, last)?;
         let g = GRAIN_BYTES as usize;
         let mut buf = vec![0u8; mapped.len() * g];
-        self.read_grains(&mapped, &mut buf)?;
-        for (chunk, &(v, _)) in buf.chunks_mut(g).zip(&mapped) {
-            job.from.decrypt(chunk, v * GRAIN_SECTORS);
+        let grains: Vec<(u64, u64)> = mapped.iter().map(|&(v, e)| (v, leaf_grain(e))).collect();
+        self.read_grains(&grains, &mut buf)?;
+        for (chunk, &(v, e)) in buf.chunks_mut(g).zip(&mapped) {
+            job.key_of(leaf_key(e))?.decrypt(chunk, v * GRAIN_SECTORS);
             job.to.encrypt(chunk, v * GRAIN_SECTORS);
         }
         // As in defrag: the stripes are held already, so a recursive read
@@ -224,7 +247,7 @@ impl DiskHandle {
             self.give_back(&mut m, &targets)?;
             return Ok(None);
         }
-        for &(v, old) in &mapped {
+        for &(v, old) in &grains {
             if !m.can_move(v, old)? {
                 self.give_back(&mut m, &targets)?;
                 return err(
@@ -240,7 +263,7 @@ impl DiskHandle {
         let mut copied = 0u64;
         self.inner.guarded(&mut m, |m| {
             let theirs = split_from_others(m, job.keyring, &mapped)?;
-            for (&(v, old), &to) in mapped.iter().zip(&targets) {
+            for (&(v, old), &to) in grains.iter().zip(&targets) {
                 match m.move_or_copy(v, old, to, &theirs)? {
                     Some(Moved::Whole) => {}
                     Some(Moved::Copied) => copied += GRAIN_BYTES,
@@ -341,10 +364,10 @@ fn advance(m: &mut Meta, job: &Rekeying, first: u64, next: u64) -> Result<()> {
     }
     d.next_grain = next;
     m.mark_catalog_dirty();
-    *job.cell.lock() = Arc::new(DataCipher::split(
-        job.to.clone(),
-        job.from.clone(),
-        next * GRAIN_SECTORS,
-    ));
+    *job.cell.lock() = Arc::new(
+        DataCipher::split(job.to.clone(), job.from.clone(), next * GRAIN_SECTORS)
+            .with_own(job.own.clone())
+            .writing(0),
+    );
     Ok(())
 }

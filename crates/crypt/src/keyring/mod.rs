@@ -450,8 +450,12 @@ impl KeyringRec {
     }
 
     /// The key index a write through this keyring's disks gives its
-    /// grains: its newest own key's, or 0.
+    /// grains: its newest own key's, or 0 (always 0 during a deep rekey:
+    /// the data cipher's split then says the key, §16.4).
     pub fn write_bits(&self) -> u8 {
+        if self.deep_rekey.is_some() {
+            return 0;
+        }
         self.own.iter().map(|o| o.bits).max().unwrap_or(0)
     }
 
@@ -487,7 +491,7 @@ impl KeyringRec {
         let mut own = self.own.clone();
         own.sort_by_key(|o| o.bits);
         let own = own.iter().map(|o| key(o.key)).collect::<Result<Vec<_>>>()?;
-        Ok(base.with_own(own))
+        Ok(base.with_own(own).writing(self.write_bits()))
     }
 
     /// Whether keyring `uuid`'s grains may be read through this record
@@ -509,15 +513,10 @@ impl KeyringRec {
                 self.uuid
             )));
         }
-        if !self.own.is_empty() {
-            return Err(CryptError::Invalid(format!(
-                "keyring {}: a deep rekey of an own-key clone is not built yet \
-                 (FORMAT.md §16.4)",
-                self.uuid
-            )));
-        }
         let from = self.base_index();
-        let to = from
+        // After every key, own keys included.
+        let highest = self.keys.iter().map(|k| k.index).max().unwrap_or(from);
+        let to = highest
             .checked_add(1)
             .filter(|_| self.keys.len() < MAX_KEYS)
             .ok_or_else(|| {
@@ -636,16 +635,22 @@ impl KeyringRec {
     }
 
     /// End a deep rekey whose cursor has passed every grain: the old data
-    /// key leaves the record, and `keys` without it are returned.
+    /// key leaves the record, and so do an own-key clone's own keys (its
+    /// grains are all under the new key, index 0, now); `keys` without
+    /// them are returned.
     pub fn finish_deep(&mut self, keys: &Unlocked) -> Result<Unlocked> {
         let d = self.deep_rekey.ok_or_else(|| {
             CryptError::Invalid(format!("keyring {}: no deep rekey is under way", self.uuid))
         })?;
-        self.keys.retain(|k| k.index != d.from);
+        let gone: Vec<u32> = std::iter::once(d.from)
+            .chain(self.own.iter().map(|o| o.key))
+            .collect();
+        self.keys.retain(|k| !gone.contains(&k.index));
+        self.own.clear();
         self.deep_rekey = None;
         let mut kept = Vec::with_capacity(keys.keys.len());
         for (i, x) in &keys.keys {
-            if *i != d.from {
+            if !gone.contains(i) {
                 kept.push((*i, x.clone()));
             }
         }

@@ -546,14 +546,34 @@ fn an_own_key_clone_reads_what_it_inherits_and_writes_under_its_own() {
 }
 
 #[test]
-fn own_keys_and_deep_rekeys_do_not_mix_yet() {
+fn a_deep_rekey_of_an_own_key_clone_ends_with_one_key_and_no_own_table() {
     const NEW_KEY: &[u8; 32] = b"fedcba9876543210FEDCBA9876543210";
+    const THIRD: &[u8; 32] = b"third-key-000000third-key-000000";
     let (mut rec, keys) = KeyringRec::create(1, &slot(FILE_KEY, "file")).unwrap();
-    let (clone, ckeys) = rec.own_key_clone(&keys, &slot(NEW_KEY, "file")).unwrap();
-    let mut c = clone.clone();
-    let e = c.begin_deep(&ckeys, &slot(FILE_KEY, "file")).unwrap_err();
-    assert!(e.to_string().contains("own-key clone"), "{e}");
-    assert_eq!(c, clone, "a refused deep rekey changes nothing");
+    let (mut c, ckeys) = rec.own_key_clone(&keys, &slot(NEW_KEY, "file")).unwrap();
+    assert_eq!(c.write_bits(), 1);
+    let own = sealed_by(&crate::DataCipher::single(c.own_cipher(&ckeys, 1).unwrap()));
+    let during = c.begin_deep(&ckeys, &slot(THIRD, "file")).unwrap();
+    c.validate().unwrap();
+    // During it writes go under index 0 (the cursor's split says the key),
+    // and the own key still reads what was written under it.
+    assert_eq!(c.write_bits(), 0);
+    let d = c.deep_rekey.unwrap();
+    assert_eq!((d.from, d.to), (0, 2));
+    let cipher = c.data_cipher(&during).unwrap();
+    assert_eq!(cipher.write_bits(), 0);
+    assert_eq!(
+        sealed_by(&crate::DataCipher::single(
+            c.own_cipher(&during, 1).unwrap()
+        )),
+        own
+    );
+    let after = c.finish_deep(&during).unwrap();
+    c.validate().unwrap();
+    assert!(c.own.is_empty() && c.keys.len() == 1 && c.keys[0].index == 2);
+    assert_eq!(c.write_bits(), 0);
+    assert!(c.data_cipher(&after).unwrap().keyed(1).is_none());
+    // An own-key clone is not made during a deep rekey of its source.
     let both = rec.begin_deep(&keys, &slot(NEW_KEY, "file")).unwrap();
     let e = rec
         .own_key_clone(&both, &slot(FILE_KEY, "file"))
@@ -576,7 +596,7 @@ fn a_bad_own_table_is_damage() {
         ("count from 1", |r| r.own[0].bits = 2),
         ("which it lacks", |r| r.own[0].key = 9),
         ("none for key index 0", |r| r.keys.retain(|k| k.index == 1)),
-        ("deep rekey together", |r| {
+        ("from or to own key", |r| {
             r.deep_rekey = Some(DeepRekey {
                 from: 0,
                 to: 1,

@@ -128,7 +128,7 @@ impl KeyringRec {
 impl KeyringRec {
     /// The own keys (FORMAT.md §16.4): indexes 1, 2, … in order, each
     /// naming a data key of the record (`indexes`), no two the same, and
-    /// none while a deep rekey runs.
+    /// neither end of a deep rekey.
     fn check_own(&self, indexes: &HashSet<u32>) -> Result<()> {
         let name = &self.uuid;
         if self.own.len() > MAX_OWN_KEYS {
@@ -167,10 +167,13 @@ impl KeyringRec {
                 ));
             }
         }
-        if !self.own.is_empty() && self.deep_rekey.is_some() {
-            return damaged(format!(
-                "keyring {name}: own keys and a deep rekey together"
-            ));
+        if let Some(d) = self.deep_rekey {
+            if self.own.iter().any(|o| o.key == d.from || o.key == d.to) {
+                return damaged(format!(
+                    "keyring {name}: a deep rekey from or to own key (index {} or {})",
+                    d.from, d.to
+                ));
+            }
         }
         if keys.len() == indexes.len() {
             return damaged(format!(

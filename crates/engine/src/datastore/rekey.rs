@@ -144,10 +144,13 @@ impl Datastore {
                 )
             })
         };
+        let mut own = k.own.clone();
+        own.sort_by_key(|o| o.bits);
         let job = Rekeying {
             keyring: k.id,
             from: key(d.from)?,
             to: key(d.to)?,
+            own: own.iter().map(|o| key(o.key)).collect::<Result<_>>()?,
             cell: h.cipher.clone(),
         };
         Ok(job)

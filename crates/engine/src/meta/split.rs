@@ -119,9 +119,10 @@ impl Meta {
 
     /// [`Self::move_grain`] where leaves in `theirs` may also name `g` at
     /// `v` (after [`Self::split_path`], none of them is this side's): this
-    /// side's leaves name `to`, theirs keep `g`, and the counts follow.
-    /// None, changing nothing, when the leaves found do not account for
-    /// `g`'s whole count or none is this side's.
+    /// side's leaves name `to` under key index 0 (a deep rekey's new key),
+    /// theirs keep `g` and its index, and the counts follow. None,
+    /// changing nothing, when the leaves found do not account for `g`'s
+    /// whole count or none is this side's.
     pub fn move_or_copy(
         &mut self,
         v: u64,
@@ -142,13 +143,19 @@ impl Meta {
         if mine.is_empty() {
             return Ok(None);
         }
-        if mine.len() == leaves.len() {
-            return Ok(self.move_grain(v, g, to)?.then_some(Moved::Whole));
-        }
-        for &(leaf, i, key) in &mine {
-            self.node_set(leaf, 0, i, leaf_entry(to, key))?;
+        for &(leaf, i, _) in &mine {
+            self.node_set(leaf, 0, i, leaf_entry(to, 0))?;
         }
         let n = mine.len() as u32;
+        if mine.len() == leaves.len() {
+            // Every referrer follows: `to` takes the count, `g` is freed.
+            self.ref_set(to, count)?;
+            if count > 1 {
+                self.ref_set(g, 1)?;
+            }
+            self.decref(g, None)?;
+            return Ok(Some(Moved::Whole));
+        }
         self.ref_set(to, n)?;
         // Through `decref`, so the drop counts as one not yet durable: a
         // writer of their side may not take `g` as its own until it is.
