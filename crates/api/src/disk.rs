@@ -121,6 +121,11 @@ pub struct Encryption {
     /// interrupted and waits to be resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deep_rekey: Option<RekeyProgress>,
+    /// A linked clone with a key of its own (`clone --own-key`, FORMAT.md
+    /// §16.4): its writes go under it, what it inherited stays under its
+    /// source's key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_key: bool,
 }
 
 /// How far a deep rekey has come: the data below `done_bytes` (of every

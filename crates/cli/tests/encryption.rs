@@ -676,6 +676,9 @@ fn an_own_key_clone_opens_with_its_own_secret_only() {
     ]);
     assert_eq!(v["encryption"]["locked"], false, "{v}");
     assert_eq!(v["encryption"]["slots"][0]["label"], "tenant", "{v}");
+    assert_eq!(v["encryption"]["own_key"], true, "{v}");
+    let info = s.ok(&["info", "c"]);
+    assert!(info.contains("own key"), "{info}");
     assert_ne!(
         v["encryption"]["keyring"],
         s.json(&["info", "vm"])["encryption"]["keyring"],
@@ -739,6 +742,10 @@ fn an_own_key_clone_opens_with_its_own_secret_only() {
     qemu_io_ok(RAW, &c, &reads);
     let v = s.json(&["info", "c"]);
     assert_eq!(v["encryption"]["data_key"], 2, "{v}");
+    assert!(
+        v["encryption"]["own_key"].is_null(),
+        "one key of its own now: {v}"
+    );
     // The source cannot lend keys it does not hold here.
     let err = s.fails(&["clone", "vm@s", "d", "--own-key", "--new-key-file", &p(&k2)]);
     assert!(err.contains("locked"), "{err}");

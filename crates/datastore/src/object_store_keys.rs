@@ -27,6 +27,7 @@ impl ObjectStoreDatastore {
             slots: strata_engine::slot_info(k),
             data_key: k.keys.iter().map(|w| w.index).max().unwrap_or(0),
             deep_rekey: None,
+            own_key: false,
         })
     }
 

@@ -745,7 +745,7 @@ function renderDiskFacts(d) {
     d.encryption ? fact('encrypted', (d.encryption.locked ? 'locked' : 'unlocked') + ', '
       + d.encryption.slots.length + ' keyslot' + (d.encryption.slots.length === 1 ? '' : 's')
       + ' (' + d.encryption.slots.map((k) => k.slot + ': ' + (k.label || k.source)).join(', ') + ')'
-      + ', data key ' + d.encryption.data_key
+      + ', data key ' + d.encryption.data_key + (d.encryption.own_key ? ' (own key)' : '')
       + (d.encryption.deep_rekey ? ', deep rekey at ' + Math.floor(100 * d.encryption.deep_rekey.done_bytes
         / Math.max(1, d.encryption.deep_rekey.total_bytes)) + '%' : '')) : null,
     d.object_store && d.object_store.owner ? fact('writer', d.object_store.owner.name + writerPid(d.object_store.owner)) : null,

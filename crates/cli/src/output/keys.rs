@@ -38,7 +38,12 @@ pub(super) fn summary(e: &Encryption) -> String {
         ),
         None => String::new(),
     };
-    format!("{}, {state}, {n} keyslot{s}{rekey}", e.cipher)
+    let own = if e.own_key {
+        ", own key (what it inherited is under its source's)"
+    } else {
+        ""
+    };
+    format!("{}, {state}, {n} keyslot{s}{own}{rekey}", e.cipher)
 }
 
 /// The keyslots of a disk, one line each.

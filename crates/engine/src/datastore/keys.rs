@@ -114,6 +114,7 @@ impl Datastore {
                 done_bytes: r.next_grain * GRAIN_BYTES,
                 total_bytes: crate::rekey::lineage_end(m, k.id) * GRAIN_BYTES,
             }),
+            own_key: !k.own.is_empty(),
         })
     }
 
