@@ -252,6 +252,18 @@ impl Catalog {
         })
     }
 
+    /// Ok if no disk is named `name`, else the error every command that
+    /// makes or renames a disk gives.
+    pub fn name_free(&self, name: &str) -> Result<()> {
+        if self.disks.iter().any(|d| d.name == name) {
+            return Err(crate::error::Error::new(
+                ErrorKind::AlreadyExists,
+                format!("a disk named '{name}' already exists"),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn disk_mut(&mut self, name: &str) -> Result<&mut DiskRec> {
         self.disks
             .iter_mut()

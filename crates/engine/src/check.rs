@@ -126,6 +126,16 @@ impl Walk {
     }
 }
 
+/// A version whose highest key index is `top_key` against its limit (from
+/// [`key_limits`]; None: an orphan, not checked).
+fn within_key_limit(r: &mut CheckReport, limit: Option<&(u8, String)>, top_key: u8) {
+    if let Some((_, who)) = limit.filter(|(own, _)| top_key > *own) {
+        r.error(format!(
+            "{who} maps a grain under key index {top_key}, which its keyring does not have"
+        ));
+    }
+}
+
 /// The highest key index each version's map may hold: the own keys of its
 /// disk's keyring (FORMAT.md §16.4), 0 for a plain disk and for a keyring
 /// without own keys. Orphans are not listed: they are on their way out.
@@ -241,12 +251,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             *w.expected.entry(st.root).or_insert(0) += 1;
             w.visit(m, &mut r, st.root, st.levels - 1)?
         };
-        match limits.get(&id) {
-            Some((own, who)) if top_key > *own => r.error(format!(
-                "{who} maps a grain under key index {top_key}, which its keyring does not have"
-            )),
-            _ => {}
-        }
+        within_key_limit(&mut r, limits.get(&id), top_key);
         // An orphan's counters froze when it was dropped; its map shrinks.
         if orphans.contains(&id) {
             continue;

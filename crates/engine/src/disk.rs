@@ -111,15 +111,19 @@ fn sealed_source(x: &DataCipher, buf: &[u8], offset: u64) -> strata_block::Align
 /// and their tweak is virtual: only the key changes).
 fn rekey_grain(x: &DataCipher, g: &mut [u8], p: &Piece) -> Result<()> {
     let sector = (p.v << GRAIN_SHIFT) / SECTOR;
-    let old = x.keyed(p.old_key).ok_or_else(|| {
-        crate::meta::corrupt(format!(
-            "virtual grain {}: the map names key index {}, which the keyring does not have",
-            p.v, p.old_key
-        ))
-    })?;
-    old.decrypt(g, sector);
+    keyed_at(x, p.old_key, p.v)?.decrypt(g, sector);
     x.writer().encrypt(g, sector);
     Ok(())
+}
+
+/// The key of the grain at virtual grain `v`, whose entry carries key
+/// index `bits`; a damaged-map error when the keyring has none.
+pub(crate) fn keyed_at(x: &DataCipher, bits: u8, v: u64) -> Result<strata_crypt::Keyed<'_>> {
+    x.keyed(bits).ok_or_else(|| {
+        crate::meta::corrupt(format!(
+            "virtual grain {v}: the map names key index {bits}, which the keyring does not have"
+        ))
+    })
 }
 
 /// Largest encrypted write whose buffer a thread keeps for the next.
@@ -604,6 +608,26 @@ impl DiskHandle {
         Ok(own_reserved >= wanted)
     }
 
+    /// What a sub-grain write to new piece `p` keeps of the grain it
+    /// replaces, as stored under the write's key: the old grain's bytes,
+    /// or (over a hole) zeros, encrypted on an encrypted disk (FORMAT.md
+    /// §16.1: a written zero is data).
+    fn rest_of_grain(&self, p: &Piece, cipher: Option<&DataCipher>) -> Result<Vec<u8>> {
+        let mut g = vec![0u8; GRAIN_BYTES as usize];
+        if p.old != 0 {
+            self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
+            if let Some(x) = cipher.filter(|x| x.write_bits() != p.old_key) {
+                // The old grain is under another key (an own-key clone's
+                // first write over what it inherited): its rest goes under
+                // the key of this write.
+                rekey_grain(x, &mut g, p)?;
+            }
+        } else if let Some(x) = cipher {
+            x.writer().encrypt(&mut g, (p.v << GRAIN_SHIFT) / SECTOR);
+        }
+        Ok(g)
+    }
+
     /// Write `buf` (ciphertext under `cipher`'s writer on an encrypted
     /// disk) into the pieces' grains.
     fn write_data(
@@ -628,20 +652,7 @@ impl DiskHandle {
                     std::borrow::Cow::Borrowed(src),
                 ));
             } else {
-                let mut g = vec![0u8; GRAIN_BYTES as usize];
-                if p.old != 0 {
-                    self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
-                    if let Some(x) = cipher.filter(|x| x.write_bits() != p.old_key) {
-                        // The old grain is under another key (an own-key
-                        // clone's first write over what it inherited):
-                        // its rest goes under the key of this write.
-                        rekey_grain(x, &mut g, p)?;
-                    }
-                } else if let Some(x) = cipher {
-                    // The rest of a grain new over a hole reads zeros:
-                    // encrypted zeros, as stored (FORMAT.md §16.1).
-                    x.writer().encrypt(&mut g, (p.v << GRAIN_SHIFT) / SECTOR);
-                }
+                let mut g = self.rest_of_grain(p, cipher)?;
                 g[(s - gs) as usize..(t - gs) as usize].copy_from_slice(src);
                 segs.push((p.grain << GRAIN_SHIFT, std::borrow::Cow::Owned(g)));
             }

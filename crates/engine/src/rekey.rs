@@ -221,14 +221,8 @@ impl DiskHandle {
     ) -> Result<Option<(u64, u64)>> {
         let _fence = self.inner.fail_on_panic();
         let mapped = region_pairs(&mut self.inner.meta.lock(), job.keyring, first, last)?;
-        let g = GRAIN_BYTES as usize;
-        let mut buf = vec![0u8; mapped.len() * g];
         let grains: Vec<(u64, u64)> = mapped.iter().map(|&(v, e)| (v, leaf_grain(e))).collect();
-        self.read_grains(&grains, &mut buf)?;
-        for (chunk, &(v, e)) in buf.chunks_mut(g).zip(&mapped) {
-            job.key_of(leaf_key(e))?.decrypt(chunk, v * GRAIN_SECTORS);
-            job.to.encrypt(chunk, v * GRAIN_SECTORS);
-        }
+        let buf = self.reencrypted(job, &mapped, &grains)?;
         // As in defrag: the stripes are held already, so a recursive read
         // of the gate (it does not queue behind a waiting commit). What was
         // read is checked once, below, after the copy is written: the
@@ -282,6 +276,24 @@ impl DiskHandle {
             .mutations
             .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(Some((targets.len() as u64 * GRAIN_BYTES, copied)))
+    }
+
+    /// The grains of `mapped` (their pool grains: `grains`) read and
+    /// turned from the key each entry's index names to the new key.
+    fn reencrypted(
+        &self,
+        job: &Rekeying,
+        mapped: &[(u64, u64)],
+        grains: &[(u64, u64)],
+    ) -> Result<Vec<u8>> {
+        let g = GRAIN_BYTES as usize;
+        let mut buf = vec![0u8; mapped.len() * g];
+        self.read_grains(grains, &mut buf)?;
+        for (chunk, &(v, e)) in buf.chunks_mut(g).zip(mapped) {
+            job.key_of(leaf_key(e))?.decrypt(chunk, v * GRAIN_SECTORS);
+            job.to.encrypt(chunk, v * GRAIN_SECTORS);
+        }
+        Ok(buf)
     }
 
     /// `n` new grains for the region's copies, under the space rule; on

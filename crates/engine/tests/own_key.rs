@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_crypt::{Argon2Params, NewSlot};
 use strata_engine::{Datastore, FullClone, NewDisk, NewKeys, Provisioning, SpaceWork};
+use strata_storage::SimBackend;
 
 const SIZE: u64 = 8 << 20;
 const GRAIN: u64 = 4096;
@@ -312,44 +313,74 @@ fn a_deep_rekey_of_an_own_key_clone_leaves_one_key() {
 /// their bytes; resumed, it ends with the same.
 #[test]
 fn a_power_cut_in_a_deep_rekey_that_copies_keeps_both_sides() {
-    for (seed, cut_at) in [(1u64, 1u32), (2, 2), (3, 3), (4, 5)] {
+    for (seed, at) in [(1u64, 1u32), (2, 2), (3, 3), (4, 5)] {
         let (b, ds) = common::new_sim(256 << 20);
         let mut m = source_and_clone(&ds);
         write_every_kind(&ds, &mut m, "c", 8);
         write(&ds, &mut m, "d", 700 * GRAIN, &pattern(700, 300, 2));
-        ds.flush().unwrap();
-        let ds = std::sync::Arc::new(ds);
-        let ds2 = ds.clone();
-        let b2 = b.clone();
-        let mut regions = 0;
-        let r = ds.rekey_deep(
-            "d",
-            Some(&slot(GRAND)),
-            &SpaceWork::default(),
-            &mut |_, _| {
-                regions += 1;
-                if regions % 2 == 0 && regions < cut_at {
-                    ds2.flush().unwrap();
-                }
-                if regions == cut_at {
-                    b2.crash(seed);
-                }
-            },
-        );
-        assert!(r.is_err(), "the cut after {cut_at} regions never came");
-        drop(ds2);
-        drop(ds);
-        let ds = common::open_sim(&b);
-        let what = format!("cut after {cut_at} regions (seed {seed})");
-        ds.unlock("d", GRAND).unwrap();
-        ds.unlock("c", CLONE).unwrap();
-        same(&ds, &m, &what);
-        clean(&ds, &what);
-        ds.rekey_deep("d", None, &SpaceWork::default(), &mut |_, _| {})
-            .unwrap();
-        same(&ds, &m, &format!("{what}, resumed"));
-        clean(&ds, &format!("{what}, resumed"));
+        let cut = Cut {
+            disk: "d",
+            new: GRAND,
+            seed,
+            at,
+        };
+        cut_and_resume(&b, ds, &m, &cut, &[("d", GRAND), ("c", CLONE)]);
     }
+}
+
+/// A deep rekey of `disk` to secret `new`, cut by a power failure after
+/// `at` regions (with `seed`).
+struct Cut<'a> {
+    disk: &'a str,
+    new: &'a [u8],
+    seed: u64,
+    at: u32,
+}
+
+/// Run `cut` on `ds` (on `b`, its writes flushed first and every second
+/// region before the cut); reopened and unlocked with `secrets`, every
+/// disk reads what `m` says and `check` is clean, and so after the rekey
+/// is resumed.
+fn cut_and_resume(
+    b: &SimBackend,
+    ds: Datastore,
+    m: &Model,
+    cut: &Cut<'_>,
+    secrets: &[(&str, &[u8])],
+) {
+    ds.flush().unwrap();
+    let ds = std::sync::Arc::new(ds);
+    let ds2 = ds.clone();
+    let b2 = b.clone();
+    let mut regions = 0;
+    let r = ds.rekey_deep(
+        cut.disk,
+        Some(&slot(cut.new)),
+        &SpaceWork::default(),
+        &mut |_, _| {
+            regions += 1;
+            if regions % 2 == 0 && regions < cut.at {
+                ds2.flush().unwrap();
+            }
+            if regions == cut.at {
+                b2.crash(cut.seed);
+            }
+        },
+    );
+    assert!(r.is_err(), "the cut after {} regions never came", cut.at);
+    drop(ds2);
+    drop(ds);
+    let ds = common::open_sim(b);
+    let what = format!("cut after {} regions (seed {})", cut.at, cut.seed);
+    for (d, k) in secrets {
+        ds.unlock(d, k).unwrap();
+    }
+    same(&ds, m, &what);
+    clean(&ds, &what);
+    ds.rekey_deep(cut.disk, None, &SpaceWork::default(), &mut |_, _| {})
+        .unwrap();
+    same(&ds, m, &format!("{what}, resumed"));
+    clean(&ds, &format!("{what}, resumed"));
 }
 
 #[test]
@@ -454,42 +485,17 @@ fn an_own_key_clones_writes_are_not_under_the_sources_key() {
 /// disk reads its bytes, and the resumed pass ends with one key.
 #[test]
 fn a_power_cut_in_a_deep_rekey_of_an_own_key_clone_resumes() {
-    for (seed, cut_at) in [(5u64, 1u32), (6, 3), (7, 6)] {
+    for (seed, at) in [(5u64, 1u32), (6, 3), (7, 6)] {
         let (b, ds) = common::new_sim(256 << 20);
         let mut m = source_and_clone(&ds);
         write_every_kind(&ds, &mut m, "c", 3);
         write(&ds, &mut m, "c", 900 * GRAIN, &pattern(900, 200, 1));
-        ds.flush().unwrap();
-        let ds = std::sync::Arc::new(ds);
-        let ds2 = ds.clone();
-        let b2 = b.clone();
-        let mut regions = 0;
-        let r = ds.rekey_deep(
-            "c",
-            Some(&slot(THIRD)),
-            &SpaceWork::default(),
-            &mut |_, _| {
-                regions += 1;
-                if regions % 2 == 0 && regions < cut_at {
-                    ds2.flush().unwrap();
-                }
-                if regions == cut_at {
-                    b2.crash(seed);
-                }
-            },
-        );
-        assert!(r.is_err(), "the cut after {cut_at} regions never came");
-        drop(ds2);
-        drop(ds);
-        let ds = common::open_sim(&b);
-        let what = format!("cut after {cut_at} regions (seed {seed})");
-        ds.unlock("d", SOURCE).unwrap();
-        ds.unlock("c", THIRD).unwrap();
-        same(&ds, &m, &what);
-        clean(&ds, &what);
-        ds.rekey_deep("c", None, &SpaceWork::default(), &mut |_, _| {})
-            .unwrap();
-        same(&ds, &m, &format!("{what}, resumed"));
-        clean(&ds, &format!("{what}, resumed"));
+        let cut = Cut {
+            disk: "c",
+            new: THIRD,
+            seed,
+            at,
+        };
+        cut_and_resume(&b, ds, &m, &cut, &[("d", SOURCE), ("c", THIRD)]);
     }
 }

@@ -58,26 +58,36 @@ pub(super) fn clone_locked(m: &mut Meta, s: &SnapshotRec, new: &str, parent: &st
     Ok(id)
 }
 
+/// Within a change: `new` is free, and the disk and snapshot a linked
+/// clone of `(disk, snap)` is made from.
+fn clone_source(m: &Meta, (disk, snap): (&str, &str), new: &str) -> Result<(DiskRec, SnapshotRec)> {
+    m.catalog.name_free(new)?;
+    let d = m.catalog.disk(disk)?.clone();
+    let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+    Ok((d, s))
+}
+
 impl Datastore {
-    /// Linked clone of `DISK@SNAP`: O(1); shares all data with the snapshot.
-    pub fn clone_linked(&self, src: &str, new: &str) -> Result<DiskInfo> {
+    /// A linked clone's source `src` split into `(disk, snapshot)`, with
+    /// `new` checked as a name and the datastore as writable; `hint` ends
+    /// the error of a source with no snapshot.
+    fn linked_source<'a>(&self, src: &'a str, new: &str, hint: &str) -> Result<(&'a str, &'a str)> {
         check_name("disk", new)?;
         let (disk, Some(snap)) = split_target(src) else {
             return err(
                 ErrorKind::InvalidArgument,
-                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT' (or --full)"),
+                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT'{hint}"),
             );
         };
         self.inner.check_writable()?;
+        Ok((disk, snap))
+    }
+
+    /// Linked clone of `DISK@SNAP`: O(1); shares all data with the snapshot.
+    pub fn clone_linked(&self, src: &str, new: &str) -> Result<DiskInfo> {
+        let (disk, snap) = self.linked_source(src, new, " (or --full)")?;
         self.change(|m| {
-            if m.catalog.disk(new).is_ok() {
-                return err(
-                    ErrorKind::AlreadyExists,
-                    format!("a disk named '{new}' already exists"),
-                );
-            }
-            let d = m.catalog.disk(disk)?.clone();
-            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            let (_, s) = clone_source(m, (disk, snap), new)?;
             clone_locked(m, &s, new, src)?;
             Ok(())
         })?;
@@ -96,14 +106,7 @@ impl Datastore {
         new: &str,
         slot: &NewSlot<'_>,
     ) -> Result<DiskInfo> {
-        check_name("disk", new)?;
-        let (disk, Some(snap)) = split_target(src) else {
-            return err(
-                ErrorKind::InvalidArgument,
-                format!("a linked clone needs a snapshot: use '{src}@SNAPSHOT'"),
-            );
-        };
-        self.inner.check_writable()?;
+        let (disk, snap) = self.linked_source(src, new, "")?;
         let source = Self::keyring_of(&self.inner.meta.lock(), disk).map_err(|e| {
             if e.kind == ErrorKind::InvalidArgument {
                 Error::new(
@@ -117,14 +120,7 @@ impl Datastore {
         // The KDF runs outside the lock.
         let mut keys = self.prepare_keys(NewKeys::OwnKeyOf(source.id, slot), new)?;
         let made = self.change(|m| {
-            if m.catalog.disk(new).is_ok() {
-                return err(
-                    ErrorKind::AlreadyExists,
-                    format!("a disk named '{new}' already exists"),
-                );
-            }
-            let d = m.catalog.disk(disk)?.clone();
-            let s = m.catalog.snapshot(d.id, disk, snap)?.clone();
+            let (d, s) = clone_source(m, (disk, snap), new)?;
             // The data keys copied are the ones the source's grains are
             // under: refused if a deep rekey began meanwhile.
             let now = m.catalog.keyring(source.id);

@@ -81,20 +81,10 @@ impl Datastore {
         check_name("disk", name)?;
         Self::check_size(size_bytes)?;
         self.inner.check_writable()?;
-        if self.inner.meta.lock().catalog.disk(name).is_ok() {
-            return err(
-                ErrorKind::AlreadyExists,
-                format!("a disk named '{name}' already exists"),
-            );
-        }
+        self.inner.meta.lock().catalog.name_free(name)?;
         let mut keys = self.prepare_keys(spec.keys, name)?;
         let held = self.change(|m| {
-            if m.catalog.disk(name).is_ok() {
-                return err(
-                    ErrorKind::AlreadyExists,
-                    format!("a disk named '{name}' already exists"),
-                );
-            }
+            m.catalog.name_free(name)?;
             if provisioning.is_thick() {
                 let grains = size_bytes.div_ceil(GRAIN_BYTES);
                 self.inner.reserve_thick(m, grains)?;
@@ -216,11 +206,8 @@ impl Datastore {
         self.inner.check_writable()?;
         self.change(|m| {
             m.catalog.disk(old)?;
-            if old != new && m.catalog.disk(new).is_ok() {
-                return err(
-                    ErrorKind::AlreadyExists,
-                    format!("a disk named '{new}' already exists"),
-                );
+            if old != new {
+                m.catalog.name_free(new)?;
             }
             m.catalog.disk_mut(old)?.name = new.to_string();
             let from = |p: &str| p.strip_prefix(old)?.strip_prefix('@').map(str::to_string);

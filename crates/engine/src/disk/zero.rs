@@ -461,13 +461,7 @@ impl DiskHandle {
             // The region's stripes are held: a deep rekey cannot move it.
             if let Some(x) = &cipher {
                 let v = first + i as u64;
-                let k = strata_format::leaf_key(grains[i]);
-                let key = x.keyed(k).ok_or_else(|| {
-                    crate::meta::corrupt(format!(
-                        "virtual grain {v}: the map names key index {k}, which the keyring \
-                         does not have"
-                    ))
-                })?;
+                let key = super::keyed_at(x, strata_format::leaf_key(grains[i]), v)?;
                 key.decrypt(&mut buf[..n], (v << GRAIN_SHIFT) / super::SECTOR);
             }
             for (k, g) in buf[..n].chunks(GRAIN_BYTES as usize).enumerate() {
