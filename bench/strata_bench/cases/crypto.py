@@ -77,47 +77,50 @@ def _used(s):
     return json.loads(s.cli("status", "--json"))["used_bytes"]
 
 
-def _deep_rekey(s, new, rt):
-    """`rekey --deep` of `enc` through the server while fio reads it at
+def _deep_rekey(s, new, rt, disk="enc", local=True):
+    """`rekey --deep` of `disk` through the server while fio reads it at
     random: the pass's time and rate, the clients' IOPS during it against
-    the same job just before, and the datastore's largest growth in use
-    (polled every 100 ms)."""
-    mapped = json.loads(s.cli("info", "enc", "--json"))["allocated_bytes"]
-    before = fio(s.uri("enc"), "randread", "4k", iodepth=16, runtime=rt,
+    the same job just before, and (`local`) the datastore's largest
+    growth in use (polled every 100 ms). On an object store the pass
+    copies every grain (FORMAT.md §16.7) and GC frees the old ones."""
+    mapped = json.loads(s.cli("info", disk, "--json"))["allocated_bytes"]
+    before = fio(s.uri(disk), "randread", "4k", iodepth=16, runtime=rt,
                  extra=["--cpus_allowed=0"])["iops"]
-    base = _used(s)
+    base = _used(s) if local else 0
     peak = [base]
     done = threading.Event()
 
     def poll():
-        while not done.is_set():
+        while local and not done.is_set():
             peak[0] = max(peak[0], _used(s))
             time.sleep(0.1)
 
     during = {}
 
     def reads():
-        during.update(fio(s.uri("enc"), "randread", "4k", iodepth=16, runtime=rt,
+        during.update(fio(s.uri(disk), "randread", "4k", iodepth=16, runtime=rt,
                           extra=["--cpus_allowed=0"]))
 
     threads = [threading.Thread(target=poll), threading.Thread(target=reads)]
     for t in threads:
         t.start()
     t0 = time.monotonic()
-    s.cli("rekey", "enc", "--deep", "--new-key-file", new)
+    s.cli("rekey", disk, "--deep", "--new-key-file", new)
     secs = time.monotonic() - t0
     done.set()
     for t in threads:
         t.join()
-    return {"mapped_bytes": mapped, "seconds": round(secs, 2),
-            "mb_per_s": round(mapped / secs / 1e6, 1),
-            "randread_iops_before": round(before), "randread_iops_during": round(during["iops"]),
-            "ratio_during": ratio(during["iops"] / max(before, 1e-9), 1),
-            "used_growth_peak_mib": round((peak[0] - base) / 2**20, 1),
-            "used_after_minus_before_mib": round((_used(s) - base) / 2**20, 1),
-            "growth_bound_mib": 64,
-            "note": "the pass rests while clients are busy (as defrag); fio's "
-                    "runtime may end before the pass"}
+    out = {"mapped_bytes": mapped, "seconds": round(secs, 2),
+           "mb_per_s": round(mapped / secs / 1e6, 1),
+           "randread_iops_before": round(before), "randread_iops_during": round(during["iops"]),
+           "ratio_during": ratio(during["iops"] / max(before, 1e-9), 1),
+           "note": "the pass rests while clients are busy (as defrag); fio's "
+                   "runtime may end before the pass"}
+    if local:
+        out.update({"used_growth_peak_mib": round((peak[0] - base) / 2**20, 1),
+                    "used_after_minus_before_mib": round((_used(s) - base) / 2**20, 1),
+                    "growth_bound_mib": 64})
+    return out
 
 
 def _timed_once(f):
@@ -155,11 +158,12 @@ def _luks_rates(s, work, key, size):
     return rates
 
 
-def _served_pairs(s, tag, key, size, rt, passes, cold=False):
+def _served_pairs(s, tag, key, size, rt, passes, cold=False, then=None):
     """Create disks `plain-TAG` and `enc-TAG` in the datastore of `s`
     (not started), serve them with the encrypted one unlocked (the server
     on CPU 1), fill both, and run the pairs over NBD with fio on CPU 0;
-    `cold`: the host's caches dropped before each job (as root)."""
+    `cold`: the host's caches dropped before each job (as root); `then`:
+    called with `s` before the server stops, its answer kept as `then`."""
     s.cli("create", f"plain-{tag}", "--size", size)
     s.cli("create", f"enc-{tag}", "--size", size, "--encrypt", "--key-file", key)
     s.serve_args = s.serve_args + ["--unlock", f"enc-{tag}={key}"]
@@ -176,7 +180,10 @@ def _served_pairs(s, tag, key, size, rt, passes, cold=False):
             return fio(s.uri(f"{disk}-{tag}"), rw, str(bs), iodepth=depth, runtime=rt,
                        extra=["--cpus_allowed=0"])["iops"]
 
-        return _pairs(nbd, passes)
+        out = _pairs(nbd, passes)
+        if then:
+            out["then"] = then(s)
+        return out
     finally:
         s.stop()
 
@@ -202,9 +209,15 @@ def _objstore(work, key, rt, passes):
     try:
         url = f"s3://strata-bench/crypto-{os.urandom(4).hex()}"
         s = ObjectStoreStrata(os.path.join(work, "o"), url)
-        out = _served_pairs(s, "o", key, size, rt, passes)
+        new = os.path.join(work, "enc-o-deep.key")
+        with open(new, "wb") as f:
+            f.write(os.urandom(32))
+        os.chmod(new, 0o600)
+        out = _served_pairs(s, "o", key, size, rt, passes,
+                            then=lambda s: _deep_rekey(s, new, rt, "enc-o", local=False))
     finally:
         stop_seaweedfs(weed)
+    out["rekey_deep"] = out.pop("then")
     out["params"] = {"size": size, "store": "SeaweedFS on loopback"}
     return out
 

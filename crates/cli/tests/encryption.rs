@@ -1184,34 +1184,8 @@ fn a_deep_rekey_killed_part_way_resumes_with_every_byte() {
     s.ok(&["snapshot", "create", "vm@a"]);
     qemu_io_ok(RAW, &uri, &["write -P 0x22 0 16M", "flush"]);
     // 16 MiB/s: the pass takes 8 seconds.
-    let rekey = {
-        let (dir, k2) = (s.path(), p(&k2));
-        std::thread::spawn(move || {
-            std::process::Command::new(strata())
-                .args(["--datastore", dir.to_str().unwrap()])
-                .args([
-                    "rekey",
-                    "vm",
-                    "--deep",
-                    "--new-key-file",
-                    &k2,
-                    "--rate",
-                    "16M",
-                ])
-                .output()
-                .unwrap()
-        })
-    };
-    eventually(
-        "the pass under way",
-        std::time::Duration::from_secs(60),
-        || {
-            let v = s.json(&["info", "vm"]);
-            v["encryption"]["deep_rekey"]["done_bytes"]
-                .as_u64()
-                .is_some_and(|d| d >= 72 << 20)
-        },
-    );
+    let rekey = deep_rekey_in_background(&s, &p(&k2), "16M");
+    pass_reaches(&s, 72 << 20);
     srv.kill9();
     let out = rekey.join().unwrap();
     assert!(!out.status.success(), "the rekey outlived its server");
@@ -1257,6 +1231,45 @@ fn a_deep_rekey_killed_part_way_resumes_with_every_byte() {
     );
     srv.stop();
     s.ok(&["check"]);
+}
+
+/// `strata rekey vm --deep --new-key-file KEY --rate RATE` run against
+/// the server of `s` from another thread; its output once it ends.
+fn deep_rekey_in_background(
+    s: &Store,
+    key: &str,
+    rate: &str,
+) -> std::thread::JoinHandle<std::process::Output> {
+    let (dir, key, rate) = (s.path(), key.to_string(), rate.to_string());
+    std::thread::spawn(move || {
+        std::process::Command::new(strata())
+            .args(["--datastore", dir.to_str().unwrap()])
+            .args([
+                "rekey",
+                "vm",
+                "--deep",
+                "--new-key-file",
+                &key,
+                "--rate",
+                &rate,
+            ])
+            .output()
+            .unwrap()
+    })
+}
+
+/// Wait until the deep rekey of `vm` has passed `bytes`.
+fn pass_reaches(s: &Store, bytes: u64) {
+    eventually(
+        "the pass under way",
+        std::time::Duration::from_secs(60),
+        || {
+            let v = s.json(&["info", "vm"]);
+            v["encryption"]["deep_rekey"]["done_bytes"]
+                .as_u64()
+                .is_some_and(|d| d >= bytes)
+        },
+    );
 }
 
 /// A fresh prefix of the test SeaweedFS bucket, or None (the test is
@@ -1444,21 +1457,10 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
     ]);
     assert!(err.contains("strata claim vm"), "{err}");
     // Not built on object stores yet: exit 10, naming why.
-    let (k2s, k3s) = (p(&k2), p(&k3));
-    let deep = [
-        "rekey",
-        "vm",
-        "--deep",
-        "--key-file",
-        &k2s,
-        "--new-key-file",
-        &k3s,
-    ];
+    let k3s = p(&k3);
     let own = ["clone", "vm@s1", "own", "--own-key", "--new-key-file", &k3s];
-    for args in [&deep[..], &own[..]] {
-        let err = a.fails_with(10, args);
-        assert!(err.contains("not built yet for an object-store"), "{err}");
-    }
+    let err = a.fails_with(10, &own);
+    assert!(err.contains("not built yet for an object-store"), "{err}");
     srv.stop();
     a.ok(&[
         "rekey",
@@ -1517,4 +1519,121 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
     raw_copy(img.to_str().unwrap(), &a.uri("plain"));
     srv.stop();
     assert!(bucket_scan(&u, MARKER).1 > 0);
+}
+
+/// FORMAT.md §16.7: a deep rekey on an object store, online under writes,
+/// with a snapshot and a linked clone; killed part way (kill -9 of the
+/// server running it), read by another host half way, and resumed.
+#[test]
+fn a_deep_rekey_on_an_object_store_rewrites_every_version_and_resumes() {
+    if !have("qemu-io") {
+        return;
+    }
+    let Some(u) = store_url("deep") else {
+        return;
+    };
+    let a = Store::empty();
+    a.ok(&["init", "--object-store", &u]);
+    let dir = a.dir.path();
+    let (k1, k2, k3) = (
+        key_file(dir, "k1", 32),
+        key_file(dir, "k2", 32),
+        key_file(dir, "k3", 32),
+    );
+    let p = |k: &PathBuf| k.to_str().unwrap().to_string();
+    let create = ["create", "vm", "--size", "32M", "--encrypt"];
+    a.ok(&[&create[..], &["--key-file", &p(&k1)]].concat());
+    let srv = a.serve_with(&["--unlock", &unlock_arg("vm", &k1)]);
+    let uri = a.uri("vm");
+    qemu_io_ok(RAW, &uri, &["write -P 0x11 0 24M", "flush"]);
+    a.ok(&["snapshot", "create", "vm@a"]);
+    a.ok(&["clone", "vm@a", "c"]);
+    qemu_io_ok(RAW, &a.uri("c"), &["write -P 0x55 8M 1M", "flush"]);
+    qemu_io_ok(RAW, &uri, &["write -P 0x22 0 4M", "flush"]);
+    let b = Store::empty();
+    b.ok(&["attach", "--object-store", &u]);
+    // A writer over the first 6 MiB and one sector at 20 MiB while the
+    // pass runs.
+    let writer = {
+        let uri = uri.clone();
+        std::thread::spawn(move || {
+            for i in 0..8u32 {
+                let pat = format!("write -P 0x{:02x} 0 6M", 0x30 + i);
+                qemu_io_ok(RAW, &uri, &[&pat, "write -P 0x44 20M 512", "flush"]);
+            }
+        })
+    };
+    let v = a.json(&["rekey", "vm", "--deep", "--new-key-file", &p(&k2)]);
+    writer.join().unwrap();
+    assert_eq!(v["encryption"]["data_key"], 1, "{v}");
+    assert!(v["encryption"].get("deep_rekey").is_none(), "{v}");
+    let head = [
+        "read -P 0x37 0 6M",
+        "read -P 0x11 6M 14M",
+        "read -P 0x44 20M 512",
+        "read -P 0x11 20972032 4193792",
+        "read -P 0 24M 8M",
+    ];
+    qemu_io_ok(RAW, &uri, &head);
+    let snap = ["read -P 0x11 0 24M", "read -P 0 24M 8M"];
+    qemu_io_ok(&["-r", "-f", "raw"], &a.uri("vm@a"), &snap);
+    let clone = [
+        "read -P 0x11 0 8M",
+        "read -P 0x55 8M 1M",
+        "read -P 0x11 9M 15M",
+    ];
+    qemu_io_ok(RAW, &a.uri("c"), &clone);
+    srv.stop();
+    a.ok(&["check"]);
+    a.ok(&["gc"]);
+    a.ok(&["check"]);
+    // The old secret no longer opens the disk; the clone kept its copy
+    // of the record, so it still does there.
+    a.fails_with(2, &["unlock", "vm", "--key-file", &p(&k1)]);
+    a.ok(&["unlock", "c", "--key-file", &p(&k1)]);
+
+    // Again with a slow pass, killed part way with its server.
+    let srv = a.serve_with(&["--unlock", &unlock_arg("vm", &k2)]);
+    let rekey = deep_rekey_in_background(&a, &p(&k3), "4M");
+    pass_reaches(&a, 8 << 20);
+    srv.kill9();
+    let out = rekey.join().unwrap();
+    assert!(!out.status.success(), "the rekey outlived its server");
+    a.fails_with(2, &["unlock", "vm", "--key-file", &p(&k2)]);
+    // Another host, unlocked with the new secret, reads what either key
+    // covers (each grain under the key the cursor gives it).
+    let bsrv = b.serve_with(&["--unlock", &unlock_arg("vm", &k3)]);
+    qemu_io_ok(&["-r", "-f", "raw"], &b.uri("vm"), &head);
+    bsrv.stop();
+    let srv = a.serve_with(&[
+        "--unlock",
+        &unlock_arg("vm", &k3),
+        "--unlock",
+        &unlock_arg("c", &k1),
+    ]);
+    let v = a.json(&["info", "vm"]);
+    let done = v["encryption"]["deep_rekey"]["done_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!((8 << 20..32 << 20).contains(&done), "{v}");
+    qemu_io_ok(RAW, &uri, &head);
+    qemu_io_ok(&["-r", "-f", "raw"], &a.uri("vm@a"), &snap);
+    // Written while half of it is under each key, then resumed.
+    qemu_io_ok(RAW, &uri, &["write -P 0x66 2M 12M", "flush"]);
+    let v = a.json(&["rekey", "vm", "--deep"]);
+    assert_eq!(v["encryption"]["data_key"], 2, "{v}");
+    qemu_io_ok(
+        RAW,
+        &uri,
+        &[
+            "read -P 0x37 0 2M",
+            "read -P 0x66 2M 12M",
+            "read -P 0x11 14M 6M",
+            "read -P 0x44 20M 512",
+        ],
+    );
+    qemu_io_ok(&["-r", "-f", "raw"], &a.uri("vm@a"), &snap);
+    qemu_io_ok(RAW, &a.uri("c"), &clone);
+    srv.stop();
+    a.ok(&["check"]);
 }

@@ -512,18 +512,11 @@ impl Datastore for ObjectStoreDatastore {
     fn rekey_deep(
         &self,
         disk: &str,
-        _new: Option<&strata_api::KeyGrant>,
-        _work: &SpaceWork,
-        _progress: &mut dyn FnMut(u64, u64),
+        new: Option<&strata_api::KeyGrant>,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
     ) -> Result<strata_engine::DeepRekeyReport> {
-        self.keyring_members(disk)?;
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "disk '{disk}': a deep rekey is not built yet for an object-store datastore \
-                 (docs/FORMAT.md §16.7); 'strata rekey {disk}' replaces its keyslots"
-            ),
-        ))
+        self.deep_rekey(disk, new, work, progress)
     }
 
     fn remove(&self, disk: &str) -> Result<()> {

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use strata_api::{Encryption, KeyGrant};
 use strata_crypt::{locked_error as locked, KeyringRec};
-use strata_engine::CarriedKeys;
+use strata_engine::{deep_rekey_resumes, CarriedKeys, DeepRekeyReport, Pacer, SpaceWork};
 use strata_objstore::layout::Manifest;
 
 use crate::object_store::ObjectStoreDatastore;
-use crate::{new_slot, Result};
+use crate::{new_slot, Error, ErrorKind, Result};
 
 impl ObjectStoreDatastore {
     /// What `info` shows of the encryption of the disk whose manifest is
@@ -26,7 +26,10 @@ impl ObjectStoreDatastore {
             keyring: u64::from(m.disk),
             slots: strata_engine::slot_info(k),
             data_key: k.keys.iter().map(|w| w.index).max().unwrap_or(0),
-            deep_rekey: None,
+            deep_rekey: k.deep_rekey.map(|r| strata_api::RekeyProgress {
+                done_bytes: r.next_grain * strata_objstore::layout::GRAIN as u64,
+                total_bytes: strata_objstore::rekey_end(m) * strata_objstore::layout::GRAIN as u64,
+            }),
             own_key: false,
         })
     }
@@ -108,5 +111,71 @@ impl ObjectStoreDatastore {
             Some(keys) => self.shared().hold_keys(clone, m.disk, keys, rec),
             None => Ok(()),
         }
+    }
+
+    /// `strata rekey --deep` (FORMAT.md §16.7): with `new`, the begin
+    /// record (this process holds the new data key before it is
+    /// committed, so no write of its own finds it missing); then the
+    /// pass, region by region, from the newest manifest's cursor; then
+    /// the end record. This process keeps the old data key in memory
+    /// until `lock` or its end, for readers still on an older manifest.
+    pub(crate) fn deep_rekey(
+        &self,
+        disk: &str,
+        new: Option<&KeyGrant>,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DeepRekeyReport> {
+        if disk.contains('@') {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("'{disk}' is a snapshot: rekey its disk; its snapshots follow"),
+            ));
+        }
+        let m = self.current_manifest(disk)?;
+        let rec = strata_objstore::keys::keyring_of(disk, &m)?;
+        let resumed = deep_rekey_resumes(disk, rec.deep_rekey.is_some(), new.is_some())?;
+        let d = self.disk(disk)?;
+        let ds = self.shared().clone();
+        if let (false, Some(new)) = (resumed, new) {
+            let slot = new_slot(new);
+            d.change_keyring(|k, keys| {
+                let u = k.begin_deep(keys, &slot)?;
+                ds.replace_keys(m.disk, Arc::new(u));
+                Ok(())
+            })?;
+        }
+        let rec = strata_objstore::keys::keyring_of(disk, &d.manifest())?;
+        let keys = ds.held_keys(m.disk).ok_or_else(|| locked(disk))?;
+        let Some(under_way) = rec.deep_rekey else {
+            return Err(Error::new(
+                ErrorKind::Gone,
+                format!("'{disk}': the rekey ended"),
+            ));
+        };
+        let key = |i: u32| {
+            keys.key(i).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{disk}': data key {i} of its deep rekey is not held by this \
+                         process: unlock it again with its new secret"
+                    ),
+                )
+            })
+        };
+        let (from, to) = (key(under_way.from)?, key(under_way.to)?);
+        let mut pacer = Pacer::new(work.rate_bytes_per_sec, work.control.as_deref());
+        let moved = d.rekey_pass((&from, &to), progress, &mut |n| pacer.pace(n, false))?;
+        let data_key = d.change_keyring(|k, keys| {
+            k.finish_deep(keys)?;
+            Ok(k.base_index())
+        })?;
+        Ok(DeepRekeyReport {
+            resumed,
+            reencrypted_bytes: moved,
+            copied_bytes: 0,
+            data_key,
+        })
     }
 }

@@ -46,7 +46,7 @@ pub use clones::{stopped_clone, FullClone};
 pub use disks::NewDisk;
 pub use keys::{slot_info, CarriedKeys, NewKeys};
 pub(crate) use open::read_catalog;
-pub use rekey::DeepRekeyReport;
+pub use rekey::{deep_rekey_resumes, DeepRekeyReport};
 use snapshots::{add_snapshot, delete_snapshot_locked, NewSnapshot};
 
 pub use crate::store::{

@@ -43,9 +43,10 @@ mod work;
 
 pub use catalog::split_target;
 pub use datastore::{
-    check_group_size, clone_name, clone_plan, group_full, last_disk, membership_changed, slot_info,
-    stopped_clone, CarriedKeys, ChangedRange, Datastore, DeepRekeyReport, FullClone,
-    GroupSnapshotOptions, InitOptions, NewDisk, NewKeys, OpenOptions, SpaceWork,
+    check_group_size, clone_name, clone_plan, deep_rekey_resumes, group_full, last_disk,
+    membership_changed, slot_info, stopped_clone, CarriedKeys, ChangedRange, Datastore,
+    DeepRekeyReport, FullClone, GroupSnapshotOptions, InitOptions, NewDisk, NewKeys, OpenOptions,
+    SpaceWork,
 };
 pub use disk::DiskHandle;
 pub use error::{Error, ErrorKind, Result};

@@ -12,7 +12,7 @@ mod common;
 use std::collections::HashMap;
 
 use strata_block::{BlockDevice, ZeroOptions};
-use strata_crypt::{Argon2Params, NewSlot};
+use strata_crypt::NewSlot;
 use strata_engine::{Datastore, FullClone, NewDisk, NewKeys, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
@@ -24,13 +24,7 @@ const GRAND: &[u8; 32] = b"grand-secret-0123456789abcdef-01";
 const THIRD: &[u8; 32] = b"third-secret-0123456789abcdef-01";
 
 fn slot(secret: &[u8]) -> NewSlot<'_> {
-    NewSlot {
-        secret,
-        source: "file",
-        label: None,
-        argon2: Argon2Params::default(),
-        now_unix: 1_700_000_000,
-    }
+    NewSlot::key_file(secret, 1_700_000_000)
 }
 
 /// `n` grains of bytes naming the grain and `tag`.

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_crypt::{Argon2Params, NewSlot};
+use strata_crypt::NewSlot;
 use strata_engine::{Datastore, NewDisk, NewKeys, Provisioning, SpaceWork};
 use strata_storage::SimBackend;
 
@@ -21,13 +21,7 @@ const OLD: &[u8; 32] = b"old-secret-0123456789abcdef-0123";
 const NEW: &[u8; 32] = b"new-secret-0123456789abcdef-0123";
 
 fn slot(secret: &[u8]) -> NewSlot<'_> {
-    NewSlot {
-        secret,
-        source: "file",
-        label: None,
-        argon2: Argon2Params::default(),
-        now_unix: 1_700_000_000,
-    }
+    NewSlot::key_file(secret, 1_700_000_000)
 }
 
 fn new_store() -> (SimBackend, Datastore) {

@@ -58,11 +58,13 @@ mod fold;
 mod hotset;
 mod manifests;
 mod read;
+mod rekey;
 mod write;
 pub use catalog::{Hold, DIR_HOLDS};
 pub use compact::{AutoCompact, CompactOptions};
 pub use manifests::claim_marker_key;
 pub(crate) use manifests::{claim_marker_of_key, is_orphan, read_manifest};
+pub use rekey::{rekey_end, REKEY_REGION};
 
 use claim::{claim, wait_for_release};
 use manifests::{
@@ -208,6 +210,9 @@ struct State {
     /// (an encrypted disk's, §16.7): set by every write, so they are
     /// sealed under the keys they were taken with also after `lock`.
     cipher: Option<Arc<strata_crypt::DataCipher>>,
+    /// The virtual grains a deep rekey's step re-encrypts (§16.7): writes
+    /// to them wait on `landed` until it is committed.
+    rekey_region: Option<std::ops::Range<u64>>,
 }
 
 impl State {
@@ -246,6 +251,7 @@ impl State {
             seal_no: 0,
             sealing: HashMap::new(),
             cipher: None,
+            rekey_region: None,
         }
     }
 

@@ -5,15 +5,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use strata_crypt::{disk_error as crypt_error, DataCipher, KeyringRec, Unlocked};
+use strata_crypt::{disk_error as crypt_error, DataCipher, DeepRekey, KeyringRec, Unlocked};
 
 use crate::layout::Manifest;
 use crate::{Error, ErrorKind, ObjectStoreDatastore, Result};
 
-/// One disk's unwrapped keys and the cipher its grains are under.
+/// One disk's unwrapped keys and the cipher of the record state they
+/// were last asked for.
 struct Held {
     keys: Arc<Unlocked>,
     cipher: Arc<DataCipher>,
+    /// What `cipher` was made for: a deep rekey's cursor and the base key.
+    made_for: (Option<DeepRekey>, u32),
 }
 
 /// The keys this process holds, by disk id.
@@ -48,9 +51,61 @@ impl ObjectStoreDatastore {
             ));
         }
         let cipher = Arc::new(rec.data_cipher(&keys).map_err(|e| crypt_error(disk, e))?);
+        let made_for = (rec.deep_rekey, rec.base_index());
         let mut held = self.keys.0.lock().unwrap();
-        held.entry(id).or_insert(Held { keys, cipher });
+        held.entry(id).or_insert(Held {
+            keys,
+            cipher,
+            made_for,
+        });
         Ok(())
+    }
+
+    /// Hold `keys` for disk `id` instead of the ones held: a deep rekey's
+    /// keys (every old data key and the new one) as it begins. False if
+    /// none were held.
+    pub fn replace_keys(&self, id: u32, keys: Arc<Unlocked>) -> bool {
+        match self.keys.0.lock().unwrap().get_mut(&id) {
+            Some(h) => {
+                h.keys = keys;
+                h.made_for = (None, u32::MAX);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The cipher of the grains of disk `id` that a manifest with keyring
+    /// `rec` names (§16.7: a reader takes the cursor of the manifest it
+    /// walks); None if this process holds no keys for it. Refused when
+    /// `rec` needs a data key not held here (a deep rekey that began on
+    /// another host).
+    pub(crate) fn cipher_for(
+        &self,
+        disk: &str,
+        id: u32,
+        rec: &KeyringRec,
+    ) -> Result<Option<Arc<DataCipher>>> {
+        let mut held = self.keys.0.lock().unwrap();
+        let Some(h) = held.get_mut(&id) else {
+            return Ok(None);
+        };
+        let want = (rec.deep_rekey, rec.base_index());
+        if h.made_for != want {
+            let c = rec.data_cipher(&h.keys).map_err(|_| {
+                Error::new(
+                    ErrorKind::Refused,
+                    format!(
+                        "disk '{disk}': its data key {} is not held by this process (a deep \
+                         rekey began elsewhere): unlock it again with its new secret",
+                        want.1
+                    ),
+                )
+            })?;
+            h.cipher = Arc::new(c);
+            h.made_for = want;
+        }
+        Ok(Some(h.cipher.clone()))
     }
 
     /// Forget disk `id`'s keys (`strata lock`); whether they were held.
@@ -63,16 +118,6 @@ impl ObjectStoreDatastore {
     /// Disk `id`'s keys, if this process holds them.
     pub fn held_keys(&self, id: u32) -> Option<Arc<Unlocked>> {
         self.keys.0.lock().unwrap().get(&id).map(|h| h.keys.clone())
-    }
-
-    /// The cipher of disk `id`'s grains, if this process holds its keys.
-    pub(crate) fn held_cipher(&self, id: u32) -> Option<Arc<DataCipher>> {
-        self.keys
-            .0
-            .lock()
-            .unwrap()
-            .get(&id)
-            .map(|h| h.cipher.clone())
     }
 
     /// Open `disk`'s keys with `secret` (the record of its newest

@@ -133,7 +133,7 @@ pub fn manifest_key(disk: u32, seq: u64) -> String {
 
 /// Where a grain (in a leaf) or a child node (above) is: slot `slot` of
 /// segment `seg`, with the CRC-32C of what is there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Entry {
     pub seg: SegId,
     pub slot: u32,

@@ -21,7 +21,7 @@ pub mod keys;
 pub mod layout;
 pub mod s3fifo;
 
-pub use disk::{AutoCompact, ObjectDisk};
+pub use disk::{rekey_end, AutoCompact, ObjectDisk, REKEY_REGION};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

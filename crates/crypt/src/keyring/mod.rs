@@ -128,6 +128,21 @@ pub struct NewSlot<'a> {
     pub now_unix: u64,
 }
 
+impl<'a> NewSlot<'a> {
+    /// A keyslot for a key file's bytes `secret`, made at `now_unix`, with
+    /// no label (Argon2id's default costs, used only if the secret is
+    /// shorter than key material).
+    pub fn key_file(secret: &'a [u8], now_unix: u64) -> Self {
+        NewSlot {
+            secret,
+            source: "file",
+            label: None,
+            argon2: Argon2Params::default(),
+            now_unix,
+        }
+    }
+}
+
 impl fmt::Debug for NewSlot<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NewSlot")

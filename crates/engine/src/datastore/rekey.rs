@@ -23,10 +23,36 @@ pub struct DeepRekeyReport {
     pub reencrypted_bytes: u64,
     /// Of them, bytes copied rather than moved: own-key clones made from
     /// the lineage still read the old grains under the old key, so these
-    /// are stored twice from now on (FORMAT.md §16.4).
+    /// are stored twice from now on (FORMAT.md §16.4). 0 on an object
+    /// store, where every grain is copied and GC frees the old ones no
+    /// linked clone reaches (§16.7).
     pub copied_bytes: u64,
     /// The data key the lineage is under now.
     pub data_key: u32,
+}
+
+/// Whether `strata rekey --deep DISK` resumes a deep rekey under way
+/// (`under_way`) or begins one (`new_secret` given): the same rules on
+/// every datastore. Refused with neither, or with both.
+pub fn deep_rekey_resumes(disk: &str, under_way: bool, new_secret: bool) -> Result<bool> {
+    match (under_way, new_secret) {
+        (false, false) => err(
+            ErrorKind::InvalidArgument,
+            format!(
+                "'{disk}': a deep rekey needs the new secret (--new-key-file, \
+                 --new-key-keyring, --new-key-helper or --new-key-prompt)"
+            ),
+        ),
+        (true, true) => err(
+            ErrorKind::Refused,
+            format!(
+                "'{disk}': a deep rekey is under way already; resume it with \
+                 'strata rekey --deep {disk}' and no new secret"
+            ),
+        ),
+        (false, true) => Ok(false),
+        (true, false) => Ok(true),
+    }
 }
 
 fn gone(disk: &str) -> Error {
@@ -53,31 +79,10 @@ impl Datastore {
             );
         }
         let k = Self::keyring_of(&self.inner.meta.lock(), disk)?;
-        let resumed = match (k.deep_rekey, new) {
-            (None, None) => {
-                return err(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "'{disk}': a deep rekey needs the new secret (--new-key-file, \
-                         --new-key-keyring, --new-key-helper or --new-key-prompt)"
-                    ),
-                )
-            }
-            (Some(_), Some(_)) => {
-                return err(
-                    ErrorKind::Refused,
-                    format!(
-                        "'{disk}': a deep rekey is under way already; resume it with \
-                         'strata rekey --deep {disk}' and no new secret"
-                    ),
-                )
-            }
-            (None, Some(slot)) => {
-                self.begin_deep(disk, k, slot)?;
-                false
-            }
-            (Some(_), None) => true,
-        };
+        let resumed = deep_rekey_resumes(disk, k.deep_rekey.is_some(), new.is_some())?;
+        if let (false, Some(slot)) = (resumed, new) {
+            self.begin_deep(disk, k, slot)?;
+        }
         let job = self.rekeying(disk)?;
         let h = self.open_disk(disk)?;
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())

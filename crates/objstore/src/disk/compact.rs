@@ -126,7 +126,8 @@ pub struct CompactStats {
 #[derive(Default)]
 pub(super) struct Compactor {
     running: AtomicBool,
-    pass: Mutex<()>,
+    /// One pass at a time (a deep rekey's steps take it too, §16.7).
+    pub(super) pass: Mutex<()>,
     stats: Mutex<CompactStats>,
 }
 
@@ -358,39 +359,17 @@ impl ObjectDisk {
         id: SegId,
         buf: &mut [u8],
     ) -> Result<Vec<Relocation>> {
-        let ds = &self.ds;
         let mut b = SegmentBuilder::new(id);
         let mut moves = Vec::with_capacity(grains.len());
         // The new slots of grains the cache held (kept cached there), and
         // the object grains not cached are read from: one GET each, held
         // while its grains (in a row in `grains`) are moved. Through
         // memory, not the cache: objects about to be emptied would push
-        // out what clients read, and a move is not a client's read.
+        // out what clients read.
         let mut hot = Vec::new();
         let mut from: Option<(SegId, Bytes)> = None;
         for (vg, old) in grains {
-            let cached = ds.cache.peek_grain(old, buf);
-            if !cached {
-                if from.as_ref().is_none_or(|(s, _)| *s != old.seg) {
-                    from = Some((old.seg, crate::cache::get_verified(&ds.store, old.seg)?.0));
-                }
-                let bytes = &from.as_ref().expect("just fetched").1;
-                let at = crate::layout::SegmentInfo::grain_offset(old.slot) as usize;
-                match bytes.get(at..at + GRAIN) {
-                    Some(g) if crc32c::crc32c(g) == old.crc => buf.copy_from_slice(g),
-                    _ => {
-                        return Err(Error::new(
-                            ErrorKind::Corrupt,
-                            format!(
-                                "{}: grain {} does not match the checksum its map entry holds \
-                                 (read from the store to move it)",
-                                old.seg.key(),
-                                old.slot
-                            ),
-                        ))
-                    }
-                }
-            }
+            let cached = self.stored_grain(old, &mut from, buf)?;
             let new = b.add_grain(*vg, buf);
             if cached {
                 hot.push(new.slot);
@@ -403,6 +382,43 @@ impl ObjectDisk {
         }
         self.put_moved(id, &Bytes::from(b.seal(now_ms())), &hot)?;
         Ok(moves)
+    }
+
+    /// The stored bytes of grain `old` into `buf`: from the cache if it
+    /// holds them (true), else from its segment, fetched whole into
+    /// `from` (kept there for the next grain of the same segment), checked
+    /// against the CRC its entry holds. Through memory, not the cache: a
+    /// move or a re-encryption is not a client's read.
+    pub(super) fn stored_grain(
+        &self,
+        old: &Entry,
+        from: &mut Option<(SegId, Bytes)>,
+        buf: &mut [u8],
+    ) -> Result<bool> {
+        let ds = &self.ds;
+        if ds.cache.peek_grain(old, buf) {
+            return Ok(true);
+        }
+        if from.as_ref().is_none_or(|(s, _)| *s != old.seg) {
+            *from = Some((old.seg, crate::cache::get_verified(&ds.store, old.seg)?.0));
+        }
+        let bytes = &from.as_ref().expect("just fetched").1;
+        let at = crate::layout::SegmentInfo::grain_offset(old.slot) as usize;
+        match bytes.get(at..at + GRAIN) {
+            Some(g) if crc32c::crc32c(g) == old.crc => {
+                buf.copy_from_slice(g);
+                Ok(false)
+            }
+            _ => Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{}: grain {} does not match the checksum its map entry holds \
+                     (read from the store to rewrite it)",
+                    old.seg.key(),
+                    old.slot
+                ),
+            )),
+        }
     }
 
     /// Commit `moves` with whatever client writes are pending: (moves

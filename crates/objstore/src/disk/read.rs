@@ -58,13 +58,17 @@ impl ObjectDisk {
         }))
     }
 
-    /// The cipher of this disk's grains now: None for a plain disk, a
-    /// refusal when it is encrypted and this process holds no keys for it.
-    pub(super) fn cipher_now(&self) -> Result<Option<Arc<strata_crypt::DataCipher>>> {
-        if !self.encrypted {
+    /// The cipher of the grains `man` names (§16.7: its keyring's cursor
+    /// during a deep rekey): None for a plain disk, a refusal when it is
+    /// encrypted and this process holds no keys for it.
+    pub(super) fn cipher_of(
+        &self,
+        man: &Manifest,
+    ) -> Result<Option<Arc<strata_crypt::DataCipher>>> {
+        let Some(rec) = man.keyring.as_ref().filter(|_| self.encrypted) else {
             return Ok(None);
-        }
-        match self.ds.held_cipher(self.id) {
+        };
+        match self.ds.cipher_for(self.disk_name(), self.id, rec)? {
             Some(c) => Ok(Some(c)),
             None => Err(strata_crypt::locked_error(self.disk_name())),
         }
@@ -73,7 +77,8 @@ impl ObjectDisk {
     /// Refused when the disk is encrypted and this process holds no keys
     /// for it (what its reads and writes would be refused with).
     pub fn check_unlocked(&self) -> Result<()> {
-        self.cipher_now().map(|_| ())
+        let man = self.state.lock().unwrap().man.clone();
+        self.cipher_of(&man).map(|_| ())
     }
 
     /// The cipher grains taken with `c` are sealed under: an encrypted
@@ -195,6 +200,20 @@ impl ObjectDisk {
         vg: u64,
         used: &mut Vec<SegId>,
     ) -> Result<Option<Entry>> {
+        let leaf = self.leaf_noting(root, levels, vg, used)?;
+        Ok(leaf.and_then(|n| n.entries[(vg % FANOUT as u64) as usize]))
+    }
+
+    /// The leaf of the map at `root` (`levels` levels) that covers grain
+    /// `vg`, if the map has one there, adding to `used` the segments of
+    /// the nodes walked.
+    pub(super) fn leaf_noting(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        vg: u64,
+        used: &mut Vec<SegId>,
+    ) -> Result<Option<Arc<MapNode>>> {
         if !maps(levels, vg) {
             // Extended since anything was written here (FORMAT.md §11.5).
             return Ok(None);
@@ -207,6 +226,9 @@ impl ObjectDisk {
             if used.last() != Some(&here.seg) {
                 used.push(here.seg);
             }
+            if level == 0 {
+                return Ok(Some(node));
+            }
             let span = MapNode::span_of_entry(level);
             let idx = ((vg - first) / span) as usize;
             if idx >= FANOUT {
@@ -218,7 +240,7 @@ impl ObjectDisk {
             first += idx as u64 * span;
             e = node.entries[idx];
         }
-        Ok(e)
+        Ok(None)
     }
 
     /// The grains where this handle's version differs from `base`'s (None:
@@ -351,13 +373,16 @@ impl ObjectDisk {
     /// Read whole grains from `first`, `n` of them, into `out`.
     pub(super) fn read_grains(&self, first: u64, out: &mut [u8]) -> Result<()> {
         let n = out.len() / GRAIN;
-        let cipher = self.cipher_now()?;
         let mut sources = Vec::with_capacity(n);
-        let man = {
+        let (man, cipher) = {
             let st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
+            // The cursor of the manifest this read walks (§16.7); the
+            // grains held in memory are under it too (a deep rekey's
+            // region takes no writes until its manifest is the newest).
+            let cipher = self.cipher_of(&st.man)?;
             let overlay = !st.dirty.is_empty() || !st.inflight.is_empty() || !st.sealed.is_empty();
             for i in 0..n as u64 {
                 if !overlay {
@@ -368,7 +393,7 @@ impl ObjectDisk {
                 let g = &mut out[at..at + GRAIN];
                 sources.push(self.overlay_source(&st, first + i, g, cipher.as_deref()));
             }
-            st.man.clone()
+            (st.man.clone(), cipher)
         };
         self.reads.count(first, n as u64);
         // The segments of the nodes walked: only a hot set's record (which

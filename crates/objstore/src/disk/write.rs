@@ -6,15 +6,23 @@ use super::*;
 impl ObjectDisk {
     /// Put whole grains (`None`: zeros) into the unflushed writes.
     pub(super) fn put_grains(&self, grains: Vec<(u64, Option<Box<[u8]>>)>) -> Result<()> {
-        let cipher = self.cipher_now()?;
         let over = {
             let mut st = self.state.lock().unwrap();
+            // A deep rekey's step takes no write into its region (§16.7).
+            while st
+                .rekey_region
+                .as_ref()
+                .is_some_and(|r| grains.iter().any(|(vg, _)| r.contains(vg)))
+            {
+                st = self.landed.wait(st).unwrap();
+            }
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
             if let Some(r) = &st.released {
                 return Err(Error::new(ErrorKind::Released, r.clone()));
             }
+            let cipher = self.cipher_of(&st.man)?;
             if cipher.is_some() {
                 st.cipher = cipher;
             }

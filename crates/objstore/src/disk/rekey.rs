@@ -1,0 +1,261 @@
+//! Deep rekey of an object-store disk (FORMAT.md §16.7): region by region,
+//! every grain the head or a snapshot maps there is re-encrypted into a
+//! new segment, the maps are copied on write, and one owner commit names
+//! them with the cursor moved past the region.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use strata_crypt::{DataCipher, Xts};
+
+use super::fold::Folder;
+use super::*;
+use crate::keys::keyring_of;
+
+/// Virtual grains per step (4 MiB): a multiple of a leaf's 256.
+pub const REKEY_REGION: u64 = 1024;
+
+/// The grain after the last one a deep rekey must pass: the largest size
+/// of the head and its snapshots.
+pub fn rekey_end(man: &Manifest) -> u64 {
+    let bytes = man
+        .snapshots
+        .iter()
+        .map(|s| s.size_bytes)
+        .fold(man.size_bytes, u64::max);
+    bytes.div_ceil(G)
+}
+
+/// Clears a step's region when the step ends, however it ends, and wakes
+/// the writes that waited for it.
+struct RegionOpen<'a>(&'a ObjectDisk);
+
+impl Drop for RegionOpen<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().rekey_region = None;
+        self.0.landed.notify_all();
+    }
+}
+
+impl ObjectDisk {
+    /// The pass of a deep rekey under way (its begin record committed):
+    /// from the newest manifest's cursor to the end, one step per region,
+    /// `progress(done, total)` in bytes before each, `pace(bytes)` after
+    /// each (an error from it, a cancel, stops the pass where it is, and
+    /// so does `strata lock`: each step needs the keys held). The bytes
+    /// re-encrypted.
+    pub fn rekey_pass(
+        &self,
+        keys: (&Arc<Xts>, &Arc<Xts>),
+        progress: &mut dyn FnMut(u64, u64),
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<u64> {
+        self.may_write()?;
+        let mut total = 0;
+        loop {
+            self.check_unlocked()?;
+            let (at, end) = {
+                let st = self.state.lock().unwrap();
+                let d = self.rekey_cursor(&st.man)?;
+                (d, rekey_end(&st.man))
+            };
+            progress(at.min(end) * G, end * G);
+            if at >= end {
+                return Ok(total);
+            }
+            let to = ((at / REKEY_REGION + 1) * REKEY_REGION).min(end);
+            let n = self.rekey_step(at..to, keys)?;
+            total += n;
+            pace(n)?;
+        }
+    }
+
+    /// The cursor of `man`'s deep rekey; Gone when none is under way.
+    fn rekey_cursor(&self, man: &Manifest) -> Result<u64> {
+        let k = keyring_of(self.disk_name(), man)?;
+        k.deep_rekey.map(|d| d.next_grain).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Gone,
+                format!("disk '{}': no deep rekey is under way", self.name),
+            )
+        })
+    }
+
+    /// One step (§16.7, steps (i) to (v)) over `region`: its writes wait,
+    /// the acknowledged ones are committed, then one owner commit names
+    /// the region's grains re-encrypted and the cursor past it. The bytes
+    /// re-encrypted.
+    fn rekey_step(&self, region: Range<u64>, keys: (&Arc<Xts>, &Arc<Xts>)) -> Result<u64> {
+        // Compaction and the pass take turns.
+        let _one = self.compactor.pass.lock().unwrap();
+        self.state.lock().unwrap().rekey_region = Some(region.clone());
+        let _open = RegionOpen(self);
+        let mut bytes = 0;
+        self.admin(|man| {
+            let (next, n) = self.rekeyed(man, &region, keys)?;
+            bytes = n;
+            Ok(next)
+        })?;
+        Ok(bytes)
+    }
+
+    /// `man` (its tail folded) with `region`'s grains re-encrypted from
+    /// `keys.0` to `keys.1` in new segments, uploaded here, the head's and
+    /// every snapshot's map pointing at them, and the cursor at the
+    /// region's end; the bytes re-encrypted.
+    fn rekeyed(
+        &self,
+        man: &Manifest,
+        region: &Range<u64>,
+        (from, to): (&Arc<Xts>, &Arc<Xts>),
+    ) -> Result<(Manifest, u64)> {
+        let mut rec = keyring_of(self.disk_name(), man)?;
+        let Some(mut d) = rec.deep_rekey.filter(|d| d.next_grain == region.start) else {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{}': its deep rekey's cursor moved meanwhile; run it again",
+                    self.name
+                ),
+            ));
+        };
+        assert!(
+            man.tail.is_empty(),
+            "an owner change starts from a folded tail"
+        );
+        let versions: Vec<(Option<Entry>, u8)> = std::iter::once((man.root, man.levels))
+            .chain(man.snapshots.iter().map(|s| (s.root, s.levels)))
+            .collect();
+        let mapped = versions
+            .iter()
+            .map(|(root, levels)| self.mapped_in(*root, *levels, region))
+            .collect::<Result<Vec<_>>>()?;
+        let (segments, renamed) = self.reencrypted(man, &mapped, (from, to))?;
+        // The maps, copied on write into one node segment.
+        let mut next = man.clone();
+        let mut nodes = SegmentBuilder::new(self.next_segment(man));
+        let mut made = Vec::new();
+        for (i, found) in mapped.iter().enumerate() {
+            if found.is_empty() {
+                continue;
+            }
+            let tail: Tail = found
+                .iter()
+                .map(|&(vg, old)| (vg, Some(renamed[&(vg, old)])))
+                .collect();
+            let (root, levels) = versions[i];
+            let folded =
+                Folder::new(self, man, &mut nodes, &mut made).fold_tail(root, levels, &tail)?;
+            match i {
+                0 => (next.root, next.levels) = folded,
+                _ => {
+                    let s = &mut next.snapshots[i - 1];
+                    (s.root, s.levels) = folded;
+                }
+            }
+        }
+        let mut sealed: Vec<(SegId, Bytes)> = segments
+            .iter()
+            .map(|b| (b.id, Bytes::from(b.seal(now_ms()))))
+            .collect();
+        if !made.is_empty() {
+            sealed.push((nodes.id, Bytes::from(nodes.seal(now_ms()))));
+        }
+        // Rule 3: what the manifest names is in the store first.
+        self.upload(&sealed)?;
+        let top = made
+            .iter()
+            .find(|(e, _)| Some(*e) == next.root)
+            .map(|(_, n)| n.clone());
+        for (e, n) in made {
+            self.ds.cache.insert_node(&e, n);
+        }
+        if next.root != man.root {
+            next.root_node = None;
+            if let Some(n) = top {
+                next.set_root_node(&n);
+            }
+        }
+        d.next_grain = region.end;
+        rec.deep_rekey = Some(d);
+        next.keyring = Some(rec);
+        Ok((next, renamed.len() as u64 * G))
+    }
+
+    /// The grains `mapped` names (each version's, in order), read and
+    /// re-encrypted from `from` to `to` into new segments of `man`'s
+    /// generation: one new grain for each old one, however many versions
+    /// share it. The segments, and each old grain's new entry.
+    #[allow(clippy::type_complexity)]
+    fn reencrypted(
+        &self,
+        man: &Manifest,
+        mapped: &[Vec<(u64, Entry)>],
+        (from, to): (&Arc<Xts>, &Arc<Xts>),
+    ) -> Result<(Vec<SegmentBuilder>, HashMap<(u64, Entry), Entry>)> {
+        let cipher = DataCipher::single(to.clone());
+        let mut renamed = HashMap::new();
+        let mut segments: Vec<SegmentBuilder> = Vec::new();
+        let mut fetched = None;
+        let mut buf = vec![0u8; GRAIN];
+        for &(vg, old) in mapped.iter().flatten() {
+            if renamed.contains_key(&(vg, old)) {
+                continue;
+            }
+            if segments
+                .last()
+                .is_none_or(|b| b.grain_count() >= SEGMENT_GRAINS)
+            {
+                segments.push(SegmentBuilder::new(self.next_segment(man)));
+            }
+            let read = self.stored_grain(&old, &mut fetched, &mut buf);
+            if let Err(e) = read {
+                buf.fill(0);
+                return Err(e);
+            }
+            from.decrypt(&mut buf, vg * SECTORS);
+            let b = segments.last_mut().expect("just pushed");
+            renamed.insert((vg, old), b.add_data(vg, &buf, Some(&cipher)));
+        }
+        // The last grain's plaintext.
+        buf.fill(0);
+        Ok((segments, renamed))
+    }
+
+    /// A new segment of `man`'s generation.
+    fn next_segment(&self, man: &Manifest) -> SegId {
+        let mut st = self.state.lock().unwrap();
+        let ctr = st.next_ctr;
+        st.next_ctr += 1;
+        SegId {
+            disk: self.id,
+            gen: man.generation,
+            ctr,
+        }
+    }
+
+    /// The grains the map at `root` (`levels` levels) holds in `region`
+    /// (whole leaves): (virtual grain, entry), in order.
+    fn mapped_in(
+        &self,
+        root: Option<Entry>,
+        levels: u8,
+        region: &Range<u64>,
+    ) -> Result<Vec<(u64, Entry)>> {
+        let leaf = MapNode::span_of_entry(1);
+        let mut out = Vec::new();
+        let mut first = region.start / leaf * leaf;
+        while first < region.end {
+            if let Some(node) = self.leaf_noting(root, levels, first, &mut Vec::new())? {
+                for (i, e) in node.entries.iter().enumerate() {
+                    let vg = first + i as u64;
+                    if let Some(e) = e.filter(|_| region.contains(&vg)) {
+                        out.push((vg, e));
+                    }
+                }
+            }
+            first += leaf;
+        }
+        Ok(out)
+    }
+}
