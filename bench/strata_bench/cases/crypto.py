@@ -10,7 +10,8 @@ random (its rate, the clients' IOPS against the same job just before,
 and the datastore's growth in use, polled), and a shallow rekey of the encrypted
 disk with 100 snapshots, timed, with the pool checked unchanged by it;
 and the same pairs on an object-store datastore (SeaweedFS on loopback),
-where grains are encrypted as they enter a segment (FORMAT.md §16.7)."""
+where grains are encrypted as they enter a segment (FORMAT.md §16.7),
+with a deep rekey there under fio's reads (§16.7: the pass copies)."""
 import hashlib
 import json
 import os
@@ -83,7 +84,9 @@ def _deep_rekey(s, new, rt, disk="enc", local=True):
     the same job just before, and (`local`) the datastore's largest
     growth in use (polled every 100 ms). On an object store the pass
     copies every grain (FORMAT.md §16.7) and GC frees the old ones."""
-    mapped = json.loads(s.cli("info", disk, "--json"))["allocated_bytes"]
+    info = json.loads(s.cli("info", disk, "--json"))
+    # An object store's disk says what it maps as its referenced bytes.
+    mapped = info.get("allocated_bytes", info.get("size_bytes"))
     before = fio(s.uri(disk), "randread", "4k", iodepth=16, runtime=rt,
                  extra=["--cpus_allowed=0"])["iops"]
     base = _used(s) if local else 0

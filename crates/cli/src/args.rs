@@ -261,7 +261,9 @@ written and it takes the same time with any number of snapshots. The disk must b
 or opened here with a current secret (--key-*). --deep also makes a new data key and \
 re-encrypts every grain of the disk, its snapshots and linked clones online, a job paced like \
 defrag; a copy of the datastore's files from before it no longer opens what was written \
-after. 'rekey --deep DISK' with no new secret resumes an interrupted one."
+after. 'rekey --deep DISK' with no new secret resumes an interrupted one. On an object store \
+the disk's writer runs it, copying every grain into new segments (gc frees the old ones; a \
+linked clone keeps its own copy of the record and what it inherited under the old key)."
     )]
     Rekey {
         disk: String,

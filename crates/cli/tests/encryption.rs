@@ -1456,11 +1456,23 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
         &p(&k),
     ]);
     assert!(err.contains("strata claim vm"), "{err}");
-    // Not built on object stores yet: exit 10, naming why.
+    // An own-key clone (§16.7): O(1), its writes under its own key, the
+    // source's secret refused for it (below, once the server stopped).
     let k3s = p(&k3);
-    let own = ["clone", "vm@s1", "own", "--own-key", "--new-key-file", &k3s];
-    let err = a.fails_with(10, &own);
-    assert!(err.contains("not built yet for an object-store"), "{err}");
+    let v = a.json(&["clone", "vm@s1", "own", "--own-key", "--new-key-file", &k3s]);
+    assert_eq!(v["encryption"]["own_key"], true, "{v}");
+    let o = raw_compare(img.to_str().unwrap(), &a.uri("own"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    qemu_io_ok(
+        RAW,
+        &a.uri("own"),
+        &["write -P 0x71 1M 1M", "write -P 0x72 3584 1024", "flush"],
+    );
+    qemu_io_ok(
+        RAW,
+        &a.uri("own"),
+        &["read -P 0x71 1M 1M", "read -P 0x72 3584 1024"],
+    );
     srv.stop();
     a.ok(&[
         "rekey",
@@ -1474,6 +1486,9 @@ fn an_object_store_holds_only_ciphertext_and_keyrings_in_its_manifests() {
     a.fails_with(2, &["unlock", "vm", "--key-file", &p(&k)]);
     // The clone kept its own copy: the first secret still opens it.
     a.ok(&["unlock", "c1", "--key-file", &p(&k)]);
+    // The own-key clone opens with its own secret only.
+    a.fails_with(2, &["unlock", "own", "--key-file", &p(&k)]);
+    a.ok(&["unlock", "own", "--key-file", &k3s]);
 
     // Keys travel with a move, both ways.
     let local = Store::new();

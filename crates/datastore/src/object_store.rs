@@ -495,18 +495,12 @@ impl Datastore for ObjectStoreDatastore {
     fn clone_own_key(
         &self,
         source: &str,
-        _name: &str,
-        _key: &strata_api::KeyGrant,
+        name: &str,
+        key: &strata_api::KeyGrant,
     ) -> Result<DiskView> {
-        let (disk, _) = strata_engine::split_target(source);
-        self.keyring_members(disk)?;
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "'{source}': a clone with a key of its own is not built yet for an object-store \
-                 datastore (docs/FORMAT.md §16.7); a linked clone shares the disk's keys"
-            ),
-        ))
+        let (disk, snap) = clone_source(source)?;
+        let m = self.clone_own_keyed(disk, snap, name, key)?;
+        Ok(self.view(name, &m))
     }
 
     fn rekey_deep(

@@ -30,7 +30,7 @@ impl ObjectStoreDatastore {
                 done_bytes: r.next_grain * strata_objstore::layout::GRAIN as u64,
                 total_bytes: strata_objstore::rekey_end(m) * strata_objstore::layout::GRAIN as u64,
             }),
-            own_key: false,
+            own_key: !k.own.is_empty(),
         })
     }
 
@@ -76,6 +76,15 @@ impl ObjectStoreDatastore {
         let Some(rec) = m.keyring else {
             return Ok(None);
         };
+        if rec.deep_rekey.is_some() {
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}': a deep rekey is under way; run 'strata rekey --deep {disk}' \
+                     to its end first"
+                ),
+            ));
+        }
         let keys = self
             .shared()
             .held_keys(m.disk)
@@ -111,6 +120,35 @@ impl ObjectStoreDatastore {
             Some(keys) => self.shared().hold_keys(clone, m.disk, keys, rec),
             None => Ok(()),
         }
+    }
+
+    /// An own-key clone `name` of `disk@snap` (FORMAT.md §16.7): its
+    /// first manifest carries §16.4's record for one, made from the
+    /// source's record in the manifest its snapshot's root comes from;
+    /// this process holds its keys at once.
+    pub(crate) fn clone_own_keyed(
+        &self,
+        disk: &str,
+        snap: &str,
+        name: &str,
+        key: &KeyGrant,
+    ) -> Result<Manifest> {
+        let id = self.encrypted_id(disk)?;
+        let ds = self.shared();
+        let keys = ds.held_keys(id).ok_or_else(|| locked(disk))?;
+        let slot = new_slot(key);
+        let mut made = None;
+        let m = ds.clone_linked_keyed(disk, snap, name, |m| {
+            let rec = strata_objstore::keys::keyring_of(disk, m)?;
+            let (own, u) = rec
+                .own_key_clone(&keys, &slot)
+                .map_err(|e| strata_crypt::disk_error(disk, e))?;
+            made = Some(Arc::new(u));
+            Ok(Some(own))
+        })?;
+        let rec = m.keyring.as_ref().expect("made above");
+        ds.hold_keys(name, m.disk, made.expect("made above"), rec)?;
+        Ok(m)
     }
 
     /// `strata rekey --deep` (FORMAT.md §16.7): with `new`, the begin
@@ -164,9 +202,9 @@ impl ObjectStoreDatastore {
                 )
             })
         };
-        let (from, to) = (key(under_way.from)?, key(under_way.to)?);
+        let to = key(under_way.to)?;
         let mut pacer = Pacer::new(work.rate_bytes_per_sec, work.control.as_deref());
-        let moved = d.rekey_pass((&from, &to), progress, &mut |n| pacer.pace(n, false))?;
+        let moved = d.rekey_pass(&to, progress, &mut |n| pacer.pace(n, false))?;
         let data_key = d.change_keyring(|k, keys| {
             k.finish_deep(keys)?;
             Ok(k.base_index())

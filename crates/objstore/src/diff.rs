@@ -120,6 +120,7 @@ mod tests {
                 },
                 slot: 0,
                 crc: self.next,
+                key: 0,
             }
         }
 

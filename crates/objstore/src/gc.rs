@@ -442,6 +442,25 @@ impl ObjectStoreDatastore {
         }
     }
 
+    /// Every grain `tail` names read against its CRC, its key index at
+    /// most `max`: the first that fails (one error per disk, as a map
+    /// walk stops at its first).
+    fn check_tail(
+        &self,
+        tail: &Tail,
+        max: u8,
+        buf: &mut [u8],
+    ) -> std::result::Result<(), (u64, Error)> {
+        for (vg, e) in tail.iter() {
+            let Some(e) = e else { continue };
+            key_index_ok(e, None, *vg, max)
+                .and_then(|()| self.cache.fetch(&self.store, e.seg))
+                .and_then(|()| self.cache.read_grain(&self.store, e, *vg, buf))
+                .map_err(|err| (*vg, err))?;
+        }
+        Ok(())
+    }
+
     /// Read every node and grain every live root reaches, checking each
     /// against the CRC its map entry holds.
     pub fn check(&self) -> Result<CheckReport> {
@@ -454,6 +473,7 @@ impl ObjectStoreDatastore {
             grains: 0,
             errors: Vec::new(),
         };
+        let max_key = key_limits(&roots);
         let mut marks = Marks::default();
         let mut buf = vec![0u8; GRAIN];
         // (what, root, levels, owner, the tail that shadows the map).
@@ -480,19 +500,11 @@ impl ObjectStoreDatastore {
                 Reach::new(m.root, m.levels, *id, Some(&m.tail)),
             ));
             // Its tail (§11.4a): every grain it names, against its CRC.
-            for (vg, e) in m.tail.iter() {
-                let Some(e) = e else { continue };
-                rep.grains += 1;
-                let r = self
-                    .cache
-                    .fetch(&self.store, e.seg)
-                    .and_then(|()| self.cache.read_grain(&self.store, e, *vg, &mut buf));
-                if let Err(err) = r {
-                    // One error per disk, as a map walk stops at its first.
-                    rep.errors
-                        .push(format!("{name}: grain {vg} of its tail: {err}"));
-                    break;
-                }
+            let max = max_key.get(id).copied().unwrap_or(0);
+            rep.grains += m.tail.values().flatten().count() as u64;
+            if let Err((vg, err)) = self.check_tail(&m.tail, max, &mut buf) {
+                rep.errors
+                    .push(format!("{name}: grain {vg} of its tail: {err}"));
             }
         }
         for h in &roots.holds {
@@ -501,9 +513,11 @@ impl ObjectStoreDatastore {
         for (what, reach) in trees {
             let mut nodes = 0u64;
             let mut grains = 0u64;
+            let max = max_key.get(&reach.owner).copied().unwrap_or(0);
             // A map named after a fold (or a compaction) may hold entries
             // its tail shadows: never read, maybe collected (§11.4a).
             let r = self.walk(reach, &mut marks, &mut |e, level, vg| {
+                key_index_ok(e, level, vg, max)?;
                 match level {
                     Some(_) => nodes += 1,
                     None => {
@@ -524,6 +538,41 @@ impl ObjectStoreDatastore {
         }
         Ok(rep)
     }
+}
+
+/// The highest key index a grain of each disk's maps may carry (§16.7:
+/// its own keys'; a hold's grains are read through its clone's record).
+fn key_limits(roots: &Roots) -> HashMap<u32, u8> {
+    roots
+        .disks
+        .iter()
+        .map(|(id, (_, m))| {
+            let own = m
+                .keyring
+                .as_ref()
+                .and_then(|k| k.own.iter().map(|o| o.bits).max());
+            (*id, own.unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Refused: a node entry (`level` Some) with a key index, or a grain's
+/// above `max`.
+fn key_index_ok(e: &Entry, level: Option<u8>, vg: u64, max: u8) -> Result<()> {
+    let node = level.is_some();
+    if e.key <= max && !(node && e.key != 0) {
+        return Ok(());
+    }
+    Err(crate::corrupt(format!(
+        "{} at grain {vg} carries key index {}, which {} (damaged map)",
+        if node { "a node entry" } else { "the entry" },
+        e.key,
+        if node {
+            "only a leaf's grains have"
+        } else {
+            "its keyring has no key for"
+        }
+    )))
 }
 
 /// The disk id of a key under `disks/`.

@@ -44,12 +44,6 @@ impl ObjectStoreDatastore {
         keys: Arc<Unlocked>,
         rec: &KeyringRec,
     ) -> Result<()> {
-        if !rec.own.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!("disk '{disk}': own-key clones are not built for object stores"),
-            ));
-        }
         let cipher = Arc::new(rec.data_cipher(&keys).map_err(|e| crypt_error(disk, e))?);
         let made_for = (rec.deep_rekey, rec.base_index());
         let mut held = self.keys.0.lock().unwrap();

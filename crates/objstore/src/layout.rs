@@ -138,7 +138,21 @@ pub struct Entry {
     pub seg: SegId,
     pub slot: u32,
     pub crc: u32,
+    /// A leaf's grain on an encrypted disk: the key index of the data key
+    /// it is under (§16.7, flags bits 8–11): 0 but for an own-key clone's
+    /// writes. Always 0 above the leaves.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key: u8,
 }
+
+fn is_zero(k: &u8) -> bool {
+    *k == 0
+}
+
+/// Where an entry's key index lies in its flags (§11.4).
+const ENTRY_KEY_SHIFT: u32 = 8;
+/// The largest key index (4 bits).
+pub const MAX_KEY_INDEX: u8 = 15;
 
 impl Entry {
     pub fn encode(e: Option<&Entry>, out: &mut [u8]) {
@@ -149,7 +163,8 @@ impl Entry {
             out[8..12].copy_from_slice(&e.seg.ctr.to_le_bytes());
             out[12..16].copy_from_slice(&e.slot.to_le_bytes());
             out[16..20].copy_from_slice(&e.crc.to_le_bytes());
-            out[20..24].copy_from_slice(&ENTRY_PRESENT.to_le_bytes());
+            let flags = ENTRY_PRESENT | u32::from(e.key) << ENTRY_KEY_SHIFT;
+            out[20..24].copy_from_slice(&flags.to_le_bytes());
         }
     }
 
@@ -164,17 +179,20 @@ impl Entry {
         match w(20) {
             0 if b[..ENTRY_BYTES].iter().all(|&x| x == 0) => Ok(None),
             0 => Err(corrupt("a hole entry with non-zero fields")),
-            ENTRY_PRESENT => Ok(Some(Entry {
-                seg: SegId {
-                    disk: w(0),
-                    gen: w(4),
-                    ctr: w(8),
-                },
-                slot: w(12),
-                crc: w(16),
-            })),
+            f if f & !(u32::from(MAX_KEY_INDEX) << ENTRY_KEY_SHIFT) == ENTRY_PRESENT => {
+                Ok(Some(Entry {
+                    seg: SegId {
+                        disk: w(0),
+                        gen: w(4),
+                        ctr: w(8),
+                    },
+                    slot: w(12),
+                    crc: w(16),
+                    key: (f >> ENTRY_KEY_SHIFT) as u8,
+                }))
+            }
             f => Err(corrupt(format!(
-                "entry flags {f:#x} (only bit 0 is defined)"
+                "entry flags {f:#x} (bit 0 and a key index in bits 8-11 are defined)"
             ))),
         }
     }
@@ -330,8 +348,14 @@ impl SegmentBuilder {
         }
     }
 
-    /// Add a grain; returns its entry.
+    /// Add a grain of a plain disk; returns its entry.
     pub fn add_grain(&mut self, vgrain: u64, data: &[u8]) -> Entry {
+        self.add_stored(vgrain, data, 0)
+    }
+
+    /// Add a grain's stored bytes as they are (a move: ciphertext stays
+    /// ciphertext under key index `key`); returns its entry.
+    pub fn add_stored(&mut self, vgrain: u64, data: &[u8], key: u8) -> Entry {
         assert_eq!(data.len(), GRAIN);
         let crc = crc32c::crc32c(data);
         let slot = self.vgrains.len() as u32;
@@ -341,12 +365,14 @@ impl SegmentBuilder {
             seg: self.id,
             slot,
             crc,
+            key,
         }
     }
 
     /// Add a grain of plaintext `data`, encrypted on its way in when the
-    /// disk is (§16.7: the tweak is the grain's virtual sector, the CRC is
-    /// over what is stored); returns its entry.
+    /// disk is (§16.7: under the cipher's write key, whose index the entry
+    /// carries; the tweak is the grain's virtual sector, the CRC is over
+    /// what is stored); returns its entry.
     pub fn add_data(
         &mut self,
         vgrain: u64,
@@ -360,7 +386,8 @@ impl SegmentBuilder {
         let at = self.grains.len();
         self.grains.resize(at + GRAIN, 0);
         let stored = &mut self.grains[at..];
-        c.encrypt_to(data, stored, vgrain * strata_crypt::GRAIN_SECTORS);
+        c.writer()
+            .encrypt_to(data, stored, vgrain * strata_crypt::GRAIN_SECTORS);
         let crc = crc32c::crc32c(stored);
         let slot = self.vgrains.len() as u32;
         self.vgrains.push((vgrain, crc));
@@ -368,6 +395,7 @@ impl SegmentBuilder {
             seg: self.id,
             slot,
             crc,
+            key: c.write_bits(),
         }
     }
 
@@ -381,6 +409,7 @@ impl SegmentBuilder {
             seg: self.id,
             slot,
             crc,
+            key: 0,
         }
     }
 
@@ -595,17 +624,49 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_key_index_rides_in_the_flags_and_unknown_flags_are_refused() {
+        for key in [0, 1, MAX_KEY_INDEX] {
+            let e = Entry {
+                seg: id(),
+                slot: 2,
+                crc: 3,
+                key,
+            };
+            let mut b = [0u8; ENTRY_BYTES];
+            Entry::encode(Some(&e), &mut b);
+            assert_eq!(Entry::decode(&b).unwrap(), Some(e));
+        }
+        for flags in [0x2u32, 0x1001, 0x8000_0001, 0x0f00] {
+            let mut b = [0u8; ENTRY_BYTES];
+            Entry::encode(
+                Some(&Entry {
+                    seg: id(),
+                    slot: 2,
+                    crc: 3,
+                    key: 0,
+                }),
+                &mut b,
+            );
+            b[20..24].copy_from_slice(&flags.to_le_bytes());
+            let e = Entry::decode(&b).unwrap_err();
+            assert!(e.message.contains("entry flags"), "{flags:#x}: {e}");
+        }
+    }
+
+    #[test]
     fn a_node_round_trips_and_every_flipped_bit_is_caught() {
         let mut n = MapNode::empty(1, 9, 3, 65536);
         n.entries[0] = Some(Entry {
             seg: id(),
             slot: 5,
             crc: 0x1234_5678,
+            key: 0,
         });
         n.entries[255] = Some(Entry {
             seg: id(),
             slot: 0,
             crc: 1,
+            key: 0,
         });
         let b = n.encode();
         assert_eq!(b.len(), NODE_BYTES);

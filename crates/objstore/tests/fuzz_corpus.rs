@@ -66,13 +66,7 @@ fn write_seeds() {
     drop(d);
     // An encrypted disk (FORMAT.md §16.7): manifests with a keyring
     // (STRMAN04/05) and segments of ciphertext.
-    let slot = strata_crypt::NewSlot {
-        secret: &[9u8; 32],
-        source: "file",
-        label: None,
-        argon2: Default::default(),
-        now_unix: 1,
-    };
+    let slot = strata_crypt::NewSlot::key_file(&[9u8; 32], 1);
     let (rec, keys) = strata_crypt::KeyringRec::create(0, &slot).unwrap();
     let m = ds
         .create_disk_keyed("enc", 16 << 20, Some(rec.clone()))
@@ -83,6 +77,43 @@ fn write_seeds() {
     e.flush().unwrap();
     e.snapshot_create("s", "").unwrap();
     e.write_at(&pattern(6, 4096), 8192, true).unwrap();
+    // An own-key clone of it: key indexes in its tail and, once a
+    // snapshot folded the tail, in its map's leaves.
+    let held = ds.held_keys(m.disk).unwrap();
+    let own_slot = strata_crypt::NewSlot::key_file(&[10u8; 32], 1);
+    let mut made = None;
+    let c = ds
+        .clone_linked_keyed("enc", "s", "own", |m| {
+            let (r, u) = m
+                .keyring
+                .as_ref()
+                .unwrap()
+                .own_key_clone(&held, &own_slot)
+                .unwrap();
+            made = Some(Arc::new(u));
+            Ok(Some(r))
+        })
+        .unwrap();
+    ds.hold_keys("own", c.disk, made.unwrap(), c.keyring.as_ref().unwrap())
+        .unwrap();
+    let o = ObjectDisk::open(ds.clone(), "own", false).unwrap();
+    o.write_at(&pattern(7, 8192), 4096, false).unwrap();
+    o.flush().unwrap();
+    o.snapshot_create("t", "").unwrap();
+    drop(o);
+    // A deep rekey of the source: manifests with the cursor at each step.
+    let new_slot = strata_crypt::NewSlot::key_file(&[11u8; 32], 1);
+    e.change_keyring(|k, keys| {
+        let u = k.begin_deep(keys, &new_slot)?;
+        ds.replace_keys(m.disk, Arc::new(u));
+        Ok(())
+    })
+    .unwrap();
+    let to = {
+        let d = e.manifest().keyring.as_ref().unwrap().deep_rekey.unwrap();
+        ds.held_keys(m.disk).unwrap().key(d.to).unwrap().clone()
+    };
+    e.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(())).unwrap();
     drop(e);
 
     let store = ObjectStore::connect(&url, &Options::default()).unwrap();

@@ -48,18 +48,20 @@ fn data(off: usize, len: usize, tag: u8) -> Vec<u8> {
         .collect()
 }
 
-/// An encrypted disk "vm" of [`DISK`] in a new datastore on `f`: tag 1
-/// everywhere, snapshot "s", tag 2 over two stretches, flushed; then a
-/// deep rekey's begin record (new data key, one keyslot for [`K2`]). The
-/// local directory, the datastore, the disk and its id.
-fn encrypted(
-    f: &FaultStore,
-) -> (
+/// A datastore's local directory, the datastore, disk "vm" and what its
+/// head holds.
+type Fixture = (
     tempfile::TempDir,
     Arc<ObjectStoreDatastore>,
     Arc<ObjectDisk>,
     Vec<u8>,
-) {
+);
+
+/// An encrypted disk "vm" of [`DISK`] in a new datastore on `f`, under
+/// [`K1`]: tag 1 everywhere, snapshot "s", tag 2 over two stretches,
+/// flushed. The local directory, the datastore, the disk and what its
+/// head holds.
+fn encrypted_disk(f: &FaultStore) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let url = StoreUrl::parse("s3://memory/ds").unwrap();
     let ds = Arc::new(
@@ -83,25 +85,34 @@ fn encrypted(
         head[off..off + len].copy_from_slice(&d);
     }
     disk.flush().unwrap();
-    let held = ds.clone();
-    disk.change_keyring(|k, keys| {
-        let u = k.begin_deep(keys, &slot(K2))?;
-        held.replace_keys(m.disk, Arc::new(u));
-        Ok(())
-    })
-    .unwrap();
     (dir, ds, disk, head)
 }
 
-/// The deep rekey's two data keys as `ds` holds them for `disk`.
-fn pass_keys(ds: &ObjectStoreDatastore, disk: &ObjectDisk) -> (Arc<Xts>, Arc<Xts>) {
+/// A deep rekey's begin record for `disk` (new data key, one keyslot for
+/// `secret`), as `strata rekey --deep` writes it.
+fn begin(ds: &Arc<ObjectStoreDatastore>, disk: &ObjectDisk, secret: &[u8]) {
+    let (held, id) = (ds.clone(), disk.manifest().disk);
+    disk.change_keyring(|k, keys| {
+        let u = k.begin_deep(keys, &slot(secret))?;
+        held.replace_keys(id, Arc::new(u));
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// [`encrypted_disk`] with a deep rekey begun to [`K2`].
+fn encrypted(f: &FaultStore) -> Fixture {
+    let (dir, ds, disk, head) = encrypted_disk(f);
+    begin(&ds, &disk, K2);
+    (dir, ds, disk, head)
+}
+
+/// The deep rekey's new data key as `ds` holds it for `disk`.
+fn pass_key(ds: &ObjectStoreDatastore, disk: &ObjectDisk) -> Arc<Xts> {
     let m = disk.manifest();
     let d = m.keyring.as_ref().unwrap().deep_rekey.unwrap();
     let keys: Arc<Unlocked> = ds.held_keys(m.disk).unwrap();
-    (
-        keys.key(d.from).unwrap().clone(),
-        keys.key(d.to).unwrap().clone(),
-    )
+    keys.key(d.to).unwrap().clone()
 }
 
 fn read_all(d: &ObjectDisk) -> Vec<u8> {
@@ -137,23 +148,19 @@ fn pass_with_writes(
     cut: &mut Option<(usize, Vec<u8>)>,
     tag: &mut u8,
 ) -> strata_objstore::Result<u64> {
-    let (from, to) = pass_keys(ds, disk);
+    let to = pass_key(ds, disk);
     let at = std::cell::Cell::new(0usize);
-    disk.rekey_pass(
-        (&from, &to),
-        &mut |done, _| at.set(done as usize),
-        &mut |_| {
-            let off = (at.get() + 4 * MIB - MIB / 2).min(DISK - MIB);
-            *tag += 1;
-            let d = data(off, MIB, *tag);
-            *cut = Some((off, d.clone()));
-            disk.write_at(&d, off as u64, false)?;
-            disk.flush()?;
-            head[off..off + MIB].copy_from_slice(&d);
-            *cut = None;
-            Ok(())
-        },
-    )
+    disk.rekey_pass(&to, &mut |done, _| at.set(done as usize), &mut |_| {
+        let off = (at.get() + 4 * MIB - MIB / 2).min(DISK - MIB);
+        *tag += 1;
+        let d = data(off, MIB, *tag);
+        *cut = Some((off, d.clone()));
+        disk.write_at(&d, off as u64, false)?;
+        disk.flush()?;
+        head[off..off + MIB].copy_from_slice(&d);
+        *cut = None;
+        Ok(())
+    })
 }
 
 /// The end record, as `strata rekey --deep` writes it.
@@ -252,7 +259,7 @@ fn a_deep_rekey_cut_at_every_store_request_resumes_with_every_version() {
 fn a_deep_rekey_under_a_concurrent_writer_loses_and_garbles_nothing() {
     let f = FaultStore::new(11);
     let (_dir, ds, disk, head) = encrypted(&f);
-    let (from, to) = pass_keys(&ds, &disk);
+    let to = pass_key(&ds, &disk);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (disk, done) = (disk.clone(), done.clone());
@@ -281,7 +288,7 @@ fn a_deep_rekey_under_a_concurrent_writer_loses_and_garbles_nothing() {
             head
         })
     };
-    disk.rekey_pass((&from, &to), &mut |_, _| {}, &mut |_| Ok(()))
+    disk.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(()))
         .unwrap();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let head = writer.join().unwrap();
@@ -301,9 +308,9 @@ fn a_deep_rekey_under_a_concurrent_writer_loses_and_garbles_nothing() {
 fn a_clone_made_half_way_reads_its_snapshot_and_finishes_its_own_rekey() {
     let f = FaultStore::new(13);
     let (_dir, ds, disk, head) = encrypted(&f);
-    let (from, to) = pass_keys(&ds, &disk);
+    let to = pass_key(&ds, &disk);
     let mut clone = None;
-    disk.rekey_pass((&from, &to), &mut |_, _| {}, &mut |_| {
+    disk.rekey_pass(&to, &mut |_, _| {}, &mut |_| {
         if clone.is_none() {
             let m = ds.clone_linked("vm", "s", "c")?;
             let rec = m.keyring.clone().unwrap();
@@ -322,9 +329,8 @@ fn a_clone_made_half_way_reads_its_snapshot_and_finishes_its_own_rekey() {
     c.write_at(&data(5 * MIB, MIB, 9), 5 * MIB as u64, false)
         .unwrap();
     c.flush().unwrap();
-    let (from, to) = pass_keys(&ds, &c);
-    c.rekey_pass((&from, &to), &mut |_, _| {}, &mut |_| Ok(()))
-        .unwrap();
+    let to = pass_key(&ds, &c);
+    c.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(())).unwrap();
     finish(&c);
     let mut want = data(0, DISK, 1);
     want[5 * MIB..6 * MIB].copy_from_slice(&data(5 * MIB, MIB, 9));
@@ -333,4 +339,106 @@ fn a_clone_made_half_way_reads_its_snapshot_and_finishes_its_own_rekey() {
     ds.gc(false).unwrap();
     assert!(read_all(&c) == want, "the clone after GC");
     clean(&ds, "clone");
+}
+
+const K3: &[u8] = b"the clone's own secret, long enough too";
+const K4: &[u8] = b"the clone's next secret, long enough too";
+
+/// The key indexes of the grains `disk`'s head maps (its tail and map).
+fn key_indexes(disk: &ObjectDisk) -> std::collections::BTreeSet<u8> {
+    let mut seen = std::collections::BTreeSet::new();
+    for vg in 0..(DISK / 4096) as u64 {
+        if let Some(e) = disk.entry_of(vg).unwrap() {
+            seen.insert(e.key);
+        }
+    }
+    seen
+}
+
+/// FORMAT.md §16.7: an own-key clone on an object store. Its record has
+/// its own keyslot and data key; what it writes is under key index 1,
+/// what it inherited stays under the source's key; compaction keeps the
+/// indexes; a deep rekey of the clone puts everything under one new key,
+/// index 0, and drops the own key; each secret opens only its disk.
+#[test]
+fn an_own_key_clone_writes_under_its_key_and_rekeys_to_one() {
+    let f = FaultStore::new(17);
+    let (dir, ds, vm, head) = encrypted_disk(&f);
+    let keys = ds.held_keys(vm.manifest().disk).unwrap();
+    let mut made = None;
+    let m = ds
+        .clone_linked_keyed("vm", "s", "t", |m| {
+            let (rec, u) = m
+                .keyring
+                .as_ref()
+                .unwrap()
+                .own_key_clone(&keys, &slot(K3))
+                .unwrap();
+            made = Some(Arc::new(u));
+            Ok(Some(rec))
+        })
+        .unwrap();
+    let rec = m.keyring.clone().unwrap();
+    assert_eq!(rec.own.len(), 1, "{rec:?}");
+    ds.hold_keys("t", m.disk, made.unwrap(), &rec).unwrap();
+    let t = ObjectDisk::open(ds.clone(), "t", false).unwrap();
+    let mut want = data(0, DISK, 1);
+    assert!(read_all(&t) == want, "inherited");
+    // Whole grains, a sector inside an inherited grain, written twice
+    // (half live objects for compaction).
+    for tag in [7u8, 8] {
+        let d = data(MIB, 2 * MIB, tag);
+        t.write_at(&d, MIB as u64, false).unwrap();
+        want[MIB..3 * MIB].copy_from_slice(&d);
+        t.flush().unwrap();
+    }
+    let d = data(5 * MIB + 512, 512, 9);
+    t.write_at(&d, (5 * MIB + 512) as u64, false).unwrap();
+    want[5 * MIB + 512..5 * MIB + 1024].copy_from_slice(&d);
+    t.flush().unwrap();
+    assert!(read_all(&t) == want, "written");
+    assert_eq!(key_indexes(&t), [0, 1].into(), "inherited and own");
+    let c = t
+        .compact(strata_objstore::disk::CompactOptions {
+            below: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(c.relocated_grains > 0, "{c:?}");
+    assert!(read_all(&t) == want, "after compaction");
+    assert_eq!(key_indexes(&t), [0, 1].into(), "compaction keeps indexes");
+    assert!(read_all(&vm) == head, "the source");
+    clean(&ds, "own-key clone");
+
+    // Another process: each secret opens only its own disk.
+    drop((t, vm, ds));
+    let ds = Arc::new(
+        ObjectStoreDatastore::open(dir.path(), &opts(&f), OpenOptions::default()).unwrap(),
+    );
+    assert!(
+        ds.unlock("t", K1).is_err(),
+        "the source's secret opens the clone"
+    );
+    assert!(
+        ds.unlock("vm", K3).is_err(),
+        "the clone's secret opens the source"
+    );
+    ds.unlock("t", K3).unwrap();
+    let t = ObjectDisk::open(ds.clone(), "t", false).unwrap();
+    assert!(read_all(&t) == want, "reopened");
+
+    // A deep rekey of the clone: one new key, index 0, the own key gone.
+    begin(&ds, &t, K4);
+    let to = pass_key(&ds, &t);
+    t.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(())).unwrap();
+    finish(&t);
+    let rec = t.manifest().keyring.clone().unwrap();
+    assert!(rec.own.is_empty() && rec.deep_rekey.is_none(), "{rec:?}");
+    assert_eq!(key_indexes(&t), [0].into());
+    assert!(read_all(&t) == want, "after the clone's deep rekey");
+    ds.gc(false).unwrap();
+    clean(&ds, "after the rekey");
+    drop(t);
+    assert!(ds.unlock("t", K3).is_err(), "the retired secret");
+    ds.unlock("t", K4).unwrap();
 }

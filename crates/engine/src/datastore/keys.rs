@@ -318,12 +318,15 @@ impl Datastore {
                 let (k, u) = k
                     .own_key_clone(&u, slot)
                     .map_err(|e| crypt_error(name, e))?;
-                // Before the first keyring with own keys is logged, the
-                // superblock says leaf entries may carry key indexes.
-                self.inner.ensure_incompat(INCOMPAT_KEY_INDEX)?;
                 (k, Arc::new(u))
             }
         };
+        // Before the first keyring with own keys is logged (an own-key
+        // clone's, or one carried in from another datastore), the
+        // superblock says leaf entries may carry key indexes.
+        if !made.0.own.is_empty() {
+            self.inner.ensure_incompat(INCOMPAT_KEY_INDEX)?;
+        }
         // Before the first keyring is logged, the superblock says the
         // datastore may hold keyrings (FORMAT.md §16.3).
         self.inner.ensure_incompat(INCOMPAT_ENCRYPTION)?;

@@ -242,6 +242,19 @@ impl ObjectStoreDatastore {
     /// (§16.7: the same secrets open it, the same keys read what it
     /// inherits; from then on the two records are separate).
     pub fn clone_linked(&self, src: &str, snap: &str, new: &str) -> Result<Manifest> {
+        self.clone_linked_keyed(src, snap, new, |m| Ok(m.keyring.clone()))
+    }
+
+    /// [`Self::clone_linked`], the clone's keyring made by `keyring` from
+    /// the source's manifest that the snapshot's root is taken from (an
+    /// own-key clone's record, §16.7).
+    pub fn clone_linked_keyed(
+        &self,
+        src: &str,
+        snap: &str,
+        new: &str,
+        keyring: impl FnOnce(&Manifest) -> Result<Option<strata_crypt::KeyringRec>>,
+    ) -> Result<Manifest> {
         check_name("disk", new)?;
         if self.store.get_opt(&name_key(new))?.is_some() {
             return Err(self.exists(new));
@@ -255,6 +268,7 @@ impl ObjectStoreDatastore {
                 format!("disk '{src}' has no snapshot '{snap}'"),
             )
         })?;
+        let rec = keyring(&m)?;
         loop {
             let c = rand::random::<u32>();
             if c == 0 || self.store.get_opt(&manifest_key(c, 1))?.is_some() {
@@ -288,7 +302,7 @@ impl ObjectStoreDatastore {
                     snapshot: s.id,
                     name: format!("{src}@{snap}"),
                 }),
-                keyring: m.keyring.clone(),
+                keyring: rec.clone(),
                 ..Manifest::first(c, s.size_bytes, s.levels)
             };
             if self

@@ -370,7 +370,7 @@ impl ObjectDisk {
         let mut from: Option<(SegId, Bytes)> = None;
         for (vg, old) in grains {
             let cached = self.stored_grain(old, &mut from, buf)?;
-            let new = b.add_grain(*vg, buf);
+            let new = b.add_stored(*vg, buf, old.key);
             if cached {
                 hot.push(new.slot);
             }

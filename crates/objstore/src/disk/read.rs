@@ -168,6 +168,13 @@ impl ObjectDisk {
         v
     }
 
+    /// Where grain `vg` of this handle's version lives in the newest
+    /// manifest it knows (its writes not yet committed left out): its
+    /// segment, slot, CRC and key index; None for a hole.
+    pub fn entry_of(&self, vg: u64) -> Result<Option<Entry>> {
+        self.locate(&self.manifest(), vg, &mut Vec::new())
+    }
+
     /// Where grain `vg` of this handle's version (at `man`) lives: the
     /// head's tail, else its map (the segments of the nodes walked go to
     /// `used`).
@@ -337,7 +344,7 @@ impl ObjectDisk {
         vg: u64,
         g: &mut [u8],
         cipher: Option<&strata_crypt::DataCipher>,
-    ) -> Source {
+    ) -> Result<Source> {
         let sealed = st.sealed.get(&vg);
         let hit = match st.dirty.get(&vg) {
             Some(d) => Some(d),
@@ -349,7 +356,7 @@ impl ObjectDisk {
                 .filter(|(at, _)| sealed.is_none_or(|(n, _)| n <= at))
                 .map(|(_, d)| d),
         };
-        match (hit, sealed) {
+        Ok(match (hit, sealed) {
             (Some(Some(d)), _) => {
                 g.copy_from_slice(d);
                 Source::Data
@@ -359,15 +366,38 @@ impl ObjectDisk {
                 Some(s) => {
                     let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
                     g.copy_from_slice(&s.bytes[off..off + GRAIN]);
-                    if let Some(c) = cipher {
-                        c.decrypt(g, vg * SECTORS);
-                    }
+                    self.decrypt_grain(cipher, e, vg, g)?;
                     Source::Data
                 }
                 None => Source::Sealed(*e),
             },
             (None, None) => Source::Map,
-        }
+        })
+    }
+
+    /// Decrypt grain `vg`, read from `e`, under the key its entry's key
+    /// index names (§16.7); nothing for a plain disk. An index the
+    /// record has no key for is damage: refused, naming the grain.
+    pub(super) fn decrypt_grain(
+        &self,
+        cipher: Option<&strata_crypt::DataCipher>,
+        e: &Entry,
+        vg: u64,
+        g: &mut [u8],
+    ) -> Result<()> {
+        let Some(c) = cipher else { return Ok(()) };
+        let Some(k) = c.keyed(e.key) else {
+            return Err(corrupt(format!(
+                "disk '{}': grain {vg} ({} slot {}) is under key index {}, which its keyring \
+                 does not have (damaged map)",
+                self.name,
+                e.seg.key(),
+                e.slot,
+                e.key
+            )));
+        };
+        k.decrypt(g, vg * SECTORS);
+        Ok(())
     }
 
     /// Read whole grains from `first`, `n` of them, into `out`.
@@ -391,7 +421,7 @@ impl ObjectDisk {
                 }
                 let at = i as usize * GRAIN;
                 let g = &mut out[at..at + GRAIN];
-                sources.push(self.overlay_source(&st, first + i, g, cipher.as_deref()));
+                sources.push(self.overlay_source(&st, first + i, g, cipher.as_deref())?);
             }
             (st.man.clone(), cipher)
         };
@@ -414,9 +444,7 @@ impl ObjectDisk {
                     let vg = first + i as u64;
                     let g = &mut out[at..at + GRAIN];
                     self.ds.cache.read_grain(&self.ds.store, &e, vg, g)?;
-                    if let Some(c) = &cipher {
-                        c.decrypt(g, vg * SECTORS);
-                    }
+                    self.decrypt_grain(cipher.as_deref(), &e, vg, g)?;
                 }
             }
         }

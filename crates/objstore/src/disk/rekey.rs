@@ -46,7 +46,7 @@ impl ObjectDisk {
     /// re-encrypted.
     pub fn rekey_pass(
         &self,
-        keys: (&Arc<Xts>, &Arc<Xts>),
+        to: &Arc<Xts>,
         progress: &mut dyn FnMut(u64, u64),
         pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<u64> {
@@ -63,8 +63,8 @@ impl ObjectDisk {
             if at >= end {
                 return Ok(total);
             }
-            let to = ((at / REKEY_REGION + 1) * REKEY_REGION).min(end);
-            let n = self.rekey_step(at..to, keys)?;
+            let region_end = ((at / REKEY_REGION + 1) * REKEY_REGION).min(end);
+            let n = self.rekey_step(at..region_end, to)?;
             total += n;
             pace(n)?;
         }
@@ -85,14 +85,14 @@ impl ObjectDisk {
     /// the acknowledged ones are committed, then one owner commit names
     /// the region's grains re-encrypted and the cursor past it. The bytes
     /// re-encrypted.
-    fn rekey_step(&self, region: Range<u64>, keys: (&Arc<Xts>, &Arc<Xts>)) -> Result<u64> {
+    fn rekey_step(&self, region: Range<u64>, to: &Arc<Xts>) -> Result<u64> {
         // Compaction and the pass take turns.
         let _one = self.compactor.pass.lock().unwrap();
         self.state.lock().unwrap().rekey_region = Some(region.clone());
         let _open = RegionOpen(self);
         let mut bytes = 0;
         self.admin(|man| {
-            let (next, n) = self.rekeyed(man, &region, keys)?;
+            let (next, n) = self.rekeyed(man, &region, to)?;
             bytes = n;
             Ok(next)
         })?;
@@ -100,14 +100,15 @@ impl ObjectDisk {
     }
 
     /// `man` (its tail folded) with `region`'s grains re-encrypted from
-    /// `keys.0` to `keys.1` in new segments, uploaded here, the head's and
-    /// every snapshot's map pointing at them, and the cursor at the
-    /// region's end; the bytes re-encrypted.
+    /// the keys `man`'s record gives them (the old data key at and past
+    /// its cursor, or an own key) to `to` in new segments, uploaded here,
+    /// the head's and every snapshot's map pointing at them, and the
+    /// cursor at the region's end; the bytes re-encrypted.
     fn rekeyed(
         &self,
         man: &Manifest,
         region: &Range<u64>,
-        (from, to): (&Arc<Xts>, &Arc<Xts>),
+        to: &Arc<Xts>,
     ) -> Result<(Manifest, u64)> {
         let mut rec = keyring_of(self.disk_name(), man)?;
         let Some(mut d) = rec.deep_rekey.filter(|d| d.next_grain == region.start) else {
@@ -130,7 +131,7 @@ impl ObjectDisk {
             .iter()
             .map(|(root, levels)| self.mapped_in(*root, *levels, region))
             .collect::<Result<Vec<_>>>()?;
-        let (segments, renamed) = self.reencrypted(man, &mapped, (from, to))?;
+        let (segments, renamed) = self.reencrypted(man, &mapped, to)?;
         // The maps, copied on write into one node segment.
         let mut next = man.clone();
         let mut nodes = SegmentBuilder::new(self.next_segment(man));
@@ -182,24 +183,26 @@ impl ObjectDisk {
         Ok((next, renamed.len() as u64 * G))
     }
 
-    /// The grains `mapped` names (each version's, in order), read and
-    /// re-encrypted from `from` to `to` into new segments of `man`'s
-    /// generation: one new grain for each old one, however many versions
-    /// share it. The segments, and each old grain's new entry.
+    /// The grains `mapped` names (each version's, in order), read,
+    /// decrypted under the key `man`'s record gives each and re-encrypted
+    /// under `to` (key index 0) into new segments of `man`'s generation:
+    /// one new grain for each old one, however many versions share it.
+    /// The segments, and each old grain's new entry.
     #[allow(clippy::type_complexity)]
     fn reencrypted(
         &self,
         man: &Manifest,
         mapped: &[Vec<(u64, Entry)>],
-        (from, to): (&Arc<Xts>, &Arc<Xts>),
+        to: &Arc<Xts>,
     ) -> Result<(Vec<SegmentBuilder>, HashMap<(u64, Entry), Entry>)> {
+        let old = self.cipher_of(man)?;
         let cipher = DataCipher::single(to.clone());
         let mut renamed = HashMap::new();
         let mut segments: Vec<SegmentBuilder> = Vec::new();
         let mut fetched = None;
         let mut buf = vec![0u8; GRAIN];
-        for &(vg, old) in mapped.iter().flatten() {
-            if renamed.contains_key(&(vg, old)) {
+        for &(vg, e) in mapped.iter().flatten() {
+            if renamed.contains_key(&(vg, e)) {
                 continue;
             }
             if segments
@@ -208,14 +211,15 @@ impl ObjectDisk {
             {
                 segments.push(SegmentBuilder::new(self.next_segment(man)));
             }
-            let read = self.stored_grain(&old, &mut fetched, &mut buf);
-            if let Err(e) = read {
+            let read = self.stored_grain(&e, &mut fetched, &mut buf);
+            if let Err(err) =
+                read.and_then(|_| self.decrypt_grain(old.as_deref(), &e, vg, &mut buf))
+            {
                 buf.fill(0);
-                return Err(e);
+                return Err(err);
             }
-            from.decrypt(&mut buf, vg * SECTORS);
             let b = segments.last_mut().expect("just pushed");
-            renamed.insert((vg, old), b.add_data(vg, &buf, Some(&cipher)));
+            renamed.insert((vg, e), b.add_data(vg, &buf, Some(&cipher)));
         }
         // The last grain's plaintext.
         buf.fill(0);

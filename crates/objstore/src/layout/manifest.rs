@@ -453,6 +453,7 @@ mod tests {
                 seg: id(),
                 slot: 1,
                 crc: 2,
+                key: 0,
             }),
             next_ctr: 13,
             ..Manifest::first(3, 1 << 30, 3)
@@ -472,6 +473,8 @@ mod tests {
                 seg: SegId::payload(3, 42),
                 slot: 0,
                 crc: 5,
+                // An own-key clone's grain (§16.7): its index round-trips.
+                key: 3,
             }),
         );
         m.tail = Arc::new(tail);
@@ -528,12 +531,14 @@ mod tests {
             seg: id(),
             slot: 3,
             crc: 9,
+            key: 0,
         });
         let mut m = Manifest {
             root: Some(Entry {
                 seg: id(),
                 slot: 1,
                 crc: crc32c::crc32c(&node.encode()),
+                key: 0,
             }),
             ..m
         };
