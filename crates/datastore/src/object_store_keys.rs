@@ -205,10 +205,7 @@ impl ObjectStoreDatastore {
         let to = key(under_way.to)?;
         let mut pacer = Pacer::new(work.rate_bytes_per_sec, work.control.as_deref());
         let moved = d.rekey_pass(&to, progress, &mut |n| pacer.pace(n, false))?;
-        let data_key = d.change_keyring(|k, keys| {
-            k.finish_deep(keys)?;
-            Ok(k.base_index())
-        })?;
+        let data_key = d.finish_rekey()?;
         Ok(DeepRekeyReport {
             resumed,
             reencrypted_bytes: moved,

@@ -165,8 +165,7 @@ fn pass_with_writes(
 
 /// The end record, as `strata rekey --deep` writes it.
 fn finish(disk: &ObjectDisk) {
-    disk.change_keyring(|k, keys| k.finish_deep(keys).map(|_| ()))
-        .unwrap();
+    disk.finish_rekey().unwrap();
 }
 
 fn clean(ds: &ObjectStoreDatastore, what: &str) {
@@ -441,4 +440,33 @@ fn an_own_key_clone_writes_under_its_key_and_rekeys_to_one() {
     drop(t);
     assert!(ds.unlock("t", K3).is_err(), "the retired secret");
     ds.unlock("t", K4).unwrap();
+}
+
+/// An extend after the pass and a write past the old end: the end record
+/// is refused (it would drop the key that write is under) until the pass
+/// has gone over the new grains too.
+#[test]
+fn the_end_record_waits_for_a_disk_that_grew() {
+    let f = FaultStore::new(19);
+    let (_dir, ds, disk, mut head) = encrypted(&f);
+    let to = pass_key(&ds, &disk);
+    disk.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(()))
+        .unwrap();
+    disk.extend((DISK + 4 * MIB) as u64).unwrap();
+    let d = data(DISK, MIB, 5);
+    disk.write_at(&d, DISK as u64, false).unwrap();
+    disk.flush().unwrap();
+    head.extend_from_slice(&d);
+    head.resize(DISK + 4 * MIB, 0);
+    let e = disk.finish_rekey().unwrap_err();
+    assert!(e.message.contains("grew past"), "{e}");
+    let mut b = vec![0u8; DISK + 4 * MIB];
+    disk.read_at(&mut b, 0).unwrap();
+    assert!(b == head, "before the rest of the pass");
+    disk.rekey_pass(&to, &mut |_, _| {}, &mut |_| Ok(()))
+        .unwrap();
+    finish(&disk);
+    disk.read_at(&mut b, 0).unwrap();
+    assert!(b == head, "after the end record");
+    clean(&ds, "grown");
 }

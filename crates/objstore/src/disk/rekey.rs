@@ -70,6 +70,43 @@ impl ObjectDisk {
         }
     }
 
+    /// The end record (§16.7 step 3): the old data key (and an own-key
+    /// clone's own keys) leave the record, once the cursor is past every
+    /// version, checked in the commit itself (an extend and a write past
+    /// the old end would otherwise lose the key they were sealed under).
+    /// The index of the data key the disk is under now.
+    pub fn finish_rekey(&self) -> Result<u32> {
+        let disk = self.disk_name();
+        let keys = self
+            .ds
+            .held_keys(self.id)
+            .ok_or_else(|| strata_crypt::locked_error(disk))?;
+        let mut index = 0;
+        self.admin(|man| {
+            let mut rec = keyring_of(disk, man)?;
+            let (at, end) = (self.rekey_cursor(man)?, rekey_end(man));
+            if at < end {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "disk '{disk}' grew past its deep rekey's end ({} of {} bytes); run \
+                         'strata rekey --deep {disk}' again",
+                        at * G,
+                        end * G
+                    ),
+                ));
+            }
+            rec.finish_deep(&keys)
+                .map_err(|e| strata_crypt::disk_error(disk, e))?;
+            index = rec.base_index();
+            Ok(Manifest {
+                keyring: Some(rec),
+                ..man.clone()
+            })
+        })?;
+        Ok(index)
+    }
+
     /// The cursor of `man`'s deep rekey; Gone when none is under way.
     fn rekey_cursor(&self, man: &Manifest) -> Result<u64> {
         let k = keyring_of(self.disk_name(), man)?;
