@@ -204,7 +204,14 @@ impl ObjectStoreDatastore {
         };
         let to = key(under_way.to)?;
         let mut pacer = Pacer::new(work.rate_bytes_per_sec, work.control.as_deref());
-        let moved = d.rekey_pass(&to, progress, &mut |n| pacer.pace(n, false))?;
+        // Clients first: the pass rests while they read or write the disk.
+        let mut seen = d.client_grains();
+        let moved = d.rekey_pass(&to, progress, &mut |n| {
+            let now = d.client_grains();
+            let busy = now != seen;
+            seen = now;
+            pacer.pace(n, busy)
+        })?;
         let data_key = d.finish_rekey()?;
         Ok(DeepRekeyReport {
             resumed,

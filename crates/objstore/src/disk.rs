@@ -206,6 +206,9 @@ struct State {
     /// the last write came (compaction's budget and idle test).
     client_bytes: u64,
     last_write: Instant,
+    /// Grains read through this handle (a deep rekey rests while it
+    /// grows, §16.7).
+    client_reads: u64,
     /// The cipher of the writes acknowledged and not yet in the store
     /// (an encrypted disk's, §16.7): set by every write, so they are
     /// sealed under the keys they were taken with also after `lock`.
@@ -245,6 +248,7 @@ impl State {
             compacting: None,
             client_bytes: 0,
             last_write: Instant::now(),
+            client_reads: 0,
             write_seq: 0,
             durable_seq: 0,
             sealed: BTreeMap::new(),

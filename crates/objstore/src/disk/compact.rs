@@ -142,6 +142,13 @@ impl ObjectDisk {
         self.state.lock().unwrap().client_bytes
     }
 
+    /// Grains clients read or wrote through this handle: it moves while
+    /// they are busy.
+    pub fn client_grains(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.client_bytes / G + st.client_reads
+    }
+
     /// Start the automatic passes (§11.7a) the datastore's options ask
     /// for once this handle writes the disk: a thread that ends with the
     /// handle, a release or a fence.

@@ -405,10 +405,11 @@ impl ObjectDisk {
         let n = out.len() / GRAIN;
         let mut sources = Vec::with_capacity(n);
         let (man, cipher) = {
-            let st = self.state.lock().unwrap();
+            let mut st = self.state.lock().unwrap();
             if let Some(f) = &st.fenced {
                 return Err(Error::new(ErrorKind::Fenced, f.clone()));
             }
+            st.client_reads += n as u64;
             // The cursor of the manifest this read walks (§16.7); the
             // grains held in memory are under it too (a deep rekey's
             // region takes no writes until its manifest is the newest).
