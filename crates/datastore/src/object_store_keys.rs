@@ -191,18 +191,16 @@ impl ObjectStoreDatastore {
                 format!("'{disk}': the rekey ended"),
             ));
         };
-        let key = |i: u32| {
-            keys.key(i).cloned().ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Refused,
-                    format!(
-                        "disk '{disk}': data key {i} of its deep rekey is not held by this \
-                         process: unlock it again with its new secret"
-                    ),
-                )
-            })
-        };
-        let to = key(under_way.to)?;
+        let to = keys.key(under_way.to).cloned().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "disk '{disk}': data key {} of its deep rekey is not held by this \
+                     process: unlock it again with its new secret",
+                    under_way.to
+                ),
+            )
+        })?;
         let mut pacer = Pacer::new(work.rate_bytes_per_sec, work.control.as_deref());
         // Clients first: the pass rests while they read or write the disk.
         let mut seen = d.client_grains();

@@ -46,6 +46,18 @@ struct Walk {
 type Counted = (u64, u64, u8);
 
 impl Walk {
+    /// What the walk found, into `r`: how many map nodes and data grains,
+    /// and any grain used as both.
+    fn tally(&self, r: &mut CheckReport) {
+        r.map_nodes = self.nodes.len() as u64;
+        r.data_grains = self.data.len() as u64;
+        for n in &self.nodes {
+            if self.data.contains(n) {
+                r.error(format!("grain {n} is used both as data and as a map node"));
+            }
+        }
+    }
+
     /// Count the references under map node `node` at `level` (0: a leaf);
     /// returns what it holds, memoised per node.
     fn visit(
@@ -187,7 +199,6 @@ fn check_groups(m: &Meta, r: &mut CheckReport) {
     }
 }
 
-#[expect(clippy::too_many_lines)]
 pub fn run(m: &mut Meta) -> Result<CheckReport> {
     let mut r = CheckReport::default();
     let hwm = m.hwm();
@@ -201,35 +212,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         counts: HashMap::new(),
     };
     let limits = key_limits(m);
-    // Catalog: every version has exactly one owner, every owner a version.
-    let mut owners: HashMap<u64, u32> = HashMap::new();
-    for d in &m.catalog.disks {
-        *owners.entry(d.head).or_insert(0) += 1;
-    }
-    for s in &m.catalog.snapshots {
-        *owners.entry(s.version).or_insert(0) += 1;
-        if m.catalog.disk_by_id(s.disk).is_none() {
-            r.error(format!(
-                "snapshot '{}' belongs to a disk that does not exist",
-                s.name
-            ));
-        }
-    }
-    for o in &m.catalog.orphans {
-        *owners.entry(*o).or_insert(0) += 1;
-    }
-    check_groups(m, &mut r);
-    let orphans: std::collections::HashSet<u64> = m.catalog.orphans.iter().copied().collect();
-    for (v, n) in &owners {
-        if *n != 1 {
-            r.error(format!("version {v} is owned {n} times"));
-        }
-        if m.version_state(*v).is_none() {
-            r.error(format!(
-                "version {v} is named in the catalog but does not exist"
-            ));
-        }
-    }
+    let (owners, orphans) = catalog_owners(m, &mut r);
     let ids = m.version_ids();
     r.versions = ids.len();
     for id in ids {
@@ -272,13 +255,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             ));
         }
     }
-    r.map_nodes = w.nodes.len() as u64;
-    r.data_grains = w.data.len() as u64;
-    for n in &w.nodes {
-        if w.data.contains(n) {
-            r.error(format!("grain {n} is used both as data and as a map node"));
-        }
-    }
+    w.tally(&mut r);
     // With a damaged node the expected counts are incomplete: comparing
     // them would only report the damage again, as leaks.
     if r.damaged_pages > 0 {
@@ -286,12 +263,51 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             "reference counts not compared: {} damaged map node(s) hide part of the maps",
             r.damaged_pages
         ));
-        r.map_nodes = w.nodes.len() as u64;
-        r.data_grains = w.data.len() as u64;
         return Ok(r);
     }
-    // Compare every count in the pool; a damaged count page is reported
-    // once and its grains skipped.
+    compare_counts(m, hwm, &w.expected, &mut r);
+    Ok(r)
+}
+
+/// The catalog's owners of each version (disks' heads, snapshots,
+/// orphans), checked: every version has exactly one owner, every owner a
+/// version, every snapshot a disk; and the orphans.
+fn catalog_owners(m: &Meta, r: &mut CheckReport) -> (HashMap<u64, u32>, HashSet<u64>) {
+    let mut owners: HashMap<u64, u32> = HashMap::new();
+    for d in &m.catalog.disks {
+        *owners.entry(d.head).or_insert(0) += 1;
+    }
+    for s in &m.catalog.snapshots {
+        *owners.entry(s.version).or_insert(0) += 1;
+        if m.catalog.disk_by_id(s.disk).is_none() {
+            r.error(format!(
+                "snapshot '{}' belongs to a disk that does not exist",
+                s.name
+            ));
+        }
+    }
+    for o in &m.catalog.orphans {
+        *owners.entry(*o).or_insert(0) += 1;
+    }
+    check_groups(m, r);
+    let orphans: HashSet<u64> = m.catalog.orphans.iter().copied().collect();
+    for (v, n) in &owners {
+        if *n != 1 {
+            r.error(format!("version {v} is owned {n} times"));
+        }
+        if m.version_state(*v).is_none() {
+            r.error(format!(
+                "version {v} is named in the catalog but does not exist"
+            ));
+        }
+    }
+    (owners, orphans)
+}
+
+/// Every reference count in the pool against `expected` (what the maps
+/// reach), then the used and free accounting; a damaged count page is
+/// reported once and its grains skipped. Sets `used_bytes`.
+fn compare_counts(m: &mut Meta, hwm: u64, expected: &HashMap<u64, u32>, r: &mut CheckReport) {
     let mut nonzero = 0u64;
     let mut bad_page = None;
     for g in 0..hwm {
@@ -308,7 +324,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
                 continue;
             }
         };
-        let expected = w.expected.get(&g).copied().unwrap_or(0);
+        let expected = expected.get(&g).copied().unwrap_or(0);
         if g == 0 && actual != 0 {
             r.error("grain 0 has a reference count".into());
         }
@@ -342,5 +358,4 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         ));
     }
     r.used_bytes = nonzero * GRAIN_BYTES;
-    Ok(r)
 }

@@ -260,9 +260,9 @@ impl ObjectStoreDatastore {
             return Err(self.exists(new));
         }
         let src_id = self.disk_id(src)?;
-        let find = |m: &Manifest| m.snapshots.iter().find(|r| r.name == snap).cloned();
         let m = self.newest_manifest(src_id)?;
-        let s = find(&m).ok_or_else(|| {
+        let s = m.snapshots.iter().find(|r| r.name == snap).cloned();
+        let s = s.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
                 format!("disk '{src}' has no snapshot '{snap}'"),
@@ -274,27 +274,9 @@ impl ObjectStoreDatastore {
             if c == 0 || self.store.get_opt(&manifest_key(c, 1))?.is_some() {
                 continue;
             }
-            let hold = Hold {
-                disk: src_id,
-                snapshot: s.id,
-                clone: c,
-                size_bytes: s.size_bytes,
-                levels: s.levels,
-                root: s.root,
-            };
-            let body = Bytes::from(serde_json::to_vec(&hold).expect("json"));
-            if self.store.put_create(&hold.key(), body)? == Put::Exists {
+            let Some(hold) = self.hold_snapshot((src, snap), src_id, &s, c)? else {
                 continue;
-            }
-            // After the hold: if the snapshot is still there now, any GC
-            // that missed the hold read a manifest that still had it.
-            if find(&self.newest_manifest(src_id)?).map(|r| r.id) != Some(s.id) {
-                let _ = self.store.delete(&hold.key());
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!("snapshot '{src}@{snap}' was deleted while the clone was made"),
-                ));
-            }
+            };
             let m1 = Manifest {
                 root: s.root,
                 parent: Some(ParentRef {
@@ -321,6 +303,46 @@ impl ObjectStoreDatastore {
             }
             return Ok(m1);
         }
+    }
+
+    /// Steps 1 and 2 of a linked clone (§11.6a): hold snapshot `s`
+    /// (`src@snap`, of disk `src_id`) for clone id `c`. None when a hold
+    /// for that id exists already; NotFound (the hold deleted again) when
+    /// the snapshot is gone from the newest manifest after it.
+    fn hold_snapshot(
+        &self,
+        (src, snap): (&str, &str),
+        src_id: u32,
+        s: &SnapshotRec,
+        c: u32,
+    ) -> Result<Option<Hold>> {
+        let hold = Hold {
+            disk: src_id,
+            snapshot: s.id,
+            clone: c,
+            size_bytes: s.size_bytes,
+            levels: s.levels,
+            root: s.root,
+        };
+        let body = Bytes::from(serde_json::to_vec(&hold).expect("json"));
+        if self.store.put_create(&hold.key(), body)? == Put::Exists {
+            return Ok(None);
+        }
+        // After the hold: if the snapshot is still there now, any GC that
+        // missed the hold read a manifest that still had it.
+        let newest = self.newest_manifest(src_id)?;
+        if !newest
+            .snapshots
+            .iter()
+            .any(|r| r.name == snap && r.id == s.id)
+        {
+            let _ = self.store.delete(&hold.key());
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("snapshot '{src}@{snap}' was deleted while the clone was made"),
+            ));
+        }
+        Ok(Some(hold))
     }
 
     /// Remove disk `name`: a last manifest marks it removed (a claim, so

@@ -730,10 +730,16 @@ impl ObjectDisk {
             tail: Arc::new(tail),
             ..man.clone()
         };
-        if let Some(n) = root.and_then(|e| self.ds.cache.cached_node(&e)) {
+        self.copy_root_node(&mut next);
+        next
+    }
+
+    /// Give `next` a copy of its root node when the cache holds it (§11.5:
+    /// a copy that does not match its root is left out when encoded).
+    pub(super) fn copy_root_node(&self, next: &mut Manifest) {
+        if let Some(n) = next.root.and_then(|e| self.ds.cache.cached_node(&e)) {
             next.set_root_node(&n);
         }
-        next
     }
 }
 

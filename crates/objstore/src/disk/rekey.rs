@@ -169,8 +169,29 @@ impl ObjectDisk {
             .map(|(root, levels)| self.mapped_in(*root, *levels, region))
             .collect::<Result<Vec<_>>>()?;
         let (segments, renamed) = self.reencrypted(man, &mapped, to)?;
-        // The maps, copied on write into one node segment.
         let mut next = man.clone();
+        let nodes = self.refolded(man, &mut next, (&versions, &mapped), &renamed)?;
+        // Rule 3: what the manifest names is in the store first.
+        self.upload_rekeyed(&segments, nodes)?;
+        self.copy_root_node(&mut next);
+        d.next_grain = region.end;
+        rec.deep_rekey = Some(d);
+        next.keyring = Some(rec);
+        Ok((next, renamed.len() as u64 * G))
+    }
+
+    /// `next` (a copy of `man`) with each version's map copied on write
+    /// so that its grains in `mapped` point at their `renamed` entries:
+    /// the head's root in `next.root`, the snapshots' in theirs. The node
+    /// segment, and the nodes made in it.
+    #[allow(clippy::type_complexity)]
+    fn refolded(
+        &self,
+        man: &Manifest,
+        next: &mut Manifest,
+        (versions, mapped): (&[(Option<Entry>, u8)], &[Vec<(u64, Entry)>]),
+        renamed: &HashMap<(u64, Entry), Entry>,
+    ) -> Result<(SegmentBuilder, Vec<(Entry, MapNode)>)> {
         let mut nodes = SegmentBuilder::new(self.next_segment(man));
         let mut made = Vec::new();
         for (i, found) in mapped.iter().enumerate() {
@@ -192,6 +213,16 @@ impl ObjectDisk {
                 }
             }
         }
+        Ok((nodes, made))
+    }
+
+    /// Seal and upload a step's grain segments and its node segment (if
+    /// it made nodes), and keep the nodes in the cache.
+    fn upload_rekeyed(
+        &self,
+        segments: &[SegmentBuilder],
+        (nodes, made): (SegmentBuilder, Vec<(Entry, MapNode)>),
+    ) -> Result<()> {
         let mut sealed: Vec<(SegId, Bytes)> = segments
             .iter()
             .map(|b| (b.id, Bytes::from(b.seal(now_ms()))))
@@ -199,25 +230,11 @@ impl ObjectDisk {
         if !made.is_empty() {
             sealed.push((nodes.id, Bytes::from(nodes.seal(now_ms()))));
         }
-        // Rule 3: what the manifest names is in the store first.
         self.upload(&sealed)?;
-        let top = made
-            .iter()
-            .find(|(e, _)| Some(*e) == next.root)
-            .map(|(_, n)| n.clone());
         for (e, n) in made {
             self.ds.cache.insert_node(&e, n);
         }
-        if next.root != man.root {
-            next.root_node = None;
-            if let Some(n) = top {
-                next.set_root_node(&n);
-            }
-        }
-        d.next_grain = region.end;
-        rec.deep_rekey = Some(d);
-        next.keyring = Some(rec);
-        Ok((next, renamed.len() as u64 * G))
+        Ok(())
     }
 
     /// The grains `mapped` names (each version's, in order), read,
