@@ -83,6 +83,30 @@ fn write_s3_config(dir: &std::path::Path) -> std::path::PathBuf {
     config
 }
 
+/// How much room the disk under `dir` has left, for failure messages: a
+/// disk under [`MIN_FREE_MIB`] is the usual reason SeaweedFS takes no
+/// writes.
+fn free_space_note(dir: &Path) -> String {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return "free space unknown".into();
+    };
+    // SAFETY: `c` is a valid C string and `st` a plain struct statvfs fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return "free space unknown".into();
+    }
+    let free_mib = (st.f_bavail as u64 * st.f_frsize as u64) >> 20;
+    let low = if free_mib < MIN_FREE_MIB {
+        format!(": under the {MIN_FREE_MIB} MiB SeaweedFS is told to keep, so it takes no writes")
+    } else {
+        String::new()
+    };
+    format!("{free_mib} MiB free under {}{low}", dir.display())
+}
+
+/// The free space under which SeaweedFS makes its volumes read-only.
+const MIN_FREE_MIB: u64 = 256;
+
 /// `weed server`'s arguments for one test instance: every port from
 /// `base` (HTTP `base..base+4`, gRPC `+10000`), its data and sockets in
 /// `dir`.
@@ -123,7 +147,15 @@ fn server_args(
         ))
         .arg(format!("-s3.localSocket={}", dir.join("s3.sock").display()))
         .arg("-master.volumeSizeLimitMB=256")
-        .arg("-volume.max=0");
+        // A fixed volume count and free-space floor: left to itself it
+        // sizes both from the disk (count = free space / volume size,
+        // floor = 1% of the disk), and on a disk with a gigabyte or two
+        // free, as a CI machine after the build can be, it registered no
+        // capacity and every object-store test failed on "not ready".
+        // Volumes are sparse files; the floor still stops writes before
+        // the disk is full.
+        .arg("-volume.max=1000")
+        .arg(format!("-volume.minFreeSpace={MIN_FREE_MIB}MiB"));
 }
 
 impl SeaweedFs {
@@ -192,7 +224,8 @@ impl SeaweedFs {
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
-                "SeaweedFS not ready in 60 s; log:\n{}",
+                "SeaweedFS not ready in 60 s ({}); log:\n{}",
+                free_space_note(self.dir.path()),
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(100));
