@@ -37,7 +37,7 @@ pub use keyring::{
 };
 pub use secret::SecretBytes;
 pub use wrap::{unwrap_secret, wrap_secret, WRAP_KEY_BYTES, WRAP_OVERHEAD};
-pub use xts::Xts;
+pub use xts::{Xts, XtsEngine};
 
 /// The data unit of the cipher: one disk sector.
 pub const SECTOR_BYTES: usize = 512;

@@ -53,8 +53,19 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn ieee_xts() -> Xts {
-    Xts::new(&SecretBytes::from_slice(&unhex(IEEE_KEY)).unwrap()).unwrap()
+/// The engines this CPU runs: aws-lc always, strata's own where it can.
+fn engines() -> Vec<XtsEngine> {
+    let mut all = vec![XtsEngine::AwsLc];
+    if XtsEngine::best() == XtsEngine::Vaes {
+        all.push(XtsEngine::Vaes);
+    } else {
+        eprintln!("this CPU has no VAES/AVX-512: only the aws-lc engine is tested");
+    }
+    all
+}
+
+fn ieee_xts(engine: XtsEngine) -> Xts {
+    Xts::with_engine(&SecretBytes::from_slice(&unhex(IEEE_KEY)).unwrap(), engine).unwrap()
 }
 
 fn ieee_plain() -> Vec<u8> {
@@ -73,14 +84,17 @@ fn random_xts() -> Xts {
 
 #[test]
 fn ieee1619_vectors_in_place_and_to() {
-    let xts = ieee_xts();
-    for (sector, ct) in [(0xffu64, IEEE_CT_FF), (0xffff, IEEE_CT_FFFF)] {
+    for (engine, (sector, ct)) in engines()
+        .into_iter()
+        .flat_map(|e| [(e, (0xffu64, IEEE_CT_FF)), (e, (0xffff, IEEE_CT_FFFF))])
+    {
+        let xts = ieee_xts(engine);
         let want = unhex(ct);
         let mut buf = ieee_plain();
         xts.encrypt(&mut buf, sector);
-        assert_eq!(buf, want, "encrypt, sector {sector:#x}");
+        assert_eq!(buf, want, "{engine:?} encrypt, sector {sector:#x}");
         xts.decrypt(&mut buf, sector);
-        assert_eq!(buf, ieee_plain(), "decrypt, sector {sector:#x}");
+        assert_eq!(buf, ieee_plain(), "{engine:?} decrypt, sector {sector:#x}");
 
         let src = ieee_plain();
         let mut dst = vec![0u8; 512];
@@ -96,12 +110,27 @@ fn ieee1619_vectors_in_place_and_to() {
 #[test]
 fn ieee_vector_inside_a_multi_sector_buffer() {
     // Sector 0xff sits second in a buffer that starts at 0xfe: this checks
-    // that re-setting only the IV between sectors works with aws-lc.
-    let xts = ieee_xts();
-    let mut buf = random_bytes(3 * 512);
-    buf[512..1024].copy_from_slice(&ieee_plain());
-    xts.encrypt(&mut buf, 0xfe);
-    assert_eq!(&buf[512..1024], &unhex(IEEE_CT_FF)[..]);
+    // that re-setting only the IV between sectors works with aws-lc, and
+    // that the vaes engine takes the second lane of its four tweaks. Then
+    // at every position of a 9-sector buffer (two groups of four and one).
+    for engine in engines() {
+        let xts = ieee_xts(engine);
+        let mut buf = random_bytes(3 * 512);
+        buf[512..1024].copy_from_slice(&ieee_plain());
+        xts.encrypt(&mut buf, 0xfe);
+        assert_eq!(&buf[512..1024], &unhex(IEEE_CT_FF)[..], "{engine:?}");
+        for at in 0..9u64 {
+            let mut buf = random_bytes(9 * 512);
+            let i = at as usize * 512;
+            buf[i..i + 512].copy_from_slice(&ieee_plain());
+            xts.encrypt(&mut buf, 0xff - at);
+            assert_eq!(
+                &buf[i..i + 512],
+                &unhex(IEEE_CT_FF)[..],
+                "{engine:?} at {at}"
+            );
+        }
+    }
 }
 
 /// XTS from its definition over single AES blocks (aws-lc's AES_encrypt),
@@ -146,23 +175,76 @@ fn reference_sector(key: &[u8], sector: u64, data: &[u8]) -> Vec<u8> {
 #[test]
 fn matches_reference_at_wide_sector_numbers() {
     let key = SecretBytes::random(DEK_BYTES).unwrap();
-    let xts = Xts::new(&key).unwrap();
-    for sector in [
-        0u64,
-        1,
-        0x1234_5678_9abc_def0,
-        u64::MAX - 1,
-        1 << 32,
-        0xff00_0000_0000_0001,
-    ] {
+    for (engine, sector) in engines().into_iter().flat_map(|e| {
+        [
+            0u64,
+            1,
+            0x1234_5678_9abc_def0,
+            u64::MAX - 1,
+            1 << 32,
+            0xff00_0000_0000_0001,
+        ]
+        .map(|s| (e, s))
+    }) {
+        let xts = Xts::with_engine(&key, engine).unwrap();
         let data = random_bytes(512);
         let mut buf = data.clone();
         xts.encrypt(&mut buf, sector);
         assert_eq!(
             buf,
             reference_sector(key.expose(), sector, &data),
-            "sector {sector:#x}"
+            "{engine:?} sector {sector:#x}"
         );
+    }
+}
+
+/// The two engines and the block-by-block reference give the same bytes
+/// for buffers of 1 to 40 sectors at random and wrapping sector numbers,
+/// in place and into another buffer, both ways.
+#[test]
+fn engines_agree_on_every_length_and_sector() {
+    let all = engines();
+    for round in 0..300u64 {
+        let key = SecretBytes::random(DEK_BYTES).unwrap();
+        let sectors = 1 + (round % 40) as usize;
+        let first = match round % 3 {
+            0 => u64::from_le_bytes(random_bytes(8).try_into().unwrap()),
+            1 => u64::MAX - (round % 7),
+            _ => round * 8,
+        };
+        let data = random_bytes(sectors * 512);
+        let want: Vec<u8> = data
+            .chunks_exact(512)
+            .enumerate()
+            .flat_map(|(i, c)| reference_sector(key.expose(), first.wrapping_add(i as u64), c))
+            .collect();
+        for &engine in &all {
+            let xts = Xts::with_engine(&key, engine).unwrap();
+            let what = format!("{engine:?}, {sectors} sectors from {first:#x}");
+            let mut inplace = data.clone();
+            xts.encrypt(&mut inplace, first);
+            assert!(inplace == want, "encrypt: {what}");
+            let mut to = vec![0u8; data.len()];
+            xts.encrypt_to(&data, &mut to, first);
+            assert!(to == want, "encrypt_to: {what}");
+            xts.decrypt(&mut inplace, first);
+            assert!(inplace == data, "decrypt: {what}");
+            let mut back = vec![0u8; data.len()];
+            xts.decrypt_to(&to, &mut back, first);
+            assert!(back == data, "decrypt_to: {what}");
+        }
+    }
+}
+
+#[test]
+fn a_key_reports_its_engine_and_aws_lc_always_runs() {
+    let key = SecretBytes::random(DEK_BYTES).unwrap();
+    assert_eq!(Xts::new(&key).unwrap().engine(), XtsEngine::best());
+    let lc = Xts::with_engine(&key, XtsEngine::AwsLc).unwrap();
+    assert_eq!(lc.engine(), XtsEngine::AwsLc);
+    if XtsEngine::best() != XtsEngine::Vaes {
+        let e = Xts::with_engine(&key, XtsEngine::Vaes).unwrap_err();
+        assert!(e.to_string().contains("cannot run the vaes"), "{e}");
     }
 }
 
@@ -242,7 +324,14 @@ fn partial_sector_is_a_bug() {
 
 #[test]
 fn shared_across_threads() {
-    let xts = Arc::new(random_xts());
+    for engine in engines() {
+        shared_across_threads_on(engine);
+    }
+}
+
+fn shared_across_threads_on(engine: XtsEngine) {
+    let key = SecretBytes::random(DEK_BYTES).unwrap();
+    let xts = Arc::new(Xts::with_engine(&key, engine).unwrap());
     let data = random_bytes(8 * 512);
     let mut want = data.clone();
     xts.encrypt(&mut want, 77);
@@ -282,7 +371,7 @@ fn encrypt_per_call(key: &SecretBytes, buf: &mut [u8], first: u64) {
 #[test]
 fn per_call_context_agrees() {
     let key = SecretBytes::random(DEK_BYTES).unwrap();
-    let xts = Xts::new(&key).unwrap();
+    let xts = Xts::with_engine(&key, XtsEngine::AwsLc).unwrap();
     let data = random_bytes(4096);
     let (mut a, mut b) = (data.clone(), data.clone());
     xts.encrypt(&mut a, 1000);
@@ -308,7 +397,7 @@ fn time_4k(n: usize, mut op: impl FnMut(&mut [u8], u64)) -> f64 {
 #[ignore = "a measurement, run it with --release"]
 fn ctx_strategies_speed() {
     let key = SecretBytes::random(DEK_BYTES).unwrap();
-    let xts = Xts::new(&key).unwrap();
+    let xts = Xts::with_engine(&key, XtsEngine::AwsLc).unwrap();
     let n = 500_000;
     for _ in 0..3 {
         let pe = time_4k(n, |b, s| xts.encrypt(b, s));
