@@ -116,6 +116,46 @@ pub struct FreeSpaceReport {
     pub note: Option<String>,
 }
 
+/// What `dedup --estimate` found (docs/FORMAT.md §17.3): the named disks'
+/// heads and snapshots, read without a key, nothing changed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DedupEstimate {
+    /// The disks looked at (all of the datastore's when none was named).
+    pub disks: Vec<String>,
+    /// Their heads and snapshots.
+    pub versions: u64,
+    /// Mapped grains summed over every version, in bytes: what a copy of
+    /// each version would take.
+    pub logical_bytes: u64,
+    /// Distinct grains those versions name, in bytes.
+    pub stored_bytes: u64,
+    /// logical − stored: shared already by snapshots, clones and earlier
+    /// re-sharing.
+    pub shared_bytes: u64,
+    /// What re-sharing equal grains at the same virtual grain (§17.2)
+    /// would free: exact, every candidate compared byte for byte.
+    pub same_offset_bytes: u64,
+    /// What sharing equal grains at any offset would free: estimated from
+    /// a hash sample (one grain in `sample_every`), same-offset included.
+    pub any_offset_bytes: u64,
+    /// Distinct grains in the sample, and the sampling rate.
+    pub sample_grains: u64,
+    pub sample_every: u64,
+    /// Stored grains of unencrypted thin disks that hold only zeros
+    /// (`punchzero` could leave them unmapped).
+    pub zero_bytes: u64,
+    /// Stored grains under a key: their compressibility needs the key.
+    pub encrypted_bytes: u64,
+    /// Unencrypted grains LZ4 compressed as a sample (every 64th distinct
+    /// grain, at most 16,384), their size after, and how many of them
+    /// would pack (2,048 bytes or less).
+    pub compress_sampled_grains: u64,
+    pub compress_sampled_bytes_after: u64,
+    pub packable_grains: u64,
+    /// Bytes read to find the figures.
+    pub read_bytes: u64,
+}
+
 /// What `defrag` did, or with `dry_run` would do.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DefragReport {

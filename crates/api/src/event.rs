@@ -94,7 +94,7 @@ impl Request {
             Request::Limit { .. } => "limit",
             Request::Convert { .. } => "convert",
             Request::PunchZero { .. } => "punchzero",
-            Request::Defrag { dry_run: false, .. } => "defrag",
+            Request::Defrag { dry_run, .. } => (!dry_run).then_some("defrag")?,
             Request::DefragFreeSpace { .. } => "defrag_free_space",
             Request::JobControl { .. } => "job_control",
             Request::SnapshotCreate { .. } => "snapshot",
@@ -118,11 +118,9 @@ impl Request {
             Request::Import { .. } => "import",
             Request::Claim { .. } => "claim",
             Request::Release { .. } => "release",
-            Request::Gc { dry_run: false } => "gc",
-            Request::Compact { dry_run: false, .. } => "compact",
-            Request::Grow {
-                capacity_bytes: Some(_),
-            } => "grow",
+            Request::Gc { dry_run } => (!dry_run).then_some("gc")?,
+            Request::Compact { dry_run, .. } => (!dry_run).then_some("compact")?,
+            Request::Grow { capacity_bytes } => capacity_bytes.map(|_| "grow")?,
             Request::AlarmSet { .. } => "alarm_set",
             Request::Stats {
                 reset, recording, ..
@@ -149,12 +147,7 @@ impl Request {
             | Request::Events { .. }
             | Request::VhostList
             | Request::ScheduleList
-            | Request::Defrag { dry_run: true, .. }
-            | Request::Gc { dry_run: true }
-            | Request::Compact { dry_run: true, .. }
-            | Request::Grow {
-                capacity_bytes: None,
-            }
+            | Request::DedupEstimate { .. }
             | Request::Stats { .. } => return None,
         })
     }
@@ -195,6 +188,7 @@ impl Request {
             Request::Export { target, .. } | Request::ExportDiff { target, .. } => target.clone(),
             Request::ImportDiff { disk, .. } | Request::VhostAdd { disk, .. } => disk.clone(),
             Request::Stats { disk, .. } => disk.clone().unwrap_or_default(),
+            Request::DedupEstimate { disks, .. } => disks.join(" "),
             Request::AlarmSet { rule, .. } => rule.kind.as_str().to_string(),
             Request::JobControl { id, .. } => format!("job {id}"),
             Request::ScheduleAdd { schedule } => schedule.name.clone(),

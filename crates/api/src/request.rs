@@ -77,6 +77,15 @@ pub enum Request {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
+    /// `dedup --estimate [DISK...]`: what re-sharing equal grains of the
+    /// disks (every disk when none is named) would free, read-only
+    /// (docs/FORMAT.md §17.3).
+    DedupEstimate {
+        #[serde(default)]
+        disks: Vec<String>,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
     /// Consolidate free space: move live grains down, lower the pool's
     /// end, punch free grains out of the host file.
     DefragFreeSpace {
@@ -407,6 +416,10 @@ impl Request {
             Request::Defrag { name, .. } => format!("defrag {name}"),
             Request::Compact { name, .. } => format!("compact {name}"),
             Request::DefragFreeSpace { .. } => "defrag --free-space".to_string(),
+            Request::DedupEstimate { disks, .. } if disks.is_empty() => {
+                "dedup --estimate (every disk)".to_string()
+            }
+            Request::DedupEstimate { disks, .. } => format!("dedup --estimate {}", disks.join(" ")),
             Request::Key(KeyRequest::Rekey {
                 deep: true, name, ..
             }) => format!("rekey --deep {name}"),
@@ -447,6 +460,7 @@ impl Request {
                 | Request::PunchZero { .. }
                 | Request::Defrag { dry_run: false, .. }
                 | Request::DefragFreeSpace { .. }
+                | Request::DedupEstimate { .. }
                 | Request::Key(KeyRequest::Rekey { deep: true, .. })
                 | Request::Import { .. }
                 | Request::Export { .. }

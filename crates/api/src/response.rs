@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::alarm::AlarmStatus;
-use crate::datastore::{CheckReport, DatastoreInfo, DefragReport, FreeSpaceReport};
+use crate::datastore::{CheckReport, DatastoreInfo, DedupEstimate, DefragReport, FreeSpaceReport};
 use crate::disk::{Provisioning, PunchZeroReport, SnapshotInfo};
 use crate::group::{GroupInfo, GroupSnapshotInfo, GroupSnapshotReport};
 use crate::job::JobInfo;
@@ -37,11 +37,14 @@ pub enum Response {
     /// the disk as it is now.
     Disk(DiskView),
     /// `rm`
-    Removed { name: String },
+    Removed {
+        name: String,
+    },
     /// `punchzero`
     PunchZero(PunchZeroReport),
     /// `defrag`
     Defrag(DefragReport),
+    DedupEstimate(DedupEstimate),
     /// `defrag --free-space`
     FreeSpace(FreeSpaceReport),
     /// `jobs`, `jobs pause|resume|cancel`
@@ -56,19 +59,27 @@ pub enum Response {
     /// `snapshot list`
     Snapshots(Vec<SnapshotInfo>),
     /// `snapshot delete`
-    SnapshotDeleted { disk: String, snapshot: String },
+    SnapshotDeleted {
+        disk: String,
+        snapshot: String,
+    },
     /// `group list`
     Groups(Vec<GroupInfo>),
     /// `group create|info|add|remove|clone`
     Group(GroupInfo),
     /// `group rm`
-    GroupDeleted { name: String },
+    GroupDeleted {
+        name: String,
+    },
     /// `group snapshot`
     GroupSnapshotCreated(GroupSnapshotReport),
     /// `group snapshot list`
     GroupSnapshots(Vec<GroupSnapshotInfo>),
     /// `group snapshot delete`
-    GroupSnapshotDeleted { group: String, snapshot: String },
+    GroupSnapshotDeleted {
+        group: String,
+        snapshot: String,
+    },
     /// `group revert`: the members as they are now.
     GroupReverted {
         group: String,
@@ -111,7 +122,10 @@ pub enum Response {
     VmdkShrink(Vec<ShrinkResult>),
     /// `grow`: the datastore after the change (`changed` false when only
     /// asked).
-    Capacity { info: DatastoreInfo, changed: bool },
+    Capacity {
+        info: DatastoreInfo,
+        changed: bool,
+    },
     /// `alarm list`, `alarm set`: every alarm, evaluated now.
     Alarms(Vec<AlarmEntry>),
     /// `events`: the event log, newest first.
@@ -124,7 +138,10 @@ pub enum Response {
     VhostRemoved(crate::view::VhostExport),
     /// `rename`, `snapshot rename`: the old and the new name (`DISK` or
     /// `DISK@SNAP`).
-    Renamed { from: String, to: String },
+    Renamed {
+        from: String,
+        to: String,
+    },
     /// `schedule ls|add|run`; `served`: a server runs them (false: the
     /// CLI edited the file, nothing runs them until `serve` starts).
     Schedules {
@@ -132,10 +149,16 @@ pub enum Response {
         served: bool,
     },
     /// `schedule rm`
-    ScheduleRemoved { name: String },
+    ScheduleRemoved {
+        name: String,
+    },
     /// `unlock`: the keyslot that opened; `kept` false when no server
     /// holds the datastore (the key was only checked).
-    Unlocked { name: String, slot: u32, kept: bool },
+    Unlocked {
+        name: String,
+        slot: u32,
+        kept: bool,
+    },
     /// `lock`: the disks whose keys were forgotten (all that share the
     /// keyring), and whether any were held.
     Locked {
@@ -337,6 +360,7 @@ impl Response {
             Response::Removed { name } => json!({ "removed": name }),
             Response::PunchZero(r) => value(r),
             Response::Defrag(r) => value(r),
+            Response::DedupEstimate(r) => value(r),
             Response::FreeSpace(r) => value(r),
             Response::Jobs(jobs) => value(jobs),
             Response::JobStarted(j) => value(j),

@@ -113,7 +113,7 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             | Cmd::Extend { .. }
             | Cmd::Convert { .. } => disk_action(cmd),
             Cmd::Limit { .. } | Cmd::Punchzero { .. } => limit_action(cmd),
-            Cmd::Move { .. } | Cmd::Defrag { .. } => layout_action(cmd),
+            Cmd::Move { .. } | Cmd::Defrag { .. } | Cmd::Dedup { .. } => layout_action(cmd),
             Cmd::Snapshot(_) | Cmd::Group(_) | Cmd::Schedule(_) => snapshot_action(cmd),
             Cmd::Unlock { disk, key } => Ok(datastore(crate::keys::unlock(disk, key)?)),
             Cmd::Lock { disk, force } => {
@@ -396,6 +396,10 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             rate_bytes_per_sec: *rate,
         },
         Cmd::Defrag { rate, .. } => Request::DefragFreeSpace {
+            rate_bytes_per_sec: *rate,
+        },
+        Cmd::Dedup { disks, rate, .. } => Request::DedupEstimate {
+            disks: disks.clone(),
             rate_bytes_per_sec: *rate,
         },
         _ => return Err(not_this_family()),

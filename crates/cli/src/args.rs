@@ -476,6 +476,30 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
     },
+    /// Equal grains across disks: what sharing them would free (--estimate)
+    #[command(
+        long_about = "What finding equal grains across disks and sharing them would free \
+(docs/FORMAT.md §17).\n\n\
+--estimate reads every grain the disks' heads and snapshots map, once, changes nothing and\n\
+needs no key (encrypted disks are compared as stored), and reports: the bytes every version\n\
+maps (logical), the distinct grains behind them (stored), what snapshots and clones share\n\
+already, what re-sharing equal grains at the same offset would free (exact: compared byte for\n\
+byte, only under one cipher), an estimate of sharing at any offset (from a hash sample),\n\
+grains that hold only zeros, and how a sample of the unencrypted grains compresses with LZ4.\n\
+Memory stays bounded whatever the disks' sizes. Paced against client I/O; through a running\n\
+server it is a job that 'strata jobs' can pause, resume and cancel.\n\n\
+Re-sharing itself (without --estimate) is not built yet."
+    )]
+    Dedup {
+        /// The disks to compare (their snapshots come with them); none: every disk
+        disks: Vec<String>,
+        /// Only report what sharing would free (required: re-sharing is not built yet)
+        #[arg(long, required = true)]
+        estimate: bool,
+        /// Read at most this much per second (e.g. 100M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+    },
     /// A running server's long operations: list, pause, resume, cancel
     Jobs {
         #[command(subcommand)]

@@ -86,6 +86,7 @@ macro_rules! outln {
 
 mod keys;
 mod schedules;
+mod space;
 
 /// A block of `key: value` lines whose values start in one column; a key
 /// too long for it keeps one space (`current snapshot: `).
@@ -162,6 +163,7 @@ impl Render for Response {
             ),
             Response::PunchZero(r) => punch_zero(out, r),
             Response::Defrag(r) => defrag(out, r),
+            Response::DedupEstimate(r) => space::dedup_estimate(out, r),
             Response::FreeSpace(r) => free_space(out, r),
             Response::SnapshotCreated { disk, snapshot } => {
                 outln!(out, "created snapshot {disk}@{}", snapshot.name)

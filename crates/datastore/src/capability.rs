@@ -22,6 +22,8 @@ pub enum Capability {
     Compact,
     /// Consistency groups (`strata group`).
     Groups,
+    /// Finding and re-sharing equal grains (`strata dedup`).
+    Dedup,
 }
 
 impl Capability {
@@ -35,6 +37,7 @@ impl Capability {
             Capability::Gc => "gc",
             Capability::Compact => "compact",
             Capability::Groups => "consistency groups",
+            Capability::Dedup => "dedup",
         }
     }
 }

@@ -44,10 +44,10 @@ pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DefragReport,
-    DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo, GroupMemberInfo,
-    GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning, PunchZeroReport,
-    QuiesceReport, QuiesceResult, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
+    AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DedupEstimate,
+    DefragReport, DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo,
+    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,
+    PunchZeroReport, QuiesceReport, QuiesceResult, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 // strata-api's vocabulary, in the trait's signatures: a disk and a
 // datastore of either kind, and an object store's own answers.
@@ -672,6 +672,18 @@ pub trait Datastore: Send + Sync {
     ) -> Result<DefragReport> {
         let _ = (disk, dry_run, work, progress);
         Err(capability::refused(self.kind(), Capability::Defrag))
+    }
+
+    /// What re-sharing equal grains of `disks` (every disk when empty)
+    /// would free (`dedup --estimate`, FORMAT.md §17.3), [`Capability::Dedup`].
+    fn dedup_estimate(
+        &self,
+        disks: &[String],
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupEstimate> {
+        let _ = (disks, work, progress);
+        Err(capability::refused(self.kind(), Capability::Dedup))
     }
 
     /// Move data down into free runs and give the tail back to the host

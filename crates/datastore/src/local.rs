@@ -13,8 +13,8 @@ use strata_storage::FileBackend;
 
 use crate::{
     datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, ChangedRange,
-    CheckReport, Datastore, DatastoreInfo, DatastoreView, DefragReport, DiskInfo, DiskView, Error,
-    ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo, GroupSnapshotInfo,
+    CheckReport, Datastore, DatastoreInfo, DatastoreView, DedupEstimate, DefragReport, DiskInfo,
+    DiskView, Error, ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo, GroupSnapshotInfo,
     GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport,
     ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
@@ -453,6 +453,15 @@ impl Datastore for LocalDatastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DefragReport> {
         self.ds.defrag_disk(disk, dry_run, work, progress)
+    }
+
+    fn dedup_estimate(
+        &self,
+        disks: &[String],
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupEstimate> {
+        self.ds.dedup_estimate(disks, work, progress)
     }
 
     fn consolidate_free_space(

@@ -306,6 +306,7 @@ impl Jobs {
                     | Request::PunchZero { .. }
                     | Request::Defrag { .. }
                     | Request::DefragFreeSpace { .. }
+                    | Request::DedupEstimate { .. }
                     | Request::Key(strata_api::KeyRequest::Rekey { deep: true, .. })
                     | Request::Move { .. }
                     | Request::CloneFull { .. }

@@ -708,6 +708,14 @@ fn maintenance(
         Request::DefragFreeSpace { rate_bytes_per_sec } => Response::FreeSpace(
             ds.consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)?,
         ),
+        Request::DedupEstimate {
+            disks,
+            rate_bytes_per_sec,
+        } => Response::DedupEstimate(ds.dedup_estimate(
+            disks,
+            &ctx.work(*rate_bytes_per_sec),
+            progress,
+        )?),
         Request::Check => match ds.check()? {
             strata_datastore::CheckReport::Local(r) => Response::Check(r),
             strata_datastore::CheckReport::ObjectStore(r) => Response::StoreCheck(r),
@@ -863,6 +871,7 @@ fn needs(req: &Request) -> Option<Capability> {
         }
         Request::Convert { .. } => Capability::Convert,
         Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
+        Request::DedupEstimate { .. } => Capability::Dedup,
         Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
         Request::Gc { .. } => Capability::Gc,
         Request::Compact { .. } => Capability::Compact,

@@ -1,0 +1,68 @@
+//! `dedup --estimate` for people.
+
+use std::fmt::Write as _;
+
+use strata_api::units::human;
+use strata_api::DedupEstimate;
+
+/// The figures, each with what it means, largest saving first.
+pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
+    let pct = |part: u64| {
+        if r.stored_bytes == 0 {
+            0.0
+        } else {
+            100.0 * part as f64 / r.stored_bytes as f64
+        }
+    };
+    let disks = if r.disks.len() <= 4 {
+        r.disks.join(", ")
+    } else {
+        format!("{} disks", r.disks.len())
+    };
+    outln!(
+        out,
+        "{disks}: {} versions map {} (logical), {} stored, {} shared already",
+        r.versions,
+        human(r.logical_bytes),
+        human(r.stored_bytes),
+        human(r.shared_bytes)
+    );
+    outln!(
+        out,
+        "  re-sharing equal grains at the same offset would free {} ({:.1}% of stored; exact)",
+        human(r.same_offset_bytes),
+        pct(r.same_offset_bytes)
+    );
+    outln!(
+        out,
+        "  sharing equal grains at any offset would free about {} ({:.1}%; from a sample of {} grains, 1 in {})",
+        human(r.any_offset_bytes),
+        pct(r.any_offset_bytes),
+        r.sample_grains,
+        r.sample_every
+    );
+    if r.zero_bytes > 0 {
+        outln!(
+            out,
+            "  {} of stored grains hold only zeros ('strata punchzero DISK' unmaps them)",
+            human(r.zero_bytes)
+        );
+    }
+    if r.compress_sampled_grains > 0 {
+        let n = r.compress_sampled_grains;
+        let ratio = (n * 4096) as f64 / r.compress_sampled_bytes_after.max(1) as f64;
+        let packable = 100.0 * r.packable_grains as f64 / n as f64;
+        outln!(
+            out,
+            "  LZ4 on a sample of {n} grains: {ratio:.2}x smaller; {packable:.0}% would pack (to 2 KiB or less)"
+        );
+    }
+    if r.encrypted_bytes > 0 {
+        outln!(
+            out,
+            "  {} stored under a key: how it compresses needs the key (compression comes before encryption)",
+            human(r.encrypted_bytes)
+        );
+    }
+    outln!(out, "  read {}", human(r.read_bytes));
+}

@@ -1,0 +1,166 @@
+//! Space reduction (issue 64): `dedup --estimate` reads every version's
+//! grains once and says what re-sharing would free, exactly at the same
+//! offset, by sample at any offset, and how a sample compresses; it
+//! changes nothing and needs no key, offline and through the server.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes that no compressor shrinks and no two calls repeat (a seeded
+/// xorshift), so a test's figures do not depend on luck.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
+/// An 8 MiB image: 2 MiB of noise, 2 MiB of zeros, 2 MiB of text, 2 MiB
+/// of zeros; with `differ`, its first MiB is other noise.
+fn image(dir: &std::path::Path, name: &str, differ: bool) -> String {
+    let mut b = vec![0u8; 8 << 20];
+    b[..2 << 20].copy_from_slice(&noise(7, 2 << 20));
+    if differ {
+        b[..1 << 20].copy_from_slice(&noise(99, 1 << 20));
+    }
+    let text = b"strata keeps one refcounted map per disk version. ".repeat(50_000);
+    b[4 << 20..6 << 20].copy_from_slice(&text[..2 << 20]);
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
+}
+
+#[test]
+fn the_estimate_finds_equal_grains_changes_nothing_and_needs_no_key() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (same, other) = (
+        image(dir.path(), "a.raw", false),
+        image(dir.path(), "c.raw", true),
+    );
+    s.ok(&["import", &same, "a"]);
+    s.ok(&["import", &same, "b"]);
+    s.ok(&["import", &other, "c"]);
+    s.ok(&["snapshot", "create", "a", "s1"]);
+    s.ok(&["clone", "a@s1", "a2"]);
+    let used = |s: &Store| u(&s.json(&["status"]), "used_bytes");
+    let before = used(&s);
+
+    // Every disk: a, a@s1 and a2 share one copy (4 MiB mapped each: the
+    // zeros were not stored); b equals a grain for grain, c in 3 of its
+    // 4 MiB.
+    let e = s.json(&["dedup", "--estimate"]);
+    assert_eq!(u(&e, "versions"), 5, "{e}");
+    assert_eq!(u(&e, "logical_bytes"), 20 * MIB, "{e}");
+    assert_eq!(u(&e, "stored_bytes"), 12 * MIB, "{e}");
+    assert_eq!(u(&e, "shared_bytes"), 8 * MIB, "{e}");
+    assert_eq!(u(&e, "same_offset_bytes"), 7 * MIB, "{e}");
+    assert_eq!(u(&e, "read_bytes"), 12 * MIB, "{e}");
+    // The text repeats every 51 bytes, so its grains repeat at other
+    // offsets too: sharing at any offset frees more. Under a million
+    // distinct grains the sample is all of them.
+    assert_eq!(u(&e, "sample_every"), 1, "{e}");
+    assert_eq!(u(&e, "sample_grains"), 3 * 1024, "{e}");
+    assert!(u(&e, "any_offset_bytes") > 8 * MIB, "{e}");
+    assert!(u(&e, "any_offset_bytes") < 12 * MIB, "{e}");
+    assert_eq!(u(&e, "zero_bytes"), 0, "{e}");
+    assert_eq!(u(&e, "encrypted_bytes"), 0, "{e}");
+    // Every 64th distinct grain: a third noise (no gain), the rest text.
+    let sampled = u(&e, "compress_sampled_grains");
+    assert_eq!(sampled, 3 * 1024 / 64, "{e}");
+    let packable = u(&e, "packable_grains");
+    assert!(packable > 0 && packable < sampled, "{e}");
+    assert!(
+        u(&e, "compress_sampled_bytes_after") < sampled * 4096,
+        "{e}"
+    );
+    assert_eq!(e["disks"], serde_json::json!(["a", "b", "c", "a2"]), "{e}");
+
+    // Named disks only (their snapshots come with them).
+    let ab = s.json(&["dedup", "--estimate", "a", "b"]);
+    assert_eq!(u(&ab, "versions"), 3, "{ab}");
+    assert_eq!(u(&ab, "same_offset_bytes"), 4 * MIB, "{ab}");
+    let human = s.ok(&["dedup", "--estimate", "a", "c"]);
+    assert!(
+        human.contains("at the same offset would free 3 MiB"),
+        "{human}"
+    );
+    assert_eq!(used(&s), before, "an estimate changes nothing");
+
+    // Encrypted disks: compared as stored, never with another keyring's
+    // grains, and their compressibility needs the key. They are locked
+    // here (no server holds their keys) and the estimate still runs.
+    let key = dir.path().join("k");
+    std::fs::write(&key, noise(3, 32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = key.to_str().unwrap();
+    s.ok(&["import", &same, "e1", "--encrypt", "--key-file", key]);
+    s.ok(&["import", &same, "e2", "--encrypt", "--key-file", key]);
+    let before = used(&s);
+    let enc = s.json(&["dedup", "--estimate", "a", "e1", "e2"]);
+    assert_eq!(u(&enc, "stored_bytes"), 12 * MIB, "{enc}");
+    assert_eq!(u(&enc, "same_offset_bytes"), 0, "{enc}");
+    assert_eq!(u(&enc, "encrypted_bytes"), 8 * MIB, "{enc}");
+    assert!(u(&enc, "compress_sampled_grains") <= 4 * 1024 / 64, "{enc}");
+    let human = s.ok(&["dedup", "--estimate", "e1"]);
+    assert!(human.contains("needs the key"), "{human}");
+    assert_eq!(used(&s), before);
+
+    // Thick disks' grains stay where their reservation put them: never
+    // counted as shareable, not even two eager-zeroed disks' zeros.
+    s.ok(&["create", "t1", "--size", "4M", "--type", "eagerzeroedthick"]);
+    s.ok(&["create", "t2", "--size", "4M", "--type", "eagerzeroedthick"]);
+    let before = used(&s);
+    let thick = s.json(&["dedup", "--estimate", "t1", "t2"]);
+    assert_eq!(u(&thick, "stored_bytes"), 8 * MIB, "{thick}");
+    assert_eq!(u(&thick, "same_offset_bytes"), 0, "{thick}");
+    assert_eq!(u(&thick, "any_offset_bytes"), 0, "{thick}");
+    assert_eq!(u(&thick, "zero_bytes"), 0, "{thick}");
+
+    // Nothing changed; the datastore checks clean.
+    assert_eq!(used(&s), before);
+    s.ok(&["check"]);
+
+    // Wrong arguments: a snapshot, a disk that does not exist, and the
+    // re-sharing pass that is not built yet.
+    let err = s.fails(&["dedup", "--estimate", "a@s1"]);
+    assert!(err.contains("'a@s1' is a snapshot"), "{err}");
+    let err = s.fails(&["dedup", "--estimate", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    let err = s.fails(&["dedup", "a", "b"]);
+    assert!(err.contains("--estimate"), "{err}");
+
+    // Through a running server: a job, the same figures.
+    let _srv = s.serve();
+    let served = s.json(&["dedup", "--estimate", "a", "b"]);
+    assert_eq!(served, ab);
+}
+
+#[test]
+fn an_object_store_says_the_estimate_is_not_built_there() {
+    if strata_s3::testing::shared().is_none() {
+        return;
+    }
+    let s = Store::of(Kind::ObjectStore);
+    s.ok(&["create", "a", "--size", "4M"]);
+    let err = s.fails(&["dedup", "--estimate", "a"]);
+    assert!(
+        err.contains("dedup on this object-store datastore is not implemented"),
+        "{err}"
+    );
+}

@@ -1,0 +1,344 @@
+//! `strata dedup --estimate` (docs/FORMAT.md §17.3): what re-sharing equal
+//! grains would free, read-only and keyless, in bounded memory.
+//!
+//! The named disks' heads and snapshots are walked a region (256 virtual
+//! grains) at a time. Under the I/O gate (so no grain looked up is freed
+//! and reused before it is read) and the metadata lock, each version's
+//! entries of the region are collected; then, without the lock, every
+//! distinct grain is read once. Equal grains at the same virtual grain
+//! under the same cipher are found by hash and confirmed byte for byte;
+//! a hash sample estimates sharing at any offset; a sample of the
+//! unencrypted grains is compressed with LZ4.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use strata_api::DedupEstimate;
+use strata_format::{leaf_grain, leaf_key, GRAIN_BYTES};
+
+use crate::error::{err, ErrorKind, Result};
+use crate::meta::Meta;
+use crate::work::Pacer;
+
+use crate::datastore::{Datastore, SpaceWork};
+
+/// Virtual grains walked at a time.
+const REGION: u64 = 256;
+/// Most grains read into memory at once (16 MiB); a region with more
+/// distinct grains is read in windows that end where a virtual grain ends.
+const WINDOW: usize = 4096;
+/// Most hashes the any-offset sample keeps: past it, the sampling rate
+/// halves and the entries it no longer takes are dropped.
+const SAMPLE_MAX: usize = 1 << 20;
+/// The compression sample takes every this many distinct grains...
+const COMPRESS_EVERY: u64 = 64;
+/// ...up to this many.
+const COMPRESS_MAX: u64 = 16_384;
+/// A grain packs when LZ4 brings it to this size or less (two per grain).
+const PACK_BYTES: usize = 2048;
+
+/// A version to walk, with what decides its grains' cipher.
+struct Version {
+    id: u64,
+    grains: u64,
+    /// The keyring of its disk, and where a deep rekey of it stands.
+    keyring: Option<u64>,
+    cursor: Option<u64>,
+    /// Its disk's id when the disk is thick: its grains stay where its
+    /// reservation put them (§17.1), so they are never counted as
+    /// shareable, not even with each other.
+    thick: Option<u64>,
+}
+
+/// One distinct mapped grain of a region: its virtual grain, cipher class
+/// (equal bytes of two classes say nothing) and pool grain.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Mapped {
+    v: u64,
+    class: u64,
+    grain: u64,
+}
+
+impl Version {
+    /// The cipher class of leaf entry `e` at `v`: 0 unencrypted, else the
+    /// keyring, the entry's key index and the side of a deep rekey's
+    /// cursor (§16.4), folded into one number; a thick disk's grains a
+    /// class of their own.
+    fn class(&self, v: u64, e: u64) -> u64 {
+        if let Some(disk) = self.thick {
+            return 1 << 63 | disk;
+        }
+        match self.keyring {
+            None => 0,
+            Some(k) => {
+                let past = self.cursor.is_some_and(|c| v < c);
+                (k + 1) << 9 | u64::from(leaf_key(e)) << 1 | u64::from(past)
+            }
+        }
+    }
+}
+
+/// The figures as they add up.
+struct Tally {
+    est: DedupEstimate,
+    hasher: std::collections::hash_map::RandomState,
+    sample: HashMap<u64, u32>,
+    sample_every: u64,
+    distinct: u64,
+}
+
+impl Datastore {
+    /// What re-sharing would free across `names` (every disk when empty):
+    /// see [`DedupEstimate`]. Paced and cancellable as the other space
+    /// work; `progress(done, total)` in bytes of the largest version.
+    pub fn dedup_estimate(
+        &self,
+        names: &[String],
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupEstimate> {
+        let (disks, versions) = self.estimate_set(names)?;
+        let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let mut t = Tally {
+            est: DedupEstimate {
+                disks,
+                versions: versions.len() as u64,
+                ..DedupEstimate::default()
+            },
+            hasher: std::collections::hash_map::RandomState::new(),
+            sample: HashMap::new(),
+            sample_every: 1,
+            distinct: 0,
+        };
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
+        let mut clients = self.inner.client_watch();
+        let mut first = 0;
+        while first < end {
+            let read = self.estimate_region(&versions, first, &mut t)?;
+            t.est.read_bytes += read;
+            first = (first + REGION).min(end);
+            progress(first * GRAIN_BYTES, end * GRAIN_BYTES);
+            pacer.pace(read, clients.busy())?;
+        }
+        Ok(t.finish())
+    }
+
+    /// The disks' names and versions (heads, then every snapshot).
+    fn estimate_set(&self, names: &[String]) -> Result<(Vec<String>, Vec<Version>)> {
+        let m = self.inner.meta.lock();
+        let disks: Vec<&crate::catalog::DiskRec> = if names.is_empty() {
+            m.catalog.disks.iter().collect()
+        } else {
+            let mut out = Vec::new();
+            for n in names {
+                if n.contains('@') {
+                    return err(
+                        ErrorKind::InvalidArgument,
+                        format!("'{n}' is a snapshot: name its disk, whose snapshots are counted with it"),
+                    );
+                }
+                let d = m.catalog.disk(n)?;
+                if !out.iter().any(|o: &&crate::catalog::DiskRec| o.id == d.id) {
+                    out.push(d);
+                }
+            }
+            out
+        };
+        let version = |d: &crate::catalog::DiskRec, id: u64, size: u64| Version {
+            id,
+            grains: size.div_ceil(GRAIN_BYTES),
+            keyring: d.keyring,
+            thick: d.provisioning.is_thick().then_some(d.id),
+            cursor: d
+                .keyring
+                .and_then(|k| m.catalog.keyring(k))
+                .and_then(|k| k.deep_rekey.map(|r| r.next_grain)),
+        };
+        let mut versions: Vec<Version> = disks
+            .iter()
+            .map(|d| version(d, d.head, d.size_bytes))
+            .collect();
+        for s in &m.catalog.snapshots {
+            if let Some(d) = disks.iter().find(|d| d.id == s.disk) {
+                versions.push(version(d, s.version, s.size_bytes));
+            }
+        }
+        Ok((disks.iter().map(|d| d.name.clone()).collect(), versions))
+    }
+
+    /// One region's figures; returns the bytes read.
+    fn estimate_region(&self, versions: &[Version], first: u64, t: &mut Tally) -> Result<u64> {
+        let _gate = self.inner.gate.read();
+        let mapped = {
+            let mut m = self.inner.meta.lock();
+            region_entries(&mut m, versions, first, &mut t.est)?
+        };
+        t.est.stored_bytes += mapped.len() as u64 * GRAIN_BYTES;
+        let mut read = 0;
+        let mut at = 0;
+        let mut buf = Vec::new();
+        while at < mapped.len() {
+            // A window ends where a virtual grain ends (its grains are
+            // compared together): after at most WINDOW grains, unless one
+            // virtual grain alone has more.
+            let mut end = (at + WINDOW).min(mapped.len());
+            if end < mapped.len() {
+                let cut = end;
+                while end > at && mapped[end].v == mapped[end - 1].v {
+                    end -= 1;
+                }
+                if end == at {
+                    end = cut;
+                    while end < mapped.len() && mapped[end].v == mapped[end - 1].v {
+                        end += 1;
+                    }
+                }
+            }
+            let window = &mapped[at..end];
+            self.read_window(window, &mut buf)?;
+            read += buf.len() as u64;
+            t.window(window, &buf);
+            at = end;
+        }
+        Ok(read)
+    }
+
+    /// The bytes of `window`'s grains, in its order, adjacent grains of the
+    /// pool read as one.
+    fn read_window(&self, window: &[Mapped], buf: &mut Vec<u8>) -> Result<()> {
+        let g = GRAIN_BYTES as usize;
+        buf.clear();
+        buf.resize(window.len() * g, 0);
+        let mut order: Vec<usize> = (0..window.len()).collect();
+        order.sort_unstable_by_key(|&i| window[i].grain);
+        let mut sorted = vec![0u8; window.len() * g];
+        let mut i = 0;
+        while i < order.len() {
+            let mut j = i + 1;
+            while j < order.len() && window[order[j]].grain == window[order[j - 1]].grain + 1 {
+                j += 1;
+            }
+            self.inner.pool.read_at(
+                &mut sorted[i * g..j * g],
+                window[order[i]].grain * GRAIN_BYTES,
+            )?;
+            i = j;
+        }
+        for (j, &i) in order.iter().enumerate() {
+            buf[i * g..(i + 1) * g].copy_from_slice(&sorted[j * g..(j + 1) * g]);
+        }
+        Ok(())
+    }
+}
+
+/// The distinct mapped grains of `[first, first + REGION)` over
+/// `versions`, sorted by virtual grain; counts the logical bytes.
+fn region_entries(
+    m: &mut Meta,
+    versions: &[Version],
+    first: u64,
+    est: &mut DedupEstimate,
+) -> Result<Vec<Mapped>> {
+    let mut out = Vec::new();
+    let mut entries = Vec::new();
+    for ver in versions {
+        let end = (first + REGION).min(ver.grains);
+        if end <= first {
+            continue;
+        }
+        m.lookup_entries(ver.id, first, end - first, &mut entries)?;
+        for (i, &e) in entries.iter().enumerate() {
+            if e != 0 {
+                let v = first + i as u64;
+                est.logical_bytes += GRAIN_BYTES;
+                out.push(Mapped {
+                    v,
+                    class: ver.class(v, e),
+                    grain: leaf_grain(e),
+                });
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+impl Tally {
+    /// Count one window's grains, `bytes` holding them in its order.
+    fn window(&mut self, window: &[Mapped], bytes: &[u8]) {
+        let g = GRAIN_BYTES as usize;
+        let grain = |i: usize| &bytes[i * g..(i + 1) * g];
+        let hashes: Vec<u64> = (0..window.len())
+            .map(|i| self.hasher.hash_one((window[i].class, grain(i))))
+            .collect();
+        for (i, m) in window.iter().enumerate() {
+            self.one(m.class, grain(i), hashes[i]);
+        }
+        // Same-offset: within each (virtual grain, class), the grains
+        // equal to an earlier one.
+        let mut at = 0;
+        while at < window.len() {
+            let mut end = at + 1;
+            while end < window.len()
+                && window[end].v == window[at].v
+                && window[end].class == window[at].class
+            {
+                end += 1;
+            }
+            if end - at > 1 {
+                let dup = (at + 1..end)
+                    .filter(|&i| (at..i).any(|j| hashes[j] == hashes[i] && grain(j) == grain(i)))
+                    .count();
+                self.est.same_offset_bytes += dup as u64 * GRAIN_BYTES;
+            }
+            at = end;
+        }
+    }
+
+    /// Count one distinct grain: zeros, the key, the samples.
+    fn one(&mut self, class: u64, bytes: &[u8], hash: u64) {
+        self.distinct += 1;
+        if class >> 63 == 1 {
+            // A thick disk's grain: counted in stored bytes only.
+            return;
+        }
+        if class != 0 {
+            self.est.encrypted_bytes += GRAIN_BYTES;
+        } else {
+            if crate::disk::is_zero(bytes) {
+                self.est.zero_bytes += GRAIN_BYTES;
+            }
+            if self.distinct.is_multiple_of(COMPRESS_EVERY)
+                && self.est.compress_sampled_grains < COMPRESS_MAX
+            {
+                let packed = lz4_flex::block::compress(bytes).len();
+                self.est.compress_sampled_grains += 1;
+                self.est.compress_sampled_bytes_after += packed as u64;
+                if packed <= PACK_BYTES {
+                    self.est.packable_grains += 1;
+                }
+            }
+        }
+        if hash.is_multiple_of(self.sample_every) {
+            *self.sample.entry(hash).or_insert(0) += 1;
+            if self.sample.len() > SAMPLE_MAX {
+                self.sample_every *= 2;
+                let every = self.sample_every;
+                self.sample.retain(|h, _| h.is_multiple_of(every));
+            }
+        }
+    }
+
+    fn finish(mut self) -> DedupEstimate {
+        let taken: u64 = self.sample.values().map(|&n| u64::from(n)).sum();
+        let repeats = taken - self.sample.len() as u64;
+        self.est.any_offset_bytes = (repeats * self.sample_every * GRAIN_BYTES)
+            .max(self.est.same_offset_bytes)
+            .min(self.est.stored_bytes);
+        self.est.sample_grains = taken;
+        self.est.sample_every = self.sample_every;
+        self.est.shared_bytes = self.est.logical_bytes - self.est.stored_bytes;
+        self.est
+    }
+}
