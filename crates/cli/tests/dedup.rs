@@ -164,3 +164,66 @@ fn an_object_store_says_the_estimate_is_not_built_there() {
         "{err}"
     );
 }
+
+fn job(s: &Store, id: u64) -> serde_json::Value {
+    s.json(&["jobs"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+fn wait_job(s: &Store, id: u64, state: &str) -> serde_json::Value {
+    let t = std::time::Instant::now();
+    loop {
+        let j = job(s, id);
+        if j["state"] == state {
+            return j;
+        }
+        assert!(t.elapsed().as_secs() < 60, "job never {state}: {j}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A served estimate is a job: a snapshot deleted and a disk reverted
+/// under it are followed (each region takes the versions again), and a
+/// cancel stops it between regions.
+#[test]
+fn a_served_estimate_follows_changes_under_it_and_can_be_cancelled() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw", false);
+    s.ok(&["import", &img, "a"]);
+    s.ok(&["import", &img, "b"]);
+    s.ok(&["snapshot", "create", "a", "s1"]);
+    s.ok(&["snapshot", "create", "b", "s2"]);
+    let _srv = s.serve();
+    // 8 MiB stored at 2 MB/s: about four seconds, with the command
+    // attached (it prints the job's result when it ends).
+    let r = std::thread::scope(|scope| {
+        let run = scope.spawn(|| s.json(&["dedup", "--estimate", "--rate", "2M"]));
+        let t = std::time::Instant::now();
+        while s.json(&["jobs"]).as_array().is_none_or(|j| j.is_empty()) {
+            assert!(t.elapsed().as_secs() < 30, "the estimate never started");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        s.ok(&["snapshot", "delete", "a", "s1"]);
+        s.ok(&["snapshot", "revert", "b", "s2"]);
+        run.join().unwrap()
+    });
+    assert_eq!(u(&r, "versions"), 4, "{r}");
+    assert_eq!(u(&r, "stored_bytes"), 8 * MIB, "{r}");
+    assert_eq!(u(&r, "same_offset_bytes"), 4 * MIB, "{r}");
+    assert_eq!(job(&s, 1)["state"], "done");
+
+    let started = s.json(&["dedup", "--estimate", "--rate", "1M", "--detach"]);
+    let id = started["id"].as_u64().unwrap();
+    wait_job(&s, id, "running");
+    s.ok(&["jobs", "cancel", &id.to_string()]);
+    let j = wait_job(&s, id, "cancelled");
+    assert!(j["error"].as_str().unwrap().contains("cancel"), "{j}");
+    s.ok(&["check"]);
+}

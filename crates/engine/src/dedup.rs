@@ -97,8 +97,8 @@ impl Datastore {
         opts: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DedupEstimate> {
-        let (disks, versions) = self.estimate_set(names)?;
-        let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let (disks, versions) = versions_of(&self.inner.meta.lock(), names)?;
+        let mut end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
         let mut t = Tally {
             est: DedupEstimate {
                 disks,
@@ -114,8 +114,12 @@ impl Datastore {
         let mut clients = self.inner.client_watch();
         let mut first = 0;
         while first < end {
-            let read = self.estimate_region(&versions, first, &mut t)?;
+            // The versions are taken again for each region: a snapshot
+            // deleted, a disk reverted, extended or cloned meanwhile is
+            // followed (the figures of each region are of its moment).
+            let (read, now_end) = self.estimate_region(names, first, &mut t)?;
             t.est.read_bytes += read;
+            end = now_end;
             first = (first + REGION).min(end);
             progress(first * GRAIN_BYTES, end * GRAIN_BYTES);
             pacer.pace(read, clients.busy())?;
@@ -123,56 +127,21 @@ impl Datastore {
         Ok(t.finish())
     }
 
-    /// The disks' names and versions (heads, then every snapshot).
-    fn estimate_set(&self, names: &[String]) -> Result<(Vec<String>, Vec<Version>)> {
-        let m = self.inner.meta.lock();
-        let disks: Vec<&crate::catalog::DiskRec> = if names.is_empty() {
-            m.catalog.disks.iter().collect()
-        } else {
-            let mut out = Vec::new();
-            for n in names {
-                if n.contains('@') {
-                    return err(
-                        ErrorKind::InvalidArgument,
-                        format!("'{n}' is a snapshot: name its disk, whose snapshots are counted with it"),
-                    );
-                }
-                let d = m.catalog.disk(n)?;
-                if !out.iter().any(|o: &&crate::catalog::DiskRec| o.id == d.id) {
-                    out.push(d);
-                }
-            }
-            out
+    /// One region's figures; returns the bytes read and the end of the
+    /// largest version now.
+    fn estimate_region(&self, names: &[String], first: u64, t: &mut Tally) -> Result<(u64, u64)> {
+        let _gate = self.inner.gate.read();
+        let (mapped, end) = {
+            let mut m = self.inner.meta.lock();
+            let (_, versions) = versions_of(&m, names)?;
+            let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+            (region_entries(&mut m, &versions, first, &mut t.est)?, end)
         };
-        let version = |d: &crate::catalog::DiskRec, id: u64, size: u64| Version {
-            id,
-            grains: size.div_ceil(GRAIN_BYTES),
-            keyring: d.keyring,
-            thick: d.provisioning.is_thick().then_some(d.id),
-            cursor: d
-                .keyring
-                .and_then(|k| m.catalog.keyring(k))
-                .and_then(|k| k.deep_rekey.map(|r| r.next_grain)),
-        };
-        let mut versions: Vec<Version> = disks
-            .iter()
-            .map(|d| version(d, d.head, d.size_bytes))
-            .collect();
-        for s in &m.catalog.snapshots {
-            if let Some(d) = disks.iter().find(|d| d.id == s.disk) {
-                versions.push(version(d, s.version, s.size_bytes));
-            }
-        }
-        Ok((disks.iter().map(|d| d.name.clone()).collect(), versions))
+        Ok((self.estimate_mapped(&mapped, t)?, end))
     }
 
-    /// One region's figures; returns the bytes read.
-    fn estimate_region(&self, versions: &[Version], first: u64, t: &mut Tally) -> Result<u64> {
-        let _gate = self.inner.gate.read();
-        let mapped = {
-            let mut m = self.inner.meta.lock();
-            region_entries(&mut m, versions, first, &mut t.est)?
-        };
+    /// Read and count a region's distinct grains; returns the bytes read.
+    fn estimate_mapped(&self, mapped: &[Mapped], t: &mut Tally) -> Result<u64> {
         t.est.stored_bytes += mapped.len() as u64 * GRAIN_BYTES;
         let mut read = 0;
         let mut at = 0;
@@ -229,6 +198,51 @@ impl Datastore {
         }
         Ok(())
     }
+}
+
+/// The names of `names`' disks (every disk when empty) and their
+/// versions: heads, then every snapshot.
+fn versions_of(m: &Meta, names: &[String]) -> Result<(Vec<String>, Vec<Version>)> {
+    let disks: Vec<&crate::catalog::DiskRec> = if names.is_empty() {
+        m.catalog.disks.iter().collect()
+    } else {
+        let mut out = Vec::new();
+        for n in names {
+            if n.contains('@') {
+                return err(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "'{n}' is a snapshot: name its disk, whose snapshots are counted with it"
+                    ),
+                );
+            }
+            let d = m.catalog.disk(n)?;
+            if !out.iter().any(|o: &&crate::catalog::DiskRec| o.id == d.id) {
+                out.push(d);
+            }
+        }
+        out
+    };
+    let version = |d: &crate::catalog::DiskRec, id: u64, size: u64| Version {
+        id,
+        grains: size.div_ceil(GRAIN_BYTES),
+        keyring: d.keyring,
+        thick: d.provisioning.is_thick().then_some(d.id),
+        cursor: d
+            .keyring
+            .and_then(|k| m.catalog.keyring(k))
+            .and_then(|k| k.deep_rekey.map(|r| r.next_grain)),
+    };
+    let mut versions: Vec<Version> = disks
+        .iter()
+        .map(|d| version(d, d.head, d.size_bytes))
+        .collect();
+    for s in &m.catalog.snapshots {
+        if let Some(d) = disks.iter().find(|d| d.id == s.disk) {
+            versions.push(version(d, s.version, s.size_bytes));
+        }
+    }
+    Ok((disks.iter().map(|d| d.name.clone()).collect(), versions))
 }
 
 /// The distinct mapped grains of `[first, first + REGION)` over
