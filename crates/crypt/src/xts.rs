@@ -239,9 +239,14 @@ impl Xts {
                 XtsEngine::AwsLc => None,
             },
         };
-        let first = Ctx::new(xts.key.expose(), true)
-            .ok_or_else(|| CryptError::Io("aws-lc refused the XTS key".into()))?;
-        xts.enc.give(first);
+        // The aws-lc engine's first context, which also proves the key;
+        // the vaes engine makes none, so no expanded copy of its key
+        // lands in aws-lc's ordinary heap.
+        if xts.engine() == XtsEngine::AwsLc {
+            let first = Ctx::new(xts.key.expose(), true)
+                .ok_or_else(|| CryptError::Io("aws-lc refused the XTS key".into()))?;
+            xts.enc.give(first);
+        }
         Ok(xts)
     }
 
