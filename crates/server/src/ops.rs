@@ -683,39 +683,11 @@ fn maintenance(
     req: &Request,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Response, Error> {
+    if let Some(done) = space_work(ctx, req, progress) {
+        return done;
+    }
     let ds = ctx.ds;
     Ok(match req {
-        Request::Convert {
-            name,
-            provisioning,
-            rate_bytes_per_sec,
-        } => Response::Disk(ds.convert_disk(
-            name,
-            *provisioning,
-            &ctx.work(*rate_bytes_per_sec),
-            progress,
-        )?),
-        Request::Defrag {
-            name,
-            dry_run,
-            rate_bytes_per_sec,
-        } => Response::Defrag(ds.defrag_disk(
-            name,
-            *dry_run,
-            &ctx.work(*rate_bytes_per_sec),
-            progress,
-        )?),
-        Request::DefragFreeSpace { rate_bytes_per_sec } => Response::FreeSpace(
-            ds.consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)?,
-        ),
-        Request::DedupEstimate {
-            disks,
-            rate_bytes_per_sec,
-        } => Response::DedupEstimate(ds.dedup_estimate(
-            disks,
-            &ctx.work(*rate_bytes_per_sec),
-            progress,
-        )?),
         Request::Check => match ds.check()? {
             strata_datastore::CheckReport::Local(r) => Response::Check(r),
             strata_datastore::CheckReport::ObjectStore(r) => Response::StoreCheck(r),
@@ -747,6 +719,48 @@ fn maintenance(
                 format!("a {} does not answer {other:?} here", ds.kind().noun()),
             ))
         }
+    })
+}
+
+/// The paced, cancellable space work (convert, defrag, free-space
+/// consolidation, the dedup estimate), each under the job's pacing and
+/// control (`Ctx::work`); None for any other request.
+fn space_work(
+    ctx: &Ctx<'_>,
+    req: &Request,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Option<Result<Response, Error>> {
+    let ds = ctx.ds;
+    Some(match req {
+        Request::Convert {
+            name,
+            provisioning,
+            rate_bytes_per_sec,
+        } => ds
+            .convert_disk(
+                name,
+                *provisioning,
+                &ctx.work(*rate_bytes_per_sec),
+                progress,
+            )
+            .map(Response::Disk),
+        Request::Defrag {
+            name,
+            dry_run,
+            rate_bytes_per_sec,
+        } => ds
+            .defrag_disk(name, *dry_run, &ctx.work(*rate_bytes_per_sec), progress)
+            .map(Response::Defrag),
+        Request::DefragFreeSpace { rate_bytes_per_sec } => ds
+            .consolidate_free_space(&ctx.work(*rate_bytes_per_sec), progress)
+            .map(Response::FreeSpace),
+        Request::DedupEstimate {
+            disks,
+            rate_bytes_per_sec,
+        } => ds
+            .dedup_estimate(disks, &ctx.work(*rate_bytes_per_sec), progress)
+            .map(Response::DedupEstimate),
+        _ => return None,
     })
 }
 
