@@ -7,6 +7,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 use common::*;
 
@@ -165,28 +166,6 @@ fn an_object_store_says_the_estimate_is_not_built_there() {
     );
 }
 
-fn job(s: &Store, id: u64) -> serde_json::Value {
-    s.json(&["jobs"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap()
-}
-
-fn wait_job(s: &Store, id: u64, state: &str) -> serde_json::Value {
-    let t = std::time::Instant::now();
-    loop {
-        let j = job(s, id);
-        if j["state"] == state {
-            return j;
-        }
-        assert!(t.elapsed().as_secs() < 60, "job never {state}: {j}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 /// A served estimate is a job: a snapshot deleted and a disk reverted
 /// under it are followed (each region takes the versions again), and a
 /// cancel stops it between regions.
@@ -217,13 +196,13 @@ fn a_served_estimate_follows_changes_under_it_and_can_be_cancelled() {
     assert_eq!(u(&r, "versions"), 4, "{r}");
     assert_eq!(u(&r, "stored_bytes"), 8 * MIB, "{r}");
     assert_eq!(u(&r, "same_offset_bytes"), 4 * MIB, "{r}");
-    assert_eq!(job(&s, 1)["state"], "done");
+    assert_eq!(s.job(1)["state"], "done");
 
     let started = s.json(&["dedup", "--estimate", "--rate", "1M", "--detach"]);
     let id = started["id"].as_u64().unwrap();
-    wait_job(&s, id, "running");
+    s.wait_job(id, "running", Duration::from_secs(60));
     s.ok(&["jobs", "cancel", &id.to_string()]);
-    let j = wait_job(&s, id, "cancelled");
+    let j = s.wait_job(id, "cancelled", Duration::from_secs(60));
     assert!(j["error"].as_str().unwrap().contains("cancel"), "{j}");
     s.ok(&["check"]);
 }

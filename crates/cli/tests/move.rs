@@ -9,7 +9,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{qemu_io, qemu_io_ok, raw_compare, run_ok, save, Kind, Store, RAW_WRITEBACK};
 use strata_s3::testing;
@@ -557,31 +557,6 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     assert!(e.contains("nothing to release"), "{e}");
 }
 
-fn job(s: &Store, id: u64) -> serde_json::Value {
-    s.json(&["jobs"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap()
-}
-
-fn wait_job(s: &Store, id: u64, state: &str) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let j = job(s, id);
-        if j["state"] == state {
-            return j;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "job never {state}: {j}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A move is a job: paused it copies nothing, cancelled it leaves the
 /// source serving and no copy behind.
 #[test]
@@ -609,20 +584,22 @@ fn a_move_pauses_and_a_cancelled_one_leaves_the_source() {
         started["what"].as_str().unwrap().starts_with("move d to "),
         "{started}"
     );
-    wait_job(&home, id, "running");
+    home.wait_job(id, "running", Duration::from_secs(30));
     // Commands that change the disk wait for the move's end.
     let e = home.fails(&["snapshot", "create", "d", "during"]);
     assert!(e.contains("being moved"), "{e}");
     home.ok(&["info", "d"]);
     home.ok(&["jobs", "pause", &id.to_string()]);
-    let a = wait_job(&home, id, "paused")["done"].as_u64().unwrap();
+    let a = home.wait_job(id, "paused", Duration::from_secs(30))["done"]
+        .as_u64()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(600));
-    let b = job(&home, id)["done"].as_u64().unwrap();
+    let b = home.job(id)["done"].as_u64().unwrap();
     assert!(b <= a + (1 << 20), "a paused move went on: {a} -> {b}");
     home.ok(&["jobs", "resume", &id.to_string()]);
-    wait_job(&home, id, "running");
+    home.wait_job(id, "running", Duration::from_secs(30));
     home.ok(&["jobs", "cancel", &id.to_string()]);
-    let j = wait_job(&home, id, "cancelled");
+    let j = home.wait_job(id, "cancelled", Duration::from_secs(30));
     assert!(
         j["error"].as_str().unwrap().contains("partial copy in"),
         "{j}"

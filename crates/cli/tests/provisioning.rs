@@ -7,6 +7,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -206,31 +207,6 @@ fn a_zeroedthick_disk_keeps_its_space_when_another_file_fills_the_host() {
     assert_eq!(c["errors"].as_array().unwrap().len(), 0, "{c}");
 }
 
-fn job_state(s: &Store, id: u64) -> serde_json::Value {
-    let jobs = s.json(&["jobs"]);
-    jobs.as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("job {id} not listed: {jobs}"))
-}
-
-fn wait_state(s: &Store, id: u64, want: &str) -> serde_json::Value {
-    let t = std::time::Instant::now();
-    loop {
-        let j = job_state(s, id);
-        if j["state"] == want {
-            return j;
-        }
-        assert!(
-            t.elapsed() < std::time::Duration::from_secs(60),
-            "job {id} never became {want}: {j}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cli() {
     let s = Store::new();
@@ -250,17 +226,19 @@ fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cl
     ]);
     let id = started["id"].as_u64().unwrap();
     assert_eq!(started["what"], "convert vm to eagerzeroedthick");
-    wait_state(&s, id, "running");
+    s.wait_job(id, "running", Duration::from_secs(60));
     let out = s.ok(&["jobs", "pause", &id.to_string()]);
     assert!(out.contains("paused"), "{out}");
-    let a = wait_state(&s, id, "paused")["done"].as_u64().unwrap();
+    let a = s.wait_job(id, "paused", Duration::from_secs(60))["done"]
+        .as_u64()
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(600));
-    let b = job_state(&s, id)["done"].as_u64().unwrap();
+    let b = s.job(id)["done"].as_u64().unwrap();
     assert!(b <= a + (1 << 20), "a paused job went on: {a} -> {b}");
     s.ok(&["jobs", "resume", &id.to_string()]);
-    wait_state(&s, id, "running");
+    s.wait_job(id, "running", Duration::from_secs(60));
     s.ok(&["jobs", "cancel", &id.to_string()]);
-    let j = wait_state(&s, id, "cancelled");
+    let j = s.wait_job(id, "cancelled", Duration::from_secs(60));
     assert!(j["done"].as_u64().unwrap() < 64 << 20, "{j}");
     let e = j["error"].as_str().unwrap();
     assert!(e.contains("'vm' is zeroedthick now"), "{j}");
@@ -295,7 +273,7 @@ fn long_operations_are_server_jobs_that_pause_resume_cancel_and_outlive_their_cl
     };
     cli.kill().unwrap();
     let _ = cli.wait();
-    let j = wait_state(&s, id2, "done");
+    let j = s.wait_job(id2, "done", Duration::from_secs(60));
     assert_eq!(j["percent"], 100);
     let i = s.json(&["info", "vm"]);
     assert_eq!(i["provisioning"], "eagerzeroedthick");
@@ -329,9 +307,9 @@ fn serve_logging(s: &Store, log: &Path) -> Server {
 /// the cancel; it ends cancelled. Returns its `jobs --json` entry.
 fn pause_then_cancel(s: &Store, id: u64) -> serde_json::Value {
     s.ok(&["jobs", "pause", &id.to_string()]);
-    wait_state(s, id, "paused");
+    s.wait_job(id, "paused", Duration::from_secs(60));
     s.ok(&["jobs", "cancel", &id.to_string()]);
-    wait_state(s, id, "cancelled")
+    s.wait_job(id, "cancelled", Duration::from_secs(60))
 }
 
 /// The line of `jobs`' table for job `id`.
@@ -533,7 +511,7 @@ fn off_a_terminal_a_long_command_says_its_job_at_once_and_its_progress_now_and_t
         )),
         "{seen}"
     );
-    assert_eq!(job_state(&s, id)["state"], "running", "{seen}");
+    assert_eq!(s.job(id)["state"], "running", "{seen}");
     assert!(cli.wait().unwrap().success());
     let text = std::fs::read_to_string(&log).unwrap();
     let p = progress_lines(
@@ -567,9 +545,9 @@ fn a_full_clone_takes_a_rate_and_a_cancelled_one_leaves_no_disk() {
     // 32 MiB at 4 MiB/s: ~8 s, long enough to cancel part-way.
     let started = s.json(&["clone", "vm", "c", "--full", "--rate", "4M", "--detach"]);
     let id = started["id"].as_u64().unwrap();
-    wait_state(&s, id, "running");
+    s.wait_job(id, "running", Duration::from_secs(60));
     s.ok(&["jobs", "cancel", &id.to_string()]);
-    let j = wait_state(&s, id, "cancelled");
+    let j = s.wait_job(id, "cancelled", Duration::from_secs(60));
     let e = j["error"].as_str().unwrap();
     assert!(
         e.starts_with("stopped by 'strata jobs cancel': no disk 'c' was made"),
@@ -611,7 +589,7 @@ fn jobs_are_kept_across_restarts_and_a_killed_servers_job_reads_interrupted() {
     let started = s.json(&[&slow[..], &["--detach"]].concat());
     let id = started["id"].as_u64().unwrap();
     assert!(id > first["id"].as_u64().unwrap());
-    wait_state(&s, id, "running");
+    s.wait_job(id, "running", Duration::from_secs(60));
     srv.kill9();
 
     let srv = s.serve();
@@ -638,7 +616,11 @@ fn jobs_are_kept_across_restarts_and_a_killed_servers_job_reads_interrupted() {
     s.ok(&["create", "other", "--size", "8M"]);
     let again = s.json(&["punchzero", "other", "--detach"]);
     assert!(again["id"].as_u64().unwrap() > id, "{again}");
-    wait_state(&s, again["id"].as_u64().unwrap(), "done");
+    s.wait_job(
+        again["id"].as_u64().unwrap(),
+        "done",
+        Duration::from_secs(60),
+    );
     srv.stop();
     let _srv = s.serve();
     assert_eq!(s.json(&["jobs"]).as_array().unwrap().len(), 3);

@@ -154,6 +154,29 @@ impl Store {
         a.push("--json");
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
+    /// Job `id` as `strata jobs --json` lists it.
+    pub fn job(&self, id: u64) -> serde_json::Value {
+        let jobs = self.json(&["jobs"]);
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("job {id} not listed: {jobs}"))
+    }
+    /// Job `id` once it is in `state`, polled every 50 ms for at most
+    /// `within`.
+    pub fn wait_job(&self, id: u64, state: &str, within: Duration) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let j = self.job(id);
+            if j["state"] == state {
+                return j;
+            }
+            assert!(t.elapsed() < within, "job {id} never became {state}: {j}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     /// The names `list` gives, in its order.
     pub fn disk_names(&self) -> Vec<String> {
         self.json(&["list"])
