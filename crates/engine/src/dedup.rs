@@ -164,39 +164,38 @@ impl Datastore {
                 }
             }
             let window = &mapped[at..end];
-            self.read_window(window, &mut buf)?;
-            read += buf.len() as u64;
-            t.window(window, &buf);
+            let slot = self.read_window(window, &mut buf)?;
+            read += (window.len() as u64) * GRAIN_BYTES;
+            t.window(window, &buf, &slot);
             at = end;
         }
         Ok(read)
     }
 
-    /// The bytes of `window`'s grains, in its order, adjacent grains of the
-    /// pool read as one.
-    fn read_window(&self, window: &[Mapped], buf: &mut Vec<u8>) -> Result<()> {
+    /// The bytes of `window`'s grains into `buf` in pool order, adjacent
+    /// grains read as one; returns where each grain of `window` is (its
+    /// index in `buf`, in grains).
+    fn read_window(&self, window: &[Mapped], buf: &mut Vec<u8>) -> Result<Vec<usize>> {
         let g = GRAIN_BYTES as usize;
-        buf.clear();
         buf.resize(window.len() * g, 0);
         let mut order: Vec<usize> = (0..window.len()).collect();
         order.sort_unstable_by_key(|&i| window[i].grain);
-        let mut sorted = vec![0u8; window.len() * g];
         let mut i = 0;
         while i < order.len() {
             let mut j = i + 1;
             while j < order.len() && window[order[j]].grain == window[order[j - 1]].grain + 1 {
                 j += 1;
             }
-            self.inner.pool.read_at(
-                &mut sorted[i * g..j * g],
-                window[order[i]].grain * GRAIN_BYTES,
-            )?;
+            self.inner
+                .pool
+                .read_at(&mut buf[i * g..j * g], window[order[i]].grain * GRAIN_BYTES)?;
             i = j;
         }
-        for (j, &i) in order.iter().enumerate() {
-            buf[i * g..(i + 1) * g].copy_from_slice(&sorted[j * g..(j + 1) * g]);
+        let mut slot = vec![0; window.len()];
+        for (at, &i) in order.iter().enumerate() {
+            slot[i] = at;
         }
-        Ok(())
+        Ok(slot)
     }
 }
 
@@ -279,10 +278,10 @@ fn region_entries(
 }
 
 impl Tally {
-    /// Count one window's grains, `bytes` holding them in its order.
-    fn window(&mut self, window: &[Mapped], bytes: &[u8]) {
+    /// Count one window's grains, grain `i` of it at `slot[i]` of `bytes`.
+    fn window(&mut self, window: &[Mapped], bytes: &[u8], slot: &[usize]) {
         let g = GRAIN_BYTES as usize;
-        let grain = |i: usize| &bytes[i * g..(i + 1) * g];
+        let grain = |i: usize| &bytes[slot[i] * g..(slot[i] + 1) * g];
         let hashes: Vec<u64> = (0..window.len())
             .map(|i| self.hasher.hash_one((window[i].class, grain(i))))
             .collect();
