@@ -93,10 +93,18 @@ def timed(f):
 
 
 def cpu_of(pid):
-    """User + system CPU seconds of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process `pid` so far, all its threads
+    (those gone too), to the nanosecond: Linux's CPU clock of another
+    process (clock_getcpuclockid's id, `~pid << 3 | 2`). /proc/PID/stat
+    counts in clock ticks (10 ms), and a quick pass of a fast server
+    spends less than one: its CPU read as 0, and a figure as missing.
+    The ticks only when the clock cannot be read."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status_kib(pid, field):
