@@ -156,6 +156,32 @@ pub struct DedupEstimate {
     pub read_bytes: u64,
 }
 
+/// What `dedup` did (docs/FORMAT.md §17.2): equal grains at the same
+/// virtual grain of the named disks made one, every sharer following.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DedupReport {
+    /// The disks compared (all of the datastore's when none was named).
+    pub disks: Vec<String>,
+    /// Their heads and snapshots.
+    pub versions: u64,
+    /// Grains whose sharers now name an equal grain, freed: in bytes.
+    pub freed_bytes: u64,
+    /// Candidate grains read and compared, in bytes.
+    pub read_bytes: u64,
+    /// Regions (1 MiB of virtual grains) walked.
+    pub regions: u64,
+    /// Regions left as they were because their maps changed while their
+    /// grains were compared (clients wrote there, a snapshot went): a
+    /// later run compares them again.
+    pub regions_skipped: u64,
+    /// Grains left because a reference to them could not be accounted
+    /// for; 0 in a healthy datastore.
+    pub grains_kept: u64,
+    /// The datastore's used bytes (data and map grains) before and after.
+    pub used_bytes_before: u64,
+    pub used_bytes_after: u64,
+}
+
 /// What `defrag` did, or with `dry_run` would do.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DefragReport {

@@ -55,8 +55,8 @@ pub mod wire;
 
 pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use datastore::{
-    CheckReport, DatastoreInfo, DedupEstimate, DefragReport, FailStop, FreeSpaceReport, PoolLayout,
-    FREE_EXTENT_CLASSES,
+    CheckReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FailStop,
+    FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES,
 };
 pub use disk::{
     DiskInfo, Encryption, KeySlotInfo, Provisioning, PunchZeroReport, RekeyProgress, SnapshotInfo,

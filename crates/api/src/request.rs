@@ -86,6 +86,15 @@ pub enum Request {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
+    /// `dedup [DISK...]`: re-share equal grains of the disks (every disk
+    /// when none is named) at the same virtual grain, online
+    /// (docs/FORMAT.md §17.2).
+    Dedup {
+        #[serde(default)]
+        disks: Vec<String>,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
     /// Consolidate free space: move live grains down, lower the pool's
     /// end, punch free grains out of the host file.
     DefragFreeSpace {
@@ -420,6 +429,8 @@ impl Request {
                 "dedup --estimate (every disk)".to_string()
             }
             Request::DedupEstimate { disks, .. } => format!("dedup --estimate {}", disks.join(" ")),
+            Request::Dedup { disks, .. } if disks.is_empty() => "dedup (every disk)".to_string(),
+            Request::Dedup { disks, .. } => format!("dedup {}", disks.join(" ")),
             Request::Key(KeyRequest::Rekey {
                 deep: true, name, ..
             }) => format!("rekey --deep {name}"),
@@ -461,6 +472,7 @@ impl Request {
                 | Request::Defrag { dry_run: false, .. }
                 | Request::DefragFreeSpace { .. }
                 | Request::DedupEstimate { .. }
+                | Request::Dedup { .. }
                 | Request::Key(KeyRequest::Rekey { deep: true, .. })
                 | Request::Import { .. }
                 | Request::Export { .. }

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::alarm::AlarmStatus;
-use crate::datastore::{CheckReport, DatastoreInfo, DedupEstimate, DefragReport, FreeSpaceReport};
+use crate::datastore::{
+    CheckReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FreeSpaceReport,
+};
 use crate::disk::{Provisioning, PunchZeroReport, SnapshotInfo};
 use crate::group::{GroupInfo, GroupSnapshotInfo, GroupSnapshotReport};
 use crate::job::JobInfo;
@@ -45,6 +47,7 @@ pub enum Response {
     /// `defrag`
     Defrag(DefragReport),
     DedupEstimate(DedupEstimate),
+    Dedup(DedupReport),
     /// `defrag --free-space`
     FreeSpace(FreeSpaceReport),
     /// `jobs`, `jobs pause|resume|cancel`
@@ -361,6 +364,7 @@ impl Response {
             Response::PunchZero(r) => value(r),
             Response::Defrag(r) => value(r),
             Response::DedupEstimate(r) => value(r),
+            Response::Dedup(r) => value(r),
             Response::FreeSpace(r) => value(r),
             Response::Jobs(jobs) => value(jobs),
             Response::JobStarted(j) => value(j),

@@ -398,7 +398,15 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         Cmd::Defrag { rate, .. } => Request::DefragFreeSpace {
             rate_bytes_per_sec: *rate,
         },
-        Cmd::Dedup { disks, rate, .. } => Request::DedupEstimate {
+        Cmd::Dedup {
+            disks,
+            rate,
+            estimate: true,
+        } => Request::DedupEstimate {
+            disks: disks.clone(),
+            rate_bytes_per_sec: *rate,
+        },
+        Cmd::Dedup { disks, rate, .. } => Request::Dedup {
             disks: disks.clone(),
             rate_bytes_per_sec: *rate,
         },

@@ -476,10 +476,20 @@ what 'strata status' calls used (plus the reserved tail of thick disks)."
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
     },
-    /// Equal grains across disks: what sharing them would free (--estimate)
+    /// Share equal grains across disks (online), or with --estimate say what that would free
     #[command(
-        long_about = "What finding equal grains across disks and sharing them would free \
-(docs/FORMAT.md §17).\n\n\
+        long_about = "Find grains that hold equal bytes at the same offset of several disks and \
+keep one of each\n(docs/FORMAT.md §17): copies of one image imported as separate disks, or \
+clones that wrote\nthe same data, end up stored once, as if they had been made as linked \
+clones.\n\n\
+Without --estimate, the named disks (with their snapshots and linked clones; none named: every\n\
+disk) are compared a region (1 MiB) at a time while clients use them: the grains mapped at one\n\
+offset are read, equal ones (hashed, then compared byte for byte) become one, every sharer\n\
+follows, and the copies are freed. Nothing is copied and no index is kept: memory stays bounded\n\
+whatever the disks' sizes. A grain written afterwards is written anew, as after a snapshot.\n\
+Thick disks keep their grains; encrypted disks share only with disks of the same key. Each\n\
+region is one atomic step: after a crash, run it again to finish. Through a running server it\n\
+is a job that 'strata jobs' can pause, resume and cancel.\n\n\
 --estimate reads every grain the disks' heads and snapshots map, once, changes nothing and\n\
 needs no key (encrypted disks are compared as stored), and reports: the bytes every version\n\
 maps (logical), the distinct grains behind them (stored), what snapshots and clones share\n\
@@ -487,14 +497,13 @@ already, what re-sharing equal grains at the same offset would free (exact: comp
 byte, only under one cipher), an estimate of sharing at any offset (from a hash sample),\n\
 grains that hold only zeros, and how a sample of the unencrypted grains compresses with LZ4.\n\
 Memory stays bounded whatever the disks' sizes. Paced against client I/O; through a running\n\
-server it is a job that 'strata jobs' can pause, resume and cancel.\n\n\
-Re-sharing itself (without --estimate) is not built yet."
+server it is a job that 'strata jobs' can pause, resume and cancel."
     )]
     Dedup {
         /// The disks to compare (their snapshots come with them); none: every disk
         disks: Vec<String>,
-        /// Only report what sharing would free (required: re-sharing is not built yet)
-        #[arg(long, required = true)]
+        /// Only report what sharing would free (and what compression would), changing nothing
+        #[arg(long)]
         estimate: bool,
         /// Read at most this much per second (e.g. 100M), to leave room for clients
         #[arg(long, value_parser = parse_size)]

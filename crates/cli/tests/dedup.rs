@@ -2,6 +2,8 @@
 //! grains once and says what re-sharing would free, exactly at the same
 //! offset, by sample at any offset, and how a sample compresses; it
 //! changes nothing and needs no key, offline and through the server.
+//! `dedup` frees what the estimate said, every disk reading back its bytes
+//! through qemu-img, under client writes and across a kill -9.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
 mod common;
@@ -137,14 +139,11 @@ fn the_estimate_finds_equal_grains_changes_nothing_and_needs_no_key() {
     assert_eq!(used(&s), before);
     s.ok(&["check"]);
 
-    // Wrong arguments: a snapshot, a disk that does not exist, and the
-    // re-sharing pass that is not built yet.
+    // Wrong arguments: a snapshot, a disk that does not exist.
     let err = s.fails(&["dedup", "--estimate", "a@s1"]);
     assert!(err.contains("'a@s1' is a snapshot"), "{err}");
     let err = s.fails(&["dedup", "--estimate", "nope"]);
     assert!(err.contains("nope"), "{err}");
-    let err = s.fails(&["dedup", "a", "b"]);
-    assert!(err.contains("--estimate"), "{err}");
 
     // Through a running server: a job, the same figures.
     let _srv = s.serve();
@@ -153,17 +152,19 @@ fn the_estimate_finds_equal_grains_changes_nothing_and_needs_no_key() {
 }
 
 #[test]
-fn an_object_store_says_the_estimate_is_not_built_there() {
+fn an_object_store_says_dedup_is_not_built_there() {
     if strata_s3::testing::shared().is_none() {
         return;
     }
     let s = Store::of(Kind::ObjectStore);
     s.ok(&["create", "a", "--size", "4M"]);
-    let err = s.fails(&["dedup", "--estimate", "a"]);
-    assert!(
-        err.contains("dedup on this object-store datastore is not implemented"),
-        "{err}"
-    );
+    for args in [&["dedup", "--estimate", "a"][..], &["dedup", "a"]] {
+        let err = s.fails(args);
+        assert!(
+            err.contains("dedup on this object-store datastore is not implemented"),
+            "{err}"
+        );
+    }
 }
 
 /// A served estimate is a job: a snapshot deleted and a disk reverted
@@ -204,5 +205,122 @@ fn a_served_estimate_follows_changes_under_it_and_can_be_cancelled() {
     s.ok(&["jobs", "cancel", &id.to_string()]);
     let j = s.wait_job(id, "cancelled", Duration::from_secs(60));
     assert!(j["error"].as_str().unwrap().contains("cancel"), "{j}");
+    s.ok(&["check"]);
+}
+
+/// Compare a served disk with the image it should hold, every byte.
+fn same_as(s: &Store, disk: &str, image: &str) {
+    let o = raw_compare(&s.uri(disk), image);
+    assert!(
+        o.status.success(),
+        "{disk} differs from {image}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn copies_become_one_and_every_byte_reads_back() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (same, other) = (
+        image(dir.path(), "a.raw", false),
+        image(dir.path(), "c.raw", true),
+    );
+    s.ok(&["import", &same, "a"]);
+    s.ok(&["import", &same, "b"]);
+    s.ok(&["import", &other, "c"]);
+    s.ok(&["snapshot", "create", "a", "s1"]);
+    s.ok(&["clone", "a@s1", "a2"]);
+    let key = dir.path().join("k");
+    std::fs::write(&key, noise(3, 32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = key.to_str().unwrap();
+    s.ok(&["import", &same, "e1", "--encrypt", "--key-file", key]);
+    s.ok(&["import", &same, "e2", "--encrypt", "--key-file", key]);
+    s.ok(&["import", &same, "t", "--type", "zeroedthick"]);
+    let used = |s: &Store| u(&s.json(&["status"]), "used_bytes");
+    let est = s.json(&["dedup", "--estimate"]);
+    let before = used(&s);
+
+    // The pass frees exactly what the estimate said: b's copy of a
+    // (4 MiB) and c's 3 MiB equal to a's; the encrypted disks are of two
+    // keyrings and "t" is thick, so they keep their grains.
+    let r = s.json(&["dedup"]);
+    assert_eq!(
+        u(&r, "freed_bytes"),
+        u(&est, "same_offset_bytes"),
+        "{r} {est}"
+    );
+    assert_eq!(u(&r, "freed_bytes"), 7 * MIB, "{r}");
+    assert_eq!(u(&r, "used_bytes_before"), before, "{r}");
+    assert_eq!(before - used(&s), 7 * MIB, "{r}");
+    assert_eq!(u(&r, "regions_skipped"), 0, "{r}");
+    assert_eq!(u(&r, "grains_kept"), 0, "{r}");
+    assert_eq!(u(&s.json(&["dedup", "--estimate"]), "same_offset_bytes"), 0);
+    let human = s.ok(&["dedup", "a", "b"]);
+    assert!(human.contains("freed 0 B"), "{human}");
+    s.ok(&["check"]);
+
+    // Every disk reads back its bytes through a real client; a write to a
+    // shared grain lands in that disk alone.
+    let _srv = s.serve();
+    for d in ["a", "b", "a2", "a@s1", "t"] {
+        same_as(&s, d, &same);
+    }
+    same_as(&s, "c", &other);
+    qemu_io_ok(&["-f", "raw"], &s.uri("b"), &["write -P 0x5b 1M 64k"]);
+    same_as(&s, "a", &same);
+    same_as(&s, "a2", &same);
+    qemu_io_ok(&["-f", "raw"], &s.uri("b"), &["read -P 0x5b 1M 64k"]);
+    s.ok(&["check"]);
+}
+
+/// A served pass is a job: clients write while it runs, a kill -9 stops it
+/// in the middle, and running it again finishes; every disk reads back
+/// what it should, and one copy of the image is left.
+#[test]
+fn a_served_pass_survives_client_writes_and_a_kill_9() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw", false);
+    for d in ["a", "b", "c", "d"] {
+        s.ok(&["import", &img, d]);
+    }
+    let used = |s: &Store| u(&s.json(&["status"]), "used_bytes");
+    let four = used(&s);
+    let srv = s.serve();
+    // 12 MiB to compare at 2 MB/s: about six seconds.
+    let started = s.json(&["dedup", "--rate", "2M", "--detach"]);
+    let id = started["id"].as_u64().unwrap();
+    s.wait_job(id, "running", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(1500));
+    // Writes while it runs: one flushed range of "a", and the same bytes
+    // written again over "b" (new grains, equal to the others).
+    qemu_io_ok(
+        &["-f", "raw"],
+        &s.uri("a"),
+        &["write -P 0xa5 2M 128k", "flush"],
+    );
+    raw_copy(&img, &s.uri("b"));
+    assert_eq!(s.job(id)["state"], "running", "the pass ended too soon");
+    srv.kill9();
+
+    let srv = s.serve();
+    let r = s.json(&["dedup"]);
+    assert_eq!(u(&r, "regions_skipped"), 0, "{r}");
+    // One copy of the image and a's own 128 KiB are left.
+    let one = four / 4;
+    let now = used(&s);
+    assert!(now <= one + MIB, "{now} used of one copy's {one}: {r}");
+    for d in ["b", "c", "d"] {
+        same_as(&s, d, &img);
+    }
+    let mut want = std::fs::read(&img).unwrap();
+    want[2 << 20..(2 << 20) + (128 << 10)].fill(0xa5);
+    let a_img = dir.path().join("a-now.raw");
+    std::fs::write(&a_img, want).unwrap();
+    same_as(&s, "a", a_img.to_str().unwrap());
+    drop(srv);
     s.ok(&["check"]);
 }

@@ -45,7 +45,7 @@ pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
     AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DedupEstimate,
-    DefragReport, DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo,
+    DedupReport, DefragReport, DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo,
     GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,
     PunchZeroReport, QuiesceReport, QuiesceResult, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
@@ -682,6 +682,18 @@ pub trait Datastore: Send + Sync {
         work: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DedupEstimate> {
+        let _ = (disks, work, progress);
+        Err(capability::refused(self.kind(), Capability::Dedup))
+    }
+
+    /// Re-share equal grains of `disks` (every disk when empty) at the same
+    /// virtual grain (`dedup`, FORMAT.md §17.2), [`Capability::Dedup`].
+    fn dedup(
+        &self,
+        disks: &[String],
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupReport> {
         let _ = (disks, work, progress);
         Err(capability::refused(self.kind(), Capability::Dedup))
     }

@@ -13,10 +13,10 @@ use strata_storage::FileBackend;
 
 use crate::{
     datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, ChangedRange,
-    CheckReport, Datastore, DatastoreInfo, DatastoreView, DedupEstimate, DefragReport, DiskInfo,
-    DiskView, Error, ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo, GroupSnapshotInfo,
-    GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning, PunchZeroReport,
-    ReportedAlarms, Result, SnapshotInfo, SpaceWork,
+    CheckReport, Datastore, DatastoreInfo, DatastoreView, DedupEstimate, DedupReport, DefragReport,
+    DiskInfo, DiskView, Error, ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo,
+    GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning,
+    PunchZeroReport, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -462,6 +462,15 @@ impl Datastore for LocalDatastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DedupEstimate> {
         self.ds.dedup_estimate(disks, work, progress)
+    }
+
+    fn dedup(
+        &self,
+        disks: &[String],
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupReport> {
+        self.ds.dedup(disks, work, progress)
     }
 
     fn consolidate_free_space(

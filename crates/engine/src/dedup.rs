@@ -22,6 +22,8 @@ use crate::work::Pacer;
 
 use crate::datastore::{Datastore, SpaceWork};
 
+mod reshare;
+
 /// Virtual grains walked at a time.
 const REGION: u64 = 256;
 /// Most grains read into memory at once (16 MiB); a region with more
@@ -135,7 +137,9 @@ impl Datastore {
             let mut m = self.inner.meta.lock();
             let (_, versions) = versions_of(&m, names)?;
             let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-            (region_entries(&mut m, &versions, first, &mut t.est)?, end)
+            let (mapped, logical) = region_entries(&mut m, &versions, first)?;
+            t.est.logical_bytes += logical * GRAIN_BYTES;
+            (mapped, end)
         };
         Ok((self.estimate_mapped(&mapped, t)?, end))
     }
@@ -147,22 +151,7 @@ impl Datastore {
         let mut at = 0;
         let mut buf = Vec::new();
         while at < mapped.len() {
-            // A window ends where a virtual grain ends (its grains are
-            // compared together): after at most WINDOW grains, unless one
-            // virtual grain alone has more.
-            let mut end = (at + WINDOW).min(mapped.len());
-            if end < mapped.len() {
-                let cut = end;
-                while end > at && mapped[end].v == mapped[end - 1].v {
-                    end -= 1;
-                }
-                if end == at {
-                    end = cut;
-                    while end < mapped.len() && mapped[end].v == mapped[end - 1].v {
-                        end += 1;
-                    }
-                }
-            }
+            let end = window_end(mapped, at);
             let window = &mapped[at..end];
             let slot = self.read_window(window, &mut buf)?;
             read += (window.len() as u64) * GRAIN_BYTES;
@@ -197,6 +186,26 @@ impl Datastore {
         }
         Ok(slot)
     }
+}
+
+/// Where the window of `mapped` that starts at `at` ends. A window ends
+/// where a virtual grain ends (its grains are compared together): after
+/// at most WINDOW grains, unless one virtual grain alone has more.
+fn window_end(mapped: &[Mapped], at: usize) -> usize {
+    let mut end = (at + WINDOW).min(mapped.len());
+    if end < mapped.len() {
+        let cut = end;
+        while end > at && mapped[end].v == mapped[end - 1].v {
+            end -= 1;
+        }
+        if end == at {
+            end = cut;
+            while end < mapped.len() && mapped[end].v == mapped[end - 1].v {
+                end += 1;
+            }
+        }
+    }
+    end
 }
 
 /// The names of `names`' disks (every disk when empty) and their
@@ -245,13 +254,10 @@ fn versions_of(m: &Meta, names: &[String]) -> Result<(Vec<String>, Vec<Version>)
 }
 
 /// The distinct mapped grains of `[first, first + REGION)` over
-/// `versions`, sorted by virtual grain; counts the logical bytes.
-fn region_entries(
-    m: &mut Meta,
-    versions: &[Version],
-    first: u64,
-    est: &mut DedupEstimate,
-) -> Result<Vec<Mapped>> {
+/// `versions`, sorted by virtual grain, and the number of entries that
+/// name them (the logical grains).
+fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<(Vec<Mapped>, u64)> {
+    let mut logical = 0;
     let mut out = Vec::new();
     let mut entries = Vec::new();
     for ver in versions {
@@ -263,7 +269,7 @@ fn region_entries(
         for (i, &e) in entries.iter().enumerate() {
             if e != 0 {
                 let v = first + i as u64;
-                est.logical_bytes += GRAIN_BYTES;
+                logical += 1;
                 out.push(Mapped {
                     v,
                     class: ver.class(v, e),
@@ -274,7 +280,7 @@ fn region_entries(
     }
     out.sort_unstable();
     out.dedup();
-    Ok(out)
+    Ok((out, logical))
 }
 
 impl Tally {
@@ -299,7 +305,7 @@ impl Tally {
             {
                 end += 1;
             }
-            if end - at > 1 {
+            if end - at > 1 && window[at].class >> 63 == 0 {
                 let dup = (at + 1..end)
                     .filter(|&i| (at..i).any(|j| hashes[j] == hashes[i] && grain(j) == grain(i)))
                     .count();

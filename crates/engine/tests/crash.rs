@@ -1,7 +1,7 @@
 //! Crash tests over the simulated storage layer. Several logical clients —
 //! a writer on disk "d", a writer on disk "e", and an admin that takes,
 //! deletes and reverts snapshots, reclaims, makes and drops clones,
-//! converts, defragments, consolidates free space and checkpoints — are interleaved by a scheduler driven by the seed, so a
+//! converts, defragments, re-shares equal grains, consolidates free space and checkpoints — are interleaved by a scheduler driven by the seed, so a
 //! failing case replays exactly from the seed it prints. Rounds end in a
 //! power cut (unflushed writes dropped, kept or torn at sector granularity),
 //! sometimes in the middle of a flush or a checkpoint (page images, pages,
@@ -381,7 +381,31 @@ fn admin(
             }
             f
         }
-        90..=94 => {
+        93..=94 => {
+            // The same bytes at the same offset of both disks (a range of
+            // this one's, written to the other and again here: new grains
+            // equal to what snapshots hold), then re-sharing (FORMAT.md
+            // §17.2) makes them one; every disk and snapshot keeps its bytes.
+            let sector = rng.gen_range(0..SECTORS) & !7;
+            let n = (rng.gen_range(1..=64u64) * 8).min(SECTORS - sector);
+            let range = (sector * 512) as usize..((sector + n) * 512) as usize;
+            let data = w.disks[i].live[range].to_vec();
+            for k in [1 - i, i] {
+                w.disks[k].write(sector, &data);
+                trace(|| format!("  copy to {} sectors {sector}+{n}", DISKS[k]));
+                let h = ds.open_disk(DISKS[k]).unwrap();
+                if block_failed(h.write_at(&data, sector * 512, false), faulty, seed, "copy") {
+                    return true;
+                }
+            }
+            let r = ds.dedup(&[], &SpaceWork::default(), &mut |_, _| {});
+            let f = failed(r, faulty, seed, "dedup");
+            if !f {
+                w.flush();
+            }
+            f
+        }
+        90..=92 => {
             // Lay the disk out again: grains it shares with its snapshots
             // move for all of them (FORMAT.md §10.2); the bytes stay.
             let r = ds.defrag_disk(disk, false, &SpaceWork::default(), &mut |_, _| {});

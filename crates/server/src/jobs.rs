@@ -307,6 +307,7 @@ impl Jobs {
                     | Request::Defrag { .. }
                     | Request::DefragFreeSpace { .. }
                     | Request::DedupEstimate { .. }
+                    | Request::Dedup { .. }
                     | Request::Key(strata_api::KeyRequest::Rekey { deep: true, .. })
                     | Request::Move { .. }
                     | Request::CloneFull { .. }

@@ -760,6 +760,12 @@ fn space_work(
         } => ds
             .dedup_estimate(disks, &ctx.work(*rate_bytes_per_sec), progress)
             .map(Response::DedupEstimate),
+        Request::Dedup {
+            disks,
+            rate_bytes_per_sec,
+        } => ds
+            .dedup(disks, &ctx.work(*rate_bytes_per_sec), progress)
+            .map(Response::Dedup),
         _ => return None,
     })
 }
@@ -885,7 +891,7 @@ fn needs(req: &Request) -> Option<Capability> {
         }
         Request::Convert { .. } => Capability::Convert,
         Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
-        Request::DedupEstimate { .. } => Capability::Dedup,
+        Request::DedupEstimate { .. } | Request::Dedup { .. } => Capability::Dedup,
         Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
         Request::Gc { .. } => Capability::Gc,
         Request::Compact { .. } => Capability::Compact,

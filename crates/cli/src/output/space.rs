@@ -1,9 +1,51 @@
-//! `dedup --estimate` for people.
+//! `dedup` and `dedup --estimate` for people.
 
 use std::fmt::Write as _;
 
 use strata_api::units::human;
-use strata_api::DedupEstimate;
+use strata_api::{DedupEstimate, DedupReport};
+
+/// The disks of a report: named when few.
+fn disks(names: &[String]) -> String {
+    if names.len() <= 4 {
+        names.join(", ")
+    } else {
+        format!("{} disks", names.len())
+    }
+}
+
+/// What the pass freed, and what it left for a later run.
+pub(super) fn dedup(out: &mut String, r: &DedupReport) {
+    outln!(
+        out,
+        "{} ({} versions): freed {} by sharing equal grains; used {} -> {}",
+        disks(&r.disks),
+        r.versions,
+        human(r.freed_bytes),
+        human(r.used_bytes_before),
+        human(r.used_bytes_after)
+    );
+    outln!(
+        out,
+        "  compared {} in {} regions",
+        human(r.read_bytes),
+        r.regions
+    );
+    if r.regions_skipped > 0 {
+        outln!(
+            out,
+            "  {} regions changed while compared and were left: run it again to compare them",
+            r.regions_skipped
+        );
+    }
+    if r.grains_kept > 0 {
+        outln!(
+            out,
+            "  {} grains kept: a reference to them could not be accounted for (run 'strata check')",
+            r.grains_kept
+        );
+    }
+}
 
 /// The figures, each with what it means, largest saving first.
 pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
@@ -14,11 +56,7 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
             100.0 * part as f64 / r.stored_bytes as f64
         }
     };
-    let disks = if r.disks.len() <= 4 {
-        r.disks.join(", ")
-    } else {
-        format!("{} disks", r.disks.len())
-    };
+    let disks = disks(&r.disks);
     outln!(
         out,
         "{disks}: {} versions map {} (logical), {} stored, {} shared already",

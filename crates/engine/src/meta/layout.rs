@@ -167,6 +167,37 @@ impl Meta {
         self.decref(g, None)?;
         Ok(true)
     }
+
+    /// Make every leaf that names data grain `from` at virtual grain `v`
+    /// name `into` instead (its bytes equal, under the same cipher:
+    /// FORMAT.md §17.2): `into`'s count rises by `from`'s, `from` is freed;
+    /// each entry keeps its key index. Returns false, changing nothing,
+    /// when the leaves naming either grain at `v` do not account for its
+    /// whole count.
+    pub fn merge_grain(&mut self, v: u64, from: u64, into: u64) -> Result<bool> {
+        let (count, into_count) = (self.ref_get(from)?, self.ref_get(into)?);
+        if from == into || count == 0 || into_count == 0 {
+            return Ok(false);
+        }
+        let leaves = self.leaves_naming(v, from)?;
+        if leaves.len() as u64 != u64::from(count)
+            || self.leaves_naming(v, into)?.len() as u64 != u64::from(into_count)
+        {
+            return Ok(false);
+        }
+        let Some(total) = into_count.checked_add(count) else {
+            return Ok(false);
+        };
+        for &(leaf, idx, key) in &leaves {
+            self.node_set(leaf, 0, idx, leaf_entry(into, key))?;
+        }
+        self.ref_set(into, total)?;
+        if count > 1 {
+            self.ref_set(from, 1)?;
+        }
+        self.decref(from, None)?;
+        Ok(true)
+    }
 }
 
 /// A live grain in the zone being emptied (FORMAT.md §10.4), with where a

@@ -1,0 +1,267 @@
+//! `strata dedup DISK...` (docs/FORMAT.md §17.2): equal grains at the same
+//! virtual grain of the named disks made one, online, a region at a time.
+//!
+//! Per region, with every head's write stripes held: the named versions'
+//! distinct grains are listed under the metadata lock, grouped by virtual
+//! grain and cipher class; those of groups with two or more are read
+//! (without the lock and the gate), grouped by a keyed hash and compared
+//! byte for byte. Then, under the gate and the lock, if the list is still
+//! what it was, each loser's sharers are pointed at its winner and the
+//! loser is freed, all in one batch. No index is kept: memory is one
+//! window of grains whatever the disks' sizes.
+
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+
+use strata_api::DedupReport;
+use strata_format::GRAIN_BYTES;
+
+use super::{region_entries, versions_of, window_end, Mapped, Version, REGION};
+use crate::datastore::{Datastore, SpaceWork};
+use crate::error::Result;
+use crate::meta::Meta;
+use crate::work::Pacer;
+
+/// The pass commits after this many regions (64 MiB of virtual grains).
+const COMMIT_EVERY_REGIONS: u64 = 64;
+
+/// One loser and its winner at virtual grain `v`.
+#[derive(Debug, Clone, Copy)]
+struct Merge {
+    v: u64,
+    from: u64,
+    into: u64,
+}
+
+/// A region's candidates: the named versions' distinct grains that share
+/// their (virtual grain, class) with another, sorted, and each one's count.
+#[derive(PartialEq, Eq)]
+struct Plan {
+    mapped: Vec<Mapped>,
+    counts: Vec<u32>,
+}
+
+impl Datastore {
+    /// Re-share equal grains across `names` (every disk when empty): see
+    /// [`DedupReport`]. Paced, pausable and cancellable as the other space
+    /// work; `progress(done, total)` in bytes of the largest version.
+    pub fn dedup(
+        &self,
+        names: &[String],
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<DedupReport> {
+        self.inner.check_writable()?;
+        let (disks, versions) = versions_of(&self.inner.meta.lock(), names)?;
+        let mut end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let mut rep = DedupReport {
+            disks,
+            versions: versions.len() as u64,
+            used_bytes_before: self.inner.meta.lock().used_grains() * GRAIN_BYTES,
+            ..DedupReport::default()
+        };
+        let hasher = std::collections::hash_map::RandomState::new();
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
+            .resting(crate::work::LAYOUT_BUSY_REST);
+        let mut clients = self.inner.client_watch();
+        let mut first = 0;
+        while first < end {
+            self.inner.maybe_checkpoint()?;
+            // The versions are taken again for each region, as the
+            // estimate does: disks made, reverted or extended are followed.
+            let (read, now_end) = self.reshare_region(names, first, &hasher, &mut rep)?;
+            rep.regions += 1;
+            rep.read_bytes += read;
+            if rep.regions.is_multiple_of(COMMIT_EVERY_REGIONS) {
+                self.inner.commit(false)?;
+            }
+            end = now_end;
+            first = (first + REGION).min(end);
+            progress(first * GRAIN_BYTES, end * GRAIN_BYTES);
+            pacer.pace(read, clients.busy())?;
+        }
+        self.inner.commit(false)?;
+        rep.used_bytes_after = self.inner.meta.lock().used_grains() * GRAIN_BYTES;
+        Ok(rep)
+    }
+
+    /// One region (FORMAT.md §17.2 steps 1 and 2); returns the bytes read
+    /// and the end of the largest named version now.
+    fn reshare_region(
+        &self,
+        names: &[String],
+        first: u64,
+        hasher: &impl BuildHasher,
+        rep: &mut DedupReport,
+    ) -> Result<(u64, u64)> {
+        let _fence = self.inner.fail_on_panic();
+        let held = self.inner.meta.lock().head_versions();
+        let _stripes = self.inner.lock_stripes_of(&held, first, first + REGION - 1);
+        let (plan, end) = self.reshare_plan(names, first, &mut self.inner.meta.lock())?;
+        if plan.mapped.is_empty() {
+            return Ok((0, end));
+        }
+        let mut merges = Vec::new();
+        let mut buf = Vec::new();
+        let mut at = 0;
+        while at < plan.mapped.len() {
+            let to = window_end(&plan.mapped, at);
+            let window = &plan.mapped[at..to];
+            let slot = self.read_window(window, &mut buf)?;
+            let bytes = Window {
+                mapped: window,
+                counts: &plan.counts[at..to],
+                buf: &buf,
+                slot: &slot,
+            };
+            bytes.merges(hasher, &mut merges);
+            at = to;
+        }
+        let read = plan.mapped.len() as u64 * GRAIN_BYTES;
+        if merges.is_empty() {
+            return Ok((read, end));
+        }
+        // As defrag: the stripes are held already, so a recursive read of
+        // the gate (it does not queue behind a commit waiting to drain it).
+        let _gate = self.inner.gate.read_recursive();
+        let mut m = self.inner.meta.lock();
+        if m.head_versions() != held
+            || self.reshare_plan(names, first, &mut m)?.0.mapped != plan.mapped
+        {
+            rep.regions_skipped += 1;
+            return Ok((read, end));
+        }
+        let (mut freed, mut kept) = (0, 0);
+        self.inner.guarded(&mut m, |m| {
+            for g in &merges {
+                if m.merge_grain(g.v, g.from, g.into)? {
+                    freed += 1;
+                } else {
+                    kept += 1;
+                }
+            }
+            Ok(())
+        })?;
+        drop(m);
+        rep.freed_bytes += freed * GRAIN_BYTES;
+        rep.grains_kept += kept;
+        self.inner
+            .mutations
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok((read, end))
+    }
+
+    /// The region's candidates over the named disks' versions now, and
+    /// the end of the largest of them.
+    fn reshare_plan(&self, names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
+        let (_, versions) = versions_of(m, names)?;
+        let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let (mapped, _) = region_entries(m, &versions, first)?;
+        // Left alone whoever else names them (§17.1): grains a thick disk
+        // or a keyring under a deep rekey maps here, over every disk.
+        let (_, all) = versions_of(m, &[])?;
+        let fixed: Vec<Version> = all
+            .into_iter()
+            .filter(|v| v.thick.is_some() || v.cursor.is_some())
+            .collect();
+        let fixed: HashSet<(u64, u64)> = region_entries(m, &fixed, first)?
+            .0
+            .iter()
+            .map(|e| (e.v, e.grain))
+            .collect();
+        let mapped = candidates(mapped, &fixed);
+        let counts = mapped
+            .iter()
+            .map(|e| m.ref_get(e.grain))
+            .collect::<Result<Vec<u32>>>()?;
+        Ok((Plan { mapped, counts }, end))
+    }
+}
+
+/// Of a region's distinct grains (sorted by virtual grain, class, grain),
+/// those that may merge: not in `fixed`, not seen under two classes at
+/// one virtual grain (an own-key clone's entry naming its parent's grain),
+/// and in a (virtual grain, class) group of two or more.
+fn candidates(mapped: Vec<Mapped>, fixed: &HashSet<(u64, u64)>) -> Vec<Mapped> {
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
+    let mut twice: HashSet<(u64, u64)> = HashSet::new();
+    for e in &mapped {
+        if !seen.insert((e.v, e.grain)) {
+            twice.insert((e.v, e.grain));
+        }
+    }
+    let kept: Vec<Mapped> = mapped
+        .into_iter()
+        .filter(|e| !fixed.contains(&(e.v, e.grain)) && !twice.contains(&(e.v, e.grain)))
+        .collect();
+    let group = |a: &Mapped, b: &Mapped| (a.v, a.class) == (b.v, b.class);
+    let mut out = Vec::with_capacity(kept.len());
+    for (i, e) in kept.iter().enumerate() {
+        let alone =
+            (i == 0 || !group(&kept[i - 1], e)) && kept.get(i + 1).is_none_or(|n| !group(e, n));
+        if !alone {
+            out.push(*e);
+        }
+    }
+    out
+}
+
+/// A window of candidates with their bytes: grain `i` of `mapped` (count
+/// `counts[i]`) at `slot[i]` of `buf`, in grains.
+struct Window<'a> {
+    mapped: &'a [Mapped],
+    counts: &'a [u32],
+    buf: &'a [u8],
+    slot: &'a [usize],
+}
+
+impl Window<'_> {
+    fn bytes(&self, i: usize) -> &[u8] {
+        let g = GRAIN_BYTES as usize;
+        &self.buf[self.slot[i] * g..(self.slot[i] + 1) * g]
+    }
+
+    /// Within each (virtual grain, class) group, the sets of equal grains
+    /// (hash, then bytes); each set's winner is the grain with the highest
+    /// count, then the lowest number; the others merge into it.
+    fn merges(&self, hasher: &impl BuildHasher, out: &mut Vec<Merge>) {
+        let hashes: Vec<u64> = (0..self.mapped.len())
+            .map(|i| hasher.hash_one(self.bytes(i)))
+            .collect();
+        let mut at = 0;
+        while at < self.mapped.len() {
+            let (v, class) = (self.mapped[at].v, self.mapped[at].class);
+            let mut end = at + 1;
+            while end < self.mapped.len()
+                && (self.mapped[end].v, self.mapped[end].class) == (v, class)
+            {
+                end += 1;
+            }
+            // root[i]: the first grain of the group equal to grain i.
+            let mut root: Vec<usize> = (at..end).collect();
+            for i in at + 1..end {
+                if let Some(j) = (at..i).find(|&j| {
+                    root[j - at] == j && hashes[j] == hashes[i] && self.bytes(j) == self.bytes(i)
+                }) {
+                    root[i - at] = j;
+                }
+            }
+            for r in at..end {
+                let set: Vec<usize> = (at..end).filter(|&i| root[i - at] == r).collect();
+                if set.len() < 2 {
+                    continue;
+                }
+                let win = *set
+                    .iter()
+                    .max_by_key(|&&i| (self.counts[i], std::cmp::Reverse(self.mapped[i].grain)))
+                    .expect("a set of two or more");
+                out.extend(set.iter().filter(|&&i| i != win).map(|&i| Merge {
+                    v,
+                    from: self.mapped[i].grain,
+                    into: self.mapped[win].grain,
+                }));
+            }
+            at = end;
+        }
+    }
+}
