@@ -24,6 +24,7 @@ from .reclaim import case_reclaim
 from .rss import case_rss
 from .simple import case_simple
 from .snaptime import case_snaptime
+from .space import case_space
 from .spacework import case_spacework
 from .stats import case_stats
 from .tls import case_tls
@@ -71,6 +72,7 @@ CASES = {
     "hostile": case_hostile,
     "firstwrite": case_firstwrite,
     "crypto": case_crypto,
+    "space": case_space,
     # make paper's own (bench.py --paper): not in a run without --only.
     "paper_matrix": case_paper_matrix,
     "tera": case_tera,

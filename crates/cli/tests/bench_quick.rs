@@ -95,10 +95,11 @@ fn bench_quick_serving_cases() {
 }
 
 /// The store and data cases: object stores (multihost, compaction),
-/// moves, backups, group snapshots and first writes.
+/// moves, backups, group snapshots, first writes and space reduction.
 #[test]
 fn bench_quick_store_cases() {
-    let Some((j, _tmp)) = bench_smoke("multihost,compaction,move,backup,groupsnap,firstwrite")
+    let Some((j, _tmp)) =
+        bench_smoke("multihost,compaction,move,backup,groupsnap,firstwrite,space")
     else {
         return;
     };
@@ -108,6 +109,7 @@ fn bench_quick_store_cases() {
     check_backup(&j);
     check_groupsnap(&j);
     check_firstwrite(&j);
+    check_space(&j);
 }
 
 fn check_stats(j: &Value) {
@@ -357,6 +359,34 @@ fn check_hostile(j: &Value) {
     // How many hostile connections got in or were refused depends on how
     // the nice-19 storm is scheduled: not checked here (tests/hostile.rs
     // checks the refusals themselves).
+}
+
+fn check_space(j: &Value) {
+    // space: the pass freed what the estimate said, leaving about one
+    // copy; its time, read rate and memory; client reads with the pass
+    // running and paused, at least one window of each.
+    let sp = get(j, &["cases", "space"]);
+    let c = get(sp, &["copies"]);
+    assert_eq!(
+        get(c, &["freed_bytes"]),
+        get(c, &["estimate_same_offset_bytes"]),
+        "space: freed vs the estimate"
+    );
+    for k in [
+        "freed_bytes",
+        "pool_use_vs_one_copy",
+        "pass_s",
+        "pass_read_gb_s",
+        "pass_rss_peak_mib",
+        "status_rss_peak_mib",
+        "estimate_rss_peak_mib",
+    ] {
+        positive(c, &[k]);
+    }
+    let r = get(sp, &["reads_during"]);
+    for k in ["iops_pass_running", "iops_pass_paused", "ratio"] {
+        positive(r, &[k]);
+    }
 }
 
 fn check_firstwrite(j: &Value) {

@@ -11,7 +11,6 @@
 //! unencrypted grains is compressed with LZ4.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 
 use strata_api::DedupEstimate;
 use strata_format::{leaf_grain, leaf_key, GRAIN_BYTES};
@@ -83,7 +82,7 @@ impl Version {
 /// The figures as they add up.
 struct Tally {
     est: DedupEstimate,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: ahash::RandomState,
     sample: HashMap<u64, u32>,
     sample_every: u64,
     distinct: u64,
@@ -107,7 +106,7 @@ impl Datastore {
                 versions: versions.len() as u64,
                 ..DedupEstimate::default()
             },
-            hasher: std::collections::hash_map::RandomState::new(),
+            hasher: ahash::RandomState::new(),
             sample: HashMap::new(),
             sample_every: 1,
             distinct: 0,

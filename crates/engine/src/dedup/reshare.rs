@@ -4,14 +4,11 @@
 //! Per region, with every head's write stripes held: the named versions'
 //! distinct grains are listed under the metadata lock, grouped by virtual
 //! grain and cipher class; those of groups with two or more are read
-//! (without the lock and the gate), grouped by a keyed hash and compared
-//! byte for byte. Then, under the gate and the lock, if the list is still
+//! (without the lock and the gate) and sorted by their bytes, so equal
+//! ones lie side by side. Then, under the gate and the lock, if the list is still
 //! what it was, each loser's sharers are pointed at its winner and the
 //! loser is freed, all in one batch. No index is kept: memory is one
 //! window of grains whatever the disks' sizes.
-
-use std::collections::HashSet;
-use std::hash::BuildHasher;
 
 use strata_api::DedupReport;
 use strata_format::GRAIN_BYTES;
@@ -25,13 +22,8 @@ use crate::work::Pacer;
 /// The pass commits after this many regions (64 MiB of virtual grains).
 const COMMIT_EVERY_REGIONS: u64 = 64;
 
-/// One loser and its winner at virtual grain `v`.
-#[derive(Debug, Clone, Copy)]
-struct Merge {
-    v: u64,
-    from: u64,
-    into: u64,
-}
+/// One loser and its winner at a virtual grain: (v, loser, winner).
+type Merge = (u64, u64, u64);
 
 /// A region's candidates: the named versions' distinct grains that share
 /// their (virtual grain, class) with another, sorted, and each one's count.
@@ -60,16 +52,17 @@ impl Datastore {
             used_bytes_before: self.inner.meta.lock().used_grains() * GRAIN_BYTES,
             ..DedupReport::default()
         };
-        let hasher = std::collections::hash_map::RandomState::new();
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
-            .resting(crate::work::LAYOUT_BUSY_REST);
+            .resting(crate::work::DEDUP_BUSY_REST);
         let mut clients = self.inner.client_watch();
+        // The window's bytes, kept from region to region.
+        let mut buf = Vec::new();
         let mut first = 0;
         while first < end {
             self.inner.maybe_checkpoint()?;
             // The versions are taken again for each region, as the
             // estimate does: disks made, reverted or extended are followed.
-            let (read, now_end) = self.reshare_region(names, first, &hasher, &mut rep)?;
+            let (read, now_end) = self.reshare_region(names, first, &mut rep, &mut buf)?;
             rep.regions += 1;
             rep.read_bytes += read;
             if rep.regions.is_multiple_of(COMMIT_EVERY_REGIONS) {
@@ -91,8 +84,8 @@ impl Datastore {
         &self,
         names: &[String],
         first: u64,
-        hasher: &impl BuildHasher,
         rep: &mut DedupReport,
+        buf: &mut Vec<u8>,
     ) -> Result<(u64, u64)> {
         let _fence = self.inner.fail_on_panic();
         let held = self.inner.meta.lock().head_versions();
@@ -102,19 +95,18 @@ impl Datastore {
             return Ok((0, end));
         }
         let mut merges = Vec::new();
-        let mut buf = Vec::new();
         let mut at = 0;
         while at < plan.mapped.len() {
             let to = window_end(&plan.mapped, at);
             let window = &plan.mapped[at..to];
-            let slot = self.read_window(window, &mut buf)?;
+            let slot = self.read_window(window, buf)?;
             let bytes = Window {
                 mapped: window,
                 counts: &plan.counts[at..to],
-                buf: &buf,
+                buf,
                 slot: &slot,
             };
-            bytes.merges(hasher, &mut merges);
+            bytes.merges(&mut merges);
             at = to;
         }
         let read = plan.mapped.len() as u64 * GRAIN_BYTES;
@@ -131,17 +123,7 @@ impl Datastore {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
-        let (mut freed, mut kept) = (0, 0);
-        self.inner.guarded(&mut m, |m| {
-            for g in &merges {
-                if m.merge_grain(g.v, g.from, g.into)? {
-                    freed += 1;
-                } else {
-                    kept += 1;
-                }
-            }
-            Ok(())
-        })?;
+        let (freed, kept) = self.inner.guarded(&mut m, |m| m.merge_grains(&merges))?;
         drop(m);
         rep.freed_bytes += freed * GRAIN_BYTES;
         rep.grains_kept += kept;
@@ -164,11 +146,12 @@ impl Datastore {
             .into_iter()
             .filter(|v| v.thick.is_some() || v.cursor.is_some())
             .collect();
-        let fixed: HashSet<(u64, u64)> = region_entries(m, &fixed, first)?
+        let mut fixed: Vec<(u64, u64)> = region_entries(m, &fixed, first)?
             .0
             .iter()
             .map(|e| (e.v, e.grain))
             .collect();
+        fixed.sort_unstable();
         let mapped = candidates(mapped, &fixed);
         let counts = mapped
             .iter()
@@ -182,17 +165,21 @@ impl Datastore {
 /// those that may merge: not in `fixed`, not seen under two classes at
 /// one virtual grain (an own-key clone's entry naming its parent's grain),
 /// and in a (virtual grain, class) group of two or more.
-fn candidates(mapped: Vec<Mapped>, fixed: &HashSet<(u64, u64)>) -> Vec<Mapped> {
-    let mut seen: HashSet<(u64, u64)> = HashSet::new();
-    let mut twice: HashSet<(u64, u64)> = HashSet::new();
-    for e in &mapped {
-        if !seen.insert((e.v, e.grain)) {
-            twice.insert((e.v, e.grain));
-        }
-    }
+fn candidates(mapped: Vec<Mapped>, fixed: &[(u64, u64)]) -> Vec<Mapped> {
+    // Sorted (v, grain) pairs: one seen twice is under two classes.
+    let mut pairs: Vec<(u64, u64)> = mapped.iter().map(|e| (e.v, e.grain)).collect();
+    pairs.sort_unstable();
+    let twice: Vec<(u64, u64)> = pairs
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
     let kept: Vec<Mapped> = mapped
         .into_iter()
-        .filter(|e| !fixed.contains(&(e.v, e.grain)) && !twice.contains(&(e.v, e.grain)))
+        .filter(|e| {
+            let p = (e.v, e.grain);
+            fixed.binary_search(&p).is_err() && twice.binary_search(&p).is_err()
+        })
         .collect();
     let group = |a: &Mapped, b: &Mapped| (a.v, a.class) == (b.v, b.class);
     let mut out = Vec::with_capacity(kept.len());
@@ -221,13 +208,13 @@ impl Window<'_> {
         &self.buf[self.slot[i] * g..(self.slot[i] + 1) * g]
     }
 
-    /// Within each (virtual grain, class) group, the sets of equal grains
-    /// (hash, then bytes); each set's winner is the grain with the highest
-    /// count, then the lowest number; the others merge into it.
-    fn merges(&self, hasher: &impl BuildHasher, out: &mut Vec<Merge>) {
-        let hashes: Vec<u64> = (0..self.mapped.len())
-            .map(|i| hasher.hash_one(self.bytes(i)))
-            .collect();
+    /// Within each (virtual grain, class) group, the sets of equal grains:
+    /// the group sorted by its bytes puts equal grains side by side (a
+    /// comparison stops at the first byte that differs, so unequal grains
+    /// cost little, and no hash is needed whose collisions a guest could
+    /// aim at). Each set's winner is the grain with the highest count, then
+    /// the lowest number; the others merge into it.
+    fn merges(&self, out: &mut Vec<Merge>) {
         let mut at = 0;
         while at < self.mapped.len() {
             let (v, class) = (self.mapped[at].v, self.mapped[at].class);
@@ -237,17 +224,13 @@ impl Window<'_> {
             {
                 end += 1;
             }
-            // root[i]: the first grain of the group equal to grain i.
-            let mut root: Vec<usize> = (at..end).collect();
-            for i in at + 1..end {
-                if let Some(j) = (at..i).find(|&j| {
-                    root[j - at] == j && hashes[j] == hashes[i] && self.bytes(j) == self.bytes(i)
-                }) {
-                    root[i - at] = j;
-                }
+            let mut order: Vec<usize> = (at..end).collect();
+            // Copies of one image are the common case: all equal to the
+            // first is one comparison each.
+            if !order.iter().all(|&i| self.bytes(i) == self.bytes(at)) {
+                order.sort_unstable_by(|&i, &j| self.bytes(i).cmp(self.bytes(j)));
             }
-            for r in at..end {
-                let set: Vec<usize> = (at..end).filter(|&i| root[i - at] == r).collect();
+            for set in order.chunk_by(|&i, &j| self.bytes(i) == self.bytes(j)) {
                 if set.len() < 2 {
                     continue;
                 }
@@ -255,11 +238,12 @@ impl Window<'_> {
                     .iter()
                     .max_by_key(|&&i| (self.counts[i], std::cmp::Reverse(self.mapped[i].grain)))
                     .expect("a set of two or more");
-                out.extend(set.iter().filter(|&&i| i != win).map(|&i| Merge {
-                    v,
-                    from: self.mapped[i].grain,
-                    into: self.mapped[win].grain,
-                }));
+                let into = self.mapped[win].grain;
+                out.extend(
+                    set.iter()
+                        .filter(|&&i| i != win)
+                        .map(|&i| (v, self.mapped[i].grain, into)),
+                );
             }
             at = end;
         }

@@ -108,10 +108,9 @@ impl Meta {
     }
 
     /// The distinct leaves, over every version (heads, snapshots, orphans),
-    /// whose entry for virtual grain `v` names grain `g`: (leaf grain,
-    /// index, the entry's key index).
-    pub(super) fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
-        let mut out: Vec<(u64, usize, u8)> = Vec::new();
+    /// that cover virtual grain `v`.
+    fn leaves_covering(&mut self, v: u64) -> Result<Vec<u64>> {
+        let mut out: Vec<u64> = Vec::new();
         for ver in self.version_ids() {
             let st = self.version(ver)?;
             if st.root == 0 || v >> (MAP_FANOUT_SHIFT * st.levels as u32) != 0 {
@@ -125,13 +124,23 @@ impl Meta {
                     break;
                 }
             }
-            if node == 0 {
-                continue;
+            if node != 0 && !out.contains(&node) {
+                out.push(node);
             }
-            let idx = (v as usize) & (MAP_FANOUT - 1);
-            let e = self.node(node, 0)?[idx];
-            if e != 0 && leaf_grain(e) == g && !out.iter().any(|o| (o.0, o.1) == (node, idx)) {
-                out.push((node, idx, leaf_key(e)));
+        }
+        Ok(out)
+    }
+
+    /// The distinct leaves, over every version (heads, snapshots, orphans),
+    /// whose entry for virtual grain `v` names grain `g`: (leaf grain,
+    /// index, the entry's key index).
+    pub(super) fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+        let idx = (v as usize) & (MAP_FANOUT - 1);
+        let mut out = Vec::new();
+        for leaf in self.leaves_covering(v)? {
+            let e = self.node(leaf, 0)?[idx];
+            if e != 0 && leaf_grain(e) == g {
+                out.push((leaf, idx, leaf_key(e)));
             }
         }
         Ok(out)
@@ -168,28 +177,70 @@ impl Meta {
         Ok(true)
     }
 
-    /// Make every leaf that names data grain `from` at virtual grain `v`
-    /// name `into` instead (its bytes equal, under the same cipher:
-    /// FORMAT.md §17.2): `into`'s count rises by `from`'s, `from` is freed;
-    /// each entry keeps its key index. Returns false, changing nothing,
-    /// when the leaves naming either grain at `v` do not account for its
-    /// whole count.
-    pub fn merge_grain(&mut self, v: u64, from: u64, into: u64) -> Result<bool> {
-        let (count, into_count) = (self.ref_get(from)?, self.ref_get(into)?);
-        if from == into || count == 0 || into_count == 0 {
-            return Ok(false);
+    /// For each `(v, from, into)` of `merges` (sorted by `v`): make every
+    /// leaf that names data grain `from` at virtual grain `v` name `into`
+    /// instead (its bytes equal, under the same cipher: FORMAT.md §17.2);
+    /// `into`'s count rises by `from`'s, `from` is freed; each entry keeps
+    /// its key index. A merge is left, changing nothing, when the leaves
+    /// naming either grain at `v` do not account for its whole count.
+    /// The leaves covering a leaf's span are found once for all its merges.
+    /// Returns the merges made and those left.
+    pub fn merge_grains(&mut self, merges: &[(u64, u64, u64)]) -> Result<(u64, u64)> {
+        let (mut made, mut left) = (0, 0);
+        let mut span = None;
+        let mut leaves: Vec<(u64, Vec<u64>)> = Vec::new();
+        for &(v, from, into) in merges {
+            if span != Some(v >> MAP_FANOUT_SHIFT) {
+                span = Some(v >> MAP_FANOUT_SHIFT);
+                leaves.clear();
+                for leaf in self.leaves_covering(v)? {
+                    let entries = self.node(leaf, 0)?.to_vec();
+                    leaves.push((leaf, entries));
+                }
+            }
+            if self.merge_one(&mut leaves, v, from, into)? {
+                made += 1;
+            } else {
+                left += 1;
+            }
         }
-        let leaves = self.leaves_naming(v, from)?;
-        if leaves.len() as u64 != u64::from(count)
-            || self.leaves_naming(v, into)?.len() as u64 != u64::from(into_count)
+        Ok((made, left))
+    }
+
+    /// One merge of [`Meta::merge_grains`] over `leaves`, the leaves
+    /// covering `v` with a copy of their entries (kept up to date).
+    fn merge_one(
+        &mut self,
+        leaves: &mut [(u64, Vec<u64>)],
+        v: u64,
+        from: u64,
+        into: u64,
+    ) -> Result<bool> {
+        let idx = (v as usize) & (MAP_FANOUT - 1);
+        let (count, into_count) = (self.ref_get(from)?, self.ref_get(into)?);
+        let naming = |leaves: &[(u64, Vec<u64>)], g: u64| {
+            leaves
+                .iter()
+                .filter(|(_, e)| e[idx] != 0 && leaf_grain(e[idx]) == g)
+                .count() as u64
+        };
+        if from == into
+            || count == 0
+            || into_count == 0
+            || naming(leaves, from) != u64::from(count)
+            || naming(leaves, into) != u64::from(into_count)
         {
             return Ok(false);
         }
         let Some(total) = into_count.checked_add(count) else {
             return Ok(false);
         };
-        for &(leaf, idx, key) in &leaves {
-            self.node_set(leaf, 0, idx, leaf_entry(into, key))?;
+        for (leaf, entries) in leaves.iter_mut() {
+            let e = entries[idx];
+            if e != 0 && leaf_grain(e) == from {
+                entries[idx] = leaf_entry(into, leaf_key(e));
+                self.node_set(*leaf, 0, idx, entries[idx])?;
+            }
         }
         self.ref_set(into, total)?;
         if count > 1 {
