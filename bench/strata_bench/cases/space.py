@@ -5,7 +5,8 @@ costs. One image of random bytes imported as ten separate disks; then
   own: peak RSS from wait4, with a 16 MiB metadata cache, beside `strata
   status` as the process's floor and `dedup --estimate`), pool use after
   it against one copy's [<= 1.1x], its memory [<= 64 MiB] and its read
-  rate;
+  rate; then the image imported once more with `--base d0`: the share
+  of its grains written [<= 1%] and its time against a plain import;
 - `reads_during`: the ten copies imported again and served; 4k random
   reads (fio, iodepth 16, cold cache) of one of them while the pass runs
   as a server job, against the same job paused: windows alternated
@@ -51,7 +52,9 @@ def _copies(s, img, n):
     # everything, bounded by this budget) then weigh little beside what
     # the pass holds itself.
     base = [STRATA, "--datastore", s.ds, "--metadata-cache", "16M"]
+    t = time.perf_counter()
     _import_copies(s, img, ["d0"])
+    import_s = time.perf_counter() - t
     one = _used(s)
     _import_copies(s, img, [f"d{i}" for i in range(1, n)])
     before = _used(s)
@@ -62,6 +65,14 @@ def _copies(s, img, n):
     out, secs, kib = _measured(base + ["dedup", "--json"])
     r = json.loads(out)
     after = _used(s)
+    # The same image imported once more onto d0 (`import --base`): what it
+    # writes, and its time against the plain import of d0.
+    drop_caches()
+    t = time.perf_counter()
+    onto = json.loads(s.cli("import", img, "onto", "--base", "d0", "--json"))["base"]
+    onto_s = time.perf_counter() - t
+    onto_used = _used(s) - after
+    s.cli("rm", "onto")
     return {
         "copies": n, "one_copy_used_bytes": one, "used_bytes_before": before,
         "used_bytes_after": after, "freed_bytes": r["freed_bytes"],
@@ -73,6 +84,9 @@ def _copies(s, img, n):
         "target_rss": "<= 64 (above the floor: what `strata status` peaks at, code and libraries)",
         "estimate_s": est_s, "estimate_rss_peak_mib": round(est_kib / 1024, 1),
         "status_rss_peak_mib": round(floor_kib / 1024, 1), "metadata_cache": "16M",
+        "import_base_written_share": round(onto["written_bytes"] / max(1, one), 4),
+        "target_import_base": "<= 0.01", "import_base_used_bytes": onto_used,
+        "import_base_s": round(onto_s, 2), "import_s": round(import_s, 2),
     }
 
 

@@ -71,7 +71,7 @@ pub use key::{KeyGrant, Secret};
 pub use request::{ImageFormat, KeyRequest, Request};
 pub use response::{
     AlarmEntry, DiffRange, DiffReport, ExportDiffReport, ExportReport, ExportStats, ExportedLink,
-    ImportDiffReport, ImportReport, ImportedLink, MoveReport, RangeKind, Response,
+    ImportBase, ImportDiffReport, ImportReport, ImportedLink, MoveReport, RangeKind, Response,
     VmdkServerStatus,
 };
 pub use schedule::{ScheduleInfo, ScheduleSpec, TargetKind};

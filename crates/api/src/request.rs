@@ -322,6 +322,11 @@ pub enum Request {
         /// a LUKS1 image needs it (it is the image's passphrase too).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         encrypt: Option<KeyGrant>,
+        /// Start from this disk's (or `DISK@SNAP`'s) state, sharing every
+        /// grain, and write only what the image holds differently
+        /// (docs/FORMAT.md §17.2a); raw and qcow2 images.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base: Option<String>,
     },
     /// Export a disk or snapshot as VMDK (optionally its snapshot path as
     /// a chain), or as a LUKS1 image when `luks` holds its passphrase.

@@ -313,6 +313,23 @@ pub struct ImportReport {
     pub links: Option<Vec<ImportedLink>>,
     /// The disk's snapshots made from the links below the top, base first.
     pub snapshots: Vec<String>,
+    /// With `--base`: what the new disk shares with its base and what the
+    /// import wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<ImportBase>,
+}
+
+/// What `import --base` shared and wrote (docs/FORMAT.md §17.2a).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImportBase {
+    /// The disk (or `DISK@SNAP`) the new disk started from.
+    pub base: String,
+    /// Image bytes (whole grains) equal to the base's there: left shared.
+    pub same_bytes: u64,
+    /// Grains written because the image holds other bytes there.
+    pub written_bytes: u64,
+    /// Grains unmapped: zeros (or holes) in the image where the base has data.
+    pub unmapped_bytes: u64,
 }
 
 /// One file of an imported VMDK chain.

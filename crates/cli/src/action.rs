@@ -606,12 +606,14 @@ fn data_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             encrypt: _,
             key,
             key_label,
+            base,
         } => datastore(Request::Import {
             path: absolute(path)?,
             name: name.clone(),
             provisioning: *provisioning,
             format: format.as_deref().map(ImageFormat::parse).transpose()?,
             encrypt: key.grant(key_label.as_ref())?,
+            base: base.clone(),
         }),
         Cmd::Export {
             target,

@@ -653,6 +653,9 @@ and encrypted again under a new data key of the disk's own (docs/FORMAT.md §16.
         /// A label for the first keyslot ('strata key list' shows it)
         #[arg(long, value_name = "TEXT", requires = "key")]
         key_label: Option<String>,
+        /// Start from DISK's (or DISK@SNAP's) state, sharing it, and write only the grains the image holds differently (raw, qcow2)
+        #[arg(long, value_name = "DISK", conflicts_with = "encrypt")]
+        base: Option<String>,
     },
     /// Export DISK or DISK@SNAP as a VMDK or a LUKS1 image
     #[command(

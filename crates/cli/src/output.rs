@@ -972,6 +972,16 @@ fn stats(out: &mut String, exports: &[ExportStats]) {
 /// `import`: the new disk, and the snapshots a VMDK chain's links became.
 fn import(out: &mut String, r: &ImportReport) {
     disk(out, &r.disk);
+    if let Some(b) = &r.base {
+        outln!(
+            out,
+            "from base '{}': {} equal and shared, {} written, {} unmapped",
+            b.base,
+            human(b.same_bytes),
+            human(b.written_bytes),
+            human(b.unmapped_bytes)
+        );
+    }
     if !r.snapshots.is_empty() {
         let (links, snaps) = (r.snapshots.len() + 1, r.snapshots.join(", "));
         outln!(

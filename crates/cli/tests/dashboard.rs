@@ -706,6 +706,16 @@ fn the_api_answers_as_the_cli_does_and_guards_its_actions() {
         s.cmd(&["info", "imp"]).status.success()
     });
     assert_eq!(s.json(&["info", "imp"])["size_bytes"], 1 << 20);
+    // The same image again onto "imp" (`--base`): it shares everything.
+    let used = s.json(&["status"])["used_bytes"].as_u64().unwrap();
+    let body = json!({"path": img.to_str().unwrap(), "name": "imp2", "base": "imp"});
+    let (st, body) = act("POST", "/imports", body);
+    assert_eq!(st, 202, "an import is a job: {body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    s.wait_job(id, "done", std::time::Duration::from_secs(30));
+    assert_eq!(s.json(&["status"])["used_bytes"].as_u64().unwrap(), used);
     let (st, body) = act("POST", "/imports", json!({"path": "img.raw", "name": "x"}));
     assert_eq!(st, 400, "a relative path: {body}");
     assert_eq!(

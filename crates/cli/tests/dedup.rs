@@ -324,3 +324,75 @@ fn a_served_pass_survives_client_writes_and_a_kill_9() {
     drop(srv);
     s.ok(&["check"]);
 }
+
+/// `import --base`: an identical image writes nothing and takes no room;
+/// one with its first MiB changed writes that MiB; zeros where the base
+/// has data are unmapped; every byte reads back; the base is untouched
+/// by writes to the new disk; wrong combinations are refused by name.
+#[test]
+fn import_onto_a_base_writes_only_what_differs() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (same, other) = (
+        image(dir.path(), "a.raw", false),
+        image(dir.path(), "c.raw", true),
+    );
+    s.ok(&["import", &same, "a"]);
+    let used = |s: &Store| u(&s.json(&["status"]), "used_bytes");
+    let before = used(&s);
+    let r = s.json(&["import", &same, "b", "--base", "a"]);
+    let b = &r["base"];
+    assert_eq!(u(b, "written_bytes"), 0, "{r}");
+    assert_eq!(u(b, "unmapped_bytes"), 0, "{r}");
+    assert_eq!(u(b, "same_bytes"), 4 * MIB, "{r}");
+    assert!(r["disk"]["parent"].is_null(), "{r}");
+    // Only map nodes (a root and a leaf at most) are new.
+    assert!(
+        used(&s) - before <= 8 << 10,
+        "{} more used",
+        used(&s) - before
+    );
+    let r = s.json(&["import", &other, "c", "--base", "a"]);
+    assert_eq!(u(&r["base"], "written_bytes"), MIB, "{r}");
+    assert_eq!(u(&r["base"], "same_bytes"), 3 * MIB, "{r}");
+
+    // A sparse image of zeros, larger than the base: everything the base
+    // holds is unmapped there, and the disk is the image's size.
+    let zeros = dir.path().join("z.raw");
+    std::fs::File::create(&zeros)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let err = s.fails(&["import", zeros.to_str().unwrap(), "z", "--base", "a@s"]);
+    assert!(err.contains("no snapshot named 's'"), "{err}");
+    s.ok(&["snapshot", "create", "a", "s"]);
+    let r = s.json(&["import", zeros.to_str().unwrap(), "z", "--base", "a@s"]);
+    assert_eq!(u(&r["base"], "unmapped_bytes"), 4 * MIB, "{r}");
+    assert_eq!(u(&r["base"], "written_bytes"), 0, "{r}");
+    assert_eq!(u(&r["disk"], "size_bytes"), 16 * MIB, "{r}");
+    assert_eq!(u(&r["disk"], "allocated_bytes"), 0, "{r}");
+
+    // Refused: a base larger than the image, thick, an encrypted import,
+    // a VMDK image; none leaves a disk behind.
+    let small = dir.path().join("small.raw");
+    std::fs::write(&small, noise(5, 1 << 20)).unwrap();
+    let err = s.fails(&["import", small.to_str().unwrap(), "x", "--base", "a"]);
+    assert!(err.contains("does not shrink"), "{err}");
+    let err = s.fails(&["import", &same, "x", "--base", "a", "--type", "zeroedthick"]);
+    assert!(err.contains("--type zeroedthick"), "{err}");
+    let err = s.fails(&["import", &same, "x", "--base", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    assert!(!s.disk_names().contains(&"x".to_string()));
+    s.ok(&["check"]);
+
+    // Every byte, through a real client; writes to b stay in b.
+    let _srv = s.serve();
+    same_as(&s, "a", &same);
+    same_as(&s, "b", &same);
+    same_as(&s, "c", &other);
+    same_as(&s, "z", zeros.to_str().unwrap());
+    qemu_io_ok(&["-f", "raw"], &s.uri("b"), &["write -P 0x3c 0 1M"]);
+    same_as(&s, "a", &same);
+    same_as(&s, "a@s", &same);
+    s.ok(&["check"]);
+}

@@ -159,6 +159,7 @@ fn every_response() -> Vec<Response> {
             format: ImageFormat::Raw,
             links: None,
             snapshots: vec![],
+            base: None,
         }),
         Response::Export(ExportReport {
             target: "vm@base".into(),

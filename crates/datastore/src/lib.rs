@@ -686,6 +686,14 @@ pub trait Datastore: Send + Sync {
         Err(capability::refused(self.kind(), Capability::Dedup))
     }
 
+    /// A new thin disk `new` holding `base`'s state (`DISK` or
+    /// `DISK@SNAP`), sharing every grain (`import --base`, FORMAT.md
+    /// §17.2a), [`Capability::Dedup`].
+    fn share_from(&self, base: &str, new: &str) -> Result<DiskView> {
+        let _ = (base, new);
+        Err(capability::refused(self.kind(), Capability::Dedup))
+    }
+
     /// Re-share equal grains of `disks` (every disk when empty) at the same
     /// virtual grain (`dedup`, FORMAT.md §17.2), [`Capability::Dedup`].
     fn dedup(

@@ -464,6 +464,10 @@ impl Datastore for LocalDatastore {
         self.ds.dedup_estimate(disks, work, progress)
     }
 
+    fn share_from(&self, base: &str, new: &str) -> Result<DiskView> {
+        Ok(self.ds.share_from(base, new)?.into())
+    }
+
     fn dedup(
         &self,
         disks: &[String],

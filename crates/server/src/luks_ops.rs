@@ -202,5 +202,5 @@ pub fn import(
         let _ = ds.remove(what.name);
         return Err(e);
     }
-    what.one_disk(ds, ImageFormat::Luks)
+    what.one_disk(ds, ImageFormat::Luks, None)
 }

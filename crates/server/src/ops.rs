@@ -466,6 +466,7 @@ fn image_request(
             provisioning,
             format,
             encrypt,
+            base,
         } => {
             let what = crate::imports::Import {
                 path,
@@ -473,6 +474,7 @@ fn image_request(
                 prov: *provisioning,
                 format: *format,
                 encrypt: encrypt.as_ref(),
+                base: base.as_deref(),
             };
             Ok(Response::Import(crate::vmdk_ops::import(
                 ctx.ds, what, progress,

@@ -17,6 +17,7 @@ use strata_block::{BlockDevice, ZeroOptions};
 
 use crate::copier::put_grains;
 use crate::imports::Import;
+use strata_api::ImportBase;
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind};
 use strata_storage::{Backend, FileBackend};
@@ -170,11 +171,21 @@ pub fn import(
         Some(f) => f,
         None => sniff(what.path)?,
     };
+    if what.base.is_some() && matches!(format, ImageFormat::Vmdk | ImageFormat::Luks) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "--base takes a raw or qcow2 image; {} is {}",
+                what.path.display(),
+                format!("{format:?}").to_lowercase()
+            ),
+        ));
+    }
     match format {
         ImageFormat::Vmdk => import_vmdk(ds, &what, progress),
         ImageFormat::Raw => {
-            import_raw(ds, &what, what.path, progress)?;
-            what.one_disk(ds, format)
+            let base = import_raw(ds, &what, what.path, progress)?;
+            what.one_disk(ds, format, base)
         }
         ImageFormat::Qcow2 => import_qcow2(ds, &what, progress),
         ImageFormat::Luks => crate::luks_ops::import(ds, &what, progress),
@@ -182,13 +193,14 @@ pub fn import(
 }
 
 /// Copy the raw image `path` (its length the disk's size) into the new
-/// disk `what` asks for, skipping the holes of a sparse file.
+/// disk `what` asks for, skipping the holes of a sparse file; onto its
+/// base when it has one (then what sharing with it did).
 fn import_raw(
     ds: &dyn Datastore,
     what: &Import<'_>,
     path: &Path,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<(), Error> {
+) -> Result<Option<ImportBase>, Error> {
     let name = what.name;
     let size = std::fs::metadata(path)
         .map_err(|e| io(&path.display().to_string(), e))?
@@ -205,6 +217,13 @@ fn import_raw(
     let f = std::fs::File::open(path).map_err(|e| io(&path.display().to_string(), e))?;
     what.create(ds, size)?;
     let h = ds.open(name)?;
+    if let Some(base) = what.base {
+        let r = crate::imports::copy_onto_base(&*h, &f, size, base, progress);
+        if r.is_err() {
+            let _ = ds.remove(name);
+        }
+        return r.map(Some);
+    }
     let r = (|| {
         let mut buf = vec![0u8; CHUNK as usize];
         let mut off = 0u64;
@@ -227,7 +246,7 @@ fn import_raw(
     if r.is_err() {
         let _ = ds.remove(name);
     }
-    r
+    r.map(|()| None)
 }
 
 fn seek_data(f: &std::fs::File, off: u64) -> Option<u64> {
@@ -270,8 +289,8 @@ fn import_qcow2(
     }
     let r = import_raw(ds, what, &tmp, progress);
     let _ = std::fs::remove_file(&tmp);
-    r?;
-    what.one_disk(ds, ImageFormat::Qcow2)
+    let base = r?;
+    what.one_disk(ds, ImageFormat::Qcow2, base)
 }
 
 /// How `export` writes a version: the subformat, whether as a chain of
@@ -524,6 +543,7 @@ fn import_vmdk(
     Ok(ImportReport {
         disk: ds.disk_view(name, false)?,
         format: ImageFormat::Vmdk,
+        base: None,
         links: Some(
             img.links
                 .iter()

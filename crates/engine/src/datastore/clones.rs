@@ -95,6 +95,48 @@ impl Datastore {
         self.disk_info(new)
     }
 
+    /// A new thin disk `new` holding `base`'s state now (`DISK`: its live
+    /// state; `DISK@SNAP`: the snapshot), every grain shared with it: a
+    /// new version from the base's in one catalog change, nothing copied
+    /// (FORMAT.md §17.2a). It records no parent (a disk of its own that
+    /// shares, as after `dedup`); an encrypted base's new disk is of its
+    /// lineage. Where `import --base` starts.
+    pub fn share_from(&self, base: &str, new: &str) -> Result<DiskInfo> {
+        check_name("disk", new)?;
+        self.inner.check_writable()?;
+        self.change(|m| {
+            m.catalog.name_free(new)?;
+            let (disk, snap) = split_target(base);
+            let d = m.catalog.disk(disk)?.clone();
+            let (version, size_bytes) = match snap {
+                Some(snap) => {
+                    let s = m.catalog.snapshot(d.id, disk, snap)?;
+                    (s.version, s.size_bytes)
+                }
+                None => (d.head, d.size_bytes),
+            };
+            let id = m.catalog.alloc_id();
+            let head = m.catalog.alloc_id();
+            m.new_version_from(head, version)?;
+            m.catalog.disks.push(DiskRec {
+                id,
+                name: new.to_string(),
+                size_bytes,
+                provisioning: Provisioning::Thin,
+                head,
+                current_snapshot: None,
+                created_unix: now_unix(),
+                parent: None,
+                limits: Default::default(),
+                keyring: d.keyring,
+            });
+            m.mark_catalog_dirty();
+            Ok(())
+        })?;
+        self.inner.commit(false)?;
+        self.disk_info(new)
+    }
+
     /// Linked clone of `DISK@SNAP` with a key of its own (`clone --own-key`,
     /// FORMAT.md §16.4): still O(1), nothing copied; what it inherits
     /// stays under the source's key, its writes go under a new one, and

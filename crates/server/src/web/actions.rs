@@ -234,5 +234,6 @@ fn import(b: &Value) -> Result<Request, Refusal> {
             None => None,
         },
         encrypt: None,
+        base: b.get("base").and_then(Value::as_str).map(str::to_string),
     })
 }
