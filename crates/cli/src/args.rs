@@ -632,7 +632,10 @@ image as a disk.\n\n\
 With --encrypt (or any image with --key-*) the new disk is encrypted, its first keyslot opened \
 by the given secret. A LUKS1 image (QEMU's 'luks' format, aes-xts-plain64) needs its \
 passphrase that way, and the disk it becomes opens with the same secret; the data is decrypted \
-and encrypted again under a new data key of the disk's own (docs/FORMAT.md §16.6)."
+and encrypted again under a new data key of the disk's own (docs/FORMAT.md §16.6).\n\n\
+With --base DISK (or DISK@SNAP) the new disk starts as that disk's state, sharing every grain, \
+and only the grains where a raw or qcow2 image differs are written (zeros there are unmapped): \
+another copy of an image already imported takes no room (docs/FORMAT.md §17.2a)."
     )]
     Import {
         /// The image: VMDK (descriptor or sparse file; parents followed), raw, qcow2 or LUKS1
@@ -653,7 +656,7 @@ and encrypted again under a new data key of the disk's own (docs/FORMAT.md §16.
         /// A label for the first keyslot ('strata key list' shows it)
         #[arg(long, value_name = "TEXT", requires = "key")]
         key_label: Option<String>,
-        /// Start from DISK's (or DISK@SNAP's) state, sharing it, and write only the grains the image holds differently (raw, qcow2)
+        /// Start from DISK's (or DISK@SNAP's) state, shared; write only the grains that differ
         #[arg(long, value_name = "DISK", conflicts_with = "encrypt")]
         base: Option<String>,
     },
