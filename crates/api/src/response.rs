@@ -248,6 +248,11 @@ pub struct ImportDiffReport {
     pub extended: bool,
     pub data_bytes: u64,
     pub zero_bytes: u64,
+    /// Of `data_bytes`, what the disk held already (whole or partial
+    /// grains): not written, so it stays shared with the snapshots that
+    /// hold it.
+    #[serde(default)]
+    pub same_bytes: u64,
 }
 
 /// What `move` did.

@@ -326,9 +326,11 @@ fn import_diff(out: &mut String, r: &ImportDiffReport) {
     let taken = opt(r.snapshot.as_ref(), |t| {
         format!("; snapshot {disk}@{t} taken")
     });
+    let same = format!(" ({} of it held already, left shared)", human(r.same_bytes));
+    let same = when(r.same_bytes > 0, &same);
     outln!(
         out,
-        "applied to {disk}: {data} of data, {zeros} of zeros{grown}{taken}"
+        "applied to {disk}: {data} of data{same}, {zeros} of zeros{grown}{taken}"
     );
 }
 

@@ -8,7 +8,7 @@ use std::io::{BufReader, BufWriter};
 use std::path::Path;
 
 use strata_api::{ExportDiffReport, ImportDiffReport, RangeKind};
-use strata_block::ZeroOptions;
+use strata_block::{BlockDevice, ZeroOptions};
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind};
 use strata_format::split_target;
@@ -197,7 +197,7 @@ pub fn import(
         false => Ok(()),
     };
     let applied = grown.and_then(|()| apply(ds, disk, &mut r, total, work));
-    let result = applied.and_then(|(data, zero)| {
+    let result = applied.and_then(|Applied { data, zero, same }| {
         ds.snapshot_delete(disk, &undo)?;
         if let Some(t) = &h.to {
             ds.snapshot_create(disk, t, "imported with strata import-diff")?;
@@ -210,6 +210,7 @@ pub fn import(
             extended: size > info.size_bytes,
             data_bytes: data,
             zero_bytes: zero,
+            same_bytes: same,
         })
     });
     let Err(e) = result else { return result };
@@ -235,20 +236,21 @@ pub fn import(
 
 /// Write the stream's records into `disk` (grown to the stream's size
 /// already); `total`: the stream's length, for progress (0: unknown).
-/// Returns the bytes of data and of zeros applied.
+/// Returns the bytes applied (see [`Applied`]).
 fn apply<R: std::io::Read>(
     ds: &dyn Datastore,
     disk: &str,
     r: &mut Reader<R>,
     total: u64,
     work: &mut Work<'_>,
-) -> Result<(u64, u64), Error> {
+) -> Result<Applied, Error> {
     let dev = ds.open(disk)?;
     let dev_err = |what: &str, at: u64, e: strata_block::BlockError| {
         io_err(&format!("{what} {disk} at {at}"), e)
     };
-    let (mut data, mut zero) = (0u64, 0u64);
+    let (mut data, mut zero, mut same) = (0u64, 0u64, 0u64);
     let mut buf = vec![0u8; WRITE_MAX];
+    let mut cur = vec![0u8; WRITE_MAX];
     loop {
         work.checkpoint()?;
         match r.record()? {
@@ -257,7 +259,9 @@ fn apply<R: std::io::Read>(
                 while at < offset + len {
                     let n = (offset + len - at).min(WRITE_MAX as u64) as usize;
                     r.read_data(&mut buf[..n])?;
-                    dev.write_at(&buf[..n], at, false)
+                    dev.read_at(&mut cur[..n], at)
+                        .map_err(|e| dev_err("read", at, e))?;
+                    same += write_differing(&*dev, &buf[..n], &cur[..n], at)
                         .map_err(|e| dev_err("write", at, e))?;
                     at += n as u64;
                 }
@@ -280,5 +284,39 @@ fn apply<R: std::io::Read>(
     dev.flush().map_err(|e| dev_err("flush", 0, e))?;
     // The end record is read too: all of the stream.
     (work.progress)(r.position(), total.max(r.position()));
-    Ok((data, zero))
+    Ok(Applied { data, zero, same })
+}
+
+/// What `apply` wrote: bytes of data records, of zero records, and of the
+/// data that equalled the disk's bytes already (not written).
+struct Applied {
+    data: u64,
+    zero: u64,
+    same: u64,
+}
+
+/// Write `new` at `at` where it differs from `now` (the disk's bytes
+/// there), a grain-aligned piece at a time: a piece equal to what the disk
+/// holds is not written, so it stays shared with the snapshots that hold
+/// it (FORMAT.md §17.2a). Returns the bytes left unwritten.
+fn write_differing(
+    dev: &dyn BlockDevice,
+    new: &[u8],
+    now: &[u8],
+    at: u64,
+) -> Result<u64, strata_block::BlockError> {
+    const GRAIN: u64 = 4096;
+    let mut same = 0;
+    let mut p = 0usize;
+    while p < new.len() {
+        let pos = at + p as u64;
+        let end = (((pos / GRAIN) + 1) * GRAIN - at).min(new.len() as u64) as usize;
+        if new[p..end] == now[p..end] {
+            same += (end - p) as u64;
+        } else {
+            dev.write_at(&new[p..end], pos, false)?;
+        }
+        p = end;
+    }
+    Ok(same)
 }
