@@ -19,6 +19,12 @@ pub struct DatastoreInfo {
     #[serde(default)]
     pub capacity_follows_fs: bool,
     pub used_bytes: u64,
+    /// Mapped bytes summed over every disk and snapshot: what they would
+    /// take if nothing were shared. Over `used_bytes`, the reduction that
+    /// snapshots, clones, `dedup` and `import --base` give (a local
+    /// datastore's; an object store's does not count it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_bytes: Option<u64>,
     pub reserved_bytes: u64,
     /// Bytes held on the host file system for reservations: the pool
     /// file's reserved tail (FORMAT.md §7.1).

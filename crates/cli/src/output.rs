@@ -421,7 +421,19 @@ fn local_space(f: &mut Fields, i: &DatastoreInfo) {
     let [reserved, held] = [i.reserved_bytes, i.reserved_held_bytes].map(human);
     let follows = when(i.capacity_follows_fs, " (capacity follows the file system)");
     field!(f, "capacity:", "{capacity}{follows}");
-    field!(f, "used:", "{used}");
+    match i.logical_bytes {
+        Some(l) if l > i.used_bytes && i.used_bytes > 0 => {
+            let x = l as f64 / i.used_bytes as f64;
+            let shared = "snapshots, clones and dedup share the rest";
+            field!(
+                f,
+                "used:",
+                "{used} for {} of disks and snapshots ({x:.1}x: {shared})",
+                human(l)
+            );
+        }
+        _ => field!(f, "used:", "{used}"),
+    }
     let how = format!("thick disks, not yet written; {held} held on the host");
     field!(f, "reserved:", "{reserved} ({how})");
     if i.readied_bytes > 0 {

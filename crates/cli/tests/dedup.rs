@@ -258,6 +258,12 @@ fn copies_become_one_and_every_byte_reads_back() {
     assert_eq!(u(&r, "regions_skipped"), 0, "{r}");
     assert_eq!(u(&r, "grains_kept"), 0, "{r}");
     assert_eq!(u(&s.json(&["dedup", "--estimate"]), "same_offset_bytes"), 0);
+    // `status` counts what the disks and snapshots map (the estimate's
+    // logical bytes, O(1) per version), the same before and after.
+    let st = s.json(&["status"]);
+    assert_eq!(u(&st, "logical_bytes"), u(&est, "logical_bytes"), "{st}");
+    let human = s.ok(&["status"]);
+    assert!(human.contains("of disks and snapshots"), "{human}");
     let human = s.ok(&["dedup", "a", "b"]);
     assert!(human.contains("freed 0 B"), "{human}");
     s.ok(&["check"]);

@@ -91,6 +91,7 @@ fn every_response() -> Vec<Response> {
                 location: "/ds".into(),
                 capacity_bytes: 1 << 30,
                 used_bytes: 1 << 20,
+                logical_bytes: Some(4 << 20),
                 reserved_bytes: 0,
                 reserved_held_bytes: 0,
                 readied_bytes: 0,

@@ -50,6 +50,13 @@ pub(crate) fn space(i: &DatastoreInfo) -> Vec<Gauge> {
     .into_iter()
     .map(|(name, help, v)| Gauge::new(name, help, v))
     .collect();
+    if let Some(logical) = i.logical_bytes {
+        g.push(Gauge::new(
+            "strata_datastore_logical_bytes",
+            "Mapped bytes of every disk and snapshot, as if nothing were shared",
+            logical as f64,
+        ));
+    }
     for a in &i.alarms {
         for (name, help, v) in [
             (

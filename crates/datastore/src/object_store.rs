@@ -287,6 +287,7 @@ impl ObjectStoreDatastore {
             capacity_bytes: cap,
             capacity_follows_fs: false,
             used_bytes: used,
+            logical_bytes: None,
             reserved_bytes: 0,
             reserved_held_bytes: 0,
             readied_bytes: 0,

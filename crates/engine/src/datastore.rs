@@ -136,6 +136,7 @@ impl Datastore {
             capacity_bytes: capacity,
             capacity_follows_fs: self.inner.configured_capacity_bytes() == 0,
             used_bytes: used,
+            logical_bytes: Some(m.logical_grains() * GRAIN_BYTES),
             reserved_bytes: reserved,
             reserved_held_bytes: (m.tail_end() - m.hwm() - readied) * GRAIN_BYTES,
             readied_bytes: readied * GRAIN_BYTES,

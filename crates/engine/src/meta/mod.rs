@@ -208,6 +208,19 @@ impl Meta {
         self.used_grains
     }
 
+    /// Mapped grains summed over every disk's head and every snapshot
+    /// (their counters: O(disks + snapshots)), what they would take if
+    /// nothing were shared.
+    pub fn logical_grains(&self) -> u64 {
+        let heads = self.catalog.disks.iter().map(|d| d.head);
+        let snaps = self.catalog.snapshots.iter().map(|s| s.version);
+        heads
+            .chain(snaps)
+            .filter_map(|v| self.version_state(v))
+            .map(|s| s.mapped_grains)
+            .sum()
+    }
+
     /// Grains in the pool that are free and allocatable.
     pub fn free_grains(&self) -> u64 {
         self.alloc.free_grains()
