@@ -57,33 +57,37 @@ pub(crate) fn space(i: &DatastoreInfo) -> Vec<Gauge> {
             logical as f64,
         ));
     }
-    for a in &i.alarms {
-        for (name, help, v) in [
-            (
-                "strata_alarm_state",
-                "State of the datastore alarm: 0 ok, 1 warning, 2 alarm (strata alarm list)",
-                f64::from(a.state.level()),
-            ),
-            (
-                "strata_alarm_percent",
-                "The figure the alarm watches, in percent",
-                a.percent as f64,
-            ),
-            (
-                "strata_alarm_warning_percent",
-                "The alarm's warning threshold, in percent",
-                a.warning_percent as f64,
-            ),
-            (
-                "strata_alarm_alarm_percent",
-                "The alarm's alarm threshold, in percent",
-                a.alarm_percent as f64,
-            ),
-        ] {
-            g.push(Gauge::new(name, help, v).label("kind", a.kind.as_str()));
-        }
-    }
+    g.extend(i.alarms.iter().flat_map(alarm));
     g
+}
+
+/// One alarm's state and thresholds, labelled with its kind.
+fn alarm(a: &strata_api::alarm::AlarmStatus) -> Vec<Gauge> {
+    [
+        (
+            "strata_alarm_state",
+            "State of the datastore alarm: 0 ok, 1 warning, 2 alarm (strata alarm list)",
+            f64::from(a.state.level()),
+        ),
+        (
+            "strata_alarm_percent",
+            "The figure the alarm watches, in percent",
+            a.percent as f64,
+        ),
+        (
+            "strata_alarm_warning_percent",
+            "The alarm's warning threshold, in percent",
+            a.warning_percent as f64,
+        ),
+        (
+            "strata_alarm_alarm_percent",
+            "The alarm's alarm threshold, in percent",
+            a.alarm_percent as f64,
+        ),
+    ]
+    .into_iter()
+    .map(|(name, help, v)| Gauge::new(name, help, v).label("kind", a.kind.as_str()))
+    .collect()
 }
 
 /// What only a local datastore measures: its checkpoints and fail-stop,
