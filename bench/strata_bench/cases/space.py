@@ -11,7 +11,10 @@ costs. One image of random bytes imported as ten separate disks; then
   reads (fio, iodepth 16, cold cache) of one of them while the pass runs
   as a server job, against the same job paused: windows alternated
   (busy first in even trials, idle first in odd ones) and repeated, the
-  medians compared [>= 0.9]."""
+  medians compared [>= 0.9];
+- `clones`: a golden image with twenty linked clones that each write the
+  same 256 MiB at the same offsets (qemu-img over NBD); the pool's growth
+  after `strata dedup`, against 256 MiB [<= 1.1x]."""
 import json
 import os
 import subprocess
@@ -147,6 +150,40 @@ def _reads_during(s, n, size, rt, trials):
     }
 
 
+def _clones(s, img, work, n, upd):
+    """A golden image with N linked clones that each write the same UPD
+    bytes (random, one file) at the same offsets through qemu-img over
+    NBD; the pool's growth after the writes and after `strata dedup`,
+    against UPD's size [<= 1.1x]."""
+    s.cli("import", img, "golden")
+    s.cli("snapshot", "create", "golden", "base")
+    for i in range(n):
+        s.cli("clone", "golden@base", f"c{i}")
+    update = os.path.join(work, "update.raw")
+    random_raw(update, upd)
+    before = _used(s)
+    s.start()
+    try:
+        t = time.perf_counter()
+        for i in range(n):
+            subprocess.run(["qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", update,
+                            s.uri(f"c{i}")], check=True, stdout=subprocess.DEVNULL)
+        write_s = time.perf_counter() - t
+    finally:
+        s.stop()
+    written = _used(s)
+    r = json.loads(s.cli("dedup", "--json"))
+    after = _used(s)
+    upd_bytes = os.path.getsize(update)
+    os.unlink(update)
+    return {
+        "clones": n, "written_per_clone_bytes": upd_bytes, "write_s": round(write_s, 2),
+        "growth_after_writes_bytes": written - before, "growth_after_pass_bytes": after - before,
+        "growth_vs_one_write": ratio(after - before, upd_bytes), "target": "<= 1.1",
+        "freed_bytes": r["freed_bytes"],
+    }
+
+
 def case_space(work, q):
     size = smoke("32M", "512M" if q else "2G")
     n = 10
@@ -162,5 +199,9 @@ def case_space(work, q):
     s.settle()
     _import_copies(s, img, [f"d{i}" for i in range(1, n)])
     out["reads_during"] = _reads_during(s, n, size, rt, trials)
+    for i in range(n):
+        s.cli("rm", f"d{i}")
+    s.settle()
+    out["clones"] = _clones(s, img, work, smoke(4, 20), smoke("8M", "64M" if q else "256M"))
     os.unlink(img)
     return out

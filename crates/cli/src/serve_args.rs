@@ -278,6 +278,13 @@ pub struct ServeArgs {
     /// See --free-space-policy
     #[arg(long, help_heading = IO, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub free_space_threshold: u64,
+    /// Seconds between background dedup passes (0: none)
+    ///
+    /// Local datastores: every this many seconds, run what 'strata dedup' does over every
+    /// disk (equal grains at the same offset become one; docs/FORMAT.md §17.2), paced against
+    /// client I/O; the first run comes one interval after the start. 0: only on request
+    #[arg(long, help_heading = IO, value_name = "SECONDS", default_value_t = 0)]
+    pub dedup_interval: u64,
     /// When 'strata move' mirrors client writes
     ///
     /// How 'strata move' converges (docs/MOVE.md): auto copies again what clients changed
@@ -452,6 +459,7 @@ impl TryFrom<&ServeArgs> for ServeConfig {
             ready_ahead: a.ready_ahead,
             free_space_policy: a.free_space_policy,
             free_space_threshold: a.free_space_threshold,
+            dedup_interval: a.dedup_interval,
             init: a.init,
             vmdk: a.vmdk.clone(),
             vmdk_read_only: a.vmdk_read_only,

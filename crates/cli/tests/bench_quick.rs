@@ -364,7 +364,8 @@ fn check_hostile(j: &Value) {
 fn check_space(j: &Value) {
     // space: the pass freed what the estimate said, leaving about one
     // copy; its time, read rate and memory; client reads with the pass
-    // running and paused, at least one window of each.
+    // running and paused, at least one window of each; linked clones'
+    // equal writes, before and after the pass.
     let sp = get(j, &["cases", "space"]);
     let c = get(sp, &["copies"]);
     assert_eq!(
@@ -386,6 +387,15 @@ fn check_space(j: &Value) {
     let r = get(sp, &["reads_during"]);
     for k in ["iops_pass_running", "iops_pass_paused", "ratio"] {
         positive(r, &[k]);
+    }
+    let c = get(sp, &["clones"]);
+    for k in [
+        "growth_after_writes_bytes",
+        "growth_after_pass_bytes",
+        "growth_vs_one_write",
+        "freed_bytes",
+    ] {
+        positive(c, &[k]);
     }
 }
 

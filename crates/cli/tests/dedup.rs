@@ -431,3 +431,22 @@ fn import_diff_leaves_equal_grains_shared() {
     same_as(&s, "b", &img);
     same_as(&s, "b@s", &img);
 }
+
+/// `serve --dedup-interval N` runs the pass over every disk in the
+/// background: two copies imported become one without a command.
+#[test]
+fn serve_runs_dedup_in_the_background_when_asked() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw", false);
+    s.ok(&["import", &img, "a"]);
+    s.ok(&["import", &img, "b"]);
+    let used = |s: &Store| u(&s.json(&["status"]), "used_bytes");
+    let before = used(&s);
+    let _srv = s.serve_with(&["--dedup-interval", "1"]);
+    eventually("the background dedup", Duration::from_secs(60), || {
+        before - used(&s) >= 4 * MIB
+    });
+    same_as(&s, "a", &img);
+    same_as(&s, "b", &img);
+}

@@ -504,17 +504,22 @@ impl Datastore for LocalDatastore {
         background: &Background,
         stop: &Arc<AtomicBool>,
     ) -> Vec<JoinHandle<()>> {
-        background
-            .free_space_threshold
-            .map(|threshold| {
-                crate::background::spawn_free_space_policy(
-                    self.ds.clone(),
-                    stop.clone(),
-                    background.control.clone(),
-                    threshold,
-                )
-            })
-            .into_iter()
-            .collect()
+        let free_space = background.free_space_threshold.map(|threshold| {
+            crate::background::spawn_free_space_policy(
+                self.ds.clone(),
+                stop.clone(),
+                background.control.clone(),
+                threshold,
+            )
+        });
+        let dedup = background.dedup_interval.map(|interval| {
+            crate::background::spawn_dedup(
+                self.ds.clone(),
+                stop.clone(),
+                background.control.clone(),
+                interval,
+            )
+        });
+        free_space.into_iter().chain(dedup).collect()
     }
 }

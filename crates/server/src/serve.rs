@@ -551,6 +551,8 @@ impl Background {
         let work = strata_datastore::Background {
             free_space_threshold: args.free_space_policy.then_some(args.free_space_threshold),
             gc_interval: (args.gc_interval > 0).then(|| Duration::from_secs(args.gc_interval)),
+            dedup_interval: (args.dedup_interval > 0)
+                .then(|| Duration::from_secs(args.dedup_interval)),
             control: Arc::default(),
         };
         let mut threads = home.clone().start_background(&work, stop);

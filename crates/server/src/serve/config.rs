@@ -66,6 +66,8 @@ pub struct ServeConfig {
     pub free_space_policy: bool,
     /// Its threshold, in bytes.
     pub free_space_threshold: u64,
+    /// Seconds between background dedup passes over every disk (0: none).
+    pub dedup_interval: u64,
     /// Create the datastore first if the directory has none.
     pub init: bool,
     /// VMDK images also served.
