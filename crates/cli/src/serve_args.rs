@@ -276,9 +276,9 @@ pub struct ServeArgs {
     /// Excess host space that starts consolidation
     ///
     /// See --free-space-policy
-    #[arg(long, help_heading = IO, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    #[arg(long, help_heading = IO, value_name = "SIZE", default_value = "1G", value_parser = parse_size, hide_short_help = true)]
     pub free_space_threshold: u64,
-    /// Seconds between background dedup passes (0: none)
+    /// Seconds between background dedup passes, 0: none
     ///
     /// Local datastores: every this many seconds, run what 'strata dedup' does over every
     /// disk (equal grains at the same offset become one; docs/FORMAT.md §17.2), paced against
