@@ -50,4 +50,30 @@ pub struct JobInfo {
     /// Why it failed; for a cancelled job, who stopped it and what it
     /// left ("stopped by 'strata jobs cancel'; ...").
     pub error: Option<String>,
+    /// What a job that ended well answered, as the command run without
+    /// `--detach` would have printed it (`strata jobs show ID`), tagged
+    /// with its kind: `{"dedup_estimate": {...}}`. Absent while it runs,
+    /// when it failed, and for an answer over [`RESULT_KEPT_BYTES`] as
+    /// JSON.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known_answer"
+    )]
+    pub result: Option<Box<crate::Response>>,
 }
+
+/// A kept answer, or none when it is of a kind this build does not know
+/// (a `jobs.json` written by a newer one): the job is listed without it.
+fn known_answer<'de, D>(d: D) -> Result<Option<Box<crate::Response>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let v = <Option<serde_json::Value>>::deserialize(d)?;
+    Ok(v.and_then(|v| serde_json::from_value(v).ok()))
+}
+
+/// The largest answer a finished job keeps (as JSON, in `jobs.json` too):
+/// reports are a few hundred bytes; a long list of `check` findings is
+/// not kept.
+pub const RESULT_KEPT_BYTES: usize = 64 * 1024;

@@ -71,6 +71,8 @@ pub enum Action<'a> {
     Vmdk(VmdkRequest),
     /// `info DISK@SNAP`: the snapshot, out of its disk's snapshot list.
     Snapshot { request: Request, name: &'a str },
+    /// `jobs show ID`: the job, out of the server's list.
+    Job(u64),
 }
 
 impl Action<'_> {
@@ -251,12 +253,16 @@ fn store_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         Cmd::Alarm(AlarmCmd::List) => Request::AlarmList,
         Cmd::Jobs { action: None } => Request::Jobs,
         Cmd::Jobs {
+            action: Some(JobCmd::Show { id }),
+        } => return Ok(Action::Job(*id)),
+        Cmd::Jobs {
             action: Some(job), ..
         } => {
             let (id, action) = match job {
                 JobCmd::Pause { id } => (id, JobAction::Pause),
                 JobCmd::Resume { id } => (id, JobAction::Resume),
                 JobCmd::Cancel { id } => (id, JobAction::Cancel),
+                JobCmd::Show { .. } => unreachable!("matched above"),
             };
             Request::JobControl { id: *id, action }
         }

@@ -736,6 +736,8 @@ pub enum VmdkCmd {
 
 #[derive(Subcommand)]
 pub enum JobCmd {
+    /// One job and, once it has ended well, what it answered (a --detach'ed dedup's report)
+    Show { id: u64 },
     /// Pause a job at the end of its current step (it holds no lock while paused)
     Pause { id: u64 },
     /// Resume a paused job

@@ -135,6 +135,11 @@ fn run(cli: &Cli, dir: &Path, format: Format) -> Result<ExitCode, Error> {
             output::print(&output::OneSnapshot::of(list, name)?, format);
             Ok(ExitCode::SUCCESS)
         }
+        Action::Job(id) => {
+            let list = dispatch(cli, dir, &Request::Jobs, format, false)?;
+            output::print(&output::OneJob::of(list, id)?, format);
+            Ok(ExitCode::SUCCESS)
+        }
         Action::Stream { request, pipe } => stream(cli, dir, request, format, pipe),
         Action::Datastore {
             request,

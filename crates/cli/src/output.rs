@@ -84,9 +84,12 @@ macro_rules! outln {
     }};
 }
 
+mod jobs;
 mod keys;
 mod schedules;
 mod space;
+
+pub use jobs::OneJob;
 
 /// A block of `key: value` lines whose values start in one column; a key
 /// too long for it keeps one space (`current snapshot: `).
@@ -156,7 +159,7 @@ impl Render for Response {
             Response::Diff(r) => diff(out, r),
             Response::Gc(r) => gc(out, r),
             Response::Compact(r) => compact(out, r),
-            Response::Jobs(jobs) => job_table(out, jobs),
+            Response::Jobs(jobs) => jobs::table(out, jobs),
             Response::JobStarted(JobInfo { id, what, .. }) => outln!(
                 out,
                 "job {id} started: {what} (follow it with 'strata jobs')"
@@ -229,35 +232,6 @@ impl Render for VmdkResponse {
 
     fn json(&self) -> Value {
         self.to_json()
-    }
-}
-
-/// `jobs`: a job a line, newest first: when it started (UTC) and how
-/// long it took, how far it got, and why it stopped.
-fn job_table(out: &mut String, jobs: &[JobInfo]) {
-    if jobs.is_empty() {
-        return outln!(out, "no jobs");
-    }
-    outln!(
-        out,
-        "  ID  STARTED (UTC)   TOOK  STATE        DONE               PROGRESS  WHAT"
-    );
-    for j in jobs {
-        let (id, percent, what) = (j.id, j.percent, &j.what);
-        let state = format!("{:?}", j.state).to_lowercase();
-        let progress = format!("{}/{}", human(j.done), human(j.total));
-        let error = opt(j.error.as_ref(), |e| format!(" ({e})"));
-        // `MM-DD HH:MM:SS` of `YYYY-MM-DD HH:MM:SS UTC`.
-        let started = utc(j.started_unix * 1000);
-        let started = started.get(5..19).unwrap_or(&started);
-        let took = j.finished_unix.map_or_else(
-            || "-".to_string(),
-            |f| format!("{} s", f.saturating_sub(j.started_unix)),
-        );
-        outln!(
-            out,
-            "{id:>4}  {started}  {took:>5}  {state:<11} {percent:>4}%  {progress:>21}  {what}{error}"
-        );
     }
 }
 

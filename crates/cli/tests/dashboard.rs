@@ -1571,3 +1571,109 @@ fn the_dashboard_creates_renames_clones_and_deletes_disks() {
     );
     assert!(!s.disk_names().contains(&"seed".to_string()));
 }
+
+/// The overview's space: logical against used, the estimate's figures and
+/// the pass's result, both started from the page as jobs (`POST
+/// /api/v1/dedup`) and read off the jobs' kept answers; what the page
+/// shows is what the CLI prints.
+#[test]
+fn the_dashboard_estimates_and_shares_equal_grains() {
+    if !have("chromium") || !have("chromedriver") {
+        return;
+    }
+    let s = Store::new();
+    // Two copies of 4 MiB of incompressible bytes: one copy is shareable.
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("same.raw");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes: Vec<u8> = (0..(4 << 20) / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(&img, bytes).unwrap();
+    for d in ["a", "b"] {
+        s.ok(&["import", img.to_str().unwrap(), d]);
+    }
+    let tok = s.dir.path().join("http.token");
+    let addr = free_addr();
+    let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+
+    // The API refuses what the CLI would, by name.
+    let auth = format!("Bearer {token}");
+    let post = |body: &str| {
+        http(
+            &addr,
+            "POST",
+            "/api/v1/dedup",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        )
+    };
+    let (st, body) = post(r#"{"disks": "a"}"#);
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("list of disk names"), "{body}");
+    let (st, body) = post(r#"{"rate": "fast"}"#);
+    assert_eq!(st, 400, "{body}");
+
+    let b = Browser::start();
+    b.go(&format!("http://{addr}/#token={token}"));
+    b.wait(
+        "the space line",
+        "document.querySelector('#space-line') && document.querySelector('#estimate-go')",
+    );
+    let line = b.text("#space-line");
+    assert!(line.contains("8.00 MiB of disks and snapshots"), "{line}");
+    b.click("#estimate-go");
+    b.wait("the estimate", "document.querySelector('#estimate')");
+    let shown = b.text("#estimate");
+    let e = s.json(&["dedup", "--estimate"]);
+    assert_eq!(e["same_offset_bytes"], 4 << 20, "{e}");
+    assert!(
+        shown.contains("equal at the same offset4.00 MiB (50.0 % of stored)"),
+        "{shown}"
+    );
+    b.screenshot("space-estimate");
+
+    // The pass asks first, runs as a job, and its result shows.
+    b.click("#dedup-go");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
+    b.click("#confirm-ok");
+    b.wait("the pass's result", "document.querySelector('#dedup-last')");
+    let last = b.text("#dedup-last");
+    assert!(last.contains("freed 4.00 MiB"), "{last}");
+    // The estimate shown is older than the pass, and says so.
+    let caption = b.text("#estimate caption");
+    assert!(caption.contains("before the pass"), "{caption}");
+    let jobs = api_get(&addr, "/jobs");
+    let pass = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["result"].get("dedup").is_some())
+        .unwrap_or_else(|| panic!("no pass in {jobs}"));
+    assert_eq!(pass["result"]["dedup"]["freed_bytes"], 4 << 20, "{pass}");
+    assert_eq!(
+        pass["result"]["dedup"]["disks"],
+        json!(["a", "b"]),
+        "{pass}"
+    );
+    b.wait(
+        "the space line after the pass",
+        "parseFloat(document.querySelector('#space-line').textContent.match(/\\(([0-9.]+)x/)[1]) > 1.9",
+    );
+    b.screenshot("space-after-pass");
+    assert_eq!(s.json(&["dedup", "--estimate"])["same_offset_bytes"], 0);
+    s.ok(&["check"]);
+}

@@ -197,7 +197,20 @@ fn a_served_estimate_follows_changes_under_it_and_can_be_cancelled() {
     assert_eq!(u(&r, "versions"), 4, "{r}");
     assert_eq!(u(&r, "stored_bytes"), 8 * MIB, "{r}");
     assert_eq!(u(&r, "same_offset_bytes"), 4 * MIB, "{r}");
-    assert_eq!(s.job(1)["state"], "done");
+    // The job keeps what it answered: `jobs show` prints it as the
+    // command did, and `jobs --json` carries it, tagged with its kind.
+    let j = s.job(1);
+    assert_eq!(j["state"], "done");
+    assert_eq!(j["result"]["dedup_estimate"], r, "{j}");
+    assert_eq!(s.json(&["jobs", "show", "1"]), j);
+    let shown = s.ok(&["jobs", "show", "1"]);
+    assert!(
+        shown.contains("dedup --estimate")
+            && shown.contains("re-sharing equal grains at the same offset would free 4 MiB"),
+        "{shown}"
+    );
+    let none = s.fails(&["jobs", "show", "99"]);
+    assert!(none.contains("no job 99"), "{none}");
 
     let started = s.json(&["dedup", "--estimate", "--rate", "1M", "--detach"]);
     let id = started["id"].as_u64().unwrap();
@@ -205,7 +218,12 @@ fn a_served_estimate_follows_changes_under_it_and_can_be_cancelled() {
     s.ok(&["jobs", "cancel", &id.to_string()]);
     let j = s.wait_job(id, "cancelled", Duration::from_secs(60));
     assert!(j["error"].as_str().unwrap().contains("cancel"), "{j}");
+    assert!(j.get("result").is_none(), "{j}");
     s.ok(&["check"]);
+    // The answers outlive the server (jobs.json).
+    drop(_srv);
+    let _srv = s.serve();
+    assert_eq!(s.job(1)["result"]["dedup_estimate"], r);
 }
 
 /// Compare a served disk with the image it should hold, every byte.

@@ -277,6 +277,61 @@ function renderGauges(s, alarms) {
     cache);
 }
 
+// A time in seconds since 1970 as the browser shows times.
+function when(unix) {
+  return unix ? new Date(unix * 1000).toLocaleString() : '-';
+}
+
+// The space line (logical bytes against used, what sharing gives), the
+// newest estimate's figures and the newest pass's result, both read off
+// the jobs (GET /jobs keeps a finished job's answer as `result`).
+function renderSpace(s, jobs) {
+  const el = $('#space');
+  el.replaceChildren();
+  const refused = (s.cannot || []).find((c) => c.command === 'dedup');
+  $('.space-actions').hidden = !!refused;
+  if (s.logical_bytes !== undefined && s.logical_bytes !== null && s.used_bytes !== undefined) {
+    const ratio = s.used_bytes ? (s.logical_bytes / s.used_bytes).toFixed(2) + 'x' : '-';
+    el.append(h('p', { id: 'space-line', text: bytes(s.used_bytes) + ' used for ' + bytes(s.logical_bytes) +
+      ' of disks and snapshots (' + ratio + ' from sharing)' }));
+  }
+  if (refused) el.append(h('p', { class: 'muted', text: 'dedup: ' + refused.reason }));
+  const newest = (kind) => (jobs || []).find((j) => j.result && j.result[kind]);
+  const est = newest('dedup_estimate');
+  const pass = newest('dedup');
+  if (est) {
+    const r = est.result.dedup_estimate;
+    const pct = (n) => r.stored_bytes ? ' (' + (100 * n / r.stored_bytes).toFixed(1) + ' % of stored)' : '';
+    const rows = [
+      ['logical', bytes(r.logical_bytes), r.versions + ' versions of ' + r.disks.length + ' disks'],
+      ['stored', bytes(r.stored_bytes), 'distinct grains'],
+      ['shared already', bytes(r.shared_bytes), 'by snapshots, clones and earlier passes'],
+      ['equal at the same offset', bytes(r.same_offset_bytes) + pct(r.same_offset_bytes), "exact: what 'share equal grains' frees"],
+      ['equal at any offset', bytes(r.any_offset_bytes) + pct(r.any_offset_bytes), 'about: a sample of ' + r.sample_grains + ' grains, 1 in ' + r.sample_every],
+      ['zeros', bytes(r.zero_bytes), "of thin disks: 'strata punchzero' unmaps them"],
+    ];
+    if (r.compress_sampled_grains) {
+      const ratio = (r.compress_sampled_grains * 4096 / Math.max(1, r.compress_sampled_bytes_after)).toFixed(2);
+      rows.push(['LZ4 sample', ratio + 'x smaller', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
+        ' % of ' + r.compress_sampled_grains + ' grains would pack (2 KiB or less)']);
+    }
+    if (r.encrypted_bytes) rows.push(['under a key', bytes(r.encrypted_bytes), 'compressibility needs the key']);
+    el.append(h('table', { id: 'estimate', class: 'grid' },
+      h('caption', { text: 'estimate of job ' + est.id + ', ' + when(est.finished_unix) +
+        (pass && pass.id > est.id ? ' (before the pass of job ' + pass.id + ': estimate again for what is left)' : '') }),
+      h('tbody', {}, rows.map(([k, v, what]) => h('tr', {},
+        h('td', { text: k }), h('td', { class: 'num', text: v }), h('td', { class: 'muted', text: what }))))));
+  } else if (!refused) {
+    el.append(h('p', { class: 'muted', text: 'no estimate yet: what sharing equal grains and compression would free' }));
+  }
+  if (pass) {
+    const r = pass.result.dedup;
+    el.append(h('p', { id: 'dedup-last', text: 'last pass (job ' + pass.id + ', ' + when(pass.finished_unix) + '): freed ' +
+      bytes(r.freed_bytes) + ', used ' + bytes(r.used_bytes_before) + ' -> ' + bytes(r.used_bytes_after) +
+      (r.regions_skipped ? '; ' + r.regions_skipped + ' regions changed while compared (run it again)' : '') }));
+  }
+}
+
 function renderAlarms(alarms) {
   const tb = $('#alarms tbody');
   tb.replaceChildren();
@@ -828,6 +883,7 @@ async function refresh(all) {
         if (changed('status', [status, alarms])) renderGauges(status, alarms);
         if (changed('alarms', alarms)) renderAlarms(alarms);
         if (changed('jobs', jobs)) renderJobs(jobs);
+        if (changed('space', [status, jobs])) renderSpace(status, jobs);
         if (changed('events', events)) renderEvents(events);
         // Exclusive bytes and fragments cost a walk of each disk's map: read
         // again when 30 s old (or after an action), not at every poll.
@@ -969,6 +1025,11 @@ function wireForms() {
     perform('import ' + name, 'POST', '/imports', body)
       .then((r) => { if (r) { $('#import-path').value = ''; $('#import-name').value = ''; } });
   });
+  $('#estimate-go').addEventListener('click', () =>
+    perform('dedup estimate', 'POST', '/dedup', { estimate: true }));
+  $('#dedup-go').addEventListener('click', () =>
+    perform('dedup', 'POST', '/dedup', {},
+      'Share equal grains of every disk? It runs online, paced; what it frees shows here when it ends.'));
   $('#f-defrag').addEventListener('submit', (ev) => {
     ev.preventDefault();
     perform('defrag ' + disk(), 'POST', '/disks/' + enc(disk()) + '/defrag', {},

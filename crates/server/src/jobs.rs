@@ -49,6 +49,9 @@ struct JobStatus {
     total: u64,
     finished_unix: Option<u64>,
     result: Option<Result<Response, Error>>,
+    /// The answer as listed (`JobInfo::result`): the result's, unless it
+    /// is too large to keep.
+    kept: Option<Box<Response>>,
 }
 
 impl Job {
@@ -82,6 +85,7 @@ impl Job {
                 Some(Err(e)) => Some(e.to_string()),
                 _ => None,
             },
+            result: st.kept.clone(),
         }
     }
 
@@ -136,6 +140,11 @@ fn job_event(
             detail,
         },
     );
+}
+
+/// Whether answer `r` is small enough for a job to keep it.
+fn small(r: &Response) -> bool {
+    serde_json::to_vec(r).is_ok_and(|v| v.len() <= strata_api::job::RESULT_KEPT_BYTES)
 }
 
 /// What the error of a cancelled job starts with.
@@ -244,6 +253,7 @@ impl Jobs {
                 st.total = st.total.max(st.done);
                 st.done = st.total;
             }
+            st.kept = r.as_ref().ok().filter(|r| small(r)).cloned().map(Box::new);
             st.result = Some(r);
             st.finished_unix = Some(now_unix());
         }
@@ -317,6 +327,7 @@ impl Jobs {
                 total: 0,
                 finished_unix: refused.as_ref().map(|_| now_unix()),
                 result: refused.clone().map(Err),
+                kept: None,
             }),
             changed: Condvar::new(),
         });

@@ -42,6 +42,7 @@ pub(super) fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
         ["disks"] if post => 201,
         ["disks", _] if delete => 200,
         ["imports"] if post => 202,
+        ["dedup"] if post => 202,
         ["disks", _, "snapshots"] if post => 201,
         ["disks", _, "snapshots", _, "revert"] if post => 200,
         ["disks", _, "snapshots", _] if delete => 200,
@@ -99,6 +100,7 @@ pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Reque
             encrypt: None,
         },
         ["imports"] => import(b)?,
+        ["dedup"] => dedup(b)?,
         ["disks", d, rest @ ..] => disk_action(d, rest, b)?,
         // The group's own quiesce hook only: a command named over HTTP
         // would let a token run programs as the server.
@@ -196,6 +198,39 @@ fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
             rate_bytes_per_sec: None,
         },
         _ => unreachable!("action_status matched"),
+    })
+}
+
+/// `POST /dedup`: `{"estimate": true}` for what sharing would free (the
+/// CLI's `dedup --estimate`), else the pass; `"disks"` the names (absent
+/// or empty: every disk), `"rate"` bytes per second or `"100M"`; a job.
+fn dedup(b: &Value) -> Result<Request, Refusal> {
+    let bad = |why: &str| Refusal::new(400, "invalid_argument", why);
+    let disks = match b.get("disks") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| n.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("\"disks\" is a list of disk names"))?,
+        Some(_) => return Err(bad("\"disks\" is a list of disk names")),
+    };
+    let rate_bytes_per_sec = match b.get("rate") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.as_u64().ok_or_else(|| bad("a rate in bytes"))?),
+        Some(Value::String(s)) => Some(parse_size(s).map_err(|e| bad(&e.message))?),
+        Some(_) => return Err(bad("\"rate\" is bytes per second or a size (\"100M\")")),
+    };
+    Ok(if flag(b, "estimate") {
+        Request::DedupEstimate {
+            disks,
+            rate_bytes_per_sec,
+        }
+    } else {
+        Request::Dedup {
+            disks,
+            rate_bytes_per_sec,
+        }
     })
 }
 
