@@ -54,7 +54,7 @@ bench: deps build
 ## corpus (fuzz/README.md); needs a nightly toolchain and cargo-fuzz,
 ## installed here if missing. A crash leaves its input in fuzz/artifacts/.
 SECONDS ?= 60
-FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image vhost_chain datastore_pages datastore_open objstore_objects keyring_parse luks_image
+FUZZ_TARGETS := nbd_session descriptor sparse_headers open_image vhost_chain datastore_pages datastore_open objstore_objects keyring_parse luks_image packed_grain
 fuzz: fuzz-tools
 	@set -e; cd fuzz; for t in $(FUZZ_TARGETS); do \
 		mkdir -p corpus/$$t; work=$$(mktemp -d); cp -r corpus/$$t/. $$work/; \

@@ -35,8 +35,6 @@ const SAMPLE_MAX: usize = 1 << 20;
 const COMPRESS_EVERY: u64 = 64;
 /// ...up to this many.
 const COMPRESS_MAX: u64 = 16_384;
-/// A grain packs when LZ4 brings it to this size or less (two per grain).
-const PACK_BYTES: usize = 2048;
 
 /// A version to walk, with what decides its grains' cipher.
 struct Version {
@@ -330,10 +328,10 @@ impl Tally {
             if self.distinct.is_multiple_of(COMPRESS_EVERY)
                 && self.est.compress_sampled_grains < COMPRESS_MAX
             {
-                let packed = lz4_flex::block::compress(bytes).len();
+                let packed = crate::compress::compress(bytes).len();
                 self.est.compress_sampled_grains += 1;
                 self.est.compress_sampled_bytes_after += packed as u64;
-                if packed <= PACK_BYTES {
+                if crate::compress::packs(packed) {
                     self.est.packable_grains += 1;
                 }
             }

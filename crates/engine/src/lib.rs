@@ -27,6 +27,7 @@ pub use strata_api::alarm;
 mod cache;
 pub mod catalog;
 pub mod check;
+mod compress;
 pub mod datastore;
 mod dedup;
 pub mod disk;

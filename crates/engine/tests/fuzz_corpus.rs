@@ -221,6 +221,79 @@ fn write_seeds() {
     }
 }
 
+/// Packed grains (docs/FORMAT.md §18.2) with real LZ4 fragments: text
+/// and a sparse pattern, two and five fragments.
+fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use strata_format::packed::{encode_packed, Codec, Piece};
+    let grains: Vec<Vec<u8>> = (0..5u8)
+        .map(|i| {
+            let mut g = b"packed grains hold compressed fragments. ".repeat(100)[..4096].to_vec();
+            g[i as usize * 700] = i;
+            g
+        })
+        .collect();
+    let compressed: Vec<Vec<u8>> = grains
+        .iter()
+        .map(|g| lz4_flex::block::compress(g))
+        .collect();
+    let grain = |n: usize| {
+        let pieces: Vec<Piece<'_>> = (0..n)
+            .map(|i| Piece {
+                v: 1000 + 3 * i as u64,
+                codec: Codec::Lz4,
+                len: compressed[i].len(),
+                stored: &compressed[i],
+            })
+            .collect();
+        encode_packed(&pieces).unwrap()
+    };
+    vec![("valid_two", grain(2)), ("valid_five", grain(5))]
+}
+
+/// Writes the packed-grain target's seeds.
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand to regenerate the seeds"]
+fn write_packed_seeds() {
+    let dir = corpus("packed_grain");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in packed_seeds() {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+#[test]
+fn every_packed_seed_reads_without_panic_and_the_valid_ones_read_whole() {
+    let n = replay("packed_grain", |name, input| {
+        let s = fuzzing::packed_grain(input);
+        if let Some(n) = name.strip_prefix("valid_") {
+            let fragments = if n == "two" { 2 } else { 5 };
+            // As given, and again with the CRC set (the same).
+            assert!(s.decoded && s.decoded_fixed, "{name}: {s:?}");
+            assert_eq!(s.fragments_read, 2 * fragments, "{name}: {s:?}");
+        }
+    });
+    assert!(n >= 2, "only {n} seeds");
+    // The committed seeds are what the code makes now.
+    for (name, bytes) in packed_seeds() {
+        assert_eq!(
+            std::fs::read(corpus("packed_grain").join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
+    }
+    // One damaged byte anywhere in a fragment: it is refused by its CRC
+    // (never decompressed to other bytes).
+    let (_, good) = &packed_seeds()[1];
+    let dir = strata_format::packed::decode_packed(good).unwrap();
+    for at in dir.iter().map(|f| f.offset as usize + f.len as usize / 2) {
+        let mut b = good.clone();
+        b[at] ^= 0x20;
+        let s = fuzzing::packed_grain(&b);
+        assert!(s.decoded, "{at}");
+        assert!(s.fragments_read < 10, "{at}: {s:?}");
+    }
+}
+
 fn replay(target: &str, mut each: impl FnMut(&str, &[u8])) -> usize {
     let mut n = 0;
     for e in std::fs::read_dir(corpus(target)).unwrap() {

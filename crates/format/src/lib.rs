@@ -7,6 +7,8 @@
 
 use thiserror::Error;
 
+pub mod packed;
+
 /// Bytes of a grain: the unit of mapping, sharing and allocation.
 pub const GRAIN_BYTES: u64 = 4096;
 /// log2 of [`GRAIN_BYTES`].
