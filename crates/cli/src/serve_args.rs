@@ -282,7 +282,9 @@ pub struct ServeArgs {
     ///
     /// Local datastores: every this many seconds, run what 'strata dedup' does over every
     /// disk (equal grains at the same offset become one; docs/FORMAT.md §17.2), paced against
-    /// client I/O; the first run comes one interval after the start. 0: only on request
+    /// client I/O, as a job of the server ('strata jobs'; one that freed nothing leaves the
+    /// list when done, the log has every pass); the first run comes one interval after the
+    /// start, none while another pass runs. 0: only on request
     #[arg(long, help_heading = IO, value_name = "SECONDS", default_value_t = 0)]
     pub dedup_interval: u64,
     /// When 'strata move' mirrors client writes

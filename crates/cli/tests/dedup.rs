@@ -467,4 +467,29 @@ fn serve_runs_dedup_in_the_background_when_asked() {
     });
     same_as(&s, "a", &img);
     same_as(&s, "b", &img);
+    // Each pass is a job of the server, started by it; the one that freed
+    // the copy stays listed with its answer, the later ones (nothing
+    // left to free) leave the list once done. Their ends are in the
+    // event log.
+    let passes = |s: &Store| -> Vec<serde_json::Value> {
+        let jobs = s.json(&["jobs"]);
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["what"] == "dedup (every disk)" && j["state"] == "done")
+            .cloned()
+            .collect()
+    };
+    let finished = |s: &Store| {
+        s.ok(&["events", "--limit", "1000"])
+            .lines()
+            .filter(|l| l.contains("job_finished") && l.contains("server (--dedup-interval)"))
+            .count()
+    };
+    eventually("three passes", Duration::from_secs(60), || {
+        finished(&s) >= 3
+    });
+    let done = passes(&s);
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0]["result"]["dedup"]["freed_bytes"], 4 * MIB);
 }

@@ -1,8 +1,8 @@
 //! What a server runs in the background for a datastore, by its kind
 //! ([`crate::Datastore::start_background`]): a local datastore's
-//! free-space policy and dedup passes, an object store's garbage
-//! collection. The alarm
-//! watcher is the same for both kinds and stays with the server.
+//! free-space policy, an object store's garbage collection. The alarm
+//! watcher and the dedup passes of `--dedup-interval` (jobs of the
+//! server) are the same for both kinds and stay with the server.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,9 +24,6 @@ pub struct Background {
     pub free_space_threshold: Option<u64>,
     /// An object store's garbage collection this often (None: never).
     pub gc_interval: Option<Duration>,
-    /// A local datastore's dedup pass over every disk this often (None:
-    /// never).
-    pub dedup_interval: Option<Duration>,
     /// Cancels background work under way (at shutdown).
     pub control: Arc<WorkControl>,
 }
@@ -71,48 +68,6 @@ pub(crate) fn spawn_gc(
             }
         })
         .expect("spawn gc thread")
-}
-
-/// A dedup pass over every disk of a local datastore every `interval`
-/// (the first one interval after the start) until `stop`: what `strata
-/// dedup` does, paced against client I/O, its result logged.
-pub(crate) fn spawn_dedup(
-    ds: strata_engine::Datastore,
-    stop: Arc<AtomicBool>,
-    control: Arc<WorkControl>,
-    interval: Duration,
-) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("dedup".into())
-        .spawn(move || {
-            let mut next = Instant::now() + interval;
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(100));
-                if Instant::now() < next {
-                    continue;
-                }
-                let work = strata_engine::SpaceWork {
-                    rate_bytes_per_sec: None,
-                    control: Some(control.clone()),
-                };
-                match ds.dedup(&[], &work, &mut |_, _| {}) {
-                    Ok(r) => tracing::info!(
-                        event = "dedup",
-                        freed_bytes = r.freed_bytes,
-                        read_bytes = r.read_bytes,
-                        "background dedup freed {} (compared {})",
-                        strata_api::units::human_exact(r.freed_bytes),
-                        strata_api::units::human_exact(r.read_bytes)
-                    ),
-                    Err(e) if stop.load(Ordering::Acquire) => {
-                        tracing::info!("background dedup stopped: {e}")
-                    }
-                    Err(e) => tracing::warn!("background dedup: {e}"),
-                }
-                next = Instant::now() + interval;
-            }
-        })
-        .expect("spawn dedup")
 }
 
 /// The background free-space policy (`strata serve --free-space-policy auto`):

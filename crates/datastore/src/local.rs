@@ -512,14 +512,6 @@ impl Datastore for LocalDatastore {
                 threshold,
             )
         });
-        let dedup = background.dedup_interval.map(|interval| {
-            crate::background::spawn_dedup(
-                self.ds.clone(),
-                stop.clone(),
-                background.control.clone(),
-                interval,
-            )
-        });
-        free_space.into_iter().chain(dedup).collect()
+        free_space.into_iter().collect()
     }
 }

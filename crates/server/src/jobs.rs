@@ -356,6 +356,33 @@ impl Jobs {
     }
 }
 
+impl Jobs {
+    /// Whether a job of this server that runs `what` is under way.
+    pub fn running(&self, what: &str) -> bool {
+        self.list
+            .lock()
+            .iter()
+            .any(|j| j.what == what && j.state.lock().result.is_none())
+    }
+
+    /// Stop job `id` at the end of its current step, its error starting
+    /// with `why` (the server's own jobs at shutdown).
+    pub fn stop(&self, id: u64, why: &str) {
+        if let Some(j) = self.list.lock().iter().find(|j| j.id == id) {
+            j.control.cancel_with(why);
+        }
+    }
+
+    /// Take finished job `id` off the list (a background pass that found
+    /// nothing to do: its result is in the server's log).
+    pub fn forget(&self, id: u64) {
+        self.list
+            .lock()
+            .retain(|j| j.id != id || j.state.lock().result.is_none());
+        self.save();
+    }
+}
+
 impl JobList for Jobs {
     fn list(&self) -> Vec<JobInfo> {
         self.infos()

@@ -29,6 +29,7 @@ use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
 mod config;
+mod dedup;
 mod exports;
 mod running;
 mod vhost;
@@ -375,6 +376,20 @@ fn start_datastore(
     let with_ctx: crate::ops::schedules::WithCtx = Arc::new(move |f| h.with_ctx(f));
     let runner = crate::ops::schedules::spawn(with_ctx, up.stop.clone());
     background.threads.push(runner);
+    if args.dedup_interval > 0 {
+        let pass = strata_api::Request::Dedup {
+            disks: Vec::new(),
+            rate_bytes_per_sec: None,
+        };
+        match crate::ops::refuse_unsupported(&*handler.ds, &pass) {
+            Ok(()) => background.threads.push(dedup::spawn(
+                handler.clone(),
+                Duration::from_secs(args.dedup_interval),
+                up.stop.clone(),
+            )),
+            Err(e) => tracing::warn!("--dedup-interval: {e}; no background passes"),
+        }
+    }
     up.background = Some(background);
     say!(up.banner, "strata: serving {}", home.ds.describe());
     Ok(handler)
@@ -551,8 +566,6 @@ impl Background {
         let work = strata_datastore::Background {
             free_space_threshold: args.free_space_policy.then_some(args.free_space_threshold),
             gc_interval: (args.gc_interval > 0).then(|| Duration::from_secs(args.gc_interval)),
-            dedup_interval: (args.dedup_interval > 0)
-                .then(|| Duration::from_secs(args.dedup_interval)),
             control: Arc::default(),
         };
         let mut threads = home.clone().start_background(&work, stop);
