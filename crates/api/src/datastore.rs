@@ -152,9 +152,11 @@ pub struct DedupEstimate {
     pub zero_bytes: u64,
     /// Stored grains under a key: their compressibility needs the key.
     pub encrypted_bytes: u64,
-    /// Unencrypted grains LZ4 compressed as a sample (every 64th distinct
-    /// grain, at most 16,384), their size after, and how many of them
-    /// would pack (2,048 bytes or less).
+    /// Unencrypted grains compressed as a sample (every 64th distinct
+    /// grain, at most 16,384; zstd at level 3), what they would take
+    /// packed (a grain that saves an eighth: its bytes rounded to 16 and
+    /// a 16-byte directory entry; another: 4,096; FORMAT.md §18.7), and
+    /// how many save an eighth.
     pub compress_sampled_grains: u64,
     pub compress_sampled_bytes_after: u64,
     pub packable_grains: u64,

@@ -12,15 +12,30 @@ use crate::error::{Error, ErrorKind, Result};
 
 const GRAIN: usize = GRAIN_BYTES as usize;
 
-/// `grain` (4,096 bytes) as an LZ4 block.
-pub(crate) fn compress(grain: &[u8]) -> Vec<u8> {
-    lz4_flex::block::compress(grain)
+/// zstd's level for the pack pass and the estimate (its default).
+pub(crate) const ZSTD_LEVEL: i32 = 3;
+
+/// `grain` as a zstd frame at [`ZSTD_LEVEL`] (none if zstd fails, which
+/// it does not for 4 KiB in memory).
+pub(crate) fn compress_zstd(grain: &[u8]) -> Option<Vec<u8>> {
+    zstd::bulk::compress(grain, ZSTD_LEVEL).ok()
 }
 
-/// Whether a grain that compresses to `len` bytes packs: at most
-/// [`FRAGMENT_BYTES_MAX`] (else it stays raw).
-pub(crate) fn packs(len: usize) -> bool {
-    len <= FRAGMENT_BYTES_MAX
+/// Whether compressing a grain to `len` bytes is worth keeping: it saves
+/// an eighth or more (§18.7, ZFS's rule), so at most 3,584 bytes.
+pub(crate) fn saves(len: usize) -> bool {
+    len <= GRAIN * 7 / 8
+}
+
+/// What a grain that compresses to `len` bytes would take packed in a
+/// byte stream (§18.7): its bytes rounded to 16 and a 16-byte directory
+/// entry, or the whole grain when that does not save an eighth.
+pub(crate) fn stored_bytes(len: usize) -> usize {
+    if saves(len) {
+        16 + footprint(len)
+    } else {
+        GRAIN
+    }
 }
 
 /// Decompress a fragment's `len` compressed bytes into `out` (4,096
@@ -37,10 +52,17 @@ pub(crate) fn decompress(codec: Codec, compressed: &[u8], out: &mut [u8]) -> Res
             ))),
             Err(e) => Err(damaged(format!("LZ4: {e}"))),
         },
-        Codec::Zstd => Err(Error::new(
-            ErrorKind::Unsupported,
-            "packed fragment: zstd fragments are not read by this build",
-        )),
+        Codec::Zstd => {
+            let mut z = zstd::bulk::Decompressor::new()
+                .map_err(|e| Error::new(ErrorKind::Io, format!("zstd: {e}")))?;
+            match z.decompress_to_buffer(compressed, out) {
+                Ok(n) if n == out.len() && n == GRAIN => Ok(()),
+                Ok(n) => Err(damaged(format!(
+                    "it decompresses to {n} bytes, not {GRAIN}"
+                ))),
+                Err(e) => Err(damaged(format!("zstd: {e}"))),
+            }
+        }
     }
 }
 
@@ -107,8 +129,8 @@ mod tests {
             .cycle()
             .take(GRAIN)
             .collect();
-        let small = compress(&text);
-        assert!(packs(small.len()), "{}", small.len());
+        let small = lz4_flex::block::compress(&text);
+        assert!(small.len() <= FRAGMENT_BYTES_MAX, "{}", small.len());
         let mut out = vec![0u8; GRAIN];
         decompress(Codec::Lz4, &small, &mut out).unwrap();
         assert_eq!(out, text);
@@ -122,14 +144,29 @@ mod tests {
                 x.to_le_bytes()
             })
             .collect();
-        assert!(!packs(compress(&noise).len()));
+        assert!(!saves(lz4_flex::block::compress(&noise).len()));
         // A fragment short by a byte, or of another length, is refused.
         assert!(decompress(Codec::Lz4, &small[..small.len() - 1], &mut out).is_err());
-        let half = compress(&text[..2048]);
+        let half = lz4_flex::block::compress(&text[..2048]);
         let e = decompress(Codec::Lz4, &half, &mut out).unwrap_err();
         assert!(e.to_string().contains("2048 bytes"), "{e}");
         assert_eq!(e.kind, ErrorKind::Corrupt);
         assert!(decompress(Codec::Zstd, &small, &mut out).is_err());
+        // zstd: smaller than LZ4 on text, back byte for byte, and a frame
+        // of another length or cut short refused.
+        let z = compress_zstd(&text).unwrap();
+        assert!(z.len() < small.len(), "{} vs {}", z.len(), small.len());
+        decompress(Codec::Zstd, &z, &mut out).unwrap();
+        assert_eq!(out, text);
+        assert!(decompress(Codec::Zstd, &z[..z.len() - 1], &mut out).is_err());
+        let half = compress_zstd(&text[..2048]).unwrap();
+        let e = decompress(Codec::Zstd, &half, &mut out).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Corrupt, "{e}");
+        assert!(decompress(Codec::Lz4, &z, &mut out).is_err());
+        // What a grain would take packed: noise stays whole.
+        assert_eq!(stored_bytes(compress_zstd(&noise).unwrap().len()), GRAIN);
+        assert_eq!(stored_bytes(100), 16 + 112);
+        assert!(saves(3584) && !saves(3585));
     }
 
     #[test]

@@ -328,10 +328,10 @@ impl Tally {
             if self.distinct.is_multiple_of(COMPRESS_EVERY)
                 && self.est.compress_sampled_grains < COMPRESS_MAX
             {
-                let packed = crate::compress::compress(bytes).len();
+                let len = crate::compress::compress_zstd(bytes).map_or(usize::MAX, |z| z.len());
                 self.est.compress_sampled_grains += 1;
-                self.est.compress_sampled_bytes_after += packed as u64;
-                if crate::compress::packs(packed) {
+                self.est.compress_sampled_bytes_after += crate::compress::stored_bytes(len) as u64;
+                if crate::compress::saves(len) {
                     self.est.packable_grains += 1;
                 }
             }

@@ -312,8 +312,8 @@ function renderSpace(s, jobs) {
     ];
     if (r.compress_sampled_grains) {
       const ratio = (r.compress_sampled_grains * 4096 / Math.max(1, r.compress_sampled_bytes_after)).toFixed(2);
-      rows.push(['LZ4 sample', ratio + 'x smaller', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
-        ' % of ' + r.compress_sampled_grains + ' grains would pack (2 KiB or less)']);
+      rows.push(['zstd sample', ratio + 'x smaller packed', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
+        ' % of ' + r.compress_sampled_grains + ' grains save an eighth or more']);
     }
     if (r.encrypted_bytes) rows.push(['under a key', bytes(r.encrypted_bytes), 'compressibility needs the key']);
     el.append(h('table', { id: 'estimate', class: 'grid' },

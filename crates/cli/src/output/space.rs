@@ -92,7 +92,7 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
         let packable = 100.0 * r.packable_grains as f64 / n as f64;
         outln!(
             out,
-            "  LZ4 on a sample of {n} grains: {ratio:.2}x smaller; {packable:.0}% would pack (to 2 KiB or less)"
+            "  zstd on a sample of {n} grains: {ratio:.2}x smaller packed; {packable:.0}% save an eighth or more"
         );
     }
     if r.encrypted_bytes > 0 {
