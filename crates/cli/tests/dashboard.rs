@@ -1585,16 +1585,7 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
     // Two copies of 4 MiB of incompressible bytes: one copy is shareable.
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("same.raw");
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let bytes: Vec<u8> = (0..(4 << 20) / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect();
-    std::fs::write(&img, bytes).unwrap();
+    std::fs::write(&img, common::noise(0x9e37_79b9_7f4a_7c15, 4 << 20)).unwrap();
     for d in ["a", "b"] {
         s.ok(&["import", img.to_str().unwrap(), d]);
     }

@@ -15,20 +15,6 @@ use common::*;
 
 const MIB: u64 = 1 << 20;
 
-/// Bytes that no compressor shrinks and no two calls repeat (a seeded
-/// xorshift), so a test's figures do not depend on luck.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
-}
-
 /// An 8 MiB image: 2 MiB of noise, 2 MiB of zeros, 2 MiB of text, 2 MiB
 /// of zeros; with `differ`, its first MiB is other noise.
 fn image(dir: &std::path::Path, name: &str, differ: bool) -> String {

@@ -32,7 +32,7 @@ pub(crate) fn saves(len: usize) -> bool {
 /// entry, or the whole grain when that does not save an eighth.
 pub(crate) fn stored_bytes(len: usize) -> usize {
     if saves(len) {
-        16 + footprint(len)
+        room(len)
     } else {
         GRAIN
     }
@@ -85,7 +85,7 @@ fn room(len: usize) -> usize {
 /// length, each grain's fragments of distinct virtual grains and within
 /// its 4,096 bytes. A grain that would hold one fragment is left out (its
 /// fragment stays raw: packing it alone saves nothing).
-#[cfg_attr(not(test), allow(dead_code))] // the pack pass's (§18.5), which comes next
+#[cfg_attr(not(test), allow(dead_code))] // §18.2's bins: §18.8's stream writer replaces them
 pub(crate) fn bin(c: &[Candidate]) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..c.len())
         .filter(|&i| (1..=FRAGMENT_BYTES_MAX).contains(&c[i].len))

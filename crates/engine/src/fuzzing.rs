@@ -449,12 +449,7 @@ pub fn packed_grain(input: &[u8]) -> PackedSummary {
         sum.decoded = true;
         sum.fragments_read += read_fragments(&g, &dir);
     }
-    let n = g[5] as usize;
-    if (2..=16).contains(&n) {
-        let h = crc32c::crc32c(&g[..8]);
-        let h = crc32c::crc32c_append(h, &[0; 4]);
-        let crc = crc32c::crc32c_append(h, &g[12..16 + 16 * n]);
-        g[8..12].copy_from_slice(&crc.to_le_bytes());
+    if strata_format::packed::seal_packed(&mut g) {
         if let Ok(dir) = decode_packed(&g) {
             sum.decoded_fixed = true;
             sum.fragments_read += read_fragments(&g, &dir);

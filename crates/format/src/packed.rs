@@ -67,9 +67,7 @@ impl Fragment {
         let at = self.offset as usize;
         let b = grain
             .get(at..at + footprint(self.len as usize))
-            .ok_or(FormatError::Truncated {
-                what: "packed grain",
-            })?;
+            .ok_or(FormatError::Truncated { what: WHAT })?;
         let computed = crc24(b);
         if computed != self.crc24 {
             return Err(FormatError::BadChecksum {
@@ -127,6 +125,27 @@ fn directory_crc(b: &[u8], n: usize) -> u32 {
     crc32c::crc32c_append(h, &b[12..HEAD + ENTRY * n])
 }
 
+/// Set the directory CRC of packed grain `b` (4,096 bytes) for the
+/// fragment count its byte 5 gives; false, untouched, when that count is
+/// not 2..=16 (a fuzz harness seals what it made up, to reach the checks
+/// behind the CRC).
+pub fn seal_packed(b: &mut [u8]) -> bool {
+    if b.len() != GRAIN || !(PACKED_FRAGMENTS_MIN..=PACKED_FRAGMENTS_MAX).contains(&(b[5] as usize))
+    {
+        return false;
+    }
+    let crc = directory_crc(b, b[5] as usize);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    true
+}
+
+/// A virtual grain named twice in `vs`.
+fn repeated(vs: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut vs: Vec<u64> = vs.collect();
+    vs.sort_unstable();
+    vs.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
 /// A packed grain of `pieces`, laid out in the order given after the
 /// directory; the rest is zero. Refused: fewer than
 /// [`PACKED_FRAGMENTS_MIN`], a `v` twice, stored bytes that are neither
@@ -135,29 +154,20 @@ fn directory_crc(b: &[u8], n: usize) -> u32 {
 pub fn encode_packed(pieces: &[Piece<'_>]) -> Result<Vec<u8>, FormatError> {
     let n = pieces.len();
     if n < PACKED_FRAGMENTS_MIN {
-        return Err(invalid(
-            "packed grain",
-            format!("{n} fragments (2 at least)"),
-        ));
+        return Err(invalid(WHAT, format!("{n} fragments (2 at least)")));
     }
     if !packed_fits(pieces.iter().map(|p| p.len)) {
-        return Err(invalid(
-            "packed grain",
-            "its fragments do not fit one grain",
-        ));
+        return Err(invalid(WHAT, "its fragments do not fit one grain"));
     }
     if let Some(p) = pieces
         .iter()
         .find(|p| p.stored.len() < p.len || p.stored.len() > footprint(p.len))
     {
         let why = format!("{} stored bytes for {} compressed", p.stored.len(), p.len);
-        return Err(invalid("packed grain", why));
+        return Err(invalid(WHAT, why));
     }
-    let mut vs: Vec<u64> = pieces.iter().map(|p| p.v).collect();
-    vs.sort_unstable();
-    if let Some(w) = vs.windows(2).find(|w| w[0] == w[1]) {
-        let why = format!("virtual grain {} twice", w[0]);
-        return Err(invalid("packed grain", why));
+    if let Some(v) = repeated(pieces.iter().map(|p| p.v)) {
+        return Err(invalid(WHAT, format!("virtual grain {v} twice")));
     }
     let mut b = vec![0u8; GRAIN];
     b[0..4].copy_from_slice(&PACKED_MAGIC.to_le_bytes());
@@ -176,10 +186,11 @@ pub fn encode_packed(pieces: &[Piece<'_>]) -> Result<Vec<u8>, FormatError> {
         b[e + 13..e + 16].copy_from_slice(&crc[..3]);
         at += room;
     }
-    let crc = directory_crc(&b, n);
-    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    seal_packed(&mut b);
     Ok(b)
 }
+
+const WHAT: &str = "packed grain";
 
 /// The directory of packed grain `b` (4,096 bytes), every field checked:
 /// magic, version, count, reserved bytes, CRC, each fragment inside the
@@ -187,7 +198,28 @@ pub fn encode_packed(pieces: &[Piece<'_>]) -> Result<Vec<u8>, FormatError> {
 /// `v` twice, a known codec. Fragment bytes are checked when read
 /// ([`Fragment::stored`]).
 pub fn decode_packed(b: &[u8]) -> Result<Vec<Fragment>, FormatError> {
-    const WHAT: &str = "packed grain";
+    let n = decode_head(b)?;
+    let fragments = (0..n)
+        .map(|i| decode_entry(b, n, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut by_offset: Vec<&Fragment> = fragments.iter().collect();
+    by_offset.sort_unstable_by_key(|f| f.offset);
+    if let Some(w) = by_offset
+        .windows(2)
+        .find(|w| w[0].offset as usize + footprint(w[0].len as usize) > w[1].offset as usize)
+    {
+        let why = format!("fragments at {} and {} overlap", w[0].offset, w[1].offset);
+        return Err(invalid(WHAT, why));
+    }
+    if let Some(v) = repeated(fragments.iter().map(|f| f.v)) {
+        return Err(invalid(WHAT, format!("virtual grain {v} twice")));
+    }
+    Ok(fragments)
+}
+
+/// The head of packed grain `b` checked (length, magic, version, count,
+/// reserved bytes, the directory's CRC): its fragment count.
+fn decode_head(b: &[u8]) -> Result<usize, FormatError> {
     if b.len() != GRAIN {
         return Err(FormatError::Truncated { what: WHAT });
     }
@@ -196,10 +228,8 @@ pub fn decode_packed(b: &[u8]) -> Result<Vec<Fragment>, FormatError> {
         return Err(FormatError::BadMagic { what: WHAT });
     }
     if b[4] != PACKED_VERSION {
-        return Err(invalid(
-            WHAT,
-            format!("version {} (this build reads 1)", b[4]),
-        ));
+        let why = format!("version {} (this build reads 1)", b[4]);
+        return Err(invalid(WHAT, why));
     }
     let n = b[5] as usize;
     if !(PACKED_FRAGMENTS_MIN..=PACKED_FRAGMENTS_MAX).contains(&n) {
@@ -216,47 +246,34 @@ pub fn decode_packed(b: &[u8]) -> Result<Vec<Fragment>, FormatError> {
             computed,
         });
     }
-    let start = HEAD + ENTRY * n;
-    let mut fragments = Vec::with_capacity(n);
-    for i in 0..n {
-        let e = &b[HEAD + ENTRY * i..HEAD + ENTRY * (i + 1)];
-        let half = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
-        let f = Fragment {
-            v: u64::from_le_bytes(e[0..8].try_into().expect("8 bytes")),
-            offset: half(8),
-            len: half(10),
-            codec: Codec::from_byte(e[12])
-                .ok_or_else(|| invalid(WHAT, format!("fragment {i}: unknown codec {}", e[12])))?,
-            crc24: u32::from_le_bytes([e[13], e[14], e[15], 0]),
-        };
-        let (at, len) = (f.offset as usize, f.len as usize);
-        let room = footprint(len);
-        if at < start
-            || at % ALIGN != 0
-            || len == 0
-            || len > FRAGMENT_BYTES_MAX
-            || at + room > GRAIN
-        {
-            let why = format!("fragment {i}: {len} bytes at {at}, outside {start}..4096");
-            return Err(invalid(WHAT, why));
-        }
-        fragments.push(f);
-    }
-    let mut by_offset: Vec<&Fragment> = fragments.iter().collect();
-    by_offset.sort_unstable_by_key(|f| f.offset);
-    if let Some(w) = by_offset
-        .windows(2)
-        .find(|w| w[0].offset as usize + footprint(w[0].len as usize) > w[1].offset as usize)
+    Ok(n)
+}
+
+/// Entry `i` of the `n` in packed grain `b`'s directory, its codec known
+/// and its stored bytes inside the grain after the directory, on a
+/// 16-byte boundary.
+fn decode_entry(b: &[u8], n: usize, i: usize) -> Result<Fragment, FormatError> {
+    let e = &b[HEAD + ENTRY * i..HEAD + ENTRY * (i + 1)];
+    let half = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let f = Fragment {
+        v: u64::from_le_bytes(e[0..8].try_into().expect("8 bytes")),
+        offset: half(8),
+        len: half(10),
+        codec: Codec::from_byte(e[12])
+            .ok_or_else(|| invalid(WHAT, format!("fragment {i}: unknown codec {}", e[12])))?,
+        crc24: u32::from_le_bytes([e[13], e[14], e[15], 0]),
+    };
+    let (start, at, len) = (HEAD + ENTRY * n, f.offset as usize, f.len as usize);
+    if at < start
+        || at % ALIGN != 0
+        || len == 0
+        || len > FRAGMENT_BYTES_MAX
+        || at + footprint(len) > GRAIN
     {
-        let why = format!("fragments at {} and {} overlap", w[0].offset, w[1].offset);
+        let why = format!("fragment {i}: {len} bytes at {at}, outside {start}..4096");
         return Err(invalid(WHAT, why));
     }
-    let mut vs: Vec<u64> = fragments.iter().map(|f| f.v).collect();
-    vs.sort_unstable();
-    if let Some(w) = vs.windows(2).find(|w| w[0] == w[1]) {
-        return Err(invalid(WHAT, format!("virtual grain {} twice", w[0])));
-    }
-    Ok(fragments)
+    Ok(f)
 }
 
 /// The fragment of `v` in a decoded directory.
@@ -401,8 +418,7 @@ mod tests {
         let resealed = |edit: &dyn Fn(&mut Vec<u8>)| {
             let mut b = g.clone();
             edit(&mut b);
-            let crc = directory_crc(&b, b[5] as usize);
-            b[8..12].copy_from_slice(&crc.to_le_bytes());
+            assert!(seal_packed(&mut b));
             decode_packed(&b).unwrap_err().to_string()
         };
         // Overlap: the second fragment starts inside the first.

@@ -354,9 +354,7 @@ impl Jobs {
             .expect("spawn job thread");
         job
     }
-}
 
-impl Jobs {
     /// Whether a job of this server that runs `what` is under way.
     pub fn running(&self, what: &str) -> bool {
         self.list

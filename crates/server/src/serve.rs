@@ -377,18 +377,10 @@ fn start_datastore(
     let runner = crate::ops::schedules::spawn(with_ctx, up.stop.clone());
     background.threads.push(runner);
     if args.dedup_interval > 0 {
-        let pass = strata_api::Request::Dedup {
-            disks: Vec::new(),
-            rate_bytes_per_sec: None,
-        };
-        match crate::ops::refuse_unsupported(&*handler.ds, &pass) {
-            Ok(()) => background.threads.push(dedup::spawn(
-                handler.clone(),
-                Duration::from_secs(args.dedup_interval),
-                up.stop.clone(),
-            )),
-            Err(e) => tracing::warn!("--dedup-interval: {e}; no background passes"),
-        }
+        let interval = Duration::from_secs(args.dedup_interval);
+        background
+            .threads
+            .extend(dedup::spawn(handler.clone(), interval, up.stop.clone()));
     }
     up.background = Some(background);
     say!(up.banner, "strata: serving {}", home.ds.describe());

@@ -216,6 +216,20 @@ pub struct Server {
     pub child: Option<Child>,
 }
 
+/// Bytes that no compressor shrinks and no two seeds repeat (a seeded
+/// xorshift), so a test's figures do not depend on luck.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
 pub fn wait_for(path: &Path) {
     eventually(
         &format!("{} never appeared", path.display()),

@@ -26,13 +26,18 @@ fn pass() -> Request {
 
 /// Run a pass every `interval` (the first one interval after the start)
 /// until `stop`; one that is still running at `stop` is stopped at the
-/// end of its region and waited for.
+/// end of its region and waited for. None, with a warning, where the
+/// datastore's kind refuses the pass.
 pub(super) fn spawn(
     handler: Arc<Handler>,
     interval: Duration,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
+) -> Option<std::thread::JoinHandle<()>> {
+    if let Err(e) = crate::ops::refuse_unsupported(&*handler.ds, &pass()) {
+        tracing::warn!("--dedup-interval: {e}; no background passes");
+        return None;
+    }
+    let thread = std::thread::Builder::new()
         .name("dedup-interval".into())
         .spawn(move || {
             let what = pass().describe();
@@ -49,7 +54,8 @@ pub(super) fn spawn(
                 next = Instant::now() + interval;
             }
         })
-        .expect("spawn the dedup-interval thread")
+        .expect("spawn the dedup-interval thread");
+    Some(thread)
 }
 
 /// Start one pass as a job and wait for its end (or the server's stop,
