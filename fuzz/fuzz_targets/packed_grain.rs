@@ -1,5 +1,6 @@
-//! A packed grain (docs/FORMAT.md §18.2): its directory decoded as given
-//! and with its CRC set, each fragment read and decompressed, and what
+//! Two grains of a packed stream (docs/FORMAT.md §18.8): the first's
+//! directory decoded as given and with its CRC set, each fragment read
+//! (a spill's rest from the second grain) and decompressed, and what
 //! decodes laid out again (`strata_engine::fuzzing::packed_grain`).
 #![no_main]
 

@@ -432,62 +432,77 @@ pub struct PackedSummary {
     pub fragments_read: usize,
 }
 
-/// A packed grain (docs/FORMAT.md §18.2): the input, cut or padded with
-/// zeros to 4 KiB, through the decoder as it is and with its directory's
-/// CRC set (so the checks after it are reached). Of what decodes, every
-/// fragment's stored bytes are read (their CRC checked) and decompressed
-/// into a 4 KiB buffer; and a directory whose fragments all read lays out
-/// again ([`encode_packed`](strata_format::packed::encode_packed)) to a
-/// grain that decodes to the same fragments with the same stored bytes.
-/// Errors are fine; panics are not.
+/// Two grains of a packed stream (docs/FORMAT.md §18.8): the input, cut
+/// or padded with zeros to 8 KiB, is a grain and the one after it. The
+/// first goes through the decoder as it is and with its directory's CRC
+/// set (the second's too, so a spill's checks are reached). Of what
+/// decodes, every fragment's stored bytes are read (their CRC checked,
+/// a spill's rest from the second grain) and decompressed; and a
+/// directory whose fragments all read lays out again
+/// ([`encode_stream`](strata_format::packed::encode_stream)) to a stream
+/// that holds the same fragments with the same stored bytes. Errors are
+/// fine; panics are not.
 pub fn packed_grain(input: &[u8]) -> PackedSummary {
-    use strata_format::packed::decode_packed;
-    let mut g = input.to_vec();
-    g.resize(GRAIN_BYTES as usize, 0);
+    use strata_format::packed::{decode_packed, seal_packed};
+    let g = GRAIN_BYTES as usize;
+    let mut b = input.to_vec();
+    b.resize(2 * g, 0);
     let mut sum = PackedSummary::default();
-    if let Ok(dir) = decode_packed(&g) {
+    if let Ok(p) = decode_packed(&b[..g]) {
         sum.decoded = true;
-        sum.fragments_read += read_fragments(&g, &dir);
+        sum.fragments_read += read_fragments(&b[..g], &b[g..], &p);
     }
-    if strata_format::packed::seal_packed(&mut g) {
-        if let Ok(dir) = decode_packed(&g) {
+    let (first, next) = b.split_at_mut(g);
+    if seal_packed(first) {
+        seal_packed(next);
+        if let Ok(p) = decode_packed(first) {
             sum.decoded_fixed = true;
-            sum.fragments_read += read_fragments(&g, &dir);
+            sum.fragments_read += read_fragments(first, next, &p);
         }
     }
     sum
 }
 
-/// Read and decompress each fragment of `dir` in grain `g`; when all of
-/// them read, lay them out again and check the result decodes the same.
-/// Returns how many decompressed.
-fn read_fragments(g: &[u8], dir: &[strata_format::packed::Fragment]) -> usize {
-    use strata_format::packed::{decode_packed, encode_packed, Piece};
-    let mut out = vec![0u8; GRAIN_BYTES as usize];
+/// Read and decompress each fragment of `p` (grain `g`, followed by
+/// `next`); when all of them read, lay them out again and check the
+/// stream holds the same. Returns how many decompressed.
+fn read_fragments(g: &[u8], next: &[u8], p: &strata_format::packed::Packed) -> usize {
+    use strata_format::packed::{decode_packed, encode_stream, Piece};
     let mut read = 0;
-    let mut pieces = Vec::new();
-    for f in dir {
-        let Ok(stored) = f.stored(g) else { continue };
-        if crate::compress::decompress(f.codec, &stored[..f.len as usize], &mut out).is_ok() {
+    let mut stored = Vec::new();
+    for f in &p.fragments {
+        let Ok(b) = p.stored(f, g, Some(next)) else {
+            continue;
+        };
+        let mut out = vec![0u8; f.plain_bytes()];
+        if crate::compress::decompress(f.codec, &b[..f.len as usize], &mut out).is_ok() {
             read += 1;
         }
-        pieces.push(Piece {
-            v: f.v,
-            codec: f.codec,
-            len: f.len as usize,
-            stored,
-        });
+        stored.push((f, b));
     }
-    if pieces.len() == dir.len() {
-        let again = encode_packed(&pieces).expect("a decoded directory lays out again");
-        let dir2 = decode_packed(&again).expect("a laid-out grain decodes");
-        assert_eq!(dir2.len(), dir.len());
-        for (a, b) in dir.iter().zip(&dir2) {
+    if stored.len() == p.fragments.len() {
+        let pieces: Vec<Piece<'_>> = stored
+            .iter()
+            .map(|(f, b)| Piece {
+                v: f.v,
+                pair: f.pair,
+                codec: f.codec,
+                len: f.len as usize,
+                stored: b,
+            })
+            .collect();
+        let s = encode_stream(&pieces).expect("a decoded directory lays out again");
+        let grain = |i: usize| &s.grains[i * GRAIN_BYTES as usize..][..GRAIN_BYTES as usize];
+        for (i, (f, b)) in stored.iter().enumerate() {
+            let at = s.starts[i];
+            let q = decode_packed(grain(at)).expect("a laid-out grain decodes");
+            let e = q.find(f.v).expect("each fragment where it starts");
             assert_eq!(
-                (a.v, a.codec, a.len, a.crc24),
-                (b.v, b.codec, b.len, b.crc24)
+                (e.v, e.pair, e.codec, e.len, e.crc24),
+                (f.v, f.pair, f.codec, f.len, f.crc24)
             );
-            assert_eq!(a.stored(g).ok(), b.stored(&again).ok());
+            let nx = (at + 1 < s.len()).then(|| grain(at + 1));
+            assert_eq!(q.stored(e, grain(at), nx).ok().as_deref(), Some(&b[..]));
         }
     }
     read

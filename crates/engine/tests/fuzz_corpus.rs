@@ -221,33 +221,57 @@ fn write_seeds() {
     }
 }
 
-/// Packed grains (docs/FORMAT.md §18.2) with real LZ4 fragments: text
-/// and a sparse pattern, two and five fragments.
+/// Packed streams (docs/FORMAT.md §18.8) with real fragments, zstd and
+/// LZ4, singles and pairs: the first two grains of a stream whose first
+/// grain spills into the second.
 fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use strata_format::packed::{encode_packed, Codec, Piece};
-    let grains: Vec<Vec<u8>> = (0..5u8)
-        .map(|i| {
-            let mut g = b"packed grains hold compressed fragments. ".repeat(100)[..4096].to_vec();
-            g[i as usize * 700] = i;
-            g
-        })
-        .collect();
-    let compressed: Vec<Vec<u8>> = grains
-        .iter()
-        .map(|g| lz4_flex::block::compress(g))
-        .collect();
-    let grain = |n: usize| {
-        let pieces: Vec<Piece<'_>> = (0..n)
-            .map(|i| Piece {
-                v: 1000 + 3 * i as u64,
-                codec: Codec::Lz4,
-                len: compressed[i].len(),
-                stored: &compressed[i],
+    use strata_format::packed::{encode_stream, Codec, Piece};
+    // Letters of an eight-letter alphabet at random: about 3 bits a
+    // byte, so each grain compresses to some 1.5 KiB and the stream
+    // spans grains.
+    let plain = |i: usize, bytes: usize| {
+        let mut x = 0x2545_f491_4f6c_dd1du64 ^ i as u64;
+        (0..bytes)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b"strapack"[(x >> 40) as usize % 8]
+            })
+            .collect::<Vec<u8>>()
+    };
+    let seed = |pairs: bool| {
+        let (mut v, mut made) = (1000u64, Vec::new());
+        for i in 0..12 {
+            let pair = pairs && v % 2 == 0 && i % 3 != 2;
+            let bytes = if pair { 8192 } else { 4096 };
+            let codec = if i % 3 == 0 { Codec::Lz4 } else { Codec::Zstd };
+            let c = match codec {
+                Codec::Lz4 => lz4_flex::block::compress(&plain(i, bytes)),
+                Codec::Zstd => zstd::bulk::compress(&plain(i, bytes), 19).unwrap(),
+            };
+            made.push((v, pair, codec, c));
+            v += if pair { 2 } else { 1 };
+        }
+        let pieces: Vec<Piece<'_>> = made
+            .iter()
+            .map(|(v, pair, codec, c)| Piece {
+                v: *v,
+                pair: *pair,
+                codec: *codec,
+                len: c.len(),
+                stored: c,
             })
             .collect();
-        encode_packed(&pieces).unwrap()
+        let s = encode_stream(&pieces).unwrap();
+        assert!(s.spills[0], "the seed's first grain spills");
+        let read = s.starts.iter().filter(|&&g| g == 0).count();
+        (s.grains[..8192].to_vec(), read)
     };
-    vec![("valid_two", grain(2)), ("valid_five", grain(5))]
+    vec![
+        ("valid_singles", seed(false).0),
+        ("valid_pairs", seed(true).0),
+    ]
 }
 
 /// Writes the packed-grain target's seeds.
@@ -265,11 +289,13 @@ fn write_packed_seeds() {
 fn every_packed_seed_reads_without_panic_and_the_valid_ones_read_whole() {
     let n = replay("packed_grain", |name, input| {
         let s = fuzzing::packed_grain(input);
-        if let Some(n) = name.strip_prefix("valid_") {
-            let fragments = if n == "two" { 2 } else { 5 };
-            // As given, and again with the CRC set (the same).
+        if name.starts_with("valid_") {
+            let p = strata_format::packed::decode_packed(&input[..4096]).unwrap();
+            // As given, and again with the CRC set (the same): every
+            // fragment starting in the first grain, its spill included.
             assert!(s.decoded && s.decoded_fixed, "{name}: {s:?}");
-            assert_eq!(s.fragments_read, 2 * fragments, "{name}: {s:?}");
+            assert!(p.spills, "{name}");
+            assert_eq!(s.fragments_read, 2 * p.fragments.len(), "{name}: {s:?}");
         }
     });
     assert!(n >= 2, "only {n} seeds");
@@ -281,16 +307,26 @@ fn every_packed_seed_reads_without_panic_and_the_valid_ones_read_whole() {
             "{name}"
         );
     }
-    // One damaged byte anywhere in a fragment: it is refused by its CRC
-    // (never decompressed to other bytes).
-    let (_, good) = &packed_seeds()[1];
-    let dir = strata_format::packed::decode_packed(good).unwrap();
-    for at in dir.iter().map(|f| f.offset as usize + f.len as usize / 2) {
-        let mut b = good.clone();
-        b[at] ^= 0x20;
-        let s = fuzzing::packed_grain(&b);
-        assert!(s.decoded, "{at}");
-        assert!(s.fragments_read < 10, "{at}: {s:?}");
+    // One damaged byte anywhere in a fragment, its spilled rest in the
+    // next grain included: it is refused by its CRC (never decompressed
+    // to other bytes).
+    for (_, good) in packed_seeds() {
+        let p = strata_format::packed::decode_packed(&good[..4096]).unwrap();
+        let whole = 2 * p.fragments.len();
+        let q = strata_format::packed::decode_packed(&good[4096..]).unwrap();
+        let mut at: Vec<usize> = p
+            .fragments
+            .iter()
+            .map(|f| f.offset as usize + f.len as usize / 3)
+            .filter(|&a| a < 4096)
+            .collect();
+        at.push(4096 + q.data_start() + q.carry_in as usize / 2);
+        for a in at {
+            let mut b = good.clone();
+            b[a] ^= 0x20;
+            let s = fuzzing::packed_grain(&b);
+            assert!(s.fragments_read < whole, "{a}: {s:?}");
+        }
     }
 }
 

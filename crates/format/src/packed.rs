@@ -1,7 +1,11 @@
-//! A packed grain (docs/FORMAT.md §18.2): 2 to 16 compressed fragments of
-//! virtual grains in one 4 KiB pool grain, each found by the virtual grain
-//! `v` it holds, behind a directory checked by a CRC-32C. Pure layout:
-//! what compresses and decompresses a fragment is the engine's.
+//! Packed stream grains (docs/FORMAT.md §18.8): the compressed fragments
+//! of a region's virtual grains laid one after another over consecutive
+//! pool grains, each grain starting with a directory of the fragments
+//! that start in it, checked by a CRC-32C; the last fragment of a grain
+//! may continue into the next one (its *carry*). Pure layout: what
+//! compresses and decompresses a fragment is the engine's.
+
+use std::borrow::Cow;
 
 use crate::{invalid, FormatError, GRAIN_BYTES};
 
@@ -9,13 +13,13 @@ use crate::{invalid, FormatError, GRAIN_BYTES};
 pub const PACKED_MAGIC: u32 = 0x4b50_4b53;
 /// The layout's version.
 pub const PACKED_VERSION: u8 = 1;
-/// Fewest fragments a packed grain is written with (one would save
-/// nothing).
-pub const PACKED_FRAGMENTS_MIN: usize = 2;
-/// Most fragments of a packed grain.
+/// Most fragments that start in one grain.
 pub const PACKED_FRAGMENTS_MAX: usize = 16;
-/// Largest stored fragment: a grain packs only what halves at least.
-pub const FRAGMENT_BYTES_MAX: usize = 2048;
+/// Largest compressed fragment of one virtual grain: it must save an
+/// eighth (§18.7).
+pub const FRAGMENT_BYTES_MAX: usize = GRAIN * 7 / 8;
+/// Largest compressed fragment of an aligned pair of virtual grains.
+pub const PAIR_BYTES_MAX: usize = 2 * FRAGMENT_BYTES_MAX;
 /// Bytes before the directory.
 const HEAD: usize = 16;
 /// Bytes of a directory entry.
@@ -23,13 +27,20 @@ const ENTRY: usize = 16;
 /// Fragments start on this boundary (XTS needs whole 16-byte blocks).
 const ALIGN: usize = 16;
 const GRAIN: usize = GRAIN_BYTES as usize;
+/// Bit 63 of an entry's `v`: the fragment holds `v` and `v + 1`.
+const PAIR_BIT: u64 = 1 << 63;
+/// Flags byte: the last fragment starting here continues into grain + 1.
+const FLAG_SPILLS: u8 = 1;
+/// Most bytes a grain can take of the previous grain's last fragment
+/// (a grain of no fragment of its own: all but its head).
+const CARRY_MAX: usize = GRAIN - HEAD;
 
 /// How a fragment's bytes are compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Codec {
-    /// An LZ4 block (no frame), 4,096 bytes once decompressed.
+    /// An LZ4 block (no frame).
     Lz4 = 1,
-    /// A zstd frame of 4,096 bytes.
+    /// A zstd frame.
     Zstd = 2,
 }
 
@@ -46,33 +57,109 @@ impl Codec {
 /// One entry of a packed grain's directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fragment {
-    /// The virtual grain whose bytes it holds.
+    /// The (first) virtual grain whose bytes it holds.
     pub v: u64,
+    /// It holds `v` and `v + 1` (`v` even), 8 KiB once decompressed.
+    pub pair: bool,
     /// Where its stored bytes start in the grain.
     pub offset: u16,
     /// Its compressed length; its stored bytes are that rounded up to 16
     /// (zeros after it, or the cipher's output on an encrypted disk).
     pub len: u16,
     pub codec: Codec,
-    /// CRC-32C of the stored bytes, low 24 bits.
+    /// CRC-32C of the whole stored bytes (both grains' parts), low 24 bits.
     pub crc24: u32,
 }
 
 impl Fragment {
-    /// Its stored bytes in `grain` (`len` rounded up to 16), checked
-    /// against their CRC. `grain` is the one [`decode_packed`] accepted
-    /// with this entry, so the range is inside it. Unencrypted, the
-    /// compressed bytes are the first `len` of them.
-    pub fn stored<'a>(&self, grain: &'a [u8]) -> Result<&'a [u8], FormatError> {
-        let at = self.offset as usize;
-        let b = grain
-            .get(at..at + footprint(self.len as usize))
-            .ok_or(FormatError::Truncated { what: WHAT })?;
-        let computed = crc24(b);
-        if computed != self.crc24 {
+    /// Whether it holds virtual grain `v`.
+    pub fn covers(&self, v: u64) -> bool {
+        v == self.v || (self.pair && v == self.v + 1)
+    }
+
+    /// The bytes it decompresses to: 4,096, or 8,192 for a pair.
+    pub fn plain_bytes(&self) -> usize {
+        if self.pair {
+            2 * GRAIN
+        } else {
+            GRAIN
+        }
+    }
+
+    /// Its stored bytes (`len` rounded up to 16).
+    pub fn stored_len(&self) -> usize {
+        footprint(self.len as usize)
+    }
+}
+
+/// A decoded packed grain: the previous grain's bytes it ends, whether
+/// its last fragment continues into the next grain, and the fragments
+/// that start in it, in the order they lie.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packed {
+    pub carry_in: u16,
+    pub spills: bool,
+    pub fragments: Vec<Fragment>,
+}
+
+impl Packed {
+    /// Where the data area starts: after the directory.
+    pub fn data_start(&self) -> usize {
+        HEAD + ENTRY * self.fragments.len()
+    }
+
+    /// The fragment holding virtual grain `v`.
+    pub fn find(&self, v: u64) -> Option<&Fragment> {
+        self.fragments.iter().find(|f| f.covers(v))
+    }
+
+    /// The bytes of the previous grain's last fragment at the start of
+    /// `grain`'s data area (`grain` is the one decoded into `self`).
+    pub fn carried<'a>(&self, grain: &'a [u8]) -> &'a [u8] {
+        let at = self.data_start();
+        &grain[at..at + self.carry_in as usize]
+    }
+
+    /// How many of `f`'s stored bytes continue in the next grain (0 for
+    /// every fragment but a spilling last one).
+    pub fn spilled(&self, f: &Fragment) -> usize {
+        (f.offset as usize + f.stored_len()).saturating_sub(GRAIN)
+    }
+
+    /// `f`'s whole stored bytes, checked against its CRC: from `grain`
+    /// (decoded into `self`), and for a fragment that spills, the rest
+    /// from `next` (the following pool grain, whose `carry_in` must be
+    /// exactly that rest). Unencrypted, the compressed bytes are the
+    /// first `len` of them.
+    pub fn stored<'a>(
+        &self,
+        f: &Fragment,
+        grain: &'a [u8],
+        next: Option<&[u8]>,
+    ) -> Result<Cow<'a, [u8]>, FormatError> {
+        let at = f.offset as usize;
+        let rest = self.spilled(f);
+        let b: Cow<'a, [u8]> = if rest == 0 {
+            Cow::Borrowed(&grain[at..at + f.stored_len()])
+        } else {
+            let next = next.ok_or(FormatError::Truncated { what: WHAT })?;
+            let after = decode_packed(next)?;
+            if after.carry_in as usize != rest {
+                let why = format!(
+                    "the next grain carries {} bytes of a fragment that spills {rest}",
+                    after.carry_in
+                );
+                return Err(invalid(WHAT, why));
+            }
+            let mut v = grain[at..].to_vec();
+            v.extend_from_slice(after.carried(next));
+            Cow::Owned(v)
+        };
+        let computed = crc24(&b);
+        if computed != f.crc24 {
             return Err(FormatError::BadChecksum {
                 what: "packed fragment",
-                stored: self.crc24,
+                stored: f.crc24,
                 computed,
             });
         }
@@ -80,12 +167,14 @@ impl Fragment {
     }
 }
 
-/// A fragment to lay out: virtual grain, codec, compressed length, and
-/// its stored bytes: the `len` compressed bytes (padded here with zeros),
-/// or, on an encrypted disk, their encryption padded to 16 first.
+/// A fragment to lay out: the virtual grain (the first of a pair), codec,
+/// compressed length, and its stored bytes: the `len` compressed bytes
+/// (padded here with zeros), or, on an encrypted disk, their encryption
+/// padded to 16 first.
 #[derive(Clone, Copy, Debug)]
 pub struct Piece<'a> {
     pub v: u64,
+    pub pair: bool,
     pub codec: Codec,
     pub len: usize,
     pub stored: &'a [u8],
@@ -97,24 +186,18 @@ fn crc24(b: &[u8]) -> u32 {
 }
 
 /// Stored bytes of a fragment of `len` compressed bytes: the room it
-/// takes in a packed grain, and the unit the cipher encrypts.
+/// takes in a stream, and the unit the cipher encrypts.
 pub fn footprint(len: usize) -> usize {
     len.div_ceil(ALIGN) * ALIGN
 }
 
-/// Whether fragments of these stored lengths fit one packed grain: at
-/// most [`PACKED_FRAGMENTS_MAX`], each 1..=[`FRAGMENT_BYTES_MAX`], after
-/// the directory, each on a 16-byte boundary.
-pub fn packed_fits(lens: impl IntoIterator<Item = usize>) -> bool {
-    let (mut n, mut bytes) = (0usize, 0usize);
-    for len in lens {
-        if len == 0 || len > FRAGMENT_BYTES_MAX {
-            return false;
-        }
-        n += 1;
-        bytes += footprint(len);
+/// Largest compressed length of a fragment (pair or not).
+fn len_max(pair: bool) -> usize {
+    if pair {
+        PAIR_BYTES_MAX
+    } else {
+        FRAGMENT_BYTES_MAX
     }
-    n <= PACKED_FRAGMENTS_MAX && HEAD + ENTRY * n + bytes <= GRAIN
 }
 
 /// The CRC of a packed grain's head and directory (`n` entries), its own
@@ -127,11 +210,10 @@ fn directory_crc(b: &[u8], n: usize) -> u32 {
 
 /// Set the directory CRC of packed grain `b` (4,096 bytes) for the
 /// fragment count its byte 5 gives; false, untouched, when that count is
-/// not 2..=16 (a fuzz harness seals what it made up, to reach the checks
+/// past 16 (a fuzz harness seals what it made up, to reach the checks
 /// behind the CRC).
 pub fn seal_packed(b: &mut [u8]) -> bool {
-    if b.len() != GRAIN || !(PACKED_FRAGMENTS_MIN..=PACKED_FRAGMENTS_MAX).contains(&(b[5] as usize))
-    {
+    if b.len() != GRAIN || b[5] as usize > PACKED_FRAGMENTS_MAX {
         return false;
     }
     let crc = directory_crc(b, b[5] as usize);
@@ -139,87 +221,187 @@ pub fn seal_packed(b: &mut [u8]) -> bool {
     true
 }
 
-/// A virtual grain named twice in `vs`.
-fn repeated(vs: impl Iterator<Item = u64>) -> Option<u64> {
-    let mut vs: Vec<u64> = vs.collect();
+/// A virtual grain held twice by fragments `fs` (a pair holds two).
+fn repeated(fs: impl Iterator<Item = (u64, bool)>) -> Option<u64> {
+    let mut vs: Vec<u64> = Vec::new();
+    for (v, pair) in fs {
+        vs.push(v);
+        if pair {
+            vs.push(v.wrapping_add(1));
+        }
+    }
     vs.sort_unstable();
     vs.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
-/// A packed grain of `pieces`, laid out in the order given after the
-/// directory; the rest is zero. Refused: fewer than
-/// [`PACKED_FRAGMENTS_MIN`], a `v` twice, stored bytes that are neither
-/// `len` nor more up to [`footprint`]`(len)`, or what [`packed_fits`]
-/// refuses.
-pub fn encode_packed(pieces: &[Piece<'_>]) -> Result<Vec<u8>, FormatError> {
-    let n = pieces.len();
-    if n < PACKED_FRAGMENTS_MIN {
-        return Err(invalid(WHAT, format!("{n} fragments (2 at least)")));
-    }
-    if !packed_fits(pieces.iter().map(|p| p.len)) {
-        return Err(invalid(WHAT, "its fragments do not fit one grain"));
-    }
-    if let Some(p) = pieces
-        .iter()
-        .find(|p| p.stored.len() < p.len || p.stored.len() > footprint(p.len))
-    {
-        let why = format!("{} stored bytes for {} compressed", p.stored.len(), p.len);
-        return Err(invalid(WHAT, why));
-    }
-    if let Some(v) = repeated(pieces.iter().map(|p| p.v)) {
-        return Err(invalid(WHAT, format!("virtual grain {v} twice")));
-    }
-    let mut b = vec![0u8; GRAIN];
-    b[0..4].copy_from_slice(&PACKED_MAGIC.to_le_bytes());
-    b[4] = PACKED_VERSION;
-    b[5] = n as u8;
-    let mut at = HEAD + ENTRY * n;
-    for (i, p) in pieces.iter().enumerate() {
-        let room = footprint(p.len);
-        b[at..at + p.stored.len()].copy_from_slice(p.stored);
-        let e = HEAD + ENTRY * i;
-        b[e..e + 8].copy_from_slice(&p.v.to_le_bytes());
-        b[e + 8..e + 10].copy_from_slice(&(at as u16).to_le_bytes());
-        b[e + 10..e + 12].copy_from_slice(&(p.len as u16).to_le_bytes());
-        b[e + 12] = p.codec as u8;
-        let crc = crc24(&b[at..at + room]).to_le_bytes();
-        b[e + 13..e + 16].copy_from_slice(&crc[..3]);
-        at += room;
-    }
-    seal_packed(&mut b);
-    Ok(b)
-}
-
 const WHAT: &str = "packed grain";
 
-/// The directory of packed grain `b` (4,096 bytes), every field checked:
-/// magic, version, count, reserved bytes, CRC, each fragment inside the
-/// grain after the directory on a 16-byte boundary, no two overlapping, no
-/// `v` twice, a known codec. Fragment bytes are checked when read
-/// ([`Fragment::stored`]).
-pub fn decode_packed(b: &[u8]) -> Result<Vec<Fragment>, FormatError> {
-    let n = decode_head(b)?;
-    let fragments = (0..n)
-        .map(|i| decode_entry(b, n, i))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut by_offset: Vec<&Fragment> = fragments.iter().collect();
-    by_offset.sort_unstable_by_key(|f| f.offset);
-    if let Some(w) = by_offset
-        .windows(2)
-        .find(|w| w[0].offset as usize + footprint(w[0].len as usize) > w[1].offset as usize)
-    {
-        let why = format!("fragments at {} and {} overlap", w[0].offset, w[1].offset);
-        return Err(invalid(WHAT, why));
+/// A packed stream as laid out: its grains (4,096 bytes each, one after
+/// another), and for each piece given, the index of the grain where it
+/// starts (what its leaf entries name, counted from the stream's first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stream {
+    pub grains: Vec<u8>,
+    pub starts: Vec<usize>,
+    /// For each grain, whether its last fragment continues into the next.
+    pub spills: Vec<bool>,
+}
+
+impl Stream {
+    /// Its grains.
+    pub fn len(&self) -> usize {
+        self.spills.len()
     }
-    if let Some(v) = repeated(fragments.iter().map(|f| f.v)) {
+
+    pub fn is_empty(&self) -> bool {
+        self.spills.is_empty()
+    }
+}
+
+/// How many of `pieces` start in a grain whose data area opens with
+/// `carry` bytes of the previous grain's last fragment, and whether the
+/// last of them spills into the next grain.
+fn fit(pieces: &[Piece<'_>], carry: usize) -> (usize, bool) {
+    let mut used = carry;
+    for (n, p) in pieces.iter().take(PACKED_FRAGMENTS_MAX).enumerate() {
+        let fp = footprint(p.len);
+        let start = HEAD + ENTRY * (n + 1) + used;
+        if start + fp <= GRAIN {
+            used += fp;
+            continue;
+        }
+        // It starts here and spills if a part of it fits here and the
+        // rest fits the next grain (never a third one).
+        let here = GRAIN.saturating_sub(start);
+        return if here >= ALIGN && fp - here <= CARRY_MAX {
+            (n + 1, true)
+        } else {
+            (n, false)
+        };
+    }
+    (pieces.len().min(PACKED_FRAGMENTS_MAX), false)
+}
+
+/// Refused pieces: none, a length past what saves an eighth, a pair at
+/// an odd `v`, stored bytes that are neither `len` nor more up to
+/// [`footprint`]`(len)`, a virtual grain held twice.
+fn check_pieces(pieces: &[Piece<'_>]) -> Result<(), FormatError> {
+    if pieces.is_empty() {
+        return Err(invalid(WHAT, "a stream of no fragment"));
+    }
+    for p in pieces {
+        if p.len == 0 || p.len > len_max(p.pair) {
+            let why = format!("virtual grain {}: {} compressed bytes", p.v, p.len);
+            return Err(invalid(WHAT, why));
+        }
+        if p.v & PAIR_BIT != 0 || (p.pair && (!p.v.is_multiple_of(2) || p.v + 1 >= PAIR_BIT)) {
+            return Err(invalid(WHAT, format!("virtual grain {} as a pair", p.v)));
+        }
+        if p.stored.len() < p.len || p.stored.len() > footprint(p.len) {
+            let why = format!("{} stored bytes for {} compressed", p.stored.len(), p.len);
+            return Err(invalid(WHAT, why));
+        }
+    }
+    if let Some(v) = repeated(pieces.iter().map(|p| (p.v, p.pair))) {
         return Err(invalid(WHAT, format!("virtual grain {v} twice")));
     }
-    Ok(fragments)
+    Ok(())
+}
+
+/// `pieces` laid out in the order given as a packed stream (§18.8): each
+/// grain holds the rest of the previous grain's last fragment, then as
+/// many whole fragments as fit, the last of which may continue into the
+/// next grain.
+pub fn encode_stream(pieces: &[Piece<'_>]) -> Result<Stream, FormatError> {
+    check_pieces(pieces)?;
+    let mut out = Stream::default();
+    let mut carry: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < pieces.len() || !carry.is_empty() {
+        let (n, spills) = fit(&pieces[i..], carry.len());
+        let mut b = vec![0u8; GRAIN];
+        b[0..4].copy_from_slice(&PACKED_MAGIC.to_le_bytes());
+        b[4] = PACKED_VERSION;
+        b[5] = n as u8;
+        b[6..8].copy_from_slice(&(carry.len() as u16).to_le_bytes());
+        b[12] = if spills { FLAG_SPILLS } else { 0 };
+        let mut at = HEAD + ENTRY * n;
+        b[at..at + carry.len()].copy_from_slice(&carry);
+        at += carry.len();
+        carry.clear();
+        for (j, p) in pieces[i..i + n].iter().enumerate() {
+            let mut whole = p.stored.to_vec();
+            whole.resize(footprint(p.len), 0);
+            let e = HEAD + ENTRY * j;
+            let v = p.v | if p.pair { PAIR_BIT } else { 0 };
+            b[e..e + 8].copy_from_slice(&v.to_le_bytes());
+            b[e + 8..e + 10].copy_from_slice(&(at as u16).to_le_bytes());
+            b[e + 10..e + 12].copy_from_slice(&(p.len as u16).to_le_bytes());
+            b[e + 12] = p.codec as u8;
+            b[e + 13..e + 16].copy_from_slice(&crc24(&whole).to_le_bytes()[..3]);
+            let here = (GRAIN - at).min(whole.len());
+            b[at..at + here].copy_from_slice(&whole[..here]);
+            carry.extend_from_slice(&whole[here..]);
+            at += here;
+            out.starts.push(out.spills.len());
+        }
+        seal_packed(&mut b);
+        out.grains.extend_from_slice(&b);
+        out.spills.push(spills);
+        i += n;
+    }
+    Ok(out)
+}
+
+/// Packed grain `b` (4,096 bytes) decoded, every field checked: magic,
+/// version, count, flags and reserved bytes, the directory's CRC, the
+/// carried bytes inside the data area, each fragment on a 16-byte
+/// boundary after what lies before it, inside the grain but for a last
+/// one that spills (and then by no more than the next grain can carry),
+/// no virtual grain twice, known codecs. Fragment bytes are checked when
+/// read ([`Packed::stored`]).
+pub fn decode_packed(b: &[u8]) -> Result<Packed, FormatError> {
+    let (n, carry_in, spills) = decode_head(b)?;
+    let fragments = (0..n)
+        .map(|i| decode_entry(b, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let p = Packed {
+        carry_in,
+        spills,
+        fragments,
+    };
+    let carry = carry_in as usize;
+    if !carry.is_multiple_of(ALIGN) || p.data_start() + carry > GRAIN || (n == 0 && carry == 0) {
+        let why = format!("{n} fragments and {carry} carried bytes");
+        return Err(invalid(WHAT, why));
+    }
+    let mut end = p.data_start() + carry;
+    for (i, f) in p.fragments.iter().enumerate() {
+        let (at, stop) = (f.offset as usize, f.offset as usize + f.stored_len());
+        if at < end {
+            let why = format!("fragment {i} at {at} overlaps the bytes before it, to {end}");
+            return Err(invalid(WHAT, why));
+        }
+        let last = i + 1 == n;
+        if (stop > GRAIN) != (last && spills) || stop > GRAIN + CARRY_MAX {
+            let why = format!("fragment {i} ends at {stop}, the grain says spills: {spills}");
+            return Err(invalid(WHAT, why));
+        }
+        end = stop;
+    }
+    if spills && n == 0 {
+        return Err(invalid(WHAT, "it spills with no fragment"));
+    }
+    if let Some(v) = repeated(p.fragments.iter().map(|f| (f.v, f.pair))) {
+        return Err(invalid(WHAT, format!("virtual grain {v} twice")));
+    }
+    Ok(p)
 }
 
 /// The head of packed grain `b` checked (length, magic, version, count,
-/// reserved bytes, the directory's CRC): its fragment count.
-fn decode_head(b: &[u8]) -> Result<usize, FormatError> {
+/// flags and reserved bytes, the directory's CRC): its fragment count,
+/// carried bytes and whether it spills.
+fn decode_head(b: &[u8]) -> Result<(usize, u16, bool), FormatError> {
     if b.len() != GRAIN {
         return Err(FormatError::Truncated { what: WHAT });
     }
@@ -232,10 +414,10 @@ fn decode_head(b: &[u8]) -> Result<usize, FormatError> {
         return Err(invalid(WHAT, why));
     }
     let n = b[5] as usize;
-    if !(PACKED_FRAGMENTS_MIN..=PACKED_FRAGMENTS_MAX).contains(&n) {
-        return Err(invalid(WHAT, format!("{n} fragments (2 to 16)")));
+    if n > PACKED_FRAGMENTS_MAX {
+        return Err(invalid(WHAT, format!("{n} fragments (16 at most)")));
     }
-    if b[6..8] != [0, 0] || word(12) != 0 {
+    if b[12] & !FLAG_SPILLS != 0 || b[13..16] != [0, 0, 0] {
         return Err(invalid(WHAT, "reserved bytes are not zero"));
     }
     let (stored, computed) = (word(8), directory_crc(b, n));
@@ -246,145 +428,193 @@ fn decode_head(b: &[u8]) -> Result<usize, FormatError> {
             computed,
         });
     }
-    Ok(n)
+    let carry_in = u16::from_le_bytes([b[6], b[7]]);
+    Ok((n, carry_in, b[12] & FLAG_SPILLS != 0))
 }
 
-/// Entry `i` of the `n` in packed grain `b`'s directory, its codec known
-/// and its stored bytes inside the grain after the directory, on a
-/// 16-byte boundary.
-fn decode_entry(b: &[u8], n: usize, i: usize) -> Result<Fragment, FormatError> {
+/// Entry `i` of packed grain `b`'s directory: a known codec, a length
+/// that saves an eighth, a pair at an even `v`, a start inside the grain
+/// on a 16-byte boundary (where it lies against the others is the
+/// caller's check).
+fn decode_entry(b: &[u8], i: usize) -> Result<Fragment, FormatError> {
     let e = &b[HEAD + ENTRY * i..HEAD + ENTRY * (i + 1)];
     let half = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let raw_v = u64::from_le_bytes(e[0..8].try_into().expect("8 bytes"));
     let f = Fragment {
-        v: u64::from_le_bytes(e[0..8].try_into().expect("8 bytes")),
+        v: raw_v & !PAIR_BIT,
+        pair: raw_v & PAIR_BIT != 0,
         offset: half(8),
         len: half(10),
         codec: Codec::from_byte(e[12])
             .ok_or_else(|| invalid(WHAT, format!("fragment {i}: unknown codec {}", e[12])))?,
         crc24: u32::from_le_bytes([e[13], e[14], e[15], 0]),
     };
-    let (start, at, len) = (HEAD + ENTRY * n, f.offset as usize, f.len as usize);
-    if at < start
-        || at % ALIGN != 0
-        || len == 0
-        || len > FRAGMENT_BYTES_MAX
-        || at + footprint(len) > GRAIN
-    {
-        let why = format!("fragment {i}: {len} bytes at {at}, outside {start}..4096");
+    let (at, len) = (f.offset as usize, f.len as usize);
+    if !at.is_multiple_of(ALIGN) || at >= GRAIN || len == 0 || len > len_max(f.pair) {
+        let why = format!("fragment {i}: {len} bytes at {at}, outside the grain");
         return Err(invalid(WHAT, why));
     }
+    if f.pair && (!f.v.is_multiple_of(2) || f.v + 1 >= PAIR_BIT) {
+        return Err(invalid(WHAT, format!("fragment {i}: a pair at {}", f.v)));
+    }
     Ok(f)
-}
-
-/// The fragment of `v` in a decoded directory.
-pub fn packed_fragment(directory: &[Fragment], v: u64) -> Option<&Fragment> {
-    directory.iter().find(|f| f.v == v)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> Vec<(u64, Codec, Vec<u8>)> {
-        vec![
-            (7, Codec::Lz4, vec![1u8; 100]),
-            (3, Codec::Zstd, (0..2048u32).map(|i| i as u8).collect()),
-            (1 << 40, Codec::Lz4, vec![9u8; 17]),
-        ]
+    /// Pieces of every kind: singles and pairs, lengths from 1 to the
+    /// most, stored bytes a pattern of their `v`.
+    fn sample(count: u64) -> Vec<(u64, bool, Codec, Vec<u8>)> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut v = 0;
+        (0..count)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let pair = i % 3 == 1;
+                if pair && v % 2 == 1 {
+                    v += 1;
+                }
+                let len = 1 + (x >> 20) as usize % len_max(pair);
+                let bytes = (0..len).map(|k| (v as usize * 7 + k) as u8).collect();
+                let codec = if i % 2 == 0 { Codec::Zstd } else { Codec::Lz4 };
+                let out = (v, pair, codec, bytes);
+                v += if pair { 2 } else { 1 };
+                out
+            })
+            .collect()
     }
 
-    fn encode(f: &[(u64, Codec, Vec<u8>)]) -> Result<Vec<u8>, FormatError> {
-        let pieces: Vec<Piece<'_>> = f
-            .iter()
-            .map(|(v, codec, b)| Piece {
+    fn pieces(f: &[(u64, bool, Codec, Vec<u8>)]) -> Vec<Piece<'_>> {
+        f.iter()
+            .map(|(v, pair, codec, b)| Piece {
                 v: *v,
+                pair: *pair,
                 codec: *codec,
                 len: b.len(),
                 stored: b,
             })
-            .collect();
-        encode_packed(&pieces)
+            .collect()
+    }
+
+    fn grain(s: &Stream, i: usize) -> &[u8] {
+        &s.grains[i * GRAIN..(i + 1) * GRAIN]
     }
 
     #[test]
-    fn fragments_come_back_by_their_virtual_grain() {
-        let f = sample();
-        let g = encode(&f).unwrap();
-        assert_eq!(g.len(), 4096);
-        assert_eq!(&g[0..4], b"SKPK");
-        let dir = decode_packed(&g).unwrap();
-        assert_eq!(dir.len(), 3);
-        for (v, codec, bytes) in &f {
-            let e = packed_fragment(&dir, *v).unwrap();
-            assert_eq!(e.codec, *codec);
-            assert_eq!(e.offset % 16, 0);
-            let stored = e.stored(&g).unwrap();
-            assert_eq!(stored.len(), bytes.len().div_ceil(16) * 16);
-            assert_eq!(&stored[..bytes.len()], &bytes[..]);
-            assert!(stored[bytes.len()..].iter().all(|&b| b == 0));
+    fn every_fragment_comes_back_from_the_grain_it_starts_in() {
+        let f = sample(300);
+        let s = encode_stream(&pieces(&f)).unwrap();
+        assert_eq!(s.grains.len(), s.len() * GRAIN);
+        assert_eq!(s.starts.len(), f.len());
+        let stored: usize = f.iter().map(|p| footprint(p.3.len()) + ENTRY).sum();
+        // The stream wastes little: under a grain's worth per 16 grains.
+        assert!(
+            s.len() * (GRAIN - HEAD) < stored + stored / 16 + GRAIN,
+            "{}",
+            s.len()
+        );
+        for (i, (v, pair, codec, bytes)) in f.iter().enumerate() {
+            let at = s.starts[i];
+            let g = grain(&s, at);
+            let p = decode_packed(g).unwrap();
+            assert_eq!(p.spills, s.spills[at]);
+            for w in [*v, v + u64::from(*pair)] {
+                let e = p.find(w).unwrap();
+                assert_eq!((e.v, e.pair, e.codec), (*v, *pair, *codec));
+            }
+            let e = p.find(*v).unwrap();
+            let next = (at + 1 < s.len()).then(|| grain(&s, at + 1));
+            let b = p.stored(e, g, next).unwrap();
+            assert_eq!(b.len(), footprint(bytes.len()));
+            assert_eq!(&b[..bytes.len()], &bytes[..]);
+            assert!(b[bytes.len()..].iter().all(|&z| z == 0));
+            if p.spilled(e) > 0 {
+                // The rest is in the next grain, and only there.
+                assert!(p.stored(e, g, None).is_err());
+                let q = decode_packed(next.unwrap()).unwrap();
+                assert_eq!(q.carry_in as usize, p.spilled(e));
+            }
         }
-        assert!(packed_fragment(&dir, 8).is_none());
-        // Directory, then fragments in order, each 16-aligned, then zeros.
-        assert_eq!(dir[0].offset, 16 + 16 * 3);
-        assert_eq!(dir[1].offset, dir[0].offset + 112);
-        assert_eq!(dir[2].offset, dir[1].offset + 2048);
-        let end = dir[2].offset as usize + 32;
-        assert!(g[end..].iter().all(|&b| b == 0));
+        // Only the last grain never spills; a grain's count never tops 16.
+        assert!(!s.spills[s.len() - 1]);
+        for i in 0..s.len() {
+            assert!(decode_packed(grain(&s, i)).unwrap().fragments.len() <= 16);
+        }
+        // Sixteen tiny fragments fill a directory; the seventeenth starts
+        // the next grain.
+        let tiny: Vec<_> = (0..17)
+            .map(|v| (v, false, Codec::Lz4, vec![1u8; 5]))
+            .collect();
+        let s = encode_stream(&pieces(&tiny)).unwrap();
+        assert_eq!(s.starts, [vec![0; 16], vec![1]].concat());
     }
 
     #[test]
-    fn what_does_not_fit_or_repeats_is_refused() {
-        let one = vec![(1, Codec::Lz4, vec![1u8; 10])];
-        assert!(encode(&one).is_err());
-        let twice = vec![
-            (1, Codec::Lz4, vec![1u8; 10]),
-            (1, Codec::Lz4, vec![2u8; 10]),
-        ];
-        assert!(encode(&twice).unwrap_err().to_string().contains("twice"));
-        let big = vec![
-            (1, Codec::Lz4, vec![1u8; 2049]),
-            (2, Codec::Lz4, vec![2u8; 10]),
-        ];
-        assert!(encode(&big).is_err());
-        // Two of 2,048 take 4,144 bytes with the directory.
-        let halves = vec![
-            (1, Codec::Lz4, vec![1u8; 2048]),
-            (2, Codec::Lz4, vec![2u8; 2048]),
-        ];
-        assert!(encode(&halves).is_err());
-        assert!(packed_fits([2016, 2016]));
-        assert!(packed_fits([2016, 2017]));
-        assert!(!packed_fits([2016, 2033]));
-        assert!(packed_fits([16; 16]));
-        assert!(!packed_fits([16; 17]));
-        assert!(!packed_fits([0, 5]));
-        // Stored bytes: the compressed ones, or their padded encryption.
-        let piece = |stored: &[u8]| {
-            let other = Piece {
-                v: 2,
-                codec: Codec::Lz4,
-                len: 3,
-                stored: &[1, 2, 3],
-            };
-            encode_packed(&[
-                Piece {
-                    v: 1,
-                    codec: Codec::Lz4,
-                    len: 20,
-                    stored,
-                },
-                other,
-            ])
+    fn a_fragment_never_reaches_a_third_grain() {
+        // Two of the largest pairs: the first spills into grain 1, the
+        // second starts in grain 1 after the carry and spills into grain 2.
+        let big: Vec<_> = [0u64, 2, 4]
+            .iter()
+            .map(|&v| (v, true, Codec::Zstd, vec![v as u8 + 1; PAIR_BYTES_MAX]))
+            .collect();
+        let s = encode_stream(&pieces(&big)).unwrap();
+        for (i, (v, ..)) in big.iter().enumerate() {
+            let g = grain(&s, s.starts[i]);
+            let p = decode_packed(g).unwrap();
+            let e = *p.find(*v).unwrap();
+            let next = (s.starts[i] + 1 < s.len()).then(|| grain(&s, s.starts[i] + 1));
+            assert_eq!(p.stored(&e, g, next).unwrap().len(), PAIR_BYTES_MAX);
+            assert!(p.spilled(&e) <= CARRY_MAX);
+        }
+        // A grain that only carries: no fragment of its own.
+        let p = decode_packed(grain(&s, 1));
+        assert!(p.is_ok());
+    }
+
+    #[test]
+    fn what_cannot_be_laid_out_is_refused() {
+        let one = |v: u64, pair: bool, len: usize, stored: usize| {
+            let b = vec![1u8; stored];
+            let p = [Piece {
+                v,
+                pair,
+                codec: Codec::Zstd,
+                len,
+                stored: &b,
+            }];
+            encode_stream(&p).map(|s| s.len())
         };
-        assert!(piece(&[5; 19]).is_err());
-        assert!(piece(&[5; 20]).is_ok());
-        assert!(piece(&[5; 32]).is_ok());
-        assert!(piece(&[5; 33]).is_err());
+        assert_eq!(one(1, false, 3584, 3584).unwrap(), 1);
+        assert!(one(1, false, 3585, 3585).is_err());
+        assert!(one(2, true, 7168, 7168).is_ok());
+        assert!(one(2, true, 7169, 7169).is_err());
+        assert!(one(3, true, 100, 100)
+            .unwrap_err()
+            .to_string()
+            .contains("pair"));
+        assert!(one(1, false, 0, 0).is_err());
+        assert!(one(1, false, 20, 19).is_err());
+        assert!(one(1, false, 20, 32).is_ok());
+        assert!(one(1, false, 20, 33).is_err());
+        assert!(one(1 << 63, false, 20, 20).is_err());
+        assert!(encode_stream(&[]).is_err());
+        let twice = vec![
+            (4, true, Codec::Lz4, vec![1u8; 10]),
+            (5, false, Codec::Lz4, vec![2u8; 10]),
+        ];
+        let e = encode_stream(&pieces(&twice)).unwrap_err().to_string();
+        assert!(e.contains("virtual grain 5 twice"), "{e}");
     }
 
     #[test]
     fn every_damaged_field_is_named() {
-        let g = encode(&sample()).unwrap();
+        let f = sample(8);
+        let s = encode_stream(&pieces(&f)).unwrap();
+        let g = grain(&s, 0).to_vec();
         let damaged = |at: usize, x: u8| {
             let mut b = g.clone();
             b[at] ^= x;
@@ -393,50 +623,89 @@ mod tests {
         assert!(damaged(0, 1).contains("bad magic"));
         assert!(damaged(4, 3).contains("version"));
         assert!(damaged(5, 0x40).contains("fragments"));
-        assert!(damaged(6, 1).contains("reserved"));
-        assert!(damaged(13, 1).contains("reserved"));
-        // Any bit of the directory: its CRC.
-        for at in [8, 16, 24, 26, 28, 29, 16 + 16 * 3 - 1] {
-            assert!(damaged(at, 0x10).contains("checksum"), "{at}");
+        assert!(damaged(12, 2).contains("reserved"));
+        assert!(damaged(14, 1).contains("reserved"));
+        // Any bit of the directory or of carry_in and the flag: its CRC.
+        let n = decode_packed(&g).unwrap().fragments.len();
+        for at in [6, 7, 8, 12, 16, 24, 26, 28, 29, 16 + 16 * n - 1] {
+            assert!(damaged(at, 1).contains("checksum"), "{at}");
         }
-        // A fragment's byte: that fragment's CRC, when it is read.
-        let mut b = g.clone();
-        let dir = decode_packed(&b).unwrap();
-        b[dir[1].offset as usize + 5] ^= 1;
-        let dir = decode_packed(&b).unwrap();
-        assert!(dir[0].stored(&b).is_ok());
-        let e = dir[1].stored(&b).unwrap_err().to_string();
-        assert!(e.contains("packed fragment"), "{e}");
         assert!(decode_packed(&g[..4095]).is_err());
+        // A fragment's byte: that fragment's CRC, when it is read; a
+        // spilled fragment's byte in the next grain too.
+        let p = decode_packed(&g).unwrap();
+        let mut b = g.clone();
+        b[p.fragments[0].offset as usize + 1] ^= 1;
+        let e = p.stored(&p.fragments[0], &b, None).unwrap_err().to_string();
+        assert!(e.contains("packed fragment"), "{e}");
+        let last = p.fragments[p.fragments.len() - 1];
+        assert!(
+            p.spills && p.spilled(&last) > 0,
+            "the sample spills from grain 0"
+        );
+        let mut next = grain(&s, 1).to_vec();
+        assert!(p.stored(&last, &g, Some(&next)).is_ok());
+        let q = decode_packed(&next).unwrap();
+        next[q.data_start()] ^= 1;
+        assert!(p.stored(&last, &g, Some(&next)).is_err());
+        // A next grain that carries another length is named.
+        let other = grain(&s, s.len() - 1);
+        let e = p.stored(&last, &g, Some(other)).unwrap_err().to_string();
+        assert!(e.contains("carries") || e.contains("packed"), "{e}");
     }
 
-    /// A directory with a valid CRC but impossible entries (as a bug or a
+    /// A directory with a valid CRC but impossible fields (as a bug or a
     /// hostile file could write) is refused by its fields.
     #[test]
     fn a_directory_with_a_good_crc_is_still_checked() {
-        let g = encode(&sample()).unwrap();
+        let tiny: Vec<_> = (0..3)
+            .map(|v| (v * 2, false, Codec::Lz4, vec![v as u8; 100]))
+            .collect();
+        let s = encode_stream(&pieces(&tiny)).unwrap();
+        let g = grain(&s, 0).to_vec();
         let resealed = |edit: &dyn Fn(&mut Vec<u8>)| {
             let mut b = g.clone();
             edit(&mut b);
             assert!(seal_packed(&mut b));
             decode_packed(&b).unwrap_err().to_string()
         };
-        // Overlap: the second fragment starts inside the first.
-        let e = resealed(&|b| b[16 + 16 + 8] = 80);
-        assert!(e.contains("overlap"), "{e}");
-        // Inside the directory.
-        let e = resealed(&|b| b[16 + 8] = 32);
-        assert!(e.contains("outside"), "{e}");
-        // Unaligned, past the end, empty.
-        assert!(resealed(&|b| b[16 + 8] = 65).contains("outside"));
-        assert!(resealed(&|b| b[16 + 32 + 9] = 0x10).contains("outside"));
+        let e1 = HEAD + ENTRY;
+        // The second fragment inside the first; inside the directory.
+        assert!(resealed(&|b| b[e1 + 8] = 80).contains("overlaps"));
+        assert!(resealed(&|b| b[HEAD + 8] = 32).contains("overlaps"));
+        // Unaligned; an empty fragment; past the end without a spill.
+        assert!(resealed(&|b| b[HEAD + 8] = 65).contains("outside"));
         assert!(resealed(&|b| {
-            b[16 + 10] = 0;
-            b[16 + 11] = 0;
+            b[HEAD + 10] = 0;
+            b[HEAD + 11] = 0;
         })
         .contains("outside"));
-        // A v twice, an unknown codec.
-        assert!(resealed(&|b| b[16 + 16] = 7).contains("twice"));
-        assert!(resealed(&|b| b[16 + 12] = 3).contains("codec"));
+        let e2 = HEAD + 2 * ENTRY;
+        assert!(resealed(&|b| {
+            b[e2 + 8] = 0xf0;
+            b[e2 + 9] = 0x0f
+        })
+        .contains("ends at"));
+        // Flagged as spilling, but the last fragment ends inside.
+        assert!(resealed(&|b| b[12] = 1).contains("ends at"));
+        // Carried bytes unaligned, or past the grain, or a grain of
+        // nothing.
+        assert!(resealed(&|b| b[6] = 8).contains("carried"));
+        assert!(resealed(&|b| b[7] = 0x10).contains("carried"));
+        assert!(resealed(&|b| b[5] = 0).contains("carried"));
+        // A v twice (a pair over a single), an odd pair, unknown codec.
+        assert!(resealed(&|b| b[e1] = 0).contains("twice"));
+        assert!(resealed(&|b| {
+            b[HEAD] = 3;
+            b[e1 + 7] = 0x80
+        })
+        .contains("twice"));
+        assert!(resealed(&|b| {
+            b[e1] = 3;
+            b[e1 + 7] = 0x80
+        })
+        .contains("pair"));
+        assert!(resealed(&|b| b[HEAD + 12] = 3).contains("codec"));
+        assert!(!seal_packed(&mut [0u8; 100]));
     }
 }
