@@ -190,6 +190,39 @@ pub struct DedupReport {
     pub used_bytes_after: u64,
 }
 
+/// What `compress` did (docs/FORMAT.md §18.5, §18.8): the named disks'
+/// raw grains that shrink by an eighth or more, compressed (a grain or an
+/// aligned pair together) and laid out as packed streams, every sharer
+/// following.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CompressReport {
+    /// The disks packed (all of the datastore's when none was named).
+    pub disks: Vec<String>,
+    /// Their heads and snapshots.
+    pub versions: u64,
+    /// The codec: "zstd" (the default) or "lz4".
+    pub codec: String,
+    /// Raw grains read to be compressed, in bytes.
+    pub read_bytes: u64,
+    /// Virtual grains' bytes now packed (each distinct grain once).
+    pub packed_bytes: u64,
+    /// Of them, in fragments of an aligned pair.
+    pub pair_bytes: u64,
+    /// Pool bytes of the streams written for them.
+    pub stream_bytes: u64,
+    /// Grains left raw: they do not shrink by an eighth (or are zeros,
+    /// left to zero reclaim), in bytes.
+    pub raw_bytes: u64,
+    /// Regions (1 MiB of virtual grains) walked.
+    pub regions: u64,
+    /// Regions left as they were because their maps changed while their
+    /// grains were compressed: a later run packs them.
+    pub regions_skipped: u64,
+    /// The datastore's used bytes (data and map grains) before and after.
+    pub used_bytes_before: u64,
+    pub used_bytes_after: u64,
+}
+
 /// What `defrag` did, or with `dry_run` would do.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DefragReport {

@@ -55,7 +55,7 @@ pub mod wire;
 
 pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use datastore::{
-    CheckReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FailStop,
+    CheckReport, CompressReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FailStop,
     FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES,
 };
 pub use disk::{

@@ -1,13 +1,18 @@
 //! `strata check`: recompute every reference count and counter from the
 //! trees and compare (DESIGN.md invariant 3).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use strata_api::CheckReport;
-use strata_format::{leaf_grain, leaf_key, BLOCK_GRAINS, GRAIN_BYTES, MAP_FANOUT, REFS_PER_PAGE};
+use strata_format::packed::decode_packed;
+use strata_format::{
+    leaf_grain, leaf_key, leaf_packed, leaf_spills, BLOCK_GRAINS, GRAIN_BYTES, GRAIN_SHIFT,
+    MAP_FANOUT, MAP_FANOUT_SHIFT, REFS_PER_PAGE,
+};
 
 use crate::error::Result;
 use crate::meta::Meta;
+use crate::store::Store;
 
 /// Problems reported before the list is cut short.
 const ERRORS_MAX: usize = 1000;
@@ -39,6 +44,9 @@ struct Walk {
     /// (mapped grains, non-empty blocks, highest key index) per node,
     /// memoised.
     counts: HashMap<u64, Counted>,
+    /// Packed stream grains and the virtual grains mapped to each, with
+    /// whether the entry says its fragment spills (FORMAT.md §18.8).
+    packed: BTreeMap<u64, Vec<(u64, bool)>>,
 }
 
 /// What a subtree holds: mapped grains, non-empty blocks, and the highest
@@ -64,8 +72,7 @@ impl Walk {
         &mut self,
         m: &mut Meta,
         r: &mut CheckReport,
-        node: u64,
-        level: u8,
+        (node, level, base): (u64, u8, u64),
     ) -> Result<Counted> {
         let hwm = self.hwm;
         if let Some(c) = self.counts.get(&node) {
@@ -91,6 +98,18 @@ impl Walk {
                 let key = leaf_key(e);
                 top_key = top_key.max(key);
                 self.one_key(r, leaf_grain(e), key);
+                if leaf_packed(e) {
+                    let v = base + i as u64;
+                    let spills = leaf_spills(e);
+                    self.packed
+                        .entry(leaf_grain(e))
+                        .or_default()
+                        .push((v, spills));
+                    if spills {
+                        // Its fragment's rest: a reference to the next grain.
+                        *self.expected.entry(leaf_grain(e) + 1).or_insert(0) += 1;
+                    }
+                }
                 leaf_grain(e)
             } else {
                 e
@@ -110,7 +129,9 @@ impl Walk {
                     r.error(format!("grain {e} is used both as data and as a map node"));
                     continue;
                 }
-                let (cm, cb, ck) = self.visit(m, r, e, level - 1)?;
+                let span = 1u64 << (MAP_FANOUT_SHIFT * u32::from(level));
+                let child = (e, level - 1, base + i as u64 * span);
+                let (cm, cb, ck) = self.visit(m, r, child)?;
                 mapped += cm;
                 blocks += cb;
                 top_key = top_key.max(ck);
@@ -199,7 +220,8 @@ fn check_groups(m: &Meta, r: &mut CheckReport) {
     }
 }
 
-pub fn run(m: &mut Meta) -> Result<CheckReport> {
+/// Recount `m`; packed stream grains are read from `store`'s pool.
+pub(crate) fn run(m: &mut Meta, store: &Store) -> Result<CheckReport> {
     let mut r = CheckReport::default();
     let hwm = m.hwm();
     r.pool_grains = hwm;
@@ -210,6 +232,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         data: HashSet::new(),
         keys: HashMap::new(),
         counts: HashMap::new(),
+        packed: BTreeMap::new(),
     };
     let limits = key_limits(m);
     let (owners, orphans) = catalog_owners(m, &mut r);
@@ -232,7 +255,7 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
             (0, 0, 0)
         } else {
             *w.expected.entry(st.root).or_insert(0) += 1;
-            w.visit(m, &mut r, st.root, st.levels - 1)?
+            w.visit(m, &mut r, (st.root, st.levels - 1, 0))?
         };
         within_key_limit(&mut r, limits.get(&id), top_key);
         // An orphan's counters froze when it was dropped; its map shrinks.
@@ -265,8 +288,49 @@ pub fn run(m: &mut Meta) -> Result<CheckReport> {
         ));
         return Ok(r);
     }
+    check_packed(store, &w, &mut r);
     compare_counts(m, hwm, &w.expected, &mut r);
     Ok(r)
+}
+
+/// Packed stream grains (FORMAT.md §18.8): each one's directory, and
+/// every fragment a leaf names read whole (its CRC, a spill's rest in the
+/// next grain, decompressed to its exact size), the entry's spill bit
+/// against where the fragment ends.
+fn check_packed(store: &Store, w: &Walk, r: &mut CheckReport) {
+    for (&g, vs) in &w.packed {
+        let mut b = vec![0u8; GRAIN_BYTES as usize];
+        if let Err(e) = store.pool.read_at(&mut b, g << GRAIN_SHIFT) {
+            r.error(format!("packed grain {g}: {e}"));
+            continue;
+        }
+        let p = match decode_packed(&b) {
+            Ok(p) => p,
+            Err(e) => {
+                r.error(format!("packed grain {g}: {e}"));
+                continue;
+            }
+        };
+        let mut read = HashSet::new();
+        for &(v, spills) in vs {
+            let Some(f) = p.find(v) else {
+                r.error(format!(
+                    "packed grain {g}: virtual grain {v} is mapped to it, its directory does not hold it"
+                ));
+                continue;
+            };
+            if (p.spilled(f) > 0) != spills {
+                r.error(format!(
+                    "packed grain {g}: the entry of virtual grain {v} says spills {spills}, its fragment the other"
+                ));
+            }
+            if read.insert(f.v) {
+                if let Err(e) = store.unpack(g, v) {
+                    r.error(e.message);
+                }
+            }
+        }
+    }
 }
 
 /// The catalog's owners of each version (disks' heads, snapshots,

@@ -3,10 +3,11 @@
 //! out as a stream (`strata_format::packed::encode_stream`); every reader
 //! of a packed entry goes through [`decompress`].
 
-use strata_format::packed::{footprint, Codec};
-use strata_format::GRAIN_BYTES;
+use strata_format::packed::{decode_packed, footprint, Codec};
+use strata_format::{GRAIN_BYTES, GRAIN_SHIFT};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::store::Store;
 
 const GRAIN: usize = GRAIN_BYTES as usize;
 
@@ -76,13 +77,70 @@ fn room(len: usize) -> usize {
 
 /// `plain` (a grain, or an aligned pair's 8 KiB) compressed with `codec`
 /// when that saves an eighth (§18.7), else none: it stays raw.
-#[cfg_attr(not(test), allow(dead_code))] // the pack pass (next) calls it
 pub(crate) fn fragment(codec: Codec, plain: &[u8]) -> Option<Vec<u8>> {
     let c = match codec {
         Codec::Lz4 => lz4_flex::block::compress(plain),
         Codec::Zstd => compress_zstd(plain)?,
     };
     (c.len() <= plain.len() * 7 / 8).then_some(c)
+}
+
+/// A fragment decompressed: the bytes of one or two virtual grains from
+/// `v0`, read from packed stream grain `grain`.
+pub(crate) struct Unpacked {
+    pub grain: u64,
+    pub v0: u64,
+    pub plain: Vec<u8>,
+}
+
+impl Unpacked {
+    /// Virtual grain `v`'s 4,096 bytes, if this fragment of `grain`
+    /// holds them.
+    pub(crate) fn bytes(&self, grain: u64, v: u64) -> Option<&[u8]> {
+        let i = usize::try_from(v.checked_sub(self.v0)?).ok()?;
+        (self.grain == grain && i < self.plain.len() / GRAIN)
+            .then(|| &self.plain[i * GRAIN..(i + 1) * GRAIN])
+    }
+}
+
+impl Store {
+    /// The fragment of packed stream grain `grain` that holds virtual
+    /// grain `v`, decompressed (FORMAT.md §18.8 "Reads"): the grain's
+    /// directory checked, the grain after it read too when the fragment
+    /// spills there, the fragment's CRC checked. Any damage is `Corrupt`
+    /// naming the grain and `v`; no other bytes are ever returned.
+    pub(crate) fn unpack(&self, grain: u64, v: u64) -> Result<Unpacked> {
+        let damaged = |why: String| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("packed grain {grain}, virtual grain {v}: {why}"),
+            )
+        };
+        let mut b = vec![0u8; GRAIN];
+        self.pool.read_at(&mut b, grain << GRAIN_SHIFT)?;
+        let p = decode_packed(&b).map_err(|e| damaged(e.to_string()))?;
+        let f = *p
+            .find(v)
+            .ok_or_else(|| damaged("its directory does not hold it".into()))?;
+        let next = if p.spilled(&f) > 0 {
+            let mut n = vec![0u8; GRAIN];
+            self.pool.read_at(&mut n, (grain + 1) << GRAIN_SHIFT)?;
+            Some(n)
+        } else {
+            None
+        };
+        let stored = p
+            .stored(&f, &b, next.as_deref())
+            .map_err(|e| damaged(e.to_string()))?;
+        let mut plain = vec![0u8; f.plain_bytes()];
+        decompress(f.codec, &stored[..f.len as usize], &mut plain)
+            .map_err(|e| damaged(e.message))?;
+        Ok(Unpacked {
+            grain,
+            v0: f.v,
+            plain,
+        })
+    }
 }
 
 #[cfg(test)]

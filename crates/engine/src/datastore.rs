@@ -505,7 +505,7 @@ impl Datastore {
     pub fn check(&self) -> Result<CheckReport> {
         let _g = self.inner.gate.write();
         let mut m = self.inner.meta.lock();
-        let mut r = check::run(&mut m)?;
+        let mut r = check::run(&mut m, &self.inner)?;
         for w in &self.inner.open_warnings {
             r.damaged_pages += 1;
             r.errors.insert(0, w.clone());

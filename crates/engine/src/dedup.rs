@@ -21,10 +21,13 @@ use crate::work::Pacer;
 
 use crate::datastore::{Datastore, SpaceWork};
 
+mod pack;
 mod reshare;
 
 /// Virtual grains walked at a time.
 const REGION: u64 = 256;
+/// The passes commit after this many regions (64 MiB of virtual grains).
+const COMMIT_EVERY_REGIONS: u64 = 64;
 /// Most grains read into memory at once (16 MiB); a region with more
 /// distinct grains is read in windows that end where a virtual grain ends.
 const WINDOW: usize = 4096;
@@ -161,6 +164,42 @@ impl Datastore {
     /// The bytes of `window`'s grains into `buf` in pool order, adjacent
     /// grains read as one; returns where each grain of `window` is (its
     /// index in `buf`, in grains).
+    /// Walk regions of virtual grains from 0 to `end`, the end of the
+    /// largest named version, which each `step(first)` returns again
+    /// with the bytes it read (disks made, reverted or extended meanwhile
+    /// are followed): a checkpoint when one is due, a commit every
+    /// [`COMMIT_EVERY_REGIONS`] and at the end, progress in bytes, paced
+    /// as space work that rests while clients are busy. Returns the
+    /// regions walked and the bytes read.
+    fn over_regions(
+        &self,
+        mut end: u64,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+        step: &mut dyn FnMut(u64) -> Result<(u64, u64)>,
+    ) -> Result<(u64, u64)> {
+        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
+            .resting(crate::work::DEDUP_BUSY_REST);
+        let mut clients = self.inner.client_watch();
+        let (mut regions, mut read_bytes) = (0u64, 0u64);
+        let mut first = 0;
+        while first < end {
+            self.inner.maybe_checkpoint()?;
+            let (read, now_end) = step(first)?;
+            regions += 1;
+            read_bytes += read;
+            if regions.is_multiple_of(COMMIT_EVERY_REGIONS) {
+                self.inner.commit(false)?;
+            }
+            end = now_end;
+            first = (first + REGION).min(end);
+            progress(first * GRAIN_BYTES, end * GRAIN_BYTES);
+            pacer.pace(read, clients.busy())?;
+        }
+        self.inner.commit(false)?;
+        Ok((regions, read_bytes))
+    }
+
     fn read_window(&self, window: &[Mapped], buf: &mut Vec<u8>) -> Result<Vec<usize>> {
         let g = GRAIN_BYTES as usize;
         buf.resize(window.len() * g, 0);
@@ -267,6 +306,10 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<(Vec
             if e != 0 {
                 let v = first + i as u64;
                 logical += 1;
+                if strata_format::leaf_packed(e) {
+                    // Packed (§18.4): not compared in this version.
+                    continue;
+                }
                 out.push(Mapped {
                     v,
                     class: ver.class(v, e),

@@ -12,6 +12,7 @@
 //! Zeroing (trim, WRITE_ZEROES, the eager zero fill, `punchzero`) is the
 //! submodule `zero`.
 
+mod packed;
 mod zero;
 
 use std::sync::Arc;
@@ -172,6 +173,8 @@ struct Piece {
     old: u64,
     /// The key index the old grain was written under (FORMAT.md §16.4).
     old_key: u8,
+    /// The old grain is a packed stream grain (§18.4).
+    old_packed: bool,
     new: bool,
 }
 
@@ -290,14 +293,20 @@ impl DiskHandle {
                 }
             }
         }
+        let mut memo = None;
         for r in runs {
             let len = r.buf.len() as u64;
             let sector = (offset + r.buf.start as u64) / SECTOR;
+            let place = packed_place(&r, offset);
             let dst = &mut buf[r.buf];
             match r.pool {
                 None => {
                     dst.fill(0);
                     fill.push(len, Fill::Zeros);
+                }
+                Some(_) if r.packed => {
+                    self.read_packed(dst, place, cipher.is_some(), &mut memo)?;
+                    fill.push(len, Fill::Data);
                 }
                 Some(at) => {
                     self.inner.pool.read_at(dst, at)?;
@@ -346,12 +355,20 @@ impl DiskHandle {
         };
         let (runs, cipher) = self.mapped_runs(offset, len)?;
         let mut keys = Vec::new();
+        let mut memo = None;
         for r in runs {
             let n = r.buf.len();
             match r.pool {
                 None => {
                     buf[r.buf].fill(0);
                     fill.push(n as u64, Fill::Zeros);
+                }
+                Some(_) if r.packed => {
+                    // Decompressed here, with the gate held: the caller
+                    // reads only the raw pieces.
+                    let place = packed_place(&r, offset);
+                    self.read_packed(&mut buf[r.buf], place, cipher.is_some(), &mut memo)?;
+                    fill.push(n as u64, Fill::Data);
                 }
                 Some(at) => {
                     keys.push(r.key);
@@ -614,7 +631,9 @@ impl DiskHandle {
     /// §16.1: a written zero is data).
     fn rest_of_grain(&self, p: &Piece, cipher: Option<&DataCipher>) -> Result<Vec<u8>> {
         let mut g = vec![0u8; GRAIN_BYTES as usize];
-        if p.old != 0 {
+        if p.old_packed {
+            self.read_packed(&mut g, (p.old, p.v, 0), cipher.is_some(), &mut None)?;
+        } else if p.old != 0 {
             self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
             if let Some(x) = cipher.filter(|x| x.write_bits() != p.old_key) {
                 // The old grain is under another key (an own-key clone's
@@ -785,6 +804,9 @@ struct Run {
     buf: std::ops::Range<usize>,
     pool: Option<u64>,
     key: u8,
+    /// `pool` is a packed stream grain's first byte, and the run one
+    /// virtual grain (FORMAT.md §18.4).
+    packed: bool,
 }
 
 /// Runs of `grains` (index range, first grain; 0 for a hole): physically
@@ -797,19 +819,42 @@ struct Run {
 fn runs_of(entries: &[u64], offset: u64, len: u64) -> Vec<Run> {
     let first = offset >> GRAIN_SHIFT;
     let end = offset + len;
-    grain_runs(entries)
-        .map(|(i, j, e0)| {
-            let v0 = first + i as u64;
-            let s = offset.max(v0 << GRAIN_SHIFT);
-            let t = end.min((first + j as u64) << GRAIN_SHIFT);
-            let g0 = strata_format::leaf_grain(e0);
-            Run {
-                buf: (s - offset) as usize..(t - offset) as usize,
-                pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + (s - (v0 << GRAIN_SHIFT))),
-                key: strata_format::leaf_key(e0),
-            }
-        })
-        .collect()
+    let run = |i: usize, j: usize, e0: u64| {
+        let v0 = first + i as u64;
+        let s = offset.max(v0 << GRAIN_SHIFT);
+        let t = end.min((first + j as u64) << GRAIN_SHIFT);
+        let g0 = strata_format::leaf_grain(e0);
+        let packed = strata_format::leaf_packed(e0);
+        let within = if packed { 0 } else { s - (v0 << GRAIN_SHIFT) };
+        Run {
+            buf: (s - offset) as usize..(t - offset) as usize,
+            pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + within),
+            key: strata_format::leaf_key(e0),
+            packed,
+        }
+    };
+    let mut out = Vec::new();
+    for (i, j, e0) in grain_runs(entries) {
+        if strata_format::leaf_packed(e0) {
+            // Packed entries are read grain by grain (adjacent stream
+            // grains are no run of bytes).
+            out.extend((i..j).map(|k| run(k, k + 1, entries[k])));
+        } else {
+            out.push(run(i, j, e0));
+        }
+    }
+    out
+}
+
+/// A packed run's (stream grain, virtual grain, byte within it) for a
+/// request at `offset`.
+fn packed_place(r: &Run, offset: u64) -> (u64, u64, usize) {
+    let at = offset + r.buf.start as u64;
+    (
+        r.pool.unwrap_or(0) >> GRAIN_SHIFT,
+        at >> GRAIN_SHIFT,
+        (at % GRAIN_BYTES) as usize,
+    )
 }
 
 /// Whether `buf` at `offset` may be read or written with direct I/O as
@@ -848,6 +893,7 @@ fn pieces_for_write(
                 grain: if in_place { leaf_grain(e) } else { 0 },
                 old: leaf_grain(e),
                 old_key: leaf_key(e),
+                old_packed: strata_format::leaf_packed(e),
                 new: !in_place,
             }
         })

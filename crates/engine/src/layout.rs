@@ -110,13 +110,15 @@ impl DiskHandle {
     /// The mapped grains of `[first, last]` as (virtual, pool) pairs, and
     /// the number of physical runs they form.
     fn region_plan(&self, m: &mut Meta, first: u64, last: u64) -> Result<(Vec<(u64, u64)>, u64)> {
-        let mut grains = Vec::new();
-        m.lookup_range(self.version, first, last - first + 1, &mut grains)?;
-        let mapped: Vec<(u64, u64)> = grains
+        let mut entries = Vec::new();
+        m.lookup_entries(self.version, first, last - first + 1, &mut entries)?;
+        // Packed stream grains are not moved one by one (a grain and its
+        // spill stay adjacent, FORMAT.md §18.8): defrag leaves them.
+        let mapped: Vec<(u64, u64)> = entries
             .iter()
             .enumerate()
-            .filter(|(_, &g)| g != 0)
-            .map(|(i, &g)| (first + i as u64, g))
+            .filter(|(_, &e)| e != 0 && !strata_format::leaf_packed(e))
+            .map(|(i, &e)| (first + i as u64, strata_format::leaf_grain(e)))
             .collect();
         let before = runs(mapped.iter().map(|p| p.1));
         Ok((mapped, before))

@@ -55,9 +55,10 @@ pub use error::{Error, ErrorKind, Result};
 // strata-api's vocabulary, in the engine's signatures.
 pub use strata_api::alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use strata_api::{
-    CheckReport, Consistency, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, DiskInfo,
-    FailStop, FreeSpaceReport, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, PoolLayout,
-    Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, SnapshotInfo,
+    CheckReport, CompressReport, Consistency, DatastoreInfo, DedupEstimate, DedupReport,
+    DefragReport, DiskInfo, FailStop, FreeSpaceReport, GroupInfo, GroupMemberInfo,
+    GroupSnapshotInfo, PoolLayout, Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult,
+    SnapshotInfo,
 };
 pub use throttle::IoLimits;
 pub use work::{Pacer, WorkControl};

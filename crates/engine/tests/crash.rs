@@ -1,7 +1,9 @@
 //! Crash tests over the simulated storage layer. Several logical clients —
 //! a writer on disk "d", a writer on disk "e", and an admin that takes,
 //! deletes and reverts snapshots, reclaims, makes and drops clones,
-//! converts, defragments, re-shares equal grains, consolidates free space and checkpoints — are interleaved by a scheduler driven by the seed, so a
+//! converts, defragments, re-shares equal grains, packs what compresses,
+//! consolidates free space and checkpoints — are interleaved by a
+//! scheduler driven by the seed, so a
 //! failing case replays exactly from the seed it prints. Rounds end in a
 //! power cut (unflushed writes dropped, kept or torn at sector granularity),
 //! sometimes in the middle of a flush or a checkpoint (page images, pages,
@@ -310,10 +312,26 @@ fn admin(
             w.flush();
             false
         }
-        45..=64 => {
+        45..=62 => {
             // Give back part of what deleted snapshots held: a crash may
             // land in the middle of reclaiming.
             failed(ds.reclaim(rng.gen_range(1..3000)), faulty, seed, "reclaim")
+        }
+        63..=64 => {
+            // Pack what compresses (FORMAT.md §18.5): sectors written into
+            // zero grains leave grains that shrink; streams, spills and
+            // their counts meet every other operation and the crashes.
+            let r = ds.compress(
+                &[],
+                rng.gen_bool(0.5),
+                &SpaceWork::default(),
+                &mut |_, _| {},
+            );
+            let f = failed(r, faulty, seed, "compress");
+            if !f {
+                w.flush();
+            }
+            f
         }
         65..=74 => {
             // A linked clone, written to and removed again: its writes must

@@ -39,13 +39,41 @@ pub const REF_PAGE_MAGIC: u32 = 0x4645_5253;
 pub const ENTRY_GRAIN_MASK: u64 = (1 << 48) - 1;
 /// Where a leaf entry's key index starts (bits 44–47, FORMAT.md §16.4).
 pub const LEAF_KEY_SHIFT: u32 = 44;
-/// Bits of a leaf entry that hold the pool grain number.
-pub const LEAF_GRAIN_MASK: u64 = (1 << LEAF_KEY_SHIFT) - 1;
+/// Bit 43 of a leaf entry: it names a packed stream grain (FORMAT.md
+/// §18.1), which holds its virtual grain's bytes compressed.
+pub const LEAF_PACKED: u64 = 1 << 43;
+/// Bit 42 of a packed leaf entry: its fragment continues into the stream
+/// grain after the one named, which the entry references too (§18.8).
+pub const LEAF_SPILLS: u64 = 1 << 42;
+/// Bits of a leaf entry that hold the pool grain number (43: the pool
+/// stays below 2^43 grains, 32 PiB, so bit 43 is free for the flag).
+pub const LEAF_GRAIN_MASK: u64 = LEAF_PACKED - 1;
+/// Bits of a packed leaf entry that hold its stream grain (42: a pool
+/// below 2^42 grains, 16 PiB, packs).
+pub const PACKED_GRAIN_MASK: u64 = LEAF_SPILLS - 1;
 
-/// The pool grain a leaf entry names (its key index left out).
+/// The pool grain a leaf entry names (its key index, packed flag and
+/// spill bit left out).
 #[inline]
 pub fn leaf_grain(e: u64) -> u64 {
-    e & LEAF_GRAIN_MASK
+    if e & LEAF_PACKED != 0 {
+        e & PACKED_GRAIN_MASK
+    } else {
+        e & LEAF_GRAIN_MASK
+    }
+}
+
+/// Whether a leaf entry names a packed stream grain.
+#[inline]
+pub fn leaf_packed(e: u64) -> bool {
+    e & LEAF_PACKED != 0
+}
+
+/// Whether a leaf entry names a packed fragment that continues into the
+/// grain after the one it names (and so references that one too).
+#[inline]
+pub fn leaf_spills(e: u64) -> bool {
+    e & (LEAF_PACKED | LEAF_SPILLS) == LEAF_PACKED | LEAF_SPILLS
 }
 
 /// The key index of a leaf entry (0: the keyring's data cipher).
@@ -84,8 +112,13 @@ pub const INCOMPAT_DEEP_REKEY: u32 = 1 << 2;
 /// before the first keyring with own keys is logged.
 pub const INCOMPAT_KEY_INDEX: u32 = 1 << 3;
 /// Feature bits this build understands.
-pub const INCOMPAT_KNOWN: u32 =
-    INCOMPAT_RUN_RECORDS | INCOMPAT_ENCRYPTION | INCOMPAT_DEEP_REKEY | INCOMPAT_KEY_INDEX;
+/// Leaf entries may name packed stream grains (bit 43, FORMAT.md §18).
+pub const INCOMPAT_PACKED: u32 = 1 << 4;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_RUN_RECORDS
+    | INCOMPAT_ENCRYPTION
+    | INCOMPAT_DEEP_REKEY
+    | INCOMPAT_KEY_INDEX
+    | INCOMPAT_PACKED;
 /// The longest REF_RUN record, in grains.
 pub const REF_RUN_MAX: u32 = 1 << 20;
 pub const RO_COMPAT_KNOWN: u32 = 0;

@@ -39,13 +39,13 @@ fn superblock_refuses_flipped_bits_unknown_features_and_versions() {
         Err(FormatError::BadChecksum { .. })
     ));
     let mut b = sb().encode();
-    b[12] = 16; // unknown incompat bit (the first past KEY_INDEX); fix checksum
+    b[12] = 32; // unknown incompat bit (the first past PACKED); fix checksum
     b[28..32].fill(0);
     let crc = crc32c::crc32c(&b[..128]);
     b[28..32].copy_from_slice(&crc.to_le_bytes());
     assert_eq!(
         Superblock::decode(&b),
-        Err(FormatError::IncompatFeatures(16))
+        Err(FormatError::IncompatFeatures(32))
     );
 }
 

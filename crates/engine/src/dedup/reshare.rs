@@ -17,10 +17,6 @@ use super::{region_entries, versions_of, window_end, Mapped, Version, REGION};
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::Result;
 use crate::meta::Meta;
-use crate::work::Pacer;
-
-/// The pass commits after this many regions (64 MiB of virtual grains).
-const COMMIT_EVERY_REGIONS: u64 = 64;
 
 /// One loser and its winner at a virtual grain: (v, loser, winner).
 type Merge = (u64, u64, u64);
@@ -45,35 +41,18 @@ impl Datastore {
     ) -> Result<DedupReport> {
         self.inner.check_writable()?;
         let (disks, versions) = versions_of(&self.inner.meta.lock(), names)?;
-        let mut end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
         let mut rep = DedupReport {
             disks,
             versions: versions.len() as u64,
             used_bytes_before: self.inner.meta.lock().used_grains() * GRAIN_BYTES,
             ..DedupReport::default()
         };
-        let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref())
-            .resting(crate::work::DEDUP_BUSY_REST);
-        let mut clients = self.inner.client_watch();
         // The window's bytes, kept from region to region.
         let mut buf = Vec::new();
-        let mut first = 0;
-        while first < end {
-            self.inner.maybe_checkpoint()?;
-            // The versions are taken again for each region, as the
-            // estimate does: disks made, reverted or extended are followed.
-            let (read, now_end) = self.reshare_region(names, first, &mut rep, &mut buf)?;
-            rep.regions += 1;
-            rep.read_bytes += read;
-            if rep.regions.is_multiple_of(COMMIT_EVERY_REGIONS) {
-                self.inner.commit(false)?;
-            }
-            end = now_end;
-            first = (first + REGION).min(end);
-            progress(first * GRAIN_BYTES, end * GRAIN_BYTES);
-            pacer.pace(read, clients.busy())?;
-        }
-        self.inner.commit(false)?;
+        (rep.regions, rep.read_bytes) = self.over_regions(end, opts, progress, &mut |first| {
+            self.reshare_region(names, first, &mut rep, &mut buf)
+        })?;
         rep.used_bytes_after = self.inner.meta.lock().used_grains() * GRAIN_BYTES;
         Ok(rep)
     }

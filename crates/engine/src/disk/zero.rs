@@ -353,6 +353,7 @@ impl DiskHandle {
                         grain: 0,
                         old: 0,
                         old_key: 0,
+                        old_packed: false,
                         new: true,
                     });
                 }
@@ -446,7 +447,9 @@ impl DiskHandle {
         let mut zero = Vec::new();
         let mut i = 0;
         while i < grains.len() {
-            if grains[i] == 0 {
+            // A packed entry is never a run of zeros on disk: the pack
+            // pass leaves zero grains raw, for this scan (§18.8).
+            if grains[i] == 0 || strata_format::leaf_packed(grains[i]) {
                 i += 1;
                 continue;
             }

@@ -325,7 +325,8 @@ impl Meta {
             }
             let child_base = base + (lo + i) as u64 * span;
             if level == 0 {
-                if leaf_grain(e) >= zone {
+                // Stream grains stay (§18.8: repacking moves them).
+                if leaf_grain(e) >= zone && !strata_format::leaf_packed(e) {
                     scan.found.push(ZoneGrain::Data {
                         v: child_base,
                         g: leaf_grain(e),

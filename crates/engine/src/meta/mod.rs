@@ -27,6 +27,7 @@
 
 mod alloc;
 mod layout;
+mod pack;
 mod pages;
 mod refs;
 mod replay;
@@ -49,6 +50,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::{pool_end_covering, Allocator, DataSlot, Place};
 pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan};
+pub use pack::Packing;
 pub use pages::{DirtyPages, EncodedPage};
 pub use split::Moved;
 

@@ -4,18 +4,27 @@
 //! turns into a fail-stop.
 //!
 //! They take map entries as they are: a leaf entry's key index (bits
-//! 44–47, FORMAT.md §16.4) is left out, so a grain counts the same under
-//! any key.
+//! 44–47, FORMAT.md §16.4) and packed flag (bit 43, §18.1) are left out,
+//! so a grain counts the same under any key; a packed entry whose
+//! fragment spills (bit 42, §18.8) references the grain after the one it
+//! names too, so it counts, and is released, on both.
 
 use super::{corrupt, Meta};
-use strata_format::{leaf_grain, REFS_PER_PAGE};
+use strata_format::{leaf_grain, leaf_packed, leaf_spills, REFS_PER_PAGE};
 
 use crate::cache::{PageData, PageKey};
 use crate::error::Result;
 
 impl Meta {
-    pub(super) fn incref(&mut self, g: u64) -> Result<()> {
-        let g = leaf_grain(g);
+    pub(super) fn incref(&mut self, e: u64) -> Result<()> {
+        self.incref_grain(leaf_grain(e))?;
+        if leaf_spills(e) {
+            self.incref_grain(leaf_grain(e) + 1)?;
+        }
+        Ok(())
+    }
+
+    fn incref_grain(&mut self, g: u64) -> Result<()> {
         let c = self.ref_get(g)?;
         if c == 0 {
             return Err(corrupt(format!(
@@ -29,9 +38,13 @@ impl Meta {
     }
 
     /// Drop one reference; free the grain (and, for a node, its subtree) at 0.
-    /// `level` is Some(level) for a map node, None for a data grain.
-    pub fn decref(&mut self, g: u64, level: Option<u8>) -> Result<()> {
-        let g = leaf_grain(g);
+    /// `level` is Some(level) for a map node, None for a data grain (a
+    /// leaf entry: one that spills releases the next grain too).
+    pub fn decref(&mut self, e: u64, level: Option<u8>) -> Result<()> {
+        let g = leaf_grain(e);
+        if level.is_none() && leaf_spills(e) {
+            self.decref(g + 1, None)?;
+        }
         let c = self.ref_get(g)?;
         if c == 0 {
             return Err(corrupt(format!(
@@ -86,7 +99,8 @@ impl Meta {
             while i < pieces.len() && (!pieces[i].1 || leaf_grain(pieces[i].0) / per_page == page) {
                 let (g, ok) = &mut pieces[i];
                 if *ok {
-                    *ok = counts[(leaf_grain(*g) % per_page) as usize] == 1;
+                    // A packed entry is never written in place (§18.4).
+                    *ok = !leaf_packed(*g) && counts[(leaf_grain(*g) % per_page) as usize] == 1;
                 }
                 i += 1;
             }
@@ -108,6 +122,6 @@ impl Meta {
 
     /// Whether a write may go to grain `g` in place, as far as `g` itself goes.
     pub(super) fn sole_owner(&mut self, g: u64) -> Result<bool> {
-        Ok(self.ref_get(g)? == 1 && !self.decreased_in_batch(leaf_grain(g)))
+        Ok(!leaf_packed(g) && self.ref_get(g)? == 1 && !self.decreased_in_batch(leaf_grain(g)))
     }
 }

@@ -71,13 +71,21 @@ impl Meta {
         while let Some((node, level)) = work.pop() {
             let entries = *self.node(node, level)?;
             let child_level = level.checked_sub(1);
-            for e in entries.into_iter().filter(|&e| e != 0) {
+            for entry in entries.into_iter().filter(|&e| e != 0) {
                 // A data grain by its number, whatever key wrote it.
                 let e = if child_level.is_none() {
-                    leaf_grain(e)
+                    leaf_grain(entry)
                 } else {
-                    e
+                    entry
                 };
+                // A packed fragment spilling into the next grain holds
+                // that one too (§18.8).
+                if child_level.is_none()
+                    && strata_format::leaf_spills(entry)
+                    && self.sim_take(e + 1, None, base, taken)?
+                {
+                    freed += 1;
+                }
                 if self.sim_take(e, child_level, base, taken)? {
                     freed += 1;
                     if let Some(l) = child_level {

@@ -1,0 +1,466 @@
+//! `strata compress DISK...` (docs/FORMAT.md §18.5, §18.8): the named
+//! disks' raw grains packed into compressed streams, online, a region at
+//! a time.
+//!
+//! Per region, with every head's write stripes held: the named versions'
+//! distinct raw grains that may move (not thick, not encrypted, every
+//! reference to them a leaf entry at their virtual grain) are listed
+//! under the metadata lock, then read and compressed without it, an
+//! aligned pair together when that saves an eighth of both, else each
+//! grain alone when it does; zero grains stay raw for zero reclaim. Then,
+//! under the gate and the lock, if the list is still what it was, the
+//! fragments are laid out as streams over consecutive free grains (one
+//! stream per layer: a virtual grain is in a stream once), written, and
+//! in one batch the entries point at them, the stream grains get their
+//! counts and the raw grains are freed.
+
+use strata_api::CompressReport;
+use strata_format::packed::{encode_stream, Codec, Piece, Stream};
+use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, INCOMPAT_PACKED, LEAF_SPILLS};
+
+use super::{region_entries, versions_of, window_end, Mapped, Version, REGION};
+use crate::compress::fragment;
+use crate::datastore::{Datastore, SpaceWork};
+use crate::error::{err, Error, ErrorKind, Result};
+use crate::meta::{Meta, Packing};
+use crate::store::SpaceRequest;
+
+const GRAIN: usize = GRAIN_BYTES as usize;
+
+/// A region's candidates: the named versions' distinct raw grains that
+/// may move, sorted by virtual grain, and each one's count.
+#[derive(PartialEq, Eq)]
+struct Plan {
+    mapped: Vec<Mapped>,
+    counts: Vec<u32>,
+}
+
+/// A compressed fragment to lay out: its virtual grain (the first of a
+/// pair), the raw grains it replaces (one, or a pair's two), its bytes.
+struct Frag {
+    v: u64,
+    from: Vec<u64>,
+    bytes: Vec<u8>,
+}
+
+/// A stream placed in the pool: its first grain, its layout, and the
+/// fragments of its layer it holds.
+struct Placed {
+    first: u64,
+    stream: Stream,
+    layer: usize,
+    frags: std::ops::Range<usize>,
+}
+
+impl Datastore {
+    /// Pack the raw grains of `names` (every disk when empty) that shrink
+    /// by an eighth: see [`CompressReport`]. zstd, or LZ4 with `lz4`.
+    /// Paced, pausable and cancellable as the other space work;
+    /// `progress(done, total)` in bytes of the largest version.
+    pub fn compress(
+        &self,
+        names: &[String],
+        lz4: bool,
+        opts: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CompressReport> {
+        self.inner.check_writable()?;
+        let codec = if lz4 { Codec::Lz4 } else { Codec::Zstd };
+        let (disks, versions) = versions_of(&self.inner.meta.lock(), names)?;
+        if self.inner.meta.lock().hwm() >= LEAF_SPILLS {
+            return err(
+                ErrorKind::Unsupported,
+                "compress: the pool is past 2^42 grains (16 PiB), which packed entries cannot name",
+            );
+        }
+        let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+        let mut rep = CompressReport {
+            disks,
+            versions: versions.len() as u64,
+            codec: if lz4 { "lz4" } else { "zstd" }.into(),
+            used_bytes_before: self.inner.meta.lock().used_grains() * GRAIN_BYTES,
+            ..CompressReport::default()
+        };
+        if end > 0 {
+            // Before the first packed entry is logged (§18.1).
+            self.inner.ensure_incompat(INCOMPAT_PACKED)?;
+        }
+        (rep.regions, rep.read_bytes) = self.over_regions(end, opts, progress, &mut |first| {
+            self.pack_region(names, codec, first, &mut rep)
+        })?;
+        rep.used_bytes_after = self.inner.meta.lock().used_grains() * GRAIN_BYTES;
+        Ok(rep)
+    }
+
+    /// One region; returns the bytes read and the end of the largest
+    /// named version now.
+    fn pack_region(
+        &self,
+        names: &[String],
+        codec: Codec,
+        first: u64,
+        rep: &mut CompressReport,
+    ) -> Result<(u64, u64)> {
+        let _fence = self.inner.fail_on_panic();
+        let held = self.inner.meta.lock().head_versions();
+        let _stripes = self.inner.lock_stripes_of(&held, first, first + REGION - 1);
+        let (plan, end) = pack_plan(names, first, &mut self.inner.meta.lock())?;
+        if plan.mapped.is_empty() {
+            return Ok((0, end));
+        }
+        let layers = self.compress_plan(&plan.mapped, codec, rep)?;
+        let read = plan.mapped.len() as u64 * GRAIN_BYTES;
+        if layers.iter().all(|l| l.is_empty()) {
+            return Ok((read, end));
+        }
+        // As defrag and dedup: the stripes are held already, so a
+        // recursive read of the gate.
+        let _gate = self.inner.gate.read_recursive();
+        let mut m = self.inner.meta.lock();
+        if m.head_versions() != held || pack_plan(names, first, &mut m)?.0 != plan {
+            rep.regions_skipped += 1;
+            return Ok((read, end));
+        }
+        let placed = self.place_layers(&mut m, &layers, codec)?;
+        drop(m);
+        if let Err(e) = self.write_streams(&placed) {
+            self.give_back_streams(&mut self.inner.meta.lock(), &placed)?;
+            return Err(e);
+        }
+        let mut m = self.inner.meta.lock();
+        if m.head_versions() != held {
+            self.give_back_streams(&mut m, &placed)?;
+            rep.regions_skipped += 1;
+            return Ok((read, end));
+        }
+        let left = self
+            .inner
+            .guarded(&mut m, |m| install(m, &placed, &layers))?;
+        let kept: Vec<&Placed> = placed.iter().filter(|p| !left.contains(&p.first)).collect();
+        for p in placed.iter().filter(|p| left.contains(&p.first)) {
+            give_back(&mut m, p.first, p.stream.len())?;
+        }
+        drop(m);
+        for p in kept {
+            rep.stream_bytes += p.stream.len() as u64 * GRAIN_BYTES;
+            for f in &layers[p.layer][p.frags.clone()] {
+                let bytes = f.from.len() as u64 * GRAIN_BYTES;
+                rep.packed_bytes += bytes;
+                if f.from.len() == 2 {
+                    rep.pair_bytes += bytes;
+                }
+            }
+        }
+        self.inner
+            .mutations
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok((read, end))
+    }
+
+    /// Read the plan's grains a window at a time and compress them into
+    /// fragments, by layer: layer `k` holds the `k`-th distinct grain of
+    /// each virtual grain (a stream names a virtual grain once). An
+    /// aligned pair of one layer is compressed together when that saves
+    /// an eighth; else each grain alone when it does. What stays raw is
+    /// counted in `rep`.
+    fn compress_plan(
+        &self,
+        mapped: &[Mapped],
+        codec: Codec,
+        rep: &mut CompressReport,
+    ) -> Result<Vec<Vec<Frag>>> {
+        let mut layers: Vec<Vec<Frag>> = Vec::new();
+        let mut buf = Vec::new();
+        let mut at = 0;
+        while at < mapped.len() {
+            let to = window_end(mapped, at);
+            let slot = self.read_window(&mapped[at..to], &mut buf)?;
+            // Layer k: the k-th distinct grain of each virtual grain.
+            let mut by_layer: Vec<Vec<(u64, u64, &[u8])>> = Vec::new();
+            let mut k = 0;
+            for i in at..to {
+                k = if i > at && mapped[i].v == mapped[i - 1].v {
+                    k + 1
+                } else {
+                    0
+                };
+                if by_layer.len() <= k {
+                    by_layer.push(Vec::new());
+                }
+                let b = &buf[slot[i - at] * GRAIN..(slot[i - at] + 1) * GRAIN];
+                by_layer[k].push((mapped[i].v, mapped[i].grain, b));
+            }
+            for (k, members) in by_layer.iter().enumerate() {
+                if layers.len() <= k {
+                    layers.push(Vec::new());
+                }
+                compress_layer(members, codec, &mut layers[k], rep);
+            }
+            at = to;
+        }
+        Ok(layers)
+    }
+
+    /// Lay each layer's fragments out as streams over consecutive free
+    /// grains (a layer the allocator cannot give one run for becomes
+    /// several streams). On error nothing stays allocated.
+    fn place_layers(
+        &self,
+        m: &mut Meta,
+        layers: &[Vec<Frag>],
+        codec: Codec,
+    ) -> Result<Vec<Placed>> {
+        let want: u64 = layers
+            .iter()
+            .flatten()
+            .map(|f| f.bytes.len() as u64 + 16)
+            .sum::<u64>()
+            .div_ceil(GRAIN_BYTES - 16)
+            + layers.len() as u64;
+        self.inner.check_space(
+            m,
+            SpaceRequest {
+                reserve: false,
+                grains: want,
+                own_reserved: 0,
+            },
+        )?;
+        let cap = self.inner.capacity_grains(m);
+        let mut out = Vec::new();
+        for (layer, frags) in layers.iter().enumerate() {
+            if let Err(e) = place_layer(m, (layer, frags), codec, cap, &mut out) {
+                for p in &out {
+                    give_back(m, p.first, p.stream.len())?;
+                }
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write the placed streams' grains.
+    fn write_streams(&self, placed: &[Placed]) -> Result<()> {
+        for p in placed {
+            self.inner
+                .pool
+                .write_at(&p.stream.grains, p.first << GRAIN_SHIFT)?;
+        }
+        Ok(())
+    }
+
+    /// Give back the grains of streams that will not be installed.
+    fn give_back_streams(&self, m: &mut Meta, placed: &[Placed]) -> Result<()> {
+        for p in placed {
+            give_back(m, p.first, p.stream.len()).map_err(|e| self.inner.fail_stop(e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The region's candidates over the named disks' versions now, and the
+/// end of the largest of them: distinct raw grains of plain (unencrypted,
+/// not thick) versions whose every reference is a leaf entry at their
+/// virtual grain, and which no thick disk or deep rekey maps.
+fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
+    let (_, versions) = versions_of(m, names)?;
+    let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
+    let (mapped, _) = region_entries(m, &versions, first)?;
+    let (_, all) = versions_of(m, &[])?;
+    let fixed: Vec<Version> = all
+        .into_iter()
+        .filter(|v| v.thick.is_some() || v.keyring.is_some())
+        .collect();
+    let mut fixed: Vec<(u64, u64)> = region_entries(m, &fixed, first)?
+        .0
+        .iter()
+        .map(|e| (e.v, e.grain))
+        .collect();
+    fixed.sort_unstable();
+    let mut kept = Vec::new();
+    let mut counts = Vec::new();
+    for e in mapped {
+        if e.class != 0 || fixed.binary_search(&(e.v, e.grain)).is_ok() {
+            continue;
+        }
+        if m.can_move(e.v, e.grain)? {
+            counts.push(m.ref_get(e.grain)?);
+            kept.push(e);
+        }
+    }
+    Ok((
+        Plan {
+            mapped: kept,
+            counts,
+        },
+        end,
+    ))
+}
+
+/// Compress one layer's grains of a window (virtual grain, raw grain,
+/// bytes; in virtual-grain order) onto `out`: each grain alone, kept when
+/// it saves an eighth; an aligned pair whose grains both keep is
+/// compressed together too, and kept as one fragment when that is
+/// smaller than the two (a pair never carries an incompressible grain).
+fn compress_layer(
+    members: &[(u64, u64, &[u8])],
+    codec: Codec,
+    out: &mut Vec<Frag>,
+    rep: &mut CompressReport,
+) {
+    // Zero grains are left for zero reclaim, which finds raw zeros only.
+    let single: Vec<Option<Vec<u8>>> = members
+        .iter()
+        .map(|&(_, _, b)| {
+            (!crate::disk::is_zero(b))
+                .then(|| fragment(codec, b))
+                .flatten()
+        })
+        .collect();
+    let mut j = 0;
+    while j < members.len() {
+        let (v, g, b) = members[j];
+        let next = members
+            .get(j + 1)
+            .filter(|n| v.is_multiple_of(2) && n.0 == v + 1);
+        if let (Some(&(_, g1, b1)), Some(one), Some(Some(two))) =
+            (next, &single[j], single.get(j + 1))
+        {
+            if let Some(c) =
+                fragment(codec, &[b, b1].concat()).filter(|c| c.len() + 16 < one.len() + two.len())
+            {
+                out.push(Frag {
+                    v,
+                    from: vec![g, g1],
+                    bytes: c,
+                });
+                j += 2;
+                continue;
+            }
+        }
+        match &single[j] {
+            Some(c) => out.push(Frag {
+                v,
+                from: vec![g],
+                bytes: c.clone(),
+            }),
+            None => rep.raw_bytes += GRAIN_BYTES,
+        }
+        j += 1;
+    }
+}
+
+/// The pieces of `frags` for the layout.
+fn pieces_of(frags: &[Frag], codec: Codec) -> Vec<Piece<'_>> {
+    frags
+        .iter()
+        .map(|f| Piece {
+            v: f.v,
+            pair: f.from.len() == 2,
+            codec,
+            len: f.bytes.len(),
+            stored: &f.bytes,
+        })
+        .collect()
+}
+
+/// A layout refused by the format: the pass's own mistake, named.
+fn layout_error(e: strata_format::FormatError) -> Error {
+    Error::new(ErrorKind::Io, format!("compress: laying out a stream: {e}"))
+}
+
+/// Grains stream `s` needs for its first `k` pieces alone: up to the
+/// grain where piece `k - 1` starts, and the next one if it spills.
+fn grains_for(s: &Stream, k: usize) -> usize {
+    let at = s.starts[k - 1];
+    let last_here = k == s.starts.len() || s.starts[k] != at;
+    at + 1 + usize::from(last_here && s.spills[at])
+}
+
+/// Place one layer's fragments as one or more streams onto `out`: a
+/// stream over as many consecutive grains as the allocator gives; where
+/// it gives fewer than the layout needs, the longest prefix that fits
+/// them is laid out alone and the rest starts another stream. Fragments
+/// no run can take stay raw.
+fn place_layer(
+    m: &mut Meta,
+    (layer, frags): (usize, &[Frag]),
+    codec: Codec,
+    cap: u64,
+    out: &mut Vec<Placed>,
+) -> Result<()> {
+    let mut at = 0;
+    let mut hint = None;
+    while at < frags.len() {
+        let pieces = pieces_of(&frags[at..], codec);
+        let s = encode_stream(&pieces).map_err(layout_error)?;
+        let (g0, got) = m.alloc_stream(s.len() as u64, hint, cap)?;
+        let got = got as usize;
+        let fit = (1..=pieces.len()).rev().find(|&k| grains_for(&s, k) <= got);
+        let Some(k) = fit else {
+            // One grain where the first fragment spills: leave it raw.
+            give_back(m, g0, got)?;
+            at += 1;
+            continue;
+        };
+        let s = if k == pieces.len() {
+            s
+        } else {
+            encode_stream(&pieces[..k]).map_err(layout_error)?
+        };
+        give_back(m, g0 + s.len() as u64, got - s.len())?;
+        hint = Some(g0 + s.len() as u64 - 1);
+        out.push(Placed {
+            first: g0,
+            stream: s,
+            layer,
+            frags: at..at + k,
+        });
+        at += k;
+    }
+    Ok(())
+}
+
+/// Give back `n` grains from `first`, allocated and never installed.
+fn give_back(m: &mut Meta, first: u64, n: usize) -> Result<()> {
+    for g in first..first + n as u64 {
+        m.abort_alloc(g)?;
+    }
+    Ok(())
+}
+
+/// Install every placed stream (FORMAT.md §18.8): its grains' counts
+/// (the entries that will reference each: those naming it, and those of
+/// a fragment spilling into it from the grain before), its fragments'
+/// entries, the raw grains freed. Returns the first grains of streams
+/// that could not be installed (a reference not accounted for: nothing
+/// of them changed).
+fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<u64>> {
+    let mut left = Vec::new();
+    for p in placed {
+        let s = &p.stream;
+        let mut counts = vec![0u32; s.len()];
+        let mut packs = Vec::new();
+        for (j, f) in layers[p.layer][p.frags.clone()].iter().enumerate() {
+            let at = s.starts[j];
+            let last_here = j + 1 == s.starts.len() || s.starts[j + 1] != at;
+            let spills = last_here && s.spills[at];
+            for (k, &from) in f.from.iter().enumerate() {
+                let n = m.ref_get(from)?;
+                counts[at] += n;
+                if spills {
+                    counts[at + 1] += n;
+                }
+                packs.push(Packing {
+                    v: f.v + k as u64,
+                    from,
+                    into: p.first + at as u64,
+                    spills,
+                });
+            }
+        }
+        if !m.install_packed(p.first, &counts, &packs)? {
+            left.push(p.first);
+        }
+    }
+    Ok(left)
+}

@@ -1,0 +1,92 @@
+//! The metadata side of the pack pass (docs/FORMAT.md §18.5, §18.8):
+//! contiguous grains for a stream, and one region's entries pointed at
+//! the streams, with their counts, in one batch.
+
+use strata_format::{leaf_entry, LEAF_PACKED, LEAF_SPILLS, MAP_FANOUT};
+
+use super::{corrupt, Meta, Place};
+use crate::error::Result;
+
+/// The allocator's owner for stream grains (its cursor).
+const PACK_OWNER: u64 = u64::MAX - 2;
+
+/// One raw grain to be read through a stream from now on: at virtual
+/// grain `v`, grain `from` becomes the fragment starting in stream grain
+/// `into` (and continuing into `into + 1` when it `spills`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packing {
+    pub v: u64,
+    pub from: u64,
+    pub into: u64,
+    pub spills: bool,
+}
+
+impl Meta {
+    /// Up to `want` consecutive free grains for a stream, the first after
+    /// `hint` when it can: (first grain, how many). Each has count 1 in
+    /// memory, as from `alloc_grain`, until the stream is installed or
+    /// given back.
+    pub fn alloc_stream(&mut self, want: u64, hint: Option<u64>, cap: u64) -> Result<(u64, u64)> {
+        let g0 = self.alloc_grain(PACK_OWNER, hint, cap, Place::Any)?;
+        let mut got = 1;
+        while got < want {
+            let g = g0 + got;
+            let took = if g.is_multiple_of(strata_format::BLOCK_GRAINS) {
+                self.alloc_block_start(g, cap)?.is_some()
+            } else if self.allocatable(g)? {
+                self.take(g)?;
+                true
+            } else {
+                false
+            };
+            if !took {
+                break;
+            }
+            got += 1;
+        }
+        Ok((g0, got))
+    }
+
+    /// Point every entry naming each packing's `from` at its `v` to its
+    /// `into` (packed flag set, the spill bit where it spills, key index
+    /// kept), set the stream grains' counts (`counts[i]` for `stream + i`:
+    /// the entries that will reference it) and free the raw grains. First
+    /// checks that the leaves naming each `from` at `v` account for its
+    /// whole count; if one does not, nothing changes and false is
+    /// returned.
+    pub fn install_packed(
+        &mut self,
+        stream: u64,
+        counts: &[u32],
+        packs: &[Packing],
+    ) -> Result<bool> {
+        for p in packs {
+            if !self.can_move(p.v, p.from)? {
+                return Ok(false);
+            }
+        }
+        for (i, &w) in counts.iter().enumerate() {
+            if w == 0 {
+                return Err(corrupt(format!(
+                    "stream grain {} would have no reference",
+                    stream + i as u64
+                )));
+            }
+            self.ref_set(stream + i as u64, w)?;
+        }
+        for p in packs {
+            let idx = (p.v as usize) & (MAP_FANOUT - 1);
+            let count = self.ref_get(p.from)?;
+            for (leaf, _, key) in self.leaves_naming(p.v, p.from)? {
+                let spill = if p.spills { LEAF_SPILLS } else { 0 };
+                let e = leaf_entry(p.into, key) | LEAF_PACKED | spill;
+                self.node_set(leaf, 0, idx, e)?;
+            }
+            if count > 1 {
+                self.ref_set(p.from, 1)?;
+            }
+            self.decref(p.from, None)?;
+        }
+        Ok(true)
+    }
+}

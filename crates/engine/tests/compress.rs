@@ -1,0 +1,289 @@
+//! `compress` (docs/FORMAT.md §18.5, §18.8) against the simulator: grains
+//! that shrink by an eighth are packed into streams, every disk, snapshot
+//! and clone reads the same bytes after, a write over a packed grain
+//! makes it raw again without touching its neighbours, `check` verifies
+//! every stream, a power cut in the middle leaves a consistent datastore
+//! that running again finishes, and clients writing during the pass lose
+//! nothing.
+#![allow(clippy::too_many_lines)] // test code is outside the ratchet (crates/tidy)
+
+mod common;
+
+use std::sync::Arc;
+
+use strata_block::BlockDevice;
+use strata_engine::{CompressReport, Datastore, Provisioning, SpaceWork};
+
+const SIZE: u64 = 8 << 20;
+const GRAIN: u64 = 4096;
+const GRAINS: u64 = SIZE / GRAIN;
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Grain `g` of disk `tag`: letters of an eight-letter alphabet (about
+/// 3 bits a byte: zstd keeps some 43%), every 5th grain noise (stays
+/// raw), every 11th zeros (left to zero reclaim); an odd grain after a
+/// multiple of 6 repeats the one before (a pair compresses together).
+fn bytes(g: u64, tag: u8) -> Vec<u8> {
+    let g = if g % 6 == 1 { g - 1 } else { g };
+    let mut x = 0x2545_f491_4f6c_dd1d ^ g << 8 ^ u64::from(tag);
+    if g % 11 == 3 {
+        return vec![0; GRAIN as usize];
+    }
+    (0..GRAIN)
+        .map(|_| {
+            let r = xorshift(&mut x);
+            if g % 5 == 1 {
+                r as u8
+            } else {
+                b"diskpack"[(r >> 40) as usize % 8]
+            }
+        })
+        .collect()
+}
+
+fn write(ds: &Datastore, disk: &str, grains: impl Iterator<Item = u64>, tag: u8) {
+    let h = ds.open_disk(disk).unwrap();
+    for g in grains {
+        h.write_at(&bytes(g, tag), g * GRAIN, false).unwrap();
+    }
+    ds.flush().unwrap();
+}
+
+fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
+    let h = ds.open_disk(target).unwrap();
+    let mut buf = vec![0u8; h.size_bytes() as usize];
+    h.read_at(&mut buf, 0).unwrap();
+    buf
+}
+
+fn compress(ds: &Datastore, names: &[&str]) -> strata_engine::Result<CompressReport> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    ds.compress(&names, false, &SpaceWork::default(), &mut |_, _| {})
+}
+
+const TARGETS: [&str; 5] = ["a", "a@s", "ac", "b", "t"];
+
+/// "a" (all of it; a snapshot "s"; then every 3rd grain of its first
+/// half written again with other bytes), "ac" (a linked clone of a@s
+/// whose grains 100..150 are its own), "b" (the second half) and "t",
+/// zeroed-thick (all of it: never packed).
+fn disks(ds: &Datastore) {
+    for (d, p) in [
+        ("a", Provisioning::Thin),
+        ("b", Provisioning::Thin),
+        ("t", Provisioning::Zeroedthick),
+    ] {
+        ds.create_disk(d, SIZE, p, &mut |_, _| {}).unwrap();
+    }
+    write(ds, "a", 0..GRAINS, 1);
+    ds.snapshot_create("a", "s", "").unwrap();
+    write(ds, "a", (0..GRAINS / 2).filter(|g| g % 3 == 0), 2);
+    ds.clone_linked("a@s", "ac").unwrap();
+    write(ds, "ac", 100..150, 3);
+    write(ds, "b", GRAINS / 2..GRAINS, 4);
+    write(ds, "t", 0..GRAINS, 5);
+}
+
+fn read_every(ds: &Datastore) -> Vec<Vec<u8>> {
+    TARGETS.iter().map(|t| read_all(ds, t)).collect()
+}
+
+fn assert_same(ds: &Datastore, want: &[Vec<u8>], what: &str) {
+    for (t, w) in TARGETS.iter().zip(want) {
+        assert!(read_all(ds, t) == *w, "{what}: the bytes of {t} changed");
+    }
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+}
+
+#[test]
+fn grains_that_shrink_are_packed_and_read_back_everywhere() {
+    let (b, ds) = common::new_sim(256 << 20);
+    disks(&ds);
+    let want = read_every(&ds);
+    let r = compress(&ds, &[]).unwrap();
+    assert!(
+        r.packed_bytes > 0 && r.pair_bytes > 0 && r.raw_bytes > 0,
+        "{r:#?}"
+    );
+    assert_eq!(r.regions_skipped, 0, "{r:#?}");
+    // Some 43% of what was packed (less for pairs).
+    assert!(
+        r.stream_bytes * 2 < r.packed_bytes,
+        "streams of {} for {}",
+        r.stream_bytes,
+        r.packed_bytes
+    );
+    assert_eq!(
+        r.used_bytes_before - r.used_bytes_after,
+        r.packed_bytes - r.stream_bytes,
+        "{r:#?}"
+    );
+    assert_eq!(ds.info().used_bytes, r.used_bytes_after);
+    assert_same(&ds, &want, "after the pass");
+    // The thick disk kept its grains: a pass over it alone packs nothing.
+    assert_eq!(compress(&ds, &["t"]).unwrap().packed_bytes, 0);
+    // Nothing is left to pack.
+    let again = compress(&ds, &[]).unwrap();
+    assert_eq!(again.packed_bytes, 0, "{again:#?}");
+    assert_same(&ds, &want, "after a second pass");
+    // A reopened datastore reads the same (the feature bit, the flags
+    // and the counts are durable).
+    drop(ds);
+    let ds = common::open_sim(&b);
+    assert_same(&ds, &want, "reopened");
+    // Writes over packed grains: whole grains, a sector inside one (read
+    // through its fragment first), one of a pair; neighbours keep their
+    // bytes, snapshot and clone theirs.
+    let mut want = want;
+    let a = ds.open_disk("a").unwrap();
+    for (g, at, len) in [
+        (2u64, 0u64, 4096usize),
+        (8, 512, 512),
+        (9, 3584, 512),
+        (20, 0, 8192),
+    ] {
+        let new: Vec<u8> = (0..len).map(|i| (i as u8) ^ 0x77 ^ g as u8).collect();
+        let off = g * GRAIN + at;
+        a.write_at(&new, off, false).unwrap();
+        want[0][off as usize..off as usize + len].copy_from_slice(&new);
+    }
+    // A trim of packed grains.
+    a.unmap(40 * GRAIN, 4 * GRAIN).unwrap();
+    want[0][40 * 4096..44 * 4096].fill(0);
+    ds.flush().unwrap();
+    assert_same(&ds, &want, "after writes over packed grains");
+    // Deleting the snapshot, the clone and a disk frees exactly: check
+    // counts streams' continuations and flags.
+    ds.remove_disk("ac").unwrap();
+    ds.snapshot_delete("a", "s").unwrap();
+    while ds.reclaim(1 << 20).unwrap() {}
+    ds.flush().unwrap();
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+    assert!(read_all(&ds, "a") == want[0]);
+    ds.remove_disk("a").unwrap();
+    ds.remove_disk("b").unwrap();
+    while ds.reclaim(1 << 20).unwrap() {}
+    ds.flush().unwrap();
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+}
+
+#[test]
+fn a_power_cut_in_the_middle_of_the_pass_leaves_a_consistent_datastore() {
+    for (seed, cut_at) in [(1u64, 1u64), (2, 3), (3, 6)] {
+        let (b, ds) = common::new_sim(256 << 20);
+        disks(&ds);
+        let want = read_every(&ds);
+        let whole = {
+            let (_b2, other) = common::new_sim(256 << 20);
+            disks(&other);
+            compress(&other, &[]).unwrap().used_bytes_after
+        };
+        let b2 = b.clone();
+        let mut regions = 0;
+        let r = ds.compress(&[], false, &SpaceWork::default(), &mut |_, _| {
+            regions += 1;
+            if regions == cut_at {
+                b2.crash(seed);
+            }
+        });
+        assert!(r.is_err(), "the cut after {cut_at} regions never came");
+        drop(ds);
+        let ds = common::open_sim(&b);
+        let what = format!("cut after {cut_at} regions (seed {seed})");
+        assert_same(&ds, &want, &what);
+        // Running again finishes where one whole pass ends.
+        compress(&ds, &[]).unwrap();
+        assert_eq!(ds.info().used_bytes, whole, "{what}");
+        assert_same(&ds, &want, &format!("{what}, then run again"));
+    }
+}
+
+#[test]
+fn clients_writing_during_the_pass_lose_nothing() {
+    let (_b, ds) = common::new_sim(256 << 20);
+    disks(&ds);
+    let ds = Arc::new(ds);
+    let writer = {
+        let ds = ds.clone();
+        std::thread::spawn(move || {
+            let (a, b) = (ds.open_disk("a").unwrap(), ds.open_disk("b").unwrap());
+            let mut want_a = read_all(&ds, "a");
+            let mut want_b = read_all(&ds, "b");
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 0..3000u64 {
+                let r = xorshift(&mut x);
+                let g = r % GRAINS;
+                let (h, want) = if r & 1 == 0 {
+                    (&a, &mut want_a)
+                } else {
+                    (&b, &mut want_b)
+                };
+                // Whole grains, and sectors inside packed ones.
+                let (at, len) = if i % 4 == 0 { (1024, 512) } else { (0, 4096) };
+                let new = &bytes(g, i as u8)[..len];
+                let off = (g * GRAIN + at) as usize;
+                h.write_at(new, off as u64, false).unwrap();
+                want[off..off + len].copy_from_slice(new);
+                if i % 500 == 0 {
+                    h.flush().unwrap();
+                }
+            }
+            (want_a, want_b)
+        })
+    };
+    let mut packed = 0;
+    for _ in 0..3 {
+        packed += compress(&ds, &[]).unwrap().packed_bytes;
+    }
+    let (want_a, want_b) = writer.join().unwrap();
+    assert!(packed > 0);
+    assert!(read_all(&ds, "a") == want_a, "a");
+    assert!(read_all(&ds, "b") == want_b, "b");
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.errors);
+}
+
+/// Passes and writes taking turns (whole grains and sectors over packed
+/// ones, which release streams and their spills): the counts stay exact
+/// all along.
+#[test]
+fn writes_between_passes_keep_every_count_exact() {
+    let (_b, ds) = common::new_sim(256 << 20);
+    disks(&ds);
+    let (a, b) = (ds.open_disk("a").unwrap(), ds.open_disk("b").unwrap());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..3 {
+        compress(&ds, &[]).unwrap();
+        let report = ds.check().unwrap();
+        assert!(
+            report.is_clean(),
+            "round {round} after pass: {:#?}",
+            report.errors
+        );
+        for i in 0..1000u64 {
+            let r = xorshift(&mut x);
+            let g = r % GRAINS;
+            let h = if r & 1 == 0 { &a } else { &b };
+            let (at, len) = if i % 4 == 0 { (1024, 512) } else { (0, 4096) };
+            let new = &bytes(g, i as u8)[..len];
+            h.write_at(new, g * GRAIN + at, false).unwrap();
+            if i % 100 == 0 {
+                let report = ds.check().unwrap();
+                assert!(
+                    report.is_clean(),
+                    "round {round} write {i}: {:#?}",
+                    report.errors
+                );
+            }
+        }
+    }
+}
