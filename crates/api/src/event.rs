@@ -97,6 +97,7 @@ impl Request {
             Request::Defrag { dry_run, .. } => (!dry_run).then_some("defrag")?,
             Request::DefragFreeSpace { .. } => "defrag_free_space",
             Request::Dedup { .. } => "dedup",
+            Request::Compress { .. } => "compress",
             Request::JobControl { .. } => "job_control",
             Request::SnapshotCreate { .. } => "snapshot",
             Request::SnapshotRevert { .. } => "revert",
@@ -189,7 +190,9 @@ impl Request {
             Request::Export { target, .. } | Request::ExportDiff { target, .. } => target.clone(),
             Request::ImportDiff { disk, .. } | Request::VhostAdd { disk, .. } => disk.clone(),
             Request::Stats { disk, .. } => disk.clone().unwrap_or_default(),
-            Request::DedupEstimate { disks, .. } | Request::Dedup { disks, .. } => disks.join(" "),
+            Request::DedupEstimate { disks, .. }
+            | Request::Dedup { disks, .. }
+            | Request::Compress { disks, .. } => disks.join(" "),
             Request::AlarmSet { rule, .. } => rule.kind.as_str().to_string(),
             Request::JobControl { id, .. } => format!("job {id}"),
             Request::ScheduleAdd { schedule } => schedule.name.clone(),
@@ -229,6 +232,7 @@ impl Request {
             | Request::SnapshotRevert { force: true, .. }
             | Request::SnapshotDelete { force: true, .. }
             | Request::GroupSnapshotRevert { force: true, .. } => "--force".to_string(),
+            Request::Compress { lz4: true, .. } => "--lz4".to_string(),
             Request::CloneLinked { source, .. } | Request::CloneFull { source, .. } => {
                 format!("from {source}")
             }

@@ -95,6 +95,18 @@ pub enum Request {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
+    /// `compress [DISK...] [--lz4]`: pack the disks' raw grains (every
+    /// disk when none is named) that shrink by an eighth into compressed
+    /// streams, zstd or with `lz4` LZ4, online (docs/FORMAT.md §18.5,
+    /// §18.8).
+    Compress {
+        #[serde(default)]
+        disks: Vec<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lz4: bool,
+        #[serde(default)]
+        rate_bytes_per_sec: Option<u64>,
+    },
     /// Consolidate free space: move live grains down, lower the pool's
     /// end, punch free grains out of the host file.
     DefragFreeSpace {
@@ -436,6 +448,14 @@ impl Request {
             Request::DedupEstimate { disks, .. } => format!("dedup --estimate {}", disks.join(" ")),
             Request::Dedup { disks, .. } if disks.is_empty() => "dedup (every disk)".to_string(),
             Request::Dedup { disks, .. } => format!("dedup {}", disks.join(" ")),
+            Request::Compress { disks, lz4, .. } => {
+                let codec = if *lz4 { " --lz4" } else { "" };
+                if disks.is_empty() {
+                    format!("compress{codec} (every disk)")
+                } else {
+                    format!("compress{codec} {}", disks.join(" "))
+                }
+            }
             Request::Key(KeyRequest::Rekey {
                 deep: true, name, ..
             }) => format!("rekey --deep {name}"),
@@ -478,6 +498,7 @@ impl Request {
                 | Request::DefragFreeSpace { .. }
                 | Request::DedupEstimate { .. }
                 | Request::Dedup { .. }
+                | Request::Compress { .. }
                 | Request::Key(KeyRequest::Rekey { deep: true, .. })
                 | Request::Import { .. }
                 | Request::Export { .. }

@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 
 use crate::alarm::AlarmStatus;
 use crate::datastore::{
-    CheckReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FreeSpaceReport,
+    CheckReport, CompressReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport,
+    FreeSpaceReport,
 };
 use crate::disk::{Provisioning, PunchZeroReport, SnapshotInfo};
 use crate::group::{GroupInfo, GroupSnapshotInfo, GroupSnapshotReport};
@@ -48,6 +49,8 @@ pub enum Response {
     Defrag(DefragReport),
     DedupEstimate(DedupEstimate),
     Dedup(DedupReport),
+    /// `compress`
+    Compress(CompressReport),
     /// `defrag --free-space`
     FreeSpace(FreeSpaceReport),
     /// `jobs`, `jobs pause|resume|cancel`
@@ -387,6 +390,7 @@ impl Response {
             Response::Defrag(r) => value(r),
             Response::DedupEstimate(r) => value(r),
             Response::Dedup(r) => value(r),
+            Response::Compress(r) => value(r),
             Response::FreeSpace(r) => value(r),
             Response::Jobs(jobs) => value(jobs),
             Response::JobStarted(j) => value(j),

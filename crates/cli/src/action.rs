@@ -115,7 +115,9 @@ impl<'a> TryFrom<&'a Cmd> for Action<'a> {
             | Cmd::Extend { .. }
             | Cmd::Convert { .. } => disk_action(cmd),
             Cmd::Limit { .. } | Cmd::Punchzero { .. } => limit_action(cmd),
-            Cmd::Move { .. } | Cmd::Defrag { .. } | Cmd::Dedup { .. } => layout_action(cmd),
+            Cmd::Move { .. } | Cmd::Defrag { .. } | Cmd::Dedup { .. } | Cmd::Compress { .. } => {
+                layout_action(cmd)
+            }
             Cmd::Snapshot(_) | Cmd::Group(_) | Cmd::Schedule(_) => snapshot_action(cmd),
             Cmd::Unlock { disk, key } => Ok(datastore(crate::keys::unlock(disk, key)?)),
             Cmd::Lock { disk, force } => {
@@ -414,6 +416,11 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
         },
         Cmd::Dedup { disks, rate, .. } => Request::Dedup {
             disks: disks.clone(),
+            rate_bytes_per_sec: *rate,
+        },
+        Cmd::Compress { disks, lz4, rate } => Request::Compress {
+            disks: disks.clone(),
+            lz4: *lz4,
             rate_bytes_per_sec: *rate,
         },
         _ => return Err(not_this_family()),

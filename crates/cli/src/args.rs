@@ -509,6 +509,33 @@ server it is a job that 'strata jobs' can pause, resume and cancel."
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
     },
+    /// Pack cold disks' raw grains into compressed streams (zstd, or LZ4), online
+    #[command(
+        long_about = "Pack the named disks' raw grains (with their snapshots and linked clones; \
+none named: every\ndisk) into compressed streams (docs/FORMAT.md §18): a grain, or an aligned \
+pair of grains, that\nshrinks by at least an eighth is compressed (zstd level 3 by default, LZ4 \
+with --lz4) and written\nwith its region's others as one stream; grains that shrink less stay \
+raw. Every disk, snapshot\nand clone that shared a raw grain names its packed form: nothing \
+is unshared.\n\n\
+Online: a region (1 MiB) at a time while clients use the disks, paced against their I/O. Reads\n\
+decompress inline; a grain a client later overwrites goes back to raw (the write takes a new\n\
+raw grain). Grains of encrypted and thick disks and grains of zeros stay raw ('strata punchzero'\n\
+unmaps zeros). Each region is one atomic step: after a crash, run it again to finish. Through a\n\
+running server it is a job that 'strata jobs' can pause, resume and cancel. Local datastores\n\
+only in this version.\n\n\
+For cold data: golden images, disks with many snapshots, archives. 'strata dedup --estimate'\n\
+shows first how a sample of the disks' grains compresses."
+    )]
+    Compress {
+        /// The disks to pack (their snapshots and clones come with them); none: every disk
+        disks: Vec<String>,
+        /// LZ4 instead of zstd: faster to read, smaller savings
+        #[arg(long)]
+        lz4: bool,
+        /// Read at most this much per second (e.g. 100M), to leave room for clients
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+    },
     /// A running server's long operations: list, pause, resume, cancel
     Jobs {
         #[command(subcommand)]

@@ -168,6 +168,7 @@ impl Render for Response {
             Response::Defrag(r) => defrag(out, r),
             Response::DedupEstimate(r) => space::dedup_estimate(out, r),
             Response::Dedup(r) => space::dedup(out, r),
+            Response::Compress(r) => space::compress(out, r),
             Response::FreeSpace(r) => free_space(out, r),
             Response::SnapshotCreated { disk, snapshot } => {
                 outln!(out, "created snapshot {disk}@{}", snapshot.name)

@@ -24,6 +24,8 @@ pub enum Capability {
     Groups,
     /// Finding and re-sharing equal grains (`strata dedup`).
     Dedup,
+    /// Packing cold grains into compressed streams (`strata compress`).
+    Compress,
 }
 
 impl Capability {
@@ -38,6 +40,7 @@ impl Capability {
             Capability::Compact => "compact",
             Capability::Groups => "consistency groups",
             Capability::Dedup => "dedup",
+            Capability::Compress => "compress",
         }
     }
 }
@@ -59,8 +62,9 @@ const LOCAL: &[(Capability, &str)] = &[
     ),
 ];
 
-/// What an object-store datastore does not do, with the reason (each a
-/// fact of the kind).
+/// What an object-store datastore does not do, with the reason (a fact
+/// of the kind, or what this version builds for local datastores only,
+/// saying so).
 const OBJECT_STORE: &[(Capability, &str)] = &[
     (
         Capability::Thick,
@@ -74,6 +78,10 @@ const OBJECT_STORE: &[(Capability, &str)] = &[
         Capability::Defrag,
         "a disk's grains are objects in the store, which lays them out itself; what its \
          segments hold that no root reaches is freed by 'strata gc'",
+    ),
+    (
+        Capability::Compress,
+        "packing grains into compressed streams is for local datastores in this version",
     ),
 ];
 

@@ -44,10 +44,11 @@ pub use capability::Capability;
 pub use local::{open_locked, try_lock, LocalDatastore, LockOutcome};
 pub use object_store::{clone_source, Incoming, ObjectStoreDatastore};
 pub use strata_engine::{
-    AlarmKind, AlarmRule, AlarmState, ChangedRange, Consistency, DatastoreInfo, DedupEstimate,
-    DedupReport, DefragReport, DiskInfo, Error, ErrorKind, FreeSpaceReport, FullClone, GroupInfo,
-    GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Provisioning,
-    PunchZeroReport, QuiesceReport, QuiesceResult, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
+    AlarmKind, AlarmRule, AlarmState, ChangedRange, CompressReport, Consistency, DatastoreInfo,
+    DedupEstimate, DedupReport, DefragReport, DiskInfo, Error, ErrorKind, FreeSpaceReport,
+    FullClone, GroupInfo, GroupMemberInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits,
+    Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult, ReportedAlarms, Result,
+    SnapshotInfo, SpaceWork,
 };
 // strata-api's vocabulary, in the trait's signatures: a disk and a
 // datastore of either kind, and an object store's own answers.
@@ -704,6 +705,20 @@ pub trait Datastore: Send + Sync {
     ) -> Result<DedupReport> {
         let _ = (disks, work, progress);
         Err(capability::refused(self.kind(), Capability::Dedup))
+    }
+
+    /// Pack the raw grains of `disks` (every disk when empty) that shrink
+    /// by an eighth into compressed streams, zstd or with `lz4` LZ4
+    /// (`compress`, FORMAT.md §18.5, §18.8), [`Capability::Compress`].
+    fn compress(
+        &self,
+        disks: &[String],
+        lz4: bool,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CompressReport> {
+        let _ = (disks, lz4, work, progress);
+        Err(capability::refused(self.kind(), Capability::Compress))
     }
 
     /// Move data down into free runs and give the tail back to the host

@@ -13,10 +13,10 @@ use strata_storage::FileBackend;
 
 use crate::{
     datastore_view, gauges, AlarmKind, AlarmRule, AlarmState, Background, ChangedRange,
-    CheckReport, Datastore, DatastoreInfo, DatastoreView, DedupEstimate, DedupReport, DefragReport,
-    DiskInfo, DiskView, Error, ErrorKind, FreeSpaceReport, FullClone, Gauge, GroupInfo,
-    GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions, Provisioning,
-    PunchZeroReport, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
+    CheckReport, CompressReport, Datastore, DatastoreInfo, DatastoreView, DedupEstimate,
+    DedupReport, DefragReport, DiskInfo, DiskView, Error, ErrorKind, FreeSpaceReport, FullClone,
+    Gauge, GroupInfo, GroupSnapshotInfo, GroupSnapshotOptions, IoLimits, Kind, OpenOptions,
+    Provisioning, PunchZeroReport, ReportedAlarms, Result, SnapshotInfo, SpaceWork,
 };
 
 /// A local datastore (a pool file and its log in a directory).
@@ -475,6 +475,16 @@ impl Datastore for LocalDatastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DedupReport> {
         self.ds.dedup(disks, work, progress)
+    }
+
+    fn compress(
+        &self,
+        disks: &[String],
+        lz4: bool,
+        work: &SpaceWork,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CompressReport> {
+        self.ds.compress(disks, lz4, work, progress)
     }
 
     fn consolidate_free_space(

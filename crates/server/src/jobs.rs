@@ -318,6 +318,7 @@ impl Jobs {
                     | Request::DefragFreeSpace { .. }
                     | Request::DedupEstimate { .. }
                     | Request::Dedup { .. }
+                    | Request::Compress { .. }
                     | Request::Key(strata_api::KeyRequest::Rekey { deep: true, .. })
                     | Request::Move { .. }
                     | Request::CloneFull { .. }

@@ -725,8 +725,8 @@ fn maintenance(
 }
 
 /// The paced, cancellable space work (convert, defrag, free-space
-/// consolidation, the dedup estimate), each under the job's pacing and
-/// control (`Ctx::work`); None for any other request.
+/// consolidation, the dedup estimate and pass, compress), each under the
+/// job's pacing and control (`Ctx::work`); None for any other request.
 fn space_work(
     ctx: &Ctx<'_>,
     req: &Request,
@@ -768,6 +768,13 @@ fn space_work(
         } => ds
             .dedup(disks, &ctx.work(*rate_bytes_per_sec), progress)
             .map(Response::Dedup),
+        Request::Compress {
+            disks,
+            lz4,
+            rate_bytes_per_sec,
+        } => ds
+            .compress(disks, *lz4, &ctx.work(*rate_bytes_per_sec), progress)
+            .map(Response::Compress),
         _ => return None,
     })
 }
@@ -894,6 +901,7 @@ fn needs(req: &Request) -> Option<Capability> {
         Request::Convert { .. } => Capability::Convert,
         Request::Defrag { .. } | Request::DefragFreeSpace { .. } => Capability::Defrag,
         Request::DedupEstimate { .. } | Request::Dedup { .. } => Capability::Dedup,
+        Request::Compress { .. } => Capability::Compress,
         Request::Claim { .. } | Request::Release { .. } => Capability::Claims,
         Request::Gc { .. } => Capability::Gc,
         Request::Compact { .. } => Capability::Compact,

@@ -1,9 +1,9 @@
-//! `dedup` and `dedup --estimate` for people.
+//! `dedup`, `dedup --estimate` and `compress` for people.
 
 use std::fmt::Write as _;
 
 use strata_api::units::human;
-use strata_api::{DedupEstimate, DedupReport};
+use strata_api::{CompressReport, DedupEstimate, DedupReport};
 
 /// The disks of a report: named when few.
 fn disks(names: &[String]) -> String {
@@ -43,6 +43,39 @@ pub(super) fn dedup(out: &mut String, r: &DedupReport) {
             out,
             "  {} grains kept: a reference to them could not be accounted for (run 'strata check')",
             r.grains_kept
+        );
+    }
+}
+
+/// What the pack pass packed, into how much, and what it left raw or
+/// for a later run.
+pub(super) fn compress(out: &mut String, r: &CompressReport) {
+    // How many times smaller the packed grains are in their streams.
+    let ratio = if r.stream_bytes == 0 {
+        String::new()
+    } else {
+        format!(" ({:.2}x)", r.packed_bytes as f64 / r.stream_bytes as f64)
+    };
+    outln!(
+        out,
+        "{} ({} versions): packed {} of {} read into {} of streams{ratio}, pairs {}; \
+         {} stayed raw; used {} -> {}",
+        disks(&r.disks),
+        r.versions,
+        human(r.packed_bytes),
+        human(r.read_bytes),
+        human(r.stream_bytes),
+        human(r.pair_bytes),
+        human(r.raw_bytes),
+        human(r.used_bytes_before),
+        human(r.used_bytes_after)
+    );
+    outln!(out, "  {} in {} regions", r.codec, r.regions);
+    if r.regions_skipped > 0 {
+        outln!(
+            out,
+            "  {} regions changed while packed and were left: run it again to pack them",
+            r.regions_skipped
         );
     }
 }

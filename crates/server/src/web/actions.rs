@@ -42,7 +42,7 @@ pub(super) fn action_status(method: &Method, segs: &[&str]) -> Option<u16> {
         ["disks"] if post => 201,
         ["disks", _] if delete => 200,
         ["imports"] if post => 202,
-        ["dedup"] if post => 202,
+        ["dedup" | "compress"] if post => 202,
         ["disks", _, "snapshots"] if post => 201,
         ["disks", _, "snapshots", _, "revert"] if post => 200,
         ["disks", _, "snapshots", _] if delete => 200,
@@ -101,6 +101,7 @@ pub(super) fn action(method: &Method, segs: &[&str], b: &Value) -> Result<(Reque
         },
         ["imports"] => import(b)?,
         ["dedup"] => dedup(b)?,
+        ["compress"] => compress(b)?,
         ["disks", d, rest @ ..] => disk_action(d, rest, b)?,
         // The group's own quiesce hook only: a command named over HTTP
         // would let a token run programs as the server.
@@ -205,22 +206,7 @@ fn disk_action(d: &str, rest: &[&str], b: &Value) -> Result<Request, Refusal> {
 /// CLI's `dedup --estimate`), else the pass; `"disks"` the names (absent
 /// or empty: every disk), `"rate"` bytes per second or `"100M"`; a job.
 fn dedup(b: &Value) -> Result<Request, Refusal> {
-    let bad = |why: &str| Refusal::new(400, "invalid_argument", why);
-    let disks = match b.get("disks") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(names)) => names
-            .iter()
-            .map(|n| n.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("\"disks\" is a list of disk names"))?,
-        Some(_) => return Err(bad("\"disks\" is a list of disk names")),
-    };
-    let rate_bytes_per_sec = match b.get("rate") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => Some(n.as_u64().ok_or_else(|| bad("a rate in bytes"))?),
-        Some(Value::String(s)) => Some(parse_size(s).map_err(|e| bad(&e.message))?),
-        Some(_) => return Err(bad("\"rate\" is bytes per second or a size (\"100M\")")),
-    };
+    let (disks, rate_bytes_per_sec) = disks_and_rate(b)?;
     Ok(if flag(b, "estimate") {
         Request::DedupEstimate {
             disks,
@@ -232,6 +218,52 @@ fn dedup(b: &Value) -> Result<Request, Refusal> {
             rate_bytes_per_sec,
         }
     })
+}
+
+/// `POST /compress`: the CLI's `compress`; `"disks"` and `"rate"` as for
+/// `/dedup`, `"lz4": true` for LZ4 instead of zstd; a job.
+fn compress(b: &Value) -> Result<Request, Refusal> {
+    let (disks, rate_bytes_per_sec) = disks_and_rate(b)?;
+    let lz4 = match b.get("lz4") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(on)) => *on,
+        Some(_) => return Err(bad_body("\"lz4\" is true or false")),
+    };
+    Ok(Request::Compress {
+        disks,
+        lz4,
+        rate_bytes_per_sec,
+    })
+}
+
+/// A space pass's `"disks"` (absent, null or empty: every disk) and
+/// `"rate"` (bytes per second, or a size such as `"100M"`).
+fn disks_and_rate(b: &Value) -> Result<(Vec<String>, Option<u64>), Refusal> {
+    let disks = match b.get("disks") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| n.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad_body("\"disks\" is a list of disk names"))?,
+        Some(_) => return Err(bad_body("\"disks\" is a list of disk names")),
+    };
+    let rate = match b.get("rate") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.as_u64().ok_or_else(|| bad_body("a rate in bytes"))?),
+        Some(Value::String(s)) => Some(parse_size(s).map_err(|e| bad_body(&e.message))?),
+        Some(_) => {
+            return Err(bad_body(
+                "\"rate\" is bytes per second or a size (\"100M\")",
+            ))
+        }
+    };
+    Ok((disks, rate))
+}
+
+/// A 400 for a body that does not say what it should.
+fn bad_body(why: &str) -> Refusal {
+    Refusal::new(400, "invalid_argument", why)
 }
 
 /// A body's `type` (absent: thin), as the CLI's `--type`.
@@ -271,4 +303,52 @@ fn import(b: &Value) -> Result<Request, Refusal> {
         encrypt: None,
         base: b.get("base").and_then(Value::as_str).map(str::to_string),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn post(segs: &[&str], b: &Value) -> Result<(Request, u16), Refusal> {
+        action(&Method::POST, segs, b)
+    }
+
+    #[test]
+    fn compress_is_a_job_with_the_body_of_dedup() {
+        let b = json!({"disks": ["a", "b"], "lz4": true, "rate": "100M"});
+        let (r, s) = post(&["compress"], &b).ok().unwrap();
+        assert_eq!(s, 202);
+        assert!(
+            matches!(r, Request::Compress { ref disks, lz4: true, rate_bytes_per_sec: Some(n) }
+            if disks == &["a", "b"] && n == 100 << 20),
+            "{r:?}"
+        );
+        let (r, _) = post(&["compress"], &json!({})).ok().unwrap();
+        assert!(
+            matches!(r, Request::Compress { ref disks, lz4: false, rate_bytes_per_sec: None }
+            if disks.is_empty()),
+            "{r:?}"
+        );
+        for bad in [
+            json!({"disks": "a"}),
+            json!({"disks": [1]}),
+            json!({"rate": true}),
+            json!({"rate": "fast"}),
+            json!({"lz4": "yes"}),
+        ] {
+            assert!(post(&["compress"], &bad).is_err(), "{bad}");
+        }
+        assert!(action_status(&Method::DELETE, &["compress"]).is_none());
+        let (r, _) = post(&["dedup"], &json!({"disks": ["a"], "rate": 4096}))
+            .ok()
+            .unwrap();
+        assert!(matches!(
+            r,
+            Request::Dedup {
+                rate_bytes_per_sec: Some(4096),
+                ..
+            }
+        ));
+    }
 }

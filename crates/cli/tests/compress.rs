@@ -1,0 +1,332 @@
+//! `strata compress` (docs/FORMAT.md §18): cold grains packed into
+//! compressed streams through the command's public interface, offline and
+//! through a server (a job, `--detach`, `jobs show`, the HTTP API). Every
+//! disk, snapshot and clone reads back its bytes through qemu-img, a
+//! client write to a packed grain lands, and `check` stays clean; wrong
+//! arguments and an object store are refused by name.
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::http::{free_addr, http, wait_http};
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// An 8 MiB image: 2 MiB of noise (no compressor shrinks it), 2 MiB of
+/// zeros, 2 MiB of text (it packs), 2 MiB of zeros.
+fn image(dir: &std::path::Path, name: &str) -> String {
+    let mut b = vec![0u8; 8 << 20];
+    b[..2 << 20].copy_from_slice(&noise(7, 2 << 20));
+    let text = b"strata keeps one refcounted map per disk version. ".repeat(50_000);
+    b[4 << 20..6 << 20].copy_from_slice(&text[..2 << 20]);
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
+}
+
+/// The datastore's used bytes, as `status` says.
+fn used(s: &Store) -> u64 {
+    u(&s.json(&["status"]), "used_bytes")
+}
+
+/// A `--json` answer of `compress`: every field of the report, each of
+/// its type, and nothing else.
+fn report(v: &serde_json::Value) -> strata_api::CompressReport {
+    let fields = [
+        "disks",
+        "versions",
+        "codec",
+        "read_bytes",
+        "packed_bytes",
+        "pair_bytes",
+        "stream_bytes",
+        "raw_bytes",
+        "regions",
+        "regions_skipped",
+        "used_bytes_before",
+        "used_bytes_after",
+    ];
+    let obj = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
+    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut want = fields.to_vec();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{v}");
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}: {v}"))
+}
+
+/// Compare a served disk with the image it should hold, every byte.
+fn same_as(s: &Store, disk: &str, image: &str) {
+    let o = raw_compare(&s.uri(disk), image);
+    assert!(
+        o.status.success(),
+        "{disk} differs from {image}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A key file for `--encrypt`, mode 0600.
+fn key(dir: &std::path::Path) -> String {
+    let key = dir.join("k");
+    std::fs::write(&key, noise(3, 32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    key.to_str().unwrap().to_string()
+}
+
+#[test]
+fn cold_grains_pack_and_every_byte_reads_back() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    s.ok(&["import", &img, "a"]);
+    s.ok(&["snapshot", "create", "a", "s1"]);
+    s.ok(&["clone", "a@s1", "a2"]);
+    let key = key(dir.path());
+    s.ok(&["import", &img, "e", "--encrypt", "--key-file", &key]);
+    s.ok(&["import", &img, "t", "--type", "zeroedthick"]);
+    let before = used(&s);
+
+    // "a" with its snapshot (its clone "a2" shares the grains and
+    // follows): the text packs, the noise stays raw, the zeros were never
+    // stored.
+    let r = report(&s.json(&["compress", "a"]));
+    assert_eq!(r.disks, ["a"], "{r:?}");
+    assert_eq!(r.versions, 2, "{r:?}");
+    assert_eq!(r.codec, "zstd", "{r:?}");
+    assert_eq!(r.read_bytes, 4 * MIB, "{r:?}");
+    assert_eq!(r.packed_bytes, 2 * MIB, "{r:?}");
+    assert_eq!(r.raw_bytes, 2 * MIB, "{r:?}");
+    assert!(r.pair_bytes <= r.packed_bytes, "{r:?}");
+    assert!(
+        r.stream_bytes > 0 && r.stream_bytes < r.packed_bytes / 2,
+        "{r:?}"
+    );
+    assert_eq!(r.regions_skipped, 0, "{r:?}");
+    assert!(r.regions > 0, "{r:?}");
+    assert_eq!(r.used_bytes_before, before, "{r:?}");
+    assert!(r.used_bytes_after < r.used_bytes_before, "{r:?}");
+    assert!(r.used_bytes_before - r.used_bytes_after >= MIB, "{r:?}");
+    assert_eq!(used(&s), r.used_bytes_after, "{r:?}");
+    s.ok(&["check"]);
+
+    // Again: nothing left that shrinks; nothing changes.
+    let again = report(&s.json(&["compress", "a"]));
+    assert_eq!(again.packed_bytes, 0, "{again:?}");
+    assert_eq!(again.used_bytes_after, again.used_bytes_before, "{again:?}");
+
+    // Encrypted and thick disks' grains stay raw (no key needed to say
+    // so: "e" is locked here).
+    let et = report(&s.json(&["compress", "e", "t"]));
+    assert_eq!(et.packed_bytes, 0, "{et:?}");
+    assert_eq!(et.used_bytes_after, et.used_bytes_before, "{et:?}");
+
+    // For people: what it packed, into what, and the space.
+    let human = s.ok(&["compress", "--lz4", "a2"]);
+    assert!(human.starts_with("a2 ("), "{human}");
+    assert!(human.contains("stayed raw; used "), "{human}");
+    assert!(human.contains("lz4 in "), "{human}");
+    s.ok(&["check"]);
+
+    // Every disk and snapshot reads back its bytes through a real
+    // client; a write to a packed grain lands in that disk alone.
+    let _srv = s.serve();
+    for d in ["a", "a@s1", "a2", "t"] {
+        same_as(&s, d, &img);
+    }
+    qemu_io_ok(RAW, &s.uri("a"), &["write -P 0x5b 4M 64k", "flush"]);
+    qemu_io_ok(RAW, &s.uri("a"), &["read -P 0x5b 4M 64k"]);
+    same_as(&s, "a@s1", &img);
+    same_as(&s, "a2", &img);
+    let mut want = std::fs::read(&img).unwrap();
+    want[4 << 20..(4 << 20) + (64 << 10)].fill(0x5b);
+    let a_now = dir.path().join("a-now.raw");
+    std::fs::write(&a_now, want).unwrap();
+    same_as(&s, "a", a_now.to_str().unwrap());
+    s.ok(&["check"]);
+}
+
+#[test]
+fn wrong_arguments_are_refused_by_name() {
+    let s = Store::new();
+    s.ok(&["create", "a", "--size", "4M"]);
+    s.ok(&["snapshot", "create", "a", "s1"]);
+    let before = used(&s);
+    // Not found: exit 3 (docs/ERRORS.md).
+    let err = s.fails_with(3, &["compress", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    let err = s.fails_with(3, &["compress", "a", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    // A snapshot comes with its disk, never alone.
+    let err = s.fails(&["compress", "a@s1"]);
+    assert!(err.contains("'a@s1' is a snapshot"), "{err}");
+    // Usage errors: exit 2.
+    let err = s.fails_with(2, &["compress", "--rate", "fast"]);
+    assert!(err.contains("--rate"), "{err}");
+    let err = s.fails_with(2, &["compress", "--zstd"]);
+    assert!(err.contains("--zstd"), "{err}");
+    // Under --json an error is JSON too.
+    let o = s.cmd(&["compress", "nope", "--json"]);
+    assert_eq!(o.status.code(), Some(3));
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert!(e.to_string().contains("nope"), "{e}");
+    assert_eq!(used(&s), before, "a refused run changes nothing");
+    // The refusals are in the event log, as compress.
+    let events = s.ok(&["events"]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("compress") && l.contains("nope")),
+        "{events}"
+    );
+}
+
+/// Through a server: a job like dedup's. `--detach` prints the job,
+/// `jobs show ID` its kept answer (tagged `compress`), and the event log
+/// has the run; attached, the command prints the job's answer.
+#[test]
+fn a_served_compress_is_a_job_that_keeps_its_answer() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    for d in ["a", "b"] {
+        s.ok(&["import", &img, d]);
+    }
+    let _srv = s.serve();
+    let started = s.json(&["compress", "a", "--detach"]);
+    let id = started["id"].as_u64().unwrap();
+    assert_eq!(started["what"], "compress a", "{started}");
+    let j = s.wait_job(id, "done", Duration::from_secs(120));
+    let r = report(&j["result"]["compress"]);
+    assert_eq!(r.disks, ["a"], "{j}");
+    assert_eq!(r.packed_bytes, 2 * MIB, "{j}");
+    assert!(r.used_bytes_after < r.used_bytes_before, "{j}");
+    assert_eq!(s.json(&["jobs", "show", &id.to_string()]), j);
+    let shown = s.ok(&["jobs", "show", &id.to_string()]);
+    assert!(
+        shown.contains("compress a") && shown.contains("packed 2 MiB of 4 MiB read"),
+        "{shown}"
+    );
+
+    // Attached, with LZ4: the job's answer is the command's.
+    let lz4 = report(&s.json(&["compress", "--lz4", "b"]));
+    assert_eq!(lz4.codec, "lz4", "{lz4:?}");
+    assert_eq!(lz4.packed_bytes, 2 * MIB, "{lz4:?}");
+    let jobs = s.json(&["jobs"]);
+    let last = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["what"] == "compress --lz4 b")
+        .unwrap_or_else(|| panic!("no lz4 job: {jobs}"));
+    assert_eq!(last["state"], "done", "{last}");
+    assert_eq!(
+        report(&last["result"]["compress"]).packed_bytes,
+        lz4.packed_bytes
+    );
+
+    let events = s.ok(&["events"]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("compress") && l.contains("--lz4")),
+        "{events}"
+    );
+    same_as(&s, "a", &img);
+    same_as(&s, "b", &img);
+    s.ok(&["check"]);
+}
+
+/// `POST /api/v1/compress`: the body of `/dedup` (disks, rate) and
+/// `lz4`; a job (202); a bad body is a 400 naming the field.
+#[test]
+fn the_http_api_starts_compress_as_a_job() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    s.ok(&["import", &img, "a"]);
+    let tok = s.dir.path().join("http.token");
+    let addr = free_addr();
+    let _srv = s.serve_with(&["--http", &addr, "--http-token", tok.to_str().unwrap()]);
+    wait_http(&addr);
+    let token = std::fs::read_to_string(&tok).unwrap().trim().to_string();
+    let auth = format!("Bearer {token}");
+    let post = |body: &str| {
+        http(
+            &addr,
+            "POST",
+            "/api/v1/compress",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        )
+    };
+    for (body, says) in [
+        (r#"{"disks": "a"}"#, "list of disk names"),
+        (r#"{"rate": "fast"}"#, "fast"),
+        (r#"{"lz4": "yes"}"#, "lz4"),
+    ] {
+        let (st, answer) = post(body);
+        assert_eq!(st, 400, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+    let (st, answer) = post(r#"{"disks": ["a"], "lz4": true, "rate": "100M"}"#);
+    assert_eq!(st, 202, "{answer}");
+    let job: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let id = job["id"].as_u64().unwrap();
+    let j = s.wait_job(id, "done", Duration::from_secs(120));
+    let r = report(&j["result"]["compress"]);
+    assert_eq!(r.codec, "lz4", "{j}");
+    assert_eq!(r.disks, ["a"], "{j}");
+    let (st, answer) = post(r#"{"disks": ["nope"]}"#);
+    // Started as a job; the job fails naming the disk.
+    assert_eq!(st, 202, "{answer}");
+    let job: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let failed = s.wait_job(
+        job["id"].as_u64().unwrap(),
+        "failed",
+        Duration::from_secs(60),
+    );
+    assert!(
+        failed["error"].as_str().unwrap().contains("nope"),
+        "{failed}"
+    );
+    same_as(&s, "a", &img);
+}
+
+#[test]
+fn an_object_store_says_packing_is_for_local_datastores() {
+    if strata_s3::testing::shared().is_none() {
+        return;
+    }
+    let s = Store::of(Kind::ObjectStore);
+    s.ok(&["create", "a", "--size", "4M"]);
+    for args in [
+        &["compress", "a"][..],
+        &["compress"],
+        &["compress", "--lz4", "a"],
+    ] {
+        // Unsupported: exit 10 (docs/ERRORS.md).
+        let err = s.fails_with(10, args);
+        assert!(
+            err.contains("compress on this object-store datastore")
+                && err.contains("for local datastores in this version"),
+            "{err}"
+        );
+    }
+    let st = s.json(&["status"]);
+    let cannot = st["cannot"].as_array().unwrap();
+    assert!(cannot.iter().any(|c| c["command"] == "compress"), "{st}");
+}
