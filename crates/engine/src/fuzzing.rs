@@ -480,7 +480,8 @@ fn read_fragments(g: &[u8], next: &[u8], p: &strata_format::packed::Packed) -> u
         }
         stored.push((f, b));
     }
-    if stored.len() == p.fragments.len() {
+    // (A grain of carried bytes only has nothing of its own to lay out.)
+    if !stored.is_empty() && stored.len() == p.fragments.len() {
         let pieces: Vec<Piece<'_>> = stored
             .iter()
             .map(|(f, b)| Piece {
