@@ -324,21 +324,23 @@ impl DiskHandle {
     /// Plan a read for the caller to carry out from the pool's
     /// descriptor `fd` (`BlockDevice::plan_read`): the same lookup as
     /// `read_impl`, holes filled here, data left as pieces, the gate held
-    /// by the plan until the caller is done.
+    /// by the plan until the caller is done. None for a range with packed
+    /// grains: decompressing is work for `read_at`'s threads, not for the
+    /// caller's ring.
     fn plan_read_impl(
         &self,
         fd: std::os::fd::RawFd,
         buf: &mut [u8],
         offset: u64,
         wait: bool,
-    ) -> Result<Planned> {
+    ) -> Result<Option<Planned>> {
         use strata_block::{Fill, ReadFill};
         let len = buf.len() as u64;
         self.begin(offset, len, false)?;
         let mut fill = ReadFill::new();
         let mut pieces = Vec::new();
         if buf.is_empty() {
-            return Ok(Planned::Plan(IoPlan {
+            return Ok(Some(Planned::Plan(IoPlan {
                 fd,
                 write: false,
                 pieces,
@@ -346,29 +348,24 @@ impl DiskHandle {
                 holds: Vec::new(),
                 source: None,
                 after_read: None,
-            }));
+            })));
         }
         // Held until the caller's reads are in: the grains read must not be
         // freed and reused meanwhile.
         let Some(gate) = hold_read(&self.inner.gate, wait) else {
-            return Ok(Planned::Busy);
+            return Ok(Some(Planned::Busy));
         };
         let (runs, cipher) = self.mapped_runs(offset, len)?;
+        if runs.iter().any(|r| r.packed) {
+            return Ok(None);
+        }
         let mut keys = Vec::new();
-        let mut memo = None;
         for r in runs {
             let n = r.buf.len();
             match r.pool {
                 None => {
                     buf[r.buf].fill(0);
                     fill.push(n as u64, Fill::Zeros);
-                }
-                Some(_) if r.packed => {
-                    // Decompressed here, with the gate held: the caller
-                    // reads only the raw pieces.
-                    let place = packed_place(&r, offset);
-                    self.read_packed(&mut buf[r.buf], place, cipher.is_some(), &mut memo)?;
-                    fill.push(n as u64, Fill::Data);
                 }
                 Some(at) => {
                     keys.push(r.key);
@@ -382,7 +379,7 @@ impl DiskHandle {
             }
         }
         let after_read = cipher.map(|x| decrypt_after(x, &pieces, keys, offset));
-        Ok(Planned::Plan(IoPlan {
+        Ok(Some(Planned::Plan(IoPlan {
             fd,
             write: false,
             pieces,
@@ -390,7 +387,7 @@ impl DiskHandle {
             holds: vec![Box::new(Held(gate))],
             source: None,
             after_read,
-        }))
+        })))
     }
 
     /// Start reading the data of `[offset, offset + len)` into the host's
@@ -1038,7 +1035,7 @@ impl BlockDevice for DiskHandle {
             return None;
         }
         self.throttle.admit(buf.len() as u64);
-        Some(self.plan_read_impl(fd, buf, offset_bytes, wait))
+        self.plan_read_impl(fd, buf, offset_bytes, wait).transpose()
     }
 
     fn plan_write(
