@@ -54,6 +54,19 @@ struct Walk {
 type Counted = (u64, u64, u8);
 
 impl Walk {
+    /// A walk over a pool that ends at `hwm`, nothing found yet.
+    fn new(hwm: u64) -> Walk {
+        Walk {
+            hwm,
+            expected: HashMap::new(),
+            nodes: HashSet::new(),
+            data: HashSet::new(),
+            keys: HashMap::new(),
+            counts: HashMap::new(),
+            packed: BTreeMap::new(),
+        }
+    }
+
     /// What the walk found, into `r`: how many map nodes and data grains,
     /// and any grain used as both.
     fn tally(&self, r: &mut CheckReport) {
@@ -95,22 +108,8 @@ impl Walk {
                 continue;
             }
             let e = if level == 0 {
-                let key = leaf_key(e);
-                top_key = top_key.max(key);
-                self.one_key(r, leaf_grain(e), key);
-                if leaf_packed(e) {
-                    let v = base + i as u64;
-                    let spills = leaf_spills(e);
-                    self.packed
-                        .entry(leaf_grain(e))
-                        .or_default()
-                        .push((v, spills));
-                    if spills {
-                        // Its fragment's rest: a reference to the next grain.
-                        *self.expected.entry(leaf_grain(e) + 1).or_insert(0) += 1;
-                    }
-                }
-                leaf_grain(e)
+                top_key = top_key.max(leaf_key(e));
+                self.leaf_entry(r, e, base + i as u64)
             } else {
                 e
             };
@@ -145,6 +144,22 @@ impl Walk {
         }
         self.counts.insert(node, (mapped, blocks, top_key));
         Ok((mapped, blocks, top_key))
+    }
+
+    /// Note leaf entry `e`, at virtual grain `v`: its key index, and for
+    /// a packed one its stream grain (and a spill's reference to the
+    /// next grain, FORMAT.md §18.8). Returns the grain it names.
+    fn leaf_entry(&mut self, r: &mut CheckReport, e: u64, v: u64) -> u64 {
+        let g = leaf_grain(e);
+        self.one_key(r, g, leaf_key(e));
+        if leaf_packed(e) {
+            let spills = leaf_spills(e);
+            self.packed.entry(g).or_default().push((v, spills));
+            if spills {
+                *self.expected.entry(g + 1).or_insert(0) += 1;
+            }
+        }
+        g
     }
 
     /// Note that data grain `g` is mapped under key index `key`; a sharer
@@ -225,15 +240,7 @@ pub(crate) fn run(m: &mut Meta, store: &Store) -> Result<CheckReport> {
     let mut r = CheckReport::default();
     let hwm = m.hwm();
     r.pool_grains = hwm;
-    let mut w = Walk {
-        hwm,
-        expected: HashMap::new(),
-        nodes: HashSet::new(),
-        data: HashSet::new(),
-        keys: HashMap::new(),
-        counts: HashMap::new(),
-        packed: BTreeMap::new(),
-    };
+    let mut w = Walk::new(hwm);
     let limits = key_limits(m);
     let (owners, orphans) = catalog_owners(m, &mut r);
     let ids = m.version_ids();
@@ -325,7 +332,7 @@ fn check_packed(store: &Store, w: &Walk, r: &mut CheckReport) {
                 ));
             }
             if read.insert(f.v) {
-                if let Err(e) = store.unpack(g, v) {
+                if let Err(e) = store.unpack_in(g, (&b, &p), v) {
                     r.error(e.message);
                 }
             }

@@ -3,7 +3,7 @@
 //! out as a stream (`strata_format::packed::encode_stream`); every reader
 //! of a packed entry goes through [`decompress`].
 
-use strata_format::packed::{decode_packed, footprint, Codec};
+use strata_format::packed::{decode_packed, footprint, Codec, Packed};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -119,6 +119,14 @@ impl Unpacked {
     }
 }
 
+/// A packed grain's damage, naming the grain and the virtual grain read.
+fn packed_damage(grain: u64, v: u64, why: String) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!("packed grain {grain}, virtual grain {v}: {why}"),
+    )
+}
+
 impl Store {
     /// The fragment of packed stream grain `grain` that holds virtual
     /// grain `v`, decompressed (FORMAT.md §18.8 "Reads"): the grain's
@@ -126,15 +134,21 @@ impl Store {
     /// spills there, the fragment's CRC checked. Any damage is `Corrupt`
     /// naming the grain and `v`; no other bytes are ever returned.
     pub(crate) fn unpack(&self, grain: u64, v: u64) -> Result<Unpacked> {
-        let damaged = |why: String| {
-            Error::new(
-                ErrorKind::Corrupt,
-                format!("packed grain {grain}, virtual grain {v}: {why}"),
-            )
-        };
         let mut b = vec![0u8; GRAIN];
         self.pool.read_at(&mut b, grain << GRAIN_SHIFT)?;
-        let p = decode_packed(&b).map_err(|e| damaged(e.to_string()))?;
+        let p = decode_packed(&b).map_err(|e| packed_damage(grain, v, e.to_string()))?;
+        self.unpack_in(grain, (&b, &p), v)
+    }
+
+    /// [`Store::unpack`] from packed grain `grain` already read (`b`) and
+    /// decoded (`p`).
+    pub(crate) fn unpack_in(
+        &self,
+        grain: u64,
+        (b, p): (&[u8], &Packed),
+        v: u64,
+    ) -> Result<Unpacked> {
+        let damaged = |why: String| packed_damage(grain, v, why);
         let f = *p
             .find(v)
             .ok_or_else(|| damaged("its directory does not hold it".into()))?;
@@ -146,7 +160,7 @@ impl Store {
             None
         };
         let stored = p
-            .stored(&f, &b, next.as_deref())
+            .stored(&f, b, next.as_deref())
             .map_err(|e| damaged(e.to_string()))?;
         let mut plain = vec![0u8; f.plain_bytes()];
         decompress(f.codec, &stored[..f.len as usize], &mut plain)

@@ -289,6 +289,25 @@ fn versions_of(m: &Meta, names: &[String]) -> Result<(Vec<String>, Vec<Version>)
     Ok((disks.iter().map(|d| d.name.clone()).collect(), versions))
 }
 
+/// The (virtual grain, grain) pairs that the versions of every disk for
+/// which `fixed` holds map in `[first, first + REGION)`, sorted: grains a
+/// pass must leave where they are, whoever else names them.
+fn fixed_in_region(
+    m: &mut Meta,
+    first: u64,
+    fixed: impl Fn(&Version) -> bool,
+) -> Result<Vec<(u64, u64)>> {
+    let (_, all) = versions_of(m, &[])?;
+    let all: Vec<Version> = all.into_iter().filter(|v| fixed(v)).collect();
+    let mut out: Vec<(u64, u64)> = region_entries(m, &all, first)?
+        .0
+        .iter()
+        .map(|e| (e.v, e.grain))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// The distinct mapped grains of `[first, first + REGION)` over
 /// `versions`, sorted by virtual grain, and the number of entries that
 /// name them (the logical grains).

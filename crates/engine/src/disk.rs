@@ -297,18 +297,19 @@ impl DiskHandle {
         for r in runs {
             let len = r.buf.len() as u64;
             let sector = (offset + r.buf.start as u64) / SECTOR;
-            let place = packed_place(&r, offset);
+            // (Taken before `r.buf` moves into the slice.)
+            let place = r.packed.then(|| packed_place(&r, offset));
             let dst = &mut buf[r.buf];
-            match r.pool {
-                None => {
+            match (r.pool, place) {
+                (None, _) => {
                     dst.fill(0);
                     fill.push(len, Fill::Zeros);
                 }
-                Some(_) if r.packed => {
+                (Some(_), Some(place)) => {
                     self.read_packed(dst, place, cipher.is_some(), &mut memo)?;
                     fill.push(len, Fill::Data);
                 }
-                Some(at) => {
+                (Some(at), None) => {
                     self.inner.pool.read_at(dst, at)?;
                     if let Some(x) = &cipher {
                         let key = x.keyed(r.key).expect("mapped_runs checked every key index");

@@ -18,7 +18,7 @@ use strata_api::CompressReport;
 use strata_format::packed::{encode_stream, Codec, Piece, Stream};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, INCOMPAT_PACKED, LEAF_SPILLS};
 
-use super::{region_entries, versions_of, window_end, Mapped, Version, REGION};
+use super::{fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
 use crate::compress::fragment;
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::{err, Error, ErrorKind, Result};
@@ -136,10 +136,9 @@ impl Datastore {
         let left = self
             .inner
             .guarded(&mut m, |m| install(m, &placed, &layers))?;
-        let kept: Vec<&Placed> = placed.iter().filter(|p| !left.contains(&p.first)).collect();
-        for p in placed.iter().filter(|p| left.contains(&p.first)) {
-            give_back(&mut m, p.first, p.stream.len())?;
-        }
+        let (kept, left): (Vec<&Placed>, Vec<&Placed>) =
+            placed.iter().partition(|p| !left.contains(&p.first));
+        self.give_back_streams(&mut m, left)?;
         drop(m);
         for p in kept {
             rep.stream_bytes += p.stream.len() as u64 * GRAIN_BYTES;
@@ -229,9 +228,7 @@ impl Datastore {
         let mut out = Vec::new();
         for (layer, frags) in layers.iter().enumerate() {
             if let Err(e) = place_layer(m, (layer, frags), codec, cap, &mut out) {
-                for p in &out {
-                    give_back(m, p.first, p.stream.len())?;
-                }
+                self.give_back_streams(m, &out)?;
                 return Err(e);
             }
         }
@@ -249,7 +246,11 @@ impl Datastore {
     }
 
     /// Give back the grains of streams that will not be installed.
-    fn give_back_streams(&self, m: &mut Meta, placed: &[Placed]) -> Result<()> {
+    fn give_back_streams<'a>(
+        &self,
+        m: &mut Meta,
+        placed: impl IntoIterator<Item = &'a Placed>,
+    ) -> Result<()> {
         for p in placed {
             give_back(m, p.first, p.stream.len()).map_err(|e| self.inner.fail_stop(e))?;
         }
@@ -265,17 +266,8 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
     let (_, versions) = versions_of(m, names)?;
     let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
     let (mapped, _) = region_entries(m, &versions, first)?;
-    let (_, all) = versions_of(m, &[])?;
-    let fixed: Vec<Version> = all
-        .into_iter()
-        .filter(|v| v.thick.is_some() || v.keyring.is_some())
-        .collect();
-    let mut fixed: Vec<(u64, u64)> = region_entries(m, &fixed, first)?
-        .0
-        .iter()
-        .map(|e| (e.v, e.grain))
-        .collect();
-    fixed.sort_unstable();
+    // Left raw whoever else names them: a thick or an encrypted disk.
+    let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.keyring.is_some())?;
     let mut kept = Vec::new();
     let mut counts = Vec::new();
     for e in mapped {

@@ -13,7 +13,7 @@
 use strata_api::DedupReport;
 use strata_format::GRAIN_BYTES;
 
-use super::{region_entries, versions_of, window_end, Mapped, Version, REGION};
+use super::{fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::Result;
 use crate::meta::Meta;
@@ -120,17 +120,7 @@ impl Datastore {
         let (mapped, _) = region_entries(m, &versions, first)?;
         // Left alone whoever else names them (§17.1): grains a thick disk
         // or a keyring under a deep rekey maps here, over every disk.
-        let (_, all) = versions_of(m, &[])?;
-        let fixed: Vec<Version> = all
-            .into_iter()
-            .filter(|v| v.thick.is_some() || v.cursor.is_some())
-            .collect();
-        let mut fixed: Vec<(u64, u64)> = region_entries(m, &fixed, first)?
-            .0
-            .iter()
-            .map(|e| (e.v, e.grain))
-            .collect();
-        fixed.sort_unstable();
+        let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.cursor.is_some())?;
         let mapped = candidates(mapped, &fixed);
         let counts = mapped
             .iter()

@@ -60,10 +60,16 @@ impl Meta {
         counts: &[u32],
         packs: &[Packing],
     ) -> Result<bool> {
+        // The leaves naming each raw grain, found once: checked here,
+        // changed below.
+        let mut naming = Vec::with_capacity(packs.len());
         for p in packs {
-            if !self.can_move(p.v, p.from)? {
+            let count = self.ref_get(p.from)?;
+            let leaves = self.leaves_naming(p.v, p.from)?;
+            if count == 0 || leaves.len() as u64 != u64::from(count) {
                 return Ok(false);
             }
+            naming.push((count, leaves));
         }
         for (i, &w) in counts.iter().enumerate() {
             if w == 0 {
@@ -74,10 +80,9 @@ impl Meta {
             }
             self.ref_set(stream + i as u64, w)?;
         }
-        for p in packs {
+        for (p, (count, leaves)) in packs.iter().zip(naming) {
             let idx = (p.v as usize) & (MAP_FANOUT - 1);
-            let count = self.ref_get(p.from)?;
-            for (leaf, _, key) in self.leaves_naming(p.v, p.from)? {
+            for (leaf, _, key) in leaves {
                 let spill = if p.spills { LEAF_SPILLS } else { 0 };
                 let e = leaf_entry(p.into, key) | LEAF_PACKED | spill;
                 self.node_set(leaf, 0, idx, e)?;
