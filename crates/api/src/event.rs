@@ -232,7 +232,9 @@ impl Request {
             | Request::SnapshotRevert { force: true, .. }
             | Request::SnapshotDelete { force: true, .. }
             | Request::GroupSnapshotRevert { force: true, .. } => "--force".to_string(),
-            Request::Compress { lz4: true, .. } => "--lz4".to_string(),
+            Request::Compress { codec, .. } if !codec.is_default() => {
+                format!("--codec {}", codec.as_str())
+            }
             Request::CloneLinked { source, .. } | Request::CloneFull { source, .. } => {
                 format!("from {source}")
             }

@@ -56,7 +56,7 @@ pub mod wire;
 pub use alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, ReportedAlarms};
 pub use datastore::{
     CheckReport, CompressReport, DatastoreInfo, DedupEstimate, DedupReport, DefragReport, FailStop,
-    FreeSpaceReport, PoolLayout, FREE_EXTENT_CLASSES,
+    FreeSpaceReport, PackCodec, PoolLayout, FREE_EXTENT_CLASSES,
 };
 pub use disk::{
     DiskInfo, Encryption, KeySlotInfo, Provisioning, PunchZeroReport, RekeyProgress, SnapshotInfo,

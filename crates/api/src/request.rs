@@ -95,15 +95,15 @@ pub enum Request {
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
-    /// `compress [DISK...] [--lz4]`: pack the disks' raw grains (every
-    /// disk when none is named) that shrink by an eighth into compressed
-    /// streams, zstd or with `lz4` LZ4, online (docs/FORMAT.md §18.5,
+    /// `compress [DISK...] [--codec zstd]`: pack the disks' raw grains
+    /// (every disk when none is named) that shrink by an eighth into
+    /// compressed streams with `codec`, online (docs/FORMAT.md §18.5,
     /// §18.8).
     Compress {
         #[serde(default)]
         disks: Vec<String>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        lz4: bool,
+        #[serde(default, skip_serializing_if = "crate::PackCodec::is_default")]
+        codec: crate::PackCodec,
         #[serde(default)]
         rate_bytes_per_sec: Option<u64>,
     },
@@ -448,8 +448,11 @@ impl Request {
             Request::DedupEstimate { disks, .. } => format!("dedup --estimate {}", disks.join(" ")),
             Request::Dedup { disks, .. } if disks.is_empty() => "dedup (every disk)".to_string(),
             Request::Dedup { disks, .. } => format!("dedup {}", disks.join(" ")),
-            Request::Compress { disks, lz4, .. } => {
-                let codec = if *lz4 { " --lz4" } else { "" };
+            Request::Compress { disks, codec, .. } => {
+                let codec = match codec.is_default() {
+                    true => String::new(),
+                    false => format!(" --codec {}", codec.as_str()),
+                };
                 if disks.is_empty() {
                     format!("compress{codec} (every disk)")
                 } else {

@@ -93,19 +93,25 @@ pub struct IoPlan {
     pub fill: ReadFill,
     /// What the I/O holds until its pieces are done; released in order.
     pub holds: Vec<Box<dyn IoHold>>,
-    /// A write's bytes when they are not the request's own (an encrypted
-    /// disk's ciphertext, FORMAT.md §16.1): the pieces' `buf_offset`s
-    /// are into this buffer, which the plan keeps until it is dropped, and
-    /// the request's buffer is not read.
+    /// The plan's own buffer for the pieces, when the request's is not
+    /// where they go: a write's bytes that are not the request's own (an
+    /// encrypted disk's ciphertext, FORMAT.md §16.1), or where a read's
+    /// pieces land for `after_read` to turn into the answer (packed
+    /// grains' stored bytes, §18.4). The pieces' `buf_offset`s are into
+    /// this buffer, which the plan keeps until it is dropped; a write
+    /// does not read the request's buffer then.
     pub source: Option<AlignedBuf>,
     /// What a read's buffer needs once every piece is in, before it is
-    /// answered (an encrypted disk decrypts it in place), given the
-    /// whole buffer; skipped when a piece failed.
+    /// answered (an encrypted disk decrypts it in place; a packed disk
+    /// decompresses `source` into it): given the whole request buffer
+    /// and `source`'s bytes (empty without one); skipped when a piece
+    /// failed. An error fails the request (the bytes read were damaged:
+    /// never answered as data).
     pub after_read: Option<AfterRead>,
 }
 
-/// [`IoPlan::after_read`].
-pub type AfterRead = Box<dyn FnOnce(&mut [u8]) + Send>;
+/// [`IoPlan::after_read`]: the request's buffer, the plan's `source`.
+pub type AfterRead = Box<dyn FnOnce(&mut [u8], &[u8]) -> crate::BlockResult<()> + Send>;
 
 impl IoPlan {
     /// The I/O is over: release what it holds, innermost first. Returns

@@ -45,7 +45,10 @@ unsafe impl Send for Dest {}
 pub struct Pending<T> {
     pub ctx: T,
     pub plan: IoPlan,
+    /// Where the pieces go: the request's buffer, or the plan's `source`.
     dest: Dest,
+    /// The request's buffer.
+    out: Dest,
     /// Bytes of each piece done so far (a short transfer is resubmitted).
     done: Vec<usize>,
     /// Pieces not finished yet.
@@ -64,10 +67,15 @@ impl<T> Pending<T> {
     pub fn finish_plan(&mut self) -> bool {
         if let (None, Some(f)) = (self.failed, self.plan.after_read.take()) {
             let len = self.plan.fill.len_bytes() as usize;
-            // SAFETY: `dest` is the request's buffer of `len` bytes (a
-            // read has no `source`), every piece of it is in, and it is
-            // ours until the request is handed back.
-            f(unsafe { std::slice::from_raw_parts_mut(self.dest.0, len) });
+            let source = self.plan.source.as_deref().unwrap_or(&[]);
+            // SAFETY: `out` is the request's buffer of `len` bytes, every
+            // piece is in, and it is ours until the request is handed
+            // back; `source`, when there is one, is another allocation.
+            let out = unsafe { std::slice::from_raw_parts_mut(self.out.0, len) };
+            if let Err(e) = f(out, source) {
+                tracing::error!("a planned read failed after its I/O: {e}");
+                self.failed = Some(libc::EIO);
+            }
         }
         if !self.plan.finish(self.failed.is_none()) {
             self.failed.get_or_insert(libc::EIO);
@@ -163,15 +171,18 @@ impl<T: Send> RingIo<T> {
     pub unsafe fn start(&self, ctx: T, dest: *mut u8, plan: IoPlan) -> Option<Pending<T>> {
         let n = plan.pieces.len();
         // A write of bytes the plan made itself goes out from its buffer
-        // (the kernel only reads a write's memory).
+        // (the kernel only reads a write's memory); a read with one lands
+        // there for `after_read`.
+        let out = dest;
         let dest = match &plan.source {
-            Some(b) if plan.write => b.as_ptr().cast_mut(),
-            _ => dest,
+            Some(b) => b.as_ptr().cast_mut(),
+            None => dest,
         };
         let p = Pending {
             ctx,
             plan,
             dest: Dest(dest),
+            out: Dest(out),
             done: vec![0; n],
             left: n,
             failed: None,

@@ -418,9 +418,9 @@ fn layout_action(cmd: &Cmd) -> Result<Action<'_>, Error> {
             disks: disks.clone(),
             rate_bytes_per_sec: *rate,
         },
-        Cmd::Compress { disks, lz4, rate } => Request::Compress {
+        Cmd::Compress { disks, codec, rate } => Request::Compress {
             disks: disks.clone(),
-            lz4: *lz4,
+            codec: *codec,
             rate_bytes_per_sec: *rate,
         },
         _ => return Err(not_this_family()),

@@ -100,7 +100,7 @@ fn cold_grains_pack_and_every_byte_reads_back() {
     // "a" with its snapshot (its clone "a2" shares the grains and
     // follows): the text packs, the noise stays raw, the zeros were never
     // stored.
-    let r = report(&s.json(&["compress", "a"]));
+    let r = report(&s.json(&["compress", "--codec", "zstd", "a"]));
     assert_eq!(r.disks, ["a"], "{r:?}");
     assert_eq!(r.versions, 2, "{r:?}");
     assert_eq!(r.codec, "zstd", "{r:?}");
@@ -132,7 +132,7 @@ fn cold_grains_pack_and_every_byte_reads_back() {
     assert_eq!(et.used_bytes_after, et.used_bytes_before, "{et:?}");
 
     // For people: what it packed, into what, and the space.
-    let human = s.ok(&["compress", "--lz4", "a2"]);
+    let human = s.ok(&["compress", "a2"]);
     assert!(human.starts_with("a2 ("), "{human}");
     assert!(human.contains("stayed raw; used "), "{human}");
     assert!(human.contains("lz4 in "), "{human}");
@@ -173,8 +173,13 @@ fn wrong_arguments_are_refused_by_name() {
     // Usage errors: exit 2.
     let err = s.fails_with(2, &["compress", "--rate", "fast"]);
     assert!(err.contains("--rate"), "{err}");
-    let err = s.fails_with(2, &["compress", "--zstd"]);
-    assert!(err.contains("--zstd"), "{err}");
+    let err = s.fails_with(2, &["compress", "--codec", "gzip"]);
+    assert!(
+        err.contains("unknown codec 'gzip' (use lz4 or zstd)"),
+        "{err}"
+    );
+    let err = s.fails_with(2, &["compress", "--lz4"]);
+    assert!(err.contains("--lz4"), "{err}");
     // Under --json an error is JSON too.
     let o = s.cmd(&["compress", "nope", "--json"]);
     assert_eq!(o.status.code(), Some(3));
@@ -218,28 +223,28 @@ fn a_served_compress_is_a_job_that_keeps_its_answer() {
         "{shown}"
     );
 
-    // Attached, with LZ4: the job's answer is the command's.
-    let lz4 = report(&s.json(&["compress", "--lz4", "b"]));
-    assert_eq!(lz4.codec, "lz4", "{lz4:?}");
-    assert_eq!(lz4.packed_bytes, 2 * MIB, "{lz4:?}");
+    // Attached, with zstd: the job's answer is the command's.
+    let zstd = report(&s.json(&["compress", "--codec", "zstd", "b"]));
+    assert_eq!(zstd.codec, "zstd", "{zstd:?}");
+    assert_eq!(zstd.packed_bytes, 2 * MIB, "{zstd:?}");
     let jobs = s.json(&["jobs"]);
     let last = jobs
         .as_array()
         .unwrap()
         .iter()
-        .find(|j| j["what"] == "compress --lz4 b")
-        .unwrap_or_else(|| panic!("no lz4 job: {jobs}"));
+        .find(|j| j["what"] == "compress --codec zstd b")
+        .unwrap_or_else(|| panic!("no zstd job: {jobs}"));
     assert_eq!(last["state"], "done", "{last}");
     assert_eq!(
         report(&last["result"]["compress"]).packed_bytes,
-        lz4.packed_bytes
+        zstd.packed_bytes
     );
 
     let events = s.ok(&["events"]);
     assert!(
         events
             .lines()
-            .any(|l| l.contains("compress") && l.contains("--lz4")),
+            .any(|l| l.contains("compress") && l.contains("--codec zstd")),
         "{events}"
     );
     same_as(&s, "a", &img);
@@ -248,7 +253,7 @@ fn a_served_compress_is_a_job_that_keeps_its_answer() {
 }
 
 /// `POST /api/v1/compress`: the body of `/dedup` (disks, rate) and
-/// `lz4`; a job (202); a bad body is a 400 naming the field.
+/// `codec`; a job (202); a bad body is a 400 naming the field.
 #[test]
 fn the_http_api_starts_compress_as_a_job() {
     let s = Store::new();
@@ -276,19 +281,20 @@ fn the_http_api_starts_compress_as_a_job() {
     for (body, says) in [
         (r#"{"disks": "a"}"#, "list of disk names"),
         (r#"{"rate": "fast"}"#, "fast"),
-        (r#"{"lz4": "yes"}"#, "lz4"),
+        (r#"{"codec": true}"#, "codec"),
+        (r#"{"codec": "gzip"}"#, "gzip"),
     ] {
         let (st, answer) = post(body);
         assert_eq!(st, 400, "{body}: {answer}");
         assert!(answer.contains(says), "{body}: {answer}");
     }
-    let (st, answer) = post(r#"{"disks": ["a"], "lz4": true, "rate": "100M"}"#);
+    let (st, answer) = post(r#"{"disks": ["a"], "codec": "zstd", "rate": "100M"}"#);
     assert_eq!(st, 202, "{answer}");
     let job: serde_json::Value = serde_json::from_str(&answer).unwrap();
     let id = job["id"].as_u64().unwrap();
     let j = s.wait_job(id, "done", Duration::from_secs(120));
     let r = report(&j["result"]["compress"]);
-    assert_eq!(r.codec, "lz4", "{j}");
+    assert_eq!(r.codec, "zstd", "{j}");
     assert_eq!(r.disks, ["a"], "{j}");
     let (st, answer) = post(r#"{"disks": ["nope"]}"#);
     // Started as a job; the job fails naming the disk.
@@ -316,7 +322,7 @@ fn an_object_store_says_packing_is_for_local_datastores() {
     for args in [
         &["compress", "a"][..],
         &["compress"],
-        &["compress", "--lz4", "a"],
+        &["compress", "--codec", "zstd", "a"],
     ] {
         // Unsupported: exit 10 (docs/ERRORS.md).
         let err = s.fails_with(10, args);

@@ -708,16 +708,16 @@ pub trait Datastore: Send + Sync {
     }
 
     /// Pack the raw grains of `disks` (every disk when empty) that shrink
-    /// by an eighth into compressed streams, zstd or with `lz4` LZ4
-    /// (`compress`, FORMAT.md §18.5, §18.8), [`Capability::Compress`].
+    /// by an eighth into compressed streams with `codec` (`compress`,
+    /// FORMAT.md §18.5, §18.8), [`Capability::Compress`].
     fn compress(
         &self,
         disks: &[String],
-        lz4: bool,
+        codec: strata_api::PackCodec,
         work: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CompressReport> {
-        let _ = (disks, lz4, work, progress);
+        let _ = (disks, codec, work, progress);
         Err(capability::refused(self.kind(), Capability::Compress))
     }
 

@@ -480,11 +480,11 @@ impl Datastore for LocalDatastore {
     fn compress(
         &self,
         disks: &[String],
-        lz4: bool,
+        codec: strata_api::PackCodec,
         work: &SpaceWork,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CompressReport> {
-        self.ds.compress(disks, lz4, work, progress)
+        self.ds.compress(disks, codec, work, progress)
     }
 
     fn consolidate_free_space(

@@ -102,7 +102,9 @@ pub(crate) fn fragment(codec: Codec, plain: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A fragment decompressed: the bytes of one or two virtual grains from
-/// `v0`, read from packed stream grain `grain`.
+/// `v0`, read from packed stream grain `grain` (none while `plain` is
+/// empty).
+#[derive(Default)]
 pub(crate) struct Unpacked {
     pub grain: u64,
     pub v0: u64,
@@ -110,6 +112,17 @@ pub(crate) struct Unpacked {
 }
 
 impl Unpacked {
+    /// Nothing unpacked yet, in `plain`'s memory (a buffer reused from
+    /// request to request).
+    pub(crate) fn reusing(mut plain: Vec<u8>) -> Unpacked {
+        plain.clear();
+        Unpacked {
+            grain: 0,
+            v0: 0,
+            plain,
+        }
+    }
+
     /// Virtual grain `v`'s 4,096 bytes, if this fragment of `grain`
     /// holds them.
     pub(crate) fn bytes(&self, grain: u64, v: u64) -> Option<&[u8]> {
@@ -148,29 +161,75 @@ impl Store {
         (b, p): (&[u8], &Packed),
         v: u64,
     ) -> Result<Unpacked> {
-        let damaged = |why: String| packed_damage(grain, v, why);
-        let f = *p
-            .find(v)
-            .ok_or_else(|| damaged("its directory does not hold it".into()))?;
-        let next = if p.spilled(&f) > 0 {
+        let spills = p.find(v).is_some_and(|f| p.spilled(f) > 0);
+        let next = if spills {
             let mut n = vec![0u8; GRAIN];
             self.pool.read_at(&mut n, (grain + 1) << GRAIN_SHIFT)?;
             Some(n)
         } else {
             None
         };
-        let stored = p
-            .stored(&f, b, next.as_deref())
-            .map_err(|e| damaged(e.to_string()))?;
-        let mut plain = vec![0u8; f.plain_bytes()];
-        decompress(f.codec, &stored[..f.len as usize], &mut plain)
-            .map_err(|e| damaged(e.message))?;
-        Ok(Unpacked {
-            grain,
-            v0: f.v,
-            plain,
-        })
+        unpack_read(grain, (b, p), next.as_deref(), v)
     }
+}
+
+/// Virtual grain `v`'s fragment decompressed from packed stream grain
+/// `grain`, read (`b`) and decoded (`p`), with the grain after it
+/// (`next`) when that fragment spills there: none then is damage (the
+/// map said the fragment does not spill, §18.8 "Counts").
+pub(crate) fn unpack_read(
+    grain: u64,
+    (b, p): (&[u8], &Packed),
+    next: Option<&[u8]>,
+    v: u64,
+) -> Result<Unpacked> {
+    let mut u = Unpacked::default();
+    unpack_into(&mut u, grain, (b, p), next, v)?;
+    Ok(u)
+}
+
+/// [`unpack_read`] into `u`, whose buffer is reused; on an error `u`
+/// holds nothing.
+fn unpack_into(
+    u: &mut Unpacked,
+    grain: u64,
+    (b, p): (&[u8], &Packed),
+    next: Option<&[u8]>,
+    v: u64,
+) -> Result<()> {
+    let damaged = |why: String| packed_damage(grain, v, why);
+    u.plain.clear();
+    let f = *p
+        .find(v)
+        .ok_or_else(|| damaged("its directory does not hold it".into()))?;
+    if p.spilled(&f) > 0 && next.is_none() {
+        return Err(damaged(
+            "its fragment spills into the next grain, which its map entry does not say".into(),
+        ));
+    }
+    let stored = p.stored(&f, b, next).map_err(|e| damaged(e.to_string()))?;
+    u.plain.resize(f.plain_bytes(), 0);
+    if let Err(e) = decompress(f.codec, &stored[..f.len as usize], &mut u.plain) {
+        u.plain.clear();
+        return Err(damaged(e.message));
+    }
+    (u.grain, u.v0) = (grain, f.v);
+    Ok(())
+}
+
+/// Virtual grain `v`'s fragment from packed stream grain `grain`'s
+/// bytes `b` (and the next grain's, `next`, when its map entry says it
+/// spills), as a planned read finds them in its buffer, into `u`.
+pub(crate) fn unpack_bytes(
+    u: &mut Unpacked,
+    grain: u64,
+    b: &[u8],
+    next: Option<&[u8]>,
+    v: u64,
+) -> Result<()> {
+    u.plain.clear();
+    let p = decode_packed(b).map_err(|e| packed_damage(grain, v, e.to_string()))?;
+    unpack_into(u, grain, (b, &p), next, v)
 }
 
 #[cfg(test)]

@@ -88,11 +88,12 @@ fn decrypt_after(
         .zip(keys)
         .map(|(p, k)| (p.buf_offset, p.len, k))
         .collect();
-    Box::new(move |buf: &mut [u8]| {
+    Box::new(move |buf: &mut [u8], _: &[u8]| {
         for (at, len, k) in runs {
             let key = x.keyed(k).expect("mapped_runs checked every key index");
             key.decrypt(&mut buf[at..at + len], (offset + at as u64) / SECTOR);
         }
+        Ok(())
     })
 }
 
@@ -325,9 +326,9 @@ impl DiskHandle {
     /// Plan a read for the caller to carry out from the pool's
     /// descriptor `fd` (`BlockDevice::plan_read`): the same lookup as
     /// `read_impl`, holes filled here, data left as pieces, the gate held
-    /// by the plan until the caller is done. None for a range with packed
-    /// grains: decompressing is work for `read_at`'s threads, not for the
-    /// caller's ring.
+    /// by the plan until the caller is done. A range with packed grains
+    /// reads their stream grains into the plan's buffer and decompresses
+    /// them when they are in (`packed::plan`).
     fn plan_read_impl(
         &self,
         fd: std::os::fd::RawFd,
@@ -358,7 +359,11 @@ impl DiskHandle {
         };
         let (runs, cipher) = self.mapped_runs(offset, len)?;
         if runs.iter().any(|r| r.packed) {
-            return Ok(None);
+            // An encrypted disk never has packed entries: `read_at` says
+            // what is damaged.
+            return Ok(cipher.is_none().then(|| {
+                Planned::Plan(packed::plan(fd, buf, offset, &runs, Box::new(Held(gate))))
+            }));
         }
         let mut keys = Vec::new();
         for r in runs {
@@ -805,6 +810,9 @@ struct Run {
     /// `pool` is a packed stream grain's first byte, and the run one
     /// virtual grain (FORMAT.md §18.4).
     packed: bool,
+    /// A packed run whose fragment spills into the next stream grain
+    /// (its entry's bit 42, §18.8).
+    spills: bool,
 }
 
 /// Runs of `grains` (index range, first grain; 0 for a hole): physically
@@ -829,6 +837,7 @@ fn runs_of(entries: &[u64], offset: u64, len: u64) -> Vec<Run> {
             pool: (g0 != 0).then(|| (g0 << GRAIN_SHIFT) + within),
             key: strata_format::leaf_key(e0),
             packed,
+            spills: packed && strata_format::leaf_spills(e0),
         }
     };
     let mut out = Vec::new();

@@ -57,8 +57,8 @@ pub use strata_api::alarm::{AlarmKind, AlarmRule, AlarmState, AlarmStatus, Repor
 pub use strata_api::{
     CheckReport, CompressReport, Consistency, DatastoreInfo, DedupEstimate, DedupReport,
     DefragReport, DiskInfo, FailStop, FreeSpaceReport, GroupInfo, GroupMemberInfo,
-    GroupSnapshotInfo, PoolLayout, Provisioning, PunchZeroReport, QuiesceReport, QuiesceResult,
-    SnapshotInfo,
+    GroupSnapshotInfo, PackCodec, PoolLayout, Provisioning, PunchZeroReport, QuiesceReport,
+    QuiesceResult, SnapshotInfo,
 };
 pub use throttle::IoLimits;
 pub use work::{Pacer, WorkControl};

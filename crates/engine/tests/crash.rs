@@ -323,7 +323,11 @@ fn admin(
             // their counts meet every other operation and the crashes.
             let r = ds.compress(
                 &[],
-                rng.gen_bool(0.5),
+                if rng.gen_bool(0.5) {
+                    strata_engine::PackCodec::Lz4
+                } else {
+                    strata_engine::PackCodec::Zstd
+                },
                 &SpaceWork::default(),
                 &mut |_, _| {},
             );

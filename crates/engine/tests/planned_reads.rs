@@ -274,3 +274,173 @@ fn pread_at(fd: std::os::fd::RawFd, buf: &mut [u8], offset: u64) -> usize {
     assert!(n >= 0, "pread: {}", std::io::Error::last_os_error());
     n as usize
 }
+
+/// Carry out a read plan as the rings do (`strata_block::RingIo`): every
+/// piece read into the plan's own buffer when it has one, else into
+/// `buf`, then its `after_read` step; the request's outcome.
+fn carry_out_read(mut plan: strata_block::IoPlan, buf: &mut [u8]) -> strata_block::BlockResult<()> {
+    assert!(!plan.write);
+    let fd = plan.fd;
+    let pieces = plan.pieces.clone();
+    let mut source = plan.source.take();
+    {
+        let dest: &mut [u8] = match source.as_mut() {
+            Some(s) => s,
+            None => buf,
+        };
+        for p in &pieces {
+            let n = pread_at(
+                fd,
+                &mut dest[p.buf_offset..p.buf_offset + p.len],
+                p.file_offset,
+            );
+            assert_eq!(n, p.len, "a piece past the pool's end: {p:?}");
+        }
+    }
+    let r = match plan.after_read.take() {
+        Some(f) => f(buf, source.as_deref().unwrap_or(&[])),
+        None => Ok(()),
+    };
+    assert!(plan.finish(r.is_ok()) == r.is_ok());
+    r
+}
+
+/// One grain of text that compresses (different for every `g`), or of
+/// noise that does not.
+fn grain_of(g: u64, text: bool) -> Vec<u8> {
+    let mut x = g.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..4096u64)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if text {
+                b"packed grains read through a plan "[((i + g) % 34) as usize]
+                    ^ u8::from(x.is_multiple_of(3))
+            } else {
+                x as u8
+            }
+        })
+        .collect()
+}
+
+/// Packed grains (FORMAT.md §18.8) read through a plan as `read_at`
+/// reads them: requests of every shape over packed grains (zstd's pairs
+/// and spills, LZ4's singles), raw ones, holes and zeros, from the direct
+/// descriptor (aligned requests) and through the page cache (sectors);
+/// a damaged stream grain fails the request, never answers other bytes.
+#[test]
+fn packed_grains_read_through_a_plan_as_read_at_reads_them() {
+    for (direct, codec) in [
+        (true, strata_engine::PackCodec::Zstd),
+        (false, strata_engine::PackCodec::Zstd),
+        (true, strata_engine::PackCodec::Lz4),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        Datastore::init(
+            Arc::new(FileBackend::new(dir.path())),
+            &InitOptions::default(),
+        )
+        .unwrap();
+        let ds = open(dir.path(), direct);
+        let size = 4u64 << 20;
+        ds.create_disk("p", size, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let d = ds.open_disk("p").unwrap();
+        // Text mostly, noise every 7th grain, zeros every 11th, holes
+        // every 13th.
+        for g in 0..size / 4096 {
+            if g % 13 == 0 {
+                continue;
+            }
+            let b = match g % 11 {
+                0 => vec![0u8; 4096],
+                _ => grain_of(g, g % 7 != 0),
+            };
+            let mut a = AlignedBuf::zeroed(4096);
+            a.copy_from_slice(&b);
+            d.write_at(&a, g * 4096, false).unwrap();
+        }
+        ds.flush().unwrap();
+        let r = ds
+            .compress(
+                &[],
+                codec,
+                &strata_engine::SpaceWork::default(),
+                &mut |_, _| {},
+            )
+            .unwrap();
+        assert!(r.packed_bytes > size / 2, "{r:?}");
+        let mut x = 0x5eed_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let unit = if direct { 4096 } else { 512 };
+        let mut planned = 0;
+        for i in 0..400 {
+            let len = match i % 4 {
+                0 => unit,
+                1 => 4096,
+                _ => (1 + next(64)) * unit,
+            };
+            let off = next((size - len) / unit + 1) * unit;
+            let mut want = AlignedBuf::zeroed(len as usize);
+            d.read_at(&mut want, off).unwrap();
+            let mut got = AlignedBuf::zeroed(len as usize);
+            got.fill(0xee);
+            match d.plan_read(&mut got, off, true) {
+                Some(Ok(Planned::Plan(plan))) => {
+                    carry_out_read(plan, &mut got)
+                        .unwrap_or_else(|e| panic!("{len} at {off}: {e}"));
+                    planned += 1;
+                }
+                other => panic!("{len} at {off}: not planned ({})", other.is_some()),
+            }
+            assert!(
+                got[..] == want[..],
+                "{len} bytes at {off}, direct {direct}, {codec:?}"
+            );
+        }
+        assert_eq!(planned, 400);
+
+        // Damage inside the first packed stream grain a plan reads: the
+        // request fails naming the grain, as read_at does.
+        let mut probe = AlignedBuf::zeroed(4096);
+        let plan = match d.plan_read(&mut probe, 4096, true) {
+            Some(Ok(Planned::Plan(p))) => p,
+            _ => panic!("not planned"),
+        };
+        assert!(plan.source.is_some(), "grain 1 is packed text");
+        let at = plan.pieces[0].file_offset;
+        drop(plan);
+        let mut g = AlignedBuf::zeroed(4096);
+        assert_eq!(pread_at(d_fd(&d), &mut g, at), 4096);
+        for b in &mut g[200..264] {
+            *b ^= 0x5a;
+        }
+        assert_eq!(pwrite_at(d_fd(&d), &g, at), 4096);
+        let mut got = AlignedBuf::zeroed(4096);
+        got.fill(0xee);
+        let plan = match d.plan_read(&mut got, 4096, true) {
+            Some(Ok(Planned::Plan(p))) => p,
+            _ => panic!("not planned"),
+        };
+        let e = carry_out_read(plan, &mut got).unwrap_err();
+        assert_eq!(e.kind, strata_block::Kind::Corrupt, "{e}");
+        assert!(e.to_string().contains("packed grain"), "{e}");
+        let e = d.read_at(&mut got, 4096).unwrap_err();
+        assert_eq!(e.kind, strata_block::Kind::Corrupt, "{e}");
+    }
+}
+
+/// The pool's descriptor a read plan of `d` names.
+fn d_fd(d: &strata_engine::DiskHandle) -> std::os::fd::RawFd {
+    let mut b = AlignedBuf::zeroed(4096);
+    match d.plan_read(&mut b, 0, true) {
+        Some(Ok(Planned::Plan(p))) => p.fd,
+        _ => panic!("not planned"),
+    }
+}

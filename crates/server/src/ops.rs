@@ -770,10 +770,10 @@ fn space_work(
             .map(Response::Dedup),
         Request::Compress {
             disks,
-            lz4,
+            codec,
             rate_bytes_per_sec,
         } => ds
-            .compress(disks, *lz4, &ctx.work(*rate_bytes_per_sec), progress)
+            .compress(disks, *codec, &ctx.work(*rate_bytes_per_sec), progress)
             .map(Response::Compress),
         _ => return None,
     })

@@ -4,12 +4,21 @@
 //! decompressed is kept for the next grain of the same request, so a
 //! sequential read decompresses each fragment (a pair holds two grains)
 //! once.
+//!
+//! A planned read (the NBD and vhost-user rings) reads the stream grains
+//! and raw runs a request needs into the plan's own buffer, and its
+//! `after_read` step decompresses and copies them into the request's
+//! buffer on the ring's reaping thread: no hand-off to a worker thread,
+//! which cost more than the decompression (PERFORMANCE.md, issue 64).
 
+use strata_block::{AlignedBuf, FilePiece, Fill, IoHold, IoPlan, ReadFill};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT};
 
-use super::DiskHandle;
-use crate::compress::Unpacked;
+use super::{packed_place, DiskHandle, Run};
+use crate::compress::{unpack_bytes, Unpacked};
 use crate::error::{Error, ErrorKind, Result};
+
+const GRAIN: usize = GRAIN_BYTES as usize;
 
 impl DiskHandle {
     /// Fill `dst` with virtual grain `v`'s bytes from byte `within` of it
@@ -45,4 +54,151 @@ impl DiskHandle {
         dst.copy_from_slice(&bytes[within..within + dst.len()]);
         Ok(())
     }
+}
+
+/// What the `after_read` step of a planned read over packed grains puts
+/// into the request's buffer at `to`, from the plan's buffer at `from`.
+enum Step {
+    /// A raw run's bytes, as they are.
+    Copy {
+        from: usize,
+        to: std::ops::Range<usize>,
+    },
+    /// Part of virtual grain `v` (from byte `within`) from stream grain
+    /// `grain`, whose bytes are at `from`, followed by the next grain's
+    /// when `spills`.
+    Unpack {
+        from: usize,
+        spills: bool,
+        place: (u64, u64, usize),
+        to: std::ops::Range<usize>,
+    },
+}
+
+/// The plan of a read at `offset` whose runs (`DiskHandle::mapped_runs`
+/// of a plain disk) include packed ones: holes filled in `buf` now; raw
+/// runs and stream grains (two where a fragment spills) read from `fd`
+/// into the plan's buffer, each stream grain once however many virtual
+/// grains of the request it holds; `after_read` decompresses. `gate` is
+/// held until the plan is finished, so no grain read is freed meanwhile.
+pub(super) fn plan(
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+    offset: u64,
+    runs: &[Run],
+    gate: Box<dyn IoHold>,
+) -> IoPlan {
+    let mut fill = ReadFill::new();
+    let mut pieces: Vec<FilePiece> = Vec::new();
+    let mut steps = Vec::with_capacity(runs.len());
+    // Stream grains already placed: (grain, bytes read from it, where).
+    let mut placed: Vec<(u64, usize, usize)> = Vec::new();
+    let mut end = 0;
+    let mut take = |pieces: &mut Vec<FilePiece>, at: u64, len: usize| -> usize {
+        let from = end;
+        end += len;
+        match pieces.last_mut() {
+            Some(p) if p.file_offset + p.len as u64 == at && p.buf_offset + p.len == from => {
+                p.len += len;
+            }
+            _ => pieces.push(FilePiece {
+                buf_offset: from,
+                file_offset: at,
+                len,
+            }),
+        }
+        from
+    };
+    for r in runs {
+        let n = r.buf.len();
+        let Some(at) = r.pool else {
+            buf[r.buf.clone()].fill(0);
+            fill.push(n as u64, Fill::Zeros);
+            continue;
+        };
+        fill.push(n as u64, Fill::Data);
+        if !r.packed {
+            let from = take(&mut pieces, at, n);
+            steps.push(Step::Copy {
+                from,
+                to: r.buf.clone(),
+            });
+            continue;
+        }
+        let place = packed_place(r, offset);
+        let want = if r.spills { 2 * GRAIN } else { GRAIN };
+        let from = match placed
+            .iter()
+            .find(|&&(g, len, _)| g == place.0 && len >= want)
+        {
+            Some(&(_, _, from)) => from,
+            None => {
+                let from = take(&mut pieces, at, want);
+                placed.push((place.0, want, from));
+                from
+            }
+        };
+        steps.push(Step::Unpack {
+            from,
+            spills: r.spills,
+            place,
+            to: r.buf.clone(),
+        });
+    }
+    // The pieces cover it whole.
+    let source = AlignedBuf::recycled(end);
+    IoPlan {
+        fd,
+        write: false,
+        pieces,
+        fill,
+        holds: vec![gate],
+        source: Some(source),
+        after_read: Some(unpacking(steps)),
+    }
+}
+
+/// The `after_read` step that carries out `steps`.
+fn unpacking(steps: Vec<Step>) -> strata_block::AfterRead {
+    Box::new(move |out: &mut [u8], src: &[u8]| {
+        // The fragment last decompressed, in the thread's buffer; from
+        // this request only (once the plan is finished the grains read
+        // may be freed and used again).
+        let mut memo = Unpacked::reusing(PLAIN.take());
+        let r = unpack_steps(&steps, out, src, &mut memo);
+        PLAIN.set(memo.plain);
+        r
+    })
+}
+
+thread_local! {
+    /// Each ring thread's buffer for the fragment a planned read
+    /// decompresses (an allocation per read cost as much as LZ4).
+    static PLAIN: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A planned read's `after_read`: `steps` carried out from the plan's
+/// buffer `src` into the request's `out`.
+fn unpack_steps(steps: &[Step], out: &mut [u8], src: &[u8], memo: &mut Unpacked) -> Result<()> {
+    for s in steps {
+        match *s {
+            Step::Copy { from, ref to } => {
+                out[to.clone()].copy_from_slice(&src[from..from + to.len()]);
+            }
+            Step::Unpack {
+                from,
+                spills,
+                place: (grain, v, within),
+                ref to,
+            } => {
+                if memo.bytes(grain, v).is_none() {
+                    let next = spills.then(|| &src[from + GRAIN..from + 2 * GRAIN]);
+                    unpack_bytes(memo, grain, &src[from..from + GRAIN], next, v)?;
+                }
+                let bytes = memo.bytes(grain, v).expect("just unpacked");
+                out[to.clone()].copy_from_slice(&bytes[within..within + to.len()]);
+            }
+        }
+    }
+    Ok(())
 }

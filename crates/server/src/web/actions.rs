@@ -7,7 +7,7 @@
 use axum::http::Method;
 use serde_json::Value;
 use strata_api::units::parse_size;
-use strata_api::{JobAction, Request};
+use strata_api::{JobAction, PackCodec, Request};
 use strata_engine::Provisioning;
 
 use super::Refusal;
@@ -221,17 +221,17 @@ fn dedup(b: &Value) -> Result<Request, Refusal> {
 }
 
 /// `POST /compress`: the CLI's `compress`; `"disks"` and `"rate"` as for
-/// `/dedup`, `"lz4": true` for LZ4 instead of zstd; a job.
+/// `/dedup`, `"codec"`: `"lz4"` (the default) or `"zstd"`; a job.
 fn compress(b: &Value) -> Result<Request, Refusal> {
     let (disks, rate_bytes_per_sec) = disks_and_rate(b)?;
-    let lz4 = match b.get("lz4") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(on)) => *on,
-        Some(_) => return Err(bad_body("\"lz4\" is true or false")),
+    let codec = match b.get("codec") {
+        None | Some(Value::Null) => PackCodec::default(),
+        Some(Value::String(s)) => PackCodec::parse(s).map_err(|e| bad_body(&e.to_string()))?,
+        Some(_) => return Err(bad_body("\"codec\" is \"lz4\" or \"zstd\"")),
     };
     Ok(Request::Compress {
         disks,
-        lz4,
+        codec,
         rate_bytes_per_sec,
     })
 }
@@ -316,17 +316,17 @@ mod tests {
 
     #[test]
     fn compress_is_a_job_with_the_body_of_dedup() {
-        let b = json!({"disks": ["a", "b"], "lz4": true, "rate": "100M"});
+        let b = json!({"disks": ["a", "b"], "codec": "zstd", "rate": "100M"});
         let (r, s) = post(&["compress"], &b).ok().unwrap();
         assert_eq!(s, 202);
         assert!(
-            matches!(r, Request::Compress { ref disks, lz4: true, rate_bytes_per_sec: Some(n) }
+            matches!(r, Request::Compress { ref disks, codec: PackCodec::Zstd, rate_bytes_per_sec: Some(n) }
             if disks == &["a", "b"] && n == 100 << 20),
             "{r:?}"
         );
         let (r, _) = post(&["compress"], &json!({})).ok().unwrap();
         assert!(
-            matches!(r, Request::Compress { ref disks, lz4: false, rate_bytes_per_sec: None }
+            matches!(r, Request::Compress { ref disks, codec: PackCodec::Lz4, rate_bytes_per_sec: None }
             if disks.is_empty()),
             "{r:?}"
         );
@@ -335,7 +335,8 @@ mod tests {
             json!({"disks": [1]}),
             json!({"rate": true}),
             json!({"rate": "fast"}),
-            json!({"lz4": "yes"}),
+            json!({"codec": true}),
+            json!({"codec": "gzip"}),
         ] {
             assert!(post(&["compress"], &bad).is_err(), "{bad}");
         }
