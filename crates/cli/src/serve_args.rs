@@ -92,7 +92,8 @@ pub struct ServeArgs {
     /// many clients on few cores it shortens the latency tail (64 disks at QD 4 on two cores:
     /// p99 about a third for reads, half for writes) for some throughput (about a tenth
     /// there); with few clients it changes nothing measurable. 0: the kernel's default slice
-    #[arg(long, help_heading = NBD, value_name = "US", default_value_t = 100, value_parser = parse_slice_us)]
+    #[arg(long, help_heading = NBD, value_name = "US", default_value_t = 100, value_parser = parse_slice_us,
+          hide_short_help = true)]
     pub nbd_sched_slice_us: u32,
     /// Serve DISK on a vhost-user-blk SOCKET; repeatable
     ///
@@ -287,6 +288,27 @@ pub struct ServeArgs {
     /// start, none while another pass runs. 0: only on request
     #[arg(long, help_heading = IO, value_name = "SECONDS", default_value_t = 0)]
     pub dedup_interval: u64,
+    /// Pack cold disks every this many seconds, 0: none
+    ///
+    /// Local datastores: every this many seconds, run what 'strata compress' does over the
+    /// disks no client of this server has changed for --compress-cold (their snapshots and
+    /// clones come with them; docs/FORMAT.md §18), paced against client I/O, as a job of the
+    /// server (one that packed nothing leaves the list when done, the log has every pass); the
+    /// first run comes one interval after the start, none while another compress runs.
+    /// 0: only on request
+    #[arg(long, help_heading = IO, value_name = "SECONDS", default_value_t = 0)]
+    pub compress_interval: u64,
+    /// Seconds a disk must go unchanged to be packed by --compress-interval
+    ///
+    /// A disk no client has written, trimmed or zeroed through this server for this long
+    /// (counted from the server's start for one not changed since) is cold.
+    #[arg(long, help_heading = IO, value_name = "SECONDS", default_value_t = 3600,
+          hide_short_help = true)]
+    pub compress_cold: u64,
+    /// The codec of --compress-interval's passes: lz4 or zstd (as 'strata compress --codec')
+    #[arg(long, help_heading = IO, value_name = "lz4|zstd", default_value = "lz4",
+          value_parser = strata_api::PackCodec::parse, hide_short_help = true)]
+    pub compress_codec: strata_api::PackCodec,
     /// When 'strata move' mirrors client writes
     ///
     /// How 'strata move' converges (docs/MOVE.md): auto copies again what clients changed
@@ -462,6 +484,9 @@ impl TryFrom<&ServeArgs> for ServeConfig {
             free_space_policy: a.free_space_policy,
             free_space_threshold: a.free_space_threshold,
             dedup_interval: a.dedup_interval,
+            compress_interval: a.compress_interval,
+            compress_cold: a.compress_cold,
+            compress_codec: a.compress_codec,
             init: a.init,
             vmdk: a.vmdk.clone(),
             vmdk_read_only: a.vmdk_read_only,

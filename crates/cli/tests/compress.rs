@@ -336,3 +336,76 @@ fn an_object_store_says_packing_is_for_local_datastores() {
     let cannot = st["cannot"].as_array().unwrap();
     assert!(cannot.iter().any(|c| c["command"] == "compress"), "{st}");
 }
+
+/// `serve --compress-interval N` packs the disks no client has changed
+/// for `--compress-cold`, and leaves a disk being written raw until it
+/// too has gone unchanged that long.
+#[test]
+fn serve_packs_cold_disks_in_the_background() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    s.ok(&["import", &img, "cold"]);
+    s.ok(&["import", &img, "busy"]);
+    let _srv = s.serve_with(&["--compress-interval", "1", "--compress-cold", "5"]);
+    let passes = |s: &Store| -> Vec<serde_json::Value> {
+        let jobs = s.json(&["jobs"]);
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["what"].as_str().unwrap_or("").starts_with("compress"))
+            .cloned()
+            .collect()
+    };
+    // A client writes "busy" (zeros where the image has zeros) about
+    // twice a second until the cold disk has been packed: no pass takes
+    // "busy" meanwhile.
+    let t = std::time::Instant::now();
+    let packed = loop {
+        qemu_io_ok(RAW, &s.uri("busy"), &["write -P 0 7M 4k"]);
+        let jobs = passes(&s);
+        for j in &jobs {
+            assert!(
+                !j["what"].as_str().unwrap().contains("busy"),
+                "a disk being written was packed: {jobs:?}"
+            );
+        }
+        if let Some(j) = jobs
+            .iter()
+            .find(|j| j["what"] == "compress cold" && j["state"] == "done")
+        {
+            break report(&j["result"]["compress"]);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no background compress of 'cold' in 60 s: {jobs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(packed.packed_bytes, 2 * MIB, "{packed:?}");
+    assert_eq!(packed.codec, "lz4", "{packed:?}");
+    // Left alone, "busy" goes cold and is packed too.
+    eventually("'busy' packed", Duration::from_secs(60), || {
+        passes(&s).iter().any(|j| {
+            j["state"] == "done"
+                && j["what"].as_str().unwrap().contains("busy")
+                && j["result"]["compress"]["packed_bytes"] == 2 * MIB
+        })
+    });
+    // Both taken and unchanged since: no pass reads them again.
+    let finished = |s: &Store| {
+        s.ok(&["events", "--limit", "1000"])
+            .lines()
+            .filter(|l| l.contains("job_finished") && l.contains("server (--compress-interval)"))
+            .count()
+    };
+    // (The last pass's end may reach the event log just after its job
+    // shows done.)
+    std::thread::sleep(Duration::from_millis(1500));
+    let passes_run = finished(&s);
+    assert!(passes_run >= 2, "{passes_run}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(finished(&s), passes_run, "a pass over disks already packed");
+    same_as(&s, "cold", &img);
+    same_as(&s, "busy", &img);
+}

@@ -364,6 +364,14 @@ impl Jobs {
             .any(|j| j.what == what && j.state.lock().result.is_none())
     }
 
+    /// Whether a job whose description starts with the word `verb`
+    /// ("dedup", "compress") is running.
+    pub fn running_verb(&self, verb: &str) -> bool {
+        self.list.lock().iter().any(|j| {
+            j.what.split_whitespace().next() == Some(verb) && j.state.lock().result.is_none()
+        })
+    }
+
     /// Stop job `id` at the end of its current step, its error starting
     /// with `why` (the server's own jobs at shutdown).
     pub fn stop(&self, id: u64, why: &str) {

@@ -29,8 +29,8 @@ use crate::vmdk_ops::Access;
 use crate::{control, holders};
 
 mod config;
-mod dedup;
 mod exports;
+mod passes;
 mod running;
 mod vhost;
 mod vmdks;
@@ -376,11 +376,23 @@ fn start_datastore(
     let with_ctx: crate::ops::schedules::WithCtx = Arc::new(move |f| h.with_ctx(f));
     let runner = crate::ops::schedules::spawn(with_ctx, up.stop.clone());
     background.threads.push(runner);
-    if args.dedup_interval > 0 {
-        let interval = Duration::from_secs(args.dedup_interval);
-        background
-            .threads
-            .extend(dedup::spawn(handler.clone(), interval, up.stop.clone()));
+    let passes = [
+        (args.dedup_interval, passes::Pass::Dedup),
+        (
+            args.compress_interval,
+            passes::Pass::Compress {
+                cold: Duration::from_secs(args.compress_cold),
+                codec: args.compress_codec,
+            },
+        ),
+    ];
+    for (every, pass) in passes.into_iter().filter(|p| p.0 > 0) {
+        background.threads.extend(passes::spawn(
+            handler.clone(),
+            pass,
+            Duration::from_secs(every),
+            up.stop.clone(),
+        ));
     }
     up.background = Some(background);
     say!(up.banner, "strata: serving {}", home.ds.describe());

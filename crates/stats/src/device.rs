@@ -194,6 +194,12 @@ impl BlockDevice for StatsDevice {
         wait: bool,
     ) -> Option<BlockResult<Planned>> {
         let planned = self.inner.plan_write(buf, offset_bytes, wait);
+        // Noted as it is planned (it lands unless its I/O fails): a disk
+        // written through the ring is as changed as one written by call
+        // (`--compress-interval` asks which disks went unchanged).
+        if let Some(Ok(Planned::Plan(_))) = &planned {
+            self.stats.note_change();
+        }
         self.recorded(Op::Write, offset_bytes, buf.len() as u64, planned)
     }
 

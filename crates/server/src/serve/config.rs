@@ -68,6 +68,11 @@ pub struct ServeConfig {
     pub free_space_threshold: u64,
     /// Seconds between background dedup passes over every disk (0: none).
     pub dedup_interval: u64,
+    /// Seconds between background pack passes over the cold disks (0:
+    /// none), how long a disk must be unchanged to be cold, and the codec.
+    pub compress_interval: u64,
+    pub compress_cold: u64,
+    pub compress_codec: strata_api::PackCodec,
     /// Create the datastore first if the directory has none.
     pub init: bool,
     /// VMDK images also served.
