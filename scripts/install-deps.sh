@@ -16,7 +16,8 @@
 # makes it trust the test CA for the HTTPS dashboard; gdb prints the thread
 # stacks of a test's servers when a client of theirs hangs; dpkg-deb,
 # objcopy (binutils), man (man-db) and systemd-analyze (systemd) build,
-# read and check the Debian package.
+# read and check the Debian package; debootstrap builds the bench space
+# case's Debian guest image.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 need=()
@@ -44,6 +45,8 @@ command -v mke2fs   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v e2fsck   >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v fstrim   >/dev/null 2>&1 || need+=(util-linux)
 command -v cpio     >/dev/null 2>&1 || need+=(cpio)
+# The bench's space case builds a Debian guest image (strata_bench/packing.py).
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # serve --fuse mounts directly as root; other users need fusermount3.
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)

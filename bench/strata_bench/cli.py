@@ -39,6 +39,11 @@ Cases (issue #2 targets in brackets):
               object-store disk the server compacts and collects by itself: stored /
               live during [<= 1.5] and after, idle [<= 1.2], write amplification [<= 2]
 
+  space       issue 64: ten copies of a 2 GiB image after strata dedup: pool vs one copy
+              [<= 1.1], the pass's memory [<= 64 MiB], client reads during it [>= 0.9];
+              import --base [<= 1% written]; 20 clones' same writes [<= 1.1x]; strata
+              compress of a debootstrapped Debian and a text image vs qemu-img's zstd
+              qcow2 [>= 0.9], 4k reads of a packed disk [>= 0.85], writes [>= 0.95/0.90]
   move        issue 13: strata move of a served, full disk (2 GiB; quick 256 MiB) to
               another local datastore, idle and under 4k random writes: time loaded vs
               idle, the switch's pause and the longest write latency during the move vs

@@ -14,7 +14,10 @@ costs. One image of random bytes imported as ten separate disks; then
   medians compared [>= 0.9];
 - `clones`: a golden image with twenty linked clones that each write the
   same 256 MiB at the same offsets (qemu-img over NBD); the pool's growth
-  after `strata dedup`, against 256 MiB [<= 1.1x]."""
+  after `strata dedup`, against 256 MiB [<= 1.1x];
+- `packing`: `strata compress` on guest images the case builds, against
+  qemu-img's zstd qcow2, and reads and writes of packed disks
+  (strata_bench/packing.py)."""
 import json
 import os
 import subprocess
@@ -23,6 +26,7 @@ from statistics import median
 
 from ..common import STRATA, drop_caches, random_raw, ratio, smoke
 from ..fio import fio
+from ..packing import packing
 from ..servers import Strata
 
 
@@ -204,4 +208,5 @@ def case_space(work, q):
     s.settle()
     out["clones"] = _clones(s, img, work, smoke(4, 20), smoke("8M", "64M" if q else "256M"))
     os.unlink(img)
+    out["packing"] = packing(work, q)
     return out

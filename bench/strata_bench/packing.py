@@ -1,0 +1,265 @@
+"""The `space` case's compression part (issue 64 item 3, `strata
+compress`, docs/FORMAT.md §18): guest images built by the case, packed by
+strata and by qemu-img in the same run, then served packed and raw.
+
+- `images`: a debootstrapped Debian 12 (minbase and a few packages, in an
+  ext4 file system made reproducibly: fixed UUID, hash seed and time) and
+  a text-heavy one (ext4 of this host's /usr/include, Python and Perl
+  libraries). For each: `qemu-img convert -c -O qcow2 -o
+  compression_type=zstd` against `strata import` + `strata compress
+  --codec zstd`, the datastore's whole use (map included) against the
+  qcow2 file: the packed size ratio [>= 0.9 of qcow2's], and LZ4's for
+  the record.
+- `reads`: 4 KiB random reads (fio, QD16, cold cache) of the Debian files
+  as a tar stream (data from end to end: the ext4 image is mostly free
+  space, whose reads are of holes) as three disks of one datastore, raw, packed with LZ4 (the default) and
+  with zstd, and qemu-nbd serving the zstd qcow2: windows rotated and
+  repeated, medians; LZ4 against raw [>= 0.85].
+- `writes`: 4 KiB random writes (QD16) and 512 KiB sequential writes to
+  the LZ4-packed disk against the raw one, each trial on a region of the
+  disk no trial wrote before (a write to a packed grain takes a new raw
+  grain; one to a raw grain of its own goes in place) [>= 0.95, >= 0.90].
+
+A --smoke run builds small images from /etc instead of debootstrap (no
+mirror needed) and runs every step once, briefly."""
+import json
+import os
+import shutil
+import subprocess
+import time
+from statistics import median
+
+from .common import drop_caches, ratio, sh, smoke
+from .fio import fio
+from .servers import QemuNbd, Strata
+
+# The Debian image's packages beyond minbase: what a small server guest
+# has (an init, an SSH server, Python and Perl).
+EXTRA_PACKAGES = "systemd,systemd-sysv,openssh-server,python3,perl,iproute2,less,vim-tiny"
+MIRROR = "http://deb.debian.org/debian"
+# Fixed so that the same files make the same image.
+FS_UUID = "5e1f0000-0000-4000-8000-000000000064"
+HASH_SEED = "5e1f0000-0000-4000-8000-0000000000a5"
+FAKE_TIME = "1764547200"  # 2025-12-01
+
+
+def _mkfs(tree, img, size):
+    """An ext4 image of SIZE holding TREE's files, the same bytes for the
+    same files."""
+    env = dict(os.environ, E2FSPROGS_FAKE_TIME=FAKE_TIME)
+    sh("mkfs.ext4", "-q", "-F", "-d", tree, "-U", FS_UUID, "-E",
+       f"hash_seed={HASH_SEED},root_owner=0:0", "-L", "strata-bench", img, size, env=env)
+
+
+def _debian_tree(work):
+    """A debootstrapped bookworm (cached in WORK across the case's runs):
+    its path and what it is."""
+    root = os.path.join(work, "debian-rootfs")
+    done = os.path.join(work, "debian-rootfs.done")
+    if not os.path.exists(done):
+        shutil.rmtree(root, ignore_errors=True)
+        sh("debootstrap", "--variant=minbase", f"--include={EXTRA_PACKAGES}", "bookworm",
+           root, MIRROR)
+        # Logs and caches differ from run to run; the image is the system.
+        for d in ("var/cache/apt/archives", "var/log", "var/lib/apt/lists"):
+            p = os.path.join(root, d)
+            if os.path.isdir(p):
+                for name in os.listdir(p):
+                    q = os.path.join(p, name)
+                    if os.path.isfile(q):
+                        os.unlink(q)
+        open(done, "w").close()
+    n = len(os.listdir(os.path.join(root, "var/lib/dpkg/info")))
+    return root, f"debootstrap --variant=minbase --include={EXTRA_PACKAGES} bookworm ({n} dpkg files)"
+
+
+def _tree_of(work, name, sources):
+    """A copy of the host's SOURCES (those present) under WORK/NAME."""
+    tree = os.path.join(work, name)
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    for s in sources:
+        if os.path.isdir(s):
+            shutil.copytree(s, os.path.join(tree, s.strip("/").replace("/", "_")), symlinks=True)
+    return tree
+
+
+def _tar(tree, img):
+    """A disk every grain of which is data: TREE's files as one tar stream
+    (reproducible: sorted, fixed owners and times), padded to whole MiB."""
+    sh("tar", "-C", tree, "--sort=name", "--owner=0", "--group=0", "--numeric-owner",
+       f"--mtime=@{FAKE_TIME}", "-cf", img, ".")
+    with open(img, "r+b") as f:
+        f.truncate(-(-os.path.getsize(img) // (1 << 20)) << 20)
+
+
+def _images(work):
+    """[(name, raw image path, what it is)], and the disk the reads and
+    writes run on: the Debian files as a tar stream (the ext4 image is
+    mostly free space, whose reads would be of holes)."""
+    out = []
+    full = os.path.join(work, "full.raw")
+    if smoke(True, False):
+        tree = _tree_of(work, "etc-tree", ["/etc"])
+        img = os.path.join(work, "debian.raw")
+        _mkfs(tree, img, "64M")
+        out.append(("debian", img, "ext4 of this host's /etc (--smoke)"))
+        _tar(tree, full)
+        shutil.rmtree(tree)
+        tree = _tree_of(work, "text-tree", ["/usr/share/perl"])
+        img = os.path.join(work, "text.raw")
+        _mkfs(tree, img, "64M")
+        out.append(("text", img, "ext4 of this host's /usr/share/perl (--smoke)"))
+        shutil.rmtree(tree)
+        return out, (full, "tar of this host's /etc (--smoke)")
+    root, what = _debian_tree(work)
+    img = os.path.join(work, "debian.raw")
+    _mkfs(root, img, "2G")
+    out.append(("debian", img, f"2 GiB ext4 of {what}"))
+    _tar(root, full)
+    srcs = ["/usr/include", "/usr/lib/python3.11", "/usr/share/perl"]
+    tree = _tree_of(work, "text-tree", srcs)
+    img = os.path.join(work, "text.raw")
+    _mkfs(tree, img, "512M")
+    out.append(("text", img, f"512 MiB ext4 of this host's {', '.join(srcs)}"))
+    shutil.rmtree(tree)
+    return out, (full, f"tar of the same {what}")
+
+
+def _used(s):
+    return json.loads(s.cli("status", "--json"))["used_bytes"]
+
+
+def _timed_json(s, *args):
+    t = time.perf_counter()
+    out = json.loads(s.cli(*args, "--json"))
+    return out, round(time.perf_counter() - t, 2)
+
+
+def _sizes(work, name, img):
+    """One image packed by qemu-img (zstd qcow2) and by strata (zstd, then
+    LZ4, as separate disks of one datastore); the Strata datastore with
+    both, and the qcow2's path."""
+    qcow2 = os.path.join(work, f"{name}.qcow2")
+    t = time.perf_counter()
+    sh("qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2", "-o", "compression_type=zstd",
+       img, qcow2)
+    qemu_s = round(time.perf_counter() - t, 2)
+    # The image's data (what qemu-img map says is data and not zeros).
+    extents = json.loads(sh("qemu-img", "map", "-f", "raw", "--output=json", img))
+    data = sum(e["length"] for e in extents if e["data"] and not e.get("zero"))
+    s = Strata(os.path.join(work, f"space-{name}"))
+    empty = _used(s)
+    s.cli("import", img, "zstd")
+    raw_use = _used(s) - empty
+    zr, zstd_s = _timed_json(s, "compress", "--codec", "zstd", "zstd")
+    zstd_use = _used(s) - empty
+    before = _used(s)
+    s.cli("import", img, "lz4")
+    _, lz4_s = _timed_json(s, "compress", "lz4")
+    lz4_use = _used(s) - before
+    qcow2_bytes = os.path.getsize(qcow2)
+    out = {
+        "data_bytes": data,
+        "qcow2_zstd_bytes": qcow2_bytes, "qcow2_zstd_x": ratio(data, qcow2_bytes),
+        "qemu_img_s": qemu_s,
+        "strata_raw_use_bytes": raw_use,
+        "strata_zstd_use_bytes": zstd_use, "strata_zstd_x": ratio(data, zstd_use),
+        "strata_zstd_pass_s": zstd_s, "zstd_pairs_bytes": zr["pair_bytes"],
+        "strata_lz4_use_bytes": lz4_use, "strata_lz4_x": ratio(data, lz4_use),
+        "strata_lz4_pass_s": lz4_s,
+        "zstd_vs_qcow2": ratio(qcow2_bytes, zstd_use), "target": ">= 0.9",
+        "lz4_vs_qcow2": ratio(qcow2_bytes, lz4_use),
+    }
+    return out, s, qcow2
+
+
+def _rotated(trials, names, window):
+    """WINDOW(name) for each name in each trial, the order rotated from
+    trial to trial: {name: [values]}."""
+    got = {n: [] for n in names}
+    for k in range(trials):
+        for n in names[k % len(names):] + names[:k % len(names)]:
+            got[n].append(window(n))
+    return got
+
+
+def _reads(s, img, qcow2, rt, trials):
+    """4k random reads of the image raw, packed with LZ4 and with zstd, and
+    of qemu-nbd serving the zstd qcow2 (`_sizes` made all but raw)."""
+    s.cli("import", img, "raw")
+    size = os.path.getsize(img)
+    q = QemuNbd(qcow2, "qcow2", os.path.join(os.path.dirname(qcow2), "q.sock"), cache="none",
+                aio="native")
+    s.start()
+    q.start()
+    try:
+        def window(n):
+            drop_caches()
+            uri = q.uri() if n == "qemu-nbd qcow2 zstd" else s.uri(n)
+            return round(fio(uri, "randread", "4k", iodepth=16, runtime=rt, size=size)["iops"])
+        got = _rotated(trials, ["raw", "lz4", "zstd", "qemu-nbd qcow2 zstd"], window)
+    finally:
+        q.stop()
+        s.stop()
+    med = {n: median(v) for n, v in got.items()}
+    return {
+        "job": f"fio 4k randread iodepth 16, {rt} s per window, cold cache, the whole disk",
+        "iops": got, "median_iops": med,
+        "lz4_vs_raw": ratio(med["lz4"], med["raw"]), "target": ">= 0.85",
+        "zstd_vs_raw": ratio(med["zstd"], med["raw"]),
+        "zstd_vs_qemu_nbd_qcow2": ratio(med["zstd"], med["qemu-nbd qcow2 zstd"]),
+    }
+
+
+def _writes(s, img, rt, trials):
+    """Writes to the LZ4-packed disk against the raw one, each window on a
+    region no window wrote before: 4k random (QD16) and 512k sequential."""
+    size = os.path.getsize(img)
+    # Two windows (raw, lz4) per kind per trial, each kind its own
+    # regions: 2 * trials regions per disk.
+    regions = 2 * trials
+    region = size // regions // (1 << 20) << 20
+    s.start()
+    try:
+        out = {}
+        for kind, rw, bs, first in (("random_4k", "randwrite", "4k", 0),
+                                    ("sequential_512k", "write", "512k", trials)):
+            got = {"raw": [], "lz4": []}
+            for k in range(trials):
+                at = (first + k) * region
+                for n in (("raw", "lz4") if k % 2 == 0 else ("lz4", "raw")):
+                    drop_caches()
+                    # Random: for RT seconds; sequential: one pass, every
+                    # grain written once (a second would find it raw).
+                    r = fio(s.uri(n), rw, bs, iodepth=16, size=region, extra=[f"--offset={at}"],
+                            runtime=rt if rw == "randwrite" else None)
+                    got[n].append(round(r["bw_mib"], 1))
+            out[kind] = {"mib_s": got, "lz4_vs_raw": ratio(median(got["lz4"]), median(got["raw"])),
+                         "target": ">= 0.95" if kind == "random_4k" else ">= 0.90"}
+    finally:
+        s.stop()
+    out["job"] = (f"fio iodepth 16, {region >> 20} MiB region per window (random: {rt} s; "
+                  "sequential: one pass), writes acknowledged (no flush), pairs alternated")
+    return out
+
+
+def packing(work, q):
+    rt = smoke(1, 4 if q else 6)
+    trials = smoke(1, 2 if q else 3)
+    out = {}
+    images, (full, what) = _images(work)
+    for name, img, it in images:
+        r, _, qcow2 = _sizes(work, name, img)
+        out[name] = {"image": it, **r}
+        os.unlink(img)
+        os.unlink(qcow2)
+    # Reads and writes: a disk that is data from end to end.
+    r, s, qcow2 = _sizes(work, "full", full)
+    out["full"] = {"image": what, **r}
+    out["reads"] = _reads(s, full, qcow2, rt, trials)
+    out["writes"] = _writes(s, full, rt, trials)
+    os.unlink(full)
+    os.unlink(qcow2)
+    out["object_store"] = "not measured: compress-at-seal is not built (an object-store datastore refuses compress)"
+    return out
