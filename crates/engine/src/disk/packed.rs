@@ -89,26 +89,10 @@ pub(super) fn plan(
     gate: Box<dyn IoHold>,
 ) -> IoPlan {
     let mut fill = ReadFill::new();
-    let mut pieces: Vec<FilePiece> = Vec::new();
+    let mut pieces = Pieces::default();
     let mut steps = Vec::with_capacity(runs.len());
     // Stream grains already placed: (grain, bytes read from it, where).
     let mut placed: Vec<(u64, usize, usize)> = Vec::new();
-    let mut end = 0;
-    let mut take = |pieces: &mut Vec<FilePiece>, at: u64, len: usize| -> usize {
-        let from = end;
-        end += len;
-        match pieces.last_mut() {
-            Some(p) if p.file_offset + p.len as u64 == at && p.buf_offset + p.len == from => {
-                p.len += len;
-            }
-            _ => pieces.push(FilePiece {
-                buf_offset: from,
-                file_offset: at,
-                len,
-            }),
-        }
-        from
-    };
     for r in runs {
         let n = r.buf.len();
         let Some(at) = r.pool else {
@@ -118,7 +102,7 @@ pub(super) fn plan(
         };
         fill.push(n as u64, Fill::Data);
         if !r.packed {
-            let from = take(&mut pieces, at, n);
+            let from = pieces.take(at, n);
             steps.push(Step::Copy {
                 from,
                 to: r.buf.clone(),
@@ -133,7 +117,7 @@ pub(super) fn plan(
         {
             Some(&(_, _, from)) => from,
             None => {
-                let from = take(&mut pieces, at, want);
+                let from = pieces.take(at, want);
                 placed.push((place.0, want, from));
                 from
             }
@@ -146,15 +130,43 @@ pub(super) fn plan(
         });
     }
     // The pieces cover it whole.
-    let source = AlignedBuf::recycled(end);
+    let source = AlignedBuf::recycled(pieces.end);
     IoPlan {
         fd,
         write: false,
-        pieces,
+        pieces: pieces.list,
         fill,
         holds: vec![gate],
         source: Some(source),
         after_read: Some(unpacking(steps)),
+    }
+}
+
+/// A planned read's pieces as they fill the plan's buffer.
+#[derive(Default)]
+struct Pieces {
+    list: Vec<FilePiece>,
+    /// Bytes of the buffer taken.
+    end: usize,
+}
+
+impl Pieces {
+    /// `len` bytes of the pool from `at` read into the buffer next (one
+    /// piece with the last when they follow it in both); where they land.
+    fn take(&mut self, at: u64, len: usize) -> usize {
+        let from = self.end;
+        self.end += len;
+        match self.list.last_mut() {
+            Some(p) if p.file_offset + p.len as u64 == at && p.buf_offset + p.len == from => {
+                p.len += len;
+            }
+            _ => self.list.push(FilePiece {
+                buf_offset: from,
+                file_offset: at,
+                len,
+            }),
+        }
+        from
     }
 }
 
