@@ -20,8 +20,8 @@ strata and by qemu-img in the same run, then served packed and raw.
   disk no trial wrote before (a write to a packed grain takes a new raw
   grain; one to a raw grain of its own goes in place) [>= 0.95, >= 0.90].
 
-A --smoke run builds small images from /etc instead of debootstrap (no
-mirror needed) and runs every step once, briefly."""
+A --smoke run builds small images of the repository's own files instead
+(no mirror needed) and runs every step once, briefly."""
 import json
 import os
 import shutil
@@ -29,7 +29,7 @@ import subprocess
 import time
 from statistics import median
 
-from .common import drop_caches, ratio, sh, smoke
+from .common import ROOT, drop_caches, ratio, sh, smoke
 from .fio import fio
 from .servers import QemuNbd, Strata
 
@@ -80,7 +80,8 @@ def _tree_of(work, name, sources):
     os.makedirs(tree)
     for s in sources:
         if os.path.isdir(s):
-            shutil.copytree(s, os.path.join(tree, s.strip("/").replace("/", "_")), symlinks=True)
+            shutil.copytree(s, os.path.join(tree, s.strip("/").replace("/", "_")), symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
     return tree
 
 
@@ -100,18 +101,20 @@ def _images(work):
     out = []
     full = os.path.join(work, "full.raw")
     if smoke(True, False):
-        tree = _tree_of(work, "etc-tree", ["/etc"])
+        # The repository's own files: on every machine that runs it, and
+        # no special files to trip the copy.
+        tree = _tree_of(work, "docs-tree", [os.path.join(ROOT, "docs"), os.path.join(ROOT, "bench")])
         img = os.path.join(work, "debian.raw")
-        _mkfs(tree, img, "64M")
-        out.append(("debian", img, "ext4 of this host's /etc (--smoke)"))
+        _mkfs(tree, img, "32M")
+        out.append(("debian", img, "ext4 of the repository's docs/ and bench/ (--smoke)"))
         _tar(tree, full)
         shutil.rmtree(tree)
-        tree = _tree_of(work, "text-tree", ["/usr/share/perl"])
+        tree = _tree_of(work, "text-tree", [os.path.join(ROOT, "crates")])
         img = os.path.join(work, "text.raw")
         _mkfs(tree, img, "64M")
-        out.append(("text", img, "ext4 of this host's /usr/share/perl (--smoke)"))
+        out.append(("text", img, "ext4 of the repository's crates/ (--smoke)"))
         shutil.rmtree(tree)
-        return out, (full, "tar of this host's /etc (--smoke)")
+        return out, (full, "tar of the repository's docs/ and bench/ (--smoke)")
     root, what = _debian_tree(work)
     img = os.path.join(work, "debian.raw")
     _mkfs(root, img, "2G")

@@ -1666,5 +1666,25 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
     );
     b.screenshot("space-after-pass");
     assert_eq!(s.json(&["dedup", "--estimate"])["same_offset_bytes"], 0);
+
+    // Compression, from the same section: a disk of text packs, the
+    // noise stays raw.
+    let text = dir.path().join("text.raw");
+    std::fs::write(
+        &text,
+        b"the dashboard packs cold grains with LZ4. ".repeat(25_000)[..1 << 20].to_vec(),
+    )
+    .unwrap();
+    s.ok(&["import", text.to_str().unwrap(), "t"]);
+    b.click("#compress-go");
+    b.wait("the confirmation", "document.querySelector('#confirm').open");
+    b.click("#confirm-ok");
+    b.wait("the compress result", "document.querySelector('#compress-last')");
+    let last = b.text("#compress-last");
+    assert!(
+        last.contains("lz4): packed 1.00 MiB into ") && last.contains("4.00 MiB stayed raw"),
+        "{last}"
+    );
+    b.screenshot("space-after-compress");
     s.ok(&["check"]);
 }

@@ -293,7 +293,7 @@ function renderSpace(s, jobs) {
   if (s.logical_bytes !== undefined && s.logical_bytes !== null && s.used_bytes !== undefined) {
     const ratio = s.used_bytes ? (s.logical_bytes / s.used_bytes).toFixed(2) + 'x' : '-';
     el.append(h('p', { id: 'space-line', text: bytes(s.used_bytes) + ' used for ' + bytes(s.logical_bytes) +
-      ' of disks and snapshots (' + ratio + ' from sharing)' }));
+      ' of disks and snapshots (' + ratio + ' from sharing and compression)' }));
   }
   if (refused) el.append(h('p', { class: 'muted', text: 'dedup: ' + refused.reason }));
   const newest = (kind) => (jobs || []).find((j) => j.result && j.result[kind]);
@@ -330,6 +330,15 @@ function renderSpace(s, jobs) {
       bytes(r.freed_bytes) + ', used ' + bytes(r.used_bytes_before) + ' -> ' + bytes(r.used_bytes_after) +
       (r.regions_skipped ? '; ' + r.regions_skipped + ' regions changed while compared (run it again)' : '') }));
   }
+  const packed = newest('compress');
+  if (packed) {
+    const r = packed.result.compress;
+    el.append(h('p', { id: 'compress-last', text: 'last compress (job ' + packed.id + ', ' + when(packed.finished_unix) +
+      ', ' + r.codec + '): packed ' + bytes(r.packed_bytes) + ' into ' + bytes(r.stream_bytes) + ' of streams, ' +
+      bytes(r.raw_bytes) + ' stayed raw; used ' + bytes(r.used_bytes_before) + ' -> ' + bytes(r.used_bytes_after) +
+      (r.regions_skipped ? '; ' + r.regions_skipped + ' regions changed while packed (run it again)' : '') }));
+  }
+  $('#compress-go').hidden = !!(s.cannot || []).find((c) => c.command === 'compress');
 }
 
 function renderAlarms(alarms) {
@@ -1030,6 +1039,10 @@ function wireForms() {
   $('#dedup-go').addEventListener('click', () =>
     perform('dedup', 'POST', '/dedup', {},
       'Share equal grains of every disk? It runs online, paced; what it frees shows here when it ends.'));
+  $('#compress-go').addEventListener('click', () =>
+    perform('compress', 'POST', '/compress', {},
+      'Pack the grains of every disk that shrink by an eighth (LZ4)? It runs online, paced; ' +
+      'a client write to a packed grain makes it raw again.'));
   $('#f-defrag').addEventListener('submit', (ev) => {
     ev.preventDefault();
     perform('defrag ' + disk(), 'POST', '/disks/' + enc(disk()) + '/defrag', {},
