@@ -1677,9 +1677,15 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
     .unwrap();
     s.ok(&["import", text.to_str().unwrap(), "t"]);
     b.click("#compress-go");
-    b.wait("the confirmation", "document.querySelector('#confirm').open");
+    b.wait(
+        "the confirmation",
+        "document.querySelector('#confirm').open",
+    );
     b.click("#confirm-ok");
-    b.wait("the compress result", "document.querySelector('#compress-last')");
+    b.wait(
+        "the compress result",
+        "document.querySelector('#compress-last')",
+    );
     let last = b.text("#compress-last");
     assert!(
         last.contains("lz4): packed 1.00 MiB into ") && last.contains("4.00 MiB stayed raw"),
