@@ -169,27 +169,17 @@ impl Store {
         } else {
             None
         };
-        unpack_read(grain, (b, p), next.as_deref(), v)
+        let mut u = Unpacked::default();
+        unpack_into(&mut u, grain, (b, p), next.as_deref(), v)?;
+        Ok(u)
     }
 }
 
-/// Virtual grain `v`'s fragment decompressed from packed stream grain
+/// Virtual grain `v`'s fragment decompressed into `u` (its buffer
+/// reused; on an error it holds nothing) from packed stream grain
 /// `grain`, read (`b`) and decoded (`p`), with the grain after it
 /// (`next`) when that fragment spills there: none then is damage (the
 /// map said the fragment does not spill, §18.8 "Counts").
-pub(crate) fn unpack_read(
-    grain: u64,
-    (b, p): (&[u8], &Packed),
-    next: Option<&[u8]>,
-    v: u64,
-) -> Result<Unpacked> {
-    let mut u = Unpacked::default();
-    unpack_into(&mut u, grain, (b, p), next, v)?;
-    Ok(u)
-}
-
-/// [`unpack_read`] into `u`, whose buffer is reused; on an error `u`
-/// holds nothing.
 fn unpack_into(
     u: &mut Unpacked,
     grain: u64,

@@ -294,7 +294,7 @@ impl DiskHandle {
                 }
             }
         }
-        let mut memo = None;
+        let mut memo = crate::compress::Unpacked::default();
         for r in runs {
             let len = r.buf.len() as u64;
             let sector = (offset + r.buf.start as u64) / SECTOR;
@@ -335,14 +335,14 @@ impl DiskHandle {
         buf: &mut [u8],
         offset: u64,
         wait: bool,
-    ) -> Result<Option<Planned>> {
+    ) -> Result<Planned> {
         use strata_block::{Fill, ReadFill};
         let len = buf.len() as u64;
         self.begin(offset, len, false)?;
         let mut fill = ReadFill::new();
         let mut pieces = Vec::new();
         if buf.is_empty() {
-            return Ok(Some(Planned::Plan(IoPlan {
+            return Ok(Planned::Plan(IoPlan {
                 fd,
                 write: false,
                 pieces,
@@ -350,20 +350,20 @@ impl DiskHandle {
                 holds: Vec::new(),
                 source: None,
                 after_read: None,
-            })));
+            }));
         }
         // Held until the caller's reads are in: the grains read must not be
         // freed and reused meanwhile.
         let Some(gate) = hold_read(&self.inner.gate, wait) else {
-            return Ok(Some(Planned::Busy));
+            return Ok(Planned::Busy);
         };
         let (runs, cipher) = self.mapped_runs(offset, len)?;
-        if runs.iter().any(|r| r.packed) {
-            // An encrypted disk never has packed entries: `read_at` says
-            // what is damaged.
-            return Ok(cipher.is_none().then(|| {
-                Planned::Plan(packed::plan(fd, buf, offset, &runs, Box::new(Held(gate))))
-            }));
+        if let Some(r) = runs.iter().find(|r| r.packed) {
+            if cipher.is_some() {
+                return Err(self.packed_on_encrypted(offset + r.buf.start as u64));
+            }
+            let gate = Box::new(Held(gate));
+            return Ok(Planned::Plan(packed::plan(fd, buf, offset, &runs, gate)));
         }
         let mut keys = Vec::new();
         for r in runs {
@@ -385,7 +385,7 @@ impl DiskHandle {
             }
         }
         let after_read = cipher.map(|x| decrypt_after(x, &pieces, keys, offset));
-        Ok(Some(Planned::Plan(IoPlan {
+        Ok(Planned::Plan(IoPlan {
             fd,
             write: false,
             pieces,
@@ -393,7 +393,7 @@ impl DiskHandle {
             holds: vec![Box::new(Held(gate))],
             source: None,
             after_read,
-        })))
+        }))
     }
 
     /// Start reading the data of `[offset, offset + len)` into the host's
@@ -635,7 +635,8 @@ impl DiskHandle {
     fn rest_of_grain(&self, p: &Piece, cipher: Option<&DataCipher>) -> Result<Vec<u8>> {
         let mut g = vec![0u8; GRAIN_BYTES as usize];
         if p.old_packed {
-            self.read_packed(&mut g, (p.old, p.v, 0), cipher.is_some(), &mut None)?;
+            let mut memo = crate::compress::Unpacked::default();
+            self.read_packed(&mut g, (p.old, p.v, 0), cipher.is_some(), &mut memo)?;
         } else if p.old != 0 {
             self.inner.pool.read_at(&mut g, p.old << GRAIN_SHIFT)?;
             if let Some(x) = cipher.filter(|x| x.write_bits() != p.old_key) {
@@ -1045,7 +1046,7 @@ impl BlockDevice for DiskHandle {
             return None;
         }
         self.throttle.admit(buf.len() as u64);
-        self.plan_read_impl(fd, buf, offset_bytes, wait).transpose()
+        Some(self.plan_read_impl(fd, buf, offset_bytes, wait))
     }
 
     fn plan_write(

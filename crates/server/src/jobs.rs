@@ -356,14 +356,6 @@ impl Jobs {
         job
     }
 
-    /// Whether a job of this server that runs `what` is under way.
-    pub fn running(&self, what: &str) -> bool {
-        self.list
-            .lock()
-            .iter()
-            .any(|j| j.what == what && j.state.lock().result.is_none())
-    }
-
     /// Whether a job whose description starts with the word `verb`
     /// ("dedup", "compress") is running.
     pub fn running_verb(&self, verb: &str) -> bool {

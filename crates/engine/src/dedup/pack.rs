@@ -68,6 +68,7 @@ impl Datastore {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CompressReport> {
         self.inner.check_writable()?;
+        let name = codec.as_str();
         let codec = match codec {
             PackCodec::Lz4 => Codec::Lz4,
             PackCodec::Zstd => Codec::Zstd,
@@ -83,11 +84,7 @@ impl Datastore {
         let mut rep = CompressReport {
             disks,
             versions: versions.len() as u64,
-            codec: match codec {
-                Codec::Lz4 => "lz4",
-                Codec::Zstd => "zstd",
-            }
-            .into(),
+            codec: name.into(),
             used_bytes_before: self.inner.meta.lock().used_grains() * GRAIN_BYTES,
             ..CompressReport::default()
         };

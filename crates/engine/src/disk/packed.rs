@@ -29,30 +29,31 @@ impl DiskHandle {
         dst: &mut [u8],
         (grain, v, within): (u64, u64, usize),
         encrypted: bool,
-        memo: &mut Option<Unpacked>,
+        memo: &mut Unpacked,
     ) -> Result<()> {
         if encrypted {
-            // The pass leaves encrypted disks raw (§18.8): such an entry
-            // is damage, never a reason to return other bytes.
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "'{}' at byte {}: a packed entry on an encrypted disk (a damaged map entry)",
-                    self.name,
-                    (v << GRAIN_SHIFT) + within as u64
-                ),
-            ));
+            return Err(self.packed_on_encrypted((v << GRAIN_SHIFT) + within as u64));
         }
-        if memo.as_ref().and_then(|u| u.bytes(grain, v)).is_none() {
-            *memo = Some(self.inner.unpack(grain, v)?);
+        if memo.bytes(grain, v).is_none() {
+            *memo = self.inner.unpack(grain, v)?;
         }
-        let bytes = memo
-            .as_ref()
-            .and_then(|u| u.bytes(grain, v))
-            .expect("just unpacked");
-        debug_assert!(within + dst.len() <= GRAIN_BYTES as usize);
+        let bytes = memo.bytes(grain, v).expect("just unpacked");
+        debug_assert!(within + dst.len() <= GRAIN);
         dst.copy_from_slice(&bytes[within..within + dst.len()]);
         Ok(())
+    }
+
+    /// A packed entry met at byte `at` of an encrypted disk: the pass
+    /// leaves encrypted disks raw (§18.8), so it is damage, never a reason
+    /// to return other bytes.
+    pub(super) fn packed_on_encrypted(&self, at: u64) -> Error {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "'{}' at byte {at}: a packed entry on an encrypted disk (a damaged map entry)",
+                self.name
+            ),
+        )
     }
 }
 

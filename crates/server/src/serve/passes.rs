@@ -60,22 +60,30 @@ impl Pass {
         }
     }
 
-    /// The request of a pass now, paced as the command is; none: nothing
-    /// to do now (no disk is cold and changed since `packed` says a pass
-    /// took it).
+    /// Its request over `disks` (none: every disk), paced as the command
+    /// is.
+    fn over(self, disks: Vec<String>) -> Request {
+        match self {
+            Pass::Dedup => Request::Dedup {
+                disks,
+                rate_bytes_per_sec: None,
+            },
+            Pass::Compress { codec, .. } => Request::Compress {
+                disks,
+                codec,
+                rate_bytes_per_sec: None,
+            },
+        }
+    }
+
+    /// The request of a pass now; none: nothing to do now (no disk is
+    /// cold and changed since `packed` says a pass took it).
     fn request(self, handler: &Handler, started_ms: u64, packed: &Packed) -> Option<Request> {
         match self {
-            Pass::Dedup => Some(Request::Dedup {
-                disks: Vec::new(),
-                rate_bytes_per_sec: None,
-            }),
-            Pass::Compress { cold, codec } => {
+            Pass::Dedup => Some(self.over(Vec::new())),
+            Pass::Compress { cold, .. } => {
                 let disks = cold_disks(handler, cold, started_ms, packed);
-                (!disks.is_empty()).then_some(Request::Compress {
-                    disks,
-                    codec,
-                    rate_bytes_per_sec: None,
-                })
+                (!disks.is_empty()).then(|| self.over(disks))
             }
         }
     }
@@ -130,15 +138,7 @@ pub(super) fn spawn(
     interval: Duration,
     stop: Arc<AtomicBool>,
 ) -> Option<std::thread::JoinHandle<()>> {
-    let probe = match pass {
-        Pass::Dedup => pass.request(&handler, 0, &Packed::new()),
-        Pass::Compress { codec, .. } => Some(Request::Compress {
-            disks: Vec::new(),
-            codec,
-            rate_bytes_per_sec: None,
-        }),
-    };
-    if let Some(Err(e)) = probe.map(|r| crate::ops::refuse_unsupported(&*handler.ds, &r)) {
+    if let Err(e) = crate::ops::refuse_unsupported(&*handler.ds, &pass.over(Vec::new())) {
         tracing::warn!("{}: {e}; no background passes", pass.option());
         return None;
     }
