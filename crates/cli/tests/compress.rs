@@ -393,12 +393,7 @@ fn serve_packs_cold_disks_in_the_background() {
         })
     });
     // Both taken and unchanged since: no pass reads them again.
-    let finished = |s: &Store| {
-        s.ok(&["events", "--limit", "1000"])
-            .lines()
-            .filter(|l| l.contains("job_finished") && l.contains("server (--compress-interval)"))
-            .count()
-    };
+    let finished = |s: &Store| s.jobs_finished_by("server (--compress-interval)");
     // (The last pass's end may reach the event log just after its job
     // shows done.)
     std::thread::sleep(Duration::from_millis(1500));

@@ -1672,7 +1672,7 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
     let text = dir.path().join("text.raw");
     std::fs::write(
         &text,
-        b"the dashboard packs cold grains with LZ4. ".repeat(25_000)[..1 << 20].to_vec(),
+        &b"the dashboard packs cold grains with LZ4. ".repeat(25_000)[..1 << 20],
     )
     .unwrap();
     s.ok(&["import", text.to_str().unwrap(), "t"]);

@@ -466,12 +466,7 @@ fn serve_runs_dedup_in_the_background_when_asked() {
             .cloned()
             .collect()
     };
-    let finished = |s: &Store| {
-        s.ok(&["events", "--limit", "1000"])
-            .lines()
-            .filter(|l| l.contains("job_finished") && l.contains("server (--dedup-interval)"))
-            .count()
-    };
+    let finished = |s: &Store| s.jobs_finished_by("server (--dedup-interval)");
     eventually("three passes", Duration::from_secs(60), || {
         finished(&s) >= 3
     });

@@ -55,13 +55,6 @@ fn write(ds: &Datastore, disk: &str, grains: impl Iterator<Item = u64>, tag: u8)
     ds.flush().unwrap();
 }
 
-fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
-    let h = ds.open_disk(target).unwrap();
-    let mut buf = vec![0u8; h.size_bytes() as usize];
-    h.read_at(&mut buf, 0).unwrap();
-    buf
-}
-
 /// The pass with zstd, whose pairs and spills are the harder layout.
 fn compress(ds: &Datastore, names: &[&str]) -> strata_engine::Result<CompressReport> {
     compress_with(ds, names, PackCodec::Zstd)
@@ -100,12 +93,15 @@ fn disks(ds: &Datastore) {
 }
 
 fn read_every(ds: &Datastore) -> Vec<Vec<u8>> {
-    TARGETS.iter().map(|t| read_all(ds, t)).collect()
+    TARGETS.iter().map(|t| common::read_all(ds, t)).collect()
 }
 
 fn assert_same(ds: &Datastore, want: &[Vec<u8>], what: &str) {
     for (t, w) in TARGETS.iter().zip(want) {
-        assert!(read_all(ds, t) == *w, "{what}: the bytes of {t} changed");
+        assert!(
+            common::read_all(ds, t) == *w,
+            "{what}: the bytes of {t} changed"
+        );
     }
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{what}: {:#?}", report.errors);
@@ -188,7 +184,7 @@ fn packed_and_read_back(codec: PackCodec) {
     ds.flush().unwrap();
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
-    assert!(read_all(&ds, "a") == want[0]);
+    assert!(common::read_all(&ds, "a") == want[0]);
     ds.remove_disk("a").unwrap();
     ds.remove_disk("b").unwrap();
     while ds.reclaim(1 << 20).unwrap() {}
@@ -237,8 +233,8 @@ fn clients_writing_during_the_pass_lose_nothing() {
         let ds = ds.clone();
         std::thread::spawn(move || {
             let (a, b) = (ds.open_disk("a").unwrap(), ds.open_disk("b").unwrap());
-            let mut want_a = read_all(&ds, "a");
-            let mut want_b = read_all(&ds, "b");
+            let mut want_a = common::read_all(&ds, "a");
+            let mut want_b = common::read_all(&ds, "b");
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             for i in 0..3000u64 {
                 let r = xorshift(&mut x);
@@ -267,8 +263,8 @@ fn clients_writing_during_the_pass_lose_nothing() {
     }
     let (want_a, want_b) = writer.join().unwrap();
     assert!(packed > 0);
-    assert!(read_all(&ds, "a") == want_a, "a");
-    assert!(read_all(&ds, "b") == want_b, "b");
+    assert!(common::read_all(&ds, "a") == want_a, "a");
+    assert!(common::read_all(&ds, "b") == want_b, "b");
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
 }

@@ -41,13 +41,6 @@ fn fill(ds: &Datastore, name: &str) -> Vec<u8> {
     want
 }
 
-fn read_all(ds: &Datastore, name: &str) -> Vec<u8> {
-    let h = ds.open_disk(name).unwrap();
-    let mut buf = vec![0u8; h.size_bytes() as usize];
-    h.read_at(&mut buf, 0).unwrap();
-    buf
-}
-
 fn convert(ds: &Datastore, name: &str, to: Provisioning) -> strata_engine::Result<()> {
     ds.convert_disk(name, to, &SpaceWork::default(), &mut |_, _| {})
         .map(|_| ())
@@ -66,7 +59,7 @@ fn convert_round_trip_keeps_bytes_and_figures_follow_the_type() {
     assert_eq!(i.allocated_bytes.unwrap(), SIZE);
     assert_eq!((i.nb.unwrap(), i.tbz.unwrap()), (SIZE >> 20, 0));
     assert_eq!(ds.info().reserved_bytes, 0, "an eager disk has it all");
-    assert_eq!(read_all(&ds, "d"), want);
+    assert_eq!(common::read_all(&ds, "d"), want);
 
     convert(&ds, "d", Provisioning::Thin).unwrap();
     let i = ds.disk_info("d").unwrap();
@@ -77,13 +70,13 @@ fn convert_round_trip_keeps_bytes_and_figures_follow_the_type() {
         data_bytes - zero_grains,
         "thin again: only non-zero data stays allocated"
     );
-    assert_eq!(read_all(&ds, "d"), want);
+    assert_eq!(common::read_all(&ds, "d"), want);
 
     convert(&ds, "d", Provisioning::Zeroedthick).unwrap();
     let i = ds.disk_info("d").unwrap();
     assert_eq!(i.provisioning, Provisioning::Zeroedthick);
     assert_eq!(ds.info().reserved_bytes, SIZE - i.allocated_bytes.unwrap());
-    assert_eq!(read_all(&ds, "d"), want);
+    assert_eq!(common::read_all(&ds, "d"), want);
     assert!(ds.check().unwrap().is_clean());
 }
 
@@ -115,7 +108,11 @@ fn a_power_cut_in_the_middle_of_a_convert_leaves_a_consistent_disk() {
             let cut = r.is_err();
             let ds = common::open_sim(&b);
             let what = format!("{from:?} -> {to:?}, cut after {cut_at} regions (seed {seed})");
-            assert_eq!(read_all(&ds, "d"), want, "bytes after a cut: {what}");
+            assert_eq!(
+                common::read_all(&ds, "d"),
+                want,
+                "bytes after a cut: {what}"
+            );
             let report = ds.check().unwrap();
             assert!(report.is_clean(), "{what}: {:#?}", report.errors);
             let i = ds.disk_info("d").unwrap();
@@ -135,7 +132,11 @@ fn a_power_cut_in_the_middle_of_a_convert_leaves_a_consistent_disk() {
                     "{what}"
                 );
             }
-            assert_eq!(read_all(&ds, "d"), want, "{what}: bytes after finishing");
+            assert_eq!(
+                common::read_all(&ds, "d"),
+                want,
+                "{what}: bytes after finishing"
+            );
             assert!(ds.check().unwrap().is_clean(), "{what}");
             assert!(cut || to == Zeroedthick, "{what}: the cut never came");
         }
@@ -191,7 +192,7 @@ fn punchzero_releases_zero_grains_and_refuses_thick_disks() {
     assert_eq!(r.scanned_bytes, SIZE);
     assert!(r.released_bytes > 0);
     assert_eq!(r.allocated_bytes, before - r.released_bytes);
-    assert_eq!(read_all(&ds, "d"), want);
+    assert_eq!(common::read_all(&ds, "d"), want);
     // After a snapshot, zeros written over its data (detection off) are
     // released from the head; the snapshot keeps its data.
     ds.snapshot_create("d", "s", "").unwrap();
@@ -205,7 +206,7 @@ fn punchzero_releases_zero_grains_and_refuses_thick_disks() {
         .unwrap();
     assert_eq!(r.released_bytes, 64 << 10);
     assert_eq!(r.allocated_bytes, mid - (64 << 10));
-    assert_eq!(read_all(&ds, "d@s"), want);
+    assert_eq!(common::read_all(&ds, "d@s"), want);
     ds.create_disk("z", 1 << 20, Provisioning::Zeroedthick, &mut |_, _| {})
         .unwrap();
     let e = ds

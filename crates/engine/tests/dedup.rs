@@ -46,13 +46,6 @@ fn write(
     ds.flush().unwrap();
 }
 
-fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
-    let h = ds.open_disk(target).unwrap();
-    let mut buf = vec![0u8; h.size_bytes() as usize];
-    h.read_at(&mut buf, 0).unwrap();
-    buf
-}
-
 fn dedup(ds: &Datastore, names: &[&str]) -> strata_engine::Result<DedupReport> {
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     ds.dedup(&names, &SpaceWork::default(), &mut |_, _| {})
@@ -107,12 +100,15 @@ fn copies(ds: &Datastore) -> u64 {
 }
 
 fn snapshot_all(ds: &Datastore) -> Vec<Vec<u8>> {
-    TARGETS.iter().map(|t| read_all(ds, t)).collect()
+    TARGETS.iter().map(|t| common::read_all(ds, t)).collect()
 }
 
 fn assert_same(ds: &Datastore, want: &[Vec<u8>], what: &str) {
     for (t, w) in TARGETS.iter().zip(want) {
-        assert!(read_all(ds, t) == *w, "{what}: the bytes of {t} changed");
+        assert!(
+            common::read_all(ds, t) == *w,
+            "{what}: the bytes of {t} changed"
+        );
     }
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{what}: {:#?}", report.errors);
@@ -163,7 +159,7 @@ fn equal_grains_at_one_offset_become_one_as_the_estimate_said() {
     want.truncate(6);
     for (t, w) in TARGETS.iter().zip(&want) {
         assert!(
-            read_all(&ds, t) == *w,
+            common::read_all(&ds, t) == *w,
             "after a write to c: the bytes of {t}"
         );
     }
@@ -224,8 +220,8 @@ fn clients_writing_during_the_pass_lose_nothing() {
             // Writes over "a" and "c", some of the image's bytes (which the
             // pass may merge), some their own, flushed now and then.
             let (a, c) = (ds.open_disk("a").unwrap(), ds.open_disk("c").unwrap());
-            let mut want_a = read_all(&ds, "a");
-            let mut want_c = read_all(&ds, "c");
+            let mut want_a = common::read_all(&ds, "a");
+            let mut want_c = common::read_all(&ds, "c");
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             for i in 0..3000u64 {
                 x ^= x << 13;
@@ -257,8 +253,8 @@ fn clients_writing_during_the_pass_lose_nothing() {
     }
     let (want_a, want_c) = writer.join().unwrap();
     assert!(freed > 0);
-    assert!(read_all(&ds, "a") == want_a, "a");
-    assert!(read_all(&ds, "c") == want_c, "c");
+    assert!(common::read_all(&ds, "a") == want_a, "a");
+    assert!(common::read_all(&ds, "c") == want_c, "c");
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
     // With the clients quiet, a last pass leaves nothing for the estimate.

@@ -43,13 +43,6 @@ fn write_random(ds: &Datastore, target: &str, span: u64, count: usize, tag: u8, 
     ds.flush().unwrap();
 }
 
-fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
-    let h = ds.open_disk(target).unwrap();
-    let mut buf = vec![0u8; h.size_bytes() as usize];
-    h.read_at(&mut buf, 0).unwrap();
-    buf
-}
-
 fn defrag(ds: &Datastore, name: &str) -> DefragReport {
     ds.defrag_disk(name, false, &SpaceWork::default(), &mut |_, _| {})
         .unwrap()
@@ -120,7 +113,7 @@ fn regions_each_in_order_are_joined_into_one_run() {
     ds.create_disk("d", SIZE, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
     write_random(&ds, "d", SIZE / GRAIN, (SIZE / GRAIN) as usize, 1, 9);
-    let want = read_all(&ds, "d");
+    let want = common::read_all(&ds, "d");
     let before = fragments(&ds, "d");
     let regions = SIZE >> 20;
     assert!(before >= regions / 2, "{before} fragments");
@@ -128,7 +121,7 @@ fn regions_each_in_order_are_joined_into_one_run() {
     assert!(r.fragments_after < before, "{r:?}");
     assert!(r.regions_moved > 0, "{r:?}");
     assert_eq!(r.fragments_after, fragments(&ds, "d"));
-    assert_eq!(read_all(&ds, "d"), want, "bytes after defrag");
+    assert_eq!(common::read_all(&ds, "d"), want, "bytes after defrag");
     assert!(ds.check().unwrap().is_clean());
     // Runs again may join more (the first run's old places came free),
     // never undo a join, and soon find nothing to do.
@@ -144,7 +137,7 @@ fn regions_each_in_order_are_joined_into_one_run() {
         runs += 1;
         assert!(runs < 6, "still moving after {runs} runs: {again:?}");
     }
-    assert_eq!(read_all(&ds, "d"), want, "bytes after the runs");
+    assert_eq!(common::read_all(&ds, "d"), want, "bytes after the runs");
 }
 
 #[test]
@@ -154,7 +147,7 @@ fn a_fragmented_disk_is_laid_out_in_order_with_the_same_bytes() {
         .unwrap();
     assert_eq!(fragments(&ds, "d"), 0, "an empty disk has no fragments");
     write_fragmented(&ds, "d", 1, 7);
-    let want = read_all(&ds, "d");
+    let want = common::read_all(&ds, "d");
     let before = fragments(&ds, "d");
     assert!(
         before > 1000,
@@ -179,7 +172,7 @@ fn a_fragmented_disk_is_laid_out_in_order_with_the_same_bytes() {
     );
     assert_eq!(r.fragments_after, fragments(&ds, "d"));
     assert_eq!(r.grains_kept, 0, "{r:?}");
-    assert_eq!(read_all(&ds, "d"), want, "bytes after defrag");
+    assert_eq!(common::read_all(&ds, "d"), want, "bytes after defrag");
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
     // Data grains moved, none added; map nodes do not move.
@@ -203,7 +196,7 @@ fn shared_grains_move_once_and_every_snapshot_and_clone_keeps_its_bytes() {
     ds.clone_linked("d@s", "c").unwrap();
     write_random(&ds, "c", grains, grains as usize / 8, 3, 13);
     let targets = ["d", "d@s", "c"];
-    let want: Vec<Vec<u8>> = targets.iter().map(|t| read_all(&ds, t)).collect();
+    let want: Vec<Vec<u8>> = targets.iter().map(|t| common::read_all(&ds, t)).collect();
     let frag_before: Vec<u64> = targets.iter().map(|t| fragments(&ds, t)).collect();
     let used = ds.info().used_bytes;
 
@@ -217,7 +210,10 @@ fn shared_grains_move_once_and_every_snapshot_and_clone_keeps_its_bytes() {
     eprintln!("fragments d, d@s, c: {frag_before:?} -> {after_d:?} -> {after_c:?}");
     assert_eq!(rd.grains_kept + rc.grains_kept, 0, "{rd:?} {rc:?}");
     for (t, w) in targets.iter().zip(&want) {
-        assert!(read_all(&ds, t) == *w, "{t}: bytes changed by defrag");
+        assert!(
+            common::read_all(&ds, t) == *w,
+            "{t}: bytes changed by defrag"
+        );
     }
     assert!(after_d[0] * 100 <= frag_before[0], "d: {after_d:?}");
     // The snapshot is not defragmented for itself: what it shares with d
@@ -245,8 +241,8 @@ fn a_power_cut_in_the_middle_of_a_defrag_leaves_a_consistent_datastore() {
         write_fragmented(&ds, "d", 1, 21 + seed);
         ds.snapshot_create("d", "s", "").unwrap();
         write_random(&ds, "d", grains, grains as usize / 4, 2, 31 + seed);
-        let want = read_all(&ds, "d");
-        let want_s = read_all(&ds, "d@s");
+        let want = common::read_all(&ds, "d");
+        let want_s = common::read_all(&ds, "d@s");
         let mut regions = 0;
         let b2 = b.clone();
         let r = ds.defrag_disk("d", false, &SpaceWork::default(), &mut |_, _| {
@@ -259,8 +255,11 @@ fn a_power_cut_in_the_middle_of_a_defrag_leaves_a_consistent_datastore() {
         drop(ds);
         let ds = common::open_sim(&b);
         let what = format!("cut after {cut_at} regions (seed {seed})");
-        assert!(read_all(&ds, "d") == want, "{what}: disk bytes");
-        assert!(read_all(&ds, "d@s") == want_s, "{what}: snapshot bytes");
+        assert!(common::read_all(&ds, "d") == want, "{what}: disk bytes");
+        assert!(
+            common::read_all(&ds, "d@s") == want_s,
+            "{what}: snapshot bytes"
+        );
         let report = ds.check().unwrap();
         assert!(report.is_clean(), "{what}: {:#?}", report.errors);
         let before = fragments(&ds, "d");
@@ -269,9 +268,12 @@ fn a_power_cut_in_the_middle_of_a_defrag_leaves_a_consistent_datastore() {
             r.fragments_after * 100 <= before.max(r.fragments_before),
             "{what}: {r:?}"
         );
-        assert!(read_all(&ds, "d") == want, "{what}: bytes after finishing");
         assert!(
-            read_all(&ds, "d@s") == want_s,
+            common::read_all(&ds, "d") == want,
+            "{what}: bytes after finishing"
+        );
+        assert!(
+            common::read_all(&ds, "d@s") == want_s,
             "{what}: snapshot after finishing"
         );
         assert!(ds.check().unwrap().is_clean(), "{what}");
@@ -333,7 +335,7 @@ fn top_heavy(ds: &Datastore, mib: u64, seed: u64) -> Vec<u8> {
     ds.snapshot_delete("d", "s").unwrap();
     while ds.reclaim(u64::MAX).unwrap() {}
     ds.flush().unwrap();
-    read_all(ds, "d")
+    common::read_all(ds, "d")
 }
 
 #[test]
@@ -373,7 +375,10 @@ fn free_space_consolidation_lowers_the_pool_end_to_what_is_used() {
         r.pool_bytes_after
     );
     assert_eq!(ds.info().used_bytes, used, "moving grains adds none");
-    assert!(read_all(&ds, "d") == want, "bytes after consolidation");
+    assert!(
+        common::read_all(&ds, "d") == want,
+        "bytes after consolidation"
+    );
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
     // Writes after it allocate and read back, and a power cut keeps all.
@@ -386,7 +391,10 @@ fn free_space_consolidation_lowers_the_pool_end_to_what_is_used() {
     let ds = common::open_sim(&b);
     let mut want = want;
     want[4096..4096 + 8192].fill(0x77);
-    assert!(read_all(&ds, "d") == want, "bytes after a power cut");
+    assert!(
+        common::read_all(&ds, "d") == want,
+        "bytes after a power cut"
+    );
     assert!(ds.pool_layout().unwrap().pool_bytes <= r.pool_bytes_after + (1 << 20));
     let report = ds.check().unwrap();
     assert!(report.is_clean(), "{:#?}", report.errors);
@@ -417,7 +425,7 @@ fn consolidation_stops_moving_when_a_client_needs_the_room() {
     ds.snapshot_delete("d", "s").unwrap();
     while ds.reclaim(u64::MAX).unwrap() {}
     ds.flush().unwrap();
-    let want = read_all(&ds, "d");
+    let want = common::read_all(&ds, "d");
     let used = ds.info().used_bytes;
     ds.create_disk("w", 64 << 20, Provisioning::Thin, &mut |_, _| {})
         .unwrap();
@@ -442,7 +450,7 @@ fn consolidation_stops_moving_when_a_client_needs_the_room() {
         r.moved_bytes <= 64 * GRAIN,
         "one batch moved, then it stopped (of {used} used): {r:?}"
     );
-    assert!(read_all(&ds, "d") == want, "moved disk's bytes");
+    assert!(common::read_all(&ds, "d") == want, "moved disk's bytes");
     let mut got = vec![0u8; 48 << 20];
     w.read_at(&mut got, 0).unwrap();
     assert!(got.iter().all(|&x| x == 0x5a), "the client's bytes");
@@ -474,13 +482,16 @@ fn a_power_cut_in_the_middle_of_consolidation_loses_nothing() {
         );
         drop(ds);
         let ds = common::open_sim(&b);
-        assert!(read_all(&ds, "d") == want, "{what}: bytes");
+        assert!(common::read_all(&ds, "d") == want, "{what}: bytes");
         let report = ds.check().unwrap();
         assert!(report.is_clean(), "{what}: {:#?}", report.errors);
         let r = ds
             .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
             .unwrap();
-        assert!(read_all(&ds, "d") == want, "{what}: bytes after finishing");
+        assert!(
+            common::read_all(&ds, "d") == want,
+            "{what}: bytes after finishing"
+        );
         assert!(ds.check().unwrap().is_clean(), "{what}");
         let used = ds.info().used_bytes;
         assert!(

@@ -42,13 +42,6 @@ fn write(ds: &Datastore, target: &str, from: u64, to: u64, tag: u8) {
     ds.flush().unwrap();
 }
 
-fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
-    let h = ds.open_disk(target).unwrap();
-    let mut buf = vec![0u8; h.size_bytes() as usize];
-    h.read_at(&mut buf, 0).unwrap();
-    buf
-}
-
 /// An encrypted disk `d` with a snapshot `d@s` and a linked clone `c`
 /// of it grown past the disk, each written in part; what each reads.
 fn lineage(ds: &Datastore) -> Vec<(&'static str, Vec<u8>)> {
@@ -72,13 +65,13 @@ fn lineage(ds: &Datastore) -> Vec<(&'static str, Vec<u8>)> {
     write(ds, "c", grains - 4, grains + 300, 3);
     ["d", "d@s", "c"]
         .into_iter()
-        .map(|t| (t, read_all(ds, t)))
+        .map(|t| (t, common::read_all(ds, t)))
         .collect()
 }
 
 fn same(ds: &Datastore, want: &[(&str, Vec<u8>)], what: &str) {
     for (t, bytes) in want {
-        assert!(read_all(ds, t) == *bytes, "{what}: bytes of {t}");
+        assert!(common::read_all(ds, t) == *bytes, "{what}: bytes of {t}");
     }
 }
 
@@ -209,7 +202,7 @@ fn disks_made_and_written_during_a_deep_rekey_end_under_the_new_key() {
     assert!(r.reencrypted_bytes > 0);
     let want: Vec<(&str, Vec<u8>)> = ["d", "d@s", "d@mid", "c", "c2"]
         .into_iter()
-        .map(|t| (t, read_all(&ds, t)))
+        .map(|t| (t, common::read_all(&ds, t)))
         .collect();
     assert_eq!(data_key(&ds, "c2"), (1, false));
     assert!(ds.check().unwrap().is_clean());
@@ -219,7 +212,7 @@ fn disks_made_and_written_during_a_deep_rekey_end_under_the_new_key() {
     ds.unlock("d", NEW).unwrap();
     same(&ds, &want, "reopened");
     // What was written reads back (not only the same as before the reopen).
-    let c2 = read_all(&ds, "c2");
+    let c2 = common::read_all(&ds, "c2");
     let g = (grains / 2 * GRAIN) as usize;
     assert_eq!(
         c2[g + 4],

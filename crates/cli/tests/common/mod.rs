@@ -154,6 +154,14 @@ impl Store {
         a.push("--json");
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
+    /// How many jobs started by `actor` (a server's background passes:
+    /// "server (--dedup-interval)") the event log says have ended.
+    pub fn jobs_finished_by(&self, actor: &str) -> usize {
+        self.ok(&["events", "--limit", "1000"])
+            .lines()
+            .filter(|l| l.contains("job_finished") && l.contains(actor))
+            .count()
+    }
     /// Job `id` as `strata jobs --json` lists it.
     pub fn job(&self, id: u64) -> serde_json::Value {
         let jobs = self.json(&["jobs"]);

@@ -52,3 +52,12 @@ pub fn init_dir(dir: &Path) -> Datastore {
         .expect("init the datastore");
     open_dir(dir).expect("open the new datastore")
 }
+
+/// Every byte of `target` (a disk or DISK@SNAP), through `read_at`.
+pub fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
+    use strata_block::BlockDevice;
+    let h = ds.open_disk(target).unwrap();
+    let mut buf = vec![0u8; h.size_bytes() as usize];
+    h.read_at(&mut buf, 0).unwrap();
+    buf
+}
