@@ -14,7 +14,8 @@ exactly what `cargo test --workspace --all-targets` runs, each binary from
 its package's directory as cargo runs it, and each binary's output is
 printed whole when it ends, under cargo's own "Running" line, so the log
 reads as cargo's does (and .ci/run's count of "test result:" lines
-holds). The exit status is 101 if any binary failed, naming them.
+holds). The exit status is 101 if any binary failed, naming them after
+repeating what their failures printed (a log cut to its tail keeps them).
 
 The benchmarks have no timing thresholds (their figures in a smoke run
 mean nothing), so sharing the machine changes their numbers, never their
@@ -53,6 +54,8 @@ LONGEST_FIRST = [
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 print_lock = threading.Lock()
+# How much of a failed binary's output is repeated at the end.
+FAILURE_TAIL = 6000
 
 
 def artifacts(cmd):
@@ -106,7 +109,8 @@ def order(binaries):
 
 
 def run(label, exe, pkg, args):
-    """Run one binary; print its output whole; True if it passed."""
+    """Run one binary; print its output whole; None if it passed, else
+    what its failures printed (the harness's "failures:" part)."""
     t = time.time()
     p = subprocess.run([exe] + args, cwd=pkg, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT)
@@ -116,7 +120,13 @@ def run(label, exe, pkg, args):
         sys.stdout.flush()
         sys.stdout.buffer.write(p.stdout)
         sys.stdout.buffer.flush()
-    return p.returncode == 0
+    if p.returncode == 0:
+        return None
+    out = p.stdout.decode(errors="replace")
+    at = out.rfind("\nfailures:\n", 0, out.rfind("\nfailures:\n"))
+    why = out[at:] if at >= 0 else out[-FAILURE_TAIL:]
+    # Without the summary line: .ci/run counts those, one per binary.
+    return why.split("\ntest result:")[0]
 
 
 def main():
@@ -149,8 +159,9 @@ def main():
                 b = work.get_nowait()
             except queue.Empty:
                 return
-            if not run(*b):
-                failed.append(b[0])
+            why = run(*b)
+            if why is not None:
+                failed.append((b[0], why))
 
     lanes = [threading.Thread(target=lane) for _ in range(LANES)]
     for t in lanes:
@@ -159,7 +170,10 @@ def main():
         t.join()
     print(f"make test: {time.time() - start:.0f} s (build included)")
     if failed:
-        print("failed: " + ", ".join(sorted(failed)))
+        # Again at the end, where a log cut to its tail still shows them.
+        for name, why in sorted(failed):
+            print(f"---- {name} failed:\n{why[-FAILURE_TAIL:].strip()}")
+        print("failed: " + ", ".join(sorted(n for n, _ in failed)))
         sys.exit(101)
 
 
