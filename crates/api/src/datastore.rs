@@ -133,7 +133,8 @@ pub struct DedupEstimate {
     /// Mapped grains summed over every version, in bytes: what a copy of
     /// each version would take.
     pub logical_bytes: u64,
-    /// Distinct grains those versions name, in bytes.
+    /// Distinct grains those versions name, raw or packed, in bytes
+    /// (uncompressed).
     pub stored_bytes: u64,
     /// logical − stored: shared already by snapshots, clones and earlier
     /// re-sharing.
@@ -160,6 +161,14 @@ pub struct DedupEstimate {
     pub compress_sampled_grains: u64,
     pub compress_sampled_bytes_after: u64,
     pub packable_grains: u64,
+    /// Of `stored_bytes`, the grains held packed (`strata compress`,
+    /// FORMAT.md §18.8), and the pool grains of the streams they lie in:
+    /// exact, counted from the maps (a stream grain's dead fragments
+    /// included, as they take its space until the stream goes).
+    #[serde(default)]
+    pub packed_bytes: u64,
+    #[serde(default)]
+    pub packed_stored_bytes: u64,
     /// Bytes read to find the figures.
     pub read_bytes: u64,
 }

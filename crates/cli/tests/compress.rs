@@ -119,6 +119,16 @@ fn cold_grains_pack_and_every_byte_reads_back() {
     assert!(r.used_bytes_before - r.used_bytes_after >= MIB, "{r:?}");
     assert_eq!(used(&s), r.used_bytes_after, "{r:?}");
     s.ok(&["check"]);
+    // The estimate counts them: stored as before, packed in the streams.
+    let e = s.json(&["dedup", "--estimate", "a"]);
+    assert_eq!(u(&e, "packed_bytes"), r.packed_bytes, "{e}");
+    assert_eq!(u(&e, "packed_stored_bytes"), r.stream_bytes, "{e}");
+    assert_eq!(u(&e, "stored_bytes"), 4 * MIB, "{e}");
+    let human = s.ok(&["dedup", "--estimate", "a"]);
+    assert!(
+        human.contains("2 MiB of stored grains are packed, in "),
+        "{human}"
+    );
 
     // Again: nothing left that shrinks; nothing changes.
     let again = report(&s.json(&["compress", "a"]));

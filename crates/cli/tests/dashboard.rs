@@ -1691,6 +1691,12 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
         last.contains("lz4): packed 1.00 MiB into ") && last.contains("4.00 MiB stayed raw"),
         "{last}"
     );
+    // An estimate now counts the packed grains and their streams.
+    b.click("#estimate-go");
+    b.wait(
+        "the packed row",
+        "/packed1.00 MiBof stored, in/.test(document.querySelector('#estimate').textContent)",
+    );
     b.screenshot("space-after-compress");
     s.ok(&["check"]);
 }

@@ -137,9 +137,12 @@ impl Datastore {
             let mut m = self.inner.meta.lock();
             let (_, versions) = versions_of(&m, names)?;
             let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-            let (mapped, logical) = region_entries(&mut m, &versions, first)?;
-            t.est.logical_bytes += logical * GRAIN_BYTES;
-            (mapped, end)
+            let r = region_entries(&mut m, &versions, first)?;
+            t.est.logical_bytes += r.logical * GRAIN_BYTES;
+            t.est.stored_bytes += r.packed * GRAIN_BYTES;
+            t.est.packed_bytes += r.packed * GRAIN_BYTES;
+            t.est.packed_stored_bytes += r.streams * GRAIN_BYTES;
+            (r.raw, end)
         };
         Ok((self.estimate_mapped(&mapped, t)?, end))
     }
@@ -300,7 +303,7 @@ fn fixed_in_region(
     let (_, all) = versions_of(m, &[])?;
     let all: Vec<Version> = all.into_iter().filter(|v| fixed(v)).collect();
     let mut out: Vec<(u64, u64)> = region_entries(m, &all, first)?
-        .0
+        .raw
         .iter()
         .map(|e| (e.v, e.grain))
         .collect();
@@ -308,12 +311,25 @@ fn fixed_in_region(
     Ok(out)
 }
 
-/// The distinct mapped grains of `[first, first + REGION)` over
-/// `versions`, sorted by virtual grain, and the number of entries that
-/// name them (the logical grains).
-fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<(Vec<Mapped>, u64)> {
+/// What [`region_entries`] finds in a region.
+struct Region {
+    /// Its distinct raw grains, sorted by virtual grain.
+    raw: Vec<Mapped>,
+    /// Entries naming a grain, raw or packed (the logical grains).
+    logical: u64,
+    /// Distinct packed grains (virtual grain, stream grain where its
+    /// fragment starts), and the distinct stream grains they lie in (a
+    /// spilling fragment's next grain too). A stream holds one region's
+    /// fragments (FORMAT.md §18.8), so distinct per region is distinct.
+    packed: u64,
+    streams: u64,
+}
+
+/// The entries of `[first, first + REGION)` over `versions`.
+fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Region> {
     let mut logical = 0;
     let mut out = Vec::new();
+    let (mut packed, mut streams) = (Vec::new(), Vec::new());
     let mut entries = Vec::new();
     for ver in versions {
         let end = (first + REGION).min(ver.grains);
@@ -322,24 +338,40 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<(Vec
         }
         m.lookup_entries(ver.id, first, end - first, &mut entries)?;
         for (i, &e) in entries.iter().enumerate() {
-            if e != 0 {
-                let v = first + i as u64;
-                logical += 1;
-                if strata_format::leaf_packed(e) {
-                    // Packed (§18.4): not compared in this version.
-                    continue;
-                }
-                out.push(Mapped {
-                    v,
-                    class: ver.class(v, e),
-                    grain: leaf_grain(e),
-                });
+            if e == 0 {
+                continue;
             }
+            let v = first + i as u64;
+            logical += 1;
+            let grain = leaf_grain(e);
+            if strata_format::leaf_packed(e) {
+                // Packed (§18.4): counted, not compared.
+                packed.push((v, grain));
+                streams.push(grain);
+                if strata_format::leaf_spills(e) {
+                    streams.push(grain + 1);
+                }
+                continue;
+            }
+            out.push(Mapped {
+                v,
+                class: ver.class(v, e),
+                grain,
+            });
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    Ok((out, logical))
+    fn distinct<T: Ord>(list: &mut Vec<T>) -> u64 {
+        list.sort_unstable();
+        list.dedup();
+        list.len() as u64
+    }
+    distinct(&mut out);
+    Ok(Region {
+        raw: out,
+        logical,
+        packed: distinct(&mut packed),
+        streams: distinct(&mut streams),
+    })
 }
 
 impl Tally {

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 
 use strata_block::BlockDevice;
-use strata_engine::{CompressReport, Datastore, PackCodec, Provisioning, SpaceWork};
+use strata_engine::{CompressReport, Datastore, DedupEstimate, PackCodec, Provisioning, SpaceWork};
 
 const SIZE: u64 = 8 << 20;
 const GRAIN: u64 = 4096;
@@ -69,6 +69,11 @@ fn compress_with(
     ds.compress(&names, codec, &SpaceWork::default(), &mut |_, _| {})
 }
 
+fn estimate(ds: &Datastore) -> DedupEstimate {
+    ds.dedup_estimate(&[], &SpaceWork::default(), &mut |_, _| {})
+        .unwrap()
+}
+
 const TARGETS: [&str; 5] = ["a", "a@s", "ac", "b", "t"];
 
 /// "a" (all of it; a snapshot "s"; then every 3rd grain of its first
@@ -117,8 +122,28 @@ fn packed_and_read_back(codec: PackCodec) {
     let (b, ds) = common::new_sim(256 << 20);
     disks(&ds);
     let want = read_every(&ds);
+    let before = estimate(&ds);
+    assert_eq!((before.packed_bytes, before.packed_stored_bytes), (0, 0));
     let r = compress_with(&ds, &[], codec).unwrap();
     assert_eq!(r.codec, codec.as_str());
+    // The estimate counts packed grains as stored (sharing unchanged)
+    // and names their streams, exactly what the pass made.
+    let after = estimate(&ds);
+    assert_eq!(
+        (after.logical_bytes, after.stored_bytes, after.shared_bytes),
+        (
+            before.logical_bytes,
+            before.stored_bytes,
+            before.shared_bytes
+        ),
+        "{after:#?}"
+    );
+    assert_eq!(after.packed_bytes, r.packed_bytes, "{after:#?} {r:#?}");
+    assert_eq!(
+        after.packed_stored_bytes, r.stream_bytes,
+        "{after:#?} {r:#?}"
+    );
+    assert_eq!(after.read_bytes, before.read_bytes - r.packed_bytes);
     assert!(r.packed_bytes > 0 && r.raw_bytes > 0, "{r:#?}");
     // Pairs with zstd only (§18.8).
     assert_eq!(r.pair_bytes > 0, codec == PackCodec::Zstd, "{r:#?}");

@@ -310,9 +310,13 @@ function renderSpace(s, jobs) {
       ['equal at any offset', bytes(r.any_offset_bytes) + pct(r.any_offset_bytes), 'about: a sample of ' + r.sample_grains + ' grains, 1 in ' + r.sample_every],
       ['zeros', bytes(r.zero_bytes), "of thin disks: 'strata punchzero' unmaps them"],
     ];
+    if (r.packed_bytes) {
+      rows.push(['packed', bytes(r.packed_bytes), 'of stored, in ' + bytes(r.packed_stored_bytes) + ' of streams (' +
+        (r.packed_bytes / Math.max(1, r.packed_stored_bytes)).toFixed(2) + 'x)']);
+    }
     if (r.compress_sampled_grains) {
       const ratio = (r.compress_sampled_grains * 4096 / Math.max(1, r.compress_sampled_bytes_after)).toFixed(2);
-      rows.push(['zstd sample', ratio + 'x smaller packed', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
+      rows.push(['zstd sample', ratio + 'x smaller packed (raw grains)', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
         ' % of ' + r.compress_sampled_grains + ' grains save an eighth or more']);
     }
     if (r.encrypted_bytes) rows.push(['under a key', bytes(r.encrypted_bytes), 'compressibility needs the key']);

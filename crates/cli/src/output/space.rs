@@ -119,13 +119,22 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
             human(r.zero_bytes)
         );
     }
+    if r.packed_bytes > 0 {
+        outln!(
+            out,
+            "  {} of stored grains are packed, in {} of streams ({:.2}x; 'strata compress')",
+            human(r.packed_bytes),
+            human(r.packed_stored_bytes),
+            r.packed_bytes as f64 / r.packed_stored_bytes.max(1) as f64
+        );
+    }
     if r.compress_sampled_grains > 0 {
         let n = r.compress_sampled_grains;
         let ratio = (n * 4096) as f64 / r.compress_sampled_bytes_after.max(1) as f64;
         let packable = 100.0 * r.packable_grains as f64 / n as f64;
         outln!(
             out,
-            "  zstd on a sample of {n} grains: {ratio:.2}x smaller packed; {packable:.0}% save an eighth or more"
+            "  zstd on a sample of {n} raw grains: {ratio:.2}x smaller packed; {packable:.0}% save an eighth or more"
         );
     }
     if r.encrypted_bytes > 0 {

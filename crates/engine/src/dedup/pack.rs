@@ -272,7 +272,7 @@ impl Datastore {
 fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
     let (_, versions) = versions_of(m, names)?;
     let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-    let (mapped, _) = region_entries(m, &versions, first)?;
+    let mapped = region_entries(m, &versions, first)?.raw;
     // Left raw whoever else names them: a thick or an encrypted disk.
     let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.keyring.is_some())?;
     let mut kept = Vec::new();

@@ -117,7 +117,7 @@ impl Datastore {
     fn reshare_plan(&self, names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
         let (_, versions) = versions_of(m, names)?;
         let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-        let (mapped, _) = region_entries(m, &versions, first)?;
+        let mapped = region_entries(m, &versions, first)?.raw;
         // Left alone whoever else names them (§17.1): grains a thick disk
         // or a keyring under a deep rekey maps here, over every disk.
         let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.cursor.is_some())?;
