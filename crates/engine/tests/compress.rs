@@ -329,3 +329,30 @@ fn writes_between_passes_keep_every_count_exact() {
         }
     }
 }
+
+/// A disk written in order and packed reads its streams in order: its
+/// fragments are about its regions', not one per packed grain (several
+/// fragments of one stream grain continue a run, FORMAT.md §10.1).
+#[test]
+fn a_packed_disk_written_in_order_has_few_fragments() {
+    let (_b, ds) = common::new_sim(64 << 20);
+    ds.create_disk("s", 4 << 20, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let text: Vec<u8> = b"fragments of one stream grain read as one run. "
+        .iter()
+        .copied()
+        .cycle()
+        .take(4 << 20)
+        .collect();
+    let h = ds.open_disk("s").unwrap();
+    h.write_at(&text, 0, false).unwrap();
+    ds.flush().unwrap();
+    assert_eq!(h.fragments().unwrap(), (1, 1024));
+    let r = compress_with(&ds, &["s"], PackCodec::Lz4).unwrap();
+    assert_eq!(r.packed_bytes, 4 << 20, "{r:#?}");
+    let (fragments, mapped) = h.fragments().unwrap();
+    assert_eq!(mapped, 1024);
+    // One stream per region (1 MiB) at most.
+    assert!((1..=4).contains(&fragments), "{fragments} fragments");
+    assert_eq!(common::read_all(&ds, "s"), text);
+}

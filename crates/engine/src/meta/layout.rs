@@ -20,9 +20,12 @@ pub struct Fragments {
 }
 
 impl Fragments {
-    /// Count mapped grain `g`, the next in logical order.
+    /// Count mapped grain `g`, the next in logical order. A grain right
+    /// after the last one continues its fragment, and so does the same
+    /// grain again: the next packed fragment of one stream grain
+    /// (FORMAT.md §18.8), which no raw entry of a version repeats.
     pub fn push(&mut self, g: u64) {
-        if self.last.map(|l| l + 1) != Some(g) {
+        if !self.last.is_some_and(|l| g == l || g == l + 1) {
             self.fragments += 1;
         }
         self.last = Some(g);
