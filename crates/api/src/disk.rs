@@ -90,6 +90,11 @@ pub struct DiskInfo {
     /// Computed by `disk_info_with_space`, not by `list_disks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragments: Option<u64>,
+    /// Of the head's mapped bytes, those held packed (`strata compress`,
+    /// docs/FORMAT.md §18.8), uncompressed; from the same walk as
+    /// `fragments`. A local datastore's only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed_bytes: Option<u64>,
     /// I/O limits (`strata limit`), absent when there are none.
     #[serde(default, skip_serializing_if = "IoLimits::is_none")]
     pub limits: IoLimits,

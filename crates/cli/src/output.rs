@@ -566,6 +566,14 @@ fn disk(out: &mut String, v: &DiskView) {
         let how = "1 = laid out in one run; 'strata defrag' lays it out";
         field!(f, "fragments:", "{n} ({how})");
     }
+    if let Some(p) = d.packed_bytes.filter(|&p| p > 0) {
+        field!(
+            f,
+            "packed:",
+            "{}",
+            bytes(p, " of the head's data, compressed")
+        );
+    }
     if let Some(x) = d.exclusive_bytes {
         field!(f, "exclusive:", "{}", bytes(x, ", freed by rm"));
     }

@@ -11,7 +11,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use common::http::{free_addr, http, wait_http};
+use common::http::{free_addr, http, metrics, sample, wait_http};
 use common::*;
 
 const MIB: u64 = 1 << 20;
@@ -119,6 +119,12 @@ fn cold_grains_pack_and_every_byte_reads_back() {
     assert!(r.used_bytes_before - r.used_bytes_after >= MIB, "{r:?}");
     assert_eq!(used(&s), r.used_bytes_after, "{r:?}");
     s.ok(&["check"]);
+    // `info` says how much of each head is packed: all of "a"'s text,
+    // and of its clone's, which shares it.
+    for d in ["a", "a2"] {
+        assert_eq!(u(&s.json(&["info", d]), "packed_bytes"), 2 * MIB, "{d}");
+    }
+    assert!(s.ok(&["info", "a"]).contains("packed:          2 MiB"));
     // The estimate counts them: stored as before, packed in the streams.
     let e = s.json(&["dedup", "--estimate", "a"]);
     assert_eq!(u(&e, "packed_bytes"), r.packed_bytes, "{e}");
@@ -306,6 +312,9 @@ fn the_http_api_starts_compress_as_a_job() {
     let r = report(&j["result"]["compress"]);
     assert_eq!(r.codec, "zstd", "{j}");
     assert_eq!(r.disks, ["a"], "{j}");
+    // The disk's packed bytes in /metrics, as `info` says them.
+    let packed = sample(&metrics(&addr), "strata_disk_packed_bytes{disk=\"a\"}");
+    assert_eq!(packed as u64, r.packed_bytes, "{j}");
     let (st, answer) = post(r#"{"disks": ["nope"]}"#);
     // Started as a job; the job fails naming the disk.
     assert_eq!(st, 202, "{answer}");

@@ -29,6 +29,7 @@ fn disk_info() -> DiskView {
         exclusive_bytes: Some(1 << 20),
         snapshot_space_bytes: Some(512 << 10),
         fragments: Some(3),
+        packed_bytes: Some(0),
         limits: Default::default(),
         encryption: None,
     }

@@ -371,11 +371,16 @@ fn last_gc(r: &GcReport) -> Vec<Gauge> {
 fn local_disk(ds: &strata_engine::Datastore, d: &crate::DiskInfo) -> Vec<Gauge> {
     let disk = |name: &str, help: &str, v: f64| Gauge::new(name, help, v).label("disk", &d.name);
     let mut g = Vec::new();
-    if let Ok(f) = ds.disk_fragments(&d.name) {
+    if let Ok((f, packed)) = ds.disk_fragments(&d.name) {
         g.push(disk(
             "strata_disk_fragments",
             "Physical runs of the disk's data in logical order (1 = one run)",
             f as f64,
+        ));
+        g.push(disk(
+            "strata_disk_packed_bytes",
+            "The disk's mapped bytes held compressed (strata compress), uncompressed",
+            packed as f64,
         ));
     }
     g.push(

@@ -355,6 +355,7 @@ fn disk_info(name: &str, m: &Manifest, encryption: Option<strata_api::Encryption
         exclusive_bytes: None,
         snapshot_space_bytes: None,
         fragments: None,
+        packed_bytes: None,
         limits: m.limits,
         encryption,
     }

@@ -280,6 +280,7 @@ impl Datastore {
             snapshot_space_bytes: None,
             limits: d.limits,
             fragments: None,
+            packed_bytes: None,
             encryption: self.encryption_of(m, d),
         }
     }
@@ -327,7 +328,9 @@ impl Datastore {
         info.exclusive_bytes = Some(m.exclusive_grains(&base, &all)? * GRAIN_BYTES);
         info.snapshot_space_bytes = Some(m.exclusive_grains(&base, &visible)? * GRAIN_BYTES);
         drop(m);
-        info.fragments = Some(self.disk_fragments(name)?);
+        let (fragments, packed) = self.disk_fragments(name)?;
+        info.fragments = Some(fragments);
+        info.packed_bytes = Some(packed);
         Ok(info)
     }
 

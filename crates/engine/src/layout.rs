@@ -51,6 +51,13 @@ impl DiskHandle {
     /// The head's fragments (FORMAT.md §10.1), walked a few leaves per
     /// hold of the metadata lock. Returns (fragments, mapped grains).
     pub fn fragments(&self) -> Result<(u64, u64)> {
+        let f = self.head_layout()?;
+        Ok((f.fragments, f.mapped))
+    }
+
+    /// The head's fragments, mapped grains and packed grains, in one walk
+    /// (see [`Self::fragments`]).
+    pub(crate) fn head_layout(&self) -> Result<Fragments> {
         let end = self.size_bytes().div_ceil(GRAIN_BYTES);
         let mut acc = Fragments::default();
         let mut v = 0;
@@ -62,7 +69,7 @@ impl DiskHandle {
                 .fragments_step(self.version, v, t, &mut acc)?;
             v = t;
         }
-        Ok((acc.fragments, acc.mapped))
+        Ok(acc)
     }
 
     /// Lay the head's grains out in logical order (FORMAT.md §10.3); with

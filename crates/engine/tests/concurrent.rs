@@ -142,7 +142,7 @@ fn writes_racing_defrag_and_consolidation_of_shared_grains_lose_nothing() {
         h.write_at(&v, g * 4096, false).unwrap();
     }
     ds.set_placement_regions(true);
-    assert!(ds.disk_fragments("d").unwrap() > 100);
+    assert!(ds.disk_fragments("d").unwrap().0 > 100);
     ds.snapshot_create("d", "s", "").unwrap();
     ds.clone_linked("d@s", "c").unwrap();
     let snap = {

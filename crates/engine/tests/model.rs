@@ -444,7 +444,7 @@ fn run(ops: Vec<Op>) {
                     Ok(r) => {
                         assert_eq!(r.grains_kept, 0, "{r:?}");
                         assert_eq!(ds.info().used_bytes, used, "{name}: {r:?}");
-                        assert_eq!(ds.disk_fragments(&name).unwrap(), r.fragments_after);
+                        assert_eq!(ds.disk_fragments(&name).unwrap().0, r.fragments_after);
                     }
                     Err(e) => assert_eq!(e.kind, strata_engine::ErrorKind::NoSpace, "{e}"),
                 }

@@ -18,9 +18,11 @@ use super::{Datastore, SpaceWork, PUNCH_MIN_GRAINS};
 impl Datastore {
     // ------------------------------------------------------------ layout (FORMAT.md §10)
 
-    /// The live disk's fragments (FORMAT.md §10.1).
-    pub fn disk_fragments(&self, name: &str) -> Result<u64> {
-        Ok(self.open_keyless(name)?.fragments()?.0)
+    /// The live disk's fragments (FORMAT.md §10.1) and the bytes of its
+    /// head held packed (§18.8), from one walk of its map.
+    pub fn disk_fragments(&self, name: &str) -> Result<(u64, u64)> {
+        let f = self.open_keyless(name)?.head_layout()?;
+        Ok((f.fragments, f.packed * GRAIN_BYTES))
     }
 
     /// How the pool's space lies (FORMAT.md §10.1), scanned a few blocks

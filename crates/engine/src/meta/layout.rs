@@ -17,6 +17,8 @@ pub struct Fragments {
     last: Option<u64>,
     pub fragments: u64,
     pub mapped: u64,
+    /// Of `mapped`, the grains held packed (FORMAT.md §18.8).
+    pub packed: u64,
 }
 
 impl Fragments {
@@ -81,9 +83,10 @@ impl Meta {
         end: u64,
         acc: &mut Fragments,
     ) -> Result<()> {
-        self.walk(ver, start, end, &mut |_, _, g| {
-            if g != 0 {
-                acc.push(g)
+        self.walk_entries(ver, start, end, &mut |_, _, e| {
+            if e != 0 {
+                acc.packed += u64::from(strata_format::leaf_packed(e));
+                acc.push(leaf_grain(e));
             }
         })
     }
