@@ -148,11 +148,12 @@ fn remove_stale_socket(p: &Path) -> Result<(), Error> {
 }
 
 /// A Unix socket listening at `p`, whose file appears only once it
-/// listens: bound (and listening) under a temporary name beside `p`, then
-/// renamed into place. A client that waits for the file and connects
-/// (scripts, tests) could otherwise come between bind and listen and be
-/// refused.
-fn bind_listening(p: &Path) -> Result<UnixListener, Error> {
+/// listens, with the mode and owner `own` asks for (`--socket-mode`,
+/// `--socket-owner`): bound (and listening) under a temporary name beside
+/// `p`, owned, then renamed into place. A client that waits for the file
+/// and connects (scripts, tests) could otherwise come between bind and
+/// listen and be refused, or see the socket before its mode was set.
+pub(crate) fn bind_listening(p: &Path, own: Option<&ServeConfig>) -> Result<UnixListener, Error> {
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -161,6 +162,12 @@ fn bind_listening(p: &Path) -> Result<UnixListener, Error> {
     let _ = std::fs::remove_file(&tmp);
     let l = private(|| UnixListener::bind(&tmp))
         .map_err(|e| io_err(&format!("bind {}", p.display()), e))?;
+    if let Some(args) = own {
+        if let Err(e) = own_socket(&tmp, args) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    }
     std::fs::rename(&tmp, p).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io_err(&format!("bind {}", p.display()), e)
@@ -488,7 +495,7 @@ fn bind_control(dir: &Path) -> Result<(PathBuf, UnixListener), Error> {
         ));
     }
     let _ = std::fs::remove_file(&ctl_path);
-    let ctl = bind_listening(&ctl_path)?;
+    let ctl = bind_listening(&ctl_path, None)?;
     Ok((ctl_path, ctl))
 }
 
@@ -753,10 +760,9 @@ pub(crate) fn listen(
 ) -> Result<(), Error> {
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
-        let l = bind_listening(p)?;
+        let l = bind_listening(p, Some(args))?;
         // Ours from here: removed when the server stops.
         *bound = Some(p.clone());
-        own_socket(p, args)?;
         server.serve_unix(l).map_err(|e| io_err("serve unix", e))?;
         say!(banner, "  NBD on unix socket {}", p.display());
         say!(

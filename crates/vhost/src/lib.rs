@@ -197,6 +197,17 @@ pub struct Listening {
     pub export: String,
 }
 
+/// Queues a device may have: 1 to 64.
+fn check_queues(opts: &Options) -> io::Result<()> {
+    if opts.queues == 0 || opts.queues > 64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} queues: give 1 to 64", opts.queues),
+        ));
+    }
+    Ok(())
+}
+
 impl VhostBlkServer {
     pub fn new() -> Self {
         Self::default()
@@ -206,12 +217,7 @@ impl VhostBlkServer {
     /// the device `open` returns to one frontend at a time, until
     /// [`shutdown`](Self::shutdown).
     pub fn serve(&self, path: &Path, open: Opener, opts: Options) -> io::Result<()> {
-        if opts.queues == 0 || opts.queues > 64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} queues: give 1 to 64", opts.queues),
-            ));
-        }
+        check_queues(&opts)?;
         // A socket file left by a server that died goes; anything else
         // at the path is an error.
         if let Ok(m) = std::fs::symlink_metadata(path) {
@@ -220,6 +226,22 @@ impl VhostBlkServer {
                 std::fs::remove_file(path)?;
             }
         }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("listen on {}: {e}", path.display())))?;
+        self.serve_listener(path, listener, open, opts)
+    }
+
+    /// [`Self::serve`] on `listener`, already listening at `path` (a
+    /// caller that sets the socket's mode and owner before its file
+    /// appears binds it itself).
+    pub fn serve_listener(
+        &self,
+        path: &Path,
+        listener: UnixListener,
+        open: Opener,
+        opts: Options,
+    ) -> io::Result<()> {
+        check_queues(&opts)?;
         if self.stop.load(Ordering::Acquire) {
             return Err(io::Error::other("the vhost-user-blk server is shut down"));
         }
@@ -236,8 +258,6 @@ impl VhostBlkServer {
                 format!("{} is served already", path.display()),
             ));
         }
-        let listener = UnixListener::bind(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("listen on {}: {e}", path.display())))?;
         let (wake_rx, wake) = UnixStream::pair()?;
         let active: Arc<Mutex<Option<Active>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));

@@ -51,16 +51,14 @@ impl VhostExports {
             export: disk.to_string(),
             ..Default::default()
         };
-        private(|| {
-            self.server
-                .serve(sock, Arc::new(move |name: &str| e.open(name)), opts)
-        })
-        .map_err(|e| io_err(&format!("vhost-user-blk on {}", sock.display()), e))?;
-        if let Err(e) = own_socket(sock, args) {
-            let _ = self.server.remove(sock);
-            return Err(e);
-        }
-        Ok(())
+        // Its file appears listening, with its mode and owner.
+        let l = bind_listening(sock, Some(args))?;
+        self.server
+            .serve_listener(sock, l, Arc::new(move |name: &str| e.open(name)), opts)
+            .map_err(|err| {
+                let _ = std::fs::remove_file(sock);
+                io_err(&format!("vhost-user-blk on {}", sock.display()), err)
+            })
     }
 }
 

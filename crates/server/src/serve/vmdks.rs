@@ -97,7 +97,7 @@ pub(super) fn vmdk_control_sockets(
     let mut ctl_threads = Vec::new();
     for o in opened {
         let p = vmdk_socket_path(&o.path);
-        match bind_listening(&p) {
+        match bind_listening(&p, None) {
             Ok(l) => {
                 let status = VmdkServerStatus {
                     server: "strata serve --vmdk".into(),
