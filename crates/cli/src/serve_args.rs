@@ -353,6 +353,14 @@ pub struct ServeArgs {
     /// grain or map node missed), which then can be counted exactly
     #[arg(long, help_heading = STORE, value_name = "on|off", default_value = "on", value_parser = either("on", "off"), action = clap::ArgAction::Set)]
     pub store_prefetch: bool,
+    /// Compress grains as segments are sealed
+    ///
+    /// Object-store datastores: grains of unencrypted disks are LZ4-compressed when a segment
+    /// is sealed, kept so where that saves an eighth (docs/FORMAT.md §18.6): fewer bytes
+    /// uploaded, stored and fetched. Builds before this one read such segments as an error:
+    /// upgrade every host first. off (the default for now): segments as before
+    #[arg(long, help_heading = STORE, value_name = "lz4|off", default_value = "off", value_parser = either("lz4", "off"), action = clap::ArgAction::Set, hide_short_help = true)]
+    pub store_compress: bool,
     /// How long a FLUSH waits for the store, seconds
     ///
     /// Object-store datastores: how long a FLUSH (or FUA write) waits for the store before it
@@ -494,6 +502,7 @@ impl TryFrom<&ServeArgs> for ServeConfig {
             store_cache: a.store_cache,
             gc_interval: a.gc_interval,
             store_prefetch: a.store_prefetch,
+            store_compress: a.store_compress,
             store_compact: if a.compact_policy {
                 AutoCompact {
                     busy: true,

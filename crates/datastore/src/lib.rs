@@ -802,6 +802,10 @@ pub struct OpenOptions {
     /// The compaction passes an object-store datastore's disks run by
     /// themselves while this process writes them (FORMAT.md §11.7a).
     pub store_compact: AutoCompact,
+    /// An object-store datastore's data segments are sealed with their
+    /// grains LZ4-compressed where that saves an eighth (version 2,
+    /// FORMAT.md §18.6); off (the default for now), version 1.
+    pub store_compress: bool,
 }
 
 /// What a server asks of the datastore it serves, each for one kind; the
@@ -835,6 +839,7 @@ impl Default for OpenOptions {
             store_backend: None,
             store_prefetch: true,
             store_compact: AutoCompact::default(),
+            store_compress: false,
         }
     }
 }

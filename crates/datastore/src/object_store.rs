@@ -88,6 +88,7 @@ impl ObjectStoreDatastore {
         let behaviour = strata_objstore::OpenOptions {
             prefetch: opts.store_prefetch,
             compact: opts.store_compact,
+            compress: opts.store_compress,
         };
         let ds = strata_objstore::ObjectStoreDatastore::open(dir, &o, behaviour)?;
         let mut x = ObjectStoreDatastore::new(Arc::new(ds), dir, opts.role);

@@ -43,22 +43,29 @@ struct CachedSegment {
     /// When a use of it was last passed to the policy (see
     /// [`SegmentCache::used`]).
     used_ms: AtomicU64,
-    /// A bit per grain read from it, since it arrived (`since_ms`), and
-    /// when that was last looked at: what a shrink keeps (FORMAT.md
-    /// §11.8).
+    /// A bit per page of its data area read from (a grain in version 1;
+    /// see `Entry::pages`), since it arrived (`since_ms`), and when that
+    /// was last looked at: what a shrink keeps (FORMAT.md §11.8, §18.6).
     read: Box<[AtomicU64]>,
     since_ms: u64,
     looked_ms: AtomicU64,
 }
 
 impl CachedSegment {
-    fn note_read(&self, slot: u32) {
-        if let Some(w) = self.read.get(slot as usize / 64) {
-            w.fetch_or(1 << (slot % 64), Relaxed);
+    fn note_read(&self, page: u32) {
+        if let Some(w) = self.read.get(page as usize / 64) {
+            w.fetch_or(1 << (page % 64), Relaxed);
         }
     }
 
-    /// The grains read from it.
+    /// The pages grain `e` is stored in, read.
+    fn note_grain(&self, e: &Entry) {
+        for page in e.pages() {
+            self.note_read(page);
+        }
+    }
+
+    /// The pages read from it.
     fn grains_read(&self) -> Vec<u32> {
         let mut out = Vec::new();
         for (i, w) in self.read.iter().enumerate() {
@@ -541,10 +548,11 @@ impl SegmentCache {
         if part.whole_wanted.swap(false, Relaxed) {
             return true;
         }
-        let last = part.last_slot.swap(e.slot, Relaxed);
+        let page = e.pages().start;
+        let last = part.last_slot.swap(page, Relaxed);
         let last_vg = part.last_vg.swap(vg, Relaxed);
         last != u32::MAX
-            && last.abs_diff(e.slot) <= NEAR_SLOTS
+            && last.abs_diff(page) <= NEAR_SLOTS
             && last_vg.abs_diff(vg) <= NEAR_SLOTS as u64
     }
 
@@ -683,14 +691,7 @@ impl SegmentCache {
         let Some(b) = self.pending.read().unwrap().get(&e.seg).cloned() else {
             return false;
         };
-        let at = SegmentInfo::grain_offset(e.slot) as usize;
-        match b.get(at..at + GRAIN) {
-            Some(g) if crc32c::crc32c(g) == e.crc => {
-                out.copy_from_slice(g);
-                true
-            }
-            _ => false,
-        }
+        e.unplace_from(&b, out)
     }
 
     /// A cache file could not be written less than [`UNWRITABLE_RETRY`]
@@ -740,7 +741,7 @@ impl SegmentCache {
     fn cached(&self, file: File, info: SegmentInfo, read: bool) -> Arc<CachedSegment> {
         let now = self.clock_ms();
         let used_ms = AtomicU64::new(if read { now } else { UNUSED });
-        let words = (info.grains as usize).div_ceil(64);
+        let words = (info.data_pages() as usize).div_ceil(64);
         Arc::new(CachedSegment {
             file,
             info,
@@ -805,11 +806,10 @@ impl SegmentCache {
         if self.pending_grain(e, out) {
             return true;
         }
-        let at = SegmentInfo::grain_offset(e.slot);
-        let mut from = |f: &File| f.read_exact_at(out, at).is_ok() && crc32c::crc32c(out) == e.crc;
+        let mut from = |f: &File| read_stored(f, e).is_some_and(|b| e.unplace(&b, out));
         let whole = self.segments.read().unwrap().get(&e.seg).cloned();
         if let Some(s) = whole {
-            if e.slot < s.info.grains && from(&s.file) {
+            if s.info.holds(e) && from(&s.file) {
                 return true;
             }
         }
@@ -818,7 +818,8 @@ impl SegmentCache {
     }
 
     /// Keep a segment a move made (compaction) and has just uploaded;
-    /// `hot`: its slots whose grains were in this cache where they were.
+    /// `hot`: the pages (see `Entry::pages`) of its grains that were in
+    /// this cache where they were.
     /// Under half the bound it is kept whole, as an upload is; past it,
     /// only those grains, in a sparse file: what was cached stays cached
     /// where it now is, and the rest does not push out what reads use.
@@ -838,11 +839,12 @@ impl SegmentCache {
             )
         };
         let file = self.make_partial(id, true).map_err(io)?;
-        for &slot in hot {
-            let at = SegmentInfo::grain_offset(slot) as usize;
+        for &page in hot {
+            let at = SegmentInfo::grain_offset(page) as usize;
             let g = bytes
-                .get(at..at + GRAIN)
-                .ok_or_else(|| corrupt(format!("{}: no grain {slot} in it", id.key())))?;
+                .get(at..(at + GRAIN).min(bytes.len()))
+                .filter(|g| !g.is_empty())
+                .ok_or_else(|| corrupt(format!("{}: no page {page} in it", id.key())))?;
             file.write_all_at(g, at as u64).map_err(io)?;
         }
         self.partials
@@ -881,41 +883,41 @@ impl SegmentCache {
             return Ok(());
         }
         if let Some(seg) = self.local(e.seg) {
-            if e.slot >= seg.info.grains {
+            if !seg.info.holds(e) {
                 return Err(corrupt(format!(
-                    "{}: a map entry names grain {} of a segment with {}",
+                    "{}: a map entry names bytes {:?} (slot {}) outside its data area of {} bytes",
                     e.seg.key(),
+                    e.grain_range(),
                     e.slot,
-                    seg.info.grains
+                    seg.info.data_bytes
                 )));
             }
-            seg.file
-                .read_exact_at(out, SegmentInfo::grain_offset(e.slot))
-                .map_err(|err| {
-                    Error::new(
-                        ErrorKind::Io,
-                        format!("cannot read {}: {err}", self.path(e.seg).display()),
-                    )
-                })?;
-            if crc32c::crc32c(out) == e.crc {
+            let stored = read_stored(&seg.file, e).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("cannot read {}", self.path(e.seg).display()),
+                )
+            })?;
+            if e.unplace(&stored, out) {
                 self.hits.fetch_add(1, Relaxed);
-                seg.note_read(e.slot);
+                seg.note_grain(e);
                 self.maybe_shrink(e.seg, &seg);
                 return Ok(());
             }
             let why = format!("does not match grain {}'s checksum", e.slot);
             self.drop_damaged(e.seg, &why);
         } else if let Some(p) = self.partial(e.seg) {
-            let at = SegmentInfo::grain_offset(e.slot);
-            if p.file.read_exact_at(out, at).is_ok() {
-                if crc32c::crc32c(out) == e.crc {
+            if let Some(stored) = read_stored(&p.file, e) {
+                if e.unplace(&stored, out) {
                     self.hits.fetch_add(1, Relaxed);
                     return Ok(());
                 }
                 // A hole reads as zeros: not kept yet (zeros that were the
                 // grain's bytes passed the check). Anything else is
-                // damage: counted, and the grain is written again below.
-                if out.iter().any(|&b| b != 0) {
+                // damage: counted, and the grain is written again below;
+                // but a placed grain may share a page with one kept
+                // (its own bytes then zeros), so only raw slots count.
+                if e.stored == 0 && stored.iter().any(|&b| b != 0) {
                     self.damaged.fetch_add(1, Relaxed);
                 }
             }
@@ -926,17 +928,16 @@ impl SegmentCache {
         // held in part, no longer a ghost, so the sparse file remembers
         // that it is wanted whole.
         let unmet = want && !self.prefetch(store, e.seg);
-        let at = SegmentInfo::grain_offset(e.slot);
-        let b = store.get_range(&e.seg.key(), at..at + GRAIN as u64)?;
-        out.copy_from_slice(&b);
-        if crc32c::crc32c(out) != e.crc {
+        let (at, len) = e.grain_range();
+        let b = store.get_range(&e.seg.key(), at..at + len as u64)?;
+        if !e.unplace(&b, out) {
             return Err(corrupt(format!(
                 "{}: grain {} does not match the checksum its map entry holds (read from the store)",
                 e.seg.key(),
                 e.slot,
             )));
         }
-        self.keep_grain(e, vg, out, unmet);
+        self.keep_grain(e, vg, &b, unmet);
         Ok(())
     }
 
@@ -1069,7 +1070,15 @@ fn worth_keeping(seg: &CachedSegment) -> bool {
         .iter()
         .map(|w| w.load(Relaxed).count_ones())
         .sum::<u32>();
-    read > 0 && read * 2 <= seg.info.grains
+    read > 0 && read * 2 <= seg.info.data_pages()
+}
+
+/// The bytes grain `e` is stored in, read from a cache file (None when
+/// the file cannot give them all).
+fn read_stored(f: &File, e: &Entry) -> Option<Vec<u8>> {
+    let (at, len) = e.grain_range();
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, at).ok().map(|()| b)
 }
 
 fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {

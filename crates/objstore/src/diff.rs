@@ -121,6 +121,7 @@ mod tests {
                 slot: 0,
                 crc: self.next,
                 key: 0,
+                stored: 0,
             }
         }
 

@@ -15,7 +15,7 @@ use strata_s3::{Bytes, Listed, ObjectStore, Put};
 
 use crate::layout::{
     manifest_key, Entry, GroupRef, Manifest, MapNode, ParentRef, PrevRef, SegId, SegmentBuilder,
-    SnapshotRec, Tail, FANOUT, GRAIN, SEG_DATA_OFFSET,
+    SnapshotRec, Tail, FANOUT, GRAIN,
 };
 use crate::{corrupt, diff, now_ms, Error, ErrorKind, ObjectStoreDatastore, Result, DIR_NAMES};
 

@@ -11,9 +11,9 @@
 //! region a CRC-32C covers must be refused (§11.1, rule 4).
 
 use crate::layout::{
-    check_segment_ends, decode_segment_header, manifest_key, verify_segment, Entry, Manifest,
-    MapNode, SegmentBuilder, SegmentInfo, ENTRY_BYTES, GRAIN, NODE_BYTES, SEG_HEADER_BYTES,
-    SEG_INDEX_ENTRY_BYTES, SEG_TRAILER_BYTES,
+    check_segment_ends, decode_segment_header, index_lines, manifest_key, verify_segment, Entry,
+    Manifest, MapNode, SegmentBuilder, ENTRY_BYTES, NODE_BYTES, SEG_HEADER_BYTES,
+    SEG_TRAILER_BYTES,
 };
 use crate::{RootCodec, KEY_ROOT};
 use strata_api::store::RootObject;
@@ -148,14 +148,21 @@ fn segment(b: &[u8]) -> bool {
     };
     assert_eq!(info.len(), b.len() as u64);
     // Rebuilt from its grains and nodes, it verifies and says the same.
-    let mut s = SegmentBuilder::new(info.id);
-    let index = info.node_offset(info.nodes) as usize;
-    for i in 0..info.grains {
-        let at = SegmentInfo::grain_offset(i) as usize;
-        let e = index + i as usize * SEG_INDEX_ENTRY_BYTES;
-        let vgrain = u64::from_le_bytes(b[e..e + 8].try_into().expect("8"));
-        let got = s.add_grain(vgrain, &b[at..at + GRAIN]);
-        assert_eq!(got.crc, u32_at(b, e + 8), "grain {i}'s CRC");
+    let mut s = if info.placed {
+        SegmentBuilder::placed(info.id)
+    } else {
+        SegmentBuilder::new(info.id)
+    };
+    let index = &b[info.node_offset(info.nodes) as usize..b.len() - SEG_TRAILER_BYTES];
+    for (i, g) in index_lines(&key, &info, index) {
+        let g = g.expect("a verified segment's index");
+        let at = g.offset as usize;
+        let got = s.add_placed(g.vgrain, &b[at..at + usize::from(g.stored)], g.crc, 0);
+        assert_eq!(
+            got.grain_range(),
+            (g.offset, usize::from(g.stored)),
+            "grain {i}'s place"
+        );
     }
     for j in 0..info.nodes {
         let at = info.node_offset(j) as usize;

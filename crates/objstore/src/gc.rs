@@ -25,16 +25,18 @@ const DIR_GC: &str = "gc/";
 /// Where each reached grain or node is, and which roots reached it.
 #[derive(Default)]
 struct Marks {
-    /// (segment, is a node, slot) → the owner that reached it, or None if
+    /// (segment, is a node, slot, stored bytes of a placed grain) → the
+    /// owner that reached it, or None if
     /// more than one did.
-    reached: HashMap<(SegId, bool, u32), Option<u32>>,
+    reached: HashMap<(SegId, bool, u32, u16), Option<u32>>,
 }
 
 impl Marks {
     fn note(&mut self, e: &Entry, node: bool, owner: u32) -> bool {
-        match self.reached.get_mut(&(e.seg, node, e.slot)) {
+        let at = (e.seg, node, e.slot, e.stored);
+        match self.reached.get_mut(&at) {
             None => {
-                self.reached.insert((e.seg, node, e.slot), Some(owner));
+                self.reached.insert(at, Some(owner));
                 true
             }
             // Reached by this owner already, or shared (and so is
@@ -54,11 +56,13 @@ impl Marks {
     }
 }
 
-fn bytes_of(node: bool) -> u64 {
+/// Bytes a node, or a grain stored in `stored` bytes (0: a 4 KiB slot),
+/// takes in its segment (§18.6: a placed grain is padded to 16).
+fn bytes_of(node: bool, stored: u16) -> u64 {
     if node {
         NODE_BYTES as u64
     } else {
-        GRAIN as u64
+        crate::layout::kept_bytes(stored)
     }
 }
 
@@ -251,11 +255,12 @@ impl ObjectStoreDatastore {
         let mut exclusive: HashMap<u32, u64> = HashMap::new();
         let mut live_bytes = 0;
         let mut live_in: HashMap<SegId, u64> = HashMap::new();
-        for ((seg, node, _), owner) in &marks.reached {
-            live_bytes += bytes_of(*node);
-            *live_in.entry(*seg).or_default() += bytes_of(*node);
+        for ((seg, node, _, stored), owner) in &marks.reached {
+            let bytes = bytes_of(*node, *stored);
+            live_bytes += bytes;
+            *live_in.entry(*seg).or_default() += bytes;
             if let Some(o) = owner {
-                *exclusive.entry(*o).or_default() += bytes_of(*node);
+                *exclusive.entry(*o).or_default() += bytes;
             }
         }
         let mut rep = GcReport {
@@ -293,8 +298,8 @@ impl ObjectStoreDatastore {
             if let Some(name) = name {
                 let mut refd = Marks::default();
                 let mut referenced = 0u64;
-                let mut count = |_: &Entry, level: Option<u8>, _: u64| {
-                    referenced += bytes_of(level.is_some());
+                let mut count = |e: &Entry, level: Option<u8>, _: u64| {
+                    referenced += bytes_of(level.is_some(), e.stored);
                     Ok(())
                 };
                 self.walk_disk(m, *id, &mut refd, &mut count)?;

@@ -40,8 +40,25 @@ pub const MANIFEST_FOOTER_BYTES: usize = 32;
 pub const TAIL_ENTRY_BYTES: usize = 32;
 /// A segment id whose generation has this bit is a manifest's payload.
 const PAYLOAD_GEN: u32 = 0x8000_0000;
+/// A segment whose grains are 4 KiB slots, stored as they are.
 pub const SEGMENT_VERSION: u32 = 1;
+/// A segment whose grains are placed (§18.6): each at a byte offset, a
+/// multiple of [`PLACE_ALIGN`], compressed when that saves an eighth.
+pub const SEGMENT_VERSION_PLACED: u32 = 2;
+/// Grains of a version-2 segment start at multiples of this.
+pub const PLACE_ALIGN: usize = 16;
+/// The most bytes a grain may take compressed and be kept so (an eighth
+/// of a grain saved, as the local pack pass asks, §18.8).
+pub const MAX_PACKED: usize = GRAIN - GRAIN / 8;
 const ENTRY_PRESENT: u32 = 1;
+/// A leaf entry naming a grain of a version-2 segment (§18.6).
+const ENTRY_PLACED: u32 = 2;
+/// A placed entry's stored length, in flags bits 16..28.
+const ENTRY_LEN_SHIFT: u32 = 16;
+const ENTRY_LEN_MASK: u32 = 0x1fff;
+/// Codecs of a version-2 segment's index (§18.6).
+const CODEC_RAW: u8 = 0;
+const CODEC_LZ4: u8 = 1;
 
 /// A segment: written by generation `gen` of disk `disk`, its `ctr`-th.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -143,10 +160,18 @@ pub struct Entry {
     /// writes. Always 0 above the leaves.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub key: u8,
+    /// A leaf's grain in a version-2 segment (§18.6): the bytes it is
+    /// stored in (4,096: raw; fewer: LZ4), and `slot` is its byte offset
+    /// in the data area divided by [`PLACE_ALIGN`]. 0: `slot` counts
+    /// 4 KiB grains (version 1) or nodes; the CRC is then of the stored
+    /// bytes, which are the grain. Either way the CRC is of the 4,096
+    /// bytes a read returns (ciphertext on an encrypted disk).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stored: u16,
 }
 
-fn is_zero(k: &u8) -> bool {
-    *k == 0
+fn is_zero<T: Default + PartialEq>(k: &T) -> bool {
+    *k == T::default()
 }
 
 /// Where an entry's key index lies in its flags (§11.4).
@@ -163,7 +188,10 @@ impl Entry {
             out[8..12].copy_from_slice(&e.seg.ctr.to_le_bytes());
             out[12..16].copy_from_slice(&e.slot.to_le_bytes());
             out[16..20].copy_from_slice(&e.crc.to_le_bytes());
-            let flags = ENTRY_PRESENT | u32::from(e.key) << ENTRY_KEY_SHIFT;
+            let mut flags = ENTRY_PRESENT | u32::from(e.key) << ENTRY_KEY_SHIFT;
+            if e.stored != 0 {
+                flags |= ENTRY_PLACED | u32::from(e.stored) << ENTRY_LEN_SHIFT;
+            }
             out[20..24].copy_from_slice(&flags.to_le_bytes());
         }
     }
@@ -176,10 +204,20 @@ impl Entry {
             )));
         };
         let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let known = ENTRY_PRESENT
+            | u32::from(MAX_KEY_INDEX) << ENTRY_KEY_SHIFT
+            | ENTRY_PLACED
+            | ENTRY_LEN_MASK << ENTRY_LEN_SHIFT;
         match w(20) {
             0 if b[..ENTRY_BYTES].iter().all(|&x| x == 0) => Ok(None),
             0 => Err(corrupt("a hole entry with non-zero fields")),
-            f if f & !(u32::from(MAX_KEY_INDEX) << ENTRY_KEY_SHIFT) == ENTRY_PRESENT => {
+            f if f & !known == 0 && f & ENTRY_PRESENT != 0 => {
+                let stored = (f >> ENTRY_LEN_SHIFT & ENTRY_LEN_MASK) as u16;
+                if (f & ENTRY_PLACED != 0) != (stored != 0) || usize::from(stored) > GRAIN {
+                    return Err(corrupt(format!(
+                        "entry flags {f:#x}: a placed grain of {stored} stored bytes (1 to {GRAIN} with bit 1, none without)"
+                    )));
+                }
                 Ok(Some(Entry {
                     seg: SegId {
                         disk: w(0),
@@ -188,14 +226,82 @@ impl Entry {
                     },
                     slot: w(12),
                     crc: w(16),
-                    key: (f >> ENTRY_KEY_SHIFT) as u8,
+                    key: (f >> ENTRY_KEY_SHIFT & u32::from(MAX_KEY_INDEX)) as u8,
+                    stored,
                 }))
             }
             f => Err(corrupt(format!(
-                "entry flags {f:#x} (bit 0 and a key index in bits 8-11 are defined)"
+                "entry flags {f:#x} (bits 0 and 1, a key index in bits 8-11 and a length in bits 16-28 are defined)"
             ))),
         }
     }
+
+    /// Where a leaf's grain lies in its segment: its byte offset and the
+    /// bytes it is stored in.
+    pub fn grain_range(&self) -> (u64, usize) {
+        if self.stored == 0 {
+            (SegmentInfo::grain_offset(self.slot), GRAIN)
+        } else {
+            (
+                SEG_DATA_OFFSET as u64 + u64::from(self.slot) * PLACE_ALIGN as u64,
+                usize::from(self.stored),
+            )
+        }
+    }
+
+    /// The grain's 4,096 bytes into `out` from `stored`, the bytes at
+    /// [`Entry::grain_range`]: decompressed when they are fewer, then
+    /// checked against the entry's CRC. False when they do not decode to
+    /// exactly a grain or fail the CRC (damage, or a hole of a sparse
+    /// cache file): `out` then holds nothing to use.
+    pub fn unplace(&self, stored: &[u8], out: &mut [u8]) -> bool {
+        unplace(stored, self.crc, out)
+    }
+
+    /// The bytes a leaf's grain takes in its segment (padding included).
+    pub fn kept_bytes(&self) -> u64 {
+        kept_bytes(self.stored)
+    }
+
+    /// [`Entry::unplace`] from a whole segment's bytes `obj` (false too
+    /// when they are too short to hold the grain).
+    pub fn unplace_from(&self, obj: &[u8], out: &mut [u8]) -> bool {
+        let (at, len) = self.grain_range();
+        obj.get(at as usize..at as usize + len)
+            .is_some_and(|stored| self.unplace(stored, out))
+    }
+
+    /// The 4 KiB pages of its segment's data area (page `i` at byte
+    /// `4096 + 4096 i`) a leaf's grain is stored in: slot `i` alone in
+    /// version 1, one or two pages in version 2. What a cache's sparse
+    /// file and its read bits count (§11.8).
+    pub fn pages(&self) -> std::ops::Range<u32> {
+        let (at, len) = self.grain_range();
+        let first = (at - SEG_DATA_OFFSET as u64) / GRAIN as u64;
+        let end = (at - SEG_DATA_OFFSET as u64 + len as u64).div_ceil(GRAIN as u64);
+        first as u32..end as u32
+    }
+}
+
+/// The bytes a grain stored in `stored` bytes (0: a version-1 slot) takes
+/// in its segment: §18.6 pads a placed grain to [`PLACE_ALIGN`].
+pub fn kept_bytes(stored: u16) -> u64 {
+    match stored {
+        0 => GRAIN as u64,
+        n => u64::from(n).next_multiple_of(PLACE_ALIGN as u64),
+    }
+}
+
+/// A grain's 4,096 bytes into `out` from the bytes it is stored in,
+/// checked against `crc` (see [`Entry::unplace`]).
+pub fn unplace(stored: &[u8], crc: u32, out: &mut [u8]) -> bool {
+    let out = &mut out[..GRAIN];
+    if stored.len() == GRAIN {
+        out.copy_from_slice(stored);
+    } else if !matches!(lz4_flex::block::decompress_into(stored, out), Ok(GRAIN)) {
+        return false;
+    }
+    crc32c::crc32c(out) == crc
 }
 
 /// A map node (§11.4): 256 entries at one level, covering the virtual
@@ -283,6 +389,18 @@ impl MapNode {
                     .map_err(|m| m.context(format_args!("{place}: entry {i}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(i) = (level > 0)
+            .then(|| {
+                entries
+                    .iter()
+                    .position(|e| e.is_some_and(|e| e.stored != 0))
+            })
+            .flatten()
+        {
+            return Err(corrupt(format!(
+                "{place}: entry {i} of a level-{level} node is a placed grain's, not a node's"
+            )));
+        }
         Ok(MapNode {
             level,
             disk: u32::from_le_bytes(b[16..20].try_into().unwrap()),
@@ -293,300 +411,10 @@ impl MapNode {
     }
 }
 
-/// A segment's header and trailer, as read back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SegmentInfo {
-    pub id: SegId,
-    pub grains: u32,
-    pub nodes: u32,
-    pub created_ms: u64,
-}
-
-impl SegmentInfo {
-    /// Byte offset of grain `i`.
-    pub fn grain_offset(i: u32) -> u64 {
-        SEG_DATA_OFFSET as u64 + u64::from(i) * GRAIN as u64
-    }
-
-    /// Byte offset of node `j`.
-    pub fn node_offset(&self, j: u32) -> u64 {
-        Self::grain_offset(self.grains) + u64::from(j) * NODE_BYTES as u64
-    }
-
-    fn index_offset(&self) -> u64 {
-        self.node_offset(self.nodes)
-    }
-
-    /// Total object length.
-    pub fn len(&self) -> u64 {
-        self.index_offset()
-            + u64::from(self.grains) * SEG_INDEX_ENTRY_BYTES as u64
-            + SEG_TRAILER_BYTES as u64
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.grains == 0 && self.nodes == 0
-    }
-}
-
-/// Grains and nodes gathered for one segment.
-pub struct SegmentBuilder {
-    pub id: SegId,
-    /// (virtual grain, data): in the order they are stored.
-    grains: Vec<u8>,
-    vgrains: Vec<(u64, u32)>,
-    nodes: Vec<u8>,
-}
-
-impl SegmentBuilder {
-    pub fn new(id: SegId) -> Self {
-        SegmentBuilder {
-            id,
-            grains: Vec::new(),
-            vgrains: Vec::new(),
-            nodes: Vec::new(),
-        }
-    }
-
-    /// Add a grain of a plain disk; returns its entry.
-    pub fn add_grain(&mut self, vgrain: u64, data: &[u8]) -> Entry {
-        self.add_stored(vgrain, data, 0)
-    }
-
-    /// Add a grain's stored bytes as they are (a move: ciphertext stays
-    /// ciphertext under key index `key`); returns its entry.
-    pub fn add_stored(&mut self, vgrain: u64, data: &[u8], key: u8) -> Entry {
-        assert_eq!(data.len(), GRAIN);
-        let crc = crc32c::crc32c(data);
-        let slot = self.vgrains.len() as u32;
-        self.grains.extend_from_slice(data);
-        self.vgrains.push((vgrain, crc));
-        Entry {
-            seg: self.id,
-            slot,
-            crc,
-            key,
-        }
-    }
-
-    /// Add a grain of plaintext `data`, encrypted on its way in when the
-    /// disk is (§16.7: under the cipher's write key, whose index the entry
-    /// carries; the tweak is the grain's virtual sector, the CRC is over
-    /// what is stored); returns its entry.
-    pub fn add_data(
-        &mut self,
-        vgrain: u64,
-        data: &[u8],
-        cipher: Option<&strata_crypt::DataCipher>,
-    ) -> Entry {
-        let Some(c) = cipher else {
-            return self.add_grain(vgrain, data);
-        };
-        assert_eq!(data.len(), GRAIN);
-        let at = self.grains.len();
-        self.grains.resize(at + GRAIN, 0);
-        let stored = &mut self.grains[at..];
-        c.writer()
-            .encrypt_to(data, stored, vgrain * strata_crypt::GRAIN_SECTORS);
-        let crc = crc32c::crc32c(stored);
-        let slot = self.vgrains.len() as u32;
-        self.vgrains.push((vgrain, crc));
-        Entry {
-            seg: self.id,
-            slot,
-            crc,
-            key: c.write_bits(),
-        }
-    }
-
-    /// Add a map node; returns its entry.
-    pub fn add_node(&mut self, node: &MapNode) -> Entry {
-        let b = node.encode();
-        let crc = crc32c::crc32c(&b);
-        let slot = (self.nodes.len() / NODE_BYTES) as u32;
-        self.nodes.extend_from_slice(&b);
-        Entry {
-            seg: self.id,
-            slot,
-            crc,
-            key: 0,
-        }
-    }
-
-    pub fn grain_count(&self) -> usize {
-        self.vgrains.len()
-    }
-
-    /// Bytes the sealed object will have.
-    pub fn sealed_len(&self) -> u64 {
-        self.info(0).len()
-    }
-
-    fn info(&self, created_ms: u64) -> SegmentInfo {
-        SegmentInfo {
-            id: self.id,
-            grains: self.vgrains.len() as u32,
-            nodes: (self.nodes.len() / NODE_BYTES) as u32,
-            created_ms,
-        }
-    }
-
-    /// The object to upload.
-    pub fn seal(&self, created_ms: u64) -> Vec<u8> {
-        let info = self.info(created_ms);
-        let mut b = Vec::with_capacity(info.len() as usize);
-        let mut h = [0u8; SEG_HEADER_BYTES];
-        h[0..8].copy_from_slice(MAGIC_SEGMENT);
-        h[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
-        h[16..20].copy_from_slice(&info.id.disk.to_le_bytes());
-        h[20..24].copy_from_slice(&info.id.gen.to_le_bytes());
-        h[24..28].copy_from_slice(&info.id.ctr.to_le_bytes());
-        h[32..36].copy_from_slice(&info.grains.to_le_bytes());
-        h[36..40].copy_from_slice(&info.nodes.to_le_bytes());
-        h[40..48].copy_from_slice(&created_ms.to_le_bytes());
-        let crc = crc32c::crc32c(&h);
-        h[12..16].copy_from_slice(&crc.to_le_bytes());
-        b.extend_from_slice(&h);
-        b.resize(SEG_DATA_OFFSET, 0);
-        b.extend_from_slice(&self.grains);
-        b.extend_from_slice(&self.nodes);
-        let index_at = b.len();
-        for &(v, crc) in &self.vgrains {
-            b.extend_from_slice(&v.to_le_bytes());
-            b.extend_from_slice(&crc.to_le_bytes());
-            b.extend_from_slice(&0u32.to_le_bytes());
-        }
-        let index_crc = crc32c::crc32c(&b[index_at..]);
-        let mut t = [0u8; SEG_TRAILER_BYTES];
-        t[0..8].copy_from_slice(MAGIC_SEGMENT_END);
-        t[8..16].copy_from_slice(&info.len().to_le_bytes());
-        t[16..20].copy_from_slice(&index_crc.to_le_bytes());
-        t[20..24].copy_from_slice(&info.grains.to_le_bytes());
-        t[24..28].copy_from_slice(&info.nodes.to_le_bytes());
-        let tcrc = crc32c::crc32c(&t[..28]);
-        t[28..32].copy_from_slice(&tcrc.to_le_bytes());
-        b.extend_from_slice(&t);
-        // Read back by its ends as a reader will (§11.3) before it goes.
-        let key = self.id.key();
-        let (head, end) = (&b[..SEG_HEADER_BYTES], &b[b.len() - SEG_TRAILER_BYTES..]);
-        if let Err(e) = check_segment_ends(&key, head, end, b.len() as u64) {
-            panic!("refusing to upload a bad segment: {e}");
-        }
-        b
-    }
-}
-
-/// Read a segment's header (the first 64 bytes), checking it names `key`.
-pub fn decode_segment_header(key: &str, h: &[u8]) -> crate::Result<SegmentInfo> {
-    if h.len() < SEG_HEADER_BYTES {
-        return Err(corrupt(format!(
-            "{key}: {} bytes, shorter than a segment header (torn)",
-            h.len()
-        )));
-    }
-    if &h[0..8] != MAGIC_SEGMENT {
-        return Err(corrupt(format!("{key}: not a segment (bad magic)")));
-    }
-    let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
-    let mut c = h[..SEG_HEADER_BYTES].to_vec();
-    c[12..16].fill(0);
-    let actual = crc32c::crc32c(&c);
-    if w(12) != actual {
-        return Err(corrupt(format!(
-            "{key}: checksum mismatch in segment header (stored {:#010x}, computed {actual:#010x})",
-            w(12)
-        )));
-    }
-    if w(8) != SEGMENT_VERSION {
-        return Err(corrupt(format!(
-            "{key}: segment version {} (this build reads {SEGMENT_VERSION})",
-            w(8)
-        )));
-    }
-    let info = SegmentInfo {
-        id: SegId {
-            disk: w(16),
-            gen: w(20),
-            ctr: w(24),
-        },
-        grains: w(32),
-        nodes: w(36),
-        created_ms: u64::from_le_bytes(h[40..48].try_into().unwrap()),
-    };
-    if SegId::from_key(key).or_else(|| SegId::payload_from_key(key)) != Some(info.id) {
-        return Err(corrupt(format!(
-            "{key}: the segment says it is {}, not this key",
-            info.id.key()
-        )));
-    }
-    Ok(info)
-}
-
-/// Check a segment object of `len` bytes by its ends: the header (its
-/// first [`SEG_HEADER_BYTES`], `head`), the length the header gives, and
-/// the trailer (its last [`SEG_TRAILER_BYTES`], `trailer`). The index's
-/// CRC (the trailer's bytes 16..20) is left to the caller.
-pub fn check_segment_ends(
-    key: &str,
-    head: &[u8],
-    trailer: &[u8],
-    len: u64,
-) -> crate::Result<SegmentInfo> {
-    let info = decode_segment_header(key, head)?;
-    if len != info.len() {
-        return Err(corrupt(format!(
-            "{key}: {len} bytes where its header gives {} (torn)",
-            info.len()
-        )));
-    }
-    let t = trailer;
-    let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
-    if t.len() != SEG_TRAILER_BYTES
-        || &t[0..8] != MAGIC_SEGMENT_END
-        || w(28) != crc32c::crc32c(&t[..28])
-    {
-        return Err(corrupt(format!(
-            "{key}: the segment trailer is damaged (torn)"
-        )));
-    }
-    if u64::from_le_bytes(t[8..16].try_into().unwrap()) != info.len()
-        || w(20) != info.grains
-        || w(24) != info.nodes
-    {
-        return Err(corrupt(format!(
-            "{key}: the segment trailer disagrees with its header"
-        )));
-    }
-    Ok(info)
-}
-
-/// Check a whole segment object: header, length, trailer and index.
-pub fn verify_segment(key: &str, b: &[u8]) -> crate::Result<SegmentInfo> {
-    let head = &b[..b.len().min(SEG_HEADER_BYTES)];
-    let t = &b[b.len().saturating_sub(SEG_TRAILER_BYTES)..];
-    let info = check_segment_ends(key, head, t, b.len() as u64)?;
-    let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
-    let index = &b[info.index_offset() as usize..b.len() - SEG_TRAILER_BYTES];
-    if crc32c::crc32c(index) != w(16) {
-        return Err(corrupt(format!(
-            "{key}: checksum mismatch in the segment index"
-        )));
-    }
-    for i in 0..info.grains {
-        let at = i as usize * SEG_INDEX_ENTRY_BYTES;
-        let crc = u32::from_le_bytes(index[at + 8..at + 12].try_into().unwrap());
-        let off = SegmentInfo::grain_offset(i) as usize;
-        if crc32c::crc32c(&b[off..off + GRAIN]) != crc {
-            return Err(corrupt(format!(
-                "{key}: grain {i} does not match its checksum"
-            )));
-        }
-    }
-    Ok(info)
-}
-
 mod manifest;
+mod segment;
 pub use manifest::*;
+pub use segment::*;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -631,6 +459,7 @@ pub(crate) mod tests {
                 slot: 2,
                 crc: 3,
                 key,
+                stored: 0,
             };
             let mut b = [0u8; ENTRY_BYTES];
             Entry::encode(Some(&e), &mut b);
@@ -644,6 +473,7 @@ pub(crate) mod tests {
                     slot: 2,
                     crc: 3,
                     key: 0,
+                    stored: 0,
                 }),
                 &mut b,
             );
@@ -661,12 +491,14 @@ pub(crate) mod tests {
             slot: 5,
             crc: 0x1234_5678,
             key: 0,
+            stored: 0,
         });
         n.entries[255] = Some(Entry {
             seg: id(),
             slot: 0,
             crc: 1,
             key: 0,
+            stored: 0,
         });
         let b = n.encode();
         assert_eq!(b.len(), NODE_BYTES);
@@ -689,60 +521,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_sealed_segment_verifies_and_a_torn_one_does_not() {
-        let mut s = SegmentBuilder::new(id());
-        let g1 = vec![0xabu8; GRAIN];
-        let g2: Vec<u8> = (0..GRAIN).map(|i| i as u8).collect();
-        let e1 = s.add_grain(100, &g1);
-        let e2 = s.add_grain(7, &g2);
-        let node = MapNode::empty(0, 9, 3, 0);
-        let en = s.add_node(&node);
-        let b = s.seal(1_795_000_000_000);
-        assert_eq!(b.len() as u64, s.sealed_len());
-        let key = id().key();
-        let info = verify_segment(&key, &b).unwrap();
-        assert_eq!((info.grains, info.nodes, info.id), (2, 1, id()));
-        assert_eq!((e1.slot, e2.slot, en.slot), (0, 1, 0));
-        let at = SegmentInfo::grain_offset(e2.slot) as usize;
-        assert_eq!(&b[at..at + GRAIN], &g2[..]);
-        assert_eq!(crc32c::crc32c(&b[at..at + GRAIN]), e2.crc);
-        let at = info.node_offset(en.slot) as usize;
-        assert_eq!(crc32c::crc32c(&b[at..at + NODE_BYTES]), en.crc);
-        assert_eq!(
-            MapNode::decode("n", &b[at..at + NODE_BYTES], 0, 0).unwrap(),
-            node
-        );
-
-        let e = verify_segment(&key, &b[..b.len() - 1]).unwrap_err();
-        assert!(e.message.contains("torn"), "{e}");
-        let e = verify_segment("disks/deadbeef/s/000000070000000d", &b).unwrap_err();
-        assert!(e.message.contains("not this key"), "{e}");
-        let mut d = b.clone();
-        d[SegmentInfo::grain_offset(1) as usize + 3] ^= 1;
-        let e = verify_segment(&key, &d).unwrap_err();
-        assert!(e.message.contains("grain 1 does not match"), "{e}");
-        let mut d = b.clone();
-        let last = d.len() - 40;
-        d[last] ^= 1;
-        assert!(verify_segment(&key, &d).is_err());
-
-        // By its ends alone (a cached file's first use): a damaged grain
-        // passes (its reads check it), a torn file or trailer does not.
-        let ends = |b: &[u8], len: u64| {
-            let t = &b[b.len() - SEG_TRAILER_BYTES..];
-            check_segment_ends(&key, &b[..SEG_HEADER_BYTES], t, len)
+    fn a_placed_entry_carries_its_length_and_a_wrong_one_is_refused() {
+        let e = Entry {
+            seg: id(),
+            slot: 1000,
+            crc: 9,
+            key: 2,
+            stored: 1234,
         };
-        assert_eq!(ends(&b, b.len() as u64).unwrap().grains, 2);
-        let mut d = b.clone();
-        d[SegmentInfo::grain_offset(1) as usize + 3] ^= 1;
-        assert!(ends(&d, d.len() as u64).is_ok());
-        let e = ends(&b, b.len() as u64 - 1).unwrap_err();
-        assert!(e.message.contains("torn"), "{e}");
-        let e = ends(&b[..b.len() - 1], b.len() as u64 - 1).unwrap_err();
-        assert!(e.message.contains("torn"), "{e}");
-        let mut d = b.clone();
-        let end = d.len() - 1;
-        d[end] ^= 1;
-        assert!(ends(&d, d.len() as u64).is_err());
+        let mut b = [0u8; ENTRY_BYTES];
+        Entry::encode(Some(&e), &mut b);
+        assert_eq!(Entry::decode(&b).unwrap(), Some(e));
+        assert_eq!(e.grain_range(), (4096 + 16_000, 1234));
+        let flags = u32::from_le_bytes(b[20..24].try_into().unwrap());
+        assert_eq!(flags, 1 | 2 | 2 << 8 | 1234 << 16);
+        for (f, why) in [
+            (1 | 2, "placed grain of 0 stored bytes"),
+            (1 | 100 << 16, "placed grain of 100 stored bytes"),
+            (1 | 2 | 4097 << 16, "placed grain of 4097 stored bytes"),
+            (1 | 4, "entry flags 0x5"),
+        ] {
+            b[20..24].copy_from_slice(&(f as u32).to_le_bytes());
+            let err = Entry::decode(&b).unwrap_err();
+            assert!(err.message.contains(why), "{f:#x}: {err}");
+        }
     }
 }

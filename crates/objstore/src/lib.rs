@@ -133,6 +133,12 @@ pub struct OpenOptions {
     /// The compaction passes the disks this process writes run by
     /// themselves (§11.7a).
     pub compact: AutoCompact,
+    /// Data segments this process seals are version 2, their grains of
+    /// plain disks LZ4-compressed when that saves an eighth (§18.6); off,
+    /// version 1 as before. On by default in this library (its own tests
+    /// run compressed); a server turns it on with `--store-compress lz4`
+    /// (`strata_datastore::OpenOptions`, off by default for now).
+    pub compress: bool,
 }
 
 impl Default for OpenOptions {
@@ -140,6 +146,7 @@ impl Default for OpenOptions {
         OpenOptions {
             prefetch: true,
             compact: AutoCompact::default(),
+            compress: true,
         }
     }
 }
@@ -163,6 +170,18 @@ pub struct ObjectStoreDatastore {
     opts: OpenOptions,
     /// The keys of the encrypted disks this process unlocked (§16.7).
     keys: keys::HeldKeys,
+}
+
+impl ObjectStoreDatastore {
+    /// A builder for data segment `id` as this process seals them:
+    /// placed and compressing, or version 1 (`OpenOptions::compress`).
+    pub(crate) fn data_segment(&self, id: layout::SegId) -> layout::SegmentBuilder {
+        if self.opts.compress {
+            layout::SegmentBuilder::placed(id)
+        } else {
+            layout::SegmentBuilder::new(id)
+        }
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -119,6 +119,7 @@ pub struct Config {
     /// (`strata_datastore::OpenOptions`).
     pub store_prefetch: bool,
     pub store_compact: strata_datastore::AutoCompact,
+    pub store_compress: bool,
     pub moves: MoveSettings,
 }
 
@@ -133,6 +134,7 @@ impl Default for Config {
             store_timeout: o.store_timeout,
             store_prefetch: o.store_prefetch,
             store_compact: o.store_compact,
+            store_compress: o.store_compress,
             moves: MoveSettings::default(),
         }
     }
@@ -271,6 +273,7 @@ impl Places {
             store_timeout: self.cfg.store_timeout,
             store_prefetch: self.cfg.store_prefetch,
             store_compact: self.cfg.store_compact,
+            store_compress: self.cfg.store_compress,
             // Its disks are served here: their claims are this server's.
             role: strata_datastore::Role::Server,
             ..Default::default()

@@ -350,6 +350,7 @@ fn start_datastore(
         store_timeout: Duration::from_secs(args.store_timeout),
         store_prefetch: args.store_prefetch,
         store_compact: args.store_compact,
+        store_compress: args.store_compress,
         moves: crate::move_settings::MoveSettings {
             mirror: args.move_mirror,
             on_step: None,
@@ -535,6 +536,7 @@ fn open_home(
         store_cache: args.store_cache,
         store_prefetch: args.store_prefetch,
         store_compact: args.store_compact,
+        store_compress: args.store_compress,
         role: strata_datastore::Role::Server,
         serving: Some(strata_datastore::Serving {
             detect_zeroes: args.detect_zeroes,

@@ -21,11 +21,15 @@ impl SegmentCache {
             return;
         }
         let tmp = unique_tmp(&self.partial_path(id));
-        let copy = |file: &File, slots: &[u32]| -> bool {
+        // Whole pages of the data area (a version-2 segment's last one
+        // may end with the object).
+        let end = seg.info.len();
+        let copy = |file: &File, pages: &[u32]| -> bool {
             let mut g = vec![0u8; GRAIN];
-            slots.iter().all(|&slot| {
-                let at = SegmentInfo::grain_offset(slot);
-                seg.file.read_exact_at(&mut g, at).is_ok() && file.write_all_at(&g, at).is_ok()
+            pages.iter().all(|&page| {
+                let at = SegmentInfo::grain_offset(page);
+                let g = &mut g[..GRAIN.min(end.saturating_sub(at) as usize)];
+                seg.file.read_exact_at(g, at).is_ok() && file.write_all_at(g, at).is_ok()
             })
         };
         let mut copied: HashSet<u32> = HashSet::new();
@@ -116,8 +120,8 @@ impl SegmentCache {
         drop(lock);
     }
 
-    /// Keep grain `e` (its bytes `g`, checked) in its object's sparse
-    /// file, unless the object is here whole. Also when the miss started
+    /// Keep grain `e` (the bytes it is stored in, `g`, checked) in its
+    /// object's sparse file at their offset, unless the object is here whole. Also when the miss started
     /// a fetch of the whole object: the file that replaces the sparse one
     /// then counts the grain as read (see [`Self::replace_partial`]), so a
     /// shrink keeps it; and a fetch that fails leaves the grain kept.
@@ -126,7 +130,7 @@ impl SegmentCache {
         if let Some(whole) = self.segments.read().unwrap().get(&e.seg) {
             // It arrived meanwhile (the fetch this miss started): the
             // grain was read, which its next shrink must know.
-            whole.note_read(e.slot);
+            whole.note_grain(e);
             return;
         }
         let p = match self.partial(e.seg) {
@@ -135,7 +139,7 @@ impl SegmentCache {
                 let Ok(file) = self.make_partial(e.seg, false) else {
                     return;
                 };
-                let p = Partial::new(file, self.clock_ms(), Some((e.slot, vg)));
+                let p = Partial::new(file, self.clock_ms(), Some((e.pages().start, vg)));
                 self.partials.write().unwrap().insert(e.seg, p.clone());
                 p
             }
@@ -143,17 +147,14 @@ impl SegmentCache {
         if want_whole {
             p.whole_wanted.store(true, Relaxed);
         }
-        if p.file
-            .write_all_at(g, SegmentInfo::grain_offset(e.slot))
-            .is_err()
-        {
+        if p.file.write_all_at(g, e.grain_range().0).is_err() {
             return;
         }
         let out = self
             .policy()
             .lock()
             .unwrap()
-            .grow(e.seg, GRAIN as u64, true, Instant::now());
+            .grow(e.seg, g.len() as u64, true, Instant::now());
         self.evict(out);
     }
 

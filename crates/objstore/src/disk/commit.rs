@@ -549,7 +549,7 @@ impl ObjectDisk {
         if grains.is_empty() {
             return None;
         }
-        let mut b = SegmentBuilder::new(SegId::payload(self.id, seq));
+        let mut b = self.ds.data_segment(SegId::payload(self.id, seq));
         for vg in grains {
             let d = batch[vg].as_deref().expect("payload grains hold data");
             tail.insert(*vg, Some(b.add_data(*vg, d, cipher)));
@@ -621,7 +621,7 @@ impl ObjectDisk {
             data.len().saturating_sub(SEGMENT_GRAINS)
         };
         let c = cipher.as_deref();
-        let mut sealed = seal_grains(seg(ctrs.start), &data[..spill], &mut tail, c);
+        let mut sealed = self.seal_grains(seg(ctrs.start), &data[..spill], &mut tail, c);
         for vg in holes {
             tail.insert(vg, None);
         }
@@ -758,27 +758,30 @@ fn folds(force: bool, bound: usize, tail: &Tail, data: &DataGrains, holes: &[u64
     }
 }
 
-/// Seal `grains` into segments of up to [`SEGMENT_GRAINS`], the first
-/// with id `first` and each next one the next counter, naming every grain
-/// in `tail`.
-fn seal_grains(
-    first: SegId,
-    grains: &[(u64, &[u8])],
-    tail: &mut Tail,
-    cipher: Option<&strata_crypt::DataCipher>,
-) -> Vec<(SegId, Bytes)> {
-    let mut sealed = Vec::new();
-    for (j, chunk) in grains.chunks(SEGMENT_GRAINS).enumerate() {
-        let mut b = SegmentBuilder::new(SegId {
-            ctr: first.ctr + j as u32,
-            ..first
-        });
-        for (vg, d) in chunk {
-            tail.insert(*vg, Some(b.add_data(*vg, d, cipher)));
+impl ObjectDisk {
+    /// Seal `grains` into segments of up to [`SEGMENT_GRAINS`], the first
+    /// with id `first` and each next one the next counter, naming every
+    /// grain in `tail`.
+    fn seal_grains(
+        &self,
+        first: SegId,
+        grains: &[(u64, &[u8])],
+        tail: &mut Tail,
+        cipher: Option<&strata_crypt::DataCipher>,
+    ) -> Vec<(SegId, Bytes)> {
+        let mut sealed = Vec::new();
+        for (j, chunk) in grains.chunks(SEGMENT_GRAINS).enumerate() {
+            let mut b = self.ds.data_segment(SegId {
+                ctr: first.ctr + j as u32,
+                ..first
+            });
+            for (vg, d) in chunk {
+                tail.insert(*vg, Some(b.add_data(*vg, d, cipher)));
+            }
+            sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
         }
-        sealed.push((b.id, Bytes::from(b.seal(now_ms()))));
+        sealed
     }
-    sealed
 }
 
 /// What a commit is made of: its base manifest, the batch, the segment

@@ -13,7 +13,7 @@ use strata_api::store::CompactReport;
 use strata_s3::Bytes;
 
 use super::{Batch, ObjectDisk, G, SEGMENT_GRAINS};
-use crate::layout::{Entry, Manifest, SegId, SegmentBuilder, GRAIN};
+use crate::layout::{Entry, Manifest, SegId, GRAIN};
 use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
 
 /// A busy pass runs once this many client bytes were written since the
@@ -202,17 +202,19 @@ impl ObjectDisk {
         let chosen = self.candidates(&man, opts, &mut rep)?;
         let budget = opts.budget.unwrap_or(u64::MAX);
         // The grains to rewrite, fewest live first, whole objects while
-        // the budget lasts.
+        // the budget lasts; in the bytes they take (a packed grain less
+        // than 4 KiB, §18.6).
         let mut todo: Vec<(u64, Entry)> = Vec::new();
-        let mut emptied = 0;
+        let (mut emptied, mut rewrite) = (0, 0);
         for (_, size, grains) in chosen {
-            if (todo.len() + grains.len()) as u64 * G > budget {
+            let live = live_bytes(&grains);
+            if rewrite + live > budget {
                 break;
             }
             todo.extend(grains);
             emptied += size;
+            rewrite += live;
         }
-        let rewrite = todo.len() as u64 * G;
         if opts.dry_run || emptied.saturating_sub(rewrite) < opts.min_reclaim.max(1) {
             if opts.dry_run {
                 rep.rewritten_grains = todo.len() as u64;
@@ -250,6 +252,7 @@ impl ObjectDisk {
             let r = r.and_then(|moves| {
                 rep.segments += 1;
                 rep.rewritten_grains += moves.len() as u64;
+                rep.rewritten_bytes += live_bytes(step);
                 self.commit_relocated(moves)
             });
             self.state.lock().unwrap().compacting = None;
@@ -264,7 +267,6 @@ impl ObjectDisk {
                 std::thread::sleep(t0.elapsed());
             }
         }
-        rep.rewritten_bytes = rep.rewritten_grains * G;
         // Emptied for sure only if every grain moved (else GC finds out).
         if rep.relocated_grains == todo.len() as u64 {
             rep.emptied_bytes = emptied;
@@ -328,7 +330,7 @@ impl ObjectDisk {
             let Some(grains) = by_object.remove(&id) else {
                 continue;
             };
-            let live = grains.len() as u64 * G;
+            let live = live_bytes(&grains);
             rep.objects += 1;
             rep.stored_bytes += l.size;
             rep.live_bytes += live;
@@ -346,12 +348,12 @@ impl ObjectDisk {
             _ => opts.below,
         };
         rep.below_pct = (below * 100.0).round() as u32;
-        chosen.retain(|(_, size, g)| ((g.len() as u64 * G) as f64) < below * *size as f64);
+        chosen.retain(|(_, size, g)| (live_bytes(g) as f64) < below * *size as f64);
         for (_, size, _) in &chosen {
             rep.candidates += 1;
             rep.candidate_bytes += size;
         }
-        chosen.sort_by_key(|(id, size, g)| (g.len() as u64 * G * 1000 / size.max(&1), *id));
+        chosen.sort_by_key(|(id, size, g)| (live_bytes(g) * 1000 / size.max(&1), *id));
         for (_, _, g) in chosen.iter_mut() {
             g.sort_by_key(|(_, e)| e.slot);
         }
@@ -366,7 +368,7 @@ impl ObjectDisk {
         id: SegId,
         buf: &mut [u8],
     ) -> Result<Vec<Relocation>> {
-        let mut b = SegmentBuilder::new(id);
+        let mut b = self.ds.data_segment(id);
         let mut moves = Vec::with_capacity(grains.len());
         // The new slots of grains the cache held (kept cached there), and
         // the object grains not cached are read from: one GET each, held
@@ -377,9 +379,21 @@ impl ObjectDisk {
         let mut from: Option<(SegId, Bytes)> = None;
         for (vg, old) in grains {
             let cached = self.stored_grain(old, &mut from, buf)?;
-            let new = b.add_stored(*vg, buf, old.key);
+            // A packed grain stays packed (LZ4 gives the same bytes
+            // again); a raw one stays raw.
+            let packed = old.stored != 0 && usize::from(old.stored) < GRAIN;
+            let new = if packed && b.is_placed() {
+                b.add_grain(*vg, buf)
+            } else {
+                b.add_stored(*vg, buf, old.key)
+            };
             if cached {
-                hot.push(new.slot);
+                // Pages in order; two grains may share one.
+                for page in new.pages() {
+                    if hot.last() != Some(&page) {
+                        hot.push(page);
+                    }
+                }
             }
             moves.push(Relocation {
                 vg: *vg,
@@ -410,13 +424,10 @@ impl ObjectDisk {
             *from = Some((old.seg, crate::cache::get_verified(&ds.store, old.seg)?.0));
         }
         let bytes = &from.as_ref().expect("just fetched").1;
-        let at = crate::layout::SegmentInfo::grain_offset(old.slot) as usize;
-        match bytes.get(at..at + GRAIN) {
-            Some(g) if crc32c::crc32c(g) == old.crc => {
-                buf.copy_from_slice(g);
-                Ok(false)
-            }
-            _ => Err(Error::new(
+        if old.unplace_from(bytes, buf) {
+            Ok(false)
+        } else {
+            Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
                     "{}: grain {} does not match the checksum its map entry holds \
@@ -424,7 +435,7 @@ impl ObjectDisk {
                     old.seg.key(),
                     old.slot
                 ),
-            )),
+            ))
         }
     }
 
@@ -519,4 +530,10 @@ fn auto_passes(me: std::sync::Weak<ObjectDisk>, auto: AutoCompact) {
             }
         }
     }
+}
+
+/// The bytes `grains` take in their object (§18.6: a packed grain less
+/// than its 4 KiB).
+fn live_bytes(grains: &[(u64, Entry)]) -> u64 {
+    grains.iter().map(|(_, e)| e.kept_bytes()).sum()
 }

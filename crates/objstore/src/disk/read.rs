@@ -364,8 +364,13 @@ impl ObjectDisk {
             (Some(None), _) => Source::Zero,
             (None, Some((_, e))) => match st.sealing.get(&e.seg) {
                 Some(s) => {
-                    let off = SEG_DATA_OFFSET + e.slot as usize * GRAIN;
-                    g.copy_from_slice(&s.bytes[off..off + GRAIN]);
+                    if !e.unplace_from(&s.bytes, g) {
+                        return Err(corrupt(format!(
+                            "disk '{}': grain {vg} does not match its checksum in {} being sealed",
+                            self.name,
+                            e.seg.key()
+                        )));
+                    }
                     self.decrypt_grain(cipher, e, vg, g)?;
                     Source::Data
                 }

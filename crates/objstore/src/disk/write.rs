@@ -127,7 +127,7 @@ impl ObjectDisk {
         st.next_ctr += 1;
         st.seal_no += 1;
         let n = st.seal_no;
-        let mut b = SegmentBuilder::new(id);
+        let mut b = self.ds.data_segment(id);
         let cipher = self.sealing_cipher(&st.cipher)?;
         for vg in chunk {
             let d = st.dirty.remove(vg).flatten().expect("a data grain");

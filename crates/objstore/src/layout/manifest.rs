@@ -454,6 +454,7 @@ mod tests {
                 slot: 1,
                 crc: 2,
                 key: 0,
+                stored: 0,
             }),
             next_ctr: 13,
             ..Manifest::first(3, 1 << 30, 3)
@@ -475,6 +476,7 @@ mod tests {
                 crc: 5,
                 // An own-key clone's grain (§16.7): its index round-trips.
                 key: 3,
+                stored: 0,
             }),
         );
         m.tail = Arc::new(tail);
@@ -532,6 +534,7 @@ mod tests {
             slot: 3,
             crc: 9,
             key: 0,
+            stored: 0,
         });
         let mut m = Manifest {
             root: Some(Entry {
@@ -539,6 +542,7 @@ mod tests {
                 slot: 1,
                 crc: crc32c::crc32c(&node.encode()),
                 key: 0,
+                stored: 0,
             }),
             ..m
         };

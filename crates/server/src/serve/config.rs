@@ -91,6 +91,8 @@ pub struct ServeConfig {
     pub store_prefetch: bool,
     /// Object stores: the compaction passes disks run by themselves.
     pub store_compact: strata_datastore::AutoCompact,
+    /// Object stores: data segments sealed compressed (FORMAT.md §18.6).
+    pub store_compress: bool,
     /// When a move mirrors client writes into its target.
     pub move_mirror: crate::move_settings::Mirror,
     /// Object stores: disks served incoming (a live migration's target).
