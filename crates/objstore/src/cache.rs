@@ -28,7 +28,7 @@ use strata_api::store::CacheStats;
 use strata_s3::{Bytes, ObjectStore};
 
 mod files;
-use files::{held_slots, list_files, read_ahead};
+use files::{held_pages, list_files, read_ahead};
 
 use crate::layout::{
     check_segment_ends, decode_segment_header, verify_segment, Entry, Manifest, MapNode, SegId,
@@ -65,8 +65,21 @@ impl CachedSegment {
         }
     }
 
+    /// Copy `pages` of its data area into `to` at the same offsets
+    /// (whole pages, the last one of a version-2 segment cut at the
+    /// object's end); false if any cannot be read or written.
+    fn copy_pages(&self, to: &File, pages: &[u32]) -> bool {
+        let end = self.info.len();
+        let mut g = vec![0u8; GRAIN];
+        pages.iter().all(|&page| {
+            let at = SegmentInfo::grain_offset(page);
+            let g = &mut g[..GRAIN.min(end.saturating_sub(at) as usize)];
+            self.file.read_exact_at(g, at).is_ok() && to.write_all_at(g, at).is_ok()
+        })
+    }
+
     /// The pages read from it.
-    fn grains_read(&self) -> Vec<u32> {
+    fn pages_read(&self) -> Vec<u32> {
         let mut out = Vec::new();
         for (i, w) in self.read.iter().enumerate() {
             let mut b = w.load(Relaxed);
@@ -438,8 +451,8 @@ impl SegmentCache {
         // The grains the sparse file held were read: the whole object
         // counts them so, or its next shrink would leave them out.
         let held = match &known {
-            Some(p) => held_slots(&p.file),
-            None => File::open(&path).map_or(Vec::new(), |f| held_slots(&f)),
+            Some(p) => held_pages(&p.file),
+            None => File::open(&path).map_or(Vec::new(), |f| held_pages(&f)),
         };
         for slot in held {
             s.note_read(slot);
@@ -806,7 +819,7 @@ impl SegmentCache {
         if self.pending_grain(e, out) {
             return true;
         }
-        let mut from = |f: &File| read_stored(f, e).is_some_and(|b| e.unplace(&b, out));
+        let mut from = |f: &File| grain_from_file(f, e, out) == Some(true);
         let whole = self.segments.read().unwrap().get(&e.seg).cloned();
         if let Some(s) = whole {
             if s.info.holds(e) && from(&s.file) {
@@ -892,13 +905,13 @@ impl SegmentCache {
                     seg.info.data_bytes
                 )));
             }
-            let stored = read_stored(&seg.file, e).ok_or_else(|| {
+            let got = grain_from_file(&seg.file, e, out).ok_or_else(|| {
                 Error::new(
                     ErrorKind::Io,
                     format!("cannot read {}", self.path(e.seg).display()),
                 )
             })?;
-            if e.unplace(&stored, out) {
+            if got {
                 self.hits.fetch_add(1, Relaxed);
                 seg.note_grain(e);
                 self.maybe_shrink(e.seg, &seg);
@@ -907,8 +920,8 @@ impl SegmentCache {
             let why = format!("does not match grain {}'s checksum", e.slot);
             self.drop_damaged(e.seg, &why);
         } else if let Some(p) = self.partial(e.seg) {
-            if let Some(stored) = read_stored(&p.file, e) {
-                if e.unplace(&stored, out) {
+            if let Some(got) = grain_from_file(&p.file, e, out) {
+                if got {
                     self.hits.fetch_add(1, Relaxed);
                     return Ok(());
                 }
@@ -917,7 +930,7 @@ impl SegmentCache {
                 // damage: counted, and the grain is written again below;
                 // but a placed grain may share a page with one kept
                 // (its own bytes then zeros), so only raw slots count.
-                if e.stored == 0 && stored.iter().any(|&b| b != 0) {
+                if e.stored == 0 && out.iter().any(|&b| b != 0) {
                     self.damaged.fetch_add(1, Relaxed);
                 }
             }
@@ -1073,12 +1086,20 @@ fn worth_keeping(seg: &CachedSegment) -> bool {
     read > 0 && read * 2 <= seg.info.data_pages()
 }
 
-/// The bytes grain `e` is stored in, read from a cache file (None when
-/// the file cannot give them all).
-fn read_stored(f: &File, e: &Entry) -> Option<Vec<u8>> {
+/// Grain `e` into `out` (4,096 bytes) from a cache file: None when the
+/// file cannot give the bytes it is stored in, else whether they decode
+/// to it and pass its CRC. A raw grain is read straight into `out` (as
+/// every grain was before §18.6: no buffer on a hit), so a failed check
+/// leaves there the bytes read.
+fn grain_from_file(f: &File, e: &Entry, out: &mut [u8]) -> Option<bool> {
     let (at, len) = e.grain_range();
-    let mut b = vec![0u8; len];
-    f.read_exact_at(&mut b, at).ok().map(|()| b)
+    if len == GRAIN {
+        f.read_exact_at(&mut out[..GRAIN], at).ok()?;
+        return Some(crc32c::crc32c(&out[..GRAIN]) == e.crc);
+    }
+    let mut stored = [0u8; GRAIN];
+    f.read_exact_at(&mut stored[..len], at).ok()?;
+    Some(e.unplace(&stored[..len], out))
 }
 
 fn check_node_slot(e: &Entry, info: &SegmentInfo) -> Result<()> {

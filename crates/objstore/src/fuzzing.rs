@@ -153,9 +153,9 @@ fn segment(b: &[u8]) -> bool {
     } else {
         SegmentBuilder::new(info.id)
     };
-    let index = &b[info.node_offset(info.nodes) as usize..b.len() - SEG_TRAILER_BYTES];
-    for (i, g) in index_lines(&key, &info, index) {
-        let g = g.expect("a verified segment's index");
+    let lines =
+        index_lines(&key, &info, &b[info.index_range()]).expect("a verified segment's index");
+    for (i, g) in lines.iter().enumerate() {
         let at = g.offset as usize;
         let got = s.add_placed(g.vgrain, &b[at..at + usize::from(g.stored)], g.crc, 0);
         assert_eq!(

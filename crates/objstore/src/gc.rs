@@ -54,6 +54,23 @@ impl Marks {
     fn segments(&self) -> HashSet<SegId> {
         self.reached.keys().map(|k| k.0).collect()
     }
+
+    /// The bytes what was reached takes: in all, in each object, and
+    /// reached by one owner alone (what removing it would free).
+    fn bytes(&self) -> (u64, HashMap<SegId, u64>, HashMap<u32, u64>) {
+        let mut live_bytes = 0;
+        let mut live_in: HashMap<SegId, u64> = HashMap::new();
+        let mut exclusive: HashMap<u32, u64> = HashMap::new();
+        for ((seg, node, _, stored), owner) in &self.reached {
+            let bytes = bytes_of(*node, *stored);
+            live_bytes += bytes;
+            *live_in.entry(*seg).or_default() += bytes;
+            if let Some(o) = owner {
+                *exclusive.entry(*o).or_default() += bytes;
+            }
+        }
+        (live_bytes, live_in, exclusive)
+    }
 }
 
 /// Bytes a node, or a grain stored in `stored` bytes (0: a 4 KiB slot),
@@ -252,17 +269,7 @@ impl ObjectStoreDatastore {
         let mut marks = Marks::default();
         self.mark(&roots, &mut marks)?;
         let live = marks.segments();
-        let mut exclusive: HashMap<u32, u64> = HashMap::new();
-        let mut live_bytes = 0;
-        let mut live_in: HashMap<SegId, u64> = HashMap::new();
-        for ((seg, node, _, stored), owner) in &marks.reached {
-            let bytes = bytes_of(*node, *stored);
-            live_bytes += bytes;
-            *live_in.entry(*seg).or_default() += bytes;
-            if let Some(o) = owner {
-                *exclusive.entry(*o).or_default() += bytes;
-            }
-        }
+        let (live_bytes, live_in, exclusive) = marks.bytes();
         let mut rep = GcReport {
             dry_run,
             claim: claim.clone(),

@@ -344,18 +344,7 @@ fn start_datastore(
     let (ctl_path, ctl) = bind_control(dir)?;
     // A quiesce hook whose unquiesce a dead server skipped runs it now.
     crate::groups::recover(home.ds.dir(), None);
-    let config = crate::placement::Config {
-        metadata_cache: home.metadata_cache,
-        direct_io: args.direct_io,
-        store_timeout: Duration::from_secs(args.store_timeout),
-        store_prefetch: args.store_prefetch,
-        store_compact: args.store_compact,
-        store_compress: args.store_compress,
-        moves: crate::move_settings::MoveSettings {
-            mirror: args.move_mirror,
-            on_step: None,
-        },
-    };
+    let config = placement_config(home.metadata_cache, args);
     let places = match crate::placement::Places::open(dir, home.ds.clone(), config) {
         Ok(p) => p,
         Err(e) => {
@@ -384,6 +373,37 @@ fn start_datastore(
     let with_ctx: crate::ops::schedules::WithCtx = Arc::new(move |f| h.with_ctx(f));
     let runner = crate::ops::schedules::spawn(with_ctx, up.stop.clone());
     background.threads.push(runner);
+    spawn_passes(&handler, args, &up.stop, &mut background);
+    up.background = Some(background);
+    say!(up.banner, "strata: serving {}", home.ds.describe());
+    Ok(handler)
+}
+
+/// How the datastores a server's moves open are opened: as the one it
+/// serves (`serve`'s options).
+fn placement_config(metadata_cache: u64, args: &ServeConfig) -> crate::placement::Config {
+    crate::placement::Config {
+        metadata_cache,
+        direct_io: args.direct_io,
+        store_timeout: Duration::from_secs(args.store_timeout),
+        store_prefetch: args.store_prefetch,
+        store_compact: args.store_compact,
+        store_compress: args.store_compress,
+        moves: crate::move_settings::MoveSettings {
+            mirror: args.move_mirror,
+            on_step: None,
+        },
+    }
+}
+
+/// The background dedup and compress passes `--dedup-interval` and
+/// `--compress-interval` ask for, through the handler's request path.
+fn spawn_passes(
+    handler: &Arc<control::Handler>,
+    args: &ServeConfig,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    background: &mut Background,
+) {
     let passes = [
         (args.dedup_interval, passes::Pass::Dedup),
         (
@@ -399,12 +419,9 @@ fn start_datastore(
             handler.clone(),
             pass,
             Duration::from_secs(every),
-            up.stop.clone(),
+            stop.clone(),
         ));
     }
-    up.background = Some(background);
-    say!(up.banner, "strata: serving {}", home.ds.describe());
-    Ok(handler)
 }
 
 /// A server of VMDK files alone: a control socket beside each file (which

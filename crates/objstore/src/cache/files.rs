@@ -21,17 +21,6 @@ impl SegmentCache {
             return;
         }
         let tmp = unique_tmp(&self.partial_path(id));
-        // Whole pages of the data area (a version-2 segment's last one
-        // may end with the object).
-        let end = seg.info.len();
-        let copy = |file: &File, pages: &[u32]| -> bool {
-            let mut g = vec![0u8; GRAIN];
-            pages.iter().all(|&page| {
-                let at = SegmentInfo::grain_offset(page);
-                let g = &mut g[..GRAIN.min(end.saturating_sub(at) as usize)];
-                seg.file.read_exact_at(g, at).is_ok() && file.write_all_at(g, at).is_ok()
-            })
-        };
         let mut copied: HashSet<u32> = HashSet::new();
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -40,8 +29,8 @@ impl SegmentCache {
             .truncate(true)
             .open(&tmp);
         let Ok(file) = file else { return };
-        let read = seg.grains_read();
-        if !copy(&file, &read) {
+        let read = seg.pages_read();
+        if !seg.copy_pages(&file, &read) {
             let _ = std::fs::remove_file(&tmp);
             return;
         }
@@ -53,14 +42,14 @@ impl SegmentCache {
                 // Grains read while these were copied are copied too.
                 loop {
                     let more: Vec<u32> = seg
-                        .grains_read()
+                        .pages_read()
                         .into_iter()
                         .filter(|s| !copied.contains(s))
                         .collect();
                     if more.is_empty() {
                         break;
                     }
-                    if !copy(&file, &more) {
+                    if !seg.copy_pages(&file, &more) {
                         let _ = std::fs::remove_file(&tmp);
                         return;
                     }
@@ -90,8 +79,8 @@ impl SegmentCache {
                     // A miss kept a grain of it meanwhile: these join it.
                     Some(p) => {
                         let _ = std::fs::remove_file(&tmp);
-                        let slots: Vec<u32> = copied.into_iter().collect();
-                        if !copy(&p.file, &slots) {
+                        let pages: Vec<u32> = copied.into_iter().collect();
+                        if !seg.copy_pages(&p.file, &pages) {
                             return;
                         }
                         self.evicted_kept.fetch_add(1, Relaxed);
@@ -267,13 +256,14 @@ fn write_direct(path: &Path, bytes: &[u8], bufs: &Mutex<Vec<Vec<u8>>>) -> std::i
     Ok(true)
 }
 
-/// The slots of the grains a sparse file holds: its data extents
-/// (`SEEK_DATA` / `SEEK_HOLE`), of which a slot counts if its 4 KiB at
-/// `64 + 4096 i` lie inside one (writing slot `i` makes blocks `i` and
-/// `i + 1` data, so this finds exactly the slots written; a file system
-/// that reports the whole file as data gives every slot, which only
-/// costs a shrink some holes).
-pub(super) fn held_slots(file: &File) -> Vec<u32> {
+/// The pages of a data area a sparse file holds (see `Entry::pages`; a
+/// version-1 grain's slot): its data extents (`SEEK_DATA` /
+/// `SEEK_HOLE`), of which page `i` counts if its 4 KiB at `4096 + 4096 i`
+/// lie inside one (writing page `i` makes block `i + 1` data, so this
+/// finds exactly the pages written, and those a placed grain touched;
+/// a file system that reports the whole file as data gives every page,
+/// which only costs a shrink some holes).
+pub(super) fn held_pages(file: &File) -> Vec<u32> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     let mut out = Vec::new();
@@ -403,12 +393,12 @@ mod tests {
             .truncate(true)
             .open(dir.path().join("x.g"))
             .unwrap();
-        assert!(held_slots(&f).is_empty());
+        assert!(held_pages(&f).is_empty());
         let slots = [0u32, 5, 6, 100, 2047];
         for &i in &slots {
             f.write_all_at(&[0xa5; GRAIN], SegmentInfo::grain_offset(i))
                 .unwrap();
         }
-        assert_eq!(held_slots(&f), slots);
+        assert_eq!(held_pages(&f), slots);
     }
 }

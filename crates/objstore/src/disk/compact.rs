@@ -200,21 +200,7 @@ impl ObjectDisk {
             ..Default::default()
         };
         let chosen = self.candidates(&man, opts, &mut rep)?;
-        let budget = opts.budget.unwrap_or(u64::MAX);
-        // The grains to rewrite, fewest live first, whole objects while
-        // the budget lasts; in the bytes they take (a packed grain less
-        // than 4 KiB, §18.6).
-        let mut todo: Vec<(u64, Entry)> = Vec::new();
-        let (mut emptied, mut rewrite) = (0, 0);
-        for (_, size, grains) in chosen {
-            let live = live_bytes(&grains);
-            if rewrite + live > budget {
-                break;
-            }
-            todo.extend(grains);
-            emptied += size;
-            rewrite += live;
-        }
+        let (todo, emptied, rewrite) = within_budget(chosen, opts.budget.unwrap_or(u64::MAX));
         if opts.dry_run || emptied.saturating_sub(rewrite) < opts.min_reclaim.max(1) {
             if opts.dry_run {
                 rep.rewritten_grains = todo.len() as u64;
@@ -227,28 +213,10 @@ impl ObjectDisk {
         let mut buf = vec![0u8; GRAIN];
         for step in todo.chunks(SEGMENT_GRAINS) {
             let t0 = Instant::now();
-            let (gen, ctr) = {
-                let mut st = self.state.lock().unwrap();
-                if !st.owner || st.fenced.is_some() || st.released.is_some() {
-                    break;
-                }
-                if st.man.generation != man.generation {
-                    break;
-                }
-                let ctr = st.next_ctr;
-                st.next_ctr += 1;
-                st.compacting = Some(ctr);
-                (st.man.generation, ctr)
+            let Some(id) = self.step_segment(man.generation) else {
+                break;
             };
-            let r = self.rewrite(
-                step,
-                SegId {
-                    disk: self.id,
-                    gen,
-                    ctr,
-                },
-                &mut buf,
-            );
+            let r = self.rewrite(step, id, &mut buf);
             let r = r.and_then(|moves| {
                 rep.segments += 1;
                 rep.rewritten_grains += moves.len() as u64;
@@ -281,19 +249,33 @@ impl ObjectDisk {
         Ok(rep)
     }
 
-    /// The objects of the head under the threshold that no snapshot
-    /// reaches, fewest live bytes first: (id, size, live grains).
-    #[allow(clippy::type_complexity)]
-    fn candidates(
-        &self,
-        man: &Manifest,
-        opts: CompactOptions,
-        rep: &mut CompactReport,
-    ) -> Result<Vec<(SegId, u64, Vec<(u64, Entry)>)>> {
-        let ds = &self.ds;
-        // The head: the tail shadows the map.
+    /// The segment the next step of a pass begun at `generation` uploads
+    /// (its counter taken, and noted as compacting), or None when the
+    /// pass must end: this host no longer writes the disk, or another
+    /// generation does.
+    fn step_segment(&self, generation: u32) -> Option<SegId> {
+        let mut st = self.state.lock().unwrap();
+        if !st.owner || st.fenced.is_some() || st.released.is_some() {
+            return None;
+        }
+        if st.man.generation != generation {
+            return None;
+        }
+        let ctr = st.next_ctr;
+        st.next_ctr += 1;
+        st.compacting = Some(ctr);
+        Some(SegId {
+            disk: self.id,
+            gen: generation,
+            ctr,
+        })
+    }
+
+    /// The head's grains (virtual grain, entry) by the object they are in:
+    /// its map's, where the tail does not shadow them, and the tail's.
+    fn head_by_object(&self, man: &Manifest) -> Result<HashMap<SegId, Vec<(u64, Entry)>>> {
         let mut by_object: HashMap<SegId, Vec<(u64, Entry)>> = HashMap::new();
-        ds.walk_map(
+        self.ds.walk_map(
             man.root,
             man.levels,
             Some(&man.tail),
@@ -309,6 +291,19 @@ impl ObjectDisk {
                 by_object.entry(e.seg).or_default().push((*vg, *e));
             }
         }
+        Ok(by_object)
+    }
+
+    /// The objects of the head under the threshold that no snapshot
+    /// reaches, fewest live bytes first.
+    fn candidates(
+        &self,
+        man: &Manifest,
+        opts: CompactOptions,
+        rep: &mut CompactReport,
+    ) -> Result<Vec<Candidate>> {
+        let ds = &self.ds;
+        let mut by_object = self.head_by_object(man)?;
         let mut pinned: HashSet<SegId> = HashSet::new();
         for s in &man.snapshots {
             ds.walk_map(s.root, s.levels, None, &mut |e, _, _| {
@@ -337,7 +332,12 @@ impl ObjectDisk {
             if id == newest || pinned.contains(&id) {
                 continue;
             }
-            chosen.push((id, l.size, grains));
+            chosen.push(Candidate {
+                id,
+                size: l.size,
+                live,
+                grains,
+            });
         }
         // Pressed: the disk holds more than PRESS_ABOVE times its live
         // bytes (a churn that outruns the busy threshold).
@@ -348,14 +348,14 @@ impl ObjectDisk {
             _ => opts.below,
         };
         rep.below_pct = (below * 100.0).round() as u32;
-        chosen.retain(|(_, size, g)| (live_bytes(g) as f64) < below * *size as f64);
-        for (_, size, _) in &chosen {
+        chosen.retain(|c| (c.live as f64) < below * c.size as f64);
+        for c in &chosen {
             rep.candidates += 1;
-            rep.candidate_bytes += size;
+            rep.candidate_bytes += c.size;
         }
-        chosen.sort_by_key(|(id, size, g)| (live_bytes(g) * 1000 / size.max(&1), *id));
-        for (_, _, g) in chosen.iter_mut() {
-            g.sort_by_key(|(_, e)| e.slot);
+        chosen.sort_by_key(|c| (c.live * 1000 / c.size.max(1), c.id));
+        for c in chosen.iter_mut() {
+            c.grains.sort_by_key(|(_, e)| e.slot);
         }
         Ok(chosen)
     }
@@ -536,4 +536,30 @@ fn auto_passes(me: std::sync::Weak<ObjectDisk>, auto: AutoCompact) {
 /// than its 4 KiB).
 fn live_bytes(grains: &[(u64, Entry)]) -> u64 {
     grains.iter().map(|(_, e)| e.kept_bytes()).sum()
+}
+
+/// An object a pass may empty: its size, the bytes its live grains take
+/// and those grains (virtual grain, entry).
+struct Candidate {
+    id: SegId,
+    size: u64,
+    live: u64,
+    grains: Vec<(u64, Entry)>,
+}
+
+/// The grains to rewrite of `chosen` (fewest live first): whole objects
+/// while `budget` bytes of live grains last. With the bytes the objects
+/// hold (emptied once every grain moved) and those to rewrite.
+fn within_budget(chosen: Vec<Candidate>, budget: u64) -> (Vec<(u64, Entry)>, u64, u64) {
+    let mut todo = Vec::new();
+    let (mut emptied, mut rewrite) = (0, 0);
+    for c in chosen {
+        if rewrite + c.live > budget {
+            break;
+        }
+        todo.extend(c.grains);
+        emptied += c.size;
+        rewrite += c.live;
+    }
+    (todo, emptied, rewrite)
 }

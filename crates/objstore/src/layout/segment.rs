@@ -34,6 +34,13 @@ impl SegmentInfo {
         self.node_offset(self.nodes)
     }
 
+    /// Where its index lies in the object (between the nodes and the
+    /// trailer).
+    pub fn index_range(&self) -> std::ops::Range<usize> {
+        let at = self.index_offset() as usize;
+        at..at + self.grains as usize * SEG_INDEX_ENTRY_BYTES
+    }
+
     /// Total object length.
     pub fn len(&self) -> u64 {
         self.index_offset()
@@ -74,12 +81,7 @@ impl IndexLine {
         out.extend_from_slice(&self.crc.to_le_bytes());
         if placed {
             out.extend_from_slice(&self.stored.to_le_bytes());
-            let codec = if usize::from(self.stored) == GRAIN {
-                CODEC_RAW
-            } else {
-                CODEC_LZ4
-            };
-            out.extend_from_slice(&[codec, 0]);
+            out.extend_from_slice(&[codec_of(self.stored), 0]);
         } else {
             out.extend_from_slice(&0u32.to_le_bytes());
         }
@@ -90,12 +92,7 @@ impl IndexLine {
         let stored = u16::from_le_bytes([b[12], b[13]]);
         let (codec, zero) = (b[14], b[15]);
         let fine = if placed {
-            let want = if usize::from(stored) == GRAIN {
-                CODEC_RAW
-            } else {
-                CODEC_LZ4
-            };
-            (1..=GRAIN).contains(&usize::from(stored)) && codec == want && zero == 0
+            (1..=GRAIN).contains(&usize::from(stored)) && codec == codec_of(stored) && zero == 0
         } else {
             b[12..16] == [0; 4]
         };
@@ -110,6 +107,16 @@ impl IndexLine {
             crc: u32::from_le_bytes(b[8..12].try_into().unwrap()),
             stored: if placed { stored } else { GRAIN as u16 },
         })
+    }
+}
+
+/// The codec of a placed grain stored in `stored` bytes: a whole grain's
+/// are raw, fewer LZ4 (§18.6).
+fn codec_of(stored: u16) -> u8 {
+    if usize::from(stored) == GRAIN {
+        CODEC_RAW
+    } else {
+        CODEC_LZ4
     }
 }
 
@@ -172,8 +179,8 @@ impl SegmentBuilder {
 
     /// Add the bytes a grain is stored in, `stored` (its entry's
     /// [`Entry::grain_range`]), as they are, with the CRC of its 4,096
-    /// bytes (compaction: a packed grain stays packed). Only into a
-    /// placed segment, or a raw grain into either.
+    /// bytes (a segment rebuilt from another's index, as the fuzz target
+    /// does). Only into a placed segment, or a raw grain into either.
     pub fn add_placed(&mut self, vgrain: u64, stored: &[u8], crc: u32, key: u8) -> Entry {
         assert!(
             stored.len() == GRAIN || (self.placed && (1..=MAX_PACKED).contains(&stored.len())),
@@ -453,15 +460,14 @@ pub fn verify_segment(key: &str, b: &[u8]) -> crate::Result<SegmentInfo> {
     let t = &b[b.len().saturating_sub(SEG_TRAILER_BYTES)..];
     let info = check_segment_ends(key, head, t, b.len() as u64)?;
     let w = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
-    let index = &b[info.index_offset() as usize..b.len() - SEG_TRAILER_BYTES];
+    let index = &b[info.index_range()];
     if crc32c::crc32c(index) != w(16) {
         return Err(corrupt(format!(
             "{key}: checksum mismatch in the segment index"
         )));
     }
     let mut plain = [0u8; GRAIN];
-    for (i, line) in index_lines(key, &info, index) {
-        let line = line?;
+    for (i, line) in index_lines(key, &info, index)?.iter().enumerate() {
         let (at, len) = (line.offset as usize, usize::from(line.stored));
         if !unplace(&b[at..at + len], line.crc, &mut plain) {
             return Err(corrupt(format!(
@@ -490,48 +496,33 @@ pub struct IndexedGrain {
 }
 
 /// The grains of segment `info`'s index `index` (its bytes, under their
-/// checked CRC), with where each lies: checked line by line, and placed
-/// grains checked to end at the data area's end. An error ends it.
-pub fn index_lines<'a>(
-    key: &'a str,
-    info: &'a SegmentInfo,
-    index: &'a [u8],
-) -> impl Iterator<Item = (u32, crate::Result<IndexedGrain>)> + 'a {
-    let mut next = SEG_DATA_OFFSET as u64;
+/// checked CRC), with where each lies: checked line by line, and the
+/// grains checked to end at the data area's end.
+pub fn index_lines(
+    key: &str,
+    info: &SegmentInfo,
+    index: &[u8],
+) -> crate::Result<Vec<IndexedGrain>> {
     let end = SEG_DATA_OFFSET as u64 + info.data_bytes;
-    (0..info.grains).map_while(move |i| {
-        if next == u64::MAX {
-            return None;
+    let mut offset = SEG_DATA_OFFSET as u64;
+    let mut out = Vec::with_capacity(info.grains as usize);
+    for (i, line) in (0..info.grains).zip(index.chunks_exact(SEG_INDEX_ENTRY_BYTES)) {
+        let l = IndexLine::decode(key, i, info.placed, line)?;
+        let after = offset + kept_bytes(l.stored);
+        if after > end || (i + 1 == info.grains && after != end) {
+            return Err(corrupt(format!(
+                "{key}: grain {i} ends at byte {after} of a data area ending at {end}"
+            )));
         }
-        let at = i as usize * SEG_INDEX_ENTRY_BYTES;
-        let got = IndexLine::decode(key, i, info.placed, &index[at..at + SEG_INDEX_ENTRY_BYTES])
-            .and_then(|l| {
-                let offset = next;
-                let step = if info.placed {
-                    usize::from(l.stored).next_multiple_of(PLACE_ALIGN)
-                } else {
-                    GRAIN
-                };
-                let after = offset + step as u64;
-                let last = i + 1 == info.grains;
-                if after > end || (last && after != end) {
-                    return Err(corrupt(format!(
-                        "{key}: grain {i} ends at byte {after} of a data area ending at {end}"
-                    )));
-                }
-                next = after;
-                Ok(IndexedGrain {
-                    vgrain: l.vgrain,
-                    crc: l.crc,
-                    offset,
-                    stored: l.stored,
-                })
-            });
-        if got.is_err() {
-            next = u64::MAX;
-        }
-        Some((i, got))
-    })
+        out.push(IndexedGrain {
+            vgrain: l.vgrain,
+            crc: l.crc,
+            offset,
+            stored: l.stored,
+        });
+        offset = after;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -675,10 +666,7 @@ mod tests {
             .unwrap(),
             node
         );
-        let index = &b[info.node_offset(1) as usize..b.len() - SEG_TRAILER_BYTES];
-        let lines: Vec<_> = index_lines(&key, &info, index)
-            .map(|(_, g)| g.unwrap())
-            .collect();
+        let lines = index_lines(&key, &info, &b[info.index_range()]).unwrap();
         assert_eq!(
             lines
                 .iter()
