@@ -804,7 +804,7 @@ pub struct OpenOptions {
     pub store_compact: AutoCompact,
     /// An object-store datastore's data segments are sealed with their
     /// grains LZ4-compressed where that saves an eighth (version 2,
-    /// FORMAT.md §18.6); off (the default for now), version 1.
+    /// FORMAT.md §18.6; the default); off, version 1.
     pub store_compress: bool,
 }
 
@@ -839,7 +839,7 @@ impl Default for OpenOptions {
             store_backend: None,
             store_prefetch: true,
             store_compact: AutoCompact::default(),
-            store_compress: false,
+            store_compress: true,
         }
     }
 }
