@@ -99,6 +99,11 @@ pub struct GcReport {
     pub segments: u64,
     /// Bytes of the grains and nodes reached from a live root.
     pub live_bytes: u64,
+    /// What the same grains and nodes would take uncompressed (a grain
+    /// 4,096 bytes): against `live_bytes`, what compress-at-seal saves
+    /// (FORMAT.md §18.6).
+    #[serde(default)]
+    pub live_plain_bytes: u64,
     /// Segments nothing reaches that may go (fenced or sealed before the
     /// newest manifest), and their bytes.
     pub garbage_segments: u64,

@@ -817,9 +817,16 @@ fn gc(out: &mut String, r: &GcReport) {
         (r.segments, r.garbage_segments, r.in_flight_segments);
     let kept = format!(" ({in_flight} more may be uploads in flight: kept)");
     let kept = when(in_flight > 0, &kept);
+    // Compress-at-seal's saving (FORMAT.md §18.6), where there is one.
+    let packed = format!(
+        " ({} uncompressed, {:.2}x)",
+        human(r.live_plain_bytes),
+        r.live_plain_bytes as f64 / r.live_bytes.max(1) as f64
+    );
+    let packed = when(r.live_plain_bytes > r.live_bytes, &packed);
     outln!(
         out,
-        "stored {stored} in {segments} segments; live {live}; garbage {garbage} in \
+        "stored {stored} in {segments} segments; live {live}{packed}; garbage {garbage} in \
          {garbage_segments} segments{kept}"
     );
     if r.sparse_objects > 0 {

@@ -1971,6 +1971,16 @@ fn a_server_with_store_compress_seals_packed_grains_that_every_host_reads() {
         packed > 0 && packed < 1 << 20,
         "12 MiB of 0x11 live in {packed} bytes"
     );
+    // What that saves, as gc reports it: the grains' 12 MiB uncompressed
+    // (and the map's nodes, as they are).
+    let j = a.json(&["gc", "--dry-run"]);
+    let plain = j["live_plain_bytes"].as_u64().unwrap();
+    assert!((12 << 20..13 << 20).contains(&plain), "{j}");
+    let out = a.ok(&["gc", "--dry-run"]);
+    assert!(
+        out.contains("uncompressed, ") && out.contains("x)"),
+        "{out}"
+    );
 
     let b = Host::empty();
     b.ok(&["attach", "--object-store", &u]);
@@ -1995,6 +2005,10 @@ fn a_server_with_store_compress_seals_packed_grains_that_every_host_reads() {
         packed + (4 << 20),
         "the raw disk's 4 MiB beside the packed"
     );
+    // Raw grains save nothing: the saving is the packed disk's, as before.
+    let j = b.json(&["gc", "--dry-run"]);
+    let saved = j["live_plain_bytes"].as_u64().unwrap() - both;
+    assert_eq!(saved, plain - packed, "{j}");
     let chk = b.json(&["check"]);
     assert_eq!(chk["errors"], serde_json::json!([]), "{chk}");
 }

@@ -352,6 +352,11 @@ fn last_gc(r: &GcReport) -> Vec<Gauge> {
             r.live_bytes,
         ),
         (
+            "strata_shared_live_plain_bytes",
+            "What the live bytes would take uncompressed (compress-at-seal's saving), at the last GC",
+            r.live_plain_bytes,
+        ),
+        (
             "strata_shared_garbage_bytes",
             "Bytes in segments nothing reaches (the GC backlog), at the last GC",
             r.garbage_bytes,

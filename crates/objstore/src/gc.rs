@@ -55,21 +55,23 @@ impl Marks {
         self.reached.keys().map(|k| k.0).collect()
     }
 
-    /// The bytes what was reached takes: in all, in each object, and
-    /// reached by one owner alone (what removing it would free).
-    fn bytes(&self) -> (u64, HashMap<SegId, u64>, HashMap<u32, u64>) {
-        let mut live_bytes = 0;
+    /// The bytes what was reached takes: in all (and what that would be
+    /// uncompressed), in each object, and reached by one owner alone
+    /// (what removing it would free).
+    fn bytes(&self) -> ((u64, u64), HashMap<SegId, u64>, HashMap<u32, u64>) {
+        let (mut live_bytes, mut plain) = (0, 0);
         let mut live_in: HashMap<SegId, u64> = HashMap::new();
         let mut exclusive: HashMap<u32, u64> = HashMap::new();
         for ((seg, node, _, stored), owner) in &self.reached {
             let bytes = bytes_of(*node, *stored);
             live_bytes += bytes;
+            plain += if *node { bytes } else { GRAIN as u64 };
             *live_in.entry(*seg).or_default() += bytes;
             if let Some(o) = owner {
                 *exclusive.entry(*o).or_default() += bytes;
             }
         }
-        (live_bytes, live_in, exclusive)
+        ((live_bytes, plain), live_in, exclusive)
     }
 }
 
@@ -269,13 +271,14 @@ impl ObjectStoreDatastore {
         let mut marks = Marks::default();
         self.mark(&roots, &mut marks)?;
         let live = marks.segments();
-        let (live_bytes, live_in, exclusive) = marks.bytes();
+        let ((live_bytes, live_plain_bytes), live_in, exclusive) = marks.bytes();
         let mut rep = GcReport {
             dry_run,
             claim: claim.clone(),
             stored_bytes: 0,
             segments: 0,
             live_bytes,
+            live_plain_bytes,
             garbage_segments: 0,
             garbage_bytes: 0,
             in_flight_segments: 0,

@@ -419,6 +419,83 @@ fn sealed_segments_pack_what_shrinks_and_every_host_reads_it_back() {
     );
 }
 
+/// Compaction by a host that seals compressed packs the raw grains it
+/// moves (FORMAT.md §18.6): a disk written by a host without it, then
+/// three quarters overwritten, shrinks in the store as its partly live
+/// objects are compacted and collected, and every byte reads back on a
+/// third host.
+#[test]
+fn compaction_packs_the_raw_grains_it_moves() {
+    use strata_objstore::disk::CompactOptions;
+    use strata_objstore::OpenOptions;
+    let Some(url) = store("repack") else { return };
+    let (da, db, dc) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    drop(init(da.path(), &url));
+    drop(attach(db.path(), &url));
+    drop(attach(dc.path(), &url));
+    let open = |dir: &Path, compress| {
+        let opts = OpenOptions {
+            compress,
+            ..OpenOptions::default()
+        };
+        Arc::new(ObjectStoreDatastore::open(dir, &Options::default(), opts).unwrap())
+    };
+    let text = |from: u64, len: usize| {
+        let mut t = Vec::new();
+        let mut n = from;
+        while t.len() < len {
+            t.extend_from_slice(format!("grain text {n}, raw until compacted. ").as_bytes());
+            n += 1;
+        }
+        t.truncate(len);
+        t
+    };
+    // Host A, raw: 8 MiB, then its first 6 MiB again (other text).
+    let a = open(da.path(), false);
+    a.create_disk("r", 16 * MIB).unwrap();
+    let d = ObjectDisk::open(a.clone(), "r", false).unwrap();
+    let mut want = text(0, 8 << 20);
+    d.write_at(&want, 0, false).unwrap();
+    d.flush().unwrap();
+    let second = text(1 << 30, 6 << 20);
+    d.write_at(&second, 0, false).unwrap();
+    d.flush().unwrap();
+    want[..6 << 20].copy_from_slice(&second);
+    drop(d);
+    let before = a.gc(false).unwrap();
+    assert!(before.live_bytes >= 8 << 20, "written raw: {before:?}");
+    // Host B, compressing, takes the disk and compacts it.
+    let b = open(db.path(), true);
+    let d = ObjectDisk::open(b.clone(), "r", false).unwrap();
+    d.claim().unwrap();
+    let r = d
+        .compact(CompactOptions {
+            below: 0.5,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(r.relocated_grains > 0, "{r:?}");
+    drop(d);
+    let after = b.gc(false).unwrap();
+    // The first write's last 2 MiB (512 grains) moved packed; the
+    // second's 6 MiB, fully live where it lies, stayed raw.
+    assert!(
+        after.live_bytes + MIB < before.live_bytes
+            && after.live_plain_bytes >= after.live_bytes + MIB
+            && before.live_plain_bytes == before.live_bytes,
+        "compaction should pack what it moved: {before:?} {after:?}"
+    );
+    let c = open(dc.path(), false);
+    let d = ObjectDisk::open(c.clone(), "r", true).unwrap();
+    assert_eq!(read(&d, 0, want.len()), want);
+    let chk = c.check().unwrap();
+    assert!(chk.errors.is_empty(), "{chk:?}");
+}
+
 /// Issue 12: a snapshot on A, a linked clone of it on B, garbage
 /// collection while both read: bytes identical, check clean, and what GC
 /// deletes is exactly what nothing live reaches.

@@ -379,10 +379,12 @@ impl ObjectDisk {
         let mut from: Option<(SegId, Bytes)> = None;
         for (vg, old) in grains {
             let cached = self.stored_grain(old, &mut from, buf)?;
-            // A packed grain stays packed (LZ4 gives the same bytes
-            // again); a raw one stays raw.
-            let packed = old.stored != 0 && usize::from(old.stored) < GRAIN;
-            let new = if packed && b.is_placed() {
+            // Into a version-2 segment a plain disk's grain is packed
+            // where that saves an eighth, as at seal (LZ4 gives a packed
+            // grain the same bytes again; a raw one, written before
+            // compress-at-seal or by a host without it, packs now). An
+            // encrypted disk's ciphertext moves as it is.
+            let new = if b.is_placed() && !self.encrypted {
                 b.add_grain(*vg, buf)
             } else {
                 b.add_stored(*vg, buf, old.key)
