@@ -397,6 +397,30 @@ fn check_space(j: &Value) {
     ] {
         positive(c, &[k]);
     }
+    // Packing: each image packed against qemu-img's zstd qcow2; reads
+    // and writes of a packed disk against a raw one; and the object
+    // store's compress-at-seal against its PUT ceiling and against off,
+    // what each kept, and reads from the warm cache.
+    let p = get(sp, &["packing"]);
+    for img in ["debian", "text", "full"] {
+        for k in ["zstd_vs_qcow2", "lz4_vs_qcow2"] {
+            positive(p, &[img, k]);
+        }
+    }
+    positive(p, &["reads", "lz4_vs_raw"]);
+    for kind in ["random_4k", "sequential_512k"] {
+        positive(p, &["writes", kind, "lz4_vs_raw"]);
+    }
+    for k in [
+        "ceiling_put_mib_s",
+        "lz4_vs_ceiling",
+        "off_vs_ceiling",
+        "lz4_vs_off",
+        "kept_lz4_vs_off",
+        "read_lz4_vs_off",
+    ] {
+        positive(p, &["object_store", k]);
+    }
 }
 
 fn check_firstwrite(j: &Value) {
