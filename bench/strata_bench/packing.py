@@ -39,6 +39,8 @@ from statistics import median
 
 from .common import ROOT, drop_caches, ratio, sh, smoke
 from .fio import fio
+from .seaweedfs import (UPLOAD_DEPTH, ObjectStoreStrata, start_seaweedfs, stop_seaweedfs,
+                        store_ceiling)
 from .servers import QemuNbd, Strata
 
 # The Debian image's packages beyond minbase: what a small server guest
@@ -307,8 +309,6 @@ def _object_store(work, img, q, rt, trials):
     [lz4 >= 1.0], the bytes each disk keeps in the store, and 4 KiB random
     reads of a packed disk against a raw one from the hosts' warm segment
     caches (page cache dropped)."""
-    from .cases.multihost import UPLOAD_DEPTH, ObjectStoreStrata, store_ceiling
-    from .seaweedfs import start_seaweedfs, stop_seaweedfs
     size = os.path.getsize(img)
     # The store's files and the hosts' directories (a few GiB each at
     # full size) in a directory of their own, new for the run and gone

@@ -1,5 +1,6 @@
-"""SeaweedFS on loopback (issue 12), the object store of the multihost and
-claims cases, started as the tests start it."""
+"""SeaweedFS on loopback (issue 12), the object store of the multihost,
+claims, crypto and space cases, started as the tests start it; a strata
+host of an object-store datastore; and the store's own ceiling."""
 import atexit
 import json
 import os
@@ -7,7 +8,10 @@ import random
 import shutil
 import socket
 import subprocess
+import time
 
+from .common import STRATA, example
+from .servers import Strata
 
 S3_KEY, S3_SECRET = "strata-bench", "strata-bench-secret"
 
@@ -88,3 +92,44 @@ def stop_seaweedfs(proc, grace=20):
         proc.kill()
         proc.wait()
 
+
+# Segment uploads a commit keeps in flight (crates/objstore: the upload
+# pipeline's depth), the depth the raw PUT ceiling is measured at.
+UPLOAD_DEPTH = 2
+
+
+class ObjectStoreStrata(Strata):
+    """`strata serve` of a directory attached to an object-store datastore
+    (started, stopped and addressed as a local one)."""
+
+    def __init__(self, work, url, attach=False):
+        self.ds = work
+        self.sock = work + ".sock"
+        self.cache = "128M"
+        self.serve_args = []
+        self.proc = None
+        t0 = time.time()
+        while True:
+            r = subprocess.run([STRATA, "--datastore", self.ds, "attach" if attach else "init",
+                                "--object-store", url], capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            # The gateway answers before the filer behind it is ready.
+            if time.time() - t0 > 60:
+                raise RuntimeError(f"strata init --object-store {url}: {r.stderr}")
+            time.sleep(0.5)
+
+
+def store_ceiling(seconds, depth):
+    """What the same SeaweedFS takes without strata (the store_ceiling
+    example of strata-s3, against the endpoint in AWS_ENDPOINT_URL):
+    8 MiB PUTs and GETs with `depth` in flight, and one create-only PUT of
+    256 KiB / 16 KiB at a time."""
+    ceiling = example("strata-s3", "store_ceiling", ["testing"])
+    env = dict(os.environ,
+               STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")
+    out = subprocess.run([ceiling, str(seconds),
+                          str(depth), "8"], env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"store_ceiling failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

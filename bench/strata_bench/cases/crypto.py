@@ -21,9 +21,8 @@ from statistics import median
 
 from ..common import example, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio
-from ..seaweedfs import start_seaweedfs, stop_seaweedfs
+from ..seaweedfs import ObjectStoreStrata, start_seaweedfs, stop_seaweedfs
 from ..servers import Strata, drive_vhost, vhost_harness
-from .multihost import ObjectStoreStrata
 
 JOBS = (("randread_4k", "randread", 4096, 16), ("randwrite_4k", "randwrite", 4096, 16),
         ("seqread_1m", "read", 1 << 20, 8), ("seqwrite_1m", "write", 1 << 20, 8))

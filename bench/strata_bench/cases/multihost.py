@@ -7,37 +7,11 @@ import shutil
 import subprocess
 import time
 
-from ..common import STRATA, example, drop_caches, ratio, sh, size_bytes, smoke
+from ..common import drop_caches, ratio, sh, size_bytes, smoke
 from ..fio import fio, fio_iops_log
-from ..seaweedfs import start_seaweedfs, stop_seaweedfs
+from ..seaweedfs import (UPLOAD_DEPTH, ObjectStoreStrata, start_seaweedfs, stop_seaweedfs,
+                         store_ceiling)
 from ..servers import Strata
-
-
-# Segment uploads a commit keeps in flight (crates/objstore: the upload
-# pipeline's depth), the depth the raw PUT ceiling is measured at.
-UPLOAD_DEPTH = 2
-
-
-class ObjectStoreStrata(Strata):
-    """`strata serve` of a directory attached to an object-store datastore
-    (started, stopped and addressed as a local one)."""
-
-    def __init__(self, work, url, attach=False):
-        self.ds = work
-        self.sock = work + ".sock"
-        self.cache = "128M"
-        self.serve_args = []
-        self.proc = None
-        t0 = time.time()
-        while True:
-            r = subprocess.run([STRATA, "--datastore", self.ds, "attach" if attach else "init",
-                                "--object-store", url], capture_output=True, text=True)
-            if r.returncode == 0:
-                break
-            # The gateway answers before the filer behind it is ready.
-            if time.time() - t0 > 60:
-                raise RuntimeError(f"strata init --object-store {url}: {r.stderr}")
-            time.sleep(0.5)
 
 
 def fio_flush_every(uri, bs, n, runtime, size):
@@ -55,21 +29,6 @@ def fio_flush_every(uri, bs, n, runtime, size):
     return {"iops": round(job["write"]["iops"]), "flushes": sync.get("total_ios"),
             "flush_p50_ms": ms("50.000000"), "flush_p90_ms": ms("90.000000"),
             "flush_p99_ms": ms("99.000000"), "flush_max_ms": round(lat.get("max", 0) / 1e6, 2)}
-
-
-def store_ceiling(seconds, depth):
-    """What the same SeaweedFS takes without strata (the store_ceiling
-    example of strata-s3, against the endpoint in AWS_ENDPOINT_URL):
-    8 MiB PUTs and GETs with `depth` in flight, and one create-only PUT of
-    256 KiB / 16 KiB at a time."""
-    ceiling = example("strata-s3", "store_ceiling", ["testing"])
-    env = dict(os.environ,
-               STRATA_CEILING_URL=f"s3://strata-bench/ceiling-{random.randrange(1 << 32):08x}")
-    out = subprocess.run([ceiling, str(seconds),
-                          str(depth), "8"], env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"store_ceiling failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _first_read_ms(uri):
