@@ -357,8 +357,9 @@ pub struct ServeArgs {
     ///
     /// Object-store datastores: grains of unencrypted disks are LZ4-compressed when a segment
     /// is sealed, kept so where that saves an eighth (docs/FORMAT.md §18.6): fewer bytes
-    /// uploaded, stored and fetched. Builds before this one read such segments as an error:
-    /// upgrade every host first. off: segments as before (version 1)
+    /// uploaded, stored and fetched; compaction packs the raw grains it moves. Builds before
+    /// 2026-12-06 read such segments as an error: while a host still runs one, serve the others
+    /// with off (segments as before, version 1; docs/MULTIHOST.md, "Upgrading")
     #[arg(long, help_heading = STORE, value_name = "lz4|off", default_value = "lz4", value_parser = either("lz4", "off"), action = clap::ArgAction::Set, hide_short_help = true)]
     pub store_compress: bool,
     /// How long a FLUSH waits for the store, seconds
