@@ -62,6 +62,22 @@ fn noise(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// `len` bytes of numbered lines of text, from line `first` on: each
+/// grain packs to well under its 4 KiB (§18.6), and lines from another
+/// `first` make other grains.
+fn text(first: u64, len: usize) -> Vec<u8> {
+    let mut t = Vec::with_capacity(len + 64);
+    let mut n = first;
+    while t.len() < len {
+        t.extend_from_slice(
+            format!("line {n}: grains packed where that saves an eighth. ").as_bytes(),
+        );
+        n += 1;
+    }
+    t.truncate(len);
+    t
+}
+
 fn read(d: &ObjectDisk, off: u64, len: usize) -> Vec<u8> {
     let mut b = vec![0u8; len];
     d.read_at(&mut b, off).unwrap();
@@ -347,13 +363,7 @@ fn sealed_segments_pack_what_shrinks_and_every_host_reads_it_back() {
         Arc::new(ObjectStoreDatastore::open(db.path(), &Options::default(), off(false)).unwrap());
     // 8 MiB of text, 3 MiB of noise, 1 MiB of text: more than a
     // manifest's payload holds, so sealed segments too.
-    let mut want = Vec::new();
-    let mut n = 0u64;
-    while want.len() < 8 << 20 {
-        want.extend_from_slice(format!("line {n}: grains packed at seal time. ").as_bytes());
-        n += 1;
-    }
-    want.truncate(8 << 20);
+    let mut want = text(0, 8 << 20);
     want.extend_from_slice(&noise(3, 3 << 20));
     want.extend_from_within(..1 << 20);
     for ds in [&a, &b] {
@@ -443,16 +453,6 @@ fn compaction_packs_the_raw_grains_it_moves() {
             ..OpenOptions::default()
         };
         Arc::new(ObjectStoreDatastore::open(dir, &Options::default(), opts).unwrap())
-    };
-    let text = |from: u64, len: usize| {
-        let mut t = Vec::new();
-        let mut n = from;
-        while t.len() < len {
-            t.extend_from_slice(format!("grain text {n}, raw until compacted. ").as_bytes());
-            n += 1;
-        }
-        t.truncate(len);
-        t
     };
     // Host A, raw: 8 MiB, then its first 6 MiB again (other text).
     let a = open(da.path(), false);
