@@ -247,7 +247,7 @@ fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
             let bytes = if pair { 8192 } else { 4096 };
             let codec = if i % 3 == 0 { Codec::Lz4 } else { Codec::Zstd };
             let c = match codec {
-                Codec::Lz4 => lz4_flex::block::compress(&plain(i, bytes)),
+                Codec::Lz4 => lz4::block::compress(&plain(i, bytes), None, false).unwrap(),
                 Codec::Zstd => zstd::bulk::compress(&plain(i, bytes), 19).unwrap(),
             };
             made.push((v, pair, codec, c));

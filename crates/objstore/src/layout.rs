@@ -298,7 +298,10 @@ pub fn unplace(stored: &[u8], crc: u32, out: &mut [u8]) -> bool {
     let out = &mut out[..GRAIN];
     if stored.len() == GRAIN {
         out.copy_from_slice(stored);
-    } else if !matches!(lz4_flex::block::decompress_into(stored, out), Ok(GRAIN)) {
+    } else if !matches!(
+        lz4::block::decompress_to_buffer(stored, Some(GRAIN as i32), out),
+        Ok(GRAIN)
+    ) {
         return false;
     }
     crc32c::crc32c(out) == crc
