@@ -43,7 +43,8 @@ Cases (issue #2 targets in brackets):
               [<= 1.1], the pass's memory [<= 64 MiB], client reads during it [>= 0.9];
               import --base [<= 1% written]; 20 clones' same writes [<= 1.1x]; strata
               compress of a debootstrapped Debian and a text image vs qemu-img's zstd
-              qcow2 [>= 0.9], 4k reads of a packed disk [>= 0.85], writes [>= 0.95/0.90];
+              qcow2 [>= 0.9], 4k reads of a packed disk from the device and from the page
+              cache [>= 0.85], writes [>= 0.95/0.90];
               an object store's compress-at-seal: the image's 512k writes vs the raw PUT
               ceiling [>= 1.0], bytes kept and cached reads vs --store-compress off
   move        issue 13: strata move of a served, full disk (2 GiB; quick 256 MiB) to
