@@ -283,7 +283,7 @@ fn the_dashboard_shows_the_datastore_and_acts_with_the_token_only() {
     // The token left the address bar (and went nowhere else).
     assert_eq!(b.js("return location.hash"), json!("#/"));
     assert!(b.text("#lock").contains("unlocked"));
-    b.wait("exclusive bytes", "document.querySelector('#disks tr[data-disk=\"vm1\"] td:nth-child(6)').textContent !== '-'");
+    b.wait("exclusive bytes", "document.querySelector('#disks tr[data-disk=\"vm1\"] td:nth-child(5)').textContent !== '-'");
     b.screenshot("overview");
 
     // A consistency group: its disks, and a group snapshot from the page.
@@ -1691,6 +1691,18 @@ fn the_dashboard_estimates_and_shares_equal_grains() {
         last.contains("lz4): packed 1.00 MiB into ") && last.contains("4.00 MiB stayed raw"),
         "{last}"
     );
+    // The disk table says what of each disk is packed: all of the
+    // text, none of the noise.
+    let packed = |d: &str| {
+        format!(
+            "document.querySelector('#disks tr[data-disk=\"{d}\"] td:nth-child(6)').textContent"
+        )
+    };
+    b.wait(
+        "the packed column",
+        &format!("{} === '1.00 MiB'", packed("t")),
+    );
+    assert_eq!(b.js(&format!("return {}", packed("a"))), json!("0 B"));
     // An estimate now counts the packed grains and their streams.
     b.click("#estimate-go");
     b.wait(

@@ -360,8 +360,8 @@ function renderAlarms(alarms) {
   if (!tb.children.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 6, text: 'no alarms on this datastore' })));
 }
 
-const diskDetail = new Map();   // name -> { info (exclusive, fragments), at }
-const DETAIL_MS = 30000;        // how old a disk's exclusive bytes and fragments may get
+const diskDetail = new Map();   // name -> { info (exclusive, packed, fragments), at }
+const DETAIL_MS = 30000;        // how old a disk's exclusive and packed bytes and fragments may get
 
 function renderDisks(disks) {
   const tb = $('#disks tbody');
@@ -376,13 +376,14 @@ function renderDisks(disks) {
       h('td', { text: d.provisioning || 'thin' }),
       h('td', { class: 'num', text: bytes(d.allocated_bytes) }),
       h('td', { class: 'num', text: bytes(det.exclusive_bytes) }),
+      h('td', { class: 'num', text: bytes(det.packed_bytes) }),
       h('td', { class: 'num', text: det.fragments ?? '-' }),
       h('td', { class: 'num', text: Array.isArray(d.snapshots) ? d.snapshots.length : d.snapshots }),
       h('td', { text: d.parent || '-' }),
       h('td', { class: 'shared-only', text: owner }),
       h('td', { class: 'shared-only num', text: w ? w.generation : '-' })));
   }
-  if (!disks.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 10, text: "no disks yet: 'strata create NAME --size 10G'" })));
+  if (!disks.length) tb.append(h('tr', {}, h('td', { class: 'empty', colSpan: 11, text: "no disks yet: 'strata create NAME --size 10G'" })));
 }
 
 // Groups and their snapshots: one cut across the members each
@@ -806,6 +807,8 @@ function renderDiskFacts(d) {
     fact('allocated', bytes(d.allocated_bytes)),
     fact('exclusive', bytes(d.exclusive_bytes)),
     fact('in snapshots', bytes(d.snapshot_space_bytes)),
+    // What of the head 'strata compress' packed (its logical bytes).
+    fact('packed', bytes(d.packed_bytes)),
     fact('fragments', d.fragments ?? '-'),
     fact('parent', d.parent ? d.parent + (d.parent_deleted ? ' (deleted)' : '') : '-'),
     fact('created', age(d.created_unix)),
@@ -898,7 +901,7 @@ async function refresh(all) {
         if (changed('jobs', jobs)) renderJobs(jobs);
         if (changed('space', [status, jobs])) renderSpace(status, jobs);
         if (changed('events', events)) renderEvents(events);
-        // Exclusive bytes and fragments cost a walk of each disk's map: read
+        // Exclusive and packed bytes and fragments cost a walk of each disk's map: read
         // again when 30 s old (or after an action), not at every poll.
         const stale = disks.filter((d) => all || !diskDetail.has(d.name) || Date.now() - diskDetail.get(d.name).at > DETAIL_MS);
         await Promise.all(stale.map((d) => get('/disks/' + enc(d.name))
