@@ -121,6 +121,60 @@ struct Roots {
     holds: Vec<Hold>,
 }
 
+/// What a run's listing of `disks/` found beside the live segments.
+#[derive(Default)]
+struct Listing {
+    /// Segments nothing marked lies in that no writer may still name.
+    doomed: Vec<String>,
+    /// Every manifest, (key, sequence, size), by disk id.
+    manifests: BTreeMap<u32, Vec<(String, u64, u64)>>,
+    /// Claim markers, (disk id, sequence).
+    markers: HashSet<(u32, u64)>,
+    /// Hot sets, (sequence, key, size), by disk id.
+    hot: BTreeMap<u32, Vec<(u64, String, u64)>>,
+}
+
+/// The keys a run deletes, in the order it deletes them.
+struct Doomed {
+    segments: Vec<String>,
+    manifests: Vec<String>,
+    hot: Vec<String>,
+}
+
+/// How live an object holding reached data is (`size` from the listing;
+/// a manifest's includes its tail and body), into `rep`'s histogram and
+/// sparse-object counts.
+fn note_share(rep: &mut GcReport, live_in: &HashMap<SegId, u64>, seg: &SegId, size: u64) {
+    let Some(&live) = live_in.get(seg) else {
+        return;
+    };
+    let size = size.max(live);
+    rep.live_share[((live * 10 / size) as usize).min(9)] += 1;
+    if live * 2 < size {
+        rep.sparse_objects += 1;
+        rep.sparse_dead_bytes += size - live;
+    }
+}
+
+/// Hot sets that may go (§11.5b): all but a disk's newest (the one
+/// read), and all of a disk that is gone.
+fn doomed_hot(
+    roots: &Roots,
+    hot: BTreeMap<u32, Vec<(u64, String, u64)>>,
+    rep: &mut GcReport,
+) -> Vec<String> {
+    let mut doomed = Vec::new();
+    for (id, mut sets) in hot {
+        sets.sort();
+        let keep = usize::from(roots.disks.contains_key(&id));
+        for (_, key, size) in sets.into_iter().rev().skip(keep) {
+            rep.garbage_bytes += size;
+            doomed.push(key);
+        }
+    }
+    doomed
+}
+
 impl ObjectStoreDatastore {
     /// Whether manifest `key` (`size` bytes) is a proven orphan (§11.4b);
     /// one that cannot be read is not (it is kept).
@@ -259,7 +313,6 @@ impl ObjectStoreDatastore {
 
     /// Mark from every live root and (unless `dry_run`) delete what
     /// nothing reaches and no writer may still name.
-    #[expect(clippy::too_many_lines)]
     pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
         let t = std::time::Instant::now();
         let claim = if dry_run {
@@ -284,26 +337,30 @@ impl ObjectStoreDatastore {
             in_flight_segments: 0,
             deleted_segments: 0,
             deleted_manifests: 0,
-            disks: Vec::new(),
+            disks: self.disk_space(&roots, &exclusive)?,
             holds: roots.holds.len() as u64,
             ms: 0,
             live_share: vec![0; 10],
             sparse_objects: 0,
             sparse_dead_bytes: 0,
         };
-        // How live each object that holds reached data is (its size from
-        // the listing below; a manifest's includes its tail and body).
-        let share = |rep: &mut GcReport, seg: &SegId, size: u64| {
-            let Some(&live) = live_in.get(seg) else {
-                return;
-            };
-            let size = size.max(live);
-            rep.live_share[((live * 10 / size) as usize).min(9)] += 1;
-            if live * 2 < size {
-                rep.sparse_objects += 1;
-                rep.sparse_dead_bytes += size - live;
-            }
+        let listing = self.list_objects(&roots, (&live, &live_in), &mut rep)?;
+        let doomed = Doomed {
+            manifests: self.doomed_manifests(&roots, &live, &listing, &mut rep),
+            hot: doomed_hot(&roots, listing.hot, &mut rep),
+            segments: listing.doomed,
         };
+        if let Some(claim) = &claim {
+            self.delete_doomed(claim, &doomed, &mut rep)?;
+        }
+        rep.ms = t.elapsed().as_millis() as u64;
+        Ok(rep)
+    }
+
+    /// Each named disk's space: the bytes its roots reach, and those no
+    /// other root reaches (`exclusive`, by disk id); by name.
+    fn disk_space(&self, roots: &Roots, exclusive: &HashMap<u32, u64>) -> Result<Vec<DiskSpace>> {
+        let mut disks = Vec::new();
         for (id, (name, m)) in &roots.disks {
             if let Some(name) = name {
                 let mut refd = Marks::default();
@@ -313,7 +370,7 @@ impl ObjectStoreDatastore {
                     Ok(())
                 };
                 self.walk_disk(m, *id, &mut refd, &mut count)?;
-                rep.disks.push(DiskSpace {
+                disks.push(DiskSpace {
                     name: name.clone(),
                     id: format!("{id:08x}"),
                     exclusive_bytes: exclusive.get(id).copied().unwrap_or(0),
@@ -321,16 +378,25 @@ impl ObjectStoreDatastore {
                 });
             }
         }
-        rep.disks.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut doomed = Vec::new();
-        let mut manifests: BTreeMap<u32, Vec<(String, u64, u64)>> = BTreeMap::new();
-        let mut markers: HashSet<(u32, u64)> = HashSet::new();
-        let mut hot: BTreeMap<u32, Vec<(u64, String, u64)>> = BTreeMap::new();
+        disks.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(disks)
+    }
+
+    /// The objects under `disks/`, counted into `rep` (stored bytes,
+    /// segments, how live each object is; segments nothing marked lies in,
+    /// which may go or are uploads in flight), and sorted for the sweep.
+    fn list_objects(
+        &self,
+        roots: &Roots,
+        (live, live_in): (&HashSet<SegId>, &HashMap<SegId, u64>),
+        rep: &mut GcReport,
+    ) -> Result<Listing> {
+        let mut out = Listing::default();
         for l in self.store.list(DIR_DISKS, None)? {
             if let Some(seg) = SegId::from_key(&l.key) {
                 rep.segments += 1;
                 rep.stored_bytes += l.size;
-                share(&mut rep, &seg, l.size);
+                note_share(rep, live_in, &seg, l.size);
                 if live.contains(&seg) {
                     continue;
                 }
@@ -343,95 +409,100 @@ impl ObjectStoreDatastore {
                 if may_go {
                     rep.garbage_segments += 1;
                     rep.garbage_bytes += l.size;
-                    doomed.push(l.key);
+                    out.doomed.push(l.key);
                 } else {
                     rep.in_flight_segments += 1;
                 }
             } else if let Some((id, seq)) = manifest_of_key(&l.key) {
                 // Manifests hold payloads (§11.4a): stored data too.
                 rep.stored_bytes += l.size;
-                share(&mut rep, &SegId::payload(id, seq), l.size);
-                manifests.entry(id).or_default().push((l.key, seq, l.size));
+                note_share(rep, live_in, &SegId::payload(id, seq), l.size);
+                out.manifests
+                    .entry(id)
+                    .or_default()
+                    .push((l.key, seq, l.size));
             } else if let Some((id, seq)) = crate::hot::hot_of_key(&l.key) {
                 rep.stored_bytes += l.size;
-                hot.entry(id).or_default().push((seq, l.key, l.size));
+                out.hot.entry(id).or_default().push((seq, l.key, l.size));
             } else if let Some(id) = disk_of_key(&l.key) {
                 if let Some(seq) = crate::disk::claim_marker_of_key(&l.key) {
-                    markers.insert((id, seq));
+                    out.markers.insert((id, seq));
                 }
             }
         }
-        // Manifests that may go: older than the one marked from (a newer
-        // one was committed during the mark: its payload is live), not the
-        // first (it keeps the id taken), not a claim (it fences stale
-        // writers only while it exists, §11.5), not the predecessor a
-        // pipelined newest is checked against, no payload grain reached.
-        // And proven orphans (§11.4b), wherever they are: an orphan sits
-        // one key above a claim (the manifest that took its predecessor's
-        // key), so only manifests right above a claim marker are read.
-        let mut doomed_manifests = Vec::new();
-        for (id, keys) in manifests {
-            let Some((_, m)) = roots.disks.get(&id) else {
+        Ok(out)
+    }
+
+    /// Manifests that may go: older than the one marked from (a newer
+    /// one was committed during the mark: its payload is live), not the
+    /// first (it keeps the id taken), not a claim (it fences stale
+    /// writers only while it exists, §11.5), not the predecessor a
+    /// pipelined newest is checked against, no payload grain reached.
+    /// And proven orphans (§11.4b), wherever they are: an orphan sits
+    /// one key above a claim (the manifest that took its predecessor's
+    /// key), so only manifests right above a claim marker are read.
+    fn doomed_manifests(
+        &self,
+        roots: &Roots,
+        live: &HashSet<SegId>,
+        listing: &Listing,
+        rep: &mut GcReport,
+    ) -> Vec<String> {
+        let mut doomed = Vec::new();
+        for (id, keys) in &listing.manifests {
+            let Some((_, m)) = roots.disks.get(id) else {
                 continue;
             };
             let checked = m.pipelined_on().map(|p| p.seq);
             for (key, seq, size) in keys {
-                let suspect = seq != m.seq && markers.contains(&(id, seq - 1));
-                if suspect && self.orphan(&key, size) {
+                let (seq, size) = (*seq, *size);
+                let suspect = seq != m.seq && listing.markers.contains(&(*id, seq - 1));
+                if suspect && self.orphan(key, size) {
                     rep.garbage_bytes += size;
-                    doomed_manifests.push(key);
+                    doomed.push(key.clone());
                     continue;
                 }
                 if seq >= m.seq
                     || seq == 1
-                    || markers.contains(&(id, seq))
+                    || listing.markers.contains(&(*id, seq))
                     || Some(seq) == checked
-                    || live.contains(&SegId::payload(id, seq))
+                    || live.contains(&SegId::payload(*id, seq))
                 {
                     continue;
                 }
                 rep.garbage_bytes += size;
-                doomed_manifests.push(key);
+                doomed.push(key.clone());
             }
         }
-        let mut doomed_hot = Vec::new();
-        // Hot sets (§11.5b): a disk's newest is the one read; none of a
-        // disk that is gone.
-        for (id, mut sets) in hot {
-            sets.sort();
-            let keep = usize::from(roots.disks.contains_key(&id));
-            for (_, key, size) in sets.into_iter().rev().skip(keep) {
-                rep.garbage_bytes += size;
-                doomed_hot.push(key);
-            }
+        doomed
+    }
+
+    /// Delete what a run under `claim` found doomed, unless a newer run
+    /// claimed while this one marked (it knows better: this one deletes
+    /// nothing); then older claims, which are history.
+    fn delete_doomed(&self, claim: &str, doomed: &Doomed, rep: &mut GcReport) -> Result<()> {
+        if !self.store.list(DIR_GC, Some(claim))?.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Fenced,
+                format!("a newer garbage collection run claimed after {claim}: this one deletes nothing"),
+            ));
         }
-        if let Some(claim) = &claim {
-            // A newer run claimed while this one marked: it knows better.
-            if !self.store.list(DIR_GC, Some(claim))?.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Fenced,
-                    format!("a newer garbage collection run claimed after {claim}: this one deletes nothing"),
-                ));
-            }
-            for key in &doomed {
-                self.store.delete(key)?;
-                rep.deleted_segments += 1;
-            }
-            for key in &doomed_manifests {
-                self.store.delete(key)?;
-                rep.deleted_manifests += 1;
-            }
-            for key in &doomed_hot {
-                self.store.delete(key)?;
-            }
-            // Older claims are history.
-            let claims = self.store.list(DIR_GC, None)?;
-            for l in claims.iter().filter(|l| &l.key < claim) {
-                let _ = self.store.delete(&l.key);
-            }
+        for key in &doomed.segments {
+            self.store.delete(key)?;
+            rep.deleted_segments += 1;
         }
-        rep.ms = t.elapsed().as_millis() as u64;
-        Ok(rep)
+        for key in &doomed.manifests {
+            self.store.delete(key)?;
+            rep.deleted_manifests += 1;
+        }
+        for key in &doomed.hot {
+            self.store.delete(key)?;
+        }
+        let claims = self.store.list(DIR_GC, None)?;
+        for l in claims.iter().filter(|l| l.key.as_str() < claim) {
+            let _ = self.store.delete(&l.key);
+        }
+        Ok(())
     }
 
     /// `gc/SEQ16` at the next sequence, create-only.
