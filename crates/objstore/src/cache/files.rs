@@ -15,13 +15,11 @@ impl SegmentCache {
     /// grains (a shrink); if it was evicted, the sparse file enters the
     /// main FIFO (or its grains join the one a miss made meanwhile); if
     /// it arrived whole again meanwhile, nothing changes.
-    #[expect(clippy::too_many_lines)]
     pub(super) fn keep_read_grains(&self, id: SegId, seg: &CachedSegment) {
         if !worth_keeping(seg) {
             return;
         }
         let tmp = unique_tmp(&self.partial_path(id));
-        let mut copied: HashSet<u32> = HashSet::new();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -34,79 +32,106 @@ impl SegmentCache {
             let _ = std::fs::remove_file(&tmp);
             return;
         }
-        copied.extend(read);
+        let copied: HashSet<u32> = read.into_iter().collect();
         let lock = self.partial_lock.lock().unwrap();
         let current = self.segments.read().unwrap().get(&id).cloned();
         let out = match current {
-            Some(c) if std::ptr::eq(&*c, seg) => {
-                // Grains read while these were copied are copied too.
-                loop {
-                    let more: Vec<u32> = seg
-                        .pages_read()
-                        .into_iter()
-                        .filter(|s| !copied.contains(s))
-                        .collect();
-                    if more.is_empty() {
-                        break;
-                    }
-                    if !seg.copy_pages(&file, &more) {
-                        let _ = std::fs::remove_file(&tmp);
-                        return;
-                    }
-                    copied.extend(more);
-                }
-                if !self.place_partial(id, &tmp, file) {
-                    return;
-                }
-                // Readers take the whole file while it is there; it goes
-                // before its entry, so no reader opens it again.
-                let _ = std::fs::remove_file(self.path(id));
-                self.segments.write().unwrap().remove(&id);
-                self.shrunk.fetch_add(1, Relaxed);
-                let mut p = self.policy().lock().unwrap();
-                p.remove(&id);
-                p.grow(id, (copied.len() * GRAIN) as u64, true, Instant::now())
-            }
+            Some(c) if std::ptr::eq(&*c, seg) => self.shrink_to_read(id, seg, (&tmp, file), copied),
             // Here whole again (fetched anew): that copy stands.
             Some(_) => {
                 let _ = std::fs::remove_file(&tmp);
-                return;
+                None
             }
-            None => {
-                let bytes = (copied.len() * GRAIN) as u64;
-                let known = self.partials.read().unwrap().get(&id).cloned();
-                match known {
-                    // A miss kept a grain of it meanwhile: these join it.
-                    Some(p) => {
-                        let _ = std::fs::remove_file(&tmp);
-                        let pages: Vec<u32> = copied.into_iter().collect();
-                        if !seg.copy_pages(&p.file, &pages) {
-                            return;
-                        }
-                        self.evicted_kept.fetch_add(1, Relaxed);
-                        let mut pol = self.policy().lock().unwrap();
-                        pol.grow(id, bytes, true, Instant::now())
-                    }
-                    None => {
-                        if !self.place_partial(id, &tmp, file) {
-                            return;
-                        }
-                        self.evicted_kept.fetch_add(1, Relaxed);
-                        let mut pol = self.policy().lock().unwrap();
-                        let kept = Arrival {
-                            bytes,
-                            main: true,
-                            read: true,
-                        };
-                        pol.insert(id, kept, Instant::now())
-                    }
-                }
-            }
+            None => self.keep_evicted(id, seg, (&tmp, file), copied),
         };
         // Under the lock, as when a grain is kept: a miss that keeps a
         // grain of an object this evicts must not find it half gone.
-        self.evict(out);
+        if let Some(out) = out {
+            self.evict(out);
+        }
         drop(lock);
+    }
+
+    /// `keep_read_grains` when `seg` is still object `id` held whole
+    /// (under `partial_lock`): grains read while the `copied` ones were
+    /// copied into `file` (at `tmp`) are copied too, and the sparse file
+    /// takes the whole one's place; what the cache's policy evicts then,
+    /// or None if a copy failed (nothing changed).
+    fn shrink_to_read(
+        &self,
+        id: SegId,
+        seg: &CachedSegment,
+        (tmp, file): (&Path, File),
+        mut copied: HashSet<u32>,
+    ) -> Option<Vec<SegId>> {
+        loop {
+            let more: Vec<u32> = seg
+                .pages_read()
+                .into_iter()
+                .filter(|s| !copied.contains(s))
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            if !seg.copy_pages(&file, &more) {
+                let _ = std::fs::remove_file(tmp);
+                return None;
+            }
+            copied.extend(more);
+        }
+        if !self.place_partial(id, tmp, file) {
+            return None;
+        }
+        // Readers take the whole file while it is there; it goes
+        // before its entry, so no reader opens it again.
+        let _ = std::fs::remove_file(self.path(id));
+        self.segments.write().unwrap().remove(&id);
+        self.shrunk.fetch_add(1, Relaxed);
+        let mut p = self.policy().lock().unwrap();
+        p.remove(&id);
+        Some(p.grow(id, (copied.len() * GRAIN) as u64, true, Instant::now()))
+    }
+
+    /// `keep_read_grains` when object `id` was evicted whole meanwhile
+    /// (under `partial_lock`): the `copied` grains in `file` (at `tmp`)
+    /// enter the main FIFO as its sparse file, or join the one a miss
+    /// made meanwhile; what the policy evicts then, or None if a copy or
+    /// the rename failed.
+    fn keep_evicted(
+        &self,
+        id: SegId,
+        seg: &CachedSegment,
+        (tmp, file): (&Path, File),
+        copied: HashSet<u32>,
+    ) -> Option<Vec<SegId>> {
+        let bytes = (copied.len() * GRAIN) as u64;
+        let known = self.partials.read().unwrap().get(&id).cloned();
+        match known {
+            // A miss kept a grain of it meanwhile: these join it.
+            Some(p) => {
+                let _ = std::fs::remove_file(tmp);
+                let pages: Vec<u32> = copied.into_iter().collect();
+                if !seg.copy_pages(&p.file, &pages) {
+                    return None;
+                }
+                self.evicted_kept.fetch_add(1, Relaxed);
+                let mut pol = self.policy().lock().unwrap();
+                Some(pol.grow(id, bytes, true, Instant::now()))
+            }
+            None => {
+                if !self.place_partial(id, tmp, file) {
+                    return None;
+                }
+                self.evicted_kept.fetch_add(1, Relaxed);
+                let mut pol = self.policy().lock().unwrap();
+                let kept = Arrival {
+                    bytes,
+                    main: true,
+                    read: true,
+                };
+                Some(pol.insert(id, kept, Instant::now()))
+            }
+        }
     }
 
     /// Keep grain `e` (the bytes it is stored in, `g`, checked) in its
