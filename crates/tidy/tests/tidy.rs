@@ -15,7 +15,7 @@
 use strata_tidy::{scan, workspace_root, Facts, Func, FILE_LINES, FN_ARGS, FN_LINES};
 
 /// Functions allowed over 70 code lines (each with its `expect`).
-const LONG_FUNCTIONS: usize = 17;
+const LONG_FUNCTIONS: usize = 15;
 /// Functions allowed over 5 arguments (each with its `expect`).
 const MANY_ARGUMENTS: usize = 0;
 /// Files allowed over 1,200 physical lines, each no longer than it is now.
