@@ -194,6 +194,7 @@ def _sizes(work, name, img):
         "strata_raw_use_bytes": raw_use,
         "strata_zstd_use_bytes": zstd_use, "strata_zstd_x": ratio(data, zstd_use),
         "strata_zstd_pass_s": zstd_s, "zstd_pairs_bytes": zr["pair_bytes"],
+        "zstd_quads_bytes": zr.get("quad_bytes", 0),
         "strata_lz4_use_bytes": lz4_use, "strata_lz4_x": ratio(data, lz4_use),
         "strata_lz4_pass_s": lz4_s,
         "zstd_vs_qcow2": ratio(qcow2_bytes, zstd_use), "target": ">= 0.9",

@@ -154,7 +154,7 @@ pub struct DedupEstimate {
     /// Stored grains under a key: their compressibility needs the key.
     pub encrypted_bytes: u64,
     /// Unencrypted grains compressed as a sample (every 64th distinct
-    /// grain, at most 16,384; zstd at level 3), what they would take
+    /// grain, at most 16,384; zstd at level 4), what they would take
     /// packed (a grain that saves an eighth: its bytes rounded to 16 and
     /// a 16-byte directory entry; another: 4,096; FORMAT.md §18.7), and
     /// how many save an eighth.
@@ -207,9 +207,10 @@ pub enum PackCodec {
     /// at several GB/s (hot data; the default).
     #[default]
     Lz4,
-    /// zstd at level 3, an aligned pair together when that is smaller:
-    /// some 25% fewer bytes than LZ4 on OS images, reads decompress up to
-    /// 8 KiB about four times slower (cold and archival data).
+    /// zstd at level 4, an aligned quad or pair together when that is
+    /// smaller (FORMAT.md §18.9): some 30% fewer bytes than LZ4 on OS
+    /// images, reads decompress up to 16 KiB several times slower (cold
+    /// and archival data).
     Zstd,
 }
 
@@ -236,8 +237,8 @@ impl PackCodec {
 }
 
 /// What `compress` did (docs/FORMAT.md §18.5, §18.8): the named disks'
-/// raw grains that shrink by an eighth or more, compressed (a grain or an
-/// aligned pair together) and laid out as packed streams, every sharer
+/// raw grains that shrink by an eighth or more, compressed (a grain, or
+/// an aligned pair or quad together) and laid out as packed streams, every sharer
 /// following.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CompressReport {
@@ -253,6 +254,9 @@ pub struct CompressReport {
     pub packed_bytes: u64,
     /// Of them, in fragments of an aligned pair.
     pub pair_bytes: u64,
+    /// Of them, in fragments of an aligned quad (four grains, zstd only).
+    #[serde(default)]
+    pub quad_bytes: u64,
     /// Pool bytes of the streams written for them.
     pub stream_bytes: u64,
     /// Grains left raw: they do not shrink by an eighth (or are zeros,

@@ -47,6 +47,7 @@ fn report(v: &serde_json::Value) -> strata_api::CompressReport {
         "read_bytes",
         "packed_bytes",
         "pair_bytes",
+        "quad_bytes",
         "stream_bytes",
         "raw_bytes",
         "regions",

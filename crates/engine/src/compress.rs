@@ -1,9 +1,9 @@
-//! Fragments of packed grains (docs/FORMAT.md §18.8): a grain or an
-//! aligned pair compressed and back. The pack pass lays what these make
+//! Fragments of packed grains (docs/FORMAT.md §18.8, §18.9): a grain or
+//! an aligned pair or quad compressed and back. The pack pass lays what these make
 //! out as a stream (`strata_format::packed::encode_stream`); every reader
 //! of a packed entry goes through [`decompress`].
 
-use strata_format::packed::{decode_packed, footprint, Codec, Packed};
+use strata_format::packed::{decode_packed, footprint, Codec, Packed, PAIR_BYTES_MAX};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -11,8 +11,10 @@ use crate::store::Store;
 
 const GRAIN: usize = GRAIN_BYTES as usize;
 
-/// zstd's level for the pack pass and the estimate (its default).
-pub(crate) const ZSTD_LEVEL: i32 = 3;
+/// zstd's level for the pack pass and the estimate: one past its
+/// default, which with quads is what reaches qcow2's ratio on text
+/// (FORMAT.md §18.9; decompression is as fast at either).
+pub(crate) const ZSTD_LEVEL: i32 = 4;
 
 /// `plain` as an LZ4 block (the reference library's, whose decoder is a
 /// third faster than lz4_flex's on 4 KiB grains: most of what a packed
@@ -53,17 +55,17 @@ thread_local! {
 }
 
 /// Decompress a fragment's `len` compressed bytes into `out` (4,096
-/// bytes, or 8,192 for a pair), which they must fill exactly: anything
+/// bytes, 8,192 for a pair, 16,384 for a quad), which they must fill exactly: anything
 /// else is a damaged fragment (`Corrupt`, said in the error; the caller
 /// adds the grain and `v`).
 pub(crate) fn decompress(codec: Codec, compressed: &[u8], out: &mut [u8]) -> Result<()> {
     let damaged = |why: String| Error::new(ErrorKind::Corrupt, format!("packed fragment: {why}"));
     let whole = out.len();
-    if whole != GRAIN && whole != 2 * GRAIN {
+    if whole != GRAIN && whole != 2 * GRAIN && whole != 4 * GRAIN {
         return Err(damaged(format!("{whole} bytes asked for")));
     }
     match codec {
-        // `whole` is 4,096 or 8,192 (checked above).
+        // `whole` is at most 16,384 (checked above).
         Codec::Lz4 => match lz4::block::decompress_to_buffer(compressed, Some(whole as i32), out) {
             Ok(n) if n == whole => Ok(()),
             Ok(n) => Err(damaged(format!(
@@ -99,17 +101,18 @@ fn room(len: usize) -> usize {
     16 + footprint(len)
 }
 
-/// `plain` (a grain, or an aligned pair's 8 KiB) compressed with `codec`
-/// when that saves an eighth (§18.7), else none: it stays raw.
+/// `plain` (a grain, or an aligned pair's or quad's 8 or 16 KiB) compressed with `codec`
+/// when that saves an eighth (§18.7) and fits a grain and one spill
+/// (7,168 bytes, §18.9), else none: it stays raw.
 pub(crate) fn fragment(codec: Codec, plain: &[u8]) -> Option<Vec<u8>> {
     let c = match codec {
         Codec::Lz4 => compress_lz4(plain),
         Codec::Zstd => compress_zstd(plain)?,
     };
-    (c.len() <= plain.len() * 7 / 8).then_some(c)
+    (c.len() <= (plain.len() * 7 / 8).min(PAIR_BYTES_MAX)).then_some(c)
 }
 
-/// A fragment decompressed: the bytes of one or two virtual grains from
+/// A fragment decompressed: the bytes of one, two or four virtual grains from
 /// `v0`, read from packed stream grain `grain` (none while `plain` is
 /// empty).
 #[derive(Default)]
@@ -276,18 +279,27 @@ mod tests {
 
     #[test]
     fn a_pair_comes_back_whole_and_noise_stays_raw() {
-        let text = b"a pair of grains compressed together. ".repeat(2 * GRAIN / 38 + 1);
-        let pair = &text[..2 * GRAIN];
+        let text = b"a run of grains compressed together. ".repeat(4 * GRAIN / 37 + 1);
         for codec in [Codec::Lz4, Codec::Zstd] {
-            let f = fragment(codec, pair).unwrap();
-            let mut out = vec![0u8; 2 * GRAIN];
-            decompress(codec, &f, &mut out).unwrap();
-            assert_eq!(out, pair);
-            // The wrong size asked for is damage, not a short read.
-            assert!(decompress(codec, &f, &mut out[..GRAIN]).is_err());
-            assert!(decompress(codec, &f, &mut vec![0u8; 3 * GRAIN]).is_err());
+            for span in [2, 4] {
+                let run = &text[..span * GRAIN];
+                let f = fragment(codec, run).unwrap();
+                let mut out = vec![0u8; span * GRAIN];
+                decompress(codec, &f, &mut out).unwrap();
+                assert_eq!(out, run);
+                // The wrong size asked for is damage, not a short read.
+                assert!(decompress(codec, &f, &mut out[..GRAIN]).is_err());
+                assert!(decompress(codec, &f, &mut vec![0u8; 3 * GRAIN]).is_err());
+            }
         }
         assert!(fragment(Codec::Zstd, &noise(GRAIN)).is_none());
+        // A quad that saves an eighth but does not fit a grain and one
+        // spill stays raw: three grains of noise and one of text.
+        let mut quad = noise(3 * GRAIN);
+        quad.extend_from_slice(&text[..GRAIN]);
+        let c = compress_zstd(&quad).unwrap();
+        assert!(c.len() <= quad.len() * 7 / 8 && c.len() > PAIR_BYTES_MAX);
+        assert!(fragment(Codec::Zstd, &quad).is_none());
     }
 
     pub(crate) fn noise(n: usize) -> Vec<u8> {

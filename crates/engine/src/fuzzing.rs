@@ -486,7 +486,7 @@ fn read_fragments(g: &[u8], next: &[u8], p: &strata_format::packed::Packed) -> u
             .iter()
             .map(|(f, b)| Piece {
                 v: f.v,
-                pair: f.pair,
+                span: f.span,
                 codec: f.codec,
                 len: f.len as usize,
                 stored: b,
@@ -499,8 +499,8 @@ fn read_fragments(g: &[u8], next: &[u8], p: &strata_format::packed::Packed) -> u
             let q = decode_packed(grain(at)).expect("a laid-out grain decodes");
             let e = q.find(f.v).expect("each fragment where it starts");
             assert_eq!(
-                (e.v, e.pair, e.codec, e.len, e.crc24),
-                (f.v, f.pair, f.codec, f.len, f.crc24)
+                (e.v, e.span, e.codec, e.len, e.crc24),
+                (f.v, f.span, f.codec, f.len, f.crc24)
             );
             let nx = (at + 1 < s.len()).then(|| grain(at + 1));
             assert_eq!(q.stored(e, grain(at), nx).ok().as_deref(), Some(&b[..]));

@@ -145,8 +145,10 @@ fn packed_and_read_back(codec: PackCodec) {
     );
     assert_eq!(after.read_bytes, before.read_bytes - r.packed_bytes);
     assert!(r.packed_bytes > 0 && r.raw_bytes > 0, "{r:#?}");
-    // Pairs with zstd only (§18.8).
+    // Pairs and quads with zstd only (§18.8, §18.9).
     assert_eq!(r.pair_bytes > 0, codec == PackCodec::Zstd, "{r:#?}");
+    assert_eq!(r.quad_bytes > 0, codec == PackCodec::Zstd, "{r:#?}");
+    assert!(r.pair_bytes + r.quad_bytes <= r.packed_bytes, "{r:#?}");
     assert_eq!(r.regions_skipped, 0, "{r:#?}");
     // zstd: some 43% of what was packed (less for pairs); LZ4 some 80%
     // of this test's bytes: under the eighth either way.

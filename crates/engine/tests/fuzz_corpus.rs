@@ -222,7 +222,7 @@ fn write_seeds() {
 }
 
 /// Packed streams (docs/FORMAT.md §18.8) with real fragments, zstd and
-/// LZ4, singles and pairs: the first two grains of a stream whose first
+/// LZ4, singles, pairs and quads (zstd): the first two grains of a stream whose first
 /// grain spills into the second.
 fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
     use strata_format::packed::{encode_stream, Codec, Piece};
@@ -240,24 +240,34 @@ fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
             })
             .collect::<Vec<u8>>()
     };
-    let seed = |pairs: bool| {
+    // The longest run of `spans` that `v` is aligned to, but every third
+    // fragment a single; quads with zstd (LZ4 keeps too little of them).
+    let seed = |spans: &[u8]| {
         let (mut v, mut made) = (1000u64, Vec::new());
         for i in 0..12 {
-            let pair = pairs && v % 2 == 0 && i % 3 != 2;
-            let bytes = if pair { 8192 } else { 4096 };
-            let codec = if i % 3 == 0 { Codec::Lz4 } else { Codec::Zstd };
+            let span = spans
+                .iter()
+                .copied()
+                .find(|&n| v.is_multiple_of(u64::from(n)) && i % 3 != 2)
+                .unwrap_or(1);
+            let bytes = 4096 * usize::from(span);
+            let codec = if i % 3 == 0 && span < 4 {
+                Codec::Lz4
+            } else {
+                Codec::Zstd
+            };
             let c = match codec {
                 Codec::Lz4 => lz4::block::compress(&plain(i, bytes), None, false).unwrap(),
                 Codec::Zstd => zstd::bulk::compress(&plain(i, bytes), 19).unwrap(),
             };
-            made.push((v, pair, codec, c));
-            v += if pair { 2 } else { 1 };
+            made.push((v, span, codec, c));
+            v += u64::from(span);
         }
         let pieces: Vec<Piece<'_>> = made
             .iter()
-            .map(|(v, pair, codec, c)| Piece {
+            .map(|(v, span, codec, c)| Piece {
                 v: *v,
-                pair: *pair,
+                span: *span,
                 codec: *codec,
                 len: c.len(),
                 stored: c,
@@ -269,8 +279,9 @@ fn packed_seeds() -> Vec<(&'static str, Vec<u8>)> {
         (s.grains[..8192].to_vec(), read)
     };
     vec![
-        ("valid_singles", seed(false).0),
-        ("valid_pairs", seed(true).0),
+        ("valid_singles", seed(&[]).0),
+        ("valid_pairs", seed(&[2]).0),
+        ("valid_quads", seed(&[4, 2]).0),
     ]
 }
 

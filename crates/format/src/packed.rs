@@ -11,14 +11,18 @@ use crate::{invalid, FormatError, GRAIN_BYTES};
 
 /// `SKPK` read as a little-endian u32.
 pub const PACKED_MAGIC: u32 = 0x4b50_4b53;
-/// The layout's version.
+/// The layout's version: 1, or 2 for a grain in which a quad starts
+/// (§18.9; a build before quads refuses such a grain by its version).
 pub const PACKED_VERSION: u8 = 1;
+/// The version of a grain in which a quad starts.
+pub const PACKED_VERSION_QUADS: u8 = 2;
 /// Most fragments that start in one grain.
 pub const PACKED_FRAGMENTS_MAX: usize = 16;
 /// Largest compressed fragment of one virtual grain: it must save an
 /// eighth (§18.7).
 pub const FRAGMENT_BYTES_MAX: usize = GRAIN * 7 / 8;
-/// Largest compressed fragment of an aligned pair of virtual grains.
+/// Largest compressed fragment of an aligned pair or quad of virtual
+/// grains (a fragment fits its grain and one spill).
 pub const PAIR_BYTES_MAX: usize = 2 * FRAGMENT_BYTES_MAX;
 /// Bytes before the directory.
 const HEAD: usize = 16;
@@ -29,6 +33,10 @@ const ALIGN: usize = 16;
 const GRAIN: usize = GRAIN_BYTES as usize;
 /// Bit 63 of an entry's `v`: the fragment holds `v` and `v + 1`.
 const PAIR_BIT: u64 = 1 << 63;
+/// Bit 62 of an entry's `v`: the fragment holds `v .. v + 3` (§18.9).
+const QUAD_BIT: u64 = 1 << 62;
+/// A fragment's first `v` is below this.
+const V_LIMIT: u64 = QUAD_BIT;
 /// Flags byte: the last fragment starting here continues into grain + 1.
 const FLAG_SPILLS: u8 = 1;
 /// Most bytes a grain can take of the previous grain's last fragment
@@ -59,8 +67,9 @@ impl Codec {
 pub struct Fragment {
     /// The (first) virtual grain whose bytes it holds.
     pub v: u64,
-    /// It holds `v` and `v + 1` (`v` even), 8 KiB once decompressed.
-    pub pair: bool,
+    /// The virtual grains it holds from `v`: 1, 2 (a pair, `v` even) or 4
+    /// (a quad, `v` a multiple of 4); 4 KiB each once decompressed.
+    pub span: u8,
     /// Where its stored bytes start in the grain.
     pub offset: u16,
     /// Its compressed length; its stored bytes are that rounded up to 16
@@ -74,16 +83,12 @@ pub struct Fragment {
 impl Fragment {
     /// Whether it holds virtual grain `v`.
     pub fn covers(&self, v: u64) -> bool {
-        v == self.v || (self.pair && v == self.v + 1)
+        v >= self.v && v - self.v < u64::from(self.span)
     }
 
-    /// The bytes it decompresses to: 4,096, or 8,192 for a pair.
+    /// The bytes it decompresses to: 4,096 for each grain it holds.
     pub fn plain_bytes(&self) -> usize {
-        if self.pair {
-            2 * GRAIN
-        } else {
-            GRAIN
-        }
+        GRAIN * usize::from(self.span)
     }
 
     /// Its stored bytes (`len` rounded up to 16).
@@ -167,14 +172,15 @@ impl Packed {
     }
 }
 
-/// A fragment to lay out: the virtual grain (the first of a pair), codec,
+/// A fragment to lay out: the virtual grain (the first of a run), codec,
 /// compressed length, and its stored bytes: the `len` compressed bytes
 /// (padded here with zeros), or, on an encrypted disk, their encryption
 /// padded to 16 first.
 #[derive(Clone, Copy, Debug)]
 pub struct Piece<'a> {
     pub v: u64,
-    pub pair: bool,
+    /// Virtual grains it holds: 1, 2 or 4 ([`Fragment::span`]).
+    pub span: u8,
     pub codec: Codec,
     pub len: usize,
     pub stored: &'a [u8],
@@ -191,13 +197,20 @@ pub fn footprint(len: usize) -> usize {
     len.div_ceil(ALIGN) * ALIGN
 }
 
-/// Largest compressed length of a fragment (pair or not).
-fn len_max(pair: bool) -> usize {
-    if pair {
+/// Largest compressed length of a fragment of `span` grains.
+fn len_max(span: u8) -> usize {
+    if span > 1 {
         PAIR_BYTES_MAX
     } else {
         FRAGMENT_BYTES_MAX
     }
+}
+
+/// Whether a fragment of `span` grains from `v` is one the layout has: a
+/// single, a pair at an even `v` or a quad at a multiple of 4, below
+/// 2^62.
+fn aligned(v: u64, span: u8) -> bool {
+    matches!(span, 1 | 2 | 4) && v.is_multiple_of(u64::from(span)) && v < V_LIMIT
 }
 
 /// The CRC of a packed grain's head and directory (`n` entries), its own
@@ -221,14 +234,12 @@ pub fn seal_packed(b: &mut [u8]) -> bool {
     true
 }
 
-/// A virtual grain held twice by fragments `fs` (a pair holds two).
-fn repeated(fs: impl Iterator<Item = (u64, bool)>) -> Option<u64> {
+/// A virtual grain held twice by fragments `fs` (a pair holds two, a
+/// quad four).
+fn repeated(fs: impl Iterator<Item = (u64, u8)>) -> Option<u64> {
     let mut vs: Vec<u64> = Vec::new();
-    for (v, pair) in fs {
-        vs.push(v);
-        if pair {
-            vs.push(v.wrapping_add(1));
-        }
+    for (v, span) in fs {
+        vs.extend((0..u64::from(span)).map(|k| v.wrapping_add(k)));
     }
     vs.sort_unstable();
     vs.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
@@ -283,26 +294,27 @@ fn fit(pieces: &[Piece<'_>], carry: usize) -> (usize, bool) {
 }
 
 /// Refused pieces: none, a length past what saves an eighth, a pair at
-/// an odd `v`, stored bytes that are neither `len` nor more up to
+/// an odd `v` or a quad at one not a multiple of 4, stored bytes that are neither `len` nor more up to
 /// [`footprint`]`(len)`, a virtual grain held twice.
 fn check_pieces(pieces: &[Piece<'_>]) -> Result<(), FormatError> {
     if pieces.is_empty() {
         return Err(invalid(WHAT, "a stream of no fragment"));
     }
     for p in pieces {
-        if p.len == 0 || p.len > len_max(p.pair) {
+        if p.len == 0 || p.len > len_max(p.span) {
             let why = format!("virtual grain {}: {} compressed bytes", p.v, p.len);
             return Err(invalid(WHAT, why));
         }
-        if p.v & PAIR_BIT != 0 || (p.pair && (!p.v.is_multiple_of(2) || p.v + 1 >= PAIR_BIT)) {
-            return Err(invalid(WHAT, format!("virtual grain {} as a pair", p.v)));
+        if !aligned(p.v, p.span) {
+            let why = format!("virtual grain {} as a run of {}", p.v, p.span);
+            return Err(invalid(WHAT, why));
         }
         if p.stored.len() < p.len || p.stored.len() > footprint(p.len) {
             let why = format!("{} stored bytes for {} compressed", p.stored.len(), p.len);
             return Err(invalid(WHAT, why));
         }
     }
-    if let Some(v) = repeated(pieces.iter().map(|p| (p.v, p.pair))) {
+    if let Some(v) = repeated(pieces.iter().map(|p| (p.v, p.span))) {
         return Err(invalid(WHAT, format!("virtual grain {v} twice")));
     }
     Ok(())
@@ -321,7 +333,12 @@ pub fn encode_stream(pieces: &[Piece<'_>]) -> Result<Stream, FormatError> {
         let (n, spills) = fit(&pieces[i..], carry.len());
         let mut b = vec![0u8; GRAIN];
         b[0..4].copy_from_slice(&PACKED_MAGIC.to_le_bytes());
-        b[4] = PACKED_VERSION;
+        let quads = pieces[i..i + n].iter().any(|p| p.span == 4);
+        b[4] = if quads {
+            PACKED_VERSION_QUADS
+        } else {
+            PACKED_VERSION
+        };
         b[5] = n as u8;
         b[6..8].copy_from_slice(&(carry.len() as u16).to_le_bytes());
         b[12] = if spills { FLAG_SPILLS } else { 0 };
@@ -333,7 +350,12 @@ pub fn encode_stream(pieces: &[Piece<'_>]) -> Result<Stream, FormatError> {
             let mut whole = p.stored.to_vec();
             whole.resize(footprint(p.len), 0);
             let e = HEAD + ENTRY * j;
-            let v = p.v | if p.pair { PAIR_BIT } else { 0 };
+            let v = p.v
+                | match p.span {
+                    2 => PAIR_BIT,
+                    4 => QUAD_BIT,
+                    _ => 0,
+                };
             b[e..e + 8].copy_from_slice(&v.to_le_bytes());
             b[e + 8..e + 10].copy_from_slice(&(at as u16).to_le_bytes());
             b[e + 10..e + 12].copy_from_slice(&(p.len as u16).to_le_bytes());
@@ -358,13 +380,16 @@ pub fn encode_stream(pieces: &[Piece<'_>]) -> Result<Stream, FormatError> {
 /// carried bytes inside the data area, each fragment on a 16-byte
 /// boundary after what lies before it, inside the grain but for a last
 /// one that spills (and then by no more than the next grain can carry),
-/// no virtual grain twice, known codecs. Fragment bytes are checked when
+/// no virtual grain twice, known codecs, quads only in a version-2 grain. Fragment bytes are checked when
 /// read ([`Packed::stored`]).
 pub fn decode_packed(b: &[u8]) -> Result<Packed, FormatError> {
     let (n, carry_in, spills) = decode_head(b)?;
     let fragments = (0..n)
         .map(|i| decode_entry(b, i))
         .collect::<Result<Vec<_>, _>>()?;
+    if b[4] == PACKED_VERSION && fragments.iter().any(|f| f.span == 4) {
+        return Err(invalid(WHAT, "a quad in a version-1 grain"));
+    }
     let p = Packed {
         carry_in,
         spills,
@@ -392,7 +417,7 @@ pub fn decode_packed(b: &[u8]) -> Result<Packed, FormatError> {
     if spills && n == 0 {
         return Err(invalid(WHAT, "it spills with no fragment"));
     }
-    if let Some(v) = repeated(p.fragments.iter().map(|f| (f.v, f.pair))) {
+    if let Some(v) = repeated(p.fragments.iter().map(|f| (f.v, f.span))) {
         return Err(invalid(WHAT, format!("virtual grain {v} twice")));
     }
     Ok(p)
@@ -409,8 +434,8 @@ fn decode_head(b: &[u8]) -> Result<(usize, u16, bool), FormatError> {
     if word(0) != PACKED_MAGIC {
         return Err(FormatError::BadMagic { what: WHAT });
     }
-    if b[4] != PACKED_VERSION {
-        let why = format!("version {} (this build reads 1)", b[4]);
+    if b[4] != PACKED_VERSION && b[4] != PACKED_VERSION_QUADS {
+        let why = format!("version {} (this build reads 1 and 2)", b[4]);
         return Err(invalid(WHAT, why));
     }
     let n = b[5] as usize;
@@ -433,16 +458,28 @@ fn decode_head(b: &[u8]) -> Result<(usize, u16, bool), FormatError> {
 }
 
 /// Entry `i` of packed grain `b`'s directory: a known codec, a length
-/// that saves an eighth, a pair at an even `v`, a start inside the grain
+/// that saves an eighth, a pair at an even `v`, a quad at a multiple of
+/// 4, not both, a start inside the grain
 /// on a 16-byte boundary (where it lies against the others is the
 /// caller's check).
 fn decode_entry(b: &[u8], i: usize) -> Result<Fragment, FormatError> {
     let e = &b[HEAD + ENTRY * i..HEAD + ENTRY * (i + 1)];
     let half = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
     let raw_v = u64::from_le_bytes(e[0..8].try_into().expect("8 bytes"));
+    let span = match (raw_v & PAIR_BIT != 0, raw_v & QUAD_BIT != 0) {
+        (false, false) => 1,
+        (true, false) => 2,
+        (false, true) => 4,
+        (true, true) => {
+            return Err(invalid(
+                WHAT,
+                format!("fragment {i}: both a pair and a quad"),
+            ));
+        }
+    };
     let f = Fragment {
-        v: raw_v & !PAIR_BIT,
-        pair: raw_v & PAIR_BIT != 0,
+        v: raw_v & !(PAIR_BIT | QUAD_BIT),
+        span,
         offset: half(8),
         len: half(10),
         codec: Codec::from_byte(e[12])
@@ -450,12 +487,13 @@ fn decode_entry(b: &[u8], i: usize) -> Result<Fragment, FormatError> {
         crc24: u32::from_le_bytes([e[13], e[14], e[15], 0]),
     };
     let (at, len) = (f.offset as usize, f.len as usize);
-    if !at.is_multiple_of(ALIGN) || at >= GRAIN || len == 0 || len > len_max(f.pair) {
+    if !at.is_multiple_of(ALIGN) || at >= GRAIN || len == 0 || len > len_max(f.span) {
         let why = format!("fragment {i}: {len} bytes at {at}, outside the grain");
         return Err(invalid(WHAT, why));
     }
-    if f.pair && (!f.v.is_multiple_of(2) || f.v + 1 >= PAIR_BIT) {
-        return Err(invalid(WHAT, format!("fragment {i}: a pair at {}", f.v)));
+    if !aligned(f.v, f.span) {
+        let why = format!("fragment {i}: a run of {} at {}", f.span, f.v);
+        return Err(invalid(WHAT, why));
     }
     Ok(f)
 }
@@ -464,35 +502,33 @@ fn decode_entry(b: &[u8], i: usize) -> Result<Fragment, FormatError> {
 mod tests {
     use super::*;
 
-    /// Pieces of every kind: singles and pairs, lengths from 1 to the
-    /// most, stored bytes a pattern of their `v`.
-    fn sample(count: u64) -> Vec<(u64, bool, Codec, Vec<u8>)> {
+    /// Pieces of every kind: singles, pairs and quads, lengths from 1 to
+    /// the most, stored bytes a pattern of their `v`.
+    fn sample(count: u64) -> Vec<(u64, u8, Codec, Vec<u8>)> {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut v = 0;
+        let mut v = 0u64;
         (0..count)
             .map(|i| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let pair = i % 3 == 1;
-                if pair && v % 2 == 1 {
-                    v += 1;
-                }
-                let len = 1 + (x >> 20) as usize % len_max(pair);
+                let span = [1u8, 2, 1, 4, 2][i as usize % 5];
+                v = v.next_multiple_of(u64::from(span));
+                let len = 1 + (x >> 20) as usize % len_max(span);
                 let bytes = (0..len).map(|k| (v as usize * 7 + k) as u8).collect();
                 let codec = if i % 2 == 0 { Codec::Zstd } else { Codec::Lz4 };
-                let out = (v, pair, codec, bytes);
-                v += if pair { 2 } else { 1 };
+                let out = (v, span, codec, bytes);
+                v += u64::from(span);
                 out
             })
             .collect()
     }
 
-    fn pieces(f: &[(u64, bool, Codec, Vec<u8>)]) -> Vec<Piece<'_>> {
+    fn pieces(f: &[(u64, u8, Codec, Vec<u8>)]) -> Vec<Piece<'_>> {
         f.iter()
-            .map(|(v, pair, codec, b)| Piece {
+            .map(|(v, span, codec, b)| Piece {
                 v: *v,
-                pair: *pair,
+                span: *span,
                 codec: *codec,
                 len: b.len(),
                 stored: b,
@@ -517,15 +553,18 @@ mod tests {
             "{}",
             s.len()
         );
-        for (i, (v, pair, codec, bytes)) in f.iter().enumerate() {
+        for (i, (v, span, codec, bytes)) in f.iter().enumerate() {
             let at = s.starts[i];
             let g = grain(&s, at);
             let p = decode_packed(g).unwrap();
             assert_eq!(p.spills, s.spills[at]);
-            for w in [*v, v + u64::from(*pair)] {
+            for w in *v..v + u64::from(*span) {
                 let e = p.find(w).unwrap();
-                assert_eq!((e.v, e.pair, e.codec), (*v, *pair, *codec));
+                assert_eq!((e.v, e.span, e.codec), (*v, *span, *codec));
             }
+            // A grain in which a quad starts says version 2, others 1.
+            let quads = p.fragments.iter().any(|f| f.span == 4);
+            assert_eq!(g[4], if quads { 2 } else { 1 });
             let e = p.find(*v).unwrap();
             let next = (at + 1 < s.len()).then(|| grain(&s, at + 1));
             let b = p.stored(e, g, next).unwrap();
@@ -546,9 +585,7 @@ mod tests {
         }
         // Sixteen tiny fragments fill a directory; the seventeenth starts
         // the next grain.
-        let tiny: Vec<_> = (0..17)
-            .map(|v| (v, false, Codec::Lz4, vec![1u8; 5]))
-            .collect();
+        let tiny: Vec<_> = (0..17).map(|v| (v, 1, Codec::Lz4, vec![1u8; 5])).collect();
         let s = encode_stream(&pieces(&tiny)).unwrap();
         assert_eq!(s.starts, [vec![0; 16], vec![1]].concat());
     }
@@ -559,7 +596,7 @@ mod tests {
         // second starts in grain 1 after the carry and spills into grain 2.
         let big: Vec<_> = [0u64, 2, 4]
             .iter()
-            .map(|&v| (v, true, Codec::Zstd, vec![v as u8 + 1; PAIR_BYTES_MAX]))
+            .map(|&v| (v, 2, Codec::Zstd, vec![v as u8 + 1; PAIR_BYTES_MAX]))
             .collect();
         let s = encode_stream(&pieces(&big)).unwrap();
         for (i, (v, ..)) in big.iter().enumerate() {
@@ -577,37 +614,47 @@ mod tests {
 
     #[test]
     fn what_cannot_be_laid_out_is_refused() {
-        let one = |v: u64, pair: bool, len: usize, stored: usize| {
+        let one = |v: u64, span: u8, len: usize, stored: usize| {
             let b = vec![1u8; stored];
             let p = [Piece {
                 v,
-                pair,
+                span,
                 codec: Codec::Zstd,
                 len,
                 stored: &b,
             }];
             encode_stream(&p).map(|s| s.len())
         };
-        assert_eq!(one(1, false, 3584, 3584).unwrap(), 1);
-        assert!(one(1, false, 3585, 3585).is_err());
-        assert!(one(2, true, 7168, 7168).is_ok());
-        assert!(one(2, true, 7169, 7169).is_err());
-        assert!(one(3, true, 100, 100)
-            .unwrap_err()
-            .to_string()
-            .contains("pair"));
-        assert!(one(1, false, 0, 0).is_err());
-        assert!(one(1, false, 20, 19).is_err());
-        assert!(one(1, false, 20, 32).is_ok());
-        assert!(one(1, false, 20, 33).is_err());
-        assert!(one(1 << 63, false, 20, 20).is_err());
+        assert_eq!(one(1, 1, 3584, 3584).unwrap(), 1);
+        assert!(one(1, 1, 3585, 3585).is_err());
+        assert!(one(2, 2, 7168, 7168).is_ok());
+        assert!(one(2, 2, 7169, 7169).is_err());
+        assert!(one(4, 4, 7168, 7168).is_ok());
+        assert!(one(4, 4, 7169, 7169).is_err());
+        for (v, span) in [(3, 2), (2, 4), (6, 4), (0, 3), (0, 8), (0, 0)] {
+            let e = one(v, span, 100, 100).unwrap_err().to_string();
+            assert!(e.contains("as a run of"), "{v} {span}: {e}");
+        }
+        assert!(one(1, 1, 0, 0).is_err());
+        assert!(one(1, 1, 20, 19).is_err());
+        assert!(one(1, 1, 20, 32).is_ok());
+        assert!(one(1, 1, 20, 33).is_err());
+        assert!(one(1 << 63, 1, 20, 20).is_err());
+        assert!(one(1 << 62, 1, 20, 20).is_err());
+        assert!(one((1 << 62) - 4, 4, 20, 20).is_ok());
         assert!(encode_stream(&[]).is_err());
         let twice = vec![
-            (4, true, Codec::Lz4, vec![1u8; 10]),
-            (5, false, Codec::Lz4, vec![2u8; 10]),
+            (4, 2, Codec::Lz4, vec![1u8; 10]),
+            (5, 1, Codec::Lz4, vec![2u8; 10]),
         ];
         let e = encode_stream(&pieces(&twice)).unwrap_err().to_string();
         assert!(e.contains("virtual grain 5 twice"), "{e}");
+        let twice = vec![
+            (8, 4, Codec::Zstd, vec![1u8; 10]),
+            (10, 2, Codec::Zstd, vec![2u8; 10]),
+        ];
+        let e = encode_stream(&pieces(&twice)).unwrap_err().to_string();
+        assert!(e.contains("virtual grain 10 twice"), "{e}");
     }
 
     #[test]
@@ -621,7 +668,7 @@ mod tests {
             decode_packed(&b).unwrap_err().to_string()
         };
         assert!(damaged(0, 1).contains("bad magic"));
-        assert!(damaged(4, 3).contains("version"));
+        assert!(damaged(4, 4).contains("version"));
         assert!(damaged(5, 0x40).contains("fragments"));
         assert!(damaged(12, 2).contains("reserved"));
         assert!(damaged(14, 1).contains("reserved"));
@@ -659,7 +706,7 @@ mod tests {
     #[test]
     fn a_directory_with_a_good_crc_is_still_checked() {
         let tiny: Vec<_> = (0..3)
-            .map(|v| (v * 2, false, Codec::Lz4, vec![v as u8; 100]))
+            .map(|v| (v * 8, 1, Codec::Lz4, vec![v as u8; 100]))
             .collect();
         let s = encode_stream(&pieces(&tiny)).unwrap();
         let g = grain(&s, 0).to_vec();
@@ -696,7 +743,7 @@ mod tests {
         // A v twice (a pair over a single), an odd pair, unknown codec.
         assert!(resealed(&|b| b[e1] = 0).contains("twice"));
         assert!(resealed(&|b| {
-            b[HEAD] = 3;
+            b[HEAD] = 9;
             b[e1 + 7] = 0x80
         })
         .contains("twice"));
@@ -704,7 +751,40 @@ mod tests {
             b[e1] = 3;
             b[e1 + 7] = 0x80
         })
-        .contains("pair"));
+        .contains("a run of 2"));
+        // A quad: only in a version-2 grain, at a multiple of 4, not
+        // also a pair, not over another fragment.
+        let quad = |b: &mut Vec<u8>| {
+            b[e1] = 8;
+            b[e1 + 7] = 0x40
+        };
+        assert!(resealed(&quad).contains("version-1"));
+        let v2 = |b: &mut Vec<u8>| {
+            quad(b);
+            b[4] = 2
+        };
+        let mut b = g.clone();
+        v2(&mut b);
+        assert!(seal_packed(&mut b));
+        let p = decode_packed(&b).unwrap();
+        assert_eq!((p.fragments[1].v, p.fragments[1].span), (8, 4));
+        assert!(p.find(11).is_some() && p.find(12).is_none());
+        assert!(resealed(&|b| {
+            v2(b);
+            b[e1] = 6
+        })
+        .contains("a run of 4"));
+        assert!(resealed(&|b| {
+            v2(b);
+            b[e1 + 7] = 0xc0
+        })
+        .contains("both"));
+        assert!(resealed(&|b| {
+            v2(b);
+            b[e1] = 0
+        })
+        .contains("twice"));
+        assert!(resealed(&|b| b[4] = 3).contains("version 3"));
         assert!(resealed(&|b| b[HEAD + 12] = 3).contains("codec"));
         assert!(!seal_packed(&mut [0u8; 100]));
     }

@@ -5,9 +5,10 @@
 //! Per region, with every head's write stripes held: the named versions'
 //! distinct raw grains that may move (not thick, not encrypted, every
 //! reference to them a leaf entry at their virtual grain) are listed
-//! under the metadata lock, then read and compressed without it, an
-//! aligned pair together when that saves an eighth of both, else each
-//! grain alone when it does; zero grains stay raw for zero reclaim. Then,
+//! under the metadata lock, then read and compressed without it (with
+//! zstd an aligned quad or pair together where that pays, §18.9; else
+//! each grain alone when that saves an eighth; zero grains stay raw for
+//! zero reclaim). Then,
 //! under the gate and the lock, if the list is still what it was, the
 //! fragments are laid out as streams over consecutive free grains (one
 //! stream per layer: a virtual grain is in a stream once), written, and
@@ -36,7 +37,8 @@ struct Plan {
 }
 
 /// A compressed fragment to lay out: its virtual grain (the first of a
-/// pair), the raw grains it replaces (one, or a pair's two), its bytes.
+/// run), the raw grains it replaces (one, or a pair's two, or a quad's
+/// four), its bytes.
 struct Frag {
     v: u64,
     from: Vec<u64>,
@@ -55,9 +57,10 @@ struct Placed {
 impl Datastore {
     /// Pack the raw grains of `names` (every disk when empty) that shrink
     /// by an eighth: see [`CompressReport`]. With LZ4 each grain is
-    /// compressed alone; with zstd an aligned pair also together, kept
-    /// when smaller (§18.8: a pair costs a read of either grain twice the
-    /// decompression, which zstd's savings pay for and LZ4's do not).
+    /// compressed alone; with zstd an aligned quad, else an aligned pair,
+    /// also together, kept when smaller (§18.8, §18.9: a run costs a read
+    /// of any of its grains the whole run's decompression, which zstd's
+    /// savings pay for and LZ4's do not).
     /// Paced, pausable and cancellable as the other space work;
     /// `progress(done, total)` in bytes of the largest version.
     pub fn compress(
@@ -152,8 +155,10 @@ impl Datastore {
             for f in &layers[p.layer][p.frags.clone()] {
                 let bytes = f.from.len() as u64 * GRAIN_BYTES;
                 rep.packed_bytes += bytes;
-                if f.from.len() == 2 {
-                    rep.pair_bytes += bytes;
+                match f.from.len() {
+                    2 => rep.pair_bytes += bytes,
+                    4 => rep.quad_bytes += bytes,
+                    _ => {}
                 }
             }
         }
@@ -296,59 +301,114 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
 }
 
 /// Compress one layer's grains of a window (virtual grain, raw grain,
-/// bytes; in virtual-grain order) onto `out`: each grain alone, kept when
-/// it saves an eighth; an aligned pair whose grains both keep is
-/// compressed together too, and kept as one fragment when that is
-/// smaller than the two (a pair never carries an incompressible grain).
+/// bytes; in virtual-grain order) onto `out` (FORMAT.md §18.9). With
+/// zstd, an aligned quad of grains none of which is zeros is compressed
+/// together first, and kept when it fits a fragment (7,168 bytes);
+/// else an aligned pair whose grains both keep alone, kept when smaller
+/// than the two; else each grain alone, kept when it saves an eighth.
+/// Grains are compressed alone only where no quad is kept: most of a
+/// compressible disk is compressed once.
 fn compress_layer(
     members: &[(u64, u64, &[u8])],
     codec: Codec,
     out: &mut Vec<Frag>,
     rep: &mut CompressReport,
 ) {
-    // Zero grains are left for zero reclaim, which finds raw zeros only.
-    let single: Vec<Option<Vec<u8>>> = members
-        .iter()
-        .map(|&(_, _, b)| {
-            (!crate::disk::is_zero(b))
-                .then(|| fragment(codec, b))
-                .flatten()
-        })
-        .collect();
+    let mut single = Singles {
+        members,
+        codec,
+        got: vec![None; members.len()],
+    };
+    // Runs with zstd only: LZ4 saves next to nothing by them (0.1% on
+    // the Debian image of PERFORMANCE.md) and 4 KiB random reads of pairs
+    // decompress twice the bytes (0.78x raw against 0.90x).
+    let zstd = codec == Codec::Zstd;
     let mut j = 0;
     while j < members.len() {
-        let (v, g, b) = members[j];
-        // Pairs with zstd only: LZ4 saves next to nothing by them (0.1%
-        // on the Debian image of PERFORMANCE.md) and 4 KiB random reads
-        // of pairs decompress twice the bytes (0.78x raw against 0.90x).
-        let next = members
-            .get(j + 1)
-            .filter(|n| codec == Codec::Zstd && v.is_multiple_of(2) && n.0 == v + 1);
-        if let (Some(&(_, g1, b1)), Some(one), Some(Some(two))) =
-            (next, &single[j], single.get(j + 1))
-        {
-            if let Some(c) =
-                fragment(codec, &[b, b1].concat()).filter(|c| c.len() + 16 < one.len() + two.len())
-            {
-                out.push(Frag {
-                    v,
-                    from: vec![g, g1],
-                    bytes: c,
-                });
-                j += 2;
-                continue;
-            }
+        let run = zstd
+            .then(|| quad_at(members, j, codec).or_else(|| pair_at(&mut single, j)))
+            .flatten();
+        if let Some(f) = run {
+            j += f.from.len();
+            out.push(f);
+            continue;
         }
-        match &single[j] {
+        let (v, g, _) = members[j];
+        match single.get(j) {
             Some(c) => out.push(Frag {
                 v,
                 from: vec![g],
-                bytes: c.clone(),
+                bytes: c.to_vec(),
             }),
             None => rep.raw_bytes += GRAIN_BYTES,
         }
         j += 1;
     }
+}
+
+/// A layer's grains compressed alone, each when first asked for: none for
+/// a grain of zeros (left for zero reclaim, which finds raw zeros only)
+/// or one that does not save an eighth.
+struct Singles<'a> {
+    members: &'a [(u64, u64, &'a [u8])],
+    codec: Codec,
+    got: Vec<Option<Option<Vec<u8>>>>,
+}
+
+impl Singles<'_> {
+    fn get(&mut self, j: usize) -> Option<&[u8]> {
+        let (codec, b) = (self.codec, self.members[j].2);
+        self.got[j]
+            .get_or_insert_with(|| {
+                (!crate::disk::is_zero(b))
+                    .then(|| fragment(codec, b))
+                    .flatten()
+            })
+            .as_deref()
+    }
+}
+
+/// Members `j .. j + span` when the first's `v` is a multiple of `span`
+/// and the others follow it grain by grain.
+fn aligned_run<'a>(
+    members: &'a [(u64, u64, &'a [u8])],
+    j: usize,
+    span: usize,
+) -> Option<&'a [(u64, u64, &'a [u8])]> {
+    let run = members.get(j..j + span)?;
+    let v = run[0].0;
+    (v.is_multiple_of(span as u64) && run.iter().zip(v..).all(|(m, w)| m.0 == w)).then_some(run)
+}
+
+/// `run`'s grains as one fragment of compressed `bytes`.
+fn run_fragment(run: &[(u64, u64, &[u8])], bytes: Vec<u8>) -> Frag {
+    Frag {
+        v: run[0].0,
+        from: run.iter().map(|m| m.1).collect(),
+        bytes,
+    }
+}
+
+/// The quad from member `j`, kept when none of its grains is zeros and
+/// it compresses to a fragment.
+fn quad_at(members: &[(u64, u64, &[u8])], j: usize, codec: Codec) -> Option<Frag> {
+    let run = aligned_run(members, j, 4)?;
+    if run.iter().any(|m| crate::disk::is_zero(m.2)) {
+        return None;
+    }
+    let plain: Vec<u8> = run.iter().flat_map(|m| m.2.iter().copied()).collect();
+    let c = fragment(codec, &plain)?;
+    Some(run_fragment(run, c))
+}
+
+/// The pair from member `j`, kept when both its grains keep alone and
+/// together they take less.
+fn pair_at(single: &mut Singles<'_>, j: usize) -> Option<Frag> {
+    let run = aligned_run(single.members, j, 2)?;
+    let alone = single.get(j)?.len() + single.get(j + 1)?.len();
+    let plain = [run[0].2, run[1].2].concat();
+    let c = fragment(single.codec, &plain).filter(|c| c.len() + 16 < alone)?;
+    Some(run_fragment(run, c))
 }
 
 /// The pieces of `frags` for the layout.
@@ -357,7 +417,7 @@ fn pieces_of(frags: &[Frag], codec: Codec) -> Vec<Piece<'_>> {
         .iter()
         .map(|f| Piece {
             v: f.v,
-            pair: f.from.len() == 2,
+            span: f.from.len() as u8,
             codec,
             len: f.bytes.len(),
             stored: &f.bytes,

@@ -2,8 +2,8 @@
 //! holding a virtual grain is decompressed and the part asked for
 //! copied. A request's runs are one grain each; the last fragment
 //! decompressed is kept for the next grain of the same request, so a
-//! sequential read decompresses each fragment (a pair holds two grains)
-//! once.
+//! sequential read decompresses each fragment (a pair or quad holds two
+//! or four grains) once.
 //!
 //! A planned read (the NBD and vhost-user rings) reads the stream grains
 //! and raw runs a request needs into the plan's own buffer, and its
