@@ -257,6 +257,10 @@ pub struct CompressReport {
     /// Of them, in fragments of an aligned quad (four grains, zstd only).
     #[serde(default)]
     pub quad_bytes: u64,
+    /// Stored bytes of live fragments moved out of half-dead stream
+    /// grains into new streams, freeing those grains (FORMAT.md §18.10).
+    #[serde(default)]
+    pub repacked_bytes: u64,
     /// Pool bytes of the streams written for them.
     pub stream_bytes: u64,
     /// Grains left raw: they do not shrink by an eighth (or are zeros,

@@ -522,10 +522,11 @@ else two,\ntogether when that is smaller: some 30% fewer bytes than LZ4 on OS im
 40% on text, for\ncold and archival disks, whose random reads are slower.\n\n\
 Online: a region (1 MiB) at a time while clients use the disks, paced against their I/O. Reads\n\
 decompress inline; a grain a client later overwrites goes back to raw (the write takes a new\n\
-raw grain). Grains of encrypted and thick disks and grains of zeros stay raw ('strata punchzero'\n\
-unmaps zeros). Each region is one atomic step: after a crash, run it again to finish. Through a\n\
-running server it is a job that 'strata jobs' can pause, resume and cancel. Local datastores\n\
-only in this version.\n\n\
+raw grain), and a later run moves what still lives of streams more than half dead into new\n\
+ones, freeing the old (repacked in the answer). Grains of encrypted and thick disks and grains\n\
+of zeros stay raw ('strata punchzero' unmaps zeros). Each region is one atomic step: after a\n\
+crash, run it again to finish. Through a running server it is a job that 'strata jobs' can\n\
+pause, resume and cancel. Local datastores only in this version.\n\n\
 For cold data: golden images, disks with many snapshots, archives. 'strata dedup --estimate'\n\
 shows first how a sample of the disks' grains compresses."
     )]

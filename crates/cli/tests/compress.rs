@@ -48,6 +48,7 @@ fn report(v: &serde_json::Value) -> strata_api::CompressReport {
         "packed_bytes",
         "pair_bytes",
         "quad_bytes",
+        "repacked_bytes",
         "stream_bytes",
         "raw_bytes",
         "regions",

@@ -22,6 +22,7 @@ use crate::work::Pacer;
 use crate::datastore::{Datastore, SpaceWork};
 
 mod pack;
+mod repack;
 mod reshare;
 
 /// Virtual grains walked at a time.
@@ -323,6 +324,9 @@ struct Region {
     /// fragments (FORMAT.md §18.8), so distinct per region is distinct.
     packed: u64,
     streams: u64,
+    /// The distinct stream grains packed entries name (where their
+    /// fragments start), sorted.
+    stream_grains: Vec<u64>,
 }
 
 /// The entries of `[first, first + REGION)` over `versions`.
@@ -366,11 +370,14 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Regi
         list.len() as u64
     }
     distinct(&mut out);
+    let mut stream_grains: Vec<u64> = packed.iter().map(|p| p.1).collect();
+    distinct(&mut stream_grains);
     Ok(Region {
         raw: out,
         logical,
         packed: distinct(&mut packed),
         streams: distinct(&mut streams),
+        stream_grains,
     })
 }
 

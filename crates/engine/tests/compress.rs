@@ -358,3 +358,106 @@ fn a_packed_disk_written_in_order_has_few_fragments() {
     assert!((1..=4).contains(&fragments), "{fragments} fragments");
     assert_eq!(common::read_all(&ds, "s"), text);
 }
+
+/// Half-dead stream grains (FORMAT.md §18.10): packed, then three runs
+/// of four grains of every four written over with noise (raw) while a snapshot keeps the
+/// old fragments alive; a pass then moves nothing. Once the snapshot is
+/// gone, a pass moves the live quarter into new streams and frees the old
+/// grains; every byte reads the same, `check` is clean, and a power cut in
+/// the middle of that pass leaves a datastore that running again finishes.
+#[test]
+fn half_dead_stream_grains_are_repacked_and_freed() {
+    for codec in [PackCodec::Zstd, PackCodec::Lz4] {
+        for cut in [None, Some(2u64)] {
+            half_dead_repacked(codec, cut);
+        }
+    }
+}
+
+fn half_dead_repacked(codec: PackCodec, cut: Option<u64>) {
+    let what = format!("{codec:?}, cut {cut:?}");
+    let (b, ds) = common::new_sim(64 << 20);
+    ds.create_disk("h", SIZE, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    // Text only (grains 0 mod 5 noise and zeros would stay raw).
+    write(&ds, "h", 0..GRAINS, 9);
+    let first = compress_with(&ds, &["h"], codec).unwrap();
+    assert!(
+        first.packed_bytes > GRAINS * GRAIN / 2,
+        "{what}: {first:#?}"
+    );
+    assert_eq!(first.repacked_bytes, 0, "{what}");
+    ds.snapshot_create("h", "s", "").unwrap();
+    let h = ds.open_disk("h").unwrap();
+    let mut x = 0x5151_7a7a_0f0f_e1e1u64;
+    // Three of every four fragments: grains one by one with LZ4, whole
+    // aligned fours with zstd (a run lives while any of its grains
+    // does, and §18.10 moves it whole).
+    let dies = |g: u64| match codec {
+        PackCodec::Lz4 => !g.is_multiple_of(4),
+        PackCodec::Zstd => !(g / 4).is_multiple_of(4),
+    };
+    for g in (0..GRAINS).filter(|&g| dies(g)) {
+        let noise: Vec<u8> = (0..GRAIN / 8)
+            .flat_map(|_| xorshift(&mut x).to_le_bytes())
+            .collect();
+        h.write_at(&noise, g * GRAIN, false).unwrap();
+    }
+    ds.flush().unwrap();
+    let want = common::read_all(&ds, "h");
+    // The snapshot still names every fragment: nothing is half-dead.
+    let kept = compress_with(&ds, &["h"], codec).unwrap();
+    assert_eq!(kept.repacked_bytes, 0, "{what}: {kept:#?}");
+    ds.snapshot_delete("h", "s").unwrap();
+    while ds.reclaim(1 << 20).unwrap() {}
+    ds.flush().unwrap();
+    let before = ds.info().used_bytes;
+    let e0 = estimate(&ds);
+    let ds = match cut {
+        None => ds,
+        Some(cut_at) => {
+            let b2 = b.clone();
+            let mut regions = 0;
+            let r = ds.compress(&[], codec, &SpaceWork::default(), &mut |_, _| {
+                regions += 1;
+                if regions == cut_at {
+                    b2.crash(cut_at);
+                }
+            });
+            assert!(r.is_err(), "{what}: the cut never came");
+            drop(ds);
+            let ds = common::open_sim(&b);
+            assert!(common::read_all(&ds, "h") == want, "{what}: after the cut");
+            let report = ds.check().unwrap();
+            assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+            ds
+        }
+    };
+    let r = compress_with(&ds, &["h"], codec).unwrap();
+    let after = ds.info().used_bytes;
+    let e1 = estimate(&ds);
+    assert_eq!(r.packed_bytes, 0, "{what}: {r:#?}");
+    assert!(cut.is_some() || r.repacked_bytes > 0, "{what}: {r:#?}");
+    // The same live bytes in fewer stream grains, and exactly those
+    // freed.
+    assert_eq!(e1.packed_bytes, e0.packed_bytes, "{what}");
+    assert!(
+        e1.packed_stored_bytes < e0.packed_stored_bytes,
+        "{what}: {e0:#?} {e1:#?}"
+    );
+    assert_eq!(
+        before - after,
+        e0.packed_stored_bytes - e1.packed_stored_bytes,
+        "{what}"
+    );
+    assert!(
+        common::read_all(&ds, "h") == want,
+        "{what}: after repacking"
+    );
+    let report = ds.check().unwrap();
+    assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+    // Nothing is half-dead any more.
+    let again = compress_with(&ds, &["h"], codec).unwrap();
+    assert_eq!(again.repacked_bytes, 0, "{what}: {again:#?}");
+    assert_eq!(ds.info().used_bytes, after, "{what}");
+}

@@ -58,7 +58,7 @@ pub(super) fn compress(out: &mut String, r: &CompressReport) {
     };
     outln!(
         out,
-        "{} ({} versions): packed {} of {} read into {} of streams{ratio}, pairs {}, quads {}; \
+        "{} ({} versions): packed {} of {} read into {} of streams{ratio}, pairs {}, quads {}; repacked {}; \
          {} stayed raw; used {} -> {}",
         disks(&r.disks),
         r.versions,
@@ -67,6 +67,7 @@ pub(super) fn compress(out: &mut String, r: &CompressReport) {
         human(r.stream_bytes),
         human(r.pair_bytes),
         human(r.quad_bytes),
+        human(r.repacked_bytes),
         human(r.raw_bytes),
         human(r.used_bytes_before),
         human(r.used_bytes_after)

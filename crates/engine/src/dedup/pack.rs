@@ -19,6 +19,7 @@ use strata_api::{CompressReport, PackCodec};
 use strata_format::packed::{encode_stream, Codec, Piece, Stream};
 use strata_format::{GRAIN_BYTES, GRAIN_SHIFT, INCOMPAT_PACKED, LEAF_SPILLS};
 
+use super::repack::add_moved;
 use super::{fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
 use crate::compress::fragment;
 use crate::datastore::{Datastore, SpaceWork};
@@ -29,20 +30,49 @@ use crate::store::SpaceRequest;
 const GRAIN: usize = GRAIN_BYTES as usize;
 
 /// A region's candidates: the named versions' distinct raw grains that
-/// may move, sorted by virtual grain, and each one's count.
+/// may move, sorted by virtual grain, and each one's count; the stream
+/// grains their packed entries name, each with its count (§18.10).
 #[derive(PartialEq, Eq)]
 struct Plan {
     mapped: Vec<Mapped>,
     counts: Vec<u32>,
+    streams: Vec<(u64, u32)>,
 }
 
 /// A compressed fragment to lay out: its virtual grain (the first of a
-/// run), the raw grains it replaces (one, or a pair's two, or a quad's
-/// four), its bytes.
-struct Frag {
-    v: u64,
-    from: Vec<u64>,
-    bytes: Vec<u8>,
+/// run), how many it holds, its codec, compressed length and bytes (the
+/// compressed bytes, or a moved fragment's stored bytes), and what it
+/// replaces.
+pub(super) struct Frag {
+    pub v: u64,
+    pub span: u8,
+    pub codec: Codec,
+    pub len: usize,
+    pub bytes: Vec<u8>,
+    pub from: Source,
+}
+
+/// What a fragment replaces.
+pub(super) enum Source {
+    /// The raw grains of its virtual grains, one each.
+    Raw(Vec<u64>),
+    /// The fragment as it lies in a half-dead stream grain, starting in
+    /// this one (§18.10).
+    Stream(u64),
+}
+
+impl Frag {
+    /// A fragment of raw grains `from` (one per virtual grain from `v`).
+    fn raw(v: u64, from: Vec<u64>, codec: Codec, bytes: Vec<u8>) -> Frag {
+        Frag {
+            v,
+            span: from.len() as u8,
+            codec,
+            len: bytes.len(),
+            bytes,
+            from: Source::Raw(from),
+        }
+    }
 }
 
 /// A stream placed in the pool: its first grain, its layout, and the
@@ -115,11 +145,27 @@ impl Datastore {
         let held = self.inner.meta.lock().head_versions();
         let _stripes = self.inner.lock_stripes_of(&held, first, first + REGION - 1);
         let (plan, end) = pack_plan(names, first, &mut self.inner.meta.lock())?;
-        if plan.mapped.is_empty() {
+        if plan.mapped.is_empty() && plan.streams.is_empty() {
             return Ok((0, end));
         }
-        let layers = self.compress_plan(&plan.mapped, codec, rep)?;
-        let read = plan.mapped.len() as u64 * GRAIN_BYTES;
+        let mut layers = self.compress_plan(&plan.mapped, codec, rep)?;
+        let streams: Vec<u64> = plan.streams.iter().map(|s| s.0).collect();
+        let (moved, stream_read) = match self.half_dead(&streams) {
+            Ok(got) => got,
+            // A stream grain read without the lock may have been freed
+            // and reused since the plan (a snapshot deleted meanwhile):
+            // damage only if the region is as it was.
+            Err(e) if e.kind == ErrorKind::Corrupt => {
+                if pack_plan(names, first, &mut self.inner.meta.lock())?.0 == plan {
+                    return Err(e);
+                }
+                rep.regions_skipped += 1;
+                return Ok((plan.mapped.len() as u64 * GRAIN_BYTES, end));
+            }
+            Err(e) => return Err(e),
+        };
+        add_moved(&mut layers, moved);
+        let read = plan.mapped.len() as u64 * GRAIN_BYTES + stream_read;
         if layers.iter().all(|l| l.is_empty()) {
             return Ok((read, end));
         }
@@ -131,7 +177,7 @@ impl Datastore {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
-        let placed = self.place_layers(&mut m, &layers, codec)?;
+        let placed = self.place_layers(&mut m, &layers)?;
         drop(m);
         if let Err(e) = self.write_streams(&placed) {
             self.give_back_streams(&mut self.inner.meta.lock(), &placed)?;
@@ -153,9 +199,13 @@ impl Datastore {
         for p in kept {
             rep.stream_bytes += p.stream.len() as u64 * GRAIN_BYTES;
             for f in &layers[p.layer][p.frags.clone()] {
-                let bytes = f.from.len() as u64 * GRAIN_BYTES;
+                if let Source::Stream(_) = f.from {
+                    rep.repacked_bytes += f.bytes.len() as u64;
+                    continue;
+                }
+                let bytes = u64::from(f.span) * GRAIN_BYTES;
                 rep.packed_bytes += bytes;
-                match f.from.len() {
+                match f.span {
                     2 => rep.pair_bytes += bytes,
                     4 => rep.quad_bytes += bytes,
                     _ => {}
@@ -215,12 +265,7 @@ impl Datastore {
     /// Lay each layer's fragments out as streams over consecutive free
     /// grains (a layer the allocator cannot give one run for becomes
     /// several streams). On error nothing stays allocated.
-    fn place_layers(
-        &self,
-        m: &mut Meta,
-        layers: &[Vec<Frag>],
-        codec: Codec,
-    ) -> Result<Vec<Placed>> {
+    fn place_layers(&self, m: &mut Meta, layers: &[Vec<Frag>]) -> Result<Vec<Placed>> {
         let want: u64 = layers
             .iter()
             .flatten()
@@ -239,7 +284,7 @@ impl Datastore {
         let cap = self.inner.capacity_grains(m);
         let mut out = Vec::new();
         for (layer, frags) in layers.iter().enumerate() {
-            if let Err(e) = place_layer(m, (layer, frags), codec, cap, &mut out) {
+            if let Err(e) = place_layer(m, (layer, frags), cap, &mut out) {
                 self.give_back_streams(m, &out)?;
                 return Err(e);
             }
@@ -277,7 +322,12 @@ impl Datastore {
 fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
     let (_, versions) = versions_of(m, names)?;
     let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-    let mapped = region_entries(m, &versions, first)?.raw;
+    let region = region_entries(m, &versions, first)?;
+    let mut streams = Vec::with_capacity(region.stream_grains.len());
+    for &g in &region.stream_grains {
+        streams.push((g, m.ref_get(g)?));
+    }
+    let mapped = region.raw;
     // Left raw whoever else names them: a thick or an encrypted disk.
     let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.keyring.is_some())?;
     let mut kept = Vec::new();
@@ -295,6 +345,7 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
         Plan {
             mapped: kept,
             counts,
+            streams,
         },
         end,
     ))
@@ -329,17 +380,13 @@ fn compress_layer(
             .then(|| quad_at(members, j, codec).or_else(|| pair_at(&mut single, j)))
             .flatten();
         if let Some(f) = run {
-            j += f.from.len();
+            j += usize::from(f.span);
             out.push(f);
             continue;
         }
         let (v, g, _) = members[j];
         match single.get(j) {
-            Some(c) => out.push(Frag {
-                v,
-                from: vec![g],
-                bytes: c.to_vec(),
-            }),
+            Some(c) => out.push(Frag::raw(v, vec![g], codec, c.to_vec())),
             None => rep.raw_bytes += GRAIN_BYTES,
         }
         j += 1;
@@ -381,12 +428,8 @@ fn aligned_run<'a>(
 }
 
 /// `run`'s grains as one fragment of compressed `bytes`.
-fn run_fragment(run: &[(u64, u64, &[u8])], bytes: Vec<u8>) -> Frag {
-    Frag {
-        v: run[0].0,
-        from: run.iter().map(|m| m.1).collect(),
-        bytes,
-    }
+fn run_fragment(run: &[(u64, u64, &[u8])], codec: Codec, bytes: Vec<u8>) -> Frag {
+    Frag::raw(run[0].0, run.iter().map(|m| m.1).collect(), codec, bytes)
 }
 
 /// The quad from member `j`, kept when none of its grains is zeros and
@@ -398,7 +441,7 @@ fn quad_at(members: &[(u64, u64, &[u8])], j: usize, codec: Codec) -> Option<Frag
     }
     let plain: Vec<u8> = run.iter().flat_map(|m| m.2.iter().copied()).collect();
     let c = fragment(codec, &plain)?;
-    Some(run_fragment(run, c))
+    Some(run_fragment(run, codec, c))
 }
 
 /// The pair from member `j`, kept when both its grains keep alone and
@@ -408,18 +451,18 @@ fn pair_at(single: &mut Singles<'_>, j: usize) -> Option<Frag> {
     let alone = single.get(j)?.len() + single.get(j + 1)?.len();
     let plain = [run[0].2, run[1].2].concat();
     let c = fragment(single.codec, &plain).filter(|c| c.len() + 16 < alone)?;
-    Some(run_fragment(run, c))
+    Some(run_fragment(run, single.codec, c))
 }
 
 /// The pieces of `frags` for the layout.
-fn pieces_of(frags: &[Frag], codec: Codec) -> Vec<Piece<'_>> {
+fn pieces_of(frags: &[Frag]) -> Vec<Piece<'_>> {
     frags
         .iter()
         .map(|f| Piece {
             v: f.v,
-            span: f.from.len() as u8,
-            codec,
-            len: f.bytes.len(),
+            span: f.span,
+            codec: f.codec,
+            len: f.len,
             stored: &f.bytes,
         })
         .collect()
@@ -441,29 +484,38 @@ fn grains_for(s: &Stream, k: usize) -> usize {
 /// Place one layer's fragments as one or more streams onto `out`: a
 /// stream over as many consecutive grains as the allocator gives; where
 /// it gives fewer than the layout needs, the longest prefix that fits
-/// them is laid out alone and the rest starts another stream. Fragments
-/// no run can take stay raw.
+/// them is laid out alone and the rest starts another stream. A run of
+/// one grain where the first fragment spills is passed over (a hole
+/// freed grains left) for the next, a few times; fragments no run can
+/// take stay where they are (raw, or in their old stream).
 fn place_layer(
     m: &mut Meta,
     (layer, frags): (usize, &[Frag]),
-    codec: Codec,
     cap: u64,
     out: &mut Vec<Placed>,
 ) -> Result<()> {
+    const HOLES_PASSED: usize = 4;
     let mut at = 0;
     let mut hint = None;
+    let mut passed = 0;
     while at < frags.len() {
-        let pieces = pieces_of(&frags[at..], codec);
+        let pieces = pieces_of(&frags[at..]);
         let s = encode_stream(&pieces).map_err(layout_error)?;
         let (g0, got) = m.alloc_stream(s.len() as u64, hint, cap)?;
         let got = got as usize;
         let fit = (1..=pieces.len()).rev().find(|&k| grains_for(&s, k) <= got);
         let Some(k) = fit else {
-            // One grain where the first fragment spills: leave it raw.
             give_back(m, g0, got)?;
-            at += 1;
+            if passed < HOLES_PASSED {
+                passed += 1;
+                hint = Some(g0 + got as u64);
+            } else {
+                passed = 0;
+                at += 1;
+            }
             continue;
         };
+        passed = 0;
         let s = if k == pieces.len() {
             s
         } else {
@@ -493,12 +545,13 @@ fn give_back(m: &mut Meta, first: u64, n: usize) -> Result<()> {
 /// Install every placed stream (FORMAT.md §18.8): its grains' counts
 /// (the entries that will reference each: those naming it, and those of
 /// a fragment spilling into it from the grain before), its fragments'
-/// entries, the raw grains freed. Returns the first grains of streams
-/// that could not be installed (a reference not accounted for: nothing
-/// of them changed).
+/// entries, the raw grains freed and the repacked fragments' old stream
+/// grains released (§18.10). Returns the first grains of streams that
+/// could not be installed (a reference not accounted for, or a repacked
+/// fragment no entry names any more: nothing of them changed).
 fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<u64>> {
     let mut left = Vec::new();
-    for p in placed {
+    'stream: for p in placed {
         let s = &p.stream;
         let mut counts = vec![0u32; s.len()];
         let mut packs = Vec::new();
@@ -506,18 +559,33 @@ fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<
             let at = s.starts[j];
             let last_here = j + 1 == s.starts.len() || s.starts[j + 1] != at;
             let spills = last_here && s.spills[at];
-            for (k, &from) in f.from.iter().enumerate() {
-                let n = m.ref_get(from)?;
-                counts[at] += n;
-                if spills {
-                    counts[at + 1] += n;
-                }
+            let into = p.first + at as u64;
+            let mut named = 0;
+            for k in 0..u64::from(f.span) {
+                let (from, n, repack) = match &f.from {
+                    Source::Raw(from) => (from[k as usize], m.ref_get(from[k as usize])?, false),
+                    // A dead part of a moved run: no entry to point.
+                    Source::Stream(g) => match m.packed_naming(f.v + k, *g)? {
+                        0 => continue,
+                        n => (*g, n, true),
+                    },
+                };
+                named += n;
                 packs.push(Packing {
-                    v: f.v + k as u64,
+                    v: f.v + k,
                     from,
-                    into: p.first + at as u64,
+                    into,
                     spills,
+                    repack,
                 });
+            }
+            if named == 0 {
+                left.push(p.first);
+                continue 'stream;
+            }
+            counts[at] += named;
+            if spills {
+                counts[at + 1] += named;
             }
         }
         if !m.install_packed(p.first, &counts, &packs)? {

@@ -12,13 +12,16 @@ const PACK_OWNER: u64 = u64::MAX - 2;
 
 /// One raw grain to be read through a stream from now on: at virtual
 /// grain `v`, grain `from` becomes the fragment starting in stream grain
-/// `into` (and continuing into `into + 1` when it `spills`).
+/// `into` (and continuing into `into + 1` when it `spills`). With
+/// `repack`, `from` is itself a stream grain, where the fragment holding
+/// `v` starts now, moved as it is (§18.10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Packing {
     pub v: u64,
     pub from: u64,
     pub into: u64,
     pub spills: bool,
+    pub repack: bool,
 }
 
 impl Meta {
@@ -47,13 +50,26 @@ impl Meta {
         Ok((g0, got))
     }
 
+    /// The leaf entries naming stream grain `g` at `v` (packed: what a
+    /// repack of its fragment there moves, §18.10).
+    pub fn packed_naming(&mut self, v: u64, g: u64) -> Result<u32> {
+        let leaves = self.leaves_naming(v, g)?;
+        let mut n = 0;
+        for (leaf, idx, _) in leaves {
+            n += u32::from(strata_format::leaf_packed(self.node(leaf, 0)?[idx]));
+        }
+        Ok(n)
+    }
+
     /// Point every entry naming each packing's `from` at its `v` to its
     /// `into` (packed flag set, the spill bit where it spills, key index
     /// kept), set the stream grains' counts (`counts[i]` for `stream + i`:
-    /// the entries that will reference it) and free the raw grains. First
-    /// checks that the leaves naming each `from` at `v` account for its
-    /// whole count; if one does not, nothing changes and false is
-    /// returned.
+    /// the entries that will reference it) and free the raw grains; a
+    /// repacked fragment's old entries each release what they named (its
+    /// old stream grain, and the next one where it spilled). First checks
+    /// that the leaves naming each raw `from` at `v` account for its
+    /// whole count, and that some packed entry still names each repacked
+    /// one; if one does not, nothing changes and false is returned.
     pub fn install_packed(
         &mut self,
         stream: u64,
@@ -65,8 +81,20 @@ impl Meta {
         let mut naming = Vec::with_capacity(packs.len());
         for p in packs {
             let count = self.ref_get(p.from)?;
-            let leaves = self.leaves_naming(p.v, p.from)?;
-            if count == 0 || leaves.len() as u64 != u64::from(count) {
+            let mut leaves = self.leaves_naming(p.v, p.from)?;
+            if p.repack {
+                let idx = (p.v as usize) & (MAP_FANOUT - 1);
+                let mut packed = Vec::with_capacity(leaves.len());
+                for l in leaves {
+                    if strata_format::leaf_packed(self.node(l.0, 0)?[idx]) {
+                        packed.push(l);
+                    }
+                }
+                leaves = packed;
+                if leaves.is_empty() {
+                    return Ok(false);
+                }
+            } else if count == 0 || leaves.len() as u64 != u64::from(count) {
                 return Ok(false);
             }
             naming.push((count, leaves));
@@ -82,10 +110,17 @@ impl Meta {
         }
         for (p, (count, leaves)) in packs.iter().zip(naming) {
             let idx = (p.v as usize) & (MAP_FANOUT - 1);
-            for (leaf, _, key) in leaves {
+            for &(leaf, _, key) in &leaves {
                 let spill = if p.spills { LEAF_SPILLS } else { 0 };
                 let e = leaf_entry(p.into, key) | LEAF_PACKED | spill;
+                let old = self.node(leaf, 0)?[idx];
                 self.node_set(leaf, 0, idx, e)?;
+                if p.repack {
+                    self.decref(old, None)?;
+                }
+            }
+            if p.repack {
+                continue;
             }
             if count > 1 {
                 self.ref_set(p.from, 1)?;
