@@ -483,3 +483,62 @@ fn a_served_pass_survives_client_writes_and_a_kill_9() {
     drop(srv);
     s.ok(&["check"]);
 }
+
+/// Repacking (FORMAT.md §18.10) through a real client and a server: the
+/// text packed, then three quarters of it written over through NBD (so
+/// each stream grain keeps a quarter of its fragments); the next pass, a
+/// job of the server, moves the live quarter into new streams and frees
+/// the old grains, and qemu-img finds every byte as written.
+#[test]
+fn half_dead_streams_are_repacked_through_a_server() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    s.ok(&["import", &img, "r"]);
+    let first = report(&s.json(&["compress", "r"]));
+    assert_eq!(first.packed_bytes, 2 * MIB, "{first:?}");
+    assert_eq!(first.repacked_bytes, 0, "{first:?}");
+    let _srv = s.serve();
+    let mut want = std::fs::read(&img).unwrap();
+    let mut cmds = Vec::new();
+    for chunk in 0..32u64 {
+        let at = (4 << 20) + chunk * (64 << 10);
+        cmds.push(format!("write -P 0x5b {at} 48k"));
+        want[at as usize..at as usize + (48 << 10)].fill(0x5b);
+    }
+    cmds.push("flush".into());
+    let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    qemu_io_ok(RAW, &s.uri("r"), &cmds);
+    let want_path = dir.path().join("want.raw");
+    std::fs::write(&want_path, &want).unwrap();
+    let want_path = want_path.to_str().unwrap();
+    same_as(&s, "r", want_path);
+    let before = used(&s);
+    let e0 = s.json(&["dedup", "--estimate", "r"]);
+
+    // Through the server, a job: the new raw grains (0x5b) pack, and the
+    // streams a quarter alive are repacked.
+    let r = report(&s.json(&["compress", "r"]));
+    assert!(r.repacked_bytes > 0, "{r:?}");
+    assert_eq!(r.regions_skipped, 0, "{r:?}");
+    let e1 = s.json(&["dedup", "--estimate", "r"]);
+    assert_eq!(
+        u(&e1, "packed_bytes"),
+        u(&e0, "packed_bytes") + r.packed_bytes,
+        "{e0} {e1}"
+    );
+    // Every old stream grain went: what is stored packed now is the new
+    // streams of both kinds, under what the old ones took.
+    assert!(
+        u(&e1, "packed_stored_bytes") < u(&e0, "packed_stored_bytes") + r.stream_bytes,
+        "{e0} {e1} {r:?}"
+    );
+    assert!(used(&s) < before, "{r:?}");
+    same_as(&s, "r", want_path);
+    // A pass after it moves nothing.
+    let again = report(&s.json(&["compress", "r"]));
+    assert_eq!(again.repacked_bytes, 0, "{again:?}");
+    same_as(&s, "r", want_path);
+    drop(_srv);
+    s.ok(&["check"]);
+}
