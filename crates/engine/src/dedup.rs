@@ -324,8 +324,9 @@ struct Region {
     /// fragments (FORMAT.md §18.8), so distinct per region is distinct.
     packed: u64,
     streams: u64,
-    /// The distinct stream grains packed entries name (where their
-    /// fragments start), sorted.
+    /// Those stream grains, sorted: where the packed entries' fragments
+    /// start, and where spilling ones end (a grain may hold nothing live
+    /// but a carry).
     stream_grains: Vec<u64>,
 }
 
@@ -370,14 +371,12 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Regi
         list.len() as u64
     }
     distinct(&mut out);
-    let mut stream_grains: Vec<u64> = packed.iter().map(|p| p.1).collect();
-    distinct(&mut stream_grains);
     Ok(Region {
         raw: out,
         logical,
         packed: distinct(&mut packed),
         streams: distinct(&mut streams),
-        stream_grains,
+        stream_grains: streams,
     })
 }
 
