@@ -148,24 +148,10 @@ impl Datastore {
         if plan.mapped.is_empty() && plan.streams.is_empty() {
             return Ok((0, end));
         }
-        let mut layers = self.compress_plan(&plan.mapped, codec, rep)?;
-        let streams: Vec<u64> = plan.streams.iter().map(|s| s.0).collect();
-        let (moved, stream_read) = match self.half_dead(&streams) {
-            Ok(got) => got,
-            // A stream grain read without the lock may have been freed
-            // and reused since the plan (a snapshot deleted meanwhile):
-            // damage only if the region is as it was.
-            Err(e) if e.kind == ErrorKind::Corrupt => {
-                if pack_plan(names, first, &mut self.inner.meta.lock())?.0 == plan {
-                    return Err(e);
-                }
-                rep.regions_skipped += 1;
-                return Ok((plan.mapped.len() as u64 * GRAIN_BYTES, end));
-            }
-            Err(e) => return Err(e),
+        let Some((layers, read)) = self.region_fragments(names, (codec, first), &plan, rep)? else {
+            rep.regions_skipped += 1;
+            return Ok((plan.mapped.len() as u64 * GRAIN_BYTES, end));
         };
-        add_moved(&mut layers, moved);
-        let read = plan.mapped.len() as u64 * GRAIN_BYTES + stream_read;
         if layers.iter().all(|l| l.is_empty()) {
             return Ok((read, end));
         }
@@ -196,26 +182,41 @@ impl Datastore {
             placed.iter().partition(|p| !left.contains(&p.first));
         self.give_back_streams(&mut m, left)?;
         drop(m);
-        for p in kept {
-            rep.stream_bytes += p.stream.len() as u64 * GRAIN_BYTES;
-            for f in &layers[p.layer][p.frags.clone()] {
-                if let Source::Stream(_) = f.from {
-                    rep.repacked_bytes += f.bytes.len() as u64;
-                    continue;
-                }
-                let bytes = u64::from(f.span) * GRAIN_BYTES;
-                rep.packed_bytes += bytes;
-                match f.span {
-                    2 => rep.pair_bytes += bytes,
-                    4 => rep.quad_bytes += bytes,
-                    _ => {}
-                }
-            }
-        }
+        tally(rep, &kept, &layers);
         self.inner
             .mutations
             .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok((read, end))
+    }
+
+    /// The region's fragments by layer, and the bytes read for them: its
+    /// raw candidates compressed, and the live fragments of its half-dead
+    /// stream grains (§18.10). None when a stream grain read without the
+    /// lock does not decode and the region changed since `plan` (a
+    /// snapshot deleted meanwhile may have freed it): the region is
+    /// skipped. If the region is as it was, that is damage.
+    fn region_fragments(
+        &self,
+        names: &[String],
+        (codec, first): (Codec, u64),
+        plan: &Plan,
+        rep: &mut CompressReport,
+    ) -> Result<Option<(Vec<Vec<Frag>>, u64)>> {
+        let mut layers = self.compress_plan(&plan.mapped, codec, rep)?;
+        let streams: Vec<u64> = plan.streams.iter().map(|s| s.0).collect();
+        let (moved, stream_read) = match self.half_dead(&streams) {
+            Ok(got) => got,
+            Err(e) if e.kind == ErrorKind::Corrupt => {
+                if pack_plan(names, first, &mut self.inner.meta.lock())?.0 == *plan {
+                    return Err(e);
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        add_moved(&mut layers, moved);
+        let read = plan.mapped.len() as u64 * GRAIN_BYTES + stream_read;
+        Ok(Some((layers, read)))
     }
 
     /// Read the plan's grains a window at a time and compress them into
@@ -452,6 +453,28 @@ fn pair_at(single: &mut Singles<'_>, j: usize) -> Option<Frag> {
     let plain = [run[0].2, run[1].2].concat();
     let c = fragment(single.codec, &plain).filter(|c| c.len() + 16 < alone)?;
     Some(run_fragment(run, single.codec, c))
+}
+
+/// Count into `rep` what the installed streams `kept` hold: their
+/// grains, the virtual grains packed (pairs and quads apart) and the
+/// stored bytes repacked.
+fn tally(rep: &mut CompressReport, kept: &[&Placed], layers: &[Vec<Frag>]) {
+    for p in kept {
+        rep.stream_bytes += p.stream.len() as u64 * GRAIN_BYTES;
+        for f in &layers[p.layer][p.frags.clone()] {
+            if let Source::Stream(_) = f.from {
+                rep.repacked_bytes += f.bytes.len() as u64;
+                continue;
+            }
+            let bytes = u64::from(f.span) * GRAIN_BYTES;
+            rep.packed_bytes += bytes;
+            match f.span {
+                2 => rep.pair_bytes += bytes,
+                4 => rep.quad_bytes += bytes,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// The pieces of `frags` for the layout.

@@ -50,15 +50,22 @@ impl Meta {
         Ok((g0, got))
     }
 
-    /// The leaf entries naming stream grain `g` at `v` (packed: what a
-    /// repack of its fragment there moves, §18.10).
+    /// How many leaf entries name stream grain `g` at `v` (packed: what
+    /// a repack of its fragment there moves, §18.10).
     pub fn packed_naming(&mut self, v: u64, g: u64) -> Result<u32> {
-        let leaves = self.leaves_naming(v, g)?;
-        let mut n = 0;
-        for (leaf, idx, _) in leaves {
-            n += u32::from(strata_format::leaf_packed(self.node(leaf, 0)?[idx]));
+        Ok(self.packed_leaves_naming(v, g)?.len() as u32)
+    }
+
+    /// The leaves naming stream grain `g` at `v` with the packed flag, as
+    /// `leaves_naming` gives them.
+    fn packed_leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+        let mut packed = Vec::new();
+        for l in self.leaves_naming(v, g)? {
+            if strata_format::leaf_packed(self.node(l.0, 0)?[l.1]) {
+                packed.push(l);
+            }
         }
-        Ok(n)
+        Ok(packed)
     }
 
     /// Point every entry naming each packing's `from` at its `v` to its
@@ -81,20 +88,17 @@ impl Meta {
         let mut naming = Vec::with_capacity(packs.len());
         for p in packs {
             let count = self.ref_get(p.from)?;
-            let mut leaves = self.leaves_naming(p.v, p.from)?;
-            if p.repack {
-                let idx = (p.v as usize) & (MAP_FANOUT - 1);
-                let mut packed = Vec::with_capacity(leaves.len());
-                for l in leaves {
-                    if strata_format::leaf_packed(self.node(l.0, 0)?[idx]) {
-                        packed.push(l);
-                    }
-                }
-                leaves = packed;
-                if leaves.is_empty() {
-                    return Ok(false);
-                }
-            } else if count == 0 || leaves.len() as u64 != u64::from(count) {
+            let leaves = if p.repack {
+                self.packed_leaves_naming(p.v, p.from)?
+            } else {
+                self.leaves_naming(p.v, p.from)?
+            };
+            let accounted = if p.repack {
+                !leaves.is_empty()
+            } else {
+                count != 0 && leaves.len() as u64 == u64::from(count)
+            };
+            if !accounted {
                 return Ok(false);
             }
             naming.push((count, leaves));
@@ -113,8 +117,7 @@ impl Meta {
             for &(leaf, _, key) in &leaves {
                 let spill = if p.spills { LEAF_SPILLS } else { 0 };
                 let e = leaf_entry(p.into, key) | LEAF_PACKED | spill;
-                let old = self.node(leaf, 0)?[idx];
-                self.node_set(leaf, 0, idx, e)?;
+                let old = self.node_set(leaf, 0, idx, e)?;
                 if p.repack {
                     self.decref(old, None)?;
                 }
