@@ -120,18 +120,17 @@ pub(crate) struct Unpacked {
     pub grain: u64,
     pub v0: u64,
     pub plain: Vec<u8>,
+    /// A spilling fragment's two parts joined (kept for the next one).
+    joined: Vec<u8>,
 }
 
 impl Unpacked {
-    /// Nothing unpacked yet, in `plain`'s memory (a buffer reused from
+    /// Nothing unpacked any more; the buffers kept (a memo reused from
     /// request to request).
-    pub(crate) fn reusing(mut plain: Vec<u8>) -> Unpacked {
-        plain.clear();
-        Unpacked {
-            grain: 0,
-            v0: 0,
-            plain,
-        }
+    pub(crate) fn cleared(mut self) -> Unpacked {
+        self.plain.clear();
+        (self.grain, self.v0) = (0, 0);
+        self
     }
 
     /// Virtual grain `v`'s 4,096 bytes, if this fragment of `grain`
@@ -181,7 +180,7 @@ impl Store {
             None
         };
         let mut u = Unpacked::default();
-        unpack_into(&mut u, grain, (b, p), next.as_deref(), v)?;
+        unpack_into(&mut u, grain, (b, p), next.as_deref(), (v, None))?;
         Ok(u)
     }
 }
@@ -190,14 +189,18 @@ impl Store {
 /// reused; on an error it holds nothing) from packed stream grain
 /// `grain`, read (`b`) and decoded (`p`), with the grain after it
 /// (`next`) when that fragment spills there: none then is damage (the
-/// map said the fragment does not spill, §18.8 "Counts").
+/// map said the fragment does not spill, §18.8 "Counts"). Given `whole`
+/// (a request's 4,096 bytes of `v`), a fragment of that grain alone is
+/// decompressed straight into it instead (true; `u` then holds nothing):
+/// no other grain could use it, so it is not copied through `u`. On an
+/// error `whole` may hold anything; the read fails.
 fn unpack_into(
     u: &mut Unpacked,
     grain: u64,
     (b, p): (&[u8], &Packed),
     next: Option<&[u8]>,
-    v: u64,
-) -> Result<()> {
+    (v, whole): (u64, Option<&mut [u8]>),
+) -> Result<bool> {
     let damaged = |why: String| packed_damage(grain, v, why);
     u.plain.clear();
     let f = *p
@@ -208,29 +211,37 @@ fn unpack_into(
             "its fragment spills into the next grain, which its map entry does not say".into(),
         ));
     }
-    let stored = p.stored(&f, b, next).map_err(|e| damaged(e.to_string()))?;
+    let stored = p
+        .stored_in(&f, b, next, &mut u.joined)
+        .map_err(|e| damaged(e.to_string()))?;
+    let compressed = &stored[..f.len as usize];
+    if let Some(dst) = whole.filter(|_| f.span == 1) {
+        decompress(f.codec, compressed, dst).map_err(|e| damaged(e.message))?;
+        return Ok(true);
+    }
     u.plain.resize(f.plain_bytes(), 0);
-    if let Err(e) = decompress(f.codec, &stored[..f.len as usize], &mut u.plain) {
+    if let Err(e) = decompress(f.codec, compressed, &mut u.plain) {
         u.plain.clear();
         return Err(damaged(e.message));
     }
     (u.grain, u.v0) = (grain, f.v);
-    Ok(())
+    Ok(false)
 }
 
 /// Virtual grain `v`'s fragment from packed stream grain `grain`'s
 /// bytes `b` (and the next grain's, `next`, when its map entry says it
-/// spills), as a planned read finds them in its buffer, into `u`.
+/// spills), as a planned read finds them in its buffer, into `u`, or
+/// straight into `whole` as [`unpack_into`] says (true).
 pub(crate) fn unpack_bytes(
     u: &mut Unpacked,
     grain: u64,
-    b: &[u8],
-    next: Option<&[u8]>,
+    (b, next): (&[u8], Option<&[u8]>),
     v: u64,
-) -> Result<()> {
+    whole: Option<&mut [u8]>,
+) -> Result<bool> {
     u.plain.clear();
     let p = decode_packed(b).map_err(|e| packed_damage(grain, v, e.to_string()))?;
-    unpack_into(u, grain, (b, &p), next, v)
+    unpack_into(u, grain, (b, &p), next, (v, whole))
 }
 
 #[cfg(test)]

@@ -470,10 +470,18 @@ fn read_fragments(g: &[u8], next: &[u8], p: &strata_format::packed::Packed) -> u
     use strata_format::packed::{decode_packed, encode_stream, Piece};
     let mut read = 0;
     let mut stored = Vec::new();
+    let mut joined = Vec::new();
     for f in &p.fragments {
+        // The read path's form says the same as the plain one.
+        let quick = p
+            .stored_in(f, g, Some(next), &mut joined)
+            .ok()
+            .map(<[u8]>::to_vec);
         let Ok(b) = p.stored(f, g, Some(next)) else {
+            assert!(quick.is_none());
             continue;
         };
+        assert_eq!(quick.as_deref(), Some(&b[..]));
         let mut out = vec![0u8; f.plain_bytes()];
         if crate::compress::decompress(f.codec, &b[..f.len as usize], &mut out).is_ok() {
             read += 1;

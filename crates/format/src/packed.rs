@@ -97,6 +97,10 @@ impl Fragment {
     }
 }
 
+/// A packed grain's directory as decoded: 16 fragments at most, held
+/// inline (a read decodes a grain per request, without an allocation).
+pub type Fragments = smallvec::SmallVec<[Fragment; PACKED_FRAGMENTS_MAX]>;
+
 /// A decoded packed grain: the previous grain's bytes it ends, whether
 /// its last fragment continues into the next grain, and the fragments
 /// that start in it, in the order they lie.
@@ -104,7 +108,7 @@ impl Fragment {
 pub struct Packed {
     pub carry_in: u16,
     pub spills: bool,
-    pub fragments: Vec<Fragment>,
+    pub fragments: Fragments,
 }
 
 impl Packed {
@@ -133,43 +137,104 @@ impl Packed {
 
     /// `f`'s whole stored bytes, checked against its CRC: from `grain`
     /// (decoded into `self`), and for a fragment that spills, the rest
-    /// from `next` (the following pool grain, whose `carry_in` must be
-    /// exactly that rest). Unencrypted, the compressed bytes are the
-    /// first `len` of them.
+    /// from `next` (the following pool grain, whose head must be sound
+    /// and whose `carry_in` must be exactly that rest). Unencrypted, the
+    /// compressed bytes are the first `len` of them.
     pub fn stored<'a>(
         &self,
         f: &Fragment,
         grain: &'a [u8],
         next: Option<&[u8]>,
     ) -> Result<Cow<'a, [u8]>, FormatError> {
-        let at = f.offset as usize;
-        let rest = self.spilled(f);
-        let b: Cow<'a, [u8]> = if rest == 0 {
-            Cow::Borrowed(&grain[at..at + f.stored_len()])
+        let mut joined = Vec::new();
+        let b = if self.join(f, grain, next, &mut joined)? {
+            Cow::Owned(joined)
         } else {
-            let next = next.ok_or(FormatError::Truncated { what: WHAT })?;
-            let after = decode_packed(next)?;
-            if after.carry_in as usize != rest {
-                let why = format!(
-                    "the next grain carries {} bytes of a fragment that spills {rest}",
-                    after.carry_in
-                );
-                return Err(invalid(WHAT, why));
-            }
-            let mut v = grain[at..].to_vec();
-            v.extend_from_slice(after.carried(next));
-            Cow::Owned(v)
+            Cow::Borrowed(self.within(f, grain))
         };
-        let computed = crc24(&b);
-        if computed != f.crc24 {
-            return Err(FormatError::BadChecksum {
-                what: "packed fragment",
-                stored: f.crc24,
-                computed,
-            });
-        }
+        check_crc(f, &b)?;
         Ok(b)
     }
+
+    /// [`Packed::stored`] for the read path: a spilling fragment's two
+    /// parts are joined in `joined` (a buffer kept from read to read), so
+    /// nothing is allocated.
+    pub fn stored_in<'a>(
+        &self,
+        f: &Fragment,
+        grain: &'a [u8],
+        next: Option<&[u8]>,
+        joined: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8], FormatError> {
+        let b = if self.join(f, grain, next, joined)? {
+            &joined[..]
+        } else {
+            self.within(f, grain)
+        };
+        check_crc(f, b)?;
+        Ok(b)
+    }
+
+    /// `f`'s stored bytes when they lie in `grain` alone.
+    fn within<'a>(&self, f: &Fragment, grain: &'a [u8]) -> &'a [u8] {
+        &grain[f.offset as usize..f.offset as usize + f.stored_len()]
+    }
+
+    /// For a fragment that spills: its two parts, from `grain` and
+    /// `next`, into `joined` (true). False for one that does not.
+    fn join(
+        &self,
+        f: &Fragment,
+        grain: &[u8],
+        next: Option<&[u8]>,
+        joined: &mut Vec<u8>,
+    ) -> Result<bool, FormatError> {
+        let rest = self.spilled(f);
+        if rest == 0 {
+            return Ok(false);
+        }
+        let next = next.ok_or(FormatError::Truncated { what: WHAT })?;
+        let carried = carried_by(next)?;
+        if carried.len() != rest {
+            let why = format!(
+                "the next grain carries {} bytes of a fragment that spills {rest}",
+                carried.len()
+            );
+            return Err(invalid(WHAT, why));
+        }
+        joined.clear();
+        joined.extend_from_slice(&grain[f.offset as usize..]);
+        joined.extend_from_slice(carried);
+        Ok(true)
+    }
+}
+
+/// The bytes packed grain `b` carries from the grain before it, its head
+/// checked (magic, version, count, reserved bytes, the directory's CRC)
+/// and the carry inside its data area. Its own fragments are not looked
+/// at: a read of the fragment spilling into it needs only these bytes,
+/// which that fragment's CRC covers.
+fn carried_by(b: &[u8]) -> Result<&[u8], FormatError> {
+    let (n, carry_in, _) = decode_head(b)?;
+    let (at, carry) = (HEAD + ENTRY * n, carry_in as usize);
+    if !carry.is_multiple_of(ALIGN) || at + carry > GRAIN {
+        let why = format!("{n} fragments and {carry} carried bytes");
+        return Err(invalid(WHAT, why));
+    }
+    Ok(&b[at..at + carry])
+}
+
+/// `b`, a fragment's whole stored bytes, against the fragment's CRC.
+fn check_crc(f: &Fragment, b: &[u8]) -> Result<(), FormatError> {
+    let computed = crc24(b);
+    if computed != f.crc24 {
+        return Err(FormatError::BadChecksum {
+            what: "packed fragment",
+            stored: f.crc24,
+            computed,
+        });
+    }
+    Ok(())
 }
 
 /// A fragment to lay out: the virtual grain (the first of a run), codec,
@@ -386,7 +451,7 @@ pub fn decode_packed(b: &[u8]) -> Result<Packed, FormatError> {
     let (n, carry_in, spills) = decode_head(b)?;
     let fragments = (0..n)
         .map(|i| decode_entry(b, i))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Fragments, _>>()?;
     if b[4] == PACKED_VERSION && fragments.iter().any(|f| f.span == 4) {
         return Err(invalid(WHAT, "a quad in a version-1 grain"));
     }
@@ -553,6 +618,7 @@ mod tests {
             "{}",
             s.len()
         );
+        let mut joined = Vec::new();
         for (i, (v, span, codec, bytes)) in f.iter().enumerate() {
             let at = s.starts[i];
             let g = grain(&s, at);
@@ -571,11 +637,23 @@ mod tests {
             assert_eq!(b.len(), footprint(bytes.len()));
             assert_eq!(&b[..bytes.len()], &bytes[..]);
             assert!(b[bytes.len()..].iter().all(|&z| z == 0));
+            // The read path's form gives the same bytes, its buffer
+            // reused from fragment to fragment.
+            assert_eq!(p.stored_in(e, g, next, &mut joined).unwrap(), &b[..]);
             if p.spilled(e) > 0 {
                 // The rest is in the next grain, and only there.
                 assert!(p.stored(e, g, None).is_err());
+                assert!(p.stored_in(e, g, None, &mut joined).is_err());
                 let q = decode_packed(next.unwrap()).unwrap();
                 assert_eq!(q.carry_in as usize, p.spilled(e));
+                // A next grain whose head is damaged is refused, though
+                // the bytes carried are sound.
+                let mut bad = next.unwrap().to_vec();
+                bad[13] = 1;
+                assert!(p.stored_in(e, g, Some(&bad), &mut joined).is_err());
+                bad[13] = 0;
+                bad[8] ^= 1;
+                assert!(p.stored(e, g, Some(&bad)).is_err());
             }
         }
         // Only the last grain never spills; a grain's count never tops 16.

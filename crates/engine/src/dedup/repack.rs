@@ -63,7 +63,7 @@ impl Datastore {
                     moved.push(moved_fragment(&grains, s, &f)?);
                 }
             }
-            let own: Vec<Fragment> = grains[&g].1.fragments.clone();
+            let own: Vec<Fragment> = grains[&g].1.fragments.to_vec();
             for (f, &named) in own.iter().zip(&l.own) {
                 if !named || !taken.insert((g, f.v)) {
                     continue;

@@ -177,17 +177,17 @@ fn unpacking(steps: Vec<Step>) -> strata_block::AfterRead {
         // The fragment last decompressed, in the thread's buffer; from
         // this request only (once the plan is finished the grains read
         // may be freed and used again).
-        let mut memo = Unpacked::reusing(PLAIN.take());
+        let mut memo = PLAIN.take().cleared();
         let r = unpack_steps(&steps, out, src, &mut memo);
-        PLAIN.set(memo.plain);
+        PLAIN.set(memo);
         r
     })
 }
 
 thread_local! {
-    /// Each ring thread's buffer for the fragment a planned read
+    /// Each ring thread's buffers for the fragment a planned read
     /// decompresses (an allocation per read cost as much as LZ4).
-    static PLAIN: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static PLAIN: std::cell::Cell<Unpacked> = std::cell::Cell::new(Unpacked::default());
 }
 
 /// A planned read's `after_read`: `steps` carried out from the plan's
@@ -206,7 +206,13 @@ fn unpack_steps(steps: &[Step], out: &mut [u8], src: &[u8], memo: &mut Unpacked)
             } => {
                 if memo.bytes(grain, v).is_none() {
                     let next = spills.then(|| &src[from + GRAIN..from + 2 * GRAIN]);
-                    unpack_bytes(memo, grain, &src[from..from + GRAIN], next, v)?;
+                    let b = (&src[from..from + GRAIN], next);
+                    // A whole grain asked for: decompressed straight into
+                    // the request when its fragment holds it alone.
+                    let whole = (to.len() == GRAIN).then(|| &mut out[to.clone()]);
+                    if unpack_bytes(memo, grain, b, v, whole)? {
+                        continue;
+                    }
                 }
                 let bytes = memo.bytes(grain, v).expect("just unpacked");
                 out[to.clone()].copy_from_slice(&bytes[within..within + to.len()]);
