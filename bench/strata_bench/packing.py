@@ -18,8 +18,8 @@ strata and by qemu-img in the same run, then served packed and raw.
   (strata `--cache none --aio native`, qemu-nbd `--cache=none
   --aio=native`: every read from the device) and `cached` (writeback, the
   disks read whole first: every read from the page cache, the servers'
-  CPU per read); windows rotated and repeated, medians; LZ4 against raw
-  [>= 0.85].
+  CPU per read); windows rotated and repeated (raw and LZ4 back to back),
+  medians, and each server's CPU per read; LZ4 against raw [>= 0.85].
 - `writes`: 4 KiB random writes (QD16, the disk's first quarter) and 512
   KiB sequential writes (the rest) to the LZ4-packed disk against the raw
   one, each trial on a region of the disk no trial wrote before (a write
