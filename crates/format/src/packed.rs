@@ -150,7 +150,7 @@ impl Packed {
         let b = if self.join(f, grain, next, &mut joined)? {
             Cow::Owned(joined)
         } else {
-            Cow::Borrowed(self.within(f, grain))
+            Cow::Borrowed(within(f, grain))
         };
         check_crc(f, &b)?;
         Ok(b)
@@ -169,15 +169,10 @@ impl Packed {
         let b = if self.join(f, grain, next, joined)? {
             &joined[..]
         } else {
-            self.within(f, grain)
+            within(f, grain)
         };
         check_crc(f, b)?;
         Ok(b)
-    }
-
-    /// `f`'s stored bytes when they lie in `grain` alone.
-    fn within<'a>(&self, f: &Fragment, grain: &'a [u8]) -> &'a [u8] {
-        &grain[f.offset as usize..f.offset as usize + f.stored_len()]
     }
 
     /// For a fragment that spills: its two parts, from `grain` and
@@ -222,6 +217,11 @@ fn carried_by(b: &[u8]) -> Result<&[u8], FormatError> {
         return Err(invalid(WHAT, why));
     }
     Ok(&b[at..at + carry])
+}
+
+/// `f`'s stored bytes when they lie in `grain` alone.
+fn within<'a>(f: &Fragment, grain: &'a [u8]) -> &'a [u8] {
+    &grain[f.offset as usize..f.offset as usize + f.stored_len()]
 }
 
 /// `b`, a fragment's whole stored bytes, against the fragment's CRC.

@@ -87,16 +87,17 @@ impl Meta {
         // changed below.
         let mut naming = Vec::with_capacity(packs.len());
         for p in packs {
-            let count = self.ref_get(p.from)?;
-            let leaves = if p.repack {
-                self.packed_leaves_naming(p.v, p.from)?
+            // A repacked fragment's old stream grain keeps its count
+            // (its entries release it below); a raw grain's is read.
+            let (count, leaves, accounted) = if p.repack {
+                let leaves = self.packed_leaves_naming(p.v, p.from)?;
+                let named = !leaves.is_empty();
+                (0, leaves, named)
             } else {
-                self.leaves_naming(p.v, p.from)?
-            };
-            let accounted = if p.repack {
-                !leaves.is_empty()
-            } else {
-                count != 0 && leaves.len() as u64 == u64::from(count)
+                let count = self.ref_get(p.from)?;
+                let leaves = self.leaves_naming(p.v, p.from)?;
+                let whole = count != 0 && leaves.len() as u64 == u64::from(count);
+                (count, leaves, whole)
             };
             if !accounted {
                 return Ok(false);
