@@ -559,7 +559,9 @@ impl Meta {
         for g in goals.into_iter().flatten() {
             if self.block_fits(g / BLOCK_GRAINS, place, reserving) && self.allocatable(g)? {
                 self.take(g)?;
-                self.anchor(owner, region, v, g);
+                if anchor.is_none() {
+                    self.anchor(owner, region, v, g);
+                }
                 return Ok(g);
             }
         }

@@ -255,12 +255,32 @@ impl Meta {
         Ok(())
     }
 
+    /// `g`'s count. One page-cache lookup when its count page is cached
+    /// (every allocation and release asks).
     pub fn ref_get(&mut self, g: u64) -> Result<u32> {
         let g = leaf_grain(g);
-        let page = g / REFS_PER_PAGE as u64;
+        let (page, i) = (
+            g / REFS_PER_PAGE as u64,
+            (g % REFS_PER_PAGE as u64) as usize,
+        );
+        if let Some(PageData::Ref(c)) = self.cache.get(PageKey::Ref(page)) {
+            return Ok(c[i]);
+        }
         self.load_ref_page(page)?;
         match self.cache.get(PageKey::Ref(page)) {
-            Some(PageData::Ref(c)) => Ok(c[(g % REFS_PER_PAGE as u64) as usize]),
+            Some(PageData::Ref(c)) => Ok(c[i]),
+            _ => unreachable!("ref page just loaded"),
+        }
+    }
+
+    /// The counts of `page`, loaded if need be, for modification (marked
+    /// dirty).
+    pub(super) fn ref_page_mut(&mut self, page: u64) -> Result<&mut [u32; REFS_PER_PAGE]> {
+        if !self.cache.contains(PageKey::Ref(page)) {
+            self.load_ref_page(page)?;
+        }
+        match self.cache.get_dirty(PageKey::Ref(page)) {
+            Some(PageMut::Ref(c)) => Ok(c),
             _ => unreachable!("ref page just loaded"),
         }
     }
@@ -268,11 +288,7 @@ impl Meta {
     /// Set a count in memory only (allocation before install).
     pub(super) fn ref_put(&mut self, g: u64, count: u32) -> Result<()> {
         let page = g / REFS_PER_PAGE as u64;
-        self.load_ref_page(page)?;
-        match self.cache.get_dirty(PageKey::Ref(page)) {
-            Some(PageMut::Ref(c)) => c[(g % REFS_PER_PAGE as u64) as usize] = count,
-            _ => unreachable!("ref page just loaded"),
-        }
+        self.ref_page_mut(page)?[(g % REFS_PER_PAGE as u64) as usize] = count;
         Ok(())
     }
 

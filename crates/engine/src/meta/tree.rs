@@ -242,10 +242,8 @@ impl Meta {
         st.mapped_grains += old.iter().filter(|&&o| o == 0).count() as u64;
         st.nb += new_blocks;
         self.put_version(st);
-        for o in old.into_iter().filter(|&o| o != 0) {
-            self.decref(o, None)?;
-        }
-        Ok(())
+        old.retain(|&o| o != 0);
+        self.release_data(&old)
     }
 
     /// Unmap one virtual grain.
