@@ -42,7 +42,7 @@ import subprocess
 import time
 from statistics import median
 
-from .common import ROOT, cpu_of, drop_caches, ratio, sh, smoke
+from .common import ROOT, cpu_of, drop_caches, ratio, sh, size_bytes, smoke
 from .fio import fio
 from .seaweedfs import (UPLOAD_DEPTH, ObjectStoreStrata, start_seaweedfs, stop_seaweedfs,
                         store_ceiling)
@@ -217,6 +217,12 @@ def _rotated(trials, names, window):
     return got
 
 
+def _paired(got):
+    """The median of each trial's LZ4 window against the raw one beside
+    it, in GOT ({"lz4": [...], "raw": [...]})."""
+    return ratio(median(a / b for a, b in zip(got["lz4"], got["raw"])), 1)
+
+
 # The reads' two regimes, like with like: strata's serve options and
 # qemu-nbd's cache and aio modes.
 READ_REGIMES = {
@@ -275,8 +281,7 @@ def _reads(s, img, qcow2, rt, trials):
             "qemu_nbd": " ".join(f"--{k}={v}" for k, v in qemu.items()),
             "iops": iops, "median_iops": med,
             "lz4_vs_raw": ratio(med["lz4"], med["raw"]),
-            # Each trial's LZ4 window against the raw one beside it.
-            "lz4_vs_raw_paired": ratio(median(a / b for a, b in zip(iops["lz4"], iops["raw"])), 1),
+            "lz4_vs_raw_paired": _paired(iops),
             "zstd_vs_raw": ratio(med["zstd"], med["raw"]),
             "zstd_vs_qemu_nbd_qcow2": ratio(med["zstd"], med[qemu_nbd]),
             "server_cpu_us_per_read": {n: median(v) for n, v in cpu.items()},
@@ -315,13 +320,11 @@ def _writes(s, img, rt, trials):
                     r = fio(s.uri(n), rw, bs, iodepth=16, size=region, extra=[f"--offset={at}"],
                             runtime=rt if rw == "randwrite" else None)
                     got[n].append(round(r["bw_mib"], 1))
-                    gib = max(r["ios"], 1) * (4096 if bs == "4k" else 512 << 10) / (1 << 30)
+                    gib = max(r["ios"], 1) * size_bytes(bs.upper()) / (1 << 30)
                     cpu[n].append(round((cpu_of(s.proc.pid) - c) / gib, 3))
             out[kind] = {"region_mib": region >> 20, "mib_s": got,
                          "lz4_vs_raw": ratio(median(got["lz4"]), median(got["raw"])),
-                         # Each trial's LZ4 window against the raw one beside it.
-                         "lz4_vs_raw_paired": ratio(
-                             median(a / b for a, b in zip(got["lz4"], got["raw"])), 1),
+                         "lz4_vs_raw_paired": _paired(got),
                          # The server's CPU seconds per GiB written: what the
                          # redirect costs strata, apart from the page cache's
                          # and the host's allocation of new pages.

@@ -6,6 +6,7 @@
 //! compresses and decompresses a fragment is the engine's.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use crate::{invalid, FormatError, GRAIN_BYTES};
 
@@ -122,13 +123,6 @@ impl Packed {
         self.fragments.iter().find(|f| f.covers(v))
     }
 
-    /// The bytes of the previous grain's last fragment at the start of
-    /// `grain`'s data area (`grain` is the one decoded into `self`).
-    pub fn carried<'a>(&self, grain: &'a [u8]) -> &'a [u8] {
-        let at = self.data_start();
-        &grain[at..at + self.carry_in as usize]
-    }
-
     /// How many of `f`'s stored bytes continue in the next grain (0 for
     /// every fragment but a spilling last one).
     pub fn spilled(&self, f: &Fragment) -> usize {
@@ -211,12 +205,20 @@ impl Packed {
 /// which that fragment's CRC covers.
 fn carried_by(b: &[u8]) -> Result<&[u8], FormatError> {
     let (n, carry_in, _) = decode_head(b)?;
+    Ok(&b[carry_area(n, carry_in, false)?])
+}
+
+/// Where a grain of `n` fragments holds the `carry_in` bytes it carries:
+/// on the 16-byte boundary, inside the grain; also refused, when `whole`
+/// (the grain decoded for its own fragments), a grain that holds neither
+/// fragments nor carried bytes.
+fn carry_area(n: usize, carry_in: u16, whole: bool) -> Result<Range<usize>, FormatError> {
     let (at, carry) = (HEAD + ENTRY * n, carry_in as usize);
-    if !carry.is_multiple_of(ALIGN) || at + carry > GRAIN {
+    if !carry.is_multiple_of(ALIGN) || at + carry > GRAIN || (whole && n == 0 && carry == 0) {
         let why = format!("{n} fragments and {carry} carried bytes");
         return Err(invalid(WHAT, why));
     }
-    Ok(&b[at..at + carry])
+    Ok(at..at + carry)
 }
 
 /// `f`'s stored bytes when they lie in `grain` alone.
@@ -460,12 +462,7 @@ pub fn decode_packed(b: &[u8]) -> Result<Packed, FormatError> {
         spills,
         fragments,
     };
-    let carry = carry_in as usize;
-    if !carry.is_multiple_of(ALIGN) || p.data_start() + carry > GRAIN || (n == 0 && carry == 0) {
-        let why = format!("{n} fragments and {carry} carried bytes");
-        return Err(invalid(WHAT, why));
-    }
-    let mut end = p.data_start() + carry;
+    let mut end = carry_area(n, carry_in, true)?.end;
     for (i, f) in p.fragments.iter().enumerate() {
         let (at, stop) = (f.offset as usize, f.offset as usize + f.stored_len());
         if at < end {

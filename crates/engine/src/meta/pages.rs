@@ -276,9 +276,7 @@ impl Meta {
     /// The counts of `page`, loaded if need be, for modification (marked
     /// dirty).
     pub(super) fn ref_page_mut(&mut self, page: u64) -> Result<&mut [u32; REFS_PER_PAGE]> {
-        if !self.cache.contains(PageKey::Ref(page)) {
-            self.load_ref_page(page)?;
-        }
+        self.load_ref_page(page)?;
         match self.cache.get_dirty(PageKey::Ref(page)) {
             Some(PageMut::Ref(c)) => Ok(c),
             _ => unreachable!("ref page just loaded"),
@@ -306,8 +304,7 @@ impl Meta {
         }
         let per = REFS_PER_PAGE as u64;
         for p in from / per..to.div_ceil(per) {
-            self.load_ref_page(p)?;
-            self.cache.get_dirty(PageKey::Ref(p));
+            self.ref_page_mut(p)?;
         }
         Ok(())
     }
