@@ -564,6 +564,62 @@ fn a_full_clone_takes_a_rate_and_a_cancelled_one_leaves_no_disk() {
     qemu_io_ok(&["-f", "raw"], &s.uri("c"), &["read -P 7 0 32M"]);
 }
 
+/// A server that is asked to stop (SIGTERM) stops the jobs clients
+/// started at the end of a step before it closes the datastore: a paused
+/// import gives up and removes its half-made disk, a compress keeps the
+/// regions it packed; after a restart both read cancelled, saying so, the
+/// datastore checks clean and the packed disk reads its bytes.
+#[test]
+fn a_stopping_server_stops_its_jobs_at_a_step_and_an_import_leaves_no_half_made_disk() {
+    use std::os::unix::fs::FileExt;
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "32M"]);
+    // 1 GiB with 4 KiB of data in every MiB: thousands of steps.
+    let image = s.dir.path().join("sparse.raw");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(1 << 30).unwrap();
+    for mib in 0..1024u64 {
+        f.write_all_at(&[0x5a; 4096], mib << 20).unwrap();
+    }
+    let srv = s.serve();
+    qemu_io_ok(&["-f", "raw"], &s.uri("vm"), &["write -P 7 0 32M"]);
+    // 32 MiB at 1 MiB/s: still running when the server stops.
+    let packing = s.json(&["compress", "vm", "--rate", "1M", "--detach"]);
+    let packing = packing["id"].as_u64().unwrap();
+    let import = s.json(&["import", image.to_str().unwrap(), "big", "--detach"]);
+    let import = import["id"].as_u64().unwrap();
+    s.ok(&["jobs", "pause", &import.to_string()]);
+    s.wait_job(import, "paused", Duration::from_secs(60));
+    s.wait_job(packing, "running", Duration::from_secs(60));
+    srv.stop();
+
+    let _srv = s.serve();
+    for id in [import, packing] {
+        let j = s.job(id);
+        assert_eq!(j["state"], "cancelled", "{j}");
+        let e = j["error"].as_str().unwrap();
+        assert!(e.starts_with("stopped: the server stops"), "{j}");
+    }
+    let e = s.job(import)["error"].as_str().unwrap().to_string();
+    assert!(e.contains("half-made disk 'big' was removed"), "{e}");
+    assert_eq!(s.disk_names(), ["vm"]);
+    assert!(s.ok(&["check"]).contains("clean"));
+    qemu_io_ok(&["-f", "raw"], &s.uri("vm"), &["read -P 7 0 32M"]);
+    // An import stops at 'strata jobs cancel' the same way.
+    let again = s.json(&["import", image.to_str().unwrap(), "big", "--detach"]);
+    let again = again["id"].as_u64().unwrap();
+    s.ok(&["jobs", "cancel", &again.to_string()]);
+    let j = s.wait_job(again, "cancelled", Duration::from_secs(60));
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("stopped by 'strata jobs cancel'"),
+        "{j}"
+    );
+    assert_eq!(s.disk_names(), ["vm"]);
+}
+
 /// The jobs list outlives its server (jobs.json): finished jobs are
 /// listed after a restart, newest first with their times and target, a
 /// job that was running when the server was killed reads interrupted,

@@ -9,7 +9,7 @@ use std::path::Path;
 use strata_api::{ImageFormat, ImportBase, ImportReport, KeyGrant};
 use strata_block::{BlockDevice, ZeroOptions};
 use strata_datastore::{Datastore, EncryptedDisk};
-use strata_engine::{Error, ErrorKind, Provisioning};
+use strata_engine::{Error, ErrorKind, Provisioning, WorkControl};
 
 /// What `import --base` compares at a time.
 const CHUNK: usize = 1 << 20;
@@ -26,9 +26,28 @@ pub struct Import<'a> {
     pub encrypt: Option<&'a KeyGrant>,
     /// Start from this disk's state, sharing it (FORMAT.md §17.2a).
     pub base: Option<&'a str>,
+    /// A job's control (a server's job: pause, cancel, the server's stop).
+    pub control: Option<&'a WorkControl>,
 }
 
 impl Import<'_> {
+    /// Between two chunks: wait while the job is paused; an error once it
+    /// is cancelled (the caller removes the half-made disk).
+    pub fn step(&self) -> Result<(), Error> {
+        match self.control {
+            Some(c) => c.checkpoint().map_err(|e| {
+                c.stopped_leaving(
+                    e,
+                    &format!(
+                        "the half-made disk '{}' was removed; import again",
+                        self.name
+                    ),
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Create the new disk of `size` bytes, encrypted when a key was given,
     /// holding its base's state when one was.
     pub fn create(&self, ds: &dyn Datastore, size: u64) -> Result<(), Error> {
@@ -105,14 +124,15 @@ impl Import<'_> {
 }
 
 /// Bring `h`, a new disk holding its base's state, to the bytes of the
-/// image file `f` (`size` bytes), a chunk at a time: the grains that
-/// differ are written (unmapped where the image holds zeros), equal ones
-/// stay shared. Holes of a sparse image read as zeros (no disk I/O).
+/// image file `f` (as long as the disk), a chunk at a time, calling
+/// `step` before each: the grains that differ are written (unmapped where
+/// the image holds zeros), equal ones stay shared. Holes of a sparse image
+/// read as zeros (no disk I/O).
 pub fn copy_onto_base(
     h: &dyn BlockDevice,
     f: &std::fs::File,
-    size: u64,
     base: &str,
+    step: &dyn Fn() -> Result<(), Error>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportBase, Error> {
     let mut r = ImportBase {
@@ -121,9 +141,11 @@ pub fn copy_onto_base(
         written_bytes: 0,
         unmapped_bytes: 0,
     };
+    let size = h.size_bytes();
     let (mut img, mut cur) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
     let mut off = 0u64;
     while off < size {
+        step()?;
         let n = (CHUNK as u64).min(size - off) as usize;
         f.read_exact_at(&mut img[..n], off)
             .map_err(|e| Error::new(ErrorKind::Io, format!("reading the image at {off}: {e}")))?;

@@ -150,6 +150,9 @@ fn small(r: &Response) -> bool {
 /// What the error of a cancelled job starts with.
 const STOPPED_BY_CANCEL: &str = "stopped by 'strata jobs cancel'";
 
+/// What the error of a job the server's stop ended starts with.
+pub const STOPPED_BY_SHUTDOWN: &str = "stopped: the server stops";
+
 /// The server's jobs.
 #[derive(Default)]
 pub struct Jobs {
@@ -319,6 +322,7 @@ impl Jobs {
                     | Request::DedupEstimate { .. }
                     | Request::Dedup { .. }
                     | Request::Compress { .. }
+                    | Request::Import { .. }
                     | Request::Key(strata_api::KeyRequest::Rekey { deep: true, .. })
                     | Request::Move { .. }
                     | Request::CloneFull { .. }
@@ -370,6 +374,47 @@ impl Jobs {
         if let Some(j) = self.list.lock().iter().find(|j| j.id == id) {
             j.control.cancel_with(why);
         }
+    }
+
+    /// The server stops: every job still running is stopped at the end of
+    /// its current step (the error of each starting with `why`) and waited
+    /// for, up to `bound` in all; one that cannot be stopped part-way
+    /// (export, diffs, an eager-zeroed create) is paused there instead, and
+    /// the next server lists it as interrupted. The jobs left running or
+    /// paused when the bound passed, by description.
+    pub fn stop_all(&self, why: &str, bound: std::time::Duration) -> Vec<String> {
+        let running: Vec<Arc<Job>> = self
+            .list
+            .lock()
+            .iter()
+            .filter(|j| j.state.lock().result.is_none())
+            .cloned()
+            .collect();
+        for j in &running {
+            if j.cancellable {
+                j.control.cancel_with(why);
+            } else {
+                j.control.pause();
+            }
+        }
+        let until = std::time::Instant::now() + bound;
+        let mut left = Vec::new();
+        for j in running {
+            let mut ended = !j.cancellable;
+            while !ended {
+                let now = std::time::Instant::now();
+                if now >= until {
+                    break;
+                }
+                ended = j.wait(until - now).1.is_some();
+            }
+            if !ended || !j.cancellable {
+                left.push(format!("job {} ({})", j.id, j.what));
+            }
+        }
+        // What the ended ones' threads may not have written yet.
+        self.save();
+        left
     }
 
     /// Take finished job `id` off the list (a background pass that found

@@ -187,6 +187,7 @@ pub fn import(
         let mut buf = vec![0u8; CHUNK];
         let mut off = 0u64;
         while off < size {
+            what.step()?;
             let n = (CHUNK as u64).min(size - off) as usize;
             let piece = &mut buf[..n];
             f.read_exact_at(piece, base + off)

@@ -475,6 +475,7 @@ fn image_request(
                 format: *format,
                 encrypt: encrypt.as_ref(),
                 base: base.as_deref(),
+                control: ctx.control.as_deref(),
             };
             Ok(Response::Import(crate::vmdk_ops::import(
                 ctx.ds, what, progress,

@@ -353,11 +353,13 @@ fn start_datastore(
         }
     };
     up.places = Some(places.clone());
+    let jobs = Arc::new(crate::jobs::Jobs::open(home.ds.dir(), places.clone()));
+    up.jobs = Some(jobs.clone());
     let handler = Arc::new(control::Handler {
         ds: home.ds.clone(),
         vmdks: vmdk_exports(home.opened),
         stats: home.registry.clone(),
-        jobs: Arc::new(crate::jobs::Jobs::open(home.ds.dir(), places.clone())),
+        jobs,
         mover: Some(places),
         clients: Arc::default(),
     });

@@ -218,7 +218,7 @@ fn import_raw(
     what.create(ds, size)?;
     let h = ds.open(name)?;
     if let Some(base) = what.base {
-        let r = crate::imports::copy_onto_base(&*h, &f, size, base, progress);
+        let r = crate::imports::copy_onto_base(&*h, &f, base, &|| what.step(), progress);
         if r.is_err() {
             let _ = ds.remove(name);
         }
@@ -228,6 +228,7 @@ fn import_raw(
         let mut buf = vec![0u8; CHUNK as usize];
         let mut off = 0u64;
         while off < size {
+            what.step()?;
             // Skip holes of sparse files without reading them.
             let data = seek_data(&f, off).unwrap_or(off);
             if data >= size {
@@ -471,6 +472,7 @@ fn copy_link(
     img: &VmdkImage,
     level: usize,
     dev: &dyn BlockDevice,
+    step: &dyn Fn() -> Result<(), Error>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), Error> {
     let base = level == img.links.len() - 1;
@@ -486,6 +488,7 @@ fn copy_link(
                 RangeState::Data => {
                     let mut p = 0u64;
                     while p < len {
+                        step()?;
                         let n = CHUNK.min(len - p) as usize;
                         img.read_link(level, &mut buf[..n], off + p)?;
                         put_grains(dev, &buf[..n], off + p, !base)?;
@@ -517,7 +520,10 @@ fn import_vmdk(
         let total = size * levels as u64;
         let mut done = 0u64;
         for level in (0..levels).rev() {
-            copy_link(&img, level, &*h, &mut |at| progress(done + at, total))?;
+            let step = || what.step();
+            copy_link(&img, level, &*h, &step, &mut |at| {
+                progress(done + at, total)
+            })?;
             done += size;
             progress(done, total);
             if level > 0 {

@@ -184,7 +184,7 @@ fn run_one(handler: &Handler, pass: Pass, request: Request, stop: &AtomicBool) -
             break r;
         }
         if stop.load(Ordering::Acquire) && !stopping {
-            handler.jobs.stop(job.id, "stopped: the server stops");
+            handler.jobs.stop(job.id, crate::jobs::STOPPED_BY_SHUTDOWN);
             stopping = true;
         }
     };

@@ -22,6 +22,9 @@ pub(super) struct Running {
     pub(super) control: Vec<(control::Acceptor, Option<PathBuf>)>,
     /// 5. The holder records of the VMDK files (dropping them removes them).
     pub(super) held: Vec<holders::Records>,
+    /// 5b. The jobs clients started (stopped at a step's end, after the
+    ///     control sockets, so that none starts meanwhile).
+    pub(super) jobs: Option<Arc<crate::jobs::Jobs>>,
     /// 6. Alarms and the kind's background work.
     pub(super) background: Option<Background>,
     /// 7. HTTP (dashboard, API, metrics).
@@ -55,6 +58,7 @@ impl Running {
             places: None,
             control: Vec::new(),
             held: Vec::new(),
+            jobs: None,
             background: None,
             http: None,
             nbd: None,
@@ -101,6 +105,9 @@ impl Running {
             if let Some(p) = socket {
                 let _ = std::fs::remove_file(p);
             }
+        }
+        if let Some(jobs) = self.jobs.take() {
+            stop_jobs(&jobs);
         }
         if let Some(p) = self.places.take() {
             p.close();
@@ -163,5 +170,23 @@ impl Drop for Running {
         if let Err(e) = self.stop_parts() {
             tracing::error!("closing the datastore failed: {e}");
         }
+    }
+}
+
+/// How long a stopping server waits for its jobs to reach the end of a
+/// step (a region of a pass, a chunk of an import).
+const JOBS_STOP_BOUND: Duration = Duration::from_secs(30);
+
+/// Stop the jobs clients started at the end of their current step, so that
+/// the datastore closes with none of them writing; log those left (paused,
+/// or still in a step), which the next server lists as interrupted.
+fn stop_jobs(jobs: &crate::jobs::Jobs) {
+    let left = jobs.stop_all(crate::jobs::STOPPED_BY_SHUTDOWN, JOBS_STOP_BOUND);
+    if !left.is_empty() {
+        tracing::warn!(
+            event = "stopping",
+            "jobs left unfinished (listed as interrupted by the next server): {}",
+            left.join(", ")
+        );
     }
 }
