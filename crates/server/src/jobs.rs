@@ -101,6 +101,19 @@ impl Job {
         }
         ((st.done, st.total), st.result.clone())
     }
+
+    /// Wait until the job has ended, or `until`; whether it ended.
+    fn ends_by(&self, until: std::time::Instant) -> bool {
+        loop {
+            let now = std::time::Instant::now();
+            if now >= until {
+                return false;
+            }
+            if self.wait(until - now).1.is_some() {
+                return true;
+            }
+        }
+    }
 }
 
 /// Log how job `j` ended with `r`: done, cancelled (its error says what
@@ -400,15 +413,7 @@ impl Jobs {
         let until = std::time::Instant::now() + bound;
         let mut left = Vec::new();
         for j in running {
-            let mut ended = !j.cancellable;
-            while !ended {
-                let now = std::time::Instant::now();
-                if now >= until {
-                    break;
-                }
-                ended = j.wait(until - now).1.is_some();
-            }
-            if !ended || !j.cancellable {
+            if !j.cancellable || !j.ends_by(until) {
                 left.push(format!("job {} ({})", j.id, j.what));
             }
         }
