@@ -620,6 +620,41 @@ fn a_stopping_server_stops_its_jobs_at_a_step_and_an_import_leaves_no_half_made_
     assert_eq!(s.disk_names(), ["vm"]);
 }
 
+/// An export is a job `strata jobs cancel` stops: one blocked opening a
+/// pipe nobody reads yet takes the cancel, and once the pipe is read it
+/// stops at its next step and removes what it wrote (here the pipe).
+#[test]
+fn a_cancelled_export_diff_stops_and_removes_its_partial_stream() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    let _srv = s.serve();
+    qemu_io_ok(&["-f", "raw"], &s.uri("vm"), &["write -P 7 0 8M"]);
+    let out = s.dir.path().join("vm.diff");
+    let made = Command::new("mkfifo").arg(&out).status().unwrap();
+    assert!(made.success());
+    let out_s = out.to_str().unwrap();
+    let job = s.json(&["export-diff", "vm", out_s, "--detach"]);
+    let id = job["id"].as_u64().unwrap().to_string();
+    s.ok(&["jobs", "cancel", &id]);
+    // Reading lets the export's open return; it ends at its next step.
+    let read = std::fs::read(&out).unwrap();
+    let j = s.wait_job(id.parse().unwrap(), "cancelled", Duration::from_secs(60));
+    let e = j["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("stopped by 'strata jobs cancel': the partial diff was removed"),
+        "{j}"
+    );
+    assert!(!out.exists(), "{} is still there", out.display());
+    assert!(
+        read.len() < 8 << 20,
+        "the whole disk went out: {} bytes",
+        read.len()
+    );
+    // Nothing in the way of running it again.
+    s.ok(&["export-diff", "vm", out_s]);
+    assert!(std::fs::metadata(&out).unwrap().len() > 8 << 20);
+}
+
 /// The jobs list outlives its server (jobs.json): finished jobs are
 /// listed after a restart, newest first with their times and target, a
 /// job that was running when the server was killed reads interrupted,

@@ -60,12 +60,41 @@ pub fn export(
         _ => b,
     });
     let file = File::create(out).map_err(|e| io_err(&out.display().to_string(), e))?;
-    let mut w = Writer::new(BufWriter::with_capacity(1 << 20, file), f, snap, size)
-        .map_err(|e| io_err("write the diff", e))?;
+    let w = Writer::new(BufWriter::with_capacity(1 << 20, file), f, snap, size)
+        .map_err(|e| io_err("write the diff", e));
+    let wrote = w.and_then(|w| write_diff(w, &*dev, target, &ranges, work));
+    // A failed or stopped export leaves no partial stream behind.
+    let (data, zero, stream_bytes) = wrote.map_err(|e| {
+        let _ = std::fs::remove_file(out);
+        match &work.control {
+            Some(c) => c.stopped_leaving(e, "the partial diff was removed; export it again"),
+            None => e,
+        }
+    })?;
+    Ok(ExportDiffReport {
+        target: target.to_string(),
+        base,
+        file: out.display().to_string(),
+        size_bytes: size,
+        data_bytes: data,
+        zero_bytes: zero,
+        stream_bytes,
+    })
+}
+
+/// Write `ranges` of `dev` (`target`) into the stream `w` and end it:
+/// (data bytes, zeroed bytes, stream bytes).
+fn write_diff(
+    mut w: Writer<BufWriter<File>>,
+    dev: &dyn BlockDevice,
+    target: &str,
+    ranges: &[(u64, u64, bool)],
+    work: &mut Work<'_>,
+) -> Result<(u64, u64, u64), Error> {
     let total: u64 = ranges.iter().filter(|r| r.2).map(|r| r.1).sum();
     let (mut data, mut zero) = (0u64, 0u64);
     let mut buf = vec![0u8; WRITE_MAX];
-    for &(offset, len, is_data) in &ranges {
+    for &(offset, len, is_data) in ranges {
         work.checkpoint()?;
         if !is_data {
             w.zero(offset, len)
@@ -83,19 +112,12 @@ pub fn export(
             at += n as u64;
             data += n as u64;
             (work.progress)(data, total);
+            work.checkpoint()?;
         }
     }
     let stream_bytes = w.written + 1;
     w.end().map_err(|e| io_err("write the diff", e))?;
-    Ok(ExportDiffReport {
-        target: target.to_string(),
-        base,
-        file: out.display().to_string(),
-        size_bytes: size,
-        data_bytes: data,
-        zero_bytes: zero,
-        stream_bytes,
-    })
+    Ok((data, zero, stream_bytes))
 }
 
 /// Whether the stream whose header is `h` applies to `disk` (now

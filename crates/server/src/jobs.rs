@@ -336,6 +336,8 @@ impl Jobs {
                     | Request::Dedup { .. }
                     | Request::Compress { .. }
                     | Request::Import { .. }
+                    | Request::Export { .. }
+                    | Request::ExportDiff { .. }
                     | Request::Key(strata_api::KeyRequest::Rekey { deep: true, .. })
                     | Request::Move { .. }
                     | Request::CloneFull { .. }

@@ -16,7 +16,7 @@ use strata_crypt::CryptError;
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind};
 
-use crate::copier::put_grains;
+use crate::copier::{put_grains, Work};
 use crate::imports::Import;
 
 /// Bytes moved per step: read, cipher, write.
@@ -81,7 +81,7 @@ pub fn export(
     target: &str,
     out: &Path,
     secret: &Secret,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<ExportReport, Error> {
     qemu_can_use(secret)?;
     readable(ds, target, secret)?;
@@ -100,11 +100,14 @@ pub fn export(
             ),
             _ => io(out, e),
         })?;
-    let r = write_image(&*h, &f, out, secret, progress);
-    if r.is_err() {
+    // A failed or stopped export leaves no file (it was not there).
+    write_image(&*h, &f, out, secret, work).map_err(|e| {
         let _ = std::fs::remove_file(out);
-    }
-    r?;
+        match &work.control {
+            Some(c) => c.stopped_leaving(e, "the partial export was removed; export again"),
+            None => e,
+        }
+    })?;
     Ok(ExportReport {
         target: target.to_string(),
         open: out.display().to_string(),
@@ -121,7 +124,7 @@ fn write_image(
     f: &File,
     out: &Path,
     secret: &Secret,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<(), Error> {
     let key = secret.expose();
     let new =
@@ -138,7 +141,8 @@ fn write_image(
         new.payload.encrypt(piece, off / 512);
         f.write_all_at(piece, base + off).map_err(|e| io(out, e))?;
         off += n as u64;
-        progress(off, size);
+        (work.progress)(off, size);
+        work.checkpoint()?;
     }
     f.sync_all().map_err(|e| io(out, e))
 }

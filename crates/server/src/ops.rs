@@ -487,7 +487,8 @@ fn image_request(
             luks: Some(secret),
             ..
         } => {
-            let r = crate::luks_ops::export(ctx.ds, target, out, secret, progress)?;
+            let r =
+                crate::luks_ops::export(ctx.ds, target, out, secret, &mut ctx.reporting(progress))?;
             Ok(Response::Export(r))
         }
         Request::Export {
@@ -503,7 +504,8 @@ fn image_request(
                 chain: *chain,
                 adapter,
             };
-            let r = crate::vmdk_ops::export(ctx.ds, target, out, &how, progress)?;
+            let r =
+                crate::vmdk_ops::export(ctx.ds, target, out, &how, &mut ctx.reporting(progress))?;
             Ok(Response::Export(r))
         }
         other => Err(not_answered(other)),

@@ -15,7 +15,7 @@ use strata_api::{
 };
 use strata_block::{BlockDevice, ZeroOptions};
 
-use crate::copier::put_grains;
+use crate::copier::{put_grains, Work};
 use crate::imports::Import;
 use strata_api::ImportBase;
 use strata_datastore::Datastore;
@@ -338,6 +338,8 @@ struct Links {
     /// Each link's subformat (a chain of vmfsSparse/seSparse deltas sits
     /// on a flat base, as on ESX).
     subs: Vec<Subformat>,
+    /// What each link holds: the changes from the version below it.
+    deltas: Vec<Vec<strata_datastore::ChangedRange>>,
 }
 
 /// Plan an export's links (see [`Links`]).
@@ -380,10 +382,14 @@ fn plan_links(
             _ => sub,
         })
         .collect();
+    let deltas = (0..versions.len())
+        .map(|i| ds.changed_ranges(i.checked_sub(1).map(|p| versions[p].as_str()), &versions[i]))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Links {
         versions,
         names,
         subs,
+        deltas,
     })
 }
 
@@ -411,7 +417,7 @@ fn write_stream(
     mut w: StreamWriter,
     h: &dyn BlockDevice,
     ranges: &[strata_datastore::ChangedRange],
-    step: &mut dyn FnMut(u64),
+    step: &mut dyn FnMut(u64) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let size = h.size_bytes();
     let gb = w.grain_bytes();
@@ -429,7 +435,7 @@ fn write_stream(
             w.write_grain(g, &buf[..n])?;
             last = Some(g);
         }
-        step(r.len);
+        step(r.len)?;
     }
     w.finish()?;
     Ok(())
@@ -442,7 +448,7 @@ fn write_sparse(
     h: &dyn BlockDevice,
     ranges: &[strata_datastore::ChangedRange],
     delta: bool,
-    step: &mut dyn FnMut(u64),
+    step: &mut dyn FnMut(u64) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let mut buf = vec![0u8; CHUNK as usize];
     for r in ranges {
@@ -450,7 +456,7 @@ fn write_sparse(
             if delta {
                 img.write_zeroes(r.offset, r.len, UNMAP_OK)?;
             }
-            step(r.len);
+            step(r.len)?;
             continue;
         }
         let mut p = 0u64;
@@ -459,7 +465,7 @@ fn write_sparse(
             h.read_at(&mut buf[..n], r.offset + p)?;
             put_grains(img, &buf[..n], r.offset + p, delta)?;
             p += n as u64;
-            step(n as u64);
+            step(n as u64)?;
         }
     }
     Ok(())
@@ -571,46 +577,68 @@ pub fn export(
     target: &str,
     out: &Path,
     how: &ExportFormat<'_>,
-    progress: &mut dyn FnMut(u64, u64),
+    work: &mut Work<'_>,
 ) -> Result<ExportReport, Error> {
-    let (sub, chain, adapter) = (how.subformat, how.chain, how.adapter);
     let (dir, file) = output_name(out)?;
-    let dir = dir.as_path();
-    let backend: Arc<dyn Backend> = Arc::new(FileBackend::new(dir));
-    let Links {
-        versions,
-        names,
-        subs,
-    } = plan_links(ds, target, &file, sub, chain)?;
-    refuse_existing(dir, &names, &subs)?;
-    // What each link holds: the changes from the version below it.
-    let deltas = versions
-        .iter()
-        .enumerate()
-        .map(|(i, v)| ds.changed_ranges(i.checked_sub(1).map(|p| versions[p].as_str()), v))
-        .collect::<Result<Vec<_>, _>>()?;
-    let total: u64 = deltas.iter().flatten().map(|r| r.len).sum();
+    let links = plan_links(ds, target, &file, how.subformat, how.chain)?;
+    refuse_existing(&dir, &links.names, &links.subs)?;
+    let total: u64 = links.deltas.iter().flatten().map(|r| r.len).sum();
     let mut done = 0u64;
     let mut step = |n: u64| {
         done += n;
-        progress(done, total);
+        (work.progress)(done, total);
+        work.checkpoint()
     };
+    let written = write_links(ds, &dir, &links, how, &mut step).map_err(|e| {
+        // None of these files was there before (refuse_existing): an
+        // export that fails or is stopped leaves none of them.
+        for (n, &s) in links.names.iter().zip(&links.subs) {
+            for f in image_files(n, s) {
+                let _ = std::fs::remove_file(dir.join(f));
+            }
+        }
+        match &work.control {
+            Some(c) => c.stopped_leaving(e, "the partial export was removed; export again"),
+            None => e,
+        }
+    })?;
+    (work.progress)(total, total);
+    Ok(ExportReport {
+        target: target.to_string(),
+        open: dir
+            .join(links.names.last().expect("one link"))
+            .display()
+            .to_string(),
+        links: written,
+    })
+}
+
+/// Write each link of `links` into `dir`: what its version changed, as a
+/// stream or as a sparse or flat image on the link below it.
+fn write_links(
+    ds: &dyn Datastore,
+    dir: &Path,
+    links: &Links,
+    how: &ExportFormat<'_>,
+    step: &mut dyn FnMut(u64) -> Result<(), Error>,
+) -> Result<Vec<ExportedLink>, Error> {
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::new(dir));
     let mut written = Vec::new();
     let mut parent: Option<(String, u32)> = None;
-    for (i, v) in versions.iter().enumerate() {
+    for (i, v) in links.versions.iter().enumerate() {
         let h = ds.open(v)?;
         let size = h.size_bytes();
-        let (name, this_sub) = (&names[i], subs[i]);
+        let (name, this_sub) = (&links.names[i], links.subs[i]);
         if this_sub == Subformat::StreamOptimized {
-            let w = StreamWriter::create(&*backend, name, size / 512, adapter)?;
-            write_stream(w, &*h, &deltas[i], &mut step)?;
+            let w = StreamWriter::create(&*backend, name, size / 512, how.adapter)?;
+            write_stream(w, &*h, &links.deltas[i], step)?;
         } else {
             let mut spec = ImageSpec::new(this_sub, size / 512);
             spec.parent = parent.clone();
-            spec.adapter = adapter.to_string();
+            spec.adapter = how.adapter.to_string();
             let img = create_image(backend.clone(), name, &spec)?;
             // Zero grains of a delta must hide the parent's data there.
-            write_sparse(&img, &*h, &deltas[i], i > 0, &mut step)?;
+            write_sparse(&img, &*h, &links.deltas[i], i > 0, step)?;
             img.flush()?;
             parent = Some((name.clone(), img.current_cid()));
         }
@@ -620,15 +648,7 @@ pub fn export(
             subformat: this_sub.name().to_string(),
         });
     }
-    progress(total, total);
-    Ok(ExportReport {
-        target: target.to_string(),
-        open: dir
-            .join(names.last().expect("one link"))
-            .display()
-            .to_string(),
-        links: written,
-    })
+    Ok(written)
 }
 
 /// Run a `vmdk` command.

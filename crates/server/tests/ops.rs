@@ -337,3 +337,99 @@ fn check_is_clean_after_requests_on_both_kinds() {
         h.ds.close().unwrap();
     }
 }
+
+/// The exports that write files (VMDK links, a chain of them, a LUKS image,
+/// a diff stream) run as jobs that can be cancelled: stopped at a step
+/// (by `strata jobs cancel`, or by their server stopping) they remove what
+/// they wrote and say so, on either kind; run again they succeed.
+#[test]
+fn an_export_stopped_part_way_removes_what_it_wrote() {
+    use strata_api::{Secret, Subformat};
+    use strata_engine::WorkControl;
+    for h in Home::both() {
+        let k = h.kind;
+        h.ok(create("vm", 8 * MIB));
+        for mib in 0..4u64 {
+            h.write("vm", 0x40 + mib as u8, mib * MIB, 64 << 10);
+        }
+        h.ok(Request::SnapshotCreate {
+            disk: "vm".into(),
+            snapshot: "s".into(),
+            description: String::new(),
+        });
+        for mib in 4..8u64 {
+            h.write("vm", 0x40 + mib as u8, mib * MIB, 64 << 10);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let vmdk = |file: &str, subformat, chain| Request::Export {
+            target: "vm".into(),
+            out: dir.path().join(file),
+            subformat,
+            chain,
+            adapter: "lsilogic".into(),
+            luks: None,
+        };
+        let exports = [
+            vmdk("chain.vmdk", Subformat::SeSparse, true),
+            vmdk("stream.vmdk", Subformat::StreamOptimized, false),
+            vmdk("flat.vmdk", Subformat::MonolithicFlat, false),
+            Request::Export {
+                target: "vm".into(),
+                out: dir.path().join("vm.luks"),
+                subformat: Subformat::MonolithicSparse,
+                chain: false,
+                adapter: "lsilogic".into(),
+                luks: Some(Secret::new(b"a passphrase".to_vec())),
+            },
+            Request::ExportDiff {
+                target: "vm".into(),
+                from: Some("s".into()),
+                out: dir.path().join("vm.diff"),
+            },
+        ];
+        for req in exports {
+            // A whole run first: how many steps it reports.
+            let mut steps = 0;
+            ops::execute(&ops::Ctx::only(&*h.ds), &req, &mut |_, _| steps += 1)
+                .unwrap_or_else(|e| panic!("{k}: {req:?}: {e}"));
+            let files = std::fs::read_dir(dir.path()).unwrap().count();
+            assert!(
+                files > 0 && steps > 1,
+                "{k}: {req:?}: {files} files, {steps} steps"
+            );
+            for f in std::fs::read_dir(dir.path()).unwrap() {
+                std::fs::remove_file(f.unwrap().path()).unwrap();
+            }
+            // Stopped at its last step, when it has written all it will.
+            let control = Arc::new(WorkControl::default());
+            let ctx = ops::Ctx {
+                control: Some(control.clone()),
+                ..ops::Ctx::only(&*h.ds)
+            };
+            let mut seen = 0;
+            let e = ops::execute(&ctx, &req, &mut |_, _| {
+                seen += 1;
+                if seen == steps - 1 {
+                    control.cancel_with("stopped: the server stops");
+                }
+            })
+            .map(|r| panic!("{k}: {req:?} answered {r:?}"))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.starts_with("stopped: the server stops: the partial"),
+                "{k}: {e}"
+            );
+            assert!(e.contains("was removed"), "{k}: {e}");
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert!(left.is_empty(), "{k}: {req:?} left {left:?}");
+            // Nothing in the way of running it again.
+            ops::execute(&ops::Ctx::only(&*h.ds), &req, &mut |_, _| {})
+                .unwrap_or_else(|e| panic!("{k}: {req:?} again: {e}"));
+            for f in std::fs::read_dir(dir.path()).unwrap() {
+                std::fs::remove_file(f.unwrap().path()).unwrap();
+            }
+        }
+        h.ds.close().unwrap();
+    }
+}
