@@ -1289,3 +1289,94 @@ fn pipelined_commits_keep_every_answered_flush_across_a_claim() {
         pattern(9, 4096)
     );
 }
+
+/// Block status and reads walk the map a leaf at a time (a cursor over
+/// the grains of one leaf): over runs of data and holes that cross leaf
+/// boundaries, in the map (a snapshot folds the head's tail into it), the
+/// head's tail and the unflushed overlay, of the disk and of its
+/// snapshot, both say what was written, grain by grain (no SeaweedFS
+/// needed).
+#[test]
+fn block_status_and_reads_across_leaves_say_what_was_written() {
+    let store = strata_s3::fault::FaultStore::new(11);
+    let d = tempfile::tempdir().unwrap();
+    let url = StoreUrl::parse("s3://memory/leaves").unwrap();
+    let o = Options {
+        backend: Some(store.backend()),
+        ..Default::default()
+    };
+    let ds = Arc::new(ObjectStoreDatastore::init(d.path(), &url, &o).unwrap().0);
+    let grains = 40 * 256 + 17; // 40 leaves and a part
+    ds.create_disk("vm", grains * G).unwrap();
+    let disk = ObjectDisk::open(ds.clone(), "vm", false).unwrap();
+    let mut present = vec![false; grains as usize];
+    // Runs of data that start and end on either side of leaf edges.
+    let kept = |g: u64| g % 256 < 3 || g % 256 > 250 || (g / 97) % 3 == 1;
+    for g in (0..grains).filter(|&g| kept(g)) {
+        disk.write_at(&leaf_body(g), g * G, false).unwrap();
+        present[g as usize] = true;
+    }
+    disk.flush().unwrap();
+    disk.snapshot_create("s", "").unwrap();
+    let at_snapshot = present.clone();
+    // Then more in the head's tail, and a few left unflushed.
+    for g in [255, 256, 5000, 5001, 5002] {
+        disk.write_at(&leaf_body(g), g * G, false).unwrap();
+        present[g as usize] = true;
+    }
+    disk.flush().unwrap();
+    for g in [511, 512, grains - 1] {
+        disk.write_at(&leaf_body(g), g * G, false).unwrap();
+        present[g as usize] = true;
+    }
+    says_what_was_written(&disk, &present);
+    let snap = ObjectDisk::open(ds.clone(), "vm@s", true).unwrap();
+    says_what_was_written(&snap, &at_snapshot);
+}
+
+const G: u64 = 4096;
+
+fn leaf_body(g: u64) -> Vec<u8> {
+    vec![(g % 251) as u8 | 1; G as usize]
+}
+
+/// `disk`'s block status (whole, and from inside one leaf to inside
+/// another) and a read of all of it, against `present` grain by grain.
+fn says_what_was_written(disk: &ObjectDisk, present: &[bool]) {
+    let grains = present.len() as u64;
+    let mut want: Vec<(bool, u64)> = Vec::new();
+    for &p in present {
+        match want.last_mut() {
+            Some((hole, n)) if *hole != p => *n += G,
+            _ => want.push((!p, G)),
+        }
+    }
+    let status = |from: u64, to: u64| -> Vec<(bool, u64)> {
+        let got = disk.block_status(from, to - from).unwrap();
+        got.iter().map(|e| (e.hole, e.len_bytes)).collect()
+    };
+    assert_eq!(status(0, grains * G), want);
+    let (from, to) = (300 * G + 512, 1300 * G - 512);
+    let mut part = Vec::new();
+    let mut at = from;
+    for g in from / G..to.div_ceil(G) {
+        let end = ((g + 1) * G).min(to);
+        match part.last_mut() {
+            Some((hole, n)) if *hole != present[g as usize] => *n += end - at,
+            _ => part.push((!present[g as usize], end - at)),
+        }
+        at = end;
+    }
+    assert_eq!(status(from, to), part);
+    let mut all = vec![0u8; (grains * G) as usize];
+    disk.read_at(&mut all, 0).unwrap();
+    for (g, &p) in present.iter().enumerate() {
+        let at = g * G as usize;
+        let expect = if p {
+            leaf_body(g as u64)
+        } else {
+            vec![0; G as usize]
+        };
+        assert!(all[at..at + G as usize] == expect[..], "grain {g}");
+    }
+}

@@ -3,6 +3,7 @@
 //! order.
 
 use super::fold::Folder;
+use super::read::LeafCursor;
 use super::*;
 
 /// A batch's grains that hold data: (virtual grain, its bytes).
@@ -570,11 +571,12 @@ impl ObjectDisk {
     ) -> Result<(DataGrains<'b>, Vec<u64>)> {
         let mut data = Vec::new();
         let mut holes = Vec::new();
+        let mut cur = LeafCursor::default();
         for (vg, d) in batch.iter() {
             match d.as_deref().filter(|d| d.iter().any(|&x| x != 0)) {
                 Some(d) => data.push((*vg, d)),
                 None if tail.contains_key(vg) => holes.push(*vg),
-                None if self.lookup(root, levels, *vg)?.is_some() => holes.push(*vg),
+                None if self.lookup_at(&mut cur, root, levels, *vg)?.is_some() => holes.push(*vg),
                 None => {}
             }
         }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use strata_api::store::CompactReport;
 use strata_s3::Bytes;
 
+use super::read::LeafCursor;
 use super::{Batch, ObjectDisk, G, SEGMENT_GRAINS};
 use crate::layout::{Entry, Manifest, SegId, GRAIN};
 use crate::{now_ms, Error, ErrorKind, Result, DIR_DISKS};
@@ -470,13 +471,14 @@ impl ObjectDisk {
     ) -> Result<u64> {
         let (root, levels, tail) = (onto.root, onto.levels, &mut onto.tail);
         let mut applied = 0;
+        let mut cur = LeafCursor::default();
         for m in moves {
             if m.new.seg.gen != man.generation || batch.contains_key(&m.vg) {
                 continue;
             }
             let now = match tail.get(&m.vg) {
                 Some(e) => *e,
-                None => self.lookup(root, levels, m.vg)?,
+                None => self.lookup_at(&mut cur, root, levels, m.vg)?,
             };
             if now == Some(m.old) {
                 tail.insert(m.vg, Some(m.new));

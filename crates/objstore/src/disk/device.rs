@@ -1,6 +1,7 @@
 //! The disk as a [`BlockDevice`]: requests checked, then answered by the
 //! read, write and commit paths.
 
+use super::read::LeafCursor;
 use super::*;
 
 impl BlockDevice for ObjectDisk {
@@ -110,12 +111,13 @@ impl BlockDevice for ObjectDisk {
         let mut out: Vec<Extent> = Vec::new();
         let mut at = offset;
         let end = offset + len;
+        let mut cur = LeafCursor::default();
         while at < end {
             let vg = at / G;
             let next = ((vg + 1) * G).min(end);
             let present = match overlay.get(&vg) {
                 Some(p) => *p,
-                None => self.lookup(root, levels, vg)?.is_some(),
+                None => self.lookup_at(&mut cur, root, levels, vg)?.is_some(),
             };
             let piece = next - at;
             match out.last_mut() {

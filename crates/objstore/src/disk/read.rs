@@ -193,6 +193,37 @@ impl ObjectDisk {
         self.lookup_noting(root, levels, vg, used)
     }
 
+    /// [`ObjectDisk::locate`] for a run of grains read at one manifest:
+    /// the grains of one leaf walk the map once between them (`cur`).
+    fn locate_at(&self, man: &Manifest, cur: &mut LeafCursor, vg: u64) -> Result<Option<Entry>> {
+        if self.snapshot.is_none() {
+            if let Some(e) = man.tail.get(&vg) {
+                return Ok(*e);
+            }
+        }
+        let (root, levels) = self.root(man);
+        self.lookup_at(cur, root, levels, vg)
+    }
+
+    /// [`ObjectDisk::lookup`] through `cur`, for a run of lookups in one
+    /// map (`root`, `levels`): a grain of the leaf it holds is read from
+    /// that leaf, any other walks the map and its leaf is held instead.
+    pub(super) fn lookup_at(
+        &self,
+        cur: &mut LeafCursor,
+        root: Option<Entry>,
+        levels: u8,
+        vg: u64,
+    ) -> Result<Option<Entry>> {
+        let first = vg - vg % FANOUT as u64;
+        if cur.held.as_ref().is_none_or(|(f, _)| *f != first) {
+            let leaf = self.leaf_noting(root, levels, vg, &mut Vec::new())?;
+            cur.held = Some((first, leaf));
+        }
+        let leaf = cur.held.as_ref().and_then(|(_, l)| l.as_ref());
+        Ok(leaf.and_then(|n| n.entries[(vg % FANOUT as u64) as usize]))
+    }
+
     /// Walk the map to grain `vg`'s entry.
     pub(super) fn lookup(&self, root: Option<Entry>, levels: u8, vg: u64) -> Result<Option<Entry>> {
         self.lookup_noting(root, levels, vg, &mut Vec::new())
@@ -432,18 +463,15 @@ impl ObjectDisk {
             (st.man.clone(), cipher)
         };
         self.reads.count(first, n as u64);
-        // The segments of the nodes walked: only a hot set's record (which
-        // walks again, at its own manifest) needs them.
-        let mut walked = Vec::new();
+        let mut cur = LeafCursor::default();
         for (i, s) in sources.into_iter().enumerate() {
             let at = i * GRAIN;
             let e = match s {
                 Source::Data => continue,
                 Source::Zero => None,
                 Source::Sealed(e) => Some(e),
-                Source::Map => self.locate(&man, first + i as u64, &mut walked)?,
+                Source::Map => self.locate_at(&man, &mut cur, first + i as u64)?,
             };
-            walked.clear();
             match e {
                 None => out[at..at + GRAIN].fill(0),
                 Some(e) => {
@@ -456,4 +484,14 @@ impl ObjectDisk {
         }
         Ok(())
     }
+}
+
+/// The leaf a run of lookups in one map last walked to (a read's grains,
+/// a block status's range): consecutive grains of one leaf, FANOUT of
+/// them, walk the map and hash the node cache's keys once between them.
+#[derive(Default)]
+pub(super) struct LeafCursor {
+    /// The first grain of the leaf held, and that leaf (None: the map has
+    /// none there).
+    held: Option<(u64, Option<Arc<MapNode>>)>,
 }
