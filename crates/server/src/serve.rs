@@ -779,6 +779,22 @@ pub(crate) fn listen(
     bound: &mut Option<PathBuf>,
     banner: &mut Vec<String>,
 ) -> Result<(), Error> {
+    // TCP first: the Unix socket's file appears only once it listens
+    // (bind_listening), so whoever waits for that file (a script, a test)
+    // finds the TCP listener up too.
+    if let Some(a) = &args.nbd_tcp {
+        let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
+        let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
+        server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
+        say!(banner, "  NBD on tcp {addr}");
+        match &args.tls_creds {
+            None => say!(banner, "    e.g. nbdinfo nbd://{addr}/{example}"),
+            Some(_) => say!(
+                banner,
+                "    e.g. nbdinfo 'nbds://{addr}/{example}?tls-certificates=CLIENT_CREDS_DIR'"
+            ),
+        }
+    }
     if let Some(p) = &args.nbd_unix {
         remove_stale_socket(p)?;
         let l = bind_listening(p, Some(args))?;
@@ -796,19 +812,6 @@ pub(crate) fn listen(
             "         qemu-img info 'nbd+unix:///{example}?socket={}'",
             p.display()
         );
-    }
-    if let Some(a) = &args.nbd_tcp {
-        let l = TcpListener::bind(a).map_err(|e| io_err(&format!("bind {a}"), e))?;
-        let addr = l.local_addr().map_err(|e| io_err("local addr", e))?;
-        server.serve_tcp(l).map_err(|e| io_err("serve tcp", e))?;
-        say!(banner, "  NBD on tcp {addr}");
-        match &args.tls_creds {
-            None => say!(banner, "    e.g. nbdinfo nbd://{addr}/{example}"),
-            Some(_) => say!(
-                banner,
-                "    e.g. nbdinfo 'nbds://{addr}/{example}?tls-certificates=CLIENT_CREDS_DIR'"
-            ),
-        }
     }
     Ok(())
 }
