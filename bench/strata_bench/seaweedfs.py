@@ -17,8 +17,13 @@ S3_KEY, S3_SECRET = "strata-bench", "strata-bench-secret"
 
 
 def _free_port_base():
+    # Below the kernel's ephemeral ports (32768 and up: any outgoing
+    # connection may take one between this check and weed's bind) and
+    # apart from the tests' SeaweedFS (crates/s3/src/testing.rs: bases
+    # 10000-16000 and their gRPC twins 20000-26000), which run beside the
+    # benchmark smoke under `make test`.
     for _ in range(100):
-        base = random.randint(20000, 55000)
+        base = random.randint(16010, 19990)
         ok = True
         for p in range(base, base + 4):
             with socket.socket() as so:

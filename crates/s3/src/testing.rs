@@ -171,7 +171,25 @@ impl SeaweedFs {
             return None;
         };
         sweep_stale_dirs();
-        let base = free_base();
+        // Its ports are found free, then bound by `weed` a moment later:
+        // another SeaweedFS starting at the same time (each test binary
+        // starts its own) can take one in between, and this one exits on
+        // "address already in use". Such a start is made again on others.
+        for attempt in 1.. {
+            let mut fs = Self::spawn(&weed, free_base());
+            match fs.wait_ready() {
+                Ok(()) => return Some(fs),
+                Err(_) if attempt < 5 && fs.log().contains("address already in use") => {
+                    eprintln!("SeaweedFS lost a port to another process; starting it on others");
+                }
+                Err(log) => panic!("SeaweedFS exited; log:\n{log}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// `weed server` on the ports from `base`, in a directory of its own.
+    fn spawn(weed: &Path, base: u16) -> SeaweedFs {
         // The ports in the name, so that a sweep knows its gRPC sockets.
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-{base}-", std::process::id()))
@@ -181,8 +199,7 @@ impl SeaweedFs {
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
         let log = std::fs::File::create(dir.path().join("weed.log")).unwrap();
-        let s3 = base + 3;
-        let mut cmd = Command::new(&weed);
+        let mut cmd = Command::new(weed);
         server_args(&mut cmd, base, dir.path(), &config, &data);
         // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
         unsafe {
@@ -199,27 +216,27 @@ impl SeaweedFs {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", weed.display()));
-        let mut fs = SeaweedFs {
+        SeaweedFs {
             child,
             base,
-            endpoint: format!("http://127.0.0.1:{s3}"),
+            endpoint: format!("http://127.0.0.1:{}", base + 3),
             dir,
-        };
-        fs.wait_ready(s3);
-        Some(fs)
+        }
     }
 
-    fn wait_ready(&mut self, s3: u16) {
+    /// Wait until its S3 gateway takes a write (60 s at most); its log's
+    /// last lines if it exited first.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("SeaweedFS exited ({st}); log:\n{}", self.log_tail());
+                return Err(format!("({st})\n{}", self.log_tail()));
             }
-            if TcpStream::connect(("127.0.0.1", s3)).is_ok() {
+            if TcpStream::connect(("127.0.0.1", self.base + 3)).is_ok() {
                 // The gateway listens before the filer behind it is ready:
                 // wait for a request that goes through to the filer.
                 if self.ready_probe() {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(
@@ -257,9 +274,14 @@ impl SeaweedFs {
 
     /// The last lines of its log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
+        let s = self.log();
         let lines: Vec<&str> = s.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Its whole log.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
     }
 
     /// The PID, for tests that stop and continue it.
@@ -597,4 +619,38 @@ pub fn example_store(
         std::thread::sleep(Duration::from_millis(250));
     }
     (weed, store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SeaweedFS that finds one of its ports taken exits saying so, which
+    /// is what makes `start` try again on other ports; `start` then runs.
+    #[test]
+    fn a_start_that_loses_a_port_is_told_apart() {
+        let Some(weed) = weed_binary() else {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_TOOLS").is_none(),
+                "SeaweedFS is not installed"
+            );
+            return;
+        };
+        let base = free_base();
+        // The filer's port, taken between the check and the bind.
+        let _taken = std::net::TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
+        let mut lost = SeaweedFs::spawn(&weed, base);
+        assert!(
+            lost.wait_ready().is_err(),
+            "it ran without its filer's port"
+        );
+        assert!(
+            lost.log().contains("address already in use"),
+            "{}",
+            lost.log_tail()
+        );
+        drop(lost);
+        let fs = SeaweedFs::start().unwrap();
+        assert!(fs.ready_probe());
+    }
 }
