@@ -182,7 +182,7 @@ impl SeaweedFs {
                 Err(_) if attempt < 5 && fs.log().contains("address already in use") => {
                     eprintln!("SeaweedFS lost a port to another process; starting it on others");
                 }
-                Err(log) => panic!("SeaweedFS exited; log:\n{log}"),
+                Err(st) => panic!("SeaweedFS exited ({st}); log:\n{}", fs.log_tail()),
             }
         }
         unreachable!("the loop returns or panics")
@@ -224,13 +224,13 @@ impl SeaweedFs {
         }
     }
 
-    /// Wait until its S3 gateway takes a write (60 s at most); its log's
-    /// last lines if it exited first.
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Wait until its S3 gateway takes a write (60 s at most); how it
+    /// ended if it exited first.
+    fn wait_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                return Err(format!("({st})\n{}", self.log_tail()));
+                return Err(st);
             }
             if TcpStream::connect(("127.0.0.1", self.base + 3)).is_ok() {
                 // The gateway listens before the filer behind it is ready:
