@@ -49,7 +49,19 @@ impl Work<'_> {
             None => Ok(()),
         }
     }
+
+    /// `e`, or when it is how the job was stopped, what the stop leaves
+    /// (`WorkControl::stopped_leaving`).
+    pub fn stopped_leaving(&self, e: Error, left: &str) -> Error {
+        match &self.control {
+            Some(c) => c.stopped_leaving(e, left),
+            None => e,
+        }
+    }
 }
+
+/// What a stopped or failed export of an image leaves: nothing.
+pub(crate) const EXPORT_REMOVED: &str = "the partial export was removed; export again";
 
 /// Copies ranges from one device to another, counting and pacing.
 pub(crate) struct Copier<'a> {

@@ -66,10 +66,7 @@ pub fn export(
     // A failed or stopped export leaves no partial stream behind.
     let (data, zero, stream_bytes) = wrote.map_err(|e| {
         let _ = std::fs::remove_file(out);
-        match &work.control {
-            Some(c) => c.stopped_leaving(e, "the partial diff was removed; export it again"),
-            None => e,
-        }
+        work.stopped_leaving(e, "the partial diff was removed; export it again")
     })?;
     Ok(ExportDiffReport {
         target: target.to_string(),

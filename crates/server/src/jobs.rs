@@ -394,7 +394,7 @@ impl Jobs {
     /// The server stops: every job still running is stopped at the end of
     /// its current step (the error of each starting with `why`) and waited
     /// for, up to `bound` in all; one that cannot be stopped part-way
-    /// (export, diffs, an eager-zeroed create) is paused there instead, and
+    /// (import-diff, an eager-zeroed create) is paused there instead, and
     /// the next server lists it as interrupted. The jobs left running or
     /// paused when the bound passed, by description.
     pub fn stop_all(&self, why: &str, bound: std::time::Duration) -> Vec<String> {

@@ -16,7 +16,7 @@ use strata_crypt::CryptError;
 use strata_datastore::Datastore;
 use strata_engine::{Error, ErrorKind};
 
-use crate::copier::{put_grains, Work};
+use crate::copier::{put_grains, Work, EXPORT_REMOVED};
 use crate::imports::Import;
 
 /// Bytes moved per step: read, cipher, write.
@@ -103,10 +103,7 @@ pub fn export(
     // A failed or stopped export leaves no file (it was not there).
     write_image(&*h, &f, out, secret, work).map_err(|e| {
         let _ = std::fs::remove_file(out);
-        match &work.control {
-            Some(c) => c.stopped_leaving(e, "the partial export was removed; export again"),
-            None => e,
-        }
+        work.stopped_leaving(e, EXPORT_REMOVED)
     })?;
     Ok(ExportReport {
         target: target.to_string(),

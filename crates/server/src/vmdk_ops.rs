@@ -15,7 +15,7 @@ use strata_api::{
 };
 use strata_block::{BlockDevice, ZeroOptions};
 
-use crate::copier::{put_grains, Work};
+use crate::copier::{put_grains, Work, EXPORT_REMOVED};
 use crate::imports::Import;
 use strata_api::ImportBase;
 use strata_datastore::Datastore;
@@ -597,10 +597,7 @@ pub fn export(
                 let _ = std::fs::remove_file(dir.join(f));
             }
         }
-        match &work.control {
-            Some(c) => c.stopped_leaving(e, "the partial export was removed; export again"),
-            None => e,
-        }
+        work.stopped_leaving(e, EXPORT_REMOVED)
     })?;
     (work.progress)(total, total);
     Ok(ExportReport {

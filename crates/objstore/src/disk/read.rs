@@ -184,22 +184,27 @@ impl ObjectDisk {
         vg: u64,
         used: &mut Vec<SegId>,
     ) -> Result<Option<Entry>> {
-        if self.snapshot.is_none() {
-            if let Some(e) = man.tail.get(&vg) {
-                return Ok(*e);
-            }
+        if let Some(e) = self.in_tail(man, vg) {
+            return Ok(e);
         }
         let (root, levels) = self.root(man);
         self.lookup_noting(root, levels, vg, used)
     }
 
+    /// Grain `vg`'s entry in the head's tail at `man`, if it is there (a
+    /// snapshot has none: its map holds everything).
+    fn in_tail(&self, man: &Manifest, vg: u64) -> Option<Option<Entry>> {
+        match self.snapshot {
+            None => man.tail.get(&vg).copied(),
+            Some(_) => None,
+        }
+    }
+
     /// [`ObjectDisk::locate`] for a run of grains read at one manifest:
     /// the grains of one leaf walk the map once between them (`cur`).
     fn locate_at(&self, man: &Manifest, cur: &mut LeafCursor, vg: u64) -> Result<Option<Entry>> {
-        if self.snapshot.is_none() {
-            if let Some(e) = man.tail.get(&vg) {
-                return Ok(*e);
-            }
+        if let Some(e) = self.in_tail(man, vg) {
+            return Ok(e);
         }
         let (root, levels) = self.root(man);
         self.lookup_at(cur, root, levels, vg)
