@@ -271,6 +271,11 @@ pub struct CompressReport {
     /// Regions left as they were because their maps changed while their
     /// grains were compressed: a later run packs them.
     pub regions_skipped: u64,
+    /// Raw grains not read again, in bytes: their regions are as an earlier
+    /// run of this process left them, finding nothing to pack there
+    /// (FORMAT.md §18.5).
+    #[serde(default)]
+    pub unchanged_bytes: u64,
     /// The datastore's used bytes (data and map grains) before and after.
     pub used_bytes_before: u64,
     pub used_bytes_after: u64,

@@ -53,6 +53,7 @@ fn report(v: &serde_json::Value) -> strata_api::CompressReport {
         "raw_bytes",
         "regions",
         "regions_skipped",
+        "unchanged_bytes",
         "used_bytes_before",
         "used_bytes_after",
     ];
@@ -489,6 +490,73 @@ fn a_served_pass_survives_client_writes_and_a_kill_9() {
 /// each stream grain keeps a quarter of its fragments); the next pass, a
 /// job of the server, moves the live quarter into new streams and frees
 /// the old grains, and qemu-img finds every byte as written.
+/// Through one server, a pass leaves unread the raw grains of regions an
+/// earlier pass found nothing to pack in, unless a client wrote there
+/// since (FORMAT.md §18.5): the noise is read by the first pass and not
+/// by the next; text written in place over noise has that region read
+/// again and packed; a run without the server reads everything.
+#[test]
+fn a_served_pass_reads_again_only_regions_written_since() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw");
+    s.ok(&["import", &img, "n"]);
+    let _srv = s.serve();
+    let pass = || report(&s.json(&["compress", "n"]));
+    let first = pass();
+    assert_eq!(first.read_bytes, 4 * MIB, "{first:?}");
+    assert_eq!(first.packed_bytes, 2 * MIB, "{first:?}");
+    assert_eq!(first.unchanged_bytes, 0, "{first:?}");
+    // The noise's two regions found nothing to pack and are not read; the
+    // text's streams are, to see that none is half dead, then not again.
+    let second = pass();
+    assert_eq!(second.read_bytes, first.stream_bytes, "{second:?}");
+    assert_eq!(second.unchanged_bytes, 2 * MIB, "{second:?}");
+    assert_eq!(second.packed_bytes, 0, "{second:?}");
+    let human = s.ok(&["compress", "n"]);
+    assert!(
+        human.contains("2 MiB raw not read again: unchanged since"),
+        "{human}"
+    );
+
+    // 64 KiB of a repeated byte over the noise of the second region.
+    let mut want = std::fs::read(&img).unwrap();
+    qemu_io_ok(RAW, &s.uri("n"), &["write -P 0x5b 1114112 64k", "flush"]);
+    want[1114112..1114112 + (64 << 10)].fill(0x5b);
+    let want_path = dir.path().join("want.raw");
+    std::fs::write(&want_path, &want).unwrap();
+    let want_path = want_path.to_str().unwrap();
+    let third = pass();
+    assert_eq!(third.read_bytes, MIB, "{third:?}");
+    assert_eq!(third.packed_bytes, 64 << 10, "{third:?}");
+    assert_eq!(third.unchanged_bytes, MIB, "{third:?}");
+    // The region just packed is read once more (its leftovers and its
+    // stream), then not.
+    let fourth = pass();
+    assert_eq!(
+        fourth.read_bytes,
+        MIB - (64 << 10) + third.stream_bytes,
+        "{fourth:?}"
+    );
+    assert_eq!(fourth.packed_bytes, 0, "{fourth:?}");
+    let fifth = pass();
+    assert_eq!(fifth.read_bytes, 0, "{fifth:?}");
+    assert_eq!(fifth.unchanged_bytes, 2 * MIB - (64 << 10), "{fifth:?}");
+    same_as(&s, "n", want_path);
+    drop(_srv);
+
+    // What a pass notes lives in its process: a run without the server
+    // reads the noise and every stream again.
+    let offline = pass();
+    assert_eq!(offline.unchanged_bytes, 0, "{offline:?}");
+    assert_eq!(
+        offline.read_bytes,
+        2 * MIB - (64 << 10) + first.stream_bytes + third.stream_bytes,
+        "{offline:?}"
+    );
+    s.ok(&["check"]);
+}
+
 #[test]
 fn half_dead_streams_are_repacked_through_a_server() {
     let s = Store::new();

@@ -55,7 +55,7 @@ struct Version {
 
 /// One distinct mapped grain of a region: its virtual grain, cipher class
 /// (equal bytes of two classes say nothing) and pool grain.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Mapped {
     v: u64,
     class: u64,

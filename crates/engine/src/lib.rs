@@ -38,6 +38,7 @@ mod journal;
 pub mod layout;
 mod meta;
 mod rekey;
+mod settled;
 mod store;
 pub use strata_block::throttle;
 mod upgrade;

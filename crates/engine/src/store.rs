@@ -200,6 +200,9 @@ pub(crate) struct Store {
     pub stripes: Vec<Arc<Mutex<()>>>,
     /// Bumped by every completed client write, so flush knows if it must sync.
     pub mutations: AtomicU64,
+    /// Regions a pack pass found nothing in, and whether their heads were
+    /// written since (`crate::settled`).
+    pub settled: crate::settled::Settled,
     /// Client commands begun (reads, writes, zeroing, block status), so
     /// background work can tell whether clients are doing I/O.
     pub client_ops: AtomicU64,
@@ -275,6 +278,7 @@ impl Store {
             direct_io: p.direct_io,
             stripes: (0..STRIPES).map(|_| Arc::new(Mutex::new(()))).collect(),
             mutations: AtomicU64::new(0),
+            settled: Default::default(),
             client_ops: AtomicU64::new(0),
             fail: FailState::default(),
             open_warnings: p.open_warnings,

@@ -73,6 +73,13 @@ pub(super) fn compress(out: &mut String, r: &CompressReport) {
         human(r.used_bytes_after)
     );
     outln!(out, "  {} in {} regions", r.codec, r.regions);
+    if r.unchanged_bytes > 0 {
+        outln!(
+            out,
+            "  {} raw not read again: unchanged since an earlier run found nothing to pack there",
+            human(r.unchanged_bytes)
+        );
+    }
     if r.regions_skipped > 0 {
         outln!(
             out,

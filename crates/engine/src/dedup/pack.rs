@@ -31,12 +31,26 @@ const GRAIN: usize = GRAIN_BYTES as usize;
 
 /// A region's candidates: the named versions' distinct raw grains that
 /// may move, sorted by virtual grain, and each one's count; the stream
-/// grains their packed entries name, each with its count (§18.10).
-#[derive(PartialEq, Eq)]
+/// grains their packed entries name, each with its count (§18.10); the
+/// named disks' heads.
+#[derive(PartialEq, Eq, Hash)]
 struct Plan {
     mapped: Vec<Mapped>,
     counts: Vec<u32>,
     streams: Vec<(u64, u32)>,
+    heads: Vec<u64>,
+}
+
+impl Plan {
+    /// What a pass that found nothing to pack notes of the region with
+    /// `codec` (`crate::settled`): the same plan packs the same.
+    fn fingerprint(&self, codec: Codec) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        codec.hash(&mut h);
+        self.hash(&mut h);
+        h.finish()
+    }
 }
 
 /// A compressed fragment to lay out: its virtual grain (the first of a
@@ -107,6 +121,8 @@ impl Datastore {
             PackCodec::Zstd => Codec::Zstd,
         };
         let (disks, versions) = versions_of(&self.inner.meta.lock(), names)?;
+        let heads = self.inner.meta.lock().head_versions();
+        self.inner.settled.keep_heads(&heads);
         if self.inner.meta.lock().hwm() >= LEAF_SPILLS {
             return err(
                 ErrorKind::Unsupported,
@@ -148,11 +164,18 @@ impl Datastore {
         if plan.mapped.is_empty() && plan.streams.is_empty() {
             return Ok((0, end));
         }
+        // Nothing written there since a pass found nothing to pack in it.
+        let print = plan.fingerprint(codec);
+        if self.inner.settled.unchanged(first, print, &plan.heads) {
+            rep.unchanged_bytes += plan.mapped.len() as u64 * GRAIN_BYTES;
+            return Ok((0, end));
+        }
         let Some((layers, read)) = self.region_fragments(names, (codec, first), &plan, rep)? else {
             rep.regions_skipped += 1;
             return Ok((plan.mapped.len() as u64 * GRAIN_BYTES, end));
         };
         if layers.iter().all(|l| l.is_empty()) {
+            self.inner.settled.note(first, print, &plan.heads);
             return Ok((read, end));
         }
         // As defrag and dedup: the stripes are held already, so a
@@ -322,6 +345,12 @@ impl Datastore {
 /// virtual grain, and which no thick disk or deep rekey maps.
 fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
     let (_, versions) = versions_of(m, names)?;
+    let all_heads = m.head_versions();
+    let heads = versions
+        .iter()
+        .map(|v| v.id)
+        .filter(|id| all_heads.binary_search(id).is_ok())
+        .collect();
     let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
     let region = region_entries(m, &versions, first)?;
     let mut streams = Vec::with_capacity(region.stream_grains.len());
@@ -347,6 +376,7 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
             mapped: kept,
             counts,
             streams,
+            heads,
         },
         end,
     ))

@@ -149,6 +149,7 @@ impl DiskHandle {
             let first = offset >> GRAIN_SHIFT;
             let last = (end - 1) >> GRAIN_SHIFT;
             let _stripes = self.inner.lock_stripes(self.version, first, last);
+            self.inner.settled.written(self.version, first, last);
             // Whole grains in [a, b); partial grains at the edges are written with zeros.
             let a = offset.div_ceil(GRAIN_BYTES);
             let b = end >> GRAIN_SHIFT;
@@ -313,6 +314,9 @@ impl DiskHandle {
                     vec![self.version]
                 };
                 let _stripes = self.inner.lock_stripes_of(&held, first, last);
+                for &h in &held {
+                    self.inner.settled.written(h, first, last);
+                }
                 each(first, last, prov, &held)
             };
             match attempt() {
