@@ -173,17 +173,46 @@ fn a_group_schedule_takes_group_snapshots() {
     srv.stop();
 }
 
+/// `--at` for a schedule whose next run is about half a period from now:
+/// with `--every 1d`, twelve hours on; with `--every 1h`, thirty minutes
+/// on (the minute of the hour). Periods are whole hours and days of the
+/// clock, so a schedule at a fixed time would be due again whenever the
+/// test's few seconds straddled one (one run in some 1,200 failed so, at
+/// 23:00:00).
+fn half_a_period_on(every: &str) -> (String, u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (h, m) = match every {
+        "1d" => ((now / 3600 + 12) % 24, 0),
+        "1h" => (0, (now / 60 + 30) % 60),
+        _ => unreachable!("{every}"),
+    };
+    (format!("{h:02}:{m:02}"), h * 3600 + m * 60)
+}
+
 #[test]
 fn schedules_survive_a_restart_and_an_overdue_one_runs_once() {
     let s = Store::new();
     s.ok(&["create", "vm", "--size", "8M"]);
+    let (nightly_at, nightly_s) = half_a_period_on("1d");
+    let (hourly_at, _) = half_a_period_on("1h");
     // Offline: only the file changes, and the output says so.
     let out = s.ok(&[
-        "schedule", "add", "nightly", "--target", "vm", "--every", "1d", "--at", "02:00",
+        "schedule",
+        "add",
+        "nightly",
+        "--target",
+        "vm",
+        "--every",
+        "1d",
+        "--at",
+        &nightly_at,
     ]);
     assert!(out.contains("no server runs this datastore"), "{out}");
     s.ok(&[
-        "schedule", "add", "hourly", "--target", "vm", "--every", "1h",
+        "schedule", "add", "hourly", "--target", "vm", "--every", "1h", "--at", &hourly_at,
     ]);
     // Hourly made five hours ago: five runs missed, one is made.
     let p = s.path().join("schedules.json");
@@ -215,7 +244,7 @@ fn schedules_survive_a_restart_and_an_overdue_one_runs_once() {
         .map(|x| x["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["nightly", "hourly"]);
-    assert_eq!(schedule(&s, "nightly")["at_s"], 7200);
+    assert_eq!(schedule(&s, "nightly")["at_s"], nightly_s);
     // Not due again after the restart.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(owned(&s.snapshot_names("vm"), "hourly").len(), 1);
@@ -268,8 +297,10 @@ fn bad_schedules_are_refused_clearly() {
 fn the_api_lists_the_schedules() {
     let s = Store::new();
     s.ok(&["create", "vm", "--size", "8M"]);
+    // Not due while the two are read.
+    let (at, _) = half_a_period_on("1d");
     s.ok(&[
-        "schedule", "add", "daily", "--target", "vm", "--every", "1d",
+        "schedule", "add", "daily", "--target", "vm", "--every", "1d", "--at", &at,
     ]);
     let addr = common::http::free_addr();
     let _srv = s.serve_with(&["--http", &addr]);
