@@ -27,6 +27,8 @@ mod reshare;
 
 /// Virtual grains walked at a time.
 const REGION: u64 = 256;
+// What a pass notes of a region (`crate::settled`) is kept by the same unit.
+const _: () = assert!(REGION == 1 << crate::settled::REGION_SHIFT);
 /// The passes commit after this many regions (64 MiB of virtual grains).
 const COMMIT_EVERY_REGIONS: u64 = 64;
 /// Most grains read into memory at once (16 MiB); a region with more

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 
 /// Region size: 1 MiB of virtual grains (as the passes' `REGION`).
-const REGION_SHIFT: u32 = 8;
+pub(crate) const REGION_SHIFT: u32 = 8;
 /// At most this many regions' fingerprints are kept (some 32 MiB); past
 /// it they are forgotten and passes read those regions again.
 const MAX_REGIONS: usize = 1 << 20;
