@@ -467,7 +467,6 @@ impl DiskHandle {
         let Some(stripes) = self.inner.hold_stripes(self.version, first, last, wait) else {
             return Ok(None);
         };
-        self.inner.settled.written(self.version, first, last);
         // With the stripes held (§16.4): the key this write goes under.
         let cipher = self.data_cipher();
         let key = cipher.as_ref().map_or(0, |x| x.write_bits());
@@ -747,7 +746,6 @@ impl DiskHandle {
         let attempt = || {
             let _gate = self.inner.gate.read();
             let _stripes = self.inner.lock_stripes(self.version, first, last);
-            self.inner.settled.written(self.version, first, last);
             self.write_locked(buf, offset, prov)
         };
         match attempt() {

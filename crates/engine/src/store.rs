@@ -933,9 +933,13 @@ impl Store {
         self.commit(false)
     }
 
-    /// Lock the stripes covering virtual grains `[first, last]` of `ver`.
+    /// Lock the stripes covering virtual grains `[first, last]` of `ver`,
+    /// to write them: a pack pass's notes of the range are cleared
+    /// (`crate::settled`).
     pub fn lock_stripes(&self, ver: u64, first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
-        self.lock_stripes_of(&[ver], first, last)
+        let held = self.lock_stripes_of(&[ver], first, last);
+        self.settled.written(ver, first, last);
+        held
     }
 
     /// Lock the stripes covering virtual grains `[first, last]` of every
@@ -949,8 +953,9 @@ impl Store {
     }
 
     /// The stripes of [`Store::lock_stripes`] as guards a planned write
-    /// owns until its pieces are written. Without `wait`, None when one of
-    /// them is held (the caller's own writes in flight may hold it).
+    /// owns until its pieces are written (clearing the notes as it does).
+    /// Without `wait`, None when one of them is held (the caller's own
+    /// writes in flight may hold it).
     pub fn hold_stripes(
         &self,
         ver: u64,
@@ -958,7 +963,7 @@ impl Store {
         last: u64,
         wait: bool,
     ) -> Option<Vec<StripeGuard>> {
-        Self::stripe_indices(&[ver], first, last)
+        let held: Option<Vec<StripeGuard>> = Self::stripe_indices(&[ver], first, last)
             .into_iter()
             .map(|i| {
                 if wait {
@@ -967,7 +972,11 @@ impl Store {
                     self.stripes[i].try_lock_arc()
                 }
             })
-            .collect()
+            .collect();
+        if held.is_some() {
+            self.settled.written(ver, first, last);
+        }
+        held
     }
 
     /// The stripes covering `[first, last]` of each version, in locking order.

@@ -344,13 +344,9 @@ impl Datastore {
 /// not thick) versions whose every reference is a leaf entry at their
 /// virtual grain, and which no thick disk or deep rekey maps.
 fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
-    let (_, versions) = versions_of(m, names)?;
-    let all_heads = m.head_versions();
-    let heads = versions
-        .iter()
-        .map(|v| v.id)
-        .filter(|id| all_heads.binary_search(id).is_ok())
-        .collect();
+    let (disks, versions) = versions_of(m, names)?;
+    // versions_of lists the disks' heads first.
+    let heads = versions[..disks.len()].iter().map(|v| v.id).collect();
     let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
     let region = region_entries(m, &versions, first)?;
     let mut streams = Vec::with_capacity(region.stream_grains.len());

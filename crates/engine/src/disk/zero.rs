@@ -149,7 +149,6 @@ impl DiskHandle {
             let first = offset >> GRAIN_SHIFT;
             let last = (end - 1) >> GRAIN_SHIFT;
             let _stripes = self.inner.lock_stripes(self.version, first, last);
-            self.inner.settled.written(self.version, first, last);
             // Whole grains in [a, b); partial grains at the edges are written with zeros.
             let a = offset.div_ceil(GRAIN_BYTES);
             let b = end >> GRAIN_SHIFT;
