@@ -11,7 +11,7 @@ import shutil
 from statistics import median
 
 from ..common import cpu_of, drop_caches, prealloc_raw, ratio, sh, size_bytes, smoke
-from ..fio import fill, fill_file
+from ..fio import fill, fill_file, span
 from ..servers import QemuNbd, Strata
 
 # The two shapes of a pass (fio options). fio's random map (on by
@@ -297,7 +297,7 @@ def _neighbour(work, rounds, thick, thin, t, cache="wb", who="strata"):
         stop = [None]
         try:
             ta, tb = _neighbour_setup(d, who, thick, thin, cache, stop)
-            tj = [*ta, *SHAPES["rand"], f"--size={_mib(thick)}", "--time_based", f"--runtime={t}"]
+            tj = [*ta, *SHAPES["rand"], f"--size={_mib(thick)}", "--time_based", f"--runtime={span(t)}"]
             written = [0]
 
             def alone():
@@ -307,7 +307,7 @@ def _neighbour(work, rounds, thick, thin, t, cache="wb", who="strata"):
 
             def beside_first():
                 drop_caches()
-                j = _fio([], [tj, [*tb, *SHAPES["seq"], f"--size={_mib(thin)}", f"--runtime={t}"]],
+                j = _fio([], [tj, [*tb, *SHAPES["seq"], f"--size={_mib(thin)}", f"--runtime={span(t)}"]],
                          group=False)
                 w = j[1]["write"]
                 written[0] = w["io_bytes"] // MIB * MIB
@@ -319,7 +319,7 @@ def _neighbour(work, rounds, thick, thin, t, cache="wb", who="strata"):
                 if written[0] < MIB:
                     raise RuntimeError("firstwrite: the thin disk got no first writes to rewrite")
                 j = _fio([], [tj, [*tb, *SHAPES["seq"], f"--size={_mib(written[0])}", "--time_based",
-                                   f"--runtime={t}"]], group=False)
+                                   f"--runtime={span(t)}"]], group=False)
                 return {"thick_mib_s": j[0]["write"]["bw_bytes"] / MIB,
                         "thin_mib_s": j[1]["write"]["bw_bytes"] / MIB}
 

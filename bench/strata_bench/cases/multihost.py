@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from ..common import drop_caches, ratio, sh, size_bytes, smoke
-from ..fio import fio, fio_iops_log
+from ..fio import fio, fio_iops_log, span
 from ..seaweedfs import (UPLOAD_DEPTH, ObjectStoreStrata, start_seaweedfs, stop_seaweedfs,
                          store_ceiling)
 from ..servers import Strata
@@ -18,7 +18,7 @@ def fio_flush_every(uri, bs, n, runtime, size):
     """4k random writes with a FLUSH every N writes: IOPS and the FLUSH
     latency percentiles (ms)."""
     out = sh("fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", "--rw=randwrite", f"--bs={bs}",
-             "--iodepth=16", f"--fsync={n}", f"--runtime={runtime}", "--time_based",
+             "--iodepth=16", f"--fsync={n}", f"--runtime={span(runtime)}", "--time_based",
              f"--size={size}", "--randrepeat=0", "--output-format=json", "--group_reporting",
              "--percentile_list=50:90:99:99.9")
     job = json.loads(out[out.index("{"):])["jobs"][0]
