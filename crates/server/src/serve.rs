@@ -261,9 +261,16 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     )?;
     let names = up.export_names();
     let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
+    // The vhost-user-blk sockets and the FUSE mount before NBD, and NBD's
+    // Unix socket last (`listen`): a script or test that waits for that
+    // socket to appear finds every listener up. The banner keeps NBD's
+    // lines first.
+    let mark = up.banner.len();
+    listen_local(&mut up, &exports, args, clients.as_deref())?;
+    let local = up.banner.split_off(mark);
     let nbd = up.nbd.insert(server);
     listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
-    listen_local(&mut up, &exports, args, clients.as_deref())?;
+    up.banner.extend(local);
     started(dir, home.as_ref(), &names, &up.banner);
     up.wait(args);
     up.stop()?;
