@@ -259,18 +259,7 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
             .zip(home.clone()),
         &mut up.banner,
     )?;
-    let names = up.export_names();
-    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
-    // The vhost-user-blk sockets and the FUSE mount before NBD, and NBD's
-    // Unix socket last (`listen`): a script or test that waits for that
-    // socket to appear finds every listener up. The banner keeps NBD's
-    // lines first.
-    let mark = up.banner.len();
-    listen_local(&mut up, &exports, args, clients.as_deref())?;
-    let local = up.banner.split_off(mark);
-    let nbd = up.nbd.insert(server);
-    listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
-    up.banner.extend(local);
+    let names = listen_all(&mut up, server, &exports, args, clients.as_deref())?;
     started(dir, home.as_ref(), &names, &up.banner);
     up.wait(args);
     up.stop()?;
@@ -281,27 +270,48 @@ pub fn run(dir: &Path, metadata_cache: u64, args: &ServeConfig) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
+/// Bind every client listener: the vhost-user-blk sockets and the FUSE
+/// mount first, NBD last, its Unix socket last of all (`listen`), so that
+/// a script or test that waits for that socket to appear finds every
+/// listener up. The banner keeps NBD's lines first. The export names.
+fn listen_all(
+    up: &mut Running,
+    server: NbdServer,
+    exports: &Arc<Exports>,
+    args: &ServeConfig,
+    clients: Option<&crate::clients::Clients>,
+) -> Result<Vec<String>, Error> {
+    let names = up.export_names();
+    let example = names.first().cloned().unwrap_or_else(|| "DISK".into());
+    let local = listen_local(up, exports, args, clients)?;
+    let nbd = up.nbd.insert(server);
+    listen(nbd, args, &example, &mut up.nbd_socket, &mut up.banner)?;
+    up.banner.extend(local);
+    Ok(names)
+}
+
 /// Serve `exports` on the vhost-user-blk sockets and the FUSE mount
 /// asked for; their sessions count in `clients` (a datastore's server),
-/// which can add and remove sockets from then on.
+/// which can add and remove sockets from then on. Their banner lines.
 fn listen_local(
     up: &mut Running,
     exports: &Arc<Exports>,
     args: &ServeConfig,
     clients: Option<&crate::clients::Clients>,
-) -> Result<(), Error> {
+) -> Result<Vec<String>, Error> {
+    let mut banner = Vec::new();
     let vhost = up
         .vhost
         .insert(Arc::new(vhost::VhostExports::new(exports.clone(), args)));
-    listen_vhost(vhost, args, &mut up.banner)?;
-    up.fuse = listen_fuse(exports, args, &mut up.banner)?;
+    listen_vhost(vhost, args, &mut banner)?;
+    up.fuse = listen_fuse(exports, args, &mut banner)?;
     if let Some(c) = clients {
         c.set_vhost(vhost.clone());
         if let Some(f) = &up.fuse {
             c.set_fuse(f.clone());
         }
     }
-    Ok(())
+    Ok(banner)
 }
 
 /// Log a datastore's server's clean stop: the journal's `stop`, the event
