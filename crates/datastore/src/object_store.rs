@@ -49,6 +49,10 @@ pub struct ObjectStoreDatastore {
     incoming: Mutex<Incoming>,
     /// The last garbage collection this process ran, for metrics.
     last_gc: Mutex<Option<GcReport>>,
+    /// Held by a collecting (not dry) gc run of this process: a user's
+    /// `strata gc` and the server's background run take turns instead of
+    /// the later claim fencing the earlier (FORMAT.md §11.7).
+    gc_turn: Mutex<()>,
     /// Disks opened from now on fetch their hot set (a server's).
     hot_prefetch: std::sync::atomic::AtomicBool,
     /// Whether this process is a server, or a command run without one.
@@ -69,6 +73,7 @@ impl ObjectStoreDatastore {
             handles: Mutex::new(HashMap::new()),
             incoming: Mutex::new(Incoming::default()),
             last_gc: Mutex::new(None),
+            gc_turn: Mutex::new(()),
             hot_prefetch: Default::default(),
             store_timeout: OpenOptions::default().store_timeout,
             recent_space: Mutex::new(None),
@@ -155,7 +160,11 @@ impl ObjectStoreDatastore {
 
     /// Collect what no live root reaches (`dry_run`: only say what), and
     /// remember the report for [`Self::last_gc`].
+    /// Collecting runs of this process wait for each other (one that
+    /// came second marks again after the first deleted); runs on other
+    /// hosts are fenced by their claims.
     pub fn gc(&self, dry_run: bool) -> Result<GcReport> {
+        let _turn = (!dry_run).then(|| self.gc_turn.lock());
         let r = self.ds.gc(dry_run)?;
         *self.last_gc.lock() = Some(r.clone());
         Ok(r)

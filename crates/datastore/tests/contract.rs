@@ -394,3 +394,39 @@ fn kinds_are_written_by_name_and_read_by_their_old_one() {
     }
     assert!(serde_json::from_str::<Kind>("\"remote\"").is_err());
 }
+
+/// The collecting gc runs of one process (a user's `strata gc` sent to a
+/// server, and the server's background run) take turns: neither is
+/// fenced by the other's claim, and each deletes what it found
+/// (FORMAT.md §11.7).
+#[test]
+fn one_process_gc_runs_take_turns_instead_of_fencing_each_other() {
+    let d = tempfile::tempdir().unwrap();
+    let Some(ds) = object_store(d.path()) else {
+        return;
+    };
+    ds.create("d", 4 * MIB, Provisioning::Thin, &mut |_, _| {})
+        .unwrap();
+    let dev = ds.open("d").unwrap();
+    write(&*dev, 0, &pattern(1, 65536));
+    dev.flush().unwrap();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..4)
+                        .map(|_| ds.collect_garbage(false))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for run in runs {
+            for r in run.join().unwrap() {
+                let r = r.expect("a gc run of this process is never fenced by another");
+                assert!(r.claim.is_some(), "{r:?}");
+            }
+        }
+    });
+    drop(dev);
+    ds.close().unwrap();
+}
