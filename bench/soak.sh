@@ -32,5 +32,5 @@ echo "soak: threaded crash test: ${runs} power cuts, all recovered"
 per=$(( secs / 20 > 1 ? secs / 20 : 1 ))
 echo "soak: NBD deep-queue stress, ${per}s per client run (crates/cli/tests/nbd_stress.rs)"
 STRATA_STRESS_SECONDS=$per STRATA_REQUIRE_TOOLS=1 cargo test --release -q -p strata \
-  --test nbd_stress -- --nocapture 2>&1 | grep -E "read=|test result|panicked|FAIL" \
+  --test suite nbd_stress:: -- --nocapture 2>&1 | grep -E "read=|test result|panicked|FAIL" \
   || { echo "soak: NBD stress FAILED"; exit 1; }

@@ -5,11 +5,13 @@
 test threads as cores, so the suite's wall time is the sum of the
 binaries' and a binary whose last test runs alone leaves a core idle (most
 tests wait on servers, guests and fio). Here the binaries are built once
-(`cargo test --no-run`) and run in LANES lanes (default 3) that take the
+(`cargo test --no-run`) and run in LANES lanes (default 4) that take the
 next item from one queue, longest first: the benchmark runs of
 crates/cli/tests/bench_quick.rs (bench.py's smoke, its two halves in one
 process, and the paper's smallest mode: a third of the suite on their
-own, mostly fixed-length runs and waits), then every binary. Nothing is skipped: together the lanes run
+own, mostly fixed-length runs and waits), then every binary, a suite's
+modules (crates/cli/tests, one binary) each as an item of its own.
+Nothing is skipped: together the lanes run
 exactly what `cargo test --workspace --all-targets` runs, each binary from
 its package's directory as cargo runs it, and each binary's output is
 printed whole when it ends, under cargo's own "Running" line, so the log
@@ -31,19 +33,26 @@ import sys
 import threading
 import time
 
-LANES = int(os.environ.get("STRATA_TEST_LANES", "3"))
+# Four on this 2-core machine: with three, the cores stood idle a quarter
+# of the test phase while tests waited on servers, guests and fio (a fresh
+# clone's `make test`: 1,401 s with four, 1,458-1,503 s with three).
+LANES = int(os.environ.get("STRATA_TEST_LANES", "4"))
 # The benchmark runs, as queue items, longest first: the smoke's two halves
 # in one process (they take turns there; three benchmark runs side by side
 # on two cores starve each other: the suite took longer, not shorter), then
 # the paper's smoke.
 BENCH_ITEMS = [
-    ["bench_quick_store_cases", "bench_quick_serving_cases"],
-    ["paper_smoke_writes_every_figure"],
+    ["bench_quick::bench_quick_store_cases", "bench_quick::bench_quick_serving_cases"],
+    ["bench_quick::paper_smoke_writes_every_figure"],
 ]
 BENCH_TESTS = [t for item in BENCH_ITEMS for t in item]
-# Binaries by their last measured wall time (seconds, 2 cores), longest
-# first, so the lanes end together; a binary not named here runs after
-# these, in name order. Only the order depends on it.
+# Test binaries made of one module per source file (crates/cli/tests/
+# suite.rs: one link of the dependencies instead of one per file): each
+# module is an item of its own, named and labelled after its file.
+SUITES = {"suite"}
+# Binaries (and suites' modules) by their last measured wall time (seconds,
+# 2 cores), longest first, so the lanes end together; one not named here
+# runs after these, in name order. Only the order depends on it.
 LONGEST_FIRST = [
     "objstore", "guest", "groups", "three_hosts", "disk", "move", "nbd_stress",
     "clients", "crash", "contract", "limits", "hostile", "dashboard",
@@ -103,9 +112,42 @@ def examples(cargo):
             if m["target"]["kind"] == ["example"]]
 
 
-def order(binaries):
+def modules(exe, pkg):
+    """A suite's tests by their top module: {module: [full names]}."""
+    p = subprocess.run([exe, "--list", "--format", "terse"], cwd=pkg,
+                       stdout=subprocess.PIPE, text=True, check=True)
+    found = {}
+    for line in p.stdout.splitlines():
+        if line.endswith(": test"):
+            name = line[:-len(": test")]
+            found.setdefault(name.split("::")[0].removeprefix("r#"), []).append(name)
+    return found
+
+
+def items(binaries, bench):
+    """The queue: [(name, label, executable, package dir, arguments)], the
+    benchmark runs first (when `bench`), then the longest first. A suite
+    becomes an item per module, run with `--exact` and its tests' names
+    (a filter matches substrings: `backup` would run `backup_scripts` too)."""
     rank = {n: i for i, n in enumerate(LONGEST_FIRST)}
-    return sorted(binaries, key=lambda b: (rank.get(b[0], len(rank)), b[1], b[2]))
+    first, rest = [], []
+    for name, label, exe, pkg in binaries:
+        if name not in SUITES:
+            rest.append((name, label, exe, pkg, []))
+            continue
+        here = os.path.dirname(label)
+        for mod, names in modules(exe, pkg).items():
+            lab = f"{here}/{mod}.rs"
+            if bench and mod == "bench_quick":
+                # Its benchmark runs, each an item of its own, and the
+                # rest of the module (the rules' unit test) with the others.
+                first += [(mod, f"{lab} ({', '.join(i)})", exe, pkg, ["--exact"] + i)
+                          for i in BENCH_ITEMS]
+                names = [n for n in names if n not in BENCH_TESTS]
+            if names:  # (`--exact` and no names would run the whole suite)
+                rest.append((mod, lab, exe, pkg, ["--exact"] + names))
+    rest.sort(key=lambda b: (rank.get(b[0], len(rank)), b[1], b[2]))
+    return first + rest
 
 
 def run(label, exe, pkg, args):
@@ -141,17 +183,8 @@ def main():
           f"running them in {LANES} lanes", flush=True)
     failed = []
     work = queue.Queue()
-    bench = os.environ.get("STRATA_BENCH_QUICK") == "1"
-    for name, label, exe, pkg in order(binaries):
-        if name == "bench_quick" and bench:
-            # Its benchmark runs first, each an item of its own, and
-            # the rest of the binary (the rules' unit test) with the others.
-            for item in reversed(BENCH_ITEMS):
-                work.queue.appendleft((f"{label} ({', '.join(item)})", exe, pkg, ["--exact"] + item))
-            skip = [a for t in BENCH_TESTS for a in ("--skip", t)]
-            work.put((label, exe, pkg, skip))
-        else:
-            work.put((label, exe, pkg, []))
+    for _, label, exe, pkg, args in items(binaries, os.environ.get("STRATA_BENCH_QUICK") == "1"):
+        work.put((label, exe, pkg, args))
 
     def lane():
         while True:

@@ -5,7 +5,7 @@
 //! example Prometheus rules use (checked with promtool).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! snapshot ids that survive a reused name; on each kind of datastore.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use std::path::Path;
 
 use common::*;

@@ -5,7 +5,7 @@
 //! under `--cache writeback`.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! provisioning accounting, and commands against a running server.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -2,7 +2,7 @@
 //! NBD against `strata serve`, including a kill -9 in the middle of fio.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::io::Write;

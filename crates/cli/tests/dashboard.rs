@@ -4,7 +4,7 @@
 //! `target/tmp/artefacts/dashboard/` (or `$STRATA_ARTEFACTS/dashboard/`).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

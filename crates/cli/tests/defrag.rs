@@ -6,7 +6,7 @@
 //! before, and sharing is kept (used bytes grow by at most 2%).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use common::*;
 

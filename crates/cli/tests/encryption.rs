@@ -5,7 +5,7 @@
 //! write no data; layout work needs no key.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::io::Write;
@@ -598,8 +598,7 @@ fn a_passphrase_and_a_helper_open_the_same_disk() {
     );
 }
 
-#[path = "../../vhost/tests/common/mod.rs"]
-mod vfront;
+use crate::vfront;
 
 #[test]
 fn vhost_user_blk_reads_and_writes_plaintext_and_leaves_guest_memory_alone() {

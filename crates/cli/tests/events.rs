@@ -7,7 +7,7 @@
 //! is the server crate's unit test (`events::tests`).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::http::{free_addr, http, wait_http};
 use common::*;
 

@@ -3,7 +3,7 @@
 //! cycle (appearing exports, SIGTERM, a stale mount after kill -9).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::fs::OpenOptions;

@@ -6,9 +6,8 @@
 //! contract, and the rules.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
-#[path = "../../vhost/tests/common/mod.rs"]
-mod vfront;
+use crate::common;
+use crate::vfront;
 
 use common::nbd::Pipelined;
 use common::*;

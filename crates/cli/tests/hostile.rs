@@ -4,7 +4,7 @@
 //! bounded. (How fast that client stays is a bench case: `hostile`.)
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::http::{free_addr, metrics, sample};
 use common::nbd::{greeted, opened, IHAVEOPT, OPT_EXPORT_NAME};
 use common::*;

@@ -4,11 +4,10 @@
 //! (docs/INTERLOCKS.md). NBD's sessions are tested in clients.rs.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
-#[path = "../../vhost/tests/common/mod.rs"]
-mod vfront;
+use crate::vfront;
 
 use std::os::unix::fs::FileExt;
 

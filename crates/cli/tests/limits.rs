@@ -4,7 +4,7 @@
 //! engine's disk handle, or the object-store disk's.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 fn fio_json(uri: &str, rw: &str, bs: &str, secs: u32) -> serde_json::Value {

@@ -4,7 +4,7 @@
 //! the server must still shut down cleanly afterwards.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::collections::BTreeMap;

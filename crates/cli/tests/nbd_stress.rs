@@ -14,7 +14,7 @@
 //! bench/soak.sh runs it for minutes.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::http::free_addr;
 use common::tls::Ca;
 use common::*;

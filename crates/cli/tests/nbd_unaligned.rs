@@ -7,7 +7,7 @@
 //! flight each, every byte checked) and a raw EXPORT_NAME client.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::nbd::Pipelined;
 use common::*;
 

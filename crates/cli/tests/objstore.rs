@@ -3,7 +3,7 @@
 //! every refusal a user can run into on the way.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! whose man pages man finds.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

@@ -18,7 +18,7 @@
 //! (answered or not) put there; nothing else. And `check` is clean.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 #[path = "power_cut/crashfs.rs"]
 mod crashfs;
 

@@ -3,7 +3,7 @@
 //! detection of literal zero writes, punchzero.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! `rm` stops it; bad arguments are refused.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::time::Duration;

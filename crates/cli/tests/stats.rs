@@ -3,7 +3,7 @@
 //! Prometheus text with a real parser.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 fn bucket(h: &serde_json::Value, le: i64) -> u64 {

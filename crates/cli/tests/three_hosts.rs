@@ -11,7 +11,7 @@
 //! (not root, no `ip`) the hosts share loopback and the tests say so.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

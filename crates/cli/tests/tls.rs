@@ -3,7 +3,7 @@
 //! (libnbd), with credentials openssl makes in QEMU's directory layout.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::http::free_addr;
 use common::tls::Ca;
 use common::*;

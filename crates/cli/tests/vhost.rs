@@ -4,7 +4,7 @@
 //! with a QEMU guest in guest.rs.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};

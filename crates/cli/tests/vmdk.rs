@@ -4,7 +4,7 @@
 //! it is, raw/qcow2 import, and `vmdk check --repair` on a damaged file.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::vmdk::*;
 use common::*;
 

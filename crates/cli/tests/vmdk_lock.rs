@@ -5,7 +5,7 @@
 //! base, and everything works again once the server stops or is killed.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::vmdk::*;
 use common::*;
 

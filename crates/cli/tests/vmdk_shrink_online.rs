@@ -7,7 +7,7 @@
 //! must be clean, also after a kill -9 of the server in the middle.
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
-mod common;
+use crate::common;
 use common::vmdk::*;
 use common::*;
 
