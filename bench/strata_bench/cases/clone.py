@@ -7,7 +7,7 @@ import os
 from statistics import median
 
 from ..chains import qcow_history, slice_mib, strata_history
-from ..common import ratio, repeats, sh, smoke, timed
+from ..common import ratio, repeats, sh, smoke, sync_host, timed
 from ..servers import Strata
 
 
@@ -18,7 +18,7 @@ def _timed_runs(copy, remove):
     """The seconds of REPEATS copies, each after a sync, each removed after."""
     runs = []
     for _ in range(repeats(REPEATS)):
-        os.sync()
+        sync_host()
         runs.append(round(timed(copy) / 1000, 3))
         remove()
     return runs

@@ -19,7 +19,7 @@ import threading
 import time
 from statistics import median
 
-from ..common import example, ratio, sh, size_bytes, smoke, wait_path
+from ..common import drop_caches, example, ratio, sh, size_bytes, smoke, wait_path
 from ..fio import fill, fio
 from ..seaweedfs import ObjectStoreStrata, start_seaweedfs, stop_seaweedfs
 from ..servers import Strata, drive_vhost, vhost_harness
@@ -177,9 +177,8 @@ def _served_pairs(s, tag, key, size, rt, passes, cold=False, then=None):
             fill(s.uri(d), size)
 
         def nbd(disk, rw, bs, depth):
-            if cold and os.geteuid() == 0:
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("3\n")
+            if cold:
+                drop_caches()
             return fio(s.uri(f"{disk}-{tag}"), rw, str(bs), iodepth=depth, runtime=rt,
                        extra=["--cpus_allowed=0"])["iops"]
 

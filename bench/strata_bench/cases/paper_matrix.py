@@ -4,10 +4,9 @@ and reads and writes of full ones, at 16 ("local") and 32 ("SAN") I/Os in
 flight, on strata thin disks, linked clones, strata's SEsparse and
 VMFSsparse deltas, and qemu-nbd on a raw file and on a VMFSsparse delta."""
 
-import os
 import time
 
-from ..common import repeats, smoke, with_runs
+from ..common import repeats, smoke, sync_host, with_runs
 from ..fio import fio
 from ..vmdks import SERIES, Fresh
 
@@ -79,7 +78,7 @@ def case_paper_matrix(work, q):
                 try:
                     for (bed, c), uri in zip(empty, uris):
                         fr.settle()
-                        os.sync()
+                        sync_host()
                         runs.setdefault((bed, "empty", c), []).append(
                             _cell(uri, c, qd[bed], rt, size=size))
                 finally:
@@ -92,7 +91,7 @@ def case_paper_matrix(work, q):
                         for c in [f"{b}_{p}_{o}" for b in sizes for p in ("seq", "rand")
                                   for o in ("read", "write")]:
                             fr.settle()
-                            os.sync()
+                            sync_host()
                             # --smoke: one bounded pass, not whole seconds.
                             runs.setdefault((bed, "full", c), []).append(
                                 _cell(uris[0], c, qd[bed], rt, size=smoke(size, None)))

@@ -12,7 +12,7 @@ import os
 import shutil
 
 from ..chains import qcow_delete_oldest, qcow_history, slice_mib, strata_history
-from ..common import ratio, repeats, sh, size_bytes, smoke, timed, with_runs
+from ..common import ratio, repeats, sh, size_bytes, smoke, sync_host, timed, with_runs
 from ..servers import QemuNbd, Strata, VmdkServe
 
 REPEATS = 3
@@ -89,7 +89,7 @@ def _measure(uri, wl, rt, only=None):
     for _ in range(repeats(REPEATS)):
         for n, a in wl.items():
             if only is None or n in only:
-                os.sync()
+                sync_host()
                 runs.setdefault(n, []).append(_run(uri, n, a, rt))
     return {n: with_runs(rs, 4) for n, rs in runs.items()}
 

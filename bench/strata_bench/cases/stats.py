@@ -7,7 +7,7 @@ import subprocess
 import time
 from statistics import median
 
-from ..common import example, sh, smoke
+from ..common import example, sh, smoke, sync_host
 from ..fio import fill, fio
 from ..servers import Strata
 
@@ -50,7 +50,7 @@ def case_stats(work, q):
     try:
         s.cli("create", "d", "--size", size)
         fill(s.uri("d"), size)
-        os.sync()
+        sync_host()
         fio(s.uri("d"), "randread", "4k", runtime=3)  # warm the caches
         s.cli("stats", "d", "--reset", "--resume")
         cpu0 = s.cpu_seconds()

@@ -7,7 +7,8 @@ import json
 import os
 import re
 
-from ..common import STRATA, drop_caches, prealloc_raw, ratio, repeats, sh, size_bytes, smoke, with_runs
+from ..common import (STRATA, drop_caches, prealloc_raw, ratio, repeats, sh, size_bytes, smoke,
+                      sync_host, with_runs)
 from ..fio import fill, fill_file, fio
 from ..servers import QemuNbd, Strata
 
@@ -130,7 +131,7 @@ def _zero_raw(work, pre, size, bs):
     os.makedirs(d, exist_ok=True)
     f = os.path.join(d, "disk.raw")
     prealloc_raw(f, size, pre)
-    sh("sync")
+    sync_host()
     drop_caches()
     qn = QemuNbd(f, "raw", os.path.join(d, "q.sock")).start()
     try:
@@ -261,7 +262,7 @@ def _coexist(work, size, grow, rt):
                     sh("truncate", "-s", str(size_bytes(size) + size_bytes(grow)), a)
                 else:
                     sh("truncate", "-s", grow, b)
-                sh("sync")
+                sync_host()
                 drop_caches()
                 runs.setdefault(key, []).append(
                     _coexist_runs(a, a if one else b, size, grow, rt,
@@ -322,7 +323,7 @@ def _fraggrow(work, total, floor, ks, rt):
                 # grains do not move them: the layout stays).
                 runs = []
                 for _ in range(repeats(REPEATS)):
-                    os.sync()
+                    sync_host()
                     w = fio(s.uri(names[0]), "randwrite", "64k", runtime=rt, extra=["--randrepeat=0"])
                     drop_caches()
                     r = fio(s.uri(names[0]), "read", "1M", iodepth=4, size=size)

@@ -7,7 +7,7 @@ neither asks for client certificates."""
 import os
 from statistics import median
 
-from ..common import cpu_of, free_port, ratio, sh, smoke
+from ..common import cpu_of, free_port, ratio, sh, smoke, sync_host
 from ..fio import fill, fio
 from ..servers import Strata, peer_raw
 
@@ -82,7 +82,7 @@ def case_tls(work, q):
             runs = {who: [] for who in peers}
             for _ in range(passes):
                 for who, (uri, pid) in peers.items():
-                    sh("sync")
+                    sync_host()
                     c0 = cpu_of(pid)
                     r = fio(uri, rw, bs, runtime=rt, size=size, extra=["--cpus_allowed=0"])
                     r["cpu_s_per_gib"] = (cpu_of(pid) - c0) / max(r["bw_mib"] * rt / 1024, 1e-9)
