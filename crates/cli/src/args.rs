@@ -327,7 +327,7 @@ Runs as a job with progress (docs/BACKUP.md)."
         /// The base: a snapshot name, id:N, or another version
         #[arg(long)]
         from: Option<String>,
-        /// The file to write, or - for standard output
+        /// The file to write (a new one: an existing file is refused), or - for standard output
         file: String,
     },
     /// Apply a Ceph 'rbd diff' stream (FILE or - for stdin) to a disk and take its snapshot

@@ -901,3 +901,27 @@ fn finished_diff_jobs_read_100_percent() {
         assert!(line.contains(" 100%"), "{table}");
     }
 }
+
+/// export-diff never replaces a file (`rbd export-diff` refuses an
+/// existing one too): the refusal names it and its bytes stay. A device
+/// is written to, and stays (`/dev/null` here; the CLI's pipe for `-` is
+/// the same case).
+#[test]
+fn export_diff_refuses_an_existing_file_and_writes_to_a_device() {
+    let s = Store::new();
+    s.ok(&["create", "vm", "--size", "8M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.diff");
+    std::fs::write(&old, b"last night's").unwrap();
+    let e = s.fails(&["export-diff", "vm", old.to_str().unwrap()]);
+    assert!(
+        e.contains("old.diff already exists") && e.contains("does not overwrite"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&old).unwrap(), b"last night's");
+    let r = s.json(&["export-diff", "vm", "/dev/null"]);
+    assert_eq!(r["file"], "/dev/null", "{r}");
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::metadata("/dev/null").unwrap().file_type();
+    assert!(t.is_char_device(), "/dev/null is still the device");
+}

@@ -20,6 +20,34 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, format!("{what}: {e}"))
 }
 
+/// The stream's destination, and whether this export made it: a new
+/// file (an existing one is refused, as `rbd export-diff` refuses it: an
+/// export never replaces what an earlier one wrote), or an existing pipe
+/// or device opened for writing (the CLI's pipe for `-`, `/dev/null`).
+fn open_out(out: &Path) -> Result<(File, bool), Error> {
+    let name = || out.display().to_string();
+    match File::options().write(true).create_new(true).open(out) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let t = std::fs::metadata(out)
+                .map_err(|e| io_err(&name(), e))?
+                .file_type();
+            if t.is_file() || t.is_dir() {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{} already exists; export-diff does not overwrite it (remove it, or write to a new name)", name()),
+                ));
+            }
+            let f = File::options()
+                .write(true)
+                .open(out)
+                .map_err(|e| io_err(&name(), e))?;
+            Ok((f, false))
+        }
+        Err(e) => Err(io_err(&name(), e)),
+    }
+}
+
 /// Write `target`'s changes since `from` (None: everything it maps) to
 /// `out` as an rbd diff v1 stream.
 pub fn export(
@@ -59,13 +87,16 @@ pub fn export(
         (d, Some(s)) if d == disk => s,
         _ => b,
     });
-    let file = File::create(out).map_err(|e| io_err(&out.display().to_string(), e))?;
+    let (file, created) = open_out(out)?;
     let w = Writer::new(BufWriter::with_capacity(1 << 20, file), f, snap, size)
         .map_err(|e| io_err("write the diff", e));
     let wrote = w.and_then(|w| write_diff(w, &*dev, target, &ranges, work));
-    // A failed or stopped export leaves no partial stream behind.
+    // A failed or stopped export leaves no partial stream behind (in a
+    // file it made; a pipe or device is not its own).
     let (data, zero, stream_bytes) = wrote.map_err(|e| {
-        let _ = std::fs::remove_file(out);
+        if created {
+            let _ = std::fs::remove_file(out);
+        }
         work.stopped_leaving(e, "the partial diff was removed; export it again")
     })?;
     Ok(ExportDiffReport {
