@@ -54,11 +54,11 @@ SUITES = {"suite"}
 # 2 cores), longest first, so the lanes end together; one not named here
 # runs after these, in name order. Only the order depends on it.
 LONGEST_FIRST = [
-    "objstore", "guest", "groups", "three_hosts", "disk", "move", "nbd_stress",
-    "clients", "crash", "contract", "limits", "hostile", "dashboard",
-    "power_cut", "qemu_interop", "clone", "package", "backup", "defrag",
-    "model", "stats", "sesparse_crash", "s3", "vmdk", "vmdk_shrink_online",
-    "fuse", "cli", "tls", "alarms",
+    "guest", "groups", "objstore", "crash", "three_hosts", "disk", "move",
+    "model", "encryption", "nbd_stress", "package", "qemu_interop",
+    "dashboard", "alarms", "power_cut", "backup", "sesparse_crash", "limits",
+    "clients", "defrag", "rekey", "compress", "clone", "hostile", "tls",
+    "provisioning", "vmdk", "sesparse_fixtures", "stats", "contract", "cli",
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
