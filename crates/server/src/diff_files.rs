@@ -94,9 +94,10 @@ pub fn export(
     // A failed or stopped export leaves no partial stream behind (in a
     // file it made; a pipe or device is not its own).
     let (data, zero, stream_bytes) = wrote.map_err(|e| {
-        if created {
-            let _ = std::fs::remove_file(out);
+        if !created {
+            return work.stopped_leaving(e, "export it again");
         }
+        let _ = std::fs::remove_file(out);
         work.stopped_leaving(e, "the partial diff was removed; export it again")
     })?;
     Ok(ExportDiffReport {
