@@ -160,6 +160,7 @@ impl ObjectStoreDatastore {
 
     /// Collect what no live root reaches (`dry_run`: only say what), and
     /// remember the report for [`Self::last_gc`].
+    ///
     /// Collecting runs of this process wait for each other (one that
     /// came second marks again after the first deleted); runs on other
     /// hosts are fenced by their claims.
