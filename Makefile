@@ -19,7 +19,7 @@ run: build
 
 ## Install what the tests need (qemu-img, qemu-nbd, fio, nbdinfo), then run every test
 ## (scripts/run-tests.py: the benchmark smoke and the test binaries in LANES lanes, longest first).
-LANES ?= 4
+LANES ?= 5
 test: deps
 	STRATA_REQUIRE_TOOLS=1 STRATA_MODEL_CASES=2000 STRATA_BENCH_QUICK=1 STRATA_TEST_LANES=$(LANES) \
 		CARGO=$(CARGO) python3 scripts/run-tests.py

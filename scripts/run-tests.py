@@ -5,7 +5,7 @@
 test threads as cores, so the suite's wall time is the sum of the
 binaries' and a binary whose last test runs alone leaves a core idle (most
 tests wait on servers, guests and fio). Here the binaries are built once
-(`cargo test --no-run`) and run in LANES lanes (default 4) that take the
+(`cargo test --no-run`) and run in LANES lanes (default 5) that take the
 next item from one queue, longest first: the benchmark runs of
 crates/cli/tests/bench_quick.rs (bench.py's smoke, its two halves in one
 process, and the paper's smallest mode: a third of the suite on their
@@ -33,10 +33,11 @@ import sys
 import threading
 import time
 
-# Four on this 2-core machine: with three, the cores stood idle a quarter
+# Five on this 2-core machine: with three, the cores stood idle a quarter
 # of the test phase while tests waited on servers, guests and fio (a fresh
-# clone's `make test`: 1,401 s with four, 1,458-1,503 s with three).
-LANES = int(os.environ.get("STRATA_TEST_LANES", "4"))
+# clone's test phase, after the build: 739 s with five, 827 with four,
+# 914-946 with three).
+LANES = int(os.environ.get("STRATA_TEST_LANES", "5"))
 # The benchmark runs, as queue items, longest first: the smoke's two halves
 # in one process (they take turns there; three benchmark runs side by side
 # on two cores starve each other: the suite took longer, not shorter), then
