@@ -2,7 +2,7 @@
 //! this directory is a module of it (`cargo test -p strata --test suite
 //! MODULE::`), sharing the helpers of `common/` and one SeaweedFS per run.
 //! One binary instead of one per file: they linked the same dependencies
-//! 39 times (`make test` lists the tests and runs each module as an item
+//! 37 times (`make test` lists the tests and runs each module as an item
 //! of its own, scripts/run-tests.py).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)] // test code is outside the ratchet (crates/tidy)
 
