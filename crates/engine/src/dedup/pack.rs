@@ -261,7 +261,7 @@ impl Datastore {
             let to = window_end(mapped, at);
             let slot = self.read_window(&mapped[at..to], &mut buf)?;
             // Layer k: the k-th distinct grain of each virtual grain.
-            let mut by_layer: Vec<Vec<(u64, u64, &[u8])>> = Vec::new();
+            let mut by_layer: Vec<Vec<Member<'_>>> = Vec::new();
             let mut k = 0;
             for i in at..to {
                 k = if i > at && mapped[i].v == mapped[i - 1].v {
@@ -275,11 +275,13 @@ impl Datastore {
                 let b = &buf[slot[i - at] * GRAIN..(slot[i - at] + 1) * GRAIN];
                 by_layer[k].push((mapped[i].v, mapped[i].grain, b));
             }
-            for (k, members) in by_layer.iter().enumerate() {
+            let done = compress_window(&by_layer, codec, pack_threads());
+            for (k, (frags, raw)) in done.into_iter().enumerate() {
                 if layers.len() <= k {
                     layers.push(Vec::new());
                 }
-                compress_layer(members, codec, &mut layers[k], rep);
+                layers[k].extend(frags);
+                rep.raw_bytes += raw;
             }
             at = to;
         }
@@ -378,6 +380,94 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
     ))
 }
 
+/// A grain of a window to compress: its virtual grain, its raw grain
+/// and its bytes.
+type Member<'a> = (u64, u64, &'a [u8]);
+
+/// Threads a window's grains are compressed on: the host's cores, at
+/// most four. Each compresses runs of a layer cut where a virtual grain
+/// is a multiple of four, so no quad or pair spans two runs and the
+/// fragments are those one thread makes, in the same order.
+fn pack_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// Compress each layer of a window (`by_layer[k]`: the window's `k`-th
+/// grains, in virtual-grain order) into its fragments, and the bytes left
+/// raw, by layer. The layers' runs are shared out over `threads`.
+fn compress_window(
+    by_layer: &[Vec<Member<'_>>],
+    codec: Codec,
+    threads: usize,
+) -> Vec<(Vec<Frag>, u64)> {
+    let jobs: Vec<(usize, &[Member<'_>])> = by_layer
+        .iter()
+        .enumerate()
+        .flat_map(|(k, members)| runs(members, threads).map(move |r| (k, r)))
+        .collect();
+    let mut done: Vec<(usize, Vec<Frag>, u64)> = if threads == 1 || jobs.len() == 1 {
+        jobs.iter()
+            .enumerate()
+            .map(|(i, &(_, run))| compress_run(i, run, codec))
+            .collect()
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads.min(jobs.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&(_, run)) = jobs.get(i) else {
+                                break out;
+                            };
+                            out.push(compress_run(i, run, codec));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    };
+    done.sort_unstable_by_key(|d| d.0);
+    let mut out: Vec<(Vec<Frag>, u64)> = by_layer.iter().map(|_| (Vec::new(), 0)).collect();
+    for (i, frags, raw) in done {
+        let layer = &mut out[jobs[i].0];
+        layer.0.extend(frags);
+        layer.1 += raw;
+    }
+    out
+}
+
+/// Job `i`, a run of one layer: its fragments and the bytes it leaves raw.
+fn compress_run(i: usize, run: &[Member<'_>], codec: Codec) -> (usize, Vec<Frag>, u64) {
+    let mut frags = Vec::new();
+    let raw = compress_layer(run, codec, &mut frags);
+    (i, frags, raw)
+}
+
+/// `members` in at most `n` runs of about equal length, each cut before
+/// a virtual grain that is a multiple of four (an aligned quad or pair
+/// starts there, none spans the cut).
+fn runs<'m, 'a>(members: &'m [Member<'a>], n: usize) -> impl Iterator<Item = &'m [Member<'a>]> {
+    let mut cuts = vec![0];
+    for i in 1..n {
+        let mut at = (members.len() * i / n).max(cuts[cuts.len() - 1]);
+        while at < members.len() && !members[at].0.is_multiple_of(4) {
+            at += 1;
+        }
+        if at > cuts[cuts.len() - 1] && at < members.len() {
+            cuts.push(at);
+        }
+    }
+    cuts.push(members.len());
+    (0..cuts.len() - 1).map(move |i| &members[cuts[i]..cuts[i + 1]])
+}
+
 /// Compress one layer's grains of a window (virtual grain, raw grain,
 /// bytes; in virtual-grain order) onto `out` (FORMAT.md §18.9). With
 /// zstd, an aligned quad of grains none of which is zeros is compressed
@@ -385,13 +475,9 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
 /// else an aligned pair whose grains both keep alone, kept when smaller
 /// than the two; else each grain alone, kept when it saves an eighth.
 /// Grains are compressed alone only where no quad is kept: most of a
-/// compressible disk is compressed once.
-fn compress_layer(
-    members: &[(u64, u64, &[u8])],
-    codec: Codec,
-    out: &mut Vec<Frag>,
-    rep: &mut CompressReport,
-) {
+/// compressible disk is compressed once. Returns the bytes left raw.
+fn compress_layer(members: &[Member<'_>], codec: Codec, out: &mut Vec<Frag>) -> u64 {
+    let mut raw = 0;
     let mut single = Singles {
         members,
         codec,
@@ -414,17 +500,18 @@ fn compress_layer(
         let (v, g, _) = members[j];
         match single.get(j) {
             Some(c) => out.push(Frag::raw(v, vec![g], codec, c.to_vec())),
-            None => rep.raw_bytes += GRAIN_BYTES,
+            None => raw += GRAIN_BYTES,
         }
         j += 1;
     }
+    raw
 }
 
 /// A layer's grains compressed alone, each when first asked for: none for
 /// a grain of zeros (left for zero reclaim, which finds raw zeros only)
 /// or one that does not save an eighth.
 struct Singles<'a> {
-    members: &'a [(u64, u64, &'a [u8])],
+    members: &'a [Member<'a>],
     codec: Codec,
     got: Vec<Option<Option<Vec<u8>>>>,
 }
@@ -444,24 +531,20 @@ impl Singles<'_> {
 
 /// Members `j .. j + span` when the first's `v` is a multiple of `span`
 /// and the others follow it grain by grain.
-fn aligned_run<'a>(
-    members: &'a [(u64, u64, &'a [u8])],
-    j: usize,
-    span: usize,
-) -> Option<&'a [(u64, u64, &'a [u8])]> {
+fn aligned_run<'a>(members: &'a [Member<'a>], j: usize, span: usize) -> Option<&'a [Member<'a>]> {
     let run = members.get(j..j + span)?;
     let v = run[0].0;
     (v.is_multiple_of(span as u64) && run.iter().zip(v..).all(|(m, w)| m.0 == w)).then_some(run)
 }
 
 /// `run`'s grains as one fragment of compressed `bytes`.
-fn run_fragment(run: &[(u64, u64, &[u8])], codec: Codec, bytes: Vec<u8>) -> Frag {
+fn run_fragment(run: &[Member<'_>], codec: Codec, bytes: Vec<u8>) -> Frag {
     Frag::raw(run[0].0, run.iter().map(|m| m.1).collect(), codec, bytes)
 }
 
 /// The quad from member `j`, kept when none of its grains is zeros and
 /// it compresses to a fragment.
-fn quad_at(members: &[(u64, u64, &[u8])], j: usize, codec: Codec) -> Option<Frag> {
+fn quad_at(members: &[Member<'_>], j: usize, codec: Codec) -> Option<Frag> {
     let run = aligned_run(members, j, 4)?;
     if run.iter().any(|m| crate::disk::is_zero(m.2)) {
         return None;
@@ -642,4 +725,92 @@ fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<
         }
     }
     Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Grains of text, noise and zeros, some runs broken by a missing
+    /// virtual grain: quads, pairs, singles and raw grains all occur.
+    fn grains(n: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut out = Vec::new();
+        for v in (0..n).filter(|v| v % 23 != 7) {
+            let b = match v % 11 {
+                0 => vec![0; GRAIN],
+                1 | 2 => (0..GRAIN)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect(),
+                _ => format!("grain {v} of the text, and again {}. ", v / 3)
+                    .bytes()
+                    .cycle()
+                    .take(GRAIN)
+                    .collect(),
+            };
+            out.push((v, b));
+        }
+        out
+    }
+
+    #[test]
+    fn runs_cut_only_before_a_multiple_of_four_and_cover_every_member() {
+        let g = grains(300);
+        let members: Vec<Member<'_>> = g.iter().map(|(v, b)| (*v, *v + 1000, &b[..])).collect();
+        for n in [1, 2, 3, 4, 7, 400] {
+            let runs: Vec<&[Member<'_>]> = runs(&members, n).collect();
+            assert!(runs.len() <= n, "{n} threads, {} runs", runs.len());
+            assert_eq!(runs.iter().map(|r| r.len()).sum::<usize>(), members.len());
+            for r in &runs[1..] {
+                assert_eq!(r[0].0 % 4, 0, "{n} threads: a cut before {}", r[0].0);
+            }
+        }
+        assert_eq!(runs(&[], 4).count(), 1);
+    }
+
+    #[test]
+    fn a_window_packs_the_same_on_any_number_of_threads() {
+        let g = grains(700);
+        let one: Vec<Member<'_>> = g.iter().map(|(v, b)| (*v, *v + 1000, &b[..])).collect();
+        let two: Vec<Member<'_>> = g
+            .iter()
+            .step_by(3)
+            .map(|(v, b)| (*v, *v + 5000, &b[..]))
+            .collect();
+        let by_layer = vec![one, two];
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            let shape = |threads| {
+                compress_window(&by_layer, codec, threads)
+                    .into_iter()
+                    .map(|(frags, raw)| {
+                        let f: Vec<_> = frags
+                            .into_iter()
+                            .map(|f| match f.from {
+                                Source::Raw(from) => (f.v, f.span, f.len, f.bytes, from),
+                                Source::Stream(_) => unreachable!("raw grains only"),
+                            })
+                            .collect();
+                        (f, raw)
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let alone = shape(1);
+            let spans: Vec<u8> = alone[0].0.iter().map(|f| f.1).collect();
+            assert!(alone[0].1 > 0, "{codec:?}: some grains stay raw");
+            if codec == Codec::Zstd {
+                assert!(
+                    spans.contains(&4) && spans.contains(&1),
+                    "{codec:?}: {spans:?}"
+                );
+            }
+            for threads in [2, 3, 4] {
+                assert!(shape(threads) == alone, "{codec:?} on {threads} threads");
+            }
+        }
+    }
 }
