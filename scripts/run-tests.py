@@ -152,24 +152,32 @@ def items(binaries, bench):
 
 
 def run(label, exe, pkg, args):
-    """Run one binary; print its output whole; None if it passed, else
-    what its failures printed (the harness's "failures:" part)."""
+    """Run one binary; print its output whole, with its wall time and the
+    CPU time it and the processes it waited for used (servers, qemu, fio);
+    (CPU seconds, None if it passed, else what its failures printed: the
+    harness's "failures:" part)."""
     t = time.time()
-    p = subprocess.run([exe] + args, cwd=pkg, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT)
+    p = subprocess.Popen([exe] + args, cwd=pkg, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    stdout = p.stdout.read()
+    p.stdout.close()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
     rel = os.path.relpath(exe, ROOT)
     with print_lock:
-        sys.stdout.write(f"     Running {label} ({rel}) [{time.time() - t:.0f} s]\n")
+        sys.stdout.write(f"     Running {label} ({rel}) [{time.time() - t:.0f} s, "
+                         f"{cpu:.0f} CPU-s]\n")
         sys.stdout.flush()
-        sys.stdout.buffer.write(p.stdout)
+        sys.stdout.buffer.write(stdout)
         sys.stdout.buffer.flush()
     if p.returncode == 0:
-        return None
-    out = p.stdout.decode(errors="replace")
+        return cpu, None
+    out = stdout.decode(errors="replace")
     at = out.rfind("\nfailures:\n", 0, out.rfind("\nfailures:\n"))
     why = out[at:] if at >= 0 else out[-FAILURE_TAIL:]
     # Without the summary line: .ci/run counts those, one per binary.
-    return why.split("\ntest result:")[0]
+    return cpu, why.split("\ntest result:")[0]
 
 
 def main():
@@ -182,7 +190,7 @@ def main():
     binaries = build(cargo)
     print(f"built {len(binaries)} test binaries in {time.time() - start:.0f} s; "
           f"running them in {LANES} lanes", flush=True)
-    failed = []
+    failed, used = [], []
     work = queue.Queue()
     for _, label, exe, pkg, args in items(binaries, os.environ.get("STRATA_BENCH_QUICK") == "1"):
         work.put((label, exe, pkg, args))
@@ -193,7 +201,8 @@ def main():
                 b = work.get_nowait()
             except queue.Empty:
                 return
-            why = run(*b)
+            cpu, why = run(*b)
+            used.append((cpu, b[0]))
             if why is not None:
                 failed.append((b[0], why))
 
@@ -203,6 +212,8 @@ def main():
     for t in lanes:
         t.join()
     print(f"make test: {time.time() - start:.0f} s (build included)")
+    most = ", ".join(f"{label} {cpu:.0f}" for cpu, label in sorted(used, reverse=True)[:8])
+    print(f"test CPU: {sum(c for c, _ in used):.0f} s; most: {most}")
     if failed:
         # Again at the end, where a log cut to its tail still shows them.
         for name, why in sorted(failed):
