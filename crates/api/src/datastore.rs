@@ -153,14 +153,18 @@ pub struct DedupEstimate {
     pub zero_bytes: u64,
     /// Stored grains under a key: their compressibility needs the key.
     pub encrypted_bytes: u64,
-    /// Unencrypted grains compressed as a sample (every 64th distinct
-    /// grain, at most 16,384; zstd at level 4), what they would take
-    /// packed (a grain that saves an eighth: its bytes rounded to 16 and
-    /// a 16-byte directory entry; another: 4,096; FORMAT.md §18.7), and
-    /// how many save an eighth.
+    /// Unencrypted grains packed as a sample, as `strata compress` packs
+    /// them (one aligned quad of virtual grains in 64, so a grain in 64,
+    /// at most 16,384 grains; FORMAT.md §18.9); what they would take with
+    /// `--codec zstd` (its quads, pairs and single grains, laid out in
+    /// streams as the pass lays them out, §18.8; a grain left raw, zeros
+    /// included, 4,096), and how many of them zstd packs.
     pub compress_sampled_grains: u64,
     pub compress_sampled_bytes_after: u64,
     pub packable_grains: u64,
+    /// What the sampled grains would take with LZ4 (the default codec).
+    #[serde(default)]
+    pub lz4_sampled_bytes_after: u64,
     /// Of `stored_bytes`, the grains held packed (`strata compress`,
     /// FORMAT.md §18.8), and the pool grains of the streams they lie in:
     /// exact, counted from the maps (a stream grain's dead fragments

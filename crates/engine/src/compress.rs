@@ -44,23 +44,6 @@ pub(crate) fn compress_zstd(grain: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
-/// Whether compressing a grain to `len` bytes is worth keeping: it saves
-/// an eighth or more (§18.7, ZFS's rule), so at most 3,584 bytes.
-pub(crate) fn saves(len: usize) -> bool {
-    len <= GRAIN * 7 / 8
-}
-
-/// What a grain that compresses to `len` bytes would take packed in a
-/// byte stream (§18.7): its bytes rounded to 16 and a 16-byte directory
-/// entry, or the whole grain when that does not save an eighth.
-pub(crate) fn stored_bytes(len: usize) -> usize {
-    if saves(len) {
-        room(len)
-    } else {
-        GRAIN
-    }
-}
-
 thread_local! {
     /// Each thread's zstd decompression context, made once: making one
     /// per read (an allocation of some 100 KiB and its setup) held 4 KiB
@@ -112,7 +95,7 @@ pub(crate) fn decompress(codec: Codec, compressed: &[u8], out: &mut [u8]) -> Res
 
 /// Room a fragment takes in a packed stream: its directory entry and
 /// its stored bytes.
-fn room(len: usize) -> usize {
+pub(crate) fn room(len: usize) -> usize {
     16 + footprint(len)
 }
 
@@ -272,13 +255,13 @@ mod tests {
             .take(GRAIN)
             .collect();
         let small = compress_lz4(&text);
-        assert!(saves(small.len()), "{}", small.len());
+        assert!(fragment(Codec::Lz4, &text).is_some(), "{}", small.len());
         let mut out = vec![0u8; GRAIN];
         decompress(Codec::Lz4, &small, &mut out).unwrap();
         assert_eq!(out, text);
         // Noise does not pack.
         let noise = noise(GRAIN);
-        assert!(!saves(compress_lz4(&noise).len()));
+        assert!(fragment(Codec::Lz4, &noise).is_none());
         // A fragment short by a byte, or of another length, is refused.
         assert!(decompress(Codec::Lz4, &small[..small.len() - 1], &mut out).is_err());
         let half = compress_lz4(&text[..2048]);
@@ -297,10 +280,9 @@ mod tests {
         let e = decompress(Codec::Zstd, &half, &mut out).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Corrupt, "{e}");
         assert!(decompress(Codec::Lz4, &z, &mut out).is_err());
-        // What a grain would take packed: noise stays whole.
-        assert_eq!(stored_bytes(compress_zstd(&noise).unwrap().len()), GRAIN);
-        assert_eq!(stored_bytes(100), 16 + 112);
-        assert!(saves(3584) && !saves(3585));
+        // What a fragment takes in a stream; noise stays raw.
+        assert!(fragment(Codec::Zstd, &noise).is_none());
+        assert_eq!(room(100), 16 + 112);
     }
 
     #[test]

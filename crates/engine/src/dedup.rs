@@ -13,8 +13,10 @@
 use std::collections::HashMap;
 
 use strata_api::DedupEstimate;
+use strata_format::packed::{encode_stream, Codec};
 use strata_format::{leaf_grain, leaf_key, GRAIN_BYTES};
 
+use crate::compress::room;
 use crate::error::{err, ErrorKind, Result};
 use crate::meta::Meta;
 use crate::work::Pacer;
@@ -37,9 +39,10 @@ const WINDOW: usize = 4096;
 /// Most hashes the any-offset sample keeps: past it, the sampling rate
 /// halves and the entries it no longer takes are dropped.
 const SAMPLE_MAX: usize = 1 << 20;
-/// The compression sample takes every this many distinct grains...
+/// The compression sample takes one aligned quad of virtual grains in
+/// this many (so, of each layer, a grain in as many)...
 const COMPRESS_EVERY: u64 = 64;
-/// ...up to this many.
+/// ...up to this many grains.
 const COMPRESS_MAX: u64 = 16_384;
 
 /// A version to walk, with what decides its grains' cipher.
@@ -89,7 +92,9 @@ struct Tally {
     hasher: ahash::RandomState,
     sample: HashMap<u64, u32>,
     sample_every: u64,
-    distinct: u64,
+    /// The compression sample's fragments waiting to be laid out, by
+    /// layer: zstd's, LZ4's.
+    packing: Vec<[Vec<pack::Frag>; 2]>,
 }
 
 impl Datastore {
@@ -113,7 +118,7 @@ impl Datastore {
             hasher: ahash::RandomState::new(),
             sample: HashMap::new(),
             sample_every: 1,
-            distinct: 0,
+            packing: Vec::new(),
         };
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let mut clients = self.inner.client_watch();
@@ -393,6 +398,21 @@ impl Tally {
         for (i, m) in window.iter().enumerate() {
             self.one(m.class, grain(i), hashes[i]);
         }
+        // The compression sample: the unencrypted grains of one aligned
+        // quad of virtual grains in COMPRESS_EVERY, by layer, each quad
+        // packed as the pass would pack it.
+        let sampled = pack::by_layer(
+            (0..window.len())
+                .filter(|&i| {
+                    window[i].class == 0 && (window[i].v / 4).is_multiple_of(COMPRESS_EVERY)
+                })
+                .map(|i| (window[i].v, window[i].grain, grain(i))),
+        );
+        for (k, layer) in sampled.iter().enumerate() {
+            for quad in layer.chunk_by(|a, b| a.0 / 4 == b.0 / 4) {
+                self.pack_sample(k, quad);
+            }
+        }
         // Same-offset: within each (virtual grain, class), the grains
         // equal to an earlier one.
         let mut at = 0;
@@ -416,27 +436,14 @@ impl Tally {
 
     /// Count one distinct grain: zeros, the key, the samples.
     fn one(&mut self, class: u64, bytes: &[u8], hash: u64) {
-        self.distinct += 1;
         if class >> 63 == 1 {
             // A thick disk's grain: counted in stored bytes only.
             return;
         }
         if class != 0 {
             self.est.encrypted_bytes += GRAIN_BYTES;
-        } else {
-            if crate::disk::is_zero(bytes) {
-                self.est.zero_bytes += GRAIN_BYTES;
-            }
-            if self.distinct.is_multiple_of(COMPRESS_EVERY)
-                && self.est.compress_sampled_grains < COMPRESS_MAX
-            {
-                let len = crate::compress::compress_zstd(bytes).map_or(usize::MAX, |z| z.len());
-                self.est.compress_sampled_grains += 1;
-                self.est.compress_sampled_bytes_after += crate::compress::stored_bytes(len) as u64;
-                if crate::compress::saves(len) {
-                    self.est.packable_grains += 1;
-                }
-            }
+        } else if crate::disk::is_zero(bytes) {
+            self.est.zero_bytes += GRAIN_BYTES;
         }
         if hash.is_multiple_of(self.sample_every) {
             *self.sample.entry(hash).or_insert(0) += 1;
@@ -448,7 +455,61 @@ impl Tally {
         }
     }
 
+    /// Pack one sampled quad's grains of layer `k` with each codec, as
+    /// `strata compress` would (FORMAT.md §18.9: zeros and grains that
+    /// save no eighth stay raw; with zstd a quad or pair together where
+    /// that pays), counting the grains left raw, and lay the fragments
+    /// out as streams (§18.8) a region's worth at a time, counting their
+    /// grains.
+    fn pack_sample(&mut self, k: usize, quad: &[pack::Member<'_>]) {
+        if self.est.compress_sampled_grains >= COMPRESS_MAX {
+            return;
+        }
+        self.est.compress_sampled_grains += quad.len() as u64;
+        if self.packing.len() <= k {
+            self.packing.resize_with(k + 1, Default::default);
+        }
+        for (c, codec) in [Codec::Zstd, Codec::Lz4].into_iter().enumerate() {
+            let mut frags = Vec::new();
+            let raw = pack::compress_layer(quad, codec, &mut frags);
+            if codec == Codec::Zstd {
+                self.est.compress_sampled_bytes_after += raw;
+                self.est.packable_grains += frags.iter().map(|f| u64::from(f.span)).sum::<u64>();
+            } else {
+                self.est.lz4_sampled_bytes_after += raw;
+            }
+            let pending = &mut self.packing[k][c];
+            pending.extend(frags);
+            if pending.iter().map(|f| u64::from(f.span)).sum::<u64>() >= REGION {
+                self.lay_out(k, c);
+            }
+        }
+    }
+
+    /// Lay out layer `k`'s waiting fragments of codec `c` (0 zstd, 1 LZ4)
+    /// as one stream and count its grains.
+    fn lay_out(&mut self, k: usize, c: usize) {
+        let frags = std::mem::take(&mut self.packing[k][c]);
+        if frags.is_empty() {
+            return;
+        }
+        // The pass's own fragments always lay out; should one not, its
+        // bytes with their directory entries are the figure.
+        let bytes = encode_stream(&pack::pieces_of(&frags)).map_or_else(
+            |_| frags.iter().map(|f| room(f.len) as u64).sum(),
+            |s| s.len() as u64 * GRAIN_BYTES,
+        );
+        match c {
+            0 => self.est.compress_sampled_bytes_after += bytes,
+            _ => self.est.lz4_sampled_bytes_after += bytes,
+        }
+    }
+
     fn finish(mut self) -> DedupEstimate {
+        for k in 0..self.packing.len() {
+            self.lay_out(k, 0);
+            self.lay_out(k, 1);
+        }
         let taken: u64 = self.sample.values().map(|&n| u64::from(n)).sum();
         let repeats = taken - self.sample.len() as u64;
         self.est.any_offset_bytes = (repeats * self.sample_every * GRAIN_BYTES)

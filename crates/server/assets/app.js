@@ -315,9 +315,10 @@ function renderSpace(s, jobs) {
         (r.packed_bytes / Math.max(1, r.packed_stored_bytes)).toFixed(2) + 'x)']);
     }
     if (r.compress_sampled_grains) {
-      const ratio = (r.compress_sampled_grains * 4096 / Math.max(1, r.compress_sampled_bytes_after)).toFixed(2);
-      rows.push(['zstd sample', ratio + 'x smaller packed (raw grains)', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
-        ' % of ' + r.compress_sampled_grains + ' grains save an eighth or more']);
+      const ratio = after => (r.compress_sampled_grains * 4096 / Math.max(1, after)).toFixed(2);
+      rows.push(['packing sample', ratio(r.lz4_sampled_bytes_after) + 'x smaller with LZ4, ' + ratio(r.compress_sampled_bytes_after) +
+        'x with zstd', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
+        ' % of ' + r.compress_sampled_grains + ' raw grains packed by zstd']);
     }
     if (r.encrypted_bytes) rows.push(['under a key', bytes(r.encrypted_bytes), 'compressibility needs the key']);
     el.append(h('table', { id: 'estimate', class: 'grid' },

@@ -243,11 +243,8 @@ impl Datastore {
     }
 
     /// Read the plan's grains a window at a time and compress them into
-    /// fragments, by layer: layer `k` holds the `k`-th distinct grain of
-    /// each virtual grain (a stream names a virtual grain once). An
-    /// aligned pair of one layer is compressed together when that saves
-    /// an eighth; else each grain alone when it does. What stays raw is
-    /// counted in `rep`.
+    /// fragments, by layer ([`by_layer`]), each layer's as
+    /// [`compress_layer`] makes them. What stays raw is counted in `rep`.
     fn compress_plan(
         &self,
         mapped: &[Mapped],
@@ -260,21 +257,10 @@ impl Datastore {
         while at < mapped.len() {
             let to = window_end(mapped, at);
             let slot = self.read_window(&mapped[at..to], &mut buf)?;
-            // Layer k: the k-th distinct grain of each virtual grain.
-            let mut by_layer: Vec<Vec<Member<'_>>> = Vec::new();
-            let mut k = 0;
-            for i in at..to {
-                k = if i > at && mapped[i].v == mapped[i - 1].v {
-                    k + 1
-                } else {
-                    0
-                };
-                if by_layer.len() <= k {
-                    by_layer.push(Vec::new());
-                }
+            let by_layer = by_layer((at..to).map(|i| {
                 let b = &buf[slot[i - at] * GRAIN..(slot[i - at] + 1) * GRAIN];
-                by_layer[k].push((mapped[i].v, mapped[i].grain, b));
-            }
+                (mapped[i].v, mapped[i].grain, b)
+            }));
             let done = compress_window(&by_layer, codec, pack_threads());
             for (k, (frags, raw)) in done.into_iter().enumerate() {
                 if layers.len() <= k {
@@ -382,7 +368,24 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
 
 /// A grain of a window to compress: its virtual grain, its raw grain
 /// and its bytes.
-type Member<'a> = (u64, u64, &'a [u8]);
+pub(super) type Member<'a> = (u64, u64, &'a [u8]);
+
+/// `members` (in virtual-grain order) by layer: layer `k` holds the
+/// `k`-th distinct grain of each virtual grain (a stream names a virtual
+/// grain once).
+pub(super) fn by_layer<'a>(members: impl Iterator<Item = Member<'a>>) -> Vec<Vec<Member<'a>>> {
+    let mut out: Vec<Vec<Member<'a>>> = Vec::new();
+    let (mut last, mut k) = (None, 0);
+    for m in members {
+        k = if last == Some(m.0) { k + 1 } else { 0 };
+        last = Some(m.0);
+        if out.len() <= k {
+            out.push(Vec::new());
+        }
+        out[k].push(m);
+    }
+    out
+}
 
 /// Threads a window's grains are compressed on: the host's cores, at
 /// most four. Each compresses runs of a layer cut where a virtual grain
@@ -476,7 +479,7 @@ fn runs<'m, 'a>(members: &'m [Member<'a>], n: usize) -> impl Iterator<Item = &'m
 /// than the two; else each grain alone, kept when it saves an eighth.
 /// Grains are compressed alone only where no quad is kept: most of a
 /// compressible disk is compressed once. Returns the bytes left raw.
-fn compress_layer(members: &[Member<'_>], codec: Codec, out: &mut Vec<Frag>) -> u64 {
+pub(super) fn compress_layer(members: &[Member<'_>], codec: Codec, out: &mut Vec<Frag>) -> u64 {
     let mut raw = 0;
     let mut single = Singles {
         members,
@@ -587,7 +590,7 @@ fn tally(rep: &mut CompressReport, kept: &[&Placed], layers: &[Vec<Frag>]) {
 }
 
 /// The pieces of `frags` for the layout.
-fn pieces_of(frags: &[Frag]) -> Vec<Piece<'_>> {
+pub(super) fn pieces_of(frags: &[Frag]) -> Vec<Piece<'_>> {
     frags
         .iter()
         .map(|f| Piece {
