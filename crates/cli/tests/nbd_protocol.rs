@@ -2253,11 +2253,19 @@ fn stream_request(i: u64) -> (u16, u64, u32) {
 }
 
 /// Stream requests to `srv` on an open connection (`out` sends, `replies`
-/// reads) and stop the server (SIGTERM) after the first 64: the server
-/// must answer in full every request it took, with success or ESHUTDOWN,
-/// before the connection ends, and exit cleanly. No reply may be cut short
-/// or answer a request twice or one never sent. A client that reads
-/// slowly (`pause` before each reply) must lose nothing either.
+/// reads) and stop the server (SIGTERM) once a reply shows it has taken
+/// the first 64, while the stream goes on: the server must answer in
+/// full every request it took, with success or ESHUTDOWN, before the
+/// connection ends, and exit cleanly. No reply may be cut short or
+/// answer a request twice or one never sent. A client that reads slowly
+/// (`pause` before each reply) must lose nothing either.
+///
+/// The stop waits for a reply rather than following the 64th request's
+/// send: a request sent is not yet taken (the kernel holds megabytes of
+/// a TCP stream, and a server whose in-flight budget is full of replies
+/// a slow client has not read stops reading), and a stop after 42 of 64
+/// were taken, which a loaded machine made, rightly left the rest
+/// unanswered.
 fn stop_while_streaming(
     srv: Server,
     replies: &mut dyn Read,
@@ -2272,10 +2280,6 @@ fn stop_while_streaming(
     let sender = std::thread::spawn(move || {
         let data = pattern(30, 256 * KIB as usize);
         for i in 0..STREAM_MAX {
-            if i == 64 {
-                // SAFETY: kill(2) of our own child.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
             let (ty, at, len) = stream_request(i);
             let mut m = header(REQUEST_MAGIC, 0, ty, i + 1, at, len);
             if ty == CMD_WRITE {
@@ -2294,6 +2298,7 @@ fn stop_while_streaming(
         })
         .collect();
     let mut done = std::collections::BTreeSet::new();
+    let mut stopped = false;
     loop {
         std::thread::sleep(pause);
         let Some(r) = reply_or_end(replies, &read_len) else {
@@ -2316,6 +2321,12 @@ fn stop_while_streaming(
         };
         assert!(!done.contains(&cookie), "a second reply to {cookie}");
         assert!(errno == 0 || errno == ESHUTDOWN, "{cookie}: error {errno}");
+        if cookie >= 64 && !stopped {
+            // Requests are read in order: the first 64 are taken.
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            stopped = true;
+        }
         if last {
             done.insert(cookie);
         }
@@ -2330,9 +2341,10 @@ fn stop_while_streaming(
         done.iter().all(|&ck| (1..=sent).contains(&ck)),
         "a reply to a request never sent ({sent} sent)"
     );
+    assert!(stopped, "no reply to request 64 or later before the end");
     // Requests are read in order, and every request read is answered: a
     // reply to request k means every request up to k was taken, and must
-    // be answered too. The first 64 were all sent before the stop.
+    // be answered too. The first 64 were all taken before the stop.
     let last = done.last().copied().unwrap_or(0).max(64);
     for ck in 1..=last {
         assert!(done.contains(&ck), "request {ck} never answered");
