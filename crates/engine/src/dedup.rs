@@ -44,6 +44,10 @@ const SAMPLE_MAX: usize = 1 << 20;
 const COMPRESS_EVERY: u64 = 64;
 /// ...up to this many grains.
 const COMPRESS_MAX: u64 = 16_384;
+/// Most bytes of the compression sample's fragments kept to be laid out
+/// (they wait for a region's worth per layer and codec; past this, every
+/// layer's are laid out, so memory stays bounded however many layers).
+const PACKING_MAX: usize = 4 << 20;
 
 /// A version to walk, with what decides its grains' cipher.
 struct Version {
@@ -95,6 +99,8 @@ struct Tally {
     /// The compression sample's fragments waiting to be laid out, by
     /// layer: zstd's, LZ4's.
     packing: Vec<[Vec<pack::Frag>; 2]>,
+    /// Their bytes (at most [`PACKING_MAX`] after each sampled quad).
+    packing_bytes: usize,
 }
 
 impl Datastore {
@@ -119,6 +125,7 @@ impl Datastore {
             sample: HashMap::new(),
             sample_every: 1,
             packing: Vec::new(),
+            packing_bytes: 0,
         };
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let mut clients = self.inner.client_watch();
@@ -478,11 +485,23 @@ impl Tally {
             } else {
                 self.est.lz4_sampled_bytes_after += raw;
             }
+            self.packing_bytes += frags.iter().map(|f| f.bytes.len()).sum::<usize>();
             let pending = &mut self.packing[k][c];
             pending.extend(frags);
             if pending.iter().map(|f| u64::from(f.span)).sum::<u64>() >= REGION {
                 self.lay_out(k, c);
             }
+        }
+        if self.packing_bytes > PACKING_MAX {
+            self.lay_out_all();
+        }
+    }
+
+    /// Lay out every layer's waiting fragments.
+    fn lay_out_all(&mut self) {
+        for k in 0..self.packing.len() {
+            self.lay_out(k, 0);
+            self.lay_out(k, 1);
         }
     }
 
@@ -493,6 +512,7 @@ impl Tally {
         if frags.is_empty() {
             return;
         }
+        self.packing_bytes -= frags.iter().map(|f| f.bytes.len()).sum::<usize>();
         // The pass's own fragments always lay out; should one not, its
         // bytes with their directory entries are the figure.
         let bytes = encode_stream(&pack::pieces_of(&frags)).map_or_else(
@@ -506,10 +526,7 @@ impl Tally {
     }
 
     fn finish(mut self) -> DedupEstimate {
-        for k in 0..self.packing.len() {
-            self.lay_out(k, 0);
-            self.lay_out(k, 1);
-        }
+        self.lay_out_all();
         let taken: u64 = self.sample.values().map(|&n| u64::from(n)).sum();
         let repeats = taken - self.sample.len() as u64;
         self.est.any_offset_bytes = (repeats * self.sample_every * GRAIN_BYTES)

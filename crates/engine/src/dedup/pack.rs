@@ -395,14 +395,22 @@ fn pack_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
+/// Fewest grains a thread is started for: a small region's few grains
+/// are compressed on the pass's own thread (starting one costs some tens
+/// of microseconds, LZ4 a grain some ten).
+const RUN_MIN: usize = 64;
+
 /// Compress each layer of a window (`by_layer[k]`: the window's `k`-th
 /// grains, in virtual-grain order) into its fragments, and the bytes left
-/// raw, by layer. The layers' runs are shared out over `threads`.
+/// raw, by layer. The layers' runs are shared out over `threads`, as
+/// far as each has [`RUN_MIN`] grains.
 fn compress_window(
     by_layer: &[Vec<Member<'_>>],
     codec: Codec,
     threads: usize,
 ) -> Vec<(Vec<Frag>, u64)> {
+    let grains: usize = by_layer.iter().map(Vec::len).sum();
+    let threads = threads.min(grains / RUN_MIN).max(1);
     let jobs: Vec<(usize, &[Member<'_>])> = by_layer
         .iter()
         .enumerate()
