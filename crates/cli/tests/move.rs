@@ -444,6 +444,25 @@ impl Guest {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    /// Wait until every command sent so far has run: qemu-io prints its
+    /// prompt before it reads each command and once more after the last.
+    /// (A command sent while a flush is in progress kept that flush from
+    /// finishing for as long as was watched, 7 s, here on an object-store
+    /// disk with another host waiting `--incoming`; on a local datastore
+    /// the same three commands sent at once run. Whether qemu-io 7.2 or
+    /// the server holds the flush is not known yet: an open question in
+    /// the notes of 2026-12-07. The next command waits meanwhile.)
+    fn wait_idle(&self, sent: usize) {
+        let t = std::time::Instant::now();
+        while self.out.lock().unwrap().matches("qemu-io> ").count() <= sent {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the guest never ran its {sent} commands: {}",
+                self.out.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     fn finish(mut self) -> String {
         self.send("quit");
         drop(self.cmds);
@@ -476,12 +495,16 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
     let sb = b.serve_with(&["--incoming", "vm", "--incoming-wait", "30", "--http", &hb]);
 
     // The VM runs on A: a flushed write, then one acknowledged only.
+    // Each command waits for the one before (a fixed wait was not enough
+    // on a loaded machine: the second write, sent during the flush, kept
+    // the flush from finishing, and B read zeros).
     let mut guest = Guest::start(&a.uri("vm"));
     guest.send("write -P 0x11 0 1M");
+    guest.wait_idle(1);
     guest.send("flush");
-    std::thread::sleep(Duration::from_millis(500));
+    guest.wait_idle(2);
     guest.send("write -P 0x22 1M 64k");
-    std::thread::sleep(Duration::from_millis(500));
+    guest.wait_idle(3);
     // B reads what A committed, without claiming.
     let (ok, r) = qemu_io(RAW_WRITEBACK, &b.uri("vm"), &["read -P 0x11 0 1M"]);
     assert!(ok && !r.contains("fail"), "{r}");
