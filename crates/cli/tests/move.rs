@@ -434,15 +434,7 @@ impl Guest {
     /// Wait until the guest has printed `needle` (a command it was sent
     /// has run).
     fn wait_for(&self, needle: &str) {
-        let t = std::time::Instant::now();
-        while !self.out.lock().unwrap().contains(needle) {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the guest never printed {needle:?}: {}",
-                self.out.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_until(&format!("printed {needle:?}"), |out| out.contains(needle));
     }
     /// Wait until every command sent so far has run: qemu-io prints its
     /// prompt before it reads each command and once more after the last.
@@ -453,11 +445,19 @@ impl Guest {
     /// the server holds the flush is not known yet: an open question in
     /// the notes of 2026-12-07. The next command waits meanwhile.)
     fn wait_idle(&self, sent: usize) {
+        self.wait_until(&format!("ran its {sent} commands"), |out| {
+            out.matches("qemu-io> ").count() > sent
+        });
+    }
+    /// Wait (60 s at most) until the guest's output so far satisfies
+    /// `done`; else fail, saying the guest never did `what`, with the
+    /// output.
+    fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) {
         let t = std::time::Instant::now();
-        while self.out.lock().unwrap().matches("qemu-io> ").count() <= sent {
+        while !done(&self.out.lock().unwrap()) {
             assert!(
                 t.elapsed() < Duration::from_secs(60),
-                "the guest never ran its {sent} commands: {}",
+                "the guest never {what}: {}",
                 self.out.lock().unwrap()
             );
             std::thread::sleep(Duration::from_millis(10));
