@@ -438,12 +438,11 @@ impl Guest {
     }
     /// Wait until every command sent so far has run: qemu-io prints its
     /// prompt before it reads each command and once more after the last.
-    /// (A command sent while a flush is in progress kept that flush from
-    /// finishing for as long as was watched, 7 s, here on an object-store
-    /// disk with another host waiting `--incoming`; on a local datastore
-    /// the same three commands sent at once run. Whether qemu-io 7.2 or
-    /// the server holds the flush is not known yet: an open question in
-    /// the notes of 2026-12-07. The next command waits meanwhile.)
+    /// (qemu-io 7.2 runs one command per wake-up of its stdin: of lines
+    /// that arrive together it runs the first, and the rest wait for the
+    /// next input, seen on a plain raw file with no server at all. A
+    /// command sent during the one before may thus not run until another
+    /// is sent, so each waits for the one before.)
     fn wait_idle(&self, sent: usize) {
         self.wait_until(&format!("ran its {sent} commands"), |out| {
             out.matches("qemu-io> ").count() > sent
@@ -496,8 +495,8 @@ fn a_disk_is_handed_over_between_hosts_without_a_fence() {
 
     // The VM runs on A: a flushed write, then one acknowledged only.
     // Each command waits for the one before (a fixed wait was not enough
-    // on a loaded machine: the second write, sent during the flush, kept
-    // the flush from finishing, and B read zeros).
+    // on a loaded machine: with the flush and the next write queued in
+    // qemu-io together, the flush waited for more input, and B read zeros).
     let mut guest = Guest::start(&a.uri("vm"));
     guest.send("write -P 0x11 0 1M");
     guest.wait_idle(1);
