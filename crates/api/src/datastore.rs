@@ -154,14 +154,18 @@ pub struct DedupEstimate {
     /// Stored grains under a key: their compressibility needs the key.
     pub encrypted_bytes: u64,
     /// Unencrypted grains packed as a sample, as `strata compress` packs
-    /// them (one aligned quad of virtual grains in 64, so a grain in 64,
-    /// at most 16,384 grains; FORMAT.md §18.9); what they would take with
-    /// `--codec zstd` (its quads, pairs and single grains, laid out in
-    /// streams as the pass lays them out, §18.8; a grain left raw, zeros
-    /// included, 4,096), and how many of them zstd packs.
+    /// them (one aligned quad of virtual grains in 64, so a grain in 64;
+    /// past 16,384 grains one in two of those quads is kept, then one in
+    /// four..., picked at random, so that the sample spans the whole walk:
+    /// one quad in `compress_sample_every` in the end; FORMAT.md §18.9); what they would take with `--codec zstd` (its
+    /// quads, pairs and single grains, laid out in streams as the pass
+    /// lays them out, §18.8; a grain left raw, zeros included, 4,096),
+    /// and how many of them zstd packs.
     pub compress_sampled_grains: u64,
     pub compress_sampled_bytes_after: u64,
     pub packable_grains: u64,
+    #[serde(default)]
+    pub compress_sample_every: u64,
     /// What the sampled grains would take with LZ4 (the default codec).
     #[serde(default)]
     pub lz4_sampled_bytes_after: u64,

@@ -42,12 +42,10 @@ const SAMPLE_MAX: usize = 1 << 20;
 /// The compression sample takes one aligned quad of virtual grains in
 /// this many (so, of each layer, a grain in as many)...
 const COMPRESS_EVERY: u64 = 64;
-/// ...up to this many grains.
+/// ...up to this many grains: past it, it keeps one in two of those
+/// quads, then one in four, and so on (picked by a keyed hash, the others
+/// dropped), so that it spans the whole walk in bounded memory and work.
 const COMPRESS_MAX: u64 = 16_384;
-/// Most bytes of the compression sample's fragments kept to be laid out
-/// (they wait for a region's worth per layer and codec; past this, every
-/// layer's are laid out, so memory stays bounded however many layers).
-const PACKING_MAX: usize = 4 << 20;
 
 /// A version to walk, with what decides its grains' cipher.
 struct Version {
@@ -96,11 +94,26 @@ struct Tally {
     hasher: ahash::RandomState,
     sample: HashMap<u64, u32>,
     sample_every: u64,
-    /// The compression sample's fragments waiting to be laid out, by
-    /// layer: zstd's, LZ4's.
-    packing: Vec<[Vec<pack::Frag>; 2]>,
-    /// Their bytes (at most [`PACKING_MAX`] after each sampled quad).
-    packing_bytes: usize,
+    /// The compression sample: each sampled quad of each layer, in the
+    /// order walked, as packed.
+    quads: Vec<SampledQuad>,
+    /// Its grains; of the quads at [`COMPRESS_EVERY`], one in `thin`
+    /// is kept (a power of two); its bound in grains.
+    quad_grains: u64,
+    thin: u64,
+    compress_max: u64,
+}
+
+/// One quad of the compression sample: its layer and pick, its grains,
+/// and for each codec (zstd, LZ4) the bytes of its grains left raw and
+/// its fragments (virtual grain, span, compressed length), which is all
+/// their layout in a stream depends on.
+struct SampledQuad {
+    layer: usize,
+    pick: u64,
+    grains: u64,
+    raw: [u64; 2],
+    frags: [Vec<(u64, u8, usize)>; 2],
 }
 
 impl Datastore {
@@ -124,8 +137,10 @@ impl Datastore {
             hasher: ahash::RandomState::new(),
             sample: HashMap::new(),
             sample_every: 1,
-            packing: Vec::new(),
-            packing_bytes: 0,
+            quads: Vec::new(),
+            quad_grains: 0,
+            thin: 1,
+            compress_max: COMPRESS_MAX,
         };
         let mut pacer = Pacer::new(opts.rate_bytes_per_sec, opts.control.as_deref());
         let mut clients = self.inner.client_watch();
@@ -405,14 +420,12 @@ impl Tally {
         for (i, m) in window.iter().enumerate() {
             self.one(m.class, grain(i), hashes[i]);
         }
-        // The compression sample: the unencrypted grains of one aligned
-        // quad of virtual grains in COMPRESS_EVERY, by layer, each quad
-        // packed as the pass would pack it.
+        // The compression sample: the unencrypted grains of the aligned
+        // quads of virtual grains it takes, by layer, each quad packed as
+        // the pass would pack it.
         let sampled = pack::by_layer(
             (0..window.len())
-                .filter(|&i| {
-                    window[i].class == 0 && (window[i].v / 4).is_multiple_of(COMPRESS_EVERY)
-                })
+                .filter(|&i| window[i].class == 0 && self.sampled(window[i].v))
                 .map(|i| (window[i].v, window[i].grain, grain(i))),
         );
         for (k, layer) in sampled.iter().enumerate() {
@@ -462,71 +475,90 @@ impl Tally {
         }
     }
 
+    /// Whether the compression sample takes the quad of virtual grain
+    /// `v`: one in [`COMPRESS_EVERY`], and of those one in `thin` by
+    /// their [`pick`](Self::pick).
+    fn sampled(&self, v: u64) -> bool {
+        (v / 4).is_multiple_of(COMPRESS_EVERY) && self.pick(v).is_multiple_of(self.thin)
+    }
+
+    /// The pick of the quad holding virtual grain `v`, keyed per run as
+    /// the hash sample is: the quads kept once the sample thins are not
+    /// every n-th, which a file system's regular layout could line up
+    /// with (ext4 starts a block group, its bitmaps and inode table every
+    /// 128 MiB).
+    fn pick(&self, v: u64) -> u64 {
+        self.hasher.hash_one(v / 4)
+    }
+
     /// Pack one sampled quad's grains of layer `k` with each codec, as
     /// `strata compress` would (FORMAT.md §18.9: zeros and grains that
     /// save no eighth stay raw; with zstd a quad or pair together where
-    /// that pays), counting the grains left raw, and lay the fragments
-    /// out as streams (§18.8) a region's worth at a time, counting their
-    /// grains.
+    /// that pays), and keep what their layout needs; past the sample's
+    /// bound, halve its rate.
     fn pack_sample(&mut self, k: usize, quad: &[pack::Member<'_>]) {
-        if self.est.compress_sampled_grains >= COMPRESS_MAX {
-            return;
-        }
-        self.est.compress_sampled_grains += quad.len() as u64;
-        if self.packing.len() <= k {
-            self.packing.resize_with(k + 1, Default::default);
-        }
+        let mut q = SampledQuad {
+            layer: k,
+            pick: self.pick(quad[0].0),
+            grains: quad.len() as u64,
+            raw: [0; 2],
+            frags: [Vec::new(), Vec::new()],
+        };
         for (c, codec) in [Codec::Zstd, Codec::Lz4].into_iter().enumerate() {
             let mut frags = Vec::new();
-            let raw = pack::compress_layer(quad, codec, &mut frags);
-            if codec == Codec::Zstd {
-                self.est.compress_sampled_bytes_after += raw;
-                self.est.packable_grains += frags.iter().map(|f| u64::from(f.span)).sum::<u64>();
-            } else {
-                self.est.lz4_sampled_bytes_after += raw;
-            }
-            self.packing_bytes += frags.iter().map(|f| f.bytes.len()).sum::<usize>();
-            let pending = &mut self.packing[k][c];
-            pending.extend(frags);
-            if pending.iter().map(|f| u64::from(f.span)).sum::<u64>() >= REGION {
-                self.lay_out(k, c);
-            }
+            q.raw[c] = pack::compress_layer(quad, codec, &mut frags);
+            q.frags[c] = frags.iter().map(|f| (f.v, f.span, f.len)).collect();
         }
-        if self.packing_bytes > PACKING_MAX {
-            self.lay_out_all();
+        self.quad_grains += q.grains;
+        self.quads.push(q);
+        while self.quad_grains > self.compress_max {
+            self.thin *= 2;
+            let thin = self.thin;
+            self.quads.retain(|q| q.pick.is_multiple_of(thin));
+            self.quad_grains = self.quads.iter().map(|q| q.grains).sum();
         }
     }
 
-    /// Lay out every layer's waiting fragments.
-    fn lay_out_all(&mut self) {
-        for k in 0..self.packing.len() {
-            self.lay_out(k, 0);
-            self.lay_out(k, 1);
+    /// The compression sample's figures: each codec's raw grains, and
+    /// each layer's fragments laid out as streams (§18.8) a region's
+    /// worth at a time, as the pass lays out a region's, counted in
+    /// stream grains.
+    fn count_sample(&mut self) {
+        let est = &mut self.est;
+        est.compress_sampled_grains = self.quad_grains;
+        est.compress_sample_every = COMPRESS_EVERY * self.thin;
+        let layers = self.quads.iter().map(|q| q.layer + 1).max().unwrap_or(0);
+        for c in 0..2 {
+            let mut after: u64 = self.quads.iter().map(|q| q.raw[c]).sum();
+            for k in 0..layers {
+                let mut pending: Vec<(u64, u8, usize)> = Vec::new();
+                let mut span = 0u64;
+                for q in self.quads.iter().filter(|q| q.layer == k) {
+                    pending.extend_from_slice(&q.frags[c]);
+                    span += q.frags[c].iter().map(|f| u64::from(f.1)).sum::<u64>();
+                    if span >= REGION {
+                        after += stream_bytes(&pending, c);
+                        pending.clear();
+                        span = 0;
+                    }
+                }
+                after += stream_bytes(&pending, c);
+            }
+            match c {
+                0 => est.compress_sampled_bytes_after = after,
+                _ => est.lz4_sampled_bytes_after = after,
+            }
         }
-    }
-
-    /// Lay out layer `k`'s waiting fragments of codec `c` (0 zstd, 1 LZ4)
-    /// as one stream and count its grains.
-    fn lay_out(&mut self, k: usize, c: usize) {
-        let frags = std::mem::take(&mut self.packing[k][c]);
-        if frags.is_empty() {
-            return;
-        }
-        self.packing_bytes -= frags.iter().map(|f| f.bytes.len()).sum::<usize>();
-        // The pass's own fragments always lay out; should one not, its
-        // bytes with their directory entries are the figure.
-        let bytes = encode_stream(&pack::pieces_of(&frags)).map_or_else(
-            |_| frags.iter().map(|f| room(f.len) as u64).sum(),
-            |s| s.len() as u64 * GRAIN_BYTES,
-        );
-        match c {
-            0 => self.est.compress_sampled_bytes_after += bytes,
-            _ => self.est.lz4_sampled_bytes_after += bytes,
-        }
+        est.packable_grains = self
+            .quads
+            .iter()
+            .flat_map(|q| &q.frags[0])
+            .map(|f| u64::from(f.1))
+            .sum();
     }
 
     fn finish(mut self) -> DedupEstimate {
-        self.lay_out_all();
+        self.count_sample();
         let taken: u64 = self.sample.values().map(|&n| u64::from(n)).sum();
         let repeats = taken - self.sample.len() as u64;
         self.est.any_offset_bytes = (repeats * self.sample_every * GRAIN_BYTES)
@@ -536,5 +568,108 @@ impl Tally {
         self.est.sample_every = self.sample_every;
         self.est.shared_bytes = self.est.logical_bytes - self.est.stored_bytes;
         self.est
+    }
+}
+
+/// The bytes of a stream laid out from fragments `frags` (virtual grain,
+/// span, compressed length) of codec `c` (0 zstd, 1 LZ4): its grains, as
+/// [`encode_stream`] lays them out (their bytes do not move the layout).
+fn stream_bytes(frags: &[(u64, u8, usize)], c: usize) -> u64 {
+    static ZEROS: [u8; strata_format::packed::PAIR_BYTES_MAX] =
+        [0; strata_format::packed::PAIR_BYTES_MAX];
+    if frags.is_empty() {
+        return 0;
+    }
+    let codec = [Codec::Zstd, Codec::Lz4][c];
+    let pieces: Vec<strata_format::packed::Piece<'_>> = frags
+        .iter()
+        .map(|&(v, span, len)| strata_format::packed::Piece {
+            v,
+            span,
+            codec,
+            len,
+            stored: &ZEROS[..len.min(ZEROS.len())],
+        })
+        .collect();
+    // The pass's own fragments always lay out; should one not, their
+    // bytes with their directory entries are the figure.
+    encode_stream(&pieces).map_or_else(
+        |_| frags.iter().map(|f| room(f.2) as u64).sum(),
+        |s| s.len() as u64 * GRAIN_BYTES,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grain of text (packs) or, when `noise`, of bytes that do not.
+    fn grain(v: u64, noise: bool) -> Vec<u8> {
+        let mut x = v.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut out = Vec::with_capacity(GRAIN_BYTES as usize + 32);
+        while out.len() < GRAIN_BYTES as usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if noise {
+                out.extend_from_slice(&x.to_le_bytes());
+            } else {
+                out.extend_from_slice(format!("line {} of grain {v}; ", x % 1000).as_bytes());
+            }
+        }
+        out.truncate(GRAIN_BYTES as usize);
+        out
+    }
+
+    #[test]
+    fn the_compression_sample_spans_the_whole_walk_in_its_bound() {
+        // 128 regions, the first half noise and the second text; the
+        // sample at its first rate would take 512 grains, past a bound of
+        // 64. It used to stop at the bound (the first 16 regions: noise
+        // only, 1.0x); it must keep quads from both halves, within it.
+        let mut t = Tally {
+            est: DedupEstimate::default(),
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
+            sample: HashMap::new(),
+            sample_every: 1,
+            quads: Vec::new(),
+            quad_grains: 0,
+            thin: 1,
+            compress_max: 64,
+        };
+        let regions = 128u64;
+        for r in 0..regions {
+            let window: Vec<Mapped> = (r * REGION..(r + 1) * REGION)
+                .map(|v| Mapped {
+                    v,
+                    class: 0,
+                    grain: v,
+                })
+                .collect();
+            let bytes: Vec<u8> = window
+                .iter()
+                .flat_map(|m| grain(m.v, r < regions / 2))
+                .collect();
+            let slot: Vec<usize> = (0..window.len()).collect();
+            t.window(&window, &bytes, &slot);
+        }
+        let half = regions / 2 * REGION;
+        assert!(
+            t.quads.iter().any(|q| q.frags[1].is_empty()),
+            "no noise quad kept"
+        );
+        assert!(
+            t.quads
+                .iter()
+                .any(|q| q.frags[1].iter().any(|f| f.0 >= half)),
+            "no text quad kept"
+        );
+        let e = t.finish();
+        assert!(e.compress_sampled_grains <= 64, "{e:#?}");
+        assert!(e.compress_sampled_grains >= 16, "{e:#?}");
+        assert!(e.compress_sample_every >= 4 * COMPRESS_EVERY, "{e:#?}");
+        let lz4 =
+            (e.compress_sampled_grains * GRAIN_BYTES) as f64 / e.lz4_sampled_bytes_after as f64;
+        assert!(lz4 > 1.1, "the text half counts: {lz4:.2}x\n{e:#?}");
     }
 }

@@ -318,7 +318,7 @@ function renderSpace(s, jobs) {
       const ratio = after => (r.compress_sampled_grains * 4096 / Math.max(1, after)).toFixed(2);
       rows.push(['packing sample', ratio(r.lz4_sampled_bytes_after) + 'x smaller with LZ4, ' + ratio(r.compress_sampled_bytes_after) +
         'x with zstd', Math.round(100 * r.packable_grains / r.compress_sampled_grains) +
-        ' % of ' + r.compress_sampled_grains + ' raw grains packed by zstd']);
+        ' % of ' + r.compress_sampled_grains + ' raw grains packed by zstd (a run of four in ' + Math.max(64, r.compress_sample_every || 0) + ')']);
     }
     if (r.encrypted_bytes) rows.push(['under a key', bytes(r.encrypted_bytes), 'compressibility needs the key']);
     el.append(h('table', { id: 'estimate', class: 'grid' },

@@ -143,7 +143,8 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
         let packable = 100.0 * r.packable_grains as f64 / n as f64;
         outln!(
             out,
-            "  a sample of {n} raw grains as 'strata compress' packs them: {:.2}x smaller with LZ4 (the default), {:.2}x with zstd; {packable:.0}% packed",
+            "  a sample of {n} raw grains (a run of four in {}) as 'strata compress' packs them: {:.2}x smaller with LZ4 (the default), {:.2}x with zstd; {packable:.0}% packed",
+            r.compress_sample_every.max(64),
             ratio(r.lz4_sampled_bytes_after),
             ratio(r.compress_sampled_bytes_after)
         );
