@@ -186,6 +186,11 @@ struct State {
     sealed: BTreeMap<u64, (u64, Entry)>,
     /// Seals made so far.
     seal_no: u64,
+    /// A writer is compressing or encrypting a segment's grains with the
+    /// state let go ([`ObjectDisk::seal`]); the others do not start one.
+    preparing_seal: bool,
+    /// Commits waiting for that seal (no writer starts the next one).
+    commits_waiting: u32,
     /// Sealed segments not uploaded yet: their bytes (reads come from
     /// them) and the upload's outcome (None: in flight).
     sealing: HashMap<SegId, Sealing>,
@@ -253,6 +258,8 @@ impl State {
             durable_seq: 0,
             sealed: BTreeMap::new(),
             seal_no: 0,
+            preparing_seal: false,
+            commits_waiting: 0,
             sealing: HashMap::new(),
             cipher: None,
             rekey_region: None,
@@ -372,7 +379,8 @@ pub struct ObjectDisk {
     /// Its manifests carry a keyring: grains are stored encrypted (§16.7).
     encrypted: bool,
     state: Mutex<State>,
-    /// Signalled when a sealed segment's upload ends.
+    /// Signalled when a sealed segment's upload ends, and when a seal
+    /// being prepared is done ([`State::preparing_seal`]).
     uploaded: Condvar,
     /// Signalled when a commit in flight is built or settled.
     landed: Condvar,

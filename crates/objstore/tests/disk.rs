@@ -900,6 +900,75 @@ fn streamed_writes_upload_before_a_flush_and_stay_exact_through_commits() {
     );
 }
 
+/// A seal compresses its grains with the disk's state let go, from
+/// copies: a grain another writer replaces meanwhile must stay the newer
+/// write, not the copy sealed (FORMAT.md §11.4a). One thread streams
+/// text (each MiB once, so every 8 MiB seals); another overwrites grains
+/// of the MiB the first finished last (unsealed, or in the seal being
+/// prepared) with noise, while a third flushes now and then; every host
+/// reads the model back.
+#[test]
+fn a_grain_rewritten_while_its_seal_is_prepared_keeps_the_newer_write() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Mutex;
+    let Some(url) = store("reseal") else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = init(da.path(), &url);
+    let size = 64 * MIB;
+    a.create_disk("r", size).unwrap();
+    let d = ObjectDisk::open(a.clone(), "r", false).unwrap();
+    let model = Arc::new(Mutex::new(vec![0u8; size as usize]));
+    // MiBs the streamer has finished: the rewriter's grains lie below.
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rewriter = {
+        let (d, model, done, stop) = (d.clone(), model.clone(), done.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            let mut n = 0u64;
+            while !stop.load(SeqCst) {
+                let m = done.load(SeqCst);
+                if m == 0 {
+                    std::thread::yield_now();
+                    continue;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let off = (m - 1) * MIB + (x % 256) * 4096;
+                let data = noise(n as u8, 4096);
+                d.write_at(&data, off, false).unwrap();
+                model.lock().unwrap()[off as usize..off as usize + 4096].copy_from_slice(&data);
+                n += 1;
+            }
+            n
+        })
+    };
+    let flusher = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(40));
+                d.flush().unwrap();
+            }
+        })
+    };
+    for i in 0..size / MIB {
+        let data = text(i * 100_000, MIB as usize);
+        // The model first: the rewriter only goes where this is done.
+        model.lock().unwrap()[(i * MIB) as usize..((i + 1) * MIB) as usize].copy_from_slice(&data);
+        d.write_at(&data, i * MIB, false).unwrap();
+        done.store(i + 1, SeqCst);
+    }
+    stop.store(true, SeqCst);
+    let rewrites = rewriter.join().unwrap();
+    flusher.join().unwrap();
+    assert!(rewrites > 0);
+    d.flush().unwrap();
+    let model = model.lock().unwrap().clone();
+    same_everywhere(&d, "r", &attach(db.path(), &url), &model);
+}
+
 /// `model` is what writer `d` (disk `name`) reads, and what host `b`
 /// reads before and after a GC (whose report is returned), with check
 /// clean both times.

@@ -60,6 +60,17 @@ impl ObjectDisk {
                 self.state.lock().unwrap().markers_listed = Some(Instant::now());
                 continue;
             }
+            // A seal being prepared holds copies of grains this batch
+            // would take: wait for it (milliseconds) rather than take
+            // them, which drops it, and compress them again; no writer
+            // starts another meanwhile.
+            if st.preparing_seal {
+                drop(c);
+                st.commits_waiting += 1;
+                st = self.uploaded.wait(st).unwrap();
+                st.commits_waiting -= 1;
+                continue;
+            }
             let Some(t) = self.take_batch(&mut st)? else {
                 return Ok(());
             };
