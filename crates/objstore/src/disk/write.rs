@@ -93,27 +93,37 @@ impl ObjectDisk {
             let cipher = self.sealing_cipher(&taken_with)?;
             st.preparing_seal = true;
             drop(st);
-            // The counter is given at install (a manifest's `next_ctr`
-            // must not pass a segment that no manifest names yet and that
-            // is not uploaded: GC would take it for garbage, §11.7).
-            let mut b = self.ds.data_segment(SegId {
-                disk: self.id,
-                gen: 0,
-                ctr: 0,
-            });
-            let entries: Vec<Entry> = chunk
-                .iter()
-                .map(|(vg, d)| b.add_data(*vg, d, cipher.as_deref()))
-                .collect();
+            let prepared = {
+                // Should the preparation panic, the flag still goes (a
+                // commit waiting for it would wait for ever).
+                let _flag = PreparingSeal(self);
+                // The counter is given at install (a manifest's
+                // `next_ctr` must not pass a segment that no manifest
+                // names yet and that is not uploaded: GC would take it for
+                // garbage, §11.7).
+                let mut b = self.ds.data_segment(SegId {
+                    disk: self.id,
+                    gen: 0,
+                    ctr: 0,
+                });
+                let entries: Vec<Entry> = chunk
+                    .iter()
+                    .map(|(vg, d)| b.add_data(*vg, d, cipher.as_deref()))
+                    .collect();
+                (b, entries)
+            };
             st = self.state.lock().unwrap();
             st.preparing_seal = false;
             // A commit may wait for this seal.
             self.uploaded.notify_all();
             if st.fenced.is_some() || !st.owner || !same_cipher(&st.cipher, &taken_with) {
-                continue;
+                return Ok(st);
             }
-            let Some((id, bytes)) = self.install_seal(&mut st, b, &chunk, entries) else {
-                continue;
+            // Nothing sealed (writes or a commit took the grains): the
+            // next writer tries, not this one again, whose write waits.
+            let Some((id, bytes)) = self.install_seal(&mut st, prepared.0, &chunk, prepared.1)
+            else {
+                return Ok(st);
             };
             let Some(me) = self.me.upgrade() else {
                 return Ok(st);
@@ -414,5 +424,22 @@ fn same_cipher(
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
         (None, None) => true,
         _ => false,
+    }
+}
+
+/// Held while a seal is prepared with the state let go: should the
+/// preparation panic, `preparing_seal` is cleared as the guard goes and
+/// whoever waits for it (a commit, writers ahead) is woken. (Done, the
+/// writer clears it itself under the lock it installs the seal with, so
+/// that no other writer starts on the same grains between.)
+struct PreparingSeal<'a>(&'a ObjectDisk);
+
+impl Drop for PreparingSeal<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.preparing_seal = false;
+            self.0.uploaded.notify_all();
+        }
     }
 }
