@@ -52,14 +52,15 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 /// grains.
 fn noise(seed: u8, len: usize) -> Vec<u8> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(seed);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    (0..len).map(|_| xorshift(&mut x) as u8).collect()
+}
+
+/// The next number of xorshift state `x` (never 0 if `x` is not).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
 }
 
 /// `len` bytes of numbered lines of text, from line `first` on: each
@@ -932,10 +933,7 @@ fn a_grain_rewritten_while_its_seal_is_prepared_keeps_the_newer_write() {
                     std::thread::yield_now();
                     continue;
                 }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let off = (m - 1) * MIB + (x % 256) * 4096;
+                let off = (m - 1) * MIB + (xorshift(&mut x) % 256) * 4096;
                 let data = noise(n as u8, 4096);
                 d.write_at(&data, off, false).unwrap();
                 model.lock().unwrap()[off as usize..off as usize + 4096].copy_from_slice(&data);
@@ -1013,11 +1011,8 @@ fn compaction_empties_partly_live_objects_and_loses_no_newer_write() {
     let churn = move |d: &ObjectDisk, model: &Mutex<Vec<u8>>, n: u64, seed: u64| {
         let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
         for i in 0..n {
-            // xorshift: uniform over the disk, overwrites at random.
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let vg = x % grains;
+            // Uniform over the disk: overwrites at random.
+            let vg = xorshift(&mut x) % grains;
             let data = pattern((i ^ seed) as u8, 4096);
             d.write_at(&data, vg * 4096, false).unwrap();
             model.lock().unwrap()[(vg * 4096) as usize..((vg + 1) * 4096) as usize]

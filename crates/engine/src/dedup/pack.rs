@@ -598,7 +598,7 @@ fn tally(rep: &mut CompressReport, kept: &[&Placed], layers: &[Vec<Frag>]) {
 }
 
 /// The pieces of `frags` for the layout.
-pub(super) fn pieces_of(frags: &[Frag]) -> Vec<Piece<'_>> {
+fn pieces_of(frags: &[Frag]) -> Vec<Piece<'_>> {
     frags
         .iter()
         .map(|f| Piece {

@@ -77,15 +77,7 @@ impl ObjectDisk {
                 st = self.uploaded.wait(st).unwrap();
                 continue;
             }
-            let chunk: Vec<(u64, Box<[u8]>)> = st
-                .dirty
-                .iter()
-                .filter_map(|(vg, d)| {
-                    let d = d.as_ref().filter(|d| d.iter().any(|&x| x != 0))?;
-                    Some((*vg, d.clone()))
-                })
-                .take(SEGMENT_GRAINS)
-                .collect();
+            let chunk = chunk_to_seal(&st);
             if chunk.len() < SEGMENT_GRAINS / 2 {
                 return Ok(st);
             }
@@ -93,25 +85,7 @@ impl ObjectDisk {
             let cipher = self.sealing_cipher(&taken_with)?;
             st.preparing_seal = true;
             drop(st);
-            let prepared = {
-                // Should the preparation panic, the flag still goes (a
-                // commit waiting for it would wait for ever).
-                let _flag = PreparingSeal(self);
-                // The counter is given at install (a manifest's
-                // `next_ctr` must not pass a segment that no manifest
-                // names yet and that is not uploaded: GC would take it for
-                // garbage, §11.7).
-                let mut b = self.ds.data_segment(SegId {
-                    disk: self.id,
-                    gen: 0,
-                    ctr: 0,
-                });
-                let entries: Vec<Entry> = chunk
-                    .iter()
-                    .map(|(vg, d)| b.add_data(*vg, d, cipher.as_deref()))
-                    .collect();
-                (b, entries)
-            };
+            let (b, entries) = self.prepare_seal(&chunk, cipher.as_deref());
             st = self.state.lock().unwrap();
             st.preparing_seal = false;
             // A commit may wait for this seal.
@@ -121,26 +95,60 @@ impl ObjectDisk {
             }
             // Nothing sealed (writes or a commit took the grains): the
             // next writer tries, not this one again, whose write waits.
-            let Some((id, bytes)) = self.install_seal(&mut st, prepared.0, &chunk, prepared.1)
-            else {
+            let Some((id, bytes)) = self.install_seal(&mut st, b, &chunk, entries) else {
                 return Ok(st);
             };
-            let Some(me) = self.me.upgrade() else {
+            if !self.start_upload(&mut st, id, bytes) {
                 return Ok(st);
-            };
-            let spawned = std::thread::Builder::new()
-                .name("strata-upload".into())
-                .spawn(move || me.upload_sealed(id, bytes));
-            if let Err(e) = spawned {
-                if let Some(s) = st.sealing.get_mut(&id) {
-                    s.in_flight = false;
-                    s.failed = Some(Error::new(
-                        ErrorKind::Io,
-                        format!("cannot start an upload thread: {e}"),
-                    ));
-                }
             }
         }
+    }
+
+    /// With the state let go: `chunk`'s grains added to a new segment
+    /// under `cipher` (compressed or encrypted), and their entries in
+    /// `chunk`'s order. The segment's id is given at install (a manifest's
+    /// `next_ctr` must not pass a segment that no manifest names yet and
+    /// that is not uploaded: GC would take it for garbage, §11.7).
+    fn prepare_seal(
+        &self,
+        chunk: &[(u64, Box<[u8]>)],
+        cipher: Option<&strata_crypt::DataCipher>,
+    ) -> (crate::layout::SegmentBuilder, Vec<Entry>) {
+        // Should the preparation panic, the flag still goes (a commit
+        // waiting for it would wait for ever).
+        let _flag = PreparingSeal(self);
+        let mut b = self.ds.data_segment(SegId {
+            disk: self.id,
+            gen: 0,
+            ctr: 0,
+        });
+        let entries = chunk
+            .iter()
+            .map(|(vg, d)| b.add_data(*vg, d, cipher))
+            .collect();
+        (b, entries)
+    }
+
+    /// Start the upload of sealed segment `id` on a thread of its own (one
+    /// that cannot start is noted as a failed upload, which the next
+    /// writer or commit retries). False when the disk is being dropped.
+    fn start_upload(&self, st: &mut State, id: SegId, bytes: Bytes) -> bool {
+        let Some(me) = self.me.upgrade() else {
+            return false;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("strata-upload".into())
+            .spawn(move || me.upload_sealed(id, bytes));
+        if let Err(e) = spawned {
+            if let Some(s) = st.sealing.get_mut(&id) {
+                s.in_flight = false;
+                s.failed = Some(Error::new(
+                    ErrorKind::Io,
+                    format!("cannot start an upload thread: {e}"),
+                ));
+            }
+        }
+        true
     }
 
     /// Wait (state lock let go meanwhile) until fewer than
@@ -412,6 +420,19 @@ impl ObjectDisk {
             None => Ok(()),
         }
     }
+}
+
+/// Copies of up to a segment's worth of `dirty`'s data grains (not holes,
+/// not zeros), in virtual-grain order: what a seal prepares.
+fn chunk_to_seal(st: &State) -> Vec<(u64, Box<[u8]>)> {
+    st.dirty
+        .iter()
+        .filter_map(|(vg, d)| {
+            let d = d.as_ref().filter(|d| d.iter().any(|&x| x != 0))?;
+            Some((*vg, d.clone()))
+        })
+        .take(SEGMENT_GRAINS)
+        .collect()
 }
 
 /// Whether two ciphers are the same one (or both none): a seal prepared
