@@ -142,6 +142,11 @@ pub struct DedupEstimate {
     /// What re-sharing equal grains at the same virtual grain (§17.2)
     /// would free: exact, every candidate compared byte for byte.
     pub same_offset_bytes: u64,
+    /// Packed grains (logical bytes) the pass would point at an equal
+    /// packed grain at their virtual grain (FORMAT.md §17.2b): their
+    /// stored bytes come back once `strata compress` repacks their streams.
+    #[serde(default)]
+    pub same_offset_packed_bytes: u64,
     /// What sharing equal grains at any offset would free: estimated from
     /// a hash sample (one grain in `sample_every`), same-offset included.
     pub any_offset_bytes: u64,
@@ -202,6 +207,12 @@ pub struct DedupReport {
     /// Grains left because a reference to them could not be accounted
     /// for; 0 in a healthy datastore.
     pub grains_kept: u64,
+    /// Packed grains (logical bytes) whose sharers now name an equal
+    /// packed grain (FORMAT.md §17.2b); what they took comes back when
+    /// their streams' other fragments die or `strata compress` repacks
+    /// them (stream grains freed at once are in `freed_bytes`).
+    #[serde(default)]
+    pub packed_merged_bytes: u64,
     /// The datastore's used bytes (data and map grains) before and after.
     pub used_bytes_before: u64,
     pub used_bytes_after: u64,

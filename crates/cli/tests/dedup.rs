@@ -286,6 +286,50 @@ fn copies_become_one_and_every_byte_reads_back() {
     s.ok(&["check"]);
 }
 
+/// Copies packed apart (FORMAT.md §17.2b): the pass points them at the
+/// oldest copy's streams, frees a raw copy's grains equal to packed ones,
+/// and every disk reads back its bytes through qemu-img.
+#[test]
+fn copies_packed_apart_become_one_and_read_back() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "a.raw", false);
+    for d in ["a", "b", "r"] {
+        s.ok(&["import", &img, d]);
+    }
+    s.ok(&["compress", "a"]);
+    s.ok(&["compress", "b", "--codec", "zstd"]);
+    let est = s.json(&["dedup", "--estimate"]);
+    // b's 2 MiB of text, packed, point at a's; r's text (raw) is freed
+    // into a's packed grains, and b's and r's noise (raw) into a's.
+    assert_eq!(u(&est, "same_offset_packed_bytes"), 2 * MIB, "{est}");
+    assert_eq!(u(&est, "same_offset_bytes"), 6 * MIB, "{est}");
+    let before = u(&s.json(&["status"]), "used_bytes");
+    let r = s.json(&["dedup"]);
+    assert_eq!(u(&r, "packed_merged_bytes"), 2 * MIB, "{r}");
+    // The raw grains, and b's streams, which lost every fragment.
+    let streams = u(&r, "freed_bytes") - 6 * MIB;
+    assert!(streams > 0 && streams < MIB, "{r}");
+    assert_eq!(
+        before - u(&s.json(&["status"]), "used_bytes"),
+        u(&r, "freed_bytes")
+    );
+    let again = s.json(&["dedup", "--estimate"]);
+    assert_eq!(u(&again, "same_offset_packed_bytes"), 0, "{again}");
+    assert_eq!(u(&again, "same_offset_bytes"), 0, "{again}");
+    s.ok(&["check"]);
+    let _srv = s.serve();
+    for d in ["a", "b", "r"] {
+        same_as(&s, d, &img);
+    }
+    // A write to the shared packed grains lands in that disk alone.
+    qemu_io_ok(&["-f", "raw"], &s.uri("r"), &["write -P 0x5b 4M 64k"]);
+    same_as(&s, "a", &img);
+    same_as(&s, "b", &img);
+    qemu_io_ok(&["-f", "raw"], &s.uri("r"), &["read -P 0x5b 4M 64k"]);
+    s.ok(&["check"]);
+}
+
 /// A served pass is a job: clients write while it runs, a kill -9 stops it
 /// in the middle, and running it again finishes; every disk reads back
 /// what it should, and one copy of the image is left.

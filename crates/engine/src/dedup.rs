@@ -61,12 +61,27 @@ struct Version {
 }
 
 /// One distinct mapped grain of a region: its virtual grain, cipher class
-/// (equal bytes of two classes say nothing) and pool grain.
+/// (equal bytes of two classes say nothing) and pool grain; for a packed
+/// entry (FORMAT.md §17.2b) the stream grain its fragment starts in, and
+/// `flags` its packed flag and spill bit (0 for a raw grain).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Mapped {
     v: u64,
     class: u64,
     grain: u64,
+    flags: u64,
+}
+
+impl Mapped {
+    fn packed(&self) -> bool {
+        self.flags != 0
+    }
+
+    /// What the leaf entries naming it hold, their key index left out
+    /// ([`strata_format::leaf_target`]).
+    fn target(&self) -> u64 {
+        self.grain | self.flags
+    }
 }
 
 impl Version {
@@ -169,17 +184,18 @@ impl Datastore {
             let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
             let r = region_entries(&mut m, &versions, first)?;
             t.est.logical_bytes += r.logical * GRAIN_BYTES;
-            t.est.stored_bytes += r.packed * GRAIN_BYTES;
-            t.est.packed_bytes += r.packed * GRAIN_BYTES;
+            let packed = r.packed.len() as u64 * GRAIN_BYTES;
+            t.est.stored_bytes += r.raw.len() as u64 * GRAIN_BYTES + packed;
+            t.est.packed_bytes += packed;
             t.est.packed_stored_bytes += r.streams * GRAIN_BYTES;
-            (r.raw, end)
+            (comparable(r.raw, r.packed), end)
         };
         Ok((self.estimate_mapped(&mapped, t)?, end))
     }
 
-    /// Read and count a region's distinct grains; returns the bytes read.
+    /// Read and count a region's distinct raw grains and the packed ones
+    /// compared with them; returns the bytes read.
     fn estimate_mapped(&self, mapped: &[Mapped], t: &mut Tally) -> Result<u64> {
-        t.est.stored_bytes += mapped.len() as u64 * GRAIN_BYTES;
         let mut read = 0;
         let mut at = 0;
         let mut buf = Vec::new();
@@ -194,9 +210,6 @@ impl Datastore {
         Ok(read)
     }
 
-    /// The bytes of `window`'s grains into `buf` in pool order, adjacent
-    /// grains read as one; returns where each grain of `window` is (its
-    /// index in `buf`, in grains).
     /// Walk regions of virtual grains from 0 to `end`, the end of the
     /// largest named version, which each `step(first)` returns again
     /// with the bytes it read (disks made, reverted or extended meanwhile
@@ -233,21 +246,36 @@ impl Datastore {
         Ok((regions, read_bytes))
     }
 
+    /// The bytes of `window`'s grains into `buf`: raw grains in pool
+    /// order, adjacent ones read as one; then packed ones decompressed
+    /// (FORMAT.md §18.4), by stream grain, so that the grains of a pair or
+    /// quad decompress once. Returns where each grain of `window` is (its
+    /// index in `buf`, in grains).
     fn read_window(&self, window: &[Mapped], buf: &mut Vec<u8>) -> Result<Vec<usize>> {
         let g = GRAIN_BYTES as usize;
         buf.resize(window.len() * g, 0);
         let mut order: Vec<usize> = (0..window.len()).collect();
-        order.sort_unstable_by_key(|&i| window[i].grain);
+        order.sort_unstable_by_key(|&i| (window[i].packed(), window[i].grain, window[i].v));
+        let raw = order.iter().take_while(|&&i| !window[i].packed()).count();
         let mut i = 0;
-        while i < order.len() {
+        while i < raw {
             let mut j = i + 1;
-            while j < order.len() && window[order[j]].grain == window[order[j - 1]].grain + 1 {
+            while j < raw && window[order[j]].grain == window[order[j - 1]].grain + 1 {
                 j += 1;
             }
             self.inner
                 .pool
                 .read_at(&mut buf[i * g..j * g], window[order[i]].grain * GRAIN_BYTES)?;
             i = j;
+        }
+        let mut memo = crate::compress::Unpacked::default();
+        for (at, &i) in order.iter().enumerate().skip(raw) {
+            let Mapped { v, grain, .. } = window[i];
+            if memo.bytes(grain, v).is_none() {
+                memo = self.inner.unpack(grain, v)?;
+            }
+            let bytes = memo.bytes(grain, v).expect("just unpacked");
+            buf[at * g..(at + 1) * g].copy_from_slice(bytes);
         }
         let mut slot = vec![0; window.len()];
         for (at, &i) in order.iter().enumerate() {
@@ -341,17 +369,42 @@ fn fixed_in_region(
     Ok(out)
 }
 
+/// A region's raw grains, and of its packed ones those at a (virtual
+/// grain, class) where another grain is mapped (raw or packed: the others
+/// have nothing to be compared with), sorted.
+fn comparable(raw: Vec<Mapped>, packed: Vec<Mapped>) -> Vec<Mapped> {
+    if packed.is_empty() {
+        return raw;
+    }
+    let mut all = raw;
+    all.extend(packed);
+    all.sort_unstable();
+    let key = |m: &Mapped| (m.v, m.class);
+    let alone = |i: usize| {
+        (i == 0 || key(&all[i - 1]) != key(&all[i]))
+            && all.get(i + 1).is_none_or(|n| key(n) != key(&all[i]))
+    };
+    let keep: Vec<bool> = (0..all.len())
+        .map(|i| !all[i].packed() || !alone(i))
+        .collect();
+    all.into_iter()
+        .zip(keep)
+        .filter_map(|(m, k)| k.then_some(m))
+        .collect()
+}
+
 /// What [`region_entries`] finds in a region.
 struct Region {
     /// Its distinct raw grains, sorted by virtual grain.
     raw: Vec<Mapped>,
     /// Entries naming a grain, raw or packed (the logical grains).
     logical: u64,
-    /// Distinct packed grains (virtual grain, stream grain where its
-    /// fragment starts), and the distinct stream grains they lie in (a
-    /// spilling fragment's next grain too). A stream holds one region's
-    /// fragments (FORMAT.md §18.8), so distinct per region is distinct.
-    packed: u64,
+    /// Its distinct packed grains (the fragment of a virtual grain in the
+    /// stream grain it starts in), sorted by virtual grain, and the
+    /// number of distinct stream grains they lie in (a spilling
+    /// fragment's next grain too). A stream holds one region's fragments
+    /// (FORMAT.md §18.8), so distinct per region is distinct.
+    packed: Vec<Mapped>,
     streams: u64,
     /// Those stream grains, sorted: where the packed entries' fragments
     /// start, and where spilling ones end (a grain may hold nothing live
@@ -378,20 +431,21 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Regi
             let v = first + i as u64;
             logical += 1;
             let grain = leaf_grain(e);
-            if strata_format::leaf_packed(e) {
-                // Packed (§18.4): counted, not compared.
-                packed.push((v, grain));
+            let m = Mapped {
+                v,
+                class: ver.class(v, e),
+                grain,
+                flags: strata_format::leaf_target(e) & !grain,
+            };
+            if m.packed() {
+                packed.push(m);
                 streams.push(grain);
                 if strata_format::leaf_spills(e) {
                     streams.push(grain + 1);
                 }
-                continue;
+            } else {
+                out.push(m);
             }
-            out.push(Mapped {
-                v,
-                class: ver.class(v, e),
-                grain,
-            });
         }
     }
     fn distinct<T: Ord>(list: &mut Vec<T>) -> u64 {
@@ -400,10 +454,11 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Regi
         list.len() as u64
     }
     distinct(&mut out);
+    distinct(&mut packed);
     Ok(Region {
         raw: out,
         logical,
-        packed: distinct(&mut packed),
+        packed,
         streams: distinct(&mut streams),
         stream_grains: streams,
     })
@@ -417,7 +472,9 @@ impl Tally {
         let hashes: Vec<u64> = (0..window.len())
             .map(|i| self.hasher.hash_one((window[i].class, grain(i))))
             .collect();
-        for (i, m) in window.iter().enumerate() {
+        // Packed grains are here to be compared only (they are counted
+        // from the maps, and packed already).
+        for (i, m) in window.iter().enumerate().filter(|(_, m)| !m.packed()) {
             self.one(m.class, grain(i), hashes[i]);
         }
         // The compression sample: the unencrypted grains of the aligned
@@ -425,7 +482,9 @@ impl Tally {
         // the pass would pack it.
         let sampled = pack::by_layer(
             (0..window.len())
-                .filter(|&i| window[i].class == 0 && self.sampled(window[i].v))
+                .filter(|&i| {
+                    window[i].class == 0 && !window[i].packed() && self.sampled(window[i].v)
+                })
                 .map(|i| (window[i].v, window[i].grain, grain(i))),
         );
         for (k, layer) in sampled.iter().enumerate() {
@@ -433,8 +492,8 @@ impl Tally {
                 self.pack_sample(k, quad);
             }
         }
-        // Same-offset: within each (virtual grain, class), the grains
-        // equal to an earlier one.
+        // Same-offset: within each (virtual grain, class), the sets of
+        // equal grains, as the pass merges them.
         let mut at = 0;
         while at < window.len() {
             let mut end = at + 1;
@@ -445,10 +504,22 @@ impl Tally {
                 end += 1;
             }
             if end - at > 1 && window[at].class >> 63 == 0 {
-                let dup = (at + 1..end)
-                    .filter(|&i| (at..i).any(|j| hashes[j] == hashes[i] && grain(j) == grain(i)))
-                    .count();
-                self.est.same_offset_bytes += dup as u64 * GRAIN_BYTES;
+                // Each grain's set, named by its first member.
+                let first: Vec<usize> = (at..end)
+                    .map(|i| {
+                        (at..i)
+                            .find(|&j| hashes[j] == hashes[i] && grain(j) == grain(i))
+                            .unwrap_or(i)
+                    })
+                    .collect();
+                for set in (at..end).filter(|&i| first[i - at] == i) {
+                    let members = (at..end).filter(|&i| first[i - at] == set);
+                    let (packed, raw): (Vec<usize>, Vec<usize>) =
+                        members.partition(|&i| window[i].packed());
+                    let (freed, moved) = set_merges(raw.len(), packed.len());
+                    self.est.same_offset_bytes += freed * GRAIN_BYTES;
+                    self.est.same_offset_packed_bytes += moved * GRAIN_BYTES;
+                }
             }
             at = end;
         }
@@ -571,6 +642,18 @@ impl Tally {
     }
 }
 
+/// What the pass does with a set of equal grains at one virtual grain,
+/// `raw` of them raw and `packed` packed (FORMAT.md §17.2b): the raw
+/// grains it frees and the packed ones it points elsewhere. The winner is
+/// packed when one is.
+fn set_merges(raw: usize, packed: usize) -> (u64, u64) {
+    if packed == 0 {
+        (raw.saturating_sub(1) as u64, 0)
+    } else {
+        (raw as u64, packed as u64 - 1)
+    }
+}
+
 /// The bytes of a stream laid out from fragments `frags` (virtual grain,
 /// span, compressed length) of codec `c` (0 zstd, 1 LZ4): its grains, as
 /// [`encode_stream`] lays them out (their bytes do not move the layout).
@@ -644,6 +727,7 @@ mod tests {
                     v,
                     class: 0,
                     grain: v,
+                    flags: 0,
                 })
                 .collect();
             let bytes: Vec<u8> = window

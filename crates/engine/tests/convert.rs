@@ -96,14 +96,8 @@ fn a_power_cut_in_the_middle_of_a_convert_leaves_a_consistent_disk() {
             if from != Thin {
                 convert(&ds, "d", from).unwrap();
             }
-            let mut regions = 0;
-            let b2 = b.clone();
-            let r = ds.convert_disk("d", to, &SpaceWork::default(), &mut |_, _| {
-                regions += 1;
-                if regions == cut_at {
-                    b2.crash(seed);
-                }
-            });
+            let mut cut = common::cut_at_call(&b, cut_at, seed);
+            let r = ds.convert_disk("d", to, &SpaceWork::default(), &mut cut);
             drop(ds);
             let cut = r.is_err();
             let ds = common::open_sim(&b);

@@ -189,14 +189,8 @@ fn a_power_cut_in_the_middle_of_the_pass_leaves_a_consistent_datastore() {
         let freed = copies(&ds);
         let want = snapshot_all(&ds);
         let used = ds.info().used_bytes;
-        let b2 = b.clone();
-        let mut regions = 0;
-        let r = ds.dedup(&[], &SpaceWork::default(), &mut |_, _| {
-            regions += 1;
-            if regions == cut_at {
-                b2.crash(seed);
-            }
-        });
+        let mut cut = common::cut_at_call(&b, cut_at, seed);
+        let r = ds.dedup(&[], &SpaceWork::default(), &mut cut);
         assert!(r.is_err(), "the cut after {cut_at} regions never came");
         drop(ds);
         let ds = common::open_sim(&b);

@@ -243,14 +243,8 @@ fn a_power_cut_in_the_middle_of_a_defrag_leaves_a_consistent_datastore() {
         write_random(&ds, "d", grains, grains as usize / 4, 2, 31 + seed);
         let want = common::read_all(&ds, "d");
         let want_s = common::read_all(&ds, "d@s");
-        let mut regions = 0;
-        let b2 = b.clone();
-        let r = ds.defrag_disk("d", false, &SpaceWork::default(), &mut |_, _| {
-            regions += 1;
-            if regions == cut_at {
-                b2.crash(seed);
-            }
-        });
+        let mut cut = common::cut_at_call(&b, cut_at, seed);
+        let r = ds.defrag_disk("d", false, &SpaceWork::default(), &mut cut);
         assert!(r.is_err(), "the cut after {cut_at} regions never came");
         drop(ds);
         let ds = common::open_sim(&b);
@@ -467,19 +461,10 @@ fn a_power_cut_in_the_middle_of_consolidation_loses_nothing() {
     for (seed, cut_at) in [(1u64, 2u64), (2, 10), (3, 30), (4, 45)] {
         let (b, ds) = new_store();
         let want = top_heavy(&ds, 16, 50 + seed);
-        let mut calls = 0;
-        let b2 = b.clone();
-        let r = ds.consolidate_free_space(&SpaceWork::default(), &mut |_, _| {
-            calls += 1;
-            if calls == cut_at {
-                b2.crash(seed);
-            }
-        });
+        let mut cut = common::cut_at_call(&b, cut_at, seed);
+        let r = ds.consolidate_free_space(&SpaceWork::default(), &mut cut);
         let what = format!("cut at progress call {cut_at} (seed {seed}), run: {r:?}");
-        assert!(
-            r.is_err(),
-            "{what}: the cut never came ({calls} progress calls)"
-        );
+        assert!(r.is_err(), "{what}: the cut never came");
         drop(ds);
         let ds = common::open_sim(&b);
         assert!(common::read_all(&ds, "d") == want, "{what}: bytes");

@@ -76,6 +76,14 @@ pub fn leaf_spills(e: u64) -> bool {
     e & (LEAF_PACKED | LEAF_SPILLS) == LEAF_PACKED | LEAF_SPILLS
 }
 
+/// What a leaf entry names, its key index left out: a raw grain number,
+/// or a stream grain with the packed flag and spill bit (two entries
+/// with one target name the same bytes, FORMAT.md §17.2b).
+#[inline]
+pub fn leaf_target(e: u64) -> u64 {
+    e & ((1 << LEAF_KEY_SHIFT) - 1)
+}
+
 /// The key index of a leaf entry (0: the keyring's data cipher).
 #[inline]
 pub fn leaf_key(e: u64) -> u8 {

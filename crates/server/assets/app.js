@@ -306,7 +306,8 @@ function renderSpace(s, jobs) {
       ['logical', bytes(r.logical_bytes), r.versions + ' versions of ' + r.disks.length + ' disks'],
       ['stored', bytes(r.stored_bytes), 'distinct grains'],
       ['shared already', bytes(r.shared_bytes), 'by snapshots, clones and earlier passes'],
-      ['equal at the same offset', bytes(r.same_offset_bytes) + pct(r.same_offset_bytes), "exact: what 'share equal grains' frees"],
+      ['equal at the same offset', bytes(r.same_offset_bytes) + pct(r.same_offset_bytes), "exact: what 'share equal grains' frees" +
+        (r.same_offset_packed_bytes ? '; and ' + bytes(r.same_offset_packed_bytes) + ' of packed grains it points at equal ones (freed when repacked)' : '')],
       ['equal at any offset', bytes(r.any_offset_bytes) + pct(r.any_offset_bytes), 'about: a sample of ' + r.sample_grains + ' grains, 1 in ' + r.sample_every],
       ['zeros', bytes(r.zero_bytes), "of thin disks: 'strata punchzero' unmaps them"],
     ];
@@ -333,6 +334,7 @@ function renderSpace(s, jobs) {
     const r = pass.result.dedup;
     el.append(h('p', { id: 'dedup-last', text: 'last pass (job ' + pass.id + ', ' + when(pass.finished_unix) + '): freed ' +
       bytes(r.freed_bytes) + ', used ' + bytes(r.used_bytes_before) + ' -> ' + bytes(r.used_bytes_after) +
+      (r.packed_merged_bytes ? '; ' + bytes(r.packed_merged_bytes) + ' of packed grains now shared (freed when repacked)' : '') +
       (r.regions_skipped ? '; ' + r.regions_skipped + ' regions changed while compared (run it again)' : '') }));
   }
   const packed = newest('compress');

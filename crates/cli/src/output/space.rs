@@ -31,6 +31,14 @@ pub(super) fn dedup(out: &mut String, r: &DedupReport) {
         human(r.read_bytes),
         r.regions
     );
+    if r.packed_merged_bytes > 0 {
+        outln!(
+            out,
+            "  {} of packed grains now share an equal packed grain: their streams' space comes back \
+             as 'strata compress' repacks them",
+            human(r.packed_merged_bytes)
+        );
+    }
     if r.regions_skipped > 0 {
         outln!(
             out,
@@ -113,6 +121,14 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
         human(r.same_offset_bytes),
         pct(r.same_offset_bytes)
     );
+    if r.same_offset_packed_bytes > 0 {
+        outln!(
+            out,
+            "  and would point {} of packed grains at equal packed grains (their streams' space \
+             comes back when repacked)",
+            human(r.same_offset_packed_bytes)
+        );
+    }
     outln!(
         out,
         "  sharing equal grains at any offset would free about {} ({:.1}%; from a sample of {} grains, 1 in {})",
@@ -128,6 +144,13 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
             human(r.zero_bytes)
         );
     }
+    packing(out, r);
+    outln!(out, "  read {}", human(r.read_bytes));
+}
+
+/// The estimate's lines on packing: what is packed, what a sample would
+/// pack, what needs a key.
+fn packing(out: &mut String, r: &DedupEstimate) {
     if r.packed_bytes > 0 {
         outln!(
             out,
@@ -156,5 +179,4 @@ pub(super) fn dedup_estimate(out: &mut String, r: &DedupEstimate) {
             human(r.encrypted_bytes)
         );
     }
-    outln!(out, "  read {}", human(r.read_bytes));
 }

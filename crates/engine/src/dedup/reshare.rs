@@ -7,18 +7,21 @@
 //! (without the lock and the gate) and sorted by their bytes, so equal
 //! ones lie side by side. Then, under the gate and the lock, if the list is still
 //! what it was, each loser's sharers are pointed at its winner and the
-//! loser is freed, all in one batch. No index is kept: memory is one
-//! window of grains whatever the disks' sizes.
+//! loser is freed, all in one batch. Packed grains take part (§17.2b):
+//! decompressed to be compared, a packed one wins its set, and a packed
+//! loser's entries give up their references to its stream. No index is
+//! kept: memory is one window of grains whatever the disks' sizes.
 
 use strata_api::DedupReport;
 use strata_format::GRAIN_BYTES;
 
-use super::{fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
+use super::{comparable, fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::Result;
 use crate::meta::Meta;
 
-/// One loser and its winner at a virtual grain: (v, loser, winner).
+/// One loser and its winner at a virtual grain: (v, loser, winner), each
+/// as the leaf entries naming it hold it ([`Mapped::target`]).
 type Merge = (u64, u64, u64);
 
 /// A region's candidates: the named versions' distinct grains that share
@@ -102,10 +105,14 @@ impl Datastore {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
-        let (freed, kept) = self.inner.guarded(&mut m, |m| m.merge_grains(&merges))?;
+        let used = m.used_grains();
+        let (_, kept) = self.inner.guarded(&mut m, |m| m.merge_grains(&merges))?;
+        let freed = used.saturating_sub(m.used_grains());
         drop(m);
         rep.freed_bytes += freed * GRAIN_BYTES;
         rep.grains_kept += kept;
+        let packed = merges.iter().filter(|m| strata_format::leaf_packed(m.1));
+        rep.packed_merged_bytes += packed.count() as u64 * GRAIN_BYTES;
         self.inner
             .mutations
             .fetch_add(1, std::sync::atomic::Ordering::Release);
@@ -117,7 +124,8 @@ impl Datastore {
     fn reshare_plan(&self, names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
         let (_, versions) = versions_of(m, names)?;
         let end = versions.iter().map(|v| v.grains).max().unwrap_or(0);
-        let mapped = region_entries(m, &versions, first)?.raw;
+        let region = region_entries(m, &versions, first)?;
+        let mapped = comparable(region.raw, region.packed);
         // Left alone whoever else names them (§17.1): grains a thick disk
         // or a keyring under a deep rekey maps here, over every disk.
         let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.cursor.is_some())?;
@@ -181,8 +189,9 @@ impl Window<'_> {
     /// the group sorted by its bytes puts equal grains side by side (a
     /// comparison stops at the first byte that differs, so unequal grains
     /// cost little, and no hash is needed whose collisions a guest could
-    /// aim at). Each set's winner is the grain with the highest count, then
-    /// the lowest number; the others merge into it.
+    /// aim at). Each set's winner is the packed grain in the oldest stream
+    /// when one is packed, else the grain with the highest count, then the
+    /// lowest number; the others merge into it.
     fn merges(&self, out: &mut Vec<Merge>) {
         let mut at = 0;
         while at < self.mapped.len() {
@@ -205,13 +214,21 @@ impl Window<'_> {
                 }
                 let win = *set
                     .iter()
-                    .max_by_key(|&&i| (self.counts[i], std::cmp::Reverse(self.mapped[i].grain)))
+                    .max_by_key(|&&i| {
+                        // A packed grain's count is its stream grain's,
+                        // named at other virtual grains too: the oldest
+                        // stream wins, so a region's losing streams die
+                        // whole (and are freed) rather than in part.
+                        let m = &self.mapped[i];
+                        let count = if m.packed() { 0 } else { self.counts[i] };
+                        (m.packed(), count, std::cmp::Reverse(m.grain))
+                    })
                     .expect("a set of two or more");
-                let into = self.mapped[win].grain;
+                let into = self.mapped[win].target();
                 out.extend(
                     set.iter()
                         .filter(|&&i| i != win)
-                        .map(|&i| (v, self.mapped[i].grain, into)),
+                        .map(|&i| (v, self.mapped[i].target(), into)),
                 );
             }
             at = end;

@@ -2,7 +2,10 @@
 //! (fragments), how the pool's free space lies (free extents), and moving a
 //! data grain to another place while every map that shares it follows.
 
-use strata_format::{leaf_entry, leaf_grain, leaf_key, BLOCK_GRAINS, MAP_FANOUT, MAP_FANOUT_SHIFT};
+use strata_format::{
+    leaf_entry, leaf_grain, leaf_key, leaf_packed, leaf_spills, leaf_target, BLOCK_GRAINS,
+    MAP_FANOUT, MAP_FANOUT_SHIFT,
+};
 
 use strata_api::FREE_EXTENT_CLASSES;
 
@@ -183,14 +186,18 @@ impl Meta {
         Ok(true)
     }
 
-    /// For each `(v, from, into)` of `merges` (sorted by `v`): make every
-    /// leaf that names data grain `from` at virtual grain `v` name `into`
-    /// instead (its bytes equal, under the same cipher: FORMAT.md §17.2);
-    /// `into`'s count rises by `from`'s, `from` is freed; each entry keeps
-    /// its key index. A merge is left, changing nothing, when the leaves
-    /// naming either grain at `v` do not account for its whole count.
-    /// The leaves covering a leaf's span are found once for all its merges.
-    /// Returns the merges made and those left.
+    /// For each `(v, from, into)` of `merges` (sorted by `v`; `from` and
+    /// `into` leaf targets, [`strata_format::leaf_target`]): make every
+    /// leaf entry that names `from` at virtual grain `v` name `into`
+    /// instead (its bytes equal, under the same cipher: FORMAT.md §17.2,
+    /// §17.2b), each keeping its key index, and move their references. A
+    /// raw `from` must be named at `v` by its whole count, and is freed; a
+    /// packed one (a fragment: its stream grain is named at other virtual
+    /// grains too) gives up the references of the entries moved. A raw
+    /// `into` must be named at `v` by its whole count too. A merge whose
+    /// references do not add up is left, changing nothing. The leaves
+    /// covering a leaf's span are found once for all its merges. Returns
+    /// the merges made and those left.
     pub fn merge_grains(&mut self, merges: &[(u64, u64, u64)]) -> Result<(u64, u64)> {
         let (mut made, mut left) = (0, 0);
         let mut span = None;
@@ -223,36 +230,60 @@ impl Meta {
         into: u64,
     ) -> Result<bool> {
         let idx = (v as usize) & (MAP_FANOUT - 1);
-        let (count, into_count) = (self.ref_get(from)?, self.ref_get(into)?);
-        let naming = |leaves: &[(u64, Vec<u64>)], g: u64| {
+        let naming = |leaves: &[(u64, Vec<u64>)], t: u64| {
             leaves
                 .iter()
-                .filter(|(_, e)| e[idx] != 0 && leaf_grain(e[idx]) == g)
+                .filter(|(_, e)| e[idx] != 0 && leaf_target(e[idx]) == t)
                 .count() as u64
         };
+        let into_count = self.ref_get(leaf_grain(into))?;
         if from == into
-            || count == 0
             || into_count == 0
-            || naming(leaves, from) != u64::from(count)
-            || naming(leaves, into) != u64::from(into_count)
+            || (!leaf_packed(into) && naming(leaves, into) != u64::from(into_count))
         {
             return Ok(false);
         }
-        let Some(total) = into_count.checked_add(count) else {
+        // The entries moved: a raw grain's must be all its references.
+        let moved = naming(leaves, from);
+        if moved == 0 || (!leaf_packed(from) && u64::from(self.ref_get(from)?) != moved) {
+            return Ok(false);
+        }
+        let Ok(moved) = u32::try_from(moved) else {
             return Ok(false);
         };
+        // Every grain `into`'s entries reference gains one per entry moved.
+        let mut raised = vec![(leaf_grain(into), into_count)];
+        if leaf_spills(into) {
+            let next = leaf_grain(into) + 1;
+            raised.push((next, self.ref_get(next)?));
+        }
+        let mut counts = Vec::with_capacity(raised.len());
+        for &(g, c) in &raised {
+            match c.checked_add(moved) {
+                Some(n) if c != 0 => counts.push((g, n)),
+                _ => return Ok(false),
+            }
+        }
         for (leaf, entries) in leaves.iter_mut() {
             let e = entries[idx];
-            if e != 0 && leaf_grain(e) == from {
-                entries[idx] = leaf_entry(into, leaf_key(e));
+            if e != 0 && leaf_target(e) == from {
+                entries[idx] = into | (e & !leaf_target(e));
                 self.node_set(*leaf, 0, idx, entries[idx])?;
             }
         }
-        self.ref_set(into, total)?;
-        if count > 1 {
-            self.ref_set(from, 1)?;
+        for (g, n) in counts {
+            self.ref_set(g, n)?;
         }
-        self.decref(from, None)?;
+        if leaf_packed(from) {
+            for _ in 0..moved {
+                self.decref(from, None)?;
+            }
+        } else {
+            if moved > 1 {
+                self.ref_set(from, 1)?;
+            }
+            self.decref(from, None)?;
+        }
         Ok(true)
     }
 }

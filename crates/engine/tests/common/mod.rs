@@ -61,3 +61,17 @@ pub fn read_all(ds: &Datastore, target: &str) -> Vec<u8> {
     h.read_at(&mut buf, 0).unwrap();
     buf
 }
+
+/// A progress callback for a pass that cuts the power of `b` (with
+/// `seed`) at its `cut_at`-th call: one call per region of the space
+/// passes.
+pub fn cut_at_call(b: &SimBackend, cut_at: u64, seed: u64) -> impl FnMut(u64, u64) {
+    let b = b.clone();
+    let mut calls = 0;
+    move |_, _| {
+        calls += 1;
+        if calls == cut_at {
+            b.crash(seed);
+        }
+    }
+}
