@@ -415,8 +415,12 @@ struct Region {
 /// The entries of `[first, first + REGION)` over `versions`.
 fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Region> {
     let mut logical = 0;
-    let mut out = Vec::new();
-    let (mut packed, mut streams) = (Vec::new(), Vec::new());
+    // The distinct entries of each virtual grain, raw and packed: a few
+    // at most, however many versions (a disk's snapshots share its
+    // grains), so looked up where they are rather than all sorted once
+    // (with hundreds of snapshots that sort was most of a pass).
+    let mut seen: Vec<Vec<Mapped>> = vec![Vec::new(); REGION as usize];
+    let mut streams = Vec::new();
     let mut entries = Vec::new();
     for ver in versions {
         let end = (first + REGION).min(ver.grains);
@@ -437,29 +441,36 @@ fn region_entries(m: &mut Meta, versions: &[Version], first: u64) -> Result<Regi
                 grain,
                 flags: strata_format::leaf_target(e) & !grain,
             };
+            if seen[i].contains(&m) {
+                continue;
+            }
+            seen[i].push(m);
             if m.packed() {
-                packed.push(m);
                 streams.push(grain);
                 if strata_format::leaf_spills(e) {
                     streams.push(grain + 1);
                 }
-            } else {
-                out.push(m);
             }
         }
     }
-    fn distinct<T: Ord>(list: &mut Vec<T>) -> u64 {
-        list.sort_unstable();
-        list.dedup();
-        list.len() as u64
+    let (mut raw, mut packed) = (Vec::new(), Vec::new());
+    for mut at in seen {
+        at.sort_unstable();
+        for m in at {
+            if m.packed() {
+                packed.push(m);
+            } else {
+                raw.push(m);
+            }
+        }
     }
-    distinct(&mut out);
-    distinct(&mut packed);
+    streams.sort_unstable();
+    streams.dedup();
     Ok(Region {
-        raw: out,
+        raw,
         logical,
         packed,
-        streams: distinct(&mut streams),
+        streams: streams.len() as u64,
         stream_grains: streams,
     })
 }

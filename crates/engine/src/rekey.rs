@@ -241,8 +241,9 @@ impl DiskHandle {
             self.give_back(&mut m, &targets)?;
             return Ok(None);
         }
+        let memo = &mut crate::meta::SpanLeaves::default();
         for &(v, old) in &grains {
-            if !m.can_move(v, old)? {
+            if !m.can_move(memo, v, old)? {
                 self.give_back(&mut m, &targets)?;
                 return err(
                     ErrorKind::Corrupt,

@@ -24,7 +24,7 @@ use super::{fixed_in_region, region_entries, versions_of, window_end, Mapped, RE
 use crate::compress::fragment;
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::{err, Error, ErrorKind, Result};
-use crate::meta::{Meta, Packing};
+use crate::meta::{Meta, Packing, SpanLeaves};
 use crate::store::SpaceRequest;
 
 const GRAIN: usize = GRAIN_BYTES as usize;
@@ -346,11 +346,12 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
     let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.keyring.is_some())?;
     let mut kept = Vec::new();
     let mut counts = Vec::new();
+    let memo = &mut SpanLeaves::default();
     for e in mapped {
         if e.class != 0 || fixed.binary_search(&(e.v, e.grain)).is_ok() {
             continue;
         }
-        if m.can_move(e.v, e.grain)? {
+        if m.can_move(memo, e.v, e.grain)? {
             counts.push(m.ref_get(e.grain)?);
             kept.push(e);
         }
@@ -694,6 +695,7 @@ fn give_back(m: &mut Meta, first: u64, n: usize) -> Result<()> {
 /// fragment no entry names any more: nothing of them changed).
 fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<u64>> {
     let mut left = Vec::new();
+    let memo = &mut SpanLeaves::default();
     'stream: for p in placed {
         let s = &p.stream;
         let mut counts = vec![0u32; s.len()];
@@ -708,7 +710,7 @@ fn install(m: &mut Meta, placed: &[Placed], layers: &[Vec<Frag>]) -> Result<Vec<
                 let (from, n, repack) = match &f.from {
                     Source::Raw(from) => (from[k as usize], m.ref_get(from[k as usize])?, false),
                     // A dead part of a moved run: no entry to point.
-                    Source::Stream(g) => match m.packed_naming(f.v + k, *g)? {
+                    Source::Stream(g) => match m.packed_naming(memo, f.v + k, *g)? {
                         0 => continue,
                         n => (*g, n, true),
                     },

@@ -98,6 +98,7 @@ impl Datastore {
     fn liveness(&self, streams: &[u64], grains: &Grains) -> Result<Vec<Liveness>> {
         let mut m = self.inner.meta.lock();
         let mut out = Vec::with_capacity(streams.len());
+        let memo = &mut crate::meta::SpanLeaves::default();
         for &g in streams {
             let p = &grains[&g].1;
             let mut own = Vec::with_capacity(p.fragments.len());
@@ -105,7 +106,7 @@ impl Datastore {
             for f in &p.fragments {
                 let mut n = 0;
                 for v in f.v..f.v + u64::from(f.span) {
-                    n += u64::from(m.packed_naming(v, g)?);
+                    n += u64::from(m.packed_naming(memo, v, g)?);
                 }
                 own.push(n > 0);
                 named += n;

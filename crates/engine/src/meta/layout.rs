@@ -117,7 +117,9 @@ impl Meta {
     }
 
     /// The distinct leaves, over every version (heads, snapshots, orphans),
-    /// that cover virtual grain `v`.
+    /// that cover virtual grain `v`: a walk of every version, so a pass
+    /// that looks at many grains of one leaf's span keeps them in a
+    /// [`SpanLeaves`].
     fn leaves_covering(&mut self, v: u64) -> Result<Vec<u64>> {
         let mut out: Vec<u64> = Vec::new();
         for ver in self.version_ids() {
@@ -133,20 +135,44 @@ impl Meta {
                     break;
                 }
             }
-            if node != 0 && !out.contains(&node) {
+            if node != 0 {
                 out.push(node);
             }
         }
+        // Versions share leaves (a snapshot's are its disk's until
+        // written): sorted, not searched, as there may be thousands.
+        out.sort_unstable();
+        out.dedup();
         Ok(out)
+    }
+
+    /// [`Meta::leaves_covering`] `v`, from `memo` when it holds `v`'s span.
+    fn covering<'a>(&mut self, memo: &'a mut SpanLeaves, v: u64) -> Result<&'a [u64]> {
+        let span = v >> MAP_FANOUT_SHIFT;
+        if memo.span != Some(span) {
+            memo.leaves = self.leaves_covering(v)?;
+            memo.span = Some(span);
+        }
+        Ok(&memo.leaves)
     }
 
     /// The distinct leaves, over every version (heads, snapshots, orphans),
     /// whose entry for virtual grain `v` names grain `g`: (leaf grain,
     /// index, the entry's key index).
     pub(super) fn leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+        self.leaves_naming_in(&mut SpanLeaves::default(), v, g)
+    }
+
+    /// [`Meta::leaves_naming`], the leaves covering `v` taken from `memo`.
+    pub(super) fn leaves_naming_in(
+        &mut self,
+        memo: &mut SpanLeaves,
+        v: u64,
+        g: u64,
+    ) -> Result<Vec<(u64, usize, u8)>> {
         let idx = (v as usize) & (MAP_FANOUT - 1);
         let mut out = Vec::new();
-        for leaf in self.leaves_covering(v)? {
+        for &leaf in self.covering(memo, v)? {
             let e = self.node(leaf, 0)?[idx];
             if e != 0 && leaf_grain(e) == g {
                 out.push((leaf, idx, leaf_key(e)));
@@ -156,10 +182,11 @@ impl Meta {
     }
 
     /// Whether [`Meta::move_grain`] of `g` at `v` would move it (the leaves
-    /// naming it there account for its whole count), changing nothing.
-    pub fn can_move(&mut self, v: u64, g: u64) -> Result<bool> {
+    /// naming it there account for its whole count), changing nothing;
+    /// the leaves covering `v` taken from `memo`.
+    pub fn can_move(&mut self, memo: &mut SpanLeaves, v: u64, g: u64) -> Result<bool> {
         let count = self.ref_get(g)?;
-        Ok(count != 0 && self.leaves_naming(v, g)?.len() as u64 == u64::from(count))
+        Ok(count != 0 && self.leaves_naming_in(memo, v, g)?.len() as u64 == u64::from(count))
     }
 
     /// Move data grain `g`, mapped at virtual grain `v`, to `to` (allocated
@@ -286,6 +313,16 @@ impl Meta {
         }
         Ok(true)
     }
+}
+
+/// The leaves covering one leaf's span (512 virtual grains), found once
+/// for the many grains of it a pass looks at: valid while the caller
+/// holds the metadata lock and changes no map's shape (entries set in
+/// place are fine; a version made, dropped or copied-on-write is not).
+#[derive(Default)]
+pub struct SpanLeaves {
+    span: Option<u64>,
+    leaves: Vec<u64>,
 }
 
 /// A live grain in the zone being emptied (FORMAT.md §10.4), with where a

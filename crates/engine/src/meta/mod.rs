@@ -49,7 +49,7 @@ use crate::catalog::{Catalog, VersionRec};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use alloc::{pool_end_covering, Allocator, DataSlot, Place};
-pub use layout::{Fragments, FreeExtents, ZoneGrain, ZoneScan};
+pub use layout::{Fragments, FreeExtents, SpanLeaves, ZoneGrain, ZoneScan};
 pub use pack::Packing;
 pub use pages::{DirtyPages, EncodedPage};
 pub use split::Moved;

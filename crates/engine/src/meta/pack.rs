@@ -4,7 +4,7 @@
 
 use strata_format::{leaf_entry, LEAF_PACKED, LEAF_SPILLS, MAP_FANOUT};
 
-use super::{corrupt, Meta, Place};
+use super::{corrupt, Meta, Place, SpanLeaves};
 use crate::error::Result;
 
 /// The allocator's owner for stream grains (its cursor).
@@ -52,15 +52,21 @@ impl Meta {
 
     /// How many leaf entries name stream grain `g` at `v` (packed: what
     /// a repack of its fragment there moves, §18.10).
-    pub fn packed_naming(&mut self, v: u64, g: u64) -> Result<u32> {
-        Ok(self.packed_leaves_naming(v, g)?.len() as u32)
+    /// The leaves covering `v` are taken from `memo`.
+    pub fn packed_naming(&mut self, memo: &mut SpanLeaves, v: u64, g: u64) -> Result<u32> {
+        Ok(self.packed_leaves_naming(memo, v, g)?.len() as u32)
     }
 
     /// The leaves naming stream grain `g` at `v` with the packed flag, as
     /// `leaves_naming` gives them.
-    fn packed_leaves_naming(&mut self, v: u64, g: u64) -> Result<Vec<(u64, usize, u8)>> {
+    fn packed_leaves_naming(
+        &mut self,
+        memo: &mut SpanLeaves,
+        v: u64,
+        g: u64,
+    ) -> Result<Vec<(u64, usize, u8)>> {
         let mut packed = Vec::new();
-        for l in self.leaves_naming(v, g)? {
+        for l in self.leaves_naming_in(memo, v, g)? {
             if strata_format::leaf_packed(self.node(l.0, 0)?[l.1]) {
                 packed.push(l);
             }
@@ -86,16 +92,17 @@ impl Meta {
         // The leaves naming each raw grain, found once: checked here,
         // changed below.
         let mut naming = Vec::with_capacity(packs.len());
+        let memo = &mut SpanLeaves::default();
         for p in packs {
             // A repacked fragment's old stream grain keeps its count
             // (its entries release it below); a raw grain's is read.
             let (count, leaves, accounted) = if p.repack {
-                let leaves = self.packed_leaves_naming(p.v, p.from)?;
+                let leaves = self.packed_leaves_naming(memo, p.v, p.from)?;
                 let named = !leaves.is_empty();
                 (0, leaves, named)
             } else {
                 let count = self.ref_get(p.from)?;
-                let leaves = self.leaves_naming(p.v, p.from)?;
+                let leaves = self.leaves_naming_in(memo, p.v, p.from)?;
                 let whole = count != 0 && leaves.len() as u64 == u64::from(count);
                 (count, leaves, whole)
             };
