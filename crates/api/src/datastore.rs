@@ -106,6 +106,11 @@ pub struct FreeSpaceReport {
     pub pool_file_bytes_after: u64,
     /// Live grains (data and map nodes) moved down, in bytes.
     pub moved_bytes: u64,
+    /// Stored bytes of live packed fragments moved down by repacking the
+    /// regions whose stream grains lay above the new end (FORMAT.md
+    /// §10.4).
+    #[serde(default)]
+    pub repacked_bytes: u64,
     /// Free space inside the pool given back to the host file system.
     pub punched_bytes: u64,
     /// Free space in runs shorter than 64 KiB, not punched because clients

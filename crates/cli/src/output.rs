@@ -901,6 +901,13 @@ fn free_space(out: &mut String, r: &FreeSpaceReport) {
         "pool {pool} -> {pool_after}; on the host {file} -> {file_after} (used {used}); moved \
          {moved}, punched {punched}"
     );
+    if r.repacked_bytes > 0 {
+        let repacked = human(r.repacked_bytes);
+        outln!(
+            out,
+            "{repacked} of compressed fragments moved down by repacking their streams"
+        );
+    }
     if r.short_runs_bytes > 0 {
         let short = human(r.short_runs_bytes);
         outln!(

@@ -610,3 +610,30 @@ fn half_dead_streams_are_repacked_through_a_server() {
     drop(_srv);
     s.ok(&["check"]);
 }
+
+/// Free-space consolidation on a packed disk (FORMAT.md §10.4): its
+/// streams above the new end move down by repacking, so the pool ends
+/// where the used grains do, and the disk reads back through qemu-img.
+#[test]
+fn free_space_consolidation_brings_streams_down() {
+    let s = Store::new();
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "p.raw");
+    let low = dir.path().join("low.raw");
+    std::fs::write(&low, noise(11, 24 << 20)).unwrap();
+    s.ok(&["import", low.to_str().unwrap(), "low"]);
+    s.ok(&["import", &img, "p"]);
+    s.ok(&["compress", "p"]);
+    s.ok(&["rm", "low"]);
+    let r = s.json(&["defrag", "--free-space"]);
+    assert!(r.get("note").is_none(), "{r}");
+    assert!(u(&r, "repacked_bytes") > 0, "{r}");
+    assert!(u(&r, "pool_bytes_after") < 16 * MIB, "{r}");
+    assert!(u(&r, "pool_bytes_before") > 24 * MIB, "{r}");
+    s.ok(&["check"]);
+    let human = s.ok(&["defrag", "--free-space"]);
+    assert!(!human.contains("note:"), "{human}");
+    let _srv = s.serve();
+    let o = raw_compare(&s.uri("p"), &img);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}

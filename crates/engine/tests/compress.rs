@@ -716,3 +716,55 @@ fn a_power_cut_while_packed_copies_are_re_shared_leaves_a_consistent_datastore()
         assert!(ds.check().unwrap().is_clean(), "{what}");
     }
 }
+
+#[test]
+fn free_space_consolidation_moves_streams_down_by_repacking_them() {
+    // FORMAT.md §10.4 with §18.8: stream grains are not moved one by one
+    // (a grain and its spill stay adjacent); a zone holding them has them
+    // repacked below the new end, so the pool end comes down.
+    for codec in [PackCodec::Lz4, PackCodec::Zstd] {
+        let what = format!("{codec:?}");
+        let (_b, ds) = common::new_sim(256 << 20);
+        for d in ["low", "p"] {
+            ds.create_disk(d, SIZE * 2, Provisioning::Thin, &mut |_, _| {})
+                .unwrap();
+        }
+        write(&ds, "low", 0..2 * GRAINS, 7);
+        write(&ds, "p", 0..GRAINS, 8);
+        ds.snapshot_create("p", "s", "").unwrap();
+        write(&ds, "p", (0..GRAINS).filter(|g| g % 3 == 0), 9);
+        compress_with(&ds, &["p"], codec).unwrap();
+        // Half-dead streams too: a third of the head's packed grains
+        // written over.
+        write(&ds, "p", (0..GRAINS).filter(|g| g % 3 == 1), 10);
+        ds.remove_disk("low").unwrap();
+        while ds.reclaim(1 << 20).unwrap() {}
+        ds.flush().unwrap();
+        let want = [common::read_all(&ds, "p"), common::read_all(&ds, "p@s")];
+        let e0 = estimate(&ds);
+        assert!(e0.packed_bytes > 0, "{what}");
+        let r = ds
+            .consolidate_free_space(&SpaceWork::default(), &mut |_, _| {})
+            .unwrap();
+        assert_eq!(r.note, None, "{what}: {r:#?}");
+        assert!(r.repacked_bytes > 0, "{what}: {r:#?}");
+        assert!(
+            r.pool_bytes_after < r.pool_bytes_before / 2,
+            "{what}: {r:#?}"
+        );
+        assert!(common::read_all(&ds, "p") == want[0], "{what}: p changed");
+        assert!(
+            common::read_all(&ds, "p@s") == want[1],
+            "{what}: p@s changed"
+        );
+        let report = ds.check().unwrap();
+        assert!(report.is_clean(), "{what}: {:#?}", report.errors);
+        // The same packed grains, in no more stream grains than before.
+        let e1 = estimate(&ds);
+        assert_eq!(e1.packed_bytes, e0.packed_bytes, "{what}");
+        assert!(
+            e1.packed_stored_bytes <= e0.packed_stored_bytes,
+            "{what}: {e0:#?} {e1:#?}"
+        );
+    }
+}

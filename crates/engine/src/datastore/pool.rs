@@ -328,34 +328,12 @@ impl Datastore {
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         const BATCH: usize = 64;
-        const STEP: u64 = 64 * 512;
         let mut since_commit = 0u64;
         for _pass in 0..3 {
-            let mut found: Vec<ZoneGrain> = Vec::new();
-            let versions = self.inner.meta.lock().version_ids();
-            for ver in versions {
-                let reach = match self.inner.meta.lock().version_state(ver) {
-                    Some(st) => 1u64 << (strata_format::MAP_FANOUT_SHIFT * st.levels as u32),
-                    None => continue,
-                };
-                let mut v = 0;
-                while v < reach {
-                    let t = reach.min(v + STEP);
-                    let mut m = self.inner.meta.lock();
-                    if m.version_state(ver).is_none() {
-                        break;
-                    }
-                    let mut scan = ZoneScan {
-                        zone,
-                        found: &mut found,
-                    };
-                    m.zone_scan_step(ver, v, t, &mut scan)?;
-                    v = t;
-                }
-            }
-            let mut seen = std::collections::HashSet::new();
-            found.retain(|z| seen.insert(z.grain()));
-            if found.is_empty() || self.inner.meta.lock().alloc_limit_lifted() {
+            let (found, streams) = self.zone_scan(zone)?;
+            if (found.is_empty() && streams.is_empty())
+                || self.inner.meta.lock().alloc_limit_lifted()
+            {
                 return Ok(());
             }
             let mut low = 1u64;
@@ -428,6 +406,69 @@ impl Datastore {
                 pace(BATCH as u64 * GRAIN_BYTES)?;
                 progress(r.moved_bytes / GRAIN_BYTES);
             }
+            self.inner.commit(false)?;
+            self.repack_zone(zone, &streams, r, pace)?;
+        }
+        Ok(())
+    }
+
+    /// The grains at or above `zone` every version reaches (FORMAT.md
+    /// §10.4), a few leaves per hold of the metadata lock: data grains
+    /// and map nodes, each once, and the regions (their first virtual
+    /// grain) whose packed entries name a stream grain there, sorted.
+    fn zone_scan(&self, zone: u64) -> Result<(Vec<ZoneGrain>, Vec<u64>)> {
+        const STEP: u64 = 64 * 512;
+        let (mut found, mut streams) = (Vec::new(), Vec::new());
+        let versions = self.inner.meta.lock().version_ids();
+        for ver in versions {
+            let reach = match self.inner.meta.lock().version_state(ver) {
+                Some(st) => 1u64 << (strata_format::MAP_FANOUT_SHIFT * st.levels as u32),
+                None => continue,
+            };
+            let mut v = 0;
+            while v < reach {
+                let t = reach.min(v + STEP);
+                let mut m = self.inner.meta.lock();
+                if m.version_state(ver).is_none() {
+                    break;
+                }
+                let mut scan = ZoneScan {
+                    zone,
+                    found: &mut found,
+                    streams: &mut streams,
+                };
+                m.zone_scan_step(ver, v, t, &mut scan)?;
+                v = t;
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|z| seen.insert(z.grain()));
+        let shift = crate::settled::REGION_SHIFT;
+        let mut regions: Vec<u64> = streams.iter().map(|v| v >> shift << shift).collect();
+        regions.sort_unstable();
+        regions.dedup();
+        Ok((found, regions))
+    }
+
+    /// Repack the regions whose stream grains lie at or above `zone`, so
+    /// that their live fragments move below it (§10.4; streams are not
+    /// moved grain by grain).
+    fn repack_zone(
+        &self,
+        zone: u64,
+        regions: &[u64],
+        r: &mut FreeSpaceReport,
+        pace: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<()> {
+        for &first in regions {
+            if self.inner.meta.lock().alloc_limit_lifted() {
+                return Ok(());
+            }
+            let (moved, read) = self.repack_region_below(first, zone)?;
+            r.repacked_bytes += moved;
+            pace(read)?;
+        }
+        if !regions.is_empty() {
             self.inner.commit(false)?;
         }
         Ok(())

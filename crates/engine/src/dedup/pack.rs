@@ -89,6 +89,18 @@ impl Frag {
     }
 }
 
+/// What a region step does.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Pack the raw candidates with this codec, and repack half-dead
+    /// stream grains (§18.5, §18.10).
+    Pack(Codec),
+    /// Only repack: half-dead stream grains, and every stream grain at or
+    /// above `zone` whatever its live bytes (free-space consolidation,
+    /// §10.4); nothing raw is packed.
+    Evacuate { zone: u64 },
+}
+
 /// A stream placed in the pool: its first grain, its layout, and the
 /// fragments of its layer it holds.
 struct Placed {
@@ -142,10 +154,21 @@ impl Datastore {
             self.inner.ensure_incompat(INCOMPAT_PACKED)?;
         }
         (rep.regions, rep.read_bytes) = self.over_regions(end, opts, progress, &mut |first| {
-            self.pack_region(names, codec, first, &mut rep)
+            self.pack_region(names, Work::Pack(codec), first, &mut rep)
         })?;
         rep.used_bytes_after = self.inner.meta.lock().used_grains() * GRAIN_BYTES;
         Ok(rep)
+    }
+
+    /// Repack the region of virtual grains from `first` (every disk's
+    /// versions) so that none of its stream grains is left at or above
+    /// `zone` (free-space consolidation, FORMAT.md §10.4; the allocation
+    /// limit places the new streams below it). Returns the stored bytes
+    /// of the fragments moved and the bytes read.
+    pub(crate) fn repack_region_below(&self, first: u64, zone: u64) -> Result<(u64, u64)> {
+        let mut rep = CompressReport::default();
+        let (read, _) = self.pack_region(&[], Work::Evacuate { zone }, first, &mut rep)?;
+        Ok((rep.repacked_bytes, read))
     }
 
     /// One region; returns the bytes read and the end of the largest
@@ -153,36 +176,42 @@ impl Datastore {
     fn pack_region(
         &self,
         names: &[String],
-        codec: Codec,
+        work: Work,
         first: u64,
         rep: &mut CompressReport,
     ) -> Result<(u64, u64)> {
         let _fence = self.inner.fail_on_panic();
         let held = self.inner.meta.lock().head_versions();
         let _stripes = self.inner.lock_stripes_of(&held, first, first + REGION - 1);
-        let (plan, end) = pack_plan(names, first, &mut self.inner.meta.lock())?;
+        let raw = matches!(work, Work::Pack(_));
+        let (plan, end) = pack_plan(names, first, raw, &mut self.inner.meta.lock())?;
         if plan.mapped.is_empty() && plan.streams.is_empty() {
             return Ok((0, end));
         }
         // Nothing written there since a pass found nothing to pack in it.
-        let print = plan.fingerprint(codec);
-        if self.inner.settled.unchanged(first, print, &plan.heads) {
+        let print = match work {
+            Work::Pack(codec) => Some(plan.fingerprint(codec)),
+            Work::Evacuate { .. } => None,
+        };
+        if print.is_some_and(|p| self.inner.settled.unchanged(first, p, &plan.heads)) {
             rep.unchanged_bytes += plan.mapped.len() as u64 * GRAIN_BYTES;
             return Ok((0, end));
         }
-        let Some((layers, read)) = self.region_fragments(names, (codec, first), &plan, rep)? else {
+        let Some((layers, read)) = self.region_fragments(names, (work, first), &plan, rep)? else {
             rep.regions_skipped += 1;
             return Ok((plan.mapped.len() as u64 * GRAIN_BYTES, end));
         };
         if layers.iter().all(|l| l.is_empty()) {
-            self.inner.settled.note(first, print, &plan.heads);
+            if let Some(p) = print {
+                self.inner.settled.note(first, p, &plan.heads);
+            }
             return Ok((read, end));
         }
         // As defrag and dedup: the stripes are held already, so a
         // recursive read of the gate.
         let _gate = self.inner.gate.read_recursive();
         let mut m = self.inner.meta.lock();
-        if m.head_versions() != held || pack_plan(names, first, &mut m)?.0 != plan {
+        if m.head_versions() != held || pack_plan(names, first, raw, &mut m)?.0 != plan {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
@@ -221,16 +250,19 @@ impl Datastore {
     fn region_fragments(
         &self,
         names: &[String],
-        (codec, first): (Codec, u64),
+        (work, first): (Work, u64),
         plan: &Plan,
         rep: &mut CompressReport,
     ) -> Result<Option<(Vec<Vec<Frag>>, u64)>> {
-        let mut layers = self.compress_plan(&plan.mapped, codec, rep)?;
+        let (mut layers, zone, raw) = match work {
+            Work::Pack(codec) => (self.compress_plan(&plan.mapped, codec, rep)?, None, true),
+            Work::Evacuate { zone } => (Vec::new(), Some(zone), false),
+        };
         let streams: Vec<u64> = plan.streams.iter().map(|s| s.0).collect();
-        let (moved, stream_read) = match self.half_dead(&streams) {
+        let (moved, stream_read) = match self.half_dead(&streams, zone) {
             Ok(got) => got,
             Err(e) if e.kind == ErrorKind::Corrupt => {
-                if pack_plan(names, first, &mut self.inner.meta.lock())?.0 == *plan {
+                if pack_plan(names, first, raw, &mut self.inner.meta.lock())?.0 == *plan {
                     return Err(e);
                 }
                 return Ok(None);
@@ -330,8 +362,10 @@ impl Datastore {
 /// The region's candidates over the named disks' versions now, and the
 /// end of the largest of them: distinct raw grains of plain (unencrypted,
 /// not thick) versions whose every reference is a leaf entry at their
-/// virtual grain, and which no thick disk or deep rekey maps.
-fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> {
+/// virtual grain, and which no thick disk or deep rekey maps (none unless
+/// `raw`: a step that only repacks); the stream grains their packed
+/// entries name.
+fn pack_plan(names: &[String], first: u64, raw: bool, m: &mut Meta) -> Result<(Plan, u64)> {
     let (disks, versions) = versions_of(m, names)?;
     // versions_of lists the disks' heads first.
     let heads = versions[..disks.len()].iter().map(|v| v.id).collect();
@@ -341,7 +375,7 @@ fn pack_plan(names: &[String], first: u64, m: &mut Meta) -> Result<(Plan, u64)> 
     for &g in &region.stream_grains {
         streams.push((g, m.ref_get(g)?));
     }
-    let mapped = region.raw;
+    let mapped = if raw { region.raw } else { Vec::new() };
     // Left raw whoever else names them: a thick or an encrypted disk.
     let fixed = fixed_in_region(m, first, |v| v.thick.is_some() || v.keyring.is_some())?;
     let mut kept = Vec::new();

@@ -42,8 +42,10 @@ impl Datastore {
     /// packed entry names its grain at one of its virtual grains; the
     /// bytes in a grain are its carry and its own fragments' parts in it.
     /// Only live grains are read: the grain before one whose carry is
-    /// dead, or after one whose spilling fragment is, may be free.
-    pub(super) fn half_dead(&self, streams: &[u64]) -> Result<(Vec<Frag>, u64)> {
+    /// dead, or after one whose spilling fragment is, may be free. With
+    /// `zone`, every grain at or above it is taken too, whatever its live
+    /// bytes (free-space consolidation, FORMAT.md §10.4).
+    pub(super) fn half_dead(&self, streams: &[u64], zone: Option<u64>) -> Result<(Vec<Frag>, u64)> {
         if streams.is_empty() {
             return Ok((Vec::new(), 0));
         }
@@ -52,7 +54,7 @@ impl Datastore {
             self.read_stream_grain(g, &mut grains)?;
         }
         let live = self.liveness(streams, &grains)?;
-        let picked = pick(streams, &grains, &live);
+        let picked = pick(streams, &grains, &live, zone);
         let mut moved = Vec::new();
         let mut taken = HashSet::new();
         for (g, l) in picked {
@@ -123,9 +125,19 @@ impl Datastore {
 /// them, counting as dead what moves out with a grain already picked (the
 /// live carry of a grain whose predecessor moves, the spilling last
 /// fragment of one whose successor does), until no other grain is; so a
-/// pass leaves no grain half-dead behind it.
-fn pick<'a>(streams: &[u64], grains: &Grains, live: &'a [Liveness]) -> Vec<(u64, &'a Liveness)> {
-    let mut picked: HashSet<u64> = HashSet::new();
+/// pass leaves no grain half-dead behind it. Those at or above `zone`
+/// are picked from the start.
+fn pick<'a>(
+    streams: &[u64],
+    grains: &Grains,
+    live: &'a [Liveness],
+    zone: Option<u64>,
+) -> Vec<(u64, &'a Liveness)> {
+    let mut picked: HashSet<u64> = streams
+        .iter()
+        .copied()
+        .filter(|&g| zone.is_some_and(|z| g >= z))
+        .collect();
     loop {
         let before = picked.len();
         for (&g, l) in streams.iter().zip(live) {

@@ -343,10 +343,13 @@ impl ZoneGrain {
 }
 
 /// A scan for the live grains of the zone being emptied (FORMAT.md §10.4):
-/// the zone's first grain, and the list the grains found are added to.
+/// the zone's first grain, and the list the grains found are added to;
+/// the virtual grains of packed entries naming a stream grain in the zone
+/// (or spilling into one) go to `streams`, as their regions are repacked.
 pub struct ZoneScan<'a> {
     pub zone: u64,
     pub found: &'a mut Vec<ZoneGrain>,
+    pub streams: &'a mut Vec<u64>,
 }
 
 impl Meta {
@@ -399,12 +402,17 @@ impl Meta {
             }
             let child_base = base + (lo + i) as u64 * span;
             if level == 0 {
-                // Stream grains stay (§18.8: repacking moves them).
-                if leaf_grain(e) >= zone && !strata_format::leaf_packed(e) {
-                    scan.found.push(ZoneGrain::Data {
-                        v: child_base,
-                        g: leaf_grain(e),
-                    });
+                if !leaf_packed(e) {
+                    if leaf_grain(e) >= zone {
+                        scan.found.push(ZoneGrain::Data {
+                            v: child_base,
+                            g: leaf_grain(e),
+                        });
+                    }
+                } else if leaf_grain(e) + u64::from(leaf_spills(e)) >= zone {
+                    // Stream grains move by repacking their region
+                    // (§10.4, §18.8), not one by one.
+                    scan.streams.push(child_base);
                 }
                 continue;
             }
