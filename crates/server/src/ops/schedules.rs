@@ -128,6 +128,10 @@ pub fn request(ctx: &Ctx<'_>, req: &Request) -> Result<Response, Error> {
         Request::ScheduleAdd { schedule } => add(ctx, schedule.clone())?,
         Request::ScheduleRun { name } => run(ctx, name)?,
         Request::ScheduleRemove { name } => {
+            // After a run in progress: once `rm` answers, the schedule
+            // takes and deletes nothing more (a run that had loaded it
+            // went on, and its snapshot came after the answer).
+            let _one = RUN_LOCK.lock();
             update(dir, |all| {
                 let before = all.len();
                 all.retain(|s| s.spec.name != *name);
