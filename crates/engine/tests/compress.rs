@@ -721,9 +721,16 @@ fn a_power_cut_while_packed_copies_are_re_shared_leaves_a_consistent_datastore()
 fn free_space_consolidation_moves_streams_down_by_repacking_them() {
     // FORMAT.md §10.4 with §18.8: stream grains are not moved one by one
     // (a grain and its spill stay adjacent); a zone holding them has them
-    // repacked below the new end, so the pool end comes down.
-    for codec in [PackCodec::Lz4, PackCodec::Zstd] {
-        let what = format!("{codec:?}");
+    // repacked below the new end, so the pool end comes down. The free
+    // space below is one run, or (`holes`) first a thousand single
+    // grains, where a fragment that spills does not fit, then pairs.
+    for (codec, holes) in [
+        (PackCodec::Lz4, false),
+        (PackCodec::Zstd, false),
+        (PackCodec::Lz4, true),
+        (PackCodec::Zstd, true),
+    ] {
+        let what = format!("{codec:?}, holes {holes}");
         let (_b, ds) = common::new_sim(256 << 20);
         for d in ["low", "p"] {
             ds.create_disk(d, SIZE * 2, Provisioning::Thin, &mut |_, _| {})
@@ -737,10 +744,23 @@ fn free_space_consolidation_moves_streams_down_by_repacking_them() {
         // Half-dead streams too: a third of the head's packed grains
         // written over.
         write(&ds, "p", (0..GRAINS).filter(|g| g % 3 == 1), 10);
-        ds.remove_disk("low").unwrap();
+        if holes {
+            // No wholly free block: single free grains, then pairs.
+            let low = ds.open_disk("low").unwrap();
+            for g in (0..GRAINS).step_by(2) {
+                low.unmap(g * GRAIN, GRAIN).unwrap();
+            }
+            for g in (GRAINS..2 * GRAINS).step_by(4) {
+                low.unmap(g * GRAIN, 2 * GRAIN).unwrap();
+            }
+            drop(low);
+        } else {
+            ds.remove_disk("low").unwrap();
+        }
         while ds.reclaim(1 << 20).unwrap() {}
         ds.flush().unwrap();
         let want = [common::read_all(&ds, "p"), common::read_all(&ds, "p@s")];
+        let low = holes.then(|| common::read_all(&ds, "low"));
         let e0 = estimate(&ds);
         assert!(e0.packed_bytes > 0, "{what}");
         let r = ds
@@ -749,22 +769,25 @@ fn free_space_consolidation_moves_streams_down_by_repacking_them() {
         assert_eq!(r.note, None, "{what}: {r:#?}");
         assert!(r.repacked_bytes > 0, "{what}: {r:#?}");
         assert!(
-            r.pool_bytes_after < r.pool_bytes_before / 2,
+            r.pool_bytes_after < r.pool_bytes_before * 2 / 3,
             "{what}: {r:#?}"
         );
         assert!(common::read_all(&ds, "p") == want[0], "{what}: p changed");
+        if let Some(low) = low {
+            assert!(common::read_all(&ds, "low") == low, "{what}: low changed");
+        }
         assert!(
             common::read_all(&ds, "p@s") == want[1],
             "{what}: p@s changed"
         );
         let report = ds.check().unwrap();
         assert!(report.is_clean(), "{what}: {:#?}", report.errors);
-        // The same packed grains, in no more stream grains than before.
+        // The same packed grains, in no more stream grains than before;
+        // in single free grains and pairs a stream is cut where a
+        // fragment would spill, and takes some more (some 16% here).
         let e1 = estimate(&ds);
         assert_eq!(e1.packed_bytes, e0.packed_bytes, "{what}");
-        assert!(
-            e1.packed_stored_bytes <= e0.packed_stored_bytes,
-            "{what}: {e0:#?} {e1:#?}"
-        );
+        let most = e0.packed_stored_bytes * if holes { 5 } else { 4 } / 4;
+        assert!(e1.packed_stored_bytes <= most, "{what}: {e0:#?} {e1:#?}");
     }
 }

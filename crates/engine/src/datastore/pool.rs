@@ -460,11 +460,12 @@ impl Datastore {
         r: &mut FreeSpaceReport,
         pace: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
+        let low = [std::cell::Cell::new(1), std::cell::Cell::new(1)];
         for &first in regions {
             if self.inner.meta.lock().alloc_limit_lifted() {
                 return Ok(());
             }
-            let (moved, read) = self.repack_region_below(first, zone)?;
+            let (moved, read) = self.repack_region_below(first, zone, &low)?;
             r.repacked_bytes += moved;
             pace(read)?;
         }

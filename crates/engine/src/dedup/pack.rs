@@ -27,6 +27,8 @@ use crate::error::{err, Error, ErrorKind, Result};
 use crate::meta::{Meta, Packing, SpanLeaves};
 use crate::store::SpaceRequest;
 
+use std::cell::Cell;
+
 const GRAIN: usize = GRAIN_BYTES as usize;
 
 /// A region's candidates: the named versions' distinct raw grains that
@@ -91,14 +93,17 @@ impl Frag {
 
 /// What a region step does.
 #[derive(Clone, Copy)]
-enum Work {
+enum Work<'a> {
     /// Pack the raw candidates with this codec, and repack half-dead
     /// stream grains (§18.5, §18.10).
     Pack(Codec),
     /// Only repack: half-dead stream grains, and every stream grain at or
     /// above `zone` whatever its live bytes (free-space consolidation,
-    /// §10.4); nothing raw is packed.
-    Evacuate { zone: u64 },
+    /// §10.4); nothing raw is packed. The new streams go into the lowest
+    /// runs of free grains below `zone`: runs of [`RUN_LONG`] grains or
+    /// more first, then shorter ones (the cursors the whole step shares,
+    /// where the search for each starts).
+    Evacuate { zone: u64, low: &'a [Cell<u64>; 2] },
 }
 
 /// A stream placed in the pool: its first grain, its layout, and the
@@ -165,9 +170,17 @@ impl Datastore {
     /// `zone` (free-space consolidation, FORMAT.md §10.4; the allocation
     /// limit places the new streams below it). Returns the stored bytes
     /// of the fragments moved and the bytes read.
-    pub(crate) fn repack_region_below(&self, first: u64, zone: u64) -> Result<(u64, u64)> {
+    /// `low` is where the searches for long and short runs of free grains
+    /// start, and move on.
+    pub(crate) fn repack_region_below(
+        &self,
+        first: u64,
+        zone: u64,
+        low: &[Cell<u64>; 2],
+    ) -> Result<(u64, u64)> {
         let mut rep = CompressReport::default();
-        let (read, _) = self.pack_region(&[], Work::Evacuate { zone }, first, &mut rep)?;
+        let work = Work::Evacuate { zone, low };
+        let (read, _) = self.pack_region(&[], work, first, &mut rep)?;
         Ok((rep.repacked_bytes, read))
     }
 
@@ -215,7 +228,11 @@ impl Datastore {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
-        let placed = self.place_layers(&mut m, &layers)?;
+        let below = match work {
+            Work::Pack(_) => None,
+            Work::Evacuate { zone, low } => Some((zone, low)),
+        };
+        let placed = self.place_layers(&mut m, &layers, below)?;
         drop(m);
         if let Err(e) = self.write_streams(&placed) {
             self.give_back_streams(&mut self.inner.meta.lock(), &placed)?;
@@ -256,7 +273,7 @@ impl Datastore {
     ) -> Result<Option<(Vec<Vec<Frag>>, u64)>> {
         let (mut layers, zone, raw) = match work {
             Work::Pack(codec) => (self.compress_plan(&plan.mapped, codec, rep)?, None, true),
-            Work::Evacuate { zone } => (Vec::new(), Some(zone), false),
+            Work::Evacuate { zone, .. } => (Vec::new(), Some(zone), false),
         };
         let streams: Vec<u64> = plan.streams.iter().map(|s| s.0).collect();
         let (moved, stream_read) = match self.half_dead(&streams, zone) {
@@ -308,8 +325,14 @@ impl Datastore {
 
     /// Lay each layer's fragments out as streams over consecutive free
     /// grains (a layer the allocator cannot give one run for becomes
-    /// several streams). On error nothing stays allocated.
-    fn place_layers(&self, m: &mut Meta, layers: &[Vec<Frag>]) -> Result<Vec<Placed>> {
+    /// several streams); with `below`, in the lowest runs of free grains
+    /// under it. On error nothing stays allocated.
+    fn place_layers(
+        &self,
+        m: &mut Meta,
+        layers: &[Vec<Frag>],
+        below: Option<Below<'_>>,
+    ) -> Result<Vec<Placed>> {
         let want: u64 = layers
             .iter()
             .flatten()
@@ -328,7 +351,7 @@ impl Datastore {
         let cap = self.inner.capacity_grains(m);
         let mut out = Vec::new();
         for (layer, frags) in layers.iter().enumerate() {
-            if let Err(e) = place_layer(m, (layer, frags), cap, &mut out) {
+            if let Err(e) = place_layer(m, (layer, frags), (cap, below), &mut out) {
                 self.give_back_streams(m, &out)?;
                 return Err(e);
             }
@@ -669,7 +692,7 @@ fn grains_for(s: &Stream, k: usize) -> usize {
 fn place_layer(
     m: &mut Meta,
     (layer, frags): (usize, &[Frag]),
-    cap: u64,
+    (cap, below): (u64, Option<Below<'_>>),
     out: &mut Vec<Placed>,
 ) -> Result<()> {
     const HOLES_PASSED: usize = 4;
@@ -679,7 +702,35 @@ fn place_layer(
     while at < frags.len() {
         let pieces = pieces_of(&frags[at..]);
         let s = encode_stream(&pieces).map_err(layout_error)?;
-        let (g0, got) = m.alloc_stream(s.len() as u64, hint, cap)?;
+        let (g0, got) = match below {
+            None => m.alloc_stream(s.len() as u64, hint, cap)?,
+            // Below the zone being emptied: the lowest run the first
+            // fragment fits in; where there is none it stays where it
+            // is (and the pool end with it).
+            Some((zone, low)) => {
+                let want = s.len() as u64;
+                let need = grains_for(&s, 1) as u64;
+                // A long run keeps the stream whole; in single free grains
+                // each holds what fits whole (a fragment cannot spill), so
+                // those come last.
+                let mut run = None;
+                for (cursor, min) in low.iter().zip([want.min(RUN_LONG), need]) {
+                    let mut from = cursor.get();
+                    run = m.alloc_run_low(&mut from, zone, (min, want))?;
+                    cursor.set(from);
+                    if run.is_some() {
+                        break;
+                    }
+                }
+                match run {
+                    Some(run) => run,
+                    None => {
+                        at += 1;
+                        continue;
+                    }
+                }
+            }
+        };
         let got = got as usize;
         let fit = (1..=pieces.len()).rev().find(|&k| grains_for(&s, k) <= got);
         let Some(k) = fit else {
@@ -701,6 +752,11 @@ fn place_layer(
         };
         give_back(m, g0 + s.len() as u64, got - s.len())?;
         hint = Some(g0 + s.len() as u64 - 1);
+        if let Some((_, low)) = below {
+            for cursor in low {
+                cursor.set(cursor.get().min(g0 + s.len() as u64));
+            }
+        }
         out.push(Placed {
             first: g0,
             stream: s,
@@ -711,6 +767,14 @@ fn place_layer(
     }
     Ok(())
 }
+
+/// Where streams go when free-space consolidation repacks: below this
+/// zone, in runs searched for from these cursors (long runs, short).
+type Below<'a> = (u64, &'a [Cell<u64>; 2]);
+
+/// Free grains in a row that make a long run for a stream placed below
+/// the zone free-space consolidation empties (32 KiB).
+const RUN_LONG: u64 = 8;
 
 /// Give back `n` grains from `first`, allocated and never installed.
 fn give_back(m: &mut Meta, first: u64, n: usize) -> Result<()> {

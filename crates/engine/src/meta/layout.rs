@@ -523,6 +523,46 @@ impl Meta {
         Ok(None)
     }
 
+    /// The lowest run of at least `min` allocatable grains at or above
+    /// `*from` and below `below` (and the allocation limit): up to `want`
+    /// of its grains taken, each with count 1 in memory as from
+    /// `alloc_grain`; `*from` advanced past them. None when there is no
+    /// such run (free-space consolidation's repacking, FORMAT.md §10.4: a
+    /// fragment that spills needs two adjacent grains).
+    pub fn alloc_run_low(
+        &mut self,
+        from: &mut u64,
+        below: u64,
+        (min, want): (u64, u64),
+    ) -> Result<Option<(u64, u64)>> {
+        let end = self
+            .alloc
+            .hwm
+            .min(self.alloc.limit.unwrap_or(u64::MAX))
+            .min(below);
+        while *from < end {
+            let b = *from / BLOCK_GRAINS;
+            if self.alloc.block_free[b as usize] == 0 {
+                *from = (b + 1) * BLOCK_GRAINS;
+                continue;
+            }
+            let g0 = *from;
+            let mut n = 0;
+            while n < want && g0 + n < end && self.allocatable(g0 + n)? {
+                n += 1;
+            }
+            if n >= min.max(1) {
+                for g in g0..g0 + n {
+                    self.take(g)?;
+                }
+                *from = g0 + n;
+                return Ok(Some((g0, n)));
+            }
+            *from = g0 + n + 1;
+        }
+        Ok(None)
+    }
+
     /// Allocate no grain at or above `limit` from now on (None: lift it).
     /// Returns whether a client's allocation lifted the previous limit.
     pub fn set_alloc_limit(&mut self, limit: Option<u64>) -> bool {
