@@ -485,3 +485,28 @@ fn a_power_cut_in_the_middle_of_consolidation_loses_nothing() {
         );
     }
 }
+
+#[test]
+fn random_first_writes_keep_each_region_in_a_block_of_its_own() {
+    // FORMAT.md §10.5: 32 regions written grain by grain in random order
+    // each land in a block of their own, so some 32 runs. The grain after
+    // the one mapping v - 1 used to come before the region's anchor, also
+    // across a block boundary, where it may be another region's grain 0:
+    // taking it anchored the region inside that block, and both regions'
+    // later grains fell back to arrival order (up to 42 runs over these
+    // seeds; a served disk under 16 writes in flight once left 115).
+    for seed in 1..=40u64 {
+        let (_b, ds) = new_store();
+        ds.create_disk("d", 32 << 20, Provisioning::Thin, &mut |_, _| {})
+            .unwrap();
+        let h = ds.open_disk("d").unwrap();
+        for v in shuffled(8192, seed) {
+            h.write_at(&vec![(v % 251) as u8 | 1; 4096], v * 4096, false)
+                .unwrap();
+        }
+        drop(h);
+        ds.flush().unwrap();
+        let f = fragments(&ds, "d");
+        assert!(f <= 36, "seed {seed}: {f} fragments");
+    }
+}

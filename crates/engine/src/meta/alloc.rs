@@ -552,10 +552,13 @@ impl Meta {
         };
         let region = v / BLOCK_GRAINS;
         let anchor = self.alloc.anchors.get(&(owner, region)).copied();
-        let goals = [
-            hint.map(|h| h + 1),
-            anchor.and_then(|(av, ag)| (ag + v).checked_sub(av)),
-        ];
+        // The region's anchor first; the grain after the one mapping
+        // `v - 1` only within its block, or starting a wholly free one
+        // (across a block boundary it may be another region's block).
+        let after = hint.map(|h| h + 1).filter(|&g| {
+            !g.is_multiple_of(BLOCK_GRAINS) || self.alloc.free_blocks.contains(&(g / BLOCK_GRAINS))
+        });
+        let goals = [anchor.and_then(|(av, ag)| (ag + v).checked_sub(av)), after];
         for g in goals.into_iter().flatten() {
             if self.block_fits(g / BLOCK_GRAINS, place, reserving) && self.allocatable(g)? {
                 self.take(g)?;
