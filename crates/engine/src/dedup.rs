@@ -379,18 +379,21 @@ fn comparable(raw: Vec<Mapped>, packed: Vec<Mapped>) -> Vec<Mapped> {
     let mut all = raw;
     all.extend(packed);
     all.sort_unstable();
-    let key = |m: &Mapped| (m.v, m.class);
-    let alone = |i: usize| {
-        (i == 0 || key(&all[i - 1]) != key(&all[i]))
-            && all.get(i + 1).is_none_or(|n| key(n) != key(&all[i]))
-    };
     let keep: Vec<bool> = (0..all.len())
-        .map(|i| !all[i].packed() || !alone(i))
+        .map(|i| !all[i].packed() || !alone(&all, i))
         .collect();
     all.into_iter()
         .zip(keep)
         .filter_map(|(m, k)| k.then_some(m))
         .collect()
+}
+
+/// Whether `list[i]` (a list sorted by virtual grain and class) is the
+/// only one of its (virtual grain, class): nothing to compare it with.
+fn alone(list: &[Mapped], i: usize) -> bool {
+    let key = |m: &Mapped| (m.v, m.class);
+    (i == 0 || key(&list[i - 1]) != key(&list[i]))
+        && list.get(i + 1).is_none_or(|n| key(n) != key(&list[i]))
 }
 
 /// What [`region_entries`] finds in a region.

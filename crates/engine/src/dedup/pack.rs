@@ -106,6 +106,30 @@ enum Work<'a> {
     Evacuate { zone: u64, low: &'a [Cell<u64>; 2] },
 }
 
+impl Work<'_> {
+    /// Whether raw grains are packed (else only streams repacked).
+    fn packs_raw(&self) -> bool {
+        matches!(self, Work::Pack(_))
+    }
+
+    /// What a pass that finds nothing to do in a region notes of it
+    /// (`crate::settled`): only packing notes.
+    fn fingerprint(&self, plan: &Plan) -> Option<u64> {
+        match self {
+            Work::Pack(codec) => Some(plan.fingerprint(*codec)),
+            Work::Evacuate { .. } => None,
+        }
+    }
+
+    /// Where new streams go when they must stay below a zone.
+    fn below(&self) -> Option<Below<'_>> {
+        match self {
+            Work::Pack(_) => None,
+            Work::Evacuate { zone, low } => Some((*zone, low)),
+        }
+    }
+}
+
 /// A stream placed in the pool: its first grain, its layout, and the
 /// fragments of its layer it holds.
 struct Placed {
@@ -196,16 +220,13 @@ impl Datastore {
         let _fence = self.inner.fail_on_panic();
         let held = self.inner.meta.lock().head_versions();
         let _stripes = self.inner.lock_stripes_of(&held, first, first + REGION - 1);
-        let raw = matches!(work, Work::Pack(_));
+        let raw = work.packs_raw();
         let (plan, end) = pack_plan(names, first, raw, &mut self.inner.meta.lock())?;
         if plan.mapped.is_empty() && plan.streams.is_empty() {
             return Ok((0, end));
         }
         // Nothing written there since a pass found nothing to pack in it.
-        let print = match work {
-            Work::Pack(codec) => Some(plan.fingerprint(codec)),
-            Work::Evacuate { .. } => None,
-        };
+        let print = work.fingerprint(&plan);
         if print.is_some_and(|p| self.inner.settled.unchanged(first, p, &plan.heads)) {
             rep.unchanged_bytes += plan.mapped.len() as u64 * GRAIN_BYTES;
             return Ok((0, end));
@@ -228,11 +249,7 @@ impl Datastore {
             rep.regions_skipped += 1;
             return Ok((read, end));
         }
-        let below = match work {
-            Work::Pack(_) => None,
-            Work::Evacuate { zone, low } => Some((zone, low)),
-        };
-        let placed = self.place_layers(&mut m, &layers, below)?;
+        let placed = self.place_layers(&mut m, &layers, work.below())?;
         drop(m);
         if let Err(e) = self.write_streams(&placed) {
             self.give_back_streams(&mut self.inner.meta.lock(), &placed)?;
@@ -704,32 +721,15 @@ fn place_layer(
         let s = encode_stream(&pieces).map_err(layout_error)?;
         let (g0, got) = match below {
             None => m.alloc_stream(s.len() as u64, hint, cap)?,
-            // Below the zone being emptied: the lowest run the first
-            // fragment fits in; where there is none it stays where it
-            // is (and the pool end with it).
-            Some((zone, low)) => {
-                let want = s.len() as u64;
-                let need = grains_for(&s, 1) as u64;
-                // A long run keeps the stream whole; in single free grains
-                // each holds what fits whole (a fragment cannot spill), so
-                // those come last.
-                let mut run = None;
-                for (cursor, min) in low.iter().zip([want.min(RUN_LONG), need]) {
-                    let mut from = cursor.get();
-                    run = m.alloc_run_low(&mut from, zone, (min, want))?;
-                    cursor.set(from);
-                    if run.is_some() {
-                        break;
-                    }
+            Some(below) => match alloc_below(m, &s, below)? {
+                Some(run) => run,
+                // No run below the zone: the fragment stays where it is
+                // (and the pool end with it).
+                None => {
+                    at += 1;
+                    continue;
                 }
-                match run {
-                    Some(run) => run,
-                    None => {
-                        at += 1;
-                        continue;
-                    }
-                }
-            }
+            },
         };
         let got = got as usize;
         let fit = (1..=pieces.len()).rev().find(|&k| grains_for(&s, k) <= got);
@@ -766,6 +766,24 @@ fn place_layer(
         at += k;
     }
     Ok(())
+}
+
+/// Grains for stream `s` below the zone free-space consolidation empties:
+/// the lowest run the first fragment fits in, up to the whole stream. A
+/// long run keeps the stream whole; in single free grains each holds
+/// what fits whole (a fragment cannot spill), so those come last.
+fn alloc_below(m: &mut Meta, s: &Stream, (zone, low): Below<'_>) -> Result<Option<(u64, u64)>> {
+    let want = s.len() as u64;
+    let need = grains_for(s, 1) as u64;
+    for (cursor, min) in low.iter().zip([want.min(RUN_LONG), need]) {
+        let mut from = cursor.get();
+        let run = m.alloc_run_low(&mut from, zone, (min, want))?;
+        cursor.set(from);
+        if run.is_some() {
+            return Ok(run);
+        }
+    }
+    Ok(None)
 }
 
 /// Where streams go when free-space consolidation repacks: below this

@@ -15,7 +15,9 @@
 use strata_api::DedupReport;
 use strata_format::GRAIN_BYTES;
 
-use super::{comparable, fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION};
+use super::{
+    alone, comparable, fixed_in_region, region_entries, versions_of, window_end, Mapped, REGION,
+};
 use crate::datastore::{Datastore, SpaceWork};
 use crate::error::Result;
 use crate::meta::Meta;
@@ -158,16 +160,10 @@ fn candidates(mapped: Vec<Mapped>, fixed: &[(u64, u64)]) -> Vec<Mapped> {
             fixed.binary_search(&p).is_err() && twice.binary_search(&p).is_err()
         })
         .collect();
-    let group = |a: &Mapped, b: &Mapped| (a.v, a.class) == (b.v, b.class);
-    let mut out = Vec::with_capacity(kept.len());
-    for (i, e) in kept.iter().enumerate() {
-        let alone =
-            (i == 0 || !group(&kept[i - 1], e)) && kept.get(i + 1).is_none_or(|n| !group(e, n));
-        if !alone {
-            out.push(*e);
-        }
-    }
-    out
+    (0..kept.len())
+        .filter(|&i| !alone(&kept, i))
+        .map(|i| kept[i])
+        .collect()
 }
 
 /// A window of candidates with their bytes: grain `i` of `mapped` (count

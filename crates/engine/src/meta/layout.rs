@@ -502,25 +502,7 @@ impl Meta {
     /// when there is none. The grain has count 1 in memory, as from
     /// `alloc_grain`.
     pub fn alloc_low(&mut self, from: &mut u64, below: u64) -> Result<Option<u64>> {
-        let end = self
-            .alloc
-            .hwm
-            .min(self.alloc.limit.unwrap_or(u64::MAX))
-            .min(below);
-        while *from < end {
-            let b = *from / BLOCK_GRAINS;
-            if self.alloc.block_free[b as usize] == 0 {
-                *from = (b + 1) * BLOCK_GRAINS;
-                continue;
-            }
-            let g = *from;
-            *from += 1;
-            if self.allocatable(g)? {
-                self.take(g)?;
-                return Ok(Some(g));
-            }
-        }
-        Ok(None)
+        Ok(self.alloc_run_low(from, below, (1, 1))?.map(|(g, _)| g))
     }
 
     /// The lowest run of at least `min` allocatable grains at or above
